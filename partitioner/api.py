@@ -1,0 +1,472 @@
+"""``partition_model``: the offline partitioning pipeline (InfScaler §IV-A, Eq. 1).
+
+Steps (each reported to an optional progress callback):
+
+1. load and check the model, with concrete input shapes (:mod:`.loader`);
+2. operator complexity c_n: FLOPs, parameter and activation bytes (:mod:`.cost`);
+3. profile every operator on each engine this host has, and the whole model's time T_o
+   (:mod:`.profiler`); measure the per-boundary overhead T_p on this host;
+4. operator order, valid cuts and crossing tensors (:mod:`.graph`);
+5. Eq. 1: cuts minimising sum_k sigma(P_k) over the representative operators subject to
+   T_o + (K-1) T_p <= SLO, by exact dynamic programming (:mod:`.search`);
+6. extract each partition as an ONNX sub-model and verify the chain against the whole
+   model (:mod:`.extract`); measure each partition's latency per engine;
+7. build the :class:`~.plan.Plan` and, given ``out_dir``, write it atomically.
+
+Nothing is written before every step succeeded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+import infscaler
+from infscaler.device import DeviceProfile
+from infscaler.errors import InfScalerError
+from infscaler.partitioner import cost as cost_mod
+from infscaler.partitioner import extract, profiler, search
+from infscaler.partitioner.graph import OperatorGraph
+from infscaler.partitioner.loader import LoadedModel, load_model, random_feeds
+from infscaler.partitioner.plan import PLAN_FORMAT, Plan, tensor_list, write_plan
+
+Measure = Literal["flops", "time"]
+Progress = Callable[[str], None]
+
+_MB = 1e6
+
+
+@dataclass(frozen=True)
+class SLO:
+    """A latency SLO: absolute (``ms``) or a multiple of the model's own time (``factor``,
+    the paper's "1.5x" convention, §V-B)."""
+
+    ms: float | None = None
+    factor: float | None = None
+
+    def resolve(self, t_o_ms: float) -> float | None:
+        """The SLO in ms given the measured whole-model time T_o (ms)."""
+        if self.factor is not None:
+            return self.factor * t_o_ms
+        return self.ms
+
+    def __str__(self) -> str:
+        if self.factor is not None:
+            return f"{self.factor:g}x"
+        return "none" if self.ms is None else f"{self.ms:g}ms"
+
+
+def parse_slo(text: str | float | None) -> SLO:
+    """Parse ``100ms``, ``0.1s``, ``100`` (ms), ``1.5x`` (times T_o), or ``none``.
+
+    Raises:
+        InfScalerError: anything else, or a non-positive value.
+    """
+    if text is None:
+        return SLO()
+    if isinstance(text, int | float):
+        value, unit = float(text), "ms"
+    else:
+        s = text.strip().lower()
+        if s in ("", "none"):
+            return SLO()
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s|us|x)?", s)
+        if not m:
+            raise InfScalerError(
+                f"cannot read SLO '{text}'",
+                hint="write e.g. --slo 100ms, --slo 0.25s, or --slo 1.5x (times the model's own latency)",
+            )
+        value, unit = float(m.group(1)), m.group(2) or "ms"
+    if value <= 0:
+        raise InfScalerError(f"the SLO must be positive, got '{text}'")
+    if unit == "x":
+        if value < 1:
+            raise InfScalerError(
+                f"an SLO of {value:g}x the model's own latency can never be met",
+                hint="use a factor >= 1, e.g. --slo 1.5x",
+            )
+        return SLO(factor=value)
+    scale = {"ms": 1.0, "s": 1000.0, "us": 0.001}[unit]
+    return SLO(ms=value * scale)
+
+
+def _noop(_: str) -> None:
+    return None
+
+
+def partition_model(
+    model: str | os.PathLike[str],
+    *,
+    shapes: dict[str, tuple[int, ...]] | str | None = None,
+    slo: SLO | str | float | None = None,
+    num_partitions: int | None = None,
+    max_partitions: int = 4,
+    measure: Measure = "flops",
+    device: DeviceProfile | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    rtol: float = 1e-4,
+    warmup: int = 2,
+    repeats: int = 5,
+    threads: int | None = None,
+    use_cache: bool = True,
+    max_crossing_mb: float | None = None,
+    progress: Progress = _noop,
+) -> Plan:
+    """Partition an ONNX model by Eq. 1 and (optionally) write the plan directory.
+
+    Args:
+        model: path of the ``.onnx`` file.
+        shapes: concrete shapes for dynamic inputs (``x:1x3x640x640``; see
+            :func:`~.loader.parse_shapes`).
+        slo: latency SLO (``100ms``, ``1.5x``; :func:`parse_slo`); None = unconstrained.
+        num_partitions: exact K; None searches K in 1..``max_partitions``.
+        max_partitions: upper bound on K when searching.
+        measure: complexity c_n: ``flops`` (operator FLOPs) or ``time`` (profiled ms on
+            the CPU engine).
+        device: target device profile; its engines are reported per partition.
+        out_dir: where to write ``plan.yaml`` + ``part_<k>.onnx``; None writes nothing.
+        force: replace an existing plan in ``out_dir``.
+        rtol: verification tolerance on the normalised max error (see
+            :class:`~.extract.Verification`).
+        warmup, repeats: profiling runs per measurement.
+        threads: onnxruntime intra-op threads (default: all cores).
+        use_cache: reuse cached profiles for this model hash + engine + host.
+        max_crossing_mb: refuse cuts whose crossing tensors exceed this size (MB).
+        progress: called with a short description as each step starts.
+
+    Returns:
+        The :class:`~.plan.Plan` (summary dict + ONNX parts).
+
+    Raises:
+        ModelLoadError, ShapeError: bad model file or shapes (see :func:`~.loader.load_model`).
+        PartitionError: infeasible request (SLO below the model's own latency, K too
+            large for the SLO or the model, no valid cuts).
+        VerificationError: the chain does not reproduce the model within ``rtol``.
+    """
+    if measure not in ("flops", "time"):
+        raise InfScalerError(f"unknown complexity measure '{measure}'", hint="use flops or time")
+    if max_partitions < 1 or (num_partitions is not None and num_partitions < 1):
+        raise InfScalerError("the number of partitions must be >= 1")
+    slo = slo if isinstance(slo, SLO) else parse_slo(slo)
+
+    progress("loading and checking the model")
+    loaded = load_model(model, shapes)
+
+    progress("computing operator costs")
+    graph = OperatorGraph.from_loaded(loaded)
+    costs = cost_mod.model_costs(loaded)
+
+    feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
+    engines = profiler.available_engines()
+    progress("profiling operators on cpu")
+    profiles = {
+        "cpu": profiler.profile_model(
+            str(loaded.path) if loaded.external else loaded.model,
+            feeds,
+            engine="cpu",
+            model_sha256=loaded.sha256,
+            warmup=warmup,
+            repeats=repeats,
+            threads=threads,
+            cache=use_cache,
+        )
+    }
+    for engine, provider in engines.items():
+        if engine == "cpu" or provider is None:
+            continue
+        progress(f"profiling operators on {engine}")
+        profiles[engine] = profiler.profile_model(
+            str(loaded.path) if loaded.external else loaded.model,
+            feeds,
+            engine=engine,
+            model_sha256=loaded.sha256,
+            warmup=warmup,
+            repeats=repeats,
+            threads=threads,
+            cache=use_cache,
+        )
+    progress("measuring the partition boundary overhead T_p")
+    boundary = profiler.measure_boundary_overhead(engine="cpu", cache=use_cache)
+
+    t_o = profiles["cpu"].total_ms
+    slo_ms = slo.resolve(t_o)
+    valid = graph.valid_cuts(None if max_crossing_mb is None else int(max_crossing_mb * _MB))
+    mean_crossing = float(np.mean([graph.crossing_bytes(c) for c in valid])) if valid else 0.0
+    t_p = boundary.ms(int(mean_crossing))
+
+    if measure == "flops":
+        c = [float(costs[op.node].flops) for op in graph.operators]
+    else:
+        node_ms = profiles["cpu"].node_ms
+        c = [float(node_ms.get(op.node, 0.0)) for op in graph.operators]
+
+    progress("searching cut points (Eq. 1)")
+    if slo_ms is not None:
+        search.max_partitions_for_slo(t_o, t_p, slo_ms, max_partitions)  # raises if T_o > SLO
+    result = search.search_partitions(
+        c,
+        valid,
+        num_partitions=num_partitions,
+        max_partitions=max_partitions,
+        t_o_ms=t_o,
+        t_p_ms=t_p,
+        slo_ms=slo_ms,
+    )
+
+    progress(f"extracting {result.num_partitions} partitions")
+    specs = graph.specs(list(result.cuts))
+    parts = [extract.extract_partition(loaded, spec) for spec in specs]
+
+    progress("verifying the chain against the whole model")
+    verification = extract.verify_chain(loaded, parts, feeds=feeds, rtol=rtol)
+    extract.check_verification(verification)
+
+    progress("measuring partition latency")
+    part_ms: list[dict[str, float]] = []
+    for k, (part, spec) in enumerate(zip(parts, specs, strict=True)):
+        part_feeds = _part_feeds(spec, feeds, parts[:k])
+        per_engine: dict[str, float] = {}
+        for engine, prof in profiles.items():
+            part_prof = profiler.profile_model(
+                part,
+                part_feeds,
+                engine=engine,
+                model_sha256=f"{loaded.sha256}-part{k}of{len(parts)}-{'-'.join(map(str, result.cuts))}",
+                warmup=warmup,
+                repeats=repeats,
+                threads=threads,
+                cache=use_cache,
+            )
+            per_engine[prof.engine] = part_prof.total_ms
+        part_ms.append(per_engine)
+
+    summary = _summary(
+        loaded,
+        graph,
+        costs,
+        c,
+        result,
+        specs,
+        part_ms,
+        profiles,
+        boundary,
+        verification,
+        slo,
+        slo_ms,
+        t_p,
+        measure,
+        device,
+        engines,
+    )
+    plan = Plan(summary=summary, parts=parts)
+    if out_dir is not None:
+        progress("writing the plan")
+        write_plan(plan, Path(out_dir), force=force, save=extract.save_partition)
+    return plan
+
+
+def _part_feeds(
+    spec: extract.PartitionSpec, feeds: dict[str, np.ndarray], earlier: list
+) -> dict[str, np.ndarray]:
+    """Real inputs of partition ``spec``: the outputs of the earlier parts run on ``feeds``
+    (chain semantics: part k's inputs are part k-1's outputs)."""
+    env = extract.run_chain(earlier, feeds) if earlier else feeds
+    return {n: env[n] for n in spec.inputs}
+
+
+def _engine_report(
+    engine: str, measured: dict[str, float], engines: dict[str, str | None]
+) -> float | dict[str, str]:
+    if engine in measured:
+        return round(measured[engine], 4)
+    reason = profiler.engine_unavailable_reason(engine) or "not profiled"
+    return {"unavailable": reason}
+
+
+def _summary(
+    loaded: LoadedModel,
+    graph: OperatorGraph,
+    costs: dict[str, cost_mod.OperatorCost],
+    c: list[float],
+    result: search.SearchResult,
+    specs: list[extract.PartitionSpec],
+    part_ms: list[dict[str, float]],
+    profiles: dict[str, profiler.ModelProfile],
+    boundary: profiler.BoundaryOverhead,
+    verification: extract.Verification,
+    slo: SLO,
+    slo_ms: float | None,
+    t_p: float,
+    measure: str,
+    device: DeviceProfile | None,
+    engines: dict[str, str | None],
+) -> dict:
+    tensors = loaded.tensors
+    report_engines = device.engines if device is not None else ["cpu", "gpu", "dla"]
+    cuts = []
+    for cut in result.cuts:
+        op = graph.operators[cut]
+        cuts.append(
+            {
+                "after_operator": int(cut),
+                "node": op.node,
+                "crossing_bytes": graph.crossing_bytes(cut),
+                "crossing": tensor_list(graph.crossing(cut), tensors),
+                "t_p_ms": round(boundary.ms(graph.crossing_bytes(cut)), 4),
+            }
+        )
+    partitions = []
+    for k, ((first, last), spec) in enumerate(zip(result.bounds, specs, strict=True)):
+        ops = graph.operators[first : last + 1]
+        weights = graph.weight_bytes(first, last)
+        acts = graph.peak_activation_bytes(first, last)
+        partitions.append(
+            {
+                "index": k,
+                "file": f"part_{k}.onnx",
+                "operators": [int(first), int(last)],
+                "num_operators": len(ops),
+                "first_node": ops[0].node,
+                "last_node": ops[-1].node,
+                "representative_operators": int(sum(result.representative[first : last + 1])),
+                "bottleneck": float(result.bottleneck[k]),
+                "sigma": float(result.sigmas[k]),
+                "flops": int(sum(costs[o.node].flops for o in ops)),
+                "weights_mb": round(weights / _MB, 3),
+                "activations_mb": round(acts / _MB, 3),
+                "memory_mb": round((weights + acts) / _MB, 3),
+                "latency_ms": {e: _engine_report(e, part_ms[k], engines) for e in report_engines},
+                "inputs": tensor_list(spec.inputs, tensors),
+                "outputs": tensor_list(spec.outputs, tensors),
+            }
+        )
+    t_o = profiles["cpu"].total_ms
+    predicted = t_o + sum(boundary.ms(graph.crossing_bytes(cut)) for cut in result.cuts)
+    total_flops = int(sum(cost.flops for cost in costs.values()))
+    return {
+        "format": PLAN_FORMAT,
+        "infscaler_version": infscaler.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": {
+            "path": str(loaded.path.resolve()),
+            "sha256": loaded.sha256,
+            "inputs": [
+                {
+                    "name": n,
+                    **tensors[n].to_dict(),
+                    "declared_shape": [
+                        str(d) if isinstance(d, str) else d
+                        for d in loaded.symbolic_inputs.get(n, [])
+                    ],
+                }
+                for n in loaded.graph_inputs
+            ],
+            "outputs": tensor_list(loaded.graph_outputs, tensors),
+            "operators": graph.num_operators,
+            "constant_nodes": len(graph.constant_nodes),
+            "flops": total_flops,
+        },
+        "device": None if device is None else {"name": device.name, "soc": device.soc},
+        "host": profiler.host_description(),
+        "slo": {"requested": str(slo), "ms": None if slo_ms is None else round(slo_ms, 4)},
+        "objective": {
+            "equation": "InfScaler Eq. 1: min sum_k sigma(P_k), P_k = {c_n > mean(c)}",
+            "measure": measure,
+            "mean_complexity": float(np.mean(c)),
+            "value": float(result.objective),
+            "num_partitions": result.num_partitions,
+        },
+        "timing": {
+            "engine": "cpu",
+            "t_o_ms": round(t_o, 4),
+            "t_p_ms": round(t_p, 4),
+            "t_p_fixed_ms": round(boundary.fixed_ms, 4),
+            "t_p_per_mb_ms": round(boundary.per_mb_ms, 4),
+            "predicted_chain_ms": round(predicted, 4),
+            "profiled_engines": sorted(profiles),
+        },
+        "cuts": cuts,
+        "partitions": partitions,
+        "verification": verification.to_dict(),
+    }
+
+
+def inspect_model(
+    model: str | os.PathLike[str],
+    *,
+    shapes: dict[str, tuple[int, ...]] | str | None = None,
+    profile: bool = False,
+    warmup: int = 2,
+    repeats: int = 5,
+    use_cache: bool = True,
+) -> dict:
+    """Per-operator cost table for ``infscaler inspect``.
+
+    Returns:
+        ``{"model": {...}, "operators": [{index, node, op_type, flops, params_mb,
+        input_mb, output_mb, output_shape, ms (when profiled), representative}],
+        "constant_nodes": n, "mean_flops": float}``. ``representative`` marks c_n above the
+        mean (Eq. 1's representative operators; the bottlenecks of §II-B, Fig. 2).
+
+    Raises:
+        ModelLoadError, ShapeError: as :func:`~.loader.load_model`.
+    """
+    loaded = load_model(model, shapes)
+    graph = OperatorGraph.from_loaded(loaded)
+    costs = cost_mod.model_costs(loaded)
+    node_ms: dict[str, float] = {}
+    t_o = None
+    if profile:
+        feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
+        prof = profiler.profile_model(
+            str(loaded.path) if loaded.external else loaded.model,
+            feeds,
+            engine="cpu",
+            model_sha256=loaded.sha256,
+            warmup=warmup,
+            repeats=repeats,
+            cache=use_cache,
+        )
+        node_ms, t_o = prof.node_ms, prof.total_ms
+    flops = np.array([costs[op.node].flops for op in graph.operators], dtype=float)
+    mask = search.representative_mask(flops)
+    nodes = {n.name: n for n in loaded.model.graph.node}
+    rows = []
+    for op, rep in zip(graph.operators, mask, strict=True):
+        cost = costs[op.node]
+        out = next((o for o in nodes[op.node].output if o in loaded.tensors), None)
+        row = {
+            "index": op.index,
+            "node": op.node,
+            "op_type": op.op_type,
+            "output_shape": list(loaded.tensors[out].shape) if out else None,
+            "flops": int(cost.flops),
+            "params_mb": round(cost.param_bytes / _MB, 4),
+            "input_mb": round(cost.input_bytes / _MB, 4),
+            "output_mb": round(cost.output_bytes / _MB, 4),
+            "representative": bool(rep),
+        }
+        if profile:
+            row["ms"] = round(node_ms.get(op.node, 0.0), 4)
+        rows.append(row)
+    return {
+        "model": {
+            "path": str(loaded.path),
+            "sha256": loaded.sha256,
+            "inputs": {n: list(loaded.tensors[n].shape) for n in loaded.graph_inputs},
+            "operators": graph.num_operators,
+            "constant_nodes": len(graph.constant_nodes),
+            "flops": int(flops.sum()),
+            "t_o_ms": t_o,
+        },
+        "mean_flops": float(flops.mean()),
+        "operators": rows,
+    }

@@ -1,0 +1,684 @@
+"""Operator complexity c_n (InfScaler §IV-A, Eq. 1): FLOPs and bytes of every node.
+
+Eq. 1 balances the *computation complexity* ``c_n`` of the operators inside each
+partition; the paper measures it in FLOPs (§III, "detailed performance metrics (e.g.,
+FLOPs, execution time)"). :func:`model_costs` gives every top-level node of a canonical
+model (see :mod:`.loader`) an :class:`OperatorCost`: its FLOPs, the bytes of the weights
+it reads, the bytes of the activations it reads and the bytes it writes.
+
+Counting conventions
+--------------------
+
+- One multiply-add counts **2 FLOPs**; every other arithmetic operation, comparison or
+  transcendental function (exp, tanh, sqrt, ...) counts 1 FLOP.
+- Shapes are the static shapes of :attr:`LoadedModel.tensors`; ``numel(T)`` is the
+  number of elements of tensor ``T``, ``X``/``Y`` a node's first input/output.
+- Bytes: each distinct non-empty input name is read once. A *constant* input (see
+  :func:`constant_tensors`: an initializer, a ``Constant`` output or something folded
+  from them) adds to :attr:`OperatorCost.param_bytes`, any other input to
+  :attr:`OperatorCost.input_bytes`; each distinct non-empty output adds to
+  :attr:`OperatorCost.output_bytes`. A tensor missing from ``tensors`` counts 0 bytes.
+
+FLOPs per operator (formulas follow the ONNX operator specification,
+https://onnx.ai/onnx/operators/):
+
+=====================================  ===============================================
+Operator                               FLOPs
+=====================================  ===============================================
+Conv, ConvInteger, QLinearConv         ``2 * N * Cout * prod(out spatial) *
+                                       (Cin/group) * prod(kernel)`` (= ``2 * numel(Y) *
+                                       prod(W.shape[1:])``, W: [Cout, Cin/group, k...])
+                                       ``+ numel(Y)`` with a bias; 1-D/2-D/3-D.
+ConvTranspose                          ``2 * N * Cin * prod(in spatial) * (Cout/group) *
+                                       prod(kernel)`` (= ``2 * numel(X) *
+                                       prod(W.shape[1:])``, W: [Cin, Cout/group, k...])
+                                       ``+ numel(Y)`` with a bias.
+Gemm                                   ``2*M*N*K`` ``+ M*N`` when C is given; A is
+                                       [M, K] ([K, M] if transA), B is [K, N] ([N, K] if
+                                       transB). The alpha/beta scalings are not counted.
+MatMul, MatMulInteger, QLinearMatMul   ``2 * prod(broadcast(batch dims)) * M * N * K``
+                                       (numpy rules: a 1-D A is [1, K] with M dropped,
+                                       a 1-D B is [K, 1] with N dropped).
+Einsum                                 naive evaluation over all index combinations P
+                                       (product of every letter's size):
+                                       ``P * ((n_operands - 1) + s)``, s = 1 if some
+                                       letter is summed, else 0 (so ``ij,jk->ik`` gives
+                                       2*M*N*K and a pure transpose 0).
+MaxPool, AveragePool, LpPool           ``numel(Y) * prod(kernel_shape)``.
+GlobalAveragePool/MaxPool/LpPool       ``numel(X)``.
+BatchNormalization                     ``2 * numel(X)`` (inference: scale and shift
+                                       folded to ``y = a*x + b``; also used when
+                                       training_mode=1).
+InstanceNormalization,                 ``8 * numel(X)``: mean 1 (accumulate) + variance
+LayerNormalization,                    3 (subtract, square, accumulate) + normalise 2
+GroupNormalization                     (subtract mean, multiply by 1/sigma) + affine 2
+                                       (scale, bias); per-group sqrt is ignored.
+MeanVarianceNormalization              ``6 * numel(X)`` (the above without the affine).
+RMSNormalization                       ``4 * numel(X)`` (square-accumulate 2, normalise
+                                       1, scale 1).
+LRN                                    ``(size + 3) * numel(X)``: ``size`` for the
+                                       square-sum over the channel window, 3 for
+                                       ``bias + alpha/size * s``, the power and the
+                                       division.
+Softmax, LogSoftmax                    ``5 * numel(X)``: max 1, subtract 1, exp 1, sum 1,
+                                       divide (or subtract the log-sum) 1.
+Hardmax                                ``numel(X)`` (arg-max comparisons).
+element-wise unary / binary / ternary  ``numel(Y)`` (1 per output element): Add, Sub,
+                                       Mul, Div, Pow, Mod, Relu, Sigmoid, Tanh, Clip,
+                                       HardSigmoid, HardSwish, Erf, Sqrt, Exp, Log, Abs,
+                                       Neg, LeakyRelu, PRelu, Elu, Selu, Where, Not,
+                                       Equal, Greater, Less, ... (see ``_ELEMENTWISE``).
+Sum, Max, Min, Mean (n-ary)            ``(n_inputs - 1) * numel(Y)``.
+Reduce*, ArgMax, ArgMin, CumSum        ``numel(X)`` (input elements).
+Resize, Upsample                       ``numel(Y) * k``; k = 1 for nearest, ``2**d`` for
+                                       (bi/tri)linear, ``4**d`` for cubic, d = number of
+                                       resized axes (input dim != output dim): one FLOP
+                                       per contributing input sample. The antialias
+                                       filter of Resize-18 is not modelled.
+GridSample                             ``numel(Y) * k``, k as for Resize with d = rank-2.
+RNN, GRU, LSTM                         ``seq * dirs * batch * (2*G*H*I + 2*G*H*H +
+                                       2*G*H [if B] + E*H)`` from the ONNX spec's
+                                       equations, G = 1/3/4 gates, H hidden size, I input
+                                       size, E element-wise FLOPs per hidden unit: RNN 2
+                                       (add, activation), GRU 11 (3 gate adds, 3
+                                       activations, r*h 1, ``(1-z)*h + z*H`` 4), LSTM 13
+                                       (4 gate adds, 4 activations, ``f*C + i*c`` 3,
+                                       ``o*h(C)`` 2) + 6 with peepholes P.
+If                                     max over the two branches of the sum of their
+                                       nodes' FLOPs (one branch runs).
+Loop, Scan                             one iteration: the sum of the body's nodes' FLOPs
+                                       (the trip count is a runtime value).
+data movement                          0 (bytes still counted): Reshape, Transpose,
+                                       Concat, Slice, Gather, Split, Squeeze, Unsqueeze,
+                                       Flatten, Identity, Cast, Shape, Pad, Expand, Tile,
+                                       Dropout, DepthToSpace, ... (``_DATA_MOVEMENT``).
+any other operator                     0 (bytes still counted).
+=====================================  ===============================================
+
+Subgraph nodes (If/Loop/Scan) are costed only when their shapes are known (the
+subgraph's inputs, outputs, value_info and initializers, or the enclosing graph's
+tensors); the others add 0. The control-flow node's param_bytes also include its
+subgraphs' initializers, and its input bytes the enclosing-scope tensors the subgraphs
+read (they are implicit inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, helper
+
+from .loader import LoadedModel, TensorInfo
+
+__all__ = ["OperatorCost", "constant_tensors", "node_cost", "model_costs"]
+
+
+@dataclass(frozen=True)
+class OperatorCost:
+    """Complexity of one operator (``c_n`` of InfScaler §IV-A, Eq. 1).
+
+    Attributes:
+        flops: floating-point (or integer) operations; a multiply-add counts 2 FLOPs.
+            Formulas: see the module docstring.
+        param_bytes: bytes of the constant inputs it reads (initializers, ``Constant``
+            outputs, tensors folded from them: see :func:`constant_tensors`).
+        input_bytes: bytes of the non-constant (activation) inputs it reads.
+        output_bytes: bytes of the outputs it writes.
+
+    Costs add with ``+``; ``sum(costs, OperatorCost())`` (or plain ``sum(costs)``)
+    gives a total.
+    """
+
+    flops: int = 0
+    param_bytes: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+
+    def __add__(self, other: OperatorCost) -> OperatorCost:
+        if not isinstance(other, OperatorCost):
+            return NotImplemented
+        return OperatorCost(
+            self.flops + other.flops,
+            self.param_bytes + other.param_bytes,
+            self.input_bytes + other.input_bytes,
+            self.output_bytes + other.output_bytes,
+        )
+
+    def __radd__(self, other: object) -> OperatorCost:
+        if isinstance(other, int) and other == 0:  # lets builtin sum() start at 0
+            return self
+        return NotImplemented
+
+    def to_dict(self) -> dict[str, int]:
+        """``{"flops", "param_bytes", "input_bytes", "output_bytes"}`` as ints."""
+        return {k: int(v) for k, v in asdict(self).items()}
+
+
+# --------------------------------------------------------------------------- constants
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+_RANDOM_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _graph_constants(graph: onnx.GraphProto, outer: Iterable[str] = ()) -> set[str]:
+    """Constant tensors of ``graph``; ``outer``: constants of the enclosing scopes."""
+    consts = set(outer)
+    consts.update(init.name for init in graph.initializer)
+    consts.update(s.values.name for s in graph.sparse_initializer)
+    # A subgraph's formal inputs shadow outer names and are runtime values.
+    inputs = {v.name for v in graph.input} - {i.name for i in graph.initializer}
+    consts -= inputs
+    for node in graph.node:  # ONNX requires topological order (checked by the loader)
+        if node.domain not in _DEFAULT_DOMAINS:
+            continue
+        if node.op_type in _RANDOM_OPS or _has_subgraph(node):
+            continue
+        if node.op_type == "Constant" or all(i in consts for i in node.input if i):
+            consts.update(o for o in node.output if o)
+    return consts
+
+
+def constant_tensors(model: onnx.ModelProto) -> set[str]:
+    """Names of the top-level tensors computable without any runtime input.
+
+    A tensor is constant if it is an initializer, an output of a ``Constant`` node, or an
+    output of a default-domain node all of whose non-empty inputs are constant (e.g.
+    ``Cast``/``Reshape``/``Unsqueeze``/``ConstantOfShape`` of weights; an empty optional
+    input ``""`` is ignored). Never constant: outputs of random ops (RandomNormal,
+    RandomUniform, RandomNormalLike, RandomUniformLike, Multinomial, Bernoulli), of nodes
+    with subgraphs (If/Loop/Scan), of custom-domain ops (their semantics are unknown),
+    and anything depending on a runtime graph input. ``Shape`` of a runtime tensor is not
+    constant either, even when its shape is static.
+
+    Args:
+        model: an ONNX model whose nodes are in topological order (any checked model).
+
+    Returns:
+        The set of constant tensor names (initializers included).
+    """
+    return _graph_constants(model.graph)
+
+
+# ------------------------------------------------------------------------------ tables
+
+# fmt: off
+_ELEMENTWISE = frozenset(
+    {
+        # binary arithmetic / logic / comparison
+        "Add", "Sub", "Mul", "Div", "Pow", "Mod", "BitShift",
+        "And", "Or", "Xor", "Not",
+        "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
+        "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
+        "Where",
+        # activations
+        "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "ThresholdedRelu",
+        "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Softsign",
+        "Gelu", "Mish", "Swish", "Clip", "Shrink",
+        # unary math
+        "Erf", "Sqrt", "Exp", "Log", "Abs", "Neg", "Reciprocal",
+        "Floor", "Ceil", "Round", "Sign",
+        "Sin", "Cos", "Tan", "Asin", "Acos", "Atan",
+        "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
+        "IsNaN", "IsInf",
+        # (de)quantisation: one scale/shift per element
+        "QuantizeLinear", "DequantizeLinear",
+    }
+)
+# fmt: on
+
+_NARY = frozenset({"Sum", "Max", "Min", "Mean"})
+
+# fmt: off
+_REDUCE = frozenset(
+    {
+        "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
+        "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+        "ArgMax", "ArgMin", "CumSum",
+    }
+)
+# fmt: on
+
+# fmt: off
+_DATA_MOVEMENT = frozenset(
+    {
+        "Reshape", "Transpose", "Concat", "Slice", "Gather", "GatherElements",
+        "GatherND", "Scatter", "ScatterElements", "ScatterND", "Split", "Squeeze",
+        "Unsqueeze", "Flatten", "Identity", "Cast", "CastLike", "Shape", "Size", "Pad",
+        "Expand", "Tile", "Dropout", "DepthToSpace", "SpaceToDepth", "Constant",
+        "ConstantOfShape", "Range", "EyeLike", "OneHot", "NonZero", "Compress",
+        "ReverseSequence", "Trilu", "CenterCropPad", "Col2Im",
+    }
+)
+# fmt: on
+
+_POOL = frozenset({"MaxPool", "AveragePool", "LpPool"})
+_GLOBAL_POOL = frozenset({"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
+
+# FLOPs per element (documented in the module docstring).
+_BN_FLOPS_PER_ELEM = 2
+_NORM_FLOPS_PER_ELEM = 8
+_MVN_FLOPS_PER_ELEM = 6
+_RMS_FLOPS_PER_ELEM = 4
+_SOFTMAX_FLOPS_PER_ELEM = 5
+_LRN_EXTRA_FLOPS_PER_ELEM = 3
+
+# (conv-like op) -> (index of X, index of W, index of bias or None)
+_CONV_INPUTS = {
+    "Conv": (0, 1, 2),
+    "ConvInteger": (0, 1, None),
+    "QLinearConv": (0, 3, 8),
+}
+# (matmul-like op) -> (index of A, index of B)
+_MATMUL_INPUTS = {"MatMul": (0, 1), "MatMulInteger": (0, 1), "QLinearMatMul": (0, 3)}
+
+# recurrent op -> (gates G, element-wise FLOPs per hidden unit and step E)
+_RNN = {"RNN": (1, 2), "GRU": (3, 11), "LSTM": (4, 13)}
+_LSTM_PEEPHOLE_FLOPS = 6  # 3 peephole multiply-adds per hidden unit and step
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _numel(shape: tuple[int, ...] | None) -> int:
+    return 0 if shape is None else math.prod(shape)
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            value = helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+class _Shapes:
+    """Shape look-ups of one node's inputs/outputs, None when unknown."""
+
+    def __init__(self, node: onnx.NodeProto, tensors: Mapping[str, TensorInfo]) -> None:
+        self.node = node
+        self.tensors = tensors
+
+    def _get(self, names, i: int) -> tuple[int, ...] | None:
+        if i >= len(names) or not names[i]:
+            return None
+        info = self.tensors.get(names[i])
+        return None if info is None else tuple(int(d) for d in info.shape)
+
+    def inp(self, i: int) -> tuple[int, ...] | None:
+        return self._get(self.node.input, i)
+
+    def out(self, i: int = 0) -> tuple[int, ...] | None:
+        return self._get(self.node.output, i)
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.input) and bool(self.node.input[i])
+
+
+def _conv_flops(node: onnx.NodeProto, s: _Shapes) -> int:
+    xi, wi, bi = _CONV_INPUTS[node.op_type]
+    y, w, x = s.out(), s.inp(wi), s.inp(xi)
+    if y is None:
+        return 0
+    if w is not None and len(w) >= 2:
+        macs_per_out = math.prod(w[1:])  # (Cin/group) * prod(kernel)
+    else:
+        kernel, group = _attr(node, "kernel_shape"), int(_attr(node, "group", 1))
+        if kernel is None or x is None or len(x) < 2:
+            return 0
+        macs_per_out = (x[1] // group) * math.prod(kernel)
+    flops = 2 * _numel(y) * macs_per_out
+    if bi is not None and s.has_input(bi):
+        flops += _numel(y)
+    return flops
+
+
+def _conv_transpose_flops(node: onnx.NodeProto, s: _Shapes) -> int:
+    x, w, y = s.inp(0), s.inp(1), s.out()
+    if x is None:
+        return 0
+    if w is not None and len(w) >= 2:
+        macs_per_in = math.prod(w[1:])  # (Cout/group) * prod(kernel)
+    else:
+        kernel, group = _attr(node, "kernel_shape"), int(_attr(node, "group", 1))
+        if kernel is None or y is None or len(y) < 2:
+            return 0
+        macs_per_in = (y[1] // group) * math.prod(kernel)
+    flops = 2 * _numel(x) * macs_per_in
+    if s.has_input(2):
+        flops += _numel(y)
+    return flops
+
+
+def _gemm_flops(node: onnx.NodeProto, s: _Shapes) -> int:
+    a, b = s.inp(0), s.inp(1)
+    if a is None or b is None or len(a) != 2 or len(b) != 2:
+        return 0
+    m, k = (a[1], a[0]) if _attr(node, "transA", 0) else a
+    n = b[0] if _attr(node, "transB", 0) else b[1]
+    flops = 2 * m * n * k
+    if s.has_input(2):
+        flops += m * n
+    return flops
+
+
+def _matmul_flops(node: onnx.NodeProto, s: _Shapes) -> int:
+    ai, bi = _MATMUL_INPUTS[node.op_type]
+    a, b = s.inp(ai), s.inp(bi)
+    if a is None or b is None or not a or not b:
+        return 0
+    k = a[-1]
+    m = a[-2] if len(a) >= 2 else 1
+    n = b[-1] if len(b) >= 2 else 1
+    try:
+        batch = np.broadcast_shapes(a[:-2], b[:-2])
+    except ValueError:
+        return 0
+    return 2 * math.prod(batch) * m * n * k
+
+
+def _einsum_flops(node: onnx.NodeProto, s: _Shapes) -> int:
+    equation = _attr(node, "equation")
+    shapes = [s.inp(i) for i in range(len(node.input))]
+    if not equation or not shapes or any(sh is None for sh in shapes):
+        return 0
+    equation = equation.replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        return 0
+    sizes: dict[str, int] = {}
+    ellipsis: tuple[int, ...] = ()
+    for term, shape in zip(terms, shapes, strict=True):
+        letters = term.replace("...", "")
+        if letters and not letters.isalpha():
+            return 0
+        n_ell = len(shape) - len(letters)
+        if n_ell < 0 or (n_ell > 0 and "..." not in term):
+            return 0
+        if "..." in term:
+            before = term.index("...")
+            ell_dims = shape[before : before + n_ell]
+            try:
+                ellipsis = tuple(np.broadcast_shapes(ellipsis, ell_dims))
+            except ValueError:
+                return 0
+            dims = shape[:before] + shape[before + n_ell :]
+        else:
+            dims = shape
+        for letter, dim in zip(letters, dims, strict=True):
+            sizes[letter] = max(sizes.get(letter, 1), dim)
+    if arrow:
+        out_letters = set(rhs.replace("...", ""))
+    else:  # implicit mode: letters appearing exactly once
+        counts = {c: lhs.count(c) for c in sizes}
+        out_letters = {c for c, n in counts.items() if n == 1}
+    summed = any(c not in out_letters for c in sizes)
+    total = math.prod(sizes.values()) * math.prod(ellipsis)
+    return total * ((len(terms) - 1) + (1 if summed else 0))
+
+
+def _pool_flops(node: onnx.NodeProto, s: _Shapes) -> int:
+    kernel = _attr(node, "kernel_shape")
+    if kernel is None:
+        return 0
+    return _numel(s.out()) * math.prod(kernel)
+
+
+def _interp_factor(mode: str, d: int) -> int:
+    mode = mode.lower()
+    if mode in ("linear", "bilinear", "trilinear"):
+        return 2**d
+    if mode in ("cubic", "bicubic"):
+        return 4**d
+    return 1  # nearest
+
+
+def _resize_flops(node: onnx.NodeProto, s: _Shapes) -> int:
+    x, y = s.inp(0), s.out()
+    if y is None:
+        return 0
+    if x is not None and len(x) == len(y):
+        d = sum(1 for i, o in zip(x, y, strict=True) if i != o)
+    else:
+        d = max(len(y) - 2, 0)
+    return _numel(y) * _interp_factor(str(_attr(node, "mode", "nearest")), d)
+
+
+def _grid_sample_flops(node: onnx.NodeProto, s: _Shapes) -> int:
+    y = s.out()
+    if y is None:
+        return 0
+    mode = str(_attr(node, "mode", "linear"))
+    return _numel(y) * _interp_factor(mode, max(len(y) - 2, 0))
+
+
+def _rnn_flops(node: onnx.NodeProto, s: _Shapes) -> int:
+    x, w = s.inp(0), s.inp(1)
+    if x is None or w is None or len(x) != 3 or len(w) != 3:
+        return 0
+    gates, elementwise = _RNN[node.op_type]
+    dirs, gh, i = w
+    h = gh // gates
+    seq, batch = (x[1], x[0]) if _attr(node, "layout", 0) else (x[0], x[1])
+    per_step = 2 * gh * i + 2 * gh * h + elementwise * h
+    if s.has_input(3):  # B: Wb and Rb, one add each
+        per_step += 2 * gh
+    if node.op_type == "LSTM" and s.has_input(7):  # peepholes P
+        per_step += _LSTM_PEEPHOLE_FLOPS * h
+    return seq * dirs * batch * per_step
+
+
+def _subgraph_tensors(
+    graph: onnx.GraphProto, outer: Mapping[str, TensorInfo]
+) -> dict[str, TensorInfo]:
+    tensors = dict(outer)
+    for init in graph.initializer:
+        tensors[init.name] = TensorInfo(
+            tuple(int(d) for d in init.dims),
+            np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)),
+        )
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        t = value.type
+        if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            tensors.pop(value.name, None)  # shadows an outer name, shape unknown
+            continue
+        dims = t.tensor_type.shape.dim
+        if t.tensor_type.elem_type and all(d.HasField("dim_value") for d in dims):
+            tensors[value.name] = TensorInfo(
+                tuple(int(d.dim_value) for d in dims),
+                np.dtype(helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type)),
+            )
+        else:
+            tensors.pop(value.name, None)
+    return tensors
+
+
+def _subgraph_cost(
+    graph: onnx.GraphProto, outer: Mapping[str, TensorInfo], outer_consts: Container[str]
+) -> OperatorCost:
+    """Sum of the costs of ``graph``'s nodes (unknown shapes count 0)."""
+    tensors = _subgraph_tensors(graph, outer)
+    consts = _graph_constants(graph, (n for n in outer if n in outer_consts))
+    return sum((node_cost(n, tensors, consts) for n in graph.node), OperatorCost())
+
+
+def _outer_refs(graph: onnx.GraphProto) -> set[str]:
+    """Names ``graph`` (and its nested subgraphs) read from enclosing scopes."""
+    local = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(i for i in node.input if i)
+        for sub in _subgraphs(node):
+            used |= _outer_refs(sub)
+        local.update(o for o in node.output if o)
+    used.update(o.name for o in graph.output)
+    return used - local
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    graphs: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == AttributeProto.GRAPH:
+            graphs.append(a.g)
+        elif a.type == AttributeProto.GRAPHS:
+            graphs.extend(a.graphs)
+    return graphs
+
+
+def _tensor_bytes(name: str, tensors: Mapping[str, TensorInfo]) -> int:
+    info = tensors.get(name)
+    if info is None:
+        return 0
+    try:
+        return int(info.nbytes)
+    except (TypeError, ValueError, AttributeError):
+        return 0
+
+
+# --------------------------------------------------------------------------------- API
+
+
+def _flops(
+    node: onnx.NodeProto, tensors: Mapping[str, TensorInfo], constants: Container[str]
+) -> tuple[int, int]:
+    """(FLOPs, extra param bytes from subgraph initializers)."""
+    op = node.op_type
+    s = _Shapes(node, tensors)
+    if node.domain not in _DEFAULT_DOMAINS:
+        return 0, 0
+    if op in _DATA_MOVEMENT:
+        return 0, 0
+    if op in _CONV_INPUTS:
+        return _conv_flops(node, s), 0
+    if op == "ConvTranspose":
+        return _conv_transpose_flops(node, s), 0
+    if op == "Gemm":
+        return _gemm_flops(node, s), 0
+    if op in _MATMUL_INPUTS:
+        return _matmul_flops(node, s), 0
+    if op == "Einsum":
+        return _einsum_flops(node, s), 0
+    if op in _POOL:
+        return _pool_flops(node, s), 0
+    if op in _GLOBAL_POOL:
+        return _numel(s.inp(0)), 0
+    if op == "BatchNormalization":
+        return _BN_FLOPS_PER_ELEM * _numel(s.inp(0)), 0
+    if op in ("InstanceNormalization", "LayerNormalization", "GroupNormalization"):
+        return _NORM_FLOPS_PER_ELEM * _numel(s.inp(0)), 0
+    if op == "MeanVarianceNormalization":
+        return _MVN_FLOPS_PER_ELEM * _numel(s.inp(0)), 0
+    if op == "RMSNormalization":
+        return _RMS_FLOPS_PER_ELEM * _numel(s.inp(0)), 0
+    if op == "LRN":
+        size = int(_attr(node, "size", 1))
+        return (size + _LRN_EXTRA_FLOPS_PER_ELEM) * _numel(s.inp(0)), 0
+    if op in ("Softmax", "LogSoftmax"):
+        return _SOFTMAX_FLOPS_PER_ELEM * _numel(s.inp(0)), 0
+    if op == "Hardmax":
+        return _numel(s.inp(0)), 0
+    if op in _ELEMENTWISE:
+        return _numel(s.out()), 0
+    if op in _NARY:
+        n = sum(1 for i in node.input if i)
+        return max(n - 1, 0) * _numel(s.out()), 0
+    if op in _REDUCE:
+        return _numel(s.inp(0)), 0
+    if op in ("Resize", "Upsample"):
+        return _resize_flops(node, s), 0
+    if op == "GridSample":
+        return _grid_sample_flops(node, s), 0
+    if op in _RNN:
+        return _rnn_flops(node, s), 0
+    if op in ("If", "Loop", "Scan"):
+        subs = _subgraphs(node)
+        costs = [_subgraph_cost(g, tensors, constants) for g in subs]
+        weights = sum(
+            math.prod(i.dims) * np.dtype(helper.tensor_dtype_to_np_dtype(i.data_type)).itemsize
+            for g in subs
+            for i in g.initializer
+        )
+        if not costs:
+            return 0, weights
+        flops = [c.flops for c in costs]
+        return (max(flops) if op == "If" else sum(flops)), weights
+    return 0, 0
+
+
+def node_cost(
+    node: onnx.NodeProto,
+    tensors: Mapping[str, TensorInfo],
+    constants: Container[str],
+) -> OperatorCost:
+    """Cost of one node: FLOPs, weight bytes, activation bytes read and written.
+
+    Args:
+        node: an ONNX node (default domain; other domains get 0 FLOPs).
+        tensors: tensor name -> :class:`~infscaler.partitioner.loader.TensorInfo`
+            (static shape and dtype), e.g. :attr:`LoadedModel.tensors`. A missing tensor
+            counts 0 bytes and makes FLOP formulas needing its shape give 0.
+        constants: names of constant tensors (:func:`constant_tensors`); their bytes
+            count as ``param_bytes``, other inputs' as ``input_bytes``.
+
+    Returns:
+        The :class:`OperatorCost` (FLOPs per the table of the module docstring, which
+        follows the ONNX operator specification; bytes = prod(shape) * itemsize).
+        For If/Loop/Scan, ``param_bytes`` also includes the subgraphs' initializers and
+        the bytes read include enclosing-scope tensors the subgraphs use.
+
+    Raises:
+        Nothing for well-formed nodes: unknown operators and unknown shapes give 0.
+    """
+    flops, extra_params = _flops(node, tensors, constants)
+    reads = list(dict.fromkeys(i for i in node.input if i))
+    if _has_subgraph(node):
+        implicit: set[str] = set()
+        for g in _subgraphs(node):
+            implicit |= _outer_refs(g)
+        reads += sorted(implicit - set(reads))
+    param_bytes = extra_params
+    input_bytes = 0
+    for name in reads:
+        if name in constants:
+            param_bytes += _tensor_bytes(name, tensors)
+        else:
+            input_bytes += _tensor_bytes(name, tensors)
+    output_bytes = sum(_tensor_bytes(o, tensors) for o in dict.fromkeys(node.output) if o)
+    return OperatorCost(int(flops), int(param_bytes), int(input_bytes), int(output_bytes))
+
+
+def model_costs(loaded: LoadedModel) -> dict[str, OperatorCost]:
+    """:class:`OperatorCost` of every top-level node, keyed by node name (graph order).
+
+    Constant-foldable nodes (``Constant``, ``Cast`` of a weight, ...) get their normal
+    cost; the caller decides what to do with them (:func:`constant_tensors` names them).
+
+    Args:
+        loaded: a canonical model from :func:`~infscaler.partitioner.loader.load_model`
+            (unique node names, static shapes in ``loaded.tensors``).
+
+    Returns:
+        node name -> cost, one entry per node of ``loaded.model.graph``.
+    """
+    constants = constant_tensors(loaded.model)
+    return {
+        node.name: node_cost(node, loaded.tensors, constants) for node in loaded.model.graph.node
+    }

@@ -1,0 +1,772 @@
+"""Partitions as ONNX sub-models, and the chain's verification (InfScaler §IV-A).
+
+The offline phase (InfScaler §IV-A, "Offline bottleneck-aware partitioning", Eq. 1) cuts a
+model into K operator groups P_1..P_K that are deployed, and scaled, as separate units.
+This module turns each group into a stand-alone ONNX model and proves that running the
+groups one after another reproduces the whole model.
+
+Chain semantics:
+
+- partitions are given in order; partition k's inputs are exactly partition k-1's
+  outputs; partition 0's inputs are the model's runtime inputs (in the model's order);
+  the last partition's outputs are the model's outputs (in the model's order);
+- a tensor may *pass through* a partition unchanged (a residual, or a model input consumed
+  two partitions later, or a model output produced early): it is then both a graph input
+  and a graph output of that sub-model, under the same name (onnx.checker and onnxruntime
+  accept this);
+- tensor names are those of the whole (canonical) model all along the chain.
+
+:func:`extract_partition` builds a sub-model directly from the partition's node list (not
+``onnx.utils.Extractor``, whose backward search from the outputs could pull in nodes of
+other partitions). :func:`verify_chain` runs the whole model and the chain with
+onnxruntime on the same seeded random inputs; :func:`check_verification` refuses a chain
+beyond tolerance.
+
+References: ONNX IR spec (graphs, subgraph outer-scope names, external data:
+https://onnx.ai/onnx/repo-docs/IR.html, ExternalData.md); onnxruntime Python API
+(``InferenceSession``, ``SessionOptions``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from infscaler.errors import PartitionError, VerificationError
+
+from .loader import LoadedModel, random_feeds
+
+__all__ = [
+    "EXTERNAL_DATA_THRESHOLD",
+    "Chain",
+    "PartitionSpec",
+    "Verification",
+    "check_verification",
+    "extract_partition",
+    "load_sessions",
+    "run_chain",
+    "save_partition",
+    "verify_chain",
+]
+
+#: A sub-model whose ``ByteSize()`` exceeds this (2 GiB - 64 MiB, i.e. protobuf's 2 GiB
+#: limit with a margin) is saved with its weights in one external data file.
+EXTERNAL_DATA_THRESHOLD = 2**31 - 64 * 2**20
+
+_PROTOBUF_LIMIT = 2**31
+
+DEFAULT_PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)
+
+#: An onnxruntime provider: a name, or (name, provider options).
+Provider = str | tuple[str, dict[str, Any]]
+#: A part of a chain: an ``onnx.ModelProto``, a path to an ``.onnx`` file, or an
+#: ``onnxruntime.InferenceSession``.
+PartLike = Any
+
+
+@dataclass
+class PartitionSpec:
+    """One operator group of a plan (a P_k of InfScaler Eq. 1) and its boundary tensors.
+
+    Attributes:
+        index: position k of the partition in the chain (0-based).
+        nodes: names of nodes of the canonical model (``LoadedModel.model``), in
+            topological order. Constant-foldable helper nodes (``Constant``, ``Cast`` of a
+            weight, ...) feeding the group are listed too; the same helper node may appear
+            in several partitions (it is then duplicated into each).
+        inputs: tensor names the partition receives: the previous partition's outputs
+            (the model's runtime inputs for partition 0).
+        outputs: tensor names the partition hands on: the next partition's inputs (the
+            model's outputs, in order, for the last partition). A name that is also in
+            ``inputs`` passes through unchanged.
+    """
+
+    index: int
+    nodes: list[str]
+    inputs: list[str]
+    outputs: list[str]
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "nodes": list(self.nodes),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+        }
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
+    """The graph-valued attributes of ``node`` (If branches, Loop / Scan bodies, ...)."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def _free_names(graph: onnx.GraphProto) -> list[str]:
+    """Names a subgraph reads from enclosing scopes (recursively), in first-use order.
+
+    A name is local when it is an input, an initializer (dense or sparse) or a node output
+    of the subgraph itself (or of an enclosing subgraph level already walked); every other
+    name a node input, a nested subgraph or a graph output refers to is an outer-scope
+    reference (ONNX IR spec, "Names Within a Graph" / nested subgraphs).
+    """
+    defined = {v.name for v in graph.input}
+    defined.update(t.name for t in graph.initializer)
+    defined.update(s.values.name for s in graph.sparse_initializer)
+    free: dict[str, None] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name and name not in defined:
+                free.setdefault(name)
+        for sub in _subgraphs(node):
+            for name in _free_names(sub):
+                if name not in defined:
+                    free.setdefault(name)
+        defined.update(o for o in node.output if o)
+    for out in graph.output:
+        if out.name not in defined:
+            free.setdefault(out.name)
+    return list(free)
+
+
+def _value_info(
+    loaded: LoadedModel, name: str, originals: Mapping[str, onnx.ValueInfoProto]
+) -> onnx.ValueInfoProto | None:
+    """Typed ValueInfo for ``name``: static shape/dtype from ``loaded.tensors``, else the
+    original model's declaration (e.g. a sequence type), else None."""
+    info = loaded.tensors.get(name)
+    if info is not None:
+        return onnx.helper.make_tensor_value_info(
+            name, onnx.helper.np_dtype_to_tensor_dtype(info.dtype), list(info.shape)
+        )
+    orig = originals.get(name)
+    if orig is not None and orig.type.WhichOneof("value") is not None:
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(orig)
+        return vi
+    return None
+
+
+def _describe_producer(name: str, producers: Mapping[str, str], loaded: LoadedModel) -> str:
+    if name in producers:
+        return f"it is produced by node '{producers[name]}'"
+    if name in loaded.graph_inputs:
+        return "it is a runtime input of the model"
+    return "no node of the model produces it"
+
+
+def extract_partition(loaded: LoadedModel, spec: PartitionSpec) -> onnx.ModelProto:
+    """Build partition ``spec`` of ``loaded`` as a valid, stand-alone ONNX model.
+
+    The sub-model holds copies of the spec's nodes in the given order; only the
+    initializers these nodes reference (directly, or as outer-scope names from inside
+    ``If`` / ``Loop`` / ``Scan`` subgraphs, walked recursively); graph inputs
+    ``spec.inputs`` and outputs ``spec.outputs``, typed with the static shapes and dtypes
+    of ``loaded.tensors`` (e.g. ``float32[1, 64, 56, 56]``); ``value_info`` for its
+    internal tensors; the original ``opset_import``, ``ir_version`` and model-local
+    functions; ``producer_name`` ``'infscaler'`` and a ``doc_string`` naming the
+    partition. For IR version < 4 the initializers are also listed as graph inputs, as that
+    IR version requires. Weights of a model loaded with external data (> 2 GB) are read
+    into the sub-model from the files beside ``loaded.path``.
+
+    Args:
+        loaded: the canonical model from :func:`~infscaler.partitioner.loader.load_model`.
+        spec: the partition (see :class:`PartitionSpec`).
+
+    Returns:
+        The sub-model; it passed ``onnx.checker.check_model`` (by path, through a
+        temporary directory, when it is over protobuf's 2 GB limit).
+
+    Raises:
+        PartitionError: a node name is unknown or listed twice; a node input (or an
+            outer-scope name used inside one of its subgraphs) is neither a spec input, an
+            initializer, nor produced by an earlier node of the partition; a node output
+            is also a spec input; a spec output is neither produced in the partition nor
+            a spec input; a spec input is an initializer or has no known type; duplicate
+            names in ``inputs`` / ``outputs``; the result fails ``onnx.checker``. The
+            message names the partition, the tensor and the node.
+    """
+    graph = loaded.model.graph
+    k = spec.index
+    where = f"partition {k}"
+    nodes_by_name = {n.name: n for n in graph.node}
+    producers = {o: n.name for n in graph.node for o in n.output if o}
+    inits = {t.name: t for t in graph.initializer}
+    sparse_inits = {s.values.name: s for s in graph.sparse_initializer}
+    originals: dict[str, onnx.ValueInfoProto] = {}
+    for v in [*graph.output, *graph.value_info, *graph.input]:
+        originals[v.name] = v
+
+    for label, names in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise PartitionError(f"{where} lists {label} {', '.join(map(repr, dup))} twice")
+    for name in spec.inputs:
+        if name in inits or name in sparse_inits:
+            raise PartitionError(
+                f"{where} input '{name}' is an initializer (a weight); weights are not "
+                "passed between partitions, each partition holds the ones it uses"
+            )
+
+    # --- validate the node list and collect the initializers it uses
+    defined: set[str] = set(spec.inputs)
+    used_inits: dict[str, None] = {}
+    seen_nodes: set[str] = set()
+    chosen: list[onnx.NodeProto] = []
+    for node_name in spec.nodes:
+        node = nodes_by_name.get(node_name)
+        if node is None:
+            raise PartitionError(
+                f"{where} names node '{node_name}', which is not a node of {loaded.path.name}",
+                hint="node names refer to the canonical model returned by load_model",
+            )
+        if node_name in seen_nodes:
+            raise PartitionError(f"{where} lists node '{node_name}' twice")
+        seen_nodes.add(node_name)
+        refs = [(n, False) for n in node.input if n]
+        for sub in _subgraphs(node):
+            refs.extend((n, True) for n in _free_names(sub))
+        for name, in_subgraph in refs:
+            if name in defined:
+                continue
+            if name in inits or name in sparse_inits:
+                used_inits.setdefault(name)
+                continue
+            how = (
+                f"a subgraph of node '{node_name}' ({node.op_type}) refers to outer-scope "
+                f"tensor '{name}'"
+                if in_subgraph
+                else f"node '{node_name}' ({node.op_type}) reads tensor '{name}'"
+            )
+            raise PartitionError(
+                f"{where}: {how}, which is neither an input of the partition, an "
+                f"initializer, nor produced by an earlier node of the partition "
+                f"({_describe_producer(name, producers, loaded)})",
+                hint=f"add '{name}' to the partition's inputs (and to the previous "
+                "partition's outputs), or move its producer into the partition before "
+                f"'{node_name}'",
+            )
+        for out in node.output:
+            if out and out in spec.inputs:
+                raise PartitionError(
+                    f"{where}: tensor '{out}' is an input of the partition but node "
+                    f"'{node_name}' of the same partition produces it"
+                )
+        defined.update(o for o in node.output if o)
+        chosen.append(node)
+    for name in spec.outputs:
+        if name not in defined:
+            raise PartitionError(
+                f"{where}: output '{name}' is neither produced by a node of the partition "
+                f"nor an input passing through ({_describe_producer(name, producers, loaded)})",
+                hint=f"add '{name}' to the partition's inputs so that it passes through, or "
+                "move its producer into the partition",
+            )
+
+    # --- typed boundary
+    def typed(name: str, role: str) -> onnx.ValueInfoProto:
+        vi = _value_info(loaded, name, originals)
+        if vi is None:
+            raise PartitionError(
+                f"{where}: {role} '{name}' has no known static shape and dtype",
+                hint="load the model with concrete --shapes for its dynamic inputs",
+            )
+        return vi
+
+    g_inputs = [typed(n, "input") for n in spec.inputs]
+    g_outputs = [typed(n, "output") for n in spec.outputs]
+    boundary = set(spec.inputs) | set(spec.outputs)
+    internal: list[onnx.ValueInfoProto] = []
+    for node in chosen:
+        for out in node.output:
+            if out and out not in boundary:
+                vi = _value_info(loaded, out, originals)
+                if vi is not None:
+                    internal.append(vi)
+
+    # --- weights (in the original order), loaded into memory if they were external
+    base_dir = str(loaded.path.parent)
+    initializers: list[TensorProto] = []
+    for t in graph.initializer:
+        if t.name in used_inits:
+            copy = TensorProto()
+            copy.CopyFrom(t)
+            if onnx.external_data_helper.uses_external_data(copy):
+                try:
+                    onnx.external_data_helper.load_external_data_for_tensor(copy, base_dir)
+                except Exception as exc:
+                    raise PartitionError(
+                        f"{where}: weight '{t.name}' could not be read from the external "
+                        f"data beside {loaded.path}: {exc}"
+                    ) from None
+            initializers.append(copy)
+    sparse = [s for name, s in sparse_inits.items() if name in used_inits]
+    if loaded.model.ir_version < 4:
+        listed = set(spec.inputs)
+        for t in initializers:
+            if t.name not in listed:
+                g_inputs.append(
+                    onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                )
+
+    sub_graph = onnx.helper.make_graph(
+        nodes=[_copy_node(n) for n in chosen],
+        name=f"{graph.name or 'graph'}_part{k}",
+        inputs=g_inputs,
+        outputs=g_outputs,
+        initializer=initializers,
+        value_info=internal,
+        sparse_initializer=list(sparse),
+    )
+    sub_graph.doc_string = (
+        f"InfScaler partition {k} of {loaded.path.name}: {len(chosen)} nodes, "
+        f"inputs {list(spec.inputs)}, outputs {list(spec.outputs)}"
+    )
+    model = onnx.ModelProto()
+    model.ir_version = loaded.model.ir_version
+    model.opset_import.extend(loaded.model.opset_import)
+    model.functions.extend(loaded.model.functions)
+    model.producer_name = "infscaler"
+    model.producer_version = _version()
+    model.domain = loaded.model.domain
+    model.model_version = loaded.model.model_version
+    model.doc_string = (
+        f"InfScaler partition {k} of {loaded.path.name} (sha256 {loaded.sha256[:12]})"
+    )
+    model.graph.CopyFrom(sub_graph)
+    _check_partition(model, where)
+    return model
+
+
+def _copy_node(node: onnx.NodeProto) -> onnx.NodeProto:
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    return copy
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("infscaler")
+    except Exception:
+        return "0"
+
+
+def _check_partition(model: onnx.ModelProto, where: str) -> None:
+    try:
+        if model.ByteSize() < _PROTOBUF_LIMIT - 2**20:
+            onnx.checker.check_model(model)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "part.onnx"
+                save_partition(model, path)
+                onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0][:300]
+        raise PartitionError(
+            f"{where} is not a valid ONNX model: {first}",
+            hint="check the partition's node list and boundary tensors",
+        ) from None
+
+
+def save_partition(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
+    """Write a sub-model to ``path`` (parent directories are created).
+
+    A model whose ``ByteSize()`` exceeds :data:`EXTERNAL_DATA_THRESHOLD`
+    (2 GiB - 64 MiB) is saved with ``save_as_external_data``: all weights in one file
+    ``<path.name>.data`` beside it (e.g. ``part_0.onnx.data``; ONNX "External Data" doc),
+    which is replaced if it exists (onnx appends to an existing data file). ``model``
+    itself is not modified (the conversion runs on a copy).
+
+    Args:
+        model: the sub-model (from :func:`extract_partition`).
+        path: the ``.onnx`` file to write.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data_name = f"{path.name}.data"
+    if model.ByteSize() <= EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(model, str(path))
+        return
+    data_path = path.parent / data_name
+    if data_path.exists():
+        data_path.unlink()
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    onnx.save_model(
+        copy,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data_name,
+        size_threshold=1024,
+    )
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _session_options() -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    return so
+
+
+def _make_session(part: PartLike, providers: Sequence[Provider], options: Any) -> Any:
+    import onnxruntime as ort
+
+    if isinstance(part, ort.InferenceSession):
+        return part
+    if isinstance(part, onnx.ModelProto):
+        if part.ByteSize() < _PROTOBUF_LIMIT - 2**20:
+            return ort.InferenceSession(
+                part.SerializeToString(), options, providers=list(providers)
+            )
+        # Over protobuf's limit: onnxruntime must read it from a file with external data.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "part.onnx"
+            save_partition(part, path)
+            return ort.InferenceSession(str(path), options, providers=list(providers))
+    return ort.InferenceSession(str(part), options, providers=list(providers))
+
+
+def load_sessions(
+    parts: Sequence[PartLike],
+    providers: Sequence[Provider] = DEFAULT_PROVIDERS,
+    session_options: Any = None,
+) -> list[Any]:
+    """One onnxruntime ``InferenceSession`` per part, built once for reuse.
+
+    Args:
+        parts: sub-models as ``onnx.ModelProto``, paths of ``.onnx`` files, or sessions
+            (returned as they are).
+        providers: onnxruntime execution providers, in priority order.
+        session_options: an ``onnxruntime.SessionOptions``; default: full graph
+            optimisations (``ORT_ENABLE_ALL``), warnings silenced.
+
+    Returns:
+        The sessions, in the parts' order.
+    """
+    options = session_options if session_options is not None else _session_options()
+    return [_make_session(p, providers, options) for p in parts]
+
+
+class Chain:
+    """Partitions run one after another in-process (sessions built once).
+
+    Each part is fed its inputs by name from an environment holding the caller's feeds
+    and every earlier part's outputs; :meth:`run` returns the last part's outputs. Build
+    it once and call :meth:`run` many times to time the chain against the whole model.
+
+    Args:
+        parts: as for :func:`load_sessions`.
+        providers: onnxruntime execution providers.
+        session_options: as for :func:`load_sessions`.
+
+    Attributes:
+        sessions: the ``InferenceSession`` of each part.
+        part_inputs / part_outputs: each part's input / output names.
+        inputs: names the chain needs from the caller (part inputs no earlier part
+            produces), in first-use order.
+        outputs: the last part's output names.
+    """
+
+    def __init__(
+        self,
+        parts: Sequence[PartLike],
+        providers: Sequence[Provider] = DEFAULT_PROVIDERS,
+        session_options: Any = None,
+    ) -> None:
+        if not parts:
+            raise PartitionError("a chain needs at least one partition")
+        self.sessions = load_sessions(parts, providers, session_options)
+        self.part_inputs = [[i.name for i in s.get_inputs()] for s in self.sessions]
+        self.part_outputs = [[o.name for o in s.get_outputs()] for s in self.sessions]
+        produced: set[str] = set()
+        needed: dict[str, None] = {}
+        for ins, outs in zip(self.part_inputs, self.part_outputs, strict=True):
+            for n in ins:
+                if n not in produced:
+                    needed.setdefault(n)
+            produced.update(outs)
+        self.inputs = list(needed)
+        self.outputs = list(self.part_outputs[-1])
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run every part in order.
+
+        Args:
+            feeds: input name -> array (the model's runtime inputs, concrete shapes).
+
+        Returns:
+            The last part's outputs, name -> array.
+
+        Raises:
+            PartitionError: a part needs a tensor that neither ``feeds`` nor an earlier
+                part provides. onnxruntime's own errors (wrong dtype or shape) propagate.
+        """
+        env: dict[str, np.ndarray] = dict(feeds)
+        values: list[np.ndarray] = []
+        for k, (sess, ins, outs) in enumerate(
+            zip(self.sessions, self.part_inputs, self.part_outputs, strict=True)
+        ):
+            try:
+                part_feeds = {n: env[n] for n in ins}
+            except KeyError as exc:
+                raise PartitionError(
+                    f"partition {k} needs tensor '{exc.args[0]}', which neither the feeds "
+                    "nor an earlier partition provides"
+                ) from None
+            values = sess.run(outs, part_feeds)
+            env.update(zip(outs, values, strict=True))
+        return dict(zip(self.outputs, values, strict=True))
+
+    __call__ = run
+
+
+def run_chain(
+    parts: Sequence[PartLike],
+    feeds: Mapping[str, np.ndarray],
+    providers: Sequence[Provider] = DEFAULT_PROVIDERS,
+) -> dict[str, np.ndarray]:
+    """Run ``parts`` in order once and return the last part's outputs by name.
+
+    Builds the sessions every call; use :class:`Chain` to build them once.
+
+    Args:
+        parts: as for :func:`load_sessions`.
+        feeds: the model's runtime inputs, name -> array.
+        providers: onnxruntime execution providers.
+
+    Raises:
+        PartitionError: a part's input is provided neither by ``feeds`` nor by an earlier
+            part.
+    """
+    return Chain(parts, providers).run(feeds)
+
+
+# --------------------------------------------------------------------------- verification
+
+
+@dataclass
+class Verification:
+    """Outcome of :func:`verify_chain`.
+
+    ``max_rel`` of one output is ``max |chain - whole| / max |whole|``: the largest
+    absolute error normalised by the reference output's largest magnitude, not the
+    element-wise ``|chain - whole| / |whole|``, which is unbounded near zero (a ReLU or
+    softmax output of 1e-9 computed as 2e-9 would count as a 100 % error although it is
+    harmless float-reordering noise).
+
+    Attributes:
+        max_abs: largest absolute error over all outputs (``inf`` on a shape mismatch,
+            NaN / inf disagreement or failed run).
+        max_rel: largest normalised error over all outputs (see above; same ``inf`` cases).
+        per_output: output name -> ``{"max_abs", "max_rel", "scale" (max |whole|),
+            "shape", "dtype", "ok", "reason" (None, or why the output failed)}``.
+        rtol: the tolerance on ``max_rel``.
+        passed: ``max_rel <= rtol`` and every output matched in shape and non-finite
+            values, and both runs succeeded.
+        error: why a run failed (onnxruntime's message), else None.
+        feeds_seed: seed of the random feeds (None when explicit feeds were given).
+    """
+
+    max_abs: float
+    max_rel: float
+    per_output: dict[str, dict]
+    rtol: float
+    passed: bool
+    error: str | None = None
+    feeds_seed: int | None = None
+
+    @property
+    def worst_output(self) -> str | None:
+        """The output with the largest ``max_rel`` (None without outputs)."""
+        if not self.per_output:
+            return None
+        return max(self.per_output, key=lambda n: _nan_high(self.per_output[n]["max_rel"]))
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (``inf`` stays a float: ``json.dumps`` writes ``Infinity``)."""
+        return {
+            "max_abs": self.max_abs,
+            "max_rel": self.max_rel,
+            "rtol": self.rtol,
+            "passed": self.passed,
+            "error": self.error,
+            "seed": self.feeds_seed,
+            "worst_output": self.worst_output,
+            "per_output": {k: dict(v) for k, v in self.per_output.items()},
+        }
+
+
+def _nan_high(x: float) -> float:
+    return math.inf if math.isnan(x) else x
+
+
+def _compare(whole: np.ndarray, chain: np.ndarray | None) -> dict:
+    """Per-output errors (see :class:`Verification`)."""
+    ref = np.asarray(whole)
+    res: dict[str, Any] = {
+        "shape": list(ref.shape),
+        "dtype": ref.dtype.name,
+        "scale": 0.0,
+        "max_abs": math.inf,
+        "max_rel": math.inf,
+        "ok": False,
+        "reason": None,
+    }
+    if chain is None:
+        res["reason"] = "the chain does not produce this output"
+        return res
+    got = np.asarray(chain)
+    if got.shape != ref.shape:
+        res["reason"] = f"shape {list(got.shape)} differs from the whole model's {list(ref.shape)}"
+        return res
+    if got.dtype != ref.dtype:
+        res["reason"] = f"dtype {got.dtype.name} differs from the whole model's {ref.dtype.name}"
+        return res
+    if ref.dtype == np.bool_ or not np.issubdtype(ref.dtype, np.number):
+        equal = bool(np.array_equal(ref, got))
+        res.update(max_abs=0.0 if equal else math.inf, max_rel=0.0 if equal else math.inf)
+        res["ok"] = equal
+        res["reason"] = None if equal else "values differ"
+        return res
+    a = ref.astype(np.float64)
+    b = got.astype(np.float64)
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    if not np.array_equal(fa, fb) or not np.array_equal(a[~fa], b[~fb], equal_nan=True):
+        res["reason"] = "NaN / inf values differ from the whole model's"
+        return res
+    if a.size == 0 or not fa.any():
+        res.update(max_abs=0.0, max_rel=0.0, ok=True)
+        return res
+    max_abs = float(np.max(np.abs(a[fa] - b[fa])))
+    scale = float(np.max(np.abs(a[fa])))
+    # an all-zero reference: any difference is an infinite relative error
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    res.update(max_abs=max_abs, max_rel=max_rel, scale=scale, ok=True)
+    return res
+
+
+def verify_chain(
+    loaded: LoadedModel,
+    parts: Sequence[PartLike],
+    *,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    rtol: float = 1e-4,
+    seed: int = 0,
+    providers: Sequence[Provider] = DEFAULT_PROVIDERS,
+) -> Verification:
+    """Compare the chain of ``parts`` with the whole model on the same inputs.
+
+    Both run with onnxruntime (``providers``, CPU by default) with full graph
+    optimisations. The inputs are ``feeds`` or, by default,
+    :func:`~infscaler.partitioner.loader.random_feeds` (seed ``seed``) over the model's
+    runtime inputs with their concrete shapes and dtypes from ``loaded.tensors``.
+
+    Args:
+        loaded: the canonical whole model.
+        parts: the sub-models in chain order (protos, paths or sessions).
+        feeds: explicit inputs (name -> array) instead of random ones.
+        rtol: tolerance on ``max_rel`` (error / max |whole| per output; see
+            :class:`Verification`). Default 1e-4.
+        seed: seed of the random feeds.
+        providers: onnxruntime execution providers for both runs.
+
+    Returns:
+        The :class:`Verification`. Never raises for a bad chain: a failed run, a missing
+        output, a shape or dtype mismatch, or NaN / inf disagreement give
+        ``passed=False`` and ``max_rel = inf``; use :func:`check_verification` to refuse.
+    """
+    used_seed: int | None = None
+    if feeds is None:
+        feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=seed)
+        used_seed = seed
+    out_names = loaded.graph_outputs
+
+    def failed(msg: str) -> Verification:
+        per = {n: _failed_output(loaded, n, msg) for n in out_names}
+        return Verification(math.inf, math.inf, per, rtol, False, error=msg, feeds_seed=used_seed)
+
+    try:
+        whole_src: PartLike = str(loaded.path) if loaded.external else loaded.model
+        (whole_sess,) = load_sessions([whole_src], providers)
+        whole = dict(zip(out_names, whole_sess.run(out_names, dict(feeds)), strict=True))
+    except Exception as exc:
+        return failed(f"the whole model failed to run: {_first_line(exc)}")
+    try:
+        got = Chain(parts, providers).run(feeds)
+    except Exception as exc:
+        return failed(f"the chain failed to run: {_first_line(exc)}")
+
+    per = {n: _compare(whole[n], got.get(n)) for n in out_names}
+    max_abs = max((_nan_high(p["max_abs"]) for p in per.values()), default=0.0)
+    max_rel = max((_nan_high(p["max_rel"]) for p in per.values()), default=0.0)
+    passed = all(p["ok"] for p in per.values()) and max_rel <= rtol
+    return Verification(max_abs, max_rel, per, rtol, passed, feeds_seed=used_seed)
+
+
+def _failed_output(loaded: LoadedModel, name: str, reason: str) -> dict:
+    info = loaded.tensors.get(name)
+    return {
+        "shape": list(info.shape) if info else None,
+        "dtype": info.dtype.name if info else None,
+        "scale": 0.0,
+        "max_abs": math.inf,
+        "max_rel": math.inf,
+        "ok": False,
+        "reason": reason,
+    }
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def check_verification(v: Verification) -> None:
+    """Refuse a chain that does not reproduce the whole model.
+
+    Raises:
+        VerificationError: when ``v.passed`` is false; the message names the worst output,
+            its max abs / max rel error (error / max |whole|) and the tolerance, or why
+            the run failed.
+    """
+    if v.passed:
+        return
+    hint = "use fewer partitions or a looser --tolerance; report the model if the error is large"
+    worst = v.worst_output
+    if v.error is not None:
+        raise VerificationError(
+            f"the partitioned chain could not be verified against the whole model: {v.error}",
+            hint=hint,
+        )
+    if worst is None:
+        raise VerificationError("the partitioned chain failed verification", hint=hint)
+    p = v.per_output[worst]
+    reason = f" ({p['reason']})" if p.get("reason") else ""
+    raise VerificationError(
+        f"the partitioned chain does not reproduce the whole model: output '{worst}' "
+        f"differs by max abs {p['max_abs']:.3g}, max rel {p['max_rel']:.3g} "
+        f"(relative to the output's largest magnitude){reason}; tolerance rtol={v.rtol:g}",
+        hint=hint,
+    )

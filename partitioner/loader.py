@@ -1,0 +1,518 @@
+"""Load, check and concretise an ONNX model (InfScaler §IV-A, step 0 of the offline phase).
+
+:func:`load_model` turns a user's file into a :class:`LoadedModel`: the *canonical* model
+every later step works on. Canonical means:
+
+- it passed ``onnx.checker`` and onnxruntime accepts its opsets;
+- every top-level node has a unique, non-empty name (``<OpType>_<index>`` is given to
+  nodes without one), so per-node costs, profiles and cuts can name nodes;
+- every graph input has a concrete shape (from ``--shapes``, trtexec's convention
+  ``name:1x3x640x640``), and every tensor of the top-level graph has a static shape and a
+  dtype in :attr:`LoadedModel.tensors` (ONNX shape inference with data propagation; a
+  tensor it cannot resolve, e.g. after a data-dependent ``Resize``, gets its shape from one
+  onnxruntime run on seeded random inputs).
+
+The symbolic input shapes of the original file are kept in
+:attr:`LoadedModel.symbolic_inputs`. Models over 2 GB, or with external data, are checked
+and shape-inferred by path (``onnx.checker.check_model(path)``,
+``onnx.shape_inference.infer_shapes_path``), as the ONNX docs require.
+
+Every failure raises a subclass of :class:`~infscaler.errors.InfScalerError` whose message
+says what was wrong and what to do; nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from infscaler.errors import ModelLoadError, ShapeError
+
+_TWO_GB = 2**31
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor's static shape and dtype.
+
+    Attributes:
+        shape: concrete dims (ints); ``()`` for a scalar.
+        dtype: numpy dtype (``np.dtype('float32')``).
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes (int(prod(shape)) * itemsize)."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "dtype": self.dtype.name, "bytes": self.nbytes}
+
+
+@dataclass
+class LoadedModel:
+    """A checked model with concrete shapes (see the module docstring).
+
+    Attributes:
+        path: the file it came from.
+        model: the canonical ``onnx.ModelProto`` (unique node names, concrete input
+            shapes, inferred ``value_info``). Weights are in memory unless
+            :attr:`external` is true.
+        sha256: hex digest of the model file's bytes.
+        tensors: name -> :class:`TensorInfo` for graph inputs, outputs, initializers and
+            every value of the top-level graph.
+        input_shapes: graph input name -> concrete shape used.
+        symbolic_inputs: graph input name -> the file's dims (ints, or the symbolic
+            name as a string, or ``"?"`` for an anonymous dynamic dim).
+        external: the model uses external data or is larger than 2 GB.
+    """
+
+    path: Path
+    model: onnx.ModelProto
+    sha256: str
+    tensors: dict[str, TensorInfo]
+    input_shapes: dict[str, tuple[int, ...]]
+    symbolic_inputs: dict[str, list[int | str]]
+    external: bool = False
+    initializer_names: set[str] = field(default_factory=set)
+
+    @property
+    def graph_inputs(self) -> list[str]:
+        """Names of the runtime inputs (graph inputs that are not initializers)."""
+        return [i.name for i in self.model.graph.input if i.name not in self.initializer_names]
+
+    @property
+    def graph_outputs(self) -> list[str]:
+        return [o.name for o in self.model.graph.output]
+
+
+def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:
+    """Parse trtexec-style shapes: ``"x:1x3x640x640,mask:1x128"``.
+
+    Returns:
+        input name -> shape. An input name may itself contain ``:``; the shape is the text
+        after the last ``:``. A scalar is written ``name:`` (empty shape).
+
+    Raises:
+        ShapeError: a malformed entry (the message quotes it).
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    if not spec:
+        return shapes
+    for entry in spec.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, sep, dims = entry.rpartition(":")
+        if not sep or not name:
+            raise ShapeError(
+                f"bad --shapes entry '{entry}': expected NAME:DxDxD",
+                hint="e.g. --shapes x:1x3x640x640 (several entries separated by commas)",
+            )
+        if dims == "":
+            shapes[name] = ()
+            continue
+        if not re.fullmatch(r"\d+(x\d+)*", dims):
+            raise ShapeError(
+                f"bad --shapes entry '{entry}': dims must be positive integers joined by 'x'",
+                hint="e.g. --shapes x:1x3x640x640",
+            )
+        shape = tuple(int(d) for d in dims.split("x"))
+        if any(d <= 0 for d in shape):
+            raise ShapeError(f"bad --shapes entry '{entry}': every dim must be >= 1")
+        shapes[name] = shape
+    return shapes
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | str] | None:
+    t = value.type
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    out: list[int | str] = []
+    for d in t.tensor_type.shape.dim:
+        if d.HasField("dim_value") and d.dim_value > 0:
+            out.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            out.append(d.dim_param)
+        else:
+            out.append("?")
+    return out
+
+
+def _elem_dtype(value: onnx.ValueInfoProto) -> np.dtype | None:
+    t = value.type
+    if not t.HasField("tensor_type") or t.tensor_type.elem_type == TensorProto.UNDEFINED:
+        return None
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type))
+
+
+def _read_model(path: Path) -> tuple[onnx.ModelProto, bool]:
+    """Parse the file; returns (model, uses_external_data_or_is_big)."""
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}", hint="check the path")
+    if path.is_dir():
+        raise ModelLoadError(f"{path} is a directory, not an ONNX model file")
+    if not os.access(path, os.R_OK):
+        raise ModelLoadError(f"cannot read {path}: permission denied")
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelLoadError(f"{path} is empty (0 bytes), not an ONNX model")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError, or garbage that is not a ModelProto
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model: the protobuf could not be parsed "
+            f"({type(exc).__name__}: {str(exc)[:200]}); the file may be truncated or another format",
+            hint="re-export or re-download the model; an ONNX file is a binary ModelProto",
+        ) from None
+    if not model.opset_import or len(model.graph.node) == 0 or not model.graph.output:
+        raise ModelLoadError(
+            f"{path} does not hold an ONNX model (no graph, opset or outputs were found); "
+            "it may be truncated or another format",
+            hint="re-export or re-download the model",
+        )
+    external = size >= _TWO_GB or any(
+        onnx.external_data_helper.uses_external_data(t)
+        for t in onnx.external_data_helper._get_all_tensors(model)
+    )
+    if external and size < _TWO_GB:
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+        except Exception as exc:
+            raise ModelLoadError(
+                f"{path} refers to external weight files that could not be read: {exc}",
+                hint="keep the model's external data files beside the .onnx file",
+            ) from None
+        external = False
+    return model, external
+
+
+def _check(model: onnx.ModelProto, path: Path, external: bool) -> None:
+    try:
+        if external:
+            onnx.checker.check_model(str(path))
+        else:
+            onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0][:300]
+        raise ModelLoadError(
+            f"{path} fails the ONNX checker: {first}",
+            hint="fix or re-export the model (onnx.checker.check_model shows the full report)",
+        ) from None
+    _check_opsets(model, path)
+
+
+def _check_opsets(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse default-domain opsets newer than this onnxruntime supports."""
+    import onnxruntime as ort
+
+    max_onnx = onnx.defs.onnx_opset_version()
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and imp.version > max_onnx:
+            raise ModelLoadError(
+                f"{path} uses ONNX opset {imp.version}, newer than this installation "
+                f"supports (onnx {onnx.__version__}: opset {max_onnx}, onnxruntime {ort.__version__})",
+                hint=f"re-export with opset <= {max_onnx}, or upgrade onnx and onnxruntime",
+            )
+
+
+def _check_runnable(model_bytes_or_path: bytes | str, path: Path) -> None:
+    """Create an onnxruntime CPU session (no graph optimisation) to prove it can run."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    try:
+        ort.InferenceSession(model_bytes_or_path, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0][:300]
+        raise ModelLoadError(
+            f"onnxruntime {ort.__version__} cannot run {path}: {msg}",
+            hint="check the model's opset and operators against onnxruntime's supported list",
+        ) from None
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            base = f"{node.op_type}_{i}"
+            name = base
+            while name in seen:
+                name += "_"
+            node.name = name
+        seen.add(node.name)
+
+
+def _apply_input_shapes(
+    model: onnx.ModelProto,
+    runtime_inputs: list[onnx.ValueInfoProto],
+    shapes: dict[str, tuple[int, ...]],
+    path: Path,
+) -> dict[str, tuple[int, ...]]:
+    names = [i.name for i in runtime_inputs]
+    unknown = [n for n in shapes if n not in names]
+    if unknown:
+        raise ShapeError(
+            f"--shapes names {', '.join(repr(u) for u in unknown)}, which "
+            f"{'is not an input' if len(unknown) == 1 else 'are not inputs'} of {path.name}",
+            hint=f"the model's inputs are: {', '.join(names)}",
+        )
+    concrete: dict[str, tuple[int, ...]] = {}
+    missing: list[str] = []
+    for value in runtime_inputs:
+        dims = _dims(value)
+        if dims is None:
+            raise ShapeError(f"input '{value.name}' of {path.name} is not a tensor with a shape")
+        if value.name in shapes:
+            given = shapes[value.name]
+            if len(given) != len(dims):
+                raise ShapeError(
+                    f"--shapes gives input '{value.name}' rank {len(given)} "
+                    f"({'x'.join(map(str, given))}), but the model declares rank {len(dims)} "
+                    f"({'x'.join(map(str, dims))})"
+                )
+            for axis, (g, d) in enumerate(zip(given, dims, strict=True)):
+                if isinstance(d, int) and d != g:
+                    raise ShapeError(
+                        f"--shapes gives input '{value.name}' dim {axis} = {g}, but the model "
+                        f"fixes it to {d} ({'x'.join(map(str, dims))})"
+                    )
+            concrete[value.name] = given
+        else:
+            dynamic = [f"dim {a} '{d}'" for a, d in enumerate(dims) if not isinstance(d, int)]
+            if dynamic:
+                example = "x".join(str(d) if isinstance(d, int) else "N" for d in dims)
+                missing.append(
+                    f"input '{value.name}' ({'x'.join(map(str, dims))}) has dynamic "
+                    f"{', '.join(dynamic)}; e.g. --shapes {value.name}:{example}"
+                )
+            else:
+                concrete[value.name] = tuple(int(d) for d in dims)
+    if missing:
+        raise ShapeError(
+            f"{path.name} has dynamic dimensions and no concrete shape was given: "
+            + "; ".join(missing),
+            hint="give every dynamic input a concrete shape with --shapes NAME:DxDxD[,NAME:...] "
+            "(trtexec's convention)",
+        )
+    for value in runtime_inputs:
+        dim_protos = value.type.tensor_type.shape.dim
+        for d, size in zip(dim_protos, concrete[value.name], strict=True):
+            d.Clear()
+            d.dim_value = size
+    return concrete
+
+
+def _collect_tensors(model: onnx.ModelProto) -> dict[str, TensorInfo]:
+    tensors: dict[str, TensorInfo] = {}
+    for init in model.graph.initializer:
+        tensors[init.name] = TensorInfo(
+            tuple(int(d) for d in init.dims),
+            np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)),
+        )
+    for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        if value.name in tensors:
+            continue
+        dims, dtype = _dims(value), _elem_dtype(value)
+        if dims is not None and dtype is not None and all(isinstance(d, int) for d in dims):
+            tensors[value.name] = TensorInfo(tuple(dims), dtype)  # type: ignore[arg-type]
+    return tensors
+
+
+def random_feeds(inputs: dict[str, TensorInfo], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs: floats U[0, 1), integers in [0, 100), bools 50/50.
+
+    Args:
+        inputs: input name -> :class:`TensorInfo` (concrete shapes).
+        seed: numpy seed.
+    """
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for name, info in inputs.items():
+        if np.issubdtype(info.dtype, np.floating):
+            feeds[name] = rng.random(info.shape).astype(info.dtype)
+        elif info.dtype == np.bool_:
+            feeds[name] = rng.random(info.shape) < 0.5
+        else:
+            feeds[name] = rng.integers(0, 100, size=info.shape).astype(info.dtype)
+    return feeds
+
+
+def _shapes_by_execution(
+    model: onnx.ModelProto, names: list[str], feeds: dict[str, np.ndarray]
+) -> dict[str, TensorInfo]:
+    """Run ``model`` once with every name in ``names`` exposed as an output; record shapes."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    existing = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in existing:
+            probe.graph.output.append(onnx.ValueInfoProto(name=name))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    out_names = [o.name for o in sess.get_outputs()]
+    values = sess.run(out_names, feeds)
+    return {
+        n: TensorInfo(tuple(int(d) for d in v.shape), np.asarray(v).dtype)
+        for n, v in zip(out_names, values, strict=True)
+        if n in names
+    }
+
+
+def _set_value_info(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> None:
+    """Write ``tensors`` into the graph's value_info (skipping inputs / outputs / inits)."""
+    graph = model.graph
+    skip = (
+        {v.name for v in graph.input}
+        | {v.name for v in graph.output}
+        | {i.name for i in graph.initializer}
+    )
+    by_name = {v.name: v for v in graph.value_info}
+    for name, info in tensors.items():
+        if name in skip:
+            continue
+        vi = onnx.helper.make_tensor_value_info(
+            name, onnx.helper.np_dtype_to_tensor_dtype(info.dtype), list(info.shape)
+        )
+        if name in by_name:
+            by_name[name].CopyFrom(vi)
+        else:
+            graph.value_info.append(vi)
+    for out in graph.output:
+        if out.name in tensors and _dims(out) != list(tensors[out.name].shape):
+            info = tensors[out.name]
+            out.CopyFrom(
+                onnx.helper.make_tensor_value_info(
+                    out.name, onnx.helper.np_dtype_to_tensor_dtype(info.dtype), list(info.shape)
+                )
+            )
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    shapes: dict[str, tuple[int, ...]] | str | None = None,
+    *,
+    check_runnable: bool = True,
+) -> LoadedModel:
+    """Load, check and concretise an ONNX model.
+
+    Args:
+        path: the ``.onnx`` file.
+        shapes: concrete shapes for inputs with dynamic dims, as a dict or as a
+            ``--shapes`` string (see :func:`parse_shapes`). Inputs with fully static
+            shapes need no entry.
+        check_runnable: also create an onnxruntime CPU session to prove the opsets and
+            operators can run (one session build; about 0.1-2 s).
+
+    Returns:
+        The :class:`LoadedModel`.
+
+    Raises:
+        ModelLoadError: missing, empty, unreadable, truncated or non-ONNX file; checker
+            failure; opset or operator onnxruntime cannot run; unreadable external data.
+        ShapeError: bad ``shapes``; dynamic dims left without a value (the message names
+            each dynamic dim and the ``--shapes`` option); shapes that cannot be inferred.
+    """
+    path = Path(path)
+    if isinstance(shapes, str) or shapes is None:
+        shapes = parse_shapes(shapes)
+    model, external = _read_model(path)
+    _check(model, path, external)
+    sha = file_sha256(path)
+
+    init_names = {i.name for i in model.graph.initializer}
+    runtime_inputs = [v for v in model.graph.input if v.name not in init_names]
+    symbolic = {v.name: (_dims(v) or []) for v in runtime_inputs}
+    concrete = _apply_input_shapes(model, runtime_inputs, shapes, path)
+    _name_nodes(model)
+
+    try:
+        if external:
+            with tempfile.TemporaryDirectory() as tmp:
+                src = Path(tmp) / "in.onnx"
+                dst = Path(tmp) / "inferred.onnx"
+                onnx.save(model, str(src))
+                onnx.shape_inference.infer_shapes_path(str(src), str(dst), True, True, True)
+                inferred = onnx.load(str(dst), load_external_data=False)
+        else:
+            inferred = onnx.shape_inference.infer_shapes(
+                model, check_type=True, strict_mode=True, data_prop=True
+            )
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0][:300]
+        raise ShapeError(
+            f"ONNX shape inference failed for {path.name} with input shapes "
+            f"{ {k: 'x'.join(map(str, v)) for k, v in concrete.items()} }: {msg}",
+            hint="check --shapes against what the model expects (spatial sizes, multiples)",
+        ) from None
+
+    if check_runnable:
+        _check_runnable(str(path) if external else model.SerializeToString(), path)
+
+    tensors = _collect_tensors(inferred)
+    needed = {o for n in inferred.graph.node for o in n.output if o} | {
+        o.name for o in inferred.graph.output
+    }
+    unresolved = sorted(n for n in needed if n not in tensors)
+    if unresolved:
+        feeds = random_feeds({n: tensors[n] for n in concrete}, seed=0)
+        try:
+            tensors.update(_shapes_by_execution(inferred, unresolved, feeds))
+        except Exception as exc:
+            msg = str(exc).strip().splitlines()[0][:300]
+            raise ShapeError(
+                f"shapes of {len(unresolved)} tensors of {path.name} (e.g. '{unresolved[0]}') "
+                f"could not be inferred, and a trial run with the given input shapes failed: {msg}",
+                hint="check --shapes against what the model expects",
+            ) from None
+        still = [n for n in unresolved if n not in tensors]
+        if still:
+            raise ShapeError(
+                f"the shapes of {', '.join(still[:5])} in {path.name} cannot be inferred"
+            )
+        _set_value_info(inferred, tensors)
+
+    return LoadedModel(
+        path=path,
+        model=inferred,
+        sha256=sha,
+        tensors=tensors,
+        input_shapes=concrete,
+        symbolic_inputs=symbolic,
+        external=external,
+        initializer_names=init_names,
+    )
+
+
+def initializer_array(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """The numpy value of initializer ``name`` (or None)."""
+    for init in model.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    return None

@@ -1,0 +1,786 @@
+"""Measured per-operator and whole-model latency per engine (InfScaler §IV-A, Eq. 1).
+
+InfScaler's offline phase "profiles for detailed performance metrics (e.g., FLOPs,
+execution time)" (§IV-A); Eq. 1 needs the model execution time :math:`\\hat T_o` and the
+overhead :math:`T_p` of each partition boundary, and Algorithm 1 the hardware affinity
+:math:`A_k^m` of a partition on each accelerator. This module measures them with
+onnxruntime on the engines this host really has:
+
+- :func:`profile_model` -> :class:`ModelProfile`: per-node time (ms, median per run) from
+  onnxruntime's profiler with graph optimisations off, so that every ONNX node is timed
+  under its own name; and the whole-model time T_o (ms, median ``session.run`` latency with
+  all graph optimisations on).
+- :func:`measure_boundary_overhead` -> :class:`BoundaryOverhead`: T_p, the cost of one
+  more ``session.run`` plus moving the crossing tensors into the next partition's input,
+  as ``fixed_ms + per_mb_ms * MB``.
+- :func:`available_engines` / :func:`engine_unavailable_reason`: which engines
+  (``cpu``, ``gpu``, ``dla``) map to which onnxruntime execution provider here. An engine
+  the host lacks is never faked: asking for it raises :class:`EngineUnavailableError`.
+
+Results are cached as JSON under ``cache_dir() / "profiles"``, keyed by model hash,
+engine, :func:`host_fingerprint` and the input shapes / measurement settings.
+
+onnxruntime profile trace format (checked with onnxruntime 1.31.1; see
+https://onnxruntime.ai/docs/performance/tune-performance/profiling-tools.html): a JSON
+list of Chrome-trace events ``{"cat", "pid", "tid", "ts", "dur", "ph": "X", "name",
+"args"}`` with ``ts`` / ``dur`` in microseconds. Each ``session.run`` gives one
+``"cat": "Session"`` event named ``"model_run"`` (and one ``"SequentialExecutor::Execute"``)
+whose interval contains one ``"cat": "Node"`` event per executed kernel, named
+``"<node name>_kernel_time"``, with ``args.op_name`` (ONNX op type), ``args.provider`` and
+shapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from infscaler.errors import ConfigError, InfScalerError, ModelLoadError
+from infscaler.models import cache_dir
+
+ENGINES = ("cpu", "gpu", "dla")
+"""Engine names: the host CPU, the GPU (CUDA / TensorRT), a Jetson's DLA (TensorRT)."""
+
+_CPU = "CPUExecutionProvider"
+_CUDA = "CUDAExecutionProvider"
+_TRT = "TensorrtExecutionProvider"
+_TEGRA_RELEASE = Path("/etc/nv_tegra_release")
+_KERNEL_SUFFIX = "_kernel_time"
+_RUN_EVENTS = ("model_run", "SequentialExecutor::Execute")
+_SCHEMA = 1
+
+
+class EngineUnavailableError(InfScalerError):
+    """The requested engine (``gpu``, ``dla``) has no execution provider on this host."""
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def _is_jetson() -> bool:
+    return _TEGRA_RELEASE.exists()
+
+
+def available_engines() -> dict[str, str | None]:
+    """Engine -> onnxruntime execution provider on this host, or None when absent.
+
+    - ``'cpu'`` -> ``'CPUExecutionProvider'`` (always);
+    - ``'gpu'`` -> ``'TensorrtExecutionProvider'``, else ``'CUDAExecutionProvider'``, if
+      ``onnxruntime.get_available_providers()`` lists it;
+    - ``'dla'`` -> ``'TensorrtExecutionProvider'`` only on an NVIDIA Jetson
+      (``/etc/nv_tegra_release`` exists), run with ``trt_dla_enable``.
+
+    Source: onnxruntime execution providers docs
+    (https://onnxruntime.ai/docs/execution-providers/).
+    """
+    providers = set(ort.get_available_providers())
+    gpu = _TRT if _TRT in providers else _CUDA if _CUDA in providers else None
+    dla = _TRT if (_TRT in providers and _is_jetson()) else None
+    return {"cpu": _CPU, "gpu": gpu, "dla": dla}
+
+
+def engine_unavailable_reason(engine: str) -> str | None:
+    """Why ``engine`` cannot run here, or None when it can.
+
+    Returns:
+        One sentence naming the missing execution provider and what to install, e.g.
+        ``"onnxruntime on this host has no CUDAExecutionProvider or
+        TensorrtExecutionProvider (install onnxruntime-gpu on a GPU host)"``.
+    """
+    if engine not in ENGINES:
+        return f"unknown engine '{engine}' (known engines: {', '.join(ENGINES)})"
+    if available_engines()[engine] is not None:
+        return None
+    if engine == "gpu":
+        return (
+            f"onnxruntime on this host has no {_CUDA} or {_TRT} "
+            f"(available: {', '.join(ort.get_available_providers())}; "
+            "install onnxruntime-gpu on a GPU host)"
+        )
+    # dla
+    if not _is_jetson():
+        return (
+            f"the DLA engine needs {_TRT} on an NVIDIA Jetson, and this host is not a "
+            f"Jetson ({_TEGRA_RELEASE} does not exist)"
+        )
+    return (
+        f"onnxruntime on this Jetson has no {_TRT} "
+        "(install the JetPack onnxruntime-gpu wheel built with TensorRT)"
+    )
+
+
+def _require_engine(engine: str) -> str:
+    reason = engine_unavailable_reason(engine)
+    if reason is not None:
+        raise EngineUnavailableError(
+            f"engine '{engine}' is not available: {reason}",
+            hint="profile on engine 'cpu', or run on a host that has this accelerator",
+        )
+    provider = available_engines()[engine]
+    assert provider is not None
+    return provider
+
+
+def _session_providers(engine: str, provider: str) -> list[Any]:
+    """Provider list for a session on ``engine`` (with CPU fallback for unsupported ops)."""
+    if engine == "cpu":
+        return [_CPU]
+    if engine == "dla":
+        return [(_TRT, {"trt_dla_enable": True, "trt_dla_core": 0}), _CPU]
+    chain: list[Any] = [provider]
+    if provider == _TRT and _CUDA in ort.get_available_providers():
+        chain.append(_CUDA)
+    chain.append(_CPU)
+    return chain
+
+
+# ------------------------------------------------------------------------------ host
+
+
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for key in ("model name", "Model", "Hardware", "cpu model"):
+        for line in text.splitlines():
+            k, sep, v = line.partition(":")
+            if sep and k.strip() == key and v.strip():
+                return v.strip()
+    try:
+        dt = Path("/proc/device-tree/model").read_bytes().rstrip(b"\0").decode(errors="replace")
+        if dt:
+            return dt
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (``os.sched_getaffinity``, which respects
+    ``taskset`` / cgroup cpusets), falling back to ``os.cpu_count()``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def host_fingerprint() -> str:
+    """Short hash (12 hex chars) identifying this host for profile caches.
+
+    Hashes ``platform.node()``, ``platform.machine()``, the CPU model from
+    ``/proc/cpuinfo``, ``os.cpu_count()`` and the onnxruntime version: a profile measured
+    elsewhere, or with another onnxruntime, is never reused.
+    """
+    parts = [
+        platform.node(),
+        platform.machine(),
+        _cpu_model(),
+        str(os.cpu_count()),
+        ort.__version__,
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def host_description() -> dict[str, Any]:
+    """What this host is, for plan files.
+
+    Returns:
+        ``{"fingerprint", "hostname", "machine", "cpu_model", "cores" (os.cpu_count()),
+        "jetson" (bool), "onnxruntime" (version), "providers" (available execution
+        providers), "engines" (engine -> provider or None)}``.
+    """
+    return {
+        "fingerprint": host_fingerprint(),
+        "hostname": platform.node(),
+        "machine": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "jetson": _is_jetson(),
+        "onnxruntime": ort.__version__,
+        "providers": list(ort.get_available_providers()),
+        "engines": available_engines(),
+    }
+
+
+# -------------------------------------------------------------------------- profiles
+
+
+@dataclass
+class ModelProfile:
+    """Measured latencies of one model on one engine (InfScaler §IV-A; Eq. 1's T_o).
+
+    Attributes:
+        engine: ``'cpu'``, ``'gpu'`` or ``'dla'``.
+        provider: the onnxruntime execution provider used (``'CPUExecutionProvider'``).
+        host: :func:`host_fingerprint` of the measuring host.
+        node_ms: ONNX node name -> median time per run in ms (onnxruntime profiler,
+            ``ORT_DISABLE_ALL``); 0.0 for nodes the trace does not show (e.g. folded into
+            a fused provider kernel).
+        total_ms: T_o, the median ``session.run`` latency in ms with ``ORT_ENABLE_ALL``.
+        unoptimized_total_ms: median over the measured runs of the sum of all kernel
+            times of a run in ms (no graph optimisation; excludes run overhead).
+        warmup: unmeasured runs before timing.
+        repeats: measured runs.
+        threads: onnxruntime ``intra_op_num_threads`` (``inter_op_num_threads`` is 1).
+        model_sha256: hex SHA-256 of the model file (as :attr:`LoadedModel.sha256`).
+        input_shapes: input name -> shape of the feeds used.
+        unmatched_ms: trace kernel name -> median ms per run for kernels that name no
+            ONNX node of the graph (e.g. a TensorRT fused subgraph); empty on CPU.
+    """
+
+    engine: str
+    provider: str
+    host: str
+    node_ms: dict[str, float]
+    total_ms: float
+    unoptimized_total_ms: float
+    warmup: int
+    repeats: int
+    threads: int
+    model_sha256: str
+    input_shapes: dict[str, tuple[int, ...]]
+    unmatched_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (shapes as lists) with a ``"schema"`` version."""
+        d = asdict(self)
+        d["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
+        d["schema"] = _SCHEMA
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelProfile:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ConfigError: missing keys, wrong types or another schema version.
+        """
+        try:
+            if d.get("schema", _SCHEMA) != _SCHEMA:
+                raise ValueError(f"schema {d.get('schema')} != {_SCHEMA}")
+            return cls(
+                engine=str(d["engine"]),
+                provider=str(d["provider"]),
+                host=str(d["host"]),
+                node_ms={str(k): float(v) for k, v in d["node_ms"].items()},
+                total_ms=float(d["total_ms"]),
+                unoptimized_total_ms=float(d["unoptimized_total_ms"]),
+                warmup=int(d["warmup"]),
+                repeats=int(d["repeats"]),
+                threads=int(d["threads"]),
+                model_sha256=str(d["model_sha256"]),
+                input_shapes={
+                    str(k): tuple(int(x) for x in v) for k, v in d["input_shapes"].items()
+                },
+                unmatched_ms={str(k): float(v) for k, v in d.get("unmatched_ms", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"invalid model profile: {type(exc).__name__}: {exc}") from None
+
+
+def node_times_from_trace(
+    events: list[dict[str, Any]], node_names: list[str], skip_runs: int = 0
+) -> tuple[dict[str, float], dict[str, float], list[float]]:
+    """Per-node median time per run from an onnxruntime profile trace.
+
+    Kernel events (``"cat": "Node"``, name ``"<node>_kernel_time"``, ``dur`` in µs) are
+    assigned to runs by the ``"model_run"`` events' intervals (else by
+    ``"SequentialExecutor::Execute"``; else, when the trace has neither, the k-th
+    occurrence of a node is taken to be in run k). The first ``skip_runs`` runs
+    (warm-up) are dropped. A node's time in a run is the sum of its events in that run.
+
+    Args:
+        events: the parsed JSON trace (a list of event dicts).
+        node_names: the graph's node names; each gets an entry (0.0 when never seen).
+        skip_runs: leading runs to ignore.
+
+    Returns:
+        ``(node_ms, unmatched_ms, run_totals_ms)``: node name -> median ms over measured
+        runs; kernel name -> median ms for kernels naming no node of ``node_names``;
+        the sum of all kernel times of each measured run, in ms.
+    """
+    kernels = [
+        e
+        for e in events
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith(_KERNEL_SUFFIX)
+    ]
+    runs: list[tuple[float, float]] = []
+    for run_name in _RUN_EVENTS:
+        runs = sorted(
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+            for e in events
+            if e.get("cat") == "Session" and e.get("name") == run_name and "ts" in e
+        )
+        if runs:
+            break
+
+    per_run: list[dict[str, float]]  # run -> kernel name -> µs
+    if runs:
+        per_run = [{} for _ in runs]
+        starts = [r[0] for r in runs]
+        for e in kernels:
+            ts = float(e.get("ts", 0))
+            idx = int(np.searchsorted(starts, ts, side="right")) - 1
+            if idx < 0 or ts > runs[idx][1]:
+                continue  # outside every run (should not happen)
+            name = str(e["name"])[: -len(_KERNEL_SUFFIX)]
+            per_run[idx][name] = per_run[idx].get(name, 0.0) + float(e.get("dur", 0))
+    else:
+        per_run = []
+        seen: dict[str, int] = {}
+        for e in kernels:
+            name = str(e["name"])[: -len(_KERNEL_SUFFIX)]
+            k = seen.get(name, 0)
+            seen[name] = k + 1
+            while len(per_run) <= k:
+                per_run.append({})
+            per_run[k][name] = per_run[k].get(name, 0.0) + float(e.get("dur", 0))
+
+    measured = per_run[skip_runs:]
+    known = set(node_names)
+    node_ms: dict[str, float] = {}
+    for name in node_names:
+        node_ms[name] = (
+            statistics.median(r.get(name, 0.0) for r in measured) / 1000.0 if measured else 0.0
+        )
+    unmatched_names = sorted({n for r in measured for n in r if n not in known})
+    unmatched_ms = {
+        n: statistics.median(r.get(n, 0.0) for r in measured) / 1000.0 for n in unmatched_names
+    }
+    totals = [sum(r.values()) / 1000.0 for r in measured]
+    return node_ms, unmatched_ms, totals
+
+
+def _session_options(level: ort.GraphOptimizationLevel, threads: int) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    return so
+
+
+def _make_session(
+    source: bytes | str, so: ort.SessionOptions, providers: list[Any], engine: str
+) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(source, so, providers=providers)
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(
+            f"onnxruntime {ort.__version__} cannot create a session on engine '{engine}': {msg}",
+            hint="check the model with `infscaler inspect`, and the engine's provider install",
+        ) from None
+
+
+def _run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], engine: str) -> None:
+    try:
+        sess.run(None, feeds)
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(
+            f"onnxruntime could not run the model on engine '{engine}' with the given "
+            f"inputs: {msg}",
+            hint="the feeds must match the model's inputs (names, shapes, dtypes); "
+            "see random_feeds()",
+        ) from None
+
+
+def _shape_key(feeds: dict[str, np.ndarray], warmup: int, repeats: int, threads: int) -> str:
+    desc = {
+        "feeds": sorted([n, list(np.shape(a)), str(np.asarray(a).dtype)] for n, a in feeds.items()),
+        "warmup": warmup,
+        "repeats": repeats,
+        "threads": threads,
+    }
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def profile_cache_path(
+    model_sha256: str,
+    engine: str,
+    feeds: dict[str, np.ndarray],
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+    threads: int | None = None,
+) -> Path:
+    """Cache file of :func:`profile_model` for these arguments.
+
+    ``cache_dir() / "profiles" / "<sha256[:16]>-<engine>-<host>-<shape_key>.json"``, where
+    shape_key is a 10-hex-char hash of the feeds' names / shapes / dtypes and of
+    ``warmup``, ``repeats`` and the resolved thread count.
+    """
+    t = int(threads or usable_cores())
+    key = _shape_key(feeds, warmup, repeats, t)
+    name = f"{model_sha256[:16]}-{engine}-{host_fingerprint()}-{key}.json"
+    return cache_dir() / "profiles" / name
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _model_source(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[bytes | str, list[str]]:
+    """(bytes or path for InferenceSession, top-level node names)."""
+    if isinstance(model, onnx.ModelProto):
+        try:
+            data = model.SerializeToString()
+        except ValueError as exc:  # protobuf refuses > 2 GB
+            raise ModelLoadError(
+                f"the model is too large to serialise in memory ({exc})",
+                hint="pass the model's file path to profile_model instead of a ModelProto",
+            ) from None
+        return data, [n.name for n in model.graph.node]
+    path = Path(model)
+    if not path.is_file():
+        raise ModelLoadError(f"model file not found: {path}", hint="check the path")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise ModelLoadError(f"{path} is not a valid ONNX model: {exc}") from None
+    return str(path), [n.name for n in proto.graph.node]
+
+
+def profile_model(
+    model: onnx.ModelProto | str | os.PathLike[str],
+    feeds: dict[str, np.ndarray],
+    *,
+    engine: str = "cpu",
+    model_sha256: str,
+    warmup: int = 3,
+    repeats: int = 10,
+    threads: int | None = None,
+    cache: bool = True,
+) -> ModelProfile:
+    """Measure per-node times and T_o of ``model`` on ``engine`` (InfScaler §IV-A).
+
+    Two onnxruntime sessions, both ``intra_op_num_threads = threads or usable_cores()``,
+    ``inter_op_num_threads = 1``:
+
+    1. ``ORT_DISABLE_ALL`` with ``enable_profiling`` (trace in a temporary directory,
+       deleted afterwards): ``warmup + repeats`` runs; per node, the median over the
+       measured runs of its kernel time (:func:`node_times_from_trace`).
+    2. ``ORT_ENABLE_ALL``: ``warmup`` runs, then ``repeats`` runs timed with
+       ``time.perf_counter``; ``total_ms`` is their median (T_o of Eq. 1).
+
+    Args:
+        model: a canonical ``onnx.ModelProto`` (unique node names, e.g.
+            :attr:`LoadedModel.model`), or the path of an ``.onnx`` file (use a path for
+            models over 2 GB).
+        feeds: input name -> array (e.g. ``random_feeds``); shapes must be concrete.
+        engine: ``'cpu'``, ``'gpu'`` or ``'dla'`` (see :func:`available_engines`).
+        model_sha256: hex SHA-256 of the model file (cache key).
+        warmup: unmeasured runs (>= 0).
+        repeats: measured runs (>= 1).
+        threads: intra-op threads; None = :func:`usable_cores`.
+        cache: reuse a cached profile (:func:`profile_cache_path`) and store a new one
+            (written atomically); False measures afresh and neither reads nor writes it.
+
+    Returns:
+        The :class:`ModelProfile` (times in ms).
+
+    Raises:
+        EngineUnavailableError: ``engine`` is unknown or has no provider on this host (the
+            message names the missing provider).
+        ConfigError: ``warmup < 0``, ``repeats < 1`` or ``threads < 1``.
+        ModelLoadError: onnxruntime cannot create a session or run the model with
+            ``feeds``; a ModelProto too large to serialise.
+    """
+    provider = _require_engine(engine)
+    if warmup < 0 or repeats < 1 or (threads is not None and threads < 1):
+        raise ConfigError(
+            f"invalid profiling settings: warmup={warmup}, repeats={repeats}, threads={threads}",
+            hint="use warmup >= 0, repeats >= 1 and threads >= 1 (or None for all cores)",
+        )
+    n_threads = int(threads or usable_cores())
+    path = profile_cache_path(
+        model_sha256, engine, feeds, warmup=warmup, repeats=repeats, threads=n_threads
+    )
+    host = host_fingerprint()
+    if cache and path.is_file():
+        data = _read_json(path)
+        if data is not None:
+            try:
+                cached = ModelProfile.from_dict(data)
+            except ConfigError:
+                cached = None
+            if (
+                cached is not None
+                and cached.model_sha256 == model_sha256
+                and cached.engine == engine
+                and cached.host == host
+            ):
+                return cached
+
+    source, node_names = _model_source(model)
+    providers = _session_providers(engine, provider)
+
+    # 1. Per-node kernel times, no graph optimisation.
+    with tempfile.TemporaryDirectory(prefix="infscaler-prof-") as tmp:
+        so = _session_options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, n_threads)
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "trace")
+        sess = _make_session(source, so, providers, engine)
+        trace_file: str | None = None
+        try:
+            for _ in range(warmup + repeats):
+                _run(sess, feeds, engine)
+        finally:
+            try:
+                trace_file = sess.end_profiling()
+            except Exception:
+                trace_file = None
+            del sess
+        events = _read_trace(trace_file)
+        if trace_file:
+            Path(trace_file).unlink(missing_ok=True)
+    node_ms, unmatched_ms, totals = node_times_from_trace(events, node_names, skip_runs=warmup)
+
+    # 2. T_o: whole-model latency, all graph optimisations.
+    so = _session_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, n_threads)
+    sess = _make_session(source, so, providers, engine)
+    for _ in range(warmup):
+        _run(sess, feeds, engine)
+    times: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _run(sess, feeds, engine)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    del sess
+
+    profile = ModelProfile(
+        engine=engine,
+        provider=provider,
+        host=host,
+        node_ms=node_ms,
+        total_ms=float(statistics.median(times)),
+        unoptimized_total_ms=float(statistics.median(totals)) if totals else 0.0,
+        warmup=warmup,
+        repeats=repeats,
+        threads=n_threads,
+        model_sha256=model_sha256,
+        input_shapes={n: tuple(int(d) for d in np.shape(a)) for n, a in feeds.items()},
+        unmatched_ms=unmatched_ms,
+    )
+    if cache:
+        _write_json_atomic(path, profile.to_dict())
+    return profile
+
+
+def _read_trace(trace_file: str | None) -> list[dict[str, Any]]:
+    if not trace_file:
+        return []
+    try:
+        data = json.loads(Path(trace_file).read_text())
+    except (OSError, ValueError):
+        return []
+    if isinstance(data, dict):  # Chrome trace "object" form
+        data = data.get("traceEvents", [])
+    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+
+
+# ------------------------------------------------------------------ boundary overhead
+
+
+@dataclass
+class BoundaryOverhead:
+    """T_p of Eq. 1: the cost of one partition boundary (InfScaler §IV-A).
+
+    A boundary costs one more ``session.run`` (:attr:`fixed_ms`) plus moving the tensors
+    that cross it into the next instance's input (:attr:`per_mb_ms` per 10^6 bytes).
+
+    Attributes:
+        fixed_ms: median latency (ms) of a numpy copy + ``session.run`` of a 1-element
+            float32 Identity model.
+        per_mb_ms: ms per 10^6 bytes crossing the boundary: ``(t_big - t_small) / MB``
+            where t_big is the median of a numpy copy + ``session.run`` of an Identity
+            model passing ``tensor_bytes`` bytes; clamped >= 0.
+        engine: engine measured on.
+        provider: onnxruntime execution provider used.
+        host: :func:`host_fingerprint`.
+        tensor_bytes: size of the large tensor (bytes).
+        repeats: measured runs of each model.
+    """
+
+    fixed_ms: float
+    per_mb_ms: float
+    engine: str = "cpu"
+    provider: str = _CPU
+    host: str = ""
+    tensor_bytes: int = 4 << 20
+    repeats: int = 50
+
+    def ms(self, nbytes: int) -> float:
+        """T_p in ms for a boundary crossed by ``nbytes`` bytes of tensors:
+        ``fixed_ms + per_mb_ms * nbytes / 1e6``."""
+        return self.fixed_ms + self.per_mb_ms * nbytes / 1e6
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with a ``"schema"`` version."""
+        d = asdict(self)
+        d["schema"] = _SCHEMA
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BoundaryOverhead:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ConfigError: missing keys, wrong types or another schema version.
+        """
+        try:
+            if d.get("schema", _SCHEMA) != _SCHEMA:
+                raise ValueError(f"schema {d.get('schema')} != {_SCHEMA}")
+            return cls(
+                fixed_ms=float(d["fixed_ms"]),
+                per_mb_ms=float(d["per_mb_ms"]),
+                engine=str(d.get("engine", "cpu")),
+                provider=str(d.get("provider", _CPU)),
+                host=str(d.get("host", "")),
+                tensor_bytes=int(d.get("tensor_bytes", 4 << 20)),
+                repeats=int(d.get("repeats", 50)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"invalid boundary overhead: {type(exc).__name__}: {exc}") from None
+
+
+def _identity_model(n: int) -> bytes:
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [n])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"], name="identity")], "boundary", [x], [y]
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def boundary_cache_path(engine: str, tensor_bytes: int, repeats: int) -> Path:
+    """``cache_dir() / "profiles" / "boundary-<engine>-<host>-<tensor_bytes>-<repeats>.json"``."""
+    name = f"boundary-{engine}-{host_fingerprint()}-{tensor_bytes}-{repeats}.json"
+    return cache_dir() / "profiles" / name
+
+
+def measure_boundary_overhead(
+    *,
+    engine: str = "cpu",
+    tensor_bytes: int = 4 << 20,
+    repeats: int = 50,
+    cache: bool = True,
+) -> BoundaryOverhead:
+    """Measure T_p, the overhead of one partition boundary (Eq. 1), on ``engine``.
+
+    Two ``ORT_ENABLE_ALL`` sessions of Identity models (float32 ``[1]`` and
+    ``[tensor_bytes // 4]``); each iteration times, with ``time.perf_counter``, a numpy
+    copy of the input (moving the crossing tensor into the next instance's input buffer)
+    plus ``session.run``, alternating small and big to cancel drift. 5 warm-up
+    iterations are not timed.
+
+    Args:
+        engine: ``'cpu'``, ``'gpu'`` or ``'dla'``.
+        tensor_bytes: size of the large tensor in bytes (>= 8).
+        repeats: timed iterations of each model (>= 1).
+        cache: reuse / store the result in :func:`boundary_cache_path` (per host and
+            engine); False measures afresh and neither reads nor writes it.
+
+    Returns:
+        The :class:`BoundaryOverhead` (ms, ms per 10^6 bytes).
+
+    Raises:
+        EngineUnavailableError: ``engine`` has no provider on this host.
+        ConfigError: ``tensor_bytes < 8`` or ``repeats < 1``.
+    """
+    provider = _require_engine(engine)
+    if tensor_bytes < 8 or repeats < 1:
+        raise ConfigError(
+            f"invalid boundary-overhead settings: tensor_bytes={tensor_bytes}, repeats={repeats}",
+            hint="use tensor_bytes >= 8 and repeats >= 1",
+        )
+    path = boundary_cache_path(engine, tensor_bytes, repeats)
+    host = host_fingerprint()
+    if cache and path.is_file():
+        data = _read_json(path)
+        if data is not None:
+            try:
+                cached = BoundaryOverhead.from_dict(data)
+            except ConfigError:
+                cached = None
+            if cached is not None and cached.host == host and cached.engine == engine:
+                return cached
+
+    providers = _session_providers(engine, provider)
+    threads = usable_cores()
+    n_big = tensor_bytes // 4
+    small = _make_session(
+        _identity_model(1),
+        _session_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads),
+        providers,
+        engine,
+    )
+    big = _make_session(
+        _identity_model(n_big),
+        _session_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads),
+        providers,
+        engine,
+    )
+    rng = np.random.default_rng(0)
+    x_small = rng.random(1, dtype=np.float32)
+    x_big = rng.random(n_big, dtype=np.float32)
+
+    def once(sess: ort.InferenceSession, x: np.ndarray) -> float:
+        t0 = time.perf_counter()
+        moved = np.copy(x)
+        sess.run(None, {"x": moved})
+        return (time.perf_counter() - t0) * 1000.0
+
+    for _ in range(5):
+        once(small, x_small)
+        once(big, x_big)
+    t_small: list[float] = []
+    t_big: list[float] = []
+    for _ in range(repeats):
+        t_small.append(once(small, x_small))
+        t_big.append(once(big, x_big))
+    del small, big
+
+    fixed = float(statistics.median(t_small))
+    mb = (n_big * 4 - 4) / 1e6
+    per_mb = max(0.0, (float(statistics.median(t_big)) - fixed) / mb) if mb > 0 else 0.0
+    result = BoundaryOverhead(
+        fixed_ms=fixed,
+        per_mb_ms=per_mb,
+        engine=engine,
+        provider=provider,
+        host=host,
+        tensor_bytes=tensor_bytes,
+        repeats=repeats,
+    )
+    if cache:
+        _write_json_atomic(path, result.to_dict())
+    return result

@@ -1,0 +1,468 @@
+"""Bottleneck-aware partition search (InfScaler §IV-A, Eq. 1).
+
+Pure policy code: no ONNX, no I/O. Given the complexities ``c_0 .. c_{N-1}`` of the N
+operators of a model in topological order (FLOPs, or profiled time in ms) and the set of
+positions where the graph may be cut, :func:`search_partitions` finds the plan that
+solves Eq. 1 of the paper exactly::
+
+    argmin_{P_1..P_K}  sum_k sigma(P_k)
+    s.t.  T_o + (K - 1) T_p <= SLO
+          P_k = {c_n | n in [p_{k-1} + 1, p_k], c_n > mean(C_N)}
+          P_1 u ... u P_K = C_N
+
+Conventions (our reading of the paper):
+
+- **Representative operators** are those with ``c_n > mean(c)`` (strictly, the mean over
+  all N operators, compared exactly). Only they enter ``sigma`` and the bottleneck
+  indicator ``B_k = sum P_k`` (§IV-A, Algorithm 1). If every cost is equal no operator is
+  above the mean; then *every* operator counts as representative, so a one-partition plan
+  exists for any N >= 1.
+- **Cuts.** Cut ``p`` lies between operators ``p`` and ``p + 1``; with cuts
+  ``p_1 < ... < p_{K-1}``, ``p_0 = -1`` and ``p_K = N - 1``, partition k covers operators
+  ``p_{k-1} + 1 .. p_k``. Only cuts in ``valid_cuts`` (a subset of ``0 .. N-2``, e.g. the
+  single-tensor frontiers of the graph) are allowed.
+- **Every partition holds at least one representative operator.** We read the covering
+  constraint ``P_1 u ... u P_K = C_N`` as: the partitions cover the bottleneck operators
+  and none of them is empty of bottlenecks. A partition without a representative operator
+  has ``sigma = 0`` and would lower nothing, but it still costs one more ``T_p`` of
+  inter-partition overhead, so it is pure overhead and is not allowed.
+- ``sigma`` is the population standard deviation (ddof = 0); the sigma of a set of 0 or 1
+  values is 0.
+- **Choosing K.** With ``num_partitions`` K is fixed; otherwise every K from 1 to
+  ``min(max_partitions, SLO bound, feasible maximum)`` is solved and the K with the least
+  objective wins; objectives equal within a relative tolerance of 1e-9 (plus an absolute
+  1e-12 x max cost for objectives near 0) count as ties and go to the fewer partitions.
+
+Algorithm: exact dynamic programming over the valid cuts,
+``f[k][j] = min_{valid i < j} f[k-1][i] + sigma(i+1 .. j)``, with ``sigma = inf`` for a
+segment without a representative operator. The segment sigmas ending at j are kept for all
+starts at once with Welford's streaming update (vectorised with numpy over the starts), so
+each (start, end) pair costs O(1) amortised: O(N V + K V^2) time and O(K V) memory for V
+valid cuts. Welford is used instead of prefix sums of ``c`` and ``c^2`` because the latter
+cancel catastrophically: for equal costs around 1e3 they give sigmas of ~1e-5 instead of 0,
+which is enough to pick a wrong plan. The sigmas reported in :class:`SearchResult` are
+recomputed for the chosen plan with :func:`statistics.pstdev` (exact sums).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import operator
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from infscaler.errors import PartitionError
+
+__all__ = [
+    "SearchResult",
+    "brute_force",
+    "max_partitions_for_slo",
+    "representative_mask",
+    "search_partitions",
+]
+
+#: Relative tolerance under which two objectives count as equal when choosing K.
+TIE_REL_TOL = 1e-9
+#: Absolute tie tolerance, as a fraction of the largest operator cost.
+TIE_ABS_TOL_SCALE = 1e-12
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """A partition plan that solves Eq. 1 (InfScaler §IV-A).
+
+    Attributes:
+        cuts: cut positions ``p_1 < ... < p_{K-1}`` (cut p = between operators p and p+1).
+        num_partitions: K.
+        objective: ``sum_k sigma(P_k)``, in the unit of the costs (e.g. ms or FLOPs).
+        sigmas: ``sigma(P_k)`` per partition (population standard deviation of the
+            representative costs in partition k; 0 for a single one).
+        bottleneck: bottleneck indicator ``B_k = sum P_k`` per partition (sum of the
+            representative costs in partition k; §IV-A, Algorithm 1), unit of the costs.
+        bounds: ``(first, last)`` operator index per partition, inclusive.
+        representative: per operator, whether it is representative (``c_n > mean``, or
+            every operator when all costs are equal).
+    """
+
+    cuts: tuple[int, ...]
+    num_partitions: int
+    objective: float
+    sigmas: tuple[float, ...]
+    bottleneck: tuple[float, ...]
+    bounds: tuple[tuple[int, int], ...]
+    representative: tuple[bool, ...]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _as_costs(costs: Sequence[float]) -> np.ndarray:
+    try:
+        arr = np.asarray(costs, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise PartitionError(
+            f"operator costs must be numbers: {exc}",
+            hint="check the cost / profiling step that produced them",
+        ) from exc
+    if arr.ndim != 1:
+        raise PartitionError(
+            f"operator costs must be a flat list, got an array of shape {arr.shape}",
+            hint="pass one cost per operator, in topological order",
+        )
+    if arr.size == 0:
+        raise PartitionError(
+            "the model has no operators to partition (empty cost list)",
+            hint="check that the model graph has nodes and that costing ran",
+        )
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise PartitionError(
+            f"operator {i} has cost {arr[i]!r}; operator complexities must be finite and >= 0",
+            hint="re-run costing / profiling; a negative or NaN time usually means a failed "
+            "measurement",
+        )
+    return arr
+
+
+def _as_cuts(valid_cuts: Iterable[int], n: int) -> list[int]:
+    cuts = set()
+    for c in valid_cuts:
+        p = operator.index(c)
+        if not 0 <= p <= n - 2:
+            raise ValueError(f"valid cut {p} is outside 0..N-2 = 0..{n - 2} (N = {n} operators)")
+        cuts.add(p)
+    return sorted(cuts)
+
+
+def _check_time(name: str, value: float | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or not math.isfinite(value) or value < 0:
+        raise PartitionError(
+            f"{name} must be a finite number of ms >= 0, got {value!r}",
+            hint="re-run profiling, or check the --slo value",
+        )
+
+
+def _latency_ms(t_o_ms: float, t_p_ms: float, k: int) -> float:
+    """Predicted end-to-end latency of a K-partition plan: T_o + (K-1) T_p (ms; Eq. 1)."""
+    return t_o_ms + (k - 1) * t_p_ms
+
+
+def _pstdev(values: Sequence[float]) -> float:
+    """Population standard deviation (ddof=0); 0 for fewer than two values."""
+    return statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def _max_feasible_partitions(rep: np.ndarray, cuts: Sequence[int]) -> int:
+    """Largest K such that K partitions, each holding a representative, fit the cuts.
+
+    Greedy: close each partition at the first valid cut at or after its first
+    representative operator, as long as a representative remains after the cut.
+    """
+    rep_idx = np.flatnonzero(rep)
+    if rep_idx.size == 0:
+        return 0
+    last_rep = int(rep_idx[-1])
+    k, pos = 1, 0  # pos: first operator of the current (last) partition
+    while True:
+        r = int(rep_idx[np.searchsorted(rep_idx, pos)])  # first representative >= pos
+        i = bisect.bisect_left(cuts, r)
+        if i == len(cuts) or cuts[i] >= last_rep:
+            return k
+        pos = cuts[i] + 1
+        k += 1
+
+
+def _pick_k(objectives: dict[int, float], scale: float) -> int:
+    """Fewest partitions whose objective ties the best one (rel 1e-9, abs 1e-12 x scale)."""
+    best = min(objectives.values())
+    abs_tol = TIE_ABS_TOL_SCALE * scale
+    for k in sorted(objectives):
+        if math.isclose(objectives[k], best, rel_tol=TIE_REL_TOL, abs_tol=abs_tol):
+            return k
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _result(arr: np.ndarray, rep: np.ndarray, cuts: Sequence[int]) -> SearchResult:
+    n = arr.size
+    ends = [*cuts, n - 1]
+    starts = [0, *(c + 1 for c in cuts)]
+    sigmas, bottleneck, bounds = [], [], []
+    for s, e in zip(starts, ends, strict=True):
+        vals = arr[s : e + 1][rep[s : e + 1]].tolist()
+        sigmas.append(_pstdev(vals))
+        bottleneck.append(math.fsum(vals))
+        bounds.append((s, e))
+    return SearchResult(
+        cuts=tuple(int(c) for c in cuts),
+        num_partitions=len(ends),
+        objective=math.fsum(sigmas),
+        sigmas=tuple(sigmas),
+        bottleneck=tuple(bottleneck),
+        bounds=tuple(bounds),
+        representative=tuple(bool(x) for x in rep),
+    )
+
+
+def _infeasible_k(k: int, kmax: int, rep: np.ndarray) -> PartitionError:
+    return PartitionError(
+        f"cannot make {k} partitions: each partition needs at least one representative "
+        f"operator (cost above the mean), and the {int(rep.sum())} representative operators "
+        f"and the valid cuts between them allow at most {kmax} partition(s)",
+        hint=f"ask for at most {kmax} partitions, or let the search choose the number",
+    )
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def representative_mask(costs: Sequence[float]) -> np.ndarray:
+    """Representative operators of Eq. 1 (InfScaler §IV-A, constraint #2).
+
+    An operator is representative when its complexity is strictly above the mean over all
+    N operators (``c_n > mean(c)``, compared exactly, without rounding the mean). When all
+    costs are equal no operator is above the mean; then every operator is representative
+    (our convention, so that a one-partition plan always exists).
+
+    Args:
+        costs: complexities ``c_0 .. c_{N-1}`` (FLOPs or ms), finite and >= 0.
+
+    Returns:
+        Boolean array of length N.
+
+    Raises:
+        PartitionError: empty costs, or a cost that is negative or not finite.
+    """
+    arr = _as_costs(costs)
+    exact_mean = sum((Fraction(x) for x in arr.tolist()), Fraction(0)) / arr.size
+    mean = float(exact_mean)  # correctly rounded: decides every cost != mean exactly
+    mask = arr > mean
+    for i in np.flatnonzero(arr == mean):
+        mask[i] = Fraction(float(arr[i])) > exact_mean
+    if not mask.any():
+        mask[:] = True
+    return mask
+
+
+def max_partitions_for_slo(t_o_ms: float, t_p_ms: float, slo_ms: float | None, cap: int) -> int:
+    """Largest K <= cap with ``T_o + (K-1) T_p <= SLO`` (InfScaler §IV-A, Eq. 1, constraint #1).
+
+    Args:
+        t_o_ms: predicted execution time of the whole model, T_o (ms).
+        t_p_ms: overhead per extra partition, T_p (ms).
+        slo_ms: latency SLO (ms); ``None`` means unconstrained (returns ``cap``).
+        cap: upper limit on K (>= 1).
+
+    Returns:
+        The largest K in ``1 .. cap`` that meets the SLO.
+
+    Raises:
+        PartitionError: ``T_o > SLO`` (no plan can meet the SLO), ``cap < 1``, or a time
+            that is negative or not finite.
+    """
+    if cap < 1:
+        raise PartitionError(
+            f"the maximum number of partitions must be >= 1, got {cap}",
+            hint="ask for at least 1 partition",
+        )
+    _check_time("T_o", t_o_ms)
+    _check_time("T_p", t_p_ms)
+    _check_time("the SLO", slo_ms, allow_none=True)
+    if slo_ms is None:
+        return cap
+    if t_o_ms > slo_ms:
+        raise PartitionError(
+            f"the whole model takes {t_o_ms:g} ms on this host, above the SLO of "
+            f"{slo_ms:g} ms: no partitioning can meet it",
+            hint="raise --slo, use a faster engine, or smaller input shapes",
+        )
+    if t_p_ms == 0:
+        return cap
+    extra = (slo_ms - t_o_ms) / t_p_ms  # may overflow to inf for a tiny T_p
+    k = cap if not extra < cap else max(1, min(cap, int(math.floor(extra)) + 1))
+    # Fix floating-point rounding of the division against the exact check used elsewhere.
+    while k > 1 and _latency_ms(t_o_ms, t_p_ms, k) > slo_ms:
+        k -= 1
+    while k < cap and _latency_ms(t_o_ms, t_p_ms, k + 1) <= slo_ms:
+        k += 1
+    return k
+
+
+def search_partitions(
+    costs: Sequence[float],
+    valid_cuts: Iterable[int],
+    *,
+    num_partitions: int | None = None,
+    max_partitions: int = 4,
+    t_o_ms: float = 0.0,
+    t_p_ms: float = 0.0,
+    slo_ms: float | None = None,
+) -> SearchResult:
+    """Solve Eq. 1 exactly by dynamic programming over the valid cuts (InfScaler §IV-A).
+
+    Minimises ``sum_k sigma(P_k)`` over the plans whose cuts are in ``valid_cuts`` and whose
+    every partition holds at least one representative operator, subject to
+    ``T_o + (K-1) T_p <= SLO``. See the module docstring for the conventions.
+
+    Args:
+        costs: complexities ``c_0 .. c_{N-1}`` in topological order (FLOPs or ms; >= 0).
+        valid_cuts: allowed cut positions in ``0 .. N-2`` (duplicates ignored).
+        num_partitions: fixed K; ``None`` searches K in ``1 .. max_partitions``.
+        max_partitions: largest K tried when searching.
+        t_o_ms: predicted execution time of the whole model, T_o (ms).
+        t_p_ms: overhead per extra partition, T_p (ms).
+        slo_ms: latency SLO (ms); ``None`` = unconstrained.
+
+    Returns:
+        The optimal :class:`SearchResult`; ties between K go to fewer partitions, ties
+        between plans of the same K to the earliest cuts.
+
+    Raises:
+        PartitionError: empty or invalid costs; ``num_partitions`` or ``max_partitions``
+            below 1; ``T_o > SLO``; a fixed K beyond the SLO bound; a fixed K larger than
+            the representative operators and valid cuts allow.
+        ValueError: a valid cut outside ``0 .. N-2``.
+    """
+    arr = _as_costs(costs)
+    n = arr.size
+    cuts = _as_cuts(valid_cuts, n)
+    rep = representative_mask(arr)
+
+    if num_partitions is not None:
+        if num_partitions < 1:
+            raise PartitionError(
+                f"the number of partitions must be >= 1, got {num_partitions}",
+                hint="ask for at least 1 partition",
+            )
+        slo_cap = max_partitions_for_slo(t_o_ms, t_p_ms, slo_ms, num_partitions)
+        if slo_cap < num_partitions:
+            k = num_partitions
+            raise PartitionError(
+                f"K={k} needs T_o + {k - 1} T_p = {_latency_ms(t_o_ms, t_p_ms, k):g} ms > SLO "
+                f"{slo_ms:g} ms (T_o = {t_o_ms:g} ms, T_p = {t_p_ms:g} ms); at most "
+                f"{slo_cap} partition(s) meet the SLO",
+                hint=f"ask for at most {slo_cap} partitions, or raise --slo",
+            )
+        feasible = _max_feasible_partitions(rep, cuts)
+        if feasible < num_partitions:
+            raise _infeasible_k(num_partitions, feasible, rep)
+        k_values = [num_partitions]
+    else:
+        if max_partitions < 1:
+            raise PartitionError(
+                f"the maximum number of partitions must be >= 1, got {max_partitions}",
+                hint="ask for at least 1 partition",
+            )
+        k_top = min(
+            max_partitions_for_slo(t_o_ms, t_p_ms, slo_ms, max_partitions),
+            _max_feasible_partitions(rep, cuts),
+        )
+        k_values = list(range(1, k_top + 1))
+
+    kmax = max(k_values)
+    # Boundaries: P[0] = -1 (before the first operator), the valid cuts, P[-1] = N-1.
+    # A segment (P[a], P[b]] covers operators P[a]+1 .. P[b]; starts a in 0..V, ends b in 1..V+1.
+    bnd = [-1, *cuts, n - 1]
+    nb = len(bnd)
+    end_index = {p: b for b, p in enumerate(bnd) if b > 0}
+    f = np.full((kmax + 1, nb), np.inf)
+    f[0, 0] = 0.0
+    back = np.zeros((kmax + 1, nb), dtype=np.int64)
+    # Welford state of the representative costs in (P[a], j], for every start a.
+    cnt = np.zeros(nb - 1, dtype=np.int64)
+    mean = np.zeros(nb - 1)
+    m2 = np.zeros(nb - 1)
+    rows = np.arange(kmax)
+    n_starts = 0  # starts a with P[a] < j
+    for j in range(n):
+        while n_starts < nb - 1 and bnd[n_starts] < j:
+            n_starts += 1
+        if rep[j]:
+            x = arr[j]
+            s = slice(0, n_starts)
+            cnt[s] += 1
+            delta = x - mean[s]
+            mean[s] += delta / cnt[s]
+            m2[s] += delta * (x - mean[s])
+        b = end_index.get(j)
+        if b is None:
+            continue
+        c = cnt[:b]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            sig = np.sqrt(np.maximum(m2[:b], 0.0) / c)
+        sig[c == 0] = np.inf  # no representative operator: not allowed
+        sig[c == 1] = 0.0
+        cand = f[:kmax, :b] + sig[None, :]
+        arg = np.argmin(cand, axis=1)
+        f[1:, b] = cand[rows, arg]
+        back[1:, b] = arg
+
+    last = nb - 1
+    objectives = {k: float(f[k, last]) for k in k_values if np.isfinite(f[k, last])}
+    if not objectives:  # pragma: no cover - excluded by the feasibility checks above
+        raise _infeasible_k(k_values[0], _max_feasible_partitions(rep, cuts), rep)
+    k = _pick_k(objectives, float(arr.max()))
+    plan: list[int] = []
+    b = last
+    for kk in range(k, 0, -1):
+        b = int(back[kk, b])
+        if kk > 1:
+            plan.append(bnd[b])
+    return _result(arr, rep, sorted(plan))
+
+
+def brute_force(
+    costs: Sequence[float], valid_cuts: Iterable[int], num_partitions: int
+) -> SearchResult:
+    """Solve Eq. 1 for a fixed K by enumerating every set of K-1 valid cuts (for tests).
+
+    Same conventions and constraints as :func:`search_partitions` (InfScaler §IV-A, Eq. 1),
+    without the SLO; exponential in K, so only for small inputs. Ties go to the first plan
+    in lexicographic order of the cuts.
+
+    Args:
+        costs: complexities ``c_0 .. c_{N-1}`` (FLOPs or ms; >= 0).
+        valid_cuts: allowed cut positions in ``0 .. N-2``.
+        num_partitions: K (>= 1).
+
+    Returns:
+        The optimal :class:`SearchResult`.
+
+    Raises:
+        PartitionError: empty or invalid costs, ``num_partitions < 1``, or no plan with K
+            partitions each holding a representative operator.
+        ValueError: a valid cut outside ``0 .. N-2``.
+    """
+    arr = _as_costs(costs)
+    n = arr.size
+    cuts = _as_cuts(valid_cuts, n)
+    if num_partitions < 1:
+        raise PartitionError(
+            f"the number of partitions must be >= 1, got {num_partitions}",
+            hint="ask for at least 1 partition",
+        )
+    rep = representative_mask(arr)
+    best: tuple[float, tuple[int, ...]] | None = None
+    for combo in itertools.combinations(cuts, num_partitions - 1):
+        starts = [0, *(c + 1 for c in combo)]
+        ends = [*combo, n - 1]
+        total = 0.0
+        for s, e in zip(starts, ends, strict=True):
+            vals = arr[s : e + 1][rep[s : e + 1]]
+            if vals.size == 0:
+                break
+            total += float(np.std(vals)) if vals.size > 1 else 0.0
+        else:
+            if best is None or total < best[0]:
+                best = (total, combo)
+    if best is None:
+        raise _infeasible_k(num_partitions, _max_feasible_partitions(rep, cuts), rep)
+    return _result(arr, rep, best[1])

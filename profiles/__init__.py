@@ -1,0 +1,1 @@
+"""Bundled device profiles (YAML), loaded by :func:`infscaler.device.load_profile`."""

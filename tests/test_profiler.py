@@ -1,0 +1,287 @@
+"""Tests of infscaler.partitioner.profiler (per-node times, T_o, T_p, caching)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from infscaler.errors import InfScalerError
+from infscaler.models import resolve_model
+from infscaler.partitioner import profiler
+from infscaler.partitioner.loader import load_model, random_feeds
+from infscaler.partitioner.profiler import (
+    BoundaryOverhead,
+    EngineUnavailableError,
+    ModelProfile,
+    available_engines,
+    engine_unavailable_reason,
+    host_description,
+    host_fingerprint,
+    measure_boundary_overhead,
+    node_times_from_trace,
+    profile_cache_path,
+    profile_model,
+)
+
+GPU_REASON = engine_unavailable_reason("gpu")
+
+
+@pytest.fixture(autouse=True)
+def _tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFSCALER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _conv_model(hw: int | None = 16) -> onnx.ModelProto:
+    """Conv -> Relu -> Conv -> Add(skip) -> GlobalAveragePool; input x: 1x4xHxW."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["a"], name="add"),
+        helper.make_node("GlobalAveragePool", ["a"], ["y"], name="gap"),
+    ]
+    dims = [1, 4, hw, hw] if hw else [1, 4, "H", "W"]
+    graph = helper.make_graph(
+        nodes,
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[w1, w2],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _feeds(hw: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(1).random((1, 4, hw, hw), dtype=np.float32)}
+
+
+def test_available_engines_on_this_host():
+    engines = available_engines()
+    assert engines["cpu"] == "CPUExecutionProvider"
+    assert set(engines) == {"cpu", "gpu", "dla"}
+    assert engine_unavailable_reason("cpu") is None
+    if engines["gpu"] is None:
+        reason = engine_unavailable_reason("gpu")
+        assert reason is not None and "CUDAExecutionProvider" in reason
+    assert "unknown engine" in (engine_unavailable_reason("npu") or "")
+
+
+def test_host_fingerprint_and_description():
+    fp = host_fingerprint()
+    assert fp == host_fingerprint() and len(fp) == 12
+    desc = host_description()
+    assert desc["fingerprint"] == fp
+    assert desc["onnxruntime"] == onnxruntime.__version__
+    assert "CPUExecutionProvider" in desc["providers"]
+    assert desc["cores"] >= 1 and desc["cpu_model"]
+
+
+def test_profile_small_model_nodes_and_totals():
+    model = _conv_model(32)
+    prof = profile_model(model, _feeds(32), model_sha256="ab" * 32, warmup=1, repeats=3)
+    assert set(prof.node_ms) == {"conv1", "relu1", "conv2", "add", "gap"}
+    assert all(v >= 0 for v in prof.node_ms.values())
+    assert prof.node_ms["conv1"] > 0 and prof.node_ms["conv2"] > 0
+    assert prof.total_ms > 0 and prof.unoptimized_total_ms > 0
+    assert prof.unoptimized_total_ms >= max(prof.node_ms.values())
+    assert prof.unmatched_ms == {}
+    assert prof.engine == "cpu" and prof.provider == "CPUExecutionProvider"
+    assert prof.host == host_fingerprint()
+    assert prof.input_shapes == {"x": (1, 4, 32, 32)}
+    assert (prof.warmup, prof.repeats) == (1, 3) and prof.threads >= 1
+    assert ModelProfile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
+
+
+def test_profile_from_path_and_trace_deleted(tmp_path, monkeypatch):
+    path = tmp_path / "m.onnx"
+    onnx.save(_conv_model(8), str(path))
+    monkeypatch.setattr(profiler.tempfile, "tempdir", str(tmp_path / "t"))
+    (tmp_path / "t").mkdir()
+    prof = profile_model(path, _feeds(8), model_sha256="cd" * 32, warmup=0, repeats=2, cache=False)
+    assert prof.node_ms["conv1"] > 0
+    assert list((tmp_path / "t").iterdir()) == []  # the trace and its directory are gone
+
+
+def test_cache_reused_without_session(monkeypatch):
+    model, feeds = _conv_model(16), _feeds(16)
+    first = profile_model(model, feeds, model_sha256="ef" * 32, warmup=1, repeats=2)
+    path = profile_cache_path("ef" * 32, "cpu", feeds, warmup=1, repeats=2)
+    assert path.is_file() and path.name.startswith("ef" * 8 + "-cpu-" + host_fingerprint())
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a session was created although the profile is cached")
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", boom)
+    second = profile_model(model, feeds, model_sha256="ef" * 32, warmup=1, repeats=2)
+    assert second == first
+    with pytest.raises(InfScalerError, match="session was created"):
+        profile_model(model, feeds, model_sha256="ef" * 32, warmup=1, repeats=2, cache=False)
+
+
+def test_cache_false_remeasures(monkeypatch):
+    model, feeds = _conv_model(16), _feeds(16)
+    profile_model(model, feeds, model_sha256="12" * 32, warmup=0, repeats=2)
+    created = []
+    real = onnxruntime.InferenceSession
+
+    def counting(*args, **kwargs):
+        created.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", counting)
+    prof = profile_model(model, feeds, model_sha256="12" * 32, warmup=0, repeats=2, cache=False)
+    assert len(created) == 2  # profiling session + T_o session
+    assert prof.node_ms["conv1"] > 0
+
+
+def test_cache_key_changes_with_shape_and_settings():
+    kw = {"warmup": 0, "repeats": 1}
+    a = profile_cache_path("34" * 32, "cpu", _feeds(8), **kw)
+    b = profile_cache_path("34" * 32, "cpu", _feeds(16), **kw)
+    c = profile_cache_path("34" * 32, "cpu", _feeds(8), warmup=0, repeats=2)
+    d = profile_cache_path("34" * 32, "cpu", {"x": _feeds(8)["x"].astype(np.float16)}, **kw)
+    assert len({a, b, c, d}) == 4
+    model = _conv_model(None)  # dynamic H, W
+    p8 = profile_model(model, _feeds(8), model_sha256="34" * 32, warmup=0, repeats=1)
+    p16 = profile_model(model, _feeds(16), model_sha256="34" * 32, warmup=0, repeats=1)
+    assert p8.input_shapes["x"] == (1, 4, 8, 8) and p16.input_shapes["x"] == (1, 4, 16, 16)
+    assert a.is_file() and b.is_file()
+
+
+def test_corrupt_cache_is_remeasured():
+    model, feeds = _conv_model(8), _feeds(8)
+    path = profile_cache_path("56" * 32, "cpu", feeds, warmup=0, repeats=1)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    prof = profile_model(model, feeds, model_sha256="56" * 32, warmup=0, repeats=1)
+    assert prof.node_ms["conv1"] > 0
+    assert ModelProfile.from_dict(json.loads(path.read_text())) == prof
+
+
+def test_bad_feeds_and_settings_raise_user_errors():
+    model = _conv_model(8)
+    with pytest.raises(InfScalerError, match="could not run"):
+        profile_model(model, {"x": np.zeros((1, 3, 8, 8), np.float32)}, model_sha256="0" * 64)
+    with pytest.raises(InfScalerError, match="repeats"):
+        profile_model(model, _feeds(8), model_sha256="0" * 64, repeats=0)
+
+
+@pytest.mark.skipif(GPU_REASON is None, reason="this host has a GPU provider")
+def test_gpu_engine_unavailable_names_provider():
+    with pytest.raises(EngineUnavailableError) as exc:
+        profile_model(_conv_model(8), _feeds(8), engine="gpu", model_sha256="0" * 64)
+    assert "CUDAExecutionProvider" in str(exc.value)
+    assert "TensorrtExecutionProvider" in str(exc.value)
+    with pytest.raises(EngineUnavailableError):
+        measure_boundary_overhead(engine="gpu")
+
+
+@pytest.mark.skipif(
+    available_engines()["dla"] is not None, reason="this host is a Jetson with TensorRT"
+)
+def test_dla_engine_unavailable():
+    with pytest.raises(EngineUnavailableError, match="TensorrtExecutionProvider"):
+        profile_model(_conv_model(8), _feeds(8), engine="dla", model_sha256="0" * 64)
+
+
+@pytest.mark.skipif(
+    GPU_REASON is not None,
+    reason=f"no GPU execution provider: {GPU_REASON}",
+)
+def test_gpu_profile():
+    prof = profile_model(
+        _conv_model(32), _feeds(32), engine="gpu", model_sha256="78" * 32, warmup=2, repeats=3
+    )
+    assert set(prof.node_ms) == {"conv1", "relu1", "conv2", "add", "gap"}
+    assert prof.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+    assert prof.total_ms > 0
+
+
+def _ev(name, ts, dur, cat="Node"):
+    return {"cat": cat, "name": name, "ts": ts, "dur": dur, "ph": "X", "args": {}}
+
+
+def test_node_times_from_trace_skips_warmup_runs():
+    events = [
+        _ev("model_loading_array", 0, 5, "Session"),
+        # warm-up run: slow
+        _ev("model_run", 100, 1000, "Session"),
+        _ev("a_kernel_time", 110, 900),
+        _ev("b_kernel_time", 1010, 50),
+        # measured runs
+        _ev("model_run", 2000, 100, "Session"),
+        _ev("a_kernel_time", 2010, 10),
+        _ev("b_kernel_time", 2030, 20),
+        _ev("b_kernel_time", 2060, 20),  # b runs twice in this run: summed
+        _ev("model_run", 3000, 100, "Session"),
+        _ev("a_kernel_time", 3010, 30),
+        _ev("fused_trt_kernel_time", 3050, 6),
+        _ev("model_run", 4000, 100, "Session"),
+        _ev("a_kernel_time", 4010, 20),
+        _ev("b_kernel_time", 4030, 60),
+    ]
+    node_ms, unmatched, totals = node_times_from_trace(events, ["a", "b", "c"], skip_runs=1)
+    assert node_ms["a"] == pytest.approx(0.020)  # median(10, 30, 20) µs
+    assert node_ms["b"] == pytest.approx(0.040)  # median(40, 0, 60) µs
+    assert node_ms["c"] == 0.0
+    assert unmatched == {"fused_trt": pytest.approx(0.0)}  # median(0, 6, 0)
+    assert totals == pytest.approx([0.050, 0.036, 0.080])
+
+
+def test_node_times_from_trace_without_run_events():
+    events = [_ev("a_kernel_time", t, d) for t, d in [(0, 500), (10, 2), (20, 4), (30, 6)]]
+    node_ms, _, totals = node_times_from_trace(events, ["a"], skip_runs=1)
+    assert node_ms["a"] == pytest.approx(0.004)
+    assert len(totals) == 3
+
+
+def test_boundary_overhead():
+    bo = measure_boundary_overhead(tensor_bytes=1 << 20, repeats=10)
+    assert bo.fixed_ms > 0 and bo.per_mb_ms >= 0
+    sizes = [0, 1_000, 1_000_000, 10_000_000, 100_000_000]
+    values = [bo.ms(n) for n in sizes]
+    assert values == sorted(values) and values[0] == pytest.approx(bo.fixed_ms)
+    assert BoundaryOverhead.from_dict(json.loads(json.dumps(bo.to_dict()))) == bo
+    assert bo.engine == "cpu" and bo.host == host_fingerprint() and bo.tensor_bytes == 1 << 20
+
+
+def test_boundary_overhead_cached(monkeypatch):
+    first = measure_boundary_overhead(tensor_bytes=1 << 16, repeats=5)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("session created")
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", boom)
+    assert measure_boundary_overhead(tensor_bytes=1 << 16, repeats=5) == first
+    with pytest.raises(InfScalerError, match="session created"):
+        measure_boundary_overhead(tensor_bytes=1 << 16, repeats=5, cache=False)
+
+
+def test_boundary_ms_formula():
+    bo = BoundaryOverhead(fixed_ms=0.5, per_mb_ms=2.0)
+    assert bo.ms(0) == 0.5 and bo.ms(3_000_000) == pytest.approx(6.5)
+
+
+@pytest.mark.parametrize("alias", ["squeezenet", "shufflenet"])
+def test_real_models(alias):
+    lm = load_model(resolve_model(alias))
+    feeds = random_feeds({n: lm.tensors[n] for n in lm.graph_inputs})
+    prof = profile_model(lm.model, feeds, model_sha256=lm.sha256, warmup=1, repeats=2)
+    names = [n.name for n in lm.model.graph.node]
+    assert list(prof.node_ms) == names
+    assert all(v >= 0 for v in prof.node_ms.values())
+    convs = [n.name for n in lm.model.graph.node if n.op_type == "Conv"]
+    assert convs and all(prof.node_ms[c] > 0 for c in convs)
+    assert prof.total_ms > 0
+    assert prof.unoptimized_total_ms >= sum(prof.node_ms[c] for c in convs) * 0.5
+    assert prof.unmatched_ms == {}
