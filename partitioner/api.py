@@ -35,7 +35,13 @@ from infscaler.partitioner import cost as cost_mod
 from infscaler.partitioner import extract, profiler, search
 from infscaler.partitioner.graph import OperatorGraph
 from infscaler.partitioner.loader import LoadedModel, load_model, random_feeds
-from infscaler.partitioner.plan import PLAN_FORMAT, Plan, tensor_list, write_plan
+from infscaler.partitioner.plan import (
+    PLAN_FORMAT,
+    Plan,
+    check_output_dir,
+    tensor_list,
+    write_plan,
+)
 
 Measure = Literal["flops", "time"]
 Progress = Callable[[str], None]
@@ -156,6 +162,8 @@ def partition_model(
     if max_partitions < 1 or (num_partitions is not None and num_partitions < 1):
         raise InfScalerError("the number of partitions must be >= 1")
     slo = slo if isinstance(slo, SLO) else parse_slo(slo)
+    if out_dir is not None:
+        check_output_dir(Path(out_dir), force=force)
 
     progress("loading and checking the model")
     loaded = load_model(model, shapes)

@@ -299,15 +299,16 @@ class OperatorGraph:
         return specs
 
     def weight_bytes(self, first: int, last: int) -> int:
-        """Bytes of the distinct initializers read by operators first..last (and their
-        constant nodes)."""
-        inits = self.loaded.initializer_names
+        """Bytes of the distinct constant tensors (weights) read by operators first..last.
+
+        Constants are counted as the runtime holds them after constant folding: an
+        initializer read directly, a ``Constant`` node's value (PP-OCR keeps all its
+        weights so), or the output of a ``Cast`` / ``Reshape`` of a weight.
+        """
         tensors = self.loaded.tensors
         seen: set[str] = set()
-        for name in self.partition_nodes(first, last):
-            for t in node_reads(self._nodes[name]):
-                if t in inits:
-                    seen.add(t)
+        for op in self.operators[first : last + 1]:
+            seen.update(t for t in node_reads(self._nodes[op.node]) if t in self.constants)
         return sum(tensors[t].nbytes for t in seen if t in tensors)
 
     def peak_activation_bytes(self, first: int, last: int) -> int:

@@ -49,6 +49,35 @@ class Plan:
         return [c["after_operator"] for c in self.summary["cuts"]]
 
 
+def check_output_dir(out_dir: Path, *, force: bool = False) -> None:
+    """Refuse an output directory that :func:`write_plan` must not touch.
+
+    Called before any work starts, so a run that would be refused at the end fails at
+    once, and again just before writing.
+
+    Raises:
+        PartitionError: ``out_dir`` is a file, holds files that are not a plan, or holds a
+            plan and ``force`` is false.
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise PartitionError(f"output path {out_dir} exists and is not a directory")
+    if not any(out_dir.iterdir()):
+        return
+    if not (out_dir / PLAN_FILE).is_file():
+        raise PartitionError(
+            f"output directory {out_dir} is not empty and holds no plan; refusing to write into it",
+            hint="choose a new directory with -o",
+        )
+    if not force:
+        raise PartitionError(
+            f"output directory {out_dir} already holds a plan",
+            hint="pass --force to replace it, or choose another directory with -o",
+        )
+
+
 def write_plan(
     plan: Plan,
     out_dir: Path,
@@ -74,23 +103,7 @@ def write_plan(
             ``force`` is false.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise PartitionError(f"output path {out_dir} exists and is not a directory")
-        entries = list(out_dir.iterdir())
-        if entries:
-            is_plan = (out_dir / PLAN_FILE).is_file()
-            if not is_plan:
-                raise PartitionError(
-                    f"output directory {out_dir} is not empty and holds no plan; refusing to "
-                    "write into it",
-                    hint="choose a new directory with -o",
-                )
-            if not force:
-                raise PartitionError(
-                    f"output directory {out_dir} already holds a plan",
-                    hint="pass --force to replace it, or choose another directory with -o",
-                )
+    check_output_dir(out_dir, force=force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:

@@ -55,8 +55,12 @@ def plot_operator_costs(
     ax.set_xlabel("operator # (topological order)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.bar([], [], color="tab:red", label="representative (c_n > mean)")
-    ax.legend(loc="upper right", fontsize=8)
+    from matplotlib.patches import Patch
+
+    handles, _ = ax.get_legend_handles_labels()
+    handles.append(Patch(color="tab:red", label="representative (c_n > mean)"))
+    handles.append(Patch(color="tab:gray", label="other operators"))
+    ax.legend(handles=handles, loc="upper left", fontsize=8)
     ax.set_xlim(-1, max(len(ys), 1))
     fig.tight_layout()
     fig.savefig(path)
