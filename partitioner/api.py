@@ -174,21 +174,9 @@ def partition_model(
 
     feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
     engines = profiler.available_engines()
-    progress("profiling operators on cpu")
-    profiles = {
-        "cpu": profiler.profile_model(
-            str(loaded.path) if loaded.external else loaded.model,
-            feeds,
-            engine="cpu",
-            model_sha256=loaded.sha256,
-            warmup=warmup,
-            repeats=repeats,
-            threads=threads,
-            cache=use_cache,
-        )
-    }
-    for engine, provider in engines.items():
-        if engine == "cpu" or provider is None:
+    profiles: dict[str, profiler.ModelProfile] = {}
+    for engine, provider in engines.items():  # cpu first; engines this host lacks skipped
+        if provider is None:
             continue
         progress(f"profiling operators on {engine}")
         profiles[engine] = profiler.profile_model(
