@@ -193,13 +193,37 @@ def _weight_role(model, tensor: str) -> tuple[str, int]:
     return ("bias", 0)
 
 
+# Bumped whenever the random-weight scheme changes, so cached models are re-made.
+_WEIGHTS_SCHEME = 3
+
+
+def _random_weight(role: str, shape: tuple[int, ...], rng):
+    """Seeded values for a weight of the given role (see :func:`materialize_light_model`)."""
+    import numpy as np
+
+    if role in ("conv_w", "gemm_w"):
+        if role == "conv_w":
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        else:
+            fan_in = shape[1] if len(shape) == 2 else int(np.prod(shape[:-1]))
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(
+            np.sqrt(2.0 / max(fan_in, 1))
+        )
+    if role in ("scale", "var"):
+        return rng.uniform(0.5, 1.5, size=shape).astype(np.float32)
+    return rng.uniform(-0.1, 0.1, size=shape).astype(np.float32)
+
+
 def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = None) -> Path:
     """Replace a light model's ``ConstantOfShape`` weights by seeded random initializers.
 
     Conv / Gemm weights get He-normal values (std = sqrt(2 / fan_in)), BatchNormalization
     scales and ``Mul`` scales U(0.5, 1.5), variances U(0.5, 1.5), biases and means
-    U(-0.1, 0.1). Initializers already in the file (e.g. real BN statistics) are kept.
-    The result is cached as ``<out_dir>/<stem>_seed<seed>.onnx`` and reused.
+    U(-0.1, 0.1). Float initializers already in the file (real BN statistics of the
+    trained model, which do not fit random conv weights and drive activations to ~1e5 and
+    the softmax to exactly one-hot) are redrawn the same way, so activations stay O(1)
+    and a wrong partition shows in the outputs; unused initializers are dropped. The
+    result is cached as ``<out_dir>/<stem>_seed<seed>_w<scheme>.onnx`` and reused.
 
     Args:
         src: path of a ``light_*.onnx`` file.
@@ -214,7 +238,7 @@ def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = Non
     from onnx import numpy_helper
 
     out_dir = out_dir or cache_dir() / "models"
-    out = out_dir / f"{src.stem}_seed{seed}.onnx"
+    out = out_dir / f"{src.stem}_seed{seed}_w{_WEIGHTS_SCHEME}.onnx"
     if out.is_file() and out.stat().st_mtime >= src.stat().st_mtime:
         return out
     model = onnx.load(str(src))
@@ -223,7 +247,6 @@ def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = Non
     inits = {i.name: i for i in graph.initializer}
     keep_nodes = []
     new_inits = []
-    used_shapes: set[str] = set()
     for node in graph.node:
         shape_init = (
             inits.get(node.input[0]) if node.op_type == "ConstantOfShape" and node.input else None
@@ -238,25 +261,27 @@ def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = Non
             keep_nodes.append(node)
             continue
         shape = tuple(int(d) for d in numpy_helper.to_array(shape_init))
-        used_shapes.add(shape_init.name)
-        role, _ = _weight_role(model, node.output[0])
-        if role in ("conv_w", "gemm_w"):
-            if role == "conv_w":
-                fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            else:
-                fan_in = shape[1] if len(shape) == 2 else int(np.prod(shape[:-1]))
-            arr = rng.standard_normal(shape, dtype=np.float32) * np.float32(
-                np.sqrt(2.0 / max(fan_in, 1))
-            )
-        elif role in ("scale", "var"):
-            arr = rng.uniform(0.5, 1.5, size=shape).astype(np.float32)
-        else:
-            arr = rng.uniform(-0.1, 0.1, size=shape).astype(np.float32)
+        arr = _random_weight(_weight_role(model, node.output[0])[0], shape, rng)
         new_inits.append(numpy_helper.from_array(arr.astype(dtype), name=node.output[0]))
-    # Shape initializers used only by the removed ConstantOfShape nodes go too.
+    # Shape initializers used only by the removed ConstantOfShape nodes go too, and so do
+    # initializers no node reads.
     still_used = {i for n in keep_nodes for i in n.input}
-    drop = {n for n in used_shapes if n not in still_used}
-    kept_inits = [i for i in graph.initializer if i.name not in drop] + new_inits
+    drop = {i.name for i in graph.initializer if i.name not in still_used}
+    kept_inits = []
+    for init in graph.initializer:
+        if init.name in drop:
+            continue
+        arr = numpy_helper.to_array(init)
+        if np.issubdtype(arr.dtype, np.floating):
+            # Real statistics left in the file (BN means / variances of the trained model)
+            # do not match random conv weights and blow activations up to ~1e5, which
+            # saturates the softmax: draw them from the same scheme.
+            role = _weight_role(model, init.name)[0]
+            init = numpy_helper.from_array(
+                _random_weight(role, arr.shape, rng).astype(arr.dtype), name=init.name
+            )
+        kept_inits.append(init)
+    kept_inits += new_inits
     del graph.node[:]
     graph.node.extend(keep_nodes)
     del graph.initializer[:]
@@ -267,8 +292,58 @@ def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = Non
     del graph.input[:]
     graph.input.extend(real_inputs)
     model.ir_version = max(model.ir_version, 4)
+    _calibrate_logits(model, rng)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     onnx.save(model, str(tmp))
     tmp.replace(out)
     return out
+
+
+def _calibrate_logits(model, rng, target_std: float = 2.0) -> None:
+    """Scale the linear layer feeding the final Softmax so its logits have std ~2.
+
+    In residual networks with random weights the features grow block after block, the
+    logits reach 1e2-1e5 and the softmax is exactly one-hot: a partitioning error before
+    it would not show in the output. One onnxruntime run on seeded U[0, 1) inputs
+    measures the logits; the layer's weight (and bias) initializers are multiplied by
+    ``target_std / std`` (exact for Gemm / Conv / MatMul + Add). No-op without a Softmax.
+    """
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    graph = model.graph
+    softmax = [n for n in graph.node if n.op_type == "Softmax"]
+    if not softmax:
+        return
+    producer = {o: n for n in graph.node for o in n.output}
+    inits = {i.name: i for i in graph.initializer}
+    logits = softmax[-1].input[0]
+    node = producer.get(logits)
+    while node is not None and node.op_type in ("Reshape", "Flatten", "Squeeze", "Identity"):
+        node = producer.get(node.input[0])
+    if node is None or node.op_type not in ("Gemm", "Conv", "MatMul"):
+        return
+    params = [n for n in node.input[1:] if n in inits]
+    if not params:
+        return
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(onnx.ValueInfoProto(name=logits))
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feeds = {}
+    for inp in sess.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
+        feeds[inp.name] = rng.random(shape, dtype=np.float32)
+    value = sess.run([logits], feeds)[0]
+    std = float(np.std(value))
+    if not np.isfinite(std) or std == 0:
+        return
+    factor = target_std / std
+    for name in params:
+        arr = numpy_helper.to_array(inits[name])
+        inits[name].CopyFrom(numpy_helper.from_array((arr * factor).astype(arr.dtype), name=name))

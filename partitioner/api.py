@@ -226,23 +226,19 @@ def partition_model(
     extract.check_verification(verification)
 
     progress("measuring partition latency")
-    part_ms: list[dict[str, float]] = []
+    # Part k's inputs are part k-1's outputs (chain semantics): time each part once per
+    # engine and feed the next part from the cpu run's outputs (K sessions per engine).
+    part_ms: list[dict[str, float]] = [{} for _ in parts]
+    env = feeds
     for k, (part, spec) in enumerate(zip(parts, specs, strict=True)):
-        part_feeds = _part_feeds(spec, feeds, parts[:k])
-        per_engine: dict[str, float] = {}
-        for engine, prof in profiles.items():
-            part_prof = profiler.profile_model(
-                part,
-                part_feeds,
-                engine=engine,
-                model_sha256=f"{loaded.sha256}-part{k}of{len(parts)}-{'-'.join(map(str, result.cuts))}",
-                warmup=warmup,
-                repeats=repeats,
-                threads=threads,
-                cache=use_cache,
+        part_feeds = {n: env[n] for n in spec.inputs}
+        for engine in profiles:
+            ms, outputs = profiler.measure_latency(
+                part, part_feeds, engine=engine, warmup=warmup, repeats=repeats, threads=threads
             )
-            per_engine[prof.engine] = part_prof.total_ms
-        part_ms.append(per_engine)
+            part_ms[k][engine] = ms
+            if engine == "cpu":
+                env = outputs
 
     summary = _summary(
         loaded,
@@ -267,15 +263,6 @@ def partition_model(
         progress("writing the plan")
         write_plan(plan, Path(out_dir), force=force, save=extract.save_partition)
     return plan
-
-
-def _part_feeds(
-    spec: extract.PartitionSpec, feeds: dict[str, np.ndarray], earlier: list
-) -> dict[str, np.ndarray]:
-    """Real inputs of partition ``spec``: the outputs of the earlier parts run on ``feeds``
-    (chain semantics: part k's inputs are part k-1's outputs)."""
-    env = extract.run_chain(earlier, feeds) if earlier else feeds
-    return {n: env[n] for n in spec.inputs}
 
 
 def _engine_report(

@@ -112,7 +112,8 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper
 
-from .loader import LoadedModel, TensorInfo
+from infscaler.partitioner.loader import LoadedModel, TensorInfo
+from infscaler.partitioner.subgraphs import free_names, subgraphs
 
 __all__ = ["OperatorCost", "constant_tensors", "node_cost", "model_costs"]
 
@@ -520,29 +521,6 @@ def _subgraph_cost(
     return sum((node_cost(n, tensors, consts) for n in graph.node), OperatorCost())
 
 
-def _outer_refs(graph: onnx.GraphProto) -> set[str]:
-    """Names ``graph`` (and its nested subgraphs) read from enclosing scopes."""
-    local = {v.name for v in graph.input} | {i.name for i in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(i for i in node.input if i)
-        for sub in _subgraphs(node):
-            used |= _outer_refs(sub)
-        local.update(o for o in node.output if o)
-    used.update(o.name for o in graph.output)
-    return used - local
-
-
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    graphs: list[onnx.GraphProto] = []
-    for a in node.attribute:
-        if a.type == AttributeProto.GRAPH:
-            graphs.append(a.g)
-        elif a.type == AttributeProto.GRAPHS:
-            graphs.extend(a.graphs)
-    return graphs
-
-
 def _tensor_bytes(name: str, tensors: Mapping[str, TensorInfo]) -> int:
     info = tensors.get(name)
     if info is None:
@@ -609,7 +587,7 @@ def _flops(
     if op in _RNN:
         return _rnn_flops(node, s), 0
     if op in ("If", "Loop", "Scan"):
-        subs = _subgraphs(node)
+        subs = subgraphs(node)
         costs = [_subgraph_cost(g, tensors, constants) for g in subs]
         weights = sum(
             math.prod(i.dims) * np.dtype(helper.tensor_dtype_to_np_dtype(i.data_type)).itemsize
@@ -651,8 +629,8 @@ def node_cost(
     reads = list(dict.fromkeys(i for i in node.input if i))
     if _has_subgraph(node):
         implicit: set[str] = set()
-        for g in _subgraphs(node):
-            implicit |= _outer_refs(g)
+        for g in subgraphs(node):
+            implicit |= set(free_names(g))
         reads += sorted(implicit - set(reads))
     param_bytes = extra_params
     input_bytes = 0

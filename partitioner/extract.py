@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,8 @@ import onnx
 from onnx import TensorProto
 
 from infscaler.errors import PartitionError, VerificationError
-
-from .loader import LoadedModel, random_feeds
+from infscaler.partitioner.loader import LoadedModel, random_feeds
+from infscaler.partitioner.subgraphs import free_names, subgraphs
 
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
@@ -105,42 +105,6 @@ class PartitionSpec:
 
 
 # --------------------------------------------------------------------------- extraction
-
-
-def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
-    """The graph-valued attributes of ``node`` (If branches, Loop / Scan bodies, ...)."""
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def _free_names(graph: onnx.GraphProto) -> list[str]:
-    """Names a subgraph reads from enclosing scopes (recursively), in first-use order.
-
-    A name is local when it is an input, an initializer (dense or sparse) or a node output
-    of the subgraph itself (or of an enclosing subgraph level already walked); every other
-    name a node input, a nested subgraph or a graph output refers to is an outer-scope
-    reference (ONNX IR spec, "Names Within a Graph" / nested subgraphs).
-    """
-    defined = {v.name for v in graph.input}
-    defined.update(t.name for t in graph.initializer)
-    defined.update(s.values.name for s in graph.sparse_initializer)
-    free: dict[str, None] = {}
-    for node in graph.node:
-        for name in node.input:
-            if name and name not in defined:
-                free.setdefault(name)
-        for sub in _subgraphs(node):
-            for name in _free_names(sub):
-                if name not in defined:
-                    free.setdefault(name)
-        defined.update(o for o in node.output if o)
-    for out in graph.output:
-        if out.name not in defined:
-            free.setdefault(out.name)
-    return list(free)
 
 
 def _value_info(
@@ -238,8 +202,8 @@ def extract_partition(loaded: LoadedModel, spec: PartitionSpec) -> onnx.ModelPro
             raise PartitionError(f"{where} lists node '{node_name}' twice")
         seen_nodes.add(node_name)
         refs = [(n, False) for n in node.input if n]
-        for sub in _subgraphs(node):
-            refs.extend((n, True) for n in _free_names(sub))
+        for sub in subgraphs(node):
+            refs.extend((n, True) for n in free_names(sub))
         for name, in_subgraph in refs:
             if name in defined:
                 continue

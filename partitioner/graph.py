@@ -37,37 +37,7 @@ from infscaler.errors import PartitionError
 from infscaler.partitioner.cost import constant_tensors
 from infscaler.partitioner.extract import PartitionSpec
 from infscaler.partitioner.loader import LoadedModel
-
-
-def subgraph_references(node: onnx.NodeProto) -> set[str]:
-    """Outer-scope tensor names read by ``node``'s subgraphs (If / Loop / Scan bodies).
-
-    Names defined inside a subgraph (its inputs, initializers, node outputs) are excluded,
-    recursively for nested subgraphs.
-    """
-    refs: set[str] = set()
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            graphs = [attr.g]
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            graphs = list(attr.graphs)
-        else:
-            continue
-        for g in graphs:
-            defined = {i.name for i in g.input} | {i.name for i in g.initializer}
-            for n in g.node:
-                for name in list(n.input) + sorted(subgraph_references(n)):
-                    if name and name not in defined:
-                        refs.add(name)
-                defined.update(o for o in n.output if o)
-    return refs
-
-
-def node_reads(node: onnx.NodeProto) -> list[str]:
-    """All tensors a top-level node reads: its inputs plus its subgraphs' outer references."""
-    names = [i for i in node.input if i]
-    extra = subgraph_references(node) - set(names)
-    return names + sorted(extra)
+from infscaler.partitioner.subgraphs import node_reads
 
 
 @dataclass(frozen=True)

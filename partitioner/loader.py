@@ -35,6 +35,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from infscaler.errors import ModelLoadError, ShapeError
+from infscaler.partitioner.subgraphs import node_reads
 
 _TWO_GB = 2**31
 
@@ -253,7 +254,9 @@ def _check_runnable(model_bytes_or_path: bytes | str, path: Path) -> None:
         ) from None
 
 
-def _name_nodes(model: onnx.ModelProto) -> None:
+def _name_nodes(model: onnx.ModelProto) -> bool:
+    """Give every node a unique non-empty name; True when a name was changed."""
+    changed = False
     seen: set[str] = set()
     for i, node in enumerate(model.graph.node):
         if not node.name or node.name in seen:
@@ -262,7 +265,9 @@ def _name_nodes(model: onnx.ModelProto) -> None:
             while name in seen:
                 name += "_"
             node.name = name
+            changed = True
         seen.add(node.name)
+    return changed
 
 
 def _apply_input_shapes(
@@ -450,7 +455,7 @@ def load_model(
     runtime_inputs = [v for v in model.graph.input if v.name not in init_names]
     symbolic = {v.name: (_dims(v) or []) for v in runtime_inputs}
     concrete = _apply_input_shapes(model, runtime_inputs, shapes, path)
-    _name_nodes(model)
+    renamed = _name_nodes(model)
 
     try:
         if external:
@@ -473,10 +478,17 @@ def load_model(
         ) from None
 
     if check_runnable:
-        _check_runnable(str(path) if external else model.SerializeToString(), path)
+        # The file itself when only shapes differ (no re-serialisation of large weights);
+        # the renamed model when the file's node names were missing or duplicated
+        # (onnxruntime refuses duplicates).
+        by_path = external or not renamed
+        _check_runnable(str(path) if by_path else model.SerializeToString(), path)
 
     tensors = _collect_tensors(inferred)
-    needed = {o for n in inferred.graph.node for o in n.output if o} | {
+    # Tensors that something reads (a node, a subgraph, or the graph's outputs) need a
+    # shape; an optional output nobody reads (Dropout's mask) does not.
+    read = {t for n in inferred.graph.node for t in node_reads(n)}
+    needed = {o for n in inferred.graph.node for o in n.output if o and o in read} | {
         o.name for o in inferred.graph.output
     }
     unresolved = sorted(n for n in needed if n not in tensors)

@@ -387,9 +387,9 @@ def _make_session(
         ) from None
 
 
-def _run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], engine: str) -> None:
+def _run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], engine: str) -> list:
     try:
-        sess.run(None, feeds)
+        return sess.run(None, feeds)
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(
@@ -563,23 +563,14 @@ def profile_model(
     node_ms, unmatched_ms, totals = node_times_from_trace(events, node_names, skip_runs=warmup)
 
     # 2. T_o: whole-model latency, all graph optimisations.
-    so = _session_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, n_threads)
-    sess = _make_session(source, so, providers, engine)
-    for _ in range(warmup):
-        _run(sess, feeds, engine)
-    times: list[float] = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _run(sess, feeds, engine)
-        times.append((time.perf_counter() - t0) * 1000.0)
-    del sess
+    total_ms, _ = _time_session(source, feeds, engine, provider, n_threads, warmup, repeats)
 
     profile = ModelProfile(
         engine=engine,
         provider=provider,
         host=host,
         node_ms=node_ms,
-        total_ms=float(statistics.median(times)),
+        total_ms=total_ms,
         unoptimized_total_ms=float(statistics.median(totals)) if totals else 0.0,
         warmup=warmup,
         repeats=repeats,
@@ -591,6 +582,67 @@ def profile_model(
     if cache:
         _write_json_atomic(path, profile.to_dict())
     return profile
+
+
+def _time_session(
+    source: bytes | str,
+    feeds: dict[str, np.ndarray],
+    engine: str,
+    provider: str,
+    threads: int,
+    warmup: int,
+    repeats: int,
+) -> tuple[float, dict[str, np.ndarray]]:
+    """Median ms of ``repeats`` timed runs (after ``warmup``) with full optimisations,
+    and the last run's outputs by name."""
+    so = _session_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
+    sess = _make_session(source, so, _session_providers(engine, provider), engine)
+    names = [o.name for o in sess.get_outputs()]
+    for _ in range(warmup):
+        _run(sess, feeds, engine)
+    times: list[float] = []
+    outputs: list = []
+    for _ in range(max(repeats, 1)):
+        t0 = time.perf_counter()
+        outputs = _run(sess, feeds, engine)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return float(statistics.median(times)), dict(zip(names, outputs, strict=True))
+
+
+def measure_latency(
+    model: onnx.ModelProto | str | os.PathLike[str],
+    feeds: dict[str, np.ndarray],
+    *,
+    engine: str = "cpu",
+    warmup: int = 3,
+    repeats: int = 10,
+    threads: int | None = None,
+) -> tuple[float, dict[str, np.ndarray]]:
+    """One-request latency of ``model`` on ``engine`` (no cache, no per-node trace).
+
+    The partitioner times each partition with it (hardware affinity A_k^m of §IV-A) and
+    uses the outputs as the next partition's inputs, so a K-partition chain costs K
+    sessions per engine.
+
+    Args:
+        model: ModelProto or path.
+        feeds: input name -> array.
+        engine: ``cpu`` / ``gpu`` / ``dla`` (see :func:`available_engines`).
+        warmup, repeats: untimed and timed runs.
+        threads: intra-op threads (default :func:`usable_cores`).
+
+    Returns:
+        (median latency in ms with full graph optimisations, outputs of the last run by name).
+
+    Raises:
+        EngineUnavailableError: the engine is missing on this host.
+        ModelLoadError: the session cannot be created or run with ``feeds``.
+    """
+    provider = _require_engine(engine)
+    source, _ = _model_source(model)
+    return _time_session(
+        source, feeds, engine, provider, int(threads or usable_cores()), warmup, repeats
+    )
 
 
 def _read_trace(trace_file: str | None) -> list[dict[str, Any]]:

@@ -155,3 +155,29 @@ def test_read_plan_errors(tmp_path):
     (out / "part_1.onnx").unlink()
     with pytest.raises(InfScalerError, match="part_1.onnx"):
         read_plan(out)
+
+
+@pytest.mark.parametrize("alias", ["resnet50", "shufflenet"])
+def test_light_model_outputs_are_sensitive_to_weights(alias):
+    """Random weights must not saturate the softmax, or a wrong partition would not show:
+    a 1% change of the first conv's weights must move the output by more than 1e-4 of its
+    scale (the verification tolerance)."""
+    import onnxruntime as ort
+
+    from infscaler.partitioner.loader import load_model, random_feeds
+
+    loaded = load_model(resolve_model(alias))
+    feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs})
+
+    def run(model):
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(None, feeds)[0]
+
+    y = run(loaded.model)
+    assert y.max() < 0.5, "softmax saturated"
+    perturbed = onnx.ModelProto()
+    perturbed.CopyFrom(loaded.model)
+    first_conv = next(n for n in perturbed.graph.node if n.op_type == "Conv")
+    init = next(i for i in perturbed.graph.initializer if i.name == first_conv.input[1])
+    init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init) * 1.01, init.name))
+    assert np.abs(run(perturbed) - y).max() / np.abs(y).max() > 1e-4
