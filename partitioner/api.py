@@ -21,6 +21,8 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +168,9 @@ def partition_model(
         check_output_dir(Path(out_dir), force=force)
 
     progress("loading and checking the model")
-    loaded = load_model(model, shapes)
+    # onnxruntime's acceptance of the model is proven by the first profiling session
+    # (a clear ModelLoadError, before anything is written); no separate check session.
+    loaded = load_model(model, shapes, check_runnable=False)
 
     progress("computing operator costs")
     graph = OperatorGraph.from_loaded(loaded)
@@ -180,7 +184,7 @@ def partition_model(
             continue
         progress(f"profiling operators on {engine}")
         profiles[engine] = profiler.profile_model(
-            str(loaded.path) if loaded.external else loaded.model,
+            loaded.session_source,
             feeds,
             engine=engine,
             model_sha256=loaded.sha256,
@@ -217,51 +221,83 @@ def partition_model(
         slo_ms=slo_ms,
     )
 
-    progress(f"extracting {result.num_partitions} partitions")
-    specs = graph.specs(list(result.cuts))
-    parts = [extract.extract_partition(loaded, spec) for spec in specs]
+    # The parts are saved once into a staging directory beside the target (it becomes the
+    # plan directory) and every later session is built from those files: re-serialising
+    # large weights for each session dominated the run time of big models.
+    stage_parent = Path(out_dir).parent if out_dir is not None else None
+    if stage_parent is not None:
+        stage_parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".infscaler-plan-", dir=stage_parent))
+    try:
+        progress(f"extracting {result.num_partitions} partitions")
+        specs = graph.specs(list(result.cuts))
+        parts = []
+        part_files = []
+        for k, spec in enumerate(specs):
+            part = extract.extract_partition(loaded, spec)
+            part_file = stage / f"part_{k}.onnx"
+            extract.save_partition(part, part_file)
+            parts.append(part)
+            part_files.append(str(part_file))
 
-    progress("verifying the chain against the whole model")
-    verification = extract.verify_chain(loaded, parts, feeds=feeds, rtol=rtol)
-    extract.check_verification(verification)
+        progress("verifying the chain against the whole model")
+        verification = extract.verify_chain(
+            loaded, part_files, feeds=feeds, rtol=rtol, report_optimized=False
+        )
+        extract.check_verification(verification)
 
-    progress("measuring partition latency")
-    # Part k's inputs are part k-1's outputs (chain semantics): time each part once per
-    # engine and feed the next part from the cpu run's outputs (K sessions per engine).
-    part_ms: list[dict[str, float]] = [{} for _ in parts]
-    env = feeds
-    for k, (part, spec) in enumerate(zip(parts, specs, strict=True)):
-        part_feeds = {n: env[n] for n in spec.inputs}
-        for engine in profiles:
-            ms, outputs = profiler.measure_latency(
-                part, part_feeds, engine=engine, warmup=warmup, repeats=repeats, threads=threads
-            )
-            part_ms[k][engine] = ms
-            if engine == "cpu":
-                env = outputs
+        progress("measuring partition latency")
+        # Part k's inputs are part k-1's outputs (chain semantics): time each part once per
+        # engine and feed the next part from the cpu run's outputs (K sessions per engine).
+        part_ms: list[dict[str, float]] = [{} for _ in parts]
+        env = feeds
+        for k, spec in enumerate(specs):
+            part_feeds = {n: env[n] for n in spec.inputs}
+            for engine in profiles:
+                ms, outputs = profiler.measure_latency(
+                    part_files[k],
+                    part_feeds,
+                    engine=engine,
+                    warmup=warmup,
+                    repeats=repeats,
+                    threads=threads,
+                )
+                part_ms[k][engine] = ms
+                if engine == "cpu":
+                    env = outputs
+        # The optimised chain's outputs are in env now: compare them with the optimised
+        # whole model (informational: graph fusion differs across a boundary).
+        _, whole_opt = profiler.measure_latency(
+            loaded.session_source, feeds, engine="cpu", warmup=0, repeats=1, threads=threads
+        )
+        verification.optimized = extract.optimized_errors(
+            verification.reference or {}, whole_opt, {n: env[n] for n in loaded.graph_outputs}
+        )
 
-    summary = _summary(
-        loaded,
-        graph,
-        costs,
-        c,
-        result,
-        specs,
-        part_ms,
-        profiles,
-        boundary,
-        verification,
-        slo,
-        slo_ms,
-        t_p,
-        measure,
-        device,
-        engines,
-    )
-    plan = Plan(summary=summary, parts=parts)
-    if out_dir is not None:
-        progress("writing the plan")
-        write_plan(plan, Path(out_dir), force=force, save=extract.save_partition)
+        summary = _summary(
+            loaded,
+            graph,
+            costs,
+            c,
+            result,
+            specs,
+            part_ms,
+            profiles,
+            boundary,
+            verification,
+            slo,
+            slo_ms,
+            t_p,
+            measure,
+            device,
+            engines,
+        )
+        plan = Plan(summary=summary, parts=parts)
+        if out_dir is not None:
+            progress("writing the plan")
+            write_plan(plan, Path(out_dir), force=force, staged=stage)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return plan
 
 
@@ -410,7 +446,7 @@ def inspect_model(
     if profile:
         feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
         prof = profiler.profile_model(
-            str(loaded.path) if loaded.external else loaded.model,
+            loaded.session_source,
             feeds,
             engine="cpu",
             model_sha256=loaded.sha256,

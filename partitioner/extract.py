@@ -33,7 +33,7 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -547,6 +547,8 @@ class Verification:
             whole model optimised vs unoptimised -- onnxruntime's own fusion noise, the
             floor any comparison of optimised runs has. Informational, not checked;
             None when not measured or a run failed.
+        reference: the whole model's unoptimised outputs (not serialised), for callers
+            that compare optimised runs they make anyway (see :func:`optimized_errors`).
     """
 
     max_abs: float
@@ -557,6 +559,7 @@ class Verification:
     error: str | None = None
     feeds_seed: int | None = None
     optimized: dict | None = None
+    reference: dict[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @property
     def worst_output(self) -> str | None:
@@ -698,7 +701,7 @@ def verify_chain(
         feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=seed)
         used_seed = seed
     out_names = loaded.graph_outputs
-    whole_src: PartLike = str(loaded.path) if loaded.external else loaded.model
+    whole_src: PartLike = loaded.session_source
 
     def failed(msg: str) -> Verification:
         per = {n: _failed_output(loaded, n, msg) for n in out_names}
@@ -726,14 +729,32 @@ def verify_chain(
         try:
             whole_opt = run_whole(True)
             chain_opt = Chain(parts, providers, _session_options(True)).run(feeds)
-            opt_abs, opt_rel = _max_errors(whole_opt, chain_opt)
-            _, noise_rel = _max_errors(whole_opt, whole)
-            optimized = {"max_abs": opt_abs, "max_rel": opt_rel, "noise_max_rel": noise_rel}
+            optimized = optimized_errors(whole, whole_opt, chain_opt)
         except Exception:  # informational only; the unoptimised check already passed
             optimized = None
     return Verification(
-        max_abs, max_rel, per, rtol, passed, feeds_seed=used_seed, optimized=optimized
+        max_abs,
+        max_rel,
+        per,
+        rtol,
+        passed,
+        feeds_seed=used_seed,
+        optimized=optimized,
+        reference=whole,
     )
+
+
+def optimized_errors(
+    reference: Mapping[str, np.ndarray],
+    whole_optimized: Mapping[str, np.ndarray],
+    chain_optimized: Mapping[str, np.ndarray],
+) -> dict[str, float]:
+    """The :attr:`Verification.optimized` dict from outputs a caller already has:
+    ``{"max_abs", "max_rel"}`` of the optimised chain vs the optimised whole model, and
+    ``noise_max_rel`` of the optimised vs the unoptimised (``reference``) whole model."""
+    opt_abs, opt_rel = _max_errors(whole_optimized, chain_optimized)
+    _, noise_rel = _max_errors(whole_optimized, reference)
+    return {"max_abs": opt_abs, "max_rel": opt_rel, "noise_max_rel": noise_rel}
 
 
 def _failed_output(loaded: LoadedModel, name: str, reason: str) -> dict:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +76,8 @@ class LoadedModel:
         symbolic_inputs: graph input name -> the file's dims (ints, or the symbolic
             name as a string, or ``"?"`` for an anonymous dynamic dim).
         external: the model uses external data or is larger than 2 GB.
+        file_runnable: the file runs in onnxruntime as is and its node names are the
+            canonical ones (see :attr:`session_source`).
     """
 
     path: Path
@@ -87,6 +88,14 @@ class LoadedModel:
     symbolic_inputs: dict[str, list[int | str]]
     external: bool = False
     initializer_names: set[str] = field(default_factory=set)
+    file_runnable: bool = False
+
+    @property
+    def session_source(self) -> str | onnx.ModelProto:
+        """What to build an onnxruntime session of the whole model from: the file's path
+        when it runs as is and its node names are the canonical ones (no re-serialisation
+        of the weights), else the canonical model."""
+        return str(self.path) if self.file_runnable else self.model
 
     @property
     def graph_inputs(self) -> list[str]:
@@ -167,8 +176,10 @@ def _elem_dtype(value: onnx.ValueInfoProto) -> np.dtype | None:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type))
 
 
-def _read_model(path: Path) -> tuple[onnx.ModelProto, bool]:
-    """Parse the file; returns (model, uses_external_data_or_is_big)."""
+def _read_model(path: Path) -> tuple[onnx.ModelProto, bool, str]:
+    """Parse the file; returns (model, uses_external_data_or_is_big, sha256 of the file).
+
+    A file under 2 GB is read once: the same bytes are hashed and parsed."""
     if not path.exists():
         raise ModelLoadError(f"model file not found: {path}", hint="check the path")
     if path.is_dir():
@@ -179,7 +190,13 @@ def _read_model(path: Path) -> tuple[onnx.ModelProto, bool]:
     if size == 0:
         raise ModelLoadError(f"{path} is empty (0 bytes), not an ONNX model")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        if size < _TWO_GB:
+            data = path.read_bytes()
+            sha = hashlib.sha256(data).hexdigest()
+            model = onnx.load_model_from_string(data)
+            del data
+        else:
+            model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf DecodeError, or garbage that is not a ModelProto
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: the protobuf could not be parsed "
@@ -205,15 +222,14 @@ def _read_model(path: Path) -> tuple[onnx.ModelProto, bool]:
                 hint="keep the model's external data files beside the .onnx file",
             ) from None
         external = False
-    return model, external
+    return model, external, sha
 
 
-def _check(model: onnx.ModelProto, path: Path, external: bool) -> None:
+def _check(model: onnx.ModelProto, path: Path) -> None:
     try:
-        if external:
-            onnx.checker.check_model(str(path))
-        else:
-            onnx.checker.check_model(model)
+        # By path: onnx's C++ reads the file (and its external data), no Python-side
+        # re-serialisation of the weights.
+        onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0][:300]
         raise ModelLoadError(
@@ -419,6 +435,66 @@ def _set_value_info(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> N
             )
 
 
+def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX shape inference (strict, with data propagation) into ``model`` in place.
+
+    Runs on a weight-free copy of the graph: initializers over 4 KiB are declared as typed
+    graph inputs instead (same dims and dtype, so the same inferred shapes), which avoids
+    serialising large weights (the C++ inference takes a serialised model) and the 2 GB
+    protobuf limit. Small initializers stay, since data propagation may read them (shape
+    constants). The inferred ``value_info``, typed outputs and annotated subgraphs are
+    copied back.
+
+    Raises:
+        onnx.shape_inference.InferenceError: inference failed (the caller words it).
+    """
+    graph = model.graph
+    itemsize = {}
+
+    def nbytes(init: onnx.TensorProto) -> int:
+        if init.data_type not in itemsize:
+            itemsize[init.data_type] = np.dtype(
+                onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+            ).itemsize
+        return int(np.prod(init.dims, dtype=np.int64)) * itemsize[init.data_type]
+
+    big = [i for i in graph.initializer if nbytes(i) > 4096]
+    big_names = {i.name for i in big}
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    lg = light.graph
+    lg.name = graph.name
+    lg.node.extend(graph.node)
+    lg.initializer.extend(i for i in graph.initializer if i.name not in big_names)
+    lg.sparse_initializer.extend(graph.sparse_initializer)
+    lg.input.extend(graph.input)
+    declared = {v.name for v in graph.input}
+    lg.input.extend(
+        onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+        for i in big
+        if i.name not in declared
+    )
+    lg.output.extend(graph.output)
+    lg.value_info.extend(graph.value_info)
+    inferred = onnx.shape_inference.infer_shapes(
+        light, check_type=True, strict_mode=True, data_prop=True
+    )
+    del graph.value_info[:]
+    graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in big_names)
+    del graph.output[:]
+    graph.output.extend(inferred.graph.output)
+    # Inference also annotates subgraphs (If / Loop bodies) on the copy's nodes.
+    for node, done in zip(graph.node, inferred.graph.node, strict=True):
+        if any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.attribute
+        ):
+            node.CopyFrom(done)
+    return model
+
+
 def load_model(
     path: str | os.PathLike[str],
     shapes: dict[str, tuple[int, ...]] | str | None = None,
@@ -447,9 +523,8 @@ def load_model(
     path = Path(path)
     if isinstance(shapes, str) or shapes is None:
         shapes = parse_shapes(shapes)
-    model, external = _read_model(path)
-    _check(model, path, external)
-    sha = file_sha256(path)
+    model, external, sha = _read_model(path)
+    _check(model, path)
 
     init_names = {i.name for i in model.graph.initializer}
     runtime_inputs = [v for v in model.graph.input if v.name not in init_names]
@@ -458,17 +533,7 @@ def load_model(
     renamed = _name_nodes(model)
 
     try:
-        if external:
-            with tempfile.TemporaryDirectory() as tmp:
-                src = Path(tmp) / "in.onnx"
-                dst = Path(tmp) / "inferred.onnx"
-                onnx.save(model, str(src))
-                onnx.shape_inference.infer_shapes_path(str(src), str(dst), True, True, True)
-                inferred = onnx.load(str(dst), load_external_data=False)
-        else:
-            inferred = onnx.shape_inference.infer_shapes(
-                model, check_type=True, strict_mode=True, data_prop=True
-            )
+        inferred = _infer_shapes(model)
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0][:300]
         raise ShapeError(
@@ -519,6 +584,7 @@ def load_model(
         symbolic_inputs=symbolic,
         external=external,
         initializer_names=init_names,
+        file_runnable=external or not renamed,
     )
 
 

@@ -84,6 +84,7 @@ def write_plan(
     *,
     force: bool = False,
     save: Callable[[onnx.ModelProto, Path], None] | None = None,
+    staged: Path | None = None,
 ) -> Path:
     """Write ``plan`` to ``out_dir`` atomically (temp dir + rename).
 
@@ -94,6 +95,9 @@ def write_plan(
         force: replace an earlier plan directory.
         save: function writing one part (default ``onnx.save``); the partitioner passes
             one that uses external data for parts over 2 GB.
+        staged: a directory beside ``out_dir`` where the parts were already saved (by the
+            partitioner); ``plan.yaml`` is added to it and it is renamed into place, so
+            the weights are not written twice. It is consumed.
 
     Returns:
         ``out_dir``.
@@ -105,11 +109,18 @@ def write_plan(
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force=force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    if staged is not None:
+        tmp = Path(staged)
+        missing = [m["file"] for m in plan.summary["partitions"] if not (tmp / m["file"]).is_file()]
+        if missing:
+            raise PartitionError(f"staged plan directory {tmp} lacks {', '.join(missing)}")
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        saver = save or (lambda m, p: onnx.save(m, str(p)))
-        for part, meta in zip(plan.parts, plan.summary["partitions"], strict=True):
-            saver(part, tmp / meta["file"])
+        if staged is None:
+            saver = save or (lambda m, p: onnx.save(m, str(p)))
+            for part, meta in zip(plan.parts, plan.summary["partitions"], strict=True):
+                saver(part, tmp / meta["file"])
         with open(tmp / PLAN_FILE, "w") as f:
             yaml.safe_dump(plan.summary, f, sort_keys=False, width=100)
         os.chmod(tmp, 0o755)

@@ -446,8 +446,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _model_source(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[bytes | str, list[str]]:
-    """(bytes or path for InferenceSession, top-level node names)."""
+def _model_source(
+    model: onnx.ModelProto | str | os.PathLike[str], *, node_names: bool = True
+) -> tuple[bytes | str, list[str]]:
+    """(bytes or path for InferenceSession, top-level node names; [] unless asked)."""
     if isinstance(model, onnx.ModelProto):
         try:
             data = model.SerializeToString()
@@ -460,6 +462,8 @@ def _model_source(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[byte
     path = Path(model)
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {path}", hint="check the path")
+    if not node_names:
+        return str(path), []
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
@@ -639,7 +643,7 @@ def measure_latency(
         ModelLoadError: the session cannot be created or run with ``feeds``.
     """
     provider = _require_engine(engine)
-    source, _ = _model_source(model)
+    source, _ = _model_source(model, node_names=False)
     return _time_session(
         source, feeds, engine, provider, int(threads or usable_cores()), warmup, repeats
     )
