@@ -1,4 +1,62 @@
 """Token-based zero-copy tensor sharing on shared / unified memory (InfScaler §IV-B, Fig. 4).
 
-Not built yet: see the tensor-sharing issue.
+- :mod:`infscaler.shm.token` -- the 32-byte token that names a slot (and the control
+  path's message kinds: DATA, FAULT, GRANT, FREE, BUSY, ERROR).
+- :mod:`infscaler.shm.pool` -- :class:`TensorPool` (manager side: POSIX shared-memory
+  slabs carved into slots by size class, lazy allocation on token faults up to a memory
+  cap with back-pressure, leases, reclaim, idle release) and :class:`SlabMap` (instance
+  side: attach slabs by name, zero copy).
+- :mod:`infscaler.shm.tensors` -- the slot layout: named numpy tensors behind a small
+  header, read as zero-copy views.
+- :mod:`infscaler.shm.unified` -- Jetson unified memory: register a slab with CUDA so
+  the iGPU / DLA read it in place (pycuda, imported lazily; reports unavailability).
+
+A producer's path: FAULT for ``tensors_nbytes(outputs)`` -> GRANT token ->
+``SlabMap.slot_view(token)`` -> ``allocate_tensors`` / ``write_tensors`` -> DATA token to
+the next stage -> the consumer's ``read_tensors(slab_map.slot_view(token))`` -> FREE.
 """
+
+from infscaler.shm.pool import (
+    DEFAULT_SIZE_CLASSES,
+    PoolError,
+    SlabMap,
+    SlotRef,
+    TensorPool,
+    remove_stale_slabs,
+    slab_name,
+)
+from infscaler.shm.tensors import (
+    SlotFormatError,
+    allocate_tensors,
+    read_tensors,
+    tensors_nbytes,
+    write_tensors,
+)
+from infscaler.shm.token import TOKEN_SIZE, Token, TokenError, TokenKind
+from infscaler.shm.unified import (
+    UnifiedMemoryUnavailable,
+    UnifiedSlab,
+    unified_memory_available,
+)
+
+__all__ = [
+    "DEFAULT_SIZE_CLASSES",
+    "TOKEN_SIZE",
+    "PoolError",
+    "SlabMap",
+    "SlotFormatError",
+    "SlotRef",
+    "TensorPool",
+    "Token",
+    "TokenError",
+    "TokenKind",
+    "UnifiedMemoryUnavailable",
+    "UnifiedSlab",
+    "allocate_tensors",
+    "read_tensors",
+    "remove_stale_slabs",
+    "slab_name",
+    "tensors_nbytes",
+    "unified_memory_available",
+    "write_tensors",
+]
