@@ -1,5 +1,47 @@
-"""Control path for token handover: eBPF sockmap redirect, with a user-space fallback
-(InfScaler §IV-B, "eBPF-based event-driven sharing").
+"""Control path for token handover and token faults (InfScaler §IV-B, "eBPF-based
+event-driven sharing"): an eBPF sockmap redirect of 32-byte tokens, with a user-space
+channel as fallback.
 
-Not built yet: see the tensor-sharing issue.
+- :func:`open_channel` -- probe, then the eBPF channel or the user-space one (one log
+  line saying why); :func:`ebpf_available` -- the probe alone.
+- :class:`Channel` -- the manager side: add / remove instances, manager traffic, stats.
+- :class:`Endpoint` -- an instance's side of its connection (any process).
+- ``tokenbus.bpf.c`` -- the SK_MSG program; :mod:`.build` compiles it, :mod:`.libbpf`
+  loads it; :mod:`.sockmap` and :mod:`.userspace` are the two channels;
+  :mod:`.loadgen` drives them with producer / consumer processes.
 """
+
+from infscaler.ebpf.channel import (
+    MAX_BATCH,
+    MAX_INSTANCE_ID,
+    MAX_PER_STAGE,
+    MAX_STAGES,
+    MAX_TRACKED,
+    POLICIES,
+    Channel,
+    Endpoint,
+    ebpf_available,
+    frame_fields,
+    open_channel,
+    pack_frame,
+)
+from infscaler.ebpf.errors import BpfBuildError, ChannelClosed, ChannelError, EbpfUnavailableError
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_INSTANCE_ID",
+    "MAX_PER_STAGE",
+    "MAX_STAGES",
+    "MAX_TRACKED",
+    "POLICIES",
+    "BpfBuildError",
+    "Channel",
+    "ChannelClosed",
+    "ChannelError",
+    "EbpfUnavailableError",
+    "Endpoint",
+    "ebpf_available",
+    "frame_fields",
+    "open_channel",
+    "pack_frame",
+]

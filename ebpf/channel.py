@@ -1,0 +1,643 @@
+"""The control channel: token handover and token faults (InfScaler §IV-B, Fig. 4).
+
+One interface, two implementations chosen at start-up by :func:`open_channel`:
+
+- ``ebpf`` (:class:`~infscaler.ebpf.sockmap.EbpfChannel`): instance sockets are TCP
+  loopback connections in a SOCKMAP; the SK_MSG program ``ebpf/tokenbus.bpf.c`` reads
+  each 32-byte token and redirects it, in the kernel, into the receive queue of one
+  consumer instance of the token's stage. The manager holds the map and program fds and
+  inserts / removes sockets; instances need no capability.
+- ``userspace`` (:class:`~infscaler.ebpf.userspace.UserspaceChannel`): the same tokens
+  over AF_UNIX SOCK_SEQPACKET socket pairs and an event-driven router thread in the
+  manager, for hosts without CAP_BPF + CAP_NET_ADMIN.
+
+Both route and account the same way:
+
+- **DATA** for stage *s* goes to one live instance of *s*: ``round-robin`` (a cursor per
+  sending socket and stage: every producer spreads its own tokens evenly, exact for any
+  number of producers) or ``least-loaded`` (fewest in-flight tokens; ties broken by that
+  cursor).
+- **In flight / acknowledgement.** A DATA token delivered to instance *X* is *in flight*
+  until *X* sends a DATA (the hand-over to the next stage) or FREE token **with the same
+  request id**; the sender is identified by its socket, not by the token's ``instance``
+  field. :meth:`Channel.remove_instance` returns the tokens still in flight (delivered
+  and not acknowledged: queued, or read by an instance that died before acknowledging),
+  so the caller can :meth:`Channel.route` them elsewhere: delivery is at least once
+  towards a killed instance, exactly once per acknowledgement.
+- **To the manager** (:meth:`Channel.manager_recv`): FAULT, FREE, any non-DATA token an
+  instance sends, and DATA that cannot be delivered (unknown stage, no live instance,
+  in-flight table full, duplicate in-flight request). Never dropped.
+- **A dead instance** is the supervisor's to notice (it sees the process exit) and to
+  report with :meth:`Channel.remove_instance`. Until then the eBPF channel keeps routing
+  to it (the manager holds a reference to every instance socket, so its queue survives
+  the process and every token stays reclaimable); the user-space router stops routing to
+  a socket at EOF by itself. Either way its tokens stay in flight until reclaimed.
+- **Rejected** and counted in :meth:`Channel.stats` (never delivered to anyone): bad
+  magic, bad CRC-32, unknown kind, and a send that ends in a partial frame (``short``).
+  A token for an *unknown stage* is counted under ``rejected`` too and handed to the
+  manager, which can answer the sender with an ERROR token.
+
+Framing: a send must carry whole 32-byte frames (:class:`Endpoint` always does, at
+most :data:`MAX_BATCH` tokens per send). The eBPF program parses each send from its
+first byte in 32-byte steps, the user-space router each SEQPACKET record likewise, so a
+torn write damages only itself (counted as ``short``), never a neighbour's tokens.
+
+Back-pressure (notes pitfall 3: SK_MSG has none, a consumer's queue grows without
+bound): tokens are credits. A producer sends DATA only for slots it holds (GRANTs from
+the manager), so the in-flight total is bounded by the token pool; the in-flight table
+(:data:`MAX_TRACKED`) is a hard backstop (overflow goes to the manager).
+
+Sources: InfScaler §IV-B; shared/notes/ebpf.md (measured on kernel 6.18); kernel
+Documentation/bpf/map_sockmap.rst.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import select
+import socket
+import struct
+import time
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+from infscaler.ebpf.errors import ChannelClosed, ChannelError, EbpfUnavailableError
+from infscaler.shm.token import NO_SLAB, TOKEN_FORMAT, TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
+
+log = logging.getLogger("infscaler.ebpf")
+
+POLICIES = ("least-loaded", "round-robin")
+#: Stages 0 .. MAX_STAGES-1 (the eBPF object's TB_MAX_STAGES).
+MAX_STAGES = 64
+#: Live instances per stage (TB_PER_STAGE).
+MAX_PER_STAGE = 16
+#: Instance ids are the token's u16 ``instance`` field.
+MAX_INSTANCE_ID = 0xFFFF
+#: DATA tokens in flight over all instances (TB_MAX_TRACKED).
+MAX_TRACKED = 65536
+#: Tokens per send (4096 bytes): one kernel sk_msg, routed token by token.
+MAX_BATCH = 128
+
+REJECT_REASONS = ("bad_magic", "bad_crc", "bad_kind", "short", "unknown_stage")
+_RECV_BUF = 64 * 1024
+_SEND_RETRIES = 3
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + max(0.0, timeout)
+
+
+def _remaining_ms(deadline: float | None) -> int | None:
+    if deadline is None:
+        return None
+    return max(0, math.ceil((deadline - time.monotonic()) * 1000))
+
+
+_FRAME = struct.Struct("<" + TOKEN_FORMAT[1:] + "I")  # the 32 bytes, CRC included
+_BODY = struct.Struct(TOKEN_FORMAT)
+_CRC = struct.Struct("<I")
+
+
+def pack_frame(
+    kind: int,
+    stage: int = 0,
+    slab: int = NO_SLAB,
+    instance: int = 0,
+    slot: int = 0,
+    offset: int = 0,
+    length: int = 0,
+    request: int = 0,
+) -> bytes:
+    """The 32 wire bytes of a token, without building a :class:`Token` (the same bytes
+    as ``Token(...).pack()``, about 4x cheaper: for high-rate producers).
+
+    Raises:
+        struct.error: a field out of range.
+    """
+    body = _BODY.pack(TOKEN_MAGIC, kind, stage, slab, instance, slot, offset, length, request)
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def frame_fields(data: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, ...]:
+    """(magic, kind, stage, slab, instance, slot, offset, length, request, crc) of the
+    frame at ``offset``, unchecked: for frames from :meth:`Endpoint.recv_bytes`."""
+    return _FRAME.unpack_from(data, offset)
+
+
+def valid_frame(view: bytes | bytearray | memoryview, off: int = 0) -> bool:
+    """True if the 32 bytes at ``off`` are a token: magic, kind 1..6, CRC-32."""
+    return (
+        view[off] == TOKEN_MAGIC
+        and 1 <= view[off + 1] <= 6
+        and zlib.crc32(view[off : off + 28]) == _CRC.unpack_from(view, off + 28)[0]
+    )
+
+
+class Endpoint:
+    """One side of a control connection: an instance's, or the manager's own.
+
+    Wraps a stream (TCP, eBPF channel) or SEQPACKET (user-space channel) socket, usable
+    in any process (pass the socket by fd inheritance or SCM_RIGHTS, then wrap it).
+    The socket is switched to non-blocking mode; waiting is done in ``poll(2)``, so a
+    blocked :meth:`recv` sleeps in the kernel until a token arrives (event-driven, no
+    polling loop).
+
+    Malformed input: a received 32-byte frame that is not a valid token (cannot happen
+    behind either router, which check magic, CRC and kind) is counted in
+    :attr:`rejected` and skipped; the stream stays aligned. A partial frame left at EOF
+    is counted in :attr:`truncated`.
+
+    Two ways to read: :meth:`recv` / :meth:`recv_many` return :class:`Token` objects;
+    :meth:`recv_bytes` returns the validated 32-byte frames as they are (no object per
+    token: the high-rate path; decode fields with :func:`frame_fields`).
+
+    Args:
+        sock: the socket (or its fd) returned by :meth:`Channel.add_instance`.
+        instance: this instance's id (informational).
+    """
+
+    def __init__(self, sock: socket.socket | int, instance: int | None = None) -> None:
+        if isinstance(sock, int):
+            sock = socket.socket(fileno=sock)
+        self._sock = sock
+        self._sock.setblocking(False)
+        self.instance = instance
+        self.rejected = 0
+        self.truncated = 0
+        self._ready = bytearray()  # validated frames not yet returned
+        self._head = 0  # read offset into _ready
+        self._partial = b""
+        self._rx = bytearray(_RECV_BUF)
+        self._rxv = memoryview(self._rx)
+        self._poll = select.poll()
+        self._poll.register(self._sock.fileno(), select.POLLIN)
+        self._closed = False
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, token: Token, timeout: float | None = None) -> None:
+        """Send one token. See :meth:`send_bytes` for errors."""
+        self.send_bytes(token.pack(), timeout)
+
+    def send_many(self, tokens: Iterable[Token], timeout: float | None = None) -> None:
+        """Send tokens, :data:`MAX_BATCH` per send call (each still routed one by one).
+
+        Raises: see :meth:`send_bytes`.
+        """
+        self.send_bytes(b"".join(t.pack() for t in tokens), timeout)
+
+    def send_bytes(
+        self, data: bytes | bytearray | memoryview, timeout: float | None = None
+    ) -> None:
+        """Send packed tokens (a multiple of 32 bytes), :data:`MAX_BATCH` per send call.
+
+        Blocks (in poll) while the socket's send buffer is full, up to ``timeout``
+        seconds (None: no limit).
+
+        Raises:
+            ValueError: ``len(data)`` is not a multiple of 32.
+            TimeoutError: the send buffer stayed full past ``timeout``.
+            ChannelClosed: the channel or this instance's connection is gone (EPIPE,
+                ECONNRESET, or EACCES: the eBPF program had no route at all, i.e. the
+                channel is being closed).
+            ChannelError: the kernel split a frame (never expected; nothing is resent).
+        """
+        view = memoryview(data).cast("B")
+        if len(view) % TOKEN_SIZE:
+            raise ValueError(f"send whole {TOKEN_SIZE}-byte tokens, got {len(view)} bytes")
+        deadline = _deadline(timeout)
+        step = MAX_BATCH * TOKEN_SIZE
+        for start in range(0, len(view), step):
+            self._send_chunk(view[start : start + step], deadline)
+
+    def _send_chunk(self, view: memoryview, deadline: float | None) -> None:
+        failures = 0
+        while view:
+            try:
+                n = self._sock.send(view)
+            except BlockingIOError:
+                self._wait(select.POLLOUT, deadline, "send")
+                continue
+            except InterruptedError:
+                continue
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                # eBPF: EPIPE also reports a redirect target that vanished after the
+                # program chose it (the token was not queued): resending re-routes it.
+                failures += 1
+                if failures >= _SEND_RETRIES:
+                    raise ChannelClosed(f"control connection closed: {exc}") from None
+                time.sleep(0.001 * failures)
+                continue
+            except PermissionError:
+                raise ChannelClosed(
+                    "the eBPF router refused the send (EACCES): the channel is closed"
+                ) from None
+            except OSError as exc:
+                if exc.errno in (errno.ENOMEM, errno.ENOBUFS) and failures < _SEND_RETRIES:
+                    failures += 1
+                    time.sleep(0.001 * failures)
+                    continue
+                raise ChannelError(f"send failed: {exc}") from None
+            if n % TOKEN_SIZE:
+                raise ChannelError(f"the kernel accepted {n} bytes: a token was split")
+            view = view[n:]
+
+    # -- receiving -----------------------------------------------------------------------
+    def recv(self, timeout: float | None = None) -> Token:
+        """The next token, blocking up to ``timeout`` seconds (None: forever).
+
+        Raises:
+            TimeoutError: nothing arrived in time.
+            ChannelClosed: the peer closed (instance removed or channel closed).
+        """
+        toks = self.recv_many(1, timeout)
+        if not toks:
+            raise TimeoutError(f"no token within {timeout} s")
+        return toks[0]
+
+    def recv_many(self, max_tokens: int = MAX_BATCH, timeout: float | None = None) -> list[Token]:
+        """Up to ``max_tokens`` tokens: whatever has arrived, waiting for the first one up
+        to ``timeout`` seconds (0: do not wait; None: forever).
+
+        Returns:
+            The tokens, oldest first; an empty list if none arrived in time.
+
+        Raises:
+            ChannelClosed: the peer closed and nothing is left to read.
+        """
+        data = self.recv_bytes(max_tokens, timeout)
+        unpack = Token.unpack
+        return [unpack(data[i : i + TOKEN_SIZE]) for i in range(0, len(data), TOKEN_SIZE)]
+
+    def recv_bytes(self, max_tokens: int = MAX_BATCH, timeout: float | None = None) -> bytes:
+        """Like :meth:`recv_many`, but the validated frames as one ``bytes`` object
+        (``32 * n`` bytes; empty on timeout).
+
+        Raises:
+            ChannelClosed: the peer closed and nothing is left to read.
+        """
+        if self._head >= len(self._ready):
+            deadline = _deadline(timeout)
+            while not self._fill():
+                if deadline is not None and time.monotonic() >= deadline:
+                    return b""
+                self._wait(select.POLLIN, deadline, None)
+        end = min(len(self._ready), self._head + max_tokens * TOKEN_SIZE)
+        out = bytes(self._ready[self._head : end])
+        self._head = end
+        if self._head >= len(self._ready):
+            self._ready.clear()
+            self._head = 0
+        return out
+
+    def pending(self) -> int:
+        """Tokens already received and buffered (returned without a system call)."""
+        return (len(self._ready) - self._head) // TOKEN_SIZE
+
+    def _fill(self) -> bool:
+        """One non-blocking read; True if frames are ready afterwards."""
+        try:
+            n = self._sock.recv_into(self._rx)
+        except (BlockingIOError, InterruptedError):
+            return self._head < len(self._ready)
+        except ConnectionResetError:
+            n = 0
+        if n == 0:
+            if self._partial:
+                self.truncated += 1
+                self._partial = b""
+            if self._head < len(self._ready):
+                return True
+            raise ChannelClosed("control connection closed by the peer")
+        data: bytes | memoryview = self._rxv[:n]
+        if self._partial:
+            data = memoryview(self._partial + bytes(data))
+            self._partial = b""
+        full = len(data) - len(data) % TOKEN_SIZE
+        if full < len(data):
+            self._partial = bytes(data[full:])
+        ready = self._ready
+        crc32 = zlib.crc32
+        crc_at = _CRC.unpack_from
+        for off in range(0, full, TOKEN_SIZE):
+            if (
+                data[off] == TOKEN_MAGIC
+                and 1 <= data[off + 1] <= 6
+                and crc32(data[off : off + 28]) == crc_at(data, off + 28)[0]
+            ):
+                ready += data[off : off + TOKEN_SIZE]
+            else:
+                self.rejected += 1
+        return self._head < len(self._ready)
+
+    def _wait(self, events: int, deadline: float | None, what: str | None) -> None:
+        self._poll.modify(self._sock.fileno(), events)
+        ms = _remaining_ms(deadline)
+        ready = self._poll.poll(ms)
+        if not ready and what is not None and deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} blocked past its timeout")
+
+    def fileno(self) -> int:
+        """The socket's fd (for selectors)."""
+        return self._sock.fileno()
+
+    @property
+    def socket(self) -> socket.socket:
+        """The wrapped socket (tests use it to send raw, malformed bytes)."""
+        return self._sock
+
+    def close(self) -> None:
+        """Close the socket (an instance that closes simply stops receiving)."""
+        if not self._closed:
+            self._closed = True
+            self._sock.close()
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise ChannelError(f"unknown routing policy {policy!r}", hint=f"use one of {POLICIES}")
+    return policy
+
+
+class Channel(ABC):
+    """Manager side of the control path (lives in the service process).
+
+    Attributes:
+        kind: ``'ebpf'`` or ``'userspace'``.
+        policy: ``'least-loaded'`` or ``'round-robin'``.
+        reason: why this implementation was chosen (the probe's verdict).
+    """
+
+    kind: str = ""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = _check_policy(policy)
+        self.reason = ""
+        self._stage_of: dict[int, int] = {}
+
+    # -- membership ------------------------------------------------------------------------
+    @abstractmethod
+    def add_instance(self, stage: int, instance: int) -> socket.socket:
+        """Create instance ``instance``'s connection and route DATA for ``stage`` to it.
+
+        Returns:
+            The instance-side socket: hand it to the instance process (fd inheritance,
+            SCM_RIGHTS) and close the caller's copy; the instance wraps it in
+            :class:`Endpoint`. The manager keeps its own side.
+
+        Raises:
+            ChannelError: stage outside 0..MAX_STAGES-1, instance id outside 0..65535 or
+                already added, or the stage already has :data:`MAX_PER_STAGE` instances.
+        """
+
+    @abstractmethod
+    def remove_instance(self, instance: int) -> list[Token]:
+        """Stop routing to ``instance`` and reclaim its in-flight DATA tokens.
+
+        Call it once the instance has stopped (killed or exited): a live instance could
+        still process tokens that are also returned here (for a graceful scale-in, let
+        the instance drain and acknowledge first). The instance's socket sees EOF once
+        its queue is empty.
+
+        Returns:
+            The DATA tokens delivered to it and not acknowledged (order unspecified):
+            route them elsewhere with :meth:`route`.
+
+        Raises:
+            ChannelError: unknown instance.
+        """
+
+    def instances(self) -> dict[int, int]:
+        """Registered instances: id -> stage."""
+        return dict(self._stage_of)
+
+    # -- manager traffic --------------------------------------------------------------------
+    def manager_recv(self, timeout: float | None = None) -> Token | None:
+        """The next token for the manager (FAULT, FREE, undeliverable DATA, ...), waiting
+        up to ``timeout`` seconds (None: forever); None on timeout.
+
+        Raises:
+            ChannelClosed: the channel was closed.
+        """
+        toks = self.manager_recv_many(1, timeout)
+        return toks[0] if toks else None
+
+    def manager_recv_many(
+        self, max_tokens: int = MAX_BATCH, timeout: float | None = None
+    ) -> list[Token]:
+        """Up to ``max_tokens`` tokens for the manager; [] on timeout. See :meth:`manager_recv`."""
+        data = self.manager_recv_bytes(max_tokens, timeout)
+        return [Token.unpack(data[i : i + TOKEN_SIZE]) for i in range(0, len(data), TOKEN_SIZE)]
+
+    @abstractmethod
+    def manager_recv_bytes(
+        self, max_tokens: int = MAX_BATCH, timeout: float | None = None
+    ) -> bytes:
+        """:meth:`manager_recv_many` as validated 32-byte frames (the high-rate path)."""
+
+    def manager_send(self, instance: int, token: Token) -> None:
+        """Send ``token`` (GRANT / BUSY / ERROR reply, or re-injected DATA) to one instance.
+
+        The token travels with its ``instance`` field set to the destination (tokens from
+        the manager carry the instance they are for). A DATA token sent this way is in
+        flight at that instance like a routed one.
+
+        Raises:
+            ChannelError: unknown instance.
+        """
+        self.manager_send_many(instance, [token])
+
+    def manager_send_many(self, instance: int, tokens: Iterable[Token]) -> None:
+        """:meth:`manager_send` for several tokens (one system call per :data:`MAX_BATCH`)."""
+        self.manager_send_bytes(instance, self._pack_direct(instance, tokens))
+
+    @abstractmethod
+    def manager_send_bytes(self, instance: int, data: bytes) -> None:
+        """Send packed tokens whose ``instance`` field already names ``instance``.
+
+        Raises:
+            ChannelError: unknown instance, or a frame addressed to another instance.
+            ValueError: ``len(data)`` not a multiple of 32.
+        """
+
+    def route(self, token: Token) -> None:
+        """Inject a DATA token for its stage, routed by the policy like a producer's
+        (re-routing reclaimed work). Undeliverable tokens come back via :meth:`manager_recv`.
+
+        Raises:
+            ChannelError: not a DATA token.
+        """
+        self.route_many([token])
+
+    @abstractmethod
+    def route_many(self, tokens: Iterable[Token]) -> None:
+        """:meth:`route` for several tokens."""
+
+    # -- introspection ----------------------------------------------------------------------
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Counters, the same keys for both implementations.
+
+        - ``kind``, ``policy``
+        - ``delivered``: DATA delivered to instances (routed + :meth:`manager_send`)
+        - ``acked``: in-flight tokens acknowledged
+        - ``to_manager``: tokens handed to the manager (FAULT, FREE, undeliverable DATA)
+        - ``direct``: tokens the manager sent to one instance
+        - ``rejected``: {``bad_magic``, ``bad_crc``, ``bad_kind``, ``short``,
+          ``unknown_stage``}; ``rejected_total``: their sum
+        - ``no_instance``: DATA for a registered stage without a live instance
+        - ``redirect_failed``: the chosen instance vanished under the router (eBPF)
+        - ``inflight_full``: in-flight table full (:data:`MAX_TRACKED`)
+        - ``inflight_duplicate``: same (request, instance) already in flight
+        - ``dead_letters``: non-DATA tokens for an instance whose socket had closed
+        - ``instances``: {id: {``stage``, ``live``, ``delivered``, ``acked``,
+          ``inflight``}, plus ``reclaimed`` once removed}
+        - ``stages``: {stage: {``instances`` (live ids), ``delivered``, ``inflight``}}
+
+        The eBPF channel adds diagnostics: ``pulled`` (tokens that straddled two pages,
+        linearised in the kernel), ``unregistered``, ``trash_bytes``.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Tear down: instances see EOF. Idempotent."""
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- shared validation -------------------------------------------------------------------
+    def _check_new(self, stage: int, instance: int) -> None:
+        if not 0 <= stage < MAX_STAGES:
+            raise ChannelError(f"stage {stage} outside 0..{MAX_STAGES - 1}")
+        if not 0 <= instance <= MAX_INSTANCE_ID:
+            raise ChannelError(f"instance id {instance} outside 0..{MAX_INSTANCE_ID}")
+        if instance in self._stage_of:
+            raise ChannelError(f"instance {instance} is already registered")
+
+    def _check_known(self, instance: int) -> int:
+        try:
+            return self._stage_of[instance]
+        except KeyError:
+            raise ChannelError(f"unknown instance {instance}") from None
+
+    @staticmethod
+    def _pack_route(tokens: Iterable[Token]) -> bytes:
+        out = []
+        for t in tokens:
+            if t.kind != TokenKind.DATA:
+                raise ChannelError(f"route() takes DATA tokens, got {t.kind.name}")
+            out.append(t.pack())
+        return b"".join(out)
+
+    @staticmethod
+    def _check_addressed(instance: int, data: bytes) -> None:
+        if len(data) % TOKEN_SIZE:
+            raise ValueError(f"send whole {TOKEN_SIZE}-byte tokens, got {len(data)} bytes")
+        lo, hi = instance & 0xFF, instance >> 8
+        for off in range(0, len(data), TOKEN_SIZE):
+            if data[off + 6] != lo or data[off + 7] != hi:
+                raise ChannelError(
+                    f"frame {off // TOKEN_SIZE} is addressed to instance "
+                    f"{data[off + 6] | data[off + 7] << 8}, not {instance}"
+                )
+
+    @staticmethod
+    def _pack_direct(instance: int, tokens: Iterable[Token]) -> bytes:
+        return b"".join(
+            Token(t.kind, t.stage, t.slab, instance, t.slot, t.offset, t.length, t.request).pack()
+            for t in tokens
+        )
+
+
+def ebpf_available() -> tuple[bool, str]:
+    """Can the eBPF channel run here? Creates a 1-entry SOCKMAP (the capability probe),
+    opens libbpf.so.1, and builds (or finds) the BPF object.
+
+    Returns:
+        (True, what was found) or (False, why not, with what to do).
+    """
+    from infscaler.ebpf import build, libbpf
+
+    try:
+        libbpf.probe_sockmap()
+    except libbpf.BpfError as exc:
+        if exc.errno == errno.EPERM:
+            try:
+                with open("/proc/sys/kernel/unprivileged_bpf_disabled") as f:
+                    sysctl = f" (kernel.unprivileged_bpf_disabled={f.read().strip()})"
+            except OSError:
+                sysctl = ""
+            return False, (
+                "no CAP_BPF + CAP_NET_ADMIN: creating a SOCKMAP failed with EPERM"
+                f"{sysctl}; run the manager as root or grant it cap_bpf,cap_net_admin"
+            )
+        if exc.errno == errno.EINVAL:
+            return False, "the kernel cannot create a SOCKMAP (EINVAL): no sockmap support"
+        return False, f"bpf() probe failed: {exc}"
+    try:
+        version = libbpf.libbpf_version()
+    except libbpf.BpfError as exc:
+        return False, str(exc)
+    try:
+        path = build.build_object()
+    except EbpfUnavailableError as exc:
+        return False, str(exc)
+    return True, f"SOCKMAP created; libbpf {version}; object {path}"
+
+
+def open_channel(prefer: str = "auto", policy: str = "least-loaded") -> Channel:
+    """Open the control channel.
+
+    Args:
+        prefer: ``'auto'`` (eBPF when :func:`ebpf_available` and the program loads,
+            else user space, with ONE log line on ``infscaler.ebpf`` saying why),
+            ``'ebpf'`` (raise if unavailable), ``'userspace'`` (force the fallback).
+        policy: ``'least-loaded'`` or ``'round-robin'``.
+
+    Raises:
+        EbpfUnavailableError: ``prefer='ebpf'`` and the eBPF channel cannot run (the
+            message says why).
+        ChannelError: unknown ``prefer`` or ``policy``.
+    """
+    from infscaler.ebpf.userspace import UserspaceChannel
+
+    _check_policy(policy)
+    if prefer not in ("auto", "ebpf", "userspace"):
+        raise ChannelError(f"unknown channel preference {prefer!r}", hint="auto, ebpf or userspace")
+    if prefer == "userspace":
+        ch: Channel = UserspaceChannel(policy)
+        ch.reason = "forced (prefer='userspace')"
+        log.info("control channel: user-space AF_UNIX router (%s)", ch.reason)
+        return ch
+    ok, why = ebpf_available()
+    if ok:
+        from infscaler.ebpf.sockmap import EbpfChannel
+
+        try:
+            ch = EbpfChannel(policy)
+            ch.reason = why
+            log.info("control channel: eBPF sockmap, %s routing (%s)", policy, why)
+            return ch
+        except EbpfUnavailableError as exc:
+            ok, why = False, str(exc)
+    if prefer == "ebpf":
+        raise EbpfUnavailableError(f"eBPF control channel unavailable: {why}")
+    ch = UserspaceChannel(policy)
+    ch.reason = why
+    one_line = " | ".join(ln.strip() for ln in why.splitlines() if ln.strip())
+    log.warning(
+        "control channel: eBPF unavailable, using the user-space AF_UNIX router: %s", one_line
+    )
+    return ch
