@@ -83,6 +83,57 @@ MAX_TRACKED = 65536
 MAX_BATCH = 128
 
 REJECT_REASONS = ("bad_magic", "bad_crc", "bad_kind", "short", "unknown_stage")
+
+
+def build_stats(
+    kind: str,
+    policy: str,
+    counters: dict[str, int],
+    rejected: dict[str, int],
+    instances: dict[int, dict[str, Any]],
+    **extra: Any,
+) -> dict[str, Any]:
+    """The :meth:`Channel.stats` dict both channels return (same keys, so callers and
+    tests need not care which channel runs).
+
+    Args:
+        kind, policy: the channel's.
+        counters: ``delivered``, ``acked``, ``to_manager``, ``direct``, ``no_instance``,
+            ``redirect_failed``, ``inflight_full``, ``inflight_duplicate``, ``dead_letters``.
+        rejected: count per reason in :data:`REJECT_REASONS`.
+        instances: instance id -> ``{"stage", "live", "delivered", "acked", "inflight"}``.
+        extra: channel-specific keys.
+    """
+    stages: dict[int, dict[str, Any]] = {}
+    for iid, row in instances.items():
+        st = stages.setdefault(row["stage"], {"instances": [], "delivered": 0, "inflight": 0})
+        if row["live"]:
+            st["instances"].append(iid)
+        st["delivered"] += row["delivered"]
+        st["inflight"] += row["inflight"]
+    keys = (
+        "delivered",
+        "acked",
+        "to_manager",
+        "direct",
+        "no_instance",
+        "redirect_failed",
+        "inflight_full",
+        "inflight_duplicate",
+        "dead_letters",
+    )
+    return {
+        "kind": kind,
+        "policy": policy,
+        **{k: counters[k] for k in keys},
+        "rejected": dict(rejected),
+        "rejected_total": sum(rejected.values()),
+        **extra,
+        "instances": instances,
+        "stages": stages,
+    }
+
+
 _RECV_BUF = 64 * 1024
 _SEND_RETRIES = 3
 

@@ -53,8 +53,10 @@ from infscaler.ebpf.channel import (
     MAX_PER_STAGE,
     MAX_STAGES,
     MAX_TRACKED,
+    REJECT_REASONS,
     Channel,
     Endpoint,
+    build_stats,
 )
 from infscaler.ebpf.errors import ChannelClosed, ChannelError, EbpfUnavailableError
 from infscaler.shm.token import Token
@@ -391,7 +393,6 @@ class EbpfChannel(Channel):
             sh = self._shared()
             c = {name: int(sh.counters[i]) for name, i in COUNTERS.items()}
             insts: dict[int, dict[str, Any]] = dict(self._history)
-            stages: dict[int, dict[str, Any]] = {}
             for inst in self._inst.values():
                 insts[inst.instance] = {
                     "stage": inst.stage,
@@ -400,38 +401,19 @@ class EbpfChannel(Channel):
                     "acked": int(sh.slot_acked[inst.slot]),
                     "inflight": int(sh.slot_inflight[inst.slot]),
                 }
-            for iid, row in insts.items():
-                st = stages.setdefault(
-                    row["stage"], {"instances": [], "delivered": 0, "inflight": 0}
-                )
-                if row["live"]:
-                    st["instances"].append(iid)
-                st["delivered"] += row["delivered"]
-                st["inflight"] += row["inflight"]
-            rejected = {
-                k: c[k] for k in ("bad_magic", "bad_crc", "bad_kind", "short", "unknown_stage")
-            }
+            rejected = {k: c[k] for k in REJECT_REASONS}
             rejected["short"] += c["pull_failed"]
-            return {
-                "kind": self.kind,
-                "policy": self.policy,
-                "delivered": c["delivered"],
-                "acked": c["acked"],
-                "to_manager": c["to_manager"],
-                "direct": c["direct"],
-                "rejected": rejected,
-                "rejected_total": sum(rejected.values()),
-                "no_instance": c["no_instance"],
-                "redirect_failed": c["redirect_failed"],
-                "inflight_full": c["inflight_full"],
-                "inflight_duplicate": c["inflight_duplicate"],
-                "dead_letters": c["direct_unknown"] + c["dropped"],
-                "unregistered": c["unregistered"],
-                "pulled": c["pulled"],
-                "trash_bytes": self._trash_bytes,
-                "instances": insts,
-                "stages": stages,
-            }
+            counters = {**c, "dead_letters": c["direct_unknown"] + c["dropped"]}
+            return build_stats(
+                self.kind,
+                self.policy,
+                counters,
+                rejected,
+                insts,
+                unregistered=c["unregistered"],
+                pulled=c["pulled"],
+                trash_bytes=self._trash_bytes,
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _shared(self) -> _Shared:

@@ -48,6 +48,7 @@ from infscaler.ebpf.channel import (
     REJECT_REASONS,
     Channel,
     Endpoint,
+    build_stats,
 )
 from infscaler.ebpf.errors import ChannelClosed, ChannelError
 from infscaler.shm.token import TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
@@ -502,28 +503,5 @@ class UserspaceChannel(Channel):
                 "acked": inst.acked,
                 "inflight": len(inst.inflight),
             }
-        stages: dict[int, dict[str, Any]] = {}
-        for iid, row in insts.items():
-            st = stages.setdefault(row["stage"], {"instances": [], "delivered": 0, "inflight": 0})
-            if row["live"]:
-                st["instances"].append(iid)
-            st["delivered"] += row["delivered"]
-            st["inflight"] += row["inflight"]
         rejected = {k: c[k] for k in REJECT_REASONS}
-        return {
-            "kind": self.kind,
-            "policy": self.policy,
-            "delivered": c["delivered"],
-            "acked": c["acked"],
-            "to_manager": c["to_manager"],
-            "direct": c["direct"],
-            "rejected": rejected,
-            "rejected_total": sum(rejected.values()),
-            "no_instance": c["no_instance"],
-            "redirect_failed": 0,
-            "inflight_full": c["inflight_full"],
-            "inflight_duplicate": c["inflight_duplicate"],
-            "dead_letters": c["dead_letters"],
-            "instances": insts,
-            "stages": stages,
-        }
+        return build_stats(self.kind, self.policy, {**c, "redirect_failed": 0}, rejected, insts)

@@ -104,3 +104,19 @@ def if_model() -> onnx.ModelProto:
         "zero": np.zeros((), np.float32),
     }
     return make_model(nodes, [f32("x", [1, 4])], [f32("y", [1, 4])], inits)
+
+
+@pytest.fixture(scope="session")
+def ebpf_status() -> tuple[bool, str]:
+    """(available, reason) of the eBPF control path on this host."""
+    from infscaler.ebpf import ebpf_available
+
+    return ebpf_available()
+
+
+@pytest.fixture(params=["ebpf", "userspace"])
+def kind(request: pytest.FixtureRequest, ebpf_status: tuple[bool, str]) -> str:
+    """Each control-path channel kind; 'ebpf' skips with the reason where unavailable."""
+    if request.param == "ebpf" and not ebpf_status[0]:
+        pytest.skip(f"eBPF channel unavailable on this host: {ebpf_status[1]}")
+    return request.param

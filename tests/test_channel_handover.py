@@ -20,25 +20,12 @@ from infscaler.ebpf import (
     ChannelClosed,
     ChannelError,
     Endpoint,
-    ebpf_available,
     open_channel,
 )
 from infscaler.ebpf.channel import Channel, pack_frame
 from infscaler.shm.token import Token, TokenKind
 
 T = 5.0  # seconds: bound of every wait in this file
-
-
-@pytest.fixture(scope="module")
-def ebpf_status() -> tuple[bool, str]:
-    return ebpf_available()
-
-
-@pytest.fixture(params=["ebpf", "userspace"])
-def kind(request: pytest.FixtureRequest, ebpf_status: tuple[bool, str]) -> str:
-    if request.param == "ebpf" and not ebpf_status[0]:
-        pytest.skip(f"eBPF channel unavailable on this host: {ebpf_status[1]}")
-    return request.param
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from infscaler.ebpf import ebpf_available, open_channel
+from infscaler.ebpf import open_channel
 from infscaler.ebpf.channel import Channel
 from infscaler.ebpf.loadgen import Pump, Worker, spawn
 
@@ -32,18 +32,6 @@ CREDITS = 1024
 PRODUCERS = {100: 0, 101: 1 << 32}  # instance -> base request id
 CONSUMERS = (1, 2, 3)
 DEADLINE_S = 120.0  # a bound, not a performance assertion
-
-
-@pytest.fixture(scope="module")
-def ebpf_status() -> tuple[bool, str]:
-    return ebpf_available()
-
-
-@pytest.fixture(params=["ebpf", "userspace"])
-def kind(request: pytest.FixtureRequest, ebpf_status: tuple[bool, str]) -> str:
-    if request.param == "ebpf" and not ebpf_status[0]:
-        pytest.skip(f"eBPF channel unavailable on this host: {ebpf_status[1]}")
-    return request.param
 
 
 @pytest.fixture
