@@ -8,6 +8,11 @@
   side: attach slabs by name, zero copy).
 - :mod:`infscaler.shm.tensors` -- the slot layout: named numpy tensors behind a small
   header, read as zero-copy views.
+- :mod:`infscaler.shm.manager` -- :class:`TensorSharingManager` (the service's token
+  fault / free / handover-receipt / reclaim loop on the control channel) and
+  :class:`InstanceClient` (an instance's OutToken queue, faults, handover, inputs);
+  leases stay true across in-kernel handovers and instance deaths. Imported on first
+  use (it needs :mod:`infscaler.ebpf`, which imports this package).
 - :mod:`infscaler.shm.unified` -- Jetson unified memory: register a slab with CUDA so
   the iGPU / DLA read it in place (pycuda, imported lazily; reports unavailability).
 
@@ -39,14 +44,40 @@ from infscaler.shm.unified import (
     unified_memory_available,
 )
 
+_MANAGER_NAMES = (
+    "BackPressureError",
+    "InstanceClient",
+    "ReclaimReport",
+    "RequestFailed",
+    "SharingError",
+    "TensorSharingManager",
+)
+
+
+def __getattr__(name: str):
+    """Lazy exports of :mod:`infscaler.shm.manager` (avoids an import cycle with
+    :mod:`infscaler.ebpf`, whose channel imports :mod:`infscaler.shm.token`)."""
+    if name in _MANAGER_NAMES:
+        from infscaler.shm import manager
+
+        return getattr(manager, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_SIZE_CLASSES",
     "TOKEN_SIZE",
+    "BackPressureError",
+    "InstanceClient",
     "PoolError",
+    "ReclaimReport",
+    "RequestFailed",
+    "SharingError",
     "SlabMap",
     "SlotFormatError",
     "SlotRef",
     "TensorPool",
+    "TensorSharingManager",
     "Token",
     "TokenError",
     "TokenKind",
