@@ -11,6 +11,8 @@ import json
 import os
 import platform
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,88 @@ def environment() -> dict[str, Any]:
         "date_utc": now_utc(),
         "load_average_at_start": list(os.getloadavg()),
     }
+
+
+def cpu_steal_seconds() -> float:
+    """CPU time the hypervisor stole from this VM so far (all CPUs, /proc/stat), seconds.
+
+    The difference over a run says how much of it other tenants took: a noise indicator
+    for the IPC benchmarks on small VMs. 0.0 where /proc/stat has no steal column.
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def busy_cpu_seconds() -> float:
+    """CPU time all processes on this host have used so far (user + nice + system + irq +
+    softirq over all CPUs, /proc/stat), seconds; 0.0 where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:8]]
+        return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def process_cpu_seconds(pids: list[int]) -> float:
+    """user + system CPU seconds of these processes (all their threads) so far."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class ForeignLoad:
+    """CPU used by processes other than ours over an interval, in cores (0.5 = half a
+    core on average): how much other work competed with a benchmark.
+
+    ``own`` returns our CPU seconds so far (this process and the workers we track); a
+    child that exits in the interval must be counted by the caller (e.g. with
+    ``resource.getrusage(RUSAGE_CHILDREN)``).
+    """
+
+    def __init__(self, own: Callable[[], float]) -> None:
+        self._own = own
+        self.start()
+
+    def start(self) -> None:
+        self._t, self._busy, self._mine = time.monotonic(), busy_cpu_seconds(), self._own()
+
+    def cores(self) -> float:
+        wall = time.monotonic() - self._t
+        other = busy_cpu_seconds() - self._busy - (self._own() - self._mine)
+        return round(max(0.0, other) / wall, 3) if wall > 0 else 0.0
+
+
+def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.15, window_s: float = 3.0) -> dict:
+    """Wait (up to ``max_wait_s``) until other processes use < ``threshold_cores`` over a
+    ``window_s`` window, so a benchmark does not start while other work loads the host.
+
+    Returns:
+        {"waited_s", "other_cores" (last window), "quiet" (bool)}.
+    """
+    t0 = time.monotonic()
+    while True:
+        fl = ForeignLoad(lambda: process_cpu_seconds([os.getpid()]))
+        time.sleep(window_s)
+        other = fl.cores()
+        waited = time.monotonic() - t0
+        if other < threshold_cores or waited >= max_wait_s:
+            return {
+                "waited_s": round(waited, 1),
+                "other_cores": other,
+                "quiet": other < threshold_cores,
+                "threshold_cores": threshold_cores,
+            }
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
