@@ -141,7 +141,7 @@ from infscaler.ebpf.channel import MAX_BATCH, MAX_STAGES, Channel, Endpoint
 from infscaler.ebpf.errors import ChannelClosed, ChannelError
 from infscaler.errors import InfScalerError
 from infscaler.shm.pool import PoolError, SlabMap, SlotRef, TensorPool
-from infscaler.shm.tensors import read_tensors
+from infscaler.shm.tensors import SlotFormatError, read_tensors
 from infscaler.shm.token import NO_SLAB, TOKEN_SIZE, Token, TokenError, TokenKind
 
 __all__ = [
@@ -1281,8 +1281,8 @@ class InstanceClient:
                 call again for the next input.
             ChannelClosed: the instance was removed or the channel closed.
             SlotFormatError: the slot does not hold a valid tensor layout (the token is
-                still held: call :meth:`done`).
-            PoolError: the token does not match its slab.
+                still held: call :meth:`done` with the exception's ``token`` attribute).
+            PoolError: the token does not match its slab (``token`` attribute likewise).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -1296,7 +1296,11 @@ class InstanceClient:
                 raise TimeoutError(f"no input within {timeout} s")
             self._pump(left)
         self._reading[(tok.slab, tok.slot)] = tok
-        return tok, read_tensors(self._slabs.slot_view(tok)[: tok.length])
+        try:
+            return tok, read_tensors(self._slabs.slot_view(tok)[: tok.length])
+        except (SlotFormatError, PoolError) as exc:
+            exc.token = tok  # type: ignore[attr-defined] - the caller must still done() it
+            raise
 
     def done(self, token: Token, *, keep: bool | None = None) -> None:
         """Finish with an input slot: keep it as an out-token (keep token), or FREE it.

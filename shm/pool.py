@@ -543,6 +543,13 @@ class TensorPool:
                 return None
             return self._grant(self._map_slab(cls), owner, request)
 
+    def in_use_bytes(self) -> int:
+        """Bytes of the slots leased right now (slot capacities), for admission control:
+        a front end that fills the pool with new requests leaves later stages no room
+        for their outputs."""
+        with self._lock:
+            return sum(s.in_use * s.slot_bytes for s in self._slabs.values())
+
     def free(self, slab: int, slot: int, *, owner: int | None = None) -> None:
         """Return a slot to the pool (a FREE token, or the consumer is done).
 

@@ -1,0 +1,430 @@
+"""Pipeline configuration: ``pipeline.yaml`` (what ``infscaler serve`` / ``deploy`` take).
+
+A pipeline is an ordered list of stages (a topological order of its data-flow DAG); each
+stage is an ONNX **model** (run by an engine, partitioned into operator groups by the
+InfScaler partitioner, §IV-A) or a Python **function** stage (``module:callable``, for
+pre- / post-processing). Stages name the tensors they read and write; a stage reads
+any tensor a request brought or an earlier stage wrote (DAG edges are these names).
+
+.. code-block:: yaml
+
+    name: ocr                        # the model name in the API: [A-Za-z0-9_.-]
+    inputs:                          # request tensors (v2 datatypes; -1 = any size)
+      - {name: image, datatype: UINT8, shape: [-1, -1, 3]}
+    outputs: [texts, scores, boxes]  # tensors returned to the client
+    stages:
+      - name: prep
+        function: infscaler.pipelines.ocr:det_preprocess
+        params: {side: 640}          # keyword arguments of the function
+        inputs: [image]
+        outputs: [det_input, det_meta]
+      - name: det
+        model: ppocrv4-det           # bundled alias or .onnx path; or `plan: DIR`
+        partitions: 2                # K, partitioned at deploy (1: run it whole)
+        shapes: x:1x3x640x640        # concrete shapes for partitioning (trtexec style)
+        inputs: {x: det_input}       # model input -> pipeline tensor
+        outputs: {sigmoid_0.tmp_0: det_map}
+        engine: cpu                  # cpu | gpu | dla
+        instances: 1                 # per partition: an int, or a list (one per partition)
+        threads: 1                   # intra-op threads (= pinned cores) per instance
+      - name: crops
+        function: infscaler.pipelines.ocr:crop_text_boxes
+        fan_out: true                # returns a list of items: later stages run per item
+        ...
+      - name: merge
+        function: infscaler.pipelines.ocr:merge_lines
+        fan_in: true                 # gets the list of items, in item order
+        ...
+
+Function-stage contract: ``fn(tensors: dict[str, np.ndarray], **params) -> dict`` (read-only
+zero-copy views in, plain-dtype numpy arrays out); a ``fan_out`` stage returns a list of
+such dicts (possibly empty); a ``fan_in`` stage is called as ``fn(items, **params)``
+with ``items`` the list of per-item dicts. Tensor names starting with ``__`` are
+reserved for the runtime.
+
+Validation (:func:`load_pipeline`) happens before anything is started, and every error
+names the YAML path at fault (``stages[2] (det).inputs: ...``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from infscaler.errors import ConfigError
+
+__all__ = [
+    "DATATYPES",
+    "InputSpec",
+    "PipelineConfig",
+    "StageConfig",
+    "load_pipeline",
+    "pipeline_for_model",
+]
+
+#: v2 (KServe / Triton) tensor datatypes.
+DATATYPES = (
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
+)
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+_STAGE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,47}$"
+_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class InputSpec(BaseModel):
+    """One request tensor: ``name``, v2 ``datatype`` and ``shape`` (-1 = any size)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    datatype: Literal[DATATYPES]  # type: ignore[valid-type]
+    shape: list[int]
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v.startswith("__"):
+            raise ValueError(f"tensor names starting with '__' are reserved, got {v!r}")
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: list[int]) -> list[int]:
+        if any(d < -1 for d in v):
+            raise ValueError(f"dims must be >= 0 or -1 (any size), got {v}")
+        return v
+
+
+class StageConfig(BaseModel):
+    """One stage (see the module docstring). Exactly one of ``function``, ``model``,
+    ``plan``.
+
+    Attributes:
+        name: unique in the pipeline.
+        function: ``module:callable`` of a function stage.
+        model: bundled model alias or ``.onnx`` path of a model stage.
+        plan: a plan directory written by ``infscaler partition`` (model stage).
+        partitions: K for partitioning ``model`` at deploy (1: run it whole).
+        slo: latency SLO for partitioning at deploy (``80ms``, ``1.5x``); with
+            ``partitions`` unset the partitioner searches K (Eq. 1).
+        max_partitions: search bound when ``slo`` is given without ``partitions``.
+        shapes: concrete shapes for dynamic model inputs (``x:1x3x640x640``).
+        inputs / outputs: function stage: lists of pipeline tensor names; model stage:
+            mappings model tensor name -> pipeline tensor name (identity when omitted).
+        params: keyword arguments of a function stage.
+        fan_out / fan_in: see the module docstring (function stages only).
+        engine: ``cpu``, ``gpu`` or ``dla``. precision: ``fp32``, ``fp16``, ``int8``.
+        instances: instances per partition (an int, or one int per partition).
+        threads: intra-op threads (and pinned cores) per instance.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=_STAGE_NAME)
+    function: str | None = None
+    model: str | None = None
+    plan: str | None = None
+    partitions: int | None = Field(None, ge=1, le=16)
+    slo: str | None = None
+    max_partitions: int = Field(4, ge=1, le=16)
+    shapes: str | None = None
+    inputs: list[str] | dict[str, str] | None = None
+    outputs: list[str] | dict[str, str] | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    fan_out: bool = False
+    fan_in: bool = False
+    engine: Literal["cpu", "gpu", "dla"] = "cpu"
+    precision: Literal["fp32", "fp16", "int8"] = "fp32"
+    instances: int | list[int] = 1
+    threads: int = Field(1, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _check(self) -> StageConfig:
+        kinds = [k for k in ("function", "model", "plan") if getattr(self, k)]
+        if len(kinds) != 1:
+            raise ValueError(
+                "a stage needs exactly one of `function`, `model` or `plan`"
+                + (f", got {' and '.join(kinds)}" if kinds else "")
+            )
+        if self.function is not None:
+            if not _FUNCTION.match(self.function):
+                raise ValueError(
+                    f"function must be 'package.module:callable', got {self.function!r}"
+                )
+            if not isinstance(self.inputs, list) or not isinstance(self.outputs, list):
+                raise ValueError("a function stage lists its `inputs` and `outputs` (names)")
+            if not self.outputs:
+                raise ValueError("a function stage must produce at least one output")
+            if self.fan_out and self.fan_in:
+                raise ValueError("a stage cannot be both fan_out and fan_in")
+            for key in ("partitions", "slo", "shapes"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"`{key}` applies to model stages only")
+            if self.engine != "cpu":
+                raise ValueError("function stages run on the cpu engine")
+        else:
+            if self.fan_out or self.fan_in:
+                raise ValueError("fan_out / fan_in apply to function stages only")
+            if self.params:
+                raise ValueError("`params` applies to function stages only")
+            for key in ("inputs", "outputs"):
+                if isinstance(getattr(self, key), list):
+                    raise ValueError(
+                        f"a model stage maps `{key}` as model tensor -> pipeline tensor "
+                        "(a mapping), or omits it for the model's own names"
+                    )
+            if self.plan is not None and (self.partitions or self.slo or self.shapes):
+                raise ValueError("`plan` is already partitioned: drop partitions / slo / shapes")
+        if isinstance(self.instances, list):
+            if not self.instances or any(n < 1 for n in self.instances):
+                raise ValueError(f"instances must be >= 1 each, got {self.instances}")
+        elif self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+        for key in ("inputs", "outputs"):
+            names = getattr(self, key)
+            values = names.values() if isinstance(names, dict) else names or []
+            bad = [n for n in values if not n or n.startswith("__")]
+            if bad:
+                raise ValueError(f"{key}: empty or reserved ('__') tensor names {bad}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """``function`` or ``model`` (a plan is a model stage)."""
+        return "function" if self.function else "model"
+
+    def instances_for(self, k: int, num_partitions: int) -> int:
+        """Instances of partition ``k`` (0-based) of ``num_partitions``.
+
+        Raises:
+            ConfigError: a list of instances whose length is not ``num_partitions``.
+        """
+        if isinstance(self.instances, int):
+            return self.instances
+        if len(self.instances) != num_partitions:
+            raise ConfigError(
+                f"stage {self.name}: `instances` lists {len(self.instances)} counts but the "
+                f"model has {num_partitions} partitions",
+                hint="give one count per partition, or a single int",
+            )
+        return self.instances[k]
+
+
+class PipelineConfig(BaseModel):
+    """A pipeline (see the module docstring).
+
+    Attributes:
+        name: the model name clients use.
+        description: free text.
+        inputs: request tensors; None for single-model pipelines (taken from the model).
+        outputs: tensors returned; None for single-model pipelines (the model's outputs).
+        stages: in execution order.
+        request_timeout_s: a request not answered within this is failed (503).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=_NAME)
+    description: str = ""
+    inputs: list[InputSpec] | None = None
+    outputs: list[str] | None = None
+    stages: list[StageConfig] = Field(min_length=1, max_length=32)
+    request_timeout_s: float = Field(60.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _check(self) -> PipelineConfig:
+        names = [s.name for s in self.stages]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"stage names must be unique, repeated: {dup}")
+        fan_out = [i for i, s in enumerate(self.stages) if s.fan_out]
+        fan_in = [i for i, s in enumerate(self.stages) if s.fan_in]
+        if len(fan_out) > 1 or len(fan_in) > 1:
+            raise ValueError("at most one fan_out stage and one fan_in stage per pipeline")
+        if fan_out and not (fan_in and fan_in[0] > fan_out[0]):
+            raise ValueError(
+                f"stage {self.stages[fan_out[0]].name} fans out but no later stage fans in",
+                # the hint goes into the message: pydantic keeps one string
+            )
+        if fan_in and not fan_out:
+            raise ValueError(f"stage {self.stages[fan_in[0]].name} fans in but nothing fans out")
+        single_model = len(self.stages) == 1 and self.stages[0].kind == "model"
+        if not single_model and (self.inputs is None or self.outputs is None):
+            raise ValueError(
+                "a pipeline declares its `inputs` and `outputs` (only a single-model pipeline "
+                "may omit them)"
+            )
+        if self.inputs is not None:
+            in_names = [i.name for i in self.inputs]
+            if len(set(in_names)) != len(in_names):
+                raise ValueError(f"input names must be unique, got {in_names}")
+        return self
+
+
+def _where(loc: tuple, data: Any) -> str:
+    """``('stages', 2, 'inputs')`` -> ``stages[2] (det).inputs``."""
+    parts: list[str] = []
+    node = data
+    for p in loc:
+        if isinstance(p, int):
+            name = ""
+            if isinstance(node, list) and 0 <= p < len(node):
+                node = node[p]
+                if isinstance(node, dict) and isinstance(node.get("name"), str):
+                    name = f" ({node['name']})"
+            else:
+                node = None
+            parts[-1:] = [f"{parts[-1] if parts else ''}[{p}]{name}"]
+        else:
+            node = node.get(p) if isinstance(node, dict) else None
+            parts.append(str(p))
+    return ".".join(parts) or "(top level)"
+
+
+def _clean(msg: str) -> str:
+    return re.sub(r"^(Value error|Assertion failed), ", "", msg)
+
+
+def validate_pipeline(data: Any, where: str = "pipeline") -> PipelineConfig:
+    """Validate a parsed pipeline mapping.
+
+    Raises:
+        ConfigError: the message names every offending YAML path.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{where} must be a YAML mapping with name, inputs, outputs, stages",
+            hint="see README.md, 'Pipelines'",
+        )
+    try:
+        cfg = PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+            # pydantic adds union-member tags (list[str], dict[str,str]) to the loc
+            loc = tuple(p for p in loc if p not in ("list[str]", "dict[str,str]", "int"))
+            problems.append(f"{_where(loc, data)}: {_clean(err['msg'])}")
+        uniq = list(dict.fromkeys(problems))
+        raise ConfigError(f"{where} is not a valid pipeline: " + "; ".join(uniq)) from None
+    _check_dataflow(cfg, where)
+    return cfg
+
+
+def _check_dataflow(cfg: PipelineConfig, where: str) -> None:
+    """Every function-stage input is available when the stage runs, per-item tensors do
+    not leak past the fan-in, and the outputs are produced."""
+    available = {i.name for i in cfg.inputs or []}
+    per_item: set[str] = set()
+    in_items = False
+    for i, st in enumerate(cfg.stages):
+        at = f"{where}: stages[{i}] ({st.name})"
+        if isinstance(st.inputs, list):
+            needs = st.inputs
+        elif isinstance(st.inputs, dict):
+            needs = list(st.inputs.values())
+        else:
+            needs = []  # a model's own names: checked once the model is loaded
+        missing = [n for n in needs if n not in available]
+        if missing and cfg.inputs is not None:
+            raise ConfigError(
+                f"{at}.inputs: {missing} are not pipeline inputs nor outputs of an earlier stage",
+                hint=f"available here: {sorted(available)}",
+            )
+        if st.fan_in:
+            in_items = False
+            available -= per_item
+        produced = st.outputs if isinstance(st.outputs, list) else list((st.outputs or {}).values())
+        if st.fan_out:
+            in_items = True
+        if in_items:
+            per_item.update(produced)
+        available.update(produced)
+    if cfg.outputs is not None:
+        missing = [n for n in cfg.outputs if n not in available]
+        if missing:
+            hint = (
+                "per-item tensors end at the fan_in stage: return them from it"
+                if set(missing) & per_item
+                else f"available at the end: {sorted(available)}"
+            )
+            raise ConfigError(
+                f"{where}: outputs {missing} are not produced by any stage", hint=hint
+            )
+
+
+def load_pipeline(source: str | os.PathLike[str] | dict) -> PipelineConfig:
+    """Load and validate a pipeline from a YAML / JSON file, a YAML / JSON string, or a
+    parsed mapping.
+
+    Raises:
+        ConfigError: missing or unreadable file, bad YAML, or an invalid pipeline (the
+            message names the YAML path at fault).
+    """
+    if isinstance(source, dict):
+        return validate_pipeline(source)
+    text: str
+    where: str
+    if isinstance(source, str) and ("\n" in source or source.lstrip().startswith("{")):
+        text, where = source, "pipeline"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"pipeline file not found: {path}", hint="pass a pipeline.yaml")
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read pipeline file {path}: {exc}") from None
+        where = str(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML: {exc}") from None
+    return validate_pipeline(data, where)
+
+
+def pipeline_for_model(
+    model: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    partitions: int | None = None,
+    shapes: str | None = None,
+    engine: str = "cpu",
+) -> PipelineConfig:
+    """A one-stage pipeline serving a model (``.onnx`` or bundled alias) or a plan
+    directory, named after its file stem (what ``infscaler serve MODEL.onnx`` deploys).
+
+    Raises:
+        ConfigError: a name that is not a valid model name.
+    """
+    path = Path(model)
+    is_plan = path.is_dir()
+    stem = path.name if is_plan else path.stem if path.suffix == ".onnx" else str(model)
+    stage: dict[str, Any] = {"name": "model", "engine": engine}
+    if is_plan:
+        stage["plan"] = str(path)
+    else:
+        stage["model"] = str(model)
+        if partitions:
+            stage["partitions"] = partitions
+        if shapes:
+            stage["shapes"] = shapes
+    safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", name or stem)[:64] or "model"
+    return validate_pipeline({"name": safe, "stages": [stage]}, f"model {model}")

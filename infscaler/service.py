@@ -1,0 +1,439 @@
+"""The service: tensor pool + control channel + sharing manager + supervisor + front end,
+and the deployed pipelines (what ``infscaler serve`` runs; the HTTP API sits on top,
+:mod:`infscaler.server`).
+
+Deploying a pipeline (:meth:`Service.deploy`) compiles it (partitioning model stages at
+deploy when asked, InfScaler §IV-A), gives every unit a channel stage, starts its
+instances (each pinned to its cores), waits until all are ready, then makes the
+pipeline visible. Nothing is visible or half-started when a deploy fails: the instances
+already started are stopped and the error says why. Undeploying stops new requests,
+drains those in flight, then stops the instances.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infscaler.config import PipelineConfig
+from infscaler.errors import InfScalerError
+from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
+from infscaler.runtime.stats import PipelineStats
+
+log = logging.getLogger("infscaler.service")
+
+_FIRST_STAGE = 1
+_LAST_STAGE = 62  # 63 is the manager's barrier stage
+
+
+class ServiceError(InfScalerError):
+    """A service operation was refused (unknown pipeline, no free stage ids, ...).
+
+    Attributes:
+        status: the HTTP status the API answers with (400, 404, 409, 503).
+    """
+
+    def __init__(self, message: str, status: int = 400, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.status = status
+
+
+@dataclass
+class Deployment:
+    """A deployed pipeline: its route, its instances, when it became ready."""
+
+    pipeline: CompiledPipeline
+    route: Any
+    handles: list[Any] = field(default_factory=list)
+    deployed_at: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.name
+
+
+class Service:
+    """One InfScaler-Edge service (see the module docstring).
+
+    Args:
+        state_dir: plans partitioned at deploy and engine caches (default
+            :func:`~infscaler.runtime.pipeline.default_state_dir`).
+        device: a :class:`~infscaler.device.DeviceProfile` (None: this host as is).
+        control_path: ``auto``, ``ebpf`` or ``userspace`` (:func:`~infscaler.ebpf.open_channel`).
+        routing: ``least-loaded`` or ``round-robin`` among a unit's instances.
+        pool_mb: memory cap of the tensor pool, MB.
+        max_pending: requests admitted at once (beyond: 503).
+        start_timeout_s: how long a deploy waits for its instances to be ready.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        device: Any = None,
+        control_path: str = "auto",
+        routing: str = "least-loaded",
+        pool_mb: int = 512,
+        max_pending: int = 1024,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        self.state_dir = Path(state_dir or default_state_dir())
+        self.device = device
+        self.control_path = control_path
+        self.routing = routing
+        self.pool_mb = pool_mb
+        self.max_pending = max_pending
+        self.start_timeout_s = start_timeout_s
+        self._lock = threading.RLock()
+        self._deploy_lock = threading.Lock()
+        self._deployments: dict[str, Deployment] = {}
+        self._free_stages = list(range(_FIRST_STAGE, _LAST_STAGE + 1))
+        self._core_cursor = 0
+        self._started = False
+        self._stopping = False
+        self.pool = self.channel = self.manager = self.supervisor = self.frontend = None
+        self.started_at: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Service:
+        """Open the pool, the control channel, the manager, the supervisor and the front end.
+
+        Raises:
+            ChannelError / EbpfUnavailableError: ``control_path='ebpf'`` where it cannot run.
+        """
+        from infscaler.ebpf import open_channel
+        from infscaler.runtime.frontend import FrontEnd
+        from infscaler.runtime.supervisor import Supervisor
+        from infscaler.shm.manager import TensorSharingManager
+        from infscaler.shm.pool import TensorPool
+
+        if self._started:
+            return self
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        cap = int(self.pool_mb) << 20
+        # a slab must fit the cap several times over, or one size class fills it alone
+        self.pool = TensorPool(cap, slab_bytes=max(1 << 20, min(16 << 20, cap // 8)))
+        try:
+            self.channel = open_channel(self.control_path, self.routing)
+            self.manager = TensorSharingManager(
+                self.pool, self.channel, on_failure=self._on_request_failed
+            ).start()
+            self.frontend = FrontEnd(
+                self.manager, self.pool.service_id, max_pending=self.max_pending, pool=self.pool
+            )
+            self.supervisor = Supervisor(self.manager, self.pool.service_id)
+        except BaseException:
+            self._teardown()
+            raise
+        self._started = True
+        self.started_at = time.time()
+        log.info(
+            "service started: pool %d MB (%s), control path %s",
+            self.pool_mb,
+            self.pool.service_id,
+            self.channel.kind if hasattr(self.channel, "kind") else type(self.channel).__name__,
+        )
+        return self
+
+    def _on_request_failed(self, request: int, reason: str) -> None:
+        if self.frontend is not None:
+            self.frontend.fail_request(request, reason)
+
+    def close(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop accepting, drain in-flight requests (up to ``drain_timeout_s``), stop
+        every instance, close everything. Idempotent."""
+        if not self._started:
+            return
+        self._stopping = True
+        with self._lock:
+            deps = list(self._deployments.values())
+        for d in deps:
+            d.route.accepting = False
+        if self.frontend is not None:
+            self.frontend.drain(drain_timeout_s)
+        self._teardown()
+        self._started = False
+
+    def _teardown(self) -> None:
+        if self.supervisor is not None:
+            with contextlib.suppress(Exception):
+                self.supervisor.close(timeout=5.0)
+        if self.frontend is not None:
+            with contextlib.suppress(Exception):
+                self.frontend.close()
+        if self.manager is not None:
+            with contextlib.suppress(Exception):
+                self.manager.stop()
+        if self.channel is not None:
+            with contextlib.suppress(Exception):
+                self.channel.close()
+        if self.pool is not None:
+            with contextlib.suppress(Exception):
+                self.pool.close()
+        with self._lock:
+            self._deployments.clear()
+
+    def __enter__(self) -> Service:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    # -- deploy ------------------------------------------------------------------------------
+    def _cores(self, n: int) -> list[int]:
+        host = sorted(os.sched_getaffinity(0))
+        wanted = None
+        if self.device is not None:
+            for acc in self.device.accelerators:
+                if acc.engine == "cpu" and acc.cores:
+                    wanted = [c for c in acc.cores if c in host]
+        cores = wanted or host
+        with self._lock:
+            start = self._core_cursor
+            self._core_cursor += n
+        return sorted({cores[(start + i) % len(cores)] for i in range(n)})
+
+    def deploy(
+        self,
+        cfg: PipelineConfig,
+        *,
+        replace: bool = False,
+        progress: Callable[[str], None] = lambda _m: None,
+    ) -> Deployment:
+        """Compile and start a pipeline; returns once every instance is ready.
+
+        Args:
+            cfg: the validated pipeline.
+            replace: swap out a deployed pipeline of the same name (the old one drains
+                after the new one is ready).
+            progress: called with a line per step.
+
+        Raises:
+            ServiceError: (409) the name is taken and ``replace`` is false; (503) not
+                enough free stage ids; the service is stopping.
+            ConfigError / InfScalerError: compile or partitioning failed.
+            InstanceStartError: an instance failed to start (message names the unit).
+        """
+        from infscaler.runtime.frontend import Route
+
+        if not self._started or self._stopping:
+            raise ServiceError("the service is not running", 503)
+        with self._deploy_lock:
+            with self._lock:
+                old = self._deployments.get(cfg.name)
+            if old is not None and not replace:
+                raise ServiceError(
+                    f"a pipeline named {cfg.name!r} is already deployed",
+                    409,
+                    hint="unload it first, or deploy with replace",
+                )
+            compiled = compile_pipeline(
+                cfg, state_dir=self.state_dir, device=self.device, progress=progress
+            )
+            served = compiled.served_units()
+            with self._lock:
+                if len(served) > len(self._free_stages):
+                    raise ServiceError(
+                        f"pipeline {cfg.name} needs {len(served)} stages, "
+                        f"{len(self._free_stages)} are free",
+                        503,
+                        hint="unload a pipeline first",
+                    )
+                ids = [self._free_stages.pop(0) for _ in served]
+            stage_ids = [0] * len(compiled.units)
+            for u, sid in zip(served, ids, strict=True):
+                stage_ids[u.index] = sid
+            handles = []
+            try:
+                for u in served:
+                    nxt = compiled.next_unit(u.index)
+                    next_stage = 0 if nxt is None else stage_ids[nxt]
+                    for _ in range(u.instances):
+                        handles.append(
+                            self.supervisor.start(
+                                (cfg.name, u.index),
+                                u,
+                                stage_ids[u.index],
+                                next_stage,
+                                self._cores(u.threads),
+                            )
+                        )
+                progress(f"{cfg.name}: waiting for {len(handles)} instances")
+                self.supervisor.wait_ready(handles, self.start_timeout_s)
+            except BaseException:
+                self.supervisor.stop_all(handles, timeout=5.0)
+                with self._lock:
+                    self._free_stages.extend(ids)
+                    self._free_stages.sort()
+                raise
+            route = Route(compiled, stage_ids, PipelineStats([u.name for u in compiled.units]))
+            dep = Deployment(compiled, route, handles)
+            with self._lock:
+                self._deployments[cfg.name] = dep
+            log.info("deployed %s: %d units, %d instances", cfg.name, len(served), len(handles))
+        if old is not None:
+            self._retire(old)
+        return dep
+
+    def undeploy(self, name: str, drain_timeout_s: float = 30.0) -> None:
+        """Stop accepting requests for ``name``, drain, stop its instances.
+
+        Raises:
+            ServiceError: (404) no such pipeline.
+        """
+        with self._lock:
+            dep = self._deployments.pop(name, None)
+        if dep is None:
+            raise ServiceError(f"no pipeline named {name!r} is deployed", 404)
+        self._retire(dep, drain_timeout_s)
+
+    def _retire(self, dep: Deployment, drain_timeout_s: float = 30.0) -> None:
+        dep.route.accepting = False
+        self.frontend.drain(drain_timeout_s, dep.route)
+        handles = self.supervisor.handles() if self.supervisor else []
+        mine = [h for h in handles if h.key[0] == dep.name and h.stage_id in dep.route.stage_ids]
+        self.supervisor.stop_all(mine, timeout=10.0)
+        with self._lock:
+            self._free_stages.extend(s for s in dep.route.stage_ids if s)
+            self._free_stages = sorted(set(self._free_stages))
+
+    # -- requests ----------------------------------------------------------------------------
+    def deployment(self, name: str) -> Deployment:
+        """Raises: ServiceError (404) for an unknown name."""
+        with self._lock:
+            dep = self._deployments.get(name)
+        if dep is None:
+            known = ", ".join(sorted(self._deployments)) or "none"
+            raise ServiceError(f"unknown model {name!r} (deployed: {known})", 404)
+        return dep
+
+    def deployments(self) -> list[Deployment]:
+        with self._lock:
+            return list(self._deployments.values())
+
+    def submit(
+        self, name: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+    ) -> concurrent.futures.Future:
+        """Start a request; a future of :class:`~infscaler.runtime.frontend.Result`.
+
+        Raises:
+            ServiceError: (404) unknown pipeline; RequestError (503) overloaded / stopping.
+        """
+        dep = self.deployment(name)
+        if self._stopping:
+            from infscaler.runtime.frontend import RequestError
+
+            raise RequestError("the service is stopping")
+        return self.frontend.submit(dep.route, inputs, timeout_s)
+
+    def infer(self, name: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None):
+        """Blocking :meth:`submit` (for tests and scripts)."""
+        fut = self.submit(name, inputs, timeout_s)
+        return fut.result()
+
+    # -- introspection -----------------------------------------------------------------------
+    def ready(self, name: str | None = None) -> bool:
+        """Every unit of the pipeline (or of all pipelines) has a ready instance."""
+        if not self._started or self._stopping:
+            return False
+        deps = [self.deployment(name)] if name else self.deployments()
+        handles = self.supervisor.handles()
+        for d in deps:
+            for u in d.pipeline.served_units():
+                if not any(h.key == (d.name, u.index) and h.state == "ready" for h in handles):
+                    return False
+        return True
+
+    def pipeline_status(self, dep: Deployment) -> dict[str, Any]:
+        """Per unit: partition, B_k, instances (engine, pid, cores, MB), queue length
+        (tokens in flight at its stage), P50 / P99 compute and queue ms."""
+        ch = self.channel.stats()
+        snap = dep.route.stats.snapshot()
+        handles = [h for h in self.supervisor.handles() if h.key[0] == dep.name]
+        units = []
+        for u in dep.pipeline.units:
+            sid = dep.route.stage_ids[u.index]
+            st = ch["stages"].get(sid, {}) if sid else {}
+            mine = [h for h in handles if h.key == (dep.name, u.index)]
+            us = snap["units"][u.index]
+            units.append(
+                {
+                    "unit": u.name,
+                    "kind": u.kind,
+                    "partition": f"{u.partition + 1}/{u.num_partitions}"
+                    if u.kind == "model"
+                    else None,
+                    "stage_id": sid,
+                    "bottleneck": u.bottleneck,
+                    "engine": u.engine if not u.fan_in else "frontend",
+                    "per_item": u.per_item,
+                    "instances": [h.describe() for h in mine],
+                    "queue": int(st.get("inflight", 0)),
+                    "compute_p50_ms": us["compute"]["p50_ms"],
+                    "compute_p99_ms": us["compute"]["p99_ms"],
+                    "queue_p50_ms": us["queue"]["p50_ms"],
+                    "queue_p99_ms": us["queue"]["p99_ms"],
+                    "count": us["compute"]["count"],
+                }
+            )
+        return {
+            "name": dep.name,
+            "ready": self.ready(dep.name),
+            "accepting": dep.route.accepting,
+            "plans": dep.pipeline.plans,
+            "requests": {k: v for k, v in snap.items() if k != "units"},
+            "units": units,
+        }
+
+    def status(self) -> dict[str, Any]:
+        """The service: control path, pool, manager counters, every pipeline."""
+        pool = self.pool.stats()
+        ch = self.channel.stats()
+        mgr = self.manager.stats()["manager"]
+        return {
+            "started_at": self.started_at,
+            "ready": self.ready(),
+            "stopping": self._stopping,
+            "control_path": {
+                "kind": ch["kind"],
+                "policy": ch["policy"],
+                "reason": getattr(self.channel, "reason", ""),
+                "rejected": ch["rejected_total"],
+            },
+            "pool": {
+                "cap_mb": round(pool["cap_bytes"] / 2**20, 1),
+                "mapped_mb": round(pool["mapped_bytes"] / 2**20, 1),
+                "slots_in_use": pool["slots_in_use"],
+                "slots_free": pool["slots_free"],
+                "busy": pool["busy"],
+            },
+            "manager": {
+                k: mgr[k]
+                for k in (
+                    "faults",
+                    "grants",
+                    "busy",
+                    "retried",
+                    "failed",
+                    "deaths",
+                    "reclaimed_slots",
+                )
+            },
+            "restarts": self.supervisor.restarted,
+            "frontend": {k: v for k, v in self.frontend.stats().items() if k != "client"},
+            "pipelines": [self.pipeline_status(d) for d in self.deployments()],
+        }

@@ -1,0 +1,544 @@
+"""The front end: where requests enter and leave the token pipeline (InfScaler §IV-B).
+
+It is the instance of stage 0 (id ``FRONTEND_INSTANCE``) in the service process. A
+request's input tensors are written once into a pool slot and a DATA token goes to an
+instance of the pipeline's first unit; from there instances hand tokens to each other
+directly. Tokens come back here at the end, for a fan-in (the front end gathers a
+request's items and calls the fan-in function, then hands the result on), and with an
+``__error__`` when a unit failed.
+
+One thread owns the :class:`~infscaler.shm.manager.InstanceClient` (it is single-
+threaded); other threads talk to it through a command queue and a wake-up pipe, and
+get :class:`concurrent.futures.Future` results. The thread sleeps in ``poll(2)`` on
+its control socket and the pipe: event driven.
+
+Request ids: ``seq << 16 | item`` (item 0 for the request itself, ``i + 1`` for item
+``i`` of a fan-out), so every token in flight has its own id and items map back to
+their request. Duplicates (a unit retried after a crash re-emits what it had sent) are
+dropped here.
+
+Failures never lose a request: a unit's error, the manager failing a request (an
+instance died too often, or no instance of its unit came back in time), the pool at its
+cap for longer than the request may wait, or the request's timeout: each completes the
+future with a :class:`RequestError` carrying an HTTP status (500 unit error, 503
+unavailable) and the reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import select
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from infscaler.errors import InfScalerError
+from infscaler.runtime.instance import ITEM_BITS, ITEM_MASK, StageError, check_outputs
+from infscaler.runtime.pipeline import (
+    ERROR,
+    FANOUT,
+    TRACE,
+    CompiledPipeline,
+    decode_error,
+    load_function,
+)
+from infscaler.runtime.stats import PipelineStats
+from infscaler.runtime.supervisor import FRONTEND_INSTANCE
+
+log = logging.getLogger("infscaler.frontend")
+
+_EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
+
+
+class RequestError(InfScalerError):
+    """A request failed; ``status`` is the HTTP status to answer with (500: a unit
+    failed on it; 503: the service could not run it now)."""
+
+    def __init__(self, message: str, status: int = 503, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.status = status
+
+
+@dataclass
+class Route:
+    """A deployed pipeline as the front end routes it.
+
+    Attributes:
+        pipeline: the compiled pipeline.
+        stage_ids: channel stage of each unit (0 for the fan-in, run here).
+        stats: its statistics.
+    """
+
+    pipeline: CompiledPipeline
+    stage_ids: list[int]
+    stats: PipelineStats
+    accepting: bool = True
+    _fan_in_fn: Any = None
+
+    def fan_in_fn(self) -> Any:
+        if self._fan_in_fn is None:
+            fi = self.pipeline.fan_in_index
+            assert fi is not None
+            self._fan_in_fn = load_function(self.pipeline.units[fi].function or "")
+        return self._fan_in_fn
+
+
+@dataclass
+class Result:
+    """A completed request.
+
+    Attributes:
+        outputs: the pipeline's output tensors (owned copies).
+        trace: int64 [n, 4] rows (unit, instance, start ns, end ns) of every unit run.
+        latency_ms: submit to completion, ms.
+        items: number of fan-out items (None without a fan-out).
+    """
+
+    outputs: dict[str, np.ndarray]
+    trace: np.ndarray
+    latency_ms: float
+    items: int | None = None
+
+    def unit_ms(self, units: list[str]) -> dict[str, float]:
+        """Compute ms per unit name (summed over items)."""
+        out = dict.fromkeys(units, 0.0)
+        for unit, _inst, start, end in self.trace.tolist():
+            if 0 <= unit < len(units):
+                out[units[int(unit)]] += (end - start) / 1e6
+        return {k: round(v, 3) for k, v in out.items()}
+
+
+@dataclass
+class _Pending:
+    seq: int
+    route: Route
+    inputs: dict[str, np.ndarray] | None
+    future: concurrent.futures.Future
+    deadline: float
+    t_submit_ns: int
+    phase: str = "queued"  # queued, running, items, post, done
+    count: int | None = None
+    items: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    carry: dict[str, np.ndarray] | None = None
+    traces: list[np.ndarray] = field(default_factory=list)
+    busy_since: float | None = None
+
+
+class FrontEnd:
+    """Stage 0 of every pipeline (see the module docstring).
+
+    Args:
+        manager: the running :class:`~infscaler.shm.manager.TensorSharingManager`.
+        service_id: the pool's service id.
+        max_pending: requests admitted at once; beyond it :meth:`submit` refuses (503).
+        max_out_tokens: result slots kept for reuse as input slots.
+        pool: the service's :class:`~infscaler.shm.pool.TensorPool` (same process), for
+            admission: a new request enters the pipeline only while the slots in use
+            stay under ``admit_fraction`` of the cap, so the stages downstream always
+            find room for their outputs (a front end that filled the pool with inputs
+            would deadlock the pipeline); it waits in the backlog meanwhile.
+    """
+
+    def __init__(
+        self,
+        manager: Any,
+        service_id: str,
+        *,
+        max_pending: int = 1024,
+        max_out_tokens: int = 4,
+        pool: Any = None,
+        admit_fraction: float = 0.5,
+    ) -> None:
+        from infscaler.ebpf.channel import Endpoint
+        from infscaler.shm.manager import InstanceClient
+        from infscaler.shm.pool import SlabMap
+
+        self.manager = manager
+        self.max_pending = max_pending
+        self.pool = pool
+        self.admit_bytes = None if pool is None else int(pool.cap_bytes * admit_fraction)
+        sock = manager.add_instance(0, FRONTEND_INSTANCE)
+        self._endpoint = Endpoint(sock, FRONTEND_INSTANCE)
+        self._slabs = SlabMap(service_id)
+        self.client = InstanceClient(
+            self._endpoint, self._slabs, FRONTEND_INSTANCE, 0, max_out_tokens=max_out_tokens
+        )
+        self._seq = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._backlog: collections.deque[_Pending] = collections.deque()
+        self._commands: collections.deque[tuple] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closing = False
+        self.counters = collections.Counter()
+        self._thread = threading.Thread(target=self._run, name="infscaler-frontend", daemon=True)
+        self._thread.start()
+
+    # -- API (any thread) --------------------------------------------------------------------
+    def submit(
+        self, route: Route, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+    ) -> concurrent.futures.Future:
+        """Queue a request; returns a future of :class:`Result` (or :class:`RequestError`).
+
+        ``inputs`` must already be validated against the pipeline's input specs.
+
+        Raises:
+            RequestError: (503) the pipeline is not accepting requests (being removed,
+                or the service drains), or ``max_pending`` requests are in flight.
+        """
+        if self._closing or not route.accepting:
+            raise RequestError(f"pipeline {route.pipeline.name} is not accepting requests now")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if len(self._pending) >= self.max_pending:
+                route.stats.record_rejection()
+                raise RequestError(
+                    f"{len(self._pending)} requests are in flight (max_pending = "
+                    f"{self.max_pending}): try again later",
+                    hint="the service is overloaded; slow down or add instances",
+                )
+            seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1)  # never NO_REQUEST
+            timeout_s = route.pipeline.config.request_timeout_s if timeout_s is None else timeout_s
+            p = _Pending(
+                seq,
+                route,
+                inputs,
+                fut,
+                time.monotonic() + timeout_s,
+                time.monotonic_ns(),
+            )
+            self._pending[seq] = p
+        route.stats.arrival()
+        self._command(("submit", p))
+        return fut
+
+    def fail_request(self, request: int, reason: str) -> None:
+        """The manager failed ``request`` (any thread)."""
+        self._command(("fail", request >> ITEM_BITS, reason))
+
+    def pending(self, route: Route | None = None) -> int:
+        with self._lock:
+            return sum(1 for p in self._pending.values() if route is None or p.route is route)
+
+    def drain(self, timeout: float, route: Route | None = None) -> bool:
+        """Wait until no request (of ``route``) is in flight; True if none is left."""
+        deadline = time.monotonic() + timeout
+        while self.pending(route):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def close(self) -> None:
+        """Fail what is left (503), stop the thread."""
+        self._closing = True
+        self._command(("close",))
+        self._thread.join(5.0)
+        with self._lock:
+            left = list(self._pending.values())
+            self._pending.clear()
+        for p in left:
+            self._complete_error(p, RequestError("the service is stopping"))
+        with contextlib.suppress(Exception):
+            self._endpoint.close()
+        with contextlib.suppress(Exception):
+            self._slabs.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            pending = len(self._pending)
+        return {
+            "pending": pending,
+            "backlog": len(self._backlog),
+            **self.counters,
+            "client": self.client.stats(),
+        }
+
+    # -- the thread ------------------------------------------------------------------------
+    def _command(self, cmd: tuple) -> None:
+        self._commands.append(cmd)
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _run(self) -> None:
+        from infscaler.ebpf.errors import ChannelClosed
+
+        poller = select.poll()
+        poller.register(self._endpoint.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        while True:
+            timeout_ms = 5 if self._backlog else self._next_timeout_ms()
+            if self._endpoint.pending() or self.client.stats()["queued"]:
+                timeout_ms = 0
+            try:
+                poller.poll(timeout_ms)
+            except InterruptedError:
+                continue
+            with contextlib.suppress(BlockingIOError, OSError):
+                while os.read(self._wake_r, 4096):
+                    pass
+            try:
+                if not self._do_commands():
+                    return
+                self._receive()
+                self._start_backlog()
+                self._expire()
+            except ChannelClosed:
+                log.info("front end: control channel closed")
+                return
+            except Exception:  # noqa: BLE001 - the front end must survive any one request
+                log.exception("front end: unexpected error (the request involved is failed)")
+                self.counters["internal_errors"] += 1
+
+    def _next_timeout_ms(self) -> int:
+        with self._lock:
+            if not self._pending:
+                return 1000
+            nearest = min(p.deadline for p in self._pending.values())
+        return max(1, min(1000, int((nearest - time.monotonic()) * 1000) + 1))
+
+    def _do_commands(self) -> bool:
+        while self._commands:
+            cmd = self._commands.popleft()
+            if cmd[0] == "submit":
+                self._backlog.append(cmd[1])
+            elif cmd[0] == "fail":
+                with self._lock:
+                    p = self._pending.get(cmd[1])
+                if p is not None:
+                    self._complete_error(p, RequestError(f"request failed: {cmd[2]}", 503))
+            elif cmd[0] == "close":
+                return False
+        return True
+
+    # -- sending -----------------------------------------------------------------------------
+    def _start_backlog(self) -> None:
+        from infscaler.shm.manager import BackPressureError
+
+        while self._backlog:
+            p = self._backlog[0]
+            if p.phase == "done":
+                self._backlog.popleft()
+                continue
+            route = p.route
+            tensors = {n: p.inputs[n] for n in route.pipeline.front_inputs}  # type: ignore[index]
+            tensors[TRACE] = _EMPTY_TRACE
+            if self.admit_bytes is not None and self._running_requests() > 0:
+                from infscaler.shm.tensors import tensors_nbytes
+
+                if self.pool.in_use_bytes() + tensors_nbytes(tensors) > self.admit_bytes:
+                    if p.busy_since is None:
+                        p.busy_since = time.monotonic()
+                    self.counters["admission_waits"] += 1
+                    return  # requests in the pipeline must free slots first
+            try:
+                self._hand_over(tensors, route.stage_ids[0], p.seq << ITEM_BITS)
+            except BackPressureError:
+                if p.busy_since is None:
+                    p.busy_since = time.monotonic()
+                self.counters["backpressure"] += 1
+                return  # the pool is at its cap: results must come back first
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                self._backlog.popleft()
+                self._complete_error(p, RequestError(f"cannot start the request: {exc}", 500))
+                continue
+            self._backlog.popleft()
+            p.inputs = None
+            p.phase = "running"
+
+    def _running_requests(self) -> int:
+        with self._lock:
+            return sum(1 for p in self._pending.values() if p.phase in ("running", "items", "post"))
+
+    def _hand_over(self, tensors: dict[str, np.ndarray], stage: int, request: int) -> None:
+        from infscaler.shm.tensors import tensors_nbytes, write_tensors
+
+        nbytes = tensors_nbytes(tensors)
+        slot, view = self.client.acquire(nbytes, request, timeout=0.02)
+        try:
+            length = write_tensors(view, tensors)
+        except BaseException:
+            self.client.discard(slot)
+            raise
+        del view
+        self.client.hand_over(slot, stage, request, length)
+
+    # -- receiving ---------------------------------------------------------------------------
+    def _receive(self) -> None:
+        from infscaler.shm.manager import RequestFailed
+        from infscaler.shm.pool import PoolError
+        from infscaler.shm.tensors import SlotFormatError
+
+        self.client.poll(0)
+        while True:
+            try:
+                tok, tensors = self.client.recv_input(0)
+            except TimeoutError:
+                return
+            except RequestFailed as exc:
+                with self._lock:
+                    p = self._pending.get(exc.request >> ITEM_BITS)
+                if p is not None:
+                    self._complete_error(
+                        p, RequestError(f"request {exc.request} failed in the token pipeline")
+                    )
+                continue
+            except (SlotFormatError, PoolError) as exc:
+                bad = getattr(exc, "token", None)
+                if bad is not None:
+                    with self._lock:
+                        p = self._pending.get(bad.request >> ITEM_BITS)
+                    if p is not None:
+                        self._complete_error(p, RequestError(f"unreadable result slot: {exc}", 500))
+                    self.client.done(bad, keep=False)
+                continue
+            try:
+                self._on_token(tok, tensors)
+            finally:
+                del tensors
+                # keep result slots for the next inputs only while the pool has room
+                keep = (
+                    None
+                    if self.admit_bytes is None
+                    else (
+                        len(self.client.out_tokens()) < self.client.max_out_tokens
+                        and self.pool.in_use_bytes() < self.admit_bytes // 2
+                    )
+                )
+                self.client.done(tok, keep=keep)
+
+    def _on_token(self, tok: Any, tensors: dict[str, np.ndarray]) -> None:
+        seq, item = tok.request >> ITEM_BITS, tok.request & ITEM_MASK
+        with self._lock:
+            p = self._pending.get(seq)
+        if p is None or p.phase == "done":
+            self.counters["stale_results"] += 1
+            log.debug(
+                "stale token request %d (seq %d item %d): %s",
+                tok.request,
+                seq,
+                item,
+                "unknown" if p is None else p.phase,
+            )
+            return
+        route = p.route
+        if ERROR in tensors:
+            if TRACE in tensors:
+                p.traces.append(np.array(tensors[TRACE]))
+            self._complete_error(p, RequestError(decode_error(tensors[ERROR]), 500))
+            return
+        fi = route.pipeline.fan_in_index
+        if fi is not None and p.phase in ("running", "items"):
+            self._on_item(p, item, tensors, fi)
+            return
+        if p.phase not in ("running", "post"):
+            self.counters["stale_results"] += 1
+            return
+        if TRACE in tensors:
+            p.traces.append(np.array(tensors[TRACE]))
+        outputs = {n: np.array(tensors[n]) for n in route.pipeline.output_names}
+        self._complete(p, outputs)
+
+    def _on_item(self, p: _Pending, item: int, tensors: dict[str, np.ndarray], fi: int) -> None:
+        route = p.route
+        unit = route.pipeline.units[fi]
+        fan = tensors.get(FANOUT)
+        if fan is None or fan.shape != (2,):
+            self._complete_error(p, RequestError("a fan-out item lost its __fanout__ tag", 500))
+            return
+        index, count = int(fan[0]), int(fan[1])
+        p.phase = "items"
+        if p.carry is None:
+            p.carry = {k: np.array(tensors[k]) for k in unit.carry if k in tensors}
+        if count > 0:
+            if item != index + 1 or index in p.items or (p.count not in (None, count)):
+                self.counters["duplicate_items"] += 1
+                return
+            p.count = count
+            p.items[index] = {k: np.array(tensors[k]) for k in unit.inputs}
+            if TRACE in tensors:
+                p.traces.append(np.array(tensors[TRACE]))
+            if len(p.items) < count:
+                return
+        else:
+            p.count = 0
+            if TRACE in tensors:
+                p.traces.append(np.array(tensors[TRACE]))
+        # every item is here: run the fan-in
+        start = time.monotonic_ns()
+        try:
+            result = route.fan_in_fn()([p.items[i] for i in range(p.count)], **unit.params)
+            result = check_outputs(unit, result)
+        except StageError as exc:
+            self._complete_error(p, RequestError(f"stage {unit.name}: {exc}", 500))
+            return
+        except Exception as exc:  # noqa: BLE001 - the request fails alone
+            self._complete_error(
+                p, RequestError(f"stage {unit.name}: {type(exc).__name__}: {exc}", 500)
+            )
+            return
+        end = time.monotonic_ns()
+        p.items.clear()
+        trace = np.array([[fi, FRONTEND_INSTANCE, start, end]], dtype=np.int64)
+        p.traces.append(trace)
+        out = {**(p.carry or {}), **result}
+        nxt = fi + 1
+        if nxt >= len(route.pipeline.units):
+            self._complete(p, {n: out[n] for n in route.pipeline.output_names})
+            return
+        out[TRACE] = trace
+        p.phase = "post"
+        try:
+            self._hand_over(out, route.stage_ids[nxt], p.seq << ITEM_BITS)
+        except Exception as exc:  # noqa: BLE001 - includes back-pressure past the wait
+            self._complete_error(p, RequestError(f"cannot continue after the fan-in: {exc}"))
+
+    # -- completion --------------------------------------------------------------------------
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [p for p in self._pending.values() if p.deadline <= now]
+        for p in late:
+            why = (
+                "the tensor pool stayed at its memory cap"
+                if p.phase == "queued" and p.busy_since is not None
+                else f"no result within {p.route.pipeline.config.request_timeout_s:g} s"
+            )
+            self._complete_error(p, RequestError(f"request timed out: {why}", 503))
+
+    def _complete(self, p: _Pending, outputs: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            if self._pending.pop(p.seq, None) is None:
+                return
+        p.phase = "done"
+        latency_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
+        # items carry the rows of the units before the fan-out: count each row once
+        trace = np.unique(np.concatenate(p.traces), axis=0) if p.traces else _EMPTY_TRACE
+        p.route.stats.record_success(latency_ms, trace, p.t_submit_ns)
+        self.counters["completed"] += 1
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            p.future.set_result(Result(outputs, trace, latency_ms, p.count))
+
+    def _complete_error(self, p: _Pending, exc: RequestError) -> None:
+        with self._lock:
+            if self._pending.pop(p.seq, None) is None:
+                return
+        p.phase = "done"
+        p.inputs = None
+        p.route.stats.record_failure(exc.status)
+        self.counters["failed"] += 1
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            p.future.set_exception(exc)

@@ -1,0 +1,413 @@
+"""A partition instance: one process running one unit on one engine (InfScaler §IV-B).
+
+The loop (paper Fig. 4): block on the control socket for a DATA token, map its slot
+and read the input tensors zero-copy, run the engine (or the function), take an
+out-token (token fault to the manager when the OutToken queue is empty), write the
+outputs plus the tensors later units still need, hand the token to the next stage, and
+return the input slot (kept as an out-token, or freed).
+
+Started by the supervisor (:mod:`infscaler.runtime.supervisor`) as
+``python -m infscaler.runtime.instance``, with the channel socket and a status pipe
+inherited as file descriptors and its spec (JSON) on stdin. It reports to the
+supervisor on the status pipe, one JSON object per line: ``ready`` (after loading and a
+warm-up run: pid, memory, engine), ``stats`` (every ``stats_interval_s`` while serving:
+requests, errors, busy ms, RSS / USS MB) and ``fatal`` (it could not start).
+
+Signals: SIGUSR1 asks for a graceful stop (after the current request); SIGTERM and
+SIGINT are ignored (under systemd the whole cgroup gets SIGTERM, but the service must
+drain in-flight requests through its instances first); the process dies with its
+parent (``PR_SET_PDEATHSIG``).
+
+A request that fails in this unit (engine error, function exception, wrong outputs) is
+not lost: a slot holding ``__error__`` (the message) goes to the front end, which
+answers the client with it; the instance keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from infscaler.runtime.pipeline import ERROR, FANOUT, TRACE, Unit, encode_error, load_function
+
+log = logging.getLogger("infscaler.instance")
+
+ITEM_BITS = 16
+ITEM_MASK = (1 << ITEM_BITS) - 1
+MAX_ITEMS = ITEM_MASK - 1
+_TRACE_COLS = 4  # unit index, instance id, start ns, end ns
+
+
+class StageError(Exception):
+    """A unit failed on one request (reported to the client, the instance goes on)."""
+
+
+class ModelRunner:
+    """Runs a model unit on its engine (:mod:`infscaler.runtime.engines`)."""
+
+    def __init__(self, unit: Unit, cores: list[int] | None) -> None:
+        from infscaler.runtime.engines import create_engine
+
+        self.unit = unit
+        self.engine = create_engine(
+            unit.engine,
+            unit.path,
+            threads=unit.threads,
+            cores=cores,
+            precision=unit.precision,
+            shapes=unit.shapes or None,
+        )
+
+    def load(self) -> dict[str, Any]:
+        self.engine.load()
+        self._warm_up()
+        return self.engine.describe()
+
+    def _warm_up(self) -> None:
+        """One run on zeros when every input shape is known (first request then pays
+        no lazy initialisation)."""
+        feeds = {}
+        for info in self.engine.inputs:
+            shape = self.unit.shapes.get(info.name) or info.shape
+            if shape is None or any(d is None or d < 0 for d in shape):
+                return
+            feeds[info.name] = np.zeros(shape, dtype=info.dtype)
+        with contextlib.suppress(Exception):
+            self.engine.infer(feeds)
+
+    def __call__(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        u = self.unit
+        feeds = {u.in_map[s]: tensors[s] for s in u.inputs}
+        out = self.engine.infer(feeds, outputs=list(u.out_map))
+        return {u.out_map[k]: v for k, v in out.items()}
+
+    @property
+    def memory_mb(self) -> float:
+        return float(getattr(self.engine, "memory_mb", 0.0) or 0.0)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class FunctionRunner:
+    """Runs a function unit (``module:callable``) and checks what it returns."""
+
+    def __init__(self, unit: Unit, cores: list[int] | None) -> None:
+        self.unit = unit
+        self.cores = cores
+        self.fn: Callable[..., Any] | None = None
+
+    def load(self) -> dict[str, Any]:
+        if self.cores:
+            os.sched_setaffinity(0, self.cores)
+        self.fn = load_function(self.unit.function or "")
+        return {"kind": "function", "function": self.unit.function, "cores": self.cores}
+
+    def __call__(self, tensors: Mapping[str, np.ndarray]) -> Any:
+        assert self.fn is not None
+        u = self.unit
+        result = self.fn({k: tensors[k] for k in u.inputs}, **u.params)
+        if u.fan_out:
+            if not isinstance(result, list | tuple):
+                raise StageError(
+                    f"fan_out function {u.function} returned {type(result).__name__}, "
+                    "not a list of dicts"
+                )
+            if len(result) > MAX_ITEMS:
+                raise StageError(f"{len(result)} items from {u.function}; at most {MAX_ITEMS}")
+            return [check_outputs(u, item) for item in result]
+        return check_outputs(u, result)
+
+    memory_mb = 0.0
+
+    def close(self) -> None:
+        pass
+
+
+def check_outputs(unit: Unit, result: Any) -> dict[str, np.ndarray]:
+    """The outputs of a function unit: exactly the declared names, plain dtypes.
+
+    Raises:
+        StageError: not a dict, missing / extra names, object dtype.
+    """
+    if not isinstance(result, Mapping):
+        raise StageError(
+            f"function {unit.function} returned {type(result).__name__}, not a dict of arrays"
+        )
+    keys = set(result)
+    if keys != set(unit.outputs):
+        raise StageError(
+            f"function {unit.function} returned {sorted(keys)}, the pipeline declares "
+            f"outputs {sorted(unit.outputs)}"
+        )
+    out = {}
+    for k, v in result.items():
+        a = np.asarray(v)
+        if a.dtype.kind in "OV":
+            raise StageError(f"function {unit.function}: output {k!r} has dtype {a.dtype}")
+        out[k] = a
+    return out
+
+
+def _set_pdeathsig() -> None:
+    """Die with the parent (Linux prctl PR_SET_PDEATHSIG = 1)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def _memory() -> dict[str, float]:
+    try:
+        import psutil
+
+        p = psutil.Process()
+        try:
+            full = p.memory_full_info()
+            return {"rss_mb": full.rss / 2**20, "uss_mb": full.uss / 2**20}
+        except (psutil.AccessDenied, AttributeError):
+            return {"rss_mb": p.memory_info().rss / 2**20, "uss_mb": 0.0}
+    except Exception:  # noqa: BLE001 - telemetry never stops serving
+        return {"rss_mb": 0.0, "uss_mb": 0.0}
+
+
+class Instance:
+    """The serving loop of one instance (see the module docstring).
+
+    Args:
+        spec: ``service_id``, ``instance``, ``stage_id``, ``next_stage``, ``fd``,
+            ``status_fd``, ``unit`` (:meth:`Unit.to_dict`), ``cores``,
+            ``max_out_tokens``, ``acquire_timeout_s``, ``stats_interval_s``.
+    """
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from infscaler.ebpf.channel import Endpoint
+        from infscaler.shm.manager import InstanceClient
+        from infscaler.shm.pool import SlabMap
+
+        self.spec = spec
+        self.unit = Unit(**spec["unit"])
+        self.iid = int(spec["instance"])
+        self.stage_id = int(spec["stage_id"])
+        self.next_stage = int(spec["next_stage"])
+        self.status = os.fdopen(spec["status_fd"], "w", buffering=1)
+        self.endpoint = Endpoint(spec["fd"], self.iid)
+        self.slabs = SlabMap(spec["service_id"])
+        self.client = InstanceClient(
+            self.endpoint,
+            self.slabs,
+            self.iid,
+            self.stage_id,
+            max_out_tokens=int(spec.get("max_out_tokens", 2)),
+        )
+        cores = spec.get("cores") or None
+        self.runner: ModelRunner | FunctionRunner = (
+            ModelRunner(self.unit, cores)
+            if self.unit.kind == "model"
+            else FunctionRunner(self.unit, cores)
+        )
+        self.acquire_timeout_s = float(spec.get("acquire_timeout_s", 30.0))
+        self.stats_interval_s = float(spec.get("stats_interval_s", 1.0))
+        self.stopping = False
+        self.served = 0
+        self.errors = 0
+        self.busy_ns = 0
+        self.last_ms = 0.0
+
+    def report(self, event: str, **fields: Any) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.status.write(json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n")
+
+    def run(self) -> int:
+        from infscaler.ebpf.errors import ChannelClosed
+
+        t0 = time.perf_counter()
+        try:
+            describe = self.runner.load()
+        except Exception as exc:  # noqa: BLE001 - reported to the supervisor, then exit
+            msg = str(exc) if hasattr(exc, "hint") else f"{type(exc).__name__}: {exc}"
+            self.report("fatal", error=f"unit {self.unit.name}: {msg}")
+            return 1
+        self.report(
+            "ready",
+            load_ms=round((time.perf_counter() - t0) * 1e3, 1),
+            memory_mb=round(self.runner.memory_mb, 2),
+            engine=describe,
+            cores=self.spec.get("cores") or [],
+            **_memory(),
+        )
+        next_stats = time.monotonic() + self.stats_interval_s
+        dirty = False
+        try:
+            while not self.stopping:
+                wait = max(0.0, min(0.5, next_stats - time.monotonic()))
+                try:
+                    self.serve_one(wait)
+                    dirty = True
+                except TimeoutError:
+                    pass
+                now = time.monotonic()
+                if now >= next_stats:
+                    if dirty:
+                        self.report(
+                            "stats",
+                            served=self.served,
+                            errors=self.errors,
+                            busy_ms=round(self.busy_ns / 1e6, 3),
+                            last_ms=round(self.last_ms, 3),
+                            **_memory(),
+                        )
+                        dirty = False
+                    next_stats = now + self.stats_interval_s
+        except ChannelClosed:
+            return 0
+        with contextlib.suppress(Exception):
+            self.client.release_out_tokens()
+        return 0
+
+    def serve_one(self, timeout: float) -> None:
+        """Serve one input token (wait up to ``timeout`` s).
+
+        Raises:
+            TimeoutError: nothing arrived.
+            ChannelClosed: removed from the channel (the service is stopping).
+        """
+        from infscaler.shm.manager import RequestFailed
+        from infscaler.shm.pool import PoolError
+        from infscaler.shm.tensors import SlotFormatError
+
+        try:
+            tok, tensors = self.client.recv_input(timeout)
+        except RequestFailed:
+            return  # the manager failed a request we never saw: nothing to do here
+        except (SlotFormatError, PoolError) as exc:
+            bad = getattr(exc, "token", None)
+            if bad is not None:
+                self._send_error(bad, None, f"unit {self.unit.name}: unreadable input slot: {exc}")
+                self.client.done(bad, keep=False)
+            self.errors += 1
+            return
+        start = time.monotonic_ns()
+        trace_in = tensors.get(TRACE)
+        try:
+            result = self.runner(tensors)
+            end = time.monotonic_ns()
+            trace = self._trace(trace_in, start, end)
+            if self.unit.fan_out:
+                self._hand_over_items(tok, tensors, result, trace)
+            else:
+                out = {**{k: tensors[k] for k in self.unit.carry}, **result, TRACE: trace}
+                if FANOUT in tensors:
+                    out[FANOUT] = tensors[FANOUT]
+                self._hand_over(out, self.next_stage, tok.request)
+            self.served += 1
+        except Exception as exc:  # noqa: BLE001 - one request fails, the instance goes on
+            end = time.monotonic_ns()
+            self.errors += 1
+            detail = (
+                str(exc)
+                if isinstance(exc, StageError) or hasattr(exc, "hint")
+                else (f"{type(exc).__name__}: {exc}")
+            )
+            log.warning("unit %s failed on request %d: %s", self.unit.name, tok.request, detail)
+            if not isinstance(exc, StageError) and not hasattr(exc, "hint"):
+                traceback.print_exc(file=sys.stderr)
+            self._send_error(
+                tok, tensors, f"stage {self.unit.name}: {detail}", trace_in, start, end
+            )
+        finally:
+            self.busy_ns += time.monotonic_ns() - start
+            self.last_ms = (time.monotonic_ns() - start) / 1e6
+            # the inputs' views die with the slot: nothing above keeps one
+            del tensors
+            self.client.done(tok)
+
+    def _trace(self, trace_in: np.ndarray | None, start: int, end: int) -> np.ndarray:
+        row = np.array([[self.unit.index, self.iid, start, end]], dtype=np.int64)
+        if trace_in is None or trace_in.ndim != 2 or trace_in.shape[1] != _TRACE_COLS:
+            return row
+        return np.concatenate([trace_in, row])
+
+    def _hand_over(self, out: dict[str, np.ndarray], stage: int, request: int) -> None:
+        from infscaler.shm.tensors import tensors_nbytes, write_tensors
+
+        nbytes = tensors_nbytes(out)
+        slot, view = self.client.acquire(nbytes, request, timeout=self.acquire_timeout_s)
+        try:
+            length = write_tensors(view, out)
+        except BaseException:
+            self.client.discard(slot)
+            raise
+        del view
+        self.client.hand_over(slot, stage, request, length)
+
+    def _hand_over_items(
+        self, tok: Any, tensors: Mapping[str, np.ndarray], items: list[dict], trace: np.ndarray
+    ) -> None:
+        carry = {k: tensors[k] for k in self.unit.carry}
+        n = len(items)
+        if n == 0:  # a marker straight to the front end: nothing to run per item
+            marker = {**carry, FANOUT: np.array([0, 0], np.int64), TRACE: trace}
+            self._hand_over(marker, 0, tok.request)
+            return
+        base = tok.request & ~ITEM_MASK
+        for i, item in enumerate(items):
+            out = {**carry, **item, FANOUT: np.array([i, n], np.int64), TRACE: trace}
+            self._hand_over(out, self.next_stage, base | (i + 1))
+
+    def _send_error(
+        self,
+        tok: Any,
+        tensors: Mapping[str, np.ndarray] | None,
+        message: str,
+        trace_in: np.ndarray | None = None,
+        start: int = 0,
+        end: int = 0,
+    ) -> None:
+        out: dict[str, np.ndarray] = {ERROR: encode_error(message)}
+        if start:
+            out[TRACE] = self._trace(trace_in, start, end)
+        if tensors is not None and FANOUT in tensors:
+            out[FANOUT] = np.asarray(tensors[FANOUT])
+        try:
+            self._hand_over(out, 0, tok.request)
+        except Exception as exc:  # noqa: BLE001 - last resort: the front end times it out
+            log.error(
+                "unit %s could not report a failure of request %d: %s",
+                self.unit.name,
+                tok.request,
+                exc,
+            )
+
+
+def main() -> int:
+    """Entry point: read the spec from stdin, serve until told to stop."""
+    _set_pdeathsig()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=os.environ.get("INFSCALER_LOG_LEVEL", "WARNING"),
+        format="%(asctime)s instance[%(process)d] %(levelname)s %(message)s",
+    )
+    spec = json.loads(sys.stdin.read())
+    inst = Instance(spec)
+
+    def stop(_sig: int, _frame: Any) -> None:
+        inst.stopping = True
+
+    signal.signal(signal.SIGUSR1, stop)
+    return inst.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,509 @@
+"""Compile a pipeline configuration into *units*: what the runtime schedules.
+
+A unit is one partition of a model stage (the paper's operator group, §IV-A; a model
+partitioned into K parts gives K units, each scaled on its own, Algorithm 1) or one
+function stage. Units run in pipeline order; each instance of unit *i* hands its output
+token straight to an instance of unit *i+1* (InfScaler §IV-B: zero-copy handover), except
+at the ends and around a fan-in, where tokens go to the front end (stage 0).
+
+Tensors travel in pool slots by name (:mod:`infscaler.shm.tensors`). What a slot holds
+between units *i* and *i+1* is fixed here, once, by liveness over the unit list:
+unit *i* writes its outputs plus the tensors it received that a later unit (or the
+response) still needs (``carry``). Branches of a DAG therefore run one after another in
+the configured (topological) order, and a tensor that skips stages rides along.
+
+Names: a model stage's own inputs and outputs take the pipeline names its ``inputs`` /
+``outputs`` mappings give; tensors internal to a partitioned model (crossing a cut)
+are named ``<stage>/<onnx name>`` so they never collide with pipeline tensors.
+
+Reserved slot tensors (``__`` prefix), written by the runtime:
+``__trace__`` (int64 [n, 5]: unit, instance, received ns, start ns, end ns per unit,
+``CLOCK_MONOTONIC``), ``__fanout__`` (int64 [2]: item index, item count),
+``__error__`` (uint8: a UTF-8 message; the request failed at that unit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from infscaler.config import InputSpec, PipelineConfig, StageConfig
+from infscaler.errors import ConfigError, InfScalerError
+
+log = logging.getLogger("infscaler.runtime")
+
+TRACE = "__trace__"
+FANOUT = "__fanout__"
+ERROR = "__error__"
+RESERVED = (TRACE, FANOUT, ERROR)
+
+#: ONNX element type -> v2 datatype.
+_ONNX_TO_V2 = {
+    onnx.TensorProto.BOOL: "BOOL",
+    onnx.TensorProto.UINT8: "UINT8",
+    onnx.TensorProto.UINT16: "UINT16",
+    onnx.TensorProto.UINT32: "UINT32",
+    onnx.TensorProto.UINT64: "UINT64",
+    onnx.TensorProto.INT8: "INT8",
+    onnx.TensorProto.INT16: "INT16",
+    onnx.TensorProto.INT32: "INT32",
+    onnx.TensorProto.INT64: "INT64",
+    onnx.TensorProto.FLOAT16: "FP16",
+    onnx.TensorProto.FLOAT: "FP32",
+    onnx.TensorProto.DOUBLE: "FP64",
+    onnx.TensorProto.STRING: "BYTES",
+}
+_PLAN_DTYPE_TO_V2 = {
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "int8": "INT8",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
+}
+
+
+@dataclass
+class Unit:
+    """One schedulable unit (a partition instance runs exactly one).
+
+    Attributes:
+        index: position in the pipeline's unit list.
+        name: ``<stage>`` or ``<stage>/<k>`` for partition k (0-based) of a model.
+        stage: the configured stage's name.
+        kind: ``model`` or ``function``.
+        partition / num_partitions: which operator group of the model (0 / 1 if whole).
+        path: the ONNX file the engine loads (model units).
+        function / params: ``module:callable`` and its keyword arguments.
+        in_map: slot tensor -> engine input name (model units).
+        out_map: engine output name -> slot tensor (model units).
+        inputs / outputs: slot tensors read / written.
+        carry: received slot tensors this unit passes on unchanged.
+        fan_out / fan_in: see :mod:`infscaler.config`; per_item: runs once per item.
+        engine / precision / threads / instances / shapes: how instances run.
+        bottleneck: B_k from the plan (sum of representative complexities, Eq. 1).
+        plan_latency_ms: the plan's measured latency of this partition per engine.
+        memory_mb: the plan's weights + peak activations (MB).
+    """
+
+    index: int
+    name: str
+    stage: str
+    kind: str
+    partition: int = 0
+    num_partitions: int = 1
+    path: str | None = None
+    function: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    in_map: dict[str, str] = field(default_factory=dict)
+    out_map: dict[str, str] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    carry: list[str] = field(default_factory=list)
+    fan_out: bool = False
+    fan_in: bool = False
+    per_item: bool = False
+    engine: str = "cpu"
+    precision: str = "fp32"
+    threads: int = 1
+    instances: int = 1
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    bottleneck: float | None = None
+    plan_latency_ms: dict[str, Any] = field(default_factory=dict)
+    memory_mb: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CompiledPipeline:
+    """A validated pipeline, ready to deploy.
+
+    Attributes:
+        config: the configuration it came from.
+        units: in execution order.
+        inputs: request tensor specs (v2 datatypes; -1 any size).
+        outputs: response tensor specs (shape -1 where unknown; datatype "" if unknown).
+        front_inputs: request tensors the front end writes into the first slot.
+        plans: stage name -> plan directory (partitioned model stages).
+    """
+
+    config: PipelineConfig
+    units: list[Unit]
+    inputs: list[InputSpec]
+    outputs: list[dict[str, Any]]
+    front_inputs: list[str]
+    plans: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def output_names(self) -> list[str]:
+        """Names of the response tensors, in order."""
+        return [o["name"] for o in self.outputs]
+
+    @property
+    def fan_in_index(self) -> int | None:
+        """Index of the fan-in unit (run by the front end), or None."""
+        return next((u.index for u in self.units if u.fan_in), None)
+
+    def next_unit(self, index: int) -> int | None:
+        """The unit after ``index`` that an instance hands over to, or None when the
+        token goes to the front end (the end, or a fan-in next)."""
+        nxt = index + 1
+        if nxt >= len(self.units) or self.units[nxt].fan_in:
+            return None
+        return nxt
+
+    def served_units(self) -> list[Unit]:
+        """Units that run as instances (all but the fan-in, which the front end runs)."""
+        return [u for u in self.units if not u.fan_in]
+
+
+# -- model metadata ------------------------------------------------------------------
+
+
+def _value_infos(path: Path) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    try:
+        m = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - onnx raises many kinds; all mean "bad file"
+        raise ConfigError(f"cannot read model {path}: {str(exc).splitlines()[0]}") from None
+    inits = {i.name for i in m.graph.initializer}
+    return [i for i in m.graph.input if i.name not in inits], list(m.graph.output)
+
+
+def _vi_spec(vi: onnx.ValueInfoProto) -> tuple[str, list[int]]:
+    t = vi.type.tensor_type
+    dtype = _ONNX_TO_V2.get(t.elem_type, "")
+    shape = [
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in t.shape.dim
+    ]
+    return dtype, shape
+
+
+def _plan_dir_for(
+    stage: StageConfig, model_path: Path, state_dir: Path, shapes: str | None
+) -> Path:
+    st = model_path.stat()
+    key = "|".join(
+        str(x)
+        for x in (
+            model_path.resolve(),
+            st.st_size,
+            st.st_mtime_ns,
+            stage.partitions,
+            stage.slo,
+            stage.max_partitions,
+            shapes,
+        )
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return state_dir / "plans" / f"{model_path.stem}-{digest}"
+
+
+# -- compiler -------------------------------------------------------------------------
+
+
+def compile_pipeline(
+    cfg: PipelineConfig,
+    *,
+    state_dir: Path | None = None,
+    device: Any = None,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> CompiledPipeline:
+    """Resolve models, partition model stages at deploy (cached in
+    ``state_dir/plans``), and lay out the units.
+
+    Args:
+        cfg: a validated :class:`~infscaler.config.PipelineConfig`.
+        state_dir: where deploy-time plans are kept (default ``$INFSCALER_STATE_DIR`` or
+            ``~/.local/state/infscaler``).
+        device: a :class:`~infscaler.device.DeviceProfile` passed to the partitioner.
+        progress: called with a line per step (partitioning takes seconds).
+
+    Raises:
+        ConfigError: a model stage whose tensors do not exist in the model, inputs not
+            available when a stage runs, outputs never produced, unknown functions.
+        InfScalerError: partitioning failed (the partitioner's message).
+    """
+    from infscaler.models import MODELS, resolve_model
+    from infscaler.partitioner.plan import read_plan
+
+    state_dir = Path(state_dir or default_state_dir())
+    units: list[Unit] = []
+    plans: dict[str, str] = {}
+    pipe_inputs = list(cfg.inputs) if cfg.inputs is not None else None
+    pipe_outputs = list(cfg.outputs) if cfg.outputs is not None else None
+    in_items = False
+
+    for si, stage in enumerate(cfg.stages):
+        where = f"pipeline {cfg.name}: stages[{si}] ({stage.name})"
+        if stage.fan_out:
+            in_items = True
+        if stage.kind == "function":
+            _check_function(stage.function or "", where)
+            units.append(
+                Unit(
+                    index=len(units),
+                    name=stage.name,
+                    stage=stage.name,
+                    kind="function",
+                    function=stage.function,
+                    params=dict(stage.params),
+                    inputs=list(stage.inputs or []),
+                    outputs=list(stage.outputs or []),
+                    fan_out=stage.fan_out,
+                    fan_in=stage.fan_in,
+                    per_item=in_items and not stage.fan_out and not stage.fan_in,
+                    threads=stage.threads,
+                    instances=stage.instances_for(0, 1),
+                )
+            )
+            if stage.fan_in:
+                in_items = False
+            continue
+
+        # -- model stage: whole, a given plan, or partitioned now --------------------
+        if stage.plan is not None:
+            plan_dir = Path(stage.plan)
+            plan = read_plan(plan_dir, load_parts=False)
+        elif (stage.partitions or 1) > 1 or stage.slo is not None:
+            model_path = resolve_model(stage.model or "")
+            shapes = stage.shapes
+            if shapes is None and stage.model in MODELS:
+                shapes = MODELS[stage.model].shapes
+            plan_dir = _plan_dir_for(stage, model_path, state_dir, shapes)
+            if (plan_dir / "plan.yaml").is_file():
+                progress(f"{stage.name}: reusing plan {plan_dir}")
+                plan = read_plan(plan_dir, load_parts=False)
+            else:
+                from infscaler.partitioner.api import partition_model
+
+                progress(
+                    f"{stage.name}: partitioning {model_path.name} (K={stage.partitions or 'search'})"
+                )
+                plan = partition_model(
+                    model_path,
+                    shapes=shapes,
+                    slo=stage.slo,
+                    num_partitions=stage.partitions,
+                    max_partitions=stage.max_partitions,
+                    device=device,
+                    out_dir=plan_dir,
+                    force=True,
+                    progress=lambda m, s=stage.name: progress(f"{s}: {m}"),
+                )
+                plan = read_plan(plan_dir, load_parts=False)
+        else:
+            plan_dir = None
+            plan = None
+        if plan is not None and plan_dir is not None:
+            plans[stage.name] = str(plan_dir)
+            model_inputs = {t["name"]: t for t in plan.summary["model"]["inputs"]}
+            model_outputs = {t["name"]: t for t in plan.summary["model"]["outputs"]}
+            parts = [
+                (
+                    plan_dir / p["file"],
+                    [t["name"] for t in p["inputs"]],
+                    [t["name"] for t in p["outputs"]],
+                    p,
+                )
+                for p in plan.summary["partitions"]
+            ]
+            shapes_of = {n: list(t["shape"]) for n, t in model_inputs.items()}
+        else:
+            model_path = resolve_model(stage.model or "")
+            ins, outs = _value_infos(model_path)
+            model_inputs = {
+                vi.name: {"name": vi.name, "v2": _vi_spec(vi)[0], "shape": _vi_spec(vi)[1]}
+                for vi in ins
+            }
+            model_outputs = {
+                vi.name: {"name": vi.name, "v2": _vi_spec(vi)[0], "shape": _vi_spec(vi)[1]}
+                for vi in outs
+            }
+            parts = [(model_path, list(model_inputs), list(model_outputs), None)]
+            shapes_of = {}
+            if stage.shapes:
+                from infscaler.partitioner.loader import parse_shapes
+
+                shapes_of = {k: list(v) for k, v in parse_shapes(stage.shapes).items()}
+        in_mapping = dict(stage.inputs or {})
+        out_mapping = dict(stage.outputs or {})
+        for label, mapping, known in (
+            ("inputs", in_mapping, model_inputs),
+            ("outputs", out_mapping, model_outputs),
+        ):
+            bad = [n for n in mapping if n not in known]
+            if bad:
+                raise ConfigError(
+                    f"{where}.{label}: {bad} are not {label} of the model",
+                    hint=f"the model's {label}: {sorted(known)}",
+                )
+
+        def slot_name(
+            onnx_name: str,
+            stage=stage,
+            im=in_mapping,
+            om=out_mapping,
+            mi=model_inputs,
+            mo=model_outputs,
+        ) -> str:
+            if onnx_name in mi:
+                return im.get(onnx_name, onnx_name)
+            if onnx_name in mo:
+                return om.get(onnx_name, onnx_name)
+            return f"{stage.name}/{onnx_name}"
+
+        k_total = len(parts)
+        for k, (path, p_in, p_out, meta) in enumerate(parts):
+            units.append(
+                Unit(
+                    index=len(units),
+                    name=stage.name if k_total == 1 else f"{stage.name}/{k}",
+                    stage=stage.name,
+                    kind="model",
+                    partition=k,
+                    num_partitions=k_total,
+                    path=str(path),
+                    in_map={slot_name(n): n for n in p_in},
+                    out_map={n: slot_name(n) for n in p_out},
+                    inputs=[slot_name(n) for n in p_in],
+                    outputs=[slot_name(n) for n in p_out],
+                    per_item=in_items,
+                    engine=stage.engine,
+                    precision=stage.precision,
+                    threads=stage.threads,
+                    instances=stage.instances_for(k, k_total),
+                    shapes={n: s for n, s in shapes_of.items() if n in p_in},
+                    bottleneck=None if meta is None else meta.get("bottleneck"),
+                    plan_latency_ms={} if meta is None else meta.get("latency_ms", {}),
+                    memory_mb=None if meta is None else meta.get("memory_mb"),
+                )
+            )
+        if pipe_inputs is None and si == 0:
+            pipe_inputs = [
+                InputSpec(
+                    name=in_mapping.get(n, n),
+                    datatype=t.get("v2") or _PLAN_DTYPE_TO_V2.get(t.get("dtype", ""), "FP32"),
+                    shape=[int(d) if isinstance(d, int) and d > 0 else -1 for d in t["shape"]],
+                )
+                for n, t in model_inputs.items()
+            ]
+        if pipe_outputs is None and si == len(cfg.stages) - 1:
+            pipe_outputs = [out_mapping.get(n, n) for n in model_outputs]
+
+    assert pipe_inputs is not None and pipe_outputs is not None
+    _layout(units, pipe_inputs, pipe_outputs, cfg.name)
+    out_specs = _output_specs(units, pipe_outputs)
+    needed0 = set(pipe_outputs) | {n for u in units for n in u.inputs}
+    front = [i.name for i in pipe_inputs if i.name in needed0]
+    return CompiledPipeline(cfg, units, pipe_inputs, out_specs, front, plans)
+
+
+def _check_function(spec: str, where: str) -> Callable[..., Any]:
+    try:
+        return load_function(spec)
+    except InfScalerError as exc:
+        raise ConfigError(f"{where}.function: {exc.message}", hint=exc.hint) from None
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """Import ``module:callable``.
+
+    Raises:
+        InfScalerError: the module cannot be imported or has no such callable.
+    """
+    import importlib
+
+    module, _, attr = spec.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure means the same to the user
+        raise InfScalerError(
+            f"cannot import {module!r} for function {spec!r}: {type(exc).__name__}: {exc}",
+            hint="the module must be importable by the service (installed, or on PYTHONPATH)",
+        ) from None
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise InfScalerError(f"{module!r} has no callable {attr!r}")
+    return fn
+
+
+def _layout(units: list[Unit], inputs: list[InputSpec], outputs: list[str], name: str) -> None:
+    """Fill each unit's ``carry`` by liveness and check that every input is available."""
+    n = len(units)
+    needed_after: list[set[str]] = [set() for _ in range(n)]
+    acc = set(outputs)
+    for i in range(n - 1, -1, -1):
+        needed_after[i] = set(acc)
+        acc |= set(units[i].inputs)
+    per_item: set[str] = set()
+    arriving = {i.name for i in inputs} & (acc | set(outputs))
+    for u in units:
+        missing = [t for t in u.inputs if t not in arriving]
+        if missing:
+            raise ConfigError(
+                f"pipeline {name}: unit {u.name} reads {missing}, which no earlier stage "
+                "produces and the request does not bring",
+                hint=f"available there: {sorted(arriving)}",
+            )
+        if u.fan_in:
+            arriving = arriving - per_item
+        carry = sorted((arriving & needed_after[u.index]) - set(u.outputs))
+        u.carry = carry
+        if u.fan_out or u.per_item:
+            per_item |= set(u.outputs)
+        arriving = set(u.outputs) | set(carry)
+    missing = [t for t in outputs if t not in arriving]
+    if missing:
+        raise ConfigError(f"pipeline {name}: outputs {missing} are not produced by any stage")
+
+
+def _output_specs(units: list[Unit], outputs: list[str]) -> list[dict[str, Any]]:
+    specs = []
+    for name in outputs:
+        spec: dict[str, Any] = {"name": name, "datatype": "", "shape": [-1]}
+        for u in units:
+            if u.kind == "model" and name in u.out_map.values():
+                onnx_name = next(k for k, v in u.out_map.items() if v == name)
+                try:
+                    _, outs = _value_infos(Path(u.path or ""))
+                except ConfigError:
+                    break
+                for vi in outs:
+                    if vi.name == onnx_name:
+                        spec["datatype"], spec["shape"] = _vi_spec(vi)
+        specs.append(spec)
+    return specs
+
+
+def default_state_dir() -> Path:
+    """``$INFSCALER_STATE_DIR``, systemd's ``$STATE_DIRECTORY``, or
+    ``~/.local/state/infscaler``."""
+    env = os.environ.get("INFSCALER_STATE_DIR") or os.environ.get("STATE_DIRECTORY")
+    if env:
+        return Path(env.split(":")[0])
+    return Path.home() / ".local" / "state" / "infscaler"
+
+
+def encode_error(message: str) -> np.ndarray:
+    """The ``__error__`` slot tensor for ``message`` (uint8 UTF-8, at most 4 KiB)."""
+    return np.frombuffer(message.encode()[:4096], dtype=np.uint8).copy()
+
+
+def decode_error(arr: np.ndarray) -> str:
+    return bytes(np.asarray(arr, dtype=np.uint8)).decode(errors="replace")

@@ -1,0 +1,433 @@
+"""The supervisor: starts, watches, restarts and stops instance processes.
+
+Each instance is a process (``python -m infscaler.runtime.instance``) bound to one unit,
+one engine and a core set. The supervisor gives it its control socket (registered with
+the tensor sharing manager), watches its status pipe and its exit (a pidfd: event
+driven, no polling), and when an instance dies without being asked to, has the manager
+reclaim its tokens (:meth:`TensorSharingManager.instance_died`: its unacknowledged
+inputs are re-routed to live instances of the same unit or held until the restart,
+InfScaler §IV-B), then starts a replacement. A unit that keeps crashing (more than
+``max_restarts`` within ``restart_window_s``) is marked failed instead of restarted in
+a loop; its queued requests are failed by the manager's hold timeout.
+
+Like Ray Serve's controller, it applies decisions; it makes none (the scaler decides).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from infscaler.errors import InfScalerError
+from infscaler.runtime.pipeline import Unit
+
+log = logging.getLogger("infscaler.supervisor")
+
+#: Instance ids the runtime keeps for itself (u16 token field).
+FRONTEND_INSTANCE = 0xFFFE
+_MAX_IID = 0xFFFD
+
+
+class InstanceStartError(InfScalerError):
+    """An instance could not start (engine unavailable, model failed to load, ...)."""
+
+
+@dataclass
+class InstanceHandle:
+    """One instance process as the supervisor sees it.
+
+    Attributes:
+        iid: instance id (the token's ``instance`` field).
+        key: ``(pipeline, unit index)`` it serves. unit: the unit.
+        stage_id / next_stage: its channel stage and where it hands over.
+        cores: CPU cores it is pinned to.
+        state: ``starting``, ``ready``, ``stopping``, ``exited``, ``failed``.
+        info: the ``ready`` report (engine, memory, load ms). stats: the last ``stats``.
+        restarts: how many instances of this slot were restarted before this one.
+    """
+
+    iid: int
+    key: tuple[str, int]
+    unit: Unit
+    stage_id: int
+    next_stage: int
+    cores: list[int]
+    proc: subprocess.Popen
+    status_fd: int
+    pidfd: int
+    state: str = "starting"
+    info: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    restarts: int = 0
+    exit_code: int | None = None
+    _buf: bytes = b""
+    _ready: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def describe(self) -> dict[str, Any]:
+        mem = self.stats or self.info
+        return {
+            "instance": self.iid,
+            "pid": self.pid,
+            "state": self.state,
+            "engine": self.unit.engine,
+            "cores": self.cores,
+            "rss_mb": round(float(mem.get("rss_mb", 0.0)), 1),
+            "uss_mb": round(float(mem.get("uss_mb", 0.0)), 1),
+            "served": int(self.stats.get("served", 0)),
+            "errors": int(self.stats.get("errors", 0)),
+            "busy_ms": float(self.stats.get("busy_ms", 0.0)),
+            "restarts": self.restarts,
+            "load_ms": self.info.get("load_ms"),
+            "error": self.error,
+        }
+
+
+class Supervisor:
+    """Start / stop / restart instance processes (see the module docstring).
+
+    Args:
+        manager: the running :class:`~infscaler.shm.manager.TensorSharingManager`.
+        service_id: the tensor pool's service id (instances attach its slabs).
+        max_restarts / restart_window_s: crash-loop guard per unit slot.
+        on_change: called (no arguments, from the supervisor thread) when an instance
+            becomes ready, exits or is restarted.
+        env: extra environment for instances.
+    """
+
+    def __init__(
+        self,
+        manager: Any,
+        service_id: str,
+        *,
+        max_restarts: int = 5,
+        restart_window_s: float = 60.0,
+        on_change: Callable[[], None] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.manager = manager
+        self.service_id = service_id
+        self.max_restarts = max_restarts
+        self.restart_window_s = restart_window_s
+        self.on_change = on_change or (lambda: None)
+        self.env = {**os.environ, **(env or {})}
+        self._lock = threading.RLock()
+        self._handles: dict[int, InstanceHandle] = {}
+        self._crashes: dict[tuple[str, int], list[float]] = {}
+        self._next_iid = 1
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="infscaler-supervisor", daemon=True)
+        self._thread.start()
+        self.restarted = 0
+
+    # -- starting ---------------------------------------------------------------------------
+    def _alloc_iid(self) -> int:
+        with self._lock:
+            for _ in range(_MAX_IID):
+                iid = self._next_iid
+                self._next_iid = 1 if iid >= _MAX_IID else iid + 1
+                if iid not in self._handles:
+                    return iid
+        raise InstanceStartError("no free instance id (65533 instances live)")
+
+    def start(
+        self,
+        key: tuple[str, int],
+        unit: Unit,
+        stage_id: int,
+        next_stage: int,
+        cores: list[int],
+        *,
+        restarts: int = 0,
+    ) -> InstanceHandle:
+        """Start one instance of ``unit`` (returns at once; see :meth:`wait_ready`).
+
+        Raises:
+            SharingError / ChannelError: the channel refused the instance (stage full).
+        """
+        iid = self._alloc_iid()
+        sock = self.manager.add_instance(stage_id, iid)
+        status_r, status_w = os.pipe()
+        spec = {
+            "service_id": self.service_id,
+            "instance": iid,
+            "stage_id": stage_id,
+            "next_stage": next_stage,
+            "fd": sock.fileno(),
+            "status_fd": status_w,
+            "unit": unit.to_dict(),
+            "cores": cores,
+        }
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "infscaler.runtime.instance"],
+                stdin=subprocess.PIPE,
+                pass_fds=(sock.fileno(), status_w),
+                env=self.env,
+                close_fds=True,
+            )
+        except OSError as exc:
+            sock.close()
+            os.close(status_r)
+            os.close(status_w)
+            with contextlib.suppress(Exception):
+                self.manager.instance_died(iid, timeout=0)
+            raise InstanceStartError(f"cannot start an instance of {unit.name}: {exc}") from None
+        finally:
+            pass
+        sock.close()
+        os.close(status_w)
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(json.dumps(spec).encode())
+            proc.stdin.close()
+        os.set_blocking(status_r, False)
+        pidfd = os.pidfd_open(proc.pid)
+        h = InstanceHandle(
+            iid, key, unit, stage_id, next_stage, cores, proc, status_r, pidfd, restarts=restarts
+        )
+        with self._lock:
+            self._handles[iid] = h
+            self._sel.register(status_r, selectors.EVENT_READ, ("status", h))
+            self._sel.register(pidfd, selectors.EVENT_READ, ("exit", h))
+        self._wake()
+        log.info("started instance %d of %s (pid %d, cores %s)", iid, unit.name, proc.pid, cores)
+        return h
+
+    def wait_ready(self, handles: list[InstanceHandle], timeout: float) -> None:
+        """Block until every handle is ready.
+
+        Raises:
+            InstanceStartError: one reported a fatal error or exited, or ``timeout``
+                passed (the message names the unit and the reason).
+        """
+        deadline = time.monotonic() + timeout
+        for h in handles:
+            left = deadline - time.monotonic()
+            if not h._ready.wait(max(0.0, left)):
+                raise InstanceStartError(
+                    f"instance {h.iid} of {h.unit.name} was not ready within {timeout:.0f} s"
+                )
+            if h.state != "ready":
+                raise InstanceStartError(
+                    f"instance of {h.unit.name} failed to start: {h.error or 'exited'}",
+                    hint="check the model / engine of this stage (`infscaler inspect`)",
+                )
+
+    # -- stopping ---------------------------------------------------------------------------
+    def stop(self, h: InstanceHandle, timeout: float = 10.0) -> None:
+        """Stop an instance gracefully (SIGUSR1: after its current request), SIGKILL
+        after ``timeout`` s, then deregister it (its queued inputs are re-routed)."""
+        with self._lock:
+            if h.state in ("exited", "failed"):
+                return
+            h.state = "stopping"
+        with contextlib.suppress(ProcessLookupError):
+            h.proc.send_signal(signal.SIGUSR1)
+        try:
+            h.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                h.proc.kill()
+            h.proc.wait()
+        self._exited(h)
+
+    def stop_all(self, handles: list[InstanceHandle] | None = None, timeout: float = 10.0) -> None:
+        """Stop many instances in parallel."""
+        with self._lock:
+            todo = list(self._handles.values()) if handles is None else list(handles)
+            for h in todo:
+                if h.state not in ("exited", "failed"):
+                    h.state = "stopping"
+        for h in todo:
+            with contextlib.suppress(ProcessLookupError):
+                h.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        for h in todo:
+            try:
+                h.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    h.proc.kill()
+                h.proc.wait()
+            self._exited(h)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop every instance and the supervisor thread."""
+        self.stop_all(timeout=timeout)
+        self._closing = True
+        self._wake()
+        self._thread.join(5.0)
+        with contextlib.suppress(OSError):
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    # -- introspection ----------------------------------------------------------------------
+    def handles(self, key: tuple[str, int] | None = None) -> list[InstanceHandle]:
+        with self._lock:
+            return [h for h in self._handles.values() if key is None or h.key == key]
+
+    # -- the watcher ------------------------------------------------------------------------
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _run(self) -> None:
+        while not self._closing:
+            try:
+                events = self._sel.select(timeout=1.0)
+            except (OSError, ValueError):
+                time.sleep(0.05)
+                continue
+            for key, _ in events:
+                what, h = key.data
+                if what == "wake":
+                    with contextlib.suppress(BlockingIOError, OSError):
+                        while os.read(self._wake_r, 4096):
+                            pass
+                elif what == "status":
+                    self._read_status(h)
+                elif what == "exit":
+                    self._read_status(h)
+                    self._on_exit(h)
+
+    def _read_status(self, h: InstanceHandle) -> None:
+        while True:
+            try:
+                chunk = os.read(h.status_fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._sel.unregister(h.status_fd)
+                return
+            h._buf += chunk
+            while b"\n" in h._buf:
+                line, h._buf = h._buf.split(b"\n", 1)
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                self._on_status(h, msg)
+
+    def _on_status(self, h: InstanceHandle, msg: dict[str, Any]) -> None:
+        ev = msg.get("event")
+        if ev == "ready":
+            h.info = msg
+            h.stats = {k: msg[k] for k in ("rss_mb", "uss_mb") if k in msg}
+            if h.state == "starting":
+                h.state = "ready"
+            h._ready.set()
+            self.on_change()
+        elif ev == "stats":
+            h.stats = msg
+        elif ev == "fatal":
+            h.error = str(msg.get("error"))
+            log.error("instance %d of %s: %s", h.iid, h.unit.name, h.error)
+
+    def _on_exit(self, h: InstanceHandle) -> None:
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._sel.unregister(h.pidfd)
+        h.exit_code = h.proc.poll()
+        if h.exit_code is None:
+            with contextlib.suppress(ChildProcessError):
+                h.proc.wait(1.0)
+            h.exit_code = h.proc.returncode
+        if h.state == "stopping":
+            return  # stop() deregisters it
+        was_ready = h.state == "ready"
+        h.state = "failed" if not was_ready else "exited"
+        if not h._ready.is_set():
+            h.error = h.error or f"exited with status {h.exit_code} while starting"
+            h._ready.set()
+        log.warning(
+            "instance %d of %s (pid %d) died with status %s",
+            h.iid,
+            h.unit.name,
+            h.pid,
+            h.exit_code,
+        )
+        # reclaim in a worker: it waits for every live instance's sync echo
+        threading.Thread(target=self._reclaim_and_restart, args=(h, was_ready), daemon=True).start()
+
+    def _exited(self, h: InstanceHandle) -> None:
+        """Deregister a stopped instance (clean exit or killed by stop())."""
+        with self._lock:
+            if h.state == "exited" and h.iid not in self._handles:
+                return
+            h.state = "exited"
+            self._handles.pop(h.iid, None)
+        self._release_fds(h)
+        with contextlib.suppress(Exception):
+            self.manager.instance_died(h.iid, timeout=5.0)
+        self.on_change()
+
+    def _release_fds(self, h: InstanceHandle) -> None:
+        for fd in (h.status_fd, h.pidfd):
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _reclaim_and_restart(self, h: InstanceHandle, was_ready: bool) -> None:
+        try:
+            report = self.manager.instance_died(h.iid, timeout=10.0)
+            log.warning(
+                "reclaimed instance %d: retried %s, failed %s, freed %d slots",
+                h.iid,
+                report.retried,
+                [r for r, _ in report.failed],
+                len(report.freed),
+            )
+        except Exception as exc:  # noqa: BLE001 - logged; the restart still happens
+            log.error("reclaiming instance %d failed: %s", h.iid, exc)
+        with self._lock:
+            self._handles.pop(h.iid, None)
+        self._release_fds(h)
+        if self._closing or not was_ready:
+            self.on_change()
+            return
+        now = time.monotonic()
+        crashes = [t for t in self._crashes.get(h.key, []) if now - t < self.restart_window_s]
+        crashes.append(now)
+        self._crashes[h.key] = crashes
+        if len(crashes) > self.max_restarts:
+            log.error(
+                "unit %s crashed %d times in %.0f s: not restarting it",
+                h.unit.name,
+                len(crashes),
+                self.restart_window_s,
+            )
+            self.on_change()
+            return
+        try:
+            new = self.start(
+                h.key, h.unit, h.stage_id, h.next_stage, h.cores, restarts=h.restarts + 1
+            )
+            self.restarted += 1
+            log.warning("restarted %s as instance %d (pid %d)", h.unit.name, new.iid, new.pid)
+        except Exception as exc:  # noqa: BLE001 - logged; the unit stays down
+            log.error("restarting %s failed: %s", h.unit.name, exc)
+        self.on_change()

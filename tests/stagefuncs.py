@@ -1,0 +1,56 @@
+"""Function stages for the runtime tests (imported by instance processes: the tests put
+this directory on PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def scale(tensors, factor=2.0):
+    """y = x * factor."""
+    return {"y": np.asarray(tensors["x"], dtype=np.float32) * np.float32(factor)}
+
+
+def add_one(tensors):
+    return {"z": tensors["y"] + np.float32(1.0)}
+
+
+def split_rows(tensors):
+    """Fan-out: one item per row of y (an [N, D] tensor)."""
+    x = tensors["y"]
+    return [{"row": np.array(x[i])} for i in range(x.shape[0])]
+
+
+def row_sum(tensors):
+    return {"s": np.array([tensors["row"].sum()], dtype=np.float32)}
+
+
+def gather_sums(items):
+    """Fan-in: the per-row sums, in row order."""
+    if not items:
+        return {"sums": np.zeros((0,), np.float32)}
+    return {"sums": np.concatenate([it["s"] for it in items])}
+
+
+def fail_on_negative(tensors):
+    x = tensors["x"]
+    if (np.asarray(x) < 0).any():
+        raise ValueError("negative input")
+    return {"y": np.array(x)}
+
+
+def slow(tensors, ms=5.0):
+    """y unchanged, after ``ms`` milliseconds of sleep."""
+    time.sleep(ms / 1e3)
+    return {"y": np.array(tensors["y"])}
+
+
+def wrong_keys(tensors):
+    return {"nope": np.zeros(1)}
+
+
+def pid(tensors):
+    return {"y": np.array(tensors["x"]), "pid": np.array([os.getpid()], np.int64)}

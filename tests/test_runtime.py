@@ -1,0 +1,370 @@
+"""The runtime: pipeline config validation, unit layout, and the service (supervisor,
+instances, front end) on function-stage pipelines over both control channels.
+
+Instances are real processes; their functions come from tests/stagefuncs.py (this
+directory is put on PYTHONPATH for them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infscaler.config import load_pipeline, pipeline_for_model
+from infscaler.errors import ConfigError
+from infscaler.runtime.frontend import RequestError
+from infscaler.runtime.pipeline import compile_pipeline
+from infscaler.service import Service, ServiceError
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _stagefuncs_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    old = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{old}" if old else str(HERE))
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+def fan_pipeline(sum_instances: int = 2) -> dict:
+    return {
+        "name": "fx",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": ["sums", "y"],
+        "stages": [
+            {
+                "name": "scale",
+                "function": "stagefuncs:scale",
+                "inputs": ["x"],
+                "outputs": ["y"],
+                "params": {"factor": 3},
+            },
+            {
+                "name": "split",
+                "function": "stagefuncs:split_rows",
+                "fan_out": True,
+                "inputs": ["y"],
+                "outputs": ["row"],
+            },
+            {
+                "name": "sum",
+                "function": "stagefuncs:row_sum",
+                "inputs": ["row"],
+                "outputs": ["s"],
+                "instances": sum_instances,
+            },
+            {
+                "name": "gather",
+                "function": "stagefuncs:gather_sums",
+                "fan_in": True,
+                "inputs": ["s"],
+                "outputs": ["sums"],
+            },
+        ],
+    }
+
+
+def chain_pipeline(**slow: object) -> dict:
+    return {
+        "name": "chain",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": ["y"],
+        "stages": [
+            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
+            {
+                "name": "slow",
+                "function": "stagefuncs:slow",
+                "inputs": ["y"],
+                "outputs": ["y"],
+                "instances": 2,
+                "params": {"ms": 2},
+                **slow,
+            },
+        ],
+    }
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mutate, where, what",
+    [
+        (lambda d: d["stages"][2].pop("function"), "stages[2] (sum)", "exactly one of"),
+        (lambda d: d["stages"][1].update(fan_out="maybe"), "stages[1] (split).fan_out", "boolean"),
+        (lambda d: d["stages"][0].update(engine="tpu"), "stages[0] (scale).engine", "cpu"),
+        (lambda d: d["stages"][0].update(inputs=["nope"]), "stages[0] (scale).inputs", "nope"),
+        (lambda d: d["stages"][3].update(fan_in=False), "fans out but no later stage fans in", ""),
+        (lambda d: d.update(outputs=["row"]), "outputs ['row']", "fan_in"),
+        (lambda d: d["stages"][0].update(instances=0), "stages[0] (scale)", "instances"),
+        (
+            lambda d: d["stages"][0].update(function="no colon"),
+            "stages[0] (scale)",
+            "module:callable",
+        ),
+        (lambda d: d["stages"][1].update(name="scale"), "unique", "scale"),
+        (lambda d: d.update(name="bad name!"), "name", "pattern"),
+    ],
+)
+def test_bad_pipelines_name_the_yaml_path(mutate, where: str, what: str) -> None:
+    d = fan_pipeline()
+    mutate(d)
+    with pytest.raises(ConfigError) as exc:
+        load_pipeline(d)
+    text = str(exc.value)
+    assert where in text and what in text, text
+
+
+def test_pipeline_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_pipeline(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_pipeline(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_pipeline(bad)
+
+
+def test_unknown_function_refused_at_compile(tmp_path: Path) -> None:
+    d = chain_pipeline()
+    d["stages"][1]["function"] = "stagefuncs:no_such_function"
+    with pytest.raises(ConfigError, match="no callable 'no_such_function'"):
+        compile_pipeline(load_pipeline(d), state_dir=tmp_path)
+    d["stages"][1]["function"] = "no_such_module_xyz:f"
+    with pytest.raises(ConfigError, match="cannot import 'no_such_module_xyz'"):
+        compile_pipeline(load_pipeline(d), state_dir=tmp_path)
+
+
+def test_layout_carries_what_later_units_need(tmp_path: Path) -> None:
+    cp = compile_pipeline(load_pipeline(fan_pipeline()), state_dir=tmp_path)
+    units = {u.name: u for u in cp.units}
+    # y is a response tensor: every unit until the end passes it on, items included
+    assert units["scale"].carry == []
+    assert units["split"].carry == ["y"]
+    assert units["sum"].carry == ["y"] and units["sum"].per_item
+    assert units["gather"].fan_in and units["gather"].carry == ["y"]
+    assert cp.front_inputs == ["x"]
+    assert [cp.next_unit(i) for i in range(4)] == [1, 2, None, None]
+
+
+def test_model_stage_mapping_checked_against_the_model(tmp_path: Path, residual_path: Path) -> None:
+    cfg = pipeline_for_model(residual_path)
+    cp = compile_pipeline(cfg, state_dir=tmp_path)
+    assert [i.name for i in cp.inputs] == ["x"] and cp.output_names == ["y"]
+    assert cp.inputs[0].datatype == "FP32" and cp.inputs[0].shape == [1, 4, 8, 8]
+    bad = load_pipeline(
+        {
+            "name": "r",
+            "stages": [{"name": "m", "model": str(residual_path), "inputs": {"nope": "x"}}],
+        }
+    )
+    with pytest.raises(ConfigError, match=r"\['nope'\] are not inputs of the model"):
+        compile_pipeline(bad, state_dir=tmp_path)
+
+
+def test_deploy_partitions_a_model_and_caches_the_plan(tmp_path: Path, residual_path: Path) -> None:
+    cfg = pipeline_for_model(residual_path, partitions=2)
+    cp = compile_pipeline(cfg, state_dir=tmp_path)
+    assert [u.name for u in cp.units] == ["model/0", "model/1"]
+    assert all(u.bottleneck is not None for u in cp.units)
+    # internal tensors are namespaced; the model's own names are the pipeline's
+    crossing = set(cp.units[0].outputs)
+    assert all(n.startswith("model/") or n == "x" for n in crossing)
+    plan_dir = Path(cp.plans["model"])
+    mtime = (plan_dir / "plan.yaml").stat().st_mtime_ns
+    lines: list[str] = []
+    cp2 = compile_pipeline(cfg, state_dir=tmp_path, progress=lines.append)
+    assert (plan_dir / "plan.yaml").stat().st_mtime_ns == mtime
+    assert any("reusing plan" in line for line in lines) and cp2.plans == cp.plans
+
+
+# -- the service -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def service(kind: str, tmp_path: Path):
+    with Service(state_dir=tmp_path / "state", control_path=kind, pool_mb=64) as svc:
+        yield svc
+
+
+def test_fan_out_fan_in_pipeline_answers_concurrent_requests(service: Service) -> None:
+    service.deploy(load_pipeline(fan_pipeline()))
+    assert service.ready("fx")
+    rng = np.random.default_rng(0)
+    xs = [rng.random((int(rng.integers(0, 7)), 4), dtype=np.float32) for _ in range(200)]
+    futs = [service.submit("fx", {"x": x}) for x in xs]
+    for x, f in zip(xs, futs, strict=True):
+        r = f.result(timeout=60)
+        np.testing.assert_allclose(r.outputs["y"], x * 3, rtol=1e-6)
+        np.testing.assert_allclose(r.outputs["sums"], (x * 3).sum(axis=1), rtol=1e-5)
+        assert r.items == x.shape[0]
+        assert {int(u) for u in r.trace[:, 0]} >= {0, 1, 3}
+    st = service.status()
+    assert st["pipelines"][0]["requests"]["success"] == 200
+    sums = {u["unit"]: u for u in st["pipelines"][0]["units"]}
+    assert len(sums["sum"]["instances"]) == 2
+    assert sum(i["served"] for i in sums["sum"]["instances"]) >= 0  # reported once per second
+    assert service.manager.audit() == []
+
+
+def test_a_failing_stage_fails_its_request_alone(service: Service) -> None:
+    d = chain_pipeline()
+    d["stages"][1] = {
+        "name": "check",
+        "function": "stagefuncs:fail_on_negative",
+        "inputs": ["y"],
+        "outputs": ["y"],
+    }
+    d["stages"][1]["function"] = "stagefuncs:fail_on_negative"
+    # fail_on_negative reads x: give it x by a stage of its own
+    d = {
+        "name": "chain",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": ["y"],
+        "stages": [
+            {
+                "name": "check",
+                "function": "stagefuncs:fail_on_negative",
+                "inputs": ["x"],
+                "outputs": ["y"],
+            },
+        ],
+    }
+    service.deploy(load_pipeline(d))
+    good = service.submit("chain", {"x": np.ones(3, np.float32)})
+    bad = service.submit("chain", {"x": -np.ones(3, np.float32)})
+    good2 = service.submit("chain", {"x": np.arange(3, dtype=np.float32)})
+    with pytest.raises(RequestError) as exc:
+        bad.result(timeout=30)
+    assert exc.value.status == 500 and "negative input" in str(exc.value)
+    assert "stage check" in str(exc.value)
+    np.testing.assert_array_equal(good.result(timeout=30).outputs["y"], np.ones(3))
+    np.testing.assert_array_equal(good2.result(timeout=30).outputs["y"], np.arange(3))
+
+
+def test_function_with_wrong_outputs_is_reported(service: Service) -> None:
+    d = {
+        "name": "w",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": ["y"],
+        "stages": [
+            {"name": "w", "function": "stagefuncs:wrong_keys", "inputs": ["x"], "outputs": ["y"]}
+        ],
+    }
+    service.deploy(load_pipeline(d))
+    with pytest.raises(RequestError, match=r"returned \['nope'\].*declares outputs \['y'\]"):
+        service.infer("w", {"x": np.ones(2, np.float32)})
+
+
+def test_kill_9_under_load_every_request_answered_instance_restarted(service: Service) -> None:
+    service.deploy(load_pipeline(chain_pipeline()))
+    victim = next(h for h in service.supervisor.handles() if h.unit.name == "slow")
+
+    def kill() -> None:
+        time.sleep(0.3)
+        os.kill(victim.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    futs = []
+    for i in range(300):
+        futs.append(service.submit("chain", {"x": np.full(4, i, np.float32)}))
+        time.sleep(0.002)
+    killer.join()
+    ok = 0
+    for i, f in enumerate(futs):
+        try:
+            r = f.result(timeout=60)
+        except RequestError as exc:  # allowed: 503 with a reason, never silence
+            assert exc.status == 503 and str(exc)
+            continue
+        np.testing.assert_array_equal(r.outputs["y"], np.full(4, 2 * i))
+        ok += 1
+    assert ok >= 290
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        slow = [h for h in service.supervisor.handles() if h.unit.name == "slow"]
+        if len(slow) == 2 and all(h.state == "ready" for h in slow):
+            break
+        time.sleep(0.1)
+    assert len(slow) == 2 and all(h.state == "ready" for h in slow)
+    assert any(h.restarts == 1 for h in slow) and victim.iid not in {h.iid for h in slow}
+    assert service.status()["manager"]["deaths"] >= 1
+    # no leaked slots: what is still in use is held by live instances (their out-tokens)
+    mgr = service.manager.stats()["manager"]
+    live = {i for i, v in mgr["instances"].items() if v["state"] == "live"}
+    assert all(v["slots"] == 0 for i, v in mgr["instances"].items() if i not in live)
+    assert mgr["slots_held"] == 0 and mgr["slots_quarantined"] == 0
+    assert service.manager.audit() == []
+
+
+def test_back_pressure_at_the_pool_cap_then_recovery(kind: str, tmp_path: Path) -> None:
+    # 8 MB pool, 256 KB tensors, a slow stage: the front end must wait for slots, not fail
+    d = chain_pipeline()
+    d["inputs"][0]["shape"] = [-1]
+    d["stages"][1]["params"] = {"ms": 20}
+    with Service(state_dir=tmp_path, control_path=kind, pool_mb=8) as svc:
+        svc.deploy(load_pipeline(d))
+        x = np.ones(64 * 1024, np.float32)
+        futs = [svc.submit("chain", {"x": x}) for _ in range(60)]
+        for f in futs:
+            np.testing.assert_array_equal(f.result(timeout=60).outputs["y"][:4], 2.0)
+        st = svc.status()
+        assert st["pool"]["mapped_mb"] <= 8.0
+        fe = st["frontend"]
+        assert fe.get("backpressure", 0) + fe.get("admission_waits", 0) + st["pool"]["busy"] > 0
+
+
+def test_request_timeout_is_a_503_with_the_reason(service: Service) -> None:
+    d = chain_pipeline()
+    d["stages"][1]["params"] = {"ms": 400}
+    d["stages"][1]["instances"] = 1
+    service.deploy(load_pipeline(d))
+    with pytest.raises(RequestError) as exc:
+        service.infer("chain", {"x": np.ones(4, np.float32)}, timeout_s=0.1)
+    assert exc.value.status == 503 and "timed out" in str(exc.value)
+    # the late result is dropped, the next request works
+    r = service.infer("chain", {"x": np.ones(4, np.float32)})
+    np.testing.assert_array_equal(r.outputs["y"], 2.0)
+
+
+def test_deploy_errors_leave_nothing_running(service: Service, tmp_path: Path) -> None:
+    service.deploy(load_pipeline(chain_pipeline()))
+    with pytest.raises(ServiceError) as exc:
+        service.deploy(load_pipeline(chain_pipeline()))
+    assert exc.value.status == 409
+    before = len(service.supervisor.handles())
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ConfigError, match="cannot read model"):
+        service.deploy(pipeline_for_model(bad))
+    assert len(service.supervisor.handles()) == before
+    assert [d.name for d in service.deployments()] == ["chain"]
+    with pytest.raises(ServiceError) as exc:
+        service.submit("nope", {})
+    assert exc.value.status == 404
+
+
+def test_undeploy_drains_then_stops_instances(service: Service) -> None:
+    service.deploy(load_pipeline(chain_pipeline()))
+    pids = [h.pid for h in service.supervisor.handles()]
+    futs = [service.submit("chain", {"x": np.ones(4, np.float32)}) for _ in range(20)]
+    service.undeploy("chain")
+    assert all(f.result(timeout=1).outputs["y"][0] == 2.0 for f in futs)
+    assert service.supervisor.handles() == []
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with pytest.raises(ServiceError):
+        service.submit("chain", {"x": np.ones(4, np.float32)})
+    # stage ids came back: the pipeline deploys again
+    service.deploy(load_pipeline(chain_pipeline()))
+    assert service.infer("chain", {"x": np.ones(4, np.float32)}).outputs["y"][0] == 2.0
