@@ -1,0 +1,467 @@
+"""System shared memory for request tensors: the server's region registry and a client helper.
+
+Triton's system shared memory extension (``protocol/extension_shared_memory.md``,
+"System Shared Memory"): a client creates a POSIX shared memory object
+(``shm_open(3)``), registers a byte range of it under a region name
+(``POST /v2/systemsharedmemory/region/{name}/register`` with ``{"key", "offset",
+"byte_size"}``), and then names the region in inference requests
+(``shared_memory_region`` / ``shared_memory_offset`` / ``shared_memory_byte_size``)
+instead of sending tensor bytes; outputs can be written there too.
+
+- :class:`SystemSharedMemoryRegistry` is the server side: it maps registered ranges and
+  hands the codec (:mod:`infscaler.protocol`) bounds-checked views.
+- :class:`SharedMemoryRegion` is the client side (like ``tritonclient.utils.shared_memory``):
+  create an object, write arrays into it, read outputs back.
+
+Keys are ``shm_open`` names: ``"/name"`` or ``"name"`` (one path component; the object is
+``/dev/shm/name`` on Linux). Keys starting with ``isc-`` are refused: that namespace
+belongs to the runtime's own tensor pool (:mod:`infscaler.shm.pool`), which clients must
+not be able to map through the API.
+
+Tensor bytes in a region use the binary tensor layout (``extension_binary_data.md``):
+little-endian, row-major; BYTES elements a 4-byte little-endian length then the bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from infscaler.errors import InfScalerError
+from infscaler.protocol import (
+    DATATYPES,
+    ProtocolError,
+    _parse_bytes,
+    datatype_of,
+    tensor_from_bytes,
+    tensor_to_bytes,
+)
+
+try:
+    import _posixshmem
+except ImportError:  # pragma: no cover - non-POSIX
+    _posixshmem = None
+
+__all__ = ["RESERVED_PREFIXES", "SharedMemoryRegion", "SystemSharedMemoryRegistry", "normalize_key"]
+
+#: Key prefixes clients may not register (the runtime's tensor pool slabs: ``/isc-<id>-<n>``).
+RESERVED_PREFIXES: tuple[str, ...] = ("isc-",)
+_NAME_MAX = 255
+
+
+def normalize_key(key: str, reserved: Sequence[str] = RESERVED_PREFIXES) -> str:
+    """``key`` as an ``shm_open`` name with its leading ``/``.
+
+    Raises:
+        ProtocolError: (400) empty, not one path component (a ``/`` inside), ``.`` /
+            ``..``, a NUL byte, longer than 255 bytes, or a reserved prefix.
+    """
+    if not isinstance(key, str):
+        raise ProtocolError(f"shared memory key must be a string, got {type(key).__name__}")
+    name = key[1:] if key.startswith("/") else key
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise ProtocolError(
+            f'bad shared memory key {key!r}: use a POSIX shm name, "/name" or "name" '
+            "(one component, no '/' inside)"
+        )
+    if len(name.encode()) > _NAME_MAX:
+        raise ProtocolError(f"shared memory key {key!r:.40}... is longer than {_NAME_MAX} bytes")
+    for prefix in reserved:
+        if name.startswith(prefix):
+            raise ProtocolError(
+                f"shared memory key {key!r} is reserved: '{prefix}*' objects belong to the "
+                "InfScaler runtime's tensor pool",
+                hint="create your region under another name",
+            )
+    return "/" + name
+
+
+def _shm_open(key: str, flags: int, mode: int = 0o600) -> int:
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    if _posixshmem is not None:
+        return _posixshmem.shm_open(key, flags, mode=mode)
+    return os.open("/dev/shm" + key, flags, mode)  # pragma: no cover
+
+
+def _shm_unlink(key: str) -> None:
+    if _posixshmem is not None:
+        _posixshmem.shm_unlink(key)
+    else:  # pragma: no cover
+        os.unlink("/dev/shm" + key)
+
+
+def _map(fd: int, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
+    """Map ``[offset, offset + byte_size)`` of ``fd``; returns (map, start of the range in it)."""
+    base = offset - offset % mmap.ALLOCATIONGRANULARITY
+    mm = mmap.mmap(
+        fd,
+        offset - base + byte_size,
+        flags=mmap.MAP_SHARED,
+        prot=mmap.PROT_READ | mmap.PROT_WRITE,
+        offset=base,
+    )
+    return mm, offset - base
+
+
+def _close_map(mm: mmap.mmap) -> None:
+    # BufferError: a view is still exported; the map goes when the last view does
+    with contextlib.suppress(BufferError):
+        mm.close()
+
+
+@dataclass
+class _Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    fd: int
+    mm: mmap.mmap
+    start: int  # where the registered range begins inside mm
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "key": self.key,
+            "offset": self.offset,
+            "byte_size": self.byte_size,
+        }
+
+
+class SystemSharedMemoryRegistry:
+    """The server's registered system shared memory regions (Triton semantics,
+    ``extension_shared_memory.md``: Status / Register / Unregister). Thread-safe.
+
+    Args:
+        reserved_prefixes: shm names clients may not register (default: the tensor pool's).
+    """
+
+    def __init__(self, reserved_prefixes: Sequence[str] = RESERVED_PREFIXES) -> None:
+        self._reserved = tuple(reserved_prefixes)
+        self._regions: dict[str, _Region] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Map ``byte_size`` bytes at ``offset`` of the shm object ``key`` as region ``name``.
+
+        Raises:
+            ProtocolError: (400) a bad or empty name, a bad or reserved key, a negative
+                offset, a byte_size < 1, a name already registered, a missing object, an
+                object the service may not open, or offset + byte_size beyond the object.
+        """
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ProtocolError(
+                f"bad shared memory region name {name!r}: a non-empty string without '/'"
+            )
+        key = normalize_key(key, self._reserved)
+        for what, v in (("offset", offset), ("byte_size", byte_size)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ProtocolError(f"region '{name}': {what} must be an integer, got {v!r}")
+        if offset < 0:
+            raise ProtocolError(f"region '{name}': offset must be >= 0, got {offset}")
+        if byte_size < 1:
+            raise ProtocolError(f"region '{name}': byte_size must be >= 1, got {byte_size}")
+        with self._lock:
+            if name in self._regions:
+                r = self._regions[name]
+                raise ProtocolError(
+                    f"shared memory region '{name}' is already registered (key {r.key}, "
+                    f"offset {r.offset}, byte_size {r.byte_size})",
+                    hint="unregister it first, or choose another name",
+                )
+            try:
+                fd = _shm_open(key, os.O_RDWR)
+            except FileNotFoundError:
+                raise ProtocolError(
+                    f"region '{name}': shared memory object {key} does not exist",
+                    hint="create it first (shm_open, or SharedMemoryRegion.create)",
+                ) from None
+            except PermissionError:
+                raise ProtocolError(
+                    f"region '{name}': the service may not open shared memory object {key} "
+                    "(permission denied)",
+                    hint="create it readable and writable by the service's user or group "
+                    "(SharedMemoryRegion.create(..., group=True) gives mode 0660)",
+                ) from None
+            except OSError as exc:
+                raise ProtocolError(
+                    f"region '{name}': cannot open shared memory object {key}: {exc}"
+                ) from None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise ProtocolError(f"region '{name}': {key} is not a shared memory object")
+                if offset + byte_size > st.st_size:
+                    raise ProtocolError(
+                        f"region '{name}': offset {offset} + byte_size {byte_size} = "
+                        f"{offset + byte_size} is beyond shared memory object {key} "
+                        f"({st.st_size} bytes)"
+                    )
+                mm, start = _map(fd, offset, byte_size)
+            except ProtocolError:
+                os.close(fd)
+                raise
+            except (OSError, ValueError) as exc:
+                os.close(fd)
+                raise ProtocolError(f"region '{name}': cannot map {key}: {exc}") from None
+            self._regions[name] = _Region(name, key, offset, byte_size, fd, mm, start)
+
+    def unregister(self, name: str | None = None) -> None:
+        """Unregister region ``name``, or every region (None). Unregistering a name that
+        is not registered does nothing (as Triton). The shm objects stay: the client owns them."""
+        with self._lock:
+            names = list(self._regions) if name is None else [name]
+            for n in names:
+                r = self._regions.pop(n, None)
+                if r is not None:
+                    _close_map(r.mm)
+                    with contextlib.suppress(OSError):
+                        os.close(r.fd)
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        """``[{"name", "key", "offset", "byte_size"}]`` for region ``name`` or all (in
+        registration order): ``$system_shared_memory_status_response``.
+
+        Raises:
+            ProtocolError: (404) ``name`` is not registered.
+        """
+        with self._lock:
+            if name is None:
+                return [r.status() for r in self._regions.values()]
+            r = self._regions.get(name)
+            if r is None:
+                raise ProtocolError(f"shared memory region '{name}' is not registered", 404)
+            return [r.status()]
+
+    def view(self, name: str, offset: int, byte_size: int) -> memoryview:
+        """A writable ``memoryview`` (format ``B``) of ``byte_size`` bytes at ``offset``
+        within region ``name``. Release it (``with`` / ``.release()``) when done.
+
+        Raises:
+            ProtocolError: (400) the region is not registered; offset + byte_size beyond
+                it; or its shm object shrank below the registered range since.
+        """
+        with self._lock:
+            r = self._regions.get(name)
+            if r is None:
+                raise ProtocolError(
+                    f"shared memory region '{name}' is not registered",
+                    hint="register it with POST /v2/systemsharedmemory/region/{name}/register",
+                )
+            if offset < 0 or byte_size < 0 or offset + byte_size > r.byte_size:
+                raise ProtocolError(
+                    f"offset {offset} + byte_size {byte_size} is beyond shared memory region "
+                    f"'{name}' ({r.byte_size} bytes)"
+                )
+            # A client that shrinks its object after registering would make this mapping
+            # raise SIGBUS on access: check the object still covers the range.
+            size = os.fstat(r.fd).st_size
+            if size < r.offset + r.byte_size:
+                raise ProtocolError(
+                    f"shared memory region '{name}': object {r.key} shrank to {size} bytes, below "
+                    f"the registered range (offset {r.offset}, byte_size {r.byte_size})",
+                    hint="unregister and register it again",
+                )
+            start = r.start + offset
+            return memoryview(r.mm)[start : start + byte_size]
+
+    def close(self) -> None:
+        """Unregister every region."""
+        self.unregister(None)
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def __enter__(self) -> SystemSharedMemoryRegistry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _to_dtype(dtype: Any) -> tuple[str, np.dtype]:
+    """(v2 datatype, numpy dtype) from a v2 name or anything numpy reads as a dtype."""
+    if isinstance(dtype, str) and dtype in DATATYPES:
+        return dtype, DATATYPES[dtype]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise InfScalerError(f"not a dtype or v2 datatype: {dtype!r}") from exc
+    datatype = datatype_of(dt)
+    return datatype, DATATYPES[datatype]
+
+
+class SharedMemoryRegion:
+    """A POSIX shared memory object the client creates and fills (like
+    ``tritonclient.utils.shared_memory``). Register it with
+    :meth:`~infscaler.client.Client.register_system_shm` under a region name.
+
+    Attributes:
+        key: the ``shm_open`` name, with its leading ``/``.
+        byte_size: its size in bytes.
+        buf: a writable ``memoryview`` of all of it.
+
+    Use :meth:`create` (or :meth:`attach`); ``close()`` unmaps and, by default, unlinks.
+    """
+
+    def __init__(self, key: str, byte_size: int, fd: int, mm: mmap.mmap, owner: bool) -> None:
+        self.key = key
+        self.byte_size = byte_size
+        self._fd = fd
+        self._mm = mm
+        self._owner = owner
+        self.buf: memoryview | None = memoryview(mm)
+
+    @classmethod
+    def create(
+        cls, key: str, byte_size: int, *, group: bool = False, mode: int | None = None
+    ) -> SharedMemoryRegion:
+        """Create a new shm object ``key`` of ``byte_size`` bytes (pages committed up
+        front, so a full ``/dev/shm`` fails here and not later with SIGBUS).
+
+        Args:
+            group: mode 0660 (the service runs as another user in your group) instead of 0600.
+            mode: an explicit mode (overrides ``group``); the umask does not apply.
+
+        Raises:
+            InfScalerError: a bad key, byte_size < 1, the object exists, or no space.
+        """
+        key = normalize_key(key, ())
+        if isinstance(byte_size, bool) or not isinstance(byte_size, int) or byte_size < 1:
+            raise InfScalerError(
+                f"shared memory byte_size must be an integer >= 1, got {byte_size!r}"
+            )
+        mode = mode if mode is not None else (0o660 if group else 0o600)
+        try:
+            fd = _shm_open(key, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode)
+        except FileExistsError:
+            raise InfScalerError(
+                f"shared memory object {key} already exists",
+                hint="choose another key, or SharedMemoryRegion.attach() it",
+            ) from None
+        except OSError as exc:
+            raise InfScalerError(f"cannot create shared memory object {key}: {exc}") from None
+        try:
+            os.fchmod(fd, mode)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, byte_size)
+            else:  # pragma: no cover - not Linux
+                os.ftruncate(fd, byte_size)
+            mm = mmap.mmap(
+                fd, byte_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        except OSError as exc:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                _shm_unlink(key)
+            raise InfScalerError(
+                f"cannot size shared memory object {key} to {byte_size} bytes: {exc}"
+            ) from None
+        return cls(key, byte_size, fd, mm, owner=True)
+
+    @classmethod
+    def attach(cls, key: str) -> SharedMemoryRegion:
+        """Map an existing shm object (all of it); ``close()`` then does not unlink it by default.
+
+        Raises:
+            InfScalerError: a bad key, or the object is missing / cannot be opened.
+        """
+        key = normalize_key(key, ())
+        try:
+            fd = _shm_open(key, os.O_RDWR)
+        except OSError as exc:
+            raise InfScalerError(f"cannot open shared memory object {key}: {exc}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < 1:
+                raise InfScalerError(f"shared memory object {key} is empty")
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(key, size, fd, mm, owner=False)
+
+    def _check(self, offset: int, n: int, what: str) -> None:
+        if self.buf is None:
+            raise InfScalerError(f"shared memory region {self.key} is closed")
+        if offset < 0 or offset + n > self.byte_size:
+            raise InfScalerError(
+                f"{what} of {n} bytes at offset {offset} does not fit shared memory {self.key} "
+                f"({self.byte_size} bytes)"
+            )
+
+    def set(self, arrays: Sequence[np.ndarray] | np.ndarray, offset: int = 0) -> int:
+        """Write arrays one after another from ``offset``, in the binary tensor layout
+        (BYTES arrays, i.e. ``object`` / ``S`` / ``U``, length-prefixed).
+
+        Returns:
+            The number of bytes written (for ``ShmTensor.byte_size`` when one array).
+
+        Raises:
+            InfScalerError: they do not fit, or a dtype with no v2 datatype.
+        """
+        if isinstance(arrays, np.ndarray):
+            arrays = [arrays]
+        blobs = [tensor_to_bytes(np.asarray(a)) for a in arrays]
+        total = sum(len(b) for b in blobs)
+        self._check(offset, total, "writing")
+        pos = offset
+        for b in blobs:
+            self.buf[pos : pos + len(b)] = b
+            pos += len(b)
+        return total
+
+    def get(self, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.ndarray:
+        """A copy of the tensor at ``offset``: ``dtype`` a numpy dtype or a v2 datatype
+        name (``"FP32"``); ``object`` / ``bytes`` / ``str`` / ``"BYTES"`` read
+        length-prefixed elements into an ``object`` array of ``bytes``.
+
+        Raises:
+            InfScalerError: the tensor would run past the region's end.
+        """
+        datatype, dt = _to_dtype(dtype)
+        shape = [int(d) for d in shape]
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if datatype == "BYTES":
+            self._check(offset, 0, "reading")
+            arr, _ = _parse_bytes(
+                self.buf[offset:], count, f"shared memory {self.key}", exact=False
+            )
+            return arr.reshape(shape)
+        n = count * dt.itemsize
+        self._check(offset, n, "reading")
+        return tensor_from_bytes(self.buf[offset : offset + n], datatype, shape)
+
+    def close(self, unlink: bool | None = None) -> None:
+        """Unmap; unlink the object too if ``unlink`` (default: if this created it).
+        Idempotent."""
+        if unlink is None:
+            unlink = self._owner
+        if self.buf is not None:
+            self.buf.release()
+            self.buf = None
+            _close_map(self._mm)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                _shm_unlink(self.key)
+            self._owner = False
+
+    def __enter__(self) -> SharedMemoryRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.buf is None else "open"
+        return f"SharedMemoryRegion({self.key!r}, byte_size={self.byte_size}, {state})"
