@@ -1,0 +1,9 @@
+"""Bundled pipelines: function stages (pre- / post-processing) and their ``*.yaml`` files.
+
+- :mod:`infscaler.pipelines.ocr` -- PP-OCRv4 text detection, direction classification
+  and recognition (the project's demo); the pipeline is ``ocr.yaml`` beside it.
+
+Function stages follow the contract in :mod:`infscaler.config`: ``fn(tensors, **params)``
+returns a dict of plain-dtype numpy arrays (a list of them for a ``fan_out`` stage), and a
+``fan_in`` stage is called as ``fn(items, **params)``.
+"""

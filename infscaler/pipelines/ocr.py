@@ -1,0 +1,793 @@
+"""PP-OCRv4 text recognition as an InfScaler pipeline: the function stages of ``ocr.yaml``.
+
+The pipeline (``ocr.yaml`` beside this file) and the tensors between its stages
+(``S`` = ``side``, 640; ``N`` = lines kept; per-item stages run once per text box):
+
+============  ===========  ====================================  ==========================================
+stage         kind         reads                                 writes
+============  ===========  ====================================  ==========================================
+``prep``      function     ``image`` [H, W, 3] uint8 RGB         ``det_input`` [1, 3, S, S] float32,
+                                                                 ``det_meta`` [4] int32 (H, W, h', w')
+``det``       model (K=2)  ``det_input``                         ``det_map`` [1, 1, S, S] float32
+``crops``     fan_out      ``det_map``, ``det_meta``, ``image``  per item: ``crop`` [h, w, 3] uint8 RGB,
+                                                                 ``box`` [4, 2] float32 (x, y pixels)
+``cls_prep``  function     ``crop``                              ``cls_input`` [1, 3, 48, 192] float32
+``cls``       model        ``cls_input``                         ``cls_prob`` [1, 2] float32
+``rec_prep``  function     ``crop``, ``cls_prob``                ``rec_input`` [1, 3, 48, W] float32
+``rec``       model        ``rec_input``                         ``rec_prob`` [1, W/8, 6625] float32
+``decode``    function     ``rec_prob``                          ``text`` [1] <U, ``score`` [1] float32
+``merge``     fan_in       ``text``, ``score``, ``box`` (items)  ``texts`` [N] <U, ``scores`` [N] float32,
+                                                                 ``boxes`` [N, 4, 2] float32
+============  ===========  ====================================  ==========================================
+
+Source. The pre- and post-processing is rapidocr_onnxruntime 1.4.4's (Apache-2.0, a port
+of PaddleOCR's ``tools/infer``), imported, not re-written: ``DetPreProcess.normalize`` /
+``permute``, ``DBPostProcess`` (Differentiable Binarization boxes), ``TextDetector.
+filter_tag_det_res``, ``RapidOCR.sorted_boxes`` and the ``get_rotate_crop_image`` of
+``RapidOCR.get_crop_img_list``, ``TextClassifier.resize_norm_img``, ``ClsPostProcess``,
+``TextRecognizer.resize_norm_img`` and ``CTCLabelDecode``. The models are the ones that
+wheel ships (``infscaler.models``: ``ppocrv4-det``, ``ppocr-cls``, ``ppocrv4-rec``).
+
+Where this differs from ``RapidOCR.__call__``, and why:
+
+- The detector is partitioned at a fixed shape, so its input is always 1x3xSxS: the
+  image is resized keeping its aspect ratio until its longer side is S (up or down; both
+  sides rounded to multiples of 32 as rapidocr does), and the rest is padded with 0 in
+  the normalised space (mid grey). rapidocr instead scales the shorter side to 736.
+  The probability map is cut back to the resized region before DB post-processing, so
+  the padding never yields a box.
+- Crops are cut from the original image at full resolution (rapidocr cuts them from
+  its resized copy), and crops lower than 48 px are enlarged to 48 px with bicubic
+  interpolation; boxes are reported in original image pixels.
+- Direction classification and recognition run one crop at a time (batch 1), so the
+  recogniser's input width follows the crop's own aspect ratio:
+  ``W = int(48 * max(320 / 48, w / h))`` (rapidocr uses the largest ratio of a batch).
+- The models' colour order is BGR (PaddleOCR trains on ``cv2.imread`` images); the API
+  takes RGB, and the stages flip the channels before normalising.
+
+Every stage function follows the function-stage contract of :mod:`infscaler.config`:
+its input arrays are read-only views that it never modifies nor keeps, and it returns
+plain-dtype numpy arrays named exactly as the stage's outputs in ``ocr.yaml``. Heavy
+state (the recogniser's 6623-character list, the imported rapidocr helpers) is cached at
+module level on first use.
+
+Helpers for tests and the demo: :func:`render_text_image` (an image of known text),
+:func:`to_rgb`, :func:`character_error_rate` / :func:`join_lines`, and
+:func:`run_ocr_reference`, which chains these same functions in-process over the whole
+models (onnxruntime, CPU) with the fan-out / fan-in semantics of the served pipeline.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from infscaler.errors import ModelLoadError, ModelNotInstalledError
+
+__all__ = [
+    "CLS_LABELS",
+    "DET_SIDE",
+    "PIPELINE_YAML",
+    "character_error_rate",
+    "cls_preprocess",
+    "crop_text_boxes",
+    "decode_line",
+    "det_preprocess",
+    "join_lines",
+    "load_ocr_spec",
+    "merge_lines",
+    "normalize_text",
+    "rec_preprocess",
+    "render_text_image",
+    "run_ocr_reference",
+    "run_pipeline_reference",
+    "to_rgb",
+]
+
+#: The pipeline file served by ``infscaler deploy``.
+PIPELINE_YAML = Path(__file__).with_name("ocr.yaml")
+#: Side of the detector's fixed square input (the shape it is partitioned at).
+DET_SIDE = 640
+#: Direction classifier input (C, H, W), as rapidocr's ``Cls.cls_image_shape``.
+CLS_SHAPE = (3, 48, 192)
+#: Direction classifier labels, as rapidocr's ``Cls.label_list``.
+CLS_LABELS = ("0", "180")
+#: Recogniser input height and minimum width, as rapidocr's ``Rec.rec_img_shape``.
+REC_HEIGHT = 48
+REC_MIN_WIDTH = 320
+_RAPIDOCR_PIP = "rapidocr_onnxruntime==1.4.4"
+# dtype kinds a function stage may return: bool, ints, floats, unicode text
+_PLAIN_KINDS = "biufU"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@functools.cache
+def _rapid() -> SimpleNamespace:
+    """rapidocr's pre/post-processing classes and cv2, imported once.
+
+    Methods that need ``self`` only for constants are bound to instances made without
+    ``__init__`` (which would open an onnxruntime session): the detector's box filter,
+    the classifier's and the recogniser's ``resize_norm_img``.
+
+    Raises:
+        ModelNotInstalledError: rapidocr_onnxruntime (or opencv) is not installed.
+    """
+    try:
+        import cv2
+        from rapidocr_onnxruntime.ch_ppocr_cls.text_cls import TextClassifier
+        from rapidocr_onnxruntime.ch_ppocr_cls.utils import ClsPostProcess
+        from rapidocr_onnxruntime.ch_ppocr_det.text_detect import TextDetector
+        from rapidocr_onnxruntime.ch_ppocr_det.utils import DBPostProcess, DetPreProcess
+        from rapidocr_onnxruntime.ch_ppocr_rec.text_recognize import TextRecognizer
+        from rapidocr_onnxruntime.ch_ppocr_rec.utils import CTCLabelDecode
+        from rapidocr_onnxruntime.main import RapidOCR
+    except ImportError as exc:
+        raise ModelNotInstalledError(
+            f"the OCR pipeline needs rapidocr_onnxruntime's pre/post-processing: {exc}",
+            hint=f"pip install '{_RAPIDOCR_PIP}'",
+        ) from None
+    detector = object.__new__(TextDetector)  # only filter_tag_det_res & co: no session
+    classifier = object.__new__(TextClassifier)
+    classifier.cls_image_shape = list(CLS_SHAPE)
+    return SimpleNamespace(
+        cv2=cv2,
+        RapidOCR=RapidOCR,
+        DBPostProcess=DBPostProcess,
+        DetPreProcess=DetPreProcess,
+        ClsPostProcess=ClsPostProcess,
+        CTCLabelDecode=CTCLabelDecode,
+        TextRecognizer=TextRecognizer,
+        detector=detector,
+        classifier=classifier,
+        cls_post=ClsPostProcess(list(CLS_LABELS)),
+    )
+
+
+@functools.cache
+def _recognizer_resizer(min_width: int) -> Any:
+    """A session-less ``TextRecognizer`` whose ``resize_norm_img`` uses [3, 48, min_width]."""
+    r = _rapid()
+    rec = object.__new__(r.TextRecognizer)
+    rec.rec_image_shape = [3, REC_HEIGHT, int(min_width)]
+    return rec
+
+
+@functools.cache
+def _db_postprocess(
+    thresh: float,
+    box_thresh: float,
+    max_candidates: int,
+    unclip_ratio: float,
+    use_dilation: bool,
+    score_mode: str,
+) -> Any:
+    return _rapid().DBPostProcess(
+        thresh=thresh,
+        box_thresh=box_thresh,
+        max_candidates=max_candidates,
+        unclip_ratio=unclip_ratio,
+        score_mode=score_mode,
+        use_dilation=use_dilation,
+    )
+
+
+@functools.cache
+def _character_list(rec_model: str) -> tuple[str, ...]:
+    """The recogniser's characters: metadata_props key ``character``, one per line (as
+    rapidocr's ``OrtInferSession.get_character_list``).
+
+    Raises:
+        ModelLoadError: the model has no ``character`` metadata.
+    """
+    import onnx
+
+    from infscaler.models import resolve_model
+
+    path = resolve_model(rec_model)
+    model = onnx.load(str(path), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    if "character" not in meta:
+        raise ModelLoadError(
+            f"recognition model {path} has no 'character' metadata (its character list)",
+            hint="use a PP-OCR recogniser exported by rapidocr / paddle2onnx with its keys",
+        )
+    return tuple(meta["character"].splitlines())
+
+
+@functools.cache
+def _ctc_decoder(rec_model: str) -> Any:
+    """rapidocr's ``CTCLabelDecode`` over ``rec_model``'s characters (blank at 0, space last)."""
+    return _rapid().CTCLabelDecode(character=list(_character_list(rec_model)))
+
+
+def _check_image(image: Any, name: str) -> np.ndarray:
+    a = np.asarray(image)
+    if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
+        raise ValueError(
+            f"{name} must be an HxWx3 uint8 RGB image, got shape {a.shape} dtype {a.dtype} "
+            "(convert with infscaler.pipelines.ocr.to_rgb)"
+        )
+    if a.shape[0] < 1 or a.shape[1] < 1:
+        raise ValueError(f"{name} is empty: shape {a.shape}")
+    return a
+
+
+def _bgr(rgb: np.ndarray) -> np.ndarray:
+    """A contiguous BGR copy (cv2 wants positive strides; the input is never written)."""
+    return np.ascontiguousarray(rgb[:, :, ::-1])
+
+
+def _fit_dims(h: int, w: int, side: int) -> tuple[int, int]:
+    """(h', w'): the longer side scaled to ``side``, both rounded to multiples of 32 as
+    ``DetPreProcess.resize`` rounds them, and kept within [32, side]."""
+    ratio = side / max(h, w)
+    rh = int(round(int(h * ratio) / 32) * 32)
+    rw = int(round(int(w * ratio) / 32) * 32)
+    return min(max(rh, 32), side), min(max(rw, 32), side)
+
+
+# ----------------------------------------------------------------------- stage functions
+
+
+def det_preprocess(
+    tensors: Mapping[str, np.ndarray], *, side: int = DET_SIDE
+) -> dict[str, np.ndarray]:
+    """Stage ``prep``: the detector's fixed-size input.
+
+    The image is resized (cv2 bilinear, as ``DetPreProcess.resize``) so its longer side
+    is ``side`` -- enlarged or reduced, aspect ratio kept, both sides rounded to a
+    multiple of 32 -- then flipped to BGR, normalised as rapidocr's ``DetPreProcess``
+    (``(x / 255 - 0.5) / 0.5``), laid out CHW, and placed at the top-left of a
+    ``side`` x ``side`` canvas of zeros (mid grey after normalisation).
+
+    Args:
+        tensors: ``image``: [H, W, 3] uint8 RGB (any H, W >= 1).
+        side: canvas side in pixels, a multiple of 32 (the shape ``det`` is partitioned at).
+
+    Returns:
+        ``det_input``: [1, 3, side, side] float32; ``det_meta``: [4] int32
+        ``(H, W, h', w')``, the original size and the resized region of the canvas.
+
+    Raises:
+        ValueError: ``image`` is not an HxWx3 uint8 array, or ``side`` is not a positive
+            multiple of 32.
+    """
+    if side < 32 or side % 32:
+        raise ValueError(f"side must be a positive multiple of 32, got {side}")
+    image = _check_image(tensors["image"], "image")
+    h, w = image.shape[:2]
+    rh, rw = _fit_dims(h, w, side)
+    r = _rapid()
+    resized = r.cv2.resize(_bgr(image), (rw, rh))
+    pre = r.DetPreProcess(side, "max", mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+    det_input = np.zeros((1, 3, side, side), dtype=np.float32)
+    det_input[0, :, :rh, :rw] = pre.permute(pre.normalize(resized))
+    return {"det_input": det_input, "det_meta": np.array([h, w, rh, rw], dtype=np.int32)}
+
+
+def crop_text_boxes(
+    tensors: Mapping[str, np.ndarray],
+    *,
+    thresh: float = 0.3,
+    box_thresh: float = 0.5,
+    max_candidates: int = 1000,
+    unclip_ratio: float = 1.6,
+    use_dilation: bool = True,
+    score_mode: str = "fast",
+    min_height: int = REC_HEIGHT,
+) -> list[dict[str, np.ndarray]]:
+    """Stage ``crops`` (fan_out): text boxes from the probability map, one item per box.
+
+    rapidocr's ``DBPostProcess`` (binarise at ``thresh``, contours, min-area boxes
+    scored against ``box_thresh``, unclipped by ``unclip_ratio``) runs on the map's
+    resized region and maps boxes to original pixels; ``TextDetector.filter_tag_det_res``
+    orders their corners clockwise, clips them to the image and drops boxes of 3 px or
+    less; ``RapidOCR.sorted_boxes`` puts them in reading order (top to bottom, then left
+    to right within 10 px); each is cut from the original image by the perspective warp of
+    ``RapidOCR.get_crop_img_list`` (a crop at least 1.5x taller than wide is turned 90
+    degrees). A crop lower than ``min_height`` pixels is then enlarged to that height
+    (bicubic, aspect ratio kept): the recogniser's bilinear ``resize_norm_img`` would
+    otherwise do it and drop the spaces between words of small text (rapidocr avoids it
+    by detecting on an image enlarged to a 736-pixel short side and cropping from that).
+    Other defaults are rapidocr's ``config.yaml`` ``Det`` values.
+
+    Args:
+        tensors: ``det_map``: [1, 1, S, S] float32 text probability (the detector's
+            output); ``det_meta``: [4] int ``(H, W, h', w')`` from :func:`det_preprocess`;
+            ``image``: [H, W, 3] uint8 RGB, the request's image.
+        thresh, box_thresh, max_candidates, unclip_ratio, use_dilation, score_mode:
+            ``DBPostProcess``'s parameters.
+        min_height: crops lower than this many pixels are enlarged to it (0: never).
+
+    Returns:
+        One dict per text box in reading order, possibly none: ``crop``: [h, w, 3] uint8
+        RGB; ``box``: [4, 2] float32, corners (x, y) in image pixels, clockwise from
+        top-left.
+
+    Raises:
+        ValueError: shapes that do not fit together (map, meta and image).
+    """
+    det_map = np.asarray(tensors["det_map"])
+    meta = np.asarray(tensors["det_meta"]).reshape(-1)
+    image = _check_image(tensors["image"], "image")
+    if det_map.ndim != 4 or det_map.shape[:2] != (1, 1):
+        raise ValueError(f"det_map must be [1, 1, S, S], got {det_map.shape}")
+    if meta.size != 4:
+        raise ValueError(f"det_meta must hold 4 values (H, W, h', w'), got {meta.size}")
+    h, w, rh, rw = (int(v) for v in meta)
+    if image.shape[:2] != (h, w):
+        raise ValueError(f"det_meta says the image is {h}x{w}, it is {image.shape[:2]}")
+    if not (0 < rh <= det_map.shape[2] and 0 < rw <= det_map.shape[3]):
+        raise ValueError(f"det_meta's region {rh}x{rw} is not inside the map {det_map.shape}")
+    post = _db_postprocess(
+        float(thresh),
+        float(box_thresh),
+        int(max_candidates),
+        float(unclip_ratio),
+        bool(use_dilation),
+        str(score_mode),
+    )
+    # own float32 copy of the valid region (the input is a read-only view)
+    pred = np.array(det_map[:, :, :rh, :rw], dtype=np.float32)
+    boxes, _ = post(pred, (h, w))
+    if len(boxes) == 0:
+        return []
+    r = _rapid()
+    boxes = r.detector.filter_tag_det_res(boxes.astype(np.float32), (h, w))
+    if len(boxes) == 0:
+        return []
+    items = []
+    for box in r.RapidOCR.sorted_boxes(boxes):
+        box = np.asarray(box, dtype=np.float32)
+        crop = r.RapidOCR.get_crop_img_list(None, image, [box])[0]
+        if 0 < crop.shape[0] < min_height:
+            # small text: enlarge with bicubic interpolation now, once, rather than let
+            # the recogniser's bilinear resize_norm_img do it (it loses word spaces)
+            scale = min_height / crop.shape[0]
+            size = (max(1, round(crop.shape[1] * scale)), int(min_height))
+            crop = r.cv2.resize(np.ascontiguousarray(crop), size, interpolation=r.cv2.INTER_CUBIC)
+        items.append({"crop": np.ascontiguousarray(crop, dtype=np.uint8), "box": box.copy()})
+    return items
+
+
+def cls_preprocess(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Stage ``cls_prep``: the direction classifier's input for one crop.
+
+    rapidocr's ``TextClassifier.resize_norm_img``: resize to height 48 keeping the aspect
+    ratio (width at most 192), ``(x / 255 - 0.5) / 0.5``, CHW, zero-padded on the right
+    to 192; on the crop in BGR order.
+
+    Args:
+        tensors: ``crop``: [h, w, 3] uint8 RGB.
+
+    Returns:
+        ``cls_input``: [1, 3, 48, 192] float32.
+
+    Raises:
+        ValueError: ``crop`` is not an HxWx3 uint8 array.
+    """
+    crop = _check_image(tensors["crop"], "crop")
+    x = _rapid().classifier.resize_norm_img(_bgr(crop))
+    return {"cls_input": np.ascontiguousarray(x[np.newaxis], dtype=np.float32)}
+
+
+def rec_preprocess(
+    tensors: Mapping[str, np.ndarray],
+    *,
+    cls_thresh: float = 0.9,
+    min_width: int = REC_MIN_WIDTH,
+) -> dict[str, np.ndarray]:
+    """Stage ``rec_prep``: turn the crop by the classifier's verdict, then the recogniser's
+    input.
+
+    As rapidocr's ``TextClassifier.__call__``, the crop is rotated 180 degrees when the
+    label (``ClsPostProcess``, labels ``('0', '180')``) is ``'180'`` with a score above
+    ``cls_thresh``. Then ``TextRecognizer.resize_norm_img`` with this crop's own ratio:
+    width ``W = int(48 * max(min_width / 48, w / h))``, resize to height 48 keeping the
+    aspect ratio, ``(x / 255 - 0.5) / 0.5``, CHW, zero-padded on the right to ``W``.
+
+    Args:
+        tensors: ``crop``: [h, w, 3] uint8 RGB; ``cls_prob``: [1, 2] float32, the
+            classifier's softmax over ``('0', '180')``.
+        cls_thresh: minimum '180' score to rotate (rapidocr's ``cls_thresh``).
+        min_width: minimum input width in pixels (rapidocr's ``rec_img_shape[2]``).
+
+    Returns:
+        ``rec_input``: [1, 3, 48, W] float32, ``W >= min_width``.
+
+    Raises:
+        ValueError: ``crop`` is not HxWx3 uint8, or ``cls_prob`` does not hold 2 scores.
+    """
+    crop = _check_image(tensors["crop"], "crop")
+    prob = np.asarray(tensors["cls_prob"], dtype=np.float32).reshape(-1)
+    if prob.size != len(CLS_LABELS):
+        raise ValueError(f"cls_prob must hold {len(CLS_LABELS)} scores, got shape {prob.shape}")
+    r = _rapid()
+    label, score = r.cls_post(prob[np.newaxis])[0]
+    img = _bgr(crop)
+    if "180" in label and score > cls_thresh:
+        img = r.cv2.rotate(img, r.cv2.ROTATE_180)
+    h, w = img.shape[:2]
+    max_wh_ratio = max(min_width / REC_HEIGHT, w / h)
+    x = _recognizer_resizer(int(min_width)).resize_norm_img(img, max_wh_ratio)
+    return {"rec_input": np.ascontiguousarray(x[np.newaxis], dtype=np.float32)}
+
+
+def decode_line(
+    tensors: Mapping[str, np.ndarray], *, rec_model: str = "ppocrv4-rec"
+) -> dict[str, np.ndarray]:
+    """Stage ``decode`` (per item): CTC-decode one line's recogniser output.
+
+    rapidocr's ``CTCLabelDecode`` (greedy: argmax per time step, repeats merged, blanks
+    dropped; score = mean probability of the characters kept) over the character list in
+    ``rec_model``'s metadata. Decoding per item, in the item's instance, keeps the
+    [1, T, 6625] probabilities (about 2 MB for a long line) out of the fan-in: only a
+    short string travels to the front end.
+
+    Args:
+        tensors: ``rec_prob``: [1, T, C] float32 (the recogniser's softmax; C = 6625 for
+            PP-OCRv4).
+        rec_model: alias or path of the recogniser whose characters decode ``rec_prob``.
+
+    Returns:
+        ``text``: [1] unicode (``<U``); ``score``: [1] float32 in [0, 1] (0 for an empty
+        line).
+
+    Raises:
+        ValueError: ``rec_prob`` not [1, T, C] with C the model's character count + 2.
+        ModelLoadError / ModelNotInstalledError: ``rec_model`` cannot be found or has no
+            character list.
+    """
+    decoder = _ctc_decoder(str(rec_model))
+    classes = len(decoder.character)
+    prob = np.asarray(tensors["rec_prob"])
+    if prob.ndim != 3 or prob.shape[0] != 1 or prob.shape[2] != classes:
+        raise ValueError(f"rec_prob must be [1, T, {classes}], got {prob.shape}")
+    text, score = decoder(prob)[0]
+    text = str(text)
+    return {
+        "text": np.array([text], dtype=f"<U{max(1, len(text))}"),
+        "score": np.array([float(score) if text else 0.0], dtype=np.float32),
+    }
+
+
+def merge_lines(
+    items: Sequence[Mapping[str, np.ndarray]], *, text_score: float = 0.5
+) -> dict[str, np.ndarray]:
+    """Stage ``merge`` (fan_in): gather the decoded lines in reading order.
+
+    Lines scoring below ``text_score`` are dropped (``RapidOCR.filter_result``). Items
+    arrive in item order, which :func:`crop_text_boxes` made the reading order.
+
+    Args:
+        items: per text box: ``text``: [1] unicode; ``score``: [1] float32;
+            ``box``: [4, 2] float32. May be empty.
+        text_score: minimum line score kept.
+
+    Returns:
+        ``texts``: [N] unicode (``<U``); ``scores``: [N] float32 in (0, 1];
+        ``boxes``: [N, 4, 2] float32 in image pixels. N = 0 gives empty arrays of these
+        dtypes and ranks.
+
+    Raises:
+        ValueError: an item's ``text`` / ``score`` is not one element.
+    """
+    texts: list[str] = []
+    scores: list[float] = []
+    boxes: list[np.ndarray] = []
+    for i, item in enumerate(items):
+        text, score = np.asarray(item["text"]).reshape(-1), np.asarray(item["score"]).reshape(-1)
+        if text.size != 1 or score.size != 1:
+            raise ValueError(f"item {i}: text and score must hold one element each")
+        if text[0] and float(score[0]) >= text_score:
+            texts.append(str(text[0]))
+            scores.append(float(score[0]))
+            boxes.append(np.asarray(item["box"], dtype=np.float32).reshape(4, 2))
+    return {
+        "texts": np.array(texts, dtype=str) if texts else np.zeros(0, dtype="<U1"),
+        "scores": np.array(scores, dtype=np.float32),
+        "boxes": (np.stack(boxes).astype(np.float32) if boxes else np.zeros((0, 4, 2), np.float32)),
+    }
+
+
+# ------------------------------------------------------------------ images and metrics
+
+
+@functools.cache
+def _font(font_size: int) -> Any:
+    import matplotlib
+    from PIL import ImageFont
+
+    path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    if not path.is_file():
+        raise FileNotFoundError(f"DejaVuSans.ttf not found where matplotlib keeps it: {path}")
+    return ImageFont.truetype(str(path), font_size)
+
+
+def render_text_image(
+    lines: Sequence[str],
+    *,
+    font_size: int = 32,
+    margin: int = 24,
+    line_spacing: float = 1.6,
+) -> np.ndarray:
+    """An image of known text: black lines on white, DejaVu Sans (matplotlib's copy).
+
+    Args:
+        lines: the text lines, top to bottom.
+        font_size: font size in pixels.
+        margin: white border in pixels on every side.
+        line_spacing: distance between baselines, in multiples of ``font_size``.
+
+    Returns:
+        [H, W, 3] uint8 RGB; W = widest line + 2 * margin.
+
+    Raises:
+        ValueError: no lines, or a non-positive font size / spacing, or a negative margin.
+        FileNotFoundError: matplotlib's DejaVuSans.ttf is missing.
+    """
+    from PIL import Image, ImageDraw
+
+    if not lines:
+        raise ValueError("render_text_image needs at least one line")
+    if font_size < 1 or line_spacing <= 0 or margin < 0:
+        raise ValueError(
+            f"need font_size >= 1, line_spacing > 0, margin >= 0; got {font_size}, "
+            f"{line_spacing}, {margin}"
+        )
+    font = _font(int(font_size))
+    pitch = font_size * line_spacing
+    ascent, descent = font.getmetrics()
+    width = math.ceil(max(font.getlength(s) for s in lines)) + 2 * margin
+    height = math.ceil(2 * margin + pitch * (len(lines) - 1) + ascent + descent)
+    img = Image.new("RGB", (max(width, 1), max(height, 1)), (255, 255, 255))
+    draw = ImageDraw.Draw(img)
+    for i, line in enumerate(lines):
+        draw.text((margin, margin + i * pitch), line, font=font, fill=(0, 0, 0))
+    return np.asarray(img, dtype=np.uint8).copy()
+
+
+def to_rgb(image: Any) -> np.ndarray:
+    """Any common image array -> [H, W, 3] uint8 RGB, the pipeline's ``image`` input.
+
+    Values: uint8 as is; bool -> 0 / 255; floats are taken in [0, 1] (scikit-image's
+    convention; clipped) and scaled by 255; other integers already within [0, 255] as
+    they are, otherwise scaled by 255 / the dtype's maximum (negatives clipped to 0).
+    Channels: [H, W] and [H, W, 1] grey are repeated; [H, W, 2] grey + alpha and
+    [H, W, 4] RGBA are composited over white; [H, W, 3] is taken as RGB.
+
+    Raises:
+        ValueError: an empty array, an unsupported shape or dtype, or NaN / inf values.
+    """
+    a = np.asarray(image)
+    if a.size == 0 or a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] not in (1, 2, 3, 4)):
+        raise ValueError(f"expected an HxW, HxWx1, HxWx2, HxWx3 or HxWx4 image, got {a.shape}")
+    if a.dtype == np.uint8:
+        u8 = a
+    elif a.dtype == np.bool_:
+        u8 = a.astype(np.uint8) * np.uint8(255)
+    elif a.dtype.kind == "f":
+        if not np.all(np.isfinite(a)):
+            raise ValueError("image has NaN or infinite values")
+        u8 = np.rint(np.clip(a.astype(np.float64), 0.0, 1.0) * 255.0).astype(np.uint8)
+    elif a.dtype.kind in "iu":
+        if a.min() >= 0 and a.max() <= 255:
+            u8 = a.astype(np.uint8)
+        else:
+            top = float(np.iinfo(a.dtype).max)
+            u8 = np.rint(np.clip(a.astype(np.float64), 0, top) * (255.0 / top)).astype(np.uint8)
+    else:
+        raise ValueError(f"unsupported image dtype {a.dtype}")
+    if u8.ndim == 2:
+        u8 = u8[:, :, np.newaxis]
+    channels = u8.shape[2]
+    if channels in (2, 4):  # composite the colour over white by alpha
+        alpha = u8[:, :, -1:].astype(np.float64) / 255.0
+        colour = u8[:, :, :-1].astype(np.float64)
+        u8 = np.rint(colour * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
+    if u8.shape[2] == 1:
+        u8 = np.repeat(u8, 3, axis=2)
+    return np.ascontiguousarray(u8, dtype=np.uint8)
+
+
+def normalize_text(text: str) -> str:
+    """``text`` with every run of whitespace replaced by one space, ends stripped."""
+    return " ".join(str(text).split())
+
+
+def join_lines(lines: Iterable[Any]) -> str:
+    """Recognised lines (a list, or the ``texts`` array) joined by spaces, whitespace-
+    normalised: the string to compare with the reference text."""
+    return normalize_text(" ".join(str(s) for s in lines))
+
+
+def character_error_rate(reference: str, hypothesis: str) -> float:
+    """Character error rate: Levenshtein distance (insertions, deletions, substitutions,
+    each 1) between the strings, divided by ``len(reference)``. Case- and space-sensitive:
+    normalise both first (:func:`normalize_text`, :func:`join_lines`) where wanted.
+
+    Returns:
+        A float >= 0 (above 1 when the hypothesis is much longer than the reference).
+
+    Raises:
+        ValueError: ``reference`` is empty.
+    """
+    if not reference:
+        raise ValueError("character_error_rate needs a non-empty reference")
+    prev = list(range(len(hypothesis) + 1))
+    for i, rc in enumerate(reference, 1):
+        cur = [i] + [0] * len(hypothesis)
+        for j, hc in enumerate(hypothesis, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (rc != hc))
+        prev = cur
+    return prev[-1] / len(reference)
+
+
+# ------------------------------------------------------------ in-process reference run
+
+
+def load_ocr_spec(path: str | os.PathLike[str] = PIPELINE_YAML) -> dict[str, Any]:
+    """The OCR pipeline file as a plain mapping (``yaml.safe_load``)."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+@functools.cache
+def _session(path: str) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _model_runner(model: Any) -> Any:
+    """An object with onnxruntime's ``run`` / ``get_inputs``: ``model`` itself when it
+    has them, else a (cached) CPU session of the resolved alias or path."""
+    if hasattr(model, "run") and hasattr(model, "get_inputs"):
+        return model
+    from infscaler.models import resolve_model
+
+    return _session(str(Path(resolve_model(model)).resolve()))
+
+
+def _load_function(spec: str) -> Any:
+    import importlib
+
+    module, _, attr = spec.partition(":")
+    fn = getattr(importlib.import_module(module), attr, None)
+    if not callable(fn):
+        raise ValueError(f"function {spec!r}: {module} has no callable {attr!r}")
+    return fn
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    v = np.asarray(a).view()
+    v.setflags(write=False)
+    return v
+
+
+def _checked(stage: Mapping[str, Any], out: Any) -> dict[str, np.ndarray]:
+    """A function stage's result, checked against the contract: a dict with exactly the
+    declared outputs, each a numpy array of a plain dtype."""
+    name, declared = stage["name"], list(stage["outputs"])
+    if not isinstance(out, Mapping):
+        raise TypeError(f"stage {name}: returned {type(out).__name__}, not a dict of arrays")
+    if set(out) != set(declared):
+        raise TypeError(f"stage {name}: returned {sorted(out)}, declares {sorted(declared)}")
+    for k, v in out.items():
+        if not isinstance(v, np.ndarray) or v.dtype.kind not in _PLAIN_KINDS:
+            raise TypeError(
+                f"stage {name}: output {k!r} is {type(v).__name__} "
+                f"{getattr(v, 'dtype', '')}, not a plain-dtype numpy array"
+            )
+    return dict(out)
+
+
+def _run_stage(
+    stage: Mapping[str, Any], env: Mapping[str, np.ndarray], models: Mapping[str, Any]
+) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
+    """One function or model stage on the tensors in ``env``."""
+    if "function" in stage:
+        views = {n: _readonly(env[n]) for n in stage["inputs"]}
+        out = _load_function(stage["function"])(views, **(stage.get("params") or {}))
+        if stage.get("fan_out"):
+            if not isinstance(out, list):
+                raise TypeError(f"stage {stage['name']}: fan_out returned {type(out).__name__}")
+            return [_checked(stage, item) for item in out]
+        return _checked(stage, out)
+    runner = _model_runner(models.get(stage["name"]) or stage.get("model"))
+    in_map = stage.get("inputs") or {i.name: i.name for i in runner.get_inputs()}
+    out_map = stage.get("outputs") or {o.name: o.name for o in runner.get_outputs()}
+    feeds = {model_name: env[tensor] for model_name, tensor in in_map.items()}
+    values = runner.run(list(out_map), feeds)
+    return {out_map[k]: np.asarray(v) for k, v in zip(out_map, values, strict=True)}
+
+
+def run_pipeline_reference(
+    spec: Mapping[str, Any],
+    inputs: Mapping[str, np.ndarray],
+    *,
+    models: Mapping[str, Any] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run a pipeline mapping (the YAML format of :mod:`infscaler.config`) in-process:
+    function stages called directly (read-only input views, outputs checked against
+    the contract), model stages on WHOLE models with onnxruntime (CPU); ``partitions``,
+    ``engine`` and ``instances`` are ignored. Between the ``fan_out`` stage and the
+    ``fan_in`` stage each item runs the stages on its own tensors plus the request's;
+    the ``fan_in`` function gets the items' inputs in item order (possibly none).
+
+    Args:
+        spec: the pipeline mapping (e.g. :func:`load_ocr_spec`).
+        inputs: the request tensors by name.
+        models: model stage name -> an onnxruntime ``InferenceSession`` (anything with
+            ``run`` / ``get_inputs`` / ``get_outputs``), or an alias / path replacing the
+            stage's ``model``. Stages not named use their ``model``.
+
+    Returns:
+        The pipeline's ``outputs`` by name.
+
+    Raises:
+        TypeError: a function broke the contract (names, dtypes, fan_out not a list).
+        KeyError: a stage reads a tensor nothing produced.
+    """
+    models = models or {}
+    env: dict[str, np.ndarray] = dict(inputs)
+    items: list[dict[str, np.ndarray]] | None = None  # between fan_out and fan_in
+    for stage in spec["stages"]:
+        if stage.get("fan_in"):
+            gathered = [{n: _readonly(it[n]) for n in stage["inputs"]} for it in items or []]
+            fn = _load_function(stage["function"])
+            env.update(_checked(stage, fn(gathered, **(stage.get("params") or {}))))
+            items = None
+        elif items is not None:
+            for item in items:
+                item.update(_run_stage(stage, item, models))  # type: ignore[arg-type]
+        elif stage.get("fan_out"):
+            items = [{**env, **it} for it in _run_stage(stage, env, models)]  # type: ignore[union-attr]
+        else:
+            env.update(_run_stage(stage, env, models))  # type: ignore[arg-type]
+    return {name: env[name] for name in spec["outputs"]}
+
+
+def run_ocr_reference(
+    image: np.ndarray,
+    *,
+    det_model: Any = None,
+    cls_model: Any = None,
+    rec_model: Any = None,
+) -> dict[str, np.ndarray]:
+    """OCR of one image by the stages of ``ocr.yaml`` chained in-process on the whole
+    models: the reference the served (partitioned) pipeline is compared with.
+
+    Args:
+        image: [H, W, 3] uint8 RGB (see :func:`to_rgb` for other layouts).
+        det_model, cls_model, rec_model: an onnxruntime ``InferenceSession``, or an alias /
+            path; None uses the YAML's model (``ppocrv4-det``, ``ppocr-cls``,
+            ``ppocrv4-rec``) in a CPU session cached by this module.
+
+    Returns:
+        ``texts``: [N] ``<U`` lines in reading order; ``scores``: [N] float32 in (0, 1];
+        ``boxes``: [N, 4, 2] float32, corners (x, y) in image pixels, clockwise from
+        top-left.
+
+    Raises:
+        ValueError: ``image`` is not HxWx3 uint8.
+        ModelNotInstalledError: rapidocr_onnxruntime is not installed.
+    """
+    _check_image(image, "image")
+    models = {"det": det_model, "cls": cls_model, "rec": rec_model}
+    return run_pipeline_reference(
+        load_ocr_spec(), {"image": image}, models={k: v for k, v in models.items() if v is not None}
+    )
