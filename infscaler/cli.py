@@ -355,6 +355,10 @@ def _print_plan(s: dict, out_dir: Path | None) -> None:
         out.print("dry run: nothing written")
 
 
+# The service commands (serve, deploy, undeploy, infer, status, demo) register on `app`.
+from infscaler import cli_service as _cli_service  # noqa: E402,F401
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app; a user error prints one message (and a hint) and exits 2.
 

@@ -13,6 +13,9 @@ supervisor on the status pipe, one JSON object per line: ``ready`` (after loadin
 warm-up run: pid, memory, engine), ``stats`` (every ``stats_interval_s`` while serving:
 requests, errors, busy ms, RSS / USS MB) and ``fatal`` (it could not start).
 
+Privileges: an instance drops every capability at start (the service may hold CAP_BPF
+and CAP_NET_ADMIN for the eBPF path; instances never need them).
+
 Signals: SIGUSR1 asks for a graceful stop (after the current request); SIGTERM and
 SIGINT are ignored (under systemd the whole cgroup gets SIGTERM, but the service must
 drain in-flight requests through its instances first); the process dies with its
@@ -165,6 +168,30 @@ def _set_pdeathsig() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def _drop_capabilities() -> None:
+    """Give up every capability (the service may hold CAP_BPF / CAP_NET_ADMIN for the
+    eBPF control path, and ambient capabilities survive exec): an instance needs none,
+    so a compromised model or function cannot load BPF programs. capset(2) with empty
+    sets, after clearing the ambient set (prctl PR_CAP_AMBIENT_CLEAR_ALL). Best effort."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+
+        class _Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class _Data(ctypes.Structure):
+            _fields_ = [
+                ("effective", ctypes.c_uint32),
+                ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32),
+            ]
+
+        header = _Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+        data = (_Data * 2)()
+        libc.capset(ctypes.byref(header), data)
 
 
 def _memory() -> dict[str, float]:
@@ -393,6 +420,7 @@ class Instance:
 def main() -> int:
     """Entry point: read the spec from stdin, serve until told to stop."""
     _set_pdeathsig()
+    _drop_capabilities()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(

@@ -126,7 +126,13 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
         self.on_change = on_change or (lambda: None)
-        self.env = {**os.environ, **(env or {})}
+        # systemd's notify / watchdog variables are the service's alone
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS")
+        }
+        self.env = {**base, **(env or {})}
         self._lock = threading.RLock()
         self._handles: dict[int, InstanceHandle] = {}
         self._crashes: dict[tuple[str, int], list[float]] = {}

@@ -368,3 +368,22 @@ def test_undeploy_drains_then_stops_instances(service: Service) -> None:
     # stage ids came back: the pipeline deploys again
     service.deploy(load_pipeline(chain_pipeline()))
     assert service.infer("chain", {"x": np.ones(4, np.float32)}).outputs["y"][0] == 2.0
+
+
+def test_instances_run_without_capabilities(service: Service) -> None:
+    d = {
+        "name": "caps",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": ["capeff"],
+        "stages": [
+            {
+                "name": "c",
+                "function": "stagefuncs:capabilities",
+                "inputs": ["x"],
+                "outputs": ["y", "capeff"],
+            }
+        ],
+    }
+    service.deploy(load_pipeline(d))
+    r = service.infer("caps", {"x": np.ones(1, np.float32)})
+    assert int(r.outputs["capeff"][0]) == 0

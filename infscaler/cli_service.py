@@ -1,0 +1,502 @@
+"""CLI commands of the service: ``serve``, ``deploy``, ``undeploy``, ``infer``, ``status``,
+``demo`` (registered on :data:`infscaler.cli.app`).
+
+``serve`` runs the service in the foreground (systemd ``Type=notify`` aware: READY=1 once
+the pipelines given are deployed, WATCHDOG pings while healthy, STOPPING=1 and a drain
+of in-flight requests on SIGTERM / SIGINT). The other commands are clients of a running
+service over its Unix socket (``--socket``, default ``$INFSCALER_SOCKET`` or
+``/run/infscaler/infscaler.sock``), except ``demo``, which starts its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from infscaler.cli import app, err, out
+from infscaler.errors import InfScalerError
+
+DEFAULT_SOCKET = "/run/infscaler/infscaler.sock"
+
+SocketOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--socket",
+        help=f"Unix socket of the service (default $INFSCALER_SOCKET or {DEFAULT_SOCKET}).",
+    ),
+]
+
+
+def default_socket(socket: str | None = None) -> str:
+    """``--socket``, else ``$INFSCALER_SOCKET``, else systemd's ``$RUNTIME_DIRECTORY``,
+    else :data:`DEFAULT_SOCKET`."""
+    if socket:
+        return socket
+    if os.environ.get("INFSCALER_SOCKET"):
+        return os.environ["INFSCALER_SOCKET"]
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return str(Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0]) / "infscaler.sock")
+    return DEFAULT_SOCKET
+
+
+def pipeline_from_arg(arg: str, partitions: int | None = None) -> Any:
+    """A pipeline from a ``serve`` argument: a pipeline YAML, an ``.onnx`` model or
+    bundled alias (served whole, or partitioned into ``partitions``), or a plan dir.
+
+    Raises:
+        ConfigError: a file that is none of these.
+    """
+    from infscaler.config import load_pipeline, pipeline_for_model
+    from infscaler.errors import ConfigError
+    from infscaler.models import MODELS
+
+    p = Path(arg)
+    if p.suffix in (".yaml", ".yml", ".json") and p.is_file():
+        return load_pipeline(p)
+    if p.is_dir():
+        if not (p / "plan.yaml").is_file():
+            raise ConfigError(f"{p} is a directory but not a plan directory (no plan.yaml)")
+        return pipeline_for_model(p)
+    if p.suffix == ".onnx" and p.is_file():
+        return pipeline_for_model(p, partitions=partitions)
+    if arg in MODELS:
+        return pipeline_for_model(arg, partitions=partitions, shapes=MODELS[arg].shapes)
+    if arg == "ocr":
+        return load_pipeline(_bundled("ocr.yaml"))
+    raise ConfigError(
+        f"cannot serve {arg!r}: not a pipeline .yaml, an .onnx file, a plan directory or a "
+        "bundled model",
+        hint="see `infscaler models` for the bundled models",
+    )
+
+
+def _bundled(name: str) -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("infscaler.pipelines").joinpath(name)))
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+# -- serve --------------------------------------------------------------------------------
+
+
+@app.command("serve")
+def serve_cmd(
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Pipelines to deploy: PIPELINE.yaml, MODEL.onnx, a bundled model alias, "
+            "a plan directory, or `ocr` (the bundled OCR pipeline)."
+        ),
+    ] = None,
+    socket: SocketOpt = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Device profile (name or YAML).")
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="Plans and caches (default $STATE_DIRECTORY or ~/.local/state/infscaler).",
+        ),
+    ] = None,
+    control_path: Annotated[
+        str, typer.Option("--control-path", help="auto | ebpf | userspace")
+    ] = "auto",
+    partitions: Annotated[
+        int | None,
+        typer.Option("--partitions", "-k", help="Partition bare models into K parts at deploy."),
+    ] = None,
+    pool_mb: Annotated[int, typer.Option("--pool-mb", help="Tensor pool memory cap, MB.")] = 512,
+    max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")] = 64,
+    drain_s: Annotated[
+        float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
+    ] = 30.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+) -> None:
+    """Run the service in the foreground on a Unix socket (Open Inference Protocol)."""
+    _setup_logging(verbose)
+    from infscaler.device import load_profile
+
+    profile = load_profile(device) if device else None
+    configs = [pipeline_from_arg(t, partitions) for t in targets or []]
+    if control_path not in ("auto", "ebpf", "userspace"):
+        raise InfScalerError(
+            f"unknown --control-path {control_path!r}", hint="auto, ebpf or userspace"
+        )
+    code = asyncio.run(
+        _serve(
+            configs,
+            default_socket(socket),
+            profile,
+            state_dir,
+            control_path,
+            pool_mb,
+            max_body_mb,
+            drain_s,
+        )
+    )
+    raise typer.Exit(code)
+
+
+async def _serve(
+    configs: list[Any],
+    socket_path: str,
+    profile: Any,
+    state_dir: Path | None,
+    control_path: str,
+    pool_mb: int,
+    max_body_mb: int,
+    drain_s: float,
+) -> int:
+    from infscaler.server import create_app, start_unix_server
+    from infscaler.service import Service
+    from infscaler.systemd import SystemdNotifier
+
+    notifier = SystemdNotifier()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    service = Service(
+        state_dir=state_dir, device=profile, control_path=control_path, pool_mb=pool_mb
+    )
+    await loop.run_in_executor(None, service.start)
+    runner = None
+    try:
+        runner = await start_unix_server(create_app(service, max_body_mb=max_body_mb), socket_path)
+        err.print(
+            f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
+            f"pool {pool_mb} MB)",
+            highlight=False,
+        )
+        for cfg in configs:
+            notifier.status(f"deploying {cfg.name}")
+
+            def progress(msg: str) -> None:
+                err.print(f"  {msg}", highlight=False)
+                notifier.extend_timeout(120)
+
+            t0 = time.perf_counter()
+            deploy = loop.run_in_executor(None, lambda c=cfg: service.deploy(c, progress=progress))
+            waiter = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({deploy, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter in done:
+                err.print("interrupted while deploying")
+                await deploy
+                break
+            waiter.cancel()
+            deploy.result()
+            err.print(f"deployed {cfg.name} in {time.perf_counter() - t0:.1f} s", highlight=False)
+        if not stop.is_set():
+            names = ", ".join(d.name for d in service.deployments()) or "no pipelines"
+            notifier.ready(f"serving {names} on {socket_path}")
+            notifier.start_watchdog(
+                lambda: service.frontend._thread.is_alive() and service.manager.running
+            )
+            err.print(f"infscaler: ready ({names})", highlight=False)
+            await stop.wait()
+        notifier.stopping("draining in-flight requests")
+        err.print("infscaler: stopping: draining in-flight requests", highlight=False)
+        await loop.run_in_executor(None, service.close, drain_s)
+        return 0
+    finally:
+        notifier.stop_watchdog()
+        with contextlib.suppress(Exception):
+            await loop.run_in_executor(None, service.close, 0.0)
+        if runner is not None:
+            await runner.cleanup()
+        with contextlib.suppress(OSError):
+            os.unlink(socket_path)
+
+
+# -- client commands ----------------------------------------------------------------------
+
+
+def _client(socket: str | None) -> Any:
+    from infscaler.client import Client
+
+    return Client(default_socket(socket))
+
+
+@app.command("deploy")
+def deploy_cmd(
+    pipeline: Annotated[str, typer.Argument(help="PIPELINE.yaml (or MODEL.onnx / alias).")],
+    socket: SocketOpt = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Model name (default: the pipeline's).")
+    ] = None,
+) -> None:
+    """Deploy a pipeline to a running service (replaces one of the same name)."""
+    cfg = pipeline_from_arg(pipeline)
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    with _client(socket) as c, err.status(f"deploying {name or cfg.name}"):
+        res = c.load(name or cfg.name, data)
+    out.print(f"deployed {res.get('name', name or cfg.name)} in {res.get('seconds', '?')} s")
+
+
+@app.command("undeploy")
+def undeploy_cmd(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    socket: SocketOpt = None,
+) -> None:
+    """Drain and remove a deployed pipeline."""
+    with _client(socket) as c:
+        c.unload(name)
+    out.print(f"undeployed {name}")
+
+
+def load_image(path: Path) -> np.ndarray:
+    """An image file as HxWx3 uint8 RGB.
+
+    Raises:
+        InfScalerError: missing or unreadable image.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    except (OSError, UnidentifiedImageError) as exc:
+        raise InfScalerError(f"cannot read image {path}: {exc}") from None
+
+
+def _parse_inputs(inputs: list[str], image: Path | None, meta: dict) -> dict[str, np.ndarray]:
+    feeds: dict[str, np.ndarray] = {}
+    for item in inputs:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise InfScalerError(f"bad --input {item!r}", hint="use --input NAME=FILE.npy")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InfScalerError(f"cannot read {path} for input {name}: {exc}") from None
+    if image is not None:
+        img_inputs = [i for i in meta["inputs"] if i["datatype"] == "UINT8"]
+        if len(img_inputs) != 1:
+            raise InfScalerError(
+                f"--image needs a model with one UINT8 input; {meta['name']} has "
+                f"{[i['name'] for i in meta['inputs']]}",
+                hint="use --input NAME=FILE.npy",
+            )
+        feeds[img_inputs[0]["name"]] = load_image(image)
+    return feeds
+
+
+def _describe(value: np.ndarray) -> str:
+    if value.dtype.kind in "USO":
+        return "\n".join(str(v.decode() if isinstance(v, bytes) else v) for v in value.reshape(-1))
+    if value.size <= 16:
+        return np.array2string(value, precision=4)
+    return (
+        f"{value.dtype} {list(value.shape)}  min {value.min():.4g}  max {value.max():.4g}  "
+        f"mean {value.mean():.4g}"
+    )
+
+
+@app.command("infer")
+def infer_cmd(
+    model: Annotated[str, typer.Argument(help="Model (pipeline) name.")],
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable).")
+    ] = None,
+    image: Annotated[
+        Path | None, typer.Option("--image", help="An image file for the model's UINT8 input.")
+    ] = None,
+    socket: SocketOpt = None,
+    save: Annotated[
+        Path | None, typer.Option("--save", help="Write each output to DIR/<name>.npy.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outputs as JSON.")] = False,
+) -> None:
+    """Send one inference request to a running service and print the outputs."""
+    with _client(socket) as c:
+        meta = c.model_metadata(model)
+        feeds = _parse_inputs(inputs or [], image, meta)
+        missing = [i["name"] for i in meta["inputs"] if i["name"] not in feeds]
+        if missing:
+            raise InfScalerError(
+                f"model {model} needs inputs {missing}",
+                hint="pass --input NAME=FILE.npy or --image",
+            )
+        res = c.infer(model, feeds)
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
+        for k, v in res.outputs.items():
+            np.save(save / f"{k.replace('/', '_')}.npy", v)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "model": res.model_name,
+                    "parameters": res.parameters,
+                    "outputs": {
+                        k: (v.astype(str) if v.dtype.kind in "SO" else v).tolist()
+                        for k, v in res.outputs.items()
+                    },
+                },
+                default=str,
+            )
+        )
+        return
+    for k, v in res.outputs.items():
+        out.print(f"[bold]{k}[/]: {_describe(v)}", highlight=False)
+    p = res.parameters or {}
+    if "latency_ms" in p:
+        out.print(f"latency {p['latency_ms']:.1f} ms", highlight=False)
+
+
+@app.command("status")
+def status_cmd(
+    socket: SocketOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Per stage: partition, instances (engine, pid, cores, MB), queue, P50 / P99 ms; the
+    control path; pool slots and MB."""
+    with _client(socket) as c:
+        st = c.status()
+    if as_json:
+        print(json.dumps(st, indent=2, default=str))
+        return
+    print_status(st)
+
+
+def print_status(st: dict[str, Any]) -> None:
+    cp = st["control_path"]
+    pool = st["pool"]
+    out.print(
+        f"control path: [bold]{cp['kind']}[/] ({cp['policy']}; {cp.get('reason', '')})\n"
+        f"tensor pool: {pool['mapped_mb']:.0f} / {pool['cap_mb']:.0f} MB mapped, "
+        f"{pool['slots_in_use']} slots in use, {pool['slots_free']} free; "
+        f"restarts {st.get('restarts', 0)}",
+        highlight=False,
+    )
+    for p in st["pipelines"]:
+        req = p["requests"]
+        lat = req["latency"]
+        table = Table(
+            title=f"{p['name']} ({'ready' if p['ready'] else 'NOT ready'}): "
+            f"{req['success']} ok, {sum(req['fail'].values())} failed, "
+            f"P50 {_ms(lat['p50_ms'])} / P99 {_ms(lat['p99_ms'])} ms"
+        )
+        for col in (
+            "stage",
+            "partition",
+            "B_k",
+            "instances (engine pid cores MB)",
+            "queue",
+            "P50 ms",
+            "P99 ms",
+        ):
+            table.add_column(col)
+        for u in p["units"]:
+            inst = "\n".join(
+                f"{i['engine']} pid {i['pid']} cores {','.join(map(str, i['cores']))} "
+                f"{i['uss_mb'] or i['rss_mb']:.0f} MB {i['state']}"
+                for i in u["instances"]
+            ) or ("front end" if u["engine"] == "frontend" else "-")
+            table.add_row(
+                u["unit"],
+                u["partition"] or "-",
+                f"{u['bottleneck']:.3g}" if u["bottleneck"] is not None else "-",
+                inst,
+                str(u["queue"]),
+                _ms(u["compute_p50_ms"]),
+                _ms(u["compute_p99_ms"]),
+            )
+        out.print(table)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+# -- demo ---------------------------------------------------------------------------------
+
+
+DEMO_TEXT = ["InfScaler serves partitioned models", "Edge inference on Jetson 2026"]
+
+
+@app.command("demo")
+def demo_cmd(
+    control_path: Annotated[
+        str, typer.Option("--control-path", help="auto | ebpf | userspace")
+    ] = "auto",
+    partitions: Annotated[int, typer.Option("--partitions", "-k", help="K for PP-OCRv4 det.")] = 2,
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="Plans (default: a cache dir).")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Partition PP-OCRv4 det, serve the OCR pipeline on a temporary socket, and read real
+    images through the API: prints the text found and per-stage times."""
+    _setup_logging(verbose)
+    import yaml
+    from skimage import data as skdata
+
+    from infscaler.client import Client
+    from infscaler.config import load_pipeline
+    from infscaler.pipelines.ocr import character_error_rate, render_text_image, to_rgb
+    from infscaler.server import ServerThread
+    from infscaler.service import Service
+
+    raw = yaml.safe_load(_bundled("ocr.yaml").read_text())
+    for st in raw["stages"]:
+        if st["name"] == "det":
+            st["partitions"] = partitions
+    cfg = load_pipeline(raw)
+    if state_dir is None:
+        from infscaler.models import cache_dir
+
+        state_dir = cache_dir() / "state"
+    images = {
+        "rendered (known text)": render_text_image(DEMO_TEXT),
+        "skimage text.png": to_rgb(skdata.text()),
+        "skimage page.png": to_rgb(skdata.page()),
+    }
+    with tempfile.TemporaryDirectory(prefix="infscaler-demo-") as tmp:
+        sock = str(Path(tmp) / "infscaler.sock")
+        with Service(state_dir=state_dir, control_path=control_path) as service:
+            err.print(f"control path: {service.channel.kind}", highlight=False)
+            with err.status("partitioning PP-OCRv4 det and starting the OCR pipeline") as s:
+                t0 = time.perf_counter()
+                service.deploy(cfg, progress=lambda m: s.update(m))
+            err.print(f"OCR pipeline ready in {time.perf_counter() - t0:.1f} s", highlight=False)
+            with ServerThread(service, sock), Client(sock) as client:
+                units = [u.name for u in service.deployment("ocr").pipeline.units]
+                for label, img in images.items():
+                    res = client.infer("ocr", {"image": img})
+                    texts = [str(t) for t in res.outputs["texts"].reshape(-1)]
+                    out.rule(f"{label}: {img.shape[1]}x{img.shape[0]}, {len(texts)} lines")
+                    for t, sc in zip(texts, res.outputs["scores"].reshape(-1), strict=False):
+                        out.print(f"  {t}   [dim]({sc:.2f})[/]", highlight=False)
+                    if label.startswith("rendered"):
+                        cer = character_error_rate(" ".join(DEMO_TEXT), " ".join(texts))
+                        out.print(f"  character error rate vs the known text: {cer:.1%}")
+                    unit_ms = json.loads(res.parameters.get("unit_ms", "{}"))
+                    out.print(
+                        f"  latency {res.parameters.get('latency_ms', 0):.1f} ms; per stage (ms): "
+                        + ", ".join(f"{u} {unit_ms.get(u, 0):.1f}" for u in units),
+                        highlight=False,
+                    )
+                print_status(client.status())
