@@ -1,0 +1,105 @@
+"""Inference engines: one interface (load, infer, close) over the CPU, GPU and DLA.
+
+======  ========================================================  ====================
+kind    runs on                                                   precisions
+======  ========================================================  ====================
+cpu     onnxruntime CPU EP, process pinned to ``cores``            fp32
+gpu     TensorRT (+ pycuda buffers), else onnxruntime CUDA EP      fp32, fp16, int8 (TRT)
+dla     TensorRT on a Jetson DLA core, GPU fallback                fp16, int8
+======  ========================================================  ====================
+
+Usage (Polygraphy's runner shape: a context manager around load / close)::
+
+    from infscaler.runtime.engines import create_engine, engine_availability
+
+    engine_availability()   # {"cpu": (True, "onnxruntime 1.32.0 CPU EP"), "gpu": (False, "..."), ...}
+    with create_engine("cpu", "model.onnx", threads=2, cores=[0, 1]) as eng:
+        out = eng.infer({"x": x})          # {output name: ndarray}
+
+Engines this host lacks report ``(False, reason)`` from ``availability()`` and raise
+:class:`EngineUnavailable` (with that reason) from ``load()``; none is ever emulated. The
+modules for gpu / dla import tensorrt and pycuda only when probed or loaded, so the CPU
+path never imports them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from infscaler.errors import ConfigError
+from infscaler.runtime.engines.base import (
+    ENGINE_KINDS,
+    PRECISIONS,
+    Engine,
+    EngineUnavailable,
+    InferenceError,
+    TensorInfo,
+)
+
+if TYPE_CHECKING:
+    from infscaler.runtime.engines.cpu import CPUEngine
+    from infscaler.runtime.engines.dla import DLAEngine
+    from infscaler.runtime.engines.gpu import GPUEngine
+
+__all__ = [
+    "ENGINE_KINDS",
+    "PRECISIONS",
+    "CPUEngine",
+    "DLAEngine",
+    "Engine",
+    "EngineUnavailable",
+    "GPUEngine",
+    "InferenceError",
+    "TensorInfo",
+    "create_engine",
+    "engine_availability",
+    "engine_class",
+]
+
+_CLASSES = {"cpu": ("cpu", "CPUEngine"), "gpu": ("gpu", "GPUEngine"), "dla": ("dla", "DLAEngine")}
+
+
+def engine_class(kind: str) -> type[Engine]:
+    """The engine class for ``kind``, whether or not this host has it.
+
+    Args:
+        kind: one of :data:`ENGINE_KINDS` (``cpu``, ``gpu``, ``dla``).
+
+    Raises:
+        ConfigError (an :class:`~infscaler.errors.InfScalerError`): an unknown kind; the
+            message lists :data:`ENGINE_KINDS`.
+    """
+    key = str(kind).lower()
+    if key not in _CLASSES:
+        raise ConfigError(
+            f"unknown engine kind {kind!r}; engine kinds are {list(ENGINE_KINDS)}",
+            hint="use cpu, gpu or dla",
+        )
+    module, name = _CLASSES[key]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def create_engine(kind: str, model_path: Any, **options: Any) -> Engine:
+    """A new (not yet loaded) engine: ``engine_class(kind)(model_path, **options)``.
+
+    Options are :class:`Engine`'s keyword arguments (threads, cores, precision,
+    device_index, cache_dir, shapes, allow_gpu_fallback).
+
+    Raises:
+        ConfigError: an unknown kind (see :func:`engine_class`).
+    """
+    return engine_class(kind)(model_path, **options)
+
+
+def engine_availability() -> dict[str, tuple[bool, str]]:
+    """``{kind: (available, reason)}`` for every kind in :data:`ENGINE_KINDS` (each
+    engine's :meth:`Engine.availability`, cached per process)."""
+    return {kind: engine_class(kind).availability() for kind in ENGINE_KINDS}
+
+
+def __getattr__(name: str) -> Any:  # CPUEngine / GPUEngine / DLAEngine, imported on use
+    for kind, (_, cls_name) in _CLASSES.items():
+        if name == cls_name:
+            return engine_class(kind)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
