@@ -237,6 +237,9 @@ class PipelineConfig(BaseModel):
         outputs: tensors returned; None for single-model pipelines (the model's outputs).
         stages: in execution order.
         request_timeout_s: a request not answered within this is failed (503).
+        max_inflight: requests in the pipeline's stages at once (more wait at the front
+            end); default: its number of instances + 1, enough to keep every instance
+            busy while bounding the tensor pool memory the pipeline holds.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -247,6 +250,7 @@ class PipelineConfig(BaseModel):
     outputs: list[str] | None = None
     stages: list[StageConfig] = Field(min_length=1, max_length=32)
     request_timeout_s: float = Field(60.0, gt=0, le=3600)
+    max_inflight: int | None = Field(None, ge=1, le=4096)
 
     @model_validator(mode="after")
     def _check(self) -> PipelineConfig:

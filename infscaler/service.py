@@ -121,8 +121,9 @@ class Service:
             return self
         self.state_dir.mkdir(parents=True, exist_ok=True)
         cap = int(self.pool_mb) << 20
-        # a slab must fit the cap several times over, or one size class fills it alone
-        self.pool = TensorPool(cap, slab_bytes=max(1 << 20, min(16 << 20, cap // 8)))
+        # small slabs: a partly used slab of each size class stays mapped, so big slabs
+        # would fragment the cap (16 classes x 16 MB filled a 256 MB pool in tests)
+        self.pool = TensorPool(cap, slab_bytes=max(1 << 20, min(4 << 20, cap // 16)))
         try:
             self.channel = open_channel(self.control_path, self.routing)
             self.manager = TensorSharingManager(
@@ -280,7 +281,10 @@ class Service:
                     self._free_stages.extend(ids)
                     self._free_stages.sort()
                 raise
-            route = Route(compiled, stage_ids, PipelineStats([u.name for u in compiled.units]))
+            window = cfg.max_inflight or sum(u.instances for u in served) + 1
+            route = Route(
+                compiled, stage_ids, PipelineStats([u.name for u in compiled.units]), window
+            )
             dep = Deployment(compiled, route, handles)
             with self._lock:
                 self._deployments[cfg.name] = dep

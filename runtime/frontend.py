@@ -56,6 +56,7 @@ from infscaler.runtime.supervisor import FRONTEND_INSTANCE
 log = logging.getLogger("infscaler.frontend")
 
 _EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
+_IN_PIPELINE = ("running", "items", "post")
 
 
 class RequestError(InfScalerError):
@@ -75,11 +76,16 @@ class Route:
         pipeline: the compiled pipeline.
         stage_ids: channel stage of each unit (0 for the fan-in, run here).
         stats: its statistics.
+        max_inflight: requests of this pipeline in the token pipeline at once; more
+            wait in the front end's backlog. Bounds the pool memory a pipeline holds
+            (each request in it holds one or two slots per stage it is at), so the
+            stages downstream always find room for their outputs.
     """
 
     pipeline: CompiledPipeline
     stage_ids: list[int]
     stats: PipelineStats
+    max_inflight: int = 8
     accepting: bool = True
     _fan_in_fn: Any = None
 
@@ -130,6 +136,7 @@ class _Pending:
     carry: dict[str, np.ndarray] | None = None
     traces: list[np.ndarray] = field(default_factory=list)
     busy_since: float | None = None
+    waits: set[str] = field(default_factory=set)
 
 
 class FrontEnd:
@@ -326,42 +333,62 @@ class FrontEnd:
 
     # -- sending -----------------------------------------------------------------------------
     def _start_backlog(self) -> None:
+        """Start queued requests, oldest first, while their pipeline's window has room
+        (``Route.max_inflight`` requests in the pipeline at once) and the pool is below
+        the admission threshold. A request that must wait keeps its place; requests of
+        other pipelines behind it may start."""
         from infscaler.shm.manager import BackPressureError
+        from infscaler.shm.tensors import tensors_nbytes
 
+        if not self._backlog:
+            return
+        with self._lock:
+            running: collections.Counter[int] = collections.Counter(
+                id(p.route) for p in self._pending.values() if p.phase in _IN_PIPELINE
+            )
+        waiting: collections.deque[_Pending] = collections.deque()
+        pool_full = False
         while self._backlog:
-            p = self._backlog[0]
+            p = self._backlog.popleft()
             if p.phase == "done":
-                self._backlog.popleft()
                 continue
             route = p.route
+            if pool_full or running[id(route)] >= route.max_inflight:
+                if not pool_full and "window" not in p.waits:
+                    p.waits.add("window")
+                    self.counters["window_waits"] += 1
+                waiting.append(p)
+                continue
             tensors = {n: p.inputs[n] for n in route.pipeline.front_inputs}  # type: ignore[index]
             tensors[TRACE] = _EMPTY_TRACE
-            if self.admit_bytes is not None and self._running_requests() > 0:
-                from infscaler.shm.tensors import tensors_nbytes
-
-                if self.pool.in_use_bytes() + tensors_nbytes(tensors) > self.admit_bytes:
-                    if p.busy_since is None:
-                        p.busy_since = time.monotonic()
-                    self.counters["admission_waits"] += 1
-                    return  # requests in the pipeline must free slots first
+            if (
+                self.admit_bytes is not None
+                and sum(running.values()) > 0
+                and self.pool.in_use_bytes() + tensors_nbytes(tensors) > self.admit_bytes
+            ):
+                self._note_wait(p, "admission_waits")
+                waiting.append(p)
+                pool_full = True  # requests in the pipelines must free slots first
+                continue
             try:
                 self._hand_over(tensors, route.stage_ids[0], p.seq << ITEM_BITS)
             except BackPressureError:
-                if p.busy_since is None:
-                    p.busy_since = time.monotonic()
-                self.counters["backpressure"] += 1
-                return  # the pool is at its cap: results must come back first
+                self._note_wait(p, "backpressure")
+                waiting.append(p)
+                pool_full = True  # the pool is at its cap: results must come back first
+                continue
             except Exception as exc:  # noqa: BLE001 - this request fails alone
-                self._backlog.popleft()
                 self._complete_error(p, RequestError(f"cannot start the request: {exc}", 500))
                 continue
-            self._backlog.popleft()
             p.inputs = None
             p.phase = "running"
+            running[id(route)] += 1
+        self._backlog = waiting
 
-    def _running_requests(self) -> int:
-        with self._lock:
-            return sum(1 for p in self._pending.values() if p.phase in ("running", "items", "post"))
+    def _note_wait(self, p: _Pending, counter: str) -> None:
+        if p.busy_since is None:
+            p.busy_since = time.monotonic()
+            self.counters[counter] += 1
 
     def _hand_over(self, tensors: dict[str, np.ndarray], stage: int, request: int) -> None:
         from infscaler.shm.tensors import tensors_nbytes, write_tensors

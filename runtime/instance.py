@@ -365,11 +365,14 @@ class Instance:
             return row
         return np.concatenate([trace_in, row])
 
-    def _hand_over(self, out: dict[str, np.ndarray], stage: int, request: int) -> None:
+    def _hand_over(
+        self, out: dict[str, np.ndarray], stage: int, request: int, timeout: float | None = None
+    ) -> None:
         from infscaler.shm.tensors import tensors_nbytes, write_tensors
 
         nbytes = tensors_nbytes(out)
-        slot, view = self.client.acquire(nbytes, request, timeout=self.acquire_timeout_s)
+        wait = self.acquire_timeout_s if timeout is None else timeout
+        slot, view = self.client.acquire(nbytes, request, timeout=wait)
         try:
             length = write_tensors(view, out)
         except BaseException:
@@ -407,7 +410,7 @@ class Instance:
         if tensors is not None and FANOUT in tensors:
             out[FANOUT] = np.asarray(tensors[FANOUT])
         try:
-            self._hand_over(out, 0, tok.request)
+            self._hand_over(out, 0, tok.request, timeout=5.0)
         except Exception as exc:  # noqa: BLE001 - last resort: the front end times it out
             log.error(
                 "unit %s could not report a failure of request %d: %s",

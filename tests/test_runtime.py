@@ -311,6 +311,7 @@ def test_back_pressure_at_the_pool_cap_then_recovery(kind: str, tmp_path: Path) 
     d = chain_pipeline()
     d["inputs"][0]["shape"] = [-1]
     d["stages"][1]["params"] = {"ms": 20}
+    d["max_inflight"] = 64  # let the pool cap, not the window, bind
     with Service(state_dir=tmp_path, control_path=kind, pool_mb=8) as svc:
         svc.deploy(load_pipeline(d))
         x = np.ones(64 * 1024, np.float32)
@@ -387,3 +388,23 @@ def test_instances_run_without_capabilities(service: Service) -> None:
     service.deploy(load_pipeline(d))
     r = service.infer("caps", {"x": np.ones(1, np.float32)})
     assert int(r.outputs["capeff"][0]) == 0
+
+
+def test_window_bounds_requests_in_the_pipeline(service: Service) -> None:
+    d = chain_pipeline()
+    d["stages"][1]["params"] = {"ms": 20}
+    service.deploy(load_pipeline(d))
+    route = service.deployment("chain").route
+    assert route.max_inflight == 4  # 3 instances + 1
+    futs = [service.submit("chain", {"x": np.ones(4, np.float32)}) for _ in range(30)]
+    peak = 0
+    while not all(f.done() for f in futs):
+        with service.frontend._lock:
+            inside = sum(
+                1 for p in service.frontend._pending.values() if p.phase in ("running", "post")
+            )
+        peak = max(peak, inside)
+        time.sleep(0.002)
+    assert all(f.result().outputs["y"][0] == 2.0 for f in futs)
+    assert 1 <= peak <= 4
+    assert service.frontend.stats()["window_waits"] > 0
