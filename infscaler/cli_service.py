@@ -399,20 +399,13 @@ def print_status(st: dict[str, Any]) -> None:
             f"{req['success']} ok, {sum(req['fail'].values())} failed, "
             f"P50 {_ms(lat['p50_ms'])} / P99 {_ms(lat['p99_ms'])} ms"
         )
-        for col in (
-            "stage",
-            "partition",
-            "B_k",
-            "instances (engine pid cores MB)",
-            "queue",
-            "P50 ms",
-            "P99 ms",
-        ):
+        for col in ("stage", "part", "B_k", "engine pid cores MB", "queue", "P50 ms", "P99 ms"):
             table.add_column(col)
         for u in p["units"]:
             inst = "\n".join(
-                f"{i['engine']} pid {i['pid']} cores {','.join(map(str, i['cores']))} "
-                f"{i['uss_mb'] or i['rss_mb']:.0f} MB {i['state']}"
+                f"{i['engine']} {i['pid']} [{','.join(map(str, i['cores']))}] "
+                f"{i['uss_mb'] or i['rss_mb']:.0f}"
+                + ("" if i["state"] == "ready" else f" {i['state']}")
                 for i in u["instances"]
             ) or ("front end" if u["engine"] == "frontend" else "-")
             table.add_row(

@@ -112,9 +112,15 @@ class FunctionRunner:
         self.fn: Callable[..., Any] | None = None
 
     def load(self) -> dict[str, Any]:
+        """Import the function and run its optional warm-up: a callable attribute
+        ``warmup`` on the function, called with the stage's params (lazy imports, tables
+        loaded once), so the first request does not pay for them."""
         if self.cores:
             os.sched_setaffinity(0, self.cores)
         self.fn = load_function(self.unit.function or "")
+        warmup = getattr(self.fn, "warmup", None)
+        if callable(warmup):
+            warmup(**self.unit.params)
         return {"kind": "function", "function": self.unit.function, "cores": self.cores}
 
     def __call__(self, tensors: Mapping[str, np.ndarray]) -> Any:

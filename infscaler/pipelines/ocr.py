@@ -499,6 +499,22 @@ def merge_lines(
     }
 
 
+def _warm_rapid(**_params: Any) -> None:
+    """Warm-up hook (``fn.warmup``, called by the instance at start with the stage's
+    params): import rapidocr and OpenCV once, before the first request."""
+    _rapid()
+
+
+def _warm_decoder(rec_model: str = "ppocrv4-rec", **_params: Any) -> None:
+    """Warm-up hook of :func:`decode_line`: load the character list."""
+    _ctc_decoder(str(rec_model))
+
+
+for _fn in (det_preprocess, crop_text_boxes, cls_preprocess, rec_preprocess):
+    _fn.warmup = _warm_rapid  # type: ignore[attr-defined]
+decode_line.warmup = _warm_decoder  # type: ignore[attr-defined]
+
+
 # ------------------------------------------------------------------ images and metrics
 
 
