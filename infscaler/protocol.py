@@ -400,7 +400,8 @@ def _to_json_data(array: np.ndarray, datatype: str) -> list[Any] | None:
     return out
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """``json.dumps`` fallback for numpy scalars / arrays, bytes, paths (as str)."""
     if isinstance(o, np.bool_):
         return bool(o)
     if isinstance(o, np.integer):
@@ -415,7 +416,7 @@ def _json_default(o: Any) -> Any:
 
 
 def _dumps(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), default=_json_default).encode("utf-8")
+    return json.dumps(doc, separators=(",", ":"), default=json_default).encode("utf-8")
 
 
 def error_body(message: str) -> bytes:

@@ -62,25 +62,13 @@ _MAX_BODY = web.AppKey("max_body_mb", int)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
+    from infscaler.protocol import json_default
+
     return web.Response(
-        body=json.dumps(data, default=_default).encode(),
+        body=json.dumps(data, default=json_default).encode(),
         status=status,
         content_type="application/json",
     )
-
-
-def _default(o: Any) -> Any:
-    import numpy as np
-
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    return str(o)
 
 
 def error_response(message: str, status: int) -> web.Response:

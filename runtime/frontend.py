@@ -391,17 +391,7 @@ class FrontEnd:
             self.counters[counter] += 1
 
     def _hand_over(self, tensors: dict[str, np.ndarray], stage: int, request: int) -> None:
-        from infscaler.shm.tensors import tensors_nbytes, write_tensors
-
-        nbytes = tensors_nbytes(tensors)
-        slot, view = self.client.acquire(nbytes, request, timeout=0.02)
-        try:
-            length = write_tensors(view, tensors)
-        except BaseException:
-            self.client.discard(slot)
-            raise
-        del view
-        self.client.hand_over(slot, stage, request, length)
+        self.client.send_tensors(tensors, stage, request, timeout=0.02)
 
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:

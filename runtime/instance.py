@@ -374,18 +374,8 @@ class Instance:
     def _hand_over(
         self, out: dict[str, np.ndarray], stage: int, request: int, timeout: float | None = None
     ) -> None:
-        from infscaler.shm.tensors import tensors_nbytes, write_tensors
-
-        nbytes = tensors_nbytes(out)
         wait = self.acquire_timeout_s if timeout is None else timeout
-        slot, view = self.client.acquire(nbytes, request, timeout=wait)
-        try:
-            length = write_tensors(view, out)
-        except BaseException:
-            self.client.discard(slot)
-            raise
-        del view
-        self.client.hand_over(slot, stage, request, length)
+        self.client.send_tensors(out, stage, request, timeout=wait)
 
     def _hand_over_items(
         self, tok: Any, tensors: Mapping[str, np.ndarray], items: list[dict], trace: np.ndarray

@@ -131,7 +131,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,7 +141,7 @@ from infscaler.ebpf.channel import MAX_BATCH, MAX_STAGES, Channel, Endpoint
 from infscaler.ebpf.errors import ChannelClosed, ChannelError
 from infscaler.errors import InfScalerError
 from infscaler.shm.pool import PoolError, SlabMap, SlotRef, TensorPool
-from infscaler.shm.tensors import SlotFormatError, read_tensors
+from infscaler.shm.tensors import SlotFormatError, read_tensors, tensors_nbytes, write_tensors
 from infscaler.shm.token import NO_SLAB, TOKEN_SIZE, Token, TokenError, TokenKind
 
 __all__ = [
@@ -1241,6 +1241,36 @@ class InstanceClient:
             Token(_DATA, stage, tok.slab, self.instance, tok.slot, tok.offset, length, request)
         )
         self.counters["handovers"] += 1
+
+    def send_tensors(
+        self,
+        tensors: Mapping[str, np.ndarray],
+        stage: int,
+        request: int,
+        timeout: float | None = 10.0,
+    ) -> int:
+        """Write named tensors into a slot and hand it to stage ``stage``: :meth:`acquire`
+        (OutToken queue or token fault), one copy in with
+        :func:`~infscaler.shm.tensors.write_tensors`, :meth:`hand_over`. A slot that
+        cannot be written is given back (:meth:`discard`).
+
+        Returns:
+            bytes handed over (header + data).
+
+        Raises:
+            BackPressureError: no slot within ``timeout`` s; SlotFormatError: a tensor
+            the slot layout refuses; SharingError / ChannelClosed as :meth:`acquire`.
+        """
+        nbytes = tensors_nbytes(tensors)
+        slot, view = self.acquire(nbytes, request, timeout=timeout)
+        try:
+            length = write_tensors(view, tensors)
+        except BaseException:
+            self.discard(slot)
+            raise
+        del view
+        self.hand_over(slot, stage, request, length)
+        return length
 
     def discard(self, slot: Token) -> None:
         """Give an acquired, not handed-over slot back to the pool (FREE).
