@@ -1,96 +1,134 @@
 """Run a pipeline in-process, unpartitioned: the reference the served pipeline is checked
-against (tests) and the single-process baseline of the benchmarks.
+against (tests, ``run_ocr_reference``).
 
-Every model stage runs its WHOLE model in one onnxruntime CPU session (a plan stage runs
-the model its plan was made from); function stages are called in order; a fan-out's
-items run the per-item stages one by one and the fan-in gets them in item order. No
-processes, no shared memory, no tokens: the semantics of :mod:`infscaler.config`
-implemented the obvious way.
+Every model stage runs its WHOLE model in one onnxruntime CPU session (no partitions, no
+processes, no shared memory, no tokens); function stages are called directly with
+read-only views and their results checked against the function-stage contract of
+:mod:`infscaler.config`; a fan-out's items run the per-item stages one by one and the
+fan-in gets them in item order. The semantics of the served pipeline, implemented the
+obvious way.
 """
 
 from __future__ import annotations
 
-import os
+import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from infscaler.config import PipelineConfig, StageConfig
-from infscaler.runtime.pipeline import load_function
+from infscaler.runtime.pipeline import load_function as _load_function
+
+__all__ = ["run_pipeline_reference"]
+
+# dtype kinds a function stage may return: bool, ints, floats, unicode / bytes text
+_PLAIN_KINDS = "biufUS"
 
 
-class ReferencePipeline:
-    """An in-process runner of ``cfg``.
+@functools.cache
+def _session(path: str) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _model_runner(model: Any) -> Any:
+    """An object with onnxruntime's ``run`` / ``get_inputs``: ``model`` itself when it
+    has them, else a (cached) CPU session of the resolved alias or path."""
+    if hasattr(model, "run") and hasattr(model, "get_inputs"):
+        return model
+    from infscaler.models import resolve_model
+
+    return _session(str(Path(resolve_model(model)).resolve()))
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    v = np.asarray(a).view()
+    v.setflags(write=False)
+    return v
+
+
+def _checked(stage: Mapping[str, Any], out: Any) -> dict[str, np.ndarray]:
+    """A function stage's result, checked against the contract: a dict with exactly the
+    declared outputs, each a numpy array of a plain dtype."""
+    name, declared = stage["name"], list(stage["outputs"])
+    if not isinstance(out, Mapping):
+        raise TypeError(f"stage {name}: returned {type(out).__name__}, not a dict of arrays")
+    if set(out) != set(declared):
+        raise TypeError(f"stage {name}: returned {sorted(out)}, declares {sorted(declared)}")
+    for k, v in out.items():
+        if not isinstance(v, np.ndarray) or v.dtype.kind not in _PLAIN_KINDS:
+            raise TypeError(
+                f"stage {name}: output {k!r} is {type(v).__name__} "
+                f"{getattr(v, 'dtype', '')}, not a plain-dtype numpy array"
+            )
+    return dict(out)
+
+
+def _run_stage(
+    stage: Mapping[str, Any], env: Mapping[str, np.ndarray], models: Mapping[str, Any]
+) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
+    """One function or model stage on the tensors in ``env``."""
+    if "function" in stage:
+        views = {n: _readonly(env[n]) for n in stage["inputs"]}
+        out = _load_function(stage["function"])(views, **(stage.get("params") or {}))
+        if stage.get("fan_out"):
+            if not isinstance(out, list):
+                raise TypeError(f"stage {stage['name']}: fan_out returned {type(out).__name__}")
+            return [_checked(stage, item) for item in out]
+        return _checked(stage, out)
+    runner = _model_runner(models.get(stage["name"]) or stage.get("model"))
+    in_map = stage.get("inputs") or {i.name: i.name for i in runner.get_inputs()}
+    out_map = stage.get("outputs") or {o.name: o.name for o in runner.get_outputs()}
+    feeds = {model_name: env[tensor] for model_name, tensor in in_map.items()}
+    values = runner.run(list(out_map), feeds)
+    return {out_map[k]: np.asarray(v) for k, v in zip(out_map, values, strict=True)}
+
+
+def run_pipeline_reference(
+    spec: Mapping[str, Any],
+    inputs: Mapping[str, np.ndarray],
+    *,
+    models: Mapping[str, Any] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run a pipeline mapping (the YAML format of :mod:`infscaler.config`) in-process:
+    function stages called directly (read-only input views, outputs checked against
+    the contract), model stages on WHOLE models with onnxruntime (CPU); ``partitions``,
+    ``engine`` and ``instances`` are ignored. Between the ``fan_out`` stage and the
+    ``fan_in`` stage each item runs the stages on its own tensors plus the request's;
+    the ``fan_in`` function gets the items' inputs in item order (possibly none).
 
     Args:
-        cfg: the pipeline. threads: onnxruntime intra-op threads per session (default:
-            all usable cores, as one session with every core, the benchmarks' baseline).
+        spec: the pipeline mapping (e.g. :func:`load_ocr_spec`).
+        inputs: the request tensors by name.
+        models: model stage name -> an onnxruntime ``InferenceSession`` (anything with
+            ``run`` / ``get_inputs`` / ``get_outputs``), or an alias / path replacing the
+            stage's ``model``. Stages not named use their ``model``.
+
+    Returns:
+        The pipeline's ``outputs`` by name.
+
+    Raises:
+        TypeError: a function broke the contract (names, dtypes, fan_out not a list).
+        KeyError: a stage reads a tensor nothing produced.
     """
-
-    def __init__(self, cfg: PipelineConfig, threads: int | None = None) -> None:
-        import onnxruntime as ort
-
-        from infscaler.models import resolve_model
-        from infscaler.partitioner.plan import read_plan
-
-        self.cfg = cfg
-        threads = threads or len(os.sched_getaffinity(0))
-        self._runs: list[Any] = []
-        for st in cfg.stages:
-            if st.kind == "function":
-                self._runs.append(load_function(st.function or ""))
-                continue
-            if st.plan is not None:
-                path = Path(read_plan(Path(st.plan), load_parts=False).summary["model"]["path"])
-            else:
-                path = resolve_model(st.model or "")
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = threads
-            so.inter_op_num_threads = 1
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self._runs.append(
-                ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-            )
-
-    def _stage(self, i: int, st: StageConfig, env: dict[str, np.ndarray]) -> Any:
-        run = self._runs[i]
-        if st.kind == "function":
-            return run({k: env[k] for k in st.inputs or []}, **st.params)
-        in_map = dict(st.inputs or {}) or {n.name: n.name for n in run.get_inputs()}
-        out_map = dict(st.outputs or {}) or {n.name: n.name for n in run.get_outputs()}
-        feeds = {m: env[p] for m, p in in_map.items()}
-        names = [o.name for o in run.get_outputs()]
-        res = run.run(names, feeds)
-        return {out_map.get(n, n): v for n, v in zip(names, res, strict=True)}
-
-    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one request; returns the pipeline's outputs (for single-model pipelines:
-        every model output)."""
-        stages = self.cfg.stages
-        env = dict(inputs)
-        i = 0
-        while i < len(stages):
-            st = stages[i]
-            if st.fan_out:
-                items = self._stage(i, st, env)
-                j = next(k for k in range(i + 1, len(stages)) if stages[k].fan_in)
-                done = []
-                for item in items:
-                    ienv = {**env, **item}
-                    for k in range(i + 1, j):
-                        ienv.update(self._stage(k, stages[k], ienv))
-                    done.append({n: ienv[n] for n in stages[j].inputs or []})
-                env.update(self._runs[j](done, **stages[j].params))
-                i = j + 1
-                continue
-            env.update(self._stage(i, st, env))
-            i += 1
-        names = self.cfg.outputs
-        if names is None:
-            last = stages[-1]
-            names = list((last.outputs or {}).values()) if isinstance(last.outputs, dict) else None
-            if not names:
-                sess = self._runs[-1]
-                names = [o.name for o in sess.get_outputs()]
-        return {n: env[n] for n in names}
+    models = models or {}
+    env: dict[str, np.ndarray] = dict(inputs)
+    items: list[dict[str, np.ndarray]] | None = None  # between fan_out and fan_in
+    for stage in spec["stages"]:
+        if stage.get("fan_in"):
+            gathered = [{n: _readonly(it[n]) for n in stage["inputs"]} for it in items or []]
+            fn = _load_function(stage["function"])
+            env.update(_checked(stage, fn(gathered, **(stage.get("params") or {}))))
+            items = None
+        elif items is not None:
+            for item in items:
+                item.update(_run_stage(stage, item, models))  # type: ignore[arg-type]
+        elif stage.get("fan_out"):
+            items = [{**env, **it} for it in _run_stage(stage, env, models)]  # type: ignore[union-attr]
+        else:
+            env.update(_run_stage(stage, env, models))  # type: ignore[arg-type]
+    return {name: env[name] for name in spec["outputs"]}

@@ -16,6 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from infscaler.models import resolve_model  # noqa: E402
 from infscaler.pipelines import ocr  # noqa: E402
+from infscaler.runtime.reference import run_pipeline_reference  # noqa: E402
 
 REF_LINES = [
     "InfScaler serves partitioned models",
@@ -273,7 +274,7 @@ def test_reference_runner_catches_contract_breaks() -> None:
         ],
     }
     with pytest.raises(TypeError, match="not a dict"):
-        ocr.run_pipeline_reference(spec, {"image": np.zeros((2, 2, 3), np.uint8)})
+        run_pipeline_reference(spec, {"image": np.zeros((2, 2, 3), np.uint8)})
 
 
 # ------------------------------------------------------------------ pre-processing
