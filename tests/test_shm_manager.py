@@ -588,7 +588,7 @@ def test_stage_instance_killed_midstream_retries_its_requests(
     is killed with SIGKILL a third of the way through. Its unacknowledged inputs are
     retried on the other one; every request completes exactly once; nothing leaks."""
     svc = service(8 * MiB, policy="round-robin", pool_kw=PIPELINE_POOL)
-    victim = svc.spawn("stage", 11, 1, to_stage=2, delay_ms=2)
+    victim = svc.spawn("stage", 11, 1, to_stage=2, delay_ms=5)
     svc.spawn("stage", 12, 1, to_stage=2)
     svc.spawn("stage", 21, 2, to_stage=3)
     state: dict[str, Any] = {}
