@@ -408,3 +408,19 @@ def test_window_bounds_requests_in_the_pipeline(service: Service) -> None:
     assert all(f.result().outputs["y"][0] == 2.0 for f in futs)
     assert 1 <= peak <= 4
     assert service.frontend.stats()["window_waits"] > 0
+
+
+def test_an_engine_the_host_lacks_fails_the_deploy_with_its_reason(
+    service: Service, residual_path: Path
+) -> None:
+    from infscaler.runtime.engines import engine_availability
+    from infscaler.runtime.supervisor import InstanceStartError
+
+    ok, reason = engine_availability()["gpu"]
+    if ok:
+        pytest.skip("this host has a GPU engine")
+    d = {"name": "g", "stages": [{"name": "m", "model": str(residual_path), "engine": "gpu"}]}
+    with pytest.raises(InstanceStartError) as exc:
+        service.deploy(load_pipeline(d))
+    assert "unit m" in str(exc.value) and reason.split(";")[0] in str(exc.value)
+    assert service.deployments() == [] and service.supervisor.handles() == []

@@ -65,8 +65,18 @@ def test_det_is_partitioned_and_every_stage_has_an_instance(ocr) -> None:
     svc, _ = ocr
     dep = svc.deployment("ocr")
     names = [u.name for u in dep.pipeline.units]
-    assert names == ["prep", "det/0", "det/1", "crops", "cls_prep", "cls", "rec_prep", "rec",
-                     "decode", "merge"]
+    assert names == [
+        "prep",
+        "det/0",
+        "det/1",
+        "crops",
+        "cls_prep",
+        "cls",
+        "rec_prep",
+        "rec",
+        "decode",
+        "merge",
+    ]
     assert "det" in dep.pipeline.plans and Path(dep.pipeline.plans["det"], "plan.yaml").is_file()
     assert svc.ready("ocr")
 
@@ -123,9 +133,11 @@ def test_shared_memory_input_and_output(ocr, images) -> None:
     img = images["one_line"]
     key = f"isc_ocr_test_{os.getpid()}"
     out_key = f"isc_ocr_out_{os.getpid()}"
-    with SharedMemoryRegion.create(key, img.nbytes) as region, SharedMemoryRegion.create(
-        out_key, 4096
-    ) as out_region, Client(sock) as c:
+    with (
+        SharedMemoryRegion.create(key, img.nbytes) as region,
+        SharedMemoryRegion.create(out_key, 4096) as out_region,
+        Client(sock) as c,
+    ):
         region.set(img)
         c.register_system_shm("img", key, img.nbytes)
         c.register_system_shm("scores", out_key, 4096)
