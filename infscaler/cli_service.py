@@ -181,6 +181,7 @@ async def _serve(
     service = Service(
         state_dir=state_dir, device=profile, control_path=control_path, pool_mb=pool_mb
     )
+    service.starting = bool(configs)  # not ready until the pipelines given are deployed
     await loop.run_in_executor(None, service.start)
     runner = None
     try:
@@ -209,6 +210,7 @@ async def _serve(
             deploy.result()
             err.print(f"deployed {cfg.name} in {time.perf_counter() - t0:.1f} s", highlight=False)
         if not stop.is_set():
+            service.starting = False
             names = ", ".join(d.name for d in service.deployments()) or "no pipelines"
             notifier.ready(f"serving {names} on {socket_path}")
             notifier.start_watchdog(

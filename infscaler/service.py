@@ -101,6 +101,8 @@ class Service:
         self._core_cursor = 0
         self._started = False
         self._stopping = False
+        #: while true, :meth:`ready` says no (``serve`` deploys its initial pipelines)
+        self.starting = False
         self.pool = self.channel = self.manager = self.supervisor = self.frontend = None
         self.started_at: float | None = None
 
@@ -351,8 +353,9 @@ class Service:
 
     # -- introspection -----------------------------------------------------------------------
     def ready(self, name: str | None = None) -> bool:
-        """Every unit of the pipeline (or of all pipelines) has a ready instance."""
-        if not self._started or self._stopping:
+        """Every unit of the pipeline (or of all pipelines) has a ready instance (and,
+        for the service as a whole, the initial pipelines are deployed)."""
+        if not self._started or self._stopping or (name is None and self.starting):
             return False
         deps = [self.deployment(name)] if name else self.deployments()
         handles = self.supervisor.handles()
