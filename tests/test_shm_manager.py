@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from infscaler.ebpf import Endpoint, ebpf_available, open_channel
+from infscaler.ebpf import Endpoint, open_channel
 from infscaler.ebpf.channel import MAX_STAGES
 from infscaler.shm import (
     BackPressureError,
@@ -331,18 +331,6 @@ class Service:
 
     def stats(self) -> dict[str, Any]:
         return self.mgr.stats()
-
-
-@pytest.fixture(scope="module")
-def ebpf_status() -> tuple[bool, str]:
-    return ebpf_available()
-
-
-@pytest.fixture(params=["ebpf", "userspace"])
-def kind(request: pytest.FixtureRequest, ebpf_status: tuple[bool, str]) -> str:
-    if request.param == "ebpf" and not ebpf_status[0]:
-        pytest.skip(f"eBPF channel unavailable on this host: {ebpf_status[1]}")
-    return request.param
 
 
 @pytest.fixture
