@@ -137,6 +137,17 @@ def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.15, window_s: f
             }
 
 
+def host_noise(quiet: dict, other_cores: float, steal_at_start: float) -> dict[str, Any]:
+    """The ``host_noise`` block of an IPC benchmark's JSON: the wait for a quiet host,
+    CPU other processes used during the run (cores), and hypervisor steal (seconds)."""
+    return {
+        "wait_for_quiet_before_start": quiet,
+        "other_processes_cores_during_run": other_cores,
+        "per_run": "other_cores in each run: CPU used by other processes, in cores",
+        "cpu_steal_seconds": round(cpu_steal_seconds() - steal_at_start, 2),
+    }
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

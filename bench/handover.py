@@ -895,12 +895,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets,
         "results": rows,
         "runs": runs,
-        "host_noise": {
-            "wait_for_quiet_before_start": quiet,
-            "other_processes_cores_during_run": other_cores,
-            "per_run": "other_cores in each run: CPU used by other processes, in cores",
-            "cpu_steal_seconds": round(_common.cpu_steal_seconds() - steal0, 2),
-        },
+        "host_noise": _common.host_noise(quiet, other_cores, steal0),
         "seconds_total": round(time.monotonic() - t_all, 1),
         "load_average_at_end": list(os.getloadavg()),
     }
