@@ -50,11 +50,11 @@ class ServiceError(InfScalerError):
 
 @dataclass
 class Deployment:
-    """A deployed pipeline: its route, its instances, when it became ready."""
+    """A deployed pipeline: its route and when it became ready (its instances are the
+    supervisor's, by key: restarts replace them)."""
 
     pipeline: CompiledPipeline
     route: Any
-    handles: list[Any] = field(default_factory=list)
     deployed_at: float = field(default_factory=time.time)
 
     @property
@@ -287,7 +287,7 @@ class Service:
             route = Route(
                 compiled, stage_ids, PipelineStats([u.name for u in compiled.units]), window
             )
-            dep = Deployment(compiled, route, handles)
+            dep = Deployment(compiled, route)
             with self._lock:
                 self._deployments[cfg.name] = dep
             log.info("deployed %s: %d units, %d instances", cfg.name, len(served), len(handles))
