@@ -83,6 +83,24 @@ def pipeline_from_arg(arg: str, partitions: int | None = None) -> Any:
     )
 
 
+def with_slo(cfg: Any, slo: str | None, autoscale: bool) -> Any:
+    """``cfg`` with the ``--slo`` / ``--autoscale`` options applied (validated again).
+
+    Raises:
+        ConfigError: an SLO that cannot be read.
+    """
+    from infscaler.config import validate_pipeline
+
+    if slo is None and not autoscale:
+        return cfg
+    data = cfg.model_dump(exclude_none=True)
+    if slo is not None:
+        data["slo"] = slo
+    if autoscale and cfg.autoscale is None:
+        data["autoscale"] = {}
+    return validate_pipeline(data, f"pipeline {cfg.name}")
+
+
 def _bundled(name: str) -> Path:
     from importlib import resources
 
@@ -128,6 +146,18 @@ def serve_cmd(
         typer.Option("--partitions", "-k", help="Partition bare models into K parts at deploy."),
     ] = None,
     pool_mb: Annotated[int, typer.Option("--pool-mb", help="Tensor pool memory cap, MB.")] = 512,
+    slo: Annotated[
+        str | None,
+        typer.Option("--slo", help="End-to-end latency SLO for every pipeline given (200ms)."),
+    ] = None,
+    autoscale: Annotated[
+        bool,
+        typer.Option(
+            "--autoscale",
+            help="Scale the pipelines' stages asymmetrically to keep P99 under --slo "
+            "(Algorithm 1; pipeline.yaml may set `autoscale:` itself).",
+        ),
+    ] = False,
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")] = 64,
     drain_s: Annotated[
         float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
@@ -140,6 +170,9 @@ def serve_cmd(
 
     profile = load_profile(device) if device else None
     configs = [pipeline_from_arg(t, partitions) for t in targets or []]
+    if autoscale and slo is None and any(c.slo is None for c in configs):
+        raise InfScalerError("--autoscale needs --slo", hint="e.g. --slo 200ms --autoscale")
+    configs = [with_slo(c, slo, autoscale) for c in configs]
     if control_path not in ("auto", "ebpf", "userspace"):
         raise InfScalerError(
             f"unknown --control-path {control_path!r}", hint="auto, ebpf or userspace"
@@ -393,6 +426,15 @@ def print_status(st: dict[str, Any]) -> None:
         f"restarts {st.get('restarts', 0)}",
         highlight=False,
     )
+    res = st.get("resources") or {}
+    if res:
+        out.print(
+            f"device {res['device']}: memory {res['memory_used_mb']:.0f} / "
+            f"{res['memory_cap_mb']:.0f} MB (instances USS + pool), engine slots "
+            + ", ".join(f"{e} {n}" for e, n in res["max_instances"].items())
+            + f", {res['cores']} cores",
+            highlight=False,
+        )
     for p in st["pipelines"]:
         req = p["requests"]
         lat = req["latency"]
@@ -420,6 +462,15 @@ def print_status(st: dict[str, Any]) -> None:
                 _ms(u["compute_p99_ms"]),
             )
         out.print(table)
+        if p.get("slo_ms") is not None:
+            shed = "" if p.get("queue_limit") is None else f", shedding beyond {p['queue_limit']}"
+            out.print(
+                f"SLO {p['slo_ms']:g} ms, autoscale {'on' if p.get('autoscale') else 'off'}, "
+                f"window {p.get('window')}{shed}",
+                highlight=False,
+            )
+        for d in p.get("decisions", [])[-5:]:
+            out.print(f"  {d['action']}: {d['reason']}", highlight=False)
 
 
 def _ms(v: float | None) -> str:

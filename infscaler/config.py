@@ -59,6 +59,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from infscaler.errors import ConfigError
 
 __all__ = [
+    "AutoscaleConfig",
+    "BatchingConfig",
     "DATATYPES",
     "InputSpec",
     "PipelineConfig",
@@ -112,6 +114,29 @@ class InputSpec(BaseModel):
         return v
 
 
+class BatchingConfig(BaseModel):
+    """Dynamic batching of a model stage (Triton's ``dynamic_batching``; MArk §4).
+
+    An instance that takes an input waits up to ``max_delay_ms`` for more, up to the
+    batch size, stacks them along axis 0 and runs the engine once; inputs whose shapes
+    differ beyond axis 0 run one by one. With ``policy: mark`` the autoscaler sets the
+    batch size each interval to the largest b with W_b + T_b <= the stage's share of the
+    SLO and W_b + T_b <= b T_1 (T_b measured by each instance at load); ``fixed`` always
+    uses ``max_batch``.
+
+    Attributes:
+        max_batch: the largest batch (1-64).
+        max_delay_ms: how long to wait for a batch to fill, ms.
+        policy: ``mark`` or ``fixed``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch: int = Field(8, ge=1, le=64)
+    max_delay_ms: float = Field(2.0, ge=0, le=1000)
+    policy: Literal["mark", "fixed"] = "mark"
+
+
 class StageConfig(BaseModel):
     """One stage (see the module docstring). Exactly one of ``function``, ``model``,
     ``plan``.
@@ -131,7 +156,12 @@ class StageConfig(BaseModel):
         params: keyword arguments of a function stage.
         fan_out / fan_in: see the module docstring (function stages only).
         engine: ``cpu``, ``gpu`` or ``dla``. precision: ``fp32``, ``fp16``, ``int8``.
-        instances: instances per partition (an int, or one int per partition).
+        instances: instances per partition (an int, or one int per partition); with
+            ``autoscale`` it is the minimum the scaler keeps.
+        batching: dynamic batching (:class:`BatchingConfig`), model stages only.
+        max_instances: with ``autoscale``, the most instances per partition the scaler
+            may run (None: only the device's resource cap bounds it; at most 16, the
+            control path's limit per stage).
         threads: intra-op threads (and pinned cores) per instance.
     """
 
@@ -153,6 +183,8 @@ class StageConfig(BaseModel):
     engine: Literal["cpu", "gpu", "dla"] = "cpu"
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
     instances: int | list[int] = 1
+    max_instances: int | None = Field(None, ge=1, le=16)
+    batching: BatchingConfig | None = None
     threads: int = Field(1, ge=1, le=64)
 
     @model_validator(mode="after")
@@ -179,6 +211,8 @@ class StageConfig(BaseModel):
                     raise ValueError(f"`{key}` applies to model stages only")
             if self.engine != "cpu":
                 raise ValueError("function stages run on the cpu engine")
+            if self.batching is not None:
+                raise ValueError("`batching` applies to model stages only")
         else:
             if self.fan_out or self.fan_in:
                 raise ValueError("fan_out / fan_in apply to function stages only")
@@ -197,6 +231,12 @@ class StageConfig(BaseModel):
                 raise ValueError(f"instances must be >= 1 each, got {self.instances}")
         elif self.instances < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
+        if self.max_instances is not None:
+            lows = self.instances if isinstance(self.instances, list) else [self.instances]
+            if max(lows) > self.max_instances:
+                raise ValueError(
+                    f"max_instances ({self.max_instances}) is below instances ({self.instances})"
+                )
         for key in ("inputs", "outputs"):
             names = getattr(self, key)
             values = names.values() if isinstance(names, dict) else names or []
@@ -227,6 +267,34 @@ class StageConfig(BaseModel):
         return self.instances[k]
 
 
+class AutoscaleConfig(BaseModel):
+    """Asymmetric auto-scaling of a pipeline (InfScaler Algorithm 1 with InferLine's
+    scale-in hysteresis; :mod:`infscaler.runtime.scaler`).
+
+    Attributes:
+        interval_s: how often the scaler looks at the monitor, s.
+        window_s: the monitor's window for P99, rates and service times, s.
+        violation_ratio: scale out when P99 > ratio x SLO.
+        cooldown_s: minimum time between two scale-outs, s.
+        hold_s: no scale-in this long after a change, s (InferLine: 15).
+        rate_horizon_s: scale-in provisions for the max rate over this window, s (30).
+        scale_in_utilisation: the instances left after a scale-in run at most this busy.
+        shed: when the device's cap is reached and the SLO is still violated, bound the
+            pipeline's queue (Little's law) and answer 503 beyond it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    interval_s: float = Field(1.0, gt=0, le=60)
+    window_s: float = Field(10.0, gt=0, le=300)
+    violation_ratio: float = Field(1.0, gt=0, le=10)
+    cooldown_s: float = Field(3.0, ge=0, le=600)
+    hold_s: float = Field(15.0, ge=0, le=3600)
+    rate_horizon_s: float = Field(30.0, gt=0, le=3600)
+    scale_in_utilisation: float = Field(0.6, gt=0, le=1)
+    shed: bool = True
+
+
 class PipelineConfig(BaseModel):
     """A pipeline (see the module docstring).
 
@@ -238,8 +306,11 @@ class PipelineConfig(BaseModel):
         stages: in execution order.
         request_timeout_s: a request not answered within this is failed (503).
         max_inflight: requests in the pipeline's stages at once (more wait at the front
-            end); default: its number of instances + 1, enough to keep every instance
+            end); default: its instances (times their batch size) + 1, enough to keep every instance
             busy while bounding the tensor pool memory the pipeline holds.
+        slo: the end-to-end latency SLO (``200ms``, ``0.2s``) the scaler keeps P99 under.
+        autoscale: scale the pipeline's units asymmetrically (needs ``slo``); ``true``
+            takes the defaults of :class:`AutoscaleConfig`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -251,9 +322,34 @@ class PipelineConfig(BaseModel):
     stages: list[StageConfig] = Field(min_length=1, max_length=32)
     request_timeout_s: float = Field(60.0, gt=0, le=3600)
     max_inflight: int | None = Field(None, ge=1, le=4096)
+    slo: str | float | None = None
+    autoscale: AutoscaleConfig | None = None
+
+    @field_validator("autoscale", mode="before")
+    @classmethod
+    def _autoscale_bool(cls, v: Any) -> Any:
+        if v is True:
+            return {}
+        if v is False:
+            return None
+        return v
+
+    @field_validator("slo")
+    @classmethod
+    def _slo_ms(cls, v: str | float | None) -> str | float | None:
+        if v is not None:
+            _slo_to_ms(v)
+        return v
+
+    @property
+    def slo_ms(self) -> float | None:
+        """The SLO in ms (None: none given)."""
+        return None if self.slo is None else _slo_to_ms(self.slo)
 
     @model_validator(mode="after")
     def _check(self) -> PipelineConfig:
+        if self.autoscale is not None and self.slo is None:
+            raise ValueError("autoscale needs the pipeline's `slo` (e.g. slo: 200ms)")
         names = [s.name for s in self.stages]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -280,6 +376,17 @@ class PipelineConfig(BaseModel):
             if len(set(in_names)) != len(in_names):
                 raise ValueError(f"input names must be unique, got {in_names}")
         return self
+
+
+def _slo_to_ms(text: str | float) -> float:
+    """``200ms`` / ``0.2s`` / ``200`` -> 200.0 (ms). Raises ValueError with the reason."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s|us)?\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"cannot read SLO {text!r}: write e.g. 200ms or 0.2s")
+    value = float(m.group(1)) * {"ms": 1.0, "s": 1000.0, "us": 0.001}[m.group(2) or "ms"]
+    if value <= 0:
+        raise ValueError(f"the SLO must be positive, got {text!r}")
+    return value
 
 
 def _where(loc: tuple, data: Any) -> str:

@@ -83,6 +83,8 @@ HOST_PROFILE = "cpu-host"
 HOST_CAP_FRACTION = 0.5
 #: ... but at least this many MB (and never more than the host's total).
 HOST_MIN_CAP_MB = 256
+#: cpu instance slots per usable core in ``cpu-host`` (pipelined stages share cores).
+HOST_INSTANCES_PER_CORE = 4
 
 #: USS of an idle instance process (python + numpy + onnxruntime), MB, measured on the
 #: development host; the same figure as ``infscaler.runtime.monitor.INSTANCE_OVERHEAD_MB``
@@ -397,12 +399,14 @@ def host_profile() -> DeviceProfile:
                 engine="cpu",
                 cores=cores,
                 precisions=["fp32"],
-                max_instances=len(cores),
+                max_instances=HOST_INSTANCES_PER_CORE * len(cores),
                 description=f"{len(cores)} cores of {_cpu_model()}",
                 sources={
                     "cores": "os.sched_getaffinity(0) on this host when the profile was loaded",
                     "precisions": "onnxruntime CPU execution provider (fp32 models)",
-                    "max_instances": "InfScaler-Edge policy: one instance per usable core",
+                    "max_instances": "InfScaler-Edge policy: 4 instances per usable core (the "
+                    "stages of a pipeline take turns on the cores; the scaler admits a cpu "
+                    "scale-out only while the measured busy cores leave room)",
                 },
             )
         ],
@@ -608,12 +612,14 @@ def check_pipeline(
     cpu_units = per_engine.get("cpu", [])
     want_cores = sum(u.instances * u.threads for u in cpu_units)
     if cpu_units and want_cores + cores_used > len(cores):
+        # not refused: the stages of a pipeline take turns on the cores (pipelining), so
+        # pinned threads may outnumber cores while the summed load stays under them
         detail = ", ".join(f"{u.name} {u.instances}x{u.threads}" for u in cpu_units)
         others = f" + {cores_used} already in use" if cores_used else ""
         src = "its cpu `cores`" if cpu is not None and cpu.cores else "this host's usable cores"
-        problems.append(
+        warnings.append(
             f"stages on cpu: instances x threads = {want_cores} ({detail}){others} exceed the "
-            f"{len(cores)} cores of {dev} ({src}): lower `instances` or `threads`"
+            f"{len(cores)} cores of {dev} ({src}): their instances share cores"
         )
     for u in served:
         if u.kind == "function" and u.threads > len(cores):

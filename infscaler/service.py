@@ -104,7 +104,9 @@ class Service:
         #: while true, :meth:`ready` says no (``serve`` deploys its initial pipelines)
         self.starting = False
         self.pool = self.channel = self.manager = self.supervisor = self.frontend = None
+        self.autoscaler: Any = None
         self.started_at: float | None = None
+        self._profile: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Service:
@@ -135,6 +137,9 @@ class Service:
                 self.manager, self.pool.service_id, max_pending=self.max_pending, pool=self.pool
             )
             self.supervisor = Supervisor(self.manager, self.pool.service_id)
+            from infscaler.runtime.autoscaler import Autoscaler
+
+            self.autoscaler = Autoscaler(self).start()
         except BaseException:
             self._teardown()
             raise
@@ -168,6 +173,9 @@ class Service:
         self._started = False
 
     def _teardown(self) -> None:
+        if self.autoscaler is not None:
+            with contextlib.suppress(Exception):
+                self.autoscaler.close()
         if self.supervisor is not None:
             with contextlib.suppress(Exception):
                 self.supervisor.close(timeout=5.0)
@@ -195,6 +203,35 @@ class Service:
     @property
     def stopping(self) -> bool:
         return self._stopping
+
+    def device_profile(self) -> Any:
+        """The device profile whose cap the scaler keeps: the one given, else
+        ``cpu-host`` (this machine, :func:`infscaler.device.load_profile`) plus the gpu /
+        dla engines this host has (:func:`~infscaler.runtime.engines.engine_availability`)."""
+        if self.device is not None:
+            return self.device
+        if self._profile is None:
+            from infscaler.device import Accelerator, load_profile
+            from infscaler.runtime.engines import engine_availability
+
+            profile = load_profile("cpu-host")
+            have = engine_availability()
+            extra = [
+                Accelerator(
+                    engine=kind,
+                    precisions=["fp32", "fp16"] if kind == "gpu" else ["fp16", "int8"],
+                    description=f"found on this host: {reason}",
+                )
+                for kind in ("gpu", "dla")
+                for ok, reason in [have.get(kind, (False, ""))]
+                if ok
+            ]
+            if extra:
+                profile = profile.model_copy(
+                    update={"accelerators": [*profile.accelerators, *extra]}
+                )
+            self._profile = profile
+        return self._profile
 
     # -- deploy ------------------------------------------------------------------------------
     def _cores(self, n: int) -> list[int]:
@@ -248,6 +285,9 @@ class Service:
                 cfg, state_dir=self.state_dir, device=self.device, progress=progress
             )
             served = compiled.served_units()
+            for w in self._check_fits(compiled, old):
+                log.warning("%s: %s", cfg.name, w)
+                progress(f"warning: {w}")
             with self._lock:
                 if len(served) > len(self._free_stages):
                     raise ServiceError(
@@ -283,7 +323,7 @@ class Service:
                     self._free_stages.extend(ids)
                     self._free_stages.sort()
                 raise
-            window = cfg.max_inflight or sum(u.instances for u in served) + 1
+            window = cfg.max_inflight or sum(u.instances * u.max_batch for u in served) + 1
             route = Route(
                 compiled, stage_ids, PipelineStats([u.name for u in compiled.units]), window
             )
@@ -294,6 +334,48 @@ class Service:
         if old is not None:
             self._retire(old)
         return dep
+
+    def _check_fits(self, compiled: CompiledPipeline, old: Deployment | None) -> list[str]:
+        """Refuse (ConfigError) a pipeline whose engines, precisions, instances, cores or
+        memory do not fit the device profile with what is already deployed
+        (:func:`infscaler.device.check_pipeline`); returns its warnings."""
+        from infscaler.device import check_pipeline
+        from infscaler.errors import ConfigError
+        from infscaler.runtime.monitor import Monitor
+
+        others = [
+            h
+            for h in self.supervisor.handles()
+            if h.state in ("starting", "ready") and (old is None or h.key[0] != old.name)
+        ]
+        engines: dict[str, int] = {}
+        cores = 0
+        for h in others:
+            if h.unit.kind == "model":
+                engines[h.unit.engine] = engines.get(h.unit.engine, 0) + 1
+                cores += h.unit.threads if h.unit.engine == "cpu" else 0
+        try:
+            return check_pipeline(
+                compiled,
+                self.device_profile(),
+                used_mb=Monitor(self).memory_used_mb(),
+                instances_used=engines,
+                cores_used=cores,
+            )
+        except ConfigError as exc:
+            if self.device is not None:
+                raise
+            # no profile given: say why this host lacks the engines it refused
+            from infscaler.runtime.engines import engine_availability
+
+            why = [
+                f"this host has no {kind} engine: {reason}"
+                for kind, (ok, reason) in engine_availability().items()
+                if not ok and f"'{kind}'" in str(exc)
+            ]
+            if not why:
+                raise
+            raise ConfigError(str(exc) + "\n" + "\n".join(why), hint=exc.hint) from None
 
     def undeploy(self, name: str, drain_timeout_s: float = 30.0) -> None:
         """Stop accepting requests for ``name``, drain, stop its instances.
@@ -316,6 +398,69 @@ class Service:
         with self._lock:
             self._free_stages.extend(s for s in dep.route.stage_ids if s)
             self._free_stages = sorted(set(self._free_stages))
+        if self.autoscaler is not None:
+            self.autoscaler.forget(dep.name)
+
+    # -- scaling (applied by the autoscaler, :mod:`infscaler.runtime.autoscaler`) -----------
+    def _live(self, dep: Deployment, unit: int | None = None) -> list[Any]:
+        return [
+            h
+            for h in self.supervisor.handles()
+            if h.key[0] == dep.name
+            and h.stage_id in dep.route.stage_ids
+            and (unit is None or h.key[1] == unit)
+            and h.state in ("starting", "ready")
+        ]
+
+    def _resize_window(self, dep: Deployment) -> None:
+        """The in-flight window: enough to keep every instance busy with full batches."""
+        if dep.pipeline.config.max_inflight is None:
+            dep.route.max_inflight = sum(h.unit.max_batch for h in self._live(dep)) + 1
+
+    def scale_out(self, dep: Deployment, unit: int, engine: str) -> Any:
+        """Start one more instance of unit ``unit`` of ``dep`` on ``engine``; returns its
+        handle at once (it serves once loaded).
+
+        Raises:
+            ServiceError: (404) the pipeline was undeployed; (409) no such served unit.
+        """
+        import dataclasses
+
+        with self._lock:
+            if self._deployments.get(dep.name) is not dep:
+                raise ServiceError(f"pipeline {dep.name!r} is no longer deployed", 404)
+        u = dep.pipeline.units[unit]
+        sid = dep.route.stage_ids[unit]
+        if not sid:
+            raise ServiceError(f"unit {u.name} of {dep.name} runs in the front end", 409)
+        if engine != u.engine:
+            u = dataclasses.replace(u, engine=engine)
+        nxt = dep.pipeline.next_unit(unit)
+        next_stage = 0 if nxt is None else dep.route.stage_ids[nxt]
+        cores = self._cores(u.threads) if engine == "cpu" else []
+        h = self.supervisor.start((dep.name, unit), u, sid, next_stage, cores)
+        self._resize_window(dep)
+        log.info("scaled out %s/%s on %s: instance %d", dep.name, u.name, engine, h.iid)
+        return h
+
+    def scale_in(self, dep: Deployment, unit: int, engine: str) -> bool:
+        """Stop one instance of unit ``unit`` on ``engine`` gracefully (never the last
+        one). Blocks until it exited. Returns False when there was none to stop."""
+        mine = [h for h in self._live(dep, unit) if h.unit.engine == engine]
+        if not mine or len(self._live(dep, unit)) <= 1:
+            return False
+        # the youngest first: the oldest have warm caches and the lowest instance ids
+        victim = max(mine, key=lambda h: h.started)
+        self.supervisor.stop(victim, timeout=10.0)
+        self._resize_window(dep)
+        log.info("scaled in %s unit %d on %s: instance %d", dep.name, unit, engine, victim.iid)
+        return True
+
+    def set_queue_limit(self, dep: Deployment, limit: int | None, reason: str = "") -> None:
+        """Bound ``dep``'s queue at ``limit`` requests (None: no bound); beyond it the
+        front end answers 503 with ``reason`` (load shedding at the resource cap)."""
+        dep.route.queue_limit = limit
+        dep.route.shed_reason = reason
 
     # -- requests ----------------------------------------------------------------------------
     def deployment(self, name: str) -> Deployment:
@@ -402,6 +547,11 @@ class Service:
             "ready": self.ready(dep.name),
             "accepting": dep.route.accepting,
             "plans": dep.pipeline.plans,
+            "slo_ms": dep.pipeline.config.slo_ms,
+            "autoscale": dep.pipeline.config.autoscale is not None,
+            "queue_limit": dep.route.queue_limit,
+            "window": dep.route.max_inflight,
+            "decisions": self.autoscaler.decisions(dep.name)[-10:] if self.autoscaler else [],
             "requests": {k: v for k, v in snap.items() if k != "units"},
             "units": units,
         }
@@ -411,10 +561,23 @@ class Service:
         pool = self.pool.stats()
         ch = self.channel.stats()
         mgr = self.manager.stats()["manager"]
+        resources: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            from infscaler.runtime.monitor import Monitor
+
+            cap = Monitor(self).cap()
+            resources = {
+                "device": self.device_profile().name,
+                "memory_cap_mb": round(cap.memory_cap_mb, 1),
+                "memory_used_mb": round(cap.memory_used_mb, 1),
+                "max_instances": cap.max_instances,
+                "cores": cap.cores,
+            }
         return {
             "started_at": self.started_at,
             "ready": self.ready(),
             "stopping": self._stopping,
+            "resources": resources,
             "control_path": {
                 "kind": ch["kind"],
                 "policy": ch["policy"],

@@ -76,6 +76,9 @@ class Route:
         pipeline: the compiled pipeline.
         stage_ids: channel stage of each unit (0 for the fan-in, run here).
         stats: its statistics.
+        queue_limit: requests of this pipeline admitted at once (None: only
+            ``max_pending`` bounds them); set by the autoscaler when the device's cap is
+            reached (load shedding), with ``shed_reason`` for the 503.
         max_inflight: requests of this pipeline in the token pipeline at once; more
             wait in the front end's backlog. Bounds the pool memory a pipeline holds
             (each request in it holds one or two slots per stage it is at), so the
@@ -87,6 +90,8 @@ class Route:
     stats: PipelineStats
     max_inflight: int = 8
     accepting: bool = True
+    queue_limit: int | None = None
+    shed_reason: str = ""
     _fan_in_fn: Any = None
 
     def fan_in_fn(self) -> Any:
@@ -214,6 +219,17 @@ class FrontEnd:
                     f"{self.max_pending}): try again later",
                     hint="the service is overloaded; slow down or add instances",
                 )
+            limit = route.queue_limit
+            if limit is not None:
+                mine = sum(1 for q in self._pending.values() if q.route is route)
+                if mine >= limit:
+                    route.stats.record_rejection()
+                    self.counters["shed"] += 1
+                    raise RequestError(
+                        f"pipeline {route.pipeline.name} sheds load: {mine} requests queued "
+                        f"(limit {limit}); {route.shed_reason}",
+                        hint="the device is at its resource cap; retry later or slow down",
+                    )
             seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1)  # never NO_REQUEST
             timeout_s = route.pipeline.config.request_timeout_s if timeout_s is None else timeout_s
             p = _Pending(

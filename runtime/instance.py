@@ -75,7 +75,37 @@ class ModelRunner:
     def load(self) -> dict[str, Any]:
         self.engine.load()
         self._warm_up()
+        self.batch_ms = self.profile_batches() if self.unit.max_batch > 1 else {}
         return self.engine.describe()
+
+    def profile_batches(self, repeats: int = 3) -> dict[int, float]:
+        """Batch latency T_b (ms, median of ``repeats``) for b = 1, 2, 4, ...,
+        ``max_batch`` on zeros, when every input's shape beyond axis 0 is known (MArk §4
+        needs T_b to choose the batch size). Empty when shapes are unknown or the engine
+        refuses a batch (a fixed batch dimension)."""
+        dims = {}
+        for info in self.engine.inputs:
+            shape = self.unit.shapes.get(info.name) or info.shape
+            if not shape or any(d is None or d < 0 for d in shape[1:]):
+                return {}
+            dims[info.name] = (list(shape[1:]), info.dtype)
+        sizes = sorted({1, *[2**i for i in range(1, 7) if 2**i < self.unit.max_batch]})
+        if self.unit.max_batch not in sizes:
+            sizes.append(int(self.unit.max_batch))
+        out: dict[int, float] = {}
+        for b in sizes:
+            feeds = {n: np.zeros([b, *rest], dtype=dt) for n, (rest, dt) in dims.items()}
+            times = []
+            try:
+                self.engine.infer(feeds)
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    self.engine.infer(feeds)
+                    times.append((time.perf_counter() - t0) * 1e3)
+            except Exception:  # noqa: BLE001 - a fixed batch dim: stop at what ran
+                break
+            out[b] = round(float(np.median(times)), 3)
+        return out
 
     def _warm_up(self) -> None:
         """One run on zeros when every input shape is known (first request then pays
@@ -207,7 +237,11 @@ def _memory() -> dict[str, float]:
         p = psutil.Process()
         try:
             full = p.memory_full_info()
-            return {"rss_mb": full.rss / 2**20, "uss_mb": full.uss / 2**20}
+            return {
+                "rss_mb": full.rss / 2**20,
+                "uss_mb": full.uss / 2**20,
+                "pss_mb": getattr(full, "pss", 0) / 2**20,
+            }
         except (psutil.AccessDenied, AttributeError):
             return {"rss_mb": p.memory_info().rss / 2**20, "uss_mb": 0.0}
     except Exception:  # noqa: BLE001 - telemetry never stops serving
@@ -256,6 +290,15 @@ class Instance:
         self.errors = 0
         self.busy_ns = 0
         self.last_ms = 0.0
+        # dynamic batching (MArk §4): the size the autoscaler chose, or the fixed one
+        self.max_batch = int(self.unit.max_batch) if self.unit.batch_policy == "fixed" else 1
+        self.batch_delay_s = float(self.unit.batch_delay_ms) / 1e3
+        self.batches = 0
+        self.batched = 0
+        self.cmd_fd = spec.get("cmd_fd")
+        self._cmd_buf = b""
+        if self.cmd_fd is not None:
+            os.set_blocking(int(self.cmd_fd), False)
 
     def report(self, event: str, **fields: Any) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -273,6 +316,7 @@ class Instance:
             return 1
         self.report(
             "ready",
+            batch_ms=getattr(self.runner, "batch_ms", {}),
             load_ms=round((time.perf_counter() - t0) * 1e3, 1),
             memory_mb=round(self.runner.memory_mb, 2),
             engine=describe,
@@ -290,6 +334,7 @@ class Instance:
                 except TimeoutError:
                     pass
                 now = time.monotonic()
+                self._commands()
                 if now >= next_stats:
                     if dirty:
                         self.report(
@@ -298,6 +343,9 @@ class Instance:
                             errors=self.errors,
                             busy_ms=round(self.busy_ns / 1e6, 3),
                             last_ms=round(self.last_ms, 3),
+                            batch=self.max_batch,
+                            batches=self.batches,
+                            batched=self.batched,
                             **_memory(),
                         )
                         dirty = False
@@ -307,6 +355,32 @@ class Instance:
         with contextlib.suppress(Exception):
             self.client.release_out_tokens()
         return 0
+
+    def _commands(self) -> None:
+        """Apply commands from the supervisor (JSON lines on ``cmd_fd``):
+        ``{"cmd": "batch", "size": b, "delay_ms": w}`` sets the dynamic batch."""
+        if self.cmd_fd is None:
+            return
+        try:
+            chunk = os.read(int(self.cmd_fd), 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.cmd_fd = None
+            return
+        if not chunk:
+            self.cmd_fd = None
+            return
+        self._cmd_buf += chunk
+        *lines, self._cmd_buf = self._cmd_buf.split(b"\n")
+        for line in lines:
+            try:
+                msg = json.loads(line)
+                if msg.get("cmd") == "batch":
+                    self.max_batch = max(1, min(int(msg["size"]), int(self.unit.max_batch)))
+                    self.batch_delay_s = max(0.0, float(msg.get("delay_ms", 0.0))) / 1e3
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("bad command from the supervisor: %r (%s)", line[:200], exc)
 
     def serve_one(self, timeout: float) -> None:
         """Serve one input token (wait up to ``timeout`` s).
@@ -330,6 +404,88 @@ class Instance:
                 self.client.done(bad, keep=False)
             self.errors += 1
             return
+        batch = [(tok, tensors)]
+        if self.max_batch > 1:
+            batch += self._gather(self.max_batch - 1, self.batch_delay_s)
+        if len(batch) > 1 and self._run_batch(batch):
+            return
+        for tok, tensors in batch:
+            self._process(tok, tensors)
+
+    def _gather(self, n: int, delay_s: float) -> list[tuple[Any, dict[str, np.ndarray]]]:
+        """Up to ``n`` more inputs arriving within ``delay_s`` s (dynamic batching)."""
+        from infscaler.shm.manager import RequestFailed
+        from infscaler.shm.pool import PoolError
+        from infscaler.shm.tensors import SlotFormatError
+
+        more: list[tuple[Any, dict[str, np.ndarray]]] = []
+        deadline = time.monotonic() + delay_s
+        while len(more) < n:
+            left = deadline - time.monotonic()
+            try:
+                more.append(self.client.recv_input(max(0.0, left)))
+            except TimeoutError:
+                break
+            except RequestFailed:
+                continue
+            except (SlotFormatError, PoolError) as exc:
+                bad = getattr(exc, "token", None)
+                if bad is not None:
+                    self._send_error(bad, None, f"unit {self.unit.name}: unreadable input: {exc}")
+                    self.client.done(bad, keep=False)
+                self.errors += 1
+        return more
+
+    def _run_batch(self, batch: list[tuple[Any, dict[str, np.ndarray]]]) -> bool:
+        """Run ``batch`` as one engine call, inputs stacked along axis 0 (MArk §4
+        batching). Returns False, having run nothing, when the inputs do not stack
+        (shapes differ beyond axis 0) or the batched run fails: the caller then runs
+        them one by one, so a bad request still fails alone."""
+        names = self.unit.inputs
+        first = batch[0][1]
+        for _tok, t in batch:
+            for n in names:
+                a, b = t[n], first[n]
+                if a.ndim == 0 or a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
+                    return False
+        rows = [t[names[0]].shape[0] for _tok, t in batch]
+        if any(t[n].shape[0] != r for (_tok, t), r in zip(batch, rows, strict=True) for n in names):
+            return False
+        start = time.monotonic_ns()
+        try:
+            stacked = {n: np.concatenate([t[n] for _tok, t in batch]) for n in names}
+            result = self.runner(stacked)
+            total = sum(rows)
+            if any(v.ndim == 0 or v.shape[0] != total for v in result.values()):
+                return False
+        except Exception:  # noqa: BLE001 - retried one by one, where it fails alone
+            return False
+        end = time.monotonic_ns()
+        offsets = np.cumsum([0, *rows])
+        try:
+            for i, (tok, tensors) in enumerate(batch):
+                part = {k: v[offsets[i] : offsets[i + 1]] for k, v in result.items()}
+                trace = self._trace(tensors.get(TRACE), start, end)
+                out = {**{k: tensors[k] for k in self.unit.carry}, **part, TRACE: trace}
+                if FANOUT in tensors:
+                    out[FANOUT] = tensors[FANOUT]
+                try:
+                    self._hand_over(out, self.next_stage, tok.request)
+                    self.served += 1
+                except Exception as exc:  # noqa: BLE001 - this request fails alone
+                    self.errors += 1
+                    self._send_error(tok, tensors, f"stage {self.unit.name}: {exc}")
+        finally:
+            self.busy_ns += time.monotonic_ns() - start
+            self.last_ms = (end - start) / 1e6
+            self.batches += 1
+            self.batched += len(batch)
+            for tok, _t in batch:
+                self.client.done(tok)
+        return True
+
+    def _process(self, tok: Any, tensors: dict[str, np.ndarray]) -> None:
+        """Run one input and hand its outputs on (or its error to the front end)."""
         start = time.monotonic_ns()
         trace_in = tensors.get(TRACE)
         try:

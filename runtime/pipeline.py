@@ -91,6 +91,10 @@ class Unit:
         carry: received slot tensors this unit passes on unchanged.
         fan_out / fan_in: see :mod:`infscaler.config`; per_item: runs once per item.
         engine / precision / threads / instances / shapes: how instances run.
+        max_instances: the most instances the scaler may run (None: the cap decides).
+        max_batch / batch_delay_ms / batch_policy: dynamic batching of a model unit
+            (``fixed``: up to ``max_batch`` inputs gathered for ``batch_delay_ms``;
+            ``mark``: the autoscaler picks the size, MArk §4); 1: no batching.
         bottleneck: B_k from the plan (sum of representative complexities, Eq. 1).
         plan_latency_ms: the plan's measured latency of this partition per engine.
         memory_mb: the plan's weights + peak activations (MB).
@@ -117,6 +121,10 @@ class Unit:
     precision: str = "fp32"
     threads: int = 1
     instances: int = 1
+    max_instances: int | None = None
+    max_batch: int = 1
+    batch_delay_ms: float = 0.0
+    batch_policy: str = "fixed"
     shapes: dict[str, list[int]] = field(default_factory=dict)
     bottleneck: float | None = None
     plan_latency_ms: dict[str, Any] = field(default_factory=dict)
@@ -270,6 +278,7 @@ def compile_pipeline(
                     per_item=in_items and not stage.fan_out and not stage.fan_in,
                     threads=stage.threads,
                     instances=stage.instances_for(0, 1),
+                    max_instances=stage.max_instances,
                 )
             )
             if stage.fan_in:
@@ -388,6 +397,10 @@ def compile_pipeline(
                     precision=stage.precision,
                     threads=stage.threads,
                     instances=stage.instances_for(k, k_total),
+                    max_instances=stage.max_instances,
+                    max_batch=stage.batching.max_batch if stage.batching else 1,
+                    batch_delay_ms=stage.batching.max_delay_ms if stage.batching else 0.0,
+                    batch_policy=stage.batching.policy if stage.batching else "fixed",
                     shapes={n: s for n, s in shapes_of.items() if n in p_in},
                     bottleneck=None if meta is None else meta.get("bottleneck"),
                     plan_latency_ms={} if meta is None else meta.get("latency_ms", {}),

@@ -40,15 +40,17 @@ class LatencyWindow:
         self.count += 1
         self.total_ms += float(ms)
 
-    def values(self, now: float | None = None) -> np.ndarray:
+    def values(self, now: float | None = None, horizon_s: float | None = None) -> np.ndarray:
+        """Samples (ms) no older than ``horizon_s`` (default: the window's own horizon)."""
         now = time.monotonic() if now is None else now
-        cutoff = now - self.horizon_s
+        cutoff = now - (self.horizon_s if horizon_s is None else min(horizon_s, self.horizon_s))
         return np.array([m for t, m in zip(self._t, self._ms, strict=True) if t >= cutoff])
 
-    def summary(self, now: float | None = None) -> dict[str, Any]:
-        """``count`` (all time), ``total_ms``, and over the window ``window_count``,
-        ``p50_ms``, ``p95_ms``, ``p99_ms``, ``mean_ms``, ``max_ms`` (None when empty)."""
-        v = self.values(now)
+    def summary(self, now: float | None = None, horizon_s: float | None = None) -> dict[str, Any]:
+        """``count`` (all time), ``total_ms``, and over the window (or the last
+        ``horizon_s`` s) ``window_count``, ``p50_ms``, ``p95_ms``, ``p99_ms``,
+        ``mean_ms``, ``max_ms`` (None when empty)."""
+        v = self.values(now, horizon_s)
         out: dict[str, Any] = {
             "count": self.count,
             "total_ms": round(self.total_ms, 3),

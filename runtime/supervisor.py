@@ -73,6 +73,7 @@ class InstanceHandle:
     started: float = field(default_factory=time.monotonic)
     restarts: int = 0
     exit_code: int | None = None
+    cmd_fd: int | None = None
     _buf: bytes = b""
     _ready: threading.Event = field(default_factory=threading.Event)
 
@@ -90,6 +91,7 @@ class InstanceHandle:
             "cores": self.cores,
             "rss_mb": round(float(mem.get("rss_mb", 0.0)), 1),
             "uss_mb": round(float(mem.get("uss_mb", 0.0)), 1),
+            "pss_mb": round(float(mem.get("pss_mb", 0.0)), 1),
             "served": int(self.stats.get("served", 0)),
             "errors": int(self.stats.get("errors", 0)),
             "busy_ms": float(self.stats.get("busy_ms", 0.0)),
@@ -174,6 +176,7 @@ class Supervisor:
         iid = self._alloc_iid()
         sock = self.manager.add_instance(stage_id, iid)
         status_r, status_w = os.pipe()
+        cmd_r, cmd_w = os.pipe()
         spec = {
             "service_id": self.service_id,
             "instance": iid,
@@ -181,6 +184,7 @@ class Supervisor:
             "next_stage": next_stage,
             "fd": sock.fileno(),
             "status_fd": status_w,
+            "cmd_fd": cmd_r,
             "unit": unit.to_dict(),
             "cores": cores,
         }
@@ -188,14 +192,14 @@ class Supervisor:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "infscaler.runtime.instance"],
                 stdin=subprocess.PIPE,
-                pass_fds=(sock.fileno(), status_w),
+                pass_fds=(sock.fileno(), status_w, cmd_r),
                 env=self.env,
                 close_fds=True,
             )
         except OSError as exc:
             sock.close()
-            os.close(status_r)
-            os.close(status_w)
+            for fd in (status_r, status_w, cmd_r, cmd_w):
+                os.close(fd)
             with contextlib.suppress(Exception):
                 self.manager.instance_died(iid, timeout=0)
             raise InstanceStartError(f"cannot start an instance of {unit.name}: {exc}") from None
@@ -203,6 +207,8 @@ class Supervisor:
             pass
         sock.close()
         os.close(status_w)
+        os.close(cmd_r)
+        os.set_blocking(cmd_w, False)
         assert proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(json.dumps(spec).encode())
@@ -210,7 +216,17 @@ class Supervisor:
         os.set_blocking(status_r, False)
         pidfd = os.pidfd_open(proc.pid)
         h = InstanceHandle(
-            iid, key, unit, stage_id, next_stage, cores, proc, status_r, pidfd, restarts=restarts
+            iid,
+            key,
+            unit,
+            stage_id,
+            next_stage,
+            cores,
+            proc,
+            status_r,
+            pidfd,
+            restarts=restarts,
+            cmd_fd=cmd_w,
         )
         with self._lock:
             self._handles[iid] = h
@@ -342,7 +358,7 @@ class Supervisor:
         ev = msg.get("event")
         if ev == "ready":
             h.info = msg
-            h.stats = {k: msg[k] for k in ("rss_mb", "uss_mb") if k in msg}
+            h.stats = {k: msg[k] for k in ("rss_mb", "uss_mb", "pss_mb") if k in msg}
             if h.state == "starting":
                 h.state = "ready"
             h._ready.set()
@@ -390,7 +406,22 @@ class Supervisor:
             self.manager.instance_died(h.iid, timeout=5.0)
         self.on_change()
 
+    def command(self, h: InstanceHandle, msg: dict[str, Any]) -> bool:
+        """Send ``msg`` (one JSON line) to instance ``h``'s command pipe (e.g.
+        ``{"cmd": "batch", "size": 4, "delay_ms": 2}``). False if it cannot take it now."""
+        if h.cmd_fd is None or h.state not in ("starting", "ready"):
+            return False
+        try:
+            os.write(h.cmd_fd, (json.dumps(msg) + "\n").encode())
+            return True
+        except OSError:
+            return False
+
     def _release_fds(self, h: InstanceHandle) -> None:
+        if h.cmd_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(h.cmd_fd)
+            h.cmd_fd = None
         for fd in (h.status_fd, h.pidfd):
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self._sel.unregister(fd)

@@ -67,7 +67,7 @@ def test_cpu_host_is_this_machine():
     vm = psutil.virtual_memory()
     assert p.engines == ["cpu"] and p.power_mode is None
     assert p.accelerators[0].cores == sorted(os.sched_getaffinity(0))
-    assert p.accelerators[0].max_instances == len(os.sched_getaffinity(0))
+    assert p.accelerators[0].max_instances == 4 * len(os.sched_getaffinity(0))
     assert abs(p.memory_mb - vm.total / 2**20) <= 0.01 * vm.total / 2**20
     assert HOST_MIN_CAP_MB <= p.memory_cap_mb <= p.memory_mb
     assert p.memory_cap_mb <= max(vm.total / 2**20 * 0.5 * 1.05, HOST_MIN_CAP_MB)
@@ -223,9 +223,10 @@ def test_precision_and_instance_limits_are_checked(tmp_path, residual_path):
     cp = _model_pipeline(tmp_path, residual_path, "dla", instances=2)
     with pytest.raises(ConfigError, match=r"stages on dla: 2 instances \(det 2\) exceed"):
         check_pipeline(cp, _small_host(1024))
+    # pinned threads beyond the cores are a warning: pipelined stages take turns on them
     cp = _model_pipeline(tmp_path, residual_path, "cpu", precision="fp32", instances=2, threads=2)
-    with pytest.raises(ConfigError, match=r"instances x threads = 4 .* exceed the 2 cores"):
-        check_pipeline(cp, _small_host(1024))
+    (warning,) = [w for w in check_pipeline(cp, _small_host(1024)) if "threads" in w]
+    assert "instances x threads = 4" in warning and "exceed the 2 cores" in warning
 
 
 @pytest.mark.usefixtures("_stagefuncs")

@@ -1,0 +1,313 @@
+"""``infscaler plan``: the starting configuration of a pipeline for an arrival rate and a
+latency SLO (registered on :data:`infscaler.cli.app`).
+
+It compiles the pipeline as ``serve`` would (partitioning model stages, plans cached in
+the state directory), measures every unit in-process on this host
+(:mod:`infscaler.runtime.unitprofile`), and searches with the discrete-event simulator
+(:mod:`infscaler.runtime.planner`) for the least-memory configuration whose simulated
+P99 meets the SLO at the rate within the device profile's resource cap. It prints the
+configuration per unit (engine, instances, batch, service time, utilisation, memory) and
+the predicted P99 / throughput / memory.
+
+Exit status: 0 with a configuration, 1 when none meets the SLO within the cap (the
+reason is printed), 2 on bad arguments (one message and a hint, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from infscaler.cli import app, err, out
+from infscaler.errors import InfScalerError
+
+__all__ = ["parse_rate", "parse_slo_ms", "plan_cmd"]
+
+#: Requests the default --duration simulates at least (a P99 from fewer is mostly noise).
+MIN_REQUESTS = 2000
+
+_NUMBER = r"([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)"
+
+
+def parse_rate(text: str) -> float:
+    """``40/s``, ``40``, ``40rps``, ``2400/min`` -> requests per second.
+
+    Raises:
+        InfScalerError: unreadable, zero or negative.
+    """
+    s = str(text).strip().lower()
+    if s.startswith("-"):
+        raise InfScalerError(f"the rate must be positive, got '{text}'", hint="e.g. --rate 40/s")
+    m = re.fullmatch(_NUMBER + r"\s*(/s|/sec|rps|/min|/m)?", s)
+    if not m:
+        raise InfScalerError(
+            f"cannot read rate '{text}'", hint="write requests per second: --rate 40/s or --rate 40"
+        )
+    value = float(m.group(1)) / (60.0 if m.group(2) in ("/min", "/m") else 1.0)
+    if not value > 0:
+        raise InfScalerError(f"the rate must be positive, got '{text}'", hint="e.g. --rate 40/s")
+    return value
+
+
+def parse_slo_ms(text: str) -> float:
+    """``200ms``, ``0.2s``, ``200`` (ms) -> ms, with the partitioner's SLO parser
+    (:func:`infscaler.partitioner.api.parse_slo`); a factor (``1.5x``) or ``none`` is
+    refused: the plan needs an absolute end-to-end SLO.
+
+    Raises:
+        InfScalerError: unreadable, zero or negative, a factor, or none.
+    """
+    from infscaler.partitioner.api import parse_slo
+
+    s = str(text).strip()
+    if s.startswith("-"):
+        raise InfScalerError(f"the SLO must be positive, got '{text}'", hint="e.g. --slo 200ms")
+    slo = parse_slo(s)
+    if slo.factor is not None:
+        raise InfScalerError(
+            f"--slo {text} is relative to one model's latency; a pipeline plan needs an "
+            "absolute end-to-end SLO",
+            hint="e.g. --slo 200ms or --slo 0.2s",
+        )
+    if slo.ms is None:
+        raise InfScalerError("plan needs an SLO", hint="e.g. --slo 200ms")
+    return float(slo.ms)
+
+
+def _load_inputs(inputs: list[str], image: Path | None, compiled: Any) -> dict[str, np.ndarray]:
+    feeds: dict[str, np.ndarray] = {}
+    for item in inputs:
+        name, sep, path = item.partition("=")
+        if not sep or not name:
+            raise InfScalerError(f"bad --input {item!r}", hint="use --input NAME=FILE.npy")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InfScalerError(f"cannot read {path} for input {name}: {exc}") from None
+    if image is not None:
+        from infscaler.cli_service import load_image
+
+        img_inputs = [i.name for i in compiled.inputs if i.datatype == "UINT8"]
+        if len(img_inputs) != 1:
+            raise InfScalerError(
+                f"--image needs a pipeline with one UINT8 input; {compiled.name} has "
+                f"{[i.name for i in compiled.inputs]}",
+                hint="use --input NAME=FILE.npy",
+            )
+        feeds[img_inputs[0]] = load_image(image)
+    if feeds:
+        from infscaler.runtime.unitprofile import sample_inputs
+
+        unknown = sorted(set(feeds) - {i.name for i in compiled.inputs})
+        if unknown:
+            raise InfScalerError(
+                f"{compiled.name} has no inputs {unknown}",
+                hint=f"its inputs: {[i.name for i in compiled.inputs]}",
+            )
+        # inputs not given: made up, as without any
+        feeds = {**sample_inputs(compiled), **feeds}
+    return feeds
+
+
+def _device(name: str | None) -> Any:
+    from infscaler.device import load_profile
+
+    return load_profile(name or "cpu-host")
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
+    pred = res.prediction
+    head = "Starting configuration" if res.feasible else "INFEASIBLE: last configuration tried"
+    out.print(
+        f"[bold]{head}[/] for {name}: {res.rate:g} requests/s ({res.arrivals}), "
+        f"SLO {res.slo_ms:g} ms, device {device.name}",
+        highlight=False,
+    )
+    table = Table()
+    for col in ("unit", "engine", "instances", "batch", "service ms", "utilisation", "memory MB"):
+        table.add_column(col, justify="left" if col in ("unit", "engine") else "right")
+    for r in res.rows():
+        unit = r["unit"] + (" (front end)" if r["kind"] == "front end" else "")
+        if r["items_per_request"] is not None:
+            unit += f" (x{r['items_per_request']:g} items)"
+        table.add_row(
+            unit,
+            r["engine"],
+            str(r["instances"]),
+            str(r["batch"]),
+            f"{r['service_ms']:.3g}",
+            "-" if r["utilisation"] is None else f"{r['utilisation']:.0%}",
+            f"{r['memory_mb']:.0f}",
+        )
+    out.print(table)
+    cap = "no cap" if res.memory_cap_mb == float("inf") else f"cap {res.memory_cap_mb:.0f} MB"
+    if pred is not None:
+        att = "" if pred.slo_attainment is None else f", SLO attainment {pred.slo_attainment:.1%}"
+        out.print(
+            f"predicted: P99 {_ms(pred.p99_ms)} ms (P50 {_ms(pred.p50_ms)}), throughput "
+            f"{pred.throughput_rps:.1f} requests/s{att} over {duration_s:g} s simulated "
+            f"({pred.requests} requests)",
+            highlight=False,
+        )
+    out.print(
+        f"memory: {res.memory_mb:.0f} MB ({cap}; instances + pool {res.pool_mb:g} MB); "
+        f"{res.simulations} simulations",
+        highlight=False,
+    )
+    for s in res.steps:
+        out.print(f"  [dim]{s}[/]", highlight=False)
+    for n in res.notes:
+        err.print(f"[yellow]note:[/] {n}", highlight=False)
+
+
+@app.command("plan")
+def plan_cmd(
+    pipeline: Annotated[
+        str,
+        typer.Argument(
+            help="PIPELINE.yaml, MODEL.onnx, a bundled model alias, a plan directory, or "
+            "`ocr` (what `serve` takes)."
+        ),
+    ],
+    rate: Annotated[
+        str, typer.Option("--rate", help="Mean arrival rate: 40/s (or 40, 2400/min).")
+    ] = "",
+    slo: Annotated[str, typer.Option("--slo", help="End-to-end P99 SLO: 200ms or 0.2s.")] = "",
+    device: Annotated[
+        str | None,
+        typer.Option("--device", help="Device profile whose cap applies (default cpu-host)."),
+    ] = None,
+    arrivals: Annotated[
+        str,
+        typer.Option(
+            "--arrivals",
+            help="Sample arrival process: poisson, gamma:CV2 (gamma:4), azure (Azure "
+            "Functions 2019, scaled to --rate), azure:busiest, azure-llm.",
+        ),
+    ] = "poisson",
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            "--duration",
+            help="Seconds of arrivals to simulate (default: 60, or enough for 2000 requests).",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of arrivals and service times.")] = 0,
+    handover_ms: Annotated[
+        float, typer.Option("--handover-ms", help="Time of one token handover, ms.")
+    ] = 0.1,
+    pool_mb: Annotated[
+        float, typer.Option("--pool-mb", help="Tensor pool memory counted with instances, MB.")
+    ] = 0.0,
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Timed runs of the sample input per unit.")
+    ] = 5,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", help="Sample input NAME=FILE.npy (repeatable)."),
+    ] = None,
+    image: Annotated[
+        Path | None, typer.Option("--image", help="An image file for the UINT8 input.")
+    ] = None,
+    partitions: Annotated[
+        int | None, typer.Option("--partitions", "-k", help="Partition bare models into K.")
+    ] = None,
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="Plans (as for `serve`).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Plan the starting configuration: per unit engine, instances and batch with the
+    least memory whose simulated P99 meets --slo at --rate within the device's cap."""
+    from infscaler.cli_service import pipeline_from_arg
+    from infscaler.runtime.pipeline import compile_pipeline
+    from infscaler.runtime.planner import plan
+    from infscaler.runtime.unitprofile import profile_pipeline
+
+    if not rate:
+        raise InfScalerError("plan needs --rate", hint="e.g. --rate 40/s")
+    if not slo:
+        raise InfScalerError("plan needs --slo", hint="e.g. --slo 200ms")
+    rate_rps = parse_rate(rate)
+    slo_ms = parse_slo_ms(slo)
+    if duration is None:
+        duration = min(3600.0, max(60.0, MIN_REQUESTS / rate_rps))
+    if not duration > 0:
+        raise InfScalerError(f"--duration must be positive, got {duration:g}")
+    if handover_ms < 0 or pool_mb < 0:
+        raise InfScalerError("--handover-ms and --pool-mb must be >= 0")
+    if repeats < 1:
+        raise InfScalerError(f"--repeats must be >= 1, got {repeats}")
+    profile = _device(device)
+    # the arrival spec is checked before anything slow runs
+    from infscaler.runtime.arrivals import from_spec
+
+    try:
+        times = from_spec(arrivals, rate_rps, duration, seed)
+    except (ValueError, FileNotFoundError) as exc:
+        raise InfScalerError(
+            str(exc), hint="--arrivals poisson, gamma:4, azure, azure:busiest or azure-llm"
+        ) from None
+    if times.size == 0:
+        raise InfScalerError(
+            f"--arrivals {arrivals} gives no requests in {duration:g} s at {rate_rps:g}/s",
+            hint="raise --duration or --rate",
+        )
+    cfg = pipeline_from_arg(pipeline, partitions)
+    compiled = compile_pipeline(
+        cfg,
+        state_dir=state_dir,
+        device=profile,
+        progress=lambda m: err.print(f"  {m}", highlight=False),
+    )
+    feeds = _load_inputs(list(inputs or []), image, compiled)
+    with err.status(f"measuring {len(compiled.units)} units of {compiled.name} in-process"):
+        prof = profile_pipeline(compiled, feeds or None, repeats=repeats, device=profile)
+    with err.status(f"simulating {compiled.name} at {rate_rps:g} requests/s"):
+        res = plan(
+            prof.units,
+            rate_rps,
+            slo_ms,
+            profile,
+            arrivals=times,
+            duration_s=duration,
+            seed=seed,
+            handover_ms=handover_ms,
+            pool_mb=pool_mb,
+            max_inflight=compiled.config.max_inflight or "auto",
+        )
+    res = replace(res, arrivals=arrivals)
+    if as_json:
+        d = res.to_dict()
+        print(
+            json.dumps(
+                {
+                    "pipeline": compiled.name,
+                    "device": profile.name,
+                    "duration_s": duration,
+                    "seed": seed,
+                    "profile": prof.to_dict(),
+                    "plan": d,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    else:
+        _print_plan(res, compiled.name, profile, duration)
+        for n in prof.notes:
+            err.print(f"[yellow]note:[/] {n}", highlight=False)
+    if not res.feasible:
+        err.print(f"[bold red]infeasible:[/] {res.reason}", highlight=False)
+        raise typer.Exit(1)

@@ -1,0 +1,205 @@
+"""The autoscaler loop: monitor -> scaler -> supervisor, once per interval.
+
+Every ``interval_s`` (the pipeline's ``autoscale.interval_s``) it reads each
+auto-scaled pipeline through the :class:`~infscaler.runtime.monitor.Monitor`, calls the
+pure policy :func:`infscaler.runtime.scaler.decide` (InfScaler Algorithm 1 with
+InferLine's scale-in hysteresis), and applies its decisions through the service:
+
+* ``scale_out``: start one instance of the unit on the chosen engine (its cores taken
+  round-robin from the device's cpu core set); the control path routes to it at once
+  and tokens wait in its socket while it loads; the pipeline's in-flight window grows
+  with its instance count;
+* ``scale_in``: stop one instance of the unit on that engine gracefully (after its
+  current request; tokens queued at it are re-routed by the sharing manager);
+* ``shed``: bound the pipeline's queue; the front end answers 503 with the reason
+  beyond it, until the scaler lifts the bound.
+
+Decisions are logged and the last ones are kept for ``infscaler status``. Like Ray
+Serve's controller, this loop applies what the policy decides and decides nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import asdict
+from typing import Any
+
+from infscaler.runtime.monitor import Monitor
+from infscaler.runtime.scaler import Decision, ScalerConfig, ScalerState, decide
+
+log = logging.getLogger("infscaler.autoscaler")
+
+
+def scaler_config(autoscale: Any) -> ScalerConfig:
+    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.config.AutoscaleConfig`."""
+    return ScalerConfig(
+        violation_ratio=autoscale.violation_ratio,
+        cooldown_s=autoscale.cooldown_s,
+        hold_s=autoscale.hold_s,
+        rate_horizon_s=autoscale.rate_horizon_s,
+        scale_in_utilisation=autoscale.scale_in_utilisation,
+        shed=autoscale.shed,
+    )
+
+
+class Autoscaler:
+    """Runs the scaler for every auto-scaled pipeline of ``service`` (a thread).
+
+    Args:
+        service: the started :class:`~infscaler.service.Service`.
+        tick_s: how often the loop wakes, s (each pipeline is looked at every its own
+            ``autoscale.interval_s``).
+    """
+
+    def __init__(self, service: Any, tick_s: float = 0.25) -> None:
+        self.service = service
+        self.tick_s = tick_s
+        self._states: dict[str, ScalerState] = {}
+        self._next: dict[str, float] = {}
+        self._monitors: dict[str, Monitor] = {}
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
+        self._stop = threading.Event()
+        self._busy: set[tuple[str, int]] = set()
+        self._sent: dict[tuple[int, int], int] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="infscaler-autoscaler", daemon=True)
+
+    def start(self) -> Autoscaler:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+
+    def forget(self, name: str) -> None:
+        """Drop the state of an undeployed pipeline."""
+        with self._lock:
+            self._states.pop(name, None)
+            self._next.pop(name, None)
+            self._monitors.pop(name, None)
+
+    def decisions(self, name: str | None = None) -> list[dict[str, Any]]:
+        """The recent decisions (newest last), of one pipeline or all."""
+        with self._lock:
+            return [d for d in self.history if name is None or d["pipeline"] == name]
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            for dep in self.service.deployments():
+                cfg = dep.pipeline.config
+                mark = [
+                    u for u in dep.pipeline.units if u.max_batch > 1 and u.batch_policy == "mark"
+                ]
+                if (cfg.autoscale is None and not mark) or not dep.route.accepting:
+                    continue
+                now = time.monotonic()
+                if now < self._next.get(dep.name, 0.0):
+                    continue
+                interval = cfg.autoscale.interval_s if cfg.autoscale else 1.0
+                self._next[dep.name] = now + interval
+                try:
+                    if cfg.autoscale is not None:
+                        self.step(dep)
+                    if mark:
+                        self.tune_batches(dep)
+                except Exception:  # noqa: BLE001 - the loop must survive a bad reading
+                    log.exception("autoscaler step for %s failed", dep.name)
+
+    def tune_batches(self, dep: Any) -> dict[int, int]:
+        """MArk §4 batching: for every ``policy: mark`` unit, the largest batch b with
+        W_b + T_b <= the unit's share of the SLO and W_b + T_b <= b T_1 at its current
+        per-instance arrival rate (:func:`infscaler.runtime.batching.choose_batch`), sent
+        to each instance that runs another size. Returns ``{instance id: batch}``."""
+        from infscaler.runtime.batching import choose_batch
+
+        slo = dep.pipeline.config.slo_ms
+        if slo is None:
+            return {}
+        mon = self._monitor(dep)
+        m = mon.pipeline(dep)
+        served = [um for um in m.units if dep.route.stage_ids[um.index]]
+        measured = [um.compute_p50_ms for um in served if um.compute_p50_ms]
+        total = sum(measured) if len(measured) == len(served) else None
+        sent: dict[int, int] = {}
+        handles = self.service.supervisor.handles()
+        for um in served:
+            u = dep.pipeline.units[um.index]
+            if u.max_batch <= 1 or u.batch_policy != "mark":
+                continue
+            share = um.compute_p50_ms / total if total and um.compute_p50_ms else 1 / len(served)
+            mine = [h for h in handles if h.key == (dep.name, u.index) and h.state == "ready"]
+            rate = um.items_per_s / max(1, len(mine))
+            for h in mine:
+                profile = {int(k): float(v) for k, v in (h.info.get("batch_ms") or {}).items()}
+                if 1 not in profile:
+                    continue
+                choice = choose_batch(profile, max(rate, 1e-6), slo * share, max_batch=u.max_batch)
+                delay = min(float(choice.wait_ms), u.batch_delay_ms)
+                if self._sent.get(
+                    (h.iid, h.pid)
+                ) != choice.batch_size and self.service.supervisor.command(
+                    h, {"cmd": "batch", "size": choice.batch_size, "delay_ms": delay}
+                ):
+                    self._sent[(h.iid, h.pid)] = choice.batch_size
+                    sent[h.iid] = choice.batch_size
+        return sent
+
+    def _monitor(self, dep: Any) -> Monitor:
+        auto = dep.pipeline.config.autoscale
+        window = auto.window_s if auto else 10.0
+        with self._lock:
+            mon = self._monitors.get(dep.name)
+            if mon is None or mon.window_s != window:
+                mon = self._monitors[dep.name] = Monitor(self.service, window)
+            return mon
+
+    def step(self, dep: Any) -> list[Decision]:
+        """One look at ``dep``: snapshot, decide, apply. Returns the decisions."""
+        auto = dep.pipeline.config.autoscale
+        with self._lock:
+            mon = self._monitors.get(dep.name)
+            if mon is None or mon.window_s != auto.window_s:
+                mon = self._monitors[dep.name] = Monitor(self.service, auto.window_s)
+            state = self._states.get(dep.name, ScalerState())
+        snap = mon.snapshot(dep)
+        decisions, state = decide(snap, state, scaler_config(auto))
+        with self._lock:
+            self._states[dep.name] = state
+        for d in decisions:
+            self._apply(dep, d)
+            entry = {"pipeline": dep.name, "time": time.time(), **asdict(d)}
+            with self._lock:
+                self.history.append(entry)
+            log.info("%s: %s %s", dep.name, d.action, d.reason)
+        return decisions
+
+    def _apply(self, dep: Any, d: Decision) -> None:
+        if d.action == "scale_out":
+            assert d.unit is not None and d.engine is not None
+            self.service.scale_out(dep, d.unit, d.engine)
+        elif d.action == "scale_in":
+            assert d.unit is not None and d.engine is not None
+            key = (dep.name, d.unit)
+            with self._lock:
+                if key in self._busy:
+                    return
+                self._busy.add(key)
+
+            def work() -> None:
+                try:
+                    self.service.scale_in(dep, d.unit, d.engine)
+                finally:
+                    with self._lock:
+                        self._busy.discard(key)
+
+            threading.Thread(target=work, name="infscaler-scale-in", daemon=True).start()
+        elif d.action == "shed":
+            with contextlib.suppress(Exception):
+                self.service.set_queue_limit(dep, d.queue_limit, d.reason)

@@ -1,0 +1,327 @@
+"""The SLO monitor: per pipeline and per unit metrics over a sliding window, and the
+scaler's :class:`~infscaler.runtime.scaler.Snapshot` built from them (InfScaler §IV-A:
+"once detected the serving performance cannot meet the user-specified latency SLO").
+
+Sources, all read without stopping anything:
+
+* the front end's per-pipeline statistics (:class:`~infscaler.runtime.stats.PipelineStats`):
+  end-to-end latency, arrivals, and per unit the compute and queue time of every item,
+  taken from the ``__trace__`` rows each instance appends;
+* the control channel's per-stage counters: tokens in flight at each unit (its queue);
+* the supervisor's instance handles: state, engine, cores, and the RSS / USS / PSS MB
+  each instance reports on its status pipe every second (psutil ``memory_full_info``);
+* the tensor pool's mapped bytes;
+* host telemetry (:mod:`infscaler.runtime.telemetry`: jetson-stats on a Jetson, psutil
+  elsewhere) for ``infscaler status``.
+
+Resource accounting (Algorithm 1's U^m and r_k^m): memory used is the sum of every
+instance's USS plus the pool's mapped MB (a page of the pool touched by one instance only
+is counted twice, so the figure errs high, on the safe side of the cap); one more
+instance of a unit costs the mean USS of its running instances on that engine, or, before
+any has reported, the plan's weights + activations MB plus ``instance_overhead_mb`` (the
+USS of an idle instance process with onnxruntime loaded, measured on this host: about
+45 MB). Engine slots count model instances (function stages, light pre- and
+post-processing, count against memory and cores only). Cores count what is busy, not
+what is pinned: the compute time per second of every cpu unit over the window
+(:meth:`Monitor.busy_cores`), since the stages of a pipeline take turns on the cores.
+
+The bottleneck indicator the scaler compares is each unit's compute time per request
+(P50 ms per item x items per request): the profiled-time complexity measure of Eq. 1
+(``infscaler partition --measure time``), which puts partitions and function stages on
+one scale. Before a unit has samples it is the plan's latency on its engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from infscaler.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
+from infscaler.runtime.scaler import EngineOption, ResourceCap, Snapshot, UnitState
+
+#: Instances per unit the control path routes to (``ebpf.MAX_PER_STAGE``).
+MAX_PER_UNIT = 16
+
+#: Idle fraction of a core below which a core counts as in use (see :func:`cores_in_use`).
+CORE_IDLE_MARGIN = 0.1
+
+
+def cores_in_use(busy_cores: float) -> int:
+    """Whole cores counted as used from the measured busy cores: ``int(busy + 0.1)``.
+
+    The scaler admits a cpu scale-out while ``cores_in_use + threads <= cores``: a new
+    instance adds capacity, not load, so it helps while some core has at least
+    ``CORE_IDLE_MARGIN`` idle. (1.6 busy of 2 cores -> 1 in use: one more fits; 1.95 ->
+    2: none.)
+    """
+    return int(max(0.0, busy_cores) + CORE_IDLE_MARGIN)
+
+
+@dataclass(frozen=True)
+class UnitMetrics:
+    """One unit over the monitor's window.
+
+    Attributes:
+        index / name / kind / engine: the unit.
+        instances: live instances (starting or ready) per engine.
+        ready: instances ready to serve.
+        queue_len: tokens in flight at the unit (queued or running).
+        items_per_s: items the unit completed per second over the window.
+        compute_p50_ms / compute_p99_ms: service time per item, ms, over the window (an
+            idle unit: over the statistics' whole horizon, 60 s; None: no sample).
+        queue_p99_ms: time items waited before the unit, ms.
+        uss_mb: mean USS of its ready instances, MB (None: none reported yet).
+    """
+
+    index: int
+    name: str
+    kind: str
+    engine: str
+    instances: dict[str, int]
+    ready: int
+    queue_len: int
+    items_per_s: float
+    compute_p50_ms: float | None
+    compute_p99_ms: float | None
+    queue_p99_ms: float | None
+    uss_mb: float | None
+
+
+@dataclass(frozen=True)
+class PipelineMetrics:
+    """One pipeline over the monitor's window.
+
+    Attributes:
+        name: the pipeline. now: monotonic time of the reading, s. window_s: its window.
+        arrival_rate: requests per second. p50_ms / p95_ms / p99_ms: end-to-end latency.
+        pending: requests admitted and not answered. units: per unit.
+    """
+
+    name: str
+    now: float
+    window_s: float
+    arrival_rate: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    pending: int
+    units: tuple[UnitMetrics, ...] = field(default_factory=tuple)
+
+
+class Monitor:
+    """Reads a running :class:`~infscaler.service.Service` (see the module docstring).
+
+    Args:
+        service: the started service.
+        window_s: the sliding window for rates and percentiles, s.
+    """
+
+    def __init__(self, service: Any, window_s: float = 10.0) -> None:
+        self.service = service
+        self.window_s = window_s
+
+    # -- metrics ---------------------------------------------------------------------------
+    def pipeline(self, dep: Any, window_s: float | None = None) -> PipelineMetrics:
+        """Metrics of one deployment over the last ``window_s`` s (default: the monitor's)."""
+        w = self.window_s if window_s is None else window_s
+        now = time.monotonic()
+        route = dep.route
+        stats = route.stats
+        ch = self.service.channel.stats()["stages"]
+        handles = [h for h in self.service.supervisor.handles() if h.key[0] == dep.name]
+        with stats._lock:
+            lat = stats.latency.summary(now, w)
+            rate = _count_since(stats.arrivals._t, now - w) / w
+            per_unit = []
+            for i in range(len(stats.units)):
+                comp = stats.compute[i].summary(now, w)
+                if comp["p50_ms"] is None:  # idle now: the last service time known
+                    last = stats.compute[i].summary(now)
+                    comp = {**comp, "p50_ms": last["p50_ms"], "p99_ms": last["p99_ms"]}
+                per_unit.append((comp, stats.queue[i].summary(now, w)))
+        units = []
+        for u in dep.pipeline.units:
+            sid = route.stage_ids[u.index]
+            mine = [
+                h
+                for h in handles
+                if h.key == (dep.name, u.index) and h.state in ("starting", "ready")
+            ]
+            engines: dict[str, int] = {}
+            for h in mine:
+                engines[h.unit.engine] = engines.get(h.unit.engine, 0) + 1
+            uss = [float(h.stats.get("uss_mb", 0.0)) for h in mine if h.stats.get("uss_mb")]
+            comp, queue = per_unit[u.index]
+            units.append(
+                UnitMetrics(
+                    index=u.index,
+                    name=u.name,
+                    kind=u.kind,
+                    engine=u.engine,
+                    instances=engines,
+                    ready=sum(1 for h in mine if h.state == "ready"),
+                    queue_len=int(ch.get(sid, {}).get("inflight", 0)) if sid else 0,
+                    items_per_s=comp["window_count"] / w,
+                    compute_p50_ms=comp["p50_ms"],
+                    compute_p99_ms=comp["p99_ms"],
+                    queue_p99_ms=queue["p99_ms"],
+                    uss_mb=sum(uss) / len(uss) if uss else None,
+                )
+            )
+        return PipelineMetrics(
+            name=dep.name,
+            now=now,
+            window_s=w,
+            arrival_rate=rate,
+            p50_ms=lat["p50_ms"],
+            p95_ms=lat["p95_ms"],
+            p99_ms=lat["p99_ms"],
+            pending=self.service.frontend.pending(route),
+            units=tuple(units),
+        )
+
+    def memory_used_mb(self) -> float:
+        """Sum of every live instance's USS plus the pool's mapped MB (U^m for memory)."""
+        total = 0.0
+        for h in self.service.supervisor.handles():
+            if h.state in ("starting", "ready"):
+                mem = h.stats or h.info
+                total += float(mem.get("uss_mb") or 0.0) or _estimate_mb(h.unit)
+        return total + self.service.pool.stats()["mapped_bytes"] / 2**20
+
+    def busy_cores(self, window_s: float | None = None) -> float:
+        """CPU cores busy with cpu units of every pipeline over the window: the sum of
+        their compute time per second (items run x ms each); :func:`cores_in_use` turns it
+        into the scaler's ``cores_used``. Pinned instances may outnumber cores (pipelined
+        stages take turns); busy cores may not."""
+        w = self.window_s if window_s is None else window_s
+        now = time.monotonic()
+        busy_ms = 0.0
+        for dep in self.service.deployments():
+            stats = dep.route.stats
+            with stats._lock:
+                for u in dep.pipeline.units:
+                    if u.engine == "cpu" and dep.route.stage_ids[u.index]:
+                        busy_ms += float(stats.compute[u.index].values(now, w).sum())
+        return busy_ms / 1e3 / w
+
+    def cap(self) -> ResourceCap:
+        """R^m from the service's device profile (this host when it has none)."""
+        profile = self.service.device_profile()
+        max_inst: dict[str, int] = {}
+        cores = 0
+        for acc in profile.accelerators:
+            if acc.count < 1:
+                continue
+            max_inst[acc.engine] = acc.max_instances * (acc.count if acc.engine == "dla" else 1)
+            if acc.engine == "cpu":
+                cores = len(acc.cores) if acc.cores else len(_host_cores())
+        return ResourceCap(
+            memory_cap_mb=float(profile.memory_cap_mb),
+            memory_used_mb=self.memory_used_mb(),
+            max_instances=max_inst,
+            cores=cores,
+        )
+
+    # -- the scaler's view -----------------------------------------------------------------
+    def snapshot(self, dep: Any, metrics: PipelineMetrics | None = None) -> Snapshot:
+        """The :class:`Snapshot` :func:`~infscaler.runtime.scaler.decide` takes for ``dep``."""
+        m = metrics or self.pipeline(dep)
+        cap = self.cap()
+        engines_used: dict[str, int] = {}
+        for h in self.service.supervisor.handles():
+            if h.state in ("starting", "ready") and h.unit.kind == "model":
+                engines_used[h.unit.engine] = engines_used.get(h.unit.engine, 0) + 1
+        cores_used = cores_in_use(self.busy_cores())
+        units = []
+        served = {u.index for u in dep.pipeline.served_units()}
+        rate = m.arrival_rate
+        for u, um in zip(dep.pipeline.units, m.units, strict=True):
+            if u.index not in served:
+                continue
+            items_per_request = um.items_per_s / rate if rate > 0 and um.items_per_s else 1.0
+            plan_ms = _plan_ms(u)
+            service = um.compute_p50_ms if um.compute_p50_ms is not None else plan_ms
+            bottleneck = (service or 0.0) * items_per_request
+            options = []
+            for engine in _engines_for(u, cap):
+                lat = um.compute_p50_ms if engine == u.engine else None
+                if lat is None:
+                    lat = _plan_ms(u, engine)
+                if lat is None:
+                    continue  # never invent a latency for an engine nobody measured
+                mem = um.uss_mb if (um.uss_mb and engine == u.engine) else _estimate_mb(u)
+                options.append(
+                    EngineOption(
+                        engine=engine,
+                        latency_ms=float(lat),
+                        memory_mb=float(mem),
+                        cores=u.threads if engine == "cpu" else 0,
+                    )
+                )
+            units.append(
+                UnitState(
+                    index=u.index,
+                    name=u.name,
+                    bottleneck=float(bottleneck),
+                    instances=dict(um.instances),
+                    options=tuple(options),
+                    arrival_rate=um.items_per_s,
+                    queue_len=um.queue_len,
+                    service_ms=um.compute_p50_ms,
+                    min_instances=u.instances,
+                    max_instances=min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT),
+                )
+            )
+        slo = dep.pipeline.config.slo_ms
+        return Snapshot(
+            now=m.now,
+            slo_ms=float(slo) if slo is not None else float("inf"),
+            p99_ms=m.p99_ms,
+            arrival_rate=rate,
+            units=tuple(units),
+            cap=cap,
+            cores_used=cores_used,
+            instances_used=engines_used,
+            pending=m.pending,
+        )
+
+
+def _count_since(ts: Any, cutoff: float) -> int:
+    n = 0
+    for t in reversed(ts):
+        if t < cutoff:
+            break
+        n += 1
+    return n
+
+
+def _host_cores() -> list[int]:
+    import os
+
+    return sorted(os.sched_getaffinity(0))
+
+
+def _estimate_mb(unit: Any) -> float:
+    """Memory of one instance before it reports: plan MB + the process overhead."""
+    return float(unit.memory_mb or 0.0) + INSTANCE_OVERHEAD_MB
+
+
+def _plan_ms(unit: Any, engine: str | None = None) -> float | None:
+    """The plan's measured latency of ``unit`` on ``engine`` (default: its own), ms."""
+    entry = (unit.plan_latency_ms or {}).get(engine or unit.engine)
+    if isinstance(entry, dict):
+        entry = entry.get("ms") if entry.get("available", True) else None
+    return float(entry) if isinstance(entry, int | float) else None
+
+
+def _engines_for(unit: Any, cap: ResourceCap) -> list[str]:
+    """Engines a unit may be scaled onto: its own, and for model units every engine of
+    the device the plan measured it on (function stages run on the cpu only)."""
+    engines = [unit.engine]
+    if unit.kind == "model":
+        for e in unit.plan_latency_ms or {}:
+            if e in cap.max_instances and e not in engines:
+                engines.append(e)
+    return engines

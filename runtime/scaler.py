@@ -1,0 +1,490 @@
+"""The asymmetric auto-scaler: a pure function from a metrics snapshot to decisions.
+
+InfScaler §IV-A, Algorithm 1 (scale out): on an SLO violation take the unit with the
+largest bottleneck indicator B_k, try the engines in its affinity order (profiled
+latency, fastest first), and admit one more instance on the first engine m where
+U^m + r_k^m <= R^m for every resource (memory MB shared by all engines on a unified-DRAM
+SoC, instance slots per engine, CPU cores); after scaling, B_k <- B_k S_k / (S_k + 1).
+Because B_k starts at the plan's value with S_k = 1 and every scale-out applies line 5,
+the effective indicator is B_k / S_k, so the policy keeps no hidden state for it.
+
+What the paper lacks, added here:
+
+* scale in with hysteresis (InferLine §5, Algorithm 4): no scale-in within ``hold_s``
+  (15 s) of the last change; the rate it must still serve is the maximum arrival rate
+  seen over the last ``rate_horizon_s`` (30 s); a unit gives back one instance when
+  the remaining ones can serve that rate at utilisation <= ``scale_in_utilisation``;
+* a cooldown between two scale-outs (``cooldown_s``), so a new instance is measured
+  before the next decision;
+* load shedding: when the SLO is violated and no engine can admit another instance
+  (the cap is reached), the decision carries a bounded queue length (Little's law:
+  requests the pipeline can finish within the SLO at its current capacity) beyond which
+  the front end answers 503 with the reason.
+
+Like Ray Serve's autoscaling policy this module never starts anything: the service's
+autoscaler loop (:mod:`infscaler.runtime.autoscaler`) builds a :class:`Snapshot` from
+the monitor, calls :func:`decide`, and applies the decisions through the supervisor.
+The planner's simulator (:mod:`infscaler.runtime.simulator`) calls the same function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    """One engine a unit can run on (its hardware affinity entry, Algorithm 1's A_k^m).
+
+    Attributes:
+        engine: ``cpu``, ``gpu`` or ``dla``.
+        latency_ms: service time of one item (batch 1) on this engine, ms: measured by
+            the monitor when instances run there, else the plan's profiled latency.
+        memory_mb: memory one more instance takes (r_k^m), MB: the measured USS of a
+            running instance of this unit on this engine, else the plan's estimate.
+        cores: CPU cores one instance is pinned to (``threads``; 0 for gpu / dla).
+    """
+
+    engine: str
+    latency_ms: float
+    memory_mb: float
+    cores: int = 0
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """One served unit (a partition or a function stage) as the monitor sees it.
+
+    Attributes:
+        index: the unit's index in the pipeline (decisions name it).
+        name: ``det/0``, ``rec``, ... (for reasons and logs).
+        bottleneck: B_k from the plan (sum of representative complexities, Eq. 1);
+            function stages and unpartitioned models use their service time in ms.
+        instances: running instances per engine (S_k split by engine), e.g. ``{"cpu": 2}``.
+        options: the engines this unit may run on, any order (the scaler sorts by
+            ``latency_ms``).
+        arrival_rate: items per second reaching this unit over the monitor's window
+            (requests/s times fan-out for per-item units).
+        queue_len: tokens waiting at or running in this unit now.
+        service_ms: P50 service time of one item on its current instances, ms (None:
+            no sample yet; the scaler then uses the fastest option's ``latency_ms``).
+        min_instances / max_instances: bounds from the pipeline (``instances`` in
+            pipeline.yaml is the minimum; max None: only the cap bounds it).
+    """
+
+    index: int
+    name: str
+    bottleneck: float
+    instances: dict[str, int]
+    options: tuple[EngineOption, ...]
+    arrival_rate: float = 0.0
+    queue_len: int = 0
+    service_ms: float | None = None
+    min_instances: int = 1
+    max_instances: int | None = None
+
+    @property
+    def total_instances(self) -> int:
+        return sum(self.instances.values())
+
+
+@dataclass(frozen=True)
+class ResourceCap:
+    """The device's resource limits R^m and current use U^m.
+
+    Attributes:
+        memory_cap_mb: memory the service may use (instances + tensor pool), MB.
+        memory_used_mb: memory in use now (sum of instance USS + pool mapped), MB.
+        max_instances: per engine, instance slots (the profile's ``max_instances``).
+        cores: CPU cores available to instances (0: do not count cores).
+    """
+
+    memory_cap_mb: float
+    memory_used_mb: float
+    max_instances: dict[str, int]
+    cores: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the scaler decides on (one pipeline).
+
+    Attributes:
+        now: monotonic time, seconds.
+        slo_ms: the pipeline's latency SLO, ms.
+        p99_ms: end-to-end P99 over the monitor's window, ms (None: no sample).
+        arrival_rate: requests per second over the monitor's short window.
+        units: every served unit, in pipeline order.
+        cap: resource limits and use (shared by every pipeline on the device).
+        cores_used: CPU cores held by running instances (all pipelines).
+        instances_used: per engine, running instances (all pipelines).
+        pending: requests admitted and not yet answered.
+    """
+
+    now: float
+    slo_ms: float
+    p99_ms: float | None
+    arrival_rate: float
+    units: tuple[UnitState, ...]
+    cap: ResourceCap
+    cores_used: int = 0
+    instances_used: dict[str, int] = field(default_factory=dict)
+    pending: int = 0
+
+
+@dataclass(frozen=True)
+class ScalerConfig:
+    """Tuning of :func:`decide` (defaults from InferLine §5 where it gives one).
+
+    Attributes:
+        violation_ratio: the SLO counts as violated when P99 > ``violation_ratio`` x SLO.
+        cooldown_s: minimum time between two scale-outs of one pipeline, s.
+        hold_s: no scale-in within this long after any change (InferLine: 15 s).
+        rate_horizon_s: scale-in serves the max arrival rate over this window (30 s).
+        scale_in_utilisation: a unit may drop an instance when the rest would run at
+            most this busy (rate x service time / instances), 0-1.
+        shed: bound the queue when the cap is reached (else only report it).
+    """
+
+    violation_ratio: float = 1.0
+    cooldown_s: float = 3.0
+    hold_s: float = 15.0
+    rate_horizon_s: float = 30.0
+    scale_in_utilisation: float = 0.6
+    shed: bool = True
+
+
+@dataclass(frozen=True)
+class ScalerState:
+    """What :func:`decide` carries from one call to the next (returned anew each call).
+
+    Attributes:
+        last_change: ``now`` of the last scale-out or scale-in (None: never).
+        last_scale_out: ``now`` of the last scale-out (None: never).
+        rates: ``(now, arrival_rate)`` samples within ``rate_horizon_s``.
+        queue_limit: the queue bound the last ``shed`` decision set, requests (None: no
+            bound in force). A ``shed`` is emitted only when this changes: set (or moved)
+            on a violation at the cap, lifted once P99 < 0.8 x SLO.
+    """
+
+    last_change: float | None = None
+    last_scale_out: float | None = None
+    rates: tuple[tuple[float, float], ...] = ()
+    queue_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One action for the supervisor / front end.
+
+    Attributes:
+        action: ``scale_out`` (start one instance of ``unit`` on ``engine``),
+            ``scale_in`` (stop one instance of ``unit`` on ``engine``), or ``shed``
+            (bound the pipeline's queue at ``queue_limit`` requests; None lifts it).
+        unit: the unit's index (None for ``shed``).
+        engine: the engine (None for ``shed``).
+        queue_limit: for ``shed``.
+        reason: one line a user can read (``P99 412 ms > SLO 200 ms; det/0 has the
+            largest B_k/S_k 2.1e9; cpu admits it: memory 812+96 <= 2048 MB``).
+    """
+
+    action: str
+    unit: int | None = None
+    engine: str | None = None
+    queue_limit: int | None = None
+    reason: str = ""
+
+
+#: A ``shed`` bound is lifted once P99 is below this fraction of the SLO (hysteresis).
+LIFT_RATIO = 0.8
+
+# slack for ceil / floor of products of floats (2.0000000000000004 replicas is 2)
+_EPS = 1e-9
+
+
+def decide(
+    snapshot: Snapshot, state: ScalerState, config: ScalerConfig = ScalerConfig()
+) -> tuple[list[Decision], ScalerState]:
+    """Decide what to scale (see the module docstring). Pure: no I/O, no clock.
+
+    One call, in order:
+
+    1. ``(now, arrival_rate)`` joins ``state.rates``; samples older than
+       ``rate_horizon_s`` (``now - t > rate_horizon_s``) are dropped.
+    2. The SLO is violated when ``p99_ms`` is known and ``p99_ms > violation_ratio x
+       slo_ms``. On a violation, once ``cooldown_s`` has passed since the last scale-out
+       (``now - last_scale_out >= cooldown_s``), Algorithm 1: units in decreasing
+       :func:`effective_bottleneck` (B_k / S_k; ties: lower index), skipping units at
+       their ``max_instances``; for a unit, its options in affinity order (``latency_ms``
+       ascending; ties: the order given); the first engine where memory, the engine's
+       instance slots and (when ``cap.cores`` > 0) cores all fit admits one instance:
+       one ``scale_out``. If no unit fits anywhere and ``config.shed``, one ``shed``
+       with :func:`shed_queue_limit` (emitted only when it differs from the bound in
+       force).
+    3. Without a violation: a bound in force is lifted (``shed`` with ``queue_limit``
+       None) once P99 < :data:`LIFT_RATIO` x SLO; and, when more than ``hold_s`` has
+       passed since the last change (scale-out or scale-in; None: never), InferLine
+       Algorithm 4: with lambda_max the largest rate in ``rates``, every unit whose
+       instances exceed ``max(needed, min_instances)``, needed =
+       ``ceil(lambda_max x fan-out x service_ms / 1000 / scale_in_utilisation)``, gives
+       back one instance on the engine where its option is slowest (an engine with no
+       option counts as slowest).
+
+    Departures from the papers (deliberate):
+
+    * Algorithm 1 takes only the argmax unit; when the cap refuses it on every engine, a
+      unit with the next largest B_k / S_k that does fit is scaled instead (it still adds
+      capacity where it is most needed among the units that can grow). Units at their
+      ``max_instances`` are skipped the same way.
+    * Admission is ``U^m + r <= R^m`` (the paper writes ``<``): an instance that exactly
+      fills the cap is admitted.
+    * A unit with no running instance has B_k / S_k = infinity (it is scaled first).
+    * The cooldown gates shedding too: right after a scale-out the new instance is
+      measured before the queue is bounded; a bound is (re)emitted only when its value
+      changes, and stays while P99 is unknown.
+    * With ``config.shed`` False a violation at the cap emits nothing (``Decision`` has no
+      report-only action); a bound set earlier is still lifted.
+    * ``needed`` and the shed bound are rounded with a 1e-9 slack, so 2.0000000000000004
+      replicas count as 2.
+
+    Args:
+        snapshot: the monitor's view of the pipeline and the device.
+        state: what the previous call returned (``ScalerState()`` the first time).
+        config: the tuning.
+
+    Returns:
+        ``(decisions, new_state)``: at most one scale-out, or scale-ins, plus at most one
+        ``shed`` (set or lift), and the state to pass to the next call.
+
+    Raises:
+        ValueError: a ``config`` value out of range.
+    """
+    _check_config(config)
+    now = snapshot.now
+    rates = tuple((t, r) for t, r in state.rates if now - t <= config.rate_horizon_s)
+    rates += ((now, snapshot.arrival_rate),)
+    new = replace(state, rates=rates)
+    decisions: list[Decision] = []
+
+    if is_violated(snapshot, config):
+        if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:
+            return decisions, new
+        out, refused = _scale_out(snapshot, config)
+        if out is not None:
+            decisions.append(out)
+            return decisions, replace(new, last_scale_out=now, last_change=now)
+        if config.shed:
+            limit, how = _shed_limit(snapshot)
+            if limit != state.queue_limit:
+                why = "; ".join(refused) if refused else "no unit to scale"
+                decisions.append(
+                    Decision(
+                        "shed",
+                        queue_limit=limit,
+                        reason=f"{_violation(snapshot, config)}; cap reached, no unit can be "
+                        f"admitted: {why}; queue bounded at {limit} requests ({how})",
+                    )
+                )
+                new = replace(new, queue_limit=limit)
+        return decisions, new
+
+    if state.last_change is None or now - state.last_change > config.hold_s:
+        lam = max(r for _, r in rates)
+        ins = _scale_in(snapshot, config, lam, state.last_change)
+        if ins:
+            decisions.extend(ins)
+            new = replace(new, last_change=now)
+    p99 = snapshot.p99_ms
+    if state.queue_limit is not None and p99 is not None and p99 < LIFT_RATIO * snapshot.slo_ms:
+        decisions.append(
+            Decision(
+                "shed",
+                queue_limit=None,
+                reason=f"P99 {p99:.0f} ms < {LIFT_RATIO:g} x SLO {_n(snapshot.slo_ms)} ms: "
+                f"queue bound {state.queue_limit} lifted",
+            )
+        )
+        new = replace(new, queue_limit=None)
+    return decisions, new
+
+
+def is_violated(snapshot: Snapshot, config: ScalerConfig = ScalerConfig()) -> bool:
+    """True when the P99 is known and above ``violation_ratio`` x SLO."""
+    p99 = snapshot.p99_ms
+    return p99 is not None and p99 > config.violation_ratio * snapshot.slo_ms
+
+
+def effective_bottleneck(unit: UnitState) -> float:
+    """B_k / S_k: the plan's B_k after Algorithm 1's line 5 applied once per instance
+    beyond the first (infinity for a unit with no running instance)."""
+    s = unit.total_instances
+    return math.inf if s <= 0 else unit.bottleneck / s
+
+
+def pipeline_capacity_rps(snapshot: Snapshot) -> float | None:
+    """Requests per second the pipeline finishes at its current instances.
+
+    min over units of ``(S_k x 1000 / service_ms) / fan-out``, fan-out = items per
+    request = ``unit.arrival_rate / snapshot.arrival_rate`` (1 when the pipeline's rate
+    is 0); ``service_ms`` is the unit's P50, else its fastest option's latency. Units
+    with no service time known, or no items (fan-out 0), do not bound it. None when no
+    unit bounds it.
+    """
+    best: float | None = None
+    for u in snapshot.units:
+        svc = _service_ms(u)
+        f = _fan_out(u, snapshot)
+        if svc is None or f <= 0:
+            continue
+        cap = u.total_instances * 1000.0 / svc / f
+        best = cap if best is None else min(best, cap)
+    return best
+
+
+def shed_queue_limit(snapshot: Snapshot) -> int:
+    """The queue bound at the cap, requests (Little's law): what the pipeline finishes
+    within the SLO, ``max(1, floor(capacity_rps x slo_ms / 1000))`` with
+    :func:`pipeline_capacity_rps`; ``max(1, pending)`` when no unit bounds capacity
+    (or the product overflows)."""
+    return _shed_limit(snapshot)[0]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _check_config(c: ScalerConfig) -> None:
+    if not c.violation_ratio > 0:
+        raise ValueError(f"violation_ratio must be > 0, got {c.violation_ratio}")
+    for name in ("cooldown_s", "hold_s", "rate_horizon_s"):
+        if not getattr(c, name) >= 0:
+            raise ValueError(f"{name} must be >= 0 s, got {getattr(c, name)}")
+    if not 0 < c.scale_in_utilisation <= 1:
+        raise ValueError(f"scale_in_utilisation must be in (0, 1], got {c.scale_in_utilisation}")
+
+
+def _n(x: float, digits: int = 4) -> str:
+    return f"{x:.{digits}g}"
+
+
+def _mb(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _violation(s: Snapshot, c: ScalerConfig) -> str:
+    slo = (
+        f"SLO {_n(s.slo_ms)} ms"
+        if c.violation_ratio == 1
+        else f"{c.violation_ratio:g} x SLO {_n(s.slo_ms)} ms"
+    )
+    return f"P99 {s.p99_ms:.0f} ms > {slo}"
+
+
+def _service_ms(u: UnitState) -> float | None:
+    if u.service_ms is not None and u.service_ms > 0:
+        return u.service_ms
+    lats = [o.latency_ms for o in u.options if o.latency_ms > 0]
+    return min(lats) if lats else None
+
+
+def _fan_out(u: UnitState, s: Snapshot) -> float:
+    return u.arrival_rate / s.arrival_rate if s.arrival_rate > 0 else 1.0
+
+
+def _refusals(s: Snapshot, o: EngineOption) -> list[str]:
+    """Why the cap refuses one more instance on ``o.engine`` ([]: it is admitted)."""
+    cap = s.cap
+    slots = cap.max_instances.get(o.engine)
+    if slots is None:
+        return [f"{o.engine} is not on this device"]
+    why = []
+    if not cap.memory_used_mb + o.memory_mb <= cap.memory_cap_mb:
+        why.append(
+            f"memory {_mb(cap.memory_used_mb)}+{_mb(o.memory_mb)} > {_mb(cap.memory_cap_mb)} MB"
+        )
+    used = s.instances_used.get(o.engine, 0)
+    if not used + 1 <= slots:
+        why.append(f"{o.engine} slots {used}+1 > {slots}")
+    if cap.cores and not s.cores_used + o.cores <= cap.cores:
+        why.append(f"cores {s.cores_used}+{o.cores} > {cap.cores}")
+    return why
+
+
+def _scale_out(s: Snapshot, c: ScalerConfig) -> tuple[Decision | None, list[str]]:
+    """Algorithm 1 (with the next-best fallback). Returns the decision (None: the cap
+    refuses every unit) and, in priority order, why the units before it were passed."""
+    order = sorted(s.units, key=lambda u: (-effective_bottleneck(u), u.index))
+    passed: list[str] = []
+    for u in order:
+        eff = effective_bottleneck(u)
+        who = f"{u.name} (B_k/S_k {_n(eff, 3)})"
+        if u.max_instances is not None and u.total_instances >= u.max_instances:
+            passed.append(f"{who} is at its max_instances {u.max_instances}")
+            continue
+        if not u.options:
+            passed.append(f"{who} has no engine option")
+            continue
+        tried: list[str] = []
+        ranked = sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0]))
+        for _, o in ranked:
+            why = _refusals(s, o)
+            if why:
+                tried.append(f"{o.engine} refused: {' and '.join(why)}")
+                continue
+            cap = s.cap
+            fits = (
+                f"memory {_mb(cap.memory_used_mb)}+{_mb(o.memory_mb)} <= "
+                f"{_mb(cap.memory_cap_mb)} MB, {o.engine} slots "
+                f"{s.instances_used.get(o.engine, 0)}+1 <= {cap.max_instances[o.engine]}"
+            )
+            if cap.cores:
+                fits += f", cores {s.cores_used}+{o.cores} <= {cap.cores}"
+            rank = "the largest" if not passed else "the next largest"
+            before = f"; {'; '.join(passed)}" if passed else ""
+            after = f"; {'; '.join(tried)}" if tried else ""
+            reason = (
+                f"{_violation(s, c)}{before}; {u.name} has {rank} B_k/S_k {_n(eff, 3)} "
+                f"({_n(u.bottleneck, 3)}/{u.total_instances}){after}; {o.engine} "
+                f"({_n(o.latency_ms)} ms) admits it: {fits}"
+            )
+            return Decision("scale_out", unit=u.index, engine=o.engine, reason=reason), passed
+        passed.append(f"{who} fits no engine ({'; '.join(tried)})")
+    return None, passed
+
+
+def _shed_limit(s: Snapshot) -> tuple[int, str]:
+    rps = pipeline_capacity_rps(s)
+    if rps is None or not math.isfinite(rps * s.slo_ms):
+        limit = max(1, s.pending)
+        return limit, f"capacity unknown: {s.pending} requests pending"
+    limit = max(1, math.floor(rps * s.slo_ms / 1000.0 + _EPS))
+    return limit, (f"Little's law: capacity {_n(rps)} req/s x SLO {_n(s.slo_ms / 1000.0)} s")
+
+
+def _scale_in(s: Snapshot, c: ScalerConfig, lam: float, last: float | None) -> list[Decision]:
+    """InferLine Algorithm 4: one instance back from each over-provisioned unit."""
+    out: list[Decision] = []
+    quiet = "no change yet" if last is None else f"no change for {_n(s.now - last)} s"
+    for u in s.units:
+        svc = _service_ms(u)
+        running = {e: n for e, n in u.instances.items() if n > 0}
+        if svc is None or not running:
+            continue
+        f = _fan_out(u, s)
+        items = lam * f
+        needed = max(0, math.ceil(items * svc / 1000.0 / c.scale_in_utilisation - _EPS))
+        keep = max(needed, u.min_instances)
+        if u.total_instances <= keep:
+            continue
+        lat = {o.engine: o.latency_ms for o in u.options}
+        engine = max(running, key=lambda e: (lat.get(e, math.inf), e))
+        slow = f"{_n(lat[engine])} ms" if engine in lat else "no profiled latency"
+        reason = (
+            f"{quiet} > hold {_n(c.hold_s)} s; {u.name}: max rate {_n(lam)} req/s over "
+            f"{_n(c.rate_horizon_s)} s x {_n(f)} items/req = {_n(items)} items/s x "
+            f"{_n(svc)} ms needs {needed} instance(s) at utilisation <= "
+            f"{c.scale_in_utilisation:g} (min {u.min_instances}); {u.total_instances} > "
+            f"{keep}: one {engine} instance stops ({engine} is its slowest engine, {slow})"
+        )
+        out.append(Decision("scale_in", unit=u.index, engine=engine, reason=reason))
+    return out

@@ -1,0 +1,206 @@
+"""Asymmetric auto-scaling end to end: a load step on a pipeline with one slow stage scales
+that stage (and only it) out, the end of the step scales it back in (InferLine's
+hysteresis), and a device at its memory cap sheds load with a 503 that says why.
+
+Instances are real processes running tests/stagefuncs.py functions (the slow stage
+sleeps, so the test measures the control loop, not this host's two cores).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infscaler.config import load_pipeline
+from infscaler.device import DeviceProfile
+from infscaler.errors import ConfigError
+from infscaler.runtime.frontend import RequestError
+from infscaler.runtime.monitor import Monitor
+from infscaler.service import Service
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _stagefuncs_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    old = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{old}" if old else str(HERE))
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+def step_pipeline(slow_ms: float = 40.0, **autoscale: object) -> dict:
+    return {
+        "name": "step",
+        "slo": "150ms",
+        "autoscale": {
+            "interval_s": 0.5,
+            "window_s": 2.0,
+            "cooldown_s": 1.0,
+            "hold_s": 2.0,
+            "rate_horizon_s": 2.0,
+            **autoscale,
+        },
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": ["y"],
+        "stages": [
+            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
+            {
+                "name": "slow",
+                "function": "stagefuncs:slow",
+                "inputs": ["y"],
+                "outputs": ["y"],
+                "params": {"ms": slow_ms},
+                "max_instances": 4,
+            },
+        ],
+    }
+
+
+def _instances(svc: Service, unit: str) -> int:
+    st = svc.pipeline_status(svc.deployment("step"))
+    return next(len(u["instances"]) for u in st["units"] if u["unit"] == unit)
+
+
+def _load(svc: Service, clients: int, seconds: float) -> tuple[int, list[str]]:
+    """Closed-loop clients; returns (answered, errors)."""
+    done = [0]
+    errors: list[str] = []
+    stop = time.monotonic() + seconds
+    x = np.ones((1, 4), np.float32)
+
+    def client() -> None:
+        while time.monotonic() < stop:
+            try:
+                r = svc.infer("step", {"x": x}, timeout_s=30)
+                np.testing.assert_allclose(r.outputs["y"], x * 2)
+                done[0] += 1
+            except Exception as exc:  # noqa: BLE001 - collected and asserted on
+                errors.append(str(exc))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done[0], errors
+
+
+def test_pipeline_autoscale_config_is_validated() -> None:
+    d = step_pipeline()
+    d.pop("slo")
+    with pytest.raises(ConfigError, match="autoscale needs the pipeline's `slo`"):
+        load_pipeline(d)
+    d = step_pipeline()
+    d["slo"] = "-5ms"
+    with pytest.raises(ConfigError, match="slo"):
+        load_pipeline(d)
+    d = step_pipeline()
+    d["stages"][1]["instances"] = 5
+    with pytest.raises(ConfigError, match="max_instances"):
+        load_pipeline(d)
+    assert load_pipeline(step_pipeline()).slo_ms == 150.0
+    assert load_pipeline({**step_pipeline(), "autoscale": True}).autoscale.hold_s == 15.0
+
+
+def test_load_step_scales_the_bottleneck_out_then_back_in(tmp_path: Path) -> None:
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        svc.deploy(load_pipeline(step_pipeline()))
+        assert (_instances(svc, "scale"), _instances(svc, "slow")) == (1, 1)
+        # 6 closed-loop clients on a 40 ms stage: about 240 ms with one instance > SLO 150
+        done, errors = _load(svc, clients=6, seconds=8.0)
+        assert errors == [] and done > 0
+        peak = _instances(svc, "slow")
+        assert peak >= 2, svc.autoscaler.decisions("step")
+        assert _instances(svc, "scale") == 1  # asymmetric: the fast stage is left alone
+        outs = [d for d in svc.autoscaler.decisions("step") if d["action"] == "scale_out"]
+        assert outs and all(d["unit"] == 1 and d["engine"] == "cpu" for d in outs)
+        assert "SLO" in outs[0]["reason"]
+        # the step ends: after the hold time, instances come back one at a time
+        deadline = time.monotonic() + 30
+        while _instances(svc, "slow") > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _instances(svc, "slow") == 1, svc.autoscaler.decisions("step")
+        ins = [d for d in svc.autoscaler.decisions("step") if d["action"] == "scale_in"]
+        assert len(ins) >= peak - 1
+        # nothing was lost, and the shrunk pipeline still answers
+        r = svc.infer("step", {"x": np.full((1, 4), 3, np.float32)})
+        np.testing.assert_allclose(r.outputs["y"], np.full((1, 4), 6, np.float32))
+        assert svc.manager.audit() == []
+
+
+def test_at_the_memory_cap_the_pipeline_sheds_load_with_a_reason(tmp_path: Path) -> None:
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        svc.deploy(load_pipeline(step_pipeline(slow_ms=60.0, cooldown_s=0.5)))
+        time.sleep(1.5)  # instances report their USS once a second
+        used = Monitor(svc).memory_used_mb()
+        # a device whose cap leaves no room for one more instance (each is > 20 MB)
+        svc.device = DeviceProfile(
+            name="tiny",
+            soc="test device",
+            memory_mb=int(used) + 4096,
+            memory_cap_mb=int(used) + 20,
+            accelerators=[{"engine": "cpu", "max_instances": 8}],
+        )
+        done, errors = _load(svc, clients=8, seconds=6.0)
+        assert _instances(svc, "slow") == 1  # never above the cap
+        sheds = [d for d in svc.autoscaler.decisions("step") if d["action"] == "shed"]
+        assert sheds and sheds[0]["queue_limit"] >= 1, svc.autoscaler.decisions("step")
+        assert "cap" in sheds[0]["reason"]
+        assert errors, "a bounded queue must have refused some requests"
+        assert all("sheds load" in e for e in errors), errors[:3]
+        assert done > 0
+        with pytest.raises(RequestError) as exc:
+            for _ in range(100):
+                svc.submit("step", {"x": np.ones((1, 4), np.float32)})
+        assert exc.value.status == 503 and "limit" in str(exc.value)
+
+
+# -- dynamic batching (MArk §4) ------------------------------------------------------------
+
+
+def _batch_pipeline(path: Path, policy: str, **extra: object) -> dict:
+    return {
+        "name": "bx",
+        "slo": "500ms",
+        **extra,
+        "stages": [
+            {
+                "name": "block",
+                "model": str(path),
+                "batching": {"max_batch": 4, "max_delay_ms": 40, "policy": policy},
+            }
+        ],
+    }
+
+
+def test_dynamic_batching_stacks_requests_and_splits_results(tmp_path: Path) -> None:
+    import onnxruntime as ort
+    from conftest import residual_model, save
+
+    path = save(residual_model(batch="N"), tmp_path / "block.onnx")
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    xs = [rng.random((int(rng.integers(1, 3)), 4, 8, 8), dtype=np.float32) for _ in range(16)]
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        svc.deploy(load_pipeline(_batch_pipeline(path, "fixed")))
+        futs = [svc.submit("bx", {"x": x}) for x in xs]
+        for x, f in zip(xs, futs, strict=True):
+            y = f.result(timeout=30).outputs["y"]
+            np.testing.assert_allclose(y, ref.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+        time.sleep(1.5)  # instances report every second
+        (h,) = svc.supervisor.handles()
+        assert h.stats["batches"] >= 1 and h.stats["batched"] >= 2, h.stats
+        assert h.stats["batch"] == 4
+        assert set(h.info["batch_ms"]) == {"1", "2", "4"}  # T_b measured at load
+
+
+def test_batching_applies_to_model_stages_only() -> None:
+    d = step_pipeline()
+    d["stages"][1]["batching"] = {"max_batch": 4}
+    with pytest.raises(ConfigError, match="model stages only"):
+        load_pipeline(d)

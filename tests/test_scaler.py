@@ -1,0 +1,455 @@
+"""The pure scaling policy (infscaler.runtime.scaler.decide) on hand-computed snapshots:
+InfScaler Algorithm 1 (scale out), InferLine Algorithm 4 (scale in with hysteresis), load
+shedding at the cap, and a property test that no decision sequence breaks the cap."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from infscaler.runtime.scaler import (
+    Decision,
+    EngineOption,
+    ResourceCap,
+    ScalerConfig,
+    ScalerState,
+    Snapshot,
+    UnitState,
+    decide,
+    effective_bottleneck,
+    pipeline_capacity_rps,
+    shed_queue_limit,
+)
+
+CPU = EngineOption("cpu", latency_ms=50.0, memory_mb=100.0, cores=1)
+GPU = EngineOption("gpu", latency_ms=10.0, memory_mb=200.0)
+
+
+def unit(index: int, bottleneck: float, instances: dict[str, int], *options, **kw) -> UnitState:
+    return UnitState(
+        index=index,
+        name=f"u{index}",
+        bottleneck=bottleneck,
+        instances=instances,
+        options=tuple(options) or (CPU,),
+        **kw,
+    )
+
+
+def snap(
+    units: list[UnitState],
+    *,
+    now: float = 100.0,
+    p99: float | None = 300.0,
+    slo: float = 200.0,
+    rate: float = 10.0,
+    mem_used: float = 500.0,
+    mem_cap: float = 2000.0,
+    slots: dict[str, int] | None = None,
+    cores: int = 0,
+    cores_used: int = 0,
+    used: dict[str, int] | None = None,
+) -> Snapshot:
+    if used is None:  # this pipeline's instances are all the device runs
+        used = {}
+        for u in units:
+            for e, n in u.instances.items():
+                used[e] = used.get(e, 0) + n
+    return Snapshot(
+        now=now,
+        slo_ms=slo,
+        p99_ms=p99,
+        arrival_rate=rate,
+        units=tuple(units),
+        cap=ResourceCap(mem_cap, mem_used, slots or {"cpu": 8, "gpu": 4}, cores),
+        cores_used=cores_used,
+        instances_used=used,
+    )
+
+
+def only(decisions: list[Decision]) -> Decision:
+    assert len(decisions) == 1, decisions
+    return decisions[0]
+
+
+# -- scale out (Algorithm 1) -----------------------------------------------------------------
+
+
+def test_scale_out_picks_the_largest_effective_bottleneck() -> None:
+    # B_k / S_k: u0 10/1 = 10, u1 30/2 = 15, u2 12/1 = 12 -> u1
+    units = [unit(0, 10, {"cpu": 1}), unit(1, 30, {"cpu": 2}), unit(2, 12, {"cpu": 1})]
+    out, st_ = decide(snap(units), ScalerState())
+    d = only(out)
+    assert (d.action, d.unit, d.engine) == ("scale_out", 1, "cpu")
+    # P99 300 > SLO 200; memory 500 + 100 <= 2000; cpu slots 4 + 1 <= 8
+    assert "P99 300 ms > SLO 200 ms" in d.reason
+    assert "largest B_k/S_k 15" in d.reason
+    assert "memory 500+100 <= 2000 MB" in d.reason and "cpu slots 4+1 <= 8" in d.reason
+    assert st_.last_scale_out == 100.0 and st_.last_change == 100.0
+    assert st_.rates == ((100.0, 10.0),)
+    assert effective_bottleneck(units[1]) == 15.0
+
+
+def test_equal_bottlenecks_go_to_the_lower_index() -> None:
+    # u0 20/2 = 10 and u1 10/1 = 10: a tie, the lower index wins
+    units = [unit(0, 20, {"cpu": 2}), unit(1, 10, {"cpu": 1})]
+    assert only(decide(snap(units), ScalerState())[0]).unit == 0
+
+
+def test_no_violation_no_scale_out() -> None:
+    units = [unit(0, 10, {"cpu": 1}, service_ms=50.0, arrival_rate=10.0)]
+    # P99 200 is not > 1.0 x 200; None is no sample; 230 is not > 1.2 x 200 = 240
+    assert decide(snap(units, p99=200.0), ScalerState(last_change=99.0))[0] == []
+    assert decide(snap(units, p99=None), ScalerState(last_change=99.0))[0] == []
+    cfg = ScalerConfig(violation_ratio=1.2)
+    assert decide(snap(units, p99=230.0), ScalerState(last_change=99.0), cfg)[0] == []
+    d = only(decide(snap(units, p99=241.0), ScalerState(), cfg)[0])
+    assert d.action == "scale_out" and "1.2 x SLO 200 ms" in d.reason
+
+
+def test_affinity_order_fastest_engine_that_fits() -> None:
+    # options listed cpu first, but gpu is faster (10 < 50 ms): gpu while it has a slot
+    u = unit(0, 10, {"cpu": 1}, CPU, GPU)
+    d = only(decide(snap([u], slots={"cpu": 8, "gpu": 1}), ScalerState())[0])
+    assert d.engine == "gpu" and "memory 500+200 <= 2000 MB" in d.reason
+    # the gpu's one slot is taken (by another pipeline): falls to cpu
+    full = snap([u], slots={"cpu": 8, "gpu": 1}, used={"cpu": 1, "gpu": 1})
+    d = only(decide(full, ScalerState())[0])
+    assert d.engine == "cpu" and "gpu refused: gpu slots 1+1 > 1; cpu (50 ms) admits it" in d.reason
+
+
+def test_memory_cap_refuses_an_engine() -> None:
+    u = unit(0, 10, {"cpu": 1}, CPU, GPU)
+    # gpu: 1850 + 200 = 2050 > 2000 refused; cpu: 1850 + 100 = 1950 <= 2000 admitted
+    d = only(decide(snap([u], mem_used=1850.0), ScalerState())[0])
+    assert d.engine == "cpu"
+    assert "memory 1850+200 > 2000 MB" in d.reason and "memory 1850+100 <= 2000 MB" in d.reason
+    # exactly at the cap is admitted: 1900 + 100 = 2000 <= 2000
+    assert only(decide(snap([u], mem_used=1900.0), ScalerState())[0]).engine == "cpu"
+    # 1950 + 100 = 2050 > 2000 and 1950 + 200 > 2000: nothing fits, so the queue is bounded
+    d = only(decide(snap([u], mem_used=1950.0), ScalerState())[0])
+    assert d.action == "shed"
+
+
+def test_cores_cap_refuses_and_zero_cores_is_not_counted() -> None:
+    big = EngineOption("cpu", 50.0, 100.0, cores=2)
+    small = EngineOption("cpu", 80.0, 100.0, cores=1)
+    units = [unit(0, 100, {"cpu": 1}, big), unit(1, 10, {"cpu": 1}, small)]
+    # u0 (100/1) first: cores 3 + 2 = 5 > 4 refused; u1: 3 + 1 = 4 <= 4 admitted
+    d = only(decide(snap(units, cores=4, cores_used=3), ScalerState())[0])
+    assert (d.unit, d.engine) == (1, "cpu")
+    assert "cores 3+2 > 4" in d.reason and "cores 3+1 <= 4" in d.reason
+    # cap.cores = 0: cores are not counted, u0 is admitted though 10 + 2 > anything
+    d = only(decide(snap(units, cores=0, cores_used=10), ScalerState())[0])
+    assert d.unit == 0
+
+
+def test_next_best_unit_when_the_argmax_cannot_fit() -> None:
+    heavy = EngineOption("cpu", 50.0, 500.0)
+    light = EngineOption("cpu", 20.0, 50.0)
+    units = [unit(0, 100, {"cpu": 1}, heavy), unit(1, 10, {"cpu": 1}, light)]
+    # u0: 1600 + 500 = 2100 > 2000; u1 (10/1, the next largest): 1600 + 50 = 1650 <= 2000
+    d = only(decide(snap(units, mem_used=1600.0), ScalerState())[0])
+    assert (d.action, d.unit) == ("scale_out", 1)
+    assert "u0 (B_k/S_k 100) fits no engine" in d.reason and "next largest" in d.reason
+    # an engine the device lacks is not admissible: u0 only runs on dla
+    dla = EngineOption("dla", 5.0, 10.0)
+    units = [unit(0, 100, {"dla": 1}, dla), unit(1, 10, {"cpu": 1}, light)]
+    d = only(decide(snap(units), ScalerState())[0])
+    assert d.unit == 1 and "dla is not on this device" in d.reason
+
+
+def test_unit_at_max_instances_is_skipped() -> None:
+    units = [unit(0, 100, {"cpu": 2}, max_instances=2), unit(1, 10, {"cpu": 1})]
+    # u0 has 100/2 = 50 > 10 but is at its max_instances 2
+    d = only(decide(snap(units), ScalerState())[0])
+    assert d.unit == 1 and "u0 (B_k/S_k 50) is at its max_instances 2" in d.reason
+
+
+def test_cooldown_blocks_a_second_scale_out() -> None:
+    units = [unit(0, 10, {"cpu": 1})]
+    cfg = ScalerConfig(cooldown_s=3.0)
+    out, s1 = decide(snap(units, now=100.0), ScalerState(), cfg)
+    assert only(out).action == "scale_out"
+    grown = [unit(0, 10, {"cpu": 2})]
+    # 102 - 100 = 2 < 3: still cooling down, nothing (not even a shed)
+    out, s2 = decide(snap(grown, now=102.0), s1, cfg)
+    assert out == [] and s2.last_scale_out == 100.0
+    # 103 - 100 = 3 >= 3: the next scale-out
+    out, s3 = decide(snap(grown, now=103.0), s2, cfg)
+    assert only(out).action == "scale_out" and s3.last_scale_out == 103.0
+    assert [t for t, _ in s3.rates] == [100.0, 102.0, 103.0]
+
+
+# -- scale in (InferLine Algorithm 4) --------------------------------------------------------
+
+
+def quiet_unit(n: int = 3, **kw) -> UnitState:
+    kw.setdefault("service_ms", 100.0)
+    kw.setdefault("arrival_rate", 1.0)
+    return unit(0, 10, {"cpu": n}, **kw)
+
+
+def test_scale_in_waits_for_hold_s_after_a_change() -> None:
+    cfg = ScalerConfig(hold_s=15.0)
+    state = ScalerState(last_change=100.0)
+    # 1 req/s x 100 ms / 0.6 = 0.17 -> 1 needed < 3 instances, but only 10 s since a change
+    quiet = dict(p99=50.0, rate=1.0)
+    assert decide(snap([quiet_unit()], now=110.0, **quiet), state, cfg)[0] == []
+    assert decide(snap([quiet_unit()], now=115.0, **quiet), state, cfg)[0] == []  # not > 15
+    out, s = decide(snap([quiet_unit()], now=115.5, **quiet), state, cfg)
+    d = only(out)
+    assert (d.action, d.unit, d.engine) == ("scale_in", 0, "cpu")
+    assert "needs 1 instance(s)" in d.reason and "3 > 1" in d.reason
+    assert s.last_change == 115.5 and s.last_scale_out is None
+    # one at a time: the next call is within hold_s of this one
+    assert decide(snap([quiet_unit(2)], now=116.0, **quiet), s, cfg)[0] == []
+
+
+def test_scale_in_serves_the_max_rate_over_the_horizon() -> None:
+    cfg = ScalerConfig(hold_s=15.0, rate_horizon_s=30.0)
+    s = ScalerState()
+    # t = 0: a burst of 20 req/s: 20 x 100 ms / 0.6 = 3.33 -> 4 needed >= 3: keep all
+    out, s = decide(snap([quiet_unit(arrival_rate=20.0)], now=0.0, p99=50.0, rate=20.0), s, cfg)
+    assert out == []
+    # t = 20 and 30: 1 req/s now, but max over the last 30 s is still 20 -> 4 needed
+    for now in (20.0, 30.0):
+        out, s = decide(snap([quiet_unit()], now=now, p99=50.0, rate=1.0), s, cfg)
+        assert out == [], now
+    # t = 31: the burst is 31 s old and dropped; max 1 req/s -> 1 needed < 3
+    out, s = decide(snap([quiet_unit()], now=31.0, p99=50.0, rate=1.0), s, cfg)
+    assert only(out).action == "scale_in" and "max rate 1 req/s" in out[0].reason
+    assert [t for t, _ in s.rates] == [20.0, 30.0, 31.0]
+
+
+def test_scale_in_counts_fan_out() -> None:
+    # 10 req/s x 3 items/req = 30 items/s x 30 ms / 0.6 = 1.5 -> 2 needed: keep both
+    # (without the fan-out it would be 10 x 30 ms / 0.6 = 0.5 -> 1, and one would go)
+    u = unit(0, 10, {"cpu": 2}, service_ms=30.0, arrival_rate=30.0)
+    assert decide(snap([u], p99=50.0, rate=10.0), ScalerState())[0] == []
+    # 20 ms: 30 x 20 ms / 0.6 = 1.0 -> 1 needed < 2
+    u = replace(u, service_ms=20.0)
+    assert only(decide(snap([u], p99=50.0, rate=10.0), ScalerState())[0]).action == "scale_in"
+
+
+def test_scale_in_gives_back_the_slowest_engine_first_one_per_unit() -> None:
+    # u0 runs on gpu (10 ms) and cpu (50 ms): the cpu instance goes first
+    u0 = unit(0, 10, {"gpu": 1, "cpu": 2}, CPU, GPU, service_ms=20.0, arrival_rate=0.0)
+    u1 = unit(1, 5, {"cpu": 2}, service_ms=20.0, arrival_rate=0.0)
+    out, s = decide(snap([u0, u1], p99=None, rate=0.0), ScalerState())
+    assert [(d.action, d.unit, d.engine) for d in out] == [
+        ("scale_in", 0, "cpu"),
+        ("scale_in", 1, "cpu"),
+    ]
+    # the service time falls back to the fastest option when there is no sample
+    u2 = unit(0, 10, {"gpu": 2}, CPU, GPU, arrival_rate=0.0)
+    assert only(decide(snap([u2], p99=None, rate=0.0), ScalerState())[0]).engine == "gpu"
+
+
+def test_never_below_min_instances() -> None:
+    # no load: 0 needed, but min_instances 2 keeps both
+    u = quiet_unit(2, min_instances=2, arrival_rate=0.0)
+    assert decide(snap([u], p99=None, rate=0.0), ScalerState())[0] == []
+    u = quiet_unit(3, min_instances=2, arrival_rate=0.0)
+    d = only(decide(snap([u], p99=None, rate=0.0), ScalerState())[0])
+    assert d.action == "scale_in" and "3 > 2" in d.reason
+
+
+def test_no_scale_in_while_violated() -> None:
+    u = quiet_unit(3)
+    # violated but the cap is reached (memory 2000 + 100 > 2000): shed, never scale in
+    out, _ = decide(snap([u], p99=300.0, rate=1.0, mem_used=2000.0), ScalerState())
+    assert [d.action for d in out] == ["shed"]
+
+
+# -- shedding at the cap ---------------------------------------------------------------------
+
+
+def capped_pipeline() -> list[UnitState]:
+    # u0: 2 instances x 1000 / 50 ms = 40 items/s, 2 items/req -> 20 req/s
+    # u1: 1 instance x 1000 / 20 ms = 50 items/s, 1 item/req -> 50 req/s
+    return [
+        unit(0, 50, {"cpu": 2}, service_ms=50.0, arrival_rate=10.0),
+        unit(1, 10, {"cpu": 1}, service_ms=20.0, arrival_rate=5.0),
+    ]
+
+
+def test_shed_at_the_cap_with_littles_law_then_lift() -> None:
+    units = capped_pipeline()
+    full = dict(rate=5.0, mem_used=1950.0)  # 1950 + 100 > 2000 for every unit
+    s0 = snap(units, **full)
+    assert pipeline_capacity_rps(s0) == pytest.approx(20.0)
+    # 20 req/s x 0.2 s = 4 requests
+    assert shed_queue_limit(s0) == 4
+    out, s = decide(s0, ScalerState())
+    d = only(out)
+    assert (d.action, d.queue_limit, d.unit, d.engine) == ("shed", 4, None, None)
+    assert "cap reached" in d.reason and "memory 1950+100 > 2000 MB" in d.reason
+    assert "4 requests" in d.reason and "20 req/s" in d.reason
+    assert s.queue_limit == 4 and s.last_change is None
+    # still violated, same bound: nothing new
+    out, s = decide(snap(units, now=105.0, **full), s)
+    assert out == [] and s.queue_limit == 4
+    # 170 ms is below the SLO but not below 0.8 x 200 = 160: the bound stays
+    out, s = decide(snap(units, now=110.0, p99=170.0, **full), replace(s, last_change=109.0))
+    assert out == [] and s.queue_limit == 4
+    # 150 < 160: lifted
+    out, s = decide(snap(units, now=111.0, p99=150.0, **full), s)
+    d = only(out)
+    assert (d.action, d.queue_limit) == ("shed", None) and "lifted" in d.reason
+    assert s.queue_limit is None
+
+
+def test_shed_names_the_slots_and_respects_config() -> None:
+    units = [unit(0, 10, {"cpu": 2}, service_ms=500.0, arrival_rate=10.0)]
+    s0 = snap(units, slots={"cpu": 2})
+    # capacity 2 x 1000 / 500 = 4 req/s x 0.2 s = 0.8 -> at least 1
+    d = only(decide(s0, ScalerState())[0])
+    assert d.queue_limit == 1 and "cpu slots 2+1 > 2" in d.reason
+    assert decide(s0, ScalerState(), ScalerConfig(shed=False))[0] == []
+
+
+def test_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="scale_in_utilisation"):
+        decide(snap([]), ScalerState(), ScalerConfig(scale_in_utilisation=0.0))
+    with pytest.raises(ValueError, match="hold_s"):
+        decide(snap([]), ScalerState(), ScalerConfig(hold_s=-1.0))
+
+
+# -- property: the cap and the minimum always hold -------------------------------------------
+
+ENGINES = ("cpu", "gpu", "dla")
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[Snapshot, list[tuple[float, float, float | None]], list]:
+    n_units = draw(st.integers(1, 4))
+    units: list[UnitState] = []
+    fan = []
+    for i in range(n_units):
+        engines = draw(st.lists(st.sampled_from(ENGINES), min_size=1, max_size=3, unique=True))
+        options = tuple(
+            EngineOption(
+                e,
+                latency_ms=draw(st.floats(0.5, 300.0)),
+                memory_mb=draw(st.floats(0.0, 600.0)),
+                cores=draw(st.integers(0, 4)) if e == "cpu" else 0,
+            )
+            for e in engines
+        )
+        lo = draw(st.integers(1, 3))
+        hi = draw(st.one_of(st.none(), st.integers(lo, lo + 4)))
+        units.append(
+            UnitState(
+                index=i,
+                name=f"u{i}",
+                bottleneck=draw(st.floats(0.0, 1e9)),
+                instances={options[0].engine: lo},
+                options=options,
+                service_ms=draw(st.one_of(st.none(), st.floats(0.5, 300.0))),
+                min_instances=lo,
+                max_instances=hi,
+            )
+        )
+        fan.append(draw(st.floats(0.0, 4.0)))
+    used: dict[str, int] = {}
+    mem = draw(st.floats(0.0, 200.0))  # the tensor pool
+    cores_used = 0
+    for u in units:
+        o = u.options[0]
+        used[o.engine] = used.get(o.engine, 0) + u.total_instances
+        mem += o.memory_mb * u.total_instances
+        cores_used += o.cores * u.total_instances
+    slots = {e: n + draw(st.integers(0, 4)) for e, n in used.items()}
+    for e in ENGINES:  # an engine no unit runs on yet may or may not be on the device
+        if e not in slots and draw(st.booleans()):
+            slots[e] = draw(st.integers(0, 4))
+    cores = draw(st.one_of(st.just(0), st.integers(0, 6).map(lambda x: cores_used + x)))
+    cap = ResourceCap(mem + draw(st.floats(0.0, 1500.0)), mem, slots, cores)
+    first = Snapshot(
+        now=0.0,
+        slo_ms=draw(st.floats(10.0, 500.0)),
+        p99_ms=None,
+        arrival_rate=0.0,
+        units=tuple(units),
+        cap=cap,
+        cores_used=cores_used,
+        instances_used=used,
+    )
+    steps = draw(
+        st.lists(
+            st.tuples(
+                st.floats(0.1, 20.0),  # dt, s
+                st.floats(0.0, 200.0),  # requests/s
+                st.one_of(st.none(), st.floats(0.0, 2000.0)),  # P99, ms
+            ),
+            min_size=1,
+            max_size=15,
+        )
+    )
+    return first, steps, fan
+
+
+def apply(s: Snapshot, decisions: list[Decision]) -> Snapshot:
+    """What the runtime does with the decisions: start / stop instances."""
+    units = list(s.units)
+    mem, cores, used = s.cap.memory_used_mb, s.cores_used, dict(s.instances_used)
+    for d in decisions:
+        if d.action == "shed":
+            continue
+        assert d.unit is not None and d.engine is not None
+        u = units[d.unit]
+        o = next(o for o in u.options if o.engine == d.engine)
+        sign = 1 if d.action == "scale_out" else -1
+        assert d.action in ("scale_out", "scale_in")
+        inst = dict(u.instances)
+        inst[d.engine] = inst.get(d.engine, 0) + sign
+        assert inst[d.engine] >= 0
+        units[d.unit] = replace(u, instances=inst)
+        mem = mem + o.memory_mb if sign > 0 else mem - o.memory_mb
+        cores += sign * o.cores
+        used[d.engine] = used.get(d.engine, 0) + sign
+    return replace(
+        s,
+        units=tuple(units),
+        cap=replace(s.cap, memory_used_mb=mem),
+        cores_used=cores,
+        instances_used=used,
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from([0.0, 1.0, 3.0]), st.sampled_from([0.0, 2.0, 15.0]))
+def test_decisions_never_break_the_cap_or_the_minimum(scenario, cooldown, hold) -> None:
+    s, steps, fan = scenario
+    cfg = ScalerConfig(cooldown_s=cooldown, hold_s=hold, rate_horizon_s=10.0)
+    state = ScalerState()
+    for dt, rate, p99 in steps:
+        s = replace(
+            s,
+            now=s.now + dt,
+            arrival_rate=rate,
+            p99_ms=p99,
+            units=tuple(
+                replace(u, arrival_rate=rate * f) for u, f in zip(s.units, fan, strict=True)
+            ),
+        )
+        out, state = decide(s, state, cfg)
+        acts = [d.action for d in out]
+        assert acts.count("scale_out") <= 1 and acts.count("shed") <= 1
+        assert not ("scale_out" in acts and "scale_in" in acts)
+        ins = [d.unit for d in out if d.action == "scale_in"]
+        assert len(ins) == len(set(ins))
+        s = apply(s, out)
+        assert s.cap.memory_used_mb <= s.cap.memory_cap_mb
+        for e, n in s.instances_used.items():
+            assert n <= s.cap.max_instances.get(e, 0), (e, n)
+        if s.cap.cores:
+            assert s.cores_used <= s.cap.cores
+        for u in s.units:
+            assert u.total_instances >= u.min_instances
+            assert u.max_instances is None or u.total_instances <= u.max_instances
+        assert all(s.now - t <= cfg.rate_horizon_s for t, _ in state.rates)
