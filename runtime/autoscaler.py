@@ -135,7 +135,7 @@ class Autoscaler:
                 continue
             share = um.compute_p50_ms / total if total and um.compute_p50_ms else 1 / len(served)
             mine = [h for h in handles if h.key == (dep.name, u.index) and h.state == "ready"]
-            rate = um.items_per_s / max(1, len(mine))
+            rate = m.arrival_rate * mon.items_per_request(m, um) / max(1, len(mine))
             for h in mine:
                 profile = {int(k): float(v) for k, v in (h.info.get("batch_ms") or {}).items()}
                 if 1 not in profile:

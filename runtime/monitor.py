@@ -94,7 +94,7 @@ class PipelineMetrics:
 
     Attributes:
         name: the pipeline. now: monotonic time of the reading, s. window_s: its window.
-        arrival_rate: requests per second. p50_ms / p95_ms / p99_ms: end-to-end latency.
+        arrival_rate: requests per second submitted. completion_rate: answered per second. p50_ms / p95_ms / p99_ms: end-to-end latency.
         pending: requests admitted and not answered. units: per unit.
     """
 
@@ -102,6 +102,7 @@ class PipelineMetrics:
     now: float
     window_s: float
     arrival_rate: float
+    completion_rate: float
     p50_ms: float | None
     p95_ms: float | None
     p99_ms: float | None
@@ -174,12 +175,22 @@ class Monitor:
             now=now,
             window_s=w,
             arrival_rate=rate,
+            completion_rate=lat["window_count"] / w,
             p50_ms=lat["p50_ms"],
             p95_ms=lat["p95_ms"],
             p99_ms=lat["p99_ms"],
             pending=self.service.frontend.pending(route),
             units=tuple(units),
         )
+
+    @staticmethod
+    def items_per_request(m: PipelineMetrics, um: UnitMetrics) -> float:
+        """Items a unit runs per request (1, or the fan-out's mean): items it completed
+        per request answered over the window. A unit's arrival rate is the pipeline's
+        arrival rate times this (completions alone would hide a growing queue)."""
+        if m.completion_rate > 0 and um.items_per_s > 0:
+            return um.items_per_s / m.completion_rate
+        return 1.0
 
     def memory_used_mb(self) -> float:
         """Sum of every live instance's USS plus the pool's mapped MB (U^m for memory)."""
@@ -240,7 +251,7 @@ class Monitor:
         for u, um in zip(dep.pipeline.units, m.units, strict=True):
             if u.index not in served:
                 continue
-            items_per_request = um.items_per_s / rate if rate > 0 and um.items_per_s else 1.0
+            items_per_request = self.items_per_request(m, um)
             plan_ms = _plan_ms(u)
             service = um.compute_p50_ms if um.compute_p50_ms is not None else plan_ms
             bottleneck = (service or 0.0) * items_per_request
@@ -267,7 +278,7 @@ class Monitor:
                     bottleneck=float(bottleneck),
                     instances=dict(um.instances),
                     options=tuple(options),
-                    arrival_rate=um.items_per_s,
+                    arrival_rate=rate * items_per_request,
                     queue_len=um.queue_len,
                     service_ms=um.compute_p50_ms,
                     min_instances=u.instances,

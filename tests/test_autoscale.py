@@ -204,3 +204,42 @@ def test_batching_applies_to_model_stages_only() -> None:
     d["stages"][1]["batching"] = {"max_batch": 4}
     with pytest.raises(ConfigError, match="model stages only"):
         load_pipeline(d)
+
+
+def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
+    """The wiring of MArk batching: each instance measures T_b at load, the autoscaler
+    picks b from T_b and the measured arrival rate (choose_batch), and the instance runs
+    what it was told. (On this tiny model T_b is ~flat, so batching pays only at rates
+    a Python client cannot offer: the choice itself is checked in test_batching.py.)"""
+    from conftest import residual_model, save
+
+    from infscaler.runtime.batching import choose_batch
+
+    path = save(residual_model(batch="N"), tmp_path / "block.onnx")
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(load_pipeline(_batch_pipeline(path, "mark")))
+        (h,) = svc.supervisor.handles()
+        profile = {int(b): ms for b, ms in h.info["batch_ms"].items()}
+        assert sorted(profile) == [1, 2, 4] and all(ms > 0 for ms in profile.values())
+        assert h.stats.get("batch", 1) == 1  # mark starts unbatched
+        x = np.ones((1, 4, 8, 8), np.float32)
+        for f in [svc.submit("bx", {"x": x}) for _ in range(40)]:
+            f.result(timeout=30)
+        sent = svc.autoscaler.tune_batches(dep)
+        rate = Monitor(svc, 10.0).pipeline(dep).arrival_rate
+        assert rate > 0
+        expected = choose_batch(profile, rate, 500.0, max_batch=4).batch_size
+        assert sent.get(h.iid, svc.autoscaler._sent.get((h.iid, h.pid))) == expected
+        # a command the instance obeys: batches of 4 once inputs queue up
+        assert svc.supervisor.command(h, {"cmd": "batch", "size": 4, "delay_ms": 50})
+        time.sleep(0.3)
+        import onnxruntime as ort
+
+        ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        xs = [x * i for i in range(16)]
+        futs = [svc.submit("bx", {"x": xi}) for xi in xs]
+        for xi, f in zip(xs, futs, strict=True):
+            y = f.result(timeout=30).outputs["y"]
+            np.testing.assert_allclose(y, ref.run(None, {"x": xi})[0], rtol=1e-5, atol=1e-6)
+        time.sleep(1.5)
+        assert h.stats["batch"] == 4 and h.stats["batches"] >= 1, h.stats
