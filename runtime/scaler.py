@@ -235,7 +235,9 @@ def decide(
 
     * Algorithm 1 takes only the argmax unit; when the cap refuses it on every engine, a
       unit with the next largest B_k / S_k that does fit is scaled instead (it still adds
-      capacity where it is most needed among the units that can grow). Units at their
+      capacity where it is most needed among the units that can grow), provided its
+      B_k / S_k is at least :data:`NEXT_BEST_FRACTION` of the largest (a light unit would
+      not raise throughput: then the pipeline sheds instead). Units at their
       ``max_instances`` are skipped the same way.
     * Admission is ``U^m + r <= R^m`` (the paper writes ``<``): an instance that exactly
       fills the cap is admitted.
@@ -410,14 +412,25 @@ def _refusals(s: Snapshot, o: EngineOption) -> list[str]:
     return why
 
 
+#: A unit other than the argmax is scaled only when its B_k/S_k is at least this
+#: fraction of the largest (the planner's rule too): scaling a light unit while the
+#: bottleneck cannot grow does not raise throughput.
+NEXT_BEST_FRACTION = 0.5
+
+
 def _scale_out(s: Snapshot, c: ScalerConfig) -> tuple[Decision | None, list[str]]:
     """Algorithm 1 (with the next-best fallback). Returns the decision (None: the cap
     refuses every unit) and, in priority order, why the units before it were passed."""
     order = sorted(s.units, key=lambda u: (-effective_bottleneck(u), u.index))
     passed: list[str] = []
+    top = effective_bottleneck(order[0]) if order else 0.0
     for u in order:
         eff = effective_bottleneck(u)
         who = f"{u.name} (B_k/S_k {_n(eff, 3)})"
+        if passed and eff < NEXT_BEST_FRACTION * top:
+            # a unit far below the bottleneck would not raise the pipeline's throughput
+            passed.append(f"{who} is below {NEXT_BEST_FRACTION:g} x the largest B_k/S_k")
+            break
         if u.max_instances is not None and u.total_instances >= u.max_instances:
             passed.append(f"{who} is at its max_instances {u.max_instances}")
             continue

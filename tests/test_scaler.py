@@ -137,8 +137,8 @@ def test_memory_cap_refuses_an_engine() -> None:
 def test_cores_cap_refuses_and_zero_cores_is_not_counted() -> None:
     big = EngineOption("cpu", 50.0, 100.0, cores=2)
     small = EngineOption("cpu", 80.0, 100.0, cores=1)
-    units = [unit(0, 100, {"cpu": 1}, big), unit(1, 10, {"cpu": 1}, small)]
-    # u0 (100/1) first: cores 3 + 2 = 5 > 4 refused; u1: 3 + 1 = 4 <= 4 admitted
+    units = [unit(0, 100, {"cpu": 1}, big), unit(1, 60, {"cpu": 1}, small)]
+    # u0 (100/1) first: cores 3 + 2 = 5 > 4 refused; u1 (60 >= 0.5 x 100): 3 + 1 = 4 <= 4
     d = only(decide(snap(units, cores=4, cores_used=3), ScalerState())[0])
     assert (d.unit, d.engine) == (1, "cpu")
     assert "cores 3+2 > 4" in d.reason and "cores 3+1 <= 4" in d.reason
@@ -150,21 +150,30 @@ def test_cores_cap_refuses_and_zero_cores_is_not_counted() -> None:
 def test_next_best_unit_when_the_argmax_cannot_fit() -> None:
     heavy = EngineOption("cpu", 50.0, 500.0)
     light = EngineOption("cpu", 20.0, 50.0)
-    units = [unit(0, 100, {"cpu": 1}, heavy), unit(1, 10, {"cpu": 1}, light)]
-    # u0: 1600 + 500 = 2100 > 2000; u1 (10/1, the next largest): 1600 + 50 = 1650 <= 2000
+    units = [unit(0, 100, {"cpu": 1}, heavy), unit(1, 60, {"cpu": 1}, light)]
+    # u0: 1600 + 500 = 2100 > 2000; u1 (60/1 >= 0.5 x 100, the next largest): 1650 <= 2000
     d = only(decide(snap(units, mem_used=1600.0), ScalerState())[0])
     assert (d.action, d.unit) == ("scale_out", 1)
     assert "u0 (B_k/S_k 100) fits no engine" in d.reason and "next largest" in d.reason
     # an engine the device lacks is not admissible: u0 only runs on dla
     dla = EngineOption("dla", 5.0, 10.0)
-    units = [unit(0, 100, {"dla": 1}, dla), unit(1, 10, {"cpu": 1}, light)]
+    units = [unit(0, 100, {"dla": 1}, dla), unit(1, 60, {"cpu": 1}, light)]
     d = only(decide(snap(units), ScalerState())[0])
     assert d.unit == 1 and "dla is not on this device" in d.reason
 
 
+def test_a_light_unit_is_not_scaled_in_the_bottlenecks_place() -> None:
+    heavy = EngineOption("cpu", 50.0, 500.0)
+    light = EngineOption("cpu", 20.0, 50.0)
+    units = [unit(0, 100, {"cpu": 1}, heavy), unit(1, 10, {"cpu": 1}, light)]
+    # u0 does not fit (2100 > 2000 MB); u1's 10 < 0.5 x 100: more u1 would not help -> shed
+    d = only(decide(snap(units, mem_used=1600.0), ScalerState())[0])
+    assert d.action == "shed" and "u1 (B_k/S_k 10) is below 0.5 x" in d.reason
+
+
 def test_unit_at_max_instances_is_skipped() -> None:
-    units = [unit(0, 100, {"cpu": 2}, max_instances=2), unit(1, 10, {"cpu": 1})]
-    # u0 has 100/2 = 50 > 10 but is at its max_instances 2
+    units = [unit(0, 100, {"cpu": 2}, max_instances=2), unit(1, 30, {"cpu": 1})]
+    # u0 has 100/2 = 50 > 30 but is at its max_instances 2; 30 >= 0.5 x 50
     d = only(decide(snap(units), ScalerState())[0])
     assert d.unit == 1 and "u0 (B_k/S_k 50) is at its max_instances 2" in d.reason
 
