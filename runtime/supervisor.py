@@ -15,6 +15,7 @@ Like Ray Serve's controller, it applies decisions; it makes none (the scaler dec
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -146,6 +147,7 @@ class Supervisor:
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="infscaler-supervisor", daemon=True)
         self._thread.start()
+        self._spawner = concurrent.futures.ThreadPoolExecutor(1, "infscaler-spawn")
         self.restarted = 0
 
     # -- starting ---------------------------------------------------------------------------
@@ -189,13 +191,17 @@ class Supervisor:
             "cores": cores,
         }
         try:
-            proc = subprocess.Popen(
+            # forked from one long-lived thread: PR_SET_PDEATHSIG fires when the thread
+            # that forked the child exits (prctl(2)), so a deploy or restart from a
+            # short-lived thread would otherwise kill its instances with that thread
+            proc = self._spawner.submit(
+                subprocess.Popen,
                 [sys.executable, "-m", "infscaler.runtime.instance"],
                 stdin=subprocess.PIPE,
                 pass_fds=(sock.fileno(), status_w, cmd_r),
                 env=self.env,
                 close_fds=True,
-            )
+            ).result()
         except OSError as exc:
             sock.close()
             for fd in (status_r, status_w, cmd_r, cmd_w):
@@ -300,6 +306,7 @@ class Supervisor:
         self._closing = True
         self._wake()
         self._thread.join(5.0)
+        self._spawner.shutdown(wait=False)
         with contextlib.suppress(OSError):
             os.close(self._wake_r)
             os.close(self._wake_w)

@@ -426,3 +426,20 @@ def test_an_engine_the_host_lacks_fails_the_deploy_with_its_reason(
     assert "stage m" in str(exc.value) or "unit m" in str(exc.value)
     assert reason.split(";")[0] in str(exc.value)
     assert service.deployments() == [] and service.supervisor.handles() == []
+
+
+def test_instances_started_from_a_short_lived_thread_outlive_it(tmp_path: Path) -> None:
+    """PR_SET_PDEATHSIG fires when the *thread* that forked an instance exits: a deploy
+    from a request thread (the API's executor, a restart worker) must not kill them."""
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        t = threading.Thread(target=lambda: svc.deploy(load_pipeline(chain_pipeline())))
+        t.start()
+        t.join(60)
+        time.sleep(1.0)  # the thread is gone; a SIGKILL would have landed by now
+        pids = [h.pid for h in svc.supervisor.handles()]
+        assert pids and all(h.state == "ready" for h in svc.supervisor.handles())
+        for pid in pids:
+            os.kill(pid, 0)  # alive
+        x = np.ones((2, 4), np.float32)
+        np.testing.assert_allclose(svc.infer("chain", {"x": x}).outputs["y"], x * 2)
+        assert svc.supervisor.restarted == 0
