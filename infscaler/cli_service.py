@@ -351,12 +351,33 @@ def _describe(value: np.ndarray) -> str:
 
 @app.command("infer")
 def infer_cmd(
-    model: Annotated[str, typer.Argument(help="Model (pipeline) name.")],
+    model: Annotated[
+        str | None, typer.Argument(help="Model (pipeline) name; omit with --task.")
+    ] = None,
     inputs: Annotated[
         list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable).")
     ] = None,
     image: Annotated[
         Path | None, typer.Option("--image", help="An image file for the model's UINT8 input.")
+    ] = None,
+    text: Annotated[
+        list[str] | None,
+        typer.Option("--text", help="A sentence for the model's BYTES input (repeatable)."),
+    ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(
+            "--task",
+            help="Model-less: name a registered task (infscaler variants list); the service "
+            "picks the variant meeting --latency-ms / --min-accuracy.",
+        ),
+    ] = None,
+    latency_ms: Annotated[
+        float | None, typer.Option("--latency-ms", help="With --task: latency requirement, ms.")
+    ] = None,
+    min_accuracy: Annotated[
+        float | None,
+        typer.Option("--min-accuracy", help="With --task: accuracy requirement, 0-1."),
     ] = None,
     socket: SocketOpt = None,
     save: Annotated[
@@ -364,17 +385,40 @@ def infer_cmd(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outputs as JSON.")] = False,
 ) -> None:
-    """Send one inference request to a running service and print the outputs."""
+    """Send one inference request to a running service and print the outputs (with
+    --task: a model-less query; the chosen variant is printed)."""
+    if (model is None) == (task is None):
+        raise InfScalerError(
+            "name a model (pipeline) or a --task, not both"
+            if model is not None
+            else "name a model (pipeline) or a --task",
+            hint="infscaler infer MODEL ..., or infscaler infer --task TASK --latency-ms 20 ...",
+        )
+    if task is None and (latency_ms is not None or min_accuracy is not None):
+        raise InfScalerError("--latency-ms / --min-accuracy apply to --task queries")
+    target = task if task is not None else model
+    assert target is not None
     with _client(socket) as c:
-        meta = c.model_metadata(model)
+        meta = c.model_metadata(target)
         feeds = _parse_inputs(inputs or [], image, meta)
+        if text:
+            str_inputs = [i for i in meta["inputs"] if i["datatype"] == "BYTES"]
+            if len(str_inputs) != 1:
+                raise InfScalerError(
+                    f"--text needs a model with one BYTES input; {target} has "
+                    f"{[i['name'] for i in meta['inputs']]}"
+                )
+            feeds[str_inputs[0]["name"]] = np.array(text, dtype=object)
         missing = [i["name"] for i in meta["inputs"] if i["name"] not in feeds]
         if missing:
             raise InfScalerError(
-                f"model {model} needs inputs {missing}",
-                hint="pass --input NAME=FILE.npy or --image",
+                f"{'task' if task else 'model'} {target} needs inputs {missing}",
+                hint="pass --input NAME=FILE.npy, --image or --text",
             )
-        res = c.infer(model, feeds)
+        if task is not None:
+            res = c.infer_task(task, feeds, latency_ms=latency_ms, min_accuracy=min_accuracy)
+        else:
+            res = c.infer(target, feeds)
     if save is not None:
         save.mkdir(parents=True, exist_ok=True)
         for k, v in res.outputs.items():
@@ -399,6 +443,14 @@ def infer_cmd(
     p = res.parameters or {}
     if "latency_ms" in p:
         out.print(f"latency {p['latency_ms']:.1f} ms", highlight=False)
+    if "variant" in p:
+        ok = p.get("meets_requirements")
+        out.print(
+            f"variant [bold]{p['variant']}[/] ({p.get('selection')}): "
+            + ("meets the requirements" if ok else "[yellow]does NOT meet the requirements[/]")
+            + f"\n  {p.get('selection_reason', '')}",
+            highlight=False,
+        )
 
 
 @app.command("status")

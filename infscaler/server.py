@@ -59,6 +59,7 @@ EXTENSIONS = [
 _SERVICE = web.AppKey("service", object)
 _SHM = web.AppKey("shm", object)
 _MAX_BODY = web.AppKey("max_body_mb", int)
+_TASKS = web.AppKey("tasks", object)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -101,18 +102,23 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except (ServiceError, RequestError) as exc:
         return error_response(str(exc), exc.status)
     except InfScalerError as exc:
-        return error_response(str(exc), 400)
+        return error_response(str(exc), getattr(exc, "status", 400))
     except Exception as exc:  # noqa: BLE001 - logged with its traceback; the client gets 500
         log.exception("internal error on %s %s", request.method, request.path)
         return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
 
-def create_app(service: Any, *, shm: Any = None, max_body_mb: int = 64) -> web.Application:
+def create_app(
+    service: Any, *, shm: Any = None, max_body_mb: int = 64, tasks: Any = None
+) -> web.Application:
     """The aiohttp application for ``service`` (:class:`~infscaler.service.Service`).
 
     Args:
         shm: a :class:`~infscaler.sysshm.SystemSharedMemoryRegistry` (created if None).
         max_body_mb: request body limit, MB (413 beyond it).
+        tasks: a :class:`~infscaler.tasks.TaskRouter` for model-less queries (default:
+            one over the variant registry in the service's state dir, made on the first
+            query that names a registered task).
     """
     from infscaler.sysshm import SystemSharedMemoryRegistry
 
@@ -120,6 +126,7 @@ def create_app(service: Any, *, shm: Any = None, max_body_mb: int = 64) -> web.A
     app[_SERVICE] = service
     app[_SHM] = shm if shm is not None else SystemSharedMemoryRegistry()
     app[_MAX_BODY] = max_body_mb
+    app[_TASKS] = {"router": tasks}
     r = app.router
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/health/live", live)
@@ -148,6 +155,39 @@ def create_app(service: Any, *, shm: Any = None, max_body_mb: int = 64) -> web.A
 async def _cleanup(app: web.Application) -> None:
     with contextlib.suppress(Exception):
         app[_SHM].close()
+    router = app[_TASKS].get("router")
+    if router is not None:
+        with contextlib.suppress(Exception):
+            router.close()
+
+
+def _task_router(request: web.Request, name: str) -> Any:
+    """The task router when ``name`` is a registered task and not a deployed pipeline
+    (pipelines keep their names), else None."""
+    service = request.app[_SERVICE]
+    if any(d.name == name for d in service.deployments()):
+        return None
+    holder = request.app[_TASKS]
+    router = holder.get("router")
+    if router is None:
+        from infscaler.variants import VariantRegistry
+
+        registry = VariantRegistry(service.state_dir)
+        if not registry.path.is_file():
+            return None
+        from infscaler.tasks import TaskRouter
+
+        router = holder["router"] = TaskRouter(service, registry).start()
+    if router.has_task(name):
+        return router
+    from infscaler.selector import SelectionError
+
+    known = ", ".join(sorted(d.name for d in service.deployments())) or "none"
+    raise SelectionError(
+        f"unknown model or task {name!r} (deployed: {known}; registered tasks: "
+        f"{', '.join(router.tasks()) or 'none'})",
+        404,
+    )
 
 
 # -- health / metadata --------------------------------------------------------------------
@@ -188,6 +228,9 @@ async def models(request: web.Request) -> web.Response:
 
 async def model_metadata(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
+    router = _task_router(request, request.match_info["name"])
+    if router is not None:
+        return _json(_task_metadata(router, request.match_info["name"]))
     dep = service.deployment(request.match_info["name"])
     p = dep.pipeline
     return _json(
@@ -210,6 +253,33 @@ async def model_metadata(request: web.Request) -> web.Response:
     )
 
 
+def _task_metadata(router: Any, task: str) -> dict[str, Any]:
+    from infscaler.tasks import task_interface
+
+    variants = router.catalog().variants(task)
+    iface = task_interface(task, router.variant(variants[0].name) if variants else None)
+    return {
+        "name": task,
+        "versions": ["1"],
+        "platform": "infscaler_task",
+        "inputs": iface["inputs"],
+        "outputs": iface["outputs"],
+        "parameters": {
+            "variants": json.dumps(
+                [
+                    {
+                        "name": v.name,
+                        "latency_ms": round(v.latency_ms, 3),
+                        "accuracy": round(v.accuracy, 4),
+                    }
+                    for v in variants
+                ]
+            ),
+            "description": "model-less task: infer with parameters latency_ms, min_accuracy",
+        },
+    }
+
+
 async def model_ready(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     name = request.match_info["name"]
@@ -227,6 +297,9 @@ async def infer(request: web.Request) -> web.Response:
 
     service = request.app[_SERVICE]
     name = request.match_info["name"]
+    router = _task_router(request, name)
+    if router is not None:
+        return await _infer_task(request, router, name)
     dep = service.deployment(name)
     body = await request.read()
     header = request.headers.get("Inference-Header-Content-Length")
@@ -262,6 +335,68 @@ async def infer(request: web.Request) -> web.Response:
         requested=req.outputs,
         binary_default=req.binary_output_default,
         parameters=params,
+        shm=request.app[_SHM],
+    )
+    return web.Response(body=body, headers=headers)
+
+
+async def _infer_task(request: web.Request, router: Any, task: str) -> web.Response:
+    """A model-less query: ``POST /v2/models/{task}/infer`` with parameters
+    ``latency_ms`` and ``min_accuracy`` (both optional). The selector (INFaaS Algorithm 1)
+    picks the variant, which is loaded if needed; the response's parameters name it
+    (``variant``, ``meets_requirements``, ``selection``, ``selection_reason``, ...)."""
+    from infscaler.protocol import TensorSpec, decode_infer_request, encode_infer_response
+    from infscaler.tasks import task_interface
+
+    body = await request.read()
+    header = request.headers.get("Inference-Header-Content-Length")
+    try:
+        header_length = int(header) if header is not None else None
+    except ValueError:
+        return error_response(
+            f"Inference-Header-Content-Length must be an integer, got {header!r}", 400
+        )
+    variants = router.catalog().variants(task)
+    iface = task_interface(task, router.variant(variants[0].name) if variants else None)
+    specs = [TensorSpec(i["name"], i["datatype"], list(i["shape"])) for i in iface["inputs"]]
+    req = decode_infer_request(
+        body, header_length=header_length, input_specs=specs, shm=request.app[_SHM]
+    )
+    params = dict(req.parameters or {})
+    timeout_s = None
+    if "timeout_ms" in params:
+        try:
+            timeout_s = float(params["timeout_ms"]) / 1e3
+        except (TypeError, ValueError):
+            return error_response("parameter timeout_ms must be a number", 400)
+    loop = asyncio.get_running_loop()
+    fut, sel = await loop.run_in_executor(
+        None,
+        lambda: router.submit(
+            task,
+            _slot_arrays(req.inputs),
+            latency_ms=params.get("latency_ms"),
+            min_accuracy=params.get("min_accuracy"),
+            timeout_s=timeout_s,
+        ),
+    )
+    result = await asyncio.wrap_future(fut)
+    dep = request.app[_SERVICE].deployment(sel.variant.name)
+    out_params: dict[str, Any] = {
+        "latency_ms": round(result.latency_ms, 3),
+        "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
+        **router.parameters(sel),
+    }
+    if result.items is not None:
+        out_params["items"] = result.items
+    body, headers = encode_infer_response(
+        model_name=task,
+        model_version="1",
+        request_id=req.id,
+        outputs=result.outputs,
+        requested=req.outputs,
+        binary_default=req.binary_output_default,
+        parameters=out_params,
         shm=request.app[_SHM],
     )
     return web.Response(body=body, headers=headers)

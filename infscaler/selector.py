@@ -1,0 +1,615 @@
+"""Model-less variant selection: INFaaS (Romero et al., USENIX ATC'21) as pure functions.
+
+A client names a **task** (``text-recognition``) and its requirements (``latency_ms``,
+``min_accuracy``) instead of a model; this module picks the registered **variant**
+(model x engine x precision x batch size x plan K, :mod:`infscaler.variants`) that
+serves the query. Nothing here does I/O or reads a clock: the registry supplies the
+static profiles (:class:`VariantProfile`), the monitor the dynamic state of each variant
+(:class:`VariantLoad`), and :mod:`infscaler.tasks` applies the result to a running
+service. Like the scaler (:mod:`infscaler.runtime.scaler`) and Ray Serve's autoscaling
+policy, it is tested without starting anything.
+
+State machine (INFaaS Fig. 4), per variant, from a monitor snapshot (:func:`classify`):
+
+* **Inactive**: not loaded (no ready instance);
+* **Active**: loaded and serving below its peak throughput;
+* **Overloaded**: at its peak: the arrival rate reaches ``overload_utilisation`` x the
+  instances' profiled saturation throughput, the backlog exceeds
+  ``overload_queue_per_instance`` requests per instance slot, or the scaler is shedding
+  its load (it reached the device's cap);
+* **Interfered**: not overloaded, but its measured service time exceeds
+  ``interference_ratio`` x the profiled one (co-located instances contend for cores,
+  caches or memory bandwidth).
+
+Selection (:func:`select`, INFaaS Algorithm 1, ``getVariant``):
+
+1. an **Active** variant that meets both requirements on its profile (latency <=
+   ``latency_ms``, accuracy >= ``min_accuracy``): the least-loaded one (ties: the
+   fastest); the service's router then picks the least-loaded instance of it;
+2. else an **Inactive** variant that meets them: the one with the lowest load time +
+   inference latency (the first query waits for the load);
+3. else the **closest** variant (smallest relative shortfall in latency plus accuracy),
+   returned with ``meets_requirements=False`` and the reason. Overloaded and Interfered
+   variants are never chosen in steps 1-2 (INFaaS §4.1); they can be the closest.
+
+Queries are checked first (:func:`validate_query`): an unknown task is a 404 naming the
+registered tasks; a latency that is not a positive number or an accuracy outside
+[0, 1] is a 400. An unsatisfiable query is not an error: step 3 answers it, flagged.
+
+Vertical scaling (:func:`vertical_scale`, INFaaS §4.2.2 greedy heuristic): when the
+current variant's headroom (instances x saturation throughput / arrival rate) falls
+under ``slack`` and the scaler cannot replicate it any more (it reported ``shed``: the
+device's cap is reached), **upgrade** to a variant of the task that meets the SLO and the
+accuracy floor with a higher throughput (same model first: a larger batch size), the one
+with the lowest cost ``memory_mb x instances x (1 + lambda x load_s)`` (INFaaS's
+``C (delta + lambda T_load)``, with memory as the edge device's scarce resource). When
+the load has fallen so that a cheaper variant serves it within the slack, after the
+current one has run ``T_v`` = its load time (at least ``hold_s``), **downgrade**.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from infscaler.errors import InfScalerError
+
+__all__ = [
+    "Catalog",
+    "Query",
+    "ScalingAction",
+    "ScalingConfig",
+    "Selection",
+    "SelectionError",
+    "SelectorConfig",
+    "VariantLoad",
+    "VariantProfile",
+    "VariantState",
+    "classify",
+    "select",
+    "validate_query",
+    "vertical_scale",
+]
+
+
+class SelectionError(InfScalerError):
+    """A query the selector refuses (unknown task, bad requirement values).
+
+    Attributes:
+        status: the HTTP status the API answers with (404 unknown task, 400 bad values).
+    """
+
+    def __init__(self, message: str, status: int = 400, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.status = status
+
+
+class VariantState(str, enum.Enum):
+    """A variant's state (INFaaS Fig. 4)."""
+
+    INACTIVE = "inactive"
+    ACTIVE = "active"
+    OVERLOADED = "overloaded"
+    INTERFERED = "interfered"
+
+
+@dataclass(frozen=True)
+class VariantProfile:
+    """What the selector reads of a registered variant (its static profile).
+
+    Attributes:
+        name: unique variant name (``ppocrv5-rec.cpu.fp32.b1``).
+        task: the task it serves.
+        model: the registered model (architecture) it was generated from.
+        engine / precision / batch / partitions: how it runs (batch: the largest batch
+            its instances form; partitions: the plan's K).
+        latency_ms: P99 latency a query sees, ms (the profiled P99 at ``batch``).
+        throughput_qps: saturation throughput of one instance, queries/s
+            (``batch`` x 1000 / P50 at ``batch``).
+        load_ms: time to load one instance, ms.
+        accuracy: 0-1 (measured on a validation set, or declared).
+        memory_mb: peak memory of one instance, MB.
+    """
+
+    name: str
+    task: str
+    model: str
+    latency_ms: float
+    accuracy: float
+    load_ms: float = 0.0
+    memory_mb: float = 0.0
+    throughput_qps: float = 0.0
+    engine: str = "cpu"
+    precision: str = "fp32"
+    batch: int = 1
+    partitions: int = 1
+
+    @property
+    def capacity_qps(self) -> float:
+        """Saturation throughput of one instance (from ``latency_ms`` when not given)."""
+        if self.throughput_qps > 0:
+            return self.throughput_qps
+        return self.batch * 1000.0 / max(self.latency_ms, 1e-6)
+
+
+@dataclass(frozen=True)
+class VariantLoad:
+    """One variant as the monitor sees it now.
+
+    Attributes:
+        state: its state (:class:`VariantState`).
+        instances: ready instances.
+        pending: requests admitted and not answered.
+        rate: arrival rate over the monitor's window, requests/s.
+        utilisation: rate / (instances x saturation throughput), or the backlog per
+            instance slot when higher; the "load" Algorithm 1 compares.
+        service_ms: measured P50 service time, ms (None: no sample yet).
+    """
+
+    state: VariantState = VariantState.INACTIVE
+    instances: int = 0
+    pending: int = 0
+    rate: float = 0.0
+    utilisation: float = 0.0
+    service_ms: float | None = None
+
+
+INACTIVE = VariantLoad()
+
+
+@dataclass(frozen=True)
+class SelectorConfig:
+    """Thresholds of the state machine (:func:`classify`).
+
+    Attributes:
+        overload_utilisation: Overloaded when rate >= this x saturation throughput.
+        overload_queue_per_instance: Overloaded when pending requests exceed this many
+            per instance slot (instances x batch).
+        interference_ratio: Interfered when the measured service time exceeds this x the
+            profiled one.
+        min_samples: measured service times count only after this many requests.
+    """
+
+    overload_utilisation: float = 0.9
+    overload_queue_per_instance: float = 4.0
+    interference_ratio: float = 1.5
+    min_samples: int = 5
+
+
+def classify(
+    profile: VariantProfile,
+    *,
+    ready: int,
+    pending: int = 0,
+    rate: float = 0.0,
+    service_ms: float | None = None,
+    samples: int = 0,
+    shedding: bool = False,
+    config: SelectorConfig = SelectorConfig(),
+) -> VariantLoad:
+    """The state of ``profile`` from what the monitor measured (see the module docstring).
+
+    Args:
+        ready: instances ready to serve (0: Inactive).
+        pending: requests admitted and not answered.
+        rate: arrival rate, requests/s.
+        service_ms: measured P50 time of one run (batch as formed), ms.
+        samples: how many runs ``service_ms`` comes from.
+        shedding: the scaler bounds this variant's queue (the cap is reached).
+    """
+    if ready <= 0:
+        return VariantLoad(VariantState.INACTIVE, 0, pending, rate, 0.0, service_ms)
+    capacity = ready * profile.capacity_qps
+    slots = ready * max(1, profile.batch)
+    utilisation = max(rate / capacity if capacity > 0 else 0.0, pending / slots)
+    overloaded = (
+        shedding
+        or (capacity > 0 and rate >= config.overload_utilisation * capacity)
+        or pending > config.overload_queue_per_instance * slots
+    )
+    if overloaded:
+        state = VariantState.OVERLOADED
+    elif (
+        service_ms is not None
+        and samples >= config.min_samples
+        and service_ms > config.interference_ratio * profile.latency_ms
+    ):
+        state = VariantState.INTERFERED
+    else:
+        state = VariantState.ACTIVE
+    return VariantLoad(state, ready, pending, rate, utilisation, service_ms)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A model-less query's requirements.
+
+    Attributes:
+        task: the task name.
+        latency_ms: the most latency it accepts, ms (None: any).
+        min_accuracy: the least accuracy it accepts, 0-1 (None: any).
+    """
+
+    task: str
+    latency_ms: float | None = None
+    min_accuracy: float | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The selector's answer.
+
+    Attributes:
+        variant: the chosen variant.
+        meets_requirements: False when no variant meets the query and this is the
+            closest one (INFaaS's ``suggestVariant``), or when the only ones that do are
+            overloaded / interfered.
+        state: the chosen variant's state when selected.
+        step: ``active``, ``inactive`` or ``closest`` (which branch of Algorithm 1).
+        reason: one line a user can read.
+    """
+
+    variant: VariantProfile
+    meets_requirements: bool
+    state: VariantState
+    step: str
+    reason: str
+
+    @property
+    def expected_latency_ms(self) -> float:
+        """Profiled latency, plus the load time when the variant is not loaded yet."""
+        extra = self.variant.load_ms if self.state == VariantState.INACTIVE else 0.0
+        return self.variant.latency_ms + extra
+
+
+@dataclass
+class Catalog:
+    """Variant profiles indexed by task, each task's list sorted by latency (the
+    Metadata Store's sorted sets, INFaaS §5): built once, read per query.
+
+    Args:
+        profiles: every generated variant (any order).
+    """
+
+    profiles: Iterable[VariantProfile] = ()
+    by_task: dict[str, tuple[VariantProfile, ...]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        groups: dict[str, list[VariantProfile]] = {}
+        for p in self.profiles:
+            groups.setdefault(p.task, []).append(p)
+        self.by_task = {
+            t: tuple(sorted(v, key=lambda p: (p.latency_ms, -p.accuracy, p.name)))
+            for t, v in groups.items()
+        }
+        self.profiles = tuple(p for v in self.by_task.values() for p in v)
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted(self.by_task)
+
+    def variants(self, task: str) -> tuple[VariantProfile, ...]:
+        return self.by_task.get(task, ())
+
+    def get(self, name: str) -> VariantProfile | None:
+        for p in self.profiles:
+            if p.name == name:
+                return p
+        return None
+
+
+def _number(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise SelectionError(f"{what} must be a number, got {value!r}")
+    if not isinstance(value, int | float):
+        try:
+            value = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise SelectionError(f"{what} must be a number, got {value!r}") from None
+    v = float(value)
+    if math.isnan(v):
+        raise SelectionError(f"{what} must be a number, got NaN")
+    return v
+
+
+def validate_query(query: Query, tasks: Iterable[str]) -> Query:
+    """Check a query; returns it with its numbers as floats.
+
+    Raises:
+        SelectionError: (404) the task is not registered (the message lists the
+            registered tasks); (400) ``latency_ms`` not a positive number or
+            ``min_accuracy`` not in [0, 1].
+    """
+    known = sorted(tasks)
+    if not isinstance(query.task, str) or query.task not in known:
+        listed = (
+            ", ".join(known) if known else "none: register one with `infscaler variants register`"
+        )
+        raise SelectionError(
+            f"unknown task {query.task!r} (registered tasks: {listed})",
+            404,
+            hint="name a registered task, or register variants for it first",
+        )
+    latency = _number(query.latency_ms, "latency_ms")
+    if latency is not None and latency <= 0:
+        raise SelectionError(f"latency_ms must be > 0 ms, got {latency:g}")
+    accuracy = _number(query.min_accuracy, "min_accuracy")
+    if accuracy is not None and not 0.0 <= accuracy <= 1.0:
+        raise SelectionError(f"min_accuracy must be within [0, 1], got {accuracy:g}")
+    return Query(query.task, latency, accuracy)
+
+
+def _meets(p: VariantProfile, latency: float, accuracy: float) -> bool:
+    return p.latency_ms <= latency and p.accuracy >= accuracy
+
+
+def _shortfall(p: VariantProfile, latency: float, accuracy: float) -> float:
+    """Relative distance to the requirements (0 when ``p`` meets them)."""
+    lat = max(0.0, p.latency_ms / latency - 1.0) if math.isfinite(latency) else 0.0
+    acc = max(0.0, accuracy - p.accuracy) / max(accuracy, 1e-9)
+    return lat + acc
+
+
+def _describe(p: VariantProfile) -> str:
+    return f"{p.name} (P99 {p.latency_ms:.3g} ms, accuracy {p.accuracy:.3f})"
+
+
+def _wants(latency: float, accuracy: float) -> str:
+    parts = []
+    if math.isfinite(latency):
+        parts.append(f"latency <= {latency:g} ms")
+    if accuracy > 0:
+        parts.append(f"accuracy >= {accuracy:g}")
+    return " and ".join(parts) or "no requirement"
+
+
+def select(
+    query: Query,
+    catalog: Catalog,
+    loads: Mapping[str, VariantLoad] | None = None,
+) -> Selection:
+    """INFaaS Algorithm 1 (see the module docstring). Pure: no I/O, no clock.
+
+    Args:
+        query: the task and requirements (checked by :func:`validate_query`).
+        catalog: the registered variants.
+        loads: variant name -> its :class:`VariantLoad` (missing: Inactive).
+
+    Raises:
+        SelectionError: the query is invalid (unknown task, bad values), or the task
+            has no generated variant.
+    """
+    q = validate_query(query, catalog.by_task)
+    variants = catalog.by_task[q.task]
+    if not variants:
+        raise SelectionError(f"task {q.task!r} has no generated variant", 404)
+    loads = loads or {}
+    latency = q.latency_ms if q.latency_ms is not None else math.inf
+    accuracy = q.min_accuracy if q.min_accuracy is not None else 0.0
+
+    # 1. Active variants meeting both: the least loaded (ties: the fastest).
+    best: VariantProfile | None = None
+    best_key: tuple[float, float] | None = None
+    for p in variants:
+        ld = loads.get(p.name, INACTIVE)
+        if ld.state is VariantState.ACTIVE and _meets(p, latency, accuracy):
+            key = (ld.utilisation, p.latency_ms)
+            if best_key is None or key < best_key:
+                best, best_key = p, key
+    if best is not None:
+        ld = loads[best.name]
+        return Selection(
+            best,
+            True,
+            VariantState.ACTIVE,
+            "active",
+            f"active {_describe(best)} meets {_wants(latency, accuracy)}; "
+            f"least loaded (utilisation {ld.utilisation:.2f}, {ld.instances} instances)",
+        )
+
+    # 2. Inactive variants meeting both: the lowest load + inference latency.
+    best = None
+    best_cost = math.inf
+    for p in variants:
+        ld = loads.get(p.name, INACTIVE)
+        if ld.state is VariantState.INACTIVE and _meets(p, latency, accuracy):
+            cost = p.load_ms + p.latency_ms
+            if cost < best_cost:
+                best, best_cost = p, cost
+    if best is not None:
+        busy = [
+            p.name
+            for p in variants
+            if loads.get(p.name, INACTIVE).state
+            in (VariantState.OVERLOADED, VariantState.INTERFERED)
+            and _meets(p, latency, accuracy)
+        ]
+        why = f" ({', '.join(busy)} overloaded or interfered)" if busy else ""
+        return Selection(
+            best,
+            True,
+            VariantState.INACTIVE,
+            "inactive",
+            f"no active variant meets {_wants(latency, accuracy)}{why}; inactive "
+            f"{_describe(best)} has the lowest load + inference time "
+            f"({best.load_ms:.0f} + {best.latency_ms:.3g} ms)",
+        )
+
+    # 3. The closest variant, flagged (INFaaS's suggestVariant).
+    order = {
+        VariantState.ACTIVE: 0,
+        VariantState.INACTIVE: 1,
+        VariantState.INTERFERED: 2,
+        VariantState.OVERLOADED: 3,
+    }
+    best = None
+    best_rank: tuple[float, int, float] | None = None
+    for p in variants:
+        st = loads.get(p.name, INACTIVE).state
+        rank = (_shortfall(p, latency, accuracy), order[st], p.latency_ms)
+        if best_rank is None or rank < best_rank:
+            best, best_rank = p, rank
+    assert best is not None and best_rank is not None
+    state = loads.get(best.name, INACTIVE).state
+    if best_rank[0] == 0.0:
+        reason = (
+            f"every variant meeting {_wants(latency, accuracy)} is overloaded or "
+            f"interfered; {_describe(best)} is {state.value}"
+        )
+    else:
+        reason = (
+            f"no variant of {q.task} meets {_wants(latency, accuracy)}; the closest is "
+            f"{_describe(best)}"
+        )
+    return Selection(best, False, state, "closest", reason)
+
+
+# -- vertical scaling (INFaaS §4.2.2) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """Tuning of :func:`vertical_scale`.
+
+    Attributes:
+        slack: the headroom kept (INFaaS's slack-threshold, 1.05).
+        load_weight: lambda, 1/s: weight of the load time in the cost (spiky load: larger).
+        downgrade_utilisation: downgrade only when the load would run the cheaper
+            variant at most this busy.
+        hold_s: a downgrade waits at least this long after the last change of the
+            variant (and at least its load time, INFaaS's T_v), and needs traffic.
+    """
+
+    slack: float = 1.05
+    load_weight: float = 1.0
+    downgrade_utilisation: float = 0.5
+    hold_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class ScalingAction:
+    """A model-vertical scaling action.
+
+    Attributes:
+        action: ``upgrade`` or ``downgrade``.
+        current / target: variant names.
+        instances: instances of ``target`` needed for the load (with the slack).
+        reason: one line a user can read.
+    """
+
+    action: str
+    current: str
+    target: str
+    instances: int
+    reason: str
+
+
+def _cost(p: VariantProfile, n: int, config: ScalingConfig) -> float:
+    return max(p.memory_mb, 1.0) * n * (1.0 + config.load_weight * p.load_ms / 1000.0)
+
+
+def _needed(p: VariantProfile, rate: float, slack: float) -> int:
+    return max(1, math.ceil(rate * slack / max(p.capacity_qps, 1e-9)))
+
+
+def vertical_scale(
+    current: VariantProfile,
+    load: VariantLoad,
+    candidates: Sequence[VariantProfile],
+    *,
+    slo_ms: float | None = None,
+    min_accuracy: float | None = None,
+    can_replicate: bool = True,
+    since_change_s: float = math.inf,
+    memory_free_mb: float | None = None,
+    config: ScalingConfig = ScalingConfig(),
+) -> ScalingAction | None:
+    """Upgrade or downgrade ``current`` (see the module docstring). Pure.
+
+    Args:
+        current: the variant serving the task now.
+        load: its load (``rate`` and ``instances`` are read).
+        candidates: the task's variants (``current`` among them or not).
+        slo_ms: the latency the task's queries ask for (None: the current variant's).
+        min_accuracy: the accuracy floor (None: the current variant's accuracy).
+        can_replicate: the scaler can still add an instance of ``current`` within the
+            device's cap (False once it reported ``shed``).
+        since_change_s: seconds since the last change of this variant (downgrades wait
+            ``T_v`` = its load time).
+        memory_free_mb: memory the device can still give (None: not checked); the
+            current variant's memory counts as freed when it is replaced.
+
+    Returns:
+        The action, or None (keep the variant; replicate it if the scaler can).
+    """
+    slo = slo_ms if slo_ms is not None else current.latency_ms
+    floor = min_accuracy if min_accuracy is not None else current.accuracy
+    instances = max(load.instances, 1)
+    rate = max(load.rate, 0.0)
+    capacity = instances * current.capacity_qps
+    headroom = capacity / rate if rate > 0 else math.inf
+    freed = current.memory_mb * instances
+
+    def fits(p: VariantProfile, n: int) -> bool:
+        return memory_free_mb is None or p.memory_mb * n <= memory_free_mb + freed
+
+    others = [
+        p
+        for p in candidates
+        if p.name != current.name and p.latency_ms <= slo and p.accuracy >= floor
+    ]
+    if headroom < config.slack and not can_replicate:
+        ups = [p for p in others if p.capacity_qps > current.capacity_qps]
+        same = [p for p in ups if p.model == current.model]
+        best: tuple[float, VariantProfile, int] | None = None
+        for pool in (same, ups):
+            for p in pool:
+                n = _needed(p, rate, config.slack)
+                if not fits(p, n):
+                    continue
+                c = _cost(p, n, config)
+                if best is None or c < best[0]:
+                    best = (c, p, n)
+            if best is not None:
+                break
+        if best is None:
+            return None
+        _, p, n = best
+        return ScalingAction(
+            "upgrade",
+            current.name,
+            p.name,
+            n,
+            f"headroom {headroom:.2f} < slack {config.slack} at {rate:.1f} req/s and the "
+            f"scaler cannot add another {current.name}; {p.name} serves "
+            f"{p.capacity_qps:.1f} req/s per instance (P99 {p.latency_ms:.3g} ms <= "
+            f"{slo:g} ms, accuracy {p.accuracy:.3f}) with {n} instance(s)",
+        )
+    hold = max(config.hold_s, current.load_ms / 1000.0)
+    if since_change_s < hold or headroom < config.slack or rate <= 0:
+        return None
+    here = _cost(current, instances, config)
+    best = None
+    for p in others:
+        n = _needed(p, rate, config.slack)
+        if rate / (n * p.capacity_qps) > config.downgrade_utilisation or not fits(p, n):
+            continue
+        c = _cost(p, n, config)
+        if c < here and (best is None or c < best[0]):
+            best = (c, p, n)
+    if best is None:
+        return None
+    c, p, n = best
+    return ScalingAction(
+        "downgrade",
+        current.name,
+        p.name,
+        n,
+        f"load {rate:.1f} req/s fits {n} instance(s) of {p.name} (cost {c:.0f} < "
+        f"{here:.0f}: memory MB x instances x load-time weight), which meets P99 "
+        f"{slo:g} ms and accuracy {floor:.3f}",
+    )

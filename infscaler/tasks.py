@@ -1,0 +1,767 @@
+"""Model-less serving: route a task query to a variant on a running service (INFaaS).
+
+:class:`TaskRouter` sits between the API and a started :class:`~infscaler.service.Service`.
+For a query naming a task (``text-recognition``) with ``latency_ms`` / ``min_accuracy``
+it reads each of the task's registered variants' state from the service (deployed?
+ready instances, requests pending, arrival rate, measured service time, load shedding;
+:func:`infscaler.selector.classify`), asks the selector (INFaaS Algorithm 1,
+:func:`infscaler.selector.select`), deploys the chosen variant when it is not loaded
+(a pipeline named after the variant: pre-processing, the model, post-processing), and
+submits the request to it. The result names the variant and whether it met the
+requirements.
+
+Model-vertical scaling (INFaaS §4.2, :func:`infscaler.selector.vertical_scale`) ties
+into the service's scaler: :meth:`TaskRouter.rebalance` looks at every variant the
+router deployed; one whose load the scaler can no longer meet by replication (it
+bounded the queue: the ``shed`` decision at the device's cap, or the deployment is not
+auto-scaled) and whose headroom is below the slack is upgraded (the target is deployed;
+new queries go there because the current one is Overloaded); one whose load a cheaper
+variant serves is downgraded (the target is deployed and the current one undeployed).
+
+Every task has one interface whatever the variant:
+
+===================  ==============================  ================================
+task                 inputs                          outputs
+===================  ==============================  ================================
+text-recognition     ``image`` UINT8 [H, W, 3]: a     ``text`` [1] (string), ``score``
+                     text line (RGB)                 [1] FP32
+text-embedding       ``text`` BYTES [N]: sentences   ``embedding`` FP32 [N, D], unit
+                                                     norm (mean pooling)
+text-detection       ``image`` UINT8 [H, W, 3]        ``det_map`` FP32 [1, 1, h, w],
+                                                     ``det_meta`` INT32 [4] (H, W, h', w')
+other tasks          the model's own tensors         the model's own tensors
+===================  ==============================  ================================
+
+The function stages of those pipelines are defined here (:func:`rec_input`,
+:func:`ctc_decode`, :func:`tokenize`, :func:`mean_pool`) and run in the instances; the
+registry's accuracy measurement calls the same functions in-process.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("infscaler.tasks")
+
+#: Recogniser input height and minimum width (PaddleOCR's ``rec_image_shape`` 3x48x320).
+REC_HEIGHT = 48
+REC_MIN_WIDTH = 320
+
+
+# -- function stages (run in the instances) ------------------------------------------------
+
+
+def rec_input(tensors: Mapping[str, np.ndarray], *, min_width: int = REC_MIN_WIDTH) -> dict:
+    """Stage ``prep`` of a text-recognition variant: a text-line image -> the recogniser's
+    input, as PaddleOCR's ``resize_norm_img`` (rapidocr's ``TextRecognizer``): resize to
+    height 48 keeping the aspect ratio, BGR, ``(x / 255 - 0.5) / 0.5``, CHW, zero-padded
+    on the right to ``W = int(48 * max(min_width / 48, w / h))``.
+
+    Args:
+        tensors: ``image``: [H, W, 3] uint8 RGB (a cropped text line).
+
+    Returns:
+        ``rec_input``: [1, 3, 48, W] float32.
+
+    Raises:
+        ValueError: the image is not HxWx3 uint8 with H, W >= 1.
+    """
+    import cv2
+
+    img = np.asarray(tensors["image"])
+    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8 or min(img.shape[:2]) < 1:
+        raise ValueError(f"image must be HxWx3 uint8 (a text line), got {img.shape} {img.dtype}")
+    bgr = np.ascontiguousarray(img[:, :, ::-1])
+    h, w = bgr.shape[:2]
+    width = int(REC_HEIGHT * max(min_width / REC_HEIGHT, w / h))
+    resized_w = max(1, min(width, int(math.ceil(REC_HEIGHT * w / h))))
+    x = cv2.resize(bgr, (resized_w, REC_HEIGHT)).astype(np.float32)
+    x = (x / 255.0 - 0.5) / 0.5
+    out = np.zeros((1, 3, REC_HEIGHT, width), dtype=np.float32)
+    out[0, :, :, :resized_w] = x.transpose(2, 0, 1)
+    return {"rec_input": out}
+
+
+@functools.cache
+def load_charset(path: str) -> tuple[str, ...]:
+    """A recogniser's characters, one per line (PaddleOCR's ``character_dict``)."""
+    with open(path, encoding="utf-8") as f:
+        return tuple(line.rstrip("\r\n") for line in f)
+
+
+@functools.cache
+def _ctc_table(path: str) -> np.ndarray:
+    chars = ["", *load_charset(path), " "]  # blank first, space last (use_space_char)
+    return np.array(chars, dtype=object)
+
+
+def ctc_decode(tensors: Mapping[str, np.ndarray], *, charset: str) -> dict:
+    """Stage ``decode``: greedy CTC decoding (PaddleOCR's ``CTCLabelDecode``): argmax per
+    time step, repeats merged, blanks (index 0) dropped; the space is the last class.
+
+    Args:
+        tensors: ``rec_prob``: [1, T, C] float32, C = characters + 2.
+        charset: path of the character list.
+
+    Returns:
+        ``text``: [1] unicode; ``score``: [1] float32, the mean probability of the
+        characters kept (0 for an empty line).
+
+    Raises:
+        ValueError: ``rec_prob`` is not [1, T, C] with C matching the character list.
+    """
+    table = _ctc_table(str(charset))
+    prob = np.asarray(tensors["rec_prob"])
+    if prob.ndim != 3 or prob.shape[0] != 1 or prob.shape[2] != len(table):
+        raise ValueError(f"rec_prob must be [1, T, {len(table)}], got {prob.shape}")
+    text, score = decode_ctc(prob[0], table)
+    return {
+        "text": np.array([text], dtype=f"<U{max(1, len(text))}"),
+        "score": np.array([score], dtype=np.float32),
+    }
+
+
+def decode_ctc(prob: np.ndarray, table: np.ndarray) -> tuple[str, float]:
+    """Greedy CTC over one [T, C] probability matrix; ``table[i]`` is class i's text."""
+    idx = prob.argmax(axis=1)
+    keep = idx != 0
+    keep[1:] &= idx[1:] != idx[:-1]
+    if not keep.any():
+        return "", 0.0
+    text = "".join(table[idx[keep]])
+    score = float(prob[np.arange(len(idx))[keep], idx[keep]].mean())
+    return text, score
+
+
+@functools.cache
+def load_tokenizer(path: str, max_length: int = 128) -> Any:
+    """A HuggingFace ``tokenizers`` tokenizer from ``tokenizer.json``, truncating to
+    ``max_length`` and padding to the longest sentence of a batch."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    tok.enable_truncation(int(max_length))
+    tok.enable_padding()
+    return tok
+
+
+def _sentences(value: Any) -> list[str]:
+    arr = np.asarray(value).reshape(-1)
+    out = []
+    for s in arr.tolist():
+        out.append(s.decode("utf-8", errors="replace") if isinstance(s, bytes) else str(s))
+    return out
+
+
+def tokenize(
+    tensors: Mapping[str, np.ndarray],
+    *,
+    tokenizer: str,
+    max_length: int = 128,
+    token_type_ids: bool = True,
+) -> dict:
+    """Stage ``tokenize`` of a text-embedding variant: sentences -> WordPiece ids.
+
+    Args:
+        tensors: ``text``: [N] BYTES / str (UTF-8 sentences), N >= 1.
+        tokenizer: path of a HuggingFace ``tokenizer.json``.
+        max_length: tokens per sentence at most (with [CLS] / [SEP]).
+        token_type_ids: also return ``token_type_ids`` (zeros) for models that take it.
+
+    Returns:
+        ``input_ids``, ``attention_mask`` (and ``token_type_ids``): [N, L] int64, padded
+        to the longest sentence.
+
+    Raises:
+        ValueError: no sentence.
+    """
+    sentences = _sentences(tensors["text"])
+    if not sentences:
+        raise ValueError("text must hold at least one sentence")
+    enc = load_tokenizer(str(tokenizer), int(max_length)).encode_batch(sentences)
+    ids = np.array([e.ids for e in enc], dtype=np.int64)
+    out = {
+        "input_ids": ids,
+        "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
+    }
+    if token_type_ids:
+        out["token_type_ids"] = np.zeros_like(ids)
+    return out
+
+
+def mean_pool(tensors: Mapping[str, np.ndarray], *, normalize: bool = True) -> dict:
+    """Stage ``pool``: mean of the token embeddings over the attention mask
+    (sentence-transformers' pooling), L2-normalised.
+
+    Args:
+        tensors: ``tokens``: [N, L, D] float32; ``attention_mask``: [N, L] int64.
+
+    Returns:
+        ``embedding``: [N, D] float32.
+    """
+    tokens = np.asarray(tensors["tokens"], dtype=np.float32)
+    mask = np.asarray(tensors["attention_mask"]).astype(np.float32)[..., None]
+    emb = (tokens * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+    if normalize:
+        emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    return {"embedding": np.ascontiguousarray(emb, dtype=np.float32)}
+
+
+# -- pipelines for variants ----------------------------------------------------------------
+
+
+def variant_pipeline(variant: Any, *, slo_ms: float | None = None) -> dict[str, Any]:
+    """The pipeline (a ``pipeline.yaml`` mapping) that serves ``variant``
+    (:class:`~infscaler.variants.Variant`) with its task's interface.
+
+    Args:
+        slo_ms: when given, the pipeline gets this SLO and ``autoscale``, so the scaler
+            replicates the variant's bottleneck within the device's cap.
+    """
+    io = variant.io
+    model: dict[str, Any] = {"name": "model", "engine": variant.engine}
+    if variant.plan:
+        model["plan"] = variant.plan
+    else:
+        model["model"] = variant.path
+        if variant.shapes:
+            model["shapes"] = variant.shapes
+    if variant.precision in ("fp16",):
+        model["precision"] = variant.precision
+    if variant.batch > 1:
+        model["batching"] = {"max_batch": variant.batch, "max_delay_ms": 2.0, "policy": "fixed"}
+    cfg: dict[str, Any] = {"name": variant.name, "description": f"{variant.task}: {variant.name}"}
+    if variant.task == "text-recognition":
+        model["inputs"] = {io["input"]: "rec_input"}
+        model["outputs"] = {io["output"]: "rec_prob"}
+        cfg["inputs"] = [{"name": "image", "datatype": "UINT8", "shape": [-1, -1, 3]}]
+        cfg["outputs"] = ["text", "score"]
+        cfg["stages"] = [
+            {
+                "name": "prep",
+                "function": "infscaler.tasks:rec_input",
+                "params": {"min_width": int(io.get("min_width", REC_MIN_WIDTH))},
+                "inputs": ["image"],
+                "outputs": ["rec_input"],
+            },
+            model,
+            {
+                "name": "decode",
+                "function": "infscaler.tasks:ctc_decode",
+                "params": {"charset": io["charset"]},
+                "inputs": ["rec_prob"],
+                "outputs": ["text", "score"],
+            },
+        ]
+    elif variant.task == "text-embedding":
+        names = list(io["inputs"])
+        model["inputs"] = {n: n for n in names}
+        model["outputs"] = {io["output"]: "tokens"}
+        cfg["inputs"] = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        cfg["outputs"] = ["embedding"]
+        cfg["stages"] = [
+            {
+                "name": "tokenize",
+                "function": "infscaler.tasks:tokenize",
+                "params": {
+                    "tokenizer": io["tokenizer"],
+                    "max_length": int(io.get("max_length", 128)),
+                    "token_type_ids": "token_type_ids" in names,
+                },
+                "inputs": ["text"],
+                "outputs": names,
+            },
+            model,
+            {
+                "name": "pool",
+                "function": "infscaler.tasks:mean_pool",
+                "inputs": ["tokens", "attention_mask"],
+                "outputs": ["embedding"],
+            },
+        ]
+    elif variant.task == "text-detection":
+        model["inputs"] = {io["input"]: "det_input"}
+        model["outputs"] = {io["output"]: "det_map"}
+        cfg["inputs"] = [{"name": "image", "datatype": "UINT8", "shape": [-1, -1, 3]}]
+        cfg["outputs"] = ["det_map", "det_meta"]
+        cfg["stages"] = [
+            {
+                "name": "prep",
+                "function": "infscaler.pipelines.ocr:det_preprocess",
+                "params": {"side": int(io.get("side", 640))},
+                "inputs": ["image"],
+                "outputs": ["det_input", "det_meta"],
+            },
+            model,
+        ]
+    else:
+        cfg["stages"] = [model]
+    if slo_ms is not None and math.isfinite(slo_ms):
+        cfg["slo"] = f"{slo_ms:g}ms"
+        cfg["autoscale"] = True
+        model["max_instances"] = 4
+    return cfg
+
+
+def task_interface(task: str, variant: Any | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The v2 metadata (``inputs``, ``outputs``) of a task."""
+    if task == "text-recognition":
+        return {
+            "inputs": [{"name": "image", "datatype": "UINT8", "shape": [-1, -1, 3]}],
+            "outputs": [
+                {"name": "text", "datatype": "BYTES", "shape": [1]},
+                {"name": "score", "datatype": "FP32", "shape": [1]},
+            ],
+        }
+    if task == "text-embedding":
+        return {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, -1]}],
+        }
+    if task == "text-detection":
+        return {
+            "inputs": [{"name": "image", "datatype": "UINT8", "shape": [-1, -1, 3]}],
+            "outputs": [
+                {"name": "det_map", "datatype": "FP32", "shape": [1, 1, -1, -1]},
+                {"name": "det_meta", "datatype": "INT32", "shape": [4]},
+            ],
+        }
+    io = variant.io if variant is not None else {}
+    return {
+        "inputs": list(io.get("model_inputs", [])),
+        "outputs": list(io.get("model_outputs", [])),
+    }
+
+
+# -- the router ----------------------------------------------------------------------------
+
+
+@dataclass
+class TaskResult:
+    """What :meth:`TaskRouter.infer` returns: the result and the selection behind it."""
+
+    result: Any
+    selection: Any
+    pipeline: str
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The response parameters naming the variant (see :meth:`TaskRouter.parameters`)."""
+        return TaskRouter.parameters(self.selection)
+
+
+class TaskRouter:
+    """Routes task queries to variants on ``service`` (see the module docstring).
+
+    Args:
+        service: a started :class:`~infscaler.service.Service`.
+        registry: a :class:`~infscaler.variants.VariantRegistry` (default: the one in the
+            service's state dir).
+        selector_config: thresholds of the state machine.
+        scaling_config: tuning of the vertical-scaling heuristic.
+        autoscale: deploy variants with the query's ``latency_ms`` as SLO and
+            ``autoscale`` (the scaler replicates them; vertical scaling takes over at the
+            cap). False: one instance each, never replicated. None:
+            :attr:`autoscale_default`.
+        deploy_timeout_s: how long a query waits for its variant to load.
+        rebalance_interval_s: how often the background loop runs :meth:`rebalance`
+            (None: no loop; call it yourself).
+    """
+
+    #: ``autoscale`` when not given (the API server's router is made with the default).
+    autoscale_default = True
+    #: vertical scaling keeps the strictest requirements of this many seconds of queries.
+    requirements_window_s = 60.0
+    #: how long a reading of a variant's arrival rate and service time is reused, s.
+    stats_ttl_s = 0.5
+    #: the window of the measured service time, s.
+    stats_window_s = 10.0
+
+    def __init__(
+        self,
+        service: Any,
+        registry: Any = None,
+        *,
+        selector_config: Any = None,
+        scaling_config: Any = None,
+        autoscale: bool | None = None,
+        deploy_timeout_s: float = 120.0,
+        rebalance_interval_s: float | None = 2.0,
+    ) -> None:
+        from infscaler.selector import ScalingConfig, SelectorConfig
+        from infscaler.variants import VariantRegistry
+
+        self.service = service
+        self.registry = registry if registry is not None else VariantRegistry(service.state_dir)
+        self.selector_config = selector_config or SelectorConfig()
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.autoscale = self.autoscale_default if autoscale is None else autoscale
+        self.deploy_timeout_s = deploy_timeout_s
+        self.rebalance_interval_s = rebalance_interval_s
+        self._lock = threading.RLock()
+        self._catalog: Any = None
+        self._variants: dict[str, Any] = {}
+        self._stamp: Any = None
+        self._deploying: dict[str, threading.Event] = {}
+        self._errors: dict[str, str] = {}
+        self._changed: dict[str, float] = {}
+        self._wants: dict[str, collections.deque[tuple[float, float | None, float | None]]] = {}
+        self.actions: list[dict[str, Any]] = []
+        self._stats_cache: dict[tuple[str, int], tuple[float, tuple[float, float | None, int]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    # -- catalog -----------------------------------------------------------------------------
+    def catalog(self) -> Any:
+        """The registry's variants as a :class:`~infscaler.selector.Catalog`, re-read
+        when the registry file changed."""
+        stamp = self.registry.stamp()
+        with self._lock:
+            if self._catalog is None or stamp != self._stamp:
+                from infscaler.selector import Catalog
+
+                variants = self.registry.variants(generated_only=True)
+                self._variants = {v.name: v for v in variants}
+                self._catalog = Catalog([v.profile() for v in variants])
+                self._stamp = stamp
+            return self._catalog
+
+    def tasks(self) -> list[str]:
+        return self.catalog().tasks
+
+    def has_task(self, name: str) -> bool:
+        return name in self.catalog().by_task
+
+    def variant(self, name: str) -> Any:
+        self.catalog()
+        return self._variants[name]
+
+    # -- state -------------------------------------------------------------------------------
+    def loads(self, task: str) -> dict[str, Any]:
+        """Variant name -> :class:`~infscaler.selector.VariantLoad` for the task's variants
+        deployed on the service (the others are Inactive).
+
+        Ready instances, requests pending and load shedding are read fresh on every call;
+        the arrival rate and the measured service time (percentiles over the stats
+        window) at most every :attr:`stats_ttl_s` (INFaaS's monitor updates its store
+        every 2 s), so that a decision stays in the tens of microseconds."""
+        from infscaler.selector import classify
+
+        catalog = self.catalog()
+        deployed = {d.name: d for d in self.service.deployments()}
+        if not deployed:
+            return {}
+        ready_at: collections.Counter[tuple[str, int]] = collections.Counter(
+            h.key
+            for h in (self.service.supervisor.handles() if self.service.supervisor else ())
+            if h.state == "ready"
+        )
+        out = {}
+        now = time.monotonic()
+        for p in catalog.variants(task):
+            dep = deployed.get(p.name)
+            if dep is None:
+                continue
+            units = dep.pipeline.units
+            served = [u for u in units if not u.fan_in]
+            if any(ready_at[(dep.name, u.index)] == 0 for u in served):
+                ready = 0
+            else:
+                ready = min(
+                    (ready_at[(dep.name, u.index)] for u in units if u.kind == "model"),
+                    default=0,
+                )
+            rate, service_ms, samples = self._slow_stats(dep, now)
+            out[p.name] = classify(
+                p,
+                ready=ready,
+                pending=self.service.frontend.pending(dep.route),
+                rate=rate,
+                service_ms=service_ms,
+                samples=samples,
+                shedding=dep.route.queue_limit is not None,
+                config=self.selector_config,
+            )
+        return out
+
+    def _slow_stats(self, dep: Any, now: float) -> tuple[float, float | None, int]:
+        """(arrival rate /s, measured P50 ms of the model units summed, samples), cached
+        for :attr:`stats_ttl_s` per deployment."""
+        key = (dep.name, id(dep))
+        hit = self._stats_cache.get(key)
+        if hit is not None and now - hit[0] < self.stats_ttl_s:
+            return hit[1]
+        stats = dep.route.stats
+        service_ms: float | None = None
+        samples = 0
+        with stats._lock:  # as the monitor reads it (runtime.monitor.Monitor.pipeline)
+            rate = float(stats.arrivals.rate(now))
+            for u in dep.pipeline.units:
+                if u.kind != "model":
+                    continue
+                comp = stats.compute[u.index].summary(now, self.stats_window_s)
+                if comp.get("p50_ms") is not None:
+                    service_ms = (service_ms or 0.0) + float(comp["p50_ms"])
+                    samples = max(samples, int(comp.get("window_count") or comp.get("count") or 0))
+        value = (rate, service_ms, samples)
+        self._stats_cache[key] = (now, value)
+        return value
+
+    # -- selection and routing ---------------------------------------------------------------
+    def select(
+        self, task: str, latency_ms: float | None = None, min_accuracy: float | None = None
+    ) -> Any:
+        """INFaaS Algorithm 1 over the registry and the service's state.
+
+        Raises:
+            SelectionError: unknown task (404), bad requirement values (400).
+        """
+        from infscaler.selector import Query, select, validate_query
+
+        catalog = self.catalog()
+        q = validate_query(Query(task, latency_ms, min_accuracy), catalog.by_task)
+        return select(q, catalog, self.loads(task))
+
+    def ensure_active(self, name: str, slo_ms: float | None = None) -> str:
+        """Deploy variant ``name`` if it is not deployed (one deploy at a time per
+        variant; concurrent callers wait for it). Returns the pipeline name.
+
+        Raises:
+            ServiceError / InfScalerError: the deploy failed (the reason).
+        """
+        from infscaler.service import ServiceError
+
+        with self._lock:
+            if any(d.name == name for d in self.service.deployments()):
+                return name
+            event = self._deploying.get(name)
+            owner = event is None
+            if owner:
+                event = self._deploying[name] = threading.Event()
+                self._errors.pop(name, None)
+        assert event is not None
+        if not owner:
+            if not event.wait(self.deploy_timeout_s):
+                raise ServiceError(f"variant {name} is still loading", 503)
+            with self._lock:
+                err = self._errors.get(name)
+            if err:
+                raise ServiceError(f"variant {name} failed to load: {err}", 503)
+            return name
+        try:
+            self._call_in_worker(lambda: self._activate(name, slo_ms)).result(self.deploy_timeout_s)
+            return name
+        except Exception as exc:
+            with self._lock:
+                self._errors[name] = str(exc)
+            raise
+        finally:
+            with self._lock:
+                self._deploying.pop(name, None)
+            event.set()
+
+    def _activate(self, name: str, slo_ms: float | None) -> None:
+        """Deploy variant ``name`` now (on the deploy thread); a no-op when deployed."""
+        from infscaler.config import validate_pipeline
+        from infscaler.service import ServiceError
+
+        if any(d.name == name for d in self.service.deployments()):
+            return
+        variant = self.variant(name)
+        slo = slo_ms if self.autoscale else None
+        cfg = validate_pipeline(variant_pipeline(variant, slo_ms=slo), f"variant {name}")
+        log.info("activating variant %s (%s)", name, variant.task)
+        with contextlib.suppress(ServiceError):  # 409: deployed meanwhile
+            self.service.deploy(cfg)
+        with self._lock:
+            self._changed[name] = time.monotonic()
+
+    def _call_in_worker(self, fn: Any) -> concurrent.futures.Future:
+        """Run ``fn`` on the router's deploy thread, which lives as long as the process:
+        an instance dies with the thread that started it (``PR_SET_PDEATHSIG``), so
+        deploys never run on a short-lived thread (an executor's or a request's)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work, name="infscaler-tasks-deploy", daemon=True
+                )
+                self._worker.start()
+        self._queue.put((fn, fut))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            fn, fut = self._queue.get()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(exc)
+
+    def submit(
+        self,
+        task: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        latency_ms: float | None = None,
+        min_accuracy: float | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[Any, Any]:
+        """Select a variant, activate it if needed, submit the request to it.
+
+        Returns:
+            ``(future of Result, Selection)``.
+
+        Raises:
+            SelectionError: a bad query. ServiceError / RequestError: as
+            :meth:`Service.submit`, or the variant failed to load.
+        """
+        sel = self.select(task, latency_ms, min_accuracy)
+        with self._lock:
+            recent = self._wants.setdefault(task, collections.deque(maxlen=256))
+            recent.append((time.monotonic(), latency_ms, min_accuracy))
+        name = sel.variant.name
+        slo = latency_ms if latency_ms is not None else None
+        if sel.state.value == "inactive":
+            self.ensure_active(name, slo)
+        return self.service.submit(name, inputs, timeout_s), sel
+
+    def infer(self, task: str, inputs: dict[str, np.ndarray], **kw: Any) -> TaskResult:
+        """Blocking :meth:`submit` (tests and scripts)."""
+        fut, sel = self.submit(task, inputs, **kw)
+        return TaskResult(fut.result(), sel, sel.variant.name)
+
+    @staticmethod
+    def parameters(selection: Any) -> dict[str, Any]:
+        """Response parameters: ``variant``, ``model``, ``meets_requirements``,
+        ``selection`` (the branch of Algorithm 1), ``variant_state``, ``selection_reason``,
+        ``variant_latency_ms``, ``variant_accuracy``."""
+        v = selection.variant
+        return {
+            "variant": v.name,
+            "model": v.model,
+            "meets_requirements": bool(selection.meets_requirements),
+            "selection": selection.step,
+            "variant_state": selection.state.value,
+            "selection_reason": selection.reason,
+            "variant_latency_ms": round(v.latency_ms, 3),
+            "variant_accuracy": round(v.accuracy, 4),
+        }
+
+    # -- vertical scaling (INFaaS §4.2) ------------------------------------------------------
+    def rebalance(self, now: float | None = None) -> list[Any]:
+        """One pass of the model-vertical scaler over every deployed variant (see the
+        module docstring). Returns the :class:`~infscaler.selector.ScalingAction` s
+        started."""
+        from infscaler.selector import vertical_scale
+
+        now = time.monotonic() if now is None else now
+        catalog = self.catalog()
+        actions = []
+        deployed = {d.name: d for d in self.service.deployments()}
+        for task in catalog.tasks:
+            loads = self.loads(task)
+            latency, accuracy = self.requirements(task, now)
+            for name, load in loads.items():
+                if load.instances == 0 or name in self._deploying:
+                    continue
+                current = catalog.get(name)
+                dep = deployed.get(name)
+                if current is None or dep is None:
+                    continue
+                can_replicate = (
+                    dep.pipeline.config.autoscale is not None and dep.route.queue_limit is None
+                )
+                action = vertical_scale(
+                    current,
+                    load,
+                    catalog.variants(task),
+                    slo_ms=latency,
+                    min_accuracy=accuracy,
+                    can_replicate=can_replicate,
+                    since_change_s=now - self._changed.get(name, -math.inf),
+                    config=self.scaling_config,
+                )
+                if action is None or action.target in deployed:
+                    continue
+                actions.append(action)
+                self._apply(action, latency)
+        return actions
+
+    def requirements(self, task: str, now: float | None = None) -> tuple[Any, Any]:
+        """The strictest ``(latency_ms, min_accuracy)`` of the task's queries over the
+        last :attr:`requirements_window_s` (None: none asked)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            recent = [
+                w for w in self._wants.get(task, ()) if now - w[0] <= self.requirements_window_s
+            ]
+        lat = [float(w[1]) for w in recent if w[1] is not None]
+        acc = [float(w[2]) for w in recent if w[2] is not None]
+        return (min(lat) if lat else None, max(acc) if acc else None)
+
+    def _apply(self, action: Any, slo_ms: float | None) -> None:
+        entry = {"time": time.time(), **action.__dict__}
+        with self._lock:
+            self.actions.append(entry)
+            del self.actions[:-100]
+        log.info("%s %s -> %s: %s", action.action, action.current, action.target, action.reason)
+
+        def work() -> None:
+            try:
+                self._activate(action.target, slo_ms)
+                if action.action == "downgrade":
+                    self.service.undeploy(action.current)
+                    with self._lock:
+                        self._changed[action.current] = time.monotonic()
+            except Exception:  # noqa: BLE001 - logged; the next pass tries again
+                log.exception("%s to %s failed", action.action, action.target)
+
+        self._call_in_worker(work)
+
+    def start(self) -> TaskRouter:
+        """Start the background :meth:`rebalance` loop (every ``rebalance_interval_s``)."""
+        if self.rebalance_interval_s and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="infscaler-tasks", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    def _run(self) -> None:
+        assert self.rebalance_interval_s
+        while not self._stop.wait(self.rebalance_interval_s):
+            try:
+                if self.service.stopping:
+                    return
+                self.rebalance()
+            except Exception:  # noqa: BLE001 - the loop must survive a bad reading
+                log.exception("rebalance failed")
+
+
+def default_registry_dir(state_dir: str | Path | None = None) -> Path:
+    """Where the registry lives: ``state_dir`` or the service's default state dir."""
+    from infscaler.runtime.pipeline import default_state_dir
+
+    return Path(state_dir) if state_dir is not None else default_state_dir()
