@@ -243,3 +243,13 @@ def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
             np.testing.assert_allclose(y, ref.run(None, {"x": xi})[0], rtol=1e-5, atol=1e-6)
         time.sleep(1.5)
         assert h.stats["batch"] == 4 and h.stats["batches"] >= 1, h.stats
+
+
+def test_serve_slo_and_autoscale_options_apply_to_a_pipeline() -> None:
+    from infscaler.cli_service import pipeline_from_arg, with_slo
+
+    cfg = with_slo(pipeline_from_arg("ocr"), "300ms", True)
+    assert cfg.slo_ms == 300.0 and cfg.autoscale is not None and cfg.autoscale.hold_s == 15.0
+    assert with_slo(cfg, None, False) is cfg
+    with pytest.raises(ConfigError, match="cannot read SLO 'fast'"):
+        with_slo(pipeline_from_arg("ocr"), "fast", False)
