@@ -11,9 +11,18 @@ affects both alike. Reported: median and P90 ms of each, and ratio = median(chai
 median(whole). Target: ratio <= 1.10.
 
 The chain runs in one process: part k's outputs are handed to part k+1 as numpy arrays
-(in-process handoff, no shared memory yet). The ratio is therefore the overhead of the
-partition boundaries themselves: an extra ``session.run`` per part and the tensor handoff,
-plus whatever graph optimisations a boundary prevents.
+(in-process handoff, no shared memory yet; onnxruntime's outputs are handed over without
+a copy). The ratio is therefore the overhead of the partition boundaries themselves: an
+extra ``session.run`` per part and the tensor handoff, plus whatever graph optimisations a
+boundary prevents.
+
+Per row, a breakdown splits the overhead: in each round, after whole and chain, every
+part also runs alone on its recorded inputs (not part of the chain's time). Paired
+medians over the rounds (``breakdown``): parts alone - whole = the parts' own extra work,
+chain - parts alone = the handoff in ``Chain.run``; ``overhead_us_per_boundary`` =
+median(chain - whole) / (K - 1). ``fixed_run_us`` is the median cost of one
+``session.run`` of a 1-element Identity model with the same options (the fixed part of a
+boundary).
 
 Usage::
 
@@ -108,6 +117,58 @@ def build_plan(path: Path, shapes: str | None, k: int) -> tuple:
         return partition_model(path, rtol=_common.FALLBACK_RTOL, **kwargs), note
 
 
+def part_inputs(chain: Chain, feeds: dict) -> list[dict]:
+    """Each part's inputs in one run of the chain (to run the parts alone)."""
+    env = dict(feeds)
+    inputs = []
+    for sess, ins, outs in zip(chain.sessions, chain.part_inputs, chain.part_outputs, strict=True):
+        inputs.append({n: env[n] for n in ins})
+        env.update(zip(outs, sess.run(outs, inputs[-1]), strict=True))
+    return inputs
+
+
+def breakdown(t_whole: list[float], t_chain: list[float], t_parts: list[list[float]]) -> dict:
+    """Where the chain's extra time goes, from the same rounds (paired medians, ms).
+
+    ``parts_minus_whole_ms``: median over rounds of (sum of the parts run alone on their
+    recorded inputs - whole model): the parts' own extra work (one more ``session.run``
+    each, and graph fusions / layout conversions a cut prevents). ``chain_minus_parts_ms``:
+    median of (chain - sum of the parts alone): the handoff between parts in
+    ``Chain.run``. ``chain_minus_whole_ms``: median of (chain - whole).
+    """
+    sums = [sum(r) for r in zip(*t_parts, strict=True)]
+    return {
+        "parts_ms": [round(statistics.median(t), 3) for t in t_parts],
+        "parts_sum_ms": round(statistics.median(sums), 3),
+        "chain_minus_whole_ms": round(
+            statistics.median(c - w for c, w in zip(t_chain, t_whole, strict=True)), 3
+        ),
+        "parts_minus_whole_ms": round(
+            statistics.median(p - w for p, w in zip(sums, t_whole, strict=True)), 3
+        ),
+        "chain_minus_parts_ms": round(
+            statistics.median(c - p for c, p in zip(t_chain, sums, strict=True)), 3
+        ),
+    }
+
+
+def fixed_run_us(so, n: int = 2000) -> float:
+    """Median µs of one ``session.run`` of a 1-element Identity model with these session
+    options: the fixed cost of one more run per partition boundary."""
+    from infscaler.partitioner.profiler import _identity_model
+
+    sess = ort.InferenceSession(_identity_model(1), so, providers=["CPUExecutionProvider"])
+    x = {"x": np.zeros(1, np.float32)}
+    for _ in range(100):
+        sess.run(None, x)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        sess.run(None, x)
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    return round(statistics.median(times), 1)
+
+
 def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list[dict]:
     path = resolve_model(name)
     shapes = MODELS[name].shapes
@@ -134,7 +195,9 @@ def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list
         for n, r in zip(out_names, ref, strict=True):
             scale = float(np.max(np.abs(r))) or 1.0
             err = max(err, float(np.max(np.abs(np.asarray(got[n]) - r))) / scale)
+        inputs = part_inputs(chain, feeds)
         t_whole, t_chain = [], []
+        t_parts: list[list[float]] = [[] for _ in inputs]
         for _ in range(repeats):
             t0 = time.perf_counter_ns()
             whole.run(out_names, feeds)
@@ -143,8 +206,16 @@ def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list
             t2 = time.perf_counter_ns()
             t_whole.append((t1 - t0) / 1e6)
             t_chain.append((t2 - t1) / 1e6)
+            # then each part alone on its recorded inputs (for the breakdown only)
+            for times, sess, outs, part_feeds in zip(
+                t_parts, chain.sessions, chain.part_outputs, inputs, strict=True
+            ):
+                t3 = time.perf_counter_ns()
+                sess.run(outs, part_feeds)
+                times.append((time.perf_counter_ns() - t3) / 1e6)
         sw, sc = stats(t_whole), stats(t_chain)
         ratio = sc["median_ms"] / sw["median_ms"]
+        split = breakdown(t_whole, t_chain, t_parts)
         summ = plan.summary
         row = {
             "model": name,
@@ -164,6 +235,11 @@ def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list
                 statistics.median(c / w for w, c in zip(t_whole, t_chain, strict=True)), 4
             ),
             "overhead_ms_median": round(sc["median_ms"] - sw["median_ms"], 3),
+            # paired: median over rounds of (chain - whole), per boundary
+            "overhead_us_per_boundary": round(
+                1000 * split["chain_minus_whole_ms"] / max(k - 1, 1), 1
+            ),
+            "breakdown": split,
             "target_ratio": TARGET,
             "pass": ratio <= TARGET,
             "chain_vs_whole_max_rel_error": err,
@@ -277,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = usable_cores()
     so = session_options(threads, spin=args.spin)
     env = _common.environment()
+    foreign = _common.ForeignLoad(lambda: _common.process_cpu_seconds([os.getpid()]))
+    fixed_us = fixed_run_us(so)
     rows, errors = [], []
     for name in models:
         n = min(repeats, REPEATS_OVERRIDE.get(name, repeats))
@@ -317,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             "target_ratio": TARGET,
         },
         "load_average_at_end": list(os.getloadavg()),
+        "other_processes_cores": foreign.cores(),
+        "fixed_run_us": fixed_us,
         "results": rows,
         "errors": errors,
         "all_pass": bool(rows) and not errors and all(r["pass"] for r in rows),
@@ -338,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
             "chain p90",
             "ratio",
             "paired",
+            "us/boundary",
+            "parts-whole ms",
+            "chain-parts ms",
             "target",
         ],
         [
@@ -351,10 +434,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['chain']['p90_ms']:.2f}",
                 f"{r['ratio_median']:.3f}",
                 f"{r['ratio_paired_median']:.3f}",
+                f"{r['overhead_us_per_boundary']:.0f}",
+                f"{r['breakdown']['parts_minus_whole_ms']:.2f}",
+                f"{r['breakdown']['chain_minus_parts_ms']:.2f}",
                 "pass" if r["pass"] else "FAIL",
             ]
             for r in rows
         ],
+    )
+    print(
+        f"fixed cost of one session.run (1-element Identity): {fixed_us:.1f} us; "
+        f"other processes used {out['other_processes_cores']:.2f} cores on average"
     )
     for e in errors:
         print(f"ERROR {e['model']}: {e['error']}")

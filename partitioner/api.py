@@ -14,6 +14,18 @@ Steps (each reported to an optional progress callback):
 7. build the :class:`~.plan.Plan` and, given ``out_dir``, write it atomically.
 
 Nothing is written before every step succeeded.
+
+Every onnxruntime session is built once and each run's outputs are used for everything
+they can serve (the run time of big models is session builds and runs):
+
+- the whole model: 2 sessions, both from :meth:`~.loader.LoadedModel.stub` on the CPU
+  engine (weights read from the model's file, not copied; see :mod:`.weights`). The
+  per-node profiling session (``ORT_DISABLE_ALL``) also gives the verification's
+  reference outputs and the T_o session (``ORT_ENABLE_ALL``) the optimised ones;
+- each partition: 2 sessions on the CPU engine, from a stub of the extracted part: the
+  verification's (``ORT_DISABLE_ALL``, one run) and the latency's (``ORT_ENABLE_ALL``,
+  whose outputs feed the next part and give the optimised chain's outputs);
+- other engines (GPU, DLA) build theirs from the model file and the saved parts.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import onnx
 
 import infscaler
 from infscaler.device import DeviceProfile
@@ -177,6 +190,9 @@ def partition_model(
     costs = cost_mod.model_costs(loaded)
 
     feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
+    n_threads = int(threads or profiler.usable_cores())
+    node_names = [n.name for n in loaded.model.graph.node]
+    whole_cpu = _cpu_source(loaded)
     engines = profiler.available_engines()
     profiles: dict[str, profiler.ModelProfile] = {}
     for engine, provider in engines.items():  # cpu first; engines this host lacks skipped
@@ -184,14 +200,15 @@ def partition_model(
             continue
         progress(f"profiling operators on {engine}")
         profiles[engine] = profiler.profile_model(
-            loaded.session_source,
+            whole_cpu if engine == "cpu" else loaded.session_source,
             feeds,
             engine=engine,
             model_sha256=loaded.sha256,
             warmup=warmup,
             repeats=repeats,
-            threads=threads,
+            threads=n_threads,
             cache=use_cache,
+            node_names=node_names,
         )
     progress("measuring the partition boundary overhead T_p")
     boundary = profiler.measure_boundary_overhead(engine="cpu", cache=use_cache)
@@ -221,9 +238,10 @@ def partition_model(
         slo_ms=slo_ms,
     )
 
-    # The parts are saved once into a staging directory beside the target (it becomes the
-    # plan directory) and every later session is built from those files: re-serialising
-    # large weights for each session dominated the run time of big models.
+    # Parts are saved (once, into a staging directory beside the target that becomes the
+    # plan directory) only when a plan is written or an engine other than the CPU builds
+    # its sessions from files; the CPU sessions are built from stubs of the parts.
+    save_parts = out_dir is not None or any(e != "cpu" for e in profiles)
     stage_parent = Path(out_dir).parent if out_dir is not None else None
     if stage_parent is not None:
         stage_parent.mkdir(parents=True, exist_ok=True)
@@ -232,17 +250,31 @@ def partition_model(
         progress(f"extracting {result.num_partitions} partitions")
         specs = graph.specs(list(result.cuts))
         parts = []
-        part_files = []
+        part_files: list[str | None] = []
+        part_cpu: list[extract.PartLike] = []
         for k, spec in enumerate(specs):
             part = extract.extract_partition(loaded, spec)
-            part_file = stage / f"part_{k}.onnx"
-            extract.save_partition(part, part_file)
+            part_file = None
+            if save_parts:
+                part_file = str(stage / f"part_{k}.onnx")
+                extract.save_partition(part, part_file)
             parts.append(part)
-            part_files.append(str(part_file))
+            part_files.append(part_file)
+            part_cpu.append(_cpu_source(loaded, part, part_file))
 
         progress("verifying the chain against the whole model")
+        # The whole model's unoptimised outputs on these feeds come from the per-node
+        # profiling run (same session settings); from a cached profile they are absent
+        # and verify_chain runs the whole model itself.
+        cpu_outputs = profiles["cpu"].outputs or {}
         verification = extract.verify_chain(
-            loaded, part_files, feeds=feeds, rtol=rtol, report_optimized=False
+            loaded,
+            part_cpu,
+            feeds=feeds,
+            rtol=rtol,
+            report_optimized=False,
+            reference=cpu_outputs.get("unoptimized"),
+            threads=n_threads,
         )
         extract.check_verification(verification)
 
@@ -254,22 +286,27 @@ def partition_model(
         for k, spec in enumerate(specs):
             part_feeds = {n: env[n] for n in spec.inputs}
             for engine in profiles:
+                source = part_cpu[k] if engine == "cpu" else part_files[k]
+                assert source is not None
                 ms, outputs = profiler.measure_latency(
-                    part_files[k],
+                    source,
                     part_feeds,
                     engine=engine,
                     warmup=warmup,
                     repeats=repeats,
-                    threads=threads,
+                    threads=n_threads,
                 )
                 part_ms[k][engine] = ms
                 if engine == "cpu":
                     env = outputs
         # The optimised chain's outputs are in env now: compare them with the optimised
-        # whole model (informational: graph fusion differs across a boundary).
-        _, whole_opt = profiler.measure_latency(
-            loaded.session_source, feeds, engine="cpu", warmup=0, repeats=1, threads=threads
-        )
+        # whole model (informational: graph fusion differs across a boundary), whose
+        # outputs the T_o session gave (from a cached profile: one more run).
+        whole_opt = cpu_outputs.get("optimized")
+        if whole_opt is None:
+            _, whole_opt = profiler.measure_latency(
+                whole_cpu, feeds, engine="cpu", warmup=0, repeats=1, threads=n_threads
+            )
         verification.optimized = extract.optimized_errors(
             verification.reference or {}, whole_opt, {n: env[n] for n in loaded.graph_outputs}
         )
@@ -299,6 +336,21 @@ def partition_model(
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return plan
+
+
+def _cpu_source(
+    loaded: LoadedModel, part: onnx.ModelProto | None = None, part_file: str | None = None
+) -> extract.PartLike:
+    """What the CPU engine's sessions of the whole model (``part`` None) or of a part are
+    built from: a stub reading the weights from the model's file when any could be
+    located (:meth:`~.loader.LoadedModel.stub`), else the part's saved file or the part
+    itself, or the whole model's :attr:`~.loader.LoadedModel.session_source`."""
+    stub = loaded.stub(part)
+    if stub is not None:
+        return stub
+    if part is None:
+        return loaded.session_source
+    return part_file if part_file is not None else part
 
 
 def _engine_report(
@@ -446,13 +498,14 @@ def inspect_model(
     if profile:
         feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
         prof = profiler.profile_model(
-            loaded.session_source,
+            _cpu_source(loaded),
             feeds,
             engine="cpu",
             model_sha256=loaded.sha256,
             warmup=warmup,
             repeats=repeats,
             cache=use_cache,
+            node_names=[n.name for n in loaded.model.graph.node],
         )
         node_ms, t_o = prof.node_ms, prof.total_ms
     flops = np.array([costs[op.node].flops for op in graph.operators], dtype=float)

@@ -13,9 +13,14 @@ every later step works on. Canonical means:
   onnxruntime run on seeded random inputs).
 
 The symbolic input shapes of the original file are kept in
-:attr:`LoadedModel.symbolic_inputs`. Models over 2 GB, or with external data, are checked
-and shape-inferred by path (``onnx.checker.check_model(path)``,
-``onnx.shape_inference.infer_shapes_path``), as the ONNX docs require.
+:attr:`LoadedModel.symbolic_inputs`. A file under 2 GB is read once: the same bytes are
+hashed (in a thread, while protobuf parses them), parsed, and given to ``onnx.checker``
+(which then does not read the file again); models over 2 GB, or with external data, are
+checked by path, as the ONNX docs require.
+
+Where each large weight lies on disk is recorded too (:attr:`LoadedModel.weight_refs`,
+found in the same bytes; see :mod:`.weights`), so that the partitioner's onnxruntime
+sessions read the weights from the file instead of copying them.
 
 Every failure raises a subclass of :class:`~infscaler.errors.InfScalerError` whose message
 says what was wrong and what to do; nothing is written anywhere.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +41,14 @@ from onnx import TensorProto, numpy_helper
 
 from infscaler.errors import ModelLoadError, ShapeError
 from infscaler.partitioner.subgraphs import node_reads
+from infscaler.partitioner.weights import (
+    MIN_REFERENCED_BYTES,
+    StubModel,
+    WeightRef,
+    raw_data_offsets,
+    stub_model,
+    tensor_nbytes,
+)
 
 _TWO_GB = 2**31
 
@@ -78,6 +92,14 @@ class LoadedModel:
         external: the model uses external data or is larger than 2 GB.
         file_runnable: the file runs in onnxruntime as is and its node names are the
             canonical ones (see :attr:`session_source`).
+        weight_refs: initializer name -> :class:`~.weights.WeightRef`, where the
+            tensor's data lies on disk (in the model file or its external data), for the
+            initializers over :data:`~.weights.MIN_REFERENCED_BYTES` whose bytes could be
+            located; relative to :attr:`weights_dir`.
+        weights_dir: the folder the references are relative to (the model file's folder,
+            symlinks resolved); None when nothing is referenced.
+        weight_files: each referenced file (relative to :attr:`weights_dir`) -> its
+            (size, mtime_ns) when it was read: a file changed since is not referenced.
     """
 
     path: Path
@@ -89,6 +111,26 @@ class LoadedModel:
     external: bool = False
     initializer_names: set[str] = field(default_factory=set)
     file_runnable: bool = False
+    weight_refs: dict[str, WeightRef] = field(default_factory=dict)
+    weights_dir: Path | None = None
+    weight_files: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def stub(self, model: onnx.ModelProto | None = None) -> StubModel | None:
+        """``model`` (default: the canonical model; or a partition extracted from it) with
+        its large weights read from this model's files instead of embedded (see
+        :mod:`.weights`): what the partitioner builds its CPU sessions from.
+
+        The references are to the bytes the loader read (and hashed): the canonical
+        model's initializers must not have been modified since. None when no weight
+        could be referenced, or when a referenced file has changed on disk since it was
+        loaded (size or modification time): then build from the model itself."""
+        if not self.weight_refs or self.weights_dir is None:
+            return None
+        for location, stamp in self.weight_files.items():
+            if _file_stamp(self.weights_dir / location) != stamp:
+                return None
+        target = self.model if model is None else model
+        return stub_model(target, self.weight_refs, str(self.weights_dir))
 
     @property
     def session_source(self) -> str | onnx.ModelProto:
@@ -176,10 +218,26 @@ def _elem_dtype(value: onnx.ValueInfoProto) -> np.dtype | None:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type))
 
 
-def _read_model(path: Path) -> tuple[onnx.ModelProto, bool, str]:
-    """Parse the file; returns (model, uses_external_data_or_is_big, sha256 of the file).
+@dataclass
+class _ReadModel:
+    model: onnx.ModelProto
+    external: bool  # over 2 GB: weights stay in external files, not loaded
+    sha256: str
+    check_bytes: bytes | None  # the file's bytes, when onnx.checker may check them
+    weight_refs: dict[str, WeightRef]
+    weights_dir: Path | None
+    weight_files: dict[str, tuple[int, int]]
 
-    A file under 2 GB is read once: the same bytes are hashed and parsed."""
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_model(path: Path) -> _ReadModel:
+    """Parse the file, hash it and locate its large weights (see :class:`_ReadModel`).
+
+    A file under 2 GB is read once: the same bytes are hashed (in a thread: hashlib
+    releases the GIL) while protobuf parses them."""
     if not path.exists():
         raise ModelLoadError(f"model file not found: {path}", hint="check the path")
     if path.is_dir():
@@ -189,14 +247,19 @@ def _read_model(path: Path) -> tuple[onnx.ModelProto, bool, str]:
     size = path.stat().st_size
     if size == 0:
         raise ModelLoadError(f"{path} is empty (0 bytes), not an ONNX model")
+    data: bytes | None = None
     try:
         if size < _TWO_GB:
             data = path.read_bytes()
-            sha = hashlib.sha256(data).hexdigest()
-            model = onnx.load_model_from_string(data)
-            del data
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                digest = pool.submit(_sha256_hex, data)
+                try:
+                    model = onnx.load_model_from_string(data)
+                finally:
+                    sha = digest.result()
         else:
             model = onnx.load(str(path), load_external_data=False)
+            sha = file_sha256(path)
     except Exception as exc:  # protobuf DecodeError, or garbage that is not a ModelProto
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: the protobuf could not be parsed "
@@ -213,6 +276,8 @@ def _read_model(path: Path) -> tuple[onnx.ModelProto, bool, str]:
         onnx.external_data_helper.uses_external_data(t)
         for t in onnx.external_data_helper._get_all_tensors(model)
     )
+    refs, weights_dir, weight_files = _weight_refs(path, model, data)
+    check_bytes = data if not external else None
     if external and size < _TWO_GB:
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
@@ -222,14 +287,68 @@ def _read_model(path: Path) -> tuple[onnx.ModelProto, bool, str]:
                 hint="keep the model's external data files beside the .onnx file",
             ) from None
         external = False
-    return model, external, sha
+    return _ReadModel(model, external, sha, check_bytes, refs, weights_dir, weight_files)
 
 
-def _check(model: onnx.ModelProto, path: Path) -> None:
+def _file_stamp(path: Path) -> tuple[int, int] | None:
     try:
-        # By path: onnx's C++ reads the file (and its external data), no Python-side
-        # re-serialisation of the weights.
-        onnx.checker.check_model(str(path))
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def _weight_refs(
+    path: Path, model: onnx.ModelProto, data: bytes | None
+) -> tuple[dict[str, WeightRef], Path | None, dict[str, tuple[int, int]]]:
+    """Where the large top-level initializers' data lies on disk (see :mod:`.weights`).
+
+    ``raw_data`` in the file: its span in ``data`` (the file's bytes), when the span's
+    length is the tensor's size. External data (read before it is loaded): the tensor's
+    own reference, when it names a plain relative file in the model's folder and the
+    tensor's size. Anything else is not referenced (it stays embedded in stubs)."""
+    resolved = path.resolve()
+    folder = resolved.parent
+    refs: dict[str, WeightRef] = {}
+    spans = raw_data_offsets(data) if data is not None else {}
+    same_folder = path.absolute().parent.resolve() == folder
+    for t in model.graph.initializer:
+        size = tensor_nbytes(t)
+        if size is None or size <= MIN_REFERENCED_BYTES:
+            continue
+        if onnx.external_data_helper.uses_external_data(t):
+            info = onnx.external_data_helper.ExternalDataInfo(t)
+            location = str(info.location or "")
+            parts = Path(location).parts
+            length = int(info.length) if info.length else size
+            if (
+                same_folder
+                and parts
+                and not Path(location).is_absolute()
+                and ".." not in parts
+                and length == size
+            ):
+                refs[t.name] = WeightRef(location, int(info.offset or 0), size)
+            continue
+        span = spans.get(t.name)
+        if span is not None and span[1] == size:
+            refs[t.name] = WeightRef(resolved.name, span[0], size)
+    files: dict[str, tuple[int, int]] = {}
+    for location in {r.location for r in refs.values()}:
+        stamp = _file_stamp(folder / location)
+        if stamp is None:  # vanished: reference nothing in it
+            refs = {n: r for n, r in refs.items() if r.location != location}
+        else:
+            files[location] = stamp
+    return refs, (folder if refs else None), files
+
+
+def _check(model: onnx.ModelProto, path: Path, data: bytes | None = None) -> None:
+    try:
+        # The bytes already read when there are any (~6x faster than by path for
+        # VGG-19, whose file onnx's C++ reads slowly); else by path: onnx's C++ reads the
+        # file and its external data, no Python-side re-serialisation of the weights.
+        onnx.checker.check_model(data if data is not None else str(path))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0][:300]
         raise ModelLoadError(
@@ -523,8 +642,10 @@ def load_model(
     path = Path(path)
     if isinstance(shapes, str) or shapes is None:
         shapes = parse_shapes(shapes)
-    model, external, sha = _read_model(path)
-    _check(model, path)
+    raw = _read_model(path)
+    model, external, sha = raw.model, raw.external, raw.sha256
+    _check(model, path, raw.check_bytes)
+    raw.check_bytes = None
 
     init_names = {i.name for i in model.graph.initializer}
     runtime_inputs = [v for v in model.graph.input if v.name not in init_names]
@@ -585,6 +706,9 @@ def load_model(
         external=external,
         initializer_names=init_names,
         file_runnable=external or not renamed,
+        weight_refs=raw.weight_refs,
+        weights_dir=raw.weights_dir,
+        weight_files=raw.weight_files,
     )
 
 

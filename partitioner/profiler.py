@@ -39,7 +39,8 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ import onnxruntime as ort
 
 from infscaler.errors import ConfigError, InfScalerError, ModelLoadError
 from infscaler.models import cache_dir
+from infscaler.partitioner.weights import StubModel
 
 ENGINES = ("cpu", "gpu", "dla")
 """Engine names: the host CPU, the GPU (CUDA / TensorRT), a Jetson's DLA (TensorRT)."""
@@ -239,6 +241,11 @@ class ModelProfile:
         input_shapes: input name -> shape of the feeds used.
         unmatched_ms: trace kernel name -> median ms per run for kernels that name no
             ONNX node of the graph (e.g. a TensorRT fused subgraph); empty on CPU.
+        outputs: the whole model's outputs on the profiled feeds, from the last measured
+            run of each session: ``{"unoptimized": {name: array}, "optimized": {...}}``
+            (``ORT_DISABLE_ALL`` / ``ORT_ENABLE_ALL``), so that a caller verifying
+            against the whole model on the same feeds need not run it again. Not
+            serialised: None for a profile read from the cache.
     """
 
     engine: str
@@ -253,10 +260,15 @@ class ModelProfile:
     model_sha256: str
     input_shapes: dict[str, tuple[int, ...]]
     unmatched_ms: dict[str, float] = field(default_factory=dict)
+    outputs: dict[str, dict[str, np.ndarray]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (shapes as lists) with a ``"schema"`` version."""
-        d = asdict(self)
+        """JSON-ready dict (shapes as lists) with a ``"schema"`` version (no outputs)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "outputs"}
+        d["node_ms"] = dict(self.node_ms)
+        d["unmatched_ms"] = dict(self.unmatched_ms)
         d["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
         d["schema"] = _SCHEMA
         return d
@@ -375,9 +387,11 @@ def _session_options(level: ort.GraphOptimizationLevel, threads: int) -> ort.Ses
 
 
 def _make_session(
-    source: bytes | str, so: ort.SessionOptions, providers: list[Any], engine: str
+    source: bytes | str | StubModel, so: ort.SessionOptions, providers: list[Any], engine: str
 ) -> ort.InferenceSession:
     try:
+        if isinstance(source, StubModel):
+            return source.session(so, providers)
         return ort.InferenceSession(source, so, providers=providers)
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
@@ -446,10 +460,19 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+ModelSource = onnx.ModelProto | str | os.PathLike[str] | StubModel
+"""What a session can be built from: a ModelProto, an ``.onnx`` path, or a
+:class:`~.weights.StubModel` (weights read from the model's file; see :mod:`.weights`)."""
+
+
 def _model_source(
-    model: onnx.ModelProto | str | os.PathLike[str], *, node_names: bool = True
-) -> tuple[bytes | str, list[str]]:
-    """(bytes or path for InferenceSession, top-level node names; [] unless asked)."""
+    model: ModelSource, *, node_names: bool = True
+) -> tuple[bytes | str | StubModel, list[str]]:
+    """(source for InferenceSession, top-level node names; [] unless asked)."""
+    if isinstance(model, StubModel):
+        if not node_names:
+            return model, []
+        return model, [n.name for n in onnx.load_model_from_string(model.data).graph.node]
     if isinstance(model, onnx.ModelProto):
         try:
             data = model.SerializeToString()
@@ -472,7 +495,7 @@ def _model_source(
 
 
 def profile_model(
-    model: onnx.ModelProto | str | os.PathLike[str],
+    model: ModelSource,
     feeds: dict[str, np.ndarray],
     *,
     engine: str = "cpu",
@@ -481,6 +504,7 @@ def profile_model(
     repeats: int = 10,
     threads: int | None = None,
     cache: bool = True,
+    node_names: Sequence[str] | None = None,
 ) -> ModelProfile:
     """Measure per-node times and T_o of ``model`` on ``engine`` (InfScaler §IV-A).
 
@@ -493,10 +517,15 @@ def profile_model(
     2. ``ORT_ENABLE_ALL``: ``warmup`` runs, then ``repeats`` runs timed with
        ``time.perf_counter``; ``total_ms`` is their median (T_o of Eq. 1).
 
+    The last measured run's outputs of each session are kept in
+    :attr:`ModelProfile.outputs` (not cached): the partitioner's chain verification uses
+    them as the whole model's reference instead of building two more sessions.
+
     Args:
         model: a canonical ``onnx.ModelProto`` (unique node names, e.g.
-            :attr:`LoadedModel.model`), or the path of an ``.onnx`` file (use a path for
-            models over 2 GB).
+            :attr:`LoadedModel.model`), the path of an ``.onnx`` file (use a path for
+            models over 2 GB), or a :class:`~.weights.StubModel` of it
+            (:meth:`LoadedModel.stub`: the sessions read the weights from the file).
         feeds: input name -> array (e.g. ``random_feeds``); shapes must be concrete.
         engine: ``'cpu'``, ``'gpu'`` or ``'dla'`` (see :func:`available_engines`).
         model_sha256: hex SHA-256 of the model file (cache key).
@@ -505,6 +534,8 @@ def profile_model(
         threads: intra-op threads; None = :func:`usable_cores`.
         cache: reuse a cached profile (:func:`profile_cache_path`) and store a new one
             (written atomically); False measures afresh and neither reads nor writes it.
+        node_names: the model's top-level node names, when the caller has them (saves
+            parsing a model given by path just to name its nodes).
 
     Returns:
         The :class:`ModelProfile` (times in ms).
@@ -542,7 +573,10 @@ def profile_model(
             ):
                 return cached
 
-    source, node_names = _model_source(model)
+    if node_names is None:
+        source, names = _model_source(model)
+    else:
+        source, names = _model_source(model, node_names=False)[0], list(node_names)
     providers = _session_providers(engine, provider)
 
     # 1. Per-node kernel times, no graph optimisation.
@@ -551,10 +585,12 @@ def profile_model(
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "trace")
         sess = _make_session(source, so, providers, engine)
+        out_names = [o.name for o in sess.get_outputs()]
         trace_file: str | None = None
+        values: list = []
         try:
             for _ in range(warmup + repeats):
-                _run(sess, feeds, engine)
+                values = _run(sess, feeds, engine)
         finally:
             try:
                 trace_file = sess.end_profiling()
@@ -564,10 +600,11 @@ def profile_model(
         events = _read_trace(trace_file)
         if trace_file:
             Path(trace_file).unlink(missing_ok=True)
-    node_ms, unmatched_ms, totals = node_times_from_trace(events, node_names, skip_runs=warmup)
+    unoptimized = dict(zip(out_names, values, strict=True))
+    node_ms, unmatched_ms, totals = node_times_from_trace(events, names, skip_runs=warmup)
 
     # 2. T_o: whole-model latency, all graph optimisations.
-    total_ms, _ = _time_session(source, feeds, engine, provider, n_threads, warmup, repeats)
+    total_ms, optimized = _time_session(source, feeds, engine, provider, n_threads, warmup, repeats)
 
     profile = ModelProfile(
         engine=engine,
@@ -582,6 +619,7 @@ def profile_model(
         model_sha256=model_sha256,
         input_shapes={n: tuple(int(d) for d in np.shape(a)) for n, a in feeds.items()},
         unmatched_ms=unmatched_ms,
+        outputs={"unoptimized": unoptimized, "optimized": optimized},
     )
     if cache:
         _write_json_atomic(path, profile.to_dict())
@@ -589,7 +627,7 @@ def profile_model(
 
 
 def _time_session(
-    source: bytes | str,
+    source: bytes | str | StubModel,
     feeds: dict[str, np.ndarray],
     engine: str,
     provider: str,
@@ -614,7 +652,7 @@ def _time_session(
 
 
 def measure_latency(
-    model: onnx.ModelProto | str | os.PathLike[str],
+    model: ModelSource,
     feeds: dict[str, np.ndarray],
     *,
     engine: str = "cpu",
@@ -629,7 +667,7 @@ def measure_latency(
     sessions per engine.
 
     Args:
-        model: ModelProto or path.
+        model: ModelProto, path, or :class:`~.weights.StubModel`.
         feeds: input name -> array.
         engine: ``cpu`` / ``gpu`` / ``dla`` (see :func:`available_engines`).
         warmup, repeats: untimed and timed runs.

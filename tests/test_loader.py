@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -10,6 +12,7 @@ from onnx import TensorProto, helper
 
 from infscaler.errors import ModelLoadError, ShapeError
 from infscaler.partitioner.loader import load_model, parse_shapes
+from infscaler.partitioner.weights import MIN_REFERENCED_BYTES, raw_data_offsets
 
 
 def test_parse_shapes_trtexec_convention():
@@ -207,3 +210,63 @@ def test_real_model_with_dynamic_dims():
     assert loaded.tensors[loaded.graph_outputs[0]].shape == (1, 1, 320, 320)
     produced = {o for n in loaded.model.graph.node for o in n.output if o}
     assert produced <= set(loaded.tensors)
+
+
+# -- weights located in the file (partitioner/weights.py) ---------------------------------
+
+
+def test_weight_refs_locate_each_large_weight_in_the_file(tmp_path):
+    model = residual_model(channels=16)  # 16x16x3x3 float32 weights: 9216 bytes each
+    p = save(model, tmp_path / "m.onnx")
+    loaded = load_model(p)
+    data = p.read_bytes()
+    arrays = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    large = {n for n, a in arrays.items() if a.nbytes > MIN_REFERENCED_BYTES}
+    assert large and large != set(arrays)  # the small biases stay embedded
+    assert set(loaded.weight_refs) == large
+    assert loaded.weights_dir == tmp_path.resolve()
+    for name, ref in loaded.weight_refs.items():
+        assert ref.location == "m.onnx" and ref.length == arrays[name].nbytes
+        assert data[ref.offset : ref.offset + ref.length] == arrays[name].tobytes()
+    assert loaded.stub() is not None
+    # the file changed after loading: its bytes are no longer referenced
+    st = p.stat()
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert loaded.stub() is None
+
+
+def test_weight_refs_of_external_data_and_of_a_symlinked_file(tmp_path):
+    model = residual_model(channels=16)
+    arrays = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    real = save(model, tmp_path / "real.onnx")
+    p = tmp_path / "ext.onnx"
+    onnx.save(
+        model,
+        str(p),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.onnx.data",
+        size_threshold=0,
+    )
+    loaded = load_model(p)
+    blob = (tmp_path / "ext.onnx.data").read_bytes()
+    assert loaded.weight_refs
+    for name, ref in loaded.weight_refs.items():
+        assert ref.location == "ext.onnx.data"
+        assert blob[ref.offset : ref.offset + ref.length] == arrays[name].tobytes()
+    # a symlink to the model elsewhere: the references name the file it resolves to
+    (tmp_path / "links").mkdir()
+    link = tmp_path / "links" / "link.onnx"
+    link.symlink_to(real)
+    linked = load_model(link)
+    assert linked.weights_dir == tmp_path.resolve()
+    assert {r.location for r in linked.weight_refs.values()} == {"real.onnx"}
+
+
+def test_raw_data_offsets_of_malformed_bytes_is_empty():
+    assert raw_data_offsets(b"") == {}
+    assert raw_data_offsets(b"\x3a\xff\xff") == {}  # field 7 whose length runs past the end
+    model = residual_model(channels=16)
+    good = model.SerializeToString()
+    assert set(raw_data_offsets(good)) == {t.name for t in model.graph.initializer}
+    assert raw_data_offsets(good[: len(good) // 2]) == {}  # truncated

@@ -112,6 +112,53 @@ def test_profile_from_path_and_trace_deleted(tmp_path, monkeypatch):
     assert list((tmp_path / "t").iterdir()) == []  # the trace and its directory are gone
 
 
+def test_profile_keeps_the_runs_outputs_but_never_caches_them(tmp_path):
+    model, feeds = _conv_model(16), _feeds(16)
+    prof = profile_model(model, feeds, model_sha256="ab" * 32, warmup=1, repeats=2)
+    assert set(prof.outputs) == {"unoptimized", "optimized"}
+    for optimized in (False, True):
+        so = onnxruntime.SessionOptions()
+        so.graph_optimization_level = (
+            onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if optimized
+            else onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+        so.intra_op_num_threads = prof.threads
+        sess = onnxruntime.InferenceSession(
+            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
+        got = prof.outputs["optimized" if optimized else "unoptimized"]["y"]
+        np.testing.assert_array_equal(got, sess.run(["y"], feeds)[0])
+    d = prof.to_dict()
+    assert "outputs" not in d and ModelProfile.from_dict(json.loads(json.dumps(d))) == prof
+    cached = profile_model(model, feeds, model_sha256="ab" * 32, warmup=1, repeats=2)
+    assert cached.outputs is None and cached == prof
+
+    # a stub of a loaded model (weights read from its file), node names given
+    big = numpy_helper.from_array(np.full((64, 4, 3, 3), 0.01, np.float32), "big")  # 9 KiB
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "big"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["y"], name="relu"),
+        ],
+        "stubbed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 8, 8])],
+        initializer=[big],
+    )
+    path = tmp_path / "stubbed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    loaded = load_model(path)
+    assert set(loaded.weight_refs) == {"big"}
+    stub = loaded.stub()
+    names = [n.name for n in loaded.model.graph.node]
+    kw = {"model_sha256": loaded.sha256, "warmup": 0, "repeats": 1, "cache": False}
+    a = profile_model(stub, _feeds(8), **kw)
+    b = profile_model(stub, _feeds(8), node_names=names, **kw)
+    assert set(a.node_ms) == set(b.node_ms) == {"conv", "relu"}
+    assert a.node_ms["conv"] > 0
+
+
 def test_cache_reused_without_session(monkeypatch):
     model, feeds = _conv_model(16), _feeds(16)
     first = profile_model(model, feeds, model_sha256="ef" * 32, warmup=1, repeats=2)
