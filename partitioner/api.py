@@ -216,7 +216,8 @@ def partition_model(
     t_o = profiles["cpu"].total_ms
     slo_ms = slo.resolve(t_o)
     valid = graph.valid_cuts(None if max_crossing_mb is None else int(max_crossing_mb * _MB))
-    mean_crossing = float(np.mean([graph.crossing_bytes(c) for c in valid])) if valid else 0.0
+    cut_bytes = {c: graph.crossing_bytes(c) for c in valid}  # also Eq. 1's tie-break
+    mean_crossing = float(np.mean(list(cut_bytes.values()))) if valid else 0.0
     t_p = boundary.ms(int(mean_crossing))
 
     if measure == "flops":
@@ -236,6 +237,7 @@ def partition_model(
         t_o_ms=t_o,
         t_p_ms=t_p,
         slo_ms=slo_ms,
+        cut_bytes=cut_bytes,
     )
 
     # Parts are saved (once, into a staging directory beside the target that becomes the

@@ -32,16 +32,40 @@ Conventions (our reading of the paper):
   ``min(max_partitions, SLO bound, feasible maximum)`` is solved and the K with the least
   objective wins; objectives equal within a relative tolerance of 1e-9 (plus an absolute
   1e-12 x max cost for objectives near 0) count as ties and go to the fewer partitions.
+- **Ties between plans of the same K** (our addition; Eq. 1 does not order them). Only
+  representative operators enter ``sigma``, so moving a cut across the cheap operators
+  between two representatives (BatchNormalization, ReLU, pooling, reshapes) leaves the
+  Eq. 1 objective unchanged -- exactly, in floating point too, since they do not touch the
+  running sums. Among plans whose objectives are equal within the same tolerance as above
+  (relative 1e-9, absolute 1e-12 x max cost), the search prefers the **fewest total
+  crossing bytes** at the cuts (``cut_bytes``: the bytes of the tensors crossing each cut,
+  ``OperatorGraph.crossing_bytes`` in :mod:`.graph`, the figure the plan report gives per
+  cut as ``crossing_bytes`` and from which it predicts the cut's T_p), then the
+  **latest cuts** (compared from the last cut backwards). Why: T_p grows with the bytes
+  handed over, and a cut inside a fusible Conv -> BatchNormalization -> ReLU run makes
+  the next partition run the unfused BatchNormalization and ReLU as separate passes over
+  the crossing tensor (plus layout reorders), which the whole model folds into the
+  convolution; the cut after the run (or after the pooling that follows it) has the same
+  objective and crosses the same or fewer bytes. Among equal bytes the latest cut lies
+  after the whole run (Conv, BN and ReLU outputs have the same size), not inside it.
+  Without ``cut_bytes`` every cut weighs 0 bytes and ties go to the latest cuts.
 
 Algorithm: exact dynamic programming over the valid cuts,
 ``f[k][j] = min_{valid i < j} f[k-1][i] + sigma(i+1 .. j)``, with ``sigma = inf`` for a
-segment without a representative operator. The segment sigmas ending at j are kept for all
-starts at once with Welford's streaming update (vectorised with numpy over the starts), so
-each (start, end) pair costs O(1) amortised: O(N V + K V^2) time and O(K V) memory for V
-valid cuts. Welford is used instead of prefix sums of ``c`` and ``c^2`` because the latter
-cancel catastrophically: for equal costs around 1e3 they give sigmas of ~1e-5 instead of 0,
-which is enough to pick a wrong plan. The sigmas reported in :class:`SearchResult` are
-recomputed for the chosen plan with :func:`statistics.pstdev` (exact sums).
+segment without a representative operator. ``f`` is the exact minimum (the tie-break
+never changes it); the back-pointer of ``(k, j)`` is, among the starts ``i`` whose
+``f[k-1][i] + sigma`` ties that minimum, the one whose kept prefix crosses the fewest bytes
+``g[k-1][i]``, then the largest ``i``. Bytes add up over the cuts, so this keeps the
+lexicographic key (objective, crossing bytes, latest cuts) exact wherever tied objectives
+are equal up to rounding (the case above); it can differ from a global comparison only
+for plans whose objectives differ by 1e-9 to K x 1e-9 relative. The segment sigmas ending
+at j are kept for all starts at once with Welford's streaming update (vectorised with
+numpy over the starts), so each (start, end) pair costs O(1) amortised: O(N V + K V^2)
+time and O(K V) memory for V valid cuts, tie-break included. Welford is used instead of
+prefix sums of ``c`` and ``c^2`` because the latter cancel catastrophically: for equal
+costs around 1e3 they give sigmas of ~1e-5 instead of 0, which is enough to pick a wrong
+plan (and would break the exact ties above). The sigmas reported in :class:`SearchResult`
+are recomputed for the chosen plan with :func:`statistics.pstdev` (exact sums).
 """
 
 from __future__ import annotations
@@ -51,7 +75,7 @@ import itertools
 import math
 import operator
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -67,7 +91,10 @@ __all__ = [
     "search_partitions",
 ]
 
-#: Relative tolerance under which two objectives count as equal when choosing K.
+#: Bytes crossing each valid cut: a mapping cut -> bytes, or a sequence indexed by cut.
+CutBytes = Mapping[int, float] | Sequence[float]
+
+#: Relative tolerance under which two objectives count as equal (choosing K, and plans).
 TIE_REL_TOL = 1e-9
 #: Absolute tie tolerance, as a fraction of the largest operator cost.
 TIE_ABS_TOL_SCALE = 1e-12
@@ -88,6 +115,8 @@ class SearchResult:
         bounds: ``(first, last)`` operator index per partition, inclusive.
         representative: per operator, whether it is representative (``c_n > mean``, or
             every operator when all costs are equal).
+        crossing_bytes: total bytes of the tensors crossing the cuts (the tie-break among
+            plans with equal objectives; 0 when the search was given no ``cut_bytes``).
     """
 
     cuts: tuple[int, ...]
@@ -97,6 +126,7 @@ class SearchResult:
     bottleneck: tuple[float, ...]
     bounds: tuple[tuple[int, int], ...]
     representative: tuple[bool, ...]
+    crossing_bytes: float = 0.0
 
 
 # --------------------------------------------------------------------------- helpers
@@ -139,6 +169,32 @@ def _as_cuts(valid_cuts: Iterable[int], n: int) -> list[int]:
             raise ValueError(f"valid cut {p} is outside 0..N-2 = 0..{n - 2} (N = {n} operators)")
         cuts.add(p)
     return sorted(cuts)
+
+
+def _as_cut_bytes(cut_bytes: CutBytes | None, cuts: Sequence[int]) -> dict[int, float]:
+    """Bytes crossing each valid cut (0 for every cut when ``cut_bytes`` is None)."""
+    if cut_bytes is None:
+        return dict.fromkeys(cuts, 0.0)
+    out: dict[int, float] = {}
+    for c in cuts:
+        try:
+            v = float(cut_bytes[c])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PartitionError(
+                f"no crossing byte count for valid cut {c}: {exc!r}",
+                hint="pass cut_bytes for every valid cut (OperatorGraph.crossing_bytes)",
+            ) from exc
+        if not math.isfinite(v) or v < 0:
+            raise PartitionError(
+                f"cut {c} has crossing bytes {v!r}; they must be finite and >= 0",
+                hint="pass OperatorGraph.crossing_bytes(cut) for each valid cut",
+            )
+        out[c] = v
+    return out
+
+
+def _tie_abs_tol(arr: np.ndarray) -> float:
+    return TIE_ABS_TOL_SCALE * float(arr.max())
 
 
 def _check_time(name: str, value: float | None, *, allow_none: bool = False) -> None:
@@ -191,7 +247,9 @@ def _pick_k(objectives: dict[int, float], scale: float) -> int:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _result(arr: np.ndarray, rep: np.ndarray, cuts: Sequence[int]) -> SearchResult:
+def _result(
+    arr: np.ndarray, rep: np.ndarray, cuts: Sequence[int], nbytes: dict[int, float]
+) -> SearchResult:
     n = arr.size
     ends = [*cuts, n - 1]
     starts = [0, *(c + 1 for c in cuts)]
@@ -209,6 +267,7 @@ def _result(arr: np.ndarray, rep: np.ndarray, cuts: Sequence[int]) -> SearchResu
         bottleneck=tuple(bottleneck),
         bounds=tuple(bounds),
         representative=tuple(bool(x) for x in rep),
+        crossing_bytes=math.fsum(nbytes[c] for c in cuts),
     )
 
 
@@ -305,6 +364,7 @@ def search_partitions(
     t_o_ms: float = 0.0,
     t_p_ms: float = 0.0,
     slo_ms: float | None = None,
+    cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
     """Solve Eq. 1 exactly by dynamic programming over the valid cuts (InfScaler §IV-A).
 
@@ -320,10 +380,16 @@ def search_partitions(
         t_o_ms: predicted execution time of the whole model, T_o (ms).
         t_p_ms: overhead per extra partition, T_p (ms).
         slo_ms: latency SLO (ms); ``None`` = unconstrained.
+        cut_bytes: bytes of the tensors crossing each valid cut (mapping cut -> bytes, or
+            a sequence indexed by cut; ``OperatorGraph.crossing_bytes``), used only to
+            break ties of Eq. 1's objective; ``None`` = 0 for every cut.
 
     Returns:
-        The optimal :class:`SearchResult`; ties between K go to fewer partitions, ties
-        between plans of the same K to the earliest cuts.
+        The optimal :class:`SearchResult`. Ties between K go to fewer partitions; ties
+        between plans of the same K (equal Eq. 1 objective within rel 1e-9 / abs 1e-12 x
+        max cost: moving a cut across non-representative operators, e.g. from between a
+        Conv and its BatchNormalization / ReLU to after them, does not change it) go to the
+        fewest total crossing bytes, then to the latest cuts (see the module docstring).
 
     Raises:
         PartitionError: empty or invalid costs; ``num_partitions`` or ``max_partitions``
@@ -334,6 +400,7 @@ def search_partitions(
     arr = _as_costs(costs)
     n = arr.size
     cuts = _as_cuts(valid_cuts, n)
+    nbytes = _as_cut_bytes(cut_bytes, cuts)
     rep = representative_mask(arr)
 
     if num_partitions is not None:
@@ -376,6 +443,10 @@ def search_partitions(
     f = np.full((kmax + 1, nb), np.inf)
     f[0, 0] = 0.0
     back = np.zeros((kmax + 1, nb), dtype=np.int64)
+    # g[k][b]: crossing bytes of the kept (tie-broken) k-partition prefix ending at P[b].
+    g = np.zeros((kmax + 1, nb))
+    bnd_bytes = np.array([0.0, *(nbytes[c] for c in cuts), 0.0])
+    abs_tol = _tie_abs_tol(arr)
     # Welford state of the representative costs in (P[a], j], for every start a.
     cnt = np.zeros(nb - 1, dtype=np.int64)
     mean = np.zeros(nb - 1)
@@ -401,9 +472,16 @@ def search_partitions(
         sig[c == 0] = np.inf  # no representative operator: not allowed
         sig[c == 1] = 0.0
         cand = f[:kmax, :b] + sig[None, :]
-        arg = np.argmin(cand, axis=1)
-        f[1:, b] = cand[rows, arg]
+        best = cand.min(axis=1)  # exact Eq. 1 minimum, as without the tie-break
+        # ties with the minimum (math.isclose against it, as _pick_k does)
+        thr = best + np.maximum(TIE_REL_TOL * np.abs(best), abs_tol)
+        tied = np.isfinite(cand) & (cand <= thr[:, None])
+        gb = np.where(tied, g[:kmax, :b], np.inf)
+        tied &= gb == gb.min(axis=1)[:, None]  # fewest crossing bytes among the ties
+        arg = b - 1 - np.argmax(tied[:, ::-1], axis=1)  # then the latest start
+        f[1:, b] = best
         back[1:, b] = arg
+        g[1:, b] = g[rows, arg] + bnd_bytes[b]
 
     last = nb - 1
     objectives = {k: float(f[k, last]) for k in k_values if np.isfinite(f[k, last])}
@@ -416,22 +494,28 @@ def search_partitions(
         b = int(back[kk, b])
         if kk > 1:
             plan.append(bnd[b])
-    return _result(arr, rep, sorted(plan))
+    return _result(arr, rep, sorted(plan), nbytes)
 
 
 def brute_force(
-    costs: Sequence[float], valid_cuts: Iterable[int], num_partitions: int
+    costs: Sequence[float],
+    valid_cuts: Iterable[int],
+    num_partitions: int,
+    cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
     """Solve Eq. 1 for a fixed K by enumerating every set of K-1 valid cuts (for tests).
 
     Same conventions and constraints as :func:`search_partitions` (InfScaler §IV-A, Eq. 1),
-    without the SLO; exponential in K, so only for small inputs. Ties go to the first plan
-    in lexicographic order of the cuts.
+    without the SLO; exponential in K, so only for small inputs. Among the plans whose
+    objective ties the least one (rel 1e-9 / abs 1e-12 x max cost, compared globally), the
+    fewest total ``cut_bytes`` wins, then the latest cuts (the largest cut tuple compared
+    from its last cut backwards) -- the key :func:`search_partitions` uses.
 
     Args:
         costs: complexities ``c_0 .. c_{N-1}`` (FLOPs or ms; >= 0).
         valid_cuts: allowed cut positions in ``0 .. N-2``.
         num_partitions: K (>= 1).
+        cut_bytes: bytes crossing each valid cut (tie-break); ``None`` = 0 for every cut.
 
     Returns:
         The optimal :class:`SearchResult`.
@@ -444,13 +528,14 @@ def brute_force(
     arr = _as_costs(costs)
     n = arr.size
     cuts = _as_cuts(valid_cuts, n)
+    nbytes = _as_cut_bytes(cut_bytes, cuts)
     if num_partitions < 1:
         raise PartitionError(
             f"the number of partitions must be >= 1, got {num_partitions}",
             hint="ask for at least 1 partition",
         )
     rep = representative_mask(arr)
-    best: tuple[float, tuple[int, ...]] | None = None
+    plans: list[tuple[float, tuple[int, ...]]] = []
     for combo in itertools.combinations(cuts, num_partitions - 1):
         starts = [0, *(c + 1 for c in combo)]
         ends = [*combo, n - 1]
@@ -461,8 +546,11 @@ def brute_force(
                 break
             total += float(np.std(vals)) if vals.size > 1 else 0.0
         else:
-            if best is None or total < best[0]:
-                best = (total, combo)
-    if best is None:
+            plans.append((total, combo))
+    if not plans:
         raise _infeasible_k(num_partitions, _max_feasible_partitions(rep, cuts), rep)
-    return _result(arr, rep, best[1])
+    least = min(total for total, _ in plans)
+    abs_tol = _tie_abs_tol(arr)
+    tied = [c for t, c in plans if math.isclose(t, least, rel_tol=TIE_REL_TOL, abs_tol=abs_tol)]
+    best = min(tied, key=lambda c: (math.fsum(nbytes[x] for x in c), [-x for x in reversed(c)]))
+    return _result(arr, rep, best, nbytes)

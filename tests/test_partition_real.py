@@ -169,7 +169,12 @@ class Real:
         """Eq. 1 with the FLOPs measure for a fixed K."""
         if k not in self._results:
             costs = [float(f) for f in self.flops]
-            self._results[k] = search_partitions(costs, self.valid, num_partitions=k)
+            self._results[k] = search_partitions(
+                costs,
+                self.valid,
+                num_partitions=k,
+                cut_bytes={c: self.graph.crossing_bytes(c) for c in self.valid},
+            )
         return self._results[k]
 
     def parts(self, k: int) -> list[Part]:

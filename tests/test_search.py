@@ -91,6 +91,46 @@ def test_dp_matches_brute_force_fixed_k(problem, k):
     assert close(got.objective, expected.objective)
     check_plan(got, costs, cuts)
     check_plan(expected, costs, cuts)
+    # without cut bytes the tie-break is the latest cuts, the same in both
+    assert got.cuts == expected.cuts
+    assert got.crossing_bytes == expected.crossing_bytes == 0.0
+
+
+@st.composite
+def problems_with_bytes(draw):
+    """(costs, valid_cuts, cut_bytes): bytes per cut, often equal (ties on bytes too)."""
+    costs, cuts = draw(problems())
+    n = len(costs)
+    elem = draw(
+        st.sampled_from([st.integers(0, 3), st.integers(0, 10**7), st.sampled_from([0, 2**20])])
+    )
+    nbytes = draw(st.lists(elem, min_size=max(n - 1, 0), max_size=max(n - 1, 0)))
+    return costs, cuts, nbytes
+
+
+@SETTINGS
+@given(problems_with_bytes(), st.integers(1, 4))
+def test_dp_matches_brute_force_with_byte_tie_break(problem, k):
+    """The DP's lexicographic key (Eq. 1 objective, crossing bytes, latest cuts) equals
+    brute force's, which ranks all plans globally."""
+    costs, cuts, nbytes = problem
+    try:
+        expected = brute_force(costs, cuts, k, cut_bytes=nbytes)
+    except PartitionError:
+        expected = None
+    try:
+        got = search_partitions(costs, cuts, num_partitions=k, cut_bytes=nbytes)
+    except PartitionError:
+        got = None
+    assert (got is None) == (expected is None)
+    if got is None:
+        return
+    check_plan(got, costs, cuts)
+    assert close(got.objective, expected.objective)
+    assert got.crossing_bytes == expected.crossing_bytes == sum(nbytes[c] for c in got.cuts)
+    assert got.cuts == expected.cuts
+    # the tie-break never costs objective: same optimum as without bytes
+    assert close(got.objective, search_partitions(costs, cuts, num_partitions=k).objective)
 
 
 @SETTINGS
@@ -108,6 +148,7 @@ def test_search_k_is_min_over_k_with_ties_to_fewer(problem, m):
     check_plan(got, costs, cuts)
     assert close(got.objective, best)
     assert got.num_partitions == expected_k
+    assert got.cuts == brute_force(costs, cuts, expected_k).cuts
 
 
 @SETTINGS
@@ -191,11 +232,11 @@ def test_hand_worked_example_k2():
     costs = [10.0, 1.0, 10.0, 1.0, 1.0, 30.0, 1.0, 32.0]
     # sum = 86, mean = 10.75: representative operators are 5 (30) and 7 (32) only;
     # the 10s are below the mean. With K=2 every partition needs one of them, so the
-    # single cut must lie in 5..6: {30} | {32}, both sigmas 0, objective 0. Ties go to
-    # the earliest cut -> cut 5.
+    # single cut must lie in 5..6: {30} | {32}, both sigmas 0, objective 0. Without
+    # crossing bytes, ties go to the latest cut -> cut 6.
     res = search_partitions(costs, range(7), num_partitions=2)
-    assert res.cuts == (5,)
-    assert res.bounds == ((0, 5), (6, 7))
+    assert res.cuts == (6,)
+    assert res.bounds == ((0, 6), (7, 7))
     assert res.objective == 0.0
     assert res.bottleneck == (30.0, 32.0)
     assert res.representative == (False,) * 5 + (True, False, True)
@@ -203,7 +244,11 @@ def test_hand_worked_example_k2():
     one = search_partitions(costs, range(7), num_partitions=1)
     assert one.cuts == () and one.objective == pytest.approx(1.0)
     # Search: K=2 (objective 0) beats K=1 (1); K=3 is infeasible (2 representatives).
-    assert search_partitions(costs, range(7), max_partitions=4).cuts == (5,)
+    assert search_partitions(costs, range(7), max_partitions=4).cuts == (6,)
+    # With crossing bytes, the tie goes to the cut that hands over fewer bytes.
+    nbytes = [0, 0, 0, 0, 0, 100, 400]
+    assert search_partitions(costs, range(7), num_partitions=2, cut_bytes=nbytes).cuts == (5,)
+    assert search_partitions(costs, range(7), max_partitions=4, cut_bytes=nbytes).cuts == (5,)
     with pytest.raises(PartitionError) as info:
         search_partitions(costs, range(7), num_partitions=3)
     assert "at most 2" in info.value.message
@@ -216,12 +261,47 @@ def test_hand_worked_example_balancing():
     costs = [20.0, 0.0, 22.0, 0.0, 60.0, 0.0, 64.0, 0.0, 100.0]
     # sum = 266, mean = 29.56: representatives are 60, 64, 100 (ops 4, 6, 8).
     # K=2 options: {60} | {64, 100}: 0 + 18 = 18; {60, 64} | {100}: 2 + 0 = 2 -> best,
-    # cut anywhere in 6..7, earliest is 6.
+    # cut anywhere in 6..7; without bytes the latest, 7.
     res = search_partitions(costs, range(8), num_partitions=2)
-    assert res.cuts == (6,)
+    assert res.cuts == (7,)
     assert res.objective == pytest.approx(2.0)
     assert res.sigmas == pytest.approx((2.0, 0.0))
     assert res.bottleneck == (124.0, 100.0)
+
+
+def test_tie_break_avoids_cutting_a_conv_bn_relu_run():
+    """Equal Eq. 1 objectives: fewest crossing bytes, then the latest cut.
+
+    A ShuffleNet-like stem: Conv, BN, ReLU, MaxPool, then Conv, BN, ReLU, Conv. Only the
+    three Convs are representative, so every cut between two of them scores the same.
+    """
+    mb = 2**20
+    costs = [100.0, 1.0, 1.0, 2.0, 90.0, 1.0, 1.0, 110.0]
+    # bytes crossing cut c (after operator c): Conv / BN / ReLU outputs 4 MB, MaxPool 1 MB
+    nbytes = [4 * mb, 4 * mb, 4 * mb, 1 * mb, 1 * mb, 1 * mb, 1 * mb]
+    no_bytes = search_partitions(costs, range(7), num_partitions=3)
+    tied = search_partitions(costs, range(7), num_partitions=3, cut_bytes=nbytes)
+    assert tied.objective == no_bytes.objective == 0.0
+    # cut 1 after the pooling (1 MB, not 4 MB inside Conv -> BN -> ReLU); cut 2 after the
+    # second ReLU (1 MB everywhere in 4..6: the latest, outside the fusible run)
+    assert tied.cuts == (3, 6)
+    assert tied.crossing_bytes == 2 * mb
+    assert tied == brute_force(costs, range(7), 3, cut_bytes=nbytes)
+    # a mapping works too, and a missing / negative count is refused
+    assert (
+        search_partitions(costs, range(7), num_partitions=3, cut_bytes=dict(enumerate(nbytes)))
+        == tied
+    )
+    with pytest.raises(PartitionError):
+        search_partitions(costs, range(7), num_partitions=3, cut_bytes={0: 1})
+    with pytest.raises(PartitionError):
+        search_partitions(costs, range(7), num_partitions=3, cut_bytes=[-1] * 7)
+    # the tie-break never trades objective for bytes: representatives 50, 60, 64; cuts
+    # 0..1 give 0 + 2 = 2 with 1000 bytes, cuts 2..3 give 5 + 0 = 5 with 1 byte
+    res = search_partitions(
+        [50.0, 1.0, 60.0, 1.0, 64.0], range(4), num_partitions=2, cut_bytes=[1000, 1000, 1, 1]
+    )
+    assert res.cuts == (1,) and res.objective == pytest.approx(2.0)
 
 
 def test_all_equal_costs_every_operator_is_representative():
