@@ -6,6 +6,7 @@ host cannot load the program) and ``userspace``. Every blocking call has a timeo
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -204,6 +205,8 @@ def test_misaligned_sends_keep_framing(make_channel: Callable[..., Channel]) -> 
     cons = Endpoint(ch.add_instance(1, 1))
     sent = b""
     for shift, base in ((20, 0), (7, 10_000), (13, 20_000)):
+        # the torn send: wait for room first (a loaded host's router may lag behind)
+        select.select([], [prod.socket], [], T)
         prod.socket.send(b"x" * shift)
         batch = b"".join(
             pack_frame(TokenKind.DATA, 1, 0, 10, 0, 0, 0, base + r) for r in range(128 * 20)

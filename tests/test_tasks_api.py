@@ -46,7 +46,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     sock = tmp / "api.sock"
     try:
         with (
-            Service(state_dir=state, control_path="userspace", pool_mb=64) as svc,
+            Service(state_dir=state, control_path="userspace", pool_mb=256) as svc,
             ServerThread(svc, sock),
         ):
             yield SimpleNamespace(
