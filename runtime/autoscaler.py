@@ -168,7 +168,12 @@ class Autoscaler:
             if mon is None or mon.window_s != auto.window_s:
                 mon = self._monitors[dep.name] = Monitor(self.service, auto.window_s)
             state = self._states.get(dep.name, ScalerState())
-        snap = mon.snapshot(dep)
+        # only latency measured since the last change counts (a window reaching back
+        # before a scale-out would re-trigger on the P99 that caused it)
+        window = auto.window_s
+        if state.last_change is not None:
+            window = max(1.0, min(window, time.monotonic() - state.last_change))
+        snap = mon.snapshot(dep, mon.pipeline(dep, window))
         decisions, state = decide(snap, state, scaler_config(auto))
         with self._lock:
             self._states[dep.name] = state

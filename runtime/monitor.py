@@ -121,6 +121,7 @@ class Monitor:
     def __init__(self, service: Any, window_s: float = 10.0) -> None:
         self.service = service
         self.window_s = window_s
+        self._cpu_last: tuple[float, float] | None = None
 
     # -- metrics ---------------------------------------------------------------------------
     def pipeline(self, dep: Any, window_s: float | None = None) -> PipelineMetrics:
@@ -202,10 +203,14 @@ class Monitor:
         return total + self.service.pool.stats()["mapped_bytes"] / 2**20
 
     def busy_cores(self, window_s: float | None = None) -> float:
-        """CPU cores busy with cpu units of every pipeline over the window: the sum of
-        their compute time per second (items run x ms each); :func:`cores_in_use` turns it
-        into the scaler's ``cores_used``. Pinned instances may outnumber cores (pipelined
-        stages take turns); busy cores may not."""
+        """CPU cores busy on this host: the larger of (a) what the host's CPU counters
+        say since the previous call (psutil ``cpu_times``: every process, other tenants
+        included, busy / total x cores) and (b) the compute time per second of every cpu
+        unit of every pipeline over the window (items run x ms each). (b) alone reads low
+        while instances load or requests are shed; (a) alone misses nothing but needs a
+        previous call. :func:`cores_in_use` turns it into the scaler's ``cores_used``.
+        Pinned instances may outnumber cores (pipelined stages take turns); busy cores
+        may not."""
         w = self.window_s if window_s is None else window_s
         now = time.monotonic()
         busy_ms = 0.0
@@ -215,7 +220,22 @@ class Monitor:
                 for u in dep.pipeline.units:
                     if u.engine == "cpu" and dep.route.stage_ids[u.index]:
                         busy_ms += float(stats.compute[u.index].values(now, w).sum())
-        return busy_ms / 1e3 / w
+        return max(busy_ms / 1e3 / w, self._host_busy_cores())
+
+    def _host_busy_cores(self) -> float:
+        try:
+            import psutil
+
+            t = psutil.cpu_times()
+        except Exception:  # noqa: BLE001 - telemetry never stops scaling
+            return 0.0
+        total = float(sum(t))
+        idle = float(t.idle + getattr(t, "iowait", 0.0))
+        last, self._cpu_last = self._cpu_last, (total, idle)
+        if last is None or total <= last[0]:
+            return 0.0
+        frac = 1.0 - (idle - last[1]) / (total - last[0])
+        return max(0.0, frac) * len(_host_cores())
 
     def cap(self) -> ResourceCap:
         """R^m from the service's device profile (this host when it has none)."""

@@ -384,8 +384,8 @@ class Supervisor:
             with contextlib.suppress(ChildProcessError):
                 h.proc.wait(1.0)
             h.exit_code = h.proc.returncode
-        if h.state == "stopping":
-            return  # stop() deregisters it
+        if h.state in ("stopping", "exited"):
+            return  # asked to stop: stop() deregisters it (and may already have)
         was_ready = h.state == "ready"
         h.state = "failed" if not was_ready else "exited"
         if not h._ready.is_set():
