@@ -1,0 +1,454 @@
+"""Memory under real and bursty arrivals (InfScaler §V, Table II), measured.
+
+Per model: SLO = 2 x L0 (L0: unloaded latency of the whole model, one request at a time,
+1 intra-op thread, in-process onnxruntime; the same calibration as ``scaling.py``). Three
+arrival processes at the same mean rate (``--load`` x the host's ideal rate, ideal =
+usable cores x 1000 / L0):
+
+- ``azure``: the Azure Functions 2019 trace (``../shared/data/traces``, see its README),
+  the busiest function (63 % of the trace's invocations), trace minutes
+  ``TRACE_START_MIN`` .. +``TRACE_MINUTES`` (a dip to 880 / min followed by a surge to
+  4631 / min: scale-in, then scale-out), each minute's requests spread uniformly inside
+  the minute (:func:`infscaler.runtime.arrivals.azure_functions`), **time-compressed**
+  ``TIME_COMPRESSION`` x (a trace minute lasts 15 s) and scaled so the replay's mean rate
+  is the target (the factor is recorded);
+- ``gamma-cv1`` / ``gamma-cv4``: gamma inter-arrival times with CV^2 = 1 (Poisson) and 4
+  (bursty) (:func:`infscaler.runtime.arrivals.gamma`).
+
+Configurations, both autoscaled by the same scaler from one instance per unit, no cap
+(this host's ``cpu-host`` profile), requests in-process (``Service.submit``: shared-memory
+pool and tokens, as ``replication-shm`` in ``scaling.py``):
+
+- ``infscaler``: the Eq. 1 plan with K partitions (K as in ``scaling.py``);
+- ``replication``: the whole model (K = 1), single-thread replicas.
+
+Memory = ``Monitor.memory_used_mb()`` (sum of every instance's USS + the tensor pool's
+mapped MB), sampled every 0.5 s from the deploy to the end of the run (the deploy's
+minimum configuration included); mean and peak. Also: throughput (answered / s), P99,
+SLO attainment (answered within the SLO / sent; failures count as misses), instances per
+unit over time, the scaler's decisions.
+
+Target (3): memory at equal throughput <= 0.75 x replication: the ratio of the mean
+memory of InfScaler to replication's under the same arrivals, where both answered the
+same requests (throughputs within 5 %); the JSON says when they did not.
+
+Writes ``results/memory_trace.json`` and ``results/memory_trace.png`` (``_quick`` with
+--quick: ResNet-50, 40 s, gamma CV^2 = 4 only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    ForeignLoad,
+    busy_cpu_seconds,
+    cpu_steal_seconds,
+    default_cache_dir,
+    environment,
+    host_noise,
+    print_table,
+    write_json,
+)
+from scaling import (  # noqa: E402
+    AUTOSCALE,
+    MODEL_SETTINGS,
+    STATE_DIR,
+    InProcess,
+    Recorder,
+    _own_cpu,
+    calibrate,
+    instances_of,
+    model_inputs,
+    own_cpu_seconds,
+    pipeline,
+)
+
+TRACE_START_MIN = 21
+TRACE_MINUTES = 10
+TIME_COMPRESSION = 4.0
+SLO_X = 2.0
+
+
+def azure_arrivals(rate: float, duration_s: float, seed: int) -> tuple[np.ndarray, dict]:
+    """The busiest function's window, compressed and scaled to a mean of ``rate``/s over
+    ``duration_s`` (at most TRACE_MINUTES x 60 / TIME_COMPRESSION s)."""
+    from infscaler.runtime.arrivals import azure_functions
+
+    minutes = min(TRACE_MINUTES, int(np.ceil(duration_s * TIME_COMPRESSION / 60.0)))
+    raw = azure_functions(function="busiest", start_min=TRACE_START_MIN, minutes=minutes, seed=seed)
+    span = minutes * 60.0 / TIME_COMPRESSION
+    scale = rate * span / raw.size
+    a = azure_functions(
+        function="busiest", start_min=TRACE_START_MIN, minutes=minutes, scale=scale, seed=seed
+    )
+    a = a / TIME_COMPRESSION
+    per_min = np.bincount((a * TIME_COMPRESSION // 60).astype(int), minlength=minutes)
+    info = {
+        "function": "busiest",
+        "start_min": TRACE_START_MIN,
+        "minutes": minutes,
+        "time_compression": TIME_COMPRESSION,
+        "trace_requests_in_window": int(raw.size),
+        "rate_scale_factor": round(scale, 6),
+        "replayed_requests": int(a.size),
+        "rate_per_trace_minute": [round(n / (60.0 / TIME_COMPRESSION), 3) for n in per_min],
+    }
+    return a[a < span], info
+
+
+def arrivals_for(kind: str, rate: float, duration_s: float, seed: int) -> tuple[np.ndarray, dict]:
+    from infscaler.runtime.arrivals import cv2_of, gamma
+
+    if kind == "azure":
+        a, info = azure_arrivals(rate, duration_s, seed)
+    else:
+        cv2 = float(kind.split("cv")[1])
+        a, info = gamma(rate, cv2, duration_s, seed=seed), {"cv2": cv2}
+    info.update(
+        requests=int(a.size),
+        duration_s=round(float(duration_s if kind != "azure" else a[-1]), 1),
+        mean_rate=round(a.size / max(duration_s, 1e-9), 3),
+        measured_cv2=round(float(cv2_of(a)), 3) if a.size > 2 else None,
+    )
+    return a, info
+
+
+def replay(
+    svc: Any, dep: Any, feeds: dict[str, np.ndarray], arrivals: np.ndarray, slo_ms: float
+) -> dict[str, Any]:
+    """Send ``arrivals`` (s from now) open loop; sample memory every 0.5 s until the last
+    request is answered."""
+    from infscaler.runtime.monitor import Monitor
+
+    sender = InProcess(svc, dep.name, feeds)
+    rec = Recorder()
+    timeline: list[dict[str, Any]] = []
+    stop = threading.Event()
+    t0 = time.perf_counter()
+
+    def sampler() -> None:
+        mon = Monitor(svc)
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # a reading during a restart
+                timeline.append(
+                    {
+                        "t": round(time.perf_counter() - t0, 2),
+                        "memory_mb": round(mon.memory_used_mb(), 1),
+                        "instances": instances_of(svc, dep),
+                    }
+                )
+            stop.wait(0.5)
+
+    th = threading.Thread(target=sampler, daemon=True)
+    th.start()
+    busy0, own0 = busy_cpu_seconds(), _own_cpu(svc)
+    for rid, a in enumerate(arrivals):
+        t = t0 + float(a)
+        while True:
+            now = time.perf_counter()
+            if now >= t:
+                break
+            time.sleep(min(t - now, 0.05))
+        rec.sent_at(rid, t)
+        sender.send(rid, rec)
+    end_send = time.perf_counter() - t0
+    rec.wait_all(120.0)
+    wall = time.perf_counter() - t0
+    own1 = _own_cpu(svc)
+    own = sum(v - own0.get(p, 0.0) for p, v in own1.items())
+    other_cores = round(max(0.0, busy_cpu_seconds() - busy0 - own) / wall, 3)
+    stop.set()
+    th.join()
+    with rec.lock:
+        done = dict(rec.done)
+    n = len(arrivals)
+    lat = [d[0] for d in done.values() if d[1]]
+    failed = sum(1 for d in done.values() if not d[1])
+    mem = np.array([s["memory_mb"] for s in timeline])
+    span = float(arrivals[-1] - arrivals[0]) if n > 1 else 1.0
+    return {
+        "requests": n,
+        "completed": len(lat),
+        "failed": failed,
+        "unanswered": n - len(done),
+        "errors": sorted({d[2] for d in done.values() if not d[1]})[:3],
+        "throughput_rps": round(len(lat) / span, 3),
+        "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat else None,
+        "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat else None,
+        "slo_attainment": round(sum(1 for x in lat if x <= slo_ms) / n, 4) if n else None,
+        "memory_mean_mb": round(float(mem.mean()), 1) if mem.size else None,
+        "memory_peak_mb": round(float(mem.max()), 1) if mem.size else None,
+        "send_s": round(end_send, 1),
+        "other_processes_cores": other_cores,
+        "timeline": timeline,
+    }
+
+
+def run_model(
+    model: str, kinds: list[str], duration_s: float, load: float, control_path: str
+) -> dict:
+    from infscaler.service import Service
+
+    st = MODEL_SETTINGS[model]
+    k = st["k"]
+    feeds = model_inputs(model)
+    print(f"== {model}: calibrating", flush=True)
+    cal = calibrate(model, feeds, st["n_l0"])
+    slo_ms = SLO_X * cal["l0_ms"]
+    rate = load * cal["ideal_rps"]
+    print(
+        f"   L0 {cal['l0_ms']} ms, ideal {cal['ideal_rps']}/s, rate {rate:.2f}/s, SLO {slo_ms:.0f} ms"
+    )
+    runs = []
+    with Service(state_dir=STATE_DIR, control_path=control_path, pool_mb=256) as svc:
+        for kind in kinds:
+            arr, info = arrivals_for(kind, rate, duration_s, seed=1)
+            for config in ("infscaler", "replication"):
+                name = f"mt-{config}-{kind}"
+                cfg = pipeline(
+                    model,
+                    name,
+                    k if config == "infscaler" else 1,
+                    slo_ms=slo_ms,
+                    autoscale=AUTOSCALE,
+                    max_instances=len(os.sched_getaffinity(0)),
+                )
+                dep = svc.deploy(cfg)
+                for _ in range(2):
+                    svc.infer(name, feeds)
+                time.sleep(1.5)  # instances report USS every second
+                print(
+                    f"  {config} {kind}: {arr.size} requests over {info['duration_s']} s",
+                    flush=True,
+                )
+                r = replay(svc, dep, feeds, arr, slo_ms)
+                r["decisions"] = [
+                    {x: d[x] for x in ("time", "action", "unit", "queue_limit", "reason") if x in d}
+                    for d in svc.autoscaler.decisions(name)
+                ]
+                svc.undeploy(name)
+                r.update(
+                    config=config,
+                    arrivals=kind,
+                    arrivals_info=info,
+                    k=cfg.stages[0].partitions or 1,
+                )
+                runs.append(r)
+                print(
+                    f"    tput {r['throughput_rps']}/s, P99 {r['p99_ms']} ms, attain "
+                    f"{r['slo_attainment']}, memory mean {r['memory_mean_mb']} / peak "
+                    f"{r['memory_peak_mb']} MB, failed {r['failed']}, others {r['other_processes_cores']} cores",
+                    flush=True,
+                )
+    table = []
+    for kind in kinds:
+        a = next(r for r in runs if r["arrivals"] == kind and r["config"] == "infscaler")
+        b = next(r for r in runs if r["arrivals"] == kind and r["config"] == "replication")
+        equal = abs(a["throughput_rps"] - b["throughput_rps"]) <= 0.05 * max(
+            b["throughput_rps"], 1e-9
+        )
+        table.append(
+            {
+                "arrivals": kind,
+                "infscaler_mean_mb": a["memory_mean_mb"],
+                "replication_mean_mb": b["memory_mean_mb"],
+                "mean_ratio": round(a["memory_mean_mb"] / b["memory_mean_mb"], 3),
+                "infscaler_peak_mb": a["memory_peak_mb"],
+                "replication_peak_mb": b["memory_peak_mb"],
+                "peak_ratio": round(a["memory_peak_mb"] / b["memory_peak_mb"], 3),
+                "throughput_equal_within_5pct": bool(equal),
+                "infscaler_throughput_rps": a["throughput_rps"],
+                "replication_throughput_rps": b["throughput_rps"],
+                "infscaler_slo_attainment": a["slo_attainment"],
+                "replication_slo_attainment": b["slo_attainment"],
+                "target_3_met": bool(a["memory_mean_mb"] <= 0.75 * b["memory_mean_mb"]),
+            }
+        )
+    return {
+        "model": model,
+        "k": k,
+        "calibration": cal,
+        "slo_x": SLO_X,
+        "slo_ms": round(slo_ms, 2),
+        "load_vs_ideal": load,
+        "mean_rate": round(rate, 3),
+        "runs": runs,
+        "table": table,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default="vgg19,resnet50")
+    ap.add_argument("--arrivals", default="azure,gamma-cv1,gamma-cv4")
+    ap.add_argument("--duration-s", type=float, default=150.0)
+    ap.add_argument("--load", type=float, default=0.6, help="mean rate / ideal")
+    ap.add_argument("--control-path", default="auto")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--replot", type=Path)
+    args = ap.parse_args(argv)
+    if args.replot:
+        plot(json.loads(args.replot.read_text()), args.replot.with_suffix(".png"))
+        return 0
+    default_cache_dir()
+    if args.quick:
+        models, kinds, duration = ["resnet50"], ["gamma-cv4"], 40.0
+    else:
+        models = [m for m in args.models.split(",") if m]
+        kinds = [k for k in args.arrivals.split(",") if k]
+        duration = args.duration_s
+    path = args.out or RESULTS_DIR / (
+        "memory_trace_quick.json" if args.quick else "memory_trace.json"
+    )
+    old = json.loads(path.read_text()) if path.exists() and not args.quick and not args.out else {}
+    env = environment()
+    steal0 = cpu_steal_seconds()
+    fl = ForeignLoad(own_cpu_seconds)
+    results = [m for m in old.get("models", []) if m["model"] not in models]
+    for model in models:
+        t = time.monotonic()
+        e = run_model(model, kinds, duration, args.load, args.control_path)
+        e["wall_s"] = round(time.monotonic() - t, 1)
+        e["load_average_at_end"] = list(os.getloadavg())
+        results.append(e)
+        data = {
+            "environment": {**env, "load_average_at_end": list(os.getloadavg())},
+            "host_noise": host_noise(
+                {"note": "before the full run the operator waited for a 1-min load < 2.5"},
+                fl.cores(),
+                steal0,
+            ),
+            "autoscale": AUTOSCALE,
+            "models": results,
+        }
+        write_json(path, data)
+        plot(data, path.with_suffix(".png"))
+    print_table(
+        [
+            "model",
+            "arrivals",
+            "InfScaler MB",
+            "replication MB",
+            "ratio",
+            "peak ratio",
+            "tput",
+            "attain",
+            "<= 0.75",
+        ],
+        [
+            [
+                m["model"],
+                t["arrivals"],
+                t["infscaler_mean_mb"],
+                t["replication_mean_mb"],
+                t["mean_ratio"],
+                t["peak_ratio"],
+                f"{t['infscaler_throughput_rps']}/{t['replication_throughput_rps']}",
+                f"{t['infscaler_slo_attainment']}/{t['replication_slo_attainment']}",
+                "met" if t["target_3_met"] else "MISSED",
+            ]
+            for m in data["models"]
+            for t in m["table"]
+        ],
+    )
+    print(f"wrote {path} and .png")
+    return 0
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Top row: Table II as bars (mean memory, peak as a marker; P99 and attainment
+    printed), one panel per model. Bottom row: memory over time per arrival process."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = data["models"]
+    kinds = sorted(
+        {r["arrivals"] for m in models for r in m["runs"]}, key=lambda k: (k != "azure", k)
+    )
+    ncol = max(len(models), len(kinds))
+    fig, axes = plt.subplots(
+        1 + len(models), ncol, figsize=(4.8 * ncol, 3.6 * (1 + len(models))), squeeze=False
+    )
+    colors = {"infscaler": "#2a7", "replication": "#58c"}
+    for j, m in enumerate(models):
+        ax = axes[0][j]
+        ks = [t["arrivals"] for t in m["table"]]
+        for i, c in enumerate(("infscaler", "replication")):
+            xs = np.arange(len(ks)) + (i - 0.5) * 0.38
+            runs = [
+                next(r for r in m["runs"] if r["arrivals"] == k and r["config"] == c) for k in ks
+            ]
+            ax.bar(
+                xs, [r["memory_mean_mb"] for r in runs], 0.38, color=colors[c], label=f"{c} (mean)"
+            )
+            ax.scatter(
+                xs, [r["memory_peak_mb"] for r in runs], color="k", marker="_", s=200, zorder=3
+            )
+            for x, r in zip(xs, runs, strict=True):
+                ax.text(
+                    x,
+                    r["memory_mean_mb"] * 0.5,
+                    f"{r['memory_mean_mb']:.0f}\nP99 {r['p99_ms']:.0f}\n{100 * r['slo_attainment']:.0f}%",
+                    ha="center",
+                    fontsize=6.5,
+                    rotation=90,
+                    va="center",
+                )
+        for x, t in zip(np.arange(len(ks)), m["table"], strict=True):
+            ax.text(
+                x,
+                ax.get_ylim()[1] * 0.97,
+                f"x{t['mean_ratio']:.2f}",
+                ha="center",
+                va="top",
+                fontsize=8,
+            )
+        ax.set_xticks(np.arange(len(ks)), ks)
+        ax.set_ylabel("memory MB (bars mean, - peak)")
+        ax.set_title(
+            f"{m['model']} K={m['k']}: SLO {m['slo_ms']:.0f} ms (2x L0), "
+            f"mean {m['mean_rate']:.2f}/s ({m['load_vs_ideal']:.0%} ideal)",
+            fontsize=8.5,
+        )
+        ax.legend(fontsize=7, loc="lower right")
+        for jj in range(len(models), ncol):
+            axes[0][jj].axis("off")
+        for i, k in enumerate(kinds):
+            ax = axes[1 + j][i]
+            for c in ("infscaler", "replication"):
+                r = next((r for r in m["runs"] if r["arrivals"] == k and r["config"] == c), None)
+                if r is None:
+                    continue
+                tl = r["timeline"]
+                ax.plot(
+                    [s["t"] for s in tl], [s["memory_mb"] for s in tl], color=colors[c], label=c
+                )
+            ax.set_title(f"{m['model']}: {k}", fontsize=9)
+            ax.set_xlabel("s")
+            ax.set_ylabel("memory MB")
+            ax.legend(fontsize=7)
+        for ii in range(len(kinds), ncol):
+            axes[1 + j][ii].axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
