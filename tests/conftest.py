@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +121,13 @@ def kind(request: pytest.FixtureRequest, ebpf_status: tuple[bool, str]) -> str:
     if request.param == "ebpf" and not ebpf_status[0]:
         pytest.skip(f"eBPF channel unavailable on this host: {ebpf_status[1]}")
     return request.param
+
+
+@pytest.fixture
+def stagefuncs_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/stagefuncs.py importable here and in the instance processes a test starts
+    (this directory on sys.path and on their PYTHONPATH)."""
+    here = str(Path(__file__).parent)
+    old = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", f"{here}{os.pathsep}{old}" if old else here)
+    monkeypatch.syspath_prepend(here)

@@ -8,7 +8,6 @@ sleeps, so the test measures the control loop, not this host's two cores).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -26,11 +25,7 @@ from infscaler.service import Service
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def _stagefuncs_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    old = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{old}" if old else str(HERE))
-    monkeypatch.syspath_prepend(str(HERE))
+pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
 
 def step_pipeline(slow_ms: float = 40.0, **autoscale: object) -> dict:

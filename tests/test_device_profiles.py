@@ -132,11 +132,6 @@ def test_profile_that_is_not_a_mapping_is_refused(tmp_path):
 # -- pipeline vs profile ----------------------------------------------------------------------
 
 
-@pytest.fixture
-def _stagefuncs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(HERE))
-
-
 def _function_pipeline(tmp_path, instances: int = 1):
     cfg = load_pipeline(
         {
@@ -190,7 +185,7 @@ def _small_host(cap_mb: int, cores: int = 2) -> DeviceProfile:
     )
 
 
-@pytest.mark.usefixtures("_stagefuncs")
+@pytest.mark.usefixtures("stagefuncs_on_path")
 def test_fitting_pipeline_passes(tmp_path, residual_path):
     assert check_pipeline(_function_pipeline(tmp_path), load_profile("cpu-host")) == []
     cp = _model_pipeline(tmp_path, residual_path, "dla")
@@ -229,7 +224,7 @@ def test_precision_and_instance_limits_are_checked(tmp_path, residual_path):
     assert "instances x threads = 4" in warning and "exceed the 2 cores" in warning
 
 
-@pytest.mark.usefixtures("_stagefuncs")
+@pytest.mark.usefixtures("stagefuncs_on_path")
 def test_cap_smaller_than_one_instance_is_refused(tmp_path):
     cp = _function_pipeline(tmp_path)
     need = 2 * INSTANCE_OVERHEAD_MB
@@ -247,7 +242,7 @@ def test_cap_smaller_than_one_instance_is_refused(tmp_path):
         check_pipeline(_function_pipeline(tmp_path, instances=3), _small_host(int(need) + 1))
 
 
-@pytest.mark.usefixtures("_stagefuncs")
+@pytest.mark.usefixtures("stagefuncs_on_path")
 def test_plan_memory_estimate_counts(tmp_path):
     cp = _function_pipeline(tmp_path)
     cp.units[0] = dataclasses.replace(cp.units[0], kind="model", memory_mb=500.0)

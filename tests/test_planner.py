@@ -30,11 +30,7 @@ from infscaler.runtime.unitprofile import profile_pipeline, sample_inputs
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def _stagefuncs_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    old = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{old}" if old else str(HERE))
-    monkeypatch.syspath_prepend(str(HERE))
+pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
 
 def unit(name: str, ms: float, mem: float = 100.0, cv: float = 0.5, **kw) -> UnitProfile:

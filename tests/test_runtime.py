@@ -25,11 +25,7 @@ from infscaler.service import Service, ServiceError
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def _stagefuncs_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    old = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{old}" if old else str(HERE))
-    monkeypatch.syspath_prepend(str(HERE))
+pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
 
 def fan_pipeline(sum_instances: int = 2) -> dict:
