@@ -293,7 +293,7 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def infer(request: web.Request) -> web.Response:
-    from infscaler.protocol import TensorSpec, decode_infer_request, encode_infer_response
+    from infscaler.protocol import TensorSpec, decode_infer_request
 
     service = request.app[_SERVICE]
     name = request.match_info["name"]
@@ -321,23 +321,7 @@ async def infer(request: web.Request) -> web.Response:
             return error_response("parameter timeout_ms must be a number", 400)
     fut = service.submit(name, _slot_arrays(req.inputs), timeout_s)
     result = await asyncio.wrap_future(fut)
-    params = {
-        "latency_ms": round(result.latency_ms, 3),
-        "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
-    }
-    if result.items is not None:
-        params["items"] = result.items
-    body, headers = encode_infer_response(
-        model_name=name,
-        model_version="1",
-        request_id=req.id,
-        outputs=result.outputs,
-        requested=req.outputs,
-        binary_default=req.binary_output_default,
-        parameters=params,
-        shm=request.app[_SHM],
-    )
-    return web.Response(body=body, headers=headers)
+    return _infer_response(request, req, name, dep, result, {})
 
 
 async def _infer_task(request: web.Request, router: Any, task: str) -> web.Response:
@@ -345,7 +329,7 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     ``latency_ms`` and ``min_accuracy`` (both optional). The selector (INFaaS Algorithm 1)
     picks the variant, which is loaded if needed; the response's parameters name it
     (``variant``, ``meets_requirements``, ``selection``, ``selection_reason``, ...)."""
-    from infscaler.protocol import TensorSpec, decode_infer_request, encode_infer_response
+    from infscaler.protocol import TensorSpec, decode_infer_request
     from infscaler.tasks import task_interface
 
     body = await request.read()
@@ -382,24 +366,7 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     )
     result = await asyncio.wrap_future(fut)
     dep = request.app[_SERVICE].deployment(sel.variant.name)
-    out_params: dict[str, Any] = {
-        "latency_ms": round(result.latency_ms, 3),
-        "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
-        **router.parameters(sel),
-    }
-    if result.items is not None:
-        out_params["items"] = result.items
-    body, headers = encode_infer_response(
-        model_name=task,
-        model_version="1",
-        request_id=req.id,
-        outputs=result.outputs,
-        requested=req.outputs,
-        binary_default=req.binary_output_default,
-        parameters=out_params,
-        shm=request.app[_SHM],
-    )
-    return web.Response(body=body, headers=headers)
+    return _infer_response(request, req, task, dep, result, router.parameters(sel))
 
 
 def _slot_arrays(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -657,3 +624,30 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _infer_response(
+    request: web.Request, req: Any, model_name: str, dep: Any, result: Any, extra: dict
+) -> web.Response:
+    """The v2 infer response for ``result``: its outputs, and as parameters the
+    latency, per-unit ms, fan-out items and ``extra`` (the chosen variant, for tasks)."""
+    from infscaler.protocol import encode_infer_response
+
+    params: dict[str, Any] = {
+        "latency_ms": round(result.latency_ms, 3),
+        "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
+        **extra,
+    }
+    if result.items is not None:
+        params["items"] = result.items
+    body, headers = encode_infer_response(
+        model_name=model_name,
+        model_version="1",
+        request_id=req.id,
+        outputs=result.outputs,
+        requested=req.outputs,
+        binary_default=req.binary_output_default,
+        parameters=params,
+        shm=request.app[_SHM],
+    )
+    return web.Response(body=body, headers=headers)
