@@ -57,28 +57,20 @@ def parse_rate(text: str) -> float:
 
 
 def parse_slo_ms(text: str) -> float:
-    """``200ms``, ``0.2s``, ``200`` (ms) -> ms, with the partitioner's SLO parser
-    (:func:`infscaler.partitioner.api.parse_slo`); a factor (``1.5x``) or ``none`` is
-    refused: the plan needs an absolute end-to-end SLO.
+    """``200ms``, ``0.2s``, ``200`` (ms) -> ms (:func:`infscaler.partitioner.slo.slo_ms`);
+    a factor (``1.5x``) or ``none`` is refused: the plan needs an absolute end-to-end SLO.
 
     Raises:
         InfScalerError: unreadable, zero or negative, a factor, or none.
     """
-    from infscaler.partitioner.api import parse_slo
+    from infscaler.partitioner.slo import slo_ms
 
-    s = str(text).strip()
-    if s.startswith("-"):
-        raise InfScalerError(f"the SLO must be positive, got '{text}'", hint="e.g. --slo 200ms")
-    slo = parse_slo(s)
-    if slo.factor is not None:
+    try:
+        return slo_ms(text)
+    except InfScalerError as exc:
         raise InfScalerError(
-            f"--slo {text} is relative to one model's latency; a pipeline plan needs an "
-            "absolute end-to-end SLO",
-            hint="e.g. --slo 200ms or --slo 0.2s",
-        )
-    if slo.ms is None:
-        raise InfScalerError("plan needs an SLO", hint="e.g. --slo 200ms")
-    return float(slo.ms)
+            f"--slo: {exc.message}", hint="e.g. --slo 200ms or --slo 0.2s"
+        ) from None
 
 
 def _load_inputs(inputs: list[str], image: Path | None, compiled: Any) -> dict[str, np.ndarray]:

@@ -56,7 +56,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from infscaler.errors import ConfigError
+from infscaler.errors import ConfigError, InfScalerError
 
 __all__ = [
     "AutoscaleConfig",
@@ -379,14 +379,14 @@ class PipelineConfig(BaseModel):
 
 
 def _slo_to_ms(text: str | float) -> float:
-    """``200ms`` / ``0.2s`` / ``200`` -> 200.0 (ms). Raises ValueError with the reason."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s|us)?\s*", str(text).lower())
-    if not m:
-        raise ValueError(f"cannot read SLO {text!r}: write e.g. 200ms or 0.2s")
-    value = float(m.group(1)) * {"ms": 1.0, "s": 1000.0, "us": 0.001}[m.group(2) or "ms"]
-    if value <= 0:
-        raise ValueError(f"the SLO must be positive, got {text!r}")
-    return value
+    """``200ms`` / ``0.2s`` / ``200`` -> 200.0 (ms)
+    (:func:`infscaler.partitioner.slo.slo_ms`). Raises ValueError with the reason."""
+    from infscaler.partitioner.slo import slo_ms
+
+    try:
+        return slo_ms(text)
+    except InfScalerError as exc:
+        raise ValueError(f"{exc.message}: {exc.hint}" if exc.hint else exc.message) from None
 
 
 def _where(loc: tuple, data: Any) -> str:

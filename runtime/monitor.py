@@ -94,7 +94,9 @@ class PipelineMetrics:
 
     Attributes:
         name: the pipeline. now: monotonic time of the reading, s. window_s: its window.
-        arrival_rate: requests per second submitted. completion_rate: answered per second. p50_ms / p95_ms / p99_ms: end-to-end latency.
+        arrival_rate: requests per second admitted. offered_rate: requests per second
+            submitted, refused ones (load shedding) included. completion_rate: answered
+            per second. p50_ms / p95_ms / p99_ms: end-to-end latency.
         pending: requests admitted and not answered. units: per unit.
     """
 
@@ -108,6 +110,7 @@ class PipelineMetrics:
     p99_ms: float | None
     pending: int
     units: tuple[UnitMetrics, ...] = field(default_factory=tuple)
+    offered_rate: float | None = None
 
 
 class Monitor:
@@ -135,6 +138,7 @@ class Monitor:
         with stats._lock:
             lat = stats.latency.summary(now, w)
             rate = _count_since(stats.arrivals._t, now - w) / w
+            offered = _count_since(stats.offered._t, now - w) / w
             per_unit = []
             for i in range(len(stats.units)):
                 comp = stats.compute[i].summary(now, w)
@@ -182,6 +186,7 @@ class Monitor:
             p99_ms=lat["p99_ms"],
             pending=self.service.frontend.pending(route),
             units=tuple(units),
+            offered_rate=offered,
         )
 
     @staticmethod
@@ -316,6 +321,7 @@ class Monitor:
             cores_used=cores_used,
             instances_used=engines_used,
             pending=m.pending,
+            offered_rate=m.offered_rate,
         )
 
 

@@ -120,6 +120,8 @@ class Snapshot:
         cores_used: CPU cores held by running instances (all pipelines).
         instances_used: per engine, running instances (all pipelines).
         pending: requests admitted and not yet answered.
+        offered_rate: requests per second submitted over the window, refused ones
+            (load shedding) included (None: same as ``arrival_rate``).
     """
 
     now: float
@@ -131,6 +133,14 @@ class Snapshot:
     cores_used: int = 0
     instances_used: dict[str, int] = field(default_factory=dict)
     pending: int = 0
+    offered_rate: float | None = None
+
+    @property
+    def offered(self) -> float:
+        """The offered load, requests/s: ``offered_rate``, at least ``arrival_rate``."""
+        if self.offered_rate is None:
+            return self.arrival_rate
+        return max(self.offered_rate, self.arrival_rate)
 
 
 @dataclass(frozen=True)
@@ -196,7 +206,8 @@ class Decision:
     reason: str = ""
 
 
-#: A ``shed`` bound is lifted once P99 is below this fraction of the SLO (hysteresis).
+#: A ``shed`` bound is lifted once P99 is below this fraction of the SLO, or the offered
+#: load below this fraction of the pipeline's capacity (hysteresis).
 LIFT_RATIO = 0.8
 
 # slack for ceil / floor of products of floats (2.0000000000000004 replicas is 2)
@@ -210,7 +221,8 @@ def decide(
 
     One call, in order:
 
-    1. ``(now, arrival_rate)`` joins ``state.rates``; samples older than
+    1. ``(now, offered)`` joins ``state.rates`` (:attr:`Snapshot.offered`: the rate
+       submitted, shed requests included, so a pipeline that sheds is not scaled in); samples older than
        ``rate_horizon_s`` (``now - t > rate_horizon_s``) are dropped.
     2. The SLO is violated when ``p99_ms`` is known and ``p99_ms > violation_ratio x
        slo_ms``. On a violation, once ``cooldown_s`` has passed since the last scale-out
@@ -223,7 +235,10 @@ def decide(
        with :func:`shed_queue_limit` (emitted only when it differs from the bound in
        force).
     3. Without a violation: a bound in force is lifted (``shed`` with ``queue_limit``
-       None) once P99 < :data:`LIFT_RATIO` x SLO; and, when more than ``hold_s`` has
+       None) once P99 < :data:`LIFT_RATIO` x SLO, or once the offered load (shed
+       requests included) is <= :data:`LIFT_RATIO` x :func:`pipeline_capacity_rps` (the
+       overload is over: a bounded queue keeps P99 near the SLO, so P99 alone could hold
+       the bound long after the load fell); and, when more than ``hold_s`` has
        passed since the last change (scale-out or scale-in; None: never), InferLine
        Algorithm 4: with lambda_max the largest rate in ``rates``, every unit whose
        instances exceed ``max(needed, min_instances)``, needed =
@@ -265,7 +280,7 @@ def decide(
     _check_config(config)
     now = snapshot.now
     rates = tuple((t, r) for t, r in state.rates if now - t <= config.rate_horizon_s)
-    rates += ((now, snapshot.arrival_rate),)
+    rates += ((now, snapshot.offered),)
     new = replace(state, rates=rates)
     decisions: list[Decision] = []
 
@@ -297,18 +312,28 @@ def decide(
         if ins:
             decisions.extend(ins)
             new = replace(new, last_change=now)
-    p99 = snapshot.p99_ms
-    if state.queue_limit is not None and p99 is not None and p99 < LIFT_RATIO * snapshot.slo_ms:
+    lift = _lift_reason(snapshot) if state.queue_limit is not None else None
+    if lift is not None:
         decisions.append(
             Decision(
                 "shed",
                 queue_limit=None,
-                reason=f"P99 {p99:.0f} ms < {LIFT_RATIO:g} x SLO {_n(snapshot.slo_ms)} ms: "
-                f"queue bound {state.queue_limit} lifted",
+                reason=f"{lift}: queue bound {state.queue_limit} lifted",
             )
         )
         new = replace(new, queue_limit=None)
     return decisions, new
+
+
+def _lift_reason(s: Snapshot) -> str | None:
+    """Why a queue bound can go (step 3 of :func:`decide`), or None to keep it."""
+    p99 = s.p99_ms
+    if p99 is not None and p99 < LIFT_RATIO * s.slo_ms:
+        return f"P99 {p99:.0f} ms < {LIFT_RATIO:g} x SLO {_n(s.slo_ms)} ms"
+    rps = pipeline_capacity_rps(s)
+    if rps is not None and s.offered <= LIFT_RATIO * rps + _EPS:
+        return f"offered load {_n(s.offered)} req/s <= {LIFT_RATIO:g} x capacity {_n(rps)} req/s"
+    return None
 
 
 def is_violated(snapshot: Snapshot, config: ScalerConfig = ScalerConfig()) -> bool:

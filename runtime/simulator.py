@@ -513,7 +513,8 @@ class _Sim:
         self.latency_window: collections.deque[tuple[float, float]] = collections.deque(
             maxlen=_WINDOW_SAMPLES
         )
-        self.arrival_times: collections.deque[float] = collections.deque()
+        self.arrival_times: collections.deque[float] = collections.deque()  # offered
+        self.admitted_times: collections.deque[float] = collections.deque()
         self.timeline: list[dict[str, Any]] = []
         self.decisions: list[dict[str, Any]] = []
         self.state = ScalerState()
@@ -577,6 +578,7 @@ class _Sim:
         if self.queue_limit is not None and self.pending >= self.queue_limit:
             self.rejected[r] = True
             return
+        self.admitted_times.append(t)
         self.pending += 1
         limit = self._window()
         if self.backlog or (limit is not None and self.inflight >= limit):
@@ -730,9 +732,13 @@ class _Sim:
         assert auto is not None
         w = auto.window_s
         cutoff = t - w
-        while self.arrival_times and self.arrival_times[0] < cutoff:
-            self.arrival_times.popleft()
-        rate = len(self.arrival_times) / w
+        for times in (self.arrival_times, self.admitted_times):
+            while times and times[0] < cutoff:
+                times.popleft()
+        # as the service's monitor: arrivals are admitted requests, the offered load
+        # counts the rejected ones too
+        offered = len(self.arrival_times) / w
+        rate = len(self.admitted_times) / w
         lat = [ms for (ft, ms) in self.latency_window if ft >= cutoff]
         p99 = float(np.percentile(lat, 99)) if lat else None
         engines_used: dict[str, int] = {}
@@ -796,6 +802,7 @@ class _Sim:
             cores_used=cores_in_use(busy_ms / 1e3 / w),
             instances_used=engines_used,
             pending=self.pending,
+            offered_rate=offered,
         )
 
     def _apply(self, d: Decision, t: float) -> None:

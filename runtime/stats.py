@@ -104,6 +104,8 @@ class PipelineStats:
         self._lock = threading.Lock()
         self.latency = LatencyWindow()
         self.arrivals = RateWindow()
+        #: admitted and refused (shed / max_pending) requests: the offered load
+        self.offered = RateWindow()
         self.success = 0
         self.fail: collections.Counter[int] = collections.Counter()
         self.rejected = 0
@@ -112,7 +114,9 @@ class PipelineStats:
 
     def arrival(self) -> None:
         with self._lock:
-            self.arrivals.add()
+            now = time.monotonic()
+            self.arrivals.add(now)
+            self.offered.add(now)
 
     def record_success(self, latency_ms: float, trace: np.ndarray | None, t_submit_ns: int) -> None:
         """A request answered: its end-to-end latency (ms) and the trace rows
@@ -127,8 +131,11 @@ class PipelineStats:
             self.fail[status] += 1
 
     def record_rejection(self) -> None:
+        """A request refused before admission (queue bound or ``max_pending``): it counts
+        in the offered load, not in the arrivals."""
         with self._lock:
             self.rejected += 1
+            self.offered.add()
 
     def _record_trace(self, trace: np.ndarray | None, t_submit_ns: int) -> None:
         if trace is None or trace.size == 0:

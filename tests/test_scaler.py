@@ -52,6 +52,7 @@ def snap(
     cores: int = 0,
     cores_used: int = 0,
     used: dict[str, int] | None = None,
+    offered: float | None = None,
 ) -> Snapshot:
     if used is None:  # this pipeline's instances are all the device runs
         used = {}
@@ -67,6 +68,7 @@ def snap(
         cap=ResourceCap(mem_cap, mem_used, slots or {"cpu": 8, "gpu": 4}, cores),
         cores_used=cores_used,
         instances_used=used,
+        offered_rate=offered,
     )
 
 
@@ -302,14 +304,38 @@ def test_shed_at_the_cap_with_littles_law_then_lift() -> None:
     # still violated, same bound: nothing new
     out, s = decide(snap(units, now=105.0, **full), s)
     assert out == [] and s.queue_limit == 4
-    # 170 ms is below the SLO but not below 0.8 x 200 = 160: the bound stays
-    out, s = decide(snap(units, now=110.0, p99=170.0, **full), replace(s, last_change=109.0))
+    # 170 ms is below the SLO but not below 0.8 x 200 = 160, and 17 req/s are offered
+    # (shed ones included), above 0.8 x 20 = 16: the bound stays
+    busy = dict(full, offered=17.0)
+    out, s = decide(snap(units, now=110.0, p99=170.0, **busy), replace(s, last_change=109.0))
     assert out == [] and s.queue_limit == 4
     # 150 < 160: lifted
-    out, s = decide(snap(units, now=111.0, p99=150.0, **full), s)
+    out, s2 = decide(snap(units, now=111.0, p99=150.0, **busy), s)
     d = only(out)
     assert (d.action, d.queue_limit) == ("shed", None) and "lifted" in d.reason
-    assert s.queue_limit is None
+    assert "P99 150 ms < 0.8 x SLO 200 ms" in d.reason
+    assert s2.queue_limit is None
+    # the same 170 ms, but the offered load fell to 16 <= 0.8 x 20: the overload is over
+    out, s3 = decide(snap(units, now=111.0, p99=170.0, **dict(full, offered=16.0)), s)
+    d = only(out)
+    assert (d.action, d.queue_limit) == ("shed", None)
+    assert "offered load 16 req/s <= 0.8 x capacity 20 req/s" in d.reason
+    assert s3.queue_limit is None
+    # no sample at all (P99 unknown) and nothing offered: lifted too
+    out, s4 = decide(snap(units, now=111.0, p99=None, **dict(full, rate=0.0, offered=0.0)), s)
+    assert only(out).queue_limit is None and s4.queue_limit is None
+
+
+def test_scale_in_counts_the_shed_load() -> None:
+    # 2 instances x 1000 / 50 ms = 40 items/s; 10 req/s admitted but 30 offered
+    u = unit(0, 50, {"cpu": 2}, service_ms=50.0, arrival_rate=10.0)
+    st = ScalerState(last_change=0.0)
+    out, st = decide(snap([u], now=100.0, p99=50.0, rate=10.0, offered=30.0), st)
+    # needed = ceil(30 x 50 / 1000 / 0.6) = 3 >= 2: no scale-in
+    assert out == [] and st.rates[-1] == (100.0, 30.0)
+    # without the refused requests: needed = ceil(10 x 0.05 / 0.6) = 1 < 2: one back
+    out, _ = decide(snap([u], now=100.0, p99=50.0, rate=10.0), ScalerState(last_change=0.0))
+    assert [d.action for d in out] == ["scale_in"]
 
 
 def test_shed_names_the_slots_and_respects_config() -> None:
