@@ -40,6 +40,10 @@ SocketOpt = Annotated[
 ]
 
 
+#: Pipelines shipped in ``infscaler/pipelines`` (``NAME.yaml``), served by name.
+BUNDLED_PIPELINES = ("ocr", "dddd")
+
+
 def default_socket(socket: str | None = None) -> str:
     """``--socket``, else ``$INFSCALER_SOCKET``, else systemd's ``$RUNTIME_DIRECTORY``,
     else :data:`DEFAULT_SOCKET`."""
@@ -74,8 +78,8 @@ def pipeline_from_arg(arg: str, partitions: int | None = None) -> Any:
         return pipeline_for_model(p, partitions=partitions)
     if arg in MODELS:
         return pipeline_for_model(arg, partitions=partitions, shapes=MODELS[arg].shapes)
-    if arg == "ocr":
-        return load_pipeline(_bundled("ocr.yaml"))
+    if arg in BUNDLED_PIPELINES:
+        return load_pipeline(_bundled(f"{arg}.yaml"))
     raise ConfigError(
         f"cannot serve {arg!r}: not a pipeline .yaml, an .onnx file, a plan directory or a "
         "bundled model",
@@ -124,7 +128,8 @@ def serve_cmd(
         list[str] | None,
         typer.Argument(
             help="Pipelines to deploy: PIPELINE.yaml, MODEL.onnx, a bundled model alias, "
-            "a plan directory, or `ocr` (the bundled OCR pipeline)."
+            "a plan directory, or a bundled pipeline: `ocr` (PP-OCRv4) or `dddd` (ddddocr "
+            "detector -> recogniser)."
         ),
     ] = None,
     socket: SocketOpt = None,

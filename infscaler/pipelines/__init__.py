@@ -2,6 +2,10 @@
 
 - :mod:`infscaler.pipelines.ocr` -- PP-OCRv4 text detection, direction classification
   and recognition (the project's demo); the pipeline is ``ocr.yaml`` beside it.
+- :mod:`infscaler.pipelines.dddd` -- ddddocr's click-captcha character detector (YOLOX)
+  and recogniser (CRNN / CTC), a detector -> recogniser pipeline; ``dddd.yaml``.
+
+Both are served by name: ``infscaler serve ocr`` / ``infscaler serve dddd``.
 
 Function stages follow the contract in :mod:`infscaler.config`: ``fn(tensors, **params)``
 returns a dict of plain-dtype numpy arrays (a list of them for a ``fan_out`` stage), and a
