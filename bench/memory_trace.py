@@ -1,6 +1,6 @@
 """Memory under real and bursty arrivals (InfScaler §V, Table II), measured.
 
-Per model: SLO = 2 x L0 (L0: unloaded latency of the whole model, one request at a time,
+Per model: SLO = ``--slo`` x L0, default 2 (L0: unloaded latency of the whole model, one request at a time,
 1 intra-op thread, in-process onnxruntime; the same calibration as ``scaling.py``). Three
 arrival processes at the same mean rate (``--load`` x the host's ideal rate, ideal =
 usable cores x 1000 / L0):
@@ -21,6 +21,11 @@ pool and tokens, as ``replication-shm`` in ``scaling.py``):
 
 - ``infscaler``: the Eq. 1 plan with K partitions (K as in ``scaling.py``);
 - ``replication``: the whole model (K = 1), single-thread replicas.
+
+Pipeline cases (``--models ddddocr``, see ``scaling.py``): ``infscaler`` serves the staged
+ddddocr pipeline (each stage its own autoscaled unit, the detector in K partitions),
+``replication`` the whole pipeline as one function-stage unit per replica; L0 is the
+whole-pipeline function's, 1 thread.
 
 Memory = ``Monitor.memory_used_mb()`` (sum of every instance's USS + the tensor pool's
 mapped MB), sampled every 0.5 s from the deploy to the end of the run (the deploy's
@@ -198,7 +203,12 @@ def replay(
 
 
 def run_model(
-    model: str, kinds: list[str], duration_s: float, load: float, control_path: str
+    model: str,
+    kinds: list[str],
+    duration_s: float,
+    load: float,
+    control_path: str,
+    slo_x: float = SLO_X,
 ) -> dict:
     from infscaler.service import Service
 
@@ -207,7 +217,7 @@ def run_model(
     feeds = model_inputs(model)
     print(f"== {model}: calibrating", flush=True)
     cal = calibrate(model, feeds, st["n_l0"])
-    slo_ms = SLO_X * cal["l0_ms"]
+    slo_ms = slo_x * cal["l0_ms"]
     rate = load * cal["ideal_rps"]
     print(
         f"   L0 {cal['l0_ms']} ms, ideal {cal['ideal_rps']}/s, rate {rate:.2f}/s, SLO {slo_ms:.0f} ms"
@@ -225,6 +235,7 @@ def run_model(
                     slo_ms=slo_ms,
                     autoscale=AUTOSCALE,
                     max_instances=len(os.sched_getaffinity(0)),
+                    whole=config == "replication",
                 )
                 dep = svc.deploy(cfg)
                 for _ in range(2):
@@ -244,7 +255,7 @@ def run_model(
                     config=config,
                     arrivals=kind,
                     arrivals_info=info,
-                    k=cfg.stages[0].partitions or 1,
+                    k=k if config == "infscaler" else 1,
                 )
                 runs.append(r)
                 print(
@@ -281,7 +292,7 @@ def run_model(
         "model": model,
         "k": k,
         "calibration": cal,
-        "slo_x": SLO_X,
+        "slo_x": slo_x,
         "slo_ms": round(slo_ms, 2),
         "load_vs_ideal": load,
         "mean_rate": round(rate, 3),
@@ -297,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arrivals", default="azure,gamma-cv1,gamma-cv4")
     ap.add_argument("--duration-s", type=float, default=150.0)
     ap.add_argument("--load", type=float, default=0.6, help="mean rate / ideal")
+    ap.add_argument("--slo", type=float, default=SLO_X, help="SLO as a factor of L0")
     ap.add_argument("--control-path", default="auto")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--replot", type=Path)
@@ -321,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [m for m in old.get("models", []) if m["model"] not in models]
     for model in models:
         t = time.monotonic()
-        e = run_model(model, kinds, duration, args.load, args.control_path)
+        e = run_model(model, kinds, duration, args.load, args.control_path, args.slo)
         e["wall_s"] = round(time.monotonic() - t, 1)
         e["load_average_at_end"] = list(os.getloadavg())
         results.append(e)
@@ -422,7 +434,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
         ax.set_xticks(np.arange(len(ks)), ks)
         ax.set_ylabel("memory MB (bars mean, - peak)")
         ax.set_title(
-            f"{m['model']} K={m['k']}: SLO {m['slo_ms']:.0f} ms (2x L0), "
+            f"{m['model']} K={m['k']}: SLO {m['slo_ms']:.0f} ms ({m.get('slo_x', SLO_X):g}x L0), "
             f"mean {m['mean_rate']:.2f}/s ({m['load_vs_ideal']:.0%} ideal)",
             fontsize=8.5,
         )

@@ -1,6 +1,7 @@
 """Throughput at SLO (InfScaler §V, Fig. 5): InfScaler vs replication baselines, measured.
 
-Per model (ResNet-50, PP-OCRv4 det, VGG-19):
+Per model (ResNet-50, PP-OCRv4 det, VGG-19), or per pipeline case (``ddddocr``: the
+ddddocr detector -> recogniser pipeline, see "Pipeline cases" below):
 
 1. **Calibration** (in this process, one onnxruntime session on the whole model,
    sequential, spinning off, the cpu engine's options): the unloaded latency L0 (one
@@ -50,6 +51,17 @@ to step within one (configuration, SLO): that is how it would run. Memory during
 measured window: ``Monitor.memory_used_mb()`` (sum of instance USS + pool mapped MB)
 every 0.5 s.
 
+Pipeline cases (:data:`PIPELINE_CASES`; ``--models ddddocr``): a request is one image
+through ``infscaler/pipelines/dddd.yaml`` (YOLOX detector, then the CRNN recogniser per
+detected box), on the click-captcha test image of ``infscaler.pipelines.dddd``
+(``render_captcha_image``: 6 characters on skimage's ``coffee``). ``infscaler`` serves
+the staged pipeline, each stage its own autoscaled unit, the detector partitioned into K
+by Eq. 1; the replication baselines serve the whole pipeline as ONE function-stage unit
+per replica (``infscaler.pipelines.dddd:whole``: detector and recogniser sessions
+in-process, ``threads`` intra-op threads), and ``one-session`` runs that function
+in-process with all cores. L0 = that function with 1 thread, one request at a time.
+``--saturation`` does not apply to pipeline cases.
+
 ``--saturation N`` adds, to the models already in the JSON, a closed-loop saturation check
 of the fixed configurations the scaler reaches (:func:`saturation`): less sensitive to a
 noisy host than a P99 bound, not at an SLO.
@@ -98,6 +110,17 @@ MODEL_SETTINGS: dict[str, dict[str, Any]] = {
     "resnet50": {"k": 2, "warm_min_s": 4.0, "warm_max_s": 15.0, "measure_s": 12.0, "n_l0": 20},
     "ppocrv4-det": {"k": 3, "warm_min_s": 4.0, "warm_max_s": 15.0, "measure_s": 10.0, "n_l0": 15},
     "vgg19": {"k": 3, "warm_min_s": 6.0, "warm_max_s": 30.0, "measure_s": 20.0, "n_l0": 6},
+    "ddddocr": {"k": 2, "warm_min_s": 4.0, "warm_max_s": 15.0, "measure_s": 10.0, "n_l0": 15},
+}
+
+#: pipeline cases (not one model): the staged pipeline for InfScaler, its whole-pipeline
+#: function for the baselines (see the module docstring)
+PIPELINE_CASES: dict[str, dict[str, str]] = {
+    "ddddocr": {
+        "yaml": "dddd.yaml",  # in infscaler/pipelines
+        "partitioned_stage": "det",  # the stage partitioned into K
+        "whole": "infscaler.pipelines.dddd:whole",
+    },
 }
 
 #: the autoscaler's settings for every autoscaled configuration (faster than the defaults
@@ -122,7 +145,12 @@ AUTOSCALE = {
 
 def model_inputs(model: str) -> dict[str, np.ndarray]:
     """One request's inputs: a real photo through the OCR pre-processing for PP-OCRv4 det
-    (skimage ``astronaut``), seeded random values in [0, 1) for the light models."""
+    (skimage ``astronaut``), the click-captcha test image for ``ddddocr``, seeded random
+    values in [0, 1) for the light models."""
+    if model == "ddddocr":
+        from infscaler.pipelines.dddd import render_captcha_image
+
+        return {"image": render_captcha_image()}
     if model == "ppocrv4-det":
         from skimage import data as skdata
 
@@ -144,7 +172,24 @@ def model_inputs(model: str) -> dict[str, np.ndarray]:
     return feeds
 
 
+class WholePipeline:
+    """:func:`session`'s stand-in for a pipeline case: ``run(None, feeds)`` calls the
+    whole-pipeline function in-process with ``threads`` intra-op threads (its sessions
+    are cached per process and thread count)."""
+
+    def __init__(self, model: str, threads: int) -> None:
+        from infscaler.runtime.pipeline import load_function
+
+        self.fn = load_function(PIPELINE_CASES[model]["whole"])
+        self.threads = threads
+
+    def run(self, _outputs: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return list(self.fn(feeds, threads=self.threads).values())
+
+
 def session(model: str, threads: int) -> Any:
+    if model in PIPELINE_CASES:
+        return WholePipeline(model, threads)
     import onnxruntime as ort
 
     from infscaler.models import resolve_model
@@ -195,23 +240,64 @@ def pipeline(
     slo_ms: float | None = None,
     autoscale: dict | None = None,
     max_instances: int | None = None,
+    whole: bool | None = None,
 ) -> Any:
+    """The pipeline a configuration deploys: the model partitioned into ``k`` (1: whole);
+    for a pipeline case, the staged pipeline with its partitioned stage in ``k``, or with
+    ``whole`` (default ``k == 1``) the whole pipeline as one function stage."""
     from infscaler.config import load_pipeline, pipeline_for_model
     from infscaler.models import MODELS
 
-    cfg = pipeline_for_model(
-        model, name=name, partitions=k if k > 1 else None, shapes=MODELS[model].shapes
-    )
-    raw = cfg.model_dump(exclude_none=True)
-    raw["stages"][0]["threads"] = threads
-    if max_instances is not None:
-        raw["stages"][0]["max_instances"] = max_instances
+    if model in PIPELINE_CASES:
+        raw = pipeline_case(model, k, threads, k == 1 if whole is None else whole)
+        raw["name"] = name
+        for st in raw["stages"]:
+            if max_instances is not None and not st.get("fan_in"):
+                st["max_instances"] = max_instances
+    else:
+        cfg = pipeline_for_model(
+            model, name=name, partitions=k if k > 1 else None, shapes=MODELS[model].shapes
+        )
+        raw = cfg.model_dump(exclude_none=True)
+        raw["stages"][0]["threads"] = threads
+        if max_instances is not None:
+            raw["stages"][0]["max_instances"] = max_instances
     raw["request_timeout_s"] = 60.0
     if slo_ms is not None:
         raw["slo"] = f"{slo_ms:.1f}ms"
     if autoscale is not None:
         raw["autoscale"] = autoscale
     return load_pipeline(raw)
+
+
+def pipeline_case(model: str, k: int, threads: int, whole: bool) -> dict[str, Any]:
+    """A pipeline case's raw config: the bundled YAML with its partitioned stage in ``k``
+    and ``threads`` per model-stage instance, or (``whole``) one function stage running
+    the whole pipeline with ``threads`` cores and intra-op threads."""
+    from importlib import resources
+
+    import yaml
+
+    case = PIPELINE_CASES[model]
+    raw = yaml.safe_load(resources.files("infscaler.pipelines").joinpath(case["yaml"]).read_text())
+    if whole:
+        raw["stages"] = [
+            {
+                "name": "whole",
+                "function": case["whole"],
+                "params": {"threads": threads},
+                "inputs": [i["name"] for i in raw["inputs"]],
+                "outputs": list(raw["outputs"]),
+                "threads": threads,
+            }
+        ]
+        return raw
+    for st in raw["stages"]:
+        if st["name"] == case["partitioned_stage"]:
+            st["partitions"] = k
+        if "model" in st:
+            st["threads"] = threads
+    return raw
 
 
 def instances_of(svc: Any, dep: Any) -> list[int]:
@@ -244,7 +330,7 @@ def measure_memory(
 
     out: dict[str, Any] = {}
     for label, kk, threads in (("whole", 1, 1), ("whole_all_cores", 1, cores), ("plan", k, 1)):
-        cfg = pipeline(model, f"mem-{label}", kk, threads=threads)
+        cfg = pipeline(model, f"mem-{label}", kk, threads=threads, whole=label != "plan")
         dep = svc.deploy(cfg)
         futs = [svc.submit(cfg.name, feeds) for _ in range(8)]
         for f in futs:
@@ -770,6 +856,7 @@ def run_cell(
             slo_ms=slo_ms,
             autoscale=AUTOSCALE,
             max_instances=max(1, cores // threads),
+            whole=config != "infscaler",
         )
         dep = svc.deploy(cfg)
         for _ in range(2):
@@ -1033,6 +1120,9 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(path.read_text())
         for m in data["models"]:
             if m["model"] not in args.models.split(","):
+                continue
+            if m["model"] in PIPELINE_CASES:
+                print(f"{m['model']}: --saturation does not apply to pipeline cases", flush=True)
                 continue
             feeds = model_inputs(m["model"])
             cal = calibrate(m["model"], feeds, MODEL_SETTINGS[m["model"]]["n_l0"])
