@@ -37,21 +37,22 @@ registered tasks; a latency that is not a positive number or an accuracy outside
 [0, 1] is a 400. An unsatisfiable query is not an error: step 3 answers it, flagged.
 
 Vertical scaling (:func:`vertical_scale`, INFaaS §4.2.2 greedy heuristic): when the
-current variant's headroom (instances x saturation throughput / arrival rate) falls
-under ``slack`` and the scaler cannot replicate it any more (it reported ``shed``: the
-device's cap is reached), **upgrade** to a variant of the task that meets the SLO and the
+current variant's headroom (instances x saturation throughput, the measured one when
+slower than profiled, / arrival rate) falls under ``slack`` and the scaler cannot
+replicate it any more (it reported ``shed``: the device's cap is reached), **upgrade** to a variant of the task that meets the SLO and the
 accuracy floor with a higher throughput (same model first: a larger batch size), the one
 with the lowest cost ``memory_mb x instances x (1 + lambda x load_s)`` (INFaaS's
 ``C (delta + lambda T_load)``, with memory as the edge device's scarce resource). When
-the load has fallen so that a cheaper variant serves it within the slack, after the
-current one has run ``T_v`` = its load time (at least ``hold_s``), **downgrade**.
+the load has fallen so that a cheaper variant serves it within the slack (and the current
+one is not Overloaded: no backlog, no shedding), after the current one has run ``T_v`` =
+its load time (at least ``hold_s``), **downgrade**.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from infscaler.errors import InfScalerError
@@ -69,6 +70,7 @@ __all__ = [
     "VariantState",
     "classify",
     "select",
+    "served_capacity_qps",
     "validate_query",
     "vertical_scale",
 ]
@@ -324,8 +326,10 @@ def validate_query(query: Query, tasks: Iterable[str]) -> Query:
             registered tasks); (400) ``latency_ms`` not a positive number or
             ``min_accuracy`` not in [0, 1].
     """
-    known = sorted(tasks)
-    if not isinstance(query.task, str) or query.task not in known:
+    if not isinstance(tasks, Container):
+        tasks = tuple(tasks)
+    if not isinstance(query.task, str) or query.task not in tasks:
+        known = sorted(tasks)
         listed = (
             ", ".join(known) if known else "none: register one with `infscaler variants register`"
         )
@@ -371,6 +375,8 @@ def select(
     query: Query,
     catalog: Catalog,
     loads: Mapping[str, VariantLoad] | None = None,
+    *,
+    validated: bool = False,
 ) -> Selection:
     """INFaaS Algorithm 1 (see the module docstring). Pure: no I/O, no clock.
 
@@ -378,12 +384,14 @@ def select(
         query: the task and requirements (checked by :func:`validate_query`).
         catalog: the registered variants.
         loads: variant name -> its :class:`VariantLoad` (missing: Inactive).
+        validated: ``query`` is what :func:`validate_query` returned for this catalog
+            (the check is not repeated).
 
     Raises:
         SelectionError: the query is invalid (unknown task, bad values), or the task
             has no generated variant.
     """
-    q = validate_query(query, catalog.by_task)
+    q = query if validated else validate_query(query, catalog.by_task)
     variants = catalog.by_task[q.task]
     if not variants:
         raise SelectionError(f"task {q.task!r} has no generated variant", 404)
@@ -516,6 +524,17 @@ def _needed(p: VariantProfile, rate: float, slack: float) -> int:
     return max(1, math.ceil(rate * slack / max(p.capacity_qps, 1e-9)))
 
 
+def served_capacity_qps(profile: VariantProfile, load: VariantLoad) -> float:
+    """Saturation throughput of one instance of ``profile`` as served now: its profiled
+    :attr:`VariantProfile.capacity_qps`, or less when the measured service time
+    (``load.service_ms``, one run of up to ``batch`` queries) is slower than the profile
+    (larger inputs than profiled, co-located instances contending)."""
+    cap = profile.capacity_qps
+    if load.service_ms is not None and load.service_ms > 0:
+        cap = min(cap, max(1, profile.batch) * 1000.0 / load.service_ms)
+    return cap
+
+
 def vertical_scale(
     current: VariantProfile,
     load: VariantLoad,
@@ -532,7 +551,8 @@ def vertical_scale(
 
     Args:
         current: the variant serving the task now.
-        load: its load (``rate`` and ``instances`` are read).
+        load: its load (``rate``, ``instances`` and ``service_ms`` are read:
+            :func:`served_capacity_qps`).
         candidates: the task's variants (``current`` among them or not).
         slo_ms: the latency the task's queries ask for (None: the current variant's).
         min_accuracy: the accuracy floor (None: the current variant's accuracy).
@@ -550,7 +570,7 @@ def vertical_scale(
     floor = min_accuracy if min_accuracy is not None else current.accuracy
     instances = max(load.instances, 1)
     rate = max(load.rate, 0.0)
-    capacity = instances * current.capacity_qps
+    capacity = instances * served_capacity_qps(current, load)
     headroom = capacity / rate if rate > 0 else math.inf
     freed = current.memory_mb * instances
 
@@ -590,8 +610,13 @@ def vertical_scale(
             f"{slo:g} ms, accuracy {p.accuracy:.3f}) with {n} instance(s)",
         )
     hold = max(config.hold_s, current.load_ms / 1000.0)
-    if since_change_s < hold or headroom < config.slack or rate <= 0:
-        return None
+    if (
+        since_change_s < hold
+        or headroom < config.slack
+        or rate <= 0
+        or load.state is VariantState.OVERLOADED
+    ):
+        return None  # an overloaded variant (backlog, or the scaler sheds) keeps its load
     here = _cost(current, instances, config)
     best = None
     for p in others:

@@ -224,13 +224,22 @@ def mean_pool(tensors: Mapping[str, np.ndarray], *, normalize: bool = True) -> d
 # -- pipelines for variants ----------------------------------------------------------------
 
 
-def variant_pipeline(variant: Any, *, slo_ms: float | None = None) -> dict[str, Any]:
+def variant_pipeline(
+    variant: Any,
+    *,
+    slo_ms: float | None = None,
+    autoscale: Mapping[str, Any] | bool = True,
+    max_instances: int = 4,
+) -> dict[str, Any]:
     """The pipeline (a ``pipeline.yaml`` mapping) that serves ``variant``
     (:class:`~infscaler.variants.Variant`) with its task's interface.
 
     Args:
         slo_ms: when given, the pipeline gets this SLO and ``autoscale``, so the scaler
             replicates the variant's bottleneck within the device's cap.
+        autoscale: the pipeline's ``autoscale`` (True: the defaults; a mapping: its
+            :class:`~infscaler.config.AutoscaleConfig` fields) when ``slo_ms`` is given.
+        max_instances: replicas of the model stage the scaler may run at most.
     """
     io = variant.io
     model: dict[str, Any] = {"name": "model", "engine": variant.engine}
@@ -312,8 +321,8 @@ def variant_pipeline(variant: Any, *, slo_ms: float | None = None) -> dict[str, 
         cfg["stages"] = [model]
     if slo_ms is not None and math.isfinite(slo_ms):
         cfg["slo"] = f"{slo_ms:g}ms"
-        cfg["autoscale"] = True
-        model["max_instances"] = 4
+        cfg["autoscale"] = dict(autoscale) if isinstance(autoscale, Mapping) else True
+        model["max_instances"] = int(max_instances)
     return cfg
 
 
@@ -380,6 +389,12 @@ class TaskRouter:
         deploy_timeout_s: how long a query waits for its variant to load.
         rebalance_interval_s: how often the background loop runs :meth:`rebalance`
             (None: no loop; call it yourself).
+        autoscale_options: the ``autoscale`` mapping of the variants' pipelines
+            (:class:`~infscaler.config.AutoscaleConfig` fields: ``interval_s``,
+            ``hold_s``, ...; None: the defaults).
+        max_replicas: model instances the scaler may run per variant (its
+            ``max_instances``); beyond it, or at the device's cap, the scaler sheds and
+            :meth:`rebalance` upgrades.
     """
 
     #: ``autoscale`` when not given (the API server's router is made with the default).
@@ -390,6 +405,9 @@ class TaskRouter:
     stats_ttl_s = 0.5
     #: the window of the measured service time, s.
     stats_window_s = 10.0
+    #: how often the registry file is looked at for changes (a stat), s; a query naming
+    #: a task or variant the cached catalog lacks re-reads it at once.
+    catalog_check_s = 0.5
 
     def __init__(
         self,
@@ -401,6 +419,8 @@ class TaskRouter:
         autoscale: bool | None = None,
         deploy_timeout_s: float = 120.0,
         rebalance_interval_s: float | None = 2.0,
+        autoscale_options: Mapping[str, Any] | None = None,
+        max_replicas: int = 4,
     ) -> None:
         from infscaler.selector import ScalingConfig, SelectorConfig
         from infscaler.variants import VariantRegistry
@@ -412,8 +432,12 @@ class TaskRouter:
         self.autoscale = self.autoscale_default if autoscale is None else autoscale
         self.deploy_timeout_s = deploy_timeout_s
         self.rebalance_interval_s = rebalance_interval_s
+        self.autoscale_options = dict(autoscale_options) if autoscale_options else None
+        self.max_replicas = int(max_replicas)
         self._lock = threading.RLock()
         self._catalog: Any = None
+        self._checked = -math.inf
+        self._plans: dict[int, tuple[Any, str, tuple[int, ...], tuple[int, ...]]] = {}
         self._variants: dict[str, Any] = {}
         self._stamp: Any = None
         self._deploying: dict[str, threading.Event] = {}
@@ -428,11 +452,17 @@ class TaskRouter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
 
     # -- catalog -----------------------------------------------------------------------------
-    def catalog(self) -> Any:
+    def catalog(self, *, fresh: bool = False) -> Any:
         """The registry's variants as a :class:`~infscaler.selector.Catalog`, re-read
-        when the registry file changed."""
+        when the registry file changed (looked at every :attr:`catalog_check_s` at most;
+        ``fresh``: now)."""
+        now = time.monotonic()
+        cat = self._catalog
+        if cat is not None and not fresh and now - self._checked < self.catalog_check_s:
+            return cat
         stamp = self.registry.stamp()
         with self._lock:
+            self._checked = now
             if self._catalog is None or stamp != self._stamp:
                 from infscaler.selector import Catalog
 
@@ -446,11 +476,15 @@ class TaskRouter:
         return self.catalog().tasks
 
     def has_task(self, name: str) -> bool:
-        return name in self.catalog().by_task
+        return name in self.catalog().by_task or name in self.catalog(fresh=True).by_task
 
     def variant(self, name: str) -> Any:
         self.catalog()
-        return self._variants[name]
+        v = self._variants.get(name)
+        if v is None:
+            self.catalog(fresh=True)
+            v = self._variants[name]
+        return v
 
     # -- state -------------------------------------------------------------------------------
     def loads(self, task: str) -> dict[str, Any]:
@@ -461,48 +495,75 @@ class TaskRouter:
         the arrival rate and the measured service time (percentiles over the stats
         window) at most every :attr:`stats_ttl_s` (INFaaS's monitor updates its store
         every 2 s), so that a decision stays in the tens of microseconds."""
+        return self._loads(task, self.catalog())
+
+    def _plan(self, dep: Any) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+        """``(name, served unit indices, model unit indices)`` of a deployment, computed
+        once per deployment object (a redeploy makes a new one)."""
+        hit = self._plans.get(id(dep))
+        if hit is not None and hit[0] is dep:
+            return hit[1], hit[2], hit[3]
+        units = dep.pipeline.units
+        plan = (
+            dep.name,
+            tuple(u.index for u in units if not u.fan_in),
+            tuple(u.index for u in units if u.kind == "model"),
+        )
+        if len(self._plans) > 256:
+            self._plans.clear()
+        self._plans[id(dep)] = (dep, *plan)
+        return plan
+
+    def _loads(self, task: str, catalog: Any) -> dict[str, Any]:
         from infscaler.selector import classify
 
-        catalog = self.catalog()
-        deployed = {d.name: d for d in self.service.deployments()}
-        if not deployed:
+        variants = catalog.by_task.get(task, ())
+        deps = self.service.deployments()
+        if not deps or not variants:
             return {}
-        ready_at: collections.Counter[tuple[str, int]] = collections.Counter(
-            h.key
-            for h in (self.service.supervisor.handles() if self.service.supervisor else ())
-            if h.state == "ready"
-        )
+        deployed = {}
+        for d in deps:
+            plan = self._plan(d)
+            deployed[plan[0]] = (d, plan)
+        mine = [(p, deployed[p.name]) for p in variants if p.name in deployed]
+        if not mine:
+            return {}
+        # ready instances per (pipeline, unit): one pass over the supervisor's handles
+        sup = self.service.supervisor
+        ready_at: dict[tuple[str, int], int] = {}
+        for h in sup.handles() if sup is not None else ():
+            if h.state == "ready":
+                k = h.key
+                ready_at[k] = ready_at.get(k, 0) + 1
         out = {}
         now = time.monotonic()
-        for p in catalog.variants(task):
-            dep = deployed.get(p.name)
-            if dep is None:
-                continue
-            units = dep.pipeline.units
-            served = [u for u in units if not u.fan_in]
-            if any(ready_at[(dep.name, u.index)] == 0 for u in served):
+        pending = self.service.frontend.pending
+        config = self.selector_config
+        for p, (dep, (name, served, models)) in mine:
+            if any((name, i) not in ready_at for i in served):
                 ready = 0
             else:
-                ready = min(
-                    (ready_at[(dep.name, u.index)] for u in units if u.kind == "model"),
-                    default=0,
-                )
+                ready = min((ready_at.get((name, i), 0) for i in models), default=0)
             rate, service_ms, samples = self._slow_stats(dep, now)
+            route = dep.route
             out[p.name] = classify(
                 p,
                 ready=ready,
-                pending=self.service.frontend.pending(dep.route),
+                pending=pending(route),
                 rate=rate,
                 service_ms=service_ms,
                 samples=samples,
-                shedding=dep.route.queue_limit is not None,
-                config=self.selector_config,
+                shedding=route.queue_limit is not None,
+                config=config,
             )
         return out
 
     def _slow_stats(self, dep: Any, now: float) -> tuple[float, float | None, int]:
-        """(arrival rate /s, measured P50 ms of the model units summed, samples), cached
-        for :attr:`stats_ttl_s` per deployment."""
+        """(offered rate /s, measured P50 ms of the model units summed, samples), cached
+        for :attr:`stats_ttl_s` per deployment. The rate counts requests the scaler's
+        queue bound refused (``stats.offered``, when the stats keep it): once it sheds,
+        the admitted rate is capped at what the variant serves, and the headroom read
+        from it would never fall under the slack."""
         key = (dep.name, id(dep))
         hit = self._stats_cache.get(key)
         if hit is not None and now - hit[0] < self.stats_ttl_s:
@@ -511,7 +572,10 @@ class TaskRouter:
         service_ms: float | None = None
         samples = 0
         with stats._lock:  # as the monitor reads it (runtime.monitor.Monitor.pipeline)
+            offered = getattr(stats, "offered", None)
             rate = float(stats.arrivals.rate(now))
+            if offered is not None:
+                rate = max(rate, float(offered.rate(now)))
             for u in dep.pipeline.units:
                 if u.kind != "model":
                     continue
@@ -535,8 +599,10 @@ class TaskRouter:
         from infscaler.selector import Query, select, validate_query
 
         catalog = self.catalog()
+        if task not in catalog.by_task:  # registered since the last look?
+            catalog = self.catalog(fresh=True)
         q = validate_query(Query(task, latency_ms, min_accuracy), catalog.by_task)
-        return select(q, catalog, self.loads(task))
+        return select(q, catalog, self._loads(q.task, catalog), validated=True)
 
     def ensure_active(self, name: str, slo_ms: float | None = None) -> str:
         """Deploy variant ``name`` if it is not deployed (one deploy at a time per
@@ -585,7 +651,13 @@ class TaskRouter:
             return
         variant = self.variant(name)
         slo = slo_ms if self.autoscale else None
-        cfg = validate_pipeline(variant_pipeline(variant, slo_ms=slo), f"variant {name}")
+        spec = variant_pipeline(
+            variant,
+            slo_ms=slo,
+            autoscale=self.autoscale_options or True,
+            max_instances=self.max_replicas,
+        )
+        cfg = validate_pipeline(spec, f"variant {name}")
         log.info("activating variant %s (%s)", name, variant.task)
         with contextlib.suppress(ServiceError):  # 409: deployed meanwhile
             self.service.deploy(cfg)
@@ -700,8 +772,12 @@ class TaskRouter:
                     since_change_s=now - self._changed.get(name, -math.inf),
                     config=self.scaling_config,
                 )
-                if action is None or action.target in deployed:
+                if action is None:
                     continue
+                if action.target in deployed and (
+                    action.action != "downgrade" or action.target in self._deploying
+                ):
+                    continue  # an upgrade already made (new queries go there)
                 actions.append(action)
                 self._apply(action, latency)
         return actions
@@ -727,6 +803,8 @@ class TaskRouter:
 
         def work() -> None:
             try:
+                # a no-op when the target is deployed (a downgrade to a variant an upgrade
+                # loaded: the current one is only undeployed)
                 self._activate(action.target, slo_ms)
                 if action.action == "downgrade":
                     self.service.undeploy(action.current)
