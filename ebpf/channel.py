@@ -437,8 +437,11 @@ class Channel(ABC):
 
     # -- membership ------------------------------------------------------------------------
     @abstractmethod
-    def add_instance(self, stage: int, instance: int) -> socket.socket:
-        """Create instance ``instance``'s connection and route DATA for ``stage`` to it.
+    def add_instance(self, stage: int, instance: int, *, live: bool = True) -> socket.socket:
+        """Create instance ``instance``'s connection and route DATA for ``stage`` to it
+        (with ``live`` False only once :meth:`set_live` is called: an instance that is
+        still loading its model gets no token; DATA for a stage with no live instance
+        goes to the manager).
 
         Returns:
             The instance-side socket: hand it to the instance process (fd inheritance,
@@ -448,6 +451,15 @@ class Channel(ABC):
         Raises:
             ChannelError: stage outside 0..MAX_STAGES-1, instance id outside 0..65535 or
                 already added, or the stage already has :data:`MAX_PER_STAGE` instances.
+        """
+
+    @abstractmethod
+    def set_live(self, instance: int) -> None:
+        """Start routing DATA to ``instance`` (added with ``live=False``); a no-op when it
+        is live already.
+
+        Raises:
+            ChannelError: unknown instance.
         """
 
     @abstractmethod

@@ -260,7 +260,7 @@ class EbpfChannel(Channel):
         return a, b
 
     # -- membership ------------------------------------------------------------------------
-    def add_instance(self, stage: int, instance: int) -> socket.socket:
+    def add_instance(self, stage: int, instance: int, *, live: bool = True) -> socket.socket:
         with self._lock:
             self._check_open()
             self._reap(force=False)
@@ -291,10 +291,18 @@ class EbpfChannel(Channel):
                 raise
             sh.inst_slot[instance] = slot + 1
             sh.registered[stage] = 1
-            sh.live_mask[stage] |= 1 << index
+            if live:
+                sh.live_mask[stage] |= 1 << index
             self._inst[instance] = _Inst(instance, stage, index, slot, a, b)
             self._stage_of[instance] = stage
             return a.dup()
+
+    def set_live(self, instance: int) -> None:
+        with self._lock:
+            self._check_open()
+            self._check_known(instance)
+            inst = self._inst[instance]
+            self._shared().live_mask[inst.stage] |= 1 << inst.index
 
     def remove_instance(self, instance: int) -> list[Token]:
         with self._lock:

@@ -171,19 +171,24 @@ class UserspaceChannel(Channel):
         self._command(*cmd, fut)
         return fut.result()
 
-    def add_instance(self, stage: int, instance: int) -> socket.socket:
+    def add_instance(self, stage: int, instance: int, *, live: bool = True) -> socket.socket:
         with self._lock:
             self._check_new(stage, instance)
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             mine.setblocking(False)
             try:
-                self._call("add", mine, stage, instance)
+                self._call("add", mine, stage, instance, live)
             except BaseException:
                 mine.close()
                 theirs.close()
                 raise
             self._stage_of[instance] = stage
             return theirs
+
+    def set_live(self, instance: int) -> None:
+        with self._lock:
+            self._check_known(instance)
+            self._call("live", instance)
 
     def remove_instance(self, instance: int) -> list[Token]:
         with self._lock:
@@ -272,7 +277,12 @@ class UserspaceChannel(Channel):
                 elif op == "route":
                     self._process(None, memoryview(cmd[1]), len(cmd[1]))
                 elif op == "add":
-                    self._add(*cmd[1:4])
+                    self._add(*cmd[1:5])
+                    fut.set()
+                elif op == "live":
+                    inst = self._insts.get(cmd[1])
+                    if inst is not None and inst.open:  # never revive one at EOF
+                        inst.live = True
                     fut.set()
                 elif op == "remove":
                     fut.set(self._remove(cmd[1]))
@@ -287,12 +297,13 @@ class UserspaceChannel(Channel):
                 else:
                     raise
 
-    def _add(self, sock: socket.socket, stage: int, instance: int) -> None:
+    def _add(self, sock: socket.socket, stage: int, instance: int, live: bool = True) -> None:
         slots = self._slots.setdefault(stage, [None] * MAX_PER_STAGE)
         free = [i for i, s in enumerate(slots) if s is None]
         if not free:
             raise ChannelError(f"stage {stage} already has {MAX_PER_STAGE} instances")
         inst = _UInst(sock, instance, stage, free[0])
+        inst.live = live
         slots[free[0]] = inst
         self._insts[instance] = inst
         self._by_fd[inst.fd] = inst

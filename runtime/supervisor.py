@@ -176,7 +176,8 @@ class Supervisor:
             SharingError / ChannelError: the channel refused the instance (stage full).
         """
         iid = self._alloc_iid()
-        sock = self.manager.add_instance(stage_id, iid)
+        # routed to once ready (set_live in _on_status): tokens must not wait for the load
+        sock = self.manager.add_instance(stage_id, iid, live=False)
         status_r, status_w = os.pipe()
         cmd_r, cmd_w = os.pipe()
         spec = {
@@ -368,6 +369,10 @@ class Supervisor:
             h.stats = {k: msg[k] for k in ("rss_mb", "uss_mb", "pss_mb") if k in msg}
             if h.state == "starting":
                 h.state = "ready"
+                try:
+                    self.manager.set_live(h.iid)
+                except Exception:  # noqa: BLE001 - a closing channel: nothing to route
+                    log.exception("routing to instance %d failed", h.iid)
             h._ready.set()
             self.on_change()
         elif ev == "stats":

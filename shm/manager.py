@@ -431,11 +431,14 @@ class TensorSharingManager:
         self.stop()
 
     # -- membership -----------------------------------------------------------------------
-    def add_instance(self, stage: int, instance: int) -> socket.socket:
+    def add_instance(self, stage: int, instance: int, *, live: bool = True) -> socket.socket:
         """Register an instance of ``stage`` with the channel and the manager.
 
         DATA the manager holds for ``stage`` is routed at once (the new instance is
-        live now).
+        live now). With ``live`` False the channel routes nothing to it until
+        :meth:`set_live` (the supervisor calls it when the instance reports ready: a
+        token routed to an instance that is still loading its model would wait for the
+        load, seconds for a large model, while other instances are idle).
 
         Returns:
             the instance-side socket (see :meth:`Channel.add_instance`): hand it to the
@@ -460,12 +463,31 @@ class TensorSharingManager:
             old = self._instances.get(instance)
             if old is not None and old.state != _DEAD:
                 raise SharingError(f"instance {instance} is already registered ({old.state})")
-            sock = self._ch.add_instance(stage, instance)
+            sock = self._ch.add_instance(stage, instance, live=live)
             self._instances[instance] = _Instance(stage)
-            for key, st in list(self._held.items()):
-                if st.data is not None and st.data.stage == stage:
-                    self._route_parked(key, st)
+            if live:
+                self._route_held(stage)
         return sock
+
+    def set_live(self, instance: int) -> None:
+        """Route DATA to an instance added with ``live=False`` (it is ready), and the
+        DATA held for its stage at once. A no-op for an instance already live; ignored
+        for one that is not registered any more (it died while loading).
+        """
+        with self._lock:
+            inst = self._instances.get(instance)
+            if inst is None or inst.state == _DEAD:
+                return
+            try:
+                self._ch.set_live(instance)
+            except ChannelError:
+                return  # removed meanwhile
+            self._route_held(inst.stage)
+
+    def _route_held(self, stage: int) -> None:
+        for key, st in list(self._held.items()):
+            if st.data is not None and st.data.stage == stage:
+                self._route_parked(key, st)
 
     def instance_died(self, instance: int, *, timeout: float = 10.0) -> ReclaimReport:
         """Reclaim what a dead instance held (the supervisor saw its process exit).

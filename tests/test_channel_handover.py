@@ -266,6 +266,29 @@ def test_stage_without_live_instance_goes_to_manager(make_channel: Callable[...,
     assert st["rejected"]["unknown_stage"] == 0
 
 
+def test_an_instance_added_not_live_gets_nothing_until_set_live(
+    make_channel: Callable[..., Channel],
+) -> None:
+    # the supervisor adds a loading instance with live=False: tokens go to the live one,
+    # or to the manager when there is none, never to the one still loading its model
+    ch = make_channel()
+    prod = Endpoint(ch.add_instance(0, 10))
+    loading = Endpoint(ch.add_instance(1, 1, live=False))
+    prod.send(data(1))
+    back = ch.manager_recv(timeout=T)
+    assert back is not None and back.request == 1 and ch.stats()["no_instance"] == 1
+    ready = Endpoint(ch.add_instance(1, 2))
+    prod.send_many([data(r) for r in range(2, 6)])
+    assert sorted(t.request for t in recv_n(ready, 4)) == [2, 3, 4, 5]
+    assert loading.recv_many(8, timeout=0.2) == []
+    ch.set_live(1)
+    ch.set_live(1)  # idempotent
+    prod.send_many([data(r) for r in range(6, 10)])  # least-loaded: 1 holds none, 2 holds 4
+    assert sorted(t.request for t in recv_n(loading, 4)) == [6, 7, 8, 9]
+    with pytest.raises(ChannelError):
+        ch.set_live(99)
+
+
 def test_manager_send_data_is_in_flight(make_channel: Callable[..., Channel]) -> None:
     ch = make_channel()
     cons = Endpoint(ch.add_instance(1, 7))

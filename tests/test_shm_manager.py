@@ -882,3 +882,32 @@ def test_retry_limit_fails_the_request_and_tells_its_producer(
     wait_until(lambda: svc.pool.stats()["slots_in_use"] == 0, "the failed request's slot freed")
     wait_until(lambda: [r for r, _ in svc.failures] == [7], "on_failure")
     assert svc.mgr.audit() == []
+
+
+def test_held_data_waits_for_a_loading_instance_until_it_is_live(
+    service: Callable[..., Service],
+) -> None:
+    # the supervisor adds an instance with live=False while it loads its model: held DATA
+    # stays with the manager until set_live, then goes to it at once
+    svc = service(2 * SLAB_NBYTES, stages=(0, 1), pool_kw=SMALL, hold_timeout_s=30.0)
+    prod = svc.client(1, 0, max_out_tokens=0)
+    ep = Endpoint(svc.mgr.add_instance(1, 6, live=False), instance=6)
+    svc.endpoints[6] = ep
+    cons = InstanceClient(ep, SlabMap(svc.service_id), 6, 1)
+    svc.clients.append(cons)
+    tensors = make_tensors(7, base_x(7, 500))
+    slot, view = prod.acquire(tensors_nbytes(tensors), 7, timeout=T)
+    used = write_tensors(view, tensors)
+    del view
+    prod.hand_over(slot, 1, 7, used)
+    wait_until(lambda: svc.stats()["manager"]["slots_held"] == 1, "the manager holds the DATA")
+    assert svc.pool.owner(slot.slab, slot.slot) == MANAGER_INSTANCE
+    svc.mgr.set_live(6)
+    tok, got = cons.recv_input(timeout=T)
+    assert (tok.slab, tok.slot, tok.request) == (slot.slab, slot.slot, 7)
+    assert check_tensors(got, 7) is None
+    del got
+    cons.done(tok, keep=False)
+    svc.mgr.set_live(99)  # unknown: ignored
+    wait_until(lambda: svc.pool.stats()["slots_in_use"] == 0, "the slot freed")
+    assert svc.mgr.audit() == []
