@@ -802,10 +802,30 @@ class TaskRouter:
         log.info("%s %s -> %s: %s", action.action, action.current, action.target, action.reason)
 
         def work() -> None:
+            from infscaler.errors import ConfigError
+
             try:
                 # a no-op when the target is deployed (a downgrade to a variant an upgrade
                 # loaded: the current one is only undeployed)
-                self._activate(action.target, slo_ms)
+                try:
+                    self._activate(action.target, slo_ms)
+                except ConfigError as exc:
+                    # the device is at its cap (the scaler filled it before shedding): the
+                    # variant being replaced gives back its extra replicas first
+                    if action.action != "upgrade" or not self._make_room(action.current):
+                        raise
+                    log.info(
+                        "upgrade %s -> %s: %s; retrying with %s at one instance per unit",
+                        action.current,
+                        action.target,
+                        exc,
+                        action.current,
+                    )
+                    try:
+                        self._activate(action.target, slo_ms)
+                    finally:
+                        if getattr(self.service, "autoscaler", None) is not None:
+                            self.service.autoscaler.resume(action.current)
                 if action.action == "downgrade":
                     self.service.undeploy(action.current)
                     with self._lock:
@@ -814,6 +834,28 @@ class TaskRouter:
                 log.exception("%s to %s failed", action.action, action.target)
 
         self._call_in_worker(work)
+
+    def _make_room(self, name: str) -> bool:
+        """Scale every unit of deployment ``name`` in to one instance (blocking: each stop
+        waits for the instance to exit). Returns True when an instance was stopped.
+
+        Used when an upgrade's target does not fit the device's cap: the replicas the
+        scaler added to the variant being replaced hold the memory / slots / cores the
+        target needs (INFaaS §4.2 replaces a variant that replication could not save)."""
+        try:
+            dep = self.service.deployment(name)
+        except Exception:  # noqa: BLE001 - undeployed meanwhile: nothing to free
+            return False
+        auto = getattr(self.service, "autoscaler", None)
+        if auto is not None:  # the scaler must not re-add what is given back here
+            auto.pause(name, self.deploy_timeout_s)
+        stopped = False
+        for u in dep.pipeline.served_units():
+            for h in [h for h in self.service.supervisor.handles() if h.key == (name, u.index)]:
+                if h.state not in ("starting", "ready"):
+                    continue
+                stopped |= bool(self.service.scale_in(dep, u.index, h.unit.engine))
+        return stopped
 
     def start(self) -> TaskRouter:
         """Start the background :meth:`rebalance` loop (every ``rebalance_interval_s``)."""

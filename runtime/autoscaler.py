@@ -77,6 +77,17 @@ class Autoscaler:
         if self._thread.is_alive():
             self._thread.join(5.0)
 
+    def pause(self, name: str, seconds: float) -> None:
+        """Make no decision for pipeline ``name`` for ``seconds`` (e.g. while the variant
+        router replaces it: it must not take back what it just gave up)."""
+        with self._lock:
+            self._next[name] = max(self._next.get(name, 0.0), time.monotonic() + seconds)
+
+    def resume(self, name: str) -> None:
+        """End a :meth:`pause`: the next tick looks at ``name`` again."""
+        with self._lock:
+            self._next[name] = time.monotonic()
+
     def forget(self, name: str) -> None:
         """Drop the state of an undeployed pipeline."""
         with self._lock:
@@ -100,10 +111,11 @@ class Autoscaler:
                 if (cfg.autoscale is None and not mark) or not dep.route.accepting:
                     continue
                 now = time.monotonic()
-                if now < self._next.get(dep.name, 0.0):
-                    continue
-                interval = cfg.autoscale.interval_s if cfg.autoscale else 1.0
-                self._next[dep.name] = now + interval
+                with self._lock:
+                    if now < self._next.get(dep.name, 0.0):
+                        continue
+                    interval = cfg.autoscale.interval_s if cfg.autoscale else 1.0
+                    self._next[dep.name] = now + interval
                 try:
                     if cfg.autoscale is not None:
                         self.step(dep)

@@ -139,3 +139,92 @@ def test_shed_at_the_cap_upgrades_then_downgrades(tmp_path: Path) -> None:
         res = router.infer(TASK, {"image": image}, latency_ms=slo, min_accuracy=0.8)
         assert res.pipeline == TINY and str(res.result.outputs["text"][0]) == text
         router.close()
+
+
+def test_upgrade_at_the_device_slot_cap_frees_the_replaced_variants_replicas(
+    tmp_path: Path,
+) -> None:
+    """At the device's cap (2 cpu instance slots) the scaler fills the slots with PP-OCRv5
+    replicas, then sheds; the upgrade's target no longer fits the device, so the router
+    scales PP-OCRv5 back to one instance (pausing its scaler) and deploys the target."""
+    from infscaler.device import host_profile
+
+    state = tmp_path / "state"
+    reg = VariantRegistry(state)
+    common = {"registry": reg, "batch_sizes": (1,), "repeats": 2, "warmup": 1}
+    register("ppocrv6-tiny-rec", accuracy=0.81, **common)
+    register("ppocrv5-rec", accuracy=0.99, **common)
+    image, text = load_ocr_val_set(build_ocr_val_set(tmp_path / "val", ["Zero-copy tensors 42"]))[0]
+    wide = np.ascontiguousarray(np.tile(image, (1, 6, 1)))
+    host = host_profile()
+    two_slots = host.model_copy(
+        update={
+            "name": "cpu-host-2-slots",
+            "accelerators": [
+                a.model_copy(update={"max_instances": 2}) if a.engine == "cpu" else a
+                for a in host.accelerators
+            ],
+        }
+    )
+    with Service(state_dir=state, control_path="userspace", pool_mb=128, device=two_slots) as svc:
+        router = TaskRouter(
+            svc,
+            reg,
+            autoscale=True,
+            autoscale_options=FAST,
+            rebalance_interval_s=None,
+            scaling_config=ScalingConfig(hold_s=1.0),
+            selector_config=SelectorConfig(interference_ratio=1e6),
+        )
+        cat = router.catalog()
+        slo = 4.0 * max(cat.get(V5).latency_ms, cat.get(TINY).latency_ms)
+        router.ensure_active(V5, slo)
+        # the task's clients accept accuracy 0.8 (the requirements the upgrade must keep)
+        res = router.infer(TASK, {"image": image}, latency_ms=slo, min_accuracy=0.8)
+        assert res.pipeline == V5
+        stop = threading.Event()
+
+        def client() -> None:
+            while not stop.is_set():
+                try:
+                    svc.infer(V5, {"image": wide}, timeout_s=30)
+                except RequestError:
+                    time.sleep(0.02)
+
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            dep = svc.deployment(V5)
+            model_unit = next(u.index for u in dep.pipeline.units if u.kind == "model")
+
+            def replicas() -> int:
+                return sum(
+                    1
+                    for h in svc.supervisor.handles()
+                    if h.key == (V5, model_unit) and h.state in ("starting", "ready")
+                )
+
+            sheds = _wait(
+                lambda: [
+                    d
+                    for d in svc.autoscaler.decisions(V5)
+                    if d["action"] == "shed" and d["queue_limit"]
+                ],
+                30.0,
+            )
+            assert sheds, svc.autoscaler.decisions(V5)
+            assert "cpu slots 2+1 > 2" in sheds[0]["reason"], sheds[0]["reason"]
+            assert replicas() == 2  # the scaler filled the device first
+            ups = _wait(lambda: router.rebalance(), 10.0, 0.3)
+            assert [(a.action, a.current, a.target) for a in ups] == [("upgrade", V5, TINY)]
+            router._call_in_worker(lambda: None).result(90)  # the deploy ran
+            assert TINY in {d.name for d in svc.deployments()}, router.actions
+            assert replicas() == 1  # given back so that the target fits
+            res = router.infer(TASK, {"image": image}, latency_ms=slo, min_accuracy=0.8)
+            assert res.pipeline == TINY and str(res.result.outputs["text"][0]) == text
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        router.close()
