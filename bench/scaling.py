@@ -345,8 +345,19 @@ def measure_memory(
             "memory_used_mb": round(Monitor(svc).memory_used_mb(), 1),
             "pool_mapped_mb": round(svc.pool.stats()["mapped_bytes"] / 2**20, 1),
         }
-        if kk > 1:
-            b = [u.bottleneck or 0.0 for u in dep.pipeline.served_units()]
+        if kk > 1 or (label == "plan" and model in PIPELINE_CASES):
+            served = dep.pipeline.served_units()
+            b = [u.bottleneck or 0.0 for u in served]
+            if not any(b):  # no partitioned stage (a pipeline case at K = 1): B_k is the
+                # measured service time per request, as the monitor gives the scaler
+                mon = Monitor(svc)
+                m = mon.pipeline(dep, 60.0)
+                by_index = {um.index: um for um in m.units}
+                b = [
+                    float(by_index[u.index].compute_p50_ms or 0.0)
+                    * mon.items_per_request(m, by_index[u.index])
+                    for u in served
+                ]
             entry["bottleneck_bk"] = b
             entry["bottleneck_unit"] = int(np.argmax(b))
             entry["plan"] = dep.pipeline.plans
