@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import tempfile
 import threading
@@ -131,6 +132,7 @@ def main() -> int:
     if args.quick:
         configs, fractions, duration = configs[:1], [0.6], 15.0
     rows = []
+    ncores = len(os.sched_getaffinity(0))  # the simulator's contention model shares these
     for inst in configs:
         capacity = min(n * 1000.0 / ms for n, ms in zip(inst, per_unit, strict=True))
         data = cfg.model_dump(exclude_none=True)
@@ -145,37 +147,44 @@ def main() -> int:
             for frac in fractions:
                 rate = frac * capacity
                 times = poisson(rate, duration, seed=1)
-                pred = predict(
-                    units,
-                    [UnitConfig({"cpu": n}) for n in inst],
-                    times,
-                    handover_ms=0.1,
-                    seed=1,
-                )
+                preds = {
+                    label: predict(
+                        units,
+                        [UnitConfig({"cpu": n}) for n in inst],
+                        times,
+                        handover_ms=0.1,
+                        seed=1,
+                        cpu_cores=cores,
+                    )
+                    for label, cores in (("predicted", None), ("predicted_contention", ncores))
+                }
                 meas = serve_open_loop(svc, "r50", x, times)
-                p = {
-                    "throughput_rps": round(pred.throughput_rps, 3),
-                    "p50_ms": round(pred.p50_ms, 2) if pred.p50_ms is not None else None,
-                    "p99_ms": round(pred.p99_ms, 2) if pred.p99_ms is not None else None,
-                }
-                err = {
-                    k: round((p[k] - meas[k]) / meas[k], 4)
-                    for k in p
-                    if p[k] is not None and meas.get(k)
-                }
                 row = {
                     "instances": inst,
                     "offered_rps": round(rate, 2),
                     "fraction_of_capacity": frac,
-                    "predicted": p,
                     "measured": meas,
-                    "error": err,
                 }
+                for label, pred in preds.items():
+                    p = {
+                        "throughput_rps": round(pred.throughput_rps, 3),
+                        "p50_ms": round(pred.p50_ms, 2) if pred.p50_ms is not None else None,
+                        "p99_ms": round(pred.p99_ms, 2) if pred.p99_ms is not None else None,
+                    }
+                    row[label] = p
+                    row["error" if label == "predicted" else "error_contention"] = {
+                        k: round((p[k] - meas[k]) / meas[k], 4)
+                        for k in p
+                        if p[k] is not None and meas.get(k)
+                    }
+                p, err = row["predicted"], row["error"]
                 rows.append(row)
                 print(
                     f"instances {inst} at {rate:.1f}/s: P99 predicted {p['p99_ms']} ms, "
                     f"measured {meas['p99_ms']} ms (error {err.get('p99_ms')}); throughput "
-                    f"{p['throughput_rps']} vs {meas['throughput_rps']}/s",
+                    f"{p['throughput_rps']} vs {meas['throughput_rps']}/s; with contention "
+                    f"({ncores} cores) P99 {row['predicted_contention']['p99_ms']} ms (error "
+                    f"{row['error_contention'].get('p99_ms')})",
                     flush=True,
                 )
     result = {
@@ -207,8 +216,15 @@ def plot(path: Path) -> None:
     xs = np.arange(len(rows))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, title in ((axes[0], "p99_ms", "P99 ms"), (axes[1], "throughput_rps", "req/s")):
-        ax.bar(xs - 0.2, [r["predicted"][key] or 0 for r in rows], 0.4, label="simulator")
-        ax.bar(xs + 0.2, [r["measured"][key] or 0 for r in rows], 0.4, label="served")
+        ax.bar(xs - 0.27, [r["predicted"][key] or 0 for r in rows], 0.27, label="simulator")
+        if all("predicted_contention" in r for r in rows):
+            ax.bar(
+                xs,
+                [r["predicted_contention"][key] or 0 for r in rows],
+                0.27,
+                label="simulator, CPU contention",
+            )
+        ax.bar(xs + 0.27, [r["measured"][key] or 0 for r in rows], 0.27, label="served")
         ax.set_xticks(xs, labels)
         ax.set_title(title)
         ax.legend()

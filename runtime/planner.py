@@ -598,9 +598,12 @@ def predict(
     pool_mb: float = 0.0,
     warmup_s: float = 0.0,
     max_inflight: int | str | None = "auto",
+    cpu_cores: int | None = None,
 ) -> SimResult:
     """Simulate ``config`` (None: each unit's minimum on its fastest engine) under
-    ``arrivals``: explicit times, or a spec / callable at ``rate`` over ``duration_s``.
+    ``arrivals``: explicit times, or a spec / callable at ``rate`` over ``duration_s``;
+    ``cpu_cores``: the cores cpu instances share (contention, see
+    :func:`~infscaler.runtime.simulator.simulate`; None: none modelled).
 
     Raises:
         ValueError: a spec without a rate, or bad arguments.
@@ -621,6 +624,7 @@ def predict(
         warmup_s=warmup_s,
         pool_mb=pool_mb,
         max_inflight=max_inflight,
+        cpu_cores=cpu_cores,
     )
 
 

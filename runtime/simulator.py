@@ -416,6 +416,7 @@ class _Instance:
         "avail_time",
         "memory_mb",
         "retiring",
+        "cpu_threads",
     )
 
     def __init__(self, iid: int, engine: str, memory_mb: float) -> None:
@@ -429,6 +430,7 @@ class _Instance:
         self.avail_time = 0.0
         self.memory_mb = memory_mb
         self.retiring = False
+        self.cpu_threads = 0  # threads it holds in the contention count while busy
 
 
 class _Unit:
@@ -483,8 +485,11 @@ class _Sim:
         autoscale: Autoscale | None,
         pool_mb: float,
         timeline_s: float | None,
+        cpu_cores: int | None = None,
     ) -> None:
         self.profiles = list(units)
+        self.cpu_cores = cpu_cores
+        self.cpu_busy = 0  # cpu threads running an item now (all units)
         self.units = [
             _Unit(i, p, c, seed) for i, (p, c) in enumerate(zip(units, config, strict=True))
         ]
@@ -695,6 +700,15 @@ class _Sim:
         prof = u.p.engines[inst.engine]
         item = u.samplers[inst.engine].item_ms()
         dur = item * prof.batch_factor(b) / 1e3
+        if inst.engine == "cpu" and self.cpu_cores:
+            # CPU contention: the item runs at cores / busy threads of full speed when
+            # the busy cpu threads (this one included) outnumber the cores, as the
+            # kernel shares them; the share is taken at the start (not re-timed when
+            # others start or finish later)
+            threads = max(1, prof.cores)
+            self.cpu_busy += threads
+            inst.cpu_threads = threads
+            dur *= max(1.0, self.cpu_busy / self.cpu_cores)
         inst.busy_time += dur
         u.batches += 1
         u.items += b
@@ -704,6 +718,9 @@ class _Sim:
         self.push(t + dur, _DONE, u.idx, inst.iid)
 
     def _done(self, u: _Unit, inst: _Instance, t: float) -> None:
+        if inst.cpu_threads:
+            self.cpu_busy -= inst.cpu_threads
+            inst.cpu_threads = 0
         batch, inst.batch = inst.batch, []
         u.inflight -= len(batch)
         for tok in batch:
@@ -954,6 +971,7 @@ def simulate(
     autoscale: Autoscale | None = None,
     pool_mb: float = 0.0,
     timeline_s: float | None = None,
+    cpu_cores: int | None = None,
 ) -> SimResult:
     """Simulate ``units`` deployed as ``config`` under ``arrivals`` (see the module
     docstring).
@@ -973,6 +991,11 @@ def simulate(
         autoscale: run the scaler every ``autoscale.interval_s`` (:class:`Autoscale`).
         pool_mb: tensor pool memory counted with the instances, MB.
         timeline_s: without ``autoscale``, record the timeline at this interval.
+        cpu_cores: the cores cpu instances share (None: no contention, every instance
+            runs at its profiled speed). With it, an item that starts while the busy
+            cpu threads (``cores`` of each running cpu instance, this one included)
+            exceed ``cpu_cores`` takes ``busy / cpu_cores`` times its profiled time
+            (processor sharing, its share fixed at the start).
 
     Raises:
         ValueError: inconsistent units / configuration or bad arguments.
@@ -992,6 +1015,8 @@ def simulate(
         raise ValueError(f"max_inflight must be an integer >= 1 or 'auto', got {max_inflight!r}")
     if timeline_s is not None and not timeline_s > 0:
         raise ValueError(f"timeline_s must be > 0, got {timeline_s}")
+    if cpu_cores is not None and (not isinstance(cpu_cores, int) or cpu_cores < 1):
+        raise ValueError(f"cpu_cores must be an integer >= 1, got {cpu_cores!r}")
     arr = np.sort(np.asarray(arrivals, dtype=float))
     if arr.size and (not np.isfinite(arr).all() or arr[0] < 0):
         raise ValueError("arrival times must be finite and >= 0")
@@ -1008,6 +1033,7 @@ def simulate(
         autoscale=autoscale,
         pool_mb=pool_mb,
         timeline_s=timeline_s,
+        cpu_cores=cpu_cores,
     )
     sim.run()
     return sim.result()

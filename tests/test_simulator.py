@@ -314,3 +314,24 @@ def test_real_scaler_scales_the_bottleneck_on_jetson_profiles(device: str) -> No
     assert final["det"] >= 3 and final["det"] > final["rec"]
     late = [e["p99_ms"] for e in r.timeline if e["t"] > 70 and e["p99_ms"] is not None]
     assert late and min(late) <= 200.0
+
+
+def test_cpu_contention_slows_items_when_busy_threads_outnumber_the_cores() -> None:
+    # two single-thread instances of a 10 ms unit, two requests at t = 0
+    u = unit("m", 10.0, cores=1)
+    cfg = [UnitConfig({"cpu": 2})]
+    free = simulate([u], cfg, [0.0, 0.0])
+    assert sorted(np.round(free.latencies_ms, 6)) == [10.0, 10.0]
+    # one core: the first starts alone (10 ms), the second shares it with the first
+    # (2 busy threads / 1 core: 20 ms), its share fixed at the start
+    one = simulate([u], cfg, [0.0, 0.0], cpu_cores=1)
+    assert sorted(np.round(one.latencies_ms, 6)) == [10.0, 20.0]
+    # two cores: no contention
+    two = simulate([u], cfg, [0.0, 0.0], cpu_cores=2)
+    assert sorted(np.round(two.latencies_ms, 6)) == [10.0, 10.0]
+    # a 2-thread instance alone on 2 cores runs at full speed; two of them are slowed 2x
+    wide = unit("w", 10.0, cores=2)
+    r = simulate([wide], [UnitConfig({"cpu": 2})], [0.0, 0.0], cpu_cores=2)
+    assert sorted(np.round(r.latencies_ms, 6)) == [10.0, 20.0]
+    with pytest.raises(ValueError, match="cpu_cores"):
+        simulate([u], cfg, [0.0], cpu_cores=0)
