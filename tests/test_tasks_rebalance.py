@@ -42,26 +42,38 @@ def _wait(pred, timeout: float, step: float = 0.2):
     return pred()
 
 
-def test_shed_at_the_cap_upgrades_then_downgrades(tmp_path: Path) -> None:
+def _two_recognisers(tmp_path: Path) -> tuple[Path, VariantRegistry, np.ndarray, str]:
+    """PP-OCRv6 tiny (accuracy 0.81) and PP-OCRv5 (0.99) registered in a fresh state dir,
+    and one rendered text line with its ground truth."""
     state = tmp_path / "state"
     reg = VariantRegistry(state)
     common = {"registry": reg, "batch_sizes": (1,), "repeats": 2, "warmup": 1}
     register("ppocrv6-tiny-rec", accuracy=0.81, **common)
     register("ppocrv5-rec", accuracy=0.99, **common)
     image, text = load_ocr_val_set(build_ocr_val_set(tmp_path / "val", ["Zero-copy tensors 42"]))[0]
+    return state, reg, image, text
+
+
+def _router(svc: Service, reg: VariantRegistry, **kw) -> TaskRouter:
+    """A router whose variants autoscale fast (``FAST``), rebalanced by the test."""
+    return TaskRouter(
+        svc,
+        reg,
+        autoscale=True,
+        autoscale_options=FAST,
+        rebalance_interval_s=None,
+        scaling_config=ScalingConfig(hold_s=1.0),
+        # a loaded 2-core VM slows every variant past 1.5 x its profile: not the point
+        selector_config=SelectorConfig(interference_ratio=1e6),
+        **kw,
+    )
+
+
+def test_shed_at_the_cap_upgrades_then_downgrades(tmp_path: Path) -> None:
+    state, reg, image, text = _two_recognisers(tmp_path)
     wide = np.ascontiguousarray(np.tile(image, (1, 6, 1)))  # a longer line: ~6x the model time
     with Service(state_dir=state, control_path="userspace", pool_mb=128) as svc:
-        router = TaskRouter(
-            svc,
-            reg,
-            autoscale=True,
-            autoscale_options=FAST,
-            max_replicas=1,
-            rebalance_interval_s=None,
-            scaling_config=ScalingConfig(hold_s=1.0),
-            # a loaded 2-core VM slows every variant past 1.5 x its profile: not the point
-            selector_config=SelectorConfig(interference_ratio=1e6),
-        )
+        router = _router(svc, reg, max_replicas=1)
         cat = router.catalog()
         slo = 4.0 * max(cat.get(V5).latency_ms, cat.get(TINY).latency_ms)
         # PP-OCRv5 serves the task (loaded first, e.g. for an accuracy-bound client)
@@ -149,33 +161,24 @@ def test_upgrade_at_the_device_slot_cap_frees_the_replaced_variants_replicas(
     scales PP-OCRv5 back to one instance (pausing its scaler) and deploys the target."""
     from infscaler.device import host_profile
 
-    state = tmp_path / "state"
-    reg = VariantRegistry(state)
-    common = {"registry": reg, "batch_sizes": (1,), "repeats": 2, "warmup": 1}
-    register("ppocrv6-tiny-rec", accuracy=0.81, **common)
-    register("ppocrv5-rec", accuracy=0.99, **common)
-    image, text = load_ocr_val_set(build_ocr_val_set(tmp_path / "val", ["Zero-copy tensors 42"]))[0]
+    state, reg, image, text = _two_recognisers(tmp_path)
     wide = np.ascontiguousarray(np.tile(image, (1, 6, 1)))
     host = host_profile()
     two_slots = host.model_copy(
         update={
             "name": "cpu-host-2-slots",
             "accelerators": [
-                a.model_copy(update={"max_instances": 2}) if a.engine == "cpu" else a
+                # 8 cores on paper: the 2 cpu slots are the cap, not this host's busy
+                # cores (which a loaded 2-core machine fills first)
+                a.model_copy(update={"max_instances": 2, "cores": list(range(8))})
+                if a.engine == "cpu"
+                else a
                 for a in host.accelerators
             ],
         }
     )
     with Service(state_dir=state, control_path="userspace", pool_mb=128, device=two_slots) as svc:
-        router = TaskRouter(
-            svc,
-            reg,
-            autoscale=True,
-            autoscale_options=FAST,
-            rebalance_interval_s=None,
-            scaling_config=ScalingConfig(hold_s=1.0),
-            selector_config=SelectorConfig(interference_ratio=1e6),
-        )
+        router = _router(svc, reg)
         cat = router.catalog()
         slo = 4.0 * max(cat.get(V5).latency_ms, cat.get(TINY).latency_ms)
         router.ensure_active(V5, slo)

