@@ -811,21 +811,27 @@ class TaskRouter:
                     self._activate(action.target, slo_ms)
                 except ConfigError as exc:
                     # the device is at its cap (the scaler filled it before shedding): the
-                    # variant being replaced gives back its extra replicas first
-                    if action.action != "upgrade" or not self._make_room(action.current):
+                    # variant being replaced gives back its extra replicas first, its scaler
+                    # paused meanwhile so that it does not take them back
+                    if action.action != "upgrade":
                         raise
-                    log.info(
-                        "upgrade %s -> %s: %s; retrying with %s at one instance per unit",
-                        action.current,
-                        action.target,
-                        exc,
-                        action.current,
-                    )
+                    auto = getattr(self.service, "autoscaler", None)
+                    if auto is not None:
+                        auto.pause(action.current, self.deploy_timeout_s)
                     try:
+                        if not self._make_room(action.current):
+                            raise exc from None
+                        log.info(
+                            "upgrade %s -> %s: %s; retrying with %s at one instance per unit",
+                            action.current,
+                            action.target,
+                            exc,
+                            action.current,
+                        )
                         self._activate(action.target, slo_ms)
                     finally:
-                        if getattr(self.service, "autoscaler", None) is not None:
-                            self.service.autoscaler.resume(action.current)
+                        if auto is not None:
+                            auto.resume(action.current)
                 if action.action == "downgrade":
                     self.service.undeploy(action.current)
                     with self._lock:
@@ -846,9 +852,6 @@ class TaskRouter:
             dep = self.service.deployment(name)
         except Exception:  # noqa: BLE001 - undeployed meanwhile: nothing to free
             return False
-        auto = getattr(self.service, "autoscaler", None)
-        if auto is not None:  # the scaler must not re-add what is given back here
-            auto.pause(name, self.deploy_timeout_s)
         stopped = False
         for u in dep.pipeline.served_units():
             for h in [h for h in self.service.supervisor.handles() if h.key == (name, u.index)]:

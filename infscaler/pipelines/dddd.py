@@ -401,15 +401,17 @@ def ctc_decode(
     logits = np.asarray(tensors["rec_logits"])
     if logits.ndim != 3 or logits.shape[2] != len(chars) or 1 not in logits.shape[:2]:
         raise ValueError(f"rec_logits must be [T, 1, {len(chars)}], got {logits.shape}")
+    from infscaler.tasks import decode_ctc
+
     seq = logits[:, 0, :] if logits.shape[1] == 1 else logits[0]
-    indices = np.argmax(seq, axis=1)
-    out, prev = [], None
-    for idx in indices.tolist():
-        if idx != prev and idx != 0:
-            out.append(chars[idx])
-        prev = idx
-    text = "".join(out)
+    text, _ = decode_ctc(seq, _charset_table(str(rec_model)))
     return {"text": np.array([text], dtype=f"<U{max(1, len(text))}")}
+
+
+@functools.cache
+def _charset_table(rec_model: str) -> np.ndarray:
+    """:func:`charset` as an object array, indexable by class ids."""
+    return np.array(charset(rec_model), dtype=object)
 
 
 def merge_texts(items: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
