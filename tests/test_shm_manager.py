@@ -830,6 +830,9 @@ def test_producer_then_consumer_die_and_the_slot_waits_for_a_new_consumer(
     used = write_tensors(view, tensors)
     del view
     prod.hand_over(slot, 1, 42, used)
+    # delivered (the user-space router hands tokens over asynchronously): else the DATA
+    # could reach the channel after the consumer's removal and be held without a reclaim
+    wait_until(lambda: svc.ch.stats()["instances"][2]["inflight"] == 1, "the DATA delivered")
     svc.endpoints[1].close()  # the producer is gone
     report_p = svc.mgr.instance_died(1, timeout=0)
     wait_until(lambda: report_p.pending, "the producer's slot quarantined")
