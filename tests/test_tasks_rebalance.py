@@ -54,6 +54,11 @@ def _two_recognisers(tmp_path: Path) -> tuple[Path, VariantRegistry, np.ndarray,
     return state, reg, image, text
 
 
+def _queue_bounds(svc: Service) -> list[dict]:
+    """The autoscaler's ``shed`` decisions for PP-OCRv5 that set a queue bound."""
+    return [d for d in svc.autoscaler.decisions(V5) if d["action"] == "shed" and d["queue_limit"]]
+
+
 def _router(svc: Service, reg: VariantRegistry, **kw) -> TaskRouter:
     """A router whose variants autoscale fast (``FAST``), rebalanced by the test."""
     return TaskRouter(
@@ -102,14 +107,7 @@ def test_shed_at_the_cap_upgrades_then_downgrades(tmp_path: Path) -> None:
         for t in threads:
             t.start()
         try:
-            sheds = _wait(
-                lambda: [
-                    d
-                    for d in svc.autoscaler.decisions(V5)
-                    if d["action"] == "shed" and d["queue_limit"]
-                ],
-                20.0,
-            )
+            sheds = _wait(lambda: _queue_bounds(svc), 20.0)
             assert sheds, svc.autoscaler.decisions(V5)
             assert "cap reached" in sheds[0]["reason"] and "max_instances 1" in sheds[0]["reason"]
             assert svc.deployment(V5).route.queue_limit is not None
@@ -208,14 +206,7 @@ def test_upgrade_at_the_device_slot_cap_frees_the_replaced_variants_replicas(
                     if h.key == (V5, model_unit) and h.state in ("starting", "ready")
                 )
 
-            sheds = _wait(
-                lambda: [
-                    d
-                    for d in svc.autoscaler.decisions(V5)
-                    if d["action"] == "shed" and d["queue_limit"]
-                ],
-                30.0,
-            )
+            sheds = _wait(lambda: _queue_bounds(svc), 30.0)
             assert sheds, svc.autoscaler.decisions(V5)
             assert "cpu slots 2+1 > 2" in sheds[0]["reason"], sheds[0]["reason"]
             assert replicas() == 2  # the scaler filled the device first
