@@ -63,7 +63,15 @@ def object_path() -> Path:
     override = os.environ.get("INFSCALER_BPF_OBJECT")
     if override:
         return Path(override)
-    h = hashlib.sha256(SOURCE.read_bytes())
+    try:
+        source = SOURCE.read_bytes()
+    except OSError as exc:
+        raise BpfBuildError(
+            f"the eBPF program source {SOURCE} cannot be read ({exc.strerror}): this "
+            "installation lacks package data",
+            hint="reinstall the infscaler wheel, or set INFSCALER_BPF_OBJECT to a prebuilt object",
+        ) from None
+    h = hashlib.sha256(source)
     h.update("\0".join(_flags()).encode())
     return cache_dir() / f"tokenbus-{h.hexdigest()[:16]}.bpf.o"
 

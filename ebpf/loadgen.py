@@ -42,6 +42,7 @@ from typing import Any
 
 from infscaler.ebpf.channel import MAX_BATCH, Channel, Endpoint, frame_fields, pack_frame
 from infscaler.ebpf.errors import ChannelClosed
+from infscaler.procutil import module_command
 from infscaler.shm.token import Token, TokenKind
 
 STOP_REQUEST = (1 << 64) - 1
@@ -255,7 +256,7 @@ def spawn(
     is inherited (``close_fds``): the child never sees the map or program fds.
     """
     sock = ch.add_instance(stage, instance)
-    cmd = [sys.executable, "-m", "infscaler.ebpf.loadgen", role, "--fd", str(sock.fileno())]
+    cmd = module_command("infscaler.ebpf.loadgen", role, "--fd", str(sock.fileno()))
     cmd += ["--instance", str(instance)]
     if out:
         cmd += ["--out", out]

@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.errors import InfScalerError, ModelLoadError, ShapeError
+from infscaler.procutil import module_command
 
 __all__ = [
     "DB_NAME",
@@ -920,7 +921,6 @@ def _profile(
         RegistrationError: the child failed (its last lines of stderr).
     """
     import subprocess
-    import sys
 
     job = {
         "paths": [str(p) for p in paths],
@@ -935,7 +935,7 @@ def _profile(
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads))
     proc = subprocess.run(
-        [sys.executable, "-m", "infscaler.variants"],
+        module_command("infscaler.variants"),
         input=json.dumps(job),
         capture_output=True,
         text=True,

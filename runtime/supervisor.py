@@ -1,6 +1,6 @@
 """The supervisor: starts, watches, restarts and stops instance processes.
 
-Each instance is a process (``python -m infscaler.runtime.instance``) bound to one unit,
+Each instance is a process (``infscaler.runtime.instance`` run as ``__main__``) bound to one unit,
 one engine and a core set. The supervisor gives it its control socket (registered with
 the tensor sharing manager), watches its status pipe and its exit (a pidfd: event
 driven, no polling), and when an instance dies without being asked to, has the manager
@@ -23,7 +23,6 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infscaler.errors import InfScalerError
+from infscaler.procutil import module_command
 from infscaler.runtime.pipeline import Unit
 
 log = logging.getLogger("infscaler.supervisor")
@@ -197,7 +197,7 @@ class Supervisor:
             # short-lived thread would otherwise kill its instances with that thread
             proc = self._spawner.submit(
                 subprocess.Popen,
-                [sys.executable, "-m", "infscaler.runtime.instance"],
+                module_command("infscaler.runtime.instance"),
                 stdin=subprocess.PIPE,
                 pass_fds=(sock.fileno(), status_w, cmd_r),
                 env=self.env,

@@ -164,3 +164,21 @@ def test_probe_agrees_with_this_process() -> None:
         assert not ok and why
     elif ok:
         assert build.object_path().is_file()
+
+
+def test_missing_bpf_source_is_a_clean_fallback(monkeypatch, tmp_path):
+    """An installation without the BPF source (a wheel that lacked package data) reports
+    eBPF unavailable with the reason, and ``auto`` falls back to user space; it is never
+    a FileNotFoundError from deep inside (issue 14: `pip install .` then `serve`)."""
+    from infscaler.ebpf import build, open_channel
+    from infscaler.ebpf.errors import BpfBuildError
+
+    monkeypatch.delenv("INFSCALER_BPF_OBJECT", raising=False)
+    monkeypatch.setattr(build, "SOURCE", tmp_path / "tokenbus.bpf.c")
+    with pytest.raises(BpfBuildError, match="package data"):
+        build.object_path()
+    ch = open_channel("auto")
+    try:
+        assert ch.kind == "userspace"
+    finally:
+        ch.close()
