@@ -203,6 +203,10 @@ def serve_cmd(
     from infscaler.security import SecurityPolicy
 
     security = SecurityPolicy.create(allow_functions or (), model_repository or ())
+    if socket_group is not None:
+        from infscaler.server import resolve_group
+
+        resolve_group(socket_group)  # an unknown group fails now, not after the deploys
 
     profile = load_profile(device) if device else None
     configs = [pipeline_from_arg(t, partitions) for t in targets or []]

@@ -530,3 +530,21 @@ def test_may_read_write_follows_the_permission_classes() -> None:
     assert not may_read_write(st(0, 4242, 0o640), me)  # group may only read
     assert not may_read_write(st(0, 0, 0o600), me)
     assert may_read_write(st(0, 0, 0o666), me)
+
+
+def test_serve_refuses_bad_security_settings(tmp_path: Path) -> None:
+    import subprocess
+
+    cmd = [sys.executable, "-m", "infscaler", "serve", "--socket", str(tmp_path / "s.sock")]
+    for extra, env, fragment in [
+        (["--model-repository", str(tmp_path / "nope")], {}, "is not a directory"),
+        ([], {"INFSCALER_ALLOW_FUNCTIONS": "ok.pkg bad-name"}, "'bad-name' is not a Python"),
+        (["--socket-group", "no-such-group-xyz"], {}, "no such group"),
+    ]:
+        r = subprocess.run(
+            cmd + extra, env={**os.environ, **env}, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 2, (extra, r.stdout, r.stderr)
+        text = " ".join(r.stderr.split())  # the console wraps long lines
+        assert fragment in text and "Traceback" not in text, r.stderr
+        assert not (tmp_path / "s.sock").exists()
