@@ -24,9 +24,9 @@ service's own user and root (403 for others, by the socket's peer credentials); 
 shared memory regions belong to the uid that registered them; the status hides file
 paths from other clients.
 
-Errors are ``{"error": "..."}`` with 400 (bad request), 403 (not allowed), 404 (unknown model / region),
-409 (name taken), 413 (body too large), 500 (a stage failed on the request) and 503
-(not ready, overloaded, stopping, or the request could not finish). A bad request
+Errors are ``{"error": "..."}`` with 400 (bad request), 403 (not allowed), 404 (unknown
+model / region), 409 (name taken), 413 (body too large), 500 (a stage failed on the
+request) and 503 (not ready, overloaded, stopping, or the request could not finish). A bad request
 fails alone: the server, the pipeline and every other request go on.
 
 Sources: KServe / Triton ``protocol/`` docs (v2 REST, ``extension_binary_data.md``,
@@ -441,21 +441,27 @@ def _model_stats(service: Any, dep: Any) -> dict[str, Any]:
 async def stats_one(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     dep = service.deployment(request.match_info["name"])
-    return _json({"model_stats": [_model_stats(service, dep)]})
+    return _json(_for_peer(request, {"model_stats": [_model_stats(service, dep)]}))
 
 
 async def stats_all(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
-    return _json({"model_stats": [_model_stats(service, d) for d in service.deployments()]})
+    stats = {"model_stats": [_model_stats(service, d) for d in service.deployments()]}
+    return _json(_for_peer(request, stats))
+
+
+def _for_peer(request: web.Request, data: Any) -> Any:
+    """``data`` as is for the service's user and root, without file paths for others."""
+    from infscaler.security import is_privileged, peer_of, redact
+
+    return data if is_privileged(peer_of(request)) else redact(data)
 
 
 async def service_status(request: web.Request) -> web.Response:
-    from infscaler.security import is_privileged, peer_of, redact
-
     service = request.app[_SERVICE]
     status = service.status()
     status["system_shared_memory"] = _shm(request).status()
-    return _json(status if is_privileged(peer_of(request)) else redact(status))
+    return _json(_for_peer(request, status))
 
 
 # -- model repository ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ from infscaler.security import (
     PermissionDeniedError,
     SecurityPolicy,
     may_read_write,
+    redact,
 )
 from infscaler.server import ServerThread
 from infscaler.service import Service
@@ -232,6 +233,39 @@ def test_the_socket_is_never_wider_than_0660(world, tmp_path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     assert seen == {0o660}, [oct(m) for m in seen]
+
+
+def test_the_socket_appears_only_once_final(world, monkeypatch) -> None:
+    """The code path, deterministically (a watcher catches a short window only now and
+    then): the socket is bound inside a directory only its owner may enter, and when it
+    is renamed to its path (the moment it appears there) its mode and group are final."""
+    import infscaler.server as server
+
+    path = str(world["public"] / "final.sock")
+    renames: list[tuple[int, int, int, bool]] = []
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if os.fspath(dst) != path:  # another thread's rename
+            return real_rename(src, dst)
+        st = os.lstat(src)
+        parent = os.stat(os.path.dirname(src))
+        renames.append(
+            (stat.S_IMODE(st.st_mode), st.st_gid, stat.S_IMODE(parent.st_mode), os.path.exists(dst))
+        )
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(server.os, "rename", rename)
+    old = os.umask(0)
+    try:
+        with ServerThread(world["svc"], path, socket_group=GROUP):
+            st = os.lstat(path)
+    finally:
+        os.umask(old)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    assert renames == [(0o660, GROUP, 0o700, False)]
+    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == GROUP
 
 
 # -- repository endpoints and function stages --------------------------------------------
@@ -517,6 +551,9 @@ def test_status_shows_no_paths_to_group_members(world) -> None:
     # the same figures otherwise: a group member may watch the service
     assert theirs["pool"].keys() == mine["pool"].keys()
     assert [p["name"] for p in theirs["pipelines"]] == ["chain"]
+    status, stats = as_user(call, sock, "GET", "/v2/models/stats")
+    assert status == 200 and stats["model_stats"][0]["name"] == "chain"
+    assert str(world["tmp"]) not in json.dumps(stats)
 
 
 def test_may_read_write_follows_the_permission_classes() -> None:
@@ -548,3 +585,27 @@ def test_serve_refuses_bad_security_settings(tmp_path: Path) -> None:
         text = " ".join(r.stderr.split())  # the console wraps long lines
         assert fragment in text and "Traceback" not in text, r.stderr
         assert not (tmp_path / "s.sock").exists()
+
+
+def test_redact_drops_path_keys_and_paths_in_messages() -> None:
+    status = {
+        "control_path": {"kind": "userspace", "reason": "no CAP_BPF; /var/cache/x/tokenbus.bpf.o"},
+        "pipelines": [
+            {
+                "name": "ocr",
+                "plans": {"det": "/var/lib/infscaler/plans/det-1a2b"},
+                "units": [{"instances": [{"error": "cannot read /etc/x.onnx: bad", "pid": 7}]}],
+                "requests": {"latency": {"p99_ms": 12.5}},
+                "decisions": [{"reason": "P99 31 ms > SLO 20 ms, 3.2 req/s"}],
+            }
+        ],
+    }
+    out = redact(status)
+    assert out["control_path"] == {"kind": "userspace", "reason": "no CAP_BPF; <path>"}
+    p = out["pipelines"][0]
+    assert "plans" not in p and p["units"][0]["instances"][0] == {
+        "error": "cannot read <path>: bad",
+        "pid": 7,
+    }
+    assert p["requests"] == status["pipelines"][0]["requests"]
+    assert p["decisions"] == status["pipelines"][0]["decisions"]  # no path, left alone
