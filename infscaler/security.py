@@ -136,13 +136,19 @@ def _peer_groups(sock: socket.socket, pid: int, uid: int, gid: int) -> frozenset
         return frozenset()
 
 
-def peer_of(request: Any) -> Peer | None:
+_NOBODY = Peer(-1, -1, -1)
+
+
+def peer_of(request: Any) -> Peer:
     """The :class:`Peer` of an aiohttp request on a Unix socket (two ``getsockopt``
-    calls); a peer that is never privileged (uid -1) on any other transport or when the
-    kernel gives no credentials; None without a transport (an in-process caller)."""
-    peer = None
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is not None and sock.family == socket.AF_UNIX:
+    calls). A peer that is never privileged (uid -1) on any other transport, when the
+    kernel gives no credentials, or when the connection is already gone: a request is
+    never treated as an in-process caller."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return _NOBODY
+    if sock.family == socket.AF_UNIX:
         try:
             pid, uid, gid = struct.unpack(
                 "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
@@ -150,12 +156,8 @@ def peer_of(request: Any) -> Peer | None:
         except OSError:
             pid = uid = gid = -1
         if uid >= 0:
-            peer = Peer(pid, uid, gid, _peer_groups(sock, pid, uid, gid))
-        else:  # unknown credentials: never privileged
-            peer = Peer(-1, -1, -1)
-    elif sock is not None:
-        peer = Peer(-1, -1, -1)  # not a Unix socket: nobody vouches for the client
-    return peer
+            return Peer(pid, uid, gid, _peer_groups(sock, pid, uid, gid))
+    return _NOBODY  # not a Unix socket, or no credentials: nobody vouches for the client
 
 
 def is_privileged(peer: Peer | None) -> bool:
@@ -311,6 +313,8 @@ class SecurityPolicy:
         return cls(modules, tuple(repos))
 
     def _inside(self, value: str | os.PathLike[str], what: str) -> str:
+        if "\0" in os.fspath(value):
+            raise PermissionDeniedError(f"{what} {os.fspath(value)!r} contains a NUL byte")
         real = os.path.realpath(value)
         for repo in self.model_repositories:
             if real == repo or real.startswith(repo.rstrip(os.sep) + os.sep):

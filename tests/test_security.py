@@ -422,10 +422,11 @@ def test_plan_partition_files_must_stay_inside(tmp_path: Path) -> None:
     cfg = load_pipeline(_model_pipeline(plan=str(plan)) | {"name": "p"})
     with pytest.raises(PermissionDeniedError, match="partition file"):
         policy.check_pipeline(cfg)
-    # bundled aliases are always allowed, even with no repository configured
-    SecurityPolicy.create().check_pipeline(
-        load_pipeline(_model_pipeline(model="resnet50") | {"name": "r"})
-    )
+    # bundled aliases and the bundled pipelines are always allowed, with no repository
+    from infscaler.cli_service import pipeline_from_arg
+
+    for bundled in ("ocr", "dddd", "resnet50", "ppocrv4-det"):
+        SecurityPolicy.create().check_pipeline(pipeline_from_arg(bundled))
 
 
 # -- system shared memory -----------------------------------------------------------------
@@ -609,3 +610,42 @@ def test_redact_drops_path_keys_and_paths_in_messages() -> None:
     }
     assert p["requests"] == status["pipelines"][0]["requests"]
     assert p["decisions"] == status["pipelines"][0]["decisions"]  # no path, left alone
+
+
+def test_a_request_without_credentials_is_never_privileged() -> None:
+    """A client that hangs up before the check (transport gone), or any transport that
+    is not a Unix socket, is nobody: not the in-process caller (None) that may do all."""
+    from types import SimpleNamespace
+
+    from infscaler.security import peer_of, require_privileged
+
+    gone = SimpleNamespace(transport=None)
+    tcp_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        tcp = SimpleNamespace(transport=SimpleNamespace(get_extra_info=lambda _k: tcp_sock))
+        for request in (gone, tcp):
+            peer = peer_of(request)
+            assert peer is not None and peer.uid == -1 and not peer.privileged
+            with pytest.raises(PermissionDeniedError, match="reserved"):
+                require_privileged(peer, "loading a model")
+    finally:
+        tcp_sock.close()
+    with pytest.raises(PermissionDeniedError, match="NUL byte"):
+        SecurityPolicy.create().check_pipeline(
+            load_pipeline(
+                {
+                    "name": "n",
+                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+                    "outputs": ["y"],
+                    "stages": [
+                        {
+                            "name": "s",
+                            "function": "infscaler.pipelines.ocr:decode_line",
+                            "params": {"rec_model": "a/\0b"},
+                            "inputs": ["x"],
+                            "outputs": ["y"],
+                        }
+                    ],
+                }
+            )
+        )
