@@ -45,10 +45,6 @@ NOBODY = 65534
 GROUP = 4242  # the socket's group (no /etc/group entry needed: root may chown to any gid)
 OTHER_UID = 65533  # a second unprivileged user in the same group
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="needs root: the tests switch the client to another uid/gid"
-)
-
 CHAIN = {
     "name": "chain",
     "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
@@ -133,7 +129,10 @@ def _whoami() -> list[int]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory):
     """A root service serving `chain`; its socket in a directory nobody may traverse,
-    group GROUP; the API allows stagefuncs functions and one model repository."""
+    group GROUP; the API allows stagefuncs functions and one model repository. Tests
+    using it skip where not root (they switch the client to another uid / gid)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the client is switched to uid 65534 and the socket chown-ed")
     tmp = tmp_path_factory.mktemp("sec")
     public = Path(tempfile.mkdtemp(prefix="isc-sec-"))
     public.chmod(0o711)
