@@ -167,11 +167,46 @@ def serve_cmd(
     drain_s: Annotated[
         float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
     ] = 30.0,
+    socket_group: Annotated[
+        str | None,
+        typer.Option(
+            "--socket-group",
+            envvar="INFSCALER_SOCKET_GROUP",
+            help="Give the socket (mode 0660) to this group (name or gid); default: the "
+            "service's own group. Its members may infer.",
+        ),
+    ] = None,
+    allow_functions: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-functions",
+            envvar="INFSCALER_ALLOW_FUNCTIONS",
+            help="A Python package whose functions pipelines loaded through the API may "
+            "use as function stages (repeatable; infscaler.pipelines always). Pipelines "
+            "given on this command line may use the modules they name.",
+        ),
+    ] = None,
+    model_repository: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model-repository",
+            envvar="INFSCALER_MODEL_REPOSITORIES",
+            help="A directory pipelines loaded through the API may take models and plans "
+            "from (repeatable; bundled model aliases always).",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Run the service in the foreground on a Unix socket (Open Inference Protocol)."""
     _setup_logging(verbose)
     from infscaler.device import load_profile
+    from infscaler.security import SecurityPolicy
+
+    security = SecurityPolicy.create(allow_functions or (), model_repository or ())
+    if socket_group is not None:
+        from infscaler.server import resolve_group
+
+        resolve_group(socket_group)  # an unknown group fails now, not after the deploys
 
     profile = load_profile(device) if device else None
     configs = [pipeline_from_arg(t, partitions) for t in targets or []]
@@ -192,6 +227,8 @@ def serve_cmd(
             pool_mb,
             max_body_mb,
             drain_s,
+            security,
+            socket_group,
         )
     )
     raise typer.Exit(code)
@@ -206,6 +243,8 @@ async def _serve(
     pool_mb: int,
     max_body_mb: int,
     drain_s: float,
+    security: Any = None,
+    socket_group: str | None = None,
 ) -> int:
     from infscaler.server import create_app, start_unix_server
     from infscaler.service import Service
@@ -223,7 +262,8 @@ async def _serve(
     await loop.run_in_executor(None, service.start)
     runner = None
     try:
-        runner = await start_unix_server(create_app(service, max_body_mb=max_body_mb), socket_path)
+        app = create_app(service, max_body_mb=max_body_mb, security=security)
+        runner = await start_unix_server(app, socket_path, group=socket_group)
         err.print(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
             f"pool {pool_mb} MB)",

@@ -19,9 +19,14 @@ Endpoints (Triton's REST layout, so its users find what they know):
 ``POST /v2/systemsharedmemory[/region/{name}]/unregister``
 ========================================================  ==============================
 
-Errors are ``{"error": "..."}`` with 400 (bad request), 404 (unknown model / region),
-409 (name taken), 413 (body too large), 500 (a stage failed on the request) and 503
-(not ready, overloaded, stopping, or the request could not finish). A bad request
+Who may call what (:mod:`infscaler.security`): the repository endpoints answer only the
+service's own user and root (403 for others, by the socket's peer credentials); system
+shared memory regions belong to the uid that registered them; the status hides file
+paths from other clients.
+
+Errors are ``{"error": "..."}`` with 400 (bad request), 403 (not allowed), 404 (unknown
+model / region), 409 (name taken), 413 (body too large), 500 (a stage failed on the
+request) and 503 (not ready, overloaded, stopping, or the request could not finish). A bad request
 fails alone: the server, the pipeline and every other request go on.
 
 Sources: KServe / Triton ``protocol/`` docs (v2 REST, ``extension_binary_data.md``,
@@ -60,6 +65,7 @@ _SERVICE = web.AppKey("service", object)
 _SHM = web.AppKey("shm", object)
 _MAX_BODY = web.AppKey("max_body_mb", int)
 _TASKS = web.AppKey("tasks", object)
+_SECURITY = web.AppKey("security", object)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -109,7 +115,12 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 def create_app(
-    service: Any, *, shm: Any = None, max_body_mb: int = 64, tasks: Any = None
+    service: Any,
+    *,
+    shm: Any = None,
+    max_body_mb: int = 64,
+    tasks: Any = None,
+    security: Any = None,
 ) -> web.Application:
     """The aiohttp application for ``service`` (:class:`~infscaler.service.Service`).
 
@@ -119,7 +130,10 @@ def create_app(
         tasks: a :class:`~infscaler.tasks.TaskRouter` for model-less queries (default:
             one over the variant registry in the service's state dir, made on the first
             query that names a registered task).
+        security: the :class:`~infscaler.security.SecurityPolicy` for pipelines loaded
+            through the API (default: bundled function modules only, no model repository).
     """
+    from infscaler.security import SecurityPolicy
     from infscaler.sysshm import SystemSharedMemoryRegistry
 
     app = web.Application(middlewares=[_errors], client_max_size=max_body_mb << 20)
@@ -127,6 +141,7 @@ def create_app(
     app[_SHM] = shm if shm is not None else SystemSharedMemoryRegistry()
     app[_MAX_BODY] = max_body_mb
     app[_TASKS] = {"router": tasks}
+    app[_SECURITY] = security if security is not None else SecurityPolicy()
     r = app.router
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/health/live", live)
@@ -159,6 +174,13 @@ async def _cleanup(app: web.Application) -> None:
     if router is not None:
         with contextlib.suppress(Exception):
             router.close()
+
+
+def _shm(request: web.Request) -> Any:
+    """The shared memory registry as this request's client sees it (its own regions)."""
+    from infscaler.security import peer_of
+
+    return request.app[_SHM].for_peer(lambda: peer_of(request))
 
 
 def _task_router(request: web.Request, name: str) -> Any:
@@ -311,7 +333,7 @@ async def infer(request: web.Request) -> web.Response:
         )
     specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
     req = decode_infer_request(
-        body, header_length=header_length, input_specs=specs, shm=request.app[_SHM]
+        body, header_length=header_length, input_specs=specs, shm=_shm(request)
     )
     timeout_s = None
     if "timeout_ms" in (req.parameters or {}):
@@ -344,7 +366,7 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     iface = task_interface(task, router.variant(variants[0].name) if variants else None)
     specs = [TensorSpec(i["name"], i["datatype"], list(i["shape"])) for i in iface["inputs"]]
     req = decode_infer_request(
-        body, header_length=header_length, input_specs=specs, shm=request.app[_SHM]
+        body, header_length=header_length, input_specs=specs, shm=_shm(request)
     )
     params = dict(req.parameters or {})
     timeout_s = None
@@ -419,25 +441,40 @@ def _model_stats(service: Any, dep: Any) -> dict[str, Any]:
 async def stats_one(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     dep = service.deployment(request.match_info["name"])
-    return _json({"model_stats": [_model_stats(service, dep)]})
+    return _json(_for_peer(request, {"model_stats": [_model_stats(service, dep)]}))
 
 
 async def stats_all(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
-    return _json({"model_stats": [_model_stats(service, d) for d in service.deployments()]})
+    stats = {"model_stats": [_model_stats(service, d) for d in service.deployments()]}
+    return _json(_for_peer(request, stats))
+
+
+def _for_peer(request: web.Request, data: Any) -> Any:
+    """``data`` as is for the service's user and root, without file paths for others."""
+    from infscaler.security import is_privileged, peer_of, redact
+
+    return data if is_privileged(peer_of(request)) else redact(data)
 
 
 async def service_status(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     status = service.status()
-    status["system_shared_memory"] = request.app[_SHM].status()
-    return _json(status)
+    status["system_shared_memory"] = _shm(request).status()
+    return _json(_for_peer(request, status))
 
 
 # -- model repository ---------------------------------------------------------------------
 
 
+def _owner_only(request: web.Request, what: str) -> None:
+    from infscaler.security import peer_of, require_privileged
+
+    require_privileged(peer_of(request), what)
+
+
 async def repository_index(request: web.Request) -> web.Response:
+    _owner_only(request, "the model repository index")
     service = request.app[_SERVICE]
     return _json(
         [
@@ -471,6 +508,7 @@ async def repository_load(request: web.Request) -> web.Response:
     the new one is ready (Triton's reload)."""
     from infscaler.config import load_pipeline
 
+    _owner_only(request, "loading a model")
     service = request.app[_SERVICE]
     name = request.match_info["name"]
     data = await _body_json(request)
@@ -488,13 +526,19 @@ async def repository_load(request: web.Request) -> web.Response:
     if isinstance(parsed, dict):
         parsed["name"] = name
     cfg = load_pipeline(parsed if isinstance(parsed, dict) else config)
+    policy = request.app[_SECURITY]
+    policy.check_pipeline(cfg)  # 403 before anything of it is read or imported
     loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
-    await loop.run_in_executor(None, lambda: service.deploy(cfg, replace=True))
+    await loop.run_in_executor(
+        None,
+        lambda: service.deploy(cfg, replace=True, allowed_functions=policy.function_modules),
+    )
     return _json({"name": name, "loaded": True, "seconds": round(time.perf_counter() - t0, 2)})
 
 
 async def repository_unload(request: web.Request) -> web.Response:
+    _owner_only(request, "unloading a model")
     service = request.app[_SERVICE]
     name = request.match_info["name"]
     service.deployment(name)
@@ -507,7 +551,7 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 
 async def shm_status(request: web.Request) -> web.Response:
-    return _json(request.app[_SHM].status(request.match_info.get("name")))
+    return _json(_shm(request).status(request.match_info.get("name")))
 
 
 async def shm_register(request: web.Request) -> web.Response:
@@ -516,12 +560,16 @@ async def shm_register(request: web.Request) -> web.Response:
         key, offset, size = data["key"], int(data.get("offset", 0)), int(data["byte_size"])
     except (KeyError, TypeError, ValueError):
         return error_response('register needs {"key": str, "offset": int, "byte_size": int}', 400)
-    request.app[_SHM].register(request.match_info["name"], str(key), offset, size)
+    from infscaler.security import peer_of
+
+    request.app[_SHM].register(request.match_info["name"], str(key), offset, size, peer_of(request))
     return _json({})
 
 
 async def shm_unregister(request: web.Request) -> web.Response:
-    request.app[_SHM].unregister(request.match_info.get("name"))
+    from infscaler.security import peer_of
+
+    request.app[_SHM].unregister(request.match_info.get("name"), peer_of(request))
     return _json({})
 
 
@@ -555,15 +603,87 @@ def prepare_socket_path(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-async def start_unix_server(app: web.Application, path: str | os.PathLike[str], mode: int = 0o660):
-    """Serve ``app`` on the Unix socket ``path`` (mode ``mode``). Returns the runner
+def resolve_group(group: str | int) -> int:
+    """A group name or number as a gid.
+
+    Raises:
+        InfScalerError: no such group.
+    """
+    import grp
+
+    if isinstance(group, int) or str(group).isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(str(group)).gr_gid
+    except KeyError:
+        raise InfScalerError(
+            f"--socket-group {group!r}: no such group", hint="give a group name or a gid"
+        ) from None
+
+
+def bind_unix_socket(
+    path: str | os.PathLike[str], mode: int = 0o660, group: str | int | None = None
+) -> socket.socket:
+    """A listening Unix stream socket at ``path`` whose mode (and group) are final before
+    anyone can reach it: bound inside a fresh private (0700) directory next to ``path``,
+    chmod-ed, chown-ed to ``group`` if given, then renamed into place (``rename(2)`` is
+    atomic). Nothing touches the process-wide umask, so other threads are unaffected.
+
+    Raises:
+        InfScalerError: the group cannot be set (not root and not a member), or the
+            path is too long for a Unix socket.
+    """
+    import tempfile
+
+    p = Path(path)
+    gid = None if group is None else resolve_group(group)
+    tmp_dir = tempfile.mkdtemp(prefix=".isc", dir=p.parent)  # mode 0700
+    tmp = os.path.join(tmp_dir, "s")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            sock.bind(tmp)
+        except OSError as exc:
+            raise InfScalerError(
+                f"cannot create the socket next to {p}: {exc}",
+                hint="use a shorter --socket path (a Unix socket path has at most 107 bytes)",
+            ) from None
+        sock.listen(128)  # accept as soon as the path appears (the site listens again)
+        os.chmod(tmp, mode)
+        if gid is not None:
+            try:
+                os.chown(tmp, -1, gid)
+            except PermissionError:
+                raise InfScalerError(
+                    f"cannot give the socket to group {group} (gid {gid}): permission denied",
+                    hint="run the service as root or as a member of that group",
+                ) from None
+        os.rename(tmp, p)
+    except BaseException:
+        sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(tmp_dir)
+    return sock
+
+
+async def start_unix_server(
+    app: web.Application,
+    path: str | os.PathLike[str],
+    mode: int = 0o660,
+    group: str | int | None = None,
+):
+    """Serve ``app`` on the Unix socket ``path`` (mode ``mode``, group ``group`` if
+    given: :func:`bind_unix_socket`, never wider than ``mode``). Returns the runner
     (``await runner.cleanup()`` to stop)."""
     p = prepare_socket_path(path)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.UnixSite(runner, str(p))
+    site = web.SockSite(runner, bind_unix_socket(p, mode, group))
     await site.start()
-    os.chmod(p, mode)
     return runner
 
 
@@ -573,14 +693,25 @@ class ServerThread:
 
     Args:
         service: a started service. socket_path: where to listen. max_body_mb: body limit.
+        security: a :class:`~infscaler.security.SecurityPolicy` (see :func:`create_app`).
+        socket_group: give the socket to this group (name or gid).
     """
 
-    def __init__(self, service: Any, socket_path: str | os.PathLike[str], max_body_mb: int = 64):
+    def __init__(
+        self,
+        service: Any,
+        socket_path: str | os.PathLike[str],
+        max_body_mb: int = 64,
+        *,
+        security: Any = None,
+        socket_group: str | int | None = None,
+    ):
         import threading
 
         self.service = service
         self.socket_path = str(socket_path)
-        self._app = create_app(service, max_body_mb=max_body_mb)
+        self.socket_group = socket_group
+        self._app = create_app(service, max_body_mb=max_body_mb, security=security)
         self._loop = asyncio.new_event_loop()
         self._runner: Any = None
         self._started = threading.Event()
@@ -591,7 +722,7 @@ class ServerThread:
         asyncio.set_event_loop(self._loop)
         try:
             self._runner = self._loop.run_until_complete(
-                start_unix_server(self._app, self.socket_path)
+                start_unix_server(self._app, self.socket_path, group=self.socket_group)
             )
         except BaseException as exc:  # noqa: BLE001 - re-raised in start()
             self._error = exc
@@ -648,6 +779,6 @@ def _infer_response(
         requested=req.outputs,
         binary_default=req.binary_output_default,
         parameters=params,
-        shm=request.app[_SHM],
+        shm=_shm(request),
     )
     return web.Response(body=body, headers=headers)

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,6 +253,7 @@ class Service:
         *,
         replace: bool = False,
         progress: Callable[[str], None] = lambda _m: None,
+        allowed_functions: Sequence[str] | None = None,
     ) -> Deployment:
         """Compile and start a pipeline; returns once every instance is ready.
 
@@ -261,6 +262,8 @@ class Service:
             replace: swap out a deployed pipeline of the same name (the old one drains
                 after the new one is ready).
             progress: called with a line per step.
+            allowed_functions: modules function stages may come from (None: any; the
+                API passes its :class:`~infscaler.security.SecurityPolicy`'s).
 
         Raises:
             ServiceError: (409) the name is taken and ``replace`` is false; (503) not
@@ -282,7 +285,11 @@ class Service:
                     hint="unload it first, or deploy with replace",
                 )
             compiled = compile_pipeline(
-                cfg, state_dir=self.state_dir, device=self.device, progress=progress
+                cfg,
+                state_dir=self.state_dir,
+                device=self.device,
+                progress=progress,
+                allowed_functions=allowed_functions,
             )
             served = compiled.served_units()
             for w in self._check_fits(compiled, old):

@@ -18,6 +18,12 @@ Keys are ``shm_open`` names: ``"/name"`` or ``"name"`` (one path component; the 
 belongs to the runtime's own tensor pool (:mod:`infscaler.shm.pool`), which clients must
 not be able to map through the API.
 
+Who may use what (:mod:`infscaler.security`): the service opens an object for a client
+only if that client (its uid, gid and supplementary groups, from the socket) could open
+it for reading and writing itself; a region belongs to the uid that registered it, and
+other clients that are not the service's user or root can neither see, use nor
+unregister it.
+
 Tensor bytes in a region use the binary tensor layout (``extension_binary_data.md``):
 little-endian, row-major; BYTES elements a 4-byte little-endian length then the bytes.
 """
@@ -29,7 +35,7 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,13 +50,20 @@ from infscaler.protocol import (
     tensor_from_bytes,
     tensor_to_bytes,
 )
+from infscaler.security import Peer, is_privileged, may_read_write
 
 try:
     import _posixshmem
 except ImportError:  # pragma: no cover - non-POSIX
     _posixshmem = None
 
-__all__ = ["RESERVED_PREFIXES", "SharedMemoryRegion", "SystemSharedMemoryRegistry", "normalize_key"]
+__all__ = [
+    "RESERVED_PREFIXES",
+    "PeerRegistry",
+    "SharedMemoryRegion",
+    "SystemSharedMemoryRegistry",
+    "normalize_key",
+]
 
 #: Key prefixes clients may not register (the runtime's tensor pool slabs: ``/isc-<id>-<n>``).
 RESERVED_PREFIXES: tuple[str, ...] = ("isc-",)
@@ -126,6 +139,7 @@ class _Region:
     fd: int
     mm: mmap.mmap
     start: int  # where the registered range begins inside mm
+    owner_uid: int | None = None  # the registering peer's uid; None: in-process
 
     def status(self) -> dict[str, Any]:
         return {
@@ -149,13 +163,22 @@ class SystemSharedMemoryRegistry:
         self._regions: dict[str, _Region] = {}
         self._lock = threading.Lock()
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def register(
+        self, name: str, key: str, offset: int, byte_size: int, peer: Peer | None = None
+    ) -> None:
         """Map ``byte_size`` bytes at ``offset`` of the shm object ``key`` as region ``name``.
+
+        Args:
+            peer: the client (None: an in-process caller). One that is not privileged
+                must be able to open the object for reading and writing itself (its
+                owner, group and mode against the peer's uid, gid and groups); the
+                region is then its own.
 
         Raises:
             ProtocolError: (400) a bad or empty name, a bad or reserved key, a negative
                 offset, a byte_size < 1, a name already registered, a missing object, an
-                object the service may not open, or offset + byte_size beyond the object.
+                object the service may not open, or offset + byte_size beyond the object;
+                (403) an object ``peer`` could not open for reading and writing.
         """
         if not isinstance(name, str) or not name or "/" in name:
             raise ProtocolError(
@@ -172,13 +195,18 @@ class SystemSharedMemoryRegistry:
         with self._lock:
             if name in self._regions:
                 r = self._regions[name]
+                detail = (
+                    f" (key {r.key}, offset {r.offset}, byte_size {r.byte_size})"
+                    if self._mine(r, peer)
+                    else " by another user"
+                )
                 raise ProtocolError(
-                    f"shared memory region '{name}' is already registered (key {r.key}, "
-                    f"offset {r.offset}, byte_size {r.byte_size})",
+                    f"shared memory region '{name}' is already registered{detail}",
                     hint="unregister it first, or choose another name",
                 )
             try:
-                fd = _shm_open(key, os.O_RDWR)
+                # O_NONBLOCK: a FIFO planted in /dev/shm must not block the server
+                fd = _shm_open(key, os.O_RDWR | os.O_NONBLOCK)
             except FileNotFoundError:
                 raise ProtocolError(
                     f"region '{name}': shared memory object {key} does not exist",
@@ -199,6 +227,16 @@ class SystemSharedMemoryRegistry:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     raise ProtocolError(f"region '{name}': {key} is not a shared memory object")
+                if not is_privileged(peer) and not may_read_write(st, peer):
+                    raise ProtocolError(
+                        f"region '{name}': you ({peer.describe()}) may not read and write "
+                        f"shared memory object {key} yourself (owner uid {st.st_uid}, group "
+                        f"{st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}); the service "
+                        "maps only objects its client could open itself",
+                        403,
+                        hint="create the object yourself (SharedMemoryRegion.create(..., "
+                        "group=True) gives mode 0660)",
+                    )
                 if offset + byte_size > st.st_size:
                     raise ProtocolError(
                         f"region '{name}': offset {offset} + byte_size {byte_size} = "
@@ -212,13 +250,39 @@ class SystemSharedMemoryRegistry:
             except (OSError, ValueError) as exc:
                 os.close(fd)
                 raise ProtocolError(f"region '{name}': cannot map {key}: {exc}") from None
-            self._regions[name] = _Region(name, key, offset, byte_size, fd, mm, start)
+            owner = None if peer is None else peer.uid
+            self._regions[name] = _Region(name, key, offset, byte_size, fd, mm, start, owner)
 
-    def unregister(self, name: str | None = None) -> None:
-        """Unregister region ``name``, or every region (None). Unregistering a name that
-        is not registered does nothing (as Triton). The shm objects stay: the client owns them."""
+    @staticmethod
+    def _mine(r: _Region, peer: Peer | None) -> bool:
+        """Whether ``peer`` may see and use region ``r`` (its registrant, or privileged)."""
+        return is_privileged(peer) or (peer is not None and r.owner_uid == peer.uid)
+
+    def _refuse_foreign(self, r: _Region, peer: Peer | None) -> None:
+        if not self._mine(r, peer):
+            assert peer is not None
+            raise ProtocolError(
+                f"shared memory region '{r.name}' was registered by another user; you "
+                f"({peer.describe()}) may use only your own regions",
+                403,
+            )
+
+    def unregister(self, name: str | None = None, peer: Peer | None = None) -> None:
+        """Unregister region ``name``, or every region ``peer`` may see (None).
+        Unregistering a name that is not registered does nothing (as Triton). The shm
+        objects stay: the client owns them.
+
+        Raises:
+            ProtocolError: (403) ``name`` is another user's region (for a ``peer`` that
+                is not privileged).
+        """
         with self._lock:
-            names = list(self._regions) if name is None else [name]
+            if name is None:
+                names = [n for n, r in self._regions.items() if self._mine(r, peer)]
+            else:
+                names = [name]
+                if name in self._regions:
+                    self._refuse_foreign(self._regions[name], peer)
             for n in names:
                 r = self._regions.pop(n, None)
                 if r is not None:
@@ -226,28 +290,35 @@ class SystemSharedMemoryRegistry:
                     with contextlib.suppress(OSError):
                         os.close(r.fd)
 
-    def status(self, name: str | None = None) -> list[dict[str, Any]]:
-        """``[{"name", "key", "offset", "byte_size"}]`` for region ``name`` or all (in
-        registration order): ``$system_shared_memory_status_response``.
+    def status(self, name: str | None = None, peer: Peer | None = None) -> list[dict[str, Any]]:
+        """``[{"name", "key", "offset", "byte_size"}]`` for region ``name`` or all that
+        ``peer`` may see (in registration order): ``$system_shared_memory_status_response``.
 
         Raises:
-            ProtocolError: (404) ``name`` is not registered.
+            ProtocolError: (404) ``name`` is not registered; (403) it is another user's.
         """
         with self._lock:
             if name is None:
-                return [r.status() for r in self._regions.values()]
+                return [r.status() for r in self._regions.values() if self._mine(r, peer)]
             r = self._regions.get(name)
             if r is None:
                 raise ProtocolError(f"shared memory region '{name}' is not registered", 404)
+            self._refuse_foreign(r, peer)
             return [r.status()]
 
-    def view(self, name: str, offset: int, byte_size: int) -> memoryview:
+    def for_peer(self, peer: Peer | None | Callable[[], Any]) -> PeerRegistry:
+        """This registry as ``peer`` sees it (what the codec gets for one request);
+        ``peer`` may be a function giving it, called on first use."""
+        return PeerRegistry(self, peer)
+
+    def view(self, name: str, offset: int, byte_size: int, peer: Peer | None = None) -> memoryview:
         """A writable ``memoryview`` (format ``B``) of ``byte_size`` bytes at ``offset``
         within region ``name``. Release it (``with`` / ``.release()``) when done.
 
         Raises:
             ProtocolError: (400) the region is not registered; offset + byte_size beyond
-                it; or its shm object shrank below the registered range since.
+                it; or its shm object shrank below the registered range since; (403) it
+                is another user's region (``peer`` not privileged).
         """
         with self._lock:
             r = self._regions.get(name)
@@ -256,6 +327,7 @@ class SystemSharedMemoryRegistry:
                     f"shared memory region '{name}' is not registered",
                     hint="register it with POST /v2/systemsharedmemory/region/{name}/register",
                 )
+            self._refuse_foreign(r, peer)
             if offset < 0 or byte_size < 0 or offset + byte_size > r.byte_size:
                 raise ProtocolError(
                     f"offset {offset} + byte_size {byte_size} is beyond shared memory region "
@@ -285,6 +357,30 @@ class SystemSharedMemoryRegistry:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class PeerRegistry:
+    """A :class:`SystemSharedMemoryRegistry` bound to one client: what
+    :mod:`infscaler.protocol` gets, so a request reads from and writes to only regions
+    its client registered (or any, for the service's user and root)."""
+
+    def __init__(
+        self, registry: SystemSharedMemoryRegistry, peer: Peer | None | Callable[[], Any]
+    ) -> None:
+        self.registry = registry
+        self._peer = peer  # or a function giving it: looked up on first use
+
+    @property
+    def peer(self) -> Peer | None:
+        if callable(self._peer):
+            self._peer = self._peer()
+        return self._peer
+
+    def view(self, name: str, offset: int, byte_size: int) -> memoryview:
+        return self.registry.view(name, offset, byte_size, self.peer)
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        return self.registry.status(name, self.peer)
 
 
 def _to_dtype(dtype: Any) -> tuple[str, np.dtype]:

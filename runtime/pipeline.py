@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,6 +231,7 @@ def compile_pipeline(
     state_dir: Path | None = None,
     device: Any = None,
     progress: Callable[[str], None] = lambda _m: None,
+    allowed_functions: Sequence[str] | None = None,
 ) -> CompiledPipeline:
     """Resolve models, partition model stages at deploy (cached in
     ``state_dir/plans``), and lay out the units.
@@ -241,6 +242,9 @@ def compile_pipeline(
             ``~/.local/state/infscaler``).
         device: a :class:`~infscaler.device.DeviceProfile` passed to the partitioner.
         progress: called with a line per step (partitioning takes seconds).
+        allowed_functions: the modules function stages may come from (None: any; see
+            :func:`load_function`). Every function stage must name a plain function
+            defined in its module either way.
 
     Raises:
         ConfigError: a model stage whose tensors do not exist in the model, inputs not
@@ -262,7 +266,7 @@ def compile_pipeline(
         if stage.fan_out:
             in_items = True
         if stage.kind == "function":
-            _check_function(stage.function or "", where)
+            _check_function(stage.function or "", where, allowed_functions)
             units.append(
                 Unit(
                     index=len(units),
@@ -427,21 +431,44 @@ def compile_pipeline(
     return CompiledPipeline(cfg, units, pipe_inputs, out_specs, front, plans)
 
 
-def _check_function(spec: str, where: str) -> Callable[..., Any]:
+def _check_function(
+    spec: str, where: str, allowed: Sequence[str] | None = None
+) -> Callable[..., Any]:
+    from infscaler.security import FunctionNotAllowedError
+
     try:
-        return load_function(spec)
+        return load_function(spec, allowed, plain=True)
+    except FunctionNotAllowedError as exc:
+        raise FunctionNotAllowedError(f"{where}.function: {exc.message}", exc.hint) from None
     except InfScalerError as exc:
         raise ConfigError(f"{where}.function: {exc.message}", hint=exc.hint) from None
 
 
-def load_function(spec: str) -> Callable[..., Any]:
+def load_function(
+    spec: str, allowed: Sequence[str] | None = None, *, plain: bool = False
+) -> Callable[..., Any]:
     """Import ``module:callable``.
 
+    Args:
+        spec: ``module:attr``.
+        allowed: modules (and their submodules) the function may come from; checked
+            before the module is imported (importing runs code). None: any module (the
+            instances, which run what :func:`compile_pipeline` checked).
+        plain: require a plain Python function defined in ``module`` (no builtins such
+            as ``os:system``, no classes such as ``subprocess:Popen``); implied by
+            ``allowed``.
+
     Raises:
+        FunctionNotAllowedError: (403) the module is not allowed, or ``attr`` is not a
+            plain function of it (:mod:`infscaler.security`).
         InfScalerError: the module cannot be imported or has no such callable.
     """
     import importlib
 
+    from infscaler.security import check_function_module, check_plain_function
+
+    if allowed is not None:
+        check_function_module(spec, allowed)
     module, _, attr = spec.partition(":")
     try:
         mod = importlib.import_module(module)
@@ -453,6 +480,8 @@ def load_function(spec: str) -> Callable[..., Any]:
     fn = getattr(mod, attr, None)
     if not callable(fn):
         raise InfScalerError(f"{module!r} has no callable {attr!r}")
+    if plain or allowed is not None:
+        check_plain_function(spec, mod, fn)
     return fn
 
 

@@ -125,7 +125,9 @@ def test_serve_notifies_systemd_and_drains_on_sigterm(tmp_path: Path) -> None:
 
 def test_client_commands_against_a_running_service(tmp_path: Path) -> None:
     sock = tmp_path / "svc.sock"
-    env = _env(tmp_path, INFSCALER_SOCKET=str(sock))
+    # `deploy` goes through the API: its function stages must be allowed (here by the
+    # environment variable the systemd env file sets)
+    env = _env(tmp_path, INFSCALER_SOCKET=str(sock), INFSCALER_ALLOW_FUNCTIONS="stagefuncs")
     proc = subprocess.Popen(
         [*INFSCALER, "serve", "--control-path", "userspace"],
         env=env,

@@ -15,6 +15,7 @@ import pytest
 from infscaler.client import Client, InferenceServerError, ShmOutput, ShmTensor
 from infscaler.config import load_pipeline
 from infscaler.errors import InfScalerError
+from infscaler.security import SecurityPolicy
 from infscaler.server import ServerThread
 from infscaler.service import Service
 from infscaler.sysshm import SharedMemoryRegion
@@ -44,7 +45,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     try:
         with Service(state_dir=tmp / "state", control_path="userspace", pool_mb=64) as svc:
             svc.deploy(load_pipeline(CHAIN))
-            with ServerThread(svc, sock, max_body_mb=1):
+            policy = SecurityPolicy.create(allow_functions=["stagefuncs"])
+            with ServerThread(svc, sock, max_body_mb=1, security=policy):
                 yield svc, str(sock)
     finally:
         os.environ["PYTHONPATH"] = old

@@ -1,0 +1,403 @@
+"""The service's security boundary: who may do what on its Unix socket.
+
+The socket (mode 0660) is the boundary: a client in its group may infer, read metadata
+and statistics, and use system shared memory regions it registered itself; it may not
+run code, read or write files, or open shared memory as the service. This module holds
+the checks; :mod:`infscaler.server` calls them from its handlers.
+
+- **Peers** (:func:`peer_of`): the connecting process's uid, gid and supplementary
+  groups from the kernel (``SO_PEERCRED``, ``SO_PEERGROUPS``; ``unix(7)``), never from
+  the request. A peer is *privileged* when its uid is the service's own or root.
+- **Repository endpoints** (index / load / unload) answer privileged peers only
+  (:func:`require_privileged`, 403 otherwise).
+- **Function stages** (:class:`SecurityPolicy`, enforced by
+  :func:`infscaler.runtime.pipeline.load_function`): pipelines loaded through the API
+  name functions only from allowed modules (``infscaler.pipelines`` and what the
+  operator adds with ``--allow-functions`` / ``$INFSCALER_ALLOW_FUNCTIONS``); a reference
+  names a plain Python function defined in that module (no re-exported builtins or
+  classes such as ``os:system`` or ``subprocess:Popen``). The module is checked before
+  it is imported: importing runs code.
+- **Model files** (:meth:`SecurityPolicy.check_pipeline`): a model, a plan directory,
+  its partition files and path-like function parameters of an API-loaded pipeline must
+  resolve (``realpath``: no symlink escape) inside a configured model repository
+  (``--model-repository``); bundled model aliases are always allowed.
+- **Status** (:func:`redact`): peers that are not privileged see no file paths (plan
+  directories, caches, paths inside messages) and only their own shm regions.
+
+Sources: ``unix(7)`` (SO_PEERCRED, SO_PEERGROUPS), ``credentials(7)``,
+``path_resolution(7)``, ``inode(7)`` (permission classes); Triton
+``extension_model_repository.md`` and ``extension_shared_memory.md``.
+"""
+
+from __future__ import annotations
+
+import array
+import inspect
+import os
+import re
+import socket
+import stat
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infscaler.errors import InfScalerError
+
+__all__ = [
+    "BUILTIN_FUNCTION_MODULES",
+    "FunctionNotAllowedError",
+    "Peer",
+    "PermissionDeniedError",
+    "SecurityPolicy",
+    "check_function_module",
+    "check_plain_function",
+    "may_read_write",
+    "peer_of",
+    "redact",
+    "require_privileged",
+]
+
+#: Modules whose functions any pipeline may name (the bundled pipelines' stages).
+BUILTIN_FUNCTION_MODULES: tuple[str, ...] = ("infscaler.pipelines",)
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_ALLOW_HINT = (
+    "allow more with `infscaler serve --allow-functions PACKAGE` (repeatable) or "
+    "INFSCALER_ALLOW_FUNCTIONS in /etc/infscaler/infscaler.env"
+)
+#: SO_PEERGROUPS (Linux >= 4.13, ``asm-generic/socket.h``); Python does not name it.
+_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+
+
+class PermissionDeniedError(InfScalerError):
+    """The peer may not do this (HTTP 403)."""
+
+    status = 403
+
+
+class FunctionNotAllowedError(PermissionDeniedError):
+    """A function stage names a module the service's configuration does not allow, or
+    something that is not a plain function defined in its module (HTTP 403)."""
+
+
+# -- peers --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The process on the other end of a Unix socket connection (from the kernel).
+
+    Attributes:
+        pid / uid / gid: ``SO_PEERCRED`` (at connect time).
+        groups: supplementary group ids (``SO_PEERGROUPS``, else ``/proc/<pid>/status``
+            ``Groups:``, else the user database's list for ``uid``).
+        privileged: the uid is root's or the service's own (effective) uid.
+    """
+
+    pid: int
+    uid: int
+    gid: int
+    groups: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def privileged(self) -> bool:
+        return self.uid == 0 or self.uid == os.geteuid()
+
+    def describe(self) -> str:
+        return f"uid {self.uid}, gid {self.gid}"
+
+
+def _peer_groups(sock: socket.socket, pid: int, uid: int, gid: int) -> frozenset[int]:
+    size = 4 * 64
+    for _ in range(6):
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size)
+        except OSError as exc:
+            if exc.errno == 34 and size < 4 * 65536:  # ERANGE: more groups than room
+                size *= 4
+                continue
+            break
+        groups = array.array("I")
+        groups.frombytes(raw[: len(raw) - len(raw) % 4])
+        return frozenset(groups)
+    try:  # kernels without SO_PEERGROUPS
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return frozenset(int(g) for g in line.split()[1:])
+    except OSError:
+        pass
+    try:  # /proc hidden (ProtectProc=invisible): the configured groups of the user
+        import pwd
+
+        return frozenset(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
+    except (KeyError, OSError):
+        return frozenset()
+
+
+_NOBODY = Peer(-1, -1, -1)
+
+
+def peer_of(request: Any) -> Peer:
+    """The :class:`Peer` of an aiohttp request on a Unix socket (two ``getsockopt``
+    calls). A peer that is never privileged (uid -1) on any other transport, when the
+    kernel gives no credentials, or when the connection is already gone: a request is
+    never treated as an in-process caller."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return _NOBODY
+    if sock.family == socket.AF_UNIX:
+        try:
+            pid, uid, gid = struct.unpack(
+                "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            )
+        except OSError:
+            pid = uid = gid = -1
+        if uid >= 0:
+            return Peer(pid, uid, gid, _peer_groups(sock, pid, uid, gid))
+    return _NOBODY  # not a Unix socket, or no credentials: nobody vouches for the client
+
+
+def is_privileged(peer: Peer | None) -> bool:
+    """None (an in-process caller, no socket) or a privileged peer."""
+    return peer is None or peer.privileged
+
+
+def require_privileged(peer: Peer | None, what: str) -> None:
+    """Raise unless ``peer`` is the service's own user or root.
+
+    Raises:
+        PermissionDeniedError: (403) with who may do ``what`` instead.
+    """
+    if is_privileged(peer):
+        return
+    assert peer is not None
+    raise PermissionDeniedError(
+        f"{what} is reserved to the service's own user (uid {os.geteuid()}) and root; "
+        f"you are {peer.describe()}",
+        hint="members of the socket's group may infer, read metadata and statistics, and "
+        "register their own shared memory; ask the operator to deploy pipelines",
+    )
+
+
+def may_read_write(st: os.stat_result, peer: Peer) -> bool:
+    """Whether ``peer`` could open a file with status ``st`` for reading and writing
+    under the classic permission classes (``inode(7)``: owner, else group, else other;
+    ACLs are not consulted, so this never grants more than the mode bits)."""
+    if peer.uid == 0:
+        return True
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid == peer.uid:
+        need = stat.S_IRUSR | stat.S_IWUSR
+    elif st.st_gid == peer.gid or st.st_gid in peer.groups:
+        need = stat.S_IRGRP | stat.S_IWGRP
+    else:
+        need = stat.S_IROTH | stat.S_IWOTH
+    return mode & need == need
+
+
+# -- function stages ----------------------------------------------------------------------
+
+
+def parse_modules(values: Iterable[str]) -> tuple[str, ...]:
+    """Module names from ``--allow-functions`` values or ``$INFSCALER_ALLOW_FUNCTIONS``
+    (whitespace- or comma-separated), deduplicated, in order.
+
+    Raises:
+        InfScalerError: a name that is not a dotted Python module name.
+    """
+    out: list[str] = []
+    for v in values:
+        for name in re.split(r"[\s,]+", v.strip()):
+            if not name:
+                continue
+            if not _MODULE.match(name):
+                raise InfScalerError(
+                    f"--allow-functions {name!r} is not a Python module or package name",
+                    hint="give a dotted name such as mycompany.preprocessing",
+                )
+            if name not in out:
+                out.append(name)
+    return tuple(out)
+
+
+def check_function_module(spec: str, allowed: Sequence[str]) -> None:
+    """Refuse ``spec`` (``module:attr``) unless ``module`` is one of ``allowed`` or inside
+    one (``pkg`` allows ``pkg.sub``). Checked before anything is imported.
+
+    Raises:
+        FunctionNotAllowedError: (403) naming the allowed modules and how to allow more.
+    """
+    module, _, attr = spec.partition(":")
+    if not any(module == m or module.startswith(m + ".") for m in allowed):
+        raise FunctionNotAllowedError(
+            f"function {spec!r} is not allowed: this service runs function stages only "
+            f"from the modules {', '.join(allowed)}",
+            hint=_ALLOW_HINT,
+        )
+    if attr.startswith("_"):
+        raise FunctionNotAllowedError(
+            f"function {spec!r} is not allowed: {attr!r} is a private name of {module}"
+        )
+
+
+def check_plain_function(spec: str, module: Any, fn: Any) -> None:
+    """Refuse a function reference that is not a plain Python function defined in the
+    module it names (builtins such as ``os:system``, classes such as
+    ``subprocess:Popen``, and names a module merely imported are refused).
+
+    Raises:
+        FunctionNotAllowedError: (403).
+    """
+    if not inspect.isfunction(fn):
+        kind = "a class" if inspect.isclass(fn) else f"a {type(fn).__name__}"
+        raise FunctionNotAllowedError(
+            f"function {spec!r} is not allowed: it is {kind}, not a plain Python function",
+            hint="name a function defined with `def` in the module itself",
+        )
+    if fn.__module__ != module.__name__:
+        raise FunctionNotAllowedError(
+            f"function {spec!r} is not allowed: it is defined in {fn.__module__!r}, not in "
+            f"{module.__name__!r}",
+            hint=f"name it where it is defined ({fn.__module__}:{fn.__name__}), if that "
+            "module is allowed",
+        )
+
+
+# -- model repositories -------------------------------------------------------------------
+
+
+def _looks_like_path(value: str) -> bool:
+    return "/" in value or os.sep in value or os.path.lexists(value)
+
+
+@dataclass(frozen=True)
+class SecurityPolicy:
+    """What pipelines loaded through the API may use (``infscaler serve`` builds it from
+    ``--allow-functions`` and ``--model-repository``).
+
+    Attributes:
+        function_modules: modules (and their submodules) function stages may come from:
+            :data:`BUILTIN_FUNCTION_MODULES` plus the operator's.
+        model_repositories: real paths of the directories models, plan directories and
+            path-like function parameters must lie in.
+    """
+
+    function_modules: tuple[str, ...] = BUILTIN_FUNCTION_MODULES
+    model_repositories: tuple[str, ...] = ()
+
+    @classmethod
+    def create(
+        cls,
+        allow_functions: Iterable[str] = (),
+        model_repositories: Iterable[str | os.PathLike[str]] = (),
+    ) -> SecurityPolicy:
+        """A policy from the operator's settings.
+
+        Raises:
+            InfScalerError: a bad module name, or a repository that is not a directory.
+        """
+        modules = parse_modules([*BUILTIN_FUNCTION_MODULES, *allow_functions])
+        repos: list[str] = []
+        for d in model_repositories:
+            real = os.path.realpath(d)
+            if not os.path.isdir(real):
+                raise InfScalerError(
+                    f"--model-repository {d} is not a directory",
+                    hint="create it, or pass the directory your models and plans live in",
+                )
+            if real not in repos:
+                repos.append(real)
+        return cls(modules, tuple(repos))
+
+    def _inside(self, value: str | os.PathLike[str], what: str) -> str:
+        if "\0" in os.fspath(value):
+            raise PermissionDeniedError(f"{what} {os.fspath(value)!r} contains a NUL byte")
+        real = os.path.realpath(value)
+        for repo in self.model_repositories:
+            if real == repo or real.startswith(repo.rstrip(os.sep) + os.sep):
+                return real
+        where = (
+            "the model repositories " + ", ".join(self.model_repositories)
+            if self.model_repositories
+            else "a model repository (none is configured)"
+        )
+        raise PermissionDeniedError(
+            f"{what} {os.fspath(value)!r} is not inside {where}: pipelines loaded through "
+            "the API may only use files from there (symbolic links are resolved first)",
+            hint="put the model under a repository directory, use a bundled model alias "
+            "(`infscaler models`), or add the directory with `infscaler serve "
+            "--model-repository DIR` / INFSCALER_MODEL_REPOSITORIES",
+        )
+
+    def check_pipeline(self, cfg: Any) -> None:
+        """Check an API-loaded pipeline before anything of it is read or imported:
+        function modules, model files, plan directories (and their partition files)
+        and path-like string parameters.
+
+        Raises:
+            FunctionNotAllowedError / PermissionDeniedError: (403) the first offence,
+                naming the stage.
+        """
+        from infscaler.models import MODELS
+
+        for i, st in enumerate(cfg.stages):
+            where = f"stages[{i}] ({st.name})"
+            if st.function:
+                try:
+                    check_function_module(st.function, self.function_modules)
+                except FunctionNotAllowedError as exc:
+                    raise FunctionNotAllowedError(f"{where}: {exc.message}", exc.hint) from None
+                for v in _strings(st.params):
+                    if _looks_like_path(v):
+                        self._inside(v, f"{where}: parameter value")
+            if st.model and (st.model not in MODELS or os.path.lexists(st.model)):
+                self._inside(st.model, f"{where}: model")
+            if st.plan:
+                plan_dir = self._inside(st.plan, f"{where}: plan directory")
+                self._check_plan_files(Path(plan_dir), where)
+
+    def _check_plan_files(self, plan_dir: Path, where: str) -> None:
+        import yaml
+
+        try:
+            summary = yaml.safe_load((plan_dir / "plan.yaml").read_text())
+        except (OSError, yaml.YAMLError):
+            return  # compile reports a missing or bad plan
+        parts = summary.get("partitions") if isinstance(summary, dict) else None
+        for p in parts if isinstance(parts, list) else []:
+            f = p.get("file") if isinstance(p, dict) else None
+            if isinstance(f, str):
+                self._inside(plan_dir / f, f"{where}: partition file")
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+# -- status -------------------------------------------------------------------------------
+
+#: Status keys whose values are file paths (dropped for peers that are not privileged).
+PATH_KEYS = frozenset({"plans", "plan", "path", "plan_dir", "state_dir", "cache_dir", "socket"})
+_ABS_PATH = re.compile(r"(?<![\w.~-])/[^\s'\",;:()\[\]{}]+")
+
+
+def redact(value: Any) -> Any:
+    """``value`` (status JSON) without file paths: keys in :data:`PATH_KEYS` are
+    dropped, absolute paths inside strings become ``<path>``."""
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items() if k not in PATH_KEYS}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return _ABS_PATH.sub("<path>", value)
+    return value
