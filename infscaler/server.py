@@ -12,6 +12,8 @@ Endpoints (Triton's REST layout, so its users find what they know):
 ``GET  /v2/models/stats``, ``/v2/models/{name}/stats``    statistics extension (+ P50/P99,
                                                           per unit: instances, queue)
 ``GET  /v2/infscaler/status``                             control path, pool, instances
+``GET  /metrics``                                         Prometheus text format (Triton's
+                                                          ``nv_inference_*`` + ``infscaler_*``)
 ``POST /v2/repository/index``                             model repository extension
 ``POST /v2/repository/models/{name}/load|unload``         deploy (config in parameters)
 ``GET  /v2/systemsharedmemory[/region/{name}]/status``    system shared memory extension
@@ -60,6 +62,7 @@ _SERVICE = web.AppKey("service", object)
 _SHM = web.AppKey("shm", object)
 _MAX_BODY = web.AppKey("max_body_mb", int)
 _TASKS = web.AppKey("tasks", object)
+_METRICS = web.AppKey("metrics", object)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -127,6 +130,9 @@ def create_app(
     app[_SHM] = shm if shm is not None else SystemSharedMemoryRegistry()
     app[_MAX_BODY] = max_body_mb
     app[_TASKS] = {"router": tasks}
+    from infscaler.metrics import make_registry
+
+    app[_METRICS] = make_registry(service)
     r = app.router
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/health/live", live)
@@ -140,6 +146,7 @@ def create_app(
     r.add_get("/v2/models/{name}/versions/{version}/stats", stats_one)
     r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
     r.add_get("/v2/infscaler/status", service_status)
+    r.add_get("/metrics", metrics)
     r.add_post("/v2/repository/index", repository_index)
     r.add_post("/v2/repository/models/{name}/load", repository_load)
     r.add_post("/v2/repository/models/{name}/unload", repository_unload)
@@ -434,6 +441,57 @@ async def service_status(request: web.Request) -> web.Response:
     return _json(status)
 
 
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: the Prometheus text format (:mod:`infscaler.metrics`)."""
+    from infscaler.metrics import CONTENT_TYPE, exposition
+
+    return web.Response(
+        body=exposition(request.app[_METRICS]), headers={"Content-Type": CONTENT_TYPE}
+    )
+
+
+def metrics_registry(app: web.Application) -> Any:
+    """The Prometheus registry behind ``app``'s ``GET /metrics``."""
+    return app[_METRICS]
+
+
+def create_metrics_app(service: Any, registry: Any = None) -> web.Application:
+    """An application serving only ``GET /metrics`` of ``service`` (for
+    ``--metrics-port``; ``registry``: share the API app's)."""
+    from infscaler.metrics import make_registry
+
+    app = web.Application(middlewares=[_errors])
+    app[_METRICS] = registry if registry is not None else make_registry(service)
+    app[_MAX_BODY] = 0
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_metrics_server(app: web.Application, port: int) -> tuple[Any, int]:
+    """Serve ``app`` (:func:`create_metrics_app`) on 127.0.0.1:``port`` only (never
+    another interface: the metrics are for a local Prometheus or node agent). Port 0
+    picks a free one. Returns ``(runner, port)``.
+
+    Raises:
+        InfScalerError: the port is taken or not allowed.
+    """
+    if not 0 <= int(port) <= 65535:
+        raise InfScalerError(f"--metrics-port {port} is not a TCP port (0-65535)")
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", int(port), reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise InfScalerError(
+            f"cannot listen for metrics on 127.0.0.1:{port}: {exc.strerror or exc}",
+            hint="choose another --metrics-port",
+        ) from None
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, int(bound)
+
+
 # -- model repository ---------------------------------------------------------------------
 
 
@@ -575,12 +633,21 @@ class ServerThread:
         service: a started service. socket_path: where to listen. max_body_mb: body limit.
     """
 
-    def __init__(self, service: Any, socket_path: str | os.PathLike[str], max_body_mb: int = 64):
+    def __init__(
+        self,
+        service: Any,
+        socket_path: str | os.PathLike[str],
+        max_body_mb: int = 64,
+        metrics_port: int | None = None,
+    ):
         import threading
 
         self.service = service
         self.socket_path = str(socket_path)
         self._app = create_app(service, max_body_mb=max_body_mb)
+        #: ``GET /metrics`` also on 127.0.0.1:metrics_port (0: a free port, set on start)
+        self.metrics_port = metrics_port
+        self._metrics_runner: Any = None
         self._loop = asyncio.new_event_loop()
         self._runner: Any = None
         self._started = threading.Event()
@@ -593,12 +660,22 @@ class ServerThread:
             self._runner = self._loop.run_until_complete(
                 start_unix_server(self._app, self.socket_path)
             )
+            if self.metrics_port is not None:
+                mapp = create_metrics_app(self.service, metrics_registry(self._app))
+                self._metrics_runner, self.metrics_port = self._loop.run_until_complete(
+                    start_metrics_server(mapp, self.metrics_port)
+                )
         except BaseException as exc:  # noqa: BLE001 - re-raised in start()
             self._error = exc
+            if self._runner is not None:  # the metrics port failed: free the socket too
+                with contextlib.suppress(Exception):
+                    self._loop.run_until_complete(self._runner.cleanup())
             self._started.set()
             return
         self._started.set()
         self._loop.run_forever()
+        if self._metrics_runner is not None:
+            self._loop.run_until_complete(self._metrics_runner.cleanup())
         self._loop.run_until_complete(self._runner.cleanup())
         self._loop.close()
 
