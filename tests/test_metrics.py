@@ -204,3 +204,59 @@ def test_metrics_port_is_loopback_only(served) -> None:
     finally:
         s.close()
     assert code == errno.ECONNREFUSED
+
+
+def test_scaler_decisions_are_counted(served) -> None:
+    svc, sock, _ = served
+    _, before = scrape(sock)
+    assert not [s for s in before["infscaler_scaler_decisions"].samples if s.labels["model"] == "x"]
+    with svc.autoscaler._lock:  # what Autoscaler.step does for each decision it applies
+        svc.autoscaler.counts[("x", "scale_out")] += 2
+    _, fams = scrape(sock)
+    assert value(fams, "infscaler_scaler_decisions", model="x", action="scale_out") == 2
+
+
+def test_serve_metrics_port_flag(tmp_path: Path) -> None:
+    """`infscaler serve --metrics-port 0`: a real process; it prints the port it bound,
+    answers there, and stops cleanly on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    env = dict(os.environ, INFSCALER_STATE_DIR=str(tmp_path / "state"))
+    sock = tmp_path / "isc.sock"
+    cmd = [sys.executable, "-m", "infscaler", "serve", "--socket", str(sock)]
+    proc = subprocess.Popen(
+        [*cmd, "--control-path", "userspace", "--metrics-port", "0"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120
+        port = None
+        while port is None and time.monotonic() < deadline and proc.poll() is None:
+            hit = [ln for ln in list(lines) if "metrics on http://127.0.0.1:" in ln]
+            if hit:
+                port = int(hit[0].rsplit(":", 1)[1].split("/")[0])
+            time.sleep(0.1)
+        assert port, "".join(lines)
+        resp = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+        assert resp.status_code == 200 and "infscaler_pool_cap_bytes" in resp.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, "".join(lines)
+    # a port that is not one: a clear error, no traceback
+    bad = subprocess.run(
+        [*cmd, "--control-path", "userspace", "--metrics-port", "70000"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "not a TCP port" in bad.stderr
+    assert "Traceback" not in bad.stderr
