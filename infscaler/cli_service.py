@@ -164,6 +164,14 @@ def serve_cmd(
         ),
     ] = False,
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")] = 64,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Also serve GET /metrics (Prometheus) on 127.0.0.1:PORT (off by default; "
+            "the socket always serves it).",
+        ),
+    ] = None,
     drain_s: Annotated[
         float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
     ] = 30.0,
@@ -229,6 +237,7 @@ def serve_cmd(
             drain_s,
             security,
             socket_group,
+            metrics_port,
         )
     )
     raise typer.Exit(code)
@@ -245,8 +254,15 @@ async def _serve(
     drain_s: float,
     security: Any = None,
     socket_group: str | None = None,
+    metrics_port: int | None = None,
 ) -> int:
-    from infscaler.server import create_app, start_unix_server
+    from infscaler.server import (
+        create_app,
+        create_metrics_app,
+        metrics_registry,
+        start_metrics_server,
+        start_unix_server,
+    )
     from infscaler.service import Service
     from infscaler.systemd import SystemdNotifier
 
@@ -260,10 +276,15 @@ async def _serve(
     )
     service.starting = bool(configs)  # not ready until the pipelines given are deployed
     await loop.run_in_executor(None, service.start)
-    runner = None
+    runner = metrics_runner = None
     try:
-        app = create_app(service, max_body_mb=max_body_mb, security=security)
-        runner = await start_unix_server(app, socket_path, group=socket_group)
+        api = create_app(service, max_body_mb=max_body_mb, security=security)
+        runner = await start_unix_server(api, socket_path, group=socket_group)
+        if metrics_port is not None:
+            metrics_runner, bound = await start_metrics_server(
+                create_metrics_app(service, metrics_registry(api)), metrics_port
+            )
+            err.print(f"infscaler: metrics on http://127.0.0.1:{bound}/metrics", highlight=False)
         err.print(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
             f"pool {pool_mb} MB)",
@@ -304,6 +325,8 @@ async def _serve(
         notifier.stop_watchdog()
         with contextlib.suppress(Exception):
             await loop.run_in_executor(None, service.close, 0.0)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         if runner is not None:
             await runner.cleanup()
         with contextlib.suppress(OSError):

@@ -29,7 +29,7 @@ import contextlib
 import json
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -185,7 +185,7 @@ class Client:
         path: str,
         *,
         json_body: Any = None,
-        content: bytes | None = None,
+        content: bytes | Iterator[memoryview] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> httpx.Response:
@@ -338,14 +338,16 @@ class Client:
                     raise InfScalerError(
                         f"outputs[{out_name!r}] must be a ShmOutput or None, got {type(dest).__name__}"
                     )
-        body, headers = encode_infer_request(
+        parts, headers = encode_infer_request(
             inputs,
             outputs=requested,
             binary=binary,
             binary_output=binary,
             request_id=request_id,
             parameters=parameters,
+            join=False,
         )
+        body, headers = _streamed(parts, headers)
         resp = self._request(
             "POST", f"/v2/models/{_q(name)}/infer", content=body, headers=headers, timeout=timeout
         )
@@ -519,6 +521,28 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({self.socket_path!r})"
+
+
+#: bytes per socket write of a large body: httpcore's sync ``write`` re-slices (copies)
+#: what is left of a ``bytes`` body after every partial ``send``, which is quadratic in
+#: the body size; pieces this big keep every copy small.
+_SEND_CHUNK = 256 << 10
+
+
+def _streamed(parts: list[Any], headers: dict[str, str]) -> tuple[Any, dict[str, str]]:
+    """The body for httpx: one small part as is, else a generator of zero-copy slices
+    of ``_SEND_CHUNK`` bytes with an explicit ``Content-Length`` (so not chunked)."""
+    total = sum(len(p) for p in parts)
+    if total <= _SEND_CHUNK:
+        return b"".join(parts), headers
+
+    def pieces() -> Iterator[memoryview]:
+        for p in parts:
+            mv = memoryview(p).cast("B")
+            for i in range(0, len(mv), _SEND_CHUNK):
+                yield mv[i : i + _SEND_CHUNK]
+
+    return pieces(), {**headers, "Content-Length": str(total)}
 
 
 def _decode_utf8(arr: np.ndarray) -> np.ndarray:

@@ -238,10 +238,14 @@ def tensor_byte_size(array: np.ndarray) -> int:
 
 
 def tensor_from_bytes(
-    buf: Any, datatype: str, shape: Sequence[int], where: str = "tensor"
+    buf: Any, datatype: str, shape: Sequence[int], where: str = "tensor", *, copy: bool = True
 ) -> np.ndarray:
     """A numpy array (a copy; native layout) from the binary layout of ``datatype`` /
     ``shape``: the exact inverse of :func:`tensor_to_bytes`.
+
+    ``copy=False``: a zero-copy view of ``buf`` where the layout allows (not BYTES or
+    BOOL), read-only if ``buf`` is; only for a buffer the caller owns and leaves
+    unchanged while the array is in use (the server's own request body).
 
     Raises:
         ProtocolError: ``buf`` is not exactly the size ``shape`` x ``datatype`` needs.
@@ -259,7 +263,8 @@ def tensor_from_bytes(
         )
     if datatype == "BOOL":
         return (np.frombuffer(mv, dtype=np.uint8) != 0).reshape(shape)
-    return np.frombuffer(mv, dtype=dtype).reshape(shape).copy()
+    arr = np.frombuffer(mv, dtype=dtype).reshape(shape)
+    return arr.copy() if copy else arr
 
 
 # -- JSON data ----------------------------------------------------------------------------
@@ -622,6 +627,7 @@ def decode_infer_request(
     input_specs: Sequence[TensorSpec] | None = None,
     shm: SystemSharedMemoryRegistry | None = None,
     max_elements: int | None = None,
+    copy: bool = True,
 ) -> InferRequest:
     """Decode and validate an inference request body (v2 ``$inference_request``).
 
@@ -633,10 +639,15 @@ def decode_infer_request(
             once with its datatype and a matching shape (-1 matches any size).
         shm: the system shared memory registry inputs may name, and outputs may target.
         max_elements: refuse any input with more elements than this.
+        copy: False: binary tensor data inputs are zero-copy views of ``body`` (where
+            the layout allows; see :func:`tensor_from_bytes`): for a body the caller owns
+            and leaves unchanged while the inputs are in use. Shared memory inputs are
+            always copied (the client may rewrite its region).
 
     Returns:
         An :class:`InferRequest`: each input an array of its datatype's dtype and shape
-        (a copy, never a view of ``body`` or of shared memory); BYTES as ``object``
+        (a copy, never a view of ``body`` or of shared memory, unless ``copy=False``);
+        BYTES as ``object``
         arrays of ``bytes``; 0-d and empty tensors as such.
 
     Raises:
@@ -734,7 +745,9 @@ def decode_infer_request(
                     f"{where}: binary_data_size {size} does not match shape {shape} of "
                     f"{datatype} ({count * DATATYPES[datatype].itemsize} bytes)"
                 )
-            inputs[name] = tensor_from_bytes(blobs[cursor : cursor + size], datatype, shape, where)
+            inputs[name] = tensor_from_bytes(
+                blobs[cursor : cursor + size], datatype, shape, where, copy=copy
+            )
             cursor += size
         elif has_data:
             inputs[name] = _from_json_data(item["data"], datatype, shape, where)
@@ -798,11 +811,13 @@ def _decode_requested(
 # -- response encoding (server) -----------------------------------------------------------
 
 
-def _body_and_headers(doc: dict[str, Any], blobs: list[Any]) -> tuple[bytes, dict[str, str]]:
+def _body_and_headers(
+    doc: dict[str, Any], blobs: list[Any], join: bool = True
+) -> tuple[Any, dict[str, str]]:
     header = _dumps(doc)
     if not blobs:
-        return header, {"Content-Type": "application/json"}
-    return b"".join([header, *blobs]), {
+        return (header if join else [header]), {"Content-Type": "application/json"}
+    return (b"".join([header, *blobs]) if join else [header, *blobs]), {
         "Content-Type": "application/octet-stream",
         HEADER_LENGTH: str(len(header)),
     }
@@ -915,7 +930,8 @@ def encode_infer_request(
     binary_output: bool | None = None,
     request_id: str | None = None,
     parameters: Mapping[str, Any] | None = None,
-) -> tuple[bytes, dict[str, str]]:
+    join: bool = True,
+) -> tuple[Any, dict[str, str]]:
     """Encode an inference request (the client side of :func:`decode_infer_request`).
 
     Args:
@@ -927,10 +943,13 @@ def encode_infer_request(
         binary_output: the ``binary_data_output`` request parameter (None: not sent).
         request_id: the request ``id``.
         parameters: more request parameters (e.g. ``timeout_ms``).
+        join: False: the body as a list of parts (the JSON header, then each input's
+            binary data as a zero-copy ``memoryview`` of the array where its layout
+            allows) to send one after the other without joining them.
 
     Returns:
         ``(body, headers)`` with ``Content-Type`` and, when binary data follows the JSON,
-        ``Inference-Header-Content-Length``.
+        ``Inference-Header-Content-Length``. ``body``: bytes (a list with ``join=False``).
 
     Raises:
         ProtocolError: an input whose dtype the protocol cannot carry.
@@ -981,7 +1000,7 @@ def encode_infer_request(
     doc["inputs"] = entries
     if outputs is not None:
         doc["outputs"] = [_requested_json(r) for r in outputs]
-    return _body_and_headers(doc, blobs)
+    return _body_and_headers(doc, blobs, join)
 
 
 def _requested_json(r: RequestedOutput) -> dict[str, Any]:

@@ -12,6 +12,8 @@ Endpoints (Triton's REST layout, so its users find what they know):
 ``GET  /v2/models/stats``, ``/v2/models/{name}/stats``    statistics extension (+ P50/P99,
                                                           per unit: instances, queue)
 ``GET  /v2/infscaler/status``                             control path, pool, instances
+``GET  /metrics``                                         Prometheus text format (Triton's
+                                                          ``nv_inference_*`` + ``infscaler_*``)
 ``POST /v2/repository/index``                             model repository extension
 ``POST /v2/repository/models/{name}/load|unload``         deploy (config in parameters)
 ``GET  /v2/systemsharedmemory[/region/{name}]/status``    system shared memory extension
@@ -66,6 +68,7 @@ _SHM = web.AppKey("shm", object)
 _MAX_BODY = web.AppKey("max_body_mb", int)
 _TASKS = web.AppKey("tasks", object)
 _SECURITY = web.AppKey("security", object)
+_METRICS = web.AppKey("metrics", object)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -142,6 +145,9 @@ def create_app(
     app[_MAX_BODY] = max_body_mb
     app[_TASKS] = {"router": tasks}
     app[_SECURITY] = security if security is not None else SecurityPolicy()
+    from infscaler.metrics import make_registry
+
+    app[_METRICS] = make_registry(service)
     r = app.router
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/health/live", live)
@@ -155,6 +161,7 @@ def create_app(
     r.add_get("/v2/models/{name}/versions/{version}/stats", stats_one)
     r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
     r.add_get("/v2/infscaler/status", service_status)
+    r.add_get("/metrics", metrics)
     r.add_post("/v2/repository/index", repository_index)
     r.add_post("/v2/repository/models/{name}/load", repository_load)
     r.add_post("/v2/repository/models/{name}/unload", repository_unload)
@@ -323,7 +330,7 @@ async def infer(request: web.Request) -> web.Response:
     if router is not None:
         return await _infer_task(request, router, name)
     dep = service.deployment(name)
-    body = await request.read()
+    body = await read_body(request)
     header = request.headers.get("Inference-Header-Content-Length")
     try:
         header_length = int(header) if header is not None else None
@@ -333,7 +340,7 @@ async def infer(request: web.Request) -> web.Response:
         )
     specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
     req = decode_infer_request(
-        body, header_length=header_length, input_specs=specs, shm=_shm(request)
+        body, header_length=header_length, input_specs=specs, shm=_shm(request), copy=False
     )
     timeout_s = None
     if "timeout_ms" in (req.parameters or {}):
@@ -354,7 +361,7 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     from infscaler.protocol import TensorSpec, decode_infer_request
     from infscaler.tasks import task_interface
 
-    body = await request.read()
+    body = await read_body(request)
     header = request.headers.get("Inference-Header-Content-Length")
     try:
         header_length = int(header) if header is not None else None
@@ -366,7 +373,7 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     iface = task_interface(task, router.variant(variants[0].name) if variants else None)
     specs = [TensorSpec(i["name"], i["datatype"], list(i["shape"])) for i in iface["inputs"]]
     req = decode_infer_request(
-        body, header_length=header_length, input_specs=specs, shm=_shm(request)
+        body, header_length=header_length, input_specs=specs, shm=_shm(request), copy=False
     )
     params = dict(req.parameters or {})
     timeout_s = None
@@ -389,6 +396,49 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     result = await asyncio.wrap_future(fut)
     dep = request.app[_SERVICE].deployment(sel.variant.name)
     return _infer_response(request, req, task, dep, result, router.parameters(sel))
+
+
+async def read_body(request: web.Request) -> bytearray | bytes:
+    """The request body, read once into a buffer of its ``Content-Length`` (no growing
+    buffer, no final ``bytes`` copy as in aiohttp's ``request.read()``); the binary
+    tensor data inputs are then zero-copy views of it (``decode_infer_request(...,
+    copy=False)``) until the front end copies them into pool slots. A body without a
+    Content-Length (chunked) goes through ``request.read()``.
+
+    Raises:
+        HTTPRequestEntityTooLarge: beyond the app's ``max_body_mb`` (413, before reading).
+        HTTPBadRequest: the body ended before its Content-Length (or the connection was
+            lost meanwhile).
+    """
+    n = request.content_length
+    if n is None or request.can_read_body is False:
+        return await request.read()
+    limit = request.app[_MAX_BODY] << 20
+    if limit and n > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=n)
+    buf = bytearray(n)
+    view = memoryview(buf)
+    pos = 0
+    content = request.content
+    while pos < n:
+        try:
+            chunk = await content.readany()
+        except (ConnectionError, EOFError) as exc:  # the client went away mid-body
+            raise web.HTTPBadRequest(
+                reason=f"the connection was lost after {pos} of the body's {n} bytes ({exc})"
+            ) from None
+        if not chunk:
+            break
+        end = pos + len(chunk)
+        if end > n:  # the HTTP parser holds a body to its Content-Length; never here
+            raise web.HTTPBadRequest(reason=f"the body is longer than its Content-Length {n}")
+        view[pos:end] = chunk
+        pos = end
+    if pos != n:
+        raise web.HTTPBadRequest(
+            reason=f"the body ended after {pos} of its Content-Length {n} bytes"
+        )
+    return buf
 
 
 def _slot_arrays(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -462,6 +512,57 @@ async def service_status(request: web.Request) -> web.Response:
     status = service.status()
     status["system_shared_memory"] = _shm(request).status()
     return _json(_for_peer(request, status))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: the Prometheus text format (:mod:`infscaler.metrics`)."""
+    from infscaler.metrics import CONTENT_TYPE, exposition
+
+    return web.Response(
+        body=exposition(request.app[_METRICS]), headers={"Content-Type": CONTENT_TYPE}
+    )
+
+
+def metrics_registry(app: web.Application) -> Any:
+    """The Prometheus registry behind ``app``'s ``GET /metrics``."""
+    return app[_METRICS]
+
+
+def create_metrics_app(service: Any, registry: Any = None) -> web.Application:
+    """An application serving only ``GET /metrics`` of ``service`` (for
+    ``--metrics-port``; ``registry``: share the API app's)."""
+    from infscaler.metrics import make_registry
+
+    app = web.Application(middlewares=[_errors])
+    app[_METRICS] = registry if registry is not None else make_registry(service)
+    app[_MAX_BODY] = 0
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_metrics_server(app: web.Application, port: int) -> tuple[Any, int]:
+    """Serve ``app`` (:func:`create_metrics_app`) on 127.0.0.1:``port`` only (never
+    another interface: the metrics are for a local Prometheus or node agent). Port 0
+    picks a free one. Returns ``(runner, port)``.
+
+    Raises:
+        InfScalerError: the port is taken or not allowed.
+    """
+    if not 0 <= int(port) <= 65535:
+        raise InfScalerError(f"--metrics-port {port} is not a TCP port (0-65535)")
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", int(port), reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise InfScalerError(
+            f"cannot listen for metrics on 127.0.0.1:{port}: {exc.strerror or exc}",
+            hint="choose another --metrics-port",
+        ) from None
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, int(bound)
 
 
 # -- model repository ---------------------------------------------------------------------
@@ -705,6 +806,7 @@ class ServerThread:
         *,
         security: Any = None,
         socket_group: str | int | None = None,
+        metrics_port: int | None = None,
     ):
         import threading
 
@@ -712,6 +814,9 @@ class ServerThread:
         self.socket_path = str(socket_path)
         self.socket_group = socket_group
         self._app = create_app(service, max_body_mb=max_body_mb, security=security)
+        #: ``GET /metrics`` also on 127.0.0.1:metrics_port (0: a free port, set on start)
+        self.metrics_port = metrics_port
+        self._metrics_runner: Any = None
         self._loop = asyncio.new_event_loop()
         self._runner: Any = None
         self._started = threading.Event()
@@ -724,12 +829,22 @@ class ServerThread:
             self._runner = self._loop.run_until_complete(
                 start_unix_server(self._app, self.socket_path, group=self.socket_group)
             )
+            if self.metrics_port is not None:
+                mapp = create_metrics_app(self.service, metrics_registry(self._app))
+                self._metrics_runner, self.metrics_port = self._loop.run_until_complete(
+                    start_metrics_server(mapp, self.metrics_port)
+                )
         except BaseException as exc:  # noqa: BLE001 - re-raised in start()
             self._error = exc
+            if self._runner is not None:  # the metrics port failed: free the socket too
+                with contextlib.suppress(Exception):
+                    self._loop.run_until_complete(self._runner.cleanup())
             self._started.set()
             return
         self._started.set()
         self._loop.run_forever()
+        if self._metrics_runner is not None:
+            self._loop.run_until_complete(self._metrics_runner.cleanup())
         self._loop.run_until_complete(self._runner.cleanup())
         self._loop.close()
 

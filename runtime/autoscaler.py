@@ -62,6 +62,8 @@ class Autoscaler:
         self._next: dict[str, float] = {}
         self._monitors: dict[str, Monitor] = {}
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
+        #: decisions applied since the start, (pipeline, action) -> count (``/metrics``)
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._stop = threading.Event()
         self._busy: set[tuple[str, int]] = set()
         self._sent: dict[tuple[int, int], int] = {}
@@ -99,6 +101,11 @@ class Autoscaler:
         """The recent decisions (newest last), of one pipeline or all."""
         with self._lock:
             return [d for d in self.history if name is None or d["pipeline"] == name]
+
+    def decision_counts(self) -> dict[tuple[str, str], int]:
+        """Decisions applied since the start: (pipeline, action) -> count."""
+        with self._lock:
+            return dict(self.counts)
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -194,6 +201,7 @@ class Autoscaler:
             entry = {"pipeline": dep.name, "time": time.time(), **asdict(d)}
             with self._lock:
                 self.history.append(entry)
+                self.counts[(dep.name, d.action)] += 1
             log.info("%s: %s %s", dep.name, d.action, d.reason)
         return decisions
 

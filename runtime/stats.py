@@ -153,6 +153,28 @@ class PipelineStats:
             prev_end[unit] = max(prev_end.get(unit, 0), end)
             last_end = end
 
+    def totals(self) -> dict[str, Any]:
+        """The all-time counters only, cheap (no percentiles; for a Prometheus scrape):
+        ``success``, ``fail`` (status -> count), ``rejected``, ``latency_ms`` (sum over
+        successes, ms), and per unit ``units``: ``[{"compute_count", "compute_ms",
+        "queue_count", "queue_ms"}]`` (sums, ms)."""
+        with self._lock:
+            return {
+                "success": self.success,
+                "fail": dict(self.fail),
+                "rejected": self.rejected,
+                "latency_ms": self.latency.total_ms,
+                "units": [
+                    {
+                        "compute_count": c.count,
+                        "compute_ms": c.total_ms,
+                        "queue_count": q.count,
+                        "queue_ms": q.total_ms,
+                    }
+                    for c, q in zip(self.compute, self.queue, strict=True)
+                ],
+            }
+
     def snapshot(self) -> dict[str, Any]:
         """``{"success", "fail" (status -> count), "rejected", "arrival_rate_per_s",
         "latency": LatencyWindow.summary(), "units": [{"unit", "compute", "queue"}]}``."""
