@@ -164,6 +164,17 @@ def serve_cmd(
         ),
     ] = False,
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")] = 64,
+    max_connections: Annotated[
+        int, typer.Option("--max-connections", help="API connections open at once (more: 503).")
+    ] = 512,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option("--header-timeout", help="Seconds for a request's headers to arrive (408)."),
+    ] = 30.0,
+    body_timeout_s: Annotated[
+        float,
+        typer.Option("--body-timeout", help="Seconds for a request's body to arrive (408)."),
+    ] = 120.0,
     drain_s: Annotated[
         float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
     ] = 30.0,
@@ -171,6 +182,13 @@ def serve_cmd(
 ) -> None:
     """Run the service in the foreground on a Unix socket (Open Inference Protocol)."""
     _setup_logging(verbose)
+    from infscaler.server import HttpLimits
+
+    limits = HttpLimits(
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        max_connections=max_connections,
+    )
     from infscaler.device import load_profile
 
     profile = load_profile(device) if device else None
@@ -192,6 +210,7 @@ def serve_cmd(
             pool_mb,
             max_body_mb,
             drain_s,
+            limits,
         )
     )
     raise typer.Exit(code)
@@ -206,6 +225,7 @@ async def _serve(
     pool_mb: int,
     max_body_mb: int,
     drain_s: float,
+    limits: Any = None,
 ) -> int:
     from infscaler.server import create_app, start_unix_server
     from infscaler.service import Service
@@ -223,7 +243,8 @@ async def _serve(
     await loop.run_in_executor(None, service.start)
     runner = None
     try:
-        runner = await start_unix_server(create_app(service, max_body_mb=max_body_mb), socket_path)
+        app = create_app(service, max_body_mb=max_body_mb, limits=limits)
+        runner = await start_unix_server(app, socket_path)
         err.print(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
             f"pool {pool_mb} MB)",

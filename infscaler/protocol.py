@@ -74,6 +74,7 @@ __all__ = [
     "encode_infer_response",
     "error_body",
     "parse_header_length",
+    "parse_json_object",
     "parse_timeout_ms",
     "serialize_bytes",
     "tensor_byte_size",
@@ -634,6 +635,15 @@ def _parse_json(header: bytes, what: str, header_length: int | None) -> dict[str
     if not isinstance(doc, dict):
         raise ProtocolError(f"the {what} must be a JSON object, got {type(doc).__name__}")
     return doc
+
+
+def parse_json_object(raw: bytes, what: str = "body") -> dict[str, Any]:
+    """A JSON object from ``raw``: strict UTF-8, at most :data:`MAX_JSON_DEPTH` deep.
+
+    Raises:
+        ProtocolError: (400) not UTF-8, too deep, not JSON, or not an object.
+    """
+    return _parse_json(raw, what, None)
 
 
 def parse_header_length(value: str | None) -> int | None:

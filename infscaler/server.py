@@ -743,16 +743,12 @@ async def repository_index(request: web.Request) -> web.Response:
 
 
 async def _body_json(request: web.Request) -> dict[str, Any]:
+    from infscaler.protocol import parse_json_object
+
     raw = await request.read()
     if not raw:
         return {}
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise web.HTTPBadRequest(reason=f"the body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise web.HTTPBadRequest(reason="the body must be a JSON object")
-    return data
+    return parse_json_object(raw, "body")  # strict UTF-8, bounded depth; else 400
 
 
 async def repository_load(request: web.Request) -> web.Response:
