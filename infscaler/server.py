@@ -107,8 +107,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure becomes v2 error JSON with the right status; nothing escapes.
 
     Our exceptions (:class:`~infscaler.errors.InfScalerError` and subclasses: protocol,
-    service, request, selection errors) answer with their ``status`` (default 400) and,
-    when they carry ``retry_after_s``, a ``Retry-After`` header."""
+    service, request, selection errors; and any other ``infscaler`` exception with an
+    int ``status``) answer with their ``status`` (default 400) and, when they carry
+    ``retry_after_s``, a ``Retry-After`` header."""
     from infscaler.runtime.frontend import RequestError
     from infscaler.service import ServiceError
 
@@ -145,6 +146,11 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except (InfScalerError, ServiceError, RequestError) as exc:
         return error_response(str(exc), _status_of(exc, 400), getattr(exc, "retry_after_s", None))
     except Exception as exc:  # noqa: BLE001 - logged with its traceback; the client gets 500
+        if type(exc).__module__.startswith("infscaler") and _status_of(exc, 0):
+            # one of ours that is not an InfScalerError but says how to answer
+            return error_response(
+                str(exc), _status_of(exc, 500), getattr(exc, "retry_after_s", None)
+            )
         log.exception("internal error on %s %s", request.method, request.path)
         return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
@@ -168,6 +174,10 @@ class HttpLimits:
             ``Retry-After: 1``) and closed.
         max_line_size / max_field_size / max_headers: request line and header limits
             (aiohttp's parser; beyond them: 400).
+
+    Sources: RFC 9110 sections 15.5.9 (408), 15.6.4 (503) and 10.2.3 (Retry-After);
+    aiohttp ``web_protocol.RequestHandler`` (``keepalive_timeout``, parser limits,
+    ``handle_error``).
     """
 
     header_timeout_s: float = 30.0
@@ -237,6 +247,11 @@ class EdgeRequestHandler(RequestHandler):
         self._edge_timer = None
         transport = self.transport
         if transport is None or transport.is_closing():
+            return
+        if self._edge_phase == "header" and getattr(self, "_current_request", None) is not None:
+            # a pipelined request started while the previous one is still being handled:
+            # its clock starts once the server is free to read it
+            self._edge_arm("header")
             return
         if self._edge_phase == "header":
             log.info("closing a connection: request headers not received in time")

@@ -478,3 +478,15 @@ def test_fuzz_malformed_requests(edge) -> None:
     assert slots_back_to(svc, baseline) == baseline
     rss1 = proc.memory_info().rss / 2**20
     assert rss1 - rss0 < 200, (rss0, rss1)  # MB; generous: no per-request leak
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    from infscaler.protocol import ProtocolError, decode_infer_request
+
+    text = "[" * 200 + "{" * 100  # 300 brackets in a string: depth 3 in fact
+    doc = {"id": text, "inputs": [{"name": "s", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+    req = decode_infer_request(json.dumps(doc).encode(), header_length=None)
+    assert req.inputs["s"][0] == text.encode() and req.id == text
+    deep = '{"inputs": ' + "[" * 65 + "]" * 65 + "}"
+    with pytest.raises(ProtocolError, match="nested 66 levels deep; at most 64"):
+        decode_infer_request(deep.encode(), header_length=None)
