@@ -14,7 +14,8 @@ What a case expects (:attr:`Case.expect`):
 - ``"4xx"``: a 4xx answer with v2 error JSON (``{"error": str}``,
   ``Content-Type: application/json``).
 - ``"4xx_or_closed"``: the same, or the server closes the connection without an answer
-  (a request cut off by the client: there is nobody to answer).
+  (for cases where nobody could be answered; the built-in kinds all expect ``"4xx"``:
+  a truncated request, half-closed by the client, gets 400 JSON too).
 
 Nothing here is a measurement; :func:`send` returns what came back.
 """
@@ -494,7 +495,7 @@ def _truncated(rng: random.Random) -> Case:
         cut = rng.randrange(1, head_end - 1)  # inside the request line / headers
     else:
         cut = rng.randrange(head_end, len(full))  # inside the body
-    return Case("truncated", full[:cut], expect="4xx_or_closed", shut_write=True, note=f"{cut}")
+    return Case("truncated", full[:cut], shut_write=True, note=f"{cut} of {len(full)} bytes")
 
 
 _MAKERS = {

@@ -140,6 +140,8 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         raise
     except BodyTimeout as exc:
         return error_response(str(exc), 408)
+    except BodyTruncated as exc:
+        return error_response(str(exc), 400)
     except ConnectionError as exc:  # the client went away mid-request: nobody to answer
         log.debug("client gone on %s %s: %s", request.method, request.path, exc)
         return error_response(f"the connection was lost: {exc}", 400)
@@ -203,6 +205,10 @@ class BodyTimeout(Exception):
     """A request body did not arrive within :attr:`HttpLimits.body_timeout_s` (408)."""
 
 
+class BodyTruncated(Exception):
+    """The client half-closed the connection before the request body was complete (400)."""
+
+
 def _raw_error(status: int, reason: str, message: str, extra: str = "") -> bytes:
     body = json.dumps({"error": message}).encode()
     return (
@@ -230,6 +236,8 @@ class EdgeRequestHandler(RequestHandler):
         self._edge_payload: Any = None
         self._edge_timer: asyncio.TimerHandle | None = None
         self._edge_refused = False
+        self._edge_bytes = 0  # bytes of the request whose headers are being read
+        self._edge_done = 0  # responses finished (vs. aiohttp's _request_count: parsed)
 
     # phases -------------------------------------------------------------------------------
     def _edge_arm(self, phase: str | None, payload: Any = None) -> None:
@@ -248,7 +256,7 @@ class EdgeRequestHandler(RequestHandler):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if self._edge_phase == "header" and getattr(self, "_current_request", None) is not None:
+        if self._edge_phase == "header" and self._request_count > self._edge_done:
             # a pipelined request started while the previous one is still being handled:
             # its clock starts once the server is free to read it
             self._edge_arm("header")
@@ -304,6 +312,46 @@ class EdgeRequestHandler(RequestHandler):
         super().connection_made(transport)
         self._edge_arm("header")
 
+    def eof_received(self) -> bool | None:
+        """The client half-closed the connection (``shutdown(SHUT_WR)``).
+
+        Mid-headers: 400 JSON, then close. Mid-body: the handler's read fails with
+        :class:`BodyTruncated` (400 JSON through the middleware), then close. After a
+        complete request: keep the write side open for its response (aiohttp's default
+        would close it), then close."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._edge_refused:
+            return None
+        busy = self._request_count > self._edge_done  # a parsed request not yet answered
+        if self._edge_phase == "header" and self._edge_bytes and not busy:
+            self._edge_arm(None)
+            transport.write(
+                _raw_error(
+                    400,
+                    "Bad Request",
+                    "request truncated: the connection was half-closed before the request "
+                    "line and headers were complete",
+                )
+            )
+            return None
+        if self._edge_phase == "body":
+            payload = self._edge_payload
+            self._edge_arm(None)
+            self.close()
+            if payload is not None and not payload.is_eof():
+                payload.set_exception(
+                    BodyTruncated(
+                        "request truncated: the connection was half-closed before the body "
+                        "was complete (Content-Length promised more)"
+                    )
+                )
+            self._loop.call_later(5.0, transport.close)
+            return True
+        if busy:
+            self.close()  # answer the request in hand, then close
+            return True
+        return None
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self._edge_arm(None)
         if self._edge_refused:
@@ -315,8 +363,11 @@ class EdgeRequestHandler(RequestHandler):
             return
         if self._edge_phase is None and data:
             self._edge_arm("header")
+        self._edge_bytes += len(data) if self._edge_phase == "header" else 0
         before = self._request_count
         super().data_received(data)
+        if self._request_count != before:
+            self._edge_bytes = 0
         if self._request_count != before and self._messages:
             _msg, payload = self._messages[-1]
             if payload is not None and not payload.is_eof():
@@ -325,6 +376,12 @@ class EdgeRequestHandler(RequestHandler):
                 self._edge_arm(None)
         elif self._edge_phase == "body" and self._edge_payload.is_eof():
             self._edge_arm(None)
+
+    async def finish_response(self, request: Any, resp: Any, start_time: Any) -> Any:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._edge_done += 1
 
     def handle_error(
         self,

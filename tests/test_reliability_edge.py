@@ -490,3 +490,19 @@ def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
     deep = '{"inputs": ' + "[" * 65 + "]" * 65 + "}"
     with pytest.raises(ProtocolError, match="nested 66 levels deep; at most 64"):
         decode_infer_request(deep.encode(), header_length=None)
+
+
+def test_half_closed_requests(edge) -> None:
+    """The client shuts its write side: mid-headers and mid-body that is a truncated
+    request (400 JSON); after a complete request the answer still comes."""
+    sock = edge[1]
+    raw, x = _fuzz.valid_request()
+    head = raw.index(b"\r\n\r\n") + 4
+    a = _fuzz.send(sock, raw[: head - 10], shut_write=True)
+    assert a.status == 400 and "before the request line and headers" in error_of(a), a
+    a = _fuzz.send(sock, raw[: head + 5], shut_write=True)
+    assert a.status == 400 and "before the body was complete" in error_of(a), a
+    a = _fuzz.send(sock, raw, shut_write=True)
+    assert a.status == 200, a
+    y = np.array(json.loads(a.body)["outputs"][0]["data"], np.float32).reshape(x.shape)
+    np.testing.assert_allclose(y, _fuzz.expected_y(x), rtol=1e-5)
