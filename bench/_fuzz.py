@@ -207,6 +207,12 @@ def _bad_json(rng: random.Random) -> Case:
         body = text.replace(":", "=", 1)
     else:
         body = "".join(rng.choice('{}[]:,"0a- ') for _ in range(rng.randint(1, 200)))
+    try:  # a mutation that left valid JSON (a changed letter in a string): break it
+        json.loads(body)
+    except ValueError:
+        pass
+    else:
+        body += " x"
     return Case("bad_json", _infer(body.encode()), note=body[:60])
 
 
@@ -252,14 +258,14 @@ def _wrong_types(rng: random.Random) -> Case:
     elif field == "input":
         doc = {"inputs": [v]}
     elif field == "id":
-        doc = {"id": v if not isinstance(v, str) else 5, "inputs": [_inp()]}
+        doc = {"id": 5 if v is None or isinstance(v, str) else v, "inputs": [_inp()]}
     elif field == "parameters":
         doc = {"parameters": v if not isinstance(v, dict) or v == {} else [v], "inputs": [_inp()]}
         if doc["parameters"] == {} or doc["parameters"] is None:
             doc["parameters"] = "p"
     else:
         if field == "name" and isinstance(v, str):
-            v = v or 3  # "" and unknown names are refused too; keep it a type error
+            v = 3 if v in ("", "x") else v  # "x" is the real input; others are unknown
         if field == "datatype" and v == "FP32":
             v = 32
         if field == "data" and v in (0, -1, 1.5):
