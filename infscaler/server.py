@@ -122,7 +122,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
             "memory instead)",
             413,
         )
-    except web.HTTPNotFound:
+    except web.HTTPNotFound as exc:
+        if getattr(request.match_info, "http_exception", None) is None:  # a handler's 404
+            return error_response(exc.reason or exc.text or "not found", 404)
         return error_response(
             f"no such route: {request.method} {request.path[:200]} (the v2 API is under "
             "/v2; GET /v2/models lists the models)",

@@ -519,7 +519,13 @@ class Instance:
                 if isinstance(exc, StageError) or hasattr(exc, "hint")
                 else (f"{type(exc).__name__}: {exc}")
             )
-            log.warning("unit %s failed on request %d: %s", self.unit.name, tok.request, detail)
+            log.log(  # a client's bad input is not the service's problem: INFO
+                logging.INFO if isinstance(exc, StageInputError) else logging.WARNING,
+                "unit %s failed on request %d: %s",
+                self.unit.name,
+                tok.request,
+                detail,
+            )
             if not isinstance(exc, StageError) and not hasattr(exc, "hint"):
                 traceback.print_exc(file=sys.stderr)
             self._send_error(
