@@ -172,6 +172,17 @@ def serve_cmd(
             "the socket always serves it).",
         ),
     ] = None,
+    max_connections: Annotated[
+        int, typer.Option("--max-connections", help="API connections open at once (more: 503).")
+    ] = 512,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option("--header-timeout", help="Seconds for a request's headers to arrive (408)."),
+    ] = 30.0,
+    body_timeout_s: Annotated[
+        float,
+        typer.Option("--body-timeout", help="Seconds for a request's body to arrive (408)."),
+    ] = 120.0,
     drain_s: Annotated[
         float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
     ] = 30.0,
@@ -207,6 +218,13 @@ def serve_cmd(
 ) -> None:
     """Run the service in the foreground on a Unix socket (Open Inference Protocol)."""
     _setup_logging(verbose)
+    from infscaler.server import HttpLimits
+
+    limits = HttpLimits(
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        max_connections=max_connections,
+    )
     from infscaler.device import load_profile
     from infscaler.security import SecurityPolicy
 
@@ -238,6 +256,7 @@ def serve_cmd(
             security,
             socket_group,
             metrics_port,
+            limits,
         )
     )
     raise typer.Exit(code)
@@ -255,6 +274,7 @@ async def _serve(
     security: Any = None,
     socket_group: str | None = None,
     metrics_port: int | None = None,
+    limits: Any = None,
 ) -> int:
     from infscaler.server import (
         create_app,
@@ -278,7 +298,7 @@ async def _serve(
     await loop.run_in_executor(None, service.start)
     runner = metrics_runner = None
     try:
-        api = create_app(service, max_body_mb=max_body_mb, security=security)
+        api = create_app(service, max_body_mb=max_body_mb, security=security, limits=limits)
         runner = await start_unix_server(api, socket_path, group=socket_group)
         if metrics_port is not None:
             metrics_runner, bound = await start_metrics_server(

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import warnings
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DATATYPES",
     "HEADER_LENGTH",
+    "MAX_JSON_DEPTH",
+    "MAX_TIMEOUT_MS",
     "InferRequest",
     "InferResult",
     "ProtocolError",
@@ -70,6 +73,9 @@ __all__ = [
     "encode_infer_request",
     "encode_infer_response",
     "error_body",
+    "parse_header_length",
+    "parse_json_object",
+    "parse_timeout_ms",
     "serialize_bytes",
     "tensor_byte_size",
     "tensor_from_bytes",
@@ -95,6 +101,16 @@ DATATYPES: dict[str, np.dtype] = {
     "FP64": np.dtype("<f8"),
     "BYTES": np.dtype(object),
 }
+
+#: Deepest JSON nesting a request may have (objects and lists together); deeper is 400.
+MAX_JSON_DEPTH = 64
+#: Largest ``timeout_ms`` request parameter: one hour.
+MAX_TIMEOUT_MS = 3_600_000.0
+#: Largest tensor dimension (and element count) a request may declare: 2**62.
+MAX_DIM = 1 << 62
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_DIGITS = re.compile(r"[0-9]{1,18}")
 
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _LEN = struct.Struct("<I")
@@ -290,9 +306,40 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _check_nesting(data: Any, shape: list[int], where: str) -> None:
+    """Nested JSON ``data`` must have exactly ``shape``: every list at depth k holds
+    ``shape[k]`` items, and only the innermost lists hold values. Flat data (a list of
+    values, or a bare value) is left to the element count check. Iterative."""
+    if not isinstance(data, list) or not any(isinstance(v, list) for v in data):
+        return
+    level: list[Any] = [data]
+    for k, dim in enumerate(shape):
+        nxt: list[Any] = []
+        for node in level:
+            if not isinstance(node, list) or len(node) != dim:
+                got = f"a list of {len(node)}" if isinstance(node, list) else "a value"
+                raise ProtocolError(
+                    f"{where}: nested data does not match shape {shape}: at depth {k} "
+                    f"expected a list of {dim}, found {got} (send nested lists of exactly "
+                    "the shape, or the data flat in row-major order)"
+                )
+            nxt.extend(node)
+        level = nxt
+    bad = next((v for v in level if isinstance(v, list)), None)
+    if bad is not None:
+        raise ProtocolError(
+            f"{where}: nested data is deeper than shape {shape} (send nested lists of "
+            "exactly the shape, or the data flat in row-major order)"
+        )
+
+
 def _from_json_data(data: Any, datatype: str, shape: list[int], where: str) -> np.ndarray:
-    """JSON ``data`` (flat, nested, or a bare scalar) as a ``datatype`` array of ``shape``."""
+    """JSON ``data`` (flat, nested, or a bare scalar) as a ``datatype`` array of ``shape``.
+
+    Nested data must have exactly ``shape`` (ragged or re-shaped nesting is refused);
+    flat data must have exactly the shape's element count."""
     count = math.prod(shape)
+    _check_nesting(data, shape, where)
     if datatype == "BYTES":
         flat = _flatten(data)
         if len(flat) != count:
@@ -544,12 +591,57 @@ def _split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryvi
     return mv[:header_length].tobytes(), mv[header_length:]
 
 
+def _bracket_depth(raw: bytes) -> int:
+    """The deepest running count of ``[`` / ``{`` minus ``]`` / ``}`` in ``raw`` (numpy)."""
+    low = np.frombuffer(raw, dtype=np.uint8) | 0x20  # "[" -> "{", "]" -> "}"
+    br = np.flatnonzero((low == 0x7B) | (low == 0x7D))
+    if br.size == 0:
+        return 0
+    return int(np.cumsum(np.where(low[br] == 0x7B, 1, -1)).max())
+
+
+def _json_depth(raw: bytes) -> int:
+    """The deepest nesting of ``[`` / ``{`` in the JSON text ``raw``, without recursion.
+
+    Fast path: brackets counted everywhere (numpy). Only when that exceeds
+    :data:`MAX_JSON_DEPTH` are strings removed first (brackets inside strings do not
+    nest), so a body is refused only for its real structure. Brackets inside strings can
+    hide depth from the fast path; what they hide is bounded by the parser's own
+    recursion limit, which :func:`_parse_json` turns into a 400 as well."""
+    depth = _bracket_depth(raw)
+    if depth > MAX_JSON_DEPTH and b'"' in raw:
+        depth = _bracket_depth(_JSON_STRING.sub(b"", raw))
+    return depth
+
+
 def _parse_json(header: bytes, what: str, header_length: int | None) -> dict[str, Any]:
+    """The JSON object ``header``: strict UTF-8 (no UTF-16 / 32 guessing), at most
+    :data:`MAX_JSON_DEPTH` levels deep (checked before parsing, so no recursion limit
+    is ever hit). ``NaN`` / ``Infinity`` are accepted (FP tensor data may hold them)."""
     try:
-        doc = json.loads(header)
+        text = bytes(header).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ProtocolError(f"the {what} JSON is not valid UTF-8: {exc}") from None
+        raise ProtocolError(
+            f"the {what} must be UTF-8 encoded JSON; byte {exc.start} is not valid UTF-8 "
+            f"({exc.reason})"
+        ) from None
+    depth = _json_depth(bytes(header))
+    if depth > MAX_JSON_DEPTH:
+        raise ProtocolError(
+            f"the {what} JSON is nested {depth} levels deep; at most {MAX_JSON_DEPTH} are "
+            "allowed (send tensor data flat, row-major)"
+        )
+    try:
+        doc = json.loads(text)
+    except RecursionError:  # a backstop: the depth check above refuses these first
+        raise ProtocolError(f"the {what} JSON is nested too deeply") from None
     except ValueError as exc:
+        if "Extra data" not in str(exc) and "\x00" in text[:8]:
+            # UTF-16 / UTF-32 of ASCII is "valid" UTF-8 full of NULs
+            raise ProtocolError(
+                f"the {what} must be UTF-8 encoded JSON; it starts with NUL bytes (UTF-16 "
+                "or UTF-32?)"
+            ) from None
         hint = None
         if header_length is None and "Extra data" in str(exc):
             hint = f"binary tensor data after the JSON needs the {HEADER_LENGTH} header"
@@ -557,6 +649,76 @@ def _parse_json(header: bytes, what: str, header_length: int | None) -> dict[str
     if not isinstance(doc, dict):
         raise ProtocolError(f"the {what} must be a JSON object, got {type(doc).__name__}")
     return doc
+
+
+def parse_json_object(raw: bytes, what: str = "body") -> dict[str, Any]:
+    """A JSON object from ``raw``: strict UTF-8, at most :data:`MAX_JSON_DEPTH` deep.
+
+    Raises:
+        ProtocolError: (400) not UTF-8, too deep, not JSON, or not an object.
+    """
+    return _parse_json(raw, what, None)
+
+
+def parse_header_length(value: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` header as an int (None when absent).
+
+    Raises:
+        ProtocolError: (400) not a plain decimal integer of at most 18 digits (signs,
+            spaces, underscores and exponents are refused).
+    """
+    if value is None:
+        return None
+    if not _DIGITS.fullmatch(value):
+        raise ProtocolError(
+            f"{HEADER_LENGTH} must be a non-negative integer (the JSON header's length in "
+            f"bytes), got {value[:40]!r}"
+        )
+    return int(value)
+
+
+def _check_parameters(params: dict[str, Any], where: str) -> None:
+    """Triton's ``$parameters``: each value a bool, a finite number (integers in int64
+    range) or a string; ``timeout_ms`` as :func:`parse_timeout_ms` wants it."""
+    parse_timeout_ms(params)
+    for k, v in params.items():
+        if isinstance(v, bool | str):
+            continue
+        if isinstance(v, int):
+            if not _INT64[0] <= v <= _INT64[1]:
+                raise ProtocolError(
+                    f"{where} parameter {k!r}: integer {v!s:.30} is outside the int64 range"
+                )
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise ProtocolError(f"{where} parameter {k!r} must be a finite number, got {v}")
+        else:
+            raise ProtocolError(
+                f"{where} parameter {k!r} must be a boolean, number or string, got "
+                f"{type(v).__name__ if v is not None else 'null'}"
+            )
+
+
+def parse_timeout_ms(params: Mapping[str, Any] | None) -> float | None:
+    """The request parameter ``timeout_ms`` as seconds (None when not given).
+
+    Valid: a JSON number (int or float, not a boolean or a string), finite, with
+    ``0 < timeout_ms <= MAX_TIMEOUT_MS`` (one hour).
+
+    Raises:
+        ProtocolError: (400) anything else; the message gives the allowed range.
+    """
+    if not params or "timeout_ms" not in params:
+        return None
+    v = params["timeout_ms"]
+    allowed = f"a number of milliseconds with 0 < timeout_ms <= {MAX_TIMEOUT_MS:.0f} (1 hour)"
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ProtocolError(f"parameter timeout_ms must be {allowed}, got {v!r:.40}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ProtocolError(f"parameter timeout_ms must be {allowed}, got {v}")
+    if not 0 < v <= MAX_TIMEOUT_MS:
+        raise ProtocolError(f"parameter timeout_ms must be {allowed}, got {v!s:.30}")
+    return float(v) / 1e3
 
 
 def _params(obj: dict[str, Any], where: str) -> dict[str, Any]:
@@ -579,6 +741,10 @@ def _shape(value: Any, where: str) -> list[int]:
         raise ProtocolError(f"{where}: shape must be a list of integers, got {value!r:.60}")
     if any(d < 0 for d in value):
         raise ProtocolError(f"{where}: shape {value} has a negative dimension")
+    if len(value) > 32:
+        raise ProtocolError(f"{where}: shape has {len(value)} dimensions; at most 32")
+    if any(d > MAX_DIM for d in value) or math.prod(value) > MAX_DIM:
+        raise ProtocolError(f"{where}: shape {value!s:.80} declares more than 2**62 elements")
     return value
 
 
@@ -665,6 +831,7 @@ def decode_infer_request(
     if req_id is not None and not isinstance(req_id, str):
         raise ProtocolError(f"request id must be a string, got {type(req_id).__name__}")
     params = _params(doc, "request")
+    _check_parameters(params, "request")
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise ProtocolError(

@@ -11,6 +11,8 @@ Endpoints (Triton's REST layout, so its users find what they know):
                                                           system shared memory in / out
 ``GET  /v2/models/stats``, ``/v2/models/{name}/stats``    statistics extension (+ P50/P99,
                                                           per unit: instances, queue)
+``.../models/{name}/versions/{v}[/ready|/infer|/stats]``  the same for version ``v``; only
+                                                          ``1`` exists (404 for others)
 ``GET  /v2/infscaler/status``                             control path, pool, instances
 ``GET  /metrics``                                         Prometheus text format (Triton's
                                                           ``nv_inference_*`` + ``infscaler_*``)
@@ -26,10 +28,14 @@ service's own user and root (403 for others, by the socket's peer credentials); 
 shared memory regions belong to the uid that registered them; the status hides file
 paths from other clients.
 
-Errors are ``{"error": "..."}`` with 400 (bad request), 403 (not allowed), 404 (unknown
-model / region), 409 (name taken), 413 (body too large), 500 (a stage failed on the
-request) and 503 (not ready, overloaded, stopping, or the request could not finish). A bad request
-fails alone: the server, the pipeline and every other request go on.
+Errors are ``{"error": "..."}`` (``Content-Type: application/json``) with 400 (bad
+request, a function stage's :class:`~infscaler.runtime.instance.StageInputError`, or
+malformed HTTP), 403 (not allowed), 404 (unknown route / model / version / region), 405, 408 (request not
+received in time), 409 (name taken), 413 (body too large), 429 / 503 (overloaded, not
+ready, stopping; with ``Retry-After`` when the refusal says when to retry), 500 (a stage
+failed on a valid request). A bad request fails alone: the server, the pipeline and
+every other request go on. Connection-level limits (:class:`HttpLimits`): header and
+body read timeouts, an idle keep-alive timeout and a cap on open connections.
 
 Sources: KServe / Triton ``protocol/`` docs (v2 REST, ``extension_binary_data.md``,
 ``extension_shared_memory.md``, ``extension_statistics.md``,
@@ -42,14 +48,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 import infscaler
 from infscaler.errors import InfScalerError
@@ -69,6 +78,9 @@ _MAX_BODY = web.AppKey("max_body_mb", int)
 _TASKS = web.AppKey("tasks", object)
 _SECURITY = web.AppKey("security", object)
 _METRICS = web.AppKey("metrics", object)
+_LIMITS = web.AppKey("limits", object)
+#: The only model version there is.
+VERSION = "1"
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -81,15 +93,32 @@ def _json(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def error_response(message: str, status: int) -> web.Response:
-    """A v2 error: ``{"error": message}``."""
-    return _json({"error": message}, status)
+def error_response(message: str, status: int, retry_after_s: float | None = None) -> web.Response:
+    """A v2 error: ``{"error": message}``; with ``Retry-After: <ceil seconds>`` (at least
+    1) when ``retry_after_s`` is a finite number >= 0 (RFC 9110 section 10.2.3)."""
+    resp = _json({"error": message}, status)
+    if retry_after_s is not None:
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            if math.isfinite(retry_after_s) and retry_after_s >= 0:
+                resp.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+    return resp
+
+
+def _status_of(exc: BaseException, default: int) -> int:
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599:
+        return status
+    return default
 
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Every failure becomes v2 error JSON with the right status; nothing escapes."""
-    from infscaler.protocol import ProtocolError
+    """Every failure becomes v2 error JSON with the right status; nothing escapes.
+
+    Our exceptions (:class:`~infscaler.errors.InfScalerError` and subclasses: protocol,
+    service, request, selection errors; and any other ``infscaler`` exception with an
+    int ``status``) answer with their ``status`` (default 400) and, when they carry
+    ``retry_after_s``, a ``Retry-After`` header."""
     from infscaler.runtime.frontend import RequestError
     from infscaler.service import ServiceError
 
@@ -102,19 +131,318 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
             "memory instead)",
             413,
         )
+    except web.HTTPNotFound as exc:
+        if getattr(request.match_info, "http_exception", None) is None:  # a handler's 404
+            return error_response(exc.reason or exc.text or "not found", 404)
+        return error_response(
+            f"no such route: {request.method} {request.path[:200]} (the v2 API is under "
+            "/v2; GET /v2/models lists the models)",
+            404,
+        )
+    except web.HTTPMethodNotAllowed as exc:
+        return error_response(
+            f"{request.method} is not allowed on {request.path[:200]} (allowed: "
+            f"{', '.join(sorted(exc.allowed_methods))})",
+            405,
+        )
     except web.HTTPException as exc:
         if exc.status >= 400:
             return error_response(exc.reason or exc.text or "error", exc.status)
         raise
-    except ProtocolError as exc:
-        return error_response(str(exc), getattr(exc, "status", 400))
-    except (ServiceError, RequestError) as exc:
-        return error_response(str(exc), exc.status)
-    except InfScalerError as exc:
-        return error_response(str(exc), getattr(exc, "status", 400))
+    except BodyTimeout as exc:
+        return error_response(str(exc), 408)
+    except BodyTruncated as exc:
+        return error_response(str(exc), 400)
+    except ConnectionError as exc:  # the client went away mid-request: nobody to answer
+        log.debug("client gone on %s %s: %s", request.method, request.path, exc)
+        return error_response(f"the connection was lost: {exc}", 400)
+    except (InfScalerError, ServiceError, RequestError) as exc:
+        return error_response(str(exc), _status_of(exc, 400), getattr(exc, "retry_after_s", None))
     except Exception as exc:  # noqa: BLE001 - logged with its traceback; the client gets 500
+        if type(exc).__module__.startswith("infscaler") and _status_of(exc, 0):
+            # one of ours that is not an InfScalerError but says how to answer
+            return error_response(
+                str(exc), _status_of(exc, 500), getattr(exc, "retry_after_s", None)
+            )
         log.exception("internal error on %s %s", request.method, request.path)
         return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+# -- HTTP-level hardening -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Connection-level limits of the API server (defences against slow or stuck
+    clients, "slowloris"); each is enforced per connection.
+
+    Attributes:
+        header_timeout_s: a request's line and headers must arrive within this many
+            seconds of its first byte (or of the connection opening); else the server
+            answers 408 and closes the connection.
+        body_timeout_s: its body must arrive within this many seconds of its headers;
+            else 408 and the connection is closed.
+        keepalive_timeout_s: an idle keep-alive connection is closed after this.
+        max_connections: connections open at once; one more is answered 503 (with
+            ``Retry-After: 1``) and closed.
+        max_line_size / max_field_size / max_headers: request line and header limits
+            (aiohttp's parser; beyond them: 400).
+
+    Sources: RFC 9110 sections 15.5.9 (408), 15.6.4 (503) and 10.2.3 (Retry-After);
+    aiohttp ``web_protocol.RequestHandler`` (``keepalive_timeout``, parser limits,
+    ``handle_error``).
+    """
+
+    header_timeout_s: float = 30.0
+    body_timeout_s: float = 120.0
+    keepalive_timeout_s: float = 75.0
+    max_connections: int = 512
+    max_line_size: int = 8190
+    max_field_size: int = 8190
+    max_headers: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise InfScalerError(f"HttpLimits.{name} must be a number > 0, got {v!r}")
+        if not (isinstance(self.max_connections, int) and self.max_connections >= 1):
+            raise InfScalerError(
+                f"HttpLimits.max_connections must be >= 1, got {self.max_connections!r}"
+            )
+
+
+class BodyTimeout(Exception):
+    """A request body did not arrive within :attr:`HttpLimits.body_timeout_s` (408)."""
+
+
+class BodyTruncated(Exception):
+    """The client half-closed the connection before the request body was complete (400)."""
+
+
+def _raw_error(status: int, reason: str, message: str, extra: str = "") -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
+    ).encode() + body
+
+
+class EdgeRequestHandler(RequestHandler):
+    """aiohttp's per-connection protocol with the API's limits (:class:`HttpLimits`)
+    and v2 error JSON for HTTP it cannot parse (aiohttp's ``handle_error`` hook, which
+    otherwise answers ``text/plain``).
+
+    Read deadlines: a *header* deadline runs from the connection's start, and from the
+    first byte of each later request, until aiohttp has parsed the request's headers;
+    then a *body* deadline until its payload is complete. Past the header deadline the
+    server writes 408 JSON and closes; past the body deadline the handler's read fails
+    (408 JSON through the middleware) and the connection is closed soon after.
+    """
+
+    def __init__(self, manager: Any, *, limits: HttpLimits, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._limits = limits
+        self._edge_phase: str | None = None
+        self._edge_payload: Any = None
+        self._edge_timer: asyncio.TimerHandle | None = None
+        self._edge_refused = False
+        self._edge_bytes = 0  # bytes of the request whose headers are being read
+        self._edge_done = 0  # responses finished (vs. aiohttp's _request_count: parsed)
+
+    # phases -------------------------------------------------------------------------------
+    def _edge_arm(self, phase: str | None, payload: Any = None) -> None:
+        if self._edge_timer is not None:
+            self._edge_timer.cancel()
+            self._edge_timer = None
+        self._edge_phase, self._edge_payload = phase, payload
+        if phase is not None:
+            delay = (
+                self._limits.header_timeout_s if phase == "header" else self._limits.body_timeout_s
+            )
+            self._edge_timer = self._loop.call_later(delay, self._edge_expired)
+
+    def _edge_expired(self) -> None:
+        self._edge_timer = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._edge_phase == "header" and self._request_count > self._edge_done:
+            # a pipelined request started while the previous one is still being handled:
+            # its clock starts once the server is free to read it
+            self._edge_arm("header")
+            return
+        if self._edge_phase == "header":
+            log.info("closing a connection: request headers not received in time")
+            transport.write(
+                _raw_error(
+                    408,
+                    "Request Timeout",
+                    f"request headers not received within {self._limits.header_timeout_s:g} s",
+                )
+            )
+            transport.close()
+        elif self._edge_phase == "body":
+            payload = self._edge_payload
+            if payload is not None and payload.is_eof():
+                self._edge_arm(None)
+                return
+            log.info("closing a connection: request body not received in time")
+            self.close()  # no keep-alive after the 408
+            if payload is not None:
+                payload.set_exception(
+                    BodyTimeout(
+                        f"request body not received within {self._limits.body_timeout_s:g} s "
+                        "of its headers"
+                    )
+                )
+            # the handler answers 408; the transport goes even if it does not
+            self._loop.call_later(5.0, transport.close)
+        self._edge_phase = None
+
+    # asyncio.Protocol ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        manager = self._manager
+        if manager is not None and len(manager.connections) >= self._limits.max_connections:
+            self._edge_refused = True
+            log.warning(
+                "refusing a connection: %d open (limit %d)",
+                len(manager.connections),
+                self._limits.max_connections,
+            )
+            transport.write(  # type: ignore[attr-defined]
+                _raw_error(
+                    503,
+                    "Service Unavailable",
+                    f"too many connections (at most {self._limits.max_connections}); retry",
+                    "Retry-After: 1\r\n",
+                )
+            )
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._edge_arm("header")
+
+    def eof_received(self) -> bool | None:
+        """The client half-closed the connection (``shutdown(SHUT_WR)``).
+
+        Mid-headers: 400 JSON, then close. Mid-body: the handler's read fails with
+        :class:`BodyTruncated` (400 JSON through the middleware), then close. After a
+        complete request: keep the write side open for its response (aiohttp's default
+        would close it), then close."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._edge_refused:
+            return None
+        busy = self._request_count > self._edge_done  # a parsed request not yet answered
+        if self._edge_phase == "header" and self._edge_bytes and not busy:
+            self._edge_arm(None)
+            transport.write(
+                _raw_error(
+                    400,
+                    "Bad Request",
+                    "request truncated: the connection was half-closed before the request "
+                    "line and headers were complete",
+                )
+            )
+            return None
+        if self._edge_phase == "body":
+            payload = self._edge_payload
+            self._edge_arm(None)
+            self.close()
+            if payload is not None and not payload.is_eof():
+                payload.set_exception(
+                    BodyTruncated(
+                        "request truncated: the connection was half-closed before the body "
+                        "was complete (Content-Length promised more)"
+                    )
+                )
+            self._loop.call_later(5.0, transport.close)
+            return True
+        if busy:
+            self.close()  # answer the request in hand, then close
+            return True
+        return None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._edge_arm(None)
+        if self._edge_refused:
+            return
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._edge_refused:
+            return
+        if self._edge_phase is None and data:
+            self._edge_arm("header")
+        self._edge_bytes += len(data) if self._edge_phase == "header" else 0
+        before = self._request_count
+        super().data_received(data)
+        if self._request_count != before:
+            self._edge_bytes = 0
+        if self._request_count != before and self._messages:
+            _msg, payload = self._messages[-1]
+            if payload is not None and not payload.is_eof():
+                self._edge_arm("body", payload)
+            else:
+                self._edge_arm(None)
+        elif self._edge_phase == "body" and self._edge_payload.is_eof():
+            self._edge_arm(None)
+
+    async def finish_response(self, request: Any, resp: Any, start_time: Any) -> Any:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._edge_done += 1
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's hook for requests it could not parse or handle: v2 error JSON."""
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response was sent already")
+        if status >= 500:
+            log.error("error handling a request", exc_info=exc)
+            text = "internal error"
+        else:
+            log.debug("malformed HTTP request: %s", message or exc)
+            text = f"malformed HTTP request: {message or exc or 'unparsable'}"[:500]
+        resp = error_response(text, status)
+        resp.force_close()
+        return resp
+
+
+class _EdgeServer(web.Server):
+    """aiohttp's low-level server making :class:`EdgeRequestHandler` connections."""
+
+    limits: HttpLimits
+
+    def __call__(self) -> RequestHandler:
+        return EdgeRequestHandler(self, loop=self._loop, limits=self.limits, **self._kwargs)
+
+
+class _EdgeRunner(web.AppRunner):
+    """An ``AppRunner`` whose server makes :class:`EdgeRequestHandler` connections."""
+
+    def __init__(self, app: web.Application, limits: HttpLimits, **kwargs: Any) -> None:
+        super().__init__(
+            app,
+            keepalive_timeout=limits.keepalive_timeout_s,
+            max_line_size=limits.max_line_size,
+            max_field_size=limits.max_field_size,
+            max_headers=limits.max_headers,
+            **kwargs,
+        )
+        self._limits = limits
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _EdgeServer
+        server.limits = self._limits  # type: ignore[attr-defined]
+        return server
 
 
 def create_app(
@@ -124,6 +452,7 @@ def create_app(
     max_body_mb: int = 64,
     tasks: Any = None,
     security: Any = None,
+    limits: HttpLimits | None = None,
 ) -> web.Application:
     """The aiohttp application for ``service`` (:class:`~infscaler.service.Service`).
 
@@ -135,6 +464,8 @@ def create_app(
             query that names a registered task).
         security: the :class:`~infscaler.security.SecurityPolicy` for pipelines loaded
             through the API (default: bundled function modules only, no model repository).
+        limits: connection-level limits (:class:`HttpLimits`; default: its defaults),
+            applied by :func:`start_unix_server`.
     """
     from infscaler.security import SecurityPolicy
     from infscaler.sysshm import SystemSharedMemoryRegistry
@@ -148,6 +479,7 @@ def create_app(
     from infscaler.metrics import make_registry
 
     app[_METRICS] = make_registry(service)
+    app[_LIMITS] = limits if limits is not None else HttpLimits()
     r = app.router
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/health/live", live)
@@ -158,6 +490,8 @@ def create_app(
     r.add_get("/v2/models/{name}/ready", model_ready)
     r.add_post("/v2/models/{name}/infer", infer)
     r.add_get("/v2/models/{name}/stats", stats_one)
+    r.add_get("/v2/models/{name}/versions/{version}", model_metadata)
+    r.add_get("/v2/models/{name}/versions/{version}/ready", model_ready)
     r.add_get("/v2/models/{name}/versions/{version}/stats", stats_one)
     r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
     r.add_get("/v2/infscaler/status", service_status)
@@ -219,6 +553,19 @@ def _task_router(request: web.Request, name: str) -> Any:
     )
 
 
+def _check_version(request: web.Request) -> None:
+    """404 unless the URL's ``{version}`` (when it has one) is the only version, "1"."""
+    version = request.match_info.get("version")
+    if version is not None and version != VERSION:
+        from infscaler.protocol import ProtocolError
+
+        raise ProtocolError(
+            f"model {request.match_info['name']!r} has no version {version[:40]!r}; "
+            f"only version {VERSION} exists (or leave /versions/... out of the URL)",
+            404,
+        )
+
+
 # -- health / metadata --------------------------------------------------------------------
 
 
@@ -256,8 +603,11 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def model_metadata(request: web.Request) -> web.Response:
+    """``GET /v2/models/{name}[/versions/{v}]``: v2 model metadata (name, versions,
+    platform, inputs, outputs with their datatypes and shapes; -1: any size)."""
     service = request.app[_SERVICE]
     router = _task_router(request, request.match_info["name"])
+    _check_version(request)
     if router is not None:
         return _json(_task_metadata(router, request.match_info["name"]))
     dep = service.deployment(request.match_info["name"])
@@ -313,6 +663,7 @@ async def model_ready(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     name = request.match_info["name"]
     service.deployment(name)
+    _check_version(request)
     if service.ready(name):
         return _json({"name": name, "ready": True})
     return error_response(f"model {name} is not ready", 503)
@@ -322,32 +673,28 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def infer(request: web.Request) -> web.Response:
-    from infscaler.protocol import TensorSpec, decode_infer_request
+    from infscaler.protocol import (
+        TensorSpec,
+        decode_infer_request,
+        parse_header_length,
+        parse_timeout_ms,
+    )
 
     service = request.app[_SERVICE]
     name = request.match_info["name"]
     router = _task_router(request, name)
     if router is not None:
+        _check_version(request)
         return await _infer_task(request, router, name)
     dep = service.deployment(name)
+    _check_version(request)
+    header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
     body = await read_body(request)
-    header = request.headers.get("Inference-Header-Content-Length")
-    try:
-        header_length = int(header) if header is not None else None
-    except ValueError:
-        return error_response(
-            f"Inference-Header-Content-Length must be an integer, got {header!r}", 400
-        )
     specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
     req = decode_infer_request(
         body, header_length=header_length, input_specs=specs, shm=_shm(request), copy=False
     )
-    timeout_s = None
-    if "timeout_ms" in (req.parameters or {}):
-        try:
-            timeout_s = float(req.parameters["timeout_ms"]) / 1e3
-        except (TypeError, ValueError):
-            return error_response("parameter timeout_ms must be a number", 400)
+    timeout_s = parse_timeout_ms(req.parameters)
     fut = service.submit(name, _slot_arrays(req.inputs), timeout_s)
     result = await asyncio.wrap_future(fut)
     return _infer_response(request, req, name, dep, result, {})
@@ -358,17 +705,16 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     ``latency_ms`` and ``min_accuracy`` (both optional). The selector (INFaaS Algorithm 1)
     picks the variant, which is loaded if needed; the response's parameters name it
     (``variant``, ``meets_requirements``, ``selection``, ``selection_reason``, ...)."""
-    from infscaler.protocol import TensorSpec, decode_infer_request
+    from infscaler.protocol import (
+        TensorSpec,
+        decode_infer_request,
+        parse_header_length,
+        parse_timeout_ms,
+    )
     from infscaler.tasks import task_interface
 
+    header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
     body = await read_body(request)
-    header = request.headers.get("Inference-Header-Content-Length")
-    try:
-        header_length = int(header) if header is not None else None
-    except ValueError:
-        return error_response(
-            f"Inference-Header-Content-Length must be an integer, got {header!r}", 400
-        )
     variants = router.catalog().variants(task)
     iface = task_interface(task, router.variant(variants[0].name) if variants else None)
     specs = [TensorSpec(i["name"], i["datatype"], list(i["shape"])) for i in iface["inputs"]]
@@ -376,12 +722,7 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
         body, header_length=header_length, input_specs=specs, shm=_shm(request), copy=False
     )
     params = dict(req.parameters or {})
-    timeout_s = None
-    if "timeout_ms" in params:
-        try:
-            timeout_s = float(params["timeout_ms"]) / 1e3
-        except (TypeError, ValueError):
-            return error_response("parameter timeout_ms must be a number", 400)
+    timeout_s = parse_timeout_ms(params)
     loop = asyncio.get_running_loop()
     fut, sel = await loop.run_in_executor(
         None,
@@ -458,6 +799,18 @@ def _slot_arrays(inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _model_stats(service: Any, dep: Any) -> dict[str, Any]:
+    """One ``model_stats`` entry (Triton ``extension_statistics.md``): ``name``,
+    ``version``, ``last_inference`` (ms since the epoch; 0: none yet),
+    ``inference_count``, ``execution_count``, ``inference_stats`` (``success``, ``fail``,
+    ``queue``, ``compute_input``, ``compute_infer``, ``compute_output``, ``cache_hit``,
+    ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats``, then
+    InfScaler's own fields (``latency_ms`` percentiles, ``fail_by_status``,
+    ``rejected``, ``arrival_rate_per_s``, ``units``).
+
+    What is not measured reads 0 rather than a guess: the duration of failed requests
+    (``fail.ns``), ``compute_input`` / ``compute_output`` (copying tensors in and out of
+    the pool is inside ``success.ns``), the response cache (there is none) and
+    ``batch_stats`` (instances batch on their own; per-unit counts are in ``units``)."""
     snap = dep.route.stats.snapshot()
     lat = snap["latency"]
 
@@ -469,17 +822,23 @@ def _model_stats(service: Any, dep: Any) -> dict[str, Any]:
     status = service.pipeline_status(dep)
     return {
         "name": dep.name,
-        "version": "1",
+        "version": VERSION,
+        "last_inference": int(snap.get("last_inference_ms", 0)),
         "inference_count": snap["success"],
         "execution_count": snap["success"],
         "inference_stats": {
             "success": dur(snap["success"], lat["total_ms"]),
             "fail": dur(sum(snap["fail"].values()), 0.0),
             "queue": dur(sum(q["count"] for q in queue), sum(q["total_ms"] for q in queue)),
+            "compute_input": dur(0, 0.0),
             "compute_infer": dur(
                 sum(c["count"] for c in compute), sum(c["total_ms"] for c in compute)
             ),
+            "compute_output": dur(0, 0.0),
+            "cache_hit": dur(0, 0.0),
+            "cache_miss": dur(0, 0.0),
         },
+        "batch_stats": [],
         "latency_ms": {k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")},
         "fail_by_status": {str(k): v for k, v in snap["fail"].items()},
         "rejected": snap["rejected"],
@@ -491,6 +850,7 @@ def _model_stats(service: Any, dep: Any) -> dict[str, Any]:
 async def stats_one(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     dep = service.deployment(request.match_info["name"])
+    _check_version(request)
     return _json(_for_peer(request, {"model_stats": [_model_stats(service, dep)]}))
 
 
@@ -591,16 +951,12 @@ async def repository_index(request: web.Request) -> web.Response:
 
 
 async def _body_json(request: web.Request) -> dict[str, Any]:
+    from infscaler.protocol import parse_json_object
+
     raw = await request.read()
     if not raw:
         return {}
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise web.HTTPBadRequest(reason=f"the body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise web.HTTPBadRequest(reason="the body must be a JSON object")
-    return data
+    return parse_json_object(raw, "body")  # strict UTF-8, bounded depth; else 400
 
 
 async def repository_load(request: web.Request) -> web.Response:
@@ -781,7 +1137,7 @@ async def start_unix_server(
     given: :func:`bind_unix_socket`, never wider than ``mode``). Returns the runner
     (``await runner.cleanup()`` to stop)."""
     p = prepare_socket_path(path)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = _EdgeRunner(app, app[_LIMITS], access_log=None, handle_signals=False)
     await runner.setup()
     site = web.SockSite(runner, bind_unix_socket(p, mode, group))
     await site.start()
@@ -796,6 +1152,7 @@ class ServerThread:
         service: a started service. socket_path: where to listen. max_body_mb: body limit.
         security: a :class:`~infscaler.security.SecurityPolicy` (see :func:`create_app`).
         socket_group: give the socket to this group (name or gid).
+        limits: connection-level limits (:class:`HttpLimits`).
     """
 
     def __init__(
@@ -807,13 +1164,14 @@ class ServerThread:
         security: Any = None,
         socket_group: str | int | None = None,
         metrics_port: int | None = None,
+        limits: HttpLimits | None = None,
     ):
         import threading
 
         self.service = service
         self.socket_path = str(socket_path)
         self.socket_group = socket_group
-        self._app = create_app(service, max_body_mb=max_body_mb, security=security)
+        self._app = create_app(service, max_body_mb=max_body_mb, security=security, limits=limits)
         #: ``GET /metrics`` also on 127.0.0.1:metrics_port (0: a free port, set on start)
         self.metrics_port = metrics_port
         self._metrics_runner: Any = None

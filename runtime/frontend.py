@@ -47,7 +47,7 @@ from infscaler.runtime.pipeline import (
     FANOUT,
     TRACE,
     CompiledPipeline,
-    decode_error,
+    error_status,
     load_function,
 )
 from infscaler.runtime.stats import PipelineStats
@@ -471,7 +471,8 @@ class FrontEnd:
         if ERROR in tensors:
             if TRACE in tensors:
                 p.traces.append(np.array(tensors[TRACE]))
-            self._complete_error(p, RequestError(decode_error(tensors[ERROR]), 500))
+            status, message = error_status(tensors[ERROR])
+            self._complete_error(p, RequestError(message, status))
             return
         fi = route.pipeline.fan_in_index
         if fi is not None and p.phase in ("running", "items"):
@@ -516,7 +517,8 @@ class FrontEnd:
             result = route.fan_in_fn()([p.items[i] for i in range(p.count)], **unit.params)
             result = check_outputs(unit, result)
         except StageError as exc:
-            self._complete_error(p, RequestError(f"stage {unit.name}: {exc}", 500))
+            status = getattr(exc, "status", 500)
+            self._complete_error(p, RequestError(f"stage {unit.name}: {exc}", status))
             return
         except Exception as exc:  # noqa: BLE001 - the request fails alone
             self._complete_error(

@@ -56,6 +56,17 @@ class StageError(Exception):
     """A unit failed on one request (reported to the client, the instance goes on)."""
 
 
+class StageInputError(StageError, ValueError):
+    """The request's own data is unusable by a function stage (an empty or malformed
+    image, a value out of the range the stage handles): raise it from a function stage
+    (``from infscaler.runtime.instance import StageInputError``) and the client gets
+    HTTP 400 with its message. Any other exception from a stage is a 500 (the server
+    failed on a valid request). A ``ValueError`` too, so callers that catch that keep
+    working."""
+
+    status = 400
+
+
 class ModelRunner:
     """Runs a model unit on its engine (:mod:`infscaler.runtime.engines`)."""
 
@@ -508,11 +519,23 @@ class Instance:
                 if isinstance(exc, StageError) or hasattr(exc, "hint")
                 else (f"{type(exc).__name__}: {exc}")
             )
-            log.warning("unit %s failed on request %d: %s", self.unit.name, tok.request, detail)
+            log.log(  # a client's bad input is not the service's problem: INFO
+                logging.INFO if isinstance(exc, StageInputError) else logging.WARNING,
+                "unit %s failed on request %d: %s",
+                self.unit.name,
+                tok.request,
+                detail,
+            )
             if not isinstance(exc, StageError) and not hasattr(exc, "hint"):
                 traceback.print_exc(file=sys.stderr)
             self._send_error(
-                tok, tensors, f"stage {self.unit.name}: {detail}", trace_in, start, end
+                tok,
+                tensors,
+                f"stage {self.unit.name}: {detail}",
+                trace_in,
+                start,
+                end,
+                status=400 if isinstance(exc, StageInputError) else 500,
             )
         finally:
             self.busy_ns += time.monotonic_ns() - start
@@ -555,8 +578,9 @@ class Instance:
         trace_in: np.ndarray | None = None,
         start: int = 0,
         end: int = 0,
+        status: int = 500,
     ) -> None:
-        out: dict[str, np.ndarray] = {ERROR: encode_error(message)}
+        out: dict[str, np.ndarray] = {ERROR: encode_error(message, status)}
         if start:
             out[TRACE] = self._trace(trace_in, start, end)
         if tensors is not None and FANOUT in tensors:
@@ -593,4 +617,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the importable module's main, so that StageError / StageInputError raised by
+    # function stages (imported from infscaler.runtime.instance) are this code's classes
+    from infscaler.runtime import instance as _module
+
+    sys.exit(_module.main())

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,13 +260,15 @@ def compile_pipeline(
     pipe_inputs = list(cfg.inputs) if cfg.inputs is not None else None
     pipe_outputs = list(cfg.outputs) if cfg.outputs is not None else None
     in_items = False
+    fn_specs: dict[int, dict[str, dict[str, Any]]] = {}
 
     for si, stage in enumerate(cfg.stages):
         where = f"pipeline {cfg.name}: stages[{si}] ({stage.name})"
         if stage.fan_out:
             in_items = True
         if stage.kind == "function":
-            _check_function(stage.function or "", where, allowed_functions)
+            fn = _check_function(stage.function or "", where, allowed_functions)
+            fn_specs[len(units)] = _declared_outputs(fn, list(stage.outputs or []), where)
             units.append(
                 Unit(
                     index=len(units),
@@ -425,7 +427,7 @@ def compile_pipeline(
 
     assert pipe_inputs is not None and pipe_outputs is not None
     _layout(units, pipe_inputs, pipe_outputs, cfg.name)
-    out_specs = _output_specs(units, pipe_outputs)
+    out_specs = _output_specs(units, pipe_outputs, fn_specs)
     needed0 = set(pipe_outputs) | {n for u in units for n in u.inputs}
     front = [i.name for i in pipe_inputs if i.name in needed0]
     return CompiledPipeline(cfg, units, pipe_inputs, out_specs, front, plans)
@@ -515,11 +517,65 @@ def _layout(units: list[Unit], inputs: list[InputSpec], outputs: list[str], name
         raise ConfigError(f"pipeline {name}: outputs {missing} are not produced by any stage")
 
 
-def _output_specs(units: list[Unit], outputs: list[str]) -> list[dict[str, Any]]:
+_V2_TYPES = [
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
+]
+
+
+def _declared_outputs(fn: Any, outputs: list[str], where: str) -> dict[str, dict[str, Any]]:
+    """A function stage's declared output tensors: its optional ``outputs_spec``
+    attribute, ``{name: {"datatype": v2 datatype, "shape": [int, ...]}}`` (-1: any
+    size; numpy ``<U`` / ``S`` outputs are ``BYTES``). Names it does not produce are an
+    error; outputs it does not declare stay unknown.
+
+    Raises:
+        ConfigError: a malformed ``outputs_spec``.
+    """
+    raw = getattr(fn, "outputs_spec", None)
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: the function's outputs_spec must be a dict")
+    out = {}
+    for name, spec in raw.items():
+        dt = spec.get("datatype") if isinstance(spec, Mapping) else None
+        shape = spec.get("shape") if isinstance(spec, Mapping) else None
+        if (
+            name not in outputs
+            or dt not in _V2_TYPES
+            or not isinstance(shape, list | tuple)
+            or not all(isinstance(d, int) and d >= -1 for d in shape)
+        ):
+            raise ConfigError(
+                f"{where}: outputs_spec[{name!r}] must be an output of the stage "
+                f"({outputs}) with a v2 datatype and a shape of ints (-1: any size), got "
+                f"{spec!r:.80}"
+            )
+        out[name] = {"datatype": dt, "shape": [int(d) for d in shape]}
+    return out
+
+
+def _output_specs(
+    units: list[Unit], outputs: list[str], fn_specs: dict[int, dict[str, dict[str, Any]]]
+) -> list[dict[str, Any]]:
     specs = []
     for name in outputs:
         spec: dict[str, Any] = {"name": name, "datatype": "", "shape": [-1]}
         for u in units:
+            if u.kind == "function" and name in fn_specs.get(u.index, {}):
+                spec.update(fn_specs[u.index][name])
             if u.kind == "model" and name in u.out_map.values():
                 onnx_name = next(k for k, v in u.out_map.items() if v == name)
                 try:
@@ -542,10 +598,23 @@ def default_state_dir() -> Path:
     return Path.home() / ".local" / "state" / "infscaler"
 
 
-def encode_error(message: str) -> np.ndarray:
-    """The ``__error__`` slot tensor for ``message`` (uint8 UTF-8, at most 4 KiB)."""
-    return np.frombuffer(message.encode()[:4096], dtype=np.uint8).copy()
+def encode_error(message: str, status: int = 500) -> np.ndarray:
+    """The ``__error__`` slot tensor for ``message`` and the HTTP ``status`` the client
+    gets (400: the request's data was unusable, :class:`~infscaler.runtime.instance.
+    StageInputError`; 500: the stage failed). uint8: ``"<status> "`` then the message,
+    UTF-8, at most 4 KiB in all."""
+    return np.frombuffer(f"{status:03d} {message}".encode()[:4096], dtype=np.uint8).copy()
 
 
 def decode_error(arr: np.ndarray) -> str:
-    return bytes(np.asarray(arr, dtype=np.uint8)).decode(errors="replace")
+    """The message of an ``__error__`` tensor (:func:`encode_error`)."""
+    return error_status(arr)[1]
+
+
+def error_status(arr: np.ndarray) -> tuple[int, str]:
+    """``(status, message)`` of an ``__error__`` tensor (500 when it carries none)."""
+    text = bytes(np.asarray(arr, dtype=np.uint8)).decode(errors="replace")
+    head = text[:4]
+    if len(head) == 4 and head[:3].isdigit() and head[3] == " " and 400 <= int(head[:3]) < 600:
+        return int(head[:3]), text[4:]
+    return 500, text

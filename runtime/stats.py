@@ -109,6 +109,9 @@ class PipelineStats:
         self.success = 0
         self.fail: collections.Counter[int] = collections.Counter()
         self.rejected = 0
+        #: wall-clock time of the last answered request (success or failure), ms since
+        #: the epoch; 0: none yet (Triton's ``last_inference``)
+        self.last_inference_ms = 0
         self.compute = [LatencyWindow() for _ in self.units]
         self.queue = [LatencyWindow() for _ in self.units]
 
@@ -123,12 +126,14 @@ class PipelineStats:
         (``[unit, instance, start_ns, end_ns]``) of every unit that ran for it."""
         with self._lock:
             self.success += 1
+            self.last_inference_ms = int(time.time() * 1e3)
             self.latency.add(latency_ms)
             self._record_trace(trace, t_submit_ns)
 
     def record_failure(self, status: int) -> None:
         with self._lock:
             self.fail[status] += 1
+            self.last_inference_ms = int(time.time() * 1e3)
 
     def record_rejection(self) -> None:
         """A request refused before admission (queue bound or ``max_pending``): it counts
@@ -183,6 +188,7 @@ class PipelineStats:
                 "success": self.success,
                 "fail": dict(self.fail),
                 "rejected": self.rejected,
+                "last_inference_ms": self.last_inference_ms,
                 "arrival_rate_per_s": round(self.arrivals.rate(), 3),
                 "latency": self.latency.summary(),
                 "units": [

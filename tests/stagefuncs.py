@@ -61,3 +61,33 @@ def capabilities(tensors):
     with open("/proc/self/status") as f:
         cap = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
     return {"y": np.array(tensors["x"]), "capeff": np.array([cap], np.uint64)}
+
+
+def rows_times_two(tensors):
+    """y = x * 2 as FP32 rows of 4 (declares its output for the v2 metadata)."""
+    return {"y": np.asarray(tensors["x"], dtype=np.float32).reshape(-1, 4) * np.float32(2)}
+
+
+rows_times_two.outputs_spec = {"y": {"datatype": "FP32", "shape": [-1, 4]}}
+
+
+def bad_input_check(tensors):
+    """Raises the declared input error (400) for an empty x, a ValueError (500) for a
+    negative one; else y = x."""
+    from infscaler.runtime.instance import StageInputError
+
+    x = np.asarray(tensors["x"])
+    if x.size == 0:
+        raise StageInputError("x is empty; send at least one row")
+    if (x < 0).any():
+        raise ValueError("negative input")
+    return {"y": np.array(x, dtype=np.float32)}
+
+
+def gather_strict(items):
+    """Fan-in that refuses zero items with the declared input error."""
+    from infscaler.runtime.instance import StageInputError
+
+    if not items:
+        raise StageInputError("no rows to gather")
+    return {"sums": np.concatenate([it["s"] for it in items])}

@@ -286,9 +286,9 @@ def test_served_bad_requests_fail_alone(served, image) -> None:
         with pytest.raises(InferenceServerError) as exc:
             c.infer("dddd", {"image": image.astype(np.float32)})  # wrong dtype
         assert exc.value.status == 400 and "image" in str(exc.value)
-        with pytest.raises(InferenceServerError) as exc:  # passes the API, fails in prep
+        with pytest.raises(InferenceServerError) as exc:  # passes the API, refused in prep
             c.infer("dddd", {"image": np.zeros((0, 0, 3), np.uint8)})
-        assert exc.value.status == 500 and "prep" in str(exc.value) and "empty" in str(exc.value)
+        assert exc.value.status == 400 and "prep" in str(exc.value) and "empty" in str(exc.value)
         res = c.infer("dddd", {"image": image})
         assert len(res.outputs["texts"]) == len(dddd.CAPTCHA_CHARS)
 

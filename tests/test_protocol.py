@@ -237,16 +237,22 @@ def test_big_endian_arrays_go_little_endian() -> None:
     assert roundtrip_request({"x": a}, True).inputs["x"].tolist() == [0, 1, 2, 3]
 
 
-def test_json_data_flat_nested_ragged_and_scalar_are_row_major() -> None:
+def test_json_data_flat_nested_and_scalar_are_row_major() -> None:
     want = np.arange(6, dtype=np.int32).reshape(2, 3)
-    for data in (
-        [0, 1, 2, 3, 4, 5],
-        [[0, 1, 2], [3, 4, 5]],
-        [[0, 1], [2, 3, 4, 5]],
-        [[[0]], 1, [2, [3, 4]], 5],
-    ):
+    for data in ([0, 1, 2, 3, 4, 5], [[0, 1, 2], [3, 4, 5]]):
         got = decode({"inputs": [inp(datatype="INT32", shape=[2, 3], data=data)]}).inputs["x"]
         assert got.dtype == np.int32 and np.array_equal(got, want), data
+    # ragged or re-shaped nesting is refused: nested data must have exactly the shape
+    for dt, data in (
+        ("INT32", [[0, 1], [2, 3, 4, 5]]),
+        ("INT32", [[[0]], 1, [2, [3, 4]], 5]),
+        ("INT32", [[0, 1], [2, 3], [4, 5]]),
+        ("INT32", [[[0], [1], [2]], [[3], [4], [5]]]),
+        ("BYTES", [["a", "b"], ["c", "d", "e", "f"]]),
+        ("FP32", [[0.5, 1, 2], 3, 4, 5]),
+    ):
+        with pytest.raises(ProtocolError, match="nested data"):
+            decode({"inputs": [inp(datatype=dt, shape=[2, 3], data=data)]})
     for data in (7, [7]):
         got = decode({"inputs": [inp(datatype="UINT16", shape=[], data=data)]}).inputs["x"]
         assert got.shape == () and got == 7

@@ -166,9 +166,15 @@ def test_bad_requests_fail_alone(ocr, images) -> None:
         with pytest.raises(InferenceServerError) as exc:
             c.infer("ocr", {"image": images["rendered"].astype(np.float32)})
         assert exc.value.status == 400
-        with pytest.raises(InferenceServerError) as exc:  # passes the API, fails in prep
+        with pytest.raises(InferenceServerError) as exc:  # passes the API, refused in prep
             c.infer("ocr", {"image": np.zeros((0, 0, 3), np.uint8)})
-        assert exc.value.status == 500 and "prep" in str(exc.value)
+        assert exc.value.status == 400 and "prep" in str(exc.value) and "empty" in str(exc.value)
+        md = c.model_metadata("ocr")  # the fan-in declares its outputs (outputs_spec)
+        assert md["outputs"] == [
+            {"name": "texts", "datatype": "BYTES", "shape": [-1]},
+            {"name": "scores", "datatype": "FP32", "shape": [-1]},
+            {"name": "boxes", "datatype": "FP32", "shape": [-1, 4, 2]},
+        ]
         res = c.infer("ocr", {"image": images["one_line"]})
         assert len(res.outputs["texts"]) == 1
 

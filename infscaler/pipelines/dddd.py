@@ -183,7 +183,7 @@ def det_preprocess(
         ``(H, W, r)``.
 
     Raises:
-        ValueError: ``image`` is not an HxWx3 uint8 array.
+        StageInputError: (400) ``image`` is empty or not an HxWx3 uint8 array.
     """
     image = check_image(tensors["image"], "image")
     cv2 = _cv2()
@@ -443,6 +443,13 @@ def merge_texts(items: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarr
     }
 
 
+#: The v2 metadata of the pipeline's outputs (``GET /v2/models/dddd``).
+merge_texts.outputs_spec = {  # type: ignore[attr-defined]
+    "texts": {"datatype": "BYTES", "shape": [-1]},
+    "boxes": {"datatype": "INT32", "shape": [-1, 4]},
+}
+
+
 def _warm(rec_model: str = "ddddocr-rec", **_params: Any) -> None:
     """Warm-up hook (``fn.warmup``): import OpenCV / Pillow, read the charset."""
     _cv2()
@@ -548,6 +555,7 @@ def _warm_whole(
 
 
 whole.warmup = _warm_whole  # type: ignore[attr-defined]
+whole.outputs_spec = merge_texts.outputs_spec  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------ test image

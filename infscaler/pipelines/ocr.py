@@ -210,16 +210,19 @@ def check_image(image: Any, name: str) -> np.ndarray:
     """``image`` as an HxWx3 uint8 RGB array (no copy), the check every image stage makes.
 
     Raises:
-        ValueError: another dtype / shape, or an empty image (the message names ``name``).
+        StageInputError: (a ``ValueError``; the client gets HTTP 400) another dtype /
+            shape, or an empty image (the message names ``name``).
     """
+    from infscaler.runtime.instance import StageInputError
+
     a = np.asarray(image)
     if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
-        raise ValueError(
+        raise StageInputError(
             f"{name} must be an HxWx3 uint8 RGB image, got shape {a.shape} dtype {a.dtype} "
             "(convert with infscaler.pipelines.ocr.to_rgb)"
         )
     if a.shape[0] < 1 or a.shape[1] < 1:
-        raise ValueError(f"{name} is empty: shape {a.shape}")
+        raise StageInputError(f"{name} is empty: shape {a.shape}; send an image of at least 1x1")
     return a
 
 
@@ -260,8 +263,8 @@ def det_preprocess(
         ``(H, W, h', w')``, the original size and the resized region of the canvas.
 
     Raises:
-        ValueError: ``image`` is not an HxWx3 uint8 array, or ``side`` is not a positive
-            multiple of 32.
+        StageInputError: (400) ``image`` is empty or not an HxWx3 uint8 array.
+        ValueError: ``side`` is not a positive multiple of 32.
     """
     if side < 32 or side % 32:
         raise ValueError(f"side must be a positive multiple of 32, got {side}")
@@ -499,6 +502,14 @@ def merge_lines(
         "scores": np.array(scores, dtype=np.float32),
         "boxes": (np.stack(boxes).astype(np.float32) if boxes else np.zeros((0, 4, 2), np.float32)),
     }
+
+
+#: The v2 metadata of the pipeline's outputs (``GET /v2/models/ocr``).
+merge_lines.outputs_spec = {  # type: ignore[attr-defined]
+    "texts": {"datatype": "BYTES", "shape": [-1]},
+    "scores": {"datatype": "FP32", "shape": [-1]},
+    "boxes": {"datatype": "FP32", "shape": [-1, 4, 2]},
+}
 
 
 def _warm_rapid(**_params: Any) -> None:

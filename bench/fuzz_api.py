@@ -1,0 +1,220 @@
+"""Fuzz the v2 API's edge: >= 10,000 seeded malformed requests against a live service.
+
+The service (in this process: the front end and the aiohttp server on a Unix socket;
+its stages in instance processes) serves ``bench/_fuzz.py``'s target pipeline: a
+function stage that raises the declared ``StageInputError`` for unusable rows, then a
+small ONNX model. Every case (bad JSON, deep nesting, wrong types, NaN / infinite
+parameters, bad datatypes, shape / data mismatches, huge declared shapes, bad binary
+headers, unknown models and versions, non-UTF-8 bodies, bad content, bad requested
+outputs, raw HTTP garbage, truncated requests; round-robin, see ``_fuzz.KINDS``) goes
+on its own connection; a valid request is interleaved every ``--valid-every`` cases and
+must get the right answer.
+
+Recorded: answers per status and per case kind, every case whose answer was not 4xx
+v2 error JSON (a closed connection counts as right only for truncated requests), the
+valid requests that failed, pool slots in use before / after (a leak is slots that
+never come back), and the RSS (MB) of this process and of the instance processes,
+sampled along the run.
+
+Run::
+
+    .venv/bin/python bench/fuzz_api.py [--count 10000] [--seed 13] [--quick]
+
+Writes ``bench/results/fuzz_api.json`` and ``fuzz_api.png`` (RSS over requests);
+``--quick`` (300 cases): ``fuzz_api_quick.*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import _fuzz  # noqa: E402
+from _common import RESULTS_DIR, environment, now_utc, write_json  # noqa: E402
+
+
+def _instance_pids(svc) -> list[int]:
+    pids = []
+    for p in svc.status().get("pipelines", []):
+        for u in p.get("units", []):
+            pids += [i["pid"] for i in u.get("instances", []) if i.get("pid")]
+    return pids
+
+
+def _rss(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(Exception):  # an instance that is gone has no RSS
+            total += _fuzz.rss_mb(pid)
+    return round(total, 1)
+
+
+def run(count: int, seed: int, valid_every: int) -> dict:
+    from infscaler.config import load_pipeline
+    from infscaler.server import HttpLimits, ServerThread
+    from infscaler.service import Service
+
+    tmp = Path(tempfile.mkdtemp(prefix="isc-fuzz-"))
+    old = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{old}" if old else str(HERE)
+    sock = str(tmp / "api.sock")
+    model = _fuzz.small_model(tmp / "small.onnx")
+    limits = HttpLimits(header_timeout_s=5.0, body_timeout_s=5.0)
+    by_status: Counter[str] = Counter()
+    by_kind: dict[str, Counter[str]] = {k: Counter() for k in _fuzz.KINDS}
+    wrong: list[dict] = []
+    valid_failures: list[str] = []
+    samples: list[dict] = []
+    rng = random.Random(seed + 1)
+    with Service(state_dir=tmp / "state", control_path="userspace", pool_mb=64) as svc:
+        svc.deploy(load_pipeline(_fuzz.fuzz_pipeline(model)))
+        with ServerThread(svc, sock, max_body_mb=4, limits=limits):
+            if (why := _fuzz.check_valid(sock)) is not None:
+                raise SystemExit(f"the service does not answer a valid request: {why}")
+            slots0 = svc.status()["pool"]["slots_in_use"]
+            inst = _instance_pids(svc)
+            me = os.getpid()
+            t0 = time.perf_counter()
+            every = max(1, count // 200)
+            for i, case in enumerate(_fuzz.cases(count, seed)):
+                if i % every == 0:
+                    samples.append(
+                        {
+                            "requests": i,
+                            "seconds": round(time.perf_counter() - t0, 2),
+                            "service_rss_mb": _rss([me]),
+                            "instances_rss_mb": _rss(inst),
+                        }
+                    )
+                a = _fuzz.send(sock, case.raw, shut_write=case.shut_write)
+                status = "closed" if a.status is None else str(a.status)
+                by_status[status] += 1
+                by_kind[case.kind][status] += 1
+                why = _fuzz.judge(case, a)
+                if why is not None and len(wrong) < 200:
+                    wrong.append({"kind": case.kind, "note": case.note, "why": why})
+                elif why is not None:
+                    wrong.append({"kind": case.kind, "why": "(more)"})
+                due = valid_every and i % valid_every == valid_every - 1
+                if due and (why := _fuzz.check_valid(sock, rng)) is not None:
+                    valid_failures.append(f"after case {i}: {why}")
+            elapsed = time.perf_counter() - t0
+            samples.append(
+                {
+                    "requests": count,
+                    "seconds": round(elapsed, 2),
+                    "service_rss_mb": _rss([me]),
+                    "instances_rss_mb": _rss(inst),
+                }
+            )
+            final_valid = _fuzz.check_valid(sock)
+            end = time.monotonic() + 30
+            while (slots := svc.status()["pool"]["slots_in_use"]) > slots0:
+                if time.monotonic() > end:
+                    break
+                time.sleep(0.1)
+    os.environ["PYTHONPATH"] = old
+    five = sum(n for s, n in by_status.items() if s.startswith("5"))
+    return {
+        "count": count,
+        "seed": seed,
+        "seconds": round(elapsed, 2),
+        "requests_per_s": round(count / elapsed, 1),
+        "by_status": dict(sorted(by_status.items())),
+        "by_kind": {k: dict(sorted(v.items())) for k, v in by_kind.items()},
+        "not_4xx_json": len(wrong),
+        "not_4xx_json_examples": wrong[:50],
+        "status_5xx": five,
+        "valid_requests_interleaved": count // valid_every if valid_every else 0,
+        "valid_failures": valid_failures[:50],
+        "valid_after_run": final_valid or "ok",
+        "pool_slots_in_use_before": slots0,
+        "pool_slots_in_use_after": slots,
+        "pool_slots_leaked": max(0, slots - slots0),
+        "rss_mb": {
+            "service_start": samples[0]["service_rss_mb"],
+            "service_end": samples[-1]["service_rss_mb"],
+            "instances_start": samples[0]["instances_rss_mb"],
+            "instances_end": samples[-1]["instances_rss_mb"],
+        },
+        "rss_samples": samples,
+        "limits": {
+            "header_timeout_s": limits.header_timeout_s,
+            "body_timeout_s": limits.body_timeout_s,
+            "max_connections": limits.max_connections,
+        },
+    }
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [s["requests"] for s in res["rss_samples"]]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(
+        xs, [s["service_rss_mb"] for s in res["rss_samples"]], label="service (front end + API)"
+    )
+    ax.plot(xs, [s["instances_rss_mb"] for s in res["rss_samples"]], label="instances (sum)")
+    ax.set_xlabel("malformed requests sent")
+    ax.set_ylabel("RSS (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(
+        f"fuzz_api: {res['count']} requests, {res['status_5xx']} 5xx, "
+        f"{res['not_4xx_json']} not 4xx JSON, {res['pool_slots_leaked']} slots leaked",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, help="malformed requests (default 10000; quick 300)")
+    ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--valid-every", type=int, default=50, help="a valid request every N")
+    ap.add_argument("--quick", action="store_true", help="300 requests (< 1 min)")
+    args = ap.parse_args()
+    count = args.count or (300 if args.quick else 10_000)
+    res = {"date_utc": now_utc(), **run(count, args.seed, args.valid_every)}
+    res["environment"] = environment()
+    suffix = "_quick" if args.quick else ""
+    out = RESULTS_DIR / f"fuzz_api{suffix}.json"
+    write_json(out, res)
+    plot(res, out.with_suffix(".png"))
+    print(
+        f"{res['count']} malformed requests in {res['seconds']} s "
+        f"({res['requests_per_s']}/s): by status {res['by_status']}"
+    )
+    print(
+        f"not 4xx JSON: {res['not_4xx_json']}, 5xx: {res['status_5xx']}, valid failures: "
+        f"{len(res['valid_failures'])}, valid after: {res['valid_after_run']}, slots leaked: "
+        f"{res['pool_slots_leaked']}"
+    )
+    r = res["rss_mb"]
+    print(
+        f"RSS MB: service {r['service_start']} -> {r['service_end']}, instances "
+        f"{r['instances_start']} -> {r['instances_end']}"
+    )
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    ok = not res["not_4xx_json"] and not res["valid_failures"] and not res["pool_slots_leaked"]
+    return 0 if ok and res["valid_after_run"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
