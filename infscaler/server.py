@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import stat
@@ -100,7 +101,11 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except ProtocolError as exc:
         return error_response(str(exc), getattr(exc, "status", 400))
     except (ServiceError, RequestError) as exc:
-        return error_response(str(exc), exc.status)
+        resp = error_response(str(exc), exc.status)
+        retry = getattr(exc, "retry_after_s", None)
+        if retry is not None:  # RFC 9110 §10.2.3: delay-seconds, a whole number
+            resp.headers["Retry-After"] = str(max(1, math.ceil(retry)))
+        return resp
     except InfScalerError as exc:
         return error_response(str(exc), getattr(exc, "status", 400))
     except Exception as exc:  # noqa: BLE001 - logged with its traceback; the client gets 500
@@ -286,7 +291,8 @@ async def model_ready(request: web.Request) -> web.Response:
     service.deployment(name)
     if service.ready(name):
         return _json({"name": name, "ready": True})
-    return error_response(f"model {name} is not ready", 503)
+    why = service.degraded(name) if hasattr(service, "degraded") else []
+    return error_response(f"model {name} is not ready" + "".join(f"; {w}" for w in why), 503)
 
 
 # -- inference ----------------------------------------------------------------------------
