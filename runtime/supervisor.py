@@ -14,7 +14,7 @@ they back off exponentially instead. The n-th consecutive crash of an instance s
 doubling to 10 s, the shape of systemd's ``RestartSec`` with
 ``RestartSteps``/``RestartMaxDelaySec`` and of Kubernetes' CrashLoopBackOff). A crash
 counts as consecutive when the instance had not been ready for ``healthy_after_s``
-(default 1 s): an instance that served that long resets the count, so isolated crashes
+(default 0.5 s): an instance that served that long resets the count, so isolated crashes
 (an OOM kill, an operator's kill -9) restart at once, while a crash loop (a model that
 dies while loading or on every request) slows down to one try per 10 s. A replacement
 that dies while loading is restarted the same way (with the count grown); only the
@@ -79,7 +79,7 @@ class RestartPolicy:
     initial_s: float = 0.05
     factor: float = 2.0
     max_s: float = 10.0
-    healthy_after_s: float = 1.0
+    healthy_after_s: float = 0.5
     hold_through_s: float = 1.0
 
     def __post_init__(self) -> None:
