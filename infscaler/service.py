@@ -182,7 +182,7 @@ class Service:
         """An instance became ready, exited or was restarted: a unit with no live
         instance makes its pipeline degraded (new requests: fast 503 + Retry-After)."""
         for dep in self.deployments():
-            why = self.degraded(dep.name)
+            why = self._degraded(dep)
             route = dep.route
             if why:
                 etas = [
@@ -202,7 +202,9 @@ class Service:
         Raises:
             ServiceError: (404) unknown pipeline.
         """
-        dep = self.deployment(name)
+        return self._degraded(self.deployment(name))
+
+    def _degraded(self, dep: Deployment) -> list[str]:
         if self.supervisor is None:
             return []
         handles = self.supervisor.handles()

@@ -224,7 +224,7 @@ class Supervisor:
         self.manager = manager
         self.service_id = service_id
         self.policy = policy or RestartPolicy()
-        self.on_change = on_change or (lambda: None)
+        self._on_change = on_change or (lambda: None)
         # systemd's notify / watchdog variables are the service's alone
         base = {
             k: v
@@ -247,6 +247,14 @@ class Supervisor:
         self._thread.start()
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, "infscaler-spawn")
         self.restarted = 0
+
+    def on_change(self) -> None:
+        """Tell the owner that instances changed (its callback's errors are logged: the
+        supervisor's threads must survive them)."""
+        try:
+            self._on_change()
+        except Exception:  # noqa: BLE001 - e.g. a pipeline removed meanwhile
+            log.exception("the on_change callback failed")
 
     # -- starting ---------------------------------------------------------------------------
     def _alloc_iid(self) -> int:
@@ -614,24 +622,41 @@ class Supervisor:
     def _reclaim_and_restart(self, h: InstanceHandle, pending: PendingRestart | None) -> None:
         if pending is not None:
             self._limit_hold(pending)
+        report = None
         try:
-            report = self.manager.instance_died(h.iid, timeout=10.0)
-            log.warning(
-                "reclaimed instance %d: retried %s, held %s, failed %s, freed %d slots",
-                h.iid,
-                report.retried,
-                report.held,
-                [r for r, _ in report.failed],
-                len(report.freed),
-            )
+            # deregisters at once; the report completes when every live instance has
+            # answered its sync marker (logged by another thread: the restart need not
+            # wait for it, the replacement has a new instance id)
+            report = self.manager.instance_died(h.iid, timeout=0)
         except Exception as exc:  # noqa: BLE001 - logged; the restart still happens
             log.error("reclaiming instance %d failed: %s", h.iid, exc)
+        if report is not None:
+            threading.Thread(
+                target=self._log_reclaim,
+                args=(h.iid, report),
+                name="infscaler-reclaim",
+                daemon=True,
+            ).start()
         with self._lock:
             self._handles.pop(h.iid, None)
         self._release_fds(h)
         self.on_change()
         while pending is not None:
             pending = self._restart_when_due(pending)
+
+    @staticmethod
+    def _log_reclaim(iid: int, report: Any) -> None:
+        if not report.wait(10.0):
+            log.warning("reclaim of instance %d still waits for sync echoes after 10 s", iid)
+            return
+        log.warning(
+            "reclaimed instance %d: retried %s, held %s, failed %s, freed %d slots",
+            iid,
+            report.retried,
+            report.held,
+            [r for r, _ in report.failed],
+            len(report.freed),
+        )
 
     def _restart_when_due(self, p: PendingRestart) -> PendingRestart | None:
         """Wait for ``p``'s delay, start the replacement; returns the next pending
