@@ -156,7 +156,15 @@ def test_a_unit_waiting_for_its_restart_degrades_and_answers_503_fast(tmp_path: 
         assert status["health"] == "degraded" and status["ready"] is True
         (pipe,) = status["pipelines"]
         slow = next(u for u in pipe["units"] if u["unit"] == "slow")
-        assert any(i["state"] == "restarting" for i in slow["instances"])
+        assert [r["state"] for r in slow["restarting"]] == ["restarting"]
+        # `infscaler status` shows it
+        from infscaler import cli_service
+
+        with cli_service.out.capture() as cap:
+            cli_service.print_status(status)
+        text = cap.get()
+        assert "DEGRADED" in text and "restart 1 in" in text and "degraded: unit slow" in text
+        assert pipe["degraded"] == [why] or pipe["degraded"][0].startswith("unit slow")
         # it comes back by itself, and serves again
         wait_for(lambda: svc.ready("chain"), 30, "the unit back")
         assert svc.degraded("chain") == [] and svc.status()["health"] == "ok"
