@@ -322,3 +322,34 @@ def test_deploy_refuses_pinned_threads_beyond_the_cores(
         mon = Monitor(svc)
         snap = mon.snapshot(svc.deployment("m"))
         assert snap.cores_used == 1 and snap.cap.cores == 2
+
+
+def test_the_api_says_degraded_and_sends_retry_after(tmp_path: Path) -> None:
+    import httpx
+
+    from infscaler.server import ServerThread
+
+    sock = tmp_path / "api.sock"
+    with Service(state_dir=tmp_path / "state", control_path="userspace", pool_mb=64) as svc:
+        svc.supervisor.policy = RestartPolicy(initial_s=3.0, max_s=3.0)
+        svc.deploy(load_pipeline(chain()))
+        with ServerThread(svc, sock):
+            transport = httpx.HTTPTransport(uds=str(sock))
+            with httpx.Client(transport=transport, base_url="http://x", timeout=30) as h:
+                os.kill(slow_handle(svc, ready=True).pid, signal.SIGKILL)
+                wait_for(lambda: svc.degraded("chain"), 5, "degraded")
+                body = {
+                    "inputs": [
+                        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}
+                    ]
+                }
+                r = h.post("/v2/models/chain/infer", json=body)
+                assert r.status_code == 503 and "unit slow has no live instance" in r.text
+                assert 1 <= int(r.headers["Retry-After"]) <= 10
+                r = h.get("/v2/models/chain/ready")
+                assert r.status_code == 503 and "unit slow has no live instance" in r.text
+                assert h.get("/v2/health/ready").status_code == 200  # the service is
+                wait_for(lambda: svc.ready("chain"), 30, "back")
+                assert h.get("/v2/models/chain/ready").status_code == 200
+                r = h.post("/v2/models/chain/infer", json=body)
+                assert r.status_code == 200, r.text
