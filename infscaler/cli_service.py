@@ -572,14 +572,15 @@ def print_status(st: dict[str, Any]) -> None:
             f"device {res['device']}: memory {res['memory_used_mb']:.0f} / "
             f"{res['memory_cap_mb']:.0f} MB (instances USS + pool), engine slots "
             + ", ".join(f"{e} {n}" for e, n in res["max_instances"].items())
-            + f", {res['cores']} cores",
+            + f", {res['cores']} cpu thread slots",
             highlight=False,
         )
     for p in st["pipelines"]:
         req = p["requests"]
         lat = req["latency"]
         table = Table(
-            title=f"{p['name']} ({'ready' if p['ready'] else 'NOT ready'}): "
+            title=f"{p['name']} ({'ready' if p['ready'] else 'NOT ready'}"
+            f"{', DEGRADED' if p.get('degraded') else ''}): "
             f"{req['success']} ok, {sum(req['fail'].values())} failed, "
             f"P50 {_ms(lat['p50_ms'])} / P99 {_ms(lat['p99_ms'])} ms"
         )
@@ -591,7 +592,12 @@ def print_status(st: dict[str, Any]) -> None:
                 f"{i['uss_mb'] or i['rss_mb']:.0f}"
                 + ("" if i["state"] == "ready" else f" {i['state']}")
                 for i in u["instances"]
-            ) or ("front end" if u["engine"] == "frontend" else "-")
+            )
+            inst += "".join(
+                f"\n{r['engine']} restart {r['restarts']} in {r['restart_in_s']:.1f} s"
+                for r in u.get("restarting", [])
+            )
+            inst = inst.strip() or ("front end" if u["engine"] == "frontend" else "-")
             table.add_row(
                 u["unit"],
                 u["partition"] or "-",
@@ -609,6 +615,8 @@ def print_status(st: dict[str, Any]) -> None:
                 f"window {p.get('window')}{shed}",
                 highlight=False,
             )
+        for why in p.get("degraded", []):
+            out.print(f"  degraded: {why}", highlight=False)
         for d in p.get("decisions", [])[-5:]:
             out.print(f"  {d['action']}: {d['reason']}", highlight=False)
 

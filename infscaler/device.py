@@ -85,6 +85,9 @@ HOST_CAP_FRACTION = 0.5
 HOST_MIN_CAP_MB = 256
 #: cpu instance slots per usable core in ``cpu-host`` (pipelined stages share cores).
 HOST_INSTANCES_PER_CORE = 4
+#: pinned model-instance threads per usable core in ``cpu-host`` (its explicit
+#: oversubscription opt-in, :attr:`Accelerator.threads_per_core`).
+HOST_THREADS_PER_CORE = 2.0
 
 #: USS of an idle instance process (python + numpy + onnxruntime), MB, measured on the
 #: development host; the same figure as ``infscaler.runtime.monitor.INSTANCE_OVERHEAD_MB``
@@ -108,6 +111,13 @@ class Accelerator(BaseModel):
             ``fp16`` / ``int8`` only).
         max_instances: resource limit on concurrent instances (Algorithm 1's R^m); for
             ``dla`` it is per DLA core (the device's slots: ``max_instances x count``).
+        threads_per_core: cpu only: how many pinned instance threads may share one core.
+            The cpu instances of model stages (``instances x threads``, each thread pinned
+            to a core) never exceed ``floor(len(cores) x threads_per_core)``, at deploy
+            and when the scaler adds one (:attr:`thread_slots`). 1 (the default): never
+            more threads than cores (onnxruntime's intra-op threads spin while they wait
+            for work, so two pinned to one core slow each other down); above 1 is an
+            explicit opt-in to oversubscription (pipelined stages that take turns).
         description: free text (``512-core Volta, 64 Tensor Cores``).
         sources: field name -> where the figure comes from (``count``, ``cores``,
             ``precisions``, ``max_instances``, ``description``).
@@ -120,6 +130,7 @@ class Accelerator(BaseModel):
     cores: list[int] | None = None
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
     max_instances: int = Field(4, ge=1)
+    threads_per_core: float = Field(1.0, ge=1.0, le=16.0)
     description: str = ""
     sources: dict[str, str] = Field(default_factory=dict)
 
@@ -165,6 +176,8 @@ class Accelerator(BaseModel):
             )
         if self.engine != "cpu" and self.cores is not None:
             raise ValueError(f"cores: applies to the cpu entry only, not {self.engine}")
+        if self.engine != "cpu" and self.threads_per_core != 1.0:
+            raise ValueError(f"threads_per_core: applies to the cpu entry only, not {self.engine}")
         allowed = ENGINE_PRECISIONS[self.engine]
         bad = [p for p in self.precisions if p not in allowed]
         if bad:
@@ -182,6 +195,13 @@ class Accelerator(BaseModel):
         if self.engine == "dla" or self.count > 1:
             return [f"{self.engine}{i}" for i in range(self.count)]
         return [self.engine]
+
+    def thread_slots(self, host_cores: list[int] | None = None) -> int:
+        """cpu only: the most pinned model-instance threads, ``floor(len(cores) x
+        threads_per_core)`` (``cores``: the listed ones, else ``host_cores``, else this
+        process's affinity, ``os.sched_getaffinity(0)``)."""
+        cores = self.cores or host_cores or sorted(os.sched_getaffinity(0))
+        return int(len(cores) * self.threads_per_core + 1e-9)
 
     @property
     def instance_limit(self) -> int:
@@ -290,6 +310,7 @@ class DeviceProfile(BaseModel):
             keys = ["precisions", "max_instances"]
             if a.engine == "cpu":
                 keys += ["cores"] if a.cores is not None else []
+                keys += ["threads_per_core"] if a.threads_per_core != 1.0 else []
             else:
                 keys.append("count")
             missing += [f"accelerators[{a.engine}].{k}" for k in keys if not a.sources.get(k)]
@@ -400,13 +421,19 @@ def host_profile() -> DeviceProfile:
                 cores=cores,
                 precisions=["fp32"],
                 max_instances=HOST_INSTANCES_PER_CORE * len(cores),
+                threads_per_core=HOST_THREADS_PER_CORE,
                 description=f"{len(cores)} cores of {_cpu_model()}",
                 sources={
                     "cores": "os.sched_getaffinity(0) on this host when the profile was loaded",
                     "precisions": "onnxruntime CPU execution provider (fp32 models)",
                     "max_instances": "InfScaler-Edge policy: 4 instances per usable core (the "
-                    "stages of a pipeline take turns on the cores; the scaler admits a cpu "
-                    "scale-out only while the measured busy cores leave room)",
+                    "stages of a pipeline take turns on the cores); the pinned threads are "
+                    "bounded by threads_per_core",
+                    "threads_per_core": "InfScaler-Edge policy: a development host may pin "
+                    f"{HOST_THREADS_PER_CORE:g} model-instance threads per core, so a pipeline "
+                    "with more model stages than cores (a 3-partition plan, the 4 models of "
+                    "`ocr` on 2 cores) deploys, its stages taking turns on the cores; the "
+                    "scaler adds no cpu instance beyond that (Jetson profiles: 1)",
                 },
             )
         ],
@@ -518,7 +545,7 @@ def check_pipeline(
     runs. Then, over the units that run as instances (all but a fan-in, which the front
     end runs), the configured (minimum) instances against the resource limits the scaler
     keeps (:mod:`infscaler.runtime.monitor`): model instances x threads on the cpu <= the
-    cpu's cores; model instances per engine <= :attr:`DeviceProfile.instance_limits`
+    cpu's :meth:`Accelerator.thread_slots` (cores x ``threads_per_core``); model instances per engine <= :attr:`DeviceProfile.instance_limits`
     (function stages count against memory only, as in the scaler); and memory: one
     instance of every served unit plus ``pool_mb`` must fit ``memory_cap_mb``, and so must
     the configured instances. An instance's memory is the unit's plan estimate
@@ -533,7 +560,7 @@ def check_pipeline(
         used_mb: memory already held by other deployments (their instances' USS and pool
             MB), counted against the cap.
         instances_used: engine kind -> instances other deployments already run.
-        cores_used: cpu cores other deployments' model instances already use.
+        cores_used: cpu threads other deployments' model instances already pin.
 
     Returns:
         Warnings that do not stop the deploy (figures the check could not know, limits
@@ -611,15 +638,24 @@ def check_pipeline(
     cores = cpu.cores if cpu is not None and cpu.cores else host
     cpu_units = per_engine.get("cpu", [])
     want_cores = sum(u.instances * u.threads for u in cpu_units)
-    if cpu_units and want_cores + cores_used > len(cores):
-        # not refused: the stages of a pipeline take turns on the cores (pipelining), so
-        # pinned threads may outnumber cores while the summed load stays under them
+    slots = cpu.thread_slots(host) if cpu is not None else len(cores)
+    if cpu_units and want_cores + cores_used > slots:
         detail = ", ".join(f"{u.name} {u.instances}x{u.threads}" for u in cpu_units)
-        others = f" + {cores_used} already in use" if cores_used else ""
+        others = f" + {cores_used} already pinned by other deployments" if cores_used else ""
         src = "its cpu `cores`" if cpu is not None and cpu.cores else "this host's usable cores"
+        tpc = cpu.threads_per_core if cpu is not None else 1.0
+        problems.append(
+            f"stages on cpu: instances x threads = {want_cores} ({detail}){others} exceed "
+            f"the {slots} thread slots of {dev} ({len(cores)} cores, {src}, x "
+            f"threads_per_core {tpc:g}): lower `instances` or `threads`, move a stage to "
+            "another engine, or set `threads_per_core` above 1 in the profile's cpu entry "
+            "to allow oversubscription"
+        )
+    elif cpu_units and want_cores + cores_used > len(cores):
         warnings.append(
-            f"stages on cpu: instances x threads = {want_cores} ({detail}){others} exceed the "
-            f"{len(cores)} cores of {dev} ({src}): their instances share cores"
+            f"stages on cpu: instances x threads = {want_cores + cores_used} exceed the "
+            f"{len(cores)} cores of {dev}: their instances share cores (threads_per_core "
+            f"{cpu.threads_per_core if cpu is not None else 1:g})"
         )
     for u in served:
         if u.kind == "function" and u.threads > len(cores):

@@ -666,7 +666,8 @@ async def model_ready(request: web.Request) -> web.Response:
     _check_version(request)
     if service.ready(name):
         return _json({"name": name, "ready": True})
-    return error_response(f"model {name} is not ready", 503)
+    why = service.degraded(name) if hasattr(service, "degraded") else []
+    return error_response(f"model {name} is not ready" + "".join(f"; {w}" for w in why), 503)
 
 
 # -- inference ----------------------------------------------------------------------------

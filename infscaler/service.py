@@ -124,11 +124,15 @@ class Service:
         if self._started:
             return self
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_slabs()
         cap = int(self.pool_mb) << 20
         # small slabs: a partly used slab of each size class stays mapped, so big slabs
         # would fragment the cap (16 classes x 16 MB filled a 256 MB pool in tests)
         self.pool = TensorPool(cap, slab_bytes=max(1 << 20, min(4 << 20, cap // 16)))
         try:
+            from infscaler.shm.pool import record_pool
+
+            record_pool(self.state_dir, self.pool.service_id)
             self.channel = open_channel(self.control_path, self.routing)
             self.manager = TensorSharingManager(
                 self.pool, self.channel, on_failure=self._on_request_failed
@@ -136,7 +140,9 @@ class Service:
             self.frontend = FrontEnd(
                 self.manager, self.pool.service_id, max_pending=self.max_pending, pool=self.pool
             )
-            self.supervisor = Supervisor(self.manager, self.pool.service_id)
+            self.supervisor = Supervisor(
+                self.manager, self.pool.service_id, on_change=self._on_instances_changed
+            )
             from infscaler.runtime.autoscaler import Autoscaler
 
             self.autoscaler = Autoscaler(self).start()
@@ -152,6 +158,79 @@ class Service:
             self.channel.kind if hasattr(self.channel, "kind") else type(self.channel).__name__,
         )
         return self
+
+    def _remove_stale_slabs(self) -> None:
+        """Unlink the ``/dev/shm`` slabs a killed earlier run on this state dir left
+        (:func:`infscaler.shm.pool.remove_stale_pools`: only slabs named by our prefix and
+        a recorded service id whose process is gone)."""
+        from infscaler.shm.pool import remove_stale_pools
+
+        try:
+            found = remove_stale_pools(self.state_dir)
+        except OSError as exc:
+            log.warning("cannot look for stale slabs in %s: %s", self.state_dir, exc)
+            return
+        for sid, names in found.items():
+            log.warning(
+                "removed %d shared-memory slabs of an earlier run (pool %s) that did not "
+                "close cleanly",
+                len(names),
+                sid,
+            )
+
+    def _on_instances_changed(self) -> None:
+        """An instance became ready, exited or was restarted: a unit with no live
+        instance makes its pipeline degraded (new requests: fast 503 + Retry-After)."""
+        for dep in self.deployments():
+            why = self._degraded(dep)
+            route = dep.route
+            if why:
+                etas = [
+                    self.supervisor.restart_eta((dep.name, u.index), route.stage_ids[u.index])
+                    for u in dep.pipeline.served_units()
+                ]
+                known = [e for e in etas if e is not None]
+                route.retry_after_s = max(known) if known else 10.0
+                route.unavailable_reason = f"pipeline {dep.name} is degraded: " + "; ".join(why)
+            else:
+                route.unavailable_reason = None
+
+    def degraded(self, name: str) -> list[str]:
+        """Why pipeline ``name`` is degraded: one line per served unit with no ready
+        instance (and when it is expected back); [] when every unit has one.
+
+        Raises:
+            ServiceError: (404) unknown pipeline.
+        """
+        return self._degraded(self.deployment(name))
+
+    def _degraded(self, dep: Deployment) -> list[str]:
+        if self.supervisor is None:
+            return []
+        handles = self.supervisor.handles()
+        out = []
+        for u in dep.pipeline.served_units():
+            sid = dep.route.stage_ids[u.index]
+            mine = [h for h in handles if h.key == (dep.name, u.index) and h.stage_id == sid]
+            if any(h.state == "ready" for h in mine):
+                continue
+            pending = [
+                p
+                for p in self.supervisor.pending_restarts((dep.name, u.index))
+                if p.stage_id == sid
+            ]
+            if pending:
+                p = min(pending, key=lambda p: p.due)
+                left = max(0.0, p.due - time.monotonic())
+                out.append(
+                    f"unit {u.name} has no live instance (restart {p.restarts} in {left:.1f} s "
+                    f"after {p.streak} consecutive crash(es): {p.reason})"
+                )
+            elif any(h.state == "starting" for h in mine):
+                out.append(f"unit {u.name} has no live instance (its replacement is loading)")
+            else:
+                out.append(f"unit {u.name} has no live instance")
+        return out
 
     def _on_request_failed(self, request: int, reason: str) -> None:
         if self.frontend is not None:
@@ -191,6 +270,10 @@ class Service:
         if self.pool is not None:
             with contextlib.suppress(Exception):
                 self.pool.close()
+            with contextlib.suppress(Exception):
+                from infscaler.shm.pool import unrecord_pool
+
+                unrecord_pool(self.state_dir, self.pool.service_id)
         with self._lock:
             self._deployments.clear()
 
@@ -399,6 +482,8 @@ class Service:
     def _retire(self, dep: Deployment, drain_timeout_s: float = 30.0) -> None:
         dep.route.accepting = False
         self.frontend.drain(drain_timeout_s, dep.route)
+        if self.supervisor is not None:
+            self.supervisor.cancel_restarts(dep.route.stage_ids)
         handles = self.supervisor.handles() if self.supervisor else []
         mine = [h for h in handles if h.key[0] == dep.name and h.stage_id in dep.route.stage_ids]
         self.supervisor.stop_all(mine, timeout=10.0)
@@ -505,11 +590,15 @@ class Service:
 
     # -- introspection -----------------------------------------------------------------------
     def ready(self, name: str | None = None) -> bool:
-        """Every unit of the pipeline (or of all pipelines) has a ready instance (and,
-        for the service as a whole, the initial pipelines are deployed)."""
+        """Every unit of the pipeline has a ready instance; for the service as a whole
+        (``name`` None): started, not stopping, the initial pipelines deployed. A
+        degraded pipeline (a unit restarting) is not ready; the service stays ready
+        meanwhile (it serves its other pipelines and restarts the unit itself), so
+        ``/v2/health/ready`` means "the process can take requests" for Kubernetes and
+        systemd alike; :meth:`degraded` and ``status`` say what is down."""
         if not self._started or self._stopping or (name is None and self.starting):
             return False
-        deps = [self.deployment(name)] if name else self.deployments()
+        deps = [self.deployment(name)] if name else []
         handles = self.supervisor.handles()
         for d in deps:
             for u in d.pipeline.served_units():
@@ -528,6 +617,11 @@ class Service:
             sid = dep.route.stage_ids[u.index]
             st = ch["stages"].get(sid, {}) if sid else {}
             mine = [h for h in handles if h.key == (dep.name, u.index)]
+            restarting = [
+                p.describe()
+                for p in self.supervisor.pending_restarts((dep.name, u.index))
+                if p.stage_id == sid
+            ]
             us = snap["units"][u.index]
             units.append(
                 {
@@ -541,6 +635,7 @@ class Service:
                     "engine": u.engine if not u.fan_in else "frontend",
                     "per_item": u.per_item,
                     "instances": [h.describe() for h in mine],
+                    "restarting": restarting,
                     "queue": int(st.get("inflight", 0)),
                     "compute_p50_ms": us["compute"]["p50_ms"],
                     "compute_p99_ms": us["compute"]["p99_ms"],
@@ -552,6 +647,7 @@ class Service:
         return {
             "name": dep.name,
             "ready": self.ready(dep.name),
+            "degraded": self.degraded(dep.name),
             "accepting": dep.route.accepting,
             "plans": dep.pipeline.plans,
             "slo_ms": dep.pipeline.config.slo_ms,
@@ -583,6 +679,9 @@ class Service:
         return {
             "started_at": self.started_at,
             "ready": self.ready(),
+            "health": "degraded"
+            if any(self.degraded(d.name) for d in self.deployments())
+            else "ok",
             "stopping": self._stopping,
             "resources": resources,
             "control_path": {

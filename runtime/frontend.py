@@ -63,9 +63,18 @@ class RequestError(InfScalerError):
     """A request failed; ``status`` is the HTTP status to answer with (500: a unit
     failed on it; 503: the service could not run it now)."""
 
-    def __init__(self, message: str, status: int = 503, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 503,
+        hint: str | None = None,
+        *,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message, hint)
         self.status = status
+        #: seconds a client should wait before retrying (HTTP ``Retry-After``), or None
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -83,6 +92,9 @@ class Route:
             wait in the front end's backlog. Bounds the pool memory a pipeline holds
             (each request in it holds one or two slots per stage it is at), so the
             stages downstream always find room for their outputs.
+        unavailable_reason: set while a unit has no live instance (its restart is
+            pending, :mod:`infscaler.runtime.supervisor`): new requests get a 503 with
+            this reason and ``retry_after_s`` (the expected time until it is back, s).
     """
 
     pipeline: CompiledPipeline
@@ -92,6 +104,8 @@ class Route:
     accepting: bool = True
     queue_limit: int | None = None
     shed_reason: str = ""
+    unavailable_reason: str | None = None
+    retry_after_s: float = 1.0
     _fan_in_fn: Any = None
 
     def fan_in_fn(self) -> Any:
@@ -210,6 +224,9 @@ class FrontEnd:
         """
         if self._closing or not route.accepting:
             raise RequestError(f"pipeline {route.pipeline.name} is not accepting requests now")
+        if route.unavailable_reason is not None:
+            route.stats.record_rejection()
+            raise RequestError(route.unavailable_reason, 503, retry_after_s=route.retry_after_s)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if len(self._pending) >= self.max_pending:

@@ -21,9 +21,15 @@ instance of a unit costs the mean USS of its running instances on that engine, o
 any has reported, the plan's weights + activations MB plus ``instance_overhead_mb`` (the
 USS of an idle instance process with onnxruntime loaded, measured on this host: about
 45 MB). Engine slots count model instances (function stages, light pre- and
-post-processing, count against memory and cores only). Cores count what is busy, not
-what is pinned: the compute time per second of every cpu unit over the window
-(:meth:`Monitor.busy_cores`), since the stages of a pipeline take turns on the cores.
+post-processing, count against memory only). Cores count what is pinned, not what is
+busy (:meth:`Monitor.pinned_threads`): the threads of every starting or ready cpu
+instance of a model stage, against the profile's thread slots (cores x
+``threads_per_core``, :meth:`infscaler.device.Accelerator.thread_slots`). Busy cores
+read low exactly when it matters (instances loading, requests shed, stages waiting on
+each other), which let an overloaded 2-core host grow one partition to 6 instances; a
+pinned thread is a core taken whether it is busy or not. A function-stage instance pins
+no slot (one Python thread asleep in poll(2) when idle) but is added only while a slot
+is free.
 
 The bottleneck indicator the scaler compares is each unit's compute time per request
 (P50 ms per item x items per request): the profiled-time complexity measure of Eq. 1
@@ -50,10 +56,9 @@ CORE_IDLE_MARGIN = 0.1
 def cores_in_use(busy_cores: float) -> int:
     """Whole cores counted as used from the measured busy cores: ``int(busy + 0.1)``.
 
-    The scaler admits a cpu scale-out while ``cores_in_use + threads <= cores``: a new
-    instance adds capacity, not load, so it helps while some core has at least
-    ``CORE_IDLE_MARGIN`` idle. (1.6 busy of 2 cores -> 1 in use: one more fits; 1.95 ->
-    2: none.)
+    The planner's and the simulator's measure of load (1.6 busy of 2 cores -> 1 in use;
+    1.95 -> 2). The runtime scaler no longer admits on it: it counts pinned threads
+    (:meth:`Monitor.pinned_threads`), which busy cores undercount under overload.
     """
     return int(max(0.0, busy_cores) + CORE_IDLE_MARGIN)
 
@@ -207,15 +212,26 @@ class Monitor:
                 total += float(mem.get("uss_mb") or 0.0) or _estimate_mb(h.unit)
         return total + self.service.pool.stats()["mapped_bytes"] / 2**20
 
+    def pinned_threads(self) -> int:
+        """Threads pinned by cpu instances of model stages, every pipeline (starting or
+        ready: an instance loading its model holds its cores already): the scaler's
+        ``cores_used``."""
+        return sum(
+            max(1, int(h.unit.threads))
+            for h in self.service.supervisor.handles()
+            if h.state in ("starting", "ready")
+            and h.unit.kind == "model"
+            and h.unit.engine == "cpu"
+        )
+
     def busy_cores(self, window_s: float | None = None) -> float:
         """CPU cores busy on this host: the larger of (a) what the host's CPU counters
         say since the previous call (psutil ``cpu_times``: every process, other tenants
         included, busy / total x cores) and (b) the compute time per second of every cpu
         unit of every pipeline over the window (items run x ms each). (b) alone reads low
         while instances load or requests are shed; (a) alone misses nothing but needs a
-        previous call. :func:`cores_in_use` turns it into the scaler's ``cores_used``.
-        Pinned instances may outnumber cores (pipelined stages take turns); busy cores
-        may not."""
+        previous call. For ``status`` and telemetry; the scaler's ``cores_used`` is
+        :meth:`pinned_threads`."""
         w = self.window_s if window_s is None else window_s
         now = time.monotonic()
         busy_ms = 0.0
@@ -252,7 +268,7 @@ class Monitor:
                 continue
             max_inst[acc.engine] = acc.max_instances * (acc.count if acc.engine == "dla" else 1)
             if acc.engine == "cpu":
-                cores = len(acc.cores) if acc.cores else len(_host_cores())
+                cores = acc.thread_slots(_host_cores())
         return ResourceCap(
             memory_cap_mb=float(profile.memory_cap_mb),
             memory_used_mb=self.memory_used_mb(),
@@ -269,7 +285,7 @@ class Monitor:
         for h in self.service.supervisor.handles():
             if h.state in ("starting", "ready") and h.unit.kind == "model":
                 engines_used[h.unit.engine] = engines_used.get(h.unit.engine, 0) + 1
-        cores_used = cores_in_use(self.busy_cores())
+        cores_used = self.pinned_threads()
         units = []
         served = {u.index for u in dep.pipeline.served_units()}
         rate = m.arrival_rate

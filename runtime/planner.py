@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 
 from infscaler.runtime import arrivals as _arrivals
-from infscaler.runtime.monitor import cores_in_use
 from infscaler.runtime.scaler import ResourceCap, ScalerConfig
 from infscaler.runtime.simulator import (
     MAX_PER_UNIT,
@@ -259,7 +258,7 @@ def _usage(
         for e, n in c.instances.items():
             slots[e] = slots.get(e, 0) + n
             if e == "cpu":
-                cores += u.engines[e].cores * n
+                cores += max(1, u.engines[e].cores) * n
     return config_memory_mb(units, config, pool_mb), slots, cores
 
 
@@ -273,7 +272,8 @@ def _fits(
     busy_cores: float = 0.0,
 ) -> str | None:
     """None when unit ``k`` can take one more instance on ``engine``, else why not
-    (``busy_cores``: the cores the load keeps busy, :func:`_busy_cores`)."""
+    (``busy_cores``: the cores the load keeps busy, :func:`_busy_cores`; kept for the
+    callers, no longer what admits a cpu instance: pinned threads are)."""
     u, c = units[k], config[k]
     limit = min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT)
     if c.total + 1 > limit:
@@ -291,8 +291,11 @@ def _fits(
         and slots.get(engine, 0) + 1 > cap.max_instances.get(engine, 0)
     ):
         return f"{engine} slots {slots.get(engine, 0)}/{cap.max_instances.get(engine, 0)} used"
-    if engine == "cpu" and cap.cores and cores_in_use(busy_cores) + max(1, p.cores) > cap.cores:
-        return f"cpu busy cores {busy_cores:.1f}+{max(1, p.cores)} > {cap.cores}"
+    # pinned threads of cpu model instances against the thread slots, as the runtime's
+    # scaler counts them (Monitor.pinned_threads); a function stage pins none but needs
+    # a free slot to be added
+    if engine == "cpu" and cap.cores and cores + max(1, p.cores) > cap.cores:
+        return f"cpu pinned threads {cores}+{max(1, p.cores)} > {cap.cores} thread slots"
     return None
 
 

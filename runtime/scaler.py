@@ -97,7 +97,8 @@ class ResourceCap:
         memory_cap_mb: memory the service may use (instances + tensor pool), MB.
         memory_used_mb: memory in use now (sum of instance USS + pool mapped), MB.
         max_instances: per engine, instance slots (the profile's ``max_instances``).
-        cores: CPU cores available to instances (0: do not count cores).
+        cores: cpu thread slots: its cores x the profile's ``threads_per_core``
+            (:meth:`infscaler.device.Accelerator.thread_slots`; 0: do not count cores).
     """
 
     memory_cap_mb: float
@@ -117,7 +118,9 @@ class Snapshot:
         arrival_rate: requests per second over the monitor's short window.
         units: every served unit, in pipeline order.
         cap: resource limits and use (shared by every pipeline on the device).
-        cores_used: CPU cores held by running instances (all pipelines).
+        cores_used: cpu threads pinned by running (starting or ready) cpu instances of
+            model stages, all pipelines (pinned, not busy: the monitor's
+            ``pinned_threads``); compared with ``cap.cores``.
         instances_used: per engine, running instances (all pipelines).
         pending: requests admitted and not yet answered.
         offered_rate: requests per second submitted over the window, refused ones

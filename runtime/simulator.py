@@ -56,7 +56,6 @@ from typing import Any
 import numpy as np
 
 from infscaler.runtime import scaler as _scaler
-from infscaler.runtime.monitor import cores_in_use
 from infscaler.runtime.scaler import (
     Decision,
     EngineOption,
@@ -251,8 +250,9 @@ def config_memory_mb(
 
 def cap_from_profile(profile: Any, host_cores: int | None = None) -> ResourceCap:
     """R^m of a :class:`~infscaler.device.DeviceProfile` (as the monitor reads it): memory
-    cap, instance slots per engine (a DLA's times its core count), CPU cores (the
-    profile's core set; this host's, or ``host_cores``, when it lists none)."""
+    cap, instance slots per engine (a DLA's times its core count), CPU thread slots (the
+    profile's core set, or this host's / ``host_cores`` when it lists none, times the cpu
+    entry's ``threads_per_core``)."""
     max_inst: dict[str, int] = {}
     cores = 0
     for acc in profile.accelerators:
@@ -264,6 +264,8 @@ def cap_from_profile(profile: Any, host_cores: int | None = None) -> ResourceCap
                 cores = len(acc.cores)
             else:
                 cores = host_cores if host_cores is not None else len(os.sched_getaffinity(0))
+            # thread slots, as the monitor reads them (Accelerator.thread_slots)
+            cores = int(cores * getattr(acc, "threads_per_core", 1.0) + 1e-9)
     return ResourceCap(
         memory_cap_mb=float(profile.memory_cap_mb),
         memory_used_mb=0.0,
@@ -759,7 +761,7 @@ class _Sim:
         lat = [ms for (ft, ms) in self.latency_window if ft >= cutoff]
         p99 = float(np.percentile(lat, 99)) if lat else None
         engines_used: dict[str, int] = {}
-        busy_ms = 0.0
+        pinned = 0
         units = []
         for u in self.units:
             while u.completions and u.completions[0] < cutoff:
@@ -767,11 +769,12 @@ class _Sim:
             if u.p.kind == "model" and u.p.served:
                 for i in u.live():
                     engines_used[i.engine] = engines_used.get(i.engine, 0) + 1
+                    # cores count what is pinned (as runtime.monitor.Monitor.pinned_threads)
+                    if i.engine == "cpu" and "cpu" in u.p.engines:
+                        pinned += max(1, u.p.engines["cpu"].cores)
             if not u.p.served:
                 continue
             recent = [(e, ms) for (st, e, ms) in u.samples if st >= cutoff]
-            # cores count what is busy (as runtime.monitor.Monitor.busy_cores does)
-            busy_ms += sum(ms for e, ms in recent if e == "cpu")
             p50 = float(np.median([ms for _, ms in recent])) if recent else None
             items_per_s = len(u.completions) / w
             per_request = items_per_s / rate if rate > 0 and items_per_s else 1.0
@@ -816,7 +819,7 @@ class _Sim:
             arrival_rate=rate,
             units=tuple(units),
             cap=cap,
-            cores_used=cores_in_use(busy_ms / 1e3 / w),
+            cores_used=pinned,
             instances_used=engines_used,
             pending=self.pending,
             offered_rate=offered,

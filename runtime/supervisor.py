@@ -6,9 +6,26 @@ the tensor sharing manager), watches its status pipe and its exit (a pidfd: even
 driven, no polling), and when an instance dies without being asked to, has the manager
 reclaim its tokens (:meth:`TensorSharingManager.instance_died`: its unacknowledged
 inputs are re-routed to live instances of the same unit or held until the restart,
-InfScaler §IV-B), then starts a replacement. A unit that keeps crashing (more than
-``max_restarts`` within ``restart_window_s``) is marked failed instead of restarted in
-a loop; its queued requests are failed by the manager's hold timeout.
+InfScaler §IV-B), then starts a replacement.
+
+Restart policy (:class:`RestartPolicy`): restarts never give up while the service runs;
+they back off exponentially instead. The n-th consecutive crash of an instance slot waits
+``min(max_s, initial_s x factor^(n-1))`` before the replacement starts (defaults: 0.05 s
+doubling to 10 s, the shape of systemd's ``RestartSec`` with
+``RestartSteps``/``RestartMaxDelaySec`` and of Kubernetes' CrashLoopBackOff). A crash
+counts as consecutive when the instance had not been ready for ``healthy_after_s``
+(default 0.5 s): an instance that served that long resets the count, so isolated crashes
+(an OOM kill, an operator's kill -9) restart at once, while a crash loop (a model that
+dies while loading or on every request) slows down to one try per 10 s. A replacement
+that dies while loading is restarted the same way (with the count grown); only the
+instances of a first deploy that fail to load are not (the deploy fails instead).
+
+While a unit's slot waits for its restart, DATA held for its stage (requests that were
+in the dead instance and found no other live instance) waits at most until the
+replacement is expected back (the delay plus the last load time, plus 1 s); when the
+delay alone is longer than ``hold_through_s`` those requests are failed at once (503)
+instead of waiting for the manager's 30 s hold timeout
+(:meth:`TensorSharingManager.set_hold_limit`).
 
 Like Ray Serve's controller, it applies decisions; it makes none (the scaler decides).
 """
@@ -17,6 +34,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -44,6 +62,82 @@ class InstanceStartError(InfScalerError):
     """An instance could not start (engine unavailable, model failed to load, ...)."""
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Exponential restart backoff (see the module docstring).
+
+    Attributes:
+        initial_s: delay before the first restart after a healthy run, s.
+        factor: growth per consecutive crash.
+        max_s: the largest delay, s (restarts never stop; they wait this long at most).
+        healthy_after_s: an instance ready this long resets the crash count, s.
+        hold_through_s: requests of a unit left with no live instance wait for its
+            replacement only when the restart delay is at most this long, s; beyond,
+            they are failed at once (503).
+    """
+
+    initial_s: float = 0.05
+    factor: float = 2.0
+    max_s: float = 10.0
+    healthy_after_s: float = 0.5
+    hold_through_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.initial_s <= self.max_s and self.factor >= 1):
+            raise ValueError(
+                f"restart policy: need 0 <= initial_s <= max_s and factor >= 1, got "
+                f"initial_s={self.initial_s}, max_s={self.max_s}, factor={self.factor}"
+            )
+        if self.healthy_after_s < 0 or self.hold_through_s < 0:
+            raise ValueError("restart policy: healthy_after_s and hold_through_s must be >= 0")
+
+    def delay(self, streak: int) -> float:
+        """Seconds to wait before restarting after the ``streak``-th consecutive crash
+        (1: the first): ``min(max_s, initial_s x factor^(streak-1))``."""
+        n = max(1, int(streak))
+        if n > 64:  # factor ** n overflows long before; the cap applies anyway
+            return self.max_s
+        return min(self.max_s, self.initial_s * self.factor ** (n - 1))
+
+
+@dataclass
+class PendingRestart:
+    """A replacement waiting for its backoff delay (what ``status`` shows for a slot
+    with no instance).
+
+    Attributes:
+        key / unit / stage_id / next_stage / cores: what the replacement runs.
+        restarts: restarts of this slot so far (the replacement's ``restarts``).
+        streak: consecutive crashes (the delay's exponent).
+        due: monotonic time the replacement starts. load_s: the last load time, s.
+        reason: why the last instance ended.
+    """
+
+    key: tuple[str, int]
+    unit: Unit
+    stage_id: int
+    next_stage: int
+    cores: list[int]
+    restarts: int
+    streak: int
+    due: float
+    load_s: float
+    reason: str
+    id: int = 0
+    cancelled: bool = False
+    wake: threading.Event = field(default_factory=threading.Event)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "state": "restarting",
+            "engine": self.unit.engine,
+            "restarts": self.restarts,
+            "consecutive_crashes": self.streak,
+            "restart_in_s": round(max(0.0, self.due - time.monotonic()), 3),
+            "reason": self.reason,
+        }
+
+
 @dataclass
 class InstanceHandle:
     """One instance process as the supervisor sees it.
@@ -56,6 +150,8 @@ class InstanceHandle:
         state: ``starting``, ``ready``, ``stopping``, ``exited``, ``failed``.
         info: the ``ready`` report (engine, memory, load ms). stats: the last ``stats``.
         restarts: how many instances of this slot were restarted before this one.
+        streak: consecutive crashes of this slot before this instance (backoff).
+        ready_at: monotonic time it became ready (None: not yet).
     """
 
     iid: int
@@ -73,6 +169,8 @@ class InstanceHandle:
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
     restarts: int = 0
+    streak: int = 0
+    ready_at: float | None = None
     exit_code: int | None = None
     cmd_fd: int | None = None
     _buf: bytes = b""
@@ -108,7 +206,7 @@ class Supervisor:
     Args:
         manager: the running :class:`~infscaler.shm.manager.TensorSharingManager`.
         service_id: the tensor pool's service id (instances attach its slabs).
-        max_restarts / restart_window_s: crash-loop guard per unit slot.
+        policy: the restart backoff (:class:`RestartPolicy`; restarts never give up).
         on_change: called (no arguments, from the supervisor thread) when an instance
             becomes ready, exits or is restarted.
         env: extra environment for instances.
@@ -119,16 +217,14 @@ class Supervisor:
         manager: Any,
         service_id: str,
         *,
-        max_restarts: int = 5,
-        restart_window_s: float = 60.0,
+        policy: RestartPolicy | None = None,
         on_change: Callable[[], None] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.manager = manager
         self.service_id = service_id
-        self.max_restarts = max_restarts
-        self.restart_window_s = restart_window_s
-        self.on_change = on_change or (lambda: None)
+        self.policy = policy or RestartPolicy()
+        self._on_change = on_change or (lambda: None)
         # systemd's notify / watchdog variables are the service's alone
         base = {
             k: v
@@ -138,7 +234,9 @@ class Supervisor:
         self.env = {**base, **(env or {})}
         self._lock = threading.RLock()
         self._handles: dict[int, InstanceHandle] = {}
-        self._crashes: dict[tuple[str, int], list[float]] = {}
+        self._pending: dict[int, PendingRestart] = {}
+        self._pending_seq = 0
+        self._held_limited: set[int] = set()
         self._next_iid = 1
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -149,6 +247,14 @@ class Supervisor:
         self._thread.start()
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, "infscaler-spawn")
         self.restarted = 0
+
+    def on_change(self) -> None:
+        """Tell the owner that instances changed (its callback's errors are logged: the
+        supervisor's threads must survive them)."""
+        try:
+            self._on_change()
+        except Exception:  # noqa: BLE001 - e.g. a pipeline removed meanwhile
+            log.exception("the on_change callback failed")
 
     # -- starting ---------------------------------------------------------------------------
     def _alloc_iid(self) -> int:
@@ -169,6 +275,7 @@ class Supervisor:
         cores: list[int],
         *,
         restarts: int = 0,
+        streak: int = 0,
     ) -> InstanceHandle:
         """Start one instance of ``unit`` (returns at once; see :meth:`wait_ready`).
 
@@ -233,6 +340,7 @@ class Supervisor:
             status_r,
             pidfd,
             restarts=restarts,
+            streak=streak,
             cmd_fd=cmd_w,
         )
         with self._lock:
@@ -302,9 +410,10 @@ class Supervisor:
             self._exited(h)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop every instance and the supervisor thread."""
-        self.stop_all(timeout=timeout)
+        """Stop every instance and the supervisor thread (pending restarts are dropped)."""
         self._closing = True
+        self.cancel_restarts()
+        self.stop_all(timeout=timeout)
         self._wake()
         self._thread.join(5.0)
         self._spawner.shutdown(wait=False)
@@ -312,10 +421,48 @@ class Supervisor:
             os.close(self._wake_r)
             os.close(self._wake_w)
 
+    def cancel_restarts(self, stage_ids: Any = None) -> int:
+        """Drop the pending restarts of the units on ``stage_ids`` (None: all), e.g. when
+        their pipeline is undeployed. After it returns no replacement of those stages
+        starts. Returns how many were dropped."""
+        stages = None if stage_ids is None else {int(s) for s in stage_ids if s}
+        with self._lock:
+            gone = [k for k, p in self._pending.items() if stages is None or p.stage_id in stages]
+            for k in gone:
+                p = self._pending.pop(k)
+                p.cancelled = True
+                p.wake.set()
+        return len(gone)
+
     # -- introspection ----------------------------------------------------------------------
     def handles(self, key: tuple[str, int] | None = None) -> list[InstanceHandle]:
         with self._lock:
             return [h for h in self._handles.values() if key is None or h.key == key]
+
+    def pending_restarts(self, key: tuple[str, int] | None = None) -> list[PendingRestart]:
+        """Replacements waiting for their backoff delay (of ``key``, or all)."""
+        with self._lock:
+            return [p for p in self._pending.values() if key is None or p.key == key]
+
+    def restart_eta(self, key: tuple[str, int], stage_id: int) -> float | None:
+        """Seconds until unit ``key`` (on ``stage_id``) is expected to have a ready
+        instance again: the pending restart's delay plus its last load time, or the load
+        time left of a starting one; 0.0 when one is ready; None when none is coming."""
+        now = time.monotonic()
+        with self._lock:
+            mine = [h for h in self._handles.values() if h.key == key and h.stage_id == stage_id]
+            if any(h.state == "ready" for h in mine):
+                return 0.0
+            etas = [
+                max(0.0, p.due - now) + p.load_s
+                for p in self._pending.values()
+                if p.key == key and p.stage_id == stage_id
+            ]
+            for h in mine:
+                if h.state == "starting":
+                    load = float(h.info.get("load_ms") or 1000.0) / 1e3
+                    etas.append(max(0.1, load - (now - h.started)))
+        return min(etas) if etas else None
 
     # -- the watcher ------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -369,10 +516,12 @@ class Supervisor:
             h.stats = {k: msg[k] for k in ("rss_mb", "uss_mb", "pss_mb") if k in msg}
             if h.state == "starting":
                 h.state = "ready"
+                h.ready_at = time.monotonic()
                 try:
                     self.manager.set_live(h.iid)
                 except Exception:  # noqa: BLE001 - a closing channel: nothing to route
                     log.exception("routing to instance %d failed", h.iid)
+                self._unlimit_hold(h.stage_id)
             h._ready.set()
             self.on_change()
         elif ev == "stats":
@@ -403,8 +552,38 @@ class Supervisor:
             h.pid,
             h.exit_code,
         )
+        pending = None
+        # a replacement (restarts > 0) that dies while loading is restarted too; only a
+        # first deploy's instances that fail to load are not (the deploy fails instead)
+        if not self._closing and (was_ready or h.restarts > 0):
+            pending = self._schedule_restart(h, f"exited with status {h.exit_code}")
+        self.on_change()  # the unit may have no live instance now: degraded at once
         # reclaim in a worker: it waits for every live instance's sync echo
-        threading.Thread(target=self._reclaim_and_restart, args=(h, was_ready), daemon=True).start()
+        threading.Thread(target=self._reclaim_and_restart, args=(h, pending), daemon=True).start()
+
+    def _schedule_restart(self, h: InstanceHandle, reason: str) -> PendingRestart:
+        now = time.monotonic()
+        healthy = h.ready_at is not None and now - h.ready_at >= self.policy.healthy_after_s
+        streak = 1 if healthy else h.streak + 1
+        delay = self.policy.delay(streak)
+        load_s = float(h.info.get("load_ms") or 1000.0) / 1e3
+        p = PendingRestart(
+            h.key,
+            h.unit,
+            h.stage_id,
+            h.next_stage,
+            h.cores,
+            h.restarts + 1,
+            streak,
+            now + delay,
+            load_s,
+            reason,
+        )
+        with self._lock:
+            self._pending_seq += 1
+            p.id = self._pending_seq
+            self._pending[p.id] = p
+        return p
 
     def _exited(self, h: InstanceHandle) -> None:
         """Deregister a stopped instance (clean exit or killed by stop())."""
@@ -440,43 +619,115 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def _reclaim_and_restart(self, h: InstanceHandle, was_ready: bool) -> None:
+    def _reclaim_and_restart(self, h: InstanceHandle, pending: PendingRestart | None) -> None:
+        if pending is not None:
+            self._limit_hold(pending)
+        report = None
         try:
-            report = self.manager.instance_died(h.iid, timeout=10.0)
-            log.warning(
-                "reclaimed instance %d: retried %s, failed %s, freed %d slots",
-                h.iid,
-                report.retried,
-                [r for r, _ in report.failed],
-                len(report.freed),
-            )
+            # deregisters at once; the report completes when every live instance has
+            # answered its sync marker (logged by another thread: the restart need not
+            # wait for it, the replacement has a new instance id)
+            report = self.manager.instance_died(h.iid, timeout=0)
         except Exception as exc:  # noqa: BLE001 - logged; the restart still happens
             log.error("reclaiming instance %d failed: %s", h.iid, exc)
+        if report is not None:
+            threading.Thread(
+                target=self._log_reclaim,
+                args=(h.iid, report),
+                name="infscaler-reclaim",
+                daemon=True,
+            ).start()
         with self._lock:
             self._handles.pop(h.iid, None)
         self._release_fds(h)
-        if self._closing or not was_ready:
-            self.on_change()
-            return
-        now = time.monotonic()
-        crashes = [t for t in self._crashes.get(h.key, []) if now - t < self.restart_window_s]
-        crashes.append(now)
-        self._crashes[h.key] = crashes
-        if len(crashes) > self.max_restarts:
-            log.error(
-                "unit %s crashed %d times in %.0f s: not restarting it",
-                h.unit.name,
-                len(crashes),
-                self.restart_window_s,
-            )
-            self.on_change()
-            return
-        try:
-            new = self.start(
-                h.key, h.unit, h.stage_id, h.next_stage, h.cores, restarts=h.restarts + 1
-            )
-            self.restarted += 1
-            log.warning("restarted %s as instance %d (pid %d)", h.unit.name, new.iid, new.pid)
-        except Exception as exc:  # noqa: BLE001 - logged; the unit stays down
-            log.error("restarting %s failed: %s", h.unit.name, exc)
         self.on_change()
+        while pending is not None:
+            pending = self._restart_when_due(pending)
+
+    @staticmethod
+    def _log_reclaim(iid: int, report: Any) -> None:
+        if not report.wait(10.0):
+            log.warning("reclaim of instance %d still waits for sync echoes after 10 s", iid)
+            return
+        log.warning(
+            "reclaimed instance %d: retried %s, held %s, failed %s, freed %d slots",
+            iid,
+            report.retried,
+            report.held,
+            [r for r, _ in report.failed],
+            len(report.freed),
+        )
+
+    def _restart_when_due(self, p: PendingRestart) -> PendingRestart | None:
+        """Wait for ``p``'s delay, start the replacement; returns the next pending
+        restart when the start itself failed (never gives up), else None."""
+        delay = p.due - time.monotonic()
+        if delay > 0:
+            log.warning(
+                "restarting %s in %.2f s (consecutive crashes: %d)", p.unit.name, delay, p.streak
+            )
+            p.wake.wait(delay)
+        with self._lock:
+            if p.cancelled or self._closing or self._pending.get(p.id) is not p:
+                return None
+            try:
+                new = self.start(
+                    p.key,
+                    p.unit,
+                    p.stage_id,
+                    p.next_stage,
+                    p.cores,
+                    restarts=p.restarts,
+                    streak=p.streak,
+                )
+            except Exception as exc:  # noqa: BLE001 - logged; tried again after a delay
+                log.error("restarting %s failed: %s", p.unit.name, exc)
+                nxt = dataclasses.replace(
+                    p,
+                    streak=p.streak + 1,
+                    due=time.monotonic() + self.policy.delay(p.streak + 1),
+                    reason=f"start failed: {exc}",
+                    wake=threading.Event(),
+                )
+                self._pending[p.id] = nxt
+                self._limit_hold(nxt)
+                return nxt
+            self._pending.pop(p.id, None)
+            self.restarted += 1
+        log.warning("restarted %s as instance %d (pid %d)", p.unit.name, new.iid, new.pid)
+        self.on_change()
+        return None
+
+    def _limit_hold(self, p: PendingRestart) -> None:
+        """Bound how long requests held for ``p``'s stage wait (module docstring)."""
+        with self._lock:
+            others = any(
+                h.stage_id == p.stage_id and h.state == "ready" for h in self._handles.values()
+            )
+        if others:
+            return
+        delay = max(0.0, p.due - time.monotonic())
+        if delay > self.policy.hold_through_s:
+            seconds = 0.0
+            why = (
+                f"unit {p.unit.name} has no live instance: its restart waits {delay:.1f} s "
+                f"(backoff after {p.streak} consecutive crashes)"
+            )
+        else:
+            seconds = delay + p.load_s + 1.0
+            why = f"unit {p.unit.name} was not back within {seconds:.1f} s of its restart"
+        setter = getattr(self.manager, "set_hold_limit", None)
+        if setter is None:
+            return
+        with contextlib.suppress(Exception):
+            setter(p.stage_id, seconds, why)
+            with self._lock:
+                self._held_limited.add(p.stage_id)
+
+    def _unlimit_hold(self, stage_id: int) -> None:
+        with self._lock:
+            if stage_id not in self._held_limited:
+                return
+            self._held_limited.discard(stage_id)
+        with contextlib.suppress(Exception):
+            self.manager.set_hold_limit(stage_id, None)

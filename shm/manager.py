@@ -343,6 +343,7 @@ class TensorSharingManager:
         self._instances: dict[int, _Instance] = {}
         self._slots: dict[tuple[int, int], _Slot] = {}
         self._held: dict[tuple[int, int], _Slot] = {}
+        self._hold_limits: dict[int, tuple[float, str]] = {}
         self._barriers: dict[int, _Death | None] = {}
         self._syncs: dict[int, _Death] = {}
         self._reports: dict[int, ReclaimReport] = {}
@@ -483,6 +484,30 @@ class TensorSharingManager:
             except ChannelError:
                 return  # removed meanwhile
             self._route_held(inst.stage)
+
+    def set_hold_limit(self, stage: int, seconds: float | None, reason: str = "") -> None:
+        """Bound how long DATA held for ``stage`` waits, from now on: at most ``seconds``
+        (0: fail it at once) instead of ``hold_timeout_s``; None lifts the bound. The
+        supervisor sets it while a unit with no live instance waits for its restart
+        backoff, so its requests get a prompt 503 with ``reason`` rather than waiting
+        for the hold timeout."""
+        with self._lock:
+            if seconds is None:
+                self._hold_limits.pop(stage, None)
+                return
+            seconds = max(0.0, float(seconds))
+            self._hold_limits[stage] = (seconds, reason)
+            deadline = time.monotonic() + seconds
+            for st in self._held.values():
+                if st.data is not None and st.data.stage == stage:
+                    st.deadline = min(st.deadline, deadline)
+            wake = self._barrier_token(self._nonce())
+        with contextlib.suppress(ChannelError, OSError):  # wake the thread: deadlines moved
+            self._ch.route(wake)
+
+    def _hold_s(self, stage: int) -> float:
+        limit = self._hold_limits.get(stage)
+        return self.hold_timeout_s if limit is None else min(self.hold_timeout_s, limit[0])
 
     def _route_held(self, stage: int) -> None:
         for key, st in list(self._held.items()):
@@ -768,7 +793,7 @@ class TensorSharingManager:
         st.request = data.request
         st.data = data
         now = time.monotonic()
-        st.deadline = now + self.hold_timeout_s
+        st.deadline = now + self._hold_s(data.stage)
         st.retry_at = now
         self._held[key] = st
         self._c["held"] += 1
@@ -1047,10 +1072,13 @@ class TensorSharingManager:
         for key, st in list(self._held.items()):
             if now >= st.deadline:
                 stage = st.data.stage if st.data is not None else -1
+                limit = self._hold_limits.get(stage)
                 self._fail_parked(
                     key,
                     st,
-                    f"no live instance of stage {stage} took it within {self.hold_timeout_s} s",
+                    limit[1]
+                    if limit is not None and limit[1]
+                    else f"no live instance of stage {stage} took it within {self.hold_timeout_s} s",
                 )
             elif now >= st.retry_at and st.data is not None and self._stage_live(st.data.stage):
                 self._route_parked(key, st)

@@ -65,8 +65,11 @@ __all__ = [
     "SlabMap",
     "SlotRef",
     "TensorPool",
+    "record_pool",
+    "remove_stale_pools",
     "remove_stale_slabs",
     "slab_name",
+    "unrecord_pool",
 ]
 
 KiB = 1024
@@ -133,6 +136,110 @@ def remove_stale_slabs(service_id: str) -> list[str]:
                     _posixshmem.shm_unlink("/" + entry)
                     removed.append("/" + entry)
     return removed
+
+
+#: Where a service records its pools, under its state dir (one JSON file per pool).
+POOLS_DIR = "pools"
+
+
+def _process_start(pid: int) -> float | None:
+    """The start time of process ``pid`` (psutil ``create_time``, s since the epoch), or
+    None when no such process exists (or it cannot be read)."""
+    try:
+        import psutil
+
+        return float(psutil.Process(pid).create_time())
+    except Exception:  # noqa: BLE001 - gone, a zombie, or unreadable: treat as gone
+        return None
+
+
+def record_pool(state_dir: str | os.PathLike[str], service_id: str, pid: int | None = None) -> str:
+    """Record that process ``pid`` (default: this one) owns the slabs of ``service_id``:
+    ``<state_dir>/pools/<service_id>.json`` with the pid and its start time, written
+    atomically (a temporary file renamed over it, ``rename(2)``), so a later start on the
+    same state dir can find what a killed run left (:func:`remove_stale_pools`).
+
+    Returns:
+        the path written.
+
+    Raises:
+        PoolError: invalid service id; OSError: the state dir is not writable.
+    """
+    import json
+
+    _check_service_id(service_id)
+    pid = os.getpid() if pid is None else int(pid)
+    folder = os.path.join(os.fspath(state_dir), POOLS_DIR)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, f"{service_id}.json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    body = {"service_id": service_id, "pid": pid, "started": _process_start(pid)}
+    with open(tmp, "w") as f:
+        json.dump(body, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def unrecord_pool(state_dir: str | os.PathLike[str], service_id: str) -> None:
+    """Remove the record :func:`record_pool` wrote (after a clean close)."""
+    _check_service_id(service_id)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(os.fspath(state_dir), POOLS_DIR, f"{service_id}.json"))
+
+
+def remove_stale_pools(state_dir: str | os.PathLike[str]) -> dict[str, list[str]]:
+    """Unlink the slabs of earlier runs recorded in ``state_dir`` whose process is gone.
+
+    For each ``<state_dir>/pools/<id>.json`` (:func:`record_pool`): when its pid is not
+    alive, or is alive but started at another time (the pid was reused by another
+    process), its ``/dev/shm/isc-<id>-<n>`` objects are unlinked
+    (:func:`remove_stale_slabs`: our prefix and that service id only; nothing else is
+    touched) and the record removed. A record whose process still runs is left alone (a
+    service sharing the state dir). Unreadable records are removed with a warning in
+    the result under ``"?<file name>"`` (no slab is touched for them).
+
+    Returns:
+        ``{service_id: [slab names unlinked]}`` for every stale record found.
+    """
+    import json
+
+    folder = os.path.join(os.fspath(state_dir), POOLS_DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    out: dict[str, list[str]] = {}
+    for name in names:
+        path = os.path.join(folder, name)
+        if name.endswith(".tmp"):  # a record interrupted while being written
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+            sid = _check_service_id(rec["service_id"])
+            pid = int(rec["pid"])
+            started = rec.get("started")
+        except (OSError, ValueError, KeyError, TypeError, PoolError):
+            out[f"?{name}"] = []
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
+        now_started = _process_start(pid)
+        alive = now_started is not None and (
+            started is None or abs(float(started) - now_started) < 1.0
+        )
+        if alive:
+            continue
+        out[sid] = remove_stale_slabs(sid)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return out
 
 
 @dataclass(frozen=True, slots=True, order=True)

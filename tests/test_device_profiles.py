@@ -10,11 +10,13 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from infscaler.config import load_pipeline
 from infscaler.device import (
     HOST_MIN_CAP_MB,
     INSTANCE_OVERHEAD_MB,
+    Accelerator,
     DeviceProfile,
     bundled_profiles,
     check_pipeline,
@@ -218,10 +220,30 @@ def test_precision_and_instance_limits_are_checked(tmp_path, residual_path):
     cp = _model_pipeline(tmp_path, residual_path, "dla", instances=2)
     with pytest.raises(ConfigError, match=r"stages on dla: 2 instances \(det 2\) exceed"):
         check_pipeline(cp, _small_host(1024))
-    # pinned threads beyond the cores are a warning: pipelined stages take turns on them
+    # pinned threads beyond the cores are refused, before anything starts ...
     cp = _model_pipeline(tmp_path, residual_path, "cpu", precision="fp32", instances=2, threads=2)
-    (warning,) = [w for w in check_pipeline(cp, _small_host(1024)) if "threads" in w]
-    assert "instances x threads = 4" in warning and "exceed the 2 cores" in warning
+    with pytest.raises(ConfigError) as info:
+        check_pipeline(cp, _small_host(1024))
+    msg = str(info.value)
+    assert "instances x threads = 4 (det 2x2)" in msg and "exceed the 2 thread slots" in msg
+    assert "threads_per_core" in msg
+    # ... others' pinned threads count too
+    cp1 = _model_pipeline(tmp_path, residual_path, "cpu", precision="fp32", instances=1)
+    assert not [w for w in check_pipeline(cp1, _small_host(1024), cores_used=1) if "threads" in w]
+    with pytest.raises(ConfigError, match="1 already pinned by other deployments"):
+        check_pipeline(cp1, _small_host(1024, cores=1), cores_used=1)
+    # ... unless the profile opts in to oversubscription (then only a warning)
+    host = _small_host(1024)
+    host.accelerators[0] = host.accelerators[0].model_copy(update={"threads_per_core": 2.0})
+    (warning,) = [w for w in check_pipeline(cp, host) if "threads" in w]
+    assert "instances x threads = 4 exceed the 2 cores" in warning
+    assert host.accelerators[0].thread_slots() == 4
+    # the opt-in is the cpu's alone, and needs a source like every figure
+    with pytest.raises(ValidationError, match="threads_per_core: applies to the cpu"):
+        Accelerator(engine="gpu", threads_per_core=2)
+    assert "accelerators[cpu].threads_per_core" in host.unsourced()
+    assert load_profile("cpu-host").accelerators[0].threads_per_core == 2.0
+    assert "accelerators[cpu].threads_per_core" not in load_profile("cpu-host").unsourced()
 
 
 @pytest.mark.usefixtures("stagefuncs_on_path")

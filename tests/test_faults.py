@@ -1,0 +1,355 @@
+"""Faults a service must survive unattended: restarts that never give up (with backoff),
+degraded health and a fast 503 while a unit has no instance, the /dev/shm slabs a killed
+run left, and the cpu core cap (pinned threads, never busy cores) at deploy and in the
+scaler.
+
+Instances are real processes; their functions come from tests/stagefuncs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infscaler.config import load_pipeline
+from infscaler.device import DeviceProfile
+from infscaler.errors import ConfigError
+from infscaler.runtime.frontend import RequestError
+from infscaler.runtime.scaler import (
+    EngineOption,
+    ResourceCap,
+    ScalerState,
+    Snapshot,
+    UnitState,
+    decide,
+)
+from infscaler.runtime.supervisor import RestartPolicy
+from infscaler.service import Service
+
+pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
+
+SHM = Path("/dev/shm")
+
+
+def chain(ms: int = 2) -> dict:
+    """scale (x2) -> slow (``ms`` per request, one instance)."""
+    return {
+        "name": "chain",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": ["y"],
+        "stages": [
+            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
+            {
+                "name": "slow",
+                "function": "stagefuncs:slow",
+                "inputs": ["y"],
+                "outputs": ["y"],
+                "params": {"ms": ms},
+            },
+        ],
+    }
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def slow_handle(svc: Service, ready: bool = False):
+    for h in svc.supervisor.handles():
+        if h.unit.name == "slow" and (h.state == "ready" or not ready):
+            return h
+    return None
+
+
+# -- the restart policy (pure) ---------------------------------------------------------------
+
+
+def test_backoff_doubles_from_50_ms_to_a_10_s_cap() -> None:
+    p = RestartPolicy()
+    assert [p.delay(n) for n in (1, 2, 3, 4)] == [0.05, 0.1, 0.2, 0.4]
+    assert p.delay(8) == pytest.approx(6.4) and p.delay(9) == 10.0 and p.delay(10_000) == 10.0
+    with pytest.raises(ValueError, match="initial_s <= max_s"):
+        RestartPolicy(initial_s=20.0)
+
+
+# -- never give up -----------------------------------------------------------------------------
+
+
+def test_eight_quick_kills_the_unit_comes_back(tmp_path: Path) -> None:
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        svc.supervisor.policy = RestartPolicy(max_s=0.8)  # the cap, not the count, bounds it
+        svc.deploy(load_pipeline(chain()))
+        killed: set[int] = set()
+        streaks = []
+        for _ in range(8):  # each replacement killed as soon as it exists (while loading)
+            h = wait_for(
+                lambda: next(
+                    (
+                        h
+                        for h in svc.supervisor.handles()
+                        if h.unit.name == "slow" and h.pid not in killed
+                    ),
+                    None,
+                ),
+                30,
+                "a replacement instance",
+            )
+            killed.add(h.pid)
+            os.kill(h.pid, signal.SIGKILL)
+            streaks.append(h.streak)
+        # the count grew (no healthy run in between), and the 9th instance is left alone
+        assert streaks[-1] >= 5, streaks
+        back = wait_for(lambda: slow_handle(svc, ready=True), 60, "the unit back")
+        assert back.pid not in killed and back.restarts == 8
+        assert svc.supervisor.restarted >= 8
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_allclose(svc.infer("chain", {"x": x}).outputs["y"], 2 * x)
+        wait_for(lambda: svc.ready("chain") and not svc.degraded("chain"), 10, "healthy")
+
+
+# -- degraded health + fast 503 --------------------------------------------------------------
+
+
+def test_a_unit_waiting_for_its_restart_degrades_and_answers_503_fast(tmp_path: Path) -> None:
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        # a long first delay: the unit stays down for seconds, as in a crash loop
+        svc.supervisor.policy = RestartPolicy(initial_s=4.0, max_s=4.0)
+        svc.deploy(load_pipeline(chain(ms=400)))
+        victim = slow_handle(svc, ready=True)
+        inside = svc.submit("chain", {"x": np.ones((1, 4), np.float32)})
+        time.sleep(0.15)  # the request is in the slow instance now
+        os.kill(victim.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_for(lambda: svc.degraded("chain"), 5, "the pipeline degraded")
+        # the request that was inside is answered at once, not after the 30 s hold
+        with pytest.raises(RequestError) as exc:
+            inside.result(timeout=10)
+        assert exc.value.status == 503 and "slow" in str(exc.value)
+        assert time.monotonic() - t0 < 3.0
+        # new requests: a fast 503 naming the unit, with Retry-After
+        t1 = time.monotonic()
+        with pytest.raises(RequestError) as exc:
+            svc.submit("chain", {"x": np.ones((1, 4), np.float32)})
+        assert time.monotonic() - t1 < 0.5
+        assert exc.value.status == 503 and "unit slow has no live instance" in str(exc.value)
+        assert exc.value.retry_after_s is not None and 0 < exc.value.retry_after_s <= 10
+        # health: the pipeline is not ready and says why; the service as a whole is
+        assert not svc.ready("chain") and svc.ready()
+        (why,) = svc.degraded("chain")
+        assert "restart 1 in" in why and "exited with status -9" in why
+        status = svc.status()
+        assert status["health"] == "degraded" and status["ready"] is True
+        (pipe,) = status["pipelines"]
+        slow = next(u for u in pipe["units"] if u["unit"] == "slow")
+        assert [r["state"] for r in slow["restarting"]] == ["restarting"]
+        # `infscaler status` shows it
+        from infscaler import cli_service
+
+        with cli_service.out.capture() as cap:
+            cli_service.print_status(status)
+        text = cap.get()
+        assert "DEGRADED" in text and "restart 1 in" in text and "degraded: unit slow" in text
+        assert pipe["degraded"] == [why] or pipe["degraded"][0].startswith("unit slow")
+        # it comes back by itself, and serves again
+        wait_for(lambda: svc.ready("chain"), 30, "the unit back")
+        assert svc.degraded("chain") == [] and svc.status()["health"] == "ok"
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_allclose(svc.infer("chain", {"x": x}).outputs["y"], 2 * x)
+
+
+def test_undeploy_cancels_a_pending_restart(tmp_path: Path) -> None:
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        svc.supervisor.policy = RestartPolicy(initial_s=1.5, max_s=1.5)
+        svc.deploy(load_pipeline(chain()))
+        os.kill(slow_handle(svc, ready=True).pid, signal.SIGKILL)
+        wait_for(lambda: svc.supervisor.pending_restarts(), 5, "a pending restart")
+        svc.undeploy("chain")
+        time.sleep(2.5)  # past the delay: nothing of the pipeline may start
+        assert svc.supervisor.handles() == [] and svc.supervisor.pending_restarts() == []
+
+
+# -- stale slabs of a killed run -------------------------------------------------------------
+
+_SERVE = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    from infscaler.config import load_pipeline
+    from infscaler.service import Service
+    svc = Service(state_dir=sys.argv[1], control_path="userspace", pool_mb=64).start()
+    svc.deploy(load_pipeline(json.loads(sys.argv[2])))
+    for _ in range(5):
+        svc.infer("chain", {"x": np.ones((64, 4), np.float32)})
+    print(svc.pool.service_id, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _slabs(service_id: str) -> list[str]:
+    return sorted(p.name for p in SHM.glob(f"isc-{service_id}-*"))
+
+
+def test_slabs_of_a_killed_service_are_removed_by_the_next_start(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE, str(state), json.dumps(chain())],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        sid = proc.stdout.readline().strip()
+        assert sid, "the service did not start"
+        assert _slabs(sid), "the service mapped no slab"
+        record = json.loads((state / "pools" / f"{sid}.json").read_text())
+        assert record["pid"] == proc.pid
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert _slabs(sid), "kill -9 left no slab: nothing to test"
+    # objects that are not that run's slabs are never touched
+    other = SHM / "isc-notours123-0"
+    foreign = SHM / f"unrelated-{os.getpid()}"
+    for p in (other, foreign):
+        p.write_bytes(b"x")
+    try:
+        with Service(state_dir=state, control_path="userspace", pool_mb=64) as svc:
+            assert _slabs(sid) == []
+            assert other.exists() and foreign.exists()
+            assert not (state / "pools" / f"{sid}.json").exists()
+            assert (state / "pools" / f"{svc.pool.service_id}.json").exists()
+            # a live service's record (this one) survives a second start on the dir
+            with Service(state_dir=state, control_path="userspace", pool_mb=64) as svc2:
+                assert (state / "pools" / f"{svc.pool.service_id}.json").exists()
+                assert svc2.pool.service_id != svc.pool.service_id
+        assert not (state / "pools" / f"{svc.pool.service_id}.json").exists()  # clean close
+    finally:
+        for p in (other, foreign):
+            p.unlink(missing_ok=True)
+
+
+# -- the core cap ------------------------------------------------------------------------------
+
+
+def _cap_snapshot(cores: int, pinned: int) -> Snapshot:
+    unit = UnitState(
+        index=0,
+        name="part/0",
+        bottleneck=100.0,
+        instances={"cpu": pinned},
+        options=(EngineOption("cpu", latency_ms=50.0, memory_mb=50.0, cores=1),),
+    )
+    return Snapshot(
+        now=100.0,
+        slo_ms=100.0,
+        p99_ms=900.0,  # 9x the SLO: overload
+        arrival_rate=100.0,
+        units=(unit,),
+        cap=ResourceCap(memory_cap_mb=8000.0, memory_used_mb=100.0, max_instances={"cpu": 8}),
+        cores_used=pinned,
+        instances_used={"cpu": pinned},
+    )
+
+
+def test_scaler_refuses_a_cpu_instance_beyond_the_pinned_thread_slots() -> None:
+    import dataclasses
+
+    s = _cap_snapshot(cores=2, pinned=2)
+    s = dataclasses.replace(s, cap=dataclasses.replace(s.cap, cores=2))
+    decisions, _ = decide(s, ScalerState())
+    assert [d.action for d in decisions] == ["shed"]
+    assert "cpu refused: cores 2+1 > 2" in decisions[0].reason
+    # one slot free: admitted
+    s1 = dataclasses.replace(s, cores_used=1)
+    (d,) = decide(s1, ScalerState())[0]
+    assert d.action == "scale_out" and "cores 1+1 <= 2" in d.reason
+
+
+def _profile(cores: int, threads_per_core: float = 1.0) -> DeviceProfile:
+    return DeviceProfile(
+        name="two-core",
+        soc="test",
+        memory_mb=8192,
+        memory_cap_mb=4096,
+        accelerators=[
+            {
+                "engine": "cpu",
+                "cores": list(range(cores)),
+                "max_instances": 8,
+                "threads_per_core": threads_per_core,
+            }
+        ],
+    )
+
+
+def test_deploy_refuses_pinned_threads_beyond_the_cores(
+    tmp_path: Path, residual_path: Path
+) -> None:
+    if len(os.sched_getaffinity(0)) < 1:
+        pytest.skip("no usable core")
+    one = {"name": "m", "stages": [{"name": "part", "model": str(residual_path), "instances": 1}]}
+    two = {"name": "n", "stages": [{"name": "part", "model": str(residual_path), "instances": 2}]}
+    with Service(
+        state_dir=tmp_path, device=_profile(2), control_path="userspace", pool_mb=64
+    ) as svc:
+        with pytest.raises(ConfigError) as exc:
+            svc.deploy(load_pipeline({**two, "stages": [{**two["stages"][0], "instances": 3}]}))
+        assert "instances x threads = 3" in str(exc.value) and "2 thread slots" in str(exc.value)
+        assert svc.supervisor.handles() == [] and svc.deployments() == []
+        svc.deploy(load_pipeline(one))
+        # the running instance's pinned thread counts: 1 + 2 > 2
+        with pytest.raises(ConfigError, match="1 already pinned by other deployments"):
+            svc.deploy(load_pipeline(two))
+        assert [d.name for d in svc.deployments()] == ["m"]
+        # the monitor hands the scaler pinned threads, and the cap in thread slots
+        from infscaler.runtime.monitor import Monitor
+
+        mon = Monitor(svc)
+        snap = mon.snapshot(svc.deployment("m"))
+        assert snap.cores_used == 1 and snap.cap.cores == 2
+
+
+def test_the_api_says_degraded_and_sends_retry_after(tmp_path: Path) -> None:
+    import httpx
+
+    from infscaler.server import ServerThread
+
+    sock = tmp_path / "api.sock"
+    with Service(state_dir=tmp_path / "state", control_path="userspace", pool_mb=64) as svc:
+        svc.supervisor.policy = RestartPolicy(initial_s=3.0, max_s=3.0)
+        svc.deploy(load_pipeline(chain()))
+        with ServerThread(svc, sock):
+            transport = httpx.HTTPTransport(uds=str(sock))
+            with httpx.Client(transport=transport, base_url="http://x", timeout=30) as h:
+                os.kill(slow_handle(svc, ready=True).pid, signal.SIGKILL)
+                wait_for(lambda: svc.degraded("chain"), 5, "degraded")
+                body = {
+                    "inputs": [
+                        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}
+                    ]
+                }
+                r = h.post("/v2/models/chain/infer", json=body)
+                assert r.status_code == 503 and "unit slow has no live instance" in r.text
+                assert 1 <= int(r.headers["Retry-After"]) <= 10
+                r = h.get("/v2/models/chain/ready")
+                assert r.status_code == 503 and "unit slow has no live instance" in r.text
+                assert h.get("/v2/health/ready").status_code == 200  # the service is
+                wait_for(lambda: svc.ready("chain"), 30, "back")
+                assert h.get("/v2/models/chain/ready").status_code == 200
+                r = h.post("/v2/models/chain/infer", json=body)
+                assert r.status_code == 200, r.text
