@@ -168,6 +168,14 @@ def serve_cmd(
         float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
     ] = 30.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+    watch_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--watch-pipelines",
+            help="Deploy DIR's pipeline files and keep the service in step with them "
+            "(load changed, unload removed; a mounted ConfigMap: infscaler.watcher).",
+        ),
+    ] = None,
 ) -> None:
     """Run the service in the foreground on a Unix socket (Open Inference Protocol)."""
     _setup_logging(verbose)
@@ -175,6 +183,12 @@ def serve_cmd(
 
     profile = load_profile(device) if device else None
     configs = [pipeline_from_arg(t, partitions) for t in targets or []]
+    watcher = None
+    if watch_dir is not None:
+        from infscaler.watcher import start_watching
+
+        watched, watcher = start_watching(watch_dir, default_socket(socket), err.print)
+        configs += watched
     if autoscale and slo is None and any(c.slo is None for c in configs):
         raise InfScalerError("--autoscale needs --slo", hint="e.g. --slo 200ms --autoscale")
     configs = [with_slo(c, slo, autoscale) for c in configs]
@@ -194,6 +208,8 @@ def serve_cmd(
             drain_s,
         )
     )
+    if watcher is not None:
+        watcher.stop()
     raise typer.Exit(code)
 
 
