@@ -80,14 +80,14 @@ def site(n_nodes: int, n_streams: int, keys: list[tuple[str, float]], seed: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="100 nodes, 1,000 streams, SqueezeNet only")
+    ap.add_argument("--quick", action="store_true", help="SqueezeNet only (8 capacity curves)")
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--streams", type=int, default=10000)
     ap.add_argument("--models", default="resnet50,squeezenet,shufflenet")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:
-        args.nodes, args.streams, args.models = 100, 1000, "squeezenet"
+        args.models = "squeezenet"
     default_cache_dir()
     os.environ.setdefault("INFSCALER_STATE_DIR", "/tmp/isc-cache/state")
     from infscaler.device import load_profile
