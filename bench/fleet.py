@@ -110,8 +110,11 @@ def main() -> None:
             c = capacity_curve(p, units[p], slo, d, load_profile(d), pool_mb=POOL_MB)
             curves[(p, slo, d)] = c
             runs += c.planner_runs
-            print(f"  R*({p}, SLO {slo:g} ms, {d}) = {c.max_rate:.1f}/s "
-                  f"({c.planner_runs} planner runs)", flush=True)
+            print(
+                f"  R*({p}, SLO {slo:g} ms, {d}) = {c.max_rate:.1f}/s "
+                f"({c.planner_runs} planner runs)",
+                flush=True,
+            )
     curve_s = time.perf_counter() - t0
     steps = []
     for frac in (0.1, 0.2, 0.5, 1.0):
@@ -175,8 +178,10 @@ def main() -> None:
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / f"{name}.json").write_text(json.dumps(out, indent=2))
     plot(out, RESULTS_DIR / f"{name}.png")
-    print(f"capacity curves: {len(curves)} pairs, {runs} planner runs, {curve_s:.1f} s; "
-          f"wrote {RESULTS_DIR / name}.json / .png")
+    print(
+        f"capacity curves: {len(curves)} pairs, {runs} planner runs, {curve_s:.1f} s; "
+        f"wrote {RESULTS_DIR / name}.json / .png"
+    )
 
 
 def plot(out: dict, path: Path) -> None:

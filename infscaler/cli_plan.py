@@ -243,8 +243,14 @@ def plan_cmd(
                 "--fleet takes the pipelines, rates, SLOs and devices from the fleet file",
                 hint="drop PIPELINE / --rate / --slo / --device, or drop --fleet",
             )
-        code = plan_fleet(fleet, as_json=as_json, values_out=values_out, seed=seed,
-                          state_dir=state_dir, repeats=repeats)
+        code = plan_fleet(
+            fleet,
+            as_json=as_json,
+            values_out=values_out,
+            seed=seed,
+            state_dir=state_dir,
+            repeats=repeats,
+        )
         if code:
             raise typer.Exit(code)
         return
