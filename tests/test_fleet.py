@@ -268,3 +268,39 @@ def test_plan_fleet_refuses_a_bad_file_with_its_path(
     )
     assert r.returncode == 2, r.stderr
     assert message in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
+
+
+def test_plan_fleet_measures_a_pipeline_file(tmp_path: Path, stagefuncs_on_path: None) -> None:
+    # `file:`: the pipeline is compiled and its units measured in-process, as `plan` does
+    (tmp_path / "scale.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "scale",
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+                "outputs": ["y"],
+                "stages": [
+                    {
+                        "name": "scale",
+                        "function": "stagefuncs:scale",
+                        "inputs": ["x"],
+                        "outputs": ["y"],
+                    }
+                ],
+            }
+        )
+    )
+    f = tmp_path / "fleet.yaml"
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [{"name": "n1", "device": "orin-nano"}],
+                "pipelines": {"scale": {"slo": "50ms", "file": "scale.yaml"}},
+                "streams": [{"name": "s", "pipeline": "scale", "rate": "10/s"}],
+            }
+        )
+    )
+    r = CliRunner().invoke(app, ["plan", "--fleet", str(f), "--json", "--repeats", "2"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout[r.stdout.index("{") :])
+    assert d["nodes_used"] == 1 and d["capacity"][0]["max_rate"] > 10
+    assert "measured on this host" in r.stderr
