@@ -356,6 +356,7 @@ def _print_plan(s: dict, out_dir: Path | None) -> None:
 
 
 # The service commands (serve, deploy, undeploy, infer, status, demo) register on `app`.
+from infscaler import cli_fleet as _cli_fleet  # noqa: E402,F401
 from infscaler import cli_plan as _cli_plan  # noqa: E402,F401
 from infscaler import cli_service as _cli_service  # noqa: E402,F401
 from infscaler import cli_variants as _cli_variants  # noqa: E402,F401

@@ -169,9 +169,9 @@ def plan_cmd(
         str,
         typer.Argument(
             help="PIPELINE.yaml, MODEL.onnx, a bundled model alias, a plan directory, or "
-            "`ocr` (what `serve` takes)."
+            "`ocr` (what `serve` takes). Not with --fleet."
         ),
-    ],
+    ] = "",
     rate: Annotated[
         str, typer.Option("--rate", help="Mean arrival rate: 40/s (or 40, 2400/min).")
     ] = "",
@@ -219,9 +219,45 @@ def plan_cmd(
         Path | None, typer.Option("--state-dir", help="Plans (as for `serve`).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    fleet: Annotated[
+        Path | None,
+        typer.Option(
+            "--fleet",
+            help="FLEET.yaml: place its streams on its nodes with the fewest nodes "
+            "(README 'Fleet'); PIPELINE, --rate, --slo, --device are then not used.",
+        ),
+    ] = None,
+    values_out: Annotated[
+        Path | None,
+        typer.Option("--values", help="With --fleet: write the Helm values (groups) here."),
+    ] = None,
 ) -> None:
     """Plan the starting configuration: per unit engine, instances and batch with the
-    least memory whose simulated P99 meets --slo at --rate within the device's cap."""
+    least memory whose simulated P99 meets --slo at --rate within the device's cap.
+    With --fleet: place many streams on many nodes (each planned as above)."""
+    if fleet is not None:
+        from infscaler.cli_fleet import plan_fleet
+
+        if pipeline or rate or slo or device:
+            raise InfScalerError(
+                "--fleet takes the pipelines, rates, SLOs and devices from the fleet file",
+                hint="drop PIPELINE / --rate / --slo / --device, or drop --fleet",
+            )
+        code = plan_fleet(
+            fleet,
+            as_json=as_json,
+            values_out=values_out,
+            seed=seed,
+            state_dir=state_dir,
+            repeats=repeats,
+        )
+        if code:
+            raise typer.Exit(code)
+        return
+    if not pipeline:
+        raise InfScalerError(
+            "plan needs a PIPELINE (or --fleet FLEET.yaml)", hint="e.g. infscaler plan ocr"
+        )
     from infscaler.cli_service import pipeline_from_arg
     from infscaler.runtime.pipeline import compile_pipeline
     from infscaler.runtime.planner import plan

@@ -215,6 +215,14 @@ def serve_cmd(
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+    watch_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--watch-pipelines",
+            help="Deploy DIR's pipeline files and keep the service in step with them "
+            "(load changed, unload removed; a mounted ConfigMap: infscaler.watcher).",
+        ),
+    ] = None,
 ) -> None:
     """Run the service in the foreground on a Unix socket (Open Inference Protocol)."""
     _setup_logging(verbose)
@@ -236,6 +244,17 @@ def serve_cmd(
 
     profile = load_profile(device) if device else None
     configs = [pipeline_from_arg(t, partitions) for t in targets or []]
+    watcher = None
+    if watch_dir is not None:
+        from infscaler.watcher import start_watching
+
+        watched, watcher = start_watching(watch_dir, default_socket(socket), err.print)
+        for cfg in watched:
+            # later versions of these files come through the repository API and its
+            # checks: the first version gets the same, so a file that deploys at start
+            # also reloads
+            security.check_pipeline(cfg)
+        configs += watched
     if autoscale and slo is None and any(c.slo is None for c in configs):
         raise InfScalerError("--autoscale needs --slo", hint="e.g. --slo 200ms --autoscale")
     configs = [with_slo(c, slo, autoscale) for c in configs]
@@ -259,6 +278,8 @@ def serve_cmd(
             limits,
         )
     )
+    if watcher is not None:
+        watcher.stop()
     raise typer.Exit(code)
 
 
