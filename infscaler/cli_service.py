@@ -168,10 +168,18 @@ def serve_cmd(
         int | None,
         typer.Option(
             "--metrics-port",
-            help="Also serve GET /metrics (Prometheus) on 127.0.0.1:PORT (off by default; "
+            help="Also serve GET /metrics (Prometheus) on --metrics-host:PORT (off by default; "
             "the socket always serves it).",
         ),
     ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            "--metrics-host",
+            help="Address for --metrics-port: 127.0.0.1 (default), or 0.0.0.0 only in a "
+            "container's own network namespace (Kubernetes pod) for a cluster's Prometheus.",
+        ),
+    ] = "127.0.0.1",
     max_connections: Annotated[
         int, typer.Option("--max-connections", help="API connections open at once (more: 503).")
     ] = 512,
@@ -276,6 +284,7 @@ def serve_cmd(
             socket_group,
             metrics_port,
             limits,
+            metrics_host,
         )
     )
     if watcher is not None:
@@ -296,6 +305,7 @@ async def _serve(
     socket_group: str | None = None,
     metrics_port: int | None = None,
     limits: Any = None,
+    metrics_host: str = "127.0.0.1",
 ) -> int:
     from infscaler.server import (
         create_app,
@@ -323,9 +333,11 @@ async def _serve(
         runner = await start_unix_server(api, socket_path, group=socket_group)
         if metrics_port is not None:
             metrics_runner, bound = await start_metrics_server(
-                create_metrics_app(service, metrics_registry(api)), metrics_port
+                create_metrics_app(service, metrics_registry(api)), metrics_port, metrics_host
             )
-            err.print(f"infscaler: metrics on http://127.0.0.1:{bound}/metrics", highlight=False)
+            err.print(
+                f"infscaler: metrics on http://{metrics_host}:{bound}/metrics", highlight=False
+            )
         err.print(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
             f"pool {pool_mb} MB)",

@@ -901,10 +901,13 @@ def create_metrics_app(service: Any, registry: Any = None) -> web.Application:
     return app
 
 
-async def start_metrics_server(app: web.Application, port: int) -> tuple[Any, int]:
-    """Serve ``app`` (:func:`create_metrics_app`) on 127.0.0.1:``port`` only (never
-    another interface: the metrics are for a local Prometheus or node agent). Port 0
-    picks a free one. Returns ``(runner, port)``.
+async def start_metrics_server(
+    app: web.Application, port: int, host: str = "127.0.0.1"
+) -> tuple[Any, int]:
+    """Serve ``app`` (:func:`create_metrics_app`) on ``host``:``port``: 127.0.0.1 by
+    default (a local Prometheus or node agent); ``0.0.0.0`` is for a container with its
+    own network namespace (a Kubernetes pod scraped by the cluster's Prometheus: the
+    chart in deploy/). Port 0 picks a free one. Returns ``(runner, port)``.
 
     Raises:
         InfScalerError: the port is taken or not allowed.
@@ -913,13 +916,13 @@ async def start_metrics_server(app: web.Application, port: int) -> tuple[Any, in
         raise InfScalerError(f"--metrics-port {port} is not a TCP port (0-65535)")
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", int(port), reuse_address=True)
+    site = web.TCPSite(runner, host, int(port), reuse_address=True)
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
         raise InfScalerError(
-            f"cannot listen for metrics on 127.0.0.1:{port}: {exc.strerror or exc}",
+            f"cannot listen for metrics on {host}:{port}: {exc.strerror or exc}",
             hint="choose another --metrics-port",
         ) from None
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

@@ -106,8 +106,17 @@ def test_daemonset_spec() -> None:
     assert c["readinessProbe"]["exec"]["command"] == ["infscaler", "probe", "ready"]
     # requests from the device profile's cap
     assert c["resources"]["requests"] == {"memory": "49152Mi", "cpu": "6000m"}
-    # an edit of the pipelines must not restart the pods: no checksum annotation
-    assert "annotations" not in agx["spec"]["template"]["metadata"]
+    # an edit of the pipelines must not restart the pods: no checksum annotation; the
+    # only annotations are Prometheus's scrape settings, for the metrics port it serves
+    annotations = agx["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9464",
+        "prometheus.io/path": "/metrics",
+    }
+    assert "--metrics-port=9464" in c["args"] and "--metrics-host=0.0.0.0" in c["args"]
+    # the pipelines come through the repository API: the models mount is its repository
+    assert "--model-repository=/models" in c["args"]
     # the pinned group selects by its label alone; the others by device label / GFD label
     terms = agx["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
