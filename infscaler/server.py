@@ -108,6 +108,46 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
 
+#: pending connections the listening socket queues (``listen(2)`` backlog; the kernel caps
+#: it at ``net.core.somaxconn``): an overload burst waits in it for an answer instead of
+#: being refused at connect
+LISTEN_BACKLOG = 4096
+
+
+@web.middleware
+async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Bytes in flight (:mod:`infscaler.runtime.admission`): an inference request
+    reserves twice its declared ``Content-Length`` (the body and its decoded tensors;
+    the body limit when none is declared) from the service's budget *before* its body
+    is read, and gives it back once answered (or cancelled). Over the budget: 503 with
+    ``retry_after_s``; the body is then read and thrown away in small chunks (never
+    held), so the client, still sending it, gets the answer instead of a reset."""
+    service = request.app[_SERVICE]
+    if (
+        request.method != "POST"
+        or not request.path.endswith("/infer")
+        or not hasattr(service, "reserve_bytes")
+    ):
+        return await handler(request)
+    limit = request.app[_MAX_BODY] << 20
+    declared = request.content_length
+    nbytes = 2 * (limit if declared is None else min(declared, limit))
+    try:
+        service.reserve_bytes(nbytes)
+    except InfScalerError:
+        with contextlib.suppress(Exception):
+            seen = 0
+            async for chunk in request.content.iter_chunked(1 << 16):
+                seen += len(chunk)
+                if seen > limit:
+                    break
+        raise
+    try:
+        return await handler(request)
+    finally:
+        service.release_bytes(nbytes)
+
+
 def create_app(
     service: Any, *, shm: Any = None, max_body_mb: int = 64, tasks: Any = None
 ) -> web.Application:
@@ -122,7 +162,7 @@ def create_app(
     """
     from infscaler.sysshm import SystemSharedMemoryRegistry
 
-    app = web.Application(middlewares=[_errors], client_max_size=max_body_mb << 20)
+    app = web.Application(middlewares=[_errors, _admission], client_max_size=max_body_mb << 20)
     app[_SERVICE] = service
     app[_SHM] = shm if shm is not None else SystemSharedMemoryRegistry()
     app[_MAX_BODY] = max_body_mb
@@ -205,7 +245,14 @@ async def ready(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     if service.ready():
         return _json({"ready": True})
-    why = "stopping" if service.stopping else "pipelines are not ready"
+    failure = getattr(getattr(service, "frontend", None), "failure", None)
+    why = (
+        "stopping"
+        if service.stopping
+        else f"the front end failed: {failure}"
+        if failure
+        else "pipelines are not ready"
+    )
     return error_response(f"not ready: {why}", 503)
 
 
@@ -559,9 +606,11 @@ async def start_unix_server(app: web.Application, path: str | os.PathLike[str], 
     """Serve ``app`` on the Unix socket ``path`` (mode ``mode``). Returns the runner
     (``await runner.cleanup()`` to stop)."""
     p = prepare_socket_path(path)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # handler_cancellation: a client that goes away cancels its handler, which cancels
+    # the request's future: the front end drops the request (frees its slots)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
-    site = web.UnixSite(runner, str(p))
+    site = web.UnixSite(runner, str(p), backlog=LISTEN_BACKLOG)
     await site.start()
     os.chmod(p, mode)
     return runner

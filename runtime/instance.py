@@ -21,6 +21,12 @@ SIGINT are ignored (under systemd the whole cgroup gets SIGTERM, but the service
 drain in-flight requests through its instances first); the process dies with its
 parent (``PR_SET_PDEATHSIG``).
 
+Deadlines: a token whose request is past its deadline or cancelled (the front end's
+:class:`~infscaler.shm.deadlines.DeadlineTable`) is dropped before it runs (its input
+slot returned through ``done``), and outputs computed for a request that died meanwhile
+are not handed on; a hand-over waiting for a slot at the pool's cap waits no longer
+than the request's deadline. ``stats`` reports them as ``dropped``.
+
 A request that fails in this unit (engine error, function exception, wrong outputs) is
 not lost: a slot holding ``__error__`` (the message) goes to the front end, which
 answers the client with it; the instance keeps serving.
@@ -277,6 +283,10 @@ class Instance:
             self.stage_id,
             max_out_tokens=int(spec.get("max_out_tokens", 2)),
         )
+        from infscaler.shm.deadlines import DeadlineTable
+
+        self.deadlines = DeadlineTable(spec["service_id"])
+        self.dropped = 0
         cores = spec.get("cores") or None
         self.runner: ModelRunner | FunctionRunner = (
             ModelRunner(self.unit, cores)
@@ -346,6 +356,7 @@ class Instance:
                             batch=self.max_batch,
                             batches=self.batches,
                             batched=self.batched,
+                            dropped=self.dropped,
                             **_memory(),
                         )
                         dirty = False
@@ -404,6 +415,9 @@ class Instance:
                 self.client.done(bad, keep=False)
             self.errors += 1
             return
+        if self._drop_dead(tok):
+            del tensors
+            return
         batch = [(tok, tensors)]
         if self.max_batch > 1:
             batch += self._gather(self.max_batch - 1, self.batch_delay_s)
@@ -411,6 +425,20 @@ class Instance:
             return
         for tok, tensors in batch:
             self._process(tok, tensors)
+
+    def _dead(self, tok: Any) -> bool:
+        try:
+            return self.deadlines.dead(tok.request)
+        except Exception:  # noqa: BLE001 - a broken table never stops serving
+            return False
+
+    def _drop_dead(self, tok: Any) -> bool:
+        """Return the slot of a dead request's token at once (normal ``done`` path)."""
+        if not self._dead(tok):
+            return False
+        self.dropped += 1
+        self.client.done(tok)
+        return True
 
     def _gather(self, n: int, delay_s: float) -> list[tuple[Any, dict[str, np.ndarray]]]:
         """Up to ``n`` more inputs arriving within ``delay_s`` s (dynamic batching)."""
@@ -423,7 +451,9 @@ class Instance:
         while len(more) < n:
             left = deadline - time.monotonic()
             try:
-                more.append(self.client.recv_input(max(0.0, left)))
+                got = self.client.recv_input(max(0.0, left))
+                if not self._drop_dead(got[0]):
+                    more.append(got)
             except TimeoutError:
                 break
             except RequestFailed:
@@ -469,10 +499,16 @@ class Instance:
                 out = {**{k: tensors[k] for k in self.unit.carry}, **part, TRACE: trace}
                 if FANOUT in tensors:
                     out[FANOUT] = tensors[FANOUT]
+                if self._dead(tok):
+                    self.dropped += 1
+                    continue
                 try:
                     self._hand_over(out, self.next_stage, tok.request)
                     self.served += 1
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
+                    if self._dead(tok):
+                        self.dropped += 1
+                        continue
                     self.errors += 1
                     self._send_error(tok, tensors, f"stage {self.unit.name}: {exc}")
         finally:
@@ -491,6 +527,9 @@ class Instance:
         try:
             result = self.runner(tensors)
             end = time.monotonic_ns()
+            if self._dead(tok):  # it died while we computed: nothing to hand on
+                self.dropped += 1
+                return
             trace = self._trace(trace_in, start, end)
             if self.unit.fan_out:
                 self._hand_over_items(tok, tensors, result, trace)
@@ -502,6 +541,9 @@ class Instance:
             self.served += 1
         except Exception as exc:  # noqa: BLE001 - one request fails, the instance goes on
             end = time.monotonic_ns()
+            if self._dead(tok):  # e.g. no slot before its deadline: no one waits for it
+                self.dropped += 1
+                return
             self.errors += 1
             detail = (
                 str(exc)
@@ -531,6 +573,10 @@ class Instance:
         self, out: dict[str, np.ndarray], stage: int, request: int, timeout: float | None = None
     ) -> None:
         wait = self.acquire_timeout_s if timeout is None else timeout
+        with contextlib.suppress(Exception):
+            left = self.deadlines.remaining_s(request)
+            if left is not None:  # never wait for a slot past the request's deadline
+                wait = min(wait, max(left, 0.001))
         self.client.send_tensors(out, stage, request, timeout=wait)
 
     def _hand_over_items(

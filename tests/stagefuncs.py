@@ -61,3 +61,9 @@ def capabilities(tensors):
     with open("/proc/self/status") as f:
         cap = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
     return {"y": np.array(tensors["x"]), "capeff": np.array([cap], np.uint64)}
+
+
+def slow_row(tensors, ms=5.0):
+    """Per-item stage: the row's sum, after ``ms`` milliseconds of sleep."""
+    time.sleep(ms / 1e3)
+    return {"s": np.array([np.asarray(tensors["row"]).sum()], dtype=np.float32)}
