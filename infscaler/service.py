@@ -62,6 +62,27 @@ class Deployment:
         return self.pipeline.name
 
 
+def _warm_unit_ms(compiled: Any, stage_ids: list[int], handles: list[Any]) -> list[float | None]:
+    """Per unit, the service time its instances measured at load (``warm_ms``, else the
+    batch-1 ``batch_ms``), ms; 0 for units run in the front end; None if unknown."""
+    out: list[float | None] = []
+    for u in compiled.units:
+        if not stage_ids[u.index]:
+            out.append(0.0)
+            continue
+        seen = []
+        for h in handles:
+            if h.key[1] != u.index:
+                continue
+            ms = h.info.get("warm_ms")
+            if ms is None:
+                ms = (h.info.get("batch_ms") or {}).get("1")
+            if ms is not None:
+                seen.append(float(ms))
+        out.append(max(seen) if seen else None)
+    return out
+
+
 class Service:
     """One InfScaler-Edge service (see the module docstring).
 
@@ -369,6 +390,7 @@ class Service:
                 compiled, stage_ids, PipelineStats([u.name for u in compiled.units]), window
             )
             route.instances = [u.instances if stage_ids[u.index] else 1 for u in compiled.units]
+            route.seed_compute(_warm_unit_ms(compiled, stage_ids, handles))
             dep = Deployment(compiled, route)
             with self._lock:
                 self._deployments[cfg.name] = dep

@@ -128,6 +128,8 @@ class Route:
             a request completed).
         unit_ms: measured compute ms per unit per request (EWMA, summed over items).
         admitted: requests of this pipeline admitted and not answered.
+        measured: True once a request completed (before: :attr:`service_ms` is a seed
+            from the instances' warm-up runs, or None).
     """
 
     pipeline: CompiledPipeline
@@ -141,7 +143,18 @@ class Route:
     service_ms: float | None = None
     unit_ms: list[float] | None = None
     admitted: int = 0
+    measured: bool = False
     _fan_in_fn: Any = None
+
+    def seed_compute(self, unit_ms: list[float | None]) -> None:
+        """Start the service-time estimates from per-unit ms measured at load (the
+        instances' warm-up runs; None for a unit without one, 0 for units run in the
+        front end). Ignored unless every unit has a value, or once real requests were
+        measured."""
+        if self.measured or any(ms is None for ms in unit_ms):
+            return
+        self.unit_ms = [float(ms) for ms in unit_ms]  # type: ignore[arg-type]
+        self.service_ms = sum(self.unit_ms)
 
     def estimates(self) -> tuple[float | None, float | None]:
         """``(service_ms, interval_ms)`` for :func:`~infscaler.runtime.admission.admit_latency`:
@@ -164,8 +177,8 @@ class Route:
             if 0 <= unit < units:
                 per[int(unit)] += (end - start) / 1e6
         total = sum(per)
-        if self.unit_ms is None or self.service_ms is None:
-            self.unit_ms, self.service_ms = per, total
+        if not self.measured or self.unit_ms is None or self.service_ms is None:
+            self.unit_ms, self.service_ms, self.measured = per, total, True
             return
         self.unit_ms = [(1 - _EWMA) * a + _EWMA * b for a, b in zip(self.unit_ms, per, strict=True)]
         self.service_ms = (1 - _EWMA) * self.service_ms + _EWMA * total
@@ -342,7 +355,7 @@ class FrontEnd:
                 service_ms, interval_ms = route.estimates()
                 verdict = admit_latency(route.admitted, service_ms, interval_ms, slo_ms)
                 if not verdict.admit:
-                    route.stats.record_rejection()
+                    route.stats.record_rejection(slo=True)
                     self.counters["slo_refused"] += 1
                     raise RequestError(
                         f"pipeline {route.pipeline.name} refuses the request at arrival: "
