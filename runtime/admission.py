@@ -99,7 +99,11 @@ def estimate_ms(ahead: int, service_ms: float, interval_ms: float) -> float:
 
 
 def admit_latency(
-    ahead: int, service_ms: float | None, interval_ms: float | None, slo_ms: float | None
+    ahead: int,
+    service_ms: float | None,
+    interval_ms: float | None,
+    slo_ms: float | None,
+    what: str = "SLO",
 ) -> Admission:
     """Accept a request only if :func:`estimate_ms` fits in ``slo_ms``.
 
@@ -108,7 +112,9 @@ def admit_latency(
         service_ms: measured end-to-end compute ms of one request (None: not measured:
             :func:`default_estimates` is used).
         interval_ms: measured bottleneck interval ms (None: as ``service_ms``).
-        slo_ms: the pipeline's SLO in ms (None: no latency bound, always admitted).
+        slo_ms: the bound in ms: the pipeline's SLO, or the request's timeout (None:
+            no latency bound, always admitted).
+        what: names the bound in the reason ("SLO", "request's timeout").
 
     Raises:
         ValueError: ``slo_ms`` not a positive finite number, or a negative estimate.
@@ -131,7 +137,7 @@ def admit_latency(
     return Admission(
         False,
         f"it would take about {est:.0f} ms ({ahead} requests ahead, {interval:.1f} ms "
-        f"each), past the SLO of {slo_ms:g} ms",
+        f"each), past the {what} of {slo_ms:g} ms",
         _retry((est - slo_ms) / 1e3),
         est,
     )

@@ -130,6 +130,9 @@ class Route:
         admitted: requests of this pipeline admitted and not answered.
         measured: True once a request completed (before: :attr:`service_ms` is a seed
             from the instances' warm-up runs, or None).
+        correction: observed latency / admission estimate of completed requests (EWMA,
+            within [0.5, 10]): what compute time alone misses (hand-overs, the front
+            end's own work, CPU contention); the admission scales its estimates by it.
     """
 
     pipeline: CompiledPipeline
@@ -144,6 +147,7 @@ class Route:
     unit_ms: list[float] | None = None
     admitted: int = 0
     measured: bool = False
+    correction: float = 1.0
     _fan_in_fn: Any = None
 
     def seed_compute(self, unit_ms: list[float | None]) -> None:
@@ -166,7 +170,16 @@ class Route:
         interval = max(
             (ms / max(1, k) for ms, k in zip(self.unit_ms, n, strict=False)), default=0.0
         )
-        return self.service_ms, interval
+        return self.service_ms * self.correction, interval * self.correction
+
+    def record_estimate(self, estimate_ms: float | None, latency_ms: float) -> None:
+        """Fold a completed request's latency against what admission expected into
+        :attr:`correction`."""
+        if estimate_ms is None or estimate_ms <= 0:
+            return
+        ratio = self.correction * latency_ms / estimate_ms  # against the raw estimate
+        ratio = min(10.0, max(0.5, ratio))
+        self.correction = (1 - _EWMA) * self.correction + _EWMA * ratio
 
     def record_compute(self, trace: np.ndarray) -> None:
         """Fold one completed request's trace rows (unit, instance, start ns, end ns)
@@ -231,6 +244,7 @@ class _Pending:
     traces: list[np.ndarray] = field(default_factory=list)
     busy_since: float | None = None
     waits: set[str] = field(default_factory=set)
+    estimate_ms: float | None = None  # what the SLO admission expected (ms)
 
 
 class FrontEnd:
@@ -350,24 +364,34 @@ class FrontEnd:
                         f"(limit {limit}); {route.shed_reason}",
                         hint="the device is at its resource cap; retry later or slow down",
                     )
+            timeout_s = route.pipeline.config.request_timeout_s if timeout_s is None else timeout_s
             slo_ms = route.pipeline.config.slo_ms
-            if slo_ms is not None:
-                service_ms, interval_ms = route.estimates()
-                verdict = admit_latency(route.admitted, service_ms, interval_ms, slo_ms)
+            service_ms, interval_ms = route.estimates()
+            # the latency bound: the SLO; once the service time is known, also the
+            # request's own deadline (a request that would expire in the queue is
+            # refused now instead of being queued, then dropped)
+            bound_ms, what = slo_ms, "SLO"
+            if service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
+                bound_ms, what = timeout_s * 1e3, "request's timeout"
+            estimate = None
+            if bound_ms is not None:
+                verdict = admit_latency(route.admitted, service_ms, interval_ms, bound_ms, what)
+                estimate = verdict.estimate_ms
                 if not verdict.admit:
-                    route.stats.record_rejection(slo=True)
-                    self.counters["slo_refused"] += 1
+                    route.stats.record_rejection(slo=what == "SLO")
+                    self.counters["slo_refused" if what == "SLO" else "deadline_refused"] += 1
                     raise RequestError(
                         f"pipeline {route.pipeline.name} refuses the request at arrival: "
                         f"{verdict.reason}",
-                        hint="the pipeline is at its capacity for this SLO; retry after "
-                        "Retry-After seconds, slow down, or add instances",
+                        hint="the pipeline is at its capacity for this latency; retry after "
+                        "Retry-After seconds, slow down, allow more time, or add instances",
                         retry_after_s=verdict.retry_after_s,
                     )
             seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
-            timeout_s = route.pipeline.config.request_timeout_s if timeout_s is None else timeout_s
             deadline = time.monotonic() + timeout_s
             p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns())
+            if route.measured:
+                p.estimate_ms = estimate
             self._pending[seq] = p
             route.admitted += 1
             if self.deadlines is not None:
@@ -767,6 +791,7 @@ class FrontEnd:
         # items carry the rows of the units before the fan-out: count each row once
         trace = np.unique(np.concatenate(p.traces), axis=0) if p.traces else _EMPTY_TRACE
         p.route.stats.record_success(latency_ms, trace, p.t_submit_ns)
+        p.route.record_estimate(p.estimate_ms, latency_ms)
         p.route.record_compute(trace)
         self.counters["completed"] += 1
         with contextlib.suppress(concurrent.futures.InvalidStateError):

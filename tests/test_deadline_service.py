@@ -113,7 +113,14 @@ def test_a_flood_of_1ms_timeouts_does_not_wedge_the_pipeline(svc: Service) -> No
     full, holding ~290 slots; valid requests then waited for minutes."""
     svc.deploy(load_pipeline(fan(slow_ms=40.0)))
     x = np.ones((6, 4), np.float32)  # 6 items per request, 240 ms of work
-    svc.infer("fx", {"x": x})  # warm
+    # one after the other, as separate clients do: each starts at once (the window is
+    # free) and expires with its items queued at the slow stage; computed in full,
+    # they were 100 x 240 ms = 24 s of work ahead of the next valid request. (Nothing
+    # has completed yet, so no service time is known and none is refused at arrival.)
+    for _ in range(100):
+        with pytest.raises(RequestError) as exc:
+            svc.submit("fx", {"x": x}, timeout_s=0.02).result(timeout=60)
+        assert exc.value.status == 503 and "timed out" in str(exc.value)
     futs = [svc.submit("fx", {"x": x}, timeout_s=0.001) for _ in range(300)]
     errors = 0
     for f in futs:
@@ -123,12 +130,6 @@ def test_a_flood_of_1ms_timeouts_does_not_wedge_the_pipeline(svc: Service) -> No
             assert exc.status == 503 and "timed out" in str(exc)
             errors += 1
     assert errors >= 290  # a few may finish within 1 ms on a fast host; none hangs
-    # one after the other, as separate clients do: each starts at once (the window is
-    # free) and expires with its items queued at the slow stage; computed in full,
-    # they were 100 x 240 ms = 24 s of work ahead of the next valid request
-    for _ in range(100):
-        with pytest.raises(RequestError):
-            svc.submit("fx", {"x": x}, timeout_s=0.02).result(timeout=60)
     # valid requests succeed at once, and the pool comes back to its idle state
     t0 = time.monotonic()
     for _ in range(5):
@@ -143,7 +144,7 @@ def test_a_flood_of_1ms_timeouts_does_not_wedge_the_pipeline(svc: Service) -> No
     slow = [h for h in svc.supervisor.handles() if h.unit.name == "slowrow"]
     wait_for(lambda: all(h.stats for h in slow), 10, "instance stats")
     served = sum(int(h.stats.get("served", 0)) for h in slow)
-    assert served < 100 * 6 / 2, f"{served} items of expired requests were computed"
+    assert served < 100 * 6 / 2 + 5 * 6, f"{served} items of expired requests were computed"
     assert svc.manager.audit() == []
 
 
@@ -290,3 +291,15 @@ def test_future_cancel_after_completion_is_harmless(svc: Service) -> None:
     assert not fut.cancel()
     assert svc.frontend.counters["cancelled"] == 0
     assert isinstance(fut, concurrent.futures.Future)
+
+
+def test_a_request_that_would_miss_its_timeout_is_refused_at_arrival(svc: Service) -> None:
+    svc.deploy(load_pipeline(chain(ms=100)))
+    svc.infer("chain", {"x": np.ones(4, np.float32)})  # measured: ~100 ms per request
+    with pytest.raises(RequestError) as exc:
+        svc.submit("chain", {"x": np.ones(4, np.float32)}, timeout_s=0.01)
+    assert exc.value.status == 503 and "timeout" in str(exc.value)
+    assert exc.value.retry_after_s is not None
+    assert svc.frontend.counters["deadline_refused"] == 1
+    r = svc.infer("chain", {"x": np.ones(4, np.float32)}, timeout_s=30)
+    np.testing.assert_array_equal(r.outputs["y"], 2.0)
