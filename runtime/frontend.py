@@ -36,7 +36,9 @@ that kept ~290 slots busy computing expired requests).
 Admission: with an SLO (``pipeline.config.slo_ms``) :meth:`FrontEnd.submit` refuses a
 request that :func:`~infscaler.runtime.admission.admit_latency` says cannot finish in
 time, from the requests of its pipeline ahead of it and the measured per-unit compute
-time and instance counts (``Route.instances``); 503 with ``retry_after_s``.
+time and instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the
+service time is known, a request whose estimate passes twice its own timeout is refused
+the same way (it would only expire in the queue).
 
 A front end that dies (any exception escaping its loop, or errors on every turn) does
 not die silently: :attr:`FrontEnd.failure` says why, every request in flight fails at
@@ -83,6 +85,8 @@ log = logging.getLogger("infscaler.frontend")
 _EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
 #: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
+#: a request is refused at arrival when its estimate passes this many times its timeout
+_DEADLINE_SLACK = 2.0
 #: weight of a new measurement in the service-time averages (EWMA)
 _EWMA = 0.2
 _IN_PIPELINE = ("running", "items", "post")
@@ -368,11 +372,13 @@ class FrontEnd:
             slo_ms = route.pipeline.config.slo_ms
             service_ms, interval_ms = route.estimates()
             # the latency bound: the SLO; once the service time is known, also the
-            # request's own deadline (a request that would expire in the queue is
-            # refused now instead of being queued, then dropped)
+            # request's own deadline, with slack (a request that would surely expire in
+            # the queue is refused now instead of being queued, then dropped; the
+            # estimate is coarse for fan-outs and batches, so only by a wide margin)
             bound_ms, what = slo_ms, "SLO"
-            if service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
-                bound_ms, what = timeout_s * 1e3, "request's timeout"
+            late_ms = timeout_s * 1e3 * _DEADLINE_SLACK
+            if service_ms is not None and (bound_ms is None or late_ms < bound_ms):
+                bound_ms, what = late_ms, f"{_DEADLINE_SLACK:g} x the request's timeout"
             estimate = None
             if bound_ms is not None:
                 verdict = admit_latency(route.admitted, service_ms, interval_ms, bound_ms, what)
