@@ -7,10 +7,14 @@ serve`` process (ResNet-50 partitioned ``-k 3``, optionally the ``ocr`` pipeline
 2. **overload**: open loop, Poisson arrivals at ``factor`` x C (default 10x) for
    ``duration_s`` (30 s; ``--quick`` 8 s). Every request goes on its own connection (a
    client each, as many as the arrivals make: nothing waits on a connection pool) with
-   binary tensor data, and ``timeout_ms`` = the bound below. Each gets one outcome: a
+   binary tensor data, and ``timeout_ms`` = ``timeout_fraction`` (0.8) x the bound below
+   (the rest is left for the transfer: the server's deadline starts once the body is
+   read, the bound is measured at the client). Each gets one outcome: a
    result (200), a refusal (429 / 503, with ``Retry-After`` when the server sent one),
    another status, a connection error (reset, refused, closed without an answer), or
    none within 60 s (unanswered).
+   The SLO of the ``slo`` mode, unless ``--slo`` is given: 3 x one request's latency
+   (P50 of 8 back-to-back requests from one client, measured in the no-SLO run).
 3. **recovery**: right after, Poisson probes at ``probe_load`` x C until a window of
    ``probe_window`` consecutive probes all succeed within the bound; recovery time =
    the send time of the first probe of that window, from the end of the overload.
@@ -339,9 +343,13 @@ def run_mode(
         svc.wait_ready(600)
         model = "resnet50" if target == "resnet50" else target
         bound_ms = slo_ms if slo_ms is not None else 2000.0
-        body, headers = encode_infer_request(feeds, parameters={"timeout_ms": bound_ms})
+        body, headers = encode_infer_request(
+            feeds, parameters={"timeout_ms": round(bound_ms * a.timeout_fraction, 1)}
+        )
         if capacity is None:
+            single = asyncio.run(closed_loop(sock, model, body, headers, 1, 8))
             cap = asyncio.run(closed_loop(sock, model, body, headers, a.clients, a.calibrate))
+            cap["single_p50_ms"] = single["p50_ms"]
         else:  # measured without an SLO (the SLO admission would refuse calibration load)
             cap = {**capacity, "from": "the no-SLO run"}
             asyncio.run(closed_loop(sock, model, body, headers, 1, 4))  # warm
@@ -456,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--calibrate", type=int, default=60)
     p.add_argument("--max-inflight-mb", type=float, default=256)
+    p.add_argument("--timeout-fraction", type=float, default=0.8)
     p.add_argument("--probe-load", type=float, default=0.5)
     p.add_argument("--probe-window", type=int, default=5)
     p.add_argument("--recovery-max-s", type=float, default=30.0)
@@ -494,10 +503,10 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "slo":
                 if a.slo:
                     slo = parse_slo(a.slo)
-                else:  # 3x one request's latency, measured on the no-SLO run
+                else:  # 3x one request's latency (P50, one client), from the no-SLO run
                     prev = [r for r in data["runs"] if r["model"] == model and "capacity" in r]
-                    p50 = prev[0]["capacity"]["p50_ms"] if prev else None
-                    slo = max(100.0, 3 * (p50 or 100.0) / max(1, a.clients))
+                    p50 = prev[0]["capacity"].get("single_p50_ms") if prev else None
+                    slo = max(100.0, 3 * (p50 or 100.0))
                 args += ["--slo", f"{slo:g}ms", "--autoscale"]
             t0 = time.monotonic()
             prev = [r for r in data["runs"] if r["model"] == model and "capacity" in r]
