@@ -105,7 +105,8 @@ def admit_latency(
     slo_ms: float | None,
     what: str = "SLO",
 ) -> Admission:
-    """Accept a request only if :func:`estimate_ms` fits in ``slo_ms``.
+    """Accept a request only if :func:`estimate_ms` fits in ``slo_ms``, or if nothing
+    is ahead of it (it starts at once; refusing it would not make it faster).
 
     Args:
         ahead: requests of the same pipeline admitted and not answered.
@@ -131,7 +132,9 @@ def admit_latency(
     if service < 0 or interval < 0 or not (math.isfinite(service) and math.isfinite(interval)):
         raise ValueError(f"estimates must be finite and >= 0, got {service}, {interval}")
     est = estimate_ms(ahead, service, interval)
-    if est <= slo_ms:
+    # nothing ahead: it runs at once, refusing it cannot make anything faster (and an idle
+    # pipeline that refused everything would never measure its service time again)
+    if est <= slo_ms or ahead <= 0:
         return Admission(True, estimate_ms=est)
     # admitted again once enough of the queue ahead drained: (est - slo) ms from now
     return Admission(

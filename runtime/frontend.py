@@ -87,6 +87,8 @@ _EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
 #: a request is refused at arrival when its estimate passes this many times its timeout
 _DEADLINE_SLACK = 2.0
+#: the most the observed / estimated latency ratio may scale estimates by
+_MAX_CORRECTION = 4.0
 #: weight of a new measurement in the service-time averages (EWMA)
 _EWMA = 0.2
 _IN_PIPELINE = ("running", "items", "post")
@@ -134,9 +136,10 @@ class Route:
         admitted: requests of this pipeline admitted and not answered.
         measured: True once a request completed (before: :attr:`service_ms` is a seed
             from the instances' warm-up runs, or None).
-        correction: observed latency / admission estimate of completed requests (EWMA,
-            within [0.5, 10]): what compute time alone misses (hand-overs, the front
-            end's own work, CPU contention); the admission scales its estimates by it.
+        correction: observed latency / admission estimate of completed requests (EWMA):
+            what compute time alone misses (hand-overs, the front
+            end's own work, CPU contention); the admission scales its estimates by it
+            (within [0.5, 4]).
     """
 
     pipeline: CompiledPipeline
@@ -182,7 +185,7 @@ class Route:
         if estimate_ms is None or estimate_ms <= 0:
             return
         ratio = self.correction * latency_ms / estimate_ms  # against the raw estimate
-        ratio = min(10.0, max(0.5, ratio))
+        ratio = min(_MAX_CORRECTION, max(0.5, ratio))
         self.correction = (1 - _EWMA) * self.correction + _EWMA * ratio
 
     def record_compute(self, trace: np.ndarray) -> None:

@@ -50,8 +50,10 @@ def test_latency_bound_from_measured_service_time() -> None:
     assert not d.admit and d.estimate_ms == pytest.approx(110.0)
     assert d.retry_after_s == pytest.approx(0.05)  # (110 - 100) ms, at the minimum back-off
     assert "SLO" in d.reason
-    # a request slower than the SLO on its own is refused even with nothing ahead
-    assert not admit_latency(0, 150.0, 150.0, 100.0).admit
+    # a request slower than the SLO on its own still runs when nothing is ahead (an
+    # idle pipeline never refuses: it could not measure its service time again)
+    assert admit_latency(0, 150.0, 150.0, 100.0).admit
+    assert not admit_latency(1, 150.0, 150.0, 100.0).admit
     # the retry grows with the queue, bounded
     assert admit_latency(10_000, 20.0, 10.0, 100.0).retry_after_s == 30.0
     assert estimate_ms(3, 5.0, 2.0) == 11.0
