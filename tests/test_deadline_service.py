@@ -294,10 +294,12 @@ def test_future_cancel_after_completion_is_harmless(svc: Service) -> None:
 
 
 def test_a_request_that_would_miss_its_timeout_is_refused_at_arrival(svc: Service) -> None:
-    svc.deploy(load_pipeline(chain(ms=100)))
-    svc.infer("chain", {"x": np.ones(4, np.float32)})  # measured: ~100 ms per request
-    with pytest.raises(RequestError) as exc:
+    svc.deploy(load_pipeline(chain(ms=300)))
+    svc.infer("chain", {"x": np.ones(4, np.float32)})  # measured: ~300 ms per request
+    first = svc.submit("chain", {"x": np.ones(4, np.float32)}, timeout_s=30)
+    with pytest.raises(RequestError) as exc:  # 300 ms ahead of it, 10 ms allowed
         svc.submit("chain", {"x": np.ones(4, np.float32)}, timeout_s=0.01)
+    first.result(timeout=30)
     assert exc.value.status == 503 and "timeout" in str(exc.value)
     assert exc.value.retry_after_s is not None
     assert svc.frontend.counters["deadline_refused"] == 1
