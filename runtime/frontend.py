@@ -37,9 +37,8 @@ Admission: with an SLO (``pipeline.config.slo_ms``) :meth:`FrontEnd.submit` refu
 request that :func:`~infscaler.runtime.admission.admit_latency` says cannot finish in
 time, from the requests of its pipeline ahead of it and the measured per-unit compute
 time and instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the
-service time is known, a request whose estimate passes its own timeout (with an SLO;
-twice its timeout without one) is refused the same way (it would only expire in the
-queue).
+service time is known, a request whose estimate passes its own timeout is refused the
+same way (it would only expire in the queue).
 
 A front end that dies (any exception escaping its loop, or errors on every turn) does
 not die silently: :attr:`FrontEnd.failure` says why, every request in flight fails at
@@ -86,8 +85,6 @@ log = logging.getLogger("infscaler.frontend")
 _EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
 #: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
-#: a request is refused at arrival when its estimate passes this many times its timeout
-_DEADLINE_SLACK = 2.0
 #: the most the observed / estimated latency ratio may scale estimates by
 _MAX_CORRECTION = 4.0
 #: weight of a new measurement in the service-time averages (EWMA)
@@ -376,16 +373,12 @@ class FrontEnd:
             slo_ms = route.pipeline.config.slo_ms
             service_ms, interval_ms = route.estimates()
             # the latency bound: the SLO; once the service time is known, also the
-            # request's own deadline (a request that would expire in the queue is
-            # refused now instead of being queued, computed in part, then dropped).
-            # Without an SLO only by a wide margin: the estimate is coarse for fan-outs
-            # and batches, and nothing else says what latency the caller accepts
+            # request's own deadline: one admitted to a FIFO queue it cannot cross in
+            # time would be computed in part, then dropped (with a looser bound the
+            # queue settles past the timeout and nearly everything expires)
             bound_ms, what = slo_ms, "SLO"
-            slack = 1.0 if slo_ms is not None else _DEADLINE_SLACK
-            late_ms = timeout_s * 1e3 * slack
-            if service_ms is not None and (bound_ms is None or late_ms < bound_ms):
-                bound_ms = late_ms
-                what = "request's timeout" if slack == 1 else f"{slack:g} x the request's timeout"
+            if service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
+                bound_ms, what = timeout_s * 1e3, "request's timeout"
             estimate = None
             if bound_ms is not None:
                 verdict = admit_latency(route.admitted, service_ms, interval_ms, bound_ms, what)
