@@ -112,6 +112,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 #: it at ``net.core.somaxconn``): an overload burst waits in it for an answer instead of
 #: being refused at connect
 LISTEN_BACKLOG = 4096
+_ARRIVED = web.RequestKey("arrived_s", float)
 
 
 @web.middleware
@@ -129,6 +130,7 @@ async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
         or not hasattr(service, "reserve_bytes")
     ):
         return await handler(request)
+    request[_ARRIVED] = time.monotonic()  # deadlines count from here, not from the submit
     limit = request.app[_MAX_BODY] << 20
     declared = request.content_length
     nbytes = 2 * (limit if declared is None else min(declared, limit))
@@ -366,7 +368,7 @@ async def infer(request: web.Request) -> web.Response:
             timeout_s = float(req.parameters["timeout_ms"]) / 1e3
         except (TypeError, ValueError):
             return error_response("parameter timeout_ms must be a number", 400)
-    fut = service.submit(name, _slot_arrays(req.inputs), timeout_s)
+    fut = service.submit(name, _slot_arrays(req.inputs), timeout_s, request.get(_ARRIVED))
     result = await asyncio.wrap_future(fut)
     return _infer_response(request, req, name, dep, result, {})
 

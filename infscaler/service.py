@@ -545,19 +545,26 @@ class Service:
             return list(self._deployments.values())
 
     def submit(
-        self, name: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+        self,
+        name: str,
+        inputs: dict[str, np.ndarray],
+        timeout_s: float | None = None,
+        arrived_s: float | None = None,
     ) -> concurrent.futures.Future:
         """Start a request; a future of :class:`~infscaler.runtime.frontend.Result`.
+        ``timeout_s`` / ``arrived_s``: as :meth:`FrontEnd.submit` (the deadline, seconds,
+        counted from ``arrived_s``, a ``time.monotonic()`` time; default now).
 
         Raises:
-            ServiceError: (404) unknown pipeline; RequestError (503) overloaded / stopping.
+            ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout,
+            (503) overloaded / refused at arrival / stopping.
         """
         dep = self.deployment(name)
         if self._stopping:
             from infscaler.runtime.frontend import RequestError
 
             raise RequestError("the service is stopping")
-        return self.frontend.submit(dep.route, inputs, timeout_s)
+        return self.frontend.submit(dep.route, inputs, timeout_s, arrived_s)
 
     def infer(self, name: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None):
         """Blocking :meth:`submit` (for tests and scripts)."""

@@ -140,7 +140,7 @@ def admit_latency(
     return Admission(
         False,
         f"it would take about {est:.0f} ms ({ahead} requests ahead, {interval:.1f} ms "
-        f"each), past the {what} of {slo_ms:g} ms",
+        f"each), past what is left of its {what} ({slo_ms:.0f} ms)",
         _retry((est - slo_ms) / 1e3),
         est,
     )

@@ -323,14 +323,21 @@ class FrontEnd:
 
     # -- API (any thread) --------------------------------------------------------------------
     def submit(
-        self, route: Route, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+        self,
+        route: Route,
+        inputs: dict[str, np.ndarray],
+        timeout_s: float | None = None,
+        arrived_s: float | None = None,
     ) -> concurrent.futures.Future:
         """Queue a request; returns a future of :class:`Result` (or :class:`RequestError`).
 
         ``inputs`` must already be validated against the pipeline's input specs.
         ``timeout_s``: the request's deadline from now, seconds (None: the pipeline's
-        ``request_timeout_s``). Cancelling the returned future drops the request
-        (frees its slots; nothing more is computed for it).
+        ``request_timeout_s``). ``arrived_s``: when the request reached the service
+        (``time.monotonic()`` seconds; the server takes it before reading the body):
+        the deadline and the latency budget count from there (default: now).
+        Cancelling the returned future drops the request (frees its slots; nothing more
+        is computed for it).
 
         Raises:
             RequestError: (400) ``timeout_s`` not a positive finite number; (503) the
@@ -370,6 +377,9 @@ class FrontEnd:
                         hint="the device is at its resource cap; retry later or slow down",
                     )
             timeout_s = route.pipeline.config.request_timeout_s if timeout_s is None else timeout_s
+            now = time.monotonic()
+            arrived = now if arrived_s is None else min(float(arrived_s), now)
+            spent_ms = (now - arrived) * 1e3  # reading and decoding it took this much
             slo_ms = route.pipeline.config.slo_ms
             service_ms, interval_ms = route.estimates()
             # the latency bound: the SLO; once the service time is known, also the
@@ -381,7 +391,8 @@ class FrontEnd:
                 bound_ms, what = timeout_s * 1e3, "request's timeout"
             estimate = None
             if bound_ms is not None:
-                verdict = admit_latency(route.admitted, service_ms, interval_ms, bound_ms, what)
+                left_ms = max(1e-3, bound_ms - spent_ms)
+                verdict = admit_latency(route.admitted, service_ms, interval_ms, left_ms, what)
                 estimate = verdict.estimate_ms
                 if not verdict.admit:
                     route.stats.record_rejection(slo=what == "SLO")
@@ -394,7 +405,7 @@ class FrontEnd:
                         retry_after_s=verdict.retry_after_s,
                     )
             seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
-            deadline = time.monotonic() + timeout_s
+            deadline = arrived + timeout_s
             p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns())
             if route.measured:
                 p.estimate_ms = estimate
