@@ -191,6 +191,16 @@ def serve_cmd(
         float,
         typer.Option("--body-timeout", help="Seconds for a request's body to arrive (408)."),
     ] = 120.0,
+    max_inflight_mb: Annotated[
+        float,
+        typer.Option(
+            "--max-inflight-mb",
+            min=1,
+            help="Budget of request bytes in flight, MB (each request counts twice its "
+            "body: body + decoded tensors); beyond it 503 with Retry-After, checked "
+            "before the body is read.",
+        ),
+    ] = 256,
     drain_s: Annotated[
         float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
     ] = 30.0,
@@ -285,11 +295,44 @@ def serve_cmd(
             metrics_port,
             limits,
             metrics_host,
+            max_inflight_mb,
         )
     )
     if watcher is not None:
         watcher.stop()
     raise typer.Exit(code)
+
+
+#: exit status when the front end died (EX_SOFTWARE): systemd's Restart=on-failure
+#: restarts the service on a clean pool (see :mod:`infscaler.runtime.frontend`)
+EXIT_FRONTEND_DIED = 70
+#: seconds past ``--drain-timeout`` after which a stop no longer waits for anything
+STOP_GRACE_S = 10.0
+
+
+def _hard_exit_after(seconds: float, service: Any) -> None:
+    """Exit the process ``seconds`` from now whatever is stuck (a dead front end,
+    instances that do not stop, handlers that never finish): the bound on SIGTERM.
+    Instances die with it (PR_SET_PDEATHSIG); its shared memory is unlinked first."""
+    import threading
+
+    def fire() -> None:
+        err.print(f"infscaler: still stopping after {seconds:.0f} s: exiting now", highlight=False)
+        with contextlib.suppress(Exception):
+            from infscaler.shm.pool import remove_stale_slabs
+
+            pool = service.pool
+            if pool is not None:
+                remove_stale_slabs(pool.service_id)
+            if service.frontend is not None and service.frontend.deadlines is not None:
+                service.frontend.deadlines.close()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(1)
+
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
 
 
 async def _serve(
@@ -306,6 +349,7 @@ async def _serve(
     metrics_port: int | None = None,
     limits: Any = None,
     metrics_host: str = "127.0.0.1",
+    max_inflight_mb: float = 256,
 ) -> int:
     from infscaler.server import (
         create_app,
@@ -320,11 +364,30 @@ async def _serve(
     notifier = SystemdNotifier()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    died: list[str] = []
     service = Service(
-        state_dir=state_dir, device=profile, control_path=control_path, pool_mb=pool_mb
+        state_dir=state_dir,
+        device=profile,
+        control_path=control_path,
+        pool_mb=pool_mb,
+        max_inflight_mb=max_inflight_mb,
     )
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: do not wait any longer
+            _hard_exit_after(0.0, service)
+            return
+        # SIGTERM always exits: drain, then at most STOP_GRACE_S for the rest
+        _hard_exit_after(drain_s + STOP_GRACE_S, service)
+        stop.set()
+
+    def on_frontend_death(reason: str) -> None:  # from the dying front end thread
+        died.append(reason)
+        loop.call_soon_threadsafe(on_signal)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    service.on_frontend_death = on_frontend_death
     service.starting = bool(configs)  # not ready until the pipelines given are deployed
     await loop.run_in_executor(None, service.start)
     runner = metrics_runner = None
@@ -365,15 +428,19 @@ async def _serve(
             service.starting = False
             names = ", ".join(d.name for d in service.deployments()) or "no pipelines"
             notifier.ready(f"serving {names} on {socket_path}")
-            notifier.start_watchdog(
-                lambda: service.frontend._thread.is_alive() and service.manager.running
-            )
+            notifier.start_watchdog(lambda: service.frontend.alive() and service.manager.running)
             err.print(f"infscaler: ready ({names})", highlight=False)
             await stop.wait()
+        if died:
+            err.print(
+                f"infscaler: the front end failed ({died[0]}): exiting so that the "
+                "service restarts",
+                highlight=False,
+            )
         notifier.stopping("draining in-flight requests")
         err.print("infscaler: stopping: draining in-flight requests", highlight=False)
         await loop.run_in_executor(None, service.close, drain_s)
-        return 0
+        return EXIT_FRONTEND_DIED if died else 0
     finally:
         notifier.stop_watchdog()
         with contextlib.suppress(Exception):

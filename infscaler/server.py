@@ -328,8 +328,11 @@ class EdgeRequestHandler(RequestHandler):
 
         Mid-headers: 400 JSON, then close. Mid-body: the handler's read fails with
         :class:`BodyTruncated` (400 JSON through the middleware), then close. After a
-        complete request: keep the write side open for its response (aiohttp's default
-        would close it), then close."""
+        complete request: the client is gone (a client that closed its socket and one
+        that only shut its write side look the same here, and the first is far more
+        common), so aiohttp closes the connection and, with ``handler_cancellation``,
+        cancels the handler: the request is dropped and its slots freed, never computed
+        for nobody (issue 13: cancellation when the client goes away)."""
         transport = self.transport
         if transport is None or transport.is_closing() or self._edge_refused:
             return None
@@ -357,9 +360,6 @@ class EdgeRequestHandler(RequestHandler):
                     )
                 )
             self._loop.call_later(5.0, transport.close)
-            return True
-        if busy:
-            self.close()  # answer the request in hand, then close
             return True
         return None
 
@@ -445,6 +445,48 @@ class _EdgeRunner(web.AppRunner):
         return server
 
 
+#: pending connections the listening socket queues (``listen(2)`` backlog; the kernel caps
+#: it at ``net.core.somaxconn``): an overload burst waits in it for an answer instead of
+#: being refused at connect
+LISTEN_BACKLOG = 4096
+_ARRIVED = web.RequestKey("arrived_s", float)
+
+
+@web.middleware
+async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Bytes in flight (:mod:`infscaler.runtime.admission`): an inference request
+    reserves twice its declared ``Content-Length`` (the body and its decoded tensors;
+    the body limit when none is declared) from the service's budget *before* its body
+    is read, and gives it back once answered (or cancelled). Over the budget: 503 with
+    ``retry_after_s``; the body is then read and thrown away in small chunks (never
+    held), so the client, still sending it, gets the answer instead of a reset."""
+    service = request.app[_SERVICE]
+    if (
+        request.method != "POST"
+        or not request.path.endswith("/infer")
+        or not hasattr(service, "reserve_bytes")
+    ):
+        return await handler(request)
+    request[_ARRIVED] = time.monotonic()  # deadlines count from here, not from the submit
+    limit = request.app[_MAX_BODY] << 20
+    declared = request.content_length
+    nbytes = 2 * (limit if declared is None else min(declared, limit))
+    try:
+        service.reserve_bytes(nbytes)
+    except InfScalerError:
+        with contextlib.suppress(Exception):
+            seen = 0
+            async for chunk in request.content.iter_chunked(1 << 16):
+                seen += len(chunk)
+                if seen > limit:
+                    break
+        raise
+    try:
+        return await handler(request)
+    finally:
+        service.release_bytes(nbytes)
+
+
 def create_app(
     service: Any,
     *,
@@ -470,7 +512,7 @@ def create_app(
     from infscaler.security import SecurityPolicy
     from infscaler.sysshm import SystemSharedMemoryRegistry
 
-    app = web.Application(middlewares=[_errors], client_max_size=max_body_mb << 20)
+    app = web.Application(middlewares=[_errors, _admission], client_max_size=max_body_mb << 20)
     app[_SERVICE] = service
     app[_SHM] = shm if shm is not None else SystemSharedMemoryRegistry()
     app[_MAX_BODY] = max_body_mb
@@ -581,7 +623,14 @@ async def ready(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     if service.ready():
         return _json({"ready": True})
-    why = "stopping" if service.stopping else "pipelines are not ready"
+    failure = getattr(getattr(service, "frontend", None), "failure", None)
+    why = (
+        "stopping"
+        if service.stopping
+        else f"the front end failed: {failure}"
+        if failure
+        else "pipelines are not ready"
+    )
     return error_response(f"not ready: {why}", 503)
 
 
@@ -696,7 +745,7 @@ async def infer(request: web.Request) -> web.Response:
         body, header_length=header_length, input_specs=specs, shm=_shm(request), copy=False
     )
     timeout_s = parse_timeout_ms(req.parameters)
-    fut = service.submit(name, _slot_arrays(req.inputs), timeout_s)
+    fut = service.submit(name, _slot_arrays(req.inputs), timeout_s, request.get(_ARRIVED))
     result = await asyncio.wrap_future(fut)
     return _infer_response(request, req, name, dep, result, {})
 
@@ -1141,9 +1190,13 @@ async def start_unix_server(
     given: :func:`bind_unix_socket`, never wider than ``mode``). Returns the runner
     (``await runner.cleanup()`` to stop)."""
     p = prepare_socket_path(path)
-    runner = _EdgeRunner(app, app[_LIMITS], access_log=None, handle_signals=False)
+    # handler_cancellation: a client that goes away cancels its handler, which cancels
+    # the request's future: the front end drops the request (frees its slots)
+    runner = _EdgeRunner(
+        app, app[_LIMITS], access_log=None, handle_signals=False, handler_cancellation=True
+    )
     await runner.setup()
-    site = web.SockSite(runner, bind_unix_socket(p, mode, group))
+    site = web.SockSite(runner, bind_unix_socket(p, mode, group), backlog=LISTEN_BACKLOG)
     await site.start()
     return runner
 

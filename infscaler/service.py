@@ -62,6 +62,27 @@ class Deployment:
         return self.pipeline.name
 
 
+def _warm_unit_ms(compiled: Any, stage_ids: list[int], handles: list[Any]) -> list[float | None]:
+    """Per unit, the service time its instances measured at load (``warm_ms``, else the
+    batch-1 ``batch_ms``), ms; 0 for units run in the front end; None if unknown."""
+    out: list[float | None] = []
+    for u in compiled.units:
+        if not stage_ids[u.index]:
+            out.append(0.0)
+            continue
+        seen = []
+        for h in handles:
+            if h.key[1] != u.index:
+                continue
+            ms = h.info.get("warm_ms")
+            if ms is None:
+                ms = (h.info.get("batch_ms") or {}).get("1")
+            if ms is not None:
+                seen.append(float(ms))
+        out.append(max(seen) if seen else None)
+    return out
+
+
 class Service:
     """One InfScaler-Edge service (see the module docstring).
 
@@ -74,6 +95,10 @@ class Service:
         pool_mb: memory cap of the tensor pool, MB.
         max_pending: requests admitted at once (beyond: 503).
         start_timeout_s: how long a deploy waits for its instances to be ready.
+        max_inflight_mb: budget of request bytes in flight, MB (None: unbounded); the
+            server reserves each request's bytes before reading its body
+            (:meth:`reserve_bytes`), beyond it 503 with ``retry_after_s``
+            (:mod:`infscaler.runtime.admission`).
     """
 
     def __init__(
@@ -86,7 +111,10 @@ class Service:
         pool_mb: int = 512,
         max_pending: int = 1024,
         start_timeout_s: float = 120.0,
+        max_inflight_mb: float | None = 256,
     ) -> None:
+        from infscaler.runtime.admission import ByteBudget
+
         self.state_dir = Path(state_dir or default_state_dir())
         self.device = device
         self.control_path = control_path
@@ -107,6 +135,9 @@ class Service:
         self.autoscaler: Any = None
         self.started_at: float | None = None
         self._profile: Any = None
+        self.inflight = ByteBudget(None if max_inflight_mb is None else int(max_inflight_mb * 1e6))
+        #: called with the reason when the front end dies (``serve`` exits on it)
+        self.on_frontend_death: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Service:
@@ -138,7 +169,11 @@ class Service:
                 self.pool, self.channel, on_failure=self._on_request_failed
             ).start()
             self.frontend = FrontEnd(
-                self.manager, self.pool.service_id, max_pending=self.max_pending, pool=self.pool
+                self.manager,
+                self.pool.service_id,
+                max_pending=self.max_pending,
+                pool=self.pool,
+                on_death=self._on_frontend_death,
             )
             self.supervisor = Supervisor(
                 self.manager, self.pool.service_id, on_change=self._on_instances_changed
@@ -231,6 +266,33 @@ class Service:
             else:
                 out.append(f"unit {u.name} has no live instance")
         return out
+
+    def _on_frontend_death(self, reason: str) -> None:
+        log.critical("the front end failed (%s): the service is not ready", reason)
+        if self.on_frontend_death is not None:
+            self.on_frontend_death(reason)
+
+    def reserve_bytes(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` of the in-flight budget for a request (release with
+        :meth:`release_bytes` once it is answered).
+
+        Raises:
+            RequestError: (503, with ``retry_after_s``) over the budget.
+        """
+        verdict = self.inflight.reserve(nbytes)
+        if not verdict.admit:
+            from infscaler.runtime.frontend import RequestError
+
+            raise RequestError(
+                f"the service is at its in-flight memory budget: {verdict.reason}",
+                hint="retry after Retry-After seconds, send fewer concurrent requests, "
+                "or raise --max-inflight-mb",
+                retry_after_s=verdict.retry_after_s,
+            )
+
+    def release_bytes(self, nbytes: int) -> None:
+        """Give back what :meth:`reserve_bytes` reserved."""
+        self.inflight.release(nbytes)
 
     def _on_request_failed(self, request: int, reason: str) -> None:
         if self.frontend is not None:
@@ -417,6 +479,8 @@ class Service:
             route = Route(
                 compiled, stage_ids, PipelineStats([u.name for u in compiled.units]), window
             )
+            route.instances = [u.instances if stage_ids[u.index] else 1 for u in compiled.units]
+            route.seed_compute(_warm_unit_ms(compiled, stage_ids, handles))
             dep = Deployment(compiled, route)
             with self._lock:
                 self._deployments[cfg.name] = dep
@@ -506,8 +570,12 @@ class Service:
 
     def _resize_window(self, dep: Deployment) -> None:
         """The in-flight window: enough to keep every instance busy with full batches."""
+        live = self._live(dep)
         if dep.pipeline.config.max_inflight is None:
-            dep.route.max_inflight = sum(h.unit.max_batch for h in self._live(dep)) + 1
+            dep.route.max_inflight = sum(h.unit.max_batch for h in live) + 1
+        dep.route.instances = [
+            max(1, sum(1 for h in live if h.key[1] == u.index)) for u in dep.pipeline.units
+        ]
 
     def scale_out(self, dep: Deployment, unit: int, engine: str) -> Any:
         """Start one more instance of unit ``unit`` of ``dep`` on ``engine``; returns its
@@ -569,19 +637,26 @@ class Service:
             return list(self._deployments.values())
 
     def submit(
-        self, name: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+        self,
+        name: str,
+        inputs: dict[str, np.ndarray],
+        timeout_s: float | None = None,
+        arrived_s: float | None = None,
     ) -> concurrent.futures.Future:
         """Start a request; a future of :class:`~infscaler.runtime.frontend.Result`.
+        ``timeout_s`` / ``arrived_s``: as :meth:`FrontEnd.submit` (the deadline, seconds,
+        counted from ``arrived_s``, a ``time.monotonic()`` time; default now).
 
         Raises:
-            ServiceError: (404) unknown pipeline; RequestError (503) overloaded / stopping.
+            ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout,
+            (503) overloaded / refused at arrival / stopping.
         """
         dep = self.deployment(name)
         if self._stopping:
             from infscaler.runtime.frontend import RequestError
 
             raise RequestError("the service is stopping")
-        return self.frontend.submit(dep.route, inputs, timeout_s)
+        return self.frontend.submit(dep.route, inputs, timeout_s, arrived_s)
 
     def infer(self, name: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None):
         """Blocking :meth:`submit` (for tests and scripts)."""
@@ -590,13 +665,16 @@ class Service:
 
     # -- introspection -----------------------------------------------------------------------
     def ready(self, name: str | None = None) -> bool:
-        """Every unit of the pipeline has a ready instance; for the service as a whole
-        (``name`` None): started, not stopping, the initial pipelines deployed. A
-        degraded pipeline (a unit restarting) is not ready; the service stays ready
-        meanwhile (it serves its other pipelines and restarts the unit itself), so
-        ``/v2/health/ready`` means "the process can take requests" for Kubernetes and
-        systemd alike; :meth:`degraded` and ``status`` say what is down."""
+        """Every unit of the pipeline has a ready instance and the front end runs; for
+        the service as a whole (``name`` None): started, not stopping, the initial
+        pipelines deployed, the front end running (False for good once it failed:
+        :attr:`FrontEnd.failure`). A degraded pipeline (a unit restarting) is not ready;
+        the service stays ready meanwhile (it serves its other pipelines and restarts the
+        unit itself), so ``/v2/health/ready`` means "the process can take requests" for
+        Kubernetes and systemd alike; :meth:`degraded` and ``status`` say what is down."""
         if not self._started or self._stopping or (name is None and self.starting):
+            return False
+        if self.frontend is None or not self.frontend.alive():
             return False
         deps = [self.deployment(name)] if name else []
         handles = self.supervisor.handles()
@@ -711,5 +789,7 @@ class Service:
             },
             "restarts": self.supervisor.restarted,
             "frontend": {k: v for k, v in self.frontend.stats().items() if k != "client"},
+            "frontend_failure": self.frontend.failure,
+            "inflight": self.inflight.stats(),
             "pipelines": [self.pipeline_status(d) for d in self.deployments()],
         }

@@ -22,6 +22,31 @@ instance died too often, or no instance of its unit came back in time), the pool
 cap for longer than the request may wait, or the request's timeout: each completes the
 future with a :class:`RequestError` carrying an HTTP status (500 unit error, 503
 unavailable) and the reason.
+
+Deadlines and cancellation: every request has a deadline (its ``timeout_s``, or the
+pipeline's ``request_timeout_s``), written into the service's
+:class:`~infscaler.shm.deadlines.DeadlineTable` at submit. A request answered early
+(expired, failed, or cancelled: the caller cancelled its future, which ``server.infer``
+does when the client disconnects) is marked cancelled there. Instances check the table
+before running a token and before handing outputs on, and the manager before
+delivering held DATA: a dead request is dropped at every queue, never computed, and its
+slots go back through the normal ``done`` / FREE path at once (the 1 ms-timeout flood
+that kept ~290 slots busy computing expired requests).
+
+Admission: with an SLO (``pipeline.config.slo_ms``) :meth:`FrontEnd.submit` refuses a
+request that :func:`~infscaler.runtime.admission.admit_latency` says cannot finish in
+time, from the requests of its pipeline ahead of it and the measured per-unit compute
+time and instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the
+service time is known, a request whose estimate passes its own timeout is refused the
+same way (it would only expire in the queue).
+
+A front end that dies (any exception escaping its loop, or errors on every turn) does
+not die silently: :attr:`FrontEnd.failure` says why, every request in flight fails at
+once (503), :meth:`submit` refuses, :meth:`alive` is False (the service reports not
+ready) and ``on_death`` is called. It is not restarted in place: its
+:class:`~infscaler.shm.manager.InstanceClient` holds slot leases in memory, and a thread
+restarted on half-updated state could leak or double-free slots; ``infscaler serve``
+exits instead (status 70), so systemd restarts the whole service on a clean pool.
 """
 
 from __future__ import annotations
@@ -31,6 +56,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
+import math
 import os
 import select
 import threading
@@ -41,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.errors import InfScalerError
+from infscaler.runtime.admission import admit_latency
 from infscaler.runtime.instance import ITEM_BITS, ITEM_MASK, StageError, check_outputs
 from infscaler.runtime.pipeline import (
     ERROR,
@@ -56,12 +83,21 @@ from infscaler.runtime.supervisor import FRONTEND_INSTANCE
 log = logging.getLogger("infscaler.frontend")
 
 _EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
+#: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
+_MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
+#: the most the observed / estimated latency ratio may scale estimates by
+_MAX_CORRECTION = 4.0
+#: weight of a new measurement in the service-time averages (EWMA)
+_EWMA = 0.2
 _IN_PIPELINE = ("running", "items", "post")
 
 
 class RequestError(InfScalerError):
-    """A request failed; ``status`` is the HTTP status to answer with (500: a unit
-    failed on it; 503: the service could not run it now)."""
+    """A request failed; ``status`` is the HTTP status to answer with (400: a bad
+    argument such as a non-finite timeout; 500: a unit failed on it; 503: the service
+    could not run it now). ``retry_after_s``: when a refused request may be retried,
+    seconds (None: not known); the server's error middleware sends it as a
+    ``Retry-After`` header (RFC 9110 §10.2.3)."""
 
     def __init__(
         self,
@@ -95,6 +131,18 @@ class Route:
         unavailable_reason: set while a unit has no live instance (its restart is
             pending, :mod:`infscaler.runtime.supervisor`): new requests get a 503 with
             this reason and ``retry_after_s`` (the expected time until it is back, s).
+        instances: live instances per unit (the service keeps it current; 1 for units
+            run in the front end), for the SLO admission's bottleneck interval.
+        service_ms: measured compute ms of one request, all units (EWMA; None until
+            a request completed).
+        unit_ms: measured compute ms per unit per request (EWMA, summed over items).
+        admitted: requests of this pipeline admitted and not answered.
+        measured: True once a request completed (before: :attr:`service_ms` is a seed
+            from the instances' warm-up runs, or None).
+        correction: observed latency / admission estimate of completed requests (EWMA):
+            what compute time alone misses (hand-overs, the front
+            end's own work, CPU contention); the admission scales its estimates by it
+            (within [0.5, 4]).
     """
 
     pipeline: CompiledPipeline
@@ -106,7 +154,59 @@ class Route:
     shed_reason: str = ""
     unavailable_reason: str | None = None
     retry_after_s: float = 1.0
+    instances: list[int] | None = None
+    service_ms: float | None = None
+    unit_ms: list[float] | None = None
+    admitted: int = 0
+    measured: bool = False
+    correction: float = 1.0
     _fan_in_fn: Any = None
+
+    def seed_compute(self, unit_ms: list[float | None]) -> None:
+        """Start the service-time estimates from per-unit ms measured at load (the
+        instances' warm-up runs; None for a unit without one, 0 for units run in the
+        front end). Ignored unless every unit has a value, or once real requests were
+        measured."""
+        if self.measured or any(ms is None for ms in unit_ms):
+            return
+        self.unit_ms = [float(ms) for ms in unit_ms]  # type: ignore[arg-type]
+        self.service_ms = sum(self.unit_ms)
+
+    def estimates(self) -> tuple[float | None, float | None]:
+        """``(service_ms, interval_ms)`` for :func:`~infscaler.runtime.admission.admit_latency`:
+        the measured compute of one request, and the bottleneck interval (the slowest
+        unit's compute divided by its instances); ``(None, None)`` before a measurement."""
+        if self.service_ms is None or self.unit_ms is None:
+            return None, None
+        n = self.instances or [1] * len(self.unit_ms)
+        interval = max(
+            (ms / max(1, k) for ms, k in zip(self.unit_ms, n, strict=False)), default=0.0
+        )
+        return self.service_ms * self.correction, interval * self.correction
+
+    def record_estimate(self, estimate_ms: float | None, latency_ms: float) -> None:
+        """Fold a completed request's latency against what admission expected into
+        :attr:`correction`."""
+        if estimate_ms is None or estimate_ms <= 0:
+            return
+        ratio = self.correction * latency_ms / estimate_ms  # against the raw estimate
+        ratio = min(_MAX_CORRECTION, max(0.5, ratio))
+        self.correction = (1 - _EWMA) * self.correction + _EWMA * ratio
+
+    def record_compute(self, trace: np.ndarray) -> None:
+        """Fold one completed request's trace rows (unit, instance, start ns, end ns)
+        into :attr:`service_ms` / :attr:`unit_ms`."""
+        units = len(self.pipeline.units)
+        per = [0.0] * units
+        for unit, _inst, start, end in trace.tolist():
+            if 0 <= unit < units:
+                per[int(unit)] += (end - start) / 1e6
+        total = sum(per)
+        if not self.measured or self.unit_ms is None or self.service_ms is None:
+            self.unit_ms, self.service_ms, self.measured = per, total, True
+            return
+        self.unit_ms = [(1 - _EWMA) * a + _EWMA * b for a, b in zip(self.unit_ms, per, strict=True)]
+        self.service_ms = (1 - _EWMA) * self.service_ms + _EWMA * total
 
     def fan_in_fn(self) -> Any:
         if self._fan_in_fn is None:
@@ -156,6 +256,7 @@ class _Pending:
     traces: list[np.ndarray] = field(default_factory=list)
     busy_since: float | None = None
     waits: set[str] = field(default_factory=set)
+    estimate_ms: float | None = None  # what the SLO admission expected (ms)
 
 
 class FrontEnd:
@@ -171,6 +272,8 @@ class FrontEnd:
             stay under ``admit_fraction`` of the cap, so the stages downstream always
             find room for their outputs (a front end that filled the pool with inputs
             would deadlock the pipeline); it waits in the backlog meanwhile.
+        on_death: called (from the dying thread) with the reason when the front end
+            thread fails (see the module docstring).
     """
 
     def __init__(
@@ -182,6 +285,7 @@ class FrontEnd:
         max_out_tokens: int = 4,
         pool: Any = None,
         admit_fraction: float = 0.5,
+        on_death: Any = None,
     ) -> None:
         from infscaler.ebpf.channel import Endpoint
         from infscaler.shm.manager import InstanceClient
@@ -207,21 +311,56 @@ class FrontEnd:
         os.set_blocking(self._wake_w, False)
         self._closing = False
         self.counters = collections.Counter()
-        self._thread = threading.Thread(target=self._run, name="infscaler-frontend", daemon=True)
+        #: why the front end thread died (None while it runs)
+        self.failure: str | None = None
+        self.on_death = on_death
+        self._errors: collections.deque[float] = collections.deque(maxlen=_MAX_ERRORS)
+        self.deadlines: Any = None
+        try:
+            from infscaler.shm.deadlines import DeadlineTable
+
+            self.deadlines = DeadlineTable(service_id, create=True)
+        except OSError as exc:  # instances then compute every request (the old behaviour)
+            log.warning("no deadline table (expired requests are computed): %s", exc)
+        manager.request_dead = None if self.deadlines is None else self._request_dead
+        self._thread = threading.Thread(
+            target=self._run_guarded, name="infscaler-frontend", daemon=True
+        )
         self._thread.start()
 
     # -- API (any thread) --------------------------------------------------------------------
     def submit(
-        self, route: Route, inputs: dict[str, np.ndarray], timeout_s: float | None = None
+        self,
+        route: Route,
+        inputs: dict[str, np.ndarray],
+        timeout_s: float | None = None,
+        arrived_s: float | None = None,
     ) -> concurrent.futures.Future:
         """Queue a request; returns a future of :class:`Result` (or :class:`RequestError`).
 
         ``inputs`` must already be validated against the pipeline's input specs.
+        ``timeout_s``: the request's deadline from now, seconds (None: the pipeline's
+        ``request_timeout_s``). ``arrived_s``: when the request reached the service
+        (``time.monotonic()`` seconds; the server takes it before reading the body):
+        the deadline and the latency budget count from there (default: now).
+        Cancelling the returned future drops the request (frees its slots; nothing more
+        is computed for it).
 
         Raises:
-            RequestError: (503) the pipeline is not accepting requests (being removed,
-                or the service drains), or ``max_pending`` requests are in flight.
+            RequestError: (400) ``timeout_s`` not a positive finite number; (503) the
+                front end failed, the pipeline is not accepting requests (being
+                removed, or the service drains), ``max_pending`` requests are in
+                flight, the pipeline sheds load, or (with an SLO) the request could not
+                finish within it (``retry_after_s`` set).
         """
+        if timeout_s is not None and not (
+            isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
+        ):
+            raise RequestError(
+                f"timeout must be a positive finite number of seconds, got {timeout_s!r}", 400
+            )
+        if self.failure is not None:
+            raise RequestError(f"the front end failed: {self.failure}")
         if self._closing or not route.accepting:
             raise RequestError(f"pipeline {route.pipeline.name} is not accepting requests now")
         if route.unavailable_reason is not None:
@@ -247,20 +386,61 @@ class FrontEnd:
                         f"(limit {limit}); {route.shed_reason}",
                         hint="the device is at its resource cap; retry later or slow down",
                     )
-            seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1)  # never NO_REQUEST
             timeout_s = route.pipeline.config.request_timeout_s if timeout_s is None else timeout_s
-            p = _Pending(
-                seq,
-                route,
-                inputs,
-                fut,
-                time.monotonic() + timeout_s,
-                time.monotonic_ns(),
-            )
+            now = time.monotonic()
+            arrived = now if arrived_s is None else min(float(arrived_s), now)
+            spent_ms = (now - arrived) * 1e3  # reading and decoding it took this much
+            slo_ms = route.pipeline.config.slo_ms
+            service_ms, interval_ms = route.estimates()
+            # the latency bound: the SLO; once the service time is known, also the
+            # request's own deadline: one admitted to a FIFO queue it cannot cross in
+            # time would be computed in part, then dropped (with a looser bound the
+            # queue settles past the timeout and nearly everything expires)
+            bound_ms, what = slo_ms, "SLO"
+            if service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
+                bound_ms, what = timeout_s * 1e3, "request's timeout"
+            estimate = None
+            if bound_ms is not None:
+                left_ms = max(1e-3, bound_ms - spent_ms)
+                verdict = admit_latency(route.admitted, service_ms, interval_ms, left_ms, what)
+                estimate = verdict.estimate_ms
+                if not verdict.admit:
+                    route.stats.record_rejection(slo=what == "SLO")
+                    self.counters["slo_refused" if what == "SLO" else "deadline_refused"] += 1
+                    raise RequestError(
+                        f"pipeline {route.pipeline.name} refuses the request at arrival: "
+                        f"{verdict.reason}",
+                        hint="the pipeline is at its capacity for this latency; retry after "
+                        "Retry-After seconds, slow down, allow more time, or add instances",
+                        retry_after_s=verdict.retry_after_s,
+                    )
+            seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
+            deadline = arrived + timeout_s
+            p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns())
+            if route.measured:
+                p.estimate_ms = estimate
             self._pending[seq] = p
+            route.admitted += 1
+            if self.deadlines is not None:
+                self.deadlines.set(seq, deadline)
         route.stats.arrival()
+        fut.add_done_callback(lambda f, seq=seq: self._on_future_done(f, seq))
         self._command(("submit", p))
+        if self.failure is not None:  # it died meanwhile: nothing will serve this one
+            self._complete_error(p, RequestError(f"the front end failed: {self.failure}"))
         return fut
+
+    def _on_future_done(self, fut: concurrent.futures.Future, seq: int) -> None:
+        if fut.cancelled():  # the caller gave up (client disconnect): drop the request
+            self._command(("cancel", seq))
+
+    def alive(self) -> bool:
+        """The front end thread runs and has not failed."""
+        return self.failure is None and self._thread.is_alive()
+
+    def _request_dead(self, request: int) -> bool:
+        table = self.deadlines
+        return table is not None and table.dead(request)
 
     def fail_request(self, request: int, reason: str) -> None:
         """The manager failed ``request`` (any thread)."""
@@ -274,7 +454,7 @@ class FrontEnd:
         """Wait until no request (of ``route``) is in flight; True if none is left."""
         deadline = time.monotonic() + timeout
         while self.pending(route):
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self.failure is not None:
                 return False
             time.sleep(0.02)
         return True
@@ -284,11 +464,10 @@ class FrontEnd:
         self._closing = True
         self._command(("close",))
         self._thread.join(5.0)
-        with self._lock:
-            left = list(self._pending.values())
-            self._pending.clear()
-        for p in left:
-            self._complete_error(p, RequestError("the service is stopping"))
+        self._fail_all(RequestError("the service is stopping"))
+        with contextlib.suppress(Exception):
+            if self.deadlines is not None:
+                self.deadlines.close()
         with contextlib.suppress(Exception):
             self._endpoint.close()
         with contextlib.suppress(Exception):
@@ -313,42 +492,83 @@ class FrontEnd:
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"x")
 
-    def _run(self) -> None:
+    def _run_guarded(self) -> None:
+        """The thread: :meth:`_run`, and if it ends for any reason but :meth:`close`,
+        the front end is dead (module docstring)."""
+        reason: str | None
+        try:
+            reason = self._run()
+        except BaseException as exc:  # noqa: BLE001 - recorded, then everything fails fast
+            log.critical("front end thread failed", exc_info=True)
+            reason = f"{type(exc).__name__}: {exc}"
+        if reason is None or self._closing:
+            return
+        self._die(reason)
+
+    def _die(self, reason: str) -> None:
+        self.failure = reason
+        self.counters["deaths"] += 1
+        log.critical("the front end died (%s): failing every request in flight", reason)
+        self._fail_all(RequestError(f"the front end failed: {reason}"))
+        if self.on_death is not None:
+            try:
+                self.on_death(reason)
+            except Exception:  # noqa: BLE001 - nothing more to do from a dead thread
+                log.exception("front end: on_death callback failed")
+
+    def _fail_all(self, exc: RequestError) -> None:
+        with self._lock:
+            left = list(self._pending.values())
+        for p in left:
+            self._complete_error(p, exc)
+
+    def _run(self) -> str | None:
+        """The loop; returns None on close, else why it ended."""
         from infscaler.ebpf.errors import ChannelClosed
 
         poller = select.poll()
         poller.register(self._endpoint.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         while True:
-            timeout_ms = 5 if self._backlog else self._next_timeout_ms()
-            if self._endpoint.pending() or self.client.stats()["queued"]:
-                timeout_ms = 0
             try:
-                poller.poll(timeout_ms)
-            except InterruptedError:
-                continue
-            with contextlib.suppress(BlockingIOError, OSError):
-                while os.read(self._wake_r, 4096):
-                    pass
-            try:
+                timeout_ms = 5 if self._backlog else self._next_timeout_ms()
+                if self._endpoint.pending() or self.client.stats()["queued"]:
+                    timeout_ms = 0
+                try:
+                    poller.poll(timeout_ms)
+                except InterruptedError:
+                    continue
+                with contextlib.suppress(BlockingIOError, OSError):
+                    while os.read(self._wake_r, 4096):
+                        pass
                 if not self._do_commands():
-                    return
+                    return None
                 self._receive()
                 self._start_backlog()
                 self._expire()
             except ChannelClosed:
                 log.info("front end: control channel closed")
-                return
+                return None if self._closing else "the control channel closed"
             except Exception:  # noqa: BLE001 - the front end must survive any one request
                 log.exception("front end: unexpected error (the request involved is failed)")
                 self.counters["internal_errors"] += 1
+                now = time.monotonic()
+                self._errors.append(now)
+                if len(self._errors) == _MAX_ERRORS and now - self._errors[0] < _ERROR_WINDOW_S:
+                    return (
+                        f"{_MAX_ERRORS} internal errors within {_ERROR_WINDOW_S:g} s "
+                        "(see the log for their tracebacks)"
+                    )
 
     def _next_timeout_ms(self) -> int:
         with self._lock:
             if not self._pending:
                 return 1000
             nearest = min(p.deadline for p in self._pending.values())
-        return max(1, min(1000, int((nearest - time.monotonic()) * 1000) + 1))
+        left_ms = (nearest - time.monotonic()) * 1000
+        if not math.isfinite(left_ms):
+            return 1000
+        return max(1, min(1000, int(left_ms) + 1))
 
     def _do_commands(self) -> bool:
         while self._commands:
@@ -360,6 +580,12 @@ class FrontEnd:
                     p = self._pending.get(cmd[1])
                 if p is not None:
                     self._complete_error(p, RequestError(f"request failed: {cmd[2]}", 503))
+            elif cmd[0] == "cancel":
+                with self._lock:
+                    p = self._pending.get(cmd[1])
+                if p is not None:
+                    self.counters["cancelled"] += 1
+                    self._complete_error(p, RequestError("the client cancelled the request", 499))
             elif cmd[0] == "close":
                 return False
         return True
@@ -381,9 +607,14 @@ class FrontEnd:
             )
         waiting: collections.deque[_Pending] = collections.deque()
         pool_full = False
+        now = time.monotonic()
         while self._backlog:
             p = self._backlog.popleft()
             if p.phase == "done":
+                continue
+            if p.deadline <= now:  # never started: dropped here, nothing was computed
+                self.counters["expired_queued"] += 1
+                self._complete_error(p, RequestError(self._expiry_reason(p)))
                 continue
             route = p.route
             if pool_full or running[id(route)] >= route.max_inflight:
@@ -564,22 +795,33 @@ class FrontEnd:
         with self._lock:
             late = [p for p in self._pending.values() if p.deadline <= now]
         for p in late:
-            why = (
-                "the tensor pool stayed at its memory cap"
-                if p.phase == "queued" and p.busy_since is not None
-                else f"no result within {p.route.pipeline.config.request_timeout_s:g} s"
-            )
-            self._complete_error(p, RequestError(f"request timed out: {why}", 503))
+            self.counters["expired"] += 1
+            self._complete_error(p, RequestError(self._expiry_reason(p), 503))
+
+    @staticmethod
+    def _expiry_reason(p: _Pending) -> str:
+        waited = p.deadline - p.t_submit_ns / 1e9
+        why = (
+            "the tensor pool stayed at its memory cap"
+            if p.phase == "queued" and p.busy_since is not None
+            else f"no result within its timeout ({waited:.3g} s)"
+        )
+        return f"request timed out: {why}"
 
     def _complete(self, p: _Pending, outputs: dict[str, np.ndarray]) -> None:
         with self._lock:
             if self._pending.pop(p.seq, None) is None:
                 return
+            p.route.admitted -= 1
         p.phase = "done"
+        if self.deadlines is not None:
+            self.deadlines.cancel(p.seq)
         latency_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
         # items carry the rows of the units before the fan-out: count each row once
         trace = np.unique(np.concatenate(p.traces), axis=0) if p.traces else _EMPTY_TRACE
         p.route.stats.record_success(latency_ms, trace, p.t_submit_ns)
+        p.route.record_estimate(p.estimate_ms, latency_ms)
+        p.route.record_compute(trace)
         self.counters["completed"] += 1
         with contextlib.suppress(concurrent.futures.InvalidStateError):
             p.future.set_result(Result(outputs, trace, latency_ms, p.count))
@@ -588,7 +830,10 @@ class FrontEnd:
         with self._lock:
             if self._pending.pop(p.seq, None) is None:
                 return
+            p.route.admitted -= 1
         p.phase = "done"
+        if self.deadlines is not None:  # drop what is left of it in every queue
+            self.deadlines.cancel(p.seq)
         p.inputs = None
         p.route.stats.record_failure(exc.status)
         self.counters["failed"] += 1

@@ -21,6 +21,12 @@ SIGINT are ignored (under systemd the whole cgroup gets SIGTERM, but the service
 drain in-flight requests through its instances first); the process dies with its
 parent (``PR_SET_PDEATHSIG``).
 
+Deadlines: a token whose request is past its deadline or cancelled (the front end's
+:class:`~infscaler.shm.deadlines.DeadlineTable`) is dropped before it runs (its input
+slot returned through ``done``), and outputs computed for a request that died meanwhile
+are not handed on; a hand-over waiting for a slot at the pool's cap waits no longer
+than the request's deadline. ``stats`` reports them as ``dropped``.
+
 A request that fails in this unit (engine error, function exception, wrong outputs) is
 not lost: a slot holding ``__error__`` (the message) goes to the front end, which
 answers the client with it; the instance keeps serving.
@@ -120,7 +126,9 @@ class ModelRunner:
 
     def _warm_up(self) -> None:
         """One run on zeros when every input shape is known (first request then pays
-        no lazy initialisation)."""
+        no lazy initialisation), then a second one timed: ``warm_ms``, the service time
+        the front end's SLO admission starts from before real requests are measured."""
+        self.warm_ms: float | None = None
         feeds = {}
         for info in self.engine.inputs:
             shape = self.unit.shapes.get(info.name) or info.shape
@@ -129,6 +137,9 @@ class ModelRunner:
             feeds[info.name] = np.zeros(shape, dtype=info.dtype)
         with contextlib.suppress(Exception):
             self.engine.infer(feeds)
+            t0 = time.perf_counter()
+            self.engine.infer(feeds)
+            self.warm_ms = round((time.perf_counter() - t0) * 1e3, 3)
 
     def __call__(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         u = self.unit
@@ -288,6 +299,10 @@ class Instance:
             self.stage_id,
             max_out_tokens=int(spec.get("max_out_tokens", 2)),
         )
+        from infscaler.shm.deadlines import DeadlineTable
+
+        self.deadlines = DeadlineTable(spec["service_id"])
+        self.dropped = 0
         cores = spec.get("cores") or None
         self.runner: ModelRunner | FunctionRunner = (
             ModelRunner(self.unit, cores)
@@ -328,6 +343,7 @@ class Instance:
         self.report(
             "ready",
             batch_ms=getattr(self.runner, "batch_ms", {}),
+            warm_ms=getattr(self.runner, "warm_ms", None),
             load_ms=round((time.perf_counter() - t0) * 1e3, 1),
             memory_mb=round(self.runner.memory_mb, 2),
             engine=describe,
@@ -357,6 +373,7 @@ class Instance:
                             batch=self.max_batch,
                             batches=self.batches,
                             batched=self.batched,
+                            dropped=self.dropped,
                             **_memory(),
                         )
                         dirty = False
@@ -415,6 +432,9 @@ class Instance:
                 self.client.done(bad, keep=False)
             self.errors += 1
             return
+        if self._drop_dead(tok):
+            del tensors
+            return
         batch = [(tok, tensors)]
         if self.max_batch > 1:
             batch += self._gather(self.max_batch - 1, self.batch_delay_s)
@@ -422,6 +442,20 @@ class Instance:
             return
         for tok, tensors in batch:
             self._process(tok, tensors)
+
+    def _dead(self, tok: Any) -> bool:
+        try:
+            return self.deadlines.dead(tok.request)
+        except Exception:  # noqa: BLE001 - a broken table never stops serving
+            return False
+
+    def _drop_dead(self, tok: Any) -> bool:
+        """Return the slot of a dead request's token at once (normal ``done`` path)."""
+        if not self._dead(tok):
+            return False
+        self.dropped += 1
+        self.client.done(tok)
+        return True
 
     def _gather(self, n: int, delay_s: float) -> list[tuple[Any, dict[str, np.ndarray]]]:
         """Up to ``n`` more inputs arriving within ``delay_s`` s (dynamic batching)."""
@@ -434,7 +468,9 @@ class Instance:
         while len(more) < n:
             left = deadline - time.monotonic()
             try:
-                more.append(self.client.recv_input(max(0.0, left)))
+                got = self.client.recv_input(max(0.0, left))
+                if not self._drop_dead(got[0]):
+                    more.append(got)
             except TimeoutError:
                 break
             except RequestFailed:
@@ -480,10 +516,16 @@ class Instance:
                 out = {**{k: tensors[k] for k in self.unit.carry}, **part, TRACE: trace}
                 if FANOUT in tensors:
                     out[FANOUT] = tensors[FANOUT]
+                if self._dead(tok):
+                    self.dropped += 1
+                    continue
                 try:
                     self._hand_over(out, self.next_stage, tok.request)
                     self.served += 1
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
+                    if self._dead(tok):
+                        self.dropped += 1
+                        continue
                     self.errors += 1
                     self._send_error(tok, tensors, f"stage {self.unit.name}: {exc}")
         finally:
@@ -502,6 +544,9 @@ class Instance:
         try:
             result = self.runner(tensors)
             end = time.monotonic_ns()
+            if self._dead(tok):  # it died while we computed: nothing to hand on
+                self.dropped += 1
+                return
             trace = self._trace(trace_in, start, end)
             if self.unit.fan_out:
                 self._hand_over_items(tok, tensors, result, trace)
@@ -513,6 +558,9 @@ class Instance:
             self.served += 1
         except Exception as exc:  # noqa: BLE001 - one request fails, the instance goes on
             end = time.monotonic_ns()
+            if self._dead(tok):  # e.g. no slot before its deadline: no one waits for it
+                self.dropped += 1
+                return
             self.errors += 1
             detail = (
                 str(exc)
@@ -554,6 +602,10 @@ class Instance:
         self, out: dict[str, np.ndarray], stage: int, request: int, timeout: float | None = None
     ) -> None:
         wait = self.acquire_timeout_s if timeout is None else timeout
+        with contextlib.suppress(Exception):
+            left = self.deadlines.remaining_s(request)
+            if left is not None:  # never wait for a slot past the request's deadline
+                wait = min(wait, max(left, 0.001))
         self.client.send_tensors(out, stage, request, timeout=wait)
 
     def _hand_over_items(

@@ -116,6 +116,7 @@ class PipelineMetrics:
     pending: int
     units: tuple[UnitMetrics, ...] = field(default_factory=tuple)
     offered_rate: float | None = None
+    slo_refused_rate: float = 0.0
 
 
 class Monitor:
@@ -144,6 +145,7 @@ class Monitor:
             lat = stats.latency.summary(now, w)
             rate = _count_since(stats.arrivals._t, now - w) / w
             offered = _count_since(stats.offered._t, now - w) / w
+            slo_refused = _count_since(stats.slo_refused._t, now - w) / w
             per_unit = []
             for i in range(len(stats.units)):
                 comp = stats.compute[i].summary(now, w)
@@ -192,6 +194,7 @@ class Monitor:
             pending=self.service.frontend.pending(route),
             units=tuple(units),
             offered_rate=offered,
+            slo_refused_rate=slo_refused,
         )
 
     @staticmethod
@@ -338,6 +341,7 @@ class Monitor:
             instances_used=engines_used,
             pending=m.pending,
             offered_rate=m.offered_rate,
+            slo_refused_rate=m.slo_refused_rate,
         )
 
 

@@ -125,6 +125,9 @@ class Snapshot:
         pending: requests admitted and not yet answered.
         offered_rate: requests per second submitted over the window, refused ones
             (load shedding) included (None: same as ``arrival_rate``).
+        slo_refused_rate: requests per second the front end refused at arrival because
+            they could not meet the SLO (:mod:`infscaler.runtime.admission`): demand
+            the P99 of the admitted requests no longer shows.
     """
 
     now: float
@@ -137,6 +140,7 @@ class Snapshot:
     instances_used: dict[str, int] = field(default_factory=dict)
     pending: int = 0
     offered_rate: float | None = None
+    slo_refused_rate: float = 0.0
 
     @property
     def offered(self) -> float:
@@ -340,7 +344,11 @@ def _lift_reason(s: Snapshot) -> str | None:
 
 
 def is_violated(snapshot: Snapshot, config: ScalerConfig = ScalerConfig()) -> bool:
-    """True when the P99 is known and above ``violation_ratio`` x SLO."""
+    """True when the P99 is known and above ``violation_ratio`` x SLO, or when requests
+    were refused at arrival for the SLO (admission bounds the admitted P99, so the
+    overload shows as refusals instead)."""
+    if snapshot.slo_refused_rate > 0:
+        return True
     p99 = snapshot.p99_ms
     return p99 is not None and p99 > config.violation_ratio * snapshot.slo_ms
 
@@ -407,7 +415,9 @@ def _violation(s: Snapshot, c: ScalerConfig) -> str:
         if c.violation_ratio == 1
         else f"{c.violation_ratio:g} x SLO {_n(s.slo_ms)} ms"
     )
-    return f"P99 {s.p99_ms:.0f} ms > {slo}"
+    if s.p99_ms is not None and s.p99_ms > c.violation_ratio * s.slo_ms:
+        return f"P99 {s.p99_ms:.0f} ms > {slo}"
+    return f"{s.slo_refused_rate:.2f} requests/s refused at arrival: they could not meet the {slo}"
 
 
 def _service_ms(u: UnitState) -> float | None:

@@ -106,6 +106,8 @@ class PipelineStats:
         self.arrivals = RateWindow()
         #: admitted and refused (shed / max_pending) requests: the offered load
         self.offered = RateWindow()
+        #: requests refused at arrival because they could not meet the SLO
+        self.slo_refused = RateWindow()
         self.success = 0
         self.fail: collections.Counter[int] = collections.Counter()
         self.rejected = 0
@@ -135,12 +137,15 @@ class PipelineStats:
             self.fail[status] += 1
             self.last_inference_ms = int(time.time() * 1e3)
 
-    def record_rejection(self) -> None:
-        """A request refused before admission (queue bound or ``max_pending``): it counts
-        in the offered load, not in the arrivals."""
+    def record_rejection(self, slo: bool = False) -> None:
+        """A request refused before admission (queue bound, ``max_pending``, or with
+        ``slo`` the SLO admission): it counts in the offered load, not in the arrivals."""
         with self._lock:
             self.rejected += 1
-            self.offered.add()
+            now = time.monotonic()
+            self.offered.add(now)
+            if slo:
+                self.slo_refused.add(now)
 
     def _record_trace(self, trace: np.ndarray | None, t_submit_ns: int) -> None:
         if trace is None or trace.size == 0:

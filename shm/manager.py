@@ -377,9 +377,14 @@ class TensorSharingManager:
                 "handed_over",
                 "dead_letters",
                 "internal_errors",
+                "dropped_dead",
             ),
             0,
         )
+        #: ``request -> bool``: True when a request is past its deadline or cancelled
+        #: (the front end's :class:`~infscaler.shm.deadlines.DeadlineTable`); held DATA
+        #: of such a request is dropped, its slot freed, instead of being delivered
+        self.request_dead: Callable[[int], bool] | None = None
         self._rejections: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -1069,7 +1074,14 @@ class TensorSharingManager:
 
     # -- timers --------------------------------------------------------------------------
     def _tick(self, now: float) -> None:
+        dead = self.request_dead
         for key, st in list(self._held.items()):
+            if dead is not None and st.data is not None and dead(st.data.request):
+                # past its deadline or cancelled (the front end answered it already):
+                # the held DATA is never delivered, its slot goes back to the pool
+                self._c["dropped_dead"] += 1
+                self._free_slot(key, st)
+                continue
             if now >= st.deadline:
                 stage = st.data.stage if st.data is not None else -1
                 limit = self._hold_limits.get(stage)

@@ -118,8 +118,14 @@ def slab_name(service_id: str, slab: int) -> str:
     return f"/isc-{_check_service_id(service_id)}-{int(slab)}"
 
 
+#: Shared-memory objects of a service besides its numbered slabs: ``isc-<id>-<suffix>``
+#: (``deadlines``: the front end's deadline table, :mod:`infscaler.shm.deadlines`).
+SERVICE_OBJECT_SUFFIXES = ("deadlines",)
+
+
 def remove_stale_slabs(service_id: str) -> list[str]:
-    """Unlink every ``/dev/shm/isc-<service_id>-*`` entry (what a killed manager left).
+    """Unlink the ``/dev/shm/isc-<service_id>-<n>`` slabs and the service's other objects
+    (:data:`SERVICE_OBJECT_SUFFIXES`): what a killed manager left.
 
     For a supervisor restarting a crashed manager under the same service id; never call
     it while a pool with that id is alive. Linux only (lists ``/dev/shm``).
@@ -131,7 +137,8 @@ def remove_stale_slabs(service_id: str) -> list[str]:
     removed = []
     with contextlib.suppress(FileNotFoundError):
         for entry in sorted(os.listdir(_SHM_DIR)):
-            if entry.startswith(prefix) and entry[len(prefix) :].isdigit():
+            rest = entry[len(prefix) :]
+            if entry.startswith(prefix) and (rest.isdigit() or rest in SERVICE_OBJECT_SUFFIXES):
                 with contextlib.suppress(FileNotFoundError):
                     _posixshmem.shm_unlink("/" + entry)
                     removed.append("/" + entry)

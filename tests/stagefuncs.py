@@ -91,3 +91,9 @@ def gather_strict(items):
     if not items:
         raise StageInputError("no rows to gather")
     return {"sums": np.concatenate([it["s"] for it in items])}
+
+
+def slow_row(tensors, ms=5.0):
+    """Per-item stage: the row's sum, after ``ms`` milliseconds of sleep."""
+    time.sleep(ms / 1e3)
+    return {"s": np.array([np.asarray(tensors["row"]).sum()], dtype=np.float32)}

@@ -61,8 +61,12 @@ def _instances(svc: Service, unit: str) -> int:
     return next(len(u["instances"]) for u in st["units"] if u["unit"] == unit)
 
 
-def _load(svc: Service, clients: int, seconds: float) -> tuple[int, list[str]]:
-    """Closed-loop clients; returns (answered, errors)."""
+def _load(
+    svc: Service, clients: int, seconds: float, refused: list[str] | None = None
+) -> tuple[int, list[str]]:
+    """Closed-loop clients; returns (answered, errors). A request the SLO admission
+    refuses at arrival (503 with ``retry_after_s``) goes to ``refused`` (when given) and
+    is retried after that back-off, as a client honouring Retry-After does."""
     done = [0]
     errors: list[str] = []
     stop = time.monotonic() + seconds
@@ -74,6 +78,12 @@ def _load(svc: Service, clients: int, seconds: float) -> tuple[int, list[str]]:
                 r = svc.infer("step", {"x": x}, timeout_s=30)
                 np.testing.assert_allclose(r.outputs["y"], x * 2)
                 done[0] += 1
+            except RequestError as exc:
+                if refused is not None and exc.retry_after_s and "at arrival" in str(exc):
+                    refused.append(str(exc))
+                    time.sleep(exc.retry_after_s)
+                    continue
+                errors.append(str(exc))
             except Exception as exc:  # noqa: BLE001 - collected and asserted on
                 errors.append(str(exc))
 
@@ -106,9 +116,12 @@ def test_load_step_scales_the_bottleneck_out_then_back_in(tmp_path: Path) -> Non
     with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
         svc.deploy(load_pipeline(step_pipeline()))
         assert (_instances(svc, "scale"), _instances(svc, "slow")) == (1, 1)
-        # 6 closed-loop clients on a 40 ms stage: about 240 ms with one instance > SLO 150
-        done, errors = _load(svc, clients=6, seconds=8.0)
+        # 6 closed-loop clients on a 40 ms stage: about 240 ms with one instance > SLO 150;
+        # the front end refuses at arrival what would miss the SLO, the scaler sees it
+        refused: list[str] = []
+        done, errors = _load(svc, clients=6, seconds=8.0, refused=refused)
         assert errors == [] and done > 0
+        assert refused, "6 clients on one 40 ms instance cannot all meet a 150 ms SLO"
         peak = _instances(svc, "slow")
         assert peak >= 2, svc.autoscaler.decisions("step")
         assert _instances(svc, "scale") == 1  # asymmetric: the fast stage is left alone
@@ -147,12 +160,13 @@ def test_at_the_memory_cap_the_pipeline_sheds_load_with_a_reason(tmp_path: Path)
         assert sheds and sheds[0]["queue_limit"] >= 1, svc.autoscaler.decisions("step")
         assert "cap" in sheds[0]["reason"]
         assert errors, "a bounded queue must have refused some requests"
-        assert all("sheds load" in e for e in errors), errors[:3]
+        # refused by the shed bound, or already at arrival by the SLO admission
+        assert all("sheds load" in e or "at arrival" in e for e in errors), errors[:3]
         assert done > 0
         with pytest.raises(RequestError) as exc:
             for _ in range(100):
                 svc.submit("step", {"x": np.ones((1, 4), np.float32)})
-        assert exc.value.status == 503 and "limit" in str(exc.value)
+        assert exc.value.status == 503 and ("limit" in str(exc.value) or "SLO" in str(exc.value))
 
 
 # -- dynamic batching (MArk §4) ------------------------------------------------------------

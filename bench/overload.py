@@ -1,0 +1,568 @@
+"""10x overload: does the service stay trustworthy when offered ten times what it can do?
+
+For each mode (no SLO, and an SLO with the autoscaler), against a real ``infscaler
+serve`` process (ResNet-50 partitioned ``-k 3``, optionally the ``ocr`` pipeline):
+
+1. **capacity**: closed loop, ``clients`` connections back to back, throughput = C (rps).
+2. **overload**: open loop, Poisson arrivals at ``factor`` x C (default 10x) for
+   ``duration_s`` (30 s; ``--quick`` 8 s). Every request goes on its own connection (a
+   client each, as many as the arrivals make: nothing waits on a connection pool) with
+   binary tensor data, and ``timeout_ms`` = ``timeout_fraction`` (0.8) x the bound below
+   (the rest is left for the transfer: the server's deadline starts once the body is
+   read, the bound is measured at the client). Each gets one outcome: a
+   result (200), a refusal (429 / 503, with ``Retry-After`` when the server sent one),
+   another status, a connection error (reset, refused, closed without an answer), or
+   none within 60 s (unanswered).
+   The SLO of the ``slo`` mode, unless ``--slo`` is given: 3 x one request's latency
+   (P50 of 8 back-to-back requests from one client, measured in the no-SLO run).
+3. **recovery**: right after, Poisson probes at ``probe_load`` x C until a window of
+   ``probe_window`` consecutive probes all succeed within the bound; recovery time =
+   the send time of the first probe of that window, from the end of the overload.
+
+The bound: the SLO with one, else 2 s. Criteria (``passed`` in the JSON): every request
+answered, 0 connection errors, admitted (200) P99 <= bound, recovery <= 5 s, and the
+service process's RSS stays within ``rss_budget_mb`` = RSS before the overload +
+3 x ``--max-inflight-mb`` (each request's bytes are counted twice by the budget, the
+decoded tensors again live in the pool, not in the RSS).
+
+Sampled every ``sample_s``: the service process's RSS (``/proc/PID/status`` VmRSS) and
+its CPU, its instances' CPU (children), and the CPU of every other process on the host
+(``/proc/stat`` busy minus ours: how much other work competed, as ``bench/scaling.py``
+records it).
+
+Output: ``bench/results/overload.json`` + ``overload.png`` (``_quick`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import (  # noqa: E402
+    busy_cpu_seconds,
+    default_cache_dir,
+    environment,
+    print_table,
+    process_cpu_seconds,
+    write_json,
+)
+
+RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (its instances)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    return out
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class Sampler:
+    """RSS and CPU of the service, its instances and the rest of the host, every
+    ``period_s`` (a thread)."""
+
+    def __init__(self, pid: int, period_s: float) -> None:
+        self.pid, self.period_s = pid, period_s
+        self.rows: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self.t0 = time.monotonic()
+
+    def start(self) -> Sampler:
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        me = os.getpid()
+        prev = None
+        while not self._stop.wait(self.period_s):
+            kids = children(self.pid)
+            now = time.monotonic()
+            svc, inst, mine, busy = (
+                process_cpu_seconds([self.pid]),
+                process_cpu_seconds(kids),
+                process_cpu_seconds([me]),
+                busy_cpu_seconds(),
+            )
+            if prev is not None:
+                dt = now - prev[0]
+                d_svc, d_inst, d_me, d_busy = (
+                    svc - prev[1],
+                    max(0.0, inst - prev[2]),
+                    mine - prev[3],
+                    busy - prev[4],
+                )
+                self.rows.append(
+                    {
+                        "t_s": round(now - self.t0, 3),
+                        "rss_mb": rss_mb(self.pid),
+                        "service_cores": round(d_svc / dt, 3),
+                        "instances_cores": round(d_inst / dt, 3),
+                        "loadgen_cores": round(d_me / dt, 3),
+                        "other_cores": round(max(0.0, d_busy - d_svc - d_inst - d_me) / dt, 3),
+                    }
+                )
+            prev = (now, svc, inst, mine, busy)
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._t.join()
+        return self.rows
+
+
+class Service:
+    """``infscaler serve`` in a subprocess."""
+
+    def __init__(self, target: str, args: list[str], sock: str, log: Path) -> None:
+        self.sock = sock
+        self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, "-m", "infscaler", "serve", "--socket", sock, target, *args]
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        from infscaler.client import Client
+
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited {self.proc.returncode}: see {self.log.name}")
+            with contextlib.suppress(Exception), Client(self.sock, timeout=5) as c:
+                if c.is_ready():
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"serve not ready after {timeout_s} s: see {self.log.name}")
+
+    def stop(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.log.close()
+        return {"exit_code": rc, "stop_s": round(time.monotonic() - t0, 2)}
+
+
+async def one(
+    sock: str, model: str, body: bytes, headers: dict[str, str], timeout_s: float
+) -> tuple[str, float, float | None]:
+    """One request on its own connection: (outcome, latency ms, Retry-After s)."""
+    import aiohttp
+
+    t0 = time.perf_counter()
+    conn = aiohttp.UnixConnector(path=sock, force_close=True, limit=0)
+    try:
+        async with (
+            aiohttp.ClientSession(
+                connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as s,
+            s.post(f"http://x/v2/models/{model}/infer", data=body, headers=headers) as r,
+        ):
+            await r.read()
+            ms = (time.perf_counter() - t0) * 1e3
+            ra = r.headers.get("Retry-After")
+            retry = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
+            if r.status == 200:
+                return "ok", ms, None
+            if r.status in (429, 503):
+                return "refused", ms, retry
+            return f"status_{r.status}", ms, None
+    except TimeoutError:
+        return "unanswered", (time.perf_counter() - t0) * 1e3, None
+    except (aiohttp.ClientConnectionError, ConnectionError, OSError) as exc:
+        return f"conn:{type(exc).__name__}", (time.perf_counter() - t0) * 1e3, None
+    finally:
+        await conn.close()
+
+
+async def closed_loop(sock: str, model: str, body: bytes, headers: dict, clients: int, n: int):
+    lat: list[float] = []
+    left = [n]
+
+    async def worker() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            out, ms, _ = await one(sock, model, body, headers, 120)
+            if out == "ok":
+                lat.append(ms)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    wall = time.perf_counter() - t0
+    return {
+        "requests": n,
+        "completed": len(lat),
+        "throughput_rps": round(len(lat) / wall, 3),
+        "p50_ms": round(float(np.percentile(lat, 50)), 2) if lat else None,
+    }
+
+
+async def open_loop(
+    sock: str, model: str, body: bytes, headers: dict, rate: float, duration_s: float, seed: int
+) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, Any]] = []
+    tasks = []
+    t0 = time.perf_counter()
+    t_next = 0.0
+
+    async def fire(t_send: float) -> None:
+        out, ms, retry = await one(sock, model, body, headers, 60)
+        rows.append({"t_s": round(t_send, 4), "outcome": out, "ms": round(ms, 2), "retry": retry})
+
+    while t_next < duration_s:
+        delay = t0 + t_next - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(fire(t_next)))
+        t_next += rng.exponential(1.0 / rate)
+    await asyncio.gather(*tasks)
+    return rows
+
+
+async def recovery(
+    sock: str,
+    model: str,
+    body: bytes,
+    headers: dict,
+    rate: float,
+    bound_ms: float,
+    max_s: float,
+    window: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Probes until ``window`` consecutive ones succeed within ``bound_ms``."""
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    probes: list[dict[str, Any]] = []
+    tasks = []
+    t_next = 0.0
+
+    async def fire(i: int, t_send: float) -> None:
+        out, ms, _ = await one(sock, model, body, headers, 60)
+        probes.append({"i": i, "t_s": round(t_send, 3), "outcome": out, "ms": round(ms, 2)})
+
+    def recovered_at() -> float | None:
+        done = sorted(probes, key=lambda p: p["i"])
+        run: list[dict] = []
+        for p in done:
+            if p["outcome"] == "ok" and p["ms"] <= bound_ms:
+                run.append(p)
+                if len(run) >= window:
+                    return run[0]["t_s"]
+            else:
+                run = []
+        return None
+
+    i = 0
+    while t_next < max_s:
+        delay = t0 + t_next - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if recovered_at() is not None:
+            break
+        tasks.append(asyncio.ensure_future(fire(i, t_next)))
+        i += 1
+        t_next += rng.exponential(1.0 / rate)
+    await asyncio.gather(*tasks)
+    return {"recovery_s": recovered_at(), "probes": probes}
+
+
+def summarize(rows: list[dict[str, Any]], duration_s: float, bound_ms: float) -> dict[str, Any]:
+    outcomes: dict[str, int] = {}
+    for r in rows:
+        outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+    ok = [r["ms"] for r in rows if r["outcome"] == "ok"]
+    refused = [r["ms"] for r in rows if r["outcome"] == "refused"]
+    conn = sum(v for k, v in outcomes.items() if k.startswith("conn:"))
+    return {
+        "offered": len(rows),
+        "offered_rps": round(len(rows) / duration_s, 2),
+        "outcomes": outcomes,
+        "admitted": len(ok),
+        "admitted_rps": round(len(ok) / duration_s, 2),
+        "refused": len(refused),
+        "connection_errors": conn,
+        "unanswered": outcomes.get("unanswered", 0),
+        "admitted_p50_ms": round(float(np.percentile(ok, 50)), 2) if ok else None,
+        "admitted_p99_ms": round(float(np.percentile(ok, 99)), 2) if ok else None,
+        "admitted_within_bound": round(sum(1 for x in ok if x <= bound_ms) / len(ok), 4)
+        if ok
+        else None,
+        "refusal_p99_ms": round(float(np.percentile(refused, 99)), 2) if refused else None,
+        "with_retry_after": sum(1 for r in rows if r["retry"] is not None),
+    }
+
+
+def run_mode(
+    name: str,
+    target: str,
+    serve_args: list[str],
+    feeds: dict[str, np.ndarray],
+    a: Any,
+    slo_ms: float | None,
+    tmp: Path,
+    capacity: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    from infscaler.protocol import encode_infer_request
+
+    sock = str(tmp / f"{name}.sock")
+    svc = Service(target, serve_args, sock, tmp / f"{name}.log")
+    res: dict[str, Any] = {"mode": name, "serve": svc.cmd[2:], "slo_ms": slo_ms}
+    try:
+        svc.wait_ready(600)
+        model = "resnet50" if target == "resnet50" else target
+        bound_ms = slo_ms if slo_ms is not None else 2000.0
+        body, headers = encode_infer_request(
+            feeds, parameters={"timeout_ms": round(bound_ms * a.timeout_fraction, 1)}
+        )
+        if capacity is None:
+            single = asyncio.run(closed_loop(sock, model, body, headers, 1, 8))
+            cap = asyncio.run(closed_loop(sock, model, body, headers, a.clients, a.calibrate))
+            cap["single_p50_ms"] = single["p50_ms"]
+        else:  # measured without an SLO (the SLO admission would refuse calibration load)
+            cap = {**capacity, "from": "the no-SLO run"}
+            asyncio.run(closed_loop(sock, model, body, headers, 1, 4))  # warm
+        rate = max(0.5, cap["throughput_rps"] * a.factor)
+        base_rss = rss_mb(svc.proc.pid)
+        sampler = Sampler(svc.proc.pid, a.sample_s).start()
+        t_over = time.monotonic() - sampler.t0
+        rows = asyncio.run(open_loop(sock, model, body, headers, rate, a.duration_s, a.seed))
+        t_rec = time.monotonic() - sampler.t0
+        rec = asyncio.run(
+            recovery(
+                sock,
+                model,
+                body,
+                headers,
+                max(0.2, cap["throughput_rps"] * a.probe_load),
+                bound_ms,
+                a.recovery_max_s,
+                a.probe_window,
+                a.seed + 1,
+            )
+        )
+        samples = sampler.stop()
+        over = summarize(rows, a.duration_s, bound_ms)
+        rss = [s["rss_mb"] for s in samples if s["rss_mb"] is not None]
+        budget = None if base_rss is None else base_rss + 3 * a.max_inflight_mb
+        res.update(
+            capacity=cap,
+            factor=a.factor,
+            rate_rps=round(rate, 2),
+            bound_ms=bound_ms,
+            overload=over,
+            recovery_s=rec["recovery_s"],
+            probes=rec["probes"],
+            rss_before_mb=base_rss,
+            rss_peak_mb=round(max(rss), 1) if rss else None,
+            rss_end_mb=round(rss[-1], 1) if rss else None,
+            rss_budget_mb=round(budget, 1) if budget else None,
+            samples=samples,
+            overload_window_s=[round(t_over, 3), round(t_rec, 3)],
+            requests=rows,
+        )
+        res["checks"] = {
+            "every_request_answered": over["unanswered"] == 0,
+            "no_connection_errors": over["connection_errors"] == 0,
+            "admitted_p99_within_bound": over["admitted_p99_ms"] is not None
+            and over["admitted_p99_ms"] <= bound_ms,
+            "recovery_within_5s": rec["recovery_s"] is not None and rec["recovery_s"] <= 5.0,
+            "rss_within_budget": bool(rss) and budget is not None and max(rss) <= budget,
+        }
+        res["passed"] = all(res["checks"].values())
+    except Exception as exc:  # noqa: BLE001 - recorded; the other mode still runs
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        res["passed"] = False
+    finally:
+        res["stop"] = svc.stop()
+    return res
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in data["runs"] if "samples" in m]
+    if not modes:
+        return
+    fig, axes = plt.subplots(3, len(modes), figsize=(6 * len(modes), 9), squeeze=False)
+    for j, m in enumerate(modes):
+        t0 = m["overload_window_s"][0]
+        title = (
+            f"{m['model']} / {m['mode']} ({m['factor']:g}x {m['capacity']['throughput_rps']} rps)"
+        )
+        ax = axes[0][j]
+        ts = [s["t_s"] - t0 for s in m["samples"]]
+        ax.plot(ts, [s["rss_mb"] for s in m["samples"]], label="service RSS")
+        if m.get("rss_budget_mb"):
+            ax.axhline(m["rss_budget_mb"], color="r", ls="--", label="bound")
+        ax.axvspan(0, m["overload_window_s"][1] - t0, color="0.9")
+        ax.set_ylabel("MB")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+        ax = axes[1][j]
+        for key in ("service_cores", "instances_cores", "loadgen_cores", "other_cores"):
+            ax.plot(ts, [s[key] for s in m["samples"]], label=key)
+        ax.set_ylabel("cores")
+        ax.legend(fontsize=7)
+        ax = axes[2][j]
+        for outcome, color in (("ok", "g"), ("refused", "orange")):
+            pts = [r for r in m["requests"] if r["outcome"] == outcome]
+            ax.scatter([r["t_s"] for r in pts], [r["ms"] for r in pts], s=2, c=color, label=outcome)
+        bad = [r for r in m["requests"] if r["outcome"] not in ("ok", "refused")]
+        ax.scatter([r["t_s"] for r in bad], [r["ms"] for r in bad], s=6, c="r", label="other")
+        ax.axhline(m["bound_ms"], color="k", ls=":", lw=1)
+        ax.set_yscale("log")
+        ax.set_xlabel("s since the overload started")
+        ax.set_ylabel("latency ms")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="8 s overload, short calibration")
+    p.add_argument("--models", default="resnet50", help="resnet50[,ocr]")
+    p.add_argument("--modes", default="noslo,slo", help="noslo,slo")
+    p.add_argument("--slo", default=None, help="SLO for the slo mode (default 3x one request)")
+    p.add_argument("--factor", type=float, default=10.0)
+    p.add_argument("--duration-s", type=float, default=30.0)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--calibrate", type=int, default=60)
+    p.add_argument("--max-inflight-mb", type=float, default=256)
+    p.add_argument("--timeout-fraction", type=float, default=0.8)
+    p.add_argument("--probe-load", type=float, default=0.5)
+    p.add_argument("--probe-window", type=int, default=5)
+    p.add_argument("--recovery-max-s", type=float, default=30.0)
+    p.add_argument("--sample-s", type=float, default=0.25)
+    p.add_argument("--control-path", default="auto")
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.duration_s, a.calibrate, a.recovery_max_s = 8.0, 16, 15.0
+    default_cache_dir()
+    from scaling import model_inputs
+
+    from infscaler.partitioner.slo import slo_ms as parse_slo
+
+    data: dict[str, Any] = {"environment": environment(), "settings": vars(a), "runs": []}
+    tmp = Path(tempfile.mkdtemp(prefix="isc-overload-"))
+    for model in a.models.split(","):
+        if model == "ocr":
+            from skimage import data as skdata
+
+            target, feeds, base = "ocr", {"image": skdata.astronaut()}, []
+        else:
+            target, feeds, base = model, model_inputs(model), ["-k", "3"]
+        common = [
+            *base,
+            "--control-path",
+            a.control_path,
+            "--max-inflight-mb",
+            str(a.max_inflight_mb),
+            "--drain-timeout",
+            "5",
+        ]
+        for mode in a.modes.split(","):
+            slo = None
+            args = list(common)
+            if mode == "slo":
+                if a.slo:
+                    slo = parse_slo(a.slo)
+                else:  # 3x one request's latency (P50, one client), from the no-SLO run
+                    prev = [r for r in data["runs"] if r["model"] == model and "capacity" in r]
+                    p50 = prev[0]["capacity"].get("single_p50_ms") if prev else None
+                    slo = max(100.0, 3 * (p50 or 100.0))
+                args += ["--slo", f"{slo:g}ms", "--autoscale"]
+            t0 = time.monotonic()
+            prev = [r for r in data["runs"] if r["model"] == model and "capacity" in r]
+            cap = prev[0]["capacity"] if prev else None
+            res = run_mode(mode, target, args, feeds, a, slo, tmp, cap)
+            res["model"] = model
+            res["wall_s"] = round(time.monotonic() - t0, 1)
+            data["runs"].append(res)
+    data["environment"]["load_average_at_end"] = list(os.getloadavg())
+    rows = []
+    for r in data["runs"]:
+        o = r.get("overload", {})
+        rows.append(
+            [
+                r["model"],
+                r["mode"],
+                r.get("slo_ms") or "-",
+                (r.get("capacity") or {}).get("throughput_rps"),
+                r.get("rate_rps"),
+                o.get("admitted"),
+                o.get("refused"),
+                o.get("connection_errors"),
+                o.get("unanswered"),
+                o.get("admitted_p99_ms"),
+                r.get("recovery_s"),
+                f"{r.get('rss_before_mb') or 0:.0f}/{r.get('rss_peak_mb') or 0:.0f}/"
+                f"{r.get('rss_budget_mb') or 0:.0f}",
+                r.get("passed"),
+                r.get("error", ""),
+            ]
+        )
+    print_table(
+        [
+            "model",
+            "mode",
+            "slo ms",
+            "cap rps",
+            "offered rps",
+            "ok",
+            "refused",
+            "conn err",
+            "unanswered",
+            "ok P99 ms",
+            "recovery s",
+            "RSS MB before/peak/bound",
+            "passed",
+            "error",
+        ],
+        rows,
+    )
+    suffix = "_quick" if a.quick else ""
+    write_json(RESULTS / f"overload{suffix}.json", data)
+    plot(data, RESULTS / f"overload{suffix}.png")
+    print(f"wrote {RESULTS / f'overload{suffix}.json'} and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

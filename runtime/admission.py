@@ -1,0 +1,191 @@
+"""Admission control: what the service accepts at arrival (pure functions, no state).
+
+Two bounds, applied where each can be known:
+
+- **Bytes in flight** (:func:`admit_bytes`): a service-wide budget of request bytes
+  held at once (bodies being read, decoded tensors, requests queued or running).
+  ``server.infer`` checks the declared ``Content-Length`` against it *before* reading
+  the body, so an overload of large requests cannot grow the process (a count bound
+  alone let 40 concurrent 46 MB OCR requests take the service to 3.5 GB).
+- **Latency budget** (:func:`admit_latency`): with an SLO, a request that cannot finish
+  within it, given the requests of its pipeline ahead of it and the measured service
+  time, is refused at arrival instead of waiting for seconds and then missing the SLO
+  anyway (Clipper's and INFaaS' "drop early": Crankshaw et al., NSDI'17 §4.3 and
+  Romero et al., ATC'21 §4.2 admit only what can meet its deadline). The estimate is the
+  M/D/c-style drain time of the queue::
+
+      estimate_ms = service_ms + ahead * interval_ms
+
+  where ``service_ms`` is one request's end-to-end compute time and ``interval_ms`` the
+  pipeline's bottleneck interval (the slowest unit's compute time divided by its
+  instances: the time between two completions when the pipeline is full). Before any
+  measurement the front end passes :func:`default_estimates` (conservative: a request
+  is assumed to take half the SLO and the pipeline to run one at a time), so the first
+  request of a burst is bounded too.
+
+Refusals carry ``retry_after_s``: when the queue will have drained enough (latency) or
+a fixed short back-off (bytes, where nothing says how long the holders take).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: back-off suggested when the byte budget is exhausted, seconds
+BYTES_RETRY_S = 0.5
+#: bounds of any suggested back-off, seconds
+MIN_RETRY_S, MAX_RETRY_S = 0.05, 30.0
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admission decision.
+
+    Attributes:
+        admit: True to accept the request.
+        reason: why it was refused ("" when admitted).
+        retry_after_s: suggested back-off for a refused request, seconds (None when
+            admitted).
+        estimate_ms: the latency estimate it was judged on (latency bound only).
+    """
+
+    admit: bool
+    reason: str = ""
+    retry_after_s: float | None = None
+    estimate_ms: float | None = None
+
+
+def _retry(seconds: float) -> float:
+    return round(min(MAX_RETRY_S, max(MIN_RETRY_S, seconds)), 3)
+
+
+def admit_bytes(request_bytes: int, inflight_bytes: int, budget_bytes: int | None) -> Admission:
+    """Accept a request of ``request_bytes`` while ``inflight_bytes`` are held, under a
+    budget of ``budget_bytes`` (None: no budget).
+
+    A request larger than the whole budget is admitted when nothing else is in flight
+    (else it could never run; the body limit, ``--max-body-mb``, bounds it then).
+
+    Raises:
+        ValueError: a negative size.
+    """
+    if request_bytes < 0 or inflight_bytes < 0:
+        raise ValueError("byte counts must be >= 0")
+    if budget_bytes is None:
+        return Admission(True)
+    if inflight_bytes + request_bytes <= budget_bytes or inflight_bytes == 0:
+        return Admission(True)
+    return Admission(
+        False,
+        f"{inflight_bytes / 1e6:.1f} MB of requests are in flight; this one "
+        f"({request_bytes / 1e6:.1f} MB) would pass the budget of "
+        f"{budget_bytes / 1e6:.0f} MB (--max-inflight-mb)",
+        _retry(BYTES_RETRY_S),
+    )
+
+
+def default_estimates(slo_ms: float) -> tuple[float, float]:
+    """``(service_ms, interval_ms)`` to judge on before anything was measured: a
+    request takes half the SLO, and the pipeline runs one request at a time (so one
+    request ahead is admitted, two are not)."""
+    return slo_ms / 2, slo_ms / 2
+
+
+def estimate_ms(ahead: int, service_ms: float, interval_ms: float) -> float:
+    """Expected latency of a request arriving behind ``ahead`` admitted requests of its
+    pipeline (ms): its own service time plus the drain time of the queue ahead."""
+    return service_ms + max(0, ahead) * interval_ms
+
+
+def admit_latency(
+    ahead: int,
+    service_ms: float | None,
+    interval_ms: float | None,
+    slo_ms: float | None,
+    what: str = "SLO",
+) -> Admission:
+    """Accept a request only if :func:`estimate_ms` fits in ``slo_ms``, or if nothing
+    is ahead of it (it starts at once; refusing it would not make it faster).
+
+    Args:
+        ahead: requests of the same pipeline admitted and not answered.
+        service_ms: measured end-to-end compute ms of one request (None: not measured:
+            :func:`default_estimates` is used).
+        interval_ms: measured bottleneck interval ms (None: as ``service_ms``).
+        slo_ms: the bound in ms: the pipeline's SLO, or the request's timeout (None:
+            no latency bound, always admitted).
+        what: names the bound in the reason ("SLO", "request's timeout").
+
+    Raises:
+        ValueError: ``slo_ms`` not a positive finite number, or a negative estimate.
+    """
+    if slo_ms is None:
+        return Admission(True)
+    if not (math.isfinite(slo_ms) and slo_ms > 0):
+        raise ValueError(f"slo_ms must be a positive number, got {slo_ms}")
+    d_service, d_interval = default_estimates(slo_ms)
+    service = d_service if service_ms is None else float(service_ms)
+    interval = (
+        (d_interval if service_ms is None else service) if interval_ms is None else interval_ms
+    )
+    if service < 0 or interval < 0 or not (math.isfinite(service) and math.isfinite(interval)):
+        raise ValueError(f"estimates must be finite and >= 0, got {service}, {interval}")
+    est = estimate_ms(ahead, service, interval)
+    # nothing ahead: it runs at once, refusing it cannot make anything faster (and an idle
+    # pipeline that refused everything would never measure its service time again)
+    if est <= slo_ms or ahead <= 0:
+        return Admission(True, estimate_ms=est)
+    # admitted again once enough of the queue ahead drained: (est - slo) ms from now
+    return Admission(
+        False,
+        f"it would take about {est:.0f} ms ({ahead} requests ahead, {interval:.1f} ms "
+        f"each), past what is left of its {what} ({slo_ms:.0f} ms)",
+        _retry((est - slo_ms) / 1e3),
+        est,
+    )
+
+
+class ByteBudget:
+    """The service's budget of request bytes in flight (thread-safe; the state the
+    pure :func:`admit_bytes` decides on).
+
+    Args:
+        budget_bytes: bytes held at once (None: unbounded).
+    """
+
+    def __init__(self, budget_bytes: int | None) -> None:
+        import threading
+
+        if budget_bytes is not None and budget_bytes <= 0:
+            raise ValueError(f"the in-flight budget must be > 0 bytes, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self.inflight_bytes = 0
+        self.peak_bytes = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> Admission:
+        """Reserve ``nbytes`` if :func:`admit_bytes` admits them (then :meth:`release`
+        them once the request is answered)."""
+        with self._lock:
+            verdict = admit_bytes(nbytes, self.inflight_bytes, self.budget_bytes)
+            if verdict.admit:
+                self.inflight_bytes += nbytes
+                self.peak_bytes = max(self.peak_bytes, self.inflight_bytes)
+            else:
+                self.refused += 1
+            return verdict
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.inflight_bytes = max(0, self.inflight_bytes - nbytes)
+
+    def stats(self) -> dict[str, int | None]:
+        with self._lock:
+            return {
+                "budget_bytes": self.budget_bytes,
+                "inflight_bytes": self.inflight_bytes,
+                "peak_bytes": self.peak_bytes,
+                "refused": self.refused,
+            }

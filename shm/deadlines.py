@@ -1,0 +1,168 @@
+"""The deadline table: which requests are still worth computing, in shared memory.
+
+A token is a fixed 32 bytes (:mod:`infscaler.shm.token`) and carries only the request
+id, so the deadline cannot travel with it. Instead the front end (the one writer) keeps
+one small table per service in POSIX shared memory, and every instance (a reader)
+checks a token's request in it before running the token, and again before handing its
+outputs on. A request past its deadline, or cancelled (the client went away, the front
+end already answered it), is dropped there: its input slot goes back through the normal
+:meth:`~infscaler.shm.manager.InstanceClient.done` path (so the manager's accounting
+stays right) and nothing is computed for it.
+
+Layout: ``/isc-<service_id>-deadlines``, :data:`ENTRIES` entries of two little-endian
+u64, indexed by ``seq % ENTRIES`` where ``seq = request >> 16`` (the front end's
+request number, see :mod:`infscaler.runtime.frontend`)::
+
+    word 0  seq          the request number this entry is for (0: empty)
+    word 1  deadline_ns  CLOCK_MONOTONIC ns after which it is dead; 0: cancelled /
+                         answered; 2**64-1: no deadline
+
+CLOCK_MONOTONIC is one clock for every process of the host (``clock_gettime(2)``), so
+the front end's ``time.monotonic_ns()`` deadline means the same in an instance.
+
+Readers never trust an entry that names another request (``seq`` differs: the entry
+was reused by a request ``ENTRIES`` later, or the table is missing): such a request is
+treated as live, the safe side (it is computed, and the front end drops its result as
+stale). Writes are one aligned 8-byte store per word; the writer clears ``seq`` before
+changing ``deadline_ns`` and sets it last, and readers read ``seq`` twice, so a torn
+entry is never read as another request's.
+
+Only the service's user can open it (mode 0600, like the slabs); it holds no tensor
+data.
+"""
+
+from __future__ import annotations
+
+import _posixshmem
+import contextlib
+import mmap
+import os
+import time
+
+import numpy as np
+
+from infscaler.shm.pool import _check_service_id
+
+ENTRIES = 1 << 16
+NO_DEADLINE = (1 << 64) - 1
+CANCELLED = 0
+_ITEM_BITS = 16  # infscaler.runtime.instance.ITEM_BITS (not imported: shm sits below runtime)
+_BYTES = ENTRIES * 16
+
+
+def table_name(service_id: str) -> str:
+    """POSIX shared-memory name of a service's deadline table."""
+    return f"/isc-{_check_service_id(service_id)}-deadlines"
+
+
+class DeadlineTable:
+    """One service's deadline table (see the module docstring).
+
+    Args:
+        service_id: the pool's service id.
+        create: True in the front end (creates it, the only writer; replaces a stale
+            one a killed service left); False in instances (attach lazily, read only).
+    """
+
+    def __init__(self, service_id: str, *, create: bool = False) -> None:
+        self.name = table_name(service_id)
+        self.owner = create
+        self._mm: mmap.mmap | None = None
+        self._words: np.ndarray | None = None
+        self._next_attach = 0.0
+        if create:
+            with contextlib.suppress(FileNotFoundError):
+                _posixshmem.shm_unlink(self.name)
+            fd = _posixshmem.shm_open(self.name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+            try:
+                os.ftruncate(fd, _BYTES)
+                self._map(fd)
+            finally:
+                os.close(fd)
+
+    def _map(self, fd: int) -> None:
+        self._mm = mmap.mmap(fd, _BYTES)
+        self._words = np.frombuffer(self._mm, dtype="<u8").reshape(ENTRIES, 2)
+
+    def _attach(self) -> bool:
+        if self._words is not None:
+            return True
+        now = time.monotonic()
+        if now < self._next_attach:
+            return False
+        self._next_attach = now + 1.0  # not there yet: try again in a second
+        try:
+            fd = _posixshmem.shm_open(self.name, os.O_RDWR, mode=0o600)
+        except OSError:
+            return False
+        try:
+            if os.fstat(fd).st_size != _BYTES:
+                return False
+            self._map(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    # -- writer (the front end) ------------------------------------------------------------
+    def set(self, seq: int, deadline_s: float | None) -> None:
+        """Request ``seq`` must be done by ``deadline_s`` (``time.monotonic()`` seconds;
+        None: no deadline)."""
+        if self._words is None:
+            return
+        ns = NO_DEADLINE if deadline_s is None else max(1, int(deadline_s * 1e9))
+        row = self._words[seq % ENTRIES]
+        row[0] = 0
+        row[1] = min(ns, NO_DEADLINE)
+        row[0] = seq
+
+    def cancel(self, seq: int) -> None:
+        """Request ``seq`` is answered (failed, expired, cancelled): drop what is left of it."""
+        if self._words is None:
+            return
+        row = self._words[seq % ENTRIES]
+        if int(row[0]) == seq:
+            row[1] = CANCELLED
+
+    # -- readers (instances, the manager) --------------------------------------------------
+    def dead(self, request: int, now_ns: int | None = None) -> bool:
+        """True when ``request`` (a token's request id, ``seq << 16 | item``) is past its
+        deadline or cancelled; False when it is live or not in the table."""
+        if not self._attach():
+            return False
+        assert self._words is not None
+        seq = request >> _ITEM_BITS
+        row = self._words[seq % ENTRIES]
+        if int(row[0]) != seq:
+            return False
+        deadline = int(row[1])
+        if int(row[0]) != seq:
+            return False
+        if deadline == CANCELLED:
+            return True
+        return deadline <= (time.monotonic_ns() if now_ns is None else now_ns)
+
+    def remaining_s(self, request: int) -> float | None:
+        """Seconds left before ``request``'s deadline (None: unknown or no deadline; 0
+        when dead)."""
+        if not self._attach():
+            return None
+        assert self._words is not None
+        seq = request >> _ITEM_BITS
+        row = self._words[seq % ENTRIES]
+        if int(row[0]) != seq:
+            return None
+        deadline = int(row[1])
+        if deadline == NO_DEADLINE:
+            return None
+        return max(0.0, (deadline - time.monotonic_ns()) / 1e9)
+
+    def close(self) -> None:
+        """Unmap (and unlink, for the owner)."""
+        self._words = None
+        if self._mm is not None:
+            with contextlib.suppress(BufferError, ValueError):
+                self._mm.close()
+            self._mm = None
+        if self.owner:
+            with contextlib.suppress(FileNotFoundError):
+                _posixshmem.shm_unlink(self.name)
