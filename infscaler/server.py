@@ -363,6 +363,17 @@ class EdgeRequestHandler(RequestHandler):
             return True
         return None
 
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp logs what its lingering read of an unread body raises as "Unhandled
+        exception" with a traceback; our own :class:`BodyTimeout` / :class:`BodyTruncated`
+        there were already answered (408 / 400), so they are logged at debug: a client
+        sending truncated requests cannot fill the journal."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, BodyTimeout | BodyTruncated):
+            self.log_debug("request body cut short (answered already): %s", exc)
+            return
+        super().log_exception(*args, **kw)
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self._edge_arm(None)
         if self._edge_refused:
