@@ -112,9 +112,10 @@ class Accelerator(BaseModel):
         max_instances: resource limit on concurrent instances (Algorithm 1's R^m); for
             ``dla`` it is per DLA core (the device's slots: ``max_instances x count``).
         threads_per_core: cpu only: how many pinned instance threads may share one core.
-            The cpu instances of model stages (``instances x threads``, each thread pinned
-            to a core) never exceed ``floor(len(cores) x threads_per_core)``, at deploy
-            and when the scaler adds one (:attr:`thread_slots`). 1 (the default): never
+            The scaler never adds a cpu instance of a model stage past
+            ``floor(len(cores) x threads_per_core)`` pinned threads (``instances x
+            threads``, :attr:`thread_slots`); a deploy that asks for more is warned about
+            (the operator's own configuration), not refused. 1 (the default): never
             more threads than cores (onnxruntime's intra-op threads spin while they wait
             for work, so two pinned to one core slow each other down); above 1 is an
             explicit opt-in to oversubscription (pipelined stages that take turns).
@@ -544,13 +545,15 @@ def check_pipeline(
     core ``dla0`` / ``dla1``) that the profile has, and its precision is one that engine
     runs. Then, over the units that run as instances (all but a fan-in, which the front
     end runs), the configured (minimum) instances against the resource limits the scaler
-    keeps (:mod:`infscaler.runtime.monitor`): model instances x threads on the cpu <= the
-    cpu's :meth:`Accelerator.thread_slots` (cores x ``threads_per_core``); model instances per engine <= :attr:`DeviceProfile.instance_limits`
+    keeps (:mod:`infscaler.runtime.monitor`): model instances per engine <=
+    :attr:`DeviceProfile.instance_limits`
     (function stages count against memory only, as in the scaler); and memory: one
     instance of every served unit plus ``pool_mb`` must fit ``memory_cap_mb``, and so must
     the configured instances. An instance's memory is the unit's plan estimate
     (``memory_mb``; a whole model without a plan: its ONNX file size; a function stage:
-    0) plus ``instance_overhead_mb``.
+    0) plus ``instance_overhead_mb``. Model instances x threads on the cpu beyond the
+    cpu's :meth:`Accelerator.thread_slots` (cores x ``threads_per_core``) are the
+    operator's choice: a warning, not a refusal (the scaler never adds past them).
 
     Args:
         compiled: the compiled pipeline (:func:`infscaler.runtime.pipeline.compile_pipeline`).
@@ -640,16 +643,21 @@ def check_pipeline(
     want_cores = sum(u.instances * u.threads for u in cpu_units)
     slots = cpu.thread_slots(host) if cpu is not None else len(cores)
     if cpu_units and want_cores + cores_used > slots:
+        # the operator's own configuration: deployed, with a warning (refusing it would
+        # leave a user with more pipelined stages than cores, e.g. `ocr` and a
+        # partitioned model on an Orin Nano, no way but writing a profile); what the
+        # runtime adds by itself, the scaler's scale-outs, never passes the slots
         detail = ", ".join(f"{u.name} {u.instances}x{u.threads}" for u in cpu_units)
         others = f" + {cores_used} already pinned by other deployments" if cores_used else ""
         src = "its cpu `cores`" if cpu is not None and cpu.cores else "this host's usable cores"
         tpc = cpu.threads_per_core if cpu is not None else 1.0
-        problems.append(
+        warnings.append(
             f"stages on cpu: instances x threads = {want_cores} ({detail}){others} exceed "
             f"the {slots} thread slots of {dev} ({len(cores)} cores, {src}, x "
-            f"threads_per_core {tpc:g}): lower `instances` or `threads`, move a stage to "
-            "another engine, or set `threads_per_core` above 1 in the profile's cpu entry "
-            "to allow oversubscription"
+            f"threads_per_core {tpc:g}): deployed as configured, the instances sharing "
+            "cores; the scaler adds no cpu instance while the slots are full (lower "
+            "`instances` or `threads`, move a stage to another engine, or raise "
+            "`threads_per_core` in the profile's cpu entry)"
         )
     elif cpu_units and want_cores + cores_used > len(cores):
         warnings.append(

@@ -305,3 +305,29 @@ def test_a_request_that_would_miss_its_timeout_is_refused_at_arrival(svc: Servic
     assert svc.frontend.counters["deadline_refused"] == 1
     r = svc.infer("chain", {"x": np.ones(4, np.float32)}, timeout_s=30)
     np.testing.assert_array_equal(r.outputs["y"], 2.0)
+
+
+def test_expiries_raise_the_admission_correction(svc: Service) -> None:
+    """Requests admitted on too low an estimate that then expire make the admission
+    stricter (before, only completed requests fed the correction, so an underestimate
+    kept admitting requests that expired half computed)."""
+    svc.deploy(load_pipeline(chain(ms=100)))
+    svc.infer("chain", {"x": np.ones(4, np.float32)})  # measured: ~100 ms per request
+    route = svc.deployment("chain").route
+    before = route.correction
+    # the model now underestimates 100x: every request looks like 1 ms of work
+    route.unit_ms = [u / 100 for u in route.unit_ms]
+    route.service_ms = sum(route.unit_ms)
+    # 50 ms to finish 100 ms of work: every one expires, none completes (so only the
+    # expiries can have moved the correction)
+    futs = [svc.submit("chain", {"x": np.ones(4, np.float32)}, timeout_s=0.05) for _ in range(4)]
+    errors = []
+    for f in futs:
+        try:
+            f.result(timeout=30)
+        except RequestError as exc:
+            errors.append(exc)
+    assert len(errors) == 4 and all("timed out" in str(e) for e in errors), errors
+    c = svc.frontend.counters
+    assert c["expired"] >= 1 and c["expired"] + c["expired_queued"] == 4
+    assert route.correction > before

@@ -220,19 +220,20 @@ def test_precision_and_instance_limits_are_checked(tmp_path, residual_path):
     cp = _model_pipeline(tmp_path, residual_path, "dla", instances=2)
     with pytest.raises(ConfigError, match=r"stages on dla: 2 instances \(det 2\) exceed"):
         check_pipeline(cp, _small_host(1024))
-    # pinned threads beyond the cores are refused, before anything starts ...
+    # pinned threads beyond the slots are the operator's choice: deployed, with a warning
+    # that says the scaler adds none while the slots are full ...
     cp = _model_pipeline(tmp_path, residual_path, "cpu", precision="fp32", instances=2, threads=2)
-    with pytest.raises(ConfigError) as info:
-        check_pipeline(cp, _small_host(1024))
-    msg = str(info.value)
+    (msg,) = [w for w in check_pipeline(cp, _small_host(1024)) if "threads" in w]
     assert "instances x threads = 4 (det 2x2)" in msg and "exceed the 2 thread slots" in msg
-    assert "threads_per_core" in msg
+    assert "threads_per_core" in msg and "the scaler adds no cpu instance" in msg
     # ... others' pinned threads count too
     cp1 = _model_pipeline(tmp_path, residual_path, "cpu", precision="fp32", instances=1)
     assert not [w for w in check_pipeline(cp1, _small_host(1024), cores_used=1) if "threads" in w]
-    with pytest.raises(ConfigError, match="1 already pinned by other deployments"):
-        check_pipeline(cp1, _small_host(1024, cores=1), cores_used=1)
-    # ... unless the profile opts in to oversubscription (then only a warning)
+    (msg,) = [
+        w for w in check_pipeline(cp1, _small_host(1024, cores=1), cores_used=1) if "threads" in w
+    ]
+    assert "1 already pinned by other deployments" in msg
+    # ... and with the profile's opt-in to oversubscription, only sharing cores is noted
     host = _small_host(1024)
     host.accelerators[0] = host.accelerators[0].model_copy(update={"threads_per_core": 2.0})
     (warning,) = [w for w in check_pipeline(cp, host) if "threads" in w]
