@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infscaler.config import InputSpec, PipelineConfig, StageConfig
+from infscaler.config import DATATYPES, InputSpec, PipelineConfig, StageConfig
 from infscaler.errors import ConfigError, InfScalerError
 
 log = logging.getLogger("infscaler.runtime")
@@ -517,23 +517,6 @@ def _layout(units: list[Unit], inputs: list[InputSpec], outputs: list[str], name
         raise ConfigError(f"pipeline {name}: outputs {missing} are not produced by any stage")
 
 
-_V2_TYPES = [
-    "BOOL",
-    "UINT8",
-    "UINT16",
-    "UINT32",
-    "UINT64",
-    "INT8",
-    "INT16",
-    "INT32",
-    "INT64",
-    "FP16",
-    "FP32",
-    "FP64",
-    "BYTES",
-]
-
-
 def _declared_outputs(fn: Any, outputs: list[str], where: str) -> dict[str, dict[str, Any]]:
     """A function stage's declared output tensors: its optional ``outputs_spec``
     attribute, ``{name: {"datatype": v2 datatype, "shape": [int, ...]}}`` (-1: any
@@ -554,7 +537,7 @@ def _declared_outputs(fn: Any, outputs: list[str], where: str) -> dict[str, dict
         shape = spec.get("shape") if isinstance(spec, Mapping) else None
         if (
             name not in outputs
-            or dt not in _V2_TYPES
+            or dt not in DATATYPES
             or not isinstance(shape, list | tuple)
             or not all(isinstance(d, int) and d >= -1 for d in shape)
         ):
