@@ -119,9 +119,6 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     service, request, selection errors; and any other ``infscaler`` exception with an
     int ``status``) answer with their ``status`` (default 400) and, when they carry
     ``retry_after_s``, a ``Retry-After`` header."""
-    from infscaler.runtime.frontend import RequestError
-    from infscaler.service import ServiceError
-
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge as exc:
@@ -156,7 +153,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except ConnectionError as exc:  # the client went away mid-request: nobody to answer
         log.debug("client gone on %s %s: %s", request.method, request.path, exc)
         return error_response(f"the connection was lost: {exc}", 400)
-    except (InfScalerError, ServiceError, RequestError) as exc:
+    except InfScalerError as exc:  # ServiceError, RequestError, ProtocolError, ...
         return error_response(str(exc), _status_of(exc, 400), getattr(exc, "retry_after_s", None))
     except Exception as exc:  # noqa: BLE001 - logged with its traceback; the client gets 500
         if type(exc).__module__.startswith("infscaler") and _status_of(exc, 0):
@@ -733,13 +730,25 @@ async def model_ready(request: web.Request) -> web.Response:
 # -- inference ----------------------------------------------------------------------------
 
 
-async def infer(request: web.Request) -> web.Response:
-    from infscaler.protocol import (
-        TensorSpec,
-        decode_infer_request,
-        parse_header_length,
-        parse_timeout_ms,
+async def _read_infer_request(request: web.Request, specs: list[Any]) -> Any:
+    """The request's body, read (:func:`read_body`) and decoded against the input
+    ``specs`` (JSON, binary tensor data after ``Inference-Header-Content-Length``, or
+    this client's shared memory regions); binary inputs are views of the body.
+
+    Raises:
+        ProtocolError: (400) a malformed header, body or tensor.
+    """
+    from infscaler.protocol import decode_infer_request, parse_header_length
+
+    header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
+    body = await read_body(request)
+    return decode_infer_request(
+        body, header_length=header_length, input_specs=specs, shm=_shm(request), copy=False
     )
+
+
+async def infer(request: web.Request) -> web.Response:
+    from infscaler.protocol import TensorSpec, parse_timeout_ms
 
     service = request.app[_SERVICE]
     name = request.match_info["name"]
@@ -749,12 +758,8 @@ async def infer(request: web.Request) -> web.Response:
         return await _infer_task(request, router, name)
     dep = service.deployment(name)
     _check_version(request)
-    header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
-    body = await read_body(request)
     specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
-    req = decode_infer_request(
-        body, header_length=header_length, input_specs=specs, shm=_shm(request), copy=False
-    )
+    req = await _read_infer_request(request, specs)
     timeout_s = parse_timeout_ms(req.parameters)
     fut = service.submit(name, _slot_arrays(req.inputs), timeout_s, request.get(_ARRIVED))
     result = await asyncio.wrap_future(fut)
@@ -766,22 +771,13 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     ``latency_ms`` and ``min_accuracy`` (both optional). The selector (INFaaS Algorithm 1)
     picks the variant, which is loaded if needed; the response's parameters name it
     (``variant``, ``meets_requirements``, ``selection``, ``selection_reason``, ...)."""
-    from infscaler.protocol import (
-        TensorSpec,
-        decode_infer_request,
-        parse_header_length,
-        parse_timeout_ms,
-    )
+    from infscaler.protocol import TensorSpec, parse_timeout_ms
     from infscaler.tasks import task_interface
 
-    header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
-    body = await read_body(request)
     variants = router.catalog().variants(task)
     iface = task_interface(task, router.variant(variants[0].name) if variants else None)
     specs = [TensorSpec(i["name"], i["datatype"], list(i["shape"])) for i in iface["inputs"]]
-    req = decode_infer_request(
-        body, header_length=header_length, input_specs=specs, shm=_shm(request), copy=False
-    )
+    req = await _read_infer_request(request, specs)
     params = dict(req.parameters or {})
     timeout_s = parse_timeout_ms(params)
     loop = asyncio.get_running_loop()
