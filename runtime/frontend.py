@@ -624,9 +624,7 @@ class FrontEnd:
             if p.phase == "done":
                 continue
             if p.deadline <= now:  # never started: dropped here, nothing was computed
-                self.counters["expired_queued"] += 1
-                p.route.record_expiry(p.estimate_ms, (time.monotonic_ns() - p.t_submit_ns) / 1e6)
-                self._complete_error(p, RequestError(self._expiry_reason(p)))
+                self._expire_request(p, "expired_queued")
                 continue
             route = p.route
             if pool_full or running[id(route)] >= route.max_inflight:
@@ -807,9 +805,14 @@ class FrontEnd:
         with self._lock:
             late = [p for p in self._pending.values() if p.deadline <= now]
         for p in late:
-            self.counters["expired"] += 1
-            p.route.record_expiry(p.estimate_ms, (time.monotonic_ns() - p.t_submit_ns) / 1e6)
-            self._complete_error(p, RequestError(self._expiry_reason(p), 503))
+            self._expire_request(p, "expired")
+
+    def _expire_request(self, p: _Pending, counter: str) -> None:
+        """Fail ``p``, past its deadline, with 503 (counted under ``counter``), and tell
+        its route's admission how long it had been waiting (:meth:`Route.record_expiry`)."""
+        self.counters[counter] += 1
+        p.route.record_expiry(p.estimate_ms, (time.monotonic_ns() - p.t_submit_ns) / 1e6)
+        self._complete_error(p, RequestError(self._expiry_reason(p), 503))
 
     @staticmethod
     def _expiry_reason(p: _Pending) -> str:
