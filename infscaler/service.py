@@ -754,12 +754,11 @@ class Service:
                 "max_instances": cap.max_instances,
                 "cores": cap.cores,
             }
+        pipelines = [self.pipeline_status(d) for d in self.deployments()]
         return {
             "started_at": self.started_at,
             "ready": self.ready(),
-            "health": "degraded"
-            if any(self.degraded(d.name) for d in self.deployments())
-            else "ok",
+            "health": "degraded" if any(p["degraded"] for p in pipelines) else "ok",
             "stopping": self._stopping,
             "resources": resources,
             "control_path": {
@@ -791,5 +790,5 @@ class Service:
             "frontend": {k: v for k, v in self.frontend.stats().items() if k != "client"},
             "frontend_failure": self.frontend.failure,
             "inflight": self.inflight.stats(),
-            "pipelines": [self.pipeline_status(d) for d in self.deployments()],
+            "pipelines": pipelines,
         }
