@@ -118,9 +118,10 @@ def slab_name(service_id: str, slab: int) -> str:
     return f"/isc-{_check_service_id(service_id)}-{int(slab)}"
 
 
-#: Shared-memory objects of a service besides its numbered slabs: ``isc-<id>-<suffix>``
-#: (``deadlines``: the front end's deadline table, :mod:`infscaler.shm.deadlines`).
-SERVICE_OBJECT_SUFFIXES = ("deadlines",)
+#: Name suffix of the front end's deadline table (:mod:`infscaler.shm.deadlines`).
+DEADLINES_SUFFIX = "deadlines"
+#: Shared-memory objects of a service besides its numbered slabs: ``isc-<id>-<suffix>``.
+SERVICE_OBJECT_SUFFIXES = (DEADLINES_SUFFIX,)
 
 
 def remove_stale_slabs(service_id: str) -> list[str]:
