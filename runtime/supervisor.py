@@ -177,6 +177,12 @@ class InstanceHandle:
     _ready: threading.Event = field(default_factory=threading.Event)
 
     @property
+    def load_s(self) -> float:
+        """How long this instance took to load, s (its ``ready`` report's ``load_ms``;
+        1 s until it reported)."""
+        return float(self.info.get("load_ms") or 1000.0) / 1e3
+
+    @property
     def pid(self) -> int:
         return self.proc.pid
 
@@ -460,8 +466,7 @@ class Supervisor:
             ]
             for h in mine:
                 if h.state == "starting":
-                    load = float(h.info.get("load_ms") or 1000.0) / 1e3
-                    etas.append(max(0.1, load - (now - h.started)))
+                    etas.append(max(0.1, h.load_s - (now - h.started)))
         return min(etas) if etas else None
 
     # -- the watcher ------------------------------------------------------------------------
@@ -566,7 +571,6 @@ class Supervisor:
         healthy = h.ready_at is not None and now - h.ready_at >= self.policy.healthy_after_s
         streak = 1 if healthy else h.streak + 1
         delay = self.policy.delay(streak)
-        load_s = float(h.info.get("load_ms") or 1000.0) / 1e3
         p = PendingRestart(
             h.key,
             h.unit,
@@ -576,7 +580,7 @@ class Supervisor:
             h.restarts + 1,
             streak,
             now + delay,
-            load_s,
+            h.load_s,
             reason,
         )
         with self._lock:
