@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -131,3 +134,37 @@ def stagefuncs_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     old = os.environ.get("PYTHONPATH", "")
     monkeypatch.setenv("PYTHONPATH", f"{here}{os.pathsep}{old}" if old else here)
     monkeypatch.syspath_prepend(here)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``pred`` until it returns something truthy, which is returned; after
+    ``timeout`` seconds, AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(f"timed out ({timeout} s) waiting for {what}")
+
+
+def chain_pipeline(ms: float = 2, *, x_shape: tuple[int, ...] = (-1, 4), **slow: Any) -> dict:
+    """The pipeline ``chain``: x (FP32 ``x_shape``) -> scale (x2) -> slow (sleeps ``ms``
+    per request) -> y, from ``stagefuncs`` (needs the ``stagefuncs_on_path`` fixture);
+    ``slow``: more keys of the slow stage (``instances``, ``max_instances``, ...)."""
+    return {
+        "name": "chain",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": list(x_shape)}],
+        "outputs": ["y"],
+        "stages": [
+            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
+            {
+                "name": "slow",
+                "function": "stagefuncs:slow",
+                "inputs": ["y"],
+                "outputs": ["y"],
+                "params": {"ms": ms},
+                **slow,
+            },
+        ],
+    }

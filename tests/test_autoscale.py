@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import chain_pipeline
 
 from infscaler.config import load_pipeline
 from infscaler.device import DeviceProfile
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
 def step_pipeline(slow_ms: float = 40.0, **autoscale: object) -> dict:
     return {
+        **chain_pipeline(slow_ms, max_instances=4),
         "name": "step",
         "slo": "150ms",
         "autoscale": {
@@ -40,19 +42,6 @@ def step_pipeline(slow_ms: float = 40.0, **autoscale: object) -> dict:
             "rate_horizon_s": 2.0,
             **autoscale,
         },
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-        "outputs": ["y"],
-        "stages": [
-            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
-            {
-                "name": "slow",
-                "function": "stagefuncs:slow",
-                "inputs": ["y"],
-                "outputs": ["y"],
-                "params": {"ms": slow_ms},
-                "max_instances": 4,
-            },
-        ],
     }
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from conftest import chain_pipeline, wait_for
 
 from infscaler.config import load_pipeline
 from infscaler.runtime.frontend import RequestError
@@ -54,33 +55,6 @@ def fan(slow_ms: float = 5.0, slo: str | None = None) -> dict:
     if slo:
         d["slo"] = slo
     return d
-
-
-def chain(ms: float) -> dict:
-    return {
-        "name": "chain",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": ["y"],
-        "stages": [
-            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
-            {
-                "name": "slow",
-                "function": "stagefuncs:slow",
-                "inputs": ["y"],
-                "outputs": ["y"],
-                "params": {"ms": ms},
-            },
-        ],
-    }
-
-
-def wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out ({timeout} s) waiting for {what}")
 
 
 def idle_slots_bound(svc: Service) -> int:
@@ -149,7 +123,7 @@ def test_a_flood_of_1ms_timeouts_does_not_wedge_the_pipeline(svc: Service) -> No
 
 
 def test_cancelling_a_request_drops_it_and_frees_its_slots(svc: Service) -> None:
-    svc.deploy(load_pipeline(chain(ms=3000)))
+    svc.deploy(load_pipeline(chain_pipeline(3000, x_shape=(-1,))))
     x = np.ones(1024, np.float32)
     fut = svc.submit("chain", {"x": x}, timeout_s=60)
     wait_for(lambda: svc.frontend.stats()["backlog"] == 0, 10, "the request to start")
@@ -186,7 +160,7 @@ def _json_body(n: int) -> bytes:
 
 
 def test_client_disconnect_cancels_the_request(svc: Service, tmp_path: Path) -> None:
-    svc.deploy(load_pipeline(chain(ms=3000)))
+    svc.deploy(load_pipeline(chain_pipeline(3000, x_shape=(-1,))))
     sock = str(tmp_path / "api.sock")
     with ServerThread(svc, sock):
         s = _raw_infer(sock, "chain", _json_body(16))
@@ -202,7 +176,7 @@ def test_byte_budget_refuses_before_the_body_is_read(tmp_path: Path) -> None:
     with Service(
         state_dir=tmp_path / "state", control_path="userspace", pool_mb=32, max_inflight_mb=0.1
     ) as svc:
-        svc.deploy(load_pipeline(chain(ms=2000)))
+        svc.deploy(load_pipeline(chain_pipeline(2000, x_shape=(-1,))))
         sock = str(tmp_path / "api.sock")
         with ServerThread(svc, sock):
             holder = _raw_infer(sock, "chain", _json_body(16))  # holds a few hundred bytes
@@ -224,7 +198,7 @@ def test_byte_budget_refuses_before_the_body_is_read(tmp_path: Path) -> None:
 
 
 def test_slo_admission_refuses_at_arrival_with_a_retry(svc: Service) -> None:
-    cfg = load_pipeline(chain(ms=200))
+    cfg = load_pipeline(chain_pipeline(200, x_shape=(-1,)))
     cfg = cfg.model_copy(update={"slo": "300ms"})
     svc.deploy(cfg)
     futs, refused = [], []
@@ -241,7 +215,7 @@ def test_slo_admission_refuses_at_arrival_with_a_retry(svc: Service) -> None:
 
 
 def test_a_dead_front_end_makes_the_service_not_ready(svc: Service, tmp_path: Path) -> None:
-    svc.deploy(load_pipeline(chain(ms=3000)))
+    svc.deploy(load_pipeline(chain_pipeline(3000, x_shape=(-1,))))
     deaths: list[str] = []
     svc.on_frontend_death = deaths.append
     fut = svc.submit("chain", {"x": np.ones(4, np.float32)}, timeout_s=60)
@@ -275,7 +249,7 @@ def test_a_dead_front_end_makes_the_service_not_ready(svc: Service, tmp_path: Pa
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan"), 0.0, -1.0])
 def test_a_bad_timeout_is_a_400_and_the_front_end_survives(svc: Service, bad: float) -> None:
-    svc.deploy(load_pipeline(chain(ms=1)))
+    svc.deploy(load_pipeline(chain_pipeline(1, x_shape=(-1,))))
     with pytest.raises(RequestError) as exc:
         svc.submit("chain", {"x": np.ones(4, np.float32)}, timeout_s=bad)
     assert exc.value.status == 400
@@ -285,7 +259,7 @@ def test_a_bad_timeout_is_a_400_and_the_front_end_survives(svc: Service, bad: fl
 
 
 def test_future_cancel_after_completion_is_harmless(svc: Service) -> None:
-    svc.deploy(load_pipeline(chain(ms=1)))
+    svc.deploy(load_pipeline(chain_pipeline(1, x_shape=(-1,))))
     fut = svc.submit("chain", {"x": np.ones(4, np.float32)})
     fut.result(timeout=30)
     assert not fut.cancel()
@@ -294,7 +268,7 @@ def test_future_cancel_after_completion_is_harmless(svc: Service) -> None:
 
 
 def test_a_request_that_would_miss_its_timeout_is_refused_at_arrival(svc: Service) -> None:
-    svc.deploy(load_pipeline(chain(ms=300)))
+    svc.deploy(load_pipeline(chain_pipeline(300, x_shape=(-1,))))
     svc.infer("chain", {"x": np.ones(4, np.float32)})  # measured: ~300 ms per request
     first = svc.submit("chain", {"x": np.ones(4, np.float32)}, timeout_s=30)
     with pytest.raises(RequestError) as exc:  # 300 ms ahead of it, 10 ms allowed
@@ -311,7 +285,7 @@ def test_expiries_raise_the_admission_correction(svc: Service) -> None:
     """Requests admitted on too low an estimate that then expire make the admission
     stricter (before, only completed requests fed the correction, so an underestimate
     kept admitting requests that expired half computed)."""
-    svc.deploy(load_pipeline(chain(ms=100)))
+    svc.deploy(load_pipeline(chain_pipeline(100, x_shape=(-1,))))
     svc.infer("chain", {"x": np.ones(4, np.float32)})  # measured: ~100 ms per request
     route = svc.deployment("chain").route
     before = route.correction

@@ -8,6 +8,7 @@ Instances are real processes; their functions come from tests/stagefuncs.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import chain_pipeline
+from conftest import wait_for as _wait_for
 
 from infscaler.config import load_pipeline
 from infscaler.device import DeviceProfile
@@ -37,35 +40,8 @@ from infscaler.service import Service
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
 SHM = Path("/dev/shm")
-
-
-def chain(ms: int = 2) -> dict:
-    """scale (x2) -> slow (``ms`` per request, one instance)."""
-    return {
-        "name": "chain",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-        "outputs": ["y"],
-        "stages": [
-            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
-            {
-                "name": "slow",
-                "function": "stagefuncs:slow",
-                "inputs": ["y"],
-                "outputs": ["y"],
-                "params": {"ms": ms},
-            },
-        ],
-    }
-
-
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"not within {timeout} s: {what}")
+#: poll every 20 ms: the quick-kills test must kill each replacement while it loads
+wait_for = functools.partial(_wait_for, interval=0.02)
 
 
 def slow_handle(svc: Service, ready: bool = False):
@@ -92,7 +68,7 @@ def test_backoff_doubles_from_50_ms_to_a_10_s_cap() -> None:
 def test_eight_quick_kills_the_unit_comes_back(tmp_path: Path) -> None:
     with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
         svc.supervisor.policy = RestartPolicy(max_s=0.8)  # the cap, not the count, bounds it
-        svc.deploy(load_pipeline(chain()))
+        svc.deploy(load_pipeline(chain_pipeline()))
         killed: set[int] = set()
         streaks = []
         for _ in range(8):  # each replacement killed as soon as it exists (while loading)
@@ -128,7 +104,7 @@ def test_a_unit_waiting_for_its_restart_degrades_and_answers_503_fast(tmp_path: 
     with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
         # a long first delay: the unit stays down for seconds, as in a crash loop
         svc.supervisor.policy = RestartPolicy(initial_s=4.0, max_s=4.0)
-        svc.deploy(load_pipeline(chain(ms=400)))
+        svc.deploy(load_pipeline(chain_pipeline(ms=400)))
         victim = slow_handle(svc, ready=True)
         inside = svc.submit("chain", {"x": np.ones((1, 4), np.float32)})
         time.sleep(0.15)  # the request is in the slow instance now
@@ -174,7 +150,7 @@ def test_a_unit_waiting_for_its_restart_degrades_and_answers_503_fast(tmp_path: 
 def test_undeploy_cancels_a_pending_restart(tmp_path: Path) -> None:
     with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
         svc.supervisor.policy = RestartPolicy(initial_s=1.5, max_s=1.5)
-        svc.deploy(load_pipeline(chain()))
+        svc.deploy(load_pipeline(chain_pipeline()))
         os.kill(slow_handle(svc, ready=True).pid, signal.SIGKILL)
         wait_for(lambda: svc.supervisor.pending_restarts(), 5, "a pending restart")
         svc.undeploy("chain")
@@ -207,7 +183,7 @@ def _slabs(service_id: str) -> list[str]:
 def test_slabs_of_a_killed_service_are_removed_by_the_next_start(tmp_path: Path) -> None:
     state = tmp_path / "state"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE, str(state), json.dumps(chain())],
+        [sys.executable, "-c", _SERVE, str(state), json.dumps(chain_pipeline())],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -330,7 +306,7 @@ def test_the_api_says_degraded_and_sends_retry_after(tmp_path: Path) -> None:
     sock = tmp_path / "api.sock"
     with Service(state_dir=tmp_path / "state", control_path="userspace", pool_mb=64) as svc:
         svc.supervisor.policy = RestartPolicy(initial_s=3.0, max_s=3.0)
-        svc.deploy(load_pipeline(chain()))
+        svc.deploy(load_pipeline(chain_pipeline()))
         with ServerThread(svc, sock):
             transport = httpx.HTTPTransport(uds=str(sock))
             with httpx.Client(transport=transport, base_url="http://x", timeout=30) as h:

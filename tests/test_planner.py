@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import residual_model, save
+from conftest import chain_pipeline, residual_model, save
 from typer.testing import CliRunner
 
 from infscaler.cli import app
@@ -253,21 +253,7 @@ def test_parse_slo_refuses(text: str, needle: str) -> None:
 
 
 def chain_yaml(tmp_path: Path) -> Path:
-    spec = {
-        "name": "chain",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-        "outputs": ["y"],
-        "stages": [
-            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
-            {
-                "name": "slow",
-                "function": "stagefuncs:slow",
-                "inputs": ["y"],
-                "outputs": ["y"],
-                "params": {"ms": 5},
-            },
-        ],
-    }
+    spec = chain_pipeline(5)
     p = tmp_path / "chain.yaml"
     p.write_text(yaml.safe_dump(spec))
     return p

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import chain_pipeline
 
 from infscaler.config import load_pipeline, pipeline_for_model
 from infscaler.errors import ConfigError
@@ -66,26 +67,6 @@ def fan_pipeline(sum_instances: int = 2) -> dict:
     }
 
 
-def chain_pipeline(**slow: object) -> dict:
-    return {
-        "name": "chain",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-        "outputs": ["y"],
-        "stages": [
-            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
-            {
-                "name": "slow",
-                "function": "stagefuncs:slow",
-                "inputs": ["y"],
-                "outputs": ["y"],
-                "instances": 2,
-                "params": {"ms": 2},
-                **slow,
-            },
-        ],
-    }
-
-
 # -- configuration ---------------------------------------------------------------------------
 
 
@@ -130,7 +111,7 @@ def test_pipeline_file_errors(tmp_path: Path) -> None:
 
 
 def test_unknown_function_refused_at_compile(tmp_path: Path) -> None:
-    d = chain_pipeline()
+    d = chain_pipeline(instances=2)
     d["stages"][1]["function"] = "stagefuncs:no_such_function"
     with pytest.raises(ConfigError, match="no callable 'no_such_function'"):
         compile_pipeline(load_pipeline(d), state_dir=tmp_path)
@@ -212,7 +193,7 @@ def test_fan_out_fan_in_pipeline_answers_concurrent_requests(service: Service) -
 
 
 def test_a_failing_stage_fails_its_request_alone(service: Service) -> None:
-    d = chain_pipeline()
+    d = chain_pipeline(instances=2)
     d["stages"][1] = {
         "name": "check",
         "function": "stagefuncs:fail_on_negative",
@@ -261,7 +242,7 @@ def test_function_with_wrong_outputs_is_reported(service: Service) -> None:
 
 
 def test_kill_9_under_load_every_request_answered_instance_restarted(service: Service) -> None:
-    service.deploy(load_pipeline(chain_pipeline()))
+    service.deploy(load_pipeline(chain_pipeline(instances=2)))
     victim = next(h for h in service.supervisor.handles() if h.unit.name == "slow")
 
     def kill() -> None:
@@ -304,7 +285,7 @@ def test_kill_9_under_load_every_request_answered_instance_restarted(service: Se
 
 def test_back_pressure_at_the_pool_cap_then_recovery(kind: str, tmp_path: Path) -> None:
     # 8 MB pool, 256 KB tensors, a slow stage: the front end must wait for slots, not fail
-    d = chain_pipeline()
+    d = chain_pipeline(instances=2)
     d["inputs"][0]["shape"] = [-1]
     d["stages"][1]["params"] = {"ms": 20}
     d["max_inflight"] = 64  # let the pool cap, not the window, bind
@@ -321,7 +302,7 @@ def test_back_pressure_at_the_pool_cap_then_recovery(kind: str, tmp_path: Path) 
 
 
 def test_request_timeout_is_a_503_with_the_reason(service: Service) -> None:
-    d = chain_pipeline()
+    d = chain_pipeline(instances=2)
     d["stages"][1]["params"] = {"ms": 400}
     d["stages"][1]["instances"] = 1
     service.deploy(load_pipeline(d))
@@ -334,9 +315,9 @@ def test_request_timeout_is_a_503_with_the_reason(service: Service) -> None:
 
 
 def test_deploy_errors_leave_nothing_running(service: Service, tmp_path: Path) -> None:
-    service.deploy(load_pipeline(chain_pipeline()))
+    service.deploy(load_pipeline(chain_pipeline(instances=2)))
     with pytest.raises(ServiceError) as exc:
-        service.deploy(load_pipeline(chain_pipeline()))
+        service.deploy(load_pipeline(chain_pipeline(instances=2)))
     assert exc.value.status == 409
     before = len(service.supervisor.handles())
     bad = tmp_path / "bad.onnx"
@@ -351,7 +332,7 @@ def test_deploy_errors_leave_nothing_running(service: Service, tmp_path: Path) -
 
 
 def test_undeploy_drains_then_stops_instances(service: Service) -> None:
-    service.deploy(load_pipeline(chain_pipeline()))
+    service.deploy(load_pipeline(chain_pipeline(instances=2)))
     pids = [h.pid for h in service.supervisor.handles()]
     futs = [service.submit("chain", {"x": np.ones(4, np.float32)}) for _ in range(20)]
     service.undeploy("chain")
@@ -363,7 +344,7 @@ def test_undeploy_drains_then_stops_instances(service: Service) -> None:
     with pytest.raises(ServiceError):
         service.submit("chain", {"x": np.ones(4, np.float32)})
     # stage ids came back: the pipeline deploys again
-    service.deploy(load_pipeline(chain_pipeline()))
+    service.deploy(load_pipeline(chain_pipeline(instances=2)))
     assert service.infer("chain", {"x": np.ones(4, np.float32)}).outputs["y"][0] == 2.0
 
 
@@ -387,7 +368,7 @@ def test_instances_run_without_capabilities(service: Service) -> None:
 
 
 def test_window_bounds_requests_in_the_pipeline(service: Service) -> None:
-    d = chain_pipeline()
+    d = chain_pipeline(instances=2)
     d["stages"][1]["params"] = {"ms": 20}
     service.deploy(load_pipeline(d))
     route = service.deployment("chain").route
@@ -428,7 +409,7 @@ def test_instances_started_from_a_short_lived_thread_outlive_it(tmp_path: Path) 
     """PR_SET_PDEATHSIG fires when the *thread* that forked an instance exits: a deploy
     from a request thread (the API's executor, a restart worker) must not kill them."""
     with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
-        t = threading.Thread(target=lambda: svc.deploy(load_pipeline(chain_pipeline())))
+        t = threading.Thread(target=lambda: svc.deploy(load_pipeline(chain_pipeline(instances=2))))
         t.start()
         t.join(60)
         time.sleep(1.0)  # the thread is gone; a SIGKILL would have landed by now

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from conftest import wait_for
 
 from infscaler.client import Client
 
@@ -47,15 +48,6 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_serve_notifies_systemd_and_drains_on_sigterm(tmp_path: Path) -> None:
     pipeline = tmp_path / "slow.yaml"
     pipeline.write_text(yaml.safe_dump(SLOW))
@@ -84,7 +76,7 @@ def test_serve_notifies_systemd_and_drains_on_sigterm(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        _wait_for(
+        wait_for(
             lambda: any("READY=1" in m for m in messages) or proc.poll() is not None, 90, "READY=1"
         )
         assert proc.poll() is None, proc.stdout.read()
@@ -94,7 +86,7 @@ def test_serve_notifies_systemd_and_drains_on_sigterm(tmp_path: Path) -> None:
             np.testing.assert_array_equal(
                 c.infer("slow", {"x": np.ones(3, np.float32)}).outputs["y"], 2.0
             )
-        _wait_for(lambda: any("WATCHDOG=1" in m for m in messages), 5, "a watchdog ping")
+        wait_for(lambda: any("WATCHDOG=1" in m for m in messages), 5, "a watchdog ping")
         # requests in flight when SIGTERM arrives are answered, then the process exits 0
         results: list[object] = []
 
@@ -136,7 +128,7 @@ def test_client_commands_against_a_running_service(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        _wait_for(lambda: Client(sock).is_live() or proc.poll() is not None, 60, "the socket")
+        wait_for(lambda: Client(sock).is_live() or proc.poll() is not None, 60, "the socket")
         pipeline = tmp_path / "slow.yaml"
         pipeline.write_text(yaml.safe_dump(dict(SLOW, stages=SLOW["stages"][:1])))
 

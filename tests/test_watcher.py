@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from conftest import wait_for
 
 from infscaler.client import Client
 from infscaler.watcher import read_pipeline_dir
@@ -71,15 +72,6 @@ class ConfigMapDir:
             (self.root / old).rmdir()
 
 
-def _wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_read_pipeline_dir_reads_one_configmap_version(tmp_path: Path) -> None:
     cm = ConfigMapDir(tmp_path / "cm")
     cm.write({"a.yaml": yaml.safe_dump(scale_pipeline("a", 2)), "b.yaml": "name: bee\n"})
@@ -127,7 +119,7 @@ def test_serve_watch_pipelines_add_change_remove_without_restart(tmp_path: Path)
         text=True,
     )
     try:
-        _wait_for(lambda: Client(sock).is_ready() or proc.poll() is not None, 90, "ready")
+        wait_for(lambda: Client(sock).is_ready() or proc.poll() is not None, 90, "ready")
         assert proc.poll() is None, proc.stdout.read()
         assert _names(sock) == {"alpha"} and _y(sock, "alpha") == 2.0
         # add a pipeline
@@ -137,8 +129,8 @@ def test_serve_watch_pipelines_add_change_remove_without_restart(tmp_path: Path)
                 "beta.yaml": yaml.safe_dump(scale_pipeline("beta", 5)),
             }
         )
-        _wait_for(lambda: "beta" in _names(sock), 60, "beta loaded")
-        _wait_for(lambda: Client(sock).model_ready("beta"), 30, "beta ready")
+        wait_for(lambda: "beta" in _names(sock), 60, "beta loaded")
+        wait_for(lambda: Client(sock).model_ready("beta"), 30, "beta ready")
         assert _y(sock, "beta") == 5.0
         # change one: replaced in place (the old one answers until the new one is ready)
         cm.write(
@@ -147,7 +139,7 @@ def test_serve_watch_pipelines_add_change_remove_without_restart(tmp_path: Path)
                 "beta.yaml": yaml.safe_dump(scale_pipeline("beta", 5)),
             }
         )
-        _wait_for(lambda: _y(sock, "alpha") == 7.0, 60, "alpha reloaded with factor 7")
+        wait_for(lambda: _y(sock, "alpha") == 7.0, 60, "alpha reloaded with factor 7")
         # a bad file is refused and the running version stays
         cm.write(
             {
@@ -162,7 +154,7 @@ def test_serve_watch_pipelines_add_change_remove_without_restart(tmp_path: Path)
             c.load("gamma", scale_pipeline("gamma", 1))
         # remove one
         cm.write({"alpha.yaml": yaml.safe_dump(scale_pipeline("alpha", 7))})
-        _wait_for(lambda: "beta" not in _names(sock), 60, "beta unloaded")
+        wait_for(lambda: "beta" not in _names(sock), 60, "beta unloaded")
         assert _names(sock) == {"alpha", "gamma"}
         assert proc.poll() is None  # the same process all along: no restart
     finally:
