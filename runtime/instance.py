@@ -444,16 +444,19 @@ class Instance:
             self._process(tok, tensors)
 
     def _dead(self, tok: Any) -> bool:
+        """``tok``'s request is past its deadline or cancelled; counted in ``dropped``."""
         try:
-            return self.deadlines.dead(tok.request)
+            dead = self.deadlines.dead(tok.request)
         except Exception:  # noqa: BLE001 - a broken table never stops serving
             return False
+        if dead:
+            self.dropped += 1
+        return dead
 
     def _drop_dead(self, tok: Any) -> bool:
         """Return the slot of a dead request's token at once (normal ``done`` path)."""
         if not self._dead(tok):
             return False
-        self.dropped += 1
         self.client.done(tok)
         return True
 
@@ -517,14 +520,12 @@ class Instance:
                 if FANOUT in tensors:
                     out[FANOUT] = tensors[FANOUT]
                 if self._dead(tok):
-                    self.dropped += 1
                     continue
                 try:
                     self._hand_over(out, self.next_stage, tok.request)
                     self.served += 1
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
                     if self._dead(tok):
-                        self.dropped += 1
                         continue
                     self.errors += 1
                     self._send_error(tok, tensors, f"stage {self.unit.name}: {exc}")
@@ -545,7 +546,6 @@ class Instance:
             result = self.runner(tensors)
             end = time.monotonic_ns()
             if self._dead(tok):  # it died while we computed: nothing to hand on
-                self.dropped += 1
                 return
             trace = self._trace(trace_in, start, end)
             if self.unit.fan_out:
@@ -559,7 +559,6 @@ class Instance:
         except Exception as exc:  # noqa: BLE001 - one request fails, the instance goes on
             end = time.monotonic_ns()
             if self._dead(tok):  # e.g. no slot before its deadline: no one waits for it
-                self.dropped += 1
                 return
             self.errors += 1
             detail = (
