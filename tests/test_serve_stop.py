@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from test_serve_cli import INFSCALER, SLOW, _env, _wait_for
+from conftest import wait_for
+from test_serve_cli import INFSCALER, SLOW, _env
 
 from infscaler.cli_service import STOP_GRACE_S
 from infscaler.client import Client
@@ -53,7 +54,7 @@ def test_sigterm_exits_within_the_drain_bound_with_a_stuck_request(tmp_path: Pat
             except Exception:  # noqa: BLE001 - not up yet
                 return False
 
-        _wait_for(ready, 90, "the service to be ready")
+        wait_for(ready, 90, "the service to be ready")
         assert proc.poll() is None, proc.stdout.read()
         answers: list[object] = []
 
