@@ -290,12 +290,12 @@ def serve_cmd(
             pool_mb,
             max_body_mb,
             drain_s,
-            security,
-            socket_group,
-            metrics_port,
-            limits,
-            metrics_host,
-            max_inflight_mb,
+            security=security,
+            socket_group=socket_group,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            limits=limits,
+            max_inflight_mb=max_inflight_mb,
         )
     )
     if watcher is not None:
@@ -344,6 +344,7 @@ async def _serve(
     pool_mb: int,
     max_body_mb: int,
     drain_s: float,
+    *,
     security: Any = None,
     socket_group: str | None = None,
     metrics_port: int | None = None,
