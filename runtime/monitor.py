@@ -49,19 +49,6 @@ from infscaler.runtime.scaler import EngineOption, ResourceCap, Snapshot, UnitSt
 #: Instances per unit the control path routes to (``ebpf.MAX_PER_STAGE``).
 MAX_PER_UNIT = 16
 
-#: Idle fraction of a core below which a core counts as in use (see :func:`cores_in_use`).
-CORE_IDLE_MARGIN = 0.1
-
-
-def cores_in_use(busy_cores: float) -> int:
-    """Whole cores counted as used from the measured busy cores: ``int(busy + 0.1)``.
-
-    The planner's and the simulator's measure of load (1.6 busy of 2 cores -> 1 in use;
-    1.95 -> 2). The runtime scaler no longer admits on it: it counts pinned threads
-    (:meth:`Monitor.pinned_threads`), which busy cores undercount under overload.
-    """
-    return int(max(0.0, busy_cores) + CORE_IDLE_MARGIN)
-
 
 @dataclass(frozen=True)
 class UnitMetrics:
@@ -130,7 +117,6 @@ class Monitor:
     def __init__(self, service: Any, window_s: float = 10.0) -> None:
         self.service = service
         self.window_s = window_s
-        self._cpu_last: tuple[float, float] | None = None
 
     # -- metrics ---------------------------------------------------------------------------
     def pipeline(self, dep: Any, window_s: float | None = None) -> PipelineMetrics:
@@ -226,40 +212,6 @@ class Monitor:
             and h.unit.kind == "model"
             and h.unit.engine == "cpu"
         )
-
-    def busy_cores(self, window_s: float | None = None) -> float:
-        """CPU cores busy on this host: the larger of (a) what the host's CPU counters
-        say since the previous call (psutil ``cpu_times``: every process, other tenants
-        included, busy / total x cores) and (b) the compute time per second of every cpu
-        unit of every pipeline over the window (items run x ms each). (b) alone reads low
-        while instances load or requests are shed; (a) alone misses nothing but needs a
-        previous call. For ``status`` and telemetry; the scaler's ``cores_used`` is
-        :meth:`pinned_threads`."""
-        w = self.window_s if window_s is None else window_s
-        now = time.monotonic()
-        busy_ms = 0.0
-        for dep in self.service.deployments():
-            stats = dep.route.stats
-            with stats._lock:
-                for u in dep.pipeline.units:
-                    if u.engine == "cpu" and dep.route.stage_ids[u.index]:
-                        busy_ms += float(stats.compute[u.index].values(now, w).sum())
-        return max(busy_ms / 1e3 / w, self._host_busy_cores())
-
-    def _host_busy_cores(self) -> float:
-        try:
-            import psutil
-
-            t = psutil.cpu_times()
-        except Exception:  # noqa: BLE001 - telemetry never stops scaling
-            return 0.0
-        total = float(sum(t))
-        idle = float(t.idle + getattr(t, "iowait", 0.0))
-        last, self._cpu_last = self._cpu_last, (total, idle)
-        if last is None or total <= last[0]:
-            return 0.0
-        frac = 1.0 - (idle - last[1]) / (total - last[0])
-        return max(0.0, frac) * len(_host_cores())
 
     def cap(self) -> ResourceCap:
         """R^m from the service's device profile (this host when it has none)."""

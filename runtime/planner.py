@@ -231,8 +231,8 @@ def _loads(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: flo
 
 def _busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> float:
     """CPU cores the offered load keeps busy: sum over units of items/s x ms per item
-    on the cpu instances' share (the measure :meth:`Monitor.busy_cores` takes at run
-    time; pinned instances may outnumber cores, busy cores may not)."""
+    on the cpu instances' share (pinned instances may outnumber cores, busy cores may
+    not; the fleet planner's cpu demand per node, :mod:`infscaler.runtime.fleet`)."""
     fo = next((i for i, x in enumerate(units) if x.fan_out), None)
     fi = next((i for i, x in enumerate(units) if x.fan_in), None)
     items = units[fo].items_mean if fo is not None else 1.0
@@ -269,11 +269,8 @@ def _fits(
     engine: str,
     cap: ResourceCap,
     pool_mb: float,
-    busy_cores: float = 0.0,
 ) -> str | None:
-    """None when unit ``k`` can take one more instance on ``engine``, else why not
-    (``busy_cores``: the cores the load keeps busy, :func:`_busy_cores`; kept for the
-    callers, no longer what admits a cpu instance: pinned threads are)."""
+    """None when unit ``k`` can take one more instance on ``engine``, else why not."""
     u, c = units[k], config[k]
     limit = min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT)
     if c.total + 1 > limit:
@@ -478,7 +475,7 @@ def plan(
         order = sorted((k for k in served if loads[k] >= 0.5 * top), key=lambda k: -loads[k])
         for k in order:
             for e in _engines_allowed(units[k], cap):
-                stop = _fits(units, cfg, k, e, cap, pool_mb, _busy_cores(units, cfg, rate))
+                stop = _fits(units, cfg, k, e, cap, pool_mb)
                 if stop is None:
                     new = _with(cfg, k, _add(cfg[k], e))
                     return new, (
