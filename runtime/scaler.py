@@ -267,6 +267,10 @@ def decide(
     * The cooldown gates shedding too: right after a scale-out the new instance is
       measured before the queue is bounded; a bound is (re)emitted only when its value
       changes, and stays while P99 is unknown.
+    * When the only violation is refusals at arrival (P99 within the SLO) and no unit's
+      service time is known, nothing is shed: the front end's admission already refuses
+      what would miss the SLO, and a bound at the current queue length would refuse
+      more at random (it made the live scale-out test flaky).
     * With ``config.shed`` False a violation at the cap emits nothing (``Decision`` has no
       report-only action); a bound set earlier is still lifted.
     * ``needed`` and the shed bound are rounded with a 1e-9 slack, so 2.0000000000000004
@@ -300,6 +304,12 @@ def decide(
             return decisions, replace(new, last_scale_out=now, last_change=now)
         if config.shed:
             limit, how = _shed_limit(snapshot)
+            p99 = snapshot.p99_ms
+            refusals_only = p99 is None or p99 <= config.violation_ratio * snapshot.slo_ms
+            if refusals_only and pipeline_capacity_rps(snapshot) is None:
+                # admission already refuses what would miss the SLO; with no capacity
+                # known, a bound at the current queue would only refuse more at random
+                return decisions, new
             if limit != state.queue_limit:
                 why = "; ".join(refused) if refused else "no unit to scale"
                 decisions.append(

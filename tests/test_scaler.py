@@ -347,6 +347,22 @@ def test_shed_names_the_slots_and_respects_config() -> None:
     assert decide(s0, ScalerState(), ScalerConfig(shed=False))[0] == []
 
 
+def test_refusals_alone_with_capacity_unknown_shed_nothing() -> None:
+    # P99 within the SLO, requests refused at arrival, the cap full, and no unit with a
+    # service time (no P50 yet, no profiled option): admission bounds the queue already
+    u = unit(0, 10, {"cpu": 2}, EngineOption("cpu", latency_ms=0.0, memory_mb=100.0, cores=1))
+    s0 = replace(snap([u], p99=120.0, slots={"cpu": 2}), slo_refused_rate=3.0)
+    assert pipeline_capacity_rps(s0) is None
+    assert decide(s0, ScalerState())[0] == []
+    # the same with P99 above the SLO: the queue is bounded (at the pending requests)
+    d = only(decide(replace(s0, p99_ms=400.0), ScalerState())[0])
+    assert d.action == "shed" and "capacity unknown" in d.reason
+    # refusals alone but the capacity known: bounded by Little's law as before
+    known = replace(s0, units=(replace(u, service_ms=500.0, arrival_rate=10.0),))
+    d = only(decide(known, ScalerState())[0])
+    assert d.action == "shed" and "Little's law" in d.reason
+
+
 def test_config_is_checked() -> None:
     with pytest.raises(ValueError, match="scale_in_utilisation"):
         decide(snap([]), ScalerState(), ScalerConfig(scale_in_utilisation=0.0))
