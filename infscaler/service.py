@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import logging
 import os
 import threading
@@ -34,6 +35,20 @@ log = logging.getLogger("infscaler.service")
 
 _FIRST_STAGE = 1
 _LAST_STAGE = 62  # 63 is the manager's barrier stage
+
+
+def trim_heap() -> None:
+    """Give the heap's free memory back to the system (glibc ``malloc_trim(0)``, see
+    malloc_trim(3)); best effort, a no-op elsewhere.
+
+    A deploy loads and partitions ONNX models in this process (protobufs of tens of MB,
+    graph copies); Python frees them, but glibc keeps the freed pages in its arenas, so
+    the front end's resident memory stayed ~100 MB above its working set for the
+    service's whole life (measured: the ``ocr`` deploy left 207 MB RSS, 108 MB after a
+    trim). Called after each deploy and undeploy: rare events, the call takes ms.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 class ServiceError(InfScalerError):
@@ -487,6 +502,7 @@ class Service:
             log.info("deployed %s: %d units, %d instances", cfg.name, len(served), len(handles))
         if old is not None:
             self._retire(old)
+        trim_heap()
         return dep
 
     def _check_fits(self, compiled: CompiledPipeline, old: Deployment | None) -> list[str]:
@@ -556,6 +572,7 @@ class Service:
             self._free_stages = sorted(set(self._free_stages))
         if self.autoscaler is not None:
             self.autoscaler.forget(dep.name)
+        trim_heap()
 
     # -- scaling (applied by the autoscaler, :mod:`infscaler.runtime.autoscaler`) -----------
     def _live(self, dep: Deployment, unit: int | None = None) -> list[Any]:
