@@ -66,7 +66,12 @@ from infscaler.runtime.engines import (
     engine_backend,
     require_engine,
 )
-from infscaler.runtime.engines.onnxrt import CPU_PROVIDER, load_session, session_options
+from infscaler.runtime.engines.onnxrt import (
+    CPU_PROVIDER,
+    execution_providers,
+    load_session,
+    session_options,
+)
 
 _CPU = CPU_PROVIDER
 _TEGRA_RELEASE = Path("/etc/nv_tegra_release")
@@ -176,7 +181,7 @@ def host_description() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "jetson": _is_jetson(),
         "onnxruntime": ort.__version__,
-        "providers": list(ort.get_available_providers()),
+        "providers": execution_providers(),
         "engines": profiled_engines(),
     }
 

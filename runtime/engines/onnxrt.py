@@ -44,6 +44,7 @@ __all__ = [
     "CPU_PROVIDER",
     "CUDA_PROVIDER",
     "OPTIMIZATION_LEVELS",
+    "execution_providers",
     "load_session",
     "providers_for",
     "run_session",
@@ -143,6 +144,13 @@ def session_options(
         so.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(external_data_folder))
     so.log_severity_level = 3
     return so
+
+
+def execution_providers() -> list[str]:
+    """The execution providers this onnxruntime install was built with
+    (``onnxruntime.get_available_providers()``), for reports. Informational only: whether
+    an engine runs here is :func:`~infscaler.runtime.engines.available`."""
+    return list(ort.get_available_providers())
 
 
 def providers_for(engine: str = "cpu", *, device_index: int = 0) -> list[Any]:
