@@ -65,6 +65,7 @@ from infscaler.partitioner.api import partition_model  # noqa: E402
 from infscaler.partitioner.extract import Chain  # noqa: E402
 from infscaler.partitioner.loader import load_model, random_feeds  # noqa: E402
 from infscaler.partitioner.profiler import usable_cores  # noqa: E402
+from infscaler.runtime.engines import onnxrt  # noqa: E402
 
 FULL = ["ppocrv4-det", "resnet50", "shufflenet", "inception-v1", "vgg19"]
 QUICK = ["ppocrv4-det", "resnet50", "shufflenet", "inception-v1"]
@@ -74,15 +75,9 @@ TARGET = 1.10
 
 
 def session_options(threads: int, spin: bool) -> ort.SessionOptions:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.log_severity_level = 3
-    if not spin:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return so
+    """The engine layer's options (``ORT_ENABLE_ALL``, sequential, ``threads``); spinning
+    off, or onnxruntime's default (on) when ``spin``."""
+    return onnxrt.session_options(threads, spinning=None if spin else False)
 
 
 def stats(ms: list[float]) -> dict:
@@ -157,7 +152,7 @@ def fixed_run_us(so, n: int = 2000) -> float:
     options: the fixed cost of one more run per partition boundary."""
     from infscaler.partitioner.profiler import _identity_model
 
-    sess = ort.InferenceSession(_identity_model(1), so, providers=["CPUExecutionProvider"])
+    sess = onnxrt.load_session(_identity_model(1), options=so)
     x = {"x": np.zeros(1, np.float32)}
     for _ in range(100):
         sess.run(None, x)
@@ -176,9 +171,7 @@ def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list
     feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
     out_names = list(loaded.graph_outputs)
     # The canonical model with the concrete input shapes, as the parts have them.
-    whole = ort.InferenceSession(
-        loaded.model.SerializeToString(), so, providers=["CPUExecutionProvider"]
-    )
+    whole = onnxrt.load_session(loaded.model, options=so)
     del loaded
     rows = []
     for k in ks:
@@ -186,7 +179,7 @@ def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list
         t = time.perf_counter()
         plan, note = build_plan(path, shapes, k)
         plan_s = time.perf_counter() - t
-        chain = Chain(plan.parts, providers=["CPUExecutionProvider"], session_options=so)
+        chain = Chain(plan.parts, session_options=so)
         for _ in range(warmup):
             ref = whole.run(out_names, feeds)
             got = chain.run(feeds)

@@ -159,11 +159,10 @@ def model_inputs(model: str) -> dict[str, np.ndarray]:
         return {
             "x": np.ascontiguousarray(det_preprocess({"image": skdata.astronaut()})["det_input"])
         }
-    import onnxruntime as ort
-
     from infscaler.models import resolve_model
+    from infscaler.runtime.engines.onnxrt import load_session
 
-    s = ort.InferenceSession(str(resolve_model(model)), providers=["CPUExecutionProvider"])
+    s = load_session(resolve_model(model), threads=None, spinning=None)
     rng = np.random.default_rng(0)
     feeds = {}
     for i in s.get_inputs():
@@ -190,16 +189,11 @@ class WholePipeline:
 def session(model: str, threads: int) -> Any:
     if model in PIPELINE_CASES:
         return WholePipeline(model, threads)
-    import onnxruntime as ort
-
     from infscaler.models import resolve_model
+    from infscaler.runtime.engines.onnxrt import load_session
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(resolve_model(model)), so, providers=["CPUExecutionProvider"])
+    # the cpu engine's session options (sequential, no spinning), ``threads`` threads
+    return load_session(resolve_model(model), threads=threads)
 
 
 def calibrate(model: str, feeds: dict[str, np.ndarray], n: int) -> dict[str, Any]:

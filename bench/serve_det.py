@@ -83,17 +83,11 @@ class Baseline:
     """One onnxruntime session on the whole model in this process, every usable core."""
 
     def __init__(self, x: np.ndarray) -> None:
-        import onnxruntime as ort
-
         from infscaler.models import resolve_model
+        from infscaler.runtime.engines.onnxrt import load_session
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = len(os.sched_getaffinity(0))
-        so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.sess = ort.InferenceSession(
-            str(resolve_model("ppocrv4-det")), so, providers=["CPUExecutionProvider"]
-        )
+        # the cpu engine's session options on every usable core (no spinning)
+        self.sess = load_session(resolve_model("ppocrv4-det"), threads=len(os.sched_getaffinity(0)))
         self.x = x
         self.ref = self.sess.run(None, {"x": x})[0]
         for _ in range(3):

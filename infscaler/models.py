@@ -453,8 +453,9 @@ def _calibrate_logits(model, rng, target_std: float = 2.0) -> None:
     """
     import numpy as np
     import onnx
-    import onnxruntime as ort
     from onnx import numpy_helper
+
+    from infscaler.runtime.engines.onnxrt import load_session
 
     graph = model.graph
     softmax = [n for n in graph.node if n.op_type == "Softmax"]
@@ -474,9 +475,7 @@ def _calibrate_logits(model, rng, target_std: float = 2.0) -> None:
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.append(onnx.ValueInfoProto(name=logits))
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = load_session(probe, threads=None, spinning=None)
     feeds = {}
     for inp in sess.get_inputs():
         shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]

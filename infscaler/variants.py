@@ -426,17 +426,14 @@ def dequantize(src: Path, out: Path) -> Path:
         RegistrationError: the result still holds int8 weights (activations are quantised
             too: not a weight-only model).
     """
-    import onnxruntime as ort
+    from infscaler.runtime.engines.onnxrt import load_session, session_options
 
     if out.is_file() and out.stat().st_mtime >= src.stat().st_mtime:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}.onnx")
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.optimized_model_filepath = str(tmp)
-    so.log_severity_level = 3
-    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    so = session_options(None, optimization="basic", spinning=None, optimized_model_path=tmp)
+    load_session(src, options=so)
     if inspect_model(tmp).precision != "fp32":
         tmp.unlink(missing_ok=True)
         raise RegistrationError(

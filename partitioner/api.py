@@ -56,6 +56,7 @@ from infscaler.partitioner.plan import (
     write_plan,
 )
 from infscaler.partitioner.slo import SLO, parse_slo  # noqa: F401 - re-exported
+from infscaler.runtime.engines import available
 
 Measure = Literal["flops", "time"]
 Progress = Callable[[str], None]
@@ -138,10 +139,10 @@ def partition_model(
     n_threads = int(threads or profiler.usable_cores())
     node_names = [n.name for n in loaded.model.graph.node]
     whole_cpu = _cpu_source(loaded)
-    engines = profiler.available_engines()
+    engines = profiler.profiled_engines()
     profiles: dict[str, profiler.ModelProfile] = {}
-    for engine, provider in engines.items():  # cpu first; engines this host lacks skipped
-        if provider is None:
+    for engine, backend in engines.items():  # cpu first; engines this host lacks skipped
+        if backend is None:
             continue
         progress(f"profiling operators on {engine}")
         profiles[engine] = profiler.profile_model(
@@ -305,7 +306,8 @@ def _engine_report(
 ) -> float | dict[str, str]:
     if engine in measured:
         return round(measured[engine], 4)
-    reason = profiler.engine_unavailable_reason(engine) or "not profiled"
+    ok, reason = available(engine)
+    reason = "not profiled" if ok else reason
     return {"unavailable": reason}
 
 

@@ -24,7 +24,9 @@ beyond tolerance.
 
 References: ONNX IR spec (graphs, subgraph outer-scope names, external data:
 https://onnx.ai/onnx/repo-docs/IR.html, ExternalData.md); onnxruntime Python API
-(``InferenceSession``, ``SessionOptions``).
+(``InferenceSession``, ``SessionOptions``). Sessions are built by the engine layer's
+loader (:func:`infscaler.runtime.engines.onnxrt.load_session`) on an engine kind
+(``cpu`` by default), never from raw execution-provider lists.
 """
 
 from __future__ import annotations
@@ -64,10 +66,6 @@ EXTERNAL_DATA_THRESHOLD = 2**31 - 64 * 2**20
 
 _PROTOBUF_LIMIT = 2**31
 
-DEFAULT_PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)
-
-#: An onnxruntime provider: a name, or (name, provider options).
-Provider = str | tuple[str, dict[str, Any]]
 #: A part of a chain: an ``onnx.ModelProto``, a path to an ``.onnx`` file, a
 #: :class:`~.weights.StubModel` (weights read from the model's file), or an
 #: ``onnxruntime.InferenceSession``.
@@ -397,45 +395,51 @@ def save_partition(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None
 # --------------------------------------------------------------------------- running
 
 
-def _make_session(part: PartLike, providers: Sequence[Provider], options: Any) -> Any:
+def _make_session(part: PartLike, engine: str, options: Any) -> Any:
     import onnxruntime as ort
+
+    from infscaler.runtime.engines.onnxrt import load_session
 
     if isinstance(part, ort.InferenceSession):
         return part
     if isinstance(part, StubModel):
-        return part.session(options, providers)
+        return part.session(options, engine)
     if isinstance(part, onnx.ModelProto):
         data = _serialize(part)
         if data is not None and len(data) < _PROTOBUF_LIMIT - 2**20:
-            return ort.InferenceSession(data, options, providers=list(providers))
+            return load_session(data, engine=engine, options=options)
         del data
         # Over protobuf's limit: onnxruntime must read it from a file with external data.
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "part.onnx"
             save_partition(part, path)
-            return ort.InferenceSession(str(path), options, providers=list(providers))
-    return ort.InferenceSession(str(part), options, providers=list(providers))
+            return load_session(path, engine=engine, options=options)
+    return load_session(part, engine=engine, options=options)
 
 
 def load_sessions(
-    parts: Sequence[PartLike],
-    providers: Sequence[Provider] = DEFAULT_PROVIDERS,
-    session_options: Any = None,
+    parts: Sequence[PartLike], engine: str = "cpu", session_options: Any = None
 ) -> list[Any]:
-    """One onnxruntime ``InferenceSession`` per part, built once for reuse.
+    """One onnxruntime ``InferenceSession`` per part, built once for reuse by the engine
+    layer's loader (:func:`~infscaler.runtime.engines.onnxrt.load_session`).
 
     Args:
-        parts: sub-models as ``onnx.ModelProto``, paths of ``.onnx`` files, or sessions
-            (returned as they are).
-        providers: onnxruntime execution providers, in priority order.
+        parts: sub-models as ``onnx.ModelProto``, paths of ``.onnx`` files,
+            :class:`~.weights.StubModel` s, or sessions (returned as they are).
+        engine: the engine kind whose onnxruntime providers run them (``cpu``; ``gpu``
+            where onnxruntime's CUDA EP serves it).
         session_options: an ``onnxruntime.SessionOptions``; default: full graph
             optimisations (``ORT_ENABLE_ALL``), warnings silenced.
 
     Returns:
         The sessions, in the parts' order.
+
+    Raises:
+        EngineUnavailable: the host lacks ``engine`` or onnxruntime does not serve it.
+        ModelLoadError: onnxruntime cannot load a part.
     """
     options = session_options if session_options is not None else _session_options()
-    return [_make_session(p, providers, options) for p in parts]
+    return [_make_session(p, engine, options) for p in parts]
 
 
 class Chain:
@@ -454,7 +458,7 @@ class Chain:
 
     Args:
         parts: as for :func:`load_sessions`.
-        providers: onnxruntime execution providers.
+        engine: as for :func:`load_sessions` (default ``cpu``).
         session_options: as for :func:`load_sessions`.
 
     Attributes:
@@ -468,12 +472,12 @@ class Chain:
     def __init__(
         self,
         parts: Sequence[PartLike],
-        providers: Sequence[Provider] = DEFAULT_PROVIDERS,
+        engine: str = "cpu",
         session_options: Any = None,
     ) -> None:
         if not parts:
             raise PartitionError("a chain needs at least one partition")
-        self.sessions = load_sessions(parts, providers, session_options)
+        self.sessions = load_sessions(parts, engine, session_options)
         self.part_inputs = [[i.name for i in s.get_inputs()] for s in self.sessions]
         self.part_outputs = [[o.name for o in s.get_outputs()] for s in self.sessions]
         produced: set[str] = set()
@@ -521,7 +525,7 @@ class Chain:
 def run_chain(
     parts: Sequence[PartLike],
     feeds: Mapping[str, np.ndarray],
-    providers: Sequence[Provider] = DEFAULT_PROVIDERS,
+    engine: str = "cpu",
 ) -> dict[str, np.ndarray]:
     """Run ``parts`` in order once and return the last part's outputs by name.
 
@@ -530,13 +534,13 @@ def run_chain(
     Args:
         parts: as for :func:`load_sessions`.
         feeds: the model's runtime inputs, name -> array.
-        providers: onnxruntime execution providers.
+        engine: as for :func:`load_sessions` (default ``cpu``).
 
     Raises:
         PartitionError: a part's input is provided neither by ``feeds`` nor by an earlier
             part.
     """
-    return Chain(parts, providers).run(feeds)
+    return Chain(parts, engine).run(feeds)
 
 
 # --------------------------------------------------------------------------- verification
@@ -654,21 +658,12 @@ def _compare(whole: np.ndarray, chain: np.ndarray | None) -> dict:
 
 
 def _session_options(optimized: bool = True, threads: int | None = None) -> Any:
-    """onnxruntime SessionOptions: full graph optimisations, or none; warnings silenced;
-    ``threads`` intra-op threads (None: onnxruntime's default)."""
-    import onnxruntime as ort
+    """The engine layer's session options: full graph optimisations, or none; warnings
+    silenced; ``threads`` intra-op threads (None: onnxruntime's default); spinning as
+    onnxruntime's default (verification is not served)."""
+    from infscaler.runtime.engines.onnxrt import session_options
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if optimized
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
-    so.log_severity_level = 3
-    if threads is not None:
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-    return so
+    return session_options(threads, optimization="all" if optimized else "none", spinning=None)
 
 
 def _max_errors(
@@ -688,7 +683,7 @@ def verify_chain(
     feeds: Mapping[str, np.ndarray] | None = None,
     rtol: float = 1e-4,
     seed: int = 0,
-    providers: Sequence[Provider] = DEFAULT_PROVIDERS,
+    engine: str = "cpu",
     report_optimized: bool = True,
     reference: Mapping[str, np.ndarray] | None = None,
     threads: int | None = None,
@@ -720,10 +715,10 @@ def verify_chain(
         rtol: tolerance on ``max_rel`` (error / max |whole| per output; see
             :class:`Verification`). Default 1e-4.
         seed: seed of the random feeds.
-        providers: onnxruntime execution providers for both runs.
+        engine: the engine kind both runs use (:func:`load_sessions`; default ``cpu``).
         report_optimized: also measure the optimised comparison (two more runs).
         reference: the whole model's outputs (name -> array) of an unoptimised run on
-            exactly these ``feeds`` with the same providers and ``threads``, when the
+            exactly these ``feeds`` on the same engine with the same ``threads``, when the
             caller has them; None runs the whole model here.
         threads: intra-op threads of every session built here (None: onnxruntime's
             default); give the reference run's.
@@ -745,7 +740,7 @@ def verify_chain(
         return Verification(math.inf, math.inf, per, rtol, False, error=msg, feeds_seed=used_seed)
 
     def run_whole(optimized: bool) -> dict[str, np.ndarray]:
-        (sess,) = load_sessions([whole_src], providers, _session_options(optimized, threads))
+        (sess,) = load_sessions([whole_src], engine, _session_options(optimized, threads))
         return dict(zip(out_names, sess.run(out_names, dict(feeds)), strict=True))
 
     if reference is not None:
@@ -759,7 +754,7 @@ def verify_chain(
         except Exception as exc:
             return failed(f"the whole model failed to run: {_first_line(exc)}")
     try:
-        got = Chain(parts, providers, _session_options(False, threads)).run(feeds)
+        got = Chain(parts, engine, _session_options(False, threads)).run(feeds)
     except Exception as exc:
         return failed(f"the chain failed to run: {_first_line(exc)}")
 
@@ -771,7 +766,7 @@ def verify_chain(
     if report_optimized and passed:
         try:
             whole_opt = run_whole(True)
-            chain_opt = Chain(parts, providers, _session_options(True, threads)).run(feeds)
+            chain_opt = Chain(parts, engine, _session_options(True, threads)).run(feeds)
             optimized = optimized_errors(whole, whole_opt, chain_opt)
         except Exception:  # informational only; the unoptimised check already passed
             optimized = None

@@ -376,13 +376,12 @@ def _check_runnable(model_bytes_or_path: bytes | str, path: Path) -> None:
     """Create an onnxruntime CPU session (no graph optimisation) to prove it can run."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    from infscaler.runtime.engines.onnxrt import load_session
+
     try:
-        ort.InferenceSession(model_bytes_or_path, so, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        msg = str(exc).strip().splitlines()[0][:300]
+        load_session(model_bytes_or_path, threads=None, optimization="none", spinning=None)
+    except ModelLoadError as exc:
+        msg = str(exc.__cause__ or exc).strip().splitlines()[0][:300]
         raise ModelLoadError(
             f"onnxruntime {ort.__version__} cannot run {path}: {msg}",
             hint="check the model's opset and operators against onnxruntime's supported list",
@@ -504,7 +503,7 @@ def _shapes_by_execution(
     model: onnx.ModelProto, names: list[str], feeds: dict[str, np.ndarray]
 ) -> dict[str, TensorInfo]:
     """Run ``model`` once with every name in ``names`` exposed as an output; record shapes."""
-    import onnxruntime as ort
+    from infscaler.runtime.engines.onnxrt import load_session
 
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -512,10 +511,7 @@ def _shapes_by_execution(
     for name in names:
         if name not in existing:
             probe.graph.output.append(onnx.ValueInfoProto(name=name))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = load_session(probe, threads=None, optimization="none", spinning=None)
     out_names = [o.name for o in sess.get_outputs()]
     values = sess.run(out_names, feeds)
     return {

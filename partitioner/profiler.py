@@ -13,9 +13,17 @@ onnxruntime on the engines this host really has:
 - :func:`measure_boundary_overhead` -> :class:`BoundaryOverhead`: T_p, the cost of one
   more ``session.run`` plus moving the crossing tensors into the next partition's input,
   as ``fixed_ms + per_mb_ms * MB``.
-- :func:`available_engines` / :func:`engine_unavailable_reason`: which engines
-  (``cpu``, ``gpu``, ``dla``) map to which onnxruntime execution provider here. An engine
-  the host lacks is never faked: asking for it raises :class:`EngineUnavailableError`.
+
+Every session and every engine comes from the engine layer
+(:mod:`infscaler.runtime.engines`), so a partition is profiled on the backend that will
+serve it: on ``cpu`` an onnxruntime session with the cpu engine's own options
+(:func:`~infscaler.runtime.engines.onnxrt.load_session`); on ``gpu`` / ``dla`` the timed
+runs (T_o, :func:`measure_latency`) go through the serving engine itself
+(:func:`~infscaler.runtime.engines.create_engine`: TensorRT, or onnxruntime's CUDA EP),
+and per-node times come from onnxruntime's profiler where onnxruntime serves the engine.
+Which engines exist is :func:`infscaler.runtime.engines.available`; an engine the host
+lacks is never faked: asking for it raises
+:class:`~infscaler.runtime.engines.EngineUnavailable`.
 
 Results are cached as JSON under ``cache_dir() / "profiles"``, keyed by model hash,
 engine, :func:`host_fingerprint` and the input shapes / measurement settings.
@@ -32,6 +40,7 @@ shapes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -39,7 +48,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -48,104 +57,63 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from infscaler.errors import ConfigError, InfScalerError, ModelLoadError
+from infscaler.errors import ConfigError, ModelLoadError
 from infscaler.models import cache_dir
 from infscaler.partitioner.weights import StubModel
+from infscaler.runtime.engines import (
+    ENGINE_KINDS,
+    create_engine,
+    engine_backend,
+    require_engine,
+)
+from infscaler.runtime.engines.onnxrt import (
+    CPU_PROVIDER,
+    execution_providers,
+    load_session,
+    session_options,
+)
 
-ENGINES = ("cpu", "gpu", "dla")
-"""Engine names: the host CPU, the GPU (CUDA / TensorRT), a Jetson's DLA (TensorRT)."""
-
-_CPU = "CPUExecutionProvider"
-_CUDA = "CUDAExecutionProvider"
-_TRT = "TensorrtExecutionProvider"
+_CPU = CPU_PROVIDER
 _TEGRA_RELEASE = Path("/etc/nv_tegra_release")
 _KERNEL_SUFFIX = "_kernel_time"
 _RUN_EVENTS = ("model_run", "SequentialExecutor::Execute")
 _SCHEMA = 1
 
 
-class EngineUnavailableError(InfScalerError):
-    """The requested engine (``gpu``, ``dla``) has no execution provider on this host."""
-
-
-# --------------------------------------------------------------------------- engines
-
-
 def _is_jetson() -> bool:
     return _TEGRA_RELEASE.exists()
 
 
-def available_engines() -> dict[str, str | None]:
-    """Engine -> onnxruntime execution provider on this host, or None when absent.
+#: what each backend of the engine layer reports as the profile's ``provider``
+_BACKEND_PROVIDER = {
+    "onnxruntime-cpu": CPU_PROVIDER,
+    "onnxruntime-cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorRT",
+    "tensorrt-dla": "TensorRT-DLA",
+}
+#: the precision each engine is profiled in (the DLA computes in fp16 or int8 only)
+_PRECISION = {"cpu": "fp32", "gpu": "fp32", "dla": "fp16"}
 
-    - ``'cpu'`` -> ``'CPUExecutionProvider'`` (always);
-    - ``'gpu'`` -> ``'TensorrtExecutionProvider'``, else ``'CUDAExecutionProvider'``, if
-      ``onnxruntime.get_available_providers()`` lists it;
-    - ``'dla'`` -> ``'TensorrtExecutionProvider'`` only on an NVIDIA Jetson
-      (``/etc/nv_tegra_release`` exists), run with ``trt_dla_enable``.
 
-    Source: onnxruntime execution providers docs
-    (https://onnxruntime.ai/docs/execution-providers/).
+def _backend(engine: str) -> str:
+    """The backend serving ``engine`` here (``onnxruntime-cpu``, ``onnxruntime-cuda``,
+    ``tensorrt``, ``tensorrt-dla``).
+
+    Raises:
+        ConfigError: an unknown engine.
+        EngineUnavailable: the host lacks it.
     """
-    providers = set(ort.get_available_providers())
-    gpu = _TRT if _TRT in providers else _CUDA if _CUDA in providers else None
-    dla = _TRT if (_TRT in providers and _is_jetson()) else None
-    return {"cpu": _CPU, "gpu": gpu, "dla": dla}
+    require_engine(engine)
+    backend = engine_backend(engine)
+    assert backend is not None
+    return backend
 
 
-def engine_unavailable_reason(engine: str) -> str | None:
-    """Why ``engine`` cannot run here, or None when it can.
-
-    Returns:
-        One sentence naming the missing execution provider and what to install, e.g.
-        ``"onnxruntime on this host has no CUDAExecutionProvider or
-        TensorrtExecutionProvider (install onnxruntime-gpu on a GPU host)"``.
-    """
-    if engine not in ENGINES:
-        return f"unknown engine '{engine}' (known engines: {', '.join(ENGINES)})"
-    if available_engines()[engine] is not None:
-        return None
-    if engine == "gpu":
-        return (
-            f"onnxruntime on this host has no {_CUDA} or {_TRT} "
-            f"(available: {', '.join(ort.get_available_providers())}; "
-            "install onnxruntime-gpu on a GPU host)"
-        )
-    # dla
-    if not _is_jetson():
-        return (
-            f"the DLA engine needs {_TRT} on an NVIDIA Jetson, and this host is not a "
-            f"Jetson ({_TEGRA_RELEASE} does not exist)"
-        )
-    return (
-        f"onnxruntime on this Jetson has no {_TRT} "
-        "(install the JetPack onnxruntime-gpu wheel built with TensorRT)"
-    )
-
-
-def _require_engine(engine: str) -> str:
-    reason = engine_unavailable_reason(engine)
-    if reason is not None:
-        raise EngineUnavailableError(
-            f"engine '{engine}' is not available: {reason}",
-            hint="profile on engine 'cpu', or run on a host that has this accelerator",
-        )
-    provider = available_engines()[engine]
-    assert provider is not None
-    return provider
-
-
-def _session_providers(engine: str, provider: str) -> list[Any]:
-    """Provider list for a session on ``engine`` (with CPU fallback for unsupported ops)."""
-    if engine == "cpu":
-        return [_CPU]
-    if engine == "dla":
-        return [(_TRT, {"trt_dla_enable": True, "trt_dla_core": 0}), _CPU]
-    chain: list[Any] = [provider]
-    if provider == _TRT and _CUDA in ort.get_available_providers():
-        chain.append(_CUDA)
-    chain.append(_CPU)
-    return chain
+def profiled_engines() -> dict[str, str | None]:
+    """Engine kind -> the backend that serves (and so profiles) it here, or None when the
+    host lacks it (:func:`infscaler.runtime.engines.engine_backend` of each of
+    :data:`~infscaler.runtime.engines.ENGINE_KINDS`, cpu first)."""
+    return {kind: engine_backend(kind) for kind in ENGINE_KINDS}
 
 
 # ------------------------------------------------------------------------------ host
@@ -201,8 +169,9 @@ def host_description() -> dict[str, Any]:
 
     Returns:
         ``{"fingerprint", "hostname", "machine", "cpu_model", "cores" (os.cpu_count()),
-        "jetson" (bool), "onnxruntime" (version), "providers" (available execution
-        providers), "engines" (engine -> provider or None)}``.
+        "jetson" (bool), "onnxruntime" (version), "providers" (onnxruntime's execution
+        providers), "engines" (engine -> serving backend or None,
+        :func:`profiled_engines`)}``.
     """
     return {
         "fingerprint": host_fingerprint(),
@@ -212,8 +181,8 @@ def host_description() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "jetson": _is_jetson(),
         "onnxruntime": ort.__version__,
-        "providers": list(ort.get_available_providers()),
-        "engines": available_engines(),
+        "providers": execution_providers(),
+        "engines": profiled_engines(),
     }
 
 
@@ -226,14 +195,18 @@ class ModelProfile:
 
     Attributes:
         engine: ``'cpu'``, ``'gpu'`` or ``'dla'``.
-        provider: the onnxruntime execution provider used (``'CPUExecutionProvider'``).
+        provider: what ran it: the onnxruntime execution provider
+            (``'CPUExecutionProvider'``, ``'CUDAExecutionProvider'``), or ``'TensorRT'`` /
+            ``'TensorRT-DLA'`` where TensorRT serves the engine.
         host: :func:`host_fingerprint` of the measuring host.
         node_ms: ONNX node name -> median time per run in ms (onnxruntime profiler,
             ``ORT_DISABLE_ALL``); 0.0 for nodes the trace does not show (e.g. folded into
-            a fused provider kernel).
+            a fused provider kernel), and for every node where TensorRT serves the engine
+            (its layers are fused; no per-ONNX-node time exists).
         total_ms: T_o, the median ``session.run`` latency in ms with ``ORT_ENABLE_ALL``.
         unoptimized_total_ms: median over the measured runs of the sum of all kernel
-            times of a run in ms (no graph optimisation; excludes run overhead).
+            times of a run in ms (no graph optimisation; excludes run overhead); 0.0
+            where TensorRT serves the engine.
         warmup: unmeasured runs before timing.
         repeats: measured runs.
         threads: onnxruntime ``intra_op_num_threads`` (``inter_op_num_threads`` is 1).
@@ -243,9 +216,10 @@ class ModelProfile:
             ONNX node of the graph (e.g. a TensorRT fused subgraph); empty on CPU.
         outputs: the whole model's outputs on the profiled feeds, from the last measured
             run of each session: ``{"unoptimized": {name: array}, "optimized": {...}}``
-            (``ORT_DISABLE_ALL`` / ``ORT_ENABLE_ALL``), so that a caller verifying
-            against the whole model on the same feeds need not run it again. Not
-            serialised: None for a profile read from the cache.
+            (``ORT_DISABLE_ALL`` / ``ORT_ENABLE_ALL``; only ``"optimized"``, the serving
+            engine's, where TensorRT serves), so that a caller verifying against the
+            whole model on the same feeds need not run it again. Not serialised: None for
+            a profile read from the cache.
     """
 
     engine: str
@@ -376,29 +350,73 @@ def node_times_from_trace(
     return node_ms, unmatched_ms, totals
 
 
-def _session_options(level: ort.GraphOptimizationLevel, threads: int) -> ort.SessionOptions:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = level
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.log_severity_level = 3
-    return so
-
-
-def _make_session(
-    source: bytes | str | StubModel, so: ort.SessionOptions, providers: list[Any], engine: str
+def _ort_session(
+    source: bytes | str | StubModel, engine: str, options: ort.SessionOptions
 ) -> ort.InferenceSession:
-    try:
-        if isinstance(source, StubModel):
-            return source.session(so, providers)
-        return ort.InferenceSession(source, so, providers=providers)
-    except Exception as exc:
-        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(
-            f"onnxruntime {ort.__version__} cannot create a session on engine '{engine}': {msg}",
-            hint="check the model with `infscaler inspect`, and the engine's provider install",
-        ) from None
+    """An onnxruntime session of ``source`` on ``engine`` from the engine layer's loader."""
+    if isinstance(source, StubModel):
+        return load_session(
+            source.data, engine=engine, options=options, external_data_folder=source.folder
+        )
+    return load_session(source, engine=engine, options=options)
+
+
+@contextlib.contextmanager
+def _model_file(source: bytes | str | StubModel | onnx.ModelProto) -> Iterator[str]:
+    """A file path of ``source`` for engines that load files (TensorRT, the CUDA EP
+    engine): the path itself, else a temporary file (weights over 1 KiB in one external
+    data file beside it), deleted on exit.
+
+    Raises:
+        ConfigError: a :class:`~.weights.StubModel` (its weights are references relative to
+            the model's folder): pass the model's or the part's file instead.
+    """
+    if isinstance(source, StubModel):
+        raise ConfigError(
+            "a weight-referencing stub runs on the cpu engine only",
+            hint="give engines other than cpu the model's or the saved part's file",
+        )
+    if isinstance(source, str | os.PathLike):
+        yield str(source)
+        return
+    proto = onnx.load_model_from_string(source) if isinstance(source, bytes) else source
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)  # save_model with external data rewrites the tensors it is given
+    with tempfile.TemporaryDirectory(prefix="infscaler-prof-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save_model(
+            copy,
+            path,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location="model.onnx.data",
+            size_threshold=1024,
+        )
+        yield path
+
+
+@contextlib.contextmanager
+def _served(
+    source: bytes | str | StubModel, engine: str, threads: int
+) -> Iterator[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
+    """A function running ``source`` on ``engine`` the way the serving instance does:
+    feeds -> ``{output name: array}``.
+
+    cpu: an onnxruntime session with the cpu engine's options (``ORT_ENABLE_ALL``,
+    ``threads`` intra-op threads, sequential, no spinning; built from bytes or a stub,
+    which the cpu engine itself, taking files only, cannot); other engines:
+    :func:`~infscaler.runtime.engines.create_engine` (``fp16`` on the DLA), loaded from
+    :func:`_model_file`.
+    """
+    if engine == "cpu":
+        sess = _ort_session(source, engine, session_options(threads))
+        names = [o.name for o in sess.get_outputs()]
+        yield lambda feeds: dict(zip(names, _run(sess, feeds, engine), strict=True))
+        return
+    with _model_file(source) as path:
+        eng = create_engine(engine, path, threads=threads, precision=_PRECISION[engine])
+        with eng:
+            yield eng.infer
 
 
 def _run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], engine: str) -> list:
@@ -414,12 +432,18 @@ def _run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], engine: str) 
         ) from None
 
 
-def _shape_key(feeds: dict[str, np.ndarray], warmup: int, repeats: int, threads: int) -> str:
+def _shape_key(
+    feeds: dict[str, np.ndarray], warmup: int, repeats: int, threads: int, backend: str | None
+) -> str:
     desc = {
         "feeds": sorted([n, list(np.shape(a)), str(np.asarray(a).dtype)] for n, a in feeds.items()),
         "warmup": warmup,
         "repeats": repeats,
         "threads": threads,
+        # the serving backend and its session settings (no spinning since the engine
+        # layer): a profile measured another way is never reused
+        "backend": backend,
+        "spinning": False,
     }
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -436,11 +460,12 @@ def profile_cache_path(
     """Cache file of :func:`profile_model` for these arguments.
 
     ``cache_dir() / "profiles" / "<sha256[:16]>-<engine>-<host>-<shape_key>.json"``, where
-    shape_key is a 10-hex-char hash of the feeds' names / shapes / dtypes and of
-    ``warmup``, ``repeats`` and the resolved thread count.
+    shape_key is a 10-hex-char hash of the feeds' names / shapes / dtypes, of ``warmup``,
+    ``repeats`` and the resolved thread count, and of the backend serving ``engine`` here
+    (:func:`profiled_engines`).
     """
     t = int(threads or usable_cores())
-    key = _shape_key(feeds, warmup, repeats, t)
+    key = _shape_key(feeds, warmup, repeats, t, engine_backend(engine))
     name = f"{model_sha256[:16]}-{engine}-{host_fingerprint()}-{key}.json"
     return cache_dir() / "profiles" / name
 
@@ -508,13 +533,16 @@ def profile_model(
 ) -> ModelProfile:
     """Measure per-node times and T_o of ``model`` on ``engine`` (InfScaler §IV-A).
 
-    Two onnxruntime sessions, both ``intra_op_num_threads = threads or usable_cores()``,
-    ``inter_op_num_threads = 1``:
+    Two runs of the model, both with ``threads or usable_cores()`` intra-op threads
+    (``inter_op_num_threads = 1``), built by the engine layer:
 
-    1. ``ORT_DISABLE_ALL`` with ``enable_profiling`` (trace in a temporary directory,
+    1. where onnxruntime serves ``engine`` (cpu; gpu through the CUDA EP): a session with
+       ``ORT_DISABLE_ALL`` and onnxruntime's profiler on (trace in a temporary directory,
        deleted afterwards): ``warmup + repeats`` runs; per node, the median over the
-       measured runs of its kernel time (:func:`node_times_from_trace`).
-    2. ``ORT_ENABLE_ALL``: ``warmup`` runs, then ``repeats`` runs timed with
+       measured runs of its kernel time (:func:`node_times_from_trace`). Where TensorRT
+       serves it, no per-node time exists (its layers are fused): ``node_ms`` is 0.0.
+    2. the model as it is served (:func:`_served`: the cpu engine's session options, or
+       the gpu / dla engine itself): ``warmup`` runs, then ``repeats`` runs timed with
        ``time.perf_counter``; ``total_ms`` is their median (T_o of Eq. 1).
 
     The last measured run's outputs of each session are kept in
@@ -527,7 +555,7 @@ def profile_model(
             models over 2 GB), or a :class:`~.weights.StubModel` of it
             (:meth:`LoadedModel.stub`: the sessions read the weights from the file).
         feeds: input name -> array (e.g. ``random_feeds``); shapes must be concrete.
-        engine: ``'cpu'``, ``'gpu'`` or ``'dla'`` (see :func:`available_engines`).
+        engine: ``'cpu'``, ``'gpu'`` or ``'dla'`` (see :func:`profiled_engines`).
         model_sha256: hex SHA-256 of the model file (cache key).
         warmup: unmeasured runs (>= 0).
         repeats: measured runs (>= 1).
@@ -541,13 +569,15 @@ def profile_model(
         The :class:`ModelProfile` (times in ms).
 
     Raises:
-        EngineUnavailableError: ``engine`` is unknown or has no provider on this host (the
-            message names the missing provider).
-        ConfigError: ``warmup < 0``, ``repeats < 1`` or ``threads < 1``.
+        EngineUnavailable: the host lacks ``engine`` (the message is
+            :func:`infscaler.runtime.engines.available`'s reason).
+        ConfigError: an unknown engine; ``warmup < 0``, ``repeats < 1`` or ``threads < 1``;
+            a stub for an engine other than cpu.
         ModelLoadError: onnxruntime cannot create a session or run the model with
             ``feeds``; a ModelProto too large to serialise.
+        InferenceError: the gpu / dla engine cannot run the model with ``feeds``.
     """
-    provider = _require_engine(engine)
+    backend = _backend(engine)
     if warmup < 0 or repeats < 1 or (threads is not None and threads < 1):
         raise ConfigError(
             f"invalid profiling settings: warmup={warmup}, repeats={repeats}, threads={threads}",
@@ -577,38 +607,41 @@ def profile_model(
         source, names = _model_source(model)
     else:
         source, names = _model_source(model, node_names=False)[0], list(node_names)
-    providers = _session_providers(engine, provider)
 
-    # 1. Per-node kernel times, no graph optimisation.
-    with tempfile.TemporaryDirectory(prefix="infscaler-prof-") as tmp:
-        so = _session_options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, n_threads)
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "trace")
-        sess = _make_session(source, so, providers, engine)
-        out_names = [o.name for o in sess.get_outputs()]
-        trace_file: str | None = None
-        values: list = []
-        try:
-            for _ in range(warmup + repeats):
-                values = _run(sess, feeds, engine)
-        finally:
+    # 1. Per-node kernel times, no graph optimisation (where onnxruntime serves).
+    outputs: dict[str, dict[str, np.ndarray]] = {}
+    if backend.startswith("onnxruntime"):
+        with tempfile.TemporaryDirectory(prefix="infscaler-prof-") as tmp:
+            so = session_options(
+                n_threads, optimization="none", profile_prefix=os.path.join(tmp, "trace")
+            )
+            sess = _ort_session(source, engine, so)
+            out_names = [o.name for o in sess.get_outputs()]
+            trace_file: str | None = None
+            values: list = []
             try:
-                trace_file = sess.end_profiling()
-            except Exception:
-                trace_file = None
-            del sess
-        events = _read_trace(trace_file)
-        if trace_file:
-            Path(trace_file).unlink(missing_ok=True)
-    unoptimized = dict(zip(out_names, values, strict=True))
-    node_ms, unmatched_ms, totals = node_times_from_trace(events, names, skip_runs=warmup)
+                for _ in range(warmup + repeats):
+                    values = _run(sess, feeds, engine)
+            finally:
+                try:
+                    trace_file = sess.end_profiling()
+                except Exception:
+                    trace_file = None
+                del sess
+            events = _read_trace(trace_file)
+            if trace_file:
+                Path(trace_file).unlink(missing_ok=True)
+        outputs["unoptimized"] = dict(zip(out_names, values, strict=True))
+        node_ms, unmatched_ms, totals = node_times_from_trace(events, names, skip_runs=warmup)
+    else:
+        node_ms, unmatched_ms, totals = dict.fromkeys(names, 0.0), {}, []
 
-    # 2. T_o: whole-model latency, all graph optimisations.
-    total_ms, optimized = _time_session(source, feeds, engine, provider, n_threads, warmup, repeats)
+    # 2. T_o: whole-model latency as served.
+    total_ms, outputs["optimized"] = _time_served(source, feeds, engine, n_threads, warmup, repeats)
 
     profile = ModelProfile(
         engine=engine,
-        provider=provider,
+        provider=_BACKEND_PROVIDER.get(backend, backend),
         host=host,
         node_ms=node_ms,
         total_ms=total_ms,
@@ -619,36 +652,33 @@ def profile_model(
         model_sha256=model_sha256,
         input_shapes={n: tuple(int(d) for d in np.shape(a)) for n, a in feeds.items()},
         unmatched_ms=unmatched_ms,
-        outputs={"unoptimized": unoptimized, "optimized": optimized},
+        outputs=outputs,
     )
     if cache:
         _write_json_atomic(path, profile.to_dict())
     return profile
 
 
-def _time_session(
+def _time_served(
     source: bytes | str | StubModel,
     feeds: dict[str, np.ndarray],
     engine: str,
-    provider: str,
     threads: int,
     warmup: int,
     repeats: int,
 ) -> tuple[float, dict[str, np.ndarray]]:
-    """Median ms of ``repeats`` timed runs (after ``warmup``) with full optimisations,
+    """Median ms of ``repeats`` timed runs (after ``warmup``) as served (:func:`_served`),
     and the last run's outputs by name."""
-    so = _session_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
-    sess = _make_session(source, so, _session_providers(engine, provider), engine)
-    names = [o.name for o in sess.get_outputs()]
-    for _ in range(warmup):
-        _run(sess, feeds, engine)
-    times: list[float] = []
-    outputs: list = []
-    for _ in range(max(repeats, 1)):
-        t0 = time.perf_counter()
-        outputs = _run(sess, feeds, engine)
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return float(statistics.median(times)), dict(zip(names, outputs, strict=True))
+    with _served(source, engine, threads) as run:
+        for _ in range(warmup):
+            run(feeds)
+        times: list[float] = []
+        outputs: dict[str, np.ndarray] = {}
+        for _ in range(max(repeats, 1)):
+            t0 = time.perf_counter()
+            outputs = run(feeds)
+            times.append((time.perf_counter() - t0) * 1000.0)
+    return float(statistics.median(times)), outputs
 
 
 def measure_latency(
@@ -664,27 +694,28 @@ def measure_latency(
 
     The partitioner times each partition with it (hardware affinity A_k^m of §IV-A) and
     uses the outputs as the next partition's inputs, so a K-partition chain costs K
-    sessions per engine.
+    sessions per engine. The runs are the serving ones (:func:`_served`): the cpu
+    engine's session options on cpu, the gpu / dla engine itself elsewhere.
 
     Args:
-        model: ModelProto, path, or :class:`~.weights.StubModel`.
+        model: ModelProto, path, or :class:`~.weights.StubModel` (cpu only).
         feeds: input name -> array.
-        engine: ``cpu`` / ``gpu`` / ``dla`` (see :func:`available_engines`).
+        engine: ``cpu`` / ``gpu`` / ``dla`` (see :func:`profiled_engines`).
         warmup, repeats: untimed and timed runs.
         threads: intra-op threads (default :func:`usable_cores`).
 
     Returns:
-        (median latency in ms with full graph optimisations, outputs of the last run by name).
+        (median latency in ms as served, outputs of the last run by name).
 
     Raises:
-        EngineUnavailableError: the engine is missing on this host.
+        EngineUnavailable: the engine is missing on this host.
+        ConfigError: an unknown engine, or a stub for an engine other than cpu.
         ModelLoadError: the session cannot be created or run with ``feeds``.
+        InferenceError: the gpu / dla engine cannot run the model with ``feeds``.
     """
-    provider = _require_engine(engine)
+    _backend(engine)
     source, _ = _model_source(model, node_names=False)
-    return _time_session(
-        source, feeds, engine, provider, int(threads or usable_cores()), warmup, repeats
-    )
+    return _time_served(source, feeds, engine, int(threads or usable_cores()), warmup, repeats)
 
 
 def _read_trace(trace_file: str | None) -> list[dict[str, Any]]:
@@ -790,7 +821,7 @@ def measure_boundary_overhead(
 ) -> BoundaryOverhead:
     """Measure T_p, the overhead of one partition boundary (Eq. 1), on ``engine``.
 
-    Two ``ORT_ENABLE_ALL`` sessions of Identity models (float32 ``[1]`` and
+    Two Identity models run as served (:func:`_served`) (float32 ``[1]`` and
     ``[tensor_bytes // 4]``); each iteration times, with ``time.perf_counter``, a numpy
     copy of the input (moving the crossing tensor into the next instance's input buffer)
     plus ``session.run``, alternating small and big to cancel drift. 5 warm-up
@@ -807,10 +838,10 @@ def measure_boundary_overhead(
         The :class:`BoundaryOverhead` (ms, ms per 10^6 bytes).
 
     Raises:
-        EngineUnavailableError: ``engine`` has no provider on this host.
-        ConfigError: ``tensor_bytes < 8`` or ``repeats < 1``.
+        EngineUnavailable: the host lacks ``engine``.
+        ConfigError: an unknown engine, ``tensor_bytes < 8`` or ``repeats < 1``.
     """
-    provider = _require_engine(engine)
+    backend = _backend(engine)
     if tensor_bytes < 8 or repeats < 1:
         raise ConfigError(
             f"invalid boundary-overhead settings: tensor_bytes={tensor_bytes}, repeats={repeats}",
@@ -828,40 +859,30 @@ def measure_boundary_overhead(
             if cached is not None and cached.host == host and cached.engine == engine:
                 return cached
 
-    providers = _session_providers(engine, provider)
     threads = usable_cores()
     n_big = tensor_bytes // 4
-    small = _make_session(
-        _identity_model(1),
-        _session_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads),
-        providers,
-        engine,
-    )
-    big = _make_session(
-        _identity_model(n_big),
-        _session_options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads),
-        providers,
-        engine,
-    )
     rng = np.random.default_rng(0)
     x_small = rng.random(1, dtype=np.float32)
     x_big = rng.random(n_big, dtype=np.float32)
 
-    def once(sess: ort.InferenceSession, x: np.ndarray) -> float:
+    def once(run: Callable[[dict[str, np.ndarray]], Any], x: np.ndarray) -> float:
         t0 = time.perf_counter()
         moved = np.copy(x)
-        sess.run(None, {"x": moved})
+        run({"x": moved})
         return (time.perf_counter() - t0) * 1000.0
 
-    for _ in range(5):
-        once(small, x_small)
-        once(big, x_big)
-    t_small: list[float] = []
-    t_big: list[float] = []
-    for _ in range(repeats):
-        t_small.append(once(small, x_small))
-        t_big.append(once(big, x_big))
-    del small, big
+    with (
+        _served(_identity_model(1), engine, threads) as small,
+        _served(_identity_model(n_big), engine, threads) as big,
+    ):
+        for _ in range(5):
+            once(small, x_small)
+            once(big, x_big)
+        t_small: list[float] = []
+        t_big: list[float] = []
+        for _ in range(repeats):
+            t_small.append(once(small, x_small))
+            t_big.append(once(big, x_big))
 
     fixed = float(statistics.median(t_small))
     mb = (n_big * 4 - 4) / 1e6
@@ -870,7 +891,7 @@ def measure_boundary_overhead(
         fixed_ms=fixed,
         per_mb_ms=per_mb,
         engine=engine,
-        provider=provider,
+        provider=_BACKEND_PROVIDER.get(backend, backend),
         host=host,
         tensor_bytes=tensor_bytes,
         repeats=repeats,

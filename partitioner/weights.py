@@ -33,7 +33,7 @@ modified while such sessions exist (they are mapped).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +54,6 @@ __all__ = [
 #: Initializers of at most this many bytes stay embedded in a stub (shape constants that
 #: shape inference and constant folding read; copying them costs nothing).
 MIN_REFERENCED_BYTES = 4096
-
-_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 #: TensorProto fields that hold (or locate) a tensor's data; a reference replaces them.
 _DATA_FIELDS = frozenset(
@@ -101,18 +99,20 @@ class StubModel:
     data: bytes
     folder: str
 
-    def session(self, options: Any, providers: Sequence[Any]) -> Any:
-        """An ``onnxruntime.InferenceSession`` of the stub. ``options`` (a
-        ``SessionOptions``) gets the external-initializer folder entry."""
-        import onnxruntime as ort
+    def session(self, options: Any, engine: str = "cpu") -> Any:
+        """An ``onnxruntime.InferenceSession`` of the stub on ``engine``, from the engine
+        layer's loader (:func:`~infscaler.runtime.engines.onnxrt.load_session`).
+        ``options`` (a ``SessionOptions``) gets the external-initializer folder entry.
 
-        try:
-            current = options.get_session_config_entry(_FOLDER_KEY)
-        except RuntimeError:  # not set
-            current = None
-        if current != self.folder:  # (setting it again would log a warning)
-            options.add_session_config_entry(_FOLDER_KEY, self.folder)
-        return ort.InferenceSession(self.data, options, providers=list(providers))
+        Raises:
+            EngineUnavailable: the host lacks ``engine`` or onnxruntime does not serve it.
+            ModelLoadError: onnxruntime cannot load the stub (or a referenced file).
+        """
+        from infscaler.runtime.engines.onnxrt import load_session
+
+        return load_session(
+            self.data, engine=engine, options=options, external_data_folder=self.folder
+        )
 
 
 # ------------------------------------------------------------------------ wire format

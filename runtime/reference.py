@@ -1,7 +1,8 @@
 """Run a pipeline in-process, unpartitioned: the reference the served pipeline is checked
 against (tests, ``run_ocr_reference``).
 
-Every model stage runs its WHOLE model in one onnxruntime CPU session (no partitions, no
+Every model stage runs its WHOLE model in one onnxruntime CPU session (built by the
+engine layer's :func:`~infscaler.runtime.engines.onnxrt.load_session`; no partitions, no
 processes, no shared memory, no tokens); function stages are called directly with
 read-only views and their results checked against the function-stage contract of
 :mod:`infscaler.config`; a fan-out's items run the per-item stages one by one and the
@@ -28,11 +29,10 @@ _PLAIN_KINDS = "biufUS"
 
 @functools.cache
 def _session(path: str) -> Any:
-    import onnxruntime as ort
+    from infscaler.runtime.engines.onnxrt import load_session
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    # onnxruntime's own defaults (threads, spinning): the reference is not a served instance
+    return load_session(path, threads=None, spinning=None)
 
 
 def _model_runner(model: Any) -> Any:

@@ -5,9 +5,9 @@ in-process on this host (InferLine §4.1, the Profiler).
 way :mod:`infscaler.runtime.reference` runs a pipeline, but unit by unit (a partitioned
 model stage is K units, each its own partition's ONNX file) and timing each call:
 
-* model units: an onnxruntime CPU session of the unit's ONNX file with the cpu engine's
-  own session options (:func:`infscaler.runtime.engines.cpu.session_options` with the
-  unit's ``threads``: sequential, no spinning), fed the slot tensors the earlier units
+* model units: an onnxruntime CPU session of the unit's ONNX file built like the cpu
+  engine's own (:func:`infscaler.runtime.engines.onnxrt.load_session` with the unit's
+  ``threads``: sequential, no spinning), fed the slot tensors the earlier units
   produced; not pinned to cores;
 * function units: the function itself, on read-only views, after its ``warmup`` hook;
 * between the fan-out and the fan-in each item runs the per-item units on its own, so
@@ -185,15 +185,10 @@ class _Runner:
         self.session: Any = None
         self.fn: Any = None
         if unit.kind == "model":
-            import onnxruntime as ort
+            from infscaler.runtime.engines.onnxrt import load_session
 
-            from infscaler.runtime.engines.cpu import session_options
-
-            self.session = ort.InferenceSession(
-                str(unit.path),
-                session_options(max(1, int(unit.threads))),
-                providers=["CPUExecutionProvider"],
-            )
+            # the cpu engine's own session (same loader, same options)
+            self.session = load_session(unit.path, engine="cpu", threads=max(1, int(unit.threads)))
         else:
             from infscaler.runtime.pipeline import load_function
 

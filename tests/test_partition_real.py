@@ -467,7 +467,7 @@ def test_plan_yaml_records_the_plan(real: Real, plan_run) -> None:
 
     parts = summary["partitions"]
     assert [p["index"] for p in parts] == list(range(PLAN_K))
-    available = profiler.available_engines()
+    available = profiler.profiled_engines()
     for p in parts:
         first, last = p["operators"]
         assert isinstance(p["bottleneck"], float) and p["bottleneck"] > 0

@@ -16,19 +16,18 @@ from infscaler.partitioner import profiler
 from infscaler.partitioner.loader import load_model, random_feeds
 from infscaler.partitioner.profiler import (
     BoundaryOverhead,
-    EngineUnavailableError,
     ModelProfile,
-    available_engines,
-    engine_unavailable_reason,
     host_description,
     host_fingerprint,
     measure_boundary_overhead,
     node_times_from_trace,
     profile_cache_path,
     profile_model,
+    profiled_engines,
 )
+from infscaler.runtime.engines import EngineUnavailable, available
 
-GPU_REASON = engine_unavailable_reason("gpu")
+GPU_OK, GPU_REASON = available("gpu")
 
 
 @pytest.fixture(autouse=True)
@@ -65,15 +64,16 @@ def _feeds(hw: int) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(1).random((1, 4, hw, hw), dtype=np.float32)}
 
 
-def test_available_engines_on_this_host():
-    engines = available_engines()
-    assert engines["cpu"] == "CPUExecutionProvider"
-    assert set(engines) == {"cpu", "gpu", "dla"}
-    assert engine_unavailable_reason("cpu") is None
+def test_profiled_engines_on_this_host():
+    """The profiler's engines are the engine layer's: the backend that serves each."""
+    engines = profiled_engines()
+    assert engines["cpu"] == "onnxruntime-cpu"
+    assert list(engines) == ["cpu", "gpu", "dla"]
+    for kind, backend in engines.items():
+        assert (backend is not None) == available(kind)[0]
     if engines["gpu"] is None:
-        reason = engine_unavailable_reason("gpu")
-        assert reason is not None and "CUDAExecutionProvider" in reason
-    assert "unknown engine" in (engine_unavailable_reason("npu") or "")
+        assert "CUDAExecutionProvider" in available("gpu")[1]
+    assert "unknown engine" in available("npu")[1]
 
 
 def test_host_fingerprint_and_description():
@@ -223,34 +223,36 @@ def test_bad_feeds_and_settings_raise_user_errors():
         profile_model(model, _feeds(8), model_sha256="0" * 64, repeats=0)
 
 
-@pytest.mark.skipif(GPU_REASON is None, reason="this host has a GPU provider")
-def test_gpu_engine_unavailable_names_provider():
-    with pytest.raises(EngineUnavailableError) as exc:
+@pytest.mark.skipif(GPU_OK, reason="this host has the gpu engine")
+def test_gpu_engine_unavailable_names_what_is_missing():
+    with pytest.raises(EngineUnavailable) as exc:
         profile_model(_conv_model(8), _feeds(8), engine="gpu", model_sha256="0" * 64)
+    assert GPU_REASON in str(exc.value)  # the engine layer's one reason
     assert "CUDAExecutionProvider" in str(exc.value)
-    assert "TensorrtExecutionProvider" in str(exc.value)
-    with pytest.raises(EngineUnavailableError):
+    with pytest.raises(EngineUnavailable):
         measure_boundary_overhead(engine="gpu")
+    with pytest.raises(EngineUnavailable):
+        profiler.measure_latency(_conv_model(8), _feeds(8), engine="gpu")
 
 
-@pytest.mark.skipif(
-    available_engines()["dla"] is not None, reason="this host is a Jetson with TensorRT"
-)
+@pytest.mark.skipif(available("dla")[0], reason="this host is a Jetson with DLA cores")
 def test_dla_engine_unavailable():
-    with pytest.raises(EngineUnavailableError, match="TensorrtExecutionProvider"):
+    with pytest.raises(EngineUnavailable, match="DLA"):
         profile_model(_conv_model(8), _feeds(8), engine="dla", model_sha256="0" * 64)
 
 
-@pytest.mark.skipif(
-    GPU_REASON is not None,
-    reason=f"no GPU execution provider: {GPU_REASON}",
-)
+def test_unknown_engine_is_a_config_error():
+    with pytest.raises(InfScalerError, match="unknown engine kind 'npu'"):
+        profile_model(_conv_model(8), _feeds(8), engine="npu", model_sha256="0" * 64)
+
+
+@pytest.mark.skipif(not GPU_OK, reason=f"no gpu engine: {GPU_REASON}")
 def test_gpu_profile():
     prof = profile_model(
         _conv_model(32), _feeds(32), engine="gpu", model_sha256="78" * 32, warmup=2, repeats=3
     )
     assert set(prof.node_ms) == {"conv1", "relu1", "conv2", "add", "gap"}
-    assert prof.provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+    assert prof.provider in ("CUDAExecutionProvider", "TensorRT")
     assert prof.total_ms > 0
 
 

@@ -470,11 +470,9 @@ def _session(model: str, threads: int) -> Any:
     """A CPU onnxruntime session on a bundled model with the cpu engine's options
     (``threads`` intra-op threads, sequential, no spinning), one per process and key."""
     from infscaler.models import resolve_model
-    from infscaler.runtime.engines.cpu import open_session, session_options
+    from infscaler.runtime.engines.onnxrt import load_session
 
-    return open_session(
-        resolve_model(model), session_options(int(threads)), ["CPUExecutionProvider"]
-    )
+    return load_session(resolve_model(model), engine="cpu", threads=int(threads))
 
 
 def run_dddd(

@@ -49,6 +49,15 @@ class EngineUnavailable(InfScalerError):
     """
 
 
+def unavailable(kind: str, reason: str) -> EngineUnavailable:
+    """The :class:`EngineUnavailable` for engine ``kind`` missing for ``reason`` (one
+    message for :meth:`Engine.load` and :func:`~infscaler.runtime.engines.require_engine`)."""
+    return EngineUnavailable(
+        f"engine '{kind}' is not available on this host: {reason}",
+        hint="use an engine this host has (`engine_availability()`), e.g. 'cpu'",
+    )
+
+
 class InferenceError(InfScalerError):
     """Bad feeds (unknown / missing input, wrong dtype, rank or fixed dimension: the
     message names the input with expected vs got), an option the engine cannot honour
@@ -278,10 +287,7 @@ class Engine(ABC):
             self._check_options()
             ok, reason = self.availability()
             if not ok:
-                raise EngineUnavailable(
-                    f"engine '{self.kind}' is not available on this host: {reason}",
-                    hint="use an engine this host has (`engine_availability()`), e.g. 'cpu'",
-                )
+                raise unavailable(self.kind, reason)
             if self.precision not in self.precisions:
                 raise InferenceError(
                     f"engine '{self.kind}' does not run precision '{self.precision}' on "

@@ -22,11 +22,10 @@ import numpy as np
 import onnxruntime as ort
 
 from infscaler.runtime.engines.base import EngineUnavailable, InferenceError, mib
-from infscaler.runtime.engines.cpu import (
-    CPU_PROVIDER,
-    open_session,
+from infscaler.runtime.engines.onnxrt import (
+    CUDA_PROVIDER,
+    load_session,
     run_session,
-    session_options,
     session_tensor_infos,
 )
 from infscaler.runtime.engines.tensorrt import (
@@ -36,7 +35,6 @@ from infscaler.runtime.engines.tensorrt import (
     probe_tensorrt_host,
 )
 
-CUDA_PROVIDER = "CUDAExecutionProvider"
 ORT_CUDA_MISSING = (
     "onnxruntime {version} has no CUDAExecutionProvider (pip install onnxruntime-gpu)"
 )
@@ -130,16 +128,11 @@ class GPUEngine(TensorRTEngine):
         ctx = driver.retain_primary(self.device_index)  # the context onnxruntime will use
         try:
             free0 = driver.mem_free(ctx)
-            # use_tf32 "0": precision fp32 means fp32 (TF32 is on by default on Ampere+)
-            cuda_options = {"device_id": str(self.device_index), "use_tf32": "0"}
-            providers = [(CUDA_PROVIDER, cuda_options), CPU_PROVIDER]
-            session = open_session(path, session_options(self.threads), providers)
-            if not session.get_providers() or session.get_providers()[0] != CUDA_PROVIDER:
-                raise EngineUnavailable(
-                    f"onnxruntime could not start the CUDA EP on device {self.device_index} "
-                    f"(session providers: {session.get_providers()}); see onnxruntime's log",
-                    hint="check that the CUDA and cuDNN versions match the onnxruntime-gpu build",
-                )
+            # the loader's CUDA EP options: use_tf32 "0", so fp32 means fp32 (TF32 is on by
+            # default on Ampere+); it raises EngineUnavailable when the EP does not start
+            session = load_session(
+                path, engine="gpu", threads=self.threads, device_index=self.device_index
+            )
             free1 = driver.mem_free(ctx)
         except BaseException:
             driver.release_primary(self.device_index)

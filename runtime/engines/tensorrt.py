@@ -692,10 +692,11 @@ def build_serialized_engine(
 
 
 def default_cache_dir() -> Path:
-    """``$INFSCALER_CACHE_DIR/engines``, or ``~/.cache/infscaler/engines``."""
-    from infscaler.models import cache_dir
-
-    return cache_dir() / "engines"
+    """``$INFSCALER_CACHE_DIR/engines``, or ``~/.cache/infscaler/engines`` (the root of
+    :func:`infscaler.models.cache_dir`, read here from the environment: the engine layer
+    imports no module above the base layer)."""
+    root = os.environ.get("INFSCALER_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "infscaler") / "engines"
 
 
 def _slug(text: str) -> str:
