@@ -163,6 +163,10 @@ class StageConfig(BaseModel):
             may run (None: only the device's resource cap bounds it; at most 16, the
             control path's limit per stage).
         threads: intra-op threads (and pinned cores) per instance.
+        fuse: run this function stage inside the adjacent model stage's instances (a
+            fused unit, :func:`infscaler.runtime.pipeline.fuse_units`), or let a model
+            stage take its adjacent function stages in; ``false`` keeps the stage its
+            own unit. None: the pipeline's ``fuse``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -186,6 +190,7 @@ class StageConfig(BaseModel):
     max_instances: int | None = Field(None, ge=1, le=16)
     batching: BatchingConfig | None = None
     threads: int = Field(1, ge=1, le=64)
+    fuse: bool | None = None
 
     @model_validator(mode="after")
     def _check(self) -> StageConfig:
@@ -311,6 +316,8 @@ class PipelineConfig(BaseModel):
         slo: the end-to-end latency SLO (``200ms``, ``0.2s``) the scaler keeps P99 under.
         autoscale: scale the pipeline's units asymmetrically (needs ``slo``); ``true``
             takes the defaults of :class:`AutoscaleConfig`.
+        fuse: the stages' default ``fuse`` (true: function stages run inside the
+            adjacent model stage's instances).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -324,6 +331,7 @@ class PipelineConfig(BaseModel):
     max_inflight: int | None = Field(None, ge=1, le=4096)
     slo: str | float | None = None
     autoscale: AutoscaleConfig | None = None
+    fuse: bool = True
 
     @field_validator("autoscale", mode="before")
     @classmethod

@@ -64,6 +64,9 @@ class UnitMetrics:
             idle unit: over the statistics' whole horizon, 60 s; None: no sample).
         queue_p99_ms: time items waited before the unit, ms.
         uss_mb: mean USS of its ready instances, MB (None: none reported yet).
+        step_ms: a fused unit's steps, name -> mean ms per call over its instances'
+            lifetime (their ``stats`` reports; None: not run yet); empty otherwise. The
+            unit's service time (``compute_*``) is the sum: one trace row spans them.
     """
 
     index: int
@@ -78,6 +81,7 @@ class UnitMetrics:
     compute_p99_ms: float | None
     queue_p99_ms: float | None
     uss_mb: float | None
+    step_ms: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,7 @@ class Monitor:
                     compute_p99_ms=comp["p99_ms"],
                     queue_p99_ms=queue["p99_ms"],
                     uss_mb=sum(uss) / len(uss) if uss else None,
+                    step_ms={r["step"]: r["mean_ms"] for r in step_totals(u, mine)},
                 )
             )
         return PipelineMetrics(
@@ -295,6 +300,32 @@ class Monitor:
             offered_rate=m.offered_rate,
             slo_refused_rate=m.slo_refused_rate,
         )
+
+
+def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:
+    """A fused unit's steps, each with ``step`` (name), ``kind``, and ``served``,
+    ``errors``, ``busy_ms`` summed over ``handles`` (the unit's instances, their last
+    ``stats`` reports, :meth:`infscaler.runtime.instance.FusedRunner.step_stats`) and
+    ``mean_ms`` (busy_ms / served, ms per call; None before one ran). [] for a unit that
+    is not fused."""
+    out = []
+    for step in getattr(unit, "steps", ()):
+        rows = [
+            r for h in handles for r in h.stats.get("steps") or () if r.get("step") == step.name
+        ]
+        served = sum(int(r.get("served", 0)) for r in rows)
+        busy = sum(float(r.get("busy_ms", 0.0)) for r in rows)
+        out.append(
+            {
+                "step": step.name,
+                "kind": step.kind,
+                "served": served,
+                "errors": sum(int(r.get("errors", 0)) for r in rows),
+                "busy_ms": round(busy, 3),
+                "mean_ms": round(busy / served, 3) if served else None,
+            }
+        )
+    return out
 
 
 def _count_since(ts: Any, cutoff: float) -> int:
