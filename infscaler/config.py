@@ -35,6 +35,8 @@ any tensor a request brought or an earlier stage wrote (DAG edges are these name
         function: infscaler.pipelines.ocr:merge_lines
         fan_in: true                 # gets the list of items, in item order
         ...
+    fuse: true                       # function stages run inside the adjacent model
+                                     # stage's instances (a stage's `fuse:` overrides)
 
 Function-stage contract: ``fn(tensors: dict[str, np.ndarray], **params) -> dict`` (read-only
 zero-copy views in, plain-dtype numpy arrays out); a ``fan_out`` stage returns a list of
@@ -211,6 +213,8 @@ class StageConfig(BaseModel):
                 raise ValueError("a function stage must produce at least one output")
             if self.fan_out and self.fan_in:
                 raise ValueError("a stage cannot be both fan_out and fan_in")
+            if self.fan_in and self.fuse:
+                raise ValueError("a fan_in stage runs in the front end: it fuses into no unit")
             for key in ("partitions", "slo", "shapes"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"`{key}` applies to model stages only")

@@ -27,9 +27,15 @@ slot returned through ``done``), and outputs computed for a request that died me
 are not handed on; a hand-over waiting for a slot at the pool's cap waits no longer
 than the request's deadline. ``stats`` reports them as ``dropped``.
 
+A fused unit (:func:`~infscaler.runtime.pipeline.fuse_units`) runs its steps one after
+another in this process (:class:`FusedRunner`): one input token, one output token, one
+``__trace__`` row spanning every step; ``stats`` adds ``steps`` (per step: served,
+errors, busy ms). Fused units do not batch (a model stage with ``batching`` is not fused).
+
 A request that fails in this unit (engine error, function exception, wrong outputs) is
-not lost: a slot holding ``__error__`` (the message) goes to the front end, which
-answers the client with it; the instance keeps serving.
+not lost: a slot holding ``__error__`` (the message, naming the stage or, in a fused
+unit, the step that failed) goes to the front end, which answers the client with it;
+the instance keeps serving.
 """
 
 from __future__ import annotations

@@ -160,6 +160,15 @@ def test_fuse_false_and_batching_keep_stages_apart(
     assert names(d, tmp_path) == want
 
 
+def test_fuse_on_a_fan_in_stage_is_refused(model: Path) -> None:
+    from infscaler.errors import ConfigError
+
+    d = fan_pipeline(model)
+    stage(d, "gather")["fuse"] = True
+    with pytest.raises(ConfigError, match=r"stages\[7\] \(gather\).*front end"):
+        load_pipeline(d)
+
+
 def test_a_pipeline_of_functions_only_is_unchanged(tmp_path: Path) -> None:
     cp = compile_pipeline(load_pipeline(chain_pipeline()), state_dir=tmp_path)
     assert [u.name for u in cp.units] == ["scale", "slow"]
@@ -300,7 +309,8 @@ def test_per_step_statistics_in_status_and_monitor(service: Service, model: Path
     def steps() -> list | None:  # stats reports come every second
         first, per_item, _ = service.status()["pipelines"][0]["units"]
         done = all(s["served"] == 3 for s in first["steps"]) and all(
-            s["served"] == 6 for s in per_item["steps"]  # 1 + 2 + 3 rows
+            s["served"] == 6
+            for s in per_item["steps"]  # 1 + 2 + 3 rows
         )
         return first["steps"] if done else None
 
