@@ -34,7 +34,9 @@ is free.
 The bottleneck indicator the scaler compares is each unit's compute time per request
 (P50 ms per item x items per request): the profiled-time complexity measure of Eq. 1
 (``infscaler partition --measure time``), which puts partitions and function stages on
-one scale. Before a unit has samples it is the plan's latency on its engine.
+one scale. Before a unit has samples it is the plan's latency on its engine (a fused
+unit: its model step's, plus the mean its function steps took per call in the
+instances' ``stats`` reports; measured samples already span every step).
 """
 
 from __future__ import annotations
@@ -253,7 +255,10 @@ class Monitor:
             if u.index not in served:
                 continue
             items_per_request = self.items_per_request(m, um)
+            # a fused unit's plan latency is its model step's: add its function steps
+            extra = sum((um.step_ms.get(s.name) or 0.0) for s in u.steps if s.kind == "function")
             plan_ms = _plan_ms(u)
+            plan_ms = None if plan_ms is None else plan_ms + extra
             service = um.compute_p50_ms if um.compute_p50_ms is not None else plan_ms
             bottleneck = (service or 0.0) * items_per_request
             options = []
@@ -261,6 +266,7 @@ class Monitor:
                 lat = um.compute_p50_ms if engine == u.engine else None
                 if lat is None:
                     lat = _plan_ms(u, engine)
+                    lat = None if lat is None else lat + extra
                 if lat is None:
                     continue  # never invent a latency for an engine nobody measured
                 mem = um.uss_mb if (um.uss_mb and engine == u.engine) else _estimate_mb(u)

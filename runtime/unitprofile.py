@@ -362,10 +362,16 @@ def profile_pipeline(
             if n is not None:
                 counts.append(n)
     by_step = dict(zip((s.name for s in steps), runners, strict=True))
+    fn_ms: dict[str, float] = {}  # a fused unit's function steps, mean ms (on the cpu)
     for u in compiled.units:
         if u.steps:
             per_step = [samples.pop(s.name) for s in u.steps]
             samples[u.name] = [float(sum(x)) for x in zip(*per_step, strict=False)]
+            fn_ms[u.name] = sum(
+                float(np.mean(x))
+                for s, x in zip(u.steps, per_step, strict=True)
+                if s.kind == "function" and x
+            )
     runners = [by_step.get(u.name) or by_step[u.step_units[0].name] for u in compiled.units]
     engines_here = set(device.engines) if device is not None else {"cpu"}
     notes: list[str] = []
@@ -402,8 +408,12 @@ def profile_pipeline(
                 if e not in engines_here:
                     notes.append(f"{u.name}: the plan has {e} {ms:g} ms, the device has no {e}")
                     continue
-                engines[e] = EngineProfile(e, ms, memory_mb=mem)
-                notes.append(f"{u.name}: {e} from the plan's measured {ms:g} ms (deterministic)")
+                extra = fn_ms.get(u.name, 0.0)  # its function steps run on the cpu
+                engines[e] = EngineProfile(e, ms + extra, memory_mb=mem)
+                notes.append(
+                    f"{u.name}: {e} from the plan's measured {ms:g} ms (deterministic)"
+                    + (f" + its function steps' {extra:.3g} ms on the cpu" if extra else "")
+                )
         if u.kind == "model" and origin != "plan estimate":
             notes.append(f"{u.name}: memory from the {origin} + instance overhead")
         profiles.append(

@@ -10,6 +10,7 @@ load, the unit profile summing its steps; and the bundled ``ocr`` pipeline's uni
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -328,6 +329,14 @@ def test_per_step_statistics_in_status_and_monitor(service: Service, model: Path
     # the unit's service time is the sum of its steps: one trace row spans them all
     assert m.units[0].compute_p50_ms is not None and m.units[0].compute_p50_ms >= 20.0
     assert m.units[2].step_ms == {}  # the fan-in, run by the front end
+    # before the unit has samples the scaler sees the model's plan latency plus its
+    # function steps' measured mean (prep, post, rows)
+    dep.pipeline.units[0].plan_latency_ms = {"cpu": 1.0}
+    idle = dataclasses.replace(m.units[0], compute_p50_ms=None)
+    snap = Monitor(service).snapshot(dep, dataclasses.replace(m, units=(idle, *m.units[1:])))
+    fn = sum(m.units[0].step_ms[k] for k in ("prep", "post", "rows"))
+    (cpu,) = snap.units[0].options
+    assert cpu.latency_ms == pytest.approx(1.0 + fn) and cpu.latency_ms > 20.0
 
 
 def test_kill_9_of_a_fused_instance_under_load(service: Service, model: Path) -> None:
