@@ -329,6 +329,14 @@ def test_per_step_statistics_in_status_and_monitor(service: Service, model: Path
     # the unit's service time is the sum of its steps: one trace row spans them all
     assert m.units[0].compute_p50_ms is not None and m.units[0].compute_p50_ms >= 20.0
     assert m.units[2].step_ms == {}  # the fan-in, run by the front end
+    # `infscaler status` lists the steps under their unit
+    from infscaler.cli import out
+    from infscaler.cli_service import print_status
+
+    with out.capture() as cap:
+        print_status(service.status())
+    text = cap.get()
+    assert "prep>m1>post>rows" in text and f"post {by['post']['mean_ms']:.1f} ms" in text
     # before the unit has samples the scaler sees the model's plan latency plus its
     # function steps' measured mean (prep, post, rows)
     dep.pipeline.units[0].plan_latency_ms = {"cpu": 1.0}
@@ -342,7 +350,7 @@ def test_per_step_statistics_in_status_and_monitor(service: Service, model: Path
 def test_kill_9_of_a_fused_instance_under_load(service: Service, model: Path) -> None:
     d = fan_pipeline(model)
     stage(d, "m1")["instances"] = 2
-    stage(d, "post")["params"] = {"ms": 2.0}
+    stage(d, "post")["params"] = {"ms": 5.0}  # both instances stay busy: a queue builds
     service.deploy(load_pipeline(d))
     unit = "prep>m1>post>rows"
     victim = handles_of(service, "fz", unit)[0]
@@ -383,6 +391,8 @@ def test_kill_9_of_a_fused_instance_under_load(service: Service, model: Path) ->
     assert all(v["slots"] == 0 for i, v in mgr["instances"].items() if i not in live)
     assert mgr["slots_held"] == 0 and mgr["slots_quarantined"] == 0
     assert service.manager.audit() == []
+    # the victim's requests were re-routed to the live instance, its slots reclaimed
+    assert mgr["retried"] >= 1 and mgr["reclaimed_slots"] >= 1
     x = np.ones((3, 4), np.float32)
     np.testing.assert_allclose(
         service.infer("fz", {"x": x}).outputs["sums"], expected(x)[1], rtol=1e-5
