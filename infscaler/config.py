@@ -139,6 +139,10 @@ class BatchingConfig(BaseModel):
     policy: Literal["mark", "fixed"] = "mark"
 
 
+#: a function stage that sets one of these is scaled on its own: by default not fused
+_OWN_SCALING = ("instances", "max_instances", "threads")
+
+
 class StageConfig(BaseModel):
     """One stage (see the module docstring). Exactly one of ``function``, ``model``,
     ``plan``.
@@ -168,7 +172,9 @@ class StageConfig(BaseModel):
         fuse: run this function stage inside the adjacent model stage's instances (a
             fused unit, :func:`infscaler.runtime.pipeline.fuse_units`), or let a model
             stage take its adjacent function stages in; ``false`` keeps the stage its
-            own unit. None: the pipeline's ``fuse``.
+            own unit. None: the pipeline's ``fuse``, except that a function stage
+            setting its own ``instances``, ``max_instances`` or ``threads`` is scaled
+            on its own (not fused; with ``fuse: true`` those are an error).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -215,6 +221,12 @@ class StageConfig(BaseModel):
                 raise ValueError("a stage cannot be both fan_out and fan_in")
             if self.fan_in and self.fuse:
                 raise ValueError("a fan_in stage runs in the front end: it fuses into no unit")
+            own = sorted(self.model_fields_set & set(_OWN_SCALING))
+            if self.fuse and own:
+                raise ValueError(
+                    f"{', '.join(own)} of a fused function stage would be ignored (it runs "
+                    "in the model stage's instances): drop them, or set fuse: false"
+                )
             for key in ("partitions", "slo", "shapes"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"`{key}` applies to model stages only")
@@ -258,6 +270,13 @@ class StageConfig(BaseModel):
     def kind(self) -> str:
         """``function`` or ``model`` (a plan is a model stage)."""
         return "function" if self.function else "model"
+
+    def fuses(self, default: bool) -> bool:
+        """Whether this stage fuses (see ``fuse``), ``default`` being the pipeline's."""
+        if self.fuse is not None:
+            return self.fuse
+        own = self.kind == "function" and self.model_fields_set & set(_OWN_SCALING)
+        return default and not own
 
     def instances_for(self, k: int, num_partitions: int) -> int:
         """Instances of partition ``k`` (0-based) of ``num_partitions``.

@@ -449,7 +449,7 @@ def compile_pipeline(
     assert pipe_inputs is not None and pipe_outputs is not None
     _layout(units, pipe_inputs, pipe_outputs, cfg.name)
     out_specs = _output_specs(units, pipe_outputs, fn_specs)
-    flags = {s.name: cfg.fuse if s.fuse is None else s.fuse for s in cfg.stages}
+    flags = {s.name: s.fuses(cfg.fuse) for s in cfg.stages}
     fused = fuse_units(units, flags, pipe_outputs)
     if len(fused) != len(units):
         units = fused
@@ -528,9 +528,11 @@ def fuse_units(units: list[Unit], fuse: Mapping[str, bool], outputs: Sequence[st
     * a ``fan_in`` stage stays in the front end; stages of another item domain never
       share a unit;
     * a stage with ``fuse: false`` stays its own unit (a model stage then takes no
-      function in); so does a model stage with dynamic ``batching`` (its batches stack
-      the model's own inputs), and a function stage with no model next to it (a
-      pipeline of functions only is unchanged).
+      function in); so does a function stage that sets its own ``instances``,
+      ``max_instances`` or ``threads`` (:meth:`~infscaler.config.StageConfig.fuses`), a
+      model stage with dynamic ``batching`` (its batches stack the model's own
+      inputs), and a function stage with no model next to it (a pipeline of functions
+      only is unchanged).
 
     Args:
         units: the unfused units, laid out (:func:`_layout`).
@@ -594,7 +596,7 @@ def fuse_units(units: list[Unit], fuse: Mapping[str, bool], outputs: Sequence[st
         if last.fan_out:
             outs = list(last.outputs)
         else:
-            later = needed_after[units.index(last)]
+            later = needed_after[last.index]
             outs = list(last.outputs)
             for s in group[:-1]:
                 outs += [t for t in s.outputs if t in later and t not in outs]

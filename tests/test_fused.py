@@ -147,6 +147,14 @@ def test_pre_and_post_steps_fuse_and_fan_out_ends_the_unit(model: Path, tmp_path
             lambda d: d.update(fuse=False),
             ["prep", "m1", "post", "rows", "row_prep", "m2", "row_post", "gather"],
         ),
+        (  # a function stage scaled on its own stays apart, unless told to fuse
+            lambda d: stage(d, "row_prep").update(instances=2),
+            ["prep>m1>post>rows", "row_prep", "m2>row_post", "gather"],
+        ),
+        (
+            lambda d: stage(d, "post").update(threads=2, fuse=False),
+            ["prep>m1", "post", "rows", "row_prep>m2>row_post", "gather"],
+        ),
         (  # a batching model keeps its functions apart (its batches stack its own inputs)
             lambda d: stage(d, "m2").update(batching={"max_batch": 4, "policy": "fixed"}),
             ["prep>m1>post>rows", "row_prep", "m2", "row_post", "gather"],
@@ -167,6 +175,10 @@ def test_fuse_on_a_fan_in_stage_is_refused(model: Path) -> None:
     d = fan_pipeline(model)
     stage(d, "gather")["fuse"] = True
     with pytest.raises(ConfigError, match=r"stages\[7\] \(gather\).*front end"):
+        load_pipeline(d)
+    d = fan_pipeline(model)
+    stage(d, "post").update(fuse=True, instances=2)
+    with pytest.raises(ConfigError, match=r"stages\[2\] \(post\).*instances.*fuse: false"):
         load_pipeline(d)
 
 
