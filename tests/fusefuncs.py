@@ -32,10 +32,11 @@ def post(tensors, ms=0.0):
     }
 
 
-def rows(tensors):
-    """Fan-out: one item per row of z."""
+def rows(tensors, min_sum=None):
+    """Fan-out: one item per row of z (with ``min_sum``: the rows summing to more)."""
     z = np.asarray(tensors["z"])
-    return [{"row": np.array(z[i : i + 1])} for i in range(z.shape[0])]
+    keep = [i for i in range(z.shape[0]) if min_sum is None or z[i].sum() > min_sum]
+    return [{"row": np.array(z[i : i + 1])} for i in keep]
 
 
 def row_prep(tensors):

@@ -310,6 +310,21 @@ def test_a_failing_step_fails_only_its_request(service: Service, model: Path) ->
     np.testing.assert_allclose(service.infer("fz", {"x": good}).outputs["sums"], sums, rtol=1e-5)
 
 
+def test_a_fused_fan_out_with_no_items_answers(service: Service, model: Path) -> None:
+    d = fan_pipeline(model)
+    stage(d, "rows")["params"] = {"min_sum": 10.0}
+    service.deploy(load_pipeline(d))
+    for x in (np.zeros((2, 4), np.float32), np.full((3, 4), 3.0, np.float32)):
+        z, sums = expected(x)
+        keep = z.sum(axis=1) > 10.0
+        res = service.infer("fz", {"x": x})
+        # z and pid, written by steps of the fan-out unit, reach the response either way
+        np.testing.assert_allclose(res.outputs["z"], z, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(res.outputs["sums"], sums[keep], rtol=1e-5, atol=1e-5)
+        assert res.outputs["sums"].shape == (int(keep.sum()),)
+    assert keep.sum() == 3  # the second input made items; the first made none
+
+
 def test_per_step_statistics_in_status_and_monitor(service: Service, model: Path) -> None:
     from infscaler.runtime.monitor import Monitor
 
