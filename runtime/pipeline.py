@@ -82,8 +82,9 @@ class Unit:
 
     Attributes:
         index: position in the pipeline's unit list.
-        name: ``<stage>`` or ``<stage>/<k>`` for partition k (0-based) of a model.
-        stage: the configured stage's name.
+        name: ``<stage>`` or ``<stage>/<k>`` for partition k (0-based) of a model; a
+            fused unit: its steps' names joined by ``>`` (``prep>det/0``).
+        stage: the configured stage's name (a fused unit: its model stage's).
         kind: ``model`` or ``function``.
         partition / num_partitions: which operator group of the model (0 / 1 if whole).
         path: the ONNX file the engine loads (model units).
