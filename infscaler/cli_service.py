@@ -699,8 +699,11 @@ def print_status(st: dict[str, Any]) -> None:
                 for r in u.get("restarting", [])
             )
             inst = inst.strip() or ("front end" if u["engine"] == "frontend" else "-")
+            steps = "".join(  # a fused unit: its steps' mean ms per call
+                f"\n  {st['step']} {_ms(st.get('mean_ms'))} ms" for st in u.get("steps") or ()
+            )
             table.add_row(
-                u["unit"],
+                u["unit"] + steps,
                 u["partition"] or "-",
                 f"{u['bottleneck']:.3g}" if u["bottleneck"] is not None else "-",
                 inst,

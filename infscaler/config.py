@@ -35,6 +35,8 @@ any tensor a request brought or an earlier stage wrote (DAG edges are these name
         function: infscaler.pipelines.ocr:merge_lines
         fan_in: true                 # gets the list of items, in item order
         ...
+    fuse: true                       # function stages run inside the adjacent model
+                                     # stage's instances (a stage's `fuse:` overrides)
 
 Function-stage contract: ``fn(tensors: dict[str, np.ndarray], **params) -> dict`` (read-only
 zero-copy views in, plain-dtype numpy arrays out); a ``fan_out`` stage returns a list of
@@ -137,6 +139,10 @@ class BatchingConfig(BaseModel):
     policy: Literal["mark", "fixed"] = "mark"
 
 
+#: a function stage that sets one of these is scaled on its own: by default not fused
+_OWN_SCALING = ("instances", "max_instances", "threads")
+
+
 class StageConfig(BaseModel):
     """One stage (see the module docstring). Exactly one of ``function``, ``model``,
     ``plan``.
@@ -163,6 +169,12 @@ class StageConfig(BaseModel):
             may run (None: only the device's resource cap bounds it; at most 16, the
             control path's limit per stage).
         threads: intra-op threads (and pinned cores) per instance.
+        fuse: run this function stage inside the adjacent model stage's instances (a
+            fused unit, :func:`infscaler.runtime.pipeline.fuse_units`), or let a model
+            stage take its adjacent function stages in; ``false`` keeps the stage its
+            own unit. None: the pipeline's ``fuse``, except that a function stage
+            setting its own ``instances``, ``max_instances`` or ``threads`` is scaled
+            on its own (not fused; with ``fuse: true`` those are an error).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -186,6 +198,7 @@ class StageConfig(BaseModel):
     max_instances: int | None = Field(None, ge=1, le=16)
     batching: BatchingConfig | None = None
     threads: int = Field(1, ge=1, le=64)
+    fuse: bool | None = None
 
     @model_validator(mode="after")
     def _check(self) -> StageConfig:
@@ -206,6 +219,14 @@ class StageConfig(BaseModel):
                 raise ValueError("a function stage must produce at least one output")
             if self.fan_out and self.fan_in:
                 raise ValueError("a stage cannot be both fan_out and fan_in")
+            if self.fan_in and self.fuse:
+                raise ValueError("a fan_in stage runs in the front end: it fuses into no unit")
+            own = sorted(self.model_fields_set & set(_OWN_SCALING))
+            if self.fuse and own:
+                raise ValueError(
+                    f"{', '.join(own)} of a fused function stage would be ignored (it runs "
+                    "in the model stage's instances): drop them, or set fuse: false"
+                )
             for key in ("partitions", "slo", "shapes"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"`{key}` applies to model stages only")
@@ -249,6 +270,13 @@ class StageConfig(BaseModel):
     def kind(self) -> str:
         """``function`` or ``model`` (a plan is a model stage)."""
         return "function" if self.function else "model"
+
+    def fuses(self, default: bool) -> bool:
+        """Whether this stage fuses (see ``fuse``), ``default`` being the pipeline's."""
+        if self.fuse is not None:
+            return self.fuse
+        own = self.kind == "function" and self.model_fields_set & set(_OWN_SCALING)
+        return default and not own
 
     def instances_for(self, k: int, num_partitions: int) -> int:
         """Instances of partition ``k`` (0-based) of ``num_partitions``.
@@ -311,6 +339,8 @@ class PipelineConfig(BaseModel):
         slo: the end-to-end latency SLO (``200ms``, ``0.2s``) the scaler keeps P99 under.
         autoscale: scale the pipeline's units asymmetrically (needs ``slo``); ``true``
             takes the defaults of :class:`AutoscaleConfig`.
+        fuse: the stages' default ``fuse`` (true: function stages run inside the
+            adjacent model stage's instances).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -324,6 +354,7 @@ class PipelineConfig(BaseModel):
     max_inflight: int | None = Field(None, ge=1, le=4096)
     slo: str | float | None = None
     autoscale: AutoscaleConfig | None = None
+    fuse: bool = True
 
     @field_validator("autoscale", mode="before")
     @classmethod

@@ -703,7 +703,10 @@ class Service:
 
     def pipeline_status(self, dep: Deployment) -> dict[str, Any]:
         """Per unit: partition, B_k, instances (engine, pid, cores, MB), queue length
-        (tokens in flight at its stage), P50 / P99 compute and queue ms."""
+        (tokens in flight at its stage), P50 / P99 compute and queue ms, and a fused
+        unit's steps (:func:`~infscaler.runtime.monitor.step_totals`)."""
+        from infscaler.runtime.monitor import step_totals
+
         ch = self.channel.stats()
         snap = dep.route.stats.snapshot()
         handles = [h for h in self.supervisor.handles() if h.key[0] == dep.name]
@@ -737,6 +740,7 @@ class Service:
                     "queue_p50_ms": us["queue"]["p50_ms"],
                     "queue_p99_ms": us["queue"]["p99_ms"],
                     "count": us["compute"]["count"],
+                    "steps": step_totals(u, mine),
                 }
             )
         return {

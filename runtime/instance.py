@@ -27,9 +27,15 @@ slot returned through ``done``), and outputs computed for a request that died me
 are not handed on; a hand-over waiting for a slot at the pool's cap waits no longer
 than the request's deadline. ``stats`` reports them as ``dropped``.
 
+A fused unit (:func:`~infscaler.runtime.pipeline.fuse_units`) runs its steps one after
+another in this process (:class:`FusedRunner`): one input token, one output token, one
+``__trace__`` row spanning every step; ``stats`` adds ``steps`` (per step: served,
+errors, busy ms). Fused units do not batch (a model stage with ``batching`` is not fused).
+
 A request that fails in this unit (engine error, function exception, wrong outputs) is
-not lost: a slot holding ``__error__`` (the message) goes to the front end, which
-answers the client with it; the instance keeps serving.
+not lost: a slot holding ``__error__`` (the message, naming the stage or, in a fused
+unit, the step that failed) goes to the front end, which answers the client with it;
+the instance keeps serving.
 """
 
 from __future__ import annotations
@@ -196,6 +202,85 @@ class FunctionRunner:
         pass
 
 
+class FusedRunner:
+    """Runs a fused unit (:func:`~infscaler.runtime.pipeline.fuse_units`): one runner
+    per step (:class:`ModelRunner` / :class:`FunctionRunner`), in order, on one tensor
+    dict, in this process (no slot, no token hop between steps).
+
+    A step's exception propagates with :attr:`current` naming the step (the request
+    fails with the step's name; :class:`StageInputError` stays a 400). Per step it
+    counts ``served``, ``errors`` and ``busy_ns`` (:meth:`step_stats`). After a call,
+    :attr:`produced` holds every step's outputs (a fan-out unit's carry may include
+    tensors an earlier step wrote).
+    """
+
+    def __init__(self, unit: Unit, cores: list[int] | None) -> None:
+        self.unit = unit
+        self.runners: list[ModelRunner | FunctionRunner] = [
+            ModelRunner(s, cores) if s.kind == "model" else FunctionRunner(s, cores)
+            for s in unit.steps
+        ]
+        self.model = next((r for r in self.runners if isinstance(r, ModelRunner)), None)
+        self.current: str | None = None
+        self.produced: dict[str, np.ndarray] = {}
+        n = len(self.runners)
+        self.served, self.errors, self.busy_ns = [0] * n, [0] * n, [0] * n
+
+    def load(self) -> dict[str, Any]:
+        """Load every step (the model's engine, warm-up and batch profile included);
+        returns the model step's description with ``steps`` (the step names)."""
+        described = [r.load() for r in self.runners]
+        self.warm_ms = getattr(self.model, "warm_ms", None)
+        self.batch_ms = getattr(self.model, "batch_ms", {})
+        main = next(
+            (d for r, d in zip(self.runners, described, strict=True) if r is self.model), {}
+        )
+        return {**main, "steps": [s.name for s in self.unit.steps]}
+
+    def __call__(self, tensors: Mapping[str, np.ndarray]) -> Any:
+        env: dict[str, np.ndarray] = dict(tensors)
+        self.produced = {}
+        result: Any = None
+        for i, (step, runner) in enumerate(zip(self.unit.steps, self.runners, strict=True)):
+            self.current = step.name
+            t0 = time.monotonic_ns()
+            try:
+                result = runner(env)
+            except BaseException:
+                self.errors[i] += 1
+                raise
+            finally:
+                self.busy_ns[i] += time.monotonic_ns() - t0
+            self.served[i] += 1
+            if isinstance(result, dict):
+                env.update(result)
+                self.produced.update(result)
+        self.current = None
+        if self.unit.fan_out:
+            return result  # the items (fan_out ends a unit)
+        return {k: env[k] for k in self.unit.outputs}
+
+    def step_stats(self) -> list[dict[str, Any]]:
+        """Per step: ``step`` (name), ``served``, ``errors``, ``busy_ms`` (ms, in all)."""
+        return [
+            {
+                "step": s.name,
+                "served": self.served[i],
+                "errors": self.errors[i],
+                "busy_ms": round(self.busy_ns[i] / 1e6, 3),
+            }
+            for i, s in enumerate(self.unit.steps)
+        ]
+
+    @property
+    def memory_mb(self) -> float:
+        return self.model.memory_mb if self.model is not None else 0.0
+
+    def close(self) -> None:
+        for r in self.runners:
+            r.close()
+
+
 def check_outputs(unit: Unit, result: Any) -> dict[str, np.ndarray]:
     """The outputs of a function unit: exactly the declared names, plain dtypes.
 
@@ -304,8 +389,10 @@ class Instance:
         self.deadlines = DeadlineTable(spec["service_id"])
         self.dropped = 0
         cores = spec.get("cores") or None
-        self.runner: ModelRunner | FunctionRunner = (
-            ModelRunner(self.unit, cores)
+        self.runner: ModelRunner | FunctionRunner | FusedRunner = (
+            FusedRunner(self.unit, cores)
+            if self.unit.steps
+            else ModelRunner(self.unit, cores)
             if self.unit.kind == "model"
             else FunctionRunner(self.unit, cores)
         )
@@ -374,6 +461,7 @@ class Instance:
                             batches=self.batches,
                             batched=self.batched,
                             dropped=self.dropped,
+                            **self._step_stats(),
                             **_memory(),
                         )
                         dirty = False
@@ -383,6 +471,18 @@ class Instance:
         with contextlib.suppress(Exception):
             self.client.release_out_tokens()
         return 0
+
+    def _step_stats(self) -> dict[str, Any]:
+        """``{"steps": [...]}`` for a fused unit (:meth:`FusedRunner.step_stats`)."""
+        if isinstance(self.runner, FusedRunner):
+            return {"steps": self.runner.step_stats()}
+        return {}
+
+    def _carry(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The tensors this unit passes on besides its outputs (``unit.carry``): received
+        ones, or (a fused unit) written by an earlier step."""
+        made = getattr(self.runner, "produced", None) or {}
+        return {k: made[k] if k in made else tensors[k] for k in self.unit.carry}
 
     def _commands(self) -> None:
         """Apply commands from the supervisor (JSON lines on ``cmd_fd``):
@@ -551,7 +651,7 @@ class Instance:
             if self.unit.fan_out:
                 self._hand_over_items(tok, tensors, result, trace)
             else:
-                out = {**{k: tensors[k] for k in self.unit.carry}, **result, TRACE: trace}
+                out = {**self._carry(tensors), **result, TRACE: trace}
                 if FANOUT in tensors:
                     out[FANOUT] = tensors[FANOUT]
                 self._hand_over(out, self.next_stage, tok.request)
@@ -566,10 +666,12 @@ class Instance:
                 if isinstance(exc, StageError) or hasattr(exc, "hint")
                 else (f"{type(exc).__name__}: {exc}")
             )
+            # a fused unit names the step that failed (None: it failed handing over)
+            step = getattr(self.runner, "current", None) or self.unit.name
             log.log(  # a client's bad input is not the service's problem: INFO
                 logging.INFO if isinstance(exc, StageInputError) else logging.WARNING,
                 "unit %s failed on request %d: %s",
-                self.unit.name,
+                self.unit.name if step == self.unit.name else f"{self.unit.name} ({step})",
                 tok.request,
                 detail,
             )
@@ -578,7 +680,7 @@ class Instance:
             self._send_error(
                 tok,
                 tensors,
-                f"stage {self.unit.name}: {detail}",
+                f"stage {step}: {detail}",
                 trace_in,
                 start,
                 end,
@@ -589,6 +691,8 @@ class Instance:
             self.last_ms = (time.monotonic_ns() - start) / 1e6
             # the inputs' views die with the slot: nothing above keeps one
             del tensors
+            if isinstance(self.runner, FusedRunner):
+                self.runner.produced = {}
             self.client.done(tok)
 
     def _trace(self, trace_in: np.ndarray | None, start: int, end: int) -> np.ndarray:
@@ -610,7 +714,7 @@ class Instance:
     def _hand_over_items(
         self, tok: Any, tensors: Mapping[str, np.ndarray], items: list[dict], trace: np.ndarray
     ) -> None:
-        carry = {k: tensors[k] for k in self.unit.carry}
+        carry = self._carry(tensors)
         n = len(items)
         if n == 0:  # a marker straight to the front end: nothing to run per item
             marker = {**carry, FANOUT: np.array([0, 0], np.int64), TRACE: trace}

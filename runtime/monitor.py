@@ -34,7 +34,9 @@ is free.
 The bottleneck indicator the scaler compares is each unit's compute time per request
 (P50 ms per item x items per request): the profiled-time complexity measure of Eq. 1
 (``infscaler partition --measure time``), which puts partitions and function stages on
-one scale. Before a unit has samples it is the plan's latency on its engine.
+one scale. Before a unit has samples it is the plan's latency on its engine (a fused
+unit: its model step's, plus the mean its function steps took per call in the
+instances' ``stats`` reports; measured samples already span every step).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class UnitMetrics:
             idle unit: over the statistics' whole horizon, 60 s; None: no sample).
         queue_p99_ms: time items waited before the unit, ms.
         uss_mb: mean USS of its ready instances, MB (None: none reported yet).
+        step_ms: a fused unit's steps, name -> mean ms per call over its instances'
+            lifetime (their ``stats`` reports; None: not run yet); empty otherwise. The
+            unit's service time (``compute_*``) is the sum: one trace row spans them.
     """
 
     index: int
@@ -78,6 +83,7 @@ class UnitMetrics:
     compute_p99_ms: float | None
     queue_p99_ms: float | None
     uss_mb: float | None
+    step_ms: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,7 @@ class Monitor:
                     compute_p99_ms=comp["p99_ms"],
                     queue_p99_ms=queue["p99_ms"],
                     uss_mb=sum(uss) / len(uss) if uss else None,
+                    step_ms={r["step"]: r["mean_ms"] for r in step_totals(u, mine)},
                 )
             )
         return PipelineMetrics(
@@ -248,7 +255,10 @@ class Monitor:
             if u.index not in served:
                 continue
             items_per_request = self.items_per_request(m, um)
+            # a fused unit's plan latency is its model step's: add its function steps
+            extra = sum((um.step_ms.get(s.name) or 0.0) for s in u.steps if s.kind == "function")
             plan_ms = _plan_ms(u)
+            plan_ms = None if plan_ms is None else plan_ms + extra
             service = um.compute_p50_ms if um.compute_p50_ms is not None else plan_ms
             bottleneck = (service or 0.0) * items_per_request
             options = []
@@ -256,6 +266,7 @@ class Monitor:
                 lat = um.compute_p50_ms if engine == u.engine else None
                 if lat is None:
                     lat = _plan_ms(u, engine)
+                    lat = None if lat is None else lat + extra
                 if lat is None:
                     continue  # never invent a latency for an engine nobody measured
                 mem = um.uss_mb if (um.uss_mb and engine == u.engine) else _estimate_mb(u)
@@ -295,6 +306,32 @@ class Monitor:
             offered_rate=m.offered_rate,
             slo_refused_rate=m.slo_refused_rate,
         )
+
+
+def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:
+    """A fused unit's steps, each with ``step`` (name), ``kind``, and ``served``,
+    ``errors``, ``busy_ms`` summed over ``handles`` (the unit's instances, their last
+    ``stats`` reports, :meth:`infscaler.runtime.instance.FusedRunner.step_stats`) and
+    ``mean_ms`` (busy_ms / served, ms per call; None before one ran). [] for a unit that
+    is not fused."""
+    out = []
+    for step in getattr(unit, "steps", ()):
+        rows = [
+            r for h in handles for r in h.stats.get("steps") or () if r.get("step") == step.name
+        ]
+        served = sum(int(r.get("served", 0)) for r in rows)
+        busy = sum(float(r.get("busy_ms", 0.0)) for r in rows)
+        out.append(
+            {
+                "step": step.name,
+                "kind": step.kind,
+                "served": served,
+                "errors": sum(int(r.get("errors", 0)) for r in rows),
+                "busy_ms": round(busy, 3),
+                "mean_ms": round(busy / served, 3) if served else None,
+            }
+        )
+    return out
 
 
 def _count_since(ts: Any, cutoff: float) -> int:

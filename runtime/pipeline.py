@@ -2,7 +2,10 @@
 
 A unit is one partition of a model stage (the paper's operator group, §IV-A; a model
 partitioned into K parts gives K units, each scaled on its own, Algorithm 1) or one
-function stage. Units run in pipeline order; each instance of unit *i* hands its output
+function stage, or a *fused unit*: a model unit with the function stages next to it
+(pre- and post-processing) run as steps inside the same instance, so a request crosses
+one hop per model partition, not one per function (:func:`fuse_units` states the rule).
+Units run in pipeline order; each instance of unit *i* hands its output
 token straight to an instance of unit *i+1* (InfScaler §IV-B: zero-copy handover), except
 at the ends and around a fan-in, where tokens go to the front end (stage 0).
 
@@ -28,7 +31,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +82,9 @@ class Unit:
 
     Attributes:
         index: position in the pipeline's unit list.
-        name: ``<stage>`` or ``<stage>/<k>`` for partition k (0-based) of a model.
-        stage: the configured stage's name.
+        name: ``<stage>`` or ``<stage>/<k>`` for partition k (0-based) of a model; a
+            fused unit: its steps' names joined by ``>`` (``prep>det/0``).
+        stage: the configured stage's name (a fused unit: its model stage's).
         kind: ``model`` or ``function``.
         partition / num_partitions: which operator group of the model (0 / 1 if whole).
         path: the ONNX file the engine loads (model units).
@@ -98,6 +102,14 @@ class Unit:
         bottleneck: B_k from the plan (sum of representative complexities, Eq. 1).
         plan_latency_ms: the plan's measured latency of this partition per engine.
         memory_mb: the plan's weights + peak activations (MB).
+        steps: a fused unit's steps in order (each a :class:`Unit` of its own: the
+            function stages before the model unit, the model unit, the function stages
+            after it); empty for a unit that is not fused. A fused unit takes its model
+            step's fields (kind ``model``, engine, path, in_map / out_map, plan figures);
+            its ``inputs`` are what the steps read that no earlier step wrote, its
+            ``outputs`` the last step's plus earlier steps' outputs read after the unit
+            (a fan-out last step: the items' tensors), its ``carry`` may include
+            tensors an earlier step wrote (what a fan-out unit hands every item).
     """
 
     index: int
@@ -129,6 +141,16 @@ class Unit:
     bottleneck: float | None = None
     plan_latency_ms: dict[str, Any] = field(default_factory=dict)
     memory_mb: float | None = None
+    steps: list[Unit] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # a unit that crossed a process boundary as a dict (to_dict) gets its steps back
+        self.steps = [s if isinstance(s, Unit) else Unit(**s) for s in self.steps]
+
+    @property
+    def step_units(self) -> list[Unit]:
+        """What an instance of this unit runs, in order: its steps, or itself."""
+        return self.steps or [self]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -428,6 +450,11 @@ def compile_pipeline(
     assert pipe_inputs is not None and pipe_outputs is not None
     _layout(units, pipe_inputs, pipe_outputs, cfg.name)
     out_specs = _output_specs(units, pipe_outputs, fn_specs)
+    flags = {s.name: s.fuses(cfg.fuse) for s in cfg.stages}
+    fused = fuse_units(units, flags, pipe_outputs)
+    if len(fused) != len(units):
+        units = fused
+        _layout(units, pipe_inputs, pipe_outputs, cfg.name)
     needed0 = set(pipe_outputs) | {n for u in units for n in u.inputs}
     front = [i.name for i in pipe_inputs if i.name in needed0]
     return CompiledPipeline(cfg, units, pipe_inputs, out_specs, front, plans)
@@ -487,6 +514,108 @@ def load_function(
     return fn
 
 
+def fuse_units(units: list[Unit], fuse: Mapping[str, bool], outputs: Sequence[str]) -> list[Unit]:
+    """Fuse function units into the model units next to them (issue 14: one instance
+    and one token hop per model partition, not per function).
+
+    The rule, on the unfused unit list (pipeline order):
+
+    * a function stage fuses into the model unit that follows it, across other such
+      function stages, in the same item domain (pre-processing; a partitioned model:
+      into partition 0); else into the model unit before it (post-processing; into
+      partition K-1), again across function stages fused there;
+    * a ``fan_out`` stage ends its unit: it may be the last step of the model unit
+      before it, never a pre-step (the stages after it run per item);
+    * a ``fan_in`` stage stays in the front end; stages of another item domain never
+      share a unit;
+    * a stage with ``fuse: false`` stays its own unit (a model stage then takes no
+      function in); so does a function stage that sets its own ``instances``,
+      ``max_instances`` or ``threads`` (:meth:`~infscaler.config.StageConfig.fuses`), a
+      model stage with dynamic ``batching`` (its batches stack the model's own
+      inputs), and a function stage with no model next to it (a pipeline of functions
+      only is unchanged).
+
+    Args:
+        units: the unfused units, laid out (:func:`_layout`).
+        fuse: stage name -> its ``fuse`` flag (stage's, else the pipeline's).
+        outputs: the pipeline's response tensors.
+
+    Returns:
+        The new unit list (indices renumbered; ``carry`` to be laid out again), or
+        ``units`` itself when nothing fuses.
+    """
+    n = len(units)
+
+    def fn_ok(u: Unit) -> bool:
+        return u.kind == "function" and not u.fan_in and fuse.get(u.stage, True)
+
+    def model_ok(u: Unit) -> bool:
+        return u.kind == "model" and u.max_batch <= 1 and fuse.get(u.stage, True)
+
+    owner: list[int | None] = [None] * n
+    for i, u in enumerate(units):
+        if not fn_ok(u):
+            continue
+        if not u.fan_out:  # pre-processing: the next model unit of this domain
+            j = i + 1
+            while j < n and fn_ok(units[j]) and not units[j].fan_out:
+                if units[j].per_item != u.per_item:
+                    break
+                j += 1
+            if j < n and model_ok(units[j]) and units[j].per_item == u.per_item:
+                owner[i] = j
+                continue
+        prev = units[i - 1] if i else None  # post-processing: the model unit before
+        if prev is None or prev.per_item != u.per_item:
+            continue
+        if model_ok(prev):
+            owner[i] = i - 1
+        elif owner[i - 1] is not None and owner[i - 1] < i - 1 and not prev.fan_out:
+            owner[i] = owner[i - 1]
+    if not any(o is not None for o in owner):
+        return units
+    needed_after: list[set[str]] = [set() for _ in range(n)]
+    acc = set(outputs)
+    for i in range(n - 1, -1, -1):
+        needed_after[i] = set(acc)
+        acc |= set(units[i].inputs)
+    out: list[Unit] = []
+    for i, u in enumerate(units):
+        if owner[i] is not None:
+            continue  # emitted with its model unit
+        group = [units[j] for j in range(n) if owner[j] == i or j == i]
+        index = len(out)
+        if len(group) == 1:
+            out.append(replace(u, index=index))
+            continue
+        last = group[-1]
+        inputs: list[str] = []
+        written: set[str] = set()
+        for s in group:
+            inputs += [t for t in s.inputs if t not in written and t not in inputs]
+            written |= set(s.outputs)
+        if last.fan_out:
+            outs = list(last.outputs)
+        else:
+            later = needed_after[last.index]
+            outs = list(last.outputs)
+            for s in group[:-1]:
+                outs += [t for t in s.outputs if t in later and t not in outs]
+        out.append(
+            replace(
+                u,
+                index=index,
+                name=">".join(s.name for s in group),
+                inputs=inputs,
+                outputs=outs,
+                carry=[],
+                fan_out=last.fan_out,
+                steps=[replace(s, index=index, carry=[], steps=[]) for s in group],
+            )
+        )
+    return out
+
+
 def _layout(units: list[Unit], inputs: list[InputSpec], outputs: list[str], name: str) -> None:
     """Fill each unit's ``carry`` by liveness and check that every input is available."""
     n = len(units)
@@ -507,7 +636,8 @@ def _layout(units: list[Unit], inputs: list[InputSpec], outputs: list[str], name
             )
         if u.fan_in:
             arriving = arriving - per_item
-        carry = sorted((arriving & needed_after[u.index]) - set(u.outputs))
+        produced = {t for s in u.steps for t in s.outputs}  # a fused unit's steps' outputs
+        carry = sorted(((arriving | produced) & needed_after[u.index]) - set(u.outputs))
         u.carry = carry
         if u.fan_out or u.per_item:
             per_item |= set(u.outputs)

@@ -203,6 +203,8 @@ class InstanceHandle:
             "restarts": self.restarts,
             "load_ms": self.info.get("load_ms"),
             "error": self.error,
+            # a fused unit's per-step served / errors / busy_ms (runtime.instance.FusedRunner)
+            **({"steps": self.stats["steps"]} if self.stats.get("steps") else {}),
         }
 
 

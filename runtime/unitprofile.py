@@ -11,7 +11,9 @@ model stage is K units, each its own partition's ONNX file) and timing each call
   produced; not pinned to cores;
 * function units: the function itself, on read-only views, after its ``warmup`` hook;
 * between the fan-out and the fan-in each item runs the per-item units on its own, so
-  every item is one sample; the fan-out's item counts are recorded per request.
+  every item is one sample; the fan-out's item counts are recorded per request;
+* a fused unit (:func:`infscaler.runtime.pipeline.fuse_units`) runs its steps one by one
+  as above; each of its samples is the sum of its steps' times on that call.
 
 Each sample input runs ``warmup`` times untimed (first-run initialisation), then
 ``repeats`` times timed. A unit's profile on ``cpu`` is the empirical distribution of its
@@ -39,6 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -337,19 +340,34 @@ def profile_pipeline(
         batches = [dict(i) for i in inputs]
         if not batches:
             raise ValueError("inputs: give at least one request's inputs")
-    runners = [_Runner(u) for u in compiled.units]
-    samples: dict[str, list[float]] = {u.name: [] for u in compiled.units}
+    # a fused unit runs step by step; its sample is the sum of its steps' (one per call)
+    steps = [s for u in compiled.units for s in u.step_units]
+    flat = SimpleNamespace(units=steps)
+    runners = [_Runner(s) for s in steps]
+    samples: dict[str, list[float]] = {s.name: [] for s in steps}
     counts: list[int] = []
     seen: dict[str, Any] = {}
     for feeds in batches:
         for _ in range(warmup):
-            _run_once(compiled, runners, feeds, None)
+            _run_once(flat, runners, feeds, None)
         for _ in range(repeats):
-            n, s = _run_once(compiled, runners, feeds, samples)
+            n, s = _run_once(flat, runners, feeds, samples)
             for k, v in s.items():
                 seen.setdefault(k, v)
             if n is not None:
                 counts.append(n)
+    by_step = dict(zip((s.name for s in steps), runners, strict=True))
+    fn_ms: dict[str, float] = {}  # a fused unit's function steps, mean ms (on the cpu)
+    for u in compiled.units:
+        if u.steps:
+            per_step = [samples.pop(s.name) for s in u.steps]
+            samples[u.name] = [float(sum(x)) for x in zip(*per_step, strict=False)]
+            fn_ms[u.name] = sum(
+                float(np.mean(x))
+                for s, x in zip(u.steps, per_step, strict=True)
+                if s.kind == "function" and x
+            )
+    runners = [by_step.get(u.name) or by_step[u.step_units[0].name] for u in compiled.units]
     engines_here = set(device.engines) if device is not None else {"cpu"}
     notes: list[str] = []
     profiles: list[UnitProfile] = []
@@ -385,8 +403,12 @@ def profile_pipeline(
                 if e not in engines_here:
                     notes.append(f"{u.name}: the plan has {e} {ms:g} ms, the device has no {e}")
                     continue
-                engines[e] = EngineProfile(e, ms, memory_mb=mem)
-                notes.append(f"{u.name}: {e} from the plan's measured {ms:g} ms (deterministic)")
+                extra = fn_ms.get(u.name, 0.0)  # its function steps run on the cpu
+                engines[e] = EngineProfile(e, ms + extra, memory_mb=mem)
+                notes.append(
+                    f"{u.name}: {e} from the plan's measured {ms:g} ms (deterministic)"
+                    + (f" + its function steps' {extra:.3g} ms on the cpu" if extra else "")
+                )
         if u.kind == "model" and origin != "plan estimate":
             notes.append(f"{u.name}: memory from the {origin} + instance overhead")
         profiles.append(

@@ -237,14 +237,11 @@ def test_served_pipeline_equals_ddddocr(served, image, ref_boxes, ref_ocr) -> No
 
     svc, sock = served
     dep = svc.deployment("dddd")
+    # function stages run fused into the model units next to them (issue 14)
     assert [u.name for u in dep.pipeline.units] == [
-        "prep",
-        "det/0",
-        "det/1",
-        "crops",
-        "rec_prep",
-        "rec",
-        "decode",
+        "prep>det/0",
+        "det/1>crops",
+        "rec_prep>rec>decode",
         "merge",
     ]
     with Client(sock) as c:

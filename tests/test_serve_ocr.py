@@ -65,18 +65,8 @@ def test_det_is_partitioned_and_every_stage_has_an_instance(ocr) -> None:
     svc, _ = ocr
     dep = svc.deployment("ocr")
     names = [u.name for u in dep.pipeline.units]
-    assert names == [
-        "prep",
-        "det/0",
-        "det/1",
-        "crops",
-        "cls_prep",
-        "cls",
-        "rec_prep",
-        "rec",
-        "decode",
-        "merge",
-    ]
+    # function stages run fused into the model units next to them (issue 14)
+    assert names == ["prep>det/0", "det/1>crops", "cls_prep>cls", "rec_prep>rec>decode", "merge"]
     assert "det" in dep.pipeline.plans and Path(dep.pipeline.plans["det"], "plan.yaml").is_file()
     assert svc.ready("ocr")
 
@@ -181,7 +171,7 @@ def test_bad_requests_fail_alone(ocr, images) -> None:
 
 def test_kill_9_of_an_instance_under_load(ocr, images) -> None:
     svc, sock = ocr
-    victim = next(h for h in svc.supervisor.handles() if h.unit.name == "det/0")
+    victim = next(h for h in svc.supervisor.handles() if h.unit.name == "prep>det/0")
     results: list[object] = []
 
     def worker(n: int) -> None:
@@ -211,7 +201,7 @@ def test_kill_9_of_an_instance_under_load(ocr, images) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not svc.ready("ocr"):
         time.sleep(0.2)
-    det0 = [h for h in svc.supervisor.handles() if h.unit.name == "det/0"]
+    det0 = [h for h in svc.supervisor.handles() if h.unit.name == "prep>det/0"]
     assert len(det0) == 1 and det0[0].state == "ready" and det0[0].pid != victim.pid
     time.sleep(0.5)
     mgr = svc.manager.stats()["manager"]
