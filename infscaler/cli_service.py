@@ -671,7 +671,7 @@ def print_status(st: dict[str, Any]) -> None:
     if res:
         out.print(
             f"device {res['device']}: memory {res['memory_used_mb']:.0f} / "
-            f"{res['memory_cap_mb']:.0f} MB (instances USS + pool), engine slots "
+            f"{res['memory_cap_mb']:.0f} MB (instances PSS + pool), engine slots "
             + ", ".join(f"{e} {n}" for e, n in res["max_instances"].items())
             + f", {res['cores']} cpu thread slots",
             highlight=False,
@@ -690,7 +690,7 @@ def print_status(st: dict[str, Any]) -> None:
         for u in p["units"]:
             inst = "\n".join(
                 f"{i['engine']} {i['pid']} [{','.join(map(str, i['cores']))}] "
-                f"{i['uss_mb'] or i['rss_mb']:.0f}"
+                f"{i.get('pss_mb') or i['rss_mb']:.0f}"
                 + ("" if i["state"] == "ready" else f" {i['state']}")
                 for i in u["instances"]
             )

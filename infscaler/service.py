@@ -452,6 +452,10 @@ class Service:
             stage_ids = [0] * len(compiled.units)
             for u, sid in zip(served, ids, strict=True):
                 stage_ids[u.index] = sid
+            # the zygote imports the function modules first: its instances share them
+            modules = {u.function.partition(":")[0] for u in served if u.function}
+            for mod, err in self.supervisor.preload(sorted(modules)).items():
+                log.info("%s: function module %s not preloaded: %s", cfg.name, mod, err)
             handles = []
             try:
                 for u in served:
@@ -787,6 +791,7 @@ class Service:
                 )
             },
             "restarts": self.supervisor.restarted,
+            "zygote": self.supervisor.zygote_status(),
             "frontend": {k: v for k, v in self.frontend.stats().items() if k != "client"},
             "frontend_failure": self.frontend.failure,
             "inflight": self.inflight.stats(),

@@ -648,16 +648,28 @@ class Instance:
 
 
 def main() -> int:
-    """Entry point: read the spec from stdin, serve until told to stop."""
+    """Entry point of a spawned instance (``python -m``; the supervisor's fallback when
+    its fork server is down): die with the parent, read the spec from stdin, serve."""
     _set_pdeathsig()
+    return serve(json.loads(sys.stdin.read()))
+
+
+def serve(spec: dict[str, Any]) -> int:
+    """Run one instance in this process until told to stop; returns the exit status.
+
+    Called by :func:`main` and, in an instance forked by the zygote
+    (:mod:`infscaler.runtime.zygote`), after the fork. A forked instance has no
+    parent-death signal (its parent is the zygote, whose death must not take it along):
+    it exits when the service's end of its channel socket closes.
+    """
     _drop_capabilities()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=os.environ.get("INFSCALER_LOG_LEVEL", "WARNING"),
         format="%(asctime)s instance[%(process)d] %(levelname)s %(message)s",
+        force=True,
     )
-    spec = json.loads(sys.stdin.read())
     inst = Instance(spec)
 
     def stop(_sig: int, _frame: Any) -> None:
