@@ -28,6 +28,10 @@ Design, and what it takes from others:
   and sets its process name, and the zygote is itself supervised (init restarts it) while
   running apps live on. Taken: the one-thread check before every fork
   (``/proc/self/task``), the child's clean-up, ``PR_SET_NAME``, and supervision.
+* **CPython's ``gc.freeze``** (Python docs, ``gc``; Instagram's pre-fork servers): a
+  collection in a child writes to the header of every object it visits, copying the page;
+  so the zygote runs with the collector off, freezes its objects into the permanent
+  generation right before each fork, and the child turns the collector back on.
 
 Threads: ``import numpy`` starts OpenBLAS's worker threads and ``import onnxruntime``
 (1.32) a telemetry thread. Forking a process with threads copies only the calling thread:
@@ -78,6 +82,7 @@ import collections
 import concurrent.futures
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import logging
@@ -104,6 +109,7 @@ ENV_SWITCH = "INFSCALER_ZYGOTE"
 #: imported by the zygote before it forks anything (what every instance needs).
 BASE_MODULES = (
     "numpy",
+    "numpy.random",  # the child re-seeds it
     "onnxruntime",
     "onnx",
     "psutil",
@@ -261,6 +267,7 @@ def _child(sock: socket.socket, spec: dict[str, Any], fds: list[int]) -> None:
         sock.detach()  # closed above; its object must not close a reused number later
         for sig in (signal.SIGCHLD, signal.SIGUSR1, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        gc.enable()  # the zygote froze what it had: the collector leaves those pages alone
         import random
 
         import numpy as np
@@ -348,6 +355,7 @@ class _Zygote:
         if len(fds) != 3:
             self.send({"reply": rid, "ok": False, "error": f"fork needs 3 fds, got {len(fds)}"})
             return
+        gc.freeze()  # into the permanent generation: no collection in a child writes to them
         pid = os.fork()
         if pid == 0:
             _child(self.sock, spec, fds)
@@ -379,6 +387,7 @@ class _Zygote:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the zygote process: ``argv[0]`` is its socket's fd number."""
     args = list(sys.argv[1:] if argv is None else argv)
+    gc.disable()  # no collection in the zygote: it would leave holes in shared pages
     # before anything imports onnxruntime: its telemetry thread would make forking unsafe
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     from infscaler.runtime.instance import _drop_capabilities, _set_pdeathsig

@@ -43,7 +43,9 @@ def _ppid(pid: int) -> int:
 def relu_pipeline(path: Path, instances: int) -> dict:
     """One model stage with one operator (Relu on FP32 [1, 4])."""
     model = make_model(
-        [helper.make_node("Relu", ["x"], ["y"], name="relu")], [f32("x", [1, 4])], [f32("y", [1, 4])]
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        [f32("x", [1, 4])],
+        [f32("y", [1, 4])],
     )
     save(model, path)
     return {
@@ -149,9 +151,7 @@ def test_zygote_killed_under_load_is_restarted_and_nothing_is_lost(tmp_path: Pat
         before = {h.iid: h.pid for h in svc.supervisor.handles()}
         old = svc.supervisor.zygote.pid
         stop, results, errors = threading.Event(), [], []
-        load = [
-            threading.Thread(target=_load, args=(svc, stop, results, errors)) for _ in range(3)
-        ]
+        load = [threading.Thread(target=_load, args=(svc, stop, results, errors)) for _ in range(3)]
         for t in load:
             t.start()
         try:
