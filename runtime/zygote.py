@@ -409,9 +409,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {"event": "hello", "ok": False, "error": f"{len(threads)} threads: {threads}"},
             )
         return 3
-    send_frame(sock, {"event": "hello", "ok": True, "pid": os.getpid(), "threads": 1})
     try:
+        send_frame(sock, {"event": "hello", "ok": True, "pid": os.getpid(), "threads": 1})
         return _Zygote(sock).run()
+    except (BrokenPipeError, ConnectionResetError):
+        return 0  # the service went away (e.g. it stopped while we imported)
     except (OSError, ValueError) as exc:
         print(f"infscaler zygote: {exc}", file=sys.stderr)
         return 2
