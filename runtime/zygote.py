@@ -665,8 +665,14 @@ class ForkServer:
             raise ZygoteUnavailable(
                 "the zygote is not running" + (f" ({self.last_error})" if self.last_error else "")
             )
-        if not gen.ready.wait(self.ready_timeout_s) or gen.dead.is_set():
+        if not gen.ready.wait(self.ready_timeout_s):
+            # stuck in its imports: kill it (restarted with backoff) rather than have
+            # every start wait this long
+            with contextlib.suppress(OSError):
+                gen.proc.kill()
             raise ZygoteUnavailable(f"the zygote was not ready within {self.ready_timeout_s} s")
+        if gen.dead.is_set():
+            raise ZygoteUnavailable(self.last_error or "the zygote died while starting")
         return gen
 
     def fork(
@@ -754,11 +760,12 @@ class ForkServer:
             proc = ForkedProcess(int(obj["pid"]), fds[0], gen)
             gen.procs[proc.pid] = proc
             result = proc
-        for name in obj.get("rejected") or []:
+        for name, err in (obj.get("errors") or {}).items():
+            # not imported: a restarted zygote must not try again (nor die again)
             with self._lock:
                 if name in self._modules:
                     self._modules.remove(name)
-            log.warning("zygote: %s", (obj.get("errors") or {}).get(name))
+            log.warning("zygote: %s not preloaded: %s", name, err)
         if fut is None:
             # a fork whose caller gave up (timeout): that instance must not run
             if isinstance(result, ForkedProcess):
