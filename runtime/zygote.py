@@ -42,7 +42,8 @@ once: OpenBLAS's ``pthread_atfork`` handler joins its pool before that fork, and
 re-created lazily in a child on its first BLAS call. Then it checks it runs one thread,
 and checks again before every fork; a preloaded module that starts threads is rejected
 (the zygote exits, and is restarted without it). No onnxruntime session, no thread pool,
-no lock is created in the zygote.
+no lock is created in the zygote. Nor is CUDA: a CUDA context does not survive a fork, so
+the gpu / dla engines import TensorRT and pycuda in the child, as before.
 
 Process tree: instances are the zygote's children, with no parent-death signal (the
 zygote's death must not take them along). The service watches each one with a pidfd
