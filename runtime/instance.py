@@ -6,7 +6,8 @@ out-token (token fault to the manager when the OutToken queue is empty), write t
 outputs plus the tensors later units still need, hand the token to the next stage, and
 return the input slot (kept as an out-token, or freed).
 
-Started by the supervisor (:mod:`infscaler.runtime.supervisor`) as
+Started by the supervisor (:mod:`infscaler.runtime.supervisor`): forked from the zygote
+(:mod:`infscaler.runtime.zygote`, which calls :func:`serve`), or as
 ``python -m infscaler.runtime.instance``, with the channel socket and a status pipe
 inherited as file descriptors and its spec (JSON) on stdin. It reports to the
 supervisor on the status pipe, one JSON object per line: ``ready`` (after loading and a
@@ -18,8 +19,8 @@ and CAP_NET_ADMIN for the eBPF path; instances never need them).
 
 Signals: SIGUSR1 asks for a graceful stop (after the current request); SIGTERM and
 SIGINT are ignored (under systemd the whole cgroup gets SIGTERM, but the service must
-drain in-flight requests through its instances first); the process dies with its
-parent (``PR_SET_PDEATHSIG``).
+drain in-flight requests through its instances first); a spawned instance dies with its
+parent (``PR_SET_PDEATHSIG``), a forked one when the service's end of its channel closes.
 
 Deadlines: a token whose request is past its deadline or cancelled (the front end's
 :class:`~infscaler.shm.deadlines.DeadlineTable`) is dropped before it runs (its input
