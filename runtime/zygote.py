@@ -235,6 +235,13 @@ def _settle_threads() -> list[str]:
     return _threads()
 
 
+def _trim() -> None:
+    """``malloc_trim(0)``: hand the heap's free pages back before forking (they would
+    be resident in every child's mapping, and so in its PSS). glibc only."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
 def _set_name(name: bytes) -> None:
     """``prctl(PR_SET_NAME)``: the name ``ps -o comm`` / ``top`` show (15 bytes)."""
     with contextlib.suppress(OSError, AttributeError):
@@ -381,6 +388,7 @@ class _Zygote:
                 errors[name] = f"importing {name} started threads: instances cannot fork"
                 self.send({"reply": rid, "ok": False, "errors": errors, "rejected": rejected})
                 return True
+        _trim()
         self.send({"reply": rid, "ok": not errors, "errors": errors, "rejected": rejected})
         return False
 
@@ -403,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     threads = _settle_threads()
+    _trim()
     if len(threads) != 1:
         with contextlib.suppress(OSError):
             send_frame(
