@@ -709,9 +709,10 @@ class ForkServer:
             for fd in got:
                 os.close(fd)
             raise ZygoteUnavailable(f"the zygote refused: {reply.get('error')}")
-        proc = got  # the reader thread built it (registered before any exit report)
+        if not isinstance(got, ForkedProcess):  # a reply without the child's pidfd
+            raise ZygoteUnavailable(f"the zygote's reply had no pidfd: {reply}", sent=True)
         gen.forks += 1
-        return proc
+        return got  # the reader thread built it (registered before any exit report)
 
     def preload(self, modules: Sequence[str], timeout: float = 120.0) -> dict[str, str]:
         """Import ``modules`` in the zygote (the function modules of a pipeline being
