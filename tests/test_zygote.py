@@ -260,3 +260,48 @@ def test_a_preloaded_module_that_starts_a_thread_is_rejected(
         wait_for(lambda: zy.pid not in (None, first) and zy.status()["ready"], 30, "restart")
         svc.deploy(load_pipeline(chain_pipeline()))
         assert svc.supervisor.started_by["forked"] == 2
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_zygote_killed_while_forking_leaves_no_ghost(tmp_path: Path) -> None:
+    """Scale-outs in flight when the zygote dies: each ends with one ready instance
+    (forked, or spawned as the fallback); a child forked whose pid never reached the
+    service exits by itself (its channel socket is closed), so none serves twice."""
+    with _svc(tmp_path) as svc:
+        dep = svc.deploy(load_pipeline(chain_pipeline(max_instances=8)))
+        old = svc.supervisor.zygote.pid
+        got: list = []
+        errors: list = []
+
+        def grow() -> None:
+            try:
+                got.append(svc.scale_out(dep, 1, "cpu"))
+            except Exception as exc:  # noqa: BLE001 - the test asserts there is none
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=grow) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.01)
+        os.kill(old, signal.SIGSTOP)  # freeze it: its children are then final
+        children = [p.pid for p in psutil.Process(old).children()]
+        os.kill(old, signal.SIGKILL)
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        svc.supervisor.wait_ready(got, 120)
+        live = {h.pid for h in svc.supervisor.handles()}
+        assert len(live) == 2 + 4
+        ghosts = [p for p in children if p not in live]
+        wait_for(lambda: all(_gone(p) for p in ghosts), 60, f"ghost children {ghosts} gone")
+        st = svc.supervisor.started_by
+        assert st["forked"] + st["spawned"] >= 6
+        for _ in range(6):
+            np.testing.assert_allclose(svc.infer("chain", {"x": X}).outputs["y"], 2 * X)
+        wait_for(lambda: svc.supervisor.zygote.pid not in (None, old), 30, "the zygote back")
