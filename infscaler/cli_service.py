@@ -667,6 +667,21 @@ def print_status(st: dict[str, Any]) -> None:
         f"restarts {st.get('restarts', 0)}",
         highlight=False,
     )
+    zy = st.get("zygote") or {}
+    if zy:
+        started = zy.get("started") or {}
+        state = (
+            "off"
+            if not zy.get("enabled")
+            else f"pid {zy['pid']}, restarts {zy.get('restarts', 0)}"
+            if zy.get("pid")
+            else f"down ({zy.get('last_error') or 'starting'})"
+        )
+        out.print(
+            f"zygote: {state}; instances forked {started.get('forked', 0)}, "
+            f"spawned {started.get('spawned', 0)}",
+            highlight=False,
+        )
     res = st.get("resources") or {}
     if res:
         out.print(
