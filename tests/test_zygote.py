@@ -60,6 +60,13 @@ def relu_pipeline(path: Path, instances: int) -> dict:
     }
 
 
+def _cap_eff(pid: int) -> int:
+    """The effective capability set of ``pid`` (``/proc/PID/status``, ``CapEff``)."""
+    with open(f"/proc/{pid}/status") as f:
+        line = next(ln for ln in f if ln.startswith("CapEff:"))
+    return int(line.split()[1], 16)
+
+
 def _pss_mb(pids: list[int]) -> list[float]:
     return [psutil.Process(p).memory_full_info().pss / 2**20 for p in pids]
 
@@ -95,10 +102,12 @@ def test_instances_are_forked_by_the_zygote(tmp_path: Path) -> None:
         assert z["enabled"] and z["ready"] and z["pid"]
         assert z["started"] == {"forked": 2, "spawned": 0}
         assert "stagefuncs" in z["modules"]  # the function module was preloaded
+        for pid in [z["pid"], *(h.pid for h in svc.supervisor.handles())]:
+            assert _cap_eff(pid) == 0, pid  # the zygote and its instances hold none
         for h in svc.supervisor.handles():
             assert _ppid(h.pid) == z["pid"]
             assert psutil.Process(h.pid).name() == "infscaler-inst"
-            assert psutil.Process(h.pid).num_threads() >= 1
+            assert psutil.Process(h.pid).cpu_affinity() == h.cores  # pinned as before
         np.testing.assert_allclose(svc.infer("chain", {"x": X}).outputs["y"], 2 * X)
         # every instance reported its PSS, the figure status and the scaler use
         wait_for(
