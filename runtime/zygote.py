@@ -623,6 +623,10 @@ class ForkServer:
                 self._restart_timer.cancel()
         if gen is None:
             return
+        if not gen.ready.is_set():
+            # still importing (it reads its socket only after): it holds nothing yet
+            with contextlib.suppress(OSError):
+                gen.proc.kill()
         with contextlib.suppress(OSError):
             gen.sock.shutdown(socket.SHUT_RDWR)
         try:
