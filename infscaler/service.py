@@ -453,7 +453,7 @@ class Service:
             for u, sid in zip(served, ids, strict=True):
                 stage_ids[u.index] = sid
             # the zygote imports the function modules first: its instances share them
-            modules = {u.function.partition(":")[0] for u in served if u.function}
+            modules = {u.function.partition(":")[0] for u in served if isinstance(u.function, str)}
             for mod, err in self.supervisor.preload(sorted(modules)).items():
                 log.info("%s: function module %s not preloaded: %s", cfg.name, mod, err)
             handles = []
