@@ -10,7 +10,7 @@ in-process (``Service.infer``: the runtime, no HTTP):
   drift of the host affects both alike; median / P90 latency, ms;
 * concurrent: ``--clients`` threads x ``--per-client`` requests on one deployment, then
   on the other; throughput, requests/s;
-* processes (instances) per deployment, their USS summed (MB, each instance's last
+* processes (instances) per deployment, their PSS summed (MB, each instance's last
   ``stats`` report), and the outputs of both compared (the same texts).
 
 Writes ``bench/results/fused.json`` (``fused_quick.json`` with ``--quick``: 10
@@ -39,9 +39,9 @@ from _common import RESULTS_DIR, environment  # noqa: E402
 LINES = ["Fused units cross one hop", "per model partition", "not one per function"]
 
 
-def _uss(svc: Any, name: str) -> tuple[int, float]:
+def _pss(svc: Any, name: str) -> tuple[int, float]:
     hs = [h for h in svc.supervisor.handles() if h.key[0] == name and h.state == "ready"]
-    return len(hs), round(sum(float((h.stats or h.info).get("uss_mb") or 0.0) for h in hs), 1)
+    return len(hs), round(sum(float((h.stats or h.info).get("pss_mb") or 0.0) for h in hs), 1)
 
 
 def main() -> int:
@@ -114,8 +114,8 @@ def main() -> int:
         time.sleep(1.5)  # one more stats report from every instance
         result["instances"] = {}
         for n in names:
-            count, uss = _uss(svc, n)
-            result["instances"][n] = {"processes": count, "uss_mb_total": uss}
+            count, pss = _pss(svc, n)
+            result["instances"][n] = {"processes": count, "pss_mb_total": pss}
     out = RESULTS_DIR / ("fused_quick.json" if args.quick else "fused.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -303,14 +303,15 @@ def instances_of(svc: Any, dep: Any) -> list[int]:
     ]
 
 
-def wait_uss(svc: Any, dep: Any, timeout_s: float = 10.0) -> list[list[float]]:
-    """USS MB of every instance of ``dep`` per unit, once all have reported."""
+def wait_pss(svc: Any, dep: Any, timeout_s: float = 10.0) -> list[list[float]]:
+    """PSS MB of every instance of ``dep`` per unit, once all have reported (the
+    runtime's one memory figure: :mod:`infscaler.runtime.monitor`)."""
     t0 = time.monotonic()
     while True:
         st = svc.pipeline_status(dep)
-        uss = [[i["uss_mb"] for i in u["instances"]] for u in st["units"] if u["instances"]]
-        if all(all(x > 0 for x in row) for row in uss) or time.monotonic() - t0 > timeout_s:
-            return uss
+        pss = [[i["pss_mb"] for i in u["instances"]] for u in st["units"] if u["instances"]]
+        if all(all(x > 0 for x in row) for row in pss) or time.monotonic() - t0 > timeout_s:
+            return pss
         time.sleep(0.5)
 
 
@@ -318,7 +319,7 @@ def measure_memory(
     svc: Any, model: str, k: int, feeds: dict[str, np.ndarray], cores: int
 ) -> dict[str, Any]:
     """Deploy the whole model and the K-partition plan once each (no autoscale), run a few
-    requests (8 at once, then one at a time), and read each instance's USS and the pool's
+    requests (8 at once, then one at a time), and read each instance's PSS and the pool's
     mapped MB."""
     from infscaler.runtime.monitor import Monitor
 
@@ -331,11 +332,11 @@ def measure_memory(
             f.result()
         for _ in range(3):
             svc.infer(cfg.name, feeds)
-        time.sleep(2.5)  # instances report USS every second
-        uss = wait_uss(svc, dep)
+        time.sleep(2.5)  # instances report their memory every second
+        pss = wait_pss(svc, dep)
         entry = {
             "units": [u.name for u in dep.pipeline.served_units()],
-            "uss_mb": [round(float(np.mean(r)), 1) for r in uss],
+            "pss_mb": [round(float(np.mean(r)), 1) for r in pss],
             "memory_used_mb": round(Monitor(svc).memory_used_mb(), 1),
             "pool_mapped_mb": round(svc.pool.stats()["mapped_bytes"] / 2**20, 1),
         }
@@ -378,9 +379,9 @@ def build_cap(mem: dict[str, Any]) -> dict[str, Any]:
     pool + margin``: InfScaler's plan once plus one more bottleneck instance. Both
     figures, and whether two whole replicas fit under each, are recorded.
     """
-    whole = mem["whole"]["uss_mb"][0]
-    whole_n = mem["whole_all_cores"]["uss_mb"][0]
-    parts = mem["plan"]["uss_mb"]
+    whole = mem["whole"]["pss_mb"][0]
+    whole_n = mem["whole_all_cores"]["pss_mb"][0]
+    parts = mem["plan"]["pss_mb"]
     b = mem["plan"]["bottleneck_unit"]
     pool = max(mem[k]["pool_mapped_mb"] for k in ("whole", "whole_all_cores", "plan"))
     cap = max(whole, sum(parts)) + parts[b] + pool + CAP_MARGIN_MB
@@ -388,9 +389,9 @@ def build_cap(mem: dict[str, Any]) -> dict[str, Any]:
     return {
         "cap_mb": round(cap, 1),
         "literal_mb": round(literal, 1),
-        "whole_uss_mb": whole,
-        "whole_all_cores_uss_mb": whole_n,
-        "partition_uss_mb": parts,
+        "whole_pss_mb": whole,
+        "whole_all_cores_pss_mb": whole_n,
+        "partition_pss_mb": parts,
         "bottleneck_unit": b,
         "pool_mb": pool,
         "margin_mb": CAP_MARGIN_MB,
@@ -781,7 +782,7 @@ def run_model(
     cap = build_cap(mem)
     entry["cap"] = cap
     print(
-        f"   memory: {json.dumps({k2: v['uss_mb'] for k2, v in mem.items()})}; cap {cap}",
+        f"   memory: {json.dumps({k2: v['pss_mb'] for k2, v in mem.items()})}; cap {cap}",
         flush=True,
     )
     rows: list[dict[str, Any]] = []

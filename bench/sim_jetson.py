@@ -162,8 +162,11 @@ def run(model: str, profiles: list[str], steps: int, repeats: int) -> dict[str, 
         for m in json.loads(sc.read_text()).get("models", []):
             if m["model"] == model and m.get("k") == k:
                 measured = m.get("memory", {})
-    whole_units, mem_src = with_memory(list(whole_p.units), measured.get("whole", {}).get("uss_mb"))
-    plan_units, _ = with_memory(list(plan_p.units), measured.get("plan", {}).get("uss_mb"))
+    # PSS since the zygote (older scaling.json files recorded USS)
+    whole_mb = measured.get("whole", {}).get("pss_mb") or measured.get("whole", {}).get("uss_mb")
+    plan_mb = measured.get("plan", {}).get("pss_mb") or measured.get("plan", {}).get("uss_mb")
+    whole_units, mem_src = with_memory(list(whole_p.units), whole_mb)
+    plan_units, _ = with_memory(list(plan_p.units), plan_mb)
     whole_samples = np.array(whole_units[0].engines["cpu"].samples_ms)
     l0 = float(np.median(whole_samples))
     b = int(np.argmax([u.bottleneck or 0.0 for u in plan_c.units]))

@@ -667,11 +667,26 @@ def print_status(st: dict[str, Any]) -> None:
         f"restarts {st.get('restarts', 0)}",
         highlight=False,
     )
+    zy = st.get("zygote") or {}
+    if zy:
+        started = zy.get("started") or {}
+        state = (
+            "off"
+            if not zy.get("enabled")
+            else f"pid {zy['pid']}, restarts {zy.get('restarts', 0)}"
+            if zy.get("pid")
+            else f"down ({zy.get('last_error') or 'starting'})"
+        )
+        out.print(
+            f"zygote: {state}; instances forked {started.get('forked', 0)}, "
+            f"spawned {started.get('spawned', 0)}",
+            highlight=False,
+        )
     res = st.get("resources") or {}
     if res:
         out.print(
             f"device {res['device']}: memory {res['memory_used_mb']:.0f} / "
-            f"{res['memory_cap_mb']:.0f} MB (instances USS + pool), engine slots "
+            f"{res['memory_cap_mb']:.0f} MB (instances PSS + pool), engine slots "
             + ", ".join(f"{e} {n}" for e, n in res["max_instances"].items())
             + f", {res['cores']} cpu thread slots",
             highlight=False,
@@ -690,7 +705,7 @@ def print_status(st: dict[str, Any]) -> None:
         for u in p["units"]:
             inst = "\n".join(
                 f"{i['engine']} {i['pid']} [{','.join(map(str, i['cores']))}] "
-                f"{i['uss_mb'] or i['rss_mb']:.0f}"
+                f"{i.get('pss_mb') or i['rss_mb']:.0f}"
                 + ("" if i["state"] == "ready" else f" {i['state']}")
                 for i in u["instances"]
             )

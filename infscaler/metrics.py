@@ -203,10 +203,11 @@ class ServiceCollector(Collector):
             "Instances per unit, by engine and state (starting, ready, stopping)",
             labels=["model", "unit", "engine", "state"],
         )
-        uss = GaugeMetricFamily(
-            "infscaler_instance_uss_bytes",
-            "Unique memory (USS) of a unit's live instances together, per engine, bytes "
-            "(as last reported by the supervisor)",
+        pss = GaugeMetricFamily(
+            "infscaler_instance_pss_bytes",
+            "Proportional memory (PSS: shared pages split among their mappers) of a "
+            "unit's live instances together, per engine, bytes (as last reported by the "
+            "supervisor; the figure the scaler's memory cap counts)",
             labels=["model", "unit", "engine"],
         )
         restarts = CounterMetricFamily(
@@ -230,17 +231,17 @@ class ServiceCollector(Collector):
                 k = (h.key[0], unit, h.unit.engine)
                 n[(*k, h.state)] = n.get((*k, h.state), 0) + 1
                 m = h.stats or h.info
-                mem[k] = mem.get(k, 0.0) + float(m.get("uss_mb", 0.0) or 0.0) * 2**20
+                mem[k] = mem.get(k, 0.0) + float(m.get("pss_mb", 0.0) or 0.0) * 2**20
             for k, v in sorted(n.items()):
                 instances.add_metric(list(k), v)
             for k, v in sorted(mem.items()):
-                uss.add_metric(list(k), v)
+                pss.add_metric(list(k), v)
             restarts.add_metric([], int(getattr(sup, "restarted", 0) or 0))
         scaler = getattr(svc, "autoscaler", None)
         if scaler is not None:
             for (pipeline, action), v in sorted(scaler.decision_counts().items()):
                 decisions.add_metric([pipeline, action], v)
-        yield from (instances, uss, restarts, decisions)
+        yield from (instances, pss, restarts, decisions)
 
     # -- the tensor pool --------------------------------------------------------------------
     @staticmethod

@@ -467,6 +467,15 @@ class Service:
             stage_ids = [0] * len(compiled.units)
             for u, sid in zip(served, ids, strict=True):
                 stage_ids[u.index] = sid
+            # the zygote imports the function modules first: its instances share them
+            modules = {
+                step.function.partition(":")[0]
+                for u in served
+                for step in (u.steps or [u])
+                if isinstance(step.function, str)
+            }
+            for mod, err in self.supervisor.preload(sorted(modules)).items():
+                log.info("%s: function module %s not preloaded: %s", cfg.name, mod, err)
             handles = []
             try:
                 for u in served:
@@ -808,6 +817,7 @@ class Service:
                 )
             },
             "restarts": self.supervisor.restarted,
+            "zygote": self.supervisor.zygote_status(),
             "frontend": {k: v for k, v in self.frontend.stats().items() if k != "client"},
             "frontend_failure": self.frontend.failure,
             "inflight": self.inflight.stats(),

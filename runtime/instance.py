@@ -6,7 +6,8 @@ out-token (token fault to the manager when the OutToken queue is empty), write t
 outputs plus the tensors later units still need, hand the token to the next stage, and
 return the input slot (kept as an out-token, or freed).
 
-Started by the supervisor (:mod:`infscaler.runtime.supervisor`) as
+Started by the supervisor (:mod:`infscaler.runtime.supervisor`): forked from the zygote
+(:mod:`infscaler.runtime.zygote`, which calls :func:`serve`), or as
 ``python -m infscaler.runtime.instance``, with the channel socket and a status pipe
 inherited as file descriptors and its spec (JSON) on stdin. It reports to the
 supervisor on the status pipe, one JSON object per line: ``ready`` (after loading and a
@@ -18,8 +19,8 @@ and CAP_NET_ADMIN for the eBPF path; instances never need them).
 
 Signals: SIGUSR1 asks for a graceful stop (after the current request); SIGTERM and
 SIGINT are ignored (under systemd the whole cgroup gets SIGTERM, but the service must
-drain in-flight requests through its instances first); the process dies with its
-parent (``PR_SET_PDEATHSIG``).
+drain in-flight requests through its instances first); a spawned instance dies with its
+parent (``PR_SET_PDEATHSIG``), a forked one when the service's end of its channel closes.
 
 Deadlines: a token whose request is past its deadline or cancelled (the front end's
 :class:`~infscaler.shm.deadlines.DeadlineTable`) is dropped before it runs (its input
@@ -752,16 +753,28 @@ class Instance:
 
 
 def main() -> int:
-    """Entry point: read the spec from stdin, serve until told to stop."""
+    """Entry point of a spawned instance (``python -m``; the supervisor's fallback when
+    its fork server is down): die with the parent, read the spec from stdin, serve."""
     _set_pdeathsig()
+    return serve(json.loads(sys.stdin.read()))
+
+
+def serve(spec: dict[str, Any]) -> int:
+    """Run one instance in this process until told to stop; returns the exit status.
+
+    Called by :func:`main` and, in an instance forked by the zygote
+    (:mod:`infscaler.runtime.zygote`), after the fork. A forked instance has no
+    parent-death signal (its parent is the zygote, whose death must not take it along):
+    it exits when the service's end of its channel socket closes.
+    """
     _drop_capabilities()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=os.environ.get("INFSCALER_LOG_LEVEL", "WARNING"),
         format="%(asctime)s instance[%(process)d] %(levelname)s %(message)s",
+        force=True,
     )
-    spec = json.loads(sys.stdin.read())
     inst = Instance(spec)
 
     def stop(_sig: int, _frame: Any) -> None:

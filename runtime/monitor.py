@@ -15,12 +15,22 @@ Sources, all read without stopping anything:
   elsewhere) for ``infscaler status``.
 
 Resource accounting (Algorithm 1's U^m and r_k^m): memory used is the sum of every
-instance's USS plus the pool's mapped MB (a page of the pool touched by one instance only
+instance's PSS plus the pool's mapped MB (a page of the pool touched by one instance only
 is counted twice, so the figure errs high, on the safe side of the cap); one more
-instance of a unit costs the mean USS of its running instances on that engine, or, before
+instance of a unit costs the mean PSS of its running instances on that engine, or, before
 any has reported, the plan's weights + activations MB plus ``instance_overhead_mb`` (the
-USS of an idle instance process with onnxruntime loaded, measured on this host: about
-45 MB). Engine slots count model instances (function stages, light pre- and
+USS of an idle instance spawned as a fresh process with onnxruntime loaded, measured on
+this host: about 45 MB; a forked one costs less, so the estimate errs high).
+
+Why PSS (proportional set size: each resident page divided by the number of processes
+mapping it), everywhere (status, this cap, metrics, benchmarks): instances are forked
+from the zygote (:mod:`infscaler.runtime.zygote`) and share its pages copy-on-write. USS
+counts only a process's private pages, so the pages every instance shares with the
+zygote would be in no one's USS and the sum would undercount what the instances hold;
+RSS counts each shared page once per process and would overcount it N times. PSS sums to
+the real total over the processes that map a page, and an instance's PSS is its private
+pages plus its share of the common ones, which is what one more instance adds as N
+grows. (The zygote's own share is not an instance's: it is a fixed cost of the service.) Engine slots count model instances (function stages, light pre- and
 post-processing, count against memory only). Cores count what is pinned, not what is
 busy (:meth:`Monitor.pinned_threads`): the threads of every starting or ready cpu
 instance of a model stage, against the profile's thread slots (cores x
@@ -65,7 +75,7 @@ class UnitMetrics:
         compute_p50_ms / compute_p99_ms: service time per item, ms, over the window (an
             idle unit: over the statistics' whole horizon, 60 s; None: no sample).
         queue_p99_ms: time items waited before the unit, ms.
-        uss_mb: mean USS of its ready instances, MB (None: none reported yet).
+        pss_mb: mean PSS of its ready instances, MB (None: none reported yet).
         step_ms: a fused unit's steps, name -> mean ms per call over its instances'
             lifetime (their ``stats`` reports; None: not run yet); empty otherwise. The
             unit's service time (``compute_*``) is the sum: one trace row spans them.
@@ -82,7 +92,7 @@ class UnitMetrics:
     compute_p50_ms: float | None
     compute_p99_ms: float | None
     queue_p99_ms: float | None
-    uss_mb: float | None
+    pss_mb: float | None
     step_ms: dict[str, float | None] = field(default_factory=dict)
 
 
@@ -156,7 +166,7 @@ class Monitor:
             engines: dict[str, int] = {}
             for h in mine:
                 engines[h.unit.engine] = engines.get(h.unit.engine, 0) + 1
-            uss = [float(h.stats.get("uss_mb", 0.0)) for h in mine if h.stats.get("uss_mb")]
+            pss = [float(h.stats.get("pss_mb", 0.0)) for h in mine if h.stats.get("pss_mb")]
             comp, queue = per_unit[u.index]
             units.append(
                 UnitMetrics(
@@ -171,7 +181,7 @@ class Monitor:
                     compute_p50_ms=comp["p50_ms"],
                     compute_p99_ms=comp["p99_ms"],
                     queue_p99_ms=queue["p99_ms"],
-                    uss_mb=sum(uss) / len(uss) if uss else None,
+                    pss_mb=sum(pss) / len(pss) if pss else None,
                     step_ms={r["step"]: r["mean_ms"] for r in step_totals(u, mine)},
                 )
             )
@@ -200,12 +210,12 @@ class Monitor:
         return 1.0
 
     def memory_used_mb(self) -> float:
-        """Sum of every live instance's USS plus the pool's mapped MB (U^m for memory)."""
+        """Sum of every live instance's PSS plus the pool's mapped MB (U^m for memory)."""
         total = 0.0
         for h in self.service.supervisor.handles():
             if h.state in ("starting", "ready"):
                 mem = h.stats or h.info
-                total += float(mem.get("uss_mb") or 0.0) or _estimate_mb(h.unit)
+                total += float(mem.get("pss_mb") or 0.0) or _estimate_mb(h.unit)
         return total + self.service.pool.stats()["mapped_bytes"] / 2**20
 
     def pinned_threads(self) -> int:
@@ -269,7 +279,7 @@ class Monitor:
                     lat = None if lat is None else lat + extra
                 if lat is None:
                     continue  # never invent a latency for an engine nobody measured
-                mem = um.uss_mb if (um.uss_mb and engine == u.engine) else _estimate_mb(u)
+                mem = um.pss_mb if (um.pss_mb and engine == u.engine) else _estimate_mb(u)
                 options.append(
                     EngineOption(
                         engine=engine,

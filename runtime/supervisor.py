@@ -28,6 +28,16 @@ instead of waiting for the manager's 30 s hold timeout
 (:meth:`TensorSharingManager.set_hold_limit`).
 
 Like Ray Serve's controller, it applies decisions; it makes none (the scaler decides).
+
+How an instance starts: forked from the service's fork server (the zygote,
+:mod:`infscaler.runtime.zygote`: a warm process that imported numpy, onnxruntime, the
+runtime and the deployed pipelines' function modules, whose pages the instances share
+copy-on-write), or, when the zygote is down or restarting, refused, or disabled
+(``fork_server=False`` / ``INFSCALER_ZYGOTE=0``), spawned as a fresh interpreter
+(``python -c ... runpy`` of :mod:`infscaler.runtime.instance`), which is logged. Either
+way the supervisor watches it with a pidfd; :attr:`InstanceHandle.proc` is a
+:class:`subprocess.Popen` or a :class:`~infscaler.runtime.zygote.ForkedProcess` (the same
+methods). A zygote that dies is restarted; instances it forked keep running.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from typing import Any
 from infscaler.errors import InfScalerError
 from infscaler.procutil import module_command
 from infscaler.runtime.pipeline import Unit
+from infscaler.runtime.zygote import ForkServer, ZygoteUnavailable, enabled_by_env
 
 log = logging.getLogger("infscaler.supervisor")
 
@@ -160,7 +171,7 @@ class InstanceHandle:
     stage_id: int
     next_stage: int
     cores: list[int]
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen, or zygote.ForkedProcess (the same methods)
     status_fd: int
     pidfd: int
     state: str = "starting"
@@ -218,6 +229,9 @@ class Supervisor:
         on_change: called (no arguments, from the supervisor thread) when an instance
             becomes ready, exits or is restarted.
         env: extra environment for instances.
+        fork_server: fork instances from a zygote (:mod:`infscaler.runtime.zygote`);
+            None: unless ``INFSCALER_ZYGOTE=0``. False: spawn each one as a fresh
+            interpreter (the way before the zygote).
     """
 
     def __init__(
@@ -228,6 +242,7 @@ class Supervisor:
         policy: RestartPolicy | None = None,
         on_change: Callable[[], None] | None = None,
         env: dict[str, str] | None = None,
+        fork_server: bool | None = None,
     ) -> None:
         self.manager = manager
         self.service_id = service_id
@@ -255,6 +270,26 @@ class Supervisor:
         self._thread.start()
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, "infscaler-spawn")
         self.restarted = 0
+        #: instances started per way: ``forked`` (zygote), ``spawned`` (fresh process)
+        self.started_by = {"forked": 0, "spawned": 0}
+        self.zygote: ForkServer | None = None
+        if enabled_by_env() if fork_server is None else fork_server:
+            self.zygote = ForkServer(self.env, lambda fn: self._spawner.submit(fn).result())
+            self.zygote.start()
+
+    def preload(self, modules: Any) -> dict[str, str]:
+        """Have the zygote import ``modules`` (function stages' modules of a pipeline
+        being deployed) so its instances share them; ``{module: error}`` of those it
+        could not (their instances import them themselves). Nothing without a zygote."""
+        if self.zygote is None:
+            return {}
+        return self.zygote.preload(list(modules))
+
+    def zygote_status(self) -> dict[str, Any]:
+        """The fork server (:meth:`ForkServer.status`; ``{"enabled": False}`` without
+        one) and how many instances started each way."""
+        st = self.zygote.status() if self.zygote is not None else {"enabled": False}
+        return {**st, "started": dict(self.started_by)}
 
     def on_change(self) -> None:
         """Tell the owner that instances changed (its callback's errors are logged: the
@@ -284,11 +319,14 @@ class Supervisor:
         *,
         restarts: int = 0,
         streak: int = 0,
+        spawn: bool = False,
     ) -> InstanceHandle:
-        """Start one instance of ``unit`` (returns at once; see :meth:`wait_ready`).
+        """Start one instance of ``unit`` (returns at once; see :meth:`wait_ready`):
+        forked by the zygote, else (``spawn``, or the zygote unavailable) spawned.
 
         Raises:
             SharingError / ChannelError: the channel refused the instance (stage full).
+            InstanceStartError: the process could not be created.
         """
         iid = self._alloc_iid()
         # routed to once ready (set_live in _on_status): tokens must not wait for the load
@@ -306,37 +344,65 @@ class Supervisor:
             "unit": unit.to_dict(),
             "cores": cores,
         }
-        try:
-            # forked from one long-lived thread: PR_SET_PDEATHSIG fires when the thread
-            # that forked the child exits (prctl(2)), so a deploy or restart from a
-            # short-lived thread would otherwise kill its instances with that thread
-            proc = self._spawner.submit(
-                subprocess.Popen,
-                module_command("infscaler.runtime.instance"),
-                stdin=subprocess.PIPE,
-                pass_fds=(sock.fileno(), status_w, cmd_r),
-                env=self.env,
-                close_fds=True,
-            ).result()
-        except OSError as exc:
+        fds = (sock.fileno(), status_w, cmd_r)
+
+        def undo() -> None:
             sock.close()
             for fd in (status_r, status_w, cmd_r, cmd_w):
-                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             with contextlib.suppress(Exception):
                 self.manager.instance_died(iid, timeout=0)
-            raise InstanceStartError(f"cannot start an instance of {unit.name}: {exc}") from None
-        finally:
-            pass
+
+        proc: Any = None
+        if self.zygote is not None and not spawn:
+            try:
+                proc = self.zygote.fork(spec, fds)
+            except ZygoteUnavailable as exc:
+                log.warning(
+                    "%s: starting instance %d of %s as a fresh process", exc, iid, unit.name
+                )
+                if exc.sent:
+                    # a child may exist with these fds: give up this id and its socket
+                    # (such a child exits on ChannelClosed), start anew the old way
+                    undo()
+                    return self.start(
+                        key, unit, stage_id, next_stage, cores,
+                        restarts=restarts, streak=streak, spawn=True,
+                    )  # fmt: skip
+        if proc is None:
+            try:
+                # forked from one long-lived thread: PR_SET_PDEATHSIG fires when the
+                # thread that forked the child exits (prctl(2)), so a deploy or restart
+                # from a short-lived thread would otherwise kill its instances with it
+                proc = self._spawner.submit(
+                    subprocess.Popen,
+                    module_command("infscaler.runtime.instance"),
+                    stdin=subprocess.PIPE,
+                    pass_fds=fds,
+                    env=self.env,
+                    close_fds=True,
+                ).result()
+            except OSError as exc:
+                undo()
+                raise InstanceStartError(
+                    f"cannot start an instance of {unit.name}: {exc}"
+                ) from None
         sock.close()
         os.close(status_w)
         os.close(cmd_r)
         os.set_blocking(cmd_w, False)
-        assert proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.write(json.dumps(spec).encode())
-            proc.stdin.close()
+        if isinstance(proc, subprocess.Popen):
+            assert proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(json.dumps(spec).encode())
+                proc.stdin.close()
+            pidfd = os.pidfd_open(proc.pid)
+            self.started_by["spawned"] += 1
+        else:
+            pidfd = os.dup(proc.pidfd)
+            self.started_by["forked"] += 1
         os.set_blocking(status_r, False)
-        pidfd = os.pidfd_open(proc.pid)
         h = InstanceHandle(
             iid,
             key,
@@ -356,7 +422,14 @@ class Supervisor:
             self._sel.register(status_r, selectors.EVENT_READ, ("status", h))
             self._sel.register(pidfd, selectors.EVENT_READ, ("exit", h))
         self._wake()
-        log.info("started instance %d of %s (pid %d, cores %s)", iid, unit.name, proc.pid, cores)
+        log.info(
+            "started instance %d of %s (pid %d, %s, cores %s)",
+            iid,
+            unit.name,
+            proc.pid,
+            "spawned" if isinstance(proc, subprocess.Popen) else "forked",
+            cores,
+        )
         return h
 
     def wait_ready(self, handles: list[InstanceHandle], timeout: float) -> None:
@@ -424,6 +497,9 @@ class Supervisor:
         self.stop_all(timeout=timeout)
         self._wake()
         self._thread.join(5.0)
+        if self.zygote is not None:
+            with contextlib.suppress(Exception):
+                self.zygote.close()
         self._spawner.shutdown(wait=False)
         with contextlib.suppress(OSError):
             os.close(self._wake_r)
@@ -542,7 +618,7 @@ class Supervisor:
             self._sel.unregister(h.pidfd)
         h.exit_code = h.proc.poll()
         if h.exit_code is None:
-            with contextlib.suppress(ChildProcessError):
+            with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
                 h.proc.wait(1.0)
             h.exit_code = h.proc.returncode
         if h.state in ("stopping", "exited"):

@@ -100,10 +100,12 @@ class ProcessMemory:
     Attributes:
         pid: the process.
         rss_mb: resident set size: every page mapped and resident, shared ones included.
-        uss_mb: unique set size: pages only this process maps (what exiting would free);
-            the figure the scaler charges an instance.
+        uss_mb: unique set size: pages only this process maps (what exiting would free).
         pss_mb: proportional set size: each shared page split among its mappers (Linux
-            only; None elsewhere).
+            only; None elsewhere); the figure the runtime charges an instance (status,
+            the scaler's memory cap, metrics, benchmarks: instances forked from the
+            zygote share its pages, which no USS counts; see
+            :mod:`infscaler.runtime.monitor`).
     """
 
     pid: int

@@ -331,6 +331,8 @@ def test_per_step_statistics_in_status_and_monitor(service: Service, model: Path
     d = fan_pipeline(model)
     stage(d, "post")["params"] = {"ms": 20.0}
     service.deploy(load_pipeline(d))
+    # the fork server imported the fused steps' module before forking their instances
+    assert "fusefuncs" in service.status()["zygote"]["modules"]
     for n in (1, 2, 3):
         service.infer("fz", {"x": np.ones((n, 4), np.float32)})
 

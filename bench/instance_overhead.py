@@ -1,0 +1,247 @@
+"""What one more instance costs, before and after the fork server (issue 14).
+
+Two measurements, both ways (``spawned``: each instance a fresh interpreter, the way before
+the zygote, forced with ``INFSCALER_ZYGOTE=0`` / ``Supervisor.start(spawn=True)``;
+``forked``: from the zygote, :mod:`infscaler.runtime.zygote`), in one run:
+
+(a) **Idle instance overhead**: a service serving a one-operator model (Relu on FP32
+    [1, 4], built with ``onnx.helper``) with ``--instances`` instances, one request
+    answered, then idle 2 s; each instance's PSS (and USS, RSS) read with psutil
+    (``memory_full_info``: ``/proc/PID/smaps_rollup``), MB. PSS is the runtime's memory
+    figure (:mod:`infscaler.runtime.monitor` says why); with several instances the pages
+    they share copy-on-write with the zygote are split among them. Each way runs in its
+    own service, one after the other (a spawned instance would otherwise share pages with
+    the zygote's). The zygote's own PSS is reported apart (a fixed cost per service).
+(b) **Scale-out decision to ready** for partition 0 of ResNet-50 (the onnx wheel's light
+    ResNet-50, seeded random weights: the bundled ``resnet50``) cut in K=2 by the
+    project's partitioner at deploy: from ``Supervisor.start`` called (what
+    :meth:`Service.scale_out` does once the scaler decided) to the instance's ``ready``
+    report (model loaded, warm-up run), ms; ``--starts`` starts per way, interleaved
+    (spawned, forked, spawned, ...) in one service, each instance stopped before the
+    next starts. P50 / P90 / mean per way and the ratio. The light ResNet-50 keeps the
+    graph (its 50 layers: the session's graph optimisation and kernel creation) but its
+    weights are small (80 KB file), so what the times compare is mostly the process start
+    (imports) and session creation, which is what the zygote changes; a trained model's
+    weight loading would add the same time to both ways.
+
+Writes ``bench/results/instance_overhead.json`` and ``.png`` (``instance_overhead_quick.*``
+with ``--quick``: 4 instances, 6 starts per way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS_DIR, default_cache_dir, environment  # noqa: E402
+
+WAYS = ("spawned", "forked")
+
+
+def relu_model(path: Path) -> Path:
+    """The one-operator model: y = Relu(x), x FP32 [1, 4]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def _mem(pid: int) -> dict[str, float]:
+    import psutil
+
+    f = psutil.Process(pid).memory_full_info()
+    return {"pss_mb": f.pss / 2**20, "uss_mb": f.uss / 2**20, "rss_mb": f.rss / 2**20}
+
+
+def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": len(rows)}
+    for k in ("pss_mb", "uss_mb", "rss_mb"):
+        vals = [r[k] for r in rows]
+        out[k] = [round(v, 2) for v in vals]
+        out[f"mean_{k}"] = round(float(np.mean(vals)), 2)
+    return out
+
+
+def idle_memory(way: str, n: int, work: Path) -> dict[str, Any]:
+    """(a) for one way: a fresh service, ``n`` instances of the Relu model, idle."""
+    from infscaler.config import load_pipeline
+    from infscaler.service import Service
+
+    os.environ["INFSCALER_ZYGOTE"] = "0" if way == "spawned" else "1"
+    state = work / f"mem-{way}"
+    state.mkdir()
+    model = relu_model(state / "relu.onnx")
+    raw = {"name": "relu", "stages": [{"name": "relu", "model": str(model), "instances": n}]}
+    with Service(state_dir=state, control_path="userspace", pool_mb=64) as svc:
+        t0 = time.perf_counter()
+        svc.deploy(load_pipeline(raw))
+        deploy_s = time.perf_counter() - t0
+        x = np.array([[-1, 0, 1, 2]], np.float32)
+        np.testing.assert_allclose(svc.infer("relu", {"x": x}).outputs["y"], np.maximum(x, 0))
+        time.sleep(2.0)
+        handles = svc.supervisor.handles()
+        got = svc.supervisor.started_by[way]
+        if got != n:
+            raise RuntimeError(f"{way}: {got} of {n} instances started that way")
+        rows = [_mem(h.pid) for h in handles]
+        zy = svc.supervisor.zygote.pid if svc.supervisor.zygote is not None else None
+        out = _summary(rows)
+        out["deploy_s"] = round(deploy_s, 2)
+        out["zygote"] = {k: round(v, 2) for k, v in _mem(zy).items()} if zy else None
+        out["total_pss_mb"] = round(
+            sum(r["pss_mb"] for r in rows) + (out["zygote"]["pss_mb"] if zy else 0.0), 2
+        )
+    os.environ.pop("INFSCALER_ZYGOTE", None)
+    return out
+
+
+def startup_times(starts: int, work: Path) -> dict[str, Any]:
+    """(b): one service with its zygote, ResNet-50 in K=2; ``starts`` starts of partition
+    0 per way, interleaved."""
+    from infscaler.config import load_pipeline, pipeline_for_model
+    from infscaler.models import MODELS
+    from infscaler.runtime.zygote import ForkedProcess
+    from infscaler.service import Service
+
+    os.environ["INFSCALER_ZYGOTE"] = "1"
+    cfg = pipeline_for_model(
+        "resnet50", name="r50", partitions=2, shapes=MODELS["resnet50"].shapes
+    ).model_dump(exclude_none=True)
+    cfg["stages"][0]["max_instances"] = 4
+    times: dict[str, list[float]] = {w: [] for w in WAYS}
+    fell_back = 0
+    with Service(state_dir=work / "r50", control_path="userspace", pool_mb=256) as svc:
+        t0 = time.perf_counter()
+        dep = svc.deploy(load_pipeline(cfg))
+        deploy_s = time.perf_counter() - t0
+        u = dep.pipeline.units[0]
+        sid = dep.route.stage_ids[0]
+        nxt = dep.pipeline.next_unit(0)
+        next_stage = 0 if nxt is None else dep.route.stage_ids[nxt]
+        for i in range(starts * 2):
+            way = WAYS[i % 2]
+            cores = svc._cores(u.threads)
+            t = time.perf_counter()
+            h = svc.supervisor.start(
+                (dep.name, 0), u, sid, next_stage, cores, spawn=way == "spawned"
+            )
+            svc.supervisor.wait_ready([h], 300)
+            ms = (time.perf_counter() - t) * 1e3
+            if way == "forked" and not isinstance(h.proc, ForkedProcess):
+                fell_back += 1  # the zygote was down: not a forked start
+            else:
+                times[way].append(ms)
+            svc.supervisor.stop(h)
+    os.environ.pop("INFSCALER_ZYGOTE", None)
+    out: dict[str, Any] = {
+        "model": "resnet50 (onnx wheel's light model, random weights)",
+        "partitions": 2,
+        "unit": u.name,
+        "deploy_s": round(deploy_s, 2),
+        "forked_fell_back": fell_back,
+    }
+    for w in WAYS:
+        v = np.array(times[w])
+        out[w] = {
+            "ms": [round(float(x), 1) for x in v],
+            "p50_ms": round(float(np.percentile(v, 50)), 1),
+            "p90_ms": round(float(np.percentile(v, 90)), 1),
+            "mean_ms": round(float(v.mean()), 1),
+        }
+    out["p50_ratio_spawned_over_forked"] = round(
+        out["spawned"]["p50_ms"] / out["forked"]["p50_ms"], 2
+    )
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mem, st = result["idle_memory"], result["startup"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = np.arange(len(WAYS))
+    for off, key, label in ((-0.2, "mean_pss_mb", "PSS"), (0.2, "mean_uss_mb", "USS")):
+        vals = [mem[w][key] for w in WAYS]
+        bars = a.bar(x + off, vals, 0.4, label=label)
+        a.bar_label(bars, fmt="%.1f")
+    a.axhline(15, color="grey", ls="--", lw=1, label="15 MB target (PSS)")
+    a.set_xticks(x, [f"{w}\n({mem[w]['n']} instances)" for w in WAYS])
+    a.set_ylabel("MB per idle instance (mean)")
+    a.set_title("(a) one-operator model, idle")
+    a.legend()
+    data = [st[w]["ms"] for w in WAYS]
+    b.boxplot(data, showfliers=True)
+    b.set_xticks([1, 2], [f"{w}\nP50 {st[w]['p50_ms']:.0f} ms" for w in WAYS])
+    b.set_ylabel("ms, Supervisor.start -> ready")
+    b.set_title(f"(b) ResNet-50 partition 1/2 scale-out (x{st['p50_ratio_spawned_over_forked']})")
+    b.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="4 instances, 6 starts per way")
+    ap.add_argument("--instances", type=int, default=8, help="idle instances per way")
+    ap.add_argument("--starts", type=int, default=20, help="starts per way (>= 20)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.instances, args.starts = 4, 6
+    default_cache_dir()
+    result: dict[str, Any] = {"environment": environment(), "quick": args.quick}
+    with tempfile.TemporaryDirectory(prefix="isc-overhead-") as tmp:
+        work = Path(tmp)
+        result["idle_memory"] = {w: idle_memory(w, args.instances, work) for w in WAYS}
+        m = result["idle_memory"]
+        m["pss_ratio_spawned_over_forked"] = round(
+            m["spawned"]["mean_pss_mb"] / m["forked"]["mean_pss_mb"], 2
+        )
+        for w in WAYS:
+            print(
+                f"(a) {w}: {m[w]['n']} idle instances, PSS {m[w]['mean_pss_mb']:.1f} MB, "
+                f"USS {m[w]['mean_uss_mb']:.1f} MB each (zygote: {m[w]['zygote']})",
+                flush=True,
+            )
+        result["startup"] = startup_times(args.starts, work)
+        st = result["startup"]
+        for w in WAYS:
+            print(
+                f"(b) {w}: start -> ready P50 {st[w]['p50_ms']:.0f} ms, P90 "
+                f"{st[w]['p90_ms']:.0f} ms over {len(st[w]['ms'])} starts",
+                flush=True,
+            )
+    stem = "instance_overhead_quick" if args.quick else "instance_overhead"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    plot(result, RESULTS_DIR / f"{stem}.png")
+    print(
+        f"PSS ratio spawned/forked {m['pss_ratio_spawned_over_forked']}, start P50 ratio "
+        f"{st['p50_ratio_spawned_over_forked']}; wrote {RESULTS_DIR / stem}.json/.png"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
