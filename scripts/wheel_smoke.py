@@ -13,6 +13,7 @@ Usage: ``VENV/bin/python scripts/wheel_smoke.py DIR [DIR ...]``; exit status 0 o
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -88,6 +89,14 @@ def smoke(cwd: str) -> None:
         )  # fmt: skip
         if st.returncode != 0 or "ocr" not in st.stdout:
             _fail(f"`infscaler status` exited {st.returncode}: {st.stdout}{st.stderr}", log)
+        # every instance was forked by the fork server (it, too, starts from the wheel)
+        js = subprocess.run(
+            [cli, "status", "--json", "--socket", str(sock)], cwd=cwd, env=env,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        started = (json.loads(js.stdout).get("zygote") or {}).get("started") or {}
+        if not started.get("forked") or started.get("spawned"):
+            _fail(f"instances not forked by the zygote (cwd {cwd}): {started}", log)
         proc.send_signal(signal.SIGTERM)
         try:
             rc = proc.wait(STOP_TIMEOUT_S)
