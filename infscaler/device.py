@@ -687,7 +687,7 @@ def check_pipeline(
         if u.kind == "model" and u.memory_mb is None:
             warnings.append(
                 f"stage {u.stage}: unit {u.name} has no plan memory estimate ({origin}); "
-                "its instances' measured USS replaces it once they report"
+                "its instances' measured PSS replaces it once they report"
             )
     one_each = sum(mb for _, mb, _ in rows) + pool_mb + used_mb
     configured = sum(mb * u.instances for u, mb, _ in rows) + pool_mb + used_mb

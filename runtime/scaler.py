@@ -41,7 +41,7 @@ class EngineOption:
         engine: ``cpu``, ``gpu`` or ``dla``.
         latency_ms: service time of one item (batch 1) on this engine, ms: measured by
             the monitor when instances run there, else the plan's profiled latency.
-        memory_mb: memory one more instance takes (r_k^m), MB: the measured USS of a
+        memory_mb: memory one more instance takes (r_k^m), MB: the measured PSS of a
             running instance of this unit on this engine, else the plan's estimate.
         cores: CPU cores one instance is pinned to (``threads``; 0 for gpu / dla).
     """
@@ -95,7 +95,7 @@ class ResourceCap:
 
     Attributes:
         memory_cap_mb: memory the service may use (instances + tensor pool), MB.
-        memory_used_mb: memory in use now (sum of instance USS + pool mapped), MB.
+        memory_used_mb: memory in use now (sum of instance PSS + pool mapped), MB.
         max_instances: per engine, instance slots (the profile's ``max_instances``).
         cores: cpu thread slots: its cores x the profile's ``threads_per_core``
             (:meth:`infscaler.device.Accelerator.thread_slots`; 0: do not count cores).
