@@ -140,7 +140,7 @@ class ServedSide:
 
     name = "InfScaler ocr"
 
-    def __init__(self, tmp: Path, extra: list[str]) -> None:
+    def __init__(self, tmp: Path, extra: list[str], pipeline: str = "ocr") -> None:
         from infscaler.client import Client
 
         self.sock = tmp / "isc.sock"
@@ -148,7 +148,7 @@ class ServedSide:
         cli = str(Path(sys.executable).parent / "infscaler")
         self.proc = subprocess.Popen(
             [cli, "serve", "--socket", str(self.sock), "--state-dir", str(tmp / "state"),
-             *extra, "ocr"],
+             *extra, pipeline],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self._local = threading.local()
@@ -323,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--replicas", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `serve` option")
+    ap.add_argument("--pipeline", default="ocr", help="pipeline served (a YAML named `ocr`)")
     args = ap.parse_args(argv)
     n, budget = (40, 40.0) if args.quick else (args.requests, args.budget_s)
     imgs = images()
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="isc-ocr-bench-") as tmp:
         rapid = RapidSide(args.replicas)
         same = RapidSide(args.replicas, {"det_limit_side_len": 640, "det_limit_type": "max"})
-        served = ServedSide(Path(tmp), args.serve_arg)
+        served = ServedSide(Path(tmp), args.serve_arg, args.pipeline)
         try:
             agree = agreement(rapid, served, imgs)
             runs.append(drive(rapid, imgs, args.clients, n, budget))

@@ -777,6 +777,8 @@ def demo_cmd(
     for st in raw["stages"]:
         if st["name"] == "det":
             st["partitions"] = partitions
+        if st["name"] == "prep" and partitions > 1:  # cut at 640x640: needs that shape
+            st["params"] = {**st.get("params", {}), "pad": True, "enlarge": True}
     cfg = load_pipeline(raw)
     if state_dir is None:
         from infscaler.models import cache_dir

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from conftest import chain_pipeline, f32, make_model, residual_model, save, wait_for
 from onnx import helper
 
@@ -217,7 +218,7 @@ def test_partitioned_model_pre_into_first_post_into_last(tmp_path: Path) -> None
     assert cp.units[0].inputs == ["x"] and cp.units[1].outputs == ["z", "pid"]
 
 
-def test_ocr_compiles_to_four_served_units(tmp_path: Path) -> None:
+def test_ocr_compiles_to_three_served_units(tmp_path: Path) -> None:
     import infscaler
     from infscaler.errors import InfScalerError
     from infscaler.models import resolve_model
@@ -229,14 +230,19 @@ def test_ocr_compiles_to_four_served_units(tmp_path: Path) -> None:
             pytest.skip(f"bundled model {model_name} not installed: {exc}")
     yaml_path = Path(infscaler.__file__).parent / "pipelines" / "ocr.yaml"
     cp = compile_pipeline(load_pipeline(yaml_path), state_dir=tmp_path)
-    # unfused: 9 served units (prep, det/0, det/1, crops, cls_prep, cls, rec_prep, rec,
-    # decode); det is partitioned in 2 (pre-steps fuse into det/0, post into det/1)
+    # unfused: 8 served units (prep, det, crops, cls_prep, cls, rec_prep, rec, decode)
     assert [u.name for u in cp.served_units()] == [
-        "prep>det/0",
-        "det/1>crops",
+        "prep>det>crops",
         "cls_prep>cls",
         "rec_prep>rec>decode",
     ]
+    # the demo's partitioned detector: pre-steps fuse into det/0, post-steps into det/1
+    raw = yaml.safe_load(yaml_path.read_text())
+    for st in raw["stages"]:
+        if st["name"] == "det":
+            st["partitions"] = 2
+    cp2 = compile_pipeline(load_pipeline(raw), state_dir=tmp_path)
+    assert [u.name for u in cp2.served_units()][:2] == ["prep>det/0", "det/1>crops"]
     assert cp.units[-1].name == "merge" and cp.units[-1].fan_in
 
 

@@ -169,7 +169,10 @@ def test_each_stage_honours_the_contract(spec: dict[str, Any], sessions: dict[st
     image = ocr.render_text_image(REF_LINES[:2])
     env: dict[str, Any] = {"image": image}
     env.update(_call(spec, "prep", env))
-    assert env["det_input"].shape == (1, 3, 640, 640) and env["det_input"].dtype == np.float32
+    # ocr.yaml's prep: the resized region alone, longer side 640 at most, multiples of 32
+    b, c, hh, ww = env["det_input"].shape
+    assert (b, c, max(hh, ww), hh % 32, ww % 32) == (1, 3, 640, 0, 0)
+    assert env["det_input"].dtype == np.float32
     assert env["det_meta"].dtype == np.int32 and env["det_meta"].shape == (4,)
     env.update(_run_model(sessions, spec, "det", env))
     items = _call(spec, "crops", env)
@@ -247,7 +250,8 @@ def test_yaml_functions_and_model_names_resolve(spec: dict[str, Any]) -> None:
     ]
     assert spec["outputs"] == ["texts", "scores", "boxes"]
     det = _stage(spec, "det")
-    assert det["partitions"] == 2 and det["shapes"] == "x:1x3x640x640"
+    assert det["partitions"] == 1 and det["shapes"] == "x:1x3x640x640"
+    assert _stage(spec, "prep")["params"] == {"side": 640, "pad": False, "enlarge": False}
     assert _stage(spec, "crops")["fan_out"] and _stage(spec, "merge")["fan_in"]
     for stage in spec["stages"]:
         if "function" in stage:
@@ -296,6 +300,23 @@ def test_det_preprocess_is_fixed_size(h: int, w: int) -> None:
     assert max(rh, rw) == 640  # fits the canvas, longer side first
     assert np.all(x[:, :, rh:, :] == 0) and np.all(x[:, :, :, rw:] == 0)
     assert x.min() >= -1.0 and x.max() <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("h", "w", "rh", "rw"),
+    [(191, 384, 192, 384), (1000, 700, 640, 448), (20, 20, 32, 32), (640, 640, 640, 640)],
+)
+def test_det_preprocess_unpadded_never_enlarges(h: int, w: int, rh: int, rw: int) -> None:
+    # ocr.yaml's whole detector: the resized region alone, a small image only rounded
+    # up to multiples of 32, a large one reduced to 640 on its longer side
+    image = np.random.default_rng(h + w).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    out = ocr.det_preprocess({"image": image}, pad=False, enlarge=False)
+    assert out["det_input"].shape == (1, 3, rh, rw) and out["det_input"].dtype == np.float32
+    assert list(out["det_meta"]) == [h, w, rh, rw]
+    # the same pixels as the padded canvas's region when the resize agrees
+    if max(h, w) >= 640:
+        padded = ocr.det_preprocess({"image": image})["det_input"]
+        np.testing.assert_array_equal(out["det_input"], padded[:, :, :rh, :rw])
 
 
 def test_det_preprocess_is_bgr_normalised_like_rapidocr() -> None:

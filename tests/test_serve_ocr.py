@@ -12,7 +12,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,13 +60,15 @@ def images() -> dict[str, np.ndarray]:
     }
 
 
-def test_det_is_partitioned_and_every_stage_has_an_instance(ocr) -> None:
+def test_every_stage_runs_fused_into_three_instances(ocr) -> None:
     svc, _ = ocr
     dep = svc.deployment("ocr")
     names = [u.name for u in dep.pipeline.units]
-    # function stages run fused into the model units next to them (issue 14)
-    assert names == ["prep>det/0", "det/1>crops", "cls_prep>cls", "rec_prep>rec>decode", "merge"]
-    assert "det" in dep.pipeline.plans and Path(dep.pipeline.plans["det"], "plan.yaml").is_file()
+    # function stages run fused into the model units next to them (issue 14); the
+    # detector is whole (ocr.yaml says why), so nothing is partitioned at deploy
+    assert names == ["prep>det>crops", "cls_prep>cls", "rec_prep>rec>decode", "merge"]
+    assert dep.pipeline.plans == {}
+    assert len(svc.supervisor.handles()) == 3
     assert svc.ready("ocr")
 
 
@@ -171,37 +172,48 @@ def test_bad_requests_fail_alone(ocr, images) -> None:
 
 def test_kill_9_of_an_instance_under_load(ocr, images) -> None:
     svc, sock = ocr
-    victim = next(h for h in svc.supervisor.handles() if h.unit.name == "prep>det/0")
+    victim = next(h for h in svc.supervisor.handles() if h.unit.name == "prep>det>crops")
     results: list[object] = []
+    refused: list[InferenceServerError] = []
 
     def worker(n: int) -> None:
+        # a client as the API asks: a 503 (degraded while the instance restarts) is
+        # retried after a pause; any other error is a result
         with Client(sock, timeout=300) as c:
             for _ in range(n):
-                try:
-                    out = c.infer("ocr", {"image": images["one_line"]}).outputs
-                    results.append([str(t) for t in out["texts"]])
-                except InferenceServerError as exc:
-                    results.append(exc)
+                for _try in range(200):
+                    try:
+                        out = c.infer("ocr", {"image": images["one_line"]}).outputs
+                        results.append([str(t) for t in out["texts"]])
+                        break
+                    except InferenceServerError as exc:
+                        if exc.status != 503:
+                            results.append(exc)
+                            break
+                        refused.append(exc)
+                        time.sleep(0.05)
 
-    threads = [threading.Thread(target=worker, args=(6,)) for _ in range(4)]
+    threads = [threading.Thread(target=worker, args=(12,)) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while len(results) < 4 and time.monotonic() < deadline:  # under load: kill mid-run
+        time.sleep(0.01)
     os.kill(victim.pid, signal.SIGKILL)
     for t in threads:
         t.join()
-    assert len(results) == 24
-    for r in results:  # every request answered: the text, or a 503 with a reason
-        if isinstance(r, InferenceServerError):
-            assert r.status == 503 and str(r)
-        else:
-            assert r == ["Zero copy tokens"]
-    ok = sum(1 for r in results if not isinstance(r, Exception))
-    assert ok >= 20
+    # nothing lost: every request read its text (some after 503s while degraded)
+    assert results == [["Zero copy tokens"]] * 48, [r for r in results if isinstance(r, Exception)]
+    assert all("degraded" in str(e) or "SLO" in str(e) for e in refused), refused[:2]
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not svc.ready("ocr"):
+
+    def replaced() -> bool:
+        hs = [h for h in svc.supervisor.handles() if h.unit.name == "prep>det>crops"]
+        return svc.ready("ocr") and bool(hs) and all(h.pid != victim.pid for h in hs)
+
+    while time.monotonic() < deadline and not replaced():
         time.sleep(0.2)
-    det0 = [h for h in svc.supervisor.handles() if h.unit.name == "prep>det/0"]
+    det0 = [h for h in svc.supervisor.handles() if h.unit.name == "prep>det>crops"]
     assert len(det0) == 1 and det0[0].state == "ready" and det0[0].pid != victim.pid
     time.sleep(0.5)
     mgr = svc.manager.stats()["manager"]

@@ -1,14 +1,16 @@
 """PP-OCRv4 text recognition as an InfScaler pipeline: the function stages of ``ocr.yaml``.
 
 The pipeline (``ocr.yaml`` beside this file) and the tensors between its stages
-(``S`` = ``side``, 640; ``N`` = lines kept; per-item stages run once per text box):
+(``h'``, ``w'`` = the image resized so its longer side is at most ``side``, 640, both
+multiples of 32 (``S`` x ``S`` when ``pad``: a partitioned detector); ``N`` = lines kept;
+per-item stages run once per text box):
 
 ============  ===========  ====================================  ==========================================
 stage         kind         reads                                 writes
 ============  ===========  ====================================  ==========================================
-``prep``      function     ``image`` [H, W, 3] uint8 RGB         ``det_input`` [1, 3, S, S] float32,
+``prep``      function     ``image`` [H, W, 3] uint8 RGB         ``det_input`` [1, 3, h', w'] float32,
                                                                  ``det_meta`` [4] int32 (H, W, h', w')
-``det``       model (K=2)  ``det_input``                         ``det_map`` [1, 1, S, S] float32
+``det``       model        ``det_input``                         ``det_map`` [1, 1, h', w'] float32
 ``crops``     fan_out      ``det_map``, ``det_meta``, ``image``  per item: ``crop`` [h, w, 3] uint8 RGB,
                                                                  ``box`` [4, 2] float32 (x, y pixels)
 ``cls_prep``  function     ``crop``                              ``cls_input`` [1, 3, 48, 192] float32
@@ -30,12 +32,14 @@ wheel ships (``infscaler.models``: ``ppocrv4-det``, ``ppocr-cls``, ``ppocrv4-rec
 
 Where this differs from ``RapidOCR.__call__``, and why:
 
-- The detector is partitioned at a fixed shape, so its input is always 1x3xSxS: the
-  image is resized keeping its aspect ratio until its longer side is S (up or down; both
-  sides rounded to multiples of 32 as rapidocr does), and the rest is padded with 0 in
-  the normalised space (mid grey). rapidocr instead scales the shorter side to 736.
-  The probability map is cut back to the resized region before DB post-processing, so
-  the padding never yields a box.
+- The detector sees the image with its longer side at most S (``ocr.yaml``: reduced,
+  never enlarged; both sides rounded to multiples of 32 as rapidocr does), as rapidocr's
+  ``limit_type: max``; rapidocr's default instead scales the *shorter* side to 736 (so
+  small images are enlarged several times). A partitioned detector needs the fixed
+  shape it was cut at (``pad: true``): the image is then resized until its longer side
+  is S (up or down) and the rest padded with 0 in the normalised space (mid grey); the
+  probability map is cut back to the resized region before DB post-processing, so the
+  padding never yields a box.
 - Crops are cut from the original image at full resolution (rapidocr cuts them from
   its resized copy), and crops lower than 48 px are enlarged to 48 px with bicubic
   interpolation; boxes are reported in original image pixels.
@@ -244,9 +248,13 @@ def _fit_dims(h: int, w: int, side: int) -> tuple[int, int]:
 
 
 def det_preprocess(
-    tensors: Mapping[str, np.ndarray], *, side: int = DET_SIDE
+    tensors: Mapping[str, np.ndarray],
+    *,
+    side: int = DET_SIDE,
+    pad: bool = True,
+    enlarge: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Stage ``prep``: the detector's fixed-size input.
+    """Stage ``prep``: the detector's input.
 
     The image is resized (cv2 bilinear, as ``DetPreProcess.resize``) so its longer side
     is ``side`` -- enlarged or reduced, aspect ratio kept, both sides rounded to a
@@ -254,13 +262,24 @@ def det_preprocess(
     (``(x / 255 - 0.5) / 0.5``), laid out CHW, and placed at the top-left of a
     ``side`` x ``side`` canvas of zeros (mid grey after normalisation).
 
+    With ``pad=False`` the input is the resized region alone ([1, 3, h', w']: a whole,
+    unpartitioned detector takes any size that is a multiple of 32); with
+    ``enlarge=False`` an image whose longer side is below ``side`` is not enlarged (its
+    sides are only rounded to multiples of 32), as rapidocr's ``limit_type: max``. Both
+    save the detector's work on small images: its cost grows with the pixels it sees.
+
     Args:
         tensors: ``image``: [H, W, 3] uint8 RGB (any H, W >= 1).
-        side: canvas side in pixels, a multiple of 32 (the shape ``det`` is partitioned at).
+        side: canvas side in pixels, a multiple of 32 (the shape ``det`` is partitioned
+            at when it is partitioned).
+        pad: place the resized image on a ``side`` x ``side`` canvas (a partitioned
+            detector needs the fixed shape it was partitioned at).
+        enlarge: scale an image smaller than ``side`` up to it.
 
     Returns:
-        ``det_input``: [1, 3, side, side] float32; ``det_meta``: [4] int32
-        ``(H, W, h', w')``, the original size and the resized region of the canvas.
+        ``det_input``: [1, 3, side, side] float32 ([1, 3, h', w'] with ``pad=False``);
+        ``det_meta``: [4] int32 ``(H, W, h', w')``, the original size and the resized
+        region of the canvas.
 
     Raises:
         StageInputError: (400) ``image`` is empty or not an HxWx3 uint8 array.
@@ -270,10 +289,15 @@ def det_preprocess(
         raise ValueError(f"side must be a positive multiple of 32, got {side}")
     image = check_image(tensors["image"], "image")
     h, w = image.shape[:2]
-    rh, rw = _fit_dims(h, w, side)
+    # not enlarged: the longer side only rounded up to a multiple of 32
+    target = side if enlarge or max(h, w) > side else -(-max(h, w) // 32) * 32
+    rh, rw = _fit_dims(h, w, target)
     r = _rapid()
     resized = r.cv2.resize(_bgr(image), (rw, rh))
     pre = r.DetPreProcess(side, "max", mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+    if not pad:
+        det_input = pre.permute(pre.normalize(resized))[None].astype(np.float32)
+        return {"det_input": det_input, "det_meta": np.array([h, w, rh, rw], dtype=np.int32)}
     det_input = np.zeros((1, 3, side, side), dtype=np.float32)
     det_input[0, :, :rh, :rw] = pre.permute(pre.normalize(resized))
     return {"det_input": det_input, "det_meta": np.array([h, w, rh, rw], dtype=np.int32)}
