@@ -246,7 +246,10 @@ def pipeline(
         raw = pipeline_case(model, k, threads, k == 1 if whole is None else whole)
         raw["name"] = name
         for st in raw["stages"]:
-            if max_instances is not None and not st.get("fan_in"):
+            # on model stages only: a function stage that names its own max_instances
+            # is not fused into its model's unit (README, pipeline.yaml)
+            whole_fn = len(raw["stages"]) == 1
+            if max_instances is not None and ("model" in st or whole_fn):
                 st["max_instances"] = max_instances
     else:
         cfg = pipeline_for_model(
