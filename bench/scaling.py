@@ -983,7 +983,7 @@ def predicted_goodput(
         runs = []
 
         def ok(rate: float) -> bool:
-            dur = max(20.0 if quick else 60.0, (500 if quick else 3000) / rate)
+            dur = max(30.0 if quick else 60.0, (1500 if quick else 5000) / rate)
             r = planner.predict(
                 prof.units,
                 cfg,
@@ -1731,7 +1731,10 @@ def plot(data: dict[str, Any], path: Path) -> None:
         ax.set_title(
             f"{title}\nideal {cal['ideal_rps']:.1f}/s, L0 {cal['l0_ms']:.0f} ms", fontsize=9
         )
-        ax.legend(fontsize=6.5, loc="upper left")
+        top = max([c.get(k) or 0.0 for c in cells for k in ("auto_rps", "eq1_rps",
+                   "best_baseline_rps", "ceiling_rps")] + [1.0])  # fmt: skip
+        ax.set_ylim(0, 1.45 * top)
+        ax.legend(fontsize=6.5, loc="upper left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
