@@ -978,8 +978,10 @@ def predicted_goodput(
         by_name = {u["unit"]: u for u in config}
         cfg = []
         for u in prof.units:
-            n = int(by_name.get(u.name, {}).get("instances") or 1)
-            cfg.append(UnitConfig({u.fastest().engine: max(1, n)}))
+            ran = by_name.get(u.name, {})
+            n = int(ran.get("instances") or 1)
+            engine = ran.get("engine") if ran.get("engine") in u.engines else u.fastest().engine
+            cfg.append(UnitConfig({engine: max(1, n)}))
         runs = []
 
         def ok(rate: float) -> bool:
@@ -1214,6 +1216,12 @@ def run_cell(
         extra["units"] = [u.name for u in dep.pipeline.units]
         extra["plans"] = dict(dep.pipeline.plans)
         extra["flops_share"] = flops_share(dep)
+        # what the deploy step itself reported about its choice (a deploy-time planner's
+        # prediction, where the runtime has one): every status key naming a plan
+        status = svc.pipeline_status(dep)
+        extra["deploy_status"] = {
+            k2: v for k2, v in status.items() if "plan" in k2 or "objective" in k2
+        }
         if config in ("auto", "eq1") and isinstance(chosen, list):
             extra["ceiling"] = ceiling(chosen, slo_ms, 20_000 if quick else 100_000)
             extra["planner"] = predicted_goodput(
