@@ -149,3 +149,37 @@ def test_auto_names_nothing_but_slo_and_autoscale() -> None:
             assert st.partitions is None and "instances" not in st.model_fields_set
     fixed = sc.pipeline("resnet50", "e", 2, slo_ms=120.0, autoscale=sc.AUTOSCALE)
     assert fixed.stages[0].partitions == 2
+
+
+def test_flops_share_of_the_bottleneck_partition(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    import yaml
+
+    from infscaler.partitioner.plan import PLAN_FILE, PLAN_FORMAT
+
+    sc = _bench("scaling")
+    parts = [
+        {"file": "part_0.onnx", "flops": 100, "bottleneck": 1.0},
+        {"file": "part_1.onnx", "flops": 600, "bottleneck": 5.0},  # largest B_k
+        {"file": "part_2.onnx", "flops": 300, "bottleneck": 2.0},
+    ]
+    for p in parts:
+        (tmp_path / p["file"]).write_bytes(b"")
+    (tmp_path / PLAN_FILE).write_text(yaml.safe_dump({"format": PLAN_FORMAT, "partitions": parts}))
+    unit = SimpleNamespace
+    dep = SimpleNamespace(
+        pipeline=SimpleNamespace(
+            units=[
+                unit(stage="prep", kind="function"),
+                *(unit(stage="det", kind="model") for _ in parts),
+                unit(stage="rec", kind="model"),
+            ],
+            plans={"det": str(tmp_path)},
+        )
+    )
+    fs = sc.flops_share(dep)
+    assert set(fs) == {"det", "rec"}  # model stages only
+    assert fs["det"]["bottleneck"] == 1 and fs["det"]["share"] == 0.6
+    assert fs["det"]["shares"] == [0.1, 0.6, 0.3]
+    assert fs["rec"] == {"partitions": 1, "shares": [1.0], "bottleneck": 0, "share": 1.0}
