@@ -9,9 +9,9 @@ ddddocr detector -> recogniser pipeline, see "Pipeline cases" below):
    request at a time, **1 intra-op thread**, median) and the same with all cores; the
    single-thread rate 1000 / L0; **ideal** = usable cores x single-thread rate (the
    host's capacity for the model).
-2. **Memory** (with ``--caps cap``) of one whole-model instance and of each partition instance (USS reported by
-   the instances, psutil) and of the tensor pool, measured by deploying each once; the
-   **cap** is built from those numbers (see ``build_cap``).
+2. **Memory** (with ``--caps cap``) of one whole-model instance and of each partition
+   instance (PSS reported by the instances) and of the tensor pool, measured by deploying
+   each once; the **cap** is built from those numbers (see ``build_cap``).
 3. For SLO = 1.5, 2, 3 x L0 and each configuration, **throughput at SLO**: the largest
    offered Poisson rate whose P99 (over a measured window, warm-up discarded) is <= the
    SLO with no failed request, found by a short bisection.
