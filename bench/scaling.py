@@ -1,4 +1,5 @@
-"""Throughput at SLO (InfScaler §V, Fig. 5): InfScaler vs replication baselines, measured.
+"""Throughput at SLO (InfScaler §V, Fig. 5; issue 15): the runtime's own choice vs the best
+baseline and the M/D/c ceiling, measured.
 
 Per model (ResNet-50, PP-OCRv4 det, VGG-19), or per pipeline case (``ddddocr``: the
 ddddocr detector -> recogniser pipeline, see "Pipeline cases" below):
@@ -8,41 +9,56 @@ ddddocr detector -> recogniser pipeline, see "Pipeline cases" below):
    request at a time, **1 intra-op thread**, median) and the same with all cores; the
    single-thread rate 1000 / L0; **ideal** = usable cores x single-thread rate (the
    host's capacity for the model).
-2. **Memory** of one whole-model instance and of each partition instance (USS reported by
-   the instances, psutil) and of the tensor pool, measured by deploying each once; the
-   **cap** is built from those numbers (see ``build_cap``).
+2. **Memory** (with ``--caps cap``) of one whole-model instance and of each partition
+   instance (PSS reported by the instances) and of the tensor pool, measured by deploying
+   each once; the **cap** is built from those numbers (see ``build_cap``).
 3. For SLO = 1.5, 2, 3 x L0 and each configuration, **throughput at SLO**: the largest
    offered Poisson rate whose P99 (over a measured window, warm-up discarded) is <= the
    SLO with no failed request, found by a short bisection.
 
-Configurations (same host, same harness):
+Configurations (same host, same harness, every one deployed on the same
+:class:`~infscaler.service.Service` and driven through its API; issue 15):
 
-- ``infscaler``: the model partitioned by Eq. 1 into K operator groups (deploy-time
-  partitioning, plan cached in ``--state-dir``), one single-thread instance per
-  partition to start, **autoscaled** (Algorithm 1 in ``runtime/scaler.py`` through the
-  service's autoscaler). Requests enter in-process (``Service.submit``: the front end
-  writes them into the shared-memory tensor pool, tokens between instances).
+- ``auto``: the runtime's own choice: the model (a pipeline case: its YAML with nothing
+  named on the model stages) deployed with only the pipeline's ``slo`` and ``autoscale``,
+  no K, threads, instances or engine. Whatever the deploy step decides (whole-model
+  instances scaled by Algorithm 1 on a runtime without a deploy-time planner; the
+  planner's plan once it has one) is what is measured, and the configuration it ran is
+  recorded per step (``config``: units, instances, threads, service times).
+- ``eq1``: the Eq. 1 plan: ``objective: eq1`` where the pipeline config accepts an
+  objective, else the model partitioned into K (per model, ``--k``) by Eq. 1 at deploy,
+  one single-thread instance per partition to start, autoscaled (the former
+  ``infscaler`` configuration).
 - ``replication-http`` (baseline a, Knative / INFless-like): the whole model (K = 1),
   autoscaled by the same scaler (whole replicas only), requests over the v2 HTTP API on
   the Unix socket with **binary tensor data** in the body (the tensors are copied
   through the socket and the HTTP stack), open loop from a pool of client threads.
 - ``replication-shm`` (baseline b, SPRIGHT-like): the same replicas and scaler, requests
-  in-process like InfScaler: the input is written once into shared memory and handed
+  through ``Service.submit``: the input is written once into shared memory and handed
   over by token (no HTTP copy). (a) and (b) differ only in that transport.
-- ``one-session`` (baseline c): one onnxruntime session on the whole model with
-  ``intra_op_num_threads`` = all cores, fed by one worker thread from a FIFO queue
-  (one session serialises its runs), no service, no cap.
+- ``one-session`` (baseline c): one instance of the whole model with ``threads`` = all
+  cores (one onnxruntime session in it), not autoscaled, requests through
+  ``Service.submit`` like (b).
+
+Per cell (model x cap x SLO, :func:`cell_summary`, :data:`COLUMNS`): auto, eq1, each
+baseline, the best baseline and auto / best; the M/D/c ceiling of the configuration auto
+ran (``slo_bound.chain_ceiling_rps``) and auto / ceiling; the planner's predicted
+throughput at SLO for that configuration and its error; the bottleneck partition's share
+of FLOPs in auto's plan and in Eq. 1's; other processes' CPU per step and the fewest
+requests of a step; and pass / fail per target (:func:`cell_checks`).
 
 Replicas are single-threaded without a cap (the scaler adds one per core); under the cap
 a replica uses all cores (``threads`` = cores), as the issue states ("replication then
 runs one replica with all cores"), and the scaler may add one only if memory allows.
 
-Autoscaled units may run at most ``cores / threads`` instances each (``max_instances``):
-left unbounded, the scaler over-subscribed this 2-core host with up to 8 single-thread
-instances (see bench/README.md). A bisection step: Poisson arrivals at the step's rate;
+The fixed configurations' autoscaled units may run at most ``cores / threads`` instances
+each (``max_instances``); ``auto`` names none (the scaler's core cap bounds it). A
+bisection step: Poisson arrivals at the step's rate;
 warm-up (at least ``warm_min_s``, then until the autoscaler made no decision for
 cooldown + 1 s, no instance is starting and no queue bound (load shedding) is in place;
-at most ``warm_max_s``; not counted), then ``measure_s`` measured; latency = answer time - the
+at most ``warm_max_s``; not counted), then ``measure_s`` measured and at least
+``--min-requests`` (300) requests; before each cell the harness waits (up to 60 s) for
+other processes to use < 0.15 cores (``wait_for_quiet``); latency = answer time - the
 request's scheduled arrival time (so a late generator counts against the system). A step
 fails (and ends early) as soon as more than 1 % of the window's expected requests are
 later than the SLO; requests still unanswered at the end count as failed. Between steps
@@ -54,17 +70,21 @@ every 0.5 s.
 Pipeline cases (:data:`PIPELINE_CASES`; ``--models ddddocr``): a request is one image
 through ``infscaler/pipelines/dddd.yaml`` (YOLOX detector, then the CRNN recogniser per
 detected box), on the click-captcha test image of ``infscaler.pipelines.dddd``
-(``render_captcha_image``: 6 characters on skimage's ``coffee``). ``infscaler`` serves
-the staged pipeline, each stage its own autoscaled unit, the detector partitioned into K
-by Eq. 1; the replication baselines serve the whole pipeline as ONE function-stage unit
-per replica (``infscaler.pipelines.dddd:whole``: detector and recogniser sessions
-in-process, ``threads`` intra-op threads), and ``one-session`` runs that function
-in-process with all cores. L0 = that function with 1 thread, one request at a time.
-``--saturation`` does not apply to pipeline cases.
+(``render_captcha_image``: 6 characters on skimage's ``coffee``). ``auto`` serves the
+staged pipeline with nothing named on its model stages; ``eq1`` the staged pipeline, each
+stage its own autoscaled unit, the detector partitioned into K by Eq. 1; the baselines
+serve the whole pipeline as ONE function-stage unit per instance
+(``infscaler.pipelines.dddd:whole``: detector and recogniser sessions in-process,
+``threads`` intra-op threads; (c): one such instance with all cores). L0 = that function
+with 1 thread, one request at a time, in this process. ``--saturation`` does not apply to
+pipeline cases.
 
 ``--saturation N`` adds, to the models already in the JSON, a closed-loop saturation check
 of the fixed configurations the scaler reaches (:func:`saturation`): less sensitive to a
 noisy host than a P99 bound, not at an SLO.
+
+``--quick``: one cell (ResNet-50, SLO 3x, no cap unless given), 2 bisection steps, short
+windows, >= 40 requests per step: proves the script runs; its figures are no result.
 
 Writes ``results/scaling.json`` and ``results/scaling.png`` (``_quick`` with --quick);
 a run with ``--models`` replaces only those models' entries in an existing JSON.
@@ -73,6 +93,7 @@ a run with ``--models`` replaces only those models' entries in an existing JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -97,13 +118,56 @@ from _common import (  # noqa: E402
     environment,
     host_noise,
     print_table,
+    wait_for_quiet,
     write_json,
 )
 
 STATE_DIR = Path("/tmp/isc-bench-state")
 SLOS = (1.5, 2.0, 3.0)
-CONFIGS_NOCAP = ("infscaler", "replication-http", "replication-shm", "one-session")
-CONFIGS_CAP = ("infscaler", "replication-http", "replication-shm")
+#: every configuration, in every cell (with and without the cap)
+CONFIGS = ("auto", "eq1", "replication-http", "replication-shm", "one-session")
+#: the baselines (a), (b), (c): the best of them is what ``auto`` is compared with
+BASELINES = ("replication-http", "replication-shm", "one-session")
+#: requests per measured window at least (the issue's "at least 300 per bisection step")
+MIN_REQUESTS = 300
+QUICK_MIN_REQUESTS = 40
+#: --quick: shorter warm-up and window (a smoke run that the script works, not a result)
+QUICK_SETTINGS = {"warm_min_s": 2.0, "warm_max_s": 6.0, "measure_s": 4.0, "n_l0": 8}
+#: the longest wait for a quiet host before each cell, s (recorded in ``quiet_before``)
+QUIET_WAIT_S = 60.0
+
+#: what each column of a cell means (written into the JSON; bench/README.md says the same)
+COLUMNS = {
+    "auto_rps": "throughput at SLO of the runtime's own choice: the model deployed with only "
+    "the pipeline's slo + autoscale (no K, threads, instances or engine named)",
+    "auto_config": "the units auto ran in its best passing step: instances, threads, "
+    "service time per item (the service's monitor)",
+    "eq1_rps": "the Eq. 1 plan: objective eq1 where the config takes an objective, else the "
+    "K-fixed plan (K per model), one single-thread instance per partition, autoscaled",
+    "replication-http_rps": "(a) whole-model replicas, autoscaled, requests over the v2 "
+    "HTTP API on the Unix socket (binary tensor data)",
+    "replication-shm_rps": "(b) the same replicas, requests through Service.submit "
+    "(shared-memory pool, tokens)",
+    "one-session_rps": "(c) one instance of the whole model with every core's threads, not "
+    "autoscaled, requests through Service.submit",
+    "best_baseline_rps": "the largest of (a), (b), (c) in the cell",
+    "auto_vs_best": "auto_rps / best_baseline_rps",
+    "ceiling_rps": "M/D/c ceiling of auto_config: per unit c = instances, D = service time "
+    "per request, P99 <= SLO - the other units' D; the smallest over units "
+    "(slo_bound.chain_ceiling_rps)",
+    "auto_vs_ceiling": "auto_rps / ceiling_rps",
+    "predicted_rps": "the planner's throughput at SLO for auto_config: planner.predict "
+    "(simulator) on in-process unit profiles, bisection on the rate; null with "
+    "prediction_note when it could not be computed",
+    "prediction_error": "|predicted_rps - auto_rps| / auto_rps",
+    "bottleneck_flops_share_auto / _eq1": "FLOPs of the partition with the largest B_k / the "
+    "stage's FLOPs (plan.yaml, partitioner cost model); 1.0 for a stage served whole",
+    "other_cores_max": "CPU other processes used, cores, the most over the cell's steps "
+    "(every step's in other_cores_per_step)",
+    "requests_min": "the fewest measured requests of a step that ran its whole window "
+    "(steps that failed early are counted in steps_aborted)",
+    "checks": "per target: true met, false missed, null not measured",
+}
 
 #: per model: K (Eq. 1 plan used for InfScaler), timing of a bisection step, requests for L0
 MODEL_SETTINGS: dict[str, dict[str, Any]] = {
@@ -544,18 +608,6 @@ class Http(Workers):
             c.close()
 
 
-class OneSession(Workers):
-    """One onnxruntime session, all cores, one worker thread."""
-
-    kind = "in-process onnxruntime session (no service)"
-
-    def __init__(self, model: str, feeds: dict[str, np.ndarray], threads: int) -> None:
-        s = session(model, threads)
-        for _ in range(2):
-            s.run(None, feeds)
-        super().__init__(1, lambda: lambda: s.run(None, feeds))
-
-
 def _own_cpu(svc: Any) -> dict[int, float]:
     """CPU seconds so far of this process and of every live instance process."""
     from _common import process_cpu_seconds
@@ -578,9 +630,12 @@ def step(
     svc: Any = None,
     dep: Any = None,
     sample_memory: bool = True,
+    min_requests: int = 0,
 ) -> dict[str, Any]:
-    """One open-loop run at ``rate`` (see the module docstring). Returns its statistics;
-    ``passed`` = P99 <= SLO and no failed / unanswered request in the measured window."""
+    """One open-loop run at ``rate`` (see the module docstring). The measured window lasts
+    ``measure_s`` and at least until ``min_requests`` requests were sent in it. Returns its
+    statistics; ``passed`` = P99 <= SLO and no failed / unanswered request in the measured
+    window; ``config`` = the deployment's units over the window (:func:`config_snapshot`)."""
     from infscaler.runtime.monitor import Monitor
 
     rng = np.random.default_rng(seed)
@@ -603,7 +658,7 @@ def step(
     rid = 0
     measure_start: float | None = None
     measured: list[int] = []
-    allowed_late = 1 + int(0.01 * rate * measure_s)
+    allowed_late = 1 + int(0.01 * max(rate * measure_s, min_requests))
     aborted = ""
     sampler_t = None
     warm_s = None
@@ -628,7 +683,7 @@ def step(
                 if svc is not None and sample_memory:
                     sampler_t = threading.Thread(target=sampler, daemon=True)
                     sampler_t.start()
-        elif now - measure_start >= measure_s:
+        elif now - measure_start >= measure_s and len(measured) >= min_requests:
             break
         else:
             # early failure: too many measured requests already later than the SLO
@@ -661,6 +716,12 @@ def step(
         own1 = _own_cpu(svc)
         own = sum(v - own0.get(p, 0.0) for p, v in own1.items())
         other_cores = round(max(0.0, busy_cpu_seconds() - busy0 - own) / window, 3)
+    snapshot = None
+    if svc is not None and dep is not None and window > 0:
+        try:
+            snapshot = config_snapshot(svc, dep, window)
+        except Exception as exc:  # noqa: BLE001 - a reading during a restart
+            snapshot = {"error": str(exc)[:200]}
     drained = rec.wait_all(max(30.0, 3 * slo_ms / 1e3))
     stop_mem.set()
     if sampler_t is not None:
@@ -690,6 +751,8 @@ def step(
         "drained": drained,
         "other_processes_cores": other_cores,
     }
+    if snapshot is not None:
+        res["config"] = snapshot
     if mem:
         res["memory_mean_mb"] = round(float(np.mean(mem)), 1)
         res["memory_peak_mb"] = round(float(np.max(mem)), 1)
@@ -751,6 +814,214 @@ def bisect(
     return best, trace
 
 
+# -- the runtime's own choice, and what it chose ----------------------------------------------
+
+
+def _objective_level() -> str | None:
+    """Where the pipeline config takes an ``objective`` (``stage`` / ``pipeline``), None
+    when it takes none (then ``eq1`` is the K-fixed Eq. 1 plan)."""
+    from infscaler.config import PipelineConfig, StageConfig
+
+    if "objective" in StageConfig.model_fields:
+        return "stage"
+    if "objective" in PipelineConfig.model_fields:
+        return "pipeline"
+    return None
+
+
+def auto_pipeline(model: str, name: str, slo_ms: float, objective: str | None = None) -> Any:
+    """The ``auto`` configuration: the model (or the pipeline case's YAML) with only the
+    pipeline's ``slo`` and ``autoscale`` (the bench's :data:`AUTOSCALE` timings): no K, no
+    threads, no instances, no engine named on any model stage, so the runtime decides them
+    at deploy (the deploy-time planner where there is one). ``objective`` (e.g. ``eq1``) is
+    set where the config accepts one (:func:`_objective_level`).
+
+    Raises:
+        ConfigError: the runtime refused the config (its message).
+    """
+    from importlib import resources
+
+    import yaml
+
+    from infscaler.config import load_pipeline
+    from infscaler.models import MODELS
+
+    if model in PIPELINE_CASES:
+        case = PIPELINE_CASES[model]
+        raw = yaml.safe_load(
+            resources.files("infscaler.pipelines").joinpath(case["yaml"]).read_text()
+        )
+        for st in raw["stages"]:
+            if "model" in st:
+                for key in ("partitions", "instances", "threads", "max_instances", "engine"):
+                    st.pop(key, None)
+    else:
+        stage: dict[str, Any] = {"name": "model", "model": model}
+        if MODELS[model].shapes:
+            stage["shapes"] = MODELS[model].shapes
+        raw = {"stages": [stage]}
+    raw["name"] = name
+    raw["request_timeout_s"] = 60.0
+    raw["slo"] = f"{slo_ms:.1f}ms"
+    raw["autoscale"] = dict(AUTOSCALE)
+    level = _objective_level() if objective else None
+    if level == "pipeline":
+        raw["objective"] = objective
+    elif level == "stage":
+        for st in raw["stages"]:
+            if "model" in st:
+                st["objective"] = objective
+    return load_pipeline(raw)
+
+
+def config_snapshot(svc: Any, dep: Any, window_s: float) -> list[dict[str, Any]]:
+    """The deployment's units over the last ``window_s`` s (the service's monitor): per
+    unit its name, kind, engine, threads, live instances (the front end's fan-in: 1),
+    service time per item (``service_ms``: compute p50, ms) and items per request."""
+    from infscaler.runtime.monitor import Monitor
+
+    mon = Monitor(svc)
+    m = mon.pipeline(dep, max(1.0, window_s))
+    served = {u.index for u in dep.pipeline.served_units()}
+    out = []
+    for u, um in zip(dep.pipeline.units, m.units, strict=True):
+        out.append(
+            {
+                "unit": u.name,
+                "kind": u.kind,
+                "served": u.index in served,
+                "engine": u.engine,
+                "threads": int(u.threads),
+                "instances": sum(um.instances.values()) if u.index in served else 1,
+                "service_ms": None if um.compute_p50_ms is None else round(um.compute_p50_ms, 3),
+                "items_per_request": round(mon.items_per_request(m, um), 3),
+            }
+        )
+    return out
+
+
+def ceiling(config: list[dict[str, Any]], slo_ms: float, n: int) -> dict[str, Any]:
+    """The M/D/c ceiling of a configuration (:func:`slo_bound.chain_ceiling_rps`): every
+    unit with a measured service time is a stage of ``instances`` servers taking
+    ``service_ms x items_per_request`` per request."""
+    from slo_bound import chain_ceiling_rps
+
+    stages = [
+        (int(u["instances"]), float(u["service_ms"]) * float(u["items_per_request"]))
+        for u in config
+        if u.get("service_ms") and u["service_ms"] > 0
+    ]
+    if not stages:
+        return {"ceiling_rps": None, "note": "no unit reported a service time"}
+    out = chain_ceiling_rps(stages, slo_ms, n=n)
+    out["units"] = [u["unit"] for u in config if u.get("service_ms") and u["service_ms"] > 0]
+    out["arrivals_simulated"] = n
+    return out
+
+
+def flops_share(dep: Any) -> dict[str, Any]:
+    """Per model stage of ``dep``: each partition's share of the stage's FLOPs (the
+    partitioner's cost model, ``plan.yaml``) and the bottleneck partition's (largest B_k,
+    Eq. 1's bottleneck). A stage served whole has one partition holding all its FLOPs."""
+    from infscaler.partitioner.plan import read_plan
+
+    out: dict[str, Any] = {}
+    stages = {u.stage for u in dep.pipeline.units if u.kind == "model"}
+    for stage in sorted(stages):
+        plan_dir = dep.pipeline.plans.get(stage)
+        if plan_dir is None:
+            out[stage] = {"partitions": 1, "shares": [1.0], "bottleneck": 0, "share": 1.0}
+            continue
+        parts = read_plan(Path(plan_dir), load_parts=False).summary["partitions"]
+        flops = [float(p.get("flops") or 0.0) for p in parts]
+        b_k = [float(p.get("bottleneck") or 0.0) for p in parts]
+        b = int(np.argmax(b_k)) if any(b_k) else int(np.argmax(flops))
+        total = sum(flops) or 1.0
+        out[stage] = {
+            "partitions": len(parts),
+            "shares": [round(f / total, 4) for f in flops],
+            "bottleneck": b,
+            "share": round(flops[b] / total, 4),
+            "plan": str(plan_dir),
+        }
+    return out
+
+
+def predicted_goodput(
+    svc: Any,
+    dep: Any,
+    feeds: dict[str, np.ndarray],
+    config: list[dict[str, Any]],
+    slo_ms: float,
+    hi: float,
+    cores: int,
+    quick: bool,
+) -> dict[str, Any]:
+    """The planner's prediction of throughput at SLO for the configuration the cell
+    measured: the units profiled in-process (:func:`infscaler.runtime.unitprofile.
+    profile_pipeline` on the request's inputs), then a bisection on the Poisson rate in
+    (0, ``hi``) with :func:`infscaler.runtime.planner.predict` (the discrete-event
+    simulator, ``cpu_cores`` = the host's cores) for the largest rate whose simulated P99
+    <= SLO with nothing refused, as the measured bisection asks of the service.
+
+    Returns ``{"predicted_rps", ...}``; ``predicted_rps`` None with ``note`` when the
+    planner has no ``predict`` or it failed."""
+    try:
+        from infscaler.runtime import planner
+        from infscaler.runtime.simulator import UnitConfig
+        from infscaler.runtime.unitprofile import profile_pipeline
+    except ImportError as exc:
+        return {"predicted_rps": None, "note": f"no planner: {exc}"}
+    if not hasattr(planner, "predict"):
+        return {"predicted_rps": None, "note": "infscaler.runtime.planner has no predict()"}
+    try:
+        prof = profile_pipeline(
+            dep.pipeline, feeds, repeats=3 if quick else 10, device=svc.device_profile()
+        )
+        by_name = {u["unit"]: u for u in config}
+        cfg = []
+        for u in prof.units:
+            ran = by_name.get(u.name, {})
+            n = int(ran.get("instances") or 1)
+            engine = ran.get("engine") if ran.get("engine") in u.engines else u.fastest().engine
+            cfg.append(UnitConfig({engine: max(1, n)}))
+        runs = []
+
+        def ok(rate: float) -> bool:
+            dur = max(30.0 if quick else 60.0, (1500 if quick else 5000) / rate)
+            r = planner.predict(
+                prof.units,
+                cfg,
+                "poisson",
+                rate=rate,
+                duration_s=dur,
+                slo_ms=slo_ms,
+                warmup_s=dur * 0.1,
+                cpu_cores=cores,
+            )
+            good = r.p99_ms is not None and r.p99_ms <= slo_ms and not r.rejected
+            runs.append({"rate": round(rate, 3), "p99_ms": r.p99_ms, "passed": bool(good)})
+            return good
+
+        lo, top = 0.0, hi
+        for _ in range(8 if quick else 12):
+            mid = (lo + top) / 2
+            if ok(mid):
+                lo = mid
+            else:
+                top = mid
+        return {
+            "predicted_rps": round(lo, 3),
+            "config": [c.total for c in cfg],
+            "unit_ms": {u.name: round(u.fastest().mean_ms, 3) for u in prof.units},
+            "simulations": runs,
+            "how": "planner.predict (simulator) on this host's in-process unit profiles, "
+            "bisection on the Poisson rate",
+        }
+    except Exception as exc:  # noqa: BLE001 - recorded, the cell still counts
+        return {"predicted_rps": None, "note": f"planner.predict failed: {str(exc)[:300]}"}
+
+
 # -- one model ------------------------------------------------------------------------------
 
 
@@ -762,11 +1033,17 @@ def run_model(
     control_path: str,
     configs_filter: set[str] | None,
     k_override: int | None,
+    min_requests: int = MIN_REQUESTS,
+    quick: bool = False,
 ) -> dict[str, Any]:
+    """Every cell (cap x SLO) of one model: each configuration's throughput at SLO, then
+    the cell's comparison (:func:`cell_summary`)."""
     from infscaler.server import ServerThread
     from infscaler.service import Service
 
     st = dict(MODEL_SETTINGS[model])
+    if quick:
+        st.update(QUICK_SETTINGS)
     k = k_override or st["k"]
     feeds = model_inputs(model)
     cores = len(os.sched_getaffinity(0))
@@ -777,24 +1054,31 @@ def run_model(
         f"ideal {cal['ideal_rps']}/s",
         flush=True,
     )
-    entry: dict[str, Any] = {"model": model, "k": k, "settings": st, "calibration": cal}
+    entry: dict[str, Any] = {
+        "model": model,
+        "k": k,
+        "settings": st,
+        "min_requests_per_step": min_requests,
+        "calibration": cal,
+        "objective_level": _objective_level(),
+    }
     ideal = cal["ideal_rps"]
-    with Service(state_dir=STATE_DIR, control_path=control_path, pool_mb=256) as svc:
-        mem = measure_memory(svc, model, k, feeds, cores)
-    entry["memory"] = mem
-    cap = build_cap(mem)
-    entry["cap"] = cap
-    print(
-        f"   memory: {json.dumps({k2: v['pss_mb'] for k2, v in mem.items()})}; cap {cap}",
-        flush=True,
-    )
+    cap: dict[str, Any] | None = None
+    if "cap" in caps:
+        with Service(state_dir=STATE_DIR, control_path=control_path, pool_mb=256) as svc:
+            mem = measure_memory(svc, model, k, feeds, cores)
+        entry["memory"] = mem
+        cap = build_cap(mem)
+        entry["cap"] = cap
+        print(
+            f"   memory: {json.dumps({k2: v['pss_mb'] for k2, v in mem.items()})}; cap {cap}",
+            flush=True,
+        )
     rows: list[dict[str, Any]] = []
     entry["results"] = rows
     for cap_mode in caps:
-        device = capped_profile(cap["cap_mb"]) if cap_mode == "cap" else None
-        configs = CONFIGS_CAP if cap_mode == "cap" else CONFIGS_NOCAP
-        if configs_filter:
-            configs = tuple(c for c in configs if c in configs_filter)
+        device = capped_profile(cap["cap_mb"]) if cap_mode == "cap" and cap else None
+        configs = tuple(c for c in CONFIGS if not configs_filter or c in configs_filter)
         with (
             tempfile.TemporaryDirectory() as tmp,
             Service(
@@ -823,6 +1107,8 @@ def run_model(
                             steps,
                             ideal,
                             prev_pass,
+                            min_requests,
+                            quick,
                         )
                         prev_pass = row["throughput_at_slo_rps"] * 0.9
                         rows.append(row)
@@ -830,7 +1116,12 @@ def run_model(
                             f"  -> {row['throughput_at_slo_rps']}/s = {row['vs_ideal']} x ideal",
                             flush=True,
                         )
-    entry["ratios"] = ratios(rows)
+    entry["cells"] = [
+        cell_summary(model, rows, cap_mode, slo_x, min_requests)
+        for cap_mode in caps
+        for slo_x in slos
+    ]
+    entry["flops_share"] = flops_summary(rows)
     return entry
 
 
@@ -849,32 +1140,60 @@ def run_cell(
     steps: int,
     ideal: float,
     lo: float,
+    min_requests: int = MIN_REQUESTS,
+    quick: bool = False,
 ) -> dict[str, Any]:
-    dep = None
+    """One configuration at one SLO: deploy it through the service (every configuration
+    is served by the same :class:`~infscaler.service.Service`), bisect the offered rate,
+    undeploy. For ``auto`` (and ``eq1``) also the M/D/c ceiling of the configuration the
+    best step ran, the planner's prediction for it and the plan's FLOPs shares."""
     name = f"{config}-{cap_mode}-{str(slo_x).replace('.', '_')}"
-    if config == "one-session":
-        sender: Any = OneSession(model, feeds, cores)
-    else:
-        kk = k if config == "infscaler" else 1
-        threads = cores if (config != "infscaler" and cap_mode == "cap") else 1
-        cfg = pipeline(
-            model,
-            name,
-            kk,
-            threads=threads,
-            slo_ms=slo_ms,
-            autoscale=AUTOSCALE,
-            max_instances=max(1, cores // threads),
-            whole=config != "infscaler",
-        )
-        dep = svc.deploy(cfg)
-        for _ in range(2):
-            svc.infer(name, feeds)
-        if config == "replication-http":
-            clients = max(8, int(math.ceil(ideal * slo_ms / 1e3 * 3)))
-            sender = Http(sock, name, feeds, clients)
+    quiet = wait_for_quiet(3.0 if quick else QUIET_WAIT_S)
+    objective = "eq1" if config == "eq1" and _objective_level() else None
+    try:
+        if config == "auto" or objective:
+            cfg = auto_pipeline(model, name, slo_ms, objective=objective)
+            threads = None
+        elif config == "one-session":
+            # one instance of the whole model with every core's threads, not autoscaled
+            threads = cores
+            cfg = pipeline(model, name, 1, threads=cores, max_instances=1, whole=True)
         else:
-            sender = InProcess(svc, name, feeds)
+            kk = k if config == "eq1" else 1
+            threads = cores if (config.startswith("replication") and cap_mode == "cap") else 1
+            cfg = pipeline(
+                model,
+                name,
+                kk,
+                threads=threads,
+                slo_ms=slo_ms,
+                autoscale=AUTOSCALE,
+                max_instances=max(1, cores // threads),
+                whole=config != "eq1",
+            )
+        dep = svc.deploy(cfg)
+    except Exception as exc:  # noqa: BLE001 - a refused deployment is this cell's result
+        print(f"    deploy refused: {exc}", flush=True)
+        with contextlib.suppress(Exception):
+            svc.undeploy(name)
+        return {
+            "model": model,
+            "config": config,
+            "cap": cap_mode,
+            "slo_x": slo_x,
+            "slo_ms": round(slo_ms, 2),
+            "objective": objective,
+            "deploy_error": f"{type(exc).__name__}: {str(exc)[:500]}",
+            "throughput_at_slo_rps": 0.0,
+            "vs_ideal": 0.0,
+            "quiet_before": quiet,
+            "steps": [],
+        }
+    if config == "replication-http":
+        clients = max(8, int(math.ceil(ideal * slo_ms / 1e3 * 3)))
+        sender: Any = Http(sock, name, feeds, clients)
+    else:
+        sender = InProcess(svc, name, feeds)
     seed = [0]
 
     def run(rate: float) -> dict[str, Any]:
@@ -887,18 +1206,33 @@ def run_cell(
             warm_max_s=st["warm_max_s"],
             measure_s=st["measure_s"],
             seed=seed[0],
-            svc=svc if dep else None,
+            svc=svc,
             dep=dep,
+            min_requests=min_requests,
         )
 
+    extra: dict[str, Any] = {}
     try:
         best, trace = bisect(run, lo, 1.1 * ideal, steps)
-        decisions = svc.autoscaler.decisions(name) if dep is not None else []
-        mem_end = None
+        decisions = svc.autoscaler.decisions(name)
+        chosen = (best or (trace[-1] if trace else {})).get("config")
+        extra["units"] = [u.name for u in dep.pipeline.units]
+        extra["plans"] = dict(dep.pipeline.plans)
+        extra["flops_share"] = flops_share(dep)
+        # what the deploy step itself reported about its choice (a deploy-time planner's
+        # prediction, where the runtime has one): every status key naming a plan
+        status = svc.pipeline_status(dep)
+        extra["deploy_status"] = {
+            k2: v for k2, v in status.items() if "plan" in k2 or "objective" in k2
+        }
+        if config in ("auto", "eq1") and isinstance(chosen, list):
+            extra["ceiling"] = ceiling(chosen, slo_ms, 20_000 if quick else 100_000)
+            extra["planner"] = predicted_goodput(
+                svc, dep, feeds, chosen, slo_ms, 1.5 * ideal, cores, quick
+            )
     finally:
         sender.close()
-        if dep is not None:
-            svc.undeploy(name)
+        svc.undeploy(name)
     # the offered rate of the best passing step: every request of its window was answered
     # within the SLO, so it is the sustained throughput; the window's answered count / s
     # (``measured_throughput_rps``) carries the Poisson noise of a short window
@@ -909,10 +1243,10 @@ def run_cell(
         "cap": cap_mode,
         "memory_cap_mb": round(svc.device_profile().memory_cap_mb, 1),
         "transport": getattr(sender, "kind", ""),
-        "k": k if config == "infscaler" else 1,
-        "threads_per_instance": (
-            cores if config == "one-session" or (config != "infscaler" and cap_mode == "cap") else 1
-        ),
+        "objective": objective,
+        "model_units": len([u for u in dep.pipeline.units if u.kind == "model"]),
+        "threads_per_instance": threads,
+        "chosen_config": chosen,
         "slo_x": slo_x,
         "slo_ms": round(slo_ms, 2),
         "throughput_at_slo_rps": tput,
@@ -920,81 +1254,136 @@ def run_cell(
         "at_slo": best,
         "vs_ideal": round(tput / ideal, 3),
         "bisection_lo": round(lo, 3),
+        "quiet_before": quiet,
         "steps": trace,
         "decisions": [
             {k2: d[k2] for k2 in ("action", "unit", "engine", "queue_limit", "reason") if k2 in d}
             for d in decisions
         ][-20:],
-        "memory_end_mb": mem_end,
+        **extra,
     }
 
 
-def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (cap, SLO): InfScaler's throughput at SLO / each baseline's and / ideal."""
-    out = []
-    by = {(r["cap"], r["slo_x"], r["config"]): r for r in rows}
-    for cap_mode, slo_x in sorted({(r["cap"], r["slo_x"]) for r in rows}):
-        inf = by.get((cap_mode, slo_x, "infscaler"))
-        if inf is None:
-            continue
-        d: dict[str, Any] = {
-            "cap": cap_mode,
-            "slo_x": slo_x,
-            "infscaler_rps": inf["throughput_at_slo_rps"],
-            "infscaler_vs_ideal": inf["vs_ideal"],
-        }
-        for c in ("replication-http", "replication-shm", "one-session"):
-            b = by.get((cap_mode, slo_x, c)) or by.get(("none", slo_x, c))
-            if b is None:
-                continue
-            d[f"{c}_rps"] = b["throughput_at_slo_rps"]
-            d[f"{c}_vs_ideal"] = b["vs_ideal"]
-            d[f"infscaler_vs_{c}"] = (
-                round(inf["throughput_at_slo_rps"] / b["throughput_at_slo_rps"], 3)
-                if b["throughput_at_slo_rps"]
-                else None
-            )
-        out.append(d)
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def cell_summary(
+    model: str, rows: list[dict[str, Any]], cap_mode: str, slo_x: float, min_requests: int
+) -> dict[str, Any]:
+    """One cell's columns and checks (see bench/README.md, "scaling.py: columns"): auto,
+    eq1, each baseline and the best, auto / best, the M/D/c ceiling of auto's chosen
+    configuration and auto / ceiling, the planner's prediction and its error, the FLOPs
+    share of the bottleneck partition (auto's plan and Eq. 1's), other processes' CPU
+    (max over the steps) and the fewest requests of a step that ran its full window."""
+    by = {r["config"]: r for r in rows if r["cap"] == cap_mode and r["slo_x"] == slo_x}
+    auto = by.get("auto")
+    eq1 = by.get("eq1")
+    base = {c: by[c]["throughput_at_slo_rps"] for c in BASELINES if c in by}
+    best = max(base, key=lambda c: base[c]) if base else None
+    best_rps = base[best] if best else None
+    auto_rps = auto["throughput_at_slo_rps"] if auto else None
+    ceil = (auto or {}).get("ceiling", {}).get("ceiling_rps")
+    pred = (auto or {}).get("planner", {}).get("predicted_rps")
+    err = round(abs(pred - auto_rps) / auto_rps, 3) if pred is not None and auto_rps else None
+    steps = [s for r in by.values() for s in r["steps"]]
+    full = [s["requests"] for s in steps if not s.get("aborted")]
+    others = [
+        s["other_processes_cores"] for s in steps if s.get("other_processes_cores") is not None
+    ]
+
+    def share(r: dict[str, Any] | None) -> float | None:
+        fs = (r or {}).get("flops_share") or {}
+        stage = PIPELINE_CASES.get(model, {}).get("partitioned_stage", "model")
+        return fs.get(stage, {}).get("share")
+
+    c = {
+        "model": model,
+        "cap": cap_mode,
+        "slo_x": slo_x,
+        "auto_rps": auto_rps,
+        "auto_config": (auto or {}).get("chosen_config"),
+        "eq1_rps": eq1["throughput_at_slo_rps"] if eq1 else None,
+        "eq1_how": (
+            None if eq1 is None else ("objective eq1" if eq1.get("objective") else "K fixed")
+        ),
+        **{f"{b}_rps": base.get(b) for b in BASELINES},
+        "best_baseline": best,
+        "best_baseline_rps": best_rps,
+        "auto_vs_best": _ratio(auto_rps, best_rps),
+        "ceiling_rps": ceil,
+        "auto_vs_ceiling": _ratio(auto_rps, ceil),
+        "predicted_rps": pred,
+        "prediction_error": err,
+        "prediction_note": (auto or {}).get("planner", {}).get("note"),
+        "bottleneck_flops_share_auto": share(auto),
+        "bottleneck_flops_share_eq1": share(eq1),
+        "other_cores_max": max(others) if others else None,
+        "other_cores_per_step": others,
+        "requests_min": min(full) if full else None,
+        "steps": len(steps),
+        "steps_aborted": len(steps) - len(full),
+        "deploy_errors": {c2: r["deploy_error"] for c2, r in by.items() if r.get("deploy_error")},
+    }
+    c["checks"] = cell_checks(c, min_requests)
+    return c
+
+
+#: targets of issue 15 (per cell; ``None`` in a check: not measured)
+STRONG_MODELS = ("vgg19", "ppocrv4-det", "ddddocr")
+QUIET_CORES = 0.15
+
+
+def cell_checks(c: dict[str, Any], min_requests: int) -> dict[str, Any]:
+    """Pass (True) / fail (False) / not applicable or not measured (None) per target."""
+
+    def ge(v: float | None, t: float) -> bool | None:
+        return None if v is None else bool(v >= t)
+
+    out: dict[str, Any] = {"auto >= 0.95 x best baseline": ge(c["auto_vs_best"], 0.95)}
+    if c["cap"] == "cap" and c["model"] in STRONG_MODELS and c["slo_x"] >= 2.0:
+        out["cap: auto >= 1.15 x best baseline"] = ge(c["auto_vs_best"], 1.15)
+    if c["slo_x"] >= 3.0:
+        out["3x: auto >= 0.8 x M/D/c ceiling"] = ge(c["auto_vs_ceiling"], 0.8)
+    e = c["prediction_error"]
+    out["planner within 15 %"] = None if e is None else bool(e <= 0.15)
+    out[f">= {min_requests} requests per step"] = ge(c["requests_min"], min_requests)
+    o = c["other_cores_max"]
+    out[f"quiet host (others < {QUIET_CORES} cores)"] = None if o is None else o < QUIET_CORES
     return out
 
 
-def targets(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Targets (1) and (2) per model and SLO."""
+def flops_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per model: the bottleneck partition's FLOPs share of each plan auto chose (one per
+    distinct plan over the cells) and of the Eq. 1 plan (``eq1``)."""
+    out: dict[str, Any] = {}
+    for config in ("auto", "eq1"):
+        seen: dict[str, Any] = {}
+        for r in rows:
+            if r["config"] != config:
+                continue
+            for stage, fs in (r.get("flops_share") or {}).items():
+                key = f"{stage}:{fs.get('plan', 'whole')}"
+                seen.setdefault(key, {"stage": stage, **fs, "cells": []})["cells"].append(
+                    f"{r['cap']}/{r['slo_x']:g}x"
+                )
+        out[config] = list(seen.values())
+    return out
+
+
+def all_targets(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every (cell, target) with its verdict: ``met`` True / False, None = not measured."""
     out = []
     for m in models:
-        for r in m.get("ratios", []):
-            if r["cap"] == "cap":
-                v = r["infscaler_vs_ideal"]
+        for c in m.get("cells", []):
+            for t, met in c["checks"].items():
                 out.append(
                     {
                         "model": m["model"],
-                        "slo_x": r["slo_x"],
-                        "target": "(1) cap: >= 0.9 x ideal",
-                        "value": v,
-                        "met": v >= 0.9,
-                        "vs_replication_shm": r.get("infscaler_vs_replication-shm"),
-                        "vs_replication_http": r.get("infscaler_vs_replication-http"),
-                    }
-                )
-            else:
-                v1 = r.get("infscaler_vs_replication-shm")
-                v2 = r.get("infscaler_vs_one-session")
-                out.append(
-                    {
-                        "model": m["model"],
-                        "slo_x": r["slo_x"],
-                        "target": "(2) no cap: >= 0.95 x replication (shm)",
-                        "value": v1,
-                        "met": v1 is not None and v1 >= 0.95,
-                    }
-                )
-                out.append(
-                    {
-                        "model": m["model"],
-                        "slo_x": r["slo_x"],
-                        "target": "(2) no cap: >= 1.15 x one session",
-                        "value": v2,
-                        "met": v2 is not None and v2 >= 1.15,
+                        "cap": c["cap"],
+                        "slo_x": c["slo_x"],
+                        "target": t,
+                        "met": met,
                     }
                 )
     return out
@@ -1099,16 +1488,98 @@ def own_cpu_seconds() -> float:
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "ok" if v else "MISS"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def cell_table(models: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The per-cell table printed at the end (and in bench/README.md)."""
+    headers = [
+        "model",
+        "cap",
+        "SLO",
+        "auto/s",
+        "eq1/s",
+        "http/s",
+        "shm/s",
+        "1sess/s",
+        "best",
+        "auto/best",
+        "ceil/s",
+        "auto/ceil",
+        "pred/s",
+        "err",
+        "Bflops auto",
+        "Bflops eq1",
+        "others max",
+        "req min",
+        "checks",
+    ]
+    rows = []
+    for m in models:
+        for c in m.get("cells", []):
+            checks = c["checks"]
+            missed = [t for t, v in checks.items() if v is False]
+            rows.append(
+                [
+                    m["model"],
+                    c["cap"],
+                    f"{c['slo_x']:g}x",
+                    *(
+                        _fmt(c[k])
+                        for k in (
+                            "auto_rps",
+                            "eq1_rps",
+                            "replication-http_rps",
+                            "replication-shm_rps",
+                            "one-session_rps",
+                            "best_baseline",
+                            "auto_vs_best",
+                            "ceiling_rps",
+                            "auto_vs_ceiling",
+                            "predicted_rps",
+                            "prediction_error",
+                            "bottleneck_flops_share_auto",
+                            "bottleneck_flops_share_eq1",
+                            "other_cores_max",
+                            "requests_min",
+                        )
+                    ),
+                    "all met"
+                    if not missed and all(v is not None for v in checks.values())
+                    else f"{len(missed)} missed, {sum(v is None for v in checks.values())} n/a",
+                ]
+            )
+    return headers, rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="ResNet-50, SLO 2x, 3 steps")
-    ap.add_argument("--models", default="resnet50,ppocrv4-det,vgg19")
-    ap.add_argument("--slos", default=",".join(str(s) for s in SLOS))
-    ap.add_argument("--caps", default="none,cap", help="none, cap or both")
-    ap.add_argument("--configs", default="", help="only these configurations (comma list)")
-    ap.add_argument("--steps", type=int, default=5, help="bisection steps")
-    ap.add_argument("--k", type=int, default=None, help="K for InfScaler (default per model)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"one small cell (default ResNet-50, SLO 3x, no cap), 2 steps, "
+        f">= {QUICK_MIN_REQUESTS} requests per step",
+    )
+    ap.add_argument("--models", default=None, help="default resnet50,ppocrv4-det,vgg19,ddddocr")
+    ap.add_argument("--slos", default=None, help="SLO factors (default 1.5,2,3)")
+    ap.add_argument("--caps", default=None, help="none, cap or both (default both)")
+    ap.add_argument("--configs", default="", help=f"only these of {','.join(CONFIGS)}")
+    ap.add_argument("--steps", type=int, default=None, help="bisection steps (default 5)")
+    ap.add_argument("--k", type=int, default=None, help="K of the eq1 plan (default per model)")
     ap.add_argument("--measure-s", type=float, default=None, help="override the measured window")
+    ap.add_argument(
+        "--min-requests",
+        type=int,
+        default=None,
+        help=f"requests per measured window at least (default {MIN_REQUESTS})",
+    )
     ap.add_argument(
         "--out", type=Path, default=None, help="results JSON (default results/scaling.json)"
     )
@@ -1128,10 +1599,10 @@ def main(argv: list[str] | None = None) -> int:
         path = args.out or RESULTS_DIR / "scaling.json"
         data = json.loads(path.read_text())
         for m in data["models"]:
-            if m["model"] not in args.models.split(","):
+            if m["model"] not in (args.models or "").split(","):
                 continue
-            if m["model"] in PIPELINE_CASES:
-                print(f"{m['model']}: --saturation does not apply to pipeline cases", flush=True)
+            if m["model"] in PIPELINE_CASES or "cap" not in m:
+                print(f"{m['model']}: --saturation needs a model entry with a cap", flush=True)
                 continue
             feeds = model_inputs(m["model"])
             cal = calibrate(m["model"], feeds, MODEL_SETTINGS[m["model"]]["n_l0"])
@@ -1149,23 +1620,34 @@ def main(argv: list[str] | None = None) -> int:
         plot(json.loads(args.replot.read_text()), args.replot.with_suffix(".png"))
         return 0
     default_cache_dir()
-    if args.quick:
-        models, slos, steps = ["resnet50"], (2.0,), 3
-    else:
-        models = [m for m in args.models.split(",") if m]
-        slos = tuple(float(s) for s in args.slos.split(","))
-        steps = args.steps
-    caps = tuple(c for c in args.caps.split(",") if c)
-    stem = "scaling_quick" if args.quick else "scaling"
+    quick = args.quick
+    models = (args.models or ("resnet50" if quick else ",".join(MODEL_SETTINGS))).split(",")
+    models = [m for m in models if m]
+    unknown = [m for m in models if m not in MODEL_SETTINGS]
+    if unknown:
+        ap.error(f"unknown models {unknown}: choose from {','.join(MODEL_SETTINGS)}")
+    slos = tuple(float(s) for s in (args.slos or ("3" if quick else "1.5,2,3")).split(","))
+    caps = tuple(c for c in (args.caps or ("none" if quick else "none,cap")).split(",") if c)
+    if set(caps) - {"none", "cap"}:
+        ap.error(f"--caps takes none and/or cap, got {args.caps}")
+    configs = set(args.configs.split(",")) - {""}
+    if configs - set(CONFIGS):
+        ap.error(f"unknown configurations {sorted(configs - set(CONFIGS))}: {','.join(CONFIGS)}")
+    steps = args.steps or (2 if quick else 5)
+    min_requests = args.min_requests or (QUICK_MIN_REQUESTS if quick else MIN_REQUESTS)
+    stem = "scaling_quick" if quick else "scaling"
     path = args.out or RESULTS_DIR / f"{stem}.json"
     if args.measure_s:
         for st in MODEL_SETTINGS.values():
             st["measure_s"] = args.measure_s
-    old = json.loads(path.read_text()) if path.exists() and not args.quick else {}
+        QUICK_SETTINGS["measure_s"] = args.measure_s
+    old = json.loads(path.read_text()) if path.exists() and not quick else {}
     env = environment()
+    quiet = wait_for_quiet(5.0 if quick else 300.0)
     steal0 = cpu_steal_seconds()
     fl = ForeignLoad(own_cpu_seconds)
-    results = [m for m in old.get("models", []) if m["model"] not in models]
+    results = [m for m in old.get("models", []) if m["model"] not in models and "cells" in m]
+    data: dict[str, Any] = {}
     for model in models:
         t = time.monotonic()
         e = run_model(
@@ -1174,38 +1656,38 @@ def main(argv: list[str] | None = None) -> int:
             caps,
             steps,
             args.control_path,
-            set(args.configs.split(",")) - {""} or None,
+            configs or None,
             args.k,
+            min_requests,
+            quick,
         )
         e["wall_s"] = round(time.monotonic() - t, 1)
         e["environment"] = {**env, "load_average_at_end": list(os.getloadavg())}
         results.append(e)
         data = {
             "environment": {**env, "load_average_at_end": list(os.getloadavg())},
-            "host_noise": host_noise(
-                {"note": "before the full run the operator waited for a 1-min load < 2.5"},
-                fl.cores(),
-                steal0,
-            ),
+            "quick": quick,
+            "host_noise": host_noise(quiet, fl.cores(), steal0),
             "autoscale": AUTOSCALE,
             "cap_rule": build_cap.__doc__.strip().split("\n\n")[0],
+            "columns": COLUMNS,
             "models": results,
         }
-        data["targets"] = targets(results)
+        data["targets"] = all_targets(results)
         write_json(path, data)
         plot(data, path.with_suffix(".png"))
-    rows = [
-        [t["model"], t["slo_x"], t["target"], t["value"], "met" if t["met"] else "MISSED"]
-        for t in data["targets"]
-    ]
-    print_table(["model", "SLO x", "target", "value", ""], rows)
+    headers, rows = cell_table(results)
+    print_table(headers, rows)
+    missed = [t for t in data.get("targets", []) if t["met"] is False]
+    for t in missed:
+        print(f"MISSED {t['model']} {t['cap']} {t['slo_x']:g}x: {t['target']}")
     print(f"wrote {path} and .png")
     return 0
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    """Fig. 5 shape: per model and cap, grouped bars of throughput at SLO / ideal, one
-    group per SLO, one bar per configuration."""
+    """Per model and cap: per SLO, auto vs eq1 vs the best baseline (bars, requests/s at
+    SLO) and the M/D/c ceiling of auto's chosen configuration (a black tick)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1215,52 +1697,55 @@ def plot(data: dict[str, Any], path: Path) -> None:
         (m, cap)
         for m in data["models"]
         for cap in ("none", "cap")
-        if any(r["cap"] == cap for r in m["results"])
+        if any(c["cap"] == cap for c in m.get("cells", []))
     ]
     if not panels:
         return
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False)
-    colors = {
-        "infscaler": "#2a7",
-        "replication-shm": "#58c",
-        "replication-http": "#e94",
-        "one-session": "#999",
-    }
-    labels = {
-        "infscaler": "InfScaler (K partitions, autoscaled)",
-        "replication-shm": "(b) replication + shm",
-        "replication-http": "(a) replication, HTTP",
-        "one-session": "(c) one session, all cores",
-    }
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.2), squeeze=False)
+    bars = [
+        ("auto_rps", "auto (the runtime's choice)", "#2a7"),
+        ("eq1_rps", "eq1 (Eq. 1 plan, autoscaled)", "#9c6"),
+        ("best_baseline_rps", "best baseline (a/b/c)", "#58c"),
+    ]
     for ax, (m, cap) in zip(axes[0], panels, strict=True):
-        rows = [r for r in m["results"] if r["cap"] == cap]
-        slos = sorted({r["slo_x"] for r in rows})
-        configs = [c for c in colors if any(r["config"] == c for r in rows)]
-        w = 0.8 / max(1, len(configs))
-        for j, c in enumerate(configs):
-            vals = []
-            for s in slos:
-                r = next((r for r in rows if r["config"] == c and r["slo_x"] == s), None)
-                vals.append(r["vs_ideal"] if r else 0.0)
-            xs = np.arange(len(slos)) + (j - (len(configs) - 1) / 2) * w
-            ax.bar(xs, vals, w, color=colors[c], label=labels[c])
-            for x, v in zip(xs, vals, strict=True):
-                ax.text(x, v + 0.01, f"{v:.2f}", ha="center", fontsize=7)
-        ax.axhline(1.0, color="k", lw=0.8, ls="--")
-        if cap == "cap":
-            ax.axhline(0.9, color="r", lw=0.8, ls=":")
-        ax.set_xticks(np.arange(len(slos)), [f"{s:g}x" for s in slos])
-        ax.set_xlabel("SLO (x unloaded 1-thread latency)")
-        ax.set_ylabel("throughput at SLO / ideal")
+        cells = sorted((c for c in m["cells"] if c["cap"] == cap), key=lambda c: c["slo_x"])
+        w = 0.8 / len(bars)
+        for j, (key, label, color) in enumerate(bars):
+            vals = [c.get(key) or 0.0 for c in cells]
+            xs = np.arange(len(cells)) + (j - (len(bars) - 1) / 2) * w
+            ax.bar(xs, vals, w, color=color, label=label)
+            for x, v, c in zip(xs, vals, cells, strict=True):
+                txt = f"{v:.1f}"
+                if key == "best_baseline_rps" and c.get("best_baseline"):
+                    txt += f"\n{c['best_baseline'].replace('replication-', 'rep-')}"
+                ax.text(x, v, txt, ha="center", va="bottom", fontsize=6)
+        for i, c in enumerate(cells):
+            if c.get("ceiling_rps"):
+                ax.plot([i - 0.4, i + 0.4], [c["ceiling_rps"]] * 2, color="k", lw=1.2)
+            missed = [t for t, v in c["checks"].items() if v is False]
+            ax.text(
+                i,
+                -0.08,
+                "all met" if not missed else f"{len(missed)} missed",
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                fontsize=6.5,
+                color="#2a7" if not missed else "#c33",
+            )
+        ax.plot([], [], color="k", lw=1.2, label="M/D/c ceiling of auto's configuration")
+        ax.set_xticks(np.arange(len(cells)), [f"{c['slo_x']:g}x" for c in cells])
+        ax.set_ylabel("throughput at SLO (requests/s)")
         cal = m["calibration"]
-        title = f"{m['model']} (K={m['k']}), " + (
-            f"cap {m['cap']['cap_mb']:.0f} MB" if cap == "cap" else "no cap"
+        title = f"{m['model']}, " + (
+            f"cap {m['cap']['cap_mb']:.0f} MB" if cap == "cap" and "cap" in m else "no cap"
         )
         ax.set_title(
             f"{title}\nideal {cal['ideal_rps']:.1f}/s, L0 {cal['l0_ms']:.0f} ms", fontsize=9
         )
-        ax.set_ylim(0, 1.25)
-        ax.legend(fontsize=6.5, loc="upper left")
+        top = max([c.get(k) or 0.0 for c in cells for k in ("auto_rps", "eq1_rps",
+                   "best_baseline_rps", "ceiling_rps")] + [1.0])  # fmt: skip
+        ax.set_ylim(0, 1.45 * top)
+        ax.legend(fontsize=6.5, loc="upper left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -22,6 +22,7 @@ Writes ``results/slo_bound.json`` (no plot: one small table, in bench/README.md)
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import sys
 from pathlib import Path
@@ -57,6 +58,75 @@ def max_load(gaps: np.ndarray, servers: int, k: float, warm: int) -> float:
         else:
             hi = mid
     return lo
+
+
+@functools.lru_cache(maxsize=256)
+def _max_load_cached(servers: int, k: float, n: int, seed: int) -> float:
+    gaps = np.random.default_rng(seed).exponential(1.0, n)
+    return max_load(gaps, servers, k, n // 10)
+
+
+def mdc_max_rate(
+    servers: int, service_ms: float, slo_ms: float, n: int = 100_000, seed: int = 0
+) -> float:
+    """The M/D/c ceiling in requests/s: the largest Poisson arrival rate at which ``servers``
+    FIFO servers of deterministic service time ``service_ms`` keep the P99 response time
+    (wait + service) <= ``slo_ms``: ``max_load(k = slo / D) x servers / D``.
+
+    Args:
+        servers: c >= 1 (instances of the unit).
+        service_ms: D > 0, ms per request.
+        slo_ms: the P99 bound, ms; below D nothing can meet it (0.0 returned).
+        n: simulated arrivals (10 % discarded); seed: of the exponential draws.
+
+    Raises:
+        ValueError: servers < 1 or service_ms <= 0.
+
+    Source: the same simulation as :func:`max_load` (this module's docstring); the factor
+    k is rounded to 3 decimals so repeated cells share one bisection (lru_cache).
+    """
+    if servers < 1 or not service_ms > 0:
+        raise ValueError(f"need servers >= 1 and service_ms > 0, got {servers}, {service_ms}")
+    k = round(slo_ms / service_ms, 3)
+    if k < 1.0:
+        return 0.0
+    rho = _max_load_cached(int(servers), k, int(n), int(seed))
+    return rho * servers * 1000.0 / service_ms
+
+
+def chain_ceiling_rps(
+    stages: list[tuple[int, float]], slo_ms: float, n: int = 100_000, seed: int = 0
+) -> dict:
+    """The M/D/c ceiling of a chain of units: each stage ``(servers, service_ms)`` (the
+    service time per request: per item x items per request) is an M/D/c queue; a request's
+    response is at least its own queue's response plus every other stage's service time,
+    so a stage must keep its P99 response <= SLO - sum of the others' D. The chain's
+    ceiling is the smallest of those per-stage ceilings (an upper bound: the other stages'
+    waits are taken as 0, and a fan-out's items as one job).
+
+    Returns:
+        ``{"ceiling_rps", "bottleneck_stage" (index), "per_stage": [{servers, service_ms,
+        budget_ms, max_rps}]}``; ceiling 0.0 when the service times alone exceed the SLO.
+
+    Raises:
+        ValueError: no stage, or a stage with servers < 1 / service_ms <= 0.
+    """
+    if not stages:
+        raise ValueError("chain_ceiling_rps needs at least one stage")
+    total = sum(d for _, d in stages)
+    per = []
+    for c, d in stages:
+        budget = slo_ms - (total - d)
+        per.append(
+            {
+                "servers": int(c),
+                "service_ms": round(float(d), 3),
+                "budget_ms": round(float(budget), 3),
+                "max_rps": round(mdc_max_rate(c, d, budget, n, seed), 3),
+            }
+        )
+    b = int(np.argmin([p["max_rps"] for p in per]))
+    return {"ceiling_rps": per[b]["max_rps"], "bottleneck_stage": b, "per_stage": per}
 
 
 def main(argv: list[str] | None = None) -> int:
