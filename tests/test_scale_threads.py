@@ -201,3 +201,69 @@ def test_max_threads_is_validated_and_reaches_the_unit(tmp_path: Path) -> None:
     }
     with pytest.raises(ConfigError, match="max_threads applies to model stages on the cpu"):
         load_pipeline({"name": "f", "stages": [fn]})
+
+
+def test_scale_threads_swaps_make_before_break_under_load(tmp_path: Path) -> None:
+    """The apply path alone (no scaler, no speedup needed): Service.scale_threads
+    replaces the instance by a 2-thread one and back while closed-loop clients run;
+    every request is answered correctly, the unit never has zero instances."""
+    from infscaler.service import ServiceError
+
+    path = matmul_chain(tmp_path / "chain.onnx")
+    x = np.random.default_rng(2).standard_normal((ROWS, WIDTH)).astype(np.float32)
+    expected = x
+    for init in onnx.load(path).graph.initializer:
+        expected = np.maximum(expected @ numpy_helper.to_array(init), 0)
+    cfg = load_pipeline(
+        {"name": "mm", "stages": [{"name": "mm", "model": str(path), "max_threads": 2}]}
+    )
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(cfg)
+        (h0,) = svc.supervisor.handles()
+        answered = [0]
+        errors: list[str] = []
+        live_counts: list[int] = []
+        stop = threading.Event()
+
+        def client() -> None:
+            while not stop.is_set():
+                try:
+                    r = svc.infer("mm", {"x": x}, timeout_s=60)
+                    np.testing.assert_allclose(r.outputs["y"], expected, rtol=1e-3, atol=1e-3)
+                    answered[0] += 1
+                except Exception as exc:  # noqa: BLE001 - collected and asserted on
+                    errors.append(repr(exc))
+
+        def watch() -> None:
+            while not stop.is_set():
+                live_counts.append(len(svc._live(dep, 0)))
+                time.sleep(0.005)
+
+        workers = [threading.Thread(target=client) for _ in range(2)]
+        workers.append(threading.Thread(target=watch))
+        for t in workers:
+            t.start()
+        try:
+            wait_for(lambda: answered[0] >= 3, 60.0, "requests through the first instance")
+            assert svc.scale_threads(dep, 0, 2, from_threads=1) is True
+            (h2,) = svc._live(dep, 0)
+            assert h2.unit.threads == 2 and len(h2.cores) == min(2, len(os.sched_getaffinity(0)))
+            assert h0.state == "exited" and h2.state == "ready"
+            n = answered[0]
+            wait_for(lambda: answered[0] >= n + 3, 60.0, "requests through the 2-thread one")
+            # nothing runs 3 threads: no instance to replace, nothing started
+            assert svc.scale_threads(dep, 0, 1, from_threads=3) is False
+            assert svc.scale_threads(dep, 0, 1, from_threads=2) is True  # and back
+            n = answered[0]
+            wait_for(lambda: answered[0] >= n + 3, 60.0, "requests after the swap back")
+        finally:
+            stop.set()
+            for t in workers:
+                t.join(90)
+        assert errors == [], errors[:3]
+        assert live_counts and min(live_counts) >= 1  # never without an instance
+        (h1,) = svc._live(dep, 0)
+        assert h1.unit.threads == 1 and h1.iid not in (h0.iid, h2.iid)
+        with pytest.raises(ServiceError, match="threads must be >= 1"):
+            svc.scale_threads(dep, 0, 0)
+        assert svc.manager.audit() == []
