@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -282,8 +283,12 @@ class FusedRunner:
 
     def __init__(self, unit: Unit, cores: list[int] | None) -> None:
         self.unit = unit
+        # no thread probes in a fused unit: its function steps would not speed up with
+        # the model's threads, so it is not scaled vertically (runtime.scaler)
         self.runners: list[ModelRunner | FunctionRunner] = [
-            ModelRunner(s, cores) if s.kind == "model" else FunctionRunner(s, cores)
+            ModelRunner(dataclasses.replace(s, max_threads=None), cores)
+            if s.kind == "model"
+            else FunctionRunner(s, cores)
             for s in unit.steps
         ]
         self.model = next((r for r in self.runners if isinstance(r, ModelRunner)), None)
