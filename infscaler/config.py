@@ -27,6 +27,7 @@ any tensor a request brought or an earlier stage wrote (DAG edges are these name
         engine: cpu                  # cpu | gpu | dla
         instances: 1                 # per partition: an int, or a list (one per partition)
         threads: 1                   # intra-op threads (= pinned cores) per instance
+        max_threads: 2               # with autoscale: the scaler may give up to 2 (cpu)
       - name: crops
         function: infscaler.pipelines.ocr:crop_text_boxes
         fan_out: true                # returns a list of items: later stages run per item
@@ -169,6 +170,11 @@ class StageConfig(BaseModel):
             may run (None: only the device's resource cap bounds it; at most 16, the
             control path's limit per stage).
         threads: intra-op threads (and pinned cores) per instance.
+        max_threads: with ``autoscale``, cpu model stages: the most intra-op threads
+            the scaler may give one instance (vertical scaling, ``scale_up``: a new
+            instance with more threads replaces one). Each instance then times its
+            model at load at every count from ``threads`` to ``max_threads`` (the
+            measurement the scaler predicts from). None: ``threads`` is fixed.
         fuse: run this function stage inside the adjacent model stage's instances (a
             fused unit, :func:`infscaler.runtime.pipeline.fuse_units`), or let a model
             stage take its adjacent function stages in; ``false`` keeps the stage its
@@ -198,6 +204,7 @@ class StageConfig(BaseModel):
     max_instances: int | None = Field(None, ge=1, le=16)
     batching: BatchingConfig | None = None
     threads: int = Field(1, ge=1, le=64)
+    max_threads: int | None = Field(None, ge=1, le=64)
     fuse: bool | None = None
 
     @model_validator(mode="after")
@@ -247,6 +254,13 @@ class StageConfig(BaseModel):
                     )
             if self.plan is not None and (self.partitions or self.slo or self.shapes):
                 raise ValueError("`plan` is already partitioned: drop partitions / slo / shapes")
+        if self.max_threads is not None:
+            if self.function is not None or self.engine != "cpu":
+                raise ValueError("max_threads applies to model stages on the cpu engine only")
+            if self.max_threads < self.threads:
+                raise ValueError(
+                    f"max_threads ({self.max_threads}) is below threads ({self.threads})"
+                )
         if isinstance(self.instances, list):
             if not self.instances or any(n < 1 for n in self.instances):
                 raise ValueError(f"instances must be >= 1 each, got {self.instances}")

@@ -642,6 +642,73 @@ class Service:
         log.info("scaled in %s unit %d on %s: instance %d", dep.name, unit, engine, victim.iid)
         return True
 
+    def scale_threads(
+        self, dep: Deployment, unit: int, threads: int, from_threads: int | None = None
+    ) -> bool:
+        """Replace one cpu instance of unit ``unit`` (one running ``from_threads``
+        intra-op threads; None: any) by one running ``threads``, make-before-break: the
+        new instance (pinned to ``threads`` cores) is started and waited for until ready
+        (it is routed to only then), then the old one stops gracefully (SIGUSR1: it
+        finishes its current request; tokens queued at it are re-routed by the sharing
+        manager), so no request is lost and the unit never has fewer instances. Blocks
+        until the old one exited. The scaler's ``scale_up`` / ``scale_down``.
+
+        Returns:
+            False when no such instance runs (nothing was started).
+
+        Raises:
+            ServiceError: (404) the pipeline was undeployed; (409) no such served unit,
+                or ``threads`` < 1.
+            InstanceStartError: the new instance failed to load; it is stopped and the
+                old one keeps serving.
+        """
+        import dataclasses
+
+        with self._lock:
+            if self._deployments.get(dep.name) is not dep:
+                raise ServiceError(f"pipeline {dep.name!r} is no longer deployed", 404)
+        u = dep.pipeline.units[unit]
+        sid = dep.route.stage_ids[unit]
+        if not sid:
+            raise ServiceError(f"unit {u.name} of {dep.name} runs in the front end", 409)
+        if int(threads) < 1:
+            raise ServiceError(f"threads must be >= 1, got {threads}", 409)
+        mine = [
+            h
+            for h in self._live(dep, unit)
+            if h.unit.engine == "cpu" and (from_threads is None or h.unit.threads == from_threads)
+        ]
+        if not mine:
+            return False
+        new_u = dataclasses.replace(u, engine="cpu", threads=int(threads))
+        nxt = dep.pipeline.next_unit(unit)
+        next_stage = 0 if nxt is None else dep.route.stage_ids[nxt]
+        h = self.supervisor.start((dep.name, unit), new_u, sid, next_stage, self._cores(threads))
+        self._resize_window(dep)
+        try:
+            self.supervisor.wait_ready([h], self.start_timeout_s)
+        except BaseException:
+            self.supervisor.stop(h, timeout=5.0)
+            self._resize_window(dep)
+            raise
+        live = [x for x in mine if x.state in ("starting", "ready")]
+        if live:
+            # the youngest first, as scale_in: the oldest have warm caches
+            victim = max(live, key=lambda x: x.started)
+            self.supervisor.stop(victim, timeout=10.0)
+            self._resize_window(dep)
+        log.info(
+            "%s %s/%s: instance %d (%s threads) replaced by %d (%d threads)",
+            "scaled up" if from_threads is None or threads > from_threads else "scaled down",
+            dep.name,
+            u.name,
+            victim.iid if live else -1,
+            from_threads,
+            h.iid,
+            threads,
+        )
+        return True
+
     def set_queue_limit(self, dep: Deployment, limit: int | None, reason: str = "") -> None:
         """Bound ``dep``'s queue at ``limit`` requests (None: no bound); beyond it the
         front end answers 503 with ``reason`` (load shedding at the resource cap)."""

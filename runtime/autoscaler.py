@@ -11,6 +11,10 @@ InferLine's scale-in hysteresis), and applies its decisions through the service:
   with its instance count;
 * ``scale_in``: stop one instance of the unit on that engine gracefully (after its
   current request; tokens queued at it are re-routed by the sharing manager);
+* ``scale_up`` / ``scale_down``: replace one cpu instance of the unit by one running
+  the decided intra-op threads, make-before-break (:meth:`infscaler.service.Service.
+  scale_threads`, in a thread: the new instance loads and is routed to once ready, then
+  the old one stops gracefully), one swap per unit at a time;
 * ``shed``: bound the pipeline's queue; the front end answers 503 with the reason
   beyond it, until the scaler lifts the bound.
 
@@ -225,6 +229,24 @@ class Autoscaler:
                         self._busy.discard(key)
 
             threading.Thread(target=work, name="infscaler-scale-in", daemon=True).start()
+        elif d.action in ("scale_up", "scale_down"):
+            assert d.unit is not None and d.threads is not None
+            key = (dep.name, d.unit)
+            with self._lock:
+                if key in self._busy:
+                    return
+                self._busy.add(key)
+
+            def swap() -> None:
+                try:
+                    self.service.scale_threads(dep, d.unit, d.threads, d.from_threads)
+                except Exception:  # noqa: BLE001 - the old instance keeps serving
+                    log.exception("%s: %s of unit %s failed", dep.name, d.action, d.unit)
+                finally:
+                    with self._lock:
+                        self._busy.discard(key)
+
+            threading.Thread(target=swap, name="infscaler-scale-threads", daemon=True).start()
         elif d.action == "shed":
             with contextlib.suppress(Exception):
                 self.service.set_queue_limit(dep, d.queue_limit, d.reason)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -87,6 +88,8 @@ class ModelRunner:
         from infscaler.runtime.engines import create_engine
 
         self.unit = unit
+        # the cores this process may use before the engine pins it (thread probes)
+        self._allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.engine = create_engine(
             unit.engine,
             unit.path,
@@ -100,7 +103,69 @@ class ModelRunner:
         self.engine.load()
         self._warm_up()
         self.batch_ms = self.profile_batches() if self.unit.max_batch > 1 else {}
+        self.warm_ms_by_threads = self.probe_threads()
         return self.engine.describe()
+
+    def probe_threads(self, repeats: int = 5) -> dict[int, float]:
+        """Service time of one item at each intra-op thread count 1 .. ``max_threads``
+        (at most the cores this process may use), ms: median of ``repeats`` timed runs
+        on the warm-up's zeros after one untimed run; the measurement the scaler's
+        ``scale_up`` / ``scale_down`` predict from (:func:`infscaler.runtime.scaler.
+        service_ms_at`). Its own count runs on its own engine; every other count on a
+        probe engine (a second onnxruntime session of the same file, closed after)
+        pinned to that many cores, its own first, then the others the process may use.
+        The pinning is restored after each probe.
+
+        Empty when the unit is not a cpu model with ``max_threads`` > 1, or its input
+        shapes are unknown (no feeds to time). A count whose probe fails is left out
+        (logged): no figure is invented for it. Costs one more session's memory while
+        a probe runs, at load only."""
+        from infscaler.runtime.engines import create_engine
+        from infscaler.runtime.engines.base import pin_process
+
+        u = self.unit
+        feeds = getattr(self, "_feeds", None)
+        if u.engine != "cpu" or not u.max_threads or u.max_threads <= 1 or feeds is None:
+            return {}
+        own = list(self.engine.cores or [])
+        pool = own + [c for c in self._allowed if c not in own]
+        out: dict[int, float] = {}
+
+        def timed(run: Callable[[], Any]) -> float:
+            run()
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                run()
+                times.append((time.perf_counter() - t0) * 1e3)
+            return round(float(np.median(times)), 3)
+
+        for k in range(1, min(int(u.max_threads), max(len(pool), 1)) + 1):
+            if k == int(u.threads):
+                try:
+                    out[k] = timed(lambda: self.engine.infer(feeds))
+                except Exception as exc:  # noqa: BLE001 - reported, not invented
+                    log.warning("unit %s: timing %d thread(s) failed: %s", u.name, k, exc)
+                continue
+            probe = create_engine(
+                "cpu", u.path, threads=k, cores=pool[:k] or None, shapes=u.shapes or None
+            )
+            try:
+                probe.load()
+                out[k] = timed(lambda p=probe: p.infer(feeds))
+            except Exception as exc:  # noqa: BLE001 - reported, not invented
+                log.warning("unit %s: probing %d thread(s) failed: %s", u.name, k, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    probe.close()
+                with contextlib.suppress(Exception):
+                    pin_process(own or self._allowed)
+                del probe
+        # the probe sessions' freed heap back to the system (glibc malloc_trim(3)), so
+        # the PSS this instance reports is its own session's, not the probes'
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).malloc_trim(0)
+        return out
 
     def profile_batches(self, repeats: int = 3) -> dict[int, float]:
         """Batch latency T_b (ms, median of ``repeats``) for b = 1, 2, 4, ...,
@@ -142,6 +207,7 @@ class ModelRunner:
             if shape is None or any(d is None or d < 0 for d in shape):
                 return
             feeds[info.name] = np.zeros(shape, dtype=info.dtype)
+        self._feeds = feeds
         with contextlib.suppress(Exception):
             self.engine.infer(feeds)
             t0 = time.perf_counter()
@@ -217,8 +283,12 @@ class FusedRunner:
 
     def __init__(self, unit: Unit, cores: list[int] | None) -> None:
         self.unit = unit
+        # no thread probes in a fused unit: its function steps would not speed up with
+        # the model's threads, so it is not scaled vertically (runtime.scaler)
         self.runners: list[ModelRunner | FunctionRunner] = [
-            ModelRunner(s, cores) if s.kind == "model" else FunctionRunner(s, cores)
+            ModelRunner(dataclasses.replace(s, max_threads=None), cores)
+            if s.kind == "model"
+            else FunctionRunner(s, cores)
             for s in unit.steps
         ]
         self.model = next((r for r in self.runners if isinstance(r, ModelRunner)), None)
@@ -432,6 +502,7 @@ class Instance:
             "ready",
             batch_ms=getattr(self.runner, "batch_ms", {}),
             warm_ms=getattr(self.runner, "warm_ms", None),
+            warm_ms_by_threads=getattr(self.runner, "warm_ms_by_threads", {}),
             load_ms=round((time.perf_counter() - t0) * 1e3, 1),
             memory_mb=round(self.runner.memory_mb, 2),
             engine=describe,

@@ -41,6 +41,14 @@ pinned thread is a core taken whether it is busy or not. A function-stage instan
 no slot (one Python thread asleep in poll(2) when idle) but is added only while a slot
 is free.
 
+Vertical scaling inputs (:func:`~infscaler.runtime.scaler.decide`'s ``scale_up`` /
+``scale_down``): per unit, its running cpu instances per intra-op thread count (each
+handle's ``unit.threads``), the stage's ``threads`` / ``max_threads``, and
+``latency_ms_by_threads``: per thread count, the median over its instances of the
+``warm_ms_by_threads`` each reported when ready (measured at load by
+:meth:`infscaler.runtime.instance.ModelRunner.probe_threads`; a fused unit reports none,
+so it is never scaled vertically).
+
 The bottleneck indicator the scaler compares is each unit's compute time per request
 (P50 ms per item x items per request): the profiled-time complexity measure of Eq. 1
 (``infscaler partition --measure time``), which puts partitions and function stages on
@@ -200,6 +208,14 @@ class Monitor:
             slo_refused_rate=slo_refused,
         )
 
+    def _unit_handles(self, dep: Any, index: int) -> list[Any]:
+        """The starting or ready instances of unit ``index`` of ``dep``."""
+        return [
+            h
+            for h in self.service.supervisor.handles()
+            if h.key == (dep.name, index) and h.state in ("starting", "ready")
+        ]
+
     @staticmethod
     def items_per_request(m: PipelineMetrics, um: UnitMetrics) -> float:
         """Items a unit runs per request (1, or the fan-out's mean): items it completed
@@ -288,6 +304,15 @@ class Monitor:
                         cores=u.threads if engine == "cpu" else 0,
                     )
                 )
+            threads: dict[int, int] = {}
+            probes: dict[int, list[float]] = {}
+            for h in self._unit_handles(dep, u.index):
+                if h.unit.engine == "cpu" and h.unit.kind == "model":
+                    t = max(1, int(h.unit.threads))
+                    threads[t] = threads.get(t, 0) + 1
+                for k, ms in (h.info.get("warm_ms_by_threads") or {}).items():
+                    if ms:
+                        probes.setdefault(int(k), []).append(float(ms))
             units.append(
                 UnitState(
                     index=u.index,
@@ -300,6 +325,10 @@ class Monitor:
                     service_ms=um.compute_p50_ms,
                     min_instances=u.instances,
                     max_instances=min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT),
+                    threads=threads,
+                    latency_ms_by_threads={k: _median(v) for k, v in probes.items()},
+                    min_threads=max(1, int(u.threads)),
+                    max_threads=getattr(u, "max_threads", None),
                 )
             )
         slo = dep.pipeline.config.slo_ms
@@ -316,6 +345,12 @@ class Monitor:
             offered_rate=m.offered_rate,
             slo_refused_rate=m.slo_refused_rate,
         )
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:

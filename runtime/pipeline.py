@@ -95,6 +95,8 @@ class Unit:
         carry: received slot tensors this unit passes on unchanged.
         fan_out / fan_in: see :mod:`infscaler.config`; per_item: runs once per item.
         engine / precision / threads / instances / shapes: how instances run.
+        max_threads: the most intra-op threads the scaler may give one cpu instance
+            (``scale_up``; None: ``threads`` is fixed).
         max_instances: the most instances the scaler may run (None: the cap decides).
         max_batch / batch_delay_ms / batch_policy: dynamic batching of a model unit
             (``fixed``: up to ``max_batch`` inputs gathered for ``batch_delay_ms``;
@@ -132,6 +134,7 @@ class Unit:
     engine: str = "cpu"
     precision: str = "fp32"
     threads: int = 1
+    max_threads: int | None = None
     instances: int = 1
     max_instances: int | None = None
     max_batch: int = 1
@@ -424,6 +427,7 @@ def compile_pipeline(
                     engine=stage.engine,
                     precision=stage.precision,
                     threads=stage.threads,
+                    max_threads=stage.max_threads,
                     instances=stage.instances_for(k, k_total),
                     max_instances=stage.max_instances,
                     max_batch=stage.batching.max_batch if stage.batching else 1,

@@ -19,7 +19,27 @@ What the paper lacks, added here:
 * load shedding: when the SLO is violated and no engine can admit another instance
   (the cap is reached), the decision carries a bounded queue length (Little's law:
   requests the pipeline can finish within the SLO at its current capacity) beyond which
-  the front end answers 503 with the reason.
+  the front end answers 503 with the reason;
+* vertical scaling of cpu instances (``scale_up`` / ``scale_down``: one instance is
+  replaced by one running more / fewer intra-op threads, make-before-break), for units
+  whose stage sets ``max_threads``. For the unit Algorithm 1 picks, a thread step
+  competes with a scale-out on **predicted gain per share of the scarcest free
+  resource**: gain = items/s the action adds (a new instance: 1000 / its latency; a
+  thread step: 1000 / svc(t2) - 1000 / svc(t), :func:`service_ms_at`, from latencies
+  the instances **measured** at load per thread count; never an assumed speedup), cost
+  = the largest share of what is still free that the action takes (a new instance:
+  its memory MB, an engine slot, its cores; a thread step: t2 - t cores only, since the
+  replacement reuses the model's memory and the slot once the old one stops). A unit
+  at its ``max_instances`` or refused by the memory cap can still take threads while
+  cores are free. The thread step back follows Algorithm 4's rule (below);
+* no scale-out / scale-up of a unit other than the argmax that is not short of
+  capacity: with a measured service time, if its instances serve the max offered rate
+  over the horizon at utilisation <= ``scale_in_utilisation``, the scale-in rule would
+  take the addition back after ``hold_s`` and the next violation would add it again.
+  That was the flapping of VGG-19's weight-heavy fully connected partition in the
+  quiet-host Azure replay (bench/README.md: scaled out and in every ~25 s, 1047 <->
+  1597 MB, while the convolution partition was at its ``max_instances``); such a
+  violation sheds instead.
 
 Like Ray Serve's autoscaling policy this module never starts anything: the service's
 autoscaler loop (:mod:`infscaler.runtime.autoscaler`) builds a :class:`Snapshot` from
@@ -71,6 +91,17 @@ class UnitState:
             no sample yet; the scaler then uses the fastest option's ``latency_ms``).
         min_instances / max_instances: bounds from the pipeline (``instances`` in
             pipeline.yaml is the minimum; max None: only the cap bounds it).
+        threads: running cpu instances per intra-op thread count, e.g. ``{1: 1, 2: 1}``
+            (empty: not known; vertical scaling is then not considered).
+        latency_ms_by_threads: thread count -> service time of one item on the cpu at
+            that many intra-op threads, ms, **measured**: each instance of a unit with
+            ``max_threads`` times its model at load at every count from ``min_threads``
+            to ``max_threads`` (warm-up on zeros, median of runs, the probe session
+            pinned to that many cores: :meth:`infscaler.runtime.instance.ModelRunner.
+            probe_threads`). A count with no entry is never scaled to.
+        min_threads / max_threads: the range the scaler may move a cpu instance's
+            intra-op threads in (the stage's ``threads`` / ``max_threads``; max None:
+            no vertical scaling).
     """
 
     index: int
@@ -83,6 +114,10 @@ class UnitState:
     service_ms: float | None = None
     min_instances: int = 1
     max_instances: int | None = None
+    threads: dict[int, int] = field(default_factory=dict)
+    latency_ms_by_threads: dict[int, float] = field(default_factory=dict)
+    min_threads: int = 1
+    max_threads: int | None = None
 
     @property
     def total_instances(self) -> int:
@@ -197,11 +232,17 @@ class Decision:
 
     Attributes:
         action: ``scale_out`` (start one instance of ``unit`` on ``engine``),
-            ``scale_in`` (stop one instance of ``unit`` on ``engine``), or ``shed``
-            (bound the pipeline's queue at ``queue_limit`` requests; None lifts it).
+            ``scale_in`` (stop one instance of ``unit`` on ``engine``), ``scale_up`` /
+            ``scale_down`` (replace one cpu instance of ``unit`` running
+            ``from_threads`` intra-op threads by one running ``threads``:
+            make-before-break, the new one serves before the old one stops), or
+            ``shed`` (bound the pipeline's queue at ``queue_limit`` requests; None
+            lifts it).
         unit: the unit's index (None for ``shed``).
-        engine: the engine (None for ``shed``).
+        engine: the engine (None for ``shed``; ``cpu`` for ``scale_up`` / ``scale_down``).
         queue_limit: for ``shed``.
+        threads / from_threads: for ``scale_up`` / ``scale_down``: the intra-op threads
+            of the new instance and of the one it replaces.
         reason: one line a user can read (``P99 412 ms > SLO 200 ms; det/0 has the
             largest B_k/S_k 2.1e9; cpu admits it: memory 812+96 <= 2048 MB``).
     """
@@ -211,6 +252,8 @@ class Decision:
     engine: str | None = None
     queue_limit: int | None = None
     reason: str = ""
+    threads: int | None = None
+    from_threads: int | None = None
 
 
 #: A ``shed`` bound is lifted once P99 is below this fraction of the SLO, or the offered
@@ -251,7 +294,21 @@ def decide(
        instances exceed ``max(needed, min_instances)``, needed =
        ``ceil(lambda_max x fan-out x service_ms / 1000 / scale_in_utilisation)``, gives
        back one instance on the engine where its option is slowest (an engine with no
-       option counts as slowest).
+       option counts as slowest). A unit that keeps its instances may instead take
+       one thread step back (``scale_down``: its fattest cpu instance to the next
+       measured count >= ``min_threads``) when its capacity after the step, at the
+       measured per-thread service times, still serves lambda_max x fan-out at
+       utilisation <= ``scale_in_utilisation``.
+
+    Vertical scaling (``scale_up``), in step 2: for the unit chosen, the scale-out on
+    the first admitting engine and the thread step of its thinnest cpu instance (to the
+    next measured count <= ``max_threads``, only when measured faster, only when
+    ``cap.cores`` > 0 and ``cores_used + t2 - t <= cap.cores``) are compared by gain
+    per share of the scarcest free resource (module docstring); ties go to the
+    scale-out. A unit at ``max_instances`` or refused by every engine may still scale
+    up. Units below the argmax are skipped when not short of capacity (module
+    docstring: the flapping fix). During a swap the old and the new instance both run
+    for the new one's load time: the cap is a steady-state bound.
 
     Departures from the papers (deliberate):
 
@@ -282,8 +339,9 @@ def decide(
         config: the tuning.
 
     Returns:
-        ``(decisions, new_state)``: at most one scale-out, or scale-ins, plus at most one
-        ``shed`` (set or lift), and the state to pass to the next call.
+        ``(decisions, new_state)``: at most one scale-out or scale-up, or scale-ins /
+        scale-downs (at most one per unit), plus at most one ``shed`` (set or lift), and
+        the state to pass to the next call.
 
     Raises:
         ValueError: a ``config`` value out of range.
@@ -298,7 +356,7 @@ def decide(
     if is_violated(snapshot, config):
         if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:
             return decisions, new
-        out, refused = _scale_out(snapshot, config)
+        out, refused = _scale_out(snapshot, config, max(r for _, r in rates))
         if out is not None:
             decisions.append(out)
             return decisions, replace(new, last_scale_out=now, last_change=now)
@@ -466,9 +524,10 @@ def _refusals(s: Snapshot, o: EngineOption) -> list[str]:
 NEXT_BEST_FRACTION = 0.5
 
 
-def _scale_out(s: Snapshot, c: ScalerConfig) -> tuple[Decision | None, list[str]]:
-    """Algorithm 1 (with the next-best fallback). Returns the decision (None: the cap
-    refuses every unit) and, in priority order, why the units before it were passed."""
+def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | None, list[str]]:
+    """Algorithm 1 (with the next-best fallback), each unit's best action by
+    :func:`_pick`. Returns the decision (None: the cap refuses every unit) and, in
+    priority order, why the units before it were passed."""
     order = sorted(s.units, key=lambda u: (-effective_bottleneck(u), u.index))
     passed: list[str] = []
     top = effective_bottleneck(order[0]) if order else 0.0
@@ -479,38 +538,237 @@ def _scale_out(s: Snapshot, c: ScalerConfig) -> tuple[Decision | None, list[str]
             # a unit far below the bottleneck would not raise the pipeline's throughput
             passed.append(f"{who} is below {NEXT_BEST_FRACTION:g} x the largest B_k/S_k")
             break
-        if u.max_instances is not None and u.total_instances >= u.max_instances:
-            passed.append(f"{who} is at its max_instances {u.max_instances}")
-            continue
-        if not u.options:
-            passed.append(f"{who} has no engine option")
-            continue
-        tried: list[str] = []
-        ranked = sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0]))
-        for _, o in ranked:
-            why = _refusals(s, o)
-            if why:
-                tried.append(f"{o.engine} refused: {' and '.join(why)}")
+        if passed:
+            idle = _not_short(s, c, u, lam)
+            if idle is not None:
+                # scale-in would take the instance back after the hold: the flapping of
+                # VGG-19's weight-heavy partition (bench/README.md)
+                passed.append(f"{who} {idle}")
                 continue
-            cap = s.cap
-            fits = (
-                f"memory {_mb(cap.memory_used_mb)}+{_mb(o.memory_mb)} <= "
-                f"{_mb(cap.memory_cap_mb)} MB, {o.engine} slots "
-                f"{s.instances_used.get(o.engine, 0)}+1 <= {cap.max_instances[o.engine]}"
-            )
-            if cap.cores:
-                fits += f", cores {s.cores_used}+{o.cores} <= {cap.cores}"
-            rank = "the largest" if not passed else "the next largest"
-            before = f"; {'; '.join(passed)}" if passed else ""
-            after = f"; {'; '.join(tried)}" if tried else ""
-            reason = (
-                f"{_violation(s, c)}{before}; {u.name} has {rank} B_k/S_k {_n(eff, 3)} "
-                f"({_n(u.bottleneck, 3)}/{u.total_instances}){after}; {o.engine} "
-                f"({_n(o.latency_ms)} ms) admits it: {fits}"
-            )
-            return Decision("scale_out", unit=u.index, engine=o.engine, reason=reason), passed
-        passed.append(f"{who} fits no engine ({'; '.join(tried)})")
+        up, up_why = _up_candidate(s, u)
+        tried: list[str] = []
+        out = None
+        if u.max_instances is not None and u.total_instances >= u.max_instances:
+            tried.append(f"at its max_instances {u.max_instances}")
+        elif not u.options:
+            tried.append("has no engine option")
+        else:
+            ranked = sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0]))
+            for _, o in ranked:
+                why = _refusals(s, o)
+                if why:
+                    tried.append(f"{o.engine} refused: {' and '.join(why)}")
+                    continue
+                out = o
+                break
+        if out is None and up is None:
+            if u.max_instances is not None and u.total_instances >= u.max_instances:
+                msg = f"{who} is at its max_instances {u.max_instances}"
+            elif not u.options:
+                msg = f"{who} has no engine option"
+            else:
+                msg = f"{who} fits no engine ({'; '.join(tried)})"
+            if up_why is not None:
+                msg += f"; no thread scale-up: {up_why}"
+            passed.append(msg)
+            continue
+        rank = "the largest" if not passed else "the next largest"
+        before = f"; {'; '.join(passed)}" if passed else ""
+        head = (
+            f"{_violation(s, c)}{before}; {u.name} has {rank} B_k/S_k {_n(eff, 3)} "
+            f"({_n(u.bottleneck, 3)}/{u.total_instances})"
+        )
+        return _pick(s, u, out, up, tried, up_why, head), passed
     return None, passed
+
+
+def _not_short(s: Snapshot, c: ScalerConfig, u: UnitState, lam: float) -> str | None:
+    """Why a unit other than the argmax need not grow (None: it may). With a measured
+    service time, its instances already serve the max offered rate over the horizon at
+    utilisation <= ``scale_in_utilisation``: the scale-in rule would give the new
+    capacity back after the hold, and the next violation would add it again."""
+    if u.service_ms is None or u.service_ms <= 0 or u.total_instances <= 0:
+        return None
+    f = _fan_out(u, s)
+    cap_items = _capacity_items(u)
+    busy = lam * f / cap_items
+    if busy > c.scale_in_utilisation:
+        return None
+    return (
+        f"is not short of capacity: max rate {_n(lam)} req/s x {_n(f)} items/req on "
+        f"{_n(cap_items)} items/s runs at utilisation {busy:.2f} <= "
+        f"{c.scale_in_utilisation:g} (scale-in would take one more back after the hold)"
+    )
+
+
+def service_ms_at(u: UnitState, threads: int) -> float | None:
+    """Predicted service time of one item of ``u`` on a cpu instance running ``threads``
+    intra-op threads, ms; None when that count was not measured.
+
+    The unit's live P50 (``service_ms``) scaled by the ratio of the load-time
+    measurements ``latency_ms_by_threads[threads] / latency_ms_by_threads[ref]``, ref =
+    the thread count most of its instances run (ties: the smaller): the live P50 holds
+    the real inputs and contention, the ratio what more threads change. Without a P50
+    (or a measurement at ref): the load-time figure itself."""
+    lat = u.latency_ms_by_threads
+    ms = lat.get(threads)
+    if ms is None or not ms > 0:
+        return None
+    ref = _ref_threads(u)
+    if u.service_ms is not None and u.service_ms > 0 and ref is not None and lat.get(ref, 0) > 0:
+        return u.service_ms * ms / lat[ref]
+    return float(ms)
+
+
+def _ref_threads(u: UnitState) -> int | None:
+    live = {t: n for t, n in u.threads.items() if n > 0}
+    if not live:
+        return None
+    return max(live.items(), key=lambda kv: (kv[1], -kv[0]))[0]
+
+
+def _capacity_items(u: UnitState) -> float:
+    """Items per second the unit's running instances finish: per thread count when
+    every count is measured, else instances x 1000 / service_ms."""
+    live = {t: n for t, n in u.threads.items() if n > 0}
+    per = {t: service_ms_at(u, t) for t in live}
+    if live and sum(live.values()) == u.total_instances and all(per.values()):
+        return sum(n * 1000.0 / per[t] for t, n in live.items())  # type: ignore[operator]
+    svc = _service_ms(u)
+    return math.inf if svc is None else u.total_instances * 1000.0 / svc
+
+
+def _vertical(u: UnitState) -> str | None:
+    """Why ``u`` cannot change threads at all (None: it may)."""
+    if u.max_threads is None or u.max_threads <= u.min_threads:
+        return "max_threads is not above threads"
+    if set(u.instances) - {"cpu"} and any(n > 0 for e, n in u.instances.items() if e != "cpu"):
+        return "it runs on an engine other than the cpu"
+    if not any(n > 0 for n in u.threads.values()):
+        return "no running cpu instance"
+    return None
+
+
+def _up_candidate(
+    s: Snapshot, u: UnitState
+) -> tuple[tuple[int, int, float, float] | None, str | None]:
+    """One more step of intra-op threads for the thinnest cpu instance:
+    ``((t, t2, svc_t, svc_t2), None)``, or ``(None, why not)`` (``why`` None when the
+    unit has no thread range: nothing to report)."""
+    if u.max_threads is None or u.max_threads <= u.min_threads:
+        return None, None
+    bad = _vertical(u)
+    if bad is not None:
+        return None, bad
+    t = min(k for k, n in u.threads.items() if n > 0)
+    higher = sorted(k for k in u.latency_ms_by_threads if t < k <= u.max_threads)
+    if not higher:
+        return None, f"no measured latency above {t} thread(s) (max_threads {u.max_threads})"
+    t2 = higher[0]
+    svc_t, svc_t2 = service_ms_at(u, t), service_ms_at(u, t2)
+    if svc_t is None or svc_t2 is None:
+        return None, f"{t} thread(s) not measured"
+    if not svc_t2 < svc_t:
+        return None, (
+            f"{t2} threads measured no faster than {t} "
+            f"({_n(u.latency_ms_by_threads[t2])} vs {_n(u.latency_ms_by_threads[t])} ms)"
+        )
+    cap = s.cap
+    if not cap.cores:
+        return None, "the device counts no cpu cores (no budget to give threads from)"
+    if not s.cores_used + (t2 - t) <= cap.cores:
+        return None, f"cores {s.cores_used}+{t2 - t} > {cap.cores}"
+    return (t, t2, svc_t, svc_t2), None
+
+
+def _share(s: Snapshot, o: EngineOption) -> tuple[float, str]:
+    """The largest share of a free resource one more instance on ``o`` takes, and which
+    (it is admitted, so every share is <= 1)."""
+    cap = s.cap
+    shares = []
+    free_mem = cap.memory_cap_mb - cap.memory_used_mb
+    if o.memory_mb > 0:
+        shares.append((o.memory_mb / free_mem if free_mem > 0 else math.inf, "memory", "MB"))
+    free_slots = cap.max_instances[o.engine] - s.instances_used.get(o.engine, 0)
+    shares.append((1 / free_slots if free_slots > 0 else math.inf, f"{o.engine} slots", ""))
+    if cap.cores and o.cores:
+        free_cores = cap.cores - s.cores_used
+        shares.append((o.cores / free_cores if free_cores > 0 else math.inf, "cores", ""))
+    share, what, _ = max(shares, key=lambda x: x[0])
+    return share, what
+
+
+def _pick(
+    s: Snapshot,
+    u: UnitState,
+    out: EngineOption | None,
+    up: tuple[int, int, float, float] | None,
+    tried: list[str],
+    up_why: str | None,
+    head: str,
+) -> Decision:
+    """The unit's action with the best predicted gain per share of the scarcest free
+    resource it takes: a new instance (memory, an engine slot, its cores) against one
+    cpu instance's thread step (cores only: the replacement reuses the slot and the
+    model's memory). Gain: items/s added, 1000 / latency of the new instance, or
+    1000 / svc(t2) - 1000 / svc(t). Ties go to the scale-out (Algorithm 1's action)."""
+    cap = s.cap
+    after = f"; {'; '.join(tried)}" if tried else ""
+    out_score = up_score = -1.0
+    out_txt = up_txt = ""
+    if out is not None:
+        lat = out.latency_ms
+        if out.engine == "cpu":
+            lat = service_ms_at(u, out.cores or u.min_threads) or lat
+        gain = 1000.0 / lat if lat > 0 else math.inf
+        share, what = _share(s, out)
+        out_score = gain / share if share > 0 else math.inf
+        fits = (
+            f"memory {_mb(cap.memory_used_mb)}+{_mb(out.memory_mb)} <= "
+            f"{_mb(cap.memory_cap_mb)} MB, {out.engine} slots "
+            f"{s.instances_used.get(out.engine, 0)}+1 <= {cap.max_instances[out.engine]}"
+        )
+        if cap.cores:
+            fits += f", cores {s.cores_used}+{out.cores} <= {cap.cores}"
+        out_txt = (
+            f"{out.engine} ({_n(out.latency_ms)} ms) admits it: {fits}; one more instance "
+            f"adds {_n(gain)} items/s for {share:.0%} of the free {what}"
+        )
+    if up is not None:
+        t, t2, svc_t, svc_t2 = up
+        gain = 1000.0 / svc_t2 - 1000.0 / svc_t
+        share = (t2 - t) / (cap.cores - s.cores_used)
+        up_score = gain / share
+        lat = u.latency_ms_by_threads
+        up_txt = (
+            f"one cpu instance {t} -> {t2} threads: {_n(svc_t)} -> {_n(svc_t2)} ms per item "
+            f"(measured at load {_n(lat[t])} / {_n(lat[t2])} ms) adds {_n(gain)} items/s "
+            f"for {share:.0%} of the free cores (cores {s.cores_used}+{t2 - t} <= "
+            f"{cap.cores}; memory and slots unchanged after the swap)"
+        )
+    if out is not None and out_score >= up_score:
+        alt = f"; rather than {up_txt}" if up is not None else ""
+        if up is None and up_why is not None:
+            alt = f"; no thread scale-up: {up_why}"
+        return Decision(
+            "scale_out",
+            unit=u.index,
+            engine=out.engine,
+            reason=f"{head}{after}; {out_txt}{alt}",
+        )
+    assert up is not None
+    if out is not None:
+        alt = f"; rather than scale-out: {out_txt}"
+    else:
+        alt = f"; no scale-out: {'; '.join(tried)}" if tried else ""
+    return Decision(
+        "scale_up",
+        unit=u.index,
+        engine="cpu",
+        threads=up[1],
+        from_threads=up[0],
+        reason=f"{head}; {up_txt}{alt}",
+    )
 
 
 def _shed_limit(s: Snapshot) -> tuple[int, str]:
@@ -536,6 +794,9 @@ def _scale_in(s: Snapshot, c: ScalerConfig, lam: float, last: float | None) -> l
         needed = max(0, math.ceil(items * svc / 1000.0 / c.scale_in_utilisation - _EPS))
         keep = max(needed, u.min_instances)
         if u.total_instances <= keep:
+            down = _scale_down(s, c, u, lam, quiet)
+            if down is not None:
+                out.append(down)
             continue
         lat = {o.engine: o.latency_ms for o in u.options}
         engine = max(running, key=lambda e: (lat.get(e, math.inf), e))
@@ -549,3 +810,45 @@ def _scale_in(s: Snapshot, c: ScalerConfig, lam: float, last: float | None) -> l
         )
         out.append(Decision("scale_in", unit=u.index, engine=engine, reason=reason))
     return out
+
+
+def _scale_down(
+    s: Snapshot, c: ScalerConfig, u: UnitState, lam: float, quiet: str
+) -> Decision | None:
+    """The thread step back (InferLine Algorithm 4's rule applied to threads): the
+    fattest cpu instance of ``u`` drops to the next measured count below it (not below
+    ``min_threads``) when the unit's capacity after it still serves the max offered
+    rate over the horizon at utilisation <= ``scale_in_utilisation``. Frees cores."""
+    live = {t: n for t, n in u.threads.items() if n > 0}
+    if not live or any(e != "cpu" and n > 0 for e, n in u.instances.items()):
+        return None
+    t = max(live)
+    if t <= u.min_threads:
+        return None
+    lower = sorted(k for k in u.latency_ms_by_threads if u.min_threads <= k < t)
+    if not lower:
+        return None
+    t2 = lower[-1]
+    per = {k: service_ms_at(u, k) for k in {*live, t2}}
+    if not all(per.values()):
+        return None
+    now_items = sum(n * 1000.0 / per[k] for k, n in live.items())  # type: ignore[operator]
+    after = now_items - 1000.0 / per[t] + 1000.0 / per[t2]  # type: ignore[operator]
+    f = _fan_out(u, s)
+    items = lam * f
+    if not items <= c.scale_in_utilisation * after + _EPS:
+        return None
+    return Decision(
+        "scale_down",
+        unit=u.index,
+        engine="cpu",
+        threads=t2,
+        from_threads=t,
+        reason=(
+            f"{quiet} > hold {_n(c.hold_s)} s; {u.name}: max rate {_n(lam)} req/s over "
+            f"{_n(c.rate_horizon_s)} s x {_n(f)} items/req = {_n(items)} items/s <= "
+            f"{c.scale_in_utilisation:g} x {_n(after)} items/s, its capacity with one cpu "
+            f"instance {t} -> {t2} threads ({_n(per[t])} -> {_n(per[t2])} ms per item): "
+            f"{t - t2} core(s) back"
+        ),
+    )

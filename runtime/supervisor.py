@@ -205,6 +205,7 @@ class InstanceHandle:
             "state": self.state,
             "engine": self.unit.engine,
             "cores": self.cores,
+            "threads": self.unit.threads,
             "rss_mb": round(float(mem.get("rss_mb", 0.0)), 1),
             "uss_mb": round(float(mem.get("uss_mb", 0.0)), 1),
             "pss_mb": round(float(mem.get("pss_mb", 0.0)), 1),

@@ -376,23 +376,48 @@ ENGINES = ("cpu", "gpu", "dla")
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[Snapshot, list[tuple[float, float, float | None]], list]:
+def scenarios(
+    draw: st.DrawFn, threads_only: bool = False
+) -> tuple[Snapshot, list[tuple[float, float, float | None]], list]:
+    """A device, a pipeline on it, and a load sequence; ``threads_only``: cpu units that
+    may all scale threads, on a device that counts cores (the scale_up / scale_down
+    paths, rare otherwise)."""
     n_units = draw(st.integers(1, 4))
     units: list[UnitState] = []
     fan = []
     for i in range(n_units):
-        engines = draw(st.lists(st.sampled_from(ENGINES), min_size=1, max_size=3, unique=True))
+        engines = (
+            ["cpu"]
+            if threads_only
+            else draw(st.lists(st.sampled_from(ENGINES), min_size=1, max_size=3, unique=True))
+        )
         options = tuple(
             EngineOption(
                 e,
                 latency_ms=draw(st.floats(0.5, 300.0)),
                 memory_mb=draw(st.floats(0.0, 600.0)),
-                cores=draw(st.integers(0, 4)) if e == "cpu" else 0,
+                cores=draw(st.integers(1 if threads_only else 0, 4)) if e == "cpu" else 0,
             )
             for e in engines
         )
         lo = draw(st.integers(1, 3))
         hi = draw(st.one_of(st.none(), st.integers(lo, lo + 4)))
+        # cpu units may scale threads: measured latencies per count, some missing
+        vertical = (
+            options[0].engine == "cpu"
+            and options[0].cores >= 1
+            and (threads_only or draw(st.booleans()))
+        )
+        base = options[0].cores if vertical else 1
+        lat = (
+            {
+                k: draw(st.floats(0.5, 300.0))
+                for k in range(base, base + 4)
+                if k == base or draw(st.booleans())
+            }
+            if vertical
+            else {}
+        )
         units.append(
             UnitState(
                 index=i,
@@ -403,6 +428,12 @@ def scenarios(draw: st.DrawFn) -> tuple[Snapshot, list[tuple[float, float, float
                 service_ms=draw(st.one_of(st.none(), st.floats(0.5, 300.0))),
                 min_instances=lo,
                 max_instances=hi,
+                threads={base: lo} if vertical else {},
+                latency_ms_by_threads=lat,
+                min_threads=base,
+                max_threads=base + draw(st.integers(1 if threads_only else 0, 3))
+                if vertical
+                else None,
             )
         )
         fan.append(draw(st.floats(0.0, 4.0)))
@@ -418,7 +449,8 @@ def scenarios(draw: st.DrawFn) -> tuple[Snapshot, list[tuple[float, float, float
     for e in ENGINES:  # an engine no unit runs on yet may or may not be on the device
         if e not in slots and draw(st.booleans()):
             slots[e] = draw(st.integers(0, 4))
-    cores = draw(st.one_of(st.just(0), st.integers(0, 6).map(lambda x: cores_used + x)))
+    more = st.integers(0, 6).map(lambda x: cores_used + x)
+    cores = draw(more if threads_only else st.one_of(st.just(0), more))
     cap = ResourceCap(mem + draw(st.floats(0.0, 1500.0)), mem, slots, cores)
     first = Snapshot(
         now=0.0,
@@ -453,15 +485,35 @@ def apply(s: Snapshot, decisions: list[Decision]) -> Snapshot:
             continue
         assert d.unit is not None and d.engine is not None
         u = units[d.unit]
+        if d.action in ("scale_up", "scale_down"):
+            # one instance of from_threads replaced by one of threads (after the swap)
+            assert d.engine == "cpu" and d.threads is not None and d.from_threads is not None
+            assert u.threads.get(d.from_threads, 0) >= 1
+            assert d.threads in u.latency_ms_by_threads  # only measured counts
+            assert u.min_threads <= d.threads <= (u.max_threads or 0)
+            th = dict(u.threads)
+            th[d.from_threads] -= 1
+            th[d.threads] = th.get(d.threads, 0) + 1
+            units[d.unit] = replace(u, threads={k: n for k, n in th.items() if n})
+            cores += d.threads - d.from_threads
+            continue
         o = next(o for o in u.options if o.engine == d.engine)
         sign = 1 if d.action == "scale_out" else -1
         assert d.action in ("scale_out", "scale_in")
         inst = dict(u.instances)
         inst[d.engine] = inst.get(d.engine, 0) + sign
         assert inst[d.engine] >= 0
-        units[d.unit] = replace(u, instances=inst)
+        th = dict(u.threads)
+        pinned = o.cores
+        if d.engine == "cpu" and th:
+            # a new instance runs the base threads; a stopped one is a base one if any
+            k = o.cores if sign > 0 or th.get(o.cores) else min(th)
+            th[k] = th.get(k, 0) + sign
+            th = {t: n for t, n in th.items() if n}
+            pinned = k
+        units[d.unit] = replace(u, instances=inst, threads=th)
         mem = mem + o.memory_mb if sign > 0 else mem - o.memory_mb
-        cores += sign * o.cores
+        cores += sign * pinned
         used[d.engine] = used.get(d.engine, 0) + sign
     return replace(
         s,
@@ -473,8 +525,15 @@ def apply(s: Snapshot, decisions: list[Decision]) -> Snapshot:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(), st.sampled_from([0.0, 1.0, 3.0]), st.sampled_from([0.0, 2.0, 15.0]))
+@given(
+    st.one_of(scenarios(), scenarios(threads_only=True)),
+    st.sampled_from([0.0, 1.0, 3.0]),
+    st.sampled_from([0.0, 2.0, 15.0]),
+)
 def test_decisions_never_break_the_cap_or_the_minimum(scenario, cooldown, hold) -> None:
+    """The cap (memory, engine slots, cores counting every instance's threads) and the
+    bounds (min / max instances, min / max threads, measured counts only) hold after
+    every decision, whatever the load."""
     s, steps, fan = scenario
     cfg = ScalerConfig(cooldown_s=cooldown, hold_s=hold, rate_horizon_s=10.0)
     state = ScalerState()
@@ -490,9 +549,10 @@ def test_decisions_never_break_the_cap_or_the_minimum(scenario, cooldown, hold) 
         )
         out, state = decide(s, state, cfg)
         acts = [d.action for d in out]
-        assert acts.count("scale_out") <= 1 and acts.count("shed") <= 1
-        assert not ("scale_out" in acts and "scale_in" in acts)
-        ins = [d.unit for d in out if d.action == "scale_in"]
+        assert acts.count("scale_out") + acts.count("scale_up") <= 1 and acts.count("shed") <= 1
+        grow = {"scale_out", "scale_up"} & set(acts)
+        assert not (grow and {"scale_in", "scale_down"} & set(acts))
+        ins = [d.unit for d in out if d.action in ("scale_in", "scale_down")]
         assert len(ins) == len(set(ins))
         s = apply(s, out)
         assert s.cap.memory_used_mb <= s.cap.memory_cap_mb
@@ -504,3 +564,188 @@ def test_decisions_never_break_the_cap_or_the_minimum(scenario, cooldown, hold) 
             assert u.total_instances >= u.min_instances
             assert u.max_instances is None or u.total_instances <= u.max_instances
         assert all(s.now - t <= cfg.rate_horizon_s for t, _ in state.rates)
+
+
+# -- vertical scaling (intra-op threads) and the flapping fix ---------------------------------
+
+
+def threaded(
+    index: int,
+    bottleneck: float,
+    n: int,
+    lat: dict[int, float],
+    *,
+    mem: float = 100.0,
+    threads: dict[int, int] | None = None,
+    max_threads: int | None = 2,
+    **kw,
+) -> UnitState:
+    """A cpu unit of ``n`` instances (1 thread each unless ``threads``) whose instances
+    measured ``lat`` ms per item at load per thread count."""
+    opt = EngineOption("cpu", latency_ms=kw.get("service_ms") or lat[1], memory_mb=mem, cores=1)
+    return UnitState(
+        index=index,
+        name=f"u{index}",
+        bottleneck=bottleneck,
+        instances={"cpu": n},
+        options=(opt,),
+        threads=threads or {1: n},
+        latency_ms_by_threads=lat,
+        max_threads=max_threads,
+        **kw,
+    )
+
+
+def test_weights_in_a_cheap_partition_cores_bind_so_a_new_instance_beats_threads() -> None:
+    # conv: 135 ms per item, 60 MB; 2 threads measured 75 ms. fc: 50 ms, 560 MB of weights.
+    conv = threaded(0, 135, 1, {1: 135.0, 2: 75.0}, mem=60.0, service_ms=135.0, arrival_rate=5.0)
+    fc = threaded(1, 50, 1, {1: 50.0, 2: 30.0}, mem=560.0, service_ms=50.0, arrival_rate=5.0)
+    s = snap([conv, fc], rate=5.0, mem_used=1000.0, cores=4, cores_used=2)
+    d = only(decide(s, ScalerState())[0])
+    # scale-out: +1000/135 = 7.407 items/s for max(60/1000, 1/6 slots, 1/2 cores) = 50 %
+    #   -> 14.8 per share; scale-up 1 -> 2: 1000/75 - 1000/135 = 5.926 items/s for 1/2
+    #   cores = 50 % -> 11.9: the new instance wins, on the compute-heavy unit (not fc)
+    assert (d.action, d.unit, d.engine) == ("scale_out", 0, "cpu")
+    assert "adds 7.407 items/s for 50% of the free cores" in d.reason
+    assert "rather than one cpu instance 1 -> 2 threads: 135 -> 75 ms" in d.reason
+    assert "adds 5.926 items/s for 50% of the free cores" in d.reason
+
+
+def test_one_dominant_operator_group_scarce_memory_takes_threads() -> None:
+    # one group does almost all the work: 200 ms per item, 500 MB per instance; 2
+    # threads measured 110 ms at load, the live P50 is 220 ms (contention, real inputs)
+    u = threaded(0, 220, 1, {1: 200.0, 2: 110.0}, mem=500.0, service_ms=220.0, arrival_rate=4.0)
+    s = snap([u], rate=4.0, mem_used=1480.0, mem_cap=2000.0, cores=2, cores_used=1)
+    d = only(decide(s, ScalerState())[0])
+    # scale-out: 1000/220 = 4.545 items/s for max(500/520 memory, 1/7 slots, 1/1 cores)
+    #   = 100 % -> 4.5; scale-up: P50 x 110/200 = 121 ms: 1000/121 - 1000/220 = 3.719
+    #   items/s for 1/1 cores = 100 % -> 3.7: still the scale-out (both take the last core)
+    assert d.action == "scale_out"
+    # with 3 free cores the core share of the thread step drops to 1/3 (and the new
+    # instance's binding share is memory, 500/520 = 96 %): threads win
+    s = replace(s, cap=replace(s.cap, cores=4))
+    d = only(decide(s, ScalerState())[0])
+    assert (d.action, d.unit, d.engine, d.from_threads, d.threads) == ("scale_up", 0, "cpu", 1, 2)
+    assert "220 -> 121 ms per item (measured at load 200 / 110 ms)" in d.reason
+    assert "adds 3.719 items/s for 33% of the free cores (cores 1+1 <= 4" in d.reason
+    assert "rather than scale-out" in d.reason and "96% of the free memory" in d.reason
+
+
+def test_a_cap_that_admits_one_replica_scales_threads_then_sheds() -> None:
+    # one replica of 900 MB fits the 1000 MB cap, a second does not; 2 free cores
+    u = threaded(0, 100, 1, {1: 100.0, 2: 60.0}, mem=900.0, service_ms=100.0, arrival_rate=8.0)
+    s = snap([u], rate=8.0, mem_used=950.0, mem_cap=1000.0, cores=2, cores_used=1)
+    out, st1 = decide(s, ScalerState())
+    d = only(out)
+    assert (d.action, d.threads, d.from_threads) == ("scale_up", 2, 1)
+    assert "no scale-out: cpu refused: memory 950+900 > 1000 MB" in d.reason
+    assert st1.last_scale_out == 100.0 and st1.last_change == 100.0
+    # after the swap: one instance of 2 threads, both cores pinned, P50 60 ms; still late
+    swapped = replace(u, threads={2: 1}, service_ms=60.0)
+    s2 = snap([swapped], now=110.0, rate=8.0, mem_used=950.0, mem_cap=1000.0, cores=2)
+    s2 = replace(s2, cores_used=2)
+    d = only(decide(s2, st1)[0])
+    # max_threads 2 reached (nothing measured above 2): the queue is bounded at the cap
+    assert d.action == "shed"
+    assert "no thread scale-up: no measured latency above 2 thread(s) (max_threads 2)" in d.reason
+    # Little's law on the 2-thread capacity: 1000 / 60 = 16.67 req/s x 0.2 s = 3
+    assert d.queue_limit == 3
+
+
+def test_no_measurement_no_scale_up_and_no_assumed_speedup() -> None:
+    full = dict(rate=8.0, mem_used=950.0, mem_cap=1000.0, cores=4, cores_used=1)
+    # no per-thread measurement at all: never scaled up, the reason says so
+    u = UnitState(
+        0, "u0", 100, {"cpu": 1}, (EngineOption("cpu", 100.0, 900.0, 1),),
+        service_ms=100.0, threads={1: 1}, max_threads=2,
+    )  # fmt: skip
+    d = only(decide(snap([u], **full), ScalerState())[0])
+    assert d.action == "shed" and "no measured latency above 1 thread(s)" in d.reason
+    # 2 threads measured slower than 1 (a memory-bound operator group): no scale-up
+    u = threaded(0, 100, 1, {1: 100.0, 2: 104.0}, mem=900.0, service_ms=100.0)
+    d = only(decide(snap([u], **full), ScalerState())[0])
+    assert d.action == "shed" and "2 threads measured no faster than 1 (104 vs 100 ms)" in d.reason
+    # without max_threads the unit is never scaled vertically (and says nothing of it)
+    u = threaded(0, 100, 1, {1: 100.0, 2: 50.0}, mem=900.0, service_ms=100.0, max_threads=None)
+    d = only(decide(snap([u], **full), ScalerState())[0])
+    assert d.action == "shed" and "thread" not in d.reason
+    # the device counts no cores: no budget to take threads from
+    u = threaded(0, 100, 1, {1: 100.0, 2: 50.0}, mem=900.0, service_ms=100.0)
+    d = only(decide(snap([u], **dict(full, cores=0)), ScalerState())[0])
+    assert d.action == "shed" and "counts no cpu cores" in d.reason
+    # cores full: 2 + 1 > 2
+    d = only(decide(snap([u], **dict(full, cores=2, cores_used=2)), ScalerState())[0])
+    assert d.action == "shed" and "cores 2+1 > 2" in d.reason
+
+
+def test_at_max_instances_a_unit_can_still_take_threads() -> None:
+    u = threaded(0, 100, 2, {1: 100.0, 2: 60.0}, service_ms=100.0, max_instances=2)
+    d = only(decide(snap([u], cores=4, cores_used=2), ScalerState())[0])
+    assert (d.action, d.threads) == ("scale_up", 2)
+    assert "no scale-out: at its max_instances 2" in d.reason
+
+
+def test_scale_down_gives_cores_back_when_the_load_falls() -> None:
+    cfg = ScalerConfig(hold_s=15.0)
+    # one instance at 2 threads (P50 60 ms; measured 100 / 60 ms at 1 / 2 threads)
+    u = threaded(0, 60, 1, {1: 100.0, 2: 60.0}, threads={2: 1}, service_ms=60.0, arrival_rate=5.0)
+    # 5 req/s: at 1 thread 1000 / (60 x 100/60) = 10 items/s; 5 <= 0.6 x 10 = 6 -> down
+    out, st1 = decide(snap([u], p99=50.0, rate=5.0, cores=2, cores_used=2), ScalerState(), cfg)
+    d = only(out)
+    assert (d.action, d.unit, d.engine, d.from_threads, d.threads) == ("scale_down", 0, "cpu", 2, 1)
+    assert "5 items/s <= 0.6 x 10 items/s" in d.reason and "1 core(s) back" in d.reason
+    assert st1.last_change == 100.0
+    # 7 req/s: 7 > 6 -> keep the threads
+    u7 = replace(u, arrival_rate=7.0)
+    assert decide(snap([u7], p99=50.0, rate=7.0, cores=2), ScalerState(), cfg)[0] == []
+    # never below the stage's threads (min_threads 2)
+    u2 = replace(u, min_threads=2)
+    assert decide(snap([u2], p99=50.0, rate=0.1, cores=2), ScalerState(), cfg)[0] == []
+    # within the hold: nothing
+    assert (
+        decide(snap([u], p99=50.0, rate=5.0, cores=2), ScalerState(last_change=95.0), cfg)[0] == []
+    )
+
+
+def vgg_like(fc_instances: int) -> list[UnitState]:
+    """VGG-19 on the quiet host (bench/README.md): the convolution partition at its
+    max_instances 2 (135 ms per item), the fully connected one (532 MB of weights read
+    per request, ~50 ms) next; 5 req/s offered."""
+    conv = unit(0, 135.0, {"cpu": 2}, service_ms=135.0, arrival_rate=5.0, max_instances=2)
+    fc = unit(
+        1, 50.0 * fc_instances, {"cpu": fc_instances},
+        EngineOption("cpu", 50.0, 560.0, cores=1),
+        service_ms=50.0, arrival_rate=5.0,
+    )  # fmt: skip
+    return [conv, fc]
+
+
+def test_the_weight_heavy_partition_no_longer_flaps() -> None:
+    """The cycle of bench/README.md, on snapshots: every ~25 s a burst violates the SLO
+    while the conv partition is at max_instances; the fc partition's B_k/S_k 50 passes
+    the 0.5 x 67.5 rule, so it used to be scaled out, then scaled in after the hold
+    (needed = ceil(5 x 50 ms / 0.6) = 1), and again at the next burst."""
+    cfg = ScalerConfig(cooldown_s=6.0, hold_s=15.0, rate_horizon_s=30.0)
+    state = ScalerState()
+    fc_n = 1
+    actions = []
+    for k in range(20):  # 100 s: a burst at 0, 25, 50, 75 s, calm in between
+        now = 100.0 + 5.0 * k
+        p99 = 900.0 if k % 5 == 0 else 300.0
+        s = snap(vgg_like(fc_n), now=now, p99=p99, slo=600.0, rate=5.0, mem_used=1050.0)
+        out, state = decide(s, state, cfg)
+        for d in out:
+            actions.append((now, d.action, d.unit))
+            if d.unit == 1:
+                fc_n += 1 if d.action == "scale_out" else -1
+    assert not [a for a in actions if a[2] == 1], actions  # fc is never scaled, in or out
+    assert fc_n == 1
+    sheds = [a for a in actions if a[1] == "shed"]
+    assert sheds, actions  # the bursts are shed instead
+    out, _ = decide(snap(vgg_like(1), p99=900.0, slo=600.0, rate=5.0), ScalerState(), cfg)
+    assert "u1 (B_k/S_k 50) is not short of capacity" in only(out).reason
+    assert "utilisation 0.25 <= 0.6" in out[0].reason
+    # at 15 req/s the fc partition is short (15 x 50 ms = 0.75 > 0.6): it is scaled out
+    units = [replace(u, arrival_rate=15.0) for u in vgg_like(1)]
+    d = only(decide(snap(units, p99=900.0, slo=600.0, rate=15.0), ScalerState(), cfg)[0])
+    assert (d.action, d.unit) == ("scale_out", 1)
