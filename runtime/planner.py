@@ -79,6 +79,7 @@ __all__ = [
     "SearchOutcome",
     "arrivals_for",
     "autoscale_run",
+    "cpu_cores",
     "plan",
     "predict",
     "resource_cap",
@@ -693,10 +694,22 @@ def autoscale_run(
 
 # -- the configuration-space search (issue 15) ---------------------------------------------
 
-#: Front-end CPU per request, ms: the front end's parsing, admission, token handover and
-#: reply for one small request, measured with ``bench/binary_path.py`` on the development
-#: host (see :func:`search`); pass the figure measured on the target with ``frontend_ms``.
-FRONTEND_MS = 0.5
+#: Front-end CPU per request, ms: the service process's CPU time (HTTP server, admission,
+#: token handover, reply; all its threads) per request of a 1x3x224x224 FP32 input (602 KB,
+#: binary tensor data over the Unix socket), measured with ``bench/frontend_cpu.py`` on
+#: the 2-core development host (2026-11-25: 1.67 ms over 200 requests, 1.55 ms over 600).
+#: It grows with the request's bytes; pass the target's own figure with ``frontend_ms``.
+FRONTEND_MS = 1.6
+
+
+def cpu_cores(device: Any) -> int | None:
+    """Physical cores of a DeviceProfile's cpu entry (its listed ``cores``; None when it
+    lists none or has no cpu entry): the contention count for :func:`search`, where
+    ``ResourceCap.cores`` counts thread slots (cores x ``threads_per_core``)."""
+    for acc in getattr(device, "accelerators", ()):
+        if acc.engine == "cpu" and acc.count >= 1 and acc.cores:
+            return len(acc.cores)
+    return None
 
 
 @dataclass(frozen=True)
@@ -982,14 +995,18 @@ def search(
         slo_ms: end-to-end P99 SLO, ms.
         device: a DeviceProfile, a ResourceCap, or None (no memory / slot cap).
         rate: expected mean arrival rate, requests/s (None: score by the max rate).
-        cores: cpu cores the instances and the front end share (default: the cap's).
+        cores: physical cpu cores the instances and the front end share: the CPU
+            contention of the simulator and the largest thread count tried (default: the
+            cap's ``cores``; give the physical count when the profile's thread slots
+            oversubscribe them, :func:`cpu_cores`).
         arrivals: arrival process spec (:func:`infscaler.runtime.arrivals.from_spec`).
         requests: requests simulated per score (trace length = requests / rate).
         seed / handover_ms: see :func:`~infscaler.runtime.simulator.simulate`.
         frontend_ms: front-end CPU per request, ms (0: not modelled).
         max_partitions: largest K per model stage.
         objectives: partition objectives tried (``("eq1",)``: the paper's only).
-        oversubscribe: pinned threads allowed per core when adding instances.
+        oversubscribe: pinned threads allowed per core when adding instances, when the
+            cap gives no thread slots (``ResourceCap.cores`` 0); else its slots apply.
         max_candidates: most (cuts x threads) combinations over the stages.
 
     Returns:
@@ -1021,6 +1038,9 @@ def search(
     if not models:
         raise ValueError("no model stage to search: pass at least one ModelStage")
     slots = cap.max_instances.get("cpu") if cap.max_instances else None
+    # pinned threads the runtime allows (the cap's thread slots, as the scaler counts
+    # them), else oversubscribe x the cores
+    thread_slots = cap.cores if cap.cores else int(oversubscribe * n_cores)
 
     # per model stage: (cuts, objectives, threads) options
     options = []
@@ -1146,8 +1166,8 @@ def search(
             for u, c in zip(units, cfg, strict=True)
             if u.served and "cpu" in c.instances
         )
-        if pinned > oversubscribe * n_cores:
-            note = f"one instance per unit pins {pinned} threads > {n_cores} cores"
+        if pinned > thread_slots:
+            note = f"one instance per unit pins {pinned} threads > {thread_slots} thread slots"
         best_here: (
             tuple[float, float, list[UnitConfig], tuple[float, float | None, SimResult | None]]
             | None
@@ -1192,8 +1212,11 @@ def search(
                 if mem + p.memory_mb > cap.memory_cap_mb:
                     stop = f"cap: memory {mem:.0f}+{p.memory_mb:.0f} > {cap.memory_cap_mb:.0f} MB"
                     continue
-                if p.engine == "cpu" and pinned + max(1, p.cores) > oversubscribe * n_cores:
-                    stop = f"cap: {pinned}+{max(1, p.cores)} pinned threads > {n_cores} cores"
+                if p.engine == "cpu" and pinned + max(1, p.cores) > thread_slots:
+                    stop = (
+                        f"cap: {pinned}+{max(1, p.cores)} pinned threads > {thread_slots} "
+                        "thread slots"
+                    )
                     continue
                 if u.kind == "model" and slots is not None and n_inst + 1 > slots:
                     stop = f"cap: {slots} cpu instance slots"
