@@ -254,6 +254,14 @@ def plan_cmd(
         float | None,
         typer.Option("--frontend-ms", help="Search: front-end CPU per request, ms."),
     ] = None,
+    refine: Annotated[
+        int,
+        typer.Option(
+            "--refine",
+            help="Search: measure the partitions of the N best candidates and search "
+            "again (0: estimates from the whole model's time only).",
+        ),
+    ] = 3,
 ) -> None:
     """Plan the starting configuration: per unit engine, instances and batch with the
     least memory whose simulated P99 meets --slo at --rate within the device's cap.
@@ -290,6 +298,7 @@ def plan_cmd(
             objective=objective or "auto",
             max_partitions=max_partitions,
             frontend_ms=frontend_ms,
+            refine=refine,
             seed=seed,
             handover_ms=handover_ms,
             repeats=repeats,
@@ -381,7 +390,7 @@ def plan_cmd(
         raise typer.Exit(1)
 
 
-def _model_stages(pipeline: str, progress: Any) -> list[Any]:
+def _model_stages(pipeline: str, progress: Any) -> tuple[list[Any], list[Path], list[Any]]:
     """The pipeline's stages as the search takes them: each model stage measured on this
     host (:func:`infscaler.runtime.stageprofile.measure_model_stage`).
 
@@ -395,7 +404,7 @@ def _model_stages(pipeline: str, progress: Any) -> list[Any]:
     from infscaler.runtime.stageprofile import measure_model_stage
 
     cfg = pipeline_from_arg(pipeline)
-    stages = []
+    stages, paths, all_shapes = [], [], []
     for st in cfg.stages:
         if st.model is None:
             raise InfScalerError(
@@ -408,16 +417,19 @@ def _model_stages(pipeline: str, progress: Any) -> list[Any]:
         if shapes is None and st.model in MODELS:
             shapes = MODELS[st.model].shapes
         cores = usable_cores()
+        path = resolve_model(st.model)
         stages.append(
             measure_model_stage(
-                resolve_model(st.model),
+                path,
                 name=st.name,
                 shapes=shapes,
                 threads=sorted({1, 2, cores}),
                 progress=progress,
             )
         )
-    return stages
+        paths.append(path)
+        all_shapes.append(shapes)
+    return stages, paths, all_shapes
 
 
 def search_cmd(
@@ -433,6 +445,7 @@ def search_cmd(
     handover_ms: float,
     repeats: int,
     as_json: bool,
+    refine: int = 3,
 ) -> int:
     """``infscaler plan MODEL --slo X [--rate R] --explain``: the configuration search.
 
@@ -440,7 +453,9 @@ def search_cmd(
     :func:`infscaler.runtime.planner.search` and prints every candidate (K, cuts, the
     objectives that chose them, threads, instances, predicted goodput, P99, memory, the
     bottleneck partition's share of the FLOPs) with why it lost, the winner, and per
-    stage the share of Eq. 1's own plan beside the winner's. Returns the exit status
+    stage the share of Eq. 1's own plan beside the winner's. The partitions of the
+    ``refine`` best candidates are measured and the search run again with them
+    (:func:`~infscaler.runtime.stageprofile.search_measured`). Returns the exit status
     (0: a winner, 1: none meets the SLO).
 
     Raises:
@@ -450,7 +465,8 @@ def search_cmd(
 
     from infscaler.partitioner.profiler import usable_cores
     from infscaler.partitioner.search import OBJECTIVES
-    from infscaler.runtime.planner import FRONTEND_MS, ModelStage, cpu_cores, resource_cap, search
+    from infscaler.runtime.planner import FRONTEND_MS, ModelStage, cpu_cores, resource_cap
+    from infscaler.runtime.stageprofile import search_measured
 
     if not slo:
         raise InfScalerError("plan needs --slo", hint="e.g. --slo 200ms")
@@ -464,19 +480,26 @@ def search_cmd(
         raise InfScalerError(
             f"unknown --objective {objective!r}", hint="auto, eq1, minmax or weights"
         )
+    if refine < 0:
+        raise InfScalerError(f"--refine must be >= 0, got {refine}")
     if not 1 <= max_partitions <= 8:
         raise InfScalerError(f"--max-partitions must be 1..8, got {max_partitions}")
     fe = FRONTEND_MS if frontend_ms is None else frontend_ms
     if fe < 0 or handover_ms < 0:
         raise InfScalerError("--frontend-ms and --handover-ms must be >= 0")
     profile = _device(device)
-    stages = _model_stages(pipeline, lambda m: err.print(f"  {m}", highlight=False))
+    say = lambda m: err.print(f"  {m}", highlight=False)  # noqa: E731
+    stages, paths, shapes = _model_stages(pipeline, say)
     cap = resource_cap(profile)
     with err.status("searching K, cuts, threads and instances"):
-        res = search(
+        res, stages = search_measured(
             stages,
+            paths,
             slo_ms,
             cap,
+            shapes=shapes,
+            refine=refine,
+            progress=say,
             rate=rate_rps,
             cores=cpu_cores(profile) or usable_cores(),
             seed=seed,

@@ -2,21 +2,21 @@
 names no K, threads or instances).
 
 :func:`needs_planning` tells whether a pipeline is left to the planner: it has an
-``slo`` and ``autoscale``, and at least one model stage names an ONNX ``model`` on the cpu
-engine with no ``partitions``, stage ``slo``, ``threads``, ``instances`` or ``batching`` of
-its own.
-:func:`plan_pipeline` then measures those stages on this host
+``slo`` and ``autoscale``, and every stage is a model stage naming an ONNX ``model`` on
+the cpu engine with no ``partitions``, stage ``slo``, ``threads``, ``instances`` or
+``batching`` of its own. :func:`plan_pipeline` then measures those stages on this host
 (:func:`~infscaler.runtime.stageprofile.measure_model_stage`), runs the configuration
-search (:func:`infscaler.runtime.planner.search`, every other model stage whole with its
-own settings not searched: only pipelines whose stages are all left to the planner are
-planned, see below), writes each stage's chosen cuts as a plan directory
-(:func:`infscaler.partitioner.api.partition_model` with ``cuts``; K = 1 keeps the model
-whole) and returns the pipeline with those stages set to the plan, the threads and the
-instances per partition (the scaler's minimum, which it grows from).
+search with the best candidates' partitions measured
+(:func:`~infscaler.runtime.stageprofile.search_measured`, over
+:func:`infscaler.runtime.planner.search`), writes each stage's chosen cuts as a plan
+directory (:func:`infscaler.partitioner.api.partition_model` with ``cuts``; K = 1 keeps
+the model whole) and returns the pipeline with those stages set to the plan, the threads
+and the instances per partition (the scaler's minimum, which it grows from).
 
-Pipelines with function stages are not planned (the search measures ONNX model stages
-only); they deploy as written. ``objective="eq1"`` keeps today's behaviour (Eq. 1 at
-deploy, :mod:`infscaler.runtime.pipeline`), as does ``serve --objective eq1``.
+Pipelines with function stages, or with a stage the user configured, are not planned
+(the search measures ONNX model stages only); they deploy as written, as does every
+pipeline under ``serve --objective eq1`` (Eq. 1 at deploy,
+:mod:`infscaler.runtime.pipeline`).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def plan_pipeline(
     from infscaler.partitioner.api import partition_model
     from infscaler.partitioner.profiler import usable_cores
     from infscaler.partitioner.slo import slo_ms as parse_ms
-    from infscaler.runtime.planner import cpu_cores, resource_cap, search
-    from infscaler.runtime.stageprofile import measure_model_stage
+    from infscaler.runtime.planner import cpu_cores, resource_cap
+    from infscaler.runtime.stageprofile import measure_model_stage, search_measured
 
     try:
         slo = parse_ms(str(cfg.slo)) if not isinstance(cfg.slo, int | float) else float(cfg.slo)
@@ -103,7 +103,17 @@ def plan_pipeline(
         paths.append(path)
         shapes.append(shp)
     progress("searching K, cuts, threads and instances")
-    out = search(stages, slo, cap, rate=rate, cores=cores, objectives=objectives)
+    out, stages = search_measured(
+        stages,
+        paths,
+        slo,
+        cap,
+        shapes=shapes,
+        progress=progress,
+        rate=rate,
+        cores=cores,
+        objectives=objectives,
+    )
     if out.best is None:
         raise InfScalerError(
             f"no configuration meets the SLO of {slo:g} ms within the device's cap: "

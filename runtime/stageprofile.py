@@ -13,18 +13,23 @@ an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.pa
   is not an option;
 * the boundary overhead T_p (``profiler.measure_boundary_overhead``, cached).
 
+:func:`search_measured` runs the search, measures the partitions of its best candidates
+(:func:`measure_units`) in place of the estimate, and searches again.
+
 Not pure (it runs onnxruntime); the search itself is (:func:`infscaler.runtime.planner.search`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from infscaler.device import INSTANCE_OVERHEAD_MB
 from infscaler.runtime.planner import ModelStage
 
-__all__ = ["measure_model_stage"]
+__all__ = ["measure_model_stage", "measure_units", "search_measured"]
 
 
 def measure_model_stage(
@@ -99,3 +104,73 @@ def measure_model_stage(
         activations_mb=graph.peak_activation_bytes(0, n - 1) / 1e6,
         instance_overhead_mb=INSTANCE_OVERHEAD_MB,
     )
+
+
+def measure_units(
+    model: str | os.PathLike[str],
+    cuts: Sequence[int],
+    threads: int,
+    *,
+    shapes: str | None = None,
+    repeats: int = 5,
+) -> tuple[float, ...]:
+    """Measured latency of each partition of ``model`` cut at ``cuts`` with ``threads``
+    intra-op threads, ms (batch 1; the partitioner's own per-part timing: each part's
+    session as the cpu engine builds it, fed the previous part's outputs;
+    :func:`infscaler.partitioner.api.partition_model` with ``cuts``, nothing written).
+
+    Raises:
+        PartitionError: a cut that is not a valid cut. ModelLoadError / ShapeError: a bad
+            model or shapes. VerificationError: the parts do not reproduce the model.
+    """
+    from infscaler.partitioner.api import partition_model
+
+    plan = partition_model(model, shapes=shapes, cuts=list(cuts), threads=threads, repeats=repeats)
+    return tuple(float(p["latency_ms"]["cpu"]) for p in plan.summary["partitions"])
+
+
+def search_measured(
+    stages: Sequence[ModelStage],
+    models: Sequence[str | os.PathLike[str]],
+    slo_ms: float,
+    device: Any,
+    *,
+    shapes: Sequence[str | None] | None = None,
+    refine: int = 3,
+    rounds: int = 3,
+    progress: Callable[[str], None] = lambda _m: None,
+    **kwargs: Any,
+) -> tuple[Any, list[ModelStage]]:
+    """:func:`infscaler.runtime.planner.search`, then the partitions of the ``refine``
+    best candidates measured (:func:`measure_units`) in place of their estimated times
+    (each stage's share of the whole model's time) and the search run again, until the
+    ``refine`` best are all measured or after ``rounds`` rounds. Returns the last
+    outcome and the stages with their measured ``unit_ms``.
+
+    Args:
+        stages / models / shapes: the model stages and their ONNX files (and shapes),
+            in the same order; ``kwargs`` go to ``search`` (``rate``, ``cores``, ...).
+    """
+    from infscaler.runtime.planner import search
+
+    stages = list(stages)
+    shapes = list(shapes) if shapes is not None else [None] * len(stages)
+    out = search(stages, slo_ms, device, **kwargs)
+    for _ in range(rounds):
+        todo: list[tuple[int, tuple[int, ...], int]] = []
+        for c in out.candidates[:refine]:
+            if not c.fits:
+                continue
+            for i, (cuts, t) in enumerate(zip(c.cuts, c.threads, strict=True)):
+                if cuts and (cuts, t) not in stages[i].unit_ms and (i, cuts, t) not in todo:
+                    todo.append((i, cuts, t))
+        if not todo:
+            break
+        for i, cuts, t in todo:
+            progress(
+                f"{stages[i].name}: measuring the partitions of cuts {list(cuts)} at {t} thread(s)"
+            )
+            ms = measure_units(models[i], cuts, t, shapes=shapes[i])
+            stages[i] = dataclasses.replace(stages[i], unit_ms={**stages[i].unit_ms, (cuts, t): ms})
+        out = search(stages, slo_ms, device, **kwargs)
+    return out, stages

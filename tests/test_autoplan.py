@@ -125,3 +125,23 @@ def test_a_pipeline_left_to_the_planner_deploys_its_choice(
         assert len(dep.pipeline.units) == k
         out = svc.infer("auto", {"x": x}, timeout_s=60).outputs["y"]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_search_measured_replaces_the_estimates_of_the_best_candidates(chain_path: Path) -> None:
+    from infscaler.runtime.planner import search
+    from infscaler.runtime.scaler import ResourceCap
+    from infscaler.runtime.stageprofile import measure_units, search_measured
+
+    st = measure_model_stage(chain_path, threads=(1,), repeats=3)
+    ms = measure_units(chain_path, (1,), 1, repeats=3)
+    assert len(ms) == 2 and all(v > 0 for v in ms)
+    cap = ResourceCap(memory_cap_mb=float("inf"), memory_used_mb=0.0, max_instances={}, cores=2)
+    est = search([st], 500.0, cap, cores=2, max_partitions=2)
+    out, stages = search_measured(
+        [st], [chain_path], 500.0, cap, refine=2, cores=2, max_partitions=2
+    )
+    # the partitions of the 2 best candidates with K > 1 are measured now, in the stage
+    top = [c for c in out.candidates[:2] if c.cuts[0]]
+    assert all((c.cuts[0], c.threads[0]) in stages[0].unit_ms for c in top)
+    assert {c.cuts for c in out.candidates} == {c.cuts for c in est.candidates}
+    assert out.best is not None
