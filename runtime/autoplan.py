@@ -3,8 +3,8 @@ names no K, threads or instances).
 
 :func:`needs_planning` tells whether a pipeline is left to the planner: it has an
 ``slo`` and ``autoscale``, and every stage is a model stage naming an ONNX ``model`` on
-the cpu engine with no ``partitions``, stage ``slo``, ``threads``, ``instances`` or
-``batching`` of its own. :func:`plan_pipeline` then measures those stages on this host
+the cpu engine with no ``partitions``, stage ``slo`` or ``batching``, and ``threads``
+and ``instances`` at their defaults (1). :func:`plan_pipeline` then measures those stages on this host
 (:func:`~infscaler.runtime.stageprofile.measure_model_stage`), runs the configuration
 search with the best candidates' partitions measured
 (:func:`~infscaler.runtime.stageprofile.search_measured`, over
@@ -29,15 +29,18 @@ __all__ = ["needs_planning", "plan_pipeline"]
 
 
 def _left_to_planner(stage: Any) -> bool:
-    fields = stage.model_fields_set
+    """A cpu model stage whose K, threads and instances are the defaults (a pipeline
+    re-validated from a dump has every field set, so the values are compared, not the
+    fields set: ``threads: 1`` / ``instances: 1`` written out count as left open)."""
+    defaults = type(stage).model_fields
     return (
         stage.model is not None
         and stage.engine == "cpu"
         and stage.batching is None
         and stage.partitions is None
         and stage.slo is None
-        and "threads" not in fields
-        and "instances" not in fields
+        and stage.threads == defaults["threads"].default
+        and stage.instances == defaults["instances"].default
     )
 
 

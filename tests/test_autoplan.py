@@ -95,7 +95,7 @@ def test_a_pipeline_left_to_the_planner_deploys_its_choice(
             "name": "f",
             "slo": "500ms",
             "autoscale": {},
-            "stages": [{"name": "m", "model": str(chain_path), "threads": 1}],
+            "stages": [{"name": "m", "model": str(chain_path), "threads": 2}],
         }
     )
     assert not needs_planning(fixed)  # the user named the threads
@@ -145,3 +145,19 @@ def test_search_measured_replaces_the_estimates_of_the_best_candidates(chain_pat
     assert all((c.cuts[0], c.threads[0]) in stages[0].unit_ms for c in top)
     assert {c.cuts for c in out.candidates} == {c.cuts for c in est.candidates}
     assert out.best is not None
+
+
+def test_serve_plans_only_what_is_left_to_the_planner(chain_path: Path, tmp_path: Path) -> None:
+    from infscaler.cli_service import _planned, pipeline_from_arg, with_slo
+    from infscaler.device import load_profile
+
+    profile = load_profile("cpu-host")
+    bare = with_slo(pipeline_from_arg(str(chain_path)), "500ms", True)
+    planned = _planned(bare, profile, tmp_path / "state")
+    assert planned is not bare
+    st = planned.stages[0]
+    assert st.plan is not None or st.model is not None
+    k2 = with_slo(pipeline_from_arg(str(chain_path), 2), "500ms", True)
+    assert _planned(k2, profile, tmp_path / "state") is k2  # -k 2: the user named K
+    bad = CliRunner().invoke(app, ["serve", str(chain_path), "--objective", "x"])
+    assert bad.exit_code != 0 and "unknown --objective" in str(bad.exception)
