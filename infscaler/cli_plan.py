@@ -448,6 +448,7 @@ def search_cmd(
     refine: int = 3,
 ) -> int:
     """``infscaler plan MODEL --slo X [--rate R] --explain``: the configuration search.
+    ``--slo`` is in ms or a factor (``3x``) of the model stages' measured 1-thread latency.
 
     Measures each model stage (:mod:`infscaler.runtime.stageprofile`), runs
     :func:`infscaler.runtime.planner.search` and prints every candidate (K, cuts, the
@@ -465,12 +466,18 @@ def search_cmd(
 
     from infscaler.partitioner.profiler import usable_cores
     from infscaler.partitioner.search import OBJECTIVES
+    from infscaler.partitioner.slo import parse_slo
     from infscaler.runtime.planner import FRONTEND_MS, ModelStage, cpu_cores, resource_cap
     from infscaler.runtime.stageprofile import search_measured
 
     if not slo:
-        raise InfScalerError("plan needs --slo", hint="e.g. --slo 200ms")
-    slo_ms = parse_slo_ms(slo)
+        raise InfScalerError("plan needs --slo", hint="e.g. --slo 200ms or --slo 3x")
+    try:
+        spec = parse_slo(slo)
+    except InfScalerError as exc:
+        raise InfScalerError(f"--slo: {exc.message}", hint="e.g. --slo 200ms or 3x") from None
+    if spec.ms is None and spec.factor is None:
+        raise InfScalerError("the search needs an SLO", hint="e.g. --slo 200ms or --slo 3x")
     rate_rps = parse_rate(rate) if rate else None
     if objective == "auto":
         objectives: tuple[str, ...] = OBJECTIVES
@@ -490,6 +497,9 @@ def search_cmd(
     profile = _device(device)
     say = lambda m: err.print(f"  {m}", highlight=False)  # noqa: E731
     stages, paths, shapes = _model_stages(pipeline, say)
+    # a factor is of the pipeline's own 1-thread latency (its model stages in turn)
+    slo_ms = spec.resolve(sum(st.whole_ms[1] for st in stages))
+    assert slo_ms is not None
     cap = resource_cap(profile)
     with err.status("searching K, cuts, threads and instances"):
         res, stages = search_measured(

@@ -71,9 +71,12 @@ def plan_pipeline(
         rate: expected requests/s (None: the search maximises the rate within the SLO).
         objectives: partition objectives tried.
 
+    The pipeline's ``slo`` is in ms, or a factor (``3x``) of the sum of its model stages'
+    measured 1-thread latencies.
+
     Raises:
-        InfScalerError: the SLO cannot be read as ms, or no candidate meets it (the
-            message carries the search's last explain line).
+        InfScalerError: no SLO, or no candidate meets it (the message carries the
+            search's last explain line).
     """
     import hashlib
 
@@ -82,16 +85,13 @@ def plan_pipeline(
     from infscaler.models import MODELS, resolve_model
     from infscaler.partitioner.api import partition_model
     from infscaler.partitioner.profiler import usable_cores
-    from infscaler.partitioner.slo import slo_ms as parse_ms
+    from infscaler.partitioner.slo import parse_slo
     from infscaler.runtime.planner import cpu_cores, resource_cap
     from infscaler.runtime.stageprofile import measure_model_stage, search_measured
 
-    try:
-        slo = parse_ms(str(cfg.slo)) if not isinstance(cfg.slo, int | float) else float(cfg.slo)
-    except InfScalerError as exc:
-        raise InfScalerError(
-            f"the planner needs an absolute SLO: {exc.message}", hint="e.g. slo: 200ms"
-        ) from None
+    spec = parse_slo(cfg.slo)
+    if spec.ms is None and spec.factor is None:
+        raise InfScalerError("the planner needs an SLO", hint="e.g. slo: 200ms or slo: 3x")
     cap = resource_cap(device)
     cores = cpu_cores(device) or usable_cores()
     stages, paths, shapes = [], [], []
@@ -105,7 +105,10 @@ def plan_pipeline(
         )
         paths.append(path)
         shapes.append(shp)
-    progress("searching K, cuts, threads and instances")
+    # a factor is of the pipeline's own 1-thread latency (its model stages in turn)
+    slo = spec.resolve(sum(st.whole_ms[1] for st in stages))
+    assert slo is not None
+    progress(f"searching K, cuts, threads and instances for an SLO of {slo:.1f} ms")
     out, stages = search_measured(
         stages,
         paths,
