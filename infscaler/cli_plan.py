@@ -556,6 +556,9 @@ def search_cmd(
             )
         if res.best is not None:
             out.print(f"[bold]winner:[/] {escape(res.best.line())}", highlight=False)
+            for line in res.explain:
+                if line.startswith("vs "):
+                    out.print(escape(line), highlight=False)
     if res.best is None:
         err.print("[bold red]infeasible:[/] no candidate meets the SLO within the cap")
         return 1

@@ -1276,6 +1276,28 @@ def search(
         + f", {n_cores} cores, front end {frontend_ms:g} ms/request"
     )
     explain = [head, *(c.line() for c in ranked)]
+    if best is not None:
+        # every hand configuration is a point of this space: say how the winner compares
+        tmax = [max((c.threads[i] for c in ranked), default=1) for i in range(len(models))]
+        hands = {
+            "replication (K=1, 1 thread)": lambda c: (
+                all(not x for x in c.cuts) and all(t == 1 for t in c.threads)
+            ),
+            "one session (K=1, one instance, all cores)": lambda c: (
+                all(not x for x in c.cuts)
+                and list(c.threads) == tmax
+                and all(x.total == 1 for u, x in zip(c.units, c.config, strict=True) if u.served)
+            ),
+        }
+        for name, is_hand in hands.items():
+            hand = next((c for c in ranked if c.fits and is_hand(c)), None)
+            if hand is None or hand is best:
+                continue
+            ratio = best.goodput_rps / hand.goodput_rps if hand.goodput_rps > 0 else math.inf
+            explain.append(
+                f"vs {name}: {hand.goodput_rps:.2f}/s ({hand.label()}); the winner "
+                f"{best.goodput_rps:.2f}/s = {ratio:.2f}x"
+            )
     if best is None:
         explain.append("no candidate answers requests within the SLO within the cap")
     return SearchOutcome(

@@ -104,6 +104,10 @@ def test_cap_admits_one_replica_so_threads_use_the_idle_core():
     assert "lower goodput" in one.why
     assert one.max_rate_rps < 0.8 * best.max_rate_rps
     assert 1000 / 6 * 0.6 < best.max_rate_rps < 1000 / 6
+    # the winner is the one-session hand configuration here; replication is compared
+    vs = [line for line in out.explain if line.startswith("vs replication")]
+    assert len(vs) == 1 and "x" in vs[0]
+    assert not any(line.startswith("vs one session") for line in out.explain)
 
 
 def test_pipelining_single_threaded_partitions_is_a_candidate():
