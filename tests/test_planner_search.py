@@ -176,3 +176,23 @@ def test_bad_arguments_are_refused():
         search([], 10, cap())
     with pytest.raises(ValueError, match="1-thread"):
         ModelStage("m", costs=(1,), valid_cuts=(), whole_ms={2: 1.0})
+
+
+def test_a_cap_below_one_instance_rules_every_candidate_out():
+    # 300 MB of weights whichever way it is cut (each unit also counts 50 MB of
+    # activations): K=1 needs 350 MB, K=2 needs 400 MB; the cap is 300 MB
+    st = ModelStage(
+        "m",
+        costs=(1, 1),
+        valid_cuts=(0,),
+        whole_ms={1: 5.0},
+        weights_bytes=(150e6, 150e6),
+        activations_mb=50.0,
+    )
+    out = search([st], 100.0, cap(300, cores=2), rate=10.0, frontend_ms=0.0)
+    assert out.best is None
+    assert {c.cuts for c in out.candidates} == {((),), ((0,),)}
+    whys = {c.cuts: c.why for c in out.candidates}
+    assert whys[((),)] == "cap: one instance per unit needs 350 MB > 300 MB"
+    assert whys[((0,),)] == "cap: one instance per unit needs 400 MB > 300 MB"
+    assert out.explain[-1].startswith("no candidate")
