@@ -299,6 +299,7 @@ def plan_cmd(
             max_partitions=max_partitions,
             frontend_ms=frontend_ms,
             refine=refine,
+            arrivals=arrivals,
             seed=seed,
             handover_ms=handover_ms,
             repeats=repeats,
@@ -446,6 +447,7 @@ def search_cmd(
     repeats: int,
     as_json: bool,
     refine: int = 3,
+    arrivals: str = "poisson",
 ) -> int:
     """``infscaler plan MODEL --slo X [--rate R] --explain``: the configuration search.
     ``--slo`` is in ms or a factor (``3x``) of the model stages' measured 1-thread latency.
@@ -479,6 +481,14 @@ def search_cmd(
     if spec.ms is None and spec.factor is None:
         raise InfScalerError("the search needs an SLO", hint="e.g. --slo 200ms or --slo 3x")
     rate_rps = parse_rate(rate) if rate else None
+    from infscaler.runtime.arrivals import from_spec
+
+    try:  # the arrival spec is checked before anything slow runs
+        from_spec(arrivals, rate_rps or 1.0, 60.0, seed)
+    except (ValueError, FileNotFoundError) as exc:
+        raise InfScalerError(
+            str(exc), hint="--arrivals poisson, gamma:4, azure, azure:busiest or azure-llm"
+        ) from None
     if objective == "auto":
         objectives: tuple[str, ...] = OBJECTIVES
     elif objective in OBJECTIVES:
@@ -511,6 +521,7 @@ def search_cmd(
             refine=refine,
             progress=say,
             rate=rate_rps,
+            arrivals=arrivals,
             cores=cpu_cores(profile) or usable_cores(),
             seed=seed,
             handover_ms=handover_ms,
