@@ -230,8 +230,17 @@ def partition_cmd(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the plan summary as JSON.")
     ] = False,
+    objective: Annotated[
+        str,
+        typer.Option(
+            "--objective",
+            help="eq1 (the paper's Eq. 1, default), minmax (least largest partition) or "
+            "weights (balanced, large weights apart from the bottleneck).",
+        ),
+    ] = "eq1",
 ) -> None:
-    """Split MODEL into operator groups by InfScaler Eq. 1 and write a plan directory."""
+    """Split MODEL into operator groups by InfScaler Eq. 1 (or --objective) and write a
+    plan directory."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from infscaler.device import load_profile
@@ -269,6 +278,7 @@ def partition_cmd(
             use_cache=not no_cache,
             max_crossing_mb=max_crossing_mb,
             progress=lambda step: bar.update(task, description=step),
+            objective=objective,
         )
     s = plan.summary
     if png is not None:

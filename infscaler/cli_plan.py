@@ -28,7 +28,7 @@ from rich.table import Table
 from infscaler.cli import app, err, out
 from infscaler.errors import InfScalerError
 
-__all__ = ["parse_rate", "parse_slo_ms", "plan_cmd"]
+__all__ = ["parse_rate", "parse_slo_ms", "plan_cmd", "search_cmd"]
 
 #: Requests the default --duration simulates at least (a P99 from fewer is mostly noise).
 MIN_REQUESTS = 2000
@@ -231,6 +231,37 @@ def plan_cmd(
         Path | None,
         typer.Option("--values", help="With --fleet: write the Helm values (groups) here."),
     ] = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="Search K, cuts, threads and instances (issue 15) and print every "
+            "candidate with why it lost.",
+        ),
+    ] = False,
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            "--objective",
+            help="Partition objectives the search tries: auto (eq1, minmax, weights), "
+            "eq1 (the paper's Eq. 1 only), minmax or weights. Implies the search.",
+        ),
+    ] = None,
+    max_partitions: Annotated[
+        int, typer.Option("--max-partitions", help="Search: largest K per model stage.")
+    ] = 3,
+    frontend_ms: Annotated[
+        float | None,
+        typer.Option("--frontend-ms", help="Search: front-end CPU per request, ms."),
+    ] = None,
+    refine: Annotated[
+        int,
+        typer.Option(
+            "--refine",
+            help="Search: measure the partitions of the N best candidates and search "
+            "again (0: estimates from the whole model's time only).",
+        ),
+    ] = 3,
 ) -> None:
     """Plan the starting configuration: per unit engine, instances and batch with the
     least memory whose simulated P99 meets --slo at --rate within the device's cap.
@@ -258,6 +289,25 @@ def plan_cmd(
         raise InfScalerError(
             "plan needs a PIPELINE (or --fleet FLEET.yaml)", hint="e.g. infscaler plan ocr"
         )
+    if explain or objective is not None or not rate:
+        code = search_cmd(
+            pipeline,
+            slo=slo,
+            rate=rate or None,
+            device=device,
+            objective=objective or "auto",
+            max_partitions=max_partitions,
+            frontend_ms=frontend_ms,
+            refine=refine,
+            arrivals=arrivals,
+            seed=seed,
+            handover_ms=handover_ms,
+            repeats=repeats,
+            as_json=as_json,
+        )
+        if code:
+            raise typer.Exit(code)
+        return
     from infscaler.cli_service import pipeline_from_arg
     from infscaler.runtime.pipeline import compile_pipeline
     from infscaler.runtime.planner import plan
@@ -339,3 +389,188 @@ def plan_cmd(
     if not res.feasible:
         err.print(f"[bold red]infeasible:[/] {res.reason}", highlight=False)
         raise typer.Exit(1)
+
+
+def _model_stages(pipeline: str, progress: Any) -> tuple[list[Any], list[Path], list[Any]]:
+    """The pipeline's stages as the search takes them: each model stage measured on this
+    host (:func:`infscaler.runtime.stageprofile.measure_model_stage`).
+
+    Raises:
+        InfScalerError: a function stage or a stage given as a plan directory (the
+            search measures whole ONNX models; plan those with ``--rate`` instead).
+    """
+    from infscaler.cli_service import pipeline_from_arg
+    from infscaler.models import MODELS, resolve_model
+    from infscaler.partitioner.profiler import usable_cores
+    from infscaler.runtime.stageprofile import measure_model_stage
+
+    cfg = pipeline_from_arg(pipeline)
+    stages, paths, all_shapes = [], [], []
+    for st in cfg.stages:
+        if st.model is None:
+            raise InfScalerError(
+                f"stage {st.name} is a {'plan directory' if st.plan else 'function'}: the "
+                "configuration search (--explain / --objective / no --rate) takes pipelines "
+                "of ONNX model stages only",
+                hint="plan this pipeline's instances with --rate R (fixed partitions)",
+            )
+        shapes = st.shapes
+        if shapes is None and st.model in MODELS:
+            shapes = MODELS[st.model].shapes
+        cores = usable_cores()
+        path = resolve_model(st.model)
+        stages.append(
+            measure_model_stage(
+                path,
+                name=st.name,
+                shapes=shapes,
+                threads=sorted({1, 2, cores}),
+                progress=progress,
+            )
+        )
+        paths.append(path)
+        all_shapes.append(shapes)
+    return stages, paths, all_shapes
+
+
+def search_cmd(
+    pipeline: str,
+    *,
+    slo: str,
+    rate: str | None,
+    device: str | None,
+    objective: str,
+    max_partitions: int,
+    frontend_ms: float | None,
+    seed: int,
+    handover_ms: float,
+    repeats: int,
+    as_json: bool,
+    refine: int = 3,
+    arrivals: str = "poisson",
+) -> int:
+    """``infscaler plan MODEL --slo X [--rate R] --explain``: the configuration search.
+    ``--slo`` is in ms or a factor (``3x``) of the model stages' measured 1-thread latency.
+
+    Measures each model stage (:mod:`infscaler.runtime.stageprofile`), runs
+    :func:`infscaler.runtime.planner.search` and prints every candidate (K, cuts, the
+    objectives that chose them, threads, instances, predicted goodput, P99, memory, the
+    bottleneck partition's share of the FLOPs) with why it lost, the winner, and per
+    stage the share of Eq. 1's own plan beside the winner's. The partitions of the
+    ``refine`` best candidates are measured and the search run again with them
+    (:func:`~infscaler.runtime.stageprofile.search_measured`). Returns the exit status
+    (0: a winner, 1: none meets the SLO).
+
+    Raises:
+        InfScalerError: bad arguments (no SLO, unknown objective, ...).
+    """
+    from rich.markup import escape
+
+    from infscaler.partitioner.profiler import usable_cores
+    from infscaler.partitioner.search import OBJECTIVES
+    from infscaler.partitioner.slo import parse_slo
+    from infscaler.runtime.planner import FRONTEND_MS, ModelStage, cpu_cores, resource_cap
+    from infscaler.runtime.stageprofile import search_measured
+
+    if not slo:
+        raise InfScalerError("plan needs --slo", hint="e.g. --slo 200ms or --slo 3x")
+    try:
+        spec = parse_slo(slo)
+    except InfScalerError as exc:
+        raise InfScalerError(f"--slo: {exc.message}", hint="e.g. --slo 200ms or 3x") from None
+    if spec.ms is None and spec.factor is None:
+        raise InfScalerError("the search needs an SLO", hint="e.g. --slo 200ms or --slo 3x")
+    rate_rps = parse_rate(rate) if rate else None
+    from infscaler.runtime.arrivals import from_spec
+
+    try:  # the arrival spec is checked before anything slow runs
+        from_spec(arrivals, rate_rps or 1.0, 60.0, seed)
+    except (ValueError, FileNotFoundError) as exc:
+        raise InfScalerError(
+            str(exc), hint="--arrivals poisson, gamma:4, azure, azure:busiest or azure-llm"
+        ) from None
+    if objective == "auto":
+        objectives: tuple[str, ...] = OBJECTIVES
+    elif objective in OBJECTIVES:
+        objectives = (objective,)
+    else:
+        raise InfScalerError(
+            f"unknown --objective {objective!r}", hint="auto, eq1, minmax or weights"
+        )
+    if refine < 0:
+        raise InfScalerError(f"--refine must be >= 0, got {refine}")
+    if not 1 <= max_partitions <= 8:
+        raise InfScalerError(f"--max-partitions must be 1..8, got {max_partitions}")
+    fe = FRONTEND_MS if frontend_ms is None else frontend_ms
+    if fe < 0 or handover_ms < 0:
+        raise InfScalerError("--frontend-ms and --handover-ms must be >= 0")
+    profile = _device(device)
+    say = lambda m: err.print(f"  {m}", highlight=False)  # noqa: E731
+    stages, paths, shapes = _model_stages(pipeline, say)
+    # a factor is of the pipeline's own 1-thread latency (its model stages in turn)
+    slo_ms = spec.resolve(sum(st.whole_ms[1] for st in stages))
+    assert slo_ms is not None
+    cap = resource_cap(profile)
+    with err.status("searching K, cuts, threads and instances"):
+        res, stages = search_measured(
+            stages,
+            paths,
+            slo_ms,
+            cap,
+            shapes=shapes,
+            refine=refine,
+            progress=say,
+            rate=rate_rps,
+            arrivals=arrivals,
+            cores=cpu_cores(profile) or usable_cores(),
+            seed=seed,
+            handover_ms=handover_ms,
+            frontend_ms=fe,
+            max_partitions=max_partitions,
+            objectives=objectives,
+        )
+    eq1 = {
+        st.name: (st.eq1_cuts(max_partitions), st.share(st.eq1_cuts(max_partitions)))
+        for st in stages
+        if isinstance(st, ModelStage)
+    }
+    if as_json:
+        d = res.to_dict()
+        d["device"] = profile.name
+        d["eq1_plan"] = {n: {"cuts": list(c), "bottleneck_share": s} for n, (c, s) in eq1.items()}
+        print(json.dumps(d, indent=2, default=str))
+    else:
+        table = Table(title=res.explain[0])
+        for col in ("#", "plan", "goodput/s", "max/s", "P99 ms", "MB", "bottleneck", "why"):
+            table.add_column(col, justify="left" if col in ("plan", "why") else "right")
+        for i, c in enumerate(res.candidates):
+            table.add_row(
+                str(i + 1),
+                escape(c.label()),
+                f"{c.goodput_rps:.1f}",
+                "-" if c.max_rate_rps is None else f"{c.max_rate_rps:.1f}",
+                _ms(c.p99_ms),
+                f"{c.memory_mb:.0f}",
+                "/".join(f"{s:.0%}" for s in c.share),
+                c.why,
+            )
+        out.print(table)
+        for name, (cuts, share) in eq1.items():
+            won = ""
+            if res.best is not None:
+                k = [s.name for s in stages if isinstance(s, ModelStage)].index(name)
+                won = f"; the winner's: {res.best.share[k]:.1%} (K={len(res.best.cuts[k]) + 1})"
+            out.print(
+                f"{name}: Eq. 1's own plan K={len(cuts) + 1} cuts {list(cuts)} puts "
+                f"{share:.1%} of the FLOPs in its bottleneck partition{won}",
+                highlight=False,
+            )
+        if res.best is not None:
+            out.print(f"[bold]winner:[/] {escape(res.best.line())}", highlight=False)
+            for line in res.explain:
+                if line.startswith("vs "):
+                    out.print(escape(line), highlight=False)
+    if res.best is None:
+        err.print("[bold red]infeasible:[/] no candidate meets the SLO within the cap")
+        return 1
+    return 0

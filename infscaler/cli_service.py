@@ -105,6 +105,30 @@ def with_slo(cfg: Any, slo: str | None, autoscale: bool) -> Any:
     return validate_pipeline(data, f"pipeline {cfg.name}")
 
 
+def _planned(cfg: Any, profile: Any, state_dir: Path | None) -> Any:
+    """``cfg`` deployed with the planner's choice when it is left to the planner
+    (:func:`infscaler.runtime.autoplan.needs_planning`), else as it is."""
+    from rich.markup import escape
+
+    from infscaler.runtime.autoplan import needs_planning, plan_pipeline
+
+    if not needs_planning(cfg):
+        return cfg
+    from infscaler.device import load_profile
+    from infscaler.runtime.pipeline import default_state_dir
+
+    err.print(f"planning {cfg.name}: K, cuts, threads and instances for its SLO", highlight=False)
+    planned, outcome = plan_pipeline(
+        cfg,
+        device=profile or load_profile("cpu-host"),
+        state_dir=Path(state_dir or default_state_dir()),
+        progress=lambda m: err.print(f"  {m}", highlight=False),
+    )
+    assert outcome.best is not None
+    err.print(f"  chosen: {escape(outcome.best.line())}", highlight=False)
+    return planned
+
+
 def _bundled(name: str) -> Path:
     from importlib import resources
 
@@ -163,6 +187,15 @@ def serve_cmd(
             "(Algorithm 1; pipeline.yaml may set `autoscale:` itself).",
         ),
     ] = False,
+    objective: Annotated[
+        str,
+        typer.Option(
+            "--objective",
+            help="With --slo --autoscale and models that name no partitions / threads / "
+            "instances: auto = the planner's search picks K, cuts, threads and instances "
+            "(`infscaler plan --explain`); eq1 = the paper's Eq. 1 as before.",
+        ),
+    ] = "auto",
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")] = 64,
     metrics_port: Annotated[
         int | None,
@@ -276,6 +309,10 @@ def serve_cmd(
     if autoscale and slo is None and any(c.slo is None for c in configs):
         raise InfScalerError("--autoscale needs --slo", hint="e.g. --slo 200ms --autoscale")
     configs = [with_slo(c, slo, autoscale) for c in configs]
+    if objective not in ("auto", "eq1"):
+        raise InfScalerError(f"unknown --objective {objective!r}", hint="auto or eq1")
+    if objective == "auto":
+        configs = [_planned(c, profile, state_dir) for c in configs]
     if control_path not in ("auto", "ebpf", "userspace"):
         raise InfScalerError(
             f"unknown --control-path {control_path!r}", hint="auto, ebpf or userspace"

@@ -34,7 +34,7 @@ import datetime
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -64,6 +64,13 @@ Progress = Callable[[str], None]
 _MB = 1e6
 
 
+_EQUATIONS = {
+    "minmax": "balanced: min max_k S_k, S_k = sum of c_n in partition k",
+    "weights": "balanced, weights apart: min sum_k W_k S_k s.t. S_k <= 1.1 min max S",
+    "given": "cuts given by the caller (the planner's search)",
+}
+
+
 def _noop(_: str) -> None:
     return None
 
@@ -86,6 +93,8 @@ def partition_model(
     use_cache: bool = True,
     max_crossing_mb: float | None = None,
     progress: Progress = _noop,
+    objective: str = "eq1",
+    cuts: Sequence[int] | None = None,
 ) -> Plan:
     """Partition an ONNX model by Eq. 1 and (optionally) write the plan directory.
 
@@ -108,6 +117,16 @@ def partition_model(
         use_cache: reuse cached profiles for this model hash + engine + host.
         max_crossing_mb: refuse cuts whose crossing tensors exceed this size (MB).
         progress: called with a short description as each step starts.
+        objective: ``eq1`` (the paper's Eq. 1, :func:`~.search.search_partitions`),
+            ``minmax`` (least largest partition cost) or ``weights`` (balanced, with
+            large weights kept apart from the bottleneck; :func:`~.search.search_minmax`,
+            weights = each operator's ``param_bytes``). ``minmax`` / ``weights`` without
+            ``num_partitions`` take the K in 1..``max_partitions`` (within the SLO bound)
+            with the least largest partition cost; a K that lowers it by less than 1 %
+            loses to the fewer partitions.
+        cuts: explicit cut positions (operator indices, each a valid cut; e.g. from
+            :func:`infscaler.runtime.planner.search`); overrides ``objective`` and
+            ``num_partitions``.
 
     Returns:
         The :class:`~.plan.Plan` (summary dict + ONNX parts).
@@ -118,6 +137,11 @@ def partition_model(
             large for the SLO or the model, no valid cuts).
         VerificationError: the chain does not reproduce the model within ``rtol``.
     """
+    if objective not in search.OBJECTIVES:
+        raise InfScalerError(
+            f"unknown partition objective '{objective}'",
+            hint=f"use one of {', '.join(search.OBJECTIVES)}",
+        )
     if measure not in ("flops", "time"):
         raise InfScalerError(f"unknown complexity measure '{measure}'", hint="use flops or time")
     if max_partitions < 1 or (num_partitions is not None and num_partitions < 1):
@@ -172,19 +196,33 @@ def partition_model(
         node_ms = profiles["cpu"].node_ms
         c = [float(node_ms.get(op.node, 0.0)) for op in graph.operators]
 
-    progress("searching cut points (Eq. 1)")
-    if slo_ms is not None:
-        search.max_partitions_for_slo(t_o, t_p, slo_ms, max_partitions)  # raises if T_o > SLO
-    result = search.search_partitions(
-        c,
-        valid,
-        num_partitions=num_partitions,
-        max_partitions=max_partitions,
-        t_o_ms=t_o,
-        t_p_ms=t_p,
-        slo_ms=slo_ms,
-        cut_bytes=cut_bytes,
-    )
+    progress(f"searching cut points ({'given' if cuts is not None else objective})")
+    k_slo = max_partitions
+    if slo_ms is not None:  # raises if T_o > SLO
+        k_slo = search.max_partitions_for_slo(t_o, t_p, slo_ms, max_partitions)
+    weights = [float(costs[op.node].param_bytes) for op in graph.operators]
+    if cuts is not None:
+        result = search.evaluate_cuts(c, valid, cuts, weights=weights, cut_bytes=cut_bytes)
+    elif objective == "eq1":
+        result = search.search_partitions(
+            c,
+            valid,
+            num_partitions=num_partitions,
+            max_partitions=max_partitions,
+            t_o_ms=t_o,
+            t_p_ms=t_p,
+            slo_ms=slo_ms,
+            cut_bytes=cut_bytes,
+        )
+    else:
+        w = weights if objective == "weights" else None
+        ks = [num_partitions] if num_partitions else range(1, min(k_slo, len(valid) + 1) + 1)
+        result = None
+        for k in ks:
+            r = search.search_minmax(c, valid, k, weights=w, cut_bytes=cut_bytes)
+            if result is None or r.objective < 0.99 * result.objective:
+                result = r
+        assert result is not None
 
     # Parts are saved (once, into a staging directory beside the target that becomes the
     # plan directory) only when a plan is written or an engine other than the CPU builds
@@ -398,7 +436,11 @@ def _summary(
         "host": profiler.host_description(),
         "slo": {"requested": str(slo), "ms": None if slo_ms is None else round(slo_ms, 4)},
         "objective": {
-            "equation": "InfScaler Eq. 1: min sum_k sigma(P_k), P_k = {c_n > mean(c)}",
+            "equation": _EQUATIONS.get(
+                result.objective_name,
+                "InfScaler Eq. 1: min sum_k sigma(P_k), P_k = {c_n > mean(c)}",
+            ),
+            "name": result.objective_name,
             "measure": measure,
             "mean_complexity": float(np.mean(c)),
             "value": float(result.objective),

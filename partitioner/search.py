@@ -71,6 +71,7 @@ are recomputed for the chosen plan with :func:`statistics.pstdev` (exact sums).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 import operator
@@ -86,10 +87,17 @@ from infscaler.errors import PartitionError
 __all__ = [
     "SearchResult",
     "brute_force",
+    "evaluate_cuts",
     "max_partitions_for_slo",
+    "OBJECTIVES",
     "representative_mask",
+    "search_minmax",
     "search_partitions",
 ]
+
+#: Partition objectives: Eq. 1 (the paper's), the balanced one (least largest partition
+#: cost) and the weights-aware balanced one (:func:`search_minmax`).
+OBJECTIVES = ("eq1", "minmax", "weights")
 
 #: Bytes crossing each valid cut: a mapping cut -> bytes, or a sequence indexed by cut.
 CutBytes = Mapping[int, float] | Sequence[float]
@@ -127,6 +135,9 @@ class SearchResult:
     bounds: tuple[tuple[int, int], ...]
     representative: tuple[bool, ...]
     crossing_bytes: float = 0.0
+    objective_name: str = "eq1"
+    partition_costs: tuple[float, ...] = ()
+    partition_weights: tuple[float, ...] = ()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -554,3 +565,188 @@ def brute_force(
     tied = [c for t, c in plans if math.isclose(t, least, rel_tol=TIE_REL_TOL, abs_tol=abs_tol)]
     best = min(tied, key=lambda c: (math.fsum(nbytes[x] for x in c), [-x for x in reversed(c)]))
     return _result(arr, rep, best, nbytes)
+
+
+# --------------------------------------------------------------------------- balanced
+
+
+def _segment_table(values: np.ndarray, bnd: Sequence[int]) -> np.ndarray:
+    """``T[a, b]`` = sum of ``values`` over operators ``bnd[a]+1 .. bnd[b]`` (a < b)."""
+    pre = np.concatenate([[0.0], np.cumsum(values)])
+    at = np.array([pre[p + 1] for p in bnd])
+    return at[None, :] - at[:, None]
+
+
+def search_minmax(
+    costs: Sequence[float],
+    valid_cuts: Iterable[int],
+    num_partitions: int,
+    *,
+    weights: Sequence[float] | None = None,
+    slack: float = 0.10,
+    cut_bytes: CutBytes | None = None,
+) -> SearchResult:
+    """Balanced cuts: the least largest partition cost, optionally weights-aware.
+
+    Partition k's cost is ``S_k = sum of c_n`` over *all* its operators (not only the
+    representative ones of Eq. 1): with instances of each partition running in a
+    pipeline, the slowest partition bounds the throughput of one instance set, so the
+    classic linear-partition objective ``min max_k S_k`` (Skiena, The Algorithm Design
+    Manual, §8.5; the balanced stage objective of PipeDream / GPipe-style pipeline
+    partitioners) evens the work out. Eq. 1 instead minimises the spread *inside*
+    partitions and may leave 87-99 % of the FLOPs in one of them (issue 15).
+
+    Two steps, both exact dynamic programs over the valid cuts (O(K V^2) for V cuts):
+
+    1. ``S* = min over plans of max_k S_k``.
+    2. Among the plans whose every ``S_k <= T`` -- ``T = S*`` (plus a relative 1e-9) for
+       ``weights=None``, ``T = (1 + slack) S*`` otherwise -- minimise a secondary sum:
+
+       * without ``weights``: ``sum_k S_k^2`` (the other partitions balanced too);
+       * with ``weights`` (bytes per operator, e.g. :attr:`~.cost.OperatorCost.param_bytes`):
+         ``sum_k W_k x S_k``, the memory of replicating each partition in proportion to
+         its load (a partition's instances scale with S_k, each holds its weights W_k).
+         It puts large weights apart from the compute bottleneck, in a cheap partition
+         that needs one instance, so that the bottleneck's replicas are small.
+
+       Ties then go to the fewest crossing bytes (``cut_bytes``), then the latest cuts.
+
+    Args:
+        costs: complexity of each operator in topological order (FLOPs or ms), >= 0.
+        valid_cuts: allowed cut positions in ``0 .. N-2``.
+        num_partitions: K >= 1 (at most the number of valid cuts + 1).
+        weights: bytes of the weights each operator reads (>= 0), or None.
+        slack: how much above ``S*`` a partition may go for the weights objective
+            (fraction, >= 0).
+        cut_bytes: bytes crossing each valid cut (tie-break); None = 0 for every cut.
+
+    Returns:
+        A :class:`SearchResult` whose ``objective`` is ``max_k S_k``, ``objective_name``
+        ``"minmax"`` or ``"weights"``, ``partition_costs`` the ``S_k`` and
+        ``partition_weights`` the ``W_k`` (0 without ``weights``); ``sigmas`` and
+        ``bottleneck`` are Eq. 1's figures for the same cuts (for comparison).
+
+    Raises:
+        PartitionError: invalid costs or weights, K < 1, K above the valid cuts + 1, or
+            a negative slack.
+        ValueError: a valid cut outside ``0 .. N-2``.
+    """
+    arr = _as_costs(costs)
+    n = arr.size
+    cuts = _as_cuts(valid_cuts, n)
+    nbytes = _as_cut_bytes(cut_bytes, cuts)
+    if weights is not None:
+        w = _as_costs(weights)
+        if w.size != n:
+            raise PartitionError(
+                f"{w.size} weight sizes for {n} operators",
+                hint="pass one weight byte count per operator (0 for none)",
+            )
+    else:
+        w = np.zeros(n)
+    if not (isinstance(slack, int | float) and math.isfinite(slack) and slack >= 0):
+        raise PartitionError(f"slack must be a number >= 0, got {slack!r}")
+    k = operator.index(num_partitions)
+    if k < 1:
+        raise PartitionError(
+            f"the number of partitions must be >= 1, got {k}", hint="ask for at least 1"
+        )
+    if k > len(cuts) + 1:
+        raise PartitionError(
+            f"cannot make {k} partitions with {len(cuts)} valid cut(s)",
+            hint=f"ask for at most {len(cuts) + 1} partitions",
+        )
+    bnd = [-1, *cuts, n - 1]
+    nb = len(bnd)
+    seg = _segment_table(arr, bnd)
+    segw = _segment_table(w, bnd)
+    upper = np.triu(np.ones((nb, nb), dtype=bool), 1)  # a < b
+    # 1. S*: f[j][b] = min_a max(f[j-1][a], S(a, b))
+    f = np.full(nb, np.inf)
+    f[0] = 0.0
+    for _ in range(k):
+        cand = np.where(upper, np.maximum(f[:, None], seg), np.inf)
+        f = cand.min(axis=0)
+    s_star = float(f[nb - 1])
+    tol = TIE_REL_TOL * max(s_star, 1e-300) + _tie_abs_tol(arr)
+    limit = s_star * (1.0 + float(slack)) + tol if weights is not None else s_star + tol
+    # 2. least secondary sum among plans with every S_k <= limit; ties: bytes, latest cut
+    second = segw * seg if weights is not None else seg * seg
+    ok = upper & (seg <= limit)
+    bnd_bytes = np.array([0.0, *(nbytes[c] for c in cuts), 0.0])
+    g = np.full(nb, np.inf)  # secondary sum of the best j-partition prefix ending at b
+    h = np.zeros(nb)  # its crossing bytes
+    g[0] = 0.0
+    back = np.zeros((k + 1, nb), dtype=np.int64)
+    abs2 = TIE_ABS_TOL_SCALE * float(np.max(second[upper], initial=0.0))
+    for j in range(1, k + 1):
+        cand = np.where(ok, g[:, None] + second, np.inf)
+        best = cand.min(axis=0)
+        thr = best + np.maximum(TIE_REL_TOL * np.abs(best), abs2)
+        tied = np.isfinite(cand) & (cand <= thr[None, :])
+        hb = np.where(tied, h[:, None], np.inf)
+        tied &= hb == hb.min(axis=0)[None, :]
+        arg = nb - 1 - np.argmax(tied[::-1, :], axis=0)  # the latest start
+        back[j] = arg
+        h = h[arg] + bnd_bytes
+        g = best
+    plan: list[int] = []
+    b = nb - 1
+    for j in range(k, 0, -1):
+        b = int(back[j, b])
+        if j > 1:
+            plan.append(bnd[b])
+    plan.sort()
+    res = _result(arr, representative_mask(arr), plan, nbytes)
+    ends = [*plan, n - 1]
+    starts = [0, *(c + 1 for c in plan)]
+    s_k = tuple(math.fsum(arr[s : e + 1].tolist()) for s, e in zip(starts, ends, strict=True))
+    w_k = tuple(math.fsum(w[s : e + 1].tolist()) for s, e in zip(starts, ends, strict=True))
+    return dataclasses.replace(
+        res,
+        objective=max(s_k),
+        objective_name="weights" if weights is not None else "minmax",
+        partition_costs=s_k,
+        partition_weights=w_k,
+    )
+
+
+def evaluate_cuts(
+    costs: Sequence[float],
+    valid_cuts: Iterable[int],
+    cuts: Iterable[int],
+    *,
+    weights: Sequence[float] | None = None,
+    cut_bytes: CutBytes | None = None,
+) -> SearchResult:
+    """The figures of a given plan (cuts chosen elsewhere, e.g. by the planner's search).
+
+    Returns:
+        A :class:`SearchResult` with ``objective_name`` ``"given"``, ``objective`` the
+        largest partition cost ``max_k S_k``, Eq. 1's ``sigmas`` / ``bottleneck``, and
+        ``partition_costs`` / ``partition_weights`` (0 without ``weights``).
+
+    Raises:
+        PartitionError: invalid costs, or a cut that is not a valid cut.
+        ValueError: a valid cut outside ``0 .. N-2``.
+    """
+    arr = _as_costs(costs)
+    n = arr.size
+    valid = set(_as_cuts(valid_cuts, n))
+    plan = sorted({operator.index(c) for c in cuts})
+    bad = [c for c in plan if c not in valid]
+    if bad:
+        raise PartitionError(
+            f"cuts {bad} are not valid cut positions of this model",
+            hint="cut only where one set of tensors crosses (OperatorGraph.valid_cuts)",
+        )
+    nbytes = _as_cut_bytes(cut_bytes, plan)
+    w = np.zeros(n) if weights is None else np.asarray(weights, dtype=float)
+    res = _result(arr, representative_mask(arr), plan, nbytes)
+    ends = [*plan, n - 1]
+    starts = [0, *(c + 1 for c in plan)]
+    s_k = tuple(math.fsum(arr[s : e + 1].tolist()) for s, e in zip(starts, ends, strict=True))
+    w_k = tuple(math.fsum(w[s : e + 1].tolist()) for s, e in zip(starts, ends, strict=True))
+    return dataclasses.replace(
+        res, objective=max(s_k), objective_name="given", partition_costs=s_k, partition_weights=w_k
+    )

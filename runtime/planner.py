@@ -38,14 +38,21 @@ Assumptions (also in the simulator's docstring): instances do not slow each othe
 (each has its own cores / engine slot); the CPU cap counts cores like the scaler does,
 so a host with fewer cores than model instances gets no more CPU instances.
 
-Pure: no I/O; profiles come from :mod:`infscaler.runtime.unitprofile` or by hand.
+:func:`search` (issue 15) goes further than :func:`plan`: for model stages described by
+:class:`ModelStage` (per-operator costs, valid cuts, the whole model's measured time per
+thread count) it searches K, the cuts of several objectives (Eq. 1, minmax, weights),
+intra-op threads and instances, and scores every candidate by its simulated goodput with
+CPU contention and the front end's CPU; ``explain`` says why each candidate lost.
+
+Pure: no I/O; profiles come from :mod:`infscaler.runtime.unitprofile`,
+:mod:`infscaler.runtime.stageprofile` or by hand.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -55,6 +62,7 @@ from infscaler.runtime.scaler import ResourceCap, ScalerConfig
 from infscaler.runtime.simulator import (
     MAX_PER_UNIT,
     Autoscale,
+    EngineProfile,
     SimResult,
     UnitConfig,
     UnitProfile,
@@ -63,7 +71,20 @@ from infscaler.runtime.simulator import (
     simulate,
 )
 
-__all__ = ["PlanResult", "arrivals_for", "autoscale_run", "plan", "predict", "resource_cap"]
+__all__ = [
+    "FRONTEND_MS",
+    "Candidate",
+    "ModelStage",
+    "PlanResult",
+    "SearchOutcome",
+    "arrivals_for",
+    "autoscale_run",
+    "cpu_cores",
+    "plan",
+    "predict",
+    "resource_cap",
+    "search",
+]
 
 ArrivalsArg = str | np.ndarray | Sequence[float] | Callable[[float, float, int], np.ndarray]
 
@@ -668,4 +689,622 @@ def autoscale_run(
         pool_mb=pool_mb,
         max_inflight=max_inflight,
         autoscale=auto,
+    )
+
+
+# -- the configuration-space search (issue 15) ---------------------------------------------
+
+#: Front-end CPU per request, ms: the service process's CPU time (HTTP server, admission,
+#: token handover, reply; all its threads) per request of a 1x3x224x224 FP32 input (602 KB,
+#: binary tensor data over the Unix socket), measured with ``bench/frontend_cpu.py`` on
+#: the 2-core development host (2026-11-25: 1.67 ms over 200 requests, 1.55 ms over 600).
+#: It grows with the request's bytes; pass the target's own figure with ``frontend_ms``.
+FRONTEND_MS = 1.6
+
+
+def cpu_cores(device: Any) -> int | None:
+    """Physical cores of a DeviceProfile's cpu entry (its listed ``cores``; None when it
+    lists none or has no cpu entry): the contention count for :func:`search`, where
+    ``ResourceCap.cores`` counts thread slots (cores x ``threads_per_core``)."""
+    for acc in getattr(device, "accelerators", ()):
+        if acc.engine == "cpu" and acc.count >= 1 and acc.cores:
+            return len(acc.cores)
+    return None
+
+
+@dataclass(frozen=True)
+class ModelStage:
+    """One partitionable model stage, as the search needs it (all measured, none invented).
+
+    Attributes:
+        name: the stage (units are named ``name/k``; ``name`` when K = 1).
+        costs: per operator in topological order, the complexity used to cut and to share
+            the measured time among partitions: profiled ms at 1 thread (preferred) or FLOPs.
+        valid_cuts: cut positions (cut p lies after operator p; ``OperatorGraph.valid_cuts``).
+        whole_ms: intra-op threads -> measured time of the whole model, ms (batch 1). Key 1
+            is required; a thread count not measured is not an option (no speedup is
+            invented).
+        weights_bytes: per operator, the weight bytes it reads (``OperatorCost.param_bytes``);
+            empty: 0 (the ``weights`` objective then equals ``minmax``).
+        flops: per operator FLOPs, for the bottleneck share reported (empty: ``costs``).
+        op_ms: per operator profiled ms, to share the measured time among partitions
+            (empty: ``costs``).
+        cut_bytes: bytes crossing each valid cut (``OperatorGraph.crossing_bytes``).
+        boundary_fixed_ms / boundary_per_mb_ms: the measured partition boundary overhead
+            T_p = fixed + per_mb x MB crossing (``profiler.BoundaryOverhead``), added to the
+            partition after each cut.
+        activations_mb: peak activations of the whole model, MB (each instance counted
+            with it: an upper bound for a partition).
+        instance_overhead_mb: memory of an idle instance process, MB
+            (:data:`infscaler.device.INSTANCE_OVERHEAD_MB`).
+        cv: coefficient of variation of the measured whole-model time (used per unit).
+        unit_ms: measured per-partition times that replace the estimate: ``(cuts, threads)
+            -> (ms per partition, ...)``.
+    """
+
+    name: str
+    costs: tuple[float, ...]
+    valid_cuts: tuple[int, ...]
+    whole_ms: Mapping[int, float]
+    weights_bytes: tuple[float, ...] = ()
+    flops: tuple[float, ...] = ()
+    op_ms: tuple[float, ...] = ()
+    cut_bytes: Mapping[int, float] = field(default_factory=dict)
+    boundary_fixed_ms: float = 0.0
+    boundary_per_mb_ms: float = 0.0
+    activations_mb: float = 0.0
+    instance_overhead_mb: float = 0.0
+    cv: float = 0.0
+    unit_ms: Mapping[tuple[tuple[int, ...], int], tuple[float, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "costs", tuple(float(c) for c in self.costs))
+        object.__setattr__(self, "valid_cuts", tuple(sorted(int(c) for c in self.valid_cuts)))
+        if not self.costs or any(not math.isfinite(c) or c < 0 for c in self.costs):
+            raise ValueError(f"stage {self.name}: costs must be finite numbers >= 0")
+        if 1 not in self.whole_ms:
+            raise ValueError(f"stage {self.name}: whole_ms needs the 1-thread time")
+        for t, ms in self.whole_ms.items():
+            if int(t) < 1 or not (math.isfinite(ms) and ms > 0):
+                raise ValueError(f"stage {self.name}: whole_ms[{t}] = {ms!r} is not a time")
+        for name in ("weights_bytes", "flops", "op_ms"):
+            v = getattr(self, name)
+            if v and len(v) != len(self.costs):
+                raise ValueError(f"stage {self.name}: {len(v)} {name} for {len(self.costs)} ops")
+
+    def tp_ms(self, cut: int) -> float:
+        """T_p of one cut, ms."""
+        return self.boundary_fixed_ms + self.boundary_per_mb_ms * self.cut_bytes.get(cut, 0) / 1e6
+
+    def cut_sets(
+        self, max_partitions: int, objectives: Sequence[str]
+    ) -> dict[tuple[int, ...], list[str]]:
+        """Candidate cut sets -> the objectives that chose them (K = 1: ``()``, ``["k1"]``)."""
+        from infscaler.errors import PartitionError
+        from infscaler.partitioner import search as _search
+
+        out: dict[tuple[int, ...], list[str]] = {(): ["k1"]}
+        w = self.weights_bytes or None
+        for k in range(2, max_partitions + 1):
+            if k > len(self.valid_cuts) + 1:
+                break
+            for obj in objectives:
+                try:
+                    if obj == "eq1":
+                        r = _search.search_partitions(
+                            self.costs,
+                            self.valid_cuts,
+                            num_partitions=k,
+                            cut_bytes=self.cut_bytes or None,
+                        )
+                    elif obj == "minmax":
+                        r = _search.search_minmax(self.costs, self.valid_cuts, k)
+                    elif obj == "weights":
+                        r = _search.search_minmax(self.costs, self.valid_cuts, k, weights=w)
+                    else:
+                        raise ValueError(f"unknown objective {obj!r}: use {_search.OBJECTIVES}")
+                except PartitionError:
+                    continue  # e.g. Eq. 1 has too few representative operators for K
+                out.setdefault(r.cuts, []).append(f"{obj}")
+        return out
+
+    def eq1_cuts(self, max_partitions: int) -> tuple[int, ...]:
+        """The cuts Eq. 1 chooses on its own (K in 1..``max_partitions``, no SLO bound)."""
+        from infscaler.partitioner import search as _search
+
+        return _search.search_partitions(
+            self.costs,
+            self.valid_cuts,
+            max_partitions=max_partitions,
+            cut_bytes=self.cut_bytes or None,
+        ).cuts
+
+    def bounds(self, cuts: tuple[int, ...]) -> list[tuple[int, int]]:
+        ends = [*cuts, len(self.costs) - 1]
+        starts = [0, *(c + 1 for c in cuts)]
+        return list(zip(starts, ends, strict=True))
+
+    def share(self, cuts: tuple[int, ...]) -> float:
+        """The largest partition's share of the FLOPs (of ``costs`` without ``flops``)."""
+        v = self.flops or self.costs
+        total = math.fsum(v) or 1.0
+        return max(math.fsum(v[s : e + 1]) for s, e in self.bounds(cuts)) / total
+
+    def units(self, cuts: tuple[int, ...], threads: int) -> list[UnitProfile]:
+        """Unit profiles of this stage cut at ``cuts``, each instance on ``threads`` threads.
+
+        Service time of partition k: ``unit_ms[(cuts, threads)][k]`` when measured, else
+        ``whole_ms[threads] x S_k / S`` (its share of ``op_ms``, else of ``costs``) + T_p
+        of its input cut.
+        Memory: overhead + its weights + the whole model's activations, MB.
+        """
+        bounds = self.bounds(cuts)
+        share_of = self.op_ms or self.costs
+        total = math.fsum(share_of) or 1.0
+        measured = self.unit_ms.get((cuts, threads))
+        out = []
+        for k, (s, e) in enumerate(bounds):
+            if measured is not None:
+                ms = float(measured[k])
+            else:
+                ms = self.whole_ms[threads] * math.fsum(share_of[s : e + 1]) / total
+                if k > 0:
+                    ms += self.tp_ms(cuts[k - 1])
+            mem = self.instance_overhead_mb + self.activations_mb
+            if self.weights_bytes:
+                mem += math.fsum(self.weights_bytes[s : e + 1]) / 1e6
+            prof = EngineProfile("cpu", ms, cv=self.cv, memory_mb=mem, cores=threads)
+            name = self.name if len(bounds) == 1 else f"{self.name}/{k}"
+            out.append(UnitProfile(name, {"cpu": prof}))
+        return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the configuration space, with its predicted figures.
+
+    Attributes:
+        cuts / objectives / threads: per model stage, the cuts, the objectives that chose
+            them (``k1`` for K = 1) and the intra-op threads of each instance.
+        units / config: the units simulated (the front end first) and their instances.
+        goodput_rps: requests answered within the SLO per second at ``rate`` (the
+            simulated SLO attainment x the rate); with no rate, the max rate.
+        max_rate_rps: the largest rate whose simulated P99 <= SLO (bisection), or None.
+        p99_ms / attainment: at ``rate`` (at the max rate without one).
+        memory_mb: instances' memory. share: per stage, the bottleneck partition's share
+            of the FLOPs. fits: within the cap. why: why it lost (filled by the search).
+    """
+
+    cuts: tuple[tuple[int, ...], ...]
+    objectives: tuple[tuple[str, ...], ...]
+    threads: tuple[int, ...]
+    units: tuple[UnitProfile, ...]
+    config: tuple[UnitConfig, ...]
+    goodput_rps: float
+    max_rate_rps: float | None
+    p99_ms: float | None
+    attainment: float | None
+    memory_mb: float
+    share: tuple[float, ...]
+    fits: bool = True
+    note: str = ""
+    why: str = ""
+
+    def label(self) -> str:
+        parts = []
+        for i, (c, o, t) in enumerate(zip(self.cuts, self.objectives, self.threads, strict=True)):
+            pre = f"s{i}:" if len(self.cuts) > 1 else ""
+            parts.append(f"{pre}K={len(c) + 1} cuts={list(c)} [{'/'.join(o)}] t={t}")
+        inst = "+".join(
+            str(c.total) for u, c in zip(self.units, self.config, strict=True) if u.served
+        )
+        return f"{' '.join(parts)} inst={inst}"
+
+    def line(self) -> str:
+        mr = "" if self.max_rate_rps is None else f" max {self.max_rate_rps:.1f}/s"
+        share = "/".join(f"{s:.0%}" for s in self.share)
+        return (
+            f"{self.label()}: goodput {self.goodput_rps:.2f}/s{mr} P99 {_fmt(self.p99_ms)} ms "
+            f"mem {self.memory_mb:.0f} MB bottleneck {share}"
+            + (f" -- {self.why}" if self.why else "")
+        )
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """What :func:`search` found: the winner, every candidate (best first), the reasons."""
+
+    best: Candidate | None
+    candidates: tuple[Candidate, ...]
+    explain: tuple[str, ...]
+    simulations: int
+    rate: float | None
+    slo_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        def cand(c: Candidate) -> dict[str, Any]:
+            return {
+                "label": c.label(),
+                "cuts": [list(x) for x in c.cuts],
+                "objectives": [list(x) for x in c.objectives],
+                "threads": list(c.threads),
+                "instances": {
+                    u.name: c2.total for u, c2 in zip(c.units, c.config, strict=True) if u.served
+                },
+                "goodput_rps": c.goodput_rps,
+                "max_rate_rps": c.max_rate_rps,
+                "p99_ms": c.p99_ms,
+                "attainment": c.attainment,
+                "memory_mb": round(c.memory_mb, 2),
+                "bottleneck_share": list(c.share),
+                "why": c.why,
+            }
+
+        return {
+            "rate": self.rate,
+            "slo_ms": self.slo_ms,
+            "simulations": self.simulations,
+            "best": None if self.best is None else cand(self.best),
+            "candidates": [cand(c) for c in self.candidates],
+            "explain": list(self.explain),
+        }
+
+
+def search(
+    stages: Sequence[ModelStage | UnitProfile],
+    slo_ms: float,
+    device: Any = None,
+    *,
+    rate: float | None = None,
+    cores: int | None = None,
+    arrivals: str = "poisson",
+    requests: int = 600,
+    seed: int = 0,
+    handover_ms: float = 0.1,
+    frontend_ms: float = FRONTEND_MS,
+    max_partitions: int = 3,
+    objectives: Sequence[str] = ("eq1", "minmax", "weights"),
+    oversubscribe: float = 1.0,
+    max_candidates: int = 400,
+) -> SearchOutcome:
+    """Search the runtime's configuration space for the most goodput within the SLO (issue 15).
+
+    Every hand configuration is a point here: K = 1 with n instances is replication, one
+    instance with all cores is one multi-threaded session. Per model stage the search
+    tries K = 1 .. ``max_partitions`` with the cuts of each objective (Eq. 1 of InfScaler
+    §IV-A, ``minmax`` and ``weights`` of :func:`infscaler.partitioner.search.search_minmax`;
+    identical cut sets merged), and each measured intra-op thread count ``t <= cores``
+    (``ModelStage.whole_ms``'s keys). For each, instances grow greedily (Algorithm 1's
+    rule: one more for the unit with the most work per item) from one per unit while the
+    cap allows: memory, cpu instance slots, and pinned threads (instances x threads <=
+    ``oversubscribe`` x cores; the starting one-per-unit is allowed above it, as the
+    runtime allows); every step is simulated and the best step kept.
+
+    **Score** (the simulator, :func:`~infscaler.runtime.simulator.simulate`, with CPU
+    contention on ``cores``): with ``rate``, the goodput = requests answered within the
+    SLO per second under ``arrivals`` at ``rate`` (SLO attainment x rate); without, the
+    largest rate whose simulated P99 <= SLO (bisection on the rate, at most 10 steps,
+    below the analytic capacity), i.e. the goodput at that rate. The **front end's CPU**
+    (``frontend_ms`` per request; default :data:`FRONTEND_MS`) is simulated as a
+    single-threaded server ahead of the units that competes for the same cores. Ties:
+    less memory, then fewer partitions, then fewer threads.
+
+    Args:
+        stages: the pipeline in order: :class:`ModelStage` (searched) or fixed
+            :class:`UnitProfile` (function stages; their instances grow too).
+        slo_ms: end-to-end P99 SLO, ms.
+        device: a DeviceProfile, a ResourceCap, or None (no memory / slot cap).
+        rate: expected mean arrival rate, requests/s (None: score by the max rate).
+        cores: physical cpu cores the instances and the front end share: the CPU
+            contention of the simulator and the largest thread count tried (default: the
+            cap's ``cores``; give the physical count when the profile's thread slots
+            oversubscribe them, :func:`cpu_cores`).
+        arrivals: arrival process spec (:func:`infscaler.runtime.arrivals.from_spec`).
+        requests: requests simulated per score (trace length = requests / rate).
+        seed / handover_ms: see :func:`~infscaler.runtime.simulator.simulate`.
+        frontend_ms: front-end CPU per request, ms (0: not modelled).
+        max_partitions: largest K per model stage.
+        objectives: partition objectives tried (``("eq1",)``: the paper's only).
+        oversubscribe: pinned threads allowed per core when adding instances, when the
+            cap gives no thread slots (``ResourceCap.cores`` 0); else its slots apply.
+        max_candidates: most (cuts x threads) combinations over the stages.
+
+    Returns:
+        :class:`SearchOutcome`: ``best`` (None when no candidate answers any request
+        within the SLO) and every candidate with why it lost.
+
+    Raises:
+        ValueError: bad SLO / rate / cores, no model stage, an unknown objective, or more
+            than ``max_candidates`` combinations.
+    """
+    import itertools
+
+    from infscaler.partitioner import search as _search
+
+    if not (isinstance(slo_ms, int | float) and math.isfinite(slo_ms) and slo_ms > 0):
+        raise ValueError(f"slo_ms must be a positive number of ms, got {slo_ms!r}")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a positive number of requests/s, got {rate!r}")
+    bad = [o for o in objectives if o not in _search.OBJECTIVES]
+    if bad:
+        raise ValueError(f"unknown objectives {bad}: use {_search.OBJECTIVES}")
+    if frontend_ms < 0 or requests < 50 or max_partitions < 1:
+        raise ValueError("frontend_ms must be >= 0, requests >= 50, max_partitions >= 1")
+    cap = resource_cap(device)
+    n_cores = int(cores or cap.cores or 0)
+    if n_cores < 1:
+        raise ValueError("cores unknown: give cores= or a device profile with a cpu entry")
+    models = [i for i, s in enumerate(stages) if isinstance(s, ModelStage)]
+    if not models:
+        raise ValueError("no model stage to search: pass at least one ModelStage")
+    slots = cap.max_instances.get("cpu") if cap.max_instances else None
+    # pinned threads the runtime allows (the cap's thread slots, as the scaler counts
+    # them), else oversubscribe x the cores
+    thread_slots = cap.cores if cap.cores else int(oversubscribe * n_cores)
+
+    # per model stage: (cuts, objectives, threads) options
+    options = []
+    for i in models:
+        st = stages[i]
+        assert isinstance(st, ModelStage)
+        sets = st.cut_sets(max_partitions, objectives)
+        threads = sorted(t for t in st.whole_ms if t <= n_cores)
+        options.append([(c, tuple(o), t) for c, o in sets.items() for t in threads])
+    combos = list(itertools.product(*options))
+    if len(combos) > max_candidates:
+        raise ValueError(
+            f"{len(combos)} combinations > max_candidates {max_candidates}: lower "
+            "max_partitions or the thread counts measured"
+        )
+    sims = 0
+    cache: dict[tuple[Any, ...], tuple[float, float | None, SimResult | None]] = {}
+
+    def simulate_at(units: list[UnitProfile], cfg: list[UnitConfig], r: float) -> SimResult:
+        nonlocal sims
+        sims += 1
+        times, _ = arrivals_for(arrivals, r, requests / r, seed)
+        return simulate(
+            units,
+            cfg,
+            times,
+            slo_ms=slo_ms,
+            handover_ms=handover_ms,
+            seed=seed,
+            max_inflight="auto",
+            cpu_cores=n_cores,
+        )
+
+    def capacity(units: list[UnitProfile], cfg: list[UnitConfig]) -> float:
+        """Analytic requests/s bound: the slowest unit's instances, and the cores."""
+        per_req = [_per_item_ms(u, c) for u, c in zip(units, cfg, strict=True)]
+        cpu_ms = sum(u.engines["cpu"].mean_ms * max(1, u.engines["cpu"].cores) for u in units)
+        return min(1e3 / max(max(per_req), 1e-9), 1e3 * n_cores / max(cpu_ms, 1e-9))
+
+    def score(
+        units: list[UnitProfile], cfg: list[UnitConfig]
+    ) -> tuple[float, float | None, SimResult | None]:
+        key = (id(units), tuple((tuple(sorted(c.instances.items())), c.batch) for c in cfg))
+        if key in cache:
+            return cache[key]
+        if rate is not None:
+            res = simulate_at(units, cfg, rate)
+            good = rate * (res.slo_attainment or 0.0)
+            out: tuple[float, float | None, SimResult | None] = (good, None, res)
+        else:
+            hi = capacity(units, cfg)
+            lo, best_res = 0.0, None
+            for i in range(10):
+                mid = hi * 0.95 if i == 0 else (lo + hi) / 2
+                res = simulate_at(units, cfg, mid)
+                if res.p99_ms is not None and res.p99_ms <= slo_ms and res.rejected == 0:
+                    lo, best_res = mid, res
+                else:
+                    hi = mid
+                if lo and hi - lo < 0.02 * hi:
+                    break
+            good = lo * (best_res.slo_attainment or 0.0) if best_res else 0.0
+            out = (good, lo, best_res)
+        cache[key] = out
+        return out
+
+    fe = (
+        [
+            UnitProfile(
+                "frontend",
+                {"cpu": EngineProfile("cpu", frontend_ms, cores=1)},
+                kind="function",
+                served=False,
+            )
+        ]
+        if frontend_ms > 0
+        else []
+    )
+
+    cands: list[Candidate] = []
+    for combo in combos:
+        units: list[UnitProfile] = list(fe)
+        it = iter(combo)
+        for s in stages:
+            if isinstance(s, ModelStage):
+                cuts, _, t = next(it)
+                units.extend(s.units(cuts, t))
+            else:
+                units.append(s)
+        cfg = [
+            UnitConfig({"cpu": 1} if "cpu" in u.engines else {u.fastest().engine: 1}) for u in units
+        ]
+        note = ""
+        mem = config_memory_mb(units, cfg)
+        share = tuple(
+            st.share(c[0]) for st, c in zip((stages[i] for i in models), combo, strict=True)
+        )
+        base = {
+            "cuts": tuple(c[0] for c in combo),
+            "objectives": tuple(c[1] for c in combo),
+            "threads": tuple(c[2] for c in combo),
+            "units": tuple(units),
+            "share": share,
+        }
+        if mem > cap.memory_cap_mb:
+            cands.append(
+                Candidate(
+                    **base,
+                    config=tuple(cfg),
+                    goodput_rps=0.0,
+                    max_rate_rps=None,
+                    p99_ms=None,
+                    attainment=None,
+                    memory_mb=mem,
+                    fits=False,
+                    note=f"cap: one instance per unit needs {mem:.0f} MB > "
+                    f"{cap.memory_cap_mb:.0f} MB",
+                )
+            )
+            continue
+        pinned = sum(
+            u.engines["cpu"].cores * c.total
+            for u, c in zip(units, cfg, strict=True)
+            if u.served and "cpu" in c.instances
+        )
+        if pinned > thread_slots:
+            note = f"one instance per unit pins {pinned} threads > {thread_slots} thread slots"
+        best_here: (
+            tuple[float, float, list[UnitConfig], tuple[float, float | None, SimResult | None]]
+            | None
+        ) = None
+        stale = 0
+        stop = ""
+        while True:
+            sc = score(units, cfg)
+            mem = config_memory_mb(units, cfg)
+            key = (sc[0], -mem)
+            if best_here is None or key > (best_here[0], best_here[1]):
+                if best_here is not None and sc[0] <= best_here[0] * 1.005:
+                    stale += 1
+                else:
+                    stale = 0
+                best_here = (sc[0], -mem, list(cfg), sc)
+            else:
+                stale += 1
+            if stale >= 2:
+                break
+            # one more instance for the served unit with the most work per item
+            order = sorted(
+                (k for k, u in enumerate(units) if u.served),
+                key=lambda k: -_per_item_ms(units[k], cfg[k]),
+            )
+            grown = False
+            stop = ""
+            pinned = sum(
+                u.engines["cpu"].cores * c.total
+                for u, c in zip(units, cfg, strict=True)
+                if u.served and "cpu" in c.instances
+            )
+            n_inst = sum(
+                c.total for u, c in zip(units, cfg, strict=True) if u.served and u.kind == "model"
+            )
+            for k in order:
+                u = units[k]
+                p = u.engines["cpu"] if "cpu" in u.engines else u.fastest()
+                if cfg[k].total + 1 > min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT):
+                    stop = f"{u.name} at its max instances"
+                    continue
+                if mem + p.memory_mb > cap.memory_cap_mb:
+                    stop = f"cap: memory {mem:.0f}+{p.memory_mb:.0f} > {cap.memory_cap_mb:.0f} MB"
+                    continue
+                if p.engine == "cpu" and pinned + max(1, p.cores) > thread_slots:
+                    stop = (
+                        f"cap: {pinned}+{max(1, p.cores)} pinned threads > {thread_slots} "
+                        "thread slots"
+                    )
+                    continue
+                if u.kind == "model" and slots is not None and n_inst + 1 > slots:
+                    stop = f"cap: {slots} cpu instance slots"
+                    continue
+                cfg = _with(cfg, k, _add(cfg[k], p.engine))
+                grown = True
+                break
+            if not grown:
+                break
+        assert best_here is not None
+        good, max_rate, res = best_here[3]
+        cands.append(
+            Candidate(
+                **base,
+                config=tuple(best_here[2]),
+                goodput_rps=good,
+                max_rate_rps=max_rate,
+                p99_ms=None if res is None else res.p99_ms,
+                attainment=None if res is None else res.slo_attainment,
+                memory_mb=-best_here[1],
+                note="; ".join(x for x in (note, stop) if x),
+            )
+        )
+
+    def rank(c: Candidate) -> tuple[float, ...]:
+        return (
+            0 if c.fits else 1,
+            -round(c.goodput_rps, 6),
+            c.memory_mb,
+            sum(len(x) for x in c.cuts),
+            sum(c.threads),
+        )
+
+    cands.sort(key=rank)
+    top = cands[0] if cands and cands[0].fits and cands[0].goodput_rps > 0 else None
+    ranked: list[Candidate] = []
+    for c in cands:
+        if c is top:
+            why = "WINNER" + (f" ({c.note})" if c.note else "")
+        elif not c.fits:
+            why = c.note
+        elif c.goodput_rps <= 0:
+            why = f"SLO: P99 {_fmt(c.p99_ms)} ms > {slo_ms:g} ms at every instance count tried" + (
+                f" ({c.note})" if c.note else ""
+            )
+        elif top is not None and c.goodput_rps < top.goodput_rps - 1e-6:
+            why = f"lower goodput ({c.goodput_rps:.2f} < {top.goodput_rps:.2f}/s)" + (
+                f"; {c.note}" if c.note else ""
+            )
+        else:
+            why = "ties the winner's goodput with more memory, partitions or threads"
+        ranked.append(replace(c, why=why))
+    best = ranked[0] if top is not None else None
+    head = (
+        f"{len(ranked)} candidates, {sims} simulations, SLO {slo_ms:g} ms, "
+        + (f"rate {rate:g}/s ({arrivals})" if rate is not None else "score: max rate within SLO")
+        + f", {n_cores} cores, front end {frontend_ms:g} ms/request"
+    )
+    explain = [head, *(c.line() for c in ranked)]
+    if best is not None:
+        # every hand configuration is a point of this space: say how the winner compares
+        tmax = [max((c.threads[i] for c in ranked), default=1) for i in range(len(models))]
+        hands = {
+            "replication (K=1, 1 thread)": lambda c: (
+                all(not x for x in c.cuts) and all(t == 1 for t in c.threads)
+            ),
+            "one session (K=1, one instance, all cores)": lambda c: (
+                all(not x for x in c.cuts)
+                and list(c.threads) == tmax
+                and all(x.total == 1 for u, x in zip(c.units, c.config, strict=True) if u.served)
+            ),
+        }
+        for name, is_hand in hands.items():
+            hand = next((c for c in ranked if c.fits and is_hand(c)), None)
+            if hand is None or hand is best:
+                continue
+            ratio = best.goodput_rps / hand.goodput_rps if hand.goodput_rps > 0 else math.inf
+            explain.append(
+                f"vs {name}: {hand.goodput_rps:.2f}/s ({hand.label()}); the winner "
+                f"{best.goodput_rps:.2f}/s = {ratio:.2f}x"
+            )
+    if best is None:
+        explain.append("no candidate answers requests within the SLO within the cap")
+    return SearchOutcome(
+        best=best,
+        candidates=tuple(ranked),
+        explain=tuple(explain),
+        simulations=sims,
+        rate=rate,
+        slo_ms=float(slo_ms),
     )

@@ -1,0 +1,176 @@
+"""Measure a model stage for the planner's configuration-space search (issue 15).
+
+:func:`measure_model_stage` builds a :class:`~infscaler.runtime.planner.ModelStage` from
+an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.partitioner`):
+
+* per operator: FLOPs and weight bytes (:func:`~infscaler.partitioner.cost.model_costs`),
+  the valid cuts and the bytes crossing each (:class:`~infscaler.partitioner.graph.OperatorGraph`);
+* per operator profiled ms at 1 thread (:func:`~infscaler.partitioner.profiler.profile_model`,
+  cached per model hash and host), to share the measured time among partitions;
+* the whole model's latency as served (the cpu engine's session options) at each thread
+  count asked for, up to this host's usable cores (``profiler.measure_latency``): the
+  per-model speedup the search applies to every partition; a thread count not measured
+  is not an option;
+* the boundary overhead T_p (``profiler.measure_boundary_overhead``, cached).
+
+:func:`search_measured` runs the search, measures the partitions of its best candidates
+(:func:`measure_units`) in place of the estimate, and searches again.
+
+Not pure (it runs onnxruntime); the search itself is (:func:`infscaler.runtime.planner.search`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from infscaler.device import INSTANCE_OVERHEAD_MB
+from infscaler.runtime.planner import ModelStage
+
+__all__ = ["measure_model_stage", "measure_units", "search_measured"]
+
+
+def measure_model_stage(
+    model: str | os.PathLike[str],
+    *,
+    name: str = "model",
+    shapes: str | None = None,
+    threads: Sequence[int] = (1, 2),
+    repeats: int = 5,
+    use_cache: bool = True,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> ModelStage:
+    """A :class:`ModelStage` measured on this host (see the module docstring).
+
+    Args:
+        model: ONNX file. name: the stage's name. shapes: concrete input shapes
+            (``x:1x3x224x224``; :func:`~infscaler.partitioner.loader.parse_shapes`).
+        threads: intra-op thread counts to time the whole model at (those above this
+            host's usable cores are skipped; 1 is always measured).
+        repeats: timed runs per measurement (median taken).
+        use_cache: reuse the partitioner's cached per-operator profile.
+
+    Raises:
+        ModelLoadError, ShapeError: a bad model file or shapes.
+    """
+    from infscaler.partitioner import cost as cost_mod
+    from infscaler.partitioner import profiler
+    from infscaler.partitioner.api import _cpu_source
+    from infscaler.partitioner.graph import OperatorGraph
+    from infscaler.partitioner.loader import load_model, random_feeds
+
+    progress(f"{name}: loading the model and costing operators")
+    loaded = load_model(model, shapes, check_runnable=False)
+    graph = OperatorGraph.from_loaded(loaded)
+    costs = cost_mod.model_costs(loaded)
+    feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
+    whole = _cpu_source(loaded)
+    progress(f"{name}: profiling operators at 1 thread")
+    prof = profiler.profile_model(
+        whole,
+        feeds,
+        engine="cpu",
+        model_sha256=loaded.sha256,
+        warmup=2,
+        repeats=repeats,
+        threads=1,
+        cache=use_cache,
+        node_names=[n.name for n in loaded.model.graph.node],
+    )
+    cores = profiler.usable_cores()
+    whole_ms: dict[int, float] = {}
+    for t in sorted({1, *(int(x) for x in threads if 1 <= int(x) <= cores)}):
+        progress(f"{name}: timing the whole model at {t} thread(s)")
+        whole_ms[t], _ = profiler.measure_latency(
+            whole, feeds, engine="cpu", warmup=2, repeats=repeats, threads=t
+        )
+    boundary = profiler.measure_boundary_overhead(engine="cpu", cache=use_cache)
+    ops = graph.operators
+    valid = graph.valid_cuts()
+    n = len(ops)
+    return ModelStage(
+        name=name,
+        costs=tuple(float(costs[o.node].flops) for o in ops),
+        valid_cuts=tuple(valid),
+        whole_ms=whole_ms,
+        weights_bytes=tuple(float(costs[o.node].param_bytes) for o in ops),
+        flops=tuple(float(costs[o.node].flops) for o in ops),
+        op_ms=tuple(float(prof.node_ms.get(o.node, 0.0)) for o in ops),
+        cut_bytes={c: float(graph.crossing_bytes(c)) for c in valid},
+        boundary_fixed_ms=float(boundary.fixed_ms),
+        boundary_per_mb_ms=float(boundary.per_mb_ms),
+        activations_mb=graph.peak_activation_bytes(0, n - 1) / 1e6,
+        instance_overhead_mb=INSTANCE_OVERHEAD_MB,
+    )
+
+
+def measure_units(
+    model: str | os.PathLike[str],
+    cuts: Sequence[int],
+    threads: int,
+    *,
+    shapes: str | None = None,
+    repeats: int = 5,
+) -> tuple[float, ...]:
+    """Measured latency of each partition of ``model`` cut at ``cuts`` with ``threads``
+    intra-op threads, ms (batch 1; the partitioner's own per-part timing: each part's
+    session as the cpu engine builds it, fed the previous part's outputs;
+    :func:`infscaler.partitioner.api.partition_model` with ``cuts``, nothing written).
+
+    Raises:
+        PartitionError: a cut that is not a valid cut. ModelLoadError / ShapeError: a bad
+            model or shapes. VerificationError: the parts do not reproduce the model.
+    """
+    from infscaler.partitioner.api import partition_model
+
+    plan = partition_model(model, shapes=shapes, cuts=list(cuts), threads=threads, repeats=repeats)
+    return tuple(float(p["latency_ms"]["cpu"]) for p in plan.summary["partitions"])
+
+
+def search_measured(
+    stages: Sequence[ModelStage],
+    models: Sequence[str | os.PathLike[str]],
+    slo_ms: float,
+    device: Any,
+    *,
+    shapes: Sequence[str | None] | None = None,
+    refine: int = 3,
+    rounds: int = 3,
+    progress: Callable[[str], None] = lambda _m: None,
+    **kwargs: Any,
+) -> tuple[Any, list[ModelStage]]:
+    """:func:`infscaler.runtime.planner.search`, then the partitions of the ``refine``
+    best candidates measured (:func:`measure_units`) in place of their estimated times
+    (each stage's share of the whole model's time) and the search run again, until the
+    ``refine`` best are all measured or after ``rounds`` rounds. Returns the last
+    outcome and the stages with their measured ``unit_ms``.
+
+    Args:
+        stages / models / shapes: the model stages and their ONNX files (and shapes),
+            in the same order; ``kwargs`` go to ``search`` (``rate``, ``cores``, ...).
+    """
+    from infscaler.runtime.planner import search
+
+    stages = list(stages)
+    shapes = list(shapes) if shapes is not None else [None] * len(stages)
+    out = search(stages, slo_ms, device, **kwargs)
+    for _ in range(rounds):
+        todo: list[tuple[int, tuple[int, ...], int]] = []
+        for c in out.candidates[:refine]:
+            if not c.fits:
+                continue
+            for i, (cuts, t) in enumerate(zip(c.cuts, c.threads, strict=True)):
+                if cuts and (cuts, t) not in stages[i].unit_ms and (i, cuts, t) not in todo:
+                    todo.append((i, cuts, t))
+        if not todo:
+            break
+        for i, cuts, t in todo:
+            progress(
+                f"{stages[i].name}: measuring the partitions of cuts {list(cuts)} at {t} thread(s)"
+            )
+            ms = measure_units(models[i], cuts, t, shapes=shapes[i])
+            stages[i] = dataclasses.replace(stages[i], unit_ms={**stages[i].unit_ms, (cuts, t): ms})
+        out = search(stages, slo_ms, device, **kwargs)
+    return out, stages

@@ -1,0 +1,198 @@
+"""Tests of the planner's configuration-space search (infscaler.runtime.planner.search,
+issue 15) as pure functions on hand-built stages: every expected winner below is worked
+out by hand in the test's comment (service times from the stage's share of the measured
+whole-model time, capacity = instances / service time, the device's cap)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infscaler.runtime.planner import ModelStage, search
+from infscaler.runtime.scaler import ResourceCap
+from infscaler.runtime.simulator import EngineProfile, UnitProfile
+
+
+def cap(memory_mb: float = float("inf"), cores: int = 2, slots: int = 16) -> ResourceCap:
+    return ResourceCap(
+        memory_cap_mb=memory_mb, memory_used_mb=0.0, max_instances={"cpu": slots}, cores=cores
+    )
+
+
+def served(c):
+    """Instances per served unit of a candidate."""
+    return [x.total for u, x in zip(c.units, c.config, strict=True) if u.served]
+
+
+def test_weights_in_a_cheap_partition_are_cut_away_from_the_bottleneck():
+    # costs (FLOPs) [1, 1, 8, 2], 400 MB of weights on operator 0, 12 ms whole at 1 thread,
+    # T_p 0.5 ms, cap 600 MB, 4 cores, 150 requests/s, SLO 100 ms, max K = 2:
+    # - K=1: 12 ms, 400 MB: one replica fits -> at most 83 requests/s;
+    # - minmax K=2 cuts after op 2: [1,1,8] 10 ms with the 400 MB | [2] 2.5 ms: the
+    #   bottleneck cannot be replicated -> at most 100/s;
+    # - weights K=2 cuts after op 0: [1] 1 ms with the 400 MB | [1,8,2] 11.5 ms, 0 MB:
+    #   the bottleneck grows to 2 instances (~170/s), enough for 150/s (a third would
+    #   fit the 4 cores but adds nothing at this rate, so the least memory stays).
+    st = ModelStage(
+        "m",
+        costs=(1, 1, 8, 2),
+        valid_cuts=(0, 1, 2),
+        whole_ms={1: 12.0},
+        weights_bytes=(400e6, 0, 0, 0),
+        boundary_fixed_ms=0.5,
+    )
+    out = search([st], 100.0, cap(600, cores=4), rate=150.0, frontend_ms=0.0, max_partitions=2)
+    best = out.best
+    assert best is not None
+    assert best.cuts == ((0,),)
+    assert "weights" in best.objectives[0]
+    assert served(best) == [1, 2]
+    assert best.goodput_rps > 0.97 * 150
+    by_cuts = {c.cuts: c for c in out.candidates}
+    assert by_cuts[((),)].goodput_rps < 100
+    assert by_cuts[((2,),)].goodput_rps < 110
+    assert "minmax" in by_cuts[((2,),)].objectives[0]
+    # the explain lines name the winner and why the others lost
+    text = "\n".join(out.explain)
+    assert "WINNER" in text
+    assert "lower goodput" in text
+    assert "cap: memory" in text
+
+
+def test_one_dominant_operator_group_keeps_k1_replicated():
+    # costs [1, 100, 1]: any cut leaves ~99 % of the time in one partition, plus T_p.
+    # 2 cores, no 2-thread measurement (t = 1 only), no memory cap:
+    # K=1 x 2 replicas ~ 2 / 10 ms = 200/s; K=2 (either cut) 1+1 instances (2 pinned
+    # threads) ~ 1 / 9.9 ms = 101/s; K=3 pins 3 threads on 2 cores.
+    st = ModelStage(
+        "m", costs=(1, 100, 1), valid_cuts=(0, 1), whole_ms={1: 10.0}, boundary_fixed_ms=0.5
+    )
+    out = search([st], 50.0, cap(cores=2), frontend_ms=0.0)
+    best = out.best
+    assert best is not None
+    assert best.cuts == ((),)
+    assert best.threads == (1,)
+    assert served(best) == [2]
+    assert best.max_rate_rps is not None and best.max_rate_rps > 150
+    others = [c for c in out.candidates if c.cuts != ((),)]
+    assert others and all(c.max_rate_rps < 0.7 * best.max_rate_rps for c in others)
+    # dominant group: the bottleneck partition holds >= 98 % of the FLOPs in every plan
+    assert all(c.share[0] >= 0.98 for c in out.candidates)
+
+
+def test_cap_admits_one_replica_so_threads_use_the_idle_core():
+    # 300 MB of weights, cap 350 MB: one replica of the model (a second needs 600 MB); no
+    # valid cut (K = 1 only). Measured 10 ms at 1 thread, 6 ms at 2 threads, 2 cores:
+    # t=1: one instance, 1 / 10 ms = 100/s at most, one core idle; t=2: 1 / 6 ms = 167/s.
+    st = ModelStage(
+        "m",
+        costs=(1, 2, 1),
+        valid_cuts=(),
+        whole_ms={1: 10.0, 2: 6.0},
+        weights_bytes=(100e6, 100e6, 100e6),
+    )
+    out = search([st], 60.0, cap(350, cores=2), frontend_ms=0.0)
+    assert len(out.candidates) == 2
+    best = out.best
+    assert best is not None
+    assert best.cuts == ((),)
+    assert best.threads == (2,)
+    assert served(best) == [1]
+    one = out.candidates[1]
+    assert one.threads == (1,)
+    assert served(one) == [1]  # the cap admits one replica
+    assert "cap: memory 300+300 > 350 MB" in one.why
+    assert "lower goodput" in one.why
+    assert one.max_rate_rps < 0.8 * best.max_rate_rps
+    assert 1000 / 6 * 0.6 < best.max_rate_rps < 1000 / 6
+    # the winner is the one-session hand configuration here; replication is compared
+    vs = [line for line in out.explain if line.startswith("vs replication")]
+    assert len(vs) == 1 and "x" in vs[0]
+    assert not any(line.startswith("vs one session") for line in out.explain)
+
+
+def test_pipelining_single_threaded_partitions_is_a_candidate():
+    # the same model cut in three ([1] [2] [1] -> 2.5, 5 + T_p, 2.5 + T_p ms at 1 thread):
+    # three single-threaded instances keep both cores busy (10.4 core-ms a request, at
+    # most 192/s), where one 2-thread instance runs at 10/12 efficiency (at most 167/s);
+    # the search scores both with contention on the 2 cores and says which won
+    st = ModelStage(
+        "m",
+        costs=(1, 2, 1),
+        valid_cuts=(0, 1),
+        whole_ms={1: 10.0, 2: 6.0},
+        weights_bytes=(100e6, 100e6, 100e6),
+        boundary_fixed_ms=0.2,
+    )
+    out = search([st], 60.0, cap(350, cores=2), frontend_ms=0.0)
+    labels = {(c.cuts, c.threads) for c in out.candidates}
+    assert {(((),), (1,)), (((),), (2,)), (((1,),), (1,)), (((0, 1),), (1,))} <= labels
+    best = out.best
+    assert best is not None
+    assert best.max_rate_rps <= 1000 * 2 / 10.4 + 1
+    k1 = next(c for c in out.candidates if c.cuts == ((),) and c.threads == (2,))
+    assert best.max_rate_rps >= k1.max_rate_rps  # never worse than the best hand config
+
+
+def test_front_end_cpu_competes_for_the_cores():
+    # one core, a 2 ms model and a 2 ms front end per request: they share the core, so
+    # the max rate is at most 1000 / 4 = 250/s, against ~500/s without the front end
+    st = ModelStage("m", costs=(1, 1), valid_cuts=(0,), whole_ms={1: 2.0})
+    with_fe = search([st], 40.0, cap(cores=1), frontend_ms=2.0, max_partitions=1)
+    without = search([st], 40.0, cap(cores=1), frontend_ms=0.0, max_partitions=1)
+    assert with_fe.best.max_rate_rps <= 255
+    assert without.best.max_rate_rps > 1.6 * with_fe.best.max_rate_rps
+
+
+def test_eq1_only_and_function_stages():
+    fn = UnitProfile("post", {"cpu": EngineProfile("cpu", 0.5, cores=1)}, kind="function")
+    st = ModelStage("m", costs=(1, 1, 8, 2), valid_cuts=(0, 1, 2), whole_ms={1: 4.0})
+    out = search([st, fn], 50.0, cap(cores=2), rate=50.0, objectives=("eq1",), frontend_ms=0.1)
+    assert out.best is not None
+    # Eq. 1 needs a representative operator (only op 2 is above the mean) per partition:
+    # K = 1 is its only plan
+    assert {c.cuts for c in out.candidates} == {((),)}
+    assert [u.name for u in out.best.units] == ["frontend", "m", "post"]
+
+
+def test_no_candidate_meets_the_slo():
+    st = ModelStage("m", costs=(1, 1), valid_cuts=(0,), whole_ms={1: 50.0})
+    out = search([st], 10.0, cap(cores=2), rate=5.0)
+    assert out.best is None
+    assert "no candidate" in out.explain[-1]
+    assert all(c.why.startswith("SLO") for c in out.candidates)
+
+
+def test_bad_arguments_are_refused():
+    st = ModelStage("m", costs=(1, 1), valid_cuts=(0,), whole_ms={1: 5.0})
+    with pytest.raises(ValueError, match="slo_ms"):
+        search([st], 0, cap())
+    with pytest.raises(ValueError, match="rate"):
+        search([st], 10, cap(), rate=-1)
+    with pytest.raises(ValueError, match="objectives"):
+        search([st], 10, cap(), objectives=("nope",))
+    with pytest.raises(ValueError, match="cores"):
+        search([st], 10, None)
+    with pytest.raises(ValueError, match="no model stage"):
+        search([], 10, cap())
+    with pytest.raises(ValueError, match="1-thread"):
+        ModelStage("m", costs=(1,), valid_cuts=(), whole_ms={2: 1.0})
+
+
+def test_a_cap_below_one_instance_rules_every_candidate_out():
+    # 300 MB of weights whichever way it is cut (each unit also counts 50 MB of
+    # activations): K=1 needs 350 MB, K=2 needs 400 MB; the cap is 300 MB
+    st = ModelStage(
+        "m",
+        costs=(1, 1),
+        valid_cuts=(0,),
+        whole_ms={1: 5.0},
+        weights_bytes=(150e6, 150e6),
+        activations_mb=50.0,
+    )
+    out = search([st], 100.0, cap(300, cores=2), rate=10.0, frontend_ms=0.0)
+    assert out.best is None
+    assert {c.cuts for c in out.candidates} == {((),), ((0,),)}
+    whys = {c.cuts: c.why for c in out.candidates}
+    assert whys[((),)] == "cap: one instance per unit needs 350 MB > 300 MB"
+    assert whys[((0,),)] == "cap: one instance per unit needs 400 MB > 300 MB"
+    assert out.explain[-1].startswith("no candidate")
