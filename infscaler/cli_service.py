@@ -105,30 +105,6 @@ def with_slo(cfg: Any, slo: str | None, autoscale: bool) -> Any:
     return validate_pipeline(data, f"pipeline {cfg.name}")
 
 
-def _planned(cfg: Any, profile: Any, state_dir: Path | None) -> Any:
-    """``cfg`` deployed with the planner's choice when it is left to the planner
-    (:func:`infscaler.runtime.autoplan.needs_planning`), else as it is."""
-    from rich.markup import escape
-
-    from infscaler.runtime.autoplan import needs_planning, plan_pipeline
-
-    if not needs_planning(cfg):
-        return cfg
-    from infscaler.device import load_profile
-    from infscaler.runtime.pipeline import default_state_dir
-
-    err.print(f"planning {cfg.name}: K, cuts, threads and instances for its SLO", highlight=False)
-    planned, outcome = plan_pipeline(
-        cfg,
-        device=profile or load_profile("cpu-host"),
-        state_dir=Path(state_dir or default_state_dir()),
-        progress=lambda m: err.print(f"  {m}", highlight=False),
-    )
-    assert outcome.best is not None
-    err.print(f"  chosen: {escape(outcome.best.line())}", highlight=False)
-    return planned
-
-
 def _bundled(name: str) -> Path:
     from importlib import resources
 
@@ -311,8 +287,6 @@ def serve_cmd(
     configs = [with_slo(c, slo, autoscale) for c in configs]
     if objective not in ("auto", "eq1"):
         raise InfScalerError(f"unknown --objective {objective!r}", hint="auto or eq1")
-    if objective == "auto":
-        configs = [_planned(c, profile, state_dir) for c in configs]
     if control_path not in ("auto", "ebpf", "userspace"):
         raise InfScalerError(
             f"unknown --control-path {control_path!r}", hint="auto, ebpf or userspace"
@@ -333,6 +307,7 @@ def serve_cmd(
             metrics_host=metrics_host,
             limits=limits,
             max_inflight_mb=max_inflight_mb,
+            objective=objective,
         )
     )
     if watcher is not None:
@@ -388,6 +363,7 @@ async def _serve(
     limits: Any = None,
     metrics_host: str = "127.0.0.1",
     max_inflight_mb: float = 256,
+    objective: str = "auto",
 ) -> int:
     from infscaler.server import (
         create_app,
@@ -409,6 +385,7 @@ async def _serve(
         control_path=control_path,
         pool_mb=pool_mb,
         max_inflight_mb=max_inflight_mb,
+        objective=objective,
     )
 
     def on_signal() -> None:

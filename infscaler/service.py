@@ -114,6 +114,12 @@ class Service:
             server reserves each request's bytes before reading its body
             (:meth:`reserve_bytes`), beyond it 503 with ``retry_after_s``
             (:mod:`infscaler.runtime.admission`).
+        objective: ``auto``: a pipeline left to the planner (an ``slo`` and
+            ``autoscale``, model stages naming no K, threads or instances:
+            :func:`~infscaler.runtime.autoplan.needs_planning`) is deployed with the
+            planner's choice of K, cuts, threads and instances, whichever way it arrives
+            (``serve``, the API, the watcher); ``eq1``: deployed as written (Eq. 1 where a
+            stage names K or an SLO).
     """
 
     def __init__(
@@ -127,9 +133,13 @@ class Service:
         max_pending: int = 1024,
         start_timeout_s: float = 120.0,
         max_inflight_mb: float | None = 256,
+        objective: str = "auto",
     ) -> None:
         from infscaler.runtime.admission import ByteBudget
 
+        if objective not in ("auto", "eq1"):
+            raise InfScalerError(f"unknown objective {objective!r}", hint="auto or eq1")
+        self.objective = objective
         self.state_dir = Path(state_dir or default_state_dir())
         self.device = device
         self.control_path = control_path
@@ -435,6 +445,7 @@ class Service:
 
         if not self._started or self._stopping:
             raise ServiceError("the service is not running", 503)
+        cfg = self._planned(cfg, progress)
         with self._deploy_lock:
             with self._lock:
                 old = self._deployments.get(cfg.name)
@@ -513,6 +524,30 @@ class Service:
             self._retire(old)
         trim_heap()
         return dep
+
+    def _planned(self, cfg: PipelineConfig, progress: Callable[[str], None]) -> PipelineConfig:
+        """``cfg`` with the planner's choice when it is left to the planner and the
+        objective is ``auto`` (:mod:`infscaler.runtime.autoplan`), else as it is.
+
+        Raises:
+            InfScalerError: no configuration meets the SLO (the search's reason).
+        """
+        from infscaler.runtime.autoplan import needs_planning, plan_pipeline
+
+        if self.objective != "auto" or not needs_planning(cfg):
+            return cfg
+        from infscaler.device import load_profile
+
+        progress(f"planning {cfg.name}: K, cuts, threads and instances for its SLO")
+        planned, outcome = plan_pipeline(
+            cfg,
+            device=self.device or load_profile("cpu-host"),
+            state_dir=self.state_dir,
+            progress=progress,
+        )
+        if outcome.best is not None:
+            progress(f"{cfg.name}: chosen {outcome.best.line()}")
+        return planned
 
     def _check_fits(self, compiled: CompiledPipeline, old: Deployment | None) -> list[str]:
         """Refuse (ConfigError) a pipeline whose engines, precisions, instances, cores or

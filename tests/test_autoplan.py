@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from infscaler.cli import app
 from infscaler.config import load_pipeline
+from infscaler.errors import InfScalerError
 from infscaler.runtime.autoplan import needs_planning, plan_pipeline
 from infscaler.runtime.stageprofile import measure_model_stage
 
@@ -147,17 +148,30 @@ def test_search_measured_replaces_the_estimates_of_the_best_candidates(chain_pat
     assert out.best is not None
 
 
-def test_serve_plans_only_what_is_left_to_the_planner(chain_path: Path, tmp_path: Path) -> None:
-    from infscaler.cli_service import _planned, pipeline_from_arg, with_slo
-    from infscaler.device import load_profile
+def test_deploy_plans_only_what_is_left_to_the_planner(chain_path: Path, tmp_path: Path) -> None:
+    # every way a pipeline arrives (serve, the API, the watcher) goes through deploy
+    from infscaler.cli_service import pipeline_from_arg, with_slo
+    from infscaler.service import Service
 
-    profile = load_profile("cpu-host")
     bare = with_slo(pipeline_from_arg(str(chain_path)), "500ms", True)
-    planned = _planned(bare, profile, tmp_path / "state")
-    assert planned is not bare
-    st = planned.stages[0]
-    assert st.plan is not None or st.model is not None
+    bare = bare.model_copy(update={"name": "bare"})
     k2 = with_slo(pipeline_from_arg(str(chain_path), 2), "500ms", True)
-    assert _planned(k2, profile, tmp_path / "state") is k2  # -k 2: the user named K
+    k2 = k2.model_copy(update={"name": "k2"})
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        lines: list[str] = []
+        dep = svc.deploy(bare, progress=lines.append)
+        assert any("chosen" in m for m in lines), lines
+        assert all(u.instances >= 1 for u in dep.pipeline.units)
+        lines.clear()
+        svc.deploy(k2, progress=lines.append)  # -k 2: the user named K
+        assert not any("planning" in m for m in lines), lines
+        assert len(svc.deployment("k2").pipeline.units) == 2
+    with Service(state_dir=tmp_path / "e", control_path="userspace", objective="eq1") as svc:
+        lines = []
+        svc.deploy(bare, progress=lines.append)  # eq1: deployed as written
+        assert not any("planning" in m for m in lines), lines
+        assert len(svc.deployment("bare").pipeline.units) == 1
+    with pytest.raises(InfScalerError, match="unknown objective"):
+        Service(objective="x")
     bad = CliRunner().invoke(app, ["serve", str(chain_path), "--objective", "x"])
     assert bad.exit_code != 0 and "unknown --objective" in str(bad.exception)
