@@ -3,8 +3,8 @@ names no K, threads or instances).
 
 :func:`needs_planning` tells whether a pipeline is left to the planner: it has an
 ``slo`` and ``autoscale``, and every stage is a model stage naming an ONNX ``model`` on
-the cpu engine with no ``partitions``, stage ``slo`` or ``batching``, and ``threads``
-and ``instances`` at their defaults (1). :func:`plan_pipeline` then measures those stages on this host
+the cpu engine with no ``partitions``, stage ``slo``, ``batching`` or ``max_threads``, and
+``threads`` and ``instances`` at their defaults (1). :func:`plan_pipeline` then measures those stages on this host
 (:func:`~infscaler.runtime.stageprofile.measure_model_stage`), runs the configuration
 search with the best candidates' partitions measured
 (:func:`~infscaler.runtime.stageprofile.search_measured`, over
@@ -41,6 +41,7 @@ def _left_to_planner(stage: Any) -> bool:
         and stage.slo is None
         and stage.threads == defaults["threads"].default
         and stage.instances == defaults["instances"].default
+        and getattr(stage, "max_threads", None) is None  # the user bounded the threads
     )
 
 
