@@ -66,10 +66,10 @@ def relu_model(path: Path) -> Path:
 
 
 def _mem(pid: int) -> dict[str, float]:
-    import psutil
+    from infscaler.runtime.telemetry import process_memory
 
-    f = psutil.Process(pid).memory_full_info()
-    return {"pss_mb": f.pss / 2**20, "uss_mb": f.uss / 2**20, "rss_mb": f.rss / 2**20}
+    m = process_memory(pid)
+    return {"pss_mb": m.pss_mb or 0.0, "uss_mb": m.uss_mb, "rss_mb": m.rss_mb}
 
 
 def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:

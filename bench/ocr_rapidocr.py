@@ -195,11 +195,15 @@ class ServedSide:
 
 
 def pss_mb(pids: list[int]) -> float:
+    """Summed PSS of ``pids``, MB (the runtime's own reading; a process that exited
+    meanwhile counts 0)."""
+    from infscaler.runtime.telemetry import ProcessMemoryError, process_memory
+
     total = 0.0
     for pid in pids:
         try:
-            total += psutil.Process(pid).memory_full_info().pss / 2**20
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            total += process_memory(pid).pss_mb or 0.0
+        except ProcessMemoryError:
             continue
     return total
 

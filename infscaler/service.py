@@ -638,6 +638,24 @@ class Service:
             max(1, sum(1 for h in live if h.key[1] == u.index)) for u in dep.pipeline.units
         ]
 
+    def _served_unit(self, dep: Deployment, unit: int) -> tuple[Any, int, int]:
+        """``(unit, its stage id, the stage it hands over to)`` for starting an instance
+        of unit ``unit`` of ``dep`` (0: the front end).
+
+        Raises:
+            ServiceError: (404) the pipeline was undeployed; (409) the unit runs in the
+                front end.
+        """
+        with self._lock:
+            if self._deployments.get(dep.name) is not dep:
+                raise ServiceError(f"pipeline {dep.name!r} is no longer deployed", 404)
+        u = dep.pipeline.units[unit]
+        sid = dep.route.stage_ids[unit]
+        if not sid:
+            raise ServiceError(f"unit {u.name} of {dep.name} runs in the front end", 409)
+        nxt = dep.pipeline.next_unit(unit)
+        return u, sid, 0 if nxt is None else dep.route.stage_ids[nxt]
+
     def scale_out(self, dep: Deployment, unit: int, engine: str) -> Any:
         """Start one more instance of unit ``unit`` of ``dep`` on ``engine``; returns its
         handle at once (it serves once loaded).
@@ -647,17 +665,9 @@ class Service:
         """
         import dataclasses
 
-        with self._lock:
-            if self._deployments.get(dep.name) is not dep:
-                raise ServiceError(f"pipeline {dep.name!r} is no longer deployed", 404)
-        u = dep.pipeline.units[unit]
-        sid = dep.route.stage_ids[unit]
-        if not sid:
-            raise ServiceError(f"unit {u.name} of {dep.name} runs in the front end", 409)
+        u, sid, next_stage = self._served_unit(dep, unit)
         if engine != u.engine:
             u = dataclasses.replace(u, engine=engine)
-        nxt = dep.pipeline.next_unit(unit)
-        next_stage = 0 if nxt is None else dep.route.stage_ids[nxt]
         cores = self._cores(u.threads) if engine == "cpu" else []
         h = self.supervisor.start((dep.name, unit), u, sid, next_stage, cores)
         self._resize_window(dep)
@@ -699,13 +709,7 @@ class Service:
         """
         import dataclasses
 
-        with self._lock:
-            if self._deployments.get(dep.name) is not dep:
-                raise ServiceError(f"pipeline {dep.name!r} is no longer deployed", 404)
-        u = dep.pipeline.units[unit]
-        sid = dep.route.stage_ids[unit]
-        if not sid:
-            raise ServiceError(f"unit {u.name} of {dep.name} runs in the front end", 409)
+        u, sid, next_stage = self._served_unit(dep, unit)
         if int(threads) < 1:
             raise ServiceError(f"threads must be >= 1, got {threads}", 409)
         mine = [
@@ -716,8 +720,6 @@ class Service:
         if not mine:
             return False
         new_u = dataclasses.replace(u, engine="cpu", threads=int(threads))
-        nxt = dep.pipeline.next_unit(unit)
-        next_stage = 0 if nxt is None else dep.route.stage_ids[nxt]
         h = self.supervisor.start((dep.name, unit), new_u, sid, next_stage, self._cores(threads))
         self._resize_window(dep)
         try:

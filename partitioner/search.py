@@ -282,6 +282,16 @@ def _result(
     )
 
 
+def _with_sizes(res: SearchResult, arr: np.ndarray, w: np.ndarray, name: str) -> SearchResult:
+    """``res`` scored as a balanced plan: ``partition_costs`` S_k (every operator's cost
+    in partition k), ``partition_weights`` W_k, ``objective`` max_k S_k."""
+    s_k = tuple(math.fsum(arr[s : e + 1].tolist()) for s, e in res.bounds)
+    w_k = tuple(math.fsum(w[s : e + 1].tolist()) for s, e in res.bounds)
+    return dataclasses.replace(
+        res, objective=max(s_k), objective_name=name, partition_costs=s_k, partition_weights=w_k
+    )
+
+
 def _infeasible_k(k: int, kmax: int, rep: np.ndarray) -> PartitionError:
     return PartitionError(
         f"cannot make {k} partitions: each partition needs at least one representative "
@@ -698,17 +708,7 @@ def search_minmax(
             plan.append(bnd[b])
     plan.sort()
     res = _result(arr, representative_mask(arr), plan, nbytes)
-    ends = [*plan, n - 1]
-    starts = [0, *(c + 1 for c in plan)]
-    s_k = tuple(math.fsum(arr[s : e + 1].tolist()) for s, e in zip(starts, ends, strict=True))
-    w_k = tuple(math.fsum(w[s : e + 1].tolist()) for s, e in zip(starts, ends, strict=True))
-    return dataclasses.replace(
-        res,
-        objective=max(s_k),
-        objective_name="weights" if weights is not None else "minmax",
-        partition_costs=s_k,
-        partition_weights=w_k,
-    )
+    return _with_sizes(res, arr, w, "weights" if weights is not None else "minmax")
 
 
 def evaluate_cuts(
@@ -743,10 +743,4 @@ def evaluate_cuts(
     nbytes = _as_cut_bytes(cut_bytes, plan)
     w = np.zeros(n) if weights is None else np.asarray(weights, dtype=float)
     res = _result(arr, representative_mask(arr), plan, nbytes)
-    ends = [*plan, n - 1]
-    starts = [0, *(c + 1 for c in plan)]
-    s_k = tuple(math.fsum(arr[s : e + 1].tolist()) for s, e in zip(starts, ends, strict=True))
-    w_k = tuple(math.fsum(w[s : e + 1].tolist()) for s, e in zip(starts, ends, strict=True))
-    return dataclasses.replace(
-        res, objective=max(s_k), objective_name="given", partition_costs=s_k, partition_weights=w_k
-    )
+    return _with_sizes(res, arr, w, "given")
