@@ -40,6 +40,11 @@ each other), which let an overloaded 2-core host grow one partition to 6 instanc
 pinned thread is a core taken whether it is busy or not. A function-stage instance pins
 no slot (one Python thread asleep in poll(2) when idle) but is added only while a slot
 is free.
+Busy cores (:meth:`Monitor.cores_busy`: CPU seconds of the instances and the front end
+over the last seconds) are measured too, but only as a second, stricter bound: the
+scaler adds no cpu thread while the cores are saturated
+(:data:`~infscaler.runtime.scaler.SATURATED_FREE_PER_THREAD`), since pinned threads
+beyond the cores add contention, not capacity, once every core is busy.
 
 Vertical scaling inputs (:func:`~infscaler.runtime.scaler.decide`'s ``scale_up`` /
 ``scale_down``): per unit, its running cpu instances per intra-op thread count (each
@@ -59,12 +64,21 @@ instances' ``stats`` reports; measured samples already span every step).
 
 from __future__ import annotations
 
+import collections
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from infscaler.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
 from infscaler.runtime.scaler import EngineOption, ResourceCap, Snapshot, UnitState
+
+#: busy cores (:meth:`Monitor.cores_busy`) are measured over at most this long, s ...
+BUSY_WINDOW_S = 5.0
+#: ... and at least this long (shorter: not measured yet), s
+BUSY_MIN_S = 1.0
 
 #: Instances per unit the control path routes to (``ebpf.MAX_PER_STAGE``).
 MAX_PER_UNIT = 16
@@ -141,6 +155,8 @@ class Monitor:
     def __init__(self, service: Any, window_s: float = 10.0) -> None:
         self.service = service
         self.window_s = window_s
+        # (monotonic s, {pid: CPU seconds}) samples for cores_busy
+        self._cpu_samples: collections.deque[tuple[float, dict[int, float]]] = collections.deque()
 
     # -- metrics ---------------------------------------------------------------------------
     def pipeline(self, dep: Any, window_s: float | None = None) -> PipelineMetrics:
@@ -246,22 +262,54 @@ class Monitor:
             and h.unit.engine == "cpu"
         )
 
+    def cores_busy(self) -> float | None:
+        """CPU cores kept busy by every live instance and the front end (this process)
+        over the last :data:`BUSY_WINDOW_S` s: the growth of their user + system CPU
+        seconds (``/proc/PID/stat`` through psutil ``cpu_times``; time spent waiting for a
+        core is not in it) over the wall seconds between two samples. A process that
+        started or ended between the samples counts for neither (reads low). None until
+        two samples at least :data:`BUSY_MIN_S` apart exist (the first call only
+        samples)."""
+        now = time.monotonic()
+        pids = [os.getpid()] + [
+            h.pid for h in self.service.supervisor.handles() if h.state in ("starting", "ready")
+        ]
+        sample: dict[int, float] = {}
+        for pid in pids:
+            try:
+                t = psutil.Process(pid).cpu_times()
+            except (psutil.Error, OSError):
+                continue  # gone between the listing and the read
+            sample[pid] = t.user + t.system
+        samples = self._cpu_samples
+        while samples and now - samples[0][0] > BUSY_WINDOW_S:
+            samples.popleft()
+        busy = None
+        if samples and now - samples[0][0] >= BUSY_MIN_S:
+            t0, old = samples[0]
+            used = sum(v - old[p] for p, v in sample.items() if p in old and v >= old[p])
+            busy = used / (now - t0)
+        samples.append((now, sample))
+        return busy
+
     def cap(self) -> ResourceCap:
         """R^m from the service's device profile (this host when it has none)."""
         profile = self.service.device_profile()
         max_inst: dict[str, int] = {}
-        cores = 0
+        cores = physical = 0
         for acc in profile.accelerators:
             if acc.count < 1:
                 continue
             max_inst[acc.engine] = acc.max_instances * (acc.count if acc.engine == "dla" else 1)
             if acc.engine == "cpu":
                 cores = acc.thread_slots(_host_cores())
+                physical = len(acc.cores or _host_cores())
         return ResourceCap(
             memory_cap_mb=float(profile.memory_cap_mb),
             memory_used_mb=self.memory_used_mb(),
             max_instances=max_inst,
             cores=cores,
+            physical_cores=physical,
         )
 
     # -- the scaler's view -----------------------------------------------------------------
@@ -344,6 +392,7 @@ class Monitor:
             pending=m.pending,
             offered_rate=m.offered_rate,
             slo_refused_rate=m.slo_refused_rate,
+            cores_busy=self.cores_busy(),
         )
 
 

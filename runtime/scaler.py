@@ -134,12 +134,15 @@ class ResourceCap:
         max_instances: per engine, instance slots (the profile's ``max_instances``).
         cores: cpu thread slots: its cores x the profile's ``threads_per_core``
             (:meth:`infscaler.device.Accelerator.thread_slots`; 0: do not count cores).
+        physical_cores: the cpu's cores themselves (no ``threads_per_core``), which
+            :attr:`Snapshot.cores_busy` is compared with (0: not known).
     """
 
     memory_cap_mb: float
     memory_used_mb: float
     max_instances: dict[str, int]
     cores: int = 0
+    physical_cores: int = 0
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,10 @@ class Snapshot:
         slo_refused_rate: requests per second the front end refused at arrival because
             they could not meet the SLO (:mod:`infscaler.runtime.admission`): demand
             the P99 of the admitted requests no longer shows.
+        cores_busy: cpu cores kept busy over the monitor's last seconds by every
+            instance and the front end (CPU seconds / wall seconds, from the kernel's
+            per-process accounting: time waiting for a core is not counted); None:
+            not measured. See :data:`SATURATED_FREE_PER_THREAD`.
     """
 
     now: float
@@ -176,6 +183,7 @@ class Snapshot:
     pending: int = 0
     offered_rate: float | None = None
     slo_refused_rate: float = 0.0
+    cores_busy: float | None = None
 
     @property
     def offered(self) -> float:
@@ -499,6 +507,31 @@ def _fan_out(u: UnitState, s: Snapshot) -> float:
     return u.arrival_rate / s.arrival_rate if s.arrival_rate > 0 else 1.0
 
 
+#: A cpu instance (or thread step) of ``t`` threads is added only while at least
+#: ``t`` x this many physical cores are idle (:attr:`Snapshot.cores_busy` against
+#: :attr:`ResourceCap.physical_cores`). Pinned threads may oversubscribe the cores
+#: (``threads_per_core``: a chain's stages take turns on them), but once the instances
+#: keep every core busy another one adds contention, not capacity: the scaling bench
+#: grew whole-model ResNet-50 replicas to 4 single-thread instances on 2 cores, each
+#: request then took 4x its compute time and admission refused 1 in 20 at half the
+#: rate one 2-thread session served (bench/README.md, issue 15).
+SATURATED_FREE_PER_THREAD = 0.5
+
+
+def _saturated(s: Snapshot, threads: int) -> str | None:
+    """Why ``threads`` more cpu threads would add no capacity (None: they would)."""
+    cap = s.cap
+    if threads <= 0 or not cap.physical_cores or s.cores_busy is None:
+        return None
+    free = cap.physical_cores - s.cores_busy
+    if free >= SATURATED_FREE_PER_THREAD * threads - _EPS:
+        return None
+    return (
+        f"cores saturated: busy {s.cores_busy:.2f} of {cap.physical_cores} "
+        f"(another {threads} thread(s) need {SATURATED_FREE_PER_THREAD * threads:g} idle)"
+    )
+
+
 def _refusals(s: Snapshot, o: EngineOption) -> list[str]:
     """Why the cap refuses one more instance on ``o.engine`` ([]: it is admitted)."""
     cap = s.cap
@@ -515,6 +548,9 @@ def _refusals(s: Snapshot, o: EngineOption) -> list[str]:
         why.append(f"{o.engine} slots {used}+1 > {slots}")
     if cap.cores and not s.cores_used + o.cores <= cap.cores:
         why.append(f"cores {s.cores_used}+{o.cores} > {cap.cores}")
+    busy = _saturated(s, o.cores)
+    if busy is not None:
+        why.append(busy)
     return why
 
 
@@ -678,6 +714,9 @@ def _up_candidate(
         return None, "the device counts no cpu cores (no budget to give threads from)"
     if not s.cores_used + (t2 - t) <= cap.cores:
         return None, f"cores {s.cores_used}+{t2 - t} > {cap.cores}"
+    busy = _saturated(s, t2 - t)
+    if busy is not None:
+        return None, busy
     return (t, t2, svc_t, svc_t2), None
 
 

@@ -254,7 +254,7 @@ def cap_from_profile(profile: Any, host_cores: int | None = None) -> ResourceCap
     profile's core set, or this host's / ``host_cores`` when it lists none, times the cpu
     entry's ``threads_per_core``)."""
     max_inst: dict[str, int] = {}
-    cores = 0
+    cores = physical = 0
     for acc in profile.accelerators:
         if acc.count < 1:
             continue
@@ -265,12 +265,14 @@ def cap_from_profile(profile: Any, host_cores: int | None = None) -> ResourceCap
             else:
                 cores = host_cores if host_cores is not None else len(os.sched_getaffinity(0))
             # thread slots, as the monitor reads them (Accelerator.thread_slots)
+            physical = cores
             cores = int(cores * getattr(acc, "threads_per_core", 1.0) + 1e-9)
     return ResourceCap(
         memory_cap_mb=float(profile.memory_cap_mb),
         memory_used_mb=0.0,
         max_instances=max_inst,
         cores=cores,
+        physical_cores=physical,
     )
 
 
@@ -419,6 +421,7 @@ class _Instance:
         "memory_mb",
         "retiring",
         "cpu_threads",
+        "cpu_core_s",
     )
 
     def __init__(self, iid: int, engine: str, memory_mb: float) -> None:
@@ -433,6 +436,7 @@ class _Instance:
         self.memory_mb = memory_mb
         self.retiring = False
         self.cpu_threads = 0  # threads it holds in the contention count while busy
+        self.cpu_core_s = 0.0  # CPU core-seconds of the item it runs
 
 
 class _Unit:
@@ -492,6 +496,8 @@ class _Sim:
         self.profiles = list(units)
         self.cpu_cores = cpu_cores
         self.cpu_busy = 0  # cpu threads running an item now (all units)
+        # (end time s, cpu core-seconds) of finished cpu items: the monitor's cores_busy
+        self.cpu_work: collections.deque[tuple[float, float]] = collections.deque()
         self.units = [
             _Unit(i, p, c, seed) for i, (p, c) in enumerate(zip(units, config, strict=True))
         ]
@@ -710,6 +716,8 @@ class _Sim:
             threads = max(1, prof.cores)
             self.cpu_busy += threads
             inst.cpu_threads = threads
+            # CPU time is the uncontended time on every thread (waiting is not CPU time)
+            inst.cpu_core_s = dur * threads
             dur *= max(1.0, self.cpu_busy / self.cpu_cores)
         inst.busy_time += dur
         u.batches += 1
@@ -723,6 +731,7 @@ class _Sim:
         if inst.cpu_threads:
             self.cpu_busy -= inst.cpu_threads
             inst.cpu_threads = 0
+            self.cpu_work.append((t, inst.cpu_core_s))
         batch, inst.batch = inst.batch, []
         u.inflight -= len(batch)
         for tok in batch:
@@ -811,7 +820,13 @@ class _Sim:
             memory_used_mb=self._memory_used(),
             max_instances=dict(auto.cap.max_instances),
             cores=auto.cap.cores,
+            physical_cores=auto.cap.physical_cores,
         )
+        # busy cores as the monitor reads them: CPU seconds over the window (contention
+        # modelled only when the simulation knows the cores)
+        while self.cpu_work and self.cpu_work[0][0] < cutoff:
+            self.cpu_work.popleft()
+        busy = sum(c for _, c in self.cpu_work) / w if self.cpu_cores else None
         return Snapshot(
             now=t,
             slo_ms=auto.slo_ms,
@@ -823,6 +838,7 @@ class _Sim:
             instances_used=engines_used,
             pending=self.pending,
             offered_rate=offered,
+            cores_busy=busy,
         )
 
     def _apply(self, d: Decision, t: float) -> None:

@@ -749,3 +749,49 @@ def test_the_weight_heavy_partition_no_longer_flaps() -> None:
     units = [replace(u, arrival_rate=15.0) for u in vgg_like(1)]
     d = only(decide(snap(units, p99=900.0, slo=600.0, rate=15.0), ScalerState(), cfg)[0])
     assert (d.action, d.unit) == ("scale_out", 1)
+
+
+# -- saturated cores: pinned threads may oversubscribe, busy cores may not ----------------------
+
+
+def _busy(s: Snapshot, busy: float | None, physical: int = 2) -> Snapshot:
+    return replace(s, cap=replace(s.cap, physical_cores=physical), cores_busy=busy)
+
+
+def test_saturated_cores_refuse_a_cpu_scale_out_and_fall_to_the_gpu() -> None:
+    # whole-model replicas: 2 single-thread instances on 2 physical cores, 4 thread slots
+    # (threads_per_core 2): the pinned count admits a third ...
+    u = unit(0, 80.0, {"cpu": 2}, CPU, service_ms=80.0, arrival_rate=20.0)
+    s = snap([u], rate=20.0, cores=4, cores_used=2)
+    assert only(decide(_busy(s, None), ScalerState())[0]).action == "scale_out"
+    # ... and so does a half-busy host: 2 - 1.0 = 1.0 idle >= 0.5 per thread
+    d = only(decide(_busy(s, 1.0), ScalerState())[0])
+    assert (d.action, d.engine) == ("scale_out", "cpu")
+    # busy 1.6 of 2: 0.4 idle < 0.5 -> no cpu instance; with no other engine it sheds
+    d = only(decide(_busy(s, 1.6), ScalerState())[0])
+    assert d.action == "shed"
+    assert "cores saturated: busy 1.60 of 2 (another 1 thread(s) need 0.5 idle)" in d.reason
+    # a gpu option still admits (it takes no core)
+    u2 = replace(u, options=(CPU, GPU))
+    d = only(decide(_busy(snap([u2], rate=20.0, cores=4, cores_used=2), 1.9), ScalerState())[0])
+    assert (d.action, d.engine) == ("scale_out", "gpu")
+
+
+def test_saturated_cores_refuse_a_thread_step_too() -> None:
+    # the unit at its max_instances: only a thread step could grow it; 2 -> 1.4 idle needed
+    # for one more thread: 0.5 x 1
+    u = threaded(0, 100, 1, {1: 100.0, 2: 60.0}, mem=100.0, service_ms=100.0, arrival_rate=8.0)
+    u = replace(u, max_instances=1)
+    s = snap([u], rate=8.0, cores=4, cores_used=1)
+    d = only(decide(_busy(s, 1.0), ScalerState())[0])
+    assert (d.action, d.from_threads, d.threads) == ("scale_up", 1, 2)
+    d = only(decide(_busy(s, 1.7), ScalerState())[0])
+    assert d.action == "shed"
+    assert "no thread scale-up: cores saturated: busy 1.70 of 2" in d.reason
+
+
+def test_unknown_physical_cores_keep_the_pinned_rule() -> None:
+    u = unit(0, 80.0, {"cpu": 2}, CPU, service_ms=80.0, arrival_rate=20.0)
+    s = snap([u], rate=20.0, cores=4, cores_used=2)
+    d = only(decide(_busy(s, 1.99, physical=0), ScalerState())[0])
+    assert (d.action, d.engine) == ("scale_out", "cpu")

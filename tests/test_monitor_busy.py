@@ -1,0 +1,38 @@
+"""Monitor.cores_busy: CPU seconds of the front end and the live instances over wall
+seconds (the scaler's saturation bound, runtime/scaler.SATURATED_FREE_PER_THREAD)."""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+
+import infscaler.runtime.monitor as monitor
+from infscaler.runtime.monitor import Monitor
+
+
+def _service(handles: list) -> SimpleNamespace:
+    return SimpleNamespace(supervisor=SimpleNamespace(handles=lambda: handles))
+
+
+def test_cores_busy_counts_this_process_cpu_seconds(monkeypatch) -> None:
+    monkeypatch.setattr(monitor, "BUSY_MIN_S", 0.3)
+    mon = Monitor(_service([]))
+    assert mon.cores_busy() is None  # the first call only samples
+    t0 = time.monotonic()
+    x = 0
+    while time.monotonic() - t0 < 0.6:  # one busy thread: about 1 core (less on a loaded host)
+        x += 1
+    busy = mon.cores_busy()
+    assert busy is not None and 0.2 < busy <= len(os.sched_getaffinity(0)) + 0.1
+
+
+def test_cores_busy_ignores_processes_that_are_gone_or_not_running(monkeypatch) -> None:
+    monkeypatch.setattr(monitor, "BUSY_MIN_S", 0.0)
+    gone = SimpleNamespace(pid=2**22 + 12345, state="ready")  # no such pid
+    stopped = SimpleNamespace(pid=1, state="stopped")  # not starting / ready: not read
+    mon = Monitor(_service([gone, stopped]))
+    mon.cores_busy()
+    time.sleep(0.2)  # idle: this process sleeps
+    busy = mon.cores_busy()
+    assert busy is not None and 0.0 <= busy < 0.5
