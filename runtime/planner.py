@@ -73,6 +73,7 @@ from infscaler.runtime.simulator import (
 
 __all__ = [
     "FRONTEND_MS",
+    "GOODPUT_TIE",
     "Candidate",
     "ModelStage",
     "PlanResult",
@@ -701,6 +702,10 @@ def autoscale_run(
 #: It grows with the request's bytes; pass the target's own figure with ``frontend_ms``.
 FRONTEND_MS = 1.6
 
+#: :func:`search` counts candidates within this fraction of the best goodput as tied
+#: and gives the tie to the one with less memory.
+GOODPUT_TIE = 0.05
+
 
 def cpu_cores(device: Any) -> int | None:
     """Physical cores of a DeviceProfile's cpu entry (its listed ``cores``; None when it
@@ -966,6 +971,7 @@ def search(
     objectives: Sequence[str] = ("eq1", "minmax", "weights"),
     oversubscribe: float = 1.0,
     max_candidates: int = 400,
+    goodput_tie: float = GOODPUT_TIE,
 ) -> SearchOutcome:
     """Search the runtime's configuration space for the most goodput within the SLO (issue 15).
 
@@ -987,7 +993,11 @@ def search(
     below the analytic capacity), i.e. the goodput at that rate. The **front end's CPU**
     (``frontend_ms`` per request; default :data:`FRONTEND_MS`) is simulated as a
     single-threaded server ahead of the units that competes for the same cores. Ties:
-    less memory, then fewer partitions, then fewer threads.
+    candidates within ``goodput_tie`` (default :data:`GOODPUT_TIE`, 5 %) of the best
+    goodput count as tied, and the tie goes to less memory, then fewer partitions, then
+    fewer threads: the simulator does not resolve goodput finer than that (its rate
+    bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and on a
+    device with a fixed memory budget the memory saved is what another model runs in.
 
     Args:
         stages: the pipeline in order: :class:`ModelStage` (searched) or fixed
@@ -1008,6 +1018,7 @@ def search(
         oversubscribe: pinned threads allowed per core when adding instances, when the
             cap gives no thread slots (``ResourceCap.cores`` 0); else its slots apply.
         max_candidates: most (cuts x threads) combinations over the stages.
+        goodput_tie: relative goodput difference counted as a tie (0: exact), 0-1.
 
     Returns:
         :class:`SearchOutcome`: ``best`` (None when no candidate answers any request
@@ -1028,6 +1039,8 @@ def search(
     bad = [o for o in objectives if o not in _search.OBJECTIVES]
     if bad:
         raise ValueError(f"unknown objectives {bad}: use {_search.OBJECTIVES}")
+    if not 0 <= goodput_tie < 1:
+        raise ValueError(f"goodput_tie must be in [0, 1), got {goodput_tie!r}")
     if frontend_ms < 0 or requests < 50 or max_partitions < 1:
         raise ValueError("frontend_ms must be >= 0, requests >= 50, max_partitions >= 1")
     cap = resource_cap(device)
@@ -1241,11 +1254,18 @@ def search(
             )
         )
 
+    gmax = max((c.goodput_rps for c in cands if c.fits), default=0.0)
+
+    def tied(c: Candidate) -> bool:
+        return c.fits and gmax > 0 and c.goodput_rps >= (1 - goodput_tie) * gmax - 1e-9
+
     def rank(c: Candidate) -> tuple[float, ...]:
+        t = tied(c)
         return (
             0 if c.fits else 1,
+            0 if t else 1,
+            c.memory_mb if t else -round(c.goodput_rps, 6),
             -round(c.goodput_rps, 6),
-            c.memory_mb,
             sum(len(x) for x in c.cuts),
             sum(c.threads),
         )
@@ -1262,12 +1282,17 @@ def search(
             why = f"SLO: P99 {_fmt(c.p99_ms)} ms > {slo_ms:g} ms at every instance count tried" + (
                 f" ({c.note})" if c.note else ""
             )
-        elif top is not None and c.goodput_rps < top.goodput_rps - 1e-6:
+        elif top is not None and not tied(c):
             why = f"lower goodput ({c.goodput_rps:.2f} < {top.goodput_rps:.2f}/s)" + (
                 f"; {c.note}" if c.note else ""
             )
+        elif top is not None and c.memory_mb > top.memory_mb + 1e-6:
+            why = (
+                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
+                f"{gmax:.2f}/s) with more memory ({c.memory_mb:.0f} > {top.memory_mb:.0f} MB)"
+            )
         else:
-            why = "ties the winner's goodput with more memory, partitions or threads"
+            why = "ties the winner's goodput and memory with more partitions or threads"
         ranked.append(replace(c, why=why))
     best = ranked[0] if top is not None else None
     head = (

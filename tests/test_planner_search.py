@@ -196,3 +196,30 @@ def test_a_cap_below_one_instance_rules_every_candidate_out():
     assert whys[((),)] == "cap: one instance per unit needs 350 MB > 300 MB"
     assert whys[((0,),)] == "cap: one instance per unit needs 400 MB > 300 MB"
     assert out.explain[-1].startswith("no candidate")
+
+
+def test_goodput_within_the_tie_goes_to_less_memory():
+    # 400 MB of weights, 10 ms whole at 1 thread, 2 cores, no memory cap, SLO 60 ms:
+    # - K=1: two replicas (800 MB) ~ 2 / 10 ms: the highest max rate;
+    # - K=2 cut in the middle: 5 + T_p ms per stage, one instance each (400 MB): the
+    #   hop's 0.1 ms costs a few % of the max rate.
+    # Exact ranking takes the replicas; within the 5 % tie the plan with half the memory
+    st = ModelStage(
+        "m",
+        costs=(1, 1),
+        valid_cuts=(0,),
+        whole_ms={1: 10.0},
+        weights_bytes=(200e6, 200e6),
+        boundary_fixed_ms=0.1,
+    )
+    exact = search([st], 60.0, cap(cores=2), frontend_ms=0.0, max_partitions=2, goodput_tie=0)
+    tied = search([st], 60.0, cap(cores=2), frontend_ms=0.0, max_partitions=2)
+    by_cuts = {c.cuts: c for c in exact.candidates}
+    k1, k2 = by_cuts[((),)], by_cuts[((0,),)]
+    assert k2.goodput_rps < k1.goodput_rps <= k2.goodput_rps / 0.95  # within the tie
+    assert k2.memory_mb < k1.memory_mb
+    assert exact.best.cuts == ((),)
+    assert tied.best.cuts == ((0,),)
+    assert any("ties the best goodput within 5%" in line for line in tied.explain)
+    with pytest.raises(ValueError, match="goodput_tie"):
+        search([st], 60.0, cap(cores=2), goodput_tie=1.0)
