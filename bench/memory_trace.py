@@ -20,7 +20,14 @@ Configurations, both autoscaled by the same scaler from one instance per unit, n
 pool and tokens, as ``replication-shm`` in ``scaling.py``):
 
 - ``infscaler``: the Eq. 1 plan with K partitions (K as in ``scaling.py``);
+- ``auto``: the runtime's own choice (``scaling.auto_pipeline``): the model or pipeline
+  with only ``slo`` and ``autoscale``, K, cuts, threads and instances decided at deploy
+  by the planner (:mod:`infscaler.runtime.autoplan`), as ``infscaler serve --slo
+  --autoscale`` does;
 - ``replication``: the whole model (K = 1), single-thread replicas.
+
+``--configs`` picks which run (default all three); each of ``infscaler`` and ``auto`` is
+compared with ``replication`` (``table`` rows: ``infscaler_*`` and ``auto_*``).
 
 Pipeline cases (``--models ddddocr``, see ``scaling.py``): ``infscaler`` serves the staged
 ddddocr pipeline (each stage its own autoscaled unit, the detector in K partitions),
@@ -74,12 +81,15 @@ from scaling import (  # noqa: E402
     InProcess,
     Recorder,
     _own_cpu,
+    auto_pipeline,
     calibrate,
     instances_of,
     model_inputs,
     own_cpu_seconds,
     pipeline,
 )
+
+CONFIGS = ("infscaler", "auto", "replication")
 
 TRACE_START_MIN = 21
 TRACE_MINUTES = 10
@@ -209,6 +219,7 @@ def run_model(
     load: float,
     control_path: str,
     slo_x: float = SLO_X,
+    configs: tuple[str, ...] = CONFIGS,
 ) -> dict:
     from infscaler.service import Service
 
@@ -226,17 +237,20 @@ def run_model(
     with Service(state_dir=STATE_DIR, control_path=control_path, pool_mb=256) as svc:
         for kind in kinds:
             arr, info = arrivals_for(kind, rate, duration_s, seed=1)
-            for config in ("infscaler", "replication"):
+            for config in configs:
                 name = f"mt-{config}-{kind}"
-                cfg = pipeline(
-                    model,
-                    name,
-                    k if config == "infscaler" else 1,
-                    slo_ms=slo_ms,
-                    autoscale=AUTOSCALE,
-                    max_instances=len(os.sched_getaffinity(0)),
-                    whole=config == "replication",
-                )
+                if config == "auto":
+                    cfg = auto_pipeline(model, name, slo_ms)
+                else:
+                    cfg = pipeline(
+                        model,
+                        name,
+                        k if config == "infscaler" else 1,
+                        slo_ms=slo_ms,
+                        autoscale=AUTOSCALE,
+                        max_instances=len(os.sched_getaffinity(0)),
+                        whole=config == "replication",
+                    )
                 dep = svc.deploy(cfg)
                 for _ in range(2):
                     svc.infer(name, feeds)
@@ -250,12 +264,23 @@ def run_model(
                     {x: d[x] for x in ("time", "action", "unit", "queue_limit", "reason") if x in d}
                     for d in svc.autoscaler.decisions(name)
                 ]
+                if config == "auto":
+                    # what the deploy-time planner chose: units, K per stage, threads
+                    r["chosen"] = {
+                        "units": [u.name for u in dep.pipeline.units],
+                        "plans": {st: str(p) for st, p in dict(dep.pipeline.plans).items()},
+                        "status": {
+                            k2: v
+                            for k2, v in svc.pipeline_status(dep).items()
+                            if "plan" in k2 or "objective" in k2
+                        },
+                    }
                 svc.undeploy(name)
                 r.update(
                     config=config,
                     arrivals=kind,
                     arrivals_info=info,
-                    k=k if config == "infscaler" else 1,
+                    k=k if config == "infscaler" else (None if config == "auto" else 1),
                 )
                 runs.append(r)
                 print(
@@ -266,28 +291,49 @@ def run_model(
                 )
     table = []
     for kind in kinds:
-        a = next(r for r in runs if r["arrivals"] == kind and r["config"] == "infscaler")
-        b = next(r for r in runs if r["arrivals"] == kind and r["config"] == "replication")
-        equal = abs(a["throughput_rps"] - b["throughput_rps"]) <= 0.05 * max(
-            b["throughput_rps"], 1e-9
-        )
-        table.append(
-            {
-                "arrivals": kind,
-                "infscaler_mean_mb": a["memory_mean_mb"],
-                "replication_mean_mb": b["memory_mean_mb"],
-                "mean_ratio": round(a["memory_mean_mb"] / b["memory_mean_mb"], 3),
-                "infscaler_peak_mb": a["memory_peak_mb"],
-                "replication_peak_mb": b["memory_peak_mb"],
-                "peak_ratio": round(a["memory_peak_mb"] / b["memory_peak_mb"], 3),
-                "throughput_equal_within_5pct": bool(equal),
-                "infscaler_throughput_rps": a["throughput_rps"],
-                "replication_throughput_rps": b["throughput_rps"],
-                "infscaler_slo_attainment": a["slo_attainment"],
-                "replication_slo_attainment": b["slo_attainment"],
-                "target_3_met": bool(a["memory_mean_mb"] <= 0.75 * b["memory_mean_mb"]),
-            }
-        )
+        b = next((r for r in runs if r["arrivals"] == kind and r["config"] == "replication"), None)
+        row: dict[str, Any] = {"arrivals": kind}
+        if b is not None:
+            row.update(
+                replication_mean_mb=b["memory_mean_mb"],
+                replication_peak_mb=b["memory_peak_mb"],
+                replication_throughput_rps=b["throughput_rps"],
+                replication_slo_attainment=b["slo_attainment"],
+            )
+        for c in ("infscaler", "auto"):
+            a = next((r for r in runs if r["arrivals"] == kind and r["config"] == c), None)
+            if a is None:
+                continue
+            row.update(
+                {
+                    f"{c}_mean_mb": a["memory_mean_mb"],
+                    f"{c}_peak_mb": a["memory_peak_mb"],
+                    f"{c}_throughput_rps": a["throughput_rps"],
+                    f"{c}_slo_attainment": a["slo_attainment"],
+                }
+            )
+            if b is None:
+                continue
+            pre = "" if c == "infscaler" else "auto_"
+            equal = abs(a["throughput_rps"] - b["throughput_rps"]) <= 0.05 * max(
+                b["throughput_rps"], 1e-9
+            )
+            row.update(
+                {
+                    f"{pre}mean_ratio": round(a["memory_mean_mb"] / b["memory_mean_mb"], 3),
+                    f"{pre}peak_ratio": round(a["memory_peak_mb"] / b["memory_peak_mb"], 3),
+                    f"{pre}throughput_equal_within_5pct": bool(equal),
+                    f"{pre}target_3_met": bool(a["memory_mean_mb"] <= 0.75 * b["memory_mean_mb"]),
+                    # issue 14: <= 1.0x replication's mean memory, same throughput and
+                    # SLO attainment (attainment within 1 point)
+                    f"{pre}issue14_met": bool(
+                        a["memory_mean_mb"] <= b["memory_mean_mb"]
+                        and equal
+                        and (a["slo_attainment"] or 0) >= (b["slo_attainment"] or 0) - 0.01
+                    ),
+                }
+            )
+        table.append(row)
     return {
         "model": model,
         "k": k,
@@ -310,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", type=float, default=0.6, help="mean rate / ideal")
     ap.add_argument("--slo", type=float, default=SLO_X, help="SLO as a factor of L0")
     ap.add_argument("--control-path", default="auto")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="of " + ",".join(CONFIGS))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--replot", type=Path)
     args = ap.parse_args(argv)
@@ -333,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     results = [m for m in old.get("models", []) if m["model"] not in models]
     for model in models:
         t = time.monotonic()
-        e = run_model(model, kinds, duration, args.load, args.control_path, args.slo)
+        configs = tuple(c for c in args.configs.split(",") if c)
+        bad = [c for c in configs if c not in CONFIGS]
+        if bad:
+            ap.error(f"--configs: unknown {bad}; choose from {','.join(CONFIGS)}")
+        e = run_model(model, kinds, duration, args.load, args.control_path, args.slo, configs)
         e["wall_s"] = round(time.monotonic() - t, 1)
         e["load_average_at_end"] = list(os.getloadavg())
         results.append(e)
@@ -353,28 +404,32 @@ def main(argv: list[str] | None = None) -> int:
         [
             "model",
             "arrivals",
-            "InfScaler MB",
+            "config",
+            "MB",
             "replication MB",
             "ratio",
             "peak ratio",
             "tput",
             "attain",
-            "<= 0.75",
+            "<= 1.0, same tput",
         ],
         [
             [
                 m["model"],
                 t["arrivals"],
-                t["infscaler_mean_mb"],
-                t["replication_mean_mb"],
-                t["mean_ratio"],
-                t["peak_ratio"],
-                f"{t['infscaler_throughput_rps']}/{t['replication_throughput_rps']}",
-                f"{t['infscaler_slo_attainment']}/{t['replication_slo_attainment']}",
-                "met" if t["target_3_met"] else "MISSED",
+                c,
+                t[f"{c}_mean_mb"],
+                t.get("replication_mean_mb"),
+                t.get(f"{pre}mean_ratio"),
+                t.get(f"{pre}peak_ratio"),
+                f"{t[f'{c}_throughput_rps']}/{t.get('replication_throughput_rps')}",
+                f"{t[f'{c}_slo_attainment']}/{t.get('replication_slo_attainment')}",
+                {True: "met", False: "MISSED", None: "-"}[t.get(f"{pre}issue14_met")],
             ]
             for m in data["models"]
             for t in m["table"]
+            for c, pre in (("infscaler", ""), ("auto", "auto_"))
+            if f"{c}_mean_mb" in t
         ],
     )
     print(f"wrote {path} and .png")
@@ -397,17 +452,19 @@ def plot(data: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(
         1 + len(models), ncol, figsize=(4.8 * ncol, 3.6 * (1 + len(models))), squeeze=False
     )
-    colors = {"infscaler": "#2a7", "replication": "#58c"}
+    colors = {"infscaler": "#2a7", "auto": "#d83", "replication": "#58c"}
     for j, m in enumerate(models):
         ax = axes[0][j]
         ks = [t["arrivals"] for t in m["table"]]
-        for i, c in enumerate(("infscaler", "replication")):
-            xs = np.arange(len(ks)) + (i - 0.5) * 0.38
+        present = [c for c in CONFIGS if any(r["config"] == c for r in m["runs"])]
+        width = 0.8 / max(1, len(present))
+        for i, c in enumerate(present):
+            xs = np.arange(len(ks)) + (i - (len(present) - 1) / 2) * width
             runs = [
                 next(r for r in m["runs"] if r["arrivals"] == k and r["config"] == c) for k in ks
             ]
             ax.bar(
-                xs, [r["memory_mean_mb"] for r in runs], 0.38, color=colors[c], label=f"{c} (mean)"
+                xs, [r["memory_mean_mb"] for r in runs], width, color=colors[c], label=f"{c} (mean)"
             )
             ax.scatter(
                 xs, [r["memory_peak_mb"] for r in runs], color="k", marker="_", s=200, zorder=3
@@ -426,7 +483,11 @@ def plot(data: dict[str, Any], path: Path) -> None:
             ax.text(
                 x,
                 ax.get_ylim()[1] * 0.97,
-                f"x{t['mean_ratio']:.2f}",
+                " ".join(
+                    f"{lab} x{t[key]:.2f}"
+                    for lab, key in (("Eq.1", "mean_ratio"), ("auto", "auto_mean_ratio"))
+                    if t.get(key) is not None
+                ),
                 ha="center",
                 va="top",
                 fontsize=8,
@@ -443,7 +504,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
             axes[0][jj].axis("off")
         for i, k in enumerate(kinds):
             ax = axes[1 + j][i]
-            for c in ("infscaler", "replication"):
+            for c in CONFIGS:
                 r = next((r for r in m["runs"] if r["arrivals"] == k and r["config"] == c), None)
                 if r is None:
                     continue
