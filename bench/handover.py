@@ -1,7 +1,7 @@
 """One-hop token handover: latency and throughput of the control path vs baselines
 (InfScaler §IV-B, shaped like paper Fig. 6 "tensor sharing overhead against baselines").
 
-Mechanisms (all carry the same 32-byte :class:`~infscaler.shm.token.Token` frames, built
+Mechanisms (all carry the same 32-byte :class:`~infscaler.ebpf.token.Token` frames, built
 with ``pack_frame`` and CRC-checked on receipt everywhere):
 
 - ``ebpf``: our eBPF channel, ``open_channel('ebpf', 'round-robin')``: TCP loopback
@@ -97,7 +97,7 @@ from infscaler.ebpf.channel import (  # noqa: E402
     pack_frame,
     valid_frame,
 )
-from infscaler.shm.token import NO_SLAB, TOKEN_SIZE, TokenKind  # noqa: E402
+from infscaler.ebpf.token import NO_SLAB, TOKEN_SIZE, TokenKind  # noqa: E402
 
 MECHANISMS = ["ebpf", "userspace", "direct", "mpqueue", "shmring"]
 LABELS = {

@@ -66,7 +66,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from infscaler.ebpf.errors import ChannelClosed, ChannelError, EbpfUnavailableError
-from infscaler.shm.token import NO_SLAB, TOKEN_FORMAT, TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
+from infscaler.ebpf.token import NO_SLAB, TOKEN_FORMAT, TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
 
 log = logging.getLogger("infscaler.ebpf")
 

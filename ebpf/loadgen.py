@@ -42,8 +42,8 @@ from typing import Any
 
 from infscaler.ebpf.channel import MAX_BATCH, Channel, Endpoint, frame_fields, pack_frame
 from infscaler.ebpf.errors import ChannelClosed
+from infscaler.ebpf.token import Token, TokenKind
 from infscaler.procutil import module_command
-from infscaler.shm.token import Token, TokenKind
 
 STOP_REQUEST = (1 << 64) - 1
 _NOBODY = 65534

@@ -59,7 +59,7 @@ from infscaler.ebpf.channel import (
     build_stats,
 )
 from infscaler.ebpf.errors import ChannelClosed, ChannelError, EbpfUnavailableError
-from infscaler.shm.token import Token
+from infscaler.ebpf.token import Token
 
 SLOTS = MAX_STAGES * MAX_PER_STAGE
 MGR_IN_KEY = SLOTS

@@ -51,7 +51,7 @@ from infscaler.ebpf.channel import (
     build_stats,
 )
 from infscaler.ebpf.errors import ChannelClosed, ChannelError
-from infscaler.shm.token import TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
+from infscaler.ebpf.token import TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
 
 _FRAME = struct.Struct("<BBHHHIIIQI")
 _DATA, _FREE = int(TokenKind.DATA), int(TokenKind.FREE)

@@ -2,7 +2,7 @@
 
 The manager side, :class:`TensorPool` (one per service instance), owns *slabs*: POSIX
 shared-memory objects carved into equal *slots* by size class. A 32-byte
-:class:`~infscaler.shm.token.Token` names a slot (slab, slot, offset); handing the token
+:class:`~infscaler.ebpf.token.Token` names a slot (slab, slot, offset); handing the token
 over hands the slot over, zero copy.
 
 - **Lazy allocation (token faults).** A producer whose OutToken queue is empty sends a
@@ -55,8 +55,8 @@ import weakref
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
+from infscaler.ebpf.token import NO_SLAB, Token, TokenKind
 from infscaler.errors import InfScalerError
-from infscaler.shm.token import NO_SLAB, Token, TokenKind
 
 __all__ = [
     "DEFAULT_SIZE_CLASSES",

@@ -20,7 +20,7 @@ from infscaler.ebpf import (
     libbpf,
     open_channel,
 )
-from infscaler.shm.token import Token, TokenKind
+from infscaler.ebpf.token import Token, TokenKind
 
 LOGGER = "infscaler.ebpf"
 

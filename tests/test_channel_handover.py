@@ -24,7 +24,7 @@ from infscaler.ebpf import (
     open_channel,
 )
 from infscaler.ebpf.channel import Channel, pack_frame
-from infscaler.shm.token import Token, TokenKind
+from infscaler.ebpf.token import Token, TokenKind
 
 T = 5.0  # seconds: bound of every wait in this file
 

@@ -47,7 +47,7 @@ def test_crc_table_is_zlibs() -> None:
             c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
         expected.append(c)
     assert table == expected
-    # and that table computes what shm/token.py checks
+    # and that table computes what ebpf/token.py checks
     crc = 0xFFFFFFFF
     for b in b"token body":
         crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)

@@ -50,13 +50,8 @@ from infscaler.shm import (
     tensors_nbytes,
     write_tensors,
 )
-from infscaler.shm.manager import (
-    BARRIER_STAGE,
-    CONTROL_STAGE,
-    MANAGER_INSTANCE,
-    NO_REQUEST,
-    TensorSharingManager,
-)
+from infscaler.shm.manager import TensorSharingManager
+from infscaler.shm.protocol import BARRIER_STAGE, CONTROL_STAGE, MANAGER_INSTANCE, NO_REQUEST
 from infscaler.shm.tensors import allocate_tensors
 
 T = 15.0  # seconds: bound of every wait in this file (a hang guard, not a timing check)
