@@ -91,12 +91,11 @@ _common.default_cache_dir()
 from infscaler.ebpf.channel import (  # noqa: E402
     MAX_BATCH,
     Endpoint,
-    ebpf_available,
     frame_fields,
-    open_channel,
     pack_frame,
     valid_frame,
 )
+from infscaler.ebpf.probe import ebpf_available, open_channel  # noqa: E402
 from infscaler.ebpf.token import NO_SLAB, TOKEN_SIZE, TokenKind  # noqa: E402
 
 MECHANISMS = ["ebpf", "userspace", "direct", "mpqueue", "shmring"]

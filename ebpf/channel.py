@@ -1,6 +1,7 @@
 """The control channel: token handover and token faults (InfScaler §IV-B, Fig. 4).
 
-One interface, two implementations chosen at start-up by :func:`open_channel`:
+One interface, two implementations chosen at start-up by
+:func:`~infscaler.ebpf.probe.open_channel`:
 
 - ``ebpf`` (:class:`~infscaler.ebpf.sockmap.EbpfChannel`): instance sockets are TCP
   loopback connections in a SOCKMAP; the SK_MSG program ``ebpf/tokenbus.bpf.c`` reads
@@ -65,7 +66,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
-from infscaler.ebpf.errors import ChannelClosed, ChannelError, EbpfUnavailableError
+from infscaler.ebpf.errors import ChannelClosed, ChannelError
 from infscaler.ebpf.token import NO_SLAB, TOKEN_FORMAT, TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
 
 log = logging.getLogger("infscaler.ebpf")
@@ -413,7 +414,12 @@ class Endpoint:
         self.close()
 
 
-def _check_policy(policy: str) -> str:
+def check_policy(policy: str) -> str:
+    """``policy`` if it is one of :data:`POLICIES`.
+
+    Raises:
+        ChannelError: an unknown policy (the hint lists them).
+    """
     if policy not in POLICIES:
         raise ChannelError(f"unknown routing policy {policy!r}", hint=f"use one of {POLICIES}")
     return policy
@@ -431,7 +437,7 @@ class Channel(ABC):
     kind: str = ""
 
     def __init__(self, policy: str) -> None:
-        self.policy = _check_policy(policy)
+        self.policy = check_policy(policy)
         self.reason = ""
         self._stage_of: dict[int, int] = {}
 
@@ -622,85 +628,3 @@ class Channel(ABC):
             Token(t.kind, t.stage, t.slab, instance, t.slot, t.offset, t.length, t.request).pack()
             for t in tokens
         )
-
-
-def ebpf_available() -> tuple[bool, str]:
-    """Can the eBPF channel run here? Creates a 1-entry SOCKMAP (the capability probe),
-    opens libbpf.so.1, and builds (or finds) the BPF object.
-
-    Returns:
-        (True, what was found) or (False, why not, with what to do).
-    """
-    from infscaler.ebpf import build, libbpf
-
-    try:
-        libbpf.probe_sockmap()
-    except libbpf.BpfError as exc:
-        if exc.errno == errno.EPERM:
-            try:
-                with open("/proc/sys/kernel/unprivileged_bpf_disabled") as f:
-                    sysctl = f" (kernel.unprivileged_bpf_disabled={f.read().strip()})"
-            except OSError:
-                sysctl = ""
-            return False, (
-                "no CAP_BPF + CAP_NET_ADMIN: creating a SOCKMAP failed with EPERM"
-                f"{sysctl}; run the manager as root or grant it cap_bpf,cap_net_admin"
-            )
-        if exc.errno == errno.EINVAL:
-            return False, "the kernel cannot create a SOCKMAP (EINVAL): no sockmap support"
-        return False, f"bpf() probe failed: {exc}"
-    try:
-        version = libbpf.libbpf_version()
-    except libbpf.BpfError as exc:
-        return False, str(exc)
-    try:
-        path = build.build_object()
-    except EbpfUnavailableError as exc:
-        return False, str(exc)
-    return True, f"SOCKMAP created; libbpf {version}; object {path}"
-
-
-def open_channel(prefer: str = "auto", policy: str = "least-loaded") -> Channel:
-    """Open the control channel.
-
-    Args:
-        prefer: ``'auto'`` (eBPF when :func:`ebpf_available` and the program loads,
-            else user space, with ONE log line on ``infscaler.ebpf`` saying why),
-            ``'ebpf'`` (raise if unavailable), ``'userspace'`` (force the fallback).
-        policy: ``'least-loaded'`` or ``'round-robin'``.
-
-    Raises:
-        EbpfUnavailableError: ``prefer='ebpf'`` and the eBPF channel cannot run (the
-            message says why).
-        ChannelError: unknown ``prefer`` or ``policy``.
-    """
-    from infscaler.ebpf.userspace import UserspaceChannel
-
-    _check_policy(policy)
-    if prefer not in ("auto", "ebpf", "userspace"):
-        raise ChannelError(f"unknown channel preference {prefer!r}", hint="auto, ebpf or userspace")
-    if prefer == "userspace":
-        ch: Channel = UserspaceChannel(policy)
-        ch.reason = "forced (prefer='userspace')"
-        log.info("control channel: user-space AF_UNIX router (%s)", ch.reason)
-        return ch
-    ok, why = ebpf_available()
-    if ok:
-        from infscaler.ebpf.sockmap import EbpfChannel
-
-        try:
-            ch = EbpfChannel(policy)
-            ch.reason = why
-            log.info("control channel: eBPF sockmap, %s routing (%s)", policy, why)
-            return ch
-        except EbpfUnavailableError as exc:
-            ok, why = False, str(exc)
-    if prefer == "ebpf":
-        raise EbpfUnavailableError(f"eBPF control channel unavailable: {why}")
-    ch = UserspaceChannel(policy)
-    ch.reason = why
-    one_line = " | ".join(ln.strip() for ln in why.splitlines() if ln.strip())
-    log.warning(
-        "control channel: eBPF unavailable, using the user-space AF_UNIX router: %s", one_line
-    )
-    return ch

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infscaler.ebpf import libbpf
 from infscaler.ebpf.channel import MAX_BATCH, Channel, Endpoint, frame_fields, pack_frame
 from infscaler.ebpf.errors import ChannelClosed
 from infscaler.ebpf.token import Token, TokenKind
@@ -57,8 +58,6 @@ def drop_privileges() -> dict[str, Any]:
         fails), "bpf_fds" (BPF map / program fds this process holds: must be 0, whoever
         holds the map fd can insert sockets)}.
     """
-    from infscaler.ebpf import libbpf  # import before losing access to root-only paths
-
     bpf_fds = 0  # counted first: /proc/self/fd is unreadable once the uid changed
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
