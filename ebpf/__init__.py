@@ -14,9 +14,9 @@ channel as fallback.
 
 from infscaler.ebpf.channel import (
     MAX_BATCH,
+    MAX_HOPS,
     MAX_INSTANCE_ID,
-    MAX_PER_STAGE,
-    MAX_STAGES,
+    MAX_PER_HOP,
     MAX_TRACKED,
     POLICIES,
     Channel,
@@ -31,8 +31,8 @@ from infscaler.ebpf.token import TOKEN_SIZE, Token, TokenError, TokenKind
 __all__ = [
     "MAX_BATCH",
     "MAX_INSTANCE_ID",
-    "MAX_PER_STAGE",
-    "MAX_STAGES",
+    "MAX_PER_HOP",
+    "MAX_HOPS",
     "MAX_TRACKED",
     "POLICIES",
     "TOKEN_SIZE",

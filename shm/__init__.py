@@ -21,7 +21,7 @@
 
 A producer's path: FAULT for ``tensors_nbytes(outputs)`` -> GRANT token ->
 ``SlabMap.slot_view(token)`` -> ``allocate_tensors`` / ``write_tensors`` -> DATA token to
-the next stage -> the consumer's ``read_tensors(slab_map.slot_view(token))`` -> FREE.
+the next hop -> the consumer's ``read_tensors(slab_map.slot_view(token))`` -> FREE.
 """
 
 from infscaler.ebpf.token import TOKEN_SIZE, Token, TokenError, TokenKind

@@ -26,7 +26,7 @@ from infscaler.ebpf.channel import MAX_BATCH, Endpoint
 from infscaler.ebpf.token import NO_SLAB, TOKEN_SIZE, Token, TokenKind
 from infscaler.shm.pool import PoolError, SlabMap
 from infscaler.shm.protocol import (
-    CONTROL_STAGE,
+    CONTROL_HOP,
     NO_REQUEST,
     BackPressureError,
     RequestFailed,
@@ -59,7 +59,7 @@ class InstanceClient:
         endpoint: the instance's :class:`~infscaler.ebpf.channel.Endpoint`.
         slabs: a :class:`SlabMap` of the service's pool.
         instance: this instance's id (the ``instance`` field of its tokens).
-        stage: this instance's stage (its FAULT tokens name it).
+        hop: this instance's hop (its FAULT tokens name it).
         max_out_tokens: input slots kept as out-tokens by :meth:`done` (the OutToken
             queue's bound; 0: always free them).
         backoff_s: first back-off after BUSY, seconds; doubled up to ``max_backoff_s``.
@@ -71,7 +71,7 @@ class InstanceClient:
         endpoint: Endpoint,
         slabs: SlabMap,
         instance: int,
-        stage: int,
+        hop: int,
         *,
         max_out_tokens: int = 2,
         backoff_s: float = 0.001,
@@ -81,7 +81,7 @@ class InstanceClient:
         self._ep = endpoint
         self._slabs = slabs
         self.instance = instance
-        self.stage = stage
+        self.hop = hop
         self.max_out_tokens = max(0, int(max_out_tokens))
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -139,7 +139,7 @@ class InstanceClient:
         Raises:
             BackPressureError: only BUSY until ``timeout`` (no GRANT in time).
             SharingError: the manager refused the fault (ERROR: larger than any slot,
-                stage unknown); ``request`` out of range.
+                hop unknown); ``request`` out of range.
             ChannelClosed: the instance was removed or the channel closed.
         """
         if not 0 <= request < NO_REQUEST:
@@ -164,7 +164,7 @@ class InstanceClient:
     def _fault(self, nbytes: int, request: int, deadline: float | None) -> Token:
         backoff = self.backoff_s
         busy = 0
-        fault = Token(_FAULT, self.stage, NO_SLAB, self.instance, 0, 0, nbytes, request)
+        fault = Token(_FAULT, self.hop, NO_SLAB, self.instance, 0, 0, nbytes, request)
 
         def timed_out() -> BackPressureError:
             self._awaiting = None  # a late GRANT is given back when it arrives
@@ -172,7 +172,7 @@ class InstanceClient:
                 f"no slot of {nbytes} bytes for request {request} (instance {self.instance}) "
                 f"before the timeout: {busy} BUSY answers"
                 + (" (the pool is at its memory cap)" if busy else " (no answer from the manager)"),
-                hint="downstream stages are not returning slots: raise cap_bytes, slow the "
+                hint="downstream hops are not returning slots: raise cap_bytes, slow the "
                 "producer, or check that the manager runs",
             )
 
@@ -192,7 +192,7 @@ class InstanceClient:
             if reply.kind == _ERROR:
                 raise SharingError(
                     f"the manager refused a fault of {nbytes} bytes for request {request}",
-                    hint="larger than the largest slot, or this stage is not in the pipeline",
+                    hint="larger than the largest slot, or this hop is not in the pipeline",
                 )
             busy += 1  # BUSY: back-pressure
             self.counters["busy"] += 1
@@ -216,12 +216,12 @@ class InstanceClient:
         self._out = keep
         self._flush()
 
-    def hand_over(self, slot: Token, stage: int, request: int, length: int) -> None:
-        """Hand a written slot to stage ``stage`` (DATA token; zero copy).
+    def hand_over(self, slot: Token, hop: int, request: int, length: int) -> None:
+        """Hand a written slot to hop ``hop`` (DATA token; zero copy).
 
         Args:
             slot: the token :meth:`acquire` returned.
-            stage: destination stage.
+            hop: destination hop.
             request: the request id it was acquired for.
             length: bytes used (what ``write_tensors`` returned).
 
@@ -245,18 +245,18 @@ class InstanceClient:
             raise SharingError(f"length {length} outside the slot's capacity {tok.length}")
         del self._acquired[key]
         self._send(
-            Token(_DATA, stage, tok.slab, self.instance, tok.slot, tok.offset, length, request)
+            Token(_DATA, hop, tok.slab, self.instance, tok.slot, tok.offset, length, request)
         )
         self.counters["handovers"] += 1
 
     def send_tensors(
         self,
         tensors: Mapping[str, np.ndarray],
-        stage: int,
+        hop: int,
         request: int,
         timeout: float | None = 10.0,
     ) -> int:
-        """Write named tensors into a slot and hand it to stage ``stage``: :meth:`acquire`
+        """Write named tensors into a slot and hand it to hop ``hop``: :meth:`acquire`
         (OutToken queue or token fault), one copy in with
         :func:`~infscaler.shm.tensors.write_tensors`, :meth:`hand_over`. A slot that
         cannot be written is given back (:meth:`discard`).
@@ -276,7 +276,7 @@ class InstanceClient:
             self.discard(slot)
             raise
         del view
-        self.hand_over(slot, stage, request, length)
+        self.hand_over(slot, hop, request, length)
         return length
 
     def discard(self, slot: Token) -> None:
@@ -342,7 +342,7 @@ class InstanceClient:
     def done(self, token: Token, *, keep: bool | None = None) -> None:
         """Finish with an input slot: keep it as an out-token (keep token), or FREE it.
 
-        This acknowledges the request at this stage: if the instance dies afterwards,
+        This acknowledges the request at this hop: if the instance dies afterwards,
         the request is not retried from this input. So call it after handing over the
         request's output (rule 4); a sink calls it once it has used the result.
 
@@ -367,7 +367,7 @@ class InstanceClient:
             self._send(
                 Token(
                     _FREE,
-                    CONTROL_STAGE,
+                    CONTROL_HOP,
                     tok.slab,
                     self.instance,
                     tok.slot,
@@ -379,7 +379,7 @@ class InstanceClient:
             self._out.append(
                 Token(
                     _GRANT,
-                    self.stage,
+                    self.hop,
                     tok.slab,
                     self.instance,
                     tok.slot,
@@ -424,7 +424,7 @@ class InstanceClient:
     # -- socket ----------------------------------------------------------------------------
     def _free_frame(self, tok: Token, request: int) -> bytes:
         return Token(
-            _FREE, self.stage, tok.slab, self.instance, tok.slot, tok.offset, tok.length, request
+            _FREE, self.hop, tok.slab, self.instance, tok.slot, tok.offset, tok.length, request
         ).pack()
 
     def _send_free(self, tok: Token, request: int) -> None:
@@ -458,7 +458,7 @@ class InstanceClient:
             self._tx.append(
                 Token(
                     _GRANT,
-                    tok.stage,
+                    tok.hop,
                     tok.slab,
                     self.instance,
                     tok.slot,
@@ -476,10 +476,10 @@ class InstanceClient:
                 self.counters["frees"] += 1
                 self._tx.append(self._free_frame(tok, NO_REQUEST))
         elif kind == _BUSY:
-            if tok.stage == CONTROL_STAGE:  # sync marker: echo after the receipts above
+            if tok.hop == CONTROL_HOP:  # sync marker: echo after the receipts above
                 self.counters["echoes"] += 1
                 self._tx.append(
-                    Token(_BUSY, CONTROL_STAGE, NO_SLAB, self.instance, 0, 0, 0, tok.request).pack()
+                    Token(_BUSY, CONTROL_HOP, NO_SLAB, self.instance, 0, 0, 0, tok.request).pack()
                 )
             elif self._awaiting == tok.request and self._reply is None:
                 self._reply = tok

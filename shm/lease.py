@@ -14,7 +14,7 @@ Lease roles of a slot in use (the manager's table mirrors the pool's owners)::
                           handed it over and its consumer has not receipted it yet
     READER(I, r)          I received it (receipt): I reads it until FREE / keep
     HELD(M)               DATA the manager holds: undeliverable, or waiting for a live
-                          instance of its stage (timeout -> ERROR, slot freed)
+                          instance of its hop (timeout -> ERROR, slot freed)
     TRANSIT(M)            DATA the manager re-routed; the next receipt makes it READER
     FREE                  not leased: back in the pool (no record in the table)
 
@@ -216,7 +216,7 @@ class LeaseRecord:
     request: int = NO_REQUEST
     data: Token | None = None  # HELD / TRANSIT: the DATA token to (re-)route
     deadline: float = 0.0  # HELD: fail after
-    retry_at: float = 0.0  # HELD: route again from (when the stage has a live instance)
+    retry_at: float = 0.0  # HELD: route again from (when the hop has a live instance)
     report: ReclaimReport | None = None  # HELD / TRANSIT from a death: where failures go
     suspect_of: Death | None = None  # quarantined: the death that must settle it
 
@@ -234,7 +234,7 @@ class LeaseRecord:
 class InstanceRecord:
     """The manager's record of one registered instance."""
 
-    stage: int
+    hop: int
     state: InstanceState = InstanceState.LIVE
 
     def move(self, event: InstanceEvent, instance: int) -> InstanceState:

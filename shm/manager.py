@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from infscaler.ebpf.channel import MAX_BATCH, MAX_STAGES, Channel
+from infscaler.ebpf.channel import MAX_BATCH, MAX_HOPS, Channel
 from infscaler.ebpf.errors import ChannelClosed, ChannelError
 from infscaler.ebpf.token import NO_SLAB, TOKEN_SIZE, Token, TokenError, TokenKind
 from infscaler.shm.lease import (
@@ -48,8 +48,8 @@ from infscaler.shm.lease import (
 )
 from infscaler.shm.pool import PoolError, TensorPool
 from infscaler.shm.protocol import (
-    BARRIER_STAGE,
-    CONTROL_STAGE,
+    BARRIER_HOP,
+    CONTROL_HOP,
     MANAGER_INSTANCE,
     NO_REQUEST,
     SharingError,
@@ -84,11 +84,11 @@ class TensorSharingManager(ReclaimMixin):
     Args:
         pool: the service's :class:`TensorPool`.
         channel: the control channel (:func:`~infscaler.ebpf.channel.open_channel`).
-        stages: the stages of the deployed pipeline; FAULT / DATA / instances for other
-            stages are refused. None: any stage 0..62.
-        hold_timeout_s: seconds DATA may wait for a live instance of its stage before
+        hops: the hops of the deployed pipeline; FAULT / DATA / instances for other
+            hops are refused. None: any hop 0..62.
+        hold_timeout_s: seconds DATA may wait for a live instance of its hop before
             its request is failed (ERROR to its producer, slot freed).
-        retry_interval_s: seconds between attempts to route held DATA while its stage
+        retry_interval_s: seconds between attempts to route held DATA while its hop
             has live instances (DATA bounced for another reason, e.g. a duplicate).
         max_retries: times a request may be re-routed after instance deaths before it is
             failed (a request that kills every instance it reaches).
@@ -97,7 +97,7 @@ class TensorSharingManager(ReclaimMixin):
             the client with an error).
 
     Raises:
-        SharingError: a stage outside 0..62, or bad timing arguments.
+        SharingError: a hop outside 0..62, or bad timing arguments.
     """
 
     def __init__(
@@ -105,7 +105,7 @@ class TensorSharingManager(ReclaimMixin):
         pool: TensorPool,
         channel: Channel,
         *,
-        stages: Iterable[int] | None = None,
+        hops: Iterable[int] | None = None,
         hold_timeout_s: float = 30.0,
         retry_interval_s: float = 0.1,
         max_retries: int = 3,
@@ -113,14 +113,14 @@ class TensorSharingManager(ReclaimMixin):
     ) -> None:
         self._pool = pool
         self._ch = channel
-        self._stages: frozenset[int] | None = None
-        if stages is not None:
-            self._stages = frozenset(int(s) for s in stages)
-            bad = sorted(s for s in self._stages if not 0 <= s < BARRIER_STAGE)
+        self._hops: frozenset[int] | None = None
+        if hops is not None:
+            self._hops = frozenset(int(s) for s in hops)
+            bad = sorted(s for s in self._hops if not 0 <= s < BARRIER_HOP)
             if bad:
                 raise SharingError(
-                    f"stages {bad} outside 0..{BARRIER_STAGE - 1}",
-                    hint=f"stage {BARRIER_STAGE} is reserved for the manager's barrier",
+                    f"hops {bad} outside 0..{BARRIER_HOP - 1}",
+                    hint=f"hop {BARRIER_HOP} is reserved for the manager's barrier",
                 )
         if hold_timeout_s <= 0 or retry_interval_s <= 0 or max_retries < 0:
             raise SharingError("hold_timeout_s and retry_interval_s must be > 0, max_retries >= 0")
@@ -183,7 +183,7 @@ class TensorSharingManager(ReclaimMixin):
     def start(self) -> TensorSharingManager:
         """Start the manager thread (idempotent).
 
-        Registers the reserved barrier stage with the channel (one instance added and
+        Registers the reserved barrier hop with the channel (one instance added and
         removed at once, id ``MANAGER_INSTANCE``: it shows in the channel's stats).
 
         Raises:
@@ -192,8 +192,8 @@ class TensorSharingManager(ReclaimMixin):
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return self
-            if BARRIER_STAGE not in self._ch.stats()["stages"]:
-                self._ch.add_instance(BARRIER_STAGE, MANAGER_INSTANCE).close()
+            if BARRIER_HOP not in self._ch.stats()["stages"]:
+                self._ch.add_instance(BARRIER_HOP, MANAGER_INSTANCE).close()
                 self._ch.remove_instance(MANAGER_INSTANCE)
             self._stopping = False
             self._thread = threading.Thread(
@@ -226,10 +226,10 @@ class TensorSharingManager(ReclaimMixin):
         self.stop()
 
     # -- membership -----------------------------------------------------------------------
-    def add_instance(self, stage: int, instance: int, *, live: bool = True) -> socket.socket:
-        """Register an instance of ``stage`` with the channel and the manager.
+    def add_instance(self, hop: int, instance: int, *, live: bool = True) -> socket.socket:
+        """Register an instance of ``hop`` with the channel and the manager.
 
-        DATA the manager holds for ``stage`` is routed at once (the new instance is
+        DATA the manager holds for ``hop`` is routed at once (the new instance is
         live now). With ``live`` False the channel routes nothing to it until
         :meth:`set_live` (the supervisor calls it when the instance reports ready: a
         token routed to an instance that is still loading its model would wait for the
@@ -241,34 +241,32 @@ class TensorSharingManager(ReclaimMixin):
             and an :class:`InstanceClient`.
 
         Raises:
-            SharingError: a stage not in ``stages`` or the reserved one, the reserved
+            SharingError: a hop not in ``hops`` or the reserved one, the reserved
                 instance id 0xFFFF, an instance already live, or one whose reclaim is
                 still in progress.
-            ChannelError: the channel refused (full stage, closed channel).
+            ChannelError: the channel refused (full hop, closed channel).
         """
-        if self._stages is not None and stage not in self._stages:
-            raise SharingError(
-                f"stage {stage} is not a stage of this pipeline {sorted(self._stages)}"
-            )
-        if stage == BARRIER_STAGE or not 0 <= stage < MAX_STAGES:
-            raise SharingError(f"stage {stage} is reserved or outside 0..{BARRIER_STAGE - 1}")
+        if self._hops is not None and hop not in self._hops:
+            raise SharingError(f"hop {hop} is not a hop of this pipeline {sorted(self._hops)}")
+        if hop == BARRIER_HOP or not 0 <= hop < MAX_HOPS:
+            raise SharingError(f"hop {hop} is reserved or outside 0..{BARRIER_HOP - 1}")
         if instance == MANAGER_INSTANCE:
             raise SharingError(f"instance id {MANAGER_INSTANCE} is reserved for the manager")
         with self._lock:
             old = self._instances.get(instance)
             if old is not None and not allowed(old.state, InstanceEvent.ADD):
                 raise SharingError(f"instance {instance} is already registered ({old.state})")
-            rec = InstanceRecord(stage, InstanceState.UNKNOWN)
+            rec = InstanceRecord(hop, InstanceState.UNKNOWN)
             rec.move(InstanceEvent.ADD, instance)
-            sock = self._ch.add_instance(stage, instance, live=live)
+            sock = self._ch.add_instance(hop, instance, live=live)
             self._instances[instance] = rec
             if live:
-                self._route_held(stage)
+                self._route_held(hop)
         return sock
 
     def set_live(self, instance: int) -> None:
         """Route DATA to an instance added with ``live=False`` (it is ready), and the
-        DATA held for its stage at once. A no-op for an instance already live; ignored
+        DATA held for its hop at once. A no-op for an instance already live; ignored
         for one that is not registered any more (it died while loading).
         """
         with self._lock:
@@ -279,35 +277,35 @@ class TensorSharingManager(ReclaimMixin):
                 self._ch.set_live(instance)
             except ChannelError:
                 return  # removed meanwhile
-            self._route_held(inst.stage)
+            self._route_held(inst.hop)
 
-    def set_hold_limit(self, stage: int, seconds: float | None, reason: str = "") -> None:
-        """Bound how long DATA held for ``stage`` waits, from now on: at most ``seconds``
+    def set_hold_limit(self, hop: int, seconds: float | None, reason: str = "") -> None:
+        """Bound how long DATA held for ``hop`` waits, from now on: at most ``seconds``
         (0: fail it at once) instead of ``hold_timeout_s``; None lifts the bound. The
         supervisor sets it while a unit with no live instance waits for its restart
         backoff, so its requests get a prompt 503 with ``reason`` rather than waiting
         for the hold timeout."""
         with self._lock:
             if seconds is None:
-                self._hold_limits.pop(stage, None)
+                self._hold_limits.pop(hop, None)
                 return
             seconds = max(0.0, float(seconds))
-            self._hold_limits[stage] = (seconds, reason)
+            self._hold_limits[hop] = (seconds, reason)
             deadline = time.monotonic() + seconds
             for st in self._held.values():
-                if st.data is not None and st.data.stage == stage:
+                if st.data is not None and st.data.hop == hop:
                     st.deadline = min(st.deadline, deadline)
             wake = self._barrier_token(self._nonce())
         with contextlib.suppress(ChannelError, OSError):  # wake the thread: deadlines moved
             self._ch.route(wake)
 
-    def _hold_s(self, stage: int) -> float:
-        limit = self._hold_limits.get(stage)
+    def _hold_s(self, hop: int) -> float:
+        limit = self._hold_limits.get(hop)
         return self.hold_timeout_s if limit is None else min(self.hold_timeout_s, limit[0])
 
-    def _route_held(self, stage: int) -> None:
+    def _route_held(self, hop: int) -> None:
         for key, st in list(self._held.items()):
-            if st.data is not None and st.data.stage == stage:
+            if st.data is not None and st.data.hop == hop:
                 self._route_parked(key, st)
 
     # -- introspection -------------------------------------------------------------------
@@ -334,7 +332,7 @@ class TensorSharingManager(ReclaimMixin):
         ``wrong_owner``, ``bad_offset``, ``not_reader``, ``stale_receipt``,
         ``receipt_conflict``, ``request_mismatch``, ``not_routed``, ``bad_data``,
         ``unknown_sync``, ``malformed``); gauges ``slots_held`` (HELD), ``slots_in_transit``,
-        ``slots_quarantined``, ``slots_tracked``; ``instances``: id -> {``stage``,
+        ``slots_quarantined``, ``slots_tracked``; ``instances``: id -> {``stage`` (its hop: the key keeps its old name),
         ``state`` (live / dying / dead), ``slots``}.
         """
         with self._lock:
@@ -350,7 +348,7 @@ class TensorSharingManager(ReclaimMixin):
                 "slots_quarantined": sum(1 for s in self._slots.values() if s.suspect_of),
                 "slots_tracked": len(self._slots),
                 "instances": {
-                    i: {"stage": v.stage, "state": v.state, "slots": per_owner.get(i, 0)}
+                    i: {"stage": v.hop, "state": v.state, "slots": per_owner.get(i, 0)}
                     for i, v in sorted(self._instances.items())
                 },
             }
@@ -416,7 +414,7 @@ class TensorSharingManager(ReclaimMixin):
             due = self._next_idle_check
             for st in self._held.values():
                 due = min(due, st.deadline)
-                if st.data is not None and self._stage_live(st.data.stage):
+                if st.data is not None and self._hop_live(st.data.hop):
                     due = min(due, st.retry_at)
             return min(_MAX_SLEEP_S, max(0.0, due - now))
 
@@ -424,7 +422,7 @@ class TensorSharingManager(ReclaimMixin):
         self._c["tokens"] += 1
         kind = tok.kind
         if kind == _DATA:
-            if tok.stage == BARRIER_STAGE and tok.slab == NO_SLAB:
+            if tok.hop == BARRIER_HOP and tok.slab == NO_SLAB:
                 self._on_barrier(tok.request)
             else:
                 self._on_data(tok)
@@ -433,11 +431,11 @@ class TensorSharingManager(ReclaimMixin):
         elif kind == _GRANT:
             self._on_receipt(tok)
         elif kind == _FREE:
-            if tok.stage == CONTROL_STAGE:
+            if tok.hop == CONTROL_HOP:
                 self._on_keep(tok)
             else:
                 self._on_free(tok)
-        elif kind == _BUSY and tok.stage == CONTROL_STAGE:
+        elif kind == _BUSY and tok.hop == CONTROL_HOP:
             self._on_echo(tok)
         else:  # BUSY / ERROR from an instance: nothing it may send
             self._reject("malformed")
@@ -454,15 +452,13 @@ class TensorSharingManager(ReclaimMixin):
 
     @staticmethod
     def _barrier_token(nonce: int) -> Token:
-        return Token(_DATA, BARRIER_STAGE, NO_SLAB, MANAGER_INSTANCE, 0, 0, 0, nonce)
+        return Token(_DATA, BARRIER_HOP, NO_SLAB, MANAGER_INSTANCE, 0, 0, 0, nonce)
 
     def _reject(self, reason: str) -> None:
         self._rejections[reason] = self._rejections.get(reason, 0) + 1
 
-    def _stage_live(self, stage: int) -> bool:
-        return any(
-            i.stage == stage and i.state is InstanceState.LIVE for i in self._instances.values()
-        )
+    def _hop_live(self, hop: int) -> bool:
+        return any(i.hop == hop and i.state is InstanceState.LIVE for i in self._instances.values())
 
     def _sender(self, tok: Token) -> InstanceRecord | None:
         """The sending instance, or None (counted) if unknown or dead. A dying one is
@@ -488,7 +484,7 @@ class TensorSharingManager(ReclaimMixin):
         return True
 
     def _send_error(self, instance: int, tok: Token) -> None:
-        err = Token(_ERROR, tok.stage, tok.slab, instance, tok.slot, tok.offset, 0, tok.request)
+        err = Token(_ERROR, tok.hop, tok.slab, instance, tok.slot, tok.offset, 0, tok.request)
         if self._send(instance, err):
             self._c["errors_sent"] += 1
 
@@ -552,7 +548,7 @@ class TensorSharingManager(ReclaimMixin):
         st.request = data.request
         st.data = data
         now = time.monotonic()
-        st.deadline = now + self._hold_s(data.stage)
+        st.deadline = now + self._hold_s(data.hop)
         st.retry_at = now
         self._held[key] = st
         self._c["held"] += 1
@@ -579,7 +575,7 @@ class TensorSharingManager(ReclaimMixin):
             return
         if self._sender(tok) is None:
             return
-        if self._stages is not None and tok.stage not in self._stages:
+        if self._hops is not None and tok.hop not in self._hops:
             self._reject("unknown_stage")
             self._send_error(tok.instance, tok)
             return
@@ -596,14 +592,12 @@ class TensorSharingManager(ReclaimMixin):
                 if "above the pool cap" in msg
                 else "pool_error"
             )
-            self._send_error(
-                tok.instance, Token(_ERROR, tok.stage, NO_SLAB, 0, 0, 0, 0, tok.request)
-            )
+            self._send_error(tok.instance, Token(_ERROR, tok.hop, NO_SLAB, 0, 0, 0, 0, tok.request))
             return
         if ref is None:
             self._c["busy"] += 1
             self._send(
-                tok.instance, Token(_BUSY, tok.stage, NO_SLAB, tok.instance, 0, 0, 0, tok.request)
+                tok.instance, Token(_BUSY, tok.hop, NO_SLAB, tok.instance, 0, 0, 0, tok.request)
             )
             return
         st = LeaseRecord(ref, tok.instance, LeaseRole.FREE, tok.request)
@@ -611,7 +605,7 @@ class TensorSharingManager(ReclaimMixin):
         self._slots[(ref.slab, ref.slot)] = st
         self._c["grants"] += 1
         # if the send fails the instance is gone: its reclaim frees the slot
-        self._send(tok.instance, ref.to_token(_GRANT, tok.stage, tok.instance, request=tok.request))
+        self._send(tok.instance, ref.to_token(_GRANT, tok.hop, tok.instance, request=tok.request))
 
     def _on_free(self, tok: Token) -> None:
         if self._sender(tok) is None:
@@ -679,7 +673,7 @@ class TensorSharingManager(ReclaimMixin):
 
     def _on_data(self, tok: Token) -> None:
         """DATA the channel could not deliver (no live instance, duplicate in flight,
-        unknown stage, ...): the manager takes the slot and holds the DATA."""
+        unknown hop, ...): the manager takes the slot and holds the DATA."""
         self._c["data_at_manager"] += 1
         key = (tok.slab, tok.slot)
         st = self._slots.get(key)
@@ -695,13 +689,11 @@ class TensorSharingManager(ReclaimMixin):
             self._send_error(tok.instance, tok)
             return
         self._take(key, st, tok)
-        if (
-            self._stages is not None and tok.stage not in self._stages
-        ) or tok.stage >= BARRIER_STAGE:
+        if (self._hops is not None and tok.hop not in self._hops) or tok.hop >= BARRIER_HOP:
             self._reject("unknown_stage")
-            self._fail_parked(key, st, f"stage {tok.stage} is not a stage of this pipeline")
+            self._fail_parked(key, st, f"hop {tok.hop} is not a hop of this pipeline")
             return
-        if self._stage_live(tok.stage):  # bounced for another reason: retry shortly
+        if self._hop_live(tok.hop):  # bounced for another reason: retry shortly
             st.retry_at = time.monotonic() + self.retry_interval_s
 
     def _fail_parked(self, key: tuple[int, int], st: LeaseRecord, reason: str) -> None:
@@ -723,16 +715,16 @@ class TensorSharingManager(ReclaimMixin):
                 self._free_slot(key, st)
                 continue
             if now >= st.deadline:
-                stage = st.data.stage if st.data is not None else -1
-                limit = self._hold_limits.get(stage)
+                hop = st.data.hop if st.data is not None else -1
+                limit = self._hold_limits.get(hop)
                 self._fail_parked(
                     key,
                     st,
                     limit[1]
                     if limit is not None and limit[1]
-                    else f"no live instance of stage {stage} took it within {self.hold_timeout_s} s",
+                    else f"no live instance of hop {hop} took it within {self.hold_timeout_s} s",
                 )
-            elif now >= st.retry_at and st.data is not None and self._stage_live(st.data.stage):
+            elif now >= st.retry_at and st.data is not None and self._hop_live(st.data.hop):
                 self._route_parked(key, st)
         if now >= self._next_idle_check:
             self._pool.release_idle()

@@ -22,20 +22,20 @@ instance dies, which of its slots it had handed over.
 The protocol (token layout unchanged; conventions on existing kinds)
 ====================================================================
 
-``I`` an instance, ``M`` the manager. ``CONTROL_STAGE`` = 0xFFFF (no real stage: stages
+``I`` an instance, ``M`` the manager. ``CONTROL_HOP`` = 0xFFFF (no real hop: hops
 are below 64), ``NO_REQUEST`` = 2**64-1 (no real request id), ``MANAGER_INSTANCE`` =
 0xFFFF (the pool owner of slots the manager holds itself).
 
 ======  =========================  ================================================
 dir.    token                      meaning
 ======  =========================  ================================================
-I->M    FAULT(stage, length=n,     OutToken queue has no slot >= n bytes: lease one
+I->M    FAULT(hop, length=n,     OutToken queue has no slot >= n bytes: lease one
         request=r)                 (:meth:`TensorPool.fault`)
 M->I    GRANT(slot, length=cap,    the slot is leased to I as a *writer*, for r
         request=r)
-M->I    BUSY(stage, request=r)     at the cap: back off, fault again (back-pressure)
+M->I    BUSY(hop, request=r)     at the cap: back off, fault again (back-pressure)
 M->I    ERROR(request=r)           the fault is refused (larger than any slot)
-I->I    DATA(stage, slot,          the handover (routed by the channel, in-kernel on
+I->I    DATA(hop, slot,          the handover (routed by the channel, in-kernel on
         length=used, request=r)    eBPF); acknowledges I's in-flight input r
 I->M    GRANT(slot, request=r)     **receipt**: "I received this DATA slot". Sent by
         (a GRANT *from* an         the consumer as soon as it reads the DATA from its
@@ -43,18 +43,18 @@ I->M    GRANT(slot, request=r)     **receipt**: "I received this DATA slot". Sen
                                    producer -> consumer (a *reader*)
 I->M    FREE(slot, request=r)      the slot goes back to the pool (the consumer's FREE
                                    names the slot it received); acknowledges r
-I->M    FREE(stage=CONTROL_STAGE,  **keep**: the consumer is done with its input and
+I->M    FREE(hop=CONTROL_HOP,  **keep**: the consumer is done with its input and
         slot, request=r)           keeps the slot as an out-token (reader -> writer,
                                    no request); acknowledges r like a FREE
-M->I    BUSY(stage=CONTROL_STAGE,  **sync marker** (see reclaim, step 3)
+M->I    BUSY(hop=CONTROL_HOP,  **sync marker** (see reclaim, step 3)
         request=nonce)
-I->M    BUSY(stage=CONTROL_STAGE,  **sync echo**: every DATA queued before the marker
+I->M    BUSY(hop=CONTROL_HOP,  **sync echo**: every DATA queued before the marker
         request=nonce)             has been read and receipted
 M->I    DATA(...)                  re-routed DATA (retry of a dead instance's input,
                                    or DATA the manager held)
 M->I    ERROR(slot?, request=r)    the manager failed request r (held too long, a slot
                                    it could not account for, too many retries)
-M->M    DATA(stage=BARRIER_STAGE,  **barrier**: routed through the channel to the
+M->M    DATA(hop=BARRIER_HOP,  **barrier**: routed through the channel to the
         slab=NO_SLAB, request=n)   manager's own inbox behind everything sent before
 ======  =========================  ================================================
 
@@ -75,18 +75,18 @@ receipt for a writer slot that was never handed to its sender cannot be told fro
 real one; what is refused is any token inconsistent with the lease table (stale,
 double, replayed, or someone else's slot). A quarantined slot stays quarantined until every live instance has
 echoed: an instance that never reads its socket delays that (never the other way
-round). Stage 63 (``BARRIER_STAGE``) and instance id 0xFFFF are reserved.
+round). Hop 63 (``BARRIER_HOP``) and instance id 0xFFFF are reserved.
 """
 
 from __future__ import annotations
 
-from infscaler.ebpf.channel import MAX_STAGES
+from infscaler.ebpf.channel import MAX_HOPS
 from infscaler.ebpf.token import Token
 from infscaler.errors import InfScalerError
 
 __all__ = [
-    "BARRIER_STAGE",
-    "CONTROL_STAGE",
+    "BARRIER_HOP",
+    "CONTROL_HOP",
     "MANAGER_INSTANCE",
     "NO_REQUEST",
     "BackPressureError",
@@ -94,10 +94,10 @@ __all__ = [
     "SharingError",
 ]
 
-#: ``stage`` value of control tokens (keep, sync marker, sync echo): no real stage.
-CONTROL_STAGE = 0xFFFF
-#: The stage the manager's barrier tokens are routed to; never has a live instance.
-BARRIER_STAGE = MAX_STAGES - 1
+#: ``hop`` value of control tokens (keep, sync marker, sync echo): no real hop.
+CONTROL_HOP = 0xFFFF
+#: The hop the manager's barrier tokens are routed to; never has a live instance.
+BARRIER_HOP = MAX_HOPS - 1
 #: Pool owner of the slots the manager holds itself (held / re-routed DATA).
 MANAGER_INSTANCE = 0xFFFF
 #: A request id no request uses: the ``request`` of frees that acknowledge nothing.

@@ -4,7 +4,7 @@
 Role in the request path: off the hot path. The supervisor sees an instance's process
 exit and calls :meth:`TensorSharingManager.instance_died
 <infscaler.shm.manager.TensorSharingManager.instance_died>`; the requests the instance
-had in hand are retried on a live instance of the same stage (slot intact), held, or
+had in hand are retried on a live instance of the same hop (slot intact), held, or
 failed and reported, never lost silently. :class:`ReclaimMixin` is the part of the
 manager that does it (it runs in the manager thread, under the manager's lock); every
 lease move goes through :func:`infscaler.shm.lease.advance`.
@@ -19,7 +19,7 @@ process has exited):
    inbox; user space: the router is one FIFO thread and drops what it had not read from
    ``X``, atomically per record). Everything ``X`` sent before dying is applied first.
 2. At the barrier: each returned DATA slot is taken by the manager and re-routed to a
-   live instance of its stage, slot intact (**retried**), or held if there is none.
+   live instance of its hop, slot intact (**retried**), or held if there is none.
    ``X``'s READER slots not among them had been acknowledged (``X`` handed its output
    over): **freed**. ``X``'s WRITER slots leased for a request ``r`` whose input is
    among the returned ones were provably never handed over (a handover with request
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from infscaler.ebpf.token import NO_SLAB, Token, TokenKind
 from infscaler.shm.lease import InstanceEvent, InstanceState, LeaseRecord, LeaseRole, allowed
 from infscaler.shm.pool import SlotRef
-from infscaler.shm.protocol import CONTROL_STAGE, NO_REQUEST, SharingError
+from infscaler.shm.protocol import CONTROL_HOP, NO_REQUEST, SharingError
 
 __all__ = ["Death", "ReclaimMixin", "ReclaimReport"]
 
@@ -65,10 +65,10 @@ class ReclaimReport:
     (:meth:`wait`). Until then :attr:`pending` lists the quarantined slots.
 
     Attributes:
-        instance: the dead instance id. stage: its stage.
+        instance: the dead instance id. hop: its hop.
         retried: request ids whose unacknowledged input DATA was re-routed to a live
-            instance of the same stage, slot intact.
-        held: request ids whose DATA waits for a live instance of its stage (re-routed
+            instance of the same hop, slot intact.
+        held: request ids whose DATA waits for a live instance of its hop (re-routed
             when one is added, or failed after ``hold_timeout_s``: then listed in
             ``failed`` too).
         failed: ``(request, reason)`` for requests that cannot continue.
@@ -81,7 +81,7 @@ class ReclaimReport:
     """
 
     instance: int
-    stage: int
+    hop: int
     retried: list[int] = field(default_factory=list)
     held: list[int] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
@@ -103,7 +103,7 @@ class Death:
     """One reported death, from :meth:`~ReclaimMixin.instance_died` until its report is complete."""
 
     instance: int
-    stage: int
+    hop: int
     report: ReclaimReport
     returned: list[Token]
     suspects: dict[tuple[int, int], SlotRef] = field(default_factory=dict)
@@ -151,10 +151,10 @@ class ReclaimMixin:
                 raise SharingError(f"instance {instance} is {state}, not live")
             inst.move(InstanceEvent.DIE, instance)
             returned = self._ch.remove_instance(instance)
-            report = ReclaimReport(instance, inst.stage)
+            report = ReclaimReport(instance, inst.hop)
             self._reports[instance] = report
             nonce = self._nonce()
-            self._barriers[nonce] = Death(instance, inst.stage, report, returned)
+            self._barriers[nonce] = Death(instance, inst.hop, report, returned)
             self._c["deaths"] += 1
             self._ch.route(self._barrier_token(nonce))
         report.wait(timeout)
@@ -223,7 +223,7 @@ class ReclaimMixin:
             if n > self.max_retries:
                 self._fail_parked(key, st, f"re-routed {n - 1} times after instance deaths")
                 continue
-            if self._stage_live(data.stage) and self._route_parked(key, st):
+            if self._hop_live(data.hop) and self._route_parked(key, st):
                 report.retried.append(data.request)
                 self._c["retried"] += 1
             else:
@@ -255,7 +255,7 @@ class ReclaimMixin:
         if d.suspects:
             d.sync_nonce = self._nonce()
             self._syncs[d.sync_nonce] = d
-            marker = Token(TokenKind.BUSY, CONTROL_STAGE, NO_SLAB, 0, 0, 0, 0, d.sync_nonce)
+            marker = Token(TokenKind.BUSY, CONTROL_HOP, NO_SLAB, 0, 0, 0, 0, d.sync_nonce)
             for i, inst in self._instances.items():
                 if inst.state is InstanceState.DYING:  # its barrier (later) hands back its DATA
                     d.awaiting.add(i)

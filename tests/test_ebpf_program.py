@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from infscaler.ebpf import (
-    MAX_PER_STAGE,
-    MAX_STAGES,
+    MAX_HOPS,
+    MAX_PER_HOP,
     MAX_TRACKED,
     BpfBuildError,
     build,
@@ -58,8 +58,8 @@ def test_limits_agree_with_the_c_source() -> None:
     for name, value in build.LIMITS.items():
         assert re.search(rf"#define {name} {value}\b", SOURCE), name
     assert build.LIMITS == {
-        "TB_MAX_STAGES": MAX_STAGES,
-        "TB_PER_STAGE": MAX_PER_STAGE,
+        "TB_MAX_STAGES": MAX_HOPS,
+        "TB_PER_STAGE": MAX_PER_HOP,
         "TB_MAX_TRACKED": MAX_TRACKED,
     }
     from infscaler.ebpf import sockmap

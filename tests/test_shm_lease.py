@@ -129,7 +129,7 @@ def test_lease_record_moves_and_refuses_without_change():
 
 
 def test_instance_record_lifecycle():
-    rec = InstanceRecord(stage=2, state=InstanceState.UNKNOWN)
+    rec = InstanceRecord(hop=2, state=InstanceState.UNKNOWN)
     for event, to in (
         (InstanceEvent.ADD, InstanceState.LIVE),
         (InstanceEvent.DIE, InstanceState.DYING),
