@@ -331,9 +331,10 @@ class TensorSharingManager(ReclaimMixin):
         ``too_large``, ``above_cap``, ``pool_error``, ``unknown_slot``, ``double_free``,
         ``wrong_owner``, ``bad_offset``, ``not_reader``, ``stale_receipt``,
         ``receipt_conflict``, ``request_mismatch``, ``not_routed``, ``bad_data``,
-        ``unknown_sync``, ``malformed``); gauges ``slots_held`` (HELD), ``slots_in_transit``,
-        ``slots_quarantined``, ``slots_tracked``; ``instances``: id -> {``stage`` (its hop: the key keeps its old name),
-        ``state`` (live / dying / dead), ``slots``}.
+        ``unknown_sync``, ``malformed``; ``unknown_stage``: a hop not of this pipeline, the
+        key keeps the old name); gauges ``slots_held`` (HELD), ``slots_in_transit``,
+        ``slots_quarantined``, ``slots_tracked``; ``instances``: id -> {``stage`` (its
+        hop; the key keeps the old name), ``state`` (live / dying / dead), ``slots``}.
         """
         with self._lock:
             per_owner = collections.Counter(st.owner for st in self._slots.values())

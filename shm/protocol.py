@@ -29,13 +29,13 @@ are below 64), ``NO_REQUEST`` = 2**64-1 (no real request id), ``MANAGER_INSTANCE
 ======  =========================  ================================================
 dir.    token                      meaning
 ======  =========================  ================================================
-I->M    FAULT(hop, length=n,     OutToken queue has no slot >= n bytes: lease one
+I->M    FAULT(hop, length=n,       OutToken queue has no slot >= n bytes: lease one
         request=r)                 (:meth:`TensorPool.fault`)
 M->I    GRANT(slot, length=cap,    the slot is leased to I as a *writer*, for r
         request=r)
-M->I    BUSY(hop, request=r)     at the cap: back off, fault again (back-pressure)
+M->I    BUSY(hop, request=r)       at the cap: back off, fault again (back-pressure)
 M->I    ERROR(request=r)           the fault is refused (larger than any slot)
-I->I    DATA(hop, slot,          the handover (routed by the channel, in-kernel on
+I->I    DATA(hop, slot,            the handover (routed by the channel, in-kernel on
         length=used, request=r)    eBPF); acknowledges I's in-flight input r
 I->M    GRANT(slot, request=r)     **receipt**: "I received this DATA slot". Sent by
         (a GRANT *from* an         the consumer as soon as it reads the DATA from its
@@ -43,18 +43,18 @@ I->M    GRANT(slot, request=r)     **receipt**: "I received this DATA slot". Sen
                                    producer -> consumer (a *reader*)
 I->M    FREE(slot, request=r)      the slot goes back to the pool (the consumer's FREE
                                    names the slot it received); acknowledges r
-I->M    FREE(hop=CONTROL_HOP,  **keep**: the consumer is done with its input and
+I->M    FREE(hop=CONTROL_HOP,      **keep**: the consumer is done with its input and
         slot, request=r)           keeps the slot as an out-token (reader -> writer,
                                    no request); acknowledges r like a FREE
-M->I    BUSY(hop=CONTROL_HOP,  **sync marker** (see reclaim, step 3)
+M->I    BUSY(hop=CONTROL_HOP,      **sync marker** (see reclaim, step 3)
         request=nonce)
-I->M    BUSY(hop=CONTROL_HOP,  **sync echo**: every DATA queued before the marker
+I->M    BUSY(hop=CONTROL_HOP,      **sync echo**: every DATA queued before the marker
         request=nonce)             has been read and receipted
 M->I    DATA(...)                  re-routed DATA (retry of a dead instance's input,
                                    or DATA the manager held)
 M->I    ERROR(slot?, request=r)    the manager failed request r (held too long, a slot
                                    it could not account for, too many retries)
-M->M    DATA(hop=BARRIER_HOP,  **barrier**: routed through the channel to the
+M->M    DATA(hop=BARRIER_HOP,      **barrier**: routed through the channel to the
         slab=NO_SLAB, request=n)   manager's own inbox behind everything sent before
 ======  =========================  ================================================
 
