@@ -349,7 +349,7 @@ class TensorSharingManager(ReclaimMixin):
                 "slots_quarantined": sum(1 for s in self._slots.values() if s.suspect_of),
                 "slots_tracked": len(self._slots),
                 "instances": {
-                    i: {"stage": v.hop, "state": v.state, "slots": per_owner.get(i, 0)}
+                    i: {"stage": v.hop, "state": v.state.value, "slots": per_owner.get(i, 0)}
                     for i, v in sorted(self._instances.items())
                 },
             }
