@@ -1,7 +1,7 @@
 """One-hop token handover: latency and throughput of the control path vs baselines
 (InfScaler §IV-B, shaped like paper Fig. 6 "tensor sharing overhead against baselines").
 
-Mechanisms (all carry the same 32-byte :class:`~infscaler.shm.token.Token` frames, built
+Mechanisms (all carry the same 32-byte :class:`~infscaler.ebpf.token.Token` frames, built
 with ``pack_frame`` and CRC-checked on receipt everywhere):
 
 - ``ebpf``: our eBPF channel, ``open_channel('ebpf', 'round-robin')``: TCP loopback
@@ -91,13 +91,12 @@ _common.default_cache_dir()
 from infscaler.ebpf.channel import (  # noqa: E402
     MAX_BATCH,
     Endpoint,
-    ebpf_available,
     frame_fields,
-    open_channel,
     pack_frame,
     valid_frame,
 )
-from infscaler.shm.token import NO_SLAB, TOKEN_SIZE, TokenKind  # noqa: E402
+from infscaler.ebpf.probe import ebpf_available, open_channel  # noqa: E402
+from infscaler.ebpf.token import NO_SLAB, TOKEN_SIZE, TokenKind  # noqa: E402
 
 MECHANISMS = ["ebpf", "userspace", "direct", "mpqueue", "shmring"]
 LABELS = {

@@ -65,10 +65,11 @@ import numpy as np
 
 _common.default_cache_dir()
 
-from infscaler.ebpf.channel import Endpoint, ebpf_available, open_channel, pack_frame  # noqa: E402
+from infscaler.ebpf.channel import Endpoint, pack_frame  # noqa: E402
+from infscaler.ebpf.probe import ebpf_available, open_channel  # noqa: E402
+from infscaler.ebpf.token import Token, TokenKind  # noqa: E402
 from infscaler.shm.pool import SlabMap, TensorPool  # noqa: E402
 from infscaler.shm.tensors import read_tensors, tensors_nbytes, write_tensors  # noqa: E402
-from infscaler.shm.token import Token, TokenKind  # noqa: E402
 
 KiB, MiB = 1024, 1024 * 1024
 SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB]

@@ -1,11 +1,12 @@
 """The control channel: token handover and token faults (InfScaler §IV-B, Fig. 4).
 
-One interface, two implementations chosen at start-up by :func:`open_channel`:
+One interface, two implementations chosen at start-up by
+:func:`~infscaler.ebpf.probe.open_channel`:
 
 - ``ebpf`` (:class:`~infscaler.ebpf.sockmap.EbpfChannel`): instance sockets are TCP
   loopback connections in a SOCKMAP; the SK_MSG program ``ebpf/tokenbus.bpf.c`` reads
   each 32-byte token and redirects it, in the kernel, into the receive queue of one
-  consumer instance of the token's stage. The manager holds the map and program fds and
+  consumer instance of the token's hop. The manager holds the map and program fds and
   inserts / removes sockets; instances need no capability.
 - ``userspace`` (:class:`~infscaler.ebpf.userspace.UserspaceChannel`): the same tokens
   over AF_UNIX SOCK_SEQPACKET socket pairs and an event-driven router thread in the
@@ -13,19 +14,19 @@ One interface, two implementations chosen at start-up by :func:`open_channel`:
 
 Both route and account the same way:
 
-- **DATA** for stage *s* goes to one live instance of *s*: ``round-robin`` (a cursor per
-  sending socket and stage: every producer spreads its own tokens evenly, exact for any
+- **DATA** for hop *s* goes to one live instance of *s*: ``round-robin`` (a cursor per
+  sending socket and hop: every producer spreads its own tokens evenly, exact for any
   number of producers) or ``least-loaded`` (fewest in-flight tokens; ties broken by that
   cursor).
 - **In flight / acknowledgement.** A DATA token delivered to instance *X* is *in flight*
-  until *X* sends a DATA (the hand-over to the next stage) or FREE token **with the same
+  until *X* sends a DATA (the hand-over to the next hop) or FREE token **with the same
   request id**; the sender is identified by its socket, not by the token's ``instance``
   field. :meth:`Channel.remove_instance` returns the tokens still in flight (delivered
   and not acknowledged: queued, or read by an instance that died before acknowledging),
   so the caller can :meth:`Channel.route` them elsewhere: delivery is at least once
   towards a killed instance, exactly once per acknowledgement.
 - **To the manager** (:meth:`Channel.manager_recv`): FAULT, FREE, any non-DATA token an
-  instance sends, and DATA that cannot be delivered (unknown stage, no live instance,
+  instance sends, and DATA that cannot be delivered (unknown hop, no live instance,
   in-flight table full, duplicate in-flight request). Never dropped.
 - **A dead instance** is the supervisor's to notice (it sees the process exit) and to
   report with :meth:`Channel.remove_instance`. Until then the eBPF channel keeps routing
@@ -34,7 +35,7 @@ Both route and account the same way:
   a socket at EOF by itself. Either way its tokens stay in flight until reclaimed.
 - **Rejected** and counted in :meth:`Channel.stats` (never delivered to anyone): bad
   magic, bad CRC-32, unknown kind, and a send that ends in a partial frame (``short``).
-  A token for an *unknown stage* is counted under ``rejected`` too and handed to the
+  A token for an *unknown hop* is counted under ``rejected`` too and handed to the
   manager, which can answer the sender with an ERROR token.
 
 Framing: a send must carry whole 32-byte frames (:class:`Endpoint` always does, at
@@ -46,6 +47,16 @@ Back-pressure (notes pitfall 3: SK_MSG has none, a consumer's queue grows withou
 bound): tokens are credits. A producer sends DATA only for slots it holds (GRANTs from
 the manager), so the in-flight total is bounded by the token pool; the in-flight table
 (:data:`MAX_TRACKED`) is a hard backstop (overflow goes to the manager).
+
+Naming: a **hop** is the channel's routing address, the token's ``hop`` field: DATA for
+hop *h* goes to one live instance registered for *h*. The service gives each deployed
+unit its own hop (the front end is hop 0), so a request's path is a sequence of hops;
+it is not a pipeline's YAML stage (a unit may fuse several stages, two deployments of
+the same pipeline use different hops), and not an :class:`Endpoint` (one instance's
+socket). The eBPF program (``tokenbus.bpf.c``, ``TB_MAX_STAGES``) and the keys of
+:meth:`Channel.stats` (``stages``, ``stage``, ``unknown_stage``) keep the older name
+``stage``: the first is compiled into the cached object, the second is read by the
+runtime's monitor and the service.
 
 Sources: InfScaler §IV-B; shared/notes/ebpf.md (measured on kernel 6.18); kernel
 Documentation/bpf/map_sockmap.rst.
@@ -65,16 +76,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
-from infscaler.ebpf.errors import ChannelClosed, ChannelError, EbpfUnavailableError
-from infscaler.shm.token import NO_SLAB, TOKEN_FORMAT, TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
+from infscaler.ebpf.errors import ChannelClosed, ChannelError
+from infscaler.ebpf.token import NO_SLAB, TOKEN_FORMAT, TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
 
 log = logging.getLogger("infscaler.ebpf")
 
 POLICIES = ("least-loaded", "round-robin")
-#: Stages 0 .. MAX_STAGES-1 (the eBPF object's TB_MAX_STAGES).
-MAX_STAGES = 64
-#: Live instances per stage (TB_PER_STAGE).
-MAX_PER_STAGE = 16
+#: Hops 0 .. MAX_HOPS-1 (the eBPF object's TB_MAX_STAGES).
+MAX_HOPS = 64
+#: Live instances per hop (TB_PER_STAGE).
+MAX_PER_HOP = 16
 #: Instance ids are the token's u16 ``instance`` field.
 MAX_INSTANCE_ID = 0xFFFF
 #: DATA tokens in flight over all instances (TB_MAX_TRACKED).
@@ -104,9 +115,9 @@ def build_stats(
         instances: instance id -> ``{"stage", "live", "delivered", "acked", "inflight"}``.
         extra: channel-specific keys.
     """
-    stages: dict[int, dict[str, Any]] = {}
+    hops: dict[int, dict[str, Any]] = {}
     for iid, row in instances.items():
-        st = stages.setdefault(row["stage"], {"instances": [], "delivered": 0, "inflight": 0})
+        st = hops.setdefault(row["stage"], {"instances": [], "delivered": 0, "inflight": 0})
         if row["live"]:
             st["instances"].append(iid)
         st["delivered"] += row["delivered"]
@@ -130,7 +141,7 @@ def build_stats(
         "rejected_total": sum(rejected.values()),
         **extra,
         "instances": instances,
-        "stages": stages,
+        "stages": hops,
     }
 
 
@@ -155,7 +166,7 @@ _CRC = struct.Struct("<I")
 
 def pack_frame(
     kind: int,
-    stage: int = 0,
+    hop: int = 0,
     slab: int = NO_SLAB,
     instance: int = 0,
     slot: int = 0,
@@ -169,12 +180,12 @@ def pack_frame(
     Raises:
         struct.error: a field out of range.
     """
-    body = _BODY.pack(TOKEN_MAGIC, kind, stage, slab, instance, slot, offset, length, request)
+    body = _BODY.pack(TOKEN_MAGIC, kind, hop, slab, instance, slot, offset, length, request)
     return body + _CRC.pack(zlib.crc32(body))
 
 
 def frame_fields(data: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, ...]:
-    """(magic, kind, stage, slab, instance, slot, offset, length, request, crc) of the
+    """(magic, kind, hop, slab, instance, slot, offset, length, request, crc) of the
     frame at ``offset``, unchecked: for frames from :meth:`Endpoint.recv_bytes`."""
     return _FRAME.unpack_from(data, offset)
 
@@ -413,7 +424,12 @@ class Endpoint:
         self.close()
 
 
-def _check_policy(policy: str) -> str:
+def check_policy(policy: str) -> str:
+    """``policy`` if it is one of :data:`POLICIES`.
+
+    Raises:
+        ChannelError: an unknown policy (the hint lists them).
+    """
     if policy not in POLICIES:
         raise ChannelError(f"unknown routing policy {policy!r}", hint=f"use one of {POLICIES}")
     return policy
@@ -431,16 +447,16 @@ class Channel(ABC):
     kind: str = ""
 
     def __init__(self, policy: str) -> None:
-        self.policy = _check_policy(policy)
+        self.policy = check_policy(policy)
         self.reason = ""
-        self._stage_of: dict[int, int] = {}
+        self._hop_of: dict[int, int] = {}
 
     # -- membership ------------------------------------------------------------------------
     @abstractmethod
-    def add_instance(self, stage: int, instance: int, *, live: bool = True) -> socket.socket:
-        """Create instance ``instance``'s connection and route DATA for ``stage`` to it
+    def add_instance(self, hop: int, instance: int, *, live: bool = True) -> socket.socket:
+        """Create instance ``instance``'s connection and route DATA for ``hop`` to it
         (with ``live`` False only once :meth:`set_live` is called: an instance that is
-        still loading its model gets no token; DATA for a stage with no live instance
+        still loading its model gets no token; DATA for a hop with no live instance
         goes to the manager).
 
         Returns:
@@ -449,8 +465,8 @@ class Channel(ABC):
             :class:`Endpoint`. The manager keeps its own side.
 
         Raises:
-            ChannelError: stage outside 0..MAX_STAGES-1, instance id outside 0..65535 or
-                already added, or the stage already has :data:`MAX_PER_STAGE` instances.
+            ChannelError: hop outside 0..MAX_HOPS-1, instance id outside 0..65535 or
+                already added, or the hop already has :data:`MAX_PER_HOP` instances.
         """
 
     @abstractmethod
@@ -480,8 +496,8 @@ class Channel(ABC):
         """
 
     def instances(self) -> dict[int, int]:
-        """Registered instances: id -> stage."""
-        return dict(self._stage_of)
+        """Registered instances: id -> hop."""
+        return dict(self._hop_of)
 
     # -- manager traffic --------------------------------------------------------------------
     def manager_recv(self, timeout: float | None = None) -> Token | None:
@@ -533,7 +549,7 @@ class Channel(ABC):
         """
 
     def route(self, token: Token) -> None:
-        """Inject a DATA token for its stage, routed by the policy like a producer's
+        """Inject a DATA token for its hop, routed by the policy like a producer's
         (re-routing reclaimed work). Undeliverable tokens come back via :meth:`manager_recv`.
 
         Raises:
@@ -557,14 +573,14 @@ class Channel(ABC):
         - ``direct``: tokens the manager sent to one instance
         - ``rejected``: {``bad_magic``, ``bad_crc``, ``bad_kind``, ``short``,
           ``unknown_stage``}; ``rejected_total``: their sum
-        - ``no_instance``: DATA for a registered stage without a live instance
+        - ``no_instance``: DATA for a registered hop without a live instance
         - ``redirect_failed``: the chosen instance vanished under the router (eBPF)
         - ``inflight_full``: in-flight table full (:data:`MAX_TRACKED`)
         - ``inflight_duplicate``: same (request, instance) already in flight
         - ``dead_letters``: non-DATA tokens for an instance whose socket had closed
-        - ``instances``: {id: {``stage``, ``live``, ``delivered``, ``acked``,
+        - ``instances``: {id: {``stage`` (its hop), ``live``, ``delivered``, ``acked``,
           ``inflight``}, plus ``reclaimed`` once removed}
-        - ``stages``: {stage: {``instances`` (live ids), ``delivered``, ``inflight``}}
+        - ``stages``: {hop: {``instances`` (live ids), ``delivered``, ``inflight``}}
 
         The eBPF channel adds diagnostics: ``pulled`` (tokens that straddled two pages,
         linearised in the kernel), ``unregistered``, ``trash_bytes``.
@@ -581,17 +597,17 @@ class Channel(ABC):
         self.close()
 
     # -- shared validation -------------------------------------------------------------------
-    def _check_new(self, stage: int, instance: int) -> None:
-        if not 0 <= stage < MAX_STAGES:
-            raise ChannelError(f"stage {stage} outside 0..{MAX_STAGES - 1}")
+    def _check_new(self, hop: int, instance: int) -> None:
+        if not 0 <= hop < MAX_HOPS:
+            raise ChannelError(f"hop {hop} outside 0..{MAX_HOPS - 1}")
         if not 0 <= instance <= MAX_INSTANCE_ID:
             raise ChannelError(f"instance id {instance} outside 0..{MAX_INSTANCE_ID}")
-        if instance in self._stage_of:
+        if instance in self._hop_of:
             raise ChannelError(f"instance {instance} is already registered")
 
     def _check_known(self, instance: int) -> int:
         try:
-            return self._stage_of[instance]
+            return self._hop_of[instance]
         except KeyError:
             raise ChannelError(f"unknown instance {instance}") from None
 
@@ -619,88 +635,6 @@ class Channel(ABC):
     @staticmethod
     def _pack_direct(instance: int, tokens: Iterable[Token]) -> bytes:
         return b"".join(
-            Token(t.kind, t.stage, t.slab, instance, t.slot, t.offset, t.length, t.request).pack()
+            Token(t.kind, t.hop, t.slab, instance, t.slot, t.offset, t.length, t.request).pack()
             for t in tokens
         )
-
-
-def ebpf_available() -> tuple[bool, str]:
-    """Can the eBPF channel run here? Creates a 1-entry SOCKMAP (the capability probe),
-    opens libbpf.so.1, and builds (or finds) the BPF object.
-
-    Returns:
-        (True, what was found) or (False, why not, with what to do).
-    """
-    from infscaler.ebpf import build, libbpf
-
-    try:
-        libbpf.probe_sockmap()
-    except libbpf.BpfError as exc:
-        if exc.errno == errno.EPERM:
-            try:
-                with open("/proc/sys/kernel/unprivileged_bpf_disabled") as f:
-                    sysctl = f" (kernel.unprivileged_bpf_disabled={f.read().strip()})"
-            except OSError:
-                sysctl = ""
-            return False, (
-                "no CAP_BPF + CAP_NET_ADMIN: creating a SOCKMAP failed with EPERM"
-                f"{sysctl}; run the manager as root or grant it cap_bpf,cap_net_admin"
-            )
-        if exc.errno == errno.EINVAL:
-            return False, "the kernel cannot create a SOCKMAP (EINVAL): no sockmap support"
-        return False, f"bpf() probe failed: {exc}"
-    try:
-        version = libbpf.libbpf_version()
-    except libbpf.BpfError as exc:
-        return False, str(exc)
-    try:
-        path = build.build_object()
-    except EbpfUnavailableError as exc:
-        return False, str(exc)
-    return True, f"SOCKMAP created; libbpf {version}; object {path}"
-
-
-def open_channel(prefer: str = "auto", policy: str = "least-loaded") -> Channel:
-    """Open the control channel.
-
-    Args:
-        prefer: ``'auto'`` (eBPF when :func:`ebpf_available` and the program loads,
-            else user space, with ONE log line on ``infscaler.ebpf`` saying why),
-            ``'ebpf'`` (raise if unavailable), ``'userspace'`` (force the fallback).
-        policy: ``'least-loaded'`` or ``'round-robin'``.
-
-    Raises:
-        EbpfUnavailableError: ``prefer='ebpf'`` and the eBPF channel cannot run (the
-            message says why).
-        ChannelError: unknown ``prefer`` or ``policy``.
-    """
-    from infscaler.ebpf.userspace import UserspaceChannel
-
-    _check_policy(policy)
-    if prefer not in ("auto", "ebpf", "userspace"):
-        raise ChannelError(f"unknown channel preference {prefer!r}", hint="auto, ebpf or userspace")
-    if prefer == "userspace":
-        ch: Channel = UserspaceChannel(policy)
-        ch.reason = "forced (prefer='userspace')"
-        log.info("control channel: user-space AF_UNIX router (%s)", ch.reason)
-        return ch
-    ok, why = ebpf_available()
-    if ok:
-        from infscaler.ebpf.sockmap import EbpfChannel
-
-        try:
-            ch = EbpfChannel(policy)
-            ch.reason = why
-            log.info("control channel: eBPF sockmap, %s routing (%s)", policy, why)
-            return ch
-        except EbpfUnavailableError as exc:
-            ok, why = False, str(exc)
-    if prefer == "ebpf":
-        raise EbpfUnavailableError(f"eBPF control channel unavailable: {why}")
-    ch = UserspaceChannel(policy)
-    ch.reason = why
-    one_line = " | ".join(ln.strip() for ln in why.splitlines() if ln.strip())
-    log.warning(
-        "control channel: eBPF unavailable, using the user-space AF_UNIX router: %s", one_line
-    )
-    return ch

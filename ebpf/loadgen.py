@@ -3,7 +3,7 @@
 Each process gets only its instance socket (an inherited fd) and talks tokens through
 :class:`~infscaler.ebpf.channel.Endpoint`, like a real partition instance:
 
-- ``producer``: sends ``count`` DATA tokens for ``--to-stage`` with request ids
+- ``producer``: sends ``count`` DATA tokens for ``--to-hop`` with request ids
   ``base .. base+count-1``, at most ``--credits`` outstanding: every GRANT received
   returns one credit (tokens are credits, notes pitfall 3).
 - ``consumer``: receives DATA, appends each request id (u64, little-endian) to
@@ -17,7 +17,7 @@ creating a BPF map fails: the instance side of the eBPF channel needs no privile
 
 Each prints one JSON line with its counts on stdout.
 
-Usage: ``python -m infscaler.ebpf.loadgen producer --fd 5 --instance 100 --to-stage 1 --count 500000``
+Usage: ``python -m infscaler.ebpf.loadgen producer --fd 5 --instance 100 --to-hop 1 --count 500000``
 
 The manager side for tests and benchmarks: :func:`spawn` starts a worker on a new
 instance of a channel; :class:`Pump` runs the manager loop (FREE in, GRANT back to the
@@ -40,10 +40,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infscaler.ebpf import libbpf
 from infscaler.ebpf.channel import MAX_BATCH, Channel, Endpoint, frame_fields, pack_frame
 from infscaler.ebpf.errors import ChannelClosed
+from infscaler.ebpf.token import Token, TokenKind
 from infscaler.procutil import module_command
-from infscaler.shm.token import Token, TokenKind
 
 STOP_REQUEST = (1 << 64) - 1
 _NOBODY = 65534
@@ -57,8 +58,6 @@ def drop_privileges() -> dict[str, Any]:
         fails), "bpf_fds" (BPF map / program fds this process holds: must be 0, whoever
         holds the map fd can insert sockets)}.
     """
-    from infscaler.ebpf import libbpf  # import before losing access to root-only paths
-
     bpf_fds = 0  # counted first: /proc/self/fd is unreadable once the uid changed
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
@@ -88,7 +87,7 @@ _DATA, _FREE, _GRANT, _ERROR = (
 def run_producer(
     ep: Endpoint,
     instance: int,
-    stage: int,
+    hop: int,
     count: int,
     base: int = 0,
     credits: int = 1024,
@@ -121,7 +120,7 @@ def run_producer(
             ep.send_bytes(
                 b"".join(
                     pack_frame(
-                        _DATA, stage, 0, instance, (sent + i) & 0xFFFFFFFF, 0, 1, base + sent + i
+                        _DATA, hop, 0, instance, (sent + i) & 0xFFFFFFFF, 0, 1, base + sent + i
                     )
                     for i in range(n)
                 ),
@@ -167,12 +166,10 @@ def run_consumer(
         ids = array.array("Q")
         frees = []
         for off in range(0, len(data), 32):
-            _, kind, stage, slab, _, slot, offset, length, request, _ = frame_fields(data, off)
+            _, kind, hop, slab, _, slot, offset, length, request, _ = frame_fields(data, off)
             if kind == _DATA:
                 ids.append(request)
-                frees.append(
-                    pack_frame(_FREE, stage, slab, instance, slot, offset, length, request)
-                )
+                frees.append(pack_frame(_FREE, hop, slab, instance, slot, offset, length, request))
             elif kind == _ERROR and request == STOP_REQUEST:
                 stopped = True
             else:
@@ -244,18 +241,18 @@ def spawn(
     ch: Channel,
     role: str,
     instance: int,
-    stage: int,
+    hop: int,
     *,
     out: str | None = None,
     drop_privileges: bool = False,
     **opts: Any,
 ) -> Worker:
-    """Add ``instance`` to ``ch`` for ``stage`` and start a loadgen process on its socket.
+    """Add ``instance`` to ``ch`` for ``hop`` and start a loadgen process on its socket.
 
     ``opts`` become ``--option value`` (underscores to dashes). Only the instance socket
     is inherited (``close_fds``): the child never sees the map or program fds.
     """
-    sock = ch.add_instance(stage, instance)
+    sock = ch.add_instance(hop, instance)
     cmd = module_command("infscaler.ebpf.loadgen", role, "--fd", str(sock.fileno()))
     cmd += ["--instance", str(instance)]
     if out:
@@ -382,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("role", choices=["producer", "consumer"])
     ap.add_argument("--fd", type=int, required=True, help="inherited instance socket")
     ap.add_argument("--instance", type=int, required=True)
-    ap.add_argument("--to-stage", type=int, default=1, help="producer: stage of its DATA tokens")
+    ap.add_argument("--to-hop", type=int, default=1, help="producer: hop of its DATA tokens")
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--base", type=int, default=0)
     ap.add_argument("--credits", type=int, default=1024)
@@ -400,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         res = run_producer(
             ep,
             args.instance,
-            args.to_stage,
+            args.to_hop,
             args.count,
             args.base,
             args.credits,

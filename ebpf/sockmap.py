@@ -3,7 +3,7 @@
 
 Layout (keys of the SOCKMAP ``socks``):
 
-- ``stage * 16 + index``: instance sockets (up to 16 per stage, 64 stages);
+- ``hop * 16 + index``: instance sockets (up to 16 per hop, 64 hops);
 - ``MGR_IN_KEY``: the manager's ingress, where faults, frees and undeliverable tokens
   are redirected; :meth:`EbpfChannel.manager_recv` reads it;
 - ``TRASH_KEY``: rejected bytes (the program cannot drop: an SK_DROP verdict is sticky,
@@ -49,9 +49,9 @@ from typing import Any
 from infscaler.ebpf import build, libbpf
 from infscaler.ebpf.channel import (
     MAX_BATCH,
+    MAX_HOPS,
     MAX_INSTANCE_ID,
-    MAX_PER_STAGE,
-    MAX_STAGES,
+    MAX_PER_HOP,
     MAX_TRACKED,
     REJECT_REASONS,
     Channel,
@@ -59,9 +59,9 @@ from infscaler.ebpf.channel import (
     build_stats,
 )
 from infscaler.ebpf.errors import ChannelClosed, ChannelError, EbpfUnavailableError
-from infscaler.shm.token import Token
+from infscaler.ebpf.token import Token
 
-SLOTS = MAX_STAGES * MAX_PER_STAGE
+SLOTS = MAX_HOPS * MAX_PER_HOP
 MGR_IN_KEY = SLOTS
 TRASH_KEY = SLOTS + 1
 MGR_ROUTE_KEY = SLOTS + 2
@@ -96,8 +96,8 @@ COUNTERS = {
 N_COUNTERS = 32
 
 assert build.LIMITS == {
-    "TB_MAX_STAGES": MAX_STAGES,
-    "TB_PER_STAGE": MAX_PER_STAGE,
+    "TB_MAX_STAGES": MAX_HOPS,
+    "TB_PER_STAGE": MAX_PER_HOP,
     "TB_MAX_TRACKED": MAX_TRACKED,
 }
 
@@ -110,8 +110,8 @@ class _Shared(ctypes.Structure):
     _fields_ = [
         ("policy", _u32),
         ("pad0", _u32),
-        ("live_mask", _u32 * MAX_STAGES),
-        ("registered", _u32 * MAX_STAGES),
+        ("live_mask", _u32 * MAX_HOPS),
+        ("registered", _u32 * MAX_HOPS),
         ("slot_instance", _u32 * SLOTS),
         ("slot_inflight", _s64 * SLOTS),
         ("slot_delivered", _u64 * SLOTS),
@@ -127,7 +127,7 @@ class _SockInfo(ctypes.Structure):
         ("role", _u32),
         ("slot", _u32),
         ("pad", _u32),
-        ("cursor", ctypes.c_uint8 * MAX_STAGES),
+        ("cursor", ctypes.c_uint8 * MAX_HOPS),
     ]
 
 
@@ -142,7 +142,7 @@ class _TokenBytes(ctypes.Structure):
 @dataclass
 class _Inst:
     instance: int
-    stage: int
+    hop: int
     index: int
     slot: int
     sock: socket.socket  # the instance side (the manager's copy keeps it in the map)
@@ -260,23 +260,23 @@ class EbpfChannel(Channel):
         return a, b
 
     # -- membership ------------------------------------------------------------------------
-    def add_instance(self, stage: int, instance: int, *, live: bool = True) -> socket.socket:
+    def add_instance(self, hop: int, instance: int, *, live: bool = True) -> socket.socket:
         with self._lock:
             self._check_open()
             self._reap(force=False)
-            self._check_new(stage, instance)
+            self._check_new(hop, instance)
             sh = self._shared()
-            used = {i.index for i in self._inst.values() if i.stage == stage}
-            used |= {z.index for _, z in self._zombies if z.stage == stage}
-            free = [i for i in range(MAX_PER_STAGE) if i not in used]
+            used = {i.index for i in self._inst.values() if i.hop == hop}
+            used |= {z.index for _, z in self._zombies if z.hop == hop}
+            free = [i for i in range(MAX_PER_HOP) if i not in used]
             if not free:  # reuse slots of removed instances early
-                self._reap(force=True, stage=stage)
-                used = {i.index for i in self._inst.values() if i.stage == stage}
-                free = [i for i in range(MAX_PER_STAGE) if i not in used]
+                self._reap(force=True, hop=hop)
+                used = {i.index for i in self._inst.values() if i.hop == hop}
+                free = [i for i in range(MAX_PER_HOP) if i not in used]
             if not free:
-                raise ChannelError(f"stage {stage} already has {MAX_PER_STAGE} instances")
+                raise ChannelError(f"hop {hop} already has {MAX_PER_HOP} instances")
             index = free[0]
-            slot = stage * MAX_PER_STAGE + index
+            slot = hop * MAX_PER_HOP + index
             a, b = self._connect()
             try:
                 self._set_info(a, ROLE_INSTANCE, instance, slot)
@@ -290,11 +290,11 @@ class EbpfChannel(Channel):
                 b.close()
                 raise
             sh.inst_slot[instance] = slot + 1
-            sh.registered[stage] = 1
+            sh.registered[hop] = 1
             if live:
-                sh.live_mask[stage] |= 1 << index
-            self._inst[instance] = _Inst(instance, stage, index, slot, a, b)
-            self._stage_of[instance] = stage
+                sh.live_mask[hop] |= 1 << index
+            self._inst[instance] = _Inst(instance, hop, index, slot, a, b)
+            self._hop_of[instance] = hop
             return a.dup()
 
     def set_live(self, instance: int) -> None:
@@ -302,16 +302,16 @@ class EbpfChannel(Channel):
             self._check_open()
             self._check_known(instance)
             inst = self._inst[instance]
-            self._shared().live_mask[inst.stage] |= 1 << inst.index
+            self._shared().live_mask[inst.hop] |= 1 << inst.index
 
     def remove_instance(self, instance: int) -> list[Token]:
         with self._lock:
             self._check_open()
             self._check_known(instance)
             inst = self._inst.pop(instance)
-            del self._stage_of[instance]
+            del self._hop_of[instance]
             sh = self._shared()
-            sh.live_mask[inst.stage] &= ~(1 << inst.index)
+            sh.live_mask[inst.hop] &= ~(1 << inst.index)
             sh.inst_slot[instance] = 0
             if not libbpf.synchronize_rcu():
                 time.sleep(0.05)  # no membarrier: a generous grace period instead
@@ -321,7 +321,7 @@ class EbpfChannel(Channel):
                     reclaimed.append(Token.unpack(bytes(value.b)))
                     libbpf.map_delete(self._tracked_fd, key)
             self._history[instance] = {
-                "stage": inst.stage,
+                "stage": inst.hop,
                 "live": False,
                 "delivered": int(sh.slot_delivered[inst.slot]),
                 "acked": int(sh.slot_acked[inst.slot]),
@@ -334,12 +334,12 @@ class EbpfChannel(Channel):
             self._reap(force=False)
             return reclaimed
 
-    def _reap(self, force: bool, stage: int | None = None) -> None:
-        """Close removed instances' sockets whose grace has passed (or all of ``stage``'s)."""
+    def _reap(self, force: bool, hop: int | None = None) -> None:
+        """Close removed instances' sockets whose grace has passed (or all of ``hop``'s)."""
         now = time.monotonic()
         keep = []
         for deadline, z in self._zombies:
-            if now >= deadline or (force and z.stage == stage):
+            if now >= deadline or (force and z.hop == hop):
                 libbpf.map_delete(self._socks_fd, _u32(z.slot))
                 z.sock.close()
             else:
@@ -403,7 +403,7 @@ class EbpfChannel(Channel):
             insts: dict[int, dict[str, Any]] = dict(self._history)
             for inst in self._inst.values():
                 insts[inst.instance] = {
-                    "stage": inst.stage,
+                    "stage": inst.hop,
                     "live": True,
                     "delivered": int(sh.slot_delivered[inst.slot]),
                     "acked": int(sh.slot_acked[inst.slot]),

@@ -6,8 +6,8 @@ until a socket is readable or writable, or a command arrives on its wake-up pipe
 each record, checks every 32-byte frame (magic, CRC-32, kind), and applies the same
 routing, in-flight accounting and manager delivery as ``tokenbus.bpf.c``:
 
-- DATA for stage *s* -> a live instance of *s* (round-robin cursor per sending socket
-  and stage, or least-loaded with that cursor breaking ties); a DATA or FREE from an
+- DATA for hop *s* -> a live instance of *s* (round-robin cursor per sending socket
+  and hop, or least-loaded with that cursor breaking ties); a DATA or FREE from an
   instance acknowledges its in-flight token with the same request id;
 - FAULT / FREE / other kinds, and undeliverable DATA -> the manager's inbox (a SEQPACKET
   pair read by :meth:`UserspaceChannel.manager_recv`);
@@ -42,8 +42,8 @@ from typing import Any
 
 from infscaler.ebpf.channel import (
     MAX_BATCH,
-    MAX_PER_STAGE,
-    MAX_STAGES,
+    MAX_HOPS,
+    MAX_PER_HOP,
     MAX_TRACKED,
     REJECT_REASONS,
     Channel,
@@ -51,7 +51,7 @@ from infscaler.ebpf.channel import (
     build_stats,
 )
 from infscaler.ebpf.errors import ChannelClosed, ChannelError
-from infscaler.shm.token import TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
+from infscaler.ebpf.token import TOKEN_MAGIC, TOKEN_SIZE, Token, TokenKind
 
 _FRAME = struct.Struct("<BBHHHIIIQI")
 _DATA, _FREE = int(TokenKind.DATA), int(TokenKind.FREE)
@@ -92,10 +92,10 @@ class _Dest:
 
 
 class _UInst(_Dest):
-    def __init__(self, sock: socket.socket, instance: int, stage: int, index: int) -> None:
+    def __init__(self, sock: socket.socket, instance: int, hop: int, index: int) -> None:
         super().__init__(sock)
         self.instance = instance
-        self.stage = stage
+        self.hop = hop
         self.index = index
         self.live = True  # routable
         self.inflight: dict[int, bytes] = {}  # request -> frame
@@ -171,18 +171,18 @@ class UserspaceChannel(Channel):
         self._command(*cmd, fut)
         return fut.result()
 
-    def add_instance(self, stage: int, instance: int, *, live: bool = True) -> socket.socket:
+    def add_instance(self, hop: int, instance: int, *, live: bool = True) -> socket.socket:
         with self._lock:
-            self._check_new(stage, instance)
+            self._check_new(hop, instance)
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             mine.setblocking(False)
             try:
-                self._call("add", mine, stage, instance, live)
+                self._call("add", mine, hop, instance, live)
             except BaseException:
                 mine.close()
                 theirs.close()
                 raise
-            self._stage_of[instance] = stage
+            self._hop_of[instance] = hop
             return theirs
 
     def set_live(self, instance: int) -> None:
@@ -194,7 +194,7 @@ class UserspaceChannel(Channel):
         with self._lock:
             self._check_known(instance)
             frames = self._call("remove", instance)
-            del self._stage_of[instance]
+            del self._hop_of[instance]
             return [Token.unpack(f) for f in frames]
 
     def manager_recv_bytes(
@@ -297,22 +297,22 @@ class UserspaceChannel(Channel):
                 else:
                     raise
 
-    def _add(self, sock: socket.socket, stage: int, instance: int, live: bool = True) -> None:
-        slots = self._slots.setdefault(stage, [None] * MAX_PER_STAGE)
+    def _add(self, sock: socket.socket, hop: int, instance: int, live: bool = True) -> None:
+        slots = self._slots.setdefault(hop, [None] * MAX_PER_HOP)
         free = [i for i, s in enumerate(slots) if s is None]
         if not free:
-            raise ChannelError(f"stage {stage} already has {MAX_PER_STAGE} instances")
-        inst = _UInst(sock, instance, stage, free[0])
+            raise ChannelError(f"hop {hop} already has {MAX_PER_HOP} instances")
+        inst = _UInst(sock, instance, hop, free[0])
         inst.live = live
         slots[free[0]] = inst
         self._insts[instance] = inst
         self._by_fd[inst.fd] = inst
-        self._registered.add(stage)
+        self._registered.add(hop)
         self._sel.register(inst.fd, selectors.EVENT_READ, inst)
 
     def _remove(self, instance: int) -> list[bytes]:
         inst = self._insts.pop(instance)
-        self._slots[inst.stage][inst.index] = None
+        self._slots[inst.hop][inst.index] = None
         self._by_fd.pop(inst.fd, None)
         if inst.open:
             self._sel.unregister(inst.fd)
@@ -321,7 +321,7 @@ class UserspaceChannel(Channel):
         frames = list(inst.inflight.values())
         self._tracked -= len(frames)
         self._history[instance] = {
-            "stage": inst.stage,
+            "stage": inst.hop,
             "live": False,
             "delivered": inst.delivered,
             "acked": inst.acked,
@@ -372,7 +372,7 @@ class UserspaceChannel(Channel):
         unpack = _FRAME.unpack_from
         crc32 = zlib.crc32
         for off in range(0, full, TOKEN_SIZE):
-            magic, kind, stage, _, _, _, _, _, request, check = unpack(view, off)
+            magic, kind, hop, _, _, _, _, _, request, check = unpack(view, off)
             if magic != TOKEN_MAGIC:
                 c["bad_magic"] += 1
                 continue
@@ -394,21 +394,21 @@ class UserspaceChannel(Channel):
             if kind != _DATA:
                 self._to_manager(frame)
                 continue
-            self._route_data(src, stage, request, frame)
+            self._route_data(src, hop, request, frame)
 
-    def _route_data(self, src: _UInst | None, stage: int, request: int, frame: bytes) -> None:
+    def _route_data(self, src: _UInst | None, hop: int, request: int, frame: bytes) -> None:
         c = self._c
-        if stage >= MAX_STAGES or stage not in self._registered:
+        if hop >= MAX_HOPS or hop not in self._registered:
             c["unknown_stage"] += 1
             self._to_manager(frame)
             return
-        slots = self._slots[stage]
-        key = (src.instance if src is not None else _ROUTE_SRC, stage)
+        slots = self._slots[hop]
+        key = (src.instance if src is not None else _ROUTE_SRC, hop)
         cur = self._cursor.get(key, 0)
         chosen: _UInst | None = None
         best = 1 << 62
-        for i in range(MAX_PER_STAGE):
-            inst = slots[(cur + i) % MAX_PER_STAGE]
+        for i in range(MAX_PER_HOP):
+            inst = slots[(cur + i) % MAX_PER_HOP]
             if inst is None or not inst.live:
                 continue
             if not self._ll:
@@ -421,7 +421,7 @@ class UserspaceChannel(Channel):
             c["no_instance"] += 1
             self._to_manager(frame)
             return
-        self._cursor[key] = (chosen.index + 1) % MAX_PER_STAGE
+        self._cursor[key] = (chosen.index + 1) % MAX_PER_HOP
         self._deliver(chosen, request, frame)
 
     def _deliver(self, inst: _UInst, request: int, frame: bytes) -> None:
@@ -508,7 +508,7 @@ class UserspaceChannel(Channel):
         insts: dict[int, dict[str, Any]] = dict(self._history)
         for inst in self._insts.values():
             insts[inst.instance] = {
-                "stage": inst.stage,
+                "stage": inst.hop,
                 "live": inst.live,
                 "delivered": inst.delivered,
                 "acked": inst.acked,

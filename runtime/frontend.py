@@ -299,7 +299,7 @@ class FrontEnd:
         on_death: Any = None,
     ) -> None:
         from infscaler.ebpf.channel import Endpoint
-        from infscaler.shm.manager import InstanceClient
+        from infscaler.shm.client import InstanceClient
         from infscaler.shm.pool import SlabMap
 
         self.manager = manager
@@ -607,7 +607,7 @@ class FrontEnd:
         (``Route.max_inflight`` requests in the pipeline at once) and the pool is below
         the admission threshold. A request that must wait keeps its place; requests of
         other pipelines behind it may start."""
-        from infscaler.shm.manager import BackPressureError
+        from infscaler.shm import BackPressureError
         from infscaler.shm.tensors import tensors_nbytes
 
         if not self._backlog:
@@ -669,7 +669,7 @@ class FrontEnd:
 
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:
-        from infscaler.shm.manager import RequestFailed
+        from infscaler.shm import RequestFailed
         from infscaler.shm.pool import PoolError
         from infscaler.shm.tensors import SlotFormatError
 

@@ -437,7 +437,7 @@ class Instance:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from infscaler.ebpf.channel import Endpoint
-        from infscaler.shm.manager import InstanceClient
+        from infscaler.shm.client import InstanceClient
         from infscaler.shm.pool import SlabMap
 
         self.spec = spec
@@ -589,7 +589,7 @@ class Instance:
             TimeoutError: nothing arrived.
             ChannelClosed: removed from the channel (the service is stopping).
         """
-        from infscaler.shm.manager import RequestFailed
+        from infscaler.shm import RequestFailed
         from infscaler.shm.pool import PoolError
         from infscaler.shm.tensors import SlotFormatError
 
@@ -634,7 +634,7 @@ class Instance:
 
     def _gather(self, n: int, delay_s: float) -> list[tuple[Any, dict[str, np.ndarray]]]:
         """Up to ``n`` more inputs arriving within ``delay_s`` s (dynamic batching)."""
-        from infscaler.shm.manager import RequestFailed
+        from infscaler.shm import RequestFailed
         from infscaler.shm.pool import PoolError
         from infscaler.shm.tensors import SlotFormatError
 

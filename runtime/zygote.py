@@ -117,7 +117,7 @@ BASE_MODULES = (
     "infscaler.runtime.instance",
     "infscaler.runtime.engines",
     "infscaler.runtime.engines.cpu",
-    "infscaler.shm.manager",
+    "infscaler.shm.client",
     "infscaler.shm.pool",
     "infscaler.shm.tensors",
     "infscaler.shm.deadlines",

@@ -1,6 +1,6 @@
 """The deadline table: which requests are still worth computing, in shared memory.
 
-A token is a fixed 32 bytes (:mod:`infscaler.shm.token`) and carries only the request
+A token is a fixed 32 bytes (:mod:`infscaler.ebpf.token`) and carries only the request
 id, so the deadline cannot travel with it. Instead the front end (the one writer) keeps
 one small table per service in POSIX shared memory, and every instance (a reader)
 checks a token's request in it before running the token, and again before handing its

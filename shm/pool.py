@@ -2,7 +2,7 @@
 
 The manager side, :class:`TensorPool` (one per service instance), owns *slabs*: POSIX
 shared-memory objects carved into equal *slots* by size class. A 32-byte
-:class:`~infscaler.shm.token.Token` names a slot (slab, slot, offset); handing the token
+:class:`~infscaler.ebpf.token.Token` names a slot (slab, slot, offset); handing the token
 over hands the slot over, zero copy.
 
 - **Lazy allocation (token faults).** A producer whose OutToken queue is empty sends a
@@ -55,8 +55,8 @@ import weakref
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
+from infscaler.ebpf.token import NO_SLAB, Token, TokenKind
 from infscaler.errors import InfScalerError
-from infscaler.shm.token import NO_SLAB, Token, TokenKind
 
 __all__ = [
     "DEFAULT_SIZE_CLASSES",
@@ -274,7 +274,7 @@ class SlotRef:
     def to_token(
         self,
         kind: TokenKind | int,
-        stage: int = 0,
+        hop: int = 0,
         instance: int = 0,
         length: int | None = None,
         request: int | None = None,
@@ -283,7 +283,7 @@ class SlotRef:
 
         Args:
             kind: e.g. ``TokenKind.GRANT`` (manager) or ``TokenKind.DATA`` (producer).
-            stage: destination stage.
+            hop: destination hop.
             instance: sending instance id (u16).
             length: bytes used (DATA) or granted; default: the slot capacity.
             request: request id (u64); default :attr:`request`, or 0.
@@ -292,7 +292,7 @@ class SlotRef:
             request = 0 if self.request is None else self.request
         return Token(
             TokenKind(kind),
-            stage,
+            hop,
             self.slab,
             instance,
             self.slot,
@@ -660,7 +660,7 @@ class TensorPool:
 
     def in_use_bytes(self) -> int:
         """Bytes of the slots leased right now (slot capacities), for admission control:
-        a front end that fills the pool with new requests leaves later stages no room
+        a front end that fills the pool with new requests leaves later hops no room
         for their outputs."""
         with self._lock:
             return sum(s.in_use * s.slot_bytes for s in self._slabs.values())
@@ -760,21 +760,21 @@ class TensorPool:
         self,
         token: Token,
         *,
-        stages: Container[int] | None = None,
+        hops: Container[int] | None = None,
         check_owner: bool = False,
     ) -> SlotRef:
         """Check that a DATA / FREE / GRANT token names a live, leased slot consistently.
 
         Args:
             token: the token received.
-            stages: if given, the stages that exist; a token for another stage is refused.
+            hops: if given, the hops that exist; a token for another hop is refused.
             check_owner: also require ``token.instance`` to hold the lease.
 
         Returns:
             the slot the token names.
 
         Raises:
-            PoolError: wrong kind (FAULT / BUSY / ERROR name no slot), unknown stage,
+            PoolError: wrong kind (FAULT / BUSY / ERROR name no slot), unknown hop,
                 unknown slab / slot, offset not the slot's, length above the slot
                 capacity, a free slot, a wrong owner; counted, nothing changed.
         """
@@ -782,10 +782,10 @@ class TensorPool:
             self._check_open()
             if token.kind not in (TokenKind.DATA, TokenKind.FREE, TokenKind.GRANT):
                 raise self._reject("bad_kind", f"a {token.kind.name} token names no slot")
-            if stages is not None and token.stage not in stages:
+            if hops is not None and token.hop not in hops:
                 raise self._reject(
                     "unknown_stage",
-                    f"token for unknown stage {token.stage} (request {token.request})",
+                    f"token for unknown hop {token.hop} (request {token.request})",
                 )
             s = self._lookup(token.slab, token.slot, "validate")
             if token.offset != s.offset(token.slot):

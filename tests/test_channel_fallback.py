@@ -20,7 +20,7 @@ from infscaler.ebpf import (
     libbpf,
     open_channel,
 )
-from infscaler.shm.token import Token, TokenKind
+from infscaler.ebpf.token import Token, TokenKind
 
 LOGGER = "infscaler.ebpf"
 
@@ -42,7 +42,7 @@ def _smoke(ch) -> None:
     """One token through the channel."""
     prod = Endpoint(ch.add_instance(0, 10))
     cons = Endpoint(ch.add_instance(1, 1))
-    prod.send(Token(TokenKind.DATA, stage=1, instance=10, request=5))
+    prod.send(Token(TokenKind.DATA, hop=1, instance=10, request=5))
     assert cons.recv(timeout=5).request == 5
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from infscaler.ebpf import (
-    MAX_PER_STAGE,
+    MAX_PER_HOP,
     MAX_TRACKED,
     ChannelClosed,
     ChannelError,
@@ -24,7 +24,7 @@ from infscaler.ebpf import (
     open_channel,
 )
 from infscaler.ebpf.channel import Channel, pack_frame
-from infscaler.shm.token import Token, TokenKind
+from infscaler.ebpf.token import Token, TokenKind
 
 T = 5.0  # seconds: bound of every wait in this file
 
@@ -73,12 +73,12 @@ def mgr_recv_n(ch: Channel, n: int) -> list[Token]:
 
 
 def data(request: int, stage: int = 1, instance: int = 10, **kw: int) -> Token:
-    return Token(TokenKind.DATA, stage=stage, instance=instance, request=request, **kw)
+    return Token(TokenKind.DATA, hop=stage, instance=instance, request=request, **kw)
 
 
 def free(tok: Token, instance: int) -> Token:
     return Token(
-        TokenKind.FREE, tok.stage, tok.slab, instance, tok.slot, tok.offset, tok.length, tok.request
+        TokenKind.FREE, tok.hop, tok.slab, instance, tok.slot, tok.offset, tok.length, tok.request
     )
 
 
@@ -86,17 +86,17 @@ def test_fault_grant_round_trip(make_channel: Callable[..., Channel]) -> None:
     ch = make_channel()
     prod = Endpoint(ch.add_instance(0, 10))
     ch.add_instance(1, 1).close()
-    fault = Token(TokenKind.FAULT, stage=1, instance=10, length=4096, request=42)
+    fault = Token(TokenKind.FAULT, hop=1, instance=10, length=4096, request=42)
     prod.send(fault)
     assert ch.manager_recv(timeout=T) == fault
     ch.manager_send(
-        10, Token(TokenKind.GRANT, stage=1, slab=2, slot=9, offset=8192, length=4096, request=42)
+        10, Token(TokenKind.GRANT, hop=1, slab=2, slot=9, offset=8192, length=4096, request=42)
     )
     reply = prod.recv(timeout=T)
     assert reply == Token(
-        TokenKind.GRANT, stage=1, slab=2, instance=10, slot=9, offset=8192, length=4096, request=42
+        TokenKind.GRANT, hop=1, slab=2, instance=10, slot=9, offset=8192, length=4096, request=42
     )
-    ch.manager_send(10, Token(TokenKind.BUSY, stage=1, request=43))
+    ch.manager_send(10, Token(TokenKind.BUSY, hop=1, request=43))
     assert prod.recv(timeout=T).kind == TokenKind.BUSY
     st = ch.stats()
     assert st["kind"] == ch.kind
@@ -116,7 +116,7 @@ def test_round_robin_is_exact_per_producer(make_channel: Callable[..., Channel])
     got = [recv_n(c, 100) for c in cons]
     for i, toks in enumerate(got):
         assert [t.request for t in toks] == list(range(i, 300, 3)), "in order, every third"
-        assert all(t.instance == 10 and t.stage == 1 for t in toks)
+        assert all(t.instance == 10 and t.hop == 1 for t in toks)
     # a second producer has its own cursor: its first 3 tokens go to 1, 2, 3 too
     p2.send_many([data(1000 + r, instance=11) for r in range(3)])
     assert [recv_n(c, 1)[0].request for c in cons] == [1000, 1001, 1002]
@@ -141,7 +141,7 @@ def test_least_loaded_follows_acknowledgements(make_channel: Callable[..., Chann
     assert recv_n(c, 1)[0].request == 11  # all at 1 again: tie -> cursor after b
     # a DATA hand-over to the next stage is an acknowledgement too
     d = Endpoint(ch.add_instance(2, 20))
-    a.send(Token(TokenKind.DATA, stage=2, instance=1, request=ta.request))
+    a.send(Token(TokenKind.DATA, hop=2, instance=1, request=ta.request))
     assert recv_n(d, 1)[0].request == ta.request
     wait_until(lambda: ch.stats()["instances"][1]["inflight"] == 0, "a's hand-over acknowledged")
     st = ch.stats()
@@ -170,7 +170,7 @@ def test_malformed_and_unknown_stage_are_rejected(make_channel: Callable[..., Ch
     raw.send(bytes(bad_crc))
     raw.send(bad_kind)
     raw.send(data(7, stage=40).pack())  # registered nowhere
-    raw.send(data(8, stage=70).pack())  # beyond MAX_STAGES
+    raw.send(data(8, stage=70).pack())  # beyond MAX_HOPS
     raw.send(good[1].pack() + bytes(bad_crc) + good[2].pack())  # one send: routed per token
     raw.send(good[3].pack())
 
@@ -237,7 +237,7 @@ def test_remove_instance_returns_unacknowledged_tokens(
     assert len(mgr_recv_n(ch, 4)) == 4
     reclaimed = ch.remove_instance(2)
     assert sorted(t.request for t in reclaimed) == [t.request for t in mine[4:]]
-    assert all(t.kind == TokenKind.DATA and t.stage == 1 for t in reclaimed)
+    assert all(t.kind == TokenKind.DATA and t.hop == 1 for t in reclaimed)
     with pytest.raises(ChannelClosed):  # b's connection ends
         b.recv_many(timeout=T)
     ch.route_many(reclaimed)
@@ -350,8 +350,8 @@ def test_refusals(make_channel: Callable[..., Channel]) -> None:
     with pytest.raises(ChannelError, match="addressed to instance 2"):
         ch.manager_send_bytes(1, pack_frame(TokenKind.GRANT, instance=2))
     with pytest.raises(ChannelError, match="DATA"):
-        ch.route(Token(TokenKind.FAULT, stage=1))
-    for i in range(2, MAX_PER_STAGE + 1):
+        ch.route(Token(TokenKind.FAULT, hop=1))
+    for i in range(2, MAX_PER_HOP + 1):
         ch.add_instance(3, 100 + i).close()
     ch.add_instance(3, 100).close()
     with pytest.raises(ChannelError, match="already has 16"):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from infscaler.ebpf import (
-    MAX_PER_STAGE,
-    MAX_STAGES,
+    MAX_HOPS,
+    MAX_PER_HOP,
     MAX_TRACKED,
     BpfBuildError,
     build,
@@ -47,7 +47,7 @@ def test_crc_table_is_zlibs() -> None:
             c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
         expected.append(c)
     assert table == expected
-    # and that table computes what shm/token.py checks
+    # and that table computes what ebpf/token.py checks
     crc = 0xFFFFFFFF
     for b in b"token body":
         crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
@@ -58,8 +58,8 @@ def test_limits_agree_with_the_c_source() -> None:
     for name, value in build.LIMITS.items():
         assert re.search(rf"#define {name} {value}\b", SOURCE), name
     assert build.LIMITS == {
-        "TB_MAX_STAGES": MAX_STAGES,
-        "TB_PER_STAGE": MAX_PER_STAGE,
+        "TB_MAX_STAGES": MAX_HOPS,
+        "TB_PER_STAGE": MAX_PER_HOP,
         "TB_MAX_TRACKED": MAX_TRACKED,
     }
     from infscaler.ebpf import sockmap

@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 
 from infscaler.ebpf import Endpoint, open_channel
-from infscaler.ebpf.channel import MAX_STAGES
+from infscaler.ebpf.channel import MAX_HOPS
 from infscaler.shm import (
     BackPressureError,
     InstanceClient,
@@ -50,13 +50,8 @@ from infscaler.shm import (
     tensors_nbytes,
     write_tensors,
 )
-from infscaler.shm.manager import (
-    BARRIER_STAGE,
-    CONTROL_STAGE,
-    MANAGER_INSTANCE,
-    NO_REQUEST,
-    TensorSharingManager,
-)
+from infscaler.shm.manager import TensorSharingManager
+from infscaler.shm.protocol import BARRIER_HOP, CONTROL_HOP, MANAGER_INSTANCE, NO_REQUEST
 from infscaler.shm.tensors import allocate_tensors
 
 T = 15.0  # seconds: bound of every wait in this file (a hang guard, not a timing check)
@@ -350,7 +345,7 @@ def service(kind: str) -> Iterator[Callable[..., Service]]:
         assert ch.kind == kind
         failures: list[tuple[int, str]] = []
         mgr = TensorSharingManager(
-            pool, ch, stages=stages, on_failure=lambda r, why: failures.append((r, why)), **mgr_kw
+            pool, ch, hops=stages, on_failure=lambda r, why: failures.append((r, why)), **mgr_kw
         )
         svc = Service(pool, ch, mgr, failures)
         made.append(svc)
@@ -387,8 +382,8 @@ def wait_until(
 
 
 def test_reserved_values_do_not_collide() -> None:
-    assert BARRIER_STAGE == MAX_STAGES - 1
-    assert CONTROL_STAGE > MAX_STAGES and MANAGER_INSTANCE == 0xFFFF
+    assert BARRIER_HOP == MAX_HOPS - 1
+    assert CONTROL_HOP > MAX_HOPS and MANAGER_INSTANCE == 0xFFFF
     assert NO_REQUEST == (1 << 64) - 1
 
 
@@ -706,7 +701,7 @@ def test_forged_and_stale_tokens_are_refused_counted_and_harmless(
 
     def tok_(kind: TokenKind, ref: Token, instance: int = 1, **kw: int) -> Token:
         fields = dict(
-            stage=1,
+            hop=1,
             slab=ref.slab,
             instance=instance,
             slot=ref.slot,
@@ -722,17 +717,17 @@ def test_forged_and_stale_tokens_are_refused_counted_and_harmless(
         "wrong_owner": [
             tok_(F, sb),  # someone else's slot
             tok_(F, sa, request=10),  # a slot a handed over: c's now
-            tok_(F, sb, stage=CONTROL_STAGE),  # keep of someone else's slot
+            tok_(F, sb, hop=CONTROL_HOP),  # keep of someone else's slot
         ],
         "double_free": [tok_(F, sa, slot=free_slot, offset=4096 + free_slot * 4096)],
         "unknown_slot": [tok_(F, sa, slot=99), tok_(F, sa, slab=40)],
         "bad_offset": [tok_(F, sb, instance=2, offset=sb.offset + 64)],
         "stale_receipt": [tok_(G, sa, slot=free_slot, offset=4096 + free_slot * 4096)],
         "request_mismatch": [tok_(G, sb, request=99)],
-        "malformed": [Token(TokenKind.ERROR, stage=1, instance=1, request=5)],
-        "unknown_sync": [Token(TokenKind.BUSY, stage=CONTROL_STAGE, instance=1, request=12345)],
+        "malformed": [Token(TokenKind.ERROR, hop=1, instance=1, request=5)],
+        "unknown_sync": [Token(TokenKind.BUSY, hop=CONTROL_HOP, instance=1, request=12345)],
         "unknown_instance": [
-            Token(TokenKind.FAULT, stage=0, instance=77, length=100, request=1),
+            Token(TokenKind.FAULT, hop=0, instance=77, length=100, request=1),
             tok_(F, sb, instance=77),
         ],
     }

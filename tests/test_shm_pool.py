@@ -148,8 +148,8 @@ def test_cross_process_round_trip_4kb_to_64mb(make_pool):
         echo = pool.fault(need, owner=2, request=i)
         jobs.append(
             (
-                ref.to_token(TokenKind.DATA, stage=1, instance=1, length=used).pack(),
-                echo.to_token(TokenKind.GRANT, stage=1, instance=2).pack(),
+                ref.to_token(TokenKind.DATA, hop=1, instance=1, length=used).pack(),
+                echo.to_token(TokenKind.GRANT, hop=1, instance=2).pack(),
             )
         )
         echo_refs.append(echo)
@@ -283,7 +283,7 @@ def test_bad_frees_and_tokens_are_rejected_counted_and_harmless(make_pool):
     held_before = (pool.held_by(1), pool.held_by(2))
 
     def data(ref: SlotRef, **kw) -> Token:
-        return dataclasses.replace(ref.to_token(TokenKind.DATA, stage=2, instance=1), **kw)
+        return dataclasses.replace(ref.to_token(TokenKind.DATA, hop=2, instance=1), **kw)
 
     bad = [
         (lambda: pool.free(0, 3), "double_free"),
@@ -293,7 +293,7 @@ def test_bad_frees_and_tokens_are_rejected_counted_and_harmless(make_pool):
         (lambda: pool.transfer(0, 3, 2), "not_leased"),
         (lambda: pool.transfer(0, 4, 1, from_owner=1), "wrong_owner"),
         (lambda: pool.validate(data(freed)), "freed_slot"),
-        (lambda: pool.validate(data(refs[0], stage=9), stages={1, 2}), "unknown_stage"),
+        (lambda: pool.validate(data(refs[0], hop=9), hops={1, 2}), "unknown_stage"),
         (lambda: pool.validate(data(refs[0], slab=0xFFFF)), "unknown_slab"),
         (lambda: pool.validate(data(refs[0], offset=refs[0].offset + 64)), "bad_offset"),
         (lambda: pool.validate(data(refs[0], length=4097)), "bad_length"),
@@ -316,7 +316,7 @@ def test_bad_frees_and_tokens_are_rejected_counted_and_harmless(make_pool):
             view = slabs.slot_view(r.to_token(TokenKind.DATA))
             assert bytes(view) == bytes([r.slot + 1]) * r.size, r
     # a valid token passes and carries the lease's request
-    ok = pool.validate(data(refs[0]), stages={1, 2}, check_owner=True)
+    ok = pool.validate(data(refs[0]), hops={1, 2}, check_owner=True)
     assert ok == refs[0] and ok.request == 100
     slabs.close()
 
@@ -620,9 +620,7 @@ def _mpmc_producer(service_id: str, me: int, n: int, ctl, replies) -> None:
         tensors = mpmc_payload(request)
         need = tensors_nbytes(tensors)
         while True:  # OutToken queue empty: token fault
-            ctl.put(
-                Token(TokenKind.FAULT, stage=1, instance=me, length=need, request=request).pack()
-            )
+            ctl.put(Token(TokenKind.FAULT, hop=1, instance=me, length=need, request=request).pack())
             reply = Token.unpack(replies.get(timeout=60))
             if reply.kind == TokenKind.GRANT:
                 break
@@ -630,7 +628,7 @@ def _mpmc_producer(service_id: str, me: int, n: int, ctl, replies) -> None:
             time.sleep(0.0005)
         assert reply.request == request and reply.instance == me
         used = write_tensors(slabs.slot_view(reply), tensors)
-        data = dataclasses.replace(reply, kind=TokenKind.DATA, stage=2, length=used)
+        data = dataclasses.replace(reply, kind=TokenKind.DATA, hop=2, length=used)
         ctl.put(data.pack())
     slabs.close()
     ctl.put(("done", me, busy))
@@ -694,7 +692,7 @@ def test_mpmc_two_producers_three_consumers(make_pool):
             if token.kind == TokenKind.FAULT:
                 ref = pool.fault(token.length, owner=token.instance, request=token.request)
                 if ref is None:
-                    busy = Token(TokenKind.BUSY, stage=1, instance=token.instance)
+                    busy = Token(TokenKind.BUSY, hop=1, instance=token.instance)
                     replies[token.instance].put(busy.pack())
                     continue
                 key = (ref.slab, ref.slot)
@@ -703,10 +701,10 @@ def test_mpmc_two_producers_three_consumers(make_pool):
                     break  # fail fast: the finally kills the workers
                 out[key] = token.instance
                 max_mapped = max(max_mapped, pool.stats()["mapped_bytes"])
-                grant = ref.to_token(TokenKind.GRANT, stage=1, instance=token.instance)
+                grant = ref.to_token(TokenKind.GRANT, hop=1, instance=token.instance)
                 replies[token.instance].put(grant.pack())
             elif token.kind == TokenKind.DATA:
-                ref = pool.validate(token, stages={2}, check_owner=True)
+                ref = pool.validate(token, hops={2}, check_owner=True)
                 consumer = CONSUMERS[routed % len(CONSUMERS)]
                 routed += 1
                 pool.transfer(ref.slab, ref.slot, consumer, from_owner=token.instance)
@@ -744,9 +742,9 @@ def test_mpmc_two_producers_three_consumers(make_pool):
 def test_slot_ref_token_round_trip(make_pool):
     pool = make_pool(MiB, slab_bytes=32 * KiB)
     ref = pool.fault(2000, owner=3, request=77)
-    tok = Token.unpack(ref.to_token(TokenKind.DATA, stage=4, instance=3, length=2000).pack())
+    tok = Token.unpack(ref.to_token(TokenKind.DATA, hop=4, instance=3, length=2000).pack())
     assert (tok.slab, tok.slot, tok.offset, tok.length) == (ref.slab, ref.slot, ref.offset, 2000)
-    assert tok.request == 77 and tok.stage == 4  # the ref's request by default
+    assert tok.request == 77 and tok.hop == 4  # the ref's request by default
     assert pool.validate(tok, check_owner=True) == ref
     grant = ref.to_token(TokenKind.GRANT, request=5)
     assert grant.length == ref.size and grant.request == 5

@@ -3,14 +3,14 @@
 A token names a slot of the shared tensor pool; handing the token over hands the slot's
 contents over, zero-copy. Tokens travel on the control path (:mod:`infscaler.ebpf`):
 producers send them, the eBPF SK_MSG program (or the user-space router) reads the
-destination stage at a fixed offset and delivers them to one consumer instance.
+destination hop at a fixed offset and delivers them to one consumer instance.
 
 Wire layout, little-endian, 32 bytes (``struct`` format :data:`TOKEN_FORMAT`)::
 
     offset size field        meaning
     0      1    magic        0xA5: anything else is not a token
     1      1    kind         :class:`TokenKind`
-    2      2    stage        destination stage (DATA), or the stage a fault is for
+    2      2    hop          destination hop (DATA), or the hop a fault is for
     4      2    slab         slab index in the pool
     6      2    instance     sending instance id (for in-flight accounting / leases)
     8      4    slot         slot index inside the slab
@@ -19,8 +19,8 @@ Wire layout, little-endian, 32 bytes (``struct`` format :data:`TOKEN_FORMAT`)::
     20     8    request      request id (u64)
     28     4    check        CRC-32 of bytes 0..27: a torn or corrupted token is rejected
 
-The eBPF program (``ebpf/tokenbus.bpf.c``) reads ``kind`` at offset 1, ``stage`` at 2
-and ``instance`` at 6; keep them in sync.
+The eBPF program (``ebpf/tokenbus.bpf.c``) reads ``kind`` at offset 1, ``hop`` at 2 (it
+calls it ``stage``) and ``instance`` at 6; keep them in sync.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ _BODY = struct.Struct(TOKEN_FORMAT)
 _CHECK = struct.Struct("<I")
 assert _BODY.size + _CHECK.size == TOKEN_SIZE
 
-MAX_STAGE = 0xFFFF
+MAX_HOP = 0xFFFF
 NO_SLAB = 0xFFFF
 
 
 class TokenKind(enum.IntEnum):
     """What a token means.
 
-    - ``DATA``: a filled slot for stage ``stage`` (the handover).
+    - ``DATA``: a filled slot for hop ``hop`` (the handover).
     - ``FAULT``: a producer's OutToken queue is empty; asks the manager for a slot of at
       least ``length`` bytes (lazy allocation).
     - ``GRANT``: the manager's answer to a fault: an empty slot now owned by the asker.
@@ -72,7 +72,8 @@ class Token:
 
     Attributes:
         kind: :class:`TokenKind`.
-        stage: destination stage (0..65535).
+        hop: destination hop (0..65535): the channel's routing address of a group of
+            interchangeable instances (:mod:`infscaler.ebpf.channel`, "Naming").
         slab: slab index (``NO_SLAB`` for tokens without a slot, e.g. FAULT).
         instance: sending instance id (0..65535).
         slot: slot index inside the slab.
@@ -84,7 +85,7 @@ class Token:
     """
 
     kind: TokenKind
-    stage: int = 0
+    hop: int = 0
     slab: int = NO_SLAB
     instance: int = 0
     slot: int = 0
@@ -101,7 +102,7 @@ class Token:
         body = _BODY.pack(
             TOKEN_MAGIC,
             int(self.kind),
-            self.stage,
+            self.hop,
             self.slab,
             self.instance,
             self.slot,

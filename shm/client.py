@@ -1,0 +1,497 @@
+r"""The instance side of tensor sharing (instance process, and the front end): the
+paper's producer / consumer (InfScaler §IV-B, Fig. 4: the OutToken queue, token faults,
+zero-copy handover).
+
+Role in the request path: every hop of a request goes through one
+:class:`InstanceClient`. The producer :meth:`~InstanceClient.acquire`\ s a slot (an
+out-token from its OutToken queue, else a token FAULT to the manager), writes its output
+tensors into it and :meth:`~InstanceClient.hand_over`\ s it (one DATA token, routed in
+the kernel to a consumer instance); the consumer's :meth:`~InstanceClient.recv_input`
+receipts the DATA and returns zero-copy views of the tensors, and
+:meth:`~InstanceClient.done` frees the slot or keeps it as an out-token. It follows the
+rules of :mod:`infscaler.shm.protocol` so the manager's leases stay true
+(:mod:`infscaler.shm.manager`).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from infscaler.ebpf.channel import MAX_BATCH, Endpoint
+from infscaler.ebpf.token import NO_SLAB, TOKEN_SIZE, Token, TokenKind
+from infscaler.shm.pool import PoolError, SlabMap
+from infscaler.shm.protocol import (
+    CONTROL_HOP,
+    NO_REQUEST,
+    BackPressureError,
+    RequestFailed,
+    SharingError,
+)
+from infscaler.shm.tensors import SlotFormatError, read_tensors, tensors_nbytes, write_tensors
+
+__all__ = ["BackPressureError", "InstanceClient", "RequestFailed", "SharingError"]
+
+_DATA, _FAULT, _GRANT, _FREE, _BUSY, _ERROR = (
+    TokenKind.DATA,
+    TokenKind.FAULT,
+    TokenKind.GRANT,
+    TokenKind.FREE,
+    TokenKind.BUSY,
+    TokenKind.ERROR,
+)
+
+
+class InstanceClient:
+    """The instance side of tensor sharing (InfScaler §IV-B, Fig. 4): OutToken queue,
+    token faults, handover, zero-copy input reads; it follows the protocol in the module
+    docstring (receipts, keeps, sync echoes) so the manager's leases stay true.
+
+    One client per instance, used from one thread. Every call that reads the socket also
+    answers what the protocol asks (receipts, sync echoes); an instance idle for long
+    should call :meth:`poll` now and then (a pending reclaim waits for its echo).
+
+    Args:
+        endpoint: the instance's :class:`~infscaler.ebpf.channel.Endpoint`.
+        slabs: a :class:`SlabMap` of the service's pool.
+        instance: this instance's id (the ``instance`` field of its tokens).
+        hop: this instance's hop (its FAULT tokens name it).
+        max_out_tokens: input slots kept as out-tokens by :meth:`done` (the OutToken
+            queue's bound; 0: always free them).
+        backoff_s: first back-off after BUSY, seconds; doubled up to ``max_backoff_s``.
+        send_timeout_s: bound on a blocked send, seconds.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        slabs: SlabMap,
+        instance: int,
+        hop: int,
+        *,
+        max_out_tokens: int = 2,
+        backoff_s: float = 0.001,
+        max_backoff_s: float = 0.05,
+        send_timeout_s: float = 10.0,
+    ) -> None:
+        self._ep = endpoint
+        self._slabs = slabs
+        self.instance = instance
+        self.hop = hop
+        self.max_out_tokens = max(0, int(max_out_tokens))
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.send_timeout_s = send_timeout_s
+        self._inputs: collections.deque[Token] = collections.deque()  # received, not returned
+        self._reading: dict[tuple[int, int], Token] = {}  # returned by recv_input, not done
+        self._out: list[Token] = []  # OutToken queue: idle writer slots (length = capacity)
+        self._acquired: dict[tuple[int, int], tuple[Token, int]] = {}  # slot -> (token, request)
+        self._notices: collections.deque[Token] = collections.deque()
+        self._awaiting: int | None = None  # request of the outstanding FAULT
+        self._reply: Token | None = None
+        self._tx: list[bytes] = []
+        self.counters = dict.fromkeys(
+            (
+                "faults",
+                "grants",
+                "busy",
+                "out_token_hits",
+                "handovers",
+                "received",
+                "receipts",
+                "frees",
+                "keeps",
+                "echoes",
+                "errors",
+                "stray_grants",
+                "unexpected",
+            ),
+            0,
+        )
+
+    # -- producer side ---------------------------------------------------------------------
+    def acquire(
+        self, nbytes: int, request: int, timeout: float | None = 10.0
+    ) -> tuple[Token, memoryview]:
+        """A slot of at least ``nbytes`` bytes to write request ``request``'s output into.
+
+        Pops the smallest fitting out-token from the OutToken queue; if none fits,
+        raises a token FAULT to the manager and waits for its GRANT. A BUSY answer
+        (the pool at its cap) means: back off (``backoff_s``, doubling), fault again,
+        until ``timeout``. While waiting the socket is served (receipts, echoes).
+
+        Args:
+            nbytes: bytes needed (header + tensors: :func:`~infscaler.shm.tensors.tensors_nbytes`).
+            request: the request id (u64, not ``NO_REQUEST``); the slot may be handed
+                over with this request only.
+            timeout: seconds (None: no limit).
+
+        Returns:
+            ``(slot token, writable view of the whole slot)``; the token's ``length`` is
+            the slot's capacity in bytes. Write with
+            :func:`~infscaler.shm.tensors.write_tensors` / ``allocate_tensors``, then
+            :meth:`hand_over` (or :meth:`discard`).
+
+        Raises:
+            BackPressureError: only BUSY until ``timeout`` (no GRANT in time).
+            SharingError: the manager refused the fault (ERROR: larger than any slot,
+                hop unknown); ``request`` out of range.
+            ChannelClosed: the instance was removed or the channel closed.
+        """
+        if not 0 <= request < NO_REQUEST:
+            raise SharingError(f"request id {request} outside 0..2**64-2")
+        tok = self._pop_out_token(nbytes)
+        if tok is None:
+            tok = self._fault(
+                nbytes, request, None if timeout is None else time.monotonic() + timeout
+            )
+        self._acquired[(tok.slab, tok.slot)] = (tok, request)
+        return tok, self._slabs.slot_view(tok)
+
+    def _pop_out_token(self, nbytes: int) -> Token | None:
+        fits = [t for t in self._out if t.length >= nbytes]
+        if not fits:
+            return None
+        best = min(fits, key=lambda t: t.length)
+        self._out.remove(best)
+        self.counters["out_token_hits"] += 1
+        return best
+
+    def _fault(self, nbytes: int, request: int, deadline: float | None) -> Token:
+        backoff = self.backoff_s
+        busy = 0
+        fault = Token(_FAULT, self.hop, NO_SLAB, self.instance, 0, 0, nbytes, request)
+
+        def timed_out() -> BackPressureError:
+            self._awaiting = None  # a late GRANT is given back when it arrives
+            return BackPressureError(
+                f"no slot of {nbytes} bytes for request {request} (instance {self.instance}) "
+                f"before the timeout: {busy} BUSY answers"
+                + (" (the pool is at its memory cap)" if busy else " (no answer from the manager)"),
+                hint="downstream hops are not returning slots: raise cap_bytes, slow the "
+                "producer, or check that the manager runs",
+            )
+
+        while True:
+            self._awaiting, self._reply = request, None
+            self.counters["faults"] += 1
+            self._send(fault)
+            while self._reply is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise timed_out()
+                self._pump(left)
+            reply, self._reply, self._awaiting = self._reply, None, None
+            if reply.kind == _GRANT:
+                self.counters["grants"] += 1
+                return reply
+            if reply.kind == _ERROR:
+                raise SharingError(
+                    f"the manager refused a fault of {nbytes} bytes for request {request}",
+                    hint="larger than the largest slot, or this hop is not in the pipeline",
+                )
+            busy += 1  # BUSY: back-pressure
+            self.counters["busy"] += 1
+            self._release_unfitting(nbytes)
+            end = time.monotonic() + backoff
+            if deadline is not None:
+                end = min(end, deadline)
+            while (left := end - time.monotonic()) > 0:
+                self._pump(left)
+            backoff = min(backoff * 2, self.max_backoff_s)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise timed_out()
+
+    def _release_unfitting(self, nbytes: int) -> None:
+        """At the cap, out-tokens too small to use go back to the pool."""
+        keep = [t for t in self._out if t.length >= nbytes]
+        for t in self._out:
+            if t.length < nbytes:
+                self._tx.append(self._free_frame(t, NO_REQUEST))
+                self.counters["frees"] += 1
+        self._out = keep
+        self._flush()
+
+    def hand_over(self, slot: Token, hop: int, request: int, length: int) -> None:
+        """Hand a written slot to hop ``hop`` (DATA token; zero copy).
+
+        Args:
+            slot: the token :meth:`acquire` returned.
+            hop: destination hop.
+            request: the request id it was acquired for.
+            length: bytes used (what ``write_tensors`` returned).
+
+        Raises:
+            SharingError: not a slot this client acquired (or already handed over), a
+                request other than the acquired one, ``length`` above the capacity.
+            ChannelClosed / TimeoutError: the send failed.
+        """
+        key = (slot.slab, slot.slot)
+        entry = self._acquired.get(key)
+        if entry is None:
+            raise SharingError(
+                f"slab {slot.slab} slot {slot.slot} was not acquired by this instance"
+            )
+        tok, acquired_for = entry
+        if request != acquired_for:
+            raise SharingError(
+                f"slab {slot.slab} slot {slot.slot} was acquired for request {acquired_for}, not {request}"
+            )
+        if not 0 <= length <= tok.length:
+            raise SharingError(f"length {length} outside the slot's capacity {tok.length}")
+        del self._acquired[key]
+        self._send(
+            Token(_DATA, hop, tok.slab, self.instance, tok.slot, tok.offset, length, request)
+        )
+        self.counters["handovers"] += 1
+
+    def send_tensors(
+        self,
+        tensors: Mapping[str, np.ndarray],
+        hop: int,
+        request: int,
+        timeout: float | None = 10.0,
+    ) -> int:
+        """Write named tensors into a slot and hand it to hop ``hop``: :meth:`acquire`
+        (OutToken queue or token fault), one copy in with
+        :func:`~infscaler.shm.tensors.write_tensors`, :meth:`hand_over`. A slot that
+        cannot be written is given back (:meth:`discard`).
+
+        Returns:
+            bytes handed over (header + data).
+
+        Raises:
+            BackPressureError: no slot within ``timeout`` s; SlotFormatError: a tensor
+            the slot layout refuses; SharingError / ChannelClosed as :meth:`acquire`.
+        """
+        nbytes = tensors_nbytes(tensors)
+        slot, view = self.acquire(nbytes, request, timeout=timeout)
+        try:
+            length = write_tensors(view, tensors)
+        except BaseException:
+            self.discard(slot)
+            raise
+        del view
+        self.hand_over(slot, hop, request, length)
+        return length
+
+    def discard(self, slot: Token) -> None:
+        """Give an acquired, not handed-over slot back to the pool (FREE).
+
+        Raises:
+            SharingError: not a slot this client acquired.
+        """
+        entry = self._acquired.pop((slot.slab, slot.slot), None)
+        if entry is None:
+            raise SharingError(
+                f"slab {slot.slab} slot {slot.slot} was not acquired by this instance"
+            )
+        self._send_free(entry[0], NO_REQUEST)
+
+    def release_out_tokens(self) -> int:
+        """FREE every idle out-token (scale-in, shutdown). Returns how many."""
+        n = len(self._out)
+        for t in self._out:
+            self._tx.append(self._free_frame(t, NO_REQUEST))
+        self.counters["frees"] += n
+        self._out = []
+        self._flush()
+        return n
+
+    # -- consumer side ---------------------------------------------------------------------
+    def recv_input(self, timeout: float | None = None) -> tuple[Token, dict[str, np.ndarray]]:
+        """The next input: its DATA token and read-only zero-copy tensor views.
+
+        The views point into the slot; do not use them after :meth:`done` (copy what
+        must outlive it).
+
+        Args:
+            timeout: seconds to wait (None: forever).
+
+        Raises:
+            TimeoutError: nothing arrived in time.
+            RequestFailed: the manager sent an ERROR for a request (held too long, ...);
+                call again for the next input.
+            ChannelClosed: the instance was removed or the channel closed.
+            SlotFormatError: the slot does not hold a valid tensor layout (the token is
+                still held: call :meth:`done` with the exception's ``token`` attribute).
+            PoolError: the token does not match its slab (``token`` attribute likewise).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._notices:
+                raise RequestFailed(self._notices.popleft())
+            if self._inputs:
+                tok = self._inputs.popleft()
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no input within {timeout} s")
+            self._pump(left)
+        self._reading[(tok.slab, tok.slot)] = tok
+        try:
+            return tok, read_tensors(self._slabs.slot_view(tok)[: tok.length])
+        except (SlotFormatError, PoolError) as exc:
+            exc.token = tok  # type: ignore[attr-defined] - the caller must still done() it
+            raise
+
+    def done(self, token: Token, *, keep: bool | None = None) -> None:
+        """Finish with an input slot: keep it as an out-token (keep token), or FREE it.
+
+        This acknowledges the request at this hop: if the instance dies afterwards,
+        the request is not retried from this input. So call it after handing over the
+        request's output (rule 4); a sink calls it once it has used the result.
+
+        Args:
+            token: the DATA token :meth:`recv_input` returned.
+            keep: True keep, False free; None: keep while the OutToken queue holds fewer
+                than ``max_out_tokens``.
+
+        Raises:
+            SharingError: not an input this client is reading (or already done).
+        """
+        key = (token.slab, token.slot)
+        tok = self._reading.pop(key, None)
+        if tok is None:
+            raise SharingError(
+                f"slab {token.slab} slot {token.slot} is not an input of this instance"
+            )
+        if keep is None:
+            keep = len(self._out) < self.max_out_tokens
+        if keep:
+            capacity = len(self._slabs.slot_view(tok))
+            self._send(
+                Token(
+                    _FREE,
+                    CONTROL_HOP,
+                    tok.slab,
+                    self.instance,
+                    tok.slot,
+                    tok.offset,
+                    tok.length,
+                    tok.request,
+                )
+            )
+            self._out.append(
+                Token(
+                    _GRANT,
+                    self.hop,
+                    tok.slab,
+                    self.instance,
+                    tok.slot,
+                    tok.offset,
+                    capacity,
+                    NO_REQUEST,
+                )
+            )
+            self.counters["keeps"] += 1
+        else:
+            self._send_free(tok, tok.request)
+
+    def poll(self, timeout: float | None = 0.0) -> int:
+        """Serve the socket once (receipts, echoes, buffering inputs), waiting up to
+        ``timeout`` seconds for something. Returns tokens handled.
+
+        Raises:
+            ChannelClosed: the instance was removed or the channel closed.
+        """
+        return self._pump(timeout)
+
+    @property
+    def slabs(self) -> SlabMap:
+        """The :class:`SlabMap` this client maps slots through."""
+        return self._slabs
+
+    def out_tokens(self) -> list[Token]:
+        """The OutToken queue (idle slots this instance may write), a copy."""
+        return list(self._out)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters plus ``out_tokens``, ``acquired``, ``reading`` and ``queued`` (inputs
+        received and not yet returned)."""
+        return {
+            **self.counters,
+            "out_tokens": len(self._out),
+            "acquired": len(self._acquired),
+            "reading": len(self._reading),
+            "queued": len(self._inputs),
+        }
+
+    # -- socket ----------------------------------------------------------------------------
+    def _free_frame(self, tok: Token, request: int) -> bytes:
+        return Token(
+            _FREE, self.hop, tok.slab, self.instance, tok.slot, tok.offset, tok.length, request
+        ).pack()
+
+    def _send_free(self, tok: Token, request: int) -> None:
+        self._tx.append(self._free_frame(tok, request))
+        self.counters["frees"] += 1
+        self._flush()
+
+    def _send(self, tok: Token) -> None:
+        self._tx.append(tok.pack())
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._tx:
+            data = b"".join(self._tx)
+            self._tx.clear()
+            self._ep.send_bytes(data, timeout=self.send_timeout_s)
+
+    def _pump(self, timeout: float | None) -> int:
+        data = self._ep.recv_bytes(MAX_BATCH, timeout)
+        n = len(data) // TOKEN_SIZE
+        for off in range(0, len(data), TOKEN_SIZE):
+            self._dispatch(Token.unpack(data[off : off + TOKEN_SIZE]))
+        self._flush()  # receipts and echoes leave before anything else happens
+        return n
+
+    def _dispatch(self, tok: Token) -> None:
+        kind = tok.kind
+        if kind == _DATA:
+            self.counters["received"] += 1
+            self.counters["receipts"] += 1
+            self._tx.append(
+                Token(
+                    _GRANT,
+                    tok.hop,
+                    tok.slab,
+                    self.instance,
+                    tok.slot,
+                    tok.offset,
+                    tok.length,
+                    tok.request,
+                ).pack()
+            )
+            self._inputs.append(tok)
+        elif kind == _GRANT:
+            if self._awaiting == tok.request and self._reply is None:
+                self._reply = tok
+            else:  # the answer to a fault that timed out: give it back
+                self.counters["stray_grants"] += 1
+                self.counters["frees"] += 1
+                self._tx.append(self._free_frame(tok, NO_REQUEST))
+        elif kind == _BUSY:
+            if tok.hop == CONTROL_HOP:  # sync marker: echo after the receipts above
+                self.counters["echoes"] += 1
+                self._tx.append(
+                    Token(_BUSY, CONTROL_HOP, NO_SLAB, self.instance, 0, 0, 0, tok.request).pack()
+                )
+            elif self._awaiting == tok.request and self._reply is None:
+                self._reply = tok
+        elif kind == _ERROR:
+            if self._awaiting == tok.request and self._reply is None and tok.slab == NO_SLAB:
+                self._reply = tok
+                return
+            self.counters["errors"] += 1
+            if tok.slab != NO_SLAB:  # drop a queued input the manager disowned
+                self._inputs = collections.deque(
+                    t for t in self._inputs if (t.slab, t.slot) != (tok.slab, tok.slot)
+                )
+            self._notices.append(tok)
+        else:
+            self.counters["unexpected"] += 1
