@@ -80,7 +80,7 @@ BUSY_WINDOW_S = 5.0
 #: ... and at least this long (shorter: not measured yet), s
 BUSY_MIN_S = 1.0
 
-#: Instances per unit the control path routes to (``ebpf.MAX_PER_STAGE``).
+#: Instances per unit the control path routes to (``ebpf.MAX_PER_HOP``).
 MAX_PER_UNIT = 16
 
 

@@ -80,7 +80,7 @@ __all__ = [
     "simulate",
 ]
 
-#: Instances per unit the control path routes to (``ebpf.MAX_PER_STAGE``).
+#: Instances per unit the control path routes to (``ebpf.MAX_PER_HOP``).
 MAX_PER_UNIT = 16
 #: Latency samples the monitor keeps per window (``stats.LatencyWindow`` size).
 _WINDOW_SAMPLES = 2048
