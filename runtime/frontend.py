@@ -77,6 +77,7 @@ from infscaler.runtime.pipeline import (
     error_status,
     load_function,
 )
+from infscaler.runtime.states import REQUEST_TRANSITIONS, RequestPhase, advance
 from infscaler.runtime.stats import PipelineStats
 from infscaler.runtime.supervisor import FRONTEND_INSTANCE
 
@@ -89,7 +90,7 @@ _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
 _MAX_CORRECTION = 4.0
 #: weight of a new measurement in the service-time averages (EWMA)
 _EWMA = 0.2
-_IN_PIPELINE = ("running", "items", "post")
+_IN_PIPELINE = (RequestPhase.RUNNING, RequestPhase.ITEMS, RequestPhase.POST)
 
 
 class RequestError(InfScalerError):
@@ -260,7 +261,7 @@ class _Pending:
     future: concurrent.futures.Future
     deadline: float
     t_submit_ns: int
-    phase: str = "queued"  # queued, running, items, post, done
+    phase: RequestPhase = RequestPhase.QUEUED
     count: int | None = None
     items: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     carry: dict[str, np.ndarray] | None = None
@@ -268,6 +269,15 @@ class _Pending:
     busy_since: float | None = None
     waits: set[str] = field(default_factory=set)
     estimate_ms: float | None = None  # what the SLO admission expected (ms)
+
+    def move(self, to: RequestPhase) -> None:
+        """Change :attr:`phase` to ``to`` (checked against the one table:
+        :func:`~infscaler.runtime.states.advance`).
+
+        Raises:
+            IllegalTransition: the table does not allow it (a bug; HTTP 500).
+        """
+        self.phase = advance(REQUEST_TRANSITIONS, self.phase, to, f"request {self.seq}")
 
 
 class FrontEnd:
@@ -621,7 +631,7 @@ class FrontEnd:
         now = time.monotonic()
         while self._backlog:
             p = self._backlog.popleft()
-            if p.phase == "done":
+            if p.phase is RequestPhase.DONE:
                 continue
             if p.deadline <= now:  # never started: dropped here, nothing was computed
                 self._expire_request(p, "expired_queued")
@@ -655,7 +665,7 @@ class FrontEnd:
                 self._complete_error(p, RequestError(f"cannot start the request: {exc}", 500))
                 continue
             p.inputs = None
-            p.phase = "running"
+            p.move(RequestPhase.RUNNING)
             running[id(route)] += 1
         self._backlog = waiting
 
@@ -715,7 +725,7 @@ class FrontEnd:
         seq, item = tok.request >> ITEM_BITS, tok.request & ITEM_MASK
         with self._lock:
             p = self._pending.get(seq)
-        if p is None or p.phase == "done":
+        if p is None or p.phase is RequestPhase.DONE:
             self.counters["stale_results"] += 1
             log.debug(
                 "stale token request %d (seq %d item %d): %s",
@@ -733,10 +743,10 @@ class FrontEnd:
             self._complete_error(p, RequestError(message, status))
             return
         fi = route.pipeline.fan_in_index
-        if fi is not None and p.phase in ("running", "items"):
+        if fi is not None and p.phase in (RequestPhase.RUNNING, RequestPhase.ITEMS):
             self._on_item(p, item, tensors, fi)
             return
-        if p.phase not in ("running", "post"):
+        if p.phase not in (RequestPhase.RUNNING, RequestPhase.POST):
             self.counters["stale_results"] += 1
             return
         if TRACE in tensors:
@@ -752,7 +762,8 @@ class FrontEnd:
             self._complete_error(p, RequestError("a fan-out item lost its __fanout__ tag", 500))
             return
         index, count = int(fan[0]), int(fan[1])
-        p.phase = "items"
+        if p.phase is not RequestPhase.ITEMS:  # the first item back
+            p.move(RequestPhase.ITEMS)
         if p.carry is None:
             p.carry = {k: np.array(tensors[k]) for k in unit.carry if k in tensors}
         if count > 0:
@@ -793,7 +804,7 @@ class FrontEnd:
             self._complete(p, {n: out[n] for n in route.pipeline.output_names})
             return
         out[TRACE] = trace
-        p.phase = "post"
+        p.move(RequestPhase.POST)
         try:
             self._hand_over(out, route.stage_ids[nxt], p.seq << ITEM_BITS)
         except Exception as exc:  # noqa: BLE001 - includes back-pressure past the wait
@@ -819,7 +830,7 @@ class FrontEnd:
         waited = p.deadline - p.t_submit_ns / 1e9
         why = (
             "the tensor pool stayed at its memory cap"
-            if p.phase == "queued" and p.busy_since is not None
+            if p.phase is RequestPhase.QUEUED and p.busy_since is not None
             else f"no result within its timeout ({waited:.3g} s)"
         )
         return f"request timed out: {why}"
@@ -829,7 +840,7 @@ class FrontEnd:
             if self._pending.pop(p.seq, None) is None:
                 return
             p.route.admitted -= 1
-        p.phase = "done"
+        p.move(RequestPhase.DONE)
         if self.deadlines is not None:
             self.deadlines.cancel(p.seq)
         latency_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
@@ -847,7 +858,7 @@ class FrontEnd:
             if self._pending.pop(p.seq, None) is None:
                 return
             p.route.admitted -= 1
-        p.phase = "done"
+        p.move(RequestPhase.DONE)
         if self.deadlines is not None:  # drop what is left of it in every queue
             self.deadlines.cancel(p.seq)
         p.inputs = None

@@ -60,6 +60,7 @@ from typing import Any
 from infscaler.errors import InfScalerError
 from infscaler.procutil import module_command
 from infscaler.runtime.pipeline import Unit
+from infscaler.runtime.states import INSTANCE_TRANSITIONS, InstanceState, advance
 from infscaler.runtime.zygote import ForkServer, ZygoteUnavailable, enabled_by_env
 
 log = logging.getLogger("infscaler.supervisor")
@@ -158,7 +159,9 @@ class InstanceHandle:
         key: ``(pipeline, unit index)`` it serves. unit: the unit.
         stage_id / next_stage: its channel stage and where it hands over.
         cores: CPU cores it is pinned to.
-        state: ``starting``, ``ready``, ``stopping``, ``exited``, ``failed``.
+        state: an :class:`~infscaler.runtime.states.InstanceState` (``starting``,
+            ``ready``, ``stopping``, ``exited``, ``failed``); changed only by
+            :meth:`move`.
         info: the ``ready`` report (engine, memory, load ms). stats: the last ``stats``.
         restarts: how many instances of this slot were restarted before this one.
         streak: consecutive crashes of this slot before this instance (backoff).
@@ -174,7 +177,7 @@ class InstanceHandle:
     proc: Any  # subprocess.Popen, or zygote.ForkedProcess (the same methods)
     status_fd: int
     pidfd: int
-    state: str = "starting"
+    state: InstanceState = InstanceState.STARTING
     info: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
@@ -186,6 +189,17 @@ class InstanceHandle:
     cmd_fd: int | None = None
     _buf: bytes = b""
     _ready: threading.Event = field(default_factory=threading.Event)
+
+    def move(self, to: InstanceState) -> None:
+        """Change :attr:`state` to ``to`` (checked against the one table:
+        :func:`~infscaler.runtime.states.advance`; the caller holds the supervisor's lock).
+
+        Raises:
+            IllegalTransition: the table does not allow it (a bug).
+        """
+        self.state = advance(
+            INSTANCE_TRANSITIONS, self.state, to, f"instance {self.iid} of {self.unit.name}"
+        )
 
     @property
     def load_s(self) -> float:
@@ -447,7 +461,7 @@ class Supervisor:
                 raise InstanceStartError(
                     f"instance {h.iid} of {h.unit.name} was not ready within {timeout:.0f} s"
                 )
-            if h.state != "ready":
+            if h.state is not InstanceState.READY:
                 raise InstanceStartError(
                     f"instance of {h.unit.name} failed to start: {h.error or 'exited'}",
                     hint="check the model / engine of this stage (`infscaler inspect`)",
@@ -458,9 +472,10 @@ class Supervisor:
         """Stop an instance gracefully (SIGUSR1: after its current request), SIGKILL
         after ``timeout`` s, then deregister it (its queued inputs are re-routed)."""
         with self._lock:
-            if h.state in ("exited", "failed"):
+            if h.state in (InstanceState.EXITED, InstanceState.FAILED):
                 return
-            h.state = "stopping"
+            if h.state is not InstanceState.STOPPING:
+                h.move(InstanceState.STOPPING)
         with contextlib.suppress(ProcessLookupError):
             h.proc.send_signal(signal.SIGUSR1)
         try:
@@ -476,8 +491,8 @@ class Supervisor:
         with self._lock:
             todo = list(self._handles.values()) if handles is None else list(handles)
             for h in todo:
-                if h.state not in ("exited", "failed"):
-                    h.state = "stopping"
+                if h.state in (InstanceState.STARTING, InstanceState.READY):
+                    h.move(InstanceState.STOPPING)
         for h in todo:
             with contextlib.suppress(ProcessLookupError):
                 h.proc.send_signal(signal.SIGUSR1)
@@ -536,7 +551,7 @@ class Supervisor:
         now = time.monotonic()
         with self._lock:
             mine = [h for h in self._handles.values() if h.key == key and h.stage_id == stage_id]
-            if any(h.state == "ready" for h in mine):
+            if any(h.state is InstanceState.READY for h in mine):
                 return 0.0
             etas = [
                 max(0.0, p.due - now) + p.load_s
@@ -544,7 +559,7 @@ class Supervisor:
                 if p.key == key and p.stage_id == stage_id
             ]
             for h in mine:
-                if h.state == "starting":
+                if h.state is InstanceState.STARTING:
                     etas.append(max(0.1, h.load_s - (now - h.started)))
         return min(etas) if etas else None
 
@@ -562,15 +577,20 @@ class Supervisor:
                 continue
             for key, _ in events:
                 what, h = key.data
-                if what == "wake":
-                    with contextlib.suppress(BlockingIOError, OSError):
-                        while os.read(self._wake_r, 4096):
-                            pass
-                elif what == "status":
-                    self._read_status(h)
-                elif what == "exit":
-                    self._read_status(h)
-                    self._on_exit(h)
+                try:
+                    if what == "wake":
+                        with contextlib.suppress(BlockingIOError, OSError):
+                            while os.read(self._wake_r, 4096):
+                                pass
+                    elif what == "status":
+                        self._read_status(h)
+                    elif what == "exit":
+                        self._read_status(h)
+                        self._on_exit(h)
+                except Exception:  # noqa: BLE001 - e.g. IllegalTransition: the watcher goes on
+                    log.exception(
+                        "supervisor: handling %s of instance %s failed", what, h and h.iid
+                    )
 
     def _read_status(self, h: InstanceHandle) -> None:
         while True:
@@ -598,9 +618,12 @@ class Supervisor:
         if ev == "ready":
             h.info = msg
             h.stats = {k: msg[k] for k in ("rss_mb", "uss_mb", "pss_mb") if k in msg}
-            if h.state == "starting":
-                h.state = "ready"
-                h.ready_at = time.monotonic()
+            with self._lock:  # stop() may be moving it to stopping meanwhile
+                became_ready = h.state is InstanceState.STARTING
+                if became_ready:
+                    h.move(InstanceState.READY)
+                    h.ready_at = time.monotonic()
+            if became_ready:
                 try:
                     self.manager.set_live(h.iid)
                 except Exception:  # noqa: BLE001 - a closing channel: nothing to route
@@ -622,10 +645,11 @@ class Supervisor:
             with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
                 h.proc.wait(1.0)
             h.exit_code = h.proc.returncode
-        if h.state in ("stopping", "exited"):
-            return  # asked to stop: stop() deregisters it (and may already have)
-        was_ready = h.state == "ready"
-        h.state = "failed" if not was_ready else "exited"
+        with self._lock:  # stop() may be moving it to stopping meanwhile
+            if h.state in (InstanceState.STOPPING, InstanceState.EXITED):
+                return  # asked to stop: stop() deregisters it (and may already have)
+            was_ready = h.state is InstanceState.READY
+            h.move(InstanceState.EXITED if was_ready else InstanceState.FAILED)
         if not h._ready.is_set():
             h.error = h.error or f"exited with status {h.exit_code} while starting"
             h._ready.set()
@@ -671,9 +695,10 @@ class Supervisor:
     def _exited(self, h: InstanceHandle) -> None:
         """Deregister a stopped instance (clean exit or killed by stop())."""
         with self._lock:
-            if h.state == "exited" and h.iid not in self._handles:
+            if h.state is InstanceState.EXITED and h.iid not in self._handles:
                 return
-            h.state = "exited"
+            if h.state is not InstanceState.EXITED:
+                h.move(InstanceState.EXITED)
             self._handles.pop(h.iid, None)
         self._release_fds(h)
         with contextlib.suppress(Exception):
@@ -683,7 +708,7 @@ class Supervisor:
     def command(self, h: InstanceHandle, msg: dict[str, Any]) -> bool:
         """Send ``msg`` (one JSON line) to instance ``h``'s command pipe (e.g.
         ``{"cmd": "batch", "size": 4, "delay_ms": 2}``). False if it cannot take it now."""
-        if h.cmd_fd is None or h.state not in ("starting", "ready"):
+        if h.cmd_fd is None or h.state not in (InstanceState.STARTING, InstanceState.READY):
             return False
         try:
             os.write(h.cmd_fd, (json.dumps(msg) + "\n").encode())
@@ -785,7 +810,8 @@ class Supervisor:
         """Bound how long requests held for ``p``'s stage wait (module docstring)."""
         with self._lock:
             others = any(
-                h.stage_id == p.stage_id and h.state == "ready" for h in self._handles.values()
+                h.stage_id == p.stage_id and h.state is InstanceState.READY
+                for h in self._handles.values()
             )
         if others:
             return
