@@ -33,12 +33,20 @@ delivering held DATA: a dead request is dropped at every queue, never computed, 
 slots go back through the normal ``done`` / FREE path at once (the 1 ms-timeout flood
 that kept ~290 slots busy computing expired requests).
 
-Admission: with an SLO (``pipeline.config.slo_ms``) :meth:`FrontEnd.submit` refuses a
-request that :func:`~infscaler.runtime.admission.admit_latency` says cannot finish in
-time, from the requests of its pipeline ahead of it and the measured per-unit compute
-time and instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the
-service time is known, a request whose estimate passes its own timeout is refused the
-same way (it would only expire in the queue).
+Admission: :meth:`FrontEnd.submit` copies what it knows into an
+:class:`~infscaler.runtime.admission.ArrivalSnapshot` under its lock and asks the pure
+:func:`~infscaler.runtime.admission.admit_request`; a refusal is raised as a
+:class:`RequestError` with the decision's status, reason and ``retry_after_s``. With an
+SLO (``pipeline.config.slo_ms``) it refuses a request that cannot finish in time, from
+the requests of its pipeline ahead of it and the measured per-unit compute time and
+instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the service time
+is known, a request whose estimate passes its own timeout is refused the same way (it
+would only expire in the queue).
+
+Request phases (:class:`~infscaler.runtime.states.RequestPhase`): ``queued`` (in the
+backlog) -> ``running`` (in the token pipeline) -> ``items`` (fan-out items coming back)
+-> ``post`` (after the fan-in) -> ``done``; every change goes through
+:meth:`_Pending.move`, checked against the one table in :mod:`infscaler.runtime.states`.
 
 A front end that dies (any exception escaping its loop, or errors on every turn) does
 not die silently: :attr:`FrontEnd.failure` says why, every request in flight fails at
@@ -62,12 +70,12 @@ import select
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from infscaler.errors import InfScalerError
-from infscaler.runtime.admission import admit_latency
+from infscaler.runtime.admission import ArrivalDecision, ArrivalSnapshot, Refusal, admit_request
 from infscaler.runtime.instance import ITEM_BITS, ITEM_MASK, StageError, check_outputs
 from infscaler.runtime.pipeline import (
     ERROR,
@@ -90,6 +98,16 @@ _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
 _MAX_CORRECTION = 4.0
 #: weight of a new measurement in the service-time averages (EWMA)
 _EWMA = 0.2
+#: refusals that count in the pipeline's offered load (its ``rejected`` statistics)
+_COUNTED_REFUSALS = frozenset(
+    {Refusal.UNAVAILABLE, Refusal.OVERLOADED, Refusal.SHED, Refusal.SLO, Refusal.DEADLINE}
+)
+#: the front end's counter of each refusal that has one
+_REFUSAL_COUNTERS = {
+    Refusal.SHED: "shed",
+    Refusal.SLO: "slo_refused",
+    Refusal.DEADLINE: "deadline_refused",
+}
 _IN_PIPELINE = (RequestPhase.RUNNING, RequestPhase.ITEMS, RequestPhase.POST)
 
 
@@ -374,72 +392,40 @@ class FrontEnd:
                 flight, the pipeline sheds load, or (with an SLO) the request could not
                 finish within it (``retry_after_s`` set).
         """
-        if timeout_s is not None and not (
-            isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
-        ):
-            raise RequestError(
-                f"timeout must be a positive finite number of seconds, got {timeout_s!r}", 400
-            )
-        if self.failure is not None:
-            raise RequestError(f"the front end failed: {self.failure}")
-        if self._closing or not route.accepting:
-            raise RequestError(f"pipeline {route.pipeline.name} is not accepting requests now")
-        if route.unavailable_reason is not None:
-            route.stats.record_rejection()
-            raise RequestError(route.unavailable_reason, 503, retry_after_s=route.retry_after_s)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
-            if len(self._pending) >= self.max_pending:
-                route.stats.record_rejection()
-                raise RequestError(
-                    f"{len(self._pending)} requests are in flight (max_pending = "
-                    f"{self.max_pending}): try again later",
-                    hint="the service is overloaded; slow down or add instances",
-                )
-            limit = route.queue_limit
-            if limit is not None:
-                mine = sum(1 for q in self._pending.values() if q.route is route)
-                if mine >= limit:
-                    route.stats.record_rejection()
-                    self.counters["shed"] += 1
-                    raise RequestError(
-                        f"pipeline {route.pipeline.name} sheds load: {mine} requests queued "
-                        f"(limit {limit}); {route.shed_reason}",
-                        hint="the device is at its resource cap; retry later or slow down",
-                    )
-            timeout_s = route.pipeline.config.request_timeout_s if timeout_s is None else timeout_s
             now = time.monotonic()
             arrived = now if arrived_s is None else min(float(arrived_s), now)
-            spent_ms = (now - arrived) * 1e3  # reading and decoding it took this much
-            slo_ms = route.pipeline.config.slo_ms
             service_ms, interval_ms = route.estimates()
-            # the latency bound: the SLO; once the service time is known, also the
-            # request's own deadline: one admitted to a FIFO queue it cannot cross in
-            # time would be computed in part, then dropped (with a looser bound the
-            # queue settles past the timeout and nearly everything expires)
-            bound_ms, what = slo_ms, "SLO"
-            if service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
-                bound_ms, what = timeout_s * 1e3, "request's timeout"
-            estimate = None
-            if bound_ms is not None:
-                left_ms = max(1e-3, bound_ms - spent_ms)
-                verdict = admit_latency(route.admitted, service_ms, interval_ms, left_ms, what)
-                estimate = verdict.estimate_ms
-                if not verdict.admit:
-                    route.stats.record_rejection(slo=what == "SLO")
-                    self.counters["slo_refused" if what == "SLO" else "deadline_refused"] += 1
-                    raise RequestError(
-                        f"pipeline {route.pipeline.name} refuses the request at arrival: "
-                        f"{verdict.reason}",
-                        hint="the pipeline is at its capacity for this latency; retry after "
-                        "Retry-After seconds, slow down, allow more time, or add instances",
-                        retry_after_s=verdict.retry_after_s,
-                    )
+            config = route.pipeline.config
+            decision = admit_request(
+                ArrivalSnapshot(
+                    pipeline=route.pipeline.name,
+                    timeout_s=timeout_s,
+                    default_timeout_s=config.request_timeout_s,
+                    spent_ms=(now - arrived) * 1e3,  # reading and decoding it took this much
+                    failure=self.failure,
+                    accepting=route.accepting and not self._closing,
+                    unavailable_reason=route.unavailable_reason,
+                    unavailable_retry_s=route.retry_after_s,
+                    pending=len(self._pending),
+                    max_pending=self.max_pending,
+                    ahead=route.admitted,
+                    queue_limit=route.queue_limit,
+                    shed_reason=route.shed_reason,
+                    slo_ms=config.slo_ms,
+                    service_ms=service_ms,
+                    interval_ms=interval_ms,
+                )
+            )
+            if not decision.admit:
+                self._refused(route, decision)
+            assert decision.timeout_s is not None
             seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
-            deadline = arrived + timeout_s
+            deadline = arrived + decision.timeout_s
             p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns())
             if route.measured:
-                p.estimate_ms = estimate
+                p.estimate_ms = decision.estimate_ms
             self._pending[seq] = p
             route.admitted += 1
             if self.deadlines is not None:
@@ -450,6 +436,25 @@ class FrontEnd:
         if self.failure is not None:  # it died meanwhile: nothing will serve this one
             self._complete_error(p, RequestError(f"the front end failed: {self.failure}"))
         return fut
+
+    def _refused(self, route: Route, decision: ArrivalDecision) -> NoReturn:
+        """Count a refusal of :func:`~infscaler.runtime.admission.admit_request` and raise it.
+
+        Raises:
+            RequestError: always, with the decision's status, reason, hint and
+                ``retry_after_s``.
+        """
+        if decision.refusal in _COUNTED_REFUSALS:
+            route.stats.record_rejection(slo=decision.refusal is Refusal.SLO)
+        counter = _REFUSAL_COUNTERS.get(decision.refusal)  # type: ignore[arg-type]
+        if counter is not None:
+            self.counters[counter] += 1
+        raise RequestError(
+            decision.reason,
+            decision.status,
+            decision.hint,
+            retry_after_s=decision.retry_after_s,
+        )
 
     def _on_future_done(self, fut: concurrent.futures.Future, seq: int) -> None:
         if fut.cancelled():  # the caller gave up (client disconnect): drop the request
