@@ -74,6 +74,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from infscaler.ebpf.channel import Endpoint
+from infscaler.ebpf.errors import ChannelClosed
 from infscaler.errors import InfScalerError
 from infscaler.runtime.admission import ArrivalDecision, ArrivalSnapshot, Refusal, admit_request
 from infscaler.runtime.instance import ITEM_BITS, ITEM_MASK, StageError, check_outputs
@@ -88,6 +90,10 @@ from infscaler.runtime.pipeline import (
 from infscaler.runtime.states import REQUEST_TRANSITIONS, RequestPhase, advance
 from infscaler.runtime.stats import PipelineStats
 from infscaler.runtime.supervisor import FRONTEND_INSTANCE
+from infscaler.shm.deadlines import DeadlineTable
+from infscaler.shm.manager import BackPressureError, InstanceClient, RequestFailed
+from infscaler.shm.pool import PoolError, SlabMap
+from infscaler.shm.tensors import SlotFormatError, tensors_nbytes
 
 log = logging.getLogger("infscaler.frontend")
 
@@ -326,10 +332,6 @@ class FrontEnd:
         admit_fraction: float = 0.5,
         on_death: Any = None,
     ) -> None:
-        from infscaler.ebpf.channel import Endpoint
-        from infscaler.shm.manager import InstanceClient
-        from infscaler.shm.pool import SlabMap
-
         self.manager = manager
         self.max_pending = max_pending
         self.pool = pool
@@ -356,8 +358,6 @@ class FrontEnd:
         self._errors: collections.deque[float] = collections.deque(maxlen=_MAX_ERRORS)
         self.deadlines: Any = None
         try:
-            from infscaler.shm.deadlines import DeadlineTable
-
             self.deadlines = DeadlineTable(service_id, create=True)
         except OSError as exc:  # instances then compute every request (the old behaviour)
             log.warning("no deadline table (expired requests are computed): %s", exc)
@@ -550,8 +550,6 @@ class FrontEnd:
 
     def _run(self) -> str | None:
         """The loop; returns None on close, else why it ended."""
-        from infscaler.ebpf.errors import ChannelClosed
-
         poller = select.poll()
         poller.register(self._endpoint.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
@@ -622,9 +620,6 @@ class FrontEnd:
         (``Route.max_inflight`` requests in the pipeline at once) and the pool is below
         the admission threshold. A request that must wait keeps its place; requests of
         other pipelines behind it may start."""
-        from infscaler.shm.manager import BackPressureError
-        from infscaler.shm.tensors import tensors_nbytes
-
         if not self._backlog:
             return
         with self._lock:
@@ -684,10 +679,6 @@ class FrontEnd:
 
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:
-        from infscaler.shm.manager import RequestFailed
-        from infscaler.shm.pool import PoolError
-        from infscaler.shm.tensors import SlotFormatError
-
         self.client.poll(0)
         while True:
             try:

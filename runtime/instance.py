@@ -56,7 +56,15 @@ from typing import Any
 
 import numpy as np
 
+from infscaler.ebpf.channel import Endpoint
+from infscaler.ebpf.errors import ChannelClosed
+from infscaler.runtime.engines import create_engine
+from infscaler.runtime.engines.base import pin_process
 from infscaler.runtime.pipeline import ERROR, FANOUT, TRACE, Unit, encode_error, load_function
+from infscaler.shm.deadlines import DeadlineTable
+from infscaler.shm.manager import InstanceClient, RequestFailed
+from infscaler.shm.pool import PoolError, SlabMap
+from infscaler.shm.tensors import SlotFormatError
 
 log = logging.getLogger("infscaler.instance")
 
@@ -85,8 +93,6 @@ class ModelRunner:
     """Runs a model unit on its engine (:mod:`infscaler.runtime.engines`)."""
 
     def __init__(self, unit: Unit, cores: list[int] | None) -> None:
-        from infscaler.runtime.engines import create_engine
-
         self.unit = unit
         # the cores this process may use before the engine pins it (thread probes)
         self._allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -120,9 +126,6 @@ class ModelRunner:
         shapes are unknown (no feeds to time). A count whose probe fails is left out
         (logged): no figure is invented for it. Costs one more session's memory while
         a probe runs, at load only."""
-        from infscaler.runtime.engines import create_engine
-        from infscaler.runtime.engines.base import pin_process
-
         u = self.unit
         feeds = getattr(self, "_feeds", None)
         if u.engine != "cpu" or not u.max_threads or u.max_threads <= 1 or feeds is None:
@@ -436,10 +439,6 @@ class Instance:
     """
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        from infscaler.ebpf.channel import Endpoint
-        from infscaler.shm.manager import InstanceClient
-        from infscaler.shm.pool import SlabMap
-
         self.spec = spec
         self.unit = Unit(**spec["unit"])
         self.iid = int(spec["instance"])
@@ -455,8 +454,6 @@ class Instance:
             self.stage_id,
             max_out_tokens=int(spec.get("max_out_tokens", 2)),
         )
-        from infscaler.shm.deadlines import DeadlineTable
-
         self.deadlines = DeadlineTable(spec["service_id"])
         self.dropped = 0
         cores = spec.get("cores") or None
@@ -489,8 +486,6 @@ class Instance:
             self.status.write(json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n")
 
     def run(self) -> int:
-        from infscaler.ebpf.errors import ChannelClosed
-
         t0 = time.perf_counter()
         try:
             describe = self.runner.load()
@@ -589,10 +584,6 @@ class Instance:
             TimeoutError: nothing arrived.
             ChannelClosed: removed from the channel (the service is stopping).
         """
-        from infscaler.shm.manager import RequestFailed
-        from infscaler.shm.pool import PoolError
-        from infscaler.shm.tensors import SlotFormatError
-
         try:
             tok, tensors = self.client.recv_input(timeout)
         except RequestFailed:
@@ -634,10 +625,6 @@ class Instance:
 
     def _gather(self, n: int, delay_s: float) -> list[tuple[Any, dict[str, np.ndarray]]]:
         """Up to ``n`` more inputs arriving within ``delay_s`` s (dynamic batching)."""
-        from infscaler.shm.manager import RequestFailed
-        from infscaler.shm.pool import PoolError
-        from infscaler.shm.tensors import SlotFormatError
-
         more: list[tuple[Any, dict[str, np.ndarray]]] = []
         deadline = time.monotonic() + delay_s
         while len(more) < n:
@@ -856,7 +843,8 @@ def serve(spec: dict[str, Any]) -> int:
 
 
 if __name__ == "__main__":
-    # run the importable module's main, so that StageError / StageInputError raised by
+    # why function-level: run as __main__, this file is a second copy of the module; run
+    # the importable module's main, so that StageError / StageInputError raised by
     # function stages (imported from infscaler.runtime.instance) are this code's classes
     from infscaler.runtime import instance as _module
 
