@@ -31,6 +31,12 @@ from infscaler.errors import InfScalerError
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
 from infscaler.runtime.stats import PipelineStats
 
+__all__ = [
+    "Deployment",
+    "Service",
+    "ServiceError",
+]
+
 log = logging.getLogger("infscaler.service")
 
 _FIRST_STAGE = 1

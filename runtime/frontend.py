@@ -95,6 +95,13 @@ from infscaler.shm.manager import BackPressureError, InstanceClient, RequestFail
 from infscaler.shm.pool import PoolError, SlabMap
 from infscaler.shm.tensors import SlotFormatError, tensors_nbytes
 
+__all__ = [
+    "FrontEnd",
+    "RequestError",
+    "Result",
+    "Route",
+]
+
 log = logging.getLogger("infscaler.frontend")
 
 _EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
