@@ -5,7 +5,7 @@ An inference request (``POST /v2/models/{name}/infer``, :func:`infer`): the body
 once into a buffer of its ``Content-Length`` (:func:`read_body`), decoded against the
 pipeline's inputs (:func:`infscaler.protocol.decode_infer_request`: JSON, binary tensor
 data or system shared memory), submitted to the service (a future of the front end's
-:class:`~infscaler.runtime.frontend.Result`), and the result encoded
+:class:`~infscaler.runtime.route.Result`), and the result encoded
 (:func:`infscaler.protocol.encode_infer_response`). A name that is a registered
 model-less task and not a deployed pipeline goes to the task router instead
 (:func:`_infer_task`: the selector picks the variant).

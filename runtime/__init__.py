@@ -64,13 +64,16 @@ The modules
 -----------
 
 - Request path: :mod:`.frontend` (stage 0: requests in and out of the token pipeline),
+  :mod:`.route` (a deployed pipeline as routed, its service-time estimates; a result),
   :mod:`.admission` (what is accepted at arrival; pure), :mod:`.states` (request phases
   and instance states, one transition table each), :mod:`.instance` (one process per
-  unit instance), :mod:`.pipeline` (a configuration compiled into units),
+  unit instance: the serving loop), :mod:`.runners` (what it runs: a model, a function,
+  a fused chain), :mod:`.pipeline` (a configuration compiled into units),
   :mod:`.engines` (CPU / GPU / DLA behind one interface), :mod:`.batching` (dynamic
   batching; pure).
 - Processes: :mod:`.supervisor` (start, watch, restart, stop instances),
-  :mod:`.zygote` (the fork server instances start from).
+  :mod:`.handles` (what it knows of each instance and pending restart), :mod:`.zygote`
+  (the fork server instances start from).
 - Scaling: :mod:`.monitor` (SLO metrics) -> :mod:`.scaler` (the pure decision) ->
   :mod:`.autoscaler` (the loop applying it); :mod:`.stats` (latency windows),
   :mod:`.telemetry` (host CPU, memory, Jetson sensors).

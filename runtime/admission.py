@@ -192,7 +192,7 @@ class ArrivalSnapshot:
         queue_limit: the scaler's bound on ``ahead`` (None: none), with ``shed_reason``.
         slo_ms: the pipeline's SLO, ms (None: none).
         service_ms / interval_ms: measured end-to-end compute ms of one request and the
-            bottleneck interval ms (:meth:`~infscaler.runtime.frontend.Route.estimates`;
+            bottleneck interval ms (:meth:`~infscaler.runtime.route.Route.estimates`;
             None before a measurement).
     """
 

@@ -2,8 +2,8 @@
 instance's state in the supervisor, each an enum with one transition table, checked in
 one place (:func:`advance`).
 
-Every change of :attr:`~infscaler.runtime.frontend.Pending.phase` and of
-:attr:`~infscaler.runtime.supervisor.InstanceHandle.state` goes through
+Every change of a request's phase (``runtime/frontend.py``: ``_Pending.phase``) and of
+:attr:`~infscaler.runtime.handles.InstanceHandle.state` goes through
 :func:`advance` (the ``move`` method of each); a change the table does not allow raises
 :class:`IllegalTransition`, an internal error (HTTP 500) naming the thing, both states
 and what was allowed, instead of silently putting a request or an instance in a state

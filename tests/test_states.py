@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from infscaler.runtime.frontend import _Pending
+from infscaler.runtime.handles import InstanceHandle
 from infscaler.runtime.states import (
     INSTANCE_TRANSITIONS,
     REQUEST_TRANSITIONS,
@@ -20,7 +21,6 @@ from infscaler.runtime.states import (
     RequestPhase,
     advance,
 )
-from infscaler.runtime.supervisor import InstanceHandle
 
 P, S = RequestPhase, InstanceState
 RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
@@ -148,7 +148,9 @@ def test_pending_and_handle_move_through_the_table() -> None:
         h.move(S.FAILED)
 
 
-@pytest.mark.parametrize("name, attr", [("frontend.py", "phase"), ("supervisor.py", "state")])
+@pytest.mark.parametrize(
+    "name, attr", [("frontend.py", "phase"), ("supervisor.py", "state"), ("handles.py", "state")]
+)
 def test_states_change_only_in_move(name: str, attr: str) -> None:
     """No ``x.phase = ...`` / ``x.state = ...`` outside the ``move`` method."""
     tree = ast.parse((RUNTIME / name).read_text())
