@@ -8,7 +8,8 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+#: the repository root (found upwards, so the test may live in tests/ or tests/unit/)
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 MAP = ROOT / "runtime" / "__init__.py"
 ANCHOR = re.compile(r"``([\w/]+\.py):([\w.]+)``")
 

@@ -23,7 +23,9 @@ from infscaler.runtime.states import (
 )
 
 P, S = RequestPhase, InstanceState
-RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
+#: the repository root (found upwards, so the test may live in tests/ or tests/unit/)
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+RUNTIME = ROOT / "runtime"
 
 
 def walk(table, states, what="x"):
