@@ -124,7 +124,7 @@ class InstanceHandle:
         return {
             "instance": self.iid,
             "pid": self.pid,
-            "state": self.state,
+            "state": self.state.value,  # a plain str in the status JSON
             "engine": self.unit.engine,
             "cores": self.cores,
             "threads": self.unit.threads,
