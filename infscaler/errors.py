@@ -7,6 +7,16 @@ prints the message (no traceback) and exits with :attr:`InfScalerError.exit_code
 
 from __future__ import annotations
 
+__all__ = [
+    "ConfigError",
+    "InfScalerError",
+    "ModelLoadError",
+    "ModelNotInstalledError",
+    "PartitionError",
+    "ShapeError",
+    "VerificationError",
+]
+
 
 class InfScalerError(Exception):
     """Base class of user-facing errors.

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from infscaler.errors import ModelLoadError, ModelNotInstalledError
 
+__all__ = ["MODELS", "BundledModel", "cache_dir", "resolve_model"]
+
 
 @dataclass(frozen=True)
 class BundledModel:

@@ -31,6 +31,12 @@ from infscaler.errors import InfScalerError
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
 from infscaler.runtime.stats import PipelineStats
 
+__all__ = [
+    "Deployment",
+    "Service",
+    "ServiceError",
+]
+
 log = logging.getLogger("infscaler.service")
 
 _FIRST_STAGE = 1
@@ -441,7 +447,7 @@ class Service:
             ConfigError / InfScalerError: compile or partitioning failed.
             InstanceStartError: an instance failed to start (message names the unit).
         """
-        from infscaler.runtime.frontend import Route
+        from infscaler.runtime.route import Route
 
         if not self._started or self._stopping:
             raise ServiceError("the service is not running", 503)
@@ -773,7 +779,7 @@ class Service:
         timeout_s: float | None = None,
         arrived_s: float | None = None,
     ) -> concurrent.futures.Future:
-        """Start a request; a future of :class:`~infscaler.runtime.frontend.Result`.
+        """Start a request; a future of :class:`~infscaler.runtime.route.Result`.
         ``timeout_s`` / ``arrived_s``: as :meth:`FrontEnd.submit` (the deadline, seconds,
         counted from ``arrived_s``, a ``time.monotonic()`` time; default now).
 

@@ -45,11 +45,11 @@ from infscaler.errors import InfScalerError
 from infscaler.protocol import (
     DATATYPES,
     ProtocolError,
-    _parse_bytes,
     datatype_of,
     tensor_from_bytes,
     tensor_to_bytes,
 )
+from infscaler.protocol_tensors import parse_bytes as _parse_bytes
 from infscaler.security import Peer, is_privileged, may_read_write
 
 try:

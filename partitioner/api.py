@@ -61,6 +61,8 @@ from infscaler.runtime.engines import available
 Measure = Literal["flops", "time"]
 Progress = Callable[[str], None]
 
+__all__ = ["inspect_model", "partition_model"]
+
 _MB = 1e6
 
 

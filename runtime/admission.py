@@ -25,12 +25,24 @@ Two bounds, applied where each can be known:
 
 Refusals carry ``retry_after_s``: when the queue will have drained enough (latency) or
 a fixed short back-off (bytes, where nothing says how long the holders take).
+
+The front end's whole decision at a request's arrival is :func:`admit_request`: a pure
+function of an :class:`ArrivalSnapshot` (plain numbers the front end copies under its
+lock) to an :class:`ArrivalDecision` (admit, or refuse with the HTTP status, the reason,
+a hint and ``retry_after_s``), in this order: a bad timeout (400), a dead front end, a
+pipeline not accepting, a unit with no live instance, ``max_pending``, load shedding
+(the scaler's per-pipeline queue limit), then the latency bound of
+:func:`admit_latency`. Tested on hand-computed snapshots like
+:func:`infscaler.runtime.scaler.decide`.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 #: back-off suggested when the byte budget is exhausted, seconds
 BYTES_RETRY_S = 0.5
@@ -146,6 +158,166 @@ def admit_latency(
     )
 
 
+class Refusal(StrEnum):
+    """Why :func:`admit_request` refused a request (the front end's counters and the
+    pipeline's rejection statistics key on it)."""
+
+    BAD_TIMEOUT = "bad_timeout"  # 400: timeout_s not a positive finite number
+    FAILED = "failed"  # the front end died
+    NOT_ACCEPTING = "not_accepting"  # the pipeline is being removed, or the service drains
+    UNAVAILABLE = "unavailable"  # a unit has no live instance (its restart is pending)
+    OVERLOADED = "overloaded"  # max_pending requests in flight, all pipelines
+    SHED = "shed"  # the pipeline's queue limit (the device is at its cap)
+    SLO = "slo"  # the latency bound: the pipeline's SLO
+    DEADLINE = "deadline"  # the latency bound: the request's own timeout
+
+
+@dataclass(frozen=True)
+class ArrivalSnapshot:
+    """What the front end knows when a request arrives (plain values; no I/O, no locks).
+
+    Attributes:
+        pipeline: the pipeline's name (for the messages).
+        timeout_s: the request's timeout as given, s (None: ``default_timeout_s``);
+            anything but a positive finite number is refused (400).
+        default_timeout_s: the pipeline's ``request_timeout_s``, s.
+        spent_ms: ms since the request arrived (reading and decoding its body).
+        failure: why the front end died (None: it runs).
+        accepting: False while the pipeline is being removed or the service drains.
+        unavailable_reason: set while a unit has no live instance;
+            ``unavailable_retry_s``: when it is expected back, s.
+        pending: requests in flight in the front end (all pipelines); ``max_pending``:
+            the most it admits.
+        ahead: requests of this pipeline admitted and not answered.
+        queue_limit: the scaler's bound on ``ahead`` (None: none), with ``shed_reason``.
+        slo_ms: the pipeline's SLO, ms (None: none).
+        service_ms / interval_ms: measured end-to-end compute ms of one request and the
+            bottleneck interval ms (:meth:`~infscaler.runtime.route.Route.estimates`;
+            None before a measurement).
+    """
+
+    pipeline: str
+    timeout_s: Any = None
+    default_timeout_s: float = 30.0
+    spent_ms: float = 0.0
+    failure: str | None = None
+    accepting: bool = True
+    unavailable_reason: str | None = None
+    unavailable_retry_s: float = 1.0
+    pending: int = 0
+    max_pending: int = 1024
+    ahead: int = 0
+    queue_limit: int | None = None
+    shed_reason: str = ""
+    slo_ms: float | None = None
+    service_ms: float | None = None
+    interval_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class ArrivalDecision:
+    """:func:`admit_request`'s answer.
+
+    Attributes:
+        admit: True to accept the request.
+        timeout_s: its timeout, s (the request's or the pipeline's; the deadline is
+            arrival + this).
+        refusal: why it was refused (None when admitted).
+        status: the HTTP status of a refusal (400 or 503; 0 when admitted).
+        reason: the refusal's message ("" when admitted); ``hint``: what to do.
+        retry_after_s: when a refused request may be retried, s (None: not known).
+        estimate_ms: the latency estimate it was judged on (None without a bound).
+    """
+
+    admit: bool
+    timeout_s: float | None = None
+    refusal: Refusal | None = None
+    status: int = 0
+    reason: str = ""
+    hint: str | None = None
+    retry_after_s: float | None = None
+    estimate_ms: float | None = None
+
+
+def _refuse(
+    refusal: Refusal,
+    reason: str,
+    *,
+    status: int = 503,
+    hint: str | None = None,
+    retry_after_s: float | None = None,
+    timeout_s: float | None = None,
+    estimate_ms: float | None = None,
+) -> ArrivalDecision:
+    return ArrivalDecision(
+        False, timeout_s, refusal, status, reason, hint, retry_after_s, estimate_ms
+    )
+
+
+def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
+    """Admit or refuse a request arriving at the front end (pure; see the module
+    docstring for the order of the checks).
+
+    The latency bound is the SLO; once the service time is measured, also the request's
+    own timeout when that is tighter (a request admitted to a FIFO queue it cannot cross
+    in time would be computed in part, then dropped). The bound is what is left of it
+    after ``spent_ms``; :func:`admit_latency` judges ``ahead`` requests against it.
+
+    Returns:
+        An :class:`ArrivalDecision`; refusals carry the status (400 for a bad timeout,
+        else 503), the message, a hint and ``retry_after_s`` where known.
+    """
+    t = s.timeout_s
+    if t is not None and not (isinstance(t, int | float) and math.isfinite(t) and t > 0):
+        return _refuse(
+            Refusal.BAD_TIMEOUT,
+            f"timeout must be a positive finite number of seconds, got {t!r}",
+            status=400,
+        )
+    timeout_s = s.default_timeout_s if t is None else float(t)
+    if s.failure is not None:
+        return _refuse(Refusal.FAILED, f"the front end failed: {s.failure}")
+    if not s.accepting:
+        return _refuse(
+            Refusal.NOT_ACCEPTING, f"pipeline {s.pipeline} is not accepting requests now"
+        )
+    if s.unavailable_reason is not None:
+        return _refuse(
+            Refusal.UNAVAILABLE, s.unavailable_reason, retry_after_s=s.unavailable_retry_s
+        )
+    if s.pending >= s.max_pending:
+        return _refuse(
+            Refusal.OVERLOADED,
+            f"{s.pending} requests are in flight (max_pending = {s.max_pending}): try again later",
+            hint="the service is overloaded; slow down or add instances",
+        )
+    if s.queue_limit is not None and s.ahead >= s.queue_limit:
+        return _refuse(
+            Refusal.SHED,
+            f"pipeline {s.pipeline} sheds load: {s.ahead} requests queued (limit "
+            f"{s.queue_limit}); {s.shed_reason}",
+            hint="the device is at its resource cap; retry later or slow down",
+        )
+    bound_ms, what = s.slo_ms, "SLO"
+    if s.service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
+        bound_ms, what = timeout_s * 1e3, "request's timeout"
+    if bound_ms is None:
+        return ArrivalDecision(True, timeout_s)
+    left_ms = max(1e-3, bound_ms - s.spent_ms)
+    verdict = admit_latency(s.ahead, s.service_ms, s.interval_ms, left_ms, what)
+    if verdict.admit:
+        return ArrivalDecision(True, timeout_s, estimate_ms=verdict.estimate_ms)
+    return _refuse(
+        Refusal.SLO if what == "SLO" else Refusal.DEADLINE,
+        f"pipeline {s.pipeline} refuses the request at arrival: {verdict.reason}",
+        hint="the pipeline is at its capacity for this latency; retry after Retry-After "
+        "seconds, slow down, allow more time, or add instances",
+        retry_after_s=verdict.retry_after_s,
+        timeout_s=timeout_s,
+        estimate_ms=verdict.estimate_ms,
+    )
+
+
 class ByteBudget:
     """The service's budget of request bytes in flight (thread-safe; the state the
     pure :func:`admit_bytes` decides on).
@@ -155,8 +327,6 @@ class ByteBudget:
     """
 
     def __init__(self, budget_bytes: int | None) -> None:
-        import threading
-
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"the in-flight budget must be > 0 bytes, got {budget_bytes}")
         self.budget_bytes = budget_bytes

@@ -33,12 +33,20 @@ delivering held DATA: a dead request is dropped at every queue, never computed, 
 slots go back through the normal ``done`` / FREE path at once (the 1 ms-timeout flood
 that kept ~290 slots busy computing expired requests).
 
-Admission: with an SLO (``pipeline.config.slo_ms``) :meth:`FrontEnd.submit` refuses a
-request that :func:`~infscaler.runtime.admission.admit_latency` says cannot finish in
-time, from the requests of its pipeline ahead of it and the measured per-unit compute
-time and instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the
-service time is known, a request whose estimate passes its own timeout is refused the
-same way (it would only expire in the queue).
+Admission: :meth:`FrontEnd.submit` copies what it knows into an
+:class:`~infscaler.runtime.admission.ArrivalSnapshot` under its lock and asks the pure
+:func:`~infscaler.runtime.admission.admit_request`; a refusal is raised as a
+:class:`RequestError` with the decision's status, reason and ``retry_after_s``. With an
+SLO (``pipeline.config.slo_ms``) it refuses a request that cannot finish in time, from
+the requests of its pipeline ahead of it and the measured per-unit compute time and
+instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the service time
+is known, a request whose estimate passes its own timeout is refused the same way (it
+would only expire in the queue).
+
+Request phases (:class:`~infscaler.runtime.states.RequestPhase`): ``queued`` (in the
+backlog) -> ``running`` (in the token pipeline) -> ``items`` (fan-out items coming back)
+-> ``post`` (after the fan-in) -> ``done``; every change goes through
+:meth:`_Pending.move`, checked against the one table in :mod:`infscaler.runtime.states`.
 
 A front end that dies (any exception escaping its loop, or errors on every turn) does
 not die silently: :attr:`FrontEnd.failure` says why, every request in flight fails at
@@ -62,34 +70,48 @@ import select
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
+from infscaler.ebpf.channel import Endpoint
+from infscaler.ebpf.errors import ChannelClosed
 from infscaler.errors import InfScalerError
-from infscaler.runtime.admission import admit_latency
-from infscaler.runtime.instance import ITEM_BITS, ITEM_MASK, StageError, check_outputs
+from infscaler.runtime.admission import ArrivalDecision, ArrivalSnapshot, Refusal, admit_request
 from infscaler.runtime.pipeline import (
     ERROR,
     FANOUT,
     TRACE,
-    CompiledPipeline,
     error_status,
-    load_function,
 )
-from infscaler.runtime.stats import PipelineStats
+from infscaler.runtime.route import Result, Route
+from infscaler.runtime.runners import ITEM_BITS, ITEM_MASK, StageError, check_outputs
+from infscaler.runtime.states import REQUEST_TRANSITIONS, RequestPhase, advance
 from infscaler.runtime.supervisor import FRONTEND_INSTANCE
+from infscaler.shm import BackPressureError, RequestFailed
+from infscaler.shm.client import InstanceClient
+from infscaler.shm.deadlines import DeadlineTable
+from infscaler.shm.pool import PoolError, SlabMap
+from infscaler.shm.tensors import SlotFormatError, tensors_nbytes
+
+__all__ = ["FrontEnd", "RequestError"]
 
 log = logging.getLogger("infscaler.frontend")
 
 _EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
 #: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
-#: the most the observed / estimated latency ratio may scale estimates by
-_MAX_CORRECTION = 4.0
-#: weight of a new measurement in the service-time averages (EWMA)
-_EWMA = 0.2
-_IN_PIPELINE = ("running", "items", "post")
+#: refusals that count in the pipeline's offered load (its ``rejected`` statistics)
+_COUNTED_REFUSALS = frozenset(
+    {Refusal.UNAVAILABLE, Refusal.OVERLOADED, Refusal.SHED, Refusal.SLO, Refusal.DEADLINE}
+)
+#: the front end's counter of each refusal that has one
+_REFUSAL_COUNTERS = {
+    Refusal.SHED: "shed",
+    Refusal.SLO: "slo_refused",
+    Refusal.DEADLINE: "deadline_refused",
+}
+_IN_PIPELINE = (RequestPhase.RUNNING, RequestPhase.ITEMS, RequestPhase.POST)
 
 
 class RequestError(InfScalerError):
@@ -114,145 +136,6 @@ class RequestError(InfScalerError):
 
 
 @dataclass
-class Route:
-    """A deployed pipeline as the front end routes it.
-
-    Attributes:
-        pipeline: the compiled pipeline.
-        stage_ids: channel stage of each unit (0 for the fan-in, run here).
-        stats: its statistics.
-        queue_limit: requests of this pipeline admitted at once (None: only
-            ``max_pending`` bounds them); set by the autoscaler when the device's cap is
-            reached (load shedding), with ``shed_reason`` for the 503.
-        max_inflight: requests of this pipeline in the token pipeline at once; more
-            wait in the front end's backlog. Bounds the pool memory a pipeline holds
-            (each request in it holds one or two slots per stage it is at), so the
-            stages downstream always find room for their outputs.
-        unavailable_reason: set while a unit has no live instance (its restart is
-            pending, :mod:`infscaler.runtime.supervisor`): new requests get a 503 with
-            this reason and ``retry_after_s`` (the expected time until it is back, s).
-        instances: live instances per unit (the service keeps it current; 1 for units
-            run in the front end), for the SLO admission's bottleneck interval.
-        service_ms: measured compute ms of one request, all units (EWMA; None until
-            a request completed).
-        unit_ms: measured compute ms per unit per request (EWMA, summed over items).
-        admitted: requests of this pipeline admitted and not answered.
-        measured: True once a request completed (before: :attr:`service_ms` is a seed
-            from the instances' warm-up runs, or None).
-        correction: observed latency / admission estimate of completed requests (EWMA):
-            what compute time alone misses (hand-overs, the front
-            end's own work, CPU contention); the admission scales its estimates by it
-            (within [0.5, 4]).
-    """
-
-    pipeline: CompiledPipeline
-    stage_ids: list[int]
-    stats: PipelineStats
-    max_inflight: int = 8
-    accepting: bool = True
-    queue_limit: int | None = None
-    shed_reason: str = ""
-    unavailable_reason: str | None = None
-    retry_after_s: float = 1.0
-    instances: list[int] | None = None
-    service_ms: float | None = None
-    unit_ms: list[float] | None = None
-    admitted: int = 0
-    measured: bool = False
-    correction: float = 1.0
-    _fan_in_fn: Any = None
-
-    def seed_compute(self, unit_ms: list[float | None]) -> None:
-        """Start the service-time estimates from per-unit ms measured at load (the
-        instances' warm-up runs; None for a unit without one, 0 for units run in the
-        front end). Ignored unless every unit has a value, or once real requests were
-        measured."""
-        if self.measured or any(ms is None for ms in unit_ms):
-            return
-        self.unit_ms = [float(ms) for ms in unit_ms]  # type: ignore[arg-type]
-        self.service_ms = sum(self.unit_ms)
-
-    def estimates(self) -> tuple[float | None, float | None]:
-        """``(service_ms, interval_ms)`` for :func:`~infscaler.runtime.admission.admit_latency`:
-        the measured compute of one request, and the bottleneck interval (the slowest
-        unit's compute divided by its instances); ``(None, None)`` before a measurement."""
-        if self.service_ms is None or self.unit_ms is None:
-            return None, None
-        n = self.instances or [1] * len(self.unit_ms)
-        interval = max(
-            (ms / max(1, k) for ms, k in zip(self.unit_ms, n, strict=False)), default=0.0
-        )
-        return self.service_ms * self.correction, interval * self.correction
-
-    def record_estimate(self, estimate_ms: float | None, latency_ms: float) -> None:
-        """Fold a completed request's latency against what admission expected into
-        :attr:`correction`."""
-        if estimate_ms is None or estimate_ms <= 0:
-            return
-        ratio = self.correction * latency_ms / estimate_ms  # against the raw estimate
-        ratio = min(_MAX_CORRECTION, max(0.5, ratio))
-        self.correction = (1 - _EWMA) * self.correction + _EWMA * ratio
-
-    def record_expiry(self, estimate_ms: float | None, elapsed_ms: float) -> None:
-        """A request admitted on ``estimate_ms`` expired after ``elapsed_ms`` unfinished:
-        its latency was at least ``elapsed_ms``. When that is past the estimate, the
-        estimate was too low: fold it in like a completed request (else it says
-        nothing). Without this only the requests fast enough to finish fed
-        :attr:`correction`, so an underestimating model kept admitting requests that
-        then expired half computed (the 10x overload bench: 290 of 451 admitted
-        requests expired, 0.41 x capacity served)."""
-        if estimate_ms is not None and estimate_ms > 0 and elapsed_ms > estimate_ms:
-            self.record_estimate(estimate_ms, elapsed_ms)
-
-    def record_compute(self, trace: np.ndarray) -> None:
-        """Fold one completed request's trace rows (unit, instance, start ns, end ns)
-        into :attr:`service_ms` / :attr:`unit_ms`."""
-        units = len(self.pipeline.units)
-        per = [0.0] * units
-        for unit, _inst, start, end in trace.tolist():
-            if 0 <= unit < units:
-                per[int(unit)] += (end - start) / 1e6
-        total = sum(per)
-        if not self.measured or self.unit_ms is None or self.service_ms is None:
-            self.unit_ms, self.service_ms, self.measured = per, total, True
-            return
-        self.unit_ms = [(1 - _EWMA) * a + _EWMA * b for a, b in zip(self.unit_ms, per, strict=True)]
-        self.service_ms = (1 - _EWMA) * self.service_ms + _EWMA * total
-
-    def fan_in_fn(self) -> Any:
-        if self._fan_in_fn is None:
-            fi = self.pipeline.fan_in_index
-            assert fi is not None
-            self._fan_in_fn = load_function(self.pipeline.units[fi].function or "")
-        return self._fan_in_fn
-
-
-@dataclass
-class Result:
-    """A completed request.
-
-    Attributes:
-        outputs: the pipeline's output tensors (owned copies).
-        trace: int64 [n, 4] rows (unit, instance, start ns, end ns) of every unit run.
-        latency_ms: submit to completion, ms.
-        items: number of fan-out items (None without a fan-out).
-    """
-
-    outputs: dict[str, np.ndarray]
-    trace: np.ndarray
-    latency_ms: float
-    items: int | None = None
-
-    def unit_ms(self, units: list[str]) -> dict[str, float]:
-        """Compute ms per unit name (summed over items)."""
-        out = dict.fromkeys(units, 0.0)
-        for unit, _inst, start, end in self.trace.tolist():
-            if 0 <= unit < len(units):
-                out[units[int(unit)]] += (end - start) / 1e6
-        return {k: round(v, 3) for k, v in out.items()}
-
-
-@dataclass
 class _Pending:
     seq: int
     route: Route
@@ -260,7 +143,7 @@ class _Pending:
     future: concurrent.futures.Future
     deadline: float
     t_submit_ns: int
-    phase: str = "queued"  # queued, running, items, post, done
+    phase: RequestPhase = RequestPhase.QUEUED
     count: int | None = None
     items: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     carry: dict[str, np.ndarray] | None = None
@@ -268,6 +151,15 @@ class _Pending:
     busy_since: float | None = None
     waits: set[str] = field(default_factory=set)
     estimate_ms: float | None = None  # what the SLO admission expected (ms)
+
+    def move(self, to: RequestPhase) -> None:
+        """Change :attr:`phase` to ``to`` (checked against the one table:
+        :func:`~infscaler.runtime.states.advance`).
+
+        Raises:
+            IllegalTransition: the table does not allow it (a bug; HTTP 500).
+        """
+        self.phase = advance(REQUEST_TRANSITIONS, self.phase, to, f"request {self.seq}")
 
 
 class FrontEnd:
@@ -298,10 +190,6 @@ class FrontEnd:
         admit_fraction: float = 0.5,
         on_death: Any = None,
     ) -> None:
-        from infscaler.ebpf.channel import Endpoint
-        from infscaler.shm.client import InstanceClient
-        from infscaler.shm.pool import SlabMap
-
         self.manager = manager
         self.max_pending = max_pending
         self.pool = pool
@@ -328,8 +216,6 @@ class FrontEnd:
         self._errors: collections.deque[float] = collections.deque(maxlen=_MAX_ERRORS)
         self.deadlines: Any = None
         try:
-            from infscaler.shm.deadlines import DeadlineTable
-
             self.deadlines = DeadlineTable(service_id, create=True)
         except OSError as exc:  # instances then compute every request (the old behaviour)
             log.warning("no deadline table (expired requests are computed): %s", exc)
@@ -347,7 +233,7 @@ class FrontEnd:
         timeout_s: float | None = None,
         arrived_s: float | None = None,
     ) -> concurrent.futures.Future:
-        """Queue a request; returns a future of :class:`Result` (or :class:`RequestError`).
+        """Queue a request; returns a future of :class:`~infscaler.runtime.route.Result` (or :class:`RequestError`).
 
         ``inputs`` must already be validated against the pipeline's input specs.
         ``timeout_s``: the request's deadline from now, seconds (None: the pipeline's
@@ -364,72 +250,40 @@ class FrontEnd:
                 flight, the pipeline sheds load, or (with an SLO) the request could not
                 finish within it (``retry_after_s`` set).
         """
-        if timeout_s is not None and not (
-            isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
-        ):
-            raise RequestError(
-                f"timeout must be a positive finite number of seconds, got {timeout_s!r}", 400
-            )
-        if self.failure is not None:
-            raise RequestError(f"the front end failed: {self.failure}")
-        if self._closing or not route.accepting:
-            raise RequestError(f"pipeline {route.pipeline.name} is not accepting requests now")
-        if route.unavailable_reason is not None:
-            route.stats.record_rejection()
-            raise RequestError(route.unavailable_reason, 503, retry_after_s=route.retry_after_s)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
-            if len(self._pending) >= self.max_pending:
-                route.stats.record_rejection()
-                raise RequestError(
-                    f"{len(self._pending)} requests are in flight (max_pending = "
-                    f"{self.max_pending}): try again later",
-                    hint="the service is overloaded; slow down or add instances",
-                )
-            limit = route.queue_limit
-            if limit is not None:
-                mine = sum(1 for q in self._pending.values() if q.route is route)
-                if mine >= limit:
-                    route.stats.record_rejection()
-                    self.counters["shed"] += 1
-                    raise RequestError(
-                        f"pipeline {route.pipeline.name} sheds load: {mine} requests queued "
-                        f"(limit {limit}); {route.shed_reason}",
-                        hint="the device is at its resource cap; retry later or slow down",
-                    )
-            timeout_s = route.pipeline.config.request_timeout_s if timeout_s is None else timeout_s
             now = time.monotonic()
             arrived = now if arrived_s is None else min(float(arrived_s), now)
-            spent_ms = (now - arrived) * 1e3  # reading and decoding it took this much
-            slo_ms = route.pipeline.config.slo_ms
             service_ms, interval_ms = route.estimates()
-            # the latency bound: the SLO; once the service time is known, also the
-            # request's own deadline: one admitted to a FIFO queue it cannot cross in
-            # time would be computed in part, then dropped (with a looser bound the
-            # queue settles past the timeout and nearly everything expires)
-            bound_ms, what = slo_ms, "SLO"
-            if service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
-                bound_ms, what = timeout_s * 1e3, "request's timeout"
-            estimate = None
-            if bound_ms is not None:
-                left_ms = max(1e-3, bound_ms - spent_ms)
-                verdict = admit_latency(route.admitted, service_ms, interval_ms, left_ms, what)
-                estimate = verdict.estimate_ms
-                if not verdict.admit:
-                    route.stats.record_rejection(slo=what == "SLO")
-                    self.counters["slo_refused" if what == "SLO" else "deadline_refused"] += 1
-                    raise RequestError(
-                        f"pipeline {route.pipeline.name} refuses the request at arrival: "
-                        f"{verdict.reason}",
-                        hint="the pipeline is at its capacity for this latency; retry after "
-                        "Retry-After seconds, slow down, allow more time, or add instances",
-                        retry_after_s=verdict.retry_after_s,
-                    )
+            config = route.pipeline.config
+            decision = admit_request(
+                ArrivalSnapshot(
+                    pipeline=route.pipeline.name,
+                    timeout_s=timeout_s,
+                    default_timeout_s=config.request_timeout_s,
+                    spent_ms=(now - arrived) * 1e3,  # reading and decoding it took this much
+                    failure=self.failure,
+                    accepting=route.accepting and not self._closing,
+                    unavailable_reason=route.unavailable_reason,
+                    unavailable_retry_s=route.retry_after_s,
+                    pending=len(self._pending),
+                    max_pending=self.max_pending,
+                    ahead=route.admitted,
+                    queue_limit=route.queue_limit,
+                    shed_reason=route.shed_reason,
+                    slo_ms=config.slo_ms,
+                    service_ms=service_ms,
+                    interval_ms=interval_ms,
+                )
+            )
+            if not decision.admit:
+                self._refused(route, decision)
+            assert decision.timeout_s is not None
             seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
-            deadline = arrived + timeout_s
+            deadline = arrived + decision.timeout_s
             p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns())
             if route.measured:
-                p.estimate_ms = estimate
+                p.estimate_ms = decision.estimate_ms
             self._pending[seq] = p
             route.admitted += 1
             if self.deadlines is not None:
@@ -440,6 +294,25 @@ class FrontEnd:
         if self.failure is not None:  # it died meanwhile: nothing will serve this one
             self._complete_error(p, RequestError(f"the front end failed: {self.failure}"))
         return fut
+
+    def _refused(self, route: Route, decision: ArrivalDecision) -> NoReturn:
+        """Count a refusal of :func:`~infscaler.runtime.admission.admit_request` and raise it.
+
+        Raises:
+            RequestError: always, with the decision's status, reason, hint and
+                ``retry_after_s``.
+        """
+        if decision.refusal in _COUNTED_REFUSALS:
+            route.stats.record_rejection(slo=decision.refusal is Refusal.SLO)
+        counter = _REFUSAL_COUNTERS.get(decision.refusal)  # type: ignore[arg-type]
+        if counter is not None:
+            self.counters[counter] += 1
+        raise RequestError(
+            decision.reason,
+            decision.status,
+            decision.hint,
+            retry_after_s=decision.retry_after_s,
+        )
 
     def _on_future_done(self, fut: concurrent.futures.Future, seq: int) -> None:
         if fut.cancelled():  # the caller gave up (client disconnect): drop the request
@@ -535,8 +408,6 @@ class FrontEnd:
 
     def _run(self) -> str | None:
         """The loop; returns None on close, else why it ended."""
-        from infscaler.ebpf.errors import ChannelClosed
-
         poller = select.poll()
         poller.register(self._endpoint.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
@@ -607,9 +478,6 @@ class FrontEnd:
         (``Route.max_inflight`` requests in the pipeline at once) and the pool is below
         the admission threshold. A request that must wait keeps its place; requests of
         other pipelines behind it may start."""
-        from infscaler.shm import BackPressureError
-        from infscaler.shm.tensors import tensors_nbytes
-
         if not self._backlog:
             return
         with self._lock:
@@ -621,7 +489,7 @@ class FrontEnd:
         now = time.monotonic()
         while self._backlog:
             p = self._backlog.popleft()
-            if p.phase == "done":
+            if p.phase is RequestPhase.DONE:
                 continue
             if p.deadline <= now:  # never started: dropped here, nothing was computed
                 self._expire_request(p, "expired_queued")
@@ -655,7 +523,7 @@ class FrontEnd:
                 self._complete_error(p, RequestError(f"cannot start the request: {exc}", 500))
                 continue
             p.inputs = None
-            p.phase = "running"
+            p.move(RequestPhase.RUNNING)
             running[id(route)] += 1
         self._backlog = waiting
 
@@ -669,10 +537,6 @@ class FrontEnd:
 
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:
-        from infscaler.shm import RequestFailed
-        from infscaler.shm.pool import PoolError
-        from infscaler.shm.tensors import SlotFormatError
-
         self.client.poll(0)
         while True:
             try:
@@ -715,7 +579,7 @@ class FrontEnd:
         seq, item = tok.request >> ITEM_BITS, tok.request & ITEM_MASK
         with self._lock:
             p = self._pending.get(seq)
-        if p is None or p.phase == "done":
+        if p is None or p.phase is RequestPhase.DONE:
             self.counters["stale_results"] += 1
             log.debug(
                 "stale token request %d (seq %d item %d): %s",
@@ -733,10 +597,10 @@ class FrontEnd:
             self._complete_error(p, RequestError(message, status))
             return
         fi = route.pipeline.fan_in_index
-        if fi is not None and p.phase in ("running", "items"):
+        if fi is not None and p.phase in (RequestPhase.RUNNING, RequestPhase.ITEMS):
             self._on_item(p, item, tensors, fi)
             return
-        if p.phase not in ("running", "post"):
+        if p.phase not in (RequestPhase.RUNNING, RequestPhase.POST):
             self.counters["stale_results"] += 1
             return
         if TRACE in tensors:
@@ -752,7 +616,8 @@ class FrontEnd:
             self._complete_error(p, RequestError("a fan-out item lost its __fanout__ tag", 500))
             return
         index, count = int(fan[0]), int(fan[1])
-        p.phase = "items"
+        if p.phase is not RequestPhase.ITEMS:  # the first item back
+            p.move(RequestPhase.ITEMS)
         if p.carry is None:
             p.carry = {k: np.array(tensors[k]) for k in unit.carry if k in tensors}
         if count > 0:
@@ -793,7 +658,7 @@ class FrontEnd:
             self._complete(p, {n: out[n] for n in route.pipeline.output_names})
             return
         out[TRACE] = trace
-        p.phase = "post"
+        p.move(RequestPhase.POST)
         try:
             self._hand_over(out, route.stage_ids[nxt], p.seq << ITEM_BITS)
         except Exception as exc:  # noqa: BLE001 - includes back-pressure past the wait
@@ -819,7 +684,7 @@ class FrontEnd:
         waited = p.deadline - p.t_submit_ns / 1e9
         why = (
             "the tensor pool stayed at its memory cap"
-            if p.phase == "queued" and p.busy_since is not None
+            if p.phase is RequestPhase.QUEUED and p.busy_since is not None
             else f"no result within its timeout ({waited:.3g} s)"
         )
         return f"request timed out: {why}"
@@ -829,7 +694,7 @@ class FrontEnd:
             if self._pending.pop(p.seq, None) is None:
                 return
             p.route.admitted -= 1
-        p.phase = "done"
+        p.move(RequestPhase.DONE)
         if self.deadlines is not None:
             self.deadlines.cancel(p.seq)
         latency_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
@@ -847,7 +712,7 @@ class FrontEnd:
             if self._pending.pop(p.seq, None) is None:
                 return
             p.route.admitted -= 1
-        p.phase = "done"
+        p.move(RequestPhase.DONE)
         if self.deadlines is not None:  # drop what is left of it in every queue
             self.deadlines.cancel(p.seq)
         p.inputs = None

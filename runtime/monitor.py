@@ -51,7 +51,7 @@ Vertical scaling inputs (:func:`~infscaler.runtime.scaler.decide`'s ``scale_up``
 handle's ``unit.threads``), the stage's ``threads`` / ``max_threads``, and
 ``latency_ms_by_threads``: per thread count, the median over its instances of the
 ``warm_ms_by_threads`` each reported when ready (measured at load by
-:meth:`infscaler.runtime.instance.ModelRunner.probe_threads`; a fused unit reports none,
+:meth:`infscaler.runtime.runners.ModelRunner.probe_threads`; a fused unit reports none,
 so it is never scaled vertically).
 
 The bottleneck indicator the scaler compares is each unit's compute time per request
@@ -405,7 +405,7 @@ def _median(xs: list[float]) -> float:
 def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:
     """A fused unit's steps, each with ``step`` (name), ``kind``, and ``served``,
     ``errors``, ``busy_ms`` summed over ``handles`` (the unit's instances, their last
-    ``stats`` reports, :meth:`infscaler.runtime.instance.FusedRunner.step_stats`) and
+    ``stats`` reports, :meth:`infscaler.runtime.runners.FusedRunner.step_stats`) and
     ``mean_ms`` (busy_ms / served, ms per call; None before one ran). [] for a unit that
     is not fused."""
     out = []

@@ -97,7 +97,7 @@ class UnitState:
             that many intra-op threads, ms, **measured**: each instance of a unit with
             ``max_threads`` times its model at load at every count from ``min_threads``
             to ``max_threads`` (warm-up on zeros, median of runs, the probe session
-            pinned to that many cores: :meth:`infscaler.runtime.instance.ModelRunner.
+            pinned to that many cores: :meth:`infscaler.runtime.runners.ModelRunner.
             probe_threads`). A count with no entry is never scaled to.
         min_threads / max_threads: the range the scaler may move a cpu instance's
             intra-op threads in (the stage's ``threads`` / ``max_threads``; max None:

@@ -54,12 +54,14 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from infscaler.errors import InfScalerError
 from infscaler.procutil import module_command
+from infscaler.runtime.handles import InstanceHandle, PendingRestart
 from infscaler.runtime.pipeline import Unit
+from infscaler.runtime.states import InstanceState
 from infscaler.runtime.zygote import ForkServer, ZygoteUnavailable, enabled_by_env
 
 log = logging.getLogger("infscaler.supervisor")
@@ -109,115 +111,6 @@ class RestartPolicy:
         if n > 64:  # factor ** n overflows long before; the cap applies anyway
             return self.max_s
         return min(self.max_s, self.initial_s * self.factor ** (n - 1))
-
-
-@dataclass
-class PendingRestart:
-    """A replacement waiting for its backoff delay (what ``status`` shows for a slot
-    with no instance).
-
-    Attributes:
-        key / unit / stage_id / next_stage / cores: what the replacement runs.
-        restarts: restarts of this slot so far (the replacement's ``restarts``).
-        streak: consecutive crashes (the delay's exponent).
-        due: monotonic time the replacement starts. load_s: the last load time, s.
-        reason: why the last instance ended.
-    """
-
-    key: tuple[str, int]
-    unit: Unit
-    stage_id: int
-    next_stage: int
-    cores: list[int]
-    restarts: int
-    streak: int
-    due: float
-    load_s: float
-    reason: str
-    id: int = 0
-    cancelled: bool = False
-    wake: threading.Event = field(default_factory=threading.Event)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "state": "restarting",
-            "engine": self.unit.engine,
-            "restarts": self.restarts,
-            "consecutive_crashes": self.streak,
-            "restart_in_s": round(max(0.0, self.due - time.monotonic()), 3),
-            "reason": self.reason,
-        }
-
-
-@dataclass
-class InstanceHandle:
-    """One instance process as the supervisor sees it.
-
-    Attributes:
-        iid: instance id (the token's ``instance`` field).
-        key: ``(pipeline, unit index)`` it serves. unit: the unit.
-        stage_id / next_stage: its channel stage and where it hands over.
-        cores: CPU cores it is pinned to.
-        state: ``starting``, ``ready``, ``stopping``, ``exited``, ``failed``.
-        info: the ``ready`` report (engine, memory, load ms). stats: the last ``stats``.
-        restarts: how many instances of this slot were restarted before this one.
-        streak: consecutive crashes of this slot before this instance (backoff).
-        ready_at: monotonic time it became ready (None: not yet).
-    """
-
-    iid: int
-    key: tuple[str, int]
-    unit: Unit
-    stage_id: int
-    next_stage: int
-    cores: list[int]
-    proc: Any  # subprocess.Popen, or zygote.ForkedProcess (the same methods)
-    status_fd: int
-    pidfd: int
-    state: str = "starting"
-    info: dict[str, Any] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    started: float = field(default_factory=time.monotonic)
-    restarts: int = 0
-    streak: int = 0
-    ready_at: float | None = None
-    exit_code: int | None = None
-    cmd_fd: int | None = None
-    _buf: bytes = b""
-    _ready: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def load_s(self) -> float:
-        """How long this instance took to load, s (its ``ready`` report's ``load_ms``;
-        1 s until it reported)."""
-        return float(self.info.get("load_ms") or 1000.0) / 1e3
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def describe(self) -> dict[str, Any]:
-        mem = self.stats or self.info
-        return {
-            "instance": self.iid,
-            "pid": self.pid,
-            "state": self.state,
-            "engine": self.unit.engine,
-            "cores": self.cores,
-            "threads": self.unit.threads,
-            "rss_mb": round(float(mem.get("rss_mb", 0.0)), 1),
-            "uss_mb": round(float(mem.get("uss_mb", 0.0)), 1),
-            "pss_mb": round(float(mem.get("pss_mb", 0.0)), 1),
-            "served": int(self.stats.get("served", 0)),
-            "errors": int(self.stats.get("errors", 0)),
-            "busy_ms": float(self.stats.get("busy_ms", 0.0)),
-            "restarts": self.restarts,
-            "load_ms": self.info.get("load_ms"),
-            "error": self.error,
-            # a fused unit's per-step served / errors / busy_ms (runtime.instance.FusedRunner)
-            **({"steps": self.stats["steps"]} if self.stats.get("steps") else {}),
-        }
 
 
 class Supervisor:
@@ -447,7 +340,7 @@ class Supervisor:
                 raise InstanceStartError(
                     f"instance {h.iid} of {h.unit.name} was not ready within {timeout:.0f} s"
                 )
-            if h.state != "ready":
+            if h.state is not InstanceState.READY:
                 raise InstanceStartError(
                     f"instance of {h.unit.name} failed to start: {h.error or 'exited'}",
                     hint="check the model / engine of this stage (`infscaler inspect`)",
@@ -458,9 +351,10 @@ class Supervisor:
         """Stop an instance gracefully (SIGUSR1: after its current request), SIGKILL
         after ``timeout`` s, then deregister it (its queued inputs are re-routed)."""
         with self._lock:
-            if h.state in ("exited", "failed"):
+            if h.state in (InstanceState.EXITED, InstanceState.FAILED):
                 return
-            h.state = "stopping"
+            if h.state is not InstanceState.STOPPING:
+                h.move(InstanceState.STOPPING)
         with contextlib.suppress(ProcessLookupError):
             h.proc.send_signal(signal.SIGUSR1)
         try:
@@ -476,8 +370,8 @@ class Supervisor:
         with self._lock:
             todo = list(self._handles.values()) if handles is None else list(handles)
             for h in todo:
-                if h.state not in ("exited", "failed"):
-                    h.state = "stopping"
+                if h.state in (InstanceState.STARTING, InstanceState.READY):
+                    h.move(InstanceState.STOPPING)
         for h in todo:
             with contextlib.suppress(ProcessLookupError):
                 h.proc.send_signal(signal.SIGUSR1)
@@ -536,7 +430,7 @@ class Supervisor:
         now = time.monotonic()
         with self._lock:
             mine = [h for h in self._handles.values() if h.key == key and h.stage_id == stage_id]
-            if any(h.state == "ready" for h in mine):
+            if any(h.state is InstanceState.READY for h in mine):
                 return 0.0
             etas = [
                 max(0.0, p.due - now) + p.load_s
@@ -544,7 +438,7 @@ class Supervisor:
                 if p.key == key and p.stage_id == stage_id
             ]
             for h in mine:
-                if h.state == "starting":
+                if h.state is InstanceState.STARTING:
                     etas.append(max(0.1, h.load_s - (now - h.started)))
         return min(etas) if etas else None
 
@@ -562,15 +456,20 @@ class Supervisor:
                 continue
             for key, _ in events:
                 what, h = key.data
-                if what == "wake":
-                    with contextlib.suppress(BlockingIOError, OSError):
-                        while os.read(self._wake_r, 4096):
-                            pass
-                elif what == "status":
-                    self._read_status(h)
-                elif what == "exit":
-                    self._read_status(h)
-                    self._on_exit(h)
+                try:
+                    if what == "wake":
+                        with contextlib.suppress(BlockingIOError, OSError):
+                            while os.read(self._wake_r, 4096):
+                                pass
+                    elif what == "status":
+                        self._read_status(h)
+                    elif what == "exit":
+                        self._read_status(h)
+                        self._on_exit(h)
+                except Exception:  # noqa: BLE001 - e.g. IllegalTransition: the watcher goes on
+                    log.exception(
+                        "supervisor: handling %s of instance %s failed", what, h and h.iid
+                    )
 
     def _read_status(self, h: InstanceHandle) -> None:
         while True:
@@ -598,9 +497,12 @@ class Supervisor:
         if ev == "ready":
             h.info = msg
             h.stats = {k: msg[k] for k in ("rss_mb", "uss_mb", "pss_mb") if k in msg}
-            if h.state == "starting":
-                h.state = "ready"
-                h.ready_at = time.monotonic()
+            with self._lock:  # stop() may be moving it to stopping meanwhile
+                became_ready = h.state is InstanceState.STARTING
+                if became_ready:
+                    h.move(InstanceState.READY)
+                    h.ready_at = time.monotonic()
+            if became_ready:
                 try:
                     self.manager.set_live(h.iid)
                 except Exception:  # noqa: BLE001 - a closing channel: nothing to route
@@ -622,10 +524,11 @@ class Supervisor:
             with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
                 h.proc.wait(1.0)
             h.exit_code = h.proc.returncode
-        if h.state in ("stopping", "exited"):
-            return  # asked to stop: stop() deregisters it (and may already have)
-        was_ready = h.state == "ready"
-        h.state = "failed" if not was_ready else "exited"
+        with self._lock:  # stop() may be moving it to stopping meanwhile
+            if h.state in (InstanceState.STOPPING, InstanceState.EXITED):
+                return  # asked to stop: stop() deregisters it (and may already have)
+            was_ready = h.state is InstanceState.READY
+            h.move(InstanceState.EXITED if was_ready else InstanceState.FAILED)
         if not h._ready.is_set():
             h.error = h.error or f"exited with status {h.exit_code} while starting"
             h._ready.set()
@@ -671,9 +574,10 @@ class Supervisor:
     def _exited(self, h: InstanceHandle) -> None:
         """Deregister a stopped instance (clean exit or killed by stop())."""
         with self._lock:
-            if h.state == "exited" and h.iid not in self._handles:
+            if h.state is InstanceState.EXITED and h.iid not in self._handles:
                 return
-            h.state = "exited"
+            if h.state is not InstanceState.EXITED:
+                h.move(InstanceState.EXITED)
             self._handles.pop(h.iid, None)
         self._release_fds(h)
         with contextlib.suppress(Exception):
@@ -683,7 +587,7 @@ class Supervisor:
     def command(self, h: InstanceHandle, msg: dict[str, Any]) -> bool:
         """Send ``msg`` (one JSON line) to instance ``h``'s command pipe (e.g.
         ``{"cmd": "batch", "size": 4, "delay_ms": 2}``). False if it cannot take it now."""
-        if h.cmd_fd is None or h.state not in ("starting", "ready"):
+        if h.cmd_fd is None or h.state not in (InstanceState.STARTING, InstanceState.READY):
             return False
         try:
             os.write(h.cmd_fd, (json.dumps(msg) + "\n").encode())
@@ -785,7 +689,8 @@ class Supervisor:
         """Bound how long requests held for ``p``'s stage wait (module docstring)."""
         with self._lock:
             others = any(
-                h.stage_id == p.stage_id and h.state == "ready" for h in self._handles.values()
+                h.stage_id == p.stage_id and h.state is InstanceState.READY
+                for h in self._handles.values()
             )
         if others:
             return

@@ -46,7 +46,7 @@ from infscaler.shm.pool import DEADLINES_SUFFIX, _check_service_id
 ENTRIES = 1 << 16
 NO_DEADLINE = (1 << 64) - 1
 CANCELLED = 0
-_ITEM_BITS = 16  # infscaler.runtime.instance.ITEM_BITS (not imported: shm sits below runtime)
+_ITEM_BITS = 16  # infscaler.runtime.runners.ITEM_BITS (not imported: shm sits below runtime)
 _BYTES = ENTRIES * 16
 
 

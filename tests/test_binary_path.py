@@ -161,7 +161,7 @@ class _Request:
     """What read_body uses of an aiohttp request."""
 
     def __init__(self, length: int, chunks: list[bytes | Exception], max_mb: int = 4) -> None:
-        from infscaler.server import _MAX_BODY
+        from infscaler.server_common import MAX_BODY as _MAX_BODY
 
         self.content_length = length
         self.can_read_body = True
@@ -182,7 +182,7 @@ def test_read_body_errors_are_bad_requests(length: int, chunks: list, fragment: 
 
     from aiohttp import web
 
-    from infscaler.server import read_body
+    from infscaler.server_routes import read_body
 
     with pytest.raises(web.HTTPBadRequest) as e:
         asyncio.run(read_body(_Request(length, chunks)))  # type: ignore[arg-type]
@@ -194,7 +194,7 @@ def test_read_body_fills_one_buffer_and_checks_the_limit() -> None:
 
     from aiohttp import web
 
-    from infscaler.server import read_body
+    from infscaler.server_routes import read_body
 
     body = asyncio.run(read_body(_Request(6, [b"ab", b"cde", b"f"])))  # type: ignore[arg-type]
     assert isinstance(body, bytearray) and body == b"abcdef"

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from infscaler.config import load_pipeline
-from infscaler.server import HttpLimits, ServerThread, error_response
+from infscaler.server import HttpLimits, ServerThread
+from infscaler.server_common import error_response
 from infscaler.service import Service
 
 HERE = Path(__file__).parent

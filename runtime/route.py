@@ -1,0 +1,166 @@
+"""A deployed pipeline as the front end routes it (:class:`Route`: its stage ids,
+statistics, load-shedding and availability flags, and the measured service-time
+estimates the admission judges on) and a completed request (:class:`Result`).
+
+The estimates: :meth:`Route.seed_compute` starts them from the instances' warm-up runs,
+:meth:`Route.record_compute` folds each completed request's trace in (EWMA), and
+:meth:`Route.record_estimate` / :meth:`Route.record_expiry` keep :attr:`Route.correction`
+(observed latency / estimate) so that :meth:`Route.estimates` covers what compute time
+alone misses. :func:`~infscaler.runtime.admission.admit_request` decides on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from infscaler.runtime.pipeline import CompiledPipeline, load_function
+from infscaler.runtime.stats import PipelineStats
+
+__all__ = ["Result", "Route"]
+
+#: the most the observed / estimated latency ratio may scale estimates by
+_MAX_CORRECTION = 4.0
+#: weight of a new measurement in the service-time averages (EWMA)
+_EWMA = 0.2
+
+
+@dataclass
+class Route:
+    """A deployed pipeline as the front end routes it.
+
+    Attributes:
+        pipeline: the compiled pipeline.
+        stage_ids: channel stage of each unit (0 for the fan-in, run here).
+        stats: its statistics.
+        queue_limit: requests of this pipeline admitted at once (None: only
+            ``max_pending`` bounds them); set by the autoscaler when the device's cap is
+            reached (load shedding), with ``shed_reason`` for the 503.
+        max_inflight: requests of this pipeline in the token pipeline at once; more
+            wait in the front end's backlog. Bounds the pool memory a pipeline holds
+            (each request in it holds one or two slots per stage it is at), so the
+            stages downstream always find room for their outputs.
+        unavailable_reason: set while a unit has no live instance (its restart is
+            pending, :mod:`infscaler.runtime.supervisor`): new requests get a 503 with
+            this reason and ``retry_after_s`` (the expected time until it is back, s).
+        instances: live instances per unit (the service keeps it current; 1 for units
+            run in the front end), for the SLO admission's bottleneck interval.
+        service_ms: measured compute ms of one request, all units (EWMA; None until
+            a request completed).
+        unit_ms: measured compute ms per unit per request (EWMA, summed over items).
+        admitted: requests of this pipeline admitted and not answered.
+        measured: True once a request completed (before: :attr:`service_ms` is a seed
+            from the instances' warm-up runs, or None).
+        correction: observed latency / admission estimate of completed requests (EWMA):
+            what compute time alone misses (hand-overs, the front
+            end's own work, CPU contention); the admission scales its estimates by it
+            (within [0.5, 4]).
+    """
+
+    pipeline: CompiledPipeline
+    stage_ids: list[int]
+    stats: PipelineStats
+    max_inflight: int = 8
+    accepting: bool = True
+    queue_limit: int | None = None
+    shed_reason: str = ""
+    unavailable_reason: str | None = None
+    retry_after_s: float = 1.0
+    instances: list[int] | None = None
+    service_ms: float | None = None
+    unit_ms: list[float] | None = None
+    admitted: int = 0
+    measured: bool = False
+    correction: float = 1.0
+    _fan_in_fn: Any = None
+
+    def seed_compute(self, unit_ms: list[float | None]) -> None:
+        """Start the service-time estimates from per-unit ms measured at load (the
+        instances' warm-up runs; None for a unit without one, 0 for units run in the
+        front end). Ignored unless every unit has a value, or once real requests were
+        measured."""
+        if self.measured or any(ms is None for ms in unit_ms):
+            return
+        self.unit_ms = [float(ms) for ms in unit_ms]  # type: ignore[arg-type]
+        self.service_ms = sum(self.unit_ms)
+
+    def estimates(self) -> tuple[float | None, float | None]:
+        """``(service_ms, interval_ms)`` for :func:`~infscaler.runtime.admission.admit_latency`:
+        the measured compute of one request, and the bottleneck interval (the slowest
+        unit's compute divided by its instances); ``(None, None)`` before a measurement."""
+        if self.service_ms is None or self.unit_ms is None:
+            return None, None
+        n = self.instances or [1] * len(self.unit_ms)
+        interval = max(
+            (ms / max(1, k) for ms, k in zip(self.unit_ms, n, strict=False)), default=0.0
+        )
+        return self.service_ms * self.correction, interval * self.correction
+
+    def record_estimate(self, estimate_ms: float | None, latency_ms: float) -> None:
+        """Fold a completed request's latency against what admission expected into
+        :attr:`correction`."""
+        if estimate_ms is None or estimate_ms <= 0:
+            return
+        ratio = self.correction * latency_ms / estimate_ms  # against the raw estimate
+        ratio = min(_MAX_CORRECTION, max(0.5, ratio))
+        self.correction = (1 - _EWMA) * self.correction + _EWMA * ratio
+
+    def record_expiry(self, estimate_ms: float | None, elapsed_ms: float) -> None:
+        """A request admitted on ``estimate_ms`` expired after ``elapsed_ms`` unfinished:
+        its latency was at least ``elapsed_ms``. When that is past the estimate, the
+        estimate was too low: fold it in like a completed request (else it says
+        nothing). Without this only the requests fast enough to finish fed
+        :attr:`correction`, so an underestimating model kept admitting requests that
+        then expired half computed (the 10x overload bench: 290 of 451 admitted
+        requests expired, 0.41 x capacity served)."""
+        if estimate_ms is not None and estimate_ms > 0 and elapsed_ms > estimate_ms:
+            self.record_estimate(estimate_ms, elapsed_ms)
+
+    def record_compute(self, trace: np.ndarray) -> None:
+        """Fold one completed request's trace rows (unit, instance, start ns, end ns)
+        into :attr:`service_ms` / :attr:`unit_ms`."""
+        units = len(self.pipeline.units)
+        per = [0.0] * units
+        for unit, _inst, start, end in trace.tolist():
+            if 0 <= unit < units:
+                per[int(unit)] += (end - start) / 1e6
+        total = sum(per)
+        if not self.measured or self.unit_ms is None or self.service_ms is None:
+            self.unit_ms, self.service_ms, self.measured = per, total, True
+            return
+        self.unit_ms = [(1 - _EWMA) * a + _EWMA * b for a, b in zip(self.unit_ms, per, strict=True)]
+        self.service_ms = (1 - _EWMA) * self.service_ms + _EWMA * total
+
+    def fan_in_fn(self) -> Any:
+        if self._fan_in_fn is None:
+            fi = self.pipeline.fan_in_index
+            assert fi is not None
+            self._fan_in_fn = load_function(self.pipeline.units[fi].function or "")
+        return self._fan_in_fn
+
+
+@dataclass
+class Result:
+    """A completed request.
+
+    Attributes:
+        outputs: the pipeline's output tensors (owned copies).
+        trace: int64 [n, 4] rows (unit, instance, start ns, end ns) of every unit run.
+        latency_ms: submit to completion, ms.
+        items: number of fan-out items (None without a fan-out).
+    """
+
+    outputs: dict[str, np.ndarray]
+    trace: np.ndarray
+    latency_ms: float
+    items: int | None = None
+
+    def unit_ms(self, units: list[str]) -> dict[str, float]:
+        """Compute ms per unit name (summed over items)."""
+        out = dict.fromkeys(units, 0.0)
+        for unit, _inst, start, end in self.trace.tolist():
+            if 0 <= unit < len(units):
+                out[units[int(unit)]] += (end - start) / 1e6
+        return {k: round(v, 3) for k, v in out.items()}

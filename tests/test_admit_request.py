@@ -1,0 +1,115 @@
+"""The front end's admission at arrival (infscaler.runtime.admission.admit_request) as a
+pure function on hand-computed snapshots, like the scaler's ``decide``: the order of the
+checks, each refusal's status / reason / retry, and the latency bound's arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from infscaler.runtime.admission import ArrivalSnapshot, Refusal, admit_request
+
+
+def snap(**kw) -> ArrivalSnapshot:
+    """An idle pipeline "det" with a 30 s default timeout, no SLO, nothing measured."""
+    return ArrivalSnapshot(pipeline="det", **kw)
+
+
+def test_an_idle_pipeline_without_an_slo_admits_with_its_default_timeout() -> None:
+    d = admit_request(snap())
+    assert d.admit and d.refusal is None and d.timeout_s == 30.0 and d.estimate_ms is None
+    d = admit_request(snap(timeout_s=2))
+    assert d.admit and d.timeout_s == 2.0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, "5", [1]])
+def test_a_bad_timeout_is_a_400_before_anything_else(bad) -> None:
+    # even a dead front end answers 400 first: the request itself is wrong
+    d = admit_request(snap(timeout_s=bad, failure="boom", pending=5000))
+    assert not d.admit and d.refusal is Refusal.BAD_TIMEOUT and d.status == 400
+    assert "positive finite number of seconds" in d.reason and repr(bad) in d.reason
+
+
+def test_refusals_come_in_order_each_with_its_reason() -> None:
+    everything = dict(
+        failure="the control channel closed",
+        accepting=False,
+        unavailable_reason="unit det_1 has no live instance",
+        unavailable_retry_s=2.5,
+        pending=10,
+        max_pending=10,
+        ahead=4,
+        queue_limit=4,
+        shed_reason="at the memory cap",
+    )
+    d = admit_request(snap(**everything))
+    assert (d.refusal, d.status) == (Refusal.FAILED, 503)
+    assert d.reason == "the front end failed: the control channel closed"
+
+    d = admit_request(snap(**{**everything, "failure": None}))
+    assert d.refusal is Refusal.NOT_ACCEPTING
+    assert d.reason == "pipeline det is not accepting requests now"
+
+    d = admit_request(snap(**{**everything, "failure": None, "accepting": True}))
+    assert d.refusal is Refusal.UNAVAILABLE and d.retry_after_s == 2.5
+    assert d.reason == "unit det_1 has no live instance"
+
+    rest = {**everything, "failure": None, "accepting": True, "unavailable_reason": None}
+    d = admit_request(snap(**rest))
+    assert d.refusal is Refusal.OVERLOADED and d.status == 503 and d.retry_after_s is None
+    assert d.reason.startswith("10 requests are in flight (max_pending = 10)")
+    assert "add instances" in (d.hint or "")
+
+    d = admit_request(snap(**{**rest, "pending": 9}))
+    assert d.refusal is Refusal.SHED
+    assert d.reason == "pipeline det sheds load: 4 requests queued (limit 4); at the memory cap"
+
+    d = admit_request(snap(**{**rest, "pending": 9, "queue_limit": 5}))
+    assert d.admit  # 4 ahead under a limit of 5, no latency bound
+
+
+def test_the_slo_bound_before_any_measurement() -> None:
+    # default estimates for a 100 ms SLO: 50 ms per request, one at a time:
+    # ahead 1 -> 50 + 50 = 100 <= 100 admitted; ahead 2 -> 150 > 100 refused
+    d = admit_request(snap(slo_ms=100.0, ahead=1))
+    assert d.admit and d.estimate_ms == pytest.approx(100.0)
+    d = admit_request(snap(slo_ms=100.0, ahead=2))
+    assert not d.admit and d.refusal is Refusal.SLO and d.status == 503
+    assert d.estimate_ms == pytest.approx(150.0)
+    assert d.retry_after_s == pytest.approx(0.05)  # (150 - 100) ms
+    assert d.reason.startswith("pipeline det refuses the request at arrival: it would take")
+    assert "its SLO (100 ms)" in d.reason
+    # nothing ahead: admitted however slow (an idle pipeline never refuses)
+    assert admit_request(snap(slo_ms=100.0, ahead=0, service_ms=500.0, interval_ms=500.0)).admit
+
+
+def test_time_spent_reading_the_body_comes_off_the_bound() -> None:
+    # measured 20 ms per request, 10 ms interval: ahead 5 -> 20 + 5 * 10 = 70 ms
+    base = dict(slo_ms=100.0, ahead=5, service_ms=20.0, interval_ms=10.0)
+    assert admit_request(snap(**base, spent_ms=30.0)).admit  # 70 <= 100 - 30
+    d = admit_request(snap(**base, spent_ms=31.0))  # 70 > 69
+    assert not d.admit and d.refusal is Refusal.SLO
+    assert "its SLO (69 ms)" in d.reason and d.retry_after_s == pytest.approx(0.05)
+
+
+def test_a_tighter_timeout_is_the_bound_once_measured() -> None:
+    measured = dict(slo_ms=1000.0, ahead=9, service_ms=20.0, interval_ms=10.0)
+    # 20 + 9 * 10 = 110 ms: within the SLO (1000 ms) but past a 100 ms timeout
+    d = admit_request(snap(**measured, timeout_s=0.1))
+    assert not d.admit and d.refusal is Refusal.DEADLINE and d.timeout_s == 0.1
+    assert "request's timeout (100 ms)" in d.reason
+    assert admit_request(snap(**measured, timeout_s=0.2)).admit
+    # not measured yet: only the SLO bounds it (defaults say nothing about a timeout)
+    assert admit_request(snap(slo_ms=1000.0, ahead=1, timeout_s=0.1)).admit
+    # no SLO but measured: the timeout is the bound; 20 + 2 * 10 = 40 ms > 30 ms
+    d = admit_request(snap(ahead=2, service_ms=20.0, interval_ms=10.0, timeout_s=0.03))
+    assert d.refusal is Refusal.DEADLINE and d.estimate_ms == pytest.approx(40.0)
+
+
+def test_the_retry_grows_with_the_queue_and_is_capped() -> None:
+    d = admit_request(snap(slo_ms=100.0, ahead=50, service_ms=20.0, interval_ms=10.0))
+    # 20 + 50 * 10 = 520 ms: retry after (520 - 100) ms
+    assert d.retry_after_s == pytest.approx(0.42)
+    d = admit_request(snap(slo_ms=100.0, ahead=100_000, service_ms=20.0, interval_ms=10.0))
+    assert d.retry_after_s == 30.0
