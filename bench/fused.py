@@ -58,8 +58,8 @@ def main() -> int:
     import yaml
 
     import infscaler
-    from infscaler.config import load_pipeline
-    from infscaler.models import cache_dir
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.models import cache_dir
     from infscaler.pipelines.ocr import render_text_image
     from infscaler.service import Service
 

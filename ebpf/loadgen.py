@@ -40,9 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infscaler.base.procutil import module_command
 from infscaler.ebpf.channel import MAX_BATCH, Channel, Endpoint, frame_fields, pack_frame
 from infscaler.ebpf.errors import ChannelClosed
-from infscaler.procutil import module_command
 from infscaler.shm.token import Token, TokenKind
 
 STOP_REQUEST = (1 << 64) - 1

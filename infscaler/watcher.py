@@ -134,8 +134,8 @@ class PipelineWatcher:
 
     def sync(self) -> SyncResult:
         """One look (see the module docstring); never raises for a refused file."""
+        from infscaler.base.errors import InfScalerError
         from infscaler.client import Client
-        from infscaler.errors import InfScalerError
 
         res = SyncResult()
         try:
@@ -213,9 +213,9 @@ def start_watching(
     Raises:
         ConfigError: DIR is not a directory, or one of its files is not a valid pipeline.
     """
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.errors import ConfigError
     from infscaler.client import Client
-    from infscaler.config import load_pipeline
-    from infscaler.errors import ConfigError
 
     directory = Path(directory)
     if not directory.is_dir():

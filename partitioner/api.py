@@ -42,8 +42,10 @@ import numpy as np
 import onnx
 
 import infscaler
-from infscaler.device import DeviceProfile
-from infscaler.errors import InfScalerError
+from infscaler.base.device import DeviceProfile
+from infscaler.base.engines import available
+from infscaler.base.errors import InfScalerError
+from infscaler.base.slo import SLO, parse_slo  # noqa: F401 - re-exported
 from infscaler.partitioner import cost as cost_mod
 from infscaler.partitioner import extract, profiler, search
 from infscaler.partitioner.graph import OperatorGraph
@@ -55,8 +57,6 @@ from infscaler.partitioner.plan import (
     tensor_list,
     write_plan,
 )
-from infscaler.partitioner.slo import SLO, parse_slo  # noqa: F401 - re-exported
-from infscaler.runtime.engines import available
 
 Measure = Literal["flops", "time"]
 Progress = Callable[[str], None]

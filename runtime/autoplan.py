@@ -81,12 +81,12 @@ def plan_pipeline(
     """
     import hashlib
 
-    from infscaler.config import validate_pipeline
-    from infscaler.errors import InfScalerError
-    from infscaler.models import MODELS, resolve_model
+    from infscaler.base.config import validate_pipeline
+    from infscaler.base.errors import InfScalerError
+    from infscaler.base.models import MODELS, resolve_model
+    from infscaler.base.slo import parse_slo
     from infscaler.partitioner.api import partition_model
     from infscaler.partitioner.profiler import usable_cores
-    from infscaler.partitioner.slo import parse_slo
     from infscaler.runtime.planner import cpu_cores, resource_cap
     from infscaler.runtime.stageprofile import measure_model_stage, search_measured
 

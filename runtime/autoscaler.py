@@ -39,7 +39,7 @@ log = logging.getLogger("infscaler.autoscaler")
 
 
 def scaler_config(autoscale: Any) -> ScalerConfig:
-    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.config.AutoscaleConfig`."""
+    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.base.config.AutoscaleConfig`."""
     return ScalerConfig(
         violation_ratio=autoscale.violation_ratio,
         cooldown_s=autoscale.cooldown_s,

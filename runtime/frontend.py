@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 from infscaler.runtime.admission import admit_latency
 from infscaler.runtime.instance import ITEM_BITS, ITEM_MASK, StageError, check_outputs
 from infscaler.runtime.pipeline import (

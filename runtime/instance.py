@@ -82,10 +82,10 @@ class StageInputError(StageError, ValueError):
 
 
 class ModelRunner:
-    """Runs a model unit on its engine (:mod:`infscaler.runtime.engines`)."""
+    """Runs a model unit on its engine (:mod:`infscaler.base.engines`)."""
 
     def __init__(self, unit: Unit, cores: list[int] | None) -> None:
-        from infscaler.runtime.engines import create_engine
+        from infscaler.base.engines import create_engine
 
         self.unit = unit
         # the cores this process may use before the engine pins it (thread probes)
@@ -120,8 +120,8 @@ class ModelRunner:
         shapes are unknown (no feeds to time). A count whose probe fails is left out
         (logged): no figure is invented for it. Costs one more session's memory while
         a probe runs, at load only."""
-        from infscaler.runtime.engines import create_engine
-        from infscaler.runtime.engines.base import pin_process
+        from infscaler.base.engines import create_engine
+        from infscaler.base.engines.base import pin_process
 
         u = self.unit
         feeds = getattr(self, "_feeds", None)

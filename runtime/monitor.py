@@ -34,7 +34,7 @@ grows. (The zygote's own share is not an instance's: it is a fixed cost of the s
 post-processing, count against memory only). Cores count what is pinned, not what is
 busy (:meth:`Monitor.pinned_threads`): the threads of every starting or ready cpu
 instance of a model stage, against the profile's thread slots (cores x
-``threads_per_core``, :meth:`infscaler.device.Accelerator.thread_slots`). Busy cores
+``threads_per_core``, :meth:`infscaler.base.device.Accelerator.thread_slots`). Busy cores
 read low exactly when it matters (instances loading, requests shed, stages waiting on
 each other), which let an overloaded 2-core host grow one partition to 6 instances; a
 pinned thread is a core taken whether it is busy or not. A function-stage instance pins
@@ -63,7 +63,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from infscaler.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
+from infscaler.base.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
 from infscaler.runtime.scaler import EngineOption, ResourceCap, Snapshot, UnitState
 
 #: Instances per unit the control path routes to (``ebpf.MAX_PER_STAGE``).

@@ -195,7 +195,7 @@ class PlanResult:
 
 
 def resource_cap(device: Any) -> ResourceCap:
-    """R^m from a :class:`~infscaler.device.DeviceProfile`, a :class:`ResourceCap`, or None
+    """R^m from a :class:`~infscaler.base.device.DeviceProfile`, a :class:`ResourceCap`, or None
     (no limit but the control path's :data:`MAX_PER_UNIT` per unit)."""
     if device is None:
         return ResourceCap(memory_cap_mb=math.inf, memory_used_mb=0.0, max_instances={}, cores=0)
@@ -736,7 +736,7 @@ class ModelStage:
         activations_mb: peak activations of the whole model, MB (each instance counted
             with it: an upper bound for a partition).
         instance_overhead_mb: memory of an idle instance process, MB
-            (:data:`infscaler.device.INSTANCE_OVERHEAD_MB`).
+            (:data:`infscaler.base.device.INSTANCE_OVERHEAD_MB`).
         cv: coefficient of variation of the measured whole-model time (used per unit).
         unit_ms: measured per-partition times that replace the estimate: ``(cuts, threads)
             -> (ms per partition, ...)``.
@@ -780,7 +780,7 @@ class ModelStage:
         self, max_partitions: int, objectives: Sequence[str]
     ) -> dict[tuple[int, ...], list[str]]:
         """Candidate cut sets -> the objectives that chose them (K = 1: ``()``, ``["k1"]``)."""
-        from infscaler.errors import PartitionError
+        from infscaler.base.errors import PartitionError
         from infscaler.partitioner import search as _search
 
         out: dict[tuple[int, ...], list[str]] = {(): ["k1"]}

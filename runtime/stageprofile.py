@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infscaler.device import INSTANCE_OVERHEAD_MB
+from infscaler.base.device import INSTANCE_OVERHEAD_MB
 from infscaler.runtime.planner import ModelStage
 
 __all__ = ["measure_model_stage", "measure_units", "search_measured"]

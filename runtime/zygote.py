@@ -100,7 +100,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 log = logging.getLogger("infscaler.zygote")
 
@@ -115,8 +115,8 @@ BASE_MODULES = (
     "onnx",
     "psutil",
     "infscaler.runtime.instance",
-    "infscaler.runtime.engines",
-    "infscaler.runtime.engines.cpu",
+    "infscaler.base.engines",
+    "infscaler.base.engines.cpu",
     "infscaler.shm.manager",
     "infscaler.shm.pool",
     "infscaler.shm.tensors",
@@ -579,7 +579,7 @@ class ForkServer:
             log.warning("%s; instances start as fresh processes", self.last_error)
 
     def _launch(self) -> _Generation:
-        from infscaler.procutil import module_command
+        from infscaler.base.procutil import module_command
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

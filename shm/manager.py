@@ -137,9 +137,9 @@ from typing import Any
 
 import numpy as np
 
+from infscaler.base.errors import InfScalerError
 from infscaler.ebpf.channel import MAX_BATCH, MAX_STAGES, Channel, Endpoint
 from infscaler.ebpf.errors import ChannelClosed, ChannelError
-from infscaler.errors import InfScalerError
 from infscaler.shm.pool import PoolError, SlabMap, SlotRef, TensorPool
 from infscaler.shm.tensors import SlotFormatError, read_tensors, tensors_nbytes, write_tensors
 from infscaler.shm.token import NO_SLAB, TOKEN_SIZE, Token, TokenError, TokenKind

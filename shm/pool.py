@@ -55,7 +55,7 @@ import weakref
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 from infscaler.shm.token import NO_SLAB, Token, TokenKind
 
 __all__ = [

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import chain_pipeline
 
-from infscaler.config import load_pipeline
-from infscaler.device import DeviceProfile
-from infscaler.errors import ConfigError
+from infscaler.base.config import load_pipeline
+from infscaler.base.device import DeviceProfile
+from infscaler.base.errors import ConfigError
 from infscaler.runtime.frontend import RequestError
 from infscaler.runtime.monitor import Monitor
 from infscaler.service import Service

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("rapidocr_onnxruntime", reason="the OCR models come from rapidocr_onnxruntime")
 ort = pytest.importorskip("onnxruntime")
 
-from infscaler.models import resolve_model  # noqa: E402
+from infscaler.base.models import resolve_model  # noqa: E402
 from infscaler.pipelines import ocr  # noqa: E402
 from infscaler.runtime.reference import run_pipeline_reference  # noqa: E402
 
@@ -264,7 +264,7 @@ def test_yaml_functions_and_model_names_resolve(spec: dict[str, Any]) -> None:
             assert set(stage["inputs"]) <= ins, (stage["name"], ins)
             assert set(stage["outputs"]) <= outs, (stage["name"], outs)
     # and the project's loader accepts it
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
 
     assert load_pipeline(ocr.PIPELINE_YAML).name == "ocr"
 

@@ -157,7 +157,7 @@ def test_upgrade_at_the_device_slot_cap_frees_the_replaced_variants_replicas(
     """At the device's cap (2 cpu instance slots) the scaler fills the slots with PP-OCRv5
     replicas, then sheds; the upgrade's target no longer fits the device, so the router
     scales PP-OCRv5 back to one instance (pausing its scaler) and deploys the target."""
-    from infscaler.device import host_profile
+    from infscaler.base.device import host_profile
 
     state, reg, image, text = _two_recognisers(tmp_path)
     wide = np.ascontiguousarray(np.tile(image, (1, 6, 1)))

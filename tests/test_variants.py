@@ -225,7 +225,7 @@ def test_minilm_int8_vs_l3_agreement(tmp_path: Path) -> None:
 
 
 def test_bad_registrations(tmp_path: Path, val_set: Path) -> None:
-    from infscaler.models import MODELS, package_file
+    from infscaler.base.models import MODELS, package_file
 
     reg = VariantRegistry(tmp_path)
     with pytest.raises(RegistrationError, match="name the task"):

@@ -28,7 +28,7 @@ of PaddleOCR's ``tools/infer``), imported, not re-written: ``DetPreProcess.norma
 filter_tag_det_res``, ``RapidOCR.sorted_boxes`` and the ``get_rotate_crop_image`` of
 ``RapidOCR.get_crop_img_list``, ``TextClassifier.resize_norm_img``, ``ClsPostProcess``,
 ``TextRecognizer.resize_norm_img`` and ``CTCLabelDecode``. The models are the ones that
-wheel ships (``infscaler.models``: ``ppocrv4-det``, ``ppocr-cls``, ``ppocrv4-rec``).
+wheel ships (``infscaler.base.models``: ``ppocrv4-det``, ``ppocr-cls``, ``ppocrv4-rec``).
 
 Where this differs from ``RapidOCR.__call__``, and why:
 
@@ -49,7 +49,7 @@ Where this differs from ``RapidOCR.__call__``, and why:
 - The models' colour order is BGR (PaddleOCR trains on ``cv2.imread`` images); the API
   takes RGB, and the stages flip the channels before normalising.
 
-Every stage function follows the function-stage contract of :mod:`infscaler.config`:
+Every stage function follows the function-stage contract of :mod:`infscaler.base.config`:
 its input arrays are read-only views that it never modifies nor keeps, and it returns
 plain-dtype numpy arrays named exactly as the stage's outputs in ``ocr.yaml``. Heavy
 state (the recogniser's 6623-character list, the imported rapidocr helpers) is cached at
@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.errors import ModelLoadError, ModelNotInstalledError
+from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
 
 __all__ = [
     "CLS_LABELS",
@@ -191,7 +191,7 @@ def _character_list(rec_model: str) -> tuple[str, ...]:
     """
     import onnx
 
-    from infscaler.models import resolve_model
+    from infscaler.base.models import resolve_model
 
     path = resolve_model(rec_model)
     model = onnx.load(str(path), load_external_data=False)

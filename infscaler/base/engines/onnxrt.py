@@ -15,7 +15,7 @@ TensorRT repository):
   (Polygraphy's ``--providers cpu cuda`` are resolved against
   ``onnxruntime.get_available_providers()``); here the key is the engine kind
   (``cpu``, ``gpu``) and availability is the engine's own
-  (:func:`infscaler.runtime.engines.available`), so a session built for ``gpu`` uses the
+  (:func:`infscaler.base.engines.available`), so a session built for ``gpu`` uses the
   provider that serves ``gpu``, never a guess of its own;
 - the runner's output handling: arrays the caller owns (:func:`run_session`).
 
@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from infscaler.errors import ConfigError, ModelLoadError
-from infscaler.runtime.engines.base import EngineUnavailable, InferenceError, TensorInfo
+from infscaler.base.engines.base import EngineUnavailable, InferenceError, TensorInfo
+from infscaler.base.errors import ConfigError, ModelLoadError
 
 __all__ = [
     "CPU_PROVIDER",
@@ -149,7 +149,7 @@ def session_options(
 def execution_providers() -> list[str]:
     """The execution providers this onnxruntime install was built with
     (``onnxruntime.get_available_providers()``), for reports. Informational only: whether
-    an engine runs here is :func:`~infscaler.runtime.engines.available`."""
+    an engine runs here is :func:`~infscaler.base.engines.available`."""
     return list(ort.get_available_providers())
 
 
@@ -162,14 +162,14 @@ def providers_for(engine: str = "cpu", *, device_index: int = 0) -> list[Any]:
       EP (:meth:`~.gpu.GPUEngine.backend` is ``onnxruntime-cuda``); TF32 off, so fp32 means
       fp32. Operators the CUDA EP lacks run on the CPU EP, as onnxruntime assigns them;
     - ``dla``, and ``gpu`` where TensorRT serves it: no onnxruntime session serves them;
-      use :func:`~infscaler.runtime.engines.create_engine`.
+      use :func:`~infscaler.base.engines.create_engine`.
 
     Raises:
         ConfigError: an unknown engine kind.
         EngineUnavailable: the engine is missing on this host (the reason of
-            :func:`~infscaler.runtime.engines.available`), or is served by TensorRT.
+            :func:`~infscaler.base.engines.available`), or is served by TensorRT.
     """
-    from infscaler.runtime.engines import engine_backend, require_engine
+    from infscaler.base.engines import engine_backend, require_engine
 
     require_engine(engine)
     kind = str(engine).lower()

@@ -41,7 +41,7 @@ from pydantic import (
     model_validator,
 )
 
-from infscaler.errors import ConfigError
+from infscaler.base.errors import ConfigError
 
 if TYPE_CHECKING:
     from infscaler.runtime.pipeline import CompiledPipeline
