@@ -1,5 +1,5 @@
 """``infscaler variants register`` and ``infscaler variants list``: the model-less variant
-registry (:mod:`infscaler.variants`; INFaaS §3.2). Registered on :data:`infscaler.cli.app`
+registry (:mod:`infscaler.modelless.variants`; INFaaS §3.2). Registered on :data:`infscaler.cli.app`
 as the ``variants`` sub-command group; ``infscaler infer --task`` lives in
 :mod:`infscaler.cli_service`."""
 
@@ -100,7 +100,8 @@ def register_cmd(
 ) -> None:
     """Generate the variants this host and the device allow, profile them (load time,
     latency per batch size, peak memory), measure or take their accuracy, and store them."""
-    from infscaler.variants import VariantRegistry, describe, register
+    from infscaler.modelless.register import register
+    from infscaler.modelless.variants import VariantRegistry, describe
 
     profile = None
     if device is not None:
@@ -146,7 +147,7 @@ def list_cmd(
 ) -> None:
     """The registered variants: task, engine, precision, batch, K, load ms, P50 / P99 ms,
     throughput, peak MB, accuracy (and how it was obtained)."""
-    from infscaler.variants import VariantRegistry, describe
+    from infscaler.modelless.variants import VariantRegistry, describe
 
     reg = VariantRegistry(state_dir)
     rows = describe(reg.variants(task, generated_only=not show_all))

@@ -509,7 +509,7 @@ def create_app(
     Args:
         shm: a :class:`~infscaler.sysshm.SystemSharedMemoryRegistry` (created if None).
         max_body_mb: request body limit, MB (413 beyond it).
-        tasks: a :class:`~infscaler.tasks.TaskRouter` for model-less queries (default:
+        tasks: a :class:`~infscaler.modelless.tasks.TaskRouter` for model-less queries (default:
             one over the variant registry in the service's state dir, made on the first
             query that names a registered task).
         security: the :class:`~infscaler.base.security.SecurityPolicy` for pipelines loaded
@@ -583,17 +583,17 @@ def _task_router(request: web.Request, name: str) -> Any:
     holder = request.app[_TASKS]
     router = holder.get("router")
     if router is None:
-        from infscaler.variants import VariantRegistry
+        from infscaler.modelless.variants import VariantRegistry
 
         registry = VariantRegistry(service.state_dir)
         if not registry.path.is_file():
             return None
-        from infscaler.tasks import TaskRouter
+        from infscaler.modelless.tasks import TaskRouter
 
         router = holder["router"] = TaskRouter(service, registry).start()
     if router.has_task(name):
         return router
-    from infscaler.selector import SelectionError
+    from infscaler.modelless.selector import SelectionError
 
     known = ", ".join(sorted(d.name for d in service.deployments())) or "none"
     raise SelectionError(
@@ -690,7 +690,7 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 
 def _task_metadata(router: Any, task: str) -> dict[str, Any]:
-    from infscaler.tasks import task_interface
+    from infscaler.modelless.tasks import task_interface
 
     variants = router.catalog().variants(task)
     iface = task_interface(task, router.variant(variants[0].name) if variants else None)
@@ -771,8 +771,8 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     ``latency_ms`` and ``min_accuracy`` (both optional). The selector (INFaaS Algorithm 1)
     picks the variant, which is loaded if needed; the response's parameters name it
     (``variant``, ``meets_requirements``, ``selection``, ``selection_reason``, ...)."""
+    from infscaler.modelless.tasks import task_interface
     from infscaler.protocol import TensorSpec, parse_timeout_ms
-    from infscaler.tasks import task_interface
 
     variants = router.catalog().variants(task)
     iface = task_interface(task, router.variant(variants[0].name) if variants else None)

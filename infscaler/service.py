@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.base.config import PipelineConfig
-from infscaler.base.errors import InfScalerError
+from infscaler.base.errors import InfScalerError, ServiceError
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
 from infscaler.runtime.stats import PipelineStats
 
@@ -49,18 +49,6 @@ def trim_heap() -> None:
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
-
-
-class ServiceError(InfScalerError):
-    """A service operation was refused (unknown pipeline, no free stage ids, ...).
-
-    Attributes:
-        status: the HTTP status the API answers with (400, 404, 409, 503).
-    """
-
-    def __init__(self, message: str, status: int = 400, hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.status = status
 
 
 @dataclass

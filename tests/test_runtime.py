@@ -18,10 +18,10 @@ import pytest
 from conftest import chain_pipeline
 
 from infscaler.base.config import load_pipeline, pipeline_for_model
-from infscaler.base.errors import ConfigError
+from infscaler.base.errors import ConfigError, ServiceError
 from infscaler.runtime.frontend import RequestError
 from infscaler.runtime.pipeline import compile_pipeline
-from infscaler.service import Service, ServiceError
+from infscaler.service import Service
 
 HERE = Path(__file__).parent
 

@@ -207,7 +207,7 @@ def test_scale_threads_swaps_make_before_break_under_load(tmp_path: Path) -> Non
     """The apply path alone (no scaler, no speedup needed): Service.scale_threads
     replaces the instance by a 2-thread one and back while closed-loop clients run;
     every request is answered correctly, the unit never has zero instances."""
-    from infscaler.service import ServiceError
+    from infscaler.base.errors import ServiceError
 
     path = matmul_chain(tmp_path / "chain.onnx")
     x = np.random.default_rng(2).standard_normal((ROWS, WIDTH)).astype(np.float32)

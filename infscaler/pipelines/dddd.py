@@ -401,7 +401,7 @@ def ctc_decode(
     logits = np.asarray(tensors["rec_logits"])
     if logits.ndim != 3 or logits.shape[2] != len(chars) or 1 not in logits.shape[:2]:
         raise ValueError(f"rec_logits must be [T, 1, {len(chars)}], got {logits.shape}")
-    from infscaler.tasks import decode_ctc
+    from infscaler.modelless.stages import decode_ctc
 
     seq = logits[:, 0, :] if logits.shape[1] == 1 else logits[0]
     text, _ = decode_ctc(seq, _charset_table(str(rec_model)))
