@@ -782,8 +782,9 @@ def demo_cmd(
     from skimage import data as skdata
 
     from infscaler.base.config import load_pipeline
+    from infscaler.base.samples import render_text_image
     from infscaler.client import Client
-    from infscaler.pipelines.ocr import character_error_rate, render_text_image, to_rgb
+    from infscaler.pipelines.ocr import character_error_rate, to_rgb
     from infscaler.server import ServerThread
     from infscaler.service import Service
 

@@ -41,7 +41,7 @@ from typing import Literal
 import numpy as np
 import onnx
 
-import infscaler
+from infscaler.base import __version__
 from infscaler.base.device import DeviceProfile
 from infscaler.base.engines import available
 from infscaler.base.errors import InfScalerError
@@ -411,7 +411,7 @@ def _summary(
     total_flops = int(sum(cost.flops for cost in costs.values()))
     return {
         "format": PLAN_FORMAT,
-        "infscaler_version": infscaler.__version__,
+        "infscaler_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": {
             "path": str(loaded.path.resolve()),

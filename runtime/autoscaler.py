@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from infscaler.runtime.control import ScaledService
 from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.scaler import Decision, ScalerConfig, ScalerState, decide
 
@@ -59,7 +60,7 @@ class Autoscaler:
             ``autoscale.interval_s``).
     """
 
-    def __init__(self, service: Any, tick_s: float = 0.25) -> None:
+    def __init__(self, service: ScaledService, tick_s: float = 0.25) -> None:
         self.service = service
         self.tick_s = tick_s
         self._states: dict[str, ScalerState] = {}

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infscaler.base.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
+from infscaler.runtime.control import ScaledService
 from infscaler.runtime.scaler import EngineOption, ResourceCap, Snapshot, UnitState
 
 #: Instances per unit the control path routes to (``ebpf.MAX_PER_STAGE``).
@@ -138,7 +139,7 @@ class Monitor:
         window_s: the sliding window for rates and percentiles, s.
     """
 
-    def __init__(self, service: Any, window_s: float = 10.0) -> None:
+    def __init__(self, service: ScaledService, window_s: float = 10.0) -> None:
         self.service = service
         self.window_s = window_s
 

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.base.errors import InfScalerError
+from infscaler.base.samples import render_text_image
 from infscaler.runtime.simulator import EngineProfile, UnitProfile
 
 __all__ = ["PipelineProfile", "profile_pipeline", "sample_inputs"]
@@ -122,8 +123,6 @@ class PipelineProfile:
 
 def _image(h: int | None, w: int | None) -> np.ndarray:
     try:
-        from infscaler.pipelines.ocr import render_text_image
-
         img = render_text_image(SAMPLE_TEXT)
     except Exception:  # noqa: BLE001 - no font / PIL: a plain random image instead
         img = np.random.default_rng(0).integers(0, 256, (96, 320, 3), dtype=np.uint8)

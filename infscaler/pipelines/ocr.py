@@ -55,8 +55,8 @@ plain-dtype numpy arrays named exactly as the stage's outputs in ``ocr.yaml``. H
 state (the recogniser's 6623-character list, the imported rapidocr helpers) is cached at
 module level on first use.
 
-Helpers for tests and the demo: :func:`render_text_image` (an image of known text),
-:func:`to_rgb`, :func:`character_error_rate` / :func:`join_lines`, and
+Helpers for tests and the demo (an image of known text is
+:func:`infscaler.base.samples.render_text_image`): :func:`to_rgb`, :func:`character_error_rate` / :func:`join_lines`, and
 :func:`run_ocr_reference`, which chains these same functions in-process over the whole
 models (onnxruntime, CPU) with the fan-out / fan-in semantics of the served pipeline.
 """
@@ -64,7 +64,6 @@ models (onnxruntime, CPU) with the fan-out / fan-in semantics of the served pipe
 from __future__ import annotations
 
 import functools
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -89,7 +88,6 @@ __all__ = [
     "merge_lines",
     "normalize_text",
     "rec_preprocess",
-    "render_text_image",
     "run_ocr_reference",
     "to_rgb",
 ]
@@ -553,60 +551,6 @@ decode_line.warmup = _warm_decoder  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------ images and metrics
-
-
-@functools.cache
-def _font(font_size: int) -> Any:
-    import matplotlib
-    from PIL import ImageFont
-
-    path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
-    if not path.is_file():
-        raise FileNotFoundError(f"DejaVuSans.ttf not found where matplotlib keeps it: {path}")
-    return ImageFont.truetype(str(path), font_size)
-
-
-def render_text_image(
-    lines: Sequence[str],
-    *,
-    font_size: int = 32,
-    margin: int = 24,
-    line_spacing: float = 1.6,
-) -> np.ndarray:
-    """An image of known text: black lines on white, DejaVu Sans (matplotlib's copy).
-
-    Args:
-        lines: the text lines, top to bottom.
-        font_size: font size in pixels.
-        margin: white border in pixels on every side.
-        line_spacing: distance between baselines, in multiples of ``font_size``.
-
-    Returns:
-        [H, W, 3] uint8 RGB; W = widest line + 2 * margin.
-
-    Raises:
-        ValueError: no lines, or a non-positive font size / spacing, or a negative margin.
-        FileNotFoundError: matplotlib's DejaVuSans.ttf is missing.
-    """
-    from PIL import Image, ImageDraw
-
-    if not lines:
-        raise ValueError("render_text_image needs at least one line")
-    if font_size < 1 or line_spacing <= 0 or margin < 0:
-        raise ValueError(
-            f"need font_size >= 1, line_spacing > 0, margin >= 0; got {font_size}, "
-            f"{line_spacing}, {margin}"
-        )
-    font = _font(int(font_size))
-    pitch = font_size * line_spacing
-    ascent, descent = font.getmetrics()
-    width = math.ceil(max(font.getlength(s) for s in lines)) + 2 * margin
-    height = math.ceil(2 * margin + pitch * (len(lines) - 1) + ascent + descent)
-    img = Image.new("RGB", (max(width, 1), max(height, 1)), (255, 255, 255))
-    draw = ImageDraw.Draw(img)
-    for i, line in enumerate(lines):
-        draw.text((margin, margin + i * pitch), line, font=font, fill=(0, 0, 0))
-    return np.asarray(img, dtype=np.uint8).copy()
 
 
 def to_rgb(image: Any) -> np.ndarray:
