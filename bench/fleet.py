@@ -43,7 +43,7 @@ POOL_MB = 512.0
 def measure(models: list[str]) -> dict[str, tuple]:
     from infscaler.base.device import load_profile
     from infscaler.base.models import MODELS
-    from infscaler.cli_service import pipeline_from_arg
+    from infscaler.cli_client import pipeline_from_arg
     from infscaler.runtime.pipeline import compile_pipeline
     from infscaler.runtime.unitprofile import profile_pipeline
 

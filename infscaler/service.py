@@ -27,9 +27,20 @@ from typing import Any
 import numpy as np
 
 from infscaler.base.config import PipelineConfig
-from infscaler.base.errors import InfScalerError, ServiceError
+from infscaler.base.device import Accelerator, check_pipeline, load_profile
+from infscaler.base.engines import engine_availability
+from infscaler.base.errors import ConfigError, InfScalerError, ServiceError
+from infscaler.ebpf import open_channel
+from infscaler.runtime.admission import ByteBudget
+from infscaler.runtime.autoplan import needs_planning, plan_pipeline
+from infscaler.runtime.autoscaler import Autoscaler
+from infscaler.runtime.frontend import FrontEnd, RequestError, Route
+from infscaler.runtime.monitor import Monitor, step_totals
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
 from infscaler.runtime.stats import PipelineStats
+from infscaler.runtime.supervisor import Supervisor
+from infscaler.shm.manager import TensorSharingManager
+from infscaler.shm.pool import TensorPool, record_pool, remove_stale_pools, unrecord_pool
 
 log = logging.getLogger("infscaler.service")
 
@@ -123,7 +134,6 @@ class Service:
         max_inflight_mb: float | None = 256,
         objective: str = "auto",
     ) -> None:
-        from infscaler.runtime.admission import ByteBudget
 
         if objective not in ("auto", "eq1"):
             raise InfScalerError(f"unknown objective {objective!r}", hint="auto or eq1")
@@ -159,11 +169,6 @@ class Service:
         Raises:
             ChannelError / EbpfUnavailableError: ``control_path='ebpf'`` where it cannot run.
         """
-        from infscaler.ebpf import open_channel
-        from infscaler.runtime.frontend import FrontEnd
-        from infscaler.runtime.supervisor import Supervisor
-        from infscaler.shm.manager import TensorSharingManager
-        from infscaler.shm.pool import TensorPool
 
         if self._started:
             return self
@@ -174,8 +179,6 @@ class Service:
         # would fragment the cap (16 classes x 16 MB filled a 256 MB pool in tests)
         self.pool = TensorPool(cap, slab_bytes=max(1 << 20, min(4 << 20, cap // 16)))
         try:
-            from infscaler.shm.pool import record_pool
-
             record_pool(self.state_dir, self.pool.service_id)
             self.channel = open_channel(self.control_path, self.routing)
             self.manager = TensorSharingManager(
@@ -191,7 +194,6 @@ class Service:
             self.supervisor = Supervisor(
                 self.manager, self.pool.service_id, on_change=self._on_instances_changed
             )
-            from infscaler.runtime.autoscaler import Autoscaler
 
             self.autoscaler = Autoscaler(self).start()
         except BaseException:
@@ -211,7 +213,6 @@ class Service:
         """Unlink the ``/dev/shm`` slabs a killed earlier run on this state dir left
         (:func:`infscaler.shm.pool.remove_stale_pools`: only slabs named by our prefix and
         a recorded service id whose process is gone)."""
-        from infscaler.shm.pool import remove_stale_pools
 
         try:
             found = remove_stale_pools(self.state_dir)
@@ -294,8 +295,6 @@ class Service:
         """
         verdict = self.inflight.reserve(nbytes)
         if not verdict.admit:
-            from infscaler.runtime.frontend import RequestError
-
             raise RequestError(
                 f"the service is at its in-flight memory budget: {verdict.reason}",
                 hint="retry after Retry-After seconds, send fewer concurrent requests, "
@@ -346,8 +345,6 @@ class Service:
             with contextlib.suppress(Exception):
                 self.pool.close()
             with contextlib.suppress(Exception):
-                from infscaler.shm.pool import unrecord_pool
-
                 unrecord_pool(self.state_dir, self.pool.service_id)
         with self._lock:
             self._deployments.clear()
@@ -369,9 +366,6 @@ class Service:
         if self.device is not None:
             return self.device
         if self._profile is None:
-            from infscaler.base.device import Accelerator, load_profile
-            from infscaler.base.engines import engine_availability
-
             profile = load_profile("cpu-host")
             have = engine_availability()
             extra = [
@@ -429,7 +423,6 @@ class Service:
             ConfigError / InfScalerError: compile or partitioning failed.
             InstanceStartError: an instance failed to start (message names the unit).
         """
-        from infscaler.runtime.frontend import Route
 
         if not self._started or self._stopping:
             raise ServiceError("the service is not running", 503)
@@ -520,11 +513,9 @@ class Service:
         Raises:
             InfScalerError: no configuration meets the SLO (the search's reason).
         """
-        from infscaler.runtime.autoplan import needs_planning, plan_pipeline
 
         if self.objective != "auto" or not needs_planning(cfg):
             return cfg
-        from infscaler.base.device import load_profile
 
         progress(f"planning {cfg.name}: K, cuts, threads and instances for its SLO")
         planned, outcome = plan_pipeline(
@@ -541,9 +532,6 @@ class Service:
         """Refuse (ConfigError) a pipeline whose engines, precisions, instances, cores or
         memory do not fit the device profile with what is already deployed
         (:func:`infscaler.base.device.check_pipeline`); returns its warnings."""
-        from infscaler.base.device import check_pipeline
-        from infscaler.base.errors import ConfigError
-        from infscaler.runtime.monitor import Monitor
 
         others = [
             h
@@ -568,7 +556,6 @@ class Service:
             if self.device is not None:
                 raise
             # no profile given: say why this host lacks the engines it refused
-            from infscaler.base.engines import engine_availability
 
             why = [
                 f"this host has no {kind} engine: {reason}"
@@ -771,8 +758,6 @@ class Service:
         """
         dep = self.deployment(name)
         if self._stopping:
-            from infscaler.runtime.frontend import RequestError
-
             raise RequestError("the service is stopping")
         return self.frontend.submit(dep.route, inputs, timeout_s, arrived_s)
 
@@ -806,7 +791,6 @@ class Service:
         """Per unit: partition, B_k, instances (engine, pid, cores, MB), queue length
         (tokens in flight at its stage), P50 / P99 compute and queue ms, and a fused
         unit's steps (:func:`~infscaler.runtime.monitor.step_totals`)."""
-        from infscaler.runtime.monitor import step_totals
 
         ch = self.channel.stats()
         snap = dep.route.stats.snapshot()
@@ -866,8 +850,6 @@ class Service:
         mgr = self.manager.stats()["manager"]
         resources: dict[str, Any] = {}
         with contextlib.suppress(Exception):
-            from infscaler.runtime.monitor import Monitor
-
             cap = Monitor(self).cap()
             resources = {
                 "device": self.device_profile().name,

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from infscaler.base.engines.onnxrt import load_session, session_options
 from infscaler.base.errors import PartitionError, VerificationError
 from infscaler.partitioner.loader import LoadedModel, random_feeds
 from infscaler.partitioner.subgraphs import free_names, subgraphs
@@ -398,8 +399,6 @@ def save_partition(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None
 def _make_session(part: PartLike, engine: str, options: Any) -> Any:
     import onnxruntime as ort
 
-    from infscaler.base.engines.onnxrt import load_session
-
     if isinstance(part, ort.InferenceSession):
         return part
     if isinstance(part, StubModel):
@@ -661,7 +660,6 @@ def _session_options(optimized: bool = True, threads: int | None = None) -> Any:
     """The engine layer's session options: full graph optimisations, or none; warnings
     silenced; ``threads`` intra-op threads (None: onnxruntime's default); spinning as
     onnxruntime's default (verification is not served)."""
-    from infscaler.base.engines.onnxrt import session_options
 
     return session_options(threads, optimization="all" if optimized else "none", spinning=None)
 

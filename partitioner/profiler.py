@@ -51,11 +51,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from infscaler.base.engines import (
     ENGINE_KINDS,
@@ -72,6 +71,9 @@ from infscaler.base.engines.onnxrt import (
 from infscaler.base.errors import ConfigError, ModelLoadError
 from infscaler.base.models import cache_dir
 from infscaler.partitioner.weights import StubModel
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 _CPU = CPU_PROVIDER
 _TEGRA_RELEASE = Path("/etc/nv_tegra_release")
@@ -154,6 +156,8 @@ def host_fingerprint() -> str:
     ``/proc/cpuinfo``, ``os.cpu_count()`` and the onnxruntime version: a profile measured
     elsewhere, or with another onnxruntime, is never reused.
     """
+    import onnxruntime as ort  # on first use: importing the partitioner stays cheap
+
     parts = [
         platform.node(),
         platform.machine(),
@@ -173,6 +177,8 @@ def host_description() -> dict[str, Any]:
         providers), "engines" (engine -> serving backend or None,
         :func:`profiled_engines`)}``.
     """
+    import onnxruntime as ort
+
     return {
         "fingerprint": host_fingerprint(),
         "hostname": platform.node(),

@@ -41,6 +41,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from infscaler.base.engines.onnxrt import load_session
+
 __all__ = [
     "MIN_REFERENCED_BYTES",
     "StubModel",
@@ -108,7 +110,6 @@ class StubModel:
             EngineUnavailable: the host lacks ``engine`` or onnxruntime does not serve it.
             ModelLoadError: onnxruntime cannot load the stub (or a referenced file).
         """
-        from infscaler.base.engines.onnxrt import load_session
 
         return load_session(
             self.data, engine=engine, options=options, external_data_folder=self.folder

@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from infscaler.runtime.batching import choose_batch
 from infscaler.runtime.control import ScaledService
 from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.scaler import Decision, ScalerConfig, ScalerState, decide
@@ -141,7 +142,6 @@ class Autoscaler:
         W_b + T_b <= the unit's share of the SLO and W_b + T_b <= b T_1 at its current
         per-instance arrival rate (:func:`infscaler.runtime.batching.choose_batch`), sent
         to each instance that runs another size. Returns ``{instance id: batch}``."""
-        from infscaler.runtime.batching import choose_batch
 
         slo = dep.pipeline.config.slo_ms
         if slo is None:

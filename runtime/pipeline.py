@@ -40,6 +40,14 @@ import onnx
 
 from infscaler.base.config import DATATYPES, InputSpec, PipelineConfig, StageConfig
 from infscaler.base.errors import ConfigError, InfScalerError
+from infscaler.base.models import MODELS, resolve_model
+from infscaler.base.security import (
+    FunctionNotAllowedError,
+    check_function_module,
+    check_plain_function,
+)
+from infscaler.partitioner.loader import parse_shapes
+from infscaler.partitioner.plan import read_plan
 
 log = logging.getLogger("infscaler.runtime")
 
@@ -276,8 +284,6 @@ def compile_pipeline(
             available when a stage runs, outputs never produced, unknown functions.
         InfScalerError: partitioning failed (the partitioner's message).
     """
-    from infscaler.base.models import MODELS, resolve_model
-    from infscaler.partitioner.plan import read_plan
 
     state_dir = Path(state_dir or default_state_dir())
     units: list[Unit] = []
@@ -330,11 +336,13 @@ def compile_pipeline(
                 progress(f"{stage.name}: reusing plan {plan_dir}")
                 plan = read_plan(plan_dir, load_parts=False)
             else:
-                from infscaler.partitioner.api import partition_model
-
                 progress(
                     f"{stage.name}: partitioning {model_path.name} (K={stage.partitions or 'search'})"
                 )
+                # why: the partitioner (~30 modules: search, profiler, extract, ...) only when
+                # a stage is partitioned now; instances and the service never load it else
+                from infscaler.partitioner.api import partition_model
+
                 plan = partition_model(
                     model_path,
                     shapes=shapes,
@@ -378,8 +386,6 @@ def compile_pipeline(
             parts = [(model_path, list(model_inputs), list(model_outputs), None)]
             shapes_of = {}
             if stage.shapes:
-                from infscaler.partitioner.loader import parse_shapes
-
                 shapes_of = {k: list(v) for k, v in parse_shapes(stage.shapes).items()}
         in_mapping = dict(stage.inputs or {})
         out_mapping = dict(stage.outputs or {})
@@ -467,7 +473,6 @@ def compile_pipeline(
 def _check_function(
     spec: str, where: str, allowed: Sequence[str] | None = None
 ) -> Callable[..., Any]:
-    from infscaler.base.security import FunctionNotAllowedError
 
     try:
         return load_function(spec, allowed, plain=True)
@@ -497,8 +502,6 @@ def load_function(
         InfScalerError: the module cannot be imported or has no such callable.
     """
     import importlib
-
-    from infscaler.base.security import check_function_module, check_plain_function
 
     if allowed is not None:
         check_function_module(spec, allowed)

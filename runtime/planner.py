@@ -57,6 +57,8 @@ from typing import Any
 
 import numpy as np
 
+from infscaler.base.errors import PartitionError
+from infscaler.partitioner import search as _search
 from infscaler.runtime import arrivals as _arrivals
 from infscaler.runtime.scaler import ResourceCap, ScalerConfig
 from infscaler.runtime.simulator import (
@@ -780,8 +782,6 @@ class ModelStage:
         self, max_partitions: int, objectives: Sequence[str]
     ) -> dict[tuple[int, ...], list[str]]:
         """Candidate cut sets -> the objectives that chose them (K = 1: ``()``, ``["k1"]``)."""
-        from infscaler.base.errors import PartitionError
-        from infscaler.partitioner import search as _search
 
         out: dict[tuple[int, ...], list[str]] = {(): ["k1"]}
         w = self.weights_bytes or None
@@ -810,7 +810,6 @@ class ModelStage:
 
     def eq1_cuts(self, max_partitions: int) -> tuple[int, ...]:
         """The cuts Eq. 1 chooses on its own (K in 1..``max_partitions``, no SLO bound)."""
-        from infscaler.partitioner import search as _search
 
         return _search.search_partitions(
             self.costs,
@@ -1018,8 +1017,6 @@ def search(
             than ``max_candidates`` combinations.
     """
     import itertools
-
-    from infscaler.partitioner import search as _search
 
     if not (isinstance(slo_ms, int | float) and math.isfinite(slo_ms) and slo_ms > 0):
         raise ValueError(f"slo_ms must be a positive number of ms, got {slo_ms!r}")

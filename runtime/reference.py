@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from infscaler.base.engines.onnxrt import load_session
+from infscaler.base.models import resolve_model
 from infscaler.runtime.pipeline import load_function as _load_function
 
 __all__ = ["run_pipeline_reference"]
@@ -29,7 +31,6 @@ _PLAIN_KINDS = "biufUS"
 
 @functools.cache
 def _session(path: str) -> Any:
-    from infscaler.base.engines.onnxrt import load_session
 
     # onnxruntime's own defaults (threads, spinning): the reference is not a served instance
     return load_session(path, threads=None, spinning=None)
@@ -40,7 +41,6 @@ def _model_runner(model: Any) -> Any:
     has them, else a (cached) CPU session of the resolved alias or path."""
     if hasattr(model, "run") and hasattr(model, "get_inputs"):
         return model
-    from infscaler.base.models import resolve_model
 
     return _session(str(Path(resolve_model(model)).resolve()))
 

@@ -46,8 +46,11 @@ from typing import Any
 
 import numpy as np
 
+from infscaler.base.device import INSTANCE_OVERHEAD_MB
+from infscaler.base.engines.onnxrt import load_session
 from infscaler.base.errors import InfScalerError
 from infscaler.base.samples import render_text_image
+from infscaler.runtime.pipeline import load_function
 from infscaler.runtime.simulator import EngineProfile, UnitProfile
 
 __all__ = ["PipelineProfile", "profile_pipeline", "sample_inputs"]
@@ -187,13 +190,9 @@ class _Runner:
         self.session: Any = None
         self.fn: Any = None
         if unit.kind == "model":
-            from infscaler.base.engines.onnxrt import load_session
-
             # the cpu engine's own session (same loader, same options)
             self.session = load_session(unit.path, engine="cpu", threads=max(1, int(unit.threads)))
         else:
-            from infscaler.runtime.pipeline import load_function
-
             self.fn = load_function(unit.function or "")
             warm = getattr(self.fn, "warmup", None)
             if callable(warm):
@@ -328,8 +327,6 @@ def profile_pipeline(
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
     if instance_overhead_mb is None:
-        from infscaler.base.device import INSTANCE_OVERHEAD_MB
-
         instance_overhead_mb = INSTANCE_OVERHEAD_MB
     if inputs is None:
         batches = [sample_inputs(compiled)]

@@ -150,7 +150,7 @@ def test_search_measured_replaces_the_estimates_of_the_best_candidates(chain_pat
 
 def test_deploy_plans_only_what_is_left_to_the_planner(chain_path: Path, tmp_path: Path) -> None:
     # every way a pipeline arrives (serve, the API, the watcher) goes through deploy
-    from infscaler.cli_service import pipeline_from_arg, with_slo
+    from infscaler.cli_client import pipeline_from_arg, with_slo
     from infscaler.service import Service
 
     bare = with_slo(pipeline_from_arg(str(chain_path)), "500ms", True)

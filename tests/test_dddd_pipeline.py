@@ -293,7 +293,7 @@ def test_served_bad_requests_fail_alone(served, image) -> None:
 
 
 def test_bundled_by_name() -> None:
-    from infscaler.cli_service import pipeline_from_arg
+    from infscaler.cli_client import pipeline_from_arg
 
     cfg = pipeline_from_arg("dddd")
     assert cfg.name == "dddd" and cfg.outputs == ["texts", "boxes"]

@@ -366,7 +366,7 @@ def test_per_step_statistics_in_status_and_monitor(service: Service, model: Path
     assert m.units[2].step_ms == {}  # the fan-in, run by the front end
     # `infscaler status` lists the steps under their unit
     from infscaler.cli import out
-    from infscaler.cli_service import print_status
+    from infscaler.cli_client import print_status
 
     with out.capture() as cap:
         print_status(service.status())

@@ -422,7 +422,7 @@ def test_plan_partition_files_must_stay_inside(tmp_path: Path) -> None:
     with pytest.raises(PermissionDeniedError, match="partition file"):
         policy.check_pipeline(cfg)
     # bundled aliases and the bundled pipelines are always allowed, with no repository
-    from infscaler.cli_service import pipeline_from_arg
+    from infscaler.cli_client import pipeline_from_arg
 
     for bundled in ("ocr", "dddd", "resnet50", "ppocrv4-det"):
         SecurityPolicy.create().check_pipeline(pipeline_from_arg(bundled))

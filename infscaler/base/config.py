@@ -60,6 +60,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infscaler.base.errors import ConfigError, InfScalerError
+from infscaler.base.slo import slo_ms
 
 __all__ = [
     "AutoscaleConfig",
@@ -426,7 +427,6 @@ class PipelineConfig(BaseModel):
 def _slo_to_ms(text: str | float) -> float:
     """``200ms`` / ``0.2s`` / ``200`` -> 200.0 (ms)
     (:func:`infscaler.base.slo.slo_ms`). Raises ValueError with the reason."""
-    from infscaler.base.slo import slo_ms
 
     try:
         return slo_ms(text)

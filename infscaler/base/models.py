@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from infscaler.base.engines.onnxrt import load_session
 from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
 
 
@@ -454,8 +455,6 @@ def _calibrate_logits(model, rng, target_std: float = 2.0) -> None:
     import numpy as np
     import onnx
     from onnx import numpy_helper
-
-    from infscaler.base.engines.onnxrt import load_session
 
     graph = model.graph
     softmax = [n for n in graph.node if n.op_type == "Softmax"]

@@ -72,8 +72,10 @@ from typing import Any
 
 import numpy as np
 
+from infscaler.base.engines.onnxrt import load_session
 from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
-from infscaler.base.models import installed_file
+from infscaler.base.models import installed_file, resolve_model
+from infscaler.modelless.stages import decode_ctc
 from infscaler.pipelines.ocr import check_image
 
 __all__ = [
@@ -401,7 +403,6 @@ def ctc_decode(
     logits = np.asarray(tensors["rec_logits"])
     if logits.ndim != 3 or logits.shape[2] != len(chars) or 1 not in logits.shape[:2]:
         raise ValueError(f"rec_logits must be [T, 1, {len(chars)}], got {logits.shape}")
-    from infscaler.modelless.stages import decode_ctc
 
     seq = logits[:, 0, :] if logits.shape[1] == 1 else logits[0]
     text, _ = decode_ctc(seq, _charset_table(str(rec_model)))
@@ -469,8 +470,6 @@ for _fn in (det_preprocess, detect_and_crop, rec_preprocess, ctc_decode):
 def _session(model: str, threads: int) -> Any:
     """A CPU onnxruntime session on a bundled model with the cpu engine's options
     (``threads`` intra-op threads, sequential, no spinning), one per process and key."""
-    from infscaler.base.engines.onnxrt import load_session
-    from infscaler.base.models import resolve_model
 
     return load_session(resolve_model(model), engine="cpu", threads=int(threads))
 

@@ -73,6 +73,9 @@ from typing import Any
 import numpy as np
 
 from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
+from infscaler.base.models import resolve_model
+from infscaler.runtime.instance import StageInputError
+from infscaler.runtime.reference import run_pipeline_reference
 
 __all__ = [
     "CLS_LABELS",
@@ -189,8 +192,6 @@ def _character_list(rec_model: str) -> tuple[str, ...]:
     """
     import onnx
 
-    from infscaler.base.models import resolve_model
-
     path = resolve_model(rec_model)
     model = onnx.load(str(path), load_external_data=False)
     meta = {p.key: p.value for p in model.metadata_props}
@@ -215,7 +216,6 @@ def check_image(image: Any, name: str) -> np.ndarray:
         StageInputError: (a ``ValueError``; the client gets HTTP 400) another dtype /
             shape, or an empty image (the message names ``name``).
     """
-    from infscaler.runtime.instance import StageInputError
 
     a = np.asarray(image)
     if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
@@ -667,7 +667,6 @@ def run_ocr_reference(
     """
     check_image(image, "image")
     models = {"det": det_model, "cls": cls_model, "rec": rec_model}
-    from infscaler.runtime.reference import run_pipeline_reference
 
     return run_pipeline_reference(
         load_ocr_spec(), {"image": image}, models={k: v for k, v in models.items() if v is not None}
