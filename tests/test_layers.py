@@ -9,14 +9,12 @@ import importlib.util
 import inspect
 from pathlib import Path
 
-import pytest
+import importlinter  # noqa: F401 - the dev extra; the checker runs it in a subprocess
 
 from infscaler.runtime.control import DeploymentView, ScaledService
 from infscaler.service import Deployment, Service
 
 REPO = Path(__file__).resolve().parent.parent
-
-pytest.importorskip("importlinter", reason="pip install import-linter (the dev extra)")
 
 
 def _checker():
