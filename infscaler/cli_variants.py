@@ -1,7 +1,7 @@
 """``infscaler variants register`` and ``infscaler variants list``: the model-less variant
-registry (:mod:`infscaler.modelless.variants`; INFaaS §3.2). Registered on :data:`infscaler.cli.app`
-as the ``variants`` sub-command group; ``infscaler infer --task`` lives in
-:mod:`infscaler.cli_service`."""
+registry (:mod:`infscaler.modelless.variants`; INFaaS §3.2): the ``variants`` sub-command
+group, loaded by :mod:`infscaler.cli` when it runs; ``infscaler infer --task`` lives in
+:mod:`infscaler.cli_client`."""
 
 from __future__ import annotations
 
