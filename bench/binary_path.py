@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     default_cache_dir()
     from serve_det import det_input
 
-    from infscaler.config import load_pipeline, pipeline_for_model
-    from infscaler.models import MODELS
+    from infscaler.base.config import load_pipeline, pipeline_for_model
+    from infscaler.base.models import MODELS
     from infscaler.server import ServerThread
     from infscaler.service import Service
 

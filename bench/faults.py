@@ -40,8 +40,8 @@ from _common import RESULTS_DIR, default_cache_dir, environment  # noqa: E402
 
 
 def pipeline_raw(model: str, partitions: int) -> dict[str, Any]:
-    from infscaler.config import pipeline_for_model
-    from infscaler.models import MODELS
+    from infscaler.base.config import pipeline_for_model
+    from infscaler.base.models import MODELS
 
     cfg = pipeline_for_model(
         model,
@@ -64,7 +64,7 @@ def _input(svc: Any, name: str) -> dict[str, np.ndarray]:
 
 
 def phase_kills(args: argparse.Namespace, state: Path) -> dict[str, Any]:
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
     from infscaler.runtime.frontend import RequestError
     from infscaler.service import Service
 
@@ -228,7 +228,7 @@ _SERVE = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
     from infscaler.service import Service
     svc = Service(state_dir=sys.argv[1], control_path=sys.argv[3], pool_mb=256).start()
     dep = svc.deploy(load_pipeline(json.loads(sys.argv[2])))

@@ -41,9 +41,9 @@ POOL_MB = 512.0
 
 
 def measure(models: list[str]) -> dict[str, tuple]:
-    from infscaler.cli_service import pipeline_from_arg
-    from infscaler.device import load_profile
-    from infscaler.models import MODELS
+    from infscaler.base.device import load_profile
+    from infscaler.base.models import MODELS
+    from infscaler.cli_client import pipeline_from_arg
     from infscaler.runtime.pipeline import compile_pipeline
     from infscaler.runtime.unitprofile import profile_pipeline
 
@@ -59,7 +59,7 @@ def measure(models: list[str]) -> dict[str, tuple]:
 
 
 def site(n_nodes: int, n_streams: int, keys: list[tuple[str, float]], seed: int):
-    from infscaler.device import load_profile
+    from infscaler.base.device import load_profile
     from infscaler.runtime.fleet import FleetNode, Stream
     from infscaler.runtime.planner import resource_cap
 
@@ -90,7 +90,7 @@ def main() -> None:
         args.models = "squeezenet"
     default_cache_dir()
     os.environ.setdefault("INFSCALER_STATE_DIR", "/tmp/isc-cache/state")
-    from infscaler.device import load_profile
+    from infscaler.base.device import load_profile
     from infscaler.runtime.fleet import capacity_curve, place
 
     env = environment()

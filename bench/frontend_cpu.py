@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", default="1x3x224x224", help="input shape (FP32)")
     args = ap.parse_args(argv)
     default_cache_dir()
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
     from infscaler.server import ServerThread
     from infscaler.service import Service
 

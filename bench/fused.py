@@ -3,7 +3,7 @@
 One service (userspace or eBPF control path) deploys the bundled ``ocr`` pipeline twice:
 ``ocr`` as shipped (function stages fused into the model units next to them) and
 ``ocr_apart`` with ``fuse: false`` (every stage its own instance, as before issue 14).
-Both serve the same rendered 3-line image (``infscaler.pipelines.ocr.render_text_image``)
+Both serve the same rendered 3-line image (``infscaler.base.samples.render_text_image``)
 in-process (``Service.infer``: the runtime, no HTTP):
 
 * sequential: ``--requests`` requests each, interleaved (fused, apart, fused, ...) so
@@ -58,9 +58,9 @@ def main() -> int:
     import yaml
 
     import infscaler
-    from infscaler.config import load_pipeline
-    from infscaler.models import cache_dir
-    from infscaler.pipelines.ocr import render_text_image
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.models import cache_dir
+    from infscaler.base.samples import render_text_image
     from infscaler.service import Service
 
     raw = yaml.safe_load((Path(infscaler.__file__).parent / "pipelines" / "ocr.yaml").read_text())

@@ -60,7 +60,7 @@ def _rss(pids: list[int]) -> float:
 
 
 def run(count: int, seed: int, valid_every: int) -> dict:
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
     from infscaler.server import HttpLimits, ServerThread
     from infscaler.service import Service
 

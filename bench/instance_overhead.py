@@ -83,7 +83,7 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
 
 def idle_memory(way: str, n: int, work: Path) -> dict[str, Any]:
     """(a) for one way: a fresh service, ``n`` instances of the Relu model, idle."""
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
     from infscaler.service import Service
 
     os.environ["INFSCALER_ZYGOTE"] = "0" if way == "spawned" else "1"
@@ -117,8 +117,8 @@ def idle_memory(way: str, n: int, work: Path) -> dict[str, Any]:
 def startup_times(starts: int, work: Path) -> dict[str, Any]:
     """(b): one service with its zygote, ResNet-50 in K=2; ``starts`` starts of partition
     0 per way, interleaved."""
-    from infscaler.config import load_pipeline, pipeline_for_model
-    from infscaler.models import MODELS
+    from infscaler.base.config import load_pipeline, pipeline_for_model
+    from infscaler.base.models import MODELS
     from infscaler.runtime.zygote import ForkedProcess
     from infscaler.service import Service
 

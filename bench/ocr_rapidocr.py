@@ -70,7 +70,7 @@ def images() -> list[tuple[str, np.ndarray]]:
     """The real images, RGB uint8 [H, W, 3]."""
     from skimage import data
 
-    from infscaler.pipelines.ocr import render_text_image
+    from infscaler.base.samples import render_text_image
 
     def rgb(a: np.ndarray) -> np.ndarray:
         a = np.asarray(a)

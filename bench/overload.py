@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     default_cache_dir()
     from scaling import model_inputs
 
-    from infscaler.partitioner.slo import slo_ms as parse_slo
+    from infscaler.base.slo import slo_ms as parse_slo
 
     data: dict[str, Any] = {"environment": environment(), "settings": vars(a), "runs": []}
     tmp = Path(tempfile.mkdtemp(prefix="isc-overload-"))

@@ -33,8 +33,8 @@ import _common
 
 _common.default_cache_dir()
 
-from infscaler.errors import VerificationError  # noqa: E402
-from infscaler.models import MODELS, resolve_model  # noqa: E402
+from infscaler.base.errors import VerificationError  # noqa: E402
+from infscaler.base.models import MODELS, resolve_model  # noqa: E402
 from infscaler.partitioner.api import partition_model  # noqa: E402
 from infscaler.partitioner.graph import OperatorGraph  # noqa: E402
 from infscaler.partitioner.loader import load_model  # noqa: E402

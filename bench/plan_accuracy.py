@@ -104,8 +104,8 @@ def main() -> int:
         plot(out_json)
         return 0
     default_cache_dir()
-    from infscaler.config import pipeline_for_model
-    from infscaler.models import resolve_model
+    from infscaler.base.config import pipeline_for_model
+    from infscaler.base.models import resolve_model
     from infscaler.runtime.arrivals import poisson
     from infscaler.runtime.pipeline import compile_pipeline
     from infscaler.runtime.planner import predict
@@ -137,7 +137,7 @@ def main() -> int:
         capacity = min(n * 1000.0 / ms for n, ms in zip(inst, per_unit, strict=True))
         data = cfg.model_dump(exclude_none=True)
         data["stages"][0]["instances"] = inst
-        from infscaler.config import validate_pipeline
+        from infscaler.base.config import validate_pipeline
 
         served = validate_pipeline(data)
         with Service(state_dir=state, control_path="auto", pool_mb=256) as svc:

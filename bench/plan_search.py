@@ -89,7 +89,7 @@ def pick(candidates, pred) -> object | None:
 
 def deploy_config(name: str, model: Path, shapes, cand, state: Path, device):
     """A PipelineConfig serving ``cand`` (plan dir with its cuts, threads, instances)."""
-    from infscaler.config import validate_pipeline
+    from infscaler.base.config import validate_pipeline
     from infscaler.partitioner.api import partition_model
 
     cuts = cand.cuts[0]
@@ -117,8 +117,8 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=30.0, help="seconds per trial")
     args = ap.parse_args()
     default_cache_dir()
-    from infscaler.device import load_profile
-    from infscaler.models import MODELS, resolve_model
+    from infscaler.base.device import load_profile
+    from infscaler.base.models import MODELS, resolve_model
     from infscaler.partitioner.profiler import usable_cores
     from infscaler.runtime.arrivals import poisson
     from infscaler.runtime.planner import ModelStage, cpu_cores, predict, resource_cap

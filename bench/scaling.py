@@ -223,8 +223,8 @@ def model_inputs(model: str) -> dict[str, np.ndarray]:
         return {
             "x": np.ascontiguousarray(det_preprocess({"image": skdata.astronaut()})["det_input"])
         }
-    from infscaler.models import resolve_model
-    from infscaler.runtime.engines.onnxrt import load_session
+    from infscaler.base.engines.onnxrt import load_session
+    from infscaler.base.models import resolve_model
 
     s = load_session(resolve_model(model), threads=None, spinning=None)
     rng = np.random.default_rng(0)
@@ -253,8 +253,8 @@ class WholePipeline:
 def session(model: str, threads: int) -> Any:
     if model in PIPELINE_CASES:
         return WholePipeline(model, threads)
-    from infscaler.models import resolve_model
-    from infscaler.runtime.engines.onnxrt import load_session
+    from infscaler.base.engines.onnxrt import load_session
+    from infscaler.base.models import resolve_model
 
     # the cpu engine's session options (sequential, no spinning), ``threads`` threads
     return load_session(resolve_model(model), threads=threads)
@@ -303,8 +303,8 @@ def pipeline(
     """The pipeline a configuration deploys: the model partitioned into ``k`` (1: whole);
     for a pipeline case, the staged pipeline with its partitioned stage in ``k``, or with
     ``whole`` (default ``k == 1``) the whole pipeline as one function stage."""
-    from infscaler.config import load_pipeline, pipeline_for_model
-    from infscaler.models import MODELS
+    from infscaler.base.config import load_pipeline, pipeline_for_model
+    from infscaler.base.models import MODELS
 
     if model in PIPELINE_CASES:
         raw = pipeline_case(model, k, threads, k == 1 if whole is None else whole)
@@ -470,7 +470,7 @@ def build_cap(mem: dict[str, Any]) -> dict[str, Any]:
 
 
 def capped_profile(cap_mb: float) -> Any:
-    from infscaler.device import host_profile
+    from infscaler.base.device import host_profile
 
     p = host_profile()
     return p.model_copy(
@@ -820,7 +820,7 @@ def bisect(
 def _objective_level() -> str | None:
     """Where the pipeline config takes an ``objective`` (``stage`` / ``pipeline``), None
     when it takes none (then ``eq1`` is the K-fixed Eq. 1 plan)."""
-    from infscaler.config import PipelineConfig, StageConfig
+    from infscaler.base.config import PipelineConfig, StageConfig
 
     if "objective" in StageConfig.model_fields:
         return "stage"
@@ -843,8 +843,8 @@ def auto_pipeline(model: str, name: str, slo_ms: float, objective: str | None = 
 
     import yaml
 
-    from infscaler.config import load_pipeline
-    from infscaler.models import MODELS
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.models import MODELS
 
     if model in PIPELINE_CASES:
         case = PIPELINE_CASES[model]
@@ -1401,7 +1401,7 @@ def saturation(
     P99 bound, and it isolates what the cap allows: InfScaler's plan + one more
     bottleneck instance (fits the cap) vs one replica with all cores (fits the cap) vs one
     single-thread replica per core (needs no cap) vs one session with all cores."""
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
     from infscaler.service import Service
 
     cores = len(os.sched_getaffinity(0))

@@ -11,7 +11,7 @@ INFaaS reports 2.2 ms for its getVariant with Redis lookups, §6.4).
    MiniLM int8 (int8 and its dequantised fp32 variant) and MiniLM-L3 at batch 1 and 4,
    agreement with the fp32 reference measured. About 20 generated variants over three
    tasks.
-2. **Policy alone** (:func:`infscaler.selector.select`): N random queries over those
+2. **Policy alone** (:func:`infscaler.modelless.selector.select`): N random queries over those
    tasks (latency requirements 1-400 ms, accuracy 0-1, a tenth with none), with a
    third of the variants Active (random utilisation), two Overloaded, one Interfered;
    per-decision time with ``perf_counter_ns``: P50 / P99 / mean in microseconds, and
@@ -20,7 +20,7 @@ INFaaS reports 2.2 ms for its getVariant with Redis lookups, §6.4).
    variants (hand-made profiles, one task).
 4. **Through the router on a live service** (``--no-service`` skips it): a started
    :class:`infscaler.service.Service` with two recogniser variants deployed; each
-   decision is :meth:`infscaler.tasks.TaskRouter.select`: the state of the task's
+   decision is :meth:`infscaler.modelless.tasks.TaskRouter.select`: the state of the task's
    variants read from the service (ready instances, pending, arrival rate, measured
    service time: the monitor part) plus Algorithm 1.
 
@@ -64,7 +64,9 @@ def us_stats(ns: list[int]) -> dict:
 
 
 def register_real(state: Path, repeats: int, log) -> tuple[object, dict]:
-    from infscaler.variants import VariantRegistry, build_ocr_val_set, register
+    from infscaler.modelless.accuracy import build_ocr_val_set
+    from infscaler.modelless.register import register
+    from infscaler.modelless.variants import VariantRegistry
 
     reg = VariantRegistry(state)
     val = build_ocr_val_set(state.parent / "val", LINES)
@@ -85,14 +87,14 @@ def register_real(state: Path, repeats: int, log) -> tuple[object, dict]:
         log(f"registering {alias}")
         register(alias, batch_sizes=(1, 4), **common)
     seconds = time.perf_counter() - t0
-    from infscaler.variants import describe
+    from infscaler.modelless.variants import describe
 
     rows = describe(reg.variants())
     return reg, {"register_seconds": round(seconds, 1), "variants": rows}
 
 
 def random_loads(cat, rng: random.Random) -> dict:
-    from infscaler.selector import VariantLoad, VariantState
+    from infscaler.modelless.selector import VariantLoad, VariantState
 
     names = [p.name for p in cat.profiles]
     rng.shuffle(names)
@@ -108,7 +110,7 @@ def random_loads(cat, rng: random.Random) -> dict:
 
 
 def random_queries(tasks: list[str], n: int, rng: random.Random) -> list:
-    from infscaler.selector import Query
+    from infscaler.modelless.selector import Query
 
     out = []
     for _ in range(n):
@@ -123,7 +125,7 @@ def random_queries(tasks: list[str], n: int, rng: random.Random) -> list:
 
 
 def time_policy(cat, loads, queries) -> tuple[dict, dict]:
-    from infscaler.selector import select
+    from infscaler.modelless.selector import select
 
     for q in queries[:200]:  # warm-up
         select(q, cat, loads)
@@ -139,7 +141,7 @@ def time_policy(cat, loads, queries) -> tuple[dict, dict]:
 
 
 def synthetic_catalog(n: int, rng: random.Random):
-    from infscaler.selector import Catalog, VariantProfile
+    from infscaler.modelless.selector import Catalog, VariantProfile
 
     return Catalog(
         [
@@ -160,8 +162,8 @@ def synthetic_catalog(n: int, rng: random.Random):
 
 def time_router(reg, n: int, log) -> dict:
     """TaskRouter.select on a live service with two recogniser variants deployed."""
+    from infscaler.modelless.tasks import TaskRouter
     from infscaler.service import Service
-    from infscaler.tasks import TaskRouter
 
     with tempfile.TemporaryDirectory(prefix="isc-sel-") as tmp:
         svc = Service(state_dir=tmp, control_path="userspace", pool_mb=64).start()

@@ -83,8 +83,8 @@ class Baseline:
     """One onnxruntime session on the whole model in this process, every usable core."""
 
     def __init__(self, x: np.ndarray) -> None:
-        from infscaler.models import resolve_model
-        from infscaler.runtime.engines.onnxrt import load_session
+        from infscaler.base.engines.onnxrt import load_session
+        from infscaler.base.models import resolve_model
 
         # the cpu engine's session options on every usable core (no spinning)
         self.sess = load_session(resolve_model("ppocrv4-det"), threads=len(os.sched_getaffinity(0)))
@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         plot(json.loads(args.replot.read_text())["results"], args.replot.with_suffix(".png"))
         return 0
     default_cache_dir()
-    from infscaler.config import pipeline_for_model
-    from infscaler.models import MODELS
+    from infscaler.base.config import pipeline_for_model
+    from infscaler.base.models import MODELS
     from infscaler.server import ServerThread
     from infscaler.service import Service
 
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 raw = cfg.model_dump()
                 raw["stages"][0]["instances"] = inst
                 raw["stages"][0]["threads"] = threads
-                from infscaler.config import load_pipeline
+                from infscaler.base.config import load_pipeline
 
                 cfg = load_pipeline(raw)
                 dep = svc.deploy(cfg)

@@ -147,7 +147,7 @@ def throughput_at_slo(units: list, slo_ms: float, cap: Any, ideal: float, steps:
 def run(model: str, profiles: list[str], steps: int, repeats: int) -> dict[str, Any]:
     from memory_trace import arrivals_for
 
-    from infscaler.device import load_profile
+    from infscaler.base.device import load_profile
     from infscaler.runtime.simulator import cap_from_profile
 
     k = MODEL_SETTINGS[model]["k"]

@@ -1,8 +1,8 @@
-"""Errors of the control path (all :class:`~infscaler.errors.InfScalerError`)."""
+"""Errors of the control path (all :class:`~infscaler.base.errors.InfScalerError`)."""
 
 from __future__ import annotations
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 
 class ChannelError(InfScalerError):

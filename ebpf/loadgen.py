@@ -40,11 +40,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infscaler.base.procutil import module_command
 from infscaler.ebpf import libbpf
 from infscaler.ebpf.channel import MAX_BATCH, Channel, Endpoint, frame_fields, pack_frame
 from infscaler.ebpf.errors import ChannelClosed
 from infscaler.ebpf.token import Token, TokenKind
-from infscaler.procutil import module_command
 
 STOP_REQUEST = (1 << 64) - 1
 _NOBODY = 65534

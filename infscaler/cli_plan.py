@@ -1,5 +1,6 @@
 """``infscaler plan``: the starting configuration of a pipeline for an arrival rate and a
-latency SLO (registered on :data:`infscaler.cli.app`).
+latency SLO (loaded by :mod:`infscaler.cli` when it runs); with ``--fleet``, many streams
+placed on many nodes (:func:`plan_fleet`).
 
 It compiles the pipeline as ``serve`` would (partitioning model stages, plans cached in
 the state directory), measures every unit in-process on this host
@@ -17,16 +18,34 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import typer
+import yaml
 from rich.table import Table
 
-from infscaler.cli import app, err, out
-from infscaler.errors import InfScalerError
+from infscaler.base.device import load_profile
+from infscaler.base.errors import InfScalerError
+from infscaler.base.models import MODELS, resolve_model
+from infscaler.base.slo import parse_slo, slo_ms
+from infscaler.cli import err, out
+from infscaler.cli_client import load_image, pipeline_from_arg
+from infscaler.fleetfile import expand_names, load_fleet, units_from_spec
+from infscaler.partitioner.profiler import usable_cores
+from infscaler.partitioner.search import OBJECTIVES
+from infscaler.runtime.arrivals import from_spec
+from infscaler.runtime.fleet import GROUP_LABEL, FleetNode, Stream, capacity_curve, place, realise
+from infscaler.runtime.pipeline import compile_pipeline
+from infscaler.runtime.planner import FRONTEND_MS, ModelStage, cpu_cores, plan, resource_cap
+from infscaler.runtime.stageprofile import measure_model_stage, search_measured
+from infscaler.runtime.unitprofile import profile_pipeline, sample_inputs
+
+#: This module's commands; :mod:`infscaler.cli` loads them when one runs.
+app = typer.Typer(add_completion=False)
 
 __all__ = ["parse_rate", "parse_slo_ms", "plan_cmd", "search_cmd"]
 
@@ -57,13 +76,12 @@ def parse_rate(text: str) -> float:
 
 
 def parse_slo_ms(text: str) -> float:
-    """``200ms``, ``0.2s``, ``200`` (ms) -> ms (:func:`infscaler.partitioner.slo.slo_ms`);
+    """``200ms``, ``0.2s``, ``200`` (ms) -> ms (:func:`infscaler.base.slo.slo_ms`);
     a factor (``1.5x``) or ``none`` is refused: the plan needs an absolute end-to-end SLO.
 
     Raises:
         InfScalerError: unreadable, zero or negative, a factor, or none.
     """
-    from infscaler.partitioner.slo import slo_ms
 
     try:
         return slo_ms(text)
@@ -84,8 +102,6 @@ def _load_inputs(inputs: list[str], image: Path | None, compiled: Any) -> dict[s
         except (OSError, ValueError) as exc:
             raise InfScalerError(f"cannot read {path} for input {name}: {exc}") from None
     if image is not None:
-        from infscaler.cli_service import load_image
-
         img_inputs = [i.name for i in compiled.inputs if i.datatype == "UINT8"]
         if len(img_inputs) != 1:
             raise InfScalerError(
@@ -95,8 +111,6 @@ def _load_inputs(inputs: list[str], image: Path | None, compiled: Any) -> dict[s
             )
         feeds[img_inputs[0]] = load_image(image)
     if feeds:
-        from infscaler.runtime.unitprofile import sample_inputs
-
         unknown = sorted(set(feeds) - {i.name for i in compiled.inputs})
         if unknown:
             raise InfScalerError(
@@ -109,7 +123,6 @@ def _load_inputs(inputs: list[str], image: Path | None, compiled: Any) -> dict[s
 
 
 def _device(name: str | None) -> Any:
-    from infscaler.device import load_profile
 
     return load_profile(name or "cpu-host")
 
@@ -267,8 +280,6 @@ def plan_cmd(
     least memory whose simulated P99 meets --slo at --rate within the device's cap.
     With --fleet: place many streams on many nodes (each planned as above)."""
     if fleet is not None:
-        from infscaler.cli_fleet import plan_fleet
-
         if pipeline or rate or slo or device:
             raise InfScalerError(
                 "--fleet takes the pipelines, rates, SLOs and devices from the fleet file",
@@ -308,10 +319,6 @@ def plan_cmd(
         if code:
             raise typer.Exit(code)
         return
-    from infscaler.cli_service import pipeline_from_arg
-    from infscaler.runtime.pipeline import compile_pipeline
-    from infscaler.runtime.planner import plan
-    from infscaler.runtime.unitprofile import profile_pipeline
 
     if not rate:
         raise InfScalerError("plan needs --rate", hint="e.g. --rate 40/s")
@@ -329,7 +336,6 @@ def plan_cmd(
         raise InfScalerError(f"--repeats must be >= 1, got {repeats}")
     profile = _device(device)
     # the arrival spec is checked before anything slow runs
-    from infscaler.runtime.arrivals import from_spec
 
     try:
         times = from_spec(arrivals, rate_rps, duration, seed)
@@ -399,10 +405,6 @@ def _model_stages(pipeline: str, progress: Any) -> tuple[list[Any], list[Path], 
         InfScalerError: a function stage or a stage given as a plan directory (the
             search measures whole ONNX models; plan those with ``--rate`` instead).
     """
-    from infscaler.cli_service import pipeline_from_arg
-    from infscaler.models import MODELS, resolve_model
-    from infscaler.partitioner.profiler import usable_cores
-    from infscaler.runtime.stageprofile import measure_model_stage
 
     cfg = pipeline_from_arg(pipeline)
     stages, paths, all_shapes = [], [], []
@@ -466,12 +468,6 @@ def search_cmd(
     """
     from rich.markup import escape
 
-    from infscaler.partitioner.profiler import usable_cores
-    from infscaler.partitioner.search import OBJECTIVES
-    from infscaler.partitioner.slo import parse_slo
-    from infscaler.runtime.planner import FRONTEND_MS, ModelStage, cpu_cores, resource_cap
-    from infscaler.runtime.stageprofile import search_measured
-
     if not slo:
         raise InfScalerError("plan needs --slo", hint="e.g. --slo 200ms or --slo 3x")
     try:
@@ -481,7 +477,6 @@ def search_cmd(
     if spec.ms is None and spec.factor is None:
         raise InfScalerError("the search needs an SLO", hint="e.g. --slo 200ms or --slo 3x")
     rate_rps = parse_rate(rate) if rate else None
-    from infscaler.runtime.arrivals import from_spec
 
     try:  # the arrival spec is checked before anything slow runs
         from_spec(arrivals, rate_rps or 1.0, 60.0, seed)
@@ -574,3 +569,167 @@ def search_cmd(
         err.print("[bold red]infeasible:[/] no candidate meets the SLO within the cap")
         return 1
     return 0
+
+
+# -- infscaler plan --fleet --------------------------------------------------------------
+
+
+#: Nodes listed one per line at most (more: see --json).
+MAX_LISTED = 40
+
+
+def _units_for(
+    fleet: Any,
+    base: Path,
+    name: str,
+    device: str,
+    profile: Any,
+    cache: dict,
+    state_dir: Path | None,
+    repeats: int,
+) -> tuple[Any, ...]:
+
+    spec = fleet.pipelines[name]
+    if device in spec.devices:
+        return units_from_spec(spec.devices[device])
+    if spec.units is not None:
+        return units_from_spec(spec.units)
+    key = ("file", name)
+    if key not in cache:
+        path = Path(spec.file)
+        path = path if path.is_absolute() else base / path
+        cfg = pipeline_from_arg(str(path))
+        compiled = compile_pipeline(cfg, state_dir=state_dir, device=profile)
+        with err.status(f"measuring {name} in-process ({len(compiled.units)} units)"):
+            prof = profile_pipeline(compiled, repeats=repeats, device=profile)
+        err.print(
+            f"[yellow]note:[/] {name}: unit profiles measured on this host ({prof.host}), "
+            "used for every device type without its own `devices:` entry",
+            highlight=False,
+        )
+        cache[key] = prof.units
+    return cache[key]
+
+
+def plan_fleet(
+    path: Path,
+    *,
+    as_json: bool = False,
+    values_out: Path | None = None,
+    seed: int = 0,
+    state_dir: Path | None = None,
+    repeats: int = 5,
+) -> int:
+    """Load ``path``, compute the capacity curves (one per pipeline x SLO x device type),
+    place the streams and print the placement, the node labels and the Helm values.
+    Returns the exit status: 0 all placed, 1 some streams could not be placed.
+
+    Raises:
+        InfScalerError / ConfigError: a bad fleet file (its YAML path named).
+    """
+
+    fleet, base = load_fleet(path)
+    profiles: dict[str, Any] = {}
+    nodes: list[FleetNode] = []
+    seen: set[str] = set()
+    for i, n in enumerate(fleet.nodes):
+        if n.device not in profiles:
+            try:
+                profiles[n.device] = load_profile(n.device)
+            except InfScalerError as exc:
+                raise InfScalerError(f"nodes[{i}].device: {exc.message}", hint=exc.hint) from None
+        for name in expand_names(n.prefix, n.name, n.count):
+            if name in seen:
+                raise InfScalerError(f"nodes[{i}]: node {name} is listed twice")
+            seen.add(name)
+            nodes.append(FleetNode(name, n.device, resource_cap(profiles[n.device])))
+    streams: list[Stream] = []
+    seen = set()
+    for i, s in enumerate(fleet.streams):
+        try:
+            rate = parse_rate(str(s.rate))
+            slo_text = s.slo if s.slo is not None else fleet.pipelines[s.pipeline].slo
+            if slo_text is None:
+                raise InfScalerError(f"no SLO: set slo on the stream or on pipelines.{s.pipeline}")
+            slo_ms = parse_slo_ms(str(slo_text) if not isinstance(slo_text, str) else slo_text)
+        except InfScalerError as exc:
+            raise InfScalerError(f"streams[{i}]: {exc.message}", hint=exc.hint) from None
+        for name in expand_names(s.prefix, s.name, s.count):
+            if name in seen:
+                raise InfScalerError(f"streams[{i}]: stream {name} is listed twice")
+            seen.add(name)
+            streams.append(Stream(name, s.pipeline, rate, slo_ms))
+    keys = sorted({s.key for s in streams})
+    curves = {}
+    cache: dict = {}
+    t0 = time.perf_counter()
+    for p, slo_ms in keys:
+        for d, prof in sorted(profiles.items()):
+            units = _units_for(fleet, base, p, d, prof, cache, state_dir, repeats)
+            with err.status(f"planning {p} at SLO {slo_ms:g} ms on {d}"):
+                curves[(p, slo_ms, d)] = capacity_curve(
+                    p, units, slo_ms, d, prof, pool_mb=fleet.pool_mb, seed=seed
+                )
+    curve_s = time.perf_counter() - t0
+    res = place(streams, nodes, curves, pool_mb=fleet.pool_mb)
+    res.curve_seconds = curve_s
+    k8s = realise(res)
+    if values_out is not None:
+        values_out.write_text(
+            "# Helm values from `infscaler plan --fleet` (merge with -f into the chart)\n"
+            + yaml.safe_dump(k8s["values"], sort_keys=False)
+        )
+    if as_json:
+        d = res.to_dict()
+        d["kubernetes"] = k8s
+        print(json.dumps(d, indent=2, default=str))
+        return 0 if res.feasible else 1
+    table = Table(title="capacity per node (single-device planner)")
+    for col in ("pipeline", "SLO ms", "device", "max requests/s", "planner runs"):
+        table.add_column(col, justify="left" if col in ("pipeline", "device") else "right")
+    for c in curves.values():
+        table.add_row(
+            c.pipeline, f"{c.slo_ms:g}", c.device, f"{c.max_rate:.1f}", str(c.planner_runs)
+        )
+    out.print(table)
+    out.print(
+        f"[bold]{len(res.nodes)} nodes used[/] of {len(nodes)} for {len(streams)} streams "
+        f"(lower bound {res.lower_bound}, by {res.bound_by}); packing {res.seconds:.2f} s, "
+        f"capacity curves {curve_s:.1f} s",
+        highlight=False,
+    )
+    table = Table(title="placement")
+    for col in ("node", "device", "pipeline", "requests/s", "streams", "planned for /s"):
+        table.add_column(col)
+    for n in res.nodes[:MAX_LISTED]:
+        for key, rate in sorted(n.rates.items()):
+            c = curves[(key[0], key[1], n.device)]
+            table.add_row(
+                n.node,
+                n.device,
+                f"{key[0]} @{key[1]:g}ms",
+                f"{rate:.1f}",
+                str(len(n.streams[key])),
+                f"{c.rates[n.levels[key]]:.1f}",
+            )
+    out.print(table)
+    if len(res.nodes) > MAX_LISTED:
+        out.print(f"... {len(res.nodes) - MAX_LISTED} more nodes (--json lists them all)")
+    out.print("Kubernetes: label the nodes, then install the chart with the groups:")
+    for node, group in list(k8s["labels"].items())[:MAX_LISTED]:
+        out.print(
+            f"  kubectl label node {node} {GROUP_LABEL}={group} --overwrite",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if len(k8s["labels"]) > MAX_LISTED:
+        out.print(f"  ... {len(k8s['labels']) - MAX_LISTED} more (--json)")
+    out.print(yaml.safe_dump(k8s["values"], sort_keys=False), highlight=False)
+    for name, why in list(res.unplaced.items())[:MAX_LISTED]:
+        err.print(f"[bold red]not placed:[/] {name}: {why}", highlight=False)
+    if len(res.unplaced) > MAX_LISTED:
+        err.print(f"... {len(res.unplaced) - MAX_LISTED} more not placed")
+    return 0 if res.feasible else 1
+
+
+# -- the roll-out path and the probes ------------------------------------------------------

@@ -1,7 +1,7 @@
 """``infscaler variants register`` and ``infscaler variants list``: the model-less variant
-registry (:mod:`infscaler.variants`; INFaaS §3.2). Registered on :data:`infscaler.cli.app`
-as the ``variants`` sub-command group; ``infscaler infer --task`` lives in
-:mod:`infscaler.cli_service`."""
+registry (:mod:`infscaler.modelless.variants`; INFaaS §3.2): the ``variants`` sub-command
+group, loaded by :mod:`infscaler.cli` when it runs; ``infscaler infer --task`` lives in
+:mod:`infscaler.cli_client`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from infscaler.cli import app, err, out
-from infscaler.errors import InfScalerError
+from infscaler.base.device import load_profile
+from infscaler.base.errors import InfScalerError
+from infscaler.cli import err, out
+from infscaler.modelless.register import register
+from infscaler.modelless.variants import VariantRegistry, describe
+
+#: This module's commands; :mod:`infscaler.cli` loads them when one runs.
+app = typer.Typer(add_completion=False)
 
 variants_app = typer.Typer(
     help="Model-less serving: register models as task variants (engine x precision x "
@@ -100,12 +106,9 @@ def register_cmd(
 ) -> None:
     """Generate the variants this host and the device allow, profile them (load time,
     latency per batch size, peak memory), measure or take their accuracy, and store them."""
-    from infscaler.variants import VariantRegistry, describe, register
 
     profile = None
     if device is not None:
-        from infscaler.device import load_profile
-
         profile = load_profile(device)
     if repeats < 1:
         raise InfScalerError(f"--repeats must be >= 1, got {repeats}")
@@ -146,7 +149,6 @@ def list_cmd(
 ) -> None:
     """The registered variants: task, engine, precision, batch, K, load ms, P50 / P99 ms,
     throughput, peak MB, accuracy (and how it was obtained)."""
-    from infscaler.variants import VariantRegistry, describe
 
     reg = VariantRegistry(state_dir)
     rows = describe(reg.variants(task, generated_only=not show_all))

@@ -16,7 +16,7 @@ create a :class:`~infscaler.sysshm.SharedMemoryRegion`, register it, and pass
 
 Every server error (``{"error": ...}`` with 400 / 404 / 409 / 413 / 500 / 503) raises
 :class:`InferenceServerError`; a service that cannot be reached raises
-:class:`~infscaler.errors.InfScalerError` saying how to start it.
+:class:`~infscaler.base.errors.InfScalerError` saying how to start it.
 
 Sources: the KServe / Triton ``protocol/`` docs (v2 REST API, binary data, shared
 memory, statistics, model repository extensions); httpx's Unix domain socket transport
@@ -37,7 +37,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 from infscaler.protocol import (
     HEADER_LENGTH,
     InferResult,

@@ -36,7 +36,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from infscaler.errors import ConfigError
+from infscaler.base.errors import ConfigError
+from infscaler.runtime.simulator import EngineProfile, UnitProfile
 
 __all__ = ["FleetFile", "load_fleet", "units_from_spec"]
 
@@ -164,7 +165,6 @@ def units_from_spec(specs: list[UnitSpec]) -> tuple[Any, ...]:
     Raises:
         ConfigError: a value the simulator refuses (its message).
     """
-    from infscaler.runtime.simulator import EngineProfile, UnitProfile
 
     out = []
     for u in specs:

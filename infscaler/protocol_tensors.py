@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 #: v2 datatype -> numpy dtype (explicitly little-endian, the wire byte order).
 DATATYPES: dict[str, np.dtype] = {

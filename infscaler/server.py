@@ -23,7 +23,7 @@ Endpoints (Triton's REST layout, so its users find what they know):
 ``POST /v2/systemsharedmemory[/region/{name}]/unregister``
 ========================================================  ==============================
 
-Who may call what (:mod:`infscaler.security`): the repository endpoints answer only the
+Who may call what (:mod:`infscaler.base.security`): the repository endpoints answer only the
 service's own user and root (403 for others, by the socket's peer credentials); system
 shared memory regions belong to the uid that registered them; the status hides file
 paths from other clients.
@@ -72,9 +72,9 @@ from typing import Any
 
 from aiohttp import web
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
+from infscaler.base.security import SecurityPolicy
 from infscaler.metrics import make_registry
-from infscaler.security import SecurityPolicy
 from infscaler.server_common import (
     ARRIVED,
     LIMITS,
@@ -140,7 +140,7 @@ LISTEN_BACKLOG = 4096
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure becomes v2 error JSON with the right status; nothing escapes.
 
-    Our exceptions (:class:`~infscaler.errors.InfScalerError` and subclasses: protocol,
+    Our exceptions (:class:`~infscaler.base.errors.InfScalerError` and subclasses: protocol,
     service, request, selection errors; and any other ``infscaler`` exception with an
     int ``status``) answer with their ``status`` (default 400) and, when they carry
     ``retry_after_s``, a ``Retry-After`` header."""
@@ -239,10 +239,10 @@ def create_app(
     Args:
         shm: a :class:`~infscaler.sysshm.SystemSharedMemoryRegistry` (created if None).
         max_body_mb: request body limit, MB (413 beyond it).
-        tasks: a :class:`~infscaler.tasks.TaskRouter` for model-less queries (default:
+        tasks: a :class:`~infscaler.modelless.tasks.TaskRouter` for model-less queries (default:
             one over the variant registry in the service's state dir, made on the first
             query that names a registered task).
-        security: the :class:`~infscaler.security.SecurityPolicy` for pipelines loaded
+        security: the :class:`~infscaler.base.security.SecurityPolicy` for pipelines loaded
             through the API (default: bundled function modules only, no model repository).
         limits: connection-level limits (:class:`HttpLimits`; default: its defaults),
             applied by :func:`start_unix_server`.
@@ -458,7 +458,7 @@ class ServerThread:
 
     Args:
         service: a started service. socket_path: where to listen. max_body_mb: body limit.
-        security: a :class:`~infscaler.security.SecurityPolicy` (see :func:`create_app`).
+        security: a :class:`~infscaler.base.security.SecurityPolicy` (see :func:`create_app`).
         socket_group: give the socket to this group (name or gid).
         limits: connection-level limits (:class:`HttpLimits`).
     """

@@ -5,7 +5,7 @@ in :mod:`infscaler.server_routes` and :mod:`infscaler.server_repo`; the connecti
 limits in :mod:`infscaler.server_http`): the keys under which the app holds the service,
 the shared memory registry and the limits, v2 error JSON (``{"error": ...}`` with an
 optional ``Retry-After``), the model version check and the peer's view of shared memory
-and of the status (:mod:`infscaler.security`).
+and of the status (:mod:`infscaler.base.security`).
 
 Sources: KServe / Triton ``protocol/`` docs (v2 REST error object); RFC 9110 section
 10.2.3 (``Retry-After``); aiohttp ``web.AppKey`` / ``web.RequestKey``.
@@ -20,8 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from infscaler.base.security import is_privileged, peer_of, redact
 from infscaler.protocol import ProtocolError, json_default
-from infscaler.security import is_privileged, peer_of, redact
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -38,7 +38,7 @@ SHM = web.AppKey("shm", object)
 MAX_BODY = web.AppKey("max_body_mb", int)
 #: ``{"router": TaskRouter | None}`` (made on the first model-less query)
 TASKS = web.AppKey("tasks", object)
-#: the :class:`~infscaler.security.SecurityPolicy` for pipelines loaded through the API
+#: the :class:`~infscaler.base.security.SecurityPolicy` for pipelines loaded through the API
 SECURITY = web.AppKey("security", object)
 #: the Prometheus registry behind ``GET /metrics``
 METRICS = web.AppKey("metrics", object)

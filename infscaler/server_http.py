@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 from infscaler.server_common import error_response
 
 log = logging.getLogger("infscaler.server")

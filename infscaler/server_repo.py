@@ -3,7 +3,7 @@
 memory extension (regions belong to the uid that registered them).
 
 Sources: KServe / Triton ``protocol/`` docs (``extension_model_repository.md``,
-``extension_shared_memory.md``); who may call what: :mod:`infscaler.security`.
+``extension_shared_memory.md``); who may call what: :mod:`infscaler.base.security`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from infscaler.config import load_pipeline
+from infscaler.base.config import load_pipeline
+from infscaler.base.security import peer_of, require_privileged
 from infscaler.protocol import parse_json_object
-from infscaler.security import peer_of, require_privileged
 from infscaler.server_common import SECURITY, SERVICE, SHM, error_response, json_response, shm_of
 from infscaler.server_routes import model_entry
 

@@ -25,6 +25,9 @@ from aiohttp import web
 
 import infscaler
 from infscaler.metrics import CONTENT_TYPE, exposition
+from infscaler.modelless.selector import SelectionError
+from infscaler.modelless.tasks import TaskRouter, task_interface
+from infscaler.modelless.variants import VariantRegistry
 from infscaler.protocol import (
     TensorSpec,
     decode_infer_request,
@@ -32,7 +35,6 @@ from infscaler.protocol import (
     parse_header_length,
     parse_timeout_ms,
 )
-from infscaler.selector import SelectionError
 from infscaler.server_common import (
     ARRIVED,
     EXTENSIONS,
@@ -47,8 +49,6 @@ from infscaler.server_common import (
     json_response,
     shm_of,
 )
-from infscaler.tasks import TaskRouter, task_interface
-from infscaler.variants import VariantRegistry
 
 # -- model-less tasks ------------------------------------------------------------------
 

@@ -26,10 +26,22 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.config import PipelineConfig
-from infscaler.errors import InfScalerError
+from infscaler.base.config import PipelineConfig
+from infscaler.base.device import Accelerator, check_pipeline, load_profile
+from infscaler.base.engines import engine_availability
+from infscaler.base.errors import ConfigError, InfScalerError, ServiceError
+from infscaler.ebpf import open_channel
+from infscaler.runtime.admission import ByteBudget
+from infscaler.runtime.autoplan import needs_planning, plan_pipeline
+from infscaler.runtime.autoscaler import Autoscaler
+from infscaler.runtime.frontend import FrontEnd, RequestError
+from infscaler.runtime.monitor import Monitor, step_totals
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
+from infscaler.runtime.route import Route
 from infscaler.runtime.stats import PipelineStats
+from infscaler.runtime.supervisor import Supervisor
+from infscaler.shm.manager import TensorSharingManager
+from infscaler.shm.pool import TensorPool, record_pool, remove_stale_pools, unrecord_pool
 
 __all__ = [
     "Deployment",
@@ -55,18 +67,6 @@ def trim_heap() -> None:
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
-
-
-class ServiceError(InfScalerError):
-    """A service operation was refused (unknown pipeline, no free stage ids, ...).
-
-    Attributes:
-        status: the HTTP status the API answers with (400, 404, 409, 503).
-    """
-
-    def __init__(self, message: str, status: int = 400, hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.status = status
 
 
 @dataclass
@@ -110,7 +110,7 @@ class Service:
     Args:
         state_dir: plans partitioned at deploy and engine caches (default
             :func:`~infscaler.runtime.pipeline.default_state_dir`).
-        device: a :class:`~infscaler.device.DeviceProfile` (None: this host as is).
+        device: a :class:`~infscaler.base.device.DeviceProfile` (None: this host as is).
         control_path: ``auto``, ``ebpf`` or ``userspace`` (:func:`~infscaler.ebpf.open_channel`).
         routing: ``least-loaded`` or ``round-robin`` among a unit's instances.
         pool_mb: memory cap of the tensor pool, MB.
@@ -141,7 +141,6 @@ class Service:
         max_inflight_mb: float | None = 256,
         objective: str = "auto",
     ) -> None:
-        from infscaler.runtime.admission import ByteBudget
 
         if objective not in ("auto", "eq1"):
             raise InfScalerError(f"unknown objective {objective!r}", hint="auto or eq1")
@@ -177,11 +176,6 @@ class Service:
         Raises:
             ChannelError / EbpfUnavailableError: ``control_path='ebpf'`` where it cannot run.
         """
-        from infscaler.ebpf import open_channel
-        from infscaler.runtime.frontend import FrontEnd
-        from infscaler.runtime.supervisor import Supervisor
-        from infscaler.shm.manager import TensorSharingManager
-        from infscaler.shm.pool import TensorPool
 
         if self._started:
             return self
@@ -192,8 +186,6 @@ class Service:
         # would fragment the cap (16 classes x 16 MB filled a 256 MB pool in tests)
         self.pool = TensorPool(cap, slab_bytes=max(1 << 20, min(4 << 20, cap // 16)))
         try:
-            from infscaler.shm.pool import record_pool
-
             record_pool(self.state_dir, self.pool.service_id)
             self.channel = open_channel(self.control_path, self.routing)
             self.manager = TensorSharingManager(
@@ -209,7 +201,6 @@ class Service:
             self.supervisor = Supervisor(
                 self.manager, self.pool.service_id, on_change=self._on_instances_changed
             )
-            from infscaler.runtime.autoscaler import Autoscaler
 
             self.autoscaler = Autoscaler(self).start()
         except BaseException:
@@ -229,7 +220,6 @@ class Service:
         """Unlink the ``/dev/shm`` slabs a killed earlier run on this state dir left
         (:func:`infscaler.shm.pool.remove_stale_pools`: only slabs named by our prefix and
         a recorded service id whose process is gone)."""
-        from infscaler.shm.pool import remove_stale_pools
 
         try:
             found = remove_stale_pools(self.state_dir)
@@ -312,8 +302,6 @@ class Service:
         """
         verdict = self.inflight.reserve(nbytes)
         if not verdict.admit:
-            from infscaler.runtime.frontend import RequestError
-
             raise RequestError(
                 f"the service is at its in-flight memory budget: {verdict.reason}",
                 hint="retry after Retry-After seconds, send fewer concurrent requests, "
@@ -364,8 +352,6 @@ class Service:
             with contextlib.suppress(Exception):
                 self.pool.close()
             with contextlib.suppress(Exception):
-                from infscaler.shm.pool import unrecord_pool
-
                 unrecord_pool(self.state_dir, self.pool.service_id)
         with self._lock:
             self._deployments.clear()
@@ -382,14 +368,11 @@ class Service:
 
     def device_profile(self) -> Any:
         """The device profile whose cap the scaler keeps: the one given, else
-        ``cpu-host`` (this machine, :func:`infscaler.device.load_profile`) plus the gpu /
-        dla engines this host has (:func:`~infscaler.runtime.engines.engine_availability`)."""
+        ``cpu-host`` (this machine, :func:`infscaler.base.device.load_profile`) plus the gpu /
+        dla engines this host has (:func:`~infscaler.base.engines.engine_availability`)."""
         if self.device is not None:
             return self.device
         if self._profile is None:
-            from infscaler.device import Accelerator, load_profile
-            from infscaler.runtime.engines import engine_availability
-
             profile = load_profile("cpu-host")
             have = engine_availability()
             extra = [
@@ -439,7 +422,7 @@ class Service:
                 after the new one is ready).
             progress: called with a line per step.
             allowed_functions: modules function stages may come from (None: any; the
-                API passes its :class:`~infscaler.security.SecurityPolicy`'s).
+                API passes its :class:`~infscaler.base.security.SecurityPolicy`'s).
 
         Raises:
             ServiceError: (409) the name is taken and ``replace`` is false; (503) not
@@ -447,8 +430,6 @@ class Service:
             ConfigError / InfScalerError: compile or partitioning failed.
             InstanceStartError: an instance failed to start (message names the unit).
         """
-        from infscaler.runtime.route import Route
-
         if not self._started or self._stopping:
             raise ServiceError("the service is not running", 503)
         cfg = self._planned(cfg, progress)
@@ -538,11 +519,9 @@ class Service:
         Raises:
             InfScalerError: no configuration meets the SLO (the search's reason).
         """
-        from infscaler.runtime.autoplan import needs_planning, plan_pipeline
 
         if self.objective != "auto" or not needs_planning(cfg):
             return cfg
-        from infscaler.device import load_profile
 
         progress(f"planning {cfg.name}: K, cuts, threads and instances for its SLO")
         planned, outcome = plan_pipeline(
@@ -558,10 +537,7 @@ class Service:
     def _check_fits(self, compiled: CompiledPipeline, old: Deployment | None) -> list[str]:
         """Refuse (ConfigError) a pipeline whose engines, precisions, instances, cores or
         memory do not fit the device profile with what is already deployed
-        (:func:`infscaler.device.check_pipeline`); returns its warnings."""
-        from infscaler.device import check_pipeline
-        from infscaler.errors import ConfigError
-        from infscaler.runtime.monitor import Monitor
+        (:func:`infscaler.base.device.check_pipeline`); returns its warnings."""
 
         others = [
             h
@@ -586,7 +562,6 @@ class Service:
             if self.device is not None:
                 raise
             # no profile given: say why this host lacks the engines it refused
-            from infscaler.runtime.engines import engine_availability
 
             why = [
                 f"this host has no {kind} engine: {reason}"
@@ -789,8 +764,6 @@ class Service:
         """
         dep = self.deployment(name)
         if self._stopping:
-            from infscaler.runtime.frontend import RequestError
-
             raise RequestError("the service is stopping")
         return self.frontend.submit(dep.route, inputs, timeout_s, arrived_s)
 
@@ -824,7 +797,6 @@ class Service:
         """Per unit: partition, B_k, instances (engine, pid, cores, MB), queue length
         (tokens in flight at its stage), P50 / P99 compute and queue ms, and a fused
         unit's steps (:func:`~infscaler.runtime.monitor.step_totals`)."""
-        from infscaler.runtime.monitor import step_totals
 
         ch = self.channel.stats()
         snap = dep.route.stats.snapshot()
@@ -884,8 +856,6 @@ class Service:
         mgr = self.manager.stats()["manager"]
         resources: dict[str, Any] = {}
         with contextlib.suppress(Exception):
-            from infscaler.runtime.monitor import Monitor
-
             cap = Monitor(self).cap()
             resources = {
                 "device": self.device_profile().name,

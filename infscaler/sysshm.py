@@ -18,7 +18,7 @@ Keys are ``shm_open`` names: ``"/name"`` or ``"name"`` (one path component; the 
 belongs to the runtime's own tensor pool (:mod:`infscaler.shm.pool`), which clients must
 not be able to map through the API.
 
-Who may use what (:mod:`infscaler.security`): the service opens an object for a client
+Who may use what (:mod:`infscaler.base.security`): the service opens an object for a client
 only if that client (its uid, gid and supplementary groups, from the socket) could open
 it for reading and writing itself; a region belongs to the uid that registered it, and
 other clients that are not the service's user or root can neither see, use nor
@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
+from infscaler.base.security import Peer, is_privileged, may_read_write
 from infscaler.protocol import (
     DATATYPES,
     ProtocolError,
@@ -50,7 +51,6 @@ from infscaler.protocol import (
     tensor_to_bytes,
 )
 from infscaler.protocol_tensors import parse_bytes as _parse_bytes
-from infscaler.security import Peer, is_privileged, may_read_write
 
 try:
     import _posixshmem

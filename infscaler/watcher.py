@@ -47,6 +47,10 @@ from typing import Any
 
 import yaml
 
+from infscaler.base.config import load_pipeline
+from infscaler.base.errors import ConfigError, InfScalerError
+from infscaler.client import Client
+
 __all__ = ["PipelineWatcher", "SyncResult", "read_pipeline_dir", "start_watching"]
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -134,8 +138,6 @@ class PipelineWatcher:
 
     def sync(self) -> SyncResult:
         """One look (see the module docstring); never raises for a refused file."""
-        from infscaler.client import Client
-        from infscaler.errors import InfScalerError
 
         res = SyncResult()
         try:
@@ -213,9 +215,6 @@ def start_watching(
     Raises:
         ConfigError: DIR is not a directory, or one of its files is not a valid pipeline.
     """
-    from infscaler.client import Client
-    from infscaler.config import load_pipeline
-    from infscaler.errors import ConfigError
 
     directory = Path(directory)
     if not directory.is_dir():

@@ -41,9 +41,11 @@ from typing import Literal
 import numpy as np
 import onnx
 
-import infscaler
-from infscaler.device import DeviceProfile
-from infscaler.errors import InfScalerError
+from infscaler.base import __version__
+from infscaler.base.device import DeviceProfile
+from infscaler.base.engines import available
+from infscaler.base.errors import InfScalerError
+from infscaler.base.slo import SLO, parse_slo  # noqa: F401 - re-exported
 from infscaler.partitioner import cost as cost_mod
 from infscaler.partitioner import extract, profiler, search
 from infscaler.partitioner.graph import OperatorGraph
@@ -55,8 +57,6 @@ from infscaler.partitioner.plan import (
     tensor_list,
     write_plan,
 )
-from infscaler.partitioner.slo import SLO, parse_slo  # noqa: F401 - re-exported
-from infscaler.runtime.engines import available
 
 Measure = Literal["flops", "time"]
 Progress = Callable[[str], None]
@@ -413,7 +413,7 @@ def _summary(
     total_flops = int(sum(cost.flops for cost in costs.values()))
     return {
         "format": PLAN_FORMAT,
-        "infscaler_version": infscaler.__version__,
+        "infscaler_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": {
             "path": str(loaded.path.resolve()),

@@ -25,7 +25,7 @@ beyond tolerance.
 References: ONNX IR spec (graphs, subgraph outer-scope names, external data:
 https://onnx.ai/onnx/repo-docs/IR.html, ExternalData.md); onnxruntime Python API
 (``InferenceSession``, ``SessionOptions``). Sessions are built by the engine layer's
-loader (:func:`infscaler.runtime.engines.onnxrt.load_session`) on an engine kind
+loader (:func:`infscaler.base.engines.onnxrt.load_session`) on an engine kind
 (``cpu`` by default), never from raw execution-provider lists.
 """
 
@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infscaler.errors import PartitionError, VerificationError
+from infscaler.base.engines.onnxrt import load_session, session_options
+from infscaler.base.errors import PartitionError, VerificationError
 from infscaler.partitioner.loader import LoadedModel, random_feeds
 from infscaler.partitioner.subgraphs import free_names, subgraphs
 from infscaler.partitioner.weights import StubModel, structure_only
@@ -398,8 +399,6 @@ def save_partition(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None
 def _make_session(part: PartLike, engine: str, options: Any) -> Any:
     import onnxruntime as ort
 
-    from infscaler.runtime.engines.onnxrt import load_session
-
     if isinstance(part, ort.InferenceSession):
         return part
     if isinstance(part, StubModel):
@@ -421,7 +420,7 @@ def load_sessions(
     parts: Sequence[PartLike], engine: str = "cpu", session_options: Any = None
 ) -> list[Any]:
     """One onnxruntime ``InferenceSession`` per part, built once for reuse by the engine
-    layer's loader (:func:`~infscaler.runtime.engines.onnxrt.load_session`).
+    layer's loader (:func:`~infscaler.base.engines.onnxrt.load_session`).
 
     Args:
         parts: sub-models as ``onnx.ModelProto``, paths of ``.onnx`` files,
@@ -661,7 +660,6 @@ def _session_options(optimized: bool = True, threads: int | None = None) -> Any:
     """The engine layer's session options: full graph optimisations, or none; warnings
     silenced; ``threads`` intra-op threads (None: onnxruntime's default); spinning as
     onnxruntime's default (verification is not served)."""
-    from infscaler.runtime.engines.onnxrt import session_options
 
     return session_options(threads, optimization="all" if optimized else "none", spinning=None)
 

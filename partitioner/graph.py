@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from infscaler.errors import PartitionError
+from infscaler.base.errors import PartitionError
 from infscaler.partitioner.cost import constant_tensors
 from infscaler.partitioner.extract import PartitionSpec
 from infscaler.partitioner.loader import LoadedModel

@@ -22,7 +22,7 @@ Where each large weight lies on disk is recorded too (:attr:`LoadedModel.weight_
 found in the same bytes; see :mod:`.weights`), so that the partitioner's onnxruntime
 sessions read the weights from the file instead of copying them.
 
-Every failure raises a subclass of :class:`~infscaler.errors.InfScalerError` whose message
+Every failure raises a subclass of :class:`~infscaler.base.errors.InfScalerError` whose message
 says what was wrong and what to do; nothing is written anywhere.
 """
 
@@ -39,7 +39,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from infscaler.errors import ModelLoadError, ShapeError
+from infscaler.base.engines.onnxrt import load_session
+from infscaler.base.errors import ModelLoadError, ShapeError
 from infscaler.partitioner.subgraphs import node_reads
 from infscaler.partitioner.weights import (
     MIN_REFERENCED_BYTES,
@@ -376,8 +377,6 @@ def _check_runnable(model_bytes_or_path: bytes | str, path: Path) -> None:
     """Create an onnxruntime CPU session (no graph optimisation) to prove it can run."""
     import onnxruntime as ort
 
-    from infscaler.runtime.engines.onnxrt import load_session
-
     try:
         load_session(model_bytes_or_path, threads=None, optimization="none", spinning=None)
     except ModelLoadError as exc:
@@ -503,7 +502,6 @@ def _shapes_by_execution(
     model: onnx.ModelProto, names: list[str], feeds: dict[str, np.ndarray]
 ) -> dict[str, TensorInfo]:
     """Run ``model`` once with every name in ``names`` exposed as an output; record shapes."""
-    from infscaler.runtime.engines.onnxrt import load_session
 
     probe = onnx.ModelProto()
     probe.CopyFrom(model)

@@ -22,7 +22,7 @@ from typing import Any
 import onnx
 import yaml
 
-from infscaler.errors import InfScalerError, PartitionError
+from infscaler.base.errors import InfScalerError, PartitionError
 
 PLAN_FILE = "plan.yaml"
 PLAN_FORMAT = 1

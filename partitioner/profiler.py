@@ -15,15 +15,15 @@ onnxruntime on the engines this host really has:
   as ``fixed_ms + per_mb_ms * MB``.
 
 Every session and every engine comes from the engine layer
-(:mod:`infscaler.runtime.engines`), so a partition is profiled on the backend that will
+(:mod:`infscaler.base.engines`), so a partition is profiled on the backend that will
 serve it: on ``cpu`` an onnxruntime session with the cpu engine's own options
-(:func:`~infscaler.runtime.engines.onnxrt.load_session`); on ``gpu`` / ``dla`` the timed
+(:func:`~infscaler.base.engines.onnxrt.load_session`); on ``gpu`` / ``dla`` the timed
 runs (T_o, :func:`measure_latency`) go through the serving engine itself
-(:func:`~infscaler.runtime.engines.create_engine`: TensorRT, or onnxruntime's CUDA EP),
+(:func:`~infscaler.base.engines.create_engine`: TensorRT, or onnxruntime's CUDA EP),
 and per-node times come from onnxruntime's profiler where onnxruntime serves the engine.
-Which engines exist is :func:`infscaler.runtime.engines.available`; an engine the host
+Which engines exist is :func:`infscaler.base.engines.available`; an engine the host
 lacks is never faked: asking for it raises
-:class:`~infscaler.runtime.engines.EngineUnavailable`.
+:class:`~infscaler.base.engines.EngineUnavailable`.
 
 Results are cached as JSON under ``cache_dir() / "profiles"``, keyed by model hash,
 engine, :func:`host_fingerprint` and the input shapes / measurement settings.
@@ -51,27 +51,29 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
-from infscaler.errors import ConfigError, ModelLoadError
-from infscaler.models import cache_dir
-from infscaler.partitioner.weights import StubModel
-from infscaler.runtime.engines import (
+from infscaler.base.engines import (
     ENGINE_KINDS,
     create_engine,
     engine_backend,
     require_engine,
 )
-from infscaler.runtime.engines.onnxrt import (
+from infscaler.base.engines.onnxrt import (
     CPU_PROVIDER,
     execution_providers,
     load_session,
     session_options,
 )
+from infscaler.base.errors import ConfigError, ModelLoadError
+from infscaler.base.models import cache_dir
+from infscaler.partitioner.weights import StubModel
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 _CPU = CPU_PROVIDER
 _TEGRA_RELEASE = Path("/etc/nv_tegra_release")
@@ -111,8 +113,8 @@ def _backend(engine: str) -> str:
 
 def profiled_engines() -> dict[str, str | None]:
     """Engine kind -> the backend that serves (and so profiles) it here, or None when the
-    host lacks it (:func:`infscaler.runtime.engines.engine_backend` of each of
-    :data:`~infscaler.runtime.engines.ENGINE_KINDS`, cpu first)."""
+    host lacks it (:func:`infscaler.base.engines.engine_backend` of each of
+    :data:`~infscaler.base.engines.ENGINE_KINDS`, cpu first)."""
     return {kind: engine_backend(kind) for kind in ENGINE_KINDS}
 
 
@@ -154,6 +156,8 @@ def host_fingerprint() -> str:
     ``/proc/cpuinfo``, ``os.cpu_count()`` and the onnxruntime version: a profile measured
     elsewhere, or with another onnxruntime, is never reused.
     """
+    import onnxruntime as ort  # on first use: importing the partitioner stays cheap
+
     parts = [
         platform.node(),
         platform.machine(),
@@ -173,6 +177,8 @@ def host_description() -> dict[str, Any]:
         providers), "engines" (engine -> serving backend or None,
         :func:`profiled_engines`)}``.
     """
+    import onnxruntime as ort
+
     return {
         "fingerprint": host_fingerprint(),
         "hostname": platform.node(),
@@ -405,7 +411,7 @@ def _served(
     cpu: an onnxruntime session with the cpu engine's options (``ORT_ENABLE_ALL``,
     ``threads`` intra-op threads, sequential, no spinning; built from bytes or a stub,
     which the cpu engine itself, taking files only, cannot); other engines:
-    :func:`~infscaler.runtime.engines.create_engine` (``fp16`` on the DLA), loaded from
+    :func:`~infscaler.base.engines.create_engine` (``fp16`` on the DLA), loaded from
     :func:`_model_file`.
     """
     if engine == "cpu":
@@ -570,7 +576,7 @@ def profile_model(
 
     Raises:
         EngineUnavailable: the host lacks ``engine`` (the message is
-            :func:`infscaler.runtime.engines.available`'s reason).
+            :func:`infscaler.base.engines.available`'s reason).
         ConfigError: an unknown engine; ``warmup < 0``, ``repeats < 1`` or ``threads < 1``;
             a stub for an engine other than cpu.
         ModelLoadError: onnxruntime cannot create a session or run the model with

@@ -82,7 +82,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from infscaler.errors import PartitionError
+from infscaler.base.errors import PartitionError
 
 __all__ = [
     "SearchResult",

@@ -41,6 +41,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from infscaler.base.engines.onnxrt import load_session
+
 __all__ = [
     "MIN_REFERENCED_BYTES",
     "StubModel",
@@ -101,14 +103,13 @@ class StubModel:
 
     def session(self, options: Any, engine: str = "cpu") -> Any:
         """An ``onnxruntime.InferenceSession`` of the stub on ``engine``, from the engine
-        layer's loader (:func:`~infscaler.runtime.engines.onnxrt.load_session`).
+        layer's loader (:func:`~infscaler.base.engines.onnxrt.load_session`).
         ``options`` (a ``SessionOptions``) gets the external-initializer folder entry.
 
         Raises:
             EngineUnavailable: the host lacks ``engine`` or onnxruntime does not serve it.
             ModelLoadError: onnxruntime cannot load the stub (or a referenced file).
         """
-        from infscaler.runtime.engines.onnxrt import load_session
 
         return load_session(
             self.data, engine=engine, options=options, external_data_folder=self.folder

@@ -1,1 +1,1 @@
-"""Bundled device profiles (YAML), loaded by :func:`infscaler.device.load_profile`."""
+"""Bundled device profiles (YAML), loaded by :func:`infscaler.base.device.load_profile`."""

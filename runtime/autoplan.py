@@ -25,6 +25,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infscaler.base.config import validate_pipeline
+from infscaler.base.errors import InfScalerError
+from infscaler.base.models import MODELS, resolve_model
+from infscaler.base.slo import parse_slo
+from infscaler.partitioner.api import partition_model
+from infscaler.partitioner.profiler import usable_cores
+from infscaler.runtime.planner import cpu_cores, resource_cap
+from infscaler.runtime.stageprofile import measure_model_stage, search_measured
+
 __all__ = ["needs_planning", "plan_pipeline"]
 
 
@@ -80,15 +89,6 @@ def plan_pipeline(
             search's last explain line).
     """
     import hashlib
-
-    from infscaler.config import validate_pipeline
-    from infscaler.errors import InfScalerError
-    from infscaler.models import MODELS, resolve_model
-    from infscaler.partitioner.api import partition_model
-    from infscaler.partitioner.profiler import usable_cores
-    from infscaler.partitioner.slo import parse_slo
-    from infscaler.runtime.planner import cpu_cores, resource_cap
-    from infscaler.runtime.stageprofile import measure_model_stage, search_measured
 
     spec = parse_slo(cfg.slo)
     if spec.ms is None and spec.factor is None:

@@ -32,6 +32,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from infscaler.runtime.batching import choose_batch
+from infscaler.runtime.control import ScaledService
 from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.scaler import Decision, ScalerConfig, ScalerState, decide
 
@@ -39,7 +41,7 @@ log = logging.getLogger("infscaler.autoscaler")
 
 
 def scaler_config(autoscale: Any) -> ScalerConfig:
-    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.config.AutoscaleConfig`."""
+    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.base.config.AutoscaleConfig`."""
     return ScalerConfig(
         violation_ratio=autoscale.violation_ratio,
         cooldown_s=autoscale.cooldown_s,
@@ -59,7 +61,7 @@ class Autoscaler:
             ``autoscale.interval_s``).
     """
 
-    def __init__(self, service: Any, tick_s: float = 0.25) -> None:
+    def __init__(self, service: ScaledService, tick_s: float = 0.25) -> None:
         self.service = service
         self.tick_s = tick_s
         self._states: dict[str, ScalerState] = {}
@@ -140,7 +142,6 @@ class Autoscaler:
         W_b + T_b <= the unit's share of the SLO and W_b + T_b <= b T_1 at its current
         per-instance arrival rate (:func:`infscaler.runtime.batching.choose_batch`), sent
         to each instance that runs another size. Returns ``{instance id: batch}``."""
-        from infscaler.runtime.batching import choose_batch
 
         slo = dep.pipeline.config.slo_ms
         if slo is None:

@@ -74,9 +74,9 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from infscaler.base.errors import InfScalerError
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
-from infscaler.errors import InfScalerError
 from infscaler.runtime.admission import ArrivalDecision, ArrivalSnapshot, Refusal, admit_request
 from infscaler.runtime.pipeline import (
     ERROR,

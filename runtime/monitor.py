@@ -34,7 +34,7 @@ grows. (The zygote's own share is not an instance's: it is a fixed cost of the s
 post-processing, count against memory only). Cores count what is pinned, not what is
 busy (:meth:`Monitor.pinned_threads`): the threads of every starting or ready cpu
 instance of a model stage, against the profile's thread slots (cores x
-``threads_per_core``, :meth:`infscaler.device.Accelerator.thread_slots`). Busy cores
+``threads_per_core``, :meth:`infscaler.base.device.Accelerator.thread_slots`). Busy cores
 read low exactly when it matters (instances loading, requests shed, stages waiting on
 each other), which let an overloaded 2-core host grow one partition to 6 instances; a
 pinned thread is a core taken whether it is busy or not. A function-stage instance pins
@@ -72,7 +72,8 @@ from typing import Any
 
 import psutil
 
-from infscaler.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
+from infscaler.base.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
+from infscaler.runtime.control import ScaledService
 from infscaler.runtime.scaler import EngineOption, ResourceCap, Snapshot, UnitState
 
 #: busy cores (:meth:`Monitor.cores_busy`) are measured over at most this long, s ...
@@ -152,7 +153,7 @@ class Monitor:
         window_s: the sliding window for rates and percentiles, s.
     """
 
-    def __init__(self, service: Any, window_s: float = 10.0) -> None:
+    def __init__(self, service: ScaledService, window_s: float = 10.0) -> None:
         self.service = service
         self.window_s = window_s
         # (monotonic s, {pid: CPU seconds}) samples for cores_busy

@@ -38,8 +38,16 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infscaler.config import DATATYPES, InputSpec, PipelineConfig, StageConfig
-from infscaler.errors import ConfigError, InfScalerError
+from infscaler.base.config import DATATYPES, InputSpec, PipelineConfig, StageConfig
+from infscaler.base.errors import ConfigError, InfScalerError
+from infscaler.base.models import MODELS, resolve_model
+from infscaler.base.security import (
+    FunctionNotAllowedError,
+    check_function_module,
+    check_plain_function,
+)
+from infscaler.partitioner.loader import parse_shapes
+from infscaler.partitioner.plan import read_plan
 
 log = logging.getLogger("infscaler.runtime")
 
@@ -93,7 +101,7 @@ class Unit:
         out_map: engine output name -> slot tensor (model units).
         inputs / outputs: slot tensors read / written.
         carry: received slot tensors this unit passes on unchanged.
-        fan_out / fan_in: see :mod:`infscaler.config`; per_item: runs once per item.
+        fan_out / fan_in: see :mod:`infscaler.base.config`; per_item: runs once per item.
         engine / precision / threads / instances / shapes: how instances run.
         max_threads: the most intra-op threads the scaler may give one cpu instance
             (``scale_up``; None: ``threads`` is fixed).
@@ -262,10 +270,10 @@ def compile_pipeline(
     ``state_dir/plans``), and lay out the units.
 
     Args:
-        cfg: a validated :class:`~infscaler.config.PipelineConfig`.
+        cfg: a validated :class:`~infscaler.base.config.PipelineConfig`.
         state_dir: where deploy-time plans are kept (default ``$INFSCALER_STATE_DIR`` or
             ``~/.local/state/infscaler``).
-        device: a :class:`~infscaler.device.DeviceProfile` passed to the partitioner.
+        device: a :class:`~infscaler.base.device.DeviceProfile` passed to the partitioner.
         progress: called with a line per step (partitioning takes seconds).
         allowed_functions: the modules function stages may come from (None: any; see
             :func:`load_function`). Every function stage must name a plain function
@@ -276,8 +284,6 @@ def compile_pipeline(
             available when a stage runs, outputs never produced, unknown functions.
         InfScalerError: partitioning failed (the partitioner's message).
     """
-    from infscaler.models import MODELS, resolve_model
-    from infscaler.partitioner.plan import read_plan
 
     state_dir = Path(state_dir or default_state_dir())
     units: list[Unit] = []
@@ -330,11 +336,13 @@ def compile_pipeline(
                 progress(f"{stage.name}: reusing plan {plan_dir}")
                 plan = read_plan(plan_dir, load_parts=False)
             else:
-                from infscaler.partitioner.api import partition_model
-
                 progress(
                     f"{stage.name}: partitioning {model_path.name} (K={stage.partitions or 'search'})"
                 )
+                # why: the partitioner (~30 modules: search, profiler, extract, ...) only when
+                # a stage is partitioned now; instances and the service never load it else
+                from infscaler.partitioner.api import partition_model
+
                 plan = partition_model(
                     model_path,
                     shapes=shapes,
@@ -378,8 +386,6 @@ def compile_pipeline(
             parts = [(model_path, list(model_inputs), list(model_outputs), None)]
             shapes_of = {}
             if stage.shapes:
-                from infscaler.partitioner.loader import parse_shapes
-
                 shapes_of = {k: list(v) for k, v in parse_shapes(stage.shapes).items()}
         in_mapping = dict(stage.inputs or {})
         out_mapping = dict(stage.outputs or {})
@@ -467,7 +473,6 @@ def compile_pipeline(
 def _check_function(
     spec: str, where: str, allowed: Sequence[str] | None = None
 ) -> Callable[..., Any]:
-    from infscaler.security import FunctionNotAllowedError
 
     try:
         return load_function(spec, allowed, plain=True)
@@ -493,12 +498,10 @@ def load_function(
 
     Raises:
         FunctionNotAllowedError: (403) the module is not allowed, or ``attr`` is not a
-            plain function of it (:mod:`infscaler.security`).
+            plain function of it (:mod:`infscaler.base.security`).
         InfScalerError: the module cannot be imported or has no such callable.
     """
     import importlib
-
-    from infscaler.security import check_function_module, check_plain_function
 
     if allowed is not None:
         check_function_module(spec, allowed)
@@ -534,7 +537,7 @@ def fuse_units(units: list[Unit], fuse: Mapping[str, bool], outputs: Sequence[st
       share a unit;
     * a stage with ``fuse: false`` stays its own unit (a model stage then takes no
       function in); so does a function stage that sets its own ``instances``,
-      ``max_instances`` or ``threads`` (:meth:`~infscaler.config.StageConfig.fuses`), a
+      ``max_instances`` or ``threads`` (:meth:`~infscaler.base.config.StageConfig.fuses`), a
       model stage with dynamic ``batching`` (its batches stack the model's own
       inputs), and a function stage with no model next to it (a pipeline of functions
       only is unchanged).

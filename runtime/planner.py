@@ -57,6 +57,8 @@ from typing import Any
 
 import numpy as np
 
+from infscaler.base.errors import PartitionError
+from infscaler.partitioner import search as _search
 from infscaler.runtime import arrivals as _arrivals
 from infscaler.runtime.scaler import ResourceCap, ScalerConfig
 from infscaler.runtime.simulator import (
@@ -196,7 +198,7 @@ class PlanResult:
 
 
 def resource_cap(device: Any) -> ResourceCap:
-    """R^m from a :class:`~infscaler.device.DeviceProfile`, a :class:`ResourceCap`, or None
+    """R^m from a :class:`~infscaler.base.device.DeviceProfile`, a :class:`ResourceCap`, or None
     (no limit but the control path's :data:`MAX_PER_UNIT` per unit)."""
     if device is None:
         return ResourceCap(memory_cap_mb=math.inf, memory_used_mb=0.0, max_instances={}, cores=0)
@@ -741,7 +743,7 @@ class ModelStage:
         activations_mb: peak activations of the whole model, MB (each instance counted
             with it: an upper bound for a partition).
         instance_overhead_mb: memory of an idle instance process, MB
-            (:data:`infscaler.device.INSTANCE_OVERHEAD_MB`).
+            (:data:`infscaler.base.device.INSTANCE_OVERHEAD_MB`).
         cv: coefficient of variation of the measured whole-model time (used per unit).
         unit_ms: measured per-partition times that replace the estimate: ``(cuts, threads)
             -> (ms per partition, ...)``.
@@ -785,8 +787,6 @@ class ModelStage:
         self, max_partitions: int, objectives: Sequence[str]
     ) -> dict[tuple[int, ...], list[str]]:
         """Candidate cut sets -> the objectives that chose them (K = 1: ``()``, ``["k1"]``)."""
-        from infscaler.errors import PartitionError
-        from infscaler.partitioner import search as _search
 
         out: dict[tuple[int, ...], list[str]] = {(): ["k1"]}
         w = self.weights_bytes or None
@@ -815,7 +815,6 @@ class ModelStage:
 
     def eq1_cuts(self, max_partitions: int) -> tuple[int, ...]:
         """The cuts Eq. 1 chooses on its own (K in 1..``max_partitions``, no SLO bound)."""
-        from infscaler.partitioner import search as _search
 
         return _search.search_partitions(
             self.costs,
@@ -1029,8 +1028,6 @@ def search(
             than ``max_candidates`` combinations.
     """
     import itertools
-
-    from infscaler.partitioner import search as _search
 
     if not (isinstance(slo_ms, int | float) and math.isfinite(slo_ms) and slo_ms > 0):
         raise ValueError(f"slo_ms must be a positive number of ms, got {slo_ms!r}")

@@ -2,10 +2,10 @@
 against (tests, ``run_ocr_reference``).
 
 Every model stage runs its WHOLE model in one onnxruntime CPU session (built by the
-engine layer's :func:`~infscaler.runtime.engines.onnxrt.load_session`; no partitions, no
+engine layer's :func:`~infscaler.base.engines.onnxrt.load_session`; no partitions, no
 processes, no shared memory, no tokens); function stages are called directly with
 read-only views and their results checked against the function-stage contract of
-:mod:`infscaler.config`; a fan-out's items run the per-item stages one by one and the
+:mod:`infscaler.base.config`; a fan-out's items run the per-item stages one by one and the
 fan-in gets them in item order. The semantics of the served pipeline, implemented the
 obvious way.
 """
@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from infscaler.base.engines.onnxrt import load_session
+from infscaler.base.models import resolve_model
 from infscaler.runtime.pipeline import load_function as _load_function
 
 __all__ = ["run_pipeline_reference"]
@@ -29,7 +31,6 @@ _PLAIN_KINDS = "biufUS"
 
 @functools.cache
 def _session(path: str) -> Any:
-    from infscaler.runtime.engines.onnxrt import load_session
 
     # onnxruntime's own defaults (threads, spinning): the reference is not a served instance
     return load_session(path, threads=None, spinning=None)
@@ -40,7 +41,6 @@ def _model_runner(model: Any) -> Any:
     has them, else a (cached) CPU session of the resolved alias or path."""
     if hasattr(model, "run") and hasattr(model, "get_inputs"):
         return model
-    from infscaler.models import resolve_model
 
     return _session(str(Path(resolve_model(model)).resolve()))
 
@@ -94,7 +94,7 @@ def run_pipeline_reference(
     *,
     models: Mapping[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run a pipeline mapping (the YAML format of :mod:`infscaler.config`) in-process:
+    """Run a pipeline mapping (the YAML format of :mod:`infscaler.base.config`) in-process:
     function stages called directly (read-only input views, outputs checked against
     the contract), model stages on WHOLE models with onnxruntime (CPU); ``partitions``,
     ``engine`` and ``instances`` are ignored. Between the ``fan_out`` stage and the

@@ -2,7 +2,7 @@
 steps; and the errors a stage raises.
 
 :class:`ModelRunner` (an ONNX partition on the CPU / GPU / DLA engine of
-:mod:`infscaler.runtime.engines`, with its warm-up, batch profile and thread probes),
+:mod:`infscaler.base.engines`, with its warm-up, batch profile and thread probes),
 :class:`FunctionRunner` (a Python function stage, ``module:function``), and
 :class:`FusedRunner` (consecutive units run one after another in one process,
 :func:`~infscaler.runtime.pipeline.fuse_units`). Each is called with the input tensors
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.runtime.engines import create_engine
-from infscaler.runtime.engines.base import pin_process
+from infscaler.base.engines import create_engine
+from infscaler.base.engines.base import pin_process
 from infscaler.runtime.pipeline import Unit, load_function
 
 __all__ = [
@@ -71,7 +71,7 @@ class StageInputError(StageError, ValueError):
 
 
 class ModelRunner:
-    """Runs a model unit on its engine (:mod:`infscaler.runtime.engines`)."""
+    """Runs a model unit on its engine (:mod:`infscaler.base.engines`)."""
 
     def __init__(self, unit: Unit, cores: list[int] | None) -> None:
         self.unit = unit

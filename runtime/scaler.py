@@ -133,7 +133,7 @@ class ResourceCap:
         memory_used_mb: memory in use now (sum of instance PSS + pool mapped), MB.
         max_instances: per engine, instance slots (the profile's ``max_instances``).
         cores: cpu thread slots: its cores x the profile's ``threads_per_core``
-            (:meth:`infscaler.device.Accelerator.thread_slots`; 0: do not count cores).
+            (:meth:`infscaler.base.device.Accelerator.thread_slots`; 0: do not count cores).
         physical_cores: the cpu's cores themselves (no ``threads_per_core``), which
             :attr:`Snapshot.cores_busy` is compared with (0: not known).
     """

@@ -249,7 +249,7 @@ def config_memory_mb(
 
 
 def cap_from_profile(profile: Any, host_cores: int | None = None) -> ResourceCap:
-    """R^m of a :class:`~infscaler.device.DeviceProfile` (as the monitor reads it): memory
+    """R^m of a :class:`~infscaler.base.device.DeviceProfile` (as the monitor reads it): memory
     cap, instance slots per engine (a DLA's times its core count), CPU thread slots (the
     profile's core set, or this host's / ``host_cores`` when it lists none, times the cpu
     entry's ``threads_per_core``)."""

@@ -26,8 +26,13 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infscaler.device import INSTANCE_OVERHEAD_MB
-from infscaler.runtime.planner import ModelStage
+from infscaler.base.device import INSTANCE_OVERHEAD_MB
+from infscaler.partitioner import cost as cost_mod
+from infscaler.partitioner import profiler
+from infscaler.partitioner.api import _cpu_source, partition_model
+from infscaler.partitioner.graph import OperatorGraph
+from infscaler.partitioner.loader import load_model, random_feeds
+from infscaler.runtime.planner import ModelStage, search
 
 __all__ = ["measure_model_stage", "measure_units", "search_measured"]
 
@@ -55,11 +60,6 @@ def measure_model_stage(
     Raises:
         ModelLoadError, ShapeError: a bad model file or shapes.
     """
-    from infscaler.partitioner import cost as cost_mod
-    from infscaler.partitioner import profiler
-    from infscaler.partitioner.api import _cpu_source
-    from infscaler.partitioner.graph import OperatorGraph
-    from infscaler.partitioner.loader import load_model, random_feeds
 
     progress(f"{name}: loading the model and costing operators")
     loaded = load_model(model, shapes, check_runnable=False)
@@ -123,7 +123,6 @@ def measure_units(
         PartitionError: a cut that is not a valid cut. ModelLoadError / ShapeError: a bad
             model or shapes. VerificationError: the parts do not reproduce the model.
     """
-    from infscaler.partitioner.api import partition_model
 
     plan = partition_model(model, shapes=shapes, cuts=list(cuts), threads=threads, repeats=repeats)
     return tuple(float(p["latency_ms"]["cpu"]) for p in plan.summary["partitions"])
@@ -151,7 +150,6 @@ def search_measured(
         stages / models / shapes: the model stages and their ONNX files (and shapes),
             in the same order; ``kwargs`` go to ``search`` (``rate``, ``cores``, ...).
     """
-    from infscaler.runtime.planner import search
 
     stages = list(stages)
     shapes = list(shapes) if shapes is not None else [None] * len(stages)

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import TypeVar
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 __all__ = [
     "INSTANCE_TRANSITIONS",

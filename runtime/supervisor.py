@@ -57,8 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from infscaler.errors import InfScalerError
-from infscaler.procutil import module_command
+from infscaler.base.errors import InfScalerError
+from infscaler.base.procutil import module_command
 from infscaler.runtime.handles import InstanceHandle, PendingRestart
 from infscaler.runtime.pipeline import Unit
 from infscaler.runtime.states import InstanceState

@@ -6,7 +6,7 @@ way :mod:`infscaler.runtime.reference` runs a pipeline, but unit by unit (a part
 model stage is K units, each its own partition's ONNX file) and timing each call:
 
 * model units: an onnxruntime CPU session of the unit's ONNX file built like the cpu
-  engine's own (:func:`infscaler.runtime.engines.onnxrt.load_session` with the unit's
+  engine's own (:func:`infscaler.base.engines.onnxrt.load_session` with the unit's
   ``threads``: sequential, no spinning), fed the slot tensors the earlier units
   produced; not pinned to cores;
 * function units: the function itself, on read-only views, after its ``warmup`` hook;
@@ -25,7 +25,7 @@ model units with ``batching`` (the sample input stacked b times along axis 0).
 
 Memory of one instance (r_k^m): the plan's estimate of weights + activations (a whole
 model without a plan: its ONNX file size; a function stage: 0) plus
-:data:`~infscaler.device.INSTANCE_OVERHEAD_MB`, the USS of an idle instance process
+:data:`~infscaler.base.device.INSTANCE_OVERHEAD_MB`, the USS of an idle instance process
 measured on the development host: the figure the monitor uses before an instance reports.
 
 Sample inputs: :func:`sample_inputs` makes them from the pipeline's input specs (seeded
@@ -46,7 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.errors import InfScalerError
+from infscaler.base.device import INSTANCE_OVERHEAD_MB
+from infscaler.base.engines.onnxrt import load_session
+from infscaler.base.errors import InfScalerError
+from infscaler.base.samples import render_text_image
+from infscaler.runtime.pipeline import load_function
 from infscaler.runtime.simulator import EngineProfile, UnitProfile
 
 __all__ = ["PipelineProfile", "profile_pipeline", "sample_inputs"]
@@ -122,8 +126,6 @@ class PipelineProfile:
 
 def _image(h: int | None, w: int | None) -> np.ndarray:
     try:
-        from infscaler.pipelines.ocr import render_text_image
-
         img = render_text_image(SAMPLE_TEXT)
     except Exception:  # noqa: BLE001 - no font / PIL: a plain random image instead
         img = np.random.default_rng(0).integers(0, 256, (96, 320, 3), dtype=np.uint8)
@@ -188,13 +190,9 @@ class _Runner:
         self.session: Any = None
         self.fn: Any = None
         if unit.kind == "model":
-            from infscaler.runtime.engines.onnxrt import load_session
-
             # the cpu engine's own session (same loader, same options)
             self.session = load_session(unit.path, engine="cpu", threads=max(1, int(unit.threads)))
         else:
-            from infscaler.runtime.pipeline import load_function
-
             self.fn = load_function(unit.function or "")
             warm = getattr(self.fn, "warmup", None)
             if callable(warm):
@@ -317,7 +315,7 @@ def profile_pipeline(
         repeats: timed runs per input (>= 1). warmup: untimed runs first (>= 0).
         device: a DeviceProfile: engines other than cpu are options only if it has them
             (None: only cpu).
-        instance_overhead_mb: default :data:`infscaler.device.INSTANCE_OVERHEAD_MB`.
+        instance_overhead_mb: default :data:`infscaler.base.device.INSTANCE_OVERHEAD_MB`.
 
     Raises:
         ValueError: bad repeats / warmup.
@@ -329,8 +327,6 @@ def profile_pipeline(
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
     if instance_overhead_mb is None:
-        from infscaler.device import INSTANCE_OVERHEAD_MB
-
         instance_overhead_mb = INSTANCE_OVERHEAD_MB
     if inputs is None:
         batches = [sample_inputs(compiled)]

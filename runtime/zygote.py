@@ -100,7 +100,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
+from infscaler.base.procutil import module_command
 
 log = logging.getLogger("infscaler.zygote")
 
@@ -115,8 +116,8 @@ BASE_MODULES = (
     "onnx",
     "psutil",
     "infscaler.runtime.instance",
-    "infscaler.runtime.engines",
-    "infscaler.runtime.engines.cpu",
+    "infscaler.base.engines",
+    "infscaler.base.engines.cpu",
     "infscaler.shm.client",
     "infscaler.shm.pool",
     "infscaler.shm.tensors",
@@ -285,6 +286,8 @@ def _child(sock: socket.socket, spec: dict[str, Any], fds: list[int]) -> None:
         _set_name(b"infscaler-inst")
         sys.argv = ["infscaler-instance"]
         spec = {**spec, "fd": fds[0], "status_fd": fds[1], "cmd_fd": fds[2]}
+        # why: imported here, not at the top: the service imports this module (ForkServer)
+        # and must not load the instance stack; the zygote has it preloaded (BASE_MODULES)
         from infscaler.runtime import instance
 
         code = instance.serve(spec)
@@ -399,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.disable()  # no collection in the zygote: it would leave holes in shared pages
     # before anything imports onnxruntime: its telemetry thread would make forking unsafe
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    # why: after ORT_DISABLE_TELEMETRY is set (the instance stack may import onnxruntime),
+    # and never in the service, which imports this module for ForkServer
     from infscaler.runtime.instance import _drop_capabilities, _set_pdeathsig
 
     _set_pdeathsig()
@@ -579,7 +584,6 @@ class ForkServer:
             log.warning("%s; instances start as fresh processes", self.last_error)
 
     def _launch(self) -> _Generation:
-        from infscaler.procutil import module_command
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

@@ -38,8 +38,8 @@ def smoke(cwd: str) -> None:
     import numpy as np
 
     import infscaler
+    from infscaler.base.samples import render_text_image
     from infscaler.client import Client
-    from infscaler.pipelines.ocr import render_text_image
 
     pkg = Path(infscaler.__file__).resolve().parent
     if "site-packages" not in str(pkg):

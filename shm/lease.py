@@ -48,8 +48,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from infscaler.base.errors import InfScalerError
 from infscaler.ebpf.token import Token
-from infscaler.errors import InfScalerError
 from infscaler.shm.pool import SlotRef
 from infscaler.shm.protocol import NO_REQUEST
 

@@ -55,8 +55,8 @@ import weakref
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
+from infscaler.base.errors import InfScalerError
 from infscaler.ebpf.token import NO_SLAB, Token, TokenKind
-from infscaler.errors import InfScalerError
 
 __all__ = [
     "DEFAULT_SIZE_CLASSES",

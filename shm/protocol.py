@@ -80,9 +80,9 @@ round). Hop 63 (``BARRIER_HOP``) and instance id 0xFFFF are reserved.
 
 from __future__ import annotations
 
+from infscaler.base.errors import InfScalerError
 from infscaler.ebpf.channel import MAX_HOPS
 from infscaler.ebpf.token import Token
-from infscaler.errors import InfScalerError
 
 __all__ = [
     "BARRIER_HOP",

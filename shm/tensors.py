@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 __all__ = [
     "ALIGNMENT",

@@ -35,7 +35,7 @@ import contextlib
 
 import numpy as np
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 __all__ = ["UnifiedMemoryUnavailable", "UnifiedSlab", "unified_memory_available"]
 

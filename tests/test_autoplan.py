@@ -15,9 +15,9 @@ from conftest import f32, make_model, rand, save
 from onnx import helper
 from typer.testing import CliRunner
 
+from infscaler.base.config import load_pipeline
+from infscaler.base.errors import InfScalerError
 from infscaler.cli import app
-from infscaler.config import load_pipeline
-from infscaler.errors import InfScalerError
 from infscaler.runtime.autoplan import needs_planning, plan_pipeline
 from infscaler.runtime.stageprofile import measure_model_stage
 
@@ -79,7 +79,7 @@ def test_cli_plan_explain_prints_the_candidates_and_the_winner(chain_path: Path)
 def test_a_pipeline_left_to_the_planner_deploys_its_choice(
     chain_path: Path, tmp_path: Path
 ) -> None:
-    from infscaler.device import load_profile
+    from infscaler.base.device import load_profile
     from infscaler.service import Service
 
     cfg = load_pipeline(
@@ -150,7 +150,7 @@ def test_search_measured_replaces_the_estimates_of_the_best_candidates(chain_pat
 
 def test_deploy_plans_only_what_is_left_to_the_planner(chain_path: Path, tmp_path: Path) -> None:
     # every way a pipeline arrives (serve, the API, the watcher) goes through deploy
-    from infscaler.cli_service import pipeline_from_arg, with_slo
+    from infscaler.cli_client import pipeline_from_arg, with_slo
     from infscaler.service import Service
 
     bare = with_slo(pipeline_from_arg(str(chain_path)), "500ms", True)

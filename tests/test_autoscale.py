@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import chain_pipeline
 
-from infscaler.config import load_pipeline
-from infscaler.device import DeviceProfile
-from infscaler.errors import ConfigError
+from infscaler.base.config import load_pipeline
+from infscaler.base.device import DeviceProfile
+from infscaler.base.errors import ConfigError
 from infscaler.runtime.frontend import RequestError
 from infscaler.runtime.monitor import Monitor
 from infscaler.service import Service
@@ -244,7 +244,7 @@ def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
 
 
 def test_serve_slo_and_autoscale_options_apply_to_a_pipeline() -> None:
-    from infscaler.cli_service import pipeline_from_arg, with_slo
+    from infscaler.cli_client import pipeline_from_arg, with_slo
 
     cfg = with_slo(pipeline_from_arg("ocr"), "300ms", True)
     assert cfg.slo_ms == 300.0 and cfg.autoscale is not None and cfg.autoscale.hold_s == 15.0

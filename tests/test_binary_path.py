@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
+from infscaler.base.config import load_pipeline
 from infscaler.client import Client, InferenceServerError
-from infscaler.config import load_pipeline
 from infscaler.protocol import (
     HEADER_LENGTH,
     decode_infer_request,

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from infscaler.base.errors import InfScalerError
 from infscaler.client import (
     DEFAULT_SOCKET,
     Client,
@@ -30,7 +31,6 @@ from infscaler.client import (
     ShmTensor,
     default_socket_path,
 )
-from infscaler.errors import InfScalerError
 from infscaler.protocol import (
     HEADER_LENGTH,
     ProtocolError,

@@ -471,7 +471,7 @@ def test_constant_tensors_mixed_graph(tmp_path):
 
 @pytest.mark.slow
 def test_resnet50_total_flops_matches_published():
-    from infscaler.models import resolve_model
+    from infscaler.base.models import resolve_model
 
     loaded = load_model(resolve_model("resnet50"))
     costs = model_costs(loaded)
@@ -488,7 +488,7 @@ def test_resnet50_total_flops_matches_published():
 
 @pytest.mark.slow
 def test_ppocrv4_det_every_node_costed():
-    from infscaler.models import resolve_model
+    from infscaler.base.models import resolve_model
 
     loaded = load_model(resolve_model("ppocrv4-det"), "x:1x3x640x640")
     costs = model_costs(loaded)

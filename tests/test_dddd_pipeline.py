@@ -162,7 +162,7 @@ def test_bad_inputs_are_clear_errors(image) -> None:
         )
     with pytest.raises(ValueError, match=r"rec_logits must be \[T, 1, 8210\]"):
         dddd.ctc_decode({"rec_logits": np.zeros((4, 1, 10), np.float32)})
-    from infscaler.errors import ModelLoadError
+    from infscaler.base.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="no ddddocr charset"):
         dddd.ctc_decode({"rec_logits": np.zeros((4, 1, 8210), np.float32)}, rec_model="x")
@@ -216,8 +216,8 @@ def test_bench_pipeline_case_configs() -> None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
-    from infscaler.config import load_pipeline
-    from infscaler.models import cache_dir
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.models import cache_dir
     from infscaler.server import ServerThread
     from infscaler.service import Service
 
@@ -293,7 +293,7 @@ def test_served_bad_requests_fail_alone(served, image) -> None:
 
 
 def test_bundled_by_name() -> None:
-    from infscaler.cli_service import pipeline_from_arg
+    from infscaler.cli_client import pipeline_from_arg
 
     cfg = pipeline_from_arg("dddd")
     assert cfg.name == "dddd" and cfg.outputs == ["texts", "boxes"]

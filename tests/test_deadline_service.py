@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import chain_pipeline, wait_for
 
-from infscaler.config import load_pipeline
+from infscaler.base.config import load_pipeline
 from infscaler.runtime.frontend import RequestError
 from infscaler.server import ServerThread
 from infscaler.service import Service

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from infscaler.config import load_pipeline
-from infscaler.device import (
+from infscaler.base.config import load_pipeline
+from infscaler.base.device import (
     HOST_MIN_CAP_MB,
     INSTANCE_OVERHEAD_MB,
     Accelerator,
@@ -22,7 +22,7 @@ from infscaler.device import (
     check_pipeline,
     load_profile,
 )
-from infscaler.errors import ConfigError
+from infscaler.base.errors import ConfigError
 from infscaler.runtime.pipeline import compile_pipeline
 from infscaler.runtime.telemetry import (
     ProcessMemoryError,

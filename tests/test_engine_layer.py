@@ -1,5 +1,5 @@
 """The one engine layer (issue 14): every onnxruntime session is built in
-``runtime/engines/``, one availability probe, one ``EngineUnavailable``.
+``infscaler/base/engines/``, one availability probe, one ``EngineUnavailable``.
 
 The source scans cover the installed package (its modules' own files) and the repo's
 ``bench/`` and ``scripts/``: benchmarks must time what serves. ``tests/`` is exempt: the
@@ -28,10 +28,7 @@ import infscaler.ebpf
 import infscaler.partitioner
 import infscaler.runtime
 import infscaler.shm
-from infscaler.errors import ConfigError, InfScalerError, ModelLoadError
-from infscaler.partitioner import extract, profiler
-from infscaler.partitioner.loader import load_model, random_feeds
-from infscaler.runtime.engines import (
+from infscaler.base.engines import (
     ENGINE_KINDS,
     EngineUnavailable,
     available,
@@ -39,9 +36,12 @@ from infscaler.runtime.engines import (
     engine_availability,
     require_engine,
 )
-from infscaler.runtime.engines.onnxrt import load_session, session_options
+from infscaler.base.engines.onnxrt import load_session, session_options
+from infscaler.base.errors import ConfigError, InfScalerError, ModelLoadError
+from infscaler.partitioner import extract, profiler
+from infscaler.partitioner.loader import load_model, random_feeds
 
-ENGINES_DIR = Path(infscaler.runtime.__file__).parent / "engines"
+ENGINES_DIR = Path(infscaler.base.engines.__file__).parent
 REPO = Path(__file__).resolve().parent.parent
 GPU_OK, GPU_REASON = available("gpu")
 
@@ -80,7 +80,7 @@ def _in_layer(path: Path) -> bool:
 
 def test_sessions_are_built_only_in_the_engine_layer() -> None:
     outside = [hit for p in _sources() if not _in_layer(p) for hit in _calls(p, _LAYER_ONLY_CALLS)]
-    assert outside == [], "build sessions with infscaler.runtime.engines.onnxrt:\n" + "\n".join(
+    assert outside == [], "build sessions with infscaler.base.engines.onnxrt:\n" + "\n".join(
         outside
     )
     inside = [hit for p in ENGINES_DIR.glob("*.py") for hit in _calls(p, ("InferenceSession",))]
@@ -100,7 +100,9 @@ def test_one_engine_unavailable_class_and_no_second_probe() -> None:
                 k in name.lower() for k in ("available_engines", "engine_unavailable")
             ):
                 found.append(f"{p}: def {name}")
-    assert [f for f in found if "runtime/engines/base.py: class EngineUnavailable" not in f] == []
+    assert [
+        f for f in found if "infscaler/base/engines/base.py: class EngineUnavailable" not in f
+    ] == []
     assert any("class EngineUnavailable" in f for f in found)
     assert issubclass(EngineUnavailable, InfScalerError)
     assert not hasattr(profiler, "EngineUnavailableError")
@@ -108,9 +110,9 @@ def test_one_engine_unavailable_class_and_no_second_probe() -> None:
 
 
 def test_engine_layer_imports_only_base_modules() -> None:
-    """runtime/engines/ imports infscaler.errors / device / config and itself only, so
+    """infscaler/base/engines/ imports infscaler.base.errors / device / config and itself only, so
     the partitioner can use it as a base-layer service."""
-    allowed = ("infscaler.errors", "infscaler.device", "infscaler.config")
+    allowed = ("infscaler.base.errors", "infscaler.base.device", "infscaler.base.config")
     bad = []
     for p in sorted(ENGINES_DIR.glob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
@@ -121,7 +123,7 @@ def test_engine_layer_imports_only_base_modules() -> None:
                 mods = [a.name for a in node.names]
             for m in mods:
                 if m.startswith("infscaler") and not (
-                    m in allowed or m.startswith("infscaler.runtime.engines")
+                    m in allowed or m.startswith("infscaler.base.engines")
                 ):
                     bad.append(f"{p.name}:{node.lineno} {m}")
     assert bad == []
@@ -300,9 +302,9 @@ def test_importing_the_layer_starts_no_threads() -> None:
             return len(os.listdir("/proc/self/task"))
         import numpy, onnx, onnxruntime
         base = threads()
-        import infscaler.runtime.engines as e
-        import infscaler.runtime.engines.cpu, infscaler.runtime.engines.gpu
-        from infscaler.runtime.engines.onnxrt import load_session
+        import infscaler.base.engines as e
+        import infscaler.base.engines.cpu, infscaler.base.engines.gpu
+        from infscaler.base.engines.onnxrt import load_session
         e.engine_availability()
         after = threads()
         m = onnx.helper.make_model(onnx.helper.make_graph(

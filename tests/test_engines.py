@@ -20,8 +20,7 @@ import pytest
 from conftest import f32, make_model, rand, save
 from onnx import TensorProto, helper
 
-from infscaler.errors import InfScalerError, ModelLoadError, ModelNotInstalledError
-from infscaler.runtime.engines import (
+from infscaler.base.engines import (
     ENGINE_KINDS,
     Engine,
     EngineUnavailable,
@@ -31,7 +30,8 @@ from infscaler.runtime.engines import (
     engine_availability,
     engine_class,
 )
-from infscaler.runtime.engines.tensorrt import EngineCache, bind_shapes, read_signature
+from infscaler.base.engines.tensorrt import EngineCache, bind_shapes, read_signature
+from infscaler.base.errors import InfScalerError, ModelLoadError, ModelNotInstalledError
 
 GPU_OK, GPU_REASON = engine_class("gpu").availability()
 DLA_OK, DLA_REASON = engine_class("dla").availability()
@@ -110,7 +110,7 @@ def dynamic_path(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def cls_path() -> Path:
     """The trained PP-OCR text-direction classifier (rapidocr_onnxruntime's wheel)."""
-    from infscaler.models import resolve_model
+    from infscaler.base.models import resolve_model
 
     try:
         return resolve_model("ppocr-cls")
@@ -318,7 +318,7 @@ def test_bad_model_files(tmp_path, cls_path):
 def _load_in_child(model: str, cores: list[int], queue: mp.Queue) -> None:
     """Runs in a spawned process: load a cpu engine pinned to ``cores``, report back."""
     try:
-        from infscaler.runtime.engines import create_engine as make
+        from infscaler.base.engines import create_engine as make
 
         eng = make("cpu", model, cores=cores).load()
         out = eng.infer({"x": np.zeros((2, 3, 48, 192), np.float32)})

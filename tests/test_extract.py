@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
-from infscaler.errors import PartitionError, VerificationError
+from infscaler.base.errors import PartitionError, VerificationError
 from infscaler.partitioner import extract
 from infscaler.partitioner.extract import (
     Chain,
@@ -575,7 +575,7 @@ def _split_in_two(loaded: LoadedModel) -> list[PartitionSpec]:
 
 @pytest.mark.slow
 def test_resnet50_two_partitions() -> None:
-    from infscaler.models import resolve_model
+    from infscaler.base.models import resolve_model
 
     loaded = load_model(resolve_model("resnet50"))
     specs = _split_in_two(loaded)

@@ -23,8 +23,8 @@ import pytest
 from conftest import chain_pipeline
 from conftest import wait_for as _wait_for
 
-from infscaler.config import load_pipeline
-from infscaler.device import DeviceProfile
+from infscaler.base.config import load_pipeline
+from infscaler.base.device import DeviceProfile
 from infscaler.runtime.frontend import RequestError
 from infscaler.runtime.scaler import (
     EngineOption,
@@ -164,7 +164,7 @@ _SERVE = textwrap.dedent(
     """
     import json, sys, time
     import numpy as np
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
     from infscaler.service import Service
     svc = Service(state_dir=sys.argv[1], control_path="userspace", pool_mb=64).start()
     svc.deploy(load_pipeline(json.loads(sys.argv[2])))

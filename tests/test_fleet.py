@@ -12,8 +12,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from infscaler.base.device import load_profile
 from infscaler.cli import app
-from infscaler.device import load_profile
 from infscaler.runtime.fleet import (
     CapacityCurve,
     FleetNode,

@@ -23,7 +23,7 @@ import yaml
 from conftest import chain_pipeline, f32, make_model, residual_model, save, wait_for
 from onnx import helper
 
-from infscaler.config import load_pipeline
+from infscaler.base.config import load_pipeline
 from infscaler.runtime.frontend import RequestError
 from infscaler.runtime.pipeline import compile_pipeline
 from infscaler.service import Service
@@ -171,7 +171,7 @@ def test_fuse_false_and_batching_keep_stages_apart(
 
 
 def test_fuse_on_a_fan_in_stage_is_refused(model: Path) -> None:
-    from infscaler.errors import ConfigError
+    from infscaler.base.errors import ConfigError
 
     d = fan_pipeline(model)
     stage(d, "gather")["fuse"] = True
@@ -220,8 +220,8 @@ def test_partitioned_model_pre_into_first_post_into_last(tmp_path: Path) -> None
 
 def test_ocr_compiles_to_three_served_units(tmp_path: Path) -> None:
     import infscaler
-    from infscaler.errors import InfScalerError
-    from infscaler.models import resolve_model
+    from infscaler.base.errors import InfScalerError
+    from infscaler.base.models import resolve_model
 
     for model_name in ("ppocrv4-det", "ppocr-cls", "ppocrv4-rec"):
         try:
@@ -366,7 +366,7 @@ def test_per_step_statistics_in_status_and_monitor(service: Service, model: Path
     assert m.units[2].step_ms == {}  # the fan-in, run by the front end
     # `infscaler status` lists the steps under their unit
     from infscaler.cli import out
-    from infscaler.cli_service import print_status
+    from infscaler.cli_client import print_status
 
     with out.capture() as cap:
         print_status(service.status())

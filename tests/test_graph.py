@@ -8,7 +8,7 @@ import pytest
 from conftest import f32, if_model, make_model, rand, residual_model, save
 from onnx import TensorProto, helper
 
-from infscaler.errors import PartitionError
+from infscaler.base.errors import PartitionError
 from infscaler.partitioner.extract import extract_partition, verify_chain
 from infscaler.partitioner.graph import OperatorGraph
 from infscaler.partitioner.loader import load_model

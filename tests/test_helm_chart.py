@@ -181,7 +181,7 @@ def test_ebpf_off_drops_every_capability_and_init_container_models() -> None:
 
 
 def test_device_caps_match_the_bundled_profiles() -> None:
-    from infscaler.device import load_profile
+    from infscaler.base.device import load_profile
 
     devices = yaml.safe_load((CHART / "values.yaml").read_text())["devices"]
     for name, spec in devices.items():

@@ -10,7 +10,7 @@ import pytest
 from conftest import f32, make_model, rand, residual_model, save
 from onnx import TensorProto, helper
 
-from infscaler.errors import ModelLoadError, ShapeError
+from infscaler.base.errors import ModelLoadError, ShapeError
 from infscaler.partitioner.loader import load_model, parse_shapes
 from infscaler.partitioner.weights import MIN_REFERENCED_BYTES, raw_data_offsets
 
@@ -201,7 +201,7 @@ def test_sha256_changes_with_weights(tmp_path):
 
 
 def test_real_model_with_dynamic_dims():
-    from infscaler.models import resolve_model
+    from infscaler.base.models import resolve_model
 
     path = resolve_model("ppocrv4-det")
     with pytest.raises(ShapeError, match="p2o.DynamicDimension.0"):

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from infscaler.base.config import load_pipeline
 from infscaler.client import Client, InferenceServerError
-from infscaler.config import load_pipeline
 from infscaler.server import ServerThread
 from infscaler.service import Service
 

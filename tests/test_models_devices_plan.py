@@ -7,9 +7,14 @@ import onnx
 import pytest
 import yaml
 
-from infscaler.device import DeviceProfile, bundled_profiles, load_profile
-from infscaler.errors import ConfigError, InfScalerError, ModelLoadError, ModelNotInstalledError
-from infscaler.models import (
+from infscaler.base.device import DeviceProfile, bundled_profiles, load_profile
+from infscaler.base.errors import (
+    ConfigError,
+    InfScalerError,
+    ModelLoadError,
+    ModelNotInstalledError,
+)
+from infscaler.base.models import (
     MODELS,
     BundledModel,
     materialize_light_model,

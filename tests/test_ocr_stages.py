@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("rapidocr_onnxruntime", reason="the OCR models come from rapidocr_onnxruntime")
 ort = pytest.importorskip("onnxruntime")
 
-from infscaler.models import resolve_model  # noqa: E402
+from infscaler.base import samples  # noqa: E402
+from infscaler.base.models import resolve_model  # noqa: E402
 from infscaler.pipelines import ocr  # noqa: E402
 from infscaler.runtime.reference import run_pipeline_reference  # noqa: E402
 
@@ -70,7 +71,7 @@ def _check_result(result: dict[str, np.ndarray], image: np.ndarray) -> None:
 
 @pytest.mark.parametrize("font_size", [18, 32])
 def test_rendered_text_is_read_back(font_size: int, sessions: dict[str, Any]) -> None:
-    image = ocr.render_text_image(REF_LINES, font_size=font_size)
+    image = samples.render_text_image(REF_LINES, font_size=font_size)
     result = _run(image, sessions)
     _check_result(result, image)
     reference = ocr.normalize_text(" ".join(REF_LINES))
@@ -87,7 +88,7 @@ def test_rendered_text_is_read_back(font_size: int, sessions: dict[str, Any]) ->
 
 def test_upside_down_line_is_turned_by_the_classifier(sessions: dict[str, Any]) -> None:
     line = REF_LINES[1]
-    image = np.ascontiguousarray(ocr.render_text_image([line])[::-1, ::-1])
+    image = np.ascontiguousarray(samples.render_text_image([line])[::-1, ::-1])
     result = _run(image, sessions)
     _check_result(result, image)
     assert ocr.character_error_rate(line, ocr.join_lines(result["texts"])) <= ACCEPT_CER
@@ -166,7 +167,7 @@ def _run_model(sessions: dict[str, Any], spec: dict[str, Any], name: str, env: d
 
 
 def test_each_stage_honours_the_contract(spec: dict[str, Any], sessions: dict[str, Any]) -> None:
-    image = ocr.render_text_image(REF_LINES[:2])
+    image = samples.render_text_image(REF_LINES[:2])
     env: dict[str, Any] = {"image": image}
     env.update(_call(spec, "prep", env))
     # ocr.yaml's prep: the resized region alone, longer side 640 at most, multiples of 32
@@ -264,7 +265,7 @@ def test_yaml_functions_and_model_names_resolve(spec: dict[str, Any]) -> None:
             assert set(stage["inputs"]) <= ins, (stage["name"], ins)
             assert set(stage["outputs"]) <= outs, (stage["name"], outs)
     # and the project's loader accepts it
-    from infscaler.config import load_pipeline
+    from infscaler.base.config import load_pipeline
 
     assert load_pipeline(ocr.PIPELINE_YAML).name == "ocr"
 
@@ -352,12 +353,12 @@ def test_bad_inputs_raise() -> None:
 
 
 def test_render_text_image() -> None:
-    img = ocr.render_text_image(["Hello", "World wide"], font_size=20, margin=10)
+    img = samples.render_text_image(["Hello", "World wide"], font_size=20, margin=10)
     assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
     assert np.all(img[:10] == 255) and np.all(img[:, :10] == 255)  # white margins
     assert img.min() < 50  # black text
     with pytest.raises(ValueError):
-        ocr.render_text_image([])
+        samples.render_text_image([])
 
 
 def test_to_rgb() -> None:

@@ -34,8 +34,8 @@ import onnxruntime as ort
 import pytest
 import yaml
 
-from infscaler.errors import ShapeError
-from infscaler.models import MODELS, resolve_model
+from infscaler.base.errors import ShapeError
+from infscaler.base.models import MODELS, resolve_model
 from infscaler.partitioner import api, profiler
 from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.cost import model_costs

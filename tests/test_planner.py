@@ -16,11 +16,11 @@ import yaml
 from conftest import chain_pipeline, residual_model, save
 from typer.testing import CliRunner
 
+from infscaler.base.config import load_pipeline, pipeline_for_model
+from infscaler.base.device import load_profile
+from infscaler.base.errors import InfScalerError
 from infscaler.cli import app
 from infscaler.cli_plan import parse_rate, parse_slo_ms
-from infscaler.config import load_pipeline, pipeline_for_model
-from infscaler.device import load_profile
-from infscaler.errors import InfScalerError
 from infscaler.runtime.pipeline import compile_pipeline
 from infscaler.runtime.planner import plan, predict
 from infscaler.runtime.scaler import ResourceCap

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from infscaler.procutil import module_command
+from infscaler.base.procutil import module_command
 
 
 def _shadowing_dir(tmp_path):
@@ -20,7 +20,7 @@ def _shadowing_dir(tmp_path):
 def test_python_dash_m_is_shadowed_by_the_working_directory(tmp_path):
     # the failure mode module_command exists for: -m imports ./infscaler first
     res = subprocess.run(
-        [sys.executable, "-m", "infscaler.procutil"], cwd=_shadowing_dir(tmp_path), timeout=60
+        [sys.executable, "-m", "infscaler.base.procutil"], cwd=_shadowing_dir(tmp_path), timeout=60
     )
     assert res.returncode == 3
 

@@ -10,8 +10,9 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from infscaler.errors import InfScalerError
-from infscaler.models import resolve_model
+from infscaler.base.engines import EngineUnavailable, available
+from infscaler.base.errors import InfScalerError
+from infscaler.base.models import resolve_model
 from infscaler.partitioner import profiler
 from infscaler.partitioner.loader import load_model, random_feeds
 from infscaler.partitioner.profiler import (
@@ -25,7 +26,6 @@ from infscaler.partitioner.profiler import (
     profile_model,
     profiled_engines,
 )
-from infscaler.runtime.engines import EngineUnavailable, available
 
 GPU_OK, GPU_REASON = available("gpu")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infscaler.config import load_pipeline
+from infscaler.base.config import load_pipeline
 from infscaler.server import HttpLimits, ServerThread
 from infscaler.server_common import error_response
 from infscaler.service import Service
@@ -399,8 +399,8 @@ def test_output_metadata_has_real_datatypes_and_shapes(edge) -> None:
 
 
 def test_function_outputs_spec_reaches_the_metadata(tmp_path: Path) -> None:
-    from infscaler.config import load_pipeline
-    from infscaler.errors import ConfigError
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.errors import ConfigError
     from infscaler.runtime.pipeline import compile_pipeline
 
     sys.path.insert(0, str(BENCH))

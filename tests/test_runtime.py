@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from conftest import chain_pipeline
 
-from infscaler.config import load_pipeline, pipeline_for_model
-from infscaler.errors import ConfigError
+from infscaler.base.config import load_pipeline, pipeline_for_model
+from infscaler.base.errors import ConfigError, ServiceError
 from infscaler.runtime.frontend import RequestError
 from infscaler.runtime.pipeline import compile_pipeline
-from infscaler.service import Service, ServiceError
+from infscaler.service import Service
 
 HERE = Path(__file__).parent
 
@@ -390,7 +390,7 @@ def test_window_bounds_requests_in_the_pipeline(service: Service) -> None:
 def test_an_engine_the_host_lacks_fails_the_deploy_with_its_reason(
     service: Service, residual_path: Path
 ) -> None:
-    from infscaler.runtime.engines import engine_availability
+    from infscaler.base.engines import engine_availability
     from infscaler.runtime.supervisor import InstanceStartError
 
     ok, reason = engine_availability()["gpu"]

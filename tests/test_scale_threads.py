@@ -27,8 +27,8 @@ import pytest
 from conftest import wait_for
 from onnx import TensorProto, helper, numpy_helper
 
-from infscaler.config import load_pipeline
-from infscaler.device import DeviceProfile
+from infscaler.base.config import load_pipeline
+from infscaler.base.device import DeviceProfile
 from infscaler.runtime.frontend import RequestError
 from infscaler.runtime.monitor import Monitor
 from infscaler.service import Service
@@ -61,7 +61,7 @@ def matmul_chain(path: Path) -> Path:
 
 
 def median_ms(path: Path, threads: int, x: np.ndarray, runs: int = 9) -> float:
-    from infscaler.runtime.engines.onnxrt import load_session
+    from infscaler.base.engines.onnxrt import load_session
 
     sess = load_session(str(path), engine="cpu", threads=threads)
     sess.run(None, {"x": x})
@@ -181,7 +181,7 @@ def test_thread_scale_up_under_load_at_the_memory_cap(tmp_path: Path) -> None:
 
 
 def test_max_threads_is_validated_and_reaches_the_unit(tmp_path: Path) -> None:
-    from infscaler.errors import ConfigError
+    from infscaler.base.errors import ConfigError
     from infscaler.runtime.pipeline import compile_pipeline
 
     path = matmul_chain(tmp_path / "chain.onnx")
@@ -207,7 +207,7 @@ def test_scale_threads_swaps_make_before_break_under_load(tmp_path: Path) -> Non
     """The apply path alone (no scaler, no speedup needed): Service.scale_threads
     replaces the instance by a 2-thread one and back while closed-loop clients run;
     every request is answered correctly, the unit never has zero instances."""
-    from infscaler.service import ServiceError
+    from infscaler.base.errors import ServiceError
 
     path = matmul_chain(tmp_path / "chain.onnx")
     x = np.random.default_rng(2).standard_normal((ROWS, WIDTH)).astype(np.float32)

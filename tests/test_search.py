@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infscaler.errors import PartitionError
+from infscaler.base.errors import PartitionError
 from infscaler.partitioner.search import (
     SearchResult,
     brute_force,

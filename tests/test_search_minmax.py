@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infscaler.errors import PartitionError
+from infscaler.base.errors import PartitionError
 from infscaler.partitioner.search import evaluate_cuts, search_minmax
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

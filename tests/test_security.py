@@ -1,4 +1,4 @@
-"""The Unix socket as a security boundary (infscaler.security): attacks run from a client
+"""The Unix socket as a security boundary (infscaler.base.security): attacks run from a client
 process that is *not* root: a forked child that drops to uid/gid 65534 (nobody) with
 only the socket's group as a supplementary group, talking HTTP with the standard
 library. The service runs as root, as the outside tester's did.
@@ -26,9 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infscaler.config import load_pipeline
-from infscaler.runtime.pipeline import load_function
-from infscaler.security import (
+from infscaler.base.config import load_pipeline
+from infscaler.base.security import (
     FunctionNotAllowedError,
     Peer,
     PermissionDeniedError,
@@ -36,6 +35,7 @@ from infscaler.security import (
     may_read_write,
     redact,
 )
+from infscaler.runtime.pipeline import load_function
 from infscaler.server import ServerThread
 from infscaler.service import Service
 from infscaler.sysshm import SharedMemoryRegion
@@ -422,7 +422,7 @@ def test_plan_partition_files_must_stay_inside(tmp_path: Path) -> None:
     with pytest.raises(PermissionDeniedError, match="partition file"):
         policy.check_pipeline(cfg)
     # bundled aliases and the bundled pipelines are always allowed, with no repository
-    from infscaler.cli_service import pipeline_from_arg
+    from infscaler.cli_client import pipeline_from_arg
 
     for bundled in ("ocr", "dddd", "resnet50", "ppocrv4-det"):
         SecurityPolicy.create().check_pipeline(pipeline_from_arg(bundled))
@@ -616,7 +616,7 @@ def test_a_request_without_credentials_is_never_privileged() -> None:
     is not a Unix socket, is nobody: not the in-process caller (None) that may do all."""
     from types import SimpleNamespace
 
-    from infscaler.security import peer_of, require_privileged
+    from infscaler.base.security import peer_of, require_privileged
 
     gone = SimpleNamespace(transport=None)
     tcp_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

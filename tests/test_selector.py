@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from infscaler.selector import (
+from infscaler.modelless.selector import (
     Catalog,
     Query,
     ScalingConfig,

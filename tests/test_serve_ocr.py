@@ -18,12 +18,12 @@ import pytest
 
 pytest.importorskip("rapidocr_onnxruntime", reason="pip install rapidocr_onnxruntime==1.4.4")
 
+from infscaler.base.config import load_pipeline  # noqa: E402
+from infscaler.base.samples import render_text_image  # noqa: E402
 from infscaler.client import Client, InferenceServerError, ShmOutput, ShmTensor  # noqa: E402
-from infscaler.config import load_pipeline  # noqa: E402
 from infscaler.pipelines.ocr import (  # noqa: E402
     PIPELINE_YAML,
     character_error_rate,
-    render_text_image,
     run_ocr_reference,
     to_rgb,
 )
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def ocr(tmp_path_factory: pytest.TempPathFactory):
-    from infscaler.models import cache_dir
+    from infscaler.base.models import cache_dir
 
     tmp = tmp_path_factory.mktemp("ocr")
     sock = tmp / "ocr.sock"

@@ -12,10 +12,10 @@ import httpx
 import numpy as np
 import pytest
 
+from infscaler.base.config import load_pipeline
+from infscaler.base.errors import InfScalerError
+from infscaler.base.security import SecurityPolicy
 from infscaler.client import Client, InferenceServerError, ShmOutput, ShmTensor
-from infscaler.config import load_pipeline
-from infscaler.errors import InfScalerError
-from infscaler.security import SecurityPolicy
 from infscaler.server import ServerThread
 from infscaler.service import Service
 from infscaler.sysshm import SharedMemoryRegion

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 from infscaler.shm import (
     PoolError,
     SlabMap,

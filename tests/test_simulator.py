@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from infscaler.device import load_profile
+from infscaler.base.device import load_profile
 from infscaler.runtime import arrivals as A
 from infscaler.runtime import scaler
 from infscaler.runtime.scaler import Decision, ResourceCap, ScalerState, Snapshot

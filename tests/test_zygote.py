@@ -22,7 +22,7 @@ import pytest
 from conftest import chain_pipeline, f32, make_model, save, wait_for
 from onnx import helper
 
-from infscaler.config import load_pipeline
+from infscaler.base.config import load_pipeline
 from infscaler.runtime.supervisor import FRONTEND_INSTANCE
 from infscaler.service import Service
 

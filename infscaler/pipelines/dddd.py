@@ -1,7 +1,7 @@
 """ddddocr click-captcha reading as an InfScaler pipeline: the function stages of ``dddd.yaml``.
 
 A detector -> recogniser pipeline on ddddocr 1.6.1's trained models (MIT;
-``infscaler.models``: ``ddddocr-det``, the YOLOX character detector ``common_det.onnx``,
+``infscaler.base.models``: ``ddddocr-det``, the YOLOX character detector ``common_det.onnx``,
 and ``ddddocr-rec``, the CRNN / CTC recogniser ``common.onnx``, or ``ddddocr-rec-old``,
 ``common_old.onnx``). The stages and the tensors between them (``S`` = 416, the
 detector's fixed input side; ``A`` = 3549 YOLOX anchors at S = 416; ``N`` = boxes kept;
@@ -51,7 +51,7 @@ for a box detected in the canvas padding) yields no item (ddddocr returns such a
 and its recogniser fails on it); a crop so tall and thin that ``int(w * 64 / h)`` is 0
 is resized to width 1 (ddddocr fails on it).
 
-Every stage function follows the function-stage contract of :mod:`infscaler.config`:
+Every stage function follows the function-stage contract of :mod:`infscaler.base.config`:
 inputs are read-only views that it never modifies nor keeps; it returns plain-dtype numpy
 arrays named as the stage's outputs in ``dddd.yaml``.
 
@@ -72,8 +72,10 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.errors import ModelLoadError, ModelNotInstalledError
-from infscaler.models import installed_file
+from infscaler.base.engines.onnxrt import load_session
+from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
+from infscaler.base.models import installed_file, resolve_model
+from infscaler.modelless.stages import decode_ctc
 from infscaler.pipelines.ocr import check_image
 
 __all__ = [
@@ -401,7 +403,6 @@ def ctc_decode(
     logits = np.asarray(tensors["rec_logits"])
     if logits.ndim != 3 or logits.shape[2] != len(chars) or 1 not in logits.shape[:2]:
         raise ValueError(f"rec_logits must be [T, 1, {len(chars)}], got {logits.shape}")
-    from infscaler.tasks import decode_ctc
 
     seq = logits[:, 0, :] if logits.shape[1] == 1 else logits[0]
     text, _ = decode_ctc(seq, _charset_table(str(rec_model)))
@@ -469,8 +470,6 @@ for _fn in (det_preprocess, detect_and_crop, rec_preprocess, ctc_decode):
 def _session(model: str, threads: int) -> Any:
     """A CPU onnxruntime session on a bundled model with the cpu engine's options
     (``threads`` intra-op threads, sequential, no spinning), one per process and key."""
-    from infscaler.models import resolve_model
-    from infscaler.runtime.engines.onnxrt import load_session
 
     return load_session(resolve_model(model), engine="cpu", threads=int(threads))
 

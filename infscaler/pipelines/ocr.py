@@ -28,7 +28,7 @@ of PaddleOCR's ``tools/infer``), imported, not re-written: ``DetPreProcess.norma
 filter_tag_det_res``, ``RapidOCR.sorted_boxes`` and the ``get_rotate_crop_image`` of
 ``RapidOCR.get_crop_img_list``, ``TextClassifier.resize_norm_img``, ``ClsPostProcess``,
 ``TextRecognizer.resize_norm_img`` and ``CTCLabelDecode``. The models are the ones that
-wheel ships (``infscaler.models``: ``ppocrv4-det``, ``ppocr-cls``, ``ppocrv4-rec``).
+wheel ships (``infscaler.base.models``: ``ppocrv4-det``, ``ppocr-cls``, ``ppocrv4-rec``).
 
 Where this differs from ``RapidOCR.__call__``, and why:
 
@@ -49,14 +49,14 @@ Where this differs from ``RapidOCR.__call__``, and why:
 - The models' colour order is BGR (PaddleOCR trains on ``cv2.imread`` images); the API
   takes RGB, and the stages flip the channels before normalising.
 
-Every stage function follows the function-stage contract of :mod:`infscaler.config`:
+Every stage function follows the function-stage contract of :mod:`infscaler.base.config`:
 its input arrays are read-only views that it never modifies nor keeps, and it returns
 plain-dtype numpy arrays named exactly as the stage's outputs in ``ocr.yaml``. Heavy
 state (the recogniser's 6623-character list, the imported rapidocr helpers) is cached at
 module level on first use.
 
-Helpers for tests and the demo: :func:`render_text_image` (an image of known text),
-:func:`to_rgb`, :func:`character_error_rate` / :func:`join_lines`, and
+Helpers for tests and the demo (an image of known text is
+:func:`infscaler.base.samples.render_text_image`): :func:`to_rgb`, :func:`character_error_rate` / :func:`join_lines`, and
 :func:`run_ocr_reference`, which chains these same functions in-process over the whole
 models (onnxruntime, CPU) with the fan-out / fan-in semantics of the served pipeline.
 """
@@ -64,7 +64,6 @@ models (onnxruntime, CPU) with the fan-out / fan-in semantics of the served pipe
 from __future__ import annotations
 
 import functools
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -73,7 +72,10 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.errors import ModelLoadError, ModelNotInstalledError
+from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
+from infscaler.base.models import resolve_model
+from infscaler.runtime.instance import StageInputError
+from infscaler.runtime.reference import run_pipeline_reference
 
 __all__ = [
     "CLS_LABELS",
@@ -89,7 +91,6 @@ __all__ = [
     "merge_lines",
     "normalize_text",
     "rec_preprocess",
-    "render_text_image",
     "run_ocr_reference",
     "to_rgb",
 ]
@@ -191,8 +192,6 @@ def _character_list(rec_model: str) -> tuple[str, ...]:
     """
     import onnx
 
-    from infscaler.models import resolve_model
-
     path = resolve_model(rec_model)
     model = onnx.load(str(path), load_external_data=False)
     meta = {p.key: p.value for p in model.metadata_props}
@@ -217,7 +216,6 @@ def check_image(image: Any, name: str) -> np.ndarray:
         StageInputError: (a ``ValueError``; the client gets HTTP 400) another dtype /
             shape, or an empty image (the message names ``name``).
     """
-    from infscaler.runtime.instance import StageInputError
 
     a = np.asarray(image)
     if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
@@ -555,60 +553,6 @@ decode_line.warmup = _warm_decoder  # type: ignore[attr-defined]
 # ------------------------------------------------------------------ images and metrics
 
 
-@functools.cache
-def _font(font_size: int) -> Any:
-    import matplotlib
-    from PIL import ImageFont
-
-    path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
-    if not path.is_file():
-        raise FileNotFoundError(f"DejaVuSans.ttf not found where matplotlib keeps it: {path}")
-    return ImageFont.truetype(str(path), font_size)
-
-
-def render_text_image(
-    lines: Sequence[str],
-    *,
-    font_size: int = 32,
-    margin: int = 24,
-    line_spacing: float = 1.6,
-) -> np.ndarray:
-    """An image of known text: black lines on white, DejaVu Sans (matplotlib's copy).
-
-    Args:
-        lines: the text lines, top to bottom.
-        font_size: font size in pixels.
-        margin: white border in pixels on every side.
-        line_spacing: distance between baselines, in multiples of ``font_size``.
-
-    Returns:
-        [H, W, 3] uint8 RGB; W = widest line + 2 * margin.
-
-    Raises:
-        ValueError: no lines, or a non-positive font size / spacing, or a negative margin.
-        FileNotFoundError: matplotlib's DejaVuSans.ttf is missing.
-    """
-    from PIL import Image, ImageDraw
-
-    if not lines:
-        raise ValueError("render_text_image needs at least one line")
-    if font_size < 1 or line_spacing <= 0 or margin < 0:
-        raise ValueError(
-            f"need font_size >= 1, line_spacing > 0, margin >= 0; got {font_size}, "
-            f"{line_spacing}, {margin}"
-        )
-    font = _font(int(font_size))
-    pitch = font_size * line_spacing
-    ascent, descent = font.getmetrics()
-    width = math.ceil(max(font.getlength(s) for s in lines)) + 2 * margin
-    height = math.ceil(2 * margin + pitch * (len(lines) - 1) + ascent + descent)
-    img = Image.new("RGB", (max(width, 1), max(height, 1)), (255, 255, 255))
-    draw = ImageDraw.Draw(img)
-    for i, line in enumerate(lines):
-        draw.text((margin, margin + i * pitch), line, font=font, fill=(0, 0, 0))
-    return np.asarray(img, dtype=np.uint8).copy()
-
-
 def to_rgb(image: Any) -> np.ndarray:
     """Any common image array -> [H, W, 3] uint8 RGB, the pipeline's ``image`` input.
 
@@ -723,7 +667,6 @@ def run_ocr_reference(
     """
     check_image(image, "image")
     models = {"det": det_model, "cls": cls_model, "rec": rec_model}
-    from infscaler.runtime.reference import run_pipeline_reference
 
     return run_pipeline_reference(
         load_ocr_spec(), {"image": image}, models={k: v for k, v in models.items() if v is not None}

@@ -3,7 +3,7 @@
 Two backends, chosen once per process by :meth:`GPUEngine.availability`:
 
 1. ``tensorrt`` (preferred): tensorrt + pycuda + a CUDA device. The engine is built from
-   the ONNX file and cached (:mod:`infscaler.runtime.engines.tensorrt`), then run with
+   the ONNX file and cached (:mod:`infscaler.base.engines.tensorrt`), then run with
    page-locked host buffers, device buffers and a CUDA stream. Precisions: fp32 (TF32
    off), fp16 (where ``builder.platform_has_fast_fp16``), int8 (models with Q/DQ nodes).
 2. ``onnxruntime-cuda``: when the TensorRT path is missing but onnxruntime (the
@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from infscaler.runtime.engines.base import EngineUnavailable, InferenceError, mib
-from infscaler.runtime.engines.onnxrt import (
+from infscaler.base.engines.base import EngineUnavailable, InferenceError, mib
+from infscaler.base.engines.onnxrt import (
     CUDA_PROVIDER,
     load_session,
     run_session,
     session_tensor_infos,
 )
-from infscaler.runtime.engines.tensorrt import (
+from infscaler.base.engines.tensorrt import (
     CudaDriver,
     TensorRTEngine,
     cuda_devices,

@@ -59,3 +59,15 @@ class ModelNotInstalledError(InfScalerError):
 
 class ConfigError(InfScalerError):
     """A configuration file (device profile, pipeline) is invalid."""
+
+
+class ServiceError(InfScalerError):
+    """A service operation was refused (unknown pipeline, no free stage ids, ...).
+
+    Attributes:
+        status: the HTTP status the API answers with (400, 404, 409, 503).
+    """
+
+    def __init__(self, message: str, status: int = 400, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.status = status

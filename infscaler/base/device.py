@@ -26,10 +26,10 @@ from __future__ import annotations
 import os
 import platform
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import yaml
 from pydantic import (
@@ -41,10 +41,7 @@ from pydantic import (
     model_validator,
 )
 
-from infscaler.errors import ConfigError
-
-if TYPE_CHECKING:
-    from infscaler.runtime.pipeline import CompiledPipeline
+from infscaler.base.errors import ConfigError
 
 __all__ = [
     "ENGINES",
@@ -529,8 +526,22 @@ def _unit_memory(unit: Any, overhead_mb: float) -> tuple[float, str]:
     return plan + overhead_mb, f"{origin} + {overhead_mb:.0f} MB instance overhead"
 
 
+class CompiledUnits(Protocol):
+    """What :func:`check_pipeline` reads of a compiled pipeline
+    (:class:`infscaler.runtime.pipeline.CompiledPipeline`, which the base may not import):
+    its name and its units (each with ``stage``, ``engine``, ``precision``, ``kind``,
+    ``instances``, ``threads``, ``memory_mb``, ...)."""
+
+    name: str
+
+    @property
+    def units(self) -> Sequence[Any]: ...
+
+    def served_units(self) -> Sequence[Any]: ...
+
+
 def check_pipeline(
-    compiled: CompiledPipeline,
+    compiled: CompiledUnits,
     profile: DeviceProfile,
     *,
     pool_mb: float = 0.0,

@@ -10,7 +10,7 @@ dla     TensorRT on a Jetson DLA core, GPU fallback                fp16, int8
 
 Usage (Polygraphy's runner shape: a context manager around load / close)::
 
-    from infscaler.runtime.engines import create_engine, engine_availability
+    from infscaler.base.engines import create_engine, engine_availability
 
     engine_availability()   # {"cpu": (True, "onnxruntime 1.32.0 CPU EP"), "gpu": (False, "..."), ...}
     with create_engine("cpu", "model.onnx", threads=2, cores=[0, 1]) as eng:
@@ -24,7 +24,7 @@ probed or loaded, so the CPU path never imports them.
 This package is InfScaler's one engine layer: every onnxruntime session is built by
 :func:`~.onnxrt.load_session` (the loader; the engines are the runners), every "is this
 engine here?" question is answered by :func:`available`, and every missing engine is an
-:class:`EngineUnavailable`. It imports only :mod:`infscaler.errors` and third-party
+:class:`EngineUnavailable`. It imports only :mod:`infscaler.base.errors` and third-party
 libraries, so the partitioner uses it as a base-layer service and profiles on the backend
 that serves.
 """
@@ -34,8 +34,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from infscaler.errors import ConfigError
-from infscaler.runtime.engines.base import (
+from infscaler.base.engines.base import (
     ENGINE_KINDS,
     PRECISIONS,
     Engine,
@@ -44,11 +43,12 @@ from infscaler.runtime.engines.base import (
     TensorInfo,
     unavailable,
 )
+from infscaler.base.errors import ConfigError
 
 if TYPE_CHECKING:
-    from infscaler.runtime.engines.cpu import CPUEngine
-    from infscaler.runtime.engines.dla import DLAEngine
-    from infscaler.runtime.engines.gpu import GPUEngine
+    from infscaler.base.engines.cpu import CPUEngine
+    from infscaler.base.engines.dla import DLAEngine
+    from infscaler.base.engines.gpu import GPUEngine
 
 __all__ = [
     "ENGINE_KINDS",
@@ -78,7 +78,7 @@ def engine_class(kind: str) -> type[Engine]:
         kind: one of :data:`ENGINE_KINDS` (``cpu``, ``gpu``, ``dla``).
 
     Raises:
-        ConfigError (an :class:`~infscaler.errors.InfScalerError`): an unknown kind; the
+        ConfigError (an :class:`~infscaler.base.errors.InfScalerError`): an unknown kind; the
             message lists :data:`ENGINE_KINDS`.
     """
     key = str(kind).lower()

@@ -49,14 +49,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from infscaler.errors import ModelLoadError
-from infscaler.runtime.engines.base import (
+from infscaler.base.engines.base import (
     Engine,
     InferenceError,
     TensorInfo,
     format_shape,
     mib,
 )
+from infscaler.base.errors import ModelLoadError
 
 log = logging.getLogger("infscaler.engines.tensorrt")
 
@@ -693,7 +693,7 @@ def build_serialized_engine(
 
 def default_cache_dir() -> Path:
     """``$INFSCALER_CACHE_DIR/engines``, or ``~/.cache/infscaler/engines`` (the root of
-    :func:`infscaler.models.cache_dir`, read here from the environment: the engine layer
+    :func:`infscaler.base.models.cache_dir`, read here from the environment: the engine layer
     imports no module above the base layer)."""
     root = os.environ.get("INFSCALER_CACHE_DIR")
     return (Path(root) if root else Path.home() / ".cache" / "infscaler") / "engines"

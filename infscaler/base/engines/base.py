@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from infscaler.errors import InfScalerError, ModelLoadError
+from infscaler.base.errors import InfScalerError, ModelLoadError
 
 log = logging.getLogger("infscaler.engines")
 
@@ -51,7 +51,7 @@ class EngineUnavailable(InfScalerError):
 
 def unavailable(kind: str, reason: str) -> EngineUnavailable:
     """The :class:`EngineUnavailable` for engine ``kind`` missing for ``reason`` (one
-    message for :meth:`Engine.load` and :func:`~infscaler.runtime.engines.require_engine`)."""
+    message for :meth:`Engine.load` and :func:`~infscaler.base.engines.require_engine`)."""
     return EngineUnavailable(
         f"engine '{kind}' is not available on this host: {reason}",
         hint="use an engine this host has (`engine_availability()`), e.g. 'cpu'",

@@ -59,7 +59,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from infscaler.errors import ConfigError, InfScalerError
+from infscaler.base.errors import ConfigError, InfScalerError
+from infscaler.base.slo import slo_ms
 
 __all__ = [
     "AutoscaleConfig",
@@ -425,8 +426,7 @@ class PipelineConfig(BaseModel):
 
 def _slo_to_ms(text: str | float) -> float:
     """``200ms`` / ``0.2s`` / ``200`` -> 200.0 (ms)
-    (:func:`infscaler.partitioner.slo.slo_ms`). Raises ValueError with the reason."""
-    from infscaler.partitioner.slo import slo_ms
+    (:func:`infscaler.base.slo.slo_ms`). Raises ValueError with the reason."""
 
     try:
         return slo_ms(text)

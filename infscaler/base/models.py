@@ -14,7 +14,7 @@ Two kinds of bundled model:
   ``~/.cache/infscaler/models``).
 
 A model is named by a path or by an alias from :data:`MODELS`; ``infscaler models``
-lists them. A missing package raises :class:`~infscaler.errors.ModelNotInstalledError`
+lists them. A missing package raises :class:`~infscaler.base.errors.ModelNotInstalledError`
 naming the ``pip install`` command.
 """
 
@@ -25,7 +25,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from infscaler.errors import ModelLoadError, ModelNotInstalledError
+from infscaler.base.engines.onnxrt import load_session
+from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
 
 __all__ = ["MODELS", "BundledModel", "cache_dir", "resolve_model"]
 
@@ -456,8 +457,6 @@ def _calibrate_logits(model, rng, target_std: float = 2.0) -> None:
     import numpy as np
     import onnx
     from onnx import numpy_helper
-
-    from infscaler.runtime.engines.onnxrt import load_session
 
     graph = model.graph
     softmax = [n for n in graph.node if n.op_type == "Softmax"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 __all__ = ["SLO", "parse_slo", "slo_ms"]
 

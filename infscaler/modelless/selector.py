@@ -2,10 +2,10 @@
 
 A client names a **task** (``text-recognition``) and its requirements (``latency_ms``,
 ``min_accuracy``) instead of a model; this module picks the registered **variant**
-(model x engine x precision x batch size x plan K, :mod:`infscaler.variants`) that
+(model x engine x precision x batch size x plan K, :mod:`infscaler.modelless.variants`) that
 serves the query. Nothing here does I/O or reads a clock: the registry supplies the
 static profiles (:class:`VariantProfile`), the monitor the dynamic state of each variant
-(:class:`VariantLoad`), and :mod:`infscaler.tasks` applies the result to a running
+(:class:`VariantLoad`), and :mod:`infscaler.modelless.tasks` applies the result to a running
 service. Like the scaler (:mod:`infscaler.runtime.scaler`) and Ray Serve's autoscaling
 policy, it is tested without starting anything.
 
@@ -55,7 +55,7 @@ import math
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
 
 __all__ = [
     "Catalog",

@@ -1,6 +1,6 @@
 """The ``dla`` engine: TensorRT on a Jetson's Deep Learning Accelerator.
 
-Built like the GPU engine (:mod:`infscaler.runtime.engines.tensorrt`) with, in the
+Built like the GPU engine (:mod:`infscaler.base.engines.tensorrt`) with, in the
 builder config, ``default_device_type = trt.DeviceType.DLA``, ``DLA_core =
 device_index`` and, when ``allow_gpu_fallback`` (the default), ``BuilderFlag.GPU_FALLBACK``:
 layers the DLA cannot run (``config.can_run_on_DLA(layer)`` is False) go to the iGPU.
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.runtime.engines.base import InferenceError
-from infscaler.runtime.engines.tensorrt import (
+from infscaler.base.engines.base import InferenceError
+from infscaler.base.engines.tensorrt import (
     DLA_ONLY_ON_JETSON,
     TensorRTEngine,
     probe_tensorrt_host,

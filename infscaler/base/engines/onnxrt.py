@@ -15,16 +15,18 @@ TensorRT repository):
   (Polygraphy's ``--providers cpu cuda`` are resolved against
   ``onnxruntime.get_available_providers()``); here the key is the engine kind
   (``cpu``, ``gpu``) and availability is the engine's own
-  (:func:`infscaler.runtime.engines.available`), so a session built for ``gpu`` uses the
+  (:func:`infscaler.base.engines.available`), so a session built for ``gpu`` uses the
   provider that serves ``gpu``, never a guess of its own;
 - the runner's output handling: arrays the caller owns (:func:`run_session`).
 
 Not taken: Polygraphy's lazy loader objects (callables composed before being invoked);
 :func:`load_session` builds at once.
 
-Nothing here creates a session, a thread pool or a CUDA context at import time (a fork
-server forks from a process that imported this module): onnxruntime's global thread pools
-and the CUDA EP start with the first session.
+Nothing here imports onnxruntime or creates a session, a thread pool or a CUDA context at
+import time (a fork server forks from a process that imported this module, and the
+partitioner and the model-less registry import it at their top): onnxruntime is imported
+by the first call that needs it; its global thread pools and the CUDA EP start with the
+first session.
 """
 
 from __future__ import annotations
@@ -32,13 +34,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnxruntime as ort
 
-from infscaler.errors import ConfigError, ModelLoadError
-from infscaler.runtime.engines.base import EngineUnavailable, InferenceError, TensorInfo
+from infscaler.base.engines import engine_backend, require_engine
+from infscaler.base.engines.base import EngineUnavailable, InferenceError, TensorInfo
+from infscaler.base.errors import ConfigError, ModelLoadError
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 __all__ = [
     "CPU_PROVIDER",
@@ -55,13 +60,14 @@ __all__ = [
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
-OPTIMIZATION_LEVELS: dict[str, Any] = {
-    "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+OPTIMIZATION_LEVELS: dict[str, str] = {
+    "none": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
 }
-"""Graph optimisation levels by name (onnxruntime's ``GraphOptimizationLevel``; see
+"""Graph optimisation levels by name -> the member of onnxruntime's
+``GraphOptimizationLevel`` (see
 https://onnxruntime.ai/docs/performance/model-optimizations/graph-optimizations.html).
 ``none`` keeps every ONNX node as it is (per-node profiling, bit-exact verification)."""
 
@@ -125,6 +131,8 @@ def session_options(
             f"unknown graph optimisation level {optimization!r}; levels are "
             f"{list(OPTIMIZATION_LEVELS)}"
         )
+    import onnxruntime as ort  # on first use: importing this module stays cheap
+
     so = ort.SessionOptions()
     if threads is not None:
         if int(threads) < 1:
@@ -132,7 +140,9 @@ def session_options(
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = OPTIMIZATION_LEVELS[optimization]
+    so.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[optimization]
+    )
     if spinning is not None:
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     if profile_prefix is not None:
@@ -149,7 +159,9 @@ def session_options(
 def execution_providers() -> list[str]:
     """The execution providers this onnxruntime install was built with
     (``onnxruntime.get_available_providers()``), for reports. Informational only: whether
-    an engine runs here is :func:`~infscaler.runtime.engines.available`."""
+    an engine runs here is :func:`~infscaler.base.engines.available`."""
+    import onnxruntime as ort
+
     return list(ort.get_available_providers())
 
 
@@ -162,14 +174,13 @@ def providers_for(engine: str = "cpu", *, device_index: int = 0) -> list[Any]:
       EP (:meth:`~.gpu.GPUEngine.backend` is ``onnxruntime-cuda``); TF32 off, so fp32 means
       fp32. Operators the CUDA EP lacks run on the CPU EP, as onnxruntime assigns them;
     - ``dla``, and ``gpu`` where TensorRT serves it: no onnxruntime session serves them;
-      use :func:`~infscaler.runtime.engines.create_engine`.
+      use :func:`~infscaler.base.engines.create_engine`.
 
     Raises:
         ConfigError: an unknown engine kind.
         EngineUnavailable: the engine is missing on this host (the reason of
-            :func:`~infscaler.runtime.engines.available`), or is served by TensorRT.
+            :func:`~infscaler.base.engines.available`), or is served by TensorRT.
     """
-    from infscaler.runtime.engines import engine_backend, require_engine
 
     require_engine(engine)
     kind = str(engine).lower()
@@ -266,6 +277,8 @@ def load_session(
 def _open(
     source: str | bytes, options: ort.SessionOptions, providers: Sequence[Any], label: str
 ) -> ort.InferenceSession:
+    import onnxruntime as ort
+
     try:
         return ort.InferenceSession(source, sess_options=options, providers=list(providers))
     except Exception as exc:  # onnxruntime raises its own pybind exception types

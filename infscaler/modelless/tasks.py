@@ -4,13 +4,13 @@
 For a query naming a task (``text-recognition``) with ``latency_ms`` / ``min_accuracy``
 it reads each of the task's registered variants' state from the service (deployed?
 ready instances, requests pending, arrival rate, measured service time, load shedding;
-:func:`infscaler.selector.classify`), asks the selector (INFaaS Algorithm 1,
-:func:`infscaler.selector.select`), deploys the chosen variant when it is not loaded
+:func:`infscaler.modelless.selector.classify`), asks the selector (INFaaS Algorithm 1,
+:func:`infscaler.modelless.selector.select`), deploys the chosen variant when it is not loaded
 (a pipeline named after the variant: pre-processing, the model, post-processing), and
 submits the request to it. The result names the variant and whether it met the
 requirements.
 
-Model-vertical scaling (INFaaS §4.2, :func:`infscaler.selector.vertical_scale`) ties
+Model-vertical scaling (INFaaS §4.2, :func:`infscaler.modelless.selector.vertical_scale`) ties
 into the service's scaler: :meth:`TaskRouter.rebalance` looks at every variant the
 router deployed; one whose load the scaler can no longer meet by replication (it
 bounded the queue: the ``shed`` decision at the device's cap, or the deployment is not
@@ -32,9 +32,9 @@ text-detection       ``image`` UINT8 [H, W, 3]        ``det_map`` FP32 [1, 1, h,
 other tasks          the model's own tensors         the model's own tensors
 ===================  ==============================  ================================
 
-The function stages of those pipelines are defined here (:func:`rec_input`,
-:func:`ctc_decode`, :func:`tokenize`, :func:`mean_pool`) and run in the instances; the
-registry's accuracy measurement calls the same functions in-process.
+The function stages of those pipelines are :mod:`infscaler.modelless.stages`
+(``rec_input``, ``ctc_decode``, ``tokenize``, ``mean_pool``); they run in the instances,
+and the registry's accuracy measurement calls the same functions in-process.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import functools
 import logging
 import math
 import queue
@@ -55,171 +54,23 @@ from typing import Any
 
 import numpy as np
 
-log = logging.getLogger("infscaler.tasks")
+from infscaler.base.config import validate_pipeline
+from infscaler.base.errors import ConfigError, ServiceError
+from infscaler.modelless.selector import (
+    Catalog,
+    Query,
+    ScalingConfig,
+    SelectorConfig,
+    classify,
+    select,
+    validate_query,
+    vertical_scale,
+)
+from infscaler.modelless.stages import REC_MIN_WIDTH
+from infscaler.modelless.variants import VariantRegistry
+from infscaler.runtime.pipeline import default_state_dir
 
-#: Recogniser input height and minimum width (PaddleOCR's ``rec_image_shape`` 3x48x320).
-REC_HEIGHT = 48
-REC_MIN_WIDTH = 320
-
-
-# -- function stages (run in the instances) ------------------------------------------------
-
-
-def rec_input(tensors: Mapping[str, np.ndarray], *, min_width: int = REC_MIN_WIDTH) -> dict:
-    """Stage ``prep`` of a text-recognition variant: a text-line image -> the recogniser's
-    input, as PaddleOCR's ``resize_norm_img`` (rapidocr's ``TextRecognizer``): resize to
-    height 48 keeping the aspect ratio, BGR, ``(x / 255 - 0.5) / 0.5``, CHW, zero-padded
-    on the right to ``W = int(48 * max(min_width / 48, w / h))``.
-
-    Args:
-        tensors: ``image``: [H, W, 3] uint8 RGB (a cropped text line).
-
-    Returns:
-        ``rec_input``: [1, 3, 48, W] float32.
-
-    Raises:
-        ValueError: the image is not HxWx3 uint8 with H, W >= 1.
-    """
-    import cv2
-
-    img = np.asarray(tensors["image"])
-    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8 or min(img.shape[:2]) < 1:
-        raise ValueError(f"image must be HxWx3 uint8 (a text line), got {img.shape} {img.dtype}")
-    bgr = np.ascontiguousarray(img[:, :, ::-1])
-    h, w = bgr.shape[:2]
-    width = int(REC_HEIGHT * max(min_width / REC_HEIGHT, w / h))
-    resized_w = max(1, min(width, int(math.ceil(REC_HEIGHT * w / h))))
-    x = cv2.resize(bgr, (resized_w, REC_HEIGHT)).astype(np.float32)
-    x = (x / 255.0 - 0.5) / 0.5
-    out = np.zeros((1, 3, REC_HEIGHT, width), dtype=np.float32)
-    out[0, :, :, :resized_w] = x.transpose(2, 0, 1)
-    return {"rec_input": out}
-
-
-@functools.cache
-def load_charset(path: str) -> tuple[str, ...]:
-    """A recogniser's characters, one per line (PaddleOCR's ``character_dict``)."""
-    with open(path, encoding="utf-8") as f:
-        return tuple(line.rstrip("\r\n") for line in f)
-
-
-@functools.cache
-def _ctc_table(path: str) -> np.ndarray:
-    chars = ["", *load_charset(path), " "]  # blank first, space last (use_space_char)
-    return np.array(chars, dtype=object)
-
-
-def ctc_decode(tensors: Mapping[str, np.ndarray], *, charset: str) -> dict:
-    """Stage ``decode``: greedy CTC decoding (PaddleOCR's ``CTCLabelDecode``): argmax per
-    time step, repeats merged, blanks (index 0) dropped; the space is the last class.
-
-    Args:
-        tensors: ``rec_prob``: [1, T, C] float32, C = characters + 2.
-        charset: path of the character list.
-
-    Returns:
-        ``text``: [1] unicode; ``score``: [1] float32, the mean probability of the
-        characters kept (0 for an empty line).
-
-    Raises:
-        ValueError: ``rec_prob`` is not [1, T, C] with C matching the character list.
-    """
-    table = _ctc_table(str(charset))
-    prob = np.asarray(tensors["rec_prob"])
-    if prob.ndim != 3 or prob.shape[0] != 1 or prob.shape[2] != len(table):
-        raise ValueError(f"rec_prob must be [1, T, {len(table)}], got {prob.shape}")
-    text, score = decode_ctc(prob[0], table)
-    return {
-        "text": np.array([text], dtype=f"<U{max(1, len(text))}"),
-        "score": np.array([score], dtype=np.float32),
-    }
-
-
-def decode_ctc(prob: np.ndarray, table: np.ndarray) -> tuple[str, float]:
-    """Greedy CTC over one [T, C] probability matrix; ``table[i]`` is class i's text."""
-    idx = prob.argmax(axis=1)
-    keep = idx != 0
-    keep[1:] &= idx[1:] != idx[:-1]
-    if not keep.any():
-        return "", 0.0
-    text = "".join(table[idx[keep]])
-    score = float(prob[np.arange(len(idx))[keep], idx[keep]].mean())
-    return text, score
-
-
-@functools.cache
-def load_tokenizer(path: str, max_length: int = 128) -> Any:
-    """A HuggingFace ``tokenizers`` tokenizer from ``tokenizer.json``, truncating to
-    ``max_length`` and padding to the longest sentence of a batch."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(path))
-    tok.enable_truncation(int(max_length))
-    tok.enable_padding()
-    return tok
-
-
-def _sentences(value: Any) -> list[str]:
-    arr = np.asarray(value).reshape(-1)
-    out = []
-    for s in arr.tolist():
-        out.append(s.decode("utf-8", errors="replace") if isinstance(s, bytes) else str(s))
-    return out
-
-
-def tokenize(
-    tensors: Mapping[str, np.ndarray],
-    *,
-    tokenizer: str,
-    max_length: int = 128,
-    token_type_ids: bool = True,
-) -> dict:
-    """Stage ``tokenize`` of a text-embedding variant: sentences -> WordPiece ids.
-
-    Args:
-        tensors: ``text``: [N] BYTES / str (UTF-8 sentences), N >= 1.
-        tokenizer: path of a HuggingFace ``tokenizer.json``.
-        max_length: tokens per sentence at most (with [CLS] / [SEP]).
-        token_type_ids: also return ``token_type_ids`` (zeros) for models that take it.
-
-    Returns:
-        ``input_ids``, ``attention_mask`` (and ``token_type_ids``): [N, L] int64, padded
-        to the longest sentence.
-
-    Raises:
-        ValueError: no sentence.
-    """
-    sentences = _sentences(tensors["text"])
-    if not sentences:
-        raise ValueError("text must hold at least one sentence")
-    enc = load_tokenizer(str(tokenizer), int(max_length)).encode_batch(sentences)
-    ids = np.array([e.ids for e in enc], dtype=np.int64)
-    out = {
-        "input_ids": ids,
-        "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
-    }
-    if token_type_ids:
-        out["token_type_ids"] = np.zeros_like(ids)
-    return out
-
-
-def mean_pool(tensors: Mapping[str, np.ndarray], *, normalize: bool = True) -> dict:
-    """Stage ``pool``: mean of the token embeddings over the attention mask
-    (sentence-transformers' pooling), L2-normalised.
-
-    Args:
-        tensors: ``tokens``: [N, L, D] float32; ``attention_mask``: [N, L] int64.
-
-    Returns:
-        ``embedding``: [N, D] float32.
-    """
-    tokens = np.asarray(tensors["tokens"], dtype=np.float32)
-    mask = np.asarray(tensors["attention_mask"]).astype(np.float32)[..., None]
-    emb = (tokens * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
-    if normalize:
-        emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    return {"embedding": np.ascontiguousarray(emb, dtype=np.float32)}
-
+log = logging.getLogger("infscaler.modelless.tasks")
 
 # -- pipelines for variants ----------------------------------------------------------------
 
@@ -232,13 +83,13 @@ def variant_pipeline(
     max_instances: int = 4,
 ) -> dict[str, Any]:
     """The pipeline (a ``pipeline.yaml`` mapping) that serves ``variant``
-    (:class:`~infscaler.variants.Variant`) with its task's interface.
+    (:class:`~infscaler.modelless.variants.Variant`) with its task's interface.
 
     Args:
         slo_ms: when given, the pipeline gets this SLO and ``autoscale``, so the scaler
             replicates the variant's bottleneck within the device's cap.
         autoscale: the pipeline's ``autoscale`` (True: the defaults; a mapping: its
-            :class:`~infscaler.config.AutoscaleConfig` fields) when ``slo_ms`` is given.
+            :class:`~infscaler.base.config.AutoscaleConfig` fields) when ``slo_ms`` is given.
         max_instances: replicas of the model stage the scaler may run at most.
     """
     io = variant.io
@@ -262,7 +113,7 @@ def variant_pipeline(
         cfg["stages"] = [
             {
                 "name": "prep",
-                "function": "infscaler.tasks:rec_input",
+                "function": "infscaler.modelless.stages:rec_input",
                 "params": {"min_width": int(io.get("min_width", REC_MIN_WIDTH))},
                 "inputs": ["image"],
                 "outputs": ["rec_input"],
@@ -270,7 +121,7 @@ def variant_pipeline(
             model,
             {
                 "name": "decode",
-                "function": "infscaler.tasks:ctc_decode",
+                "function": "infscaler.modelless.stages:ctc_decode",
                 "params": {"charset": io["charset"]},
                 "inputs": ["rec_prob"],
                 "outputs": ["text", "score"],
@@ -285,7 +136,7 @@ def variant_pipeline(
         cfg["stages"] = [
             {
                 "name": "tokenize",
-                "function": "infscaler.tasks:tokenize",
+                "function": "infscaler.modelless.stages:tokenize",
                 "params": {
                     "tokenizer": io["tokenizer"],
                     "max_length": int(io.get("max_length", 128)),
@@ -297,7 +148,7 @@ def variant_pipeline(
             model,
             {
                 "name": "pool",
-                "function": "infscaler.tasks:mean_pool",
+                "function": "infscaler.modelless.stages:mean_pool",
                 "inputs": ["tokens", "attention_mask"],
                 "outputs": ["embedding"],
             },
@@ -378,7 +229,7 @@ class TaskRouter:
 
     Args:
         service: a started :class:`~infscaler.service.Service`.
-        registry: a :class:`~infscaler.variants.VariantRegistry` (default: the one in the
+        registry: a :class:`~infscaler.modelless.variants.VariantRegistry` (default: the one in the
             service's state dir).
         selector_config: thresholds of the state machine.
         scaling_config: tuning of the vertical-scaling heuristic.
@@ -390,7 +241,7 @@ class TaskRouter:
         rebalance_interval_s: how often the background loop runs :meth:`rebalance`
             (None: no loop; call it yourself).
         autoscale_options: the ``autoscale`` mapping of the variants' pipelines
-            (:class:`~infscaler.config.AutoscaleConfig` fields: ``interval_s``,
+            (:class:`~infscaler.base.config.AutoscaleConfig` fields: ``interval_s``,
             ``hold_s``, ...; None: the defaults).
         max_replicas: model instances the scaler may run per variant (its
             ``max_instances``); beyond it, or at the device's cap, the scaler sheds and
@@ -422,8 +273,6 @@ class TaskRouter:
         autoscale_options: Mapping[str, Any] | None = None,
         max_replicas: int = 4,
     ) -> None:
-        from infscaler.selector import ScalingConfig, SelectorConfig
-        from infscaler.variants import VariantRegistry
 
         self.service = service
         self.registry = registry if registry is not None else VariantRegistry(service.state_dir)
@@ -453,7 +302,7 @@ class TaskRouter:
 
     # -- catalog -----------------------------------------------------------------------------
     def catalog(self, *, fresh: bool = False) -> Any:
-        """The registry's variants as a :class:`~infscaler.selector.Catalog`, re-read
+        """The registry's variants as a :class:`~infscaler.modelless.selector.Catalog`, re-read
         when the registry file changed (looked at every :attr:`catalog_check_s` at most;
         ``fresh``: now)."""
         now = time.monotonic()
@@ -464,8 +313,6 @@ class TaskRouter:
         with self._lock:
             self._checked = now
             if self._catalog is None or stamp != self._stamp:
-                from infscaler.selector import Catalog
-
                 variants = self.registry.variants(generated_only=True)
                 self._variants = {v.name: v for v in variants}
                 self._catalog = Catalog([v.profile() for v in variants])
@@ -488,7 +335,7 @@ class TaskRouter:
 
     # -- state -------------------------------------------------------------------------------
     def loads(self, task: str) -> dict[str, Any]:
-        """Variant name -> :class:`~infscaler.selector.VariantLoad` for the task's variants
+        """Variant name -> :class:`~infscaler.modelless.selector.VariantLoad` for the task's variants
         deployed on the service (the others are Inactive).
 
         Ready instances, requests pending and load shedding are read fresh on every call;
@@ -515,7 +362,6 @@ class TaskRouter:
         return plan
 
     def _loads(self, task: str, catalog: Any) -> dict[str, Any]:
-        from infscaler.selector import classify
 
         variants = catalog.by_task.get(task, ())
         deps = self.service.deployments()
@@ -596,7 +442,6 @@ class TaskRouter:
         Raises:
             SelectionError: unknown task (404), bad requirement values (400).
         """
-        from infscaler.selector import Query, select, validate_query
 
         catalog = self.catalog()
         if task not in catalog.by_task:  # registered since the last look?
@@ -611,7 +456,6 @@ class TaskRouter:
         Raises:
             ServiceError / InfScalerError: the deploy failed (the reason).
         """
-        from infscaler.service import ServiceError
 
         with self._lock:
             if any(d.name == name for d in self.service.deployments()):
@@ -644,8 +488,6 @@ class TaskRouter:
 
     def _activate(self, name: str, slo_ms: float | None) -> None:
         """Deploy variant ``name`` now (on the deploy thread); a no-op when deployed."""
-        from infscaler.config import validate_pipeline
-        from infscaler.service import ServiceError
 
         if any(d.name == name for d in self.service.deployments()):
             return
@@ -741,9 +583,8 @@ class TaskRouter:
     # -- vertical scaling (INFaaS §4.2) ------------------------------------------------------
     def rebalance(self, now: float | None = None) -> list[Any]:
         """One pass of the model-vertical scaler over every deployed variant (see the
-        module docstring). Returns the :class:`~infscaler.selector.ScalingAction` s
+        module docstring). Returns the :class:`~infscaler.modelless.selector.ScalingAction` s
         started."""
-        from infscaler.selector import vertical_scale
 
         now = time.monotonic() if now is None else now
         catalog = self.catalog()
@@ -802,7 +643,6 @@ class TaskRouter:
         log.info("%s %s -> %s: %s", action.action, action.current, action.target, action.reason)
 
         def work() -> None:
-            from infscaler.errors import ConfigError
 
             try:
                 # a no-op when the target is deployed (a downgrade to a variant an upgrade
@@ -885,6 +725,5 @@ class TaskRouter:
 
 def default_registry_dir(state_dir: str | Path | None = None) -> Path:
     """Where the registry lives: ``state_dir`` or the service's default state dir."""
-    from infscaler.runtime.pipeline import default_state_dir
 
     return Path(state_dir) if state_dir is not None else default_state_dir()

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infscaler.errors import InfScalerError
+from infscaler.base.errors import InfScalerError
+from infscaler.base.models import MODELS
 
 __all__ = [
     "BUILTIN_FUNCTION_MODULES",
@@ -341,7 +342,6 @@ class SecurityPolicy:
             FunctionNotAllowedError / PermissionDeniedError: (403) the first offence,
                 naming the stage.
         """
-        from infscaler.models import MODELS
 
         for i, st in enumerate(cfg.stages):
             where = f"stages[{i}] ({st.name})"

