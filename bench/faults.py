@@ -12,7 +12,7 @@ still leased to dead instances (leaked slots: must be 0) and the manager's audit
 Phase 2 (a subprocess): a service on the same state dir serves a few requests (so its
 pool maps slabs in /dev/shm) and is killed with SIGKILL; its slabs are counted; then a
 new service starts on that state dir and the old run's slabs are counted again (must be
-0: :func:`infscaler.shm.pool.remove_stale_pools`).
+0: :func:`infscaler.shm.cleanup.remove_stale_pools`).
 
 Writes ``results/faults.json`` and ``results/faults.png`` (a timeline: each request's
 latency, 503s, the kills and the time each unit was down); ``faults_quick.*`` with

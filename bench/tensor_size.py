@@ -68,7 +68,8 @@ _common.default_cache_dir()
 from infscaler.ebpf.channel import Endpoint, pack_frame  # noqa: E402
 from infscaler.ebpf.probe import ebpf_available, open_channel  # noqa: E402
 from infscaler.ebpf.token import Token, TokenKind  # noqa: E402
-from infscaler.shm.pool import SlabMap, TensorPool  # noqa: E402
+from infscaler.shm.pool import TensorPool  # noqa: E402
+from infscaler.shm.slabmap import SlabMap  # noqa: E402
 from infscaler.shm.tensors import read_tensors, tensors_nbytes, write_tensors  # noqa: E402
 
 KiB, MiB = 1024, 1024 * 1024

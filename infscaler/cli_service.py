@@ -50,7 +50,7 @@ from infscaler.server import (
     start_unix_server,
 )
 from infscaler.service import Service
-from infscaler.shm.pool import remove_stale_slabs
+from infscaler.shm.cleanup import remove_stale_slabs
 from infscaler.systemd import SystemdNotifier
 from infscaler.watcher import start_watching
 

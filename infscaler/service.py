@@ -40,8 +40,9 @@ from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, defau
 from infscaler.runtime.route import Route
 from infscaler.runtime.stats import PipelineStats
 from infscaler.runtime.supervisor import Supervisor
+from infscaler.shm.cleanup import record_pool, remove_stale_pools, unrecord_pool
 from infscaler.shm.manager import TensorSharingManager
-from infscaler.shm.pool import TensorPool, record_pool, remove_stale_pools, unrecord_pool
+from infscaler.shm.pool import TensorPool
 
 __all__ = [
     "Deployment",
@@ -218,7 +219,7 @@ class Service:
 
     def _remove_stale_slabs(self) -> None:
         """Unlink the ``/dev/shm`` slabs a killed earlier run on this state dir left
-        (:func:`infscaler.shm.pool.remove_stale_pools`: only slabs named by our prefix and
+        (:func:`infscaler.shm.cleanup.remove_stale_pools`: only slabs named by our prefix and
         a recorded service id whose process is gone)."""
 
         try:

@@ -91,7 +91,8 @@ from infscaler.runtime.supervisor import FRONTEND_INSTANCE
 from infscaler.shm import BackPressureError, RequestFailed
 from infscaler.shm.client import InstanceClient
 from infscaler.shm.deadlines import DeadlineTable
-from infscaler.shm.pool import PoolError, SlabMap
+from infscaler.shm.slab import PoolError
+from infscaler.shm.slabmap import SlabMap
 from infscaler.shm.tensors import SlotFormatError, tensors_nbytes
 
 __all__ = ["FrontEnd", "RequestError"]

@@ -72,7 +72,8 @@ from infscaler.runtime.runners import (
 from infscaler.shm import RequestFailed
 from infscaler.shm.client import InstanceClient
 from infscaler.shm.deadlines import DeadlineTable
-from infscaler.shm.pool import PoolError, SlabMap
+from infscaler.shm.slab import PoolError
+from infscaler.shm.slabmap import SlabMap
 from infscaler.shm.tensors import SlotFormatError
 
 __all__ = ["Instance", "StageError", "StageInputError", "main", "serve"]

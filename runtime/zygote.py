@@ -119,7 +119,7 @@ BASE_MODULES = (
     "infscaler.base.engines",
     "infscaler.base.engines.cpu",
     "infscaler.shm.client",
-    "infscaler.shm.pool",
+    "infscaler.shm.slabmap",
     "infscaler.shm.tensors",
     "infscaler.shm.deadlines",
     "infscaler.ebpf.channel",

@@ -5,8 +5,11 @@
   kinds: DATA, FAULT, GRANT, FREE, BUSY, ERROR).
 - :mod:`infscaler.shm.pool` -- :class:`TensorPool` (manager side: POSIX shared-memory
   slabs carved into slots by size class, lazy allocation on token faults up to a memory
-  cap with back-pressure, leases, reclaim, idle release) and :class:`SlabMap` (instance
-  side: attach slabs by name, zero copy).
+  cap with back-pressure, leases, reclaim, idle release, validation and stats);
+  :mod:`infscaler.shm.slabmap` -- :class:`SlabMap` (instance side: attach slabs by name,
+  zero copy); :mod:`infscaler.shm.slab` -- what both share (slab names and header,
+  size classes, :class:`SlotRef`, :class:`PoolError`); :mod:`infscaler.shm.cleanup` --
+  the slabs a killed service left (pool records, stale-slab removal).
 - :mod:`infscaler.shm.tensors` -- the slot layout: named numpy tensors behind a small
   header, read as zero-copy views.
 - :mod:`infscaler.shm.protocol` -- the tensor sharing protocol (tokens, rules, reserved
@@ -25,19 +28,14 @@ the next hop -> the consumer's ``read_tensors(slab_map.slot_view(token))`` -> FR
 """
 
 from infscaler.ebpf.token import TOKEN_SIZE, Token, TokenError, TokenKind
+from infscaler.shm.cleanup import remove_stale_slabs
 from infscaler.shm.client import InstanceClient
 from infscaler.shm.manager import TensorSharingManager
-from infscaler.shm.pool import (
-    DEFAULT_SIZE_CLASSES,
-    PoolError,
-    SlabMap,
-    SlotRef,
-    TensorPool,
-    remove_stale_slabs,
-    slab_name,
-)
+from infscaler.shm.pool import TensorPool
 from infscaler.shm.protocol import BackPressureError, RequestFailed, SharingError
 from infscaler.shm.reclaim import ReclaimReport
+from infscaler.shm.slab import DEFAULT_SIZE_CLASSES, PoolError, SlotRef, slab_name
+from infscaler.shm.slabmap import SlabMap
 from infscaler.shm.tensors import (
     SlotFormatError,
     allocate_tensors,

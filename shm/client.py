@@ -24,7 +24,6 @@ import numpy as np
 
 from infscaler.ebpf.channel import MAX_BATCH, Endpoint
 from infscaler.ebpf.token import NO_SLAB, TOKEN_SIZE, Token, TokenKind
-from infscaler.shm.pool import PoolError, SlabMap
 from infscaler.shm.protocol import (
     CONTROL_HOP,
     NO_REQUEST,
@@ -32,6 +31,8 @@ from infscaler.shm.protocol import (
     RequestFailed,
     SharingError,
 )
+from infscaler.shm.slab import PoolError
+from infscaler.shm.slabmap import SlabMap
 from infscaler.shm.tensors import SlotFormatError, read_tensors, tensors_nbytes, write_tensors
 
 __all__ = ["BackPressureError", "InstanceClient", "RequestFailed", "SharingError"]

@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from infscaler.shm.pool import DEADLINES_SUFFIX, _check_service_id
+from infscaler.shm.slab import DEADLINES_SUFFIX, check_service_id
 
 ENTRIES = 1 << 16
 NO_DEADLINE = (1 << 64) - 1
@@ -52,7 +52,7 @@ _BYTES = ENTRIES * 16
 
 def table_name(service_id: str) -> str:
     """POSIX shared-memory name of a service's deadline table."""
-    return f"/isc-{_check_service_id(service_id)}-{DEADLINES_SUFFIX}"
+    return f"/isc-{check_service_id(service_id)}-{DEADLINES_SUFFIX}"
 
 
 class DeadlineTable:

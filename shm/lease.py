@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from infscaler.base.errors import InfScalerError
 from infscaler.ebpf.token import Token
-from infscaler.shm.pool import SlotRef
 from infscaler.shm.protocol import NO_REQUEST
+from infscaler.shm.slab import SlotRef
 
 if TYPE_CHECKING:  # for annotations only: reclaim imports this module
     from infscaler.shm.reclaim import Death, ReclaimReport

@@ -46,7 +46,7 @@ from infscaler.shm.lease import (
     advance,
     allowed,
 )
-from infscaler.shm.pool import PoolError, TensorPool
+from infscaler.shm.pool import TensorPool
 from infscaler.shm.protocol import (
     BARRIER_HOP,
     CONTROL_HOP,
@@ -55,6 +55,7 @@ from infscaler.shm.protocol import (
     SharingError,
 )
 from infscaler.shm.reclaim import Death, ReclaimMixin, ReclaimReport
+from infscaler.shm.slab import PoolError
 
 __all__ = ["ReclaimReport", "TensorSharingManager"]
 

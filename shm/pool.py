@@ -1,9 +1,19 @@
-"""The token-based tensor pool on POSIX shared memory (InfScaler §IV-B, Fig. 4).
+"""The manager side of the token-based tensor pool: :class:`TensorPool` (InfScaler §IV-B).
 
-The manager side, :class:`TensorPool` (one per service instance), owns *slabs*: POSIX
-shared-memory objects carved into equal *slots* by size class. A 32-byte
-:class:`~infscaler.ebpf.token.Token` names a slot (slab, slot, offset); handing the token
-over hands the slot over, zero copy.
+Role on the request path: the allocator behind every slot a request's tensors travel
+in. The service owns one pool; its sharing manager (:mod:`infscaler.shm.manager`)
+answers a producer's FAULT token with :meth:`TensorPool.fault` (a GRANT, or BUSY at the
+cap), checks every DATA / FREE token with :meth:`TensorPool.validate`, moves leases on a
+handover (:meth:`TensorPool.transfer`) and frees what a dead instance held
+(:meth:`TensorPool.reclaim`); the front end writes request inputs through
+:meth:`TensorPool.slot_view`. The slab format and :class:`~infscaler.shm.slab.SlotRef`
+are in :mod:`infscaler.shm.slab`; the instances map slabs with
+:class:`~infscaler.shm.slabmap.SlabMap`; what a killed service left is removed by
+:mod:`infscaler.shm.cleanup`.
+
+The pool owns *slabs*: POSIX shared-memory objects carved into equal *slots* by size
+class. A 32-byte :class:`~infscaler.ebpf.token.Token` names a slot (slab, slot, offset);
+handing the token over hands the slot over, zero copy.
 
 - **Lazy allocation (token faults).** A producer whose OutToken queue is empty sends a
   FAULT for ``length`` bytes; :meth:`TensorPool.fault` returns a free slot of the
@@ -17,22 +27,13 @@ over hands the slot over, zero copy.
   instance id, the token's u16 ``instance``); :meth:`TensorPool.transfer` moves it on a
   handover, :meth:`TensorPool.reclaim` frees everything a dead instance held and returns
   it so the caller fails or retries those requests.
-- **Instance side.** :class:`SlabMap` attaches slabs by name in any process, caches the
-  mappings and never unlinks.
+- **Validation and stats.** Every refused operation raises
+  :class:`~infscaler.shm.slab.PoolError` and is counted by reason
+  (:meth:`TensorPool.stats`), with nothing changed.
 
-Slab layout (bytes)::
-
-    0      48    slab header: magic b"ISCSLAB1", version, state (LIVE / RELEASED), slab id,
-                 slot count, first-slot offset, slot bytes, slab bytes, generation
-    4096   ...   slot 0, slot 1, ... each ``slot_bytes`` long (page-aligned when the size
-                 class is a multiple of 4 KiB)
-
-Slab names are ``/isc-<service_id>-<slab>`` (mode 0600, created exclusively). Slab ids
-are u16 and reused after release (lowest free id). An attached :class:`SlabMap` never
-serves a new slab from a stale mapping of an old one with the same id: before a slab is
-unlinked, the manager sets its header's state to RELEASED in the shared pages, which
-every process still mapping the old object sees; :class:`SlabMap` checks the state on
-each access and re-attaches by name (and checks the new header's slab id and geometry).
+Slab ids are u16 and reused after release (lowest free id); before a slab is unlinked
+its header's state is set to RELEASED, so no :class:`~infscaler.shm.slabmap.SlabMap`
+serves a new slab from a stale mapping of an old one with the same id.
 
 Sources: InfScaler §IV-B (tokens, token faults, OutToken queue, lazy allocation, MPMC);
 POSIX ``shm_open(3)`` / ``shm_unlink(3)``, Python ``mmap``; ``posix_fallocate(3)``
@@ -46,260 +47,37 @@ import _posixshmem
 import contextlib
 import mmap
 import os
-import re
 import secrets
-import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable, Container, Sequence
-from dataclasses import dataclass, field
 
-from infscaler.base.errors import InfScalerError
-from infscaler.ebpf.token import NO_SLAB, Token, TokenKind
+from infscaler.ebpf.token import Token, TokenKind
+from infscaler.shm.slab import (
+    DEFAULT_SIZE_CLASSES,
+    MAX_INSTANCE,
+    MAX_SLABS,
+    SHM_DIR,
+    SLAB_HDR,
+    SLAB_HEADER_BYTES,
+    SLAB_MAGIC,
+    SLAB_STATE,
+    SLAB_VERSION,
+    STATE_LIVE,
+    STATE_OFFSET,
+    STATE_RELEASED,
+    MiB,
+    PoolError,
+    SlotRef,
+    check_service_id,
+    slab_name,
+)
 
-__all__ = [
-    "DEFAULT_SIZE_CLASSES",
-    "SLAB_HEADER_BYTES",
-    "PoolError",
-    "SlabMap",
-    "SlotRef",
-    "TensorPool",
-    "record_pool",
-    "remove_stale_pools",
-    "remove_stale_slabs",
-    "slab_name",
-    "unrecord_pool",
-]
+__all__ = ["TensorPool"]
 
-KiB = 1024
-MiB = 1024 * KiB
-#: Slot capacities (bytes, header included): powers of two from 4 KiB to 128 MiB.
-DEFAULT_SIZE_CLASSES: tuple[int, ...] = tuple(4 * KiB << i for i in range(16))
-#: Bytes before the first slot of a slab (one page: slot 0 starts page-aligned).
-SLAB_HEADER_BYTES = 4096
-MAX_SLABS = NO_SLAB  # slab ids 0..0xFFFE; 0xFFFF means "no slab" in a token
-MAX_INSTANCE = 0xFFFF
 _U32_MAX = 0xFFFFFFFF
 _PAGE = mmap.PAGESIZE
-
-_SLAB_MAGIC = b"ISCSLAB1"
-_SLAB_VERSION = 1
-# magic, version, state, slab, reserved, n_slots, first_offset, slot_bytes, nbytes, generation
-_SLAB_HDR = struct.Struct("<8sHHHHIIQQQ")
-_STATE = struct.Struct("<H")
-_STATE_OFFSET = 10
-_LIVE = 1
-_RELEASED = 2
-_SERVICE_ID = re.compile(r"^[A-Za-z0-9_]{1,64}$")
-_SHM_DIR = "/dev/shm"
-
-
-class PoolError(InfScalerError):
-    """A pool operation was refused: bad token / slot / owner, a closed pool, a request
-    above the largest size class, or shared memory that cannot be created or attached."""
-
-
-def _check_service_id(service_id: str) -> str:
-    if not isinstance(service_id, str) or not _SERVICE_ID.match(service_id):
-        raise PoolError(
-            f"invalid service id {service_id!r}",
-            hint="use 1-64 characters from [A-Za-z0-9_] (no '-', it separates name parts)",
-        )
-    return service_id
-
-
-def slab_name(service_id: str, slab: int) -> str:
-    """The POSIX shared-memory name of slab ``slab`` of a service: ``/isc-<id>-<slab>``.
-
-    Raises:
-        PoolError: invalid service id (allowed: ``[A-Za-z0-9_]{1,64}``).
-    """
-    return f"/isc-{_check_service_id(service_id)}-{int(slab)}"
-
-
-#: Name suffix of the front end's deadline table (:mod:`infscaler.shm.deadlines`).
-DEADLINES_SUFFIX = "deadlines"
-#: Shared-memory objects of a service besides its numbered slabs: ``isc-<id>-<suffix>``.
-SERVICE_OBJECT_SUFFIXES = (DEADLINES_SUFFIX,)
-
-
-def remove_stale_slabs(service_id: str) -> list[str]:
-    """Unlink the ``/dev/shm/isc-<service_id>-<n>`` slabs and the service's other objects
-    (:data:`SERVICE_OBJECT_SUFFIXES`): what a killed manager left.
-
-    For a supervisor restarting a crashed manager under the same service id; never call
-    it while a pool with that id is alive. Linux only (lists ``/dev/shm``).
-
-    Returns:
-        the names unlinked.
-    """
-    prefix = slab_name(service_id, 0)[1:-1]  # "isc-<id>-"
-    removed = []
-    with contextlib.suppress(FileNotFoundError):
-        for entry in sorted(os.listdir(_SHM_DIR)):
-            rest = entry[len(prefix) :]
-            if entry.startswith(prefix) and (rest.isdigit() or rest in SERVICE_OBJECT_SUFFIXES):
-                with contextlib.suppress(FileNotFoundError):
-                    _posixshmem.shm_unlink("/" + entry)
-                    removed.append("/" + entry)
-    return removed
-
-
-#: Where a service records its pools, under its state dir (one JSON file per pool).
-POOLS_DIR = "pools"
-
-
-def _process_start(pid: int) -> float | None:
-    """The start time of process ``pid`` (psutil ``create_time``, s since the epoch), or
-    None when no such process exists (or it cannot be read)."""
-    try:
-        import psutil
-
-        return float(psutil.Process(pid).create_time())
-    except Exception:  # noqa: BLE001 - gone, a zombie, or unreadable: treat as gone
-        return None
-
-
-def record_pool(state_dir: str | os.PathLike[str], service_id: str, pid: int | None = None) -> str:
-    """Record that process ``pid`` (default: this one) owns the slabs of ``service_id``:
-    ``<state_dir>/pools/<service_id>.json`` with the pid and its start time, written
-    atomically (a temporary file renamed over it, ``rename(2)``), so a later start on the
-    same state dir can find what a killed run left (:func:`remove_stale_pools`).
-
-    Returns:
-        the path written.
-
-    Raises:
-        PoolError: invalid service id; OSError: the state dir is not writable.
-    """
-    import json
-
-    _check_service_id(service_id)
-    pid = os.getpid() if pid is None else int(pid)
-    folder = os.path.join(os.fspath(state_dir), POOLS_DIR)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    path = os.path.join(folder, f"{service_id}.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    body = {"service_id": service_id, "pid": pid, "started": _process_start(pid)}
-    with open(tmp, "w") as f:
-        json.dump(body, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
-
-
-def unrecord_pool(state_dir: str | os.PathLike[str], service_id: str) -> None:
-    """Remove the record :func:`record_pool` wrote (after a clean close)."""
-    _check_service_id(service_id)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(os.fspath(state_dir), POOLS_DIR, f"{service_id}.json"))
-
-
-def remove_stale_pools(state_dir: str | os.PathLike[str]) -> dict[str, list[str]]:
-    """Unlink the slabs of earlier runs recorded in ``state_dir`` whose process is gone.
-
-    For each ``<state_dir>/pools/<id>.json`` (:func:`record_pool`): when its pid is not
-    alive, or is alive but started at another time (the pid was reused by another
-    process), its ``/dev/shm/isc-<id>-<n>`` objects are unlinked
-    (:func:`remove_stale_slabs`: our prefix and that service id only; nothing else is
-    touched) and the record removed. A record whose process still runs is left alone (a
-    service sharing the state dir). Unreadable records are removed with a warning in
-    the result under ``"?<file name>"`` (no slab is touched for them).
-
-    Returns:
-        ``{service_id: [slab names unlinked]}`` for every stale record found.
-    """
-    import json
-
-    folder = os.path.join(os.fspath(state_dir), POOLS_DIR)
-    try:
-        names = sorted(os.listdir(folder))
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
-    out: dict[str, list[str]] = {}
-    for name in names:
-        path = os.path.join(folder, name)
-        if name.endswith(".tmp"):  # a record interrupted while being written
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            continue
-        if not name.endswith(".json"):
-            continue
-        try:
-            with open(path) as f:
-                rec = json.load(f)
-            sid = _check_service_id(rec["service_id"])
-            pid = int(rec["pid"])
-            started = rec.get("started")
-        except (OSError, ValueError, KeyError, TypeError, PoolError):
-            out[f"?{name}"] = []
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            continue
-        now_started = _process_start(pid)
-        alive = now_started is not None and (
-            started is None or abs(float(started) - now_started) < 1.0
-        )
-        if alive:
-            continue
-        out[sid] = remove_stale_slabs(sid)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    return out
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class SlotRef:
-    """One slot of the pool.
-
-    Attributes:
-        slab: slab id (u16, < 0xFFFF).
-        slot: slot index inside the slab (u32).
-        offset: byte offset of the slot inside the slab (u32).
-        size: slot capacity in bytes (the size class, header included).
-        request: the request id recorded with the slot's lease when this ref was made
-            (by :meth:`TensorPool.fault`, :meth:`~TensorPool.held_by`,
-            :meth:`~TensorPool.reclaim`, :meth:`~TensorPool.validate`), else ``None``.
-            Not part of equality or hashing: a ref names a slot.
-    """
-
-    slab: int
-    slot: int
-    offset: int
-    size: int
-    request: int | None = field(default=None, compare=False)
-
-    def to_token(
-        self,
-        kind: TokenKind | int,
-        hop: int = 0,
-        instance: int = 0,
-        length: int | None = None,
-        request: int | None = None,
-    ) -> Token:
-        """A token naming this slot.
-
-        Args:
-            kind: e.g. ``TokenKind.GRANT`` (manager) or ``TokenKind.DATA`` (producer).
-            hop: destination hop.
-            instance: sending instance id (u16).
-            length: bytes used (DATA) or granted; default: the slot capacity.
-            request: request id (u64); default :attr:`request`, or 0.
-        """
-        if request is None:
-            request = 0 if self.request is None else self.request
-        return Token(
-            TokenKind(kind),
-            hop,
-            self.slab,
-            instance,
-            self.slot,
-            self.offset,
-            self.size if length is None else length,
-            request,
-        )
 
 
 class _Slab:
@@ -345,7 +123,7 @@ def _unmap_and_unlink(slab: _Slab) -> None:
     """Mark RELEASED in the shared header, unmap (if no views remain), unlink the name."""
     mm, slab.mm = slab.mm, None
     if mm is not None and not mm.closed:
-        _STATE.pack_into(mm, _STATE_OFFSET, _RELEASED)
+        SLAB_STATE.pack_into(mm, STATE_OFFSET, STATE_RELEASED)
         with contextlib.suppress(BufferError):  # views still exported: unmapped when they die
             mm.close()
     with contextlib.suppress(FileNotFoundError):
@@ -405,7 +183,7 @@ class TensorPool:
             raise PoolError(f"slab_bytes must be positive, got {slab_bytes}")
         if idle_release_s < 0:
             raise PoolError(f"idle_release_s must be >= 0, got {idle_release_s}")
-        self.service_id = _check_service_id(
+        self.service_id = check_service_id(
             secrets.token_hex(6) if service_id is None else service_id
         )
         self.cap_bytes = cap_bytes
@@ -519,16 +297,16 @@ class TensorPool:
                 _posixshmem.shm_unlink(name)
             raise PoolError(
                 f"cannot allocate {nbytes} bytes of shared memory for {name}: {exc}",
-                hint=f"{_SHM_DIR} may be too small for cap_bytes={self.cap_bytes}",
+                hint=f"{SHM_DIR} may be too small for cap_bytes={self.cap_bytes}",
             ) from exc
         finally:
             os.close(fd)
         self._generation += 1
-        _SLAB_HDR.pack_into(
+        SLAB_HDR.pack_into(
             mm,
             0,
-            _SLAB_MAGIC,
-            _SLAB_VERSION,
+            SLAB_MAGIC,
+            SLAB_VERSION,
             0,  # state written last
             slab_id,
             0,
@@ -538,7 +316,7 @@ class TensorPool:
             nbytes,
             self._generation,
         )
-        _STATE.pack_into(mm, _STATE_OFFSET, _LIVE)
+        SLAB_STATE.pack_into(mm, STATE_OFFSET, STATE_LIVE)
         slab = _Slab(
             slab_id, name, slot_bytes, n_slots, nbytes, mm, self._generation, self._clock()
         )
@@ -840,7 +618,7 @@ class TensorPool:
         """A writable view of a slot through the manager's own mapping (``ref.size`` bytes).
 
         For code in the manager's process (e.g. the front end writing request inputs);
-        other processes use :class:`SlabMap`.
+        other processes use :class:`~infscaler.shm.slabmap.SlabMap`.
 
         Raises:
             PoolError: the slab is unknown or the ref does not match its geometry.
@@ -895,7 +673,7 @@ class TensorPool:
         """Unmap and unlink every slab (leases are dropped). Idempotent.
 
         Also runs when the pool is garbage-collected or at interpreter exit, so no
-        ``/dev/shm`` entries leak (not after SIGKILL: see :func:`remove_stale_slabs`).
+        ``/dev/shm`` entries leak (not after SIGKILL: see :mod:`infscaler.shm.cleanup`).
         """
         with self._lock:
             if self._closed:
@@ -920,168 +698,3 @@ class TensorPool:
             f"TensorPool(service_id={self.service_id!r}, cap_bytes={self.cap_bytes}, "
             f"mapped_bytes={self._mapped}, slabs={len(self._slabs)})"
         )
-
-
-class _Attached:
-    __slots__ = ("first_offset", "generation", "mm", "n_slots", "nbytes", "slot_bytes")
-
-    def __init__(self, mm, n_slots, first_offset, slot_bytes, nbytes, generation):
-        self.mm = mm
-        self.n_slots = n_slots
-        self.first_offset = first_offset
-        self.slot_bytes = slot_bytes
-        self.nbytes = nbytes
-        self.generation = generation
-
-    def live(self) -> bool:
-        return _STATE.unpack_from(self.mm, _STATE_OFFSET)[0] == _LIVE
-
-    def drop(self) -> None:
-        with contextlib.suppress(BufferError):  # views still exported: unmapped when they die
-            self.mm.close()
-
-
-class SlabMap:
-    """Instance side: attach a service's slabs by name in any process, zero copy.
-
-    Mappings are cached per slab id. On every access the slab header's state is checked
-    in the shared pages; a slab the manager has released (and perhaps re-created under
-    the same id) is re-attached by name, so a stale mapping never serves a new slab.
-    Attaching never unlinks and does not involve ``multiprocessing``'s resource tracker.
-
-    Args:
-        service_id: the pool's ``service_id``.
-
-    Raises:
-        PoolError: invalid service id.
-    """
-
-    def __init__(self, service_id: str) -> None:
-        self.service_id = _check_service_id(service_id)
-        self._maps: dict[int, _Attached] = {}
-        self._lock = threading.Lock()
-
-    def _attach(self, slab: int) -> _Attached:
-        name = slab_name(self.service_id, slab)
-        try:
-            fd = _posixshmem.shm_open(name, os.O_RDWR, mode=0o600)
-        except FileNotFoundError:
-            raise PoolError(
-                f"slab {slab} ({name}) does not exist (released, or wrong service id)"
-            ) from None
-        except OSError as exc:
-            raise PoolError(f"cannot open shared memory {name}: {exc}") from exc
-        try:
-            size = os.fstat(fd).st_size
-            if size < _SLAB_HDR.size:
-                raise PoolError(f"{name} is {size} bytes, too small for a slab header")
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        magic, version, state, slab_id, _, n_slots, first, slot_bytes, nbytes, gen = (
-            _SLAB_HDR.unpack_from(mm, 0)
-        )
-        problem = None
-        if magic != _SLAB_MAGIC or version != _SLAB_VERSION:
-            problem = "not an InfScaler slab (bad magic or version)"
-        elif state != _LIVE:
-            problem = "released by the manager" if state == _RELEASED else "not initialised"
-        elif slab_id != slab:
-            problem = f"its header names slab {slab_id}"
-        elif nbytes != size or slot_bytes == 0 or first + n_slots * slot_bytes > size:
-            problem = "its header does not match its size"
-        if problem:
-            mm.close()
-            raise PoolError(f"cannot attach {name}: {problem}")
-        return _Attached(mm, n_slots, first, slot_bytes, nbytes, gen)
-
-    def _get(self, slab: int) -> _Attached:
-        with self._lock:
-            att = self._maps.get(slab)
-            if att is not None and att.live():
-                return att
-            if att is not None:
-                del self._maps[slab]
-                att.drop()
-            att = self._attach(slab)
-            self._maps[slab] = att
-            return att
-
-    def view(self, slab: int, offset: int, size: int) -> memoryview:
-        """A writable view of ``size`` bytes at ``offset`` in slab ``slab``.
-
-        Attaches the slab on first use and caches the mapping.
-
-        Raises:
-            PoolError: the slab does not exist / was released, or the range is outside
-                its slot area.
-        """
-        att = self._get(slab)
-        if offset < att.first_offset or size < 0 or offset + size > att.nbytes:
-            raise PoolError(
-                f"range [{offset}, {offset + size}) is outside slab {slab}'s slots "
-                f"[{att.first_offset}, {att.nbytes})"
-            )
-        return memoryview(att.mm)[offset : offset + size]
-
-    def slot_view(self, token: Token) -> memoryview:
-        """The whole slot a token names (its capacity, at least ``token.length`` bytes).
-
-        Checks the token against the slab header: the offset is slot ``token.slot``'s,
-        and ``token.length`` fits the slot.
-
-        Raises:
-            PoolError: the slab does not exist / was released, or the token's slot,
-                offset or length do not match the slab.
-        """
-        att = self._get(token.slab)
-        expected = att.first_offset + token.slot * att.slot_bytes
-        if token.slot >= att.n_slots or token.offset != expected or token.length > att.slot_bytes:
-            raise PoolError(
-                f"token (slab {token.slab}, slot {token.slot}, offset {token.offset}, "
-                f"length {token.length}) does not match the slab: {att.n_slots} slots of "
-                f"{att.slot_bytes} bytes from offset {att.first_offset}"
-            )
-        return memoryview(att.mm)[expected : expected + att.slot_bytes]
-
-    def slab_view(self, slab: int) -> memoryview:
-        """The whole slab mapping (header included), e.g. to register it with CUDA
-        (:class:`~infscaler.shm.unified.UnifiedSlab`); token offsets index into it.
-
-        Raises:
-            PoolError: the slab does not exist / was released.
-        """
-        return memoryview(self._get(slab).mm)
-
-    def forget(self, slab: int) -> None:
-        """Drop the cached mapping of ``slab`` (unmapped once no views of it remain)."""
-        with self._lock:
-            att = self._maps.pop(slab, None)
-        if att is not None:
-            att.drop()
-
-    def prune(self) -> int:
-        """Drop mappings of slabs the manager has released; returns how many."""
-        with self._lock:
-            dead = [b for b, att in self._maps.items() if not att.live()]
-            for b in dead:
-                self._maps.pop(b).drop()
-        return len(dead)
-
-    def attached(self) -> list[int]:
-        """Slab ids currently mapped in this process."""
-        with self._lock:
-            return sorted(self._maps)
-
-    def close(self) -> None:
-        """Drop every mapping (never unlinks anything)."""
-        with self._lock:
-            maps, self._maps = self._maps, {}
-        for att in maps.values():
-            att.drop()
-
-    def __enter__(self) -> SlabMap:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 
 from infscaler.ebpf.token import NO_SLAB, Token, TokenKind
 from infscaler.shm.lease import InstanceEvent, InstanceState, LeaseRecord, LeaseRole, allowed
-from infscaler.shm.pool import SlotRef
 from infscaler.shm.protocol import CONTROL_HOP, NO_REQUEST, SharingError
+from infscaler.shm.slab import SlotRef
 
 __all__ = ["Death", "ReclaimMixin", "ReclaimReport"]
 

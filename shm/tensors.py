@@ -21,7 +21,7 @@ Layout, little-endian, offsets in bytes from the start of the slot::
                    u64 nbytes (= prod(dims) * itemsize)
 
 Tensor data starts at offsets that are multiples of :data:`ALIGNMENT` (64 bytes) from
-the slot start; slots in :mod:`infscaler.shm.pool` start on page boundaries, so data is
+the slot start; slots in :mod:`infscaler.shm.slab` start on page boundaries, so data is
 64-byte aligned in memory (what SIMD kernels and DMA engines want).
 
 Arrays are stored C-contiguous in their own dtype (byte order kept). Object, structured
@@ -228,7 +228,7 @@ def allocate_tensors(
 
     Args:
         buf: a writable slot (e.g. :meth:`SlabMap.slot_view
-            <infscaler.shm.pool.SlabMap.slot_view>`), bytes.
+            <infscaler.shm.slabmap.SlabMap.slot_view>`), bytes.
         specs: name -> ``(shape, dtype)`` (or an array, whose shape and dtype are used).
 
     Returns:
@@ -286,7 +286,7 @@ def read_tensors(buf: memoryview) -> dict[str, np.ndarray]:
 
     Args:
         buf: the slot (e.g. :meth:`SlabMap.slot_view
-            <infscaler.shm.pool.SlabMap.slot_view>`), at least the DATA token's
+            <infscaler.shm.slabmap.SlabMap.slot_view>`), at least the DATA token's
             ``length`` bytes.
 
     Returns:

@@ -1,7 +1,7 @@
 """Unified-memory backend: slabs the iGPU and DLA read in place (Jetson; InfScaler §IV-B).
 
 On Jetson (Xavier / Orin) CPU, iGPU and DLA share one DRAM. A slab mapped by
-:class:`~infscaler.shm.pool.SlabMap` is ordinary host memory; registering it with CUDA
+:class:`~infscaler.shm.slabmap.SlabMap` is ordinary host memory; registering it with CUDA
 as *mapped* pinned memory gives a device pointer through which GPU kernels and TensorRT
 engines (GPU or DLA) read and write the same bytes, no copy:
 

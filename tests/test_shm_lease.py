@@ -21,7 +21,7 @@ from infscaler.shm.lease import (
     advance,
     allowed,
 )
-from infscaler.shm.pool import SlotRef
+from infscaler.shm.slab import SlotRef
 
 W, R, H, T, F = (
     LeaseRole.WRITER,

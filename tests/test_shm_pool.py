@@ -35,7 +35,7 @@ from infscaler.shm import (
     tensors_nbytes,
     write_tensors,
 )
-from infscaler.shm.pool import SLAB_HEADER_BYTES
+from infscaler.shm.slab import SLAB_HEADER_BYTES
 
 KiB, MiB = 1024, 1024 * 1024
 SPAWN = mp.get_context("spawn")
