@@ -15,7 +15,8 @@ by step: :mod:`infscaler.runtime`.
   :mod:`~infscaler.cli_variants` (variants)
 - :mod:`~infscaler.service` -- :class:`~infscaler.service.Service`: deploys pipelines
   and wires the runtime (tensor pool, channel, sharing manager, front end, supervisor,
-  auto-scaler)
+  auto-scaler); :mod:`~infscaler.service_status` -- its status and statistics (what
+  ``/v2/infscaler/status`` and ``infscaler status`` show)
 - :mod:`~infscaler.server` (app, middlewares, socket; routes in ``server_routes``,
   ``server_repo``, HTTP limits in ``server_http``, shared keys in ``server_common``) /
   :mod:`~infscaler.protocol` (codec; ``protocol_json``, ``protocol_tensors``) -- the KServe
@@ -37,7 +38,9 @@ monitor, auto-scaler, planner and simulator, unit profiles.
 **Below the runtime**
 
 - :mod:`infscaler.shm` (``shm/``) -- token-based zero-copy tensor sharing (§IV-B): the
-  pool, leases, the service-side manager and the instance-side client; above ebpf
+  pool (``pool``: the manager's allocator; ``slabmap``: the instances' mappings;
+  ``slab``: the format both share; ``cleanup``: what a killed run left), leases, the
+  service-side manager and the instance-side client; above ebpf
 - :mod:`infscaler.partitioner` (``partitioner/``) -- offline bottleneck-aware
   partitioning (InfScaler §IV-A, Eq. 1); uses neither shm nor ebpf
 - :mod:`infscaler.ebpf` (``ebpf/``) -- the control channel (eBPF sockmap or user space)

@@ -7,7 +7,9 @@ deploy when asked, InfScaler §IV-A), gives every unit a channel stage, starts i
 instances (each pinned to its cores), waits until all are ready, then makes the
 pipeline visible. Nothing is visible or half-started when a deploy fails: the instances
 already started are stopped and the error says why. Undeploying stops new requests,
-drains those in flight, then stops the instances.
+drains those in flight, then stops the instances. What the service reports about itself
+(status, per-pipeline status, why a pipeline is degraded) is built in
+:mod:`infscaler.service_status`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import threading
@@ -35,11 +38,12 @@ from infscaler.runtime.admission import ByteBudget
 from infscaler.runtime.autoplan import needs_planning, plan_pipeline
 from infscaler.runtime.autoscaler import Autoscaler
 from infscaler.runtime.frontend import FrontEnd, RequestError
-from infscaler.runtime.monitor import Monitor, step_totals
+from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
 from infscaler.runtime.route import Route
 from infscaler.runtime.stats import PipelineStats
 from infscaler.runtime.supervisor import Supervisor
+from infscaler.service_status import degraded_reasons, pipeline_status, service_status
 from infscaler.shm.cleanup import record_pool, remove_stale_pools, unrecord_pool
 from infscaler.shm.manager import TensorSharingManager
 from infscaler.shm.pool import TensorPool
@@ -239,7 +243,7 @@ class Service:
         """An instance became ready, exited or was restarted: a unit with no live
         instance makes its pipeline degraded (new requests: fast 503 + Retry-After)."""
         for dep in self.deployments():
-            why = self._degraded(dep)
+            why = degraded_reasons(self.supervisor, dep)
             route = dep.route
             if why:
                 etas = [
@@ -259,35 +263,7 @@ class Service:
         Raises:
             ServiceError: (404) unknown pipeline.
         """
-        return self._degraded(self.deployment(name))
-
-    def _degraded(self, dep: Deployment) -> list[str]:
-        if self.supervisor is None:
-            return []
-        handles = self.supervisor.handles()
-        out = []
-        for u in dep.pipeline.served_units():
-            sid = dep.route.stage_ids[u.index]
-            mine = [h for h in handles if h.key == (dep.name, u.index) and h.stage_id == sid]
-            if any(h.state == "ready" for h in mine):
-                continue
-            pending = [
-                p
-                for p in self.supervisor.pending_restarts((dep.name, u.index))
-                if p.stage_id == sid
-            ]
-            if pending:
-                p = min(pending, key=lambda p: p.due)
-                left = max(0.0, p.due - time.monotonic())
-                out.append(
-                    f"unit {u.name} has no live instance (restart {p.restarts} in {left:.1f} s "
-                    f"after {p.streak} consecutive crash(es): {p.reason})"
-                )
-            elif any(h.state == "starting" for h in mine):
-                out.append(f"unit {u.name} has no live instance (its replacement is loading)")
-            else:
-                out.append(f"unit {u.name} has no live instance")
-        return out
+        return degraded_reasons(self.supervisor, self.deployment(name))
 
     def _on_frontend_death(self, reason: str) -> None:
         log.critical("the front end failed (%s): the service is not ready", reason)
@@ -645,8 +621,6 @@ class Service:
         Raises:
             ServiceError: (404) the pipeline was undeployed; (409) no such served unit.
         """
-        import dataclasses
-
         u, sid, next_stage = self._served_unit(dep, unit)
         if engine != u.engine:
             u = dataclasses.replace(u, engine=engine)
@@ -689,8 +663,6 @@ class Service:
             InstanceStartError: the new instance failed to load; it is stopped and the
                 old one keeps serving.
         """
-        import dataclasses
-
         u, sid, next_stage = self._served_unit(dep, unit)
         if int(threads) < 1:
             raise ServiceError(f"threads must be >= 1, got {threads}", 409)
@@ -795,112 +767,9 @@ class Service:
         return True
 
     def pipeline_status(self, dep: Deployment) -> dict[str, Any]:
-        """Per unit: partition, B_k, instances (engine, pid, cores, MB), queue length
-        (tokens in flight at its stage), P50 / P99 compute and queue ms, and a fused
-        unit's steps (:func:`~infscaler.runtime.monitor.step_totals`)."""
-
-        ch = self.channel.stats()
-        snap = dep.route.stats.snapshot()
-        handles = [h for h in self.supervisor.handles() if h.key[0] == dep.name]
-        units = []
-        for u in dep.pipeline.units:
-            sid = dep.route.stage_ids[u.index]
-            st = ch["stages"].get(sid, {}) if sid else {}
-            mine = [h for h in handles if h.key == (dep.name, u.index)]
-            restarting = [
-                p.describe()
-                for p in self.supervisor.pending_restarts((dep.name, u.index))
-                if p.stage_id == sid
-            ]
-            us = snap["units"][u.index]
-            units.append(
-                {
-                    "unit": u.name,
-                    "kind": u.kind,
-                    "partition": f"{u.partition + 1}/{u.num_partitions}"
-                    if u.kind == "model"
-                    else None,
-                    "stage_id": sid,
-                    "bottleneck": u.bottleneck,
-                    "engine": u.engine if not u.fan_in else "frontend",
-                    "per_item": u.per_item,
-                    "instances": [h.describe() for h in mine],
-                    "restarting": restarting,
-                    "queue": int(st.get("inflight", 0)),
-                    "compute_p50_ms": us["compute"]["p50_ms"],
-                    "compute_p99_ms": us["compute"]["p99_ms"],
-                    "queue_p50_ms": us["queue"]["p50_ms"],
-                    "queue_p99_ms": us["queue"]["p99_ms"],
-                    "count": us["compute"]["count"],
-                    "steps": step_totals(u, mine),
-                }
-            )
-        return {
-            "name": dep.name,
-            "ready": self.ready(dep.name),
-            "degraded": self.degraded(dep.name),
-            "accepting": dep.route.accepting,
-            "plans": dep.pipeline.plans,
-            "slo_ms": dep.pipeline.config.slo_ms,
-            "autoscale": dep.pipeline.config.autoscale is not None,
-            "queue_limit": dep.route.queue_limit,
-            "window": dep.route.max_inflight,
-            "decisions": self.autoscaler.decisions(dep.name)[-10:] if self.autoscaler else [],
-            "requests": {k: v for k, v in snap.items() if k != "units"},
-            "units": units,
-        }
+        """One pipeline's status: :func:`infscaler.service_status.pipeline_status`."""
+        return pipeline_status(self, dep)
 
     def status(self) -> dict[str, Any]:
-        """The service: control path, pool, manager counters, every pipeline."""
-        pool = self.pool.stats()
-        ch = self.channel.stats()
-        mgr = self.manager.stats()["manager"]
-        resources: dict[str, Any] = {}
-        with contextlib.suppress(Exception):
-            cap = Monitor(self).cap()
-            resources = {
-                "device": self.device_profile().name,
-                "memory_cap_mb": round(cap.memory_cap_mb, 1),
-                "memory_used_mb": round(cap.memory_used_mb, 1),
-                "max_instances": cap.max_instances,
-                "cores": cap.cores,
-            }
-        pipelines = [self.pipeline_status(d) for d in self.deployments()]
-        return {
-            "started_at": self.started_at,
-            "ready": self.ready(),
-            "health": "degraded" if any(p["degraded"] for p in pipelines) else "ok",
-            "stopping": self._stopping,
-            "resources": resources,
-            "control_path": {
-                "kind": ch["kind"],
-                "policy": ch["policy"],
-                "reason": getattr(self.channel, "reason", ""),
-                "rejected": ch["rejected_total"],
-            },
-            "pool": {
-                "cap_mb": round(pool["cap_bytes"] / 2**20, 1),
-                "mapped_mb": round(pool["mapped_bytes"] / 2**20, 1),
-                "slots_in_use": pool["slots_in_use"],
-                "slots_free": pool["slots_free"],
-                "busy": pool["busy"],
-            },
-            "manager": {
-                k: mgr[k]
-                for k in (
-                    "faults",
-                    "grants",
-                    "busy",
-                    "retried",
-                    "failed",
-                    "deaths",
-                    "reclaimed_slots",
-                )
-            },
-            "restarts": self.supervisor.restarted,
-            "zygote": self.supervisor.zygote_status(),
-            "frontend": {k: v for k, v in self.frontend.stats().items() if k != "client"},
-            "frontend_failure": self.frontend.failure,
-            "inflight": self.inflight.stats(),
-            "pipelines": pipelines,
-        }
+        """The service's status: :func:`infscaler.service_status.service_status`."""
+        return service_status(self)
