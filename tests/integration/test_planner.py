@@ -1,0 +1,84 @@
+"""The planner (runtime/planner.py), unit profiles measured in-process
+(runtime/unitprofile.py), and ``infscaler plan`` end to end on a function-stage pipeline
+(tests/stagefuncs.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from infscaler.cli import app
+from infscaler.errors import InfScalerError
+from infscaler.runtime.simulator import EngineProfile, UnitProfile
+from tests.helpers import chain_pipeline
+
+pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
+
+
+def unit(name: str, ms: float, mem: float = 100.0, cv: float = 0.5, **kw) -> UnitProfile:
+    engines = {"cpu": EngineProfile("cpu", ms, cv=cv, memory_mb=mem, cores=1)}
+    engines.update(kw.pop("extra", {}))
+    return UnitProfile(name, engines, **kw)
+
+
+def chain_yaml(tmp_path: Path) -> Path:
+    spec = chain_pipeline(5)
+    p = tmp_path / "chain.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return p
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="160")
+    return subprocess.run(
+        [sys.executable, "-m", "infscaler", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_cli_plan_json_end_to_end(tmp_path: Path) -> None:
+    p = chain_yaml(tmp_path)
+    proc = run_cli(
+        "plan", str(p), "--rate", "300/s", "--slo", "50ms", "--device", "generic-x86",
+        "--duration", "20", "--state-dir", str(tmp_path / "state"), "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["pipeline"] == "chain" and out["device"] == "generic-x86"
+    res = out["plan"]
+    assert res["feasible"] is True and res["arrivals"] == "poisson"
+    rows = {r["unit"]: r for r in res["units"]}
+    assert rows["slow"]["instances"] >= 2  # 300/s x ~5 ms > one instance
+    assert rows["scale"]["instances"] == 1
+    assert res["predicted"]["p99_ms"] <= 50.0
+    assert res["memory_mb"] == pytest.approx(45.0 * (rows["slow"]["instances"] + 1))
+    assert out["profile"]["units"][1]["engines"]["cpu"]["mean_ms"] >= 5.0
+
+
+def test_cli_plan_bad_arguments_exit_2_with_a_message(tmp_path: Path) -> None:
+    p = chain_yaml(tmp_path)
+    proc = run_cli("plan", str(p), "--rate=-5/s", "--slo", "50ms")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "error:" in proc.stderr and "rate must be positive" in proc.stderr
+    runner = CliRunner()
+    for args, needle in [
+        (["--rate", "5/s", "--slo", "1.5x"], "absolute"),
+        (["--rate", "5/s", "--slo", "50ms", "--arrivals", "gamma:x"], "gamma:CV2"),
+        (["--rate", "5/s", "--slo", "50ms", "--device", "no-such"], "unknown device profile"),
+        (["--slo", "50ms"], "--rate"),
+        (["--rate", "5/s", "--slo", "50ms", "--duration", "-1"], "--duration"),
+    ]:
+        r = runner.invoke(app, ["plan", str(p), *args])
+        assert r.exit_code != 0
+        assert isinstance(r.exception, InfScalerError), (args, r.output)
+        assert needle in str(r.exception), (args, str(r.exception))

@@ -1,0 +1,67 @@
+"""Asymmetric auto-scaling end to end: a load step on a pipeline with one slow stage scales
+that stage (and only it) out, the end of the step scales it back in (InferLine's
+hysteresis), and a device at its memory cap sheds load with a 503 that says why.
+
+Instances are real processes running tests/stagefuncs.py functions (the slow stage
+sleeps, so the test measures the control loop, not this host's two cores).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from infscaler.config import load_pipeline
+from infscaler.errors import ConfigError
+from tests.helpers import chain_pipeline
+
+pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
+
+
+def step_pipeline(slow_ms: float = 40.0, **autoscale: object) -> dict:
+    return {
+        **chain_pipeline(slow_ms, max_instances=4),
+        "name": "step",
+        "slo": "150ms",
+        "autoscale": {
+            "interval_s": 0.5,
+            "window_s": 2.0,
+            "cooldown_s": 1.0,
+            "hold_s": 2.0,
+            "rate_horizon_s": 2.0,
+            **autoscale,
+        },
+    }
+
+
+def test_pipeline_autoscale_config_is_validated() -> None:
+    d = step_pipeline()
+    d.pop("slo")
+    with pytest.raises(ConfigError, match="autoscale needs the pipeline's `slo`"):
+        load_pipeline(d)
+    d = step_pipeline()
+    d["slo"] = "-5ms"
+    with pytest.raises(ConfigError, match="slo"):
+        load_pipeline(d)
+    d = step_pipeline()
+    d["stages"][1]["instances"] = 5
+    with pytest.raises(ConfigError, match="max_instances"):
+        load_pipeline(d)
+    assert load_pipeline(step_pipeline()).slo_ms == 150.0
+    assert load_pipeline({**step_pipeline(), "autoscale": True}).autoscale.hold_s == 15.0
+
+
+def test_batching_applies_to_model_stages_only() -> None:
+    d = step_pipeline()
+    d["stages"][1]["batching"] = {"max_batch": 4}
+    with pytest.raises(ConfigError, match="model stages only"):
+        load_pipeline(d)
+
+
+def test_serve_slo_and_autoscale_options_apply_to_a_pipeline() -> None:
+    from infscaler.cli_service import pipeline_from_arg, with_slo
+
+    cfg = with_slo(pipeline_from_arg("ocr"), "300ms", True)
+    assert cfg.slo_ms == 300.0 and cfg.autoscale is not None and cfg.autoscale.hold_s == 15.0
+    assert with_slo(cfg, None, False) is cfg
+    with pytest.raises(ConfigError, match="cannot read SLO 'fast'"):
+        with_slo(pipeline_from_arg("ocr"), "fast", False)

@@ -1,0 +1,48 @@
+"""Control channel, in one process: handover, policies, faults, bad input, reclaim.
+
+Every test runs on both channels: ``ebpf`` (skipped, with the probe's reason, where the
+host cannot load the program) and ``userspace``. Every blocking call has a timeout.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from infscaler.ebpf import (
+    ChannelClosed,
+    Endpoint,
+)
+from infscaler.shm.token import Token, TokenKind
+
+T = 5.0  # seconds: bound of every wait in this file
+
+
+def data(request: int, stage: int = 1, instance: int = 10, **kw: int) -> Token:
+    return Token(TokenKind.DATA, stage=stage, instance=instance, request=request, **kw)
+
+
+# -- Endpoint framing, without a router --------------------------------------------------------
+
+
+def test_endpoint_framing_on_a_byte_stream() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ep = Endpoint(b)
+    t1, t2 = data(1), data(2)
+    bad = bytearray(data(3).pack())
+    bad[20] ^= 1
+    a.sendall(t1.pack()[:16])
+    assert ep.recv_many(timeout=0) == []  # half a token is not a token
+    a.sendall(t1.pack()[16:] + bytes(bad) + t2.pack() + t2.pack()[:5])
+    assert ep.recv_many(timeout=T) == [t1, t2]
+    assert ep.rejected == 1
+    with pytest.raises(TimeoutError):
+        ep.recv(timeout=0.05)
+    with pytest.raises(ValueError):
+        Endpoint(a).send_bytes(b"x" * 31)
+    a.close()
+    with pytest.raises(ChannelClosed):
+        ep.recv(timeout=T)
+    assert ep.truncated == 1
+    ep.close()
