@@ -2,7 +2,7 @@
 
 Every test runs on both control channels: ``ebpf`` (skipped, with the probe's reason,
 where the host cannot load the program) and ``userspace``. Instances are separate
-processes (this file run as a script: ``python tests/test_shm_manager.py ROLE ...``)
+processes (this file run as a script: ``python tests/integration/test_shm_manager.py ROLE ...``)
 that inherit only their instance socket and attach the pool's slabs by name; the test
 process is the service: manager thread, front end (a stage-0 producer and a sink
 instance) and supervisor (kill -9, then ``instance_died``).

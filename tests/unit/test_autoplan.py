@@ -1,7 +1,6 @@
-"""The planner's search on a real ONNX model (issue 15): measuring a model stage, the
-`infscaler plan --explain` CLI, and deploying a pipeline left to the planner (the chosen
-plan written with the chosen cuts, threads and instances, then served and checked
-against the whole model's output)."""
+"""The planner's search on a real ONNX model (issue 15), in-process: measuring a model
+stage, and the `infscaler plan --explain` CLI. Deploying a pipeline left to the planner
+(served and checked) is in tests/integration/test_autoplan.py."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Asymmetric auto-scaling end to end: a load step on a pipeline with one slow stage scales
-that stage (and only it) out, the end of the step scales it back in (InferLine's
-hysteresis), and a device at its memory cap sheds load with a 503 that says why.
-
-Instances are real processes running tests/stagefuncs.py functions (the slow stage
-sleeps, so the test measures the control loop, not this host's two cores).
-"""
+"""Auto-scaling and batching configuration: the pipeline's autoscale block and
+`serve --slo / --autoscale` options validated and applied, batching only on model stages.
+The load steps against a live service are in tests/integration/test_autoscale.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Choosing the channel: the capability probe, the fallback and its one log line."""
+"""Choosing the channel without loading eBPF: the fallback and its one log line when a
+privilege, clang or the user's preference rules eBPF out (the probe mocked). The probe and
+the load on this host are in tests/integration/test_channel_fallback.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Control channel, in one process: handover, policies, faults, bad input, reclaim.
-
-Every test runs on both channels: ``ebpf`` (skipped, with the probe's reason, where the
-host cannot load the program) and ``userspace``. Every blocking call has a timeout.
-"""
+"""Control channel framing in one process: an Endpoint over a byte stream keeps its frames
+whatever the sends' sizes. Handover, policies, faults and reclaim on both channel kinds
+(eBPF loaded) are in tests/integration/test_channel_handover.py."""
 
 from __future__ import annotations
 

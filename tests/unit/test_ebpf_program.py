@@ -1,4 +1,6 @@
-"""The BPF side: building tokenbus.bpf.o, the ctypes libbpf binding, the object's layout."""
+"""The BPF side without loading it: the CRC table, the limits shared with the C source, and
+clear build errors. Building, loading and the object's layout are in
+tests/integration/test_ebpf_program.py."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Faults a service must survive unattended: restarts that never give up (with backoff),
-degraded health and a fast 503 while a unit has no instance, the /dev/shm slabs a killed
-run left, and the cpu core cap (pinned threads, never busy cores) at deploy and in the
-scaler.
-
-Instances are real processes; their functions come from tests/stagefuncs.py.
-"""
+"""Fault handling logic without a service: the restart backoff (50 ms doubling to a 10 s cap)
+and the scaler's cpu core cap. The faults a live service survives are in
+tests/integration/test_faults.py."""
 
 from __future__ import annotations
 

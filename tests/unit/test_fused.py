@@ -1,12 +1,8 @@
-"""Fused units (issue 14): function stages next to a model stage run inside that model
-unit's instances (:func:`infscaler.runtime.pipeline.fuse_units`).
-
-The fusion rule on small pipelines built here (an onnx.helper model ``y = x @ W + b``
-and the function stages of tests/fusefuncs.py), then served: the same outputs as the
-unfused pipeline, fan-out / fan-in across fused units, a step's error failing only its
-request (400 for StageInputError), per-step statistics, a fused instance killed -9 under
-load, the unit profile summing its steps; and the bundled ``ocr`` pipeline's units.
-"""
+"""Fused units (issue 14), compiled but not served: function stages next to a model stage
+run inside that model unit (:func:`infscaler.runtime.pipeline.fuse_units`), on small
+pipelines built here (an onnx.helper model ``y = x @ W + b`` and tests/fusefuncs.py) and
+the bundled ``ocr`` pipeline; the unit profile sums its steps. Served fused pipelines are
+in tests/integration/test_fused.py."""
 
 from __future__ import annotations
 

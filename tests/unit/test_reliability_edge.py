@@ -1,9 +1,6 @@
-"""The API's edge under malformed input (issue 13): request validation with v2 error
-JSON, HTTP-level hardening (garbage, slow and half-sent requests, the connection cap),
-the declared function-stage input error (400), v2 version routes, output metadata and
-Triton's statistics fields, and a seeded fuzz run (``bench/_fuzz.py``, shared with
-``bench/fuzz_api.py``) against a live service serving a small ONNX model.
-"""
+"""The API's edge without a service (issue 13): the error token's status, the OCR prep's
+declared input error, function output specs reaching the metadata, and the JSON nesting
+scan. Malformed input against a live service is in tests/integration/test_reliability_edge.py."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The runtime: pipeline config validation, unit layout, and the service (supervisor,
-instances, front end) on function-stage pipelines over both control channels.
-
-Instances are real processes; their functions come from tests/stagefuncs.py (this
-directory is put on PYTHONPATH for them).
-"""
+"""The runtime without instances: pipeline config validation (errors name the YAML path),
+the unit layout of carried tensors, model stage mappings, and deploy's partition plan
+cache. The service on both control channels is in tests/integration/test_runtime.py."""
 
 from __future__ import annotations
 

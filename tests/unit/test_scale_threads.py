@@ -1,18 +1,5 @@
-"""Vertical scaling live: a service whose only unit is a cpu model, under closed-loop
-load with an SLO one single-thread instance misses, on a device whose memory cap admits
-no second instance but has a free core. The scaler replaces the instance by one with 2
-intra-op threads (make-before-break, :meth:`infscaler.service.Service.scale_threads`);
-every request is answered (refusals at arrival or by a shed bound are 503s the client
-retries after their Retry-After, as test_autoscale.py's clients do), and the final
-instance runs 2 threads.
-
-The model is a chain of 8 MatMul + Relu layers (x: 512 x 512, weights 512 x 512, built
-with onnx.helper): compute-bound enough that onnxruntime's second intra-op thread
-shortens it. The test first checks that on this host a 2-thread session is measurably
-faster (median of runs < 0.85 x the 1-thread one), and that the instance's own load-time
-probe found 2 threads faster, and skips with the figures otherwise (a host busy with
-other work may show no speedup: the scaler then rightly does not scale up).
-"""
+"""Vertical scaling configuration: ``max_threads`` validated and carried to the unit. Scaling
+threads live under load is in tests/integration/test_scale_threads.py."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The Unix socket as a security boundary (infscaler.security): attacks run from a client
-process that is *not* root: a forked child that drops to uid/gid 65534 (nobody) with
-only the socket's group as a supplementary group, talking HTTP with the standard
-library. The service runs as root, as the outside tester's did.
-
-What is shown: the socket's mode is 0660 from the moment its path exists; a group member
-may infer but not load (a ``subprocess:Popen`` stage: 403, and the command never runs),
-not register a root-owned 0600 shm object, not see / use / unregister another user's
-region, and sees no paths in the status; the owner's API loads are held to the function
-allow-list and the model repositories (symlinks resolved)."""
+"""The security rules as functions (infscaler.security): the function allow-list checks a
+module before importing it, plan partition files stay inside, permission classes,
+redaction of paths, and no privilege without credentials. The socket attacked by an
+unprivileged client process is in tests/integration/test_security.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The ConfigMap roll-out path against a live service: `infscaler serve
---watch-pipelines DIR` on a directory laid out as the kubelet lays out a mounted
-ConfigMap (``..data`` symlink swapped atomically); add, change and remove a pipeline file
-and the service reloads without restarting."""
+"""The ConfigMap layout reader: ``read_pipeline_dir`` reads one version of a directory laid
+out as the kubelet mounts a ConfigMap. The live roll-out (`infscaler serve
+--watch-pipelines`) is in tests/integration/test_watcher.py."""
 
 from __future__ import annotations
 
