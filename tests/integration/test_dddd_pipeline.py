@@ -9,22 +9,14 @@ used here only as the reference.
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 
 ddddocr = pytest.importorskip("ddddocr", reason="pip install ddddocr==1.6.1")
 
-from PIL import Image  # noqa: E402
 
 from infscaler.pipelines import dddd  # noqa: E402
-
-
-def _png(rgb: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="PNG")
-    return buf.getvalue()
+from tests.unit.test_dddd_pipeline import _bench_scaling, _png, _reference  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -52,34 +44,7 @@ def ref_ocr() -> dict[str, object]:
     }
 
 
-def _reference(ref_boxes, ref_ocr, image, rec_model: str = "ddddocr-rec") -> list[str]:
-    """ddddocr's strings per detected box: ``classification`` of each box's crop (PNG)."""
-    pil = Image.fromarray(image)
-    out = []
-    for box in ref_boxes:
-        buf = io.BytesIO()
-        pil.crop(tuple(box)).save(buf, format="PNG")
-        out.append(ref_ocr[rec_model].classification(buf.getvalue()))
-    return out
-
-
 # -- (c) served -----------------------------------------------------------------------------
-
-
-def _bench_scaling():
-    """bench/scaling.py as a module (bench/ is not a package)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "bench" / "scaling.py"
-    if "scaling" in sys.modules:
-        return sys.modules["scaling"]
-    spec = importlib.util.spec_from_file_location("scaling", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["scaling"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")

@@ -17,40 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.unit.test_helm_chart import FLEET_VALUES
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "infscaler"
 
 _spec = importlib.util.spec_from_file_location("chart_render", ROOT / "deploy" / "render.py")
 render = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(render)
-
-PIPE = {
-    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-    "outputs": ["y"],
-    "stages": [
-        {"name": "det", "model": "/models/det.onnx", "inputs": {"x": "x"}, "outputs": {"y": "y"}}
-    ],
-}
-
-FLEET_VALUES = {
-    "image": {"repository": "registry.example/infscaler", "tag": "0.1.0"},
-    "pipelines": {"det": PIPE, "ocr": dict(PIPE, slo="300ms")},
-    "groups": [
-        {
-            "name": "g1-orin-agx",
-            "device": "orin-agx",
-            "nodeSelector": {"infscaler.io/group": "g1-orin-agx"},
-            "pipelines": ["det", "ocr"],
-        },
-        {
-            "name": "g2-orin-nano",
-            "nodeSelector": {"infscaler.io/group": "g2-orin-nano"},
-            "pipelines": ["det"],
-        },
-    ],
-    "models": {"source": "pvc", "pvc": "models"},
-    "service": {"drainTimeoutSeconds": 60, "poolMb": 1024},
-}
 
 
 @pytest.mark.parametrize(

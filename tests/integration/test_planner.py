@@ -11,28 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from infscaler.cli import app
 from infscaler.errors import InfScalerError
-from infscaler.runtime.simulator import EngineProfile, UnitProfile
-from tests.helpers import chain_pipeline
+from tests.unit.test_planner import chain_yaml
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
-
-
-def unit(name: str, ms: float, mem: float = 100.0, cv: float = 0.5, **kw) -> UnitProfile:
-    engines = {"cpu": EngineProfile("cpu", ms, cv=cv, memory_mb=mem, cores=1)}
-    engines.update(kw.pop("extra", {}))
-    return UnitProfile(name, engines, **kw)
-
-
-def chain_yaml(tmp_path: Path) -> Path:
-    spec = chain_pipeline(5)
-    p = tmp_path / "chain.yaml"
-    p.write_text(yaml.safe_dump(spec))
-    return p
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

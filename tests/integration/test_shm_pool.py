@@ -28,14 +28,10 @@ from infscaler.shm import (
     write_tensors,
 )
 from infscaler.shm.pool import SLAB_HEADER_BYTES
+from tests.unit.test_shm_pool import shm_entries
 
 KiB, MiB = 1024, 1024 * 1024
 SPAWN = mp.get_context("spawn")
-
-
-def shm_entries(service_id: str) -> list[str]:
-    prefix = f"isc-{service_id}-"
-    return sorted(e for e in os.listdir("/dev/shm") if e.startswith(prefix))
 
 
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:

@@ -22,51 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_systemd import FakeManager
+
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "infscaler.service"
 
 
 # -- a fake service manager ---------------------------------------------------------------
-
-
-class FakeManager:
-    """The receiving end of $NOTIFY_SOCKET."""
-
-    def __init__(self, sock: socket.socket, address: str) -> None:
-        self.sock = sock
-        self.address = address  # as it goes in NOTIFY_SOCKET
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return {"NOTIFY_SOCKET": self.address, **extra}
-
-    def recv(self, timeout: float = 2.0) -> str:
-        self.sock.settimeout(timeout)
-        return self.sock.recv(65536).decode()
-
-    def drain(self) -> list[str]:
-        out = []
-        self.sock.setblocking(False)
-        try:
-            while True:
-                out.append(self.sock.recv(65536).decode())
-        except BlockingIOError:
-            pass
-        return out
-
-    def recv_until(self, needle: str, timeout: float) -> list[str]:
-        """Messages up to and including the first that contains ``needle``."""
-        deadline = time.monotonic() + timeout
-        got: list[str] = []
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {needle!r} within {timeout} s; got {got}")
-            try:
-                got.append(self.recv(left))
-            except TimeoutError:
-                continue
-            if needle in got[-1]:
-                return got
 
 
 @pytest.fixture

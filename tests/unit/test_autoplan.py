@@ -8,30 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from onnx import helper
 from typer.testing import CliRunner
 
 from infscaler.cli import app
 from infscaler.runtime.stageprofile import measure_model_stage
-from tests.helpers import f32, make_model, rand, save
-
-
-def conv_chain(channels: int = 16, size: int = 32) -> object:
-    """x -> Conv -> Relu -> Conv -> Relu -> Conv -> y: three operator groups, cuts between."""
-    c = channels
-    nodes = [
-        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("Conv", ["r2", "w3"], ["y"], name="conv3", pads=[1, 1, 1, 1]),
-    ]
-    inits = {
-        "w1": rand(c, c, 3, 3, seed=1),
-        "w2": rand(c, c, 3, 3, seed=2),
-        "w3": rand(c, c, 3, 3, seed=3),
-    }
-    return make_model(nodes, [f32("x", [1, c, size, size])], [f32("y", [1, c, size, size])], inits)
+from tests.helpers import save
+from tests.integration.test_autoplan import conv_chain
 
 
 @pytest.fixture

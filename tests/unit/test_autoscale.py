@@ -8,25 +8,9 @@ import pytest
 
 from infscaler.config import load_pipeline
 from infscaler.errors import ConfigError
-from tests.helpers import chain_pipeline
+from tests.integration.test_autoscale import step_pipeline
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
-
-
-def step_pipeline(slow_ms: float = 40.0, **autoscale: object) -> dict:
-    return {
-        **chain_pipeline(slow_ms, max_instances=4),
-        "name": "step",
-        "slo": "150ms",
-        "autoscale": {
-            "interval_s": 0.5,
-            "window_s": 2.0,
-            "cooldown_s": 1.0,
-            "hold_s": 2.0,
-            "rate_horizon_s": 2.0,
-            **autoscale,
-        },
-    }
 
 
 def test_pipeline_autoscale_config_is_validated() -> None:

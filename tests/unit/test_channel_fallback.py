@@ -12,18 +12,13 @@ import pytest
 
 from infscaler.ebpf import (
     EbpfUnavailableError,
-    Endpoint,
     ebpf_available,
     libbpf,
     open_channel,
 )
-from infscaler.shm.token import Token, TokenKind
+from tests.integration.test_channel_fallback import _records, _smoke
 
 LOGGER = "infscaler.ebpf"
-
-
-def _records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.INFO]
 
 
 def _deny_bpf(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,14 +28,6 @@ def _deny_bpf(monkeypatch: pytest.MonkeyPatch) -> None:
         )
 
     monkeypatch.setattr(libbpf, "probe_sockmap", probe)
-
-
-def _smoke(ch) -> None:
-    """One token through the channel."""
-    prod = Endpoint(ch.add_instance(0, 10))
-    cons = Endpoint(ch.add_instance(1, 1))
-    prod.send(Token(TokenKind.DATA, stage=1, instance=10, request=5))
-    assert cons.recv(timeout=5).request == 5
 
 
 def test_missing_privilege_falls_back_with_one_log_line(

@@ -12,13 +12,9 @@ from infscaler.ebpf import (
     ChannelClosed,
     Endpoint,
 )
-from infscaler.shm.token import Token, TokenKind
+from tests.integration.test_channel_handover import data
 
 T = 5.0  # seconds: bound of every wait in this file
-
-
-def data(request: int, stage: int = 1, instance: int = 10, **kw: int) -> Token:
-    return Token(TokenKind.DATA, stage=stage, instance=instance, request=request, **kw)
 
 
 # -- Endpoint framing, without a router --------------------------------------------------------

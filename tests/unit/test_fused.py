@@ -11,77 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from onnx import helper
 
 from infscaler.config import load_pipeline
 from infscaler.runtime.pipeline import compile_pipeline
-from tests.helpers import chain_pipeline, f32, make_model, residual_model, save
+from tests.helpers import chain_pipeline, residual_model, save
+from tests.integration.test_fused import fan_pipeline, linear_model, stage
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
-
-W = (np.arange(16, dtype=np.float32).reshape(4, 4) / 10.0 - 0.5).astype(np.float32)
-B = np.array([0.1, -0.2, 0.3, 0.0], np.float32)
-
-
-def linear_model(path: Path) -> Path:
-    """``out = inp @ W + B``, FP32 [N, 4] -> [N, 4]."""
-    nodes = [
-        helper.make_node("MatMul", ["inp", "W"], ["mm"], name="mm"),
-        helper.make_node("Add", ["mm", "B"], ["out"], name="add"),
-    ]
-    m = make_model(nodes, [f32("inp", ["N", 4])], [f32("out", ["N", 4])], {"W": W, "B": B})
-    return save(m, path)
-
-
-def fan_pipeline(model: Path, name: str = "fz", **extra) -> dict:
-    """x -> prep -> m1 -> post -> rows (fan-out) -> row_prep -> m2 -> row_post -> gather."""
-    return {
-        "name": name,
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-        "outputs": ["sums", "z", "pid"],
-        "stages": [
-            {"name": "prep", "function": "fusefuncs:prep", "inputs": ["x"], "outputs": ["inp"]},
-            {"name": "m1", "model": str(model), "outputs": {"out": "out"}},
-            {
-                "name": "post",
-                "function": "fusefuncs:post",
-                "inputs": ["out"],
-                "outputs": ["z", "pid"],
-            },
-            {
-                "name": "rows",
-                "function": "fusefuncs:rows",
-                "fan_out": True,
-                "inputs": ["z"],
-                "outputs": ["row"],
-            },
-            {
-                "name": "row_prep",
-                "function": "fusefuncs:row_prep",
-                "inputs": ["row"],
-                "outputs": ["r"],
-            },
-            {"name": "m2", "model": str(model), "inputs": {"inp": "r"}, "outputs": {"out": "o2"}},
-            {
-                "name": "row_post",
-                "function": "fusefuncs:row_post",
-                "inputs": ["o2"],
-                "outputs": ["s"],
-            },
-            {
-                "name": "gather",
-                "function": "fusefuncs:gather",
-                "fan_in": True,
-                "inputs": ["s"],
-                "outputs": ["sums"],
-            },
-        ],
-        **extra,
-    }
-
-
-def stage(d: dict, name: str) -> dict:
-    return next(s for s in d["stages"] if s["name"] == name)
 
 
 @pytest.fixture

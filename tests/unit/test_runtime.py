@@ -12,46 +12,9 @@ from infscaler.config import load_pipeline, pipeline_for_model
 from infscaler.errors import ConfigError
 from infscaler.runtime.pipeline import compile_pipeline
 from tests.helpers import chain_pipeline
+from tests.integration.test_runtime import fan_pipeline
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
-
-
-def fan_pipeline(sum_instances: int = 2) -> dict:
-    return {
-        "name": "fx",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-        "outputs": ["sums", "y"],
-        "stages": [
-            {
-                "name": "scale",
-                "function": "stagefuncs:scale",
-                "inputs": ["x"],
-                "outputs": ["y"],
-                "params": {"factor": 3},
-            },
-            {
-                "name": "split",
-                "function": "stagefuncs:split_rows",
-                "fan_out": True,
-                "inputs": ["y"],
-                "outputs": ["row"],
-            },
-            {
-                "name": "sum",
-                "function": "stagefuncs:row_sum",
-                "inputs": ["row"],
-                "outputs": ["s"],
-                "instances": sum_instances,
-            },
-            {
-                "name": "gather",
-                "function": "stagefuncs:gather_sums",
-                "fan_in": True,
-                "inputs": ["s"],
-                "outputs": ["sums"],
-            },
-        ],
-    }
 
 
 # -- configuration ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from infscaler.security import (
     may_read_write,
     redact,
 )
+from tests.integration.test_security import _model_pipeline
 
 
 def test_load_function_checks_the_module_before_importing_it(tmp_path: Path, monkeypatch) -> None:
@@ -49,10 +50,6 @@ def test_load_function_checks_the_module_before_importing_it(tmp_path: Path, mon
 
 
 # -- model repositories --------------------------------------------------------------------
-
-
-def _model_pipeline(**stage) -> dict:
-    return {"stages": [{"name": "m", **stage}]}
 
 
 def test_plan_partition_files_must_stay_inside(tmp_path: Path) -> None:

@@ -21,19 +21,10 @@ from infscaler.variants import (
     load_ocr_val_set,
     register,
 )
+from tests.integration.test_variants import LINES
 
 #: English, Chinese and Japanese lines: PP-OCRv6 tiny's 6904-character dictionary has no
 #: kana, PP-OCRv4's neither, so they read the Japanese lines badly; v5 / v6 small do not.
-LINES = [
-    "Invoice 2024-07 total: 1,284.50 EUR",
-    "東京駅まで歩いて10分です",
-    "カメラの設定を確認してください",
-    "今天天气很好，我们去公园散步",
-    "Order #A7731 shipped via DHL",
-    "ありがとうございました",
-    "边缘设备上的模型推理服务",
-    "Zero-copy tensors in shared memory",
-]
 
 
 @pytest.fixture(scope="module")
