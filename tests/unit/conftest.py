@@ -1,4 +1,4 @@
-"""Unit tests: no processes (see README, "Tests").
+"""Unit tests: no processes (README, "Quick start": the two kinds of tests).
 
 A unit test starts no process: no service, instance, subprocess, fork, multiprocessing
 worker and no eBPF load. The guard below enforces that for every test under
@@ -12,8 +12,8 @@ naming what it tried to start. A test that needs any of these belongs in
 inspect it as the builtin it is, and no project code calls it.)
 
 The guard is a set of hook wrappers, not an autouse fixture, so that it also covers the
-session- and module-scoped fixtures a test's setup creates (a fixture runs before any
-function-scoped autouse fixture of a narrower scope could patch anything), and so that it
+session- and module-scoped fixtures a test's setup creates (those are set up before any
+function-scoped autouse fixture could patch anything), and so that it
 applies only to items under this folder (pytest calls a conftest's runtest hooks only for
 the items below it), whichever way the session was started.
 """
@@ -41,7 +41,7 @@ def _blocked(what: str, attempts: list[str]) -> Callable[..., Any]:
         attempts.append(what)
         raise ProcessStartForbidden(
             f"a unit test may not start a process or load eBPF: {what} was called. "
-            "Move the test to tests/integration/ (README, 'Tests'), or test the logic "
+            "Move the test to tests/integration/ (README, 'Quick start'), or test the logic "
             "without the process."
         )
 
