@@ -1,5 +1,5 @@
 """Malformed-request generator for the v2 API's edge (issue 13), shared by
-``tests/test_reliability_edge.py`` (a CI-bounded run) and ``bench/fuzz_api.py`` (>= 10,000).
+``tests/{unit,integration}/test_reliability_edge.py`` (a CI-bounded run) and ``bench/fuzz_api.py`` (>= 10,000).
 
 Each case is raw bytes sent on a fresh Unix-socket connection (``Connection: close``),
 so HTTP-level garbage and truncated requests travel exactly as a hostile client would

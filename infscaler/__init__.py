@@ -1,7 +1,7 @@
 """InfScaler-Edge: an edge inference runtime for multi-accelerator SoCs.
 
 Module map. Imports point one way, down this list (a module may use its own layer and
-the layers below it); ``.importlinter`` is the contract and ``tests/test_layers.py``
+the layers below it); ``.importlinter`` is the contract and ``tests/integration/test_layers.py``
 checks it on every test run. Design notes: ``shared/DESIGN.md``; the request path, step
 by step: :mod:`infscaler.runtime`.
 

@@ -28,7 +28,7 @@ err = Console(stderr=True)
 #: The module is imported only when its command runs (or its own ``--help`` is asked
 #: for), so the CLI starts without the service, server, client, partitioner or planner
 #: (and their aiohttp / httpx / onnx / pydantic). Click's "lazily loading subcommands"
-#: pattern; tests/test_cli_lazy.py checks each line against the command's own help.
+#: pattern; tests/integration/test_cli_lazy.py checks each line against the command's own help.
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": (
         "infscaler.cli_models",

@@ -6,7 +6,7 @@ The request path
 
 One inference request, from the client's HTTP request on the Unix socket to its answer.
 Each step names the function that does it (``file:function``, paths from the repository
-root; ``tests/test_request_path_map.py`` checks that every anchor exists). Reading these
+root; ``tests/unit/test_request_path_map.py`` checks that every anchor exists). Reading these
 nine files in this order is reading the path: ``infscaler/client.py``,
 ``infscaler/server.py``, ``infscaler/server_routes.py``, ``infscaler/protocol.py``,
 ``infscaler/service.py``, ``runtime/frontend.py``, ``runtime/admission.py``,

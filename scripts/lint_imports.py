@@ -13,7 +13,7 @@ Usage (from anywhere)::
     .venv/bin/python scripts/lint_imports.py            # exit 0: the contract holds
     .venv/bin/python scripts/lint_imports.py --keep DIR # leave the laid-out tree in DIR
 
-``tests/test_layers.py`` runs it on every test run, and again on a copy with a deliberate
+``tests/integration/test_layers.py`` runs it on every test run, and again on a copy with a deliberate
 upward import to show that it fails.
 """
 

@@ -14,7 +14,7 @@ through :class:`~infscaler.shm.client.InstanceClient` (:mod:`infscaler.shm.clien
 The protocol (tokens, rules, limits) is in :mod:`infscaler.shm.protocol`; the lease
 roles, instance states and the one table of their legal moves in :mod:`infscaler.shm.lease`.
 
-Invariants (tested on both channels in ``tests/test_shm_manager.py``): (1) a slot is
+Invariants (tested on both channels in ``tests/{unit,integration}/test_shm_manager.py``): (1) a slot is
 never granted again or freed while a live instance may read or write it; (2) every slot a
 dead instance held is reclaimed, and each affected request is retried or failed and
 reported (:class:`~infscaler.shm.reclaim.ReclaimReport`), never lost silently; (3) a

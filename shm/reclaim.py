@@ -35,7 +35,7 @@ process has exited):
    DATA), the slots still quarantined were never handed over: **freed**, and a request
    recorded with one is **failed**.
 
-Invariants this gives (tested on both channels in ``tests/test_shm_manager.py``):
+Invariants this gives (tested on both channels in ``tests/{unit,integration}/test_shm_manager.py``):
 (1) a slot is never granted again or freed while a live instance may read or write it;
 (2) every slot a dead instance held is reclaimed, and each affected request is retried
 or failed and reported (:class:`ReclaimReport`), never lost silently; (3) a producer

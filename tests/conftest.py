@@ -1,129 +1,20 @@
-"""Shared fixtures: small ONNX graphs built with onnx.helper, and real bundled models."""
+"""Fixtures shared by tests/unit and tests/integration (helpers to import are in
+tests/helpers.py; the fixtures only integration tests use are in tests/integration/conftest.py;
+tests/unit/conftest.py holds the guard that keeps unit tests free of processes)."""
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
-OPSET = 17
-
-
-def make_model(
-    nodes: list[onnx.NodeProto],
-    inputs: list[onnx.ValueInfoProto],
-    outputs: list[onnx.ValueInfoProto],
-    initializers: dict[str, np.ndarray] | None = None,
-    opset: int = OPSET,
-) -> onnx.ModelProto:
-    """A checked ModelProto from nodes / typed inputs / outputs / numpy initializers."""
-    inits = [numpy_helper.from_array(v, name=k) for k, v in (initializers or {}).items()]
-    graph = helper.make_graph(nodes, "test", inputs, outputs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
-
-
-def save(model: onnx.ModelProto, path: Path) -> Path:
-    onnx.save(model, str(path))
-    return path
-
-
-def f32(name: str, shape: list) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-
-
-def rand(*shape: int, seed: int = 0, scale: float = 0.1) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
-
-
-def residual_model(channels: int = 4, size: int = 8, batch: int | str = 1) -> onnx.ModelProto:
-    """x -> Conv -> Relu -> Conv -> Add(x) -> Relu -> Conv -> y: a ResNet basic block + head.
-
-    The skip edge x -> Add crosses every cut placed inside the block.
-    """
-    c = channels
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
-        helper.make_node("Add", ["c2", "x"], ["s"], name="add"),
-        helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
-        helper.make_node("Conv", ["r2", "w3"], ["y"], name="conv3"),
-    ]
-    inits = {
-        "w1": rand(c, c, 3, 3, seed=1),
-        "b1": rand(c, seed=2),
-        "w2": rand(c, c, 3, 3, seed=3),
-        "b2": rand(c, seed=4),
-        "w3": rand(2, c, 1, 1, seed=5),
-    }
-    return make_model(
-        nodes, [f32("x", [batch, c, size, size])], [f32("y", [batch, 2, size, size])], inits
-    )
+from tests.helpers import residual_model, save
 
 
 @pytest.fixture
 def residual_path(tmp_path: Path) -> Path:
     return save(residual_model(), tmp_path / "residual.onnx")
-
-
-def if_model() -> onnx.ModelProto:
-    """x -> Relu -> If(ReduceSum(x) > 0: Mul by w_then; else: Add w_else) -> Sigmoid -> y.
-
-    Both branches read outer-scope initializers, which must travel with the If node.
-    """
-    then_graph = helper.make_graph(
-        [helper.make_node("Mul", ["r", "w_then"], ["t_out"], name="then_mul")],
-        "then",
-        [],
-        [f32("t_out", [1, 4])],
-    )
-    else_graph = helper.make_graph(
-        [helper.make_node("Add", ["r", "w_else"], ["e_out"], name="else_add")],
-        "else",
-        [],
-        [f32("e_out", [1, 4])],
-    )
-    nodes = [
-        helper.make_node("Relu", ["x"], ["r"], name="relu"),
-        helper.make_node("ReduceSum", ["x"], ["sum"], name="sum", keepdims=0),
-        helper.make_node("Greater", ["sum", "zero"], ["cond"], name="gt"),
-        helper.make_node(
-            "If", ["cond"], ["branch"], name="if", then_branch=then_graph, else_branch=else_graph
-        ),
-        helper.make_node("Sigmoid", ["branch"], ["y"], name="sigmoid"),
-    ]
-    inits = {
-        "w_then": np.full((1, 4), 2.0, np.float32),
-        "w_else": np.full((1, 4), -1.0, np.float32),
-        "zero": np.zeros((), np.float32),
-    }
-    return make_model(nodes, [f32("x", [1, 4])], [f32("y", [1, 4])], inits)
-
-
-@pytest.fixture(scope="session")
-def ebpf_status() -> tuple[bool, str]:
-    """(available, reason) of the eBPF control path on this host."""
-    from infscaler.ebpf import ebpf_available
-
-    return ebpf_available()
-
-
-@pytest.fixture(params=["ebpf", "userspace"])
-def kind(request: pytest.FixtureRequest, ebpf_status: tuple[bool, str]) -> str:
-    """Each control-path channel kind; 'ebpf' skips with the reason where unavailable."""
-    if request.param == "ebpf" and not ebpf_status[0]:
-        pytest.skip(f"eBPF channel unavailable on this host: {ebpf_status[1]}")
-    return request.param
 
 
 @pytest.fixture
@@ -134,37 +25,3 @@ def stagefuncs_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     old = os.environ.get("PYTHONPATH", "")
     monkeypatch.setenv("PYTHONPATH", f"{here}{os.pathsep}{old}" if old else here)
     monkeypatch.syspath_prepend(here)
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``pred`` until it returns something truthy, which is returned; after
-    ``timeout`` seconds, AssertionError naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError(f"timed out ({timeout} s) waiting for {what}")
-
-
-def chain_pipeline(ms: float = 2, *, x_shape: tuple[int, ...] = (-1, 4), **slow: Any) -> dict:
-    """The pipeline ``chain``: x (FP32 ``x_shape``) -> scale (x2) -> slow (sleeps ``ms``
-    per request) -> y, from ``stagefuncs`` (needs the ``stagefuncs_on_path`` fixture);
-    ``slow``: more keys of the slow stage (``instances``, ``max_instances``, ...)."""
-    return {
-        "name": "chain",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": list(x_shape)}],
-        "outputs": ["y"],
-        "stages": [
-            {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
-            {
-                "name": "slow",
-                "function": "stagefuncs:slow",
-                "inputs": ["y"],
-                "outputs": ["y"],
-                "params": {"ms": ms},
-                **slow,
-            },
-        ],
-    }

@@ -1,4 +1,4 @@
-"""Function stages for tests/test_fused.py (imported by instance processes: the tests put
+"""Function stages for tests/{unit,integration}/test_fused.py (imported by instance processes: the tests put
 this directory on PYTHONPATH). Around a small ONNX model ``y = x @ W + b`` (FP32 [N, 4])."""
 
 from __future__ import annotations

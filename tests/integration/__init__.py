@@ -1,0 +1,1 @@
+"""Integration tests: services, instances, eBPF, CLI subprocesses, real models end to end."""

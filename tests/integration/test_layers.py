@@ -1,0 +1,102 @@
+"""The layer contract (``.importlinter``, issue 16): it holds on the repository, and the
+same check fails on a tree with a deliberate upward import; the service satisfies the
+interface the runtime's control loop declares for it (:mod:`infscaler.runtime.control`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+
+import importlinter  # noqa: F401 - the dev extra; the checker runs it in a subprocess
+
+from infscaler.runtime.control import DeploymentView, ScaledService
+from infscaler.service import Deployment, Service
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("lint_imports", REPO / "scripts/lint_imports.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_layer_contract_holds(tmp_path: Path) -> None:
+    li = _checker()
+    tree = li.lay_out(tmp_path)
+    # the laid-out tree is the installed package: the mapped subpackages are inside it
+    for sub in ("runtime", "shm", "ebpf", "partitioner", "base", "modelless"):
+        assert (tree / "infscaler" / sub / "__init__.py").is_file(), sub
+    res = li.lint(tree)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "0 broken" in res.stdout
+    assert "KEPT" in res.stdout and "BROKEN" not in res.stdout
+
+
+def test_layer_contract_fails_on_upward_import(tmp_path: Path) -> None:
+    """The same contract on a copy with upward imports hidden the two ways imports hide:
+    inside a function (runtime -> the facade's service) and under ``TYPE_CHECKING``
+    (the base -> the runtime); a new module under infscaler/ with no layer fails too."""
+    li = _checker()
+    tree = li.lay_out(tmp_path)
+    scaler = tree / "infscaler" / "runtime" / "scaler.py"
+    scaler.write_text(
+        scaler.read_text()
+        + "\n\ndef _deliberate():\n"
+        + "    from infscaler.service import Service  # runtime -> facade: upward\n\n"
+        + "    return Service\n"
+    )
+    errors = tree / "infscaler" / "base" / "slo.py"
+    errors.write_text(
+        errors.read_text()
+        + "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        + "    from infscaler.runtime.pipeline import CompiledPipeline  # base -> runtime\n"
+    )
+    res = li.lint(tree)
+    out = res.stdout
+    assert res.returncode != 0, out
+    assert "BROKEN" in out
+    assert "infscaler.runtime.scaler -> infscaler.service" in out, out
+    assert "infscaler.base.slo -> infscaler.runtime.pipeline" in out, out
+
+    # undo those; a module that is in no layer breaks the (exhaustive) contract
+    li.lay_out(tmp_path)
+    (tree / "infscaler" / "orphan.py").write_text('"""In no layer."""\n')
+    res = li.lint(tree)
+    assert res.returncode != 0 and "infscaler.orphan" in res.stdout, res.stdout
+
+
+def _members(proto: type) -> tuple[set[str], set[str]]:
+    """(attribute names, method names) a Protocol declares."""
+    attrs = set(vars(proto).get("__annotations__", {}))
+    methods = {
+        n
+        for n, v in vars(proto).items()
+        if not n.startswith("_") and (inspect.isfunction(v) or isinstance(v, property))
+    }
+    return attrs, methods
+
+
+def test_service_satisfies_the_control_interface(tmp_path: Path) -> None:
+    """Every member :class:`ScaledService` declares exists on a :class:`Service` (an
+    unstarted one: the started components are None until ``start``), and its methods take
+    the parameters the protocol names, in order."""
+    attrs, methods = _members(ScaledService)
+    assert {"supervisor", "frontend", "channel", "pool"} <= attrs
+    assert {"deployments", "device_profile", "scale_out", "scale_in"} <= methods
+    svc = Service(state_dir=tmp_path)
+    for name in attrs:
+        assert hasattr(svc, name), name
+    for name in methods:
+        impl = getattr(Service, name, None)
+        assert callable(impl), name
+        want = list(inspect.signature(getattr(ScaledService, name)).parameters)
+        have = list(inspect.signature(impl).parameters)
+        assert have[: len(want)] == want, (name, have, want)
+    d_attrs, d_methods = _members(DeploymentView)
+    for name in d_attrs | d_methods:
+        assert hasattr(Deployment, name) or name in Deployment.__dataclass_fields__, name

@@ -1,0 +1,1 @@
+"""Unit tests: no process, no service, no eBPF load (enforced by conftest.py here)."""

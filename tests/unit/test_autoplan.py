@@ -1,0 +1,72 @@
+"""The planner's search on a real ONNX model (issue 15), in-process: measuring a model
+stage, and the `infscaler plan --explain` CLI. Deploying a pipeline left to the planner
+(served and checked) is in tests/integration/test_autoplan.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from infscaler.cli import app
+from infscaler.runtime.stageprofile import measure_model_stage
+from tests.helpers import save
+from tests.integration.test_autoplan import conv_chain
+
+
+@pytest.fixture
+def chain_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("INFSCALER_CACHE_DIR", str(tmp_path / "cache"))
+    return save(conv_chain(), tmp_path / "chain.onnx")
+
+
+def test_measured_stage_has_costs_cuts_and_thread_times(chain_path: Path) -> None:
+    st = measure_model_stage(chain_path, threads=(1, 2), repeats=3)
+    assert len(st.costs) == 5 and st.valid_cuts == (0, 1, 2, 3)
+    assert st.costs[0] == st.costs[2] == st.costs[4] > 0  # three equal convolutions
+    assert 1 in st.whole_ms and all(v > 0 for v in st.whole_ms.values())
+    assert sum(st.weights_bytes) == 3 * 16 * 16 * 9 * 4
+    units = st.units((1,), 1)
+    assert [u.name for u in units] == ["model/0", "model/1"]
+    # the two partitions share the measured whole time (+ T_p on the second)
+    total = sum(u.engines["cpu"].mean_ms for u in units)
+    assert total == pytest.approx(st.whole_ms[1] + st.tp_ms(1), rel=1e-6)
+
+
+def test_cli_plan_explain_prints_the_candidates_and_the_winner(chain_path: Path) -> None:
+    r = CliRunner().invoke(
+        app,
+        ["plan", str(chain_path), "--slo", "500ms", "--explain", "--max-partitions", "2",
+         "--device", "cpu-host", "--json"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout[r.stdout.index("{") :])
+    assert d["best"] is not None and d["best"]["max_rate_rps"] > 0
+    assert len(d["candidates"]) >= 2
+    assert d["candidates"][0]["why"].startswith("WINNER")
+    assert all(c["why"] for c in d["candidates"])
+    assert {"cuts", "bottleneck_share"} <= set(d["eq1_plan"]["model"])
+    bad = CliRunner().invoke(app, ["plan", str(chain_path), "--slo", "1s", "--objective", "x"])
+    assert bad.exit_code != 0 and "unknown --objective" in str(bad.exception)
+
+
+def test_search_measured_replaces_the_estimates_of_the_best_candidates(chain_path: Path) -> None:
+    from infscaler.runtime.planner import search
+    from infscaler.runtime.scaler import ResourceCap
+    from infscaler.runtime.stageprofile import measure_units, search_measured
+
+    st = measure_model_stage(chain_path, threads=(1,), repeats=3)
+    ms = measure_units(chain_path, (1,), 1, repeats=3)
+    assert len(ms) == 2 and all(v > 0 for v in ms)
+    cap = ResourceCap(memory_cap_mb=float("inf"), memory_used_mb=0.0, max_instances={}, cores=2)
+    est = search([st], 500.0, cap, cores=2, max_partitions=2)
+    out, stages = search_measured(
+        [st], [chain_path], 500.0, cap, refine=2, cores=2, max_partitions=2
+    )
+    # the partitions of the 2 best candidates with K > 1 are measured now, in the stage
+    top = [c for c in out.candidates[:2] if c.cuts[0]]
+    assert all((c.cuts[0], c.threads[0]) in stages[0].unit_ms for c in top)
+    assert {c.cuts for c in out.candidates} == {c.cuts for c in est.candidates}
+    assert out.best is not None

@@ -1,0 +1,47 @@
+"""Auto-scaling and batching configuration: the pipeline's autoscale block and
+`serve --slo / --autoscale` options validated and applied, batching only on model stages.
+The load steps against a live service are in tests/integration/test_autoscale.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from infscaler.base.config import load_pipeline
+from infscaler.base.errors import ConfigError
+from tests.integration.test_autoscale import step_pipeline
+
+pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
+
+
+def test_pipeline_autoscale_config_is_validated() -> None:
+    d = step_pipeline()
+    d.pop("slo")
+    with pytest.raises(ConfigError, match="autoscale needs the pipeline's `slo`"):
+        load_pipeline(d)
+    d = step_pipeline()
+    d["slo"] = "-5ms"
+    with pytest.raises(ConfigError, match="slo"):
+        load_pipeline(d)
+    d = step_pipeline()
+    d["stages"][1]["instances"] = 5
+    with pytest.raises(ConfigError, match="max_instances"):
+        load_pipeline(d)
+    assert load_pipeline(step_pipeline()).slo_ms == 150.0
+    assert load_pipeline({**step_pipeline(), "autoscale": True}).autoscale.hold_s == 15.0
+
+
+def test_batching_applies_to_model_stages_only() -> None:
+    d = step_pipeline()
+    d["stages"][1]["batching"] = {"max_batch": 4}
+    with pytest.raises(ConfigError, match="model stages only"):
+        load_pipeline(d)
+
+
+def test_serve_slo_and_autoscale_options_apply_to_a_pipeline() -> None:
+    from infscaler.cli_client import pipeline_from_arg, with_slo
+
+    cfg = with_slo(pipeline_from_arg("ocr"), "300ms", True)
+    assert cfg.slo_ms == 300.0 and cfg.autoscale is not None and cfg.autoscale.hold_s == 15.0
+    assert with_slo(cfg, None, False) is cfg
+    with pytest.raises(ConfigError, match="cannot read SLO 'fast'"):
+        with_slo(pipeline_from_arg("ocr"), "fast", False)

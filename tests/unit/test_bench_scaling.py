@@ -1,0 +1,185 @@
+"""bench/scaling.py's per-cell comparison and bench/slo_bound.py's ceiling (issue 15).
+
+Pure functions only: the ceiling against an independent queue simulation, the cell's
+columns and pass / fail checks on hand-made rows, and the ``auto`` configuration naming
+nothing but ``slo`` and ``autoscale``. Nothing here starts a service or measures a host.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _bench(name: str):
+    """A bench/ script as a module (bench/ is not a package)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _p99_one_server(rate_per_ms: float, d_ms: float, n: int, seed: int) -> float:
+    """P99 response of an M/D/1 FIFO queue by Lindley's recursion (independent of
+    slo_bound's c-server heap simulation), ms."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_ms, n)
+    wait = 0.0
+    resp = np.empty(n)
+    for i, g in enumerate(gaps):
+        wait = max(0.0, wait + d_ms - g) if i else 0.0
+        resp[i] = wait + d_ms
+    return float(np.percentile(resp[n // 10 :], 99))
+
+
+def test_mdc_ceiling_meets_its_slo_and_not_much_more() -> None:
+    sb = _bench("slo_bound")
+    d, slo = 10.0, 30.0
+    rate = sb.mdc_max_rate(1, d, slo, n=20_000)
+    assert 0 < rate < 1000.0 / d
+    # at the ceiling the P99 is at the SLO; 10 % above it, clearly over (other seeds)
+    p99 = np.median([_p99_one_server(rate / 1e3, d, 20_000, s) for s in (1, 2, 3)])
+    assert p99 == pytest.approx(slo, rel=0.15)
+    over = np.median([_p99_one_server(1.1 * rate / 1e3, d, 20_000, s) for s in (1, 2, 3)])
+    assert over > p99
+
+
+def test_mdc_ceiling_scales_and_refuses_bad_input() -> None:
+    sb = _bench("slo_bound")
+    assert sb.mdc_max_rate(1, 10.0, 9.0, n=20_000) == 0.0  # SLO below the service time
+    one = sb.mdc_max_rate(1, 10.0, 30.0, n=20_000)
+    # same SLO factor, twice the service time: half the rate
+    assert sb.mdc_max_rate(1, 20.0, 60.0, n=20_000) == pytest.approx(one / 2, rel=1e-6)
+    two = sb.mdc_max_rate(2, 10.0, 30.0, n=20_000)
+    assert one < two <= 2 * 1000.0 / 10.0
+    assert two / 2 > one  # pooling: two servers run each busier at the same P99
+    with pytest.raises(ValueError, match="servers >= 1"):
+        sb.mdc_max_rate(0, 10.0, 30.0)
+    with pytest.raises(ValueError, match="at least one stage"):
+        sb.chain_ceiling_rps([], 30.0)
+
+
+def test_chain_ceiling_is_the_tightest_stage() -> None:
+    sb = _bench("slo_bound")
+    out = sb.chain_ceiling_rps([(1, 5.0), (2, 20.0)], 60.0, n=20_000)
+    per = out["per_stage"]
+    assert [p["budget_ms"] for p in per] == [40.0, 55.0]  # SLO - the other stage's D
+    assert out["ceiling_rps"] == min(p["max_rps"] for p in per)
+    assert out["bottleneck_stage"] == int(np.argmin([p["max_rps"] for p in per])) == 1
+    # service times alone over the SLO: nothing can meet it
+    assert sb.chain_ceiling_rps([(1, 40.0), (1, 30.0)], 60.0, n=20_000)["ceiling_rps"] == 0.0
+
+
+def _row(config: str, rps: float, cap: str = "cap", slo_x: float = 3.0, **extra) -> dict:
+    steps = [
+        {"requests": 320, "aborted": "", "other_processes_cores": 0.05},
+        {"requests": 12, "aborted": "late", "other_processes_cores": 0.2},
+    ]
+    return {"config": config, "cap": cap, "slo_x": slo_x, "throughput_at_slo_rps": rps,
+            "steps": steps, **extra}  # fmt: skip
+
+
+def test_cell_summary_columns_and_checks() -> None:
+    sc = _bench("scaling")
+    auto = _row(
+        "auto",
+        12.0,
+        ceiling={"ceiling_rps": 14.0},
+        planner={"predicted_rps": 13.5},
+        flops_share={"model": {"share": 0.5}},
+        chosen_config=[{"unit": "model/0", "instances": 2}],
+    )
+    rows = [
+        auto,
+        _row("eq1", 11.0, flops_share={"model": {"share": 0.4}}),
+        _row("replication-http", 8.0),
+        _row("replication-shm", 10.0),
+        _row("one-session", 9.0),
+        _row("replication-shm", 99.0, cap="none"),  # another cell: ignored
+    ]
+    c = sc.cell_summary("vgg19", rows, "cap", 3.0, 300)
+    assert c["best_baseline"] == "replication-shm" and c["best_baseline_rps"] == 10.0
+    assert c["auto_vs_best"] == 1.2
+    assert c["auto_vs_ceiling"] == pytest.approx(12 / 14, abs=1e-3)
+    assert c["prediction_error"] == pytest.approx(0.125)
+    assert c["bottleneck_flops_share_auto"] == 0.5 and c["bottleneck_flops_share_eq1"] == 0.4
+    assert c["requests_min"] == 320 and c["steps_aborted"] == 5  # one aborted step per row
+    assert c["other_cores_max"] == 0.2
+    ch = c["checks"]
+    assert ch["auto >= 0.95 x best baseline"] is True
+    assert ch["cap: auto >= 1.15 x best baseline"] is True
+    assert ch["3x: auto >= 0.8 x M/D/c ceiling"] is True
+    assert ch["planner within 15 %"] is True
+    assert ch[">= 300 requests per step"] is True
+    assert ch["quiet host (others < 0.15 cores)"] is False
+    # no cap, 2x: no 1.15x target, no ceiling target; a missed ratio fails
+    rows2 = [_row("auto", 9.0, cap="none", slo_x=2.0), _row("replication-shm", 10.0, "none", 2.0)]
+    c2 = sc.cell_summary("resnet50", rows2, "none", 2.0, 300)
+    assert c2["auto_vs_best"] == 0.9
+    assert c2["checks"]["auto >= 0.95 x best baseline"] is False
+    assert "cap: auto >= 1.15 x best baseline" not in c2["checks"]
+    assert "3x: auto >= 0.8 x M/D/c ceiling" not in c2["checks"]
+    assert c2["checks"]["planner within 15 %"] is None  # not predicted: not measured
+    targets = sc.all_targets([{"model": "resnet50", "cells": [c2]}])
+    assert {t["target"] for t in targets} == set(c2["checks"])
+
+
+def test_auto_names_nothing_but_slo_and_autoscale() -> None:
+    sc = _bench("scaling")
+    cfg = sc.auto_pipeline("resnet50", "a", 120.0)
+    (stage,) = cfg.stages
+    assert stage.model == "resnet50"
+    assert not {"partitions", "threads", "instances", "max_instances", "engine"} & (
+        stage.model_fields_set
+    )
+    assert cfg.slo_ms == pytest.approx(120.0) and cfg.autoscale is not None
+    dddd = sc.auto_pipeline("ddddocr", "d", 300.0)
+    for st in dddd.stages:
+        if st.kind == "model":
+            assert st.partitions is None and "instances" not in st.model_fields_set
+    fixed = sc.pipeline("resnet50", "e", 2, slo_ms=120.0, autoscale=sc.AUTOSCALE)
+    assert fixed.stages[0].partitions == 2
+
+
+def test_flops_share_of_the_bottleneck_partition(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    import yaml
+
+    from infscaler.partitioner.plan import PLAN_FILE, PLAN_FORMAT
+
+    sc = _bench("scaling")
+    parts = [
+        {"file": "part_0.onnx", "flops": 100, "bottleneck": 1.0},
+        {"file": "part_1.onnx", "flops": 600, "bottleneck": 5.0},  # largest B_k
+        {"file": "part_2.onnx", "flops": 300, "bottleneck": 2.0},
+    ]
+    for p in parts:
+        (tmp_path / p["file"]).write_bytes(b"")
+    (tmp_path / PLAN_FILE).write_text(yaml.safe_dump({"format": PLAN_FORMAT, "partitions": parts}))
+    unit = SimpleNamespace
+    dep = SimpleNamespace(
+        pipeline=SimpleNamespace(
+            units=[
+                unit(stage="prep", kind="function"),
+                *(unit(stage="det", kind="model") for _ in parts),
+                unit(stage="rec", kind="model"),
+            ],
+            plans={"det": str(tmp_path)},
+        )
+    )
+    fs = sc.flops_share(dep)
+    assert set(fs) == {"det", "rec"}  # model stages only
+    assert fs["det"]["bottleneck"] == 1 and fs["det"]["share"] == 0.6
+    assert fs["det"]["shares"] == [0.1, 0.6, 0.3]
+    assert fs["rec"] == {"partitions": 1, "shares": [1.0], "bottleneck": 0, "share": 1.0}
