@@ -316,9 +316,10 @@ def pipeline(
             if max_instances is not None and ("model" in st or whole_fn):
                 st["max_instances"] = max_instances
     else:
-        cfg = pipeline_for_model(
-            model, name=name, partitions=k if k > 1 else None, shapes=MODELS[model].shapes
-        )
+        # partitions named even for K = 1: a hand configuration is deployed as written,
+        # never replaced by the deploy-time planner (runtime.autoplan plans a stage that
+        # leaves partitions / threads / instances open)
+        cfg = pipeline_for_model(model, name=name, partitions=k, shapes=MODELS[model].shapes)
         raw = cfg.model_dump(exclude_none=True)
         raw["stages"][0]["threads"] = threads
         if max_instances is not None:
@@ -1172,6 +1173,13 @@ def run_cell(
                 whole=config != "eq1",
             )
         dep = svc.deploy(cfg)
+        if config not in ("auto", "eq1") and model not in PIPELINE_CASES:
+            # a hand configuration runs as written: K = 1 is one unit (the deploy-time
+            # planner must not have replaced it with a plan of its own)
+            units = [u.name for u in dep.pipeline.served_units()]
+            if len(units) != 1:
+                svc.undeploy(name)
+                raise RuntimeError(f"{config} deployed as {units}, not as the whole model")
     except Exception as exc:  # noqa: BLE001 - a refused deployment is this cell's result
         print(f"    deploy refused: {exc}", flush=True)
         with contextlib.suppress(Exception):

@@ -705,7 +705,7 @@ def autoscale_run(
 FRONTEND_MS = 1.6
 
 #: :func:`search` counts candidates within this fraction of the best goodput as tied
-#: and gives the tie to the one with less memory.
+#: and gives the tie to the one with fewer partitions, then less memory.
 GOODPUT_TIE = 0.05
 
 
@@ -993,10 +993,14 @@ def search(
     (``frontend_ms`` per request; default :data:`FRONTEND_MS`) is simulated as a
     single-threaded server ahead of the units that competes for the same cores. Ties:
     candidates within ``goodput_tie`` (default :data:`GOODPUT_TIE`, 5 %) of the best
-    goodput count as tied, and the tie goes to less memory, then fewer partitions, then
-    fewer threads: the simulator does not resolve goodput finer than that (its rate
-    bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and on a
-    device with a fixed memory budget the memory saved is what another model runs in.
+    goodput count as tied, and the tie goes to fewer partitions, then less memory, then
+    fewer threads. The simulator does not resolve goodput finer than that (its rate
+    bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and it errs
+    on the optimistic side for partitioned plans: every hop adds a process competing for
+    the cores and a wake-up it does not model (bench/README.md, issue 15: ResNet-50 at
+    3 x L0 on 2 cores, K = 3 predicted 14.3 requests/s and served 5.0). Among plans with
+    as many partitions, the memory saved is what another model runs in on a device with a
+    fixed memory budget.
 
     Args:
         stages: the pipeline in order: :class:`ModelStage` (searched) or fixed
@@ -1261,9 +1265,9 @@ def search(
         return (
             0 if c.fits else 1,
             0 if t else 1,
-            c.memory_mb if t else -round(c.goodput_rps, 6),
+            sum(len(x) for x in c.cuts) if t else -round(c.goodput_rps, 6),
+            c.memory_mb if t else 0.0,
             -round(c.goodput_rps, 6),
-            sum(len(x) for x in c.cuts),
             sum(c.threads),
         )
 
@@ -1283,13 +1287,18 @@ def search(
             why = f"lower goodput ({c.goodput_rps:.2f} < {top.goodput_rps:.2f}/s)" + (
                 f"; {c.note}" if c.note else ""
             )
+        elif top is not None and sum(map(len, c.cuts)) > sum(map(len, top.cuts)):
+            why = (
+                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
+                f"{gmax:.2f}/s) with more partitions"
+            )
         elif top is not None and c.memory_mb > top.memory_mb + 1e-6:
             why = (
                 f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
                 f"{gmax:.2f}/s) with more memory ({c.memory_mb:.0f} > {top.memory_mb:.0f} MB)"
             )
         else:
-            why = "ties the winner's goodput and memory with more partitions or threads"
+            why = "ties the winner's goodput, partitions and memory with more threads"
         ranked.append(replace(c, why=why))
     best = ranked[0] if top is not None else None
     head = (
