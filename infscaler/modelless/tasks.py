@@ -50,7 +50,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -68,6 +68,7 @@ from infscaler.modelless.selector import (
 )
 from infscaler.modelless.stages import REC_MIN_WIDTH
 from infscaler.modelless.variants import VariantRegistry
+from infscaler.runtime.control import DeploymentView, ScaledService
 from infscaler.runtime.pipeline import default_state_dir
 
 log = logging.getLogger("infscaler.modelless.tasks")
@@ -224,6 +225,42 @@ class TaskResult:
         return TaskRouter.parameters(self.selection)
 
 
+class RoutedService(ScaledService, Protocol):
+    """The service as the task router uses it (:class:`infscaler.service.Service` once
+    started): the control loop's view (:class:`~infscaler.runtime.control.ScaledService`)
+    plus deploying, undeploying and submitting to the variants it picks. The model-less
+    layer sits above the runtime and below the facade, so it names the service by what
+    it needs (PEP 544), not by importing it."""
+
+    state_dir: Path
+
+    @property
+    def stopping(self) -> bool:
+        """True once the service is shutting down."""
+        ...
+
+    def deploy(self, cfg: Any, *, replace: bool = False) -> Any:
+        """Deploy a pipeline config; its deployment."""
+        ...
+
+    def undeploy(self, name: str, drain_timeout_s: float = 30.0) -> None:
+        """Stop a deployed pipeline after draining it."""
+        ...
+
+    def deployment(self, name: str) -> DeploymentView:
+        """A deployed pipeline by name (ServiceError 404 when unknown)."""
+        ...
+
+    def submit(
+        self,
+        name: str,
+        inputs: dict[str, np.ndarray],
+        timeout_s: float | None = None,
+    ) -> concurrent.futures.Future:
+        """Start a request on a deployed pipeline; a future of its result."""
+        ...
+
+
 class TaskRouter:
     """Routes task queries to variants on ``service`` (see the module docstring).
 
@@ -262,7 +299,7 @@ class TaskRouter:
 
     def __init__(
         self,
-        service: Any,
+        service: RoutedService,
         registry: Any = None,
         *,
         selector_config: Any = None,

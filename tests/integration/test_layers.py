@@ -11,6 +11,7 @@ from pathlib import Path
 
 import importlinter  # noqa: F401 - the dev extra; the checker runs it in a subprocess
 
+from infscaler.modelless.tasks import RoutedService
 from infscaler.runtime.control import DeploymentView, ScaledService
 from infscaler.service import Deployment, Service
 
@@ -100,3 +101,21 @@ def test_service_satisfies_the_control_interface(tmp_path: Path) -> None:
     d_attrs, d_methods = _members(DeploymentView)
     for name in d_attrs | d_methods:
         assert hasattr(Deployment, name) or name in Deployment.__dataclass_fields__, name
+
+
+def test_service_satisfies_the_task_routers_interface(tmp_path: Path) -> None:
+    """The model-less layer's view of the service (:class:`RoutedService`, above the
+    control loop's) is met by :class:`Service` too: members and parameter names."""
+    attrs, methods = _members(RoutedService)
+    assert {"deploy", "undeploy", "deployment", "submit", "stopping"} <= methods
+    svc = Service(state_dir=tmp_path)
+    for name in attrs:
+        assert hasattr(svc, name), name
+    for name in methods:
+        impl = getattr(Service, name, None)
+        assert impl is not None, name
+        if isinstance(impl, property):
+            continue
+        want = list(inspect.signature(getattr(RoutedService, name)).parameters)
+        have = list(inspect.signature(impl).parameters)
+        assert have[: len(want)] == want or set(want) <= set(have), (name, have, want)
