@@ -189,7 +189,8 @@ def planner_inputs(
     if not any(st.kind == "model" for st in cfg.stages):
         raise InfScalerError(
             f"pipeline {cfg.name} has no model stage: there is nothing to search",
-            hint="deploy it as written (function stages scale on their own)",
+            hint="plan its instances with `infscaler plan PIPELINE --rate R --slo X`; "
+            "deployed, it runs as written",
         )
 
     def shapes_of(st: Any) -> str | None:
