@@ -12,10 +12,13 @@ the pipeline then deploys as written).
 :func:`planner_inputs` builds what the search takes. Each model stage is measured on this
 host (:func:`~infscaler.runtime.stageprofile.measure_model_stage`). With function stages
 the pipeline is compiled with its model stages whole and run in-process on a sample
-request (:func:`~infscaler.runtime.unitprofile.profile_pipeline` on
-:func:`~infscaler.runtime.unitprofile.sample_inputs`: an RGB image input gets a rendered
-text image), giving each function step's cpu ms per call and the fan-out's items per
-request. The search's units are then the runtime's fused units
+request (:func:`~infscaler.runtime.unitprofile.profile_pipeline`), giving each
+function step's cpu ms per call and the fan-out's items per request. The sample request
+is the first function stage's ``sample`` hook's (a callable attribute of the function
+returning ``{input: array}``, like its ``warmup`` hook; the bundled ``dddd`` pipeline's
+gives a click-captcha image) when it has one, else
+:func:`~infscaler.runtime.unitprofile.sample_inputs`'s (an RGB image input gets a
+rendered text image). The search's units are then the runtime's fused units
 (:func:`~infscaler.runtime.pipeline.fuse_units`): a model stage carries the function
 steps fused before and after it (``ModelStage.pre_ms`` / ``post_ms``, on its first / last
 partition) and the fan-out's items when the fan-out step is fused after it
@@ -216,7 +219,7 @@ def planner_inputs(
 
     # why: compiling and profiling load the function modules and onnxruntime sessions;
     # a pipeline of model stages only never needs them
-    from infscaler.runtime.pipeline import compile_pipeline
+    from infscaler.runtime.pipeline import compile_pipeline, load_function
     from infscaler.runtime.unitprofile import profile_pipeline, sample_inputs
 
     whole = _whole(cfg)
@@ -224,8 +227,24 @@ def planner_inputs(
     compiled = compile_pipeline(
         whole, state_dir=state_dir, device=device, allowed_functions=allowed_functions
     )
+    notes: list[str] = []
+    feeds = None
+    for st in whole.stages:  # the first function stage's sample hook, if it has one
+        hook = getattr(load_function(st.function, allowed_functions), "sample", None) if (
+            st.kind == "function"
+        ) else None  # fmt: skip
+        if not callable(hook):
+            continue
+        try:
+            feeds = dict(hook())
+            progress(f"{cfg.name}: the sample request of {st.function}.sample")
+        except Exception as exc:  # noqa: BLE001 - e.g. an optional dependency missing
+            notes.append(f"{st.name}: its sample hook failed ({exc}); a made-up request instead")
+        break
     try:
-        prof = profile_pipeline(compiled, sample_inputs(compiled), repeats=repeats)
+        if feeds is None:
+            feeds = sample_inputs(compiled)
+        prof = profile_pipeline(compiled, feeds, repeats=repeats)
     except Exception as exc:  # noqa: BLE001 - the function's own error, said once
         msg = exc.message if isinstance(exc, InfScalerError) else f"{type(exc).__name__}: {exc}"
         raise InfScalerError(
@@ -239,7 +258,6 @@ def planner_inputs(
     index: list[int] = []
     paths: list[Path] = []
     shapes: list[str | None] = []
-    notes: list[str] = []
     for u, up in zip(compiled.units, prof.units, strict=True):
         if u.kind != "model":
             # a function unit fused into no model (the fan-in among them): as measured,

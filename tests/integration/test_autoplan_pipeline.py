@@ -50,6 +50,8 @@ def test_dddd_left_to_the_planner_is_planned_and_answers_like_ddddocr(tmp_path: 
     with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=128) as svc:
         dep = svc.deploy(cfg, progress=lines.append)
         assert any("running the pipeline in-process" in m for m in lines), lines
+        # timed on the pipeline's own sample (a captcha: a few items, not a page of text)
+        assert any("sample request of infscaler.pipelines.dddd:det_preprocess" in m for m in lines)
         chosen = [m for m in lines if "chosen" in m]
         assert chosen, lines
         planned = dep.pipeline.config
