@@ -68,6 +68,15 @@ def test_dddd_left_to_the_planner_is_planned_and_answers_like_ddddocr(tmp_path: 
         # the chosen threads and instances are what was deployed
         k = 1 if det.plan is None else len(dep.pipeline.units) - 2
         assert [u.threads for u in dep.pipeline.units[:k]] == [det.threads] * k
+        # the status shows the chosen plan and instances
+        ps = svc.pipeline_status(dep)
+        assert [u["unit"] for u in ps["units"]] == names
+        if det.plan is not None:
+            assert ps["plans"]["det"] == det.plan
+        by_unit = {u["unit"]: len(u["instances"]) for u in ps["units"]}
+        assert by_unit["rec_prep>rec>decode"] == rec.instances
+        det_inst = [det.instances] * k if isinstance(det.instances, int) else det.instances
+        assert [by_unit[n] for n in names[:k]] == list(det_inst)
         res = svc.infer("dddd-auto", {"image": image}, timeout_s=120)
     assert [str(t) for t in res.outputs["texts"]] == want
     boxes = res.outputs["boxes"]
