@@ -30,7 +30,6 @@ from rich.table import Table
 
 from infscaler.base.device import load_profile
 from infscaler.base.errors import InfScalerError
-from infscaler.base.models import MODELS, resolve_model
 from infscaler.base.slo import parse_slo, slo_ms
 from infscaler.cli import err, out
 from infscaler.cli_client import load_image, pipeline_from_arg
@@ -38,10 +37,11 @@ from infscaler.fleetfile import expand_names, load_fleet, units_from_spec
 from infscaler.partitioner.profiler import usable_cores
 from infscaler.partitioner.search import OBJECTIVES
 from infscaler.runtime.arrivals import from_spec
+from infscaler.runtime.autoplan import planner_inputs
 from infscaler.runtime.fleet import GROUP_LABEL, FleetNode, Stream, capacity_curve, place, realise
 from infscaler.runtime.pipeline import compile_pipeline
 from infscaler.runtime.planner import FRONTEND_MS, ModelStage, cpu_cores, plan, resource_cap
-from infscaler.runtime.stageprofile import measure_model_stage, search_measured
+from infscaler.runtime.stageprofile import search_measured
 from infscaler.runtime.unitprofile import profile_pipeline, sample_inputs
 
 #: This module's commands; :mod:`infscaler.cli` loads them when one runs.
@@ -397,44 +397,6 @@ def plan_cmd(
         raise typer.Exit(1)
 
 
-def _model_stages(pipeline: str, progress: Any) -> tuple[list[Any], list[Path], list[Any]]:
-    """The pipeline's stages as the search takes them: each model stage measured on this
-    host (:func:`infscaler.runtime.stageprofile.measure_model_stage`).
-
-    Raises:
-        InfScalerError: a function stage or a stage given as a plan directory (the
-            search measures whole ONNX models; plan those with ``--rate`` instead).
-    """
-
-    cfg = pipeline_from_arg(pipeline)
-    stages, paths, all_shapes = [], [], []
-    for st in cfg.stages:
-        if st.model is None:
-            raise InfScalerError(
-                f"stage {st.name} is a {'plan directory' if st.plan else 'function'}: the "
-                "configuration search (--explain / --objective / no --rate) takes pipelines "
-                "of ONNX model stages only",
-                hint="plan this pipeline's instances with --rate R (fixed partitions)",
-            )
-        shapes = st.shapes
-        if shapes is None and st.model in MODELS:
-            shapes = MODELS[st.model].shapes
-        cores = usable_cores()
-        path = resolve_model(st.model)
-        stages.append(
-            measure_model_stage(
-                path,
-                name=st.name,
-                shapes=shapes,
-                threads=sorted({1, 2, cores}),
-                progress=progress,
-            )
-        )
-        paths.append(path)
-        all_shapes.append(shapes)
-    return stages, paths, all_shapes
-
-
 def search_cmd(
     pipeline: str,
     *,
@@ -451,10 +413,15 @@ def search_cmd(
     refine: int = 3,
     arrivals: str = "poisson",
 ) -> int:
-    """``infscaler plan MODEL --slo X [--rate R] --explain``: the configuration search.
-    ``--slo`` is in ms or a factor (``3x``) of the model stages' measured 1-thread latency.
+    """``infscaler plan MODEL|PIPELINE --slo X [--rate R] --explain``: the configuration
+    search. ``--slo`` is in ms or a factor (``3x``) of the pipeline's measured 1-thread
+    latency.
 
-    Measures each model stage (:mod:`infscaler.runtime.stageprofile`), runs
+    Measures the pipeline as the deploy-time planner does
+    (:func:`infscaler.runtime.autoplan.planner_inputs`: each model stage, and with function
+    stages their per-call times and the fan-out's items on a sample request, searched as
+    the fused units the runtime runs; the stages' own K / threads / instances are
+    ignored), runs
     :func:`infscaler.runtime.planner.search` and prints every candidate (K, cuts, the
     objectives that chose them, threads, instances, predicted goodput, P99, memory, the
     bottleneck partition's share of the FLOPs) with why it lost, the winner, and per
@@ -501,18 +468,22 @@ def search_cmd(
         raise InfScalerError("--frontend-ms and --handover-ms must be >= 0")
     profile = _device(device)
     say = lambda m: err.print(f"  {m}", highlight=False)  # noqa: E731
-    stages, paths, shapes = _model_stages(pipeline, say)
-    # a factor is of the pipeline's own 1-thread latency (its model stages in turn)
-    slo_ms = spec.resolve(sum(st.whole_ms[1] for st in stages))
+    # the deploy-time planner's own inputs: model stages measured, function steps and
+    # fan-out items from a sample request, the fused units (runtime.autoplan)
+    inp = planner_inputs(pipeline_from_arg(pipeline), device=profile, progress=say)
+    for note in inp.notes:
+        say(note)
+    # a factor is of the pipeline's own 1-thread latency (its units in turn)
+    slo_ms = spec.resolve(inp.base_ms)
     assert slo_ms is not None
     cap = resource_cap(profile)
     with err.status("searching K, cuts, threads and instances"):
         res, stages = search_measured(
-            stages,
-            paths,
+            inp.stages,
+            inp.paths,
             slo_ms,
             cap,
-            shapes=shapes,
+            shapes=inp.shapes,
             refine=refine,
             progress=say,
             rate=rate_rps,

@@ -409,7 +409,7 @@ class Service:
         """
         if not self._started or self._stopping:
             raise ServiceError("the service is not running", 503)
-        cfg = self._planned(cfg, progress)
+        cfg = self._planned(cfg, progress, allowed_functions)
         with self._deploy_lock:
             with self._lock:
                 old = self._deployments.get(cfg.name)
@@ -489,9 +489,16 @@ class Service:
         trim_heap()
         return dep
 
-    def _planned(self, cfg: PipelineConfig, progress: Callable[[str], None]) -> PipelineConfig:
+    def _planned(
+        self,
+        cfg: PipelineConfig,
+        progress: Callable[[str], None],
+        allowed_functions: Sequence[str] | None = None,
+    ) -> PipelineConfig:
         """``cfg`` with the planner's choice when it is left to the planner and the
-        objective is ``auto`` (:mod:`infscaler.runtime.autoplan`), else as it is.
+        objective is ``auto`` (:mod:`infscaler.runtime.autoplan`), else as it is. Its
+        function stages (from ``allowed_functions``, as at deploy) run in this process
+        on a sample request to be measured.
 
         Raises:
             InfScalerError: no configuration meets the SLO (the search's reason).
@@ -505,6 +512,7 @@ class Service:
             cfg,
             device=self.device or load_profile("cpu-host"),
             state_dir=self.state_dir,
+            allowed_functions=allowed_functions,
             progress=progress,
         )
         if outcome.best is not None:

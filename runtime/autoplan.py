@@ -2,26 +2,53 @@
 names no K, threads or instances).
 
 :func:`needs_planning` tells whether a pipeline is left to the planner: it has an
-``slo`` and ``autoscale``, and every stage is a model stage naming an ONNX ``model`` on
-the cpu engine with no ``partitions``, stage ``slo``, ``batching`` or ``max_threads``, and
-``threads`` and ``instances`` at their defaults (1). :func:`plan_pipeline` then measures those stages on this host
-(:func:`~infscaler.runtime.stageprofile.measure_model_stage`), runs the configuration
-search with the best candidates' partitions measured
-(:func:`~infscaler.runtime.stageprofile.search_measured`, over
-:func:`infscaler.runtime.planner.search`), writes each stage's chosen cuts as a plan
-directory (:func:`infscaler.partitioner.api.partition_model` with ``cuts``; K = 1 keeps
-the model whole) and returns the pipeline with those stages set to the plan, the threads
-and the instances per partition (the scaler's minimum, which it grows from).
+``slo`` and ``autoscale``, at least one model stage, every model stage names an ONNX
+``model`` on the cpu engine with no ``partitions``, stage ``slo``, ``batching`` or
+``max_threads``, and ``threads`` and ``instances`` at their defaults (1), and every
+function stage leaves ``instances``, ``max_instances`` and ``threads`` at their defaults
+(a function stage that sets them is scaled on its own, not fused, by the user's choice:
+the pipeline then deploys as written).
 
-Pipelines with function stages, or with a stage the user configured, are not planned
-(the search measures ONNX model stages only); they deploy as written, as does every
-pipeline under ``serve --objective eq1`` (Eq. 1 at deploy,
-:mod:`infscaler.runtime.pipeline`).
+:func:`planner_inputs` builds what the search takes. Each model stage is measured on this
+host (:func:`~infscaler.runtime.stageprofile.measure_model_stage`). With function stages
+the pipeline is compiled with its model stages whole and run in-process on a sample
+request (:func:`~infscaler.runtime.unitprofile.profile_pipeline`), giving each
+function step's cpu ms per call and the fan-out's items per request. The sample request
+is the first function stage's ``sample`` hook's (a callable attribute of the function
+returning ``{input: array}``, like its ``warmup`` hook; the bundled ``dddd`` pipeline's
+gives a click-captcha image) when it has one, else
+:func:`~infscaler.runtime.unitprofile.sample_inputs`'s (an RGB image input gets a
+rendered text image). The search's units are then the runtime's fused units
+(:func:`~infscaler.runtime.pipeline.fuse_units`): a model stage carries the function
+steps fused before and after it (``ModelStage.pre_ms`` / ``post_ms``, on its first / last
+partition) and the fan-out's items when the fan-out step is fused after it
+(``ModelStage.items``); a model stage after the fan-out runs per item (the simulator
+routes items x the request rate to it); a function unit that fuses into no model is a
+fixed unit of its measured times (one instance: function stages deploy as written); the
+fan-in runs in the front end (one server, on the cpu). A model stage whose sample
+inputs did not all have its configured ``shapes`` (an input size that varies per
+request or item) is searched whole (K = 1: a partitioned plan is cut at fixed shapes),
+its times scaled to what it took on the sample.
+
+:func:`plan_pipeline` runs the configuration search with the best candidates'
+partitions measured (:func:`~infscaler.runtime.stageprofile.search_measured`, over
+:func:`infscaler.runtime.planner.search`), writes each model stage's chosen cuts as a
+plan directory (:func:`infscaler.partitioner.api.partition_model` with ``cuts``; K = 1
+keeps the model whole) and returns the pipeline with those stages set to the plan, the
+threads and the instances per partition (the scaler's minimum, which it grows from);
+function stages are returned unchanged. ``infscaler plan PIPELINE --slo X --explain``
+prints the same search (:mod:`infscaler.cli_plan`).
+
+A pipeline with a stage the user configured, or with no model stage, is not planned; it
+deploys as written, as does every pipeline under ``serve --objective eq1`` (Eq. 1 at
+deploy, :mod:`infscaler.runtime.pipeline`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +57,18 @@ from infscaler.base.errors import InfScalerError
 from infscaler.base.models import MODELS, resolve_model
 from infscaler.base.slo import parse_slo
 from infscaler.partitioner.api import partition_model
+from infscaler.partitioner.loader import parse_shapes
 from infscaler.partitioner.profiler import usable_cores
-from infscaler.runtime.planner import cpu_cores, resource_cap
+from infscaler.runtime.planner import ModelStage, arrival_rates, cpu_cores, resource_cap
+from infscaler.runtime.simulator import UnitProfile
 from infscaler.runtime.stageprofile import measure_model_stage, search_measured
 
-__all__ = ["needs_planning", "plan_pipeline"]
+__all__ = ["PlannerInputs", "needs_planning", "plan_pipeline", "planner_inputs", "stage_order"]
+
+#: Stage fields that hold the user's own K / threads / instances / batching choice: a
+#: model stage is searched with them dropped (``infscaler plan`` explores every K).
+_MODEL_CHOICES = ("partitions", "slo", "max_partitions", "threads", "max_threads", "instances",
+                  "max_instances", "batching")  # fmt: skip
 
 
 def _left_to_planner(stage: Any) -> bool:
@@ -54,14 +88,257 @@ def _left_to_planner(stage: Any) -> bool:
     )
 
 
+def _function_left(stage: Any) -> bool:
+    """A function stage that leaves its own scaling (``instances``, ``max_instances``,
+    ``threads``) at the defaults, compared by value as :func:`_left_to_planner` does."""
+    defaults = type(stage).model_fields
+    return (
+        stage.threads == defaults["threads"].default
+        and stage.instances == defaults["instances"].default
+        and stage.max_instances is None
+    )
+
+
 def needs_planning(cfg: Any) -> bool:
-    """True when ``cfg`` (a PipelineConfig) has ``slo`` and ``autoscale`` and every stage
-    is a model stage left to the planner (see the module docstring)."""
+    """True when ``cfg`` (a PipelineConfig) has ``slo`` and ``autoscale``, at least one
+    model stage, every model stage left to the planner and every function stage leaving
+    its own scaling open (see the module docstring)."""
     return (
         cfg.slo is not None
         and cfg.autoscale is not None
-        and all(_left_to_planner(s) for s in cfg.stages)
+        and any(s.kind == "model" for s in cfg.stages)
+        and all(
+            _function_left(s) if s.kind == "function" else _left_to_planner(s) for s in cfg.stages
+        )
     )
+
+
+@dataclass(frozen=True)
+class PlannerInputs:
+    """What :func:`planner_inputs` measured, as :func:`~infscaler.runtime.planner.search`
+    takes it.
+
+    Attributes:
+        stages: in pipeline order, a :class:`~infscaler.runtime.planner.ModelStage` per
+            model stage (with its fused steps) and a fixed
+            :class:`~infscaler.runtime.simulator.UnitProfile` per function unit that
+            fuses into no model (the fan-in among them).
+        model_index: per ModelStage in ``stages``, the index of its stage in the
+            pipeline's ``stages``.
+        paths / shapes: per ModelStage, its ONNX file and shapes (``x:1x3x224x224``).
+        base_ms: the pipeline's 1-thread latency per request, ms: every unit's time at 1
+            thread (fused steps included) x its items per request; the reference of a
+            factor SLO (``3x``).
+        notes: what a reader should know (stages searched whole and why).
+    """
+
+    stages: tuple[ModelStage | UnitProfile, ...]
+    model_index: tuple[int, ...]
+    paths: tuple[Path, ...]
+    shapes: tuple[str | None, ...]
+    base_ms: float
+    notes: tuple[str, ...] = ()
+
+
+def _whole(cfg: Any) -> Any:
+    """``cfg`` with its model stages whole and the user's choices of K, threads,
+    instances and batching dropped (function stages as written: their fields set decide
+    whether they fuse)."""
+    data = cfg.model_dump(exclude_none=True)
+    for k, st in enumerate(cfg.stages):
+        sd = st.model_dump(exclude_unset=True, exclude_none=True)
+        if st.kind == "model":
+            for f in _MODEL_CHOICES:
+                sd.pop(f, None)
+        data["stages"][k] = sd
+    return validate_pipeline(data, f"pipeline {cfg.name}")
+
+
+def planner_inputs(
+    cfg: Any,
+    *,
+    device: Any = None,
+    state_dir: Path | None = None,
+    allowed_functions: Sequence[str] | None = None,
+    repeats: int = 5,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> PlannerInputs:
+    """Measure ``cfg``'s stages on this host for the search (see the module docstring).
+
+    Args:
+        cfg: a PipelineConfig whose model stages name ONNX models (``model``); the
+            stages' own K / threads / instances are ignored (searched).
+        device: its DeviceProfile (for compiling; cpu is what is measured).
+        state_dir: where compiling keeps plans (none are made: models run whole).
+        allowed_functions: the modules function stages may come from (None: any), as
+            at deploy (:func:`infscaler.runtime.pipeline.load_function`): their code runs
+            in this process on the sample request.
+        repeats: timed runs per measurement.
+
+    Raises:
+        InfScalerError: a stage given as a plan directory (the search measures whole
+            ONNX models), no model stage, a function failing on the sample request, or
+            a fan-out that made no items on it (the message says which).
+    """
+    cores = usable_cores()
+    threads = sorted({1, 2, cores})
+    for st in cfg.stages:
+        if st.kind == "model" and st.model is None:
+            raise InfScalerError(
+                f"stage {st.name} is a plan directory: the configuration search takes "
+                "model stages that name an ONNX model",
+                hint="name the model (`model: FILE.onnx` or a bundled alias) instead of `plan`",
+            )
+    if not any(st.kind == "model" for st in cfg.stages):
+        raise InfScalerError(
+            f"pipeline {cfg.name} has no model stage: there is nothing to search",
+            hint="plan its instances with `infscaler plan PIPELINE --rate R --slo X`; "
+            "deployed, it runs as written",
+        )
+
+    def shapes_of(st: Any) -> str | None:
+        return st.shapes if st.shapes is not None else getattr(MODELS.get(st.model), "shapes", None)
+
+    def measure(st: Any) -> tuple[ModelStage, Path, str | None]:
+        path = resolve_model(st.model)
+        shp = shapes_of(st)
+        ms = measure_model_stage(
+            path, name=st.name, shapes=shp, threads=threads, repeats=repeats, progress=progress
+        )
+        return ms, path, shp
+
+    if not any(st.kind == "function" for st in cfg.stages):
+        got = [measure(st) for st in cfg.stages]
+        return PlannerInputs(
+            stages=tuple(g[0] for g in got),
+            model_index=tuple(range(len(got))),
+            paths=tuple(g[1] for g in got),
+            shapes=tuple(g[2] for g in got),
+            base_ms=sum(g[0].whole_ms[1] for g in got),
+        )
+
+    # why: compiling and profiling load the function modules and onnxruntime sessions;
+    # a pipeline of model stages only never needs them
+    from infscaler.runtime.pipeline import compile_pipeline, load_function
+    from infscaler.runtime.unitprofile import profile_pipeline, sample_inputs
+
+    whole = _whole(cfg)
+    progress(f"{cfg.name}: running the pipeline in-process on a sample request")
+    compiled = compile_pipeline(
+        whole, state_dir=state_dir, device=device, allowed_functions=allowed_functions
+    )
+    notes: list[str] = []
+    feeds = None
+    for st in whole.stages:  # the first function stage's sample hook, if it has one
+        hook = getattr(load_function(st.function, allowed_functions), "sample", None) if (
+            st.kind == "function"
+        ) else None  # fmt: skip
+        if not callable(hook):
+            continue
+        try:
+            feeds = dict(hook())
+            progress(f"{cfg.name}: the sample request of {st.function}.sample")
+        except Exception as exc:  # noqa: BLE001 - e.g. an optional dependency missing
+            notes.append(f"{st.name}: its sample hook failed ({exc}); a made-up request instead")
+        break
+    try:
+        if feeds is None:
+            feeds = sample_inputs(compiled)
+        prof = profile_pipeline(compiled, feeds, repeats=repeats)
+    except Exception as exc:  # noqa: BLE001 - the function's own error, said once
+        msg = exc.message if isinstance(exc, InfScalerError) else f"{type(exc).__name__}: {exc}"
+        raise InfScalerError(
+            f"pipeline {cfg.name}: the planner could not run it on a sample request "
+            f"(to time its function stages): {msg}",
+            hint="set the model stages' partitions / instances to deploy it as written, "
+            "or serve with --objective eq1",
+        ) from None
+    by_name = {st.name: (k, st) for k, st in enumerate(cfg.stages)}
+    stages: list[ModelStage | UnitProfile] = []
+    index: list[int] = []
+    paths: list[Path] = []
+    shapes: list[str | None] = []
+    for u, up in zip(compiled.units, prof.units, strict=True):
+        if u.kind != "model":
+            # a function unit fused into no model (the fan-in among them): as measured,
+            # one instance (function stages deploy as written)
+            stages.append(dataclasses.replace(up, max_instances=1) if up.served else up)
+            continue
+        steps = u.step_units
+        m = next(i for i, s in enumerate(steps) if s.kind == "model")
+        pre = sum(prof.step_ms.get(s.name, 0.0) for s in steps[:m])
+        post = sum(prof.step_ms.get(s.name, 0.0) for s in steps[m + 1 :])
+        k, st = by_name[steps[m].stage]
+        ms, path, shp = measure(st)
+        fed = prof.model_shapes.get(steps[m].name, [])
+        want = {n: list(v) for n, v in parse_shapes(shp).items()} if shp else None
+        if want is None or fed != [want]:
+            ran = prof.step_ms.get(steps[m].name)
+            scale = ran / ms.whole_ms[1] if ran else 1.0
+            seen = "; ".join(
+                ", ".join(f"{n}:{'x'.join(map(str, d))}" for n, d in f.items()) for f in fed[:3]
+            )
+            notes.append(
+                f"{st.name}: searched whole (K = 1): the sample fed it {seen or 'nothing'}"
+                f"{'' if want is None else f', not its shapes {shp}'}; its times scaled "
+                f"x{scale:.3g} to the sample's {ran or 0:.3g} ms"
+            )  # fmt: skip
+            ms = dataclasses.replace(
+                ms,
+                valid_cuts=(),
+                whole_ms={t: v * scale for t, v in ms.whole_ms.items()},
+            )
+        items = tuple(prof.items) if u.fan_out else ()
+        if u.fan_out and not items:
+            raise InfScalerError(f"stage {st.name}: the fan-out recorded no item counts")
+        stages.append(dataclasses.replace(ms, pre_ms=pre, post_ms=post, items=items))
+        index.append(k)
+        paths.append(path)
+        shapes.append(shp)
+    return PlannerInputs(
+        stages=tuple(stages),
+        model_index=tuple(index),
+        paths=tuple(paths),
+        shapes=tuple(shapes),
+        base_ms=base_latency_ms(stages),
+        notes=tuple(notes),
+    )
+
+
+def _units_at(stages: Sequence[ModelStage | UnitProfile]) -> list[UnitProfile]:
+    """The units of ``stages`` with every model stage whole at 1 thread."""
+    out: list[UnitProfile] = []
+    for s in stages:
+        out.extend(s.units((), 1) if isinstance(s, ModelStage) else [s])
+    return out
+
+
+def base_latency_ms(stages: Sequence[ModelStage | UnitProfile]) -> float:
+    """A request's 1-thread latency through ``stages``, ms: each unit's mean time (a model
+    stage whole at 1 thread with its fused steps) x its items per request
+    (:func:`~infscaler.runtime.planner.arrival_rates`).
+
+    E.g. a 5 ms step fused before a 10 ms model, then a 4 ms model per item with 3 items
+    per request and a 1 ms fan-in: 15 + 3 x 4 + 1 = 28 ms."""
+    units = _units_at(stages)
+    return sum(
+        r * u.fastest().mean_ms for r, u in zip(arrival_rates(units, 1.0), units, strict=True)
+    )
+
+
+def stage_order(inputs: PlannerInputs, cuts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """Per ModelStage of ``inputs`` (in order), ``(first unit, number of units)`` in a
+    candidate's unit list that had ``cuts`` (the front end, when simulated, comes first:
+    the offset is taken from the end). Used to read a candidate's instances per stage."""
+    counts = []
+    it = iter(cuts)
+    for s in inputs.stages:
+        counts.append(len(next(it)) + 1 if isinstance(s, ModelStage) else 1)
+    out, at = [], 0
+    for n in counts:
+        out.append((at, n))
+        at += n
+    return out
 
 
 def plan_pipeline(
@@ -71,6 +348,7 @@ def plan_pipeline(
     state_dir: Path,
     rate: float | None = None,
     objectives: tuple[str, ...] = ("eq1", "minmax", "weights"),
+    allowed_functions: Sequence[str] | None = None,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> tuple[Any, Any]:
     """``(planned PipelineConfig, SearchOutcome)`` for a pipeline :func:`needs_planning`.
@@ -80,13 +358,16 @@ def plan_pipeline(
             directories go (``state_dir/plans/auto-<model>-<digest>``).
         rate: expected requests/s (None: the search maximises the rate within the SLO).
         objectives: partition objectives tried.
+        allowed_functions: the modules function stages may come from (None: any): they
+            run in this process on a sample request (:func:`planner_inputs`).
 
-    The pipeline's ``slo`` is in ms, or a factor (``3x``) of the sum of its model stages'
-    measured 1-thread latencies.
+    The pipeline's ``slo`` is in ms, or a factor (``3x``) of its measured 1-thread
+    latency (:attr:`PlannerInputs.base_ms`: its model stages in turn, with its function
+    steps and fan-out items when it has them).
 
     Raises:
-        InfScalerError: no SLO, or no candidate meets it (the message carries the
-            search's last explain line).
+        InfScalerError: no SLO, a sample request the pipeline fails on, or no candidate
+            meets the SLO (the message carries the search's last explain line).
     """
     import hashlib
 
@@ -95,27 +376,22 @@ def plan_pipeline(
         raise InfScalerError("the planner needs an SLO", hint="e.g. slo: 200ms or slo: 3x")
     cap = resource_cap(device)
     cores = cpu_cores(device) or usable_cores()
-    stages, paths, shapes = [], [], []
-    for st in cfg.stages:
-        path = resolve_model(st.model)
-        shp = st.shapes if st.shapes is not None else getattr(MODELS.get(st.model), "shapes", None)
-        stages.append(
-            measure_model_stage(
-                path, name=st.name, shapes=shp, threads=sorted({1, 2, cores}), progress=progress
-            )
-        )
-        paths.append(path)
-        shapes.append(shp)
-    # a factor is of the pipeline's own 1-thread latency (its model stages in turn)
-    slo = spec.resolve(sum(st.whole_ms[1] for st in stages))
+    inp = planner_inputs(
+        cfg, device=device, state_dir=state_dir, allowed_functions=allowed_functions,
+        progress=progress,
+    )  # fmt: skip
+    for n in inp.notes:
+        progress(n)
+    # a factor is of the pipeline's own 1-thread latency
+    slo = spec.resolve(inp.base_ms)
     assert slo is not None
     progress(f"searching K, cuts, threads and instances for an SLO of {slo:.1f} ms")
-    out, stages = search_measured(
-        stages,
-        paths,
+    out, _ = search_measured(
+        inp.stages,
+        inp.paths,
         slo,
         cap,
-        shapes=shapes,
+        shapes=inp.shapes,
         progress=progress,
         rate=rate,
         cores=cores,
@@ -125,29 +401,36 @@ def plan_pipeline(
         raise InfScalerError(
             f"no configuration meets the SLO of {slo:g} ms within the device's cap: "
             f"{out.explain[-1]}",
-            hint="raise the SLO, or see `infscaler plan MODEL --slo X --explain`",
+            hint="raise the SLO, or see `infscaler plan PIPELINE --slo X --explain`",
         )
     best = out.best
     data = cfg.model_dump(exclude_none=True)
-    served = [(u, c) for u, c in zip(best.units, best.config, strict=True) if u.served]
-    i = 0
     for k, st in enumerate(cfg.stages):
-        cuts = best.cuts[k]
-        n_units = len(cuts) + 1
-        inst = [c.total for _, c in served[i : i + n_units]]
-        i += n_units
+        if st.kind == "function":  # as written (its fields set decide whether it fuses)
+            data["stages"][k] = st.model_dump(exclude_unset=True, exclude_none=True)
+    spans = stage_order(inp, best.cuts)
+    offset = len(best.units) - sum(n for _, n in spans)  # the front end's unit, if any
+    m = 0
+    for s, (at, n_units) in zip(inp.stages, spans, strict=True):
+        if not isinstance(s, ModelStage):
+            continue
+        k = inp.model_index[m]
+        st = cfg.stages[k]
+        path, shape = inp.paths[m], inp.shapes[m]
+        cuts = best.cuts[m]
+        inst = [c.total for c in best.config[offset + at : offset + at + n_units]]
+        m += 1
         sd = dict(data["stages"][k])
-        sd["threads"] = best.threads[k]
+        sd["threads"] = best.threads[m - 1]
         sd["instances"] = inst if n_units > 1 else inst[0]
         if cuts:
-            key = f"{paths[k].resolve()}|{paths[k].stat().st_mtime_ns}|{shapes[k]}|{cuts}"
+            key = f"{path.resolve()}|{path.stat().st_mtime_ns}|{shape}|{cuts}"
             digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-            plan_dir = Path(state_dir) / "plans" / f"auto-{paths[k].stem}-{digest}"
+            plan_dir = Path(state_dir) / "plans" / f"auto-{path.stem}-{digest}"
             if not (plan_dir / "plan.yaml").is_file():
                 progress(f"{st.name}: writing the chosen plan K={n_units} cuts {list(cuts)}")
                 partition_model(
-                    paths[k], shapes=shapes[k], cuts=cuts, device=device, out_dir=plan_dir,
-                    force=True,
+                    path, shapes=shape, cuts=cuts, device=device, out_dir=plan_dir, force=True,
                 )  # fmt: skip
             for f in ("model", "shapes", "partitions", "slo", "max_partitions"):
                 sd.pop(f, None)

