@@ -235,3 +235,21 @@ def test_goodput_within_the_tie_goes_to_fewer_partitions_then_less_memory():
     assert exact.best.threads == (1,)
     with pytest.raises(ValueError, match="goodput_tie"):
         search([st], 60.0, cap(cores=2), goodput_tie=1.0)
+
+
+def test_oversubscribed_candidates_are_ruled_out_while_others_meet_the_slo():
+    # [1] [2] [1] at 1 thread: K=3 pins 3 threads on 2 cores. The host profile's
+    # threads_per_core 2 gives 4 thread slots, but the planner keeps to the 2 cores while
+    # a candidate within them meets the SLO; oversubscribe=2 lets K=3 compete again
+    st = ModelStage(
+        "m", costs=(1, 2, 1), valid_cuts=(0, 1), whole_ms={1: 10.0, 2: 6.0},
+        boundary_fixed_ms=0.2,
+    )  # fmt: skip
+    out = search([st], 60.0, cap(cores=4), cores=2, frontend_ms=0.0)
+    k3 = next(c for c in out.candidates if len(c.cuts[0]) == 2)
+    assert not k3.fits and "oversubscribed" in k3.note
+    assert out.best is not None and out.best.fits
+    pinned = sum(x.total for u, x in zip(out.best.units, out.best.config, strict=True) if u.served)
+    assert pinned * out.best.threads[0] <= 2  # instances x threads within the 2 cores
+    loose = search([st], 60.0, cap(cores=4), cores=2, frontend_ms=0.0, oversubscribe=2.0)
+    assert next(c for c in loose.candidates if len(c.cuts[0]) == 2).fits
