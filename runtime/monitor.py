@@ -33,8 +33,11 @@ pages plus its share of the common ones, which is what one more instance adds as
 grows. (The zygote's own share is not an instance's: it is a fixed cost of the service.) Engine slots count model instances (function stages, light pre- and
 post-processing, count against memory only). Cores count what is pinned, not what is
 busy (:meth:`Monitor.pinned_threads`): the threads of every starting or ready cpu
-instance of a model stage, against the profile's thread slots (cores x
-``threads_per_core``, :meth:`infscaler.base.device.Accelerator.thread_slots`). Busy cores
+instance of a model stage, against the cpu's cores. The profile's thread slots (cores x
+``threads_per_core``, :meth:`infscaler.base.device.Accelerator.thread_slots`) bound what
+deploys, not what the scaler adds: on the 2-core host a third and fourth single-thread
+replica of PP-OCRv4 det (admitted by 4 slots) raised memory 1.7x and lowered SLO
+attainment (bench/README.md, issue 15). Busy cores
 read low exactly when it matters (instances loading, requests shed, stages waiting on
 each other), which let an overloaded 2-core host grow one partition to 6 instances; a
 pinned thread is a core taken whether it is busy or not. A function-stage instance pins
@@ -303,8 +306,11 @@ class Monitor:
                 continue
             max_inst[acc.engine] = acc.max_instances * (acc.count if acc.engine == "dla" else 1)
             if acc.engine == "cpu":
-                cores = acc.thread_slots(_host_cores())
+                # the scaler grows cpu instances within the cores themselves: the
+                # profile's threads_per_core lets a configuration deploy beyond them
+                # (device.check_pipeline), not the scaler add to it (see the docstring)
                 physical = len(acc.cores or _host_cores())
+                cores = min(acc.thread_slots(_host_cores()), physical)
         return ResourceCap(
             memory_cap_mb=float(profile.memory_cap_mb),
             memory_used_mb=self.memory_used_mb(),
