@@ -3,8 +3,10 @@ names no K, threads or instances).
 
 :func:`needs_planning` tells whether a pipeline is left to the planner: it has an
 ``slo`` and ``autoscale``, at least one model stage, every model stage names an ONNX
-``model`` on the cpu engine with no ``partitions``, stage ``slo``, ``batching`` or
-``max_threads``, and ``threads`` and ``instances`` at their defaults (1), and every
+``model`` on the cpu engine with no ``partitions``, stage ``slo``, ``batching``,
+``max_threads`` or ``max_instances`` (a bound the user, or the model-less layer for its
+profiled variants, put on the replicas), and ``threads`` and ``instances`` at their
+defaults (1), and every
 function stage leaves ``instances``, ``max_instances`` and ``threads`` at their defaults
 (a function stage that sets them is scaled on its own, not fused, by the user's choice:
 the pipeline then deploys as written).
@@ -72,7 +74,7 @@ _MODEL_CHOICES = ("partitions", "slo", "max_partitions", "threads", "max_threads
 
 
 def _left_to_planner(stage: Any) -> bool:
-    """A cpu model stage whose K, threads and instances are the defaults (a pipeline
+    """A cpu model stage whose K, threads, instances and max_instances are the defaults (a pipeline
     re-validated from a dump has every field set, so the values are compared, not the
     fields set: ``threads: 1`` / ``instances: 1`` written out count as left open)."""
     defaults = type(stage).model_fields
@@ -85,6 +87,9 @@ def _left_to_planner(stage: Any) -> bool:
         and stage.threads == defaults["threads"].default
         and stage.instances == defaults["instances"].default
         and getattr(stage, "max_threads", None) is None  # the user bounded the threads
+        # the user bounded the replicas (the model-less variants' pipelines do: their
+        # profiles are of the pipeline as written)
+        and stage.max_instances == defaults["max_instances"].default
     )
 
 

@@ -152,6 +152,8 @@ def test_needs_planning_with_function_stages():
     assert not needs_planning(_pipe(prep={"max_instances": 3}))
     # a model stage the user configured; no autoscale; no SLO
     assert not needs_planning(_pipe(model={"partitions": 2}))
+    # a bound on the replicas is the user's (the model-less variants set one): as written
+    assert not needs_planning(_pipe(model={"max_instances": 1}))
     assert not needs_planning(_pipe(autoscale=None))
     assert not needs_planning(_pipe(slo=None, autoscale=None))
     # no model stage: nothing to search
