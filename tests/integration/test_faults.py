@@ -70,7 +70,20 @@ def test_eight_quick_kills_the_unit_comes_back(tmp_path: Path) -> None:
             streaks.append(h.streak)
         # the count grew (no healthy run in between), and the 9th instance is left alone
         assert streaks[-1] >= 5, streaks
-        back = wait_for(lambda: slow_handle(svc, ready=True), 60, "the unit back")
+        # a killed instance can still read "ready" until the supervisor has seen its
+        # death: wait for a ready one that was not killed
+        back = wait_for(
+            lambda: next(
+                (
+                    h
+                    for h in svc.supervisor.handles()
+                    if h.unit.name == "slow" and h.state == "ready" and h.pid not in killed
+                ),
+                None,
+            ),
+            60,
+            "the unit back",
+        )
         assert back.pid not in killed and back.restarts == 8
         assert svc.supervisor.restarted >= 8
         x = np.ones((1, 4), np.float32)
