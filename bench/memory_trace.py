@@ -83,6 +83,7 @@ from scaling import (  # noqa: E402
     _own_cpu,
     auto_pipeline,
     calibrate,
+    deploy_status,
     instances_of,
     model_inputs,
     own_cpu_seconds,
@@ -269,11 +270,7 @@ def run_model(
                     r["chosen"] = {
                         "units": [u.name for u in dep.pipeline.units],
                         "plans": {st: str(p) for st, p in dict(dep.pipeline.plans).items()},
-                        "status": {
-                            k2: v
-                            for k2, v in svc.pipeline_status(dep).items()
-                            if "plan" in k2 or "objective" in k2
-                        },
+                        "status": deploy_status(svc, dep),
                     }
                 svc.undeploy(name)
                 r.update(

@@ -875,6 +875,14 @@ def auto_pipeline(model: str, name: str, slo_ms: float, objective: str | None = 
     return load_pipeline(raw)
 
 
+def deploy_status(svc: Any, dep: Any) -> dict[str, Any]:
+    """What the deploy step itself reported about its choice (a deploy-time planner's
+    plans and prediction, where the runtime has one): every status key of the
+    deployment naming a plan or an objective."""
+    status = svc.pipeline_status(dep)
+    return {k: v for k, v in status.items() if "plan" in k or "objective" in k}
+
+
 def config_snapshot(svc: Any, dep: Any, window_s: float) -> list[dict[str, Any]]:
     """The deployment's units over the last ``window_s`` s (the service's monitor): per
     unit its name, kind, engine, threads, live instances (the front end's fan-in: 1),
@@ -1227,12 +1235,7 @@ def run_cell(
         extra["units"] = [u.name for u in dep.pipeline.units]
         extra["plans"] = dict(dep.pipeline.plans)
         extra["flops_share"] = flops_share(dep)
-        # what the deploy step itself reported about its choice (a deploy-time planner's
-        # prediction, where the runtime has one): every status key naming a plan
-        status = svc.pipeline_status(dep)
-        extra["deploy_status"] = {
-            k2: v for k2, v in status.items() if "plan" in k2 or "objective" in k2
-        }
+        extra["deploy_status"] = deploy_status(svc, dep)
         if config in ("auto", "eq1") and isinstance(chosen, list):
             extra["ceiling"] = ceiling(chosen, slo_ms, 20_000 if quick else 100_000)
             extra["planner"] = predicted_goodput(

@@ -1017,6 +1017,15 @@ class SearchOutcome:
         }
 
 
+def _pinned(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
+    """Threads pinned by the served units' cpu instances of ``cfg`` (cores x instances)."""
+    return sum(
+        u.engines["cpu"].cores * c.total
+        for u, c in zip(units, cfg, strict=True)
+        if u.served and "cpu" in c.instances
+    )
+
+
 def search(
     stages: Sequence[ModelStage | UnitProfile],
     slo_ms: float,
@@ -1242,11 +1251,7 @@ def search(
                 )
             )
             continue
-        pinned = sum(
-            u.engines["cpu"].cores * c.total
-            for u, c in zip(units, cfg, strict=True)
-            if u.served and "cpu" in c.instances
-        )
+        pinned = _pinned(units, cfg)
         if pinned > thread_slots:
             note = f"one instance per unit pins {pinned} threads > {thread_slots} thread slots"
         best_here: (
@@ -1278,11 +1283,7 @@ def search(
             )
             grown = False
             stop = ""
-            pinned = sum(
-                u.engines["cpu"].cores * c.total
-                for u, c in zip(units, cfg, strict=True)
-                if u.served and "cpu" in c.instances
-            )
+            pinned = _pinned(units, cfg)
             n_inst = sum(
                 c.total for u, c in zip(units, cfg, strict=True) if u.served and u.kind == "model"
             )

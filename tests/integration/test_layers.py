@@ -82,6 +82,23 @@ def _members(proto: type) -> tuple[set[str], set[str]]:
     return attrs, methods
 
 
+def _assert_implements(proto: type, obj: object) -> None:
+    """Every attribute ``proto`` declares exists on ``obj``, every method on its class,
+    taking the parameters the protocol names, in order (properties: present)."""
+    attrs, methods = _members(proto)
+    for name in attrs:
+        assert hasattr(obj, name), name
+    for name in methods:
+        impl = getattr(type(obj), name, None)
+        assert impl is not None, name
+        if isinstance(impl, property):
+            continue
+        assert callable(impl), name
+        want = list(inspect.signature(getattr(proto, name)).parameters)
+        have = list(inspect.signature(impl).parameters)
+        assert have[: len(want)] == want, (name, have, want)
+
+
 def test_service_satisfies_the_control_interface(tmp_path: Path) -> None:
     """Every member :class:`ScaledService` declares exists on a :class:`Service` (an
     unstarted one: the started components are None until ``start``), and its methods take
@@ -89,15 +106,7 @@ def test_service_satisfies_the_control_interface(tmp_path: Path) -> None:
     attrs, methods = _members(ScaledService)
     assert {"supervisor", "frontend", "channel", "pool"} <= attrs
     assert {"deployments", "device_profile", "scale_out", "scale_in"} <= methods
-    svc = Service(state_dir=tmp_path)
-    for name in attrs:
-        assert hasattr(svc, name), name
-    for name in methods:
-        impl = getattr(Service, name, None)
-        assert callable(impl), name
-        want = list(inspect.signature(getattr(ScaledService, name)).parameters)
-        have = list(inspect.signature(impl).parameters)
-        assert have[: len(want)] == want, (name, have, want)
+    _assert_implements(ScaledService, Service(state_dir=tmp_path))
     d_attrs, d_methods = _members(DeploymentView)
     for name in d_attrs | d_methods:
         assert hasattr(Deployment, name) or name in Deployment.__dataclass_fields__, name
@@ -106,16 +115,6 @@ def test_service_satisfies_the_control_interface(tmp_path: Path) -> None:
 def test_service_satisfies_the_task_routers_interface(tmp_path: Path) -> None:
     """The model-less layer's view of the service (:class:`RoutedService`, above the
     control loop's) is met by :class:`Service` too: members and parameter names."""
-    attrs, methods = _members(RoutedService)
+    _, methods = _members(RoutedService)
     assert {"deploy", "undeploy", "deployment", "submit", "stopping"} <= methods
-    svc = Service(state_dir=tmp_path)
-    for name in attrs:
-        assert hasattr(svc, name), name
-    for name in methods:
-        impl = getattr(Service, name, None)
-        assert impl is not None, name
-        if isinstance(impl, property):
-            continue
-        want = list(inspect.signature(getattr(RoutedService, name)).parameters)
-        have = list(inspect.signature(impl).parameters)
-        assert have[: len(want)] == want or set(want) <= set(have), (name, have, want)
+    _assert_implements(RoutedService, Service(state_dir=tmp_path))
