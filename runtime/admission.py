@@ -11,17 +11,26 @@ Two bounds, applied where each can be known:
   within it, given the requests of its pipeline ahead of it and the measured service
   time, is refused at arrival instead of waiting for seconds and then missing the SLO
   anyway (Clipper's and INFaaS' "drop early": Crankshaw et al., NSDI'17 §4.3 and
-  Romero et al., ATC'21 §4.2 admit only what can meet its deadline). The estimate is the
-  M/D/c-style drain time of the queue::
+  Romero et al., ATC'21 §4.2 admit only what can meet its deadline). The estimate
+  (:func:`estimate_ms`) follows the requests ahead through the pipeline's units, each
+  a FIFO of ``c_u`` instances taking ``S_u`` ms per request (InferLine's pipeline
+  model, Crankshaw et al., SoCC'20 §4: a request leaves unit ``u`` no earlier than
+  ``S_u`` after the request ``c_u`` places ahead of it left it)::
 
-      estimate_ms = service_ms + ahead * interval_ms
+      estimate_ms = max(S, max_u (remaining_ms[c_u - 1] + S_u))
 
-  where ``service_ms`` is one request's end-to-end compute time and ``interval_ms`` the
-  pipeline's bottleneck interval (the slowest unit's compute time divided by its
-  instances: the time between two completions when the pipeline is full). Before any
-  measurement the front end passes :func:`default_estimates` (conservative: a request
-  is assumed to take half the SLO and the pipeline to run one at a time), so the first
-  request of a burst is bounded too.
+  where ``S`` is one request's end-to-end compute time and ``remaining_ms[i]`` how
+  long the ``(i + 1)``-th most recently admitted request still has until its own
+  estimate (its progress is credited: a request half-way through the pipeline no
+  longer counts as queued at the bottleneck). Without those (the front end did not
+  pass them) the estimate is the M/D/c drain time ``S + ahead * interval_ms``, with
+  ``interval_ms`` the bottleneck interval (the slowest unit's compute time divided by
+  its instances): it treats every request ahead as queued at the bottleneck, and
+  refused requests a two-unit pipeline would have answered within its SLO (ddddocr
+  at SLO 3x: admitted P99 277 ms of 341, 2.4 % refused; bench/README.md, issue 15).
+  Before any measurement the front end passes :func:`default_estimates`
+  (conservative: a request is assumed to take half the SLO and the pipeline to run
+  one at a time), so the first request of a burst is bounded too.
 
 Refusals carry ``retry_after_s``: when the queue will have drained enough (latency) or
 a fixed short back-off (bytes, where nothing says how long the holders take).
@@ -40,6 +49,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -104,10 +114,39 @@ def default_estimates(slo_ms: float) -> tuple[float, float]:
     return slo_ms / 2, slo_ms / 2
 
 
-def estimate_ms(ahead: int, service_ms: float, interval_ms: float) -> float:
+def estimate_ms(
+    ahead: int,
+    service_ms: float,
+    interval_ms: float,
+    remaining_ms: Sequence[float] | None = None,
+    units: Sequence[tuple[float, int]] | None = None,
+) -> float:
     """Expected latency of a request arriving behind ``ahead`` admitted requests of its
-    pipeline (ms): its own service time plus the drain time of the queue ahead."""
-    return service_ms + max(0, ahead) * interval_ms
+    pipeline (ms).
+
+    Args:
+        ahead: requests of the pipeline admitted and not answered.
+        service_ms: one request's end-to-end compute time ``S``, ms.
+        interval_ms: the bottleneck interval, ms (used without ``units``).
+        remaining_ms: ms each of the most recently admitted requests has left until
+            its own estimate, most recent first (at least ``min(ahead, max c_u)`` of
+            them; negative: overdue, counted as 0).
+        units: ``(S_u ms per request, c_u instances)`` of every unit, in pipeline order.
+
+    Returns:
+        ``max(S, max_u (remaining_ms[c_u - 1] + S_u))`` over the units with at least
+        ``c_u`` requests ahead (see the module docstring) when ``remaining_ms`` and
+        ``units`` are given, else ``S + ahead * interval_ms``.
+    """
+    if remaining_ms is None or not units:
+        return service_ms + max(0, ahead) * interval_ms
+    est = service_ms
+    known = min(max(0, ahead), len(remaining_ms))
+    for unit_ms, instances in units:
+        c = max(1, int(instances))
+        if c <= known:
+            est = max(est, max(0.0, float(remaining_ms[c - 1])) + float(unit_ms))
+    return est
 
 
 def admit_latency(
@@ -116,6 +155,8 @@ def admit_latency(
     interval_ms: float | None,
     slo_ms: float | None,
     what: str = "SLO",
+    remaining_ms: Sequence[float] | None = None,
+    units: Sequence[tuple[float, int]] | None = None,
 ) -> Admission:
     """Accept a request only if :func:`estimate_ms` fits in ``slo_ms``, or if nothing
     is ahead of it (it starts at once; refusing it would not make it faster).
@@ -128,6 +169,9 @@ def admit_latency(
         slo_ms: the bound in ms: the pipeline's SLO, or the request's timeout (None:
             no latency bound, always admitted).
         what: names the bound in the reason ("SLO", "request's timeout").
+        remaining_ms / units: the requests ahead's progress and the units' measured
+            ms and instances (:func:`estimate_ms`); used only once ``service_ms`` is
+            measured (None: the drain-time estimate ``S + ahead * interval``).
 
     Raises:
         ValueError: ``slo_ms`` not a positive finite number, or a negative estimate.
@@ -143,7 +187,13 @@ def admit_latency(
     )
     if service < 0 or interval < 0 or not (math.isfinite(service) and math.isfinite(interval)):
         raise ValueError(f"estimates must be finite and >= 0, got {service}, {interval}")
-    est = estimate_ms(ahead, service, interval)
+    tracked = service_ms is not None and remaining_ms is not None and bool(units)
+    if tracked:
+        est = estimate_ms(ahead, service, interval, remaining_ms, units)
+        why = f"{ahead} requests ahead, the pipeline's units busy with them"
+    else:
+        est = estimate_ms(ahead, service, interval)
+        why = f"{ahead} requests ahead, {interval:.1f} ms each"
     # nothing ahead: it runs at once, refusing it cannot make anything faster (and an idle
     # pipeline that refused everything would never measure its service time again)
     if est <= slo_ms or ahead <= 0:
@@ -151,8 +201,8 @@ def admit_latency(
     # admitted again once enough of the queue ahead drained: (est - slo) ms from now
     return Admission(
         False,
-        f"it would take about {est:.0f} ms ({ahead} requests ahead, {interval:.1f} ms "
-        f"each), past what is left of its {what} ({slo_ms:.0f} ms)",
+        f"it would take about {est:.0f} ms ({why}), past what is left of its {what} "
+        f"({slo_ms:.0f} ms)",
         _retry((est - slo_ms) / 1e3),
         est,
     )
@@ -194,6 +244,10 @@ class ArrivalSnapshot:
         service_ms / interval_ms: measured end-to-end compute ms of one request and the
             bottleneck interval ms (:meth:`~infscaler.runtime.route.Route.estimates`;
             None before a measurement).
+        remaining_ms / units: ms the most recently admitted requests have left until
+            their estimates (most recent first) and ``(ms, instances)`` per unit
+            (:meth:`~infscaler.runtime.route.Route.progress`; None: judge on
+            ``ahead x interval_ms``), see :func:`estimate_ms`.
     """
 
     pipeline: str
@@ -212,6 +266,8 @@ class ArrivalSnapshot:
     slo_ms: float | None = None
     service_ms: float | None = None
     interval_ms: float | None = None
+    remaining_ms: tuple[float, ...] | None = None
+    units: tuple[tuple[float, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -304,7 +360,9 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
     if bound_ms is None:
         return ArrivalDecision(True, timeout_s)
     left_ms = max(1e-3, bound_ms - s.spent_ms)
-    verdict = admit_latency(s.ahead, s.service_ms, s.interval_ms, left_ms, what)
+    verdict = admit_latency(
+        s.ahead, s.service_ms, s.interval_ms, left_ms, what, s.remaining_ms, s.units
+    )
     if verdict.admit:
         return ArrivalDecision(True, timeout_s, estimate_ms=verdict.estimate_ms)
     return _refuse(

@@ -256,6 +256,7 @@ class FrontEnd:
             now = time.monotonic()
             arrived = now if arrived_s is None else min(float(arrived_s), now)
             service_ms, interval_ms = route.estimates()
+            remaining_ms, units = route.progress(now)
             config = route.pipeline.config
             decision = admit_request(
                 ArrivalSnapshot(
@@ -275,6 +276,8 @@ class FrontEnd:
                     slo_ms=config.slo_ms,
                     service_ms=service_ms,
                     interval_ms=interval_ms,
+                    remaining_ms=remaining_ms,
+                    units=units,
                 )
             )
             if not decision.admit:
@@ -285,6 +288,8 @@ class FrontEnd:
             p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns())
             if route.measured:
                 p.estimate_ms = decision.estimate_ms
+            if decision.estimate_ms is not None:
+                route.dues[seq] = now + decision.estimate_ms / 1e3
             self._pending[seq] = p
             route.admitted += 1
             if self.deadlines is not None:
@@ -695,6 +700,7 @@ class FrontEnd:
             if self._pending.pop(p.seq, None) is None:
                 return
             p.route.admitted -= 1
+            p.route.dues.pop(p.seq, None)
         p.move(RequestPhase.DONE)
         if self.deadlines is not None:
             self.deadlines.cancel(p.seq)
@@ -713,6 +719,7 @@ class FrontEnd:
             if self._pending.pop(p.seq, None) is None:
                 return
             p.route.admitted -= 1
+            p.route.dues.pop(p.seq, None)
         p.move(RequestPhase.DONE)
         if self.deadlines is not None:  # drop what is left of it in every queue
             self.deadlines.cancel(p.seq)

@@ -33,21 +33,21 @@ pages plus its share of the common ones, which is what one more instance adds as
 grows. (The zygote's own share is not an instance's: it is a fixed cost of the service.) Engine slots count model instances (function stages, light pre- and
 post-processing, count against memory only). Cores count what is pinned, not what is
 busy (:meth:`Monitor.pinned_threads`): the threads of every starting or ready cpu
-instance of a model stage, against the cpu's cores. The profile's thread slots (cores x
-``threads_per_core``, :meth:`infscaler.base.device.Accelerator.thread_slots`) bound what
-deploys, not what the scaler adds: on the 2-core host a third and fourth single-thread
-replica of PP-OCRv4 det (admitted by 4 slots) raised memory 1.7x and lowered SLO
-attainment (bench/README.md, issue 15). Busy cores
-read low exactly when it matters (instances loading, requests shed, stages waiting on
-each other), which let an overloaded 2-core host grow one partition to 6 instances; a
-pinned thread is a core taken whether it is busy or not. A function-stage instance pins
-no slot (one Python thread asleep in poll(2) when idle) but is added only while a slot
-is free.
+instance of a model stage, against the profile's thread slots (cores x
+``threads_per_core``, :meth:`infscaler.base.device.Accelerator.thread_slots`). Busy
+cores read low exactly when it matters (instances loading, requests shed, stages
+waiting on each other), which let an overloaded 2-core host grow one partition to 6
+instances; a pinned thread is a slot taken whether it is busy or not. A function-stage
+instance pins no slot (one Python thread asleep in poll(2) when idle) but is added only
+while a slot is free.
 Busy cores (:meth:`Monitor.cores_busy`: CPU seconds of the instances and the front end
-over the last seconds) are measured too, but only as a second, stricter bound: the
-scaler adds no cpu thread while the cores are saturated
-(:data:`~infscaler.runtime.scaler.SATURATED_FREE_PER_THREAD`), since pinned threads
-beyond the cores add contention, not capacity, once every core is busy.
+over the last seconds; an instance started since counts its CPU seconds over its age,
+loading included, so a scale-out reads busy at once) are the second, stricter bound:
+the scaler adds no cpu thread unless a whole core per thread is idle
+(:data:`~infscaler.runtime.scaler.SATURATED_FREE_PER_THREAD`), since threads beyond
+the cores add contention, not capacity, once every core is busy. (Bounding the pinned
+threads by the physical cores instead kept a two-unit pipeline, ddddocr, at one
+instance per unit with 0.6 of 2 cores busy: bench/README.md, issue 15.)
 
 Vertical scaling inputs (:func:`~infscaler.runtime.scaler.decide`'s ``scale_up`` /
 ``scale_down``): per unit, its running cpu instances per intra-op thread count (each
@@ -270,18 +270,25 @@ class Monitor:
         """CPU cores kept busy by every live instance and the front end (this process)
         over the last :data:`BUSY_WINDOW_S` s: the growth of their user + system CPU
         seconds (``/proc/PID/stat`` through psutil ``cpu_times``; time spent waiting for a
-        core is not in it) over the wall seconds between two samples. A process that
-        started or ended between the samples counts for neither (reads low). None until
-        two samples at least :data:`BUSY_MIN_S` apart exist (the first call only
-        samples)."""
+        core is not in it) over the wall seconds between two samples. A process started
+        since the oldest sample counts its CPU seconds over its age (psutil
+        ``create_time``): an instance that just loaded its model reads busy, so the
+        scaler does not take its slot for idle right after a scale-out (it read 0
+        before: the next decision, 3 s later, saw the cores free again). A process that
+        ended counts for nothing. None until two samples at least :data:`BUSY_MIN_S`
+        apart exist (the first call only samples)."""
         now = time.monotonic()
+        wall = time.time()
         pids = [os.getpid()] + [
             h.pid for h in self.service.supervisor.handles() if h.state in ("starting", "ready")
         ]
         sample: dict[int, float] = {}
+        ages: dict[int, float] = {}
         for pid in pids:
             try:
-                t = psutil.Process(pid).cpu_times()
+                proc = psutil.Process(pid)
+                t = proc.cpu_times()
+                ages[pid] = wall - proc.create_time()
             except (psutil.Error, OSError):
                 continue  # gone between the listing and the read
             sample[pid] = t.user + t.system
@@ -293,6 +300,11 @@ class Monitor:
             t0, old = samples[0]
             used = sum(v - old[p] for p, v in sample.items() if p in old and v >= old[p])
             busy = used / (now - t0)
+            busy += sum(
+                v / max(ages[p], 0.1)
+                for p, v in sample.items()
+                if p not in old and ages.get(p, 0.0) > 0
+            )
         samples.append((now, sample))
         return busy
 
@@ -306,11 +318,10 @@ class Monitor:
                 continue
             max_inst[acc.engine] = acc.max_instances * (acc.count if acc.engine == "dla" else 1)
             if acc.engine == "cpu":
-                # the scaler grows cpu instances within the cores themselves: the
-                # profile's threads_per_core lets a configuration deploy beyond them
-                # (device.check_pipeline), not the scaler add to it (see the docstring)
+                # pinned threads within the thread slots; busy cores within the cores
+                # themselves (SATURATED_FREE_PER_THREAD; see the docstring)
                 physical = len(acc.cores or _host_cores())
-                cores = min(acc.thread_slots(_host_cores()), physical)
+                cores = acc.thread_slots(_host_cores())
         return ResourceCap(
             memory_cap_mb=float(profile.memory_cap_mb),
             memory_used_mb=self.memory_used_mb(),

@@ -1018,11 +1018,14 @@ class SearchOutcome:
 
 
 def _pinned(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
-    """Threads pinned by the served units' cpu instances of ``cfg`` (cores x instances)."""
+    """Threads pinned by ``cfg``'s cpu instances of model units (intra-op threads x
+    instances), counted as the runtime's scaler counts them
+    (:meth:`infscaler.runtime.monitor.Monitor.pinned_threads`): a function unit pins no
+    thread slot (it is grown only while one is free, like the scaler grows it)."""
     return sum(
-        u.engines["cpu"].cores * c.total
+        max(1, u.engines["cpu"].cores) * c.instances.get("cpu", 0)
         for u, c in zip(units, cfg, strict=True)
-        if u.served and "cpu" in c.instances
+        if u.served and u.kind == "model" and "cpu" in u.engines
     )
 
 
@@ -1326,11 +1329,7 @@ def search(
         )
 
     def pinned_of(c: Candidate) -> int:
-        return sum(
-            max(1, u.engines["cpu"].cores) * x.instances.get("cpu", 0)
-            for u, x in zip(c.units, c.config, strict=True)
-            if u.served and u.kind == "model" and "cpu" in u.engines
-        )
+        return _pinned(c.units, c.config)
 
     # a candidate that pins more threads than the slots (its one instance per unit
     # already does) is kept only when no candidate within them answers anything

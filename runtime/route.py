@@ -11,7 +11,8 @@ alone misses. :func:`~infscaler.runtime.admission.admit_request` decides on them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,9 @@ class Route:
             what compute time alone misses (hand-overs, the front
             end's own work, CPU contention); the admission scales its estimates by it
             (within [0.5, 4]).
+        dues: per admitted request (its sequence number), when admission expected it
+            answered (``time.monotonic()`` s), in admission order: what
+            :meth:`progress` reads (the front end adds and removes them under its lock).
     """
 
     pipeline: CompiledPipeline
@@ -74,6 +78,7 @@ class Route:
     admitted: int = 0
     measured: bool = False
     correction: float = 1.0
+    dues: dict[int, float] = field(default_factory=dict)
     _fan_in_fn: Any = None
 
     def seed_compute(self, unit_ms: list[float | None]) -> None:
@@ -97,6 +102,28 @@ class Route:
             (ms / max(1, k) for ms, k in zip(self.unit_ms, n, strict=False)), default=0.0
         )
         return self.service_ms * self.correction, interval * self.correction
+
+    def progress(
+        self, now: float
+    ) -> tuple[tuple[float, ...] | None, tuple[tuple[float, int], ...] | None]:
+        """``(remaining_ms, units)`` for :func:`~infscaler.runtime.admission.estimate_ms`:
+        the ms the most recently admitted requests have left until admission's estimate
+        of them (most recent first, as many as the most instances of any unit), and
+        ``(ms per request, instances)`` of every unit, scaled by :attr:`correction` like
+        :meth:`estimates`. ``(None, None)`` before a measurement.
+
+        Args:
+            now: ``time.monotonic()``, s.
+        """
+        if self.service_ms is None or self.unit_ms is None:
+            return None, None
+        n = self.instances or [1] * len(self.unit_ms)
+        units = tuple(
+            (ms * self.correction, max(1, int(k))) for ms, k in zip(self.unit_ms, n, strict=False)
+        )
+        depth = max((k for _ms, k in units), default=1)
+        recent = itertools.islice(reversed(self.dues.values()), depth)
+        return tuple((due - now) * 1e3 for due in recent), units
 
     def record_estimate(self, estimate_ms: float | None, latency_ms: float) -> None:
         """Fold a completed request's latency against what admission expected into

@@ -514,8 +514,12 @@ def _fan_out(u: UnitState, s: Snapshot) -> float:
 #: keep every core busy another one adds contention, not capacity: the scaling bench
 #: grew whole-model ResNet-50 replicas to 4 single-thread instances on 2 cores, each
 #: request then took 4x its compute time and admission refused 1 in 20 at half the
-#: rate one 2-thread session served (bench/README.md, issue 15).
-SATURATED_FREE_PER_THREAD = 0.5
+#: rate one 2-thread session served (bench/README.md, issue 15). A whole idle core per
+#: thread (half a core let PP-OCRv4 det's replicas grow to 4 on 2 cores, 1.7x the
+#: memory) with the thread slots as the pinned bound, not the physical cores: those
+#: kept ddddocr's det and rec at one instance each on 2 cores with 0.6 cores busy
+#: (0.25x replication).
+SATURATED_FREE_PER_THREAD = 1.0
 
 
 def _saturated(s: Snapshot, threads: int) -> str | None:

@@ -250,10 +250,10 @@ def config_memory_mb(
 
 def cap_from_profile(profile: Any, host_cores: int | None = None) -> ResourceCap:
     """R^m of a :class:`~infscaler.base.device.DeviceProfile` (as the monitor reads it): memory
-    cap, instance slots per engine (a DLA's times its core count), CPU thread slots for
-    the scaler: the profile's core set, or this host's / ``host_cores`` when it lists
-    none (``threads_per_core`` lets a configuration deploy beyond them, not the scaler
-    grow beyond them); ``physical_cores`` the same count."""
+    cap, instance slots per engine (a DLA's times its core count), CPU thread slots
+    (the profile's core set, or this host's / ``host_cores`` when it lists none, times
+    ``threads_per_core``, as :meth:`infscaler.base.device.Accelerator.thread_slots`);
+    ``physical_cores`` the core count itself (the scaler's busy-cores bound)."""
     max_inst: dict[str, int] = {}
     cores = physical = 0
     for acc in profile.accelerators:
@@ -267,8 +267,7 @@ def cap_from_profile(profile: Any, host_cores: int | None = None) -> ResourceCap
                 cores = host_cores if host_cores is not None else len(os.sched_getaffinity(0))
             # thread slots, as the monitor reads them (Accelerator.thread_slots)
             physical = cores
-            # as the monitor reads them: the scaler grows within the cores themselves
-            cores = min(int(cores * getattr(acc, "threads_per_core", 1.0) + 1e-9), physical)
+            cores = int(cores * getattr(acc, "threads_per_core", 1.0) + 1e-9)
     return ResourceCap(
         memory_cap_mb=float(profile.memory_cap_mb),
         memory_used_mb=0.0,

@@ -59,6 +59,39 @@ def test_latency_bound_from_measured_service_time() -> None:
     assert estimate_ms(3, 5.0, 2.0) == 11.0
 
 
+def test_units_estimate_follows_the_requests_ahead_through_the_pipeline() -> None:
+    # ddddocr-like: det 67 ms then rec 47 ms, one instance each, S = 114 ms
+    units = [(67.0, 1), (47.0, 1)]
+    # a burst, nothing done yet: as the drain time (the worst case is unchanged)
+    assert estimate_ms(1, 114, 67, [114.0], units) == pytest.approx(181)
+    assert estimate_ms(3, 114, 67, [248.0, 181.0, 114.0], units) == pytest.approx(315)
+    assert estimate_ms(3, 114, 67) == pytest.approx(315)
+    # the requests ahead have progressed: the last one is due in 60 ms, so this one
+    # leaves det no earlier than 60 + 67 (the drain-time estimate said 315)
+    assert estimate_ms(3, 114, 67, [60.0, 10.0, -5.0], units) == pytest.approx(127)
+    # an overdue request ahead counts as finishing now, never as negative time
+    assert estimate_ms(1, 114, 67, [-50.0], units) == pytest.approx(114)
+    # one unit of 2 instances: one request ahead leaves the second instance free
+    assert estimate_ms(1, 100, 50, [80.0], [(100.0, 2)]) == pytest.approx(100)
+    assert estimate_ms(2, 100, 50, [90.0, 30.0], [(100.0, 2)]) == pytest.approx(130)
+    # fewer remaining times than requests ahead: only the known ones count
+    assert estimate_ms(5, 100, 50, [20.0], [(100.0, 2)]) == pytest.approx(100)
+
+
+def test_progress_admits_what_the_drain_time_refused() -> None:
+    units = [(67.0, 1), (47.0, 1)]
+    old = admit_latency(3, 114, 67, 200)
+    assert not old.admit and old.estimate_ms == pytest.approx(315)
+    new = admit_latency(3, 114, 67, 200, "SLO", [60.0, 10.0, -5.0], units)
+    assert new.admit and new.estimate_ms == pytest.approx(127)
+    late = admit_latency(3, 114, 67, 200, "SLO", [150.0, 90.0, 20.0], units)
+    assert not late.admit and late.estimate_ms == pytest.approx(217)
+    assert "busy with them" in late.reason and late.retry_after_s == pytest.approx(0.05)
+    # before a measurement the progress is not used (the defaults are per request)
+    first = admit_latency(3, None, None, 200, "SLO", [1.0, 1.0, 1.0], units)
+    assert not first.admit and first.estimate_ms == pytest.approx(100 + 3 * 100)
+
+
 def test_before_any_measurement_the_first_burst_is_bounded() -> None:
     service, interval = default_estimates(100.0)
     assert service == interval == 50.0

@@ -113,3 +113,32 @@ def test_the_retry_grows_with_the_queue_and_is_capped() -> None:
     assert d.retry_after_s == pytest.approx(0.42)
     d = admit_request(snap(slo_ms=100.0, ahead=100_000, service_ms=20.0, interval_ms=10.0))
     assert d.retry_after_s == 30.0
+
+
+def test_route_progress_reads_the_latest_dues_and_the_units() -> None:
+    from infscaler.runtime.route import Route
+
+    r = Route(pipeline=None, stage_ids=[1, 2], stats=None)  # type: ignore[arg-type]
+    assert r.progress(100.0) == (None, None)  # nothing measured yet
+    r.service_ms, r.unit_ms, r.instances, r.correction = 114.0, [67.0, 47.0], [1, 1], 1.5
+    r.dues = {7: 100.2, 8: 100.3, 9: 100.06}
+    remaining, units = r.progress(100.0)
+    assert remaining == pytest.approx((60.0,))  # the most recent only: one instance each
+    assert [u[0] for u in units] == pytest.approx([100.5, 70.5])
+    assert [u[1] for u in units] == [1, 1]  # scaled by the correction
+    r.instances = [2, 1]
+    remaining, _ = r.progress(100.0)
+    assert remaining == pytest.approx((60.0, 300.0))
+    # the front end judges a snapshot carrying them on the units' estimate
+    d = admit_request(
+        ArrivalSnapshot(
+            "p",
+            slo_ms=200.0,
+            ahead=3,
+            service_ms=171.0,
+            interval_ms=100.5,
+            remaining_ms=(10.0, 5.0),
+            units=((100.5, 1), (70.5, 1)),
+        )
+    )
+    assert d.admit and d.estimate_ms == pytest.approx(171.0)

@@ -36,3 +36,38 @@ def test_cores_busy_ignores_processes_that_are_gone_or_not_running(monkeypatch) 
     time.sleep(0.2)  # idle: this process sleeps
     busy = mon.cores_busy()
     assert busy is not None and 0.0 <= busy < 0.5
+
+
+def test_a_process_started_since_the_oldest_sample_counts_its_cpu_over_its_age(
+    monkeypatch,
+) -> None:
+    # an instance forked after the first sample (a scale-out) is not in it: its CPU
+    # seconds over its age count, so it reads busy at once instead of idle
+    monkeypatch.setattr(monitor, "BUSY_MIN_S", 0.0)
+    handles: list = []
+    mon = Monitor(_service(handles))
+    mon.cores_busy()
+
+    class _Proc:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+        def cpu_times(self):
+            if self.pid == 4242:
+                return SimpleNamespace(user=1.5, system=0.5)  # 2 s of CPU ...
+            return real(self.pid).cpu_times()
+
+        def create_time(self) -> float:
+            if self.pid == 4242:
+                return time.time() - 4.0  # ... in its 4 s of life: half a core
+            return real(self.pid).create_time()
+
+    real = monitor.psutil.Process
+    monkeypatch.setattr(monitor.psutil, "Process", _Proc)
+    time.sleep(0.2)
+    idle = mon.cores_busy()
+    handles.append(SimpleNamespace(pid=4242, state="ready"))
+    time.sleep(0.2)
+    busy = mon.cores_busy()
+    assert idle is not None and busy is not None
+    assert busy - idle > 0.4, (idle, busy)
