@@ -62,8 +62,14 @@ other processes to use < 0.15 cores (``wait_for_quiet``); latency = answer time 
 request's scheduled arrival time (so a late generator counts against the system). A step
 fails (and ends early) as soon as more than 1 % of the window's expected requests are
 later than the SLO; requests still unanswered at the end count as failed. Between steps
-the harness waits until every request is answered. The scaler's state carries from step
-to step within one (configuration, SLO): that is how it would run. Memory during the
+the harness waits until every request is answered, then deploys the configuration again
+(every step starts from what the configuration deploys as; ``--carry-state``: the
+scaler's state carries from step to step instead). The bisection's steps jump from an
+overload (its first step offers about half of 1.1 x ideal) to half that rate: a
+deployment serving a steady rate would not have lived through a 2x overload a minute
+before, and a carried state measured the recovery from it, not the rate (ddddocr at 3x:
+after the first step the scaler had grown det to 3 instances on 2 cores, and the next
+step's P99 missed at a rate the configuration's M/D/c ceiling allows, bench/README.md). Memory during the
 measured window: ``Monitor.memory_used_mb()`` (sum of instance USS + pool mapped MB)
 every 0.5 s.
 
@@ -1044,6 +1050,7 @@ def run_model(
     k_override: int | None,
     min_requests: int = MIN_REQUESTS,
     quick: bool = False,
+    carry_state: bool = False,
 ) -> dict[str, Any]:
     """Every cell (cap x SLO) of one model: each configuration's throughput at SLO, then
     the cell's comparison (:func:`cell_summary`)."""
@@ -1118,6 +1125,7 @@ def run_model(
                             prev_pass,
                             min_requests,
                             quick,
+                            carry_state,
                         )
                         prev_pass = row["throughput_at_slo_rps"] * 0.9
                         rows.append(row)
@@ -1151,10 +1159,11 @@ def run_cell(
     lo: float,
     min_requests: int = MIN_REQUESTS,
     quick: bool = False,
+    carry_state: bool = False,
 ) -> dict[str, Any]:
     """One configuration at one SLO: deploy it through the service (every configuration
-    is served by the same :class:`~infscaler.service.Service`), bisect the offered rate,
-    undeploy. For ``auto`` (and ``eq1``) also the M/D/c ceiling of the configuration the
+    is served by the same :class:`~infscaler.service.Service`), bisect the offered rate
+    (deployed again before each step unless ``carry_state``), undeploy. For ``auto`` (and ``eq1``) also the M/D/c ceiling of the configuration the
     best step ran, the planner's prediction for it and the plan's FLOPs shares."""
     name = f"{config}-{cap_mode}-{str(slo_x).replace('.', '_')}"
     quiet = wait_for_quiet(3.0 if quick else QUIET_WAIT_S)
@@ -1213,7 +1222,11 @@ def run_cell(
     seed = [0]
 
     def run(rate: float) -> dict[str, Any]:
+        nonlocal dep
         seed[0] += 1
+        if seed[0] > 1 and not carry_state:
+            svc.undeploy(name)  # every step starts from the deployed configuration
+            dep = svc.deploy(cfg)
         return step(
             sender,
             rate,
@@ -1595,6 +1608,12 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="results JSON (default results/scaling.json)"
     )
     ap.add_argument("--control-path", default="auto")
+    ap.add_argument(
+        "--carry-state",
+        action="store_true",
+        help="keep one deployment through a configuration's bisection steps (default: "
+        "deploy it again before each step)",
+    )
     ap.add_argument("--replot", type=Path, help="redraw the PNG of a results JSON and exit")
     ap.add_argument(
         "--saturation",
@@ -1671,7 +1690,9 @@ def main(argv: list[str] | None = None) -> int:
             args.k,
             min_requests,
             quick,
+            args.carry_state,
         )
+        e["carry_state"] = args.carry_state
         e["wall_s"] = round(time.monotonic() - t, 1)
         e["environment"] = {**env, "load_average_at_end": list(os.getloadavg())}
         results.append(e)

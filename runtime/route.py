@@ -11,7 +11,9 @@ alone misses. :func:`~infscaler.runtime.admission.admit_request` decides on them
 
 from __future__ import annotations
 
+import collections
 import itertools
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +28,9 @@ __all__ = ["Result", "Route"]
 _MAX_CORRECTION = 4.0
 #: weight of a new measurement in the service-time averages (EWMA)
 _EWMA = 0.2
+#: completed (or expired) requests whose latency / estimate ratios :attr:`Route.correction`
+#: is the median of
+_RATIOS = 31
 
 
 @dataclass
@@ -54,7 +59,8 @@ class Route:
         admitted: requests of this pipeline admitted and not answered.
         measured: True once a request completed (before: :attr:`service_ms` is a seed
             from the instances' warm-up runs, or None).
-        correction: observed latency / admission estimate of completed requests (EWMA):
+        correction: observed latency / admission estimate of completed requests (the
+            median of the last ones, :meth:`record_estimate`):
             what compute time alone misses (hand-overs, the front
             end's own work, CPU contention); the admission scales its estimates by it
             (within [0.5, 4]).
@@ -79,6 +85,9 @@ class Route:
     measured: bool = False
     correction: float = 1.0
     dues: dict[int, float] = field(default_factory=dict)
+    _ratios: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=_RATIOS)
+    )
     _fan_in_fn: Any = None
 
     def seed_compute(self, unit_ms: list[float | None]) -> None:
@@ -127,12 +136,17 @@ class Route:
 
     def record_estimate(self, estimate_ms: float | None, latency_ms: float) -> None:
         """Fold a completed request's latency against what admission expected into
-        :attr:`correction`."""
+        :attr:`correction`: the median of the last :data:`_RATIOS` ratios of latency
+        to the uncorrected estimate. A median, not a moving average: under Poisson
+        arrivals one request in tens waits behind a burst, and an EWMA (weight 0.2)
+        moved every estimate up by a third after each such one, so admission refused
+        requests a two-unit pipeline would have answered within its SLO (ddddocr at
+        SLO 3x, bench/README.md)."""
         if estimate_ms is None or estimate_ms <= 0:
             return
         ratio = self.correction * latency_ms / estimate_ms  # against the raw estimate
-        ratio = min(_MAX_CORRECTION, max(0.5, ratio))
-        self.correction = (1 - _EWMA) * self.correction + _EWMA * ratio
+        self._ratios.append(min(_MAX_CORRECTION, max(0.5, ratio)))
+        self.correction = statistics.median(self._ratios)
 
     def record_expiry(self, estimate_ms: float | None, elapsed_ms: float) -> None:
         """A request admitted on ``estimate_ms`` expired after ``elapsed_ms`` unfinished:

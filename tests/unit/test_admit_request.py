@@ -142,3 +142,22 @@ def test_route_progress_reads_the_latest_dues_and_the_units() -> None:
         )
     )
     assert d.admit and d.estimate_ms == pytest.approx(171.0)
+
+
+def test_one_slow_request_does_not_move_the_correction() -> None:
+    # the median of the recent latency / estimate ratios: one request that waited behind
+    # a burst (4x its estimate) leaves the correction where the others put it
+    from infscaler.runtime.route import Route
+
+    r = Route(pipeline=None, stage_ids=[1], stats=None)  # type: ignore[arg-type]
+    for _ in range(9):
+        r.record_estimate(100.0 * r.correction, 110.0)
+    assert r.correction == pytest.approx(1.1)
+    r.record_estimate(100.0 * r.correction, 440.0)
+    assert r.correction == pytest.approx(1.1)
+    # a lasting change moves it once it is most of the recent ratios
+    for _ in range(11):
+        r.record_estimate(100.0 * r.correction, 200.0)
+    assert r.correction == pytest.approx(2.0)
+    r.record_expiry(100.0 * r.correction, 150.0)  # expired before its estimate: no news
+    assert r.correction == pytest.approx(2.0)
