@@ -515,7 +515,7 @@ class Service:
             allowed_functions=allowed_functions,
             progress=progress,
         )
-        if outcome.best is not None:
+        if outcome is not None and outcome.best is not None:
             progress(f"{cfg.name}: chosen {outcome.best.line()}")
         return planned
 

@@ -49,6 +49,8 @@ deploy, :mod:`infscaler.runtime.pipeline`).
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,8 +357,19 @@ def plan_pipeline(
     objectives: tuple[str, ...] = ("eq1", "minmax", "weights"),
     allowed_functions: Sequence[str] | None = None,
     progress: Callable[[str], None] = lambda _m: None,
+    reuse: bool = True,
 ) -> tuple[Any, Any]:
     """``(planned PipelineConfig, SearchOutcome)`` for a pipeline :func:`needs_planning`.
+
+    The decision is kept (``state_dir/plans/decisions/<digest>.json``, the digest of
+    the pipeline as given, the device profile, ``rate``, ``objectives``, the package
+    version and each model file's path, size and mtime) and, with ``reuse``, a later
+    deploy of the same pipeline on the same device deploys it again without measuring
+    anything (the outcome is then None). A search measures the candidates' partitions
+    on the host as it is at deploy: on the 2-core host five deploys of the same
+    ResNet-50 pipeline chose four different configurations (K = 1 at 1 or 2 threads,
+    K = 2), whose throughput at SLO differed 3x (bench/README.md, issue 15). Delete the
+    file (or the directory) to plan again.
 
     Args:
         cfg: the pipeline. device: its DeviceProfile (the cap). state_dir: where the plan
@@ -379,6 +392,19 @@ def plan_pipeline(
     spec = parse_slo(cfg.slo)
     if spec.ms is None and spec.factor is None:
         raise InfScalerError("the planner needs an SLO", hint="e.g. slo: 200ms or slo: 3x")
+    kept = _decision_path(cfg, device, state_dir, rate, objectives)
+    if reuse and kept.is_file():
+        try:
+            planned = validate_pipeline(
+                json.loads(kept.read_text())["pipeline"], f"pipeline {cfg.name} (planned)"
+            )
+        except Exception as exc:  # noqa: BLE001 - a bad kept decision is planned again
+            progress(f"{cfg.name}: the kept decision {kept} is unusable ({exc}); planning again")
+        else:
+            if all(Path(st.plan).joinpath("plan.yaml").is_file() for st in planned.stages
+                   if getattr(st, "plan", None)):  # fmt: skip
+                progress(f"{cfg.name}: the planner's decision for it is kept in {kept}")
+                return planned, None
     cap = resource_cap(device)
     cores = cpu_cores(device) or usable_cores()
     inp = planner_inputs(
@@ -441,4 +467,34 @@ def plan_pipeline(
                 sd.pop(f, None)
             sd["plan"] = str(plan_dir)
         data["stages"][k] = sd
-    return validate_pipeline(data, f"pipeline {cfg.name} (planned)"), out
+    planned = validate_pipeline(data, f"pipeline {cfg.name} (planned)")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    tmp = kept.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pipeline": data, "chosen": best.line()}, default=str))
+    os.replace(tmp, kept)
+    return planned, out
+
+
+def _decision_path(
+    cfg: Any, device: Any, state_dir: Path, rate: float | None, objectives: Sequence[str]
+) -> Path:
+    """Where :func:`plan_pipeline` keeps its decision for these inputs (see there)."""
+    import hashlib
+
+    from infscaler import __version__
+
+    files = []
+    for st in cfg.stages:
+        if getattr(st, "kind", "") == "model" and getattr(st, "model", None):
+            try:
+                f = Path(resolve_model(st.model))
+                stat = f.stat()
+                files.append(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}")
+            except Exception:  # noqa: BLE001 - planning then reports it
+                files.append(f"{st.model}|?")
+    dev = device.model_dump_json() if hasattr(device, "model_dump_json") else repr(device)
+    key = json.dumps(
+        [cfg.model_dump_json(), dev, rate, list(objectives), __version__, files], default=str
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(state_dir) / "plans" / "decisions" / f"{cfg.name}-{digest}.json"

@@ -95,6 +95,35 @@ def test_a_pipeline_left_to_the_planner_deploys_its_choice(
         out = svc.infer("auto", {"x": x}, timeout_s=60).outputs["y"]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
+    # the decision is kept: planning the same pipeline again measures nothing and gives
+    # the same configuration; another SLO, or reuse=False, plans again
+    import infscaler.runtime.autoplan as autoplan
+
+    def no_measuring(*_a, **_k):
+        raise AssertionError("the kept decision should have been used")
+
+    kept = list((tmp_path / "state" / "plans" / "decisions").glob("auto-*.json"))
+    assert len(kept) == 1
+    real = autoplan.planner_inputs
+    autoplan.planner_inputs = no_measuring
+    try:
+        lines: list[str] = []
+        again, none = plan_pipeline(
+            cfg, device=profile, state_dir=tmp_path / "state", progress=lines.append
+        )
+        assert none is None and again == planned
+        assert any("kept in" in ln for ln in lines), lines
+        other = cfg.model_copy(update={"slo": "400ms"})
+        with pytest.raises(AssertionError, match="kept decision"):
+            plan_pipeline(other, device=profile, state_dir=tmp_path / "state")
+        with pytest.raises(AssertionError, match="kept decision"):
+            plan_pipeline(cfg, device=profile, state_dir=tmp_path / "state", reuse=False)
+        kept[0].write_text("{not json")  # a damaged file is planned again, not an error
+        with pytest.raises(AssertionError, match="kept decision"):
+            plan_pipeline(cfg, device=profile, state_dir=tmp_path / "state")
+    finally:
+        autoplan.planner_inputs = real
+
 
 def test_deploy_plans_only_what_is_left_to_the_planner(chain_path: Path, tmp_path: Path) -> None:
     # every way a pipeline arrives (serve, the API, the watcher) goes through deploy
