@@ -54,6 +54,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -235,6 +236,8 @@ def run_model(
         f"   L0 {cal['l0_ms']} ms, ideal {cal['ideal_rps']}/s, rate {rate:.2f}/s, SLO {slo_ms:.0f} ms"
     )
     runs = []
+    # plan once per run with this code (the planner keeps its decision per pipeline)
+    shutil.rmtree(STATE_DIR / "plans" / "decisions", ignore_errors=True)
     with Service(state_dir=STATE_DIR, control_path=control_path, pool_mb=256) as svc:
         for kind in kinds:
             arr, info = arrivals_for(kind, rate, duration_s, seed=1)

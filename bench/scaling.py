@@ -107,6 +107,7 @@ import json
 import math
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import threading
@@ -1082,6 +1083,9 @@ def run_model(
         "objective_level": _objective_level(),
     }
     ideal = cal["ideal_rps"]
+    # the planner keeps its decision per pipeline (runtime.autoplan.plan_pipeline): plan
+    # once per run, with this code, and reuse it for every step of the run
+    shutil.rmtree(STATE_DIR / "plans" / "decisions", ignore_errors=True)
     cap: dict[str, Any] | None = None
     if "cap" in caps:
         with Service(state_dir=STATE_DIR, control_path=control_path, pool_mb=256) as svc:
