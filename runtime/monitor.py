@@ -398,6 +398,14 @@ class Monitor:
                 )
             )
         slo = dep.pipeline.config.slo_ms
+        busy = self.cores_busy()
+        if busy is None and cap.physical_cores:
+            # not measured yet (the first second of a monitor, e.g. right after a
+            # deploy): every pinned thread counts as busy. Unmeasured read as "no bound",
+            # so the refusals of a deploy's first second (before any service time is
+            # known admission assumes the worst) grew a 2-thread ResNet-50 instance to
+            # two on 2 cores (bench/README.md, issue 15).
+            busy = float(min(cores_used, cap.physical_cores))
         return Snapshot(
             now=m.now,
             slo_ms=float(slo) if slo is not None else float("inf"),
@@ -410,7 +418,7 @@ class Monitor:
             pending=m.pending,
             offered_rate=m.offered_rate,
             slo_refused_rate=m.slo_refused_rate,
-            cores_busy=self.cores_busy(),
+            cores_busy=busy,
         )
 
 

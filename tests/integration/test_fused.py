@@ -238,6 +238,11 @@ def test_per_step_statistics_in_status_and_monitor(service: Service, model: Path
     fn = sum(m.units[0].step_ms[k] for k in ("prep", "post", "rows"))
     (cpu,) = snap.units[0].options
     assert cpu.latency_ms == pytest.approx(1.0 + fn) and cpu.latency_ms > 20.0
+    # a monitor that has not measured busy cores yet counts every pinned thread as busy
+    # (not "no bound": a deploy's first-second refusals grew instances onto busy cores)
+    s0 = Monitor(service).snapshot(dep, m)
+    assert s0.cap.physical_cores >= 1 and s0.cores_used >= 1
+    assert s0.cores_busy == pytest.approx(min(s0.cores_used, s0.cap.physical_cores))
 
 
 def test_kill_9_of_a_fused_instance_under_load(service: Service, model: Path) -> None:
