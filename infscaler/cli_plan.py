@@ -494,6 +494,7 @@ def search_cmd(
             frontend_ms=fe,
             max_partitions=max_partitions,
             objectives=objectives,
+            whole=inp.whole,
         )
     eq1 = {
         st.name: (st.eq1_cuts(max_partitions), st.share(st.eq1_cuts(max_partitions)))

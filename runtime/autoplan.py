@@ -41,9 +41,18 @@ threads and the instances per partition (the scaler's minimum, which it grows fr
 function stages are returned unchanged. ``infscaler plan PIPELINE --slo X --explain``
 prints the same search (:mod:`infscaler.cli_plan`).
 
-A pipeline with a stage the user configured, or with no model stage, is not planned; it
-deploys as written, as does every pipeline under ``serve --objective eq1`` (Eq. 1 at
-deploy, :mod:`infscaler.runtime.pipeline`).
+The whole pipeline in one unit (``fuse: whole``, issue 15: replicas of the whole
+pipeline, each running its models one after another, can beat stages that contend for
+few cores) is a candidate too for a pipeline of at least two model stages that sets no
+stage's ``fuse`` nor the pipeline's ``fuse: false``: :func:`whole_profiles` gives
+its time per request at each thread count every model was measured at (the sum
+:func:`base_latency_ms` takes, at that count), and the search grows its instances and
+scores it like any candidate; when it wins the pipeline deploys with ``fuse: whole`` and
+every model stage at its threads and instances.
+
+A pipeline with a stage the user configured, with ``fuse: whole`` already, or with no
+model stage, is not planned; it deploys as written, as does every pipeline under
+``serve --objective eq1`` (Eq. 1 at deploy, :mod:`infscaler.runtime.pipeline`).
 """
 
 from __future__ import annotations
@@ -51,8 +60,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +73,19 @@ from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.loader import parse_shapes
 from infscaler.partitioner.profiler import usable_cores
 from infscaler.runtime.planner import ModelStage, arrival_rates, cpu_cores, resource_cap
-from infscaler.runtime.simulator import UnitProfile
+from infscaler.runtime.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.stageprofile import measure_model_stage, search_measured
 
-__all__ = ["PlannerInputs", "needs_planning", "plan_pipeline", "planner_inputs", "stage_order"]
+__all__ = [
+    "PlannerInputs",
+    "base_latency_ms",
+    "needs_planning",
+    "plan_pipeline",
+    "planner_inputs",
+    "stage_order",
+    "whole_config",
+    "whole_profiles",
+]
 
 #: Stage fields that hold the user's own K / threads / instances / batching choice: a
 #: model stage is searched with them dropped (``infscaler plan`` explores every K).
@@ -107,12 +125,13 @@ def _function_left(stage: Any) -> bool:
 
 
 def needs_planning(cfg: Any) -> bool:
-    """True when ``cfg`` (a PipelineConfig) has ``slo`` and ``autoscale``, at least one
-    model stage, every model stage left to the planner and every function stage leaving
-    its own scaling open (see the module docstring)."""
+    """True when ``cfg`` (a PipelineConfig) has ``slo`` and ``autoscale``, is not
+    ``fuse: whole``, has at least one model stage, every model stage left to the planner
+    and every function stage leaving its own scaling open (see the module docstring)."""
     return (
         cfg.slo is not None
         and cfg.autoscale is not None
+        and cfg.fuse != "whole"
         and any(s.kind == "model" for s in cfg.stages)
         and all(
             _function_left(s) if s.kind == "function" else _left_to_planner(s) for s in cfg.stages
@@ -137,6 +156,8 @@ class PlannerInputs:
             thread (fused steps included) x its items per request; the reference of a
             factor SLO (``3x``).
         notes: what a reader should know (stages searched whole and why).
+        whole: the whole pipeline as one unit (:func:`whole_profiles`), threads -> its
+            profile; empty when it is not a candidate (see the module docstring).
     """
 
     stages: tuple[ModelStage | UnitProfile, ...]
@@ -145,13 +166,16 @@ class PlannerInputs:
     shapes: tuple[str | None, ...]
     base_ms: float
     notes: tuple[str, ...] = ()
+    whole: Mapping[int, UnitProfile] = field(default_factory=dict)
 
 
 def _whole(cfg: Any) -> Any:
     """``cfg`` with its model stages whole and the user's choices of K, threads,
     instances and batching dropped (function stages as written: their fields set decide
-    whether they fuse)."""
+    whether they fuse; ``fuse: whole`` searched as ``fuse: true``)."""
     data = cfg.model_dump(exclude_none=True)
+    if cfg.fuse == "whole":  # searched staged too: the whole unit is one candidate
+        data["fuse"] = True
     for k, st in enumerate(cfg.stages):
         sd = st.model_dump(exclude_unset=True, exclude_none=True)
         if st.kind == "model":
@@ -214,14 +238,23 @@ def planner_inputs(
         )
         return ms, path, shp
 
+    offer_whole = (
+        cfg.fuse in (True, "whole")
+        and sum(st.kind == "model" for st in cfg.stages) >= 2
+        and all(st.fuse is None for st in cfg.stages)
+    )
+    whole_name = ">".join(st.name for st in cfg.stages)
+
     if not any(st.kind == "function" for st in cfg.stages):
         got = [measure(st) for st in cfg.stages]
+        models = [g[0] for g in got]
         return PlannerInputs(
-            stages=tuple(g[0] for g in got),
+            stages=tuple(models),
             model_index=tuple(range(len(got))),
             paths=tuple(g[1] for g in got),
             shapes=tuple(g[2] for g in got),
             base_ms=sum(g[0].whole_ms[1] for g in got),
+            whole=whole_profiles(models, whole_name) if offer_whole else {},
         )
 
     # why: compiling and profiling load the function modules and onnxruntime sessions;
@@ -309,28 +342,97 @@ def planner_inputs(
         shapes=tuple(shapes),
         base_ms=base_latency_ms(stages),
         notes=tuple(notes),
+        whole=whole_profiles(stages, whole_name) if offer_whole else {},
     )
 
 
-def _units_at(stages: Sequence[ModelStage | UnitProfile]) -> list[UnitProfile]:
-    """The units of ``stages`` with every model stage whole at 1 thread."""
+def _units_at(stages: Sequence[ModelStage | UnitProfile], threads: int = 1) -> list[UnitProfile]:
+    """The units of ``stages`` with every model stage whole at ``threads`` threads."""
     out: list[UnitProfile] = []
     for s in stages:
-        out.extend(s.units((), 1) if isinstance(s, ModelStage) else [s])
+        out.extend(s.units((), threads) if isinstance(s, ModelStage) else [s])
     return out
 
 
-def base_latency_ms(stages: Sequence[ModelStage | UnitProfile]) -> float:
-    """A request's 1-thread latency through ``stages``, ms: each unit's mean time (a model
-    stage whole at 1 thread with its fused steps) x its items per request
-    (:func:`~infscaler.runtime.planner.arrival_rates`).
+def base_latency_ms(stages: Sequence[ModelStage | UnitProfile], threads: int = 1) -> float:
+    """A request's latency through ``stages`` with every model at ``threads`` intra-op
+    threads (default 1: the reference of a factor SLO), ms: each unit's mean time (a
+    model stage whole at that count, its measured ``whole_ms[threads]``, with its fused
+    steps) x its items per request (:func:`~infscaler.runtime.planner.arrival_rates`).
 
     E.g. a 5 ms step fused before a 10 ms model, then a 4 ms model per item with 3 items
-    per request and a 1 ms fan-in: 15 + 3 x 4 + 1 = 28 ms."""
-    units = _units_at(stages)
+    per request and a 1 ms fan-in: 15 + 3 x 4 + 1 = 28 ms.
+
+    Raises:
+        KeyError: a model stage not measured at ``threads``."""
+    units = _units_at(stages, threads)
     return sum(
         r * u.fastest().mean_ms for r, u in zip(arrival_rates(units, 1.0), units, strict=True)
     )
+
+
+def whole_profiles(
+    stages: Sequence[ModelStage | UnitProfile], name: str = "whole"
+) -> dict[int, UnitProfile]:
+    """The whole pipeline as one unit (``fuse: whole``), per intra-op thread count every
+    model stage was measured at (``whole_ms``'s keys; no count is extrapolated): the
+    planner's candidate "replicas of the whole pipeline" (issue 15).
+
+    Its cpu profile at ``t`` threads: the time per request is :func:`base_latency_ms` at
+    ``t`` (each unit's mean x its items per request, the fan-in included: it runs in the
+    unit); with a fan-out, one sample per measured item count n (the units outside the
+    fan-out once, the per-item ones n times), resampled by the simulator as the staged
+    units draw their items; without one, the mean with the largest ``cv`` of the model
+    stages. Memory: the model stages' (each whole: weights + activations) plus one
+    instance overhead (the largest of theirs), MB; ``cores`` = ``t``; kind ``model``.
+
+    E.g. a 2 ms step fused before a 10 ms (1 thread) / 6 ms (2 threads) model that fans
+    out 1 or 3 items, a 4 / 3 ms model per item and a 1 ms fan-in: at 1 thread samples
+    (12 + 4 + 1, 12 + 12 + 1) = (17, 25) ms, at 2 threads (8 + 3 + 1, 8 + 9 + 1) =
+    (12, 18) ms.
+    """
+    models = [s for s in stages if isinstance(s, ModelStage)]
+    if not models:
+        return {}
+    counts = sorted(set.intersection(*(set(int(t) for t in m.whole_ms) for m in models)))
+    overhead = max(m.instance_overhead_mb for m in models)
+    memory = overhead + sum(
+        m.units((), 1)[0].engines["cpu"].memory_mb - m.instance_overhead_mb for m in models
+    )
+    out: dict[int, UnitProfile] = {}
+    for t in counts:
+        units = _units_at(stages, t)
+        fo = next((i for i, u in enumerate(units) if u.fan_out), None)
+        fi = next((i for i, u in enumerate(units) if u.fan_in), None)
+        per_item = [fo is not None and fi is not None and fo < i < fi for i in range(len(units))]
+        fixed = sum(u.fastest().mean_ms for u, p in zip(units, per_item, strict=True) if not p)
+        each = sum(u.fastest().mean_ms for u, p in zip(units, per_item, strict=True) if p)
+        mean = base_latency_ms(stages, t)
+        samples = tuple(fixed + n * each for n in units[fo].items) if fo is not None else ()
+        cv = 0.0 if samples else max(m.cv for m in models)
+        prof = EngineProfile("cpu", mean, cv=cv, samples_ms=samples, memory_mb=memory, cores=t)
+        out[t] = UnitProfile(name, {"cpu": prof}, kind="model")
+    return out
+
+
+def whole_config(cfg: Any, model_index: Sequence[int], threads: int, instances: int) -> Any:
+    """``cfg`` (a PipelineConfig) deployed as one unit: ``fuse: whole``, every model stage
+    (``model_index``: their positions in ``cfg.stages``) at ``threads`` intra-op threads
+    and ``instances`` instances (the unit's; the scaler grows it from there), the function
+    stages as written.
+
+    Raises:
+        ConfigError: ``cfg`` cannot run as one unit (a stage setting its own ``fuse``, a
+            function stage its own scaling: :func:`needs_planning` rules them out).
+    """
+    data = cfg.model_dump(exclude_none=True)
+    data["fuse"] = "whole"
+    for k, st in enumerate(cfg.stages):
+        if st.kind == "function":  # as written
+            data["stages"][k] = st.model_dump(exclude_unset=True, exclude_none=True)
+    for k in model_index:
+        data["stages"][k] = {**data["stages"][k], "threads": threads, "instances": instances}
+    return validate_pipeline(data, f"pipeline {cfg.name} (planned)")
 
 
 def stage_order(inputs: PlannerInputs, cuts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
@@ -427,6 +529,7 @@ def plan_pipeline(
         rate=rate,
         cores=cores,
         objectives=objectives,
+        whole=inp.whole,
     )
     if out.best is None:
         raise InfScalerError(
@@ -439,6 +542,11 @@ def plan_pipeline(
     for k, st in enumerate(cfg.stages):
         if st.kind == "function":  # as written (its fields set decide whether it fuses)
             data["stages"][k] = st.model_dump(exclude_unset=True, exclude_none=True)
+    if best.whole:  # one unit: every model whole, at the unit's threads and instances
+        served = [c.total for u, c in zip(best.units, best.config, strict=True) if u.served]
+        planned = whole_config(cfg, inp.model_index, best.threads[0], served[0])
+        _keep(kept, planned.model_dump(exclude_none=True), best.line())
+        return planned, out
     spans = stage_order(inp, best.cuts)
     offset = len(best.units) - sum(n for _, n in spans)  # the front end's unit, if any
     m = 0
@@ -468,11 +576,17 @@ def plan_pipeline(
             sd["plan"] = str(plan_dir)
         data["stages"][k] = sd
     planned = validate_pipeline(data, f"pipeline {cfg.name} (planned)")
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    tmp = kept.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pipeline": data, "chosen": best.line()}, default=str))
-    os.replace(tmp, kept)
+    _keep(kept, data, best.line())
     return planned, out
+
+
+def _keep(path: Path, data: dict[str, Any], chosen: str) -> None:
+    """Write a decision (the planned pipeline as data) for :func:`plan_pipeline` to
+    reuse; atomically, so a concurrent deploy reads the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"pipeline": data, "chosen": chosen}, default=str))
+    os.replace(tmp, path)
 
 
 def _decision_path(

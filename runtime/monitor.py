@@ -33,7 +33,9 @@ pages plus its share of the common ones, which is what one more instance adds as
 grows. (The zygote's own share is not an instance's: it is a fixed cost of the service.) Engine slots count model instances (function stages, light pre- and
 post-processing, count against memory only). Cores count what is pinned, not what is
 busy (:meth:`Monitor.pinned_threads`): the threads of every starting or ready cpu
-instance of a model stage, against the profile's thread slots (cores x
+instance of a model stage (a ``fuse: whole`` unit is one: its instance pins its
+``threads``, its model steps running one after another on them), against the
+profile's thread slots (cores x
 ``threads_per_core``, :meth:`infscaler.base.device.Accelerator.thread_slots`). Busy
 cores read low exactly when it matters (instances loading, requests shed, stages
 waiting on each other), which let an overloaded 2-core host grow one partition to 6

@@ -119,7 +119,9 @@ class Unit:
             its ``inputs`` are what the steps read that no earlier step wrote, its
             ``outputs`` the last step's plus earlier steps' outputs read after the unit
             (a fan-out last step: the items' tensors), its ``carry`` may include
-            tensors an earlier step wrote (what a fan-out unit hands every item).
+            tensors an earlier step wrote (what a fan-out unit hands every item). A
+            ``fuse: whole`` unit (:func:`whole_unit`) holds every stage, the fan-out,
+            per-item and fan-in steps included.
     """
 
     index: int
@@ -460,9 +462,12 @@ def compile_pipeline(
     assert pipe_inputs is not None and pipe_outputs is not None
     _layout(units, pipe_inputs, pipe_outputs, cfg.name)
     out_specs = _output_specs(units, pipe_outputs, fn_specs)
-    flags = {s.name: s.fuses(cfg.fuse) for s in cfg.stages}
-    fused = fuse_units(units, flags, pipe_outputs)
-    if len(fused) != len(units):
+    if cfg.fuse == "whole":
+        fused = [whole_unit(units, pipe_outputs, cfg.name)]
+    else:
+        flags = {s.name: s.fuses(cfg.fuse) for s in cfg.stages}
+        fused = fuse_units(units, flags, pipe_outputs)
+    if len(fused) != len(units) or fused[0].steps:
         units = fused
         _layout(units, pipe_inputs, pipe_outputs, cfg.name)
     needed0 = set(pipe_outputs) | {n for u in units for n in u.inputs}
@@ -621,6 +626,69 @@ def fuse_units(units: list[Unit], fuse: Mapping[str, bool], outputs: Sequence[st
             )
         )
     return out
+
+
+def whole_unit(units: list[Unit], outputs: Sequence[str], name: str = "") -> Unit:
+    """The one unit of a ``fuse: whole`` pipeline (issue 15: the whole pipeline in one
+    instance, replicated, is a configuration the staged units cannot express): every unit
+    of ``units`` a step of it, in order, the fan-out, the per-item steps and the fan-in
+    included (:class:`~infscaler.runtime.runners.FusedRunner` runs the items through the
+    per-item steps and calls the fan-in itself; the front end has no fan-in to do).
+
+    It is a ``model`` unit (when the pipeline has a model: its instances pin ``threads``
+    cores, the monitor counts them like any model unit's) taking its first model step's
+    fields (engine, path, threads, instances, max_instances; ``fuse: whole`` makes the
+    model stages agree on them); ``max_threads`` is None (not scaled vertically, like a
+    fused unit); ``memory_mb`` is the sum over its model steps of the plan's figure, else
+    the ONNX file's size, MB; ``inputs`` are what its steps read that no earlier step
+    wrote, ``outputs`` the pipeline's.
+
+    Args:
+        units: the unfused units, laid out (:func:`_layout`), every model whole.
+        outputs: the pipeline's response tensors.
+        name: the pipeline (for messages).
+
+    Raises:
+        ConfigError: a model stage in more than one partition (a ``plan`` directory of
+            K > 1: ``fuse: whole`` runs every model whole).
+    """
+    split = next((u for u in units if u.num_partitions > 1), None)
+    if split is not None:
+        raise ConfigError(
+            f"pipeline {name}: stage {split.stage} has {split.num_partitions} partitions; "
+            "with fuse: whole every model runs whole (K = 1)",
+            hint="name the ONNX model instead of a partitioned plan, or set fuse: true",
+        )
+    models = [u for u in units if u.kind == "model"]
+    first = models[0] if models else units[0]
+    inputs: list[str] = []
+    written: set[str] = set()
+    for s in units:
+        inputs += [t for t in s.inputs if t not in written and t not in inputs]
+        written |= set(s.outputs)
+    memory = [
+        u.memory_mb
+        if u.memory_mb is not None
+        else (Path(u.path).stat().st_size / 2**20 if u.path and Path(u.path).is_file() else None)
+        for u in models
+    ]
+    return replace(
+        first,
+        index=0,
+        name=">".join(u.name for u in units),
+        inputs=inputs,
+        outputs=list(outputs),
+        carry=[],
+        fan_out=False,
+        fan_in=False,
+        per_item=False,
+        max_threads=None,
+        max_batch=1,
+        memory_mb=None if None in memory or not memory else float(sum(memory)),
+        bottleneck=None,
+        plan_latency_ms={},
+        steps=[replace(u, index=0, carry=[], steps=[]) for u in units],
+    )
 
 
 def _layout(units: list[Unit], inputs: list[InputSpec], outputs: list[str], name: str) -> None:

@@ -940,6 +940,8 @@ class Candidate:
         p99_ms / attainment: at ``rate`` (at the max rate without one).
         memory_mb: instances' memory. share: per stage, the bottleneck partition's share
             of the FLOPs. fits: within the cap. why: why it lost (filled by the search).
+        whole: the whole pipeline in one unit (``fuse: whole``): ``units`` are the front
+            end and that unit; ``cuts`` all ``()``, ``threads`` its threads per stage.
     """
 
     cuts: tuple[tuple[int, ...], ...]
@@ -956,8 +958,14 @@ class Candidate:
     fits: bool = True
     note: str = ""
     why: str = ""
+    whole: bool = False
 
     def label(self) -> str:
+        if self.whole:  # one unit: the whole pipeline (fuse: whole), every model K = 1
+            inst = "+".join(
+                str(c.total) for u, c in zip(self.units, self.config, strict=True) if u.served
+            )
+            return f"whole pipeline in one unit (fuse: whole) t={self.threads[0]} inst={inst}"
         parts = []
         for i, (c, o, t) in enumerate(zip(self.cuts, self.objectives, self.threads, strict=True)):
             pre = f"s{i}:" if len(self.cuts) > 1 else ""
@@ -992,6 +1000,7 @@ class SearchOutcome:
         def cand(c: Candidate) -> dict[str, Any]:
             return {
                 "label": c.label(),
+                "whole": c.whole,
                 "cuts": [list(x) for x in c.cuts],
                 "objectives": [list(x) for x in c.objectives],
                 "threads": list(c.threads),
@@ -1046,6 +1055,7 @@ def search(
     oversubscribe: float = 1.0,
     max_candidates: int = 400,
     goodput_tie: float = GOODPUT_TIE,
+    whole: Mapping[int, UnitProfile] | None = None,
 ) -> SearchOutcome:
     """Search the runtime's configuration space for the most goodput within the SLO (issue 15).
 
@@ -1094,6 +1104,10 @@ def search(
         frontend_ms: front-end CPU per request, ms (0: not modelled).
         max_partitions: largest K per model stage.
         objectives: partition objectives tried (``("eq1",)``: the paper's only).
+        whole: the whole pipeline as one unit (``fuse: whole``,
+            :func:`infscaler.runtime.autoplan.whole_profiles`): intra-op threads -> its
+            profile; each (``t <= cores``) is a candidate too, its instances grown by the
+            same loop (``cuts`` all ``()``, ``objectives`` ``whole``, ``whole`` True).
         oversubscribe: pinned threads allowed per core (default 1: no more pinned
             threads than ``cores``), and never more than the cap's thread slots. A
             candidate whose one instance per unit already pins more is ruled out while
@@ -1213,7 +1227,7 @@ def search(
         else []
     )
 
-    cands: list[Candidate] = []
+    jobs: list[tuple[list[UnitProfile], dict[str, Any]]] = []
     for combo in combos:
         units: list[UnitProfile] = list(fe)
         it = iter(combo)
@@ -1223,11 +1237,6 @@ def search(
                 units.extend(s.units(cuts, t))
             else:
                 units.append(s)
-        cfg = [
-            UnitConfig({"cpu": 1} if "cpu" in u.engines else {u.fastest().engine: 1}) for u in units
-        ]
-        note = ""
-        mem = config_memory_mb(units, cfg)
         share = tuple(
             st.share(c[0]) for st, c in zip((stages[i] for i in models), combo, strict=True)
         )
@@ -1238,6 +1247,28 @@ def search(
             "units": tuple(units),
             "share": share,
         }
+        jobs.append((units, base))
+    for t, wu in sorted((whole or {}).items()):  # the whole pipeline in one unit
+        if t > n_cores:
+            continue
+        units = [*fe, wu]
+        base = {
+            "cuts": tuple(() for _ in models),
+            "objectives": tuple(("whole",) for _ in models),
+            "threads": tuple(t for _ in models),
+            "units": tuple(units),
+            "share": tuple(1.0 for _ in models),
+            "whole": True,
+        }
+        jobs.append((units, base))
+
+    cands: list[Candidate] = []
+    for units, base in jobs:
+        cfg = [
+            UnitConfig({"cpu": 1} if "cpu" in u.engines else {u.fastest().engine: 1}) for u in units
+        ]
+        note = ""
+        mem = config_memory_mb(units, cfg)
         if mem > cap.memory_cap_mb:
             cands.append(
                 Candidate(
@@ -1403,13 +1434,15 @@ def search(
         tmax = [max((c.threads[i] for c in ranked), default=1) for i in range(len(models))]
         hands = {
             "replication (K=1, 1 thread)": lambda c: (
-                all(not x for x in c.cuts) and all(t == 1 for t in c.threads)
+                not c.whole and all(not x for x in c.cuts) and all(t == 1 for t in c.threads)
             ),
             "one session (K=1, one instance, all cores)": lambda c: (
-                all(not x for x in c.cuts)
+                not c.whole
+                and all(not x for x in c.cuts)
                 and list(c.threads) == tmax
                 and all(x.total == 1 for u, x in zip(c.units, c.config, strict=True) if u.served)
             ),
+            "the whole pipeline in one unit (fuse: whole)": lambda c: c.whole,
         }
         for name, is_hand in hands.items():
             hand = next((c for c in ranked if c.fits and is_hand(c)), None)

@@ -232,9 +232,13 @@ class FunctionRunner:
             warmup(**self.unit.params)
         return {"kind": "function", "function": self.unit.function, "cores": self.cores}
 
-    def __call__(self, tensors: Mapping[str, np.ndarray]) -> Any:
+    def __call__(self, tensors: Any) -> Any:
+        """Run the function on ``tensors`` (name -> array; a fan-in step of a whole unit,
+        :class:`FusedRunner`: the list of per-item dicts) and check what it returns."""
         assert self.fn is not None
         u = self.unit
+        if u.fan_in:
+            return check_outputs(u, self.fn(list(tensors), **u.params))
         result = self.fn({k: tensors[k] for k in u.inputs}, **u.params)
         if u.fan_out:
             if not isinstance(result, list | tuple):
@@ -258,6 +262,14 @@ class FusedRunner:
     per step (:class:`ModelRunner` / :class:`FunctionRunner`), in order, on one tensor
     dict, in this process (no slot, no token hop between steps).
 
+    A whole-pipeline unit (``fuse: whole``, :func:`~infscaler.runtime.pipeline.
+    whole_unit`) has a fan-out step before other steps: each item it returns runs
+    the per-item steps after it on its own tensor dict (the request's tensors plus the
+    item's), in item order, and the fan-in step is called with the list of the items'
+    tensors it reads (its ``inputs``; ``[]`` when the fan-out made no items), as the
+    front end calls it for a staged pipeline; the steps after it see its outputs. Every
+    model step runs with the unit's ``threads``.
+
     A step's exception propagates with :attr:`current` naming the step (the request
     fails with the step's name; :class:`StageInputError` stays a 400). Per step it
     counts ``served``, ``errors`` and ``busy_ns`` (:meth:`step_stats`). After a call,
@@ -270,12 +282,13 @@ class FusedRunner:
         # no thread probes in a fused unit: its function steps would not speed up with
         # the model's threads, so it is not scaled vertically (runtime.scaler)
         self.runners: list[ModelRunner | FunctionRunner] = [
-            ModelRunner(dataclasses.replace(s, max_threads=None), cores)
+            ModelRunner(dataclasses.replace(s, max_threads=None, threads=unit.threads), cores)
             if s.kind == "model"
             else FunctionRunner(s, cores)
             for s in unit.steps
         ]
         self.model = next((r for r in self.runners if isinstance(r, ModelRunner)), None)
+        self.models = [r for r in self.runners if isinstance(r, ModelRunner)]
         self.current: str | None = None
         self.produced: dict[str, np.ndarray] = {}
         n = len(self.runners)
@@ -285,31 +298,51 @@ class FusedRunner:
         """Load every step (the model's engine, warm-up and batch profile included);
         returns the model step's description with ``steps`` (the step names)."""
         described = [r.load() for r in self.runners]
-        self.warm_ms = getattr(self.model, "warm_ms", None)
+        warm = [getattr(m, "warm_ms", None) for m in self.models]
+        # every model step once (a whole unit's per-item model: once, not per item)
+        self.warm_ms = None if not warm or None in warm else round(sum(warm), 3)
         self.batch_ms = getattr(self.model, "batch_ms", {})
         main = next(
             (d for r, d in zip(self.runners, described, strict=True) if r is self.model), {}
         )
         return {**main, "steps": [s.name for s in self.unit.steps]}
 
+    def _step(self, i: int, arg: Any) -> Any:
+        """Run step ``i`` on ``arg`` (a tensor dict; the fan-in: the items), counted."""
+        self.current = self.unit.steps[i].name
+        t0 = time.monotonic_ns()
+        try:
+            result = self.runners[i](arg)
+        except BaseException:
+            self.errors[i] += 1
+            raise
+        finally:
+            self.busy_ns[i] += time.monotonic_ns() - t0
+        self.served[i] += 1
+        return result
+
     def __call__(self, tensors: Mapping[str, np.ndarray]) -> Any:
         env: dict[str, np.ndarray] = dict(tensors)
         self.produced = {}
         result: Any = None
-        for i, (step, runner) in enumerate(zip(self.unit.steps, self.runners, strict=True)):
-            self.current = step.name
-            t0 = time.monotonic_ns()
-            try:
-                result = runner(env)
-            except BaseException:
-                self.errors[i] += 1
-                raise
-            finally:
-                self.busy_ns[i] += time.monotonic_ns() - t0
-            self.served[i] += 1
+        steps = self.unit.steps
+        i = 0
+        while i < len(steps):
+            result = self._step(i, env)
+            if steps[i].fan_out and i + 1 < len(steps):  # a whole unit: run the items here
+                j = next(k for k in range(i + 1, len(steps)) if steps[k].fan_in)
+                gathered = []
+                for item in result:
+                    item_env = {**env, **item}
+                    for k in range(i + 1, j):
+                        item_env.update(self._step(k, item_env))
+                    gathered.append({t: item_env[t] for t in steps[j].inputs})
+                result = self._step(j, gathered)
+                i = j
             if isinstance(result, dict):
                 env.update(result)
                 self.produced.update(result)
+            i += 1
         self.current = None
         if self.unit.fan_out:
             return result  # the items (fan_out ends a unit)
@@ -329,7 +362,7 @@ class FusedRunner:
 
     @property
     def memory_mb(self) -> float:
-        return self.model.memory_mb if self.model is not None else 0.0
+        return float(sum(m.memory_mb for m in self.models))
 
     def close(self) -> None:
         for r in self.runners:

@@ -13,7 +13,9 @@ model stage is K units, each its own partition's ONNX file) and timing each call
 * between the fan-out and the fan-in each item runs the per-item units on its own, so
   every item is one sample; the fan-out's item counts are recorded per request;
 * a fused unit (:func:`infscaler.runtime.pipeline.fuse_units`) runs its steps one by one
-  as above; each of its samples is the sum of its steps' times on that call.
+  as above; each of its samples is the sum of its steps' times on that call (a
+  ``fuse: whole`` unit, :func:`infscaler.runtime.pipeline.whole_unit`: on that request,
+  every item's per-item steps and the fan-in included).
 
 Each sample input runs ``warmup`` times untimed (first-run initialisation), then
 ``repeats`` times timed. A unit's profile on ``cpu`` is the empirical distribution of its
@@ -247,15 +249,19 @@ def _run_once(
     inputs: Mapping[str, np.ndarray],
     samples: dict[str, list[float]] | None,
     shapes: dict[str, list[dict[str, list[int]]]] | None = None,
+    totals: list[float] | None = None,
 ) -> tuple[int | None, dict[str, np.ndarray]]:
     """One request through every unit; returns (fan-out item count, the first env each
-    model unit saw, keyed by unit name, for batch profiling)."""
+    model unit saw, keyed by unit name, for batch profiling). ``totals`` gets the
+    request's time over every unit, ms."""
     env: dict[str, np.ndarray] = dict(inputs)
     items: list[dict[str, np.ndarray]] | None = None
     n_items: int | None = None
     seen: dict[str, Any] = {}
+    total = [0.0]
 
     def note(name: str, ms: float) -> None:
+        total[0] += ms
         if samples is not None:
             samples[name].append(ms)
 
@@ -291,6 +297,8 @@ def _run_once(
                         )
                 note(u.name, ms)
                 tgt.update(out)
+    if totals is not None:
+        totals.append(total[0])
     return n_items, seen
 
 
@@ -355,11 +363,12 @@ def profile_pipeline(
     counts: list[int] = []
     seen: dict[str, Any] = {}
     fed: dict[str, list[dict[str, list[int]]]] = {}
+    totals: list[float] = []  # per request, every step (a whole unit's sample)
     for feeds in batches:
         for _ in range(warmup):
             _run_once(flat, runners, feeds, None)
         for _ in range(repeats):
-            n, s = _run_once(flat, runners, feeds, samples, fed)
+            n, s = _run_once(flat, runners, feeds, samples, fed, totals)
             for k, v in s.items():
                 seen.setdefault(k, v)
             if n is not None:
@@ -370,7 +379,10 @@ def profile_pipeline(
     for u in compiled.units:
         if u.steps:
             per_step = [samples.pop(s.name) for s in u.steps]
-            samples[u.name] = [float(sum(x)) for x in zip(*per_step, strict=False)]
+            whole = any(s.fan_in for s in u.steps)  # fuse: whole: the only unit
+            samples[u.name] = (
+                list(totals) if whole else [float(sum(x)) for x in zip(*per_step, strict=False)]
+            )
             fn_ms[u.name] = sum(
                 float(np.mean(x))
                 for s, x in zip(u.steps, per_step, strict=True)

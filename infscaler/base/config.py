@@ -37,13 +37,23 @@ any tensor a request brought or an earlier stage wrote (DAG edges are these name
         fan_in: true                 # gets the list of items, in item order
         ...
     fuse: true                       # function stages run inside the adjacent model
-                                     # stage's instances (a stage's `fuse:` overrides)
+                                     # stage's instances (a stage's `fuse:` overrides);
+                                     # `whole`: every stage in one unit (see below)
 
 Function-stage contract: ``fn(tensors: dict[str, np.ndarray], **params) -> dict`` (read-only
 zero-copy views in, plain-dtype numpy arrays out); a ``fan_out`` stage returns a list of
 such dicts (possibly empty); a ``fan_in`` stage is called as ``fn(items, **params)``
 with ``items`` the list of per-item dicts. Tensor names starting with ``__`` are
 reserved for the runtime.
+
+``fuse: whole`` (pipeline level): the whole pipeline is one unit, every stage run in
+order in one instance process, the fan-out's items through the per-item stages and the
+fan-in too (:func:`infscaler.runtime.pipeline.whole_unit`); what a hand-written function
+running the pipeline replicated would be. Its models run whole (K = 1: ``partitions`` >
+1, a stage ``slo`` or ``batching`` is an error), the model stages give the unit its
+``threads`` (every model session's intra-op threads), ``instances`` and
+``max_instances`` (they must agree), and no stage sets its own ``fuse``, nor a function
+stage its own scaling.
 
 Validation (:func:`load_pipeline`) happens before anything is started, and every error
 names the YAML path at fault (``stages[2] (det).inputs: ...``).
@@ -355,7 +365,8 @@ class PipelineConfig(BaseModel):
         autoscale: scale the pipeline's units asymmetrically (needs ``slo``); ``true``
             takes the defaults of :class:`AutoscaleConfig`.
         fuse: the stages' default ``fuse`` (true: function stages run inside the
-            adjacent model stage's instances).
+            adjacent model stage's instances); ``whole``: the whole pipeline runs as one
+            unit (see the module docstring).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -369,7 +380,7 @@ class PipelineConfig(BaseModel):
     max_inflight: int | None = Field(None, ge=1, le=4096)
     slo: str | float | None = None
     autoscale: AutoscaleConfig | None = None
-    fuse: bool = True
+    fuse: bool | Literal["whole"] = True
 
     @field_validator("autoscale", mode="before")
     @classmethod
@@ -421,7 +432,55 @@ class PipelineConfig(BaseModel):
             in_names = [i.name for i in self.inputs]
             if len(set(in_names)) != len(in_names):
                 raise ValueError(f"input names must be unique, got {in_names}")
+        if self.fuse == "whole":
+            _check_whole(self.stages)
         return self
+
+    @property
+    def whole(self) -> bool:
+        """``fuse: whole``: the pipeline runs as one unit."""
+        return self.fuse == "whole"
+
+
+def _check_whole(stages: list[StageConfig]) -> None:
+    """What ``fuse: whole`` needs (module docstring). Raises ValueError naming the stage."""
+    why = "with fuse: whole every stage runs in one unit"
+    for st in stages:
+        at = f"stage {st.name}"
+        if st.fuse is not None:
+            raise ValueError(f"{at}: `fuse` has no effect {why}: drop it")
+        if st.kind == "function":  # by value: a re-validated dump sets every field
+            fields = StageConfig.model_fields
+            own = [k for k in _OWN_SCALING if getattr(st, k) != fields[k].default]
+            if own:
+                raise ValueError(
+                    f"{at}: {', '.join(own)} would be ignored ({why}, scaled as one): drop "
+                    "them, or set them on the model stages"
+                )
+            continue
+        if (st.partitions or 1) > 1 or st.slo is not None:
+            raise ValueError(
+                f"{at}: its model runs whole ({why}, K = 1): drop `partitions` / `slo`, or "
+                "set the pipeline's fuse to true to partition it"
+            )
+        if st.batching is not None:
+            raise ValueError(f"{at}: `batching` does not apply {why} (one input at a time)")
+        if st.max_threads is not None:
+            raise ValueError(
+                f"{at}: max_threads does not apply {why} (not scaled vertically): set threads"
+            )
+        if isinstance(st.instances, list) and len(st.instances) != 1:
+            raise ValueError(f"{at}: its model runs whole ({why}): give one count of instances")
+    models = [st for st in stages if st.kind == "model"]
+    for key in ("engine", "threads", "instances", "max_instances"):
+        values = {
+            st.name: st.instances_for(0, 1) if key == "instances" else getattr(st, key)
+            for st in models
+        }
+        if len(set(values.values())) > 1:
+            raise ValueError(
+                f"the model stages run in one unit ({why}): give them the same {key}, got {values}"
+            )
 
 
 def _slo_to_ms(text: str | float) -> float:

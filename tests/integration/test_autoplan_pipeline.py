@@ -57,6 +57,18 @@ def test_dddd_left_to_the_planner_is_planned_and_answers_like_ddddocr(tmp_path: 
         planned = dep.pipeline.config
         det = next(s for s in planned.stages if s.name == "det")
         rec = next(s for s in planned.stages if s.name == "rec")
+        if planned.whole:  # the whole pipeline in one unit won (issue 15): its own checks
+            (u,) = dep.pipeline.units
+            assert u.name == "prep>det>crops>rec_prep>rec>decode>merge"
+            assert det.plan is None and rec.plan is None
+            assert (u.threads, u.instances) == (det.threads, det.instances)
+            assert (det.threads, det.instances) == (rec.threads, rec.instances)
+            (us,) = svc.pipeline_status(dep)["units"]
+            assert len(us["instances"]) == det.instances
+            res = svc.infer("dddd-auto", {"image": image}, timeout_s=120)
+            assert [str(t) for t in res.outputs["texts"]] == want
+            np.testing.assert_allclose(res.outputs["boxes"], np.array(ref_boxes), atol=1)
+            return
         # rec is fed crops of varying widths: kept whole (K = 1)
         assert rec.plan is None and rec.model is not None
         assert any("rec: searched whole" in m for m in lines), lines

@@ -186,3 +186,114 @@ def test_pinned_threads_count_model_units_as_the_scaler_does():
     cfg = [UnitConfig({"cpu": 2}), UnitConfig({"cpu": 3})]
     assert _pinned([model, fn], cfg) == 4
     assert _pinned([model, fan_in()], [UnitConfig({"cpu": 1}), UnitConfig({"cpu": 1})]) == 2
+
+
+# -- the whole pipeline in one unit (fuse: whole) ------------------------------------------------
+
+
+def _two_models():
+    # det: 2 ms fused before a 10 ms (1 thread) / 6 ms (2 threads) model that fans out
+    # 1 or 3 items; rec: 4 / 3 ms per item; a 1 ms fan-in
+    det = ModelStage("det", costs=(1,), valid_cuts=(), whole_ms={1: 10.0, 2: 6.0}, pre_ms=2.0,
+                     items=(1, 3), weights_bytes=(4e6,), activations_mb=2.0,
+                     instance_overhead_mb=45.0)  # fmt: skip
+    rec = ModelStage("rec", costs=(1,), valid_cuts=(), whole_ms={1: 4.0, 2: 3.0},
+                     weights_bytes=(1e6,), activations_mb=1.0, instance_overhead_mb=45.0)  # fmt: skip
+    return det, rec
+
+
+def test_whole_profiles_sum_the_units_per_request_at_each_measured_thread_count():
+    from infscaler.runtime.autoplan import whole_profiles
+
+    det, rec = _two_models()
+    got = whole_profiles([det, rec, fan_in(1.0)], "prep>det>crops>rec>merge")
+    assert sorted(got) == [1, 2]
+    one, two = got[1].engines["cpu"], got[2].engines["cpu"]
+    # 1 thread: (2 + 10) + n x 4 + 1 for n = 1, 3 items: 17, 25 ms; mean 21 ms = the
+    # factor SLO's reference (12 + 2 x 4 + 1)
+    assert one.samples_ms == (17.0, 25.0) and one.mean_ms == pytest.approx(21.0)
+    assert one.mean_ms == pytest.approx(base_latency_ms([det, rec, fan_in(1.0)]))
+    # 2 threads: the measured 6 and 3 ms, not a speed-up made up: (8 + 3 + 1, 8 + 9 + 1)
+    assert two.samples_ms == (12.0, 18.0) and two.mean_ms == pytest.approx(15.0)
+    assert (one.cores, two.cores) == (1, 2)
+    # memory: det 4 + 2, rec 1 + 1 MB (weights + activations), one 45 MB overhead = 53 MB
+    # (staged, each its own instance: 51 + 47 = 98 MB)
+    assert one.memory_mb == pytest.approx(53.0) and two.memory_mb == pytest.approx(53.0)
+    assert got[1].kind == "model" and got[1].served and not got[1].fan_out
+    assert got[1].name == "prep>det>crops>rec>merge"
+    # a count one model was not measured at is no candidate (rec only at 1 thread)
+    rec1 = ModelStage("rec", costs=(1,), valid_cuts=(), whole_ms={1: 4.0})
+    assert sorted(whole_profiles([det, rec1, fan_in(1.0)])) == [1]
+    # no fan-out: the sum, one value (det 10 + rec 4 at 1 thread; 6 + 3 at 2)
+    a = ModelStage("a", costs=(1,), valid_cuts=(), whole_ms={1: 10.0, 2: 6.0}, cv=0.2)
+    b = ModelStage("b", costs=(1,), valid_cuts=(), whole_ms={1: 4.0, 2: 3.0}, cv=0.1)
+    plain = whole_profiles([a, b])
+    assert plain[1].engines["cpu"].mean_ms == pytest.approx(14.0)
+    assert plain[2].engines["cpu"].mean_ms == pytest.approx(9.0)
+    assert plain[1].engines["cpu"].cv == pytest.approx(0.2)
+
+
+def test_search_scores_the_whole_unit_and_grows_its_instances():
+    from infscaler.runtime.autoplan import whole_profiles
+
+    det, rec = _two_models()
+    stages = [det, rec, fan_in(1.0)]
+    whole = whole_profiles(stages, "w")
+    cap = ResourceCap(memory_cap_mb=float("inf"), memory_used_mb=0.0, max_instances={}, cores=2)
+    out = search(stages, 400.0, cap, cores=2, frontend_ms=0.0, max_partitions=1, whole=whole)
+    rows = [c for c in out.candidates if c.whole]
+    assert len(rows) == 2  # t = 1 and t = 2
+    t1 = next(c for c in rows if c.threads == (1, 1))
+    # at 1 thread on 2 cores it grows to 2 instances (2 pinned threads = the 2 cores):
+    # at most 2 x 1000 / 21 = 95.2 requests/s; the SLO of 400 ms leaves most of it
+    assert [u.name for u in t1.units] == ["w"] and t1.config[0].total == 2
+    assert t1.max_rate_rps is not None and 0.5 * 2000 / 21 < t1.max_rate_rps <= 2000 / 21 + 1e-6
+    assert t1.memory_mb == pytest.approx(2 * 53.0)
+    assert t1.label() == "whole pipeline in one unit (fuse: whole) t=1 inst=2"
+    assert t1.cuts == ((), ()) and t1.objectives == (("whole",), ("whole",))
+    assert any(line.startswith("whole pipeline in one unit") for line in out.explain[1:])
+    assert out.to_dict()["candidates"][out.candidates.index(t1)]["whole"] is True
+    # the staged candidates are still there, and the hand comparisons skip the whole one
+    assert any(not c.whole for c in out.candidates)
+    assert not any(
+        "replication" in line and "whole" in line for line in out.explain if line.startswith("vs ")
+    )
+
+
+def test_a_memory_cap_only_the_whole_unit_fits_makes_it_the_winner():
+    from infscaler.runtime.autoplan import whole_profiles
+
+    # staged, one instance per unit needs 51 + 47 = 98 MB; the whole unit 53 MB: with a
+    # 60 MB cap only the whole unit (one instance) fits
+    det, rec = _two_models()
+    stages = [det, rec, fan_in(1.0)]
+    cap = ResourceCap(memory_cap_mb=60.0, memory_used_mb=0.0, max_instances={}, cores=2)
+    out = search(stages, 400.0, cap, cores=2, frontend_ms=0.0, max_partitions=1,
+                 whole=whole_profiles(stages))  # fmt: skip
+    assert out.best is not None and out.best.whole
+    assert out.best.config[0].total == 1 and out.best.memory_mb == pytest.approx(53.0)
+    assert all(not c.fits for c in out.candidates if not c.whole)
+
+
+def test_the_planner_s_whole_winner_deploys_as_one_unit():
+    from infscaler.runtime.autoplan import whole_config
+
+    cfg = load_pipeline(
+        {"name": "p", "slo": "300ms", "autoscale": {},
+         "inputs": [{"name": "image", "datatype": "UINT8", "shape": [-1, -1, 3]}],
+         "outputs": ["z"],
+         "stages": [
+             {"name": "prep", "function": "infscaler.pipelines.dddd:det_preprocess",
+              "inputs": ["image"], "outputs": ["x"]},
+             {"name": "a", "model": "resnet50", "inputs": {"data": "x"}, "outputs": {"o": "y"}},
+             {"name": "b", "model": "resnet50", "inputs": {"data": "y"}, "outputs": {"o": "z"}},
+         ]}
+    )  # fmt: skip
+    assert needs_planning(cfg)
+    planned = whole_config(cfg, (1, 2), threads=2, instances=3)
+    assert planned.whole and planned.fuse == "whole"
+    assert [(s.threads, s.instances) for s in planned.stages[1:]] == [(2, 3), (2, 3)]
+    # the function stage as written: nothing of its own scaling set
+    assert not {"threads", "instances", "fuse"} & planned.stages[0].model_fields_set
+    # a fuse: whole pipeline deploys as written: not planned again
+    assert not needs_planning(planned)
