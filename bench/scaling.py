@@ -774,8 +774,11 @@ def step(
     # the P99 of every measured request, a failed (refused) or unanswered one counting
     # as later than any: the SLO is a bound on what clients see, and a refusal at
     # arrival is a request not answered within it, no better and no worse than a late one
-    every = lat + [math.inf] * (len(failed) + unanswered)
+    never = 1e18  # stands for a request never answered (np.percentile on inf warns)
+    every = lat + [never] * (len(failed) + unanswered)
     p99_all = float(np.percentile(every, 99)) if every else None
+    if p99_all is not None and p99_all > max(lat, default=0.0):
+        p99_all = math.inf  # it reaches into the unanswered ones
     res["p99_all_ms"] = round(p99_all, 2) if p99_all is not None and p99_all < math.inf else None
     res["passed"] = bool(not aborted and n > 0 and p99_all is not None and p99_all <= slo_ms)
     return res
