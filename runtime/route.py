@@ -106,11 +106,17 @@ class Route:
         unit's compute divided by its instances); ``(None, None)`` before a measurement."""
         if self.service_ms is None or self.unit_ms is None:
             return None, None
+        interval = max((ms / k for ms, k in self._units()), default=0.0)
+        return self.service_ms * self.correction, interval
+
+    def _units(self) -> tuple[tuple[float, int], ...]:
+        """``(ms per request x correction, instances >= 1)`` per unit (needs
+        :attr:`unit_ms`)."""
+        assert self.unit_ms is not None
         n = self.instances or [1] * len(self.unit_ms)
-        interval = max(
-            (ms / max(1, k) for ms, k in zip(self.unit_ms, n, strict=False)), default=0.0
+        return tuple(
+            (ms * self.correction, max(1, int(k))) for ms, k in zip(self.unit_ms, n, strict=False)
         )
-        return self.service_ms * self.correction, interval * self.correction
 
     def progress(
         self, now: float
@@ -126,10 +132,7 @@ class Route:
         """
         if self.service_ms is None or self.unit_ms is None:
             return None, None
-        n = self.instances or [1] * len(self.unit_ms)
-        units = tuple(
-            (ms * self.correction, max(1, int(k))) for ms, k in zip(self.unit_ms, n, strict=False)
-        )
+        units = self._units()
         depth = max((k for _ms, k in units), default=1)
         recent = itertools.islice(reversed(self.dues.values()), depth)
         return tuple((due - now) * 1e3 for due in recent), units

@@ -380,11 +380,11 @@ def decide(
             limit, how = _shed_limit(snapshot)
             p99 = snapshot.p99_ms
             refusals_only = p99 is None or p99 <= config.violation_ratio * snapshot.slo_ms
-            if refusals_only and pipeline_capacity_rps(snapshot) is None:
+            rps = pipeline_capacity_rps(snapshot)
+            if refusals_only and rps is None:
                 # admission already refuses what would miss the SLO; with no capacity
                 # known, a bound at the current queue would only refuse more at random
                 return decisions, new
-            rps = pipeline_capacity_rps(snapshot)
             if rps is not None and snapshot.offered < SHED_MIN_LOAD * rps - _EPS:
                 # below capacity the violation is variance, not overload: the queue
                 # drains by itself and admission refuses what would miss the SLO
