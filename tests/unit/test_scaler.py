@@ -208,7 +208,8 @@ def test_scale_in_waits_for_hold_s_after_a_change() -> None:
     cfg = ScalerConfig(hold_s=15.0)
     state = ScalerState(last_change=100.0)
     # 1 req/s x 100 ms / 0.6 = 0.17 -> 1 needed < 3 instances, but only 10 s since a change
-    quiet = dict(p99=50.0, rate=1.0)
+    # (SLO 500 ms: one instance's P99 at load 0.1, 228 ms, is within it)
+    quiet = dict(p99=50.0, rate=1.0, slo=500.0)
     assert decide(snap([quiet_unit()], now=110.0, **quiet), state, cfg)[0] == []
     assert decide(snap([quiet_unit()], now=115.0, **quiet), state, cfg)[0] == []  # not > 15
     out, s = decide(snap([quiet_unit()], now=115.5, **quiet), state, cfg)
@@ -339,11 +340,14 @@ def test_scale_in_counts_the_shed_load() -> None:
     # 2 instances x 1000 / 50 ms = 40 items/s; 10 req/s admitted but 30 offered
     u = unit(0, 50, {"cpu": 2}, service_ms=50.0, arrival_rate=10.0)
     st = ScalerState(last_change=0.0)
-    out, st = decide(snap([u], now=100.0, p99=50.0, rate=10.0, offered=30.0), st)
+    # (SLO 400 ms: one instance's P99 at 10 req/s, 246 ms, is within it)
+    out, st = decide(snap([u], now=100.0, p99=50.0, rate=10.0, offered=30.0, slo=400.0), st)
     # needed = ceil(30 x 50 / 1000 / 0.6) = 3 >= 2: no scale-in
     assert out == [] and st.rates[-1] == (100.0, 30.0)
     # without the refused requests: needed = ceil(10 x 0.05 / 0.6) = 1 < 2: one back
-    out, _ = decide(snap([u], now=100.0, p99=50.0, rate=10.0), ScalerState(last_change=0.0))
+    out, _ = decide(
+        snap([u], now=100.0, p99=50.0, rate=10.0, slo=400.0), ScalerState(last_change=0.0)
+    )
     assert [d.action for d in out] == ["scale_in"]
 
 
@@ -699,14 +703,18 @@ def test_scale_down_gives_cores_back_when_the_load_falls() -> None:
     # one instance at 2 threads (P50 60 ms; measured 100 / 60 ms at 1 / 2 threads)
     u = threaded(0, 60, 1, {1: 100.0, 2: 60.0}, threads={2: 1}, service_ms=60.0, arrival_rate=5.0)
     # 5 req/s: at 1 thread 1000 / (60 x 100/60) = 10 items/s; 5 <= 0.6 x 10 = 6 -> down
-    out, st1 = decide(snap([u], p99=50.0, rate=5.0, cores=2, cores_used=2), ScalerState(), cfg)
+    # (SLO 1 s: its P99 at 1 thread, 100 + ln(50) / (2 x (10 - 5)) s = 491 ms, is within)
+    loose = dict(p99=50.0, slo=1000.0)
+    out, st1 = decide(snap([u], rate=5.0, cores=2, cores_used=2, **loose), ScalerState(), cfg)
     d = only(out)
     assert (d.action, d.unit, d.engine, d.from_threads, d.threads) == ("scale_down", 0, "cpu", 2, 1)
     assert "5 items/s <= 0.6 x 10 items/s" in d.reason and "1 core(s) back" in d.reason
     assert st1.last_change == 100.0
     # 7 req/s: 7 > 6 -> keep the threads
     u7 = replace(u, arrival_rate=7.0)
-    assert decide(snap([u7], p99=50.0, rate=7.0, cores=2), ScalerState(), cfg)[0] == []
+    assert decide(snap([u7], rate=7.0, cores=2, **loose), ScalerState(), cfg)[0] == []
+    # at the default SLO of 200 ms the P99 at 1 thread (491 ms) would miss it: keep
+    assert decide(snap([u], p99=50.0, rate=5.0, cores=2), ScalerState(), cfg)[0] == []
     # never below the stage's threads (min_threads 2)
     u2 = replace(u, min_threads=2)
     assert decide(snap([u2], p99=50.0, rate=0.1, cores=2), ScalerState(), cfg)[0] == []
