@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -464,10 +465,12 @@ def plan_pipeline(
     """``(planned PipelineConfig, SearchOutcome)`` for a pipeline :func:`needs_planning`.
 
     The decision is kept (``state_dir/plans/decisions/<digest>.json``, the digest of
-    the pipeline as given, the device profile, ``rate``, ``objectives``, the package
-    version and each model file's path, size and mtime) and, with ``reuse``, a later
-    deploy of the same pipeline on the same device deploys it again without measuring
-    anything (the outcome is then None). A search measures the candidates' partitions
+    the pipeline as given, the device profile but its memory cap, ``rate``,
+    ``objectives``, the package version and each model file's path, size and mtime) and,
+    with ``reuse``, a later deploy of the same pipeline on the same device deploys it
+    again without measuring anything (the outcome is then None) while the chosen
+    configuration fits the cap at that deploy and the cap has not grown past
+    :data:`CAP_GROWTH_REPLAN` x the one it was planned under (:func:`_cap_changed`). A search measures the candidates' partitions
     on the host as it is at deploy: on the 2-core host five deploys of the same
     ResNet-50 pipeline chose four different configurations (K = 1 at 1 or 2 threads,
     K = 2), whose throughput at SLO differed 3x (bench/README.md, issue 15). Delete the
@@ -495,19 +498,21 @@ def plan_pipeline(
     if spec.ms is None and spec.factor is None:
         raise InfScalerError("the planner needs an SLO", hint="e.g. slo: 200ms or slo: 3x")
     kept = _decision_path(cfg, device, state_dir, rate, objectives)
+    cap = resource_cap(device)
     if reuse and kept.is_file():
         try:
-            planned = validate_pipeline(
-                json.loads(kept.read_text())["pipeline"], f"pipeline {cfg.name} (planned)"
-            )
+            data = json.loads(kept.read_text())
+            planned = validate_pipeline(data["pipeline"], f"pipeline {cfg.name} (planned)")
         except Exception as exc:  # noqa: BLE001 - a bad kept decision is planned again
             progress(f"{cfg.name}: the kept decision {kept} is unusable ({exc}); planning again")
         else:
-            if all(Path(st.plan).joinpath("plan.yaml").is_file() for st in planned.stages
-                   if getattr(st, "plan", None)):  # fmt: skip
+            stale = _cap_changed(data, cap.memory_cap_mb)
+            if stale is not None:
+                progress(f"{cfg.name}: the kept decision {kept} {stale}; planning again")
+            elif all(Path(st.plan).joinpath("plan.yaml").is_file() for st in planned.stages
+                     if getattr(st, "plan", None)):  # fmt: skip
                 progress(f"{cfg.name}: the planner's decision for it is kept in {kept}")
                 return planned, None
-    cap = resource_cap(device)
     cores = cpu_cores(device) or usable_cores()
     inp = planner_inputs(
         cfg, device=device, state_dir=state_dir, allowed_functions=allowed_functions,
@@ -545,7 +550,7 @@ def plan_pipeline(
     if best.whole:  # one unit: every model whole, at the unit's threads and instances
         served = [c.total for u, c in zip(best.units, best.config, strict=True) if u.served]
         planned = whole_config(cfg, inp.model_index, best.threads[0], served[0])
-        _keep(kept, planned.model_dump(exclude_none=True), best.line())
+        _keep(kept, planned.model_dump(exclude_none=True), best, cap.memory_cap_mb)
         return planned, out
     spans = stage_order(inp, best.cuts)
     offset = len(best.units) - sum(n for _, n in spans)  # the front end's unit, if any
@@ -576,17 +581,51 @@ def plan_pipeline(
             sd["plan"] = str(plan_dir)
         data["stages"][k] = sd
     planned = validate_pipeline(data, f"pipeline {cfg.name} (planned)")
-    _keep(kept, data, best.line())
+    _keep(kept, data, best, cap.memory_cap_mb)
     return planned, out
 
 
-def _keep(path: Path, data: dict[str, Any], chosen: str) -> None:
-    """Write a decision (the planned pipeline as data) for :func:`plan_pipeline` to
-    reuse; atomically, so a concurrent deploy reads the old file or the new one."""
+#: a kept decision is planned again when the device's memory cap grew past this factor
+#: of the cap it was planned under (more memory may afford a better configuration)
+CAP_GROWTH_REPLAN = 1.25
+
+
+def _keep(path: Path, data: dict[str, Any], best: Any, cap_mb: float) -> None:
+    """Write a decision (the planned pipeline as data, the chosen candidate's line, its
+    memory and the cap it was planned under, MB) for :func:`plan_pipeline` to reuse;
+    atomically, so a concurrent deploy reads the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"pipeline": data, "chosen": chosen}, default=str))
+    kept = {
+        "pipeline": data,
+        "chosen": best.line(),
+        "memory_mb": round(float(best.memory_mb), 1),
+        "memory_cap_mb": None if not math.isfinite(cap_mb) else round(float(cap_mb), 1),
+    }
+    tmp.write_text(json.dumps(kept, default=str))
     os.replace(tmp, path)
+
+
+def _cap_changed(kept: dict[str, Any], cap_mb: float) -> str | None:
+    """Why a kept decision no longer holds under the memory cap ``cap_mb`` (None: it
+    does). The cap is not part of the decision's key: the host profile's cap is a
+    share of the memory available at deploy, which moved by 240 MB between two deploys
+    a minute apart, so every deploy planned again and the bench's steps of one
+    configuration ran K = 1 and K = 2 (PP-OCRv4 det at SLO 3x, bench/README.md). The
+    decision stands while its configuration still fits and the cap has not grown past
+    :data:`CAP_GROWTH_REPLAN` x the one it was planned under (a smaller cap only removes
+    configurations, and the chosen one is still among those left)."""
+    need, then = kept.get("memory_mb"), kept.get("memory_cap_mb")
+    if need is not None and math.isfinite(cap_mb) and float(need) > cap_mb:
+        return f"needs {float(need):.0f} MB, more than the cap of {cap_mb:.0f} MB now"
+    if then is not None and cap_mb > CAP_GROWTH_REPLAN * float(then):
+        return (
+            f"was planned under a {float(then):.0f} MB cap; the cap is {cap_mb:.0f} MB now "
+            f"(> {CAP_GROWTH_REPLAN:g}x)"
+        )
+    if then is None and math.isfinite(cap_mb):
+        return f"was planned with no memory cap; the cap is {cap_mb:.0f} MB now"
+    return None
 
 
 def _decision_path(
@@ -606,7 +645,13 @@ def _decision_path(
                 files.append(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}")
             except Exception:  # noqa: BLE001 - planning then reports it
                 files.append(f"{st.model}|?")
-    dev = device.model_dump_json() if hasattr(device, "model_dump_json") else repr(device)
+    # the memory cap is checked on reuse instead (:func:`_cap_changed`): the host
+    # profile's moves with the memory available at each deploy
+    dev = (
+        device.model_dump_json(exclude={"memory_cap_mb"})
+        if hasattr(device, "model_dump_json")
+        else repr(device)
+    )
     key = json.dumps(
         [cfg.model_dump_json(), dev, rate, list(objectives), __version__, files], default=str
     )

@@ -103,6 +103,12 @@ class Autoscaler:
             self._next.pop(name, None)
             self._monitors.pop(name, None)
 
+    def state(self, name: str) -> ScalerState | None:
+        """What the scaler carries for pipeline ``name`` (None: not looked at yet). Its
+        ``last_change`` starts at the deploy (monotonic s)."""
+        with self._lock:
+            return self._states.get(name)
+
     def decisions(self, name: str | None = None) -> list[dict[str, Any]]:
         """The recent decisions (newest last), of one pipeline or all."""
         with self._lock:
@@ -191,7 +197,15 @@ class Autoscaler:
             mon = self._monitors.get(dep.name)
             if mon is None or mon.window_s != auto.window_s:
                 mon = self._monitors[dep.name] = Monitor(self.service, auto.window_s)
-            state = self._states.get(dep.name, ScalerState())
+            state = self._states.get(dep.name)
+            if state is None:
+                # the deploy is the first change: no scale-in within hold_s of it, and
+                # the window counts from it. Before, a window reaching back before the
+                # deploy divided its first seconds' arrivals by the whole window, so the
+                # planner's second instance of PP-OCRv4 det was stopped at once as idle
+                # and scaled out again under load (bench/README.md, issue 15)
+                since = max(0.0, time.time() - getattr(dep, "deployed_at", time.time()))
+                state = ScalerState(last_change=time.monotonic() - since)
         # only latency measured since the last change counts (a window reaching back
         # before a scale-out would re-trigger on the P99 that caused it)
         window = auto.window_s

@@ -5,6 +5,7 @@ against the whole model's output)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,24 @@ def test_a_pipeline_left_to_the_planner_deploys_its_choice(
             plan_pipeline(other, device=profile, state_dir=tmp_path / "state")
         with pytest.raises(AssertionError, match="kept decision"):
             plan_pipeline(cfg, device=profile, state_dir=tmp_path / "state", reuse=False)
+        # the memory cap is not in the key (the host's moves with the memory available
+        # at each deploy): a cap 10 % smaller or 20 % larger reuses the decision, one
+        # below the chosen configuration's memory or past 1.25x plans again
+        data = json.loads(kept[0].read_text())
+        cap0, need = data["memory_cap_mb"], data["memory_mb"]
+        assert cap0 == pytest.approx(profile.memory_cap_mb, abs=0.1) and 0 < need < cap0
+        for factor in (0.9, 1.2):
+            moved = profile.model_copy(update={"memory_cap_mb": cap0 * factor})
+            again, none = plan_pipeline(cfg, device=moved, state_dir=tmp_path / "state")
+            assert none is None and again == planned
+        lines = []
+        for cap, why in ((need * 0.9, "more than the cap"), (cap0 * 1.3, "planned under")):
+            moved = profile.model_copy(update={"memory_cap_mb": cap})
+            with pytest.raises(AssertionError, match="kept decision"):
+                plan_pipeline(
+                    cfg, device=moved, state_dir=tmp_path / "state", progress=lines.append
+                )
+            assert any(why in ln for ln in lines), lines
         kept[0].write_text("{not json")  # a damaged file is planned again, not an error
         with pytest.raises(AssertionError, match="kept decision"):
             plan_pipeline(cfg, device=profile, state_dir=tmp_path / "state")

@@ -109,6 +109,23 @@ def test_load_step_scales_the_bottleneck_out_then_back_in(tmp_path: Path) -> Non
         assert svc.manager.audit() == []
 
 
+def test_the_deploy_counts_as_the_first_change(tmp_path: Path) -> None:
+    # the scaler's hold and its windows start at the deploy: a window reaching back
+    # before it divided the first seconds' arrivals by the whole window (a rate
+    # underestimated up to window / age times, right when the bench measures)
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(load_pipeline(step_pipeline(hold_s=30.0)))
+        wall, mono = time.time(), time.monotonic()
+        deadline = mono + 10
+        while svc.autoscaler.state("step") is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        st = svc.autoscaler.state("step")
+        assert st is not None and st.last_change is not None
+        deployed_mono = mono - (wall - dep.deployed_at)
+        assert abs(st.last_change - deployed_mono) < 0.05
+        assert svc.autoscaler.decisions("step") == []
+
+
 def test_at_the_memory_cap_the_pipeline_sheds_load_with_a_reason(tmp_path: Path) -> None:
     with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
         svc.deploy(load_pipeline(step_pipeline(slow_ms=60.0, cooldown_s=0.5)))
