@@ -646,9 +646,10 @@ def _decision_path(
             except Exception:  # noqa: BLE001 - planning then reports it
                 files.append(f"{st.model}|?")
     # the memory cap is checked on reuse instead (:func:`_cap_changed`): the host
-    # profile's moves with the memory available at each deploy
+    # profile's moves with the memory available at each deploy, and so does its
+    # ``sources`` text (which quotes it)
     dev = (
-        device.model_dump_json(exclude={"memory_cap_mb"})
+        device.model_dump_json(exclude={"memory_cap_mb", "sources"})
         if hasattr(device, "model_dump_json")
         else repr(device)
     )

@@ -126,7 +126,9 @@ def test_a_pipeline_left_to_the_planner_deploys_its_choice(
         cap0, need = data["memory_cap_mb"], data["memory_mb"]
         assert cap0 == pytest.approx(profile.memory_cap_mb, abs=0.1) and 0 < need < cap0
         for factor in (0.9, 1.2):
-            moved = profile.model_copy(update={"memory_cap_mb": cap0 * factor})
+            # (the host profile's sources quote the memory available at load too)
+            text = {**profile.sources, "memory_cap_mb": f"{factor} x the memory available"}
+            moved = profile.model_copy(update={"memory_cap_mb": cap0 * factor, "sources": text})
             again, none = plan_pipeline(cfg, device=moved, state_dir=tmp_path / "state")
             assert none is None and again == planned
         lines = []
