@@ -137,3 +137,23 @@ def test_a_unit_below_the_argmax_short_of_its_p99_may_grow() -> None:
     # nothing either (offered 4.4 < 0.9 x its capacity 11.8 req/s), so nothing happens
     out, _ = decide(replace(s, slo_ms=600.0, p99_ms=700.0), ScalerState(), ScalerConfig())
     assert out == []
+
+
+def test_refusals_alone_do_not_grow_a_unit_that_is_not_short() -> None:
+    # det's replicas at 6.5 req/s: 2 x 85 ms instances, utilisation 0.28, predicted P99
+    # 85 + ... < 256 ms; a burst of 4 made admission refuse 0.2 req/s, P99 measured
+    # 240 ms (within the SLO): no scale-out (more instances on the same 2 cores serve a
+    # burst no sooner); the old rule grew it to 4 instances inside the window
+    two = det(2, 6.5)
+    s = replace(quiet([two], 6.5, 256.0), p99_ms=240.0, slo_refused_rate=0.2)
+    assert p99_response_ms(6.5, 2, 85.0) < 256.0
+    out, st = decide(s, ScalerState())
+    assert out == [] and st.last_scale_out is None
+    # the same refusals with one instance (P99 at 6.5/s: inf-free but > 256) do grow it
+    one = det(1, 6.5)
+    assert p99_response_ms(6.5, 1, 85.0) > 256.0
+    out, _ = decide(replace(s, units=(one,), instances_used={"cpu": 1}), ScalerState())
+    assert [d.action for d in out] == ["scale_out"]
+    # a measured P99 over the SLO still grows the unit that is not short by the model
+    out, _ = decide(replace(s, p99_ms=300.0), ScalerState())
+    assert [d.action for d in out] == ["scale_out"]
