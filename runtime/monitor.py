@@ -134,6 +134,8 @@ class PipelineMetrics:
             submitted, refused ones (load shedding) included. completion_rate: answered
             per second. p50_ms / p95_ms / p99_ms: end-to-end latency.
         pending: requests admitted and not answered. units: per unit.
+        answered / late: requests answered over the window, and of them those slower
+            than the pipeline's SLO (0 without one).
     """
 
     name: str
@@ -148,6 +150,8 @@ class PipelineMetrics:
     units: tuple[UnitMetrics, ...] = field(default_factory=tuple)
     offered_rate: float | None = None
     slo_refused_rate: float = 0.0
+    answered: int = 0
+    late: int = 0
 
 
 class Monitor:
@@ -175,6 +179,8 @@ class Monitor:
         handles = [h for h in self.service.supervisor.handles() if h.key[0] == dep.name]
         with stats._lock:
             lat = stats.latency.summary(now, w)
+            slo_ms = dep.pipeline.config.slo_ms
+            late = int((stats.latency.values(now, w) > slo_ms).sum()) if slo_ms is not None else 0
             rate = _count_since(stats.arrivals._t, now - w) / w
             offered = _count_since(stats.offered._t, now - w) / w
             slo_refused = _count_since(stats.slo_refused._t, now - w) / w
@@ -228,6 +234,8 @@ class Monitor:
             units=tuple(units),
             offered_rate=offered,
             slo_refused_rate=slo_refused,
+            answered=int(lat["window_count"]),
+            late=late,
         )
 
     def _unit_handles(self, dep: Any, index: int) -> list[Any]:
@@ -421,6 +429,8 @@ class Monitor:
             offered_rate=m.offered_rate,
             slo_refused_rate=m.slo_refused_rate,
             cores_busy=busy,
+            answered=m.answered,
+            late=m.late,
         )
 
 

@@ -770,6 +770,7 @@ class _Sim:
         rate = len(self.admitted_times) / w
         lat = [ms for (ft, ms) in self.latency_window if ft >= cutoff]
         p99 = float(np.percentile(lat, 99)) if lat else None
+        late = sum(1 for ms in lat if ms > auto.slo_ms)
         engines_used: dict[str, int] = {}
         pinned = 0
         units = []
@@ -840,6 +841,8 @@ class _Sim:
             pending=self.pending,
             offered_rate=offered,
             cores_busy=busy,
+            answered=len(lat),
+            late=late,
         )
 
     def _apply(self, d: Decision, t: float) -> None:

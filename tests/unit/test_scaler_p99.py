@@ -19,6 +19,8 @@ from infscaler.runtime.scaler import (
     Snapshot,
     UnitState,
     decide,
+    is_violated,
+    late_tail_probability,
     p99_response_ms,
 )
 
@@ -157,3 +159,31 @@ def test_refusals_alone_do_not_grow_a_unit_that_is_not_short() -> None:
     # a measured P99 over the SLO still grows the unit that is not short by the model
     out, _ = decide(replace(s, p99_ms=300.0), ScalerState())
     assert [d.action for d in out] == ["scale_out"]
+
+
+def test_late_tail_probability_by_hand() -> None:
+    # n = 3, p = 0.01: P(X >= 1) = 1 - 0.99^3; P(X >= 2) = 3 x 0.01^2 x 0.99 + 0.01^3
+    assert late_tail_probability(0, 3) == 1.0
+    assert late_tail_probability(1, 3) == pytest.approx(1 - 0.99**3)
+    assert late_tail_probability(2, 3) == pytest.approx(3 * 0.01**2 * 0.99 + 0.01**3)
+    assert late_tail_probability(3, 3) == pytest.approx(0.01**3)
+    with pytest.raises(ValueError, match="late <= answered"):
+        late_tail_probability(4, 3)
+
+
+def test_a_p99_over_the_slo_must_rest_on_enough_late_requests() -> None:
+    # 56 requests in the window (5.6/s x 10 s): its P99 is its slowest request. One or
+    # three late ones are what a pipeline meeting its P99 shows often (P(X >= 3) = 0.019
+    # > 0.01); four are not (0.0026)
+    s = replace(quiet([det(2, 5.6)], 5.6, 256.0), p99_ms=280.0, answered=56)
+    assert not is_violated(replace(s, late=1))
+    assert not is_violated(replace(s, late=3))
+    assert is_violated(replace(s, late=4))
+    assert decide(replace(s, late=1), ScalerState())[0] == []
+    assert [d.action for d in decide(replace(s, late=4), ScalerState())[0]] == ["scale_out"]
+    # not counted (None): the P99 alone decides, as before
+    assert is_violated(replace(s, answered=None, late=None))
+    # a violation_ratio below 1 (act early) skips the test
+    assert is_violated(replace(s, late=0, p99_ms=250.0), ScalerConfig(violation_ratio=0.9))
+    # refusals are a violation whatever the counts
+    assert is_violated(replace(s, late=0, p99_ms=100.0, slo_refused_rate=0.1))
