@@ -157,9 +157,11 @@ def admit_latency(
     what: str = "SLO",
     remaining_ms: Sequence[float] | None = None,
     units: Sequence[tuple[float, int]] | None = None,
+    lenience: float = 1.0,
 ) -> Admission:
-    """Accept a request only if :func:`estimate_ms` fits in ``slo_ms``, or if nothing
-    is ahead of it (it starts at once; refusing it would not make it faster).
+    """Accept a request only if :func:`estimate_ms` x ``lenience`` fits in ``slo_ms``,
+    or if nothing is ahead of it (it starts at once; refusing it would not make it
+    faster).
 
     Args:
         ahead: requests of the same pipeline admitted and not answered.
@@ -172,6 +174,11 @@ def admit_latency(
         remaining_ms / units: the requests ahead's progress and the units' measured
             ms and instances (:func:`estimate_ms`); used only once ``service_ms`` is
             measured (None: the drain-time estimate ``S + ahead * interval``).
+        lenience: in (0, 1]: the estimate is scaled by it for the decision only (the
+            returned ``estimate_ms`` is the estimate itself): below capacity the front
+            end passes a low quantile of its latency / estimate ratios over their
+            median (:meth:`infscaler.runtime.route.Route.lenience`), so only a request
+            likely late is refused; 1 in overload.
 
     Raises:
         ValueError: ``slo_ms`` not a positive finite number, or a negative estimate.
@@ -196,7 +203,9 @@ def admit_latency(
         why = f"{ahead} requests ahead, {interval:.1f} ms each"
     # nothing ahead: it runs at once, refusing it cannot make anything faster (and an idle
     # pipeline that refused everything would never measure its service time again)
-    if est <= slo_ms or ahead <= 0:
+    if not 0 < lenience <= 1:
+        raise ValueError(f"lenience must be in (0, 1], got {lenience}")
+    if est * lenience <= slo_ms or ahead <= 0:
         return Admission(True, estimate_ms=est)
     # admitted again once enough of the queue ahead drained: (est - slo) ms from now
     return Admission(
@@ -248,6 +257,8 @@ class ArrivalSnapshot:
             their estimates (most recent first) and ``(ms, instances)`` per unit
             (:meth:`~infscaler.runtime.route.Route.progress`; None: judge on
             ``ahead x interval_ms``), see :func:`estimate_ms`.
+        lenience: what the latency decision scales the estimate by, in (0, 1]
+            (:meth:`~infscaler.runtime.route.Route.lenience`; 1: refuse at the estimate).
     """
 
     pipeline: str
@@ -268,6 +279,7 @@ class ArrivalSnapshot:
     interval_ms: float | None = None
     remaining_ms: tuple[float, ...] | None = None
     units: tuple[tuple[float, int], ...] | None = None
+    lenience: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -361,8 +373,9 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
         return ArrivalDecision(True, timeout_s)
     left_ms = max(1e-3, bound_ms - s.spent_ms)
     verdict = admit_latency(
-        s.ahead, s.service_ms, s.interval_ms, left_ms, what, s.remaining_ms, s.units
-    )
+        s.ahead, s.service_ms, s.interval_ms, left_ms, what, s.remaining_ms, s.units,
+        s.lenience,
+    )  # fmt: skip
     if verdict.admit:
         return ArrivalDecision(True, timeout_s, estimate_ms=verdict.estimate_ms)
     return _refuse(

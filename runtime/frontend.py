@@ -278,6 +278,7 @@ class FrontEnd:
                     interval_ms=interval_ms,
                     remaining_ms=remaining_ms,
                     units=units,
+                    lenience=route.lenience(now),
                 )
             )
             if not decision.admit:

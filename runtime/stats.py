@@ -117,6 +117,11 @@ class PipelineStats:
         self.compute = [LatencyWindow() for _ in self.units]
         self.queue = [LatencyWindow() for _ in self.units]
 
+    def offered_rate(self, now: float | None = None) -> float:
+        """Requests/s offered (admitted and refused) over the last 10 s."""
+        with self._lock:
+            return self.offered.rate(now)
+
     def arrival(self) -> None:
         with self._lock:
             now = time.monotonic()

@@ -161,3 +161,41 @@ def test_one_slow_request_does_not_move_the_correction() -> None:
     assert r.correction == pytest.approx(2.0)
     r.record_expiry(100.0 * r.correction, 150.0)  # expired before its estimate: no news
     assert r.correction == pytest.approx(2.0)
+
+
+def test_below_capacity_only_a_likely_late_request_is_refused() -> None:
+    # ResNet-50's one 2-thread instance (bench/README.md): 4 ahead, estimate 227 ms
+    # against 226 ms left. At the median estimate (lenience 1) it is refused; with the
+    # ratios' 10 % quantile at 0.9 of their median it is admitted (0.9 x 227 = 204)
+    base = dict(slo_ms=226.0, ahead=4, service_ms=41.0, interval_ms=46.5)
+    est = 41.0 + 4 * 46.5
+    d = admit_request(snap(**base))
+    assert not d.admit and d.refusal is Refusal.SLO and d.estimate_ms == pytest.approx(est)
+    d = admit_request(snap(**base, lenience=0.9))
+    assert d.admit and d.estimate_ms == pytest.approx(est)  # the estimate itself kept
+    # a request late even on a fast outcome is still refused: 8 ahead, 0.9 x 413 = 372
+    d = admit_request(snap(**dict(base, ahead=8), lenience=0.9))
+    assert not d.admit and d.refusal is Refusal.SLO
+    with pytest.raises(ValueError, match="lenience"):
+        admit_request(snap(**base, lenience=0.0))
+
+
+def test_route_lenience_is_a_low_quantile_below_capacity_and_1_in_overload() -> None:
+    from infscaler.runtime.route import Route
+    from infscaler.runtime.stats import PipelineStats
+
+    stats = PipelineStats(["m"])
+    r = Route(pipeline=None, stage_ids=[1], stats=stats)  # type: ignore[arg-type]
+    r.service_ms, r.unit_ms, r.instances = 40.0, [40.0], [1]  # capacity 25 req/s
+    assert r.lenience(100.0) == 1.0  # fewer than 10 ratios: not known yet
+    # ratios 0.80, 0.82, ..., 1.20 (21 of them): correction = median 1.0, the 10 %
+    # quantile (index 2 of 21) 0.84
+    for i in range(21):
+        r.record_estimate(100.0 * r.correction, 80.0 + 2.0 * i)
+    assert r.correction == pytest.approx(1.0)
+    for i in range(100):  # 10 req/s offered over the last 10 s: 0.4 x capacity
+        stats.offered.add(90.05 + i * 0.1)
+    assert r.lenience(100.0) == pytest.approx(0.84)
+    for i in range(130):  # 23 req/s >= 0.9 x 25: overload, refuse at the median
+        stats.offered.add(90.05 + i * 0.0769)
+    assert r.lenience(100.0) == 1.0
