@@ -181,7 +181,7 @@ COLUMNS = {
 
 #: per model: K (Eq. 1 plan used for InfScaler), timing of a bisection step, requests for L0
 MODEL_SETTINGS: dict[str, dict[str, Any]] = {
-    "resnet50": {"k": 2, "warm_min_s": 4.0, "warm_max_s": 15.0, "measure_s": 12.0, "n_l0": 20},
+    "resnet50": {"k": 2, "warm_min_s": 8.0, "warm_max_s": 15.0, "measure_s": 12.0, "n_l0": 20},
     "ppocrv4-det": {"k": 3, "warm_min_s": 4.0, "warm_max_s": 15.0, "measure_s": 10.0, "n_l0": 15},
     "vgg19": {"k": 3, "warm_min_s": 6.0, "warm_max_s": 30.0, "measure_s": 20.0, "n_l0": 6},
     "ddddocr": {"k": 2, "warm_min_s": 4.0, "warm_max_s": 15.0, "measure_s": 10.0, "n_l0": 15},
