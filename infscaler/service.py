@@ -370,7 +370,24 @@ class Service:
         return self._profile
 
     # -- deploy ------------------------------------------------------------------------------
-    def _cores(self, n: int) -> list[int]:
+    def _core_load(self, key: tuple[str, int] | None = None) -> dict[int, tuple[int, int]]:
+        """Per cpu core: ``(threads pinned there by live instances of unit key, by all
+        live instances)`` (starting or ready)."""
+        load: dict[int, list[int]] = {}
+        for h in self.supervisor.handles():
+            if h.state not in ("starting", "ready"):
+                continue
+            for c in h.cores or ():
+                mine, every = load.setdefault(c, [0, 0])
+                load[c] = [mine + (h.key == key), every + 1]
+        return {c: (v[0], v[1]) for c, v in load.items()}
+
+    def _cores(self, n: int, key: tuple[str, int] | None = None) -> list[int]:
+        """The ``n`` cores a new cpu instance (of unit ``key``) is pinned to: the least
+        loaded by that unit's live instances, then by every live instance, ties in turn
+        from a cursor. A cursor alone put a unit's second instance on its first one's
+        core whenever another unit's instance had started between them (two instances
+        of the bottleneck on one core, the other idle)."""
         host = sorted(os.sched_getaffinity(0))
         wanted = None
         if self.device is not None:
@@ -381,7 +398,14 @@ class Service:
         with self._lock:
             start = self._core_cursor
             self._core_cursor += n
-        return sorted({cores[(start + i) % len(cores)] for i in range(n)})
+        if n >= len(cores):
+            return sorted(cores)
+        load = self._core_load(key)
+        order = sorted(
+            range(len(cores)),
+            key=lambda i: (*load.get(cores[i], (0, 0)), (i - start) % len(cores)),
+        )
+        return sorted(cores[i] for i in order[:n])
 
     def deploy(
         self,
@@ -463,7 +487,7 @@ class Service:
                                 u,
                                 stage_ids[u.index],
                                 next_stage,
-                                self._cores(u.threads),
+                                self._cores(u.threads, (cfg.name, u.index)),
                             )
                         )
                 progress(f"{cfg.name}: waiting for {len(handles)} instances")
@@ -632,7 +656,7 @@ class Service:
         u, sid, next_stage = self._served_unit(dep, unit)
         if engine != u.engine:
             u = dataclasses.replace(u, engine=engine)
-        cores = self._cores(u.threads) if engine == "cpu" else []
+        cores = self._cores(u.threads, (dep.name, unit)) if engine == "cpu" else []
         h = self.supervisor.start((dep.name, unit), u, sid, next_stage, cores)
         self._resize_window(dep)
         log.info("scaled out %s/%s on %s: instance %d", dep.name, u.name, engine, h.iid)
@@ -644,8 +668,13 @@ class Service:
         mine = [h for h in self._live(dep, unit) if h.unit.engine == engine]
         if not mine or len(self._live(dep, unit)) <= 1:
             return False
-        # the youngest first: the oldest have warm caches and the lowest instance ids
-        victim = max(mine, key=lambda h: h.started)
+        # the one on the cores most shared with its unit's other instances, then the
+        # youngest (the oldest have warm caches and the lowest instance ids)
+        load = self._core_load((dep.name, unit))
+        victim = max(
+            mine,
+            key=lambda h: (sum(load.get(c, (0, 0))[0] for c in h.cores or ()), h.started),
+        )
         self.supervisor.stop(victim, timeout=10.0)
         self._resize_window(dep)
         log.info("scaled in %s unit %d on %s: instance %d", dep.name, unit, engine, victim.iid)
@@ -682,7 +711,9 @@ class Service:
         if not mine:
             return False
         new_u = dataclasses.replace(u, engine="cpu", threads=int(threads))
-        h = self.supervisor.start((dep.name, unit), new_u, sid, next_stage, self._cores(threads))
+        h = self.supervisor.start(
+            (dep.name, unit), new_u, sid, next_stage, self._cores(threads, (dep.name, unit))
+        )
         self._resize_window(dep)
         try:
             self.supervisor.wait_ready([h], self.start_timeout_s)

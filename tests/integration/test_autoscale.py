@@ -8,6 +8,7 @@ sleeps, so the test measures the control loop, not this host's two cores).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -231,3 +232,30 @@ def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
             np.testing.assert_allclose(y, ref.run(None, {"x": xi})[0], rtol=1e-5, atol=1e-6)
         time.sleep(1.5)
         assert h.stats["batch"] == 4 and h.stats["batches"] >= 1, h.stats
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cpu cores")
+def test_a_unit_s_instances_spread_over_the_cores(tmp_path: Path) -> None:
+    # scale (unit 0) and slow (unit 1) start on two different cores; a second instance
+    # of scale goes to the core its first one does not use (a cursor alone put it on
+    # the same core: slow's instance had started in between), and a scale-in stops the
+    # instance sharing a core with its unit's others, not the other
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(load_pipeline(chain_pipeline(2, max_instances=4)))
+
+        def cores(unit: int) -> list[list[int]]:
+            hs = sorted(svc.supervisor.handles(("chain", unit)), key=lambda h: h.started)
+            return [list(h.cores) for h in hs if h.state in ("starting", "ready")]
+
+        (first,) = cores(0)
+        assert len(first) == 1 and cores(1) != [first]
+        svc.scale_out(dep, 0, "cpu")
+        a, b = cores(0)
+        assert a != b, (a, b)
+        svc.scale_out(dep, 0, "cpu")  # a third on 2 cores shares one with a sibling
+        assert len(cores(0)) == 3
+        assert svc.scale_in(dep, 0, "cpu")
+        left = cores(0)
+        assert len(left) == 2 and left[0] != left[1], left
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_allclose(svc.infer("chain", {"x": x}).outputs["y"], x * 2)
