@@ -6,7 +6,8 @@ pure policy :func:`infscaler.runtime.scaler.decide` (InfScaler Algorithm 1 with
 InferLine's scale-in hysteresis), and applies its decisions through the service:
 
 * ``scale_out``: start one instance of the unit on the chosen engine (its cores taken
-  round-robin from the device's cpu core set); the control path routes to it at once
+  from the device's cpu core set, the least used by the unit's live instances first:
+  :meth:`infscaler.service.Service._cores`); the control path routes to it at once
   and tokens wait in its socket while it loads; the pipeline's in-flight window grows
   with its instance count;
 * ``scale_in``: stop one instance of the unit on that engine gracefully (after its
