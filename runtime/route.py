@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.runtime.pipeline import CompiledPipeline, load_function
+from infscaler.runtime.scaler import SHED_MIN_LOAD
 from infscaler.runtime.stats import PipelineStats
 
 __all__ = ["Result", "Route"]
@@ -31,12 +32,11 @@ _EWMA = 0.2
 #: completed (or expired) requests whose latency / estimate ratios :attr:`Route.correction`
 #: is the median of
 _RATIOS = 31
-#: below capacity, admission refuses only a request whose estimate times this quantile
-#: of the ratios (over their median) is past the SLO (:meth:`Route.lenience`)
+#: below capacity (the offered load under the scaler's
+#: :data:`~infscaler.runtime.scaler.SHED_MIN_LOAD` of it), admission refuses only a
+#: request whose estimate times this quantile of the ratios (over their median) is
+#: past the SLO (:meth:`Route.lenience`)
 LENIENT_QUANTILE = 0.1
-#: ... while the offered load is below this fraction of the pipeline's capacity (the
-#: scaler's :data:`~infscaler.runtime.scaler.SHED_MIN_LOAD`)
-LENIENT_MAX_LOAD = 0.9
 
 
 @dataclass
@@ -146,10 +146,11 @@ class Route:
     def lenience(self, now: float | None = None) -> float:
         """What admission scales its estimate by before comparing it with the SLO, in
         [0.5, 1]: 1 (refuse at the median estimate) in overload, or before
-        :data:`LENIENT_QUANTILE`'s ratio is known; below :data:`LENIENT_MAX_LOAD` of
-        the pipeline's capacity (its slowest unit's instances x 1000 / corrected ms),
-        the :data:`LENIENT_QUANTILE` of the last latency / estimate ratios over their
-        median: a request is refused only when even a fast outcome would miss.
+        :data:`LENIENT_QUANTILE`'s ratio is known; while the offered load is below
+        :data:`~infscaler.runtime.scaler.SHED_MIN_LOAD` of the pipeline's capacity (its
+        slowest unit's instances x 1000 / corrected ms), the :data:`LENIENT_QUANTILE`
+        of the last latency / estimate ratios over their median (:attr:`correction`):
+        a request is refused only when even a fast outcome would miss.
 
         Below capacity the queue a burst built drains by itself, and a refusal turns a
         request with even odds into a certain miss: at 18.3 requests/s ResNet-50's one
@@ -161,12 +162,11 @@ class Route:
         if len(self._ratios) < 10 or self.unit_ms is None:
             return 1.0
         rates = [k * 1000.0 / ms for ms, k in self._units() if ms > 0]
-        if not rates or self.stats.offered_rate(now) >= LENIENT_MAX_LOAD * min(rates):
+        if not rates or self.stats.offered_rate(now) >= SHED_MIN_LOAD * min(rates):
             return 1.0
-        ratios = sorted(self._ratios)
-        low = ratios[int(LENIENT_QUANTILE * (len(ratios) - 1))]
-        median = statistics.median(ratios)
-        return max(0.5, min(1.0, low / median)) if median > 0 else 1.0
+        low = sorted(self._ratios)[int(LENIENT_QUANTILE * (len(self._ratios) - 1))]
+        # the ratios' median is the correction (record_estimate)
+        return max(0.5, min(1.0, low / self.correction)) if self.correction > 0 else 1.0
 
     def record_estimate(self, estimate_ms: float | None, latency_ms: float) -> None:
         """Fold a completed request's latency against what admission expected into
