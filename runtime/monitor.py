@@ -178,9 +178,7 @@ class Monitor:
         ch = self.service.channel.stats()["stages"]
         handles = [h for h in self.service.supervisor.handles() if h.key[0] == dep.name]
         with stats._lock:
-            lat = stats.latency.summary(now, w)
-            slo_ms = dep.pipeline.config.slo_ms
-            late = int((stats.latency.values(now, w) > slo_ms).sum()) if slo_ms is not None else 0
+            lat = stats.latency.summary(now, w, over_ms=dep.pipeline.config.slo_ms)
             rate = _count_since(stats.arrivals._t, now - w) / w
             offered = _count_since(stats.offered._t, now - w) / w
             slo_refused = _count_since(stats.slo_refused._t, now - w) / w
@@ -235,7 +233,7 @@ class Monitor:
             offered_rate=offered,
             slo_refused_rate=slo_refused,
             answered=int(lat["window_count"]),
-            late=late,
+            late=int(lat.get("over_count", 0)),
         )
 
     def _unit_handles(self, dep: Any, index: int) -> list[Any]:

@@ -46,16 +46,21 @@ class LatencyWindow:
         cutoff = now - (self.horizon_s if horizon_s is None else min(horizon_s, self.horizon_s))
         return np.array([m for t, m in zip(self._t, self._ms, strict=True) if t >= cutoff])
 
-    def summary(self, now: float | None = None, horizon_s: float | None = None) -> dict[str, Any]:
+    def summary(
+        self, now: float | None = None, horizon_s: float | None = None, over_ms: float | None = None
+    ) -> dict[str, Any]:
         """``count`` (all time), ``total_ms``, and over the window (or the last
         ``horizon_s`` s) ``window_count``, ``p50_ms``, ``p95_ms``, ``p99_ms``,
-        ``mean_ms``, ``max_ms`` (None when empty)."""
+        ``mean_ms``, ``max_ms`` (None when empty); with ``over_ms`` also
+        ``over_count``: the window's samples above it."""
         v = self.values(now, horizon_s)
         out: dict[str, Any] = {
             "count": self.count,
             "total_ms": round(self.total_ms, 3),
             "window_count": int(v.size),
         }
+        if over_ms is not None:
+            out["over_count"] = int((v > over_ms).sum())
         if v.size:
             p50, p95, p99 = np.percentile(v, [50, 95, 99])
             out.update(
