@@ -470,11 +470,11 @@ def plan_pipeline(
     with ``reuse``, a later deploy of the same pipeline on the same device deploys it
     again without measuring anything (the outcome is then None) while the chosen
     configuration fits the cap at that deploy and the cap has not grown past
-    :data:`CAP_GROWTH_REPLAN` x the one it was planned under (:func:`_cap_changed`). A search measures the candidates' partitions
-    on the host as it is at deploy: on the 2-core host five deploys of the same
-    ResNet-50 pipeline chose four different configurations (K = 1 at 1 or 2 threads,
-    K = 2), whose throughput at SLO differed 3x (bench/README.md, issue 15). Delete the
-    file (or the directory) to plan again.
+    :data:`CAP_GROWTH_REPLAN` x the one it was planned under (:func:`_cap_changed`).
+    A search measures the candidates' partitions on the host as it is at deploy: on
+    the 2-core host five deploys of the same ResNet-50 pipeline chose four different
+    configurations (K = 1 at 1 or 2 threads, K = 2), whose throughput at SLO differed
+    3x (bench/README.md, issue 15). Delete the file (or the directory) to plan again.
 
     Args:
         cfg: the pipeline. device: its DeviceProfile (the cap). state_dir: where the plan

@@ -301,13 +301,14 @@ def decide(
     One call, in order:
 
     1. ``(now, offered)`` joins ``state.rates`` (:attr:`Snapshot.offered`: the rate
-       submitted, shed requests included, so a pipeline that sheds is not scaled in); samples older than
-       ``rate_horizon_s`` (``now - t > rate_horizon_s``) are dropped.
+       submitted, shed requests included, so a pipeline that sheds is not scaled in);
+       samples older than ``rate_horizon_s`` (``now - t > rate_horizon_s``) are
+       dropped.
     2. The SLO is violated when requests were refused at arrival for it, or when
        ``p99_ms`` is known, ``p99_ms > violation_ratio x slo_ms`` and (where the
        snapshot counts them) the window's late requests are significant
-       (:func:`is_violated`). On a violation, once ``cooldown_s`` has passed since the last scale-out
-       (``now - last_scale_out >= cooldown_s``), Algorithm 1: units in decreasing
+       (:func:`is_violated`). On a violation, once ``cooldown_s`` has passed since the
+       last scale-out (``now - last_scale_out >= cooldown_s``), Algorithm 1: units in decreasing
        :func:`effective_bottleneck` (B_k / S_k; ties: lower index), skipping units at
        their ``max_instances``; for a unit, its options in affinity order (``latency_ms``
        ascending; ties: the order given); the first engine where memory, the engine's
