@@ -28,6 +28,12 @@ Two bounds, applied where each can be known:
   its instances): it treats every request ahead as queued at the bottleneck, and
   refused requests a two-unit pipeline would have answered within its SLO (ddddocr
   at SLO 3x: admitted P99 277 ms of 341, 2.4 % refused; bench/README.md, issue 15).
+  In overload (the offered load at the pipeline's capacity,
+  :meth:`~infscaler.runtime.route.Route.overloaded`) the drain time is used again, on
+  compute times never scaled below what was measured
+  (:meth:`~infscaler.runtime.route.Route.factor`): the queue refills at once there, so a
+  short queue costs no throughput, and the tracked estimate, which chains admission's
+  own estimates, kept the queue at the bound, where half the admitted requests expired.
   Before any measurement the front end passes :func:`default_estimates`
   (conservative: a request is assumed to take half the SLO and the pipeline to run
   one at a time), so the first request of a burst is bounded too.
@@ -158,6 +164,7 @@ def admit_latency(
     remaining_ms: Sequence[float] | None = None,
     units: Sequence[tuple[float, int]] | None = None,
     lenience: float = 1.0,
+    overloaded: bool = False,
 ) -> Admission:
     """Accept a request only if :func:`estimate_ms` x ``lenience`` fits in ``slo_ms``,
     or if nothing is ahead of it (it starts at once; refusing it would not make it
@@ -179,6 +186,16 @@ def admit_latency(
             end passes a low quantile of its latency / estimate ratios over their
             median (:meth:`infscaler.runtime.route.Route.lenience`), so only a request
             likely late is refused; 1 in overload.
+        overloaded: the offered load is at the pipeline's capacity or past it
+            (:meth:`infscaler.runtime.route.Route.overloaded`): judge on the drain-time
+            estimate ``S + ahead * interval_ms`` even when ``remaining_ms`` / ``units``
+            are given. In overload the queue refills at once, so a short queue costs no
+            throughput, while the tracked estimate overshoots: its ``remaining_ms``
+            chain admission's own estimates, which learn nothing from the requests that
+            expire or finish early, so it kept the queue at the bound, where half the
+            admitted requests expired half computed (ResNet-50 K = 3 at 10x capacity:
+            0.3 x capacity answered within the SLO, 0.93 x with the drain-time
+            estimate; bench/README.md, ``overload.py``).
 
     Raises:
         ValueError: ``slo_ms`` not a positive finite number, or a negative estimate.
@@ -194,7 +211,7 @@ def admit_latency(
     )
     if service < 0 or interval < 0 or not (math.isfinite(service) and math.isfinite(interval)):
         raise ValueError(f"estimates must be finite and >= 0, got {service}, {interval}")
-    tracked = service_ms is not None and remaining_ms is not None and bool(units)
+    tracked = service_ms is not None and remaining_ms is not None and bool(units) and not overloaded
     if tracked:
         est = estimate_ms(ahead, service, interval, remaining_ms, units)
         why = f"{ahead} requests ahead, the pipeline's units busy with them"
@@ -259,6 +276,9 @@ class ArrivalSnapshot:
             ``ahead x interval_ms``), see :func:`estimate_ms`.
         lenience: what the latency decision scales the estimate by, in (0, 1]
             (:meth:`~infscaler.runtime.route.Route.lenience`; 1: refuse at the estimate).
+        overloaded: the offered load is at the pipeline's capacity
+            (:meth:`~infscaler.runtime.route.Route.overloaded`): the latency decision
+            uses the drain-time estimate (:func:`admit_latency`).
     """
 
     pipeline: str
@@ -280,6 +300,7 @@ class ArrivalSnapshot:
     remaining_ms: tuple[float, ...] | None = None
     units: tuple[tuple[float, int], ...] | None = None
     lenience: float = 1.0
+    overloaded: bool = False
 
 
 @dataclass(frozen=True)
@@ -374,7 +395,7 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
     left_ms = max(1e-3, bound_ms - s.spent_ms)
     verdict = admit_latency(
         s.ahead, s.service_ms, s.interval_ms, left_ms, what, s.remaining_ms, s.units,
-        s.lenience,
+        s.lenience, s.overloaded,
     )  # fmt: skip
     if verdict.admit:
         return ArrivalDecision(True, timeout_s, estimate_ms=verdict.estimate_ms)

@@ -152,6 +152,7 @@ class _Pending:
     busy_since: float | None = None
     waits: set[str] = field(default_factory=set)
     estimate_ms: float | None = None  # what the SLO admission expected (ms)
+    estimate_factor: float | None = None  # the correction it was made with (Route.factor)
 
     def move(self, to: RequestPhase) -> None:
         """Change :attr:`phase` to ``to`` (checked against the one table:
@@ -255,7 +256,8 @@ class FrontEnd:
         with self._lock:
             now = time.monotonic()
             arrived = now if arrived_s is None else min(float(arrived_s), now)
-            service_ms, interval_ms = route.estimates()
+            overloaded = route.overloaded(now)
+            service_ms, interval_ms = route.estimates(overloaded)
             remaining_ms, units = route.progress(now)
             config = route.pipeline.config
             decision = admit_request(
@@ -278,7 +280,8 @@ class FrontEnd:
                     interval_ms=interval_ms,
                     remaining_ms=remaining_ms,
                     units=units,
-                    lenience=route.lenience(now),
+                    lenience=route.lenience(now, overloaded),
+                    overloaded=overloaded,
                 )
             )
             if not decision.admit:
@@ -289,6 +292,7 @@ class FrontEnd:
             p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns())
             if route.measured:
                 p.estimate_ms = decision.estimate_ms
+                p.estimate_factor = route.factor(overloaded)
             if decision.estimate_ms is not None:
                 route.dues[seq] = now + decision.estimate_ms / 1e3
             self._pending[seq] = p
@@ -683,7 +687,8 @@ class FrontEnd:
         """Fail ``p``, past its deadline, with 503 (counted under ``counter``), and tell
         its route's admission how long it had been waiting (:meth:`Route.record_expiry`)."""
         self.counters[counter] += 1
-        p.route.record_expiry(p.estimate_ms, (time.monotonic_ns() - p.t_submit_ns) / 1e6)
+        elapsed_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
+        p.route.record_expiry(p.estimate_ms, elapsed_ms, p.estimate_factor)
         self._complete_error(p, RequestError(self._expiry_reason(p), 503))
 
     @staticmethod
@@ -709,7 +714,7 @@ class FrontEnd:
         # items carry the rows of the units before the fan-out: count each row once
         trace = np.unique(np.concatenate(p.traces), axis=0) if p.traces else _EMPTY_TRACE
         p.route.stats.record_success(latency_ms, trace, p.t_submit_ns)
-        p.route.record_estimate(p.estimate_ms, latency_ms)
+        p.route.record_estimate(p.estimate_ms, latency_ms, p.estimate_factor)
         p.route.record_compute(trace)
         self.counters["completed"] += 1
         with contextlib.suppress(concurrent.futures.InvalidStateError):

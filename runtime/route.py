@@ -106,23 +106,34 @@ class Route:
         self.unit_ms = [float(ms) for ms in unit_ms]  # type: ignore[arg-type]
         self.service_ms = sum(self.unit_ms)
 
-    def estimates(self) -> tuple[float | None, float | None]:
+    def estimates(self, overloaded: bool = False) -> tuple[float | None, float | None]:
         """``(service_ms, interval_ms)`` for :func:`~infscaler.runtime.admission.admit_latency`:
         the measured compute of one request, and the bottleneck interval (the slowest
-        unit's compute divided by its instances); ``(None, None)`` before a measurement."""
+        unit's compute divided by its instances), both scaled by :meth:`factor`;
+        ``(None, None)`` before a measurement."""
         if self.service_ms is None or self.unit_ms is None:
             return None, None
-        interval = max((ms / k for ms, k in self._units()), default=0.0)
-        return self.service_ms * self.correction, interval
+        f = self.factor(overloaded)
+        interval = max((ms / k for ms, k in self._units(f)), default=0.0)
+        return self.service_ms * f, interval
 
-    def _units(self) -> tuple[tuple[float, int], ...]:
-        """``(ms per request x correction, instances >= 1)`` per unit (needs
-        :attr:`unit_ms`)."""
+    def factor(self, overloaded: bool = False) -> float:
+        """What the measured compute times are scaled by for admission: the
+        :attr:`correction`, at least 1 while ``overloaded`` (:meth:`overloaded`).
+
+        In overload the drain-time estimate (requests ahead x the bottleneck interval)
+        is beaten only when requests ahead expire or are dropped before they run; a
+        correction learnt from those fast survivors (0.53 at 10x, bench/README.md,
+        ``overload.py``) made admission plan on further expiries, which made more."""
+        return max(1.0, self.correction) if overloaded else self.correction
+
+    def _units(self, factor: float | None = None) -> tuple[tuple[float, int], ...]:
+        """``(ms per request x factor, instances >= 1)`` per unit (needs
+        :attr:`unit_ms`; ``factor`` None: :attr:`correction`)."""
         assert self.unit_ms is not None
+        f = self.correction if factor is None else factor
         n = self.instances or [1] * len(self.unit_ms)
-        return tuple(
-            (ms * self.correction, max(1, int(k))) for ms, k in zip(self.unit_ms, n, strict=False)
-        )
+        return tuple((ms * f, max(1, int(k))) for ms, k in zip(self.unit_ms, n, strict=False))
 
     def progress(
         self, now: float
@@ -143,7 +154,7 @@ class Route:
         recent = itertools.islice(reversed(self.dues.values()), depth)
         return tuple((due - now) * 1e3 for due in recent), units
 
-    def lenience(self, now: float | None = None) -> float:
+    def lenience(self, now: float | None = None, overloaded: bool | None = None) -> float:
         """What admission scales its estimate by before comparing it with the SLO, in
         [0.5, 1]: 1 (refuse at the median estimate) in overload, or before
         :data:`LENIENT_QUANTILE`'s ratio is known; while the offered load is below
@@ -158,31 +169,56 @@ class Route:
         226 while its answered P99 was 193 ms, and one session without an SLO answered
         all of them within 220 ms (bench/README.md, issue 15). In overload every
         admitted request sits at the bound, so the median keeps the admitted P99 within
-        the SLO (``bench/overload.py``)."""
+        the SLO (``bench/overload.py``). ``overloaded``: :meth:`overloaded` when the
+        caller has it (None: computed)."""
         if len(self._ratios) < 10 or self.unit_ms is None:
             return 1.0
-        rates = [k * 1000.0 / ms for ms, k in self._units() if ms > 0]
-        if not rates or self.stats.offered_rate(now) >= SHED_MIN_LOAD * min(rates):
+        if self.overloaded(now) if overloaded is None else overloaded:
             return 1.0
         low = sorted(self._ratios)[int(LENIENT_QUANTILE * (len(self._ratios) - 1))]
         # the ratios' median is the correction (record_estimate)
         return max(0.5, min(1.0, low / self.correction)) if self.correction > 0 else 1.0
 
-    def record_estimate(self, estimate_ms: float | None, latency_ms: float) -> None:
+    def capacity_rps(self) -> float | None:
+        """Requests/s the pipeline's slowest unit can take: its instances x 1000 / its
+        corrected ms per request (None before a measurement)."""
+        if self.unit_ms is None:
+            return None
+        rates = [k * 1000.0 / ms for ms, k in self._units() if ms > 0]
+        return min(rates) if rates else None
+
+    def overloaded(self, now: float | None = None) -> bool:
+        """True while the offered load (admitted and refused, last 10 s) is at least the
+        scaler's :data:`~infscaler.runtime.scaler.SHED_MIN_LOAD` of
+        :meth:`capacity_rps` (False before a measurement): what switches admission to
+        its drain-time estimate (:func:`~infscaler.runtime.admission.admit_latency`)
+        and its lenience off (:meth:`lenience`)."""
+        capacity = self.capacity_rps()
+        return capacity is not None and self.stats.offered_rate(now) >= SHED_MIN_LOAD * capacity
+
+    def record_estimate(
+        self, estimate_ms: float | None, latency_ms: float, factor: float | None = None
+    ) -> None:
         """Fold a completed request's latency against what admission expected into
         :attr:`correction`: the median of the last :data:`_RATIOS` ratios of latency
         to the uncorrected estimate. A median, not a moving average: under Poisson
         arrivals one request in tens waits behind a burst, and an EWMA (weight 0.2)
         moved every estimate up by a third after each such one, so admission refused
         requests a two-unit pipeline would have answered within its SLO (ddddocr at
-        SLO 3x, bench/README.md)."""
+        SLO 3x, bench/README.md).
+
+        ``factor``: what the estimate's compute times were scaled by (:meth:`factor` at
+        admission; None: the current :attr:`correction`)."""
         if estimate_ms is None or estimate_ms <= 0:
             return
-        ratio = self.correction * latency_ms / estimate_ms  # against the raw estimate
+        f = self.correction if factor is None else factor
+        ratio = f * latency_ms / estimate_ms  # against the raw estimate
         self._ratios.append(min(_MAX_CORRECTION, max(0.5, ratio)))
         self.correction = statistics.median(self._ratios)
 
-    def record_expiry(self, estimate_ms: float | None, elapsed_ms: float) -> None:
+    def record_expiry(
+        self, estimate_ms: float | None, elapsed_ms: float, factor: float | None = None
+    ) -> None:
         """A request admitted on ``estimate_ms`` expired after ``elapsed_ms`` unfinished:
         its latency was at least ``elapsed_ms``. When that is past the estimate, the
         estimate was too low: fold it in like a completed request (else it says
@@ -191,7 +227,7 @@ class Route:
         then expired half computed (the 10x overload bench: 290 of 451 admitted
         requests expired, 0.41 x capacity served)."""
         if estimate_ms is not None and estimate_ms > 0 and elapsed_ms > estimate_ms:
-            self.record_estimate(estimate_ms, elapsed_ms)
+            self.record_estimate(estimate_ms, elapsed_ms, factor)
 
     def record_compute(self, trace: np.ndarray) -> None:
         """Fold one completed request's trace rows (unit, instance, start ns, end ns)

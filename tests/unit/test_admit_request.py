@@ -199,3 +199,62 @@ def test_route_lenience_is_a_low_quantile_below_capacity_and_1_in_overload() -> 
     for i in range(130):  # 23 req/s >= 0.9 x 25: overload, refuse at the median
         stats.offered.add(90.05 + i * 0.0769)
     assert r.lenience(100.0) == 1.0
+
+
+def test_in_overload_admission_judges_on_the_drain_time_estimate() -> None:
+    # ResNet-50 K = 3 (bench/README.md, overload.py): units of 3, 4 and 71 ms, one instance
+    # each; 2 admitted ahead, the most recent due in 130 ms; 205 ms left of the timeout.
+    # Tracked: max(S, 130 + 71) = 201 ms, admitted. Drain time: 78 + 2 x 71 = 220, refused.
+    base = dict(
+        slo_ms=205.0,
+        ahead=2,
+        service_ms=78.0,
+        interval_ms=71.0,
+        remaining_ms=(130.0,),
+        units=((3.0, 1), (4.0, 1), (71.0, 1)),
+    )
+    d = admit_request(snap(**base))
+    assert d.admit and d.estimate_ms == pytest.approx(201.0)
+    d = admit_request(snap(**base, overloaded=True))
+    assert not d.admit and d.refusal is Refusal.SLO and d.estimate_ms == pytest.approx(220.0)
+    assert "71.0 ms each" in d.reason  # the drain-time wording
+    # one ahead: 78 + 71 = 149 fits
+    d = admit_request(snap(**dict(base, ahead=1), overloaded=True))
+    assert d.admit and d.estimate_ms == pytest.approx(149.0)
+
+
+def test_route_overload_follows_the_offered_load_and_floors_the_correction_at_1() -> None:
+    from infscaler.runtime.route import Route
+    from infscaler.runtime.stats import PipelineStats
+
+    stats = PipelineStats(["m"])
+    r = Route(pipeline=None, stage_ids=[1, 2], stats=stats)  # type: ignore[arg-type]
+    assert r.capacity_rps() is None and not r.overloaded(100.0)  # nothing measured
+    r.service_ms, r.unit_ms, r.instances = 80.0, [20.0, 60.0], [1, 2]
+    r.correction = 0.5  # learnt from survivors whose requests ahead expired
+    # slowest unit: 2 instances x 1000 / (60 x 0.5) = 66.7 req/s
+    assert r.capacity_rps() == pytest.approx(2000.0 / 30.0)
+    for i in range(500):  # 50 req/s over the last 10 s: 0.75 x capacity
+        stats.offered.add(90.05 + i * 0.02)
+    assert not r.overloaded(100.0)
+    assert r.factor(False) == 0.5 and r.estimates(False) == (40.0, 15.0)
+    for i in range(200):  # 70 req/s >= 0.9 x 66.7
+        stats.offered.add(90.05 + i * 0.05)
+    assert r.overloaded(100.0)
+    # in overload the compute times are never scaled below what was measured
+    assert r.factor(True) == 1.0 and r.estimates(True) == (80.0, 30.0)
+    r.correction = 1.5
+    assert r.factor(True) == 1.5 and r.estimates(True) == (120.0, 45.0)
+
+
+def test_a_ratio_is_taken_against_the_correction_the_estimate_was_made_with() -> None:
+    from infscaler.runtime.route import Route
+
+    r = Route(pipeline=None, stage_ids=[1], stats=None)  # type: ignore[arg-type]
+    r.correction = 0.5
+    # an estimate of 100 ms made with the factor 1 (overload) on raw compute of 100 ms,
+    # answered in 100 ms: the raw ratio is 1, not 0.5 x 100 / 100
+    r.record_estimate(100.0, 100.0, factor=1.0)
+    assert r.correction == pytest.approx(1.0)
+    r.record_expiry(100.0, 300.0, factor=1.0)  # expired at 300 ms: at least 3
+    assert r._ratios[-1] == pytest.approx(3.0)
