@@ -132,6 +132,23 @@ def test_cell_summary_columns_and_checks() -> None:
     assert c2["checks"]["planner within 15 %"] is None  # not predicted: not measured
     targets = sc.all_targets([{"model": "resnet50", "cells": [c2]}])
     assert {t["target"] for t in targets} == set(c2["checks"])
+    # the prediction is compared with what arrived in the passing window when recorded
+    rows3 = [dict(auto, offered_at_slo_rps=13.0), _row("replication-shm", 10.0)]
+    c3 = sc.cell_summary("vgg19", rows3, "cap", 3.0, 300)
+    assert c3["auto_rps"] == 12.0 and c3["auto_offered_rps"] == 13.0
+    assert c3["prediction_error"] == pytest.approx(0.5 / 13, abs=1e-3)
+
+
+def test_every_step_draws_the_same_arrival_pattern_scaled_by_its_rate() -> None:
+    import numpy as np
+
+    sc = _bench("scaling")
+    # the step's generator: rng.exponential(1 / rate) from default_rng(ARRIVAL_SEED)
+    a = np.random.default_rng(sc.ARRIVAL_SEED)
+    b = np.random.default_rng(sc.ARRIVAL_SEED)
+    gaps4 = [a.exponential(1.0 / 4.0) for _ in range(50)]
+    gaps8 = [b.exponential(1.0 / 8.0) for _ in range(50)]
+    assert np.allclose(np.array(gaps4), 2 * np.array(gaps8))
 
 
 def test_auto_names_nothing_but_slo_and_autoscale() -> None:
