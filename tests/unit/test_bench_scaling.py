@@ -8,6 +8,7 @@ nothing but ``slo`` and ``autoscale``. Nothing here starts a service or measures
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -200,3 +201,50 @@ def test_flops_share_of_the_bottleneck_partition(tmp_path: Path) -> None:
     assert fs["det"]["bottleneck"] == 1 and fs["det"]["share"] == 0.6
     assert fs["det"]["shares"] == [0.1, 0.6, 0.3]
     assert fs["rec"] == {"partitions": 1, "shares": [1.0], "bottleneck": 0, "share": 1.0}
+
+
+def test_bench_arrivals_cover_the_warm_up_and_the_measured_window() -> None:
+    sc = _bench("scaling")
+    t = sc.bench_arrivals(10.0, warm_s=4.0, measure_s=5.0, min_requests=100)
+    assert t[0] == 0.0 and (np.diff(t) > 0).all()
+    measured = t[t >= 4.0]
+    assert len(measured) >= 100  # 5 s at 10/s is ~50: the request minimum decides
+    assert len(measured[:-1]) < 100 or measured[-2] - 4.0 < 5.0  # it stops once both hold
+    # the same pattern at twice the rate: the gaps halve (common random numbers)
+    t2 = sc.bench_arrivals(20.0, warm_s=2.0, measure_s=2.5, min_requests=100)
+    n = min(len(t), len(t2))
+    assert np.allclose(t[:n], 2 * t2[:n])
+
+
+def test_p99_every_counts_a_missing_request_as_later_than_any() -> None:
+    sc = _bench("scaling")
+    lat = [float(x) for x in range(1, 200)]  # 1 .. 199 ms
+    assert sc.p99_every(lat, 0) == pytest.approx(np.percentile(lat, 99))
+    assert sc.p99_every(lat, 0) < sc.p99_every(lat, 1)  # a refusal moves the P99 up
+    assert sc.p99_every(lat, 3) == math.inf  # the 99th percentile lands on a refusal
+    assert sc.p99_every([], 0) == math.inf
+
+
+def test_simulated_bisection_follows_the_bench_procedure() -> None:
+    from types import SimpleNamespace
+
+    sc = _bench("scaling")
+    seen = []
+
+    def sim(times, warm_s):  # a fake model: 50 ms each below 12/s, 500 ms above
+        rate = (len(times) - 1) / times[-1]
+        seen.append((len(times), warm_s))
+        n = int((times >= warm_s).sum())
+        ms = 50.0 if rate < 12.0 else 500.0
+        return SimpleNamespace(latencies_ms=[ms] * n, requests=n)
+
+    best, runs = sc.simulated_bisection(
+        sim, 200.0, lo=0.0, hi=32.0, steps=4, warm_s=2.0, measure_s=5.0, min_requests=40
+    )
+    # midpoints 16 (fail), 8 (pass), 12 (fail or pass by the realised rate), then between
+    assert [r["rate"] for r in runs][:2] == [16.0, 8.0]
+    assert [r["passed"] for r in runs][:2] == [False, True]
+    assert 8.0 <= best < 16.0 and best == max(r["rate"] for r in runs if r["passed"])
+    assert all(w == 2.0 for _n, w in seen)
+    # every simulated step covers the warm-up and at least 40 measured requests
+    assert all(n >= 40 for n, _w in seen)
