@@ -158,8 +158,8 @@ class Route:
         """What admission scales its estimate by before comparing it with the SLO, in
         [0.5, 1]: 1 (refuse at the median estimate) in overload, or before
         :data:`LENIENT_QUANTILE`'s ratio is known; while the offered load is below
-        :data:`~infscaler.runtime.scaler.SHED_MIN_LOAD` of the pipeline's capacity (its
-        slowest unit's instances x 1000 / corrected ms), the :data:`LENIENT_QUANTILE`
+        :data:`~infscaler.runtime.scaler.SHED_MIN_LOAD` of the pipeline's capacity
+        (:meth:`capacity_rps`), the :data:`LENIENT_QUANTILE`
         of the last latency / estimate ratios over their median (:attr:`correction`):
         a request is refused only when even a fast outcome would miss.
 
@@ -180,11 +180,13 @@ class Route:
         return max(0.5, min(1.0, low / self.correction)) if self.correction > 0 else 1.0
 
     def capacity_rps(self) -> float | None:
-        """Requests/s the pipeline's slowest unit can take: its instances x 1000 / its
-        corrected ms per request (None before a measurement)."""
+        """Requests/s the pipeline's slowest unit can take: its instances x 1000 / its ms
+        per request, scaled by :meth:`factor` in overload (a correction below 1 says that
+        requests ahead expired, not that the units got faster); None before a
+        measurement."""
         if self.unit_ms is None:
             return None
-        rates = [k * 1000.0 / ms for ms, k in self._units() if ms > 0]
+        rates = [k * 1000.0 / ms for ms, k in self._units(self.factor(True)) if ms > 0]
         return min(rates) if rates else None
 
     def overloaded(self, now: float | None = None) -> bool:

@@ -232,19 +232,21 @@ def test_route_overload_follows_the_offered_load_and_floors_the_correction_at_1(
     assert r.capacity_rps() is None and not r.overloaded(100.0)  # nothing measured
     r.service_ms, r.unit_ms, r.instances = 80.0, [20.0, 60.0], [1, 2]
     r.correction = 0.5  # learnt from survivors whose requests ahead expired
-    # slowest unit: 2 instances x 1000 / (60 x 0.5) = 66.7 req/s
-    assert r.capacity_rps() == pytest.approx(2000.0 / 30.0)
-    for i in range(500):  # 50 req/s over the last 10 s: 0.75 x capacity
-        stats.offered.add(90.05 + i * 0.02)
+    # slowest unit: 2 instances x 1000 / 60 ms = 33.3 req/s (the correction below 1 does
+    # not make the units faster)
+    assert r.capacity_rps() == pytest.approx(2000.0 / 60.0)
+    for i in range(250):  # 25 req/s over the last 10 s: 0.75 x capacity
+        stats.offered.add(90.05 + i * 0.04)
     assert not r.overloaded(100.0)
     assert r.factor(False) == 0.5 and r.estimates(False) == (40.0, 15.0)
-    for i in range(200):  # 70 req/s >= 0.9 x 66.7
-        stats.offered.add(90.05 + i * 0.05)
+    for i in range(100):  # 35 req/s >= 0.9 x 33.3
+        stats.offered.add(90.05 + i * 0.1)
     assert r.overloaded(100.0)
     # in overload the compute times are never scaled below what was measured
     assert r.factor(True) == 1.0 and r.estimates(True) == (80.0, 30.0)
     r.correction = 1.5
     assert r.factor(True) == 1.5 and r.estimates(True) == (120.0, 45.0)
+    assert r.capacity_rps() == pytest.approx(2000.0 / 90.0)  # a correction above 1 counts
 
 
 def test_a_ratio_is_taken_against_the_correction_the_estimate_was_made_with() -> None:
