@@ -107,6 +107,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -1073,10 +1074,22 @@ def predicted_goodput(
     if not hasattr(planner, "predict"):
         return {"predicted_rps": None, "note": "infscaler.runtime.planner has no predict()"}
     try:
-        prof = profile_pipeline(
-            dep.pipeline, feeds, repeats=3 if quick else 10, device=svc.device_profile()
-        )
         by_name = {u["unit"]: u for u in config}
+        # profile each model unit at the intra-op threads its instances ran (the thread
+        # probe at load or a scale-up may have changed them from the pipeline's spec: the
+        # ResNet-50 2x cell's 2-thread instance was profiled at 1 thread, 75 ms for 42)
+        units = [
+            dataclasses.replace(u, threads=int(by_name[u.name].get("threads") or u.threads))
+            if u.kind == "model" and u.name in by_name
+            else u
+            for u in dep.pipeline.units
+        ]
+        prof = profile_pipeline(
+            dataclasses.replace(dep.pipeline, units=units),
+            feeds,
+            repeats=3 if quick else 30,
+            device=svc.device_profile(),
+        )
         cfg = []
         for u in prof.units:
             ran = by_name.get(u.name, {})
