@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import (  # noqa: E402
@@ -65,21 +66,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def children(pid: int) -> list[int]:
-    """Every descendant of ``pid``: its instances, whether spawned (its children) or
-    forked by the zygote (the zygote's children). Direct children alone missed every
-    forked instance, and their CPU was read as other processes' (about 1 core in every
-    run since the zygote)."""
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{p}/task"):
-                with contextlib.suppress(OSError), open(f"/proc/{p}/task/{task}/children") as f:
-                    kids = [int(x) for x in f.read().split()]
-                    out += kids
-                    todo += kids
-    return out
+    """Every descendant of ``pid`` (psutil ``children(recursive=True)``): its instances,
+    whether spawned (its children) or forked by the zygote (the zygote's children).
+    Direct children alone missed every forked instance, and their CPU was read as other
+    processes' (about 1 core in every run since the zygote)."""
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def rss_mb(pid: int) -> float | None:
