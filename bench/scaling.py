@@ -117,7 +117,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -666,7 +666,7 @@ def step(
     is over the answered ones only); ``config`` = the deployment's units over the window (:func:`config_snapshot`)."""
     from infscaler.runtime.monitor import Monitor
 
-    rng = np.random.default_rng(seed)
+    gaps = arrival_gaps(rate, seed)
     rec = Recorder()
     mem: list[float] = []
     inst: list[list[int]] = []
@@ -736,7 +736,7 @@ def step(
             measured.append(rid)
         sender.send(rid, rec)
         rid += 1
-        t_next += rng.exponential(1.0 / rate)
+        t_next += next(gaps)
     end = time.perf_counter()
     window = end - (measure_start or end)
     other_cores = None
@@ -982,18 +982,26 @@ def flops_share(dep: Any) -> dict[str, Any]:
     return out
 
 
+def arrival_gaps(rate: float, seed: int = ARRIVAL_SEED) -> Iterator[float]:
+    """Poisson inter-arrival gaps at ``rate`` (s), the one stream :func:`step` sends by
+    and :func:`bench_arrivals` replays."""
+    rng = np.random.default_rng(seed)
+    while True:
+        yield float(rng.exponential(1.0 / rate))
+
+
 def bench_arrivals(rate: float, warm_s: float, measure_s: float, min_requests: int) -> np.ndarray:
-    """The arrival times (s from the step's start) a step at ``rate`` sends, as
-    :func:`step` draws them (:data:`ARRIVAL_SEED`), through the end of its measured window
-    when the warm-up lasts ``warm_s``: ``measure_s`` and at least ``min_requests``."""
-    rng = np.random.default_rng(ARRIVAL_SEED)
+    """The arrival times (s from the step's start) a step at ``rate`` sends
+    (:func:`arrival_gaps`), through the end of its measured window when the warm-up
+    lasts ``warm_s``: ``measure_s`` and at least ``min_requests``."""
+    gaps = arrival_gaps(rate)
     times: list[float] = []
     t = 0.0
     measured = 0
-    while t < warm_s or (t - warm_s < measure_s or measured < min_requests):
+    while t - warm_s < measure_s or measured < min_requests:
         times.append(t)
         measured += t >= warm_s
-        t += rng.exponential(1.0 / rate)
+        t += next(gaps)
     return np.asarray(times)
 
 

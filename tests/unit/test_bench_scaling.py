@@ -141,15 +141,14 @@ def test_cell_summary_columns_and_checks() -> None:
 
 
 def test_every_step_draws_the_same_arrival_pattern_scaled_by_its_rate() -> None:
-    import numpy as np
-
     sc = _bench("scaling")
-    # the step's generator: rng.exponential(1 / rate) from default_rng(ARRIVAL_SEED)
-    a = np.random.default_rng(sc.ARRIVAL_SEED)
-    b = np.random.default_rng(sc.ARRIVAL_SEED)
-    gaps4 = [a.exponential(1.0 / 4.0) for _ in range(50)]
-    gaps8 = [b.exponential(1.0 / 8.0) for _ in range(50)]
+    # the step's generator (arrival_gaps, seeded with ARRIVAL_SEED by default)
+    a, b = sc.arrival_gaps(4.0), sc.arrival_gaps(8.0)
+    gaps4 = [next(a) for _ in range(50)]
+    gaps8 = [next(b) for _ in range(50)]
     assert np.allclose(np.array(gaps4), 2 * np.array(gaps8))
+    other = sc.arrival_gaps(4.0, seed=2)  # another seed: another pattern
+    assert not np.allclose(gaps4[:5], [next(other) for _ in range(5)])
 
 
 def test_auto_names_nothing_but_slo_and_autoscale() -> None:
