@@ -712,7 +712,8 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
             # a unit far below the bottleneck would not raise the pipeline's throughput
             passed.append(f"{who} is below {NEXT_BEST_FRACTION:g} x the largest B_k/S_k")
             break
-        if passed or _refusals_only(s, c):
+        beyond = _beyond_cores(s, u)
+        if passed or _refusals_only(s, c) or beyond is not None:
             idle = _not_short(s, c, u, lam)
             if idle is not None:
                 # scale-in would take the instance back after the hold: the flapping of
@@ -720,8 +721,14 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
                 # itself only when the violation is refusals at arrival alone (P99
                 # within the SLO): those are a burst's, which more instances on the
                 # same cores do not serve sooner (PP-OCRv4 det's replicas grew to 4 on
-                # 2 cores at a quarter of their capacity, each start inside the window)
-                passed.append(f"{who} {idle}")
+                # 2 cores at a quarter of their capacity, each start inside the window);
+                # or when its next cpu instance would pin more threads than there are
+                # cores: a P99 over the SLO at a load its instances serve is the
+                # service times' spread, which an instance sharing a core makes worse
+                # (ResNet-50 at 2 x L0: 2 single-thread replicas grew to 3 on 2 cores
+                # at 7 requests/s, 0.28 of their capacity, and the P99 went from
+                # 147 ms to 177 ms; bench/README.md, issue 15)
+                passed.append(f"{who} {idle}" + (f" ({beyond})" if beyond else ""))
                 continue
         up, up_why = _up_candidate(s, u)
         tried: list[str] = []
@@ -758,6 +765,21 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
         )
         return _pick(s, u, out, up, tried, up_why, head), passed
     return None, passed
+
+
+def _beyond_cores(s: Snapshot, u: UnitState) -> str | None:
+    """Why one more instance of ``u`` on its fastest engine would pin more cpu threads
+    than the device has cores (None: it would not, the engine is not the cpu, or the
+    cores are not known). Pinned threads beyond the cores are the device profile's
+    oversubscription opt-in (``threads_per_core``: a chain's stages take turns on the
+    cores); one unit's own instances do not take turns, they contend."""
+    phys = s.cap.physical_cores
+    if not phys or not u.options:
+        return None
+    o = min(u.options, key=lambda x: x.latency_ms)
+    if o.engine != "cpu" or s.cores_used + o.cores <= phys:
+        return None
+    return f"another {o.cores}-thread cpu instance pins {s.cores_used}+{o.cores} > {phys} cores"
 
 
 def _refusals_only(s: Snapshot, c: ScalerConfig) -> bool:

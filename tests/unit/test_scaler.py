@@ -811,3 +811,30 @@ def test_unknown_physical_cores_keep_the_pinned_rule() -> None:
     s = snap([u], rate=20.0, cores=4, cores_used=2)
     d = only(decide(_busy(s, 1.99, physical=0), ScalerState())[0])
     assert (d.action, d.engine) == ("scale_out", "cpu")
+
+
+# -- one unit's instances beyond the cores ---------------------------------------------------
+
+
+def _replicas(rate: float, p99: float) -> Snapshot:
+    """ResNet-50 at 2 x L0 on 2 cores (bench/README.md, issue 15): 2 single-thread
+    replicas of 80 ms, 4 thread slots (threads_per_core 2), both cores pinned."""
+    cpu = EngineOption("cpu", latency_ms=80.0, memory_mb=290.0, cores=1)
+    u = unit(0, 80.0, {"cpu": 2}, cpu, service_ms=80.0, arrival_rate=rate)
+    s = snap([u], p99=p99, slo=157.0, rate=rate, mem_used=580.0, mem_cap=11_000.0, cores_used=2)
+    return replace(s, cap=replace(s.cap, cores=4, physical_cores=2))
+
+
+def test_a_unit_not_short_of_capacity_does_not_grow_past_the_cores() -> None:
+    # 7 req/s x 80 ms = 0.56 of 2 instances (<= 0.6) and their M/D/2 P99 ~150 ms is
+    # within 157 ms: the P99 161 ms is the service times' spread, and a third
+    # single-thread instance would pin 3 threads on 2 cores
+    out, st_ = decide(_replicas(7.0, 161.0), ScalerState())
+    assert out == [] and st_.last_scale_out is None
+    # short of capacity (18 req/s: 0.72 of 2 instances) it may still grow
+    d = only(decide(_replicas(18.0, 400.0), ScalerState())[0])
+    assert (d.action, d.unit) == ("scale_out", 0)
+    # within the cores (4 physical) the argmax grows as before
+    s = _replicas(7.0, 161.0)
+    s = replace(s, cap=replace(s.cap, physical_cores=4))
+    assert only(decide(s, ScalerState())[0]).action == "scale_out"
