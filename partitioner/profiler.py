@@ -675,16 +675,34 @@ def _time_served(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """Median ms of ``repeats`` timed runs (after ``warmup``) as served (:func:`_served`),
     and the last run's outputs by name."""
+    times, outputs = _times_served(source, feeds, engine, threads, warmup, repeats)
+    return float(statistics.median(times)), outputs
+
+
+def _times_served(
+    source: bytes | str | StubModel,
+    feeds: dict[str, np.ndarray],
+    engine: str,
+    threads: int,
+    warmup: int,
+    repeats: int,
+    budget_s: float = 0.0,
+    max_repeats: int = 0,
+) -> tuple[list[float], dict[str, np.ndarray]]:
+    """Every timed run's ms (``repeats`` at least; then more while the timed runs took
+    less than ``budget_s`` in all, up to ``max_repeats``), and the last run's outputs."""
     with _served(source, engine, threads) as run:
         for _ in range(warmup):
             run(feeds)
         times: list[float] = []
         outputs: dict[str, np.ndarray] = {}
-        for _ in range(max(repeats, 1)):
+        while len(times) < max(repeats, 1) or (
+            len(times) < max_repeats and sum(times) < budget_s * 1000.0
+        ):
             t0 = time.perf_counter()
             outputs = run(feeds)
             times.append((time.perf_counter() - t0) * 1000.0)
-    return float(statistics.median(times)), outputs
+    return times, outputs
 
 
 def measure_latency(
@@ -722,6 +740,33 @@ def measure_latency(
     _backend(engine)
     source, _ = _model_source(model, node_names=False)
     return _time_served(source, feeds, engine, int(threads or usable_cores()), warmup, repeats)
+
+
+def measure_latency_samples(
+    model: ModelSource,
+    feeds: dict[str, np.ndarray],
+    *,
+    engine: str = "cpu",
+    warmup: int = 3,
+    repeats: int = 10,
+    threads: int | None = None,
+    budget_s: float = 0.0,
+    max_repeats: int = 0,
+) -> list[float]:
+    """Every timed run of ``model`` as served, ms, in order (as :func:`measure_latency`,
+    which returns their median): ``repeats`` runs at least, then more while the timed
+    runs took less than ``budget_s`` seconds in all, up to ``max_repeats`` runs. Their
+    spread is the service-time variability the planner's simulator draws from
+    (:attr:`infscaler.runtime.planner.ModelStage.cv_by_threads`).
+
+    Raises:
+        as :func:`measure_latency`.
+    """
+    _backend(engine)
+    source, _ = _model_source(model, node_names=False)
+    n = int(threads or usable_cores())
+    times, _ = _times_served(source, feeds, engine, n, warmup, repeats, budget_s, max_repeats)
+    return times
 
 
 def _read_trace(trace_file: str | None) -> list[dict[str, Any]]:

@@ -384,8 +384,9 @@ def whole_profiles(
     unit); with a fan-out, one sample per measured item count n (the units outside the
     fan-out once, the per-item ones n times), resampled by the simulator as the staged
     units draw their items; without one, the mean with the largest ``cv`` of the model
-    stages. Memory: the model stages' (each whole: weights + activations) plus one
-    instance overhead (the largest of theirs), MB; ``cores`` = ``t``; kind ``model``.
+    stages at ``t`` (``cv_by_threads``). Memory: the model stages' (each whole: weights +
+    activations) plus one instance overhead (the largest of theirs), MB; ``cores`` =
+    ``t``; kind ``model``.
 
     E.g. a 2 ms step fused before a 10 ms (1 thread) / 6 ms (2 threads) model that fans
     out 1 or 3 items, a 4 / 3 ms model per item and a 1 ms fan-in: at 1 thread samples
@@ -410,7 +411,7 @@ def whole_profiles(
         each = sum(u.fastest().mean_ms for u, p in zip(units, per_item, strict=True) if p)
         mean = base_latency_ms(stages, t)
         samples = tuple(fixed + n * each for n in units[fo].items) if fo is not None else ()
-        cv = 0.0 if samples else max(m.cv for m in models)
+        cv = 0.0 if samples else max(m.cv_by_threads.get(t, m.cv) for m in models)
         prof = EngineProfile("cpu", mean, cv=cv, samples_ms=samples, memory_mb=memory, cores=t)
         out[t] = UnitProfile(name, {"cpu": prof}, kind="model")
     return out

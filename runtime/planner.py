@@ -780,7 +780,12 @@ class ModelStage:
             with it: an upper bound for a partition).
         instance_overhead_mb: memory of an idle instance process, MB
             (:data:`infscaler.base.device.INSTANCE_OVERHEAD_MB`).
-        cv: coefficient of variation of the measured whole-model time (used per unit).
+        cv: coefficient of variation of the measured whole-model time (used per unit at
+            a thread count without its own ``cv_by_threads``).
+        cv_by_threads: intra-op threads -> the CV of the whole model's timed runs at that
+            count (:func:`infscaler.runtime.stageprofile.spread_cv`); each unit's
+            simulated service times are gamma with it (its partitions keep the whole
+            model's spread: one run's slowness is the host's, not an operator's).
         unit_ms: measured per-partition times that replace the estimate: ``(cuts, threads)
             -> (ms per partition, ...)``.
         pre_ms / post_ms: function steps fused into this stage's instances
@@ -807,6 +812,7 @@ class ModelStage:
     activations_mb: float = 0.0
     instance_overhead_mb: float = 0.0
     cv: float = 0.0
+    cv_by_threads: Mapping[int, float] = field(default_factory=dict)
     unit_ms: Mapping[tuple[tuple[int, ...], int], tuple[float, ...]] = field(default_factory=dict)
     pre_ms: float = 0.0
     post_ms: float = 0.0
@@ -829,6 +835,10 @@ class ModelStage:
         for t, ms in self.whole_ms.items():
             if int(t) < 1 or not (math.isfinite(ms) and ms > 0):
                 raise ValueError(f"stage {self.name}: whole_ms[{t}] = {ms!r} is not a time")
+        for t, cv in {None: self.cv, **self.cv_by_threads}.items():
+            if not (isinstance(cv, int | float) and math.isfinite(cv) and cv >= 0):
+                at = "" if t is None else f"_by_threads[{t}]"
+                raise ValueError(f"stage {self.name}: cv{at} = {cv!r} is not a CV >= 0")
         for name in ("weights_bytes", "flops", "op_ms"):
             v = getattr(self, name)
             if v and len(v) != len(self.costs):
@@ -917,7 +927,8 @@ class ModelStage:
             mem = self.instance_overhead_mb + self.activations_mb
             if self.weights_bytes:
                 mem += math.fsum(self.weights_bytes[s : e + 1]) / 1e6
-            prof = EngineProfile("cpu", ms, cv=self.cv, memory_mb=mem, cores=threads)
+            cv = self.cv_by_threads.get(threads, self.cv)
+            prof = EngineProfile("cpu", ms, cv=cv, memory_mb=mem, cores=threads)
             name = self.name if len(bounds) == 1 else f"{self.name}/{k}"
             fans = bool(self.items) and k == len(bounds) - 1
             out.append(

@@ -8,9 +8,10 @@ an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.pa
 * per operator profiled ms at 1 thread (:func:`~infscaler.partitioner.profiler.profile_model`,
   cached per model hash and host), to share the measured time among partitions;
 * the whole model's latency as served (the cpu engine's session options) at each thread
-  count asked for, up to this host's usable cores (``profiler.measure_latency``): the
-  per-model speedup the search applies to every partition; a thread count not measured
-  is not an option;
+  count asked for, up to this host's usable cores (``profiler.measure_latency_samples``,
+  the median): the per-model speedup the search applies to every partition; a thread
+  count not measured is not an option; and the runs' spread (:func:`spread_cv`), the
+  service-time variability the simulator draws from at that count;
 * the boundary overhead T_p (``profiler.measure_boundary_overhead``, cached).
 
 :func:`search_measured` runs the search, measures the partitions of its best candidates
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +36,35 @@ from infscaler.partitioner.graph import OperatorGraph
 from infscaler.partitioner.loader import load_model, random_feeds
 from infscaler.runtime.planner import ModelStage, search
 
-__all__ = ["measure_model_stage", "measure_units", "search_measured"]
+__all__ = ["measure_model_stage", "measure_units", "search_measured", "spread_cv"]
+
+#: The whole model is timed at each thread count for at least ``repeats`` runs, then on
+#: while the timed runs took less than this many seconds in all (ResNet-50 on 2 cores:
+#: about 27 runs at 1 thread, 30 at 2; VGG-19: the ``repeats`` only) ...
+SPREAD_BUDGET_S = 2.0
+#: ... and at most this many runs.
+SPREAD_MAX_RUNS = 30
+#: Fewest runs whose spread is used (fewer: the simulator's service time stays
+#: deterministic at that thread count).
+SPREAD_MIN_RUNS = 10
+
+
+def spread_cv(times_ms: Sequence[float]) -> float | None:
+    """Coefficient of variation (sample standard deviation / mean) of one thread count's
+    timed runs, ms; None for fewer than :data:`SPREAD_MIN_RUNS` runs.
+
+    What it is for: at an SLO a few times the service time, the P99 is set by the slow
+    runs as much as by queueing. A 2-core VM ran ResNet-50 with 2 intra-op threads at a
+    44 ms median and a 53-75 ms P99 between quiet runs (bench/README.md, issue 15);
+    with deterministic service times the simulator rated that one 2-thread session at
+    12.2 requests/s within 2 x L0, and it served 8.8-11.0. The simulator draws gamma service times with this
+    CV (:class:`~infscaler.runtime.simulator.EngineProfile`)."""
+    if len(times_ms) < SPREAD_MIN_RUNS:
+        return None
+    mean = statistics.fmean(times_ms)
+    if not mean > 0:
+        return None
+    return float(statistics.stdev(times_ms) / mean)
 
 
 def measure_model_stage(
@@ -81,11 +111,23 @@ def measure_model_stage(
     )
     cores = profiler.usable_cores()
     whole_ms: dict[int, float] = {}
+    cv_by_threads: dict[int, float] = {}
     for t in sorted({1, *(int(x) for x in threads if 1 <= int(x) <= cores)}):
         progress(f"{name}: timing the whole model at {t} thread(s)")
-        whole_ms[t], _ = profiler.measure_latency(
-            whole, feeds, engine="cpu", warmup=2, repeats=repeats, threads=t
+        times = profiler.measure_latency_samples(
+            whole,
+            feeds,
+            engine="cpu",
+            warmup=2,
+            repeats=repeats,
+            threads=t,
+            budget_s=SPREAD_BUDGET_S,
+            max_repeats=SPREAD_MAX_RUNS,
         )
+        whole_ms[t] = float(statistics.median(times))
+        cv = spread_cv(times)
+        if cv is not None:
+            cv_by_threads[t] = cv
     boundary = profiler.measure_boundary_overhead(engine="cpu", cache=use_cache)
     ops = graph.operators
     valid = graph.valid_cuts()
@@ -95,6 +137,7 @@ def measure_model_stage(
         costs=tuple(float(costs[o.node].flops) for o in ops),
         valid_cuts=tuple(valid),
         whole_ms=whole_ms,
+        cv_by_threads=cv_by_threads,
         weights_bytes=tuple(float(costs[o.node].param_bytes) for o in ops),
         flops=tuple(float(costs[o.node].flops) for o in ops),
         op_ms=tuple(float(prof.node_ms.get(o.node, 0.0)) for o in ops),

@@ -70,3 +70,58 @@ def test_search_measured_replaces_the_estimates_of_the_best_candidates(chain_pat
     assert all((c.cuts[0], c.threads[0]) in stages[0].unit_ms for c in top)
     assert {c.cuts for c in out.candidates} == {c.cuts for c in est.candidates}
     assert out.best is not None
+
+
+def test_measured_stage_records_the_spread_of_its_runs(
+    chain_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from infscaler.partitioner import profiler
+    from infscaler.runtime import stageprofile
+
+    seen: dict[int, int] = {}
+    real = profiler.measure_latency_samples
+
+    def spy(*a, **kw):  # the runs each thread count was timed with
+        times = real(*a, **kw)
+        seen[kw["threads"]] = len(times)
+        return times
+
+    monkeypatch.setattr(profiler, "measure_latency_samples", spy)
+    st = measure_model_stage(chain_path, threads=(1, 2), repeats=3)
+    # a ~ms model: timed on to SPREAD_MAX_RUNS runs within the 2 s budget, and the CV
+    # of those runs recorded per thread count
+    cores = profiler.usable_cores()
+    assert seen == {t: stageprofile.SPREAD_MAX_RUNS for t in (1, 2) if t <= cores}
+    assert set(st.cv_by_threads) == set(seen) and all(v >= 0 for v in st.cv_by_threads.values())
+    # the units at a thread count draw gamma service times with its CV
+    assert st.units((), 1)[0].engines["cpu"].cv == st.cv_by_threads[1]
+
+
+def test_samples_keep_to_their_repeats_budget_and_cap(chain_path: Path) -> None:
+    import numpy as np
+
+    from infscaler.partitioner import profiler
+
+    feeds = {"x": np.ones((1, 16, 32, 32), np.float32)}
+    few = profiler.measure_latency_samples(chain_path, feeds, warmup=0, repeats=3, threads=1)
+    assert len(few) == 3  # no budget: the repeats only
+    capped = profiler.measure_latency_samples(
+        chain_path, feeds, warmup=0, repeats=3, threads=1, budget_s=60.0, max_repeats=12
+    )
+    assert len(capped) == 12 and all(t > 0 for t in capped)
+    # a budget already spent by the repeats adds none
+    spent = profiler.measure_latency_samples(
+        chain_path, feeds, warmup=0, repeats=4, threads=1, budget_s=1e-9, max_repeats=12
+    )
+    assert len(spent) == 4
+
+
+def test_spread_cv_needs_enough_runs() -> None:
+    from infscaler.runtime.stageprofile import SPREAD_MIN_RUNS, spread_cv
+
+    assert spread_cv([10.0] * (SPREAD_MIN_RUNS - 1)) is None
+    assert spread_cv([10.0] * SPREAD_MIN_RUNS) == 0.0
+    runs = [9.0, 11.0] * (SPREAD_MIN_RUNS // 2)
+    # sample standard deviation over the mean: sqrt(n / (n - 1)) x 1 / 10
+    n = len(runs)
+    assert spread_cv(runs) == pytest.approx((n / (n - 1)) ** 0.5 / 10.0)

@@ -297,3 +297,16 @@ def test_the_planner_s_whole_winner_deploys_as_one_unit():
     assert not {"threads", "instances", "fuse"} & planned.stages[0].model_fields_set
     # a fuse: whole pipeline deploys as written: not planned again
     assert not needs_planning(planned)
+
+
+def test_cv_by_threads_sets_each_thread_count_s_spread() -> None:
+    st = ModelStage(
+        "m", costs=(1, 1), valid_cuts=(0,), whole_ms={1: 10.0, 2: 6.0}, cv=0.05,
+        cv_by_threads={2: 0.2},
+    )  # fmt: skip
+    # per thread count its own CV, else the stage's; every partition keeps the spread
+    assert [u.engines["cpu"].cv for u in st.units((0,), 2)] == [0.2, 0.2]
+    assert st.units((), 1)[0].engines["cpu"].cv == 0.05
+    for bad in ({2: -0.1}, {2: float("nan")}):
+        with pytest.raises(ValueError, match=r"cv_by_threads\[2\]"):
+            ModelStage("m", costs=(1,), valid_cuts=(), whole_ms={1: 1.0}, cv_by_threads=bad)
