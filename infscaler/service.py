@@ -792,7 +792,11 @@ class Service:
         :attr:`FrontEnd.failure`). A degraded pipeline (a unit restarting) is not ready;
         the service stays ready meanwhile (it serves its other pipelines and restarts the
         unit itself), so ``/v2/health/ready`` means "the process can take requests" for
-        Kubernetes and systemd alike; :meth:`degraded` and ``status`` say what is down."""
+        Kubernetes and systemd alike; :meth:`degraded` and ``status`` say what is down.
+        A pipeline is ready only once its route takes requests again too: the route's
+        ``unavailable_reason`` is cleared by :meth:`_on_instances_changed` just after a
+        replacement reads ready, and in between health said ready while a request got
+        503 "replacement is loading" (a CI failure of tests/integration/test_faults.py)."""
         if not self._started or self._stopping or (name is None and self.starting):
             return False
         if self.frontend is None or not self.frontend.alive():
@@ -800,6 +804,8 @@ class Service:
         deps = [self.deployment(name)] if name else []
         handles = self.supervisor.handles()
         for d in deps:
+            if d.route.unavailable_reason is not None:
+                return False
             for u in d.pipeline.served_units():
                 if not any(h.key == (d.name, u.index) and h.state == "ready" for h in handles):
                     return False

@@ -73,7 +73,13 @@ def service(kind: str, tmp_path: Path):
 
 
 def test_fan_out_fan_in_pipeline_answers_concurrent_requests(service: Service) -> None:
-    service.deploy(load_pipeline(fan_pipeline()))
+    dep = service.deploy(load_pipeline(fan_pipeline()))
+    assert service.ready("fx")
+    # ready only while the route takes requests (the supervisor's callback clears the
+    # flag just after a replacement reads ready)
+    dep.route.unavailable_reason = "pipeline fx is degraded: unit sum is restarting"
+    assert not service.ready("fx") and service.ready()
+    dep.route.unavailable_reason = None
     assert service.ready("fx")
     rng = np.random.default_rng(0)
     xs = [rng.random((int(rng.integers(0, 7)), 4), dtype=np.float32) for _ in range(200)]
