@@ -192,6 +192,9 @@ COLUMNS = {
     "(every step's in other_cores_per_step)",
     "requests_min": "the fewest measured requests of a step that ran its whole window "
     "(steps that failed early are counted in steps_aborted)",
+    "confirm": "where auto's bisection found < 0.95 x the best baseline: one step of auto "
+    "and one of that baseline at 0.95 x the baseline's rate, each with 3 x the requests "
+    "of a bisection step (needs_confirmation); the 0.95 check is met when auto's passed",
     "checks": "per target: true met, false missed, null not measured",
 }
 
@@ -1166,9 +1169,12 @@ def run_model(
     min_requests: int = MIN_REQUESTS,
     quick: bool = False,
     carry_state: bool = False,
+    confirm: bool = True,
 ) -> dict[str, Any]:
-    """Every cell (cap x SLO) of one model: each configuration's throughput at SLO, then
-    the cell's comparison (:func:`cell_summary`)."""
+    """Every cell (cap x SLO) of one model: each configuration's throughput at SLO, the
+    confirmation of a cell where auto fell below 0.95 x the best baseline
+    (:func:`needs_confirmation`; ``confirm``), then the cell's comparison
+    (:func:`cell_summary`)."""
     from infscaler.server import ServerThread
     from infscaler.service import Service
 
@@ -1251,6 +1257,38 @@ def run_model(
                             f"  -> {row['throughput_at_slo_rps']}/s = {row['vs_ideal']} x ideal",
                             flush=True,
                         )
+                for slo_x in slos if confirm else ():
+                    need = needs_confirmation(rows, cap_mode, slo_x)
+                    if need is None:
+                        continue
+                    best, rate = need
+                    slo_ms = slo_x * cal["l0_ms"]
+                    for config in ("auto", best):
+                        print(
+                            f"  [{cap_mode}] confirm {config} SLO {slo_x}x at {rate}/s",
+                            flush=True,
+                        )
+                        row = run_cell(
+                            svc,
+                            sock,
+                            model,
+                            k,
+                            config,
+                            cap_mode,
+                            slo_x,
+                            slo_ms,
+                            feeds,
+                            cores,
+                            st,
+                            steps,
+                            ideal,
+                            0.0,
+                            CONFIRM_REQUESTS_X * min_requests,
+                            quick,
+                            carry_state,
+                            confirm_rate=rate,
+                        )
+                        rows.append({**row, "confirm": True, "confirm_rate": rate})
     entry["cells"] = [
         cell_summary(model, rows, cap_mode, slo_x, min_requests)
         for cap_mode in caps
@@ -1278,11 +1316,14 @@ def run_cell(
     min_requests: int = MIN_REQUESTS,
     quick: bool = False,
     carry_state: bool = False,
+    confirm_rate: float | None = None,
 ) -> dict[str, Any]:
     """One configuration at one SLO: deploy it through the service (every configuration
     is served by the same :class:`~infscaler.service.Service`), bisect the offered rate
     (deployed again before each step unless ``carry_state``), undeploy. For ``auto`` (and ``eq1``) also the M/D/c ceiling of the configuration the
-    best step ran, the planner's prediction for it and the plan's FLOPs shares."""
+    best step ran, the planner's prediction for it and the plan's FLOPs shares.
+    With ``confirm_rate``: one step at that rate instead of the bisection (the
+    confirmation of :func:`needs_confirmation`), nothing predicted."""
     name = f"{config}-{cap_mode}-{str(slo_x).replace('.', '_')}"
     quiet = wait_for_quiet(3.0 if quick else QUIET_WAIT_S)
     objective = "eq1" if config == "eq1" and _objective_level() else None
@@ -1360,14 +1401,24 @@ def run_cell(
 
     extra: dict[str, Any] = {}
     try:
-        best, trace = bisect(run, lo, 1.1 * ideal, steps)
+        if confirm_rate is not None:
+            r = run(confirm_rate)
+            print(
+                f"    confirm {confirm_rate:7.2f}/s: P99 of all {r['p99_all_ms']} ms, "
+                f"{r['requests']} requests, {'pass' if r['passed'] else 'FAIL'} "
+                f"{r['aborted'] or ''} others {r['other_processes_cores']}",
+                flush=True,
+            )
+            best, trace = (r if r["passed"] else None), [r]
+        else:
+            best, trace = bisect(run, lo, 1.1 * ideal, steps)
         decisions = svc.autoscaler.decisions(name)
         chosen = (best or (trace[-1] if trace else {})).get("config")
         extra["units"] = [u.name for u in dep.pipeline.units]
         extra["plans"] = dict(dep.pipeline.plans)
         extra["flops_share"] = flops_share(dep)
         extra["deploy_status"] = deploy_status(svc, dep)
-        if config in ("auto", "eq1") and isinstance(chosen, list):
+        if config in ("auto", "eq1") and isinstance(chosen, list) and confirm_rate is None:
             extra["ceiling"] = ceiling(chosen, slo_ms, 20_000 if quick else 100_000)
             procedure = {
                 "lo": lo,
@@ -1419,6 +1470,63 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
+#: A cell whose auto bisection found less than this fraction of the best baseline's rate
+#: is confirmed (:func:`needs_confirmation`): the issue's 0.95 check ...
+CONFIRM_BELOW = 0.95
+#: ... with one step of auto and one of that baseline at the rate auto must sustain,
+#: each this many times the bisection's fewest requests per step.
+CONFIRM_REQUESTS_X = 3
+
+
+def needs_confirmation(
+    rows: list[dict[str, Any]], cap_mode: str, slo_x: float
+) -> tuple[str, float] | None:
+    """``(best baseline, rate)`` when auto's bisection in this cell found less than
+    :data:`CONFIRM_BELOW` x the best baseline's rate (rate = that fraction of it: what
+    auto must sustain to meet the check); None otherwise.
+
+    Why: a step's P99 over 300 requests is its third-slowest, and a bisection keeps the
+    highest rate that passed, so one configuration run twice lands about a step (~6 %)
+    apart (ResNet-50 at 3 x L0; bench/README.md), and the best of three baselines is the
+    luckiest of three draws. When auto ran the same configuration as a baseline the 0.95
+    check was a coin toss (ResNet-50 at 1.5 x L0: one 2-thread session both, 3.66 vs
+    5.49/s). The confirmation runs auto and that baseline at the rate in question over a
+    window :data:`CONFIRM_REQUESTS_X` x as long, one after the other, from the same
+    arrivals (common random numbers)."""
+    by = {
+        r["config"]: r
+        for r in rows
+        if r["cap"] == cap_mode and r["slo_x"] == slo_x and not r.get("confirm")
+    }
+    auto = by.get("auto")
+    base = {c: by[c]["throughput_at_slo_rps"] for c in BASELINES if c in by}
+    if auto is None or not base:
+        return None
+    best = max(base, key=lambda c: base[c])
+    if not base[best] or auto["throughput_at_slo_rps"] >= CONFIRM_BELOW * base[best] - 1e-9:
+        return None
+    return best, round(CONFIRM_BELOW * base[best], 3)
+
+
+def confirmation(rows: list[dict[str, Any]], cap_mode: str, slo_x: float) -> dict[str, Any] | None:
+    """The cell's confirmation steps (None: none ran): the rate, and per configuration
+    whether its step passed, the P99 of every request, the requests and why it ended."""
+    conf = [r for r in rows if r["cap"] == cap_mode and r["slo_x"] == slo_x and r.get("confirm")]
+    if not conf:
+        return None
+    out: dict[str, Any] = {"rate": conf[0].get("confirm_rate")}
+    for r in conf:
+        st = (r.get("steps") or [{}])[0]
+        out[r["config"]] = {
+            "passed": bool(st.get("passed")),
+            "p99_all_ms": st.get("p99_all_ms"),
+            "requests": st.get("requests"),
+            "aborted": st.get("aborted", r.get("deploy_error", "")),
+            "config": st.get("config"),
+        }
+    return out
+
+
 def cell_summary(
     model: str, rows: list[dict[str, Any]], cap_mode: str, slo_x: float, min_requests: int
 ) -> dict[str, Any]:
@@ -1427,7 +1535,11 @@ def cell_summary(
     configuration and auto / ceiling, the planner's prediction and its error, the FLOPs
     share of the bottleneck partition (auto's plan and Eq. 1's), other processes' CPU
     (max over the steps) and the fewest requests of a step that ran its full window."""
-    by = {r["config"]: r for r in rows if r["cap"] == cap_mode and r["slo_x"] == slo_x}
+    by = {
+        r["config"]: r
+        for r in rows
+        if r["cap"] == cap_mode and r["slo_x"] == slo_x and not r.get("confirm")
+    }
     auto = by.get("auto")
     eq1 = by.get("eq1")
     base = {c: by[c]["throughput_at_slo_rps"] for c in BASELINES if c in by}
@@ -1450,8 +1562,17 @@ def cell_summary(
     err = err_bench if err_bench is not None else err_long
     steps = [s for r in by.values() for s in r["steps"]]
     full = [s["requests"] for s in steps if not s.get("aborted")]
+    conf = confirmation(rows, cap_mode, slo_x)
+    conf_steps = [
+        s
+        for r in rows
+        if r.get("confirm") and r["cap"] == cap_mode and r["slo_x"] == slo_x
+        for s in r["steps"]
+    ]
     others = [
-        s["other_processes_cores"] for s in steps if s.get("other_processes_cores") is not None
+        s["other_processes_cores"]
+        for s in steps + conf_steps
+        if s.get("other_processes_cores") is not None
     ]
 
     def share(r: dict[str, Any] | None) -> float | None:
@@ -1490,6 +1611,7 @@ def cell_summary(
         "steps": len(steps),
         "steps_aborted": len(steps) - len(full),
         "deploy_errors": {c2: r["deploy_error"] for c2, r in by.items() if r.get("deploy_error")},
+        "confirm": conf,
     }
     c["checks"] = cell_checks(c, min_requests)
     return c
@@ -1506,7 +1628,12 @@ def cell_checks(c: dict[str, Any], min_requests: int) -> dict[str, Any]:
     def ge(v: float | None, t: float) -> bool | None:
         return None if v is None else bool(v >= t)
 
-    out: dict[str, Any] = {"auto >= 0.95 x best baseline": ge(c["auto_vs_best"], 0.95)}
+    near = ge(c["auto_vs_best"], CONFIRM_BELOW)
+    conf = c.get("confirm") or {}
+    if near is False and conf.get("auto", {}).get("passed"):
+        # auto sustained 0.95 x the best baseline's rate over the longer window
+        near = True
+    out: dict[str, Any] = {"auto >= 0.95 x best baseline": near}
     if c["cap"] == "cap" and c["model"] in STRONG_MODELS and c["slo_x"] >= 2.0:
         out["cap: auto >= 1.15 x best baseline"] = ge(c["auto_vs_best"], 1.15)
     if c["slo_x"] >= 3.0:
@@ -1526,7 +1653,7 @@ def flops_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for config in ("auto", "eq1"):
         seen: dict[str, Any] = {}
         for r in rows:
-            if r["config"] != config:
+            if r["config"] != config or r.get("confirm"):
                 continue
             for stage, fs in (r.get("flops_share") or {}).items():
                 key = f"{stage}:{fs.get('plan', 'whole')}"
@@ -1664,6 +1791,16 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _confirm_text(conf: dict[str, Any] | None) -> str:
+    """``5.5/s: auto pass, one-session FAIL`` (``-``: no confirmation ran)."""
+    if not conf:
+        return "-"
+    runs = [
+        f"{k} {'pass' if v['passed'] else 'FAIL'}" for k, v in conf.items() if isinstance(v, dict)
+    ]
+    return f"{conf.get('rate')}/s: " + ", ".join(runs)
+
+
 def cell_table(models: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """The per-cell table printed at the end (and in bench/README.md)."""
     headers = [
@@ -1685,6 +1822,7 @@ def cell_table(models: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
         "Bflops eq1",
         "others max",
         "req min",
+        "confirm",
         "checks",
     ]
     rows = []
@@ -1717,6 +1855,7 @@ def cell_table(models: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
                             "requests_min",
                         )
                     ),
+                    _confirm_text(c.get("confirm")),
                     "all met"
                     if not missed and all(v is not None for v in checks.values())
                     else f"{len(missed)} missed, {sum(v is None for v in checks.values())} n/a",
@@ -1755,6 +1894,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep one deployment through a configuration's bisection steps (default: "
         "deploy it again before each step)",
+    )
+    ap.add_argument(
+        "--no-confirm",
+        action="store_true",
+        help="no confirmation step where auto fell below 0.95 x the best baseline (off "
+        "with --quick)",
     )
     ap.add_argument("--replot", type=Path, help="redraw the PNG of a results JSON and exit")
     ap.add_argument(
@@ -1833,6 +1978,7 @@ def main(argv: list[str] | None = None) -> int:
             min_requests,
             quick,
             args.carry_state,
+            confirm=not (quick or args.no_confirm),
         )
         e["carry_state"] = args.carry_state
         e["wall_s"] = round(time.monotonic() - t, 1)

@@ -247,3 +247,38 @@ def test_simulated_bisection_follows_the_bench_procedure() -> None:
     assert all(w == 2.0 for _n, w in seen)
     # every simulated step covers the warm-up and at least 40 measured requests
     assert all(n >= 40 for n, _w in seen)
+
+
+def _confirm_row(config: str, rate: float, passed: bool, **kw) -> dict:
+    step = {"requests": 900, "aborted": "" if passed else "late", "passed": passed,
+            "p99_all_ms": 150.0 if passed else 180.0, "other_processes_cores": 0.3}  # fmt: skip
+    return {"config": config, "cap": "none", "slo_x": 2.0, "throughput_at_slo_rps": rate if
+            passed else 0.0, "steps": [step], "confirm": True, "confirm_rate": rate, **kw}  # fmt: skip
+
+
+def test_a_cell_below_0_95_is_confirmed_at_the_rate_auto_must_sustain() -> None:
+    sc = _bench("scaling")
+    rows = [_row("auto", 9.0, "none", 2.0), _row("replication-shm", 10.0, "none", 2.0),
+            _row("one-session", 8.0, "none", 2.0)]  # fmt: skip
+    # 9 < 0.95 x 10: auto and the best baseline at 9.5/s
+    assert sc.needs_confirmation(rows, "none", 2.0) == ("replication-shm", 9.5)
+    assert sc.needs_confirmation(rows, "cap", 2.0) is None  # no such cell
+    ok = [_row("auto", 9.5, "none", 2.0), _row("replication-shm", 10.0, "none", 2.0)]
+    assert sc.needs_confirmation(ok, "none", 2.0) is None  # 9.5 = 0.95 x 10: met
+    assert sc.needs_confirmation([_row("auto", 9.0, "none", 2.0)], "none", 2.0) is None
+    # the confirmation decides the 0.95 check; the bisection's columns stay as measured
+    passed = rows + [_confirm_row("auto", 9.5, True), _confirm_row("replication-shm", 9.5, False)]
+    c = sc.cell_summary("resnet50", passed, "none", 2.0, 300)
+    assert c["auto_rps"] == 9.0 and c["auto_vs_best"] == 0.9
+    assert c["confirm"]["rate"] == 9.5
+    assert c["confirm"]["auto"]["passed"] is True
+    assert c["confirm"]["replication-shm"]["passed"] is False
+    assert c["checks"]["auto >= 0.95 x best baseline"] is True
+    assert c["steps"] == 6 and c["other_cores_max"] == 0.3  # confirm steps: CPU counted
+    failed = rows + [_confirm_row("auto", 9.5, False), _confirm_row("replication-shm", 9.5, True)]
+    c2 = sc.cell_summary("resnet50", failed, "none", 2.0, 300)
+    assert c2["checks"]["auto >= 0.95 x best baseline"] is False
+    assert sc._confirm_text(c2["confirm"]) == "9.5/s: auto FAIL, replication-shm pass"
+    assert sc._confirm_text(None) == "-"
+    # a confirmation row is not the cell's bisection row (it would replace auto's)
+    assert sc.cell_summary("resnet50", failed, "none", 2.0, 300)["auto_rps"] == 9.0
