@@ -670,8 +670,9 @@ def _saturated(s: Snapshot, threads: int) -> str | None:
     )
 
 
-def _refusals(s: Snapshot, o: EngineOption) -> list[str]:
-    """Why the cap refuses one more instance on ``o.engine`` ([]: it is admitted)."""
+def _refusals(s: Snapshot, u: UnitState, o: EngineOption) -> list[str]:
+    """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: it is
+    admitted)."""
     cap = s.cap
     slots = cap.max_instances.get(o.engine)
     if slots is None:
@@ -686,10 +687,42 @@ def _refusals(s: Snapshot, o: EngineOption) -> list[str]:
         why.append(f"{o.engine} slots {used}+1 > {slots}")
     if cap.cores and not s.cores_used + o.cores <= cap.cores:
         why.append(f"cores {s.cores_used}+{o.cores} > {cap.cores}")
+    own = _own_cores(s, u, o.cores) if o.engine == "cpu" else None
+    if own is not None:
+        why.append(own)
     busy = _saturated(s, o.cores)
     if busy is not None:
         why.append(busy)
     return why
+
+
+def _pinned_by(u: UnitState) -> int:
+    """Cpu threads pinned by ``u``'s own running instances (``threads``; where the
+    thread counts are not known, its cpu instances x its fastest cpu option's cores)."""
+    if u.threads:
+        return sum(int(t) * int(n) for t, n in u.threads.items())
+    per = max((o.cores for o in u.options if o.engine == "cpu"), default=1)
+    return u.instances.get("cpu", 0) * per
+
+
+def _own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
+    """Why ``more`` cpu threads for ``u`` would add contention, not capacity (None:
+    they would not, or the cores are not known): ``u``'s own instances would then pin
+    more threads than the cpu has cores. Another stage's threads may share a core with
+    it (the profile's ``threads_per_core``: a chain's stages take turns), but a unit's
+    own instances all run the same work at once: on 2 cores a third single-thread
+    instance of the whole PP-OCRv4 det serves no more requests per second than two, and
+    each request that shares a core takes up to twice as long (at 2 x L0 under the cap
+    the scaler grew 2 to 3 on "0.2 requests/s refused at arrival", and the steps at
+    6.5-8.6 requests/s that 2 instances serve failed; ResNet-50 at 2 x L0: P99 147 ->
+    177 ms; bench/README.md, issue 15)."""
+    phys = s.cap.physical_cores
+    if not phys or more <= 0:
+        return None
+    own = _pinned_by(u)
+    if own + more <= phys:
+        return None
+    return f"{u.name}'s own instances would pin {own}+{more} > {phys} cores"
 
 
 #: A unit other than the argmax is scaled only when its B_k/S_k is at least this
@@ -740,7 +773,7 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
         else:
             ranked = sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0]))
             for _, o in ranked:
-                why = _refusals(s, o)
+                why = _refusals(s, u, o)
                 if why:
                     tried.append(f"{o.engine} refused: {' and '.join(why)}")
                     continue
@@ -887,6 +920,9 @@ def _up_candidate(
         return None, "the device counts no cpu cores (no budget to give threads from)"
     if not s.cores_used + (t2 - t) <= cap.cores:
         return None, f"cores {s.cores_used}+{t2 - t} > {cap.cores}"
+    own = _own_cores(s, u, t2 - t)
+    if own is not None:
+        return None, own
     busy = _saturated(s, t2 - t)
     if busy is not None:
         return None, busy

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from infscaler.runtime import scaler
 from infscaler.runtime.scaler import (
     Decision,
     EngineOption,
@@ -775,10 +776,10 @@ def _busy(s: Snapshot, busy: float | None, physical: int = 2) -> Snapshot:
 
 
 def test_saturated_cores_refuse_a_cpu_scale_out_and_fall_to_the_gpu() -> None:
-    # whole-model replicas: 2 single-thread instances on 2 physical cores, 4 thread slots
-    # (threads_per_core 2): the pinned count admits a third ...
-    u = unit(0, 80.0, {"cpu": 2}, CPU, service_ms=80.0, arrival_rate=20.0)
-    s = snap([u], rate=20.0, cores=4, cores_used=2, offered=25.0)  # its capacity: 25 req/s
+    # one single-thread instance on 2 physical cores, another pipeline's pinning the
+    # other, 4 thread slots (threads_per_core 2): the pinned count admits a second ...
+    u = unit(0, 80.0, {"cpu": 1}, CPU, service_ms=80.0, arrival_rate=20.0)
+    s = snap([u], rate=20.0, cores=4, cores_used=2, used={"cpu": 2}, offered=25.0)
     assert only(decide(_busy(s, None), ScalerState())[0]).action == "scale_out"
     # ... and so does a half-busy host: 2 - 1.0 = 1.0 idle >= 1.0 per thread
     d = only(decide(_busy(s, 1.0), ScalerState())[0])
@@ -831,9 +832,19 @@ def test_a_unit_not_short_of_capacity_does_not_grow_past_the_cores() -> None:
     # single-thread instance would pin 3 threads on 2 cores
     out, st_ = decide(_replicas(7.0, 161.0), ScalerState())
     assert out == [] and st_.last_scale_out is None
-    # short of capacity (18 req/s: 0.72 of 2 instances) it may still grow
-    d = only(decide(_replicas(18.0, 400.0), ScalerState())[0])
-    assert (d.action, d.unit) == ("scale_out", 0)
+    # short of capacity (18 req/s: 0.72 of 2 instances) it does not grow past the cores
+    # either: a third instance would share a core with one of its own, the same
+    # requests per second at up to twice the latency (below 0.9 of the capacity the
+    # pipeline does not shed: no action)
+    s = _replicas(18.0, 400.0)
+    assert decide(s, ScalerState())[0] == []
+    assert scaler._refusals(s, s.units[0], s.units[0].options[0]) == [
+        "u0's own instances would pin 2+1 > 2 cores"
+    ]
+    # a thread step is refused alike: 2 instances x 1 thread -> one at 2 threads
+    up = replace(s.units[0], threads={1: 2}, latency_ms_by_threads={1: 80.0, 2: 45.0},
+                 max_threads=2)  # fmt: skip
+    assert scaler._up_candidate(s, up) == (None, "u0's own instances would pin 2+1 > 2 cores")
     # within the cores (4 physical) the argmax grows as before
     s = _replicas(7.0, 161.0)
     s = replace(s, cap=replace(s.cap, physical_cores=4))
