@@ -108,6 +108,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -1252,29 +1253,32 @@ def run_model(
         ):
             sock = str(Path(tmp) / "bench.sock")
             with ServerThread(svc, sock, max_body_mb=64):
+                cell = functools.partial(
+                    run_cell,
+                    svc=svc,
+                    sock=sock,
+                    model=model,
+                    k=k,
+                    cap_mode=cap_mode,
+                    feeds=feeds,
+                    cores=cores,
+                    st=st,
+                    steps=steps,
+                    ideal=ideal,
+                    quick=quick,
+                    carry_state=carry_state,
+                )
                 for config in configs:
                     prev_pass = 0.0
                     for slo_x in slos:
                         slo_ms = slo_x * cal["l0_ms"]
                         print(f"  [{cap_mode}] {config} SLO {slo_x}x = {slo_ms:.0f} ms", flush=True)
-                        row = run_cell(
-                            svc,
-                            sock,
-                            model,
-                            k,
-                            config,
-                            cap_mode,
-                            slo_x,
-                            slo_ms,
-                            feeds,
-                            cores,
-                            st,
-                            steps,
-                            ideal,
-                            prev_pass,
-                            min_requests,
-                            quick,
-                            carry_state,
+                        row = cell(
+                            config=config,
+                            slo_x=slo_x,
+                            slo_ms=slo_ms,
+                            lo=prev_pass,
+                            min_requests=min_requests,
                         )
                         prev_pass = row["throughput_at_slo_rps"] * 0.9
                         rows.append(row)
@@ -1287,7 +1291,6 @@ def run_model(
                     if need is None:
                         continue
                     best, base_rps = need
-                    slo_ms = slo_x * cal["l0_ms"]
                     for frac in CONFIRM_FRACTIONS:
                         rate = round(frac * base_rps, 3)
                         tried = []
@@ -1297,26 +1300,7 @@ def run_model(
                                 f"({frac:g} x {best})",
                                 flush=True,
                             )
-                            row = run_cell(
-                                svc,
-                                sock,
-                                model,
-                                k,
-                                config,
-                                cap_mode,
-                                slo_x,
-                                slo_ms,
-                                feeds,
-                                cores,
-                                st,
-                                steps,
-                                ideal,
-                                0.0,
-                                CONFIRM_REQUESTS_X * min_requests,
-                                quick,
-                                carry_state,
-                                confirm_rate=rate,
-                            )
+                            row = cell(config, slo_x, 0.0, CONFIRM_REQUESTS_X * min_requests, rate)
                             row = {**row, "confirm": True, "confirm_rate": rate}
                             rows.append(row)
                             tried.append(bool(row["steps"] and row["steps"][0].get("passed")))
