@@ -1287,25 +1287,9 @@ def run_model(
                             flush=True,
                         )
                 for slo_x in slos if confirm else ():
-                    need = needs_confirmation(rows, cap_mode, slo_x)
-                    if need is None:
-                        continue
-                    best, base_rps = need
-                    for frac in CONFIRM_FRACTIONS:
-                        rate = round(frac * base_rps, 3)
-                        tried = []
-                        for config in ("auto", best):
-                            print(
-                                f"  [{cap_mode}] confirm {config} SLO {slo_x}x at {rate}/s "
-                                f"({frac:g} x {best})",
-                                flush=True,
-                            )
-                            row = cell(config, slo_x, 0.0, CONFIRM_REQUESTS_X * min_requests, rate)
-                            row = {**row, "confirm": True, "confirm_rate": rate}
-                            rows.append(row)
-                            tried.append(bool(row["steps"] and row["steps"][0].get("passed")))
-                        if any(tried):
-                            break  # the highest rate one of the two sustains: decided
+                    rows += confirm_cell(
+                        cell, rows, cap_mode, slo_x, slo_x * cal["l0_ms"], min_requests
+                    )
     entry["cells"] = [
         cell_summary(model, rows, cap_mode, slo_x, min_requests)
         for cap_mode in caps
@@ -1527,6 +1511,49 @@ def needs_confirmation(
     if not base[best] or auto["throughput_at_slo_rps"] >= CONFIRM_BELOW * base[best] - 1e-9:
         return None
     return best, float(base[best])
+
+
+def confirm_cell(
+    cell: Callable[..., dict[str, Any]],
+    rows: list[dict[str, Any]],
+    cap_mode: str,
+    slo_x: float,
+    slo_ms: float,
+    min_requests: int,
+) -> list[dict[str, Any]]:
+    """The confirmation steps of one cell (:func:`needs_confirmation`; none: []): auto
+    and the best baseline, one step each with :data:`CONFIRM_REQUESTS_X` x
+    ``min_requests`` requests, at :data:`CONFIRM_FRACTIONS` of the baseline's rate in
+    turn until one of the two passes. ``cell`` runs one configuration with
+    :func:`run_cell`'s keywords (``config``, ``slo_x``, ``slo_ms``, ``lo``,
+    ``min_requests``, ``confirm_rate``); each row it returns comes back marked
+    ``confirm`` with its ``confirm_rate``."""
+    need = needs_confirmation(rows, cap_mode, slo_x)
+    if need is None:
+        return []
+    best, base_rps = need
+    out: list[dict[str, Any]] = []
+    for frac in CONFIRM_FRACTIONS:
+        rate = round(frac * base_rps, 3)
+        passed = False
+        for config in ("auto", best):
+            print(
+                f"  [{cap_mode}] confirm {config} SLO {slo_x}x at {rate}/s ({frac:g} x {best})",
+                flush=True,
+            )
+            row = cell(
+                config=config,
+                slo_x=slo_x,
+                slo_ms=slo_ms,
+                lo=0.0,
+                min_requests=CONFIRM_REQUESTS_X * min_requests,
+                confirm_rate=rate,
+            )
+            out.append({**row, "confirm": True, "confirm_rate": rate})
+            passed |= bool(row["steps"] and row["steps"][0].get("passed"))
+        if passed:
+            break  # the highest rate one of the two sustains: decided
+    return out
 
 
 def confirmation(rows: list[dict[str, Any]], cap_mode: str, slo_x: float) -> dict[str, Any] | None:

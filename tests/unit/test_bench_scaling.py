@@ -295,3 +295,43 @@ def test_a_cell_below_0_95_is_confirmed_by_pairs_of_long_steps() -> None:
     c4 = sc.cell_summary("resnet50", none, "none", 2.0, 300)
     assert c4["confirm"]["decided_at"] is None
     assert c4["checks"]["auto >= 0.95 x best baseline"] is None
+
+
+def test_confirm_cell_descends_until_one_of_the_two_passes() -> None:
+    sc = _bench("scaling")
+    import functools
+    import inspect
+
+    rows = [_row("auto", 9.0, "none", 2.0), _row("one-session", 10.0, "none", 2.0)]
+    calls: list[tuple[str, float, int]] = []
+    sustained = {"auto": 8.0, "one-session": 9.0}  # the highest rate each passes
+
+    def fake(svc, sock, model, k, config, cap_mode, slo_x, slo_ms, feeds, cores, st, steps,
+             ideal, lo, min_requests=300, quick=False, carry_state=False, confirm_rate=None):  # fmt: skip
+        calls.append((config, confirm_rate, min_requests))
+        ok = confirm_rate <= sustained[config]
+        return {"config": config, "cap": cap_mode, "slo_x": slo_x, "throughput_at_slo_rps": 0.0,
+                "steps": [{"passed": ok, "requests": min_requests}]}  # fmt: skip
+
+    # the fake has run_cell's parameters: the bench binds the cell as it binds run_cell
+    assert list(inspect.signature(fake).parameters) == list(
+        inspect.signature(sc.run_cell).parameters
+    )
+    cell = functools.partial(fake, svc=None, sock="", model="resnet50", k=2, cap_mode="none",
+                             feeds={}, cores=2, st={}, steps=5, ideal=20.0, quick=False,
+                             carry_state=False)  # fmt: skip
+    out = sc.confirm_cell(cell, rows, "none", 2.0, 150.0, 300)
+    # 9.5/s: both fail; 8.5/s: one-session passes (auto does not): decided there
+    assert calls == [("auto", 9.5, 900), ("one-session", 9.5, 900),
+                     ("auto", 8.5, 900), ("one-session", 8.5, 900)]  # fmt: skip
+    assert (
+        all(r["confirm"] for r in out) and [r["confirm_rate"] for r in out] == [9.5] * 2 + [8.5] * 2
+    )
+    c = sc.cell_summary("resnet50", rows + out, "none", 2.0, 300)
+    assert c["confirm"]["decided_at"] == 8.5 and c["confirm"]["auto_passed"] is False
+    assert c["checks"]["auto >= 0.95 x best baseline"] is False
+    # a cell auto did not lose is not confirmed
+    assert (
+        sc.confirm_cell(cell, [_row("auto", 9.6, "none", 2.0), rows[1]], "none", 2.0, 150, 300)
+        == []
+    )
