@@ -76,6 +76,7 @@ from infscaler.runtime.simulator import (
 __all__ = [
     "FRONTEND_MS",
     "GOODPUT_TIE",
+    "HANDOVER_MS",
     "Candidate",
     "ModelStage",
     "PlanResult",
@@ -85,6 +86,7 @@ __all__ = [
     "autoscale_run",
     "capacity_rps",
     "cpu_cores",
+    "frontend_profile",
     "plan",
     "predict",
     "resource_cap",
@@ -740,6 +742,28 @@ def autoscale_run(
 #: It grows with the request's bytes; pass the target's own figure with ``frontend_ms``.
 FRONTEND_MS = 1.6
 
+#: Time of one token handover in :func:`search`'s simulations, ms (every hop between the
+#: front end and the units; :func:`~infscaler.runtime.simulator.simulate`).
+HANDOVER_MS = 0.1
+
+
+def frontend_profile(frontend_ms: float = FRONTEND_MS) -> UnitProfile:
+    """The front end as :func:`search` simulates it: a single-threaded cpu server of
+    ``frontend_ms`` per request ahead of the pipeline's units, competing with them for
+    the cores, not itself served by instances (``served=False``). Put it first in the
+    units (with a ``UnitConfig({"cpu": 1})``) to score a configuration as the search
+    does.
+
+    Raises:
+        ValueError: ``frontend_ms`` <= 0 (as :class:`EngineProfile`)."""
+    return UnitProfile(
+        "frontend",
+        {"cpu": EngineProfile("cpu", frontend_ms, cores=1)},
+        kind="function",
+        served=False,
+    )
+
+
 #: :func:`search` counts candidates within this fraction of the best goodput as tied
 #: and gives the tie to the one with fewer partitions, then less memory.
 GOODPUT_TIE = 0.05
@@ -1059,7 +1083,7 @@ def search(
     arrivals: str = "poisson",
     requests: int = 600,
     seed: int = 0,
-    handover_ms: float = 0.1,
+    handover_ms: float = HANDOVER_MS,
     frontend_ms: float = FRONTEND_MS,
     max_partitions: int = 3,
     objectives: Sequence[str] = ("eq1", "minmax", "weights"),
@@ -1225,18 +1249,7 @@ def search(
         cache[key] = out
         return out
 
-    fe = (
-        [
-            UnitProfile(
-                "frontend",
-                {"cpu": EngineProfile("cpu", frontend_ms, cores=1)},
-                kind="function",
-                served=False,
-            )
-        ]
-        if frontend_ms > 0
-        else []
-    )
+    fe = [frontend_profile(frontend_ms)] if frontend_ms > 0 else []
 
     jobs: list[tuple[list[UnitProfile], dict[str, Any]]] = []
     for combo in combos:

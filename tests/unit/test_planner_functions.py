@@ -310,3 +310,23 @@ def test_cv_by_threads_sets_each_thread_count_s_spread() -> None:
     for bad in ({2: -0.1}, {2: float("nan")}):
         with pytest.raises(ValueError, match=r"cv_by_threads\[2\]"):
             ModelStage("m", costs=(1,), valid_cuts=(), whole_ms={1: 1.0}, cv_by_threads=bad)
+
+
+def test_frontend_profile_is_the_front_end_the_search_scores() -> None:
+    from infscaler.runtime import planner
+
+    fe = planner.frontend_profile(2.0)
+    assert (fe.name, fe.served, fe.kind) == ("frontend", False, "function")
+    assert fe.engines["cpu"].mean_ms == 2.0 and fe.engines["cpu"].cores == 1
+    # ahead of a 10 ms unit, one request at a time: 2 ms more per request, and the
+    # handover per hop on top
+    u = UnitProfile("m", {"cpu": EngineProfile("cpu", 10.0, cores=1)}, kind="model")
+    times = [i * 1.0 for i in range(20)]  # 1/s: nothing queues
+    alone = planner.predict([u], [UnitConfig({"cpu": 1})], times, cpu_cores=2)
+    both = planner.predict(
+        [fe, u], [UnitConfig({"cpu": 1})] * 2, times, cpu_cores=2, handover_ms=planner.HANDOVER_MS
+    )
+    assert alone.p50_ms == pytest.approx(10.0)
+    assert both.p50_ms == pytest.approx(12.0 + 3 * planner.HANDOVER_MS, abs=0.05)
+    with pytest.raises(ValueError):
+        planner.frontend_profile(-1.0)
