@@ -1107,6 +1107,7 @@ def predicted_goodput(
             feeds,
             repeats=3 if quick else 30,
             device=svc.device_profile(),
+            corun=True,
         )
         # scored as the planner's search scores it: the front end's CPU ahead of the
         # units (planner.frontend_profile) and its handover time per hop

@@ -769,6 +769,78 @@ def measure_latency_samples(
     return times
 
 
+def measure_corun(
+    model: ModelSource,
+    feeds: dict[str, np.ndarray],
+    *,
+    threads: int = 1,
+    copies: int | None = None,
+    warmup: int = 2,
+    repeats: int = 10,
+) -> float:
+    """How much slower ``model`` runs on the cpu while ``copies - 1`` more copies of it
+    run at the same time: ``median(together) / median(alone) - 1``, clamped >= 0 (the
+    simulator's :attr:`~infscaler.runtime.simulator.EngineProfile.corun`).
+
+    ``copies`` sessions as served (:func:`_served`, ``threads`` intra-op threads each;
+    default ``usable_cores() // threads``, every core busy), each warmed up; then, in
+    turn, ``repeats // 2`` runs of one alone, ``repeats`` runs of every copy at once
+    (one Python thread each: onnxruntime releases the GIL in ``run``), ``repeats //
+    2`` alone again, so drift cancels. Cores share their caches and the memory
+    bandwidth: on the 2-core development host ResNet-50 and PP-OCRv4 det at 1 thread ran
+    1-2.5 % slower with a copy beside them, VGG-19 0-1.3 % (2026-11-27). Served, two
+    single-thread det instances took 101-105 ms against 96-98 ms profiled alone; the
+    rest of that gap is the served path's own (bench/README.md, issue 15).
+
+    Returns:
+        The fraction (0.0 when fewer than 2 copies fit the usable cores).
+
+    Raises:
+        as :func:`measure_latency` (cpu).
+    """
+    import threading
+
+    n = int(copies if copies is not None else usable_cores() // max(1, threads))
+    if n < 2:
+        return 0.0
+    _backend("cpu")
+    source, _ = _model_source(model, node_names=False)
+    with contextlib.ExitStack() as stack:
+        runs = [stack.enter_context(_served(source, "cpu", threads)) for _ in range(n)]
+        for run in runs:
+            for _ in range(warmup):
+                run(feeds)
+
+        def timed(run: Callable[[dict[str, np.ndarray]], Any], k: int, out: list[float]) -> None:
+            for _ in range(k):
+                t0 = time.perf_counter()
+                run(feeds)
+                out.append((time.perf_counter() - t0) * 1000.0)
+
+        alone: list[float] = []
+        together: list[float] = []
+        timed(runs[0], max(1, repeats // 2), alone)
+        ready = threading.Barrier(n)
+        errors: list[BaseException] = []
+
+        def copy(run: Callable[[dict[str, np.ndarray]], Any]) -> None:
+            try:
+                ready.wait()
+                timed(run, repeats, together)  # list.append is atomic
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller below
+                errors.append(exc)
+
+        workers = [threading.Thread(target=copy, args=(r,), daemon=True) for r in runs]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        if errors:
+            raise errors[0]
+        timed(runs[0], max(1, repeats // 2), alone)
+    return max(0.0, statistics.median(together) / statistics.median(alone) - 1.0)
+
+
 def _read_trace(trace_file: str | None) -> list[dict[str, Any]]:
     if not trace_file:
         return []

@@ -412,7 +412,10 @@ def whole_profiles(
         mean = base_latency_ms(stages, t)
         samples = tuple(fixed + n * each for n in units[fo].items) if fo is not None else ()
         cv = 0.0 if samples else max(m.cv_by_threads.get(t, m.cv) for m in models)
-        prof = EngineProfile("cpu", mean, cv=cv, samples_ms=samples, memory_mb=memory, cores=t)
+        corun = max(m.corun_by_threads.get(t, 0.0) for m in models)
+        prof = EngineProfile(
+            "cpu", mean, cv=cv, samples_ms=samples, memory_mb=memory, cores=t, corun=corun
+        )
         out[t] = UnitProfile(name, {"cpu": prof}, kind="model")
     return out
 

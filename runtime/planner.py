@@ -810,6 +810,10 @@ class ModelStage:
             count (:func:`infscaler.runtime.stageprofile.spread_cv`); each unit's
             simulated service times are gamma with it (its partitions keep the whole
             model's spread: one run's slowness is the host's, not an operator's).
+        corun_by_threads: intra-op threads -> how much slower the whole model runs while
+            every other core runs a copy of it (:func:`infscaler.partitioner.profiler.
+            measure_corun`, a fraction; each unit's :attr:`~infscaler.runtime.simulator.
+            EngineProfile.corun`; absent: 0).
         unit_ms: measured per-partition times that replace the estimate: ``(cuts, threads)
             -> (ms per partition, ...)``.
         pre_ms / post_ms: function steps fused into this stage's instances
@@ -837,6 +841,7 @@ class ModelStage:
     instance_overhead_mb: float = 0.0
     cv: float = 0.0
     cv_by_threads: Mapping[int, float] = field(default_factory=dict)
+    corun_by_threads: Mapping[int, float] = field(default_factory=dict)
     unit_ms: Mapping[tuple[tuple[int, ...], int], tuple[float, ...]] = field(default_factory=dict)
     pre_ms: float = 0.0
     post_ms: float = 0.0
@@ -863,6 +868,9 @@ class ModelStage:
             if not (isinstance(cv, int | float) and math.isfinite(cv) and cv >= 0):
                 at = "" if t is None else f"_by_threads[{t}]"
                 raise ValueError(f"stage {self.name}: cv{at} = {cv!r} is not a CV >= 0")
+        for t, f in self.corun_by_threads.items():
+            if not (isinstance(f, int | float) and math.isfinite(f) and f >= 0):
+                raise ValueError(f"stage {self.name}: corun_by_threads[{t}] = {f!r} is not >= 0")
         for name in ("weights_bytes", "flops", "op_ms"):
             v = getattr(self, name)
             if v and len(v) != len(self.costs):
@@ -952,7 +960,8 @@ class ModelStage:
             if self.weights_bytes:
                 mem += math.fsum(self.weights_bytes[s : e + 1]) / 1e6
             cv = self.cv_by_threads.get(threads, self.cv)
-            prof = EngineProfile("cpu", ms, cv=cv, memory_mb=mem, cores=threads)
+            corun = self.corun_by_threads.get(threads, 0.0)
+            prof = EngineProfile("cpu", ms, cv=cv, memory_mb=mem, cores=threads, corun=corun)
             name = self.name if len(bounds) == 1 else f"{self.name}/{k}"
             fans = bool(self.items) and k == len(bounds) - 1
             out.append(

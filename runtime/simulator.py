@@ -104,6 +104,12 @@ class EngineProfile:
             interpolated). Empty: a batch of b takes b x the item time (no gain).
         memory_mb: memory one instance takes, MB (r_k^m).
         cores: CPU cores one instance is pinned to (cpu model units; 0 otherwise).
+        corun: how much slower an item runs while every other core is busy, as a
+            fraction of ``mean_ms`` (cpu; 0: not at all): cores share caches and memory
+            bandwidth (ResNet-50 and PP-OCRv4 det at 1 thread on 2 cores: 1-2.5 %).
+            Measured with :func:`infscaler.partitioner.profiler.measure_corun`; the
+            simulator scales it by the share of the other cores busy when the item
+            starts.
     """
 
     engine: str
@@ -113,12 +119,15 @@ class EngineProfile:
     batch_ms: Mapping[int, float] = field(default_factory=dict)
     memory_mb: float = 0.0
     cores: int = 0
+    corun: float = 0.0
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.mean_ms) or self.mean_ms < 0:
             raise ValueError(f"{self.engine}: mean_ms must be >= 0, got {self.mean_ms}")
         if not math.isfinite(self.cv) or self.cv < 0:
             raise ValueError(f"{self.engine}: cv must be >= 0, got {self.cv}")
+        if not math.isfinite(self.corun) or self.corun < 0:
+            raise ValueError(f"{self.engine}: corun must be >= 0, got {self.corun}")
         if any((not math.isfinite(s)) or s < 0 for s in self.samples_ms):
             raise ValueError(f"{self.engine}: samples_ms must be finite and >= 0")
         bad = {b: v for b, v in self.batch_ms.items() if int(b) < 1 or v <= 0}
@@ -715,8 +724,13 @@ class _Sim:
             # kernel shares them; the share is taken at the start (not re-timed when
             # others start or finish later)
             threads = max(1, prof.cores)
+            others = self.cpu_busy
             self.cpu_busy += threads
             inst.cpu_threads = threads
+            # co-running: the other cores busy at the start share caches and memory
+            # bandwidth with this item (EngineProfile.corun, at all of them busy)
+            if prof.corun and self.cpu_cores > threads:
+                dur *= 1.0 + prof.corun * min(1.0, others / (self.cpu_cores - threads))
             # CPU time is the uncontended time on every thread (waiting is not CPU time)
             inst.cpu_core_s = dur * threads
             dur *= max(1.0, self.cpu_busy / self.cpu_cores)

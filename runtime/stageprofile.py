@@ -12,6 +12,9 @@ an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.pa
   the median): the per-model speedup the search applies to every partition; a thread
   count not measured is not an option; and the runs' spread (:func:`spread_cv`), the
   service-time variability the simulator draws from at that count;
+* where two or more copies fit the cores at a thread count, how much slower the whole
+  model runs while every core runs a copy (``profiler.measure_corun``): the simulator's
+  co-running slowdown (``EngineProfile.corun``);
 * the boundary overhead T_p (``profiler.measure_boundary_overhead``, cached).
 
 :func:`search_measured` runs the search, measures the partitions of its best candidates
@@ -112,6 +115,7 @@ def measure_model_stage(
     cores = profiler.usable_cores()
     whole_ms: dict[int, float] = {}
     cv_by_threads: dict[int, float] = {}
+    corun_by_threads: dict[int, float] = {}
     for t in sorted({1, *(int(x) for x in threads if 1 <= int(x) <= cores)}):
         progress(f"{name}: timing the whole model at {t} thread(s)")
         times = profiler.measure_latency_samples(
@@ -128,6 +132,9 @@ def measure_model_stage(
         cv = spread_cv(times)
         if cv is not None:
             cv_by_threads[t] = cv
+        if cores // t >= 2:
+            progress(f"{name}: timing {cores // t} copies at once at {t} thread(s)")
+            corun_by_threads[t] = profiler.measure_corun(whole, feeds, threads=t)
     boundary = profiler.measure_boundary_overhead(engine="cpu", cache=use_cache)
     ops = graph.operators
     valid = graph.valid_cuts()
@@ -138,6 +145,7 @@ def measure_model_stage(
         valid_cuts=tuple(valid),
         whole_ms=whole_ms,
         cv_by_threads=cv_by_threads,
+        corun_by_threads=corun_by_threads,
         weights_bytes=tuple(float(costs[o.node].param_bytes) for o in ops),
         flops=tuple(float(costs[o.node].flops) for o in ops),
         op_ms=tuple(float(prof.node_ms.get(o.node, 0.0)) for o in ops),

@@ -52,6 +52,7 @@ from infscaler.base.device import INSTANCE_OVERHEAD_MB
 from infscaler.base.engines.onnxrt import load_session
 from infscaler.base.errors import InfScalerError
 from infscaler.base.samples import render_text_image
+from infscaler.partitioner import profiler
 from infscaler.runtime.pipeline import load_function
 from infscaler.runtime.simulator import EngineProfile, UnitProfile
 
@@ -325,6 +326,7 @@ def profile_pipeline(
     warmup: int = 1,
     device: Any = None,
     instance_overhead_mb: float | None = None,
+    corun: bool = False,
 ) -> PipelineProfile:
     """Measure every unit of ``compiled`` in-process (see the module docstring).
 
@@ -335,6 +337,10 @@ def profile_pipeline(
         device: a DeviceProfile: engines other than cpu are options only if it has them
             (None: only cpu).
         instance_overhead_mb: default :data:`infscaler.base.device.INSTANCE_OVERHEAD_MB`.
+        corun: also time each model unit (not fused with function steps) with every
+            core running a copy of it (:func:`infscaler.partitioner.profiler.
+            measure_corun`, where 2 or more copies of its threads fit the cores): its cpu
+            profile's ``corun`` (else 0).
 
     Raises:
         ValueError: bad repeats / warmup.
@@ -406,6 +412,11 @@ def profile_pipeline(
             batch = r.batch_ms(seen[u.name], u.max_batch)
             if not batch:
                 notes.append(f"{u.name}: no batch profile (the input does not stack on axis 0)")
+        slower = 0.0
+        if corun and u.kind == "model" and not u.steps and u.name in seen:
+            slower = profiler.measure_corun(
+                u.path, {u.in_map[x]: seen[u.name][x] for x in u.inputs}, threads=cores
+            )
         engines = {
             "cpu": EngineProfile(
                 "cpu",
@@ -414,6 +425,7 @@ def profile_pipeline(
                 batch_ms=batch,
                 memory_mb=mem if not u.fan_in else 0.0,
                 cores=cores,
+                corun=slower,
             )
         }
         if u.kind == "model":

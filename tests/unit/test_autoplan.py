@@ -95,6 +95,11 @@ def test_measured_stage_records_the_spread_of_its_runs(
     assert set(st.cv_by_threads) == set(seen) and all(v >= 0 for v in st.cv_by_threads.values())
     # the units at a thread count draw gamma service times with its CV
     assert st.units((), 1)[0].engines["cpu"].cv == st.cv_by_threads[1]
+    # and the co-running slowdown where two copies fit the cores (1 thread on >= 2)
+    assert set(st.corun_by_threads) == {t for t in (1, 2) if cores // t >= 2}
+    assert all(v >= 0 for v in st.corun_by_threads.values())
+    if 1 in st.corun_by_threads:
+        assert st.units((), 1)[0].engines["cpu"].corun == st.corun_by_threads[1]
 
 
 def test_samples_keep_to_their_repeats_budget_and_cap(chain_path: Path) -> None:

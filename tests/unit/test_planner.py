@@ -180,7 +180,11 @@ def test_profile_function_pipeline(tmp_path: Path) -> None:
     assert cpu.mean_ms > 0 and len(cpu.samples_ms) == 3
 
 
-def test_profile_model_unit_and_plan_engines(tmp_path: Path) -> None:
+def test_profile_model_unit_and_plan_engines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from infscaler.partitioner import profiler
+
     path = save(residual_model(channels=4, size=8), tmp_path / "block.onnx")
     compiled = compile_pipeline(pipeline_for_model(path), state_dir=tmp_path)
     (u,) = compiled.units
@@ -195,6 +199,17 @@ def test_profile_model_unit_and_plan_engines(tmp_path: Path) -> None:
     on_x86 = profile_pipeline(compiled, repeats=1, device=load_profile("generic-x86"))
     assert list(on_x86.units[0].engines) == ["cpu"]
     assert any("device has no gpu" in n for n in on_x86.notes)
+    # the co-running slowdown only when asked (measure_corun: 2 copies of 1 thread)
+    assert p.engines["cpu"].corun == 0.0
+    calls = []
+
+    def corun(model, feeds, *, threads):
+        calls.append((Path(model), sorted(feeds), threads))
+        return 0.07
+
+    monkeypatch.setattr(profiler, "measure_corun", corun)
+    (q,) = profile_pipeline(compiled, repeats=1, corun=True).units
+    assert q.engines["cpu"].corun == 0.07 and calls == [(Path(u.path), ["x"], 1)]
 
 
 def test_profile_refuses_a_unit_that_never_ran(tmp_path: Path) -> None:

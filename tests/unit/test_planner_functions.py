@@ -312,6 +312,18 @@ def test_cv_by_threads_sets_each_thread_count_s_spread() -> None:
             ModelStage("m", costs=(1,), valid_cuts=(), whole_ms={1: 1.0}, cv_by_threads=bad)
 
 
+def test_corun_by_threads_sets_each_unit_s_co_running_slowdown() -> None:
+    st = ModelStage(
+        "m", costs=(1, 1), valid_cuts=(0,), whole_ms={1: 10.0, 2: 6.0}, corun_by_threads={1: 0.05},
+    )  # fmt: skip
+    # at 1 thread every partition slows as the whole model did with every core busy; at
+    # a count with no measurement (2 threads on 2 cores: no copy beside it) not at all
+    assert [u.engines["cpu"].corun for u in st.units((0,), 1)] == [0.05, 0.05]
+    assert st.units((), 2)[0].engines["cpu"].corun == 0.0
+    with pytest.raises(ValueError, match=r"corun_by_threads\[1\]"):
+        ModelStage("m", costs=(1,), valid_cuts=(), whole_ms={1: 1.0}, corun_by_threads={1: -1})
+
+
 def test_frontend_profile_is_the_front_end_the_search_scores() -> None:
     from infscaler.runtime import planner
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import onnx
@@ -11,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from infscaler.base.engines import EngineUnavailable, available
-from infscaler.base.errors import InfScalerError
+from infscaler.base.errors import InfScalerError, ModelLoadError
 from infscaler.base.models import resolve_model
 from infscaler.partitioner import profiler
 from infscaler.partitioner.loader import load_model, random_feeds
@@ -334,3 +335,16 @@ def test_real_models(alias):
     assert prof.total_ms > 0
     assert prof.unoptimized_total_ms >= sum(prof.node_ms[c] for c in convs) * 0.5
     assert prof.unmatched_ms == {}
+
+
+def test_measure_corun_compares_copies_at_once_with_one_alone():
+    from infscaler.partitioner.profiler import measure_corun
+
+    feeds = _feeds(64)
+    # one copy (or fewer cores than 2 x threads): nothing to co-run with
+    assert measure_corun(_conv_model(64), feeds, copies=1) == 0.0
+    f = measure_corun(_conv_model(64), feeds, threads=1, copies=2, repeats=6)
+    assert isinstance(f, float) and f >= 0.0 and math.isfinite(f)
+    # a model that cannot run on the feeds fails as measure_latency does
+    with pytest.raises(ModelLoadError):
+        measure_corun(_conv_model(64), {"x": np.zeros((1, 3, 8, 8), np.float32)}, copies=2)

@@ -335,3 +335,28 @@ def test_cpu_contention_slows_items_when_busy_threads_outnumber_the_cores() -> N
     assert sorted(np.round(r.latencies_ms, 6)) == [10.0, 20.0]
     with pytest.raises(ValueError, match="cpu_cores"):
         simulate([u], cfg, [0.0], cpu_cores=0)
+
+
+def test_corun_slows_an_item_by_the_share_of_the_other_cores_busy() -> None:
+    # two single-thread instances of a 100 ms unit on 2 cores, corun 0.1: the first item
+    # starts with no other core busy (100 ms), the second with the other one busy (110)
+    prof = EngineProfile("cpu", 100.0, cores=1, corun=0.1)
+    u = UnitProfile("m", {"cpu": prof})
+    cfg = [UnitConfig({"cpu": 2})]
+    r = simulate([u], cfg, [0.0, 0.0], cpu_cores=2)
+    assert sorted(np.round(r.latencies_ms, 6)) == [100.0, 110.0]
+    # apart in time: nothing co-runs
+    r = simulate([u], cfg, [0.0, 0.5], cpu_cores=2)
+    assert sorted(np.round(r.latencies_ms, 6)) == [100.0, 100.0]
+    # on 4 cores one other busy core is a third of the others: 100 x (1 + 0.1 / 3)
+    r = simulate([u], cfg, [0.0, 0.0], cpu_cores=4)
+    assert sorted(np.round(r.latencies_ms, 6)) == [100.0, round(100 * (1 + 0.1 / 3), 6)]
+    # a 2-thread instance takes every core of 2: no other core to share with
+    wide = UnitProfile("w", {"cpu": EngineProfile("cpu", 50.0, cores=2, corun=0.1)})
+    r = simulate([wide], [UnitConfig({"cpu": 1})], [0.0, 0.0], cpu_cores=2)
+    assert sorted(np.round(r.latencies_ms, 6)) == [50.0, 100.0]
+    # without cpu_cores (no contention modelled) corun is not applied either
+    r = simulate([u], cfg, [0.0, 0.0])
+    assert sorted(np.round(r.latencies_ms, 6)) == [100.0, 100.0]
+    with pytest.raises(ValueError, match="corun"):
+        EngineProfile("cpu", 10.0, corun=-0.1)
