@@ -765,7 +765,8 @@ def frontend_profile(frontend_ms: float = FRONTEND_MS) -> UnitProfile:
 
 
 #: :func:`search` counts candidates within this fraction of the best goodput as tied
-#: and gives the tie to the one with fewer partitions, then less memory.
+#: and gives the tie to the one with fewer units (partitions and stages), then less
+#: memory.
 GOODPUT_TIE = 0.05
 
 
@@ -1123,13 +1124,14 @@ def search(
     (``frontend_ms`` per request; default :data:`FRONTEND_MS`) is simulated as a
     single-threaded server ahead of the units that competes for the same cores. Ties:
     candidates within ``goodput_tie`` (default :data:`GOODPUT_TIE`, 5 %) of the best
-    goodput count as tied, and the tie goes to fewer partitions, then less memory, then
+    goodput count as tied, and the tie goes to fewer units (the partitions and stages a
+    request passes through as instances), then less memory, then
     fewer threads. The simulator does not resolve goodput finer than that (its rate
     bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and it errs
     on the optimistic side for partitioned plans: every hop adds a process competing for
     the cores and a wake-up it does not model (bench/README.md, issue 15: ResNet-50 at
     3 x L0 on 2 cores, K = 3 predicted 14.3 requests/s and served 5.0). Among plans with
-    as many partitions, the memory saved is what another model runs in on a device with a
+    as many units, the memory saved is what another model runs in on a device with a
     fixed memory budget.
 
     Args:
@@ -1415,12 +1417,22 @@ def search(
     def tied(c: Candidate) -> bool:
         return c.fits and gmax > 0 and c.goodput_rps >= (1 - goodput_tie) * gmax - 1e-9
 
+    def served(c: Candidate) -> int:
+        # the units a request passes through as instances (partitions, model and
+        # function stages; a fused unit once): each is a process and hops the
+        # simulator underrates, so the tie goes to fewer of them. Counting cuts alone
+        # left ddddocr's staged det + rec (0 cuts, 177 MB) level with the whole
+        # pipeline in one unit (0 cuts, 265 MB) under the cap at 3 x L0; the memory
+        # gave it the tie in one of two runs, and it served 10.0 requests/s where the
+        # whole pipeline served 12.9 (predicted 13.4 and 12.7; bench/README.md)
+        return sum(1 for u in c.units if u.served)
+
     def rank(c: Candidate) -> tuple[float, ...]:
         t = tied(c)
         return (
             0 if c.fits else 1,
             0 if t else 1,
-            sum(len(x) for x in c.cuts) if t else -round(c.goodput_rps, 6),
+            served(c) if t else -round(c.goodput_rps, 6),
             c.memory_mb if t else 0.0,
             -round(c.goodput_rps, 6),
             sum(c.threads),
@@ -1442,10 +1454,11 @@ def search(
             why = f"lower goodput ({c.goodput_rps:.2f} < {top.goodput_rps:.2f}/s)" + (
                 f"; {c.note}" if c.note else ""
             )
-        elif top is not None and sum(map(len, c.cuts)) > sum(map(len, top.cuts)):
+        elif top is not None and served(c) > served(top):
             why = (
                 f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
-                f"{gmax:.2f}/s) with more partitions"
+                f"{gmax:.2f}/s) with more units ({served(c)} > {served(top)}: partitions "
+                "and stages)"
             )
         elif top is not None and c.memory_mb > top.memory_mb + 1e-6:
             why = (
@@ -1453,7 +1466,7 @@ def search(
                 f"{gmax:.2f}/s) with more memory ({c.memory_mb:.0f} > {top.memory_mb:.0f} MB)"
             )
         else:
-            why = "ties the winner's goodput, partitions and memory with more threads"
+            why = "ties the winner's goodput, units and memory with more threads"
         ranked.append(replace(c, why=why))
     best = ranked[0] if top is not None else None
     head = (

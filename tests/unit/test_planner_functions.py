@@ -275,6 +275,28 @@ def test_a_memory_cap_only_the_whole_unit_fits_makes_it_the_winner():
     assert all(not c.fits for c in out.candidates if not c.whole)
 
 
+def test_a_tie_goes_to_fewer_units_before_less_memory():
+    from infscaler.runtime.autoplan import whole_profiles
+
+    # det 10 ms + rec 4 ms per request, no fan-out, an SLO wide enough for the capacity
+    # to decide: staged det + rec (one instance each, 2 units, less memory) and the whole
+    # pipeline in one unit (2 x 1 thread, 1 unit, more memory) tie within 5 %
+    det = ModelStage("det", costs=(1,), valid_cuts=(), whole_ms={1: 10.0},
+                     weights_bytes=(100e6,), instance_overhead_mb=45.0)  # fmt: skip
+    rec = ModelStage("rec", costs=(1,), valid_cuts=(), whole_ms={1: 4.0},
+                     weights_bytes=(100e6,), instance_overhead_mb=45.0)  # fmt: skip
+    stages = [det, rec]
+    cap = ResourceCap(memory_cap_mb=float("inf"), memory_used_mb=0.0, max_instances={}, cores=2)
+    out = search(stages, 2000.0, cap, cores=2, frontend_ms=0.0, max_partitions=1,
+                 whole=whole_profiles(stages), goodput_tie=0.5)  # fmt: skip
+    staged = next(c for c in out.candidates if not c.whole and c.threads == (1, 1))
+    whole = next(c for c in out.candidates if c.whole and c.threads == (1, 1))
+    assert staged.memory_mb < whole.memory_mb
+    assert staged.goodput_rps >= 0.5 * whole.goodput_rps  # tied at 50 %
+    assert out.best is whole or out.best.label() == whole.label()
+    assert "with more units (2 > 1: partitions and stages)" in staged.why
+
+
 def test_the_planner_s_whole_winner_deploys_as_one_unit():
     from infscaler.runtime.autoplan import whole_config
 

@@ -218,7 +218,7 @@ def test_goodput_within_the_tie_goes_to_fewer_partitions_then_less_memory():
     assert abs(k1.goodput_rps - k2.goodput_rps) <= 0.05 * max(k1.goodput_rps, k2.goodput_rps)
     assert k2.memory_mb < k1.memory_mb
     assert out.best.cuts == ((),)
-    assert any("with more partitions" in line for line in out.explain)
+    assert any("with more units (2 > 1: partitions and stages)" in line for line in out.explain)
     # as many partitions (K=1): two 1-thread replicas (~200/s, 800 MB) against one
     # 2-thread instance measured at 5.2 ms (~192/s, 400 MB): within 5 %, less memory wins;
     # with no tie (exact ranking) the replicas' higher goodput wins
