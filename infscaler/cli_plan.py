@@ -40,7 +40,14 @@ from infscaler.runtime.arrivals import from_spec
 from infscaler.runtime.autoplan import planner_inputs
 from infscaler.runtime.fleet import GROUP_LABEL, FleetNode, Stream, capacity_curve, place, realise
 from infscaler.runtime.pipeline import compile_pipeline
-from infscaler.runtime.planner import FRONTEND_MS, ModelStage, cpu_cores, plan, resource_cap
+from infscaler.runtime.planner import (
+    FRONTEND_MS,
+    HANDOVER_MS,
+    ModelStage,
+    cpu_cores,
+    plan,
+    resource_cap,
+)
 from infscaler.runtime.stageprofile import search_measured
 from infscaler.runtime.unitprofile import profile_pipeline, sample_inputs
 
@@ -210,8 +217,13 @@ def plan_cmd(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of arrivals and service times.")] = 0,
     handover_ms: Annotated[
-        float, typer.Option("--handover-ms", help="Time of one token handover, ms.")
-    ] = 0.1,
+        float,
+        typer.Option(
+            "--handover-ms",
+            help="Time of one token handover, ms (default: the hop measured by "
+            "bench/hop_latency.py).",
+        ),
+    ] = HANDOVER_MS,
     pool_mb: Annotated[
         float, typer.Option("--pool-mb", help="Tensor pool memory counted with instances, MB.")
     ] = 0.0,
