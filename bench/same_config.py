@@ -146,6 +146,8 @@ def window(
                 wait_ms=(start - submit[r]) / 1e6,
                 compute_ms=float((trace[:, 3] - trace[:, 2]).sum()) / 1e6,
                 back_ms=(done_ns - end) / 1e6,
+                start_s=start / 1e9 - t0,
+                end_s=end / 1e9 - t0,
                 instances=sorted({int(i) for i in trace[:, 1]}),
             )
         rows.append(row)

@@ -188,6 +188,9 @@ COLUMNS = {
     "pass rule) run on the planner's simulator for auto_config (simulated_bisection), the "
     "median over BENCH_SIM_SEEDS service-time seeds (predicted_bench_p10_p90: their spread; "
     "one simulated path is one draw of what the bench reads)",
+    "predicted_rps_with_idle": "predicted_rps with each model unit's idle slowdown measured "
+    "in-process (profiler.measure_idle; EngineProfile.idle), which the planner leaves out "
+    "(stageprofile.IDLE_DEFAULT); null when none was measured",
     "prediction_error_long_run": "|predicted_rps - m| / m, m = auto_offered_rps (else auto_rps)",
     "prediction_error_bench": "|predicted_bench_rps - auto_rps| / auto_rps",
     "prediction_error": "prediction_error_bench when computed, else prediction_error_long_run",
@@ -1108,10 +1111,19 @@ def predicted_goodput(
             repeats=3 if quick else 30,
             device=svc.device_profile(),
             corun=True,
+            idle=True,
         )
         # scored as the planner's search scores it: the front end's CPU ahead of the
-        # units (planner.frontend_profile) and its handover time per hop
-        units_sim = [planner.frontend_profile(), *prof.units]
+        # units (planner.frontend_profile) and its handover time per hop; the idle
+        # slowdown measured in-process is left out as the planner leaves it out
+        # (stageprofile.IDLE_DEFAULT) and scored apart: predicted_rps_with_idle
+        with_idle = [planner.frontend_profile(), *prof.units]
+        units_sim = [
+            dataclasses.replace(
+                u, engines={e: dataclasses.replace(p, idle=()) for e, p in u.engines.items()}
+            )
+            for u in with_idle
+        ]
         cfg = [UnitConfig({"cpu": 1})]
         for u in prof.units:
             ran = by_name.get(u.name, {})
@@ -1120,7 +1132,7 @@ def predicted_goodput(
             cfg.append(UnitConfig({engine: max(1, n)}))
         runs = []
 
-        def ok(rate: float) -> bool:
+        def ok(rate: float, units_sim: list[Any] = units_sim, log: bool = True) -> bool:
             dur = max(30.0 if quick else 60.0, (1500 if quick else 5000) / rate)
             r = planner.predict(
                 units_sim,
@@ -1134,16 +1146,23 @@ def predicted_goodput(
                 handover_ms=planner.HANDOVER_MS,
             )
             good = r.p99_ms is not None and r.p99_ms <= slo_ms and not r.rejected
-            runs.append({"rate": round(rate, 3), "p99_ms": r.p99_ms, "passed": bool(good)})
+            if log:
+                runs.append({"rate": round(rate, 3), "p99_ms": r.p99_ms, "passed": bool(good)})
             return good
 
-        lo, top = 0.0, hi
-        for _ in range(8 if quick else 12):
-            mid = (lo + top) / 2
-            if ok(mid):
-                lo = mid
-            else:
-                top = mid
+        def bisect(units: list[Any], log: bool) -> float:
+            lo, top = 0.0, hi
+            for _ in range(8 if quick else 12):
+                mid = (lo + top) / 2
+                if ok(mid, units, log):
+                    lo = mid
+                else:
+                    top = mid
+            return lo
+
+        lo = bisect(units_sim, True)
+        idle_pts = {u.name: u.fastest().idle for u in prof.units if u.fastest().idle}
+        lo_idle = bisect(with_idle, False) if idle_pts else None
         out: dict[str, Any] = {}
         if procedure is not None:
             # the bench's procedure on the model, once per service-time seed: one
@@ -1176,6 +1195,8 @@ def predicted_goodput(
             }
         return {
             "predicted_rps": round(lo, 3),
+            "predicted_rps_with_idle": None if lo_idle is None else round(lo_idle, 3),
+            "idle_factors": {k: [list(p) for p in v] for k, v in idle_pts.items()},
             **out,
             "config": [c.total for c in cfg[1:]],
             "unit_ms": {u.name: round(u.fastest().mean_ms, 3) for u in prof.units},
@@ -1665,6 +1686,7 @@ def cell_summary(
         "auto_vs_ceiling": _ratio(auto_rps, ceil),
         "auto_offered_rps": auto_offered,
         "predicted_rps": pred,
+        "predicted_rps_with_idle": (auto or {}).get("planner", {}).get("predicted_rps_with_idle"),
         "prediction_error_long_run": err_long,
         "predicted_bench_rps": pred_bench,
         "prediction_error_bench": err_bench,

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -839,6 +840,64 @@ def measure_corun(
             raise errors[0]
         timed(runs[0], max(1, repeats // 2), alone)
     return max(0.0, statistics.median(together) / statistics.median(alone) - 1.0)
+
+
+#: Idle gaps (s) :func:`measure_idle` times a model after: the cores' sleep deepens
+#: between them (ResNet-50 at 2 threads on the 2-core development VM: +1 ms after
+#: 0.05 s, +3 ms after 0.1 s, +18-20 ms after 0.25 s).
+IDLE_GAPS_S = (0.05, 0.1, 0.25)
+
+
+def measure_idle(
+    model: ModelSource,
+    feeds: dict[str, np.ndarray],
+    *,
+    threads: int = 1,
+    gaps_s: Sequence[float] = IDLE_GAPS_S,
+    warmup: int = 2,
+    repeats: int = 5,
+) -> tuple[tuple[float, float], ...]:
+    """How much slower ``model`` runs on the cpu after the host sat idle: per gap in
+    ``gaps_s``, ``median(runs after sleeping the gap) / median(runs back to back)``,
+    clamped >= 1 (the simulator's :attr:`~infscaler.runtime.simulator.EngineProfile.idle`).
+
+    One session as served (:func:`_served`, ``threads`` intra-op threads), warmed up;
+    ``repeats`` runs back to back, then ``repeats`` runs after each gap (a sleep before
+    every run), then ``repeats`` back to back again, so drift cancels. An idle core
+    sleeps (cpuidle, the governor's lower clock; in a VM the hypervisor deschedules
+    the vCPU) and wakes late: onnxruntime's workers do not spin in the served session,
+    so every operator wakes them (2026-11-27, the 2-core development VM: ResNet-50 at 2
+    threads 30.6 ms back to back, 48-51 ms after 0.2-0.4 s idle; at 1 thread 56-60 ms
+    throughout). Takes about ``repeats x (3 x latency + sum(gaps_s))`` seconds.
+
+    Returns:
+        ``((gap s, factor), ...)`` in increasing gap order.
+
+    Raises:
+        ValueError: a gap <= 0. Else as :func:`measure_latency` (cpu).
+    """
+    gaps = sorted({float(g) for g in gaps_s})
+    if not gaps or gaps[0] <= 0 or not all(math.isfinite(g) for g in gaps):
+        raise ValueError(f"gaps_s must be idle seconds > 0, got {list(gaps_s)!r}")
+    _backend("cpu")
+    source, _ = _model_source(model, node_names=False)
+    with _served(source, "cpu", max(1, int(threads))) as run:
+        for _ in range(warmup):
+            run(feeds)
+
+        def timed(gap: float) -> float:
+            if gap:
+                time.sleep(gap)
+            t0 = time.perf_counter()
+            run(feeds)
+            return (time.perf_counter() - t0) * 1000.0
+
+        n = max(1, int(repeats))
+        warm = [timed(0.0) for _ in range(n)]
+        after = {g: [timed(g) for _ in range(n)] for g in gaps}
+        warm += [timed(0.0) for _ in range(n)]
+    base = statistics.median(warm)
+    return tuple((g, max(1.0, statistics.median(after[g]) / base)) for g in gaps)
 
 
 def _read_trace(trace_file: str | None) -> list[dict[str, Any]]:

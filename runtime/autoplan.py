@@ -414,10 +414,31 @@ def whole_profiles(
         cv = 0.0 if samples else max(m.cv_by_threads.get(t, m.cv) for m in models)
         corun = max(m.corun_by_threads.get(t, 0.0) for m in models)
         prof = EngineProfile(
-            "cpu", mean, cv=cv, samples_ms=samples, memory_mb=memory, cores=t, corun=corun
+            "cpu",
+            mean,
+            cv=cv,
+            samples_ms=samples,
+            memory_mb=memory,
+            cores=t,
+            corun=corun,
+            idle=_idle_of(models, t),
         )
         out[t] = UnitProfile(name, {"cpu": prof}, kind="model")
     return out
+
+
+def _idle_of(models: Sequence[ModelStage], t: int) -> tuple[tuple[float, float], ...]:
+    """The whole pipeline's idle slowdown at ``t`` threads (``EngineProfile.idle``): at
+    each gap measured for every model stage, their factors weighted by their whole-model
+    times at ``t`` (every model run as if the host had sat idle before it: an upper
+    bound, since the first one wakes the cores for the rest); none when a stage has none."""
+    pts = [dict(m.idle_by_threads.get(t, ())) for m in models]
+    gaps = sorted(set.intersection(*(set(p) for p in pts))) if all(pts) else []
+    weights = [m.whole_ms.get(t, m.whole_ms[1]) for m in models]
+    total = math.fsum(weights)
+    return tuple(
+        (g, math.fsum(w * p[g] for w, p in zip(weights, pts, strict=True)) / total) for g in gaps
+    )
 
 
 def whole_config(cfg: Any, model_index: Sequence[int], threads: int, instances: int) -> Any:

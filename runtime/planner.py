@@ -837,6 +837,10 @@ class ModelStage:
             every other core runs a copy of it (:func:`infscaler.partitioner.profiler.
             measure_corun`, a fraction; each unit's :attr:`~infscaler.runtime.simulator.
             EngineProfile.corun`; absent: 0).
+        idle_by_threads: intra-op threads -> how much slower the whole model runs after
+            the host sat idle, ``((idle s, factor), ...)`` (:func:`infscaler.partitioner.
+            profiler.measure_idle`; each unit's :attr:`~infscaler.runtime.simulator.
+            EngineProfile.idle`, its partitions at the same factor; absent: none).
         unit_ms: measured per-partition times that replace the estimate: ``(cuts, threads)
             -> (ms per partition, ...)``.
         pre_ms / post_ms: function steps fused into this stage's instances
@@ -865,6 +869,7 @@ class ModelStage:
     cv: float = 0.0
     cv_by_threads: Mapping[int, float] = field(default_factory=dict)
     corun_by_threads: Mapping[int, float] = field(default_factory=dict)
+    idle_by_threads: Mapping[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     unit_ms: Mapping[tuple[tuple[int, ...], int], tuple[float, ...]] = field(default_factory=dict)
     pre_ms: float = 0.0
     post_ms: float = 0.0
@@ -894,6 +899,11 @@ class ModelStage:
         for t, f in self.corun_by_threads.items():
             if not (isinstance(f, int | float) and math.isfinite(f) and f >= 0):
                 raise ValueError(f"stage {self.name}: corun_by_threads[{t}] = {f!r} is not >= 0")
+        for t, pts in self.idle_by_threads.items():
+            try:
+                EngineProfile("cpu", 1.0, idle=tuple(pts))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"stage {self.name}: idle_by_threads[{t}]: {exc}") from None
         for name in ("weights_bytes", "flops", "op_ms"):
             v = getattr(self, name)
             if v and len(v) != len(self.costs):
@@ -984,7 +994,10 @@ class ModelStage:
                 mem += math.fsum(self.weights_bytes[s : e + 1]) / 1e6
             cv = self.cv_by_threads.get(threads, self.cv)
             corun = self.corun_by_threads.get(threads, 0.0)
-            prof = EngineProfile("cpu", ms, cv=cv, memory_mb=mem, cores=threads, corun=corun)
+            idle = tuple(self.idle_by_threads.get(threads, ()))
+            prof = EngineProfile(
+                "cpu", ms, cv=cv, memory_mb=mem, cores=threads, corun=corun, idle=idle
+            )
             name = self.name if len(bounds) == 1 else f"{self.name}/{k}"
             fans = bool(self.items) and k == len(bounds) - 1
             out.append(

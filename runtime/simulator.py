@@ -110,6 +110,16 @@ class EngineProfile:
             Measured with :func:`infscaler.partitioner.profiler.measure_corun`; the
             simulator scales it by the share of the other cores busy when the item
             starts.
+        idle: how much slower an item runs after its instance sat idle, as points
+            ``(idle s, time / time back to back)`` in increasing idle order; between
+            them (and from ``(0, 1)``) the factor is interpolated linearly, beyond the
+            last it stays at the last (empty: idle costs nothing). A core left idle
+            sleeps and is slow to wake: on the 2-core development VM, ResNet-50 at 2
+            intra-op threads took 30.6 ms back to back, 33.9 ms after 0.1 s idle and
+            48-51 ms after 0.2-0.4 s (the second thread's core, woken for every
+            operator, runs late), at 1 thread 56-60 ms throughout (2026-11-27,
+            bench/README.md). Measured with
+            :func:`infscaler.partitioner.profiler.measure_idle`.
     """
 
     engine: str
@@ -120,6 +130,19 @@ class EngineProfile:
     memory_mb: float = 0.0
     cores: int = 0
     corun: float = 0.0
+    idle: tuple[tuple[float, float], ...] = ()
+
+    def idle_factor(self, idle_s: float) -> float:
+        """The factor on an item's time after its instance sat idle ``idle_s`` seconds
+        (see ``idle``): 1.0 with no points."""
+        if not self.idle or idle_s <= 0:
+            return 1.0
+        x0, y0 = 0.0, 1.0
+        for x1, y1 in self.idle:
+            if idle_s <= x1:
+                return y0 + (y1 - y0) * (idle_s - x0) / (x1 - x0)
+            x0, y0 = x1, y1
+        return y0
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.mean_ms) or self.mean_ms < 0:
@@ -128,6 +151,13 @@ class EngineProfile:
             raise ValueError(f"{self.engine}: cv must be >= 0, got {self.cv}")
         if not math.isfinite(self.corun) or self.corun < 0:
             raise ValueError(f"{self.engine}: corun must be >= 0, got {self.corun}")
+        pts = tuple((float(g), float(f)) for g, f in self.idle)
+        gaps = [g for g, _ in pts]
+        if any(not (math.isfinite(g) and g > 0) for g in gaps) or gaps != sorted(set(gaps)):
+            raise ValueError(f"{self.engine}: idle needs increasing idle seconds > 0: {pts}")
+        if any(not (math.isfinite(f) and f > 0) for _, f in pts):
+            raise ValueError(f"{self.engine}: idle factors must be > 0: {pts}")
+        object.__setattr__(self, "idle", pts)
         if any((not math.isfinite(s)) or s < 0 for s in self.samples_ms):
             raise ValueError(f"{self.engine}: samples_ms must be finite and >= 0")
         bad = {b: v for b, v in self.batch_ms.items() if int(b) < 1 or v <= 0}
@@ -432,6 +462,7 @@ class _Instance:
         "retiring",
         "cpu_threads",
         "cpu_core_s",
+        "last_done",
     )
 
     def __init__(self, iid: int, engine: str, memory_mb: float) -> None:
@@ -447,6 +478,7 @@ class _Instance:
         self.retiring = False
         self.cpu_threads = 0  # threads it holds in the contention count while busy
         self.cpu_core_s = 0.0  # CPU core-seconds of the item it runs
+        self.last_done = 0.0  # when it last finished an item (or became ready), s
 
 
 class _Unit:
@@ -672,6 +704,7 @@ class _Sim:
 
     def _ready(self, u: _Unit, inst: _Instance, t: float) -> None:
         inst.ready_at = t
+        inst.last_done = t
         if u.queue:
             self._begin(u, inst, t)
         else:
@@ -718,6 +751,8 @@ class _Sim:
         prof = u.p.engines[inst.engine]
         item = u.samplers[inst.engine].item_ms()
         dur = item * prof.batch_factor(b) / 1e3
+        if prof.idle:  # its cores slept while it sat idle (EngineProfile.idle)
+            dur *= prof.idle_factor(t - inst.last_done)
         if inst.engine == "cpu" and self.cpu_cores:
             # CPU contention: the item runs at cores / busy threads of full speed when
             # the busy cpu threads (this one included) outnumber the cores, as the
@@ -743,6 +778,7 @@ class _Sim:
         self.push(t + dur, _DONE, u.idx, inst.iid)
 
     def _done(self, u: _Unit, inst: _Instance, t: float) -> None:
+        inst.last_done = t
         if inst.cpu_threads:
             self.cpu_busy -= inst.cpu_threads
             inst.cpu_threads = 0

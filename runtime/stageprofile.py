@@ -15,6 +15,10 @@ an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.pa
 * where two or more copies fit the cores at a thread count, how much slower the whole
   model runs while every core runs a copy (``profiler.measure_corun``): the simulator's
   co-running slowdown (``EngineProfile.corun``);
+* with ``idle``, how much slower the whole model runs after the host sat idle, per
+  thread count (``profiler.measure_idle``): the simulator's idle slowdown
+  (``EngineProfile.idle``). Off by default: timed in-process it overstates what the
+  served instances see (:data:`IDLE_DEFAULT`);
 * the boundary overhead T_p (``profiler.measure_boundary_overhead``, cached).
 
 :func:`search_measured` runs the search, measures the partitions of its best candidates
@@ -52,6 +56,17 @@ SPREAD_MAX_RUNS = 30
 SPREAD_MIN_RUNS = 10
 
 
+#: :func:`measure_model_stage` measures the idle slowdown only when asked. On the
+#: 2-core development VM (2026-11-27, bench/README.md) ResNet-50 at 2 threads ran
+#: 1.3-2.0 x slower in-process after 0.25 s idle, between runs of the same hour, while
+#: the served instance's compute after a 0.2-0.4 s idle gap was 1.2 x its back-to-back
+#: time at 4 requests/s and 1.04-1.07 x at 10/s (``bench/idle_wake.py``): the serving
+#: process's own activity keeps the cores awake in part. Scored with the in-process
+#: curve, the planner rated one 2-thread session at 2 x L0 at 7.4-11.3 requests/s
+#: (it served 10.4 and more).
+IDLE_DEFAULT = False
+
+
 def spread_cv(times_ms: Sequence[float]) -> float | None:
     """Coefficient of variation (sample standard deviation / mean) of one thread count's
     timed runs, ms; None for fewer than :data:`SPREAD_MIN_RUNS` runs.
@@ -78,6 +93,7 @@ def measure_model_stage(
     threads: Sequence[int] = (1, 2),
     repeats: int = 5,
     use_cache: bool = True,
+    idle: bool = IDLE_DEFAULT,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> ModelStage:
     """A :class:`ModelStage` measured on this host (see the module docstring).
@@ -89,6 +105,8 @@ def measure_model_stage(
             host's usable cores are skipped; 1 is always measured).
         repeats: timed runs per measurement (median taken).
         use_cache: reuse the partitioner's cached per-operator profile.
+        idle: also time the whole model after idle gaps (``idle_by_threads``; about
+            ``5 x (3 x latency + 0.4 s)`` per thread count).
 
     Raises:
         ModelLoadError, ShapeError: a bad model file or shapes.
@@ -116,6 +134,7 @@ def measure_model_stage(
     whole_ms: dict[int, float] = {}
     cv_by_threads: dict[int, float] = {}
     corun_by_threads: dict[int, float] = {}
+    idle_by_threads: dict[int, tuple[tuple[float, float], ...]] = {}
     for t in sorted({1, *(int(x) for x in threads if 1 <= int(x) <= cores)}):
         progress(f"{name}: timing the whole model at {t} thread(s)")
         times = profiler.measure_latency_samples(
@@ -135,6 +154,9 @@ def measure_model_stage(
         if cores // t >= 2:
             progress(f"{name}: timing {cores // t} copies at once at {t} thread(s)")
             corun_by_threads[t] = profiler.measure_corun(whole, feeds, threads=t)
+        if idle:
+            progress(f"{name}: timing the whole model after idle gaps at {t} thread(s)")
+            idle_by_threads[t] = profiler.measure_idle(whole, feeds, threads=t)
     boundary = profiler.measure_boundary_overhead(engine="cpu", cache=use_cache)
     ops = graph.operators
     valid = graph.valid_cuts()
@@ -146,6 +168,7 @@ def measure_model_stage(
         whole_ms=whole_ms,
         cv_by_threads=cv_by_threads,
         corun_by_threads=corun_by_threads,
+        idle_by_threads=idle_by_threads,
         weights_bytes=tuple(float(costs[o.node].param_bytes) for o in ops),
         flops=tuple(float(costs[o.node].flops) for o in ops),
         op_ms=tuple(float(prof.node_ms.get(o.node, 0.0)) for o in ops),

@@ -327,6 +327,7 @@ def profile_pipeline(
     device: Any = None,
     instance_overhead_mb: float | None = None,
     corun: bool = False,
+    idle: bool = False,
 ) -> PipelineProfile:
     """Measure every unit of ``compiled`` in-process (see the module docstring).
 
@@ -341,6 +342,8 @@ def profile_pipeline(
             core running a copy of it (:func:`infscaler.partitioner.profiler.
             measure_corun`, where 2 or more copies of its threads fit the cores): its cpu
             profile's ``corun`` (else 0).
+        idle: also time each such model unit after idle gaps (:func:`infscaler.
+            partitioner.profiler.measure_idle`): its cpu profile's ``idle`` (else none).
 
     Raises:
         ValueError: bad repeats / warmup.
@@ -413,10 +416,13 @@ def profile_pipeline(
             if not batch:
                 notes.append(f"{u.name}: no batch profile (the input does not stack on axis 0)")
         slower = 0.0
-        if corun and u.kind == "model" and not u.steps and u.name in seen:
-            slower = profiler.measure_corun(
-                u.path, {u.in_map[x]: seen[u.name][x] for x in u.inputs}, threads=cores
-            )
+        after_idle: tuple[tuple[float, float], ...] = ()
+        if u.kind == "model" and not u.steps and u.name in seen:
+            feeds = {u.in_map[x]: seen[u.name][x] for x in u.inputs}
+            if corun:
+                slower = profiler.measure_corun(u.path, feeds, threads=cores)
+            if idle:
+                after_idle = profiler.measure_idle(u.path, feeds, threads=cores)
         engines = {
             "cpu": EngineProfile(
                 "cpu",
@@ -426,6 +432,7 @@ def profile_pipeline(
                 memory_mb=mem if not u.fan_in else 0.0,
                 cores=cores,
                 corun=slower,
+                idle=after_idle,
             )
         }
         if u.kind == "model":

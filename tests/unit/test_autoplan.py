@@ -130,3 +130,19 @@ def test_spread_cv_needs_enough_runs() -> None:
     # sample standard deviation over the mean: sqrt(n / (n - 1)) x 1 / 10
     n = len(runs)
     assert spread_cv(runs) == pytest.approx((n / (n - 1)) ** 0.5 / 10.0)
+
+
+def test_idle_slowdown_is_measured_only_when_asked(chain_path: Path) -> None:
+    from infscaler.partitioner import profiler
+    from infscaler.runtime import stageprofile
+
+    # off by default (stageprofile.IDLE_DEFAULT: the in-process curve overstates the
+    # served one); asked for, one point per profiler.IDLE_GAPS_S gap at each count
+    assert stageprofile.IDLE_DEFAULT is False
+    plain = measure_model_stage(chain_path, threads=(1,), repeats=3)
+    assert plain.idle_by_threads == {}
+    assert plain.units((), 1)[0].engines["cpu"].idle == ()
+    st = measure_model_stage(chain_path, threads=(1,), repeats=3, idle=True)
+    assert [g for g, _ in st.idle_by_threads[1]] == list(profiler.IDLE_GAPS_S)
+    assert all(f >= 1.0 for _, f in st.idle_by_threads[1])
+    assert st.units((), 1)[0].engines["cpu"].idle == st.idle_by_threads[1]

@@ -364,3 +364,31 @@ def test_frontend_profile_is_the_front_end_the_search_scores() -> None:
     assert both.p50_ms == pytest.approx(12.0 + 3 * planner.HANDOVER_MS, abs=0.05)
     with pytest.raises(ValueError):
         planner.frontend_profile(-1.0)
+
+
+def test_idle_slowdown_reaches_the_units_and_the_whole_pipeline():
+    from infscaler.runtime.autoplan import whole_profiles
+
+    # a stage's idle points go to each of its units at that thread count (its partitions
+    # at the same factor); the whole pipeline's are the stages' factors weighted by their
+    # times: at 1 thread (10 x 1.2 + 5 x 1.8) / 15 = 1.4 at 0.1 s, (10 x 1.5 + 5 x 3) /
+    # 15 = 2.0 at 0.25 s; a gap only one stage measured is left out
+    a = ModelStage(
+        "a", costs=(1, 1), valid_cuts=(0,), whole_ms={1: 10.0},
+        idle_by_threads={1: ((0.1, 1.2), (0.25, 1.5))},
+    )  # fmt: skip
+    b = ModelStage(
+        "b", costs=(1,), valid_cuts=(), whole_ms={1: 5.0},
+        idle_by_threads={1: ((0.05, 1.1), (0.1, 1.8), (0.25, 3.0))},
+    )  # fmt: skip
+    parts = a.units((0,), 1)
+    assert all(u.engines["cpu"].idle == ((0.1, 1.2), (0.25, 1.5)) for u in parts)
+    idle = whole_profiles([a, b])[1].engines["cpu"].idle
+    assert [g for g, _ in idle] == [0.1, 0.25]
+    assert [f for _, f in idle] == pytest.approx([1.4, 2.0])
+    # a stage without idle points: the whole pipeline has none
+    c = ModelStage("c", costs=(1,), valid_cuts=(), whole_ms={1: 5.0})
+    assert whole_profiles([a, c])[1].engines["cpu"].idle == ()
+    with pytest.raises(ValueError, match="idle_by_threads"):
+        ModelStage("d", costs=(1,), valid_cuts=(), whole_ms={1: 5.0},
+                   idle_by_threads={1: ((0.2, 1.5), (0.1, 1.2))})  # fmt: skip

@@ -348,3 +348,19 @@ def test_measure_corun_compares_copies_at_once_with_one_alone():
     # a model that cannot run on the feeds fails as measure_latency does
     with pytest.raises(ModelLoadError):
         measure_corun(_conv_model(64), {"x": np.zeros((1, 3, 8, 8), np.float32)}, copies=2)
+
+
+def test_measure_idle_times_runs_after_each_gap_against_back_to_back():
+    from infscaler.partitioner.profiler import measure_idle
+
+    feeds = _feeds(64)
+    got = measure_idle(_conv_model(64), feeds, threads=1, gaps_s=(0.004, 0.002), repeats=3)
+    # one point per gap, in increasing order, each a factor >= 1 (clamped: noise can
+    # make the runs after a gap a little faster than back to back)
+    assert [g for g, _ in got] == [0.002, 0.004]
+    assert all(f >= 1.0 and math.isfinite(f) for _, f in got)
+    for bad in ((), (0.0,), (-1.0, 0.1)):
+        with pytest.raises(ValueError, match="gaps_s"):
+            measure_idle(_conv_model(64), feeds, gaps_s=bad)
+    with pytest.raises(ModelLoadError):
+        measure_idle(_conv_model(64), {"x": np.zeros((1, 3, 8, 8), np.float32)}, gaps_s=(0.001,))

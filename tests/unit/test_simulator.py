@@ -360,3 +360,27 @@ def test_corun_slows_an_item_by_the_share_of_the_other_cores_busy() -> None:
     assert sorted(np.round(r.latencies_ms, 6)) == [100.0, 100.0]
     with pytest.raises(ValueError, match="corun"):
         EngineProfile("cpu", 10.0, corun=-0.1)
+
+
+def test_idle_slows_the_item_after_its_instance_sat_idle() -> None:
+    # a 10 ms unit that runs 2 x slower after 0.1 s idle or more, 1.5 x after 0.05 s:
+    # ready at 0, an item at 0 (no idle: 10 ms, ends at 0.010), one at 0.035 (idle
+    # 0.025 s: 1 + 0.5 x 0.025 / 0.05 = 1.25 -> 12.5 ms, ends 0.0475), one at 0.1225
+    # (idle 0.075: 1.5 + 0.5 x 0.025 / 0.05 = 1.75 -> 17.5 ms), one at 1.0 (idle 0.86:
+    # the last factor, 2 -> 20 ms)
+    prof = EngineProfile("cpu", 10.0, cores=1, idle=((0.05, 1.5), (0.1, 2.0)))
+    assert prof.idle_factor(0.0) == 1.0 and prof.idle_factor(0.025) == pytest.approx(1.25)
+    assert prof.idle_factor(0.075) == pytest.approx(1.75) and prof.idle_factor(5.0) == 2.0
+    u = UnitProfile("m", {"cpu": prof})
+    r = simulate([u], [UnitConfig({"cpu": 1})], [0.0, 0.035, 0.1225, 1.0])
+    assert np.round(r.latencies_ms, 6).tolist() == [10.0, 12.5, 17.5, 20.0]
+    # back to back (queued behind the previous item) there is no idle time
+    r = simulate([u], [UnitConfig({"cpu": 1})], [0.0, 0.0, 0.0])
+    assert sorted(np.round(r.latencies_ms, 6)) == [10.0, 20.0, 30.0]
+    # none given: idle costs nothing
+    plain = UnitProfile("p", {"cpu": EngineProfile("cpu", 10.0, cores=1)})
+    r = simulate([plain], [UnitConfig({"cpu": 1})], [0.0, 1.0])
+    assert np.round(r.latencies_ms, 6).tolist() == [10.0, 10.0]
+    for bad in (((0.1, 2.0), (0.05, 1.5)), ((0.0, 2.0),), ((0.1, 0.0),), ((0.1, float("nan")),)):
+        with pytest.raises(ValueError, match="idle"):
+            EngineProfile("cpu", 10.0, idle=bad)
