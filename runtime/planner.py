@@ -776,20 +776,20 @@ GOODPUT_TIE = 0.05
 
 #: :func:`search` scores every candidate on a short trace (``requests``, 600), then
 #: scores again, on a trace of this many requests, the finalists: the candidates within
-#: :data:`REFINE_WITHIN` of the best short score, at most :data:`REFINE_MAX` of them.
+#: :data:`FINALIST_WITHIN` of the best short score, at most :data:`FINALISTS_MAX` of them.
 #: The short score is a screen, not a prediction: the largest rate whose P99 over 600
 #: simulated requests meets the SLO read 9.8-16.2 requests/s over 8 seeds for
 #: ResNet-50 as 2 single-thread replicas on 2 cores at 2 x L0 (seed 0: 16.2), where the
 #: same simulator's P99 over 20 000 requests crosses the SLO at about 10.5/s; over
-#: 12 000 requests the 8 seeds read 10.0-11.0, and the 2026-11-27 bench served 10.4/s
+#: 12 000 requests 6 seeds read 10.0-11.0, and the 2026-11-27 bench served 10.4/s
 #: over 900 requests and missed at 11.8/s (bench/README.md, issue 15). Picked on the
 #: short screen, the deploy-time search gave that cell 2 x 1 thread in one deploy and
 #: 1 x 2 threads in the next.
-REFINE_REQUESTS = 12_000
+FINAL_REQUESTS = 12_000
 #: Finalists are the candidates whose short score is within this fraction of the best.
-REFINE_WITHIN = 0.3
+FINALIST_WITHIN = 0.3
 #: At most this many finalists (the best short scores first).
-REFINE_MAX = 4
+FINALISTS_MAX = 4
 
 
 def cpu_cores(device: Any) -> int | None:
@@ -1022,7 +1022,7 @@ class Candidate:
             of the FLOPs. fits: within the cap. why: why it lost (filled by the search).
         whole: the whole pipeline in one unit (``fuse: whole``): ``units`` are the front
             end and that unit; ``cuts`` all ``()``, ``threads`` its threads per stage.
-        refined: scored again on the long trace (:data:`REFINE_REQUESTS`), a finalist;
+        finalist: scored again on the long trace (:data:`FINAL_REQUESTS`);
             False: its figures are the short screen's (600 requests), which reads high.
     """
 
@@ -1041,7 +1041,7 @@ class Candidate:
     note: str = ""
     why: str = ""
     whole: bool = False
-    refined: bool = False
+    finalist: bool = False
 
     def label(self) -> str:
         if self.whole:  # one unit: the whole pipeline (fuse: whole), every model K = 1
@@ -1096,7 +1096,7 @@ class SearchOutcome:
                 "attainment": c.attainment,
                 "memory_mb": round(c.memory_mb, 2),
                 "bottleneck_share": list(c.share),
-                "refined": c.refined,
+                "finalist": c.finalist,
                 "why": c.why,
             }
 
@@ -1140,9 +1140,9 @@ def search(
     max_candidates: int = 400,
     goodput_tie: float = GOODPUT_TIE,
     whole: Mapping[int, UnitProfile] | None = None,
-    refine_requests: int = REFINE_REQUESTS,
-    refine_within: float = REFINE_WITHIN,
-    refine_max: int = REFINE_MAX,
+    final_requests: int = FINAL_REQUESTS,
+    finalist_within: float = FINALIST_WITHIN,
+    finalists_max: int = FINALISTS_MAX,
 ) -> SearchOutcome:
     """Search the runtime's configuration space for the most goodput within the SLO (issue 15).
 
@@ -1164,9 +1164,9 @@ def search(
     largest rate whose simulated P99 <= SLO (bisection on the rate, at most 10 steps,
     below the analytic capacity), i.e. the goodput at that rate. Every candidate (and
     every instance count grown) is screened on a trace of ``requests``; the finalists
-    (within ``refine_within`` of the best screen, at most ``refine_max``) are scored
-    again on ``refine_requests`` and ranked on that score, ahead of the rest (the screen
-    of one short trace reads high and scatters: :data:`REFINE_REQUESTS`). The **front end's CPU**
+    (within ``finalist_within`` of the best screen, at most ``finalists_max``) are scored
+    again on ``final_requests`` and ranked on that score, ahead of the rest (the screen
+    of one short trace reads high and scatters: :data:`FINAL_REQUESTS`). The **front end's CPU**
     (``frontend_ms`` per request; default :data:`FRONTEND_MS`) is simulated as a
     single-threaded server ahead of the units that competes for the same cores. Ties:
     candidates within ``goodput_tie`` (default :data:`GOODPUT_TIE`, 5 %) of the best
@@ -1192,7 +1192,7 @@ def search(
             oversubscribe them, :func:`cpu_cores`).
         arrivals: arrival process spec (:func:`infscaler.runtime.arrivals.from_spec`).
         requests: requests simulated per screening score (trace length = requests / rate).
-        refine_requests / refine_within / refine_max: the finalists' long score (0: no
+        final_requests / finalist_within / finalists_max: the finalists' long score (0: no
             second score, the screen decides).
         seed / handover_ms: see :func:`~infscaler.runtime.simulator.simulate`.
         frontend_ms: front-end CPU per request, ms (0: not modelled).
@@ -1234,13 +1234,13 @@ def search(
         raise ValueError(f"goodput_tie must be in [0, 1), got {goodput_tie!r}")
     if frontend_ms < 0 or requests < 50 or max_partitions < 1:
         raise ValueError("frontend_ms must be >= 0, requests >= 50, max_partitions >= 1")
-    if refine_requests and refine_requests < requests or refine_max < 1:
+    if final_requests and final_requests < requests or finalists_max < 1:
         raise ValueError(
-            f"refine_requests must be 0 or >= requests ({requests}), refine_max >= 1; got "
-            f"{refine_requests}, {refine_max}"
+            f"final_requests must be 0 or >= requests ({requests}), finalists_max >= 1; got "
+            f"{final_requests}, {finalists_max}"
         )
-    if not 0 <= refine_within < 1:
-        raise ValueError(f"refine_within must be in [0, 1), got {refine_within!r}")
+    if not 0 <= finalist_within < 1:
+        raise ValueError(f"finalist_within must be in [0, 1), got {finalist_within!r}")
     cap = resource_cap(device)
     n_cores = int(cores or cap.cores or 0)
     if n_cores < 1:
@@ -1485,39 +1485,39 @@ def search(
         ),
         "the whole pipeline in one unit (fuse: whole)": lambda c: c.whole,
     }
-    # the finalists, scored again on the long trace (REFINE_REQUESTS): the screen reads
+    # the finalists, scored again on the long trace (FINAL_REQUESTS): the screen reads
     # high and scatters, so the rank and the figures reported are the long score's; the
     # best hand configurations are scored the same way, so the comparison is like for like
     screen = max((c.goodput_rps for c in cands if c.fits), default=0.0)
-    refine = bool(refine_requests) and refine_requests > requests and screen > 0
-    if refine:
+    final = bool(final_requests) and final_requests > requests and screen > 0
+    if final:
         ok = sorted(
             (c for c in cands if c.fits and c.goodput_rps > 0), key=lambda c: -c.goodput_rps
         )
-        finalists = [c for c in ok if c.goodput_rps >= (1 - refine_within) * screen - 1e-9]
-        finalists = finalists[:refine_max]
+        finalists = [c for c in ok if c.goodput_rps >= (1 - finalist_within) * screen - 1e-9]
+        finalists = finalists[:finalists_max]
         for is_hand in hands.values():
             hand = next((c for c in ok if is_hand(c)), None)
             if hand is not None and all(hand is not c for c in finalists):
                 finalists.append(hand)
         rescored = {}
         for c in finalists:
-            good, max_rate, res = score(c.units, c.config, refine_requests)
+            good, max_rate, res = score(c.units, c.config, final_requests)
             rescored[id(c)] = replace(
                 c,
                 goodput_rps=good,
                 max_rate_rps=max_rate,
                 p99_ms=None if res is None else res.p99_ms,
                 attainment=None if res is None else res.slo_attainment,
-                refined=True,
+                finalist=True,
             )
         cands = [rescored.get(id(c), c) for c in cands]
-    gmax = max((c.goodput_rps for c in cands if c.fits and c.refined == refine), default=0.0)
+    gmax = max((c.goodput_rps for c in cands if c.fits and c.finalist == final), default=0.0)
 
     def tied(c: Candidate) -> bool:
         return (
             c.fits
-            and c.refined == refine
+            and c.finalist == final
             and gmax > 0
             and c.goodput_rps >= (1 - goodput_tie) * gmax - 1e-9
         )
@@ -1536,7 +1536,7 @@ def search(
         t = tied(c)
         return (
             0 if c.fits else 1,
-            0 if c.refined == refine else 1,
+            0 if c.finalist == final else 1,
             0 if t else 1,
             served(c) if t else -round(c.goodput_rps, 6),
             c.memory_mb if t else 0.0,
@@ -1556,13 +1556,13 @@ def search(
             why = f"SLO: P99 {_fmt(c.p99_ms)} ms > {slo_ms:g} ms at every instance count tried" + (
                 f" ({c.note})" if c.note else ""
             )
-        elif top is not None and c.refined != refine:
+        elif top is not None and c.finalist != final:
             why = (
                 f"screened out: {c.goodput_rps:.2f}/s on the {requests}-request screen, more "
-                f"than {refine_within:.0%} below the best screen ({screen:.2f}/s)"
-                if c.goodput_rps < (1 - refine_within) * screen - 1e-9
+                f"than {finalist_within:.0%} below the best screen ({screen:.2f}/s)"
+                if c.goodput_rps < (1 - finalist_within) * screen - 1e-9
                 else f"screened out: {c.goodput_rps:.2f}/s on the {requests}-request screen, "
-                f"below the {refine_max} best"
+                f"below the {finalists_max} best"
             ) + (f"; {c.note}" if c.note else "")
         elif top is not None and not tied(c):
             why = f"lower goodput ({c.goodput_rps:.2f} < {top.goodput_rps:.2f}/s)" + (
@@ -1588,9 +1588,9 @@ def search(
         + (f"rate {rate:g}/s ({arrivals})" if rate is not None else "score: max rate within SLO")
         + f", {n_cores} cores, front end {frontend_ms:g} ms/request"
         + (
-            f"; screened on {requests} requests, {sum(c.refined for c in ranked)} finalists "
-            f"scored on {refine_requests}"
-            if refine
+            f"; screened on {requests} requests, {sum(c.finalist for c in ranked)} finalists "
+            f"scored on {final_requests}"
+            if final
             else f"; scored on {requests} requests"
         )
     )

@@ -94,7 +94,7 @@ def test_one_dominant_operator_group_keeps_k1_replicated():
     # about 150/s (139 at 0.9 x 150 -> 44.8 ms ... 165/s -> 57 ms); the score must lie
     # within 10 % of that crossing (the 600-request screen alone read above it)
     rate = best.max_rate_rps
-    assert rate is not None and best.refined
+    assert rate is not None and best.finalist
     assert exact_md_c_p99_ms(0.9 * rate, 2, 10.0) + 2 * HANDOVER_MS <= 50.0
     assert exact_md_c_p99_ms(1.1 * rate, 2, 10.0) + 2 * HANDOVER_MS > 50.0
     others = [c for c in out.candidates if c.cuts != ((),)]
@@ -299,10 +299,10 @@ def test_finalists_long_score_is_steady_where_the_screen_scatters():
     goods = {0: [], 12_000: []}
     for seed in range(3):
         for n in goods:
-            out = search([resnet_like()], 108.6, cap(cores=2), seed=seed, refine_requests=n)
+            out = search([resnet_like()], 108.6, cap(cores=2), seed=seed, final_requests=n)
             assert out.best is not None
             assert out.best.threads == (2,) and served(out.best) == [1]
-            assert out.best.refined == bool(n)
+            assert out.best.finalist == bool(n)
             goods[n].append(out.best.goodput_rps)
     screen, long = (np.array(goods[n]) for n in (0, 12_000))
     assert (long.max() - long.min()) / np.median(long) < 0.15
@@ -310,8 +310,8 @@ def test_finalists_long_score_is_steady_where_the_screen_scatters():
     assert screen.max() > 1.25 * long.max()
 
 
-def test_unrefined_candidates_rank_below_the_finalists_and_say_why():
-    # 3 operators, two cuts, 1 and 2 threads, with a refine_max of 1: only the best screen
+def test_other_candidates_rank_below_the_finalists_and_say_why():
+    # 3 operators, two cuts, 1 and 2 threads, with a finalists_max of 1: only the best screen
     # (plus the best hand configurations) is scored again; every candidate that is not
     # is ranked after them and says it was screened out
     st = ModelStage(
@@ -321,22 +321,22 @@ def test_unrefined_candidates_rank_below_the_finalists_and_say_why():
         whole_ms={1: 12.0, 2: 7.0},
         boundary_fixed_ms=0.3,
     )
-    out = search([st], 40.0, cap(cores=2), frontend_ms=0.0, refine_max=1)
-    assert out.best is not None and out.best.refined
-    flags = [c.refined for c in out.candidates if c.fits]
-    assert flags == sorted(flags, reverse=True)  # refined first
-    rest = [c for c in out.candidates if c.fits and not c.refined]
+    out = search([st], 40.0, cap(cores=2), frontend_ms=0.0, finalists_max=1)
+    assert out.best is not None and out.best.finalist
+    flags = [c.finalist for c in out.candidates if c.fits]
+    assert flags == sorted(flags, reverse=True)  # finalists first
+    rest = [c for c in out.candidates if c.fits and not c.finalist]
     assert rest and all(c.why.startswith("screened out") for c in rest)
     assert "finalists scored on 12000" in out.explain[0]
     # the hand configurations the explanation compares with are scored the same way
-    hands = [c for c in out.candidates if c.refined and c is not out.best]
+    hands = [c for c in out.candidates if c.finalist and c is not out.best]
     assert any(c.cuts == ((),) and c.threads == (1,) for c in [out.best, *hands])
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"refine_requests": 100}, {"refine_max": 0}, {"refine_within": 1.0}],
+    [{"final_requests": 100}, {"finalists_max": 0}, {"finalist_within": 1.0}],
 )
-def test_bad_refinement_settings_are_refused(kwargs):
-    with pytest.raises(ValueError, match="refine"):
+def test_bad_finalist_settings_are_refused(kwargs):
+    with pytest.raises(ValueError, match="final"):
         search([resnet_like()], 108.6, cap(cores=2), **kwargs)
