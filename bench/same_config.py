@@ -200,16 +200,15 @@ def hand_pipeline(model: str, name: str, threads: int, instances: int, slo_ms: f
 
 
 def service_ms(model: str, feeds: dict[str, np.ndarray], threads: int, n: int = 20) -> float:
-    """Median in-process latency of one session at ``threads`` threads, ms."""
-    s = sc.session(model, threads)
-    for _ in range(2):
-        s.run(None, feeds)
-    t = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        s.run(None, feeds)
-        t.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(t))
+    """Median in-process latency of one session at ``threads`` threads, ms (the
+    profiler's own timing as served: ``profiler.measure_latency``, 2 warm-up runs)."""
+    from infscaler.base.models import resolve_model
+    from infscaler.partitioner import profiler
+
+    ms, _ = profiler.measure_latency(
+        resolve_model(model), feeds, warmup=2, repeats=n, threads=threads
+    )
+    return float(ms)
 
 
 def main(argv: list[str] | None = None) -> int:
