@@ -1132,10 +1132,10 @@ def predicted_goodput(
             cfg.append(UnitConfig({engine: max(1, n)}))
         runs = []
 
-        def ok(rate: float, units_sim: list[Any] = units_sim, log: bool = True) -> bool:
+        def ok(rate: float, units: list[Any], log: bool) -> bool:
             dur = max(30.0 if quick else 60.0, (1500 if quick else 5000) / rate)
             r = planner.predict(
-                units_sim,
+                units,
                 cfg,
                 "poisson",
                 rate=rate,
