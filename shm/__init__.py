@@ -46,6 +46,7 @@ from infscaler.shm.tensors import (
 from infscaler.shm.unified import (
     UnifiedMemoryUnavailable,
     UnifiedSlab,
+    UnifiedSlabMap,
     unified_memory_available,
 )
 
@@ -68,6 +69,7 @@ __all__ = [
     "TokenKind",
     "UnifiedMemoryUnavailable",
     "UnifiedSlab",
+    "UnifiedSlabMap",
     "allocate_tensors",
     "read_tensors",
     "remove_stale_slabs",

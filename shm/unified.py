@@ -6,38 +6,55 @@ as *mapped* pinned memory gives a device pointer through which GPU kernels and T
 engines (GPU or DLA) read and write the same bytes, no copy:
 
 - memory another process created (our case: a POSIX shm slab) is registered after the
-  fact: ``pycuda.driver.register_host_memory(ndarray_view, flags=DEVICEMAP | PORTABLE)``
-  (``cuMemHostRegister``), then ``.base.get_device_pointer()``
-  (``cuMemHostGetDevicePointer``). Page-aligned start and size are required; pool slabs
+  fact: ``cuMemHostRegister(ptr, bytes, CU_MEMHOSTREGISTER_DEVICEMAP | PORTABLE)``, then
+  ``cuMemHostGetDevicePointer``. Page-aligned start and size are required; pool slabs
   are both.
-- memory this process allocates itself can be allocated mapped from the start:
-  ``pycuda.driver.pagelocked_empty(shape, dtype, mem_flags=host_alloc_flags.DEVICEMAP)``
-  (``cudaHostAlloc(..., cudaHostAllocMapped)``), then ``.base.get_device_pointer()``.
-  That memory cannot be shared with other processes by name, hence registration here.
+- memory a process allocates itself can be allocated mapped from the start
+  (``cuMemHostAlloc(..., CU_MEMHOSTALLOC_DEVICEMAP)``), but cannot then be shared with
+  other processes by name, hence registration here.
+
+The calls go to the CUDA driver library through ctypes
+(:class:`~infscaler.base.engines.tensorrt.CudaDriver`), in the device's primary context
+(the one the CUDA runtime, TensorRT and pycuda's ``retain_primary_context`` use). Not
+through pycuda: its ``register_host_memory`` fails on any array over an ``mmap``
+(``ValueError: Cannot set the NumPy array 'base' dependency more than once``, pycuda
+2024.1.2 - 2026.1, inducer/pycuda#459), which is what a slab is; seen on an H200 with
+pycuda 2026.1 built from source, 2026-11-27.
 
 ``cuMemHostRegister`` needs a device that can map host memory
 (``CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY``); on Tegra it also needs I/O coherence
 (Xavier and later). On a discrete GPU the same code works, but the GPU reads the mapped
-pages over PCIe: correct, not fast (the runtime copies to device memory there instead).
+pages over PCIe: correct, not fast (``bench/unified_handover.py`` measures it).
 
-Sources: CUDA Driver API ``cuMemHostRegister`` / ``cuMemHostGetDevicePointer``; CUDA
-for Tegra application note (memory management, pinned memory); PyCUDA documentation,
-"Post-Allocation Pagelocking" (``register_host_memory``, ``RegisteredHostMemory``).
+Sources: CUDA Driver API ``cuMemHostRegister`` / ``cuMemHostGetDevicePointer`` /
+``cuMemHostUnregister`` / ``cuDeviceGetAttribute``; CUDA for Tegra application note
+(memory management, pinned memory).
 
-pycuda is imported lazily: importing this module never needs CUDA. Without pycuda, the
-CUDA driver or a device, :func:`unified_memory_available` says why and
-:class:`UnifiedSlab` raises :class:`UnifiedMemoryUnavailable`; nothing is faked.
+Importing this module never needs CUDA. Without the NVIDIA driver or a device,
+:func:`unified_memory_available` says why and :class:`UnifiedSlab` raises
+:class:`UnifiedMemoryUnavailable`; nothing is faked.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 
 from infscaler.base.errors import InfScalerError
 
-__all__ = ["UnifiedMemoryUnavailable", "UnifiedSlab", "unified_memory_available"]
+__all__ = [
+    "UnifiedMemoryUnavailable",
+    "UnifiedSlab",
+    "UnifiedSlabMap",
+    "unified_memory_available",
+]
+
+#: ``CUdevice_attribute`` values (cuda.h).
+CU_DEVICE_ATTRIBUTE_INTEGRATED = 18
+CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY = 19
+#: ``cuMemHostRegister`` flags (cuda.h).
+CU_MEMHOSTREGISTER_PORTABLE = 0x01
+CU_MEMHOSTREGISTER_DEVICEMAP = 0x02
+PAGE = 4096
 
 
 class UnifiedMemoryUnavailable(InfScalerError):
@@ -45,29 +62,29 @@ class UnifiedMemoryUnavailable(InfScalerError):
 
 
 def _driver(device: int = 0):
-    """(pycuda.driver, pycuda Device) or raise UnifiedMemoryUnavailable with the reason."""
+    """A :class:`CudaDriver` whose device ``device`` maps host memory, or raise
+    :class:`UnifiedMemoryUnavailable` with the reason."""
+    from infscaler.base.engines.tensorrt import CudaDriver  # lazy: ctypes + libcuda
+
     try:
-        import pycuda.driver as cuda  # lazy: the CPU path never imports CUDA
-    except ImportError as exc:
+        driver = CudaDriver()
+    except OSError:
         raise UnifiedMemoryUnavailable(
-            f"pycuda is not installed ({exc})",
-            hint="on Jetson: pip install 'infscaler[jetson]' (needs JetPack's CUDA)",
+            "no CUDA device: the NVIDIA driver library libcuda.so.1 is not loadable "
+            "(no NVIDIA GPU driver on this host)"
         ) from None
-    try:
-        cuda.init()
-        count = cuda.Device.count()
-    except Exception as exc:  # pycuda.driver.Error and friends: no driver / no device
+    except RuntimeError as exc:  # cuInit failed: no device, driver / kernel module mismatch
         raise UnifiedMemoryUnavailable(f"no CUDA device: CUDA driver init failed ({exc})") from None
+    count = driver.device_count()
     if count == 0:
         raise UnifiedMemoryUnavailable("no CUDA device: the CUDA driver reports 0 devices")
     if not 0 <= device < count:
         raise UnifiedMemoryUnavailable(f"no CUDA device {device}: {count} device(s) present")
-    dev = cuda.Device(device)
-    if not dev.get_attribute(cuda.device_attribute.CAN_MAP_HOST_MEMORY):
+    if not driver.device_attribute(device, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY):
         raise UnifiedMemoryUnavailable(
-            f"CUDA device {device} ({dev.name()}) cannot map host memory"
+            f"CUDA device {device} ({driver.device_name(device)}) cannot map host memory"
         )
-    return cuda, dev
+    return driver
 
 
 def unified_memory_available(device: int = 0) -> tuple[bool, str]:
@@ -75,16 +92,17 @@ def unified_memory_available(device: int = 0) -> tuple[bool, str]:
 
     Returns:
         ``(True, description)`` (integrated GPU: zero copy in shared DRAM; discrete GPU:
-        mapped over PCIe), or ``(False, reason)``: "pycuda is not installed ...",
-        "no CUDA device ...", or the device cannot map host memory.
+        mapped over PCIe), or ``(False, reason)``: "no CUDA device ..." (no driver, no
+        device) or the device cannot map host memory.
     """
     try:
-        cuda, dev = _driver(device)
+        driver = _driver(device)
     except UnifiedMemoryUnavailable as exc:
         return False, exc.message
-    if dev.get_attribute(cuda.device_attribute.INTEGRATED):
-        return True, f"{dev.name()}: integrated GPU, mapped host memory is the same DRAM"
-    return True, f"{dev.name()}: discrete GPU, mapped host memory is read over PCIe (slow)"
+    name = driver.device_name(device)
+    if driver.device_attribute(device, CU_DEVICE_ATTRIBUTE_INTEGRATED):
+        return True, f"{name}: integrated GPU, mapped host memory is the same DRAM"
+    return True, f"{name}: discrete GPU, mapped host memory is read over PCIe (slow)"
 
 
 class UnifiedSlab:
@@ -97,47 +115,48 @@ class UnifiedSlab:
 
     The registration is made in the device's primary context (the one the CUDA runtime
     and TensorRT use) with ``DEVICEMAP | PORTABLE``, so the device pointer is valid for
-    every context in this process. Keep the ``UnifiedSlab`` (and so the slab mapping)
-    alive while the GPU may touch it; :meth:`close` unregisters (page-unlocks); it does
-    not unmap or free anything.
+    every context in this process. The ``UnifiedSlab`` keeps a view of ``buf`` (and so the
+    mapping) alive until :meth:`close`, which unregisters (page-unlocks); it does not
+    unmap or free anything.
 
     Raises:
-        UnifiedMemoryUnavailable: no pycuda / CUDA device / host-memory mapping.
+        UnifiedMemoryUnavailable: no CUDA driver / device / host-memory mapping, or the
+            driver refused the registration (message: its error).
         ValueError: ``buf`` is read-only or not page-aligned.
     """
 
     def __init__(self, buf, *, device: int = 0) -> None:
-        cuda, dev = _driver(device)
+        driver = _driver(device)
         host = np.frombuffer(buf, dtype=np.uint8)
         if not host.flags.writeable:
             raise ValueError("UnifiedSlab needs a writable buffer")
-        page = 4096
-        if host.ctypes.data % page or host.nbytes % page:
+        address = int(host.ctypes.data)
+        if address % PAGE or host.nbytes % PAGE:
             raise ValueError(
                 f"cuMemHostRegister needs a page-aligned buffer; got address "
-                f"0x{host.ctypes.data:x}, {host.nbytes} bytes"
+                f"0x{address:x}, {host.nbytes} bytes"
             )
         self.nbytes = host.nbytes
-        self._cuda = cuda
-        self._context = dev.retain_primary_context()
-        self._context.push()
+        self.device = device
+        self._driver = driver
+        self._context = driver.retain_primary(device)
         try:
-            flags = cuda.mem_host_register_flags.DEVICEMAP | cuda.mem_host_register_flags.PORTABLE
-            self._registered = cuda.register_host_memory(host, flags=flags)
-            self._device_ptr = int(self._registered.base.get_device_pointer())
-        except cuda.Error as exc:
-            self._context.pop()
-            self._context.detach()
+            self._device_ptr = driver.host_register(
+                self._context,
+                address,
+                host.nbytes,
+                CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE,
+            )
+        except RuntimeError as exc:
+            driver.release_primary(device)
             raise UnifiedMemoryUnavailable(
-                f"cuMemHostRegister failed on CUDA device {device} ({dev.name()}): {exc}",
+                f"cuMemHostRegister failed on CUDA device {device} "
+                f"({driver.device_name(device)}): {exc}",
                 hint="Tegra devices without I/O coherence (Nano, TX2) cannot register memory "
-                "another process created; copy into pagelocked_empty(..., DEVICEMAP) there",
+                "another process created; copy into cuMemHostAlloc(..., DEVICEMAP) memory there",
             ) from exc
-        except Exception:
-            self._context.pop()
-            self._context.detach()
-            raise
-        self._context.pop()
+        self._host = host  # keeps the mapping alive while registered
+        self._host_address = address
         self._closed = False
 
     def device_pointer(self, offset: int = 0) -> int:
@@ -152,21 +171,110 @@ class UnifiedSlab:
             raise ValueError(f"offset {offset} outside the slab's {self.nbytes} bytes")
         return self._device_ptr + offset
 
+    def device_pointer_of(self, array: np.ndarray) -> int:
+        """The device address of a numpy view into this slab (zero copy).
+
+        ``array`` is a C-contiguous view of the registered mapping, e.g. a tensor
+        :func:`~infscaler.shm.tensors.read_tensors` or
+        :func:`~infscaler.shm.tensors.allocate_tensors` returned for a slot of
+        :meth:`SlabMap.slot_view <infscaler.shm.slabmap.SlabMap.slot_view>` (the same
+        ``SlabMap`` whose :meth:`~infscaler.shm.slabmap.SlabMap.slab_view` was registered:
+        another mapping of the slab has other host addresses). A kernel or a TensorRT
+        binding (``set_tensor_address``) given this pointer reads and writes the tensor's
+        bytes in place.
+
+        Raises:
+            ValueError: ``array`` is not C-contiguous or does not lie inside this slab's
+                host mapping. RuntimeError: closed.
+        """
+        if self._closed:
+            raise RuntimeError("UnifiedSlab is closed")
+        if not array.flags.c_contiguous:
+            raise ValueError("device_pointer_of needs a C-contiguous view of the slab")
+        offset = int(array.__array_interface__["data"][0]) - self._host_address
+        if offset < 0 or offset + array.nbytes > self.nbytes:
+            raise ValueError(
+                f"the array ({array.nbytes} bytes at slab offset {offset}) is not inside this "
+                f"slab's {self.nbytes}-byte mapping: take views from the SlabMap whose "
+                "slab_view was registered"
+            )
+        return self._device_ptr + offset
+
     def close(self) -> None:
         """Unregister the memory from CUDA (idempotent); the mapping itself stays."""
         if self._closed:
             return
         self._closed = True
-        self._context.push()
         try:
-            self._registered.base.unregister()
+            self._driver.host_unregister(self._context, self._host_address)
         finally:
-            self._context.pop()
-            with contextlib.suppress(Exception):
-                self._context.detach()
-            self._registered = None
+            self._driver.release_primary(self.device)
+            self._host = None
 
     def __enter__(self) -> UnifiedSlab:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class UnifiedSlabMap:
+    """Every slab of a :class:`~infscaler.shm.slabmap.SlabMap`, registered with CUDA on
+    first use: what a GPU / DLA instance holds to hand slot tensors to kernels in place.
+
+    Args:
+        slabs: the instance's ``SlabMap`` (its mappings are the ones registered).
+        device: CUDA device ordinal.
+
+    A token's slab is registered once (``cuMemHostRegister`` pins its pages: a few ms for
+    16 MB) and stays registered until :meth:`forget` or :meth:`close`; tokens of that slab
+    then cost a pointer addition. Forget a slab before the ``SlabMap`` drops it.
+
+    Raises:
+        UnifiedMemoryUnavailable: (from :meth:`device_pointer`) no CUDA driver / device /
+            host-memory mapping.
+    """
+
+    def __init__(self, slabs, *, device: int = 0) -> None:
+        self._slabs = slabs
+        self._device = device
+        self._registered: dict[int, UnifiedSlab] = {}
+
+    def slab(self, slab: int) -> UnifiedSlab:
+        """The registration of slab ``slab`` (made now if new)."""
+        unified = self._registered.get(slab)
+        if unified is None:
+            unified = UnifiedSlab(self._slabs.slab_view(slab), device=self._device)
+            self._registered[slab] = unified
+        return unified
+
+    def device_pointer(self, token, array: np.ndarray) -> int:
+        """The device address of ``array``, a view of the slot ``token`` names (from this
+        map's ``SlabMap``): input tensors from ``read_tensors``, outputs from
+        ``allocate_tensors``.
+
+        Raises:
+            ValueError: ``array`` is not inside the token's slab.
+            UnifiedMemoryUnavailable: the slab cannot be registered.
+        """
+        return self.slab(token.slab).device_pointer_of(array)
+
+    def registered(self) -> list[int]:
+        """Slab ids registered with CUDA in this process."""
+        return sorted(self._registered)
+
+    def forget(self, slab: int) -> None:
+        """Unregister slab ``slab`` (no-op when it is not registered)."""
+        unified = self._registered.pop(slab, None)
+        if unified is not None:
+            unified.close()
+
+    def close(self) -> None:
+        """Unregister every slab; the ``SlabMap`` and its mappings stay."""
+        for slab in list(self._registered):
+            self.forget(slab)
+
+    def __enter__(self) -> UnifiedSlabMap:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,18 +1,20 @@
 """Unified-memory backend (infscaler.shm.unified): honest unavailability, real GPU test.
 
-The GPU test needs pycuda and a CUDA device that can map host memory (a Jetson, or any
-CUDA GPU); everywhere else it skips with the reason unified_memory_available() gives.
+The backend talks to the CUDA driver library (libcuda) through ctypes. The GPU test also
+needs pycuda (to read and write through the device pointer independently of our code) and
+a CUDA device that can map host memory (a Jetson, or any CUDA GPU); everywhere else it
+skips with the reason unified_memory_available() gives.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
-import sys
-import types
 
 import numpy as np
 import pytest
 
+from infscaler.base.engines import tensorrt
 from infscaler.shm import (
     SlabMap,
     TensorPool,
@@ -27,36 +29,38 @@ HAVE_PYCUDA = importlib.util.find_spec("pycuda") is not None
 AVAILABLE, REASON = unified_memory_available()
 
 
-@pytest.mark.skipif(HAVE_PYCUDA, reason="pycuda is installed on this host")
-def test_reports_unavailable_without_pycuda():
+def _libcuda_loadable() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_libcuda_loadable(), reason="this host has the NVIDIA driver library")
+def test_reports_unavailable_without_the_driver():
     ok, reason = unified_memory_available()
     assert ok is False
-    assert "pycuda is not installed" in reason
-    with pytest.raises(UnifiedMemoryUnavailable, match="pycuda"):
+    assert reason.startswith("no CUDA device") and "libcuda.so.1" in reason
+    with pytest.raises(UnifiedMemoryUnavailable, match="libcuda"):
         UnifiedSlab(bytearray(4096))
 
 
 def test_reports_no_device_when_the_driver_fails(monkeypatch):
-    """A pycuda whose driver init fails (no GPU / no driver) -> (False, "no CUDA device")."""
+    """cuInit failing (driver present, no GPU / module mismatch) -> (False, "no CUDA device")."""
 
-    class DriverError(Exception):
-        pass
+    class FailingDriver:
+        def __init__(self):
+            raise RuntimeError("cuInit failed: no CUDA-capable device is detected")
 
-    def init():
-        raise DriverError("cuInit failed: no CUDA-capable device is detected")
-
-    driver = types.ModuleType("pycuda.driver")
-    driver.init = init
-    package = types.ModuleType("pycuda")
-    package.driver = driver
-    monkeypatch.setitem(sys.modules, "pycuda", package)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
+    monkeypatch.setattr(tensorrt, "CudaDriver", FailingDriver)
     ok, reason = unified_memory_available()
     assert ok is False and reason.startswith("no CUDA device")
     assert "no CUDA-capable device" in reason
 
 
 @pytest.mark.skipif(not AVAILABLE, reason=f"unified memory unavailable: {REASON}")
+@pytest.mark.skipif(not HAVE_PYCUDA, reason="pycuda is not installed (the test reads through it)")
 def test_gpu_reads_and_writes_the_slab_in_place():
     import pycuda.driver as cuda
 

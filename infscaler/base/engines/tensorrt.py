@@ -177,19 +177,65 @@ class CudaDriver:
         release = self._fn("cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease")
         self._check(release(self._device(index)), "cuDevicePrimaryCtxRelease")
 
-    def mem_free(self, ctx: ctypes.c_void_p) -> int:
-        """Free bytes on the device of ``ctx`` (device-wide, all processes)."""
+    def device_attribute(self, index: int, attribute: int) -> int:
+        """``cuDeviceGetAttribute``: a ``CU_DEVICE_ATTRIBUTE_*`` value of device ``index``."""
+        value = ctypes.c_int(0)
+        self._check(
+            self.lib.cuDeviceGetAttribute(
+                ctypes.byref(value), ctypes.c_int(attribute), self._device(index)
+            ),
+            "cuDeviceGetAttribute",
+        )
+        return int(value.value)
+
+    @contextlib.contextmanager
+    def current(self, ctx: ctypes.c_void_p) -> Iterator[None]:
+        """``ctx`` pushed as the calling thread's current context while in the block."""
         push = self._fn("cuCtxPushCurrent_v2", "cuCtxPushCurrent")
         pop = self._fn("cuCtxPopCurrent_v2", "cuCtxPopCurrent")
-        get = self._fn("cuMemGetInfo_v2", "cuMemGetInfo")
         self._check(push(ctx), "cuCtxPushCurrent")
         try:
-            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-            self._check(get(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
-            return int(free.value)
+            yield
         finally:
             popped = ctypes.c_void_p()
             pop(ctypes.byref(popped))
+
+    def mem_free(self, ctx: ctypes.c_void_p) -> int:
+        """Free bytes on the device of ``ctx`` (device-wide, all processes)."""
+        get = self._fn("cuMemGetInfo_v2", "cuMemGetInfo")
+        with self.current(ctx):
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            self._check(get(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
+            return int(free.value)
+
+    def host_register(self, ctx: ctypes.c_void_p, address: int, nbytes: int, flags: int) -> int:
+        """Page-lock ``nbytes`` of host memory at ``address`` for the device of ``ctx``
+        (``cuMemHostRegister``, ``CU_MEMHOSTREGISTER_*`` flags) and return its device
+        address (``cuMemHostGetDevicePointer``; needs the DEVICEMAP flag)."""
+        register = self._fn("cuMemHostRegister_v2", "cuMemHostRegister")
+        pointer = self._fn("cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
+        with self.current(ctx):
+            host = ctypes.c_void_p(address)
+            self._check(
+                register(host, ctypes.c_size_t(nbytes), ctypes.c_uint(flags)), "cuMemHostRegister"
+            )
+            device = ctypes.c_uint64(0)
+            try:
+                self._check(
+                    pointer(ctypes.byref(device), host, ctypes.c_uint(0)),
+                    "cuMemHostGetDevicePointer",
+                )
+            except RuntimeError:
+                self.lib.cuMemHostUnregister(host)
+                raise
+            return int(device.value)
+
+    def host_unregister(self, ctx: ctypes.c_void_p, address: int) -> None:
+        """Undo :meth:`host_register` (``cuMemHostUnregister``)."""
+        with self.current(ctx):
+            self._check(
+                self.lib.cuMemHostUnregister(ctypes.c_void_p(address)), "cuMemHostUnregister"
+            )
 
 
 def cuda_devices() -> tuple[list[str], str]:
