@@ -191,6 +191,10 @@ COLUMNS = {
     "predicted_rps_with_idle": "predicted_rps with each model unit's idle slowdown measured "
     "in-process (profiler.measure_idle; EngineProfile.idle), which the planner leaves out "
     "(stageprofile.IDLE_DEFAULT); null when none was measured",
+    "predicted_rps_with_served_idle": "predicted_rps with each unit's idle slowdown as the "
+    "service saw it over auto's steps (runtime.stats.IdleSlowdown.points: compute, wake and "
+    "tail by the instance's idle gap); predicted_bench_rps_with_served_idle likewise; null "
+    "when too few items were seen",
     "prediction_error_long_run": "|predicted_rps - m| / m, m = auto_offered_rps (else auto_rps)",
     "prediction_error_bench": "|predicted_bench_rps - auto_rps| / auto_rps",
     "prediction_error": "prediction_error_bench when computed, else prediction_error_long_run",
@@ -1163,40 +1167,72 @@ def predicted_goodput(
         lo = bisect(units_sim, True)
         idle_pts = {u.name: u.fastest().idle for u in prof.units if u.fastest().idle}
         lo_idle = bisect(with_idle, False) if idle_pts else None
+        # the idle slowdown the service itself saw over the cell's steps (compute, wake
+        # and tail by the instance's idle gap: runtime.stats.IdleSlowdown)
+        stats = dep.route.stats
+        served_pts = {
+            n: p
+            for n, p in zip(stats.units, stats.idle_points(planner.HANDOVER_MS), strict=True)
+            if p
+        }
+        served_summary = {
+            u["unit"]: u["idle"] for u in stats.snapshot()["units"] if u["unit"] in served_pts
+        }
+        with_served = [
+            dataclasses.replace(
+                u,
+                engines={
+                    e: dataclasses.replace(p, idle=served_pts.get(u.name, ()))
+                    for e, p in u.engines.items()
+                },
+            )
+            for u in units_sim
+        ]
+        lo_served = bisect(with_served, False) if served_pts else None
         out: dict[str, Any] = {}
         if procedure is not None:
             # the bench's procedure on the model, once per service-time seed: one
             # simulated path is one draw of what the bench reads (a coin-toss step sends
             # it a quarter up or down), the median over the seeds is the prediction
-            paths = []
-            for seed in range(3 if quick else BENCH_SIM_SEEDS):
 
-                def sim(times: np.ndarray, warm_s: float, seed: int = seed) -> Any:
-                    return planner.predict(
-                        units_sim,
-                        cfg,
-                        times,
-                        slo_ms=slo_ms,
-                        warmup_s=warm_s,
-                        cpu_cores=cores,
-                        seed=seed,
-                        handover_ms=planner.HANDOVER_MS,
-                    )
+            def bench_reads(units: list[Any]) -> tuple[list[float], list[Any]]:
+                paths = []
+                for seed in range(3 if quick else BENCH_SIM_SEEDS):
 
-                paths.append(simulated_bisection(sim, slo_ms, **procedure))
-            reads = [rps for rps, _ in paths]
+                    def sim(times: np.ndarray, warm_s: float, seed: int = seed) -> Any:
+                        return planner.predict(
+                            units,
+                            cfg,
+                            times,
+                            slo_ms=slo_ms,
+                            warmup_s=warm_s,
+                            cpu_cores=cores,
+                            seed=seed,
+                            handover_ms=planner.HANDOVER_MS,
+                        )
+
+                    paths.append(simulated_bisection(sim, slo_ms, **procedure))
+                return [rps for rps, _ in paths], paths[0][1]
+
+            reads, first = bench_reads(units_sim)
             out = {
                 "predicted_bench_rps": round(float(np.median(reads)), 3),
                 "predicted_bench_p10_p90": [
                     round(float(np.percentile(reads, q)), 3) for q in (10, 90)
                 ],
                 "predicted_bench_reads": [round(x, 3) for x in reads],
-                "bench_simulations": paths[0][1],
+                "bench_simulations": first,
             }
+            if served_pts:
+                reads, _ = bench_reads(with_served)
+                out["predicted_bench_rps_with_served_idle"] = round(float(np.median(reads)), 3)
         return {
             "predicted_rps": round(lo, 3),
             "predicted_rps_with_idle": None if lo_idle is None else round(lo_idle, 3),
             "idle_factors": {k: [list(p) for p in v] for k, v in idle_pts.items()},
+            "predicted_rps_with_served_idle": None if lo_served is None else round(lo_served, 3),
+            "served_idle_factors": {k: [list(p) for p in v] for k, v in served_pts.items()},
+            "served_idle": served_summary,
             **out,
             "config": [c.total for c in cfg[1:]],
             "unit_ms": {u.name: round(u.fastest().mean_ms, 3) for u in prof.units},
@@ -1687,6 +1723,10 @@ def cell_summary(
         "auto_offered_rps": auto_offered,
         "predicted_rps": pred,
         "predicted_rps_with_idle": (auto or {}).get("planner", {}).get("predicted_rps_with_idle"),
+        **{
+            k: (auto or {}).get("planner", {}).get(k)
+            for k in ("predicted_rps_with_served_idle", "predicted_bench_rps_with_served_idle")
+        },
         "prediction_error_long_run": err_long,
         "predicted_bench_rps": pred_bench,
         "prediction_error_bench": err_bench,
