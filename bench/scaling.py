@@ -213,6 +213,9 @@ COLUMNS = {
 }
 
 #: per model: K (Eq. 1 plan used for InfScaler), timing of a bisection step, requests for L0
+#: Extra keyword arguments of every Service the cells run (``--cpu-wake-latency-us``).
+SERVICE_OPTIONS: dict[str, Any] = {}
+
 MODEL_SETTINGS: dict[str, dict[str, Any]] = {
     "resnet50": {"k": 2, "warm_min_s": 8.0, "warm_max_s": 15.0, "measure_s": 12.0, "n_l0": 20},
     "ppocrv4-det": {"k": 3, "warm_min_s": 4.0, "warm_max_s": 15.0, "measure_s": 10.0, "n_l0": 15},
@@ -1295,7 +1298,9 @@ def run_model(
     shutil.rmtree(STATE_DIR / "plans" / "decisions", ignore_errors=True)
     cap: dict[str, Any] | None = None
     if "cap" in caps:
-        with Service(state_dir=STATE_DIR, control_path=control_path, pool_mb=256) as svc:
+        with Service(
+            state_dir=STATE_DIR, control_path=control_path, pool_mb=256, **SERVICE_OPTIONS
+        ) as svc:
             mem = measure_memory(svc, model, k, feeds, cores)
         entry["memory"] = mem
         cap = build_cap(mem)
@@ -1312,7 +1317,11 @@ def run_model(
         with (
             tempfile.TemporaryDirectory() as tmp,
             Service(
-                state_dir=STATE_DIR, device=device, control_path=control_path, pool_mb=256
+                state_dir=STATE_DIR,
+                device=device,
+                control_path=control_path,
+                pool_mb=256,
+                **SERVICE_OPTIONS,
             ) as svc,
         ):
             sock = str(Path(tmp) / "bench.sock")
@@ -1508,6 +1517,7 @@ def run_cell(
         "config": config,
         "cap": cap_mode,
         "memory_cap_mb": round(svc.device_profile().memory_cap_mb, 1),
+        "cpu_wake_latency_held": svc.cpu_wake_latency_held,
         "transport": getattr(sender, "kind", ""),
         "objective": objective,
         "model_units": len([u for u in dep.pipeline.units if u.kind == "model"]),
@@ -2008,6 +2018,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slos", default=None, help="SLO factors (default 1.5,2,3)")
     ap.add_argument("--caps", default=None, help="none, cap or both (default both)")
     ap.add_argument("--configs", default="", help=f"only these of {','.join(CONFIGS)}")
+    ap.add_argument(
+        "--cpu-wake-latency-us",
+        type=int,
+        default=None,
+        help="the services hold this PM QoS CPU latency limit (Service(cpu_wake_latency_us)); "
+        "default: none",
+    )
     ap.add_argument("--steps", type=int, default=None, help="bisection steps (default 5)")
     ap.add_argument("--k", type=int, default=None, help="K of the eq1 plan (default per model)")
     ap.add_argument("--measure-s", type=float, default=None, help="override the measured window")
@@ -2080,6 +2097,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(caps) - {"none", "cap"}:
         ap.error(f"--caps takes none and/or cap, got {args.caps}")
     configs = set(args.configs.split(",")) - {""}
+    if args.cpu_wake_latency_us is not None:
+        SERVICE_OPTIONS["cpu_wake_latency_us"] = args.cpu_wake_latency_us
     if configs - set(CONFIGS):
         ap.error(f"unknown configurations {sorted(configs - set(CONFIGS))}: {','.join(CONFIGS)}")
     steps = args.steps or (2 if quick else 5)
@@ -2119,6 +2138,7 @@ def main(argv: list[str] | None = None) -> int:
         data = {
             "environment": {**env, "load_average_at_end": list(os.getloadavg())},
             "quick": quick,
+            "service_options": SERVICE_OPTIONS,
             "host_noise": host_noise(quiet, fl.cores(), steal0),
             "autoscale": AUTOSCALE,
             "cap_rule": build_cap.__doc__.strip().split("\n\n")[0],

@@ -119,6 +119,16 @@ def serve_cmd(
             "(`infscaler plan --explain`); eq1 = the paper's Eq. 1 as before.",
         ),
     ] = "auto",
+    cpu_wake_latency_us: Annotated[
+        int | None,
+        typer.Option(
+            "--cpu-wake-latency-us",
+            min=0,
+            help="Hold a Linux PM QoS request while serving: idle CPUs use no cpuidle state "
+            "slower to leave than this, µs (0: they poll). Requests that find the device idle "
+            "stop paying the cores' wake-up; costs power. Needs root (else logged, ignored).",
+        ),
+    ] = None,
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")] = 64,
     metrics_port: Annotated[
         int | None,
@@ -248,6 +258,7 @@ def serve_cmd(
             limits=limits,
             max_inflight_mb=max_inflight_mb,
             objective=objective,
+            cpu_wake_latency_us=cpu_wake_latency_us,
         )
     )
     if watcher is not None:
@@ -302,6 +313,7 @@ async def _serve(
     metrics_host: str = "127.0.0.1",
     max_inflight_mb: float = 256,
     objective: str = "auto",
+    cpu_wake_latency_us: int | None = None,
 ) -> int:
 
     notifier = SystemdNotifier()
@@ -315,6 +327,7 @@ async def _serve(
         pool_mb=pool_mb,
         max_inflight_mb=max_inflight_mb,
         objective=objective,
+        cpu_wake_latency_us=cpu_wake_latency_us,
     )
 
     def on_signal() -> None:

@@ -40,6 +40,7 @@ from infscaler.runtime.autoscaler import Autoscaler
 from infscaler.runtime.frontend import FrontEnd, RequestError
 from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
+from infscaler.runtime.pmqos import CpuLatencyRequest, CpuLatencyUnavailable
 from infscaler.runtime.route import Route
 from infscaler.runtime.stats import PipelineStats
 from infscaler.runtime.supervisor import Supervisor
@@ -131,6 +132,12 @@ class Service:
             planner's choice of K, cuts, threads and instances, whichever way it arrives
             (``serve``, the API, the watcher); ``eq1``: deployed as written (Eq. 1 where a
             stage names K or an SLO).
+        cpu_wake_latency_us: while the service runs, hold a Linux PM QoS request that
+            keeps idle CPUs in cpuidle states with at most this exit latency, µs (0: the
+            polling state only; :class:`~infscaler.runtime.pmqos.CpuLatencyRequest`):
+            requests arriving at an idle device stop paying the cores' wake-up, at the
+            cost of power. None: no request. Where it cannot be made (not root) the
+            service logs why and runs without (``status()["cpu_wake_latency"]``).
     """
 
     def __init__(
@@ -145,11 +152,23 @@ class Service:
         start_timeout_s: float = 120.0,
         max_inflight_mb: float | None = 256,
         objective: str = "auto",
+        cpu_wake_latency_us: int | None = None,
     ) -> None:
 
         if objective not in ("auto", "eq1"):
             raise InfScalerError(f"unknown objective {objective!r}", hint="auto or eq1")
         self.objective = objective
+        if cpu_wake_latency_us is not None and not (
+            isinstance(cpu_wake_latency_us, int) and 0 <= cpu_wake_latency_us <= 2**31 - 1
+        ):
+            raise InfScalerError(
+                f"cpu_wake_latency_us must be an int >= 0 (microseconds), got "
+                f"{cpu_wake_latency_us!r}",
+                hint="0 keeps idle CPUs polling; leave it unset to let them sleep",
+            )
+        self.cpu_wake_latency_us = cpu_wake_latency_us
+        self._wake_request: Any = None
+        self.cpu_wake_latency_reason = ""
         self.state_dir = Path(state_dir or default_state_dir())
         self.device = device
         self.control_path = control_path
@@ -208,6 +227,7 @@ class Service:
             )
 
             self.autoscaler = Autoscaler(self).start()
+            self._hold_wake_latency()
         except BaseException:
             self._teardown()
             raise
@@ -220,6 +240,23 @@ class Service:
             self.channel.kind if hasattr(self.channel, "kind") else type(self.channel).__name__,
         )
         return self
+
+    def _hold_wake_latency(self) -> None:
+        """Make the PM QoS CPU latency request ``cpu_wake_latency_us`` asks for (if any);
+        where it cannot be made, log why once and serve without it."""
+        if self.cpu_wake_latency_us is None:
+            return
+        try:
+            self._wake_request = CpuLatencyRequest(self.cpu_wake_latency_us)
+        except CpuLatencyUnavailable as exc:
+            self.cpu_wake_latency_reason = str(exc)
+            log.warning("serving without a CPU wake-up latency limit: %s", exc)
+            return
+        log.info(
+            "holding a CPU wake-up latency limit of %d us while serving (idle CPUs use "
+            "no deeper cpuidle state)",
+            self.cpu_wake_latency_us,
+        )
 
     def _remove_stale_slabs(self) -> None:
         """Unlink the ``/dev/shm`` slabs a killed earlier run on this state dir left
@@ -310,6 +347,9 @@ class Service:
         self._started = False
 
     def _teardown(self) -> None:
+        if self._wake_request is not None:
+            self._wake_request.close()
+            self._wake_request = None
         if self.autoscaler is not None:
             with contextlib.suppress(Exception):
                 self.autoscaler.close()
@@ -338,6 +378,11 @@ class Service:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def cpu_wake_latency_held(self) -> bool:
+        """Whether the ``cpu_wake_latency_us`` request is in force."""
+        return self._wake_request is not None and self._wake_request.held
 
     @property
     def stopping(self) -> bool:

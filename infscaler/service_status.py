@@ -144,6 +144,11 @@ def service_status(svc: Service) -> dict[str, Any]:
         "health": "degraded" if any(p["degraded"] for p in pipelines) else "ok",
         "stopping": svc.stopping,
         "resources": resources,
+        "cpu_wake_latency": {
+            "requested_us": svc.cpu_wake_latency_us,
+            "held": svc.cpu_wake_latency_held,
+            "reason": svc.cpu_wake_latency_reason,
+        },
         "control_path": {
             "kind": ch["kind"],
             "policy": ch["policy"],

@@ -1,0 +1,111 @@
+"""A CPU wake-up latency request (Linux PM QoS, ``/dev/cpu_dma_latency``) held while serving.
+
+An idle core sleeps in a cpuidle state and takes that state's exit latency to wake (on a
+KVM / Firecracker guest with ``haltpoll``, the vCPU halts and the host must schedule it
+back). A served model whose intra-op threads or instance processes wake from sleep for
+every request pays it per operator: on the 2-core development VM, ResNet-50 at 2 threads
+ran 1.5 x slower after 0.25 s idle (``bench/idle_wake.py``), the P99 at SLOs of 1.5 x L0.
+
+Linux's answer is a PM QoS CPU latency request: while a process holds
+``/dev/cpu_dma_latency`` open with a value of N microseconds written to it, cpuidle picks
+no state whose exit latency exceeds N (0: the polling state only, the cores spin when
+idle). It is what ``tuned``'s latency-performance profile and realtime stacks do, and
+``jetson_clocks`` does the like on a Jetson. It costs power: idle cores no longer sleep
+(on a VM, the host CPU the vCPUs spin on). The kernel drops the request when the file is
+closed, also when the process dies, so a killed service leaves nothing behind.
+
+Source: Linux kernel documentation, "PM Quality Of Service Interface"
+(``Documentation/power/pm_qos_interface.rst``: CPU latency QoS, the ``/dev/cpu_dma_latency``
+device node, an s32 value in microseconds).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+from infscaler.base.errors import InfScalerError
+
+__all__ = ["CPU_LATENCY_DEVICE", "CpuLatencyRequest", "CpuLatencyUnavailable", "cpuidle_states"]
+
+CPU_LATENCY_DEVICE = "/dev/cpu_dma_latency"
+
+
+class CpuLatencyUnavailable(InfScalerError):
+    """The CPU latency request cannot be made here (reason in the message)."""
+
+
+def cpuidle_states(cpu: int = 0) -> list[dict[str, object]]:
+    """cpuidle states of ``cpu`` from sysfs: ``[{"name", "latency_us", "disabled"}]``
+    (empty where cpuidle is absent)."""
+    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cpuidle")
+    out = []
+    for d in sorted(root.glob("state*"), key=lambda p: int(p.name[5:])):
+        try:
+            out.append(
+                {
+                    "name": (d / "name").read_text().strip(),
+                    "latency_us": int((d / "latency").read_text()),
+                    "disabled": (d / "disable").read_text().strip() == "1",
+                }
+            )
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+class CpuLatencyRequest:
+    """Hold a CPU wake-up latency limit of ``max_us`` microseconds until :meth:`close`.
+
+    Args:
+        max_us: the longest cpuidle exit latency allowed, µs (>= 0; 0: poll only).
+        device: the PM QoS device node (tests may point elsewhere).
+
+    Raises:
+        ValueError: ``max_us`` negative or above 2**31 - 1.
+        CpuLatencyUnavailable: the device node is missing or not writable by this
+            process (it is root's: run the service as root, or grant its user write
+            access with a udev rule).
+    """
+
+    def __init__(self, max_us: int, device: str = CPU_LATENCY_DEVICE) -> None:
+        self._fd: int | None = None
+        if not isinstance(max_us, int) or not 0 <= max_us <= 2**31 - 1:
+            raise ValueError(f"max_us must be an int in [0, 2**31 - 1], got {max_us!r}")
+        self.max_us = max_us
+        self.device = device
+        try:
+            self._fd = os.open(device, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CpuLatencyUnavailable(
+                f"cannot open {device} to limit CPU wake-up latency: {exc.strerror}",
+                hint="it is root's (crw-------): run the service as root or grant its user "
+                "write access (udev rule); or leave cpu_wake_latency_us unset",
+            ) from None
+        try:
+            os.write(self._fd, struct.pack("=i", max_us))
+        except OSError as exc:
+            os.close(self._fd)
+            self._fd = None
+            raise CpuLatencyUnavailable(f"writing {device} failed: {exc.strerror}") from None
+
+    @property
+    def held(self) -> bool:
+        """Whether the request is still in force."""
+        return self._fd is not None
+
+    def close(self) -> None:
+        """Drop the request (idempotent): the kernel forgets it with the file."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> CpuLatencyRequest:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
