@@ -61,7 +61,8 @@ def pipeline_status(svc: Service, dep: Deployment) -> dict[str, Any]:
     ``GET /v2/infscaler/status``; its ``units`` are in the model statistics too).
 
     Per unit: partition, B_k, instances (engine, pid, cores, MB), queue length (tokens
-    in flight at its stage), P50 / P99 compute and queue ms, and a fused unit's steps
+    in flight at its stage), P50 / P99 compute and queue ms, the slowdown after idle
+    (``idle``: :meth:`~infscaler.runtime.stats.IdleSlowdown.summary`), and a fused unit's steps
     (:func:`~infscaler.runtime.monitor.step_totals`); for the pipeline: ready, why it is
     degraded, its SLO, window, queue limit, the scaler's last 10 decisions and the
     request counters (:meth:`~infscaler.runtime.stats.PipelineStats.snapshot`).
@@ -98,6 +99,7 @@ def pipeline_status(svc: Service, dep: Deployment) -> dict[str, Any]:
                 "queue_p50_ms": us["queue"]["p50_ms"],
                 "queue_p99_ms": us["queue"]["p99_ms"],
                 "count": us["compute"]["count"],
+                "idle": us["idle"],
                 "steps": step_totals(u, mine),
             }
         )
