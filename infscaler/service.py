@@ -159,7 +159,9 @@ class Service:
             raise InfScalerError(f"unknown objective {objective!r}", hint="auto or eq1")
         self.objective = objective
         if cpu_wake_latency_us is not None and not (
-            isinstance(cpu_wake_latency_us, int) and 0 <= cpu_wake_latency_us <= 2**31 - 1
+            isinstance(cpu_wake_latency_us, int)
+            and not isinstance(cpu_wake_latency_us, bool)
+            and 0 <= cpu_wake_latency_us <= 2**31 - 1
         ):
             raise InfScalerError(
                 f"cpu_wake_latency_us must be an int >= 0 (microseconds), got "

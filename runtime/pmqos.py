@@ -71,7 +71,7 @@ class CpuLatencyRequest:
 
     def __init__(self, max_us: int, device: str = CPU_LATENCY_DEVICE) -> None:
         self._fd: int | None = None
-        if not isinstance(max_us, int) or not 0 <= max_us <= 2**31 - 1:
+        if isinstance(max_us, bool) or not isinstance(max_us, int) or not 0 <= max_us <= 2**31 - 1:
             raise ValueError(f"max_us must be an int in [0, 2**31 - 1], got {max_us!r}")
         self.max_us = max_us
         self.device = device

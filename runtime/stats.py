@@ -149,6 +149,12 @@ class IdleSlowdown:
         last = self._last_end.get(instance)
         if last is None or end_ns > last:
             self._last_end[instance] = end_ns
+            if last is None and len(self._last_end) > 64:
+                # instances come and go for months (restarts, scaling): forget the ones
+                # idle past the horizon, whose next gap would land in the last bin anyway
+                cutoff = end_ns - int(self.horizon_s * 1e9)
+                for i in [i for i, e in self._last_end.items() if e < cutoff]:
+                    del self._last_end[i]
         if last is None or start_ns < last:
             return
         gap_s = (start_ns - last) / 1e9

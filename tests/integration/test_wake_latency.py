@@ -14,7 +14,7 @@ from infscaler.service import Service
 CAN_HOLD = os.access(CPU_LATENCY_DEVICE, os.W_OK)
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "0"])
+@pytest.mark.parametrize("bad", [-1, 1.5, "0", True])
 def test_bad_values_are_refused_before_start(tmp_path, bad):
     with pytest.raises(InfScalerError, match="cpu_wake_latency_us"):
         Service(state_dir=tmp_path / "s", cpu_wake_latency_us=bad)

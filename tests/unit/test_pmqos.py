@@ -28,7 +28,7 @@ def test_writes_one_s32_in_microseconds_and_closes(tmp_path: Path):
     assert struct.unpack("=i", node.read_bytes()) == (25,)
 
 
-@pytest.mark.parametrize("bad", [-1, 2**31, 1.5, "0"])
+@pytest.mark.parametrize("bad", [-1, 2**31, 1.5, "0", True])
 def test_refuses_values_outside_s32_microseconds(tmp_path: Path, bad):
     with pytest.raises(ValueError, match="max_us"):
         CpuLatencyRequest(bad, device=str(tmp_path / "x"))

@@ -112,3 +112,17 @@ def test_pipeline_stats_feed_the_last_unit_its_tail():
     # (20 compute + 1 wake + 2 tail) / 20 warm
     assert pts[0] == ()
     assert pts[1] == ((0.314, pytest.approx(1.15)),)
+
+
+def test_instances_gone_past_the_horizon_are_forgotten():
+    """Months of restarts and scaling add instance ids: the ones idle past the horizon
+    are dropped once more than 64 are known, the live ones kept."""
+    s = IdleSlowdown(horizon_s=10.0)
+    for i in range(100):
+        s.add(i, i * MS, i * MS + 1, ready_ns=0)
+    assert len(s._last_end) == 100  # all within the horizon
+    late = 60 * 10**9
+    s.add(1000, late, late + MS, ready_ns=late)
+    assert set(s._last_end) == {1000}
+    s.add(1000, late + 5 * MS, late + 6 * MS, ready_ns=late + 5 * MS)
+    assert s.summary()["bins"][0]["count"] == 1  # its own gap still counts
