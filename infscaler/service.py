@@ -585,6 +585,7 @@ class Service:
             state_dir=self.state_dir,
             allowed_functions=allowed_functions,
             progress=progress,
+            wake_latency_us=self.cpu_wake_latency_us if self.cpu_wake_latency_held else None,
         )
         if outcome is not None and outcome.best is not None:
             progress(f"{cfg.name}: chosen {outcome.best.line()}")

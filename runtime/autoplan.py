@@ -73,6 +73,7 @@ from infscaler.base.slo import parse_slo
 from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.loader import parse_shapes
 from infscaler.partitioner.profiler import usable_cores
+from infscaler.runtime.idlecurve import load_curve
 from infscaler.runtime.planner import ModelStage, arrival_rates, cpu_cores, resource_cap
 from infscaler.runtime.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.stageprofile import measure_model_stage, search_measured
@@ -194,6 +195,7 @@ def planner_inputs(
     allowed_functions: Sequence[str] | None = None,
     repeats: int = 5,
     progress: Callable[[str], None] = lambda _m: None,
+    wake_latency_us: int | None = None,
 ) -> PlannerInputs:
     """Measure ``cfg``'s stages on this host for the search (see the module docstring).
 
@@ -206,6 +208,9 @@ def planner_inputs(
             at deploy (:func:`infscaler.runtime.pipeline.load_function`): their code runs
             in this process on the sample request.
         repeats: timed runs per measurement.
+        wake_latency_us: the PM QoS CPU latency limit the service holds (None: none):
+            selects the idle slowdown a model served under the same setting
+            (:func:`infscaler.runtime.idlecurve.load_curve`), planned with where kept.
 
     Raises:
         InfScalerError: a stage given as a plan directory (the search measures whole
@@ -235,7 +240,13 @@ def planner_inputs(
         path = resolve_model(st.model)
         shp = shapes_of(st)
         ms = measure_model_stage(
-            path, name=st.name, shapes=shp, threads=threads, repeats=repeats, progress=progress
+            path,
+            name=st.name,
+            shapes=shp,
+            threads=threads,
+            repeats=repeats,
+            progress=progress,
+            learned_idle=lambda t: load_curve(path, t, wake_latency_us),
         )
         return ms, path, shp
 
@@ -486,6 +497,7 @@ def plan_pipeline(
     allowed_functions: Sequence[str] | None = None,
     progress: Callable[[str], None] = lambda _m: None,
     reuse: bool = True,
+    wake_latency_us: int | None = None,
 ) -> tuple[Any, Any]:
     """``(planned PipelineConfig, SearchOutcome)`` for a pipeline :func:`needs_planning`.
 
@@ -508,6 +520,10 @@ def plan_pipeline(
         objectives: partition objectives tried.
         allowed_functions: the modules function stages may come from (None: any): they
             run in this process on a sample request (:func:`planner_inputs`).
+        wake_latency_us: the PM QoS CPU latency limit the service holds (None: none):
+            the search plans with the idle slowdown each model served under it before
+            (:mod:`infscaler.runtime.idlecurve`), and a newly kept one plans again (it is
+            part of the decision's key).
 
     The pipeline's ``slo`` is in ms, or a factor (``3x``) of its measured 1-thread
     latency (:attr:`PlannerInputs.base_ms`: its model stages in turn, with its function
@@ -522,7 +538,7 @@ def plan_pipeline(
     spec = parse_slo(cfg.slo)
     if spec.ms is None and spec.factor is None:
         raise InfScalerError("the planner needs an SLO", hint="e.g. slo: 200ms or slo: 3x")
-    kept = _decision_path(cfg, device, state_dir, rate, objectives)
+    kept = _decision_path(cfg, device, state_dir, rate, objectives, wake_latency_us)
     cap = resource_cap(device)
     if reuse and kept.is_file():
         try:
@@ -541,7 +557,7 @@ def plan_pipeline(
     cores = cpu_cores(device) or usable_cores()
     inp = planner_inputs(
         cfg, device=device, state_dir=state_dir, allowed_functions=allowed_functions,
-        progress=progress,
+        progress=progress, wake_latency_us=wake_latency_us,
     )  # fmt: skip
     for n in inp.notes:
         progress(n)
@@ -654,20 +670,35 @@ def _cap_changed(kept: dict[str, Any], cap_mb: float) -> str | None:
 
 
 def _decision_path(
-    cfg: Any, device: Any, state_dir: Path, rate: float | None, objectives: Sequence[str]
+    cfg: Any,
+    device: Any,
+    state_dir: Path,
+    rate: float | None,
+    objectives: Sequence[str],
+    wake_latency_us: int | None = None,
 ) -> Path:
-    """Where :func:`plan_pipeline` keeps its decision for these inputs (see there)."""
+    """Where :func:`plan_pipeline` keeps its decision for these inputs (see there).
+
+    The idle slowdowns kept for its models (:func:`~infscaler.runtime.idlecurve.load_curve`,
+    at the thread counts :func:`planner_inputs` measures) are part of the key, their
+    factors to the nearest 0.25: a curve kept after the last decision, or one that moved,
+    plans again; one re-kept each minute with the same shape does not."""
     import hashlib
 
     from infscaler import __version__
 
     files = []
+    learned = []
     for st in cfg.stages:
         if getattr(st, "kind", "") == "model" and getattr(st, "model", None):
             try:
                 f = Path(resolve_model(st.model))
                 stat = f.stat()
                 files.append(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}")
+                for t in sorted({1, 2, usable_cores()}):
+                    pts = load_curve(f, t, wake_latency_us)
+                    if pts:
+                        learned.append([st.name, t, [round(x * 4) / 4 for _, x in pts]])
             except Exception:  # noqa: BLE001 - planning then reports it
                 files.append(f"{st.model}|?")
     # the memory cap is checked on reuse instead (:func:`_cap_changed`): the host
@@ -679,7 +710,9 @@ def _decision_path(
         else repr(device)
     )
     key = json.dumps(
-        [cfg.model_dump_json(), dev, rate, list(objectives), __version__, files], default=str
+        [cfg.model_dump_json(), dev, rate, list(objectives), __version__, files]
+        + ([learned] if learned else []),
+        default=str,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(state_dir) / "plans" / "decisions" / f"{cfg.name}-{digest}.json"

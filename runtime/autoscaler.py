@@ -35,7 +35,9 @@ from typing import Any
 
 from infscaler.runtime.batching import choose_batch
 from infscaler.runtime.control import ScaledService
+from infscaler.runtime.idlecurve import LEARN_INTERVAL_S, learn
 from infscaler.runtime.monitor import Monitor
+from infscaler.runtime.planner import HANDOVER_MS
 from infscaler.runtime.scaler import Decision, ScalerConfig, ScalerState, decide
 
 log = logging.getLogger("infscaler.autoscaler")
@@ -67,6 +69,9 @@ class Autoscaler:
         self.tick_s = tick_s
         self._states: dict[str, ScalerState] = {}
         self._next: dict[str, float] = {}
+        self._learn_next: dict[str, float] = {}
+        #: seconds between two :func:`~infscaler.runtime.idlecurve.learn` per pipeline
+        self.learn_interval_s = LEARN_INTERVAL_S
         self._monitors: dict[str, Monitor] = {}
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
         #: decisions applied since the start, (pipeline, action) -> count (``/metrics``)
@@ -102,6 +107,7 @@ class Autoscaler:
         with self._lock:
             self._states.pop(name, None)
             self._next.pop(name, None)
+            self._learn_next.pop(name, None)
             self._monitors.pop(name, None)
 
     def state(self, name: str) -> ScalerState | None:
@@ -124,6 +130,7 @@ class Autoscaler:
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
             for dep in self.service.deployments():
+                self._learn(dep)
                 cfg = dep.pipeline.config
                 mark = [
                     u for u in dep.pipeline.units if u.max_batch > 1 and u.batch_policy == "mark"
@@ -143,6 +150,23 @@ class Autoscaler:
                         self.tune_batches(dep)
                 except Exception:  # noqa: BLE001 - the loop must survive a bad reading
                     log.exception("autoscaler step for %s failed", dep.name)
+
+    def _learn(self, dep: Any) -> None:
+        """Every :attr:`learn_interval_s` per pipeline, keep
+        the idle slowdown its whole-model units served for the planner's next deploy
+        (:func:`infscaler.runtime.idlecurve.learn`); the first one that long after the deploy."""
+        now = time.monotonic()
+        with self._lock:
+            due = self._learn_next.setdefault(dep.name, now + self.learn_interval_s)
+            if now < due:
+                return
+            self._learn_next[dep.name] = now + self.learn_interval_s
+        held = bool(getattr(self.service, "cpu_wake_latency_held", False))
+        wake = getattr(self.service, "cpu_wake_latency_us", None) if held else None
+        try:
+            learn(dep, self.service.supervisor.handles(), wake, HANDOVER_MS)
+        except Exception:  # noqa: BLE001 - learning must never stop the loop
+            log.debug("keeping the idle slowdown of %s failed", dep.name, exc_info=True)
 
     def tune_batches(self, dep: Any) -> dict[int, int]:
         """MArk §4 batching: for every ``policy: mark`` unit, the largest batch b with

@@ -94,6 +94,7 @@ def measure_model_stage(
     repeats: int = 5,
     use_cache: bool = True,
     idle: bool = IDLE_DEFAULT,
+    learned_idle: Callable[[int], tuple[tuple[float, float], ...]] | None = None,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> ModelStage:
     """A :class:`ModelStage` measured on this host (see the module docstring).
@@ -107,6 +108,9 @@ def measure_model_stage(
         use_cache: reuse the partitioner's cached per-operator profile.
         idle: also time the whole model after idle gaps (``idle_by_threads``; about
             ``5 x (3 x latency + 0.4 s)`` per thread count).
+        learned_idle: threads -> the idle slowdown this model served at that count
+            (:func:`infscaler.runtime.idlecurve.load_curve`; ``()``: none kept); where it
+            gives one, that is ``idle_by_threads`` at that count, measured or not.
 
     Raises:
         ModelLoadError, ShapeError: a bad model file or shapes.
@@ -154,7 +158,11 @@ def measure_model_stage(
         if cores // t >= 2:
             progress(f"{name}: timing {cores // t} copies at once at {t} thread(s)")
             corun_by_threads[t] = profiler.measure_corun(whole, feeds, threads=t)
-        if idle:
+        served = learned_idle(t) if learned_idle is not None else ()
+        if served:
+            progress(f"{name}: the idle slowdown it served at {t} thread(s): {served}")
+            idle_by_threads[t] = served
+        elif idle:
             progress(f"{name}: timing the whole model after idle gaps at {t} thread(s)")
             idle_by_threads[t] = profiler.measure_idle(whole, feeds, threads=t)
     boundary = profiler.measure_boundary_overhead(engine="cpu", cache=use_cache)

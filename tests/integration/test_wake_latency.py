@@ -40,3 +40,35 @@ def test_none_requests_nothing(tmp_path):
             "held": False,
             "reason": "",
         }
+
+
+def test_the_service_keeps_the_idle_slowdown_it_served(tmp_path, monkeypatch):
+    """A whole model served back to back, then after 60 ms idle each: the autoscaler's
+    loop keeps the curve (runtime.idlecurve) where the planner's next deploy finds it."""
+    import time
+
+    import numpy as np
+
+    from infscaler.base.config import load_pipeline
+    from infscaler.runtime.idlecurve import curve_path, load_curve
+    from tests.helpers import save
+    from tests.integration.test_autoplan import conv_chain
+
+    monkeypatch.setenv("INFSCALER_CACHE_DIR", str(tmp_path / "cache"))
+    model = save(conv_chain(), tmp_path / "chain.onnx")
+    cfg = load_pipeline({"name": "m", "stages": [{"name": "m", "model": str(model), "threads": 1}]})
+    x = np.zeros((1, 16, 32, 32), np.float32)
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        svc.autoscaler.learn_interval_s = 0.3
+        svc.deploy(cfg)
+        for _ in range(15):
+            svc.infer("m", {"x": x}, timeout_s=30)
+        for _ in range(12):
+            time.sleep(0.06)
+            svc.infer("m", {"x": x}, timeout_s=30)
+        deadline = time.monotonic() + 10
+        while not curve_path(model, 1, None).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pts = load_curve(model, 1, None)
+    assert pts, "no curve kept"
+    assert all(0.05 <= g < 0.2 and f >= 1.0 for g, f in pts)
