@@ -113,6 +113,7 @@ import json
 import math
 import os
 import queue
+import re
 import shutil
 import sys
 import tempfile
@@ -195,6 +196,9 @@ COLUMNS = {
     "service saw it over auto's steps (runtime.stats.IdleSlowdown.points: compute, wake and "
     "tail by the instance's idle gap); predicted_bench_rps_with_served_idle likewise; null "
     "when too few items were seen",
+    "planner_deploy_rps": "the deploy-time search's own max rate at SLO for the configuration "
+    "it chose (the kept decision's winner line; it plans with the idle slowdown kept from "
+    "earlier serving, runtime.idlecurve, where there is one)",
     "prediction_error_long_run": "|predicted_rps - m| / m, m = auto_offered_rps (else auto_rps)",
     "prediction_error_bench": "|predicted_bench_rps - auto_rps| / auto_rps",
     "prediction_error": "prediction_error_bench when computed, else prediction_error_long_run",
@@ -926,7 +930,19 @@ def deploy_status(svc: Any, dep: Any) -> dict[str, Any]:
     plans and prediction, where the runtime has one): every status key of the
     deployment naming a plan or an objective."""
     status = svc.pipeline_status(dep)
-    return {k: v for k, v in status.items() if "plan" in k or "objective" in k}
+    out = {k: v for k, v in status.items() if "plan" in k or "objective" in k}
+    # the deploy-time search's own figure: the kept decision's winner line
+    # (runtime.autoplan.plan_pipeline: "... goodput G/s max M/s P99 ...")
+    kept = sorted(
+        (STATE_DIR / "plans" / "decisions").glob(f"{dep.name}-*.json"),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if kept:
+        chosen = json.loads(kept[-1].read_text()).get("chosen", "")
+        out["planner_chosen"] = chosen
+        m = re.search(r"max ([0-9.]+)/s", chosen)
+        out["planner_max_rps"] = float(m.group(1)) if m else None
+    return out
 
 
 def config_snapshot(svc: Any, dep: Any, window_s: float) -> list[dict[str, Any]]:
@@ -1737,6 +1753,7 @@ def cell_summary(
             k: (auto or {}).get("planner", {}).get(k)
             for k in ("predicted_rps_with_served_idle", "predicted_bench_rps_with_served_idle")
         },
+        "planner_deploy_rps": ((auto or {}).get("deploy_status") or {}).get("planner_max_rps"),
         "prediction_error_long_run": err_long,
         "predicted_bench_rps": pred_bench,
         "prediction_error_bench": err_bench,

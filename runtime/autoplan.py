@@ -73,7 +73,7 @@ from infscaler.base.slo import parse_slo
 from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.loader import parse_shapes
 from infscaler.partitioner.profiler import usable_cores
-from infscaler.runtime.idlecurve import load_curve
+from infscaler.runtime.idlecurve import curve_for, load_curve
 from infscaler.runtime.planner import ModelStage, arrival_rates, cpu_cores, resource_cap
 from infscaler.runtime.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.stageprofile import measure_model_stage, search_measured
@@ -246,7 +246,7 @@ def planner_inputs(
             threads=threads,
             repeats=repeats,
             progress=progress,
-            learned_idle=lambda t: load_curve(path, t, wake_latency_us),
+            learned_idle=lambda t: curve_for(path, t, wake_latency_us, tuple(threads)),
         )
         return ms, path, shp
 

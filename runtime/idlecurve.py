@@ -32,7 +32,15 @@ from typing import Any
 from infscaler.base.models import cache_dir
 from infscaler.partitioner.profiler import host_fingerprint
 
-__all__ = ["LEARN_INTERVAL_S", "MAX_AGE_S", "curve_path", "learn", "load_curve", "save_curve"]
+__all__ = [
+    "LEARN_INTERVAL_S",
+    "MAX_AGE_S",
+    "curve_for",
+    "curve_path",
+    "learn",
+    "load_curve",
+    "save_curve",
+]
 
 SCHEMA = 1
 #: Seconds between two :func:`learn` calls for one pipeline (the autoscaler's loop).
@@ -128,6 +136,32 @@ def load_curve(
         return ()
     ok = all(math.isfinite(g) and g > 0 and math.isfinite(f) and f >= 1 for g, f in pts)
     return pts if ok and [g for g, _ in pts] == sorted({g for g, _ in pts}) else ()
+
+
+def curve_for(
+    model: str | os.PathLike[str],
+    threads: int,
+    wake_latency_us: int | None,
+    counts: tuple[int, ...],
+) -> Points:
+    """The curve to plan ``model`` at ``threads`` with: the one kept at that count, else
+    the one kept at the nearest of ``counts`` (the thread counts the planner measures;
+    ties: the larger count), else ``()``.
+
+    Why the nearest: a curve known at one count only (the count the service ran) would
+    otherwise make every other count look free of idle costs, and the search would move
+    to a configuration nobody measured for the wrong reason (ResNet-50 at 1.5 x L0 on 2
+    cores: 2 threads served 1.4-1.75 x slower after idle; 1-thread replicas, planned
+    without a curve, served less still, bench/README.md).
+    """
+    own = load_curve(model, threads, wake_latency_us)
+    if own:
+        return own
+    for t in sorted((c for c in counts if c != threads), key=lambda c: (abs(c - threads), -c)):
+        kept = load_curve(model, t, wake_latency_us)
+        if kept:
+            return kept
+    return ()
 
 
 def learn(

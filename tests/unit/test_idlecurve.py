@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from infscaler.runtime import idlecurve
-from infscaler.runtime.idlecurve import curve_path, learn, load_curve, save_curve
+from infscaler.runtime.idlecurve import curve_for, curve_path, learn, load_curve, save_curve
 from infscaler.runtime.stats import PipelineStats
 from tests.helpers import save
 from tests.integration.test_autoplan import conv_chain
@@ -141,3 +141,15 @@ def test_a_newly_kept_curve_plans_again_a_rekept_one_does_not(model: Path, tmp_p
     save_curve(model, 1, None, ((0.06, 1.2), (0.3, 2.5)), items=80)  # moved
     assert key() != after
     assert _decision_path(cfg, dev, tmp_path / "s", None, ("eq1",), 0) == before  # PM QoS: none
+
+
+def test_a_count_with_no_curve_plans_with_the_nearest_kept_one(model: Path):
+    """Known at 2 threads only: 1 thread must not look free of idle costs."""
+    assert curve_for(model, 1, None, (1, 2, 4)) == ()
+    save_curve(model, 2, None, PTS, items=40)
+    assert curve_for(model, 1, None, (1, 2, 4)) == PTS
+    save_curve(model, 4, None, ((0.3, 3.0),), items=40)
+    assert curve_for(model, 3, None, (1, 2, 4)) == ((0.3, 3.0),)  # a tie: the larger count
+    save_curve(model, 1, None, ((0.3, 1.05),), items=40)
+    assert curve_for(model, 1, None, (1, 2, 4)) == ((0.3, 1.05),)  # its own first
+    assert curve_for(model, 1, 0, (1, 2, 4)) == ()  # another wake setting: none kept
