@@ -64,20 +64,12 @@ class UnifiedMemoryUnavailable(InfScalerError):
 def _driver(device: int = 0):
     """A :class:`CudaDriver` whose device ``device`` maps host memory, or raise
     :class:`UnifiedMemoryUnavailable` with the reason."""
-    from infscaler.base.engines.tensorrt import CudaDriver  # lazy: ctypes + libcuda
+    from infscaler.base.engines.tensorrt import open_cuda_driver  # lazy: ctypes + libcuda
 
-    try:
-        driver = CudaDriver()
-    except OSError:
-        raise UnifiedMemoryUnavailable(
-            "no CUDA device: the NVIDIA driver library libcuda.so.1 is not loadable "
-            "(no NVIDIA GPU driver on this host)"
-        ) from None
-    except RuntimeError as exc:  # cuInit failed: no device, driver / kernel module mismatch
-        raise UnifiedMemoryUnavailable(f"no CUDA device: CUDA driver init failed ({exc})") from None
+    driver, why = open_cuda_driver()
+    if driver is None:
+        raise UnifiedMemoryUnavailable(why)
     count = driver.device_count()
-    if count == 0:
-        raise UnifiedMemoryUnavailable("no CUDA device: the CUDA driver reports 0 devices")
     if not 0 <= device < count:
         raise UnifiedMemoryUnavailable(f"no CUDA device {device}: {count} device(s) present")
     if not driver.device_attribute(device, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY):

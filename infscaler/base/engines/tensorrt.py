@@ -238,28 +238,38 @@ class CudaDriver:
             )
 
 
-def cuda_devices() -> tuple[list[str], str]:
-    """Names of this host's CUDA devices, in index order, and ``""``; or ``([], reason)``.
-
-    The reason starts with ``"no CUDA device: "`` and says why (no driver library, the
-    driver's error, zero devices).
-    """
+def open_cuda_driver() -> tuple[CudaDriver | None, str]:
+    """``(CudaDriver, "")`` when the NVIDIA driver loads and reports a device; else
+    ``(None, reason)``, the reason starting with ``"no CUDA device: "`` and saying why (no
+    driver library, the driver's error, zero devices)."""
     try:
         drv = CudaDriver()
     except OSError:
-        return [], (
+        return None, (
             "no CUDA device: the NVIDIA driver library libcuda.so.1 is not loadable "
             "(no NVIDIA GPU driver on this host)"
         )
     except Exception as exc:  # noqa: BLE001 - cuInit failure: no device, driver mismatch
-        return [], f"no CUDA device: {exc}"
+        return None, f"no CUDA device: {exc}"
     try:
         n = drv.device_count()
-        names = [drv.device_name(i) for i in range(n)]
+    except Exception as exc:  # noqa: BLE001
+        return None, f"no CUDA device: {exc}"
+    if n == 0:
+        return None, "no CUDA device: the NVIDIA driver reports 0 devices"
+    return drv, ""
+
+
+def cuda_devices() -> tuple[list[str], str]:
+    """Names of this host's CUDA devices, in index order, and ``""``; or ``([], reason)``
+    (:func:`open_cuda_driver`'s reason, or the driver's error naming a device)."""
+    drv, why = open_cuda_driver()
+    if drv is None:
+        return [], why
+    try:
+        names = [drv.device_name(i) for i in range(drv.device_count())]
     except Exception as exc:  # noqa: BLE001
         return [], f"no CUDA device: {exc}"
-    if not names:
-        return [], "no CUDA device: the NVIDIA driver reports 0 devices"
     return names, ""
 
 
