@@ -40,7 +40,7 @@ from infscaler.runtime.autoscaler import Autoscaler
 from infscaler.runtime.frontend import FrontEnd, RequestError
 from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
-from infscaler.runtime.pmqos import CpuLatencyRequest, CpuLatencyUnavailable
+from infscaler.runtime.pmqos import CpuLatencyRequest, CpuLatencyUnavailable, check_max_us
 from infscaler.runtime.route import Route
 from infscaler.runtime.stats import PipelineStats
 from infscaler.runtime.supervisor import Supervisor
@@ -158,16 +158,15 @@ class Service:
         if objective not in ("auto", "eq1"):
             raise InfScalerError(f"unknown objective {objective!r}", hint="auto or eq1")
         self.objective = objective
-        if cpu_wake_latency_us is not None and not (
-            isinstance(cpu_wake_latency_us, int)
-            and not isinstance(cpu_wake_latency_us, bool)
-            and 0 <= cpu_wake_latency_us <= 2**31 - 1
-        ):
-            raise InfScalerError(
-                f"cpu_wake_latency_us must be an int >= 0 (microseconds), got "
-                f"{cpu_wake_latency_us!r}",
-                hint="0 keeps idle CPUs polling; leave it unset to let them sleep",
-            )
+        if cpu_wake_latency_us is not None:
+            try:
+                check_max_us(cpu_wake_latency_us)
+            except ValueError:
+                raise InfScalerError(
+                    f"cpu_wake_latency_us must be an int >= 0 (microseconds), got "
+                    f"{cpu_wake_latency_us!r}",
+                    hint="0 keeps idle CPUs polling; leave it unset to let them sleep",
+                ) from None
         self.cpu_wake_latency_us = cpu_wake_latency_us
         self._wake_request: Any = None
         self.cpu_wake_latency_reason = ""

@@ -27,7 +27,13 @@ from pathlib import Path
 
 from infscaler.base.errors import InfScalerError
 
-__all__ = ["CPU_LATENCY_DEVICE", "CpuLatencyRequest", "CpuLatencyUnavailable", "cpuidle_states"]
+__all__ = [
+    "CPU_LATENCY_DEVICE",
+    "CpuLatencyRequest",
+    "CpuLatencyUnavailable",
+    "check_max_us",
+    "cpuidle_states",
+]
 
 CPU_LATENCY_DEVICE = "/dev/cpu_dma_latency"
 
@@ -55,6 +61,18 @@ def cpuidle_states(cpu: int = 0) -> list[dict[str, object]]:
     return out
 
 
+def check_max_us(max_us: object) -> int:
+    """``max_us`` if it is a latency limit the device takes (an int, not a bool, in
+    ``[0, 2**31 - 1]`` µs: the s32 the kernel reads).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(max_us, bool) or not isinstance(max_us, int) or not 0 <= max_us <= 2**31 - 1:
+        raise ValueError(f"max_us must be an int in [0, 2**31 - 1], got {max_us!r}")
+    return max_us
+
+
 class CpuLatencyRequest:
     """Hold a CPU wake-up latency limit of ``max_us`` microseconds until :meth:`close`.
 
@@ -71,9 +89,7 @@ class CpuLatencyRequest:
 
     def __init__(self, max_us: int, device: str = CPU_LATENCY_DEVICE) -> None:
         self._fd: int | None = None
-        if isinstance(max_us, bool) or not isinstance(max_us, int) or not 0 <= max_us <= 2**31 - 1:
-            raise ValueError(f"max_us must be an int in [0, 2**31 - 1], got {max_us!r}")
-        self.max_us = max_us
+        self.max_us = check_max_us(max_us)
         self.device = device
         try:
             self._fd = os.open(device, os.O_WRONLY | os.O_CLOEXEC)
