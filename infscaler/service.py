@@ -386,6 +386,12 @@ class Service:
         return self._wake_request is not None and self._wake_request.held
 
     @property
+    def cpu_wake_latency_in_force_us(self) -> int | None:
+        """The PM QoS limit in force, µs (None: none held): what the idle slowdowns this
+        service serves and plans with are keyed by (:mod:`infscaler.runtime.idlecurve`)."""
+        return self.cpu_wake_latency_us if self.cpu_wake_latency_held else None
+
+    @property
     def stopping(self) -> bool:
         return self._stopping
 
@@ -584,7 +590,7 @@ class Service:
             state_dir=self.state_dir,
             allowed_functions=allowed_functions,
             progress=progress,
-            wake_latency_us=self.cpu_wake_latency_us if self.cpu_wake_latency_held else None,
+            wake_latency_us=self.cpu_wake_latency_in_force_us,
         )
         if outcome is not None and outcome.best is not None:
             progress(f"{cfg.name}: chosen {outcome.best.line()}")

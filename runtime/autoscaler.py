@@ -161,8 +161,7 @@ class Autoscaler:
             if now < due:
                 return
             self._learn_next[dep.name] = now + self.learn_interval_s
-        held = bool(getattr(self.service, "cpu_wake_latency_held", False))
-        wake = getattr(self.service, "cpu_wake_latency_us", None) if held else None
+        wake = getattr(self.service, "cpu_wake_latency_in_force_us", None)
         try:
             learn(dep, self.service.supervisor.handles(), wake, HANDOVER_MS)
         except Exception:  # noqa: BLE001 - learning must never stop the loop
