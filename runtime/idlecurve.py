@@ -57,6 +57,17 @@ def _model_key(model: str | os.PathLike[str]) -> str:
     return hashlib.sha256(f"{f}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
+def _valid(points: Points) -> bool:
+    """Points the simulator takes (``EngineProfile.idle``: idle s > 0, increasing) that
+    are a slowdown (factor >= 1), and at least one."""
+    gaps = [g for g, _ in points]
+    return (
+        bool(points)
+        and all(math.isfinite(g) and g > 0 and math.isfinite(f) and f >= 1 for g, f in points)
+        and gaps == sorted(set(gaps))
+    )
+
+
 def _wake(wake_latency_us: int | None) -> str:
     return "sleep" if wake_latency_us is None else f"{int(wake_latency_us)}us"
 
@@ -83,12 +94,12 @@ def save_curve(
     the next deploy, written atomically; returns the file.
 
     Raises:
-        ValueError: no points, or a point that is not (idle s > 0, factor >= 1).
+        ValueError: no points, a point that is not (idle s > 0, factor >= 1), or idle
+            seconds not increasing.
         OSError: the cache directory cannot be written.
     """
-    pts = [(float(g), float(f)) for g, f in points]
-    if not pts or any(not (math.isfinite(g) and g > 0 and math.isfinite(f) and f >= 1)
-                      for g, f in pts):  # fmt: skip
+    pts = tuple((float(g), float(f)) for g, f in points)
+    if not _valid(pts):
         raise ValueError(f"idle points must be (idle s > 0, factor >= 1), got {pts}")
     path = curve_path(model, threads, wake_latency_us)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,7 +109,7 @@ def save_curve(
         "threads": int(threads),
         "wake_latency_us": wake_latency_us,
         "host": host_fingerprint(),
-        "points": pts,
+        "points": list(pts),
         "items": int(items),
         "saved_at": time.time(),
     }
@@ -134,8 +145,7 @@ def load_curve(
         pts = tuple((float(g), float(f)) for g, f in data["points"])
     except (OSError, ValueError, KeyError, TypeError):
         return ()
-    ok = all(math.isfinite(g) and g > 0 and math.isfinite(f) and f >= 1 for g, f in pts)
-    return pts if ok and [g for g, _ in pts] == sorted({g for g, _ in pts}) else ()
+    return pts if _valid(pts) else ()
 
 
 def curve_for(
@@ -179,7 +189,7 @@ def learn(
         handover_ms: the simulator's time per hop (``planner.HANDOVER_MS``).
     """
     points = dep.route.stats.idle_points(handover_ms)
-    units = dep.route.stats.snapshot()["units"]
+    summaries = dep.route.stats.idle_summaries()
     written = []
     for u in dep.pipeline.units:
         if u.kind != "model" or u.engine != "cpu" or u.num_partitions != 1 or u.steps:
@@ -189,7 +199,7 @@ def learn(
         threads = {int(h.unit.threads) for h in handles if h.key == (dep.name, u.index)}
         if len(threads) != 1:
             continue
-        items = sum(b["wake_count"] for b in units[u.index]["idle"]["bins"])
+        items = sum(b["wake_count"] for b in summaries[u.index]["bins"])
         with contextlib.suppress(OSError, ValueError):
             written.append(
                 save_curve(u.path, threads.pop(), wake_latency_us, points[u.index], items)

@@ -316,6 +316,12 @@ class PipelineStats:
             prev_end[unit] = max(prev_end.get(unit, 0), end)
             last_end = end
 
+    def idle_summaries(self) -> list[dict[str, Any]]:
+        """Per unit, :meth:`IdleSlowdown.summary` (what :meth:`snapshot` shows as ``idle``,
+        without the rest of the snapshot)."""
+        with self._lock:
+            return [s.summary() for s in self.idle]
+
     def idle_points(self, handover_ms: float) -> list[tuple[tuple[float, float], ...]]:
         """Per unit, :meth:`IdleSlowdown.points` (the served idle slowdown; empty where
         too few items were seen)."""
