@@ -187,6 +187,13 @@ def _whole(cfg: Any) -> Any:
     return validate_pipeline(data, f"pipeline {cfg.name}")
 
 
+def planned_thread_counts() -> list[int]:
+    """The intra-op thread counts :func:`planner_inputs` asks each model to be measured
+    at: 1, 2 and this host's usable cores (:func:`measure_model_stage` skips those above
+    the cores); the decision key reads the kept idle curves at the same counts."""
+    return sorted({1, 2, usable_cores()})
+
+
 def planner_inputs(
     cfg: Any,
     *,
@@ -217,8 +224,7 @@ def planner_inputs(
             ONNX models), no model stage, a function failing on the sample request, or
             a fan-out that made no items on it (the message says which).
     """
-    cores = usable_cores()
-    threads = sorted({1, 2, cores})
+    threads = planned_thread_counts()
     for st in cfg.stages:
         if st.kind == "model" and st.model is None:
             raise InfScalerError(
@@ -695,7 +701,7 @@ def _decision_path(
                 f = Path(resolve_model(st.model))
                 stat = f.stat()
                 files.append(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}")
-                for t in sorted({1, 2, usable_cores()}):
+                for t in planned_thread_counts():
                     pts = load_curve(f, t, wake_latency_us)
                     if pts:
                         learned.append([st.name, t, [round(x * 4) / 4 for _, x in pts]])
