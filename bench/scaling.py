@@ -216,10 +216,10 @@ COLUMNS = {
     "checks": "per target: true met, false missed, null not measured",
 }
 
-#: per model: K (Eq. 1 plan used for InfScaler), timing of a bisection step, requests for L0
 #: Extra keyword arguments of every Service the cells run (``--cpu-wake-latency-us``).
 SERVICE_OPTIONS: dict[str, Any] = {}
 
+#: per model: K (Eq. 1 plan used for InfScaler), timing of a bisection step, requests for L0
 MODEL_SETTINGS: dict[str, dict[str, Any]] = {
     "resnet50": {"k": 2, "warm_min_s": 8.0, "warm_max_s": 15.0, "measure_s": 12.0, "n_l0": 20},
     "ppocrv4-det": {"k": 3, "warm_min_s": 4.0, "warm_max_s": 15.0, "measure_s": 10.0, "n_l0": 15},
@@ -1141,12 +1141,22 @@ def predicted_goodput(
         # slowdown measured in-process is left out as the planner leaves it out
         # (stageprofile.IDLE_DEFAULT) and scored apart: predicted_rps_with_idle
         with_idle = [planner.frontend_profile(), *prof.units]
-        units_sim = [
-            dataclasses.replace(
-                u, engines={e: dataclasses.replace(p, idle=()) for e, p in u.engines.items()}
-            )
-            for u in with_idle
-        ]
+
+        def idle_as(units: list[Any], pts: dict[str, Any]) -> list[Any]:
+            """``units`` with each engine's idle slowdown set to ``pts[unit name]`` (none
+            for a unit not named)."""
+            return [
+                dataclasses.replace(
+                    u,
+                    engines={
+                        e: dataclasses.replace(p, idle=pts.get(u.name, ()))
+                        for e, p in u.engines.items()
+                    },
+                )
+                for u in units
+            ]
+
+        units_sim = idle_as(with_idle, {})
         cfg = [UnitConfig({"cpu": 1})]
         for u in prof.units:
             ran = by_name.get(u.name, {})
@@ -1195,18 +1205,11 @@ def predicted_goodput(
             if p
         }
         served_summary = {
-            u["unit"]: u["idle"] for u in stats.snapshot()["units"] if u["unit"] in served_pts
+            n: idle
+            for n, idle in zip(stats.units, stats.idle_summaries(), strict=True)
+            if n in served_pts
         }
-        with_served = [
-            dataclasses.replace(
-                u,
-                engines={
-                    e: dataclasses.replace(p, idle=served_pts.get(u.name, ()))
-                    for e, p in u.engines.items()
-                },
-            )
-            for u in units_sim
-        ]
+        with_served = idle_as(units_sim, served_pts)
         lo_served = bisect(with_served, False) if served_pts else None
         out: dict[str, Any] = {}
         if procedure is not None:
