@@ -152,6 +152,10 @@ CONFIGS = ("auto", "eq1", "replication-http", "replication-shm", "one-session")
 ARRIVAL_SEED = 1
 #: the baselines (a), (b), (c): the best of them is what ``auto`` is compared with
 BASELINES = ("replication-http", "replication-shm", "one-session")
+#: ``--awake``: a configuration named ``<config>+awake`` is ``<config>`` served while the
+#: service holds a PM QoS CPU latency request of 0 µs (``Service.set_cpu_wake_latency``),
+#: measured in the same run as ``<config>`` without it
+AWAKE = "+awake"
 #: service-time seeds of the simulated bench bisection (:func:`predicted_goodput`)
 BENCH_SIM_SEEDS = 15
 #: requests per measured window at least (the issue's "at least 300 per bisection step")
@@ -1282,11 +1286,13 @@ def run_model(
     quick: bool = False,
     carry_state: bool = False,
     confirm: bool = True,
+    awake: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """Every cell (cap x SLO) of one model: each configuration's throughput at SLO, the
-    confirmation of a cell where auto fell below 0.95 x the best baseline
-    (:func:`needs_confirmation`; ``confirm``), then the cell's comparison
-    (:func:`cell_summary`)."""
+    """Every cell (cap x SLO) of one model: each configuration's throughput at SLO (and,
+    right after each configuration named in ``awake``, the same one with the CPUs held
+    awake: ``<config>+awake``), the confirmation of a cell where auto fell below 0.95 x
+    the best baseline (:func:`needs_confirmation`; ``confirm``), then the cell's
+    comparison (:func:`cell_summary`)."""
     from infscaler.server import ServerThread
     from infscaler.service import Service
 
@@ -1332,7 +1338,12 @@ def run_model(
     entry["results"] = rows
     for cap_mode in caps:
         device = capped_profile(cap["cap_mb"]) if cap_mode == "cap" and cap else None
-        configs = tuple(c for c in CONFIGS if not configs_filter or c in configs_filter)
+        configs = tuple(
+            name
+            for c in CONFIGS
+            if not configs_filter or c in configs_filter
+            for name in ((c, c + AWAKE) if c in awake else (c,))
+        )
         with (
             tempfile.TemporaryDirectory() as tmp,
             Service(
@@ -1417,7 +1428,12 @@ def run_cell(
     best step ran, the planner's prediction for it and the plan's FLOPs shares.
     With ``confirm_rate``: one step at that rate instead of the bisection (the
     confirmation of :func:`needs_confirmation`), nothing predicted."""
-    name = f"{config}-{cap_mode}-{str(slo_x).replace('.', '_')}"
+    awake = config.endswith(AWAKE)
+    name = f"{config.replace(AWAKE, '-awake')}-{cap_mode}-{str(slo_x).replace('.', '_')}"
+    # the wake-up latency request of this configuration (the run's own, or 0 µs for
+    # <config>+awake), set before the deploy so that auto plans with its setting's curve
+    svc.set_cpu_wake_latency(0 if awake else SERVICE_OPTIONS.get("cpu_wake_latency_us"))
+    config_name, config = config, config.removesuffix(AWAKE)
     quiet = wait_for_quiet(3.0 if quick else QUIET_WAIT_S)
     objective = "eq1" if config == "eq1" and _objective_level() else None
     try:
@@ -1455,7 +1471,7 @@ def run_cell(
             svc.undeploy(name)
         return {
             "model": model,
-            "config": config,
+            "config": config_name,
             "cap": cap_mode,
             "slo_x": slo_x,
             "slo_ms": round(slo_ms, 2),
@@ -1533,7 +1549,7 @@ def run_cell(
     tput = best["rate"] if best else 0.0
     return {
         "model": model,
-        "config": config,
+        "config": config_name,
         "cap": cap_mode,
         "memory_cap_mb": round(svc.device_profile().memory_cap_mb, 1),
         "cpu_wake_latency_held": svc.cpu_wake_latency_held,
@@ -1771,9 +1787,52 @@ def cell_summary(
         "steps_aborted": len(steps) - len(full),
         "deploy_errors": {c2: r["deploy_error"] for c2, r in by.items() if r.get("deploy_error")},
         "confirm": conf,
+        **awake_columns(by, base),
     }
     c["checks"] = cell_checks(c, min_requests)
     return c
+
+
+def awake_columns(by: dict[str, dict[str, Any]], base: dict[str, float]) -> dict[str, Any]:
+    """The ``--awake`` columns of a cell (empty without ``<config>+awake`` rows): per
+    configuration its throughput at SLO held awake and its configuration (auto: also the
+    planner's figures), auto held awake against auto and against the best of every
+    baseline with or without the request (a user may hold it by hand too)."""
+    rows = {c.removesuffix(AWAKE): r for c, r in by.items() if c.endswith(AWAKE)}
+    if not rows:
+        return {}
+    out: dict[str, Any] = {
+        "awake": {
+            c: {
+                "rps": r["throughput_at_slo_rps"],
+                "held": r.get("cpu_wake_latency_held"),
+                "config": r.get("chosen_config"),
+                **{
+                    k: (r.get("planner") or {}).get(k)
+                    for k in ("predicted_rps", "predicted_rps_with_served_idle")
+                    if c == "auto"
+                },
+                **(
+                    {"planner_deploy_rps": (r.get("deploy_status") or {}).get("planner_max_rps")}
+                    if c == "auto"
+                    else {}
+                ),
+            }
+            for c, r in rows.items()
+        }
+    }
+    every = {
+        **base,
+        **{c + AWAKE: r["throughput_at_slo_rps"] for c, r in rows.items() if c in BASELINES},
+    }
+    best = max(every, key=lambda c: every[c]) if every else None
+    auto = by.get("auto", {}).get("throughput_at_slo_rps")
+    auto_awake = rows.get("auto", {}).get("throughput_at_slo_rps")
+    out["auto_awake_rps"] = auto_awake
+    out["auto_awake_vs_auto"] = _ratio(auto_awake, auto)
+    out["best_baseline_any_wake"] = best
+    out["auto_awake_vs_best_any_wake"] = _ratio(auto_awake, every[best] if best else None)
+    return out
 
 
 #: targets of issue 15 (per cell; ``None`` in a check: not measured)
@@ -1986,6 +2045,7 @@ def cell_table(models: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
         "req min",
         "confirm",
         "checks",
+        "awake/s",
     ]
     rows = []
     for m in models:
@@ -2021,6 +2081,7 @@ def cell_table(models: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
                     "all met"
                     if not missed and all(v is not None for v in checks.values())
                     else f"{len(missed)} missed, {sum(v is None for v in checks.values())} n/a",
+                    " ".join(f"{k} {_fmt(v['rps'])}" for k, v in c.get("awake", {}).items()),
                 ]
             )
     return headers, rows
@@ -2044,6 +2105,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the services hold this PM QoS CPU latency limit (Service(cpu_wake_latency_us)); "
         "default: none",
+    )
+    ap.add_argument(
+        "--awake",
+        default="",
+        help="also run these configurations with the CPUs held awake (a PM QoS request of "
+        "0 us, Service.set_cpu_wake_latency), each right after itself without: "
+        "<config>+awake in the results",
     )
     ap.add_argument("--steps", type=int, default=None, help="bisection steps (default 5)")
     ap.add_argument("--k", type=int, default=None, help="K of the eq1 plan (default per model)")
@@ -2121,6 +2189,11 @@ def main(argv: list[str] | None = None) -> int:
         SERVICE_OPTIONS["cpu_wake_latency_us"] = args.cpu_wake_latency_us
     if configs - set(CONFIGS):
         ap.error(f"unknown configurations {sorted(configs - set(CONFIGS))}: {','.join(CONFIGS)}")
+    awake = frozenset(args.awake.split(",")) - {""}
+    if awake - set(CONFIGS):
+        ap.error(f"--awake names unknown configurations {sorted(awake - set(CONFIGS))}")
+    if awake and args.cpu_wake_latency_us is not None:
+        ap.error("--awake compares with and without the request: leave out --cpu-wake-latency-us")
     steps = args.steps or (2 if quick else 5)
     min_requests = args.min_requests or (QUICK_MIN_REQUESTS if quick else MIN_REQUESTS)
     stem = "scaling_quick" if quick else "scaling"
@@ -2150,6 +2223,7 @@ def main(argv: list[str] | None = None) -> int:
             quick,
             args.carry_state,
             confirm=not (quick or args.no_confirm),
+            awake=awake,
         )
         e["carry_state"] = args.carry_state
         e["wall_s"] = round(time.monotonic() - t, 1)
@@ -2199,6 +2273,8 @@ def plot(data: dict[str, Any], path: Path) -> None:
         ("eq1_rps", "eq1 (Eq. 1 plan, autoscaled)", "#9c6"),
         ("best_baseline_rps", "best baseline (a/b/c)", "#58c"),
     ]
+    if any(c.get("auto_awake_rps") is not None for m in data["models"] for c in m.get("cells", [])):
+        bars.insert(1, ("auto_awake_rps", "auto, CPUs held awake (--awake)", "#d84"))
     for ax, (m, cap) in zip(axes[0], panels, strict=True):
         cells = sorted((c for c in m["cells"] if c["cap"] == cap), key=lambda c: c["slo_x"])
         w = 0.8 / len(bars)

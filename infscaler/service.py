@@ -75,6 +75,20 @@ def trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
+def _checked_wake_latency(max_us: Any) -> int | None:
+    """``max_us`` if it is None or a PM QoS limit the kernel takes
+    (:func:`~infscaler.runtime.pmqos.check_max_us`), else an error saying what to give."""
+    if max_us is None:
+        return None
+    try:
+        return check_max_us(max_us)
+    except ValueError:
+        raise InfScalerError(
+            f"cpu_wake_latency_us must be an int >= 0 (microseconds), got {max_us!r}",
+            hint="0 keeps idle CPUs polling; leave it unset to let them sleep",
+        ) from None
+
+
 @dataclass
 class Deployment:
     """A deployed pipeline: its route and when it became ready (its instances are the
@@ -158,16 +172,7 @@ class Service:
         if objective not in ("auto", "eq1"):
             raise InfScalerError(f"unknown objective {objective!r}", hint="auto or eq1")
         self.objective = objective
-        if cpu_wake_latency_us is not None:
-            try:
-                check_max_us(cpu_wake_latency_us)
-            except ValueError:
-                raise InfScalerError(
-                    f"cpu_wake_latency_us must be an int >= 0 (microseconds), got "
-                    f"{cpu_wake_latency_us!r}",
-                    hint="0 keeps idle CPUs polling; leave it unset to let them sleep",
-                ) from None
-        self.cpu_wake_latency_us = cpu_wake_latency_us
+        self.cpu_wake_latency_us = _checked_wake_latency(cpu_wake_latency_us)
         self._wake_request: Any = None
         self.cpu_wake_latency_reason = ""
         self.state_dir = Path(state_dir or default_state_dir())
@@ -241,6 +246,36 @@ class Service:
             self.channel.kind if hasattr(self.channel, "kind") else type(self.channel).__name__,
         )
         return self
+
+    def set_cpu_wake_latency(self, max_us: int | None) -> bool:
+        """Change the PM QoS CPU wake-up latency limit while serving (the constructor's
+        ``cpu_wake_latency_us``): the old request is dropped, the new one (if any) made
+        at once on a started service, else at :meth:`start`. The idle slowdown the service
+        learns from then on is kept under the new setting
+        (:mod:`infscaler.runtime.idlecurve`); the next deploy plans with that setting's
+        curve. Not reachable from the socket (a client may only infer).
+
+        Args:
+            max_us: the longest cpuidle exit latency allowed, µs (0: polling only), or None
+                to let idle CPUs sleep again.
+
+        Returns:
+            whether a request is in force afterwards (False with ``max_us`` None, or where
+            the request cannot be made: the reason is in ``status()["cpu_wake_latency"]``).
+
+        Raises:
+            InfScalerError: ``max_us`` is not None or an int in [0, 2**31 - 1].
+        """
+        max_us = _checked_wake_latency(max_us)
+        with self._lock:
+            if self._wake_request is not None:
+                self._wake_request.close()
+                self._wake_request = None
+            self.cpu_wake_latency_us = max_us
+            self.cpu_wake_latency_reason = ""
+            if self._started:
+                self._hold_wake_latency()
+            return self.cpu_wake_latency_held
 
     def _hold_wake_latency(self) -> None:
         """Make the PM QoS CPU latency request ``cpu_wake_latency_us`` asks for (if any);

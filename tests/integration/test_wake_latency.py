@@ -42,6 +42,37 @@ def test_none_requests_nothing(tmp_path):
         }
 
 
+def test_set_while_serving_takes_and_drops_the_request(tmp_path):
+    """set_cpu_wake_latency changes the request in force on a running service (the
+    bench's per-configuration switch), validates like the constructor, and None drops it."""
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        assert svc.cpu_wake_latency_held is False
+        with pytest.raises(InfScalerError, match="cpu_wake_latency_us"):
+            svc.set_cpu_wake_latency(-5)
+        assert svc.status()["cpu_wake_latency"]["requested_us"] is None  # unchanged
+        held = svc.set_cpu_wake_latency(0)
+        status = svc.status()["cpu_wake_latency"]
+        assert status["requested_us"] == 0 and status["held"] is held is CAN_HOLD
+        assert svc.cpu_wake_latency_in_force_us == (0 if CAN_HOLD else None)
+        if not CAN_HOLD:
+            assert "cannot open" in status["reason"]
+        assert svc.set_cpu_wake_latency(None) is False
+        assert svc.status()["cpu_wake_latency"] == {
+            "requested_us": None,
+            "held": False,
+            "reason": "",
+        }
+        assert svc.cpu_wake_latency_in_force_us is None
+
+
+def test_set_before_start_is_made_at_start(tmp_path):
+    svc = Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64)
+    assert svc.set_cpu_wake_latency(0) is False  # not started: nothing held yet
+    with svc:
+        assert svc.cpu_wake_latency_held is CAN_HOLD
+    assert svc.cpu_wake_latency_held is False
+
+
 def test_the_service_keeps_the_idle_slowdown_it_served(tmp_path, monkeypatch):
     """A whole model served back to back, then after 60 ms idle each: the autoscaler's
     loop keeps the curve (runtime.idlecurve) where the planner's next deploy finds it."""

@@ -140,6 +140,32 @@ def test_cell_summary_columns_and_checks() -> None:
     assert c3["prediction_error"] == pytest.approx(0.5 / 13, abs=1e-3)
 
 
+def test_awake_rows_are_columns_of_their_own_not_baselines() -> None:
+    """--awake: <config>+awake rows do not move the issue's columns (auto, the best of
+    (a), (b), (c) without the request); they get their own, and auto held awake is
+    compared with every baseline, with or without the request."""
+    sc = _bench("scaling")
+    rows = [
+        _row("auto", 4.0, "none", 1.5, chosen_config=[{"unit": "m", "instances": 1}]),
+        _row("auto+awake", 9.0, "none", 1.5, cpu_wake_latency_held=True,
+             planner={"predicted_rps": 8.0}, deploy_status={"planner_max_rps": 8.5}),
+        _row("one-session", 5.0, "none", 1.5),
+        _row("one-session+awake", 10.0, "none", 1.5),
+    ]  # fmt: skip
+    c = sc.cell_summary("resnet50", rows, "none", 1.5, 300)
+    assert c["auto_rps"] == 4.0 and c["best_baseline_rps"] == 5.0 and c["auto_vs_best"] == 0.8
+    assert c["awake"]["auto"]["rps"] == 9.0 and c["awake"]["auto"]["held"] is True
+    assert c["awake"]["auto"]["planner_deploy_rps"] == 8.5
+    assert c["awake"]["one-session"] == {"rps": 10.0, "held": None, "config": None}
+    assert c["auto_awake_vs_auto"] == 2.25
+    assert c["best_baseline_any_wake"] == "one-session+awake"
+    assert c["auto_awake_vs_best_any_wake"] == 0.9
+    headers, table = sc.cell_table([{"model": "resnet50", "cells": [c]}])
+    assert table[0][headers.index("awake/s")] == "auto 9 one-session 10"
+    # without --awake rows: no awake columns at all
+    assert "awake" not in sc.cell_summary("resnet50", rows[::2], "none", 1.5, 300)
+
+
 def test_every_step_draws_the_same_arrival_pattern_scaled_by_its_rate() -> None:
     sc = _bench("scaling")
     # the step's generator (arrival_gaps, seeded with ARRIVAL_SEED by default)
