@@ -152,10 +152,16 @@ CONFIGS = ("auto", "eq1", "replication-http", "replication-shm", "one-session")
 ARRIVAL_SEED = 1
 #: the baselines (a), (b), (c): the best of them is what ``auto`` is compared with
 BASELINES = ("replication-http", "replication-shm", "one-session")
-#: ``--awake``: a configuration named ``<config>+awake`` is ``<config>`` served while the
-#: service holds a PM QoS CPU latency request of 0 µs (``Service.set_cpu_wake_latency``),
-#: measured in the same run as ``<config>`` without it
-AWAKE = "+awake"
+#: wake variants, suffix -> (label, the service's wake-up setting while it runs): with
+#: ``--awake`` a configuration named ``<config>+awake`` is ``<config>`` served while the
+#: service holds a PM QoS CPU latency request of 0 µs; with ``--wake-auto``,
+#: ``<config>+wakeauto`` is served with ``cpu_wake_latency_us="auto"`` (the wake policy,
+#: runtime.wakepolicy); each right after ``<config>`` in the same run
+#: (``Service.set_cpu_wake_latency``)
+WAKE_VARIANTS: dict[str, tuple[str, int | str]] = {
+    "+wakeauto": ("wake_auto", "auto"),
+    "+awake": ("awake", 0),
+}
 #: service-time seeds of the simulated bench bisection (:func:`predicted_goodput`)
 BENCH_SIM_SEEDS = 15
 #: requests per measured window at least (the issue's "at least 300 per bisection step")
@@ -256,6 +262,17 @@ AUTOSCALE = {
     "scale_in_utilisation": 0.6,
     "shed": True,
 }
+
+
+def service_wake_setting() -> Any:
+    """The wake-up setting of this run's services: ``--cpu-wake-latency-us``, else the
+    Service constructor's default (what a user who names none gets)."""
+    import inspect
+
+    from infscaler.service import Service
+
+    default = inspect.signature(Service).parameters["cpu_wake_latency_us"].default
+    return SERVICE_OPTIONS.get("cpu_wake_latency_us", default)
 
 
 # -- inputs and calibration -----------------------------------------------------------------
@@ -1286,16 +1303,17 @@ def run_model(
     quick: bool = False,
     carry_state: bool = False,
     confirm: bool = True,
-    awake: frozenset[str] = frozenset(),
+    variants: dict[str, frozenset[str]] | None = None,
 ) -> dict[str, Any]:
     """Every cell (cap x SLO) of one model: each configuration's throughput at SLO (and,
-    right after each configuration named in ``awake``, the same one with the CPUs held
-    awake: ``<config>+awake``), the confirmation of a cell where auto fell below 0.95 x
+    right after each, its wake variants: ``variants`` maps a :data:`WAKE_VARIANTS`
+    suffix to the configurations run that way too), the confirmation of a cell where auto fell below 0.95 x
     the best baseline (:func:`needs_confirmation`; ``confirm``), then the cell's
     comparison (:func:`cell_summary`)."""
     from infscaler.server import ServerThread
     from infscaler.service import Service
 
+    variants = variants or {}
     st = dict(MODEL_SETTINGS[model])
     if quick:
         st.update(QUICK_SETTINGS)
@@ -1342,7 +1360,7 @@ def run_model(
             name
             for c in CONFIGS
             if not configs_filter or c in configs_filter
-            for name in ((c, c + AWAKE) if c in awake else (c,))
+            for name in (c, *(c + suf for suf, names in variants.items() if c in names))
         )
         with (
             tempfile.TemporaryDirectory() as tmp,
@@ -1428,12 +1446,12 @@ def run_cell(
     best step ran, the planner's prediction for it and the plan's FLOPs shares.
     With ``confirm_rate``: one step at that rate instead of the bisection (the
     confirmation of :func:`needs_confirmation`), nothing predicted."""
-    awake = config.endswith(AWAKE)
-    name = f"{config.replace(AWAKE, '-awake')}-{cap_mode}-{str(slo_x).replace('.', '_')}"
-    # the wake-up latency request of this configuration (the run's own, or 0 µs for
-    # <config>+awake), set before the deploy so that auto plans with its setting's curve
-    svc.set_cpu_wake_latency(0 if awake else SERVICE_OPTIONS.get("cpu_wake_latency_us"))
-    config_name, config = config, config.removesuffix(AWAKE)
+    suffix = next((suf for suf in WAKE_VARIANTS if config.endswith(suf)), "")
+    name = f"{config.replace('+', '-')}-{cap_mode}-{str(slo_x).replace('.', '_')}"
+    # the wake-up setting of this configuration (the run's own, or its variant's), set
+    # before the deploy so that auto plans with its setting's curve
+    svc.set_cpu_wake_latency(WAKE_VARIANTS[suffix][1] if suffix else service_wake_setting())
+    config_name, config = config, config.removesuffix(suffix) if suffix else config
     quiet = wait_for_quiet(3.0 if quick else QUIET_WAIT_S)
     objective = "eq1" if config == "eq1" and _objective_level() else None
     try:
@@ -1553,6 +1571,11 @@ def run_cell(
         "cap": cap_mode,
         "memory_cap_mb": round(svc.device_profile().memory_cap_mb, 1),
         "cpu_wake_latency_held": svc.cpu_wake_latency_held,
+        "cpu_wake_auto": svc.cpu_wake_auto,
+        # the wake policy's holds and releases so far in this service (auto mode)
+        "wake_decisions": [
+            {k2: d[k2] for k2 in ("time", "action", "reason")} for d in svc.autoscaler.decisions("")
+        ][-5:],
         "transport": getattr(sender, "kind", ""),
         "objective": objective,
         "model_units": len([u for u in dep.pipeline.units if u.kind == "model"]),
@@ -1787,51 +1810,62 @@ def cell_summary(
         "steps_aborted": len(steps) - len(full),
         "deploy_errors": {c2: r["deploy_error"] for c2, r in by.items() if r.get("deploy_error")},
         "confirm": conf,
-        **awake_columns(by, base),
+        **wake_columns(by, base),
     }
     c["checks"] = cell_checks(c, min_requests)
     return c
 
 
-def awake_columns(by: dict[str, dict[str, Any]], base: dict[str, float]) -> dict[str, Any]:
-    """The ``--awake`` columns of a cell (empty without ``<config>+awake`` rows): per
-    configuration its throughput at SLO held awake and its configuration (auto: also the
-    planner's figures), auto held awake against auto and against the best of every
-    baseline with or without the request (a user may hold it by hand too)."""
-    rows = {c.removesuffix(AWAKE): r for c, r in by.items() if c.endswith(AWAKE)}
-    if not rows:
+def wake_columns(by: dict[str, dict[str, Any]], base: dict[str, float]) -> dict[str, Any]:
+    """The wake variants' columns of a cell (``--awake``, ``--wake-auto``; empty without
+    such rows). Per variant (its label: ``awake``, ``wake_auto``) and configuration: its
+    throughput at SLO, whether the request was held at its end, its configuration (auto:
+    also the planner's figures); auto in that variant against auto, and against the best
+    of every baseline served any way (a user may hold the request by hand too)."""
+    variants = {
+        label: {c.removesuffix(suf): r for c, r in by.items() if c.endswith(suf)}
+        for suf, (label, _setting) in WAKE_VARIANTS.items()
+    }
+    if not any(variants.values()):
         return {}
-    out: dict[str, Any] = {
-        "awake": {
+    every = {
+        **base,
+        **{
+            c + suf: r["throughput_at_slo_rps"]
+            for suf, (label, _s) in WAKE_VARIANTS.items()
+            for c, r in variants[label].items()
+            if c in BASELINES
+        },
+    }
+    best = max(every, key=lambda c: every[c]) if every else None
+    auto = by.get("auto", {}).get("throughput_at_slo_rps")
+    out: dict[str, Any] = {"best_baseline_any_wake": best}
+    for label, rows in variants.items():
+        if not rows:
+            continue
+        out[label] = {
             c: {
                 "rps": r["throughput_at_slo_rps"],
                 "held": r.get("cpu_wake_latency_held"),
                 "config": r.get("chosen_config"),
-                **{
-                    k: (r.get("planner") or {}).get(k)
-                    for k in ("predicted_rps", "predicted_rps_with_served_idle")
-                    if c == "auto"
-                },
                 **(
-                    {"planner_deploy_rps": (r.get("deploy_status") or {}).get("planner_max_rps")}
+                    {
+                        **{
+                            k: (r.get("planner") or {}).get(k)
+                            for k in ("predicted_rps", "predicted_rps_with_served_idle")
+                        },
+                        "planner_deploy_rps": (r.get("deploy_status") or {}).get("planner_max_rps"),
+                    }
                     if c == "auto"
                     else {}
                 ),
             }
             for c, r in rows.items()
         }
-    }
-    every = {
-        **base,
-        **{c + AWAKE: r["throughput_at_slo_rps"] for c, r in rows.items() if c in BASELINES},
-    }
-    best = max(every, key=lambda c: every[c]) if every else None
-    auto = by.get("auto", {}).get("throughput_at_slo_rps")
-    auto_awake = rows.get("auto", {}).get("throughput_at_slo_rps")
-    out["auto_awake_rps"] = auto_awake
-    out["auto_awake_vs_auto"] = _ratio(auto_awake, auto)
-    out["best_baseline_any_wake"] = best
-    out["auto_awake_vs_best_any_wake"] = _ratio(auto_awake, every[best] if best else None)
+        mine = rows.get("auto", {}).get("throughput_at_slo_rps")
+        out[f"auto_{label}_rps"] = mine
+        out[f"auto_{label}_vs_auto"] = _ratio(mine, auto)
+        out[f"auto_{label}_vs_best_any_wake"] = _ratio(mine, every[best] if best else None)
     return out
 
 
@@ -2046,6 +2080,7 @@ def cell_table(models: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
         "confirm",
         "checks",
         "awake/s",
+        "wake auto/s",
     ]
     rows = []
     for m in models:
@@ -2081,7 +2116,10 @@ def cell_table(models: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
                     "all met"
                     if not missed and all(v is not None for v in checks.values())
                     else f"{len(missed)} missed, {sum(v is None for v in checks.values())} n/a",
-                    " ".join(f"{k} {_fmt(v['rps'])}" for k, v in c.get("awake", {}).items()),
+                    *(
+                        " ".join(f"{k} {_fmt(v['rps'])}" for k, v in c.get(label, {}).items())
+                        for label in ("awake", "wake_auto")
+                    ),
                 ]
             )
     return headers, rows
@@ -2101,10 +2139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default="", help=f"only these of {','.join(CONFIGS)}")
     ap.add_argument(
         "--cpu-wake-latency-us",
-        type=int,
         default=None,
-        help="the services hold this PM QoS CPU latency limit (Service(cpu_wake_latency_us)); "
-        "default: none",
+        help="the services' PM QoS CPU latency setting (Service(cpu_wake_latency_us)): µs, "
+        "auto or none; default: the Service's default",
     )
     ap.add_argument(
         "--awake",
@@ -2112,6 +2149,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also run these configurations with the CPUs held awake (a PM QoS request of "
         "0 us, Service.set_cpu_wake_latency), each right after itself without: "
         "<config>+awake in the results",
+    )
+    ap.add_argument(
+        "--wake-auto",
+        default="",
+        help="also run these configurations with cpu_wake_latency_us=auto (the wake policy), "
+        "each right after itself: <config>+wakeauto in the results",
     )
     ap.add_argument("--steps", type=int, default=None, help="bisection steps (default 5)")
     ap.add_argument("--k", type=int, default=None, help="K of the eq1 plan (default per model)")
@@ -2186,14 +2229,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--caps takes none and/or cap, got {args.caps}")
     configs = set(args.configs.split(",")) - {""}
     if args.cpu_wake_latency_us is not None:
-        SERVICE_OPTIONS["cpu_wake_latency_us"] = args.cpu_wake_latency_us
+        from infscaler.cli_service import wake_option
+
+        SERVICE_OPTIONS["cpu_wake_latency_us"] = wake_option(args.cpu_wake_latency_us)
     if configs - set(CONFIGS):
         ap.error(f"unknown configurations {sorted(configs - set(CONFIGS))}: {','.join(CONFIGS)}")
-    awake = frozenset(args.awake.split(",")) - {""}
-    if awake - set(CONFIGS):
-        ap.error(f"--awake names unknown configurations {sorted(awake - set(CONFIGS))}")
-    if awake and args.cpu_wake_latency_us is not None:
-        ap.error("--awake compares with and without the request: leave out --cpu-wake-latency-us")
+    variants = {
+        "+awake": frozenset(args.awake.split(",")) - {""},
+        "+wakeauto": frozenset(args.wake_auto.split(",")) - {""},
+    }
+    for suf, names in variants.items():
+        if names - set(CONFIGS):
+            ap.error(f"{suf[1:]} variants of unknown configurations {sorted(names - set(CONFIGS))}")
     steps = args.steps or (2 if quick else 5)
     min_requests = args.min_requests or (QUICK_MIN_REQUESTS if quick else MIN_REQUESTS)
     stem = "scaling_quick" if quick else "scaling"
@@ -2223,7 +2270,7 @@ def main(argv: list[str] | None = None) -> int:
             quick,
             args.carry_state,
             confirm=not (quick or args.no_confirm),
-            awake=awake,
+            variants=variants,
         )
         e["carry_state"] = args.carry_state
         e["wall_s"] = round(time.monotonic() - t, 1)
@@ -2275,6 +2322,10 @@ def plot(data: dict[str, Any], path: Path) -> None:
     ]
     if any(c.get("auto_awake_rps") is not None for m in data["models"] for c in m.get("cells", [])):
         bars.insert(1, ("auto_awake_rps", "auto, CPUs held awake (--awake)", "#d84"))
+    if any(
+        c.get("auto_wake_auto_rps") is not None for m in data["models"] for c in m.get("cells", [])
+    ):
+        bars.insert(1, ("auto_wake_auto_rps", "auto, wake policy (--wake-auto)", "#c6a"))
     for ax, (m, cap) in zip(axes[0], panels, strict=True):
         cells = sorted((c for c in m["cells"] if c["cap"] == cap), key=lambda c: c["slo_x"])
         w = 0.8 / len(bars)

@@ -57,6 +57,30 @@ from infscaler.watcher import start_watching
 #: This module's commands; :mod:`infscaler.cli` loads them when one runs.
 app = typer.Typer(add_completion=False)
 
+#: ``serve --cpu-wake-latency-us`` when not given (:mod:`infscaler.runtime.wakepolicy`)
+WAKE_DEFAULT = "none"
+
+
+def wake_option(value: str) -> int | str | None:
+    """``--cpu-wake-latency-us``: ``auto``, ``none`` or an int of µs >= 0.
+
+    Raises:
+        InfScalerError: anything else (the message says what it takes).
+    """
+    v = value.strip().lower()
+    if v in ("auto", "none"):
+        return None if v == "none" else "auto"
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise InfScalerError(
+            f"--cpu-wake-latency-us takes auto, none or microseconds >= 0, got {value!r}",
+            hint="0 keeps idle CPUs polling while serving",
+        )
+    return n
+
 
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
@@ -120,15 +144,16 @@ def serve_cmd(
         ),
     ] = "auto",
     cpu_wake_latency_us: Annotated[
-        int | None,
+        str,
         typer.Option(
             "--cpu-wake-latency-us",
-            min=0,
             help="Hold a Linux PM QoS request while serving: idle CPUs use no cpuidle state "
-            "slower to leave than this, µs (0: they poll). Requests that find the device idle "
-            "stop paying the cores' wake-up; costs power. Needs root (else logged, ignored).",
+            "slower to leave than this, µs (0: they poll), so requests that find the device "
+            "idle stop paying the cores' wake-up; costs power. auto: hold 0 µs once the "
+            "service measures that wake-ups cost an SLO; none: never. Needs root (else "
+            "logged, ignored).",
         ),
-    ] = None,
+    ] = WAKE_DEFAULT,
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")] = 64,
     metrics_port: Annotated[
         int | None,
@@ -237,6 +262,7 @@ def serve_cmd(
     configs = [with_slo(c, slo, autoscale) for c in configs]
     if objective not in ("auto", "eq1"):
         raise InfScalerError(f"unknown --objective {objective!r}", hint="auto or eq1")
+    wake = wake_option(cpu_wake_latency_us)
     if control_path not in ("auto", "ebpf", "userspace"):
         raise InfScalerError(
             f"unknown --control-path {control_path!r}", hint="auto, ebpf or userspace"
@@ -258,7 +284,7 @@ def serve_cmd(
             limits=limits,
             max_inflight_mb=max_inflight_mb,
             objective=objective,
-            cpu_wake_latency_us=cpu_wake_latency_us,
+            cpu_wake_latency_us=wake,
         )
     )
     if watcher is not None:
@@ -313,7 +339,7 @@ async def _serve(
     metrics_host: str = "127.0.0.1",
     max_inflight_mb: float = 256,
     objective: str = "auto",
-    cpu_wake_latency_us: int | None = None,
+    cpu_wake_latency_us: int | str | None = None,
 ) -> int:
 
     notifier = SystemdNotifier()

@@ -75,17 +75,19 @@ def trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
-def _checked_wake_latency(max_us: Any) -> int | None:
-    """``max_us`` if it is None or a PM QoS limit the kernel takes
+def _checked_wake_latency(max_us: Any) -> int | str | None:
+    """``max_us`` if it is None, ``"auto"`` or a PM QoS limit the kernel takes
     (:func:`~infscaler.runtime.pmqos.check_max_us`), else an error saying what to give."""
-    if max_us is None:
-        return None
+    if max_us is None or max_us == "auto":
+        return max_us
     try:
         return check_max_us(max_us)
     except ValueError:
         raise InfScalerError(
-            f"cpu_wake_latency_us must be an int >= 0 (microseconds), got {max_us!r}",
-            hint="0 keeps idle CPUs polling; leave it unset to let them sleep",
+            f"cpu_wake_latency_us must be an int >= 0 (microseconds), 'auto' or None, got "
+            f"{max_us!r}",
+            hint="0 keeps idle CPUs polling; auto holds them awake where idle wake-ups cost "
+            "the SLO; None lets them sleep",
         ) from None
 
 
@@ -150,8 +152,12 @@ class Service:
             keeps idle CPUs in cpuidle states with at most this exit latency, µs (0: the
             polling state only; :class:`~infscaler.runtime.pmqos.CpuLatencyRequest`):
             requests arriving at an idle device stop paying the cores' wake-up, at the
-            cost of power. None: no request. Where it cannot be made (not root) the
-            service logs why and runs without (``status()["cpu_wake_latency"]``).
+            cost of power. ``"auto"``: none until the autoscaler measures that idle
+            wake-ups cost an SLO (a violated SLO while a real share of a model unit's items
+            ran after idle, markedly slower than warm), then 0 µs while pipelines with
+            an SLO stay deployed (:mod:`infscaler.runtime.wakepolicy`). None: no request.
+            Where it cannot be made (not root) the service logs why and runs without
+            (``status()["cpu_wake_latency"]``).
     """
 
     def __init__(
@@ -166,13 +172,18 @@ class Service:
         start_timeout_s: float = 120.0,
         max_inflight_mb: float | None = 256,
         objective: str = "auto",
-        cpu_wake_latency_us: int | None = None,
+        cpu_wake_latency_us: int | str | None = None,
     ) -> None:
 
         if objective not in ("auto", "eq1"):
             raise InfScalerError(f"unknown objective {objective!r}", hint="auto or eq1")
         self.objective = objective
-        self.cpu_wake_latency_us = _checked_wake_latency(cpu_wake_latency_us)
+        wake = _checked_wake_latency(cpu_wake_latency_us)
+        #: ``cpu_wake_latency_us: auto``: the autoscaler decides (runtime.wakepolicy)
+        self.cpu_wake_auto = wake == "auto"
+        #: the limit requested now, µs (None: none; in auto mode 0 while held)
+        self.cpu_wake_latency_us: int | None = None if self.cpu_wake_auto else wake  # type: ignore[assignment]
+        self.cpu_wake_auto_reason = ""
         self._wake_request: Any = None
         self.cpu_wake_latency_reason = ""
         self.state_dir = Path(state_dir or default_state_dir())
@@ -247,7 +258,7 @@ class Service:
         )
         return self
 
-    def set_cpu_wake_latency(self, max_us: int | None) -> bool:
+    def set_cpu_wake_latency(self, max_us: int | str | None) -> bool:
         """Change the PM QoS CPU wake-up latency limit while serving (the constructor's
         ``cpu_wake_latency_us``): the old request is dropped, the new one (if any) made
         at once on a started service, else at :meth:`start`. The idle slowdown the service
@@ -256,26 +267,50 @@ class Service:
         curve. Not reachable from the socket (a client may only infer).
 
         Args:
-            max_us: the longest cpuidle exit latency allowed, µs (0: polling only), or None
-                to let idle CPUs sleep again.
+            max_us: the longest cpuidle exit latency allowed, µs (0: polling only),
+                ``"auto"`` to leave it to the autoscaler's wake policy (from no request), or
+                None to let idle CPUs sleep again.
 
         Returns:
             whether a request is in force afterwards (False with ``max_us`` None, or where
             the request cannot be made: the reason is in ``status()["cpu_wake_latency"]``).
 
         Raises:
-            InfScalerError: ``max_us`` is not None or an int in [0, 2**31 - 1].
+            InfScalerError: ``max_us`` is not None, ``"auto"`` or an int in [0, 2**31 - 1].
         """
         max_us = _checked_wake_latency(max_us)
         with self._lock:
             if self._wake_request is not None:
                 self._wake_request.close()
                 self._wake_request = None
-            self.cpu_wake_latency_us = max_us
+            self.cpu_wake_auto = max_us == "auto"
+            self.cpu_wake_auto_reason = ""
+            self.cpu_wake_latency_us = None if self.cpu_wake_auto else max_us  # type: ignore[assignment]
             self.cpu_wake_latency_reason = ""
+            if self.autoscaler is not None:
+                self.autoscaler.reset_wake()
             if self._started:
                 self._hold_wake_latency()
             return self.cpu_wake_latency_held
+
+    def hold_cpus_awake(self, hold: bool, reason: str) -> None:
+        """Apply the autoscaler's wake decision (:mod:`infscaler.runtime.wakepolicy`) where
+        ``cpu_wake_latency_us`` is ``auto``: hold a PM QoS request of 0 µs, or drop it;
+        anywhere else nothing changes. ``reason`` is shown in ``status()``."""
+        with self._lock:
+            if not self.cpu_wake_auto:
+                return
+            self.cpu_wake_auto_reason = reason
+            if hold and self._wake_request is None:
+                self.cpu_wake_latency_us = 0
+                self.cpu_wake_latency_reason = ""
+                if self._started:
+                    self._hold_wake_latency()
+            elif not hold:
+                if self._wake_request is not None:
+                    self._wake_request.close()
+                    self._wake_request = None
+                self.cpu_wake_latency_us = None
 
     def _hold_wake_latency(self) -> None:
         """Make the PM QoS CPU latency request ``cpu_wake_latency_us`` asks for (if any);

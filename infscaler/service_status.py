@@ -150,6 +150,8 @@ def service_status(svc: Service) -> dict[str, Any]:
             "requested_us": svc.cpu_wake_latency_us,
             "held": svc.cpu_wake_latency_held,
             "reason": svc.cpu_wake_latency_reason,
+            "auto": svc.cpu_wake_auto,
+            "auto_reason": svc.cpu_wake_auto_reason,
         },
         "control_path": {
             "kind": ch["kind"],

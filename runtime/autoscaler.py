@@ -38,7 +38,8 @@ from infscaler.runtime.control import ScaledService
 from infscaler.runtime.idlecurve import LEARN_INTERVAL_S, learn
 from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.planner import HANDOVER_MS
-from infscaler.runtime.scaler import Decision, ScalerConfig, ScalerState, decide
+from infscaler.runtime.scaler import Decision, ScalerConfig, ScalerState, decide, is_violated
+from infscaler.runtime.wakepolicy import WakeEvidence, WakeState, decide_wake, idle_cost
 
 log = logging.getLogger("infscaler.autoscaler")
 
@@ -79,6 +80,10 @@ class Autoscaler:
         self._stop = threading.Event()
         self._busy: set[tuple[str, int]] = set()
         self._sent: dict[tuple[int, int], int] = {}
+        #: ``cpu_wake_latency_us: auto``: the wake policy's state and the evidence noted
+        #: by :meth:`step` since the last look (:mod:`infscaler.runtime.wakepolicy`)
+        self._wake_state = WakeState()
+        self._wake_evidence: dict[str, WakeEvidence] = {}
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="infscaler-autoscaler", daemon=True)
 
@@ -150,6 +155,61 @@ class Autoscaler:
                         self.tune_batches(dep)
                 except Exception:  # noqa: BLE001 - the loop must survive a bad reading
                     log.exception("autoscaler step for %s failed", dep.name)
+            try:
+                self.wake()
+            except Exception:  # noqa: BLE001
+                log.exception("the CPU wake-up decision failed")
+
+    # -- cpu_wake_latency_us: auto ---------------------------------------------------------
+    def wake_state(self) -> WakeState:
+        """The wake policy's current state (``hold``, ``reason``, ``since``)."""
+        with self._lock:
+            return self._wake_state
+
+    def reset_wake(self) -> None:
+        """Forget the wake policy's state (the service changed its wake-up setting)."""
+        with self._lock:
+            self._wake_state = WakeState()
+            self._wake_evidence.clear()
+
+    def _note_wake(self, dep: Any, snap: Any, auto: Any) -> None:
+        """Keep what :meth:`step` saw of ``dep`` for the wake policy: only a violated SLO
+        is evidence, with its model units' served idle cost."""
+        with self._lock:
+            if self._wake_state.hold:
+                return
+        if not is_violated(snap, scaler_config(auto)):
+            return
+        summaries = dep.route.stats.idle_summaries()
+        costs = tuple(
+            idle_cost(summ) if u.kind == "model" else None
+            for u, summ in zip(dep.pipeline.units, summaries, strict=False)
+        )
+        with self._lock:
+            self._wake_evidence[dep.name] = WakeEvidence(dep.name, True, costs)
+
+    def wake(self, now: float | None = None) -> WakeState:
+        """One look of the wake policy (:func:`~infscaler.runtime.wakepolicy.decide_wake`)
+        where the service leaves the CPUs' wake-up to it (``cpu_wake_auto``); a change is
+        applied (``service.hold_cpus_awake``), logged and kept with the decisions."""
+        if not getattr(self.service, "cpu_wake_auto", False):
+            return self.wake_state()
+        slo = sum(1 for d in self.service.deployments() if d.pipeline.config.slo_ms is not None)
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            evidence = list(self._wake_evidence.values())
+            self._wake_evidence.clear()
+            old = self._wake_state
+            new = self._wake_state = decide_wake(now, slo, evidence, old)
+        if new.hold != old.hold:
+            self.service.hold_cpus_awake(new.hold, new.reason)
+            action = "hold_cpus_awake" if new.hold else "release_cpus_awake"
+            entry = {"pipeline": "", "time": time.time(), "action": action, "reason": new.reason}
+            with self._lock:
+                self.history.append(entry)
+                self.counts[("", action)] += 1
+            log.info("%s: %s", action, new.reason)
+        return new
 
     def _learn(self, dep: Any) -> None:
         """Every :attr:`learn_interval_s` per pipeline, keep
@@ -239,6 +299,8 @@ class Autoscaler:
         decisions, state = decide(snap, state, scaler_config(auto))
         with self._lock:
             self._states[dep.name] = state
+        if getattr(self.service, "cpu_wake_auto", False):
+            self._note_wake(dep, snap, auto)
         for d in decisions:
             self._apply(dep, d)
             entry = {"pipeline": dep.name, "time": time.time(), **asdict(d)}

@@ -14,7 +14,7 @@ from infscaler.service import Service
 CAN_HOLD = os.access(CPU_LATENCY_DEVICE, os.W_OK)
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "0", True])
+@pytest.mark.parametrize("bad", [-1, 1.5, "0", True, "Auto"])
 def test_bad_values_are_refused_before_start(tmp_path, bad):
     with pytest.raises(InfScalerError, match="cpu_wake_latency_us"):
         Service(state_dir=tmp_path / "s", cpu_wake_latency_us=bad)
@@ -39,6 +39,8 @@ def test_none_requests_nothing(tmp_path):
             "requested_us": None,
             "held": False,
             "reason": "",
+            "auto": False,
+            "auto_reason": "",
         }
 
 
@@ -61,6 +63,8 @@ def test_set_while_serving_takes_and_drops_the_request(tmp_path):
             "requested_us": None,
             "held": False,
             "reason": "",
+            "auto": False,
+            "auto_reason": "",
         }
         assert svc.cpu_wake_latency_in_force_us is None
 
@@ -71,6 +75,31 @@ def test_set_before_start_is_made_at_start(tmp_path):
     with svc:
         assert svc.cpu_wake_latency_held is CAN_HOLD
     assert svc.cpu_wake_latency_held is False
+
+
+def test_auto_holds_only_on_the_autoscalers_word(tmp_path):
+    """cpu_wake_latency_us="auto": nothing held at start; hold_cpus_awake (the wake
+    policy's decision) takes 0 µs and shows why; a fixed setting ignores the policy."""
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64,
+                 cpu_wake_latency_us="auto") as svc:  # fmt: skip
+        st = svc.status()["cpu_wake_latency"]
+        assert st["auto"] is True and st["held"] is False and st["requested_us"] is None
+        svc.hold_cpus_awake(True, "m missed its SLO while 60% of unit 0's items ran after idle")
+        st = svc.status()["cpu_wake_latency"]
+        assert st["requested_us"] == 0 and st["held"] is CAN_HOLD
+        assert st["auto_reason"].startswith("m missed its SLO")
+        assert svc.cpu_wake_latency_in_force_us == (0 if CAN_HOLD else None)
+        svc.hold_cpus_awake(False, "dropped: no pipeline with an SLO deployed for 60 s")
+        st = svc.status()["cpu_wake_latency"]
+        assert st["held"] is False and st["requested_us"] is None and st["auto"] is True
+        # leaving auto: the policy's word no longer applies
+        svc.set_cpu_wake_latency(None)
+        svc.hold_cpus_awake(True, "x")
+        assert svc.status()["cpu_wake_latency"]["held"] is False
+        assert svc.status()["cpu_wake_latency"]["auto"] is False
+        # and back to auto: from no request
+        svc.set_cpu_wake_latency("auto")
+        assert svc.cpu_wake_auto and not svc.cpu_wake_latency_held
 
 
 def test_the_service_keeps_the_idle_slowdown_it_served(tmp_path, monkeypatch):

@@ -151,6 +151,7 @@ def test_awake_rows_are_columns_of_their_own_not_baselines() -> None:
              planner={"predicted_rps": 8.0}, deploy_status={"planner_max_rps": 8.5}),
         _row("one-session", 5.0, "none", 1.5),
         _row("one-session+awake", 10.0, "none", 1.5),
+        _row("auto+wakeauto", 8.0, "none", 1.5, cpu_wake_latency_held=True),
     ]  # fmt: skip
     c = sc.cell_summary("resnet50", rows, "none", 1.5, 300)
     assert c["auto_rps"] == 4.0 and c["best_baseline_rps"] == 5.0 and c["auto_vs_best"] == 0.8
@@ -162,8 +163,16 @@ def test_awake_rows_are_columns_of_their_own_not_baselines() -> None:
     assert c["auto_awake_vs_best_any_wake"] == 0.9
     headers, table = sc.cell_table([{"model": "resnet50", "cells": [c]}])
     assert table[0][headers.index("awake/s")] == "auto 9 one-session 10"
-    # without --awake rows: no awake columns at all
-    assert "awake" not in sc.cell_summary("resnet50", rows[::2], "none", 1.5, 300)
+    # --wake-auto rows: their own label
+    assert c["wake_auto"] == {"auto": {"rps": 8.0, "held": True, "config": None,
+                                       "predicted_rps": None,
+                                       "predicted_rps_with_served_idle": None,
+                                       "planner_deploy_rps": None}}  # fmt: skip
+    assert c["auto_wake_auto_vs_auto"] == 2.0 and c["auto_wake_auto_vs_best_any_wake"] == 0.8
+    assert table[0][headers.index("wake auto/s")] == "auto 8"
+    # without variant rows: no wake columns at all
+    plain = sc.cell_summary("resnet50", [rows[0], rows[2]], "none", 1.5, 300)
+    assert "awake" not in plain and "best_baseline_any_wake" not in plain
 
 
 def test_every_step_draws_the_same_arrival_pattern_scaled_by_its_rate() -> None:

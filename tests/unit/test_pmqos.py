@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from infscaler.base.errors import InfScalerError
 from infscaler.runtime.pmqos import (
     CPU_LATENCY_DEVICE,
     CpuLatencyRequest,
@@ -77,3 +78,15 @@ def test_the_kernel_keeps_idle_cpus_out_of_deep_states_while_held():
 def test_without_permission_the_request_is_refused_with_the_reason():
     with pytest.raises(CpuLatencyUnavailable, match="cannot open"):
         CpuLatencyRequest(0)
+
+
+def test_serve_wake_option_takes_auto_none_or_microseconds():
+    from infscaler.cli_service import WAKE_DEFAULT, wake_option
+
+    assert wake_option("auto") == "auto" and wake_option(" AUTO ") == "auto"
+    assert wake_option("none") is None
+    assert wake_option("0") == 0 and wake_option("20") == 20
+    assert wake_option(WAKE_DEFAULT) in ("auto", None)
+    for bad in ("-1", "1.5", "fast", ""):
+        with pytest.raises(InfScalerError, match="--cpu-wake-latency-us takes auto, none"):
+            wake_option(bad)
