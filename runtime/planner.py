@@ -76,6 +76,7 @@ from infscaler.runtime.simulator import (
 __all__ = [
     "FRONTEND_MS",
     "GOODPUT_TIE",
+    "MEMORY_AMPLE",
     "HANDOVER_MS",
     "Candidate",
     "ModelStage",
@@ -770,9 +771,23 @@ def frontend_profile(frontend_ms: float = FRONTEND_MS) -> UnitProfile:
 
 
 #: :func:`search` counts candidates within this fraction of the best goodput as tied
-#: and gives the tie to the one with fewer units (partitions and stages), then less
-#: memory.
+#: and gives the tie to the one with fewer units (partitions and stages), then to one
+#: within :data:`MEMORY_AMPLE` of the cap, then fewer intra-op threads per instance, then
+#: less memory.
 GOODPUT_TIE = 0.05
+
+#: A candidate whose memory is at most this fraction of the device's cap leaves the cap
+#: ample: among tied candidates within it, memory does not decide, the threads per
+#: instance do (:func:`search`'s ties). Why: within the 5 % tie the simulator ranked one
+#: 2-thread instance of ResNet-50 (157 MB) level with two 1-thread ones (314 MB) at
+#: 3 x L0 on 2 cores, and the tie went to the memory; served, the two 1-thread replicas
+#: sustained more every time this was measured over long windows (a 900-request step at
+#: 19.8/s: passed, the 2-thread instance failed it; bisections 20.8 vs 16.9/s and, with
+#: the CPUs held awake, 23.4 vs 22.1/s; bench/README.md, 2026-11-27): an intra-op
+#: parallel run waits for its slowest thread, so one interrupted core delays every
+#: request, where a replica delays only its own. Above it, the memory saved is what
+#: another model runs in on a device with a fixed memory budget.
+MEMORY_AMPLE = 0.5
 
 #: :func:`search` scores every candidate on a short trace (``requests``, 600), then
 #: scores again, on a trace of this many requests, the finalists: the candidates within
@@ -1171,8 +1186,10 @@ def search(
     single-threaded server ahead of the units that competes for the same cores. Ties:
     candidates within ``goodput_tie`` (default :data:`GOODPUT_TIE`, 5 %) of the best
     goodput count as tied, and the tie goes to fewer units (the partitions and stages a
-    request passes through as instances), then less memory, then
-    fewer threads. The simulator does not resolve goodput finer than that (its rate
+    request passes through as instances), then to a candidate within
+    :data:`MEMORY_AMPLE` (half) of the memory cap, then fewer intra-op threads per
+    instance (replicas: an intra-op parallel run waits for its slowest core), then less
+    memory, then fewer threads. The simulator does not resolve goodput finer than that (its rate
     bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and it errs
     on the optimistic side for partitioned plans: every hop adds a process competing for
     the cores and a wake-up it does not model (bench/README.md, issue 15: ResNet-50 at
@@ -1532,6 +1549,11 @@ def search(
         # whole pipeline served 12.9 (predicted 13.4 and 12.7; bench/README.md)
         return sum(1 for u in c.units if u.served)
 
+    ample_mb = MEMORY_AMPLE * (cap.memory_cap_mb - cap.memory_used_mb)
+
+    def scarce(c: Candidate) -> bool:
+        return c.memory_mb > ample_mb
+
     def rank(c: Candidate) -> tuple[float, ...]:
         t = tied(c)
         return (
@@ -1539,6 +1561,8 @@ def search(
             0 if c.finalist == final else 1,
             0 if t else 1,
             served(c) if t else -round(c.goodput_rps, 6),
+            (1 if scarce(c) else 0) if t else 0,
+            (max(c.threads, default=1) if not scarce(c) else 0) if t else 0,
             c.memory_mb if t else 0.0,
             -round(c.goodput_rps, 6),
             sum(c.threads),
@@ -1573,6 +1597,23 @@ def search(
                 f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
                 f"{gmax:.2f}/s) with more units ({served(c)} > {served(top)}: partitions "
                 "and stages)"
+            )
+        elif top is not None and scarce(c) and not scarce(top):
+            why = (
+                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
+                f"{gmax:.2f}/s) with more than {MEMORY_AMPLE:.0%} of the memory cap "
+                f"({c.memory_mb:.0f} > {ample_mb:.0f} MB)"
+            )
+        elif (
+            top is not None
+            and not scarce(c)
+            and max(c.threads, default=1) > max(top.threads, default=1)
+        ):
+            why = (
+                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
+                f"{gmax:.2f}/s) with more threads per instance ({max(c.threads)} > "
+                f"{max(top.threads)}; the memory cap is ample: one stalled core delays every "
+                "request of an intra-op parallel instance)"
             )
         elif top is not None and c.memory_mb > top.memory_mb + 1e-6:
             why = (
