@@ -58,7 +58,7 @@ from infscaler.watcher import start_watching
 app = typer.Typer(add_completion=False)
 
 #: ``serve --cpu-wake-latency-us`` when not given (:mod:`infscaler.runtime.wakepolicy`)
-WAKE_DEFAULT = "none"
+WAKE_DEFAULT = "auto"
 
 
 def wake_option(value: str) -> int | str | None:
@@ -149,8 +149,8 @@ def serve_cmd(
             "--cpu-wake-latency-us",
             help="Hold a Linux PM QoS request while serving: idle CPUs use no cpuidle state "
             "slower to leave than this, µs (0: they poll), so requests that find the device "
-            "idle stop paying the cores' wake-up; costs power. auto: hold 0 µs once the "
-            "service measures that wake-ups cost an SLO; none: never. Needs root (else "
+            "idle stop paying the cores' wake-up; costs power. auto: hold 0 µs once an "
+            "autoscaled pipeline misses its SLO, while SLO pipelines stay; none: never. Needs root (else "
             "logged, ignored).",
         ),
     ] = WAKE_DEFAULT,

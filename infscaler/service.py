@@ -86,8 +86,8 @@ def _checked_wake_latency(max_us: Any) -> int | str | None:
         raise InfScalerError(
             f"cpu_wake_latency_us must be an int >= 0 (microseconds), 'auto' or None, got "
             f"{max_us!r}",
-            hint="0 keeps idle CPUs polling; auto holds them awake where idle wake-ups cost "
-            "the SLO; None lets them sleep",
+            hint="0 keeps idle CPUs polling; auto holds them awake once an SLO is missed; "
+            "None lets them sleep",
         ) from None
 
 
@@ -152,10 +152,9 @@ class Service:
             keeps idle CPUs in cpuidle states with at most this exit latency, µs (0: the
             polling state only; :class:`~infscaler.runtime.pmqos.CpuLatencyRequest`):
             requests arriving at an idle device stop paying the cores' wake-up, at the
-            cost of power. ``"auto"``: none until the autoscaler measures that idle
-            wake-ups cost an SLO (a violated SLO while a real share of a model unit's items
-            ran after idle, markedly slower than warm), then 0 µs while pipelines with
-            an SLO stay deployed (:mod:`infscaler.runtime.wakepolicy`). None: no request.
+            cost of power. ``"auto"``: none until an autoscaled pipeline violates its
+            SLO, then 0 µs while pipelines with an SLO stay deployed
+            (:mod:`infscaler.runtime.wakepolicy`; the default). None: no request.
             Where it cannot be made (not root) the service logs why and runs without
             (``status()["cpu_wake_latency"]``).
     """
@@ -172,7 +171,7 @@ class Service:
         start_timeout_s: float = 120.0,
         max_inflight_mb: float | None = 256,
         objective: str = "auto",
-        cpu_wake_latency_us: int | str | None = None,
+        cpu_wake_latency_us: int | str | None = "auto",
     ) -> None:
 
         if objective not in ("auto", "eq1"):

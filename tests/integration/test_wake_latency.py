@@ -33,8 +33,15 @@ def test_held_while_serving_or_the_reason_why_not(tmp_path):
     assert svc.cpu_wake_latency_held is False  # dropped with the service
 
 
-def test_none_requests_nothing(tmp_path):
+def test_the_default_is_auto_and_holds_nothing_until_an_slo_is_missed(tmp_path):
     with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        st = svc.status()["cpu_wake_latency"]
+        assert st["auto"] is True and st["held"] is False and st["requested_us"] is None
+
+
+def test_none_requests_nothing(tmp_path):
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64,
+                 cpu_wake_latency_us=None) as svc:  # fmt: skip
         assert svc.status()["cpu_wake_latency"] == {
             "requested_us": None,
             "held": False,
@@ -132,3 +139,43 @@ def test_the_service_keeps_the_idle_slowdown_it_served(tmp_path, monkeypatch):
         pts = load_curve(model, 1, None)
     assert pts, "no curve kept"
     assert all(0.05 <= g < 0.2 and f >= 1.0 for g, f in pts)
+
+
+def test_auto_takes_the_request_when_a_served_slo_is_missed(tmp_path, monkeypatch):
+    """Live: the default (auto) service serves a model under an SLO it cannot meet (1 ms);
+    the autoscaler's wake policy sees the miss and holds the CPUs awake (where this
+    process may: else the reason why not), and says so in status and its decisions."""
+    import time
+
+    import numpy as np
+
+    from infscaler.base.config import load_pipeline
+    from tests.helpers import save
+    from tests.integration.test_autoplan import conv_chain
+
+    monkeypatch.setenv("INFSCALER_CACHE_DIR", str(tmp_path / "cache"))
+    model = save(conv_chain(), tmp_path / "chain.onnx")
+    cfg = load_pipeline({
+        "name": "m", "slo": "1ms",
+        "autoscale": {"interval_s": 0.2, "window_s": 1.0, "cooldown_s": 0.5, "hold_s": 1.0,
+                      "rate_horizon_s": 1.0, "shed": False},
+        "stages": [{"name": "m", "model": str(model), "threads": 1, "max_instances": 1}],
+    })  # fmt: skip
+    x = np.zeros((1, 16, 32, 32), np.float32)
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        svc.deploy(cfg)
+        deadline = time.monotonic() + 20
+        while not svc.cpu_wake_auto_reason and time.monotonic() < deadline:
+            try:
+                svc.infer("m", {"x": x}, timeout_s=30)
+            except Exception:  # noqa: BLE001 - refused for the SLO: that is a miss too
+                time.sleep(0.01)
+        st = svc.status()["cpu_wake_latency"]
+        assert st["auto_reason"].startswith("m missed its SLO"), st
+        assert st["requested_us"] == 0 and st["held"] is CAN_HOLD
+        acts = [d["action"] for d in svc.autoscaler.decisions("")]
+        assert acts == ["hold_cpus_awake"]
+        svc.undeploy("m")
+        # held on after the last SLO pipeline left (release_after_s, 60 s)
+        assert svc.status()["cpu_wake_latency"]["held"] is CAN_HOLD
+    assert svc.cpu_wake_latency_held is False  # dropped with the service

@@ -59,26 +59,29 @@ def test_idle_cost_reads_what_the_service_bins():
 COSTLY = IdleCost(share=0.5, factor=1.6, items=200)
 
 
-def test_held_when_an_slo_is_missed_with_a_costly_idle():
-    st = decide_wake(10.0, 1, [WakeEvidence("ocr", True, (None, COSTLY))], WakeState())
+def test_held_when_an_slo_is_missed_with_the_idle_cost_in_the_reason():
+    ev = WakeEvidence("ocr", True, (None, IdleCost(0.1, 1.2, 200), COSTLY))
+    st = decide_wake(10.0, 1, [ev], WakeState())
     assert st.hold and st.since == 10.0 and st.slo_seen == 10.0
-    assert "ocr missed its SLO" in st.reason and "50%" in st.reason and "1.60 x" in st.reason
+    # the unit whose idle costs the most (share x slowdown) is named
+    assert st.reason == "ocr missed its SLO; 50% of unit 2's items ran after idle, 1.60 x its warm compute"
 
 
 @pytest.mark.parametrize(
-    "ev",
-    [
-        WakeEvidence("m", False, (COSTLY,)),  # met: nothing to fix
-        WakeEvidence("m", True, (IdleCost(0.5, 1.10, 200),)),  # woken items hardly slower
-        WakeEvidence("m", True, (IdleCost(0.05, 1.6, 200),)),  # too few woken items
-        WakeEvidence("m", True, (IdleCost(0.5, 1.6, 20),)),  # too few items to say
-        WakeEvidence("m", True, (IdleCost(0.0, None, 200),)),  # none woken
-        WakeEvidence("m", True, (None,)),  # nothing binned
-    ],
+    "costs",
+    [(IdleCost(0.5, 1.0, 200),), (IdleCost(0.0, None, 200),), (None,), ()],
 )
-def test_not_held_without_the_cost_or_the_miss(ev):
-    st = decide_wake(10.0, 1, [ev], WakeState())
-    assert not st.hold and st.reason == ""
+def test_held_on_a_miss_whatever_the_compute_after_idle(costs):
+    """At 3 x L0 the compute after idle was hardly slower and holding the CPUs awake still
+    raised the goodput 1.1-1.3 x (module docstring): the miss decides, not the cost."""
+    st = decide_wake(10.0, 1, [WakeEvidence("m", True, costs)], WakeState())
+    assert st.hold and st.reason.startswith("m missed its SLO")
+
+
+def test_not_held_while_every_slo_is_met():
+    st = decide_wake(10.0, 2, [WakeEvidence("m", False, (COSTLY,))], WakeState())
+    assert not st.hold and st.reason == "" and st.slo_seen == 10.0
+    assert not decide_wake(11.0, 1, [], st).hold
 
 
 def test_held_while_slo_pipelines_stay_then_dropped_after_release_after_s():
@@ -161,6 +164,7 @@ def test_the_autoscaler_holds_on_a_violation_with_idle_cost_and_releases_after_u
     a._note_wake(dep, _snap(95.0), auto)  # missed, 60 % of items 1.67 x slower after idle
     st = a.wake(now=2.0)
     assert st.hold and svc.applied == [(True, st.reason)] and "1.67 x" in st.reason
+    assert st.reason.startswith("m missed its SLO; 60% of unit 0's items")
     assert a.decisions()[-1]["action"] == "hold_cpus_awake"
     assert a.decision_counts()[("", "hold_cpus_awake")] == 1
     a._note_wake(dep, _snap(95.0), auto)
@@ -184,9 +188,10 @@ def test_the_autoscaler_leaves_the_wake_up_alone_unless_auto():
               scale_in_utilisation=0.6, shed=True)  # fmt: skip
     a._note_wake(dep, _snap(95.0), auto)
     assert not a.wake(now=1.0).hold and svc.applied == []
-    # a function unit's idle cost is no evidence (only model units wake a core per operator)
+    # a function unit's idle cost is not reported (only model units' compute is theirs)
     dep2 = _dep("f", 80.0, [SLOW_AFTER_IDLE], kinds=("function",))
     svc2 = _Service([dep2])
     a2 = Autoscaler(svc2)
     a2._note_wake(dep2, _snap(95.0), auto)
-    assert not a2.wake(now=1.0).hold
+    st = a2.wake(now=1.0)
+    assert st.hold and st.reason == "f missed its SLO"
