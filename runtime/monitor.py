@@ -361,9 +361,23 @@ class Monitor:
             plan_ms = None if plan_ms is None else plan_ms + extra
             service = um.compute_p50_ms if um.compute_p50_ms is not None else plan_ms
             bottleneck = (service or 0.0) * items_per_request
+            threads: dict[int, int] = {}
+            probes: dict[int, list[float]] = {}
+            for h in self._unit_handles(dep, u.index):
+                if h.unit.engine == "cpu" and h.unit.kind == "model":
+                    t = max(1, int(h.unit.threads))
+                    threads[t] = threads.get(t, 0) + 1
+                for k, ms in (h.info.get("warm_ms_by_threads") or {}).items():
+                    if ms:
+                        probes.setdefault(int(k), []).append(float(ms))
             options = []
             for engine in _engines_for(u, cap):
                 lat = um.compute_p50_ms if engine == u.engine else None
+                if lat is None and engine == u.engine and probes.get(int(u.threads)):
+                    # nothing computed in the window yet (a burst's first second): the
+                    # instances' own warm probe at their thread count is measured too
+                    # (the scaler decided on refusals with no engine option at all)
+                    lat = _median(probes[int(u.threads)]) + extra
                 if lat is None:
                     lat = _plan_ms(u, engine)
                     lat = None if lat is None else lat + extra
@@ -378,15 +392,6 @@ class Monitor:
                         cores=u.threads if engine == "cpu" else 0,
                     )
                 )
-            threads: dict[int, int] = {}
-            probes: dict[int, list[float]] = {}
-            for h in self._unit_handles(dep, u.index):
-                if h.unit.engine == "cpu" and h.unit.kind == "model":
-                    t = max(1, int(h.unit.threads))
-                    threads[t] = threads.get(t, 0) + 1
-                for k, ms in (h.info.get("warm_ms_by_threads") or {}).items():
-                    if ms:
-                        probes.setdefault(int(k), []).append(float(ms))
             units.append(
                 UnitState(
                     index=u.index,

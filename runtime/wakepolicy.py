@@ -168,9 +168,7 @@ def decide_wake(
     for ev in evidence:
         if not ev.violated:
             continue
-        costs = [
-            (i, c) for i, c in enumerate(ev.costs) if c is not None and c.factor is not None
-        ]
+        costs = [(i, c) for i, c in enumerate(ev.costs) if c is not None and c.factor is not None]
         worst = max(costs, key=lambda ic: ic[1].share * (ic[1].factor - 1.0), default=None)
         idle = (
             f"; {worst[1].share:.0%} of unit {worst[0]}'s items ran after idle, "

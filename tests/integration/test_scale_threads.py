@@ -124,6 +124,9 @@ def test_thread_scale_up_under_load_at_the_memory_cap(tmp_path: Path) -> None:
         (u,) = snap.units
         assert u.threads == {1: 1} and u.max_threads == 2 and set(u.latency_ms_by_threads) == {1, 2}
         assert snap.cap.cores >= 2 and snap.cores_used == 1
+        # nothing served yet: the scale-out option's latency is the instance's own warm
+        # probe (before, no option at all: a burst's first decision read "no engine option")
+        assert [(o.engine, o.latency_ms) for o in u.options] == [("cpu", probe[1])]
 
         answered = [0]
         refused: list[str] = []

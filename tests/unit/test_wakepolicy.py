@@ -64,7 +64,10 @@ def test_held_when_an_slo_is_missed_with_the_idle_cost_in_the_reason():
     st = decide_wake(10.0, 1, [ev], WakeState())
     assert st.hold and st.since == 10.0 and st.slo_seen == 10.0
     # the unit whose idle costs the most (share x slowdown) is named
-    assert st.reason == "ocr missed its SLO; 50% of unit 2's items ran after idle, 1.60 x its warm compute"
+    assert (
+        st.reason
+        == "ocr missed its SLO; 50% of unit 2's items ran after idle, 1.60 x its warm compute"
+    )
 
 
 @pytest.mark.parametrize(
