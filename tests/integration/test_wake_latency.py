@@ -12,6 +12,8 @@ from infscaler.runtime.pmqos import CPU_LATENCY_DEVICE
 from infscaler.service import Service
 
 CAN_HOLD = os.access(CPU_LATENCY_DEVICE, os.W_OK)
+#: status()["cpu_wake_latency"] of a service asked for no request
+NO_REQUEST = {"requested_us": None, "held": False, "reason": "", "auto": False, "auto_reason": ""}
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "0", True, "Auto"])
@@ -42,13 +44,7 @@ def test_the_default_is_auto_and_holds_nothing_until_an_slo_is_missed(tmp_path):
 def test_none_requests_nothing(tmp_path):
     with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64,
                  cpu_wake_latency_us=None) as svc:  # fmt: skip
-        assert svc.status()["cpu_wake_latency"] == {
-            "requested_us": None,
-            "held": False,
-            "reason": "",
-            "auto": False,
-            "auto_reason": "",
-        }
+        assert svc.status()["cpu_wake_latency"] == NO_REQUEST
 
 
 def test_set_while_serving_takes_and_drops_the_request(tmp_path):
@@ -66,13 +62,7 @@ def test_set_while_serving_takes_and_drops_the_request(tmp_path):
         if not CAN_HOLD:
             assert "cannot open" in status["reason"]
         assert svc.set_cpu_wake_latency(None) is False
-        assert svc.status()["cpu_wake_latency"] == {
-            "requested_us": None,
-            "held": False,
-            "reason": "",
-            "auto": False,
-            "auto_reason": "",
-        }
+        assert svc.status()["cpu_wake_latency"] == NO_REQUEST
         assert svc.cpu_wake_latency_in_force_us is None
 
 
