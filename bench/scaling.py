@@ -1307,9 +1307,9 @@ def run_model(
 ) -> dict[str, Any]:
     """Every cell (cap x SLO) of one model: each configuration's throughput at SLO (and,
     right after each, its wake variants: ``variants`` maps a :data:`WAKE_VARIANTS`
-    suffix to the configurations run that way too), the confirmation of a cell where auto fell below 0.95 x
-    the best baseline (:func:`needs_confirmation`; ``confirm``), then the cell's
-    comparison (:func:`cell_summary`)."""
+    suffix to the configurations run that way too), the confirmation of a cell where
+    auto fell below 0.95 x the best baseline (:func:`needs_confirmation`; ``confirm``),
+    then the cell's comparison (:func:`cell_summary`)."""
     from infscaler.server import ServerThread
     from infscaler.service import Service
 
