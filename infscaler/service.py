@@ -279,9 +279,7 @@ class Service:
         """
         max_us = _checked_wake_latency(max_us)
         with self._lock:
-            if self._wake_request is not None:
-                self._wake_request.close()
-                self._wake_request = None
+            self._drop_wake_request()
             self.cpu_wake_auto = max_us == "auto"
             self.cpu_wake_auto_reason = ""
             self.cpu_wake_latency_us = None if self.cpu_wake_auto else max_us  # type: ignore[assignment]
@@ -306,10 +304,14 @@ class Service:
                 if self._started:
                     self._hold_wake_latency()
             elif not hold:
-                if self._wake_request is not None:
-                    self._wake_request.close()
-                    self._wake_request = None
+                self._drop_wake_request()
                 self.cpu_wake_latency_us = None
+
+    def _drop_wake_request(self) -> None:
+        """Drop the PM QoS request in force, if any (the kernel forgets it with the file)."""
+        if self._wake_request is not None:
+            self._wake_request.close()
+            self._wake_request = None
 
     def _hold_wake_latency(self) -> None:
         """Make the PM QoS CPU latency request ``cpu_wake_latency_us`` asks for (if any);
@@ -417,9 +419,7 @@ class Service:
         self._started = False
 
     def _teardown(self) -> None:
-        if self._wake_request is not None:
-            self._wake_request.close()
-            self._wake_request = None
+        self._drop_wake_request()
         if self.autoscaler is not None:
             with contextlib.suppress(Exception):
                 self.autoscaler.close()

@@ -68,7 +68,7 @@ from typing import Any
 
 from infscaler.base.config import validate_pipeline
 from infscaler.base.errors import InfScalerError
-from infscaler.base.models import MODELS, resolve_model
+from infscaler.base.models import MODELS, file_key, resolve_model
 from infscaler.base.slo import parse_slo
 from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.loader import parse_shapes
@@ -699,8 +699,7 @@ def _decision_path(
         if getattr(st, "kind", "") == "model" and getattr(st, "model", None):
             try:
                 f = Path(resolve_model(st.model))
-                stat = f.stat()
-                files.append(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}")
+                files.append(file_key(f))
                 for t in planned_thread_counts():
                     pts = load_curve(f, t, wake_latency_us)
                     if pts:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infscaler.base.models import cache_dir
+from infscaler.base.models import cache_dir, file_key
 from infscaler.partitioner.profiler import host_fingerprint
 
 __all__ = [
@@ -52,9 +52,7 @@ Points = tuple[tuple[float, float], ...]
 
 
 def _model_key(model: str | os.PathLike[str]) -> str:
-    f = Path(model).resolve()
-    st = f.stat()
-    return hashlib.sha256(f"{f}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return hashlib.sha256(file_key(model).encode()).hexdigest()[:16]
 
 
 def _valid(points: Points) -> bool:

