@@ -290,13 +290,20 @@ class Service:
                 self._hold_wake_latency()
             return self.cpu_wake_latency_held
 
-    def hold_cpus_awake(self, hold: bool, reason: str) -> None:
+    def hold_cpus_awake(self, hold: bool, reason: str, epoch: int | None = None) -> bool:
         """Apply the autoscaler's wake decision (:mod:`infscaler.runtime.wakepolicy`) where
         ``cpu_wake_latency_us`` is ``auto``: hold a PM QoS request of 0 µs, or drop it;
-        anywhere else nothing changes. ``reason`` is shown in ``status()``."""
+        anywhere else nothing changes. ``reason`` is shown in ``status()``.
+
+        ``epoch``: the autoscaler's ``wake_epoch`` when it decided; a decision from before
+        the last :meth:`set_cpu_wake_latency` (which resets the policy under this lock) is
+        ignored. Returns whether the decision was applied."""
         with self._lock:
             if not self.cpu_wake_auto:
-                return
+                return False
+            auto = self.autoscaler
+            if epoch is not None and auto is not None and auto.wake_epoch != epoch:
+                return False
             self.cpu_wake_auto_reason = reason
             if hold and self._wake_request is None:
                 self.cpu_wake_latency_us = 0
@@ -306,6 +313,7 @@ class Service:
             elif not hold:
                 self._drop_wake_request()
                 self.cpu_wake_latency_us = None
+            return True
 
     def _drop_wake_request(self) -> None:
         """Drop the PM QoS request in force, if any (the kernel forgets it with the file)."""

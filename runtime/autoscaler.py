@@ -84,6 +84,9 @@ class Autoscaler:
         #: by :meth:`step` since the last look (:mod:`infscaler.runtime.wakepolicy`)
         self._wake_state = WakeState()
         self._wake_evidence: dict[str, WakeEvidence] = {}
+        #: bumped by :meth:`reset_wake`: a decision taken before a reset is not applied
+        #: (``service.hold_cpus_awake(..., epoch=)``)
+        self.wake_epoch = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="infscaler-autoscaler", daemon=True)
 
@@ -167,10 +170,12 @@ class Autoscaler:
             return self._wake_state
 
     def reset_wake(self) -> None:
-        """Forget the wake policy's state (the service changed its wake-up setting)."""
+        """Forget the wake policy's state (the service changed its wake-up setting, under
+        its own lock): a decision :meth:`wake` took before this is not applied."""
         with self._lock:
             self._wake_state = WakeState()
             self._wake_evidence.clear()
+            self.wake_epoch += 1
 
     def _note_wake(self, dep: Any, snap: Any, auto: Any) -> None:
         """Keep what :meth:`step` saw of ``dep`` for the wake policy: only a violated SLO
@@ -191,7 +196,12 @@ class Autoscaler:
     def wake(self, now: float | None = None) -> WakeState:
         """One look of the wake policy (:func:`~infscaler.runtime.wakepolicy.decide_wake`)
         where the service leaves the CPUs' wake-up to it (``cpu_wake_auto``); a change is
-        applied (``service.hold_cpus_awake``), logged and kept with the decisions."""
+        applied (``service.hold_cpus_awake``), logged and kept with the decisions.
+
+        A decision is applied with the epoch it was taken in: where the service's
+        setting changed meanwhile (:meth:`reset_wake`), the service ignores it and the
+        state stays the reset one, so the service never holds the CPUs awake with a
+        policy state that says it does not (no release would ever come)."""
         if not getattr(self.service, "cpu_wake_auto", False):
             return self.wake_state()
         slo = sum(1 for d in self.service.deployments() if d.pipeline.config.slo_ms is not None)
@@ -201,8 +211,10 @@ class Autoscaler:
             self._wake_evidence.clear()
             old = self._wake_state
             new = self._wake_state = decide_wake(now, slo, evidence, old)
+            epoch = self.wake_epoch
         if new.hold != old.hold:
-            self.service.hold_cpus_awake(new.hold, new.reason)
+            if not self.service.hold_cpus_awake(new.hold, new.reason, epoch=epoch):
+                return self.wake_state()  # reset meanwhile: the decision is void
             action = "hold_cpus_awake" if new.hold else "release_cpus_awake"
             entry = {"pipeline": "", "time": time.time(), "action": action, "reason": new.reason}
             with self._lock:

@@ -97,6 +97,13 @@ def test_auto_holds_only_on_the_autoscalers_word(tmp_path):
         # and back to auto: from no request
         svc.set_cpu_wake_latency("auto")
         assert svc.cpu_wake_auto and not svc.cpu_wake_latency_held
+        # a policy decision taken before the last change of setting is void
+        stale = svc.autoscaler.wake_epoch
+        svc.set_cpu_wake_latency("auto")
+        assert svc.hold_cpus_awake(True, "stale", epoch=stale) is False
+        assert svc.status()["cpu_wake_latency"]["requested_us"] is None
+        assert svc.hold_cpus_awake(True, "now", epoch=svc.autoscaler.wake_epoch) is True
+        assert svc.status()["cpu_wake_latency"]["requested_us"] == 0
 
 
 def test_the_service_keeps_the_idle_slowdown_it_served(tmp_path, monkeypatch):

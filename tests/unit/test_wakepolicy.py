@@ -138,8 +138,9 @@ class _Service:
     def deployments(self):
         return list(self.deps)
 
-    def hold_cpus_awake(self, hold, reason):
+    def hold_cpus_awake(self, hold, reason, epoch=None):
         self.applied.append((hold, reason))
+        return True
 
 
 def _snap(p99_ms, slo_ms=80.0):
@@ -198,3 +199,31 @@ def test_the_autoscaler_leaves_the_wake_up_alone_unless_auto():
     a2._note_wake(dep2, _snap(95.0), auto)
     st = a2.wake(now=1.0)
     assert st.hold and st.reason == "f missed its SLO"
+
+
+def test_a_decision_taken_before_a_reset_is_not_applied():
+    """The service's setting changed (set_cpu_wake_latency -> reset_wake) between the
+    policy's decision and its application: the service ignores the stale decision, and
+    the policy's state stays the reset one (else the service would hold 0 µs with a
+    state that says not held, and no release would come)."""
+    from types import SimpleNamespace as NS
+
+    from infscaler.runtime.autoscaler import Autoscaler
+
+    dep = _dep("m", 80.0, [SLOW_AFTER_IDLE])
+
+    class Racing(_Service):
+        def hold_cpus_awake(self, hold, reason, epoch=None):
+            a.reset_wake()  # the reset slips in before the service applies it
+            if epoch != a.wake_epoch:
+                return False
+            return super().hold_cpus_awake(hold, reason, epoch)
+
+    svc = Racing([dep])
+    a = Autoscaler(svc)
+    auto = NS(violation_ratio=1.0, cooldown_s=3.0, hold_s=15.0, rate_horizon_s=30.0,
+              scale_in_utilisation=0.6, shed=True)  # fmt: skip
+    a._note_wake(dep, _snap(95.0), auto)
+    st = a.wake(now=2.0)
+    assert not st.hold and not a.wake_state().hold and svc.applied == []
+    assert a.decisions() == []  # nothing applied, nothing logged
