@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 
 import httpx
@@ -41,6 +42,9 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("api")
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{old}" if old else str(HERE)
+    # and here: the deploy loads the function stages in this process too (run alone, no
+    # earlier test had put tests/ on sys.path)
+    sys.path.insert(0, str(HERE))
     sock = tmp / "api.sock"
     try:
         with Service(state_dir=tmp / "state", control_path="userspace", pool_mb=64) as svc:
@@ -50,6 +54,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
                 yield svc, str(sock)
     finally:
         os.environ["PYTHONPATH"] = old
+        sys.path.remove(str(HERE))
 
 
 @pytest.fixture
