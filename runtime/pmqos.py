@@ -84,7 +84,7 @@ class CpuLatencyRequest:
         ValueError: ``max_us`` negative or above 2**31 - 1.
         CpuLatencyUnavailable: the device node is missing or not writable by this
             process (it is root's: run the service as root, or grant its user write
-            access with a udev rule).
+            access with the udev rule ``systemd/70-infscaler-pmqos.rules``).
     """
 
     def __init__(self, max_us: int, device: str = CPU_LATENCY_DEVICE) -> None:
@@ -96,8 +96,9 @@ class CpuLatencyRequest:
         except OSError as exc:
             raise CpuLatencyUnavailable(
                 f"cannot open {device} to limit CPU wake-up latency: {exc.strerror}",
-                hint="it is root's (crw-------): run the service as root or grant its user "
-                "write access (udev rule); or leave cpu_wake_latency_us unset",
+                hint="it is root's (crw-------): run the service as root, or give its user "
+                "write access with the udev rule systemd/70-infscaler-pmqos.rules (group "
+                "infscaler-pmqos); or set cpu_wake_latency_us none",
             ) from None
         try:
             os.write(self._fd, struct.pack("=i", max_us))

@@ -39,6 +39,62 @@ def test_a_missing_device_says_what_to_do(tmp_path: Path):
     with pytest.raises(CpuLatencyUnavailable) as info:
         CpuLatencyRequest(0, device=str(tmp_path / "absent"))
     assert "cannot open" in str(info.value) and "cpu_wake_latency_us" in info.value.hint
+    assert "70-infscaler-pmqos.rules" in info.value.hint  # the shipped fix, by name
+
+
+RULES = Path(__file__).resolve().parents[2] / "systemd" / "70-infscaler-pmqos.rules"
+
+
+def _udev_rules(text: str) -> list[dict[str, tuple[str, str]]]:
+    """Each rule line as ``{KEY: (operator, value)}`` (udev(7): comma-separated
+    ``KEY op "value"`` pairs; comments and blank lines skipped)."""
+    import re
+
+    rules = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        pairs = [p.strip() for p in line.split(",")]
+        rule = {}
+        for p in pairs:
+            m = re.fullmatch(r'([A-Z_]+(?:\{[^}]*\})?)\s*(==|!=|\+=|-=|:=|=)\s*"([^"]*)"', p)
+            assert m, f'not a udev KEY op "value" pair: {p!r}'
+            rule[m.group(1)] = (m.group(2), m.group(3))
+        rules.append(rule)
+    return rules
+
+
+def test_the_udev_rule_gives_only_a_dedicated_group_the_pm_qos_device():
+    """systemd/70-infscaler-pmqos.rules: one rule, matching the PM QoS CPU latency node
+    (a misc device), making it group-writable for infscaler-pmqos, which is not the
+    socket's group (infscaler: a client must not hold the cores awake), with no access
+    for others and nothing run (no RUN / PROGRAM / OWNER)."""
+    from tests.unit.test_systemd import UNIT, one, parse_unit
+
+    (rule,) = _udev_rules(RULES.read_text())
+    assert rule["KERNEL"] == ("==", Path(CPU_LATENCY_DEVICE).name)
+    assert rule["SUBSYSTEM"] == ("==", "misc")
+    op, group = rule["GROUP"]
+    unit = parse_unit(UNIT.read_text())
+    assert op == "=" and group == "infscaler-pmqos"
+    assert group not in (one(unit, "Group"), "root", "video", "users")
+    assert rule["MODE"] == ("=", "0660")
+    assert not {"RUN", "PROGRAM", "IMPORT", "OWNER"} & {k.split("{")[0] for k in rule}
+    # the install steps in the file put the service's user (not the group) in it
+    text = RULES.read_text()
+    assert f"usermod -aG infscaler-pmqos {one(unit, 'User')}" in text
+    assert "groupadd --system infscaler-pmqos" in text
+
+
+@pytest.mark.skipif(
+    not Path("/sys/class/misc/cpu_dma_latency").exists(), reason="no PM QoS misc device here"
+)
+def test_the_kernel_files_the_pm_qos_node_under_misc():
+    """The rule's SUBSYSTEM=="misc" matches where this kernel registers the node."""
+    link = Path("/sys/class/misc/cpu_dma_latency").resolve()
+    assert "/misc/" in str(link)
+    uevent = (link / "uevent").read_text()
+    assert f"DEVNAME={Path(CPU_LATENCY_DEVICE).name}" in uevent
 
 
 def _deep_usage() -> int:
