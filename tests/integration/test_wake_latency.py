@@ -176,3 +176,68 @@ def test_auto_takes_the_request_when_a_served_slo_is_missed(tmp_path, monkeypatc
         # held on after the last SLO pipeline left (release_after_s, 60 s)
         assert svc.status()["cpu_wake_latency"]["held"] is CAN_HOLD
     assert svc.cpu_wake_latency_held is False  # dropped with the service
+
+
+#: a gid standing in for infscaler-pmqos (no /etc/group entry needed: root may chown to it)
+PMQOS_GID = 4343
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists(CPU_LATENCY_DEVICE),
+    reason="needs root (to make a device node) and the PM QoS CPU latency device",
+)
+def test_the_udev_rules_mode_lets_the_service_user_and_no_client_hold_the_cpus():
+    """What systemd/70-infscaler-pmqos.rules makes of /dev/cpu_dma_latency (its GROUP,
+    its MODE), tried on a node of the same device made here (CI has no udev): a non-root
+    process in that group holds a request, and the kernel's target reads its value while
+    it does; a non-root process only in the socket's group cannot open it."""
+    import shutil
+    import stat
+    import struct
+    import tempfile
+    from pathlib import Path
+
+    from infscaler.runtime.pmqos import CpuLatencyRequest, CpuLatencyUnavailable
+    from tests.integration.test_security import GROUP, as_user
+    from tests.unit.test_pmqos import RULES, _udev_rules
+
+    (rule,) = _udev_rules(RULES.read_text())
+    mode = int(rule["MODE"][1], 8)
+    d = Path(tempfile.mkdtemp(prefix="isc-pmqos-"))
+    try:
+        os.chmod(d, 0o711)  # nobody may reach the node, not list the directory
+        node = d / "cpu_dma_latency"
+        try:
+            os.mknod(node, stat.S_IFCHR | mode, os.stat(CPU_LATENCY_DEVICE).st_rdev)
+            os.close(os.open(node, os.O_RDONLY))
+        except OSError as exc:
+            pytest.skip(f"cannot make or open a device node here: {exc.strerror}")
+        os.chown(node, 0, PMQOS_GID)
+        os.chmod(node, mode)
+
+        def target() -> int:
+            fd = os.open(node, os.O_RDONLY)
+            try:
+                return struct.unpack("=i", os.read(fd, 4))[0]
+            finally:
+                os.close(fd)
+
+        def hold() -> list:
+            with CpuLatencyRequest(7, device=str(node)) as req:
+                return [req.held, target()]
+
+        before = target()
+        held, during = as_user(hold, groups=(PMQOS_GID,))
+        assert held is True
+        assert during <= min(7, before)  # the kernel took it (the least request wins)
+
+        def client() -> str:
+            try:
+                CpuLatencyRequest(0, device=str(node)).close()
+            except CpuLatencyUnavailable as exc:
+                return str(exc)
+            return "held"
+
+        assert "Permission denied" in as_user(client, groups=(GROUP,))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
