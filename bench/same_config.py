@@ -36,8 +36,13 @@ own delay; ``vs_hand``: the P99-of-every-request ratio
 to ``hand`` in the same repeat (median over repeats). Writes
 ``results/same_config_<model>_<slo>x.json`` and ``.png``.
 
+``--cpu-wake-latency-us`` fixes the service's PM QoS setting for every variant (0: held
+awake; the default ``auto`` holds the CPUs once a pipeline with an autoscaler misses its
+SLO, so the variant after that would run held and the one before not).
+
 ```sh
 .venv/bin/python bench/same_config.py --model resnet50 --slo-x 2 --load 0.35 --repeats 3
+.venv/bin/python bench/same_config.py --slo-x 1.5 --load 0.28 --cpu-wake-latency-us 0
 ```
 """
 
@@ -219,8 +224,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=600, help="measured per window")
     ap.add_argument("--warm-s", type=float, default=8.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--cpu-wake-latency-us",
+        default=None,
+        help="the service's PM QoS CPU latency setting (Service(cpu_wake_latency_us)): µs, "
+        "auto or none; default: the Service's default. A fixed setting (0: held awake) keeps "
+        "the wake policy from holding the CPUs for one variant and not another",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.cpu_wake_latency_us is not None:
+        from infscaler.cli_service import wake_option
+
+        sc.SERVICE_OPTIONS["cpu_wake_latency_us"] = wake_option(args.cpu_wake_latency_us)
     if args.model in sc.PIPELINE_CASES:
         ap.error("a pipeline case has no whole-model hand twin here; choose a model")
     default_cache_dir()
@@ -235,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS_DIR / f"same_config_{args.model}_{args.slo_x:g}x.json"
     state = Path("/tmp/isc-same-config-state")
     windows: list[dict[str, Any]] = []
-    with Service(state_dir=state, pool_mb=256) as svc:
+    wake = sc.service_wake_setting()
+    with Service(state_dir=state, pool_mb=256, cpu_wake_latency_us=wake) as svc:
         dep = svc.deploy(sc.auto_pipeline(args.model, "auto", slo_ms))
         time.sleep(2.0)
         chosen = [u for u in sc.config_snapshot(svc, dep, 1.0) if u["served"]]
@@ -302,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": args.load,
         "rate_rps": round(rate, 3),
         "requests_per_window": args.requests,
+        "cpu_wake_latency_us": wake,
         "summary": summary,
         "windows": windows,
     }
