@@ -509,7 +509,8 @@ def plan_pipeline(
 
     The decision is kept (``state_dir/plans/decisions/<digest>.json``, the digest of
     the pipeline as given, the device profile but its memory cap, ``rate``,
-    ``objectives``, the package version and each model file's path, size and mtime) and,
+    ``objectives``, the package version, each model file's path, size and mtime and each
+    function stage's module file's, :func:`_decision_path`) and,
     with ``reuse``, a later deploy of the same pipeline on the same device deploys it
     again without measuring anything (the outcome is then None) while the chosen
     configuration fits the cap at that deploy and the cap has not grown past
@@ -544,7 +545,9 @@ def plan_pipeline(
     spec = parse_slo(cfg.slo)
     if spec.ms is None and spec.factor is None:
         raise InfScalerError("the planner needs an SLO", hint="e.g. slo: 200ms or slo: 3x")
-    kept = _decision_path(cfg, device, state_dir, rate, objectives, wake_latency_us)
+    kept = _decision_path(
+        cfg, device, state_dir, rate, objectives, wake_latency_us, allowed_functions
+    )
     cap = resource_cap(device)
     if reuse and kept.is_file():
         try:
@@ -675,6 +678,33 @@ def _cap_changed(kept: dict[str, Any], cap_mb: float) -> str | None:
     return None
 
 
+def _function_key(spec: str, allowed: Sequence[str] | None) -> str:
+    """``module:attr|<file_key of the module's source file>`` for a function stage, without
+    importing the module (``importlib.util.find_spec``; a dotted name imports its parent
+    packages, so the allowed modules are checked first, as
+    :func:`~infscaler.runtime.pipeline.load_function` does); ``module:attr|?`` where the
+    file cannot be found or the module is not allowed (the deploy then says why). Only
+    the module's own file: an edit to a module it imports does not plan again."""
+    import importlib.util
+    import sys
+
+    from infscaler.base.security import check_function_module
+
+    module = spec.partition(":")[0]
+    try:
+        if allowed is not None:
+            check_function_module(spec, allowed)
+        origin = getattr(sys.modules.get(module), "__file__", None)
+        if origin is None:
+            found = importlib.util.find_spec(module)
+            origin = found.origin if found is not None else None
+        if origin and Path(origin).is_file():
+            return f"{spec}|{file_key(Path(origin))}"
+    except Exception:  # noqa: BLE001 - planning or the deploy reports it
+        pass
+    return f"{spec}|?"
+
+
 def _decision_path(
     cfg: Any,
     device: Any,
@@ -682,13 +712,16 @@ def _decision_path(
     rate: float | None,
     objectives: Sequence[str],
     wake_latency_us: int | None = None,
+    allowed_functions: Sequence[str] | None = None,
 ) -> Path:
     """Where :func:`plan_pipeline` keeps its decision for these inputs (see there).
 
     The idle slowdowns kept for its models (:func:`~infscaler.runtime.idlecurve.load_curve`,
     at the thread counts :func:`planner_inputs` measures) are part of the key, their
     factors to the nearest 0.25: a curve kept after the last decision, or one that moved,
-    plans again; one re-kept each minute with the same shape does not."""
+    plans again; one re-kept each minute with the same shape does not. So are its
+    function stages' source files (:func:`_function_key`): the planner measured their
+    cost, so an edited pre- or post-processing step plans again."""
     import hashlib
 
     from infscaler import __version__
@@ -696,6 +729,8 @@ def _decision_path(
     files = []
     learned = []
     for st in cfg.stages:
+        if getattr(st, "function", None):
+            files.append(_function_key(st.function, allowed_functions))
         if getattr(st, "kind", "") == "model" and getattr(st, "model", None):
             try:
                 f = Path(resolve_model(st.model))

@@ -146,3 +146,51 @@ def test_idle_slowdown_is_measured_only_when_asked(chain_path: Path) -> None:
     assert [g for g, _ in st.idle_by_threads[1]] == list(profiler.IDLE_GAPS_S)
     assert all(f >= 1.0 for _, f in st.idle_by_threads[1])
     assert st.units((), 1)[0].engines["cpu"].idle == st.idle_by_threads[1]
+
+
+def test_an_edited_function_module_plans_again(
+    chain_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept decision's key holds each function stage's module file (path, size,
+    mtime): the planner measured that step's cost, so an edit plans again; the module is
+    located, not imported; a module outside the allowed ones is not even located."""
+    import os
+    import sys
+
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.device import load_profile
+    from infscaler.runtime.autoplan import _decision_path, _function_key
+
+    mod = tmp_path / "mods" / "isc_prepost_probe.py"
+    mod.parent.mkdir()
+    mod.write_text("raise RuntimeError('imported')\ndef pre(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(mod.parent))
+    cfg = load_pipeline(
+        {
+            "name": "p",
+            "slo": "200ms",
+            "autoscale": {},
+            "inputs": [{"name": "raw", "datatype": "FP32", "shape": [1, 16, 8, 8]}],
+            "outputs": ["y"],
+            "stages": [
+                {"name": "pre", "function": "isc_prepost_probe:pre", "inputs": ["raw"],
+                 "outputs": ["x"]},
+                {"name": "m", "model": str(chain_path), "inputs": {"x": "x"},
+                 "outputs": {"y": "y"}},
+            ],
+        }
+    )  # fmt: skip
+    dev = load_profile("cpu-host")
+
+    def key(allowed=None) -> Path:
+        return _decision_path(cfg, dev, tmp_path / "s", None, ("eq1",), None, allowed)
+
+    before = key()
+    assert "isc_prepost_probe" not in sys.modules  # located, never run
+    assert key() == before  # stable
+    mod.write_text(mod.read_text() + "# edited\n")
+    st = mod.stat()
+    os.utime(mod, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert key() != before
+    assert _function_key("isc_prepost_probe:pre", ["other"]).endswith("|?")
+    assert _function_key("no_such_module_here:f", None) == "no_such_module_here:f|?"
