@@ -258,7 +258,8 @@ class FrontEnd:
             arrived = now if arrived_s is None else min(float(arrived_s), now)
             overloaded = route.overloaded(now)
             service_ms, interval_ms = route.estimates(overloaded)
-            remaining_ms, units = route.progress(now)
+            # in overload admission judges on the drain time: the progress is not read
+            remaining_ms, units = (None, None) if overloaded else route.progress(now)
             config = route.pipeline.config
             decision = admit_request(
                 ArrivalSnapshot(
