@@ -524,26 +524,29 @@ class Supervisor:
             with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
                 h.proc.wait(1.0)
             h.exit_code = h.proc.returncode
+        # None: a forked instance whose zygote died before it reported the status
+        # (runtime.zygote.ForkedProcess); the restart is the same, the log says so
+        status = "unknown (its zygote died first)" if h.exit_code is None else h.exit_code
         with self._lock:  # stop() may be moving it to stopping meanwhile
             if h.state in (InstanceState.STOPPING, InstanceState.EXITED):
                 return  # asked to stop: stop() deregisters it (and may already have)
             was_ready = h.state is InstanceState.READY
             h.move(InstanceState.EXITED if was_ready else InstanceState.FAILED)
         if not h._ready.is_set():
-            h.error = h.error or f"exited with status {h.exit_code} while starting"
+            h.error = h.error or f"exited with status {status} while starting"
             h._ready.set()
         log.warning(
             "instance %d of %s (pid %d) died with status %s",
             h.iid,
             h.unit.name,
             h.pid,
-            h.exit_code,
+            status,
         )
         pending = None
         # a replacement (restarts > 0) that dies while loading is restarted too; only a
         # first deploy's instances that fail to load are not (the deploy fails instead)
         if not self._closing and (was_ready or h.restarts > 0):
-            pending = self._schedule_restart(h, f"exited with status {h.exit_code}")
+            pending = self._schedule_restart(h, f"exited with status {status}")
         self.on_change()  # the unit may have no live instance now: degraded at once
         # reclaim in a worker: it waits for every live instance's sync echo
         threading.Thread(target=self._reclaim_and_restart, args=(h, pending), daemon=True).start()

@@ -247,6 +247,37 @@ def test_a_forked_instance_killed_is_reaped_reclaimed_and_restarted(tmp_path: Pa
         _no_leaked_slots(svc)
 
 
+def test_an_instance_whose_zygote_died_dies_with_an_unknown_status_and_is_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A forked instance outlives its zygote (reparented); when it dies later no one can
+    report its exit status: the supervisor still sees the exit (its pidfd), says the
+    status is unknown and why (not "status None"), and restarts it."""
+    import logging
+
+    with _svc(tmp_path) as svc:
+        svc.deploy(load_pipeline(chain_pipeline()))
+        victim = next(h for h in svc.supervisor.handles() if h.unit.name == "slow")
+        old = svc.supervisor.zygote.pid
+        assert _ppid(victim.pid) == old
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: svc.supervisor.zygote.pid not in (None, old), 30, "the zygote restarted")
+        with caplog.at_level(logging.WARNING):
+            os.kill(victim.pid, signal.SIGKILL)
+            wait_for(lambda: victim.state in ("exited", "failed"), 10, "the exit seen")
+        assert victim.exit_code is None
+        assert "died with status unknown (its zygote died first)" in caplog.text
+        wait_for(
+            lambda: any(
+                h.unit.name == "slow" and h.state == "ready" and h.pid != victim.pid
+                for h in svc.supervisor.handles()
+            ),
+            60,
+            "the replacement",
+        )
+        np.testing.assert_allclose(svc.infer("chain", {"x": X}).outputs["y"], 2 * X)
+
+
 def test_a_preloaded_module_that_starts_a_thread_is_rejected(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
