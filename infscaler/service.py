@@ -40,7 +40,12 @@ from infscaler.runtime.autoscaler import Autoscaler
 from infscaler.runtime.frontend import FrontEnd, RequestError
 from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
-from infscaler.runtime.pmqos import CpuLatencyRequest, CpuLatencyUnavailable, check_max_us
+from infscaler.runtime.pmqos import (
+    CPU_LATENCY_DEVICE,
+    CpuLatencyRequest,
+    CpuLatencyUnavailable,
+    check_max_us,
+)
 from infscaler.runtime.route import Route
 from infscaler.runtime.stats import PipelineStats
 from infscaler.runtime.supervisor import Supervisor
@@ -469,6 +474,22 @@ class Service:
         return self.cpu_wake_latency_us if self.cpu_wake_latency_held else None
 
     @property
+    def cpu_wake_latency_planned_us(self) -> int | None:
+        """The PM QoS limit the deploy-time planner plans for, µs (None: sleeping idle
+        CPUs), and whose served idle slowdown it plans with: under ``auto``, 0 where
+        this process may make the request (:data:`~infscaler.runtime.pmqos.CPU_LATENCY_DEVICE`
+        writable), since the policy holds the CPUs awake as soon as an autoscaled
+        pipeline misses its SLO and the plan must be right in that state; else the one in
+        force. Planning for the state at the deploy made the choice path-dependent:
+        held or not depended on whether another pipeline had missed within the last
+        minute: PP-OCRv4 det under the cap at 2 x L0, deploys made while not held chose
+        2 x 1 thread, one made while held 1 x 2, all served held (bench/README.md,
+        2026-11-27 20:15)."""
+        if self.cpu_wake_auto:
+            return 0 if os.access(CPU_LATENCY_DEVICE, os.W_OK) else None
+        return self.cpu_wake_latency_in_force_us
+
+    @property
     def stopping(self) -> bool:
         return self._stopping
 
@@ -667,7 +688,7 @@ class Service:
             state_dir=self.state_dir,
             allowed_functions=allowed_functions,
             progress=progress,
-            wake_latency_us=self.cpu_wake_latency_in_force_us,
+            wake_latency_us=self.cpu_wake_latency_planned_us,
         )
         if outcome is not None and outcome.best is not None:
             progress(f"{cfg.name}: chosen {outcome.best.line()}")

@@ -241,3 +241,34 @@ def test_the_udev_rules_mode_lets_the_service_user_and_no_client_hold_the_cpus()
         assert "Permission denied" in as_user(client, groups=(GROUP,))
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("setting", "planned"),
+    [("auto", 0 if CAN_HOLD else None), (None, None), (0, 0 if CAN_HOLD else None)],
+)
+def test_the_planner_plans_for_the_wake_up_the_policy_converges_to(
+    tmp_path, monkeypatch, setting, planned
+):
+    """Under auto the deploy-time planner plans for the CPUs held awake (0 µs) wherever
+    the request can be made: the policy holds them at the first missed SLO, and whether
+    it happens to hold them at the deploy must not change the plan; a fixed setting plans
+    for what is in force."""
+    import infscaler.service as service_mod
+    from infscaler.base.config import load_pipeline
+    from tests.helpers import chain_pipeline
+
+    seen = []
+
+    def fake_plan(cfg, **kw):
+        seen.append(kw["wake_latency_us"])
+        return cfg, None
+
+    monkeypatch.setattr(service_mod, "plan_pipeline", fake_plan)
+    monkeypatch.setattr(service_mod, "needs_planning", lambda cfg: True)
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64,
+                 cpu_wake_latency_us=setting) as svc:  # fmt: skip
+        assert not svc.cpu_wake_latency_held or setting == 0
+        assert svc.cpu_wake_latency_planned_us == planned
+        svc._planned(load_pipeline(chain_pipeline()), lambda _m: None, None)
+    assert seen == [planned]
