@@ -574,6 +574,9 @@ def plan_pipeline(
     slo = spec.resolve(inp.base_ms)
     assert slo is not None
     progress(f"searching K, cuts, threads and instances for an SLO of {slo:.1f} ms")
+    incumbent = _planned_before(kept, cfg.name)
+    if incumbent is not None:
+        progress(f"{cfg.name}: the configuration planned before keeps a tie: {incumbent}")
     out, _ = search_measured(
         inp.stages,
         inp.paths,
@@ -585,6 +588,7 @@ def plan_pipeline(
         cores=cores,
         objectives=objectives,
         whole=inp.whole,
+        incumbent=incumbent,
     )
     if out.best is None:
         raise InfScalerError(
@@ -649,11 +653,35 @@ def _keep(path: Path, data: dict[str, Any], best: Any, cap_mb: float) -> None:
     kept = {
         "pipeline": data,
         "chosen": best.line(),
+        "identity": best.identity(),
         "memory_mb": round(float(best.memory_mb), 1),
         "memory_cap_mb": None if not math.isfinite(cap_mb) else round(float(cap_mb), 1),
     }
     tmp.write_text(json.dumps(kept, default=str))
     os.replace(tmp, path)
+
+
+def _planned_before(kept: Path, name: str) -> list[Any] | None:
+    """The configuration (:meth:`~infscaler.runtime.planner.Candidate.identity`) of the
+    most recent other decision kept for pipeline ``name`` (another key: a model file,
+    a curve or the device changed), for :func:`~infscaler.runtime.planner.search`'s
+    ``incumbent``; None when there is none or it is unreadable."""
+    import re
+
+    pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{16}}\.json")
+    try:
+        others = [
+            p for p in kept.parent.iterdir()
+            if p != kept and pattern.fullmatch(p.name) and p.is_file()
+        ]  # fmt: skip
+        for p in sorted(others, key=lambda p: p.stat().st_mtime_ns, reverse=True):
+            data = json.loads(p.read_text())
+            identity = data.get("identity")
+            if data.get("pipeline", {}).get("name") == name and isinstance(identity, list):
+                return identity
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None
 
 
 def _cap_changed(kept: dict[str, Any], cap_mb: float) -> str | None:

@@ -50,6 +50,7 @@ Pure: no I/O; profiles come from :mod:`infscaler.runtime.unitprofile`,
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -1060,6 +1061,18 @@ class Candidate:
     whole: bool = False
     finalist: bool = False
 
+    def identity(self) -> list[Any]:
+        """The configuration itself, JSON-able: ``[whole, cuts per model stage, threads
+        per model stage, instances per served unit]`` (what :func:`search`'s
+        ``incumbent`` is compared with; the objectives that found the cuts are not part
+        of it)."""
+        return [
+            bool(self.whole),
+            [list(c) for c in self.cuts],
+            list(self.threads),
+            [c.total for u, c in zip(self.units, self.config, strict=True) if u.served],
+        ]
+
     def label(self) -> str:
         if self.whole:  # one unit: the whole pipeline (fuse: whole), every model K = 1
             inst = "+".join(
@@ -1160,6 +1173,7 @@ def search(
     final_requests: int = FINAL_REQUESTS,
     finalist_within: float = FINALIST_WITHIN,
     finalists_max: int = FINALISTS_MAX,
+    incumbent: Sequence[Any] | None = None,
 ) -> SearchOutcome:
     """Search the runtime's configuration space for the most goodput within the SLO (issue 15).
 
@@ -1231,6 +1245,14 @@ def search(
             device profile's ``threads_per_core`` is kept for hand configurations.
         max_candidates: most (cuts x threads) combinations over the stages.
         goodput_tie: relative goodput difference counted as a tie (0: exact), 0-1.
+        incumbent: the configuration planned before for this pipeline
+            (:meth:`Candidate.identity`; None: none): scored as a finalist, and while it
+            ties the best goodput it wins the tie before every other rule. A replan
+            measures the host anew, and two configurations within the tie swapped places
+            from one deploy to the next (PP-OCRv4 det under the cap at 2 x L0: 2 x 1
+            thread and 1 x 2 at 6.65 and 6.84/s, three plans in one hour,
+            bench/README.md); a replan now changes the configuration only for one
+            better by more than the tie.
 
     Returns:
         :class:`SearchOutcome`: ``best`` (None when no candidate answers any request
@@ -1504,6 +1526,11 @@ def search(
         ),
         "the whole pipeline in one unit (fuse: whole)": lambda c: c.whole,
     }
+    inc = None if incumbent is None else json.dumps(list(incumbent))
+
+    def is_incumbent(c: Candidate) -> bool:
+        return inc is not None and json.dumps(c.identity()) == inc
+
     # the finalists, scored again on the long trace (FINAL_REQUESTS): the screen reads
     # high and scatters, so the rank and the figures reported are the long score's; the
     # best hand configurations are scored the same way, so the comparison is like for like
@@ -1519,6 +1546,9 @@ def search(
             hand = next((c for c in ok if is_hand(c)), None)
             if hand is not None and all(hand is not c for c in finalists):
                 finalists.append(hand)
+        kept = next((c for c in ok if is_incumbent(c)), None)
+        if kept is not None and all(kept is not c for c in finalists):
+            finalists.append(kept)
         rescored = {}
         for c in finalists:
             good, max_rate, res = score(c.units, c.config, final_requests)
@@ -1562,6 +1592,7 @@ def search(
             0 if c.fits else 1,
             0 if c.finalist == final else 1,
             0 if t else 1,
+            (0 if is_incumbent(c) else 1) if t else 0,
             served(c) if t else -round(c.goodput_rps, 6),
             (1 if scarce(c) else 0) if t else 0,
             (max(c.threads, default=1) if not scarce(c) else 0) if t else 0,
@@ -1576,6 +1607,8 @@ def search(
     for c in cands:
         if c is top:
             why = "WINNER" + (f" ({c.note})" if c.note else "")
+            if is_incumbent(c):
+                why += f" (planned before; kept while within {goodput_tie:.0%} of the best)"
         elif not c.fits:
             why = c.note
         elif c.goodput_rps <= 0:
@@ -1593,6 +1626,12 @@ def search(
         elif top is not None and not tied(c):
             why = f"lower goodput ({c.goodput_rps:.2f} < {top.goodput_rps:.2f}/s)" + (
                 f"; {c.note}" if c.note else ""
+            )
+        elif top is not None and is_incumbent(top):
+            why = (
+                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
+                f"{gmax:.2f}/s); the configuration planned before ties it too and is kept "
+                "(a replan changes the configuration only for one better by more than the tie)"
             )
         elif top is not None and served(c) > served(top):
             why = (

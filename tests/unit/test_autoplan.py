@@ -194,3 +194,45 @@ def test_an_edited_function_module_plans_again(
     assert key() != before
     assert _function_key("isc_prepost_probe:pre", ["other"]).endswith("|?")
     assert _function_key("no_such_module_here:f", None) == "no_such_module_here:f|?"
+
+
+def test_a_replan_passes_the_configuration_planned_before(
+    chain_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision under another key (here: another rate) for the same pipeline name is
+    the search's ``incumbent``: the tie is kept by what was planned before; the first
+    plan has none, and decisions of other pipelines are not read."""
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.device import load_profile
+    from infscaler.runtime import autoplan
+
+    seen = []
+    real = autoplan.search_measured
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("incumbent"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(autoplan, "search_measured", spy)
+    dev, state = load_profile("cpu-host"), tmp_path / "s"
+
+    def cfg(name: str):
+        return load_pipeline(
+            {"name": name, "slo": "200ms", "autoscale": {},
+             "stages": [{"name": "m", "model": str(chain_path)}]}
+        )  # fmt: skip
+
+    _, first = autoplan.plan_pipeline(cfg("p"), device=dev, state_dir=state, objectives=("eq1",))
+    autoplan.plan_pipeline(cfg("p-other"), device=dev, state_dir=state, objectives=("eq1",))
+    assert seen == [None, None]  # p's decision is not p-other's incumbent
+    _, again = autoplan.plan_pipeline(
+        cfg("p"), device=dev, state_dir=state, objectives=("eq1",), rate=5.0
+    )
+    assert seen[2] == first.best.identity()
+    mine = [f for f in (state / "plans" / "decisions").iterdir() if len(f.name) == 2 + 16 + 5]
+    assert len(mine) == 2  # p-<16 hex>.json, one per key
+    for f in mine:
+        assert json.loads(f.read_text())["identity"] in (
+            first.best.identity(),
+            again.best.identity(),
+        )

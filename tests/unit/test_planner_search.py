@@ -352,3 +352,27 @@ def test_other_candidates_rank_below_the_finalists_and_say_why():
 def test_bad_finalist_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="final"):
         search([resnet_like()], 108.6, cap(cores=2), **kwargs)
+
+
+def test_the_configuration_planned_before_keeps_the_tie():
+    """Hysteresis: the two K=1 shapes of the tie test above (two 1-thread replicas, one
+    2-thread instance) tie within 5 %, and with an ample cap fewer threads win; told
+    that the 2-thread instance was planned before (``incumbent``), the search keeps it
+    and says why. Outside the tie (goodput_tie=0) the incumbent has no say."""
+    st2 = ModelStage(
+        "m", costs=(1, 1), valid_cuts=(0,), whole_ms={1: 10.0, 2: 5.2},
+        weights_bytes=(200e6, 200e6),
+    )  # fmt: skip
+    free = search([st2], 60.0, cap(cores=2), frontend_ms=0.0, max_partitions=1)
+    assert free.best.threads == (1,)
+    two = next(c for c in free.candidates if c.threads == (2,) and served(c) == [1])
+    assert two.identity() == [False, [[]], [2], [1]]
+    kept = search([st2], 60.0, cap(cores=2), frontend_ms=0.0, max_partitions=1,
+                  incumbent=two.identity())  # fmt: skip
+    assert kept.best.threads == (2,) and served(kept.best) == [1]
+    assert "planned before; kept while within 5% of the best" in kept.best.why
+    lost = next(c for c in kept.candidates if c.threads == (1,) and served(c) == [2])
+    assert "the configuration planned before ties it too and is kept" in lost.why
+    exact = search([st2], 60.0, cap(cores=2), frontend_ms=0.0, max_partitions=1,
+                   goodput_tie=0, incumbent=two.identity())  # fmt: skip
+    assert exact.best.threads == (1,)
