@@ -182,14 +182,14 @@ class Service:
         if objective not in ("auto", "eq1"):
             raise InfScalerError(f"unknown objective {objective!r}", hint="auto or eq1")
         self.objective = objective
-        wake = _checked_wake_latency(cpu_wake_latency_us)
         #: ``cpu_wake_latency_us: auto``: the autoscaler decides (runtime.wakepolicy)
-        self.cpu_wake_auto = wake == "auto"
+        self.cpu_wake_auto = False
         #: the limit requested now, µs (None: none; in auto mode 0 while held)
-        self.cpu_wake_latency_us: int | None = None if self.cpu_wake_auto else wake  # type: ignore[assignment]
+        self.cpu_wake_latency_us: int | None = None
         self.cpu_wake_auto_reason = ""
-        self._wake_request: Any = None
         self.cpu_wake_latency_reason = ""
+        self._wake_request: Any = None
+        self._set_wake_setting(_checked_wake_latency(cpu_wake_latency_us))
         self.state_dir = Path(state_dir or default_state_dir())
         self.device = device
         self.control_path = control_path
@@ -285,15 +285,20 @@ class Service:
         max_us = _checked_wake_latency(max_us)
         with self._lock:
             self._drop_wake_request()
-            self.cpu_wake_auto = max_us == "auto"
-            self.cpu_wake_auto_reason = ""
-            self.cpu_wake_latency_us = None if self.cpu_wake_auto else max_us  # type: ignore[assignment]
-            self.cpu_wake_latency_reason = ""
+            self._set_wake_setting(max_us)
             if self.autoscaler is not None:
                 self.autoscaler.reset_wake()
             if self._started:
                 self._hold_wake_latency()
             return self.cpu_wake_latency_held
+
+    def _set_wake_setting(self, wake: int | str | None) -> None:
+        """Take a checked ``cpu_wake_latency_us`` (:func:`_checked_wake_latency`) as the
+        setting, from no request and no reasons (the constructor, :meth:`set_cpu_wake_latency`)."""
+        self.cpu_wake_auto = wake == "auto"
+        self.cpu_wake_auto_reason = ""
+        self.cpu_wake_latency_us = None if self.cpu_wake_auto else wake  # type: ignore[assignment]
+        self.cpu_wake_latency_reason = ""
 
     def hold_cpus_awake(self, hold: bool, reason: str, epoch: int | None = None) -> bool:
         """Apply the autoscaler's wake decision (:mod:`infscaler.runtime.wakepolicy`) where

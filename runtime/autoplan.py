@@ -661,6 +661,11 @@ def _keep(path: Path, data: dict[str, Any], best: Any, cap_mb: float) -> None:
     os.replace(tmp, path)
 
 
+#: hex digits of the key digest in a kept decision's file name, ``<pipeline>-<digest>.json``
+#: (:func:`_decision_path` writes it, :func:`_planned_before` finds a pipeline's others)
+_DECISION_DIGEST = 16
+
+
 def _planned_before(kept: Path, name: str) -> list[Any] | None:
     """The configuration (:meth:`~infscaler.runtime.planner.Candidate.identity`) of the
     most recent other decision kept for pipeline ``name`` (another key: a model file,
@@ -668,7 +673,7 @@ def _planned_before(kept: Path, name: str) -> list[Any] | None:
     ``incumbent``; None when there is none or it is unreadable."""
     import re
 
-    pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{16}}\.json")
+    pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{{_DECISION_DIGEST}}}\.json")
     try:
         others = [
             p for p in kept.parent.iterdir()
@@ -782,5 +787,5 @@ def _decision_path(
         + ([learned] if learned else []),
         default=str,
     )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(key.encode()).hexdigest()[:_DECISION_DIGEST]
     return Path(state_dir) / "plans" / "decisions" / f"{cfg.name}-{digest}.json"
