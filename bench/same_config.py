@@ -233,10 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    if args.cpu_wake_latency_us is not None:
-        from infscaler.cli_service import wake_option
-
-        sc.SERVICE_OPTIONS["cpu_wake_latency_us"] = wake_option(args.cpu_wake_latency_us)
+    sc.set_service_wake(args.cpu_wake_latency_us)
     if args.model in sc.PIPELINE_CASES:
         ap.error("a pipeline case has no whole-model hand twin here; choose a model")
     default_cache_dir()

@@ -264,6 +264,20 @@ AUTOSCALE = {
 }
 
 
+def set_service_wake(option: str | None) -> None:
+    """``--cpu-wake-latency-us``: the wake-up setting of every service this run makes
+    (``auto``, ``none`` or µs, :func:`infscaler.cli_service.wake_option`); None keeps the
+    Service's default.
+
+    Raises:
+        InfScalerError: an option the CLI would refuse.
+    """
+    if option is not None:
+        from infscaler.cli_service import wake_option
+
+        SERVICE_OPTIONS["cpu_wake_latency_us"] = wake_option(option)
+
+
 def service_wake_setting() -> Any:
     """The wake-up setting of this run's services: ``--cpu-wake-latency-us``, else the
     Service constructor's default (what a user who names none gets)."""
@@ -2228,10 +2242,7 @@ def main(argv: list[str] | None = None) -> int:
     if set(caps) - {"none", "cap"}:
         ap.error(f"--caps takes none and/or cap, got {args.caps}")
     configs = set(args.configs.split(",")) - {""}
-    if args.cpu_wake_latency_us is not None:
-        from infscaler.cli_service import wake_option
-
-        SERVICE_OPTIONS["cpu_wake_latency_us"] = wake_option(args.cpu_wake_latency_us)
+    set_service_wake(args.cpu_wake_latency_us)
     if configs - set(CONFIGS):
         ap.error(f"unknown configurations {sorted(configs - set(CONFIGS))}: {','.join(CONFIGS)}")
     variants = {

@@ -41,9 +41,9 @@ from infscaler.runtime.frontend import FrontEnd, RequestError
 from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
 from infscaler.runtime.pmqos import (
-    CPU_LATENCY_DEVICE,
     CpuLatencyRequest,
     CpuLatencyUnavailable,
+    can_request,
     check_max_us,
 )
 from infscaler.runtime.route import Route
@@ -482,16 +482,16 @@ class Service:
     def cpu_wake_latency_planned_us(self) -> int | None:
         """The PM QoS limit the deploy-time planner plans for, µs (None: sleeping idle
         CPUs), and whose served idle slowdown it plans with: under ``auto``, 0 where
-        this process may make the request (:data:`~infscaler.runtime.pmqos.CPU_LATENCY_DEVICE`
-        writable), since the policy holds the CPUs awake as soon as an autoscaled
-        pipeline misses its SLO and the plan must be right in that state; else the one in
+        this process may make the request (:func:`~infscaler.runtime.pmqos.can_request`),
+        since the policy holds the CPUs awake as soon as an autoscaled pipeline misses its
+        SLO and the plan must be right in that state; else the one in
         force. Planning for the state at the deploy made the choice path-dependent:
         held or not depended on whether another pipeline had missed within the last
         minute: PP-OCRv4 det under the cap at 2 x L0, deploys made while not held chose
         2 x 1 thread, one made while held 1 x 2, all served held (bench/README.md,
         2026-11-27 20:15)."""
         if self.cpu_wake_auto:
-            return 0 if os.access(CPU_LATENCY_DEVICE, os.W_OK) else None
+            return 0 if can_request() else None
         return self.cpu_wake_latency_in_force_us
 
     @property

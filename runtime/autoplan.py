@@ -540,7 +540,6 @@ def plan_pipeline(
         InfScalerError: no SLO, a sample request the pipeline fails on, or no candidate
             meets the SLO (the message carries the search's last explain line).
     """
-    import hashlib
 
     spec = parse_slo(cfg.slo)
     if spec.ms is None and spec.factor is None:
@@ -622,9 +621,7 @@ def plan_pipeline(
         sd["threads"] = best.threads[m - 1]
         sd["instances"] = inst if n_units > 1 else inst[0]
         if cuts:
-            key = f"{path.resolve()}|{path.stat().st_mtime_ns}|{shape}|{cuts}"
-            digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-            plan_dir = Path(state_dir) / "plans" / f"auto-{path.stem}-{digest}"
+            plan_dir = chosen_plan_dir(state_dir, path, shape, cuts)
             if not (plan_dir / "plan.yaml").is_file():
                 progress(f"{st.name}: writing the chosen plan K={n_units} cuts {list(cuts)}")
                 partition_model(
@@ -642,6 +639,23 @@ def plan_pipeline(
 #: a kept decision is planned again when the device's memory cap grew past this factor
 #: of the cap it was planned under (more memory may afford a better configuration)
 CAP_GROWTH_REPLAN = 1.25
+
+
+def chosen_plan_dir(state_dir: str | Path, model: Path, shapes: Any, cuts: Sequence[int]) -> Path:
+    """Where the plan of ``model`` cut at ``cuts`` (for input ``shapes``) is written:
+    ``<state_dir>/plans/auto-<stem>-<12 hex>``, keyed by the model file's
+    :func:`~infscaler.base.models.file_key` (resolved path, size, modification time), the
+    shapes and the cuts, so that a model file replaced in place (a new export under the
+    same name) is partitioned anew rather than served from the old file's partitions.
+
+    Raises:
+        OSError: ``model`` cannot be stat'ed.
+    """
+    import hashlib
+
+    key = f"{file_key(model)}|{shapes}|{list(cuts)}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return Path(state_dir) / "plans" / f"auto-{model.stem}-{digest}"
 
 
 def _keep(path: Path, data: dict[str, Any], best: Any, cap_mb: float) -> None:

@@ -31,6 +31,7 @@ __all__ = [
     "CPU_LATENCY_DEVICE",
     "CpuLatencyRequest",
     "CpuLatencyUnavailable",
+    "can_request",
     "check_max_us",
     "cpuidle_states",
 ]
@@ -59,6 +60,14 @@ def cpuidle_states(cpu: int = 0) -> list[dict[str, object]]:
         except (OSError, ValueError):
             continue
     return out
+
+
+def can_request(device: str = CPU_LATENCY_DEVICE) -> bool:
+    """Whether this process may make the request: ``device`` exists and is writable by it
+    (root, or a member of the group the udev rule ``systemd/70-infscaler-pmqos.rules``
+    gives it to). A check, not a promise: :class:`CpuLatencyRequest` still raises
+    :class:`CpuLatencyUnavailable` if the open fails."""
+    return os.access(device, os.W_OK)
 
 
 def check_max_us(max_us: object) -> int:

@@ -8,10 +8,10 @@ import os
 import pytest
 
 from infscaler.base.errors import InfScalerError
-from infscaler.runtime.pmqos import CPU_LATENCY_DEVICE
+from infscaler.runtime.pmqos import CPU_LATENCY_DEVICE, can_request
 from infscaler.service import Service
 
-CAN_HOLD = os.access(CPU_LATENCY_DEVICE, os.W_OK)
+CAN_HOLD = can_request()
 #: status()["cpu_wake_latency"] of a service asked for no request
 NO_REQUEST = {"requested_us": None, "held": False, "reason": "", "auto": False, "auto_reason": ""}
 
@@ -223,22 +223,24 @@ def test_the_udev_rules_mode_lets_the_service_user_and_no_client_hold_the_cpus()
                 os.close(fd)
 
         def hold() -> list:
+            may = can_request(str(node))
             with CpuLatencyRequest(7, device=str(node)) as req:
-                return [req.held, target()]
+                return [may, req.held, target()]
 
         before = target()
-        held, during = as_user(hold, groups=(PMQOS_GID,))
-        assert held is True
+        may, held, during = as_user(hold, groups=(PMQOS_GID,))
+        assert may is True and held is True
         assert during <= min(7, before)  # the kernel took it (the least request wins)
 
-        def client() -> str:
+        def client() -> list:
             try:
                 CpuLatencyRequest(0, device=str(node)).close()
             except CpuLatencyUnavailable as exc:
-                return str(exc)
-            return "held"
+                return [can_request(str(node)), str(exc)]
+            return [can_request(str(node)), "held"]
 
-        assert "Permission denied" in as_user(client, groups=(GROUP,))
+        may, refused = as_user(client, groups=(GROUP,))
+        assert may is False and "Permission denied" in refused
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

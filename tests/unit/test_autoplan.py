@@ -236,3 +236,23 @@ def test_a_replan_passes_the_configuration_planned_before(
             first.best.identity(),
             again.best.identity(),
         )
+
+
+def test_a_model_file_replaced_in_place_gets_its_own_chosen_plan_dir(tmp_path: Path) -> None:
+    """The deploy-time plan directory of the chosen cuts is keyed by the model file's
+    size too: a new export written under the same name with the same modification time
+    (a copy that kept it, a coarse file system clock) is partitioned anew."""
+    import os
+
+    from infscaler.runtime.autoplan import chosen_plan_dir
+
+    model = save(conv_chain(channels=16), tmp_path / "m.onnx")
+    first = chosen_plan_dir(tmp_path, model, {"x": [1, 16, 32, 32]}, (2,))
+    assert first.parent == tmp_path / "plans" and first.name.startswith("auto-m-")
+    assert chosen_plan_dir(tmp_path, model, {"x": [1, 16, 32, 32]}, [2]) == first
+    assert chosen_plan_dir(tmp_path, model, {"x": [1, 16, 32, 32]}, (3,)) != first
+    mtime = model.stat().st_mtime_ns
+    save(conv_chain(channels=8), model)
+    os.utime(model, ns=(mtime, mtime))
+    assert model.stat().st_mtime_ns == mtime
+    assert chosen_plan_dir(tmp_path, model, {"x": [1, 16, 32, 32]}, (2,)) != first

@@ -15,6 +15,7 @@ from infscaler.runtime.pmqos import (
     CPU_LATENCY_DEVICE,
     CpuLatencyRequest,
     CpuLatencyUnavailable,
+    can_request,
     cpuidle_states,
 )
 
@@ -111,7 +112,7 @@ def _deep_usage() -> int:
     return total
 
 
-CAN_HOLD = os.access(CPU_LATENCY_DEVICE, os.W_OK)
+CAN_HOLD = can_request()
 HAS_DEEP = any(s["latency_us"] > 0 and not s["disabled"] for s in cpuidle_states())
 
 
@@ -127,6 +128,13 @@ def test_the_kernel_keeps_idle_cpus_out_of_deep_states_while_held():
         time.sleep(0.3)
         held = _deep_usage() - held0
     assert held == 0
+
+
+def test_can_request_is_false_for_a_missing_node(tmp_path: Path):
+    node = tmp_path / "cpu_dma_latency"
+    assert can_request(str(node)) is False
+    node.write_bytes(b"")
+    assert can_request(str(node)) is True  # writable by this process
 
 
 @pytest.mark.skipif(CAN_HOLD, reason=f"this process may write {CPU_LATENCY_DEVICE}")
