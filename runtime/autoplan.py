@@ -74,6 +74,7 @@ from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.loader import parse_shapes
 from infscaler.partitioner.profiler import usable_cores
 from infscaler.runtime.idlecurve import curve_for, load_curve
+from infscaler.runtime.pipeline import keyed_plan_dir
 from infscaler.runtime.planner import ModelStage, arrival_rates, cpu_cores, resource_cap
 from infscaler.runtime.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.stageprofile import measure_model_stage, search_measured
@@ -540,7 +541,6 @@ def plan_pipeline(
         InfScalerError: no SLO, a sample request the pipeline fails on, or no candidate
             meets the SLO (the message carries the search's last explain line).
     """
-
     spec = parse_slo(cfg.slo)
     if spec.ms is None and spec.factor is None:
         raise InfScalerError("the planner needs an SLO", hint="e.g. slo: 200ms or slo: 3x")
@@ -643,19 +643,16 @@ CAP_GROWTH_REPLAN = 1.25
 
 def chosen_plan_dir(state_dir: str | Path, model: Path, shapes: Any, cuts: Sequence[int]) -> Path:
     """Where the plan of ``model`` cut at ``cuts`` (for input ``shapes``) is written:
-    ``<state_dir>/plans/auto-<stem>-<12 hex>``, keyed by the model file's
-    :func:`~infscaler.base.models.file_key` (resolved path, size, modification time), the
-    shapes and the cuts, so that a model file replaced in place (a new export under the
-    same name) is partitioned anew rather than served from the old file's partitions.
+    ``<state_dir>/plans/auto-<stem>-<12 hex>``
+    (:func:`~infscaler.runtime.pipeline.keyed_plan_dir`: keyed by the model file's
+    path, size and modification time, the shapes and the cuts), so that a model file
+    replaced in place (a new export under the same name) is partitioned anew rather than
+    served from the old file's partitions.
 
     Raises:
         OSError: ``model`` cannot be stat'ed.
     """
-    import hashlib
-
-    key = f"{file_key(model)}|{shapes}|{list(cuts)}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return Path(state_dir) / "plans" / f"auto-{model.stem}-{digest}"
+    return keyed_plan_dir(state_dir, model, (shapes, list(cuts)), prefix="auto-")
 
 
 def _keep(path: Path, data: dict[str, Any], best: Any, cap_mb: float) -> None:

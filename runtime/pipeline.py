@@ -237,15 +237,29 @@ def _vi_spec(vi: onnx.ValueInfoProto) -> tuple[str, list[int]]:
     return dtype, shape
 
 
+def keyed_plan_dir(
+    state_dir: str | os.PathLike[str], model_path: Path, parts: Sequence[object], prefix: str = ""
+) -> Path:
+    """Where a deploy-time plan of ``model_path`` is kept:
+    ``<state_dir>/plans/<prefix><stem>-<12 hex>``, the digest of the model file's
+    :func:`~infscaler.base.models.file_key` (resolved path, size, modification time) and
+    ``parts`` (what else the plan depends on, as ``str``), so that a model file replaced
+    in place is partitioned anew. Used for the plans of partitioned stages (here) and of
+    the deploy-time planner's chosen cuts (:func:`infscaler.runtime.autoplan.chosen_plan_dir`).
+
+    Raises:
+        OSError: ``model_path`` cannot be stat'ed.
+    """
+    key = "|".join([file_key(model_path)] + [str(x) for x in parts])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return Path(state_dir) / "plans" / f"{prefix}{model_path.stem}-{digest}"
+
+
 def _plan_dir_for(
     stage: StageConfig, model_path: Path, state_dir: Path, shapes: str | None
 ) -> Path:
-    key = "|".join(
-        [file_key(model_path)]
-        + [str(x) for x in (stage.partitions, stage.slo, stage.max_partitions, shapes)]
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return state_dir / "plans" / f"{model_path.stem}-{digest}"
+    parts = (stage.partitions, stage.slo, stage.max_partitions, shapes)
+    return keyed_plan_dir(state_dir, model_path, parts)
 
 
 # -- compiler -------------------------------------------------------------------------
