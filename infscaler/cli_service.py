@@ -26,6 +26,8 @@ from infscaler.base.config import load_pipeline
 from infscaler.base.device import load_profile
 from infscaler.base.errors import InfScalerError
 from infscaler.base.models import cache_dir
+from infscaler.base.quotas import PeerQuotas
+from infscaler.base.ratelog import install_rate_limit
 from infscaler.base.samples import render_text_image
 from infscaler.base.security import SecurityPolicy
 from infscaler.cli import err, out
@@ -88,6 +90,8 @@ def _setup_logging(verbose: bool) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    # one line per cause every 10 s (with a count): a client flood cannot fill the journal
+    install_rate_limit(10.0)
 
 
 # -- serve --------------------------------------------------------------------------------
@@ -174,6 +178,57 @@ def serve_cmd(
     max_connections: Annotated[
         int, typer.Option("--max-connections", help="API connections open at once (more: 503).")
     ] = 512,
+    max_connections_per_uid: Annotated[
+        int,
+        typer.Option(
+            "--max-connections-per-uid",
+            min=1,
+            help="Connections one client user may hold open (more: 503); the service's "
+            "user and root are not limited.",
+        ),
+    ] = PeerQuotas.connections_per_uid,
+    operator_connections: Annotated[
+        int,
+        typer.Option(
+            "--operator-connections",
+            min=0,
+            help="Of --max-connections, how many only the service's user and root may use "
+            "(the operator always gets in).",
+        ),
+    ] = PeerQuotas.operator_connections,
+    max_inflight_mb_per_uid: Annotated[
+        float,
+        typer.Option(
+            "--max-inflight-mb-per-uid",
+            min=1,
+            help="Of --max-inflight-mb, what one client user may hold, MB (more: 503).",
+        ),
+    ] = PeerQuotas.inflight_mb_per_uid,
+    max_regions_per_uid: Annotated[
+        int,
+        typer.Option(
+            "--max-regions-per-uid",
+            min=1,
+            help="System shared memory regions one client user may hold registered (more: 429).",
+        ),
+    ] = PeerQuotas.regions_per_uid,
+    max_regions: Annotated[
+        int,
+        typer.Option(
+            "--max-regions",
+            min=1,
+            help="Regions all client users together may hold registered (more: 429).",
+        ),
+    ] = PeerQuotas.regions,
+    variant_loads_per_min: Annotated[
+        float,
+        typer.Option(
+            "--variant-loads-per-min",
+            min=0.01,
+            help="Model-less queries one client user may make per minute that load a "
+            "variant (more: 429 with Retry-After); queries a loaded variant serves are free.",
+        ),
+    ] = PeerQuotas.variant_loads_per_min,
     header_timeout_s: Annotated[
         float,
         typer.Option("--header-timeout", help="Seconds for a request's headers to arrive (408)."),
@@ -240,6 +295,14 @@ def serve_cmd(
         header_timeout_s=header_timeout_s,
         body_timeout_s=body_timeout_s,
         max_connections=max_connections,
+        quotas=PeerQuotas(
+            connections_per_uid=max_connections_per_uid,
+            operator_connections=operator_connections,
+            inflight_mb_per_uid=max_inflight_mb_per_uid,
+            regions_per_uid=max_regions_per_uid,
+            regions=max_regions,
+            variant_loads_per_min=variant_loads_per_min,
+        ),
     )
 
     security = SecurityPolicy.create(allow_functions or (), model_repository or ())
@@ -283,6 +346,7 @@ def serve_cmd(
             metrics_host=metrics_host,
             limits=limits,
             max_inflight_mb=max_inflight_mb,
+            max_inflight_mb_per_uid=max_inflight_mb_per_uid,
             objective=objective,
             cpu_wake_latency_us=wake,
         )
@@ -338,6 +402,7 @@ async def _serve(
     limits: Any = None,
     metrics_host: str = "127.0.0.1",
     max_inflight_mb: float = 256,
+    max_inflight_mb_per_uid: float | None = PeerQuotas.inflight_mb_per_uid,
     objective: str = "auto",
     cpu_wake_latency_us: int | str | None = None,
 ) -> int:
@@ -352,6 +417,7 @@ async def _serve(
         control_path=control_path,
         pool_mb=pool_mb,
         max_inflight_mb=max_inflight_mb,
+        max_inflight_mb_per_uid=max_inflight_mb_per_uid,
         objective=objective,
         cpu_wake_latency_us=cpu_wake_latency_us,
     )

@@ -219,11 +219,12 @@ class InferResult:
 # -- request decoding (server) ------------------------------------------------------------
 
 
-def _shm_view(shm: SystemSharedMemoryRegistry | None, ref: tuple[str, int, int], where: str):
+def _shm_call(shm: SystemSharedMemoryRegistry | None, where: str, op: str, *args: Any) -> Any:
+    """``shm.<op>(*args)`` (``check``, ``read`` or ``write``) with ``where`` in its error."""
     if shm is None:
         raise ProtocolError(f"{where}: system shared memory is not available on this server")
     try:
-        return shm.view(*ref)
+        return getattr(shm, op)(*args)
     except ProtocolError as exc:
         raise ProtocolError(f"{where}: {exc.message}", exc.status, exc.hint) from None
 
@@ -346,11 +347,9 @@ def decode_infer_request(
                     f"{where}: shared_memory_byte_size {ref[2]} does not match shape {shape} "
                     f"of {datatype} ({expected} bytes)"
                 )
-            view = _shm_view(shm, ref, where)
-            try:
-                inputs[name] = tensor_from_bytes(view, datatype, shape, where)
-            finally:
-                view.release()
+            # a private copy (pread): the client's object may change or shrink meanwhile
+            data = _shm_call(shm, where, "read", *ref)
+            inputs[name] = tensor_from_bytes(data, datatype, shape, where, copy=False)
         elif has_binary:
             size = nonneg_int(p["binary_data_size"], "binary_data_size", where)
             if header_length is None:
@@ -425,7 +424,7 @@ def _decode_requested(
             raise ProtocolError(f"{where}: binary_data must be true or false, got {binary!r}")
         ref = shm_params(p, where)
         if ref is not None:
-            _shm_view(shm, ref, where).release()  # the region exists and holds the range
+            _shm_call(shm, where, "check", *ref)  # the region exists and holds the range
         out.append(RequestedOutput(name, binary, ref))
     return out
 
@@ -518,11 +517,7 @@ def encode_infer_response(
                         f"{where} is {len(raw)} bytes ({datatype} {list(arr.shape)}) but its shared "
                         f"memory range (region '{region}', offset {offset}) holds only {size}"
                     )
-                view = _shm_view(shm, (region, offset, len(raw)), where)
-                try:
-                    view[:] = raw
-                finally:
-                    view.release()
+                _shm_call(shm, where, "write", region, offset, raw)
                 entry["parameters"] = {
                     "shared_memory_region": region,
                     "shared_memory_offset": offset,

@@ -73,11 +73,13 @@ from typing import Any
 from aiohttp import web
 
 from infscaler.base.errors import InfScalerError
-from infscaler.base.security import SecurityPolicy
+from infscaler.base.quotas import LoadBudget
+from infscaler.base.security import SecurityPolicy, is_privileged_uid, peer_uid
 from infscaler.metrics import make_registry
 from infscaler.server_common import (
     ARRIVED,
     LIMITS,
+    LOADS,
     MAX_BODY,
     METRICS,
     SECURITY,
@@ -87,7 +89,13 @@ from infscaler.server_common import (
     error_response,
     status_of,
 )
-from infscaler.server_http import BodyTimeout, BodyTruncated, EdgeRunner, HttpLimits
+from infscaler.server_http import (
+    BodyTimeout,
+    BodyTruncated,
+    EdgeRunner,
+    HttpLimits,
+    fit_to_fd_limit,
+)
 from infscaler.server_repo import (
     repository_index,
     repository_load,
@@ -192,25 +200,41 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 @web.middleware
 async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Bytes in flight (:mod:`infscaler.runtime.admission`): an inference request
-    reserves twice its declared ``Content-Length`` (the body and its decoded tensors;
-    the body limit when none is declared) from the service's budget *before* its body
-    is read, and gives it back once answered (or cancelled). Over the budget: 503 with
-    ``retry_after_s``; the body is then read and thrown away in small chunks (never
-    held), so the client, still sending it, gets the answer instead of a reset."""
+    """Bytes in flight (:mod:`infscaler.runtime.admission`), on every route that reads a
+    body: a request reserves bytes from the service's budget, and from its client's
+    (peer uid) share of it, *before* its body is read, and gives them back once
+    answered (or cancelled). An inference reserves twice its declared
+    ``Content-Length`` (the body and its decoded tensors; the body limit when none is
+    declared); any other POST (shared memory register, repository load) its declared
+    length, at most the control body limit
+    (:attr:`~infscaler.base.quotas.PeerQuotas.control_body_kb`; a longer declared body
+    is 413 at once). Over a budget: 503 with ``retry_after_s``; the body is then read and
+    thrown away in small chunks (never held), so the client, still sending it, gets the
+    answer instead of a reset. The service's own user and root are held to the
+    service-wide budget only."""
     service = request.app[SERVICE]
-    if (
-        request.method != "POST"
-        or not request.path.endswith("/infer")
-        or not hasattr(service, "reserve_bytes")
-    ):
+    if request.method != "POST" or not hasattr(service, "reserve_bytes"):
         return await handler(request)
-    request[ARRIVED] = time.monotonic()  # deadlines count from here, not from the submit
-    limit = request.app[MAX_BODY] << 20
+    infer = request.path.endswith("/infer")
+    if infer:
+        request[ARRIVED] = time.monotonic()  # deadlines count from here, not the submit
+        limit = request.app[MAX_BODY] << 20
+    else:
+        limit = request.app[LIMITS].quotas.control_body_bytes
     declared = request.content_length
-    nbytes = 2 * (limit if declared is None else min(declared, limit))
+    if not infer and declared is not None and declared > limit:
+        resp = error_response(
+            f"request body too large: {declared} bytes; {request.method} "
+            f"{request.path[:120]} takes at most {limit // 1024} KB",
+            413,
+        )
+        resp.force_close()  # the rest of the body is never read
+        return resp
+    nbytes = (2 if infer else 1) * (limit if declared is None else min(declared, limit))
+    uid = peer_uid(request.transport.get_extra_info("socket") if request.transport else None)
+    peer = None if is_privileged_uid(uid) and uid >= 0 else uid
     try:
-        service.reserve_bytes(nbytes)
+        service.reserve_bytes(nbytes, peer)
     except InfScalerError:
         with contextlib.suppress(Exception):
             seen = 0
@@ -222,7 +246,7 @@ async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     finally:
-        service.release_bytes(nbytes)
+        service.release_bytes(nbytes, peer)
 
 
 def create_app(
@@ -244,17 +268,27 @@ def create_app(
             query that names a registered task).
         security: the :class:`~infscaler.base.security.SecurityPolicy` for pipelines loaded
             through the API (default: bundled function modules only, no model repository).
-        limits: connection-level limits (:class:`HttpLimits`; default: its defaults),
-            applied by :func:`start_unix_server`.
+        limits: connection-level limits and the per-client quotas (:class:`HttpLimits`;
+            default: its defaults), applied by :func:`start_unix_server`; fitted to the
+            process's fd limit first (:func:`~infscaler.server_http.fit_to_fd_limit`).
     """
     app = web.Application(middlewares=[_errors, _admission], client_max_size=max_body_mb << 20)
+    limits = fit_to_fd_limit(limits if limits is not None else HttpLimits())
+    quotas = limits.quotas
     app[SERVICE] = service
-    app[SHM] = shm if shm is not None else SystemSharedMemoryRegistry()
+    app[SHM] = (
+        shm
+        if shm is not None
+        else SystemSharedMemoryRegistry(
+            max_regions_per_uid=quotas.regions_per_uid, max_regions=quotas.regions
+        )
+    )
+    app[LOADS] = LoadBudget(quotas.variant_loads_per_min)
     app[MAX_BODY] = max_body_mb
     app[TASKS] = {"router": tasks}
     app[SECURITY] = security if security is not None else SecurityPolicy()
     app[METRICS] = make_registry(service)
-    app[LIMITS] = limits if limits is not None else HttpLimits()
+    app[LIMITS] = limits
     r = app.router
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/health/live", live)

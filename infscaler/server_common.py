@@ -44,6 +44,8 @@ SECURITY = web.AppKey("security", object)
 METRICS = web.AppKey("metrics", object)
 #: the :class:`~infscaler.server_http.HttpLimits`
 LIMITS = web.AppKey("limits", object)
+#: the :class:`~infscaler.base.quotas.LoadBudget` of variant loads per client uid
+LOADS = web.AppKey("loads", object)
 #: when an inference request arrived (``time.monotonic()`` s, before its body was read)
 ARRIVED = web.RequestKey("arrived_s", float)
 #: The only model version there is.

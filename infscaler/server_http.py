@@ -16,19 +16,26 @@ aiohttp ``web_protocol.RequestHandler`` (``keepalive_timeout``, parser limits,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
-from dataclasses import dataclass
+import resource
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from infscaler.base.errors import InfScalerError
+from infscaler.base.quotas import PeerQuotas, admit_connection, plan_fds
+from infscaler.base.ratelog import RateLimitedLog
+from infscaler.base.security import is_privileged_uid, peer_uid
 from infscaler.server_common import error_response
 
 log = logging.getLogger("infscaler.server")
+#: refusals come in floods under attack: one line per cause every 10 s, with a count
+_refusal_log = RateLimitedLog(log, interval_s=10.0)
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,9 @@ class HttpLimits:
             else 408 and the connection is closed.
         keepalive_timeout_s: an idle keep-alive connection is closed after this.
         max_connections: connections open at once; one more is answered 503 (with
-            ``Retry-After: 1``) and closed.
+            ``Retry-After: 1``) and closed. Per client uid, and the share kept for the
+            operator: :attr:`quotas` (:func:`~infscaler.base.quotas.admit_connection`).
+        quotas: the per-uid limits (:class:`~infscaler.base.quotas.PeerQuotas`).
         max_line_size / max_field_size / max_headers: request line and header limits
             (aiohttp's parser; beyond them: 400).
 
@@ -60,6 +69,7 @@ class HttpLimits:
     max_line_size: int = 8190
     max_field_size: int = 8190
     max_headers: int = 128
+    quotas: PeerQuotas = field(default_factory=PeerQuotas)
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
@@ -163,23 +173,27 @@ class EdgeRequestHandler(RequestHandler):
     # asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         manager = self._manager
-        if manager is not None and len(manager.connections) >= self._limits.max_connections:
-            self._edge_refused = True
-            log.warning(
-                "refusing a connection: %d open (limit %d)",
+        self._edge_uid: int | None = None
+        if manager is not None:
+            uid = peer_uid(transport.get_extra_info("socket"))
+            by_uid = manager.edge_by_uid  # type: ignore[attr-defined]
+            why = admit_connection(
+                is_privileged_uid(uid) and uid >= 0,
                 len(manager.connections),
+                by_uid.get(uid, 0),
                 self._limits.max_connections,
+                self._limits.quotas,
             )
-            transport.write(  # type: ignore[attr-defined]
-                _raw_error(
-                    503,
-                    "Service Unavailable",
-                    f"too many connections (at most {self._limits.max_connections}); retry",
-                    "Retry-After: 1\r\n",
+            if why is not None:
+                self._edge_refused = True
+                _refusal_log.warning("refusing connections: %s", why, key=why.split("(")[0])
+                transport.write(  # type: ignore[attr-defined]
+                    _raw_error(503, "Service Unavailable", why, "Retry-After: 1\r\n")
                 )
-            )
-            transport.close()
-            return
+                transport.close()
+                return
+            self._edge_uid = uid
+            by_uid[uid] = by_uid.get(uid, 0) + 1
         super().connection_made(transport)
         self._edge_arm("header")
 
@@ -238,6 +252,16 @@ class EdgeRequestHandler(RequestHandler):
         self._edge_arm(None)
         if self._edge_refused:
             return
+        uid = getattr(self, "_edge_uid", None)
+        manager = self._manager
+        if uid is not None and manager is not None:
+            by_uid = manager.edge_by_uid  # type: ignore[attr-defined]
+            left = by_uid.get(uid, 0) - 1
+            if left > 0:
+                by_uid[uid] = left
+            else:
+                by_uid.pop(uid, None)
+            self._edge_uid = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -290,6 +314,7 @@ class _EdgeServer(web.Server):
     """aiohttp's low-level server making :class:`EdgeRequestHandler` connections."""
 
     limits: HttpLimits
+    edge_by_uid: dict[int, int]  # open connections per peer uid
 
     def __call__(self) -> RequestHandler:
         return EdgeRequestHandler(self, loop=self._loop, limits=self.limits, **self._kwargs)
@@ -313,4 +338,43 @@ class EdgeRunner(web.AppRunner):
         server = await super()._make_server()
         server.__class__ = _EdgeServer
         server.limits = self._limits  # type: ignore[attr-defined]
+        server.edge_by_uid = {}  # type: ignore[attr-defined]
         return server
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (what servers do at
+    start: the soft default, 1024, is for interactive shells); returns the soft limit
+    now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def fit_to_fd_limit(limits: HttpLimits) -> HttpLimits:
+    """``limits`` with ``max_connections`` and the region quota lowered, if need be, so
+    that what clients can make the service hold fits the fd limit with
+    :data:`~infscaler.base.quotas.FD_RESERVE` fds left for instances, the zygote, the
+    tensor pool and the control path (:func:`~infscaler.base.quotas.plan_fds`; the soft
+    limit is raised to the hard one first). Logs a warning when it lowers anything.
+
+    Raises:
+        InfScalerError: the fd limit is too low to serve at all.
+    """
+    plan = plan_fds(raise_fd_limit(), limits.max_connections, limits.quotas.regions)
+    if not plan.warning:
+        return limits
+    log.warning("%s", plan.warning)
+    regions = min(limits.quotas.regions, plan.regions)
+    quotas = dataclasses.replace(
+        limits.quotas,
+        regions=regions,
+        regions_per_uid=min(limits.quotas.regions_per_uid, regions),
+    )
+    return dataclasses.replace(limits, max_connections=plan.max_connections, quotas=quotas)

@@ -18,8 +18,16 @@ from aiohttp import web
 from infscaler.base.config import load_pipeline
 from infscaler.base.security import peer_of, require_privileged
 from infscaler.protocol import parse_json_object
-from infscaler.server_common import SECURITY, SERVICE, SHM, error_response, json_response, shm_of
-from infscaler.server_routes import model_entry
+from infscaler.server_common import (
+    LIMITS,
+    SECURITY,
+    SERVICE,
+    SHM,
+    error_response,
+    json_response,
+    shm_of,
+)
+from infscaler.server_routes import model_entry, read_body
 
 # -- model repository ------------------------------------------------------------------
 
@@ -45,7 +53,9 @@ async def repository_index(request: web.Request) -> web.Response:
 
 
 async def _body_json(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    """The body as a JSON object, at most the control routes' body limit
+    (:attr:`~infscaler.base.quotas.PeerQuotas.control_body_kb`; 413 beyond)."""
+    raw = await read_body(request, request.app[LIMITS].quotas.control_body_bytes)
     if not raw:
         return {}
     return parse_json_object(raw, "body")  # strict UTF-8, bounded depth; else 400

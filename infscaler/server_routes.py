@@ -24,11 +24,13 @@ import numpy as np
 from aiohttp import web
 
 import infscaler
+from infscaler.base.security import is_privileged, peer_of
 from infscaler.metrics import CONTENT_TYPE, exposition
 from infscaler.modelless.selector import SelectionError
 from infscaler.modelless.tasks import TaskRouter, task_interface
 from infscaler.modelless.variants import VariantRegistry
 from infscaler.protocol import (
+    ProtocolError,
     TensorSpec,
     decode_infer_request,
     encode_infer_response,
@@ -38,6 +40,7 @@ from infscaler.protocol import (
 from infscaler.server_common import (
     ARRIVED,
     EXTENSIONS,
+    LOADS,
     MAX_BODY,
     METRICS,
     SERVICE,
@@ -219,6 +222,26 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     params = dict(req.parameters or {})
     timeout_s = parse_timeout_ms(params)
     loop = asyncio.get_running_loop()
+    peer = peer_of(request)
+    budget = request.app[LOADS]
+
+    def before_load(variant: str) -> None:
+        """A client that is not the operator may cause only so many variant loads."""
+        if is_privileged(peer):
+            return
+        wait_s = budget.take(peer.uid)
+        if wait_s is not None:
+            refusal = SelectionError(
+                f"task {task!r}: loading variant {variant} for this query would pass your "
+                f"budget of variant loads ({budget.per_min:g} a minute per user, "
+                "--variant-loads-per-min)",
+                429,
+                hint="retry after Retry-After seconds, or relax latency_ms / "
+                "min_accuracy so that a loaded variant serves the query",
+            )
+            refusal.retry_after_s = wait_s  # type: ignore[attr-defined]
+            raise refusal
+
     fut, sel = await loop.run_in_executor(
         None,
         lambda: router.submit(
@@ -227,6 +250,7 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
             latency_ms=params.get("latency_ms"),
             min_accuracy=params.get("min_accuracy"),
             timeout_s=timeout_s,
+            before_load=before_load,
         ),
     )
     result = await asyncio.wrap_future(fut)
@@ -249,24 +273,49 @@ async def _read_infer_request(request: web.Request, specs: list[Any]) -> Any:
     )
 
 
-async def read_body(request: web.Request) -> bytearray | bytes:
+def _too_large(request: web.Request, limit: int, declared: int | None = None) -> Exception:
+    """413 for a body over ``limit``: aiohttp's (its message names ``--max-body-mb``) for
+    the app's own limit, a :class:`ProtocolError` naming the route's otherwise."""
+    if limit == request.app[MAX_BODY] << 20:
+        return web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared or limit + 1)
+    size = f"{declared} bytes" if declared is not None else f"more than {limit} bytes"
+    return ProtocolError(
+        f"request body too large: {size}; {request.method} {request.path[:120]} takes at "
+        f"most {limit // 1024} KB",
+        413,
+    )
+
+
+async def read_body(request: web.Request, limit: int | None = None) -> bytearray | bytes:
     """The request body, read once into a buffer of its ``Content-Length`` (no growing
     buffer, no final ``bytes`` copy as in aiohttp's ``request.read()``); the binary
     tensor data inputs are then zero-copy views of it (``decode_infer_request(...,
     copy=False)``) until the front end copies them into pool slots. A body without a
-    Content-Length (chunked) goes through ``request.read()``.
+    Content-Length (chunked) is read in chunks up to ``limit``.
+
+    Args:
+        limit: the most bytes it may have (default: the app's ``max_body_mb``).
 
     Raises:
-        HTTPRequestEntityTooLarge: beyond the app's ``max_body_mb`` (413, before reading).
+        HTTPRequestEntityTooLarge / ProtocolError: (413) beyond ``limit`` (before reading
+            when the length is declared, else as soon as it passes it).
         HTTPBadRequest: the body ended before its Content-Length (or the connection was
             lost meanwhile).
     """
     n = request.content_length
-    if n is None or request.can_read_body is False:
-        return await request.read()
-    limit = request.app[MAX_BODY] << 20
+    if limit is None:
+        limit = request.app[MAX_BODY] << 20
+    if request.can_read_body is False:
+        return b""
+    if n is None:
+        chunks = bytearray()
+        async for chunk in request.content.iter_chunked(1 << 16):
+            chunks += chunk
+            if limit and len(chunks) > limit:
+                raise _too_large(request, limit)
+        return chunks
     if limit and n > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=n)
+        raise _too_large(request, limit, n)
     buf = bytearray(n)
     view = memoryview(buf)
     pos = 0

@@ -147,6 +147,9 @@ class Service:
             server reserves each request's bytes before reading its body
             (:meth:`reserve_bytes`), beyond it 503 with ``retry_after_s``
             (:mod:`infscaler.runtime.admission`).
+        max_inflight_mb_per_uid: of that budget, what one client uid may hold, MB
+            (None: no per-client bound); the service's own user and root are held to
+            the service-wide budget only.
         objective: ``auto``: a pipeline left to the planner (an ``slo`` and
             ``autoscale``, model stages naming no K, threads or instances:
             :func:`~infscaler.runtime.autoplan.needs_planning`) is deployed with the
@@ -175,6 +178,7 @@ class Service:
         max_pending: int = 1024,
         start_timeout_s: float = 120.0,
         max_inflight_mb: float | None = 256,
+        max_inflight_mb_per_uid: float | None = 128,
         objective: str = "auto",
         cpu_wake_latency_us: int | str | None = "auto",
     ) -> None:
@@ -210,7 +214,10 @@ class Service:
         self.autoscaler: Any = None
         self.started_at: float | None = None
         self._profile: Any = None
-        self.inflight = ByteBudget(None if max_inflight_mb is None else int(max_inflight_mb * 1e6))
+        self.inflight = ByteBudget(
+            None if max_inflight_mb is None else int(max_inflight_mb * 1e6),
+            None if max_inflight_mb_per_uid is None else int(max_inflight_mb_per_uid * 1e6),
+        )
         #: called with the reason when the front end dies (``serve`` exits on it)
         self.on_frontend_death: Any = None
 
@@ -397,14 +404,16 @@ class Service:
         if self.on_frontend_death is not None:
             self.on_frontend_death(reason)
 
-    def reserve_bytes(self, nbytes: int) -> None:
-        """Reserve ``nbytes`` of the in-flight budget for a request (release with
-        :meth:`release_bytes` once it is answered).
+    def reserve_bytes(self, nbytes: int, peer_uid: int | None = None) -> None:
+        """Reserve ``nbytes`` of the in-flight budget for a request of client
+        ``peer_uid`` (None: not held to a per-client budget), release with
+        :meth:`release_bytes` once it is answered.
 
         Raises:
-            RequestError: (503, with ``retry_after_s``) over the budget.
+            RequestError: (503, with ``retry_after_s``) over the budget, or over the
+                client's share of it.
         """
-        verdict = self.inflight.reserve(nbytes)
+        verdict = self.inflight.reserve(nbytes, peer_uid)
         if not verdict.admit:
             raise RequestError(
                 f"the service is at its in-flight memory budget: {verdict.reason}",
@@ -413,9 +422,9 @@ class Service:
                 retry_after_s=verdict.retry_after_s,
             )
 
-    def release_bytes(self, nbytes: int) -> None:
+    def release_bytes(self, nbytes: int, peer_uid: int | None = None) -> None:
         """Give back what :meth:`reserve_bytes` reserved."""
-        self.inflight.release(nbytes)
+        self.inflight.release(nbytes, peer_uid)
 
     def _on_request_failed(self, request: int, reason: str) -> None:
         if self.frontend is not None:

@@ -8,8 +8,14 @@ Triton's system shared memory extension (``protocol/extension_shared_memory.md``
 (``shared_memory_region`` / ``shared_memory_offset`` / ``shared_memory_byte_size``)
 instead of sending tensor bytes; outputs can be written there too.
 
-- :class:`SystemSharedMemoryRegistry` is the server side: it maps registered ranges and
-  hands the codec (:mod:`infscaler.protocol`) bounds-checked views.
+- :class:`SystemSharedMemoryRegistry` is the server side: it keeps an fd of each
+  registered object and copies tensors in and out of it for the codec
+  (:mod:`infscaler.protocol`) with ``preadv(2)`` / ``pwrite(2)``, never through a mapping.
+  A client owns its object and may shrink, grow or remove it at any moment: a mapped
+  page past the new end raises SIGBUS in whoever touches it (the whole service), while a
+  read or write on the fd past the end just comes back short. A short read is a 400
+  (``object shrank``), never a signal and never a tensor half of old and half of missing
+  bytes. What it costs against a mapping: ``bench/shm_copy.py``.
 - :class:`SharedMemoryRegion` is the client side (like ``tritonclient.utils.shared_memory``):
   create an object, write arrays into it, read outputs back.
 
@@ -31,6 +37,7 @@ little-endian, row-major; BYTES elements a 4-byte little-endian length then the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import stat
@@ -42,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.base.errors import InfScalerError
-from infscaler.base.security import Peer, is_privileged, may_read_write
+from infscaler.base.security import Peer, is_privileged, is_privileged_uid, may_read_write
 from infscaler.protocol import (
     DATATYPES,
     ProtocolError,
@@ -58,6 +65,8 @@ except ImportError:  # pragma: no cover - non-POSIX
     _posixshmem = None
 
 __all__ = [
+    "MAX_REGIONS",
+    "MAX_REGIONS_PER_UID",
     "RESERVED_PREFIXES",
     "PeerRegistry",
     "SharedMemoryRegion",
@@ -111,23 +120,29 @@ def _shm_unlink(key: str) -> None:
         os.unlink("/dev/shm" + key)
 
 
-def _map(fd: int, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
-    """Map ``[offset, offset + byte_size)`` of ``fd``; returns (map, start of the range in it)."""
-    base = offset - offset % mmap.ALLOCATIONGRANULARITY
-    mm = mmap.mmap(
-        fd,
-        offset - base + byte_size,
-        flags=mmap.MAP_SHARED,
-        prot=mmap.PROT_READ | mmap.PROT_WRITE,
-        offset=base,
-    )
-    return mm, offset - base
-
-
 def _close_map(mm: mmap.mmap) -> None:
     # BufferError: a view is still exported; the map goes when the last view does
     with contextlib.suppress(BufferError):
         mm.close()
+
+
+def _pread_into(fd: int, buf: memoryview, pos: int) -> int:
+    """Fill ``buf`` from ``fd`` at ``pos`` with ``preadv(2)``; returns the bytes read
+    (fewer than ``len(buf)`` only where the object ends: it shrank)."""
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], pos + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def _pwrite_from(fd: int, data: memoryview, pos: int) -> None:
+    """Write all of ``data`` to ``fd`` at ``pos`` with ``pwrite(2)``."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], pos + done)
 
 
 @dataclass
@@ -137,9 +152,9 @@ class _Region:
     offset: int
     byte_size: int
     fd: int
-    mm: mmap.mmap
-    start: int  # where the registered range begins inside mm
     owner_uid: int | None = None  # the registering peer's uid; None: in-process
+    users: int = 0  # reads / writes in progress (the fd stays open until they end)
+    closed: bool = False  # unregistered: close the fd once ``users`` is 0
 
     def status(self) -> dict[str, Any]:
         return {
@@ -150,23 +165,77 @@ class _Region:
         }
 
 
+#: Regions one client uid may hold registered at once (each holds one fd of the service).
+MAX_REGIONS_PER_UID = 64
+#: Regions all clients that are not privileged may hold registered at once.
+MAX_REGIONS = 256
+
+
 class SystemSharedMemoryRegistry:
     """The server's registered system shared memory regions (Triton semantics,
     ``extension_shared_memory.md``: Status / Register / Unregister). Thread-safe.
 
+    Each region holds one fd of its object (``O_RDWR``, opened at registration) and no
+    mapping: tensors are copied in with ``preadv(2)`` and out with ``pwrite(2)`` at the
+    registered offset (see the module docstring for why). Regions outlive the connection
+    that registered them (as Triton's), so the number one uid may hold is capped.
+
     Args:
         reserved_prefixes: shm names clients may not register (default: the tensor pool's).
+        max_regions_per_uid: regions one uid that is not privileged may hold (then 429).
+        max_regions: regions all such uids together may hold (then 429). The service's
+            own user and root are held to neither (each region is one fd: the service
+            keeps room for them, :func:`infscaler.base.quotas.plan_fds`).
     """
 
-    def __init__(self, reserved_prefixes: Sequence[str] = RESERVED_PREFIXES) -> None:
+    def __init__(
+        self,
+        reserved_prefixes: Sequence[str] = RESERVED_PREFIXES,
+        *,
+        max_regions_per_uid: int = MAX_REGIONS_PER_UID,
+        max_regions: int = MAX_REGIONS,
+    ) -> None:
         self._reserved = tuple(reserved_prefixes)
         self._regions: dict[str, _Region] = {}
         self._lock = threading.Lock()
+        self.max_regions_per_uid = int(max_regions_per_uid)
+        self.max_regions = int(max_regions)
+        self.refused = 0  # registrations refused by the quota
+
+    def _check_quota(self, name: str, peer: Peer | None) -> None:
+        """429 when ``peer`` (not privileged) is at its region quota or all are at theirs."""
+        if is_privileged(peer):
+            return
+        assert peer is not None
+        unprivileged = [r for r in self._regions.values() if not is_privileged_uid(r.owner_uid)]
+        mine = sum(1 for r in unprivileged if r.owner_uid == peer.uid)
+        if mine >= self.max_regions_per_uid:
+            self.refused += 1
+            raise ProtocolError(
+                f"region '{name}': you ({peer.describe()}) hold {mine} registered shared "
+                f"memory regions, the most one user may (--max-regions-per-uid "
+                f"{self.max_regions_per_uid})",
+                429,
+                hint="unregister regions you no longer use (POST "
+                "/v2/systemsharedmemory/unregister), or register one larger region and "
+                "use offsets inside it",
+            )
+        others = len(unprivileged)
+        if others >= self.max_regions:
+            self.refused += 1
+            raise ProtocolError(
+                f"region '{name}': the service holds {others} registered shared memory "
+                f"regions of its clients, the most it keeps (--max-regions "
+                f"{self.max_regions})",
+                429,
+                hint="retry later, or ask the operator to raise --max-regions",
+            )
 
     def register(
         self, name: str, key: str, offset: int, byte_size: int, peer: Peer | None = None
     ) -> None:
-        """Map ``byte_size`` bytes at ``offset`` of the shm object ``key`` as region ``name``.
+        """Open the shm object ``key`` and register ``byte_size`` bytes at ``offset`` of
+        it as region ``name``.
 
         Args:
             peer: the client (None: an in-process caller). One that is not privileged
@@ -178,11 +247,12 @@ class SystemSharedMemoryRegistry:
             ProtocolError: (400) a bad or empty name, a bad or reserved key, a negative
                 offset, a byte_size < 1, a name already registered, a missing object, an
                 object the service may not open, or offset + byte_size beyond the object;
-                (403) an object ``peer`` could not open for reading and writing.
+                (403) an object ``peer`` could not open for reading and writing; (429)
+                ``peer`` holds its quota of regions, or the clients hold all there may be.
         """
         if not isinstance(name, str) or not name or "/" in name:
             raise ProtocolError(
-                f"bad shared memory region name {name!r}: a non-empty string without '/'"
+                f"bad shared memory region name {name!r:.80}: a non-empty string without '/'"
             )
         key = normalize_key(key, self._reserved)
         for what, v in (("offset", offset), ("byte_size", byte_size)):
@@ -204,6 +274,7 @@ class SystemSharedMemoryRegistry:
                     f"shared memory region '{name}' is already registered{detail}",
                     hint="unregister it first, or choose another name",
                 )
+            self._check_quota(name, peer)
             try:
                 # O_NONBLOCK: a FIFO planted in /dev/shm must not block the server
                 fd = _shm_open(key, os.O_RDWR | os.O_NONBLOCK)
@@ -220,8 +291,9 @@ class SystemSharedMemoryRegistry:
                     "(SharedMemoryRegion.create(..., group=True) gives mode 0660)",
                 ) from None
             except OSError as exc:
+                status = 503 if exc.errno in (errno.EMFILE, errno.ENFILE) else 400
                 raise ProtocolError(
-                    f"region '{name}': cannot open shared memory object {key}: {exc}"
+                    f"region '{name}': cannot open shared memory object {key}: {exc}", status
                 ) from None
             try:
                 st = os.fstat(fd)
@@ -232,7 +304,7 @@ class SystemSharedMemoryRegistry:
                         f"region '{name}': you ({peer.describe()}) may not read and write "
                         f"shared memory object {key} yourself (owner uid {st.st_uid}, group "
                         f"{st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}); the service "
-                        "maps only objects its client could open itself",
+                        "opens only objects its client could open itself",
                         403,
                         hint="create the object yourself (SharedMemoryRegion.create(..., "
                         "group=True) gives mode 0660)",
@@ -243,15 +315,11 @@ class SystemSharedMemoryRegistry:
                         f"{offset + byte_size} is beyond shared memory object {key} "
                         f"({st.st_size} bytes)"
                     )
-                mm, start = _map(fd, offset, byte_size)
-            except ProtocolError:
+            except BaseException:
                 os.close(fd)
                 raise
-            except (OSError, ValueError) as exc:
-                os.close(fd)
-                raise ProtocolError(f"region '{name}': cannot map {key}: {exc}") from None
             owner = None if peer is None else peer.uid
-            self._regions[name] = _Region(name, key, offset, byte_size, fd, mm, start, owner)
+            self._regions[name] = _Region(name, key, offset, byte_size, fd, owner)
 
     @staticmethod
     def _mine(r: _Region, peer: Peer | None) -> bool:
@@ -267,10 +335,20 @@ class SystemSharedMemoryRegistry:
                 403,
             )
 
+    @staticmethod
+    def _drop(r: _Region) -> None:
+        """Close ``r``'s fd once no read or write uses it (call with the lock held)."""
+        r.closed = True
+        if r.users == 0 and r.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(r.fd)
+            r.fd = -1
+
     def unregister(self, name: str | None = None, peer: Peer | None = None) -> None:
         """Unregister region ``name``, or every region ``peer`` may see (None).
         Unregistering a name that is not registered does nothing (as Triton). The shm
-        objects stay: the client owns them.
+        objects stay: the client owns them. A read or write of the region in progress
+        finishes on its fd first (an fd number is never reused under it).
 
         Raises:
             ProtocolError: (403) ``name`` is another user's region (for a ``peer`` that
@@ -286,9 +364,7 @@ class SystemSharedMemoryRegistry:
             for n in names:
                 r = self._regions.pop(n, None)
                 if r is not None:
-                    _close_map(r.mm)
-                    with contextlib.suppress(OSError):
-                        os.close(r.fd)
+                    self._drop(r)
 
     def status(self, name: str | None = None, peer: Peer | None = None) -> list[dict[str, Any]]:
         """``[{"name", "key", "offset", "byte_size"}]`` for region ``name`` or all that
@@ -311,15 +387,9 @@ class SystemSharedMemoryRegistry:
         ``peer`` may be a function giving it, called on first use."""
         return PeerRegistry(self, peer)
 
-    def view(self, name: str, offset: int, byte_size: int, peer: Peer | None = None) -> memoryview:
-        """A writable ``memoryview`` (format ``B``) of ``byte_size`` bytes at ``offset``
-        within region ``name``. Release it (``with`` / ``.release()``) when done.
-
-        Raises:
-            ProtocolError: (400) the region is not registered; offset + byte_size beyond
-                it; or its shm object shrank below the registered range since; (403) it
-                is another user's region (``peer`` not privileged).
-        """
+    def _acquire(self, name: str, offset: int, byte_size: int, peer: Peer | None) -> _Region:
+        """Region ``name`` checked for ``peer`` and the range, its fd held open until
+        :meth:`_release`."""
         with self._lock:
             r = self._regions.get(name)
             if r is None:
@@ -333,17 +403,97 @@ class SystemSharedMemoryRegistry:
                     f"offset {offset} + byte_size {byte_size} is beyond shared memory region "
                     f"'{name}' ({r.byte_size} bytes)"
                 )
-            # A client that shrinks its object after registering would make this mapping
-            # raise SIGBUS on access: check the object still covers the range.
-            size = os.fstat(r.fd).st_size
-            if size < r.offset + r.byte_size:
+            r.users += 1
+            return r
+
+    def _release(self, r: _Region) -> None:
+        with self._lock:
+            r.users -= 1
+            if r.closed:
+                self._drop(r)
+
+    @staticmethod
+    def _shrank(r: _Region, size: int | str) -> ProtocolError:
+        return ProtocolError(
+            f"shared memory region '{r.name}': object {r.key} shrank to {size} bytes, below "
+            f"the registered range (offset {r.offset}, byte_size {r.byte_size})",
+            hint="keep the object at least as large as the registered range while it is "
+            "registered (or unregister and register it again)",
+        )
+
+    def check(self, name: str, offset: int, byte_size: int, peer: Peer | None = None) -> None:
+        """That ``peer`` may use ``byte_size`` bytes at ``offset`` of region ``name``.
+
+        Raises:
+            ProtocolError: as :meth:`read`, without touching the object.
+        """
+        self._release(self._acquire(name, offset, byte_size, peer))
+
+    def read(self, name: str, offset: int, byte_size: int, peer: Peer | None = None) -> bytearray:
+        """A copy of ``byte_size`` bytes at ``offset`` within region ``name``, read with
+        ``preadv(2)`` from the object's fd (never a mapping: an object the client shrinks
+        meanwhile gives a short read, not SIGBUS).
+
+        Raises:
+            ProtocolError: (400) the region is not registered; offset + byte_size beyond
+                it; its object now ends before the range (it shrank: a short read); the
+                read failed; (403) it is another user's region (``peer`` not privileged).
+        """
+        r = self._acquire(name, offset, byte_size, peer)
+        try:
+            buf = bytearray(byte_size)
+            try:
+                got = _pread_into(r.fd, memoryview(buf), r.offset + offset)
+            except OSError as exc:
                 raise ProtocolError(
-                    f"shared memory region '{name}': object {r.key} shrank to {size} bytes, below "
-                    f"the registered range (offset {r.offset}, byte_size {r.byte_size})",
-                    hint="unregister and register it again",
-                )
-            start = r.start + offset
-            return memoryview(r.mm)[start : start + byte_size]
+                    f"shared memory region '{name}': cannot read object {r.key}: {exc}"
+                ) from None
+            if got < byte_size:
+                raise self._shrank(r, f"{r.offset + offset + got} (or fewer)")
+            return buf
+        finally:
+            self._release(r)
+
+    def write(self, name: str, offset: int, data: Any, peer: Peer | None = None) -> None:
+        """Write ``data`` (a bytes-like object) at ``offset`` within region ``name``
+        with ``pwrite(2)`` on the object's fd.
+
+        The object must still cover the range when the write starts (``fstat``); one that
+        shrinks during the write is grown back by it to at most the registered range's
+        end, in the client's own object: the service never touches memory past it, and
+        never raises a signal.
+
+        Raises:
+            ProtocolError: (400) as :meth:`read`; the object shrank below the range; the
+                write failed (for example ``/dev/shm`` is full); (403) another user's region.
+        """
+        mv = memoryview(data).cast("B")
+        r = self._acquire(name, offset, len(mv), peer)
+        try:
+            try:
+                size = os.fstat(r.fd).st_size
+                if size < r.offset + offset + len(mv):
+                    raise self._shrank(r, size)
+                _pwrite_from(r.fd, mv, r.offset + offset)
+            except OSError as exc:
+                raise ProtocolError(
+                    f"shared memory region '{name}': cannot write object {r.key}: {exc}"
+                ) from None
+        finally:
+            self._release(r)
+
+    def counts(self) -> dict[str, int]:
+        """``{"regions", "client_regions", "fds", "refused"}``: regions registered, of
+        them those of peers that are not privileged, fds held, quota refusals."""
+        with self._lock:
+            return {
+                "regions": len(self._regions),
+                "client_regions": sum(
+                    1 for r in self._regions.values() if not is_privileged_uid(r.owner_uid)
+                ),
+                "fds": sum(1 for r in self._regions.values() if r.fd >= 0),
+                "refused": self.refused,
+            }
 
     def close(self) -> None:
         """Unregister every region."""
@@ -376,8 +526,14 @@ class PeerRegistry:
             self._peer = self._peer()
         return self._peer
 
-    def view(self, name: str, offset: int, byte_size: int) -> memoryview:
-        return self.registry.view(name, offset, byte_size, self.peer)
+    def check(self, name: str, offset: int, byte_size: int) -> None:
+        self.registry.check(name, offset, byte_size, self.peer)
+
+    def read(self, name: str, offset: int, byte_size: int) -> bytearray:
+        return self.registry.read(name, offset, byte_size, self.peer)
+
+    def write(self, name: str, offset: int, data: Any) -> None:
+        self.registry.write(name, offset, data, self.peer)
 
     def status(self, name: str | None = None) -> list[dict[str, Any]]:
         return self.registry.status(name, self.peer)

@@ -88,18 +88,40 @@ def _retry(seconds: float) -> float:
     return round(min(MAX_RETRY_S, max(MIN_RETRY_S, seconds)), 3)
 
 
-def admit_bytes(request_bytes: int, inflight_bytes: int, budget_bytes: int | None) -> Admission:
+def admit_bytes(
+    request_bytes: int,
+    inflight_bytes: int,
+    budget_bytes: int | None,
+    *,
+    peer_inflight_bytes: int = 0,
+    peer_budget_bytes: int | None = None,
+) -> Admission:
     """Accept a request of ``request_bytes`` while ``inflight_bytes`` are held, under a
-    budget of ``budget_bytes`` (None: no budget).
+    budget of ``budget_bytes`` (None: no budget), and while its client (peer uid) holds
+    ``peer_inflight_bytes`` of its own budget ``peer_budget_bytes`` (None: no per-peer
+    budget, as for the service's own user and root).
 
-    A request larger than the whole budget is admitted when nothing else is in flight
-    (else it could never run; the body limit, ``--max-body-mb``, bounds it then).
+    A request larger than a whole budget is admitted when nothing else is in flight
+    against it (else it could never run; the body limit, ``--max-body-mb``, bounds it
+    then).
 
     Raises:
         ValueError: a negative size.
     """
-    if request_bytes < 0 or inflight_bytes < 0:
+    if request_bytes < 0 or inflight_bytes < 0 or peer_inflight_bytes < 0:
         raise ValueError("byte counts must be >= 0")
+    if (
+        peer_budget_bytes is not None
+        and peer_inflight_bytes + request_bytes > peer_budget_bytes
+        and peer_inflight_bytes > 0
+    ):
+        return Admission(
+            False,
+            f"your requests hold {peer_inflight_bytes / 1e6:.1f} MB in flight; this one "
+            f"({request_bytes / 1e6:.1f} MB) would pass the budget of one user, "
+            f"{peer_budget_bytes / 1e6:.0f} MB (--max-inflight-mb-per-uid)",
+            _retry(BYTES_RETRY_S),
+        )
     if budget_bytes is None:
         return Admission(True)
     if inflight_bytes + request_bytes <= budget_bytes or inflight_bytes == 0:
@@ -411,37 +433,62 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
 
 
 class ByteBudget:
-    """The service's budget of request bytes in flight (thread-safe; the state the
-    pure :func:`admit_bytes` decides on).
+    """The service's budget of request bytes in flight, and each client's share of it
+    (thread-safe; the state the pure :func:`admit_bytes` decides on).
 
     Args:
         budget_bytes: bytes held at once (None: unbounded).
+        peer_budget_bytes: bytes one peer key (a client uid) may hold at once (None:
+            unbounded); keys passed as None (the service's own user, root, in-process
+            callers) are held to the service-wide budget only.
     """
 
-    def __init__(self, budget_bytes: int | None) -> None:
-        if budget_bytes is not None and budget_bytes <= 0:
-            raise ValueError(f"the in-flight budget must be > 0 bytes, got {budget_bytes}")
+    def __init__(self, budget_bytes: int | None, peer_budget_bytes: int | None = None) -> None:
+        for what, v in (("in-flight", budget_bytes), ("per-peer in-flight", peer_budget_bytes)):
+            if v is not None and v <= 0:
+                raise ValueError(f"the {what} budget must be > 0 bytes, got {v}")
         self.budget_bytes = budget_bytes
+        self.peer_budget_bytes = peer_budget_bytes
         self.inflight_bytes = 0
         self.peak_bytes = 0
         self.refused = 0
+        self.refused_peer = 0
+        self._by_peer: dict[Any, int] = {}
         self._lock = threading.Lock()
 
-    def reserve(self, nbytes: int) -> Admission:
-        """Reserve ``nbytes`` if :func:`admit_bytes` admits them (then :meth:`release`
-        them once the request is answered)."""
+    def reserve(self, nbytes: int, peer: Any = None) -> Admission:
+        """Reserve ``nbytes`` for ``peer`` (None: not limited per peer) if
+        :func:`admit_bytes` admits them (then :meth:`release` them, with the same
+        ``peer``, once the request is answered)."""
         with self._lock:
-            verdict = admit_bytes(nbytes, self.inflight_bytes, self.budget_bytes)
+            held = 0 if peer is None else self._by_peer.get(peer, 0)
+            verdict = admit_bytes(
+                nbytes,
+                self.inflight_bytes,
+                self.budget_bytes,
+                peer_inflight_bytes=held,
+                peer_budget_bytes=None if peer is None else self.peer_budget_bytes,
+            )
             if verdict.admit:
                 self.inflight_bytes += nbytes
                 self.peak_bytes = max(self.peak_bytes, self.inflight_bytes)
+                if peer is not None:
+                    self._by_peer[peer] = held + nbytes
             else:
                 self.refused += 1
+                if "one user" in verdict.reason:
+                    self.refused_peer += 1
             return verdict
 
-    def release(self, nbytes: int) -> None:
+    def release(self, nbytes: int, peer: Any = None) -> None:
         with self._lock:
             self.inflight_bytes = max(0, self.inflight_bytes - nbytes)
+            if peer is not None:
+                left = self._by_peer.get(peer, 0) - nbytes
+                if left > 0:
+                    self._by_peer[peer] = left
+                else:
+                    self._by_peer.pop(peer, None)
 
     def stats(self) -> dict[str, int | None]:
         with self._lock:
@@ -450,4 +497,7 @@ class ByteBudget:
                 "inflight_bytes": self.inflight_bytes,
                 "peak_bytes": self.peak_bytes,
                 "refused": self.refused,
+                "peer_budget_bytes": self.peer_budget_bytes,
+                "refused_per_peer": self.refused_peer,
+                "peers_holding": len(self._by_peer),
             }

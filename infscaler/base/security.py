@@ -54,8 +54,11 @@ __all__ = [
     "SecurityPolicy",
     "check_function_module",
     "check_plain_function",
+    "is_privileged",
+    "is_privileged_uid",
     "may_read_write",
     "peer_of",
+    "peer_uid",
     "redact",
     "require_privileged",
 ]
@@ -103,7 +106,7 @@ class Peer:
 
     @property
     def privileged(self) -> bool:
-        return self.uid == 0 or self.uid == os.geteuid()
+        return is_privileged_uid(self.uid)
 
     def describe(self) -> str:
         return f"uid {self.uid}, gid {self.gid}"
@@ -140,6 +143,17 @@ def _peer_groups(sock: socket.socket, pid: int, uid: int, gid: int) -> frozenset
 _NOBODY = Peer(-1, -1, -1)
 
 
+def peer_uid(sock: Any) -> int:
+    """The peer's uid of a connected Unix socket (``SO_PEERCRED``), or -1 (another
+    transport, no credentials, gone)."""
+    if sock is None or sock.family != socket.AF_UNIX:
+        return -1
+    try:
+        return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+    except OSError:
+        return -1
+
+
 def peer_of(request: Any) -> Peer:
     """The :class:`Peer` of an aiohttp request on a Unix socket (two ``getsockopt``
     calls). A peer that is never privileged (uid -1) on any other transport, when the
@@ -164,6 +178,11 @@ def peer_of(request: Any) -> Peer:
 def is_privileged(peer: Peer | None) -> bool:
     """None (an in-process caller, no socket) or a privileged peer."""
     return peer is None or peer.privileged
+
+
+def is_privileged_uid(uid: int | None) -> bool:
+    """None (in-process), root or the service's own (effective) uid."""
+    return uid is None or uid == 0 or uid == os.geteuid()
 
 
 def require_privileged(peer: Peer | None, what: str) -> None:

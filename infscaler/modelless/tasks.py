@@ -47,7 +47,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -575,8 +575,14 @@ class TaskRouter:
         latency_ms: float | None = None,
         min_accuracy: float | None = None,
         timeout_s: float | None = None,
+        before_load: Callable[[str], None] | None = None,
     ) -> tuple[Any, Any]:
         """Select a variant, activate it if needed, submit the request to it.
+
+        Args:
+            before_load: called with the variant's name before this query loads it
+                (the server charges the client's load budget there, and raises to
+                refuse); not called when the variant is loaded already.
 
         Returns:
             ``(future of Result, Selection)``.
@@ -592,6 +598,10 @@ class TaskRouter:
         name = sel.variant.name
         slo = latency_ms if latency_ms is not None else None
         if sel.state.value == "inactive":
+            if before_load is not None and not any(
+                d.name == name for d in self.service.deployments()
+            ):
+                before_load(name)
             self.ensure_active(name, slo)
         return self.service.submit(name, inputs, timeout_s), sel
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from infscaler.base.errors import InfScalerError
+from infscaler.base.security import Peer
 from infscaler.protocol import ProtocolError
 from infscaler.sysshm import SharedMemoryRegion, SystemSharedMemoryRegistry, normalize_key
 
@@ -83,13 +85,14 @@ def test_register_status_view_unregister(
         {"name": "b", "key": region.key, "offset": 4196, "byte_size": 1000},
     ]
     assert reg.status("b") == [{"name": "b", "key": region.key, "offset": 4196, "byte_size": 1000}]
-    with reg.view("b", 0, 256) as v:
-        assert v.readonly is False and v.format == "B" and len(v) == 256
-        assert bytes(v) == payload.tobytes()
-        v[0:3] = b"xyz"  # the mapping is shared: the client sees the write
+    got = reg.read("b", 0, 256)
+    assert isinstance(got, bytearray) and bytes(got) == payload.tobytes()
+    region.buf[4196] = 0  # a copy: later changes of the object do not reach it
+    assert got[0] == payload[0]
+    reg.write("b", 0, b"xyz")  # written into the object: the client sees it
     assert bytes(region.buf[4196:4199]) == b"xyz"
-    with reg.view("b", 1000, 0) as v:  # an empty view at the very end is fine
-        assert len(v) == 0
+    assert reg.read("b", 1000, 0) == bytearray()  # an empty range at the very end is fine
+    reg.check("b", 0, 1000)
     reg.unregister("a")
     assert [s["name"] for s in reg.status()] == ["b"]
     reg.unregister("a")  # unknown: nothing happens (Triton semantics)
@@ -102,16 +105,18 @@ def test_view_bounds_and_unknown_regions(
 ) -> None:
     reg.register("r", region.key, 64, 128)
     assert "offset 100 + byte_size 29 is beyond shared memory region 'r' (128 bytes)" in refused(
-        reg.view, "r", 100, 29
+        reg.read, "r", 100, 29
     )
-    assert "beyond shared memory region 'r'" in refused(reg.view, "r", -1, 4)
-    msg = refused(reg.view, "nope", 0, 1)
+    assert "beyond shared memory region 'r'" in refused(reg.read, "r", -1, 4)
+    assert "beyond shared memory region 'r'" in refused(reg.write, "r", 127, b"ab")
+    assert "beyond shared memory region 'r'" in refused(reg.check, "r", 0, 129)
+    msg = refused(reg.read, "nope", 0, 1)
     assert "shared memory region 'nope' is not registered" in msg and "register" in msg
     assert "shared memory region 'nope' is not registered" in refused(
         reg.status, "nope", status=404
     )
     reg.close()
-    assert "'r' is not registered" in refused(reg.view, "r", 0, 1)
+    assert "'r' is not registered" in refused(reg.read, "r", 0, 1)
 
 
 def test_register_refusals(
@@ -155,19 +160,97 @@ def test_a_shrunk_object_is_refused_instead_of_sigbus(
     with SharedMemoryRegion.create(keys[0], 8192) as r:
         reg.register("r", r.key, 0, 8192)
         os.truncate("/dev/shm" + r.key, 100)
-        msg = refused(reg.view, "r", 0, 16)
-        assert "shrank to 100 bytes" in msg and "register it again" in msg
+        assert len(reg.read("r", 0, 16)) == 16  # what is left of the object still reads
+        msg = refused(reg.read, "r", 96, 16)
+        assert "shrank to 100 (or fewer) bytes" in msg and "register it again" in msg
+        msg = refused(reg.write, "r", 4000, b"x" * 16)
+        assert "shrank to 100 bytes" in msg
+        assert os.stat("/dev/shm" + r.key).st_size == 100  # the refused write grew nothing
+        os.truncate("/dev/shm" + r.key, 0)
+        assert "shrank to 0 (or fewer) bytes" in refused(reg.read, "r", 0, 16)
+        os.truncate("/dev/shm" + r.key, 8192)  # grown back: served again (zeros now)
+        assert reg.read("r", 0, 16) == bytearray(16)
+        os.unlink("/dev/shm" + r.key)  # removed: the registered fd still reads it
+        reg.write("r", 8, b"abc")
+        assert bytes(reg.read("r", 8, 3)) == b"abc"
 
 
-def test_unregister_with_a_live_view_does_not_crash(
+def test_the_shrink_race_never_signals_and_never_serves_a_torn_read(
+    keys: list[str], reg: SystemSharedMemoryRegistry
+) -> None:
+    """A thread shrinks the object to 0 and back while reads and writes go on: each read
+    is either the whole range (all of one fill value, or zeros where it was regrown) or a
+    400 saying it shrank; the process gets no SIGBUS."""
+    size = 1 << 16
+    with SharedMemoryRegion.create(keys[0], size) as r:
+        reg.register("r", r.key, 0, size)
+        path = "/dev/shm" + r.key
+        stop = threading.Event()
+
+        def shrink() -> None:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                while not stop.is_set():
+                    os.ftruncate(fd, 0)
+                    os.ftruncate(fd, size)
+                    os.pwrite(fd, b"\x07" * size, 0)
+            finally:
+                os.close(fd)
+
+        t = threading.Thread(target=shrink, daemon=True)
+        t.start()
+        served = short = 0
+        try:
+            for i in range(1000):
+                try:
+                    if i % 2:
+                        reg.write("r", 0, b"\x07" * size)
+                    data = reg.read("r", 0, size)
+                except ProtocolError as exc:
+                    assert exc.status == 400 and "shrank" in exc.message
+                    short += 1
+                    continue
+                assert len(data) == size
+                served += 1
+        finally:
+            stop.set()
+            t.join(10)
+        assert served + short == 1000  # each answered, none with a signal
+        reg.write("r", 0, b"\x05" * size)  # quiet again: served whole
+        assert reg.read("r", 0, size) == bytearray(b"\x05" * size)
+
+
+def test_unregister_during_a_read_keeps_the_fd_until_it_ends(
     region: SharedMemoryRegion, reg: SystemSharedMemoryRegistry
 ) -> None:
+    region.buf[0:4] = b"abcd"
     reg.register("r", region.key, 0, 64)
-    v = reg.view("r", 0, 8)
-    reg.unregister("r")  # the map stays until the last view goes
-    v[0] = 7
-    v.release()
-    assert region.buf[0] == 7
+    held = reg._acquire("r", 0, 4, None)  # a read in progress
+    fd = held.fd
+    reg.unregister("r")
+    assert os.pread(fd, 4, 0) == b"abcd"  # still this object's fd: not closed, not reused
+    reg._release(held)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert "'r' is not registered" in refused(reg.read, "r", 0, 1)
+
+
+def test_region_quotas_per_uid_and_in_all(region: SharedMemoryRegion, keys: list[str]) -> None:
+    os.chmod("/dev/shm" + region.key, 0o666)
+    alice = Peer(1, 60001, 60001)
+    bob = Peer(2, 60002, 60002)
+    with SystemSharedMemoryRegistry(max_regions_per_uid=2, max_regions=3) as reg:
+        reg.register("a1", region.key, 0, 8, alice)
+        reg.register("a2", region.key, 0, 8, alice)
+        msg = refused(reg.register, "a3", region.key, 0, 8, alice, status=429)
+        assert "hold 2 registered shared memory regions" in msg and "unregister" in msg
+        reg.register("b1", region.key, 0, 8, bob)
+        msg = refused(reg.register, "b2", region.key, 0, 8, bob, status=429)
+        assert "--max-regions 3" in msg
+        reg.register("own", region.key, 0, 8, None)  # the service's own: no quota
+        assert reg.counts() == {"regions": 4, "client_regions": 3, "fds": 4, "refused": 2}
+        reg.unregister("a1", alice)
+        reg.register("b2", region.key, 0, 8, bob)  # room again
 
 
 # -- SharedMemoryRegion (client side) ------------------------------------------------------

@@ -1,0 +1,243 @@
+"""Quotas per client of the inference socket: what one peer uid may make the service hold.
+
+Every client in the socket's group is a possible attacker (:mod:`infscaler.base.security`):
+one that opens connections, registers shared memory regions, sends large bodies or
+asks for variant loads must not take the service's file descriptors, memory or model
+loads from the others. The limits here are per *peer uid* (``SO_PEERCRED``: a client
+cannot choose it), with the service's own user and root (the operator) held to none of
+the per-uid limits and given a share of connections no one else may take.
+
+- :class:`PeerQuotas`: the limits and their defaults, sized for an 8 GB Jetson-class
+  device (see each attribute).
+- :func:`admit_connection`: the decision for a new connection (pure).
+- :func:`plan_fds`: how many connections and regions fit the process's fd limit
+  (``RLIMIT_NOFILE``) after a reserve for instances, the zygote, the tensor pool and
+  the control path (pure): clients can never make ``accept(2)`` or a restart fail
+  with ``EMFILE``.
+- :class:`LoadBudget`: variant loads a uid may cause (a token bucket per uid).
+
+Byte budgets per uid are :class:`~infscaler.runtime.admission.ByteBudget`'s; region
+counts are :class:`~infscaler.sysshm.SystemSharedMemoryRegistry`'s.
+
+Sources: ``unix(7)`` (``SO_PEERCRED``), ``getrlimit(2)`` (``RLIMIT_NOFILE``),
+``accept(2)`` (``EMFILE``); Triton's ``--rate-limit`` resources and NGINX's
+``limit_conn`` per key (the same idea: a count per client key, a 503 beyond it).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from infscaler.base.errors import InfScalerError
+
+__all__ = [
+    "FD_RESERVE",
+    "FdPlan",
+    "LoadBudget",
+    "PeerQuotas",
+    "admit_connection",
+    "plan_fds",
+]
+
+#: fds kept for the service itself whatever clients hold: instances' channels and pipes,
+#: the zygote, tensor pool slabs, eBPF maps, log files, model files being read.
+FD_RESERVE = 256
+
+
+@dataclass(frozen=True)
+class PeerQuotas:
+    """Limits per client uid on the inference socket. The service's own user and root
+    are held to none of the per-uid limits.
+
+    Attributes:
+        connections_per_uid: connections one uid may hold open at once (503 beyond).
+            64: a client with a connection pool of 16-32 fits with room.
+        operator_connections: of the server's ``max_connections``, how many only the
+            service's own user and root may use: with every other slot taken, the
+            operator still gets in (health, metrics, unload).
+        inflight_mb_per_uid: request bytes one uid may have in flight at once, MB,
+            counted like the service-wide ``--max-inflight-mb`` (before the body is
+            read; twice the body for an inference); 503 beyond. Default 128 MB: half
+            the service-wide default, so two clients at their limit cannot hold all.
+        control_body_kb: largest body of a request that is not an inference (shared
+            memory register, repository load), KB (413 beyond). 1024 KB: a register
+            body is ~100 bytes, a pipeline config a few KB.
+        regions_per_uid: shared memory regions one uid may hold registered (each is
+            one fd of the service, and outlives the connection); 429 beyond.
+        regions: regions all clients that are not privileged may hold; 429 beyond.
+        variant_loads_per_min: model-less task queries one uid may make that load or
+            switch a variant (each deploys a pipeline: seconds of CPU and hundreds of
+            MB), per minute, as a token bucket with a burst of as many; 429 beyond, with
+            Retry-After. Queries served by a variant already loaded are not counted.
+    """
+
+    connections_per_uid: int = 64
+    operator_connections: int = 16
+    inflight_mb_per_uid: float = 128.0
+    control_body_kb: int = 1024
+    regions_per_uid: int = 64
+    regions: int = 256
+    variant_loads_per_min: float = 6.0
+
+    def __post_init__(self) -> None:
+        for name in ("connections_per_uid", "regions_per_uid", "regions", "control_body_kb"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InfScalerError(f"quota {name} must be an integer >= 1, got {v!r}")
+        if (
+            isinstance(self.operator_connections, bool)
+            or not isinstance(self.operator_connections, int)
+            or self.operator_connections < 0
+        ):
+            raise InfScalerError(
+                f"quota operator_connections must be an integer >= 0, got "
+                f"{self.operator_connections!r}"
+            )
+        for name in ("inflight_mb_per_uid", "variant_loads_per_min"):
+            v = getattr(self, name)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not math.isfinite(v)
+                or v <= 0
+            ):
+                raise InfScalerError(f"quota {name} must be a number > 0, got {v!r}")
+
+    @property
+    def inflight_bytes_per_uid(self) -> int:
+        return int(self.inflight_mb_per_uid * (1 << 20))
+
+    @property
+    def control_body_bytes(self) -> int:
+        return self.control_body_kb << 10
+
+
+def admit_connection(
+    privileged: bool,
+    open_total: int,
+    open_by_uid: int,
+    max_connections: int,
+    quotas: PeerQuotas,
+) -> str | None:
+    """Whether a new connection may be served: None to admit it, else why not (the
+    answer is 503 with ``Retry-After``).
+
+    Args:
+        privileged: the peer is the service's own user or root.
+        open_total: connections open now (not counting this one).
+        open_by_uid: of them, those of this peer's uid.
+        max_connections: the server's cap on open connections.
+
+    Privileged peers may use all ``max_connections``; the others together
+    ``max_connections - operator_connections``, and each uid at most
+    ``connections_per_uid``.
+    """
+    if open_total >= max_connections:
+        return f"too many connections (at most {max_connections}); retry"
+    if privileged:
+        return None
+    shared = max(1, max_connections - quotas.operator_connections)
+    if open_total >= shared:
+        return (
+            f"too many connections ({open_total} open; the last "
+            f"{max_connections - shared} are kept for the operator); retry"
+        )
+    if open_by_uid >= quotas.connections_per_uid:
+        return (
+            f"too many connections from your uid ({open_by_uid} open, at most "
+            f"{quotas.connections_per_uid} per user); close some or retry"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class FdPlan:
+    """What :func:`plan_fds` decided.
+
+    Attributes:
+        nofile: the fd limit planned for (``RLIMIT_NOFILE`` soft).
+        max_connections / regions: the caps that fit (each <= what was asked).
+        reserve: fds kept for the service itself.
+        warning: why a cap was lowered ("" when nothing was).
+    """
+
+    nofile: int
+    max_connections: int
+    regions: int
+    reserve: int
+    warning: str = ""
+
+
+def plan_fds(nofile: int, max_connections: int, regions: int, reserve: int = FD_RESERVE) -> FdPlan:
+    """Fit the client-held fds (one per connection, one per registered region, plus
+    one per connection being refused) under ``nofile`` with ``reserve`` left for the
+    service itself; lowers connections, then regions, in proportion when they do not
+    fit.
+
+    Raises:
+        InfScalerError: ``nofile`` leaves fewer than 32 fds for clients after the
+            reserve (raise ``LimitNOFILE`` / ``ulimit -n``).
+    """
+    room = nofile - reserve
+    if room < 32:
+        raise InfScalerError(
+            f"the fd limit (RLIMIT_NOFILE {nofile}) leaves {max(room, 0)} fds for clients "
+            f"after the {reserve} the service keeps for itself",
+            hint="raise it (LimitNOFILE= in the unit, or ulimit -n 65536)",
+        )
+    # a refused connection holds its fd until its 503 is written: count connections twice
+    need = 2 * max_connections + regions
+    if need <= room:
+        return FdPlan(nofile, max_connections, regions, reserve)
+    scale = room / need
+    conns = max(8, int(max_connections * scale))
+    regs = max(8, min(regions, room - 2 * conns))
+    return FdPlan(
+        nofile,
+        conns,
+        regs,
+        reserve,
+        f"the fd limit {nofile} fits {conns} connections and {regs} shared memory regions "
+        f"(asked for {max_connections} and {regions}, with {reserve} fds kept for the "
+        "service); raise LimitNOFILE / ulimit -n for more",
+    )
+
+
+class LoadBudget:
+    """Variant loads per uid: a token bucket of ``per_min`` tokens a minute and a burst
+    of as many (thread-safe). Privileged uids are never charged.
+
+    Args:
+        per_min: loads a minute one uid may cause (:attr:`PeerQuotas.variant_loads_per_min`).
+        clock: monotonic seconds (for tests).
+    """
+
+    def __init__(self, per_min: float, clock=time.monotonic) -> None:
+        self.per_min = float(per_min)
+        self._clock = clock
+        self._buckets: dict[int, tuple[float, float]] = {}  # uid -> (tokens, at)
+        self._lock = threading.Lock()
+        self.refused = 0
+
+    def take(self, uid: int) -> float | None:
+        """Take one load for ``uid``: None when allowed, else seconds until one is."""
+        now = self._clock()
+        rate = self.per_min / 60.0
+        with self._lock:
+            tokens, at = self._buckets.get(uid, (self.per_min, now))
+            tokens = min(self.per_min, tokens + (now - at) * rate)
+            if tokens >= 1.0:
+                self._buckets[uid] = (tokens - 1.0, now)
+                return None
+            self._buckets[uid] = (tokens, now)
+            self.refused += 1
+            if len(self._buckets) > 4096:  # uids long refilled cost nothing to forget
+                full = [
+                    u for u, (t, a) in self._buckets.items() if t + (now - a) * rate >= self.per_min
+                ]
+                for u in full:
+                    del self._buckets[u]
+            return (1.0 - tokens) / rate
