@@ -124,7 +124,27 @@ def serialize_bytes(array: np.ndarray, where: str | None = None) -> bytes:
     return b"".join(parts)
 
 
+#: what one BYTES element of ``n`` >= 2 bytes costs decoded, beyond its ``n`` bytes: a
+#: CPython ``bytes`` object's header (33) and the object array's pointer (8); elements
+#: of 0 and 1 byte are CPython's shared singletons (the pointer only)
+BYTES_ELEMENT_OVERHEAD = 41
+#: slack of :func:`parse_bytes`'s bound on the decoded size, bytes
+BYTES_DECODE_SLACK = 1 << 20
+
+
 def parse_bytes(buf: Any, count: int, where: str, *, exact: bool) -> tuple[np.ndarray, int]:
+    """``count`` BYTES elements (4-byte little-endian length, then the bytes) from the
+    start of ``buf``: ``(object array of bytes, bytes used)``.
+
+    The decoded array is bounded by what the data carried: at most twice its bytes plus
+    :data:`BYTES_DECODE_SLACK` (the service's in-flight budget counts a request at twice
+    its body). Millions of tiny elements would otherwise take ~10x their size in
+    Python objects (:data:`BYTES_ELEMENT_OVERHEAD` each).
+
+    Raises:
+        ProtocolError: (400) truncated or left-over data; (413) it would decode to more
+            than the bound.
+    """
     mv = memoryview(buf).cast("B")
     pos, end = 0, len(mv)
     if count * 4 > end:  # every element has a 4-byte length: refuse before allocating
@@ -133,6 +153,8 @@ def parse_bytes(buf: Any, count: int, where: str, *, exact: bool) -> tuple[np.nd
             "little-endian length followed by its bytes)"
         )
     out = np.empty(count, dtype=object)
+    bound = 2 * end + BYTES_DECODE_SLACK
+    decoded = 8 * count
     for i in range(count):
         if pos + 4 > end:
             raise ProtocolError(
@@ -145,6 +167,17 @@ def parse_bytes(buf: Any, count: int, where: str, *, exact: bool) -> tuple[np.nd
             raise ProtocolError(
                 f"{where}: BYTES element {i} claims {n} bytes but only {end - pos} remain"
             )
+        if n > 1:
+            decoded += BYTES_ELEMENT_OVERHEAD - 8 + n
+            if decoded > bound:
+                raise ProtocolError(
+                    f"{where}: {count} BYTES elements in {end} bytes would take more than "
+                    f"{bound} bytes decoded (each element of 2 or more bytes is a Python "
+                    f"object of {BYTES_ELEMENT_OVERHEAD} bytes plus its data; at most twice "
+                    "the data's size plus 1 MB is decoded)",
+                    413,
+                    hint="send fewer, longer elements, or the bytes as a UINT8 tensor",
+                )
         out[i] = mv[pos : pos + n].tobytes()
         pos += n
     if exact and pos != end:

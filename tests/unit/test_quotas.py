@@ -129,3 +129,26 @@ def test_rate_limited_log(caplog: pytest.LogCaptureFixture) -> None:
     assert sent.count(True) == 1
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["refusing 0", "refusing again [99 more in the last interval not logged]"]
+
+
+# -- BYTES tensors: decoded size bounded by the data ----------------------------------------
+
+
+def test_bytes_tensors_decode_to_at_most_twice_their_data() -> None:
+    import struct
+
+    from infscaler.protocol import ProtocolError
+    from infscaler.protocol_tensors import BYTES_DECODE_SLACK, parse_bytes
+
+    n = 200_000  # 2-byte elements: 6 bytes each in the body, ~43 decoded
+    data = b"".join(struct.pack("<I", 2) + b"ab" for _ in range(n))
+    with pytest.raises(ProtocolError) as ei:
+        parse_bytes(data, n, "input 't'", exact=True)
+    assert ei.value.status == 413 and "UINT8" in (ei.value.hint or "")
+    # the same count of empty or one-byte elements (shared singletons) decodes fine
+    ones = b"".join(struct.pack("<I", 1) + b"a" for _ in range(n))
+    arr, used = parse_bytes(ones, n, "input 't'", exact=True)
+    assert used == len(ones) and arr[-1] == b"a"
+    # a few short strings are within the slack
+    few = b"".join(struct.pack("<I", 5) + b"hello" for _ in range(1000))
+    assert 1000 * 46 < BYTES_DECODE_SLACK and parse_bytes(few, 1000, "t", exact=True)[1] == 9000
