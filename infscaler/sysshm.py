@@ -429,8 +429,9 @@ class SystemSharedMemoryRegistry:
         """
         self._release(self._acquire(name, offset, byte_size, peer))
 
-    def read(self, name: str, offset: int, byte_size: int, peer: Peer | None = None) -> bytearray:
-        """A copy of ``byte_size`` bytes at ``offset`` within region ``name``, read with
+    def read(self, name: str, offset: int, byte_size: int, peer: Peer | None = None) -> memoryview:
+        """A copy of ``byte_size`` bytes at ``offset`` within region ``name`` (a writable
+        ``memoryview``, format ``B``, of a buffer of its own), read with
         ``preadv(2)`` from the object's fd (never a mapping: an object the client shrinks
         meanwhile gives a short read, not SIGBUS).
 
@@ -441,9 +442,10 @@ class SystemSharedMemoryRegistry:
         """
         r = self._acquire(name, offset, byte_size, peer)
         try:
-            buf = bytearray(byte_size)
+            # np.empty: no zero-fill of a buffer pread fills anyway (bytearray's is a memset)
+            buf = memoryview(np.empty(byte_size, np.uint8)).cast("B")
             try:
-                got = _pread_into(r.fd, memoryview(buf), r.offset + offset)
+                got = _pread_into(r.fd, buf, r.offset + offset)
             except OSError as exc:
                 raise ProtocolError(
                     f"shared memory region '{name}': cannot read object {r.key}: {exc}"
@@ -529,7 +531,7 @@ class PeerRegistry:
     def check(self, name: str, offset: int, byte_size: int) -> None:
         self.registry.check(name, offset, byte_size, self.peer)
 
-    def read(self, name: str, offset: int, byte_size: int) -> bytearray:
+    def read(self, name: str, offset: int, byte_size: int) -> memoryview:
         return self.registry.read(name, offset, byte_size, self.peer)
 
     def write(self, name: str, offset: int, data: Any) -> None:

@@ -1,0 +1,325 @@
+"""Hostile clients against a served pipeline: each attack class, then a soak.
+
+Runs ``infscaler serve`` as root (small quotas, the ``chain`` test pipeline) and attacks
+it from forked children that drop to uid 65534 in the socket's group (the clients of
+``tests/integration/test_hostile.py``). Needs root and a checkout (it imports the test
+clients). For each class: the attack, then a valid request from another user (uid
+65533) must succeed, the service's pid must be unchanged, and its RSS and fd count are
+recorded before and after.
+
+Classes: ``shrink`` (a registered object shrunk to 0 and back while inferences read
+their input from it and write their output to it: ``--shrink-rounds`` requests, every
+one reading, every other one writing), ``regions`` (registering without end),
+``connections`` (a flood of held connections), ``bodies`` (60 MB bodies on the register
+route, half-sent 3 MB inferences).
+
+``--soak-min M``: then M minutes of mixed valid load (4 threads of inferences as root),
+the attack classes in turn and ``kill -9`` of an instance every 60 s, with the service's
+RSS, fds, threads and the /dev/shm objects sampled every 10 s; reports each one's slope
+after a warm-up (the first fifth), per hour, and every valid request's outcome.
+
+Usage::
+
+    sudo .venv/bin/python bench/hostile.py                  # the classes, 2000 shrink rounds
+    sudo .venv/bin/python bench/hostile.py --soak-min 30    # and a 30-minute soak
+
+Writes ``bench/results/hostile.json`` (and ``hostile_soak.png`` with a soak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._common import environment, now_utc, write_json  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
+from tests.integration.test_hostile import (  # noqa: E402
+    QUOTAS,
+    _big_bodies,
+    _fds,
+    _hold_connections,
+    _register_many,
+    _rss_mb,
+    _shrink_race,
+)
+from tests.integration.test_security import CHAIN, GROUP, OTHER_UID, as_user, call  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+INFER = {
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [[1.0, 2.0, 3.0, 4.0]]}]
+}
+
+
+def start_service(tmp: Path) -> tuple[subprocess.Popen, str, Path]:
+    public = Path(tempfile.mkdtemp(prefix="isc-hostile-"))
+    public.chmod(0o711)
+    sock = str(public / "api.sock")
+    pipeline = tmp / "chain.yaml"
+    pipeline.write_text(yaml.safe_dump(CHAIN))
+    log = tmp / "serve.log"
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tests'}{os.pathsep}{ROOT}")
+    args = [str(a) for kv in QUOTAS.items() for a in kv]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infscaler", "serve", "--socket", sock, "--socket-group",
+             str(GROUP), "--state-dir", str(tmp / "state"), "--control-path", "userspace",
+             "--pool-mb", "64", *args, str(pipeline)],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise SystemExit(f"the service exited: {log.read_text()[-2000:]}")
+        return call(sock, "GET", "/v2/health/ready")[0] == 200 if os.path.exists(sock) else False
+
+    wait_for(lambda: _safe(ready), 180, "the service")
+    return proc, sock, log
+
+
+def _safe(fn: Any) -> Any:
+    try:
+        return fn()
+    except OSError:
+        return False
+
+
+def shm_objects() -> int:
+    return len(os.listdir("/dev/shm"))
+
+
+def probe(proc: subprocess.Popen) -> dict[str, Any]:
+    pid = proc.pid
+    with open(f"/proc/{pid}/status") as f:
+        threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+    return {
+        "alive": proc.poll() is None,
+        "rss_mb": round(_rss_mb(pid), 1),
+        "fds": _fds(pid),
+        "threads": threads,
+        "shm_objects": shm_objects(),
+    }
+
+
+def valid_from_another_user(sock: str) -> bool:
+    status, res = as_user(call, sock, "POST", "/v2/models/chain/infer", INFER, uid=OTHER_UID)
+    return status == 200 and res["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
+
+
+def attack_shrink(sock: str, rounds: int) -> dict[str, Any]:
+    statuses = as_user(_shrink_race, sock, rounds)
+    return {"statuses": statuses, "reads": rounds, "writes": rounds // 2}
+
+
+def attack_regions(sock: str) -> dict[str, Any]:
+    try:
+        mine = as_user(_register_many, sock, 50)
+        return {"registered": mine.count(200), "refused_429": mine.count(429), "of": 50}
+    finally:
+        call(sock, "POST", "/v2/systemsharedmemory/unregister")
+
+
+def attack_connections(sock: str) -> dict[str, Any]:
+    return as_user(_hold_connections, sock, 60, 2.0)
+
+
+def attack_bodies(sock: str) -> dict[str, Any]:
+    reg = as_user(_big_bodies, sock, 6, "/v2/systemsharedmemory/region/x/register", 60 << 20,
+                  1 << 20, 0.0)  # fmt: skip
+    inf = as_user(_big_bodies, sock, 4, "/v2/models/chain/infer", 3 << 20, 1 << 20, 2.0)
+    return {"register_60mb": reg, "infer_3mb_half_sent": inf}
+
+
+ATTACKS = {
+    "regions": attack_regions,
+    "connections": attack_connections,
+    "bodies": attack_bodies,
+}
+
+
+def run_class(name: str, fn: Any, proc: subprocess.Popen, sock: str) -> dict[str, Any]:
+    before = probe(proc)
+    t0 = time.monotonic()
+    result = fn()
+    after = probe(proc)
+    ok = valid_from_another_user(sock)
+    out = {
+        "class": name,
+        "seconds": round(time.monotonic() - t0, 1),
+        "result": result,
+        "before": before,
+        "after": after,
+        "pid_unchanged": proc.poll() is None,
+        "valid_request_after": ok,
+    }
+    print(f"{name}: {result} pid ok={out['pid_unchanged']} valid after={ok} "
+          f"rss {before['rss_mb']}->{after['rss_mb']} MB fds {before['fds']}->{after['fds']}")  # fmt: skip
+    return out
+
+
+def instance_pids(sock: str) -> list[int]:
+    status, res = call(sock, "GET", "/v2/infscaler/status")
+    pids: list[int] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k == "instances" and isinstance(x, list):
+                    pids.extend(i["pid"] for i in x if isinstance(i, dict) and i.get("pid"))
+                else:
+                    walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(res)
+    return pids
+
+
+def slope_per_hour(ts: list[float], ys: list[float]) -> float:
+    if len(ts) < 3:
+        return float("nan")
+    return float(np.polyfit(np.array(ts) / 3600.0, np.array(ys, dtype=float), 1)[0])
+
+
+def soak(proc: subprocess.Popen, sock: str, minutes: float) -> dict[str, Any]:
+    stop = threading.Event()
+    outcomes: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                status, _ = call(sock, "POST", "/v2/models/chain/infer", INFER)
+                key = str(status)
+            except OSError as exc:
+                key = f"no answer: {type(exc).__name__}"
+            with lock:
+                outcomes[key] = outcomes.get(key, 0) + 1
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    samples: list[dict[str, Any]] = []
+    kills = attacks = 0
+    t0 = time.monotonic()
+    end = t0 + minutes * 60
+    next_sample = next_kill = t0
+    names = ["shrink", *ATTACKS]
+    rng = random.Random(0)
+    while time.monotonic() < end and proc.poll() is None:
+        now = time.monotonic()
+        if now >= next_sample:
+            samples.append({"t_s": round(now - t0, 1), **probe(proc)})
+            next_sample += 10.0
+        if now >= next_kill:
+            pids = instance_pids(sock)
+            if pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rng.choice(pids), signal.SIGKILL)
+                    kills += 1
+            next_kill += 60.0
+        name = names[attacks % len(names)]
+        if name == "shrink":
+            as_user(_shrink_race, sock, 100)
+        else:
+            ATTACKS[name](sock)
+        attacks += 1
+        time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    samples.append({"t_s": round(time.monotonic() - t0, 1), **probe(proc)})
+    warm = [s for s in samples if s["t_s"] >= minutes * 60 / 5]
+    ts = [s["t_s"] for s in warm]
+    slopes = {
+        k: round(slope_per_hour(ts, [s[k] for s in warm]), 2)
+        for k in ("rss_mb", "fds", "threads", "shm_objects")
+    }
+    return {
+        "minutes": minutes,
+        "attacks": attacks,
+        "instance_kills": kills,
+        "valid_requests": outcomes,
+        "alive_at_end": proc.poll() is None,
+        "slope_per_hour_after_warmup": slopes,
+        "samples": samples,
+    }
+
+
+def plot(soak_result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = soak_result["samples"]
+    t = [x["t_s"] / 60 for x in s]
+    fig, axes = plt.subplots(4, 1, figsize=(8, 9), sharex=True)
+    for ax, key in zip(axes, ("rss_mb", "fds", "threads", "shm_objects"), strict=True):
+        ax.plot(t, [x[key] for x in s], marker=".")
+        slope = soak_result["slope_per_hour_after_warmup"][key]
+        ax.set_ylabel(key)
+        ax.set_title(f"{key}: slope after warm-up {slope:+.2f} / h", fontsize=9)
+    axes[-1].set_xlabel("minutes (valid load, attacks in turn, kill -9 of an instance a minute)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shrink-rounds", type=int, default=2000)
+    ap.add_argument("--soak-min", type=float, default=0.0)
+    ap.add_argument("--out", type=Path, default=RESULTS / "hostile.json")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: the attackers are switched to uid 65534 / 65533")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="isc-hostile-bench-") as td:
+        proc, sock, log = start_service(Path(td))
+        pid = proc.pid
+        try:
+            classes = [
+                run_class("shrink", lambda: attack_shrink(sock, a.shrink_rounds), proc, sock)
+            ]
+            classes += [run_class(n, lambda f=f: f(sock), proc, sock) for n, f in ATTACKS.items()]
+            result: dict[str, Any] = {
+                "when": now_utc(),
+                "environment": environment(),
+                "quotas": QUOTAS,
+                "classes": classes,
+                "crashes": sum(not c["pid_unchanged"] for c in classes),
+            }
+            if a.soak_min > 0:
+                result["soak"] = soak(proc, sock, a.soak_min)
+                plot(result["soak"], a.out.with_name(a.out.stem + "_soak.png"))
+            result["service_pid_unchanged"] = proc.poll() is None and proc.pid == pid
+            log_text = log.read_text()
+            result["log_lines"] = log_text.count("\n")
+            result["log_bytes"] = len(log_text)
+        finally:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(60)
+        write_json(a.out, result)
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
