@@ -267,3 +267,31 @@ def test_rebalance_upgrades_at_the_cap_and_downgrades_at_low_load(
     router._call_in_worker(lambda: None).result(10)
     assert svc.deployed == [b4, b1] and svc.undeployed == [b4]
     assert [a["action"] for a in router.actions] == ["upgrade", "downgrade"]
+
+
+def test_a_clients_variant_loads_are_budgeted(served, monkeypatch, tmp_path: Path) -> None:
+    """A client that is not the operator may cause only ``variant_loads_per_min`` loads:
+    the next query that would load one is 429 with Retry-After, while queries a loaded
+    variant serves go on."""
+    import infscaler.server_routes as routes
+    from infscaler.base.quotas import PeerQuotas
+    from infscaler.base.security import Peer
+    from infscaler.server import HttpLimits
+
+    monkeypatch.setattr(routes, "peer_of", lambda request: Peer(1, 60001, 60001))
+    limits = HttpLimits(quotas=PeerQuotas(variant_loads_per_min=1))
+    text = {"text": np.array(["A cat sleeps on the sofa."], dtype=object)}
+    sock = tmp_path / "budget.sock"
+    with ServerThread(served.svc, sock, limits=limits), Client(sock, timeout=120) as c:
+        if any(d.name == L3 for d in served.svc.deployments()):
+            served.svc.undeploy(L3)
+        assert c.infer_task("text-embedding", text).parameters["variant"] == L3  # 1 load
+        assert c.infer_task("text-embedding", text).parameters["variant"] == L3  # loaded: free
+        served.svc.undeploy(L3)
+        with pytest.raises(InferenceServerError) as ei:
+            c.infer_task("text-embedding", text)
+        assert ei.value.status == 429
+        assert "budget of variant loads" in str(ei.value) and "--variant-loads-per-min" in str(
+            ei.value
+        )
+        assert not any(d.name == L3 for d in served.svc.deployments())  # nothing loaded
