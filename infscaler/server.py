@@ -120,6 +120,7 @@ from infscaler.server_routes import (
 from infscaler.sysshm import SystemSharedMemoryRegistry
 
 __all__ = [
+    "ACCEPT_BATCH",
     "LISTEN_BACKLOG",
     "HttpLimits",
     "ServerThread",
@@ -139,6 +140,12 @@ log = logging.getLogger("infscaler.server")
 #: it at ``net.core.somaxconn``): an overload burst waits in it for an answer instead of
 #: being refused at connect
 LISTEN_BACKLOG = 4096
+#: connections asyncio accepts in one event loop tick (it passes the ``backlog`` of
+#: ``create_server`` as this batch, ``selector_events._accept_connection``): each holds
+#: an fd before the connection cap can refuse it, so a flood of connects could take a
+#: whole fd limit in one tick with the batch at :data:`LISTEN_BACKLOG`. The socket is
+#: then ``listen``-ed again with the full backlog for the kernel's queue.
+ACCEPT_BATCH = 32
 
 
 # -- the app ---------------------------------------------------------------------------
@@ -481,8 +488,10 @@ async def start_unix_server(
         app, app[LIMITS], access_log=None, handle_signals=False, handler_cancellation=True
     )
     await runner.setup()
-    site = web.SockSite(runner, bind_unix_socket(p, mode, group), backlog=LISTEN_BACKLOG)
+    sock = bind_unix_socket(p, mode, group)
+    site = web.SockSite(runner, sock, backlog=ACCEPT_BATCH)
     await site.start()
+    sock.listen(LISTEN_BACKLOG)  # the kernel queues a burst; asyncio takes ACCEPT_BATCH a tick
     return runner
 
 

@@ -395,3 +395,107 @@ def test_a_chunked_control_body_is_cut_at_the_limit(svc) -> None:
 
     assert as_user(chunked, svc["sock"]) == 413
     _still_whole(svc)
+
+
+# -- the fd limit: clients can never take the fds the service needs ----------------------
+
+
+def _open_many(sock: str, n: int, hold_s: float) -> int:
+    conns = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(sock)
+        except OSError:
+            s.close()
+            continue
+        conns.append(s)
+    time.sleep(hold_s)
+    for s in conns:
+        s.close()
+    return len(conns)
+
+
+def test_under_a_low_fd_limit_a_flood_leaves_fds_for_instances(tmp_path: Path) -> None:
+    """``RLIMIT_NOFILE`` 600 with ``--max-connections 512``: the service lowers its caps
+    to fit (with a warning) and, while one client holds every connection it can get, an
+    instance killed with SIGKILL is restarted and the operator is served: no EMFILE
+    anywhere."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the clients are switched to uid 65534 / 65533")
+    import resource
+
+    public = Path(tempfile.mkdtemp(prefix="isc-fds-"))
+    public.chmod(0o711)
+    sock = str(public / "api.sock")
+    pipeline = tmp_path / "chain.yaml"
+    pipeline.write_text(yaml.safe_dump(CHAIN))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
+    log_path = tmp_path / "serve.log"
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (600, 600))
+
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infscaler", "serve", "--socket", sock, "--socket-group",
+             str(GROUP), "--state-dir", str(tmp_path / "state"), "--control-path", "userspace",
+             "--pool-mb", "64", "--max-connections", "512", "--max-connections-per-uid", "512",
+             str(pipeline)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=low_limit,
+        )  # fmt: skip
+    try:
+        wait_for(
+            lambda: proc.poll() is not None or _safe_ready(sock), 180, "the service to be ready"
+        )
+        assert proc.poll() is None, log_path.read_text()
+        assert "the fd limit 600 fits" in log_path.read_text()
+        out: dict = {}
+        t = threading.Thread(
+            target=lambda: out.update(n=as_user(_open_many, sock, 700, 20.0)), daemon=True
+        )
+        t.start()
+        wait_for(lambda: _fds(proc.pid) > 200, 60, "the flood's connections")
+        assert _fds(proc.pid) < 600
+        st, res = call(sock, "GET", "/v2/infscaler/status")
+        assert st == 200, res
+        pids = [i["pid"] for p in res["pipelines"] for u in p["units"] for i in u["instances"]]
+        restarts = res["restarts"]
+        os.kill(pids[0], 9)
+        wait_for(
+            lambda: call(sock, "GET", "/v2/infscaler/status")[1]["restarts"] > restarts,
+            60,
+            "the killed instance to be restarted",
+        )
+        # one client holds every connection it may (it was given the per-uid cap of all):
+        # the operator still gets in
+        assert proc.poll() is None
+        status, res = wait_for(
+            lambda: (r := call(sock, "POST", "/v2/models/chain/infer", INFER))[0] == 200 and r,
+            60,
+            "the replacement to serve",
+        )
+        assert res["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0], res
+        assert t.is_alive(), "the flood let go too early for the test to mean anything"
+        t.join(60)
+        assert out["n"] > 200
+        assert "Too many open files" not in log_path.read_text()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        with contextlib.suppress(OSError):
+            os.unlink(sock)
+        with contextlib.suppress(OSError):
+            os.rmdir(public)
+
+
+def _safe_ready(sock: str) -> bool:
+    try:
+        with Client(sock) as c:
+            return c.is_ready()
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
