@@ -52,15 +52,26 @@ def default_socket(socket: str | None = None) -> str:
     return DEFAULT_SOCKET
 
 
-def pipeline_from_arg(arg: str, partitions: int | None = None) -> Any:
+def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | None = None) -> Any:
     """A pipeline from a ``serve`` argument: a pipeline YAML, an ``.onnx`` model or
     bundled alias (served whole, or partitioned into ``partitions``), or a plan dir.
 
+    Args:
+        shapes: concrete shapes of a model's dynamic inputs (``--shapes``, trtexec's
+            ``x:1x3x224x224``); for a bundled alias they replace its default.
+
     Raises:
-        ConfigError: a file that is none of these.
+        ConfigError: a file that is none of these, or ``shapes`` for a pipeline file or
+            plan directory (their stages carry their own).
     """
 
     p = Path(arg)
+    model = p.suffix == ".onnx" and p.is_file() or arg in MODELS
+    if shapes and not model:
+        raise ConfigError(
+            f"--shapes applies to .onnx models and bundled aliases, not to {arg!r}",
+            hint="set `shapes:` on the model stage in the pipeline file instead",
+        )
     if p.suffix in (".yaml", ".yml", ".json") and p.is_file():
         return load_pipeline(p)
     if p.is_dir():
@@ -68,9 +79,9 @@ def pipeline_from_arg(arg: str, partitions: int | None = None) -> Any:
             raise ConfigError(f"{p} is a directory but not a plan directory (no plan.yaml)")
         return pipeline_for_model(p)
     if p.suffix == ".onnx" and p.is_file():
-        return pipeline_for_model(p, partitions=partitions)
+        return pipeline_for_model(p, partitions=partitions, shapes=shapes)
     if arg in MODELS:
-        return pipeline_for_model(arg, partitions=partitions, shapes=MODELS[arg].shapes)
+        return pipeline_for_model(arg, partitions=partitions, shapes=shapes or MODELS[arg].shapes)
     if arg in BUNDLED_PIPELINES:
         return load_pipeline(_bundled(f"{arg}.yaml"))
     raise ConfigError(

@@ -125,6 +125,15 @@ def serve_cmd(
         int | None,
         typer.Option("--partitions", "-k", help="Partition bare models into K parts at deploy."),
     ] = None,
+    shapes: Annotated[
+        str | None,
+        typer.Option(
+            "--shapes",
+            help="Concrete shapes of a model's dynamic inputs, trtexec style "
+            "(x:1x3x224x224[,y:...]), for the .onnx models and aliases given; a dynamic "
+            "batch dim alone takes 1 with a warning.",
+        ),
+    ] = None,
     pool_mb: Annotated[int, typer.Option("--pool-mb", help="Tensor pool memory cap, MB.")] = 512,
     slo: Annotated[
         str | None,
@@ -310,7 +319,7 @@ def serve_cmd(
         resolve_group(socket_group)  # an unknown group fails now, not after the deploys
 
     profile = load_profile(device) if device else None
-    configs = [pipeline_from_arg(t, partitions) for t in targets or []]
+    configs = [pipeline_from_arg(t, partitions, shapes) for t in targets or []]
     watcher = None
     if watch_dir is not None:
         watched, watcher = start_watching(watch_dir, default_socket(socket), err.print)

@@ -7,7 +7,8 @@ every later step works on. Canonical means:
 - every top-level node has a unique, non-empty name (``<OpType>_<index>`` is given to
   nodes without one), so per-node costs, profiles and cuts can name nodes;
 - every graph input has a concrete shape (from ``--shapes``, trtexec's convention
-  ``name:1x3x640x640``), and every tensor of the top-level graph has a static shape and a
+  ``name:1x3x640x640``; an input whose only dynamic dim is the leading batch dim takes 1
+  with a warning, as trtexec does), and every tensor of the top-level graph has a static shape and a
   dtype in :attr:`LoadedModel.tensors` (ONNX shape inference with data propagation; a
   tensor it cannot resolve, e.g. after a data-dependent ``Resize``, gets its shape from one
   onnxruntime run on seeded random inputs).
@@ -29,6 +30,7 @@ says what was wrong and what to do; nothing is written anywhere.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +53,7 @@ from infscaler.partitioner.weights import (
     tensor_nbytes,
 )
 
+log = logging.getLogger(__name__)
 _TWO_GB = 2**31
 
 
@@ -440,6 +443,20 @@ def _apply_input_shapes(
             concrete[value.name] = given
         else:
             dynamic = [f"dim {a} '{d}'" for a, d in enumerate(dims) if not isinstance(d, int)]
+            if len(dynamic) == 1 and not isinstance(dims[0], int) and len(dims) > 1:
+                # only the leading (batch) dim is dynamic: take 1, as trtexec does
+                concrete[value.name] = (1, *(int(d) for d in dims[1:]))
+                example = "x".join(["4", *(str(d) for d in dims[1:])])
+                log.warning(
+                    "input '%s' of %s has a dynamic batch dim '%s': using 1 (trtexec's "
+                    "default); give --shapes %s:%s for another",
+                    value.name,
+                    path.name,
+                    dims[0],
+                    value.name,
+                    example,
+                )
+                continue
             if dynamic:
                 example = "x".join(str(d) if isinstance(d, int) else "N" for d in dims)
                 missing.append(

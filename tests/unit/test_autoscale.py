@@ -45,3 +45,18 @@ def test_serve_slo_and_autoscale_options_apply_to_a_pipeline() -> None:
     assert with_slo(cfg, None, False) is cfg
     with pytest.raises(ConfigError, match="cannot read SLO 'fast'"):
         with_slo(pipeline_from_arg("ocr"), "fast", False)
+
+
+def test_serve_shapes_apply_to_models_only(tmp_path) -> None:
+    from infscaler.cli_client import pipeline_from_arg
+    from tests.helpers import residual_model, save
+
+    path = save(residual_model(batch="N"), tmp_path / "dyn.onnx")
+    cfg = pipeline_from_arg(str(path), None, "x:2x4x8x8")
+    assert cfg.stages[0].shapes == "x:2x4x8x8"
+    assert pipeline_from_arg(str(path)).stages[0].shapes is None  # the loader takes batch 1
+    alias = pipeline_from_arg("ppocrv4-det", None, "x:1x3x320x320")
+    assert alias.stages[0].shapes == "x:1x3x320x320"
+    with pytest.raises(ConfigError, match="--shapes applies to .onnx models") as ei:
+        pipeline_from_arg("ocr", None, "x:1x3x8x8")
+    assert "shapes:" in (ei.value.hint or "")

@@ -102,12 +102,25 @@ def test_operator_onnxruntime_cannot_run(tmp_path):
         load_model(p)
 
 
-def test_dynamic_batch_without_shapes_names_dims_and_option(tmp_path):
+def test_a_dynamic_batch_dim_alone_takes_1_with_a_warning(tmp_path, caplog):
+    """trtexec's convention: only the leading dim dynamic -> 1, and say so."""
     p = save(residual_model(batch="N"), tmp_path / "dyn.onnx")
+    with caplog.at_level("WARNING", logger="infscaler.partitioner.loader"):
+        loaded = load_model(p)
+    assert loaded.input_shapes == {"x": (1, 4, 8, 8)}
+    assert loaded.symbolic_inputs == {"x": ["N", 4, 8, 8]}
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "dynamic batch dim 'N': using 1" in line and "--shapes x:4x4x8x8" in line
+
+
+def test_other_dynamic_dims_still_need_shapes(tmp_path):
+    m = residual_model(batch="N")
+    m.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "W"
+    p = save(m, tmp_path / "dyn.onnx")
     with pytest.raises(ShapeError) as info:
         load_model(p)
     msg = str(info.value)
-    assert "'x'" in msg and "dim 0 'N'" in msg and "--shapes" in msg
+    assert "'x'" in msg and "dim 0 'N'" in msg and "dim 3 'W'" in msg and "--shapes" in msg
 
 
 def test_dynamic_batch_with_shapes(tmp_path):
