@@ -12,8 +12,10 @@ arrival times in seconds, sorted, starting near 0.
 * :func:`from_spec`: the CLI's ``--arrivals`` (``poisson``, ``gamma:4``, ``azure``,
   ``azure-llm``) at a given mean rate.
 
-The traces live in ``$INFSCALER_TRACES``, else ``<repository>/../shared/data/traces``
-(see that directory's README.md for what each file holds and its licence).
+The traces ship with the package, gzip-compressed, in ``infscaler/runtime/traces/``
+(its README.md says what each file holds, its source and its licence, CC BY 4.0);
+``$INFSCALER_TRACES`` names another directory holding the same file names, compressed
+(``.csv.gz``) or not.
 
 Pure: numpy only, no clock; every random process takes a ``seed``.
 """
@@ -21,9 +23,11 @@ Pure: numpy only, no clock; every random process takes a ``seed``.
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -111,24 +115,35 @@ def rate_series(arrivals: np.ndarray, interval_s: float = 1.0) -> np.ndarray:
 
 
 def trace_dir() -> Path:
-    """``$INFSCALER_TRACES``, else ``<repository>/../shared/data/traces`` (the repository
-    root is the parent of this ``runtime/`` folder)."""
+    """``$INFSCALER_TRACES``, else the traces shipped in the package (``traces/`` beside
+    this module)."""
     env = os.environ.get("INFSCALER_TRACES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "traces"
+    return Path(__file__).resolve().parent / "traces"
 
 
 def _trace_file(path: str | os.PathLike[str] | None, default_name: str) -> Path:
+    """The trace ``default_name`` (or ``default_name`` + ``.gz``) at ``path`` (a file or
+    a directory; default :func:`trace_dir`)."""
     p = Path(path) if path is not None else trace_dir() / default_name
     if p.is_dir():
         p = p / default_name
+    if not p.is_file() and p.with_name(p.name + ".gz").is_file():
+        p = p.with_name(p.name + ".gz")
     if not p.is_file():
         raise FileNotFoundError(
             f"arrival trace not found: {p} (set INFSCALER_TRACES to the directory holding "
             f"{default_name}, or pass its path)"
         )
     return p
+
+
+def _open_text(p: Path) -> Any:
+    """``p`` for reading as text (gunzipped when it ends in ``.gz``)."""
+    if p.suffix == ".gz":
+        return gzip.open(p, "rt", newline="")
+    return p.open(newline="")
 
 
 def azure_functions(
@@ -162,7 +177,7 @@ def azure_functions(
     """
     scale = _positive("scale", scale)
     p = _trace_file(path, AZURE_FUNCTIONS_FILE)
-    with p.open(newline="") as f:
+    with _open_text(p) as f:
         reader = csv.reader(f)
         header = next(reader)
         try:
@@ -231,7 +246,7 @@ def azure_llm(
     if duration_s is not None:
         duration_s = _positive("duration_s", duration_s)
     p = _trace_file(path, AZURE_LLM_FILE)
-    with p.open(newline="") as f:
+    with _open_text(p) as f:
         reader = csv.reader(f)
         header = next(reader)
         if not header or header[0] != "TIMESTAMP":

@@ -6,7 +6,8 @@ which holds a folder named ``infscaler`` that must not shadow the installed pack
 and ``/``) it starts ``infscaler serve`` on a bundled model (``squeezenet``) and the
 bundled ``ocr`` pipeline, waits until ready, infers on both (the OCR pipeline reads a
 rendered line of known text), reads ``infscaler status`` through the CLI, and stops the
-service with SIGTERM, which must exit 0.
+service with SIGTERM, which must exit 0. First it reads the arrival traces the wheel
+ships.
 
 Usage: ``VENV/bin/python scripts/wheel_smoke.py DIR [DIR ...]``; exit status 0 on success.
 """
@@ -114,10 +115,22 @@ def smoke(cwd: str) -> None:
             proc.wait()
 
 
+def traces() -> None:
+    """The arrival traces ship in the wheel (``plan --arrivals azure`` needs no checkout)."""
+    os.environ.pop("INFSCALER_TRACES", None)
+    from infscaler.runtime.arrivals import azure_functions, azure_llm
+
+    a, b = azure_functions(minutes=2), azure_llm(duration_s=60)
+    if not (a.size > 0 and b.size > 0):
+        _fail(f"the shipped traces are empty: {a.size} and {b.size} arrivals")
+    print(f"wheel smoke: traces ok ({a.size} + {b.size} arrivals)")
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
+    traces()
     for cwd in argv:
         smoke(cwd)
     return 0

@@ -1,5 +1,7 @@
 """Arrival processes (runtime/arrivals.py): Poisson and gamma processes against their
-definition, and the Azure traces read from the real files in ../shared/data/traces."""
+definition, and the Azure traces read from the files the package ships (gzip), checked
+against the uncompressed originals in ../shared/data/traces where those are beside the
+repository."""
 
 from __future__ import annotations
 
@@ -12,10 +14,17 @@ import pytest
 from infscaler.runtime import arrivals as A
 
 TRACES = A.trace_dir()
-needs_traces = pytest.mark.skipif(
-    not (TRACES / A.AZURE_FUNCTIONS_FILE).is_file(),
-    reason=f"Azure traces not found in {TRACES} (set INFSCALER_TRACES)",
-)
+
+
+def test_the_package_ships_the_traces_unchanged() -> None:
+    import gzip
+
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+    for name in (A.AZURE_FUNCTIONS_FILE, A.AZURE_LLM_FILE):
+        shipped = TRACES / (name + ".gz")
+        assert shipped.is_file(), name  # a missing file is a packaging defect
+        if (shared / name).is_file():  # CI and developers have the originals beside
+            assert gzip.decompress(shipped.read_bytes()) == (shared / name).read_bytes()
 
 
 def test_poisson_rate_range_and_cv2() -> None:
@@ -72,7 +81,7 @@ def test_missing_trace_names_the_path(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def _counts(function: str | None = None) -> np.ndarray:
-    with (TRACES / A.AZURE_FUNCTIONS_FILE).open(newline="") as f:
+    with A._open_text(A._trace_file(None, A.AZURE_FUNCTIONS_FILE)) as f:
         rows = list(csv.reader(f))[1:]
     per = {r[2]: np.array(r[4:], dtype=np.int64) for r in rows}
     if function is None:
@@ -80,7 +89,6 @@ def _counts(function: str | None = None) -> np.ndarray:
     return per[function]
 
 
-@needs_traces
 def test_azure_functions_reads_the_real_file() -> None:
     counts = _counts()
     assert counts.size == 480 and counts.sum() == 3_037_902  # the README's figures
@@ -94,9 +102,8 @@ def test_azure_functions_reads_the_real_file() -> None:
     assert half.size == pytest.approx(counts[10:12].sum() / 2, abs=2)
 
 
-@needs_traces
 def test_azure_functions_pick_and_window_errors() -> None:
-    with (TRACES / A.AZURE_FUNCTIONS_FILE).open(newline="") as f:
+    with A._open_text(A._trace_file(None, A.AZURE_FUNCTIONS_FILE)) as f:
         first = next(iter(list(csv.reader(f))[1:]))[2]
     a = A.azure_functions(function=first[:12])
     assert a.size == _counts(first).sum()
@@ -112,7 +119,6 @@ def test_azure_functions_pick_and_window_errors() -> None:
         A.azure_functions(scale=0)
 
 
-@needs_traces
 def test_azure_llm_replays_real_timestamps() -> None:
     a = A.azure_llm()
     assert a.size == 19_366
@@ -127,7 +133,6 @@ def test_azure_llm_replays_real_timestamps() -> None:
         A.azure_llm(start_s=10_000)
 
 
-@needs_traces
 @pytest.mark.parametrize("spec", ["azure", "azure-llm"])
 def test_from_spec_scales_traces_to_the_rate(spec: str) -> None:
     a = A.from_spec(spec, 20.0, 120.0, seed=0)
