@@ -260,7 +260,7 @@ def plan_cmd(
         bool,
         typer.Option(
             "--explain",
-            help="Search K, cuts, threads and instances (issue 15) and print every "
+            help="Search K, cuts, threads and instances and print every "
             "candidate with why it lost.",
         ),
     ] = False,

@@ -206,7 +206,7 @@ class EdgeRequestHandler(RequestHandler):
         that only shut its write side look the same here, and the first is far more
         common), so aiohttp closes the connection and, with ``handler_cancellation``,
         cancels the handler: the request is dropped and its slots freed, never computed
-        for nobody (issue 13: cancellation when the client goes away)."""
+        for a client that is no longer there."""
         transport = self.transport
         if transport is None or transport.is_closing() or self._edge_refused:
             return None

@@ -27,7 +27,8 @@ Two bounds, applied where each can be known:
   ``interval_ms`` the bottleneck interval (the slowest unit's compute time divided by
   its instances): it treats every request ahead as queued at the bottleneck, and
   refused requests a two-unit pipeline would have answered within its SLO (ddddocr
-  at SLO 3x: admitted P99 277 ms of 341, 2.4 % refused; bench/README.md, issue 15).
+  at SLO 3x: admitted P99 277 ms of 341, 2.4 % refused; bench/README.md, "ddddocr at
+  3 x L0").
   In overload (the offered load at the pipeline's capacity,
   :meth:`~infscaler.runtime.route.Route.overloaded`) the drain time is used again, on
   compute times never scaled below what was measured

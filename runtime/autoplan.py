@@ -1,5 +1,5 @@
-"""Deploy with the planner's choice (issue 15; InfScaler's design principle 1: the user
-names no K, threads or instances).
+"""Deploy with the planner's choice (InfScaler's design principle 1: the user names no
+K, threads or instances).
 
 :func:`needs_planning` tells whether a pipeline is left to the planner: it has an
 ``slo`` and ``autoscale``, at least one model stage, every model stage names an ONNX
@@ -41,7 +41,7 @@ threads and the instances per partition (the scaler's minimum, which it grows fr
 function stages are returned unchanged. ``infscaler plan PIPELINE --slo X --explain``
 prints the same search (:mod:`infscaler.cli_plan`).
 
-The whole pipeline in one unit (``fuse: whole``, issue 15: replicas of the whole
+The whole pipeline in one unit (``fuse: whole``: replicas of the whole
 pipeline, each running its models one after another, can beat stages that contend for
 few cores) is a candidate too for a pipeline of at least two model stages that sets no
 stage's ``fuse`` nor the pipeline's ``fuse: false``: :func:`whole_profiles` gives
@@ -395,7 +395,7 @@ def whole_profiles(
 ) -> dict[int, UnitProfile]:
     """The whole pipeline as one unit (``fuse: whole``), per intra-op thread count every
     model stage was measured at (``whole_ms``'s keys; no count is extrapolated): the
-    planner's candidate "replicas of the whole pipeline" (issue 15).
+    planner's candidate "replicas of the whole pipeline".
 
     Its cpu profile at ``t`` threads: the time per request is :func:`base_latency_ms` at
     ``t`` (each unit's mean x its items per request, the fan-in included: it runs in the
@@ -519,7 +519,9 @@ def plan_pipeline(
     A search measures the candidates' partitions on the host as it is at deploy: on
     the 2-core host five deploys of the same ResNet-50 pipeline chose four different
     configurations (K = 1 at 1 or 2 threads, K = 2), whose throughput at SLO differed
-    3x (bench/README.md, issue 15). Delete the file (or the directory) to plan again.
+    3x (bench/README.md, "Admission, the scaler's cores rule and the bench's steps",
+    its "The planner keeps its decision" item). Delete the file (or the directory) to
+    plan again.
 
     Args:
         cfg: the pipeline. device: its DeviceProfile (the cap). state_dir: where the plan

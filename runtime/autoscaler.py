@@ -299,7 +299,8 @@ class Autoscaler:
                 # the window counts from it. Before, a window reaching back before the
                 # deploy divided its first seconds' arrivals by the whole window, so the
                 # planner's second instance of PP-OCRv4 det was stopped at once as idle
-                # and scaled out again under load (bench/README.md, issue 15)
+                # and scaled out again under load (the scaling bench's PP-OCRv4 det runs
+                # of 2026-11-25; tests/integration/test_autoscale.py pins the fix)
                 since = max(0.0, time.time() - getattr(dep, "deployed_at", time.time()))
                 state = ScalerState(last_change=time.monotonic() - since)
         # only latency measured since the last change counts (a window reaching back

@@ -1,4 +1,4 @@
-"""The idle slowdown a model served, kept for the planner's next deploy (issue 15).
+"""The idle slowdown a model served, kept for the planner's next deploy.
 
 The planner's simulator needs how much slower an item runs after its instance sat idle
 (:attr:`~infscaler.runtime.simulator.EngineProfile.idle`). Timed in-process before

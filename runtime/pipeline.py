@@ -532,8 +532,8 @@ def load_function(
 
 
 def fuse_units(units: list[Unit], fuse: Mapping[str, bool], outputs: Sequence[str]) -> list[Unit]:
-    """Fuse function units into the model units next to them (issue 14: one instance
-    and one token hop per model partition, not per function).
+    """Fuse function units into the model units next to them, so that there is one
+    instance and one token hop per model partition, not one per function.
 
     The rule, on the unfused unit list (pipeline order):
 
@@ -634,7 +634,7 @@ def fuse_units(units: list[Unit], fuse: Mapping[str, bool], outputs: Sequence[st
 
 
 def whole_unit(units: list[Unit], outputs: Sequence[str], name: str = "") -> Unit:
-    """The one unit of a ``fuse: whole`` pipeline (issue 15: the whole pipeline in one
+    """The one unit of a ``fuse: whole`` pipeline (the whole pipeline in one
     instance, replicated, is a configuration the staged units cannot express): every unit
     of ``units`` a step of it, in order, the fan-out, the per-item steps and the fan-in
     included (:class:`~infscaler.runtime.runners.FusedRunner` runs the items through the

@@ -38,7 +38,7 @@ Assumptions (also in the simulator's docstring): instances do not slow each othe
 (each has its own cores / engine slot); the CPU cap counts cores like the scaler does,
 so a host with fewer cores than model instances gets no more CPU instances.
 
-:func:`search` (issue 15) goes further than :func:`plan`: for model stages described by
+:func:`search` goes further than :func:`plan`: for model stages described by
 :class:`ModelStage` (per-operator costs, valid cuts, the whole model's measured time per
 thread count) it searches K, the cuts of several objectives (Eq. 1, minmax, weights),
 intra-op threads and instances, and scores every candidate by its simulated goodput with
@@ -735,7 +735,7 @@ def autoscale_run(
     )
 
 
-# -- the configuration-space search (issue 15) ---------------------------------------------
+# -- the configuration-space search --------------------------------------------------------
 
 #: Front-end CPU per request, ms: the service process's CPU time (HTTP server, admission,
 #: token handover, reply; all its threads) per request of a 1x3x224x224 FP32 input (602 KB,
@@ -800,9 +800,10 @@ MEMORY_AMPLE = 0.5
 #: ResNet-50 as 2 single-thread replicas on 2 cores at 2 x L0 (seed 0: 16.2), where the
 #: same simulator's P99 over 20 000 requests crosses the SLO at about 10.5/s; over
 #: 12 000 requests 6 seeds read 10.0-11.0, and the 2026-11-27 bench served 10.4/s
-#: over 900 requests and missed at 11.8/s (bench/README.md, issue 15). Picked on the
-#: short screen, the deploy-time search gave that cell 2 x 1 thread in one deploy and
-#: 1 x 2 threads in the next.
+#: over 900 requests and missed at 11.8/s (bench/README.md, "2026-11-27, 12:45-13:25
+#: UTC: the planner's screen, and idle wake-ups"). Picked on the short screen, the
+#: deploy-time search gave that cell 2 x 1 thread in one deploy and 1 x 2 threads in the
+#: next.
 FINAL_REQUESTS = 12_000
 #: Finalists are the candidates whose short score is within this fraction of the best.
 FINALIST_WITHIN = 0.3
@@ -1175,7 +1176,7 @@ def search(
     finalists_max: int = FINALISTS_MAX,
     incumbent: Sequence[Any] | None = None,
 ) -> SearchOutcome:
-    """Search the runtime's configuration space for the most goodput within the SLO (issue 15).
+    """Search the runtime's configuration space for the most goodput within the SLO.
 
     Every hand configuration is a point here: K = 1 with n instances is replication, one
     instance with all cores is one multi-threaded session. Per model stage the search
@@ -1208,10 +1209,10 @@ def search(
     memory, then fewer threads. The simulator does not resolve goodput finer than that (its rate
     bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and it errs
     on the optimistic side for partitioned plans: every hop adds a process competing for
-    the cores and a wake-up it does not model (bench/README.md, issue 15: ResNet-50 at
-    3 x L0 on 2 cores, K = 3 predicted 14.3 requests/s and served 5.0). Among plans with
-    as many units, the memory saved is what another model runs in on a device with a
-    fixed memory budget.
+    the cores and a wake-up it does not model (bench/README.md, "The same cell after the
+    saturated-cores fix": ResNet-50 at 3 x L0 on 2 cores, K = 3 predicted 14.3
+    requests/s and served 5.0). Among plans with as many units, the memory saved is what
+    another model runs in on a device with a fixed memory budget.
 
     Args:
         stages: the pipeline in order: :class:`ModelStage` (searched) or fixed
@@ -1239,10 +1240,11 @@ def search(
             threads than ``cores``), and never more than the cap's thread slots. A
             candidate whose one instance per unit already pins more is ruled out while
             any candidate within them meets the SLO: on a 2-core host the simulator rated
-            oversubscribed partitioned plans far above what they served (bench/README.md,
-            issue 15: ResNet-50 K=3 on 2 cores, 14.3/s predicted, 5.0/s served;
-            PP-OCRv4 det K=3, 1.7x replication's memory at 0.91x its throughput), while a
-            device profile's ``threads_per_core`` is kept for hand configurations.
+            oversubscribed partitioned plans far above what they served (ResNet-50 K=3
+            on 2 cores, 14.3/s predicted, 5.0/s served: bench/README.md, "The same cell
+            after the saturated-cores fix"; PP-OCRv4 det K=3, 1.7x replication's memory
+            at 0.91x its throughput), while a device profile's ``threads_per_core`` is
+            kept for hand configurations.
         max_candidates: most (cuts x threads) combinations over the stages.
         goodput_tie: relative goodput difference counted as a tie (0: exact), 0-1.
         incumbent: the configuration planned before for this pipeline

@@ -167,8 +167,10 @@ class Route:
         request with even odds into a certain miss: at 18.3 requests/s ResNet-50's one
         2-thread instance refused 4 of 300 at estimates of 227-251 ms against an SLO of
         226 while its answered P99 was 193 ms, and one session without an SLO answered
-        all of them within 220 ms (bench/README.md, issue 15). In overload admission
-        judges on the drain-time estimate with the correction floored at 1
+        all of them within 220 ms (bench/README.md, "Admission, the scaler's cores rule
+        and the bench's steps", its "ResNet-50 with the kept decision and the
+        significance test" item). In overload admission judges on the drain-time
+        estimate with the correction floored at 1
         (:meth:`factor`, :func:`~infscaler.runtime.admission.admit_latency`), and a
         lenient estimate would admit requests that then expire half computed
         (``bench/overload.py``). ``overloaded``: :meth:`overloaded` when the caller has

@@ -19,7 +19,8 @@ What the paper lacks, added here:
   det's replicas at 3 req/s (SLO 3 x L0 = 2.9 x its 85 ms service) went 1 -> 2 on
   refusals after a burst, back to 1 after the hold at utilisation 0.37, out again, and
   each new instance's start put its compute P99 at 175 ms (1.6x) inside the measured
-  window (bench/README.md, issue 15);
+  window (bench/README.md, "Admission, the scaler's cores rule and the bench's
+  steps", its PP-OCRv4 det first-run item: "Replication's scaler flapped");
 * a cooldown between two scale-outs (``cooldown_s``), so a new instance is measured
   before the next decision;
 * load shedding: when the SLO is violated and no engine can admit another instance
@@ -286,7 +287,8 @@ LIFT_RATIO = 0.8
 #: (when it is known): below it a P99 over the SLO is the variance of a queue that
 #: drains by itself. A bound set on every P99 blip refused requests one 2-thread
 #: ResNet-50 session without an SLO answered in time at 0.6 of its capacity (auto 0.70x
-#: of it with the same instance, bench/README.md, issue 15).
+#: of it with the same instance; bench/README.md, "Admission, the scaler's cores rule
+#: and the bench's steps", its "The queue bound, fixed" item).
 SHED_MIN_LOAD = 0.9
 
 # slack for ceil / floor of products of floats (2.0000000000000004 replicas is 2)
@@ -458,8 +460,9 @@ def _lift_reason(s: Snapshot) -> str | None:
 #: ``X ~ Binomial(answered, 0.01)`` (:func:`late_tail_probability`). At 5.6 requests/s a
 #: 10 s window holds ~56 requests and its "P99" is its slowest: PP-OCRv4 det's two
 #: replicas, meeting the SLO, were grown to 3 and 4 on 2 cores on single slow requests
-#: (bench/README.md, issue 15). With 56 answered 4 late are needed, with 130 six; in an
-#: overload nearly every request is late and the test passes at once.
+#: (bench/README.md, "Admission, the scaler's cores rule and the bench's steps", det's
+#: 09:31 run). With 56 answered 4 late are needed, with 130 six; in an overload nearly
+#: every request is late and the test passes at once.
 VIOLATION_SIGNIFICANCE = 0.01
 
 
@@ -648,11 +651,11 @@ def _p99_needed(s: Snapshot, u: UnitState, items: float, svc: float) -> int:
 #: keep every core busy another one adds contention, not capacity: the scaling bench
 #: grew whole-model ResNet-50 replicas to 4 single-thread instances on 2 cores, each
 #: request then took 4x its compute time and admission refused 1 in 20 at half the
-#: rate one 2-thread session served (bench/README.md, issue 15). A whole idle core per
-#: thread (half a core let PP-OCRv4 det's replicas grow to 4 on 2 cores, 1.7x the
-#: memory) with the thread slots as the pinned bound, not the physical cores: those
-#: kept ddddocr's det and rec at one instance each on 2 cores with 0.6 cores busy
-#: (0.25x replication).
+#: rate one 2-thread session served (bench/README.md, "The same cell after the
+#: saturated-cores fix"). A whole idle core per thread (half a core let PP-OCRv4 det's
+#: replicas grow to 4 on 2 cores, 1.7x the memory) with the thread slots as the pinned
+#: bound, not the physical cores: those kept ddddocr's det and rec at one instance each
+#: on 2 cores with 0.6 cores busy (0.25x replication).
 SATURATED_FREE_PER_THREAD = 1.0
 
 
@@ -715,7 +718,9 @@ def _own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
     each request that shares a core takes up to twice as long (at 2 x L0 under the cap
     the scaler grew 2 to 3 on "0.2 requests/s refused at arrival", and the steps at
     6.5-8.6 requests/s that 2 instances serve failed; ResNet-50 at 2 x L0: P99 147 ->
-    177 ms; bench/README.md, issue 15)."""
+    177 ms; bench/README.md: the 2026-11-27 09:35-12:30 UTC section's "The scaler grew a
+    unit past the cores", and "ResNet-50 at 2x again" under "Admission, the scaler's
+    cores rule and the bench's steps", results/scaling_resnet50_2x_rerun.json)."""
     phys = s.cap.physical_cores
     if not phys or more <= 0:
         return None
@@ -760,7 +765,8 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
                 # service times' spread, which an instance sharing a core makes worse
                 # (ResNet-50 at 2 x L0: 2 single-thread replicas grew to 3 on 2 cores
                 # at 7 requests/s, 0.28 of their capacity, and the P99 went from
-                # 147 ms to 177 ms; bench/README.md, issue 15)
+                # 147 ms to 177 ms; bench/README.md, "ResNet-50 at 2x again",
+                # results/scaling_resnet50_2x_rerun.json)
                 passed.append(f"{who} {idle}" + (f" ({beyond})" if beyond else ""))
                 continue
         up, up_why = _up_candidate(s, u)

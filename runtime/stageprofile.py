@@ -1,4 +1,4 @@
-"""Measure a model stage for the planner's configuration-space search (issue 15).
+"""Measure a model stage for the planner's configuration-space search.
 
 :func:`measure_model_stage` builds a :class:`~infscaler.runtime.planner.ModelStage` from
 an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.partitioner`):
@@ -73,7 +73,8 @@ def spread_cv(times_ms: Sequence[float]) -> float | None:
 
     What it is for: at an SLO a few times the service time, the P99 is set by the slow
     runs as much as by queueing. A 2-core VM ran ResNet-50 with 2 intra-op threads at a
-    44 ms median and a 53-75 ms P99 between quiet runs (bench/README.md, issue 15);
+    44 ms median and a 53-75 ms P99 between quiet runs (bench/README.md, "Admission,
+    the scaler's cores rule and the bench's steps", its ResNet-50 1.5x / 2x items);
     with deterministic service times the simulator rated that one 2-thread session at
     12.2 requests/s within 2 x L0, and it served 8.8-11.0. The simulator draws gamma service times with this
     CV (:class:`~infscaler.runtime.simulator.EngineProfile`)."""

@@ -1,4 +1,4 @@
-"""When to hold the CPUs awake: the policy behind ``cpu_wake_latency_us: auto`` (issue 15).
+"""When to hold the CPUs awake: the policy behind ``cpu_wake_latency_us: auto``.
 
 A core left idle sleeps, and a model whose intra-op threads or instance processes must
 wake it runs slower after idle; so do the hand-overs between the front end and the
