@@ -121,7 +121,15 @@ def test_bad_options(tmp_path, model_path, args, needle):
 
 def test_dynamic_dims_need_shapes(tmp_path):
     p = save(residual_model(batch="N"), tmp_path / "dyn.onnx")
-    assert_clean_error(run("inspect", str(p)), "dim 0 'N'", "--shapes")
+    # a dynamic batch dim alone takes 1, with a warning (trtexec's convention)
+    proc = run("inspect", str(p), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["model"]["inputs"] == {"x": [1, 4, 8, 8]}
+    assert "dynamic batch dim 'N': using 1" in proc.stderr
+    m = residual_model(batch="N")
+    m.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "H"
+    q = save(m, tmp_path / "dyn_hw.onnx")
+    assert_clean_error(run("inspect", str(q)), "dim 0 'N'", "dim 2 'H'", "--shapes")
     proc = run("inspect", str(p), "--shapes", "x:2x4x8x8", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["model"]["inputs"] == {"x": [2, 4, 8, 8]}
