@@ -123,11 +123,29 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command: -h too
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from infscaler.base import __version__
+
+        out.print(f"infscaler {__version__}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        "-V",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the version and exit.",
+    ),
+) -> None:
     # a callback makes typer build a group even though every command is lazy
     pass
 

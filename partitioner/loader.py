@@ -154,7 +154,9 @@ class LoadedModel:
 
 
 def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:
-    """Parse trtexec-style shapes: ``"x:1x3x640x640,mask:1x128"``.
+    """Parse trtexec-style shapes: ``"x:1x3x640x640,mask:1x128"``; Polygraphy's
+    ``--input-shapes`` spelling is read too: ``"x:[1,3,640,640] mask:[1,128]"`` (entries
+    separated by commas or spaces).
 
     Returns:
         input name -> shape. An input name may itself contain ``:``; the shape is the text
@@ -166,7 +168,11 @@ def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     if not spec:
         return shapes
-    for entry in spec.split(","):
+    # Polygraphy's [1,3,640,640] -> trtexec's 1x3x640x640 ([] -> a scalar)
+    spec = re.sub(
+        r"\[([^\]]*)\]", lambda m: "x".join(d.strip() for d in m.group(1).split(",")), spec
+    )
+    for entry in re.split(r"[,\s]+", spec):
         entry = entry.strip()
         if not entry:
             continue
@@ -174,7 +180,8 @@ def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:
         if not sep or not name:
             raise ShapeError(
                 f"bad --shapes entry '{entry}': expected NAME:DxDxD",
-                hint="e.g. --shapes x:1x3x640x640 (several entries separated by commas)",
+                hint="e.g. --shapes x:1x3x640x640 (several entries separated by commas; "
+                "Polygraphy's x:[1,3,640,640] works too)",
             )
         if dims == "":
             shapes[name] = ()

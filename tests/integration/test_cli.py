@@ -164,3 +164,14 @@ def test_device_profile_reports_its_engines(tmp_path, model_path):
     latency = json.loads(proc.stdout)["partitions"][0]["latency_ms"]
     assert set(latency) == {"cpu", "gpu"}
     assert "unavailable" in latency["gpu"]
+
+
+def test_short_help_and_version():
+    from infscaler.base import __version__
+
+    top = run("-h")
+    assert top.returncode == 0 and "serve" in top.stdout and "--version" in top.stdout
+    serve = run("serve", "-h")
+    assert serve.returncode == 0 and "--max-regions-per-uid" in serve.stdout
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"infscaler {__version__}"

@@ -22,6 +22,16 @@ def test_parse_shapes_trtexec_convention():
     assert parse_shapes(None) == {}
 
 
+def test_parse_shapes_polygraphy_convention():
+    assert parse_shapes("x:[1,3,640,640] mask:[1, 128]") == {
+        "x": (1, 3, 640, 640),
+        "mask": (1, 128),
+    }
+    assert parse_shapes("x:[1,3,8,8],s:[]") == {"x": (1, 3, 8, 8), "s": ()}
+    with pytest.raises(ShapeError, match="positive integers"):
+        parse_shapes("x:[1,a]")
+
+
 @pytest.mark.parametrize("bad", ["x", "x:1x", "x:1,3", "x:0x3", ":1x3", "x:ax3"])
 def test_parse_shapes_rejects_malformed(bad):
     with pytest.raises(ShapeError, match="--shapes|dim"):
