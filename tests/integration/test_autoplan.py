@@ -90,8 +90,18 @@ def test_a_pipeline_left_to_the_planner_deploys_its_choice(
     ref = ort.InferenceSession(str(chain_path), providers=["CPUExecutionProvider"]).run(
         None, {"x": x}
     )[0]
-    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
-        dep = svc.deploy(planned)
+    # The service is given the pipeline left to the planner, as a user gives it, and
+    # deploys the decision kept above: same state directory, and no PM QoS request
+    # (the wake latency planned for is part of the decision's key). Deploying
+    # `planned` instead planned again when the choice was K = 1 at 1 thread x 1
+    # instance (the defaults, which count as left open): a second measurement that on a
+    # loaded host could choose K = 2.
+    with Service(state_dir=tmp_path / "state", control_path="userspace", pool_mb=64,
+                 cpu_wake_latency_us=None) as svc:  # fmt: skip
+        said: list[str] = []
+        dep = svc.deploy(cfg, progress=said.append)
+        assert any("kept in" in ln for ln in said), said  # nothing measured again
+        assert dep.pipeline.config.stages[0] == st
         assert len(dep.pipeline.units) == k
         out = svc.infer("auto", {"x": x}, timeout_s=60).outputs["y"]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)

@@ -117,6 +117,12 @@ def handles_of(svc: Service, pipeline: str, unit: str) -> list:
     return [h for h in svc.supervisor.handles() if h.key[0] == pipeline and h.unit.name == unit]
 
 
+def proc_state(pid: int) -> str:
+    """The one-letter state of process ``pid`` (``T``: stopped), from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
 def test_fused_outputs_equal_the_unfused_pipeline(service: Service, model: Path) -> None:
     service.deploy(load_pipeline(fan_pipeline(model, "fz")))
     service.deploy(load_pipeline(fan_pipeline(model, "apart", fuse=False)))
@@ -253,18 +259,49 @@ def test_kill_9_of_a_fused_instance_under_load(service: Service, model: Path) ->
     unit = "prep>m1>post>rows"
     victim = handles_of(service, "fz", unit)[0]
 
+    def unacked() -> int:
+        """DATA the channel delivered to the victim that it has not acknowledged."""
+        inst = service.manager.stats()["channel"]["instances"].get(victim.iid, {})
+        return int(inst.get("inflight", 0))
+
+    # Killed with requests in hand whatever the host's load (a kill at a fixed time
+    # found the victim between requests on a busy host: nothing to retry). It is
+    # stopped mid-load while requests keep coming: stopped, it acknowledges nothing
+    # more, so what the channel counts in its hands only grows (ties in the routing
+    # alternate, so it gets some); two reads of at least one (the second after the
+    # router read whatever it sent before it stopped), then SIGKILL.
+    stopped = threading.Event()
+    failed: list[BaseException] = []
+    seen: list[int] = []
+
+    def holding() -> bool:
+        seen.append(unacked())
+        return len(seen) >= 2 and min(seen[-2:]) >= 1
+
     def kill() -> None:
-        time.sleep(0.3)
-        os.kill(victim.pid, signal.SIGKILL)
+        try:
+            os.kill(victim.pid, signal.SIGSTOP)
+            wait_for(lambda: proc_state(victim.pid) == "T", 30, "the victim stopped")
+            stopped.set()
+            wait_for(holding, 60, "requests in the stopped victim's hands", interval=0.01)
+        except BaseException as exc:  # reported by the test thread (assert not failed)
+            failed.append(exc)
+        finally:
+            stopped.set()
+            os.kill(victim.pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill)
-    killer.start()
     xs = [np.full((2, 4), i / 100, np.float32) for i in range(200)]
     futs = []
-    for x in xs:
+    for i, x in enumerate(xs):
+        if i == 60:  # a queue has built: stop the victim, then go on submitting
+            killer.start()
+            assert stopped.wait(60)
         futs.append(service.submit("fz", {"x": x}))
         time.sleep(0.003)
     killer.join()
+    assert not failed, failed
+    assert seen[-1] >= 1
     ok = 0
     for x, f in zip(xs, futs, strict=True):
         try:
