@@ -11,7 +11,7 @@ Classes: ``shrink`` (a registered object shrunk to 0 and back while inferences r
 their input from it and write their output to it: ``--shrink-rounds`` requests, every
 one reading, every other one writing), ``regions`` (registering without end),
 ``connections`` (a flood of held connections), ``bodies`` (60 MB bodies on the register
-route, half-sent 3 MB inferences).
+route, binary 3 MB inferences a third sent, 2 MB JSON inferences over ``--max-json-mb``).
 
 ``--soak-min M``: then M minutes of mixed valid load (4 threads of inferences as root),
 the attack classes in turn and ``kill -9`` of an instance every 60 s, with the service's
@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 from bench._common import environment, now_utc, write_json  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
 from tests.integration.test_hostile import (  # noqa: E402
+    BINARY,
     QUOTAS,
     _big_bodies,
     _fds,
@@ -141,8 +142,9 @@ def attack_connections(sock: str) -> dict[str, Any]:
 def attack_bodies(sock: str) -> dict[str, Any]:
     reg = as_user(_big_bodies, sock, 6, "/v2/systemsharedmemory/region/x/register", 60 << 20,
                   1 << 20, 0.0)  # fmt: skip
-    inf = as_user(_big_bodies, sock, 4, "/v2/models/chain/infer", 3 << 20, 1 << 20, 2.0)
-    return {"register_60mb": reg, "infer_3mb_half_sent": inf}
+    inf = as_user(_big_bodies, sock, 4, "/v2/models/chain/infer", 3 << 20, 1 << 20, 2.0, BINARY)
+    js = as_user(_big_bodies, sock, 4, "/v2/models/chain/infer", 2 << 20, 0, 0.0)
+    return {"register_60mb": reg, "infer_3mb_binary_third_sent": inf, "infer_2mb_json": js}
 
 
 ATTACKS = {

@@ -187,6 +187,15 @@ def serve_cmd(
     max_connections: Annotated[
         int, typer.Option("--max-connections", help="API connections open at once (more: 503).")
     ] = 512,
+    max_json_mb: Annotated[
+        float,
+        typer.Option(
+            "--max-json-mb",
+            min=0.001,
+            help="JSON an inference request may carry, MB (its body, or the JSON header "
+            "before binary data; 413 beyond): JSON takes up to 20x its size decoded.",
+        ),
+    ] = 16.0,
     max_connections_per_uid: Annotated[
         int,
         typer.Option(
@@ -251,9 +260,9 @@ def serve_cmd(
         typer.Option(
             "--max-inflight-mb",
             min=1,
-            help="Budget of request bytes in flight, MB (each request counts twice its "
-            "body: body + decoded tensors); beyond it 503 with Retry-After, checked "
-            "before the body is read.",
+            help="Budget of request bytes in flight, MB (a request counts twice its "
+            "binary data, body + decoded tensors, and 20x its JSON); beyond it 503 with "
+            "Retry-After, checked before the body is read.",
         ),
     ] = 256,
     drain_s: Annotated[
@@ -304,6 +313,7 @@ def serve_cmd(
         header_timeout_s=header_timeout_s,
         body_timeout_s=body_timeout_s,
         max_connections=max_connections,
+        max_json_mb=max_json_mb,
         quotas=PeerQuotas(
             connections_per_uid=max_connections_per_uid,
             operator_connections=operator_connections,

@@ -76,6 +76,7 @@ from infscaler.base.errors import InfScalerError
 from infscaler.base.quotas import LoadBudget
 from infscaler.base.security import SecurityPolicy, is_privileged_uid, peer_uid
 from infscaler.metrics import make_registry
+from infscaler.runtime.admission import request_reservation
 from infscaler.server_common import (
     ARRIVED,
     LIMITS,
@@ -106,6 +107,8 @@ from infscaler.server_repo import (
 )
 from infscaler.server_routes import (
     infer,
+    json_part_of,
+    json_too_large,
     live,
     metrics,
     model_metadata,
@@ -210,9 +213,11 @@ async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
     """Bytes in flight (:mod:`infscaler.runtime.admission`), on every route that reads a
     body: a request reserves bytes from the service's budget, and from its client's
     (peer uid) share of it, *before* its body is read, and gives them back once
-    answered (or cancelled). An inference reserves twice its declared
-    ``Content-Length`` (the body and its decoded tensors; the body limit when none is
-    declared); any other POST (shared memory register, repository load) its declared
+    answered (or cancelled). An inference reserves twice its declared binary part (the
+    body and its decoded tensors) and 20 times its JSON part (what ``json.loads`` makes
+    of it: :func:`~infscaler.runtime.admission.request_reservation`; the body limit is
+    assumed when no length is declared), and a JSON part over ``max_json_mb`` is 413 at
+    once; any other POST (shared memory register, repository load) its declared
     length, at most the control body limit
     (:attr:`~infscaler.base.quotas.PeerQuotas.control_body_kb`; a longer declared body
     is 413 at once). Over a budget: 503 with ``retry_after_s``; the body is then read and
@@ -223,21 +228,29 @@ async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
     if request.method != "POST" or not hasattr(service, "reserve_bytes"):
         return await handler(request)
     infer = request.path.endswith("/infer")
+    declared = request.content_length
     if infer:
         request[ARRIVED] = time.monotonic()  # deadlines count from here, not the submit
         limit = request.app[MAX_BODY] << 20
+        json_bytes = json_part_of(request)
+        json_limit = int(request.app[LIMITS].max_json_mb * (1 << 20))
+        known = declared if json_bytes is None else json_bytes
+        if known is not None and min(known, limit) > json_limit:
+            resp = error_response(json_too_large(min(known, limit), json_limit), 413)
+            resp.force_close()  # the body is never read
+            return resp
+        nbytes = request_reservation(declared, limit, json_bytes)
     else:
         limit = request.app[LIMITS].quotas.control_body_bytes
-    declared = request.content_length
-    if not infer and declared is not None and declared > limit:
-        resp = error_response(
-            f"request body too large: {declared} bytes; {request.method} "
-            f"{request.path[:120]} takes at most {limit // 1024} KB",
-            413,
-        )
-        resp.force_close()  # the rest of the body is never read
-        return resp
-    nbytes = (2 if infer else 1) * (limit if declared is None else min(declared, limit))
+        if declared is not None and declared > limit:
+            resp = error_response(
+                f"request body too large: {declared} bytes; {request.method} "
+                f"{request.path[:120]} takes at most {limit // 1024} KB",
+                413,
+            )
+            resp.force_close()  # the rest of the body is never read
+            return resp
+        nbytes = limit if declared is None else declared
     uid = peer_uid(request.transport.get_extra_info("socket") if request.transport else None)
     peer = None if is_privileged_uid(uid) and uid >= 0 else uid
     try:

@@ -53,6 +53,11 @@ class HttpLimits:
         max_connections: connections open at once; one more is answered 503 (with
             ``Retry-After: 1``) and closed. Per client uid, and the share kept for the
             operator: :attr:`quotas` (:func:`~infscaler.base.quotas.admit_connection`).
+        max_json_mb: the most JSON an inference request may carry, MB (its whole body, or
+            the JSON header before binary tensor data); 413 beyond, before the body is
+            read. JSON takes up to 20x its size once decoded
+            (:data:`~infscaler.runtime.admission.JSON_DECODE_FACTOR`): large tensors go
+            as binary data or through shared memory.
         quotas: the per-uid limits (:class:`~infscaler.base.quotas.PeerQuotas`).
         max_line_size / max_field_size / max_headers: request line and header limits
             (aiohttp's parser; beyond them: 400).
@@ -69,6 +74,7 @@ class HttpLimits:
     max_line_size: int = 8190
     max_field_size: int = 8190
     max_headers: int = 128
+    max_json_mb: float = 16.0
     quotas: PeerQuotas = field(default_factory=PeerQuotas)
 
     def __post_init__(self) -> None:
@@ -76,6 +82,12 @@ class HttpLimits:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise InfScalerError(f"HttpLimits.{name} must be a number > 0, got {v!r}")
+        if not (
+            isinstance(self.max_json_mb, int | float)
+            and math.isfinite(self.max_json_mb)
+            and self.max_json_mb > 0
+        ):
+            raise InfScalerError(f"HttpLimits.max_json_mb must be > 0, got {self.max_json_mb!r}")
         if not (isinstance(self.max_connections, int) and self.max_connections >= 1):
             raise InfScalerError(
                 f"HttpLimits.max_connections must be >= 1, got {self.max_connections!r}"

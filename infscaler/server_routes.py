@@ -40,6 +40,7 @@ from infscaler.protocol import (
 from infscaler.server_common import (
     ARRIVED,
     EXTENSIONS,
+    LIMITS,
     LOADS,
     MAX_BODY,
     METRICS,
@@ -268,8 +269,32 @@ async def _read_infer_request(request: web.Request, specs: list[Any]) -> Any:
     """
     header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
     body = await read_body(request)
+    json_limit = int(request.app[LIMITS].max_json_mb * (1 << 20))
+    json_size = len(body) if header_length is None else min(header_length, len(body))
+    if json_size > json_limit:  # a chunked body: its length is known only now
+        raise ProtocolError(json_too_large(json_size, json_limit), 413)
     return decode_infer_request(
         body, header_length=header_length, input_specs=specs, shm=shm_of(request), copy=False
+    )
+
+
+def json_part_of(request: web.Request) -> int | None:
+    """The length of an inference request's JSON part from its
+    ``Inference-Header-Content-Length`` (None: the whole body is JSON, or the header is
+    malformed, which decoding refuses with 400)."""
+    try:
+        return parse_header_length(request.headers.get("Inference-Header-Content-Length"))
+    except ProtocolError:
+        return None
+
+
+def json_too_large(size: int, limit: int) -> str:
+    """The 413 message for ``size`` bytes of JSON over ``limit``."""
+    return (
+        f"the request carries {size / 1e6:.1f} MB of JSON; at most {limit / 1e6:.1f} MB "
+        "is decoded (JSON takes up to 20x its size in memory once decoded, --max-json-mb): "
+        "send large tensors as binary tensor data (Inference-Header-Content-Length) or "
+        "through system shared memory"
     )
 
 

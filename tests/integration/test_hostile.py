@@ -43,6 +43,7 @@ QUOTAS = {
     "--max-inflight-mb": 64,
     "--max-inflight-mb-per-uid": 8,
     "--max-body-mb": 4,
+    "--max-json-mb": 1,
 }
 
 
@@ -300,7 +301,9 @@ def test_a_connection_flood_leaves_room_for_other_users_and_the_operator(svc) ->
 # -- bodies on the routes that are not inference: memory ----------------------------------
 
 
-def _big_bodies(sock: str, n: int, path: str, declared: int, send: int, hold_s: float) -> list[int]:
+def _big_bodies(
+    sock: str, n: int, path: str, declared: int, send: int, hold_s: float, extra: str = ""
+) -> list[int]:
     """``n`` connections declaring ``declared`` bytes and sending ``send`` of them; the
     status each got within 3 s (0: none yet), then held ``hold_s`` more seconds."""
     conns = []
@@ -309,7 +312,7 @@ def _big_bodies(sock: str, n: int, path: str, declared: int, send: int, hold_s: 
         s.connect(sock)
         s.sendall(
             f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {declared}\r\n\r\n".encode()
+            f"Content-Length: {declared}\r\n{extra}\r\n".encode()
         )
         with contextlib.suppress(OSError):
             s.sendall(b" " * send)
@@ -348,12 +351,21 @@ def test_large_bodies_are_refused_before_they_are_held(svc) -> None:
     )
     assert reg == [413] * 6, reg  # over the 1 MB control body limit: refused at once
     assert _rss_mb(pid) - rss0 < 20
-    # inferences of 3 MB (6 MB reserved each), half sent: one uid's 8 MB admits one
+    # binary inferences of 3 MB (~6 MB reserved each), a third sent: one uid's 8 MB admits one
     before = _inflight(svc["sock"])
     out: list = []
     t = threading.Thread(
         target=lambda: out.append(
-            as_user(_big_bodies, svc["sock"], 4, "/v2/models/chain/infer", 3 << 20, 1 << 20, 8.0)
+            as_user(
+                _big_bodies,
+                svc["sock"],
+                4,
+                "/v2/models/chain/infer",
+                3 << 20,
+                1 << 20,
+                8.0,
+                BINARY,
+            )
         ),
         daemon=True,
     )
@@ -364,7 +376,7 @@ def test_large_bodies_are_refused_before_they_are_held(svc) -> None:
         return now if now["refused_per_peer"] - before["refused_per_peer"] >= 3 else None
 
     now = wait_for(three_refused, 30, "three refusals of the uid's byte budget")
-    assert now["inflight_bytes"] - before["inflight_bytes"] == 2 * (3 << 20)
+    assert now["inflight_bytes"] - before["inflight_bytes"] == 2 * ((3 << 20) - 100) + 20 * 100
     assert now["refused_per_peer"] - before["refused_per_peer"] == 3
     assert _rss_mb(pid) - rss0 < 40
     t.join(60)
@@ -374,6 +386,33 @@ def test_large_bodies_are_refused_before_they_are_held(svc) -> None:
         30,
         "the reservations to be given back",
     )
+
+
+#: headers of a binary-data inference whose JSON header is 100 bytes
+BINARY = "Inference-Header-Content-Length: 100\r\n"
+
+
+def test_json_beyond_its_limit_is_refused_before_it_is_read(svc) -> None:
+    """JSON takes up to 20x its size decoded: more than --max-json-mb (1 MB here) is
+    413 at once, whole body or JSON header; within it, served."""
+    json_body = as_user(_big_bodies, svc["sock"], 2, "/v2/models/chain/infer", 2 << 20, 0, 0.0)
+    assert json_body == [413, 413], json_body
+    header = as_user(
+        _big_bodies,
+        svc["sock"],
+        1,
+        "/v2/models/chain/infer",
+        3 << 20,
+        0,
+        0.0,
+        "Inference-Header-Content-Length: 2000000\r\n",
+    )
+    assert header == [413], header
+    rows = [[1.0, 2.0, 3.0, 4.0]] * 20_000  # ~0.5 MB of JSON
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [20_000, 4], "data": rows}]}
+    status, res = as_user(call, svc["sock"], "POST", "/v2/models/chain/infer", body)
+    assert status == 200 and res["outputs"][0]["shape"] == [20_000, 4], str(res)[:300]
+    _still_whole(svc)
 
 
 def test_a_chunked_control_body_is_cut_at_the_limit(svc) -> None:

@@ -98,6 +98,16 @@ def test_byte_budget_keeps_each_peers_share() -> None:
     assert b.stats()["peers_holding"] == 2 and b.inflight_bytes == 80
 
 
+def test_request_reservation_counts_json_at_its_decoded_size() -> None:
+    from infscaler.runtime.admission import JSON_DECODE_FACTOR, request_reservation
+
+    assert JSON_DECODE_FACTOR == 20
+    assert request_reservation(1000, 10_000, None) == 20_000  # all JSON
+    assert request_reservation(1000, 10_000, 100) == 2 * 900 + 20 * 100  # binary after 100
+    assert request_reservation(None, 10_000, 0) == 20_000  # chunked: the limit, binary
+    assert request_reservation(50_000, 10_000, 20_000) == 20 * 10_000  # capped at the limit
+
+
 # -- rate-limited logs ---------------------------------------------------------------------
 
 
