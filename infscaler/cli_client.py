@@ -183,6 +183,52 @@ def _parse_inputs(inputs: list[str], image: Path | None, meta: dict) -> dict[str
     return feeds
 
 
+def _spec(i: dict) -> str:
+    """``name (FP32 [-1, 3, 224, 224])`` of an input's metadata."""
+    return f"{i['name']} ({i['datatype']} {list(i['shape'])})"
+
+
+def random_input(i: dict, rng: np.random.Generator) -> np.ndarray:
+    """A random tensor for input metadata ``i`` (trtexec's default input): dynamic dims
+    (-1) take 1; floats uniform in [0, 1), integers in [0, 255] (or what the type
+    holds), BOOL random, BYTES the string ``"infscaler"``."""
+    from infscaler.protocol import DATATYPES
+
+    shape = [1 if int(d) < 0 else int(d) for d in i["shape"]]
+    dt = i["datatype"]
+    if dt == "BYTES":
+        return np.full(shape, b"infscaler", dtype=object)
+    if dt == "BOOL":
+        return rng.random(shape) < 0.5
+    dtype = DATATYPES[dt]
+    if dtype.kind == "f":
+        return rng.random(shape).astype(dtype)
+    top = min(255, int(np.iinfo(dtype).max))
+    return rng.integers(0, top + 1, shape).astype(dtype)
+
+
+def _check_feeds(feeds: dict[str, np.ndarray], meta: dict) -> None:
+    """Each given array has its input's datatype and rank, else a clear error with the
+    conversion to make."""
+    from infscaler.protocol import DATATYPES
+
+    for i in meta["inputs"]:
+        a = feeds.get(i["name"])
+        if a is None or i["datatype"] not in DATATYPES or i["datatype"] == "BYTES":
+            continue
+        want = DATATYPES[i["datatype"]]
+        if a.dtype != want:
+            raise InfScalerError(
+                f"input {_spec(i)} was given {a.dtype} {list(a.shape)}",
+                hint=f"convert it: np.save(path, a.astype(np.{want.name}))",
+            )
+        if len(a.shape) != len(i["shape"]):
+            raise InfScalerError(
+                f"input {_spec(i)} was given rank {a.ndim} {list(a.shape)}",
+                hint="reshape it to the model's rank (-1: any size)",
+            )
+
+
 def _describe(value: np.ndarray) -> str:
     if value.dtype.kind in "USO":
         return "\n".join(str(v.decode() if isinstance(v, bytes) else v) for v in value.reshape(-1))
@@ -229,6 +275,14 @@ def infer_cmd(
         Path | None, typer.Option("--save", help="Write each output to DIR/<name>.npy.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outputs as JSON.")] = False,
+    random: Annotated[
+        bool,
+        typer.Option(
+            "--random",
+            help="Fill the inputs not given with random data of their shape and datatype "
+            "(dynamic dims: 1), as trtexec does.",
+        ),
+    ] = False,
 ) -> None:
     """Send one inference request to a running service and print the outputs (with
     --task: a model-less query; the chosen variant is printed)."""
@@ -254,12 +308,18 @@ def infer_cmd(
                     f"{[i['name'] for i in meta['inputs']]}"
                 )
             feeds[str_inputs[0]["name"]] = np.array(text, dtype=object)
-        missing = [i["name"] for i in meta["inputs"] if i["name"] not in feeds]
+        missing = [i for i in meta["inputs"] if i["name"] not in feeds]
+        if missing and random:
+            rng = np.random.default_rng(0)
+            feeds.update({i["name"]: random_input(i, rng) for i in missing})
+            missing = []
         if missing:
             raise InfScalerError(
-                f"{'task' if task else 'model'} {target} needs inputs {missing}",
-                hint="pass --input NAME=FILE.npy, --image or --text",
+                f"{'task' if task else 'model'} {target} needs inputs "
+                f"{', '.join(_spec(i) for i in missing)}",
+                hint="pass --input NAME=FILE.npy, --image or --text, or --random",
             )
+        _check_feeds(feeds, meta)
         if task is not None:
             res = c.infer_task(task, feeds, latency_ms=latency_ms, min_accuracy=min_accuracy)
         else:

@@ -153,6 +153,18 @@ def test_client_commands_against_a_running_service(tmp_path: Path) -> None:
         assert r.returncode == 2 and "unknown model 'nope'" in r.stderr
         r = run("infer", "slow", "--input", "x")
         assert r.returncode == 2 and "NAME=FILE.npy" in r.stderr
+        # what the model needs, said with its shape and datatype; --random fills it
+        r = run("infer", "slow")
+        assert r.returncode == 2 and "needs inputs x (FP32 [-1])" in r.stderr, r.stderr
+        assert "--random" in r.stderr
+        r = run("infer", "slow", "--random", "--json")
+        assert r.returncode == 0, r.stderr
+        (y,) = json.loads(r.stdout)["outputs"]["y"]  # one element: the dynamic dim took 1
+        assert 0.0 <= y < 2.0
+        np.save(tmp_path / "x64.npy", np.arange(4, dtype=np.float64))
+        r = run("infer", "slow", "--input", f"x={tmp_path / 'x64.npy'}")
+        assert r.returncode == 2 and "was given float64 [4]" in r.stderr
+        assert "astype(np.float32)" in r.stderr
         r = run("undeploy", "slow")
         assert r.returncode == 0
         assert Client(sock).models() == []
