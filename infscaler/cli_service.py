@@ -507,7 +507,13 @@ async def _serve(
             )
         notifier.stopping("draining in-flight requests")
         err.print("infscaler: stopping: draining in-flight requests", highlight=False)
+        t_stop = time.perf_counter()
         await loop.run_in_executor(None, service.close, drain_s)
+        err.print(
+            f"infscaler: stopped in {time.perf_counter() - t_stop:.1f} s "
+            f"(exit {EXIT_FRONTEND_DIED if died else 0})",
+            highlight=False,
+        )
         return EXIT_FRONTEND_DIED if died else 0
     finally:
         notifier.stop_watchdog()

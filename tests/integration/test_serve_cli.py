@@ -108,6 +108,8 @@ def test_serve_notifies_systemd_and_drains_on_sigterm(tmp_path: Path) -> None:
         assert len(results) == 4 and all(isinstance(r, np.ndarray) for r in results), results
         assert any("STOPPING=1" in m for m in messages)
         assert not sock.exists()
+        said = proc.stdout.read()
+        assert "stopping: draining" in said and "infscaler: stopped in" in said, said
     finally:
         if proc.poll() is None:
             proc.kill()
