@@ -52,9 +52,40 @@ def default_socket(socket: str | None = None) -> str:
     return DEFAULT_SOCKET
 
 
+def triton_model(path: Path) -> Path | None:
+    """The ``model.onnx`` of a Triton model directory (``<model>/config.pbtxt`` and
+    ``<model>/<version>/model.onnx``): its highest numeric version's, or None when
+    ``path`` is not one (Triton's ``model_repository.md`` layout; ``config.pbtxt`` is
+    not read: names, shapes and batching come from the ONNX file)."""
+    versions = sorted(
+        (int(v.name), v / "model.onnx")
+        for v in path.iterdir()
+        if v.is_dir() and v.name.isdigit() and (v / "model.onnx").is_file()
+    )
+    return versions[-1][1] if versions else None
+
+
+def pipelines_from_arg(
+    arg: str, partitions: int | None = None, shapes: str | None = None
+) -> list[Any]:
+    """:func:`pipeline_from_arg`, and for a Triton model repository (a directory of
+    Triton model directories) one pipeline per model, named after its directory.
+
+    Raises:
+        ConfigError: as :func:`pipeline_from_arg`.
+    """
+    p = Path(arg)
+    if p.is_dir() and not (p / "plan.yaml").is_file() and triton_model(p) is None:
+        models = sorted(d for d in p.iterdir() if d.is_dir() and triton_model(d) is not None)
+        if models:
+            return [pipeline_from_arg(str(d), partitions, shapes) for d in models]
+    return [pipeline_from_arg(arg, partitions, shapes)]
+
+
 def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | None = None) -> Any:
     """A pipeline from a ``serve`` argument: a pipeline YAML, an ``.onnx`` model or
-    bundled alias (served whole, or partitioned into ``partitions``), or a plan dir.
+    bundled alias (served whole, or partitioned into ``partitions``), a plan dir, or a
+    Triton model directory (:func:`triton_model`; named after the directory).
 
     Args:
         shapes: concrete shapes of a model's dynamic inputs (``--shapes``, trtexec's
@@ -66,7 +97,8 @@ def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | Non
     """
 
     p = Path(arg)
-    model = p.suffix == ".onnx" and p.is_file() or arg in MODELS
+    triton = triton_model(p) if p.is_dir() and not (p / "plan.yaml").is_file() else None
+    model = p.suffix == ".onnx" and p.is_file() or arg in MODELS or triton is not None
     if shapes and not model:
         raise ConfigError(
             f"--shapes applies to .onnx models and bundled aliases, not to {arg!r}",
@@ -74,9 +106,16 @@ def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | Non
         )
     if p.suffix in (".yaml", ".yml", ".json") and p.is_file():
         return load_pipeline(p)
+    if triton is not None:  # a Triton model directory: its latest version, its name
+        return pipeline_for_model(triton, name=p.name, partitions=partitions, shapes=shapes)
     if p.is_dir():
         if not (p / "plan.yaml").is_file():
-            raise ConfigError(f"{p} is a directory but not a plan directory (no plan.yaml)")
+            raise ConfigError(
+                f"{p} is a directory but neither a plan directory (no plan.yaml) nor a "
+                "Triton model directory (no <version>/model.onnx)",
+                hint="give a plan directory (infscaler partition MODEL -o DIR), a Triton "
+                "model directory or repository (MODEL/1/model.onnx), or the .onnx file",
+            )
         return pipeline_for_model(p)
     if p.suffix == ".onnx" and p.is_file():
         return pipeline_for_model(p, partitions=partitions, shapes=shapes)

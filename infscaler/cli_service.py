@@ -35,7 +35,7 @@ from infscaler.cli_client import (
     SocketOpt,
     _bundled,
     default_socket,
-    pipeline_from_arg,
+    pipelines_from_arg,
     print_status,
     with_slo,
 )
@@ -329,7 +329,7 @@ def serve_cmd(
         resolve_group(socket_group)  # an unknown group fails now, not after the deploys
 
     profile = load_profile(device) if device else None
-    configs = [pipeline_from_arg(t, partitions, shapes) for t in targets or []]
+    configs = [c for t in targets or [] for c in pipelines_from_arg(t, partitions, shapes)]
     watcher = None
     if watch_dir is not None:
         watched, watcher = start_watching(watch_dir, default_socket(socket), err.print)

@@ -60,3 +60,28 @@ def test_serve_shapes_apply_to_models_only(tmp_path) -> None:
     with pytest.raises(ConfigError, match="--shapes applies to .onnx models") as ei:
         pipeline_from_arg("ocr", None, "x:1x3x8x8")
     assert "shapes:" in (ei.value.hint or "")
+
+
+def test_serve_understands_a_triton_model_repository(tmp_path) -> None:
+    """``<repo>/<model>/<version>/model.onnx`` (+ config.pbtxt): each model served under
+    its directory's name, from its highest version."""
+    from infscaler.cli_client import pipeline_from_arg, pipelines_from_arg
+    from tests.helpers import residual_model, save
+
+    repo = tmp_path / "repo"
+    for model, versions in (("resnet", [1]), ("block", [1, 3, 2])):
+        for v in versions:
+            (repo / model / str(v)).mkdir(parents=True)
+            save(residual_model(), repo / model / str(v) / "model.onnx")
+        (repo / model / "config.pbtxt").write_text(
+            f'name: "{model}"\nplatform: "onnxruntime_onnx"\n'
+        )
+    cfgs = pipelines_from_arg(str(repo))
+    assert [c.name for c in cfgs] == ["block", "resnet"]
+    assert cfgs[0].stages[0].model == str(repo / "block" / "3" / "model.onnx")
+    one = pipeline_from_arg(str(repo / "resnet"))
+    assert one.name == "resnet" and one.stages[0].model.endswith("resnet/1/model.onnx")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="nor a Triton model directory") as ei:
+        pipelines_from_arg(str(tmp_path / "empty"))
+    assert "MODEL/1/model.onnx" in (ei.value.hint or "")
