@@ -99,29 +99,13 @@ def svc(tmp_path_factory: pytest.TempPathFactory):
             stderr=subprocess.STDOUT,
         )
     try:
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                return True
-            try:
-                with Client(sock) as c:
-                    return c.is_ready()
-            except Exception:  # noqa: BLE001 - not up yet
-                return False
-
-        wait_for(ready, 180, "the service to be ready")
+        wait_for(
+            lambda: proc.poll() is not None or _safe_ready(sock), 180, "the service to be ready"
+        )
         assert proc.poll() is None, log_path.read_text()
         yield {"sock": sock, "proc": proc, "log": log_path}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        with contextlib.suppress(OSError):
-            os.unlink(sock)
-        with contextlib.suppress(OSError):
-            os.rmdir(public)
+        _stop(proc, sock, public)
 
 
 X = [[1.0, 2.0, 3.0, 4.0]]
@@ -533,15 +517,20 @@ def test_under_a_low_fd_limit_a_flood_leaves_fds_for_instances(tmp_path: Path) -
         assert out["n"] > 200
         assert "Too many open files" not in log_path.read_text()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        with contextlib.suppress(OSError):
-            os.unlink(sock)
-        with contextlib.suppress(OSError):
-            os.rmdir(public)
+        _stop(proc, sock, public)
+
+
+def _stop(proc: subprocess.Popen, sock: str, public: Path) -> None:
+    """SIGTERM the service (SIGKILL after 60 s), remove its socket and directory."""
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    with contextlib.suppress(OSError):
+        os.unlink(sock)
+    with contextlib.suppress(OSError):
+        os.rmdir(public)
 
 
 def _safe_ready(sock: str) -> bool:
