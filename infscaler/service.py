@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.base.config import PipelineConfig
+from infscaler.base.config import PipelineConfig, validate_pipeline
 from infscaler.base.device import Accelerator, check_pipeline, load_profile
 from infscaler.base.engines import engine_availability
 from infscaler.base.errors import ConfigError, InfScalerError, ServiceError
 from infscaler.ebpf import open_channel
 from infscaler.runtime.admission import ByteBudget
-from infscaler.runtime.autoplan import needs_planning, plan_pipeline
+from infscaler.runtime.autoplan import live_plan, needs_planning, plan_pipeline
 from infscaler.runtime.autoscaler import Autoscaler
 from infscaler.runtime.frontend import FrontEnd, RequestError
 from infscaler.runtime.monitor import Monitor
@@ -104,6 +104,9 @@ class Deployment:
     pipeline: CompiledPipeline
     route: Any
     deployed_at: float = field(default_factory=time.time)
+    #: what the live check compares (:class:`~infscaler.runtime.autoplan.LivePlan`; None:
+    #: not a planned pipeline, or its decision has no runner-up recorded)
+    live: Any = None
 
     @property
     def name(self) -> str:
@@ -578,6 +581,7 @@ class Service:
         replace: bool = False,
         progress: Callable[[str], None] = lambda _m: None,
         allowed_functions: Sequence[str] | None = None,
+        live: Any = None,
     ) -> Deployment:
         """Compile and start a pipeline; returns once every instance is ready.
 
@@ -588,6 +592,9 @@ class Service:
             progress: called with a line per step.
             allowed_functions: modules function stages may come from (None: any; the
                 API passes its :class:`~infscaler.base.security.SecurityPolicy`'s).
+            live: ``cfg`` is a configuration the live check switches to (its
+                :class:`~infscaler.runtime.autoplan.LivePlan`): deployed as it is, not
+                planned; None: planned when it is left to the planner.
 
         Raises:
             ServiceError: (409) the name is taken and ``replace`` is false; (503) not
@@ -597,7 +604,8 @@ class Service:
         """
         if not self._started or self._stopping:
             raise ServiceError("the service is not running", 503)
-        cfg = self._planned(cfg, progress, allowed_functions)
+        if live is None:
+            cfg, live = self._planned(cfg, progress, allowed_functions)
         with self._deploy_lock:
             with self._lock:
                 old = self._deployments.get(cfg.name)
@@ -668,7 +676,7 @@ class Service:
             )
             route.instances = [u.instances if stage_ids[u.index] else 1 for u in compiled.units]
             route.seed_compute(_warm_unit_ms(compiled, stage_ids, handles))
-            dep = Deployment(compiled, route)
+            dep = Deployment(compiled, route, live=live)
             with self._lock:
                 self._deployments[cfg.name] = dep
             log.info("deployed %s: %d units, %d instances", cfg.name, len(served), len(handles))
@@ -682,23 +690,24 @@ class Service:
         cfg: PipelineConfig,
         progress: Callable[[str], None],
         allowed_functions: Sequence[str] | None = None,
-    ) -> PipelineConfig:
-        """``cfg`` with the planner's choice when it is left to the planner and the
-        objective is ``auto`` (:mod:`infscaler.runtime.autoplan`), else as it is. Its
-        function stages (from ``allowed_functions``, as at deploy) run in this process
-        on a sample request to be measured.
+    ) -> tuple[PipelineConfig, Any]:
+        """``(cfg with the planner's choice, its LivePlan)`` when it is left to the
+        planner and the objective is ``auto`` (:mod:`infscaler.runtime.autoplan`), else
+        ``(cfg, None)``. Its function stages (from ``allowed_functions``, as at deploy)
+        run in this process on a sample request to be measured.
 
         Raises:
             InfScalerError: no configuration meets the SLO (the search's reason).
         """
 
         if self.objective != "auto" or not needs_planning(cfg):
-            return cfg
+            return cfg, None
 
         progress(f"planning {cfg.name}: K, cuts, threads and instances for its SLO")
+        device = self.device or load_profile("cpu-host")
         planned, outcome = plan_pipeline(
             cfg,
-            device=self.device or load_profile("cpu-host"),
+            device=device,
             state_dir=self.state_dir,
             allowed_functions=allowed_functions,
             progress=progress,
@@ -706,7 +715,14 @@ class Service:
         )
         if outcome is not None and outcome.best is not None:
             progress(f"{cfg.name}: chosen {outcome.best.line()}")
-        return planned
+        live = live_plan(
+            cfg,
+            device=device,
+            state_dir=self.state_dir,
+            allowed_functions=allowed_functions,
+            wake_latency_us=self.cpu_wake_latency_planned_us,
+        )
+        return planned, live
 
     def _check_fits(self, compiled: CompiledPipeline, old: Deployment | None) -> list[str]:
         """Refuse (ConfigError) a pipeline whose engines, precisions, instances, cores or
@@ -903,6 +919,23 @@ class Service:
             threads,
         )
         return True
+
+    def switch_configuration(self, dep: Deployment, live: Any) -> Deployment:
+        """Deploy ``dep.live``'s other configuration (the runner-up, or the planner's
+        choice after a trial) in ``dep``'s place, make-before-break: the new instances
+        start and serve before the old ones drain (:meth:`deploy` with ``replace``), so
+        no request is lost; ``live`` is the plan once it serves
+        (:meth:`~infscaler.runtime.autoplan.LivePlan.swapped`).
+
+        Raises:
+            ServiceError / ConfigError / InstanceStartError: as :meth:`deploy` (the old
+                configuration keeps serving).
+        """
+        plan = dep.live
+        if plan is None or plan.other_pipeline is None:
+            raise ServiceError(f"pipeline {dep.name} has no other configuration to switch to")
+        cfg = validate_pipeline(plan.other_pipeline, f"pipeline {dep.name} (live check)")
+        return self.deploy(cfg, replace=True, live=live)
 
     def set_queue_limit(self, dep: Deployment, limit: int | None, reason: str = "") -> None:
         """Bound ``dep``'s queue at ``limit`` requests (None: no bound); beyond it the

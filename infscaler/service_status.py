@@ -114,8 +114,28 @@ def pipeline_status(svc: Service, dep: Deployment) -> dict[str, Any]:
         "queue_limit": dep.route.queue_limit,
         "window": dep.route.max_inflight,
         "decisions": svc.autoscaler.decisions(dep.name)[-10:] if svc.autoscaler else [],
+        "live_check": _live_check(svc, dep),
         "requests": {k: v for k, v in snap.items() if k != "units"},
         "units": units,
+    }
+
+
+def _live_check(svc: Service, dep: Any) -> dict[str, Any] | None:
+    """The live check of a planned pipeline (:mod:`infscaler.runtime.livecheck`): the
+    configuration serving, the runner-up, the phase (``watch``, ``trial``, ``settled``),
+    the capacities measured (requests/s) and the last reason; None when not checked."""
+    plan = getattr(dep, "live", None)
+    if plan is None:
+        return None
+    st = svc.autoscaler.live_state(dep.name) if svc.autoscaler else None
+    return {
+        "serving": plan.serving.label,
+        "predicted_rps": round(plan.serving.capacity_rps, 2),
+        "other": None if plan.other is None else plan.other.label,
+        "phase": "watch" if st is None else st.phase,
+        "measured_rps": {} if st is None else {k: round(v, 2) for k, v in st.measured},
+        "switches": 0 if st is None else st.switches,
+        "reason": "" if st is None else st.reason,
     }
 
 

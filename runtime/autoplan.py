@@ -74,17 +74,24 @@ from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.loader import parse_shapes
 from infscaler.partitioner.profiler import usable_cores
 from infscaler.runtime.idlecurve import curve_for, load_curve
+from infscaler.runtime.livecheck import Expected, expected_from
 from infscaler.runtime.pipeline import keyed_plan_dir
 from infscaler.runtime.planner import ModelStage, arrival_rates, cpu_cores, resource_cap
 from infscaler.runtime.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.stageprofile import measure_model_stage, search_measured
 
 __all__ = [
+    "START_WITH_ENV",
+    "LivePlan",
     "PlannerInputs",
     "base_latency_ms",
+    "candidate_pipeline",
+    "keep_live",
+    "live_plan",
     "needs_planning",
     "plan_pipeline",
     "planner_inputs",
+    "runner_up",
     "stage_order",
     "whole_config",
     "whole_profiles",
@@ -598,17 +605,116 @@ def plan_pipeline(
             hint="raise the SLO, or see `infscaler plan PIPELINE --slo X --explain`",
         )
     best = out.best
+    runner = runner_up(out)
+    serving, other = best, runner
+    serving_exp = expected_from(best)
+    forced = os.environ.get(START_WITH_ENV, "")
+    if forced:
+        worst = _worst(out)
+        if forced != "worst":
+            raise InfScalerError(
+                f"{START_WITH_ENV}={forced!r} is not a start this test hook knows",
+                hint=f"unset {START_WITH_ENV}, or set it to worst",
+            )
+        if worst is None:
+            progress(
+                f"{cfg.name}: {START_WITH_ENV}=worst: no candidate is below "
+                f"{WRONG_START_AT:.0%} of the choice's capacity; starting with the choice"
+            )
+        else:
+            progress(f"{cfg.name}: {START_WITH_ENV}=worst: starting with {worst.label()}")
+            serving, other = worst, best
+            # the live check is told the best's prediction for it: a planner that
+            # mispredicted a configuration by that much
+            w = expected_from(worst)
+            scale = w.capacity_rps / serving_exp.capacity_rps
+            serving_exp = dataclasses.replace(
+                w,
+                unit_ms=tuple(ms * scale for ms in w.unit_ms),
+                goodput_rps=serving_exp.goodput_rps,
+            )
+    data = candidate_pipeline(cfg, inp, serving, state_dir, device, progress)
+    live: dict[str, Any] = {"serving": serving_exp.to_dict()}
+    if other is not None:
+        live["other"] = {
+            **expected_from(other).to_dict(),
+            "pipeline": candidate_pipeline(cfg, inp, other, state_dir, device, progress),
+        }
+    planned = validate_pipeline(data, f"pipeline {cfg.name} (planned)")
+    _keep(kept, data, serving, cap.memory_cap_mb, live)
+    return planned, out
+
+
+#: The test hook that starts a planned pipeline with a deliberately wrong configuration:
+#: ``worst`` deploys the fitting candidate with the least goodput in place of the
+#: planner's choice, with the choice's predicted capacity, as a planner that
+#: mispredicted it would, and the choice as its runner-up, so that the live check
+#: (:mod:`infscaler.runtime.livecheck`) has a wrong start to correct. For tests and
+#: bench/ only.
+START_WITH_ENV = "INFSCALER_TEST_START_WITH"
+
+
+def runner_up(outcome: Any) -> Any:
+    """The best-ranked candidate after the winner that fits, answers requests within the
+    SLO and is another configuration (its :meth:`~infscaler.runtime.planner.Candidate.
+    identity`); preferring the search's finalists (scored on the long trace). None when
+    there is none."""
+    best = outcome.best
+    if best is None:
+        return None
+    ok = [
+        c for c in outcome.candidates
+        if c.fits and c.goodput_rps > 0 and c.identity() != best.identity()
+    ]  # fmt: skip
+    return next((c for c in ok if c.finalist == best.finalist), ok[0] if ok else None)
+
+
+def _worst(outcome: Any) -> Any:
+    """The fitting candidate with the least predicted instance capacity, when it is
+    below :data:`WRONG_START_AT` of the winner's (a start the live check can tell
+    apart); else None."""
+    best = outcome.best
+    ok = [c for c in outcome.candidates if c.fits and c.goodput_rps > 0]
+    if best is None or len(ok) < 2:
+        return None
+    worst = min(ok, key=lambda c: expected_from(c).capacity_rps)
+    if expected_from(worst).capacity_rps > WRONG_START_AT * expected_from(best).capacity_rps:
+        return None
+    return worst
+
+
+#: :data:`START_WITH_ENV` ``worst`` starts with a candidate only when its predicted
+#: capacity is below this fraction of the planner's choice's
+WRONG_START_AT = 0.7
+
+
+def candidate_pipeline(
+    cfg: Any,
+    inp: PlannerInputs,
+    cand: Any,
+    state_dir: Path,
+    device: Any,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
+    """The pipeline ``cfg`` as data with its model stages set to ``cand``'s cuts (a plan
+    directory written for each partitioned stage, :func:`chosen_plan_dir`), threads and
+    instances, or as one unit (``fuse: whole``) when ``cand`` is the whole pipeline;
+    function stages as written.
+
+    Raises:
+        InfScalerError: partitioning at the candidate's cuts failed.
+    """
     data = cfg.model_dump(exclude_none=True)
     for k, st in enumerate(cfg.stages):
         if st.kind == "function":  # as written (its fields set decide whether it fuses)
             data["stages"][k] = st.model_dump(exclude_unset=True, exclude_none=True)
-    if best.whole:  # one unit: every model whole, at the unit's threads and instances
-        served = [c.total for u, c in zip(best.units, best.config, strict=True) if u.served]
-        planned = whole_config(cfg, inp.model_index, best.threads[0], served[0])
-        _keep(kept, planned.model_dump(exclude_none=True), best, cap.memory_cap_mb)
-        return planned, out
-    spans = stage_order(inp, best.cuts)
-    offset = len(best.units) - sum(n for _, n in spans)  # the front end's unit, if any
+    if cand.whole:  # one unit: every model whole, at the unit's threads and instances
+        served = [c.total for u, c in zip(cand.units, cand.config, strict=True) if u.served]
+        return whole_config(cfg, inp.model_index, cand.threads[0], served[0]).model_dump(
+            exclude_none=True
+        )
+    spans = stage_order(inp, cand.cuts)
+    offset = len(cand.units) - sum(n for _, n in spans)  # the front end's unit, if any
     m = 0
     for s, (at, n_units) in zip(inp.stages, spans, strict=True):
         if not isinstance(s, ModelStage):
@@ -616,16 +722,16 @@ def plan_pipeline(
         k = inp.model_index[m]
         st = cfg.stages[k]
         path, shape = inp.paths[m], inp.shapes[m]
-        cuts = best.cuts[m]
-        inst = [c.total for c in best.config[offset + at : offset + at + n_units]]
+        cuts = cand.cuts[m]
+        inst = [c.total for c in cand.config[offset + at : offset + at + n_units]]
         m += 1
         sd = dict(data["stages"][k])
-        sd["threads"] = best.threads[m - 1]
+        sd["threads"] = cand.threads[m - 1]
         sd["instances"] = inst if n_units > 1 else inst[0]
         if cuts:
             plan_dir = chosen_plan_dir(state_dir, path, shape, cuts)
             if not (plan_dir / "plan.yaml").is_file():
-                progress(f"{st.name}: writing the chosen plan K={n_units} cuts {list(cuts)}")
+                progress(f"{st.name}: writing the plan K={n_units} cuts {list(cuts)}")
                 partition_model(
                     path, shapes=shape, cuts=cuts, device=device, out_dir=plan_dir, force=True,
                 )  # fmt: skip
@@ -633,9 +739,7 @@ def plan_pipeline(
                 sd.pop(f, None)
             sd["plan"] = str(plan_dir)
         data["stages"][k] = sd
-    planned = validate_pipeline(data, f"pipeline {cfg.name} (planned)")
-    _keep(kept, data, best, cap.memory_cap_mb)
-    return planned, out
+    return data
 
 
 #: a kept decision is planned again when the device's memory cap grew past this factor
@@ -657,12 +761,17 @@ def chosen_plan_dir(state_dir: str | Path, model: Path, shapes: Any, cuts: Seque
     return keyed_plan_dir(state_dir, model, (shapes, list(cuts)), prefix="auto-")
 
 
-def _keep(path: Path, data: dict[str, Any], best: Any, cap_mb: float) -> None:
+def _keep(
+    path: Path,
+    data: dict[str, Any],
+    best: Any,
+    cap_mb: float,
+    live: dict[str, Any] | None = None,
+) -> None:
     """Write a decision (the planned pipeline as data, the chosen candidate's line, its
-    memory and the cap it was planned under, MB) for :func:`plan_pipeline` to reuse;
-    atomically, so a concurrent deploy reads the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    memory and the cap it was planned under, MB, and ``live``: what the live check
+    compares, :func:`live_plan`) for :func:`plan_pipeline` to reuse; atomically, so a
+    concurrent deploy reads the old file or the new one."""
     kept = {
         "pipeline": data,
         "chosen": best.line(),
@@ -670,8 +779,97 @@ def _keep(path: Path, data: dict[str, Any], best: Any, cap_mb: float) -> None:
         "memory_mb": round(float(best.memory_mb), 1),
         "memory_cap_mb": None if not math.isfinite(cap_mb) else round(float(cap_mb), 1),
     }
-    tmp.write_text(json.dumps(kept, default=str))
+    if live is not None:
+        kept["live"] = live
+    _write_json(path, kept)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, default=str))
     os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class LivePlan:
+    """What the live check (:mod:`infscaler.runtime.livecheck`) of a planned pipeline
+    compares, read from its kept decision (:func:`live_plan`).
+
+    Attributes:
+        path: the kept decision (rewritten by :func:`keep_live` when the live check
+            settles on the other configuration).
+        serving: the prediction for the configuration deployed.
+        other: the prediction for the runner-up (None: the search had none).
+        other_pipeline: the runner-up as pipeline data (None: none).
+    """
+
+    path: Path
+    serving: Expected
+    other: Expected | None
+    other_pipeline: dict[str, Any] | None
+
+    def swapped(self, serving_pipeline: dict[str, Any]) -> LivePlan:
+        """The plan once the other configuration serves (``serving_pipeline``: the one
+        serving now, as data, which becomes the other)."""
+        assert self.other is not None
+        return LivePlan(self.path, self.other, self.serving, serving_pipeline)
+
+
+def live_plan(
+    cfg: Any,
+    *,
+    device: Any,
+    state_dir: Path,
+    rate: float | None = None,
+    objectives: tuple[str, ...] = ("eq1", "minmax", "weights"),
+    allowed_functions: Sequence[str] | None = None,
+    wake_latency_us: int | None = None,
+) -> LivePlan | None:
+    """The :class:`LivePlan` kept with the decision :func:`plan_pipeline` made for
+    ``cfg`` with these arguments; None when there is no decision, or it predates the
+    live check, or it is unreadable (then nothing is checked live)."""
+    path = _decision_path(
+        cfg, device, state_dir, rate, objectives, wake_latency_us, allowed_functions
+    )
+    try:
+        live = json.loads(path.read_text())["live"]
+        serving = Expected.from_dict(live["serving"])
+        other = live.get("other")
+        return LivePlan(
+            path,
+            serving,
+            None if other is None else Expected.from_dict(other),
+            None if other is None else dict(other["pipeline"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_live(plan: LivePlan, serving_pipeline: dict[str, Any], reason: str) -> None:
+    """Rewrite the kept decision after the live check settled on the configuration
+    now serving (``plan.serving``, as ``serving_pipeline`` data) with ``reason``: the
+    next start deploys it and checks it again (a kept decision is where the live check
+    starts, never a verdict). The identity of a switched-to configuration is not known
+    to the search's incumbent rule, so the next replan gives no tie to either."""
+    try:
+        data = json.loads(plan.path.read_text())
+    except (OSError, ValueError):
+        return
+    data["pipeline"] = serving_pipeline
+    data["live"] = {
+        "serving": plan.serving.to_dict(),
+        **(
+            {"other": {**plan.other.to_dict(), "pipeline": plan.other_pipeline}}
+            if plan.other is not None and plan.other_pipeline is not None
+            else {}
+        ),
+        "reason": reason,
+    }
+    if data.get("chosen") and plan.serving.label not in str(data["chosen"]):
+        data["chosen"] = f"{plan.serving.label} (the live check's choice: {reason})"
+        data.pop("identity", None)
+    _write_json(plan.path, data)
 
 
 #: hex digits of the key digest in a kept decision's file name, ``<pipeline>-<digest>.json``

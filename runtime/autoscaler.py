@@ -33,12 +33,21 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from infscaler.runtime.autoplan import keep_live
 from infscaler.runtime.batching import choose_batch
 from infscaler.runtime.control import ScaledService
 from infscaler.runtime.idlecurve import LEARN_INTERVAL_S, learn
+from infscaler.runtime.livecheck import LiveState, Observed, Verdict, check
 from infscaler.runtime.monitor import Monitor
 from infscaler.runtime.planner import HANDOVER_MS
-from infscaler.runtime.scaler import Decision, ScalerConfig, ScalerState, decide, is_violated
+from infscaler.runtime.scaler import (
+    Decision,
+    ScalerConfig,
+    ScalerState,
+    decide,
+    is_violated,
+    pipeline_capacity_rps,
+)
 from infscaler.runtime.wakepolicy import WakeEvidence, WakeState, decide_wake, idle_cost
 
 log = logging.getLogger("infscaler.autoscaler")
@@ -87,6 +96,10 @@ class Autoscaler:
         #: bumped by :meth:`reset_wake`: a decision taken before a reset is not applied
         #: (``service.hold_cpus_awake(..., epoch=)``)
         self.wake_epoch = 0
+        #: the live check per pipeline: (the LivePlan judged, its state); a switch
+        #: under way for the names in ``_switching``
+        self._live: dict[str, tuple[Any, LiveState]] = {}
+        self._switching: set[str] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="infscaler-autoscaler", daemon=True)
 
@@ -162,6 +175,75 @@ class Autoscaler:
                 self.wake()
             except Exception:  # noqa: BLE001
                 log.exception("the CPU wake-up decision failed")
+
+    # -- the live check of a planned configuration ------------------------------------------
+    def live_state(self, name: str) -> LiveState | None:
+        """The live check's state of pipeline ``name`` (None: not checked)."""
+        with self._lock:
+            got = self._live.get(name)
+        return None if got is None else got[1]
+
+    def check_live(self, dep: Any, snap: Any, state: ScalerState) -> Verdict | None:
+        """Judge ``dep``'s planned configuration on ``snap``
+        (:func:`infscaler.runtime.livecheck.check`) and apply the verdict: ``switch``
+        deploys the other configuration in a thread, make-before-break
+        (:meth:`infscaler.service.Service.switch_configuration`), with the state
+        carried to the new deployment; once settled after a switch, the kept decision
+        is rewritten to the configuration serving (:func:`~infscaler.runtime.autoplan.
+        keep_live`). Returns the verdict (None: nothing to check, or a switch under way)."""
+        plan = dep.live
+        with self._lock:
+            if dep.name in self._switching:
+                return None
+            got = self._live.get(dep.name)
+            live = got[1] if got is not None and got[0] is plan else LiveState()
+        since = 0.0 if state.last_change is None else time.monotonic() - state.last_change
+        obs = Observed(
+            since_change_s=since,
+            answered=int(snap.answered or 0),
+            capacity_rps=pipeline_capacity_rps(snap),
+            p99_ms=snap.p99_ms,
+            offered_rps=snap.offered,
+            slo_ms=snap.slo_ms,
+            instances=tuple(u.total_instances for u in snap.units),
+        )
+        verdict, new = check(obs, live, plan.serving, plan.other)
+        with self._lock:
+            self._live[dep.name] = (plan, new)
+        if verdict.action == "wait" or (verdict.action == "keep" and live.phase == "settled"):
+            return verdict
+        self._record(dep.name, {"action": f"live_{verdict.action}", "reason": verdict.reason})
+        if verdict.action == "keep":
+            if new.switches:
+                data = dep.pipeline.config.model_dump(exclude_none=True)
+                with contextlib.suppress(Exception):
+                    keep_live(plan, data, verdict.reason)
+            return verdict
+        swapped = plan.swapped(dep.pipeline.config.model_dump(exclude_none=True))
+        with self._lock:
+            self._switching.add(dep.name)
+            self._live[dep.name] = (swapped, new)
+
+        def work() -> None:
+            try:
+                self.service.switch_configuration(dep, swapped)
+            except Exception as exc:  # noqa: BLE001 - the configuration serving stays
+                log.exception("%s: the live check's switch failed", dep.name)
+                settled = LiveState("settled", new.measured, new.switches, f"switch failed: {exc}")
+                with self._lock:
+                    self._live[dep.name] = (plan, settled)
+            finally:
+                with self._lock:
+                    self._switching.discard(dep.name)
+
+        threading.Thread(target=work, name="infscaler-live-switch", daemon=True).start()
+        return verdict
+
+    def _record(self, name: str, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self.history.append({"pipeline": name, "time": time.time(), **entry})
+            self.counts[(name, entry["action"])] += 1
+        log.info("%s: %s %s", name, entry["action"], entry.get("reason", ""))
 
     # -- cpu_wake_latency_us: auto ---------------------------------------------------------
     def wake_state(self) -> WakeState:
@@ -312,6 +394,8 @@ class Autoscaler:
         decisions, state = decide(snap, state, scaler_config(auto))
         with self._lock:
             self._states[dep.name] = state
+        if getattr(dep, "live", None) is not None and not decisions:
+            self.check_live(dep, snap, state)
         if getattr(self.service, "cpu_wake_auto", False):
             self._note_wake(dep, snap, auto)
         for d in decisions:

@@ -80,3 +80,8 @@ class ScaledService(Protocol):
     def set_queue_limit(self, dep: Any, limit: int | None, reason: str = "") -> None:
         """Bound (or unbound: None) the pipeline's queue at the front end."""
         ...
+
+    def switch_configuration(self, dep: Any, live: Any) -> Any:
+        """Deploy the live check's other configuration of ``dep`` in its place,
+        make-before-break (``live``: the plan once it serves); the new deployment."""
+        ...
