@@ -13,7 +13,11 @@ from dataclasses import replace
 
 import pytest
 
+from infscaler.base.config import load_pipeline
+from infscaler.base.errors import ConfigError
+from infscaler.runtime.autoscaler import scaler_config
 from infscaler.runtime.scaler import ScalerConfig, ScalerState, Snapshot, decide
+from tests.integration.test_autoscale import step_pipeline
 from tests.unit.test_scaler import CPU, only, snap, threaded, unit
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
@@ -142,6 +146,18 @@ def test_config_is_checked() -> None:
     for bad in (ScalerConfig(settle_s=-1.0), ScalerConfig(sustain_s=float("nan"))):
         with pytest.raises(ValueError, match=r"(settle_s|sustain_s) must be >= 0 s"):
             decide(one_unit(0.0, p99=None), ScalerState(), bad)
+
+
+def test_the_pipeline_autoscale_block_maps_and_validates_the_new_fields() -> None:
+    auto = load_pipeline(step_pipeline(settle_s=8.0, sustain_s=3.0, oversubscribe=True)).autoscale
+    cfg = scaler_config(auto)
+    assert (cfg.settle_s, cfg.sustain_s, cfg.oversubscribe) == (8.0, 3.0, True)
+    defaults = scaler_config(load_pipeline({**step_pipeline(), "autoscale": True}).autoscale)
+    assert (defaults.settle_s, defaults.sustain_s, defaults.oversubscribe) == (5.0, 2.0, False)
+    with pytest.raises(ConfigError, match=r"settle_s must be 0-600 s \(how long after a deploy"):
+        load_pipeline(step_pipeline(settle_s=-1))
+    with pytest.raises(ConfigError, match=r"sustain_s must be 0-600 s \(how long the SLO"):
+        load_pipeline(step_pipeline(sustain_s=601))
 
 
 # -- pinned threads past the physical cores --------------------------------------------------
