@@ -62,6 +62,9 @@ def scaler_config(autoscale: Any) -> ScalerConfig:
         rate_horizon_s=autoscale.rate_horizon_s,
         scale_in_utilisation=autoscale.scale_in_utilisation,
         shed=autoscale.shed,
+        settle_s=autoscale.settle_s,
+        sustain_s=autoscale.sustain_s,
+        oversubscribe=autoscale.oversubscribe,
     )
 
 
@@ -133,7 +136,8 @@ class Autoscaler:
 
     def state(self, name: str) -> ScalerState | None:
         """What the scaler carries for pipeline ``name`` (None: not looked at yet). Its
-        ``last_change`` starts at the deploy (monotonic s)."""
+        ``last_change`` starts at the deploy (monotonic s); its ``waiting`` says why the
+        last look, on a violation, changed nothing (settle window, sustain, cooldown)."""
         with self._lock:
             return self._states.get(name)
 
@@ -386,16 +390,28 @@ class Autoscaler:
                 since = max(0.0, time.time() - getattr(dep, "deployed_at", time.time()))
                 state = ScalerState(last_change=time.monotonic() - since)
         # only latency measured since the last change counts (a window reaching back
-        # before a scale-out would re-trigger on the P99 that caused it)
+        # before a scale-out would re-trigger on the P99 that caused it), and once the
+        # settle window after it is over, only latency measured since its end: the
+        # scaler does not count a violation within settle_s of a change (instances
+        # warming up), and the first windows after it must not carry that P99 either
         window = auto.window_s
         if state.last_change is not None:
-            window = max(1.0, min(window, time.monotonic() - state.last_change))
+            since = time.monotonic() - state.last_change
+            if since >= auto.settle_s:
+                since -= auto.settle_s
+            window = max(1.0, min(window, since))
         snap = mon.snapshot(dep, mon.pipeline(dep, window))
+        waited = state.waiting
         decisions, state = decide(snap, state, scaler_config(auto))
         with self._lock:
             self._states[dep.name] = state
         if getattr(dep, "live", None) is not None and not decisions:
             self.check_live(dep, snap, state)
+        if state.waiting is not None:
+            # a violation the scaler does not act on yet (settle window, sustain,
+            # cooldown): kept in the state (:meth:`state`), logged once per run of waits
+            level = logging.DEBUG if waited is not None else logging.INFO
+            log.log(level, "%s: waiting: %s", dep.name, state.waiting)
         if getattr(self.service, "cpu_wake_auto", False):
             self._note_wake(dep, snap, auto)
         for d in decisions:

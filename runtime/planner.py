@@ -712,7 +712,13 @@ def autoscale_run(
     """Run the scaler (:func:`infscaler.runtime.scaler.decide`) in the simulator: the
     pipeline starts at ``config`` and the scaler acts every ``interval_s`` under the
     cap of ``device`` (a DeviceProfile or ResourceCap); the result's ``timeline`` holds
-    the rate, P99 and instances per interval."""
+    the rate, P99 and instances per interval.
+
+    ``scaler_config`` None takes :class:`ScalerConfig`'s defaults, ``settle_s`` (5 s)
+    and ``sustain_s`` (2 s) included: the run predicts what the service's scaler does
+    with a pipeline's ``autoscale: true``, and that scaler waits out both. The
+    simulation models no warm-up, so a run that must react at once passes them as 0.
+    The run starts with no change known (no settle window at t = 0)."""
     auto = Autoscale(
         slo_ms=slo_ms,
         cap=resource_cap(device),

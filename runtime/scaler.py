@@ -49,7 +49,22 @@ What the paper lacks, added here:
   violation sheds instead. When the only violation is requests refused at arrival
   (P99 measured within the SLO), the argmax itself is held to the same test: refusals
   then come from a burst, and an instance the utilisation and P99 model do not need
-  would be taken back after the hold.
+  would be taken back after the hold;
+* a settle window and a sustained violation: a violation within ``settle_s`` (5 s) of
+  the last change (the deploy, a scale-out, a scale-in, a thread step) is not counted,
+  refusals at arrival included, and a scale-out, thread step up or queue bound needs the
+  SLO violated at every call for ``sustain_s`` (2 s; :attr:`ScalerState.
+  violating_since`). Right after a deploy on a 2-core host a planned pipeline's two
+  partitions were each scaled out to 2 single-thread instances on P99s of 497 and 232
+  ms in the first windows: those windows held the instances' warm-up, and a 1 s
+  window's P99 counted as a violation;
+* no cpu scale-out or thread step up that takes the pinned cpu threads of all
+  instances (:attr:`Snapshot.cores_used` + the new ones) past the physical cores
+  (``oversubscribe`` opts in): the same deploy ended with 4 single-thread instances
+  pinned to 2 cores, which share the cores and add contention, not capacity. The
+  device profile's ``threads_per_core`` still lets a deploy pin more (a chain's stages
+  take turns on the cores); the scaler only does not add to it. Not built: a trial past
+  the cores that is kept only when the measured capacity rises.
 
 Like Ray Serve's autoscaling policy this module never starts anything: the service's
 autoscaler loop (:mod:`infscaler.runtime.autoscaler`) builds a :class:`Snapshot` from
@@ -221,6 +236,24 @@ class ScalerConfig:
         scale_in_utilisation: a unit may drop an instance when the rest would run at
             most this busy (rate x service time / instances), 0-1.
         shed: bound the queue when the cap is reached (else only report it).
+        settle_s: a violation within this long after the last change
+            (:attr:`ScalerState.last_change`: the deploy, a scale-out, a scale-in or a
+            thread step) is not counted, s. Default 5 s: a new cpu instance loads and
+            warms up in 1-3 s (the simulator's ``startup_s`` is 2 s) and the first
+            windows after a change are short (the autoscaler's window counts from the
+            change, at least 1 s), so their P99 rests on a few requests served while
+            instances were still starting; 5 s is 5 looks at the default 1 s interval
+            and longer than the 3 s cooldown, so that cooldown still binds only when
+            ``settle_s`` is set below it.
+        sustain_s: a scale-out (or thread scale-up, or a queue bound) needs the violation
+            at every call for at least this long, s (:attr:`ScalerState.
+            violating_since`). Default 2 s: 3 consecutive violated looks at the default
+            1 s interval, so one short window's P99 does not add an instance.
+        oversubscribe: allow a cpu scale-out or thread step that takes the pinned cpu
+            threads of all instances (:attr:`Snapshot.cores_used` + the new ones) past
+            the physical cores (:attr:`ResourceCap.physical_cores`). Off by default: on
+            a 2-core host 4 single-thread instances pinned to 2 cores share them and
+            add contention, not capacity.
     """
 
     violation_ratio: float = 1.0
@@ -229,6 +262,9 @@ class ScalerConfig:
     rate_horizon_s: float = 30.0
     scale_in_utilisation: float = 0.6
     shed: bool = True
+    settle_s: float = 5.0
+    sustain_s: float = 2.0
+    oversubscribe: bool = False
 
 
 @dataclass(frozen=True)
@@ -242,12 +278,19 @@ class ScalerState:
         queue_limit: the queue bound the last ``shed`` decision set, requests (None: no
             bound in force). A ``shed`` is emitted only when this changes: set (or moved)
             on a violation at the cap, lifted once P99 < 0.8 x SLO.
+        violating_since: ``now`` of the first call of the current run of violated
+            calls (outside the settle window), s; None when the last call was not
+            violated, was within ``settle_s`` of a change, or made a change.
+        waiting: why the last call, on a violation, changed nothing (settle window,
+            sustain, cooldown), one line a user can read; None when it did not wait.
     """
 
     last_change: float | None = None
     last_scale_out: float | None = None
     rates: tuple[tuple[float, float], ...] = ()
     queue_limit: int | None = None
+    violating_since: float | None = None
+    waiting: str | None = None
 
 
 @dataclass(frozen=True)
@@ -337,6 +380,17 @@ def decide(
        measured per-thread service times, still serves lambda_max x fan-out at
        utilisation <= ``scale_in_utilisation`` with that P99 bound met.
 
+    Settle and sustain, in step 2 before the cooldown: a violated call within
+    ``settle_s`` of ``state.last_change`` is not counted (``violating_since`` None, no
+    action); otherwise ``violating_since`` keeps the first violated call of the run, and
+    nothing is scaled or shed until ``now - violating_since >= sustain_s``. A change
+    (scale-out, scale-up, scale-in, scale-down) and a call without a violation reset it
+    to None. A call that waits says why in ``new_state.waiting``.
+
+    Cores, in step 2: a cpu scale-out or thread step up that would make
+    ``cores_used`` + its threads exceed ``cap.physical_cores`` (when > 0) is refused
+    (``pinned threads N+n > physical cores P``) unless ``config.oversubscribe``.
+
     Vertical scaling (``scale_up``), in step 2: for the unit chosen, the scale-out on
     the first admitting engine and the thread step of its thinnest cpu instance (to the
     next measured count <= ``max_threads``, only when measured faster, only when
@@ -358,6 +412,10 @@ def decide(
     * Admission is ``U^m + r <= R^m`` (the paper writes ``<``): an instance that exactly
       fills the cap is admitted.
     * A unit with no running instance has B_k / S_k = infinity (it is scaled first).
+    * The settle window and ``sustain_s`` gate shedding too: a bound refuses requests
+      at once and is lifted only once P99 < 0.8 x SLO or the load falls, so one set on
+      a warm-up transient would refuse requests the pipeline serves; meanwhile the
+      front end's admission already refuses what would miss the SLO.
     * The cooldown gates shedding too: right after a scale-out the new instance is
       measured before the queue is bounded; a bound is (re)emitted only when its value
       changes, and stays while P99 is unknown.
@@ -389,16 +447,33 @@ def decide(
     now = snapshot.now
     rates = tuple((t, r) for t, r in state.rates if now - t <= config.rate_horizon_s)
     rates += ((now, snapshot.offered),)
-    new = replace(state, rates=rates)
+    new = replace(state, rates=rates, waiting=None)
     decisions: list[Decision] = []
 
     if is_violated(snapshot, config):
+        settling = _settling(snapshot, state, config)
+        if settling is not None:
+            return decisions, replace(new, violating_since=None, waiting=settling)
+        since = now if state.violating_since is None else state.violating_since
+        new = replace(new, violating_since=since)
+        if now - since < config.sustain_s - _EPS:
+            why = (
+                f"{_violation(snapshot, config)} for {_n(now - since)} s < sustain_s "
+                f"{_n(config.sustain_s)} s: waiting for it to persist"
+            )
+            return decisions, replace(new, waiting=why)
         if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:
-            return decisions, new
+            why = (
+                f"{_violation(snapshot, config)}; {_n(now - state.last_scale_out)} s since "
+                f"the last scale-out < cooldown_s {_n(config.cooldown_s)} s"
+            )
+            return decisions, replace(new, waiting=why)
         out, refused = _scale_out(snapshot, config, max(r for _, r in rates))
         if out is not None:
             decisions.append(out)
-            return decisions, replace(new, last_scale_out=now, last_change=now)
+            return decisions, replace(
+                new, last_scale_out=now, last_change=now, violating_since=None
+            )
         if config.shed:
             limit, how = _shed_limit(snapshot)
             p99 = snapshot.p99_ms
@@ -425,6 +500,7 @@ def decide(
                 new = replace(new, queue_limit=limit)
         return decisions, new
 
+    new = replace(new, violating_since=None)
     if state.last_change is None or now - state.last_change > config.hold_s:
         lam = max(r for _, r in rates)
         ins = _scale_in(snapshot, config, lam, state.last_change)
@@ -442,6 +518,20 @@ def decide(
         )
         new = replace(new, queue_limit=None)
     return decisions, new
+
+
+def _settling(s: Snapshot, state: ScalerState, c: ScalerConfig) -> str | None:
+    """Why a violation does not count yet (None: it counts): the snapshot is within
+    ``settle_s`` of the last change (the deploy, a scale-out, a scale-in or a thread
+    step), whose windows hold instances still loading and warming up."""
+    last = state.last_change
+    if last is None or not s.now - last < c.settle_s:
+        return None
+    return (
+        f"{_violation(s, c)} within the settle window: {_n(s.now - last)} s since the "
+        f"last change < settle_s {_n(c.settle_s)} s (instances may still be warming "
+        f"up; not counted)"
+    )
 
 
 def _lift_reason(s: Snapshot) -> str | None:
@@ -545,7 +635,7 @@ def shed_queue_limit(snapshot: Snapshot) -> int:
 def _check_config(c: ScalerConfig) -> None:
     if not c.violation_ratio > 0:
         raise ValueError(f"violation_ratio must be > 0, got {c.violation_ratio}")
-    for name in ("cooldown_s", "hold_s", "rate_horizon_s"):
+    for name in ("cooldown_s", "hold_s", "rate_horizon_s", "settle_s", "sustain_s"):
         if not getattr(c, name) >= 0:
             raise ValueError(f"{name} must be >= 0 s, got {getattr(c, name)}")
     if not 0 < c.scale_in_utilisation <= 1:
@@ -673,7 +763,7 @@ def _saturated(s: Snapshot, threads: int) -> str | None:
     )
 
 
-def _refusals(s: Snapshot, u: UnitState, o: EngineOption) -> list[str]:
+def _refusals(s: Snapshot, u: UnitState, o: EngineOption, c: ScalerConfig) -> list[str]:
     """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: it is
     admitted)."""
     cap = s.cap
@@ -693,6 +783,9 @@ def _refusals(s: Snapshot, u: UnitState, o: EngineOption) -> list[str]:
     own = _own_cores(s, u, o.cores) if o.engine == "cpu" else None
     if own is not None:
         why.append(own)
+    past = _past_physical(s, c, o.cores) if o.engine == "cpu" else None
+    if past is not None:
+        why.append(past)
     busy = _saturated(s, o.cores)
     if busy is not None:
         why.append(busy)
@@ -728,6 +821,24 @@ def _own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
     if own + more <= phys:
         return None
     return f"{u.name}'s own instances would pin {own}+{more} > {phys} cores"
+
+
+def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
+    """Why ``more`` pinned cpu threads would take every instance's pinned threads past
+    the physical cores (None: they would not, the cores are not known, or
+    ``oversubscribe`` allows it). Unlike :func:`_own_cores` this counts all instances of
+    all pipelines (:attr:`Snapshot.cores_used`): right after a deploy two partitions of
+    one pipeline were each scaled out to 2 single-thread instances, 4 threads pinned to
+    2 cores, that share the cores and add contention, not capacity. The device profile's
+    ``threads_per_core`` still lets a deploy pin more threads than cores (a chain's
+    stages take turns on them); the scaler does not add to it unless ``oversubscribe``.
+    """
+    phys = s.cap.physical_cores
+    if not phys or more <= 0 or c.oversubscribe:
+        return None
+    if s.cores_used + more <= phys:
+        return None
+    return f"pinned threads {s.cores_used}+{more} > physical cores {phys} (oversubscribe is off)"
 
 
 #: A unit other than the argmax is scaled only when its B_k/S_k is at least this
@@ -769,7 +880,7 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
                 # results/scaling_resnet50_2x_rerun.json)
                 passed.append(f"{who} {idle}" + (f" ({beyond})" if beyond else ""))
                 continue
-        up, up_why = _up_candidate(s, u)
+        up, up_why = _up_candidate(s, c, u)
         tried: list[str] = []
         out = None
         if u.max_instances is not None and u.total_instances >= u.max_instances:
@@ -779,7 +890,7 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
         else:
             ranked = sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0]))
             for _, o in ranked:
-                why = _refusals(s, u, o)
+                why = _refusals(s, u, o, c)
                 if why:
                     tried.append(f"{o.engine} refused: {' and '.join(why)}")
                     continue
@@ -898,7 +1009,7 @@ def _vertical(u: UnitState) -> str | None:
 
 
 def _up_candidate(
-    s: Snapshot, u: UnitState
+    s: Snapshot, c: ScalerConfig, u: UnitState
 ) -> tuple[tuple[int, int, float, float] | None, str | None]:
     """One more step of intra-op threads for the thinnest cpu instance:
     ``((t, t2, svc_t, svc_t2), None)``, or ``(None, why not)`` (``why`` None when the
@@ -929,6 +1040,9 @@ def _up_candidate(
     own = _own_cores(s, u, t2 - t)
     if own is not None:
         return None, own
+    past = _past_physical(s, c, t2 - t)
+    if past is not None:
+        return None, past
     busy = _saturated(s, t2 - t)
     if busy is not None:
         return None, busy

@@ -326,7 +326,8 @@ class Autoscale:
         interval_s: how often the scaler looks (the pipeline's ``autoscale.interval_s``).
         window_s: the monitor's sliding window, s.
         startup_s: from a scale-out decision until the new instance serves, s.
-        config: the scaler's tuning.
+        config: the scaler's tuning (its defaults include the 5 s settle window after
+            every change and the 2 s sustain, as the service's scaler runs them).
         decide: the policy (default :func:`infscaler.runtime.scaler.decide`).
     """
 

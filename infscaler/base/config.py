@@ -334,6 +334,17 @@ class AutoscaleConfig(BaseModel):
         scale_in_utilisation: the instances left after a scale-in run at most this busy.
         shed: when the device's cap is reached and the SLO is still violated, bound the
             pipeline's queue (Little's law) and answer 503 beyond it.
+        settle_s: a violation within this long after the deploy or a scale-out,
+            scale-in or thread step is not counted (instances still warming up), s
+            (default 5; 0-600).
+        sustain_s: a scale-out (or a thread step up, or a queue bound) needs the SLO
+            violated at every look for at least this long, s (default 2; 0-600).
+        oversubscribe: let the scaler add a cpu instance or thread beyond the physical
+            cores (pinned threads of all instances); off by default.
+
+    Raises:
+        pydantic.ValidationError: a value out of range (``settle_s`` / ``sustain_s``
+            outside 0-600 s, with the field's meaning in the message).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -346,6 +357,20 @@ class AutoscaleConfig(BaseModel):
     rate_horizon_s: float = Field(30.0, gt=0, le=3600)
     scale_in_utilisation: float = Field(0.6, gt=0, le=1)
     shed: bool = True
+    settle_s: float = 5.0
+    sustain_s: float = 2.0
+    oversubscribe: bool = False
+
+    @field_validator("settle_s", "sustain_s")
+    @classmethod
+    def _seconds(cls, v: float, info: Any) -> float:
+        what = {
+            "settle_s": "how long after a deploy or a change a violated SLO is not counted",
+            "sustain_s": "how long the SLO must stay violated before a scale-out",
+        }[info.field_name]
+        if not 0 <= v <= 600:
+            raise ValueError(f"{info.field_name} must be 0-600 s ({what}), got {v}")
+        return v
 
 
 class PipelineConfig(BaseModel):

@@ -37,6 +37,10 @@ def step_pipeline(slow_ms: float = 40.0, **autoscale: object) -> dict:
             "cooldown_s": 1.0,
             "hold_s": 2.0,
             "rate_horizon_s": 2.0,
+            # the settle window and the sustain, shortened with the other timings: a
+            # violation counts 1 s after a change and must last 1 s (3 looks)
+            "settle_s": 1.0,
+            "sustain_s": 1.0,
             **autoscale,
         },
     }

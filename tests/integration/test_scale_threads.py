@@ -94,6 +94,8 @@ def test_thread_scale_up_under_load_at_the_memory_cap(tmp_path: Path) -> None:
                 "cooldown_s": 1.0,
                 "hold_s": 600.0,  # no scale-down while the test looks
                 "rate_horizon_s": 2.0,
+                "settle_s": 1.0,  # shortened with the other timings
+                "sustain_s": 1.0,
             },
             "stages": [{"name": "mm", "model": str(path), "threads": 1, "max_threads": 2}],
         }

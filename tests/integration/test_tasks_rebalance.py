@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slow
 TINY = "ppocrv6-tiny-rec.cpu.fp32.b1"
 V5 = "ppocrv5-rec.cpu.fp32.b1"
 TASK = "text-recognition"
-FAST = {"interval_s": 0.5, "window_s": 2.0, "cooldown_s": 0.5, "hold_s": 2.0, "rate_horizon_s": 2.0}
+FAST = {"interval_s": 0.5, "window_s": 2.0, "cooldown_s": 0.5, "hold_s": 2.0, "rate_horizon_s": 2.0,
+        "settle_s": 1.0, "sustain_s": 1.0}  # fmt: skip
 
 
 def _wait(pred, timeout: float, step: float = 0.2):

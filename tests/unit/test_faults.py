@@ -9,6 +9,7 @@ import pytest
 from infscaler.runtime.scaler import (
     EngineOption,
     ResourceCap,
+    ScalerConfig,
     ScalerState,
     Snapshot,
     UnitState,
@@ -17,6 +18,10 @@ from infscaler.runtime.scaler import (
 from infscaler.runtime.supervisor import RestartPolicy
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
+
+#: the scaler's cap on its own: the violation counts at once (no settle window, no
+#: sustain; those are tested in tests/unit/test_scaler_settle.py)
+NOW = ScalerConfig(settle_s=0.0, sustain_s=0.0)
 
 
 # -- the restart policy (pure) ---------------------------------------------------------------
@@ -58,10 +63,10 @@ def test_scaler_refuses_a_cpu_instance_beyond_the_pinned_thread_slots() -> None:
 
     s = _cap_snapshot(cores=2, pinned=2)
     s = dataclasses.replace(s, cap=dataclasses.replace(s.cap, cores=2))
-    decisions, _ = decide(s, ScalerState())
+    decisions, _ = decide(s, ScalerState(), NOW)
     assert [d.action for d in decisions] == ["shed"]
     assert "cpu refused: cores 2+1 > 2" in decisions[0].reason
     # one slot free: admitted
     s1 = dataclasses.replace(s, cores_used=1)
-    (d,) = decide(s1, ScalerState())[0]
+    (d,) = decide(s1, ScalerState(), NOW)[0]
     assert d.action == "scale_out" and "cores 1+1 <= 2" in d.reason

@@ -27,6 +27,16 @@ from infscaler.runtime.scaler import (
 CPU = EngineOption("cpu", latency_ms=85.0, memory_mb=175.0, cores=1)
 
 
+#: The tests here are about what a counted violation does, so it counts at once: no
+#: settle window after a change and no sustain (both are tested in
+#: tests/unit/test_scaler_settle.py).
+def config(**kw: object) -> ScalerConfig:
+    return ScalerConfig(**{"settle_s": 0.0, "sustain_s": 0.0, **kw})  # type: ignore[arg-type]
+
+
+NOW = config()
+
+
 def simulated_p99_ms(rate: float, servers: int, service_ms: float, n: int = 60_000) -> float:
     """P99 response of a FIFO M/D/c queue by simulation (bench/slo_bound.py's method)."""
     gaps = np.random.default_rng(0).exponential(1000.0 / rate, n)
@@ -90,10 +100,10 @@ def test_det_replicas_at_3_per_s_keep_the_instance_their_p99_needs() -> None:
     one = p99_response_ms(4.4, 1, 85.0)
     assert 300.0 < one < 360.0
     assert p99_response_ms(4.4, 2, 85.0) <= 248.0
-    out, st = decide(quiet([det(2, 4.4)], 4.4, 248.0), ScalerState(last_change=0.0))
+    out, st = decide(quiet([det(2, 4.4)], 4.4, 248.0), ScalerState(last_change=0.0), NOW)
     assert out == [] and st.last_change == 0.0
     # at 1 req/s one instance's P99 (85 + ln(8.5) / (2 x 10.76) s = 184 ms) is within it
-    out, _ = decide(quiet([det(2, 1.0)], 1.0, 248.0), ScalerState(last_change=0.0))
+    out, _ = decide(quiet([det(2, 1.0)], 1.0, 248.0), ScalerState(last_change=0.0), NOW)
     assert [d.action for d in out] == ["scale_in"]
     assert "1 for its P99 within 248 ms" in out[0].reason
 
@@ -103,16 +113,16 @@ def test_the_budget_is_the_slo_less_the_other_units_service() -> None:
     # instance's P99 of 184 ms fits it, at 2 req/s (85 + ln(17) / (2 x 9.76) s = 230 ms)
     # it does not
     rec = UnitState(1, "rec", 40.0, {"cpu": 1}, (CPU,), arrival_rate=1.0, service_ms=40.0)
-    out, _ = decide(quiet([det(2, 1.0), rec], 1.0, 248.0), ScalerState(last_change=0.0))
+    out, _ = decide(quiet([det(2, 1.0), rec], 1.0, 248.0), ScalerState(last_change=0.0), NOW)
     assert [(d.action, d.unit) for d in out] == [("scale_in", 0)]
     rec2 = UnitState(1, "rec", 40.0, {"cpu": 1}, (CPU,), arrival_rate=2.0, service_ms=40.0)
-    out, _ = decide(quiet([det(2, 2.0), rec2], 2.0, 248.0), ScalerState(last_change=0.0))
+    out, _ = decide(quiet([det(2, 2.0), rec2], 2.0, 248.0), ScalerState(last_change=0.0), NOW)
     assert out == []
 
 
 def test_an_slo_below_the_service_time_leaves_the_utilisation_rule() -> None:
     # SLO 60 ms < 85 ms: no count meets it, the guard steps aside (0.37 <= 0.6: one back)
-    out, _ = decide(quiet([det(2, 4.4)], 4.4, 60.0), ScalerState(last_change=0.0))
+    out, _ = decide(quiet([det(2, 4.4)], 4.4, 60.0), ScalerState(last_change=0.0), NOW)
     assert [d.action for d in out] == ["scale_in"]
 
 
@@ -133,11 +143,11 @@ def test_a_unit_below_the_argmax_short_of_its_p99_may_grow() -> None:
         cap=ResourceCap(8000.0, 400.0, {"cpu": 8}),
         instances_used={"cpu": 2},
     )
-    out, _ = decide(s, ScalerState(), ScalerConfig())
+    out, _ = decide(s, ScalerState(), config())
     assert [(x.action, x.unit) for x in out] == [("scale_out", 1)]
     # with a loose SLO (budget 580 ms > 331) it is not short: the cap-free pipeline sheds
     # nothing either (offered 4.4 < 0.9 x its capacity 11.8 req/s), so nothing happens
-    out, _ = decide(replace(s, slo_ms=600.0, p99_ms=700.0), ScalerState(), ScalerConfig())
+    out, _ = decide(replace(s, slo_ms=600.0, p99_ms=700.0), ScalerState(), config())
     assert out == []
 
 
@@ -149,15 +159,15 @@ def test_refusals_alone_do_not_grow_a_unit_that_is_not_short() -> None:
     two = det(2, 6.5)
     s = replace(quiet([two], 6.5, 256.0), p99_ms=240.0, slo_refused_rate=0.2)
     assert p99_response_ms(6.5, 2, 85.0) < 256.0
-    out, st = decide(s, ScalerState())
+    out, st = decide(s, ScalerState(), NOW)
     assert out == [] and st.last_scale_out is None
     # the same refusals with one instance (P99 at 6.5/s: inf-free but > 256) do grow it
     one = det(1, 6.5)
     assert p99_response_ms(6.5, 1, 85.0) > 256.0
-    out, _ = decide(replace(s, units=(one,), instances_used={"cpu": 1}), ScalerState())
+    out, _ = decide(replace(s, units=(one,), instances_used={"cpu": 1}), ScalerState(), NOW)
     assert [d.action for d in out] == ["scale_out"]
     # a measured P99 over the SLO still grows the unit that is not short by the model
-    out, _ = decide(replace(s, p99_ms=300.0), ScalerState())
+    out, _ = decide(replace(s, p99_ms=300.0), ScalerState(), NOW)
     assert [d.action for d in out] == ["scale_out"]
 
 
@@ -179,11 +189,11 @@ def test_a_p99_over_the_slo_must_rest_on_enough_late_requests() -> None:
     assert not is_violated(replace(s, late=1))
     assert not is_violated(replace(s, late=3))
     assert is_violated(replace(s, late=4))
-    assert decide(replace(s, late=1), ScalerState())[0] == []
-    assert [d.action for d in decide(replace(s, late=4), ScalerState())[0]] == ["scale_out"]
+    assert decide(replace(s, late=1), ScalerState(), NOW)[0] == []
+    assert [d.action for d in decide(replace(s, late=4), ScalerState(), NOW)[0]] == ["scale_out"]
     # not counted (None): the P99 alone decides, as before
     assert is_violated(replace(s, answered=None, late=None))
     # a violation_ratio below 1 (act early) skips the test
-    assert is_violated(replace(s, late=0, p99_ms=250.0), ScalerConfig(violation_ratio=0.9))
+    assert is_violated(replace(s, late=0, p99_ms=250.0), config(violation_ratio=0.9))
     # refusals are a violation whatever the counts
     assert is_violated(replace(s, late=0, p99_ms=100.0, slo_refused_rate=0.1))

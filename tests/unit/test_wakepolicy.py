@@ -162,7 +162,8 @@ def test_the_autoscaler_holds_on_a_violation_with_idle_cost_and_releases_after_u
     svc = _Service([dep])
     a = Autoscaler(svc)  # not started: the test drives it
     auto = NS(violation_ratio=1.0, cooldown_s=3.0, hold_s=15.0, rate_horizon_s=30.0,
-              scale_in_utilisation=0.6, shed=True)  # fmt: skip
+              scale_in_utilisation=0.6, shed=True, settle_s=5.0, sustain_s=2.0,
+              oversubscribe=False)  # fmt: skip
     a._note_wake(dep, _snap(70.0), auto)  # met: no evidence
     assert not a.wake(now=1.0).hold and svc.applied == []
     a._note_wake(dep, _snap(95.0), auto)  # missed, 60 % of items 1.67 x slower after idle
@@ -189,7 +190,8 @@ def test_the_autoscaler_leaves_the_wake_up_alone_unless_auto():
     svc = _Service([dep], auto=False)
     a = Autoscaler(svc)
     auto = NS(violation_ratio=1.0, cooldown_s=3.0, hold_s=15.0, rate_horizon_s=30.0,
-              scale_in_utilisation=0.6, shed=True)  # fmt: skip
+              scale_in_utilisation=0.6, shed=True, settle_s=5.0, sustain_s=2.0,
+              oversubscribe=False)  # fmt: skip
     a._note_wake(dep, _snap(95.0), auto)
     assert not a.wake(now=1.0).hold and svc.applied == []
     # a function unit's idle cost is not reported (only model units' compute is theirs)
@@ -222,7 +224,8 @@ def test_a_decision_taken_before_a_reset_is_not_applied():
     svc = Racing([dep])
     a = Autoscaler(svc)
     auto = NS(violation_ratio=1.0, cooldown_s=3.0, hold_s=15.0, rate_horizon_s=30.0,
-              scale_in_utilisation=0.6, shed=True)  # fmt: skip
+              scale_in_utilisation=0.6, shed=True, settle_s=5.0, sustain_s=2.0,
+              oversubscribe=False)  # fmt: skip
     a._note_wake(dep, _snap(95.0), auto)
     st = a.wake(now=2.0)
     assert not st.hold and not a.wake_state().hold and svc.applied == []
