@@ -526,7 +526,8 @@ def search_cmd(
             table.add_row(
                 str(i + 1),
                 escape(c.label()),
-                f"{c.goodput_rps:.1f}",
+                f"{c.goodput_rps:.1f}"
+                + ("" if c.goodput_lo is None else " [{:.1f}, {:.1f}]".format(*c.interval())),
                 "-" if c.max_rate_rps is None else f"{c.max_rate_rps:.1f}",
                 _ms(c.p99_ms),
                 f"{c.memory_mb:.0f}",

@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -269,14 +270,17 @@ def partition_model(
         progress("measuring partition latency")
         # Part k's inputs are part k-1's outputs (chain semantics): time each part once per
         # engine and feed the next part from the cpu run's outputs (K sessions per engine).
+        # The median of each part's runs, and its uncertainty (profiler.median_err, a
+        # fraction of it: the planner's goodput interval).
         part_ms: list[dict[str, float]] = [{} for _ in parts]
+        part_err: list[dict[str, float]] = [{} for _ in parts]
         env = feeds
         for k, spec in enumerate(specs):
             part_feeds = {n: env[n] for n in spec.inputs}
             for engine in profiles:
                 source = part_cpu[k] if engine == "cpu" else part_files[k]
                 assert source is not None
-                ms, outputs = profiler.measure_latency(
+                times, outputs = profiler.measure_latency_runs(
                     source,
                     part_feeds,
                     engine=engine,
@@ -284,7 +288,10 @@ def partition_model(
                     repeats=repeats,
                     threads=n_threads,
                 )
-                part_ms[k][engine] = ms
+                part_ms[k][engine] = float(statistics.median(times))
+                err = profiler.median_err(times)
+                if err is not None:
+                    part_err[k][engine] = err
                 if engine == "cpu":
                     env = outputs
         # The optimised chain's outputs are in env now: compare them with the optimised
@@ -307,6 +314,7 @@ def partition_model(
             result,
             specs,
             part_ms,
+            part_err,
             profiles,
             boundary,
             verification,
@@ -359,6 +367,7 @@ def _summary(
     result: search.SearchResult,
     specs: list[extract.PartitionSpec],
     part_ms: list[dict[str, float]],
+    part_err: list[dict[str, float]],
     profiles: dict[str, profiler.ModelProfile],
     boundary: profiler.BoundaryOverhead,
     verification: extract.Verification,
@@ -404,6 +413,8 @@ def _summary(
                 "activations_mb": round(acts / _MB, 3),
                 "memory_mb": round((weights + acts) / _MB, 3),
                 "latency_ms": {e: _engine_report(e, part_ms[k], engines) for e in report_engines},
+                # relative uncertainty of each measured median (profiler.median_err)
+                "latency_err": {e: round(v, 4) for e, v in part_err[k].items()},
                 "inputs": tensor_list(spec.inputs, tensors),
                 "outputs": tensor_list(spec.outputs, tensors),
             }

@@ -778,9 +778,10 @@ def frontend_profile(frontend_ms: float = FRONTEND_MS) -> UnitProfile:
 
 
 #: :func:`search` counts candidates within this fraction of the best goodput as tied
-#: and gives the tie to the one with fewer units (partitions and stages), then to one
-#: within :data:`MEMORY_AMPLE` of the cap, then fewer intra-op threads per instance, then
-#: less memory.
+#: (and also those whose goodput interval overlaps the best's: the floor of the tie when
+#: the measurements carry no uncertainty) and gives the tie to the simpler one: fewer
+#: units (partitions and stages), then one within :data:`MEMORY_AMPLE` of the cap, then
+#: fewer intra-op threads per instance, then fewer processes, then less memory.
 GOODPUT_TIE = 0.05
 
 #: A candidate whose memory is at most this fraction of the device's cap leaves the cap
@@ -868,6 +869,14 @@ class ModelStage:
             EngineProfile.idle`, its partitions at the same factor; absent: none).
         unit_ms: measured per-partition times that replace the estimate: ``(cuts, threads)
             -> (ms per partition, ...)``.
+        whole_ms_err: intra-op threads -> the uncertainty of ``whole_ms`` at that count,
+            relative (a fraction of it, 0 <= err < 1): the distance from the median of
+            its timed runs to the farther end of the median's 95 % confidence interval
+            (:func:`infscaler.partitioner.profiler.median_err`); absent: 0 (a figure
+            taken as exact). :func:`search` scores its finalists with every service time
+            at x (1 + err) and x (1 - err) for a goodput interval (its ties).
+        unit_ms_err: ``(cuts, threads) -> (relative err per partition, ...)``: the same
+            for ``unit_ms`` (absent: the whole model's ``whole_ms_err`` at ``threads``).
         pre_ms / post_ms: function steps fused into this stage's instances
             (:func:`infscaler.runtime.pipeline.fuse_units`): their measured cpu ms per call
             before partition 0 / after partition K-1, added to those partitions' service
@@ -896,6 +905,10 @@ class ModelStage:
     corun_by_threads: Mapping[int, float] = field(default_factory=dict)
     idle_by_threads: Mapping[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     unit_ms: Mapping[tuple[tuple[int, ...], int], tuple[float, ...]] = field(default_factory=dict)
+    whole_ms_err: Mapping[int, float] = field(default_factory=dict)
+    unit_ms_err: Mapping[tuple[tuple[int, ...], int], tuple[float, ...]] = field(
+        default_factory=dict
+    )
     pre_ms: float = 0.0
     post_ms: float = 0.0
     items: tuple[int, ...] = ()
@@ -921,6 +934,11 @@ class ModelStage:
             if not (isinstance(cv, int | float) and math.isfinite(cv) and cv >= 0):
                 at = "" if t is None else f"_by_threads[{t}]"
                 raise ValueError(f"stage {self.name}: cv{at} = {cv!r} is not a CV >= 0")
+        errs = [(f"whole_ms_err[{t}]", e) for t, e in self.whole_ms_err.items()]
+        errs += [(f"unit_ms_err[{k}]", e) for k, v in self.unit_ms_err.items() for e in v]
+        for at, e in errs:
+            if not (isinstance(e, int | float) and math.isfinite(e) and 0 <= e < 1):
+                raise ValueError(f"stage {self.name}: {at} = {e!r} is not a relative err in [0, 1)")
         for t, f in self.corun_by_threads.items():
             if not (isinstance(f, int | float) and math.isfinite(f) and f >= 0):
                 raise ValueError(f"stage {self.name}: corun_by_threads[{t}] = {f!r} is not >= 0")
@@ -1030,6 +1048,36 @@ class ModelStage:
             )
         return out
 
+    def unit_errs(self, cuts: tuple[int, ...], threads: int) -> list[float]:
+        """The relative uncertainty of each unit's service time of :meth:`units` (same
+        order): a measured partition's ``unit_ms_err`` (else the whole model's
+        ``whole_ms_err`` at ``threads``); an estimated one's share of the whole model's
+        time carries ``whole_ms_err``, its T_p and the fused function steps none, so the
+        unit's err is that share's absolute err over its whole service time. 0 where
+        nothing is known.
+
+        E.g. 10 ms whole with a 4 % err, cut in two equal halves with a 1 ms T_p: the
+        first partition 5 ms +- 0.2 (0.04), the second 6 ms +- 0.2 (0.0333).
+        """
+        base = float(self.whole_ms_err.get(threads, 0.0))
+        measured = self.unit_ms.get((cuts, threads))
+        errs = self.unit_ms_err.get((cuts, threads))
+        units = self.units(cuts, threads)
+        bounds = self.bounds(cuts)
+        share_of = self.op_ms or self.costs
+        total = math.fsum(share_of) or 1.0
+        out = []
+        for k, ((s, e), u) in enumerate(zip(bounds, units, strict=True)):
+            if measured is not None:
+                part = float(measured[k])
+                err = float(errs[k]) if errs is not None and k < len(errs) else base
+            else:
+                part = self.whole_ms[threads] * math.fsum(share_of[s : e + 1]) / total
+                err = base
+            ms = u.engines["cpu"].mean_ms
+            out.append(part * err / ms if ms > 0 else 0.0)
+        return out
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -1049,6 +1097,12 @@ class Candidate:
             end and that unit; ``cuts`` all ``()``, ``threads`` its threads per stage.
         finalist: scored again on the long trace (:data:`FINAL_REQUESTS`);
             False: its figures are the short screen's (600 requests), which reads high.
+        unit_err: per unit of ``units``, the relative uncertainty of its service time
+            (:meth:`ModelStage.unit_errs`; 0 for the front end and function units).
+        goodput_lo / goodput_hi: the goodput (requests/s, scored as ``goodput_rps``, on
+            the same trace and seed) with every unit's service time at x (1 + err) and
+            x (1 - err): the interval its measurements allow. None: not scored (only
+            the finalists are; :meth:`interval` is then ``goodput_rps`` itself).
     """
 
     cuts: tuple[tuple[int, ...], ...]
@@ -1067,6 +1121,25 @@ class Candidate:
     why: str = ""
     whole: bool = False
     finalist: bool = False
+    unit_err: tuple[float, ...] = ()
+    goodput_lo: float | None = None
+    goodput_hi: float | None = None
+
+    def interval(self) -> tuple[float, float]:
+        """``(goodput_lo, goodput_hi)``, requests/s, widened to hold ``goodput_rps``
+        (the simulator's rate bisection is not monotone to the last 2 %); ``goodput_rps``
+        at both ends where not scored."""
+        g = self.goodput_rps
+        lo = g if self.goodput_lo is None else min(self.goodput_lo, g)
+        hi = g if self.goodput_hi is None else max(self.goodput_hi, g)
+        return lo, hi
+
+    def goodput_text(self) -> str:
+        """``12.30/s [11.10, 13.00]`` (the interval only where it was scored)."""
+        if self.goodput_lo is None and self.goodput_hi is None:
+            return f"{self.goodput_rps:.2f}/s"
+        lo, hi = self.interval()
+        return f"{self.goodput_rps:.2f}/s [{lo:.2f}, {hi:.2f}]"
 
     def identity(self) -> list[Any]:
         """The configuration itself, JSON-able: ``[whole, cuts per model stage, threads
@@ -1099,7 +1172,7 @@ class Candidate:
         mr = "" if self.max_rate_rps is None else f" max {self.max_rate_rps:.1f}/s"
         share = "/".join(f"{s:.0%}" for s in self.share)
         return (
-            f"{self.label()}: goodput {self.goodput_rps:.2f}/s{mr} P99 {_fmt(self.p99_ms)} ms "
+            f"{self.label()}: goodput {self.goodput_text()}{mr} P99 {_fmt(self.p99_ms)} ms "
             f"mem {self.memory_mb:.0f} MB bottleneck {share}"
             + (f" -- {self.why}" if self.why else "")
         )
@@ -1128,6 +1201,8 @@ class SearchOutcome:
                     u.name: c2.total for u, c2 in zip(c.units, c.config, strict=True) if u.served
                 },
                 "goodput_rps": c.goodput_rps,
+                "goodput_lo_rps": c.goodput_lo,
+                "goodput_hi_rps": c.goodput_hi,
                 "max_rate_rps": c.max_rate_rps,
                 "p99_ms": c.p99_ms,
                 "attainment": c.attainment,
@@ -1145,6 +1220,30 @@ class SearchOutcome:
             "candidates": [cand(c) for c in self.candidates],
             "explain": list(self.explain),
         }
+
+
+def _scaled(units: Sequence[UnitProfile], errs: Sequence[float], sign: float) -> list[UnitProfile]:
+    """``units`` with each one's service times (``mean_ms``, ``samples_ms``,
+    ``batch_ms`` of every engine) x (1 + ``sign`` x its relative err): ``sign`` 1 the
+    pessimistic end of what was measured, -1 the optimistic one (:func:`search`'s
+    goodput interval). A unit with err 0 is returned as it is."""
+    out = []
+    for u, err in zip(units, errs, strict=True):
+        f = 1.0 + sign * float(err)
+        if err <= 0 or f <= 0:
+            out.append(u)
+            continue
+        engines = {
+            e: replace(
+                p,
+                mean_ms=p.mean_ms * f,
+                samples_ms=tuple(x * f for x in p.samples_ms),
+                batch_ms={b: v * f for b, v in p.batch_ms.items()},
+            )
+            for e, p in u.engines.items()
+        }
+        out.append(replace(u, engines=engines))
+    return out
 
 
 def _pinned(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
@@ -1206,13 +1305,36 @@ def search(
     again on ``final_requests`` and ranked on that score, ahead of the rest (the screen
     of one short trace reads high and scatters: :data:`FINAL_REQUESTS`). The **front end's CPU**
     (``frontend_ms`` per request; default :data:`FRONTEND_MS`) is simulated as a
-    single-threaded server ahead of the units that competes for the same cores. Ties:
-    candidates within ``goodput_tie`` (default :data:`GOODPUT_TIE`, 5 %) of the best
-    goodput count as tied, and the tie goes to fewer units (the partitions and stages a
-    request passes through as instances), then to a candidate within
-    :data:`MEMORY_AMPLE` (half) of the memory cap, then fewer intra-op threads per
-    instance (replicas: an intra-op parallel run waits for its slowest core), then less
-    memory, then fewer threads. The simulator does not resolve goodput finer than that (its rate
+    single-threaded server ahead of the units that competes for the same cores.
+
+    **Goodput interval** (the finalists only; the rest keep their screen's figure at
+    both ends): every measured service time carries a relative uncertainty from its
+    repeats (:attr:`ModelStage.whole_ms_err`, ``unit_ms_err``; a function stage and
+    the front end none), and each finalist is scored twice more, on the same trace
+    length and seed, with every unit's service time at x (1 + err) and at x (1 - err):
+    ``goodput_lo`` / ``goodput_hi``. Two more scores per finalist, and none where no
+    unit carries an err. Why: planned anew minutes apart on the 2-core development
+    host, a ResNet-50-class model at 3 x L0 moved one configuration's prediction by a
+    third (K = 1 x 2 instances: 15.8 and 20.9 requests/s) and the winner flipped with
+    it between K = 2 and K = 1; five deploys chose three configurations.
+
+    **Ties**: a candidate ties the best goodput when it is within ``goodput_tie``
+    (default :data:`GOODPUT_TIE`, 5 %) of it or its goodput interval reaches the best's
+    (its high end >= the best's low end: the measurements cannot tell them apart), and
+    the tie goes to the simpler configuration: first the configuration planned before
+    (``incumbent``), then fewer units (the partitions and stages a request passes
+    through as instances: each cut is one more), then a candidate within
+    :data:`MEMORY_AMPLE` (half) of the memory cap, then, within it, fewer intra-op
+    threads per instance (replicas: an intra-op parallel run waits for its slowest core;
+    bench/README.md, "The planner's tie at 3x"), then fewer processes (served instances
+    in all), then less memory, then fewer threads. The stage boundaries count as
+    partitions because ddddocr's staged det + rec (two units) served less than the
+    whole pipeline in one unit where the memory alone had decided (bench/README.md);
+    fewer threads per instance comes before fewer processes because two 1-thread
+    ResNet-50 replicas served more than the one 2-thread instance the simulator tied
+    with them (:data:`MEMORY_AMPLE`). Every loser's ``why`` names the winner it tied
+    with and the rule that decided. The simulator does not resolve goodput finer than
+    the 5 % (its rate
     bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and it errs
     on the optimistic side for partitioned plans: every hop adds a process competing for
     the cores and a wake-up it does not model (bench/README.md, "The same cell after the
@@ -1252,7 +1374,8 @@ def search(
             at 0.91x its throughput), while a device profile's ``threads_per_core`` is
             kept for hand configurations.
         max_candidates: most (cuts x threads) combinations over the stages.
-        goodput_tie: relative goodput difference counted as a tie (0: exact), 0-1.
+        goodput_tie: relative goodput difference counted as a tie, 0-1 (0: only
+            overlapping goodput intervals tie; with no uncertainty, exact).
         incumbent: the configuration planned before for this pipeline
             (:meth:`Candidate.identity`; None: none): scored as a finalist, and while it
             ties the best goodput it wins the tie before every other rule. A replan
@@ -1340,8 +1463,15 @@ def search(
         )
 
     def score(
-        units: Sequence[UnitProfile], cfg: Sequence[UnitConfig], n: int = requests
+        units: Sequence[UnitProfile],
+        cfg: Sequence[UnitConfig],
+        n: int = requests,
+        guess: float | None = None,
     ) -> tuple[float, float | None, SimResult | None]:
+        # guess: where the max rate is expected (the goodput interval's ends, from the
+        # central score): probed first, then stepped from (3 %, doubling) until bracketed,
+        # then bisected to the same 2 %; about half the simulations of a bisection from
+        # the analytic capacity
         key = (id(units), tuple((tuple(sorted(c.instances.items())), c.batch) for c in cfg), n)
         if key in cache:
             return cache[key]
@@ -1351,10 +1481,20 @@ def search(
             good = rate * (res.slo_attainment or 0.0)
             out: tuple[float, float | None, SimResult | None] = (good, None, res)
         else:
-            hi = capacity_rps(units, cfg, n_cores)
+            top = hi = capacity_rps(units, cfg, n_cores)
             lo, best_res = 0.0, None
+            step = 0.03
             for i in range(10):
-                mid = hi * 0.95 if i == 0 else (lo + hi) / 2
+                if guess is None or not 0 < guess < top:
+                    mid = hi * 0.95 if i == 0 else (lo + hi) / 2
+                elif i == 0:
+                    mid = guess
+                elif hi >= top:  # none failed yet: step up
+                    mid, step = min(lo * (1 + step), (lo + hi) / 2), step * 2
+                elif lo <= 0:  # none passed yet: step down
+                    mid, step = hi * (1 - min(step, 0.5)), step * 2
+                else:
+                    mid = (lo + hi) / 2
                 res = simulate_at(units, cfg, mid, n)
                 if res.p99_ms is not None and res.p99_ms <= slo_ms and res.rejected == 0:
                     lo, best_res = mid, res
@@ -1372,13 +1512,16 @@ def search(
     jobs: list[tuple[list[UnitProfile], dict[str, Any]]] = []
     for combo in combos:
         units: list[UnitProfile] = list(fe)
+        errs: list[float] = [0.0] * len(fe)
         it = iter(combo)
         for s in stages:
             if isinstance(s, ModelStage):
                 cuts, _, t = next(it)
                 units.extend(s.units(cuts, t))
+                errs.extend(s.unit_errs(cuts, t))
             else:
                 units.append(s)
+                errs.append(0.0)
         share = tuple(
             st.share(c[0]) for st, c in zip((stages[i] for i in models), combo, strict=True)
         )
@@ -1388,12 +1531,21 @@ def search(
             "threads": tuple(c[2] for c in combo),
             "units": tuple(units),
             "share": share,
+            "unit_err": tuple(errs),
         }
         jobs.append((units, base))
     for t, wu in sorted((whole or {}).items()):  # the whole pipeline in one unit
         if t > n_cores:
             continue
         units = [*fe, wu]
+        # the whole pipeline's unit: its model stages' whole-model times carry their
+        # errs (absolute, summed), its function steps none
+        abs_err = math.fsum(
+            m.whole_ms.get(t, 0.0) * m.whole_ms_err.get(t, 0.0)
+            for m in (stages[i] for i in models)
+            if isinstance(m, ModelStage)
+        )
+        w_ms = wu.fastest().mean_ms
         base = {
             "cuts": tuple(() for _ in models),
             "objectives": tuple(("whole",) for _ in models),
@@ -1401,6 +1553,7 @@ def search(
             "units": tuple(units),
             "share": tuple(1.0 for _ in models),
             "whole": True,
+            "unit_err": (*(0.0 for _ in fe), min(0.99, abs_err / w_ms) if w_ms > 0 else 0.0),
         }
         jobs.append((units, base))
 
@@ -1542,9 +1695,13 @@ def search(
     # the finalists, scored again on the long trace (FINAL_REQUESTS): the screen reads
     # high and scatters, so the rank and the figures reported are the long score's; the
     # best hand configurations are scored the same way, so the comparison is like for like
+    # the goodput interval (each unit's service time at x (1 +- its err), the same trace
+    # and seed) is scored for the finalists only: two more scores each, where a unit
+    # carries an err (none: the interval is the goodput itself and costs nothing)
     screen = max((c.goodput_rps for c in cands if c.fits), default=0.0)
     final = bool(final_requests) and final_requests > requests and screen > 0
-    if final:
+    finalists: list[Candidate] = []
+    if screen > 0:
         ok = sorted(
             (c for c in cands if c.fits and c.goodput_rps > 0), key=lambda c: -c.goodput_rps
         )
@@ -1557,10 +1714,14 @@ def search(
         kept = next((c for c in ok if is_incumbent(c)), None)
         if kept is not None and all(kept is not c for c in finalists):
             finalists.append(kept)
-        rescored = {}
-        for c in finalists:
+    n_final = final_requests if final else requests
+    rescored = {}
+    held: list[list[UnitProfile]] = []  # the scaled units, alive while score caches by id
+    for c in finalists:
+        new = c
+        if final:
             good, max_rate, res = score(c.units, c.config, final_requests)
-            rescored[id(c)] = replace(
+            new = replace(
                 c,
                 goodput_rps=good,
                 max_rate_rps=max_rate,
@@ -1568,15 +1729,33 @@ def search(
                 attainment=None if res is None else res.slo_attainment,
                 finalist=True,
             )
-        cands = [rescored.get(id(c), c) for c in cands]
+        if any(e > 0 for e in c.unit_err):
+            ends = []
+            worst = max(c.unit_err)
+            for sign in (1.0, -1.0):  # pessimistic (slower), then optimistic
+                held.append(_scaled(c.units, c.unit_err, sign))
+                near = new.max_rate_rps
+                guess = None if near is None else near / (1 + sign * worst)
+                ends.append(score(held[-1], c.config, n_final, guess)[0])
+            new = replace(new, goodput_lo=ends[0], goodput_hi=ends[1])
+        rescored[id(c)] = new
+    cands = [rescored.get(id(c), c) for c in cands]
     gmax = max((c.goodput_rps for c in cands if c.fits and c.finalist == final), default=0.0)
+    # the best goodput's interval: its lowest end among the candidates at gmax
+    leads = [c for c in cands if c.fits and c.finalist == final and c.goodput_rps >= gmax]
+    lead = min(leads, key=lambda c: c.interval()[0]) if gmax > 0 and leads else None
+    lead_lo = lead.interval()[0] if lead is not None else math.inf
+
+    def within(c: Candidate) -> bool:
+        return c.goodput_rps >= (1 - goodput_tie) * gmax - 1e-9
 
     def tied(c: Candidate) -> bool:
+        # within goodput_tie of the best, or its goodput interval reaches the best's
         return (
             c.fits
             and c.finalist == final
             and gmax > 0
-            and c.goodput_rps >= (1 - goodput_tie) * gmax - 1e-9
+            and (within(c) or c.interval()[1] >= lead_lo - 1e-9)
         )
 
     def served(c: Candidate) -> int:
@@ -1588,6 +1767,10 @@ def search(
         # gave it the tie in one of two runs, and it served 10.0 requests/s where the
         # whole pipeline served 12.9 (predicted 13.4 and 12.7; bench/README.md)
         return sum(1 for u in c.units if u.served)
+
+    def processes(c: Candidate) -> int:
+        # the served instances in all (each a process)
+        return sum(x.total for u, x in zip(c.units, c.config, strict=True) if u.served)
 
     ample_mb = MEMORY_AMPLE * (cap.memory_cap_mb - cap.memory_used_mb)
 
@@ -1604,6 +1787,7 @@ def search(
             served(c) if t else -round(c.goodput_rps, 6),
             (1 if scarce(c) else 0) if t else 0,
             (max(c.threads, default=1) if not scarce(c) else 0) if t else 0,
+            processes(c) if t else 0,
             c.memory_mb if t else 0.0,
             -round(c.goodput_rps, 6),
             sum(c.threads),
@@ -1616,7 +1800,11 @@ def search(
         if c is top:
             why = "WINNER" + (f" ({c.note})" if c.note else "")
             if is_incumbent(c):
-                why += f" (planned before; kept while within {goodput_tie:.0%} of the best)"
+                why += (
+                    f" (planned before; kept while within {goodput_tie:.0%} of the best)"
+                    if within(c)
+                    else " (planned before; kept while its goodput interval reaches the best's)"
+                )
         elif not c.fits:
             why = c.note
         elif c.goodput_rps <= 0:
@@ -1632,45 +1820,64 @@ def search(
                 f"below the {finalists_max} best"
             ) + (f"; {c.note}" if c.note else "")
         elif top is not None and not tied(c):
-            why = f"lower goodput ({c.goodput_rps:.2f} < {top.goodput_rps:.2f}/s)" + (
-                f"; {c.note}" if c.note else ""
-            )
-        elif top is not None and is_incumbent(top):
+            assert lead is not None
             why = (
-                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
-                f"{gmax:.2f}/s); the configuration planned before ties it too and is kept "
-                "(a replan changes the configuration only for one better by more than the tie)"
-            )
-        elif top is not None and served(c) > served(top):
-            why = (
-                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
-                f"{gmax:.2f}/s) with more units ({served(c)} > {served(top)}: partitions "
-                "and stages)"
-            )
-        elif top is not None and scarce(c) and not scarce(top):
-            why = (
-                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
-                f"{gmax:.2f}/s) with more than {MEMORY_AMPLE:.0%} of the memory cap "
-                f"({c.memory_mb:.0f} > {ample_mb:.0f} MB)"
-            )
-        elif (
-            top is not None
-            and not scarce(c)
-            and max(c.threads, default=1) > max(top.threads, default=1)
-        ):
-            why = (
-                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
-                f"{gmax:.2f}/s) with more threads per instance ({max(c.threads)} > "
-                f"{max(top.threads)}; the memory cap is ample: one stalled core delays every "
-                "request of an intra-op parallel instance)"
-            )
-        elif top is not None and c.memory_mb > top.memory_mb + 1e-6:
-            why = (
-                f"ties the best goodput within {goodput_tie:.0%} ({c.goodput_rps:.2f} vs "
-                f"{gmax:.2f}/s) with more memory ({c.memory_mb:.0f} > {top.memory_mb:.0f} MB)"
-            )
+                f"lower goodput ({c.goodput_text()} < the best {lead.goodput_text()}): more "
+                f"than {goodput_tie:.0%} below it and its interval does not reach the best's"
+            ) + (f"; {c.note}" if c.note else "")
+        elif top is not None:
+            assert lead is not None
+            if c is lead:  # the best goodput itself, tied by a simpler winner
+                how = f"within {goodput_tie:.0%}" if within(top) else "by overlapping intervals"
+                tie = (
+                    f"the best goodput ({c.goodput_text()}), tied {how} by the winner "
+                    f"({top.goodput_text()})"
+                )
+            else:
+                how = f"within {goodput_tie:.0%}" if within(c) else "by overlapping intervals"
+                tie = f"ties the best goodput {how} ({c.goodput_text()} vs {lead.goodput_text()})"
+            to = f"; the tie goes to {top.label()}"
+            if is_incumbent(top):
+                why = (
+                    f"{tie}; the configuration planned before ties it too and is kept "
+                    "(a replan changes the configuration only for one better by more than "
+                    "the tie)"
+                )
+            elif served(c) > served(top):
+                why = (
+                    f"{tie}{to} (rule: fewer partitions) with more units ({served(c)} > "
+                    f"{served(top)}: partitions and stages)"
+                )
+            elif scarce(c) and not scarce(top):
+                why = (
+                    f"{tie}{to} (rule: memory within {MEMORY_AMPLE:.0%} of the cap) with "
+                    f"more than {MEMORY_AMPLE:.0%} of the memory cap ({c.memory_mb:.0f} > "
+                    f"{ample_mb:.0f} MB)"
+                )
+            elif not scarce(c) and max(c.threads, default=1) > max(top.threads, default=1):
+                why = (
+                    f"{tie}{to} (rule: fewer threads per instance) with more threads per "
+                    f"instance ({max(c.threads)} > {max(top.threads)}; the memory cap is "
+                    "ample: one stalled core delays every request of an intra-op parallel "
+                    "instance)"
+                )
+            elif processes(c) > processes(top):
+                why = (
+                    f"{tie}{to} (rule: fewer processes) with more processes ({processes(c)} "
+                    f"> {processes(top)} served instances)"
+                )
+            elif c.memory_mb > top.memory_mb + 1e-6:
+                why = (
+                    f"{tie}{to} (rule: less memory) with more memory ({c.memory_mb:.0f} > "
+                    f"{top.memory_mb:.0f} MB)"
+                )
+            else:
+                why = (
+                    f"{tie}{to} (rule: fewer threads in all, then the better goodput) "
+                    "with as many units, processes and as much memory"
+                )
         else:
-            why = "ties the winner's goodput, units and memory with more threads"
+            why = f"no candidate answers requests within the SLO ({c.goodput_text()})"
         ranked.append(replace(c, why=why))
     best = ranked[0] if top is not None else None
     head = (

@@ -10,8 +10,10 @@ an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.pa
 * the whole model's latency as served (the cpu engine's session options) at each thread
   count asked for, up to this host's usable cores (``profiler.measure_latency_samples``,
   the median): the per-model speedup the search applies to every partition; a thread
-  count not measured is not an option; and the runs' spread (:func:`spread_cv`), the
-  service-time variability the simulator draws from at that count;
+  count not measured is not an option; the runs' spread (:func:`spread_cv`), the
+  service-time variability the simulator draws from at that count; and the median's
+  uncertainty (``profiler.median_err``, ``ModelStage.whole_ms_err``), which the search
+  turns into a goodput interval per finalist;
 * where two or more copies fit the cores at a thread count, how much slower the whole
   model runs while every core runs a copy (``profiler.measure_corun``): the simulator's
   co-running slowdown (``EngineProfile.corun``);
@@ -22,7 +24,8 @@ an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.pa
 * the boundary overhead T_p (``profiler.measure_boundary_overhead``, cached).
 
 :func:`search_measured` runs the search, measures the partitions of its best candidates
-(:func:`measure_units`) in place of the estimate, and searches again.
+(:func:`measure_units_err`: each partition's median and its uncertainty) in place of the
+estimate, and searches again.
 
 Not pure (it runs onnxruntime); the search itself is (:func:`infscaler.runtime.planner.search`).
 """
@@ -43,7 +46,13 @@ from infscaler.partitioner.graph import OperatorGraph
 from infscaler.partitioner.loader import load_model, random_feeds
 from infscaler.runtime.planner import ModelStage, search
 
-__all__ = ["measure_model_stage", "measure_units", "search_measured", "spread_cv"]
+__all__ = [
+    "measure_model_stage",
+    "measure_units",
+    "measure_units_err",
+    "search_measured",
+    "spread_cv",
+]
 
 #: The whole model is timed at each thread count for at least ``repeats`` runs, then on
 #: while the timed runs took less than this many seconds in all (ResNet-50 on 2 cores:
@@ -137,6 +146,7 @@ def measure_model_stage(
     )
     cores = profiler.usable_cores()
     whole_ms: dict[int, float] = {}
+    whole_ms_err: dict[int, float] = {}
     cv_by_threads: dict[int, float] = {}
     corun_by_threads: dict[int, float] = {}
     idle_by_threads: dict[int, tuple[tuple[float, float], ...]] = {}
@@ -153,6 +163,9 @@ def measure_model_stage(
             max_repeats=SPREAD_MAX_RUNS,
         )
         whole_ms[t] = float(statistics.median(times))
+        err = profiler.median_err(times)
+        if err is not None:
+            whole_ms_err[t] = min(err, 0.99)
         cv = spread_cv(times)
         if cv is not None:
             cv_by_threads[t] = cv
@@ -175,6 +188,7 @@ def measure_model_stage(
         costs=tuple(float(costs[o.node].flops) for o in ops),
         valid_cuts=tuple(valid),
         whole_ms=whole_ms,
+        whole_ms_err=whole_ms_err,
         cv_by_threads=cv_by_threads,
         corun_by_threads=corun_by_threads,
         idle_by_threads=idle_by_threads,
@@ -207,8 +221,32 @@ def measure_units(
             model or shapes. VerificationError: the parts do not reproduce the model.
     """
 
+    return measure_units_err(model, cuts, threads, shapes=shapes, repeats=repeats)[0]
+
+
+def measure_units_err(
+    model: str | os.PathLike[str],
+    cuts: Sequence[int],
+    threads: int,
+    *,
+    shapes: str | None = None,
+    repeats: int = 5,
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """:func:`measure_units` and each partition's uncertainty: ``(ms per partition,
+    relative err per partition)``, the err the distance from its median to the farther
+    end of the median's confidence interval, over the median
+    (:func:`infscaler.partitioner.profiler.median_err`; with the default 5 repeats, the
+    farther of the fastest and the slowest run; 0 where fewer than 2 runs were timed).
+
+    Raises:
+        as :func:`measure_units`.
+    """
+
     plan = partition_model(model, shapes=shapes, cuts=list(cuts), threads=threads, repeats=repeats)
-    return tuple(float(p["latency_ms"]["cpu"]) for p in plan.summary["partitions"])
+    parts = plan.summary["partitions"]
+    ms = tuple(float(p["latency_ms"]["cpu"]) for p in parts)
+    err = tuple(min(float(p.get("latency_err", {}).get("cpu", 0.0)), 0.99) for p in parts)
+    return ms, err
 
 
 def search_measured(
@@ -227,7 +265,8 @@ def search_measured(
     best candidates measured (:func:`measure_units`) in place of their estimated times
     (each stage's share of the whole model's time) and the search run again, until the
     ``refine`` best are all measured or after ``rounds`` rounds. Returns the last
-    outcome and the stages with their measured ``unit_ms``.
+    outcome and the stages with their measured ``unit_ms`` and its uncertainty
+    ``unit_ms_err`` (:func:`measure_units_err`).
 
     Args:
         stages: the pipeline's stages as ``search`` takes them: :class:`ModelStage` and
@@ -257,7 +296,11 @@ def search_measured(
             progress(
                 f"{stages[i].name}: measuring the partitions of cuts {list(cuts)} at {t} thread(s)"
             )
-            ms = measure_units(models[m], cuts, t, shapes=shapes[m])
-            stages[i] = dataclasses.replace(stages[i], unit_ms={**stages[i].unit_ms, (cuts, t): ms})
+            ms, err = measure_units_err(models[m], cuts, t, shapes=shapes[m])
+            stages[i] = dataclasses.replace(
+                stages[i],
+                unit_ms={**stages[i].unit_ms, (cuts, t): ms},
+                unit_ms_err={**stages[i].unit_ms_err, (cuts, t): err},
+            )
         out = search(stages, slo_ms, device, **kwargs)
     return out, stages
