@@ -794,13 +794,16 @@ def test_saturated_cores_refuse_a_cpu_scale_out_and_fall_to_the_gpu() -> None:
     u = unit(0, 80.0, {"cpu": 1}, CPU, service_ms=80.0, arrival_rate=20.0)
     s = snap([u], rate=20.0, cores=4, cores_used=2, used={"cpu": 2}, offered=25.0)
     assert only(decide(_busy(s, None), ScalerState(), over)[0]).action == "scale_out"
-    # ... and so does a half-busy host: 2 - 1.0 = 1.0 idle >= 1.0 per thread
+    # ... and so does a half-busy host: 2 - 1.0 = 1.0 idle >= 0.75 per thread
     d = only(decide(_busy(s, 1.0), ScalerState(), over)[0])
     assert (d.action, d.engine) == ("scale_out", "cpu")
-    # busy 1.2 of 2: 0.8 idle < 1.0 -> no cpu instance; with no other engine it sheds
+    # busy 1.2 of 2: 0.8 idle >= 0.75 per thread, admitted; busy 1.3: 0.7 idle < 0.75 ->
+    # no cpu instance; with no other engine it sheds
     d = only(decide(_busy(s, 1.2), ScalerState(), over)[0])
+    assert (d.action, d.engine) == ("scale_out", "cpu")
+    d = only(decide(_busy(s, 1.3), ScalerState(), over)[0])
     assert d.action == "shed"
-    assert "cores saturated: busy 1.20 of 2 (another 1 thread(s) need 1 idle)" in d.reason
+    assert "cores saturated: busy 1.30 of 2 (another 1 thread(s) need 0.75 idle)" in d.reason
     # a gpu option still admits (it takes no core)
     u2 = replace(u, options=(CPU, GPU))
     d = only(
@@ -811,7 +814,7 @@ def test_saturated_cores_refuse_a_cpu_scale_out_and_fall_to_the_gpu() -> None:
 
 def test_saturated_cores_refuse_a_thread_step_too() -> None:
     # the unit at its max_instances: only a thread step could grow it; 1 -> 2 threads
-    # needs a whole idle core for the one more thread
+    # needs three quarters of an idle core for the one more thread
     u = threaded(0, 100, 1, {1: 100.0, 2: 60.0}, mem=100.0, service_ms=100.0, arrival_rate=8.0)
     u = replace(u, max_instances=1)
     s = snap([u], rate=8.0, cores=4, cores_used=1, offered=10.0)  # capacity 10 req/s
