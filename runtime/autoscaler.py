@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from infscaler.base.errors import ServiceError
 from infscaler.runtime.autoplan import keep_live
 from infscaler.runtime.batching import choose_batch
 from infscaler.runtime.control import ScaledService
@@ -173,6 +174,11 @@ class Autoscaler:
                         self.step(dep)
                     if mark:
                         self.tune_batches(dep)
+                except ServiceError as exc:
+                    if exc.status != 404:
+                        log.exception("autoscaler step for %s failed", dep.name)
+                    else:  # undeployed (or replaced) between the look and the action
+                        log.info("%s: %s; its decision is dropped", dep.name, exc)
                 except Exception:  # noqa: BLE001 - the loop must survive a bad reading
                     log.exception("autoscaler step for %s failed", dep.name)
             try:
