@@ -130,3 +130,17 @@ def test_median_err_is_the_order_statistic_interval_of_the_median():
     assert median_err([5.0]) is None
     with pytest.raises(ValueError, match="confidence"):
         median_err([1.0, 2.0], confidence=1.0)
+
+
+def test_a_measured_median_carries_at_least_the_hosts_drift():
+    from infscaler.runtime.stageprofile import DRIFT_ERR, with_drift
+
+    assert with_drift(None) == DRIFT_ERR
+    assert with_drift(0.01) == DRIFT_ERR  # 30 quiet runs: the runs alone say 1 %
+    assert with_drift(0.25) == 0.25
+    assert with_drift(3.0) == 0.99
+    # K=2 better by more than the 5 % tie on one measurement: with the runs' own 1 %
+    # it wins; with the host's drift counted the intervals overlap and the simpler
+    # K=1 wins, as it would on the next measurement
+    assert k(plan(stage(50.0, (20.0, 22.0), 0.01)).best) == 2
+    assert k(plan(stage(50.0, (20.0, 22.0), with_drift(0.01))).best) == 1
