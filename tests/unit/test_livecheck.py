@@ -48,7 +48,7 @@ def test_nothing_is_judged_while_it_settles_or_on_few_requests() -> None:
     v, st = check(obs(5.0, since_change_s=3.0), LiveState(), K2, REP)
     assert v.action == "wait" and "settling" in v.reason and st == LiveState()
     v, st = check(obs(5.0, answered=20), LiveState(), K2, REP)
-    assert v.action == "wait" and "20 of 100" in v.reason and st == LiveState()
+    assert v.action == "wait" and "20 of 50" in v.reason and st == LiveState()
     v, _ = check(obs(None), LiveState(), K2, REP)
     assert v.action == "wait"
 
