@@ -619,10 +619,10 @@ def plan_pipeline(
         if worst is None:
             progress(
                 f"{cfg.name}: {START_WITH_ENV}=worst: no candidate is below "
-                f"{WRONG_START_AT:.0%} of the choice's capacity; starting with the choice"
+                f"{WRONG_START_AT:.0%} of the choice's capacity; deploying the choice"
             )
         else:
-            progress(f"{cfg.name}: {START_WITH_ENV}=worst: starting with {worst.label()}")
+            progress(f"{cfg.name}: {START_WITH_ENV}=worst: wrong start {worst.label()}")
             serving, other = worst, best
             # the live check is told the best's prediction for it: a planner that
             # mispredicted a configuration by that much
