@@ -250,6 +250,7 @@ class Autoscaler:
         return verdict
 
     def _record(self, name: str, entry: dict[str, Any]) -> None:
+        """Keep a decision (scaler or live check) for ``status`` and ``/metrics``, and log it."""
         with self._lock:
             self.history.append({"pipeline": name, "time": time.time(), **entry})
             self.counts[(name, entry["action"])] += 1
@@ -422,11 +423,7 @@ class Autoscaler:
             self._note_wake(dep, snap, auto)
         for d in decisions:
             self._apply(dep, d)
-            entry = {"pipeline": dep.name, "time": time.time(), **asdict(d)}
-            with self._lock:
-                self.history.append(entry)
-                self.counts[(dep.name, d.action)] += 1
-            log.info("%s: %s %s", dep.name, d.action, d.reason)
+            self._record(dep.name, asdict(d))
         return decisions
 
     def _apply(self, dep: Any, d: Decision) -> None:
