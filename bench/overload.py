@@ -10,7 +10,8 @@ serve`` process (ResNet-50 partitioned ``-k 3``, optionally the ``ocr`` pipeline
    binary tensor data, and ``timeout_ms`` = ``timeout_fraction`` (0.8) x the bound below
    (the rest is left for the transfer: the server's deadline starts once the body is
    read, the bound is measured at the client). Each gets one outcome: a
-   result (200), a refusal (429 / 503, with ``Retry-After`` when the server sent one),
+   result (200), a refusal (429 / 503 with a JSON ``error`` body, with ``Retry-After``
+   when the server sent one; another body is ``refused_not_json``),
    another status, a connection error (reset, refused, closed without an answer), or
    none within 60 s (unanswered).
    The SLO of the ``slo`` mode, unless ``--slo`` is given: 3 x one request's latency
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -175,6 +177,15 @@ class Service:
         return {"exit_code": rc, "stop_s": round(time.monotonic() - t0, 2)}
 
 
+def _json_error(body: bytes) -> bool:
+    """True when ``body`` is a JSON object with an ``error`` (the v2 protocol's error
+    body)."""
+    try:
+        return "error" in json.loads(body)
+    except (ValueError, TypeError):
+        return False
+
+
 async def one(
     sock: str, model: str, body: bytes, headers: dict[str, str], timeout_s: float
 ) -> tuple[str, float, float | None]:
@@ -190,14 +201,14 @@ async def one(
             ) as s,
             s.post(f"http://x/v2/models/{model}/infer", data=body, headers=headers) as r,
         ):
-            await r.read()
+            data = await r.read()
             ms = (time.perf_counter() - t0) * 1e3
             ra = r.headers.get("Retry-After")
             retry = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
             if r.status == 200:
                 return "ok", ms, None
             if r.status in (429, 503):
-                return "refused", ms, retry
+                return ("refused" if _json_error(data) else "refused_not_json"), ms, retry
             return f"status_{r.status}", ms, None
     except TimeoutError:
         return "unanswered", (time.perf_counter() - t0) * 1e3, None

@@ -259,7 +259,10 @@ class FrontEnd:
             overloaded = route.overloaded(now)
             service_ms, interval_ms = route.estimates(overloaded)
             # in overload admission judges on the drain time: the progress is not read
-            remaining_ms, units = (None, None) if overloaded else route.progress(now)
+            if overloaded:
+                remaining_ms, units = None, route.units(overloaded)
+            else:
+                remaining_ms, units = route.progress(now)
             config = route.pipeline.config
             decision = admit_request(
                 ArrivalSnapshot(

@@ -93,10 +93,22 @@ class RateWindow:
         while self._t and self._t[0] < now - self.horizon_s:
             self._t.popleft()
 
-    def rate(self, now: float | None = None) -> float:
+    def rate(self, now: float | None = None, window_s: float | None = None) -> float:
+        """Events per second over the last ``window_s`` s (None or more than the
+        horizon: the horizon)."""
         now = time.monotonic() if now is None else now
         self._trim(now)
-        return len(self._t) / self.horizon_s
+        if window_s is None or window_s >= self.horizon_s:
+            return len(self._t) / self.horizon_s
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        since = now - window_s
+        n = 0
+        for t in reversed(self._t):
+            if t < since:
+                break
+            n += 1
+        return n / window_s
 
 
 #: Upper edges (s) of the idle-gap bins :class:`IdleSlowdown` sorts items into; the
@@ -262,10 +274,11 @@ class PipelineStats:
         self.queue = [LatencyWindow() for _ in self.units]
         self.idle = [IdleSlowdown() for _ in self.units]
 
-    def offered_rate(self, now: float | None = None) -> float:
-        """Requests/s offered (admitted and refused) over the last 10 s."""
+    def offered_rate(self, now: float | None = None, window_s: float | None = None) -> float:
+        """Requests/s offered (admitted and refused) over the last 10 s (or the last
+        ``window_s`` s, at most 10)."""
         with self._lock:
-            return self.offered.rate(now)
+            return self.offered.rate(now, window_s)
 
     def arrival(self) -> None:
         with self._lock:

@@ -217,10 +217,26 @@ def test_in_overload_admission_judges_on_the_drain_time_estimate() -> None:
     assert d.admit and d.estimate_ms == pytest.approx(201.0)
     d = admit_request(snap(**base, overloaded=True))
     assert not d.admit and d.refusal is Refusal.SLO and d.estimate_ms == pytest.approx(220.0)
-    assert "71.0 ms each" in d.reason  # the drain-time wording
+    assert "71.0 ms each on 1 instance(s)" in d.reason  # the drain-time wording
     # one ahead: 78 + 71 = 149 fits
     d = admit_request(snap(**dict(base, ahead=1), overloaded=True))
     assert d.admit and d.estimate_ms == pytest.approx(149.0)
+
+
+def test_in_overload_replicas_take_as_many_requests_as_instances() -> None:
+    # two single-thread replicas of an 84 ms model, SLO 160 ms, in overload: one ahead
+    # leaves an instance idle (84 ms, admitted: the interval S / c charged it 42 ms more),
+    # two ahead wait one service time (168 ms, refused), three as long as two
+    base = dict(slo_ms=160.0, service_ms=84.0, interval_ms=42.0, units=((84.0, 2),))
+    d = admit_request(snap(**base, ahead=1, overloaded=True))
+    assert d.admit and d.estimate_ms == pytest.approx(84.0)
+    for ahead in (2, 3):
+        d = admit_request(snap(**base, ahead=ahead, overloaded=True))
+        assert not d.admit and d.estimate_ms == pytest.approx(168.0)
+        assert "84.0 ms each on 2 instance(s)" in d.reason
+    # without the units (a caller that has none) the interval estimate stands: 84 + 42
+    d = admit_request(snap(**dict(base, units=None), ahead=1, overloaded=True))
+    assert d.admit and d.estimate_ms == pytest.approx(126.0)
 
 
 def test_route_overload_follows_the_offered_load_and_floors_the_correction_at_1() -> None:
@@ -260,3 +276,45 @@ def test_a_ratio_is_taken_against_the_correction_the_estimate_was_made_with() ->
     assert r.correction == pytest.approx(1.0)
     r.record_expiry(100.0, 300.0, factor=1.0)  # expired at 300 ms: at least 3
     assert r._ratios[-1] == pytest.approx(3.0)
+
+
+def test_in_overload_estimates_take_the_ratios_high_quantile_not_the_capacity() -> None:
+    from infscaler.runtime.route import OVERLOAD_QUANTILE, Route
+    from infscaler.runtime.stats import PipelineStats
+
+    r = Route(pipeline=None, stage_ids=[1], stats=PipelineStats(["m"]))  # type: ignore[arg-type]
+    r.service_ms, r.unit_ms, r.instances = 40.0, [40.0], [2]  # capacity 50 req/s
+    assert r.ratio_quantile(OVERLOAD_QUANTILE) is None  # fewer than 10 ratios
+    # ratios 0.80, 0.82, ..., 1.20 (21): median 1.0; the 0.9 quantile is the 19th, 1.16
+    for i in range(21):
+        r.record_estimate(100.0 * r.correction, 80.0 + 2.0 * i)
+    assert r.correction == pytest.approx(1.0)
+    assert r.ratio_quantile(OVERLOAD_QUANTILE) == pytest.approx(1.16)
+    assert r.factor(False) == pytest.approx(1.0)
+    assert r.factor(True) == pytest.approx(1.16)
+    assert r.estimates(True) == (pytest.approx(46.4), pytest.approx(23.2))
+    assert r.units(True) == ((pytest.approx(46.4), 2),)
+    # the capacity stays the median's: the tail is a latency bound, not a slower unit
+    assert r.capacity_rps() == pytest.approx(50.0)
+
+
+def test_a_burst_counts_as_overload_before_the_10_s_mean_shows_it() -> None:
+    from infscaler.runtime.route import BURST_LOAD, Route
+    from infscaler.runtime.stats import PipelineStats
+
+    stats = PipelineStats(["m"])
+    r = Route(pipeline=None, stage_ids=[1], stats=stats)  # type: ignore[arg-type]
+    r.service_ms, r.unit_ms, r.instances = 50.0, [50.0], [1]  # capacity 20 req/s
+    for i in range(90):  # 10 req/s for 9 s: half the capacity
+        stats.offered.add(90.0 + i * 0.1)
+    assert not r.overloaded(100.0)
+    for i in range(24):  # 24 in the last second (1.2 x): not yet a burst
+        stats.offered.add(99.02 + i * 0.04)
+    assert stats.offered_rate(100.0, 1.0) == pytest.approx(24.0)
+    assert stats.offered_rate(100.0) < 0.9 * 20
+    assert not r.overloaded(100.0)
+    stats.offered.add(99.99)  # 25 = BURST_LOAD x capacity
+    assert BURST_LOAD * 20 == 25 and r.overloaded(100.0)
+    assert not r.overloaded(101.5)  # the burst left the 1 s window
+    with pytest.raises(ValueError, match="window_s"):
+        stats.offered_rate(100.0, 0.0)
