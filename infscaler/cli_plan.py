@@ -249,7 +249,7 @@ def plan_cmd(
         typer.Option(
             "--fleet",
             help="FLEET.yaml: place its streams on its nodes with the fewest nodes "
-            "(README 'Fleet'); PIPELINE, --rate, --slo, --device are then not used.",
+            "(docs/fleet.md); PIPELINE, --rate, --slo, --device are then not used.",
         ),
     ] = None,
     values_out: Annotated[
