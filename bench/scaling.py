@@ -396,7 +396,7 @@ def pipeline(
         raw["name"] = name
         for st in raw["stages"]:
             # on model stages only: a function stage that names its own max_instances
-            # is not fused into its model's unit (README, pipeline.yaml)
+            # is not fused into its model's unit (docs/pipelines.md, "Fused units")
             whole_fn = len(raw["stages"]) == 1
             if max_instances is not None and ("model" in st or whole_fn):
                 st["max_instances"] = max_instances

@@ -129,7 +129,7 @@ def load_fleet(path: str | Path) -> tuple[FleetFile, Path]:
     if not isinstance(data, dict):
         raise ConfigError(
             f"fleet file {p} must be a mapping with nodes, pipelines, streams",
-            hint="see README.md, 'Fleet'",
+            hint="see docs/fleet.md",
         )
     try:
         fleet = FleetFile.model_validate(data)
@@ -137,7 +137,7 @@ def load_fleet(path: str | Path) -> tuple[FleetFile, Path]:
         problems = [f"{_where(tuple(e['loc']))}: {e['msg']}" for e in exc.errors()]
         raise ConfigError(
             f"fleet file {p} is not valid: " + "; ".join(dict.fromkeys(problems)),
-            hint="see README.md, 'Fleet'",
+            hint="see docs/fleet.md",
         ) from None
     problems = []
     for i, n in enumerate(fleet.nodes):

@@ -11,7 +11,7 @@ Names follow Triton's where Triton measures the same thing (Triton
 ``_total`` suffix, labels ``model`` and ``version``, and since r24.x ``reason`` on
 ``nv_inference_request_failure``: ``REJECTED``, ``CANCELED``, ``BACKEND``, ``OTHER``).
 The rest are ``infscaler_*`` (Prometheus naming: counters end in ``_total``, units in
-the name). README.md "Metrics" lists every metric, its type, labels and meaning.
+the name). docs/metrics.md lists every metric, its type, labels and meaning.
 
 Nothing here carries a file path (the socket's group may read the metrics): labels are
 pipeline, unit and engine names, actions and reasons.

@@ -551,7 +551,7 @@ def validate_pipeline(data: Any, where: str = "pipeline") -> PipelineConfig:
     if not isinstance(data, dict):
         raise ConfigError(
             f"{where} must be a YAML mapping with name, inputs, outputs, stages",
-            hint="see README.md, 'Pipelines'",
+            hint="see docs/pipelines.md",
         )
     try:
         cfg = PipelineConfig.model_validate(data)

@@ -88,7 +88,7 @@ def test_serve_watch_pipelines_add_change_remove_without_restart(tmp_path: Path)
     env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env["INFSCALER_STATE_DIR"] = str(tmp_path / "state")
     # the watched pipelines come through the repository API: their function module must
-    # be allowed (README "Security model")
+    # be allowed (docs/security.md, "What the service refuses")
     env["INFSCALER_ALLOW_FUNCTIONS"] = "stagefuncs"
     proc = subprocess.Popen(
         [
