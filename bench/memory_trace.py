@@ -5,7 +5,7 @@ Per model: SLO = ``--slo`` x L0, default 2 (L0: unloaded latency of the whole mo
 arrival processes at the same mean rate (``--load`` x the host's ideal rate, ideal =
 usable cores x 1000 / L0):
 
-- ``azure``: the Azure Functions 2019 trace (``../shared/data/traces``, see its README),
+- ``azure``: the Azure Functions 2019 trace (shipped with the package in ``runtime/traces/``, see its README.md),
   the busiest function (63 % of the trace's invocations), trace minutes
   ``TRACE_START_MIN`` .. +``TRACE_MINUTES`` (a dip to 880 / min followed by a surge to
   4631 / min: scale-in, then scale-out), each minute's requests spread uniformly inside
