@@ -76,7 +76,7 @@ overload (its first step offers about half of 1.1 x ideal) to half that rate: a
 deployment serving a steady rate would not have lived through a 2x overload a minute
 before, and a carried state measured the recovery from it, not the rate (ddddocr at 3x:
 after the first step the scaler had grown det to 3 instances on 2 cores, and the next
-step's P99 missed at a rate the configuration's M/D/c ceiling allows, bench/README.md). Memory during the
+step's P99 missed at a rate the configuration's M/D/c ceiling allows, bench/HISTORY.md). Memory during the
 measured window: ``Monitor.memory_used_mb()`` (sum of instance USS + pool mapped MB)
 every 0.5 s.
 
@@ -148,7 +148,7 @@ CONFIGS = ("auto", "eq1", "replication-http", "replication-shm", "one-session")
 #: random numbers), so two configurations measured at one rate face the same arrival
 #: pattern, and a step at a higher rate is the same pattern compressed in time. With a
 #: seed per step, identical configurations (auto choosing a baseline's shape) landed
-#: one bisection step apart (ResNet-50 at 3x: 15.2 vs 16.1/s, bench/README.md)
+#: one bisection step apart (ResNet-50 at 3x: 15.2 vs 16.1/s, bench/HISTORY.md)
 ARRIVAL_SEED = 1
 #: the baselines (a), (b), (c): the best of them is what ``auto`` is compared with
 BASELINES = ("replication-http", "replication-shm", "one-session")
@@ -172,7 +172,8 @@ QUICK_SETTINGS = {"warm_min_s": 2.0, "warm_max_s": 6.0, "measure_s": 4.0, "n_l0"
 #: the longest wait for a quiet host before each cell, s (recorded in ``quiet_before``)
 QUIET_WAIT_S = 60.0
 
-#: what each column of a cell means (written into the JSON; bench/README.md says the same)
+#: what each column of a cell means (written into the JSON; bench/HISTORY.md, "scaling.py per
+#: cell", says the same)
 COLUMNS = {
     "auto_rps": "throughput at SLO of the runtime's own choice: the model deployed with only "
     "the pipeline's slo + autoscale (no K, threads, instances or engine named)",
@@ -251,7 +252,7 @@ PIPELINE_CASES: dict[str, dict[str, str]] = {
 #: so that it settles within a bisection step's warm-up)
 #: cooldown >= window: the P99 behind a scale-out was measured entirely after the previous
 #: change (with a cooldown shorter than the window the scaler reacts again to the P99 the
-#: last change already fixed: see bench/README.md)
+#: last change already fixed: see bench/HISTORY.md)
 AUTOSCALE = {
     "interval_s": 0.5,
     "window_s": 5.0,
@@ -1736,7 +1737,7 @@ def confirmation(rows: list[dict[str, Any]], cap_mode: str, slo_x: float) -> dic
 def cell_summary(
     model: str, rows: list[dict[str, Any]], cap_mode: str, slo_x: float, min_requests: int
 ) -> dict[str, Any]:
-    """One cell's columns and checks (see bench/README.md, "scaling.py: columns"): auto,
+    """One cell's columns and checks (see bench/HISTORY.md, "scaling.py per cell"): auto,
     eq1, each baseline and the best, auto / best, the M/D/c ceiling of auto's chosen
     configuration and auto / ceiling, the planner's prediction and its error, the FLOPs
     share of the bottleneck partition (auto's plan and Eq. 1's), other processes' CPU
@@ -2071,7 +2072,7 @@ def _confirm_text(conf: dict[str, Any] | None) -> str:
 
 
 def cell_table(models: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """The per-cell table printed at the end (and in bench/README.md)."""
+    """The per-cell table printed at the end (and in bench/HISTORY.md)."""
     headers = [
         "model",
         "cap",

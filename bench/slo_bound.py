@@ -16,7 +16,7 @@ random numbers), the first 10 % discarded, bisection on rho to 1e-4. Exact up to
 sampling error: with N = 400 000 the P99 is read from ~360 000 samples; the bisection is
 repeated for 3 seeds and the spread reported.
 
-Writes ``results/slo_bound.json`` (no plot: one small table, in bench/README.md).
+Writes ``results/slo_bound.json`` (no plot: one small table, in bench/HISTORY.md).
 """
 
 from __future__ import annotations

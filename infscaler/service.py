@@ -500,7 +500,7 @@ class Service:
         force. Planning for the state at the deploy made the choice path-dependent:
         held or not depended on whether another pipeline had missed within the last
         minute: PP-OCRv4 det under the cap at 2 x L0, deploys made while not held chose
-        2 x 1 thread, one made while held 1 x 2, all served held (bench/README.md,
+        2 x 1 thread, one made while held 1 x 2, all served held (bench/HISTORY.md,
         2026-11-27 20:15)."""
         if self.cpu_wake_auto:
             return 0 if can_request() else None

@@ -850,7 +850,7 @@ def measure_corun(
     bandwidth: on the 2-core development host ResNet-50 and PP-OCRv4 det at 1 thread ran
     1-2.5 % slower with a copy beside them, VGG-19 0-1.3 % (2026-11-27). Served, two
     single-thread det instances took 101-105 ms against 96-98 ms profiled alone; the
-    rest of that gap is the served path's own (bench/README.md, the 2026-11-27
+    rest of that gap is the served path's own (bench/HISTORY.md, the 2026-11-27
     09:35-12:30 UTC section's "The planner's model, three measured corrections").
 
     Returns:

@@ -605,7 +605,7 @@ def search_minmax(
     Manual, §8.5; the balanced stage objective of PipeDream / GPipe-style pipeline
     partitioners) evens the work out. Eq. 1 instead minimises the spread *inside*
     partitions and may leave 87-99 % of the FLOPs in one of them (PP-OCRv4 det at
-    K = 2: 99.6 %; bench/README.md, "Serving: ``serve_det.py``", "Reading the
+    K = 2: 99.6 %; bench/HISTORY.md, "Serving: ``serve_det.py``", "Reading the
     results").
 
     Two steps, both exact dynamic programs over the valid cuts (O(K V^2) for V cuts):

@@ -27,7 +27,7 @@ Two bounds, applied where each can be known:
   ``interval_ms`` the bottleneck interval (the slowest unit's compute time divided by
   its instances): it treats every request ahead as queued at the bottleneck, and
   refused requests a two-unit pipeline would have answered within its SLO (ddddocr
-  at SLO 3x: admitted P99 277 ms of 341, 2.4 % refused; bench/README.md, "ddddocr at
+  at SLO 3x: admitted P99 277 ms of 341, 2.4 % refused; bench/HISTORY.md, "ddddocr at
   3 x L0").
   In overload (the offered load at the pipeline's capacity,
   :meth:`~infscaler.runtime.route.Route.overloaded`) the drain time is used again
@@ -270,7 +270,7 @@ def admit_latency(
             expire or finish early, so it kept the queue at the bound, where half the
             admitted requests expired half computed (ResNet-50 K = 3 at 10x capacity:
             0.3 x capacity answered within the SLO, 0.93 x with the drain-time
-            estimate; bench/README.md, ``overload.py``).
+            estimate; bench/HISTORY.md, ``overload.py``).
 
     Raises:
         ValueError: ``slo_ms`` not a positive finite number, or a negative estimate.

@@ -526,7 +526,7 @@ def plan_pipeline(
     A search measures the candidates' partitions on the host as it is at deploy: on
     the 2-core host five deploys of the same ResNet-50 pipeline chose four different
     configurations (K = 1 at 1 or 2 threads, K = 2), whose throughput at SLO differed
-    3x (bench/README.md, "Admission, the scaler's cores rule and the bench's steps",
+    3x (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's steps",
     its "The planner keeps its decision" item). Delete the file (or the directory) to
     plan again.
 
@@ -905,7 +905,7 @@ def _cap_changed(kept: dict[str, Any], cap_mb: float) -> str | None:
     does). The cap is not part of the decision's key: the host profile's cap is a
     share of the memory available at deploy, which moved by 240 MB between two deploys
     a minute apart, so every deploy planned again and the bench's steps of one
-    configuration ran K = 1 and K = 2 (PP-OCRv4 det at SLO 3x, bench/README.md). The
+    configuration ran K = 1 and K = 2 (PP-OCRv4 det at SLO 3x, bench/HISTORY.md). The
     decision stands while its configuration still fits and the cap has not grown past
     :data:`CAP_GROWTH_REPLAN` x the one it was planned under (a smaller cap only removes
     configurations, and the chosen one is still among those left)."""

@@ -3,7 +3,7 @@
 The planner's simulator needs how much slower an item runs after its instance sat idle
 (:attr:`~infscaler.runtime.simulator.EngineProfile.idle`). Timed in-process before
 serving (``profiler.measure_idle``) that curve missed the served one both ways, and the
-served one depends on the load before (bench/README.md, 2026-11-27: ResNet-50 at 2
+served one depends on the load before (bench/HISTORY.md, 2026-11-27: ResNet-50 at 2
 threads, 1.5 x L0: goodput predicted 475 % off without it, 104 % off with the in-process
 curve, **4 % off with the curve the service measured while serving**). So the service
 keeps what it served (:class:`~infscaler.runtime.stats.IdleSlowdown`) per model file,
@@ -160,7 +160,7 @@ def curve_for(
     otherwise make every other count look free of idle costs, and the search would move
     to a configuration nobody measured for the wrong reason (ResNet-50 at 1.5 x L0 on 2
     cores: 2 threads served 1.4-1.75 x slower after idle; 1-thread replicas, planned
-    without a curve, served less still, bench/README.md).
+    without a curve, served less still, bench/HISTORY.md).
     """
     own = load_curve(model, threads, wake_latency_us)
     if own:

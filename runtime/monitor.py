@@ -49,7 +49,7 @@ the scaler adds no cpu thread unless a whole core per thread is idle
 (:data:`~infscaler.runtime.scaler.SATURATED_FREE_PER_THREAD`), since threads beyond
 the cores add contention, not capacity, once every core is busy. (Bounding the pinned
 threads by the physical cores instead kept a two-unit pipeline, ddddocr, at one
-instance per unit with 0.6 of 2 cores busy: bench/README.md, "ddddocr at 3 x L0".)
+instance per unit with 0.6 of 2 cores busy: bench/HISTORY.md, "ddddocr at 3 x L0".)
 
 Vertical scaling inputs (:func:`~infscaler.runtime.scaler.decide`'s ``scale_up`` /
 ``scale_down``): per unit, its running cpu instances per intra-op thread count (each
@@ -417,7 +417,7 @@ class Monitor:
             # deploy): every pinned thread counts as busy. Unmeasured read as "no bound",
             # so the refusals of a deploy's first second (before any service time is
             # known admission assumes the worst) grew a 2-thread ResNet-50 instance to
-            # two on 2 cores (bench/README.md, "Admission, the scaler's cores rule and
+            # two on 2 cores (bench/HISTORY.md, "Admission, the scaler's cores rule and
             # the bench's steps", its "The queue bound, fixed" item).
             busy = float(min(cores_used, cap.physical_cores))
         return Snapshot(

@@ -792,7 +792,7 @@ GOODPUT_TIE = 0.05
 #: that SLO, one 2-thread instance sustained 16.9-20.8 requests/s (mean 18.4, 3
 #: bisections) and two 1-thread replicas 19.5-23.0 (mean 20.7, 6); with the CPUs held
 #: awake 20.8-22.1 (2) and 23.4 (3); in one run's 900-request step at 19.8/s the replicas
-#: passed where the 2-thread instance failed (bench/README.md, 2026-11-27; in another,
+#: passed where the 2-thread instance failed (bench/HISTORY.md, 2026-11-27; in another,
 #: two deployments of the replicas split at that rate): an intra-op parallel run waits
 #: for its slowest thread, so one interrupted core delays every request, where a replica
 #: delays only its own. Above it, the memory saved is what another model runs in on a device with a fixed
@@ -807,7 +807,7 @@ MEMORY_AMPLE = 0.5
 #: ResNet-50 as 2 single-thread replicas on 2 cores at 2 x L0 (seed 0: 16.2), where the
 #: same simulator's P99 over 20 000 requests crosses the SLO at about 10.5/s; over
 #: 12 000 requests 6 seeds read 10.0-11.0, and the 2026-11-27 bench served 10.4/s
-#: over 900 requests and missed at 11.8/s (bench/README.md, "2026-11-27, 12:45-13:25
+#: over 900 requests and missed at 11.8/s (bench/HISTORY.md, "2026-11-27, 12:45-13:25
 #: UTC: the planner's screen, and idle wake-ups"). Picked on the short screen, the
 #: deploy-time search gave that cell 2 x 1 thread in one deploy and 1 x 2 threads in the
 #: next.
@@ -1326,10 +1326,11 @@ def search(
     through as instances: each cut is one more), then a candidate within
     :data:`MEMORY_AMPLE` (half) of the memory cap, then, within it, fewer intra-op
     threads per instance (replicas: an intra-op parallel run waits for its slowest core;
-    bench/README.md, "The planner's tie at 3x"), then fewer processes (served instances
-    in all), then less memory, then fewer threads. The stage boundaries count as
-    partitions because ddddocr's staged det + rec (two units) served less than the
-    whole pipeline in one unit where the memory alone had decided (bench/README.md);
+    bench/HISTORY.md, "2026-11-27, 17:30-18:52 UTC", its "The planner's tie at 3x"
+    paragraph), then fewer processes (served instances in all), then less memory, then
+    fewer threads. The stage boundaries count as partitions because ddddocr's staged
+    det + rec (two units) served less than the whole pipeline in one unit where the
+    memory alone had decided (bench/HISTORY.md);
     fewer threads per instance comes before fewer processes because two 1-thread
     ResNet-50 replicas served more than the one 2-thread instance the simulator tied
     with them (:data:`MEMORY_AMPLE`). Every loser's ``why`` names the winner it tied
@@ -1337,7 +1338,7 @@ def search(
     the 5 % (its rate
     bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and it errs
     on the optimistic side for partitioned plans: every hop adds a process competing for
-    the cores and a wake-up it does not model (bench/README.md, "The same cell after the
+    the cores and a wake-up it does not model (bench/HISTORY.md, "The same cell after the
     saturated-cores fix": ResNet-50 at 3 x L0 on 2 cores, K = 3 predicted 14.3
     requests/s and served 5.0). Among plans with as many units, the memory saved is what
     another model runs in on a device with a fixed memory budget.
@@ -1369,7 +1370,7 @@ def search(
             candidate whose one instance per unit already pins more is ruled out while
             any candidate within them meets the SLO: on a 2-core host the simulator rated
             oversubscribed partitioned plans far above what they served (ResNet-50 K=3
-            on 2 cores, 14.3/s predicted, 5.0/s served: bench/README.md, "The same cell
+            on 2 cores, 14.3/s predicted, 5.0/s served: bench/HISTORY.md, "The same cell
             after the saturated-cores fix"; PP-OCRv4 det K=3, 1.7x replication's memory
             at 0.91x its throughput), while a device profile's ``threads_per_core`` is
             kept for hand configurations.
@@ -1382,7 +1383,7 @@ def search(
             measures the host anew, and two configurations within the tie swapped places
             from one deploy to the next (PP-OCRv4 det under the cap at 2 x L0: 2 x 1
             thread and 1 x 2 at 6.65 and 6.84/s, three plans in one hour,
-            bench/README.md); a replan now changes the configuration only for one
+            bench/HISTORY.md); a replan now changes the configuration only for one
             better by more than the tie.
 
     Returns:
@@ -1765,7 +1766,7 @@ def search(
         # left ddddocr's staged det + rec (0 cuts, 177 MB) level with the whole
         # pipeline in one unit (0 cuts, 265 MB) under the cap at 3 x L0; the memory
         # gave it the tie in one of two runs, and it served 10.0 requests/s where the
-        # whole pipeline served 12.9 (predicted 13.4 and 12.7; bench/README.md)
+        # whole pipeline served 12.9 (predicted 13.4 and 12.7; bench/HISTORY.md)
         return sum(1 for u in c.units if u.served)
 
     def processes(c: Candidate) -> int:

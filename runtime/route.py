@@ -134,7 +134,7 @@ class Route:
 
         In overload the drain-time estimate (requests ahead x the bottleneck interval)
         is beaten only when requests ahead expire or are dropped before they run; a
-        correction learnt from those fast survivors (0.53 at 10x, bench/README.md,
+        correction learnt from those fast survivors (0.53 at 10x, bench/HISTORY.md,
         ``overload.py``) made admission plan on further expiries, which made more. And
         there every admitted request meets a full queue, so the admitted latencies'
         tail is the estimate's tail: with the median, two single-thread ResNet-50
@@ -202,7 +202,7 @@ class Route:
         request with even odds into a certain miss: at 18.3 requests/s ResNet-50's one
         2-thread instance refused 4 of 300 at estimates of 227-251 ms against an SLO of
         226 while its answered P99 was 193 ms, and one session without an SLO answered
-        all of them within 220 ms (bench/README.md, "Admission, the scaler's cores rule
+        all of them within 220 ms (bench/HISTORY.md, "Admission, the scaler's cores rule
         and the bench's steps", its "ResNet-50 with the kept decision and the
         significance test" item). In overload admission judges on the drain-time
         estimate with the correction floored at 1
@@ -259,7 +259,7 @@ class Route:
         arrivals one request in tens waits behind a burst, and an EWMA (weight 0.2)
         moved every estimate up by a third after each such one, so admission refused
         requests a two-unit pipeline would have answered within its SLO (ddddocr at
-        SLO 3x, bench/README.md).
+        SLO 3x, bench/HISTORY.md).
 
         ``factor``: what the estimate's compute times were scaled by (:meth:`factor` at
         admission; None: the current :attr:`correction`)."""

@@ -19,7 +19,7 @@ What the paper lacks, added here:
   det's replicas at 3 req/s (SLO 3 x L0 = 2.9 x its 85 ms service) went 1 -> 2 on
   refusals after a burst, back to 1 after the hold at utilisation 0.37, out again, and
   each new instance's start put its compute P99 at 175 ms (1.6x) inside the measured
-  window (bench/README.md, "Admission, the scaler's cores rule and the bench's
+  window (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's
   steps", its PP-OCRv4 det first-run item: "Replication's scaler flapped");
 * a cooldown between two scale-outs (``cooldown_s``), so a new instance is measured
   before the next decision;
@@ -44,7 +44,7 @@ What the paper lacks, added here:
   over the horizon at utilisation <= ``scale_in_utilisation``, the scale-in rule would
   take the addition back after ``hold_s`` and the next violation would add it again.
   That was the flapping of VGG-19's weight-heavy fully connected partition in the
-  quiet-host Azure replay (bench/README.md: scaled out and in every ~25 s, 1047 <->
+  quiet-host Azure replay (bench/HISTORY.md: scaled out and in every ~25 s, 1047 <->
   1597 MB, while the convolution partition was at its ``max_instances``); such a
   violation sheds instead. When the only violation is requests refused at arrival
   (P99 measured within the SLO), the argmax itself is held to the same test: refusals
@@ -330,7 +330,7 @@ LIFT_RATIO = 0.8
 #: (when it is known): below it a P99 over the SLO is the variance of a queue that
 #: drains by itself. A bound set on every P99 blip refused requests one 2-thread
 #: ResNet-50 session without an SLO answered in time at 0.6 of its capacity (auto 0.70x
-#: of it with the same instance; bench/README.md, "Admission, the scaler's cores rule
+#: of it with the same instance; bench/HISTORY.md, "Admission, the scaler's cores rule
 #: and the bench's steps", its "The queue bound, fixed" item).
 SHED_MIN_LOAD = 0.9
 
@@ -550,7 +550,7 @@ def _lift_reason(s: Snapshot) -> str | None:
 #: ``X ~ Binomial(answered, 0.01)`` (:func:`late_tail_probability`). At 5.6 requests/s a
 #: 10 s window holds ~56 requests and its "P99" is its slowest: PP-OCRv4 det's two
 #: replicas, meeting the SLO, were grown to 3 and 4 on 2 cores on single slow requests
-#: (bench/README.md, "Admission, the scaler's cores rule and the bench's steps", det's
+#: (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's steps", det's
 #: 09:31 run). With 56 answered 4 late are needed, with 130 six; in an overload nearly
 #: every request is late and the test passes at once.
 VIOLATION_SIGNIFICANCE = 0.01
@@ -741,7 +741,7 @@ def _p99_needed(s: Snapshot, u: UnitState, items: float, svc: float) -> int:
 #: keep every core busy another one adds contention, not capacity: the scaling bench
 #: grew whole-model ResNet-50 replicas to 4 single-thread instances on 2 cores, each
 #: request then took 4x its compute time and admission refused 1 in 20 at half the
-#: rate one 2-thread session served (bench/README.md, "The same cell after the
+#: rate one 2-thread session served (bench/HISTORY.md, "The same cell after the
 #: saturated-cores fix"). A whole idle core per thread (half a core let PP-OCRv4 det's
 #: replicas grow to 4 on 2 cores, 1.7x the memory) with the thread slots as the pinned
 #: bound, not the physical cores: those kept ddddocr's det and rec at one instance each
@@ -816,7 +816,7 @@ def _own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
     each request that shares a core takes up to twice as long (at 2 x L0 under the cap
     the scaler grew 2 to 3 on "0.2 requests/s refused at arrival", and the steps at
     6.5-8.6 requests/s that 2 instances serve failed; ResNet-50 at 2 x L0: P99 147 ->
-    177 ms; bench/README.md: the 2026-11-27 09:35-12:30 UTC section's "The scaler grew a
+    177 ms; bench/HISTORY.md: the 2026-11-27 09:35-12:30 UTC section's "The scaler grew a
     unit past the cores", and "ResNet-50 at 2x again" under "Admission, the scaler's
     cores rule and the bench's steps", results/scaling_resnet50_2x_rerun.json)."""
     phys = s.cap.physical_cores
@@ -871,7 +871,7 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
             idle = _not_short(s, c, u, lam)
             if idle is not None:
                 # scale-in would take the instance back after the hold: the flapping of
-                # VGG-19's weight-heavy partition (bench/README.md); for the argmax
+                # VGG-19's weight-heavy partition (bench/HISTORY.md); for the argmax
                 # itself only when the violation is refusals at arrival alone (P99
                 # within the SLO): those are a burst's, which more instances on the
                 # same cores do not serve sooner (PP-OCRv4 det's replicas grew to 4 on
@@ -881,7 +881,8 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
                 # service times' spread, which an instance sharing a core makes worse
                 # (ResNet-50 at 2 x L0: 2 single-thread replicas grew to 3 on 2 cores
                 # at 7 requests/s, 0.28 of their capacity, and the P99 went from
-                # 147 ms to 177 ms; bench/README.md, "ResNet-50 at 2x again",
+                # 147 ms to 177 ms; bench/HISTORY.md, "Admission, the scaler's cores
+                # rule and the bench's steps", its "ResNet-50 at 2x again" item,
                 # results/scaling_resnet50_2x_rerun.json)
                 passed.append(f"{who} {idle}" + (f" ({beyond})" if beyond else ""))
                 continue

@@ -118,7 +118,7 @@ class EngineProfile:
             intra-op threads took 30.6 ms back to back, 33.9 ms after 0.1 s idle and
             48-51 ms after 0.2-0.4 s (the second thread's core, woken for every
             operator, runs late), at 1 thread 56-60 ms throughout (2026-11-27,
-            bench/README.md). Measured with
+            bench/HISTORY.md). Measured with
             :func:`infscaler.partitioner.profiler.measure_idle`.
     """
 

@@ -67,7 +67,7 @@ SPREAD_MIN_RUNS = 10
 
 
 #: :func:`measure_model_stage` measures the idle slowdown only when asked. On the
-#: 2-core development VM (2026-11-27, bench/README.md) ResNet-50 at 2 threads ran
+#: 2-core development VM (2026-11-27, bench/HISTORY.md) ResNet-50 at 2 threads ran
 #: 1.3-2.0 x slower in-process after 0.25 s idle, between runs of the same hour, while
 #: the served instance's compute after a 0.2-0.4 s idle gap was 1.2 x its back-to-back
 #: time at 4 requests/s and 1.04-1.07 x at 10/s (``bench/idle_wake.py``): the serving
@@ -82,7 +82,7 @@ IDLE_DEFAULT = False
 #: spread of one measurement's runs does not show. Measured: the same pipeline planned
 #: minutes apart moved its winner's prediction by a third (ResNet-50-class model on the
 #: 2-core VM, 14.6 -> 20.9 requests/s for one configuration); in the auto-deploys bench
-#: (bench/README.md, "Auto deploys against the hand configurations"), with the interval
+#: (bench/HISTORY.md, "Auto deploys against the hand configurations"), with the interval
 #: of the runs alone (a 95 % interval of a median of up to 30 runs: a few %), ZFNet-512
 #: and AlexNet chose one 2-thread session in 2 of 5 fresh deploys and two 1-thread
 #: replicas in the other 3 (ResNet-50 and Inception v2: 1 of 5), at goodputs within 4 %
@@ -102,7 +102,7 @@ def spread_cv(times_ms: Sequence[float]) -> float | None:
 
     What it is for: at an SLO a few times the service time, the P99 is set by the slow
     runs as much as by queueing. A 2-core VM ran ResNet-50 with 2 intra-op threads at a
-    44 ms median and a 53-75 ms P99 between quiet runs (bench/README.md, "Admission,
+    44 ms median and a 53-75 ms P99 between quiet runs (bench/HISTORY.md, "Admission,
     the scaler's cores rule and the bench's steps", its ResNet-50 1.5x / 2x items);
     with deterministic service times the simulator rated that one 2-thread session at
     12.2 requests/s within 2 x L0, and it served 8.8-11.0. The simulator draws gamma service times with this

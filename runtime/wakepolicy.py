@@ -4,7 +4,7 @@ A core left idle sleeps, and a model whose intra-op threads or instance processe
 wake it runs slower after idle; so do the hand-overs between the front end and the
 instances. Holding the CPUs awake (a PM QoS request of 0 µs,
 :mod:`infscaler.runtime.pmqos`) raised the goodput of every configuration measured on the
-2-vCPU development VM (bench/README.md, 2026-11-27, ResNet-50): at an SLO of 1.5 x L0
+2-vCPU development VM (bench/HISTORY.md, 2026-11-27, ResNet-50): at an SLO of 1.5 x L0
 1.41 -> 9.17 requests/s, at 2 x 12.26 -> 15.48, at 3 x 19.5 -> 23.4 (two 1-thread
 replicas) and 16.9 -> 22.1 (one 2-thread instance). At 3 x the served compute after idle
 was hardly slower (under 1.1 x): the gain came from warm compute and the wake-ups of the

@@ -164,7 +164,7 @@ def test_one_slow_request_does_not_move_the_correction() -> None:
 
 
 def test_below_capacity_only_a_likely_late_request_is_refused() -> None:
-    # ResNet-50's one 2-thread instance (bench/README.md): 4 ahead, estimate 227 ms
+    # ResNet-50's one 2-thread instance (bench/HISTORY.md): 4 ahead, estimate 227 ms
     # against 226 ms left. At the median estimate (lenience 1) it is refused; with the
     # ratios' 10 % quantile at 0.9 of their median it is admitted (0.9 x 227 = 204)
     base = dict(slo_ms=226.0, ahead=4, service_ms=41.0, interval_ms=46.5)
@@ -202,7 +202,7 @@ def test_route_lenience_is_a_low_quantile_below_capacity_and_1_in_overload() -> 
 
 
 def test_in_overload_admission_judges_on_the_drain_time_estimate() -> None:
-    # ResNet-50 K = 3 (bench/README.md, overload.py): units of 3, 4 and 71 ms, one instance
+    # ResNet-50 K = 3 (bench/HISTORY.md, overload.py): units of 3, 4 and 71 ms, one instance
     # each; 2 admitted ahead, the most recent due in 130 ms; 205 ms left of the timeout.
     # Tracked: max(S, 130 + 71) = 201 ms, admitted. Drain time: 78 + 2 x 71 = 220, refused.
     base = dict(

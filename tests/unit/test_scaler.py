@@ -736,7 +736,7 @@ def test_scale_down_gives_cores_back_when_the_load_falls() -> None:
 
 
 def vgg_like(fc_instances: int) -> list[UnitState]:
-    """VGG-19 on the quiet host (bench/README.md): the convolution partition at its
+    """VGG-19 on the quiet host (bench/HISTORY.md): the convolution partition at its
     max_instances 2 (135 ms per item), the fully connected one (532 MB of weights read
     per request, ~50 ms) next; 5 req/s offered."""
     conv = unit(0, 135.0, {"cpu": 2}, service_ms=135.0, arrival_rate=5.0, max_instances=2)
@@ -749,7 +749,7 @@ def vgg_like(fc_instances: int) -> list[UnitState]:
 
 
 def test_the_weight_heavy_partition_no_longer_flaps() -> None:
-    """The cycle of bench/README.md, on snapshots: every ~25 s a burst violates the SLO
+    """The cycle of bench/HISTORY.md, on snapshots: every ~25 s a burst violates the SLO
     while the conv partition is at max_instances; the fc partition's B_k/S_k 50 passes
     the 0.5 x 67.5 rule, so it used to be scaled out, then scaled in after the hold
     (needed = ceil(5 x 50 ms / 0.6) = 1), and again at the next burst."""
@@ -836,7 +836,7 @@ def test_unknown_physical_cores_keep_the_pinned_rule() -> None:
 
 
 def _replicas(rate: float, p99: float) -> Snapshot:
-    """ResNet-50 at 2 x L0 on 2 cores (bench/README.md, issue 15): 2 single-thread
+    """ResNet-50 at 2 x L0 on 2 cores (bench/HISTORY.md, issue 15): 2 single-thread
     replicas of 80 ms, 4 thread slots (threads_per_core 2), both cores pinned."""
     cpu = EngineOption("cpu", latency_ms=80.0, memory_mb=290.0, cores=1)
     u = unit(0, 80.0, {"cpu": 2}, cpu, service_ms=80.0, arrival_rate=rate)

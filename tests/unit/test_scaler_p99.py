@@ -1,6 +1,6 @@
 """The scaler's P99 guard on scale-in (infscaler.runtime.scaler.p99_response_ms): the
 M/D/c approximation against a simulated queue, and the flapping it stops (PP-OCRv4 det's
-replicas at 3 req/s, bench/README.md, issue 15), on hand-computed snapshots."""
+replicas at 3 req/s, bench/HISTORY.md, issue 15), on hand-computed snapshots."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ needs for several single-model instances sharing a small CPU:
   one operator at a time on the instance's own threads;
 - ``graph_optimization_level = ORT_ENABLE_ALL``;
 - ``session.intra_op.allow_spinning = "0"``: idle intra-op workers sleep instead of
-  spinning. Measured in ``bench/README.md``: with spinning on, the workers of several
+  spinning. Measured in ``bench/HISTORY.md``: with spinning on, the workers of several
   sessions on a 2-core host steal the cores from each other (the chain of partitions took
   1.5-1.8x the whole model instead of 0.96-1.07x);
 - ``cores`` pins the **whole process** with ``os.sched_setaffinity(0, cores)`` before the
