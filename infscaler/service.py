@@ -206,6 +206,8 @@ class Service:
         self.start_timeout_s = start_timeout_s
         self._lock = threading.RLock()
         self._deploy_lock = threading.Lock()
+        #: serialises :meth:`_on_instances_changed` (called from the supervisor's threads)
+        self._availability_lock = threading.Lock()
         self._deployments: dict[str, Deployment] = {}
         self._free_stages = list(range(_FIRST_STAGE, _LAST_STAGE + 1))
         self._core_cursor = 0
@@ -378,20 +380,32 @@ class Service:
 
     def _on_instances_changed(self) -> None:
         """An instance became ready, exited or was restarted: a unit with no live
-        instance makes its pipeline degraded (new requests: fast 503 + Retry-After)."""
-        for dep in self.deployments():
-            why = degraded_reasons(self.supervisor, dep)
-            route = dep.route
-            if why:
-                etas = [
-                    self.supervisor.restart_eta((dep.name, u.index), route.stage_ids[u.index])
-                    for u in dep.pipeline.served_units()
-                ]
-                known = [e for e in etas if e is not None]
-                route.retry_after_s = max(known) if known else 10.0
-                route.unavailable_reason = f"pipeline {dep.name} is degraded: " + "; ".join(why)
-            else:
-                route.unavailable_reason = None
+        instance makes its pipeline degraded (new requests: fast 503 + Retry-After).
+
+        One call at a time: the supervisor calls this from its status thread (an
+        instance reads ready) and from its restart thread (a replacement started), and
+        two calls interleaved lost an update: the restart thread read the replacement
+        still starting (degraded), the status thread then read it ready and cleared the
+        reason, and the restart thread's stale "degraded" was written last, so the
+        pipeline stayed unavailable with every instance ready (a loaded CI run of
+        tests/integration/test_faults.py). Serialised, the later call reads the later
+        state, and its verdict is the one that stays. (The deployments are listed before
+        the lock: it is never held while taking the service's own lock.)"""
+        deps = self.deployments()
+        with self._availability_lock:
+            for dep in deps:
+                why = degraded_reasons(self.supervisor, dep)
+                route = dep.route
+                if why:
+                    etas = [
+                        self.supervisor.restart_eta((dep.name, u.index), route.stage_ids[u.index])
+                        for u in dep.pipeline.served_units()
+                    ]
+                    known = [e for e in etas if e is not None]
+                    route.retry_after_s = max(known) if known else 10.0
+                    route.unavailable_reason = f"pipeline {dep.name} is degraded: " + "; ".join(why)
+                else:
+                    route.unavailable_reason = None
 
     def degraded(self, name: str) -> list[str]:
         """Why pipeline ``name`` is degraded: one line per served unit with no ready
