@@ -103,6 +103,9 @@ class Route:
     _ratios: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=_RATIOS)
     )
+    #: :attr:`_ratios` sorted, kept by :meth:`record_estimate` (once per completed
+    #: request) so that the arrival path reads its quantiles without sorting
+    _ranked: list[float] = field(default_factory=list)
     _fan_in_fn: Any = None
 
     def seed_compute(self, unit_ms: list[float | None]) -> None:
@@ -149,9 +152,9 @@ class Route:
     def ratio_quantile(self, q: float) -> float | None:
         """The ``q`` quantile (nearest rank, in [0, 1]) of the last latency / estimate
         ratios (:meth:`record_estimate`); None while fewer than 10 are known."""
-        if len(self._ratios) < 10:
+        ranked = self._ranked
+        if len(ranked) < 10:
             return None
-        ranked = sorted(self._ratios)
         return ranked[min(len(ranked) - 1, int(q * (len(ranked) - 1) + 0.5))]
 
     def units(self, overloaded: bool = False) -> tuple[tuple[float, int], ...] | None:
@@ -210,11 +213,11 @@ class Route:
         lenient estimate would admit requests that then expire half computed
         (``bench/overload.py``). ``overloaded``: :meth:`overloaded` when the caller has
         it (None: computed)."""
-        if len(self._ratios) < 10 or self.unit_ms is None:
+        if len(self._ranked) < 10 or self.unit_ms is None:
             return 1.0
         if self.overloaded(now) if overloaded is None else overloaded:
             return 1.0
-        low = sorted(self._ratios)[int(LENIENT_QUANTILE * (len(self._ratios) - 1))]
+        low = self._ranked[int(LENIENT_QUANTILE * (len(self._ranked) - 1))]
         # the ratios' median is the correction (record_estimate)
         return max(0.5, min(1.0, low / self.correction)) if self.correction > 0 else 1.0
 
@@ -268,7 +271,8 @@ class Route:
         f = self.correction if factor is None else factor
         ratio = f * latency_ms / estimate_ms  # against the raw estimate
         self._ratios.append(min(_MAX_CORRECTION, max(0.5, ratio)))
-        self.correction = statistics.median(self._ratios)
+        self._ranked = sorted(self._ratios)
+        self.correction = statistics.median(self._ranked)
 
     def record_expiry(
         self, estimate_ms: float | None, elapsed_ms: float, factor: float | None = None
