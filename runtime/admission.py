@@ -264,8 +264,9 @@ def admit_latency(
         overloaded: the offered load is at the pipeline's capacity or past it
             (:meth:`infscaler.runtime.route.Route.overloaded`): judge on the drain-time
             estimate (:func:`drain_ms` with ``units``, else ``S + ahead * interval_ms``)
-            even when ``remaining_ms`` is given. In overload the queue refills at once, so a short queue costs no
-            throughput, while the tracked estimate overshoots: its ``remaining_ms``
+            even when ``remaining_ms`` is given. In overload the queue refills at once,
+            so a short queue costs no throughput, while the tracked estimate
+            overshoots: its ``remaining_ms``
             chain admission's own estimates, which learn nothing from the requests that
             expire or finish early, so it kept the queue at the bound, where half the
             admitted requests expired half computed (ResNet-50 K = 3 at 10x capacity:
