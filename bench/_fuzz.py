@@ -62,7 +62,7 @@ def check_rows(tensors: Any) -> dict[str, np.ndarray]:
     Raises:
         StageInputError: (400) ``x`` has no rows or holds NaN / infinity.
     """
-    from infscaler.runtime.instance import StageInputError
+    from infscaler.runtime.serving.instance import StageInputError
 
     x = np.asarray(tensors["x"], dtype=np.float32)
     if x.shape[0] == 0:

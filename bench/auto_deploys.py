@@ -17,7 +17,7 @@ SLO of 3 x L0 is within the front end's own per-request cost):
 1. **Calibration** (``scaling.calibrate``): L0 = the whole model's median latency, one
    request at a time, 1 intra-op thread, in this process; ideal = usable cores x 1000 /
    L0 (requests/s); SLO = ``--slo-x`` (3) x L0.
-2. **Baselines**, each deployed through the same :class:`~infscaler.service.Service` API
+2. **Baselines**, each deployed through the same :class:`~infscaler.service.service.Service` API
    (one service for both, a fresh state directory): ``one-session``, the whole model
    (K = 1) in one instance with ``threads`` = usable cores; ``replicas``, the whole model
    in ``cores`` single-thread instances. Both carry the SLO (admission, as a user who
@@ -303,7 +303,7 @@ def windows(
 
 def run_model(model: str, st: dict[str, Any]) -> dict[str, Any]:
     """Calibration, the baselines, then ``st["deploys"]`` auto deploys (module docstring)."""
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     wake = sc.service_wake_setting()
     quiet = wait_for_quiet(st["quiet_wait_s"])

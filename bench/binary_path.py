@@ -59,9 +59,9 @@ def measure(svc, sock: str, name: str, x: np.ndarray, out_name: str, n: int) -> 
     """``n`` requests per transport, interleaved; returns per transport P50 etc."""
     import httpx
 
-    from infscaler.client import Client, ShmOutput, ShmTensor
-    from infscaler.protocol import HEADER_LENGTH, decode_infer_response, encode_infer_request
-    from infscaler.sysshm import SharedMemoryRegion
+    from infscaler.api.client import Client, ShmOutput, ShmTensor
+    from infscaler.api.codec import HEADER_LENGTH, decode_infer_response, encode_infer_request
+    from infscaler.api.sysshm import SharedMemoryRegion
 
     out_shape = (1, 1, *x.shape[2:])
     out_bytes = int(np.prod(out_shape)) * 4
@@ -138,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     default_cache_dir()
     from serve_det import det_input
 
+    from infscaler.api.server import ServerThread
     from infscaler.base.config import load_pipeline, pipeline_for_model
     from infscaler.base.models import MODELS
-    from infscaler.server import ServerThread
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     n = args.n or (30 if args.quick else 300)
     x = det_input()

@@ -65,8 +65,8 @@ def _input(svc: Any, name: str) -> dict[str, np.ndarray]:
 
 def phase_kills(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     from infscaler.base.config import load_pipeline
-    from infscaler.runtime.frontend import RequestError
-    from infscaler.service import Service
+    from infscaler.runtime.serving.frontend import RequestError
+    from infscaler.service.service import Service
 
     raw = pipeline_raw(args.model, args.partitions)
     with Service(state_dir=state, control_path=args.control_path, pool_mb=256) as svc:
@@ -229,7 +229,7 @@ _SERVE = textwrap.dedent(
     import json, sys
     import numpy as np
     from infscaler.base.config import load_pipeline
-    from infscaler.service import Service
+    from infscaler.service.service import Service
     svc = Service(state_dir=sys.argv[1], control_path=sys.argv[3], pool_mb=256).start()
     dep = svc.deploy(load_pipeline(json.loads(sys.argv[2])))
     spec = dep.pipeline.inputs[0]
@@ -247,7 +247,7 @@ def _slabs(service_id: str) -> list[Path]:
 
 
 def phase_service_kill(args: argparse.Namespace, state: Path) -> dict[str, Any]:
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     raw = pipeline_raw(args.model, args.partitions)
     proc = subprocess.Popen(

@@ -1,10 +1,10 @@
-"""The fleet planner at scale (``infscaler plan --fleet``; runtime/fleet.py): place 10,000
+"""The fleet planner at scale (``infscaler plan --fleet``; runtime/planning/fleet.py): place 10,000
 streams on a site of 1,000 Jetsons with the fewest nodes; report the time it takes and the
 nodes used against the lower bound.
 
 Pipelines: real bundled models (default ResNet-50, SqueezeNet, ShuffleNet), each served
 whole, their unit profiles measured in-process on this host (cpu engine, one intra-op
-thread: :func:`infscaler.runtime.unitprofile.profile_pipeline`) and used for every device
+thread: :func:`infscaler.runtime.planning.unitprofile.profile_pipeline`) and used for every device
 type: the Jetsons run them on their CPU slots and cores (no GPU / DLA times exist for them
 here, and none are invented). Two SLO classes per model: 3x and 6x its measured mean
 service time (at least 20 ms).
@@ -15,7 +15,7 @@ random, a rate log-normal around 5 requests/s (sigma 0.8, clipped to 0.5..60 /s)
 
 Measured: the capacity curves (the single-device planner, runs counted), the packing time
 at 10 %, 20 %, 50 % and 100 % of the streams (with the nodes scaled alike), the nodes used
-and the lower bound (runtime/fleet.py's module docstring says what it bounds).
+and the lower bound (runtime/planning/fleet.py's module docstring says what it bounds).
 
     .venv/bin/python bench/fleet.py [--quick] [--nodes 1000] [--streams 10000] [--models ...]
 """
@@ -43,9 +43,9 @@ POOL_MB = 512.0
 def measure(models: list[str]) -> dict[str, tuple]:
     from infscaler.base.device import load_profile
     from infscaler.base.models import MODELS
-    from infscaler.cli_client import pipeline_from_arg
-    from infscaler.runtime.pipeline import compile_pipeline
-    from infscaler.runtime.unitprofile import profile_pipeline
+    from infscaler.cli.client import pipeline_from_arg
+    from infscaler.runtime.planning.unitprofile import profile_pipeline
+    from infscaler.runtime.serving.pipeline import compile_pipeline
 
     out = {}
     for m in models:
@@ -60,8 +60,8 @@ def measure(models: list[str]) -> dict[str, tuple]:
 
 def site(n_nodes: int, n_streams: int, keys: list[tuple[str, float]], seed: int):
     from infscaler.base.device import load_profile
-    from infscaler.runtime.fleet import FleetNode, Stream
-    from infscaler.runtime.planner import resource_cap
+    from infscaler.runtime.planning.fleet import FleetNode, Stream
+    from infscaler.runtime.planning.planner import resource_cap
 
     caps = {d: resource_cap(load_profile(d)) for d, _ in MIX}
     nodes = []
@@ -91,7 +91,7 @@ def main() -> None:
     default_cache_dir()
     os.environ.setdefault("INFSCALER_STATE_DIR", "/tmp/isc-cache/state")
     from infscaler.base.device import load_profile
-    from infscaler.runtime.fleet import capacity_curve, place
+    from infscaler.runtime.planning.fleet import capacity_curve, place
 
     env = environment()
     models = args.models.split(",")
@@ -144,7 +144,7 @@ def main() -> None:
             flush=True,
         )
     out = {
-        "what": "fleet placement (runtime/fleet.py) at scale",
+        "what": "fleet placement (runtime/planning/fleet.py) at scale",
         "settings": {
             "nodes": args.nodes,
             "streams": args.streams,

@@ -1,6 +1,6 @@
 """The front end's CPU per request, ms: the figure the planner's search models as a
 single-threaded server that competes with the instances for the cores
-(``infscaler.runtime.planner.FRONTEND_MS``, ``infscaler plan --frontend-ms``).
+(``infscaler.runtime.planning.planner.FRONTEND_MS``, ``infscaler plan --frontend-ms``).
 
 A service in this process (the front end: HTTP server, admission, token handover,
 reply) serves a one-stage function pipeline that returns its input's first element (its
@@ -31,7 +31,7 @@ from _common import RESULTS_DIR, default_cache_dir, environment, write_json  # n
 CLIENT = """
 import sys, time
 import numpy as np
-from infscaler.client import Client
+from infscaler.api.client import Client
 sock, n, shape = sys.argv[1], int(sys.argv[2]), [int(v) for v in sys.argv[3].split("x")]
 x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
 with Client(sock) as c:
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", default="1x3x224x224", help="input shape (FP32)")
     args = ap.parse_args(argv)
     default_cache_dir()
+    from infscaler.api.server import ServerThread
     from infscaler.base.config import load_pipeline
-    from infscaler.server import ServerThread
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     n = args.n or (200 if args.quick else 2000)
     shape = [int(v) for v in args.shape.split("x")]

@@ -61,7 +61,7 @@ def main() -> int:
     from infscaler.base.config import load_pipeline
     from infscaler.base.models import cache_dir
     from infscaler.base.samples import render_text_image
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     raw = yaml.safe_load((Path(infscaler.__file__).parent / "pipelines" / "ocr.yaml").read_text())
     apart = {**raw, "name": "ocr_apart", "fuse": False}

@@ -60,9 +60,9 @@ def _rss(pids: list[int]) -> float:
 
 
 def run(count: int, seed: int, valid_every: int) -> dict:
+    from infscaler.api.server import HttpLimits, ServerThread
     from infscaler.base.config import load_pipeline
-    from infscaler.server import HttpLimits, ServerThread
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     tmp = Path(tempfile.mkdtemp(prefix="isc-fuzz-"))
     old = os.environ.get("PYTHONPATH", "")

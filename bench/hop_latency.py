@@ -1,12 +1,12 @@
 """What one hop costs in the served runtime (issue 15: the planner's model of a hop).
 
 The planner's search scores a configuration with the simulator, where a token handed
-from one unit to the next takes :data:`infscaler.runtime.planner.HANDOVER_MS` and a
+from one unit to the next takes :data:`infscaler.runtime.planning.planner.HANDOVER_MS` and a
 partition boundary adds T_p (``profiler.measure_boundary_overhead``: a numpy copy of the
 crossing tensor + one ``session.run`` of an Identity model, in one process) to the
 partition's estimated time. This script measures what a hop costs when the partitions
 run as instances of the service: one request at a time (nothing queues), each request's
-trace (:class:`~infscaler.runtime.route.Result`: per unit the instance's compute start
+trace (:class:`~infscaler.runtime.serving.route.Result`: per unit the instance's compute start
 and end, ``time.monotonic_ns``) splits its latency into
 
 - ``head_ms``: ``Service.submit`` -> the first unit's compute starts (the front end
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     default_cache_dir()
     from infscaler.partitioner import profiler
-    from infscaler.runtime import planner
-    from infscaler.service import Service
+    from infscaler.runtime.planning import planner
+    from infscaler.service.service import Service
 
     env = environment()
     quiet = wait_for_quiet(120.0)

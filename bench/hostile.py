@@ -2,7 +2,7 @@
 
 Runs ``infscaler serve`` as root (small quotas, the ``chain`` test pipeline) and attacks
 it from forked children that drop to uid 65534 in the socket's group (the clients of
-``tests/integration/test_hostile.py``). Needs root and a checkout (it imports the test
+``tests/integration/api/test_hostile.py``). Needs root and a checkout (it imports the test
 clients). For each class: the attack, then a valid request from another user (uid
 65533) must succeed, the service's pid must be unchanged, and its RSS and fd count are
 recorded before and after.
@@ -47,8 +47,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import environment, now_utc, write_json  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
 from tests.integration.test_hostile import (  # noqa: E402
     BINARY,
     QUOTAS,
@@ -60,6 +58,9 @@ from tests.integration.test_hostile import (  # noqa: E402
     _shrink_race,
 )
 from tests.integration.test_security import CHAIN, GROUP, OTHER_UID, as_user, call  # noqa: E402
+
+from bench._common import environment, now_utc, write_json  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 INFER = {

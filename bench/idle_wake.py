@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("choose a model, not a pipeline case")
     default_cache_dir()
     from infscaler.partitioner import profiler
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     threads = sorted({int(t) for t in args.threads.split(",")})
     gaps = tuple(float(g) for g in args.gaps.split(","))

@@ -2,13 +2,13 @@
 
 Two measurements, both ways (``spawned``: each instance a fresh interpreter, the way before
 the zygote, forced with ``INFSCALER_ZYGOTE=0`` / ``Supervisor.start(spawn=True)``;
-``forked``: from the zygote, :mod:`infscaler.runtime.zygote`), in one run:
+``forked``: from the zygote, :mod:`infscaler.runtime.processes.zygote`), in one run:
 
 (a) **Idle instance overhead**: a service serving a one-operator model (Relu on FP32
     [1, 4], built with ``onnx.helper``) with ``--instances`` instances, one request
     answered, then idle 2 s; each instance's PSS (and USS, RSS) read with psutil
     (``memory_full_info``: ``/proc/PID/smaps_rollup``), MB. PSS is the runtime's memory
-    figure (:mod:`infscaler.runtime.monitor` says why); with several instances the pages
+    figure (:mod:`infscaler.runtime.scaling.monitor` says why); with several instances the pages
     they share copy-on-write with the zygote are split among them. Each way runs in its
     own service, one after the other (a spawned instance would otherwise share pages with
     the zygote's). The zygote's own PSS is reported apart (a fixed cost per service).
@@ -66,7 +66,7 @@ def relu_model(path: Path) -> Path:
 
 
 def _mem(pid: int) -> dict[str, float]:
-    from infscaler.runtime.telemetry import process_memory
+    from infscaler.runtime.scaling.telemetry import process_memory
 
     m = process_memory(pid)
     return {"pss_mb": m.pss_mb or 0.0, "uss_mb": m.uss_mb, "rss_mb": m.rss_mb}
@@ -84,7 +84,7 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
 def idle_memory(way: str, n: int, work: Path) -> dict[str, Any]:
     """(a) for one way: a fresh service, ``n`` instances of the Relu model, idle."""
     from infscaler.base.config import load_pipeline
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     os.environ["INFSCALER_ZYGOTE"] = "0" if way == "spawned" else "1"
     state = work / f"mem-{way}"
@@ -119,8 +119,8 @@ def startup_times(starts: int, work: Path) -> dict[str, Any]:
     0 per way, interleaved."""
     from infscaler.base.config import load_pipeline, pipeline_for_model
     from infscaler.base.models import MODELS
-    from infscaler.runtime.zygote import ForkedProcess
-    from infscaler.service import Service
+    from infscaler.runtime.processes.zygote import ForkedProcess
+    from infscaler.service.service import Service
 
     os.environ["INFSCALER_ZYGOTE"] = "1"
     cfg = pipeline_for_model(

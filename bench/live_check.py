@@ -2,7 +2,7 @@
 configuration is corrected under steady load, and every request is answered.
 
 The planner ranks configurations on figures measured once, at deploy; the service's
-live check (``runtime/livecheck.py``, applied by the autoscaler) compares what the
+live check (``runtime/planning/livecheck.py``, applied by the autoscaler) compares what the
 deployed configuration serves with what was predicted for it and for the runner-up, and
 switches make-before-break when it falls short. This script makes it fall short on
 purpose and measures the correction:
@@ -11,7 +11,7 @@ purpose and measures the correction:
    ideal = usable cores x 1000 / L0; SLO = ``--slo-x`` (3) x L0.
 2. **Deploy** the model with only ``slo`` and ``autoscale: {}`` (``scaling.auto_pipeline``)
    with the test hook ``INFSCALER_TEST_START_WITH=worst``
-   (``runtime/autoplan.py``): the search runs as usual, then the candidate with the
+   (``runtime/planning/autoplan.py``): the search runs as usual, then the candidate with the
    least predicted instance capacity is deployed in place of its choice, with the
    choice's prediction (a planner that mispredicted it by that much), and the choice as
    the runner-up.
@@ -64,8 +64,8 @@ from _common import (  # noqa: E402
 
 def run(model: str, slo_x: float, load: float, duration_s: float) -> dict[str, Any]:
     """One run (see the module docstring); returns the JSON-able result."""
-    from infscaler.runtime.autoplan import START_WITH_ENV
-    from infscaler.service import Service
+    from infscaler.runtime.planning.autoplan import START_WITH_ENV
+    from infscaler.service.service import Service
 
     feeds = sc.model_inputs(model)
     cal = sc.calibrate(model, feeds, 30)

@@ -5,15 +5,15 @@ Per model: SLO = ``--slo`` x L0, default 2 (L0: unloaded latency of the whole mo
 arrival processes at the same mean rate (``--load`` x the host's ideal rate, ideal =
 usable cores x 1000 / L0):
 
-- ``azure``: the Azure Functions 2019 trace (shipped with the package in ``runtime/traces/``, see its README.md),
+- ``azure``: the Azure Functions 2019 trace (shipped with the package in ``runtime/planning/traces/``, see its README.md),
   the busiest function (63 % of the trace's invocations), trace minutes
   ``TRACE_START_MIN`` .. +``TRACE_MINUTES`` (a dip to 880 / min followed by a surge to
   4631 / min: scale-in, then scale-out), each minute's requests spread uniformly inside
-  the minute (:func:`infscaler.runtime.arrivals.azure_functions`), **time-compressed**
+  the minute (:func:`infscaler.runtime.planning.arrivals.azure_functions`), **time-compressed**
   ``TIME_COMPRESSION`` x (a trace minute lasts 15 s) and scaled so the replay's mean rate
   is the target (the factor is recorded);
 - ``gamma-cv1`` / ``gamma-cv4``: gamma inter-arrival times with CV^2 = 1 (Poisson) and 4
-  (bursty) (:func:`infscaler.runtime.arrivals.gamma`).
+  (bursty) (:func:`infscaler.runtime.planning.arrivals.gamma`).
 
 Configurations, both autoscaled by the same scaler from one instance per unit, no cap
 (this host's ``cpu-host`` profile), requests in-process (``Service.submit``: shared-memory
@@ -22,7 +22,7 @@ pool and tokens, as ``replication-shm`` in ``scaling.py``):
 - ``infscaler``: the Eq. 1 plan with K partitions (K as in ``scaling.py``);
 - ``auto``: the runtime's own choice (``scaling.auto_pipeline``): the model or pipeline
   with only ``slo`` and ``autoscale``, K, cuts, threads and instances decided at deploy
-  by the planner (:mod:`infscaler.runtime.autoplan`), as ``infscaler serve --slo
+  by the planner (:mod:`infscaler.runtime.planning.autoplan`), as ``infscaler serve --slo
   --autoscale`` does;
 - ``replication``: the whole model (K = 1), single-thread replicas.
 
@@ -102,7 +102,7 @@ SLO_X = 2.0
 def azure_arrivals(rate: float, duration_s: float, seed: int) -> tuple[np.ndarray, dict]:
     """The busiest function's window, compressed and scaled to a mean of ``rate``/s over
     ``duration_s`` (at most TRACE_MINUTES x 60 / TIME_COMPRESSION s)."""
-    from infscaler.runtime.arrivals import azure_functions
+    from infscaler.runtime.planning.arrivals import azure_functions
 
     minutes = min(TRACE_MINUTES, int(np.ceil(duration_s * TIME_COMPRESSION / 60.0)))
     raw = azure_functions(function="busiest", start_min=TRACE_START_MIN, minutes=minutes, seed=seed)
@@ -127,7 +127,7 @@ def azure_arrivals(rate: float, duration_s: float, seed: int) -> tuple[np.ndarra
 
 
 def arrivals_for(kind: str, rate: float, duration_s: float, seed: int) -> tuple[np.ndarray, dict]:
-    from infscaler.runtime.arrivals import cv2_of, gamma
+    from infscaler.runtime.planning.arrivals import cv2_of, gamma
 
     if kind == "azure":
         a, info = azure_arrivals(rate, duration_s, seed)
@@ -148,7 +148,7 @@ def replay(
 ) -> dict[str, Any]:
     """Send ``arrivals`` (s from now) open loop; sample memory every 0.5 s until the last
     request is answered."""
-    from infscaler.runtime.monitor import Monitor
+    from infscaler.runtime.scaling.monitor import Monitor
 
     sender = InProcess(svc, dep.name, feeds)
     rec = Recorder()
@@ -223,7 +223,7 @@ def run_model(
     slo_x: float = SLO_X,
     configs: tuple[str, ...] = CONFIGS,
 ) -> dict:
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     st = MODEL_SETTINGS[model]
     k = st["k"]

@@ -15,7 +15,7 @@ text), the same 2 cores.
   issue's targets are against the default API (the first baseline); both are reported.
 - **InfScaler**: ``infscaler serve ocr`` started as a subprocess (its default
   configuration: what ``ocr.yaml`` says), driven over its Unix socket with binary
-  tensor data, one :class:`infscaler.client.Client` per client thread. Images go as RGB
+  tensor data, one :class:`infscaler.api.client.Client` per client thread. Images go as RGB
   (the pipeline's input).
 
 Load: closed loop, C client threads in this script (each sends its next image when the
@@ -141,7 +141,7 @@ class ServedSide:
     name = "InfScaler ocr"
 
     def __init__(self, tmp: Path, extra: list[str], pipeline: str = "ocr") -> None:
-        from infscaler.client import Client
+        from infscaler.api.client import Client
 
         self.sock = tmp / "isc.sock"
         self.log = open(tmp / "serve.log", "wb")  # noqa: SIM115 - closed in close()
@@ -174,7 +174,7 @@ class ServedSide:
             return []
 
     def infer(self, rgb: np.ndarray) -> list[str]:
-        from infscaler.client import Client
+        from infscaler.api.client import Client
 
         c = getattr(self._local, "client", None)
         if c is None:
@@ -197,7 +197,7 @@ class ServedSide:
 def pss_mb(pids: list[int]) -> float:
     """Summed PSS of ``pids``, MB (the runtime's own reading; a process that exited
     meanwhile counts 0)."""
-    from infscaler.runtime.telemetry import ProcessMemoryError, process_memory
+    from infscaler.runtime.scaling.telemetry import ProcessMemoryError, process_memory
 
     total = 0.0
     for pid in pids:

@@ -153,7 +153,7 @@ class Service:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
 
     def wait_ready(self, timeout_s: float) -> None:
-        from infscaler.client import Client
+        from infscaler.api.client import Client
 
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
@@ -347,7 +347,7 @@ def run_mode(
     tmp: Path,
     capacity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    from infscaler.protocol import encode_infer_request
+    from infscaler.api.codec import encode_infer_request
 
     sock = str(tmp / f"{name}.sock")
     svc = Service(target, serve_args, sock, tmp / f"{name}.log")

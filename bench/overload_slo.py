@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.duration_s, a.bisect_steps, a.bisect_requests, a.calibrate = 6.0, 3, 60, 16
     default_cache_dir()
-    from infscaler.protocol import encode_infer_request
+    from infscaler.api.codec import encode_infer_request
 
     quiet = wait_for_quiet(a.quiet_wait_s)
     feeds = sc.model_inputs(a.model)

@@ -3,9 +3,9 @@ error against measured runs is reported").
 
 Model: ResNet-50 (the onnx wheel's architecture, seeded random weights), partitioned by
 Eq. 1 into K = 2 operator groups at deploy. Each unit is profiled in-process
-(:func:`infscaler.runtime.unitprofile.profile_pipeline`: onnxruntime CPU, 1 thread, the
+(:func:`infscaler.runtime.planning.unitprofile.profile_pipeline`: onnxruntime CPU, 1 thread, the
 empirical per-call times), then for each configuration (instances per unit) and offered
-rate the planner's simulator (:func:`infscaler.runtime.planner.predict`) predicts P50,
+rate the planner's simulator (:func:`infscaler.runtime.planning.planner.predict`) predicts P50,
 P99 and throughput for a Poisson arrival sequence, and the service serves the SAME
 arrival times open-loop (one submitter thread sleeping until each arrival; in-process
 ``Service.submit``, no HTTP) with the same instances. Error = (predicted - measured) /
@@ -106,12 +106,12 @@ def main() -> int:
     default_cache_dir()
     from infscaler.base.config import pipeline_for_model
     from infscaler.base.models import resolve_model
-    from infscaler.runtime.arrivals import poisson
-    from infscaler.runtime.pipeline import compile_pipeline
-    from infscaler.runtime.planner import predict
-    from infscaler.runtime.simulator import UnitConfig
-    from infscaler.runtime.unitprofile import profile_pipeline
-    from infscaler.service import Service
+    from infscaler.runtime.planning.arrivals import poisson
+    from infscaler.runtime.planning.planner import predict
+    from infscaler.runtime.planning.simulator import UnitConfig
+    from infscaler.runtime.planning.unitprofile import profile_pipeline
+    from infscaler.runtime.serving.pipeline import compile_pipeline
+    from infscaler.service.service import Service
 
     env = environment()
     quiet = wait_for_quiet(120.0)

@@ -5,7 +5,7 @@ Per model (ResNet-50; VGG-19 too without --quick) and P99 SLO (a factor of the m
 own 1-thread latency L0, as bench/scaling.py):
 
 1. measure the model stage and run the search with measured partitions
-   (:func:`infscaler.runtime.stageprofile.search_measured`; no rate: candidates are
+   (:func:`infscaler.runtime.planning.stageprofile.search_measured`; no rate: candidates are
    scored by their max rate whose simulated P99 <= SLO);
 2. take the winner, the best replication (K = 1, t = 1), the best one session
    (K = 1, one instance, all cores) and the best Eq. 1 plan with K > 1 (each the
@@ -120,10 +120,10 @@ def main() -> int:
     from infscaler.base.device import load_profile
     from infscaler.base.models import MODELS, resolve_model
     from infscaler.partitioner.profiler import usable_cores
-    from infscaler.runtime.arrivals import poisson
-    from infscaler.runtime.planner import ModelStage, cpu_cores, predict, resource_cap
-    from infscaler.runtime.stageprofile import measure_model_stage, search_measured
-    from infscaler.service import Service
+    from infscaler.runtime.planning.arrivals import poisson
+    from infscaler.runtime.planning.planner import ModelStage, cpu_cores, predict, resource_cap
+    from infscaler.runtime.planning.stageprofile import measure_model_stage, search_measured
+    from infscaler.service.service import Service
 
     env = environment()
     quiet = wait_for_quiet(60.0 if args.quick else 120.0)

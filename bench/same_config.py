@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model in sc.PIPELINE_CASES:
         ap.error("a pipeline case has no whole-model hand twin here; choose a model")
     default_cache_dir()
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     env = environment()
     quiet = wait_for_quiet(120.0)

@@ -17,7 +17,7 @@ ddddocr detector -> recogniser pipeline, see "Pipeline cases" below):
    SLO with no failed request, found by a short bisection.
 
 Configurations (same host, same harness, every one deployed on the same
-:class:`~infscaler.service.Service` and driven through its API; issue 15):
+:class:`~infscaler.service.service.Service` and driven through its API; issue 15):
 
 - ``auto``: the runtime's own choice: the model (a pipeline case: its YAML with nothing
   named on the model stages) deployed with only the pipeline's ``slo`` and ``autoscale``,
@@ -267,14 +267,14 @@ AUTOSCALE = {
 
 def set_service_wake(option: str | None) -> None:
     """``--cpu-wake-latency-us``: the wake-up setting of every service this run makes
-    (``auto``, ``none`` or µs, :func:`infscaler.cli_service.wake_option`); None keeps the
+    (``auto``, ``none`` or µs, :func:`infscaler.cli.service.wake_option`); None keeps the
     Service's default.
 
     Raises:
         InfScalerError: an option the CLI would refuse.
     """
     if option is not None:
-        from infscaler.cli_service import wake_option
+        from infscaler.cli.service import wake_option
 
         SERVICE_OPTIONS["cpu_wake_latency_us"] = wake_option(option)
 
@@ -284,7 +284,7 @@ def service_wake_setting() -> Any:
     Service constructor's default (what a user who names none gets)."""
     import inspect
 
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     default = inspect.signature(Service).parameters["cpu_wake_latency_us"].default
     return SERVICE_OPTIONS.get("cpu_wake_latency_us", default)
@@ -309,8 +309,8 @@ def model_inputs(model: str) -> dict[str, np.ndarray]:
         return {
             "x": np.ascontiguousarray(det_preprocess({"image": skdata.astronaut()})["det_input"])
         }
-    from infscaler.base.engines.onnxrt import load_session
     from infscaler.base.models import resolve_model
+    from infscaler.engines.onnxrt import load_session
 
     s = load_session(resolve_model(model), threads=None, spinning=None)
     rng = np.random.default_rng(0)
@@ -327,7 +327,7 @@ class WholePipeline:
     are cached per process and thread count)."""
 
     def __init__(self, model: str, threads: int) -> None:
-        from infscaler.runtime.pipeline import load_function
+        from infscaler.runtime.serving.pipeline import load_function
 
         self.fn = load_function(PIPELINE_CASES[model]["whole"])
         self.threads = threads
@@ -339,8 +339,8 @@ class WholePipeline:
 def session(model: str, threads: int) -> Any:
     if model in PIPELINE_CASES:
         return WholePipeline(model, threads)
-    from infscaler.base.engines.onnxrt import load_session
     from infscaler.base.models import resolve_model
+    from infscaler.engines.onnxrt import load_session
 
     # the cpu engine's session options (sequential, no spinning), ``threads`` threads
     return load_session(resolve_model(model), threads=threads)
@@ -459,7 +459,7 @@ def instances_of(svc: Any, dep: Any) -> list[int]:
 
 def wait_pss(svc: Any, dep: Any, timeout_s: float = 10.0) -> list[list[float]]:
     """PSS MB of every instance of ``dep`` per unit, once all have reported (the
-    runtime's one memory figure: :mod:`infscaler.runtime.monitor`)."""
+    runtime's one memory figure: :mod:`infscaler.runtime.scaling.monitor`)."""
     t0 = time.monotonic()
     while True:
         st = svc.pipeline_status(dep)
@@ -475,7 +475,7 @@ def measure_memory(
     """Deploy the whole model and the K-partition plan once each (no autoscale), run a few
     requests (8 at once, then one at a time), and read each instance's PSS and the pool's
     mapped MB."""
-    from infscaler.runtime.monitor import Monitor
+    from infscaler.runtime.scaling.monitor import Monitor
 
     out: dict[str, Any] = {}
     for label, kk, threads in (("whole", 1, 1), ("whole_all_cores", 1, cores), ("plan", k, 1)):
@@ -678,7 +678,7 @@ class Http(Workers):
     kind = "HTTP over the Unix socket, binary tensor data"
 
     def __init__(self, sock: str, name: str, feeds: dict[str, np.ndarray], clients: int) -> None:
-        from infscaler.client import Client
+        from infscaler.api.client import Client
 
         self._clients: list[Any] = []
 
@@ -724,7 +724,7 @@ def step(
     statistics; ``passed`` = the P99 of every request of the measured window <= SLO, a
     failed (refused at arrival) or unanswered one counted as later than any (``p99_ms``
     is over the answered ones only); ``config`` = the deployment's units over the window (:func:`config_snapshot`)."""
-    from infscaler.runtime.monitor import Monitor
+    from infscaler.runtime.scaling.monitor import Monitor
 
     gaps = arrival_gaps(rate, seed)
     rec = Recorder()
@@ -985,7 +985,7 @@ def config_snapshot(svc: Any, dep: Any, window_s: float) -> list[dict[str, Any]]
     """The deployment's units over the last ``window_s`` s (the service's monitor): per
     unit its name, kind, engine, threads, live instances (the front end's fan-in: 1),
     service time per item (``service_ms``: compute p50, ms) and items per request."""
-    from infscaler.runtime.monitor import Monitor
+    from infscaler.runtime.scaling.monitor import Monitor
 
     mon = Monitor(svc)
     m = mon.pipeline(dep, max(1.0, window_s))
@@ -1137,22 +1137,25 @@ def predicted_goodput(
     procedure: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The planner's prediction of throughput at SLO for the configuration the cell
-    measured: the units profiled in-process (:func:`infscaler.runtime.unitprofile.
+    measured: the units profiled in-process (:func:`infscaler.runtime.planning.unitprofile.
     profile_pipeline` on the request's inputs), then a bisection on the Poisson rate in
-    (0, ``hi``) with :func:`infscaler.runtime.planner.predict` (the discrete-event
+    (0, ``hi``) with :func:`infscaler.runtime.planning.planner.predict` (the discrete-event
     simulator, ``cpu_cores`` = the host's cores) for the largest rate whose simulated P99
     <= SLO with nothing refused, as the measured bisection asks of the service.
 
     Returns ``{"predicted_rps", ...}``; ``predicted_rps`` None with ``note`` when the
     planner has no ``predict`` or it failed."""
     try:
-        from infscaler.runtime import planner
-        from infscaler.runtime.simulator import UnitConfig
-        from infscaler.runtime.unitprofile import profile_pipeline
+        from infscaler.runtime.planning import planner
+        from infscaler.runtime.planning.simulator import UnitConfig
+        from infscaler.runtime.planning.unitprofile import profile_pipeline
     except ImportError as exc:
         return {"predicted_rps": None, "note": f"no planner: {exc}"}
     if not hasattr(planner, "predict"):
-        return {"predicted_rps": None, "note": "infscaler.runtime.planner has no predict()"}
+        return {
+            "predicted_rps": None,
+            "note": "infscaler.runtime.planning.planner has no predict()",
+        }
     try:
         by_name = {u["unit"]: u for u in config}
         # profile each model unit at the intra-op threads its instances ran (the thread
@@ -1325,8 +1328,8 @@ def run_model(
     suffix to the configurations run that way too), the confirmation of a cell where
     auto fell below 0.95 x the best baseline (:func:`needs_confirmation`; ``confirm``),
     then the cell's comparison (:func:`cell_summary`)."""
-    from infscaler.server import ServerThread
-    from infscaler.service import Service
+    from infscaler.api.server import ServerThread
+    from infscaler.service.service import Service
 
     variants = variants or {}
     st = dict(MODEL_SETTINGS[model])
@@ -1456,7 +1459,7 @@ def run_cell(
     confirm_rate: float | None = None,
 ) -> dict[str, Any]:
     """One configuration at one SLO: deploy it through the service (every configuration
-    is served by the same :class:`~infscaler.service.Service`), bisect the offered rate
+    is served by the same :class:`~infscaler.service.service.Service`), bisect the offered rate
     (deployed again before each step unless ``carry_state``), undeploy. For ``auto`` (and ``eq1``) also the M/D/c ceiling of the configuration the
     best step ran, the planner's prediction for it and the plan's FLOPs shares.
     With ``confirm_rate``: one step at that rate instead of the bisection (the
@@ -1963,7 +1966,7 @@ def saturation(
     bottleneck instance (fits the cap) vs one replica with all cores (fits the cap) vs one
     single-thread replica per core (needs no cap) vs one session with all cores."""
     from infscaler.base.config import load_pipeline
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     cores = len(os.sched_getaffinity(0))
     inst = [1] * k

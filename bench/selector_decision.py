@@ -19,7 +19,7 @@ INFaaS reports 2.2 ms for its getVariant with Redis lookups, §6.4).
 3. **Scaling with catalog size**: the same over synthetic catalogs of 20, 100, 1000
    variants (hand-made profiles, one task).
 4. **Through the router on a live service** (``--no-service`` skips it): a started
-   :class:`infscaler.service.Service` with two recogniser variants deployed; each
+   :class:`infscaler.service.service.Service` with two recogniser variants deployed; each
    decision is :meth:`infscaler.modelless.tasks.TaskRouter.select`: the state of the task's
    variants read from the service (ready instances, pending, arrival rate, measured
    service time: the monitor part) plus Algorithm 1.
@@ -163,7 +163,7 @@ def synthetic_catalog(n: int, rng: random.Random):
 def time_router(reg, n: int, log) -> dict:
     """TaskRouter.select on a live service with two recogniser variants deployed."""
     from infscaler.modelless.tasks import TaskRouter
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     with tempfile.TemporaryDirectory(prefix="isc-sel-") as tmp:
         svc = Service(state_dir=tmp, control_path="userspace", pool_mb=64).start()

@@ -25,7 +25,7 @@ measurement: this shared VM drifts by up to 30 % over minutes.
 
 Load: closed loop, C clients each sending its next request when the previous one is
 answered (C = 1: latency; C = 4: throughput), over the API with a fresh
-:class:`infscaler.client.Client` per client thread. The baseline session is driven the
+:class:`infscaler.api.client.Client` per client thread. The baseline session is driven the
 same way in-process (C = 1; one session serialises its runs). Per configuration: a
 warm-up, then N requests (or a time budget); throughput = answered / wall seconds,
 latency P50 / P99. Every served output is checked against the baseline session's output
@@ -83,8 +83,8 @@ class Baseline:
     """One onnxruntime session on the whole model in this process, every usable core."""
 
     def __init__(self, x: np.ndarray) -> None:
-        from infscaler.base.engines.onnxrt import load_session
         from infscaler.base.models import resolve_model
+        from infscaler.engines.onnxrt import load_session
 
         # the cpu engine's session options on every usable core (no spinning)
         self.sess = load_session(resolve_model("ppocrv4-det"), threads=len(os.sched_getaffinity(0)))
@@ -112,7 +112,7 @@ class Baseline:
 def drive(
     sock: str, name: str, x: np.ndarray, clients: int, n: int, budget_s: float, ref: np.ndarray
 ) -> dict:
-    from infscaler.client import Client
+    from infscaler.api.client import Client
 
     lat: list[float] = []
     errors: list[str] = []
@@ -163,8 +163,8 @@ def transports(svc, sock: str, name: str, x: np.ndarray, n: int) -> list[dict]:
     front end directly), over the API with binary tensor data, and over the API with the
     input and output in system shared memory. Splits the served latency into engine,
     token pipeline and HTTP transfer."""
-    from infscaler.client import Client, ShmOutput, ShmTensor
-    from infscaler.sysshm import SharedMemoryRegion
+    from infscaler.api.client import Client, ShmOutput, ShmTensor
+    from infscaler.api.sysshm import SharedMemoryRegion
 
     rows = []
     lat, eng = [], []
@@ -223,10 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         plot(json.loads(args.replot.read_text())["results"], args.replot.with_suffix(".png"))
         return 0
     default_cache_dir()
+    from infscaler.api.server import ServerThread
     from infscaler.base.config import pipeline_for_model
     from infscaler.base.models import MODELS
-    from infscaler.server import ServerThread
-    from infscaler.service import Service
+    from infscaler.service.service import Service
 
     n, budget = (20, 15.0) if args.quick else (60, 40.0)
     trows: list[dict] = []

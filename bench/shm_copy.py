@@ -2,7 +2,7 @@
 mapping.
 
 The service copies a client's tensors in and out of its registered shm object with
-``preadv(2)`` / ``pwrite(2)`` on the object's fd (:mod:`infscaler.sysshm`), never
+``preadv(2)`` / ``pwrite(2)`` on the object's fd (:mod:`infscaler.api.sysshm`), never
 through a mapping, because a client can shrink its object at any moment and a mapped
 page past the new end raises SIGBUS in the whole service. The baseline, run in the same
 script on the same object, is what the service did before: an ``mmap`` of the region,
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import _common  # noqa: E402
-from infscaler.sysshm import SharedMemoryRegion, SystemSharedMemoryRegistry  # noqa: E402
+from infscaler.api.sysshm import SharedMemoryRegion, SystemSharedMemoryRegistry  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 RESULTS = ROOT / "bench" / "results"

@@ -4,7 +4,7 @@ What is real and what is not:
 
 - **Service times are this host's CPU, measured**: every unit (the whole model, and each
   partition of the Eq. 1 plan with the same K as ``scaling.py``) is run in-process with
-  one intra-op thread (:func:`infscaler.runtime.unitprofile.profile_pipeline`) on the
+  one intra-op thread (:func:`infscaler.runtime.planning.unitprofile.profile_pipeline`) on the
   same inputs as ``scaling.py``; the simulator resamples those measured times. They are
   x86 times, not Carmel / Cortex-A78AE times: the profiles contribute their **core count,
   instance slots and memory cap** only.
@@ -17,8 +17,8 @@ What is real and what is not:
 - Handover: 0.05 ms per token hop (eBPF channel, cross-core p50 ~ 30-40 us in
   ``results/handover.json``); instance start-up 2 s.
 
-Experiments per profile and model (the scaler is :func:`infscaler.runtime.scaler.decide`
-through :func:`infscaler.runtime.simulator.simulate` with the ``scaling.py`` autoscale
+Experiments per profile and model (the scaler is :func:`infscaler.runtime.scaling.scaler.decide`
+through :func:`infscaler.runtime.planning.simulator.simulate` with the ``scaling.py`` autoscale
 settings, every unit at most ``cores`` instances):
 
 1. Fig. 5: throughput at SLO = 1.5 / 2 / 3 x L0 (L0 = the measured whole-model mean),
@@ -61,8 +61,8 @@ SIM_S, SIM_WARMUP_S = 180.0, 120.0
 
 def unit_profiles(model: str, k: int, feeds: dict, repeats: int) -> dict[str, Any]:
     """Measured unit profiles of the whole model (K=1) and the K-partition plan."""
-    from infscaler.runtime.pipeline import compile_pipeline
-    from infscaler.runtime.unitprofile import profile_pipeline
+    from infscaler.runtime.planning.unitprofile import profile_pipeline
+    from infscaler.runtime.serving.pipeline import compile_pipeline
 
     out = {}
     for label, kk in (("whole", 1), ("plan", k)):
@@ -88,8 +88,8 @@ def with_max(units: list, n: int) -> list:
 
 
 def sim(units: list, arrivals: np.ndarray, slo_ms: float, cap: Any, warmup_s: float) -> Any:
-    from infscaler.runtime.scaler import ScalerConfig
-    from infscaler.runtime.simulator import Autoscale, simulate
+    from infscaler.runtime.planning.simulator import Autoscale, simulate
+    from infscaler.runtime.scaling.scaler import ScalerConfig
 
     a = AUTOSCALE
     auto = Autoscale(
@@ -121,7 +121,7 @@ def sim(units: list, arrivals: np.ndarray, slo_ms: float, cap: Any, warmup_s: fl
 
 
 def throughput_at_slo(units: list, slo_ms: float, cap: Any, ideal: float, steps: int) -> dict:
-    from infscaler.runtime.arrivals import poisson
+    from infscaler.runtime.planning.arrivals import poisson
 
     lo, hi = 0.0, 1.1 * ideal
     best = None
@@ -148,7 +148,7 @@ def run(model: str, profiles: list[str], steps: int, repeats: int) -> dict[str, 
     from memory_trace import arrivals_for
 
     from infscaler.base.device import load_profile
-    from infscaler.runtime.simulator import cap_from_profile
+    from infscaler.runtime.planning.simulator import cap_from_profile
 
     k = MODEL_SETTINGS[model]["k"]
     feeds = model_inputs(model)

@@ -1,39 +1,41 @@
 """InfScaler-Edge: an edge inference runtime for multi-accelerator SoCs.
 
 Module map. Imports point one way, down this list (a module may use its own layer and
-the layers below it); ``.importlinter`` is the contract and ``tests/integration/test_layers.py``
-checks it on every test run. Design notes: ``shared/DESIGN.md``; the request path, step
+the layers below it); ``.importlinter`` is the contract and
+``tests/integration/test_layers.py`` checks it on every test run. The request path, step
 by step: :mod:`infscaler.runtime`.
 
-**Facade** (what users run and import; ``infscaler/``)
+**Facade** (what users run and import; ``infscaler/``): ``cli -> {api, service}``
 
-- :mod:`~infscaler.cli` -- the ``infscaler`` command: the app and :func:`main`; each
-  command's module is loaded when it runs: :mod:`~infscaler.cli_models` (models, devices,
-  inspect, partition), :mod:`~infscaler.cli_service` (serve, demo),
-  :mod:`~infscaler.cli_client` (deploy, undeploy, infer, status), :mod:`~infscaler.cli_plan`
-  (plan, plan --fleet), :mod:`~infscaler.cli_fleet` (watch-pipelines, probe),
-  :mod:`~infscaler.cli_variants` (variants)
-- :mod:`~infscaler.service` -- :class:`~infscaler.service.Service`: deploys pipelines
-  and wires the runtime (tensor pool, channel, sharing manager, front end, supervisor,
-  auto-scaler); :mod:`~infscaler.service_status` -- its status and statistics (what
-  ``/v2/infscaler/status`` and ``infscaler status`` show)
-- :mod:`~infscaler.server` (app, middlewares, socket; routes in ``server_routes``,
-  ``server_repo``, HTTP limits in ``server_http``, shared keys in ``server_common``) /
-  :mod:`~infscaler.protocol` (codec; ``protocol_json``, ``protocol_tensors``) -- the KServe
-  v2 / Triton HTTP API on the Unix socket; :mod:`~infscaler.client` -- its Python client;
-  :mod:`~infscaler.sysshm` -- Triton system shared memory; :mod:`~infscaler.metrics` --
-  Prometheus metrics
-- :mod:`~infscaler.systemd`, :mod:`~infscaler.watcher`, :mod:`~infscaler.fleetfile` --
-  sd_notify, the pipeline-directory watcher, fleet files (Kubernetes)
+- :mod:`infscaler.cli` -- the ``infscaler`` command: the app and :func:`main`; each
+  command's module is loaded when it runs: :mod:`~infscaler.cli.models` (models, devices,
+  inspect, partition), :mod:`~infscaler.cli.service` (serve, demo),
+  :mod:`~infscaler.cli.client` (deploy, undeploy, infer, status), :mod:`~infscaler.cli.plan`
+  (plan, plan --fleet), :mod:`~infscaler.cli.fleet` (watch-pipelines, probe),
+  :mod:`~infscaler.cli.variants` (variants); :mod:`~infscaler.cli.watcher` (the
+  pipeline-directory watcher) and :mod:`~infscaler.cli.fleetfile` (fleet files)
+- :mod:`infscaler.api` -- the KServe v2 / Triton HTTP API on the Unix socket:
+  :mod:`~infscaler.api.server` (app, middlewares, socket; routes in
+  :mod:`~infscaler.api.routes` and :mod:`~infscaler.api.repo`, HTTP limits in
+  :mod:`~infscaler.api.http`, shared keys in :mod:`~infscaler.api.common`), the codec
+  :mod:`~infscaler.api.codec` (with :mod:`~infscaler.api.codec_json` and
+  :mod:`~infscaler.api.codec_tensors`), the Python client :mod:`~infscaler.api.client`,
+  Triton system shared memory :mod:`~infscaler.api.sysshm`, Prometheus metrics
+  :mod:`~infscaler.api.metrics`
+- :mod:`infscaler.service` -- :class:`~infscaler.service.service.Service`: deploys
+  pipelines and wires the runtime (tensor pool, channel, sharing manager, front end,
+  supervisor, auto-scaler); :mod:`~infscaler.service.status` (what
+  ``/v2/infscaler/status`` and ``infscaler status`` show); :mod:`~infscaler.service.systemd`
+  (sd_notify)
 - :mod:`infscaler.pipelines` -- the bundled sample pipelines (``ocr``, ``dddd``): YAML
   and the function stages they name
 
 **Model-less serving** (:mod:`infscaler.modelless`, INFaaS): a task query -> a variant
 (task router, selector, variant registry and its registration).
 
-**Runtime** (:mod:`infscaler.runtime`, ``runtime/``): pipeline compiler, instance
-processes and their zygote, supervisor, front end and admission, scaler (Algorithm 1),
-monitor, auto-scaler, planner and simulator, unit profiles.
+**Runtime** (:mod:`infscaler.runtime`, ``runtime/``): ``serving/`` (the request path),
+``processes/`` (supervisor, zygote), ``scaling/`` (monitor, scaler -- Algorithm 1 --,
+auto-scaler), ``planning/`` (planner, simulator, deploy-time planning, profiles).
 
 **Below the runtime**
 
@@ -45,15 +47,16 @@ monitor, auto-scaler, planner and simulator, unit profiles.
   partitioning (InfScaler §IV-A, Eq. 1); uses neither shm nor ebpf
 - :mod:`infscaler.ebpf` (``ebpf/``) -- the control channel (eBPF sockmap or user space)
   and its wire format, the 32-byte token
+- :mod:`infscaler.engines` -- the engine layer (CPU / GPU / DLA behind one interface):
+  every onnxruntime / TensorRT session is built there
 
 **Base** (:mod:`infscaler.base`): errors, pipeline config schemas, device profiles,
-model resolution, SLOs, the socket's security checks, sample images, and the engine
-layer (:mod:`infscaler.base.engines`: every onnxruntime / TensorRT session is built
-there). Every layer may use it; it uses none of them.
+model resolution, SLOs, the socket's security checks, sample images. Every layer may use
+it; it uses none of them.
 
-Where to start reading: ``README.md``; then :class:`~infscaler.service.Service`
-(``deploy``), :mod:`infscaler.runtime.pipeline` (what a pipeline compiles to) and the
-request path map in :mod:`infscaler.runtime`.
+Where to start reading: ``README.md``; then :class:`~infscaler.service.service.Service`
+(``deploy``), :mod:`infscaler.runtime.serving.pipeline` (what a pipeline compiles to) and
+the request path map in :mod:`infscaler.runtime`.
 
 Importing :mod:`infscaler` (and :mod:`infscaler.cli`) is cheap: heavy dependencies
 (onnxruntime, onnx, matplotlib, TensorRT, aiohttp, httpx) are imported by the modules

@@ -44,9 +44,9 @@ import onnx
 
 from infscaler.base import __version__
 from infscaler.base.device import DeviceProfile
-from infscaler.base.engines import available
 from infscaler.base.errors import InfScalerError
 from infscaler.base.slo import SLO, parse_slo  # noqa: F401 - re-exported
+from infscaler.engines import available
 from infscaler.partitioner import cost as cost_mod
 from infscaler.partitioner import extract, profiler, search
 from infscaler.partitioner.graph import OperatorGraph
@@ -128,7 +128,7 @@ def partition_model(
             with the least largest partition cost; a K that lowers it by less than 1 %
             loses to the fewer partitions.
         cuts: explicit cut positions (operator indices, each a valid cut; e.g. from
-            :func:`infscaler.runtime.planner.search`); overrides ``objective`` and
+            :func:`infscaler.runtime.planning.planner.search`); overrides ``objective`` and
             ``num_partitions``.
 
     Returns:

@@ -25,7 +25,7 @@ beyond tolerance.
 References: ONNX IR spec (graphs, subgraph outer-scope names, external data:
 https://onnx.ai/onnx/repo-docs/IR.html, ExternalData.md); onnxruntime Python API
 (``InferenceSession``, ``SessionOptions``). Sessions are built by the engine layer's
-loader (:func:`infscaler.base.engines.onnxrt.load_session`) on an engine kind
+loader (:func:`infscaler.engines.onnxrt.load_session`) on an engine kind
 (``cpu`` by default), never from raw execution-provider lists.
 """
 
@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infscaler.base.engines.onnxrt import load_session, session_options
 from infscaler.base.errors import PartitionError, VerificationError
+from infscaler.engines.onnxrt import load_session, session_options
 from infscaler.partitioner.loader import LoadedModel, random_feeds
 from infscaler.partitioner.subgraphs import free_names, subgraphs
 from infscaler.partitioner.weights import StubModel, structure_only
@@ -420,7 +420,7 @@ def load_sessions(
     parts: Sequence[PartLike], engine: str = "cpu", session_options: Any = None
 ) -> list[Any]:
     """One onnxruntime ``InferenceSession`` per part, built once for reuse by the engine
-    layer's loader (:func:`~infscaler.base.engines.onnxrt.load_session`).
+    layer's loader (:func:`~infscaler.engines.onnxrt.load_session`).
 
     Args:
         parts: sub-models as ``onnx.ModelProto``, paths of ``.onnx`` files,

@@ -41,8 +41,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from infscaler.base.engines.onnxrt import load_session
 from infscaler.base.errors import ModelLoadError, ShapeError
+from infscaler.engines.onnxrt import load_session
 from infscaler.partitioner.subgraphs import node_reads
 from infscaler.partitioner.weights import (
     MIN_REFERENCED_BYTES,

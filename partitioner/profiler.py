@@ -15,15 +15,15 @@ onnxruntime on the engines this host really has:
   as ``fixed_ms + per_mb_ms * MB``.
 
 Every session and every engine comes from the engine layer
-(:mod:`infscaler.base.engines`), so a partition is profiled on the backend that will
+(:mod:`infscaler.engines`), so a partition is profiled on the backend that will
 serve it: on ``cpu`` an onnxruntime session with the cpu engine's own options
-(:func:`~infscaler.base.engines.onnxrt.load_session`); on ``gpu`` / ``dla`` the timed
+(:func:`~infscaler.engines.onnxrt.load_session`); on ``gpu`` / ``dla`` the timed
 runs (T_o, :func:`measure_latency`) go through the serving engine itself
-(:func:`~infscaler.base.engines.create_engine`: TensorRT, or onnxruntime's CUDA EP),
+(:func:`~infscaler.engines.create_engine`: TensorRT, or onnxruntime's CUDA EP),
 and per-node times come from onnxruntime's profiler where onnxruntime serves the engine.
-Which engines exist is :func:`infscaler.base.engines.available`; an engine the host
+Which engines exist is :func:`infscaler.engines.available`; an engine the host
 lacks is never faked: asking for it raises
-:class:`~infscaler.base.engines.EngineUnavailable`.
+:class:`~infscaler.engines.EngineUnavailable`.
 
 Results are cached as JSON under ``cache_dir() / "profiles"``, keyed by model hash,
 engine, :func:`host_fingerprint` and the input shapes / measurement settings.
@@ -57,20 +57,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from infscaler.base.engines import (
+from infscaler.base.errors import ConfigError, ModelLoadError
+from infscaler.base.models import cache_dir
+from infscaler.engines import (
     ENGINE_KINDS,
     create_engine,
     engine_backend,
     require_engine,
 )
-from infscaler.base.engines.onnxrt import (
+from infscaler.engines.onnxrt import (
     CPU_PROVIDER,
     execution_providers,
     load_session,
     session_options,
 )
-from infscaler.base.errors import ConfigError, ModelLoadError
-from infscaler.base.models import cache_dir
 from infscaler.partitioner.weights import StubModel
 
 if TYPE_CHECKING:
@@ -114,8 +114,8 @@ def _backend(engine: str) -> str:
 
 def profiled_engines() -> dict[str, str | None]:
     """Engine kind -> the backend that serves (and so profiles) it here, or None when the
-    host lacks it (:func:`infscaler.base.engines.engine_backend` of each of
-    :data:`~infscaler.base.engines.ENGINE_KINDS`, cpu first)."""
+    host lacks it (:func:`infscaler.engines.engine_backend` of each of
+    :data:`~infscaler.engines.ENGINE_KINDS`, cpu first)."""
     return {kind: engine_backend(kind) for kind in ENGINE_KINDS}
 
 
@@ -412,7 +412,7 @@ def _served(
     cpu: an onnxruntime session with the cpu engine's options (``ORT_ENABLE_ALL``,
     ``threads`` intra-op threads, sequential, no spinning; built from bytes or a stub,
     which the cpu engine itself, taking files only, cannot); other engines:
-    :func:`~infscaler.base.engines.create_engine` (``fp16`` on the DLA), loaded from
+    :func:`~infscaler.engines.create_engine` (``fp16`` on the DLA), loaded from
     :func:`_model_file`.
     """
     if engine == "cpu":
@@ -577,7 +577,7 @@ def profile_model(
 
     Raises:
         EngineUnavailable: the host lacks ``engine`` (the message is
-            :func:`infscaler.base.engines.available`'s reason).
+            :func:`infscaler.engines.available`'s reason).
         ConfigError: an unknown engine; ``warmup < 0``, ``repeats < 1`` or ``threads < 1``;
             a stub for an engine other than cpu.
         ModelLoadError: onnxruntime cannot create a session or run the model with
@@ -752,7 +752,7 @@ def median_err(times_ms: Sequence[float], confidence: float = 0.95) -> float | N
     1 - 2^(1-n) (5 runs: 93.75 %). None for fewer than 2 runs or a median <= 0.
 
     What it is for: the planner's goodput interval
-    (:attr:`infscaler.runtime.planner.ModelStage.whole_ms_err`): a median of 27 runs
+    (:attr:`infscaler.runtime.planning.planner.ModelStage.whole_ms_err`): a median of 27 runs
     moves less between two measurements than one of 5.
 
     >>> round(median_err([10.0, 11.0, 9.0, 10.0, 12.0]), 3)
@@ -817,7 +817,7 @@ def measure_latency_samples(
     which returns their median): ``repeats`` runs at least, then more while the timed
     runs took less than ``budget_s`` seconds in all, up to ``max_repeats`` runs. Their
     spread is the service-time variability the planner's simulator draws from
-    (:attr:`infscaler.runtime.planner.ModelStage.cv_by_threads`).
+    (:attr:`infscaler.runtime.planning.planner.ModelStage.cv_by_threads`).
 
     Raises:
         as :func:`measure_latency`.
@@ -840,7 +840,7 @@ def measure_corun(
 ) -> float:
     """How much slower ``model`` runs on the cpu while ``copies - 1`` more copies of it
     run at the same time: ``median(together) / median(alone) - 1``, clamped >= 0 (the
-    simulator's :attr:`~infscaler.runtime.simulator.EngineProfile.corun`).
+    simulator's :attr:`~infscaler.runtime.planning.simulator.EngineProfile.corun`).
 
     ``copies`` sessions as served (:func:`_served`, ``threads`` intra-op threads each;
     default ``usable_cores() // threads``, every core busy), each warmed up; then, in
@@ -919,7 +919,7 @@ def measure_idle(
 ) -> tuple[tuple[float, float], ...]:
     """How much slower ``model`` runs on the cpu after the host sat idle: per gap in
     ``gaps_s``, ``median(runs after sleeping the gap) / median(runs back to back)``,
-    clamped >= 1 (the simulator's :attr:`~infscaler.runtime.simulator.EngineProfile.idle`).
+    clamped >= 1 (the simulator's :attr:`~infscaler.runtime.planning.simulator.EngineProfile.idle`).
 
     One session as served (:func:`_served`, ``threads`` intra-op threads), warmed up;
     ``repeats`` runs back to back, then ``repeats`` runs after each gap (a sleep before

@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from infscaler.base.engines.onnxrt import load_session
+from infscaler.engines.onnxrt import load_session
 
 __all__ = [
     "MIN_REFERENCED_BYTES",
@@ -103,7 +103,7 @@ class StubModel:
 
     def session(self, options: Any, engine: str = "cpu") -> Any:
         """An ``onnxruntime.InferenceSession`` of the stub on ``engine``, from the engine
-        layer's loader (:func:`~infscaler.base.engines.onnxrt.load_session`).
+        layer's loader (:func:`~infscaler.engines.onnxrt.load_session`).
         ``options`` (a ``SessionOptions``) gets the external-initializer folder entry.
 
         Raises:

@@ -71,8 +71,8 @@ $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/inst
 
 echo "== what the host offers"
 $PY - <<'EOF'
-from infscaler.base.engines import engine_availability
-from infscaler.base.engines.tensorrt import CudaDriver, cuda_devices
+from infscaler.engines import engine_availability
+from infscaler.engines.tensorrt import CudaDriver, cuda_devices
 from infscaler.shm import unified_memory_available
 
 print("cuda_devices:", cuda_devices())
@@ -86,8 +86,8 @@ for kind, (ok, why) in engine_availability().items():
 EOF
 
 echo "== tests"
-$PY -m pytest -q -p no:cacheprovider tests/unit/test_shm_unified.py \
-    tests/integration/test_unified_handover.py tests/unit/test_engines.py \
+$PY -m pytest -q -p no:cacheprovider tests/unit/shm/test_shm_unified.py \
+    tests/integration/shm/test_unified_handover.py tests/unit/engines/test_engines.py \
     --junitxml="$OUT/gpu_tests.xml"
 echo "pytest rc=$?"
 

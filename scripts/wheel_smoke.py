@@ -39,8 +39,8 @@ def smoke(cwd: str) -> None:
     import numpy as np
 
     import infscaler
+    from infscaler.api.client import Client
     from infscaler.base.samples import render_text_image
-    from infscaler.client import Client
 
     pkg = Path(infscaler.__file__).resolve().parent
     if "site-packages" not in str(pkg):
@@ -118,7 +118,7 @@ def smoke(cwd: str) -> None:
 def traces() -> None:
     """The arrival traces ship in the wheel (``plan --arrivals azure`` needs no checkout)."""
     os.environ.pop("INFSCALER_TRACES", None)
-    from infscaler.runtime.arrivals import azure_functions, azure_llm
+    from infscaler.runtime.planning.arrivals import azure_functions, azure_llm
 
     a, b = azure_functions(minutes=2), azure_llm(duration_s=60)
     if not (a.size > 0 and b.size > 0):

@@ -11,7 +11,7 @@ stays right) and nothing is computed for it.
 
 Layout: ``/isc-<service_id>-deadlines``, :data:`ENTRIES` entries of two little-endian
 u64, indexed by ``seq % ENTRIES`` where ``seq = request >> 16`` (the front end's
-request number, see :mod:`infscaler.runtime.frontend`)::
+request number, see :mod:`infscaler.runtime.serving.frontend`)::
 
     word 0  seq          the request number this entry is for (0: empty)
     word 1  deadline_ns  CLOCK_MONOTONIC ns after which it is dead; 0: cancelled /
@@ -46,7 +46,9 @@ from infscaler.shm.slab import DEADLINES_SUFFIX, check_service_id
 ENTRIES = 1 << 16
 NO_DEADLINE = (1 << 64) - 1
 CANCELLED = 0
-_ITEM_BITS = 16  # infscaler.runtime.runners.ITEM_BITS (not imported: shm sits below runtime)
+_ITEM_BITS = (
+    16  # infscaler.runtime.serving.runners.ITEM_BITS (not imported: shm sits below runtime)
+)
 _BYTES = ENTRIES * 16
 
 

@@ -1,8 +1,8 @@
 """The instance side of the tensor pool: :class:`SlabMap` maps a service's slabs by name.
 
 Role on the request path: every process that reads or writes a slot through a token
-(the instances, :mod:`infscaler.runtime.instance` via :mod:`infscaler.shm.client`, and
-the front end's client, :mod:`infscaler.runtime.frontend`) turns the token into a
+(the instances, :mod:`infscaler.runtime.serving.instance` via :mod:`infscaler.shm.client`, and
+the front end's client, :mod:`infscaler.runtime.serving.frontend`) turns the token into a
 zero-copy view with :meth:`SlabMap.slot_view`; the manager's allocator
 (:mod:`infscaler.shm.pool`) creates the slabs and leases the slots.
 

@@ -12,7 +12,7 @@ import numpy as np
 def prep(tensors, factor=2.0):
     """inp = x * factor (FP32 [N, 4]); an empty x is the client's fault (400), a NaN the
     service's (500)."""
-    from infscaler.runtime.instance import StageInputError
+    from infscaler.runtime.serving.instance import StageInputError
 
     x = np.asarray(tensors["x"], dtype=np.float32)
     if x.size == 0:

@@ -74,7 +74,7 @@ rows_times_two.outputs_spec = {"y": {"datatype": "FP32", "shape": [-1, 4]}}
 def bad_input_check(tensors):
     """Raises the declared input error (400) for an empty x, a ValueError (500) for a
     negative one; else y = x."""
-    from infscaler.runtime.instance import StageInputError
+    from infscaler.runtime.serving.instance import StageInputError
 
     x = np.asarray(tensors["x"])
     if x.size == 0:
@@ -86,7 +86,7 @@ def bad_input_check(tensors):
 
 def gather_strict(items):
     """Fan-in that refuses zero items with the declared input error."""
-    from infscaler.runtime.instance import StageInputError
+    from infscaler.runtime.serving.instance import StageInputError
 
     if not items:
         raise StageInputError("no rows to gather")

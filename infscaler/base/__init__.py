@@ -9,7 +9,7 @@
   modules, model-file paths (enforced by the server *and* by the runtime's pipeline
   compiler, so it lives here rather than in the facade)
 - :mod:`~infscaler.base.procutil` -- subprocess command lines for ``python -m`` helpers
-- :mod:`~infscaler.base.engines` -- the engine layer (Polygraphy's ``backend/``): the one
+- :mod:`~infscaler.engines` -- the engine layer (Polygraphy's ``backend/``): the one
   place that builds onnxruntime / TensorRT sessions, shared by the partitioner's profiler,
   model probing and the runtime's instances
 

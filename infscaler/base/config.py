@@ -48,7 +48,7 @@ reserved for the runtime.
 
 ``fuse: whole`` (pipeline level): the whole pipeline is one unit, every stage run in
 order in one instance process, the fan-out's items through the per-item stages and the
-fan-in too (:func:`infscaler.runtime.pipeline.whole_unit`); what a hand-written function
+fan-in too (:func:`infscaler.runtime.serving.pipeline.whole_unit`); what a hand-written function
 running the pipeline replicated would be. Its models run whole (K = 1: ``partitions`` >
 1, a stage ``slo`` or ``batching`` is an error), the model stages give the unit its
 ``threads`` (every model session's intra-op threads), ``instances`` and
@@ -187,7 +187,7 @@ class StageConfig(BaseModel):
             model at load at every count from ``threads`` to ``max_threads`` (the
             measurement the scaler predicts from). None: ``threads`` is fixed.
         fuse: run this function stage inside the adjacent model stage's instances (a
-            fused unit, :func:`infscaler.runtime.pipeline.fuse_units`), or let a model
+            fused unit, :func:`infscaler.runtime.serving.pipeline.fuse_units`), or let a model
             stage take its adjacent function stages in; ``false`` keeps the stage its
             own unit. None: the pipeline's ``fuse``, except that a function stage
             setting its own ``instances``, ``max_instances`` or ``threads`` is scaled
@@ -322,7 +322,7 @@ class StageConfig(BaseModel):
 
 class AutoscaleConfig(BaseModel):
     """Asymmetric auto-scaling of a pipeline (InfScaler Algorithm 1 with InferLine's
-    scale-in hysteresis; :mod:`infscaler.runtime.scaler`).
+    scale-in hysteresis; :mod:`infscaler.runtime.scaling.scaler`).
 
     Attributes:
         interval_s: how often the scaler looks at the monitor, s.

@@ -87,7 +87,7 @@ HOST_INSTANCES_PER_CORE = 4
 HOST_THREADS_PER_CORE = 2.0
 
 #: USS of an idle instance process (python + numpy + onnxruntime), MB, measured on the
-#: development host; the same figure as ``infscaler.runtime.monitor.INSTANCE_OVERHEAD_MB``
+#: development host; the same figure as ``infscaler.runtime.scaling.monitor.INSTANCE_OVERHEAD_MB``
 #: (the scaler's cost of one more instance before it has reported its own USS).
 INSTANCE_OVERHEAD_MB = 45.0
 
@@ -528,7 +528,7 @@ def _unit_memory(unit: Any, overhead_mb: float) -> tuple[float, str]:
 
 class CompiledUnits(Protocol):
     """What :func:`check_pipeline` reads of a compiled pipeline
-    (:class:`infscaler.runtime.pipeline.CompiledPipeline`, which the base may not import):
+    (:class:`infscaler.runtime.serving.pipeline.CompiledPipeline`, which the base may not import):
     its name and its units (each with ``stage``, ``engine``, ``precision``, ``kind``,
     ``instances``, ``threads``, ``memory_mb``, ...)."""
 
@@ -556,7 +556,7 @@ def check_pipeline(
     core ``dla0`` / ``dla1``) that the profile has, and its precision is one that engine
     runs. Then, over the units that run as instances (all but a fan-in, which the front
     end runs), the configured (minimum) instances against the resource limits the scaler
-    keeps (:mod:`infscaler.runtime.monitor`): model instances per engine <=
+    keeps (:mod:`infscaler.runtime.scaling.monitor`): model instances per engine <=
     :attr:`DeviceProfile.instance_limits`
     (function stages count against memory only, as in the scaler); and memory: one
     instance of every served unit plus ``pool_mb`` must fit ``memory_cap_mb``, and so must
@@ -567,7 +567,7 @@ def check_pipeline(
     operator's choice: a warning, not a refusal (the scaler never adds past them).
 
     Args:
-        compiled: the compiled pipeline (:func:`infscaler.runtime.pipeline.compile_pipeline`).
+        compiled: the compiled pipeline (:func:`infscaler.runtime.serving.pipeline.compile_pipeline`).
         profile: the device profile whose limits apply.
         pool_mb: the tensor pool's memory the pipeline needs, MB.
         instance_overhead_mb: USS of an idle instance process, MB.

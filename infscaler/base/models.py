@@ -25,7 +25,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from infscaler.base.engines.onnxrt import load_session
 from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
 
 __all__ = ["MODELS", "BundledModel", "cache_dir", "file_key", "resolve_model"]
@@ -279,7 +278,7 @@ def package_asset(model: BundledModel, kind: str) -> Path | None:
 def file_key(path: str | os.PathLike[str]) -> str:
     """A model file's identity for keys of what was derived from it: ``"<resolved
     path>|<size>|<mtime ns>"`` (a rewritten file gets a new key). The planner's decision
-    key, the kept idle curves (:mod:`infscaler.runtime.idlecurve`) and the deploy-time
+    key, the kept idle curves (:mod:`infscaler.runtime.scaling.idlecurve`) and the deploy-time
     plan directories name models by it.
 
     Raises:
@@ -490,7 +489,9 @@ def _calibrate_logits(model, rng, target_std: float = 2.0) -> None:
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.append(onnx.ValueInfoProto(name=logits))
-    sess = load_session(probe, threads=None, spinning=None)
+    import onnxruntime as ort  # onnxruntime's own session: the base sits below the engines
+
+    sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = {}
     for inp in sess.get_inputs():
         shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]

@@ -27,7 +27,7 @@ def module_command(module: str, *args: str) -> list[str]:
     directory left off ``sys.path``.
 
     Args:
-        module: a dotted module name, e.g. ``"infscaler.runtime.instance"``.
+        module: a dotted module name, e.g. ``"infscaler.runtime.serving.instance"``.
         args: its command-line arguments (``sys.argv[1:]`` in the child).
 
     Returns:

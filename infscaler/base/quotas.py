@@ -16,8 +16,8 @@ the per-uid limits and given a share of connections no one else may take.
   with ``EMFILE``.
 - :class:`LoadBudget`: variant loads a uid may cause (a token bucket per uid).
 
-Byte budgets per uid are :class:`~infscaler.runtime.admission.ByteBudget`'s; region
-counts are :class:`~infscaler.sysshm.SystemSharedMemoryRegistry`'s.
+Byte budgets per uid are :class:`~infscaler.runtime.serving.admission.ByteBudget`'s; region
+counts are :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry`'s.
 
 Sources: ``unix(7)`` (``SO_PEERCRED``), ``getrlimit(2)`` (``RLIMIT_NOFILE``),
 ``accept(2)`` (``EMFILE``); Triton's ``--rate-limit`` resources and NGINX's

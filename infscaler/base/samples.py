@@ -1,5 +1,5 @@
 """Sample inputs of known content, for the planner's unit profiles
-(:func:`infscaler.runtime.unitprofile.sample_inputs`), the tests, the demo and the bench:
+(:func:`infscaler.runtime.planning.unitprofile.sample_inputs`), the tests, the demo and the bench:
 an image of known text (:func:`render_text_image`), so an OCR pipeline's detector finds
 lines to fan out over and its output can be scored against the text.
 

@@ -3,7 +3,7 @@
 The socket (mode 0660) is the boundary: a client in its group may infer, read metadata
 and statistics, and use system shared memory regions it registered itself; it may not
 run code, read or write files, or open shared memory as the service. This module holds
-the checks; :mod:`infscaler.server` calls them from its handlers.
+the checks; :mod:`infscaler.api.server` calls them from its handlers.
 
 - **Peers** (:func:`peer_of`): the connecting process's uid, gid and supplementary
   groups from the kernel (``SO_PEERCRED``, ``SO_PEERGROUPS``; ``unix(7)``), never from
@@ -11,7 +11,7 @@ the checks; :mod:`infscaler.server` calls them from its handlers.
 - **Repository endpoints** (index / load / unload) answer privileged peers only
   (:func:`require_privileged`, 403 otherwise).
 - **Function stages** (:class:`SecurityPolicy`, enforced by
-  :func:`infscaler.runtime.pipeline.load_function`): pipelines loaded through the API
+  :func:`infscaler.runtime.serving.pipeline.load_function`): pipelines loaded through the API
   name functions only from allowed modules (``infscaler.pipelines`` and what the
   operator adds with ``--allow-functions`` / ``$INFSCALER_ALLOW_FUNCTIONS``); a reference
   names a plain Python function defined in that module (no re-exported builtins or

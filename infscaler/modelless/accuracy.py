@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.base.engines import create_engine
 from infscaler.base.models import installed_file
+from infscaler.engines import create_engine
 from infscaler.modelless.stages import ctc_decode, mean_pool, rec_input, tokenize
 from infscaler.modelless.variants import RegistrationError
 

@@ -6,7 +6,7 @@
 
 1. **generates** the variants this host and the device profile allow: engine x
    precision x batch size x plan K. Engines are the profile's (every kind without one)
-   that this host has (:func:`infscaler.base.engines.engine_availability`); an engine
+   that this host has (:func:`infscaler.engines.engine_availability`); an engine
    the host lacks is stored as *not generated* with the reason, never estimated. On the
    cpu engine the model runs as typed: ``fp32``, or ``int8`` when its weights already are
    int8, and then also an ``fp32`` variant with the weights dequantised (onnxruntime's
@@ -58,10 +58,10 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.base.engines import ENGINE_KINDS, create_engine, engine_availability, engine_class
-from infscaler.base.engines.base import process_memory_bytes
 from infscaler.base.models import MODELS, resolve_model
 from infscaler.base.procutil import module_command
+from infscaler.engines import ENGINE_KINDS, create_engine, engine_availability, engine_class
+from infscaler.engines.base import process_memory_bytes
 from infscaler.modelless.accuracy import (
     _embed,
     _measure_rec,

@@ -6,7 +6,7 @@ A client names a **task** (``text-recognition``) and its requirements (``latency
 serves the query. Nothing here does I/O or reads a clock: the registry supplies the
 static profiles (:class:`VariantProfile`), the monitor the dynamic state of each variant
 (:class:`VariantLoad`), and :mod:`infscaler.modelless.tasks` applies the result to a running
-service. Like the scaler (:mod:`infscaler.runtime.scaler`) and Ray Serve's autoscaling
+service. Like the scaler (:mod:`infscaler.runtime.scaling.scaler`) and Ray Serve's autoscaling
 policy, it is tested without starting anything.
 
 State machine (INFaaS Fig. 4), per variant, from a monitor snapshot (:func:`classify`):

@@ -1,6 +1,6 @@
 """Model-less serving: route a task query to a variant on a running service (INFaaS).
 
-:class:`TaskRouter` sits between the API and a started :class:`~infscaler.service.Service`.
+:class:`TaskRouter` sits between the API and a started :class:`~infscaler.service.service.Service`.
 For a query naming a task (``text-recognition``) with ``latency_ms`` / ``min_accuracy``
 it reads each of the task's registered variants' state from the service (deployed?
 ready instances, requests pending, arrival rate, measured service time, load shedding;
@@ -68,8 +68,8 @@ from infscaler.modelless.selector import (
 )
 from infscaler.modelless.stages import REC_MIN_WIDTH
 from infscaler.modelless.variants import VariantRegistry
-from infscaler.runtime.control import DeploymentView, ScaledService
-from infscaler.runtime.pipeline import default_state_dir
+from infscaler.runtime.scaling.control import DeploymentView, ScaledService
+from infscaler.runtime.serving.pipeline import default_state_dir
 
 log = logging.getLogger("infscaler.modelless.tasks")
 
@@ -226,8 +226,8 @@ class TaskResult:
 
 
 class RoutedService(ScaledService, Protocol):
-    """The service as the task router uses it (:class:`infscaler.service.Service` once
-    started): the control loop's view (:class:`~infscaler.runtime.control.ScaledService`)
+    """The service as the task router uses it (:class:`infscaler.service.service.Service` once
+    started): the control loop's view (:class:`~infscaler.runtime.scaling.control.ScaledService`)
     plus deploying, undeploying and submitting to the variants it picks. The model-less
     layer sits above the runtime and below the facade, so it names the service by what
     it needs (PEP 544), not by importing it."""
@@ -265,7 +265,7 @@ class TaskRouter:
     """Routes task queries to variants on ``service`` (see the module docstring).
 
     Args:
-        service: a started :class:`~infscaler.service.Service`.
+        service: a started :class:`~infscaler.service.service.Service`.
         registry: a :class:`~infscaler.modelless.variants.VariantRegistry` (default: the one in the
             service's state dir).
         selector_config: thresholds of the state machine.

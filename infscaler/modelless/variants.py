@@ -26,7 +26,7 @@ from typing import Any
 from infscaler.base.device import INSTANCE_OVERHEAD_MB
 from infscaler.base.errors import InfScalerError
 from infscaler.modelless.selector import Catalog, VariantProfile
-from infscaler.runtime.pipeline import default_state_dir
+from infscaler.runtime.serving.pipeline import default_state_dir
 
 __all__ = [
     "DB_NAME",
@@ -110,7 +110,7 @@ class Variant:
         = P99 at its batch size (what a query sees when the batch fills), throughput per
         instance = batch x 1000 / P50 at its batch size (for a plan: the slowest
         partition's P50 bounds it), memory = peak MB + an instance process's overhead
-        per partition (:data:`infscaler.runtime.monitor.INSTANCE_OVERHEAD_MB`)."""
+        per partition (:data:`infscaler.runtime.scaling.monitor.INSTANCE_OVERHEAD_MB`)."""
 
         p50 = self.latency(stat="p50")
         bottleneck = float(self.io.get("bottleneck_p50_ms") or p50)
@@ -144,7 +144,7 @@ class VariantRegistry:
 
     Args:
         root: a directory (default: the service's state dir,
-            :func:`~infscaler.runtime.pipeline.default_state_dir`).
+            :func:`~infscaler.runtime.serving.pipeline.default_state_dir`).
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:

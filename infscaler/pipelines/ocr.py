@@ -74,8 +74,8 @@ import numpy as np
 
 from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
 from infscaler.base.models import resolve_model
-from infscaler.runtime.instance import StageInputError
-from infscaler.runtime.reference import run_pipeline_reference
+from infscaler.runtime.planning.reference import run_pipeline_reference
+from infscaler.runtime.serving.instance import StageInputError
 
 __all__ = [
     "CLS_LABELS",

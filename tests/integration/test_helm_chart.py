@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import REPO_ROOT
 from tests.unit.test_helm_chart import FLEET_VALUES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 CHART = ROOT / "deploy" / "helm" / "infscaler"
 
 _spec = importlib.util.spec_from_file_location("chart_render", ROOT / "deploy" / "render.py")

@@ -1,6 +1,6 @@
 """The layer contract (``.importlinter``, issue 16): it holds on the repository, and the
 same check fails on a tree with a deliberate upward import; the service satisfies the
-interface the runtime's control loop declares for it (:mod:`infscaler.runtime.control`).
+interface the runtime's control loop declares for it (:mod:`infscaler.runtime.scaling.control`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 import importlinter  # noqa: F401 - the dev extra; the checker runs it in a subprocess
 
 from infscaler.modelless.tasks import RoutedService
-from infscaler.runtime.control import DeploymentView, ScaledService
-from infscaler.service import Deployment, Service
+from infscaler.runtime.scaling.control import DeploymentView, ScaledService
+from infscaler.service.service import Deployment, Service
+from tests import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = REPO_ROOT
 
 
 def _checker():
@@ -30,7 +31,22 @@ def test_layer_contract_holds(tmp_path: Path) -> None:
     li = _checker()
     tree = li.lay_out(tmp_path)
     # the laid-out tree is the installed package: the mapped subpackages are inside it
-    for sub in ("runtime", "shm", "ebpf", "partitioner", "base", "modelless"):
+    for sub in (
+        "runtime",
+        "runtime/serving",
+        "runtime/processes",
+        "runtime/scaling",
+        "runtime/planning",
+        "shm",
+        "ebpf",
+        "partitioner",
+        "base",
+        "engines",
+        "modelless",
+        "cli",
+        "api",
+        "service",
+    ):
         assert (tree / "infscaler" / sub / "__init__.py").is_file(), sub
     res = li.lint(tree)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -44,31 +60,56 @@ def test_layer_contract_fails_on_upward_import(tmp_path: Path) -> None:
     (the base -> the runtime); a new module under infscaler/ with no layer fails too."""
     li = _checker()
     tree = li.lay_out(tmp_path)
-    scaler = tree / "infscaler" / "runtime" / "scaler.py"
+    scaler = tree / "infscaler" / "runtime" / "scaling" / "scaler.py"
     scaler.write_text(
         scaler.read_text()
         + "\n\ndef _deliberate():\n"
-        + "    from infscaler.service import Service  # runtime -> facade: upward\n\n"
+        + "    from infscaler.service.service import Service  # runtime -> facade: upward\n\n"
         + "    return Service\n"
     )
     errors = tree / "infscaler" / "base" / "slo.py"
     errors.write_text(
         errors.read_text()
         + "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-        + "    from infscaler.runtime.pipeline import CompiledPipeline  # base -> runtime\n"
+        + "    from infscaler.runtime.serving.pipeline import CompiledPipeline  # base -> runtime\n"
     )
     res = li.lint(tree)
     out = res.stdout
     assert res.returncode != 0, out
     assert "BROKEN" in out
-    assert "infscaler.runtime.scaler -> infscaler.service" in out, out
-    assert "infscaler.base.slo -> infscaler.runtime.pipeline" in out, out
+    assert "infscaler.runtime.scaling.scaler -> infscaler.service" in out, out
+    assert "infscaler.base.slo -> infscaler.runtime.serving.pipeline" in out, out
 
     # undo those; a module that is in no layer breaks the (exhaustive) contract
     li.lay_out(tmp_path)
     (tree / "infscaler" / "orphan.py").write_text('"""In no layer."""\n')
     res = li.lint(tree)
     assert res.returncode != 0 and "infscaler.orphan" in res.stdout, res.stdout
+
+
+def test_sub_package_contracts_fail_on_a_wrong_way_import(tmp_path: Path) -> None:
+    """The contracts between the runtime's sub-packages and the facade's parts: a request
+    path module importing the planner (serving -> planning), a pure policy importing the
+    supervisor (a process module), and the API importing the CLI each break one."""
+    li = _checker()
+    tree = li.lay_out(tmp_path)
+    rt = tree / "infscaler" / "runtime"
+    edits = {
+        rt / "serving" / "route.py": "from infscaler.runtime.planning.planner import search\n",
+        rt / "scaling" / "wakepolicy.py": (
+            "from infscaler.runtime.processes.supervisor import Supervisor\n"
+        ),
+        tree / "infscaler" / "api" / "routes.py": "from infscaler.cli.client import infer_cmd\n",
+    }
+    for path, line in edits.items():
+        path.write_text(path.read_text() + "\n" + line)
+    res = li.lint(tree)
+    out = res.stdout
+    assert res.returncode != 0, out
+    assert "infscaler.runtime.serving.route -> infscaler.runtime.planning.planner" in out, out
+    assert "infscaler.runtime.scaling.wakepolicy -> infscaler.runtime.processes" in out, out
+    assert "infscaler.api.routes -> infscaler.cli.client" in out, out
+    assert out.count("BROKEN") >= 3, out
 
 
 def _members(proto: type) -> tuple[set[str], set[str]]:
@@ -118,3 +159,15 @@ def test_service_satisfies_the_task_routers_interface(tmp_path: Path) -> None:
     _, methods = _members(RoutedService)
     assert {"deploy", "undeploy", "deployment", "submit", "stopping"} <= methods
     _assert_implements(RoutedService, Service(state_dir=tmp_path))
+
+
+def test_service_satisfies_the_status_builders_interface(tmp_path: Path) -> None:
+    """The status builders' view of the service (:class:`StatusSource`, described there so
+    that the service and its status module do not import each other) is met by
+    :class:`Service`."""
+    from infscaler.service.status import StatusSource
+
+    attrs, methods = _members(StatusSource)
+    assert {"supervisor", "inflight", "started_at"} <= attrs
+    assert {"deployments", "ready", "degraded"} <= methods
+    _assert_implements(StatusSource, Service(state_dir=tmp_path))

@@ -1,6 +1,6 @@
 """``fuse: whole`` served (issue 15): the whole pipeline as one unit, one instance process
 per replica running every stage, the fan-out's items and the fan-in included. On the
-small fan-out pipeline of tests/integration/test_fused.py (an onnx.helper model ``y = x @
+small fan-out pipeline of tests/integration/runtime/serving/test_fused.py (an onnx.helper model ``y = x @
 W + b``): the outputs equal the staged pipeline's, a step's error fails its request alone,
 a fan-out with no items, the status / monitor / scaler view (a model unit pinning its
 threads, its memory). On the bundled ``dddd`` pipeline (the ddddocr models): the same
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from infscaler.base.config import load_pipeline
-from infscaler.runtime.frontend import RequestError
-from infscaler.service import Service
+from infscaler.runtime.serving.frontend import RequestError
+from infscaler.service.service import Service
 from tests.helpers import wait_for
 from tests.integration.test_fused import expected, fan_pipeline, linear_model, stage
 
@@ -98,7 +98,7 @@ def test_a_fan_out_with_no_items_answers(service: Service, model: Path) -> None:
 def test_status_and_monitor_see_a_model_unit_pinning_its_threads(
     service: Service, model: Path
 ) -> None:
-    from infscaler.runtime.monitor import Monitor
+    from infscaler.runtime.scaling.monitor import Monitor
 
     d = fan_pipeline(model, fuse="whole")
     for st in d["stages"]:

@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests import REPO_ROOT
+
+BENCH = REPO_ROOT / "bench"
 
 
 def _bench(name: str):

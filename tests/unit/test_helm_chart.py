@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import REPO_ROOT
+
+ROOT = REPO_ROOT
 CHART = ROOT / "deploy" / "helm" / "infscaler"
 K8S_VERSIONS = ("1.29.0", "1.33.0")
 

@@ -5,9 +5,10 @@ README's test command."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import REPO_ROOT
+
+ROOT = REPO_ROOT
 TESTS = ROOT / "tests"
 
 
@@ -37,3 +38,21 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "tests/unit" in command and "tests/integration" in command
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert command in [line.strip() for line in ci], f".ci/run does not run {command!r}"
+
+
+def test_test_folders_mirror_the_package() -> None:
+    """tests/unit/<part>/ and tests/integration/<part>/ are named for the package part they
+    test (``runtime/serving`` tests ``infscaler.runtime.serving``), each a package
+    (``__init__.py``: test modules of the same name in two folders do not clash)."""
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        packages = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    for kind in ("unit", "integration"):
+        for d in sorted(p for p in (TESTS / kind).rglob("*") if p.is_dir()):
+            if d.name == "__pycache__":
+                continue
+            rel = d.relative_to(TESTS / kind)
+            assert (d / "__init__.py").is_file(), f"tests/{kind}/{rel} has no __init__.py"
+            pkg = "infscaler." + ".".join(rel.parts)
+            assert pkg in packages, f"tests/{kind}/{rel} mirrors no package ({pkg})"

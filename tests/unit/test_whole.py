@@ -1,10 +1,10 @@
 """``fuse: whole`` (issue 15): the whole pipeline as one unit, compiled and run in this
-process (:func:`infscaler.runtime.pipeline.whole_unit`,
-:class:`infscaler.runtime.runners.FusedRunner`), on the small fan-out pipeline of
-tests/integration/test_fused.py (an onnx.helper model ``y = x @ W + b``, the function
+process (:func:`infscaler.runtime.serving.pipeline.whole_unit`,
+:class:`infscaler.runtime.serving.runners.FusedRunner`), on the small fan-out pipeline of
+tests/integration/runtime/serving/test_fused.py (an onnx.helper model ``y = x @ W + b``, the function
 stages of tests/fusefuncs.py) and on the bundled ``dddd`` pipeline with the ddddocr models;
 its configuration errors; the unit profile of a whole unit. Served: tests/integration/
-test_whole.py. The planner's whole candidate: tests/unit/test_planner_functions.py."""
+test_whole.py. The planner's whole candidate: tests/unit/runtime/planning/test_planner_functions.py."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pytest
 
 from infscaler.base.config import load_pipeline
 from infscaler.base.errors import ConfigError
-from infscaler.runtime.pipeline import compile_pipeline
-from infscaler.runtime.reference import run_pipeline_reference
-from infscaler.runtime.runners import FusedRunner, StageError, StageInputError
+from infscaler.runtime.planning.reference import run_pipeline_reference
+from infscaler.runtime.serving.pipeline import compile_pipeline
+from infscaler.runtime.serving.runners import FusedRunner, StageError, StageInputError
 from tests.integration.test_fused import expected, fan_pipeline, linear_model, stage
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
@@ -95,7 +95,7 @@ def test_what_whole_cannot_run_is_a_clear_error(model: Path, change, needle: str
 
 
 def test_a_partitioned_plan_is_refused_at_compile(model: Path, tmp_path: Path) -> None:
-    from infscaler.runtime.pipeline import Unit, whole_unit
+    from infscaler.runtime.serving.pipeline import Unit, whole_unit
 
     parts = [
         Unit(index=k, name=f"m/{k}", stage="m", kind="model", partition=k, num_partitions=2)
@@ -190,7 +190,7 @@ def test_a_fan_in_that_returns_the_wrong_names_fails(model: Path, tmp_path: Path
 
 
 def test_the_unit_profile_of_a_whole_unit_is_per_request(model: Path, tmp_path: Path) -> None:
-    from infscaler.runtime.unitprofile import profile_pipeline
+    from infscaler.runtime.planning.unitprofile import profile_pipeline
 
     cp = compile_pipeline(load_pipeline(whole(fan_pipeline(model))), state_dir=tmp_path)
     x = np.ones((3, 4), np.float32)  # 3 items per request

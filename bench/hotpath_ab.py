@@ -1,0 +1,235 @@
+"""The hot path before and after a change, in one run: the eBPF token handover's P50
+(``bench/handover.py``) and a served pipeline's closed-loop throughput
+(``bench/frontend_cpu.py``: one client, one-stage function pipeline, 602 KB FP32 input
+over the Unix-socket API), each measured on two commits of this repository.
+
+Each commit is installed (``pip install --no-deps --target``, not editable) into a
+directory of its own from ``git archive``, and each measurement runs in a child process
+with that directory first on ``PYTHONPATH`` (the child checks which copy of
+``infscaler`` it imported), running that commit's own benchmark scripts. The two sides
+alternate round by round (ABAB..., then BABA... orders), so a drift of the host hits
+both; the figure per side is the median over rounds, and the outcome is the ratio
+after / before. The host's busy CPU over each measurement (all processes, the measured
+ones included: an idle host shows about what the measurement itself uses) is recorded.
+
+A refactoring (files moved, functions split) is meant to leave both where they were:
+ratios near 1 (the round-to-round spread of the same commit is printed beside them).
+
+Writes ``results/hotpath_ab.json`` and ``results/hotpath_ab.png``.
+
+Usage::
+
+    .venv/bin/python bench/hotpath_ab.py --before e16de55 --after HEAD --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    busy_cpu_seconds,
+    default_cache_dir,
+    environment,
+    write_json,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def install(commit: str, root: Path) -> tuple[Path, Path]:
+    """``commit``'s tree under ``root/src`` and its package installed under ``root/site``."""
+    src, site = root / "src", root / "site"
+    src.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", commit], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        check=True,
+    )
+    return src, site
+
+
+def _run(side: dict, script: str, args: list[str], out_dir: Path) -> tuple[dict, float]:
+    """Run ``side``'s ``bench/<script>`` with its package first on the path; its result
+    JSON and the other processes' CPU (cores) meanwhile."""
+    env = {**os.environ, "PYTHONPATH": str(side["site"])}
+    check = subprocess.run(
+        [sys.executable, "-c", "import infscaler; print(infscaler.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    ).stdout.strip()
+    if not check.startswith(str(side["site"])):
+        raise RuntimeError(f"{side['name']}: imported {check}, not the copy in {side['site']}")
+    busy0, t0 = busy_cpu_seconds(), time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(side["src"] / "bench" / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=str(out_dir),
+        timeout=600,
+    )
+    busy1, t1 = busy_cpu_seconds(), time.monotonic()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side['name']} {script} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc, (busy1 - busy0) / max(t1 - t0, 1e-9)
+
+
+def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
+    """The eBPF channel's one-hop P50, µs (cross-core, one consumer, quick settings)."""
+    proc, busy = _run(
+        side,
+        "handover.py",
+        [
+            "--quick",
+            "--mechanisms",
+            "ebpf",
+            "--consumers",
+            "1",
+            "--placements",
+            "cross-core",
+            "--wait-quiet",
+            "0",
+            "--out",
+            str(out_dir),
+        ],
+        out_dir,
+    )
+    data = json.loads((out_dir / "handover_quick.json").read_text())
+    (row,) = [r for r in data["results"] if r["mechanism"] == "ebpf"]
+    return float(row["p50_us"]), busy
+
+
+def served_rps(side: dict, out_dir: Path, n: int) -> tuple[float, float]:
+    """Closed-loop requests per second of one client through the service (frontend_cpu)."""
+    proc, busy = _run(side, "frontend_cpu.py", ["-n", str(n)], out_dir)
+    data = json.loads((side["src"] / "bench" / "results" / "frontend_cpu.json").read_text())
+    return 1000.0 / float(data["client_latency_ms_mean"]), busy
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", required=True, help="commit (or ref) before the change")
+    ap.add_argument("--after", default="HEAD", help="commit (or ref) after it (default HEAD)")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds per side (default 4)")
+    ap.add_argument("-n", type=int, default=400, help="requests per throughput point")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "hotpath_ab.json")
+    args = ap.parse_args(argv)
+    default_cache_dir()
+    env = environment()
+    commits = {
+        name: subprocess.run(
+            ["git", "rev-parse", "--short", ref],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for name, ref in (("before", args.before), ("after", args.after))
+    }
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="infscaler-ab-") as tmp:
+        sides = []
+        for name, commit in commits.items():
+            src, site = install(commit, Path(tmp) / name)
+            sides.append({"name": name, "commit": commit, "src": src, "site": site})
+        for r in range(args.rounds):
+            order = sides if r % 2 == 0 else sides[::-1]
+            for side in order:
+                out_dir = Path(tmp) / f"out-{side['name']}-{r}"
+                out_dir.mkdir()
+                p50, busy_h = handover_p50(side, out_dir)
+                rps, busy_s = served_rps(side, out_dir, args.n)
+                row = {
+                    "round": r,
+                    "side": side["name"],
+                    "commit": side["commit"],
+                    "ebpf_handover_p50_us": round(p50, 2),
+                    "served_rps": round(rps, 2),
+                    "host_busy_cores_handover": round(busy_h, 3),
+                    "host_busy_cores_served": round(busy_s, 3),
+                }
+                rows.append(row)
+                print(
+                    f"round {r} {side['name']:6s} {side['commit']}: handover P50 {p50:6.1f} µs, "
+                    f"served {rps:6.1f} req/s"
+                )
+    summary = {}
+    for metric in ("ebpf_handover_p50_us", "served_rps"):
+        per = {s: [row[metric] for row in rows if row["side"] == s] for s in commits}
+        med = {s: statistics.median(v) for s, v in per.items()}
+        spread = {s: round((max(v) - min(v)) / statistics.median(v), 3) for s, v in per.items()}
+        summary[metric] = {
+            "median": med,
+            "after_over_before": round(med["after"] / med["before"], 3),
+            "spread_over_median": spread,
+        }
+        print(
+            f"{metric}: before {med['before']:.2f}, after {med['after']:.2f}, ratio "
+            f"{med['after'] / med['before']:.3f} (spread of rounds: {spread})"
+        )
+    out = {
+        "benchmark": "hotpath_ab",
+        "environment": env,
+        "commits": commits,
+        "rounds": args.rounds,
+        "requests_per_throughput_point": args.n,
+        "rows": rows,
+        "summary": summary,
+    }
+    write_json(args.out, out)
+    _plot(rows, summary, commits, args.out.with_suffix(".png"))
+    return 0
+
+
+def _plot(rows: list[dict], summary: dict, commits: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, (metric, label) in zip(
+        axes,
+        (("ebpf_handover_p50_us", "eBPF handover P50 (µs)"), ("served_rps", "served req/s")),
+        strict=True,
+    ):
+        for i, side in enumerate(("before", "after")):
+            vals = [r[metric] for r in rows if r["side"] == side]
+            ax.scatter([i] * len(vals), vals, alpha=0.6)
+            ax.hlines(summary[metric]["median"][side], i - 0.2, i + 0.2, colors="k")
+        ax.set_xticks([0, 1], [f"before\n{commits['before']}", f"after\n{commits['after']}"])
+        ax.set_title(f"{label}: ratio {summary[metric]['after_over_before']}")
+        ax.set_xlim(-0.6, 1.6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,693 @@
+"""The Open Inference Protocol (KServe v2) codec: inference requests and responses.
+
+Pure functions between HTTP bodies and numpy arrays, for the server (decode a request,
+encode a response) and the client (encode a request, decode a response). The only I/O
+is through a :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry` passed in, for tensors
+that travel through system shared memory.
+
+Three ways a tensor travels (the same for inputs and outputs):
+
+- **JSON** ``"data"``: a flat or nested (row-major) list. BOOL as ``true`` / ``false``,
+  integers and floats as JSON numbers (FP16 too; non-finite floats as Python's ``NaN`` /
+  ``Infinity``), BYTES as JSON strings (UTF-8).
+- **Binary** (``extension_binary_data.md``): the JSON object is followed by raw tensor
+  bytes; the ``Inference-Header-Content-Length`` HTTP header gives the JSON object's
+  length and each tensor's ``parameters.binary_data_size`` its byte count, in the order
+  the tensors appear in the JSON. Little-endian, row-major, no padding; BOOL one byte
+  (0 / 1); BYTES each element a 4-byte little-endian unsigned length then its bytes.
+  Requested outputs ask for it with ``parameters.binary_data``; the request parameter
+  ``binary_data_output`` sets the default.
+- **System shared memory** (``extension_shared_memory.md``): parameters
+  ``shared_memory_region``, ``shared_memory_offset`` (default 0) and
+  ``shared_memory_byte_size`` name bytes in a region registered beforehand; the tensor's
+  bytes there use the binary layout above, and the JSON carries no data.
+
+numpy <-> v2 datatypes: ``bool`` BOOL, ``uint8..uint64`` UINT8..UINT64, ``int8..int64``
+INT8..INT64, ``float16/32/64`` FP16/FP32/FP64, and BYTES for ``object`` arrays of
+``bytes`` / ``str``, ``S`` (bytes) and ``U`` (str) arrays. Decoded BYTES tensors are
+``object`` arrays of ``bytes``. BF16 is not supported (numpy has no bfloat16).
+
+Every malformed request raises :class:`ProtocolError` (HTTP 400) whose message names the
+tensor and what was wrong; the server sends it as ``{"error": message}``.
+
+Where the code is (this module is the public API: import every name in ``__all__``
+from here):
+
+- :mod:`infscaler.api.codec_tensors`: datatypes, :class:`ProtocolError`, one tensor's
+  binary layout and JSON ``data``;
+- :mod:`infscaler.api.codec_json`: the JSON envelope (strict parsing, the
+  ``Inference-Header-Content-Length`` split, ``$parameters``, shapes);
+- here: the data model and the four codec entry points, :func:`decode_infer_request`
+  and :func:`encode_infer_response` (server), :func:`encode_infer_request` and
+  :func:`decode_infer_response` (client), with system shared memory in / out.
+
+Sources: KServe / Triton ``protocol/`` docs: the v2 REST inference request / response
+JSON (``$inference_request``, ``$request_input``, ``$request_output``,
+``$inference_response``, ``$response_output``), ``extension_binary_data.md``,
+``extension_shared_memory.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from infscaler.api.codec_json import (
+    HEADER_LENGTH,
+    MAX_JSON_DEPTH,
+    MAX_TIMEOUT_MS,
+    check_parameters,
+    nonneg_int,
+    params_of,
+    parse_header_length,
+    parse_json,
+    parse_json_object,
+    parse_shape,
+    parse_timeout_ms,
+    shm_params,
+    split_body,
+)
+from infscaler.api.codec_tensors import (
+    DATATYPES,
+    ProtocolError,
+    datatype_of,
+    deserialize_bytes,
+    dumps,
+    error_body,
+    from_json_data,
+    json_default,
+    serialize_bytes,
+    tensor_byte_size,
+    tensor_from_bytes,
+    tensor_to_bytes,
+    to_json_data,
+)
+
+if TYPE_CHECKING:
+    from infscaler.api.sysshm import SystemSharedMemoryRegistry
+
+__all__ = [
+    "DATATYPES",
+    "HEADER_LENGTH",
+    "MAX_JSON_DEPTH",
+    "MAX_TIMEOUT_MS",
+    "InferRequest",
+    "InferResult",
+    "ProtocolError",
+    "RequestedOutput",
+    "ShmOutput",
+    "ShmTensor",
+    "TensorSpec",
+    "datatype_of",
+    "decode_infer_request",
+    "decode_infer_response",
+    "deserialize_bytes",
+    "encode_infer_request",
+    "encode_infer_response",
+    "error_body",
+    "json_default",
+    "parse_header_length",
+    "parse_json_object",
+    "parse_timeout_ms",
+    "serialize_bytes",
+    "tensor_byte_size",
+    "tensor_from_bytes",
+    "tensor_to_bytes",
+]
+
+
+# -- data model ---------------------------------------------------------------------------
+
+
+@dataclass
+class TensorSpec:
+    """What a model takes: a tensor ``name``, its v2 ``datatype`` and ``shape``
+    (-1: any size along that dimension; the rank must match)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+@dataclass
+class RequestedOutput:
+    """An output the request asked for (``$request_output``).
+
+    Attributes:
+        binary: return it as binary data (its ``binary_data`` parameter, else the
+            request's ``binary_data_output``).
+        shm: ``(region, offset, byte_size)`` to write it to system shared memory instead.
+    """
+
+    name: str
+    binary: bool = False
+    shm: tuple[str, int, int] | None = None
+
+
+@dataclass
+class InferRequest:
+    """A decoded inference request (``$inference_request``).
+
+    Attributes:
+        id: the request's ``id`` (echoed in the response), or None.
+        inputs: name -> array, in request order. BYTES inputs are ``object`` arrays of ``bytes``.
+        outputs: the requested outputs in request order; None: all outputs, each binary
+            iff ``binary_output_default``.
+        parameters: the request's ``parameters`` object as sent (e.g. ``timeout_ms``).
+        binary_output_default: the request parameter ``binary_data_output``.
+    """
+
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    binary_output_default: bool = False
+
+
+@dataclass
+class ShmTensor:
+    """An input tensor already in a registered system shared memory region
+    (``extension_shared_memory.md``): ``byte_size`` bytes at ``offset`` in ``region``,
+    laid out as binary tensor data of ``datatype`` / ``shape``."""
+
+    region: str
+    datatype: str
+    shape: list[int]
+    byte_size: int
+    offset: int = 0
+
+
+@dataclass
+class ShmOutput:
+    """Where an output should go: at most ``byte_size`` bytes at ``offset`` in the
+    registered system shared memory ``region``."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+@dataclass
+class InferResult:
+    """A decoded inference response (``$inference_response``).
+
+    Attributes:
+        outputs: name -> array for outputs that came in the body (JSON or binary); BYTES
+            as ``object`` arrays of ``bytes`` (the client may decode them to ``str``).
+        parameters: the response's ``parameters`` (InfScaler: ``latency_ms``, ``unit_ms``).
+        shm_outputs: outputs written to shared memory: name -> ``datatype``, ``shape`` and
+            their parameters (``shared_memory_region``, ``shared_memory_offset``,
+            ``shared_memory_byte_size``: the bytes actually written).
+    """
+
+    model_name: str
+    id: str | None
+    outputs: dict[str, np.ndarray]
+    parameters: dict[str, Any] = field(default_factory=dict)
+    shm_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model_version: str | None = None
+
+    def as_numpy(self, name: str) -> np.ndarray | None:
+        """The output ``name``, or None (tritonclient's spelling)."""
+        return self.outputs.get(name)
+
+
+# -- request decoding (server) ------------------------------------------------------------
+
+
+def _shm_call(shm: SystemSharedMemoryRegistry | None, where: str, op: str, *args: Any) -> Any:
+    """``shm.<op>(*args)`` (``check``, ``read`` or ``write``) with ``where`` in its error."""
+    if shm is None:
+        raise ProtocolError(f"{where}: system shared memory is not available on this server")
+    try:
+        return getattr(shm, op)(*args)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{where}: {exc.message}", exc.status, exc.hint) from None
+
+
+def _check_spec(spec: TensorSpec, datatype: str, shape: list[int], where: str) -> None:
+    if datatype != spec.datatype:
+        raise ProtocolError(
+            f"{where}: datatype {datatype} does not match the model's {spec.datatype}"
+        )
+    if len(shape) != len(spec.shape) or any(
+        s != -1 and s != d for s, d in zip(spec.shape, shape, strict=True)
+    ):
+        raise ProtocolError(
+            f"{where}: shape {shape} does not match the model's {list(spec.shape)} (-1: any size)"
+        )
+
+
+def decode_infer_request(
+    body: bytes,
+    *,
+    header_length: int | None,
+    input_specs: Sequence[TensorSpec] | None = None,
+    shm: SystemSharedMemoryRegistry | None = None,
+    max_elements: int | None = None,
+    copy: bool = True,
+) -> InferRequest:
+    """Decode and validate an inference request body (v2 ``$inference_request``).
+
+    Args:
+        body: the HTTP body: a JSON object, or (binary tensor data extension) a JSON object
+            of ``header_length`` bytes followed by the inputs' binary data.
+        header_length: the ``Inference-Header-Content-Length`` header as an int, or None.
+        input_specs: the model's inputs; when given, every input must be named exactly
+            once with its datatype and a matching shape (-1 matches any size).
+        shm: the system shared memory registry inputs may name, and outputs may target.
+        max_elements: refuse any input with more elements than this.
+        copy: False: binary tensor data inputs are zero-copy views of ``body`` (where
+            the layout allows; see :func:`tensor_from_bytes`): for a body the caller owns
+            and leaves unchanged while the inputs are in use. Shared memory inputs are
+            always copied (the client may rewrite its region).
+
+    Returns:
+        An :class:`InferRequest`: each input an array of its datatype's dtype and shape
+        (a copy, never a view of ``body`` or of shared memory, unless ``copy=False``);
+        BYTES as ``object``
+        arrays of ``bytes``; 0-d and empty tensors as such.
+
+    Raises:
+        ProtocolError: (400) with a message naming the input / output and the fault: bad
+            JSON or a missing / mistyped field; an unknown datatype; element count != the
+            shape's; ``binary_data_size`` that does not match the tensor or runs past the
+            body, or binary bytes nobody claims; ``header_length`` beyond the body; an
+            unknown, missing or duplicate input (vs ``input_specs``); datatype or shape
+            not the model's; an unregistered shared memory region, or offset + size beyond
+            it; more than ``max_elements`` elements; a duplicate requested output.
+    """
+    header, blobs = split_body(body, header_length)
+    doc = parse_json(header, "request", header_length)
+    req_id = doc.get("id")
+    if req_id is not None and not isinstance(req_id, str):
+        raise ProtocolError(f"request id must be a string, got {type(req_id).__name__}")
+    params = params_of(doc, "request")
+    check_parameters(params, "request")
+    binary_default = params.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise ProtocolError(
+            f"request parameter binary_data_output must be true or false, got {binary_default!r}"
+        )
+
+    specs = {s.name: s for s in input_specs} if input_specs is not None else None
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise ProtocolError(
+            'the request needs "inputs": a list of {name, datatype, shape, data} objects'
+            if raw_inputs is None
+            else f'"inputs" must be a list, got {type(raw_inputs).__name__}'
+        )
+    inputs: dict[str, np.ndarray] = {}
+    cursor = 0
+    for i, item in enumerate(raw_inputs):
+        if not isinstance(item, dict):
+            raise ProtocolError(f"inputs[{i}] must be a JSON object, got {type(item).__name__}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise ProtocolError(f'inputs[{i}] needs a "name" (a non-empty string)')
+        where = f"input '{name}'"
+        if name in inputs:
+            raise ProtocolError(f"{where} is given more than once")
+        if specs is not None and name not in specs:
+            raise ProtocolError(f"unknown {where}; the model's inputs are {sorted(specs)}", 400)
+        datatype = item.get("datatype")
+        if not isinstance(datatype, str):
+            raise ProtocolError(f'{where} needs a "datatype" (e.g. "FP32")')
+        if datatype not in DATATYPES:
+            raise ProtocolError(
+                f"{where}: unknown datatype {datatype!r}; supported: {', '.join(DATATYPES)}"
+            )
+        if "shape" not in item:
+            raise ProtocolError(f'{where} needs a "shape" (a list of integers; [] for a scalar)')
+        shape = parse_shape(item["shape"], where)
+        if specs is not None:
+            _check_spec(specs[name], datatype, shape, where)
+        count = math.prod(shape)
+        if max_elements is not None and count > max_elements:
+            raise ProtocolError(
+                f"{where}: shape {shape} has {count} elements; this server accepts at most {max_elements}"
+            )
+        p = params_of(item, where)
+        ref = shm_params(p, where)
+        has_data = "data" in item
+        has_binary = "binary_data_size" in p
+        if sum((ref is not None, has_data, has_binary)) > 1:
+            raise ProtocolError(
+                f'{where}: give its data one way only: "data", binary_data_size, or shared memory'
+            )
+        if ref is not None:
+            expected = count * DATATYPES[datatype].itemsize
+            if datatype != "BYTES" and ref[2] != expected:
+                raise ProtocolError(
+                    f"{where}: shared_memory_byte_size {ref[2]} does not match shape {shape} "
+                    f"of {datatype} ({expected} bytes)"
+                )
+            # a private copy (pread): the client's object may change or shrink meanwhile
+            data = _shm_call(shm, where, "read", *ref)
+            inputs[name] = tensor_from_bytes(data, datatype, shape, where, copy=False)
+        elif has_binary:
+            size = nonneg_int(p["binary_data_size"], "binary_data_size", where)
+            if header_length is None:
+                raise ProtocolError(
+                    f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header"
+                )
+            if cursor + size > len(blobs):
+                raise ProtocolError(
+                    f"{where}: binary_data_size {size} runs past the end of the body "
+                    f"({len(blobs) - cursor} of {len(blobs)} binary bytes left)"
+                )
+            if datatype != "BYTES" and size != count * DATATYPES[datatype].itemsize:
+                raise ProtocolError(
+                    f"{where}: binary_data_size {size} does not match shape {shape} of "
+                    f"{datatype} ({count * DATATYPES[datatype].itemsize} bytes)"
+                )
+            inputs[name] = tensor_from_bytes(
+                blobs[cursor : cursor + size], datatype, shape, where, copy=copy
+            )
+            cursor += size
+        elif has_data:
+            inputs[name] = from_json_data(item["data"], datatype, shape, where)
+        else:
+            raise ProtocolError(
+                f'{where} has no data: give "data", parameters.binary_data_size, or '
+                "parameters.shared_memory_region / shared_memory_byte_size"
+            )
+    if cursor != len(blobs):
+        raise ProtocolError(
+            f"{len(blobs) - cursor} bytes of binary data after the JSON header are not claimed "
+            f"by any input's binary_data_size (claimed: {cursor} of {len(blobs)})"
+        )
+    if specs is not None:
+        missing = [n for n in specs if n not in inputs]
+        if missing:
+            raise ProtocolError(f"missing input(s) {missing}; the model needs {list(specs)}")
+
+    outputs = _decode_requested(doc.get("outputs"), binary_default, shm)
+    return InferRequest(
+        id=req_id,
+        inputs=inputs,
+        outputs=outputs,
+        parameters=params,
+        binary_output_default=binary_default,
+    )
+
+
+def _decode_requested(
+    raw: Any, binary_default: bool, shm: SystemSharedMemoryRegistry | None
+) -> list[RequestedOutput] | None:
+    if raw is None or raw == []:
+        return None
+    if not isinstance(raw, list):
+        raise ProtocolError(f'"outputs" must be a list, got {type(raw).__name__}')
+    out: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ProtocolError(f"outputs[{i}] must be a JSON object, got {type(item).__name__}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise ProtocolError(f'outputs[{i}] needs a "name" (a non-empty string)')
+        where = f"requested output '{name}'"
+        if name in seen:
+            raise ProtocolError(f"{where} is requested more than once")
+        seen.add(name)
+        p = params_of(item, where)
+        if "classification" in p:
+            raise ProtocolError(f"{where}: the classification extension is not supported")
+        binary = p.get("binary_data", binary_default)
+        if not isinstance(binary, bool):
+            raise ProtocolError(f"{where}: binary_data must be true or false, got {binary!r}")
+        ref = shm_params(p, where)
+        if ref is not None:
+            _shm_call(shm, where, "check", *ref)  # the region exists and holds the range
+        out.append(RequestedOutput(name, binary, ref))
+    return out
+
+
+# -- response encoding (server) -----------------------------------------------------------
+
+
+def _body_and_headers(
+    doc: dict[str, Any], blobs: list[Any], join: bool = True
+) -> tuple[Any, dict[str, str]]:
+    header = dumps(doc)
+    if not blobs:
+        return (header if join else [header]), {"Content-Type": "application/json"}
+    return (b"".join([header, *blobs]) if join else [header, *blobs]), {
+        "Content-Type": "application/octet-stream",
+        HEADER_LENGTH: str(len(header)),
+    }
+
+
+def encode_infer_response(
+    *,
+    model_name: str,
+    model_version: str = "1",
+    request_id: str | None,
+    outputs: Mapping[str, np.ndarray],
+    requested: Sequence[RequestedOutput] | None,
+    binary_default: bool,
+    parameters: Mapping[str, Any] | None = None,
+    shm: SystemSharedMemoryRegistry | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """Encode an inference response (v2 ``$inference_response``).
+
+    Args:
+        outputs: what the model produced, name -> array (any dtype :func:`datatype_of`
+            maps; BYTES as ``U`` / ``S`` / ``object`` of bytes or str).
+        requested: the request's outputs (:attr:`InferRequest.outputs`): only these are
+            sent, in this order, each as JSON, binary data, or into shared memory. None:
+            every output, binary iff ``binary_default``.
+        parameters: response parameters (numbers, strings, booleans).
+        shm: the registry holding the regions requested outputs name.
+
+    Returns:
+        ``(body, headers)``. With no binary outputs the body is JSON and ``Content-Type``
+        is ``application/json``; otherwise (``extension_binary_data.md``) the JSON is
+        followed by the binary outputs in order, ``Content-Type`` is
+        ``application/octet-stream`` and ``Inference-Header-Content-Length`` gives the
+        JSON's length. Outputs sent to shared memory are written there and reported with
+        ``shared_memory_region`` / ``_offset`` / ``_byte_size`` (bytes written) and no
+        data. A BYTES output that is not valid UTF-8 cannot be JSON and goes as binary.
+
+    Raises:
+        ProtocolError: 400: an output requested that the model does not produce, or an
+            output larger than its shared memory range (or the region is gone); 500: an
+            output whose dtype the protocol cannot carry.
+    """
+    if requested is None:
+        plan = [RequestedOutput(n, binary_default, None) for n in outputs]
+    else:
+        plan = list(requested)
+        unknown = [r.name for r in plan if r.name not in outputs]
+        if unknown:
+            raise ProtocolError(
+                f"unknown output(s) {unknown} requested; model {model_name} has outputs {list(outputs)}"
+            )
+    entries: list[dict[str, Any]] = []
+    blobs: list[Any] = []
+    for r in plan:
+        where = f"output '{r.name}'"
+        arr = np.asarray(outputs[r.name])
+        try:
+            datatype = datatype_of(arr)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{where}: {exc.message}", 500) from None
+        entry: dict[str, Any] = {"name": r.name, "datatype": datatype, "shape": list(arr.shape)}
+        data = raw = None
+        try:
+            if r.shm is None and not r.binary:
+                data = to_json_data(arr, datatype)
+            if data is None:
+                raw = tensor_to_bytes(arr, datatype)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{where}: {exc.message}", 500) from None
+        if data is not None:
+            entry["data"] = data
+        else:
+            if r.shm is not None:
+                region, offset, size = r.shm
+                if len(raw) > size:
+                    raise ProtocolError(
+                        f"{where} is {len(raw)} bytes ({datatype} {list(arr.shape)}) but its shared "
+                        f"memory range (region '{region}', offset {offset}) holds only {size}"
+                    )
+                _shm_call(shm, where, "write", region, offset, raw)
+                entry["parameters"] = {
+                    "shared_memory_region": region,
+                    "shared_memory_offset": offset,
+                    "shared_memory_byte_size": len(raw),
+                }
+            else:
+                entry["parameters"] = {"binary_data_size": len(raw)}
+                blobs.append(raw)
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        doc["id"] = request_id
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    doc["outputs"] = entries
+    return _body_and_headers(doc, blobs)
+
+
+# -- request encoding / response decoding (client) ----------------------------------------
+
+
+def encode_infer_request(
+    inputs: Mapping[str, np.ndarray | ShmTensor],
+    *,
+    outputs: Sequence[RequestedOutput] | None = None,
+    binary: bool = True,
+    binary_output: bool | None = None,
+    request_id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    join: bool = True,
+) -> tuple[Any, dict[str, str]]:
+    """Encode an inference request (the client side of :func:`decode_infer_request`).
+
+    Args:
+        inputs: name -> array (any dtype :func:`datatype_of` maps), or a :class:`ShmTensor`
+            for data already in a registered shared memory region.
+        outputs: outputs to ask for; None: all (the server's choice).
+        binary: send arrays as binary tensor data (else JSON ``data``; BYTES that are not
+            valid UTF-8 always go binary).
+        binary_output: the ``binary_data_output`` request parameter (None: not sent).
+        request_id: the request ``id``.
+        parameters: more request parameters (e.g. ``timeout_ms``).
+        join: False: the body as a list of parts (the JSON header, then each input's
+            binary data as a zero-copy ``memoryview`` of the array where its layout
+            allows) to send one after the other without joining them.
+
+    Returns:
+        ``(body, headers)`` with ``Content-Type`` and, when binary data follows the JSON,
+        ``Inference-Header-Content-Length``. ``body``: bytes (a list with ``join=False``).
+
+    Raises:
+        ProtocolError: an input whose dtype the protocol cannot carry.
+    """
+    entries: list[dict[str, Any]] = []
+    blobs: list[Any] = []
+    for name, value in inputs.items():
+        if isinstance(value, ShmTensor):
+            if value.datatype not in DATATYPES:
+                raise ProtocolError(
+                    f"input '{name}': unknown datatype {value.datatype!r}; supported: {', '.join(DATATYPES)}"
+                )
+            entries.append(
+                {
+                    "name": name,
+                    "datatype": value.datatype,
+                    "shape": [int(d) for d in value.shape],
+                    "parameters": {
+                        "shared_memory_region": value.region,
+                        "shared_memory_offset": int(value.offset),
+                        "shared_memory_byte_size": int(value.byte_size),
+                    },
+                }
+            )
+            continue
+        arr = np.asarray(value)
+        try:
+            datatype = datatype_of(arr)
+        except ProtocolError as exc:
+            raise ProtocolError(f"input '{name}': {exc.message}") from None
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+        data = None if binary else to_json_data(arr, datatype)
+        if data is not None:
+            entry["data"] = data
+        else:
+            raw = tensor_to_bytes(arr, datatype)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        entries.append(entry)
+    doc: dict[str, Any] = {}
+    if request_id is not None:
+        doc["id"] = request_id
+    params = dict(parameters or {})
+    if binary_output is not None:
+        params["binary_data_output"] = bool(binary_output)
+    if params:
+        doc["parameters"] = params
+    doc["inputs"] = entries
+    if outputs is not None:
+        doc["outputs"] = [_requested_json(r) for r in outputs]
+    return _body_and_headers(doc, blobs, join)
+
+
+def _requested_json(r: RequestedOutput) -> dict[str, Any]:
+    if r.shm is not None:
+        region, offset, size = r.shm
+        return {
+            "name": r.name,
+            "parameters": {
+                "shared_memory_region": region,
+                "shared_memory_offset": int(offset),
+                "shared_memory_byte_size": int(size),
+            },
+        }
+    return {"name": r.name, "parameters": {"binary_data": bool(r.binary)}}
+
+
+def decode_infer_response(body: bytes, *, header_length: int | None) -> InferResult:
+    """Decode an inference response (the client side of :func:`encode_infer_response`).
+
+    Args:
+        body: the HTTP body. header_length: its ``Inference-Header-Content-Length``, or None.
+
+    Returns:
+        An :class:`InferResult`; BYTES outputs as ``object`` arrays of ``bytes``.
+
+    Raises:
+        ProtocolError: a malformed response (bad JSON, unknown datatype, sizes that do not
+            match the shapes or the body).
+    """
+    header, blobs = split_body(body, header_length)
+    doc = parse_json(header, "response", header_length)
+    raw = doc.get("outputs", [])
+    if not isinstance(raw, list):
+        raise ProtocolError('response "outputs" must be a list')
+    outputs: dict[str, np.ndarray] = {}
+    shm_outputs: dict[str, dict[str, Any]] = {}
+    cursor = 0
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise ProtocolError(f'response outputs[{i}] must be an object with a "name"')
+        name = item["name"]
+        where = f"output '{name}'"
+        datatype = item.get("datatype")
+        if datatype not in DATATYPES:
+            raise ProtocolError(f"{where}: unknown datatype {datatype!r}")
+        shape = parse_shape(item.get("shape"), where)
+        p = params_of(item, where)
+        ref = shm_params(p, where)
+        if ref is not None:
+            shm_outputs[name] = {"datatype": datatype, "shape": shape, **p}
+        elif "binary_data_size" in p:
+            size = nonneg_int(p["binary_data_size"], "binary_data_size", where)
+            if cursor + size > len(blobs):
+                raise ProtocolError(
+                    f"{where}: binary_data_size {size} runs past the end of the response body"
+                )
+            outputs[name] = tensor_from_bytes(blobs[cursor : cursor + size], datatype, shape, where)
+            cursor += size
+        elif "data" in item:
+            outputs[name] = from_json_data(item["data"], datatype, shape, where)
+        else:
+            raise ProtocolError(f"{where} has neither data, binary_data_size nor shared memory")
+    if cursor != len(blobs):
+        raise ProtocolError(f"{len(blobs) - cursor} unclaimed bytes of binary data in the response")
+    version = doc.get("model_version")
+    return InferResult(
+        model_name=str(doc.get("model_name", "")),
+        id=doc.get("id"),
+        outputs=outputs,
+        parameters=params_of(doc, "response"),
+        shm_outputs=shm_outputs,
+        model_version=None if version is None else str(version),
+    )

@@ -1,0 +1,101 @@
+"""What every handler of the inference API shares: app keys, JSON and error responses.
+
+The base of the server modules (:mod:`infscaler.api.server` builds the app; the handlers are
+in :mod:`infscaler.api.routes` and :mod:`infscaler.api.repo`; the connection-level
+limits in :mod:`infscaler.api.http`): the keys under which the app holds the service,
+the shared memory registry and the limits, v2 error JSON (``{"error": ...}`` with an
+optional ``Retry-After``), the model version check and the peer's view of shared memory
+and of the status (:mod:`infscaler.base.security`).
+
+Sources: KServe / Triton ``protocol/`` docs (v2 REST error object); RFC 9110 section
+10.2.3 (``Retry-After``); aiohttp ``web.AppKey`` / ``web.RequestKey``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from typing import Any
+
+from aiohttp import web
+
+from infscaler.api.codec import ProtocolError, json_default
+from infscaler.base.security import is_privileged, peer_of, redact
+
+EXTENSIONS = [
+    "binary_tensor_data",
+    "system_shared_memory",
+    "statistics",
+    "model_repository",
+    "infscaler_status",
+]
+#: the :class:`~infscaler.service.service.Service` the app serves
+SERVICE = web.AppKey("service", object)
+#: the :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry`
+SHM = web.AppKey("shm", object)
+#: the request body limit, MB
+MAX_BODY = web.AppKey("max_body_mb", int)
+#: ``{"router": TaskRouter | None}`` (made on the first model-less query)
+TASKS = web.AppKey("tasks", object)
+#: the :class:`~infscaler.base.security.SecurityPolicy` for pipelines loaded through the API
+SECURITY = web.AppKey("security", object)
+#: the Prometheus registry behind ``GET /metrics``
+METRICS = web.AppKey("metrics", object)
+#: the :class:`~infscaler.api.http.HttpLimits`
+LIMITS = web.AppKey("limits", object)
+#: the :class:`~infscaler.base.quotas.LoadBudget` of variant loads per client uid
+LOADS = web.AppKey("loads", object)
+#: when an inference request arrived (``time.monotonic()`` s, before its body was read)
+ARRIVED = web.RequestKey("arrived_s", float)
+#: The only model version there is.
+VERSION = "1"
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    """``data`` as a JSON response (numpy values and bytes through ``json_default``)."""
+    return web.Response(
+        body=json.dumps(data, default=json_default).encode(),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def error_response(message: str, status: int, retry_after_s: float | None = None) -> web.Response:
+    """A v2 error: ``{"error": message}``; with ``Retry-After: <ceil seconds>`` (at least
+    1) when ``retry_after_s`` is a finite number >= 0 (RFC 9110 section 10.2.3)."""
+    resp = json_response({"error": message}, status)
+    if retry_after_s is not None:
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            if math.isfinite(retry_after_s) and retry_after_s >= 0:
+                resp.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+    return resp
+
+
+def status_of(exc: BaseException, default: int) -> int:
+    """``exc.status`` when it is an HTTP error status (400-599), else ``default``."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599:
+        return status
+    return default
+
+
+def shm_of(request: web.Request) -> Any:
+    """The shared memory registry as this request's client sees it (its own regions)."""
+    return request.app[SHM].for_peer(lambda: peer_of(request))
+
+
+def for_peer(request: web.Request, data: Any) -> Any:
+    """``data`` as is for the service's user and root, without file paths for others."""
+    return data if is_privileged(peer_of(request)) else redact(data)
+
+
+def check_version(request: web.Request) -> None:
+    """404 unless the URL's ``{version}`` (when it has one) is the only version, "1"."""
+    version = request.match_info.get("version")
+    if version is not None and version != VERSION:
+        raise ProtocolError(
+            f"model {request.match_info['name']!r} has no version {version[:40]!r}; "
+            f"only version {VERSION} exists (or leave /versions/... out of the URL)",
+            404,
+        )

@@ -1,0 +1,481 @@
+"""The inference API's routes for clients: health, model metadata, inference, statistics,
+status and metrics (the handlers; :func:`infscaler.api.server.create_app` maps the URLs).
+
+An inference request (``POST /v2/models/{name}/infer``, :func:`infer`): the body is read
+once into a buffer of its ``Content-Length`` (:func:`read_body`), decoded against the
+pipeline's inputs (:func:`infscaler.api.codec.decode_infer_request`: JSON, binary tensor
+data or system shared memory), submitted to the service (a future of the front end's
+:class:`~infscaler.runtime.serving.route.Result`), and the result encoded
+(:func:`infscaler.api.codec.encode_infer_response`). A name that is a registered
+model-less task and not a deployed pipeline goes to the task router instead
+(:func:`_infer_task`: the selector picks the variant).
+
+Sources: KServe / Triton ``protocol/`` docs (v2 REST health, metadata and inference,
+``extension_statistics.md``); Prometheus text exposition format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+import infscaler
+from infscaler.api.codec import (
+    ProtocolError,
+    TensorSpec,
+    decode_infer_request,
+    encode_infer_response,
+    parse_header_length,
+    parse_timeout_ms,
+)
+from infscaler.api.common import (
+    ARRIVED,
+    EXTENSIONS,
+    LIMITS,
+    LOADS,
+    MAX_BODY,
+    METRICS,
+    SERVICE,
+    TASKS,
+    VERSION,
+    check_version,
+    error_response,
+    for_peer,
+    json_response,
+    shm_of,
+)
+from infscaler.api.metrics import CONTENT_TYPE, exposition
+from infscaler.base.security import is_privileged, peer_of
+from infscaler.modelless.selector import SelectionError
+from infscaler.modelless.tasks import TaskRouter, task_interface
+from infscaler.modelless.variants import VariantRegistry
+
+# -- model-less tasks ------------------------------------------------------------------
+
+
+def _task_router(request: web.Request, name: str) -> Any:
+    """The task router when ``name`` is a registered task and not a deployed pipeline
+    (pipelines keep their names), else None."""
+    service = request.app[SERVICE]
+    if any(d.name == name for d in service.deployments()):
+        return None
+    holder = request.app[TASKS]
+    router = holder.get("router")
+    if router is None:
+        registry = VariantRegistry(service.state_dir)
+        if not registry.path.is_file():
+            return None
+        router = holder["router"] = TaskRouter(service, registry).start()
+    if router.has_task(name):
+        return router
+    known = ", ".join(sorted(d.name for d in service.deployments())) or "none"
+    raise SelectionError(
+        f"unknown model or task {name!r} (deployed: {known}; registered tasks: "
+        f"{', '.join(router.tasks()) or 'none'})",
+        404,
+    )
+
+
+def _task_metadata(router: Any, task: str) -> dict[str, Any]:
+    variants = router.catalog().variants(task)
+    iface = task_interface(task, router.variant(variants[0].name) if variants else None)
+    return {
+        "name": task,
+        "versions": ["1"],
+        "platform": "infscaler_task",
+        "inputs": iface["inputs"],
+        "outputs": iface["outputs"],
+        "parameters": {
+            "variants": json.dumps(
+                [
+                    {
+                        "name": v.name,
+                        "latency_ms": round(v.latency_ms, 3),
+                        "accuracy": round(v.accuracy, 4),
+                    }
+                    for v in variants
+                ]
+            ),
+            "description": "model-less task: infer with parameters latency_ms, min_accuracy",
+        },
+    }
+
+
+# -- health / metadata -----------------------------------------------------------------
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return json_response(
+        {"name": "infscaler", "version": infscaler.__version__, "extensions": EXTENSIONS}
+    )
+
+
+async def live(request: web.Request) -> web.Response:
+    return json_response({"live": True})
+
+
+async def ready(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    if service.ready():
+        return json_response({"ready": True})
+    failure = getattr(getattr(service, "frontend", None), "failure", None)
+    why = (
+        "stopping"
+        if service.stopping
+        else f"the front end failed: {failure}"
+        if failure
+        else "pipelines are not ready"
+    )
+    return error_response(f"not ready: {why}", 503)
+
+
+def model_entry(service: Any, dep: Any) -> dict[str, Any]:
+    ok = service.ready(dep.name)
+    return {
+        "name": dep.name,
+        "versions": ["1"],
+        "platform": "infscaler_pipeline",
+        "state": "READY" if ok else "UNAVAILABLE",
+        "ready": ok,
+        "description": dep.pipeline.config.description,
+    }
+
+
+async def models(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return json_response({"models": [model_entry(service, d) for d in service.deployments()]})
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    """``GET /v2/models/{name}[/versions/{v}]``: v2 model metadata (name, versions,
+    platform, inputs, outputs with their datatypes and shapes; -1: any size)."""
+    service = request.app[SERVICE]
+    router = _task_router(request, request.match_info["name"])
+    check_version(request)
+    if router is not None:
+        return json_response(_task_metadata(router, request.match_info["name"]))
+    dep = service.deployment(request.match_info["name"])
+    p = dep.pipeline
+    return json_response(
+        {
+            "name": dep.name,
+            "versions": ["1"],
+            "platform": "infscaler_pipeline",
+            "inputs": [
+                {"name": i.name, "datatype": i.datatype, "shape": i.shape} for i in p.inputs
+            ],
+            "outputs": [
+                {"name": o["name"], "datatype": o["datatype"] or "UNKNOWN", "shape": o["shape"]}
+                for o in p.outputs
+            ],
+            "parameters": {
+                "stages": json.dumps([u.name for u in p.units]),
+                "description": p.config.description,
+            },
+        }
+    )
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name = request.match_info["name"]
+    service.deployment(name)
+    check_version(request)
+    if service.ready(name):
+        return json_response({"name": name, "ready": True})
+    why = service.degraded(name) if hasattr(service, "degraded") else []
+    return error_response(f"model {name} is not ready" + "".join(f"; {w}" for w in why), 503)
+
+
+# -- inference -------------------------------------------------------------------------
+
+
+async def infer(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name = request.match_info["name"]
+    router = _task_router(request, name)
+    if router is not None:
+        check_version(request)
+        return await _infer_task(request, router, name)
+    dep = service.deployment(name)
+    check_version(request)
+    specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
+    req = await _read_infer_request(request, specs)
+    timeout_s = parse_timeout_ms(req.parameters)
+    fut = service.submit(name, _slot_arrays(req.inputs), timeout_s, request.get(ARRIVED))
+    result = await asyncio.wrap_future(fut)
+    return _infer_response(request, req, name, dep, result, {})
+
+
+async def _infer_task(request: web.Request, router: Any, task: str) -> web.Response:
+    """A model-less query: ``POST /v2/models/{task}/infer`` with parameters
+    ``latency_ms`` and ``min_accuracy`` (both optional). The selector (INFaaS Algorithm 1)
+    picks the variant, which is loaded if needed; the response's parameters name it
+    (``variant``, ``meets_requirements``, ``selection``, ``selection_reason``, ...)."""
+    variants = router.catalog().variants(task)
+    iface = task_interface(task, router.variant(variants[0].name) if variants else None)
+    specs = [TensorSpec(i["name"], i["datatype"], list(i["shape"])) for i in iface["inputs"]]
+    req = await _read_infer_request(request, specs)
+    params = dict(req.parameters or {})
+    timeout_s = parse_timeout_ms(params)
+    loop = asyncio.get_running_loop()
+    peer = peer_of(request)
+    budget = request.app[LOADS]
+
+    def before_load(variant: str) -> None:
+        """A client that is not the operator may cause only so many variant loads."""
+        if is_privileged(peer):
+            return
+        wait_s = budget.take(peer.uid)
+        if wait_s is not None:
+            refusal = SelectionError(
+                f"task {task!r}: loading variant {variant} for this query would pass your "
+                f"budget of variant loads ({budget.per_min:g} a minute per user, "
+                "--variant-loads-per-min)",
+                429,
+                hint="retry after Retry-After seconds, or relax latency_ms / "
+                "min_accuracy so that a loaded variant serves the query",
+            )
+            refusal.retry_after_s = wait_s  # type: ignore[attr-defined]
+            raise refusal
+
+    fut, sel = await loop.run_in_executor(
+        None,
+        lambda: router.submit(
+            task,
+            _slot_arrays(req.inputs),
+            latency_ms=params.get("latency_ms"),
+            min_accuracy=params.get("min_accuracy"),
+            timeout_s=timeout_s,
+            before_load=before_load,
+        ),
+    )
+    result = await asyncio.wrap_future(fut)
+    dep = request.app[SERVICE].deployment(sel.variant.name)
+    return _infer_response(request, req, task, dep, result, router.parameters(sel))
+
+
+async def _read_infer_request(request: web.Request, specs: list[Any]) -> Any:
+    """The request's body, read (:func:`read_body`) and decoded against the input
+    ``specs`` (JSON, binary tensor data after ``Inference-Header-Content-Length``, or
+    this client's shared memory regions); binary inputs are views of the body.
+
+    Raises:
+        ProtocolError: (400) a malformed header, body or tensor.
+    """
+    header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
+    body = await read_body(request)
+    json_limit = int(request.app[LIMITS].max_json_mb * (1 << 20))
+    json_size = len(body) if header_length is None else min(header_length, len(body))
+    if json_size > json_limit:  # a chunked body: its length is known only now
+        raise ProtocolError(json_too_large(json_size, json_limit), 413)
+    return decode_infer_request(
+        body, header_length=header_length, input_specs=specs, shm=shm_of(request), copy=False
+    )
+
+
+def json_part_of(request: web.Request) -> int | None:
+    """The length of an inference request's JSON part from its
+    ``Inference-Header-Content-Length`` (None: the whole body is JSON, or the header is
+    malformed, which decoding refuses with 400)."""
+    try:
+        return parse_header_length(request.headers.get("Inference-Header-Content-Length"))
+    except ProtocolError:
+        return None
+
+
+def json_too_large(size: int, limit: int) -> str:
+    """The 413 message for ``size`` bytes of JSON over ``limit``."""
+    return (
+        f"the request carries {size / 1e6:.1f} MB of JSON; at most {limit / 1e6:.1f} MB "
+        "is decoded (JSON takes up to 20x its size in memory once decoded, --max-json-mb): "
+        "send large tensors as binary tensor data (Inference-Header-Content-Length) or "
+        "through system shared memory"
+    )
+
+
+def _too_large(request: web.Request, limit: int, declared: int | None = None) -> Exception:
+    """413 for a body over ``limit``: aiohttp's (its message names ``--max-body-mb``) for
+    the app's own limit, a :class:`ProtocolError` naming the route's otherwise."""
+    if limit == request.app[MAX_BODY] << 20:
+        return web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared or limit + 1)
+    size = f"{declared} bytes" if declared is not None else f"more than {limit} bytes"
+    return ProtocolError(
+        f"request body too large: {size}; {request.method} {request.path[:120]} takes at "
+        f"most {limit // 1024} KB",
+        413,
+    )
+
+
+async def read_body(request: web.Request, limit: int | None = None) -> bytearray | bytes:
+    """The request body, read once into a buffer of its ``Content-Length`` (no growing
+    buffer, no final ``bytes`` copy as in aiohttp's ``request.read()``); the binary
+    tensor data inputs are then zero-copy views of it (``decode_infer_request(...,
+    copy=False)``) until the front end copies them into pool slots. A body without a
+    Content-Length (chunked) is read in chunks up to ``limit``.
+
+    Args:
+        limit: the most bytes it may have (default: the app's ``max_body_mb``).
+
+    Raises:
+        HTTPRequestEntityTooLarge / ProtocolError: (413) beyond ``limit`` (before reading
+            when the length is declared, else as soon as it passes it).
+        HTTPBadRequest: the body ended before its Content-Length (or the connection was
+            lost meanwhile).
+    """
+    n = request.content_length
+    if limit is None:
+        limit = request.app[MAX_BODY] << 20
+    if request.can_read_body is False:
+        return b""
+    if n is None:
+        chunks = bytearray()
+        async for chunk in request.content.iter_chunked(1 << 16):
+            chunks += chunk
+            if limit and len(chunks) > limit:
+                raise _too_large(request, limit)
+        return chunks
+    if limit and n > limit:
+        raise _too_large(request, limit, n)
+    buf = bytearray(n)
+    view = memoryview(buf)
+    pos = 0
+    content = request.content
+    while pos < n:
+        try:
+            chunk = await content.readany()
+        except (ConnectionError, EOFError) as exc:  # the client went away mid-body
+            raise web.HTTPBadRequest(
+                reason=f"the connection was lost after {pos} of the body's {n} bytes ({exc})"
+            ) from None
+        if not chunk:
+            break
+        end = pos + len(chunk)
+        if end > n:  # the HTTP parser holds a body to its Content-Length; never here
+            raise web.HTTPBadRequest(reason=f"the body is longer than its Content-Length {n}")
+        view[pos:end] = chunk
+        pos = end
+    if pos != n:
+        raise web.HTTPBadRequest(
+            reason=f"the body ended after {pos} of its Content-Length {n} bytes"
+        )
+    return buf
+
+
+def _slot_arrays(inputs: dict[str, Any]) -> dict[str, Any]:
+    """BYTES inputs arrive as object arrays of ``bytes``; pool slots hold plain dtypes
+    only, so they travel as fixed-width ``S`` arrays (numpy strips trailing NUL bytes)."""
+    out = {}
+    for k, v in inputs.items():
+        if v.dtype.kind == "O":
+            v = np.array([bytes(x) for x in v.reshape(-1)], dtype=np.bytes_).reshape(v.shape)
+        out[k] = v
+    return out
+
+
+def _infer_response(
+    request: web.Request, req: Any, model_name: str, dep: Any, result: Any, extra: dict
+) -> web.Response:
+    """The v2 infer response for ``result``: its outputs, and as parameters the
+    latency, per-unit ms, fan-out items and ``extra`` (the chosen variant, for tasks)."""
+    params: dict[str, Any] = {
+        "latency_ms": round(result.latency_ms, 3),
+        "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
+        **extra,
+    }
+    if result.items is not None:
+        params["items"] = result.items
+    body, headers = encode_infer_response(
+        model_name=model_name,
+        model_version="1",
+        request_id=req.id,
+        outputs=result.outputs,
+        requested=req.outputs,
+        binary_default=req.binary_output_default,
+        parameters=params,
+        shm=shm_of(request),
+    )
+    return web.Response(body=body, headers=headers)
+
+
+# -- statistics, status, metrics -------------------------------------------------------
+
+
+def _model_stats(service: Any, dep: Any) -> dict[str, Any]:
+    """One ``model_stats`` entry (Triton ``extension_statistics.md``): ``name``,
+    ``version``, ``last_inference`` (ms since the epoch; 0: none yet),
+    ``inference_count``, ``execution_count``, ``inference_stats`` (``success``, ``fail``,
+    ``queue``, ``compute_input``, ``compute_infer``, ``compute_output``, ``cache_hit``,
+    ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats``, then
+    InfScaler's own fields (``latency_ms`` percentiles, ``fail_by_status``,
+    ``rejected``, ``arrival_rate_per_s``, ``units``).
+
+    What is not measured reads 0 rather than a guess: the duration of failed requests
+    (``fail.ns``), ``compute_input`` / ``compute_output`` (copying tensors in and out of
+    the pool is inside ``success.ns``), the response cache (there is none) and
+    ``batch_stats`` (instances batch on their own; per-unit counts are in ``units``)."""
+    snap = dep.route.stats.snapshot()
+    lat = snap["latency"]
+
+    def dur(count: int, total_ms: float) -> dict[str, int]:
+        return {"count": int(count), "ns": int(total_ms * 1e6)}
+
+    compute = [u["compute"] for u in snap["units"]]
+    queue = [u["queue"] for u in snap["units"]]
+    status = service.pipeline_status(dep)
+    return {
+        "name": dep.name,
+        "version": VERSION,
+        "last_inference": int(snap.get("last_inference_ms", 0)),
+        "inference_count": snap["success"],
+        "execution_count": snap["success"],
+        "inference_stats": {
+            "success": dur(snap["success"], lat["total_ms"]),
+            "fail": dur(sum(snap["fail"].values()), 0.0),
+            "queue": dur(sum(q["count"] for q in queue), sum(q["total_ms"] for q in queue)),
+            "compute_input": dur(0, 0.0),
+            "compute_infer": dur(
+                sum(c["count"] for c in compute), sum(c["total_ms"] for c in compute)
+            ),
+            "compute_output": dur(0, 0.0),
+            "cache_hit": dur(0, 0.0),
+            "cache_miss": dur(0, 0.0),
+        },
+        "batch_stats": [],
+        "latency_ms": {k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")},
+        "fail_by_status": {str(k): v for k, v in snap["fail"].items()},
+        "rejected": snap["rejected"],
+        "arrival_rate_per_s": snap["arrival_rate_per_s"],
+        "units": status["units"],
+    }
+
+
+async def stats_one(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    dep = service.deployment(request.match_info["name"])
+    check_version(request)
+    return json_response(for_peer(request, {"model_stats": [_model_stats(service, dep)]}))
+
+
+async def stats_all(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    stats = {"model_stats": [_model_stats(service, d) for d in service.deployments()]}
+    return json_response(for_peer(request, stats))
+
+
+async def service_status(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    status = service.status()
+    status["system_shared_memory"] = shm_of(request).status()
+    return json_response(for_peer(request, status))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: the Prometheus text format (:mod:`infscaler.api.metrics`)."""
+    return web.Response(
+        body=exposition(request.app[METRICS]), headers={"Content-Type": CONTENT_TYPE}
+    )

@@ -1,0 +1,592 @@
+"""The inference API: Open Inference Protocol (KServe v2) over HTTP on a Unix socket.
+
+Endpoints (Triton's REST layout, so its users find what they know):
+
+========================================================  ==============================
+``GET  /v2``                                              server metadata + extensions
+``GET  /v2/health/live``, ``/v2/health/ready``            200, or 503 while not ready
+``GET  /v2/models``                                       deployed pipelines
+``GET  /v2/models/{name}``, ``/v2/models/{name}/ready``   metadata (inputs, outputs), ready
+``POST /v2/models/{name}/infer``                          JSON, binary tensor data, or
+                                                          system shared memory in / out
+``GET  /v2/models/stats``, ``/v2/models/{name}/stats``    statistics extension (+ P50/P99,
+                                                          per unit: instances, queue)
+``.../models/{name}/versions/{v}[/ready|/infer|/stats]``  the same for version ``v``; only
+                                                          ``1`` exists (404 for others)
+``GET  /v2/infscaler/status``                             control path, pool, instances
+``GET  /metrics``                                         Prometheus text format (Triton's
+                                                          ``nv_inference_*`` + ``infscaler_*``)
+``POST /v2/repository/index``                             model repository extension
+``POST /v2/repository/models/{name}/load|unload``         deploy (config in parameters)
+``GET  /v2/systemsharedmemory[/region/{name}]/status``    system shared memory extension
+``POST /v2/systemsharedmemory/region/{name}/register``
+``POST /v2/systemsharedmemory[/region/{name}]/unregister``
+========================================================  ==============================
+
+Who may call what (:mod:`infscaler.base.security`): the repository endpoints answer only the
+service's own user and root (403 for others, by the socket's peer credentials); system
+shared memory regions belong to the uid that registered them; the status hides file
+paths from other clients.
+
+Errors are ``{"error": "..."}`` (``Content-Type: application/json``) with 400 (bad
+request, a function stage's :class:`~infscaler.runtime.serving.instance.StageInputError`, or
+malformed HTTP), 403 (not allowed), 404 (unknown route / model / version / region), 405, 408 (request not
+received in time), 409 (name taken), 413 (body too large), 429 / 503 (overloaded, not
+ready, stopping; with ``Retry-After`` when the refusal says when to retry), 500 (a stage
+failed on a valid request). A bad request fails alone: the server, the pipeline and
+every other request go on. Connection-level limits (:class:`HttpLimits`): header and
+body read timeouts, an idle keep-alive timeout and a cap on open connections.
+
+Where the code is (this module builds the app and serves it; the public API is its
+``__all__``):
+
+- :mod:`infscaler.api.routes`: the client routes (health, metadata, inference,
+  statistics, status, metrics);
+- :mod:`infscaler.api.repo`: the model repository and system shared memory routes;
+- :mod:`infscaler.api.http`: connection-level limits (:class:`HttpLimits`, the
+  per-connection protocol that enforces them);
+- :mod:`infscaler.api.common`: app keys, v2 error JSON, what every handler shares;
+- here: the error and admission middlewares, :func:`create_app`, the Unix socket
+  (:func:`bind_unix_socket`, :func:`start_unix_server`), the metrics port and
+  :class:`ServerThread`.
+
+Sources: KServe / Triton ``protocol/`` docs (v2 REST, ``extension_binary_data.md``,
+``extension_shared_memory.md``, ``extension_statistics.md``,
+``extension_model_repository.md``); aiohttp ``web.UnixSite``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import socket
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from infscaler.api.common import (
+    ARRIVED,
+    LIMITS,
+    LOADS,
+    MAX_BODY,
+    METRICS,
+    SECURITY,
+    SERVICE,
+    SHM,
+    TASKS,
+    error_response,
+    status_of,
+)
+from infscaler.api.http import (
+    BodyTimeout,
+    BodyTruncated,
+    EdgeRunner,
+    HttpLimits,
+    fit_to_fd_limit,
+)
+from infscaler.api.metrics import make_registry
+from infscaler.api.repo import (
+    repository_index,
+    repository_load,
+    repository_unload,
+    shm_register,
+    shm_status,
+    shm_unregister,
+)
+from infscaler.api.routes import (
+    infer,
+    json_part_of,
+    json_too_large,
+    live,
+    metrics,
+    model_metadata,
+    model_ready,
+    models,
+    ready,
+    server_metadata,
+    service_status,
+    stats_all,
+    stats_one,
+)
+from infscaler.api.sysshm import SystemSharedMemoryRegistry
+from infscaler.base.errors import InfScalerError
+from infscaler.base.quotas import LoadBudget
+from infscaler.base.security import SecurityPolicy, is_privileged_uid, peer_uid
+from infscaler.runtime.serving.admission import request_reservation
+
+__all__ = [
+    "ACCEPT_BATCH",
+    "LISTEN_BACKLOG",
+    "HttpLimits",
+    "ServerThread",
+    "bind_unix_socket",
+    "create_app",
+    "create_metrics_app",
+    "metrics_registry",
+    "prepare_socket_path",
+    "resolve_group",
+    "start_metrics_server",
+    "start_unix_server",
+]
+
+log = logging.getLogger("infscaler.api.server")
+
+#: pending connections the listening socket queues (``listen(2)`` backlog; the kernel caps
+#: it at ``net.core.somaxconn``): an overload burst waits in it for an answer instead of
+#: being refused at connect
+LISTEN_BACKLOG = 4096
+#: connections asyncio accepts in one event loop tick (it passes the ``backlog`` of
+#: ``create_server`` as this batch, ``selector_events._accept_connection``): each holds
+#: an fd before the connection cap can refuse it, so a flood of connects could take a
+#: whole fd limit in one tick with the batch at :data:`LISTEN_BACKLOG`. The socket is
+#: then ``listen``-ed again with the full backlog for the kernel's queue.
+ACCEPT_BATCH = 32
+
+
+# -- the app ---------------------------------------------------------------------------
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every failure becomes v2 error JSON with the right status; nothing escapes.
+
+    Our exceptions (:class:`~infscaler.base.errors.InfScalerError` and subclasses: protocol,
+    service, request, selection errors; and any other ``infscaler`` exception with an
+    int ``status``) answer with their ``status`` (default 400) and, when they carry
+    ``retry_after_s``, a ``Retry-After`` header."""
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(
+            f"request body too large: {exc.text or ''} (the limit is "
+            f"{request.app[MAX_BODY]} MB; pass large tensors through system shared "
+            "memory instead)",
+            413,
+        )
+    except web.HTTPNotFound as exc:
+        if getattr(request.match_info, "http_exception", None) is None:  # a handler's 404
+            return error_response(exc.reason or exc.text or "not found", 404)
+        return error_response(
+            f"no such route: {request.method} {request.path[:200]} (the v2 API is under "
+            "/v2; GET /v2/models lists the models)",
+            404,
+        )
+    except web.HTTPMethodNotAllowed as exc:
+        return error_response(
+            f"{request.method} is not allowed on {request.path[:200]} (allowed: "
+            f"{', '.join(sorted(exc.allowed_methods))})",
+            405,
+        )
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return error_response(exc.reason or exc.text or "error", exc.status)
+        raise
+    except BodyTimeout as exc:
+        return error_response(str(exc), 408)
+    except BodyTruncated as exc:
+        return error_response(str(exc), 400)
+    except ConnectionError as exc:  # the client went away mid-request: nobody to answer
+        log.debug("client gone on %s %s: %s", request.method, request.path, exc)
+        return error_response(f"the connection was lost: {exc}", 400)
+    except InfScalerError as exc:  # ServiceError, RequestError, ProtocolError, ...
+        return error_response(str(exc), status_of(exc, 400), getattr(exc, "retry_after_s", None))
+    except Exception as exc:  # noqa: BLE001 - logged with its traceback; the client gets 500
+        if type(exc).__module__.startswith("infscaler") and status_of(exc, 0):
+            # one of ours that is not an InfScalerError but says how to answer
+            return error_response(
+                str(exc), status_of(exc, 500), getattr(exc, "retry_after_s", None)
+            )
+        log.exception("internal error on %s %s", request.method, request.path)
+        return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+@web.middleware
+async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Bytes in flight (:mod:`infscaler.runtime.serving.admission`), on every route that reads a
+    body: a request reserves bytes from the service's budget, and from its client's
+    (peer uid) share of it, *before* its body is read, and gives them back once
+    answered (or cancelled). An inference reserves twice its declared binary part (the
+    body and its decoded tensors) and 20 times its JSON part (what ``json.loads`` makes
+    of it: :func:`~infscaler.runtime.serving.admission.request_reservation`; the body limit is
+    assumed when no length is declared), and a JSON part over ``max_json_mb`` is 413 at
+    once; any other POST (shared memory register, repository load) its declared
+    length, at most the control body limit
+    (:attr:`~infscaler.base.quotas.PeerQuotas.control_body_kb`; a longer declared body
+    is 413 at once). Over a budget: 503 with ``retry_after_s``; the body is then read and
+    thrown away in small chunks (never held), so the client, still sending it, gets the
+    answer instead of a reset. The service's own user and root are held to the
+    service-wide budget only."""
+    service = request.app[SERVICE]
+    if request.method != "POST" or not hasattr(service, "reserve_bytes"):
+        return await handler(request)
+    infer = request.path.endswith("/infer")
+    declared = request.content_length
+    if infer:
+        request[ARRIVED] = time.monotonic()  # deadlines count from here, not the submit
+        limit = request.app[MAX_BODY] << 20
+        json_bytes = json_part_of(request)
+        json_limit = int(request.app[LIMITS].max_json_mb * (1 << 20))
+        known = declared if json_bytes is None else json_bytes
+        if known is not None and min(known, limit) > json_limit:
+            resp = error_response(json_too_large(min(known, limit), json_limit), 413)
+            resp.force_close()  # the body is never read
+            return resp
+        nbytes = request_reservation(declared, limit, json_bytes)
+    else:
+        limit = request.app[LIMITS].quotas.control_body_bytes
+        if declared is not None and declared > limit:
+            resp = error_response(
+                f"request body too large: {declared} bytes; {request.method} "
+                f"{request.path[:120]} takes at most {limit // 1024} KB",
+                413,
+            )
+            resp.force_close()  # the rest of the body is never read
+            return resp
+        nbytes = limit if declared is None else declared
+    uid = peer_uid(request.transport.get_extra_info("socket") if request.transport else None)
+    peer = None if is_privileged_uid(uid) and uid >= 0 else uid
+    try:
+        service.reserve_bytes(nbytes, peer)
+    except InfScalerError:
+        with contextlib.suppress(Exception):
+            seen = 0
+            async for chunk in request.content.iter_chunked(1 << 16):
+                seen += len(chunk)
+                if seen > limit:
+                    break
+        raise
+    try:
+        return await handler(request)
+    finally:
+        service.release_bytes(nbytes, peer)
+
+
+def create_app(
+    service: Any,
+    *,
+    shm: Any = None,
+    max_body_mb: int = 64,
+    tasks: Any = None,
+    security: Any = None,
+    limits: HttpLimits | None = None,
+) -> web.Application:
+    """The aiohttp application for ``service`` (:class:`~infscaler.service.service.Service`).
+
+    Args:
+        shm: a :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry` (created if None).
+        max_body_mb: request body limit, MB (413 beyond it).
+        tasks: a :class:`~infscaler.modelless.tasks.TaskRouter` for model-less queries (default:
+            one over the variant registry in the service's state dir, made on the first
+            query that names a registered task).
+        security: the :class:`~infscaler.base.security.SecurityPolicy` for pipelines loaded
+            through the API (default: bundled function modules only, no model repository).
+        limits: connection-level limits and the per-client quotas (:class:`HttpLimits`;
+            default: its defaults), applied by :func:`start_unix_server`; fitted to the
+            process's fd limit first (:func:`~infscaler.api.http.fit_to_fd_limit`).
+    """
+    app = web.Application(middlewares=[_errors, _admission], client_max_size=max_body_mb << 20)
+    limits = fit_to_fd_limit(limits if limits is not None else HttpLimits())
+    quotas = limits.quotas
+    app[SERVICE] = service
+    app[SHM] = (
+        shm
+        if shm is not None
+        else SystemSharedMemoryRegistry(
+            max_regions_per_uid=quotas.regions_per_uid, max_regions=quotas.regions
+        )
+    )
+    app[LOADS] = LoadBudget(quotas.variant_loads_per_min)
+    app[MAX_BODY] = max_body_mb
+    app[TASKS] = {"router": tasks}
+    app[SECURITY] = security if security is not None else SecurityPolicy()
+    app[METRICS] = make_registry(service)
+    app[LIMITS] = limits
+    r = app.router
+    r.add_get("/v2", server_metadata)
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready)
+    r.add_get("/v2/models", models)
+    r.add_get("/v2/models/stats", stats_all)
+    r.add_get("/v2/models/{name}", model_metadata)
+    r.add_get("/v2/models/{name}/ready", model_ready)
+    r.add_post("/v2/models/{name}/infer", infer)
+    r.add_get("/v2/models/{name}/stats", stats_one)
+    r.add_get("/v2/models/{name}/versions/{version}", model_metadata)
+    r.add_get("/v2/models/{name}/versions/{version}/ready", model_ready)
+    r.add_get("/v2/models/{name}/versions/{version}/stats", stats_one)
+    r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
+    r.add_get("/v2/infscaler/status", service_status)
+    r.add_get("/metrics", metrics)
+    r.add_post("/v2/repository/index", repository_index)
+    r.add_post("/v2/repository/models/{name}/load", repository_load)
+    r.add_post("/v2/repository/models/{name}/unload", repository_unload)
+    r.add_get("/v2/systemsharedmemory/status", shm_status)
+    r.add_get("/v2/systemsharedmemory/region/{name}/status", shm_status)
+    r.add_post("/v2/systemsharedmemory/region/{name}/register", shm_register)
+    r.add_post("/v2/systemsharedmemory/region/{name}/unregister", shm_unregister)
+    r.add_post("/v2/systemsharedmemory/unregister", shm_unregister)
+    app.on_cleanup.append(_cleanup)
+    return app
+
+
+async def _cleanup(app: web.Application) -> None:
+    with contextlib.suppress(Exception):
+        app[SHM].close()
+    router = app[TASKS].get("router")
+    if router is not None:
+        with contextlib.suppress(Exception):
+            router.close()
+
+
+# -- metrics on a TCP port -------------------------------------------------------------
+
+
+def metrics_registry(app: web.Application) -> Any:
+    """The Prometheus registry behind ``app``'s ``GET /metrics``."""
+    return app[METRICS]
+
+
+def create_metrics_app(service: Any, registry: Any = None) -> web.Application:
+    """An application serving only ``GET /metrics`` of ``service`` (for
+    ``--metrics-port``; ``registry``: share the API app's)."""
+    app = web.Application(middlewares=[_errors])
+    app[METRICS] = registry if registry is not None else make_registry(service)
+    app[MAX_BODY] = 0
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_metrics_server(
+    app: web.Application, port: int, host: str = "127.0.0.1"
+) -> tuple[Any, int]:
+    """Serve ``app`` (:func:`create_metrics_app`) on ``host``:``port``: 127.0.0.1 by
+    default (a local Prometheus or node agent); ``0.0.0.0`` is for a container with its
+    own network namespace (a Kubernetes pod scraped by the cluster's Prometheus: the
+    chart in deploy/). Port 0 picks a free one. Returns ``(runner, port)``.
+
+    Raises:
+        InfScalerError: the port is taken or not allowed.
+    """
+    if not 0 <= int(port) <= 65535:
+        raise InfScalerError(f"--metrics-port {port} is not a TCP port (0-65535)")
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, int(port), reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise InfScalerError(
+            f"cannot listen for metrics on {host}:{port}: {exc.strerror or exc}",
+            hint="choose another --metrics-port",
+        ) from None
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, int(bound)
+
+
+# -- serving on a Unix socket ----------------------------------------------------------
+
+
+def prepare_socket_path(path: str | os.PathLike[str]) -> Path:
+    """Make ``path`` usable for a new server: create its directory, remove a stale
+    socket left by a dead server.
+
+    Raises:
+        InfScalerError: another server answers on it, or the path is not a socket.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.exists() or p.is_symlink():
+        if not stat.S_ISSOCK(p.lstat().st_mode):
+            raise InfScalerError(f"{p} exists and is not a socket", hint="choose another --socket")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(p))
+        except OSError:
+            p.unlink()  # stale: nobody listens
+        else:
+            raise InfScalerError(
+                f"another InfScaler service is listening on {p}",
+                hint="stop it first, or pass a different --socket",
+            )
+        finally:
+            s.close()
+    return p
+
+
+def resolve_group(group: str | int) -> int:
+    """A group name or number as a gid.
+
+    Raises:
+        InfScalerError: no such group.
+    """
+    if isinstance(group, int) or str(group).isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(str(group)).gr_gid
+    except KeyError:
+        raise InfScalerError(
+            f"--socket-group {group!r}: no such group", hint="give a group name or a gid"
+        ) from None
+
+
+def bind_unix_socket(
+    path: str | os.PathLike[str], mode: int = 0o660, group: str | int | None = None
+) -> socket.socket:
+    """A listening Unix stream socket at ``path`` whose mode (and group) are final before
+    anyone can reach it: bound inside a fresh private (0700) directory next to ``path``,
+    chmod-ed, chown-ed to ``group`` if given, then renamed into place (``rename(2)`` is
+    atomic). Nothing touches the process-wide umask, so other threads are unaffected.
+
+    Raises:
+        InfScalerError: the group cannot be set (not root and not a member), or the
+            path is too long for a Unix socket.
+    """
+    p = Path(path)
+    gid = None if group is None else resolve_group(group)
+    tmp_dir = tempfile.mkdtemp(prefix=".isc", dir=p.parent)  # mode 0700
+    tmp = os.path.join(tmp_dir, "s")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            sock.bind(tmp)
+        except OSError as exc:
+            raise InfScalerError(
+                f"cannot create the socket next to {p}: {exc}",
+                hint="use a shorter --socket path (a Unix socket path has at most 107 bytes)",
+            ) from None
+        sock.listen(128)  # accept as soon as the path appears (the site listens again)
+        os.chmod(tmp, mode)
+        if gid is not None:
+            try:
+                os.chown(tmp, -1, gid)
+            except PermissionError:
+                raise InfScalerError(
+                    f"cannot give the socket to group {group} (gid {gid}): permission denied",
+                    hint="run the service as root or as a member of that group",
+                ) from None
+        os.rename(tmp, p)
+    except BaseException:
+        sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(tmp_dir)
+    return sock
+
+
+async def start_unix_server(
+    app: web.Application,
+    path: str | os.PathLike[str],
+    mode: int = 0o660,
+    group: str | int | None = None,
+):
+    """Serve ``app`` on the Unix socket ``path`` (mode ``mode``, group ``group`` if
+    given: :func:`bind_unix_socket`, never wider than ``mode``). Returns the runner
+    (``await runner.cleanup()`` to stop)."""
+    p = prepare_socket_path(path)
+    # handler_cancellation: a client that goes away cancels its handler, which cancels
+    # the request's future: the front end drops the request (frees its slots)
+    runner = EdgeRunner(
+        app, app[LIMITS], access_log=None, handle_signals=False, handler_cancellation=True
+    )
+    await runner.setup()
+    sock = bind_unix_socket(p, mode, group)
+    site = web.SockSite(runner, sock, backlog=ACCEPT_BATCH)
+    await site.start()
+    sock.listen(LISTEN_BACKLOG)  # the kernel queues a burst; asyncio takes ACCEPT_BATCH a tick
+    return runner
+
+
+class ServerThread:
+    """The API served from a background thread with its own event loop: for the demo,
+    tests and benchmarks that drive a :class:`~infscaler.service.service.Service` in-process.
+
+    Args:
+        service: a started service. socket_path: where to listen. max_body_mb: body limit.
+        security: a :class:`~infscaler.base.security.SecurityPolicy` (see :func:`create_app`).
+        socket_group: give the socket to this group (name or gid).
+        limits: connection-level limits (:class:`HttpLimits`).
+    """
+
+    def __init__(
+        self,
+        service: Any,
+        socket_path: str | os.PathLike[str],
+        max_body_mb: int = 64,
+        *,
+        security: Any = None,
+        socket_group: str | int | None = None,
+        metrics_port: int | None = None,
+        limits: HttpLimits | None = None,
+    ):
+        self.service = service
+        self.socket_path = str(socket_path)
+        self.socket_group = socket_group
+        self._app = create_app(service, max_body_mb=max_body_mb, security=security, limits=limits)
+        #: ``GET /metrics`` also on 127.0.0.1:metrics_port (0: a free port, set on start)
+        self.metrics_port = metrics_port
+        self._metrics_runner: Any = None
+        self._loop = asyncio.new_event_loop()
+        self._runner: Any = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="infscaler-api", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._runner = self._loop.run_until_complete(
+                start_unix_server(self._app, self.socket_path, group=self.socket_group)
+            )
+            if self.metrics_port is not None:
+                mapp = create_metrics_app(self.service, metrics_registry(self._app))
+                self._metrics_runner, self.metrics_port = self._loop.run_until_complete(
+                    start_metrics_server(mapp, self.metrics_port)
+                )
+        except BaseException as exc:  # noqa: BLE001 - re-raised in start()
+            self._error = exc
+            if self._runner is not None:  # the metrics port failed: free the socket too
+                with contextlib.suppress(Exception):
+                    self._loop.run_until_complete(self._runner.cleanup())
+            self._started.set()
+            return
+        self._started.set()
+        self._loop.run_forever()
+        if self._metrics_runner is not None:
+            self._loop.run_until_complete(self._metrics_runner.cleanup())
+        self._loop.run_until_complete(self._runner.cleanup())
+        self._loop.close()
+
+    def start(self) -> ServerThread:
+        """Start serving; returns once the socket accepts connections.
+
+        Raises:
+            InfScalerError: the socket path is taken (see :func:`prepare_socket_path`).
+        """
+        self._thread.start()
+        self._started.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

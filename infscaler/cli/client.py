@@ -1,0 +1,499 @@
+"""CLI commands that are clients of a running service: ``deploy``, ``undeploy``,
+``infer``, ``status`` (loaded by :mod:`infscaler.cli` when one runs), over its Unix socket
+(``--socket``, default ``$INFSCALER_SOCKET``, systemd's ``$RUNTIME_DIRECTORY`` or
+``/run/infscaler/infscaler.sock``); and what ``serve`` shares with them (the socket, a
+pipeline from a command-line argument).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from infscaler.api.client import Client
+from infscaler.base.config import load_pipeline, pipeline_for_model, validate_pipeline
+from infscaler.base.errors import ConfigError, InfScalerError
+from infscaler.base.models import MODELS
+from infscaler.cli import err, out
+
+#: This module's commands; :mod:`infscaler.cli` loads them when one runs.
+app = typer.Typer(add_completion=False)
+
+DEFAULT_SOCKET = "/run/infscaler/infscaler.sock"
+
+SocketOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--socket",
+        help=f"Unix socket of the service (default $INFSCALER_SOCKET or {DEFAULT_SOCKET}).",
+    ),
+]
+
+
+#: Pipelines shipped in ``infscaler/pipelines`` (``NAME.yaml``), served by name.
+BUNDLED_PIPELINES = ("ocr", "dddd")
+
+
+def default_socket(socket: str | None = None) -> str:
+    """``--socket``, else ``$INFSCALER_SOCKET``, else systemd's ``$RUNTIME_DIRECTORY``,
+    else :data:`DEFAULT_SOCKET`."""
+    if socket:
+        return socket
+    if os.environ.get("INFSCALER_SOCKET"):
+        return os.environ["INFSCALER_SOCKET"]
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return str(Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0]) / "infscaler.sock")
+    return DEFAULT_SOCKET
+
+
+def triton_model(path: Path) -> Path | None:
+    """The ``model.onnx`` of a Triton model directory (``<model>/config.pbtxt`` and
+    ``<model>/<version>/model.onnx``): its highest numeric version's, or None when
+    ``path`` is not one (Triton's ``model_repository.md`` layout; ``config.pbtxt`` is
+    not read: names, shapes and batching come from the ONNX file)."""
+    versions = sorted(
+        (int(v.name), v / "model.onnx")
+        for v in path.iterdir()
+        if v.is_dir() and v.name.isdigit() and (v / "model.onnx").is_file()
+    )
+    return versions[-1][1] if versions else None
+
+
+def pipelines_from_arg(
+    arg: str, partitions: int | None = None, shapes: str | None = None
+) -> list[Any]:
+    """:func:`pipeline_from_arg`, and for a Triton model repository (a directory of
+    Triton model directories) one pipeline per model, named after its directory.
+
+    Raises:
+        ConfigError: as :func:`pipeline_from_arg`.
+    """
+    p = Path(arg)
+    if p.is_dir() and not (p / "plan.yaml").is_file() and triton_model(p) is None:
+        models = sorted(d for d in p.iterdir() if d.is_dir() and triton_model(d) is not None)
+        if models:
+            return [pipeline_from_arg(str(d), partitions, shapes) for d in models]
+    return [pipeline_from_arg(arg, partitions, shapes)]
+
+
+def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | None = None) -> Any:
+    """A pipeline from a ``serve`` argument: a pipeline YAML, an ``.onnx`` model or
+    bundled alias (served whole, or partitioned into ``partitions``), a plan dir, or a
+    Triton model directory (:func:`triton_model`; named after the directory).
+
+    Args:
+        shapes: concrete shapes of a model's dynamic inputs (``--shapes``, trtexec's
+            ``x:1x3x224x224``); for a bundled alias they replace its default.
+
+    Raises:
+        ConfigError: a file that is none of these, or ``shapes`` for a pipeline file or
+            plan directory (their stages carry their own).
+    """
+
+    p = Path(arg)
+    triton = triton_model(p) if p.is_dir() and not (p / "plan.yaml").is_file() else None
+    model = p.suffix == ".onnx" and p.is_file() or arg in MODELS or triton is not None
+    if shapes and not model:
+        raise ConfigError(
+            f"--shapes applies to .onnx models and bundled aliases, not to {arg!r}",
+            hint="set `shapes:` on the model stage in the pipeline file instead",
+        )
+    if p.suffix in (".yaml", ".yml", ".json") and p.is_file():
+        return load_pipeline(p)
+    if triton is not None:  # a Triton model directory: its latest version, its name
+        return pipeline_for_model(triton, name=p.name, partitions=partitions, shapes=shapes)
+    if p.is_dir():
+        if not (p / "plan.yaml").is_file():
+            raise ConfigError(
+                f"{p} is a directory but neither a plan directory (no plan.yaml) nor a "
+                "Triton model directory (no <version>/model.onnx)",
+                hint="give a plan directory (infscaler partition MODEL -o DIR), a Triton "
+                "model directory or repository (MODEL/1/model.onnx), or the .onnx file",
+            )
+        return pipeline_for_model(p)
+    if p.suffix == ".onnx" and p.is_file():
+        return pipeline_for_model(p, partitions=partitions, shapes=shapes)
+    if arg in MODELS:
+        return pipeline_for_model(arg, partitions=partitions, shapes=shapes or MODELS[arg].shapes)
+    if arg in BUNDLED_PIPELINES:
+        return load_pipeline(_bundled(f"{arg}.yaml"))
+    raise ConfigError(
+        f"cannot serve {arg!r}: not a pipeline .yaml, an .onnx file, a plan directory or a "
+        "bundled model",
+        hint="see `infscaler models` for the bundled models",
+    )
+
+
+def with_slo(cfg: Any, slo: str | None, autoscale: bool) -> Any:
+    """``cfg`` with the ``--slo`` / ``--autoscale`` options applied (validated again).
+
+    Raises:
+        ConfigError: an SLO that cannot be read.
+    """
+
+    if slo is None and not autoscale:
+        return cfg
+    data = cfg.model_dump(exclude_none=True)
+    if slo is not None:
+        data["slo"] = slo
+    if autoscale and cfg.autoscale is None:
+        data["autoscale"] = {}
+    return validate_pipeline(data, f"pipeline {cfg.name}")
+
+
+def _bundled(name: str) -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("infscaler.pipelines").joinpath(name)))
+
+
+def _client(socket: str | None) -> Any:
+
+    return Client(default_socket(socket))
+
+
+@app.command("deploy")
+def deploy_cmd(
+    pipeline: Annotated[str, typer.Argument(help="PIPELINE.yaml (or MODEL.onnx / alias).")],
+    socket: SocketOpt = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Model name (default: the pipeline's).")
+    ] = None,
+) -> None:
+    """Deploy a pipeline to a running service (replaces one of the same name)."""
+    cfg = pipeline_from_arg(pipeline)
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    with _client(socket) as c, err.status(f"deploying {name or cfg.name}"):
+        res = c.load(name or cfg.name, data)
+    out.print(f"deployed {res.get('name', name or cfg.name)} in {res.get('seconds', '?')} s")
+
+
+@app.command("undeploy")
+def undeploy_cmd(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    socket: SocketOpt = None,
+) -> None:
+    """Drain and remove a deployed pipeline."""
+    with _client(socket) as c:
+        c.unload(name)
+    out.print(f"undeployed {name}")
+
+
+def load_image(path: Path) -> np.ndarray:
+    """An image file as HxWx3 uint8 RGB.
+
+    Raises:
+        InfScalerError: missing or unreadable image.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    except (OSError, UnidentifiedImageError) as exc:
+        raise InfScalerError(f"cannot read image {path}: {exc}") from None
+
+
+def _parse_inputs(inputs: list[str], image: Path | None, meta: dict) -> dict[str, np.ndarray]:
+    feeds: dict[str, np.ndarray] = {}
+    for item in inputs:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise InfScalerError(f"bad --input {item!r}", hint="use --input NAME=FILE.npy")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InfScalerError(f"cannot read {path} for input {name}: {exc}") from None
+    if image is not None:
+        img_inputs = [i for i in meta["inputs"] if i["datatype"] == "UINT8"]
+        if len(img_inputs) != 1:
+            raise InfScalerError(
+                f"--image needs a model with one UINT8 input; {meta['name']} has "
+                f"{[i['name'] for i in meta['inputs']]}",
+                hint="use --input NAME=FILE.npy",
+            )
+        feeds[img_inputs[0]["name"]] = load_image(image)
+    return feeds
+
+
+def _spec(i: dict) -> str:
+    """``name (FP32 [-1, 3, 224, 224])`` of an input's metadata."""
+    return f"{i['name']} ({i['datatype']} {list(i['shape'])})"
+
+
+def random_input(i: dict, rng: np.random.Generator) -> np.ndarray:
+    """A random tensor for input metadata ``i`` (trtexec's default input): dynamic dims
+    (-1) take 1; floats uniform in [0, 1), integers in [0, 255] (or what the type
+    holds), BOOL random, BYTES the string ``"infscaler"``."""
+    from infscaler.api.codec import DATATYPES
+
+    shape = [1 if int(d) < 0 else int(d) for d in i["shape"]]
+    dt = i["datatype"]
+    if dt == "BYTES":
+        return np.full(shape, b"infscaler", dtype=object)
+    if dt == "BOOL":
+        return rng.random(shape) < 0.5
+    dtype = DATATYPES[dt]
+    if dtype.kind == "f":
+        return rng.random(shape).astype(dtype)
+    top = min(255, int(np.iinfo(dtype).max))
+    return rng.integers(0, top + 1, shape).astype(dtype)
+
+
+def _check_feeds(feeds: dict[str, np.ndarray], meta: dict) -> None:
+    """Each given array has its input's datatype and rank, else a clear error with the
+    conversion to make."""
+    from infscaler.api.codec import DATATYPES
+
+    for i in meta["inputs"]:
+        a = feeds.get(i["name"])
+        if a is None or i["datatype"] not in DATATYPES or i["datatype"] == "BYTES":
+            continue
+        want = DATATYPES[i["datatype"]]
+        if a.dtype != want:
+            raise InfScalerError(
+                f"input {_spec(i)} was given {a.dtype} {list(a.shape)}",
+                hint=f"convert it: np.save(path, a.astype(np.{want.name}))",
+            )
+        if len(a.shape) != len(i["shape"]):
+            raise InfScalerError(
+                f"input {_spec(i)} was given rank {a.ndim} {list(a.shape)}",
+                hint="reshape it to the model's rank (-1: any size)",
+            )
+
+
+def _describe(value: np.ndarray) -> str:
+    if value.dtype.kind in "USO":
+        return "\n".join(str(v.decode() if isinstance(v, bytes) else v) for v in value.reshape(-1))
+    if value.size <= 16:
+        return np.array2string(value, precision=4)
+    return (
+        f"{value.dtype} {list(value.shape)}  min {value.min():.4g}  max {value.max():.4g}  "
+        f"mean {value.mean():.4g}"
+    )
+
+
+@app.command("infer")
+def infer_cmd(
+    model: Annotated[
+        str | None, typer.Argument(help="Model (pipeline) name; omit with --task.")
+    ] = None,
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable).")
+    ] = None,
+    image: Annotated[
+        Path | None, typer.Option("--image", help="An image file for the model's UINT8 input.")
+    ] = None,
+    text: Annotated[
+        list[str] | None,
+        typer.Option("--text", help="A sentence for the model's BYTES input (repeatable)."),
+    ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(
+            "--task",
+            help="Model-less: name a registered task (infscaler variants list); the service "
+            "picks the variant meeting --latency-ms / --min-accuracy.",
+        ),
+    ] = None,
+    latency_ms: Annotated[
+        float | None, typer.Option("--latency-ms", help="With --task: latency requirement, ms.")
+    ] = None,
+    min_accuracy: Annotated[
+        float | None,
+        typer.Option("--min-accuracy", help="With --task: accuracy requirement, 0-1."),
+    ] = None,
+    socket: SocketOpt = None,
+    save: Annotated[
+        Path | None, typer.Option("--save", help="Write each output to DIR/<name>.npy.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outputs as JSON.")] = False,
+    random: Annotated[
+        bool,
+        typer.Option(
+            "--random",
+            help="Fill the inputs not given with random data of their shape and datatype "
+            "(dynamic dims: 1), as trtexec does.",
+        ),
+    ] = False,
+) -> None:
+    """Send one inference request to a running service and print the outputs (with
+    --task: a model-less query; the chosen variant is printed)."""
+    if (model is None) == (task is None):
+        raise InfScalerError(
+            "name a model (pipeline) or a --task, not both"
+            if model is not None
+            else "name a model (pipeline) or a --task",
+            hint="infscaler infer MODEL ..., or infscaler infer --task TASK --latency-ms 20 ...",
+        )
+    if task is None and (latency_ms is not None or min_accuracy is not None):
+        raise InfScalerError("--latency-ms / --min-accuracy apply to --task queries")
+    target = task if task is not None else model
+    assert target is not None
+    with _client(socket) as c:
+        meta = c.model_metadata(target)
+        feeds = _parse_inputs(inputs or [], image, meta)
+        if text:
+            str_inputs = [i for i in meta["inputs"] if i["datatype"] == "BYTES"]
+            if len(str_inputs) != 1:
+                raise InfScalerError(
+                    f"--text needs a model with one BYTES input; {target} has "
+                    f"{[i['name'] for i in meta['inputs']]}"
+                )
+            feeds[str_inputs[0]["name"]] = np.array(text, dtype=object)
+        missing = [i for i in meta["inputs"] if i["name"] not in feeds]
+        if missing and random:
+            rng = np.random.default_rng(0)
+            feeds.update({i["name"]: random_input(i, rng) for i in missing})
+            missing = []
+        if missing:
+            raise InfScalerError(
+                f"{'task' if task else 'model'} {target} needs inputs "
+                f"{', '.join(_spec(i) for i in missing)}",
+                hint="pass --input NAME=FILE.npy, --image or --text, or --random",
+            )
+        _check_feeds(feeds, meta)
+        if task is not None:
+            res = c.infer_task(task, feeds, latency_ms=latency_ms, min_accuracy=min_accuracy)
+        else:
+            res = c.infer(target, feeds)
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
+        for k, v in res.outputs.items():
+            np.save(save / f"{k.replace('/', '_')}.npy", v)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "model": res.model_name,
+                    "parameters": res.parameters,
+                    "outputs": {
+                        k: (v.astype(str) if v.dtype.kind in "SO" else v).tolist()
+                        for k, v in res.outputs.items()
+                    },
+                },
+                default=str,
+            )
+        )
+        return
+    for k, v in res.outputs.items():
+        out.print(f"[bold]{k}[/]: {_describe(v)}", highlight=False)
+    p = res.parameters or {}
+    if "latency_ms" in p:
+        out.print(f"latency {p['latency_ms']:.1f} ms", highlight=False)
+    if "variant" in p:
+        ok = p.get("meets_requirements")
+        out.print(
+            f"variant [bold]{p['variant']}[/] ({p.get('selection')}): "
+            + ("meets the requirements" if ok else "[yellow]does NOT meet the requirements[/]")
+            + f"\n  {p.get('selection_reason', '')}",
+            highlight=False,
+        )
+
+
+@app.command("status")
+def status_cmd(
+    socket: SocketOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Per stage: partition, instances (engine, pid, cores, MB), queue, P50 / P99 ms; the
+    control path; pool slots and MB."""
+    with _client(socket) as c:
+        st = c.status()
+    if as_json:
+        print(json.dumps(st, indent=2, default=str))
+        return
+    print_status(st)
+
+
+def print_status(st: dict[str, Any]) -> None:
+    cp = st["control_path"]
+    pool = st["pool"]
+    out.print(
+        f"control path: [bold]{cp['kind']}[/] ({cp['policy']}; {cp.get('reason', '')})\n"
+        f"tensor pool: {pool['mapped_mb']:.0f} / {pool['cap_mb']:.0f} MB mapped, "
+        f"{pool['slots_in_use']} slots in use, {pool['slots_free']} free; "
+        f"restarts {st.get('restarts', 0)}",
+        highlight=False,
+    )
+    zy = st.get("zygote") or {}
+    if zy:
+        started = zy.get("started") or {}
+        state = (
+            "off"
+            if not zy.get("enabled")
+            else f"pid {zy['pid']}, restarts {zy.get('restarts', 0)}"
+            if zy.get("pid")
+            else f"down ({zy.get('last_error') or 'starting'})"
+        )
+        out.print(
+            f"zygote: {state}; instances forked {started.get('forked', 0)}, "
+            f"spawned {started.get('spawned', 0)}",
+            highlight=False,
+        )
+    res = st.get("resources") or {}
+    if res:
+        out.print(
+            f"device {res['device']}: memory {res['memory_used_mb']:.0f} / "
+            f"{res['memory_cap_mb']:.0f} MB (instances PSS + pool), engine slots "
+            + ", ".join(f"{e} {n}" for e, n in res["max_instances"].items())
+            + f", {res['cores']} cpu thread slots",
+            highlight=False,
+        )
+    for p in st["pipelines"]:
+        req = p["requests"]
+        lat = req["latency"]
+        table = Table(
+            title=f"{p['name']} ({'ready' if p['ready'] else 'NOT ready'}"
+            f"{', DEGRADED' if p.get('degraded') else ''}): "
+            f"{req['success']} ok, {sum(req['fail'].values())} failed, "
+            f"P50 {_ms(lat['p50_ms'])} / P99 {_ms(lat['p99_ms'])} ms"
+        )
+        for col in ("stage", "part", "B_k", "engine pid cores MB", "queue", "P50 ms", "P99 ms"):
+            table.add_column(col)
+        for u in p["units"]:
+            inst = "\n".join(
+                f"{i['engine']} {i['pid']} [{','.join(map(str, i['cores']))}] "
+                f"{i.get('pss_mb') or i['rss_mb']:.0f}"
+                + ("" if i["state"] == "ready" else f" {i['state']}")
+                for i in u["instances"]
+            )
+            inst += "".join(
+                f"\n{r['engine']} restart {r['restarts']} in {r['restart_in_s']:.1f} s"
+                for r in u.get("restarting", [])
+            )
+            inst = inst.strip() or ("front end" if u["engine"] == "frontend" else "-")
+            steps = "".join(  # a fused unit: its steps' mean ms per call
+                f"\n  {st['step']} {_ms(st.get('mean_ms'))} ms" for st in u.get("steps") or ()
+            )
+            table.add_row(
+                u["unit"] + steps,
+                u["partition"] or "-",
+                f"{u['bottleneck']:.3g}" if u["bottleneck"] is not None else "-",
+                inst,
+                str(u["queue"]),
+                _ms(u["compute_p50_ms"]),
+                _ms(u["compute_p99_ms"]),
+            )
+        out.print(table)
+        if p.get("slo_ms") is not None:
+            shed = "" if p.get("queue_limit") is None else f", shedding beyond {p['queue_limit']}"
+            out.print(
+                f"SLO {p['slo_ms']:g} ms, autoscale {'on' if p.get('autoscale') else 'off'}, "
+                f"window {p.get('window')}{shed}",
+                highlight=False,
+            )
+        for why in p.get("degraded", []):
+            out.print(f"  degraded: {why}", highlight=False)
+        for d in p.get("decisions", [])[-5:]:
+            out.print(f"  {d['action']}: {d['reason']}", highlight=False)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"

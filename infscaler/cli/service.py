@@ -1,0 +1,595 @@
+"""CLI commands that run the service: ``serve`` and ``demo`` (loaded by
+:mod:`infscaler.cli` when one runs; the client commands are :mod:`infscaler.cli.client`).
+
+``serve`` runs the service in the foreground (systemd ``Type=notify`` aware: READY=1 once
+the pipelines given are deployed, WATCHDOG pings while healthy, STOPPING=1 and a drain
+of in-flight requests on SIGTERM / SIGINT). ``demo`` starts its own on a temporary socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from infscaler.api.client import Client
+from infscaler.api.server import (
+    HttpLimits,
+    ServerThread,
+    create_app,
+    create_metrics_app,
+    metrics_registry,
+    resolve_group,
+    start_metrics_server,
+    start_unix_server,
+)
+from infscaler.base.config import load_pipeline
+from infscaler.base.device import load_profile
+from infscaler.base.errors import InfScalerError
+from infscaler.base.models import cache_dir
+from infscaler.base.quotas import PeerQuotas
+from infscaler.base.ratelog import install_rate_limit
+from infscaler.base.samples import render_text_image
+from infscaler.base.security import SecurityPolicy
+from infscaler.cli import err, out
+from infscaler.cli.client import (
+    SocketOpt,
+    _bundled,
+    default_socket,
+    pipelines_from_arg,
+    print_status,
+    with_slo,
+)
+from infscaler.cli.watcher import start_watching
+from infscaler.pipelines.ocr import character_error_rate, to_rgb
+from infscaler.service.service import Service
+from infscaler.service.systemd import SystemdNotifier
+from infscaler.shm.cleanup import remove_stale_slabs
+
+#: This module's commands; :mod:`infscaler.cli` loads them when one runs.
+app = typer.Typer(add_completion=False)
+
+#: ``serve --cpu-wake-latency-us`` when not given (:mod:`infscaler.runtime.scaling.wakepolicy`)
+WAKE_DEFAULT = "auto"
+
+
+def wake_option(value: str) -> int | str | None:
+    """``--cpu-wake-latency-us``: ``auto``, ``none`` or an int of µs >= 0.
+
+    Raises:
+        InfScalerError: anything else (the message says what it takes).
+    """
+    v = value.strip().lower()
+    if v in ("auto", "none"):
+        return None if v == "none" else "auto"
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise InfScalerError(
+            f"--cpu-wake-latency-us takes auto, none or microseconds >= 0, got {value!r}",
+            hint="0 keeps idle CPUs polling while serving",
+        )
+    return n
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    # one line per cause every 10 s (with a count): a client flood cannot fill the journal
+    install_rate_limit(10.0)
+
+
+# -- serve --------------------------------------------------------------------------------
+
+
+@app.command("serve")
+def serve_cmd(
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Pipelines to deploy: PIPELINE.yaml, MODEL.onnx, a bundled model alias, "
+            "a plan directory, or a bundled pipeline: `ocr` (PP-OCRv4) or `dddd` (ddddocr "
+            "detector -> recogniser)."
+        ),
+    ] = None,
+    socket: SocketOpt = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Device profile (name or YAML).")
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="Plans and caches (default $STATE_DIRECTORY or ~/.local/state/infscaler).",
+        ),
+    ] = None,
+    control_path: Annotated[
+        str, typer.Option("--control-path", help="auto | ebpf | userspace")
+    ] = "auto",
+    partitions: Annotated[
+        int | None,
+        typer.Option("--partitions", "-k", help="Partition bare models into K parts at deploy."),
+    ] = None,
+    shapes: Annotated[
+        str | None,
+        typer.Option(
+            "--shapes",
+            help="Concrete shapes of a model's dynamic inputs, trtexec style "
+            "(x:1x3x224x224[,y:...]), for the .onnx models and aliases given; a dynamic "
+            "batch dim alone takes 1 with a warning.",
+        ),
+    ] = None,
+    pool_mb: Annotated[int, typer.Option("--pool-mb", help="Tensor pool memory cap, MB.")] = 512,
+    slo: Annotated[
+        str | None,
+        typer.Option("--slo", help="End-to-end latency SLO for every pipeline given (200ms)."),
+    ] = None,
+    autoscale: Annotated[
+        bool,
+        typer.Option(
+            "--autoscale",
+            help="Scale the pipelines' stages asymmetrically to keep P99 under --slo "
+            "(Algorithm 1; pipeline.yaml may set `autoscale:` itself).",
+        ),
+    ] = False,
+    objective: Annotated[
+        str,
+        typer.Option(
+            "--objective",
+            help="With --slo --autoscale and models that name no partitions / threads / "
+            "instances: auto = the planner's search picks K, cuts, threads and instances "
+            "(`infscaler plan --explain`); eq1 = the paper's Eq. 1 as before.",
+        ),
+    ] = "auto",
+    cpu_wake_latency_us: Annotated[
+        str,
+        typer.Option(
+            "--cpu-wake-latency-us",
+            help="Hold a Linux PM QoS request while serving: idle CPUs use no cpuidle state "
+            "slower to leave than this, µs (0: they poll), so requests that find the device "
+            "idle stop paying the cores' wake-up; costs power. auto: hold 0 µs once an "
+            "autoscaled pipeline misses its SLO, while SLO pipelines stay; none: never. Needs root (else "
+            "logged, ignored).",
+        ),
+    ] = WAKE_DEFAULT,
+    max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")] = 64,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Also serve GET /metrics (Prometheus) on --metrics-host:PORT (off by default; "
+            "the socket always serves it).",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            "--metrics-host",
+            help="Address for --metrics-port: 127.0.0.1 (default), or 0.0.0.0 only in a "
+            "container's own network namespace (Kubernetes pod) for a cluster's Prometheus.",
+        ),
+    ] = "127.0.0.1",
+    max_connections: Annotated[
+        int, typer.Option("--max-connections", help="API connections open at once (more: 503).")
+    ] = 512,
+    max_json_mb: Annotated[
+        float,
+        typer.Option(
+            "--max-json-mb",
+            min=0.001,
+            help="JSON an inference request may carry, MB (its body, or the JSON header "
+            "before binary data; 413 beyond): JSON takes up to 20x its size decoded.",
+        ),
+    ] = 16.0,
+    max_connections_per_uid: Annotated[
+        int,
+        typer.Option(
+            "--max-connections-per-uid",
+            min=1,
+            help="Connections one client user may hold open (more: 503); the service's "
+            "user and root are not limited.",
+        ),
+    ] = PeerQuotas.connections_per_uid,
+    operator_connections: Annotated[
+        int,
+        typer.Option(
+            "--operator-connections",
+            min=0,
+            help="Of --max-connections, how many only the service's user and root may use "
+            "(the operator always gets in).",
+        ),
+    ] = PeerQuotas.operator_connections,
+    max_inflight_mb_per_uid: Annotated[
+        float,
+        typer.Option(
+            "--max-inflight-mb-per-uid",
+            min=1,
+            help="Of --max-inflight-mb, what one client user may hold, MB (more: 503).",
+        ),
+    ] = PeerQuotas.inflight_mb_per_uid,
+    max_regions_per_uid: Annotated[
+        int,
+        typer.Option(
+            "--max-regions-per-uid",
+            min=1,
+            help="System shared memory regions one client user may hold registered (more: 429).",
+        ),
+    ] = PeerQuotas.regions_per_uid,
+    max_regions: Annotated[
+        int,
+        typer.Option(
+            "--max-regions",
+            min=1,
+            help="Regions all client users together may hold registered (more: 429).",
+        ),
+    ] = PeerQuotas.regions,
+    variant_loads_per_min: Annotated[
+        float,
+        typer.Option(
+            "--variant-loads-per-min",
+            min=0.01,
+            help="Model-less queries one client user may make per minute that load a "
+            "variant (more: 429 with Retry-After); queries a loaded variant serves are free.",
+        ),
+    ] = PeerQuotas.variant_loads_per_min,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option("--header-timeout", help="Seconds for a request's headers to arrive (408)."),
+    ] = 30.0,
+    body_timeout_s: Annotated[
+        float,
+        typer.Option("--body-timeout", help="Seconds for a request's body to arrive (408)."),
+    ] = 120.0,
+    max_inflight_mb: Annotated[
+        float,
+        typer.Option(
+            "--max-inflight-mb",
+            min=1,
+            help="Budget of request bytes in flight, MB (a request counts twice its "
+            "binary data, body + decoded tensors, and 20x its JSON); beyond it 503 with "
+            "Retry-After, checked before the body is read.",
+        ),
+    ] = 256,
+    drain_s: Annotated[
+        float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
+    ] = 30.0,
+    socket_group: Annotated[
+        str | None,
+        typer.Option(
+            "--socket-group",
+            envvar="INFSCALER_SOCKET_GROUP",
+            help="Give the socket (mode 0660) to this group (name or gid); default: the "
+            "service's own group. Its members may infer.",
+        ),
+    ] = None,
+    allow_functions: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-functions",
+            envvar="INFSCALER_ALLOW_FUNCTIONS",
+            help="A Python package whose functions pipelines loaded through the API may "
+            "use as function stages (repeatable; infscaler.pipelines always). Pipelines "
+            "given on this command line may use the modules they name.",
+        ),
+    ] = None,
+    model_repository: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model-repository",
+            envvar="INFSCALER_MODEL_REPOSITORIES",
+            help="A directory pipelines loaded through the API may take models and plans "
+            "from (repeatable; bundled model aliases always).",
+        ),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+    watch_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--watch-pipelines",
+            help="Deploy DIR's pipeline files and keep the service in step with them "
+            "(load changed, unload removed; a mounted ConfigMap: infscaler.cli.watcher).",
+        ),
+    ] = None,
+) -> None:
+    """Run the service in the foreground on a Unix socket (Open Inference Protocol)."""
+    _setup_logging(verbose)
+
+    limits = HttpLimits(
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        max_connections=max_connections,
+        max_json_mb=max_json_mb,
+        quotas=PeerQuotas(
+            connections_per_uid=max_connections_per_uid,
+            operator_connections=operator_connections,
+            inflight_mb_per_uid=max_inflight_mb_per_uid,
+            regions_per_uid=max_regions_per_uid,
+            regions=max_regions,
+            variant_loads_per_min=variant_loads_per_min,
+        ),
+    )
+
+    security = SecurityPolicy.create(allow_functions or (), model_repository or ())
+    if socket_group is not None:
+        resolve_group(socket_group)  # an unknown group fails now, not after the deploys
+
+    profile = load_profile(device) if device else None
+    configs = [c for t in targets or [] for c in pipelines_from_arg(t, partitions, shapes)]
+    watcher = None
+    if watch_dir is not None:
+        watched, watcher = start_watching(watch_dir, default_socket(socket), err.print)
+        for cfg in watched:
+            # later versions of these files come through the repository API and its
+            # checks: the first version gets the same, so a file that deploys at start
+            # also reloads
+            security.check_pipeline(cfg)
+        configs += watched
+    if autoscale and slo is None and any(c.slo is None for c in configs):
+        raise InfScalerError("--autoscale needs --slo", hint="e.g. --slo 200ms --autoscale")
+    configs = [with_slo(c, slo, autoscale) for c in configs]
+    if objective not in ("auto", "eq1"):
+        raise InfScalerError(f"unknown --objective {objective!r}", hint="auto or eq1")
+    wake = wake_option(cpu_wake_latency_us)
+    if control_path not in ("auto", "ebpf", "userspace"):
+        raise InfScalerError(
+            f"unknown --control-path {control_path!r}", hint="auto, ebpf or userspace"
+        )
+    code = asyncio.run(
+        _serve(
+            configs,
+            default_socket(socket),
+            profile,
+            state_dir,
+            control_path,
+            pool_mb,
+            max_body_mb,
+            drain_s,
+            security=security,
+            socket_group=socket_group,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            limits=limits,
+            max_inflight_mb=max_inflight_mb,
+            max_inflight_mb_per_uid=max_inflight_mb_per_uid,
+            objective=objective,
+            cpu_wake_latency_us=wake,
+        )
+    )
+    if watcher is not None:
+        watcher.stop()
+    raise typer.Exit(code)
+
+
+#: exit status when the front end died (EX_SOFTWARE): systemd's Restart=on-failure
+#: restarts the service on a clean pool (see :mod:`infscaler.runtime.serving.frontend`)
+EXIT_FRONTEND_DIED = 70
+#: seconds past ``--drain-timeout`` after which a stop no longer waits for anything
+STOP_GRACE_S = 10.0
+
+
+def _hard_exit_after(seconds: float, service: Any) -> None:
+    """Exit the process ``seconds`` from now whatever is stuck (a dead front end,
+    instances that do not stop, handlers that never finish): the bound on SIGTERM.
+    Instances die with it (PR_SET_PDEATHSIG); its shared memory is unlinked first."""
+    import threading
+
+    def fire() -> None:
+        err.print(f"infscaler: still stopping after {seconds:.0f} s: exiting now", highlight=False)
+        with contextlib.suppress(Exception):
+            pool = service.pool
+            if pool is not None:
+                remove_stale_slabs(pool.service_id)
+            if service.frontend is not None and service.frontend.deadlines is not None:
+                service.frontend.deadlines.close()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(1)
+
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+
+
+async def _serve(
+    configs: list[Any],
+    socket_path: str,
+    profile: Any,
+    state_dir: Path | None,
+    control_path: str,
+    pool_mb: int,
+    max_body_mb: int,
+    drain_s: float,
+    *,
+    security: Any = None,
+    socket_group: str | None = None,
+    metrics_port: int | None = None,
+    limits: Any = None,
+    metrics_host: str = "127.0.0.1",
+    max_inflight_mb: float = 256,
+    max_inflight_mb_per_uid: float | None = PeerQuotas.inflight_mb_per_uid,
+    objective: str = "auto",
+    cpu_wake_latency_us: int | str | None = None,
+) -> int:
+
+    notifier = SystemdNotifier()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    died: list[str] = []
+    service = Service(
+        state_dir=state_dir,
+        device=profile,
+        control_path=control_path,
+        pool_mb=pool_mb,
+        max_inflight_mb=max_inflight_mb,
+        max_inflight_mb_per_uid=max_inflight_mb_per_uid,
+        objective=objective,
+        cpu_wake_latency_us=cpu_wake_latency_us,
+    )
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: do not wait any longer
+            _hard_exit_after(0.0, service)
+            return
+        # SIGTERM always exits: drain, then at most STOP_GRACE_S for the rest
+        _hard_exit_after(drain_s + STOP_GRACE_S, service)
+        stop.set()
+
+    def on_frontend_death(reason: str) -> None:  # from the dying front end thread
+        died.append(reason)
+        loop.call_soon_threadsafe(on_signal)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    service.on_frontend_death = on_frontend_death
+    service.starting = bool(configs)  # not ready until the pipelines given are deployed
+    await loop.run_in_executor(None, service.start)
+    runner = metrics_runner = None
+    try:
+        api = create_app(service, max_body_mb=max_body_mb, security=security, limits=limits)
+        runner = await start_unix_server(api, socket_path, group=socket_group)
+        if metrics_port is not None:
+            metrics_runner, bound = await start_metrics_server(
+                create_metrics_app(service, metrics_registry(api)), metrics_port, metrics_host
+            )
+            err.print(
+                f"infscaler: metrics on http://{metrics_host}:{bound}/metrics", highlight=False
+            )
+        err.print(
+            f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
+            f"pool {pool_mb} MB)",
+            highlight=False,
+        )
+        for cfg in configs:
+            notifier.status(f"deploying {cfg.name}")
+
+            def progress(msg: str) -> None:
+                err.print(f"  {msg}", highlight=False)
+                notifier.extend_timeout(120)
+
+            t0 = time.perf_counter()
+            deploy = loop.run_in_executor(None, lambda c=cfg: service.deploy(c, progress=progress))
+            waiter = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({deploy, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter in done:
+                err.print("interrupted while deploying")
+                await deploy
+                break
+            waiter.cancel()
+            deploy.result()
+            err.print(f"deployed {cfg.name} in {time.perf_counter() - t0:.1f} s", highlight=False)
+        if not stop.is_set():
+            service.starting = False
+            names = ", ".join(d.name for d in service.deployments()) or "no pipelines"
+            notifier.ready(f"serving {names} on {socket_path}")
+            notifier.start_watchdog(lambda: service.frontend.alive() and service.manager.running)
+            err.print(f"infscaler: ready ({names})", highlight=False)
+            await stop.wait()
+        if died:
+            err.print(
+                f"infscaler: the front end failed ({died[0]}): exiting so that the "
+                "service restarts",
+                highlight=False,
+            )
+        notifier.stopping("draining in-flight requests")
+        err.print("infscaler: stopping: draining in-flight requests", highlight=False)
+        t_stop = time.perf_counter()
+        await loop.run_in_executor(None, service.close, drain_s)
+        err.print(
+            f"infscaler: stopped in {time.perf_counter() - t_stop:.1f} s "
+            f"(exit {EXIT_FRONTEND_DIED if died else 0})",
+            highlight=False,
+        )
+        return EXIT_FRONTEND_DIED if died else 0
+    finally:
+        notifier.stop_watchdog()
+        with contextlib.suppress(Exception):
+            await loop.run_in_executor(None, service.close, 0.0)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
+        with contextlib.suppress(OSError):
+            os.unlink(socket_path)
+
+
+# -- client commands ----------------------------------------------------------------------
+
+
+# -- demo ---------------------------------------------------------------------------------
+
+
+DEMO_TEXT = ["InfScaler serves partitioned models", "Edge inference on Jetson 2026"]
+
+
+@app.command("demo")
+def demo_cmd(
+    control_path: Annotated[
+        str, typer.Option("--control-path", help="auto | ebpf | userspace")
+    ] = "auto",
+    partitions: Annotated[int, typer.Option("--partitions", "-k", help="K for PP-OCRv4 det.")] = 2,
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="Plans (default: a cache dir).")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Partition PP-OCRv4 det, serve the OCR pipeline on a temporary socket, and read real
+    images through the API: prints the text found and per-stage times."""
+    _setup_logging(verbose)
+    import yaml
+    from skimage import data as skdata
+
+    raw = yaml.safe_load(_bundled("ocr.yaml").read_text())
+    for st in raw["stages"]:
+        if st["name"] == "det":
+            st["partitions"] = partitions
+        if st["name"] == "prep" and partitions > 1:  # cut at 640x640: needs that shape
+            st["params"] = {**st.get("params", {}), "pad": True, "enlarge": True}
+    cfg = load_pipeline(raw)
+    if state_dir is None:
+        state_dir = cache_dir() / "state"
+    images = {
+        "rendered (known text)": render_text_image(DEMO_TEXT),
+        "skimage text.png": to_rgb(skdata.text()),
+        "skimage page.png": to_rgb(skdata.page()),
+    }
+    with tempfile.TemporaryDirectory(prefix="infscaler-demo-") as tmp:
+        sock = str(Path(tmp) / "infscaler.sock")
+        with Service(state_dir=state_dir, control_path=control_path) as service:
+            err.print(f"control path: {service.channel.kind}", highlight=False)
+            with err.status("partitioning PP-OCRv4 det and starting the OCR pipeline") as s:
+                t0 = time.perf_counter()
+                service.deploy(cfg, progress=lambda m: s.update(m))
+            err.print(f"OCR pipeline ready in {time.perf_counter() - t0:.1f} s", highlight=False)
+            with ServerThread(service, sock), Client(sock) as client:
+                units = [u.name for u in service.deployment("ocr").pipeline.units]
+                for label, img in images.items():
+                    res = client.infer("ocr", {"image": img})
+                    texts = [str(t) for t in res.outputs["texts"].reshape(-1)]
+                    out.rule(f"{label}: {img.shape[1]}x{img.shape[0]}, {len(texts)} lines")
+                    for t, sc in zip(texts, res.outputs["scores"].reshape(-1), strict=False):
+                        out.print(f"  {t}   [dim]({sc:.2f})[/]", highlight=False)
+                    if label.startswith("rendered"):
+                        cer = character_error_rate(" ".join(DEMO_TEXT), " ".join(texts))
+                        out.print(f"  character error rate vs the known text: {cer:.1%}")
+                    unit_ms = json.loads(res.parameters.get("unit_ms", "{}"))
+                    out.print(
+                        f"  latency {res.parameters.get('latency_ms', 0):.1f} ms; per stage (ms): "
+                        + ", ".join(f"{u} {unit_ms.get(u, 0):.1f}" for u in units),
+                        highlight=False,
+                    )
+                print_status(client.status())

@@ -1,0 +1,161 @@
+"""Inference engines: one interface (load, infer, close) over the CPU, GPU and DLA.
+
+======  ========================================================  ====================
+kind    runs on                                                   precisions
+======  ========================================================  ====================
+cpu     onnxruntime CPU EP, process pinned to ``cores``            fp32
+gpu     TensorRT (+ pycuda buffers), else onnxruntime CUDA EP      fp32, fp16, int8 (TRT)
+dla     TensorRT on a Jetson DLA core, GPU fallback                fp16, int8
+======  ========================================================  ====================
+
+Usage (Polygraphy's runner shape: a context manager around load / close)::
+
+    from infscaler.engines import create_engine, engine_availability
+
+    engine_availability()   # {"cpu": (True, "onnxruntime 1.32.0 CPU EP"), "gpu": (False, "..."), ...}
+    with create_engine("cpu", "model.onnx", threads=2, cores=[0, 1]) as eng:
+        out = eng.infer({"x": x})          # {output name: ndarray}
+
+Engines this host lacks report ``(False, reason)`` from :func:`available` and raise
+:class:`EngineUnavailable` (with that reason) from ``load()`` and :func:`require_engine`;
+none is ever emulated. The modules for gpu / dla import tensorrt and pycuda only when
+probed or loaded, so the CPU path never imports them.
+
+This package is InfScaler's one engine layer: every onnxruntime session is built by
+:func:`~.onnxrt.load_session` (the loader; the engines are the runners), every "is this
+engine here?" question is answered by :func:`available`, and every missing engine is an
+:class:`EngineUnavailable`. It imports only :mod:`infscaler.base.errors` and third-party
+libraries, so the partitioner uses it as a base-layer service and profiles on the backend
+that serves.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from infscaler.base.errors import ConfigError
+from infscaler.engines.base import (
+    ENGINE_KINDS,
+    PRECISIONS,
+    Engine,
+    EngineUnavailable,
+    InferenceError,
+    TensorInfo,
+    unavailable,
+)
+
+if TYPE_CHECKING:
+    from infscaler.engines.cpu import CPUEngine
+    from infscaler.engines.dla import DLAEngine
+    from infscaler.engines.gpu import GPUEngine
+
+__all__ = [
+    "ENGINE_KINDS",
+    "PRECISIONS",
+    "CPUEngine",
+    "DLAEngine",
+    "Engine",
+    "EngineUnavailable",
+    "GPUEngine",
+    "InferenceError",
+    "TensorInfo",
+    "create_engine",
+    "available",
+    "engine_availability",
+    "engine_backend",
+    "engine_class",
+    "require_engine",
+]
+
+_CLASSES = {"cpu": ("cpu", "CPUEngine"), "gpu": ("gpu", "GPUEngine"), "dla": ("dla", "DLAEngine")}
+
+
+def engine_class(kind: str) -> type[Engine]:
+    """The engine class for ``kind``, whether or not this host has it.
+
+    Args:
+        kind: one of :data:`ENGINE_KINDS` (``cpu``, ``gpu``, ``dla``).
+
+    Raises:
+        ConfigError (an :class:`~infscaler.base.errors.InfScalerError`): an unknown kind; the
+            message lists :data:`ENGINE_KINDS`.
+    """
+    key = str(kind).lower()
+    if key not in _CLASSES:
+        raise ConfigError(
+            f"unknown engine kind {kind!r}; engine kinds are {list(ENGINE_KINDS)}",
+            hint="use cpu, gpu or dla",
+        )
+    module, name = _CLASSES[key]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def create_engine(kind: str, model_path: Any, **options: Any) -> Engine:
+    """A new (not yet loaded) engine: ``engine_class(kind)(model_path, **options)``.
+
+    Options are :class:`Engine`'s keyword arguments (threads, cores, precision,
+    device_index, cache_dir, shapes, allow_gpu_fallback).
+
+    Raises:
+        ConfigError: an unknown kind (see :func:`engine_class`).
+    """
+    return engine_class(kind)(model_path, **options)
+
+
+def available(kind: str) -> tuple[bool, str]:
+    """Whether this host runs engine ``kind``, and why: THE availability probe.
+
+    Returns:
+        ``(True, what runs it)`` (e.g. ``(True, "onnxruntime 1.32.0 CPU EP")``), or
+        ``(False, reason)`` naming what is missing and how to get it; an unknown kind is
+        ``(False, "unknown engine 'npu'; engine kinds are [...]")``. The engine's
+        :meth:`Engine.availability`, probed once per process; never raises.
+    """
+    key = str(kind).lower()
+    if key not in _CLASSES:
+        return False, f"unknown engine {kind!r}; engine kinds are {list(ENGINE_KINDS)}"
+    return engine_class(key).availability()
+
+
+def require_engine(kind: str) -> None:
+    """Raise unless this host runs engine ``kind``.
+
+    Raises:
+        ConfigError: an unknown kind.
+        EngineUnavailable: the host lacks it; the message is :func:`available`'s reason.
+    """
+    engine_class(kind)  # ConfigError for an unknown kind
+    ok, reason = available(kind)
+    if not ok:
+        raise unavailable(str(kind).lower(), reason)
+
+
+def engine_backend(kind: str) -> str | None:
+    """What serves engine ``kind`` on this host: ``onnxruntime-cpu``, ``onnxruntime-cuda``,
+    ``tensorrt`` (gpu), ``tensorrt-dla``; None when the host lacks it.
+
+    Raises:
+        ConfigError: an unknown kind.
+    """
+    cls = engine_class(kind)
+    if not cls.availability()[0]:
+        return None
+    if cls.kind == "cpu":
+        return "onnxruntime-cpu"
+    if cls.kind == "dla":
+        return "tensorrt-dla"
+    return cls.backend()  # type: ignore[attr-defined]
+
+
+def engine_availability() -> dict[str, tuple[bool, str]]:
+    """``{kind: (available, reason)}`` for every kind in :data:`ENGINE_KINDS`
+    (:func:`available` of each)."""
+    return {kind: available(kind) for kind in ENGINE_KINDS}
+
+
+def __getattr__(name: str) -> Any:  # CPUEngine / GPUEngine / DLAEngine, imported on use
+    for kind, (_, cls_name) in _CLASSES.items():
+        if name == cls_name:
+            return engine_class(kind)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,341 @@
+"""The engine layer's onnxruntime loader: every ``onnxruntime.InferenceSession`` of
+InfScaler is built by :func:`load_session` (the serving engines, the partitioner's
+profiler and verification, model probing, variants, unit profiles, the reference runner
+and the bench scripts).
+
+What is taken from Polygraphy (``tools/Polygraphy/polygraphy/backend/onnxrt/`` in NVIDIA's
+TensorRT repository):
+
+- the split between a *loader* and a *runner*: ``SessionFromOnnx(model_bytes_or_path,
+  providers)`` builds a session from a path or serialised bytes and nothing else;
+  ``OnnxrtRunner(sess)`` activates / infers / deactivates. Here the loader is
+  :func:`load_session` and the runners are the :class:`~.base.Engine` classes
+  (:class:`~.cpu.CPUEngine`, the CUDA EP path of :class:`~.gpu.GPUEngine`);
+- providers named by a short engine key rather than by raw execution-provider strings
+  (Polygraphy's ``--providers cpu cuda`` are resolved against
+  ``onnxruntime.get_available_providers()``); here the key is the engine kind
+  (``cpu``, ``gpu``) and availability is the engine's own
+  (:func:`infscaler.engines.available`), so a session built for ``gpu`` uses the
+  provider that serves ``gpu``, never a guess of its own;
+- the runner's output handling: arrays the caller owns (:func:`run_session`).
+
+Not taken: Polygraphy's lazy loader objects (callables composed before being invoked);
+:func:`load_session` builds at once.
+
+Nothing here imports onnxruntime or creates a session, a thread pool or a CUDA context at
+import time (a fork server forks from a process that imported this module, and the
+partitioner and the model-less registry import it at their top): onnxruntime is imported
+by the first call that needs it; its global thread pools and the CUDA EP start with the
+first session.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from infscaler.base.errors import ConfigError, ModelLoadError
+from infscaler.engines import engine_backend, require_engine
+from infscaler.engines.base import EngineUnavailable, InferenceError, TensorInfo
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+__all__ = [
+    "CPU_PROVIDER",
+    "CUDA_PROVIDER",
+    "OPTIMIZATION_LEVELS",
+    "execution_providers",
+    "load_session",
+    "providers_for",
+    "run_session",
+    "session_options",
+    "session_tensor_infos",
+]
+
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+
+OPTIMIZATION_LEVELS: dict[str, str] = {
+    "none": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+"""Graph optimisation levels by name -> the member of onnxruntime's
+``GraphOptimizationLevel`` (see
+https://onnxruntime.ai/docs/performance/model-optimizations/graph-optimizations.html).
+``none`` keeps every ONNX node as it is (per-node profiling, bit-exact verification)."""
+
+_EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
+# onnxruntime's type strings (NodeArg.type) -> numpy dtypes.
+_ORT_DTYPES: dict[str, np.dtype] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(double)": np.dtype(np.float64),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(int16)": np.dtype(np.int16),
+    "tensor(uint16)": np.dtype(np.uint16),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(uint32)": np.dtype(np.uint32),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(uint64)": np.dtype(np.uint64),
+    "tensor(bool)": np.dtype(np.bool_),
+    "tensor(string)": np.dtype(object),
+}
+
+
+def session_options(
+    threads: int | None = 1,
+    *,
+    optimization: str = "all",
+    spinning: bool | None = False,
+    profile_prefix: str | None = None,
+    optimized_model_path: str | os.PathLike[str] | None = None,
+    external_data_folder: str | os.PathLike[str] | None = None,
+) -> ort.SessionOptions:
+    """onnxruntime session options; the defaults are the serving cpu engine's.
+
+    Args:
+        threads: ``intra_op_num_threads`` (and ``inter_op_num_threads = 1``,
+            ``ORT_SEQUENTIAL``: one operator at a time on the instance's own threads);
+            None leaves onnxruntime's defaults (one thread per physical core).
+        optimization: a key of :data:`OPTIMIZATION_LEVELS` (``all`` by default).
+        spinning: ``session.intra_op.allow_spinning``: False (the default) lets idle
+            intra-op workers sleep, which several sessions sharing a small CPU need (see
+            :mod:`.cpu`); None leaves onnxruntime's default (spinning on).
+        profile_prefix: turn onnxruntime's profiler on, writing its Chrome trace under this
+            prefix (``session.end_profiling()`` returns the file).
+        optimized_model_path: write the graph after optimisation to this file
+            (``optimized_model_filepath``).
+        external_data_folder: the folder that the model's external-data references are
+            relative to when the model is given as bytes
+            (``session.model_external_initializers_file_folder_path``, onnxruntime >= 1.17;
+            onnxruntime memory-maps the referenced files and refuses references leaving
+            the folder).
+
+    Errors are logged at severity 3 (errors only: warnings about unused initializers are
+    noise).
+
+    Raises:
+        ConfigError: ``threads < 1`` or an unknown ``optimization``.
+    """
+    if optimization not in OPTIMIZATION_LEVELS:
+        raise ConfigError(
+            f"unknown graph optimisation level {optimization!r}; levels are "
+            f"{list(OPTIMIZATION_LEVELS)}"
+        )
+    import onnxruntime as ort  # on first use: importing this module stays cheap
+
+    so = ort.SessionOptions()
+    if threads is not None:
+        if int(threads) < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[optimization]
+    )
+    if spinning is not None:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile_prefix)
+    if optimized_model_path is not None:
+        so.optimized_model_filepath = str(optimized_model_path)
+    if external_data_folder is not None:
+        so.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(external_data_folder))
+    so.log_severity_level = 3
+    return so
+
+
+def execution_providers() -> list[str]:
+    """The execution providers this onnxruntime install was built with
+    (``onnxruntime.get_available_providers()``), for reports. Informational only: whether
+    an engine runs here is :func:`~infscaler.engines.available`."""
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def providers_for(engine: str = "cpu", *, device_index: int = 0) -> list[Any]:
+    """The onnxruntime execution providers that run ``engine`` (Polygraphy's provider keys).
+
+    - ``cpu``: ``["CPUExecutionProvider"]``;
+    - ``gpu``: ``[("CUDAExecutionProvider", {"device_id", "use_tf32": "0"}),
+      "CPUExecutionProvider"]`` when this host's gpu engine is served by onnxruntime's CUDA
+      EP (:meth:`~.gpu.GPUEngine.backend` is ``onnxruntime-cuda``); TF32 off, so fp32 means
+      fp32. Operators the CUDA EP lacks run on the CPU EP, as onnxruntime assigns them;
+    - ``dla``, and ``gpu`` where TensorRT serves it: no onnxruntime session serves them;
+      use :func:`~infscaler.engines.create_engine`.
+
+    Raises:
+        ConfigError: an unknown engine kind.
+        EngineUnavailable: the engine is missing on this host (the reason of
+            :func:`~infscaler.engines.available`), or is served by TensorRT.
+    """
+
+    require_engine(engine)
+    kind = str(engine).lower()
+    if kind == "cpu":
+        return [CPU_PROVIDER]
+    backend = engine_backend(kind)
+    if backend == "onnxruntime-cuda":
+        return [
+            (CUDA_PROVIDER, {"device_id": str(int(device_index)), "use_tf32": "0"}),
+            CPU_PROVIDER,
+        ]
+    raise EngineUnavailable(
+        f"engine '{kind}' is served by {backend} on this host, not by an onnxruntime session",
+        hint=f"run it through create_engine('{kind}', model_path)",
+    )
+
+
+def _model_label(model: Any) -> str:
+    if isinstance(model, bytes | bytearray | memoryview):
+        return f"in-memory model ({len(model)} bytes)"
+    return str(model)
+
+
+def load_session(
+    model: str | os.PathLike[str] | bytes | Any,
+    *,
+    engine: str = "cpu",
+    threads: int | None = 1,
+    optimization: str = "all",
+    spinning: bool | None = False,
+    options: ort.SessionOptions | None = None,
+    external_data_folder: str | os.PathLike[str] | None = None,
+    device_index: int = 0,
+) -> ort.InferenceSession:
+    """An onnxruntime session of ``model`` on ``engine`` (Polygraphy's ``SessionFromOnnx``).
+
+    Args:
+        model: an ``.onnx`` path, the serialised model (``bytes``), or an
+            ``onnx.ModelProto`` (serialised here; pass a path for models over 2 GB).
+        engine: ``cpu`` or ``gpu`` (see :func:`providers_for`).
+        threads, optimization, spinning: as :func:`session_options` (ignored when
+            ``options`` is given).
+        options: ready ``SessionOptions`` (from :func:`session_options`), e.g. with the
+            profiler on; ``external_data_folder`` is still applied to them.
+        external_data_folder: as :func:`session_options` (a model whose weights are
+            referenced, not embedded; see :mod:`infscaler.partitioner.weights`).
+        device_index: the CUDA device for ``gpu``.
+
+    Returns:
+        The ``InferenceSession``. For ``gpu``, its first provider is the CUDA EP.
+
+    Raises:
+        ConfigError: an unknown engine, optimisation level or ``threads < 1``.
+        EngineUnavailable: the engine is missing on this host, is not served by
+            onnxruntime, or onnxruntime could not start its execution provider.
+        ModelLoadError: onnxruntime cannot read the model (not ONNX, truncated), the model
+            is invalid, an operator is not implemented, or a ModelProto is too large to
+            serialise; the message is onnxruntime's.
+    """
+    providers = providers_for(engine, device_index=device_index)
+    if options is None:
+        options = session_options(
+            threads, optimization=optimization, spinning=spinning,
+            external_data_folder=external_data_folder,
+        )  # fmt: skip
+    elif external_data_folder is not None:
+        try:
+            current = options.get_session_config_entry(_EXTERNAL_FOLDER_KEY)
+        except RuntimeError:  # not set
+            current = None
+        if current != str(external_data_folder):  # (setting it twice logs a warning)
+            options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(external_data_folder))
+    if hasattr(model, "SerializeToString"):
+        try:
+            model = model.SerializeToString()
+        except ValueError as exc:  # protobuf refuses > 2 GB
+            raise ModelLoadError(
+                f"the model is too large to serialise in memory ({exc})",
+                hint="pass the model's file path instead of a ModelProto",
+            ) from None
+    source = bytes(model) if isinstance(model, bytearray | memoryview) else model
+    if not isinstance(source, bytes):
+        source = str(Path(source))
+    session = _open(source, options, providers, _model_label(model))
+    if str(engine).lower() == "gpu" and session.get_providers()[:1] != [CUDA_PROVIDER]:
+        raise EngineUnavailable(
+            f"onnxruntime could not start the CUDA EP on device {device_index} "
+            f"(session providers: {session.get_providers()}); see onnxruntime's log",
+            hint="check that the CUDA and cuDNN versions match the onnxruntime-gpu build",
+        )
+    return session
+
+
+def _open(
+    source: str | bytes, options: ort.SessionOptions, providers: Sequence[Any], label: str
+) -> ort.InferenceSession:
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(source, sess_options=options, providers=list(providers))
+    except Exception as exc:  # onnxruntime raises its own pybind exception types
+        msg = str(exc).strip()
+        kind = type(exc).__name__
+        if "INVALID_PROTOBUF" in msg or kind == "InvalidProtobuf":
+            what = "is not a readable ONNX model (protobuf parsing failed: not ONNX, or truncated)"
+        elif "NOT_IMPLEMENTED" in msg or kind == "NotImplemented":
+            what = "uses an operator onnxruntime does not implement"
+        else:
+            what = "cannot be loaded by onnxruntime"
+        raise ModelLoadError(
+            f"model {label} {what} (onnxruntime {ort.__version__}): {msg}",
+            hint="check the file with `infscaler inspect` or onnx.checker.check_model",
+        ) from exc
+
+
+def session_tensor_infos(args: Sequence[Any], path: Any) -> list[TensorInfo]:
+    """:class:`~.base.TensorInfo` for onnxruntime ``NodeArg`` s (``session.get_inputs()``).
+
+    Raises:
+        ModelLoadError: a non-tensor input / output (sequence, map), which engines do not
+            feed.
+    """
+    infos = []
+    for a in args:
+        dtype = _ORT_DTYPES.get(a.type)
+        if dtype is None:
+            raise ModelLoadError(
+                f"model {path}: tensor '{a.name}' has type {a.type}; engines take tensors only"
+            )
+        shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in (a.shape or ()))
+        infos.append(TensorInfo(a.name, dtype, shape))
+    return infos
+
+
+def run_session(
+    session: ort.InferenceSession, feeds: dict[str, np.ndarray], outputs: list[str]
+) -> dict[str, np.ndarray]:
+    """``session.run`` returning arrays the caller owns (Polygraphy's ``OnnxrtRunner``
+    ``infer_impl``).
+
+    onnxruntime's outputs can be views of buffers it keeps (``base`` is its capsule);
+    those are copied.
+
+    Raises:
+        InferenceError: onnxruntime failed (its message; e.g. a shape that a Reshape
+            inside the model cannot take).
+    """
+    try:
+        results = session.run(outputs, feeds)
+    except Exception as exc:  # onnxruntime's pybind exception types
+        raise InferenceError(f"onnxruntime failed: {str(exc).strip()}") from exc
+    out = {}
+    for name, value in zip(outputs, results, strict=True):
+        arr = np.asarray(value)
+        if not arr.flags.owndata or arr.base is not None:
+            arr = arr.copy()
+        out[name] = arr
+    return out

@@ -1,0 +1,240 @@
+"""The service's status and statistics: what ``GET /v2/infscaler/status`` and
+``infscaler status`` show (and the per-unit part of the model statistics), built from a
+running :class:`~infscaler.service.service.Service`.
+
+Role on the request path: none (read-only, off the hot path). The service answers
+requests (:mod:`infscaler.service.service`); these builders read what its parts count and
+summarise it: the channel's per-stage queues
+(:meth:`~infscaler.ebpf.channel.Channel.stats`), the pool's slots
+(:meth:`~infscaler.shm.pool.TensorPool.stats`), the sharing manager's counters, the
+supervisor's instances and pending restarts, the front end's latency windows
+(:class:`~infscaler.runtime.scaling.stats.PipelineStats`) and the device's resource cap
+(:meth:`~infscaler.runtime.scaling.monitor.Monitor.cap`). Nothing here changes the service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from infscaler.runtime.scaling.control import DeploymentView as Deployment
+from infscaler.runtime.scaling.monitor import Monitor, step_totals
+
+if TYPE_CHECKING:
+    from infscaler.runtime.processes.supervisor import Supervisor
+
+__all__ = ["StatusSource", "degraded_reasons", "pipeline_status", "service_status"]
+
+
+class StatusSource(Protocol):
+    """What the builders read of a running service
+    (:class:`~infscaler.service.service.Service` has all of it); the service imports this
+    module, so it is described here rather than imported."""
+
+    supervisor: Supervisor | None
+    channel: Any
+    pool: Any
+    manager: Any
+    frontend: Any
+    autoscaler: Any
+    inflight: Any
+    started_at: float | None
+    cpu_wake_latency_us: int | None
+    cpu_wake_latency_reason: str
+    cpu_wake_auto: bool
+    cpu_wake_auto_reason: str
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def cpu_wake_latency_held(self) -> bool: ...
+
+    def device_profile(self) -> Any: ...
+
+    def deployments(self) -> Sequence[Any]: ...
+
+    def ready(self, name: str | None = None) -> bool: ...
+
+    def degraded(self, name: str) -> list[str]: ...
+
+
+def degraded_reasons(supervisor: Supervisor | None, dep: Deployment) -> list[str]:
+    """Why ``dep`` is degraded: one line per served unit with no ready instance of its
+    current stage (a pending restart with its delay and crash streak, or a replacement
+    loading); [] when every unit has one, or when there is no supervisor yet."""
+    if supervisor is None:
+        return []
+    handles = supervisor.handles()
+    out = []
+    for u in dep.pipeline.served_units():
+        sid = dep.route.stage_ids[u.index]
+        mine = [h for h in handles if h.key == (dep.name, u.index) and h.stage_id == sid]
+        if any(h.state == "ready" for h in mine):
+            continue
+        pending = [p for p in supervisor.pending_restarts((dep.name, u.index)) if p.stage_id == sid]
+        if pending:
+            p = min(pending, key=lambda p: p.due)
+            left = max(0.0, p.due - time.monotonic())
+            out.append(
+                f"unit {u.name} has no live instance (restart {p.restarts} in {left:.1f} s "
+                f"after {p.streak} consecutive crash(es): {p.reason})"
+            )
+        elif any(h.state == "starting" for h in mine):
+            out.append(f"unit {u.name} has no live instance (its replacement is loading)")
+        else:
+            out.append(f"unit {u.name} has no live instance")
+    return out
+
+
+def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
+    """The status of one deployed pipeline (an entry of ``pipelines`` in
+    ``GET /v2/infscaler/status``; its ``units`` are in the model statistics too).
+
+    Per unit: partition, B_k, instances (engine, pid, cores, MB), queue length (tokens
+    in flight at its stage), P50 / P99 compute and queue ms, the slowdown after idle
+    (``idle``: :meth:`~infscaler.runtime.scaling.stats.IdleSlowdown.summary`), and a fused unit's steps
+    (:func:`~infscaler.runtime.scaling.monitor.step_totals`); for the pipeline: ready, why it is
+    degraded, its SLO, window, queue limit, the scaler's last 10 decisions and the
+    request counters (:meth:`~infscaler.runtime.scaling.stats.PipelineStats.snapshot`).
+    """
+
+    ch = svc.channel.stats()
+    snap = dep.route.stats.snapshot()
+    handles = [h for h in svc.supervisor.handles() if h.key[0] == dep.name]
+    units = []
+    for u in dep.pipeline.units:
+        sid = dep.route.stage_ids[u.index]
+        st = ch["stages"].get(sid, {}) if sid else {}
+        mine = [h for h in handles if h.key == (dep.name, u.index)]
+        restarting = [
+            p.describe()
+            for p in svc.supervisor.pending_restarts((dep.name, u.index))
+            if p.stage_id == sid
+        ]
+        us = snap["units"][u.index]
+        units.append(
+            {
+                "unit": u.name,
+                "kind": u.kind,
+                "partition": f"{u.partition + 1}/{u.num_partitions}" if u.kind == "model" else None,
+                "stage_id": sid,
+                "bottleneck": u.bottleneck,
+                "engine": u.engine if not u.fan_in else "frontend",
+                "per_item": u.per_item,
+                "instances": [h.describe() for h in mine],
+                "restarting": restarting,
+                "queue": int(st.get("inflight", 0)),
+                "compute_p50_ms": us["compute"]["p50_ms"],
+                "compute_p99_ms": us["compute"]["p99_ms"],
+                "queue_p50_ms": us["queue"]["p50_ms"],
+                "queue_p99_ms": us["queue"]["p99_ms"],
+                "count": us["compute"]["count"],
+                "idle": us["idle"],
+                "steps": step_totals(u, mine),
+            }
+        )
+    return {
+        "name": dep.name,
+        "ready": svc.ready(dep.name),
+        "degraded": svc.degraded(dep.name),
+        "accepting": dep.route.accepting,
+        "plans": dep.pipeline.plans,
+        "slo_ms": dep.pipeline.config.slo_ms,
+        "autoscale": dep.pipeline.config.autoscale is not None,
+        "queue_limit": dep.route.queue_limit,
+        "window": dep.route.max_inflight,
+        "decisions": svc.autoscaler.decisions(dep.name)[-10:] if svc.autoscaler else [],
+        "live_check": _live_check(svc, dep),
+        "requests": {k: v for k, v in snap.items() if k != "units"},
+        "units": units,
+    }
+
+
+def _live_check(svc: StatusSource, dep: Any) -> dict[str, Any] | None:
+    """The live check of a planned pipeline (:mod:`infscaler.runtime.planning.livecheck`): the
+    configuration serving, the runner-up, the phase (``watch``, ``trial``, ``settled``),
+    the capacities measured (requests/s) and the last reason; None when not checked."""
+    plan = getattr(dep, "live", None)
+    if plan is None:
+        return None
+    st = svc.autoscaler.live_state(dep.name) if svc.autoscaler else None
+    return {
+        "serving": plan.serving.label,
+        "predicted_rps": round(plan.serving.capacity_rps, 2),
+        "other": None if plan.other is None else plan.other.label,
+        "phase": "watch" if st is None else st.phase,
+        "measured_rps": {} if st is None else {k: round(v, 2) for k, v in st.measured},
+        "switches": 0 if st is None else st.switches,
+        "reason": "" if st is None else st.reason,
+    }
+
+
+def service_status(svc: StatusSource) -> dict[str, Any]:
+    """The whole service (``GET /v2/infscaler/status``, ``infscaler status``): start
+    time, ready and health (``degraded`` when a pipeline is), the device's resource cap
+    (memory MB, instances, cores; empty when it cannot be read), the control path, the
+    tensor pool (MB, slots, BUSY answers), the sharing manager's counters, restarts, the
+    zygote, the front end and the bytes-in-flight budget, and :func:`pipeline_status` of
+    every pipeline."""
+    pool = svc.pool.stats()
+    ch = svc.channel.stats()
+    mgr = svc.manager.stats()["manager"]
+    resources: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        cap = Monitor(svc).cap()
+        resources = {
+            "device": svc.device_profile().name,
+            "memory_cap_mb": round(cap.memory_cap_mb, 1),
+            "memory_used_mb": round(cap.memory_used_mb, 1),
+            "max_instances": cap.max_instances,
+            "cores": cap.cores,
+        }
+    pipelines = [pipeline_status(svc, d) for d in svc.deployments()]
+    return {
+        "started_at": svc.started_at,
+        "ready": svc.ready(),
+        "health": "degraded" if any(p["degraded"] for p in pipelines) else "ok",
+        "stopping": svc.stopping,
+        "resources": resources,
+        "cpu_wake_latency": {
+            "requested_us": svc.cpu_wake_latency_us,
+            "held": svc.cpu_wake_latency_held,
+            "reason": svc.cpu_wake_latency_reason,
+            "auto": svc.cpu_wake_auto,
+            "auto_reason": svc.cpu_wake_auto_reason,
+        },
+        "control_path": {
+            "kind": ch["kind"],
+            "policy": ch["policy"],
+            "reason": getattr(svc.channel, "reason", ""),
+            "rejected": ch["rejected_total"],
+        },
+        "pool": {
+            "cap_mb": round(pool["cap_bytes"] / 2**20, 1),
+            "mapped_mb": round(pool["mapped_bytes"] / 2**20, 1),
+            "slots_in_use": pool["slots_in_use"],
+            "slots_free": pool["slots_free"],
+            "busy": pool["busy"],
+        },
+        "manager": {
+            k: mgr[k]
+            for k in (
+                "faults",
+                "grants",
+                "busy",
+                "retried",
+                "failed",
+                "deaths",
+                "reclaimed_slots",
+            )
+        },
+        "restarts": svc.supervisor.restarted,
+        "zygote": svc.supervisor.zygote_status(),
+        "frontend": {k: v for k, v in svc.frontend.stats().items() if k != "client"},
+        "frontend_failure": svc.frontend.failure,
+        "inflight": svc.inflight.stats(),
+        "pipelines": pipelines,
+    }

@@ -1,0 +1,263 @@
+"""systemd integration: the ``sd_notify`` protocol, implemented directly (no libsystemd).
+
+Under ``Type=notify`` (systemd.service(5)) the service manager passes the address of a
+datagram socket in ``$NOTIFY_SOCKET``; the service reports its state by sending one
+datagram of newline-separated ``KEY=VALUE`` assignments to it (sd_notify(3)):
+
+- ``READY=1`` when start-up is finished (for ``infscaler serve``: the pipelines given on
+  the command line are deployed and the socket is listening); ``STATUS=...`` a one-line
+  status shown by ``systemctl status``;
+- ``STOPPING=1`` when it begins to shut down (draining in-flight requests);
+- ``RELOADING=1`` plus ``MONOTONIC_USEC=`` (CLOCK_MONOTONIC, required by
+  ``Type=notify-reload``) when it begins to reload, followed by ``READY=1`` again;
+- ``EXTEND_TIMEOUT_USEC=`` to push the current start / stop timeout out to *now* plus the
+  value (partitioning models at deploy can take longer than ``TimeoutStartSec=``);
+- ``WATCHDOG=1`` keep-alive pings. With ``WatchdogSec=`` set, the manager passes
+  ``$WATCHDOG_USEC`` (and ``$WATCHDOG_PID``, the process expected to ping); a service that
+  does not ping within that time is considered hung, killed with ``WatchdogSignal=``
+  (SIGABRT) and, with ``Restart=on-failure``, restarted. sd_watchdog_enabled(3)
+  recommends pinging at half the interval.
+
+Address format (sd_notify(3)): an absolute file-system path, or an abstract-namespace
+address written with a leading ``@`` (sent as a leading NUL byte). Other forms (a
+relative path, ``vsock:`` of newer systemd versions) are not supported: :meth:`notify`
+then returns False.
+
+Child processes (partition instances) inherit these variables. That is harmless: the
+unit sets ``NotifyAccess=main``, so the manager ignores messages from them, and
+``$WATCHDOG_PID`` names the main process, so an instance's notifier never pings.
+
+Sources: sd_notify(3), sd_watchdog_enabled(3), systemd.service(5) (``Type=notify``,
+``NotifyAccess=``, ``WatchdogSec=``, ``TimeoutStartSec=``), systemd.exec(5)
+(environment variables passed to services).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+log = logging.getLogger("infscaler.service.systemd")
+
+#: Seconds a blocked send may wait (the manager's queue full) before it counts as failed.
+SEND_TIMEOUT_S = 1.0
+
+
+def _parse_positive_int(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        n = int(value, 10)
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+def _one_line(text: str) -> str:
+    """``STATUS=`` and friends are one field each: a newline would end the field."""
+    return " ".join(text.splitlines())
+
+
+class SystemdNotifier:
+    """Sends service state to systemd (sd_notify(3)); every method is a no-op returning
+    False when not run under a ``Type=notify`` unit, and none ever raises.
+
+    Args:
+        environ: where to read ``NOTIFY_SOCKET``, ``WATCHDOG_USEC`` and ``WATCHDOG_PID``
+            (default :data:`os.environ`). Read once, here.
+
+    Attributes:
+        enabled: ``NOTIFY_SOCKET`` is set (non-empty).
+        watchdog_interval_s: how often to ping (``WATCHDOG_USEC`` / 2, in seconds), or
+            None when no watchdog is asked for this process: ``WATCHDOG_USEC`` unset,
+            invalid or 0, or ``WATCHDOG_PID`` set and not our pid (sd_watchdog_enabled(3)).
+    """
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self._address = env.get("NOTIFY_SOCKET") or ""
+        self.enabled: bool = bool(self._address)
+        self._watchdog_usec = _parse_positive_int(env.get("WATCHDOG_USEC"))
+        self._watchdog_pid_set = bool(env.get("WATCHDOG_PID"))
+        self._watchdog_pid = _parse_positive_int(env.get("WATCHDOG_PID"))
+        self._logged_disabled = False
+        self._lock = threading.Lock()
+        self._wd_thread: threading.Thread | None = None
+        self._wd_stop: threading.Event | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"SystemdNotifier(enabled={self.enabled}, address={self._address!r}, "
+            f"watchdog_interval_s={self.watchdog_interval_s})"
+        )
+
+    # -- watchdog parameters ------------------------------------------------------------
+
+    @property
+    def watchdog_interval_s(self) -> float | None:
+        """``WATCHDOG_USEC`` / 2 in seconds, or None (see the class docstring). Checked
+        against the current pid, so a forked child never pings on its parent's behalf."""
+        if self._watchdog_usec is None or not self._watchdog_for_us():
+            return None
+        return self._watchdog_usec / 2 / 1e6
+
+    def _watchdog_for_us(self) -> bool:
+        if not self._watchdog_pid_set:
+            return True
+        return self._watchdog_pid == os.getpid()
+
+    # -- the protocol --------------------------------------------------------------------
+
+    def _sockaddr(self) -> str | None:
+        addr = self._address
+        if addr.startswith("@"):
+            return "\0" + addr[1:]
+        if addr.startswith("/"):
+            return addr
+        return None
+
+    def notify(self, *fields: str) -> bool:
+        """Send ``fields`` (each ``KEY=VALUE``) as one datagram, joined by newlines.
+
+        Returns:
+            True when the datagram was sent; False (with one debug log line) when not
+            under systemd, when a field is malformed (no ``=``, or a newline in it), when
+            the address is unsupported, or when the send fails. Never raises.
+        """
+        if not self.enabled:
+            if not self._logged_disabled:
+                self._logged_disabled = True
+                log.debug("sd_notify disabled: NOTIFY_SOCKET is not set")
+            return False
+        if not fields:
+            log.debug("sd_notify: nothing to send")
+            return False
+        for f in fields:
+            if not isinstance(f, str) or "=" not in f or "\n" in f:
+                log.debug("sd_notify: malformed field %r (want one-line KEY=VALUE)", f)
+                return False
+        addr = self._sockaddr()
+        if addr is None:
+            log.debug("sd_notify: unsupported NOTIFY_SOCKET address %r", self._address)
+            return False
+        data = "\n".join(fields).encode()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+                s.settimeout(SEND_TIMEOUT_S)
+                s.connect(addr)
+                s.sendall(data)
+        except (OSError, ValueError) as exc:  # ValueError: embedded NUL in a path
+            log.debug("sd_notify to %r failed: %s", self._address, exc)
+            return False
+        return True
+
+    def ready(self, status: str | None = None) -> bool:
+        """``READY=1`` (start-up finished, or a reload done), with ``STATUS=`` if given."""
+        fields = ["READY=1"]
+        if status is not None:
+            fields.append(f"STATUS={_one_line(status)}")
+        return self.notify(*fields)
+
+    def stopping(self, status: str | None = None) -> bool:
+        """``STOPPING=1``: shutdown begins (from here on the stop timeout applies)."""
+        fields = ["STOPPING=1"]
+        if status is not None:
+            fields.append(f"STATUS={_one_line(status)}")
+        return self.notify(*fields)
+
+    def reloading(self) -> bool:
+        """``RELOADING=1`` with ``MONOTONIC_USEC=`` (CLOCK_MONOTONIC now, in us); send
+        :meth:`ready` when the reload is done."""
+        now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return self.notify("RELOADING=1", f"MONOTONIC_USEC={now_us}")
+
+    def status(self, text: str) -> bool:
+        """``STATUS=text`` (one line; newlines become spaces), shown by ``systemctl status``."""
+        return self.notify(f"STATUS={_one_line(text)}")
+
+    def extend_timeout(self, seconds: float) -> bool:
+        """``EXTEND_TIMEOUT_USEC=``: the current start (or stop) timeout now ends no sooner
+        than ``seconds`` from now. Send it again before that runs out to keep extending."""
+        if not isinstance(seconds, (int, float)) or math.isnan(seconds):
+            log.debug("sd_notify: bad timeout extension %r", seconds)
+            return False
+        usec = int(min(max(float(seconds), 0.0), 2**63 / 1e6 - 1) * 1e6)
+        return self.notify(f"EXTEND_TIMEOUT_USEC={usec}")
+
+    def watchdog(self) -> bool:
+        """``WATCHDOG=1``: one keep-alive ping. False without sending when
+        ``$WATCHDOG_PID`` names another process."""
+        if not self._watchdog_for_us():
+            log.debug("sd_notify: WATCHDOG_PID is not our pid %d: not pinging", os.getpid())
+            return False
+        return self.notify("WATCHDOG=1")
+
+    # -- watchdog thread -----------------------------------------------------------------
+
+    def start_watchdog(self, healthy: Callable[[], bool] | None = None) -> None:
+        """Ping ``WATCHDOG=1`` every :attr:`watchdog_interval_s` from a daemon thread,
+        first at once, each time only if ``healthy()`` returns true (an exception counts
+        as unhealthy). While unhealthy, pings stop; if that lasts ``WatchdogSec=``,
+        systemd declares the service hung and restarts it. A ``healthy`` that hangs stops
+        the pings too, which is the point.
+
+        No-op when no watchdog is asked (:attr:`watchdog_interval_s` is None). Calling it
+        again replaces the running thread.
+        """
+        interval = self.watchdog_interval_s
+        if interval is None or not self.enabled:
+            log.debug("systemd watchdog not requested: no watchdog thread")
+            return
+        self.stop_watchdog()
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._watchdog_loop,
+            args=(interval, healthy, stop),
+            name="systemd-watchdog",
+            daemon=True,
+        )
+        with self._lock:
+            self._wd_stop, self._wd_thread = stop, thread
+        thread.start()
+        log.debug("systemd watchdog: pinging every %.3f s", interval)
+
+    def _watchdog_loop(
+        self, interval: float, healthy: Callable[[], bool] | None, stop: threading.Event
+    ) -> None:
+        was_healthy = True
+        while not stop.is_set():
+            ok = True
+            if healthy is not None:
+                try:
+                    ok = bool(healthy())
+                except Exception:
+                    log.exception("systemd watchdog: health check raised")
+                    ok = False
+            if stop.is_set():
+                break
+            if ok:
+                if not was_healthy:
+                    log.warning("systemd watchdog: healthy again, pings resumed")
+                self.watchdog()
+            elif was_healthy:
+                log.warning(
+                    "systemd watchdog: service unhealthy, pings suspended "
+                    "(systemd restarts the service if this lasts WatchdogSec)"
+                )
+            was_healthy = ok
+            stop.wait(interval)
+
+    def stop_watchdog(self) -> None:
+        """Stop the watchdog thread (if any) and wait for it briefly. Idempotent."""
+        with self._lock:
+            stop, thread = self._wd_stop, self._wd_thread
+            self._wd_stop = self._wd_thread = None
+        if stop is not None:
+            stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)

@@ -1,0 +1,1 @@
+"""Planning: the configuration search (planner), the simulator it scores candidates with, arrival processes and traces, deploy-time planning, unit and stage profiles, fleet placement, the in-process reference run and the live check of a plan."""

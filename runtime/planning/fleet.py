@@ -1,0 +1,622 @@
+"""The fleet planner: place streams (a pipeline at a request rate and an SLO) onto edge
+nodes (each a device profile) so that every stream meets its SLO with the fewest nodes.
+
+Pure policy: no I/O. ``infscaler plan --fleet FLEET.yaml`` (:mod:`infscaler.cli.plan`)
+reads the file, loads the device profiles and unit profiles, and prints the result;
+``bench/fleet.py`` runs it at 1,000 nodes and 10,000 streams.
+
+**Per-node capacity from the single-device planner.** For each distinct
+(pipeline, SLO, device profile) -- a *pair* below -- :func:`capacity_curve` runs the
+single-device planner (:func:`infscaler.runtime.planning.planner.plan`) a bounded number of times
+(:data:`BISECT_STEPS` + :data:`LEVELS`, independent of the number of streams and nodes):
+
+1. the highest rate R* at which the planner finds a configuration meeting the SLO within
+   the device's cap, by bisection between 0 and the rate every slot of the device could
+   serve (a ceiling from the service times, no simulation);
+2. a ladder of rates up to R* (R* x k / :data:`LEVELS`, plus every feasible rate the
+   bisection planned), each with the planner's configuration and its **resource vector**:
+   memory MB (instances; the tensor pool is counted once per node), model instances per
+   engine (the profile's ``max_instances`` slots) and the CPU cores the load keeps busy
+   (what the planner and the scaler check against the device's cores).
+
+A node serving pipeline p at an aggregate rate lambda (the sum of its streams' rates) runs
+the configuration of the lowest ladder rate >= lambda (planned for a higher rate, it meets
+the SLO at lambda: P99 rises with the rate for a fixed configuration). Vectors are made
+non-decreasing along the ladder (a running maximum; conservative), so a node's headroom
+for a pipeline is one binary search. Several pipelines on one node: the sum of their
+vectors + the pool must fit the device's cap (the planner's own assumption that instances
+do not slow each other holds per engine slot and core).
+
+**Packing** (:func:`place`): multi-resource first-fit decreasing over heterogeneous bins.
+Streams are sorted by their size (rate / R* on the best device for them), largest first;
+each goes to the first open node (in the order opened) with headroom for it, else opens a
+node of the type with the highest R* for its pipeline among the nodes still free
+(fewest nodes: the biggest bins first). A node whose headroom for a pipeline falls below
+the smallest rate of that pipeline's streams left is dropped from that pipeline's
+candidate list, so a placement looks at few nodes (10,000 streams on 1,000 nodes: see
+bench/README.md for the time). A stream is indivisible (one camera's requests go to one
+node's socket); one that no device type can serve alone is reported, not placed.
+
+**Lower bound** (:func:`lower_bound`): per resource m, a stream of rate r needs at least
+r x min over ladder levels of (v_m / rate) on a node type, i.e. a fraction
+r x min_t (e_{p,t,m} / cap_{t,m}) of a node; the sum over streams, rounded up, bounds the
+node count from below in this model (max over resources). It ignores how many nodes of
+each type exist and that streams are indivisible, so it may lie below the optimum.
+
+Sources: first-fit decreasing for bin packing (Johnson et al., 1974); its vector form
+(Panigrahy et al., "Heuristics for Vector Bin Packing", 2011); the per-device planner
+(InferLine §4.3 with InfScaler's Algorithm 1, :mod:`infscaler.runtime.planning.planner`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infscaler.runtime.planning.planner import _busy_cores, _usage, plan, resource_cap
+from infscaler.runtime.planning.simulator import MAX_PER_UNIT, UnitProfile
+from infscaler.runtime.scaling.scaler import ResourceCap
+
+__all__ = [
+    "BISECT_STEPS",
+    "LEVELS",
+    "CapacityCurve",
+    "FleetNode",
+    "NodeAssignment",
+    "Placement",
+    "Stream",
+    "capacity_curve",
+    "lower_bound",
+    "place",
+    "realise",
+]
+
+#: Planner runs that bisect for R* (each halves the interval: 2**-7 of the ceiling).
+BISECT_STEPS = 7
+#: Ladder rates R* x k / LEVELS (k = 1..LEVELS) planned after the bisection.
+LEVELS = 8
+#: Requests each planner simulation covers (duration = this / rate, at most 600 s).
+SIM_REQUESTS = 2000
+
+
+# -- inputs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One source of requests (a camera, a robot): ``rate`` requests/s of ``pipeline``
+    with an end-to-end P99 SLO of ``slo_ms`` ms."""
+
+    name: str
+    pipeline: str
+    rate: float
+    slo_ms: float
+
+    @property
+    def key(self) -> tuple[str, float]:
+        return (self.pipeline, self.slo_ms)
+
+
+@dataclass(frozen=True)
+class FleetNode:
+    """One edge node: its Kubernetes node name, its device profile's name and cap."""
+
+    name: str
+    device: str
+    cap: ResourceCap
+
+
+# -- capacity ------------------------------------------------------------------------------
+
+
+def _resources(cap: ResourceCap) -> tuple[str, ...]:
+    names = ["memory_mb"] + [f"slots:{e}" for e in sorted(cap.max_instances)]
+    if cap.cores:
+        names.append("cores")
+    return tuple(names)
+
+
+def _cap_vector(cap: ResourceCap, pool_mb: float) -> tuple[float, ...]:
+    v = [cap.memory_cap_mb - pool_mb] + [
+        float(cap.max_instances[e]) for e in sorted(cap.max_instances)
+    ]
+    if cap.cores:
+        v.append(float(cap.cores))
+    return tuple(v)
+
+
+@dataclass(frozen=True)
+class CapacityCurve:
+    """What one pipeline needs on one device type, as a function of its rate.
+
+    Attributes:
+        pipeline / slo_ms / device: the pair.
+        max_rate: R*, requests/s (0: the planner found no configuration at any rate).
+        rates: the ladder, requests/s, increasing (R* last).
+        vectors: per ladder rate, the resources (``resources`` order), non-decreasing.
+        resources: ``memory_mb`` (MB), ``slots:ENGINE`` (instances), ``cores`` (busy).
+        configs: per ladder rate, the planner's rows (unit, engine, instances, batch).
+        reason: why max_rate is 0 (the planner's reason), else "".
+        planner_runs: how many times the planner ran for this pair.
+    """
+
+    pipeline: str
+    slo_ms: float
+    device: str
+    max_rate: float
+    rates: tuple[float, ...]
+    vectors: tuple[tuple[float, ...], ...]
+    resources: tuple[str, ...]
+    configs: tuple[tuple[dict[str, Any], ...], ...] = ()
+    reason: str = ""
+    planner_runs: int = 0
+
+    def level(self, rate: float) -> int | None:
+        """Index of the lowest ladder rate >= ``rate`` (None: above R*)."""
+        i = bisect.bisect_left(self.rates, rate - 1e-9)
+        return i if i < len(self.rates) else None
+
+    def efficiency(self) -> dict[str, float]:
+        """Per resource: the least use per request/s over the ladder (for the bound)."""
+        out: dict[str, float] = {}
+        for j, name in enumerate(self.resources):
+            out[name] = min(v[j] / r for v, r in zip(self.vectors, self.rates, strict=True))
+        return out
+
+
+def _ceiling(units: Sequence[UnitProfile], cap: ResourceCap) -> float:
+    """Requests/s the device could serve with every slot on every unit (no queueing): an
+    upper bound of R*."""
+    fo = next((i for i, u in enumerate(units) if u.fan_out), None)
+    fi = next((i for i, u in enumerate(units) if u.fan_in), None)
+    items = units[fo].items_mean if fo is not None else 1.0
+    best = math.inf
+    for i, u in enumerate(units):
+        if not u.served:
+            continue
+        per_item = fo is not None and fi is not None and fo < i < fi
+        rate = 0.0
+        for e, p in u.engines.items():
+            if cap.max_instances and e not in cap.max_instances:
+                continue
+            n = min(MAX_PER_UNIT, u.max_instances or MAX_PER_UNIT)
+            if cap.max_instances and u.kind == "model":  # slots bound model instances only
+                n = min(n, cap.max_instances[e])
+            if p.mean_ms > 0:
+                rate += n * 1e3 / p.mean_ms
+            else:
+                rate = math.inf
+        best = min(best, rate / (items if per_item else 1.0))
+    return best if math.isfinite(best) else 1e6
+
+
+def capacity_curve(
+    pipeline: str,
+    units: Sequence[UnitProfile],
+    slo_ms: float,
+    device: str,
+    profile: Any,
+    *,
+    pool_mb: float = 0.0,
+    handover_ms: float = 0.1,
+    seed: int = 0,
+    bisect_steps: int = BISECT_STEPS,
+    levels: int = LEVELS,
+    sim_requests: int = SIM_REQUESTS,
+    planner: Callable[..., Any] = plan,
+) -> CapacityCurve:
+    """R* and the resource ladder of ``units`` (a pipeline's unit profiles on ``device``)
+    at ``slo_ms`` (see the module docstring): at most ``bisect_steps + levels + 1`` runs
+    of ``planner`` (:func:`infscaler.runtime.planning.planner.plan`), each simulating
+    ``sim_requests`` Poisson arrivals.
+
+    Args:
+        profile: the device's DeviceProfile (or a ResourceCap).
+        pool_mb: the node's tensor pool, MB (counted in each run's memory check).
+    """
+    cap = resource_cap(profile)
+    names = _resources(cap)
+    runs = 0
+    feasible: dict[float, tuple[tuple[float, ...], tuple[dict[str, Any], ...]]] = {}
+    last_reason = ""
+
+    def run(rate: float) -> bool:
+        nonlocal runs, last_reason
+        runs += 1
+        duration = min(600.0, sim_requests / rate)  # the same simulated work at any rate
+        res = planner(
+            units,
+            rate,
+            slo_ms,
+            profile,
+            duration_s=duration,
+            seed=seed,
+            handover_ms=handover_ms,
+            pool_mb=pool_mb,
+        )
+        if not res.feasible:
+            last_reason = res.reason
+            return False
+        mem, slots, _ = _usage(units, res.config, 0.0)
+        vec = [mem] + [float(slots.get(e, 0)) for e in sorted(cap.max_instances)]
+        if cap.cores:
+            vec.append(_busy_cores(units, res.config, rate))
+        feasible[rate] = (tuple(vec), tuple(res.rows()))
+        return True
+
+    hi = _ceiling(units, cap)
+    lo = 0.0
+    for _ in range(bisect_steps):
+        mid = (lo + hi) / 2
+        if run(mid):
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0.0:
+        # below the lowest bisection point: one try at a small rate, else infeasible
+        small = hi / 4
+        if not run(small):
+            return CapacityCurve(
+                pipeline, slo_ms, device, 0.0, (), (), names, (), last_reason, runs
+            )
+        lo = small
+    for k in range(1, levels):
+        r = lo * k / levels
+        if r not in feasible:
+            run(r)
+    # a level whose vector alone exceeds the node (busy cores above the device's cores:
+    # the planner checks cores only when it adds a cpu instance, and the simulator does
+    # not model CPU contention) cannot run: dropped, with every level above it
+    capv = _cap_vector(cap, pool_mb)
+    rates = []
+    for r in sorted(feasible):
+        if not all(x <= c + 1e-9 for x, c in zip(feasible[r][0], capv, strict=True)):
+            break
+        rates.append(r)
+    if not rates:
+        return CapacityCurve(
+            pipeline,
+            slo_ms,
+            device,
+            0.0,
+            (),
+            (),
+            names,
+            (),
+            f"the planner's configurations exceed the device's cap (busy cores {capv})",
+            runs,
+        )
+    vectors: list[tuple[float, ...]] = []
+    running = [0.0] * len(names)
+    for r in rates:
+        running = [max(a, b) for a, b in zip(running, feasible[r][0], strict=True)]
+        vectors.append(tuple(running))
+    return CapacityCurve(
+        pipeline,
+        slo_ms,
+        device,
+        rates[-1],
+        tuple(rates),
+        tuple(vectors),
+        names,
+        tuple(feasible[r][1] for r in rates),
+        "",
+        runs,
+    )
+
+
+# -- placement -----------------------------------------------------------------------------
+
+
+@dataclass
+class NodeAssignment:
+    """One node used: per (pipeline, SLO) the aggregate rate, the streams and the
+    ladder level (the planner's configuration) it runs."""
+
+    node: str
+    device: str
+    rates: dict[tuple[str, float], float] = field(default_factory=dict)
+    streams: dict[tuple[str, float], list[str]] = field(default_factory=dict)
+    levels: dict[tuple[str, float], int] = field(default_factory=dict)
+    used: tuple[float, ...] = ()
+
+    def pipelines(self) -> list[str]:
+        return sorted({p for p, _ in self.rates})
+
+
+@dataclass
+class Placement:
+    """What :func:`place` found.
+
+    Attributes:
+        nodes: the nodes used, in the order opened.
+        unplaced: stream name -> why it could not be placed.
+        lower_bound: :func:`lower_bound` of the streams that can be placed.
+        curves: the capacity curves, keyed (pipeline, SLO ms, device).
+        seconds: wall time of the packing (the curves excluded), s.
+        curve_seconds: wall time of the capacity curves (the planner runs), s.
+    """
+
+    nodes: list[NodeAssignment]
+    unplaced: dict[str, str]
+    lower_bound: int
+    bound_by: str
+    curves: dict[tuple[str, float, str], CapacityCurve]
+    seconds: float = 0.0
+    curve_seconds: float = 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return not self.unplaced
+
+    def to_dict(self, curves: Mapping[tuple[str, float, str], CapacityCurve] | None = None) -> dict:
+        curves = self.curves if curves is None else curves
+        nodes = []
+        for n in self.nodes:
+            pipes = []
+            for key, rate in sorted(n.rates.items()):
+                c = curves[(key[0], key[1], n.device)]
+                pipes.append(
+                    {
+                        "pipeline": key[0],
+                        "slo_ms": key[1],
+                        "rate": round(rate, 4),
+                        "streams": n.streams[key],
+                        "planned_rate": round(c.rates[n.levels[key]], 4),
+                        "config": list(c.configs[n.levels[key]]) if c.configs else [],
+                    }
+                )
+            nodes.append({"node": n.node, "device": n.device, "pipelines": pipes})
+        return {
+            "feasible": self.feasible,
+            "nodes_used": len(self.nodes),
+            "lower_bound": self.lower_bound,
+            "lower_bound_resource": self.bound_by,
+            "unplaced": dict(self.unplaced),
+            "seconds": round(self.seconds, 4),
+            "curve_seconds": round(self.curve_seconds, 4),
+            "capacity": [
+                {
+                    "pipeline": c.pipeline,
+                    "slo_ms": c.slo_ms,
+                    "device": c.device,
+                    "max_rate": round(c.max_rate, 4),
+                    "planner_runs": c.planner_runs,
+                    "reason": c.reason,
+                }
+                for c in curves.values()
+            ],
+            "placement": nodes,
+        }
+
+
+class _Open:
+    """An open node: its use and, per pipeline key, its rate and level."""
+
+    __slots__ = ("assign", "cap", "used", "node")
+
+    def __init__(self, node: FleetNode, pool_mb: float) -> None:
+        self.node = node
+        self.cap = _cap_vector(node.cap, pool_mb)
+        self.used = [0.0] * len(self.cap)
+        self.assign = NodeAssignment(node.name, node.device)
+
+
+def _headroom(o: _Open, key: tuple[str, float], curve: CapacityCurve) -> float:
+    """The largest extra rate of ``key`` node ``o`` can take."""
+    a = o.assign
+    cur = a.rates.get(key, 0.0)
+    base = list(o.used)
+    if key in a.levels:
+        base = [u - v for u, v in zip(base, curve.vectors[a.levels[key]], strict=True)]
+    # largest ladder level whose vector fits with the others' use (vectors non-decreasing)
+    lo, hi = -1, len(curve.rates) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        v = curve.vectors[mid]
+        if all(b + x <= c + 1e-9 for b, x, c in zip(base, v, o.cap, strict=True)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return curve.rates[lo] - cur if lo >= 0 else -math.inf
+
+
+def place(
+    streams: Sequence[Stream],
+    nodes: Sequence[FleetNode],
+    curves: Mapping[tuple[str, float, str], CapacityCurve],
+    *,
+    pool_mb: float = 0.0,
+) -> Placement:
+    """Place ``streams`` on ``nodes`` (see the module docstring).
+
+    Args:
+        curves: (pipeline, slo_ms, device) -> :class:`CapacityCurve` for every stream's
+            key on every device type in ``nodes`` (:func:`capacity_curve`).
+        pool_mb: the tensor pool of each node's service, MB (counted once per node).
+
+    Raises:
+        KeyError: a curve is missing.
+    """
+    t0 = time.perf_counter()
+    devices = sorted({n.device for n in nodes})
+    free: dict[str, list[FleetNode]] = {d: [] for d in devices}
+    for n in reversed(nodes):
+        free[n.device].append(n)  # pop() takes them in the order given
+    unplaced: dict[str, str] = {}
+    best_rate: dict[tuple[str, float], float] = {}
+    for s in streams:
+        if s.key not in best_rate:
+            best_rate[s.key] = max(curves[(s.key[0], s.key[1], d)].max_rate for d in devices)
+    order = []
+    for s in streams:
+        br = best_rate[s.key]
+        if not s.rate > 0 or not math.isfinite(s.rate):
+            unplaced[s.name] = f"rate {s.rate!r} is not a positive number"
+        elif s.rate > br:
+            why = [
+                f"{d}: {curves[(s.key[0], s.key[1], d)].max_rate:.3g}/s"
+                + (
+                    f" ({curves[(s.key[0], s.key[1], d)].reason})"
+                    if curves[(s.key[0], s.key[1], d)].reason
+                    else ""
+                )
+                for d in devices
+            ]
+            unplaced[s.name] = (
+                f"{s.rate:g} requests/s of {s.pipeline} at SLO {s.slo_ms:g} ms exceeds what "
+                f"one node serves ({'; '.join(why)}): split the stream"
+            )
+        else:
+            order.append(s)
+    order.sort(key=lambda s: (-s.rate / best_rate[s.key], s.name))
+    # smallest rate still to place per key (streams are placed largest first)
+    remaining_min: dict[tuple[str, float], list[float]] = {}
+    for s in reversed(order):
+        remaining_min.setdefault(s.key, []).append(s.rate)  # ascending rates per key
+    opened: list[_Open] = []
+    candidates: dict[tuple[str, float], list[_Open]] = {}
+    for s in order:
+        key = s.key
+        mins = remaining_min[key]
+        mins.pop()  # ascending: this stream, the largest of its key left, is the last
+        smallest = mins[0] if mins else 0.0
+        target = None
+        cands = candidates.get(key)
+        if cands is None:
+            cands = list(opened)  # a key seen first: every node opened so far
+        keep: list[_Open] = []
+        for i, o in enumerate(cands):
+            curve = curves[(key[0], key[1], o.node.device)]
+            room = _headroom(o, key, curve)
+            if target is None and room >= s.rate - 1e-9:
+                target = o
+                keep.extend(cands[i:])
+                break
+            if room >= smallest - 1e-9 and smallest > 0:
+                keep.append(o)
+        candidates[key] = keep
+        if target is None:
+            # open the free node type with the highest R* for this key that can take it
+            types = sorted(
+                (d for d in devices if free[d]),
+                key=lambda d: -curves[(key[0], key[1], d)].max_rate,
+            )
+            for d in types:
+                o = _Open(free[d][-1], pool_mb)
+                curve = curves[(key[0], key[1], d)]
+                if _headroom(o, key, curve) >= s.rate - 1e-9:
+                    free[d].pop()
+                    opened.append(o)
+                    target = o
+                    # a new node is a candidate for every key (added lazily below)
+                    for k2, lst in candidates.items():
+                        if k2 != key:
+                            lst.append(o)
+                    keep.append(o)
+                    break
+        if target is None:
+            unplaced[s.name] = (
+                f"no free node can take {s.rate:g} requests/s of {s.pipeline} "
+                f"(all {len(nodes)} nodes are used or too small)"
+            )
+            continue
+        a = target.assign
+        curve = curves[(key[0], key[1], target.node.device)]
+        old = a.levels.get(key)
+        rate = a.rates.get(key, 0.0) + s.rate
+        lvl = curve.level(rate)
+        assert lvl is not None
+        if old is not None:
+            target.used = [u - v for u, v in zip(target.used, curve.vectors[old], strict=True)]
+        target.used = [u + v for u, v in zip(target.used, curve.vectors[lvl], strict=True)]
+        a.rates[key] = rate
+        a.levels[key] = lvl
+        a.streams.setdefault(key, []).append(s.name)
+    for o in opened:
+        o.assign.used = tuple(round(u, 4) for u in o.used)
+    placed = [s for s in streams if s.name not in unplaced]
+    lb, by = lower_bound(placed, devices, curves, {n.device: n.cap for n in nodes}, pool_mb)
+    return Placement(
+        nodes=[o.assign for o in opened],
+        unplaced=unplaced,
+        lower_bound=lb,
+        bound_by=by,
+        curves=dict(curves),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def lower_bound(
+    streams: Sequence[Stream],
+    devices: Sequence[str],
+    curves: Mapping[tuple[str, float, str], CapacityCurve],
+    caps: Mapping[str, ResourceCap],
+    pool_mb: float = 0.0,
+) -> tuple[int, str]:
+    """``(nodes, resource)``: no placement in this model uses fewer nodes (see the module
+    docstring); ``resource`` is the one that binds."""
+    if not streams:
+        return 0, "-"
+    need: dict[str, float] = {}
+    cache: dict[tuple[str, float], dict[str, float]] = {}
+    for s in streams:
+        per = cache.get(s.key)
+        if per is None:
+            per = {}
+            for d in devices:
+                c = curves[(s.key[0], s.key[1], d)]
+                if c.max_rate <= 0:
+                    continue
+                capv = dict(zip(_resources(caps[d]), _cap_vector(caps[d], pool_mb), strict=True))
+                for m, e in c.efficiency().items():
+                    frac = e / capv[m] if capv[m] > 0 else math.inf
+                    per[m] = min(per.get(m, math.inf), frac)
+            # a resource some device type lacks entirely is not needed there: 0
+            for m in list(per):
+                if any(
+                    m not in _resources(caps[d])
+                    for d in devices
+                    if curves[(s.key[0], s.key[1], d)].max_rate > 0
+                ):
+                    per[m] = 0.0
+            cache[s.key] = per
+        for m, f in per.items():
+            need[m] = need.get(m, 0.0) + s.rate * f
+    m, v = max(need.items(), key=lambda kv: kv[1])
+    return max(1, math.ceil(v - 1e-9)), m
+
+
+# -- realisation ---------------------------------------------------------------------------
+
+#: Node label the chart's DaemonSets select on (one DaemonSet per group).
+GROUP_LABEL = "infscaler.io/group"
+
+
+def realise(placement: Placement) -> dict[str, Any]:
+    """The Kubernetes side of a placement: nodes with the same device and the same set
+    of pipelines form a group; each group is one entry of the Helm chart's ``groups``
+    value (a DaemonSet selecting ``infscaler.io/group=<group>``), and each node gets that
+    label. Returns ``{"labels": {node: group}, "values": {"groups": [...]}}``."""
+    groups: dict[tuple[str, tuple[str, ...]], str] = {}
+    labels: dict[str, str] = {}
+    entries: list[dict[str, Any]] = []
+    for n in placement.nodes:
+        sig = (n.device, tuple(n.pipelines()))
+        if sig not in groups:
+            name = f"g{len(groups) + 1}-{n.device}"
+            groups[sig] = name
+            entries.append(
+                {
+                    "name": name,
+                    "device": n.device,
+                    "nodeSelector": {GROUP_LABEL: name},
+                    "pipelines": list(sig[1]),
+                }
+            )
+        labels[n.node] = groups[sig]
+    return {"labels": labels, "values": {"groups": entries}}

@@ -1,0 +1,338 @@
+"""The live check of a planned configuration: does what the planner chose serve what it
+predicted, and does the runner-up serve more? (Pure: no I/O, no clock.)
+
+The planner (:func:`infscaler.runtime.planning.planner.search`) ranks configurations on figures
+measured once, at deploy, on a host that is never quiet: the same ResNet-50-class
+pipeline on the 2-core development host was planned K = 2 (predicted 14.6/s) at one deploy
+and K = 1 x 2 instances (predicted 15.8/s, then 20.9/s) at the next, and the kept K = 2
+served 0.70x what two hand-written 1-thread replicas served in the same run. A kept
+decision is therefore a starting point, not a verdict: once the deployed pipeline has
+served steady load, :func:`check` compares what it measures with what was predicted for
+it and for the runner-up, and decides to keep it or to try the runner-up; after a trial
+it keeps whichever measured more (InferLine's Tuner, Crankshaw et al., SoCC'20 §5, which
+corrects the offline Planner's configuration from live arrivals; here the correction is
+between the planner's two best configurations, from live service times).
+
+**What is compared**: a configuration's *instance capacity*, requests/s = min over its
+served units of ``instances x 1000 / (ms per item x items per request)``, predicted from
+the planner's unit profiles (:func:`predicted_capacity_rps`) and measured from the P50
+service times its instances show now (:func:`infscaler.runtime.scaling.scaler.
+pipeline_capacity_rps`, the scaler's own figure). Service times measured at load carry
+what the prediction missed: CPU contention with the front end, the clients and the
+other instances, hand-overs, a model slower at its cut. The P99 at the observed load is
+the second test: a pipeline that misses its SLO at a load below the goodput predicted
+for it falls short whatever its service times say.
+
+**Rules** (:class:`LiveConfig` gives the numbers):
+
+1. Wait until the configuration has served ``settle_s`` since its deploy or last change
+   and at least ``min_answered`` requests in the window (a measurement of warm-up or of
+   three requests decides nothing).
+2. ``watch``: it *falls short* when its measured capacity is below its predicted one by
+   more than ``shortfall`` plus the prediction's own uncertainty, or when its P99 is over
+   the SLO while the offered load is below ``1 - shortfall`` of its predicted goodput.
+   Not short: ``settled`` (kept). Short, with a runner-up predicted to serve more than
+   it measures by ``better_by``: ``switch`` to the runner-up (a trial; the measured
+   figure of the first is kept). Short with no such runner-up: ``settled``, kept (the
+   reason says so).
+3. ``trial``: the runner-up, once measured the same way, is kept unless the first
+   measured more by ``better_by`` (then ``switch`` back); either way ``settled``. A tie
+   keeps the one serving (one switch fewer).
+4. At most ``max_switches`` switches per pipeline (a trial and a return).
+
+The caller (:mod:`infscaler.runtime.scaling.autoscaler`) applies ``switch`` as a
+make-before-break redeploy (the new configuration serves before the old one drains:
+:meth:`infscaler.service.service.Service.deploy` with ``replace``) and keeps the winner as the
+pipeline's planned decision (:mod:`infscaler.runtime.planning.autoplan`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infscaler.runtime.planning.planner import arrival_rates
+
+__all__ = [
+    "Expected",
+    "LiveConfig",
+    "LiveState",
+    "Observed",
+    "Verdict",
+    "check",
+    "expected_from",
+    "predicted_capacity_rps",
+]
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the planner predicted for one configuration.
+
+    Attributes:
+        label: the configuration in words (:meth:`~infscaler.runtime.planning.planner.Candidate.label`).
+        unit_ms: per served unit, predicted ms per item on one instance.
+        instances: per served unit, the instances planned.
+        items: per served unit, items per request (1 but after a fan-out).
+        goodput_rps: predicted goodput within the SLO, requests/s (the search's score).
+        err: relative uncertainty of the prediction, 0-1 (0: not known).
+    """
+
+    label: str
+    unit_ms: tuple[float, ...]
+    instances: tuple[int, ...]
+    items: tuple[float, ...]
+    goodput_rps: float
+    err: float = 0.0
+
+    @property
+    def capacity_rps(self) -> float:
+        """Predicted instance capacity at the planned instances, requests/s."""
+        return predicted_capacity_rps(self.unit_ms, self.instances, self.items)
+
+    def capacity_at(self, instances: Sequence[int] | None) -> float:
+        """Predicted instance capacity at ``instances`` per served unit (the scaler may
+        have moved them since the deploy), requests/s; the planned capacity when
+        ``instances`` is None or does not match the units."""
+        if instances is None or len(instances) != len(self.unit_ms):
+            return self.capacity_rps
+        return predicted_capacity_rps(self.unit_ms, instances, self.items)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (kept with the planner's decision); :meth:`from_dict` reads it."""
+        return {
+            "label": self.label,
+            "unit_ms": [round(x, 4) for x in self.unit_ms],
+            "instances": list(self.instances),
+            "items": list(self.items),
+            "goodput_rps": round(self.goodput_rps, 4),
+            "err": round(self.err, 4),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Expected:
+        """Raises: KeyError / TypeError / ValueError on a malformed dict."""
+        return cls(
+            str(d["label"]),
+            tuple(float(x) for x in d["unit_ms"]),
+            tuple(int(x) for x in d["instances"]),
+            tuple(float(x) for x in d["items"]),
+            float(d["goodput_rps"]),
+            float(d.get("err", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the deployed configuration serves now (the monitor's window).
+
+    Attributes:
+        since_change_s: seconds since the configuration was deployed or last changed.
+        answered: requests answered in the window.
+        capacity_rps: measured instance capacity, requests/s (None: not measured yet).
+        p99_ms: end-to-end P99 over the window, ms (None: no sample).
+        offered_rps: requests/s submitted over the window (refused ones included).
+        slo_ms: the pipeline's SLO, ms.
+        instances: per served unit, its instances now (None: as planned).
+    """
+
+    since_change_s: float
+    answered: int
+    capacity_rps: float | None
+    p99_ms: float | None
+    offered_rps: float
+    slo_ms: float
+    instances: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """Tuning of :func:`check`.
+
+    Attributes:
+        settle_s: seconds a configuration serves before it is judged (instance warm-up,
+            the first windows' P99).
+        min_answered: requests answered in the window before it is judged (50: the
+            scaler's default 10 s window holds 90 requests of ResNet-50 at 0.35 of the
+            ideal rate on 2 cores; with 100 the check never judged it).
+        shortfall: relative shortfall of the measured capacity against the predicted
+            one (beyond the prediction's ``err``) that counts as falling short, 0-1.
+        better_by: relative margin by which another configuration must serve more to be
+            switched to, 0-1 (below it: a tie, the one serving stays).
+        max_switches: most switches per pipeline.
+    """
+
+    settle_s: float = 10.0
+    min_answered: int = 50
+    shortfall: float = 0.15
+    better_by: float = 0.10
+    max_switches: int = 2
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """What :func:`check` carries from one call to the next.
+
+    Attributes:
+        phase: ``watch`` (the planner's choice serving, not judged yet), ``trial`` (the
+            runner-up serving, not judged yet) or ``settled`` (nothing more to check).
+        measured: label -> measured capacity, requests/s, of each configuration judged.
+        switches: switches decided so far.
+        reason: the last verdict's reason (``status`` shows it).
+    """
+
+    phase: str = "watch"
+    measured: tuple[tuple[str, float], ...] = ()
+    switches: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``wait`` (not judged yet), ``keep`` (settled on the configuration serving) or
+    ``switch`` (deploy the other configuration), with a reason a user can read."""
+
+    action: str
+    reason: str
+
+
+def predicted_capacity_rps(
+    unit_ms: Sequence[float], instances: Sequence[int], items: Sequence[float] | None = None
+) -> float:
+    """Instance capacity, requests/s: min over units of ``instances x 1000 / (ms x
+    items)``; units with no time (0 ms) or no instance do not bound it.
+
+    Args:
+        unit_ms: per served unit, ms per item on one instance.
+        instances: per served unit, its instances.
+        items: per served unit, items per request (None: 1 each).
+
+    Returns:
+        requests/s (``inf`` when no unit bounds it).
+
+    >>> predicted_capacity_rps([30.0, 10.0], [1, 1])
+    33.333333333333336
+    >>> predicted_capacity_rps([30.0], [2])
+    66.66666666666667
+    """
+    best = math.inf
+    for k, (ms, n) in enumerate(zip(unit_ms, instances, strict=True)):
+        per_req = ms * (1.0 if items is None else items[k])
+        if per_req > 0 and n > 0:
+            best = min(best, n * 1000.0 / per_req)
+    return best
+
+
+def _measured(state: LiveState, label: str) -> float | None:
+    return next((v for k, v in state.measured if k == label), None)
+
+
+def check(
+    obs: Observed,
+    state: LiveState,
+    serving: Expected,
+    other: Expected | None,
+    config: LiveConfig = LiveConfig(),
+) -> tuple[Verdict, LiveState]:
+    """Judge the configuration serving (see the module docstring for the rules).
+
+    Args:
+        obs: what it serves now.
+        state: the previous call's state (``LiveState()`` at the first deploy).
+        serving: the prediction for the configuration serving.
+        other: the prediction for the other configuration (the runner-up in ``watch``,
+            the planner's choice in ``trial``); None: there is none.
+        config: thresholds.
+
+    Returns:
+        ``(verdict, new state)``; after ``switch`` the caller deploys ``other`` and
+        calls again with ``serving`` and ``other`` swapped.
+    """
+    if state.phase == "settled":
+        return Verdict("keep", state.reason), state
+    if obs.since_change_s < config.settle_s:
+        return Verdict(
+            "wait", f"settling ({obs.since_change_s:.0f} of {config.settle_s:g} s)"
+        ), state
+    if obs.answered < config.min_answered or obs.capacity_rps is None:
+        return (
+            Verdict("wait", f"{obs.answered} of {config.min_answered} requests answered"),
+            state,
+        )
+    got = float(obs.capacity_rps)
+    measured = tuple((k, v) for k, v in state.measured if k != serving.label) + (
+        (serving.label, got),
+    )
+    if state.phase == "trial":
+        first = None if other is None else _measured(state, other.label)
+        if (
+            other is not None
+            and first is not None
+            and first > got * (1 + config.better_by)
+            and state.switches < config.max_switches
+        ):
+            why = (
+                f"back to {other.label}: it measured {first:.1f}/s, the trial "
+                f"{serving.label} {got:.1f}/s"
+            )
+            return Verdict("switch", why), LiveState("settled", measured, state.switches + 1, why)
+        why = f"kept {serving.label}: measured {got:.1f}/s" + (
+            f" against {first:.1f}/s for {other.label}" if other and first is not None else ""
+        )
+        return Verdict("keep", why), LiveState("settled", measured, state.switches, why)
+    # watch: the planner's choice, judged against its own prediction
+    predicted = serving.capacity_at(obs.instances)
+    floor = predicted * (1 - config.shortfall - serving.err)
+    short = []
+    if got < floor:
+        short.append(
+            f"measured capacity {got:.1f}/s < {floor:.1f}/s "
+            f"(predicted {predicted:.1f}/s less {config.shortfall + serving.err:.0%})"
+        )
+    late_floor = serving.goodput_rps * (1 - config.shortfall)
+    if obs.p99_ms is not None and obs.p99_ms > obs.slo_ms and obs.offered_rps < late_floor:
+        short.append(
+            f"P99 {obs.p99_ms:.0f} ms > SLO {obs.slo_ms:g} ms at {obs.offered_rps:.1f}/s, "
+            f"below the {serving.goodput_rps:.1f}/s predicted within it"
+        )
+    if not short:
+        why = f"kept {serving.label}: measured {got:.1f}/s of a predicted {predicted:.1f}/s"
+        return Verdict("keep", why), LiveState("settled", measured, state.switches, why)
+    want = got * (1 + config.better_by)
+    if (
+        other is not None
+        and other.capacity_rps * (1 - other.err) > want
+        and state.switches < config.max_switches
+    ):
+        why = (
+            f"{serving.label} falls short ({'; '.join(short)}); trying {other.label}, "
+            f"predicted {other.capacity_rps:.1f}/s"
+        )
+        return Verdict("switch", why), LiveState("trial", measured, state.switches + 1, why)
+    why = f"kept {serving.label}, though it falls short ({'; '.join(short)}): " + (
+        "no runner-up"
+        if other is None
+        else f"the runner-up {other.label} is predicted {other.capacity_rps:.1f}/s, not "
+        f"more than {config.better_by:.0%} above what this one measures"
+    )
+    return Verdict("keep", why), LiveState("settled", measured, state.switches, why)
+
+
+def expected_from(candidate: Any, err: float = 0.0) -> Expected:
+    """An :class:`Expected` from a :class:`~infscaler.runtime.planning.planner.Candidate`: its
+    served units' mean ms per item on one instance (the cpu profile, else the fastest
+    engine's), their instances and items per request, and its goodput."""
+    per_req = arrival_rates(candidate.units, 1.0)
+    ms, inst, items = [], [], []
+    for k, (u, c) in enumerate(zip(candidate.units, candidate.config, strict=True)):
+        if not u.served:
+            continue
+        p = u.engines["cpu"] if "cpu" in u.engines else u.fastest()
+        ms.append(float(p.mean_ms))
+        inst.append(int(c.total))
+        items.append(float(per_req[k]))
+    return Expected(
+        candidate.label(), tuple(ms), tuple(inst), tuple(items), float(candidate.goodput_rps), err
+    )

@@ -1,0 +1,324 @@
+"""Measure a model stage for the planner's configuration-space search.
+
+:func:`measure_model_stage` builds a :class:`~infscaler.runtime.planning.planner.ModelStage` from
+an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.partitioner`):
+
+* per operator: FLOPs and weight bytes (:func:`~infscaler.partitioner.cost.model_costs`),
+  the valid cuts and the bytes crossing each (:class:`~infscaler.partitioner.graph.OperatorGraph`);
+* per operator profiled ms at 1 thread (:func:`~infscaler.partitioner.profiler.profile_model`,
+  cached per model hash and host), to share the measured time among partitions;
+* the whole model's latency as served (the cpu engine's session options) at each thread
+  count asked for, up to this host's usable cores (``profiler.measure_latency_samples``,
+  the median): the per-model speedup the search applies to every partition; a thread
+  count not measured is not an option; the runs' spread (:func:`spread_cv`), the
+  service-time variability the simulator draws from at that count; and the median's
+  uncertainty (``profiler.median_err``, ``ModelStage.whole_ms_err``), which the search
+  turns into a goodput interval per finalist;
+* where two or more copies fit the cores at a thread count, how much slower the whole
+  model runs while every core runs a copy (``profiler.measure_corun``): the simulator's
+  co-running slowdown (``EngineProfile.corun``);
+* with ``idle``, how much slower the whole model runs after the host sat idle, per
+  thread count (``profiler.measure_idle``): the simulator's idle slowdown
+  (``EngineProfile.idle``). Off by default: timed in-process it overstates what the
+  served instances see (:data:`IDLE_DEFAULT`);
+* the boundary overhead T_p (``profiler.measure_boundary_overhead``, cached).
+
+:func:`search_measured` runs the search, measures the partitions of its best candidates
+(:func:`measure_units_err`: each partition's median and its uncertainty) in place of the
+estimate, and searches again.
+
+Not pure (it runs onnxruntime); the search itself is (:func:`infscaler.runtime.planning.planner.search`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from infscaler.base.device import INSTANCE_OVERHEAD_MB
+from infscaler.partitioner import cost as cost_mod
+from infscaler.partitioner import profiler
+from infscaler.partitioner.api import _cpu_source, partition_model
+from infscaler.partitioner.graph import OperatorGraph
+from infscaler.partitioner.loader import load_model, random_feeds
+from infscaler.runtime.planning.planner import ModelStage, search
+
+__all__ = [
+    "measure_model_stage",
+    "measure_units",
+    "measure_units_err",
+    "search_measured",
+    "spread_cv",
+    "with_drift",
+]
+
+#: The whole model is timed at each thread count for at least ``repeats`` runs, then on
+#: while the timed runs took less than this many seconds in all (ResNet-50 on 2 cores:
+#: about 27 runs at 1 thread, 30 at 2; VGG-19: the ``repeats`` only) ...
+SPREAD_BUDGET_S = 2.0
+#: ... and at most this many runs.
+SPREAD_MAX_RUNS = 30
+#: Fewest runs whose spread is used (fewer: the simulator's service time stays
+#: deterministic at that thread count).
+SPREAD_MIN_RUNS = 10
+
+
+#: :func:`measure_model_stage` measures the idle slowdown only when asked. On the
+#: 2-core development VM (2026-11-27, bench/HISTORY.md) ResNet-50 at 2 threads ran
+#: 1.3-2.0 x slower in-process after 0.25 s idle, between runs of the same hour, while
+#: the served instance's compute after a 0.2-0.4 s idle gap was 1.2 x its back-to-back
+#: time at 4 requests/s and 1.04-1.07 x at 10/s (``bench/idle_wake.py``): the serving
+#: process's own activity keeps the cores awake in part. Scored with the in-process
+#: curve, the planner rated one 2-thread session at 2 x L0 at 7.4-11.3 requests/s
+#: (it served 10.4 and more).
+IDLE_DEFAULT = False
+
+
+#: The least relative uncertainty a measured median carries into the planner's goodput
+#: interval: what the host drifts between two measurements minutes apart, which the
+#: spread of one measurement's runs does not show. Measured: the same pipeline planned
+#: minutes apart moved its winner's prediction by a third (ResNet-50-class model on the
+#: 2-core VM, 14.6 -> 20.9 requests/s for one configuration); in the auto-deploys bench
+#: (bench/HISTORY.md, "Auto deploys against the hand configurations"), with the interval
+#: of the runs alone (a 95 % interval of a median of up to 30 runs: a few %), ZFNet-512
+#: and AlexNet chose one 2-thread session in 2 of 5 fresh deploys and two 1-thread
+#: replicas in the other 3 (ResNet-50 and Inception v2: 1 of 5), at goodputs within 4 %
+#: of each other at 0.35 and 0.5 of the ideal rate.
+DRIFT_ERR = 0.10
+
+
+def with_drift(err: float | None) -> float:
+    """A measured median's relative uncertainty for the planner: ``err`` (None: not
+    known) at least :data:`DRIFT_ERR`, at most 0.99."""
+    return min(max(float(err or 0.0), DRIFT_ERR), 0.99)
+
+
+def spread_cv(times_ms: Sequence[float]) -> float | None:
+    """Coefficient of variation (sample standard deviation / mean) of one thread count's
+    timed runs, ms; None for fewer than :data:`SPREAD_MIN_RUNS` runs.
+
+    What it is for: at an SLO a few times the service time, the P99 is set by the slow
+    runs as much as by queueing. A 2-core VM ran ResNet-50 with 2 intra-op threads at a
+    44 ms median and a 53-75 ms P99 between quiet runs (bench/HISTORY.md, "Admission,
+    the scaler's cores rule and the bench's steps", its ResNet-50 1.5x / 2x items);
+    with deterministic service times the simulator rated that one 2-thread session at
+    12.2 requests/s within 2 x L0, and it served 8.8-11.0. The simulator draws gamma service times with this
+    CV (:class:`~infscaler.runtime.planning.simulator.EngineProfile`)."""
+    if len(times_ms) < SPREAD_MIN_RUNS:
+        return None
+    mean = statistics.fmean(times_ms)
+    if not mean > 0:
+        return None
+    return float(statistics.stdev(times_ms) / mean)
+
+
+def measure_model_stage(
+    model: str | os.PathLike[str],
+    *,
+    name: str = "model",
+    shapes: str | None = None,
+    threads: Sequence[int] = (1, 2),
+    repeats: int = 5,
+    use_cache: bool = True,
+    idle: bool = IDLE_DEFAULT,
+    learned_idle: Callable[[int], tuple[tuple[float, float], ...]] | None = None,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> ModelStage:
+    """A :class:`ModelStage` measured on this host (see the module docstring).
+
+    Args:
+        model: ONNX file. name: the stage's name. shapes: concrete input shapes
+            (``x:1x3x224x224``; :func:`~infscaler.partitioner.loader.parse_shapes`).
+        threads: intra-op thread counts to time the whole model at (those above this
+            host's usable cores are skipped; 1 is always measured).
+        repeats: timed runs per measurement (median taken).
+        use_cache: reuse the partitioner's cached per-operator profile.
+        idle: also time the whole model after idle gaps (``idle_by_threads``; about
+            ``5 x (3 x latency + 0.4 s)`` per thread count).
+        learned_idle: threads -> the idle slowdown this model served at that count
+            (:func:`infscaler.runtime.scaling.idlecurve.load_curve`; ``()``: none kept); where it
+            gives one, that is ``idle_by_threads`` at that count, measured or not.
+
+    Raises:
+        ModelLoadError, ShapeError: a bad model file or shapes.
+    """
+
+    progress(f"{name}: loading the model and costing operators")
+    loaded = load_model(model, shapes, check_runnable=False)
+    graph = OperatorGraph.from_loaded(loaded)
+    costs = cost_mod.model_costs(loaded)
+    feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
+    whole = _cpu_source(loaded)
+    progress(f"{name}: profiling operators at 1 thread")
+    prof = profiler.profile_model(
+        whole,
+        feeds,
+        engine="cpu",
+        model_sha256=loaded.sha256,
+        warmup=2,
+        repeats=repeats,
+        threads=1,
+        cache=use_cache,
+        node_names=[n.name for n in loaded.model.graph.node],
+    )
+    cores = profiler.usable_cores()
+    whole_ms: dict[int, float] = {}
+    whole_ms_err: dict[int, float] = {}
+    cv_by_threads: dict[int, float] = {}
+    corun_by_threads: dict[int, float] = {}
+    idle_by_threads: dict[int, tuple[tuple[float, float], ...]] = {}
+    for t in sorted({1, *(int(x) for x in threads if 1 <= int(x) <= cores)}):
+        progress(f"{name}: timing the whole model at {t} thread(s)")
+        times = profiler.measure_latency_samples(
+            whole,
+            feeds,
+            engine="cpu",
+            warmup=2,
+            repeats=repeats,
+            threads=t,
+            budget_s=SPREAD_BUDGET_S,
+            max_repeats=SPREAD_MAX_RUNS,
+        )
+        whole_ms[t] = float(statistics.median(times))
+        whole_ms_err[t] = with_drift(profiler.median_err(times))
+        cv = spread_cv(times)
+        if cv is not None:
+            cv_by_threads[t] = cv
+        if cores // t >= 2:
+            progress(f"{name}: timing {cores // t} copies at once at {t} thread(s)")
+            corun_by_threads[t] = profiler.measure_corun(whole, feeds, threads=t)
+        served = learned_idle(t) if learned_idle is not None else ()
+        if served:
+            progress(f"{name}: the idle slowdown it served at {t} thread(s): {served}")
+            idle_by_threads[t] = served
+        elif idle:
+            progress(f"{name}: timing the whole model after idle gaps at {t} thread(s)")
+            idle_by_threads[t] = profiler.measure_idle(whole, feeds, threads=t)
+    boundary = profiler.measure_boundary_overhead(engine="cpu", cache=use_cache)
+    ops = graph.operators
+    valid = graph.valid_cuts()
+    n = len(ops)
+    return ModelStage(
+        name=name,
+        costs=tuple(float(costs[o.node].flops) for o in ops),
+        valid_cuts=tuple(valid),
+        whole_ms=whole_ms,
+        whole_ms_err=whole_ms_err,
+        cv_by_threads=cv_by_threads,
+        corun_by_threads=corun_by_threads,
+        idle_by_threads=idle_by_threads,
+        weights_bytes=tuple(float(costs[o.node].param_bytes) for o in ops),
+        flops=tuple(float(costs[o.node].flops) for o in ops),
+        op_ms=tuple(float(prof.node_ms.get(o.node, 0.0)) for o in ops),
+        cut_bytes={c: float(graph.crossing_bytes(c)) for c in valid},
+        boundary_fixed_ms=float(boundary.fixed_ms),
+        boundary_per_mb_ms=float(boundary.per_mb_ms),
+        activations_mb=graph.peak_activation_bytes(0, n - 1) / 1e6,
+        instance_overhead_mb=INSTANCE_OVERHEAD_MB,
+    )
+
+
+def measure_units(
+    model: str | os.PathLike[str],
+    cuts: Sequence[int],
+    threads: int,
+    *,
+    shapes: str | None = None,
+    repeats: int = 5,
+) -> tuple[float, ...]:
+    """Measured latency of each partition of ``model`` cut at ``cuts`` with ``threads``
+    intra-op threads, ms (batch 1; the partitioner's own per-part timing: each part's
+    session as the cpu engine builds it, fed the previous part's outputs;
+    :func:`infscaler.partitioner.api.partition_model` with ``cuts``, nothing written).
+
+    Raises:
+        PartitionError: a cut that is not a valid cut. ModelLoadError / ShapeError: a bad
+            model or shapes. VerificationError: the parts do not reproduce the model.
+    """
+
+    return measure_units_err(model, cuts, threads, shapes=shapes, repeats=repeats)[0]
+
+
+def measure_units_err(
+    model: str | os.PathLike[str],
+    cuts: Sequence[int],
+    threads: int,
+    *,
+    shapes: str | None = None,
+    repeats: int = 5,
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """:func:`measure_units` and each partition's uncertainty: ``(ms per partition,
+    relative err per partition)``, the err the distance from its median to the farther
+    end of the median's confidence interval, over the median
+    (:func:`infscaler.partitioner.profiler.median_err`; with the default 5 repeats, the
+    farther of the fastest and the slowest run), at least :data:`DRIFT_ERR`.
+
+    Raises:
+        as :func:`measure_units`.
+    """
+
+    plan = partition_model(model, shapes=shapes, cuts=list(cuts), threads=threads, repeats=repeats)
+    parts = plan.summary["partitions"]
+    ms = tuple(float(p["latency_ms"]["cpu"]) for p in parts)
+    err = tuple(with_drift(p.get("latency_err", {}).get("cpu")) for p in parts)
+    return ms, err
+
+
+def search_measured(
+    stages: Sequence[ModelStage | Any],
+    models: Sequence[str | os.PathLike[str]],
+    slo_ms: float,
+    device: Any,
+    *,
+    shapes: Sequence[str | None] | None = None,
+    refine: int = 3,
+    rounds: int = 3,
+    progress: Callable[[str], None] = lambda _m: None,
+    **kwargs: Any,
+) -> tuple[Any, list[Any]]:
+    """:func:`infscaler.runtime.planning.planner.search`, then the partitions of the ``refine``
+    best candidates measured (:func:`measure_units`) in place of their estimated times
+    (each stage's share of the whole model's time) and the search run again, until the
+    ``refine`` best are all measured or after ``rounds`` rounds. Returns the last
+    outcome and the stages with their measured ``unit_ms`` and its uncertainty
+    ``unit_ms_err`` (:func:`measure_units_err`).
+
+    Args:
+        stages: the pipeline's stages as ``search`` takes them: :class:`ModelStage` and
+            fixed :class:`~infscaler.runtime.planning.simulator.UnitProfile` (function units).
+        models / shapes: the ONNX file (and shapes) of each :class:`ModelStage`, in the
+            order they appear in ``stages``; ``kwargs`` go to ``search`` (``rate``,
+            ``cores``, ...).
+    """
+
+    stages = list(stages)
+    pos = [i for i, s in enumerate(stages) if isinstance(s, ModelStage)]
+    shapes = list(shapes) if shapes is not None else [None] * len(pos)
+    out = search(stages, slo_ms, device, **kwargs)
+    for _ in range(rounds):
+        todo: list[tuple[int, tuple[int, ...], int]] = []
+        for c in out.candidates[:refine]:
+            if not c.fits:
+                continue
+            for m, (cuts, t) in enumerate(zip(c.cuts, c.threads, strict=True)):
+                st = stages[pos[m]]
+                if cuts and (cuts, t) not in st.unit_ms and (m, cuts, t) not in todo:
+                    todo.append((m, cuts, t))
+        if not todo:
+            break
+        for m, cuts, t in todo:
+            i = pos[m]
+            progress(
+                f"{stages[i].name}: measuring the partitions of cuts {list(cuts)} at {t} thread(s)"
+            )
+            ms, err = measure_units_err(models[m], cuts, t, shapes=shapes[m])
+            stages[i] = dataclasses.replace(
+                stages[i],
+                unit_ms={**stages[i].unit_ms, (cuts, t): ms},
+                unit_ms_err={**stages[i].unit_ms_err, (cuts, t): err},
+            )
+        out = search(stages, slo_ms, device, **kwargs)
+    return out, stages

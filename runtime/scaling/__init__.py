@@ -1,0 +1,1 @@
+"""Scaling: SLO metrics (monitor), the pure asymmetric scaling decision (InfScaler Algorithm 1, scaler), the loop that applies it (autoscaler), latency windows, host telemetry, the CPU-wake policy and the idle curves."""

@@ -1,0 +1,509 @@
+"""The SLO monitor: per pipeline and per unit metrics over a sliding window, and the
+scaler's :class:`~infscaler.runtime.scaling.scaler.Snapshot` built from them (InfScaler §IV-A:
+"once detected the serving performance cannot meet the user-specified latency SLO").
+
+Sources, all read without stopping anything:
+
+* the front end's per-pipeline statistics (:class:`~infscaler.runtime.scaling.stats.PipelineStats`):
+  end-to-end latency, arrivals, and per unit the compute and queue time of every item,
+  taken from the ``__trace__`` rows each instance appends;
+* the control channel's per-stage counters: tokens in flight at each unit (its queue);
+* the supervisor's instance handles: state, engine, cores, and the RSS / USS / PSS MB
+  each instance reports on its status pipe every second (psutil ``memory_full_info``);
+* the tensor pool's mapped bytes;
+* host telemetry (:mod:`infscaler.runtime.scaling.telemetry`: jetson-stats on a Jetson, psutil
+  elsewhere) for ``infscaler status``.
+
+Resource accounting (Algorithm 1's U^m and r_k^m): memory used is the sum of every
+instance's PSS plus the pool's mapped MB (a page of the pool touched by one instance only
+is counted twice, so the figure errs high, on the safe side of the cap); one more
+instance of a unit costs the mean PSS of its running instances on that engine, or, before
+any has reported, the plan's weights + activations MB plus ``instance_overhead_mb`` (the
+USS of an idle instance spawned as a fresh process with onnxruntime loaded, measured on
+this host: about 45 MB; a forked one costs less, so the estimate errs high).
+
+Why PSS (proportional set size: each resident page divided by the number of processes
+mapping it), everywhere (status, this cap, metrics, benchmarks): instances are forked
+from the zygote (:mod:`infscaler.runtime.processes.zygote`) and share its pages copy-on-write. USS
+counts only a process's private pages, so the pages every instance shares with the
+zygote would be in no one's USS and the sum would undercount what the instances hold;
+RSS counts each shared page once per process and would overcount it N times. PSS sums to
+the real total over the processes that map a page, and an instance's PSS is its private
+pages plus its share of the common ones, which is what one more instance adds as N
+grows. (The zygote's own share is not an instance's: it is a fixed cost of the service.) Engine slots count model instances (function stages, light pre- and
+post-processing, count against memory only). Cores count what is pinned, not what is
+busy (:meth:`Monitor.pinned_threads`): the threads of every starting or ready cpu
+instance of a model stage (a ``fuse: whole`` unit is one: its instance pins its
+``threads``, its model steps running one after another on them), against the
+profile's thread slots (cores x
+``threads_per_core``, :meth:`infscaler.base.device.Accelerator.thread_slots`). Busy
+cores read low exactly when it matters (instances loading, requests shed, stages
+waiting on each other), which let an overloaded 2-core host grow one partition to 6
+instances; a pinned thread is a slot taken whether it is busy or not. A function-stage
+instance pins no slot (one Python thread asleep in poll(2) when idle) but is added only
+while a slot is free.
+Busy cores (:meth:`Monitor.cores_busy`: CPU seconds of the instances and the front end
+over the last seconds; an instance started since counts its CPU seconds over its age,
+loading included, so a scale-out reads busy at once) are the second, stricter bound:
+the scaler adds no cpu thread unless a whole core per thread is idle
+(:data:`~infscaler.runtime.scaling.scaler.SATURATED_FREE_PER_THREAD`), since threads beyond
+the cores add contention, not capacity, once every core is busy. (Bounding the pinned
+threads by the physical cores instead kept a two-unit pipeline, ddddocr, at one
+instance per unit with 0.6 of 2 cores busy: bench/HISTORY.md, "ddddocr at 3 x L0".)
+
+Vertical scaling inputs (:func:`~infscaler.runtime.scaling.scaler.decide`'s ``scale_up`` /
+``scale_down``): per unit, its running cpu instances per intra-op thread count (each
+handle's ``unit.threads``), the stage's ``threads`` / ``max_threads``, and
+``latency_ms_by_threads``: per thread count, the median over its instances of the
+``warm_ms_by_threads`` each reported when ready (measured at load by
+:meth:`infscaler.runtime.serving.runners.ModelRunner.probe_threads`; a fused unit reports none,
+so it is never scaled vertically).
+
+The bottleneck indicator the scaler compares is each unit's compute time per request
+(P50 ms per item x items per request): the profiled-time complexity measure of Eq. 1
+(``infscaler partition --measure time``), which puts partitions and function stages on
+one scale. Before a unit has samples it is the plan's latency on its engine (a fused
+unit: its model step's, plus the mean its function steps took per call in the
+instances' ``stats`` reports; measured samples already span every step).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from infscaler.base.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
+from infscaler.runtime.scaling.control import ScaledService
+from infscaler.runtime.scaling.scaler import EngineOption, ResourceCap, Snapshot, UnitState
+
+#: busy cores (:meth:`Monitor.cores_busy`) are measured over at most this long, s ...
+BUSY_WINDOW_S = 5.0
+#: ... and at least this long (shorter: not measured yet), s
+BUSY_MIN_S = 1.0
+
+#: Instances per unit the control path routes to (``ebpf.MAX_PER_HOP``).
+MAX_PER_UNIT = 16
+
+
+@dataclass(frozen=True)
+class UnitMetrics:
+    """One unit over the monitor's window.
+
+    Attributes:
+        index / name / kind / engine: the unit.
+        instances: live instances (starting or ready) per engine.
+        ready: instances ready to serve.
+        queue_len: tokens in flight at the unit (queued or running).
+        items_per_s: items the unit completed per second over the window.
+        compute_p50_ms / compute_p99_ms: service time per item, ms, over the window (an
+            idle unit: over the statistics' whole horizon, 60 s; None: no sample).
+        queue_p99_ms: time items waited before the unit, ms.
+        pss_mb: mean PSS of its ready instances, MB (None: none reported yet).
+        step_ms: a fused unit's steps, name -> mean ms per call over its instances'
+            lifetime (their ``stats`` reports; None: not run yet); empty otherwise. The
+            unit's service time (``compute_*``) is the sum: one trace row spans them.
+    """
+
+    index: int
+    name: str
+    kind: str
+    engine: str
+    instances: dict[str, int]
+    ready: int
+    queue_len: int
+    items_per_s: float
+    compute_p50_ms: float | None
+    compute_p99_ms: float | None
+    queue_p99_ms: float | None
+    pss_mb: float | None
+    step_ms: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineMetrics:
+    """One pipeline over the monitor's window.
+
+    Attributes:
+        name: the pipeline. now: monotonic time of the reading, s. window_s: its window.
+        arrival_rate: requests per second admitted. offered_rate: requests per second
+            submitted, refused ones (load shedding) included. completion_rate: answered
+            per second. p50_ms / p95_ms / p99_ms: end-to-end latency.
+        pending: requests admitted and not answered. units: per unit.
+        answered / late: requests answered over the window, and of them those slower
+            than the pipeline's SLO (0 without one).
+    """
+
+    name: str
+    now: float
+    window_s: float
+    arrival_rate: float
+    completion_rate: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    pending: int
+    units: tuple[UnitMetrics, ...] = field(default_factory=tuple)
+    offered_rate: float | None = None
+    slo_refused_rate: float = 0.0
+    answered: int = 0
+    late: int = 0
+
+
+class Monitor:
+    """Reads a running :class:`~infscaler.service.service.Service` (see the module docstring).
+
+    Args:
+        service: the started service.
+        window_s: the sliding window for rates and percentiles, s.
+    """
+
+    def __init__(self, service: ScaledService, window_s: float = 10.0) -> None:
+        self.service = service
+        self.window_s = window_s
+        # (monotonic s, {pid: CPU seconds}) samples for cores_busy
+        self._cpu_samples: collections.deque[tuple[float, dict[int, float]]] = collections.deque()
+
+    # -- metrics ---------------------------------------------------------------------------
+    def pipeline(self, dep: Any, window_s: float | None = None) -> PipelineMetrics:
+        """Metrics of one deployment over the last ``window_s`` s (default: the monitor's)."""
+        w = self.window_s if window_s is None else window_s
+        now = time.monotonic()
+        route = dep.route
+        stats = route.stats
+        ch = self.service.channel.stats()["stages"]
+        handles = [h for h in self.service.supervisor.handles() if h.key[0] == dep.name]
+        with stats._lock:
+            lat = stats.latency.summary(now, w, over_ms=dep.pipeline.config.slo_ms)
+            rate = _count_since(stats.arrivals._t, now - w) / w
+            offered = _count_since(stats.offered._t, now - w) / w
+            slo_refused = _count_since(stats.slo_refused._t, now - w) / w
+            per_unit = []
+            for i in range(len(stats.units)):
+                comp = stats.compute[i].summary(now, w)
+                if comp["p50_ms"] is None:  # idle now: the last service time known
+                    last = stats.compute[i].summary(now)
+                    comp = {**comp, "p50_ms": last["p50_ms"], "p99_ms": last["p99_ms"]}
+                per_unit.append((comp, stats.queue[i].summary(now, w)))
+        units = []
+        for u in dep.pipeline.units:
+            sid = route.stage_ids[u.index]
+            mine = [
+                h
+                for h in handles
+                if h.key == (dep.name, u.index) and h.state in ("starting", "ready")
+            ]
+            engines: dict[str, int] = {}
+            for h in mine:
+                engines[h.unit.engine] = engines.get(h.unit.engine, 0) + 1
+            pss = [float(h.stats.get("pss_mb", 0.0)) for h in mine if h.stats.get("pss_mb")]
+            comp, queue = per_unit[u.index]
+            units.append(
+                UnitMetrics(
+                    index=u.index,
+                    name=u.name,
+                    kind=u.kind,
+                    engine=u.engine,
+                    instances=engines,
+                    ready=sum(1 for h in mine if h.state == "ready"),
+                    queue_len=int(ch.get(sid, {}).get("inflight", 0)) if sid else 0,
+                    items_per_s=comp["window_count"] / w,
+                    compute_p50_ms=comp["p50_ms"],
+                    compute_p99_ms=comp["p99_ms"],
+                    queue_p99_ms=queue["p99_ms"],
+                    pss_mb=sum(pss) / len(pss) if pss else None,
+                    step_ms={r["step"]: r["mean_ms"] for r in step_totals(u, mine)},
+                )
+            )
+        return PipelineMetrics(
+            name=dep.name,
+            now=now,
+            window_s=w,
+            arrival_rate=rate,
+            completion_rate=lat["window_count"] / w,
+            p50_ms=lat["p50_ms"],
+            p95_ms=lat["p95_ms"],
+            p99_ms=lat["p99_ms"],
+            pending=self.service.frontend.pending(route),
+            units=tuple(units),
+            offered_rate=offered,
+            slo_refused_rate=slo_refused,
+            answered=int(lat["window_count"]),
+            late=int(lat.get("over_count", 0)),
+        )
+
+    def _unit_handles(self, dep: Any, index: int) -> list[Any]:
+        """The starting or ready instances of unit ``index`` of ``dep``."""
+        return [
+            h
+            for h in self.service.supervisor.handles()
+            if h.key == (dep.name, index) and h.state in ("starting", "ready")
+        ]
+
+    @staticmethod
+    def items_per_request(m: PipelineMetrics, um: UnitMetrics) -> float:
+        """Items a unit runs per request (1, or the fan-out's mean): items it completed
+        per request answered over the window. A unit's arrival rate is the pipeline's
+        arrival rate times this (completions alone would hide a growing queue)."""
+        if m.completion_rate > 0 and um.items_per_s > 0:
+            return um.items_per_s / m.completion_rate
+        return 1.0
+
+    def memory_used_mb(self) -> float:
+        """Sum of every live instance's PSS plus the pool's mapped MB (U^m for memory)."""
+        total = 0.0
+        for h in self.service.supervisor.handles():
+            if h.state in ("starting", "ready"):
+                mem = h.stats or h.info
+                total += float(mem.get("pss_mb") or 0.0) or _estimate_mb(h.unit)
+        return total + self.service.pool.stats()["mapped_bytes"] / 2**20
+
+    def pinned_threads(self) -> int:
+        """Threads pinned by cpu instances of model stages, every pipeline (starting or
+        ready: an instance loading its model holds its cores already): the scaler's
+        ``cores_used``."""
+        return sum(
+            max(1, int(h.unit.threads))
+            for h in self.service.supervisor.handles()
+            if h.state in ("starting", "ready")
+            and h.unit.kind == "model"
+            and h.unit.engine == "cpu"
+        )
+
+    def cores_busy(self) -> float | None:
+        """CPU cores kept busy by every live instance and the front end (this process)
+        over the last :data:`BUSY_WINDOW_S` s: the growth of their user + system CPU
+        seconds (``/proc/PID/stat`` through psutil ``cpu_times``; time spent waiting for a
+        core is not in it) over the wall seconds between two samples. A process started
+        since the oldest sample counts its CPU seconds over its age (psutil
+        ``create_time``): an instance that just loaded its model reads busy, so the
+        scaler does not take its slot for idle right after a scale-out (it read 0
+        before: the next decision, 3 s later, saw the cores free again). A process that
+        ended counts for nothing. None until two samples at least :data:`BUSY_MIN_S`
+        apart exist (the first call only samples)."""
+        now = time.monotonic()
+        wall = time.time()
+        pids = [os.getpid()] + [
+            h.pid for h in self.service.supervisor.handles() if h.state in ("starting", "ready")
+        ]
+        sample: dict[int, float] = {}
+        ages: dict[int, float] = {}
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                t = proc.cpu_times()
+                ages[pid] = wall - proc.create_time()
+            except (psutil.Error, OSError):
+                continue  # gone between the listing and the read
+            sample[pid] = t.user + t.system
+        samples = self._cpu_samples
+        while samples and now - samples[0][0] > BUSY_WINDOW_S:
+            samples.popleft()
+        busy = None
+        if samples and now - samples[0][0] >= BUSY_MIN_S:
+            t0, old = samples[0]
+            used = sum(v - old[p] for p, v in sample.items() if p in old and v >= old[p])
+            busy = used / (now - t0)
+            busy += sum(
+                v / max(ages[p], 0.1)
+                for p, v in sample.items()
+                if p not in old and ages.get(p, 0.0) > 0
+            )
+        samples.append((now, sample))
+        return busy
+
+    def cap(self) -> ResourceCap:
+        """R^m from the service's device profile (this host when it has none)."""
+        profile = self.service.device_profile()
+        max_inst: dict[str, int] = {}
+        cores = physical = 0
+        for acc in profile.accelerators:
+            if acc.count < 1:
+                continue
+            max_inst[acc.engine] = acc.max_instances * (acc.count if acc.engine == "dla" else 1)
+            if acc.engine == "cpu":
+                # pinned threads within the thread slots; busy cores within the cores
+                # themselves (SATURATED_FREE_PER_THREAD; see the docstring)
+                physical = len(acc.cores or _host_cores())
+                cores = acc.thread_slots(_host_cores())
+        return ResourceCap(
+            memory_cap_mb=float(profile.memory_cap_mb),
+            memory_used_mb=self.memory_used_mb(),
+            max_instances=max_inst,
+            cores=cores,
+            physical_cores=physical,
+        )
+
+    # -- the scaler's view -----------------------------------------------------------------
+    def snapshot(self, dep: Any, metrics: PipelineMetrics | None = None) -> Snapshot:
+        """The :class:`Snapshot` :func:`~infscaler.runtime.scaling.scaler.decide` takes for ``dep``."""
+        m = metrics or self.pipeline(dep)
+        cap = self.cap()
+        engines_used: dict[str, int] = {}
+        for h in self.service.supervisor.handles():
+            if h.state in ("starting", "ready") and h.unit.kind == "model":
+                engines_used[h.unit.engine] = engines_used.get(h.unit.engine, 0) + 1
+        cores_used = self.pinned_threads()
+        units = []
+        served = {u.index for u in dep.pipeline.served_units()}
+        rate = m.arrival_rate
+        for u, um in zip(dep.pipeline.units, m.units, strict=True):
+            if u.index not in served:
+                continue
+            items_per_request = self.items_per_request(m, um)
+            # a fused unit's plan latency is its model step's: add its function steps
+            extra = sum((um.step_ms.get(s.name) or 0.0) for s in u.steps if s.kind == "function")
+            plan_ms = _plan_ms(u)
+            plan_ms = None if plan_ms is None else plan_ms + extra
+            service = um.compute_p50_ms if um.compute_p50_ms is not None else plan_ms
+            bottleneck = (service or 0.0) * items_per_request
+            threads: dict[int, int] = {}
+            probes: dict[int, list[float]] = {}
+            for h in self._unit_handles(dep, u.index):
+                if h.unit.engine == "cpu" and h.unit.kind == "model":
+                    t = max(1, int(h.unit.threads))
+                    threads[t] = threads.get(t, 0) + 1
+                for k, ms in (h.info.get("warm_ms_by_threads") or {}).items():
+                    if ms:
+                        probes.setdefault(int(k), []).append(float(ms))
+            options = []
+            for engine in _engines_for(u, cap):
+                lat = um.compute_p50_ms if engine == u.engine else None
+                if lat is None and engine == u.engine and probes.get(int(u.threads)):
+                    # nothing computed in the window yet (a burst's first second): the
+                    # instances' own warm probe at their thread count is measured too
+                    # (the scaler decided on refusals with no engine option at all)
+                    lat = _median(probes[int(u.threads)]) + extra
+                if lat is None:
+                    lat = _plan_ms(u, engine)
+                    lat = None if lat is None else lat + extra
+                if lat is None:
+                    continue  # never invent a latency for an engine nobody measured
+                mem = um.pss_mb if (um.pss_mb and engine == u.engine) else _estimate_mb(u)
+                options.append(
+                    EngineOption(
+                        engine=engine,
+                        latency_ms=float(lat),
+                        memory_mb=float(mem),
+                        cores=u.threads if engine == "cpu" else 0,
+                    )
+                )
+            units.append(
+                UnitState(
+                    index=u.index,
+                    name=u.name,
+                    bottleneck=float(bottleneck),
+                    instances=dict(um.instances),
+                    options=tuple(options),
+                    arrival_rate=rate * items_per_request,
+                    queue_len=um.queue_len,
+                    service_ms=um.compute_p50_ms,
+                    min_instances=u.instances,
+                    max_instances=min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT),
+                    threads=threads,
+                    latency_ms_by_threads={k: _median(v) for k, v in probes.items()},
+                    min_threads=max(1, int(u.threads)),
+                    max_threads=getattr(u, "max_threads", None),
+                )
+            )
+        slo = dep.pipeline.config.slo_ms
+        busy = self.cores_busy()
+        if busy is None and cap.physical_cores:
+            # not measured yet (the first second of a monitor, e.g. right after a
+            # deploy): every pinned thread counts as busy. Unmeasured read as "no bound",
+            # so the refusals of a deploy's first second (before any service time is
+            # known admission assumes the worst) grew a 2-thread ResNet-50 instance to
+            # two on 2 cores (bench/HISTORY.md, "Admission, the scaler's cores rule and
+            # the bench's steps", its "The queue bound, fixed" item).
+            busy = float(min(cores_used, cap.physical_cores))
+        return Snapshot(
+            now=m.now,
+            slo_ms=float(slo) if slo is not None else float("inf"),
+            p99_ms=m.p99_ms,
+            arrival_rate=rate,
+            units=tuple(units),
+            cap=cap,
+            cores_used=cores_used,
+            instances_used=engines_used,
+            pending=m.pending,
+            offered_rate=m.offered_rate,
+            slo_refused_rate=m.slo_refused_rate,
+            cores_busy=busy,
+            answered=m.answered,
+            late=m.late,
+        )
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:
+    """A fused unit's steps, each with ``step`` (name), ``kind``, and ``served``,
+    ``errors``, ``busy_ms`` summed over ``handles`` (the unit's instances, their last
+    ``stats`` reports, :meth:`infscaler.runtime.serving.runners.FusedRunner.step_stats`) and
+    ``mean_ms`` (busy_ms / served, ms per call; None before one ran). [] for a unit that
+    is not fused."""
+    out = []
+    for step in getattr(unit, "steps", ()):
+        rows = [
+            r for h in handles for r in h.stats.get("steps") or () if r.get("step") == step.name
+        ]
+        served = sum(int(r.get("served", 0)) for r in rows)
+        busy = sum(float(r.get("busy_ms", 0.0)) for r in rows)
+        out.append(
+            {
+                "step": step.name,
+                "kind": step.kind,
+                "served": served,
+                "errors": sum(int(r.get("errors", 0)) for r in rows),
+                "busy_ms": round(busy, 3),
+                "mean_ms": round(busy / served, 3) if served else None,
+            }
+        )
+    return out
+
+
+def _count_since(ts: Any, cutoff: float) -> int:
+    n = 0
+    for t in reversed(ts):
+        if t < cutoff:
+            break
+        n += 1
+    return n
+
+
+def _host_cores() -> list[int]:
+    import os
+
+    return sorted(os.sched_getaffinity(0))
+
+
+def _estimate_mb(unit: Any) -> float:
+    """Memory of one instance before it reports: plan MB + the process overhead."""
+    return float(unit.memory_mb or 0.0) + INSTANCE_OVERHEAD_MB
+
+
+def _plan_ms(unit: Any, engine: str | None = None) -> float | None:
+    """The plan's measured latency of ``unit`` on ``engine`` (default: its own), ms."""
+    entry = (unit.plan_latency_ms or {}).get(engine or unit.engine)
+    if isinstance(entry, dict):
+        entry = entry.get("ms") if entry.get("available", True) else None
+    return float(entry) if isinstance(entry, int | float) else None
+
+
+def _engines_for(unit: Any, cap: ResourceCap) -> list[str]:
+    """Engines a unit may be scaled onto: its own, and for model units every engine of
+    the device the plan measured it on (function stages run on the cpu only)."""
+    engines = [unit.engine]
+    if unit.kind == "model":
+        for e in unit.plan_latency_ms or {}:
+            if e in cap.max_instances and e not in engines:
+                engines.append(e)
+    return engines

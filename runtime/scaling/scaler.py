@@ -1,0 +1,1228 @@
+"""The asymmetric auto-scaler: a pure function from a metrics snapshot to decisions.
+
+InfScaler §IV-A, Algorithm 1 (scale out): on an SLO violation take the unit with the
+largest bottleneck indicator B_k, try the engines in its affinity order (profiled
+latency, fastest first), and admit one more instance on the first engine m where
+U^m + r_k^m <= R^m for every resource (memory MB shared by all engines on a unified-DRAM
+SoC, instance slots per engine, CPU cores); after scaling, B_k <- B_k S_k / (S_k + 1).
+Because B_k starts at the plan's value with S_k = 1 and every scale-out applies line 5,
+the effective indicator is B_k / S_k, so the policy keeps no hidden state for it.
+
+What the paper lacks, added here:
+
+* scale in with hysteresis (InferLine §5, Algorithm 4): no scale-in within ``hold_s``
+  (15 s) of the last change; the rate it must still serve is the maximum arrival rate
+  seen over the last ``rate_horizon_s`` (30 s); a unit gives back one instance when
+  the remaining ones can serve that rate at utilisation <= ``scale_in_utilisation``
+  **and** keep the unit's approximate P99 at that rate (M/D/c, :func:`p99_response_ms`)
+  within its share of the SLO (:func:`_budget_ms`). Utilisation alone flapped: PP-OCRv4
+  det's replicas at 3 req/s (SLO 3 x L0 = 2.9 x its 85 ms service) went 1 -> 2 on
+  refusals after a burst, back to 1 after the hold at utilisation 0.37, out again, and
+  each new instance's start put its compute P99 at 175 ms (1.6x) inside the measured
+  window (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's
+  steps", its PP-OCRv4 det first-run item: "Replication's scaler flapped");
+* a cooldown between two scale-outs (``cooldown_s``), so a new instance is measured
+  before the next decision;
+* load shedding: when the SLO is violated and no engine can admit another instance
+  (the cap is reached), the decision carries a bounded queue length (Little's law:
+  requests the pipeline can finish within the SLO at its current capacity) beyond which
+  the front end answers 503 with the reason;
+* vertical scaling of cpu instances (``scale_up`` / ``scale_down``: one instance is
+  replaced by one running more / fewer intra-op threads, make-before-break), for units
+  whose stage sets ``max_threads``. For the unit Algorithm 1 picks, a thread step
+  competes with a scale-out on **predicted gain per share of the scarcest free
+  resource**: gain = items/s the action adds (a new instance: 1000 / its latency; a
+  thread step: 1000 / svc(t2) - 1000 / svc(t), :func:`service_ms_at`, from latencies
+  the instances **measured** at load per thread count; never an assumed speedup), cost
+  = the largest share of what is still free that the action takes (a new instance:
+  its memory MB, an engine slot, its cores; a thread step: t2 - t cores only, since the
+  replacement reuses the model's memory and the slot once the old one stops). A unit
+  at its ``max_instances`` or refused by the memory cap can still take threads while
+  cores are free. The thread step back follows Algorithm 4's rule (below);
+* no scale-out / scale-up of a unit other than the argmax that is not short of
+  capacity: with a measured service time, if its instances serve the max offered rate
+  over the horizon at utilisation <= ``scale_in_utilisation``, the scale-in rule would
+  take the addition back after ``hold_s`` and the next violation would add it again.
+  That was the flapping of VGG-19's weight-heavy fully connected partition in the
+  quiet-host Azure replay (bench/HISTORY.md: scaled out and in every ~25 s, 1047 <->
+  1597 MB, while the convolution partition was at its ``max_instances``); such a
+  violation sheds instead. When the only violation is requests refused at arrival
+  (P99 measured within the SLO), the argmax itself is held to the same test: refusals
+  then come from a burst, and an instance the utilisation and P99 model do not need
+  would be taken back after the hold;
+* a settle window and a sustained violation: a violation within ``settle_s`` (5 s) of
+  the last change (the deploy, a scale-out, a scale-in, a thread step) is not counted,
+  refusals at arrival included, and a scale-out, thread step up or queue bound needs the
+  SLO violated at every call for ``sustain_s`` (2 s; :attr:`ScalerState.
+  violating_since`). Right after a deploy on a 2-core host a planned pipeline's two
+  partitions were each scaled out to 2 single-thread instances on P99s of 497 and 232
+  ms in the first windows: those windows held the instances' warm-up, and a 1 s
+  window's P99 counted as a violation;
+* no cpu scale-out or thread step up that takes the pinned cpu threads of all
+  instances (:attr:`Snapshot.cores_used` + the new ones) past the physical cores
+  (``oversubscribe`` opts in): the same deploy ended with 4 single-thread instances
+  pinned to 2 cores, which share the cores and add contention, not capacity. The
+  device profile's ``threads_per_core`` still lets a deploy pin more (a chain's stages
+  take turns on the cores); the scaler only does not add to it. Not built: a trial past
+  the cores that is kept only when the measured capacity rises.
+
+Like Ray Serve's autoscaling policy this module never starts anything: the service's
+autoscaler loop (:mod:`infscaler.runtime.scaling.autoscaler`) builds a :class:`Snapshot` from
+the monitor, calls :func:`decide`, and applies the decisions through the supervisor.
+The planner's simulator (:mod:`infscaler.runtime.planning.simulator`) calls the same function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from infscaler.runtime.serving.admission import SHED_MIN_LOAD
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    """One engine a unit can run on (its hardware affinity entry, Algorithm 1's A_k^m).
+
+    Attributes:
+        engine: ``cpu``, ``gpu`` or ``dla``.
+        latency_ms: service time of one item (batch 1) on this engine, ms: measured by
+            the monitor when instances run there, else the plan's profiled latency.
+        memory_mb: memory one more instance takes (r_k^m), MB: the measured PSS of a
+            running instance of this unit on this engine, else the plan's estimate.
+        cores: CPU cores one instance is pinned to (``threads``; 0 for gpu / dla).
+    """
+
+    engine: str
+    latency_ms: float
+    memory_mb: float
+    cores: int = 0
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """One served unit (a partition or a function stage) as the monitor sees it.
+
+    Attributes:
+        index: the unit's index in the pipeline (decisions name it).
+        name: ``det/0``, ``rec``, ... (for reasons and logs).
+        bottleneck: B_k from the plan (sum of representative complexities, Eq. 1);
+            function stages and unpartitioned models use their service time in ms.
+        instances: running instances per engine (S_k split by engine), e.g. ``{"cpu": 2}``.
+        options: the engines this unit may run on, any order (the scaler sorts by
+            ``latency_ms``).
+        arrival_rate: items per second reaching this unit over the monitor's window
+            (requests/s times fan-out for per-item units).
+        queue_len: tokens waiting at or running in this unit now.
+        service_ms: P50 service time of one item on its current instances, ms (None:
+            no sample yet; the scaler then uses the fastest option's ``latency_ms``).
+        min_instances / max_instances: bounds from the pipeline (``instances`` in
+            pipeline.yaml is the minimum; max None: only the cap bounds it).
+        threads: running cpu instances per intra-op thread count, e.g. ``{1: 1, 2: 1}``
+            (empty: not known; vertical scaling is then not considered).
+        latency_ms_by_threads: thread count -> service time of one item on the cpu at
+            that many intra-op threads, ms, **measured**: each instance of a unit with
+            ``max_threads`` times its model at load at every count from ``min_threads``
+            to ``max_threads`` (warm-up on zeros, median of runs, the probe session
+            pinned to that many cores: :meth:`infscaler.runtime.serving.runners.ModelRunner.
+            probe_threads`). A count with no entry is never scaled to.
+        min_threads / max_threads: the range the scaler may move a cpu instance's
+            intra-op threads in (the stage's ``threads`` / ``max_threads``; max None:
+            no vertical scaling).
+    """
+
+    index: int
+    name: str
+    bottleneck: float
+    instances: dict[str, int]
+    options: tuple[EngineOption, ...]
+    arrival_rate: float = 0.0
+    queue_len: int = 0
+    service_ms: float | None = None
+    min_instances: int = 1
+    max_instances: int | None = None
+    threads: dict[int, int] = field(default_factory=dict)
+    latency_ms_by_threads: dict[int, float] = field(default_factory=dict)
+    min_threads: int = 1
+    max_threads: int | None = None
+
+    @property
+    def total_instances(self) -> int:
+        return sum(self.instances.values())
+
+
+@dataclass(frozen=True)
+class ResourceCap:
+    """The device's resource limits R^m and current use U^m.
+
+    Attributes:
+        memory_cap_mb: memory the service may use (instances + tensor pool), MB.
+        memory_used_mb: memory in use now (sum of instance PSS + pool mapped), MB.
+        max_instances: per engine, instance slots (the profile's ``max_instances``).
+        cores: cpu thread slots: its cores x the profile's ``threads_per_core``
+            (:meth:`infscaler.base.device.Accelerator.thread_slots`; 0: do not count cores).
+        physical_cores: the cpu's cores themselves (no ``threads_per_core``), which
+            :attr:`Snapshot.cores_busy` is compared with (0: not known).
+    """
+
+    memory_cap_mb: float
+    memory_used_mb: float
+    max_instances: dict[str, int]
+    cores: int = 0
+    physical_cores: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the scaler decides on (one pipeline).
+
+    Attributes:
+        now: monotonic time, seconds.
+        slo_ms: the pipeline's latency SLO, ms.
+        p99_ms: end-to-end P99 over the monitor's window, ms (None: no sample).
+        arrival_rate: requests per second over the monitor's short window.
+        units: every served unit, in pipeline order.
+        cap: resource limits and use (shared by every pipeline on the device).
+        cores_used: cpu threads pinned by running (starting or ready) cpu instances of
+            model stages, all pipelines (pinned, not busy: the monitor's
+            ``pinned_threads``); compared with ``cap.cores``.
+        instances_used: per engine, running instances (all pipelines).
+        pending: requests admitted and not yet answered.
+        offered_rate: requests per second submitted over the window, refused ones
+            (load shedding) included (None: same as ``arrival_rate``).
+        slo_refused_rate: requests per second the front end refused at arrival because
+            they could not meet the SLO (:mod:`infscaler.runtime.serving.admission`): demand
+            the P99 of the admitted requests no longer shows.
+        cores_busy: cpu cores kept busy over the monitor's last seconds by every
+            instance and the front end (CPU seconds / wall seconds, from the kernel's
+            per-process accounting: time waiting for a core is not counted); None:
+            not measured. See :data:`SATURATED_FREE_PER_THREAD`.
+        answered / late: requests answered in the window ``p99_ms`` is taken over, and
+            how many of them took longer than the SLO (None: not counted; then a P99
+            over the SLO is a violation however few requests it rests on). See
+            :func:`is_violated`.
+    """
+
+    now: float
+    slo_ms: float
+    p99_ms: float | None
+    arrival_rate: float
+    units: tuple[UnitState, ...]
+    cap: ResourceCap
+    cores_used: int = 0
+    instances_used: dict[str, int] = field(default_factory=dict)
+    pending: int = 0
+    offered_rate: float | None = None
+    slo_refused_rate: float = 0.0
+    cores_busy: float | None = None
+    answered: int | None = None
+    late: int | None = None
+
+    @property
+    def offered(self) -> float:
+        """The offered load, requests/s: ``offered_rate``, at least ``arrival_rate``."""
+        if self.offered_rate is None:
+            return self.arrival_rate
+        return max(self.offered_rate, self.arrival_rate)
+
+
+@dataclass(frozen=True)
+class ScalerConfig:
+    """Tuning of :func:`decide` (defaults from InferLine §5 where it gives one).
+
+    Attributes:
+        violation_ratio: the SLO counts as violated when P99 > ``violation_ratio`` x SLO.
+        cooldown_s: minimum time between two scale-outs of one pipeline, s.
+        hold_s: no scale-in within this long after any change (InferLine: 15 s).
+        rate_horizon_s: scale-in serves the max arrival rate over this window (30 s).
+        scale_in_utilisation: a unit may drop an instance when the rest would run at
+            most this busy (rate x service time / instances), 0-1.
+        shed: bound the queue when the cap is reached (else only report it).
+        settle_s: a violation within this long after the last change
+            (:attr:`ScalerState.last_change`: the deploy, a scale-out, a scale-in or a
+            thread step) is not counted, s. Default 5 s: a new cpu instance loads and
+            warms up in 1-3 s (the simulator's ``startup_s`` is 2 s) and the first
+            windows after a change are short (the autoscaler's window counts from the
+            change, at least 1 s), so their P99 rests on a few requests served while
+            instances were still starting; 5 s is 5 looks at the default 1 s interval
+            and longer than the 3 s cooldown, so that cooldown still binds only when
+            ``settle_s`` is set below it.
+        sustain_s: a scale-out (or thread scale-up, or a queue bound) needs the violation
+            at every call for at least this long, s (:attr:`ScalerState.
+            violating_since`). Default 2 s: 3 consecutive violated looks at the default
+            1 s interval, so one short window's P99 does not add an instance.
+        oversubscribe: allow a cpu scale-out or thread step that takes the pinned cpu
+            threads of all instances (:attr:`Snapshot.cores_used` + the new ones) past
+            the physical cores (:attr:`ResourceCap.physical_cores`). Off by default: on
+            a 2-core host 4 single-thread instances pinned to 2 cores share them and
+            add contention, not capacity.
+    """
+
+    violation_ratio: float = 1.0
+    cooldown_s: float = 3.0
+    hold_s: float = 15.0
+    rate_horizon_s: float = 30.0
+    scale_in_utilisation: float = 0.6
+    shed: bool = True
+    settle_s: float = 5.0
+    sustain_s: float = 2.0
+    oversubscribe: bool = False
+
+
+@dataclass(frozen=True)
+class ScalerState:
+    """What :func:`decide` carries from one call to the next (returned anew each call).
+
+    Attributes:
+        last_change: ``now`` of the last scale-out or scale-in (None: never).
+        last_scale_out: ``now`` of the last scale-out (None: never).
+        rates: ``(now, arrival_rate)`` samples within ``rate_horizon_s``.
+        queue_limit: the queue bound the last ``shed`` decision set, requests (None: no
+            bound in force). A ``shed`` is emitted only when this changes: set (or moved)
+            on a violation at the cap, lifted once P99 < 0.8 x SLO.
+        violating_since: ``now`` of the first call of the current run of violated
+            calls (outside the settle window), s; None when the last call was not
+            violated, was within ``settle_s`` of a change, or made a change.
+        waiting: why the last call, on a violation, changed nothing (settle window,
+            sustain, cooldown), one line a user can read; None when it did not wait.
+    """
+
+    last_change: float | None = None
+    last_scale_out: float | None = None
+    rates: tuple[tuple[float, float], ...] = ()
+    queue_limit: int | None = None
+    violating_since: float | None = None
+    waiting: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One action for the supervisor / front end.
+
+    Attributes:
+        action: ``scale_out`` (start one instance of ``unit`` on ``engine``),
+            ``scale_in`` (stop one instance of ``unit`` on ``engine``), ``scale_up`` /
+            ``scale_down`` (replace one cpu instance of ``unit`` running
+            ``from_threads`` intra-op threads by one running ``threads``:
+            make-before-break, the new one serves before the old one stops), or
+            ``shed`` (bound the pipeline's queue at ``queue_limit`` requests; None
+            lifts it).
+        unit: the unit's index (None for ``shed``).
+        engine: the engine (None for ``shed``; ``cpu`` for ``scale_up`` / ``scale_down``).
+        queue_limit: for ``shed``.
+        threads / from_threads: for ``scale_up`` / ``scale_down``: the intra-op threads
+            of the new instance and of the one it replaces.
+        reason: one line a user can read (``P99 412 ms > SLO 200 ms; det/0 has the
+            largest B_k/S_k 2.1e9; cpu admits it: memory 812+96 <= 2048 MB``).
+    """
+
+    action: str
+    unit: int | None = None
+    engine: str | None = None
+    queue_limit: int | None = None
+    reason: str = ""
+    threads: int | None = None
+    from_threads: int | None = None
+
+
+#: A ``shed`` bound is lifted once P99 is below this fraction of the SLO, or the offered
+#: load below this fraction of the pipeline's capacity (hysteresis).
+LIFT_RATIO = 0.8
+
+# slack for ceil / floor of products of floats (2.0000000000000004 replicas is 2)
+_EPS = 1e-9
+
+
+def decide(
+    snapshot: Snapshot, state: ScalerState, config: ScalerConfig = ScalerConfig()
+) -> tuple[list[Decision], ScalerState]:
+    """Decide what to scale (see the module docstring). Pure: no I/O, no clock.
+
+    One call, in order:
+
+    1. ``(now, offered)`` joins ``state.rates`` (:attr:`Snapshot.offered`: the rate
+       submitted, shed requests included, so a pipeline that sheds is not scaled in);
+       samples older than ``rate_horizon_s`` (``now - t > rate_horizon_s``) are
+       dropped.
+    2. The SLO is violated when requests were refused at arrival for it, or when
+       ``p99_ms`` is known, ``p99_ms > violation_ratio x slo_ms`` and (where the
+       snapshot counts them) the window's late requests are significant
+       (:func:`is_violated`). On a violation, once ``cooldown_s`` has passed since the
+       last scale-out (``now - last_scale_out >= cooldown_s``), Algorithm 1: units in decreasing
+       :func:`effective_bottleneck` (B_k / S_k; ties: lower index), skipping units at
+       their ``max_instances``; for a unit, its options in affinity order (``latency_ms``
+       ascending; ties: the order given); the first engine where memory, the engine's
+       instance slots and (when ``cap.cores`` > 0) cores all fit admits one instance:
+       one ``scale_out``. If no unit fits anywhere and ``config.shed``, one ``shed``
+       with :func:`shed_queue_limit` (emitted only when it differs from the bound in
+       force).
+    3. Without a violation: a bound in force is lifted (``shed`` with ``queue_limit``
+       None) once P99 < :data:`LIFT_RATIO` x SLO, or once the offered load (shed
+       requests included) is <= :data:`LIFT_RATIO` x :func:`pipeline_capacity_rps` (the
+       overload is over: a bounded queue keeps P99 near the SLO, so P99 alone could hold
+       the bound long after the load fell); and, when more than ``hold_s`` has
+       passed since the last change (scale-out or scale-in; None: never), InferLine
+       Algorithm 4: with lambda_max the largest rate in ``rates``, every unit whose
+       instances exceed ``max(needed, min_instances)``, needed =
+       ``ceil(lambda_max x fan-out x service_ms / 1000 / scale_in_utilisation)``, at
+       least the fewest instances whose :func:`p99_response_ms` at lambda_max x fan-out
+       is within the SLO less the other units' service times (ignored when no count
+       can be), gives
+       back one instance on the engine where its option is slowest (an engine with no
+       option counts as slowest). A unit that keeps its instances may instead take
+       one thread step back (``scale_down``: its fattest cpu instance to the next
+       measured count >= ``min_threads``) when its capacity after the step, at the
+       measured per-thread service times, still serves lambda_max x fan-out at
+       utilisation <= ``scale_in_utilisation`` with that P99 bound met.
+
+    Settle and sustain, in step 2 before the cooldown: a violated call within
+    ``settle_s`` of ``state.last_change`` is not counted (``violating_since`` None, no
+    action); otherwise ``violating_since`` keeps the first violated call of the run, and
+    nothing is scaled or shed until ``now - violating_since >= sustain_s``. A change
+    (scale-out, scale-up, scale-in, scale-down) and a call without a violation reset it
+    to None. A call that waits says why in ``new_state.waiting``.
+
+    Cores, in step 2: a cpu scale-out or thread step up that would make
+    ``cores_used`` + its threads exceed ``cap.physical_cores`` (when > 0) is refused
+    (``pinned threads N+n > physical cores P``) unless ``config.oversubscribe``.
+
+    Vertical scaling (``scale_up``), in step 2: for the unit chosen, the scale-out on
+    the first admitting engine and the thread step of its thinnest cpu instance (to the
+    next measured count <= ``max_threads``, only when measured faster, only when
+    ``cap.cores`` > 0 and ``cores_used + t2 - t <= cap.cores``) are compared by gain
+    per share of the scarcest free resource (module docstring); ties go to the
+    scale-out. A unit at ``max_instances`` or refused by every engine may still scale
+    up. Units below the argmax are skipped when not short of capacity (module
+    docstring: the flapping fix). During a swap the old and the new instance both run
+    for the new one's load time: the cap is a steady-state bound.
+
+    Departures from the papers (deliberate):
+
+    * Algorithm 1 takes only the argmax unit; when the cap refuses it on every engine, a
+      unit with the next largest B_k / S_k that does fit is scaled instead (it still adds
+      capacity where it is most needed among the units that can grow), provided its
+      B_k / S_k is at least :data:`NEXT_BEST_FRACTION` of the largest (a light unit would
+      not raise throughput: then the pipeline sheds instead). Units at their
+      ``max_instances`` are skipped the same way.
+    * Admission is ``U^m + r <= R^m`` (the paper writes ``<``): an instance that exactly
+      fills the cap is admitted.
+    * A unit with no running instance has B_k / S_k = infinity (it is scaled first).
+    * The settle window and ``sustain_s`` gate shedding too: a bound refuses requests
+      at once and is lifted only once P99 < 0.8 x SLO or the load falls, so one set on
+      a warm-up transient would refuse requests the pipeline serves; meanwhile the
+      front end's admission already refuses what would miss the SLO.
+    * The cooldown gates shedding too: right after a scale-out the new instance is
+      measured before the queue is bounded; a bound is (re)emitted only when its value
+      changes, and stays while P99 is unknown.
+    * When the only violation is refusals at arrival (P99 within the SLO) and no unit's
+      service time is known, nothing is shed: the front end's admission already refuses
+      what would miss the SLO, and a bound at the current queue length would refuse
+      more at random (it made the live scale-out test flaky).
+    * A bound is set only while the offered load is at least :data:`SHED_MIN_LOAD` of
+      the pipeline's capacity (when known): below it nothing is shed.
+    * With ``config.shed`` False a violation at the cap emits nothing (``Decision`` has no
+      report-only action); a bound set earlier is still lifted.
+    * ``needed`` and the shed bound are rounded with a 1e-9 slack, so 2.0000000000000004
+      replicas count as 2.
+
+    Args:
+        snapshot: the monitor's view of the pipeline and the device.
+        state: what the previous call returned (``ScalerState()`` the first time).
+        config: the tuning.
+
+    Returns:
+        ``(decisions, new_state)``: at most one scale-out or scale-up, or scale-ins /
+        scale-downs (at most one per unit), plus at most one ``shed`` (set or lift), and
+        the state to pass to the next call.
+
+    Raises:
+        ValueError: a ``config`` value out of range.
+    """
+    _check_config(config)
+    now = snapshot.now
+    rates = tuple((t, r) for t, r in state.rates if now - t <= config.rate_horizon_s)
+    rates += ((now, snapshot.offered),)
+    new = replace(state, rates=rates, waiting=None)
+    decisions: list[Decision] = []
+
+    if is_violated(snapshot, config):
+        settling = _settling(snapshot, state, config)
+        if settling is not None:
+            return decisions, replace(new, violating_since=None, waiting=settling)
+        since = now if state.violating_since is None else state.violating_since
+        new = replace(new, violating_since=since)
+        if now - since < config.sustain_s - _EPS:
+            why = (
+                f"{_violation(snapshot, config)} for {_n(now - since)} s < sustain_s "
+                f"{_n(config.sustain_s)} s: waiting for it to persist"
+            )
+            return decisions, replace(new, waiting=why)
+        if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:
+            why = (
+                f"{_violation(snapshot, config)}; {_n(now - state.last_scale_out)} s since "
+                f"the last scale-out < cooldown_s {_n(config.cooldown_s)} s"
+            )
+            return decisions, replace(new, waiting=why)
+        out, refused = _scale_out(snapshot, config, max(r for _, r in rates))
+        if out is not None:
+            decisions.append(out)
+            return decisions, replace(
+                new, last_scale_out=now, last_change=now, violating_since=None
+            )
+        if config.shed:
+            limit, how = _shed_limit(snapshot)
+            p99 = snapshot.p99_ms
+            refusals_only = p99 is None or p99 <= config.violation_ratio * snapshot.slo_ms
+            rps = pipeline_capacity_rps(snapshot)
+            if refusals_only and rps is None:
+                # admission already refuses what would miss the SLO; with no capacity
+                # known, a bound at the current queue would only refuse more at random
+                return decisions, new
+            if rps is not None and snapshot.offered < SHED_MIN_LOAD * rps - _EPS:
+                # below capacity the violation is variance, not overload: the queue
+                # drains by itself and admission refuses what would miss the SLO
+                return decisions, new
+            if limit != state.queue_limit:
+                why = "; ".join(refused) if refused else "no unit to scale"
+                decisions.append(
+                    Decision(
+                        "shed",
+                        queue_limit=limit,
+                        reason=f"{_violation(snapshot, config)}; cap reached, no unit can be "
+                        f"admitted: {why}; queue bounded at {limit} requests ({how})",
+                    )
+                )
+                new = replace(new, queue_limit=limit)
+        return decisions, new
+
+    new = replace(new, violating_since=None)
+    if state.last_change is None or now - state.last_change > config.hold_s:
+        lam = max(r for _, r in rates)
+        ins = _scale_in(snapshot, config, lam, state.last_change)
+        if ins:
+            decisions.extend(ins)
+            new = replace(new, last_change=now)
+    lift = _lift_reason(snapshot) if state.queue_limit is not None else None
+    if lift is not None:
+        decisions.append(
+            Decision(
+                "shed",
+                queue_limit=None,
+                reason=f"{lift}: queue bound {state.queue_limit} lifted",
+            )
+        )
+        new = replace(new, queue_limit=None)
+    return decisions, new
+
+
+def _settling(s: Snapshot, state: ScalerState, c: ScalerConfig) -> str | None:
+    """Why a violation does not count yet (None: it counts): the snapshot is within
+    ``settle_s`` of the last change (the deploy, a scale-out, a scale-in or a thread
+    step), whose windows hold instances still loading and warming up."""
+    last = state.last_change
+    if last is None or not s.now - last < c.settle_s:
+        return None
+    return (
+        f"{_violation(s, c)} within the settle window: {_n(s.now - last)} s since the "
+        f"last change < settle_s {_n(c.settle_s)} s (instances may still be warming "
+        f"up; not counted)"
+    )
+
+
+def _lift_reason(s: Snapshot) -> str | None:
+    """Why a queue bound can go (step 3 of :func:`decide`), or None to keep it."""
+    p99 = s.p99_ms
+    if p99 is not None and p99 < LIFT_RATIO * s.slo_ms:
+        return f"P99 {p99:.0f} ms < {LIFT_RATIO:g} x SLO {_n(s.slo_ms)} ms"
+    rps = pipeline_capacity_rps(s)
+    if rps is not None and s.offered <= LIFT_RATIO * rps + _EPS:
+        return f"offered load {_n(s.offered)} req/s <= {LIFT_RATIO:g} x capacity {_n(rps)} req/s"
+    return None
+
+
+#: A P99 over the SLO counts as a violation only when the window's late requests are
+#: more than a 1 % tail explains at this significance: ``P(X >= late) <`` this for
+#: ``X ~ Binomial(answered, 0.01)`` (:func:`late_tail_probability`). At 5.6 requests/s a
+#: 10 s window holds ~56 requests and its "P99" is its slowest: PP-OCRv4 det's two
+#: replicas, meeting the SLO, were grown to 3 and 4 on 2 cores on single slow requests
+#: (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's steps", det's
+#: 09:31 run). With 56 answered 4 late are needed, with 130 six; in an overload nearly
+#: every request is late and the test passes at once.
+VIOLATION_SIGNIFICANCE = 0.01
+
+
+def late_tail_probability(late: int, answered: int, quantile: float = 0.99) -> float:
+    """``P(X >= late)`` for ``X ~ Binomial(answered, 1 - quantile)``: how likely a
+    pipeline whose latency meets the SLO at ``quantile`` shows at least ``late`` late
+    requests among ``answered`` (exact sum of the binomial terms below ``late``).
+
+    Raises:
+        ValueError: a negative count, or ``late`` > ``answered``.
+    """
+    if answered < 0 or late < 0 or late > answered:
+        raise ValueError(f"need 0 <= late <= answered, got {late}, {answered}")
+    if late == 0:
+        return 1.0
+    p = 1.0 - quantile
+    term = (1.0 - p) ** answered  # P(X = 0)
+    below = 0.0
+    for i in range(late):
+        below += term
+        term *= (answered - i) / (i + 1) * p / (1.0 - p)
+    return max(0.0, 1.0 - below)
+
+
+def is_violated(snapshot: Snapshot, config: ScalerConfig = ScalerConfig()) -> bool:
+    """True when requests were refused at arrival for the SLO (admission bounds the
+    admitted P99, so the overload shows as refusals instead), or when the P99 is known
+    and above ``violation_ratio`` x SLO and, where the snapshot counts its window's
+    requests (``answered`` / ``late``) and ``violation_ratio`` >= 1, the late ones are
+    more than a 1 % tail explains (:data:`VIOLATION_SIGNIFICANCE`)."""
+    if snapshot.slo_refused_rate > 0:
+        return True
+    p99 = snapshot.p99_ms
+    if p99 is None or p99 <= config.violation_ratio * snapshot.slo_ms:
+        return False
+    n, late = snapshot.answered, snapshot.late
+    if n is None or late is None or config.violation_ratio < 1.0 or n <= 0:
+        return True
+    return late_tail_probability(min(late, n), n) < VIOLATION_SIGNIFICANCE
+
+
+def effective_bottleneck(unit: UnitState) -> float:
+    """B_k / S_k: the plan's B_k after Algorithm 1's line 5 applied once per instance
+    beyond the first (infinity for a unit with no running instance)."""
+    s = unit.total_instances
+    return math.inf if s <= 0 else unit.bottleneck / s
+
+
+def pipeline_capacity_rps(snapshot: Snapshot) -> float | None:
+    """Requests per second the pipeline finishes at its current instances.
+
+    min over units of ``(S_k x 1000 / service_ms) / fan-out``, fan-out = items per
+    request = ``unit.arrival_rate / snapshot.arrival_rate`` (1 when the pipeline's rate
+    is 0); ``service_ms`` is the unit's P50, else its fastest option's latency. Units
+    with no service time known, or no items (fan-out 0), do not bound it. None when no
+    unit bounds it.
+    """
+    best: float | None = None
+    for u in snapshot.units:
+        svc = _service_ms(u)
+        f = _fan_out(u, snapshot)
+        if svc is None or f <= 0:
+            continue
+        cap = u.total_instances * 1000.0 / svc / f
+        best = cap if best is None else min(best, cap)
+    return best
+
+
+def shed_queue_limit(snapshot: Snapshot) -> int:
+    """The queue bound at the cap, requests (Little's law): what the pipeline finishes
+    within the SLO, ``max(1, floor(capacity_rps x slo_ms / 1000))`` with
+    :func:`pipeline_capacity_rps`; ``max(1, pending)`` when no unit bounds capacity
+    (or the product overflows)."""
+    return _shed_limit(snapshot)[0]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _check_config(c: ScalerConfig) -> None:
+    if not c.violation_ratio > 0:
+        raise ValueError(f"violation_ratio must be > 0, got {c.violation_ratio}")
+    for name in ("cooldown_s", "hold_s", "rate_horizon_s", "settle_s", "sustain_s"):
+        if not getattr(c, name) >= 0:
+            raise ValueError(f"{name} must be >= 0 s, got {getattr(c, name)}")
+    if not 0 < c.scale_in_utilisation <= 1:
+        raise ValueError(f"scale_in_utilisation must be in (0, 1], got {c.scale_in_utilisation}")
+
+
+def _n(x: float, digits: int = 4) -> str:
+    return f"{x:.{digits}g}"
+
+
+def _mb(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _violation(s: Snapshot, c: ScalerConfig) -> str:
+    slo = (
+        f"SLO {_n(s.slo_ms)} ms"
+        if c.violation_ratio == 1
+        else f"{c.violation_ratio:g} x SLO {_n(s.slo_ms)} ms"
+    )
+    if s.p99_ms is not None and s.p99_ms > c.violation_ratio * s.slo_ms:
+        return f"P99 {s.p99_ms:.0f} ms > {slo}"
+    return f"{s.slo_refused_rate:.2f} requests/s refused at arrival: they could not meet the {slo}"
+
+
+def _service_ms(u: UnitState) -> float | None:
+    if u.service_ms is not None and u.service_ms > 0:
+        return u.service_ms
+    lats = [o.latency_ms for o in u.options if o.latency_ms > 0]
+    return min(lats) if lats else None
+
+
+def _fan_out(u: UnitState, s: Snapshot) -> float:
+    return u.arrival_rate / s.arrival_rate if s.arrival_rate > 0 else 1.0
+
+
+def p99_response_ms(rate_items_s: float, servers: int, service_ms: float) -> float:
+    """Approximate P99 response time (wait + service) of one item at a unit of
+    ``servers`` FIFO instances, each ``service_ms`` per item, under Poisson arrivals of
+    ``rate_items_s`` items/s (M/D/c), ms; ``inf`` at or above capacity.
+
+    P(wait) is Erlang C (M/M/c's probability of waiting, an upper bound for M/D/c) and
+    the wait's tail is exponential with the heavy-traffic (diffusion) decay rate
+    ``2 (c / D - lambda) / (c_a^2 + c_s^2)`` with ``c_a^2 = 1`` (Poisson) and ``c_s^2 =
+    0`` (deterministic): P99 = D + ln(P(wait) / 0.01) / (2 (c / D - lambda)) (Kingman;
+    Whitt, "Approximations for the GI/G/m queue", 1993). Against a simulated M/D/c
+    (``bench/slo_bound.py``'s method) for c = 1-4 and loads 0.1-0.8 it is within 20 %,
+    above it (cautious) for c = 1 (tests/unit/test_scaler_p99.py).
+
+    Raises:
+        ValueError: ``servers`` < 1 or ``service_ms`` <= 0.
+    """
+    if servers < 1 or not service_ms > 0:
+        raise ValueError(f"need servers >= 1 and service_ms > 0, got {servers}, {service_ms}")
+    d = service_ms / 1000.0
+    a = max(0.0, rate_items_s) * d  # offered load in instances
+    if a >= servers:
+        return math.inf
+    if a <= 0:
+        return service_ms
+    term, total = 1.0, 0.0
+    for k in range(servers):
+        if k:
+            term *= a / k
+        total += term
+    top = term * a / servers * servers / (servers - a)
+    p_wait = top / (total + top)
+    if p_wait <= 0.01:
+        return service_ms
+    theta = 2.0 * (servers / d - rate_items_s)  # per s
+    return service_ms + math.log(p_wait / 0.01) / theta * 1000.0
+
+
+def _budget_ms(s: Snapshot, u: UnitState) -> float:
+    """The part of the SLO a unit's own wait + service may take: the SLO less the other
+    served units' service times (one item each), ms."""
+    others = 0.0
+    for v in s.units:
+        if v.index != u.index:
+            others += _service_ms(v) or 0.0
+    return s.slo_ms - others
+
+
+def _p99_needed(s: Snapshot, u: UnitState, items: float, svc: float) -> int:
+    """The fewest instances of ``svc`` ms that keep the unit's approximate P99
+    (:func:`p99_response_ms`) at ``items`` items/s within its share of the SLO
+    (:func:`_budget_ms`); 0 when no count can (the SLO is below the service time: the
+    utilisation rule alone decides then)."""
+    budget = _budget_ms(s, u)
+    if budget < svc:
+        return 0
+    n = max(1, math.ceil(items * svc / 1000.0 - _EPS))
+    for c in range(n, n + 64):
+        if p99_response_ms(items, c, svc) <= budget:
+            return c
+    return 0
+
+
+#: A cpu instance (or thread step) of ``t`` threads is added only while at least
+#: ``t`` x this many physical cores are idle (:attr:`Snapshot.cores_busy` against
+#: :attr:`ResourceCap.physical_cores`). Pinned threads may oversubscribe the cores
+#: (``threads_per_core``: a chain's stages take turns on them), but once the instances
+#: keep every core busy another one adds contention, not capacity: the scaling bench
+#: grew whole-model ResNet-50 replicas to 4 single-thread instances on 2 cores, each
+#: request then took 4x its compute time and admission refused 1 in 20 at half the
+#: rate one 2-thread session served (bench/HISTORY.md, "The same cell after the
+#: saturated-cores fix"). A whole idle core per thread (half a core let PP-OCRv4 det's
+#: replicas grow to 4 on 2 cores, 1.7x the memory) with the thread slots as the pinned
+#: bound, not the physical cores: those kept ddddocr's det and rec at one instance each
+#: on 2 cores with 0.6 cores busy (0.25x replication). Three quarters of an idle core,
+#: not a whole one, since pinned threads past the physical cores are refused on their
+#: own (``ScalerConfig.oversubscribe`` off): with a whole core, one instance busy on its
+#: core plus the front end's few percent (busy 1.03 of 2) never got its second thread
+#: while the other core sat idle, the very case a thread step is for
+#: (tests/integration/runtime/scaling/test_scale_threads.py under a loaded CI run).
+SATURATED_FREE_PER_THREAD = 0.75
+
+
+def _saturated(s: Snapshot, threads: int) -> str | None:
+    """Why ``threads`` more cpu threads would add no capacity (None: they would)."""
+    cap = s.cap
+    if threads <= 0 or not cap.physical_cores or s.cores_busy is None:
+        return None
+    free = cap.physical_cores - s.cores_busy
+    if free >= SATURATED_FREE_PER_THREAD * threads - _EPS:
+        return None
+    return (
+        f"cores saturated: busy {s.cores_busy:.2f} of {cap.physical_cores} "
+        f"(another {threads} thread(s) need {SATURATED_FREE_PER_THREAD * threads:g} idle)"
+    )
+
+
+def _refusals(s: Snapshot, u: UnitState, o: EngineOption, c: ScalerConfig) -> list[str]:
+    """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: it is
+    admitted)."""
+    cap = s.cap
+    slots = cap.max_instances.get(o.engine)
+    if slots is None:
+        return [f"{o.engine} is not on this device"]
+    why = []
+    if not cap.memory_used_mb + o.memory_mb <= cap.memory_cap_mb:
+        why.append(
+            f"memory {_mb(cap.memory_used_mb)}+{_mb(o.memory_mb)} > {_mb(cap.memory_cap_mb)} MB"
+        )
+    used = s.instances_used.get(o.engine, 0)
+    if not used + 1 <= slots:
+        why.append(f"{o.engine} slots {used}+1 > {slots}")
+    if cap.cores and not s.cores_used + o.cores <= cap.cores:
+        why.append(f"cores {s.cores_used}+{o.cores} > {cap.cores}")
+    own = _own_cores(s, u, o.cores) if o.engine == "cpu" else None
+    if own is not None:
+        why.append(own)
+    past = _past_physical(s, c, o.cores) if o.engine == "cpu" else None
+    if past is not None:
+        why.append(past)
+    busy = _saturated(s, o.cores)
+    if busy is not None:
+        why.append(busy)
+    return why
+
+
+def _pinned_by(u: UnitState) -> int:
+    """Cpu threads pinned by ``u``'s own running instances (``threads``; where the
+    thread counts are not known, its cpu instances x its fastest cpu option's cores)."""
+    if u.threads:
+        return sum(int(t) * int(n) for t, n in u.threads.items())
+    per = max((o.cores for o in u.options if o.engine == "cpu"), default=1)
+    return u.instances.get("cpu", 0) * per
+
+
+def _own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
+    """Why ``more`` cpu threads for ``u`` would add contention, not capacity (None:
+    they would not, or the cores are not known): ``u``'s own instances would then pin
+    more threads than the cpu has cores. Another stage's threads may share a core with
+    it (the profile's ``threads_per_core``: a chain's stages take turns), but a unit's
+    own instances all run the same work at once: on 2 cores a third single-thread
+    instance of the whole PP-OCRv4 det serves no more requests per second than two, and
+    each request that shares a core takes up to twice as long (at 2 x L0 under the cap
+    the scaler grew 2 to 3 on "0.2 requests/s refused at arrival", and the steps at
+    6.5-8.6 requests/s that 2 instances serve failed; ResNet-50 at 2 x L0: P99 147 ->
+    177 ms; bench/HISTORY.md: the 2026-11-27 09:35-12:30 UTC section's "The scaler grew a
+    unit past the cores", and "ResNet-50 at 2x again" under "Admission, the scaler's
+    cores rule and the bench's steps", results/scaling_resnet50_2x_rerun.json)."""
+    phys = s.cap.physical_cores
+    if not phys or more <= 0:
+        return None
+    own = _pinned_by(u)
+    if own + more <= phys:
+        return None
+    return f"{u.name}'s own instances would pin {own}+{more} > {phys} cores"
+
+
+def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
+    """Why ``more`` pinned cpu threads would take every instance's pinned threads past
+    the physical cores (None: they would not, the cores are not known, or
+    ``oversubscribe`` allows it). Unlike :func:`_own_cores` this counts all instances of
+    all pipelines (:attr:`Snapshot.cores_used`): right after a deploy two partitions of
+    one pipeline were each scaled out to 2 single-thread instances, 4 threads pinned to
+    2 cores, that share the cores and add contention, not capacity. The device profile's
+    ``threads_per_core`` still lets a deploy pin more threads than cores (a chain's
+    stages take turns on them); the scaler does not add to it unless ``oversubscribe``.
+    """
+    phys = s.cap.physical_cores
+    if not phys or more <= 0 or c.oversubscribe:
+        return None
+    if s.cores_used + more <= phys:
+        return None
+    return f"pinned threads {s.cores_used}+{more} > physical cores {phys} (oversubscribe is off)"
+
+
+#: A unit other than the argmax is scaled only when its B_k/S_k is at least this
+#: fraction of the largest (the planner's rule too): scaling a light unit while the
+#: bottleneck cannot grow does not raise throughput.
+NEXT_BEST_FRACTION = 0.5
+
+
+def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | None, list[str]]:
+    """Algorithm 1 (with the next-best fallback), each unit's best action by
+    :func:`_pick`. Returns the decision (None: the cap refuses every unit) and, in
+    priority order, why the units before it were passed."""
+    order = sorted(s.units, key=lambda u: (-effective_bottleneck(u), u.index))
+    passed: list[str] = []
+    top = effective_bottleneck(order[0]) if order else 0.0
+    for u in order:
+        eff = effective_bottleneck(u)
+        who = f"{u.name} (B_k/S_k {_n(eff, 3)})"
+        if passed and eff < NEXT_BEST_FRACTION * top:
+            # a unit far below the bottleneck would not raise the pipeline's throughput
+            passed.append(f"{who} is below {NEXT_BEST_FRACTION:g} x the largest B_k/S_k")
+            break
+        beyond = _beyond_cores(s, u)
+        if passed or _refusals_only(s, c) or beyond is not None:
+            idle = _not_short(s, c, u, lam)
+            if idle is not None:
+                # scale-in would take the instance back after the hold: the flapping of
+                # VGG-19's weight-heavy partition (bench/HISTORY.md); for the argmax
+                # itself only when the violation is refusals at arrival alone (P99
+                # within the SLO): those are a burst's, which more instances on the
+                # same cores do not serve sooner (PP-OCRv4 det's replicas grew to 4 on
+                # 2 cores at a quarter of their capacity, each start inside the window);
+                # or when its next cpu instance would pin more threads than there are
+                # cores: a P99 over the SLO at a load its instances serve is the
+                # service times' spread, which an instance sharing a core makes worse
+                # (ResNet-50 at 2 x L0: 2 single-thread replicas grew to 3 on 2 cores
+                # at 7 requests/s, 0.28 of their capacity, and the P99 went from
+                # 147 ms to 177 ms; bench/HISTORY.md, "Admission, the scaler's cores
+                # rule and the bench's steps", its "ResNet-50 at 2x again" item,
+                # results/scaling_resnet50_2x_rerun.json)
+                passed.append(f"{who} {idle}" + (f" ({beyond})" if beyond else ""))
+                continue
+        up, up_why = _up_candidate(s, c, u)
+        tried: list[str] = []
+        out = None
+        if u.max_instances is not None and u.total_instances >= u.max_instances:
+            tried.append(f"at its max_instances {u.max_instances}")
+        elif not u.options:
+            tried.append("has no engine option")
+        else:
+            ranked = sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0]))
+            for _, o in ranked:
+                why = _refusals(s, u, o, c)
+                if why:
+                    tried.append(f"{o.engine} refused: {' and '.join(why)}")
+                    continue
+                out = o
+                break
+        if out is None and up is None:
+            if u.max_instances is not None and u.total_instances >= u.max_instances:
+                msg = f"{who} is at its max_instances {u.max_instances}"
+            elif not u.options:
+                msg = f"{who} has no engine option"
+            else:
+                msg = f"{who} fits no engine ({'; '.join(tried)})"
+            if up_why is not None:
+                msg += f"; no thread scale-up: {up_why}"
+            passed.append(msg)
+            continue
+        rank = "the largest" if not passed else "the next largest"
+        before = f"; {'; '.join(passed)}" if passed else ""
+        head = (
+            f"{_violation(s, c)}{before}; {u.name} has {rank} B_k/S_k {_n(eff, 3)} "
+            f"({_n(u.bottleneck, 3)}/{u.total_instances})"
+        )
+        return _pick(s, u, out, up, tried, up_why, head), passed
+    return None, passed
+
+
+def _beyond_cores(s: Snapshot, u: UnitState) -> str | None:
+    """Why one more instance of ``u`` on its fastest engine would pin more cpu threads
+    than the device has cores (None: it would not, the engine is not the cpu, or the
+    cores are not known). Pinned threads beyond the cores are the device profile's
+    oversubscription opt-in (``threads_per_core``: a chain's stages take turns on the
+    cores); one unit's own instances do not take turns, they contend."""
+    phys = s.cap.physical_cores
+    if not phys or not u.options:
+        return None
+    o = min(u.options, key=lambda x: x.latency_ms)
+    if o.engine != "cpu" or s.cores_used + o.cores <= phys:
+        return None
+    return f"another {o.cores}-thread cpu instance pins {s.cores_used}+{o.cores} > {phys} cores"
+
+
+def _refusals_only(s: Snapshot, c: ScalerConfig) -> bool:
+    """The violation is requests refused at arrival, with P99 measured within the SLO."""
+    return s.p99_ms is not None and s.p99_ms <= c.violation_ratio * s.slo_ms
+
+
+def _not_short(s: Snapshot, c: ScalerConfig, u: UnitState, lam: float) -> str | None:
+    """Why a unit other than the argmax need not grow (None: it may). With a measured
+    service time, its instances already serve the max offered rate over the horizon at
+    utilisation <= ``scale_in_utilisation``: the scale-in rule would give the new
+    capacity back after the hold, and the next violation would add it again."""
+    if u.service_ms is None or u.service_ms <= 0 or u.total_instances <= 0:
+        return None
+    f = _fan_out(u, s)
+    cap_items = _capacity_items(u)
+    busy = lam * f / cap_items
+    if busy > c.scale_in_utilisation:
+        return None
+    svc = u.total_instances * 1000.0 / cap_items
+    if _p99_needed(s, u, lam * f, svc) > u.total_instances:
+        return None
+    return (
+        f"is not short of capacity: max rate {_n(lam)} req/s x {_n(f)} items/req on "
+        f"{_n(cap_items)} items/s runs at utilisation {busy:.2f} <= "
+        f"{c.scale_in_utilisation:g} with its P99 within its share of the SLO (scale-in "
+        f"would take one more back after the hold)"
+    )
+
+
+def service_ms_at(u: UnitState, threads: int) -> float | None:
+    """Predicted service time of one item of ``u`` on a cpu instance running ``threads``
+    intra-op threads, ms; None when that count was not measured.
+
+    The unit's live P50 (``service_ms``) scaled by the ratio of the load-time
+    measurements ``latency_ms_by_threads[threads] / latency_ms_by_threads[ref]``, ref =
+    the thread count most of its instances run (ties: the smaller): the live P50 holds
+    the real inputs and contention, the ratio what more threads change. Without a P50
+    (or a measurement at ref): the load-time figure itself."""
+    lat = u.latency_ms_by_threads
+    ms = lat.get(threads)
+    if ms is None or not ms > 0:
+        return None
+    ref = _ref_threads(u)
+    if u.service_ms is not None and u.service_ms > 0 and ref is not None and lat.get(ref, 0) > 0:
+        return u.service_ms * ms / lat[ref]
+    return float(ms)
+
+
+def _ref_threads(u: UnitState) -> int | None:
+    live = {t: n for t, n in u.threads.items() if n > 0}
+    if not live:
+        return None
+    return max(live.items(), key=lambda kv: (kv[1], -kv[0]))[0]
+
+
+def _capacity_items(u: UnitState) -> float:
+    """Items per second the unit's running instances finish: per thread count when
+    every count is measured, else instances x 1000 / service_ms."""
+    live = {t: n for t, n in u.threads.items() if n > 0}
+    per = {t: service_ms_at(u, t) for t in live}
+    if live and sum(live.values()) == u.total_instances and all(per.values()):
+        return sum(n * 1000.0 / per[t] for t, n in live.items())  # type: ignore[operator]
+    svc = _service_ms(u)
+    return math.inf if svc is None else u.total_instances * 1000.0 / svc
+
+
+def _vertical(u: UnitState) -> str | None:
+    """Why ``u`` cannot change threads at all (None: it may)."""
+    if u.max_threads is None or u.max_threads <= u.min_threads:
+        return "max_threads is not above threads"
+    if set(u.instances) - {"cpu"} and any(n > 0 for e, n in u.instances.items() if e != "cpu"):
+        return "it runs on an engine other than the cpu"
+    if not any(n > 0 for n in u.threads.values()):
+        return "no running cpu instance"
+    return None
+
+
+def _up_candidate(
+    s: Snapshot, c: ScalerConfig, u: UnitState
+) -> tuple[tuple[int, int, float, float] | None, str | None]:
+    """One more step of intra-op threads for the thinnest cpu instance:
+    ``((t, t2, svc_t, svc_t2), None)``, or ``(None, why not)`` (``why`` None when the
+    unit has no thread range: nothing to report)."""
+    if u.max_threads is None or u.max_threads <= u.min_threads:
+        return None, None
+    bad = _vertical(u)
+    if bad is not None:
+        return None, bad
+    t = min(k for k, n in u.threads.items() if n > 0)
+    higher = sorted(k for k in u.latency_ms_by_threads if t < k <= u.max_threads)
+    if not higher:
+        return None, f"no measured latency above {t} thread(s) (max_threads {u.max_threads})"
+    t2 = higher[0]
+    svc_t, svc_t2 = service_ms_at(u, t), service_ms_at(u, t2)
+    if svc_t is None or svc_t2 is None:
+        return None, f"{t} thread(s) not measured"
+    if not svc_t2 < svc_t:
+        return None, (
+            f"{t2} threads measured no faster than {t} "
+            f"({_n(u.latency_ms_by_threads[t2])} vs {_n(u.latency_ms_by_threads[t])} ms)"
+        )
+    cap = s.cap
+    if not cap.cores:
+        return None, "the device counts no cpu cores (no budget to give threads from)"
+    if not s.cores_used + (t2 - t) <= cap.cores:
+        return None, f"cores {s.cores_used}+{t2 - t} > {cap.cores}"
+    own = _own_cores(s, u, t2 - t)
+    if own is not None:
+        return None, own
+    past = _past_physical(s, c, t2 - t)
+    if past is not None:
+        return None, past
+    busy = _saturated(s, t2 - t)
+    if busy is not None:
+        return None, busy
+    return (t, t2, svc_t, svc_t2), None
+
+
+def _share(s: Snapshot, o: EngineOption) -> tuple[float, str]:
+    """The largest share of a free resource one more instance on ``o`` takes, and which
+    (it is admitted, so every share is <= 1)."""
+    cap = s.cap
+    shares = []
+    free_mem = cap.memory_cap_mb - cap.memory_used_mb
+    if o.memory_mb > 0:
+        shares.append((o.memory_mb / free_mem if free_mem > 0 else math.inf, "memory", "MB"))
+    free_slots = cap.max_instances[o.engine] - s.instances_used.get(o.engine, 0)
+    shares.append((1 / free_slots if free_slots > 0 else math.inf, f"{o.engine} slots", ""))
+    if cap.cores and o.cores:
+        free_cores = cap.cores - s.cores_used
+        shares.append((o.cores / free_cores if free_cores > 0 else math.inf, "cores", ""))
+    share, what, _ = max(shares, key=lambda x: x[0])
+    return share, what
+
+
+def _pick(
+    s: Snapshot,
+    u: UnitState,
+    out: EngineOption | None,
+    up: tuple[int, int, float, float] | None,
+    tried: list[str],
+    up_why: str | None,
+    head: str,
+) -> Decision:
+    """The unit's action with the best predicted gain per share of the scarcest free
+    resource it takes: a new instance (memory, an engine slot, its cores) against one
+    cpu instance's thread step (cores only: the replacement reuses the slot and the
+    model's memory). Gain: items/s added, 1000 / latency of the new instance, or
+    1000 / svc(t2) - 1000 / svc(t). Ties go to the scale-out (Algorithm 1's action)."""
+    cap = s.cap
+    after = f"; {'; '.join(tried)}" if tried else ""
+    out_score = up_score = -1.0
+    out_txt = up_txt = ""
+    if out is not None:
+        lat = out.latency_ms
+        if out.engine == "cpu":
+            lat = service_ms_at(u, out.cores or u.min_threads) or lat
+        gain = 1000.0 / lat if lat > 0 else math.inf
+        share, what = _share(s, out)
+        out_score = gain / share if share > 0 else math.inf
+        fits = (
+            f"memory {_mb(cap.memory_used_mb)}+{_mb(out.memory_mb)} <= "
+            f"{_mb(cap.memory_cap_mb)} MB, {out.engine} slots "
+            f"{s.instances_used.get(out.engine, 0)}+1 <= {cap.max_instances[out.engine]}"
+        )
+        if cap.cores:
+            fits += f", cores {s.cores_used}+{out.cores} <= {cap.cores}"
+        out_txt = (
+            f"{out.engine} ({_n(out.latency_ms)} ms) admits it: {fits}; one more instance "
+            f"adds {_n(gain)} items/s for {share:.0%} of the free {what}"
+        )
+    if up is not None:
+        t, t2, svc_t, svc_t2 = up
+        gain = 1000.0 / svc_t2 - 1000.0 / svc_t
+        share = (t2 - t) / (cap.cores - s.cores_used)
+        up_score = gain / share
+        lat = u.latency_ms_by_threads
+        up_txt = (
+            f"one cpu instance {t} -> {t2} threads: {_n(svc_t)} -> {_n(svc_t2)} ms per item "
+            f"(measured at load {_n(lat[t])} / {_n(lat[t2])} ms) adds {_n(gain)} items/s "
+            f"for {share:.0%} of the free cores (cores {s.cores_used}+{t2 - t} <= "
+            f"{cap.cores}; memory and slots unchanged after the swap)"
+        )
+    if out is not None and out_score >= up_score:
+        alt = f"; rather than {up_txt}" if up is not None else ""
+        if up is None and up_why is not None:
+            alt = f"; no thread scale-up: {up_why}"
+        return Decision(
+            "scale_out",
+            unit=u.index,
+            engine=out.engine,
+            reason=f"{head}{after}; {out_txt}{alt}",
+        )
+    assert up is not None
+    if out is not None:
+        alt = f"; rather than scale-out: {out_txt}"
+    else:
+        alt = f"; no scale-out: {'; '.join(tried)}" if tried else ""
+    return Decision(
+        "scale_up",
+        unit=u.index,
+        engine="cpu",
+        threads=up[1],
+        from_threads=up[0],
+        reason=f"{head}; {up_txt}{alt}",
+    )
+
+
+def _shed_limit(s: Snapshot) -> tuple[int, str]:
+    rps = pipeline_capacity_rps(s)
+    if rps is None or not math.isfinite(rps * s.slo_ms):
+        limit = max(1, s.pending)
+        return limit, f"capacity unknown: {s.pending} requests pending"
+    limit = max(1, math.floor(rps * s.slo_ms / 1000.0 + _EPS))
+    return limit, (f"Little's law: capacity {_n(rps)} req/s x SLO {_n(s.slo_ms / 1000.0)} s")
+
+
+def _scale_in(s: Snapshot, c: ScalerConfig, lam: float, last: float | None) -> list[Decision]:
+    """InferLine Algorithm 4: one instance back from each over-provisioned unit."""
+    out: list[Decision] = []
+    quiet = "no change yet" if last is None else f"no change for {_n(s.now - last)} s"
+    for u in s.units:
+        svc = _service_ms(u)
+        running = {e: n for e, n in u.instances.items() if n > 0}
+        if svc is None or not running:
+            continue
+        f = _fan_out(u, s)
+        items = lam * f
+        needed = max(0, math.ceil(items * svc / 1000.0 / c.scale_in_utilisation - _EPS))
+        tail = _p99_needed(s, u, items, svc)
+        keep = max(needed, tail, u.min_instances)
+        if u.total_instances <= keep:
+            down = _scale_down(s, c, u, lam, quiet)
+            if down is not None:
+                out.append(down)
+            continue
+        lat = {o.engine: o.latency_ms for o in u.options}
+        engine = max(running, key=lambda e: (lat.get(e, math.inf), e))
+        slow = f"{_n(lat[engine])} ms" if engine in lat else "no profiled latency"
+        reason = (
+            f"{quiet} > hold {_n(c.hold_s)} s; {u.name}: max rate {_n(lam)} req/s over "
+            f"{_n(c.rate_horizon_s)} s x {_n(f)} items/req = {_n(items)} items/s x "
+            f"{_n(svc)} ms needs {needed} instance(s) at utilisation <= "
+            f"{c.scale_in_utilisation:g} and {tail} for its P99 within "
+            f"{_n(_budget_ms(s, u))} ms (min {u.min_instances}); {u.total_instances} > "
+            f"{keep}: one {engine} instance stops ({engine} is its slowest engine, {slow})"
+        )
+        out.append(Decision("scale_in", unit=u.index, engine=engine, reason=reason))
+    return out
+
+
+def _scale_down(
+    s: Snapshot, c: ScalerConfig, u: UnitState, lam: float, quiet: str
+) -> Decision | None:
+    """The thread step back (InferLine Algorithm 4's rule applied to threads): the
+    fattest cpu instance of ``u`` drops to the next measured count below it (not below
+    ``min_threads``) when the unit's capacity after it still serves the max offered
+    rate over the horizon at utilisation <= ``scale_in_utilisation``. Frees cores."""
+    live = {t: n for t, n in u.threads.items() if n > 0}
+    if not live or any(e != "cpu" and n > 0 for e, n in u.instances.items()):
+        return None
+    t = max(live)
+    if t <= u.min_threads:
+        return None
+    lower = sorted(k for k in u.latency_ms_by_threads if u.min_threads <= k < t)
+    if not lower:
+        return None
+    t2 = lower[-1]
+    per = {k: service_ms_at(u, k) for k in {*live, t2}}
+    if not all(per.values()):
+        return None
+    now_items = sum(n * 1000.0 / per[k] for k, n in live.items())  # type: ignore[operator]
+    after = now_items - 1000.0 / per[t] + 1000.0 / per[t2]  # type: ignore[operator]
+    f = _fan_out(u, s)
+    items = lam * f
+    if not items <= c.scale_in_utilisation * after + _EPS:
+        return None
+    n = u.total_instances
+    if _p99_needed(s, u, items, n * 1000.0 / after) > n:
+        return None
+    return Decision(
+        "scale_down",
+        unit=u.index,
+        engine="cpu",
+        threads=t2,
+        from_threads=t,
+        reason=(
+            f"{quiet} > hold {_n(c.hold_s)} s; {u.name}: max rate {_n(lam)} req/s over "
+            f"{_n(c.rate_horizon_s)} s x {_n(f)} items/req = {_n(items)} items/s <= "
+            f"{c.scale_in_utilisation:g} x {_n(after)} items/s, its capacity with one cpu "
+            f"instance {t} -> {t2} threads ({_n(per[t])} -> {_n(per[t2])} ms per item): "
+            f"{t - t2} core(s) back"
+        ),
+    )

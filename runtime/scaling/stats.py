@@ -1,0 +1,387 @@
+"""Latency statistics over sliding windows (P50 / P95 / P99), per pipeline and per unit.
+
+Pure bookkeeping, no I/O: the front end feeds it from each request's trace (the
+``__trace__`` rows every unit appends: unit, instance, start ns, end ns on
+``CLOCK_MONOTONIC``), and the API / CLI read :meth:`PipelineStats.snapshot`. The field
+names follow Triton's statistics extension where they overlap (``success``, ``fail``,
+``queue``, ``compute_infer`` as count + ns), plus percentiles, which Triton users
+otherwise compute from Prometheus.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import math
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+
+class LatencyWindow:
+    """The last ``size`` samples (ms) no older than ``horizon_s``, with totals.
+
+    Args:
+        size: samples kept. horizon_s: age limit of a sample, seconds.
+    """
+
+    def __init__(self, size: int = 2048, horizon_s: float = 60.0) -> None:
+        self.size = size
+        self.horizon_s = horizon_s
+        self._t: collections.deque[float] = collections.deque(maxlen=size)
+        self._ms: collections.deque[float] = collections.deque(maxlen=size)
+        self.count = 0
+        self.total_ms = 0.0
+
+    def add(self, ms: float, now: float | None = None) -> None:
+        self._t.append(time.monotonic() if now is None else now)
+        self._ms.append(float(ms))
+        self.count += 1
+        self.total_ms += float(ms)
+
+    def values(self, now: float | None = None, horizon_s: float | None = None) -> np.ndarray:
+        """Samples (ms) no older than ``horizon_s`` (default: the window's own horizon)."""
+        now = time.monotonic() if now is None else now
+        cutoff = now - (self.horizon_s if horizon_s is None else min(horizon_s, self.horizon_s))
+        return np.array([m for t, m in zip(self._t, self._ms, strict=True) if t >= cutoff])
+
+    def summary(
+        self, now: float | None = None, horizon_s: float | None = None, over_ms: float | None = None
+    ) -> dict[str, Any]:
+        """``count`` (all time), ``total_ms``, and over the window (or the last
+        ``horizon_s`` s) ``window_count``, ``p50_ms``, ``p95_ms``, ``p99_ms``,
+        ``mean_ms``, ``max_ms`` (None when empty); with ``over_ms`` also
+        ``over_count``: the window's samples above it."""
+        v = self.values(now, horizon_s)
+        out: dict[str, Any] = {
+            "count": self.count,
+            "total_ms": round(self.total_ms, 3),
+            "window_count": int(v.size),
+        }
+        if over_ms is not None:
+            out["over_count"] = int((v > over_ms).sum())
+        if v.size:
+            p50, p95, p99 = np.percentile(v, [50, 95, 99])
+            out.update(
+                p50_ms=round(float(p50), 3),
+                p95_ms=round(float(p95), 3),
+                p99_ms=round(float(p99), 3),
+                mean_ms=round(float(v.mean()), 3),
+                max_ms=round(float(v.max()), 3),
+            )
+        else:
+            out.update(p50_ms=None, p95_ms=None, p99_ms=None, mean_ms=None, max_ms=None)
+        return out
+
+
+class RateWindow:
+    """Events per second over the last ``horizon_s`` seconds."""
+
+    def __init__(self, horizon_s: float = 10.0) -> None:
+        self.horizon_s = horizon_s
+        self._t: collections.deque[float] = collections.deque()
+
+    def add(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._t.append(now)
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._t and self._t[0] < now - self.horizon_s:
+            self._t.popleft()
+
+    def rate(self, now: float | None = None, window_s: float | None = None) -> float:
+        """Events per second over the last ``window_s`` s (None or more than the
+        horizon: the horizon)."""
+        now = time.monotonic() if now is None else now
+        self._trim(now)
+        if window_s is None or window_s >= self.horizon_s:
+            return len(self._t) / self.horizon_s
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        since = now - window_s
+        n = 0
+        for t in reversed(self._t):
+            if t < since:
+                break
+            n += 1
+        return n / window_s
+
+
+#: Upper edges (s) of the idle-gap bins :class:`IdleSlowdown` sorts items into; the
+#: first bin (an instance idle less than 20 ms: busy, or back to back) is the warm
+#: reference, the last is open-ended.
+IDLE_EDGES_S = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
+#: Fewest items in a bin (and in the warm bin) before :meth:`IdleSlowdown.points` uses it.
+IDLE_MIN_COUNT = 10
+
+
+class IdleSlowdown:
+    """How much longer a unit's items take, served, after their instance sat idle
+    (the served counterpart of :func:`infscaler.partitioner.profiler.measure_idle`, for the
+    simulator's :attr:`~infscaler.runtime.planning.simulator.EngineProfile.idle`).
+
+    Fed one trace row per item (:meth:`add`): the instance's idle gap is the item's
+    compute start minus the end of that instance's previous item (rows that arrive out
+    of order are not binned). An item whose instance was already idle when its input was
+    ready has a **wake** time, ready -> compute start: the hop, the instance process's and
+    its core's wake-up. The last unit's rows also carry the **tail**, compute end -> the
+    front end's answer (its own wake-up). Why: a core left idle sleeps (cpuidle, a VM's
+    halted vCPU) and every party woken pays; in-process timing (the planner's) sees only
+    the compute part, and saw it at other sizes than served (bench/idle_wake.py: ResNet-50
+    at 2 threads, 1.52 x in-process after 0.25 s, 1.18 x served at 4/s).
+
+    Args:
+        size: items kept per bin (the latest). horizon_s: age limit of an item, s.
+    """
+
+    def __init__(self, size: int = 512, horizon_s: float = 900.0) -> None:
+        self.horizon_s = horizon_s
+        # per bin: (time added, gap s, compute ms, wake ms or nan, tail ms or nan)
+        self._bins: list[collections.deque[tuple[float, float, float, float, float]]] = [
+            collections.deque(maxlen=size) for _ in range(len(IDLE_EDGES_S) + 1)
+        ]
+        self._last_end: dict[int, int] = {}
+
+    def add(
+        self,
+        instance: int,
+        start_ns: int,
+        end_ns: int,
+        ready_ns: int,
+        tail_ns: int | None = None,
+        now: float | None = None,
+    ) -> None:
+        """One item: its instance, compute start / end, when its input was ready (the
+        previous unit's end, or the request's submission), all ``CLOCK_MONOTONIC`` ns, and
+        for the last unit the answer's time minus ``end_ns`` (``tail_ns``)."""
+        last = self._last_end.get(instance)
+        if last is None or end_ns > last:
+            self._last_end[instance] = end_ns
+            if last is None and len(self._last_end) > 64:
+                # instances come and go for months (restarts, scaling): forget the ones
+                # idle past the horizon, whose next gap would land in the last bin anyway
+                cutoff = end_ns - int(self.horizon_s * 1e9)
+                for i in [i for i, e in self._last_end.items() if e < cutoff]:
+                    del self._last_end[i]
+        if last is None or start_ns < last:
+            return
+        gap_s = (start_ns - last) / 1e9
+        wake = (start_ns - ready_ns) / 1e6 if last <= ready_ns <= start_ns else math.nan
+        tail = tail_ns / 1e6 if tail_ns is not None and tail_ns >= 0 else math.nan
+        b = bisect.bisect_right(IDLE_EDGES_S, gap_s)
+        now = time.monotonic() if now is None else now
+        self._bins[b].append((now, gap_s, (end_ns - start_ns) / 1e6, wake, tail))
+
+    def _rows(self, now: float | None) -> list[np.ndarray]:
+        now = time.monotonic() if now is None else now
+        cutoff = now - self.horizon_s
+        out = []
+        for b in self._bins:
+            rows = [r[1:] for r in b if r[0] >= cutoff]
+            out.append(np.array(rows, dtype=float).reshape(-1, 4))
+        return out
+
+    def summary(self, now: float | None = None) -> dict[str, Any]:
+        """``{"warm_compute_p50_ms", "bins": [{"idle_s": [lo, hi or None], "count",
+        "gap_p50_s", "compute_p50_ms", "wake_count", "wake_p50_ms", "tail_p50_ms"}]}``
+        (None where a bin has no such items)."""
+        bins = self._rows(now)
+        edges = (0.0, *IDLE_EDGES_S, None)
+
+        def p50(v: np.ndarray) -> float | None:
+            v = v[~np.isnan(v)]
+            return round(float(np.median(v)), 3) if v.size else None
+
+        rows = []
+        for i, r in enumerate(bins):
+            rows.append(
+                {
+                    "idle_s": [edges[i], edges[i + 1]],
+                    "count": int(r.shape[0]),
+                    "gap_p50_s": p50(r[:, 0]),
+                    "compute_p50_ms": p50(r[:, 1]),
+                    "wake_count": int((~np.isnan(r[:, 2])).sum()),
+                    "wake_p50_ms": p50(r[:, 2]),
+                    "tail_p50_ms": p50(r[:, 3]),
+                }
+            )
+        return {"warm_compute_p50_ms": rows[0]["compute_p50_ms"], "bins": rows}
+
+    def points(
+        self, handover_ms: float, min_count: int = IDLE_MIN_COUNT, now: float | None = None
+    ) -> tuple[tuple[float, float], ...]:
+        """The simulator's ``EngineProfile.idle`` for this unit, from what it served:
+        per bin past the warm one with ``min_count`` woken items, ``(gap p50 s, f)`` with
+        ``f = (p50 of wake + compute [+ tail]) - hops x handover_ms) / warm compute p50``
+        (hops: 1, 2 with the tail), clamped >= 1, so that the simulator's time for an item
+        reaching an idle instance (its handovers + the warm time x f) is what was served.
+        Empty without ``min_count`` warm items.
+
+        Args:
+            handover_ms: the simulator's time per hop (``planner.HANDOVER_MS``), ms.
+        """
+        bins = self._rows(now)
+        warm = bins[0][:, 1]
+        if warm.size < max(1, min_count):
+            return ()
+        base = float(np.median(warm))
+        if not base > 0:
+            return ()
+        pts = []
+        for r in bins[1:]:
+            woken = r[~np.isnan(r[:, 2])]
+            if woken.shape[0] < max(1, min_count):
+                continue
+            has_tail = ~np.isnan(woken[:, 3])
+            total = woken[:, 1] + woken[:, 2] + np.where(has_tail, woken[:, 3], 0.0)
+            hops = 1.0 + float(has_tail.mean())
+            f = (float(np.median(total)) - hops * handover_ms) / base
+            pts.append((round(float(np.median(woken[:, 0])), 4), round(max(1.0, f), 4)))
+        out: list[tuple[float, float]] = []
+        for g, f in sorted(pts):  # increasing gaps, distinct (EngineProfile's rule)
+            if not out or g > out[-1][0]:
+                out.append((g, f))
+        return tuple(out)
+
+
+class PipelineStats:
+    """Per-pipeline request statistics and per-unit queue / compute times.
+
+    Args:
+        units: unit names in pipeline order.
+    """
+
+    def __init__(self, units: Iterable[str]) -> None:
+        self.units = list(units)
+        self._lock = threading.Lock()
+        self.latency = LatencyWindow()
+        self.arrivals = RateWindow()
+        #: admitted and refused (shed / max_pending) requests: the offered load
+        self.offered = RateWindow()
+        #: requests refused at arrival because they could not meet the SLO
+        self.slo_refused = RateWindow()
+        self.success = 0
+        self.fail: collections.Counter[int] = collections.Counter()
+        self.rejected = 0
+        #: wall-clock time of the last answered request (success or failure), ms since
+        #: the epoch; 0: none yet (Triton's ``last_inference``)
+        self.last_inference_ms = 0
+        self.compute = [LatencyWindow() for _ in self.units]
+        self.queue = [LatencyWindow() for _ in self.units]
+        self.idle = [IdleSlowdown() for _ in self.units]
+
+    def offered_rate(self, now: float | None = None, window_s: float | None = None) -> float:
+        """Requests/s offered (admitted and refused) over the last 10 s (or the last
+        ``window_s`` s, at most 10)."""
+        with self._lock:
+            return self.offered.rate(now, window_s)
+
+    def arrival(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self.arrivals.add(now)
+            self.offered.add(now)
+
+    def record_success(self, latency_ms: float, trace: np.ndarray | None, t_submit_ns: int) -> None:
+        """A request answered: its end-to-end latency (ms) and the trace rows
+        (``[unit, instance, start_ns, end_ns]``) of every unit that ran for it."""
+        with self._lock:
+            self.success += 1
+            self.last_inference_ms = int(time.time() * 1e3)
+            self.latency.add(latency_ms)
+            self._record_trace(trace, t_submit_ns, t_submit_ns + int(latency_ms * 1e6))
+
+    def record_failure(self, status: int) -> None:
+        with self._lock:
+            self.fail[status] += 1
+            self.last_inference_ms = int(time.time() * 1e3)
+
+    def record_rejection(self, slo: bool = False) -> None:
+        """A request refused before admission (queue bound, ``max_pending``, or with
+        ``slo`` the SLO admission): it counts in the offered load, not in the arrivals."""
+        with self._lock:
+            self.rejected += 1
+            now = time.monotonic()
+            self.offered.add(now)
+            if slo:
+                self.slo_refused.add(now)
+
+    def _record_trace(self, trace: np.ndarray | None, t_submit_ns: int, t_done_ns: int) -> None:
+        if trace is None or trace.size == 0:
+            return
+        rows = sorted(trace.tolist(), key=lambda r: r[2])
+        last_unit = max(int(r[0]) for r in rows)
+        prev_end: dict[int, int] = {}
+        last_end = t_submit_ns
+        for unit, inst, start, end in rows:
+            unit = int(unit)
+            if not 0 <= unit < len(self.units):
+                continue
+            self.compute[unit].add((end - start) / 1e6)
+            before = prev_end.get(unit - 1, last_end)
+            self.queue[unit].add(max(0, start - before) / 1e6)
+            tail = t_done_ns - end if unit == last_unit and unit == len(self.units) - 1 else None
+            self.idle[unit].add(int(inst), int(start), int(end), int(before), tail)
+            prev_end[unit] = max(prev_end.get(unit, 0), end)
+            last_end = end
+
+    def idle_summaries(self) -> list[dict[str, Any]]:
+        """Per unit, :meth:`IdleSlowdown.summary` (what :meth:`snapshot` shows as ``idle``,
+        without the rest of the snapshot)."""
+        with self._lock:
+            return [s.summary() for s in self.idle]
+
+    def idle_points(self, handover_ms: float) -> list[tuple[tuple[float, float], ...]]:
+        """Per unit, :meth:`IdleSlowdown.points` (the served idle slowdown; empty where
+        too few items were seen)."""
+        with self._lock:
+            return [s.points(handover_ms) for s in self.idle]
+
+    def totals(self) -> dict[str, Any]:
+        """The all-time counters only, cheap (no percentiles; for a Prometheus scrape):
+        ``success``, ``fail`` (status -> count), ``rejected``, ``latency_ms`` (sum over
+        successes, ms), and per unit ``units``: ``[{"compute_count", "compute_ms",
+        "queue_count", "queue_ms"}]`` (sums, ms)."""
+        with self._lock:
+            return {
+                "success": self.success,
+                "fail": dict(self.fail),
+                "rejected": self.rejected,
+                "latency_ms": self.latency.total_ms,
+                "units": [
+                    {
+                        "compute_count": c.count,
+                        "compute_ms": c.total_ms,
+                        "queue_count": q.count,
+                        "queue_ms": q.total_ms,
+                    }
+                    for c, q in zip(self.compute, self.queue, strict=True)
+                ],
+            }
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"success", "fail" (status -> count), "rejected", "arrival_rate_per_s",
+        "latency": LatencyWindow.summary(), "units": [{"unit", "compute", "queue", "idle"}]}``
+        (``idle``: :meth:`IdleSlowdown.summary`)."""
+        with self._lock:
+            return {
+                "success": self.success,
+                "fail": dict(self.fail),
+                "rejected": self.rejected,
+                "last_inference_ms": self.last_inference_ms,
+                "arrival_rate_per_s": round(self.arrivals.rate(), 3),
+                "latency": self.latency.summary(),
+                "units": [
+                    {
+                        "unit": name,
+                        "compute": self.compute[i].summary(),
+                        "queue": self.queue[i].summary(),
+                        "idle": self.idle[i].summary(),
+                    }
+                    for i, name in enumerate(self.units)
+                ],
+            }

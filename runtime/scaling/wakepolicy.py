@@ -1,0 +1,185 @@
+"""When to hold the CPUs awake: the policy behind ``cpu_wake_latency_us: auto``.
+
+A core left idle sleeps, and a model whose intra-op threads or instance processes must
+wake it runs slower after idle; so do the hand-overs between the front end and the
+instances. Holding the CPUs awake (a PM QoS request of 0 µs,
+:mod:`infscaler.runtime.scaling.pmqos`) raised the goodput of every configuration measured on the
+2-vCPU development VM (bench/HISTORY.md, 2026-11-27, ResNet-50): at an SLO of 1.5 x L0
+1.41 -> 9.17 requests/s, at 2 x 12.26 -> 15.48, at 3 x 19.5 -> 23.4 (two 1-thread
+replicas) and 16.9 -> 22.1 (one 2-thread instance). At 3 x the served compute after idle
+was hardly slower (under 1.1 x): the gain came from warm compute and the wake-ups of the
+hand-overs, so a rule that waited for a measured compute slowdown never took it.
+
+It costs power (idle cores poll), so the service takes it only once it is needed: when
+a pipeline with an SLO violates it (:func:`infscaler.runtime.scaling.scaler.is_violated`, the
+scaler's own test: a P99 over the SLO beyond what a 1 % tail explains, or requests
+refused for it). It is the one remedy that costs no memory and no cores, so it comes
+before any other. Once held it stays held while any pipeline with an SLO stays
+deployed, and for ``release_after_s`` after the last one left (a redeploy or a variant
+swap must not bring the wake-ups back): dropping it when the P99 recovers would flap,
+since the request is what made it recover. A saturated device loses nothing either
+way: its cores do not idle.
+
+The served idle cost (:func:`idle_cost` on
+:meth:`infscaler.runtime.scaling.stats.IdleSlowdown.summary`) is given with the reason, for the
+operator. Pure functions of what the monitor measured, like
+:mod:`infscaler.runtime.scaling.scaler`; the autoscaler applies the decision
+(:meth:`infscaler.service.service.Service.hold_cpus_awake`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["IdleCost", "WakeConfig", "WakeEvidence", "WakeState", "decide_wake", "idle_cost"]
+
+#: An item counts as woken when its instance sat idle at least this long before it, s
+#: (the warm bin of IdleSlowdown ends at 0.02 s; served, the slowdown is under 1.05 x up
+#: to ~0.05 s: bench/idle_wake.py).
+MIN_IDLE_S = 0.05
+
+
+@dataclass(frozen=True)
+class IdleCost:
+    """What idle gaps cost one unit, served.
+
+    Attributes:
+        share: woken items (after >= :data:`MIN_IDLE_S` idle) over all binned items, in
+            [0, 1].
+        factor: the woken items' compute p50, weighted by bin count, over the warm
+            compute p50 (1.0: no slowdown); None with no woken items.
+        items: items binned.
+    """
+
+    share: float
+    factor: float | None
+    items: int
+
+
+@dataclass(frozen=True)
+class WakeEvidence:
+    """One pipeline with an SLO, at one look of the autoscaler.
+
+    Attributes:
+        pipeline: its name.
+        violated: its SLO is violated over the monitor's window
+            (:func:`~infscaler.runtime.scaling.scaler.is_violated`).
+        costs: per served unit, :func:`idle_cost` (None: too few items to say).
+    """
+
+    pipeline: str
+    violated: bool
+    costs: tuple[IdleCost | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class WakeConfig:
+    """Settings of :func:`decide_wake`.
+
+    Attributes:
+        release_after_s: drop the request this long after the last pipeline with an SLO
+            left, s.
+    """
+
+    release_after_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class WakeState:
+    """What :func:`decide_wake` carries between looks.
+
+    Attributes:
+        hold: whether the request should be held.
+        reason: why it is held (or was dropped), for status and the log.
+        since: when it was taken (the caller's clock, s), None when not held.
+        slo_seen: the last time a pipeline with an SLO was deployed (s), None: never.
+    """
+
+    hold: bool = False
+    reason: str = ""
+    since: float | None = None
+    slo_seen: float | None = None
+
+
+def idle_cost(summary: Mapping[str, Any], min_idle_s: float = MIN_IDLE_S) -> IdleCost | None:
+    """One unit's :class:`IdleCost` from its served idle summary.
+
+    Args:
+        summary: :meth:`infscaler.runtime.scaling.stats.IdleSlowdown.summary` (``warm_compute_p50_ms``,
+            ``bins`` with ``idle_s`` [lo, hi], ``count``, ``compute_p50_ms``).
+        min_idle_s: bins starting at or above this idle gap count as woken, s.
+
+    Returns:
+        None when nothing was binned or no warm compute time is known.
+    """
+    warm = summary.get("warm_compute_p50_ms")
+    bins = summary.get("bins") or []
+    items = sum(int(b.get("count") or 0) for b in bins)
+    if not items or not warm or warm <= 0:
+        return None
+    woken = [
+        b
+        for b in bins
+        if b["idle_s"][0] >= min_idle_s and b.get("count") and b.get("compute_p50_ms") is not None
+    ]
+    n = sum(int(b["count"]) for b in woken)
+    if not n:
+        return IdleCost(share=0.0, factor=None, items=items)
+    mean = math.fsum(int(b["count"]) * float(b["compute_p50_ms"]) for b in woken) / n
+    return IdleCost(share=n / items, factor=mean / float(warm), items=items)
+
+
+def decide_wake(
+    now: float,
+    slo_pipelines: int,
+    evidence: Sequence[WakeEvidence],
+    state: WakeState,
+    config: WakeConfig = WakeConfig(),
+) -> WakeState:
+    """Whether to hold the CPUs awake from now on (see the module docstring).
+
+    Args:
+        now: the caller's clock, s (monotonic).
+        slo_pipelines: deployed pipelines with an SLO.
+        evidence: what the autoscaler measured of them since the last call.
+        state: the previous return value (``WakeState()`` at first).
+        config: its settings.
+
+    Returns:
+        the new state; ``hold`` says what to apply, ``reason`` why.
+    """
+    if slo_pipelines > 0:
+        state = replace(state, slo_seen=now)
+    if state.hold:
+        if slo_pipelines == 0 and (
+            state.slo_seen is None or now - state.slo_seen >= config.release_after_s
+        ):
+            return replace(
+                state,
+                hold=False,
+                since=None,
+                reason=f"dropped: no pipeline with an SLO deployed for "
+                f"{config.release_after_s:g} s",
+            )
+        return state
+    for ev in evidence:
+        if not ev.violated:
+            continue
+        costs = [(i, c) for i, c in enumerate(ev.costs) if c is not None and c.factor is not None]
+        worst = max(costs, key=lambda ic: ic[1].share * (ic[1].factor - 1.0), default=None)
+        idle = (
+            f"; {worst[1].share:.0%} of unit {worst[0]}'s items ran after idle, "
+            f"{worst[1].factor:.2f} x its warm compute"
+            if worst is not None
+            else ""
+        )
+        return replace(
+            state,
+            hold=True,
+            since=now,
+            reason=f"{ev.pipeline} missed its SLO{idle}",
+        )
+    return state

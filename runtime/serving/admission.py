@@ -1,0 +1,570 @@
+"""Admission control: what the service accepts at arrival (pure functions, no state).
+
+Two bounds, applied where each can be known:
+
+- **Bytes in flight** (:func:`admit_bytes`): a service-wide budget of request bytes
+  held at once (bodies being read, decoded tensors, requests queued or running).
+  ``server.infer`` checks the declared ``Content-Length`` against it *before* reading
+  the body, so an overload of large requests cannot grow the process (a count bound
+  alone let 40 concurrent 46 MB OCR requests take the service to 3.5 GB).
+- **Latency budget** (:func:`admit_latency`): with an SLO, a request that cannot finish
+  within it, given the requests of its pipeline ahead of it and the measured service
+  time, is refused at arrival instead of waiting for seconds and then missing the SLO
+  anyway (Clipper's and INFaaS' "drop early": Crankshaw et al., NSDI'17 §4.3 and
+  Romero et al., ATC'21 §4.2 admit only what can meet its deadline). The estimate
+  (:func:`estimate_ms`) follows the requests ahead through the pipeline's units, each
+  a FIFO of ``c_u`` instances taking ``S_u`` ms per request (InferLine's pipeline
+  model, Crankshaw et al., SoCC'20 §4: a request leaves unit ``u`` no earlier than
+  ``S_u`` after the request ``c_u`` places ahead of it left it)::
+
+      estimate_ms = max(S, max_u (remaining_ms[c_u - 1] + S_u))
+
+  where ``S`` is one request's end-to-end compute time and ``remaining_ms[i]`` how
+  long the ``(i + 1)``-th most recently admitted request still has until its own
+  estimate (its progress is credited: a request half-way through the pipeline no
+  longer counts as queued at the bottleneck). Without those (the front end did not
+  pass them) the estimate is the M/D/c drain time ``S + ahead * interval_ms``, with
+  ``interval_ms`` the bottleneck interval (the slowest unit's compute time divided by
+  its instances): it treats every request ahead as queued at the bottleneck, and
+  refused requests a two-unit pipeline would have answered within its SLO (ddddocr
+  at SLO 3x: admitted P99 277 ms of 341, 2.4 % refused; bench/HISTORY.md, "ddddocr at
+  3 x L0").
+  In overload (the offered load at the pipeline's capacity,
+  :meth:`~infscaler.runtime.serving.route.Route.overloaded`) the drain time is used again
+  (:func:`drain_ms`: ``S + max_u floor(ahead / c_u) x S_u``, so ``c`` replicas take
+  ``c`` requests at once), on
+  compute times never scaled below what was measured
+  (:meth:`~infscaler.runtime.serving.route.Route.factor`): the queue refills at once there, so a
+  short queue costs no throughput, and the tracked estimate, which chains admission's
+  own estimates, kept the queue at the bound, where half the admitted requests expired.
+  Before any measurement the front end passes :func:`default_estimates`
+  (conservative: a request is assumed to take half the SLO and the pipeline to run
+  one at a time), so the first request of a burst is bounded too.
+
+Refusals carry ``retry_after_s``: when the queue will have drained enough (latency) or
+a fixed short back-off (bytes, where nothing says how long the holders take).
+
+The front end's whole decision at a request's arrival is :func:`admit_request`: a pure
+function of an :class:`ArrivalSnapshot` (plain numbers the front end copies under its
+lock) to an :class:`ArrivalDecision` (admit, or refuse with the HTTP status, the reason,
+a hint and ``retry_after_s``), in this order: a bad timeout (400), a dead front end, a
+pipeline not accepting, a unit with no live instance, ``max_pending``, load shedding
+(the scaler's per-pipeline queue limit), then the latency bound of
+:func:`admit_latency`. Tested on hand-computed snapshots like
+:func:`infscaler.runtime.scaling.scaler.decide`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+#: back-off suggested when the byte budget is exhausted, seconds
+BYTES_RETRY_S = 0.5
+#: what a byte of JSON can take in memory once decoded, at most (measured with
+#: ``tracemalloc`` on ``decode_infer_request``: 1,000,000 two-byte BYTES strings 18.5x
+#: their body, floats written ``1.5`` 9.3x, small ints 8.2x, random floats 4.0x)
+JSON_DECODE_FACTOR = 20
+#: bounds of any suggested back-off, seconds
+MIN_RETRY_S, MAX_RETRY_S = 0.05, 30.0
+
+
+#: The scaler's ``shed`` queue bound (and the route's refusal on it) is set only while
+#: the offered load is at least this fraction of the capacity (when it is known): below it a P99 over the SLO is the variance of a queue that
+#: drains by itself. A bound set on every P99 blip refused requests one 2-thread
+#: ResNet-50 session without an SLO answered in time at 0.6 of its capacity (auto 0.70x
+#: of it with the same instance; bench/HISTORY.md, "Admission, the scaler's cores rule
+#: and the bench's steps", its "The queue bound, fixed" item).
+SHED_MIN_LOAD = 0.9
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admission decision.
+
+    Attributes:
+        admit: True to accept the request.
+        reason: why it was refused ("" when admitted).
+        retry_after_s: suggested back-off for a refused request, seconds (None when
+            admitted).
+        estimate_ms: the latency estimate it was judged on (latency bound only).
+    """
+
+    admit: bool
+    reason: str = ""
+    retry_after_s: float | None = None
+    estimate_ms: float | None = None
+
+
+def _retry(seconds: float) -> float:
+    return round(min(MAX_RETRY_S, max(MIN_RETRY_S, seconds)), 3)
+
+
+def admit_bytes(
+    request_bytes: int,
+    inflight_bytes: int,
+    budget_bytes: int | None,
+    *,
+    peer_inflight_bytes: int = 0,
+    peer_budget_bytes: int | None = None,
+) -> Admission:
+    """Accept a request of ``request_bytes`` while ``inflight_bytes`` are held, under a
+    budget of ``budget_bytes`` (None: no budget), and while its client (peer uid) holds
+    ``peer_inflight_bytes`` of its own budget ``peer_budget_bytes`` (None: no per-peer
+    budget, as for the service's own user and root).
+
+    A request larger than a whole budget is admitted when nothing else is in flight
+    against it (else it could never run; the body limit, ``--max-body-mb``, bounds it
+    then).
+
+    Raises:
+        ValueError: a negative size.
+    """
+    if request_bytes < 0 or inflight_bytes < 0 or peer_inflight_bytes < 0:
+        raise ValueError("byte counts must be >= 0")
+    if (
+        peer_budget_bytes is not None
+        and peer_inflight_bytes + request_bytes > peer_budget_bytes
+        and peer_inflight_bytes > 0
+    ):
+        return Admission(
+            False,
+            f"your requests hold {peer_inflight_bytes / 1e6:.1f} MB in flight; this one "
+            f"({request_bytes / 1e6:.1f} MB) would pass the budget of one user, "
+            f"{peer_budget_bytes / 1e6:.0f} MB (--max-inflight-mb-per-uid)",
+            _retry(BYTES_RETRY_S),
+        )
+    if budget_bytes is None:
+        return Admission(True)
+    if inflight_bytes + request_bytes <= budget_bytes or inflight_bytes == 0:
+        return Admission(True)
+    return Admission(
+        False,
+        f"{inflight_bytes / 1e6:.1f} MB of requests are in flight; this one "
+        f"({request_bytes / 1e6:.1f} MB) would pass the budget of "
+        f"{budget_bytes / 1e6:.0f} MB (--max-inflight-mb)",
+        _retry(BYTES_RETRY_S),
+    )
+
+
+def request_reservation(declared: int | None, limit: int, json_bytes: int | None) -> int:
+    """Bytes an inference request reserves from the in-flight budget before its body is
+    read: twice its binary part (the body, then its decoded tensors) and
+    :data:`JSON_DECODE_FACTOR` times its JSON part (the body, then the Python objects
+    ``json.loads`` makes of it).
+
+    Args:
+        declared: its ``Content-Length`` (None: chunked; ``limit`` is assumed).
+        limit: the body limit, bytes.
+        json_bytes: the JSON part's length (``Inference-Header-Content-Length``); None:
+            the whole body is JSON.
+    """
+    size = limit if declared is None else min(declared, limit)
+    json_part = size if json_bytes is None else min(json_bytes, size)
+    return 2 * (size - json_part) + JSON_DECODE_FACTOR * json_part
+
+
+def default_estimates(slo_ms: float) -> tuple[float, float]:
+    """``(service_ms, interval_ms)`` to judge on before anything was measured: a
+    request takes half the SLO, and the pipeline runs one request at a time (so one
+    request ahead is admitted, two are not)."""
+    return slo_ms / 2, slo_ms / 2
+
+
+def estimate_ms(
+    ahead: int,
+    service_ms: float,
+    interval_ms: float,
+    remaining_ms: Sequence[float] | None = None,
+    units: Sequence[tuple[float, int]] | None = None,
+) -> float:
+    """Expected latency of a request arriving behind ``ahead`` admitted requests of its
+    pipeline (ms).
+
+    Args:
+        ahead: requests of the pipeline admitted and not answered.
+        service_ms: one request's end-to-end compute time ``S``, ms.
+        interval_ms: the bottleneck interval, ms (used without ``units``).
+        remaining_ms: ms each of the most recently admitted requests has left until
+            its own estimate, most recent first (at least ``min(ahead, max c_u)`` of
+            them; negative: overdue, counted as 0).
+        units: ``(S_u ms per request, c_u instances)`` of every unit, in pipeline order.
+
+    Returns:
+        ``max(S, max_u (remaining_ms[c_u - 1] + S_u))`` over the units with at least
+        ``c_u`` requests ahead (see the module docstring) when ``remaining_ms`` and
+        ``units`` are given, else ``S + ahead * interval_ms``.
+    """
+    if remaining_ms is None or not units:
+        return service_ms + max(0, ahead) * interval_ms
+    est = service_ms
+    known = min(max(0, ahead), len(remaining_ms))
+    for unit_ms, instances in units:
+        c = max(1, int(instances))
+        if c <= known:
+            est = max(est, max(0.0, float(remaining_ms[c - 1])) + float(unit_ms))
+    return est
+
+
+def drain_ms(ahead: int, service_ms: float, units: Sequence[tuple[float, int]]) -> float:
+    """Expected latency of a request arriving behind ``ahead`` admitted requests when
+    every one of them is assumed queued at each unit (the drain time), ms::
+
+        drain_ms = S + max_u floor(ahead / c_u) x S_u
+
+    A unit of ``c_u`` instances (FIFO, InferLine's pipeline model, Crankshaw et al.,
+    SoCC'20 §4) starts the new request once ``ahead - c_u + 1`` of those ahead left it,
+    that is after ``floor(ahead / c_u)`` service times at most (the ``c_u`` requests in
+    service just started). With one instance per unit this is ``S + ahead x S_b`` (the
+    bottleneck's interval); with ``c`` replicas a request behind fewer than ``c`` others
+    starts at once. The per-request interval ``S_u / c_u`` of the bottleneck
+    (:func:`estimate_ms` without ``units``) charged those ``c - 1`` requests half a
+    service time each at ``c = 2``: two single-thread ResNet-50 replicas in overload
+    admitted only onto an idle pipeline and ran one request at a time, 47 % busy while
+    83 % of the arrivals were refused.
+
+    Args:
+        ahead: requests of the pipeline admitted and not answered.
+        service_ms: one request's end-to-end compute time ``S``, ms.
+        units: ``(S_u ms per request, c_u instances)`` of every unit.
+    """
+    est = float(service_ms)
+    for unit_ms, instances in units:
+        est = max(est, service_ms + (max(0, ahead) // max(1, int(instances))) * float(unit_ms))
+    return est
+
+
+def admit_latency(
+    ahead: int,
+    service_ms: float | None,
+    interval_ms: float | None,
+    slo_ms: float | None,
+    what: str = "SLO",
+    remaining_ms: Sequence[float] | None = None,
+    units: Sequence[tuple[float, int]] | None = None,
+    lenience: float = 1.0,
+    overloaded: bool = False,
+) -> Admission:
+    """Accept a request only if :func:`estimate_ms` x ``lenience`` fits in ``slo_ms``,
+    or if nothing is ahead of it (it starts at once; refusing it would not make it
+    faster).
+
+    Args:
+        ahead: requests of the same pipeline admitted and not answered.
+        service_ms: measured end-to-end compute ms of one request (None: not measured:
+            :func:`default_estimates` is used).
+        interval_ms: measured bottleneck interval ms (None: as ``service_ms``).
+        slo_ms: the bound in ms: the pipeline's SLO, or the request's timeout (None:
+            no latency bound, always admitted).
+        what: names the bound in the reason ("SLO", "request's timeout").
+        remaining_ms / units: the requests ahead's progress and the units' measured
+            ms and instances (:func:`estimate_ms`); used only once ``service_ms`` is
+            measured. ``units`` without ``remaining_ms``, or in overload: the drain
+            time :func:`drain_ms`; neither: ``S + ahead * interval``.
+        lenience: in (0, 1]: the estimate is scaled by it for the decision only (the
+            returned ``estimate_ms`` is the estimate itself): below capacity the front
+            end passes a low quantile of its latency / estimate ratios over their
+            median (:meth:`infscaler.runtime.serving.route.Route.lenience`), so only a request
+            likely late is refused; 1 in overload.
+        overloaded: the offered load is at the pipeline's capacity or past it
+            (:meth:`infscaler.runtime.serving.route.Route.overloaded`): judge on the drain-time
+            estimate (:func:`drain_ms` with ``units``, else ``S + ahead * interval_ms``)
+            even when ``remaining_ms`` is given. In overload the queue refills at once,
+            so a short queue costs no throughput, while the tracked estimate
+            overshoots: its ``remaining_ms``
+            chain admission's own estimates, which learn nothing from the requests that
+            expire or finish early, so it kept the queue at the bound, where half the
+            admitted requests expired half computed (ResNet-50 K = 3 at 10x capacity:
+            0.3 x capacity answered within the SLO, 0.93 x with the drain-time
+            estimate; bench/HISTORY.md, ``overload.py``).
+
+    Raises:
+        ValueError: ``slo_ms`` not a positive finite number, or a negative estimate.
+    """
+    if slo_ms is None:
+        return Admission(True)
+    if not (math.isfinite(slo_ms) and slo_ms > 0):
+        raise ValueError(f"slo_ms must be a positive number, got {slo_ms}")
+    d_service, d_interval = default_estimates(slo_ms)
+    service = d_service if service_ms is None else float(service_ms)
+    interval = (
+        (d_interval if service_ms is None else service) if interval_ms is None else interval_ms
+    )
+    if service < 0 or interval < 0 or not (math.isfinite(service) and math.isfinite(interval)):
+        raise ValueError(f"estimates must be finite and >= 0, got {service}, {interval}")
+    tracked = service_ms is not None and remaining_ms is not None and bool(units) and not overloaded
+    if tracked:
+        est = estimate_ms(ahead, service, interval, remaining_ms, units)
+        why = f"{ahead} requests ahead, the pipeline's units busy with them"
+    elif service_ms is not None and units:
+        est = drain_ms(ahead, service, units)
+        b_ms, b_k = max(units, key=lambda u: u[0] / max(1, int(u[1])))
+        why = f"{ahead} requests ahead, {b_ms:.1f} ms each on {max(1, int(b_k))} instance(s)"
+    else:
+        est = estimate_ms(ahead, service, interval)
+        why = f"{ahead} requests ahead, {interval:.1f} ms each"
+    # nothing ahead: it runs at once, refusing it cannot make anything faster (and an idle
+    # pipeline that refused everything would never measure its service time again)
+    if not 0 < lenience <= 1:
+        raise ValueError(f"lenience must be in (0, 1], got {lenience}")
+    if est * lenience <= slo_ms or ahead <= 0:
+        return Admission(True, estimate_ms=est)
+    # admitted again once enough of the queue ahead drained: (est - slo) ms from now
+    return Admission(
+        False,
+        f"it would take about {est:.0f} ms ({why}), past what is left of its {what} "
+        f"({slo_ms:.0f} ms)",
+        _retry((est - slo_ms) / 1e3),
+        est,
+    )
+
+
+class Refusal(StrEnum):
+    """Why :func:`admit_request` refused a request (the front end's counters and the
+    pipeline's rejection statistics key on it)."""
+
+    BAD_TIMEOUT = "bad_timeout"  # 400: timeout_s not a positive finite number
+    FAILED = "failed"  # the front end died
+    NOT_ACCEPTING = "not_accepting"  # the pipeline is being removed, or the service drains
+    UNAVAILABLE = "unavailable"  # a unit has no live instance (its restart is pending)
+    OVERLOADED = "overloaded"  # max_pending requests in flight, all pipelines
+    SHED = "shed"  # the pipeline's queue limit (the device is at its cap)
+    SLO = "slo"  # the latency bound: the pipeline's SLO
+    DEADLINE = "deadline"  # the latency bound: the request's own timeout
+
+
+@dataclass(frozen=True)
+class ArrivalSnapshot:
+    """What the front end knows when a request arrives (plain values; no I/O, no locks).
+
+    Attributes:
+        pipeline: the pipeline's name (for the messages).
+        timeout_s: the request's timeout as given, s (None: ``default_timeout_s``);
+            anything but a positive finite number is refused (400).
+        default_timeout_s: the pipeline's ``request_timeout_s``, s.
+        spent_ms: ms since the request arrived (reading and decoding its body).
+        failure: why the front end died (None: it runs).
+        accepting: False while the pipeline is being removed or the service drains.
+        unavailable_reason: set while a unit has no live instance;
+            ``unavailable_retry_s``: when it is expected back, s.
+        pending: requests in flight in the front end (all pipelines); ``max_pending``:
+            the most it admits.
+        ahead: requests of this pipeline admitted and not answered.
+        queue_limit: the scaler's bound on ``ahead`` (None: none), with ``shed_reason``.
+        slo_ms: the pipeline's SLO, ms (None: none).
+        service_ms / interval_ms: measured end-to-end compute ms of one request and the
+            bottleneck interval ms (:meth:`~infscaler.runtime.serving.route.Route.estimates`;
+            None before a measurement).
+        remaining_ms / units: ms the most recently admitted requests have left until
+            their estimates (most recent first) and ``(ms, instances)`` per unit
+            (:meth:`~infscaler.runtime.serving.route.Route.progress`; None: judge on
+            ``ahead x interval_ms``), see :func:`estimate_ms`.
+        lenience: what the latency decision scales the estimate by, in (0, 1]
+            (:meth:`~infscaler.runtime.serving.route.Route.lenience`; 1: refuse at the estimate).
+        overloaded: the offered load is at the pipeline's capacity
+            (:meth:`~infscaler.runtime.serving.route.Route.overloaded`): the latency decision
+            uses the drain-time estimate (:func:`admit_latency`).
+    """
+
+    pipeline: str
+    timeout_s: Any = None
+    default_timeout_s: float = 30.0
+    spent_ms: float = 0.0
+    failure: str | None = None
+    accepting: bool = True
+    unavailable_reason: str | None = None
+    unavailable_retry_s: float = 1.0
+    pending: int = 0
+    max_pending: int = 1024
+    ahead: int = 0
+    queue_limit: int | None = None
+    shed_reason: str = ""
+    slo_ms: float | None = None
+    service_ms: float | None = None
+    interval_ms: float | None = None
+    remaining_ms: tuple[float, ...] | None = None
+    units: tuple[tuple[float, int], ...] | None = None
+    lenience: float = 1.0
+    overloaded: bool = False
+
+
+@dataclass(frozen=True)
+class ArrivalDecision:
+    """:func:`admit_request`'s answer.
+
+    Attributes:
+        admit: True to accept the request.
+        timeout_s: its timeout, s (the request's or the pipeline's; the deadline is
+            arrival + this).
+        refusal: why it was refused (None when admitted).
+        status: the HTTP status of a refusal (400 or 503; 0 when admitted).
+        reason: the refusal's message ("" when admitted); ``hint``: what to do.
+        retry_after_s: when a refused request may be retried, s (None: not known).
+        estimate_ms: the latency estimate it was judged on (None without a bound).
+    """
+
+    admit: bool
+    timeout_s: float | None = None
+    refusal: Refusal | None = None
+    status: int = 0
+    reason: str = ""
+    hint: str | None = None
+    retry_after_s: float | None = None
+    estimate_ms: float | None = None
+
+
+def _refuse(
+    refusal: Refusal,
+    reason: str,
+    *,
+    status: int = 503,
+    hint: str | None = None,
+    retry_after_s: float | None = None,
+    timeout_s: float | None = None,
+    estimate_ms: float | None = None,
+) -> ArrivalDecision:
+    return ArrivalDecision(
+        False, timeout_s, refusal, status, reason, hint, retry_after_s, estimate_ms
+    )
+
+
+def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
+    """Admit or refuse a request arriving at the front end (pure; see the module
+    docstring for the order of the checks).
+
+    The latency bound is the SLO; once the service time is measured, also the request's
+    own timeout when that is tighter (a request admitted to a FIFO queue it cannot cross
+    in time would be computed in part, then dropped). The bound is what is left of it
+    after ``spent_ms``; :func:`admit_latency` judges ``ahead`` requests against it.
+
+    Returns:
+        An :class:`ArrivalDecision`; refusals carry the status (400 for a bad timeout,
+        else 503), the message, a hint and ``retry_after_s`` where known.
+    """
+    t = s.timeout_s
+    if t is not None and not (isinstance(t, int | float) and math.isfinite(t) and t > 0):
+        return _refuse(
+            Refusal.BAD_TIMEOUT,
+            f"timeout must be a positive finite number of seconds, got {t!r}",
+            status=400,
+        )
+    timeout_s = s.default_timeout_s if t is None else float(t)
+    if s.failure is not None:
+        return _refuse(Refusal.FAILED, f"the front end failed: {s.failure}")
+    if not s.accepting:
+        return _refuse(
+            Refusal.NOT_ACCEPTING, f"pipeline {s.pipeline} is not accepting requests now"
+        )
+    if s.unavailable_reason is not None:
+        return _refuse(
+            Refusal.UNAVAILABLE, s.unavailable_reason, retry_after_s=s.unavailable_retry_s
+        )
+    if s.pending >= s.max_pending:
+        return _refuse(
+            Refusal.OVERLOADED,
+            f"{s.pending} requests are in flight (max_pending = {s.max_pending}): try again later",
+            hint="the service is overloaded; slow down or add instances",
+        )
+    if s.queue_limit is not None and s.ahead >= s.queue_limit:
+        return _refuse(
+            Refusal.SHED,
+            f"pipeline {s.pipeline} sheds load: {s.ahead} requests queued (limit "
+            f"{s.queue_limit}); {s.shed_reason}",
+            hint="the device is at its resource cap; retry later or slow down",
+        )
+    bound_ms, what = s.slo_ms, "SLO"
+    if s.service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
+        bound_ms, what = timeout_s * 1e3, "request's timeout"
+    if bound_ms is None:
+        return ArrivalDecision(True, timeout_s)
+    left_ms = max(1e-3, bound_ms - s.spent_ms)
+    verdict = admit_latency(
+        s.ahead, s.service_ms, s.interval_ms, left_ms, what, s.remaining_ms, s.units,
+        s.lenience, s.overloaded,
+    )  # fmt: skip
+    if verdict.admit:
+        return ArrivalDecision(True, timeout_s, estimate_ms=verdict.estimate_ms)
+    return _refuse(
+        Refusal.SLO if what == "SLO" else Refusal.DEADLINE,
+        f"pipeline {s.pipeline} refuses the request at arrival: {verdict.reason}",
+        hint="the pipeline is at its capacity for this latency; retry after Retry-After "
+        "seconds, slow down, allow more time, or add instances",
+        retry_after_s=verdict.retry_after_s,
+        timeout_s=timeout_s,
+        estimate_ms=verdict.estimate_ms,
+    )
+
+
+class ByteBudget:
+    """The service's budget of request bytes in flight, and each client's share of it
+    (thread-safe; the state the pure :func:`admit_bytes` decides on).
+
+    Args:
+        budget_bytes: bytes held at once (None: unbounded).
+        peer_budget_bytes: bytes one peer key (a client uid) may hold at once (None:
+            unbounded); keys passed as None (the service's own user, root, in-process
+            callers) are held to the service-wide budget only.
+    """
+
+    def __init__(self, budget_bytes: int | None, peer_budget_bytes: int | None = None) -> None:
+        for what, v in (("in-flight", budget_bytes), ("per-peer in-flight", peer_budget_bytes)):
+            if v is not None and v <= 0:
+                raise ValueError(f"the {what} budget must be > 0 bytes, got {v}")
+        self.budget_bytes = budget_bytes
+        self.peer_budget_bytes = peer_budget_bytes
+        self.inflight_bytes = 0
+        self.peak_bytes = 0
+        self.refused = 0
+        self.refused_peer = 0
+        self._by_peer: dict[Any, int] = {}
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int, peer: Any = None) -> Admission:
+        """Reserve ``nbytes`` for ``peer`` (None: not limited per peer) if
+        :func:`admit_bytes` admits them (then :meth:`release` them, with the same
+        ``peer``, once the request is answered)."""
+        with self._lock:
+            held = 0 if peer is None else self._by_peer.get(peer, 0)
+            verdict = admit_bytes(
+                nbytes,
+                self.inflight_bytes,
+                self.budget_bytes,
+                peer_inflight_bytes=held,
+                peer_budget_bytes=None if peer is None else self.peer_budget_bytes,
+            )
+            if verdict.admit:
+                self.inflight_bytes += nbytes
+                self.peak_bytes = max(self.peak_bytes, self.inflight_bytes)
+                if peer is not None:
+                    self._by_peer[peer] = held + nbytes
+            else:
+                self.refused += 1
+                if "one user" in verdict.reason:
+                    self.refused_peer += 1
+            return verdict
+
+    def release(self, nbytes: int, peer: Any = None) -> None:
+        with self._lock:
+            self.inflight_bytes = max(0, self.inflight_bytes - nbytes)
+            if peer is not None:
+                left = self._by_peer.get(peer, 0) - nbytes
+                if left > 0:
+                    self._by_peer[peer] = left
+                else:
+                    self._by_peer.pop(peer, None)
+
+    def stats(self) -> dict[str, int | None]:
+        with self._lock:
+            return {
+                "budget_bytes": self.budget_bytes,
+                "inflight_bytes": self.inflight_bytes,
+                "peak_bytes": self.peak_bytes,
+                "refused": self.refused,
+                "peer_budget_bytes": self.peer_budget_bytes,
+                "refused_per_peer": self.refused_peer,
+                "peers_holding": len(self._by_peer),
+            }

@@ -1,0 +1,745 @@
+"""The front end: where requests enter and leave the token pipeline (InfScaler §IV-B).
+
+It is the instance of stage 0 (id ``FRONTEND_INSTANCE``) in the service process. A
+request's input tensors are written once into a pool slot and a DATA token goes to an
+instance of the pipeline's first unit; from there instances hand tokens to each other
+directly. Tokens come back here at the end, for a fan-in (the front end gathers a
+request's items and calls the fan-in function, then hands the result on), and with an
+``__error__`` when a unit failed.
+
+One thread owns the :class:`~infscaler.shm.manager.InstanceClient` (it is single-
+threaded); other threads talk to it through a command queue and a wake-up pipe, and
+get :class:`concurrent.futures.Future` results. The thread sleeps in ``poll(2)`` on
+its control socket and the pipe: event driven.
+
+Request ids: ``seq << 16 | item`` (item 0 for the request itself, ``i + 1`` for item
+``i`` of a fan-out), so every token in flight has its own id and items map back to
+their request. Duplicates (a unit retried after a crash re-emits what it had sent) are
+dropped here.
+
+Failures never lose a request: a unit's error, the manager failing a request (an
+instance died too often, or no instance of its unit came back in time), the pool at its
+cap for longer than the request may wait, or the request's timeout: each completes the
+future with a :class:`RequestError` carrying an HTTP status (500 unit error, 503
+unavailable) and the reason.
+
+Deadlines and cancellation: every request has a deadline (its ``timeout_s``, or the
+pipeline's ``request_timeout_s``), written into the service's
+:class:`~infscaler.shm.deadlines.DeadlineTable` at submit. A request answered early
+(expired, failed, or cancelled: the caller cancelled its future, which ``server.infer``
+does when the client disconnects) is marked cancelled there. Instances check the table
+before running a token and before handing outputs on, and the manager before
+delivering held DATA: a dead request is dropped at every queue, never computed, and its
+slots go back through the normal ``done`` / FREE path at once (the 1 ms-timeout flood
+that kept ~290 slots busy computing expired requests).
+
+Admission: :meth:`FrontEnd.submit` copies what it knows into an
+:class:`~infscaler.runtime.serving.admission.ArrivalSnapshot` under its lock and asks the pure
+:func:`~infscaler.runtime.serving.admission.admit_request`; a refusal is raised as a
+:class:`RequestError` with the decision's status, reason and ``retry_after_s``. With an
+SLO (``pipeline.config.slo_ms``) it refuses a request that cannot finish in time, from
+the requests of its pipeline ahead of it and the measured per-unit compute time and
+instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the service time
+is known, a request whose estimate passes its own timeout is refused the same way (it
+would only expire in the queue).
+
+Request phases (:class:`~infscaler.runtime.serving.states.RequestPhase`): ``queued`` (in the
+backlog) -> ``running`` (in the token pipeline) -> ``items`` (fan-out items coming back)
+-> ``post`` (after the fan-in) -> ``done``; every change goes through
+:meth:`_Pending.move`, checked against the one table in :mod:`infscaler.runtime.serving.states`.
+
+A front end that dies (any exception escaping its loop, or errors on every turn) does
+not die silently: :attr:`FrontEnd.failure` says why, every request in flight fails at
+once (503), :meth:`submit` refuses, :meth:`alive` is False (the service reports not
+ready) and ``on_death`` is called. It is not restarted in place: its
+:class:`~infscaler.shm.manager.InstanceClient` holds slot leases in memory, and a thread
+restarted on half-updated state could leak or double-free slots; ``infscaler serve``
+exits instead (status 70), so systemd restarts the whole service on a clean pool.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import math
+import os
+import select
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import numpy as np
+
+from infscaler.base.errors import InfScalerError
+from infscaler.ebpf.channel import Endpoint
+from infscaler.ebpf.errors import ChannelClosed
+from infscaler.runtime.serving.admission import (
+    ArrivalDecision,
+    ArrivalSnapshot,
+    Refusal,
+    admit_request,
+)
+from infscaler.runtime.serving.pipeline import (
+    ERROR,
+    FANOUT,
+    FRONTEND_INSTANCE,
+    TRACE,
+    error_status,
+)
+from infscaler.runtime.serving.route import Result, Route
+from infscaler.runtime.serving.runners import ITEM_BITS, ITEM_MASK, StageError, check_outputs
+from infscaler.runtime.serving.states import REQUEST_TRANSITIONS, RequestPhase, advance
+from infscaler.shm import BackPressureError, RequestFailed
+from infscaler.shm.client import InstanceClient
+from infscaler.shm.deadlines import DeadlineTable
+from infscaler.shm.slab import PoolError
+from infscaler.shm.slabmap import SlabMap
+from infscaler.shm.tensors import SlotFormatError, tensors_nbytes
+
+__all__ = ["FrontEnd", "RequestError"]
+
+log = logging.getLogger("infscaler.frontend")
+
+_EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
+#: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
+_MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
+#: refusals that count in the pipeline's offered load (its ``rejected`` statistics)
+_COUNTED_REFUSALS = frozenset(
+    {Refusal.UNAVAILABLE, Refusal.OVERLOADED, Refusal.SHED, Refusal.SLO, Refusal.DEADLINE}
+)
+#: the front end's counter of each refusal that has one
+_REFUSAL_COUNTERS = {
+    Refusal.SHED: "shed",
+    Refusal.SLO: "slo_refused",
+    Refusal.DEADLINE: "deadline_refused",
+}
+_IN_PIPELINE = (RequestPhase.RUNNING, RequestPhase.ITEMS, RequestPhase.POST)
+
+
+class RequestError(InfScalerError):
+    """A request failed; ``status`` is the HTTP status to answer with (400: a bad
+    argument such as a non-finite timeout; 500: a unit failed on it; 503: the service
+    could not run it now). ``retry_after_s``: when a refused request may be retried,
+    seconds (None: not known); the server's error middleware sends it as a
+    ``Retry-After`` header (RFC 9110 §10.2.3)."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 503,
+        hint: str | None = None,
+        *,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, hint)
+        self.status = status
+        #: seconds a client should wait before retrying (HTTP ``Retry-After``), or None
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Pending:
+    seq: int
+    route: Route
+    inputs: dict[str, np.ndarray] | None
+    future: concurrent.futures.Future
+    deadline: float
+    t_submit_ns: int
+    phase: RequestPhase = RequestPhase.QUEUED
+    count: int | None = None
+    items: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    carry: dict[str, np.ndarray] | None = None
+    traces: list[np.ndarray] = field(default_factory=list)
+    busy_since: float | None = None
+    waits: set[str] = field(default_factory=set)
+    estimate_ms: float | None = None  # what the SLO admission expected (ms)
+    estimate_factor: float | None = None  # the correction it was made with (Route.factor)
+
+    def move(self, to: RequestPhase) -> None:
+        """Change :attr:`phase` to ``to`` (checked against the one table:
+        :func:`~infscaler.runtime.serving.states.advance`).
+
+        Raises:
+            IllegalTransition: the table does not allow it (a bug; HTTP 500).
+        """
+        self.phase = advance(REQUEST_TRANSITIONS, self.phase, to, f"request {self.seq}")
+
+
+class FrontEnd:
+    """Stage 0 of every pipeline (see the module docstring).
+
+    Args:
+        manager: the running :class:`~infscaler.shm.manager.TensorSharingManager`.
+        service_id: the pool's service id.
+        max_pending: requests admitted at once; beyond it :meth:`submit` refuses (503).
+        max_out_tokens: result slots kept for reuse as input slots.
+        pool: the service's :class:`~infscaler.shm.pool.TensorPool` (same process), for
+            admission: a new request enters the pipeline only while the slots in use
+            stay under ``admit_fraction`` of the cap, so the stages downstream always
+            find room for their outputs (a front end that filled the pool with inputs
+            would deadlock the pipeline); it waits in the backlog meanwhile.
+        on_death: called (from the dying thread) with the reason when the front end
+            thread fails (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        manager: Any,
+        service_id: str,
+        *,
+        max_pending: int = 1024,
+        max_out_tokens: int = 4,
+        pool: Any = None,
+        admit_fraction: float = 0.5,
+        on_death: Any = None,
+    ) -> None:
+        self.manager = manager
+        self.max_pending = max_pending
+        self.pool = pool
+        self.admit_bytes = None if pool is None else int(pool.cap_bytes * admit_fraction)
+        sock = manager.add_instance(0, FRONTEND_INSTANCE)
+        self._endpoint = Endpoint(sock, FRONTEND_INSTANCE)
+        self._slabs = SlabMap(service_id)
+        self.client = InstanceClient(
+            self._endpoint, self._slabs, FRONTEND_INSTANCE, 0, max_out_tokens=max_out_tokens
+        )
+        self._seq = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._backlog: collections.deque[_Pending] = collections.deque()
+        self._commands: collections.deque[tuple] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closing = False
+        self.counters = collections.Counter()
+        #: why the front end thread died (None while it runs)
+        self.failure: str | None = None
+        self.on_death = on_death
+        self._errors: collections.deque[float] = collections.deque(maxlen=_MAX_ERRORS)
+        self.deadlines: Any = None
+        try:
+            self.deadlines = DeadlineTable(service_id, create=True)
+        except OSError as exc:  # instances then compute every request (the old behaviour)
+            log.warning("no deadline table (expired requests are computed): %s", exc)
+        manager.request_dead = None if self.deadlines is None else self._request_dead
+        self._thread = threading.Thread(
+            target=self._run_guarded, name="infscaler-frontend", daemon=True
+        )
+        self._thread.start()
+
+    # -- API (any thread) --------------------------------------------------------------------
+    def submit(
+        self,
+        route: Route,
+        inputs: dict[str, np.ndarray],
+        timeout_s: float | None = None,
+        arrived_s: float | None = None,
+    ) -> concurrent.futures.Future:
+        """Queue a request; returns a future of :class:`~infscaler.runtime.serving.route.Result` (or :class:`RequestError`).
+
+        ``inputs`` must already be validated against the pipeline's input specs.
+        ``timeout_s``: the request's deadline from now, seconds (None: the pipeline's
+        ``request_timeout_s``). ``arrived_s``: when the request reached the service
+        (``time.monotonic()`` seconds; the server takes it before reading the body):
+        the deadline and the latency budget count from there (default: now).
+        Cancelling the returned future drops the request (frees its slots; nothing more
+        is computed for it).
+
+        Raises:
+            RequestError: (400) ``timeout_s`` not a positive finite number; (503) the
+                front end failed, the pipeline is not accepting requests (being
+                removed, or the service drains), ``max_pending`` requests are in
+                flight, the pipeline sheds load, or (with an SLO) the request could not
+                finish within it (``retry_after_s`` set).
+        """
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            now = time.monotonic()
+            arrived = now if arrived_s is None else min(float(arrived_s), now)
+            overloaded = route.overloaded(now)
+            service_ms, interval_ms = route.estimates(overloaded)
+            # in overload admission judges on the drain time: the progress is not read
+            if overloaded:
+                remaining_ms, units = None, route.units(overloaded)
+            else:
+                remaining_ms, units = route.progress(now)
+            config = route.pipeline.config
+            decision = admit_request(
+                ArrivalSnapshot(
+                    pipeline=route.pipeline.name,
+                    timeout_s=timeout_s,
+                    default_timeout_s=config.request_timeout_s,
+                    spent_ms=(now - arrived) * 1e3,  # reading and decoding it took this much
+                    failure=self.failure,
+                    accepting=route.accepting and not self._closing,
+                    unavailable_reason=route.unavailable_reason,
+                    unavailable_retry_s=route.retry_after_s,
+                    pending=len(self._pending),
+                    max_pending=self.max_pending,
+                    ahead=route.admitted,
+                    queue_limit=route.queue_limit,
+                    shed_reason=route.shed_reason,
+                    slo_ms=config.slo_ms,
+                    service_ms=service_ms,
+                    interval_ms=interval_ms,
+                    remaining_ms=remaining_ms,
+                    units=units,
+                    lenience=route.lenience(now, overloaded),
+                    overloaded=overloaded,
+                )
+            )
+            if not decision.admit:
+                self._refused(route, decision)
+            assert decision.timeout_s is not None
+            seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
+            deadline = arrived + decision.timeout_s
+            p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns())
+            if route.measured:
+                p.estimate_ms = decision.estimate_ms
+                p.estimate_factor = route.factor(overloaded)
+            if decision.estimate_ms is not None:
+                route.dues[seq] = now + decision.estimate_ms / 1e3
+            self._pending[seq] = p
+            route.admitted += 1
+            if self.deadlines is not None:
+                self.deadlines.set(seq, deadline)
+        route.stats.arrival()
+        fut.add_done_callback(lambda f, seq=seq: self._on_future_done(f, seq))
+        self._command(("submit", p))
+        if self.failure is not None:  # it died meanwhile: nothing will serve this one
+            self._complete_error(p, RequestError(f"the front end failed: {self.failure}"))
+        return fut
+
+    def _refused(self, route: Route, decision: ArrivalDecision) -> NoReturn:
+        """Count a refusal of :func:`~infscaler.runtime.serving.admission.admit_request` and raise it.
+
+        Raises:
+            RequestError: always, with the decision's status, reason, hint and
+                ``retry_after_s``.
+        """
+        if decision.refusal in _COUNTED_REFUSALS:
+            route.stats.record_rejection(slo=decision.refusal is Refusal.SLO)
+        counter = _REFUSAL_COUNTERS.get(decision.refusal)  # type: ignore[arg-type]
+        if counter is not None:
+            self.counters[counter] += 1
+        raise RequestError(
+            decision.reason,
+            decision.status,
+            decision.hint,
+            retry_after_s=decision.retry_after_s,
+        )
+
+    def _on_future_done(self, fut: concurrent.futures.Future, seq: int) -> None:
+        if fut.cancelled():  # the caller gave up (client disconnect): drop the request
+            self._command(("cancel", seq))
+
+    def alive(self) -> bool:
+        """The front end thread runs and has not failed."""
+        return self.failure is None and self._thread.is_alive()
+
+    def _request_dead(self, request: int) -> bool:
+        table = self.deadlines
+        return table is not None and table.dead(request)
+
+    def fail_request(self, request: int, reason: str) -> None:
+        """The manager failed ``request`` (any thread)."""
+        self._command(("fail", request >> ITEM_BITS, reason))
+
+    def pending(self, route: Route | None = None) -> int:
+        with self._lock:
+            return sum(1 for p in self._pending.values() if route is None or p.route is route)
+
+    def drain(self, timeout: float, route: Route | None = None) -> bool:
+        """Wait until no request (of ``route``) is in flight; True if none is left."""
+        deadline = time.monotonic() + timeout
+        while self.pending(route):
+            if time.monotonic() >= deadline or self.failure is not None:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def close(self) -> None:
+        """Fail what is left (503), stop the thread."""
+        self._closing = True
+        self._command(("close",))
+        self._thread.join(5.0)
+        self._fail_all(RequestError("the service is stopping"))
+        with contextlib.suppress(Exception):
+            if self.deadlines is not None:
+                self.deadlines.close()
+        with contextlib.suppress(Exception):
+            self._endpoint.close()
+        with contextlib.suppress(Exception):
+            self._slabs.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            pending = len(self._pending)
+        return {
+            "pending": pending,
+            "backlog": len(self._backlog),
+            **self.counters,
+            "client": self.client.stats(),
+        }
+
+    # -- the thread ------------------------------------------------------------------------
+    def _command(self, cmd: tuple) -> None:
+        self._commands.append(cmd)
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _run_guarded(self) -> None:
+        """The thread: :meth:`_run`, and if it ends for any reason but :meth:`close`,
+        the front end is dead (module docstring)."""
+        reason: str | None
+        try:
+            reason = self._run()
+        except BaseException as exc:  # noqa: BLE001 - recorded, then everything fails fast
+            log.critical("front end thread failed", exc_info=True)
+            reason = f"{type(exc).__name__}: {exc}"
+        if reason is None or self._closing:
+            return
+        self._die(reason)
+
+    def _die(self, reason: str) -> None:
+        self.failure = reason
+        self.counters["deaths"] += 1
+        log.critical("the front end died (%s): failing every request in flight", reason)
+        self._fail_all(RequestError(f"the front end failed: {reason}"))
+        if self.on_death is not None:
+            try:
+                self.on_death(reason)
+            except Exception:  # noqa: BLE001 - nothing more to do from a dead thread
+                log.exception("front end: on_death callback failed")
+
+    def _fail_all(self, exc: RequestError) -> None:
+        with self._lock:
+            left = list(self._pending.values())
+        for p in left:
+            self._complete_error(p, exc)
+
+    def _run(self) -> str | None:
+        """The loop; returns None on close, else why it ended."""
+        poller = select.poll()
+        poller.register(self._endpoint.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        while True:
+            try:
+                timeout_ms = 5 if self._backlog else self._next_timeout_ms()
+                if self._endpoint.pending() or self.client.stats()["queued"]:
+                    timeout_ms = 0
+                try:
+                    poller.poll(timeout_ms)
+                except InterruptedError:
+                    continue
+                with contextlib.suppress(BlockingIOError, OSError):
+                    while os.read(self._wake_r, 4096):
+                        pass
+                if not self._do_commands():
+                    return None
+                self._receive()
+                self._start_backlog()
+                self._expire()
+            except ChannelClosed:
+                log.info("front end: control channel closed")
+                return None if self._closing else "the control channel closed"
+            except Exception:  # noqa: BLE001 - the front end must survive any one request
+                log.exception("front end: unexpected error (the request involved is failed)")
+                self.counters["internal_errors"] += 1
+                now = time.monotonic()
+                self._errors.append(now)
+                if len(self._errors) == _MAX_ERRORS and now - self._errors[0] < _ERROR_WINDOW_S:
+                    return (
+                        f"{_MAX_ERRORS} internal errors within {_ERROR_WINDOW_S:g} s "
+                        "(see the log for their tracebacks)"
+                    )
+
+    def _next_timeout_ms(self) -> int:
+        with self._lock:
+            if not self._pending:
+                return 1000
+            nearest = min(p.deadline for p in self._pending.values())
+        left_ms = (nearest - time.monotonic()) * 1000
+        if not math.isfinite(left_ms):
+            return 1000
+        return max(1, min(1000, int(left_ms) + 1))
+
+    def _do_commands(self) -> bool:
+        while self._commands:
+            cmd = self._commands.popleft()
+            if cmd[0] == "submit":
+                self._backlog.append(cmd[1])
+            elif cmd[0] == "fail":
+                with self._lock:
+                    p = self._pending.get(cmd[1])
+                if p is not None:
+                    self._complete_error(p, RequestError(f"request failed: {cmd[2]}", 503))
+            elif cmd[0] == "cancel":
+                with self._lock:
+                    p = self._pending.get(cmd[1])
+                if p is not None:
+                    self.counters["cancelled"] += 1
+                    self._complete_error(p, RequestError("the client cancelled the request", 499))
+            elif cmd[0] == "close":
+                return False
+        return True
+
+    # -- sending -----------------------------------------------------------------------------
+    def _start_backlog(self) -> None:
+        """Start queued requests, oldest first, while their pipeline's window has room
+        (``Route.max_inflight`` requests in the pipeline at once) and the pool is below
+        the admission threshold. A request that must wait keeps its place; requests of
+        other pipelines behind it may start."""
+        if not self._backlog:
+            return
+        with self._lock:
+            running: collections.Counter[int] = collections.Counter(
+                id(p.route) for p in self._pending.values() if p.phase in _IN_PIPELINE
+            )
+        waiting: collections.deque[_Pending] = collections.deque()
+        pool_full = False
+        now = time.monotonic()
+        while self._backlog:
+            p = self._backlog.popleft()
+            if p.phase is RequestPhase.DONE:
+                continue
+            if p.deadline <= now:  # never started: dropped here, nothing was computed
+                self._expire_request(p, "expired_queued")
+                continue
+            route = p.route
+            if pool_full or running[id(route)] >= route.max_inflight:
+                if not pool_full and "window" not in p.waits:
+                    p.waits.add("window")
+                    self.counters["window_waits"] += 1
+                waiting.append(p)
+                continue
+            tensors = {n: p.inputs[n] for n in route.pipeline.front_inputs}  # type: ignore[index]
+            tensors[TRACE] = _EMPTY_TRACE
+            if (
+                self.admit_bytes is not None
+                and sum(running.values()) > 0
+                and self.pool.in_use_bytes() + tensors_nbytes(tensors) > self.admit_bytes
+            ):
+                self._note_wait(p, "admission_waits")
+                waiting.append(p)
+                pool_full = True  # requests in the pipelines must free slots first
+                continue
+            try:
+                self._hand_over(tensors, route.stage_ids[0], p.seq << ITEM_BITS)
+            except BackPressureError:
+                self._note_wait(p, "backpressure")
+                waiting.append(p)
+                pool_full = True  # the pool is at its cap: results must come back first
+                continue
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                self._complete_error(p, RequestError(f"cannot start the request: {exc}", 500))
+                continue
+            p.inputs = None
+            p.move(RequestPhase.RUNNING)
+            running[id(route)] += 1
+        self._backlog = waiting
+
+    def _note_wait(self, p: _Pending, counter: str) -> None:
+        if p.busy_since is None:
+            p.busy_since = time.monotonic()
+            self.counters[counter] += 1
+
+    def _hand_over(self, tensors: dict[str, np.ndarray], stage: int, request: int) -> None:
+        self.client.send_tensors(tensors, stage, request, timeout=0.02)
+
+    # -- receiving ---------------------------------------------------------------------------
+    def _receive(self) -> None:
+        self.client.poll(0)
+        while True:
+            try:
+                tok, tensors = self.client.recv_input(0)
+            except TimeoutError:
+                return
+            except RequestFailed as exc:
+                with self._lock:
+                    p = self._pending.get(exc.request >> ITEM_BITS)
+                if p is not None:
+                    self._complete_error(
+                        p, RequestError(f"request {exc.request} failed in the token pipeline")
+                    )
+                continue
+            except (SlotFormatError, PoolError) as exc:
+                bad = getattr(exc, "token", None)
+                if bad is not None:
+                    with self._lock:
+                        p = self._pending.get(bad.request >> ITEM_BITS)
+                    if p is not None:
+                        self._complete_error(p, RequestError(f"unreadable result slot: {exc}", 500))
+                    self.client.done(bad, keep=False)
+                continue
+            try:
+                self._on_token(tok, tensors)
+            finally:
+                del tensors
+                # keep result slots for the next inputs only while the pool has room
+                keep = (
+                    None
+                    if self.admit_bytes is None
+                    else (
+                        len(self.client.out_tokens()) < self.client.max_out_tokens
+                        and self.pool.in_use_bytes() < self.admit_bytes // 2
+                    )
+                )
+                self.client.done(tok, keep=keep)
+
+    def _on_token(self, tok: Any, tensors: dict[str, np.ndarray]) -> None:
+        seq, item = tok.request >> ITEM_BITS, tok.request & ITEM_MASK
+        with self._lock:
+            p = self._pending.get(seq)
+        if p is None or p.phase is RequestPhase.DONE:
+            self.counters["stale_results"] += 1
+            log.debug(
+                "stale token request %d (seq %d item %d): %s",
+                tok.request,
+                seq,
+                item,
+                "unknown" if p is None else p.phase,
+            )
+            return
+        route = p.route
+        if ERROR in tensors:
+            if TRACE in tensors:
+                p.traces.append(np.array(tensors[TRACE]))
+            status, message = error_status(tensors[ERROR])
+            self._complete_error(p, RequestError(message, status))
+            return
+        fi = route.pipeline.fan_in_index
+        if fi is not None and p.phase in (RequestPhase.RUNNING, RequestPhase.ITEMS):
+            self._on_item(p, item, tensors, fi)
+            return
+        if p.phase not in (RequestPhase.RUNNING, RequestPhase.POST):
+            self.counters["stale_results"] += 1
+            return
+        if TRACE in tensors:
+            p.traces.append(np.array(tensors[TRACE]))
+        outputs = {n: np.array(tensors[n]) for n in route.pipeline.output_names}
+        self._complete(p, outputs)
+
+    def _on_item(self, p: _Pending, item: int, tensors: dict[str, np.ndarray], fi: int) -> None:
+        route = p.route
+        unit = route.pipeline.units[fi]
+        fan = tensors.get(FANOUT)
+        if fan is None or fan.shape != (2,):
+            self._complete_error(p, RequestError("a fan-out item lost its __fanout__ tag", 500))
+            return
+        index, count = int(fan[0]), int(fan[1])
+        if p.phase is not RequestPhase.ITEMS:  # the first item back
+            p.move(RequestPhase.ITEMS)
+        if p.carry is None:
+            p.carry = {k: np.array(tensors[k]) for k in unit.carry if k in tensors}
+        if count > 0:
+            if item != index + 1 or index in p.items or (p.count not in (None, count)):
+                self.counters["duplicate_items"] += 1
+                return
+            p.count = count
+            p.items[index] = {k: np.array(tensors[k]) for k in unit.inputs}
+            if TRACE in tensors:
+                p.traces.append(np.array(tensors[TRACE]))
+            if len(p.items) < count:
+                return
+        else:
+            p.count = 0
+            if TRACE in tensors:
+                p.traces.append(np.array(tensors[TRACE]))
+        # every item is here: run the fan-in
+        start = time.monotonic_ns()
+        try:
+            result = route.fan_in_fn()([p.items[i] for i in range(p.count)], **unit.params)
+            result = check_outputs(unit, result)
+        except StageError as exc:
+            status = getattr(exc, "status", 500)
+            self._complete_error(p, RequestError(f"stage {unit.name}: {exc}", status))
+            return
+        except Exception as exc:  # noqa: BLE001 - the request fails alone
+            self._complete_error(
+                p, RequestError(f"stage {unit.name}: {type(exc).__name__}: {exc}", 500)
+            )
+            return
+        end = time.monotonic_ns()
+        p.items.clear()
+        trace = np.array([[fi, FRONTEND_INSTANCE, start, end]], dtype=np.int64)
+        p.traces.append(trace)
+        out = {**(p.carry or {}), **result}
+        nxt = fi + 1
+        if nxt >= len(route.pipeline.units):
+            self._complete(p, {n: out[n] for n in route.pipeline.output_names})
+            return
+        out[TRACE] = trace
+        p.move(RequestPhase.POST)
+        try:
+            self._hand_over(out, route.stage_ids[nxt], p.seq << ITEM_BITS)
+        except Exception as exc:  # noqa: BLE001 - includes back-pressure past the wait
+            self._complete_error(p, RequestError(f"cannot continue after the fan-in: {exc}"))
+
+    # -- completion --------------------------------------------------------------------------
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [p for p in self._pending.values() if p.deadline <= now]
+        for p in late:
+            self._expire_request(p, "expired")
+
+    def _expire_request(self, p: _Pending, counter: str) -> None:
+        """Fail ``p``, past its deadline, with 503 (counted under ``counter``), and tell
+        its route's admission how long it had been waiting (:meth:`Route.record_expiry`)."""
+        self.counters[counter] += 1
+        elapsed_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
+        p.route.record_expiry(p.estimate_ms, elapsed_ms, p.estimate_factor)
+        self._complete_error(p, RequestError(self._expiry_reason(p), 503))
+
+    @staticmethod
+    def _expiry_reason(p: _Pending) -> str:
+        waited = p.deadline - p.t_submit_ns / 1e9
+        why = (
+            "the tensor pool stayed at its memory cap"
+            if p.phase is RequestPhase.QUEUED and p.busy_since is not None
+            else f"no result within its timeout ({waited:.3g} s)"
+        )
+        return f"request timed out: {why}"
+
+    def _complete(self, p: _Pending, outputs: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            if self._pending.pop(p.seq, None) is None:
+                return
+            p.route.admitted -= 1
+            p.route.dues.pop(p.seq, None)
+        p.move(RequestPhase.DONE)
+        if self.deadlines is not None:
+            self.deadlines.cancel(p.seq)
+        latency_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
+        # items carry the rows of the units before the fan-out: count each row once
+        trace = np.unique(np.concatenate(p.traces), axis=0) if p.traces else _EMPTY_TRACE
+        p.route.stats.record_success(latency_ms, trace, p.t_submit_ns)
+        p.route.record_estimate(p.estimate_ms, latency_ms, p.estimate_factor)
+        p.route.record_compute(trace)
+        self.counters["completed"] += 1
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            p.future.set_result(Result(outputs, trace, latency_ms, p.count))
+
+    def _complete_error(self, p: _Pending, exc: RequestError) -> None:
+        with self._lock:
+            if self._pending.pop(p.seq, None) is None:
+                return
+            p.route.admitted -= 1
+            p.route.dues.pop(p.seq, None)
+        p.move(RequestPhase.DONE)
+        if self.deadlines is not None:  # drop what is left of it in every queue
+            self.deadlines.cancel(p.seq)
+        p.inputs = None
+        p.route.stats.record_failure(exc.status)
+        self.counters["failed"] += 1
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            p.future.set_exception(exc)

@@ -1,0 +1,265 @@
+"""Asymmetric auto-scaling end to end: a load step on a pipeline with one slow stage scales
+that stage (and only it) out, the end of the step scales it back in (InferLine's
+hysteresis), and a device at its memory cap sheds load with a 503 that says why.
+
+Instances are real processes running tests/stagefuncs.py functions (the slow stage
+sleeps, so the test measures the control loop, not this host's two cores).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infscaler.base.config import load_pipeline
+from infscaler.base.device import DeviceProfile
+from infscaler.runtime.scaling.monitor import Monitor
+from infscaler.runtime.serving.frontend import RequestError
+from infscaler.service.service import Service
+from tests.helpers import chain_pipeline
+
+pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
+
+
+def step_pipeline(slow_ms: float = 40.0, **autoscale: object) -> dict:
+    return {
+        **chain_pipeline(slow_ms, max_instances=4),
+        "name": "step",
+        "slo": "150ms",
+        "autoscale": {
+            "interval_s": 0.5,
+            "window_s": 2.0,
+            "cooldown_s": 1.0,
+            "hold_s": 2.0,
+            "rate_horizon_s": 2.0,
+            # the settle window and the sustain, shortened with the other timings: a
+            # violation counts 1 s after a change and must last 1 s (3 looks)
+            "settle_s": 1.0,
+            "sustain_s": 1.0,
+            **autoscale,
+        },
+    }
+
+
+def _instances(svc: Service, unit: str) -> int:
+    st = svc.pipeline_status(svc.deployment("step"))
+    return next(len(u["instances"]) for u in st["units"] if u["unit"] == unit)
+
+
+def _load(
+    svc: Service, clients: int, seconds: float, refused: list[str] | None = None
+) -> tuple[int, list[str]]:
+    """Closed-loop clients; returns (answered, errors). A request the SLO admission
+    refuses at arrival (503 with ``retry_after_s``) goes to ``refused`` (when given) and
+    is retried after that back-off, as a client honouring Retry-After does."""
+    done = [0]
+    errors: list[str] = []
+    stop = time.monotonic() + seconds
+    x = np.ones((1, 4), np.float32)
+
+    def client() -> None:
+        while time.monotonic() < stop:
+            try:
+                r = svc.infer("step", {"x": x}, timeout_s=30)
+                np.testing.assert_allclose(r.outputs["y"], x * 2)
+                done[0] += 1
+            except RequestError as exc:
+                if refused is not None and exc.retry_after_s and "at arrival" in str(exc):
+                    refused.append(str(exc))
+                    time.sleep(exc.retry_after_s)
+                    continue
+                errors.append(str(exc))
+            except Exception as exc:  # noqa: BLE001 - collected and asserted on
+                errors.append(str(exc))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done[0], errors
+
+
+def test_load_step_scales_the_bottleneck_out_then_back_in(tmp_path: Path) -> None:
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        svc.deploy(load_pipeline(step_pipeline()))
+        assert (_instances(svc, "scale"), _instances(svc, "slow")) == (1, 1)
+        # 6 closed-loop clients on a 40 ms stage: about 240 ms with one instance > SLO 150;
+        # the front end refuses at arrival what would miss the SLO, the scaler sees it
+        refused: list[str] = []
+        done, errors = _load(svc, clients=6, seconds=8.0, refused=refused)
+        assert errors == [] and done > 0
+        assert refused, "6 clients on one 40 ms instance cannot all meet a 150 ms SLO"
+        peak = _instances(svc, "slow")
+        assert peak >= 2, svc.autoscaler.decisions("step")
+        assert _instances(svc, "scale") == 1  # asymmetric: the fast stage is left alone
+        outs = [d for d in svc.autoscaler.decisions("step") if d["action"] == "scale_out"]
+        assert outs and all(d["unit"] == 1 and d["engine"] == "cpu" for d in outs)
+        assert "SLO" in outs[0]["reason"]
+        # the step ends: after the hold time, instances come back one at a time
+        deadline = time.monotonic() + 30
+        while _instances(svc, "slow") > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _instances(svc, "slow") == 1, svc.autoscaler.decisions("step")
+        ins = [d for d in svc.autoscaler.decisions("step") if d["action"] == "scale_in"]
+        assert len(ins) >= peak - 1
+        # nothing was lost, and the shrunk pipeline still answers
+        r = svc.infer("step", {"x": np.full((1, 4), 3, np.float32)})
+        np.testing.assert_allclose(r.outputs["y"], np.full((1, 4), 6, np.float32))
+        assert svc.manager.audit() == []
+
+
+def test_the_deploy_counts_as_the_first_change(tmp_path: Path) -> None:
+    # the scaler's hold and its windows start at the deploy: a window reaching back
+    # before it divided the first seconds' arrivals by the whole window (a rate
+    # underestimated up to window / age times, right when the bench measures)
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(load_pipeline(step_pipeline(hold_s=30.0)))
+        wall, mono = time.time(), time.monotonic()
+        deadline = mono + 10
+        while svc.autoscaler.state("step") is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        st = svc.autoscaler.state("step")
+        assert st is not None and st.last_change is not None
+        deployed_mono = mono - (wall - dep.deployed_at)
+        assert abs(st.last_change - deployed_mono) < 0.05
+        assert svc.autoscaler.decisions("step") == []
+
+
+def test_at_the_memory_cap_the_pipeline_sheds_load_with_a_reason(tmp_path: Path) -> None:
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        svc.deploy(load_pipeline(step_pipeline(slow_ms=60.0, cooldown_s=0.5)))
+        time.sleep(1.5)  # instances report their USS once a second
+        used = Monitor(svc).memory_used_mb()
+        # a device whose cap leaves no room for one more instance (a forked instance of
+        # this function stage is ~13-20 MB PSS since the zygote: any is > 2 MB)
+        svc.device = DeviceProfile(
+            name="tiny",
+            soc="test device",
+            memory_mb=int(used) + 4096,
+            memory_cap_mb=int(used) + 2,
+            accelerators=[{"engine": "cpu", "max_instances": 8}],
+        )
+        done, errors = _load(svc, clients=8, seconds=6.0)
+        assert _instances(svc, "slow") == 1  # never above the cap
+        sheds = [d for d in svc.autoscaler.decisions("step") if d["action"] == "shed"]
+        assert sheds and sheds[0]["queue_limit"] >= 1, svc.autoscaler.decisions("step")
+        assert "cap" in sheds[0]["reason"]
+        assert errors, "a bounded queue must have refused some requests"
+        # refused by the shed bound, or already at arrival by the SLO admission
+        assert all("sheds load" in e or "at arrival" in e for e in errors), errors[:3]
+        assert done > 0
+        with pytest.raises(RequestError) as exc:
+            for _ in range(100):
+                svc.submit("step", {"x": np.ones((1, 4), np.float32)})
+        assert exc.value.status == 503 and ("limit" in str(exc.value) or "SLO" in str(exc.value))
+
+
+# -- dynamic batching (MArk §4) ------------------------------------------------------------
+
+
+def _batch_pipeline(path: Path, policy: str, **extra: object) -> dict:
+    return {
+        "name": "bx",
+        "slo": "500ms",
+        **extra,
+        "stages": [
+            {
+                "name": "block",
+                "model": str(path),
+                "batching": {"max_batch": 4, "max_delay_ms": 40, "policy": policy},
+            }
+        ],
+    }
+
+
+def test_dynamic_batching_stacks_requests_and_splits_results(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    from tests.helpers import residual_model, save
+
+    path = save(residual_model(batch="N"), tmp_path / "block.onnx")
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    xs = [rng.random((int(rng.integers(1, 3)), 4, 8, 8), dtype=np.float32) for _ in range(16)]
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        svc.deploy(load_pipeline(_batch_pipeline(path, "fixed")))
+        futs = [svc.submit("bx", {"x": x}) for x in xs]
+        for x, f in zip(xs, futs, strict=True):
+            y = f.result(timeout=30).outputs["y"]
+            np.testing.assert_allclose(y, ref.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+        time.sleep(1.5)  # instances report every second
+        (h,) = svc.supervisor.handles()
+        assert h.stats["batches"] >= 1 and h.stats["batched"] >= 2, h.stats
+        assert h.stats["batch"] == 4
+        assert set(h.info["batch_ms"]) == {"1", "2", "4"}  # T_b measured at load
+
+
+def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
+    """The wiring of MArk batching: each instance measures T_b at load, the autoscaler
+    picks b from T_b and the measured arrival rate (choose_batch), and the instance runs
+    what it was told. (On this tiny model T_b is ~flat, so batching pays only at rates
+    a Python client cannot offer: the choice itself is checked in test_batching.py.)"""
+    from infscaler.runtime.serving.batching import choose_batch
+    from tests.helpers import residual_model, save
+
+    path = save(residual_model(batch="N"), tmp_path / "block.onnx")
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(load_pipeline(_batch_pipeline(path, "mark")))
+        (h,) = svc.supervisor.handles()
+        profile = {int(b): ms for b, ms in h.info["batch_ms"].items()}
+        assert sorted(profile) == [1, 2, 4] and all(ms > 0 for ms in profile.values())
+        assert h.stats.get("batch", 1) == 1  # mark starts unbatched
+        x = np.ones((1, 4, 8, 8), np.float32)
+        for f in [svc.submit("bx", {"x": x}) for _ in range(40)]:
+            f.result(timeout=30)
+        sent = svc.autoscaler.tune_batches(dep)
+        rate = Monitor(svc, 10.0).pipeline(dep).arrival_rate
+        assert rate > 0
+        expected = choose_batch(profile, rate, 500.0, max_batch=4).batch_size
+        assert sent.get(h.iid, svc.autoscaler._sent.get((h.iid, h.pid))) == expected
+        # a command the instance obeys: batches of 4 once inputs queue up
+        assert svc.supervisor.command(h, {"cmd": "batch", "size": 4, "delay_ms": 50})
+        time.sleep(0.3)
+        import onnxruntime as ort
+
+        ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        xs = [x * i for i in range(16)]
+        futs = [svc.submit("bx", {"x": xi}) for xi in xs]
+        for xi, f in zip(xs, futs, strict=True):
+            y = f.result(timeout=30).outputs["y"]
+            np.testing.assert_allclose(y, ref.run(None, {"x": xi})[0], rtol=1e-5, atol=1e-6)
+        time.sleep(1.5)
+        assert h.stats["batch"] == 4 and h.stats["batches"] >= 1, h.stats
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cpu cores")
+def test_a_unit_s_instances_spread_over_the_cores(tmp_path: Path) -> None:
+    # scale (unit 0) and slow (unit 1) start on two different cores; a second instance
+    # of scale goes to the core its first one does not use (a cursor alone put it on
+    # the same core: slow's instance had started in between), and a scale-in stops the
+    # instance sharing a core with its unit's others, not the other
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(load_pipeline(chain_pipeline(2, max_instances=4)))
+
+        def cores(unit: int) -> list[list[int]]:
+            hs = sorted(svc.supervisor.handles(("chain", unit)), key=lambda h: h.started)
+            return [list(h.cores) for h in hs if h.state in ("starting", "ready")]
+
+        (first,) = cores(0)
+        assert len(first) == 1 and cores(1) != [first]
+        svc.scale_out(dep, 0, "cpu")
+        a, b = cores(0)
+        assert a != b, (a, b)
+        svc.scale_out(dep, 0, "cpu")  # a third on 2 cores shares one with a sibling
+        assert len(cores(0)) == 3
+        assert svc.scale_in(dep, 0, "cpu")
+        left = cores(0)
+        assert len(left) == 2 and left[0] != left[1], left
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_allclose(svc.infer("chain", {"x": x}).outputs["y"], x * 2)
