@@ -64,7 +64,8 @@ The packages
 ------------
 
 Four sub-packages, one role each; the arrows are import-linter contracts (``.importlinter``,
-checked on every test run): ``scaling | planning -> processes -> serving``, and the pure
+checked on every test run): ``{scaling, planning} -> processes -> serving`` (scaling and planning use each other: the
+planner simulates the scaler, the autoscaler re-plans), and the pure
 policies import neither processes nor I/O.
 
 - :mod:`.serving`, the request path: :mod:`~.serving.frontend` (hop 0: requests in and
@@ -74,16 +75,16 @@ policies import neither processes nor I/O.
   transition table each), :mod:`~.serving.instance` (one process per unit instance: the
   serving loop), :mod:`~.serving.runners` (what it runs: a model, a function, a fused
   chain), :mod:`~.serving.pipeline` (a configuration compiled into units),
-  :mod:`~.serving.batching` (dynamic batching; pure). The engines (CPU / GPU / DLA behind
-  one interface) are :mod:`infscaler.engines`, below the runtime.
+  :mod:`~.serving.batching` (dynamic batching; pure), :mod:`~.serving.stats` (latency
+  windows, what the route and the monitor read). The engines (CPU / GPU / DLA behind one
+  interface) are :mod:`infscaler.engines`, below the runtime.
 - :mod:`.processes`: :mod:`~.processes.supervisor` (start, watch, restart, stop
   instances), :mod:`~.processes.handles` (what it knows of each instance and pending
   restart), :mod:`~.processes.zygote` (the fork server instances start from).
 - :mod:`.scaling`: :mod:`~.scaling.monitor` (SLO metrics) -> :mod:`~.scaling.scaler` (the
   pure decision, InfScaler Algorithm 1) -> :mod:`~.scaling.autoscaler` (the loop applying
   it, through :mod:`~.scaling.control`, what it needs of the service);
-  :mod:`~.scaling.stats` (latency windows), :mod:`~.scaling.telemetry` (host CPU, memory,
-  Jetson sensors), :mod:`~.scaling.wakepolicy` and :mod:`~.scaling.pmqos` (CPU wake
+  :mod:`~.scaling.telemetry` (host CPU, memory, Jetson sensors), :mod:`~.scaling.wakepolicy` and :mod:`~.scaling.pmqos` (CPU wake
   latency), :mod:`~.scaling.idlecurve` (service time after idle).
 - :mod:`.planning`: :mod:`~.planning.planner` (the configuration search),
   :mod:`~.planning.simulator` (what scores a candidate: the scaler run on a trace),

@@ -61,7 +61,8 @@ def lay_out(dest: Path, repo: Path = REPO) -> Path:
 def lint(root: Path, config: Path = CONFIG) -> subprocess.CompletedProcess[str]:
     """Run ``lint-imports --config CONFIG`` on the tree laid out at ``root``; its result
     (returncode 0: every contract kept; the report on stdout)."""
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    # a wide terminal: import-linter wraps its report at the width, splitting the chains
+    env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "240"}
     return subprocess.run(
         [
             sys.executable,

@@ -1,7 +1,7 @@
 """Prometheus metrics of a running service: ``GET /metrics`` (text exposition format).
 
 A custom collector (:class:`ServiceCollector`) reads the service's own statistics at
-scrape time — the per-pipeline counters of :class:`~infscaler.runtime.scaling.stats.PipelineStats`
+scrape time — the per-pipeline counters of :class:`~infscaler.runtime.serving.stats.PipelineStats`
 (no percentiles: a scrape of 10 pipelines costs well under a millisecond of bookkeeping),
 the supervisor's instances, the tensor pool, the sharing manager, the control channel,
 the front end and the autoscaler — so nothing is counted twice on the request path.

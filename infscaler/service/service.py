@@ -44,11 +44,11 @@ from infscaler.runtime.scaling.pmqos import (
     can_request,
     check_max_us,
 )
-from infscaler.runtime.scaling.stats import PipelineStats
 from infscaler.runtime.serving.admission import ByteBudget
 from infscaler.runtime.serving.frontend import FrontEnd, RequestError
 from infscaler.runtime.serving.pipeline import CompiledPipeline, compile_pipeline, default_state_dir
 from infscaler.runtime.serving.route import Route
+from infscaler.runtime.serving.stats import PipelineStats
 from infscaler.service.status import degraded_reasons, pipeline_status, service_status
 from infscaler.shm.cleanup import record_pool, remove_stale_pools, unrecord_pool
 from infscaler.shm.manager import TensorSharingManager

@@ -8,7 +8,7 @@ summarise it: the channel's per-stage queues
 (:meth:`~infscaler.ebpf.channel.Channel.stats`), the pool's slots
 (:meth:`~infscaler.shm.pool.TensorPool.stats`), the sharing manager's counters, the
 supervisor's instances and pending restarts, the front end's latency windows
-(:class:`~infscaler.runtime.scaling.stats.PipelineStats`) and the device's resource cap
+(:class:`~infscaler.runtime.serving.stats.PipelineStats`) and the device's resource cap
 (:meth:`~infscaler.runtime.scaling.monitor.Monitor.cap`). Nothing here changes the service.
 """
 
@@ -95,10 +95,10 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
 
     Per unit: partition, B_k, instances (engine, pid, cores, MB), queue length (tokens
     in flight at its stage), P50 / P99 compute and queue ms, the slowdown after idle
-    (``idle``: :meth:`~infscaler.runtime.scaling.stats.IdleSlowdown.summary`), and a fused unit's steps
+    (``idle``: :meth:`~infscaler.runtime.serving.stats.IdleSlowdown.summary`), and a fused unit's steps
     (:func:`~infscaler.runtime.scaling.monitor.step_totals`); for the pipeline: ready, why it is
     degraded, its SLO, window, queue limit, the scaler's last 10 decisions and the
-    request counters (:meth:`~infscaler.runtime.scaling.stats.PipelineStats.snapshot`).
+    request counters (:meth:`~infscaler.runtime.serving.stats.PipelineStats.snapshot`).
     """
 
     ch = svc.channel.stats()

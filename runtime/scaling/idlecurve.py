@@ -6,7 +6,7 @@ serving (``profiler.measure_idle``) that curve missed the served one both ways, 
 served one depends on the load before (bench/HISTORY.md, 2026-11-27: ResNet-50 at 2
 threads, 1.5 x L0: goodput predicted 475 % off without it, 104 % off with the in-process
 curve, **4 % off with the curve the service measured while serving**). So the service
-keeps what it served (:class:`~infscaler.runtime.scaling.stats.IdleSlowdown`) per model file,
+keeps what it served (:class:`~infscaler.runtime.serving.stats.IdleSlowdown`) per model file,
 intra-op threads, host and CPU wake-latency setting, and the planner plans the next
 deploy of that model with it.
 
@@ -177,7 +177,7 @@ def learn(
 ) -> list[Path]:
     """Keep the curves pipeline ``dep`` served so far: for each unit that runs one whole
     ONNX model on the cpu (no partitions, no fused steps) whose live instances all run
-    the same intra-op threads, its :meth:`~infscaler.runtime.scaling.stats.IdleSlowdown.points`
+    the same intra-op threads, its :meth:`~infscaler.runtime.serving.stats.IdleSlowdown.points`
     when it has any. Returns the files written.
 
     Args:

@@ -4,7 +4,7 @@ scaler's :class:`~infscaler.runtime.scaling.scaler.Snapshot` built from them (In
 
 Sources, all read without stopping anything:
 
-* the front end's per-pipeline statistics (:class:`~infscaler.runtime.scaling.stats.PipelineStats`):
+* the front end's per-pipeline statistics (:class:`~infscaler.runtime.serving.stats.PipelineStats`):
   end-to-end latency, arrivals, and per unit the compute and queue time of every item,
   taken from the ``__trace__`` rows each instance appends;
 * the control channel's per-stage counters: tokens in flight at each unit (its queue);

@@ -21,7 +21,7 @@ since the request is what made it recover. A saturated device loses nothing eith
 way: its cores do not idle.
 
 The served idle cost (:func:`idle_cost` on
-:meth:`infscaler.runtime.scaling.stats.IdleSlowdown.summary`) is given with the reason, for the
+:meth:`infscaler.runtime.serving.stats.IdleSlowdown.summary`) is given with the reason, for the
 operator. Pure functions of what the monitor measured, like
 :mod:`infscaler.runtime.scaling.scaler`; the autoscaler applies the decision
 (:meth:`infscaler.service.service.Service.hold_cpus_awake`).
@@ -108,7 +108,7 @@ def idle_cost(summary: Mapping[str, Any], min_idle_s: float = MIN_IDLE_S) -> Idl
     """One unit's :class:`IdleCost` from its served idle summary.
 
     Args:
-        summary: :meth:`infscaler.runtime.scaling.stats.IdleSlowdown.summary` (``warm_compute_p50_ms``,
+        summary: :meth:`infscaler.runtime.serving.stats.IdleSlowdown.summary` (``warm_compute_p50_ms``,
             ``bins`` with ``idle_s`` [lo, hi], ``count``, ``compute_p50_ms``).
         min_idle_s: bins starting at or above this idle gap count as woken, s.
 

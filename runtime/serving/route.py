@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.runtime.scaling.stats import PipelineStats
 from infscaler.runtime.serving.admission import SHED_MIN_LOAD
 from infscaler.runtime.serving.pipeline import CompiledPipeline, load_function
+from infscaler.runtime.serving.stats import PipelineStats
 
 __all__ = ["Result", "Route"]
 

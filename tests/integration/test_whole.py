@@ -17,7 +17,7 @@ from infscaler.base.config import load_pipeline
 from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
 from tests.helpers import wait_for
-from tests.integration.test_fused import expected, fan_pipeline, linear_model, stage
+from tests.integration.runtime.serving.test_fused import expected, fan_pipeline, linear_model, stage
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 

@@ -19,7 +19,7 @@ from infscaler.base.errors import ConfigError
 from infscaler.runtime.planning.reference import run_pipeline_reference
 from infscaler.runtime.serving.pipeline import compile_pipeline
 from infscaler.runtime.serving.runners import FusedRunner, StageError, StageInputError
-from tests.integration.test_fused import expected, fan_pipeline, linear_model, stage
+from tests.integration.runtime.serving.test_fused import expected, fan_pipeline, linear_model, stage
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 

@@ -33,7 +33,7 @@ import yaml
 from infscaler.api.client import Client
 from tests import TESTS_DIR
 from tests.helpers import wait_for
-from tests.integration.test_security import CHAIN, GROUP, OTHER_UID, as_user, call
+from tests.integration.api.test_security import CHAIN, GROUP, OTHER_UID, as_user, call
 
 HERE = TESTS_DIR
 QUOTAS = {

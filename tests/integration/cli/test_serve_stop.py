@@ -16,7 +16,7 @@ import yaml
 from infscaler.api.client import Client
 from infscaler.cli.service import STOP_GRACE_S
 from tests.helpers import wait_for
-from tests.integration.test_serve_cli import INFSCALER, SLOW, _env
+from tests.integration.cli.test_serve_cli import INFSCALER, SLOW, _env
 
 
 def test_sigterm_exits_within_the_drain_bound_with_a_stuck_request(tmp_path: Path) -> None:

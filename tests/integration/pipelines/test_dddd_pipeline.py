@@ -18,7 +18,7 @@ pytest.importorskip("skimage", reason="the test image's photo: pip install sciki
 
 
 from infscaler.pipelines import dddd  # noqa: E402
-from tests.unit.test_dddd_pipeline import _bench_scaling, _png, _reference  # noqa: E402
+from tests.unit.pipelines.test_dddd_pipeline import _bench_scaling, _png, _reference  # noqa: E402
 
 
 @pytest.fixture(scope="module")

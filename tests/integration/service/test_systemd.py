@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import REPO_ROOT
-from tests.unit.test_systemd import FakeManager
+from tests.unit.service.test_systemd import FakeManager
 
 ROOT = REPO_ROOT
 UNIT = ROOT / "systemd" / "infscaler.service"

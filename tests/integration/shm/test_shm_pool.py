@@ -28,7 +28,7 @@ from infscaler.shm import (
     write_tensors,
 )
 from infscaler.shm.slab import SLAB_HEADER_BYTES
-from tests.unit.test_shm_pool import shm_entries
+from tests.unit.shm.test_shm_pool import shm_entries
 
 KiB, MiB = 1024, 1024 * 1024
 SPAWN = mp.get_context("spawn")

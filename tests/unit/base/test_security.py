@@ -22,7 +22,7 @@ from infscaler.base.security import (
     redact,
 )
 from infscaler.runtime.serving.pipeline import load_function
-from tests.integration.test_security import _model_pipeline
+from tests.integration.api.test_security import _model_pipeline
 
 
 def test_load_function_checks_the_module_before_importing_it(tmp_path: Path, monkeypatch) -> None:

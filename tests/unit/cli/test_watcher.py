@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from infscaler.cli.watcher import read_pipeline_dir
-from tests.integration.test_watcher import ConfigMapDir, scale_pipeline
+from tests.integration.cli.test_watcher import ConfigMapDir, scale_pipeline
 
 
 def test_read_pipeline_dir_reads_one_configmap_version(tmp_path: Path) -> None:

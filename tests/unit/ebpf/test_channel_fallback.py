@@ -16,7 +16,7 @@ from infscaler.ebpf import (
     libbpf,
     open_channel,
 )
-from tests.integration.test_channel_fallback import _records, _smoke
+from tests.integration.ebpf.test_channel_fallback import _records, _smoke
 
 LOGGER = "infscaler.ebpf"
 

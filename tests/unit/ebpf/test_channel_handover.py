@@ -12,7 +12,7 @@ from infscaler.ebpf import (
     ChannelClosed,
     Endpoint,
 )
-from tests.integration.test_channel_handover import data
+from tests.integration.ebpf.test_channel_handover import data
 
 T = 5.0  # seconds: bound of every wait in this file
 

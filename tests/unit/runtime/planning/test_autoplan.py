@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from infscaler.cli import app
 from infscaler.runtime.planning.stageprofile import measure_model_stage
 from tests.helpers import save
-from tests.integration.test_autoplan import conv_chain
+from tests.integration.runtime.planning.test_autoplan import conv_chain
 
 
 @pytest.fixture

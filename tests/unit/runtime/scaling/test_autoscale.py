@@ -8,7 +8,7 @@ import pytest
 
 from infscaler.base.config import load_pipeline
 from infscaler.base.errors import ConfigError
-from tests.integration.test_autoscale import step_pipeline
+from tests.integration.runtime.scaling.test_autoscale import step_pipeline
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 

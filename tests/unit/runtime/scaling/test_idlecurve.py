@@ -15,9 +15,9 @@ import pytest
 
 from infscaler.runtime.scaling import idlecurve
 from infscaler.runtime.scaling.idlecurve import curve_for, curve_path, learn, load_curve, save_curve
-from infscaler.runtime.scaling.stats import PipelineStats
+from infscaler.runtime.serving.stats import PipelineStats
 from tests.helpers import save
-from tests.integration.test_autoplan import conv_chain
+from tests.integration.runtime.planning.test_autoplan import conv_chain
 
 PTS = ((0.06, 1.2), (0.3, 1.75))
 MS = 1_000_000

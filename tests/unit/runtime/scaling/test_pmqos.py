@@ -72,7 +72,7 @@ def test_the_udev_rule_gives_only_a_dedicated_group_the_pm_qos_device():
     (a misc device), making it group-writable for infscaler-pmqos, which is not the
     socket's group (infscaler: a client must not hold the cores awake), with no access
     for others and nothing run (no RUN / PROGRAM / OWNER)."""
-    from tests.unit.test_systemd import UNIT, one, parse_unit
+    from tests.unit.service.test_systemd import UNIT, one, parse_unit
 
     (rule,) = _udev_rules(RULES.read_text())
     assert rule["KERNEL"] == ("==", Path(CPU_LATENCY_DEVICE).name)

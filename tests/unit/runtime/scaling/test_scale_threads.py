@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from infscaler.base.config import load_pipeline
-from tests.integration.test_scale_threads import matmul_chain
+from tests.integration.runtime.scaling.test_scale_threads import matmul_chain
 
 ROWS, WIDTH, LAYERS = 512, 512, 8
 

@@ -17,8 +17,8 @@ from infscaler.base.config import load_pipeline
 from infscaler.base.errors import ConfigError
 from infscaler.runtime.scaling.autoscaler import scaler_config
 from infscaler.runtime.scaling.scaler import ScalerConfig, ScalerState, Snapshot, decide
-from tests.integration.test_autoscale import step_pipeline
-from tests.unit.test_scaler import CPU, only, snap, threaded, unit
+from tests.integration.runtime.scaling.test_autoscale import step_pipeline
+from tests.unit.runtime.scaling.test_scaler import CPU, only, snap, threaded, unit
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from infscaler.runtime.scaling.stats import IdleSlowdown
 from infscaler.runtime.scaling.wakepolicy import (
     IdleCost,
     WakeConfig,
@@ -14,6 +13,7 @@ from infscaler.runtime.scaling.wakepolicy import (
     decide_wake,
     idle_cost,
 )
+from infscaler.runtime.serving.stats import IdleSlowdown
 
 
 def _summary(warm_ms, bins):

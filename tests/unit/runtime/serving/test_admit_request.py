@@ -181,8 +181,8 @@ def test_below_capacity_only_a_likely_late_request_is_refused() -> None:
 
 
 def test_route_lenience_is_a_low_quantile_below_capacity_and_1_in_overload() -> None:
-    from infscaler.runtime.scaling.stats import PipelineStats
     from infscaler.runtime.serving.route import Route
+    from infscaler.runtime.serving.stats import PipelineStats
 
     stats = PipelineStats(["m"])
     r = Route(pipeline=None, stage_ids=[1], stats=stats)  # type: ignore[arg-type]
@@ -240,8 +240,8 @@ def test_in_overload_replicas_take_as_many_requests_as_instances() -> None:
 
 
 def test_route_overload_follows_the_offered_load_and_floors_the_correction_at_1() -> None:
-    from infscaler.runtime.scaling.stats import PipelineStats
     from infscaler.runtime.serving.route import Route
+    from infscaler.runtime.serving.stats import PipelineStats
 
     stats = PipelineStats(["m"])
     r = Route(pipeline=None, stage_ids=[1, 2], stats=stats)  # type: ignore[arg-type]
@@ -279,8 +279,8 @@ def test_a_ratio_is_taken_against_the_correction_the_estimate_was_made_with() ->
 
 
 def test_in_overload_estimates_take_the_ratios_high_quantile_not_the_capacity() -> None:
-    from infscaler.runtime.scaling.stats import PipelineStats
     from infscaler.runtime.serving.route import OVERLOAD_QUANTILE, Route
+    from infscaler.runtime.serving.stats import PipelineStats
 
     r = Route(pipeline=None, stage_ids=[1], stats=PipelineStats(["m"]))  # type: ignore[arg-type]
     r.service_ms, r.unit_ms, r.instances = 40.0, [40.0], [2]  # capacity 50 req/s
@@ -299,8 +299,8 @@ def test_in_overload_estimates_take_the_ratios_high_quantile_not_the_capacity() 
 
 
 def test_a_burst_counts_as_overload_before_the_10_s_mean_shows_it() -> None:
-    from infscaler.runtime.scaling.stats import PipelineStats
     from infscaler.runtime.serving.route import BURST_LOAD, Route
+    from infscaler.runtime.serving.stats import PipelineStats
 
     stats = PipelineStats(["m"])
     r = Route(pipeline=None, stage_ids=[1], stats=stats)  # type: ignore[arg-type]

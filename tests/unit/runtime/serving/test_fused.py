@@ -15,7 +15,7 @@ import yaml
 from infscaler.base.config import load_pipeline
 from infscaler.runtime.serving.pipeline import compile_pipeline
 from tests.helpers import chain_pipeline, residual_model, save
-from tests.integration.test_fused import fan_pipeline, linear_model, stage
+from tests.integration.runtime.serving.test_fused import fan_pipeline, linear_model, stage
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 

@@ -12,7 +12,7 @@ from infscaler.base.config import load_pipeline, pipeline_for_model
 from infscaler.base.errors import ConfigError
 from infscaler.runtime.serving.pipeline import compile_pipeline
 from tests.helpers import chain_pipeline
-from tests.integration.test_runtime import fan_pipeline
+from tests.integration.runtime.serving.test_runtime import fan_pipeline
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 

@@ -151,7 +151,12 @@ def test_pending_and_handle_move_through_the_table() -> None:
 
 
 @pytest.mark.parametrize(
-    "name, attr", [("frontend.py", "phase"), ("supervisor.py", "state"), ("handles.py", "state")]
+    "name, attr",
+    [
+        ("serving/frontend.py", "phase"),
+        ("processes/supervisor.py", "state"),
+        ("processes/handles.py", "state"),
+    ],
 )
 def test_states_change_only_in_move(name: str, attr: str) -> None:
     """No ``x.phase = ...`` / ``x.state = ...`` outside the ``move`` method."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from infscaler.runtime.planning.simulator import EngineProfile
-from infscaler.runtime.scaling.stats import IDLE_EDGES_S, IdleSlowdown, PipelineStats
+from infscaler.runtime.serving.stats import IDLE_EDGES_S, IdleSlowdown, PipelineStats
 
 MS = 1_000_000  # ns
 
