@@ -46,9 +46,9 @@ from infscaler.engines.base import (
 )
 
 if TYPE_CHECKING:
-    from infscaler.engines.cpu import CPUEngine
-    from infscaler.engines.dla import DLAEngine
-    from infscaler.engines.gpu import GPUEngine
+    from infscaler.engines.cpu.runner import CPUEngine
+    from infscaler.engines.dla.runner import DLAEngine
+    from infscaler.engines.gpu.runner import GPUEngine
 
 __all__ = [
     "ENGINE_KINDS",
