@@ -61,7 +61,7 @@ import onnxruntime as ort  # noqa: E402
 
 from infscaler.base.errors import VerificationError  # noqa: E402
 from infscaler.base.models import MODELS, resolve_model  # noqa: E402
-from infscaler.engines import onnxrt  # noqa: E402
+from infscaler.engines.onnxrt import loader as onnxrt  # noqa: E402
 from infscaler.partitioner.api import partition_model  # noqa: E402
 from infscaler.partitioner.extract import Chain  # noqa: E402
 from infscaler.partitioner.loader import load_model, random_feeds  # noqa: E402

@@ -310,7 +310,7 @@ def model_inputs(model: str) -> dict[str, np.ndarray]:
             "x": np.ascontiguousarray(det_preprocess({"image": skdata.astronaut()})["det_input"])
         }
     from infscaler.base.models import resolve_model
-    from infscaler.engines.onnxrt import load_session
+    from infscaler.engines.onnxrt.loader import load_session
 
     s = load_session(resolve_model(model), threads=None, spinning=None)
     rng = np.random.default_rng(0)
@@ -340,7 +340,7 @@ def session(model: str, threads: int) -> Any:
     if model in PIPELINE_CASES:
         return WholePipeline(model, threads)
     from infscaler.base.models import resolve_model
-    from infscaler.engines.onnxrt import load_session
+    from infscaler.engines.onnxrt.loader import load_session
 
     # the cpu engine's session options (sequential, no spinning), ``threads`` threads
     return load_session(resolve_model(model), threads=threads)

@@ -84,7 +84,7 @@ class Baseline:
 
     def __init__(self, x: np.ndarray) -> None:
         from infscaler.base.models import resolve_model
-        from infscaler.engines.onnxrt import load_session
+        from infscaler.engines.onnxrt.loader import load_session
 
         # the cpu engine's session options on every usable core (no spinning)
         self.sess = load_session(resolve_model("ppocrv4-det"), threads=len(os.sched_getaffinity(0)))

@@ -9,7 +9,7 @@ another slot (read there by a CPU consumer). Three ways, each timed per handover
 
 - ``zero_copy``: the slabs registered with :class:`~infscaler.shm.UnifiedSlabMap`; the
   kernel reads ``x`` and writes ``y`` through device pointers into the slots. No copy.
-- ``staged``: what :class:`~infscaler.engines.tensorrt.TrtRunner` does: ``np.copyto``
+- ``staged``: what :class:`~infscaler.engines.tensorrt.runner.TrtRunner` does: ``np.copyto``
   the slot into a page-locked host buffer, ``memcpy_htod_async`` to a device buffer, the
   kernel, ``memcpy_dtoh_async`` back to a page-locked buffer, ``np.copyto`` into the slot.
 - ``dma``: the slabs registered, ``memcpy_htod`` / ``dtoh`` straight between the slots

@@ -43,7 +43,7 @@ import numpy as np
 import onnx
 
 from infscaler.base.errors import PartitionError, VerificationError
-from infscaler.engines.onnxrt import load_session, session_options
+from infscaler.engines.onnxrt.loader import load_session, session_options
 from infscaler.partitioner.loader import LoadedModel, random_feeds
 from infscaler.partitioner.subgraphs import free_names, subgraphs
 from infscaler.partitioner.weights import StubModel, structure_only

@@ -42,7 +42,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from infscaler.base.errors import ModelLoadError, ShapeError
-from infscaler.engines.onnxrt import load_session
+from infscaler.engines.onnxrt.loader import load_session
 from infscaler.partitioner.subgraphs import node_reads
 from infscaler.partitioner.weights import (
     MIN_REFERENCED_BYTES,

@@ -65,7 +65,7 @@ from infscaler.engines import (
     engine_backend,
     require_engine,
 )
-from infscaler.engines.onnxrt import (
+from infscaler.engines.onnxrt.loader import (
     CPU_PROVIDER,
     execution_providers,
     load_session,

@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from infscaler.engines.onnxrt import load_session
+from infscaler.engines.onnxrt.loader import load_session
 
 __all__ = [
     "MIN_REFERENCED_BYTES",

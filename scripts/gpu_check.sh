@@ -72,7 +72,7 @@ $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/inst
 echo "== what the host offers"
 $PY - <<'EOF'
 from infscaler.engines import engine_availability
-from infscaler.engines.tensorrt import CudaDriver, cuda_devices
+from infscaler.engines.tensorrt.cuda import CudaDriver, cuda_devices
 from infscaler.shm import unified_memory_available
 
 print("cuda_devices:", cuda_devices())

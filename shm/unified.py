@@ -14,7 +14,7 @@ engines (GPU or DLA) read and write the same bytes, no copy:
   other processes by name, hence registration here.
 
 The calls go to the CUDA driver library through ctypes
-(:class:`~infscaler.engines.tensorrt.CudaDriver`), in the device's primary context
+(:class:`~infscaler.engines.tensorrt.cuda.CudaDriver`), in the device's primary context
 (the one the CUDA runtime, TensorRT and pycuda's ``retain_primary_context`` use). Not
 through pycuda: its ``register_host_memory`` fails on any array over an ``mmap``
 (``ValueError: Cannot set the NumPy array 'base' dependency more than once``, pycuda
@@ -64,7 +64,7 @@ class UnifiedMemoryUnavailable(InfScalerError):
 def _driver(device: int = 0):
     """A :class:`CudaDriver` whose device ``device`` maps host memory, or raise
     :class:`UnifiedMemoryUnavailable` with the reason."""
-    from infscaler.engines.tensorrt import open_cuda_driver  # lazy: ctypes + libcuda
+    from infscaler.engines.tensorrt.cuda import open_cuda_driver  # lazy: ctypes + libcuda
 
     driver, why = open_cuda_driver()
     if driver is None:

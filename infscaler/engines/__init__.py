@@ -22,7 +22,7 @@ none is ever emulated. The modules for gpu / dla import tensorrt and pycuda only
 probed or loaded, so the CPU path never imports them.
 
 This package is InfScaler's one engine layer: every onnxruntime session is built by
-:func:`~.onnxrt.load_session` (the loader; the engines are the runners), every "is this
+:func:`~.onnxrt.loader.load_session` (the loader; the engines are the runners), every "is this
 engine here?" question is answered by :func:`available`, and every missing engine is an
 :class:`EngineUnavailable`. It imports only :mod:`infscaler.base.errors` and third-party
 libraries, so the partitioner uses it as a base-layer service and profiles on the backend
@@ -46,9 +46,9 @@ from infscaler.engines.base import (
 )
 
 if TYPE_CHECKING:
-    from infscaler.engines.cpu import CPUEngine
-    from infscaler.engines.dla import DLAEngine
-    from infscaler.engines.gpu import GPUEngine
+    from infscaler.engines.cpu.runner import CPUEngine
+    from infscaler.engines.dla.runner import DLAEngine
+    from infscaler.engines.gpu.runner import GPUEngine
 
 __all__ = [
     "ENGINE_KINDS",

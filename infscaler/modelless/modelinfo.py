@@ -15,7 +15,7 @@ import numpy as np
 
 from infscaler.base.errors import ModelLoadError, ShapeError
 from infscaler.base.models import package_asset
-from infscaler.engines.onnxrt import load_session, session_options
+from infscaler.engines.onnxrt.loader import load_session, session_options
 from infscaler.modelless.stages import load_charset
 from infscaler.modelless.variants import RegistrationError
 from infscaler.partitioner.loader import parse_shapes

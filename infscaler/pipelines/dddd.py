@@ -74,7 +74,7 @@ import numpy as np
 
 from infscaler.base.errors import ModelLoadError, ModelNotInstalledError
 from infscaler.base.models import installed_file, resolve_model
-from infscaler.engines.onnxrt import load_session
+from infscaler.engines.onnxrt.loader import load_session
 from infscaler.modelless.stages import decode_ctc
 from infscaler.pipelines.ocr import check_image
 

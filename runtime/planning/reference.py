@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.base.models import resolve_model
-from infscaler.engines.onnxrt import load_session
+from infscaler.engines.onnxrt.loader import load_session
 from infscaler.runtime.serving.pipeline import load_function as _load_function
 
 __all__ = ["run_pipeline_reference"]

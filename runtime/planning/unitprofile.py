@@ -51,7 +51,7 @@ import numpy as np
 from infscaler.base.device import INSTANCE_OVERHEAD_MB
 from infscaler.base.errors import InfScalerError
 from infscaler.base.samples import render_text_image
-from infscaler.engines.onnxrt import load_session
+from infscaler.engines.onnxrt.loader import load_session
 from infscaler.partitioner import profiler
 from infscaler.runtime.planning.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.serving.pipeline import load_function

@@ -31,7 +31,7 @@ def test_importing_the_layer_starts_no_threads() -> None:
         base = threads()
         import infscaler.engines as e
         import infscaler.engines.cpu, infscaler.engines.gpu
-        from infscaler.engines.onnxrt import load_session
+        from infscaler.engines.onnxrt.loader import load_session
         e.engine_availability()
         after = threads()
         m = onnx.helper.make_model(onnx.helper.make_graph(

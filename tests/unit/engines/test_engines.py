@@ -28,7 +28,8 @@ from infscaler.engines import (
     engine_availability,
     engine_class,
 )
-from infscaler.engines.tensorrt import EngineCache, bind_shapes, read_signature
+from infscaler.engines.tensorrt.cache import EngineCache
+from infscaler.engines.tensorrt.loader import bind_shapes, read_signature
 from tests.helpers import f32, make_model, rand, save
 
 GPU_OK, GPU_REASON = engine_class("gpu").availability()

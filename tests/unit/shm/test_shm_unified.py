@@ -14,7 +14,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from infscaler.engines import tensorrt
+from infscaler.engines.tensorrt import cuda as engine_cuda
 from infscaler.shm import (
     SlabMap,
     TensorPool,
@@ -53,7 +53,7 @@ def test_reports_no_device_when_the_driver_fails(monkeypatch):
         def __init__(self):
             raise RuntimeError("cuInit failed: no CUDA-capable device is detected")
 
-    monkeypatch.setattr(tensorrt, "CudaDriver", FailingDriver)
+    monkeypatch.setattr(engine_cuda, "CudaDriver", FailingDriver)
     ok, reason = unified_memory_available()
     assert ok is False and reason.startswith("no CUDA device")
     assert "no CUDA-capable device" in reason

@@ -61,7 +61,7 @@ def matmul_chain(path: Path) -> Path:
 
 
 def median_ms(path: Path, threads: int, x: np.ndarray, runs: int = 9) -> float:
-    from infscaler.engines.onnxrt import load_session
+    from infscaler.engines.onnxrt.loader import load_session
 
     sess = load_session(str(path), engine="cpu", threads=threads)
     sess.run(None, {"x": x})

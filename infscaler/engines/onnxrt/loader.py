@@ -1,26 +1,17 @@
-"""The engine layer's onnxruntime loader: every ``onnxruntime.InferenceSession`` of
+"""The onnxruntime loader of the engine layer: every ``onnxruntime.InferenceSession`` of
 InfScaler is built by :func:`load_session` (the serving engines, the partitioner's
 profiler and verification, model probing, variants, unit profiles, the reference runner
 and the bench scripts).
 
-What is taken from Polygraphy (``tools/Polygraphy/polygraphy/backend/onnxrt/`` in NVIDIA's
-TensorRT repository):
-
-- the split between a *loader* and a *runner*: ``SessionFromOnnx(model_bytes_or_path,
-  providers)`` builds a session from a path or serialised bytes and nothing else;
-  ``OnnxrtRunner(sess)`` activates / infers / deactivates. Here the loader is
-  :func:`load_session` and the runners are the :class:`~.base.Engine` classes
-  (:class:`~.cpu.CPUEngine`, the CUDA EP path of :class:`~.gpu.GPUEngine`);
-- providers named by a short engine key rather than by raw execution-provider strings
-  (Polygraphy's ``--providers cpu cuda`` are resolved against
-  ``onnxruntime.get_available_providers()``); here the key is the engine kind
-  (``cpu``, ``gpu``) and availability is the engine's own
-  (:func:`infscaler.engines.available`), so a session built for ``gpu`` uses the
-  provider that serves ``gpu``, never a guess of its own;
-- the runner's output handling: arrays the caller owns (:func:`run_session`).
-
-Not taken: Polygraphy's lazy loader objects (callables composed before being invoked);
-:func:`load_session` builds at once.
+Polygraphy's ``SessionFromOnnx(model_bytes_or_path, providers)`` (in
+``polygraphy/backend/onnxrt/loader.py``) builds a session from a path or serialised bytes
+and nothing else; here that is :func:`load_session`, with providers named by a short
+engine key rather than by raw execution-provider strings (Polygraphy's ``--providers cpu
+cuda`` are resolved against ``onnxruntime.get_available_providers()``): the key is the
+engine kind (``cpu``, ``gpu``) and availability is the engine's own
+(:func:`infscaler.engines.available`), so a session built for ``gpu`` uses the provider
+that serves ``gpu``, never a guess of its own. Not taken: Polygraphy's lazy loader
+objects (callables composed before being invoked); :func:`load_session` builds at once.
 
 Nothing here imports onnxruntime or creates a session, a thread pool or a CUDA context at
 import time (a fork server forks from a process that imported this module, and the
@@ -36,11 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from infscaler.base.errors import ConfigError, ModelLoadError
 from infscaler.engines import engine_backend, require_engine
-from infscaler.engines.base import EngineUnavailable, InferenceError, TensorInfo
+from infscaler.engines.base import EngineUnavailable
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -52,10 +41,9 @@ __all__ = [
     "execution_providers",
     "load_session",
     "providers_for",
-    "run_session",
     "session_options",
-    "session_tensor_infos",
 ]
+
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -72,23 +60,6 @@ https://onnxruntime.ai/docs/performance/model-optimizations/graph-optimizations.
 ``none`` keeps every ONNX node as it is (per-node profiling, bit-exact verification)."""
 
 _EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
-
-# onnxruntime's type strings (NodeArg.type) -> numpy dtypes.
-_ORT_DTYPES: dict[str, np.dtype] = {
-    "tensor(float)": np.dtype(np.float32),
-    "tensor(float16)": np.dtype(np.float16),
-    "tensor(double)": np.dtype(np.float64),
-    "tensor(int8)": np.dtype(np.int8),
-    "tensor(uint8)": np.dtype(np.uint8),
-    "tensor(int16)": np.dtype(np.int16),
-    "tensor(uint16)": np.dtype(np.uint16),
-    "tensor(int32)": np.dtype(np.int32),
-    "tensor(uint32)": np.dtype(np.uint32),
-    "tensor(int64)": np.dtype(np.int64),
-    "tensor(uint64)": np.dtype(np.uint64),
-    "tensor(bool)": np.dtype(np.bool_),
-    "tensor(string)": np.dtype(object),
-}
 
 
 def session_options(
@@ -109,7 +80,7 @@ def session_options(
         optimization: a key of :data:`OPTIMIZATION_LEVELS` (``all`` by default).
         spinning: ``session.intra_op.allow_spinning``: False (the default) lets idle
             intra-op workers sleep, which several sessions sharing a small CPU need (see
-            :mod:`.cpu`); None leaves onnxruntime's default (spinning on).
+            :mod:`infscaler.engines.cpu`); None leaves onnxruntime's default (spinning on).
         profile_prefix: turn onnxruntime's profiler on, writing its Chrome trace under this
             prefix (``session.end_profiling()`` returns the file).
         optimized_model_path: write the graph after optimisation to this file
@@ -171,8 +142,9 @@ def providers_for(engine: str = "cpu", *, device_index: int = 0) -> list[Any]:
     - ``cpu``: ``["CPUExecutionProvider"]``;
     - ``gpu``: ``[("CUDAExecutionProvider", {"device_id", "use_tf32": "0"}),
       "CPUExecutionProvider"]`` when this host's gpu engine is served by onnxruntime's CUDA
-      EP (:meth:`~.gpu.GPUEngine.backend` is ``onnxruntime-cuda``); TF32 off, so fp32 means
-      fp32. Operators the CUDA EP lacks run on the CPU EP, as onnxruntime assigns them;
+      EP (:meth:`~infscaler.engines.gpu.GPUEngine.backend` is ``onnxruntime-cuda``); TF32
+      off, so fp32 means fp32. Operators the CUDA EP lacks run on the CPU EP, as
+      onnxruntime assigns them;
     - ``dla``, and ``gpu`` where TensorRT serves it: no onnxruntime session serves them;
       use :func:`~infscaler.engines.create_engine`.
 
@@ -294,48 +266,3 @@ def _open(
             f"model {label} {what} (onnxruntime {ort.__version__}): {msg}",
             hint="check the file with `infscaler inspect` or onnx.checker.check_model",
         ) from exc
-
-
-def session_tensor_infos(args: Sequence[Any], path: Any) -> list[TensorInfo]:
-    """:class:`~.base.TensorInfo` for onnxruntime ``NodeArg`` s (``session.get_inputs()``).
-
-    Raises:
-        ModelLoadError: a non-tensor input / output (sequence, map), which engines do not
-            feed.
-    """
-    infos = []
-    for a in args:
-        dtype = _ORT_DTYPES.get(a.type)
-        if dtype is None:
-            raise ModelLoadError(
-                f"model {path}: tensor '{a.name}' has type {a.type}; engines take tensors only"
-            )
-        shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in (a.shape or ()))
-        infos.append(TensorInfo(a.name, dtype, shape))
-    return infos
-
-
-def run_session(
-    session: ort.InferenceSession, feeds: dict[str, np.ndarray], outputs: list[str]
-) -> dict[str, np.ndarray]:
-    """``session.run`` returning arrays the caller owns (Polygraphy's ``OnnxrtRunner``
-    ``infer_impl``).
-
-    onnxruntime's outputs can be views of buffers it keeps (``base`` is its capsule);
-    those are copied.
-
-    Raises:
-        InferenceError: onnxruntime failed (its message; e.g. a shape that a Reshape
-            inside the model cannot take).
-    """
-    try:
-        results = session.run(outputs, feeds)
-    except Exception as exc:  # onnxruntime's pybind exception types
-        raise InferenceError(f"onnxruntime failed: {str(exc).strip()}") from exc
-    out = {}
-    for name, value in zip(outputs, results, strict=True):
-        arr = np.asarray(value)
-        if not arr.flags.owndata or arr.base is not None:
-            arr = arr.copy()
-        out[name] = arr
-    return out

@@ -1,23 +1,6 @@
-"""The ``cpu`` engine: onnxruntime's CPU execution provider on pinned cores.
-
-Follows Polygraphy's onnxruntime backend (``polygraphy/backend/onnxrt/``: a session
-loader, ``SessionFromOnnx``, and a runner, ``OnnxrtRunner``), with the settings InfScaler
-needs for several single-model instances sharing a small CPU:
-
-- ``intra_op_num_threads = threads``, ``inter_op_num_threads = 1``, ``ORT_SEQUENTIAL``:
-  one operator at a time on the instance's own threads;
-- ``graph_optimization_level = ORT_ENABLE_ALL``;
-- ``session.intra_op.allow_spinning = "0"``: idle intra-op workers sleep instead of
-  spinning. Measured in ``bench/HISTORY.md``: with spinning on, the workers of several
-  sessions on a 2-core host steal the cores from each other (the chain of partitions took
-  1.5-1.8x the whole model instead of 0.96-1.07x);
-- ``cores`` pins the **whole process** with ``os.sched_setaffinity(0, cores)`` before the
-  session (and so its thread pool) is created: InfScaler runs one engine per instance
-  process.
-
-The session is built by the engine layer's loader (:func:`.onnxrt.load_session`, with
-:func:`.onnxrt.session_options`' defaults, which are these settings), the one that also
-serves the GPU engine's CUDA EP path and every other onnxruntime session of InfScaler.
+"""The ``cpu`` engine's runner: :class:`CPUEngine`, a model in an onnxruntime CPU EP
+session (see :mod:`infscaler.engines.cpu` for the session's settings) in this process,
+pinned to ``cores``.
 """
 
 from __future__ import annotations
@@ -29,18 +12,17 @@ import numpy as np
 import onnxruntime as ort
 
 from infscaler.engines.base import Engine, InferenceError, mib, process_memory_bytes
-from infscaler.engines.onnxrt import (
-    CPU_PROVIDER,
-    load_session,
-    run_session,
-    session_tensor_infos,
-)
+from infscaler.engines.cpu.loader import open_cpu_session, probe_cpu
+from infscaler.engines.onnxrt.loader import CPU_PROVIDER
+from infscaler.engines.onnxrt.runner import run_session, session_tensor_infos
+
+__all__ = ["CPUEngine"]
 
 log = logging.getLogger("infscaler.engines.cpu")
 
 
 class CPUEngine(Engine):
-    """onnxruntime CPU EP engine (see the module docstring for its session settings).
+    """onnxruntime CPU EP engine (see :mod:`infscaler.engines.cpu` for its session settings).
 
     ``memory_mb`` is this process's USS growth across :meth:`load` (RSS growth where USS
     cannot be read): the weights onnxruntime holds plus its session state, measured, not
@@ -56,13 +38,7 @@ class CPUEngine(Engine):
 
     @classmethod
     def _probe(cls) -> tuple[bool, str]:
-        providers = ort.get_available_providers()
-        if CPU_PROVIDER not in providers:
-            return False, (
-                f"onnxruntime {ort.__version__} has no {CPU_PROVIDER} (providers: {providers})"
-                "; reinstall onnxruntime (pip install onnxruntime)"
-            )
-        return True, f"onnxruntime {ort.__version__} CPU EP"
+        return probe_cpu()
 
     @classmethod
     def _host_precisions(cls) -> tuple[str, ...]:
@@ -79,7 +55,7 @@ class CPUEngine(Engine):
     def _load(self) -> None:
         path = self._model_file()
         before = process_memory_bytes()
-        session = load_session(path, engine="cpu", threads=self.threads)
+        session = open_cpu_session(path, self.threads)
         after = process_memory_bytes()
         self._inputs = session_tensor_infos(session.get_inputs(), path)
         self._outputs = session_tensor_infos(session.get_outputs(), path)
