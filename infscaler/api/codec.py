@@ -283,6 +283,24 @@ def decode_infer_request(
     """
     header, blobs = split_body(body, header_length)
     doc = parse_json(header, "request", header_length)
+    req_id, params, binary_default = _request_fields(doc)
+    specs = {s.name: s for s in input_specs} if input_specs is not None else None
+    binary = _BinaryData(blobs, header_length)
+    inputs = _decode_inputs(doc.get("inputs"), specs, binary, shm, max_elements, copy)
+    outputs = _decode_requested(doc.get("outputs"), binary_default, shm)
+    return InferRequest(
+        id=req_id,
+        inputs=inputs,
+        outputs=outputs,
+        parameters=params,
+        binary_output_default=binary_default,
+    )
+
+
+def _request_fields(doc: dict[str, Any]) -> tuple[str | None, dict[str, Any], bool]:
+    """``(id, parameters, binary_data_output)`` of an inference request object, checked
+    (the id a string, the parameters valid, ``binary_data_output`` a bool; default False).
+    """
     req_id = doc.get("id")
     if req_id is not None and not isinstance(req_id, str):
         raise ProtocolError(f"request id must be a string, got {type(req_id).__name__}")
@@ -293,9 +311,69 @@ def decode_infer_request(
         raise ProtocolError(
             f"request parameter binary_data_output must be true or false, got {binary_default!r}"
         )
+    return req_id, params, binary_default
 
-    specs = {s.name: s for s in input_specs} if input_specs is not None else None
-    raw_inputs = doc.get("inputs")
+
+@dataclass
+class _BinaryData:
+    """The binary tensor data after a request's JSON header (binary tensor data
+    extension), handed to the inputs that claim it in order.
+
+    Attributes:
+        blobs: the bytes after the JSON header.
+        header_length: the ``Inference-Header-Content-Length`` header (None: none given).
+        cursor: how many bytes inputs have claimed so far.
+    """
+
+    blobs: memoryview
+    header_length: int | None
+    cursor: int = 0
+
+    def take(
+        self, raw_size: Any, where: str, datatype: str, shape: list[int], count: int, copy: bool
+    ) -> np.ndarray:
+        """The next input's tensor of ``raw_size`` bytes (its ``binary_data_size``)."""
+        blobs, cursor = self.blobs, self.cursor
+        size = nonneg_int(raw_size, "binary_data_size", where)
+        if self.header_length is None:
+            raise ProtocolError(
+                f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header"
+            )
+        if cursor + size > len(blobs):
+            raise ProtocolError(
+                f"{where}: binary_data_size {size} runs past the end of the body "
+                f"({len(blobs) - cursor} of {len(blobs)} binary bytes left)"
+            )
+        if datatype != "BYTES" and size != count * DATATYPES[datatype].itemsize:
+            raise ProtocolError(
+                f"{where}: binary_data_size {size} does not match shape {shape} of "
+                f"{datatype} ({count * DATATYPES[datatype].itemsize} bytes)"
+            )
+        tensor = tensor_from_bytes(blobs[cursor : cursor + size], datatype, shape, where, copy=copy)
+        self.cursor = cursor + size
+        return tensor
+
+    def check_claimed(self) -> None:
+        """Every byte was claimed by an input's ``binary_data_size``."""
+        blobs, cursor = self.blobs, self.cursor
+        if cursor != len(blobs):
+            raise ProtocolError(
+                f"{len(blobs) - cursor} bytes of binary data after the JSON header are not "
+                f"claimed by any input's binary_data_size (claimed: {cursor} of {len(blobs)})"
+            )
+
+
+def _decode_inputs(
+    raw_inputs: Any,
+    specs: dict[str, TensorSpec] | None,
+    binary: _BinaryData,
+    shm: SystemSharedMemoryRegistry | None,
+    max_elements: int | None,
+    copy: bool,
+) -> dict[str, np.ndarray]:
+    """The request's ``"inputs"`` list decoded, by name (see
+    :func:`decode_infer_request`): each input checked, its tensor read from where it
+    travels; then every binary byte claimed and (with ``specs``) every input given."""
     if not isinstance(raw_inputs, list):
         raise ProtocolError(
             'the request needs "inputs": a list of {name, datatype, shape, data} objects'
@@ -303,98 +381,108 @@ def decode_infer_request(
             else f'"inputs" must be a list, got {type(raw_inputs).__name__}'
         )
     inputs: dict[str, np.ndarray] = {}
-    cursor = 0
     for i, item in enumerate(raw_inputs):
-        if not isinstance(item, dict):
-            raise ProtocolError(f"inputs[{i}] must be a JSON object, got {type(item).__name__}")
-        name = item.get("name")
-        if not isinstance(name, str) or not name:
-            raise ProtocolError(f'inputs[{i}] needs a "name" (a non-empty string)')
-        where = f"input '{name}'"
-        if name in inputs:
-            raise ProtocolError(f"{where} is given more than once")
-        if specs is not None and name not in specs:
-            raise ProtocolError(f"unknown {where}; the model's inputs are {sorted(specs)}", 400)
-        datatype = item.get("datatype")
-        if not isinstance(datatype, str):
-            raise ProtocolError(f'{where} needs a "datatype" (e.g. "FP32")')
-        if datatype not in DATATYPES:
-            raise ProtocolError(
-                f"{where}: unknown datatype {datatype!r}; supported: {', '.join(DATATYPES)}"
-            )
-        if "shape" not in item:
-            raise ProtocolError(f'{where} needs a "shape" (a list of integers; [] for a scalar)')
-        shape = parse_shape(item["shape"], where)
-        if specs is not None:
-            _check_spec(specs[name], datatype, shape, where)
-        count = math.prod(shape)
-        if max_elements is not None and count > max_elements:
-            raise ProtocolError(
-                f"{where}: shape {shape} has {count} elements; this server accepts at most {max_elements}"
-            )
-        p = params_of(item, where)
-        ref = shm_params(p, where)
-        has_data = "data" in item
-        has_binary = "binary_data_size" in p
-        if sum((ref is not None, has_data, has_binary)) > 1:
-            raise ProtocolError(
-                f'{where}: give its data one way only: "data", binary_data_size, or shared memory'
-            )
-        if ref is not None:
-            expected = count * DATATYPES[datatype].itemsize
-            if datatype != "BYTES" and ref[2] != expected:
-                raise ProtocolError(
-                    f"{where}: shared_memory_byte_size {ref[2]} does not match shape {shape} "
-                    f"of {datatype} ({expected} bytes)"
-                )
-            # a private copy (pread): the client's object may change or shrink meanwhile
-            data = _shm_call(shm, where, "read", *ref)
-            inputs[name] = tensor_from_bytes(data, datatype, shape, where, copy=False)
-        elif has_binary:
-            size = nonneg_int(p["binary_data_size"], "binary_data_size", where)
-            if header_length is None:
-                raise ProtocolError(
-                    f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header"
-                )
-            if cursor + size > len(blobs):
-                raise ProtocolError(
-                    f"{where}: binary_data_size {size} runs past the end of the body "
-                    f"({len(blobs) - cursor} of {len(blobs)} binary bytes left)"
-                )
-            if datatype != "BYTES" and size != count * DATATYPES[datatype].itemsize:
-                raise ProtocolError(
-                    f"{where}: binary_data_size {size} does not match shape {shape} of "
-                    f"{datatype} ({count * DATATYPES[datatype].itemsize} bytes)"
-                )
-            inputs[name] = tensor_from_bytes(
-                blobs[cursor : cursor + size], datatype, shape, where, copy=copy
-            )
-            cursor += size
-        elif has_data:
-            inputs[name] = from_json_data(item["data"], datatype, shape, where)
-        else:
-            raise ProtocolError(
-                f'{where} has no data: give "data", parameters.binary_data_size, or '
-                "parameters.shared_memory_region / shared_memory_byte_size"
-            )
-    if cursor != len(blobs):
-        raise ProtocolError(
-            f"{len(blobs) - cursor} bytes of binary data after the JSON header are not claimed "
-            f"by any input's binary_data_size (claimed: {cursor} of {len(blobs)})"
-        )
+        name, where, datatype, shape, count = _input_fields(i, item, inputs, specs, max_elements)
+        inputs[name] = _input_tensor(item, where, datatype, shape, count, binary, shm, copy)
+    binary.check_claimed()
     if specs is not None:
         missing = [n for n in specs if n not in inputs]
         if missing:
             raise ProtocolError(f"missing input(s) {missing}; the model needs {list(specs)}")
+    return inputs
 
-    outputs = _decode_requested(doc.get("outputs"), binary_default, shm)
-    return InferRequest(
-        id=req_id,
-        inputs=inputs,
-        outputs=outputs,
-        parameters=params,
-        binary_output_default=binary_default,
+
+def _input_fields(
+    i: int,
+    item: Any,
+    given: Mapping[str, Any],
+    specs: dict[str, TensorSpec] | None,
+    max_elements: int | None,
+) -> tuple[str, str, str, list[int], int]:
+    """``(name, where, datatype, shape, element count)`` of ``inputs[i]``, checked: an
+    object with a new name (one of ``specs``' where given), a known datatype and a shape
+    (the model's, and within ``max_elements``). ``given``: the inputs decoded before it."""
+    if not isinstance(item, dict):
+        raise ProtocolError(f"inputs[{i}] must be a JSON object, got {type(item).__name__}")
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f'inputs[{i}] needs a "name" (a non-empty string)')
+    where = f"input '{name}'"
+    if name in given:
+        raise ProtocolError(f"{where} is given more than once")
+    if specs is not None and name not in specs:
+        raise ProtocolError(f"unknown {where}; the model's inputs are {sorted(specs)}", 400)
+    datatype = item.get("datatype")
+    if not isinstance(datatype, str):
+        raise ProtocolError(f'{where} needs a "datatype" (e.g. "FP32")')
+    if datatype not in DATATYPES:
+        raise ProtocolError(
+            f"{where}: unknown datatype {datatype!r}; supported: {', '.join(DATATYPES)}"
+        )
+    if "shape" not in item:
+        raise ProtocolError(f'{where} needs a "shape" (a list of integers; [] for a scalar)')
+    shape = parse_shape(item["shape"], where)
+    if specs is not None:
+        _check_spec(specs[name], datatype, shape, where)
+    count = math.prod(shape)
+    if max_elements is not None and count > max_elements:
+        raise ProtocolError(
+            f"{where}: shape {shape} has {count} elements; this server accepts at most {max_elements}"
+        )
+    return name, where, datatype, shape, count
+
+
+def _input_tensor(
+    item: dict[str, Any],
+    where: str,
+    datatype: str,
+    shape: list[int],
+    count: int,
+    binary: _BinaryData,
+    shm: SystemSharedMemoryRegistry | None,
+    copy: bool,
+) -> np.ndarray:
+    """One input's tensor, from the one way its data travels: system shared memory,
+    binary data after the JSON header, or JSON ``"data"``."""
+    p = params_of(item, where)
+    ref = shm_params(p, where)
+    has_data = "data" in item
+    has_binary = "binary_data_size" in p
+    if sum((ref is not None, has_data, has_binary)) > 1:
+        raise ProtocolError(
+            f'{where}: give its data one way only: "data", binary_data_size, or shared memory'
+        )
+    if ref is not None:
+        return _shm_input(ref, where, datatype, shape, count, shm)
+    if has_binary:
+        return binary.take(p["binary_data_size"], where, datatype, shape, count, copy)
+    if has_data:
+        return from_json_data(item["data"], datatype, shape, where)
+    raise ProtocolError(
+        f'{where} has no data: give "data", parameters.binary_data_size, or '
+        "parameters.shared_memory_region / shared_memory_byte_size"
     )
+
+
+def _shm_input(
+    ref: tuple[str, int, int],
+    where: str,
+    datatype: str,
+    shape: list[int],
+    count: int,
+    shm: SystemSharedMemoryRegistry | None,
+) -> np.ndarray:
+    """One input's tensor read from system shared memory (``ref``: region, offset, byte
+    size), its byte size checked against the shape."""
+    expected = count * DATATYPES[datatype].itemsize
+    if datatype != "BYTES" and ref[2] != expected:
+        raise ProtocolError(
+            f"{where}: shared_memory_byte_size {ref[2]} does not match shape {shape} "
+            f"of {datatype} ({expected} bytes)"
+        )
+    # a private copy (pread): the client's object may change or shrink meanwhile
+    data = _shm_call(shm, where, "read", *ref)
+    return tensor_from_bytes(data, datatype, shape, where, copy=False)
 
 
 def _decode_requested(

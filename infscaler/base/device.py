@@ -583,12 +583,47 @@ def check_pipeline(
     Raises:
         ConfigError: every problem found, one line each naming the stage and what to do.
     """
-    problems: list[str] = []
-    warnings: list[str] = []
     dev = f"device {profile.name}"
     engines_here = ", ".join(profile.engine_units)
+    problems, warnings = _engine_problems(compiled.units, profile, dev, engines_here)
+    if problems:
+        raise ConfigError(
+            f"pipeline {compiled.name} does not fit {dev}:\n  " + "\n  ".join(problems),
+            hint=f"{dev} has engines {engines_here}; `infscaler devices` lists the profiles",
+        )
 
-    for u in compiled.units:
+    served = compiled.served_units()
+    # -- engine slots and cores (model instances, as the scaler counts them) -----------------
+    per_engine: dict[str, list[Any]] = {}
+    for u in served:
+        if u.kind == "model":
+            per_engine.setdefault(_engine_kind(u.engine), []).append(u)
+    problems += _slot_problems(per_engine, profile, dev, instances_used)
+    warnings += _core_warnings(served, per_engine.get("cpu", []), profile, dev, cores_used)
+    # -- memory --------------------------------------------------------------------------------
+    memory_problems, memory_warnings = _memory_problems(
+        served, profile, dev, pool_mb, used_mb, instance_overhead_mb
+    )
+    problems += memory_problems
+    warnings += memory_warnings
+    if problems:
+        raise ConfigError(
+            f"pipeline {compiled.name} does not fit {dev}:\n  " + "\n  ".join(problems),
+            hint="change the pipeline as each line says, or deploy with another --device "
+            "profile (`infscaler devices` lists them)",
+        )
+    return warnings
+
+
+def _engine_problems(
+    units: Sequence[Any], profile: DeviceProfile, dev: str, engines_here: str
+) -> tuple[list[str], list[str]]:
+    """``(problems, warnings)`` of each unit's engine and precision on ``profile``: a
+    known engine kind the profile has, a precision that engine runs; a ``max_instances``
+    beyond the engine's limit is a warning (the scaler stops at the limit)."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    for u in units:
         kind = _engine_kind(u.engine)
         if kind not in ENGINES:
             problems.append(
@@ -616,19 +651,20 @@ def check_pipeline(
                 f"stage {u.stage}: max_instances {u.max_instances} exceeds the {kind} limit "
                 f"of {dev} ({limit}); the scaler stops at the device's limit"
             )
-    if problems:
-        raise ConfigError(
-            f"pipeline {compiled.name} does not fit {dev}:\n  " + "\n  ".join(problems),
-            hint=f"{dev} has engines {engines_here}; `infscaler devices` lists the profiles",
-        )
+    return problems, warnings
 
-    served = compiled.served_units()
-    # -- engine slots and cores (model instances, as the scaler counts them) -----------------
+
+def _slot_problems(
+    per_engine: Mapping[str, list[Any]],
+    profile: DeviceProfile,
+    dev: str,
+    instances_used: Mapping[str, int] | None,
+) -> list[str]:
+    """Per engine kind, the served model units' configured instances (``per_engine``)
+    plus those other deployments run (``instances_used``) beyond the profile's instance
+    limit."""
+    problems: list[str] = []
     used = dict(instances_used or {})
-    per_engine: dict[str, list[Any]] = {}
-    for u in served:
-        if u.kind == "model":
-            per_engine.setdefault(_engine_kind(u.engine), []).append(u)
     for kind, units in per_engine.items():
         limit = profile.instance_limits.get(kind, 0)
         want = sum(u.instances for u in units)
@@ -647,10 +683,24 @@ def check_pipeline(
                 f"limit of {dev} ({limit}: {basis}): lower `instances`, or move a stage "
                 "to another engine"
             )
+    return problems
+
+
+def _core_warnings(
+    served: Sequence[Any],
+    cpu_units: Sequence[Any],
+    profile: DeviceProfile,
+    dev: str,
+    cores_used: int,
+) -> list[str]:
+    """Warnings about the cpu cores: the model instances x threads on the cpu
+    (``cpu_units``, plus ``cores_used`` by other deployments) beyond its thread slots or
+    its cores, a function stage with more threads than cores, profile cores this host
+    lacks (the operator's configuration is deployed as it is)."""
+    warnings: list[str] = []
     cpu = profile.accelerator("cpu")
     host = sorted(os.sched_getaffinity(0))
     cores = cpu.cores if cpu is not None and cpu.cores else host
-    cpu_units = per_engine.get("cpu", [])
     want_cores = sum(u.instances * u.threads for u in cpu_units)
     slots = cpu.thread_slots(host) if cpu is not None else len(cores)
     if cpu_units and want_cores + cores_used > slots:
@@ -689,8 +739,22 @@ def check_pipeline(
                 f"{dev} lists cpu cores {missing} that this host does not have (usable: "
                 f"{host}); instances are pinned to the cores both have"
             )
+    return warnings
 
-    # -- memory --------------------------------------------------------------------------------
+
+def _memory_problems(
+    served: Sequence[Any],
+    profile: DeviceProfile,
+    dev: str,
+    pool_mb: float,
+    used_mb: float,
+    instance_overhead_mb: float,
+) -> tuple[list[str], list[str]]:
+    """``(problems, warnings)`` of memory: one instance of every served unit plus
+    ``pool_mb`` and ``used_mb`` beyond the profile's cap, else the configured instances
+    beyond it; a model unit without a plan estimate is a warning."""
+    problems: list[str] = []
+    warnings: list[str] = []
     rows = []
     for u in served:
         mb, origin = _unit_memory(u, instance_overhead_mb)
@@ -721,10 +785,4 @@ def check_pipeline(
             f"than the {cap_text} [{breakdown}]: lower `instances` (the scaler adds "
             "instances while they fit the cap)"
         )
-    if problems:
-        raise ConfigError(
-            f"pipeline {compiled.name} does not fit {dev}:\n  " + "\n  ".join(problems),
-            hint="change the pipeline as each line says, or deploy with another --device "
-            "profile (`infscaler devices` lists them)",
-        )
-    return warnings
+    return problems, warnings

@@ -96,215 +96,244 @@ def _setup_logging(verbose: bool) -> None:
 
 # -- serve --------------------------------------------------------------------------------
 
+# ``serve``'s arguments and options (typer's ``Annotated`` style, one alias each)
+TargetsArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Pipelines to deploy: PIPELINE.yaml, MODEL.onnx, a bundled model alias, "
+        "a plan directory, or a bundled pipeline: `ocr` (PP-OCRv4) or `dddd` (ddddocr "
+        "detector -> recogniser)."
+    ),
+]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="Device profile (name or YAML).")]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Plans and caches (default $STATE_DIRECTORY or ~/.local/state/infscaler).",
+    ),
+]
+ControlPathOpt = Annotated[str, typer.Option("--control-path", help="auto | ebpf | userspace")]
+PartitionsOpt = Annotated[
+    int | None,
+    typer.Option("--partitions", "-k", help="Partition bare models into K parts at deploy."),
+]
+ShapesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--shapes",
+        help="Concrete shapes of a model's dynamic inputs, trtexec style "
+        "(x:1x3x224x224[,y:...]), for the .onnx models and aliases given; a dynamic "
+        "batch dim alone takes 1 with a warning.",
+    ),
+]
+PoolMbOpt = Annotated[int, typer.Option("--pool-mb", help="Tensor pool memory cap, MB.")]
+SloOpt = Annotated[
+    str | None,
+    typer.Option("--slo", help="End-to-end latency SLO for every pipeline given (200ms)."),
+]
+AutoscaleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--autoscale",
+        help="Scale the pipelines' stages asymmetrically to keep P99 under --slo "
+        "(Algorithm 1; pipeline.yaml may set `autoscale:` itself).",
+    ),
+]
+ObjectiveOpt = Annotated[
+    str,
+    typer.Option(
+        "--objective",
+        help="With --slo --autoscale and models that name no partitions / threads / "
+        "instances: auto = the planner's search picks K, cuts, threads and instances "
+        "(`infscaler plan --explain`); eq1 = the paper's Eq. 1 as before.",
+    ),
+]
+CpuWakeLatencyOpt = Annotated[
+    str,
+    typer.Option(
+        "--cpu-wake-latency-us",
+        help="Hold a Linux PM QoS request while serving: idle CPUs use no cpuidle state "
+        "slower to leave than this, µs (0: they poll), so requests that find the device "
+        "idle stop paying the cores' wake-up; costs power. auto: hold 0 µs once an "
+        "autoscaled pipeline misses its SLO, while SLO pipelines stay; none: never. Needs root (else "
+        "logged, ignored).",
+    ),
+]
+MaxBodyMbOpt = Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")]
+MetricsPortOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        help="Also serve GET /metrics (Prometheus) on --metrics-host:PORT (off by default; "
+        "the socket always serves it).",
+    ),
+]
+MetricsHostOpt = Annotated[
+    str,
+    typer.Option(
+        "--metrics-host",
+        help="Address for --metrics-port: 127.0.0.1 (default), or 0.0.0.0 only in a "
+        "container's own network namespace (Kubernetes pod) for a cluster's Prometheus.",
+    ),
+]
+MaxConnectionsOpt = Annotated[
+    int, typer.Option("--max-connections", help="API connections open at once (more: 503).")
+]
+MaxJsonMbOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-json-mb",
+        min=0.001,
+        help="JSON an inference request may carry, MB (its body, or the JSON header "
+        "before binary data; 413 beyond): JSON takes up to 20x its size decoded.",
+    ),
+]
+MaxConnectionsPerUidOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-connections-per-uid",
+        min=1,
+        help="Connections one client user may hold open (more: 503); the service's "
+        "user and root are not limited.",
+    ),
+]
+OperatorConnectionsOpt = Annotated[
+    int,
+    typer.Option(
+        "--operator-connections",
+        min=0,
+        help="Of --max-connections, how many only the service's user and root may use "
+        "(the operator always gets in).",
+    ),
+]
+MaxInflightMbPerUidOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-inflight-mb-per-uid",
+        min=1,
+        help="Of --max-inflight-mb, what one client user may hold, MB (more: 503).",
+    ),
+]
+MaxRegionsPerUidOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-regions-per-uid",
+        min=1,
+        help="System shared memory regions one client user may hold registered (more: 429).",
+    ),
+]
+MaxRegionsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-regions",
+        min=1,
+        help="Regions all client users together may hold registered (more: 429).",
+    ),
+]
+VariantLoadsPerMinOpt = Annotated[
+    float,
+    typer.Option(
+        "--variant-loads-per-min",
+        min=0.01,
+        help="Model-less queries one client user may make per minute that load a "
+        "variant (more: 429 with Retry-After); queries a loaded variant serves are free.",
+    ),
+]
+HeaderTimeoutOpt = Annotated[
+    float,
+    typer.Option("--header-timeout", help="Seconds for a request's headers to arrive (408)."),
+]
+BodyTimeoutOpt = Annotated[
+    float,
+    typer.Option("--body-timeout", help="Seconds for a request's body to arrive (408)."),
+]
+MaxInflightMbOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-inflight-mb",
+        min=1,
+        help="Budget of request bytes in flight, MB (a request counts twice its "
+        "binary data, body + decoded tensors, and 20x its JSON); beyond it 503 with "
+        "Retry-After, checked before the body is read.",
+    ),
+]
+DrainTimeoutOpt = Annotated[
+    float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
+]
+SocketGroupOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--socket-group",
+        envvar="INFSCALER_SOCKET_GROUP",
+        help="Give the socket (mode 0660) to this group (name or gid); default: the "
+        "service's own group. Its members may infer.",
+    ),
+]
+AllowFunctionsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-functions",
+        envvar="INFSCALER_ALLOW_FUNCTIONS",
+        help="A Python package whose functions pipelines loaded through the API may "
+        "use as function stages (repeatable; infscaler.pipelines always). Pipelines "
+        "given on this command line may use the modules they name.",
+    ),
+]
+ModelRepositoryOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model-repository",
+        envvar="INFSCALER_MODEL_REPOSITORIES",
+        help="A directory pipelines loaded through the API may take models and plans "
+        "from (repeatable; bundled model aliases always).",
+    ),
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")]
+WatchPipelinesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--watch-pipelines",
+        help="Deploy DIR's pipeline files and keep the service in step with them "
+        "(load changed, unload removed; a mounted ConfigMap: infscaler.cli.watcher).",
+    ),
+]
+
 
 @app.command("serve")
 def serve_cmd(
-    targets: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Pipelines to deploy: PIPELINE.yaml, MODEL.onnx, a bundled model alias, "
-            "a plan directory, or a bundled pipeline: `ocr` (PP-OCRv4) or `dddd` (ddddocr "
-            "detector -> recogniser)."
-        ),
-    ] = None,
+    targets: TargetsArg = None,
     socket: SocketOpt = None,
-    device: Annotated[
-        str | None, typer.Option("--device", help="Device profile (name or YAML).")
-    ] = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            help="Plans and caches (default $STATE_DIRECTORY or ~/.local/state/infscaler).",
-        ),
-    ] = None,
-    control_path: Annotated[
-        str, typer.Option("--control-path", help="auto | ebpf | userspace")
-    ] = "auto",
-    partitions: Annotated[
-        int | None,
-        typer.Option("--partitions", "-k", help="Partition bare models into K parts at deploy."),
-    ] = None,
-    shapes: Annotated[
-        str | None,
-        typer.Option(
-            "--shapes",
-            help="Concrete shapes of a model's dynamic inputs, trtexec style "
-            "(x:1x3x224x224[,y:...]), for the .onnx models and aliases given; a dynamic "
-            "batch dim alone takes 1 with a warning.",
-        ),
-    ] = None,
-    pool_mb: Annotated[int, typer.Option("--pool-mb", help="Tensor pool memory cap, MB.")] = 512,
-    slo: Annotated[
-        str | None,
-        typer.Option("--slo", help="End-to-end latency SLO for every pipeline given (200ms)."),
-    ] = None,
-    autoscale: Annotated[
-        bool,
-        typer.Option(
-            "--autoscale",
-            help="Scale the pipelines' stages asymmetrically to keep P99 under --slo "
-            "(Algorithm 1; pipeline.yaml may set `autoscale:` itself).",
-        ),
-    ] = False,
-    objective: Annotated[
-        str,
-        typer.Option(
-            "--objective",
-            help="With --slo --autoscale and models that name no partitions / threads / "
-            "instances: auto = the planner's search picks K, cuts, threads and instances "
-            "(`infscaler plan --explain`); eq1 = the paper's Eq. 1 as before.",
-        ),
-    ] = "auto",
-    cpu_wake_latency_us: Annotated[
-        str,
-        typer.Option(
-            "--cpu-wake-latency-us",
-            help="Hold a Linux PM QoS request while serving: idle CPUs use no cpuidle state "
-            "slower to leave than this, µs (0: they poll), so requests that find the device "
-            "idle stop paying the cores' wake-up; costs power. auto: hold 0 µs once an "
-            "autoscaled pipeline misses its SLO, while SLO pipelines stay; none: never. Needs root (else "
-            "logged, ignored).",
-        ),
-    ] = WAKE_DEFAULT,
-    max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Request body limit, MB.")] = 64,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            help="Also serve GET /metrics (Prometheus) on --metrics-host:PORT (off by default; "
-            "the socket always serves it).",
-        ),
-    ] = None,
-    metrics_host: Annotated[
-        str,
-        typer.Option(
-            "--metrics-host",
-            help="Address for --metrics-port: 127.0.0.1 (default), or 0.0.0.0 only in a "
-            "container's own network namespace (Kubernetes pod) for a cluster's Prometheus.",
-        ),
-    ] = "127.0.0.1",
-    max_connections: Annotated[
-        int, typer.Option("--max-connections", help="API connections open at once (more: 503).")
-    ] = 512,
-    max_json_mb: Annotated[
-        float,
-        typer.Option(
-            "--max-json-mb",
-            min=0.001,
-            help="JSON an inference request may carry, MB (its body, or the JSON header "
-            "before binary data; 413 beyond): JSON takes up to 20x its size decoded.",
-        ),
-    ] = 16.0,
-    max_connections_per_uid: Annotated[
-        int,
-        typer.Option(
-            "--max-connections-per-uid",
-            min=1,
-            help="Connections one client user may hold open (more: 503); the service's "
-            "user and root are not limited.",
-        ),
-    ] = PeerQuotas.connections_per_uid,
-    operator_connections: Annotated[
-        int,
-        typer.Option(
-            "--operator-connections",
-            min=0,
-            help="Of --max-connections, how many only the service's user and root may use "
-            "(the operator always gets in).",
-        ),
-    ] = PeerQuotas.operator_connections,
-    max_inflight_mb_per_uid: Annotated[
-        float,
-        typer.Option(
-            "--max-inflight-mb-per-uid",
-            min=1,
-            help="Of --max-inflight-mb, what one client user may hold, MB (more: 503).",
-        ),
-    ] = PeerQuotas.inflight_mb_per_uid,
-    max_regions_per_uid: Annotated[
-        int,
-        typer.Option(
-            "--max-regions-per-uid",
-            min=1,
-            help="System shared memory regions one client user may hold registered (more: 429).",
-        ),
-    ] = PeerQuotas.regions_per_uid,
-    max_regions: Annotated[
-        int,
-        typer.Option(
-            "--max-regions",
-            min=1,
-            help="Regions all client users together may hold registered (more: 429).",
-        ),
-    ] = PeerQuotas.regions,
-    variant_loads_per_min: Annotated[
-        float,
-        typer.Option(
-            "--variant-loads-per-min",
-            min=0.01,
-            help="Model-less queries one client user may make per minute that load a "
-            "variant (more: 429 with Retry-After); queries a loaded variant serves are free.",
-        ),
-    ] = PeerQuotas.variant_loads_per_min,
-    header_timeout_s: Annotated[
-        float,
-        typer.Option("--header-timeout", help="Seconds for a request's headers to arrive (408)."),
-    ] = 30.0,
-    body_timeout_s: Annotated[
-        float,
-        typer.Option("--body-timeout", help="Seconds for a request's body to arrive (408)."),
-    ] = 120.0,
-    max_inflight_mb: Annotated[
-        float,
-        typer.Option(
-            "--max-inflight-mb",
-            min=1,
-            help="Budget of request bytes in flight, MB (a request counts twice its "
-            "binary data, body + decoded tensors, and 20x its JSON); beyond it 503 with "
-            "Retry-After, checked before the body is read.",
-        ),
-    ] = 256,
-    drain_s: Annotated[
-        float, typer.Option("--drain-timeout", help="Seconds to drain in-flight requests on stop.")
-    ] = 30.0,
-    socket_group: Annotated[
-        str | None,
-        typer.Option(
-            "--socket-group",
-            envvar="INFSCALER_SOCKET_GROUP",
-            help="Give the socket (mode 0660) to this group (name or gid); default: the "
-            "service's own group. Its members may infer.",
-        ),
-    ] = None,
-    allow_functions: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allow-functions",
-            envvar="INFSCALER_ALLOW_FUNCTIONS",
-            help="A Python package whose functions pipelines loaded through the API may "
-            "use as function stages (repeatable; infscaler.pipelines always). Pipelines "
-            "given on this command line may use the modules they name.",
-        ),
-    ] = None,
-    model_repository: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--model-repository",
-            envvar="INFSCALER_MODEL_REPOSITORIES",
-            help="A directory pipelines loaded through the API may take models and plans "
-            "from (repeatable; bundled model aliases always).",
-        ),
-    ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
-    watch_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--watch-pipelines",
-            help="Deploy DIR's pipeline files and keep the service in step with them "
-            "(load changed, unload removed; a mounted ConfigMap: infscaler.cli.watcher).",
-        ),
-    ] = None,
+    device: DeviceOpt = None,
+    state_dir: StateDirOpt = None,
+    control_path: ControlPathOpt = "auto",
+    partitions: PartitionsOpt = None,
+    shapes: ShapesOpt = None,
+    pool_mb: PoolMbOpt = 512,
+    slo: SloOpt = None,
+    autoscale: AutoscaleOpt = False,
+    objective: ObjectiveOpt = "auto",
+    cpu_wake_latency_us: CpuWakeLatencyOpt = WAKE_DEFAULT,
+    max_body_mb: MaxBodyMbOpt = 64,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = "127.0.0.1",
+    max_connections: MaxConnectionsOpt = 512,
+    max_json_mb: MaxJsonMbOpt = 16.0,
+    max_connections_per_uid: MaxConnectionsPerUidOpt = PeerQuotas.connections_per_uid,
+    operator_connections: OperatorConnectionsOpt = PeerQuotas.operator_connections,
+    max_inflight_mb_per_uid: MaxInflightMbPerUidOpt = PeerQuotas.inflight_mb_per_uid,
+    max_regions_per_uid: MaxRegionsPerUidOpt = PeerQuotas.regions_per_uid,
+    max_regions: MaxRegionsOpt = PeerQuotas.regions,
+    variant_loads_per_min: VariantLoadsPerMinOpt = PeerQuotas.variant_loads_per_min,
+    header_timeout_s: HeaderTimeoutOpt = 30.0,
+    body_timeout_s: BodyTimeoutOpt = 120.0,
+    max_inflight_mb: MaxInflightMbOpt = 256,
+    drain_s: DrainTimeoutOpt = 30.0,
+    socket_group: SocketGroupOpt = None,
+    allow_functions: AllowFunctionsOpt = None,
+    model_repository: ModelRepositoryOpt = None,
+    verbose: VerboseOpt = False,
+    watch_dir: WatchPipelinesOpt = None,
 ) -> None:
     """Run the service in the foreground on a Unix socket (Open Inference Protocol)."""
     _setup_logging(verbose)
@@ -323,32 +352,12 @@ def serve_cmd(
             variant_loads_per_min=variant_loads_per_min,
         ),
     )
-
-    security = SecurityPolicy.create(allow_functions or (), model_repository or ())
-    if socket_group is not None:
-        resolve_group(socket_group)  # an unknown group fails now, not after the deploys
-
+    security = _security_policy(allow_functions, model_repository, socket_group)
     profile = load_profile(device) if device else None
-    configs = [c for t in targets or [] for c in pipelines_from_arg(t, partitions, shapes)]
-    watcher = None
-    if watch_dir is not None:
-        watched, watcher = start_watching(watch_dir, default_socket(socket), err.print)
-        for cfg in watched:
-            # later versions of these files come through the repository API and its
-            # checks: the first version gets the same, so a file that deploys at start
-            # also reloads
-            security.check_pipeline(cfg)
-        configs += watched
-    if autoscale and slo is None and any(c.slo is None for c in configs):
-        raise InfScalerError("--autoscale needs --slo", hint="e.g. --slo 200ms --autoscale")
-    configs = [with_slo(c, slo, autoscale) for c in configs]
-    if objective not in ("auto", "eq1"):
-        raise InfScalerError(f"unknown --objective {objective!r}", hint="auto or eq1")
-    wake = wake_option(cpu_wake_latency_us)
-    if control_path not in ("auto", "ebpf", "userspace"):
-        raise InfScalerError(
-            f"unknown --control-path {control_path!r}", hint="auto, ebpf or userspace"
-        )
+    configs, watcher = _initial_pipelines(
+        targets, partitions, shapes, watch_dir, socket, security, slo, autoscale
+    )
+    wake = _checked_choices(objective, cpu_wake_latency_us, control_path)
     code = asyncio.run(
         _serve(
             configs,
@@ -373,6 +382,68 @@ def serve_cmd(
     if watcher is not None:
         watcher.stop()
     raise typer.Exit(code)
+
+
+def _security_policy(
+    allow_functions: list[str] | None, model_repository: list[str] | None, socket_group: str | None
+) -> SecurityPolicy:
+    """``serve``'s security policy (what pipelines loaded through the API may use), once
+    ``--socket-group`` is known to name a group."""
+    security = SecurityPolicy.create(allow_functions or (), model_repository or ())
+    if socket_group is not None:
+        resolve_group(socket_group)  # an unknown group fails now, not after the deploys
+    return security
+
+
+def _initial_pipelines(
+    targets: list[str] | None,
+    partitions: int | None,
+    shapes: str | None,
+    watch_dir: Path | None,
+    socket: str | None,
+    security: SecurityPolicy,
+    slo: str | None,
+    autoscale: bool,
+) -> tuple[list[Any], Any]:
+    """``(the pipelines serve deploys at start, the watcher of --watch-pipelines or
+    None)``: the targets given, then the watched directory's files (checked like the
+    repository API checks their later versions), each with ``--slo`` / ``--autoscale``.
+
+    Raises:
+        InfScalerError: ``--autoscale`` without ``--slo`` for a pipeline that has none.
+    """
+    configs = [c for t in targets or [] for c in pipelines_from_arg(t, partitions, shapes)]
+    watcher = None
+    if watch_dir is not None:
+        watched, watcher = start_watching(watch_dir, default_socket(socket), err.print)
+        for cfg in watched:
+            # later versions of these files come through the repository API and its
+            # checks: the first version gets the same, so a file that deploys at start
+            # also reloads
+            security.check_pipeline(cfg)
+        configs += watched
+    if autoscale and slo is None and any(c.slo is None for c in configs):
+        raise InfScalerError("--autoscale needs --slo", hint="e.g. --slo 200ms --autoscale")
+    return [with_slo(c, slo, autoscale) for c in configs], watcher
+
+
+def _checked_choices(
+    objective: str, cpu_wake_latency_us: str, control_path: str
+) -> int | str | None:
+    """Check ``--objective`` and ``--control-path``; returns ``--cpu-wake-latency-us``
+    as the service takes it (:func:`wake_option`).
+
+    Raises:
+        InfScalerError: an unknown choice (the message says which ones there are).
+    """
+    if objective not in ("auto", "eq1"):
+        raise InfScalerError(f"unknown --objective {objective!r}", hint="auto or eq1")
+    wake = wake_option(cpu_wake_latency_us)
+    if control_path not in ("auto", "ebpf", "userspace"):
+        raise InfScalerError(
+            f"unknown --control-path {control_path!r}", hint="auto, ebpf or userspace"
+        )
+    return wake
 
 
 #: exit status when the front end died (EX_SOFTWARE): systemd's Restart=on-failure
@@ -538,9 +609,7 @@ DEMO_TEXT = ["InfScaler serves partitioned models", "Edge inference on Jetson 20
 
 @app.command("demo")
 def demo_cmd(
-    control_path: Annotated[
-        str, typer.Option("--control-path", help="auto | ebpf | userspace")
-    ] = "auto",
+    control_path: ControlPathOpt = "auto",
     partitions: Annotated[int, typer.Option("--partitions", "-k", help="K for PP-OCRv4 det.")] = 2,
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="Plans (default: a cache dir).")

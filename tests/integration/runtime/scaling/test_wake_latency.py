@@ -256,7 +256,7 @@ def test_the_planner_plans_for_the_wake_up_the_policy_converges_to(
     the request can be made: the policy holds them at the first missed SLO, and whether
     it happens to hold them at the deploy must not change the plan; a fixed setting plans
     for what is in force."""
-    import infscaler.service.service as service_mod
+    import infscaler.service.deploy as deploy_mod
     from infscaler.base.config import load_pipeline
     from tests.helpers import chain_pipeline
 
@@ -266,8 +266,8 @@ def test_the_planner_plans_for_the_wake_up_the_policy_converges_to(
         seen.append(kw["wake_latency_us"])
         return cfg, None
 
-    monkeypatch.setattr(service_mod, "plan_pipeline", fake_plan)
-    monkeypatch.setattr(service_mod, "needs_planning", lambda cfg: True)
+    monkeypatch.setattr(deploy_mod, "plan_pipeline", fake_plan)
+    monkeypatch.setattr(deploy_mod, "needs_planning", lambda cfg: True)
     with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64,
                  cpu_wake_latency_us=setting) as svc:  # fmt: skip
         assert not svc.cpu_wake_latency_held or setting == 0
