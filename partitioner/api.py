@@ -36,6 +36,7 @@ import shutil
 import statistics
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -140,19 +141,80 @@ def partition_model(
             large for the SLO or the model, no valid cuts).
         VerificationError: the chain does not reproduce the model within ``rtol``.
     """
-    if objective not in search.OBJECTIVES:
-        raise InfScalerError(
-            f"unknown partition objective '{objective}'",
-            hint=f"use one of {', '.join(search.OBJECTIVES)}",
-        )
-    if measure not in ("flops", "time"):
-        raise InfScalerError(f"unknown complexity measure '{measure}'", hint="use flops or time")
-    if max_partitions < 1 or (num_partitions is not None and num_partitions < 1):
-        raise InfScalerError("the number of partitions must be >= 1")
+    _check_request(objective, measure, max_partitions, num_partitions)
     slo = slo if isinstance(slo, SLO) else parse_slo(slo)
     if out_dir is not None:
         check_output_dir(Path(out_dir), force=force)
+    found = _search_plan(
+        model,
+        shapes=shapes,
+        slo=slo,
+        num_partitions=num_partitions,
+        max_partitions=max_partitions,
+        measure=measure,
+        warmup=warmup,
+        repeats=repeats,
+        threads=threads,
+        use_cache=use_cache,
+        max_crossing_mb=max_crossing_mb,
+        progress=progress,
+        objective=objective,
+        cuts=cuts,
+    )
+    return _build_plan(
+        found,
+        slo=slo,
+        measure=measure,
+        device=device,
+        out_dir=out_dir,
+        force=force,
+        rtol=rtol,
+        warmup=warmup,
+        repeats=repeats,
+        progress=progress,
+    )
 
+
+@dataclass
+class _Found:
+    """Steps 1-5 of :func:`partition_model`: the model, what was measured of it, and the
+    cuts chosen (Eq. 1, or the objective asked for)."""
+
+    loaded: LoadedModel
+    graph: OperatorGraph
+    costs: dict[str, cost_mod.OperatorCost]
+    feeds: dict[str, np.ndarray]
+    threads: int
+    whole_cpu: extract.PartLike
+    engines: dict[str, str | None]
+    profiles: dict[str, profiler.ModelProfile]
+    boundary: profiler.BoundaryOverhead
+    slo_ms: float | None
+    t_p: float
+    c: list[float]
+    result: search.SearchResult
+
+
+def _search_plan(
+    model: str | os.PathLike[str],
+    *,
+    shapes: dict[str, tuple[int, ...]] | str | None,
+    slo: SLO,
+    num_partitions: int | None,
+    max_partitions: int,
+    measure: Measure,
+    warmup: int,
+    repeats: int,
+    threads: int | None,
+    use_cache: bool,
+    max_crossing_mb: float | None,
+    progress: Progress,
+    objective: str,
+    cuts: Sequence[int] | None,
+) -> _Found:
+    """Steps 1-5 of :func:`partition_model`: load the model, cost and profile its
+    operators, measure T_o and T_p, and choose the cuts (Eq. 1: min sum_k sigma(P_k)
+    s.t. T_o + (K-1) T_p <= SLO, or the objective asked for)."""
     progress("loading and checking the model")
     # onnxruntime's acceptance of the model is proven by the first profiling session
     # (a clear ModelLoadError, before anything is written); no separate check session.
@@ -164,25 +226,11 @@ def partition_model(
 
     feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
     n_threads = int(threads or profiler.usable_cores())
-    node_names = [n.name for n in loaded.model.graph.node]
     whole_cpu = _cpu_source(loaded)
     engines = profiler.profiled_engines()
-    profiles: dict[str, profiler.ModelProfile] = {}
-    for engine, backend in engines.items():  # cpu first; engines this host lacks skipped
-        if backend is None:
-            continue
-        progress(f"profiling operators on {engine}")
-        profiles[engine] = profiler.profile_model(
-            whole_cpu if engine == "cpu" else loaded.session_source,
-            feeds,
-            engine=engine,
-            model_sha256=loaded.sha256,
-            warmup=warmup,
-            repeats=repeats,
-            threads=n_threads,
-            cache=use_cache,
-            node_names=node_names,
-        )
+    profiles = _profile_engines(
+        loaded, whole_cpu, feeds, engines, n_threads, warmup, repeats, use_cache, progress
+    )
     progress("measuring the partition boundary overhead T_p")
     boundary = profiler.measure_boundary_overhead(engine="cpu", cache=use_cache)
 
@@ -200,33 +248,55 @@ def partition_model(
         c = [float(node_ms.get(op.node, 0.0)) for op in graph.operators]
 
     progress(f"searching cut points ({'given' if cuts is not None else objective})")
-    k_slo = max_partitions
-    if slo_ms is not None:  # raises if T_o > SLO
-        k_slo = search.max_partitions_for_slo(t_o, t_p, slo_ms, max_partitions)
-    weights = [float(costs[op.node].param_bytes) for op in graph.operators]
-    if cuts is not None:
-        result = search.evaluate_cuts(c, valid, cuts, weights=weights, cut_bytes=cut_bytes)
-    elif objective == "eq1":
-        result = search.search_partitions(
-            c,
-            valid,
-            num_partitions=num_partitions,
-            max_partitions=max_partitions,
-            t_o_ms=t_o,
-            t_p_ms=t_p,
-            slo_ms=slo_ms,
-            cut_bytes=cut_bytes,
-        )
-    else:
-        w = weights if objective == "weights" else None
-        ks = [num_partitions] if num_partitions else range(1, min(k_slo, len(valid) + 1) + 1)
-        result = None
-        for k in ks:
-            r = search.search_minmax(c, valid, k, weights=w, cut_bytes=cut_bytes)
-            if result is None or r.objective < 0.99 * result.objective:
-                result = r
-        assert result is not None
+    result = _search_cuts(
+        c,
+        valid,
+        cut_bytes,
+        graph,
+        costs,
+        objective=objective,
+        cuts=cuts,
+        num_partitions=num_partitions,
+        max_partitions=max_partitions,
+        t_o=t_o,
+        t_p=t_p,
+        slo_ms=slo_ms,
+    )
+    return _Found(
+        loaded=loaded,
+        graph=graph,
+        costs=costs,
+        feeds=feeds,
+        threads=n_threads,
+        whole_cpu=whole_cpu,
+        engines=engines,
+        profiles=profiles,
+        boundary=boundary,
+        slo_ms=slo_ms,
+        t_p=t_p,
+        c=c,
+        result=result,
+    )
 
+
+def _build_plan(
+    found: _Found,
+    *,
+    slo: SLO,
+    measure: Measure,
+    device: DeviceProfile | None,
+    out_dir: str | os.PathLike[str] | None,
+    force: bool,
+    rtol: float,
+    warmup: int,
+    repeats: int,
+    progress: Progress,
+) -> Plan:
+    """Steps 6-7 of :func:`partition_model`: extract the parts of ``found``'s cuts,
+    verify the chain against the whole model, time each part per engine, build the
+    :class:`~.plan.Plan` and, given ``out_dir``, write it atomically."""
+    loaded, profiles, feeds, n_threads = found.loaded, found.profiles, found.feeds, found.threads
+    result = found.result
     # Parts are saved (once, into a staging directory beside the target that becomes the
     # plan directory) only when a plan is written or an engine other than the CPU builds
     # its sessions from files; the CPU sessions are built from stubs of the parts.
@@ -237,19 +307,8 @@ def partition_model(
     stage = Path(tempfile.mkdtemp(prefix=".infscaler-plan-", dir=stage_parent))
     try:
         progress(f"extracting {result.num_partitions} partitions")
-        specs = graph.specs(list(result.cuts))
-        parts = []
-        part_files: list[str | None] = []
-        part_cpu: list[extract.PartLike] = []
-        for k, spec in enumerate(specs):
-            part = extract.extract_partition(loaded, spec)
-            part_file = None
-            if save_parts:
-                part_file = str(stage / f"part_{k}.onnx")
-                extract.save_partition(part, part_file)
-            parts.append(part)
-            part_files.append(part_file)
-            part_cpu.append(_cpu_source(loaded, part, part_file))
+        specs = found.graph.specs(list(result.cuts))
+        parts, part_files, part_cpu = _extract_parts(loaded, specs, stage, save_parts)
 
         progress("verifying the chain against the whole model")
         # The whole model's unoptimised outputs on these feeds come from the per-node
@@ -268,39 +327,16 @@ def partition_model(
         extract.check_verification(verification)
 
         progress("measuring partition latency")
-        # Part k's inputs are part k-1's outputs (chain semantics): time each part once per
-        # engine and feed the next part from the cpu run's outputs (K sessions per engine).
-        # The median of each part's runs, and its uncertainty (profiler.median_err, a
-        # fraction of it: the planner's goodput interval).
-        part_ms: list[dict[str, float]] = [{} for _ in parts]
-        part_err: list[dict[str, float]] = [{} for _ in parts]
-        env = feeds
-        for k, spec in enumerate(specs):
-            part_feeds = {n: env[n] for n in spec.inputs}
-            for engine in profiles:
-                source = part_cpu[k] if engine == "cpu" else part_files[k]
-                assert source is not None
-                times, outputs = profiler.measure_latency_runs(
-                    source,
-                    part_feeds,
-                    engine=engine,
-                    warmup=warmup,
-                    repeats=repeats,
-                    threads=n_threads,
-                )
-                part_ms[k][engine] = float(statistics.median(times))
-                err = profiler.median_err(times)
-                if err is not None:
-                    part_err[k][engine] = err
-                if engine == "cpu":
-                    env = outputs
+        part_ms, part_err, env = _measure_parts(
+            specs, profiles, part_cpu, part_files, feeds, warmup, repeats, n_threads
+        )
         # The optimised chain's outputs are in env now: compare them with the optimised
         # whole model (informational: graph fusion differs across a boundary), whose
         # outputs the T_o session gave (from a cached profile: one more run).
         whole_opt = cpu_outputs.get("optimized")
         if whole_opt is None:
             _, whole_opt = profiler.measure_latency(
-                whole_cpu, feeds, engine="cpu", warmup=0, repeats=1, threads=n_threads
+                found.whole_cpu, feeds, engine="cpu", warmup=0, repeats=1, threads=n_threads
             )
         verification.optimized = extract.optimized_errors(
             verification.reference or {}, whole_opt, {n: env[n] for n in loaded.graph_outputs}
@@ -308,22 +344,22 @@ def partition_model(
 
         summary = _summary(
             loaded,
-            graph,
-            costs,
-            c,
+            found.graph,
+            found.costs,
+            found.c,
             result,
             specs,
             part_ms,
             part_err,
             profiles,
-            boundary,
+            found.boundary,
             verification,
             slo,
-            slo_ms,
-            t_p,
+            found.slo_ms,
+            found.t_p,
             measure,
             device,
-            engines,
+            found.engines,
         )
         plan = Plan(summary=summary, parts=parts)
         if out_dir is not None:
@@ -332,6 +368,173 @@ def partition_model(
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return plan
+
+
+def _check_request(
+    objective: str, measure: str, max_partitions: int, num_partitions: int | None
+) -> None:
+    """Refuse an unknown objective or complexity measure, or a K below 1.
+
+    Raises:
+        InfScalerError: as :func:`partition_model`.
+    """
+    if objective not in search.OBJECTIVES:
+        raise InfScalerError(
+            f"unknown partition objective '{objective}'",
+            hint=f"use one of {', '.join(search.OBJECTIVES)}",
+        )
+    if measure not in ("flops", "time"):
+        raise InfScalerError(f"unknown complexity measure '{measure}'", hint="use flops or time")
+    if max_partitions < 1 or (num_partitions is not None and num_partitions < 1):
+        raise InfScalerError("the number of partitions must be >= 1")
+
+
+def _profile_engines(
+    loaded: LoadedModel,
+    whole_cpu: extract.PartLike,
+    feeds: dict[str, np.ndarray],
+    engines: dict[str, str | None],
+    threads: int,
+    warmup: int,
+    repeats: int,
+    use_cache: bool,
+    progress: Progress,
+) -> dict[str, profiler.ModelProfile]:
+    """Every operator and the whole model's T_o on each engine this host has (cpu
+    first; engines it lacks skipped): engine -> :class:`~.profiler.ModelProfile`."""
+    node_names = [n.name for n in loaded.model.graph.node]
+    profiles: dict[str, profiler.ModelProfile] = {}
+    for engine, backend in engines.items():  # cpu first; engines this host lacks skipped
+        if backend is None:
+            continue
+        progress(f"profiling operators on {engine}")
+        profiles[engine] = profiler.profile_model(
+            whole_cpu if engine == "cpu" else loaded.session_source,
+            feeds,
+            engine=engine,
+            model_sha256=loaded.sha256,
+            warmup=warmup,
+            repeats=repeats,
+            threads=threads,
+            cache=use_cache,
+            node_names=node_names,
+        )
+    return profiles
+
+
+def _search_cuts(
+    c: list[float],
+    valid: list[int],
+    cut_bytes: dict[int, int],
+    graph: OperatorGraph,
+    costs: dict[str, cost_mod.OperatorCost],
+    *,
+    objective: str,
+    cuts: Sequence[int] | None,
+    num_partitions: int | None,
+    max_partitions: int,
+    t_o: float,
+    t_p: float,
+    slo_ms: float | None,
+) -> search.SearchResult:
+    """The cuts: the given ones, Eq. 1's (:func:`~.search.search_partitions`, s.t.
+    T_o + (K-1) T_p <= SLO), or the balanced ones (:func:`~.search.search_minmax`, over
+    K in 1..the SLO bound unless K is fixed; a K that lowers the largest partition cost
+    by less than 1 % loses to the fewer partitions).
+
+    Raises:
+        PartitionError: T_o > SLO, and as the search.
+    """
+    k_slo = max_partitions
+    if slo_ms is not None:  # raises if T_o > SLO
+        k_slo = search.max_partitions_for_slo(t_o, t_p, slo_ms, max_partitions)
+    weights = [float(costs[op.node].param_bytes) for op in graph.operators]
+    if cuts is not None:
+        return search.evaluate_cuts(c, valid, cuts, weights=weights, cut_bytes=cut_bytes)
+    if objective == "eq1":
+        return search.search_partitions(
+            c,
+            valid,
+            num_partitions=num_partitions,
+            max_partitions=max_partitions,
+            t_o_ms=t_o,
+            t_p_ms=t_p,
+            slo_ms=slo_ms,
+            cut_bytes=cut_bytes,
+        )
+    w = weights if objective == "weights" else None
+    ks = [num_partitions] if num_partitions else range(1, min(k_slo, len(valid) + 1) + 1)
+    result = None
+    for k in ks:
+        r = search.search_minmax(c, valid, k, weights=w, cut_bytes=cut_bytes)
+        if result is None or r.objective < 0.99 * result.objective:
+            result = r
+    assert result is not None
+    return result
+
+
+def _extract_parts(
+    loaded: LoadedModel, specs: list[extract.PartitionSpec], stage: Path, save_parts: bool
+) -> tuple[list[onnx.ModelProto], list[str | None], list[extract.PartLike]]:
+    """Each partition as an ONNX sub-model, saved as ``stage/part_<k>.onnx`` when
+    ``save_parts``: ``(parts, their files or None, what the CPU engine's sessions of
+    each are built from)``."""
+    parts = []
+    part_files: list[str | None] = []
+    part_cpu: list[extract.PartLike] = []
+    for k, spec in enumerate(specs):
+        part = extract.extract_partition(loaded, spec)
+        part_file = None
+        if save_parts:
+            part_file = str(stage / f"part_{k}.onnx")
+            extract.save_partition(part, part_file)
+        parts.append(part)
+        part_files.append(part_file)
+        part_cpu.append(_cpu_source(loaded, part, part_file))
+    return parts, part_files, part_cpu
+
+
+def _measure_parts(
+    specs: list[extract.PartitionSpec],
+    profiles: dict[str, profiler.ModelProfile],
+    part_cpu: list[extract.PartLike],
+    part_files: list[str | None],
+    feeds: dict[str, np.ndarray],
+    warmup: int,
+    repeats: int,
+    threads: int,
+) -> tuple[list[dict[str, float]], list[dict[str, float]], dict[str, np.ndarray]]:
+    """Each partition's latency per profiled engine (the hardware affinity A_k^m of
+    §IV-A): ``(part_ms, part_err, the last part's cpu outputs)``.
+
+    Part k's inputs are part k-1's outputs (chain semantics): time each part once per
+    engine and feed the next part from the cpu run's outputs (K sessions per engine).
+    The median of each part's runs, and its uncertainty (profiler.median_err, a fraction
+    of it: the planner's goodput interval).
+    """
+    part_ms: list[dict[str, float]] = [{} for _ in specs]
+    part_err: list[dict[str, float]] = [{} for _ in specs]
+    env = feeds
+    for k, spec in enumerate(specs):
+        part_feeds = {n: env[n] for n in spec.inputs}
+        for engine in profiles:
+            source = part_cpu[k] if engine == "cpu" else part_files[k]
+            assert source is not None
+            times, outputs = profiler.measure_latency_runs(
+                source,
+                part_feeds,
+                engine=engine,
+                warmup=warmup,
+                repeats=repeats,
+                threads=threads,
+            )
+            part_ms[k][engine] = float(statistics.median(times))
+            err = profiler.median_err(times)
+            if err is not None:
+                part_err[k][engine] = err
+            if engine == "cpu":
+                env = outputs
+    return part_ms, part_err, env
 
 
 def _cpu_source(

@@ -169,14 +169,68 @@ def extract_partition(loaded: LoadedModel, spec: PartitionSpec) -> onnx.ModelPro
     graph = loaded.model.graph
     k = spec.index
     where = f"partition {k}"
-    nodes_by_name = {n.name: n for n in graph.node}
-    producers = {o: n.name for n in graph.node for o in n.output if o}
     inits = {t.name: t for t in graph.initializer}
     sparse_inits = {s.values.name: s for s in graph.sparse_initializer}
     originals: dict[str, onnx.ValueInfoProto] = {}
     for v in [*graph.output, *graph.value_info, *graph.input]:
         originals[v.name] = v
 
+    _check_boundary_names(spec, where, inits, sparse_inits)
+    chosen, used_inits = _chosen_nodes(loaded, spec, where, inits, sparse_inits)
+    g_inputs = [_typed(loaded, n, "input", where, originals) for n in spec.inputs]
+    g_outputs = [_typed(loaded, n, "output", where, originals) for n in spec.outputs]
+    boundary = set(spec.inputs) | set(spec.outputs)
+    internal: list[onnx.ValueInfoProto] = []
+    for node in chosen:
+        for out in node.output:
+            if out and out not in boundary:
+                vi = _value_info(loaded, out, originals)
+                if vi is not None:
+                    internal.append(vi)
+
+    # --- the sub-model, built in place: each weight is copied once (in the original
+    # order; loaded into memory if it was external)
+    model = onnx.ModelProto()
+    model.ir_version = loaded.model.ir_version
+    model.opset_import.extend(loaded.model.opset_import)
+    model.functions.extend(loaded.model.functions)
+    model.producer_name = "infscaler"
+    model.producer_version = _version()
+    model.domain = loaded.model.domain
+    model.model_version = loaded.model.model_version
+    model.doc_string = (
+        f"InfScaler partition {k} of {loaded.path.name} (sha256 {loaded.sha256[:12]})"
+    )
+    sub_graph = model.graph
+    sub_graph.node.extend(chosen)
+    sub_graph.name = f"{graph.name or 'graph'}_part{k}"
+    _copy_initializers(loaded, sub_graph, used_inits, where)
+    if loaded.model.ir_version < 4:
+        listed = set(spec.inputs)
+        for t in sub_graph.initializer:
+            if t.name not in listed:
+                g_inputs.append(
+                    onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                )
+    sub_graph.input.extend(g_inputs)
+    sub_graph.output.extend(g_outputs)
+    sub_graph.value_info.extend(internal)
+    sub_graph.sparse_initializer.extend(s for name, s in sparse_inits.items() if name in used_inits)
+    sub_graph.doc_string = (
+        f"InfScaler partition {k} of {loaded.path.name}: {len(chosen)} nodes, "
+        f"inputs {list(spec.inputs)}, outputs {list(spec.outputs)}"
+    )
+    _check_partition(model, where, loaded)
+    return model
+
+
+def _check_boundary_names(
+    spec: PartitionSpec,
+    where: str,
+    inits: Mapping[str, onnx.TensorProto],
+    sparse_inits: Mapping[str, onnx.SparseTensorProto],
+) -> None:
+    """Refuse a name listed twice in ``spec``'s inputs or outputs, and a weight as input."""
     for label, names in (("inputs", spec.inputs), ("outputs", spec.outputs)):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -188,7 +242,20 @@ def extract_partition(loaded: LoadedModel, spec: PartitionSpec) -> onnx.ModelPro
                 "passed between partitions, each partition holds the ones it uses"
             )
 
-    # --- validate the node list and collect the initializers it uses
+
+def _chosen_nodes(
+    loaded: LoadedModel,
+    spec: PartitionSpec,
+    where: str,
+    inits: Mapping[str, onnx.TensorProto],
+    sparse_inits: Mapping[str, onnx.SparseTensorProto],
+) -> tuple[list[onnx.NodeProto], dict[str, None]]:
+    """``spec``'s nodes in order, each checked to read only the partition's inputs,
+    weights and earlier nodes' outputs, and the names of the initializers they use (in
+    first-use order); every spec output checked to be defined in the partition."""
+    graph = loaded.model.graph
+    nodes_by_name = {n.name: n for n in graph.node}
+    producers = {o: n.name for n in graph.node for o in n.output if o}
     defined: set[str] = set(spec.inputs)
     used_inits: dict[str, None] = {}
     seen_nodes: set[str] = set()
@@ -242,46 +309,41 @@ def extract_partition(loaded: LoadedModel, spec: PartitionSpec) -> onnx.ModelPro
                 hint=f"add '{name}' to the partition's inputs so that it passes through, or "
                 "move its producer into the partition",
             )
+    return chosen, used_inits
 
-    # --- typed boundary
-    def typed(name: str, role: str) -> onnx.ValueInfoProto:
-        vi = _value_info(loaded, name, originals)
-        if vi is None:
-            raise PartitionError(
-                f"{where}: {role} '{name}' has no known static shape and dtype",
-                hint="load the model with concrete --shapes for its dynamic inputs",
-            )
-        return vi
 
-    g_inputs = [typed(n, "input") for n in spec.inputs]
-    g_outputs = [typed(n, "output") for n in spec.outputs]
-    boundary = set(spec.inputs) | set(spec.outputs)
-    internal: list[onnx.ValueInfoProto] = []
-    for node in chosen:
-        for out in node.output:
-            if out and out not in boundary:
-                vi = _value_info(loaded, out, originals)
-                if vi is not None:
-                    internal.append(vi)
+def _typed(
+    loaded: LoadedModel,
+    name: str,
+    role: str,
+    where: str,
+    originals: Mapping[str, onnx.ValueInfoProto],
+) -> onnx.ValueInfoProto:
+    """The typed ValueInfo of boundary tensor ``name`` (:func:`_value_info`).
 
-    # --- the sub-model, built in place: each weight is copied once (in the original
-    # order; loaded into memory if it was external)
-    model = onnx.ModelProto()
-    model.ir_version = loaded.model.ir_version
-    model.opset_import.extend(loaded.model.opset_import)
-    model.functions.extend(loaded.model.functions)
-    model.producer_name = "infscaler"
-    model.producer_version = _version()
-    model.domain = loaded.model.domain
-    model.model_version = loaded.model.model_version
-    model.doc_string = (
-        f"InfScaler partition {k} of {loaded.path.name} (sha256 {loaded.sha256[:12]})"
-    )
-    sub_graph = model.graph
-    sub_graph.node.extend(chosen)
-    sub_graph.name = f"{graph.name or 'graph'}_part{k}"
+    Raises:
+        PartitionError: it has no known static shape and dtype.
+    """
+    vi = _value_info(loaded, name, originals)
+    if vi is None:
+        raise PartitionError(
+            f"{where}: {role} '{name}' has no known static shape and dtype",
+            hint="load the model with concrete --shapes for its dynamic inputs",
+        )
+    return vi
+
+
+def _copy_initializers(
+    loaded: LoadedModel, sub_graph: onnx.GraphProto, used_inits: Mapping[str, None], where: str
+) -> None:
+    """Copy the initializers in ``used_inits`` into ``sub_graph`` in the whole model's
+    order, reading external data from beside ``loaded.path`` into memory.
+
+    Raises:
+        PartitionError: a weight's external data could not be read.
+    """
     base_dir = str(loaded.path.parent)
-    for t in graph.initializer:
+    for t in loaded.model.graph.initializer:
         if t.name in used_inits:
             copy = sub_graph.initializer.add()
             copy.CopyFrom(t)
@@ -293,23 +355,6 @@ def extract_partition(loaded: LoadedModel, spec: PartitionSpec) -> onnx.ModelPro
                         f"{where}: weight '{t.name}' could not be read from the external "
                         f"data beside {loaded.path}: {exc}"
                     ) from None
-    if loaded.model.ir_version < 4:
-        listed = set(spec.inputs)
-        for t in sub_graph.initializer:
-            if t.name not in listed:
-                g_inputs.append(
-                    onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                )
-    sub_graph.input.extend(g_inputs)
-    sub_graph.output.extend(g_outputs)
-    sub_graph.value_info.extend(internal)
-    sub_graph.sparse_initializer.extend(s for name, s in sparse_inits.items() if name in used_inits)
-    sub_graph.doc_string = (
-        f"InfScaler partition {k} of {loaded.path.name}: {len(chosen)} nodes, "
-        f"inputs {list(spec.inputs)}, outputs {list(spec.outputs)}"
-    )
-    _check_partition(model, where, loaded)
-    return model
 
 
 def _version() -> str:

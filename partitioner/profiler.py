@@ -28,14 +28,8 @@ lacks is never faked: asking for it raises
 Results are cached as JSON under ``cache_dir() / "profiles"``, keyed by model hash,
 engine, :func:`host_fingerprint` and the input shapes / measurement settings.
 
-onnxruntime profile trace format (checked with onnxruntime 1.31.1; see
-https://onnxruntime.ai/docs/performance/tune-performance/profiling-tools.html): a JSON
-list of Chrome-trace events ``{"cat", "pid", "tid", "ts", "dur", "ph": "X", "name",
-"args"}`` with ``ts`` / ``dur`` in microseconds. Each ``session.run`` gives one
-``"cat": "Session"`` event named ``"model_run"`` (and one ``"SequentialExecutor::Execute"``)
-whose interval contains one ``"cat": "Node"`` event per executed kernel, named
-``"<node name>_kernel_time"``, with ``args.op_name`` (ONNX op type), ``args.provider`` and
-shapes.
+The runs as served come from :mod:`.sessions`; the per-node times from onnxruntime's
+profiler trace, read by :mod:`.ortrace` (which describes the trace format).
 """
 
 from __future__ import annotations
@@ -47,39 +41,34 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 
-from infscaler.base.errors import ConfigError, ModelLoadError
+from infscaler.base.errors import ConfigError
 from infscaler.base.models import cache_dir
 from infscaler.engines import (
     ENGINE_KINDS,
-    create_engine,
     engine_backend,
     require_engine,
 )
-from infscaler.engines.onnxrt.loader import (
-    CPU_PROVIDER,
-    execution_providers,
-    load_session,
-    session_options,
+from infscaler.engines.onnxrt.loader import CPU_PROVIDER, execution_providers
+from infscaler.partitioner.ortrace import traced_node_times
+from infscaler.partitioner.sessions import (
+    ModelSource,
+    model_source,
+    served,
+    time_served,
+    times_served,
 )
-from infscaler.partitioner.weights import StubModel
-
-if TYPE_CHECKING:
-    import onnxruntime as ort
 
 _CPU = CPU_PROVIDER
 _TEGRA_RELEASE = Path("/etc/nv_tegra_release")
-_KERNEL_SUFFIX = "_kernel_time"
-_RUN_EVENTS = ("model_run", "SequentialExecutor::Execute")
 _SCHEMA = 1
 
 
@@ -94,8 +83,6 @@ _BACKEND_PROVIDER = {
     "tensorrt": "TensorRT",
     "tensorrt-dla": "TensorRT-DLA",
 }
-#: the precision each engine is profiled in (the DLA computes in fp16 or int8 only)
-_PRECISION = {"cpu": "fp32", "gpu": "fp32", "dla": "fp16"}
 
 
 def _backend(engine: str) -> str:
@@ -284,161 +271,6 @@ class ModelProfile:
             raise ConfigError(f"invalid model profile: {type(exc).__name__}: {exc}") from None
 
 
-def node_times_from_trace(
-    events: list[dict[str, Any]], node_names: list[str], skip_runs: int = 0
-) -> tuple[dict[str, float], dict[str, float], list[float]]:
-    """Per-node median time per run from an onnxruntime profile trace.
-
-    Kernel events (``"cat": "Node"``, name ``"<node>_kernel_time"``, ``dur`` in µs) are
-    assigned to runs by the ``"model_run"`` events' intervals (else by
-    ``"SequentialExecutor::Execute"``; else, when the trace has neither, the k-th
-    occurrence of a node is taken to be in run k). The first ``skip_runs`` runs
-    (warm-up) are dropped. A node's time in a run is the sum of its events in that run.
-
-    Args:
-        events: the parsed JSON trace (a list of event dicts).
-        node_names: the graph's node names; each gets an entry (0.0 when never seen).
-        skip_runs: leading runs to ignore.
-
-    Returns:
-        ``(node_ms, unmatched_ms, run_totals_ms)``: node name -> median ms over measured
-        runs; kernel name -> median ms for kernels naming no node of ``node_names``;
-        the sum of all kernel times of each measured run, in ms.
-    """
-    kernels = [
-        e
-        for e in events
-        if e.get("cat") == "Node" and str(e.get("name", "")).endswith(_KERNEL_SUFFIX)
-    ]
-    runs: list[tuple[float, float]] = []
-    for run_name in _RUN_EVENTS:
-        runs = sorted(
-            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
-            for e in events
-            if e.get("cat") == "Session" and e.get("name") == run_name and "ts" in e
-        )
-        if runs:
-            break
-
-    per_run: list[dict[str, float]]  # run -> kernel name -> µs
-    if runs:
-        per_run = [{} for _ in runs]
-        starts = [r[0] for r in runs]
-        for e in kernels:
-            ts = float(e.get("ts", 0))
-            idx = int(np.searchsorted(starts, ts, side="right")) - 1
-            if idx < 0 or ts > runs[idx][1]:
-                continue  # outside every run (should not happen)
-            name = str(e["name"])[: -len(_KERNEL_SUFFIX)]
-            per_run[idx][name] = per_run[idx].get(name, 0.0) + float(e.get("dur", 0))
-    else:
-        per_run = []
-        seen: dict[str, int] = {}
-        for e in kernels:
-            name = str(e["name"])[: -len(_KERNEL_SUFFIX)]
-            k = seen.get(name, 0)
-            seen[name] = k + 1
-            while len(per_run) <= k:
-                per_run.append({})
-            per_run[k][name] = per_run[k].get(name, 0.0) + float(e.get("dur", 0))
-
-    measured = per_run[skip_runs:]
-    known = set(node_names)
-    node_ms: dict[str, float] = {}
-    for name in node_names:
-        node_ms[name] = (
-            statistics.median(r.get(name, 0.0) for r in measured) / 1000.0 if measured else 0.0
-        )
-    unmatched_names = sorted({n for r in measured for n in r if n not in known})
-    unmatched_ms = {
-        n: statistics.median(r.get(n, 0.0) for r in measured) / 1000.0 for n in unmatched_names
-    }
-    totals = [sum(r.values()) / 1000.0 for r in measured]
-    return node_ms, unmatched_ms, totals
-
-
-def _ort_session(
-    source: bytes | str | StubModel, engine: str, options: ort.SessionOptions
-) -> ort.InferenceSession:
-    """An onnxruntime session of ``source`` on ``engine`` from the engine layer's loader."""
-    if isinstance(source, StubModel):
-        return load_session(
-            source.data, engine=engine, options=options, external_data_folder=source.folder
-        )
-    return load_session(source, engine=engine, options=options)
-
-
-@contextlib.contextmanager
-def _model_file(source: bytes | str | StubModel | onnx.ModelProto) -> Iterator[str]:
-    """A file path of ``source`` for engines that load files (TensorRT, the CUDA EP
-    engine): the path itself, else a temporary file (weights over 1 KiB in one external
-    data file beside it), deleted on exit.
-
-    Raises:
-        ConfigError: a :class:`~.weights.StubModel` (its weights are references relative to
-            the model's folder): pass the model's or the part's file instead.
-    """
-    if isinstance(source, StubModel):
-        raise ConfigError(
-            "a weight-referencing stub runs on the cpu engine only",
-            hint="give engines other than cpu the model's or the saved part's file",
-        )
-    if isinstance(source, str | os.PathLike):
-        yield str(source)
-        return
-    proto = onnx.load_model_from_string(source) if isinstance(source, bytes) else source
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)  # save_model with external data rewrites the tensors it is given
-    with tempfile.TemporaryDirectory(prefix="infscaler-prof-") as tmp:
-        path = os.path.join(tmp, "model.onnx")
-        onnx.save_model(
-            copy,
-            path,
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location="model.onnx.data",
-            size_threshold=1024,
-        )
-        yield path
-
-
-@contextlib.contextmanager
-def _served(
-    source: bytes | str | StubModel, engine: str, threads: int
-) -> Iterator[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
-    """A function running ``source`` on ``engine`` the way the serving instance does:
-    feeds -> ``{output name: array}``.
-
-    cpu: an onnxruntime session with the cpu engine's options (``ORT_ENABLE_ALL``,
-    ``threads`` intra-op threads, sequential, no spinning; built from bytes or a stub,
-    which the cpu engine itself, taking files only, cannot); other engines:
-    :func:`~infscaler.engines.create_engine` (``fp16`` on the DLA), loaded from
-    :func:`_model_file`.
-    """
-    if engine == "cpu":
-        sess = _ort_session(source, engine, session_options(threads))
-        names = [o.name for o in sess.get_outputs()]
-        yield lambda feeds: dict(zip(names, _run(sess, feeds, engine), strict=True))
-        return
-    with _model_file(source) as path:
-        eng = create_engine(engine, path, threads=threads, precision=_PRECISION[engine])
-        with eng:
-            yield eng.infer
-
-
-def _run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], engine: str) -> list:
-    try:
-        return sess.run(None, feeds)
-    except Exception as exc:
-        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(
-            f"onnxruntime could not run the model on engine '{engine}' with the given "
-            f"inputs: {msg}",
-            hint="the feeds must match the model's inputs (names, shapes, dtypes); "
-            "see random_feeds()",
-        ) from None
-
-
 def _shape_key(
     feeds: dict[str, np.ndarray], warmup: int, repeats: int, threads: int, backend: str | None
 ) -> str:
@@ -492,40 +324,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-ModelSource = onnx.ModelProto | str | os.PathLike[str] | StubModel
-"""What a session can be built from: a ModelProto, an ``.onnx`` path, or a
-:class:`~.weights.StubModel` (weights read from the model's file; see :mod:`.weights`)."""
-
-
-def _model_source(
-    model: ModelSource, *, node_names: bool = True
-) -> tuple[bytes | str | StubModel, list[str]]:
-    """(source for InferenceSession, top-level node names; [] unless asked)."""
-    if isinstance(model, StubModel):
-        if not node_names:
-            return model, []
-        return model, [n.name for n in onnx.load_model_from_string(model.data).graph.node]
-    if isinstance(model, onnx.ModelProto):
-        try:
-            data = model.SerializeToString()
-        except ValueError as exc:  # protobuf refuses > 2 GB
-            raise ModelLoadError(
-                f"the model is too large to serialise in memory ({exc})",
-                hint="pass the model's file path to profile_model instead of a ModelProto",
-            ) from None
-        return data, [n.name for n in model.graph.node]
-    path = Path(model)
-    if not path.is_file():
-        raise ModelLoadError(f"model file not found: {path}", hint="check the path")
-    if not node_names:
-        return str(path), []
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise ModelLoadError(f"{path} is not a valid ONNX model: {exc}") from None
-    return str(path), [n.name for n in proto.graph.node]
-
-
 def profile_model(
     model: ModelSource,
     feeds: dict[str, np.ndarray],
@@ -546,11 +344,12 @@ def profile_model(
     1. where onnxruntime serves ``engine`` (cpu; gpu through the CUDA EP): a session with
        ``ORT_DISABLE_ALL`` and onnxruntime's profiler on (trace in a temporary directory,
        deleted afterwards): ``warmup + repeats`` runs; per node, the median over the
-       measured runs of its kernel time (:func:`node_times_from_trace`). Where TensorRT
-       serves it, no per-node time exists (its layers are fused): ``node_ms`` is 0.0.
-    2. the model as it is served (:func:`_served`: the cpu engine's session options, or
-       the gpu / dla engine itself): ``warmup`` runs, then ``repeats`` runs timed with
-       ``time.perf_counter``; ``total_ms`` is their median (T_o of Eq. 1).
+       measured runs of its kernel time (:func:`~.ortrace.traced_node_times`). Where
+       TensorRT serves it, no per-node time exists (its layers are fused): ``node_ms``
+       is 0.0.
+    2. the model as it is served (:func:`~.sessions.served`: the cpu engine's session
+       options, or the gpu / dla engine itself): ``warmup`` runs, then ``repeats`` runs
+       timed with ``time.perf_counter``; ``total_ms`` is their median (T_o of Eq. 1).
 
     The last measured run's outputs of each session are kept in
     :attr:`ModelProfile.outputs` (not cached): the partitioner's chain verification uses
@@ -596,55 +395,26 @@ def profile_model(
     )
     host = host_fingerprint()
     if cache and path.is_file():
-        data = _read_json(path)
-        if data is not None:
-            try:
-                cached = ModelProfile.from_dict(data)
-            except ConfigError:
-                cached = None
-            if (
-                cached is not None
-                and cached.model_sha256 == model_sha256
-                and cached.engine == engine
-                and cached.host == host
-            ):
-                return cached
+        cached = _cached_profile(path, model_sha256, engine, host)
+        if cached is not None:
+            return cached
 
     if node_names is None:
-        source, names = _model_source(model)
+        source, names = model_source(model)
     else:
-        source, names = _model_source(model, node_names=False)[0], list(node_names)
+        source, names = model_source(model, node_names=False)[0], list(node_names)
 
     # 1. Per-node kernel times, no graph optimisation (where onnxruntime serves).
     outputs: dict[str, dict[str, np.ndarray]] = {}
     if backend.startswith("onnxruntime"):
-        with tempfile.TemporaryDirectory(prefix="infscaler-prof-") as tmp:
-            so = session_options(
-                n_threads, optimization="none", profile_prefix=os.path.join(tmp, "trace")
-            )
-            sess = _ort_session(source, engine, so)
-            out_names = [o.name for o in sess.get_outputs()]
-            trace_file: str | None = None
-            values: list = []
-            try:
-                for _ in range(warmup + repeats):
-                    values = _run(sess, feeds, engine)
-            finally:
-                try:
-                    trace_file = sess.end_profiling()
-                except Exception:
-                    trace_file = None
-                del sess
-            events = _read_trace(trace_file)
-            if trace_file:
-                Path(trace_file).unlink(missing_ok=True)
-        outputs["unoptimized"] = dict(zip(out_names, values, strict=True))
-        node_ms, unmatched_ms, totals = node_times_from_trace(events, names, skip_runs=warmup)
+        node_ms, unmatched_ms, totals, outputs["unoptimized"] = traced_node_times(
+            source, names, feeds, engine, n_threads, warmup, repeats
+        )
     else:
         node_ms, unmatched_ms, totals = dict.fromkeys(names, 0.0), {}, []
 
     # 2. T_o: whole-model latency as served.
-    total_ms, outputs["optimized"] = _time_served(source, feeds, engine, n_threads, warmup, repeats)
+    total_ms, outputs["optimized"] = time_served(source, feeds, engine, n_threads, warmup, repeats)
 
     profile = ModelProfile(
         engine=engine,
@@ -666,44 +436,19 @@ def profile_model(
     return profile
 
 
-def _time_served(
-    source: bytes | str | StubModel,
-    feeds: dict[str, np.ndarray],
-    engine: str,
-    threads: int,
-    warmup: int,
-    repeats: int,
-) -> tuple[float, dict[str, np.ndarray]]:
-    """Median ms of ``repeats`` timed runs (after ``warmup``) as served (:func:`_served`),
-    and the last run's outputs by name."""
-    times, outputs = _times_served(source, feeds, engine, threads, warmup, repeats)
-    return float(statistics.median(times)), outputs
-
-
-def _times_served(
-    source: bytes | str | StubModel,
-    feeds: dict[str, np.ndarray],
-    engine: str,
-    threads: int,
-    warmup: int,
-    repeats: int,
-    budget_s: float = 0.0,
-    max_repeats: int = 0,
-) -> tuple[list[float], dict[str, np.ndarray]]:
-    """Every timed run's ms (``repeats`` at least; then more while the timed runs took
-    less than ``budget_s`` in all, up to ``max_repeats``), and the last run's outputs."""
-    with _served(source, engine, threads) as run:
-        for _ in range(warmup):
-            run(feeds)
-        times: list[float] = []
-        outputs: dict[str, np.ndarray] = {}
-        while len(times) < max(repeats, 1) or (
-            len(times) < max_repeats and sum(times) < budget_s * 1000.0
-        ):
-            t0 = time.perf_counter()
-            outputs = run(feeds)
-            times.append((time.perf_counter() - t0) * 1000.0)
-    return times, outputs
+def _cached_profile(path: Path, model_sha256: str, engine: str, host: str) -> ModelProfile | None:
+    """The profile cached in ``path`` when it is one of this model on ``engine`` measured
+    on ``host``; None when it is not, or cannot be read."""
+    data = _read_json(path)
+    if data is None:
+        return None
+    try:
+        cached = ModelProfile.from_dict(data)
+    except ConfigError:
+        return None
+    if cached.model_sha256 == model_sha256 and cached.engine == engine and cached.host == host:
+        return cached
+    return None
 
 
 def measure_latency(
@@ -719,8 +464,8 @@ def measure_latency(
 
     The partitioner times each partition with it (hardware affinity A_k^m of §IV-A) and
     uses the outputs as the next partition's inputs, so a K-partition chain costs K
-    sessions per engine. The runs are the serving ones (:func:`_served`): the cpu
-    engine's session options on cpu, the gpu / dla engine itself elsewhere.
+    sessions per engine. The runs are the serving ones (:func:`~.sessions.served`): the
+    cpu engine's session options on cpu, the gpu / dla engine itself elsewhere.
 
     Args:
         model: ModelProto, path, or :class:`~.weights.StubModel` (cpu only).
@@ -739,8 +484,8 @@ def measure_latency(
         InferenceError: the gpu / dla engine cannot run the model with ``feeds``.
     """
     _backend(engine)
-    source, _ = _model_source(model, node_names=False)
-    return _time_served(source, feeds, engine, int(threads or usable_cores()), warmup, repeats)
+    source, _ = model_source(model, node_names=False)
+    return time_served(source, feeds, engine, int(threads or usable_cores()), warmup, repeats)
 
 
 def median_err(times_ms: Sequence[float], confidence: float = 0.95) -> float | None:
@@ -798,8 +543,8 @@ def measure_latency_runs(
         as :func:`measure_latency`.
     """
     _backend(engine)
-    source, _ = _model_source(model, node_names=False)
-    return _times_served(source, feeds, engine, int(threads or usable_cores()), warmup, repeats)
+    source, _ = model_source(model, node_names=False)
+    return times_served(source, feeds, engine, int(threads or usable_cores()), warmup, repeats)
 
 
 def measure_latency_samples(
@@ -823,9 +568,9 @@ def measure_latency_samples(
         as :func:`measure_latency`.
     """
     _backend(engine)
-    source, _ = _model_source(model, node_names=False)
+    source, _ = model_source(model, node_names=False)
     n = int(threads or usable_cores())
-    times, _ = _times_served(source, feeds, engine, n, warmup, repeats, budget_s, max_repeats)
+    times, _ = times_served(source, feeds, engine, n, warmup, repeats, budget_s, max_repeats)
     return times
 
 
@@ -842,7 +587,7 @@ def measure_corun(
     run at the same time: ``median(together) / median(alone) - 1``, clamped >= 0 (the
     simulator's :attr:`~infscaler.runtime.planning.simulator.EngineProfile.corun`).
 
-    ``copies`` sessions as served (:func:`_served`, ``threads`` intra-op threads each;
+    ``copies`` sessions as served (:func:`~.sessions.served`, ``threads`` intra-op threads each;
     default ``usable_cores() // threads``, every core busy), each warmed up; then, in
     turn, ``repeats // 2`` runs of one alone, ``repeats`` runs of every copy at once
     (one Python thread each: onnxruntime releases the GIL in ``run``), ``repeats //
@@ -865,9 +610,9 @@ def measure_corun(
     if n < 2:
         return 0.0
     _backend("cpu")
-    source, _ = _model_source(model, node_names=False)
+    source, _ = model_source(model, node_names=False)
     with contextlib.ExitStack() as stack:
-        runs = [stack.enter_context(_served(source, "cpu", threads)) for _ in range(n)]
+        runs = [stack.enter_context(served(source, "cpu", threads)) for _ in range(n)]
         for run in runs:
             for _ in range(warmup):
                 run(feeds)
@@ -921,7 +666,7 @@ def measure_idle(
     ``gaps_s``, ``median(runs after sleeping the gap) / median(runs back to back)``,
     clamped >= 1 (the simulator's :attr:`~infscaler.runtime.planning.simulator.EngineProfile.idle`).
 
-    One session as served (:func:`_served`, ``threads`` intra-op threads), warmed up;
+    One session as served (:func:`~.sessions.served`, ``threads`` intra-op threads), warmed up;
     ``repeats`` runs back to back, then ``repeats`` runs after each gap (a sleep before
     every run), then ``repeats`` back to back again, so drift cancels. An idle core
     sleeps (cpuidle, the governor's lower clock; in a VM the hypervisor deschedules
@@ -940,8 +685,8 @@ def measure_idle(
     if not gaps or gaps[0] <= 0 or not all(math.isfinite(g) for g in gaps):
         raise ValueError(f"gaps_s must be idle seconds > 0, got {list(gaps_s)!r}")
     _backend("cpu")
-    source, _ = _model_source(model, node_names=False)
-    with _served(source, "cpu", max(1, int(threads))) as run:
+    source, _ = model_source(model, node_names=False)
+    with served(source, "cpu", max(1, int(threads))) as run:
         for _ in range(warmup):
             run(feeds)
 
@@ -958,18 +703,6 @@ def measure_idle(
         warm += [timed(0.0) for _ in range(n)]
     base = statistics.median(warm)
     return tuple((g, max(1.0, statistics.median(after[g]) / base)) for g in gaps)
-
-
-def _read_trace(trace_file: str | None) -> list[dict[str, Any]]:
-    if not trace_file:
-        return []
-    try:
-        data = json.loads(Path(trace_file).read_text())
-    except (OSError, ValueError):
-        return []
-    if isinstance(data, dict):  # Chrome trace "object" form
-        data = data.get("traceEvents", [])
-    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
 
 
 # ------------------------------------------------------------------ boundary overhead
@@ -1063,7 +796,7 @@ def measure_boundary_overhead(
 ) -> BoundaryOverhead:
     """Measure T_p, the overhead of one partition boundary (Eq. 1), on ``engine``.
 
-    Two Identity models run as served (:func:`_served`) (float32 ``[1]`` and
+    Two Identity models run as served (:func:`~.sessions.served`) (float32 ``[1]`` and
     ``[tensor_bytes // 4]``); each iteration times, with ``time.perf_counter``, a numpy
     copy of the input (moving the crossing tensor into the next instance's input buffer)
     plus ``session.run``, alternating small and big to cancel drift. 5 warm-up
@@ -1114,8 +847,8 @@ def measure_boundary_overhead(
         return (time.perf_counter() - t0) * 1000.0
 
     with (
-        _served(_identity_model(1), engine, threads) as small,
-        _served(_identity_model(n_big), engine, threads) as big,
+        served(_identity_model(1), engine, threads) as small,
+        served(_identity_model(n_big), engine, threads) as big,
     ):
         for _ in range(5):
             once(small, x_small)

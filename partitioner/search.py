@@ -423,7 +423,36 @@ def search_partitions(
     cuts = _as_cuts(valid_cuts, n)
     nbytes = _as_cut_bytes(cut_bytes, cuts)
     rep = representative_mask(arr)
+    k_values = _eq1_k_values(
+        rep, cuts, num_partitions, max_partitions, t_o_ms=t_o_ms, t_p_ms=t_p_ms, slo_ms=slo_ms
+    )
+    bnd, f, back = _eq1_table(arr, rep, cuts, nbytes, max(k_values))
+    last = len(bnd) - 1
+    objectives = {k: float(f[k, last]) for k in k_values if np.isfinite(f[k, last])}
+    if not objectives:  # pragma: no cover - excluded by the feasibility checks above
+        raise _infeasible_k(k_values[0], _max_feasible_partitions(rep, cuts), rep)
+    k = _pick_k(objectives, float(arr.max()))
+    return _result(arr, rep, sorted(_backtrack(back, bnd, k)), nbytes)
 
+
+def _eq1_k_values(
+    rep: np.ndarray,
+    cuts: Sequence[int],
+    num_partitions: int | None,
+    max_partitions: int,
+    *,
+    t_o_ms: float,
+    t_p_ms: float,
+    slo_ms: float | None,
+) -> list[int]:
+    """The K that :func:`search_partitions` solves Eq. 1 for: ``[num_partitions]``, or
+    1 .. the least of ``max_partitions``, the SLO bound (T_o + (K-1) T_p <= SLO) and the
+    most partitions the representative operators and valid cuts allow.
+
+    Raises:
+        PartitionError: as :func:`search_partitions` (K below 1, T_o > SLO, a fixed K
+            beyond the SLO bound or the feasible maximum).
+    """
     if num_partitions is not None:
         if num_partitions < 1:
             raise PartitionError(
@@ -442,20 +471,27 @@ def search_partitions(
         feasible = _max_feasible_partitions(rep, cuts)
         if feasible < num_partitions:
             raise _infeasible_k(num_partitions, feasible, rep)
-        k_values = [num_partitions]
-    else:
-        if max_partitions < 1:
-            raise PartitionError(
-                f"the maximum number of partitions must be >= 1, got {max_partitions}",
-                hint="ask for at least 1 partition",
-            )
-        k_top = min(
-            max_partitions_for_slo(t_o_ms, t_p_ms, slo_ms, max_partitions),
-            _max_feasible_partitions(rep, cuts),
+        return [num_partitions]
+    if max_partitions < 1:
+        raise PartitionError(
+            f"the maximum number of partitions must be >= 1, got {max_partitions}",
+            hint="ask for at least 1 partition",
         )
-        k_values = list(range(1, k_top + 1))
+    k_top = min(
+        max_partitions_for_slo(t_o_ms, t_p_ms, slo_ms, max_partitions),
+        _max_feasible_partitions(rep, cuts),
+    )
+    return list(range(1, k_top + 1))
 
-    kmax = max(k_values)
+
+def _eq1_table(
+    arr: np.ndarray, rep: np.ndarray, cuts: Sequence[int], nbytes: dict[int, float], kmax: int
+) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Eq. 1's dynamic program up to ``kmax`` partitions (the module docstring's
+    algorithm): ``(bnd, f, back)``, the boundaries ``[-1, *cuts, N-1]``, ``f[k][b]`` the
+    least ``sum sigma`` of k partitions covering operators ``0 .. bnd[b]``, and ``back``
+    the tie-broken start of the last of them."""
+    n = arr.size
     # Boundaries: P[0] = -1 (before the first operator), the valid cuts, P[-1] = N-1.
     # A segment (P[a], P[b]] covers operators P[a]+1 .. P[b]; starts a in 0..V, ends b in 1..V+1.
     bnd = [-1, *cuts, n - 1]
@@ -503,19 +539,20 @@ def search_partitions(
         f[1:, b] = best
         back[1:, b] = arg
         g[1:, b] = g[rows, arg] + bnd_bytes[b]
+    return bnd, f, back
 
-    last = nb - 1
-    objectives = {k: float(f[k, last]) for k in k_values if np.isfinite(f[k, last])}
-    if not objectives:  # pragma: no cover - excluded by the feasibility checks above
-        raise _infeasible_k(k_values[0], _max_feasible_partitions(rep, cuts), rep)
-    k = _pick_k(objectives, float(arr.max()))
+
+def _backtrack(back: np.ndarray, bnd: Sequence[int], k: int) -> list[int]:
+    """The cuts of the k-partition plan ending at the last boundary, from the
+    back-pointers ``back[j][b]`` (start of the j-th partition ending at ``bnd[b]``), last
+    cut first."""
     plan: list[int] = []
-    b = last
-    for kk in range(k, 0, -1):
-        b = int(back[kk, b])
-        if kk > 1:
+    b = len(bnd) - 1
+    for j in range(k, 0, -1):
+        b = int(back[j, b])
+        if j > 1:
             plan.append(bnd[b])
-    return _result(arr, rep, sorted(plan), nbytes)
+    return plan
 
 
 def brute_force(
@@ -647,27 +684,7 @@ def search_minmax(
     n = arr.size
     cuts = _as_cuts(valid_cuts, n)
     nbytes = _as_cut_bytes(cut_bytes, cuts)
-    if weights is not None:
-        w = _as_costs(weights)
-        if w.size != n:
-            raise PartitionError(
-                f"{w.size} weight sizes for {n} operators",
-                hint="pass one weight byte count per operator (0 for none)",
-            )
-    else:
-        w = np.zeros(n)
-    if not (isinstance(slack, int | float) and math.isfinite(slack) and slack >= 0):
-        raise PartitionError(f"slack must be a number >= 0, got {slack!r}")
-    k = operator.index(num_partitions)
-    if k < 1:
-        raise PartitionError(
-            f"the number of partitions must be >= 1, got {k}", hint="ask for at least 1"
-        )
-    if k > len(cuts) + 1:
-        raise PartitionError(
-            f"cannot make {k} partitions with {len(cuts)} valid cut(s)",
-            hint=f"ask for at most {len(cuts) + 1} partitions",
-        )
+    w, k = _minmax_arguments(n, len(cuts), num_partitions, weights, slack)
     bnd = [-1, *cuts, n - 1]
     nb = len(bnd)
     seg = _segment_table(arr, bnd)
@@ -684,8 +701,58 @@ def search_minmax(
     limit = s_star * (1.0 + float(slack)) + tol if weights is not None else s_star + tol
     # 2. least secondary sum among plans with every S_k <= limit; ties: bytes, latest cut
     second = segw * seg if weights is not None else seg * seg
-    ok = upper & (seg <= limit)
     bnd_bytes = np.array([0.0, *(nbytes[c] for c in cuts), 0.0])
+    back = _least_secondary(second, upper & (seg <= limit), upper, bnd_bytes, k)
+    plan = _backtrack(back, bnd, k)
+    plan.sort()
+    res = _result(arr, representative_mask(arr), plan, nbytes)
+    return _with_sizes(res, arr, w, "weights" if weights is not None else "minmax")
+
+
+def _minmax_arguments(
+    n: int,
+    n_cuts: int,
+    num_partitions: int,
+    weights: Sequence[float] | None,
+    slack: float,
+) -> tuple[np.ndarray, int]:
+    """:func:`search_minmax`'s checked weights (zeros for None) and K.
+
+    Raises:
+        PartitionError: as :func:`search_minmax` (invalid weights, a negative slack, K
+            below 1 or above the valid cuts + 1).
+    """
+    if weights is not None:
+        w = _as_costs(weights)
+        if w.size != n:
+            raise PartitionError(
+                f"{w.size} weight sizes for {n} operators",
+                hint="pass one weight byte count per operator (0 for none)",
+            )
+    else:
+        w = np.zeros(n)
+    if not (isinstance(slack, int | float) and math.isfinite(slack) and slack >= 0):
+        raise PartitionError(f"slack must be a number >= 0, got {slack!r}")
+    k = operator.index(num_partitions)
+    if k < 1:
+        raise PartitionError(
+            f"the number of partitions must be >= 1, got {k}", hint="ask for at least 1"
+        )
+    if k > n_cuts + 1:
+        raise PartitionError(
+            f"cannot make {k} partitions with {n_cuts} valid cut(s)",
+            hint=f"ask for at most {n_cuts + 1} partitions",
+        )
+    return w, k
+
+
+def _least_secondary(
+    second: np.ndarray, ok: np.ndarray, upper: np.ndarray, bnd_bytes: np.ndarray, k: int
+) -> np.ndarray:
+    """Step 2 of :func:`search_minmax`: the least sum of ``second[a, b]`` over k
+    segments allowed by ``ok``, ties to the fewest crossing bytes (``bnd_bytes`` per
+    boundary), then the latest start; the back-pointers ``back[j][b]``."""
+    nb = len(bnd_bytes)
     g = np.full(nb, np.inf)  # secondary sum of the best j-partition prefix ending at b
     h = np.zeros(nb)  # its crossing bytes
     g[0] = 0.0
@@ -702,15 +769,7 @@ def search_minmax(
         back[j] = arg
         h = h[arg] + bnd_bytes
         g = best
-    plan: list[int] = []
-    b = nb - 1
-    for j in range(k, 0, -1):
-        b = int(back[j, b])
-        if j > 1:
-            plan.append(bnd[b])
-    plan.sort()
-    res = _result(arr, representative_mask(arr), plan, nbytes)
-    return _with_sizes(res, arr, w, "weights" if weights is not None else "minmax")
+    return back
 
 
 def evaluate_cuts(

@@ -53,12 +53,13 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from infscaler.base.models import MODELS, resolve_model
+from infscaler.base.models import MODELS, BundledModel, resolve_model
 from infscaler.base.procutil import module_command
 from infscaler.engines import ENGINE_KINDS, create_engine, engine_availability, engine_class
 from infscaler.engines.base import process_memory_bytes
@@ -299,46 +300,16 @@ def register(
     reg = registry if isinstance(registry, VariantRegistry) else VariantRegistry(registry)
     source = str(model)
     alias = MODELS.get(source) if not Path(source).exists() else None
-    task = task or (alias.task if alias is not None else None)
-    if not task:
-        raise RegistrationError(
-            "name the task the model serves (--task)",
-            hint=f"e.g. --task text-recognition; tasks with an interface: {', '.join(KNOWN_TASKS)}",
-        )
-    if not _TASK_RE.match(task):
-        raise RegistrationError(f"task names are lower-case words with '-': got {task!r}")
-    path = resolve_model(source)
-    name = name or (alias.alias if alias is not None else path.stem)
-    if not _NAME_RE.match(name):
-        raise RegistrationError(
-            f"model name {name!r}: use 1-40 letters, digits, '-' or '_'",
-            hint="pass --name",
-        )
-    if accuracy is not None and val_set is not None:
-        raise RegistrationError("give --accuracy or --val-set, not both")
-    if accuracy is not None and not (isinstance(accuracy, int | float) and 0 <= accuracy <= 1):
-        raise RegistrationError(f"accuracy must be within [0, 1], got {accuracy!r}")
-    if val_set is not None and task not in ("text-recognition", "text-embedding"):
-        raise RegistrationError(
-            f"accuracy is measured for text-recognition and text-embedding only; declare "
-            f"it for {task} (--accuracy)"
-        )
-    bad_b = [b for b in batch_sizes if not isinstance(b, int) or not 1 <= b <= 64]
-    bad_k = [k for k in partitions if k not in (1, 2)]
-    if bad_b or bad_k or not batch_sizes or not partitions:
-        raise RegistrationError(
-            f"batch sizes must be 1-64 and plan sizes K 1 or 2; got {list(batch_sizes)}, "
-            f"{list(partitions)}"
-        )
+    task, path, name = _identify(source, alias, task, name)
+    _check_options(task, accuracy, val_set, batch_sizes, partitions)
     info = inspect_model(path)
-    files = reg.files_dir
     io = _task_io(
         task,
         info,
         alias=alias,
         charset=str(charset) if charset else None,
         tokenizer=str(tokenizer) if tokenizer else None,
-        files_dir=files,
+        files_dir=reg.files_dir,
         model_name=name,
     )
     base_shapes = _concrete_shapes(
@@ -359,8 +330,124 @@ def register(
     if task not in ("text-recognition", "text-embedding") and accuracy is None:
         raise RegistrationError(f"declare the accuracy of {name} for {task} (--accuracy X)")
 
-    now = time.time()
-    host = _host()
+    m = _Registering(
+        reg=reg,
+        task=task,
+        name=name,
+        source=source,
+        path=path,
+        info=info,
+        io=io,
+        base_shapes=base_shapes,
+        created=time.time(),
+        host=_host(),
+    )
+    out, runs = _generate(m, device, progress)
+    acc_of = _accuracies(m, runs, accuracy, val_set, reference, ocr_samples, progress)
+    out.extend(
+        _profile_variants(
+            m,
+            runs,
+            acc_of,
+            partitions,
+            batches,
+            device,
+            warmup=warmup,
+            repeats=repeats,
+            threads=threads,
+            progress=progress,
+        )
+    )
+    if not any(v.generated for v in out):
+        raise RegistrationError(
+            f"no variant of {name} can be generated on this host: "
+            + "; ".join(v.reason for v in out),
+            hint="register on a host that has one of the device's engines",
+        )
+    reg.replace_model(name, out)
+    return out
+
+
+@dataclass
+class _Registering:
+    """The model being registered, and what each of its variants records of it."""
+
+    reg: VariantRegistry
+    task: str
+    name: str
+    source: str
+    path: Path
+    info: ModelInfo
+    io: dict[str, Any]
+    base_shapes: dict[str, list[int]]
+    created: float
+    host: str
+
+
+def _identify(
+    source: str, alias: BundledModel | None, task: str | None, name: str | None
+) -> tuple[str, Path, str]:
+    """The task, the model file and the registered name of ``source`` (an alias brings
+    its task and name).
+
+    Raises:
+        RegistrationError: no task, or a malformed task or name.
+        ModelLoadError / ModelNotInstalledError: as :func:`resolve_model`.
+    """
+    task = task or (alias.task if alias is not None else None)
+    if not task:
+        raise RegistrationError(
+            "name the task the model serves (--task)",
+            hint=f"e.g. --task text-recognition; tasks with an interface: {', '.join(KNOWN_TASKS)}",
+        )
+    if not _TASK_RE.match(task):
+        raise RegistrationError(f"task names are lower-case words with '-': got {task!r}")
+    path = resolve_model(source)
+    name = name or (alias.alias if alias is not None else path.stem)
+    if not _NAME_RE.match(name):
+        raise RegistrationError(
+            f"model name {name!r}: use 1-40 letters, digits, '-' or '_'",
+            hint="pass --name",
+        )
+    return task, path, name
+
+
+def _check_options(
+    task: str,
+    accuracy: float | None,
+    val_set: str | os.PathLike[str] | None,
+    batch_sizes: Sequence[int],
+    partitions: Sequence[int],
+) -> None:
+    """Refuse two accuracy sources, an accuracy outside [0, 1], a validation set for a
+    task without a measure, and batch sizes or plan sizes out of range.
+
+    Raises:
+        RegistrationError: the message says which.
+    """
+    if accuracy is not None and val_set is not None:
+        raise RegistrationError("give --accuracy or --val-set, not both")
+    if accuracy is not None and not (isinstance(accuracy, int | float) and 0 <= accuracy <= 1):
+        raise RegistrationError(f"accuracy must be within [0, 1], got {accuracy!r}")
+    if val_set is not None and task not in ("text-recognition", "text-embedding"):
+        raise RegistrationError(
+            f"accuracy is measured for text-recognition and text-embedding only; declare "
+            f"it for {task} (--accuracy)"
+        )
+    bad_b = [b for b in batch_sizes if not isinstance(b, int) or not 1 <= b <= 64]
+    bad_k = [k for k in partitions if k not in (1, 2)]
+    if bad_b or bad_k or not batch_sizes or not partitions:
+        raise RegistrationError(
+            f"batch sizes must be 1-64 and plan sizes K 1 or 2; got {list(batch_sizes)}, "
+            f"{list(partitions)}"
+        )
+
+
+def _generate(
+    m: _Registering, device: Any, progress: Callable[[str], None]
+) -> tuple[list[Variant], list[tuple[str, str, Path]]]:
+    """Step 1 (module docstring): the variants that cannot be generated here (stored with
+    the reason) and the (engine, precision, file) runs that can, per engine of ``device``."""
     availability = engine_availability()
     out: list[Variant] = []
     runs: list[tuple[str, str, Path]] = []  # (engine, precision, file) generated
@@ -369,26 +456,26 @@ def register(
         if not ok:
             out.append(
                 Variant(
-                    name=f"{name}.{engine}",
-                    task=task,
-                    model=name,
-                    source=source,
-                    path=str(path),
+                    name=f"{m.name}.{engine}",
+                    task=m.task,
+                    model=m.name,
+                    source=m.source,
+                    path=str(m.path),
                     engine=engine,
                     precision="/".join(listed) or "-",
                     generated=False,
                     reason=f"engine {engine} is not available on this host: {why}",
-                    io=io,
-                    host=host,
-                    created=now,
+                    io=m.io,
+                    host=m.host,
+                    created=m.created,
                 )
             )
             continue
         if engine == "cpu":
-            runs.append((engine, info.precision, path))
-            if info.precision == "int8":
+            runs.append((engine, m.info.precision, m.path))
+            if m.info.precision == "int8":
                 try:
-                    fp32 = dequantize(path, files / "models" / f"{name}.fp32.onnx")
+                    fp32 = dequantize(m.path, m.reg.files_dir / "models" / f"{m.name}.fp32.onnx")
                     runs.append((engine, "fp32", fp32))
                 except RegistrationError as exc:
                     progress(str(exc))
@@ -397,34 +484,47 @@ def register(
             for prec in [p for p in ("fp16", "int8") if p in host_prec]:
                 if listed and prec not in listed:
                     continue
-                if prec == "int8" and info.precision != "int8":
+                if prec == "int8" and m.info.precision != "int8":
                     out.append(
                         Variant(
-                            name=f"{name}.{engine}.int8",
-                            task=task,
-                            model=name,
-                            source=source,
-                            path=str(path),
+                            name=f"{m.name}.{engine}.int8",
+                            task=m.task,
+                            model=m.name,
+                            source=m.source,
+                            path=str(m.path),
                             engine=engine,
                             precision="int8",
                             generated=False,
                             reason="int8 on TensorRT needs a calibration set (not supported)",
-                            io=io,
-                            host=host,
-                            created=now,
+                            io=m.io,
+                            host=m.host,
+                            created=m.created,
                         )
                     )
                     continue
-                runs.append((engine, prec, path))
+                runs.append((engine, prec, m.path))
+    return out, runs
 
-    # Accuracy per (engine, precision, file), shared by its batch sizes and plans.
+
+def _accuracies(
+    m: _Registering,
+    runs: list[tuple[str, str, Path]],
+    accuracy: float | None,
+    val_set: str | os.PathLike[str] | None,
+    reference: str | os.PathLike[str] | None,
+    ocr_samples: list[tuple[np.ndarray, str]] | None,
+    progress: Callable[[str], None],
+) -> dict[tuple[str, str, str], tuple[float | None, str]]:
+    """Step 3 (module docstring): the accuracy of each run and how it was found,
+    ``(engine, precision, file) -> (accuracy, source)``, shared by its batch sizes and
+    plans."""
     acc_of: dict[tuple[str, str, str], tuple[float | None, str]] = {}
     ref_emb: np.ndarray | None = None
     sentences: list[str] = []
-    if task == "text-embedding" and accuracy is None:
+    if m.task == "text-embedding" and accuracy is None:
         sentences = _sentences_from(val_set)
         ref_emb, ref_what = _embedding_reference(
-            reg, task, reference, info, path, name, io, sentences, progress
+            m.reg, m.task, reference, m.info, m.path, m.name, m.io, sentences, progress
         )
     for engine, prec, file in runs:
         key = (engine, prec, str(file))
@@ -435,15 +535,15 @@ def register(
         run = _Runner(file, engine, engine_prec)
         try:
             if ocr_samples is not None:
-                progress(f"{name} ({engine} {prec}): measuring CER on {len(ocr_samples)} lines")
-                cer = _measure_rec(run, io, ocr_samples)
+                progress(f"{m.name} ({engine} {prec}): measuring CER on {len(ocr_samples)} lines")
+                cer = _measure_rec(run, m.io, ocr_samples)
                 acc_of[key] = (
                     round(max(0.0, 1.0 - cer), 6),
                     f"measured: 1 - CER ({cer:.4f}) on {len(ocr_samples)} lines of {val_set}",
                 )
             else:
                 assert ref_emb is not None
-                emb = _embed(run, io, sentences)
+                emb = _embed(run, m.io, sentences)
                 agree = embedding_agreement(emb, ref_emb)
                 acc_of[key] = (
                     round(agree, 6),
@@ -452,59 +552,82 @@ def register(
                 )
         finally:
             run.close()
+    return acc_of
 
-    # Profile every generated variant.
+
+def _profile_variants(
+    m: _Registering,
+    runs: list[tuple[str, str, Path]],
+    acc_of: dict[tuple[str, str, str], tuple[float | None, str]],
+    partitions: Sequence[int],
+    batches: Sequence[int],
+    device: Any,
+    *,
+    warmup: int,
+    repeats: int,
+    threads: int,
+    progress: Callable[[str], None],
+) -> list[Variant]:
+    """Step 2 (module docstring): every generated variant of each run, per plan size K
+    and batch size, profiled; a plan that cannot fit the task is stored as not
+    generated."""
+    out: list[Variant] = []
     for engine, prec, file in runs:
         engine_prec = "fp32" if engine == "cpu" else prec
         acc, acc_how = acc_of[(engine, prec, str(file))]
         for k in partitions:
             chain = [file]
             plan_dir = None
-            if k > 1 and not _plan_fits(task, info):
+            if k > 1 and not _plan_fits(m.task, m.info):
                 out.append(
                     Variant(
-                        name=f"{name}.{engine}.{prec}.b1.k{k}",
-                        task=task,
-                        model=name,
-                        source=source,
+                        name=f"{m.name}.{engine}.{prec}.b1.k{k}",
+                        task=m.task,
+                        model=m.name,
+                        source=m.source,
                         path=str(file),
                         engine=engine,
                         precision=prec,
                         partitions=k,
                         generated=False,
                         reason="a plan fixes the model's dynamic dims at the profiled shapes "
-                        f"({_shapes_text(base_shapes)}), but {task} inputs vary in them",
-                        io=io,
-                        host=host,
-                        created=now,
+                        f"({_shapes_text(m.base_shapes)}), but {m.task} inputs vary in them",
+                        io=m.io,
+                        host=m.host,
+                        created=m.created,
                     )
                 )
                 continue
             if k > 1:
                 plan_dir, chain = _plan(
-                    file, base_shapes, files / "plans" / f"{name}.{prec}.k{k}", k, device, progress
+                    file,
+                    m.base_shapes,
+                    m.reg.files_dir / "plans" / f"{m.name}.{prec}.k{k}",
+                    k,
+                    device,
+                    progress,
                 )
             for b in batches if k == 1 else [1]:
-                vname = f"{name}.{engine}.{prec}.b{b}" + (f".k{k}" if k > 1 else "")
+                vname = f"{m.name}.{engine}.{prec}.b{b}" + (f".k{k}" if k > 1 else "")
                 progress(f"profiling {vname}")
                 prof = _profile(
                     chain,
                     engine,
                     engine_prec,
-                    base_shapes,
+                    m.base_shapes,
                     sorted({1, b}),
                     warmup=warmup,
                     repeats=repeats,
                     threads=threads,
                 )
-                vio = dict(io)
+                vio = dict(m.io)
                 vio["bottleneck_p50_ms"] = prof["bottleneck_p50_ms"] if k > 1 else None
                 out.append(
                     Variant(
                         name=vname,
-                        task=task,
-                        model=name,
-                        source=source,
+                        task=m.task,
+                        model=m.name,
+                        source=m.source,
                         path=str(file),
                         engine=engine,
                         precision=prec,
@@ -518,18 +641,11 @@ def register(
                         accuracy=acc,
                         accuracy_source=acc_how,
                         io=vio,
-                        shapes=_shapes_text(base_shapes),
-                        host=host,
-                        created=now,
+                        shapes=_shapes_text(m.base_shapes),
+                        host=m.host,
+                        created=m.created,
                     )
                 )
-    if not any(v.generated for v in out):
-        raise RegistrationError(
-            f"no variant of {name} can be generated on this host: "
-            + "; ".join(v.reason for v in out),
-            hint="register on a host that has one of the device's engines",
-        )
-    reg.replace_model(name, out)
     return out
 
 

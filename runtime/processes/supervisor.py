@@ -265,37 +265,12 @@ class Supervisor:
                         restarts=restarts, streak=streak, spawn=True,
                     )  # fmt: skip
         if proc is None:
-            try:
-                # forked from one long-lived thread: PR_SET_PDEATHSIG fires when the
-                # thread that forked the child exits (prctl(2)), so a deploy or restart
-                # from a short-lived thread would otherwise kill its instances with it
-                proc = self._spawner.submit(
-                    subprocess.Popen,
-                    module_command("infscaler.runtime.serving.instance"),
-                    stdin=subprocess.PIPE,
-                    pass_fds=fds,
-                    env=self.env,
-                    close_fds=True,
-                ).result()
-            except OSError as exc:
-                undo()
-                raise InstanceStartError(
-                    f"cannot start an instance of {unit.name}: {exc}"
-                ) from None
+            proc = self._spawn(unit, fds, undo)
         sock.close()
         os.close(status_w)
         os.close(cmd_r)
         os.set_blocking(cmd_w, False)
-        if isinstance(proc, subprocess.Popen):
-            assert proc.stdin is not None
-            with contextlib.suppress(BrokenPipeError):
-                proc.stdin.write(json.dumps(spec).encode())
-                proc.stdin.close()
-            pidfd = os.pidfd_open(proc.pid)
-            self.started_by["spawned"] += 1
-        else:
-            pidfd = os.dup(proc.pidfd)
-            self.started_by["forked"] += 1
+        pidfd = self._hand_over(proc, spec)
         os.set_blocking(status_r, False)
         h = InstanceHandle(
             iid,
@@ -325,6 +300,44 @@ class Supervisor:
             cores,
         )
         return h
+
+    def _spawn(self, unit: Unit, fds: tuple[int, ...], undo: Callable[[], None]) -> Any:
+        """A fresh interpreter running the instance module with ``fds`` passed to it (the
+        :class:`subprocess.Popen`); on failure ``undo`` runs first.
+
+        Raises:
+            InstanceStartError: the process could not be created.
+        """
+        try:
+            # forked from one long-lived thread: PR_SET_PDEATHSIG fires when the
+            # thread that forked the child exits (prctl(2)), so a deploy or restart
+            # from a short-lived thread would otherwise kill its instances with it
+            return self._spawner.submit(
+                subprocess.Popen,
+                module_command("infscaler.runtime.serving.instance"),
+                stdin=subprocess.PIPE,
+                pass_fds=fds,
+                env=self.env,
+                close_fds=True,
+            ).result()
+        except OSError as exc:
+            undo()
+            raise InstanceStartError(f"cannot start an instance of {unit.name}: {exc}") from None
+
+    def _hand_over(self, proc: Any, spec: dict[str, Any]) -> int:
+        """Send a spawned instance its ``spec`` on stdin (a forked one has it already),
+        count how it started, and return a pidfd of it to watch its exit."""
+        if isinstance(proc, subprocess.Popen):
+            assert proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(json.dumps(spec).encode())
+                proc.stdin.close()
+            pidfd = os.pidfd_open(proc.pid)
+            self.started_by["spawned"] += 1
+        else:
+            pidfd = os.dup(proc.pidfd)
+            self.started_by["forked"] += 1
+        return pidfd
 
     def wait_ready(self, handles: list[InstanceHandle], timeout: float) -> None:
         """Block until every handle is ready.

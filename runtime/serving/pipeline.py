@@ -47,7 +47,7 @@ from infscaler.base.security import (
     check_plain_function,
 )
 from infscaler.partitioner.loader import parse_shapes
-from infscaler.partitioner.plan import read_plan
+from infscaler.partitioner.plan import Plan, read_plan
 
 log = logging.getLogger("infscaler.runtime")
 
@@ -309,162 +309,28 @@ def compile_pipeline(
         if stage.kind == "function":
             fn = _check_function(stage.function or "", where, allowed_functions)
             fn_specs[len(units)] = _declared_outputs(fn, list(stage.outputs or []), where)
-            units.append(
-                Unit(
-                    index=len(units),
-                    name=stage.name,
-                    stage=stage.name,
-                    kind="function",
-                    function=stage.function,
-                    params=dict(stage.params),
-                    inputs=list(stage.inputs or []),
-                    outputs=list(stage.outputs or []),
-                    fan_out=stage.fan_out,
-                    fan_in=stage.fan_in,
-                    per_item=in_items and not stage.fan_out and not stage.fan_in,
-                    threads=stage.threads,
-                    instances=stage.instances_for(0, 1),
-                    max_instances=stage.max_instances,
-                )
-            )
+            units.append(_function_unit(stage, len(units), in_items))
             if stage.fan_in:
                 in_items = False
             continue
 
         # -- model stage: whole, a given plan, or partitioned now --------------------
-        if stage.plan is not None:
-            plan_dir = Path(stage.plan)
-            plan = read_plan(plan_dir, load_parts=False)
-        elif (stage.partitions or 1) > 1 or stage.slo is not None:
-            model_path = resolve_model(stage.model or "")
-            shapes = stage.shapes
-            if shapes is None and stage.model in MODELS:
-                shapes = MODELS[stage.model].shapes
-            plan_dir = _plan_dir_for(stage, model_path, state_dir, shapes)
-            if (plan_dir / "plan.yaml").is_file():
-                progress(f"{stage.name}: reusing plan {plan_dir}")
-                plan = read_plan(plan_dir, load_parts=False)
-            else:
-                progress(
-                    f"{stage.name}: partitioning {model_path.name} (K={stage.partitions or 'search'})"
-                )
-                # why: the partitioner (~30 modules: search, profiler, extract, ...) only when
-                # a stage is partitioned now; instances and the service never load it else
-                from infscaler.partitioner.api import partition_model
-
-                plan = partition_model(
-                    model_path,
-                    shapes=shapes,
-                    slo=stage.slo,
-                    num_partitions=stage.partitions,
-                    max_partitions=stage.max_partitions,
-                    device=device,
-                    out_dir=plan_dir,
-                    force=True,
-                    progress=lambda m, s=stage.name: progress(f"{s}: {m}"),
-                )
-                plan = read_plan(plan_dir, load_parts=False)
-        else:
-            plan_dir = None
-            plan = None
+        plan_dir, plan = _stage_plan(stage, state_dir, device, progress)
         if plan is not None and plan_dir is not None:
             plans[stage.name] = str(plan_dir)
-            model_inputs = {t["name"]: t for t in plan.summary["model"]["inputs"]}
-            model_outputs = {t["name"]: t for t in plan.summary["model"]["outputs"]}
-            parts = [
-                (
-                    plan_dir / p["file"],
-                    [t["name"] for t in p["inputs"]],
-                    [t["name"] for t in p["outputs"]],
-                    p,
-                )
-                for p in plan.summary["partitions"]
-            ]
-            shapes_of = {n: list(t["shape"]) for n, t in model_inputs.items()}
-        else:
-            model_path = resolve_model(stage.model or "")
-            ins, outs = _value_infos(model_path)
-            model_inputs = {
-                vi.name: {"name": vi.name, "v2": _vi_spec(vi)[0], "shape": _vi_spec(vi)[1]}
-                for vi in ins
-            }
-            model_outputs = {
-                vi.name: {"name": vi.name, "v2": _vi_spec(vi)[0], "shape": _vi_spec(vi)[1]}
-                for vi in outs
-            }
-            parts = [(model_path, list(model_inputs), list(model_outputs), None)]
-            shapes_of = {}
-            if stage.shapes:
-                shapes_of = {k: list(v) for k, v in parse_shapes(stage.shapes).items()}
-        in_mapping = dict(stage.inputs or {})
-        out_mapping = dict(stage.outputs or {})
-        for label, mapping, known in (
-            ("inputs", in_mapping, model_inputs),
-            ("outputs", out_mapping, model_outputs),
-        ):
-            bad = [n for n in mapping if n not in known]
-            if bad:
-                raise ConfigError(
-                    f"{where}.{label}: {bad} are not {label} of the model",
-                    hint=f"the model's {label}: {sorted(known)}",
-                )
-
-        def slot_name(
-            onnx_name: str,
-            stage=stage,
-            im=in_mapping,
-            om=out_mapping,
-            mi=model_inputs,
-            mo=model_outputs,
-        ) -> str:
-            if onnx_name in mi:
-                return im.get(onnx_name, onnx_name)
-            if onnx_name in mo:
-                return om.get(onnx_name, onnx_name)
-            return f"{stage.name}/{onnx_name}"
-
-        k_total = len(parts)
-        for k, (path, p_in, p_out, meta) in enumerate(parts):
-            units.append(
-                Unit(
-                    index=len(units),
-                    name=stage.name if k_total == 1 else f"{stage.name}/{k}",
-                    stage=stage.name,
-                    kind="model",
-                    partition=k,
-                    num_partitions=k_total,
-                    path=str(path),
-                    in_map={slot_name(n): n for n in p_in},
-                    out_map={n: slot_name(n) for n in p_out},
-                    inputs=[slot_name(n) for n in p_in],
-                    outputs=[slot_name(n) for n in p_out],
-                    per_item=in_items,
-                    engine=stage.engine,
-                    precision=stage.precision,
-                    threads=stage.threads,
-                    max_threads=stage.max_threads,
-                    instances=stage.instances_for(k, k_total),
-                    max_instances=stage.max_instances,
-                    max_batch=stage.batching.max_batch if stage.batching else 1,
-                    batch_delay_ms=stage.batching.max_delay_ms if stage.batching else 0.0,
-                    batch_policy=stage.batching.policy if stage.batching else "fixed",
-                    shapes={n: s for n, s in shapes_of.items() if n in p_in},
-                    bottleneck=None if meta is None else meta.get("bottleneck"),
-                    plan_latency_ms={} if meta is None else meta.get("latency_ms", {}),
-                    memory_mb=None if meta is None else meta.get("memory_mb"),
-                )
-            )
+        io = _model_io(stage, plan_dir, plan, where)
+        units.extend(_model_units(stage, io, len(units), in_items))
         if pipe_inputs is None and si == 0:
             pipe_inputs = [
                 InputSpec(
-                    name=in_mapping.get(n, n),
+                    name=io.in_mapping.get(n, n),
                     datatype=t.get("v2") or _PLAN_DTYPE_TO_V2.get(t.get("dtype", ""), "FP32"),
                     shape=[int(d) if isinstance(d, int) and d > 0 else -1 for d in t["shape"]],
                 )
-                for n, t in model_inputs.items()
+                for n, t in io.model_inputs.items()
             ]
         if pipe_outputs is None and si == len(cfg.stages) - 1:
-            pipe_outputs = [out_mapping.get(n, n) for n in model_outputs]
+            pipe_outputs = [io.out_mapping.get(n, n) for n in io.model_outputs]
 
     assert pipe_inputs is not None and pipe_outputs is not None
     _layout(units, pipe_inputs, pipe_outputs, cfg.name)
@@ -480,6 +346,183 @@ def compile_pipeline(
     needed0 = set(pipe_outputs) | {n for u in units for n in u.inputs}
     front = [i.name for i in pipe_inputs if i.name in needed0]
     return CompiledPipeline(cfg, units, pipe_inputs, out_specs, front, plans)
+
+
+def _function_unit(stage: StageConfig, index: int, in_items: bool) -> Unit:
+    """The unit of function stage ``stage`` at position ``index`` (``in_items``: after a
+    fan-out and before its fan-in)."""
+    return Unit(
+        index=index,
+        name=stage.name,
+        stage=stage.name,
+        kind="function",
+        function=stage.function,
+        params=dict(stage.params),
+        inputs=list(stage.inputs or []),
+        outputs=list(stage.outputs or []),
+        fan_out=stage.fan_out,
+        fan_in=stage.fan_in,
+        per_item=in_items and not stage.fan_out and not stage.fan_in,
+        threads=stage.threads,
+        instances=stage.instances_for(0, 1),
+        max_instances=stage.max_instances,
+    )
+
+
+def _stage_plan(
+    stage: StageConfig, state_dir: Path, device: Any, progress: Callable[[str], None]
+) -> tuple[Path | None, Plan | None]:
+    """The plan of model stage ``stage`` and its directory: the given one, the one kept
+    in ``state_dir/plans`` for these settings, or a new one from the partitioner (§IV-A,
+    Eq. 1); ``(None, None)`` for a stage served whole.
+
+    Raises:
+        InfScalerError: partitioning failed (the partitioner's message).
+    """
+    if stage.plan is not None:
+        plan_dir = Path(stage.plan)
+        return plan_dir, read_plan(plan_dir, load_parts=False)
+    if not ((stage.partitions or 1) > 1 or stage.slo is not None):
+        return None, None
+    model_path = resolve_model(stage.model or "")
+    shapes = stage.shapes
+    if shapes is None and stage.model in MODELS:
+        shapes = MODELS[stage.model].shapes
+    plan_dir = _plan_dir_for(stage, model_path, state_dir, shapes)
+    if (plan_dir / "plan.yaml").is_file():
+        progress(f"{stage.name}: reusing plan {plan_dir}")
+        return plan_dir, read_plan(plan_dir, load_parts=False)
+    progress(f"{stage.name}: partitioning {model_path.name} (K={stage.partitions or 'search'})")
+    # why: the partitioner (~30 modules: search, profiler, extract, ...) only when
+    # a stage is partitioned now; instances and the service never load it else
+    from infscaler.partitioner.api import partition_model
+
+    partition_model(
+        model_path,
+        shapes=shapes,
+        slo=stage.slo,
+        num_partitions=stage.partitions,
+        max_partitions=stage.max_partitions,
+        device=device,
+        out_dir=plan_dir,
+        force=True,
+        progress=lambda m, s=stage.name: progress(f"{s}: {m}"),
+    )
+    return plan_dir, read_plan(plan_dir, load_parts=False)
+
+
+@dataclass
+class _ModelIO:
+    """A model stage's tensors: the model's inputs and outputs (name -> ``{"name",
+    "v2" or "dtype", "shape"}``), its parts ``(file, input names, output names, the
+    plan's partition or None)``, the static input shapes, and the stage's mappings of
+    model tensor names to pipeline names."""
+
+    model_inputs: dict[str, dict[str, Any]]
+    model_outputs: dict[str, dict[str, Any]]
+    parts: list[tuple[Path, list[str], list[str], dict[str, Any] | None]]
+    shapes_of: dict[str, list[int]]
+    in_mapping: dict[str, str]
+    out_mapping: dict[str, str]
+    stage: str
+
+    def slot_name(self, onnx_name: str) -> str:
+        """The slot tensor of model tensor ``onnx_name``: its pipeline name for the
+        model's inputs and outputs, ``<stage>/<onnx name>`` for a tensor crossing a cut."""
+        if onnx_name in self.model_inputs:
+            return self.in_mapping.get(onnx_name, onnx_name)
+        if onnx_name in self.model_outputs:
+            return self.out_mapping.get(onnx_name, onnx_name)
+        return f"{self.stage}/{onnx_name}"
+
+
+def _model_io(stage: StageConfig, plan_dir: Path | None, plan: Plan | None, where: str) -> _ModelIO:
+    """The tensors of model stage ``stage``, from its plan or from the whole model.
+
+    Raises:
+        ConfigError: the model cannot be read, or the stage maps a tensor the model
+            does not have.
+    """
+    if plan is not None and plan_dir is not None:
+        model_inputs = {t["name"]: t for t in plan.summary["model"]["inputs"]}
+        model_outputs = {t["name"]: t for t in plan.summary["model"]["outputs"]}
+        parts = [
+            (
+                plan_dir / p["file"],
+                [t["name"] for t in p["inputs"]],
+                [t["name"] for t in p["outputs"]],
+                p,
+            )
+            for p in plan.summary["partitions"]
+        ]
+        shapes_of = {n: list(t["shape"]) for n, t in model_inputs.items()}
+    else:
+        model_path = resolve_model(stage.model or "")
+        ins, outs = _value_infos(model_path)
+        model_inputs = {
+            vi.name: {"name": vi.name, "v2": _vi_spec(vi)[0], "shape": _vi_spec(vi)[1]}
+            for vi in ins
+        }
+        model_outputs = {
+            vi.name: {"name": vi.name, "v2": _vi_spec(vi)[0], "shape": _vi_spec(vi)[1]}
+            for vi in outs
+        }
+        parts = [(model_path, list(model_inputs), list(model_outputs), None)]
+        shapes_of = {}
+        if stage.shapes:
+            shapes_of = {k: list(v) for k, v in parse_shapes(stage.shapes).items()}
+    in_mapping = dict(stage.inputs or {})
+    out_mapping = dict(stage.outputs or {})
+    for label, mapping, known in (
+        ("inputs", in_mapping, model_inputs),
+        ("outputs", out_mapping, model_outputs),
+    ):
+        bad = [n for n in mapping if n not in known]
+        if bad:
+            raise ConfigError(
+                f"{where}.{label}: {bad} are not {label} of the model",
+                hint=f"the model's {label}: {sorted(known)}",
+            )
+    return _ModelIO(
+        model_inputs, model_outputs, parts, shapes_of, in_mapping, out_mapping, stage.name
+    )
+
+
+def _model_units(stage: StageConfig, io: _ModelIO, first: int, in_items: bool) -> list[Unit]:
+    """The units of model stage ``stage``, one per part, from position ``first``."""
+    units: list[Unit] = []
+    k_total = len(io.parts)
+    for k, (path, p_in, p_out, meta) in enumerate(io.parts):
+        units.append(
+            Unit(
+                index=first + k,
+                name=stage.name if k_total == 1 else f"{stage.name}/{k}",
+                stage=stage.name,
+                kind="model",
+                partition=k,
+                num_partitions=k_total,
+                path=str(path),
+                in_map={io.slot_name(n): n for n in p_in},
+                out_map={n: io.slot_name(n) for n in p_out},
+                inputs=[io.slot_name(n) for n in p_in],
+                outputs=[io.slot_name(n) for n in p_out],
+                per_item=in_items,
+                engine=stage.engine,
+                precision=stage.precision,
+                threads=stage.threads,
+                max_threads=stage.max_threads,
+                instances=stage.instances_for(k, k_total),
+                max_instances=stage.max_instances,
+                max_batch=stage.batching.max_batch if stage.batching else 1,
+                batch_delay_ms=stage.batching.max_delay_ms if stage.batching else 0.0,
+                batch_policy=stage.batching.policy if stage.batching else "fixed",
+                shapes={n: s for n, s in io.shapes_of.items() if n in p_in},
+                bottleneck=None if meta is None else meta.get("bottleneck"),
+                plan_latency_ms={} if meta is None else meta.get("latency_ms", {}),
+                memory_mb=None if meta is None else meta.get("memory_mb"),
+            )
+        )
+    return units
 
 
 def _check_function(

@@ -14,15 +14,15 @@ from onnx import TensorProto, helper, numpy_helper
 from infscaler.base.errors import InfScalerError, ModelLoadError
 from infscaler.base.models import resolve_model
 from infscaler.engines import EngineUnavailable, available
-from infscaler.partitioner import profiler
+from infscaler.partitioner import ortrace, profiler
 from infscaler.partitioner.loader import load_model, random_feeds
+from infscaler.partitioner.ortrace import node_times_from_trace
 from infscaler.partitioner.profiler import (
     BoundaryOverhead,
     ModelProfile,
     host_description,
     host_fingerprint,
     measure_boundary_overhead,
-    node_times_from_trace,
     profile_cache_path,
     profile_model,
     profiled_engines,
@@ -106,7 +106,7 @@ def test_profile_small_model_nodes_and_totals():
 def test_profile_from_path_and_trace_deleted(tmp_path, monkeypatch):
     path = tmp_path / "m.onnx"
     onnx.save(_conv_model(8), str(path))
-    monkeypatch.setattr(profiler.tempfile, "tempdir", str(tmp_path / "t"))
+    monkeypatch.setattr(ortrace.tempfile, "tempdir", str(tmp_path / "t"))
     (tmp_path / "t").mkdir()
     prof = profile_model(path, _feeds(8), model_sha256="cd" * 32, warmup=0, repeats=2, cache=False)
     assert prof.node_ms["conv1"] > 0
