@@ -75,8 +75,26 @@ def _in_layer(path: Path) -> bool:
     return ENGINES_DIR.resolve() in path.resolve().parents
 
 
+#: the one session outside the engine layer, and why: the base (below the engines) turns a
+#: bundled test model's constant weights into random ones and scales its logits with one
+#: plain CPU run, before any engine, profile or service exists
+_OUTSIDE_ALLOWED = {("infscaler/base/models.py", "InferenceSession")}
+
+
+def _allowed(hit: str) -> bool:
+    path, _, call = hit.partition(" ")
+    rel = Path(path.split(":")[0]).resolve().relative_to(REPO).as_posix()
+    return (rel, call.rstrip("(")) in _OUTSIDE_ALLOWED
+
+
 def test_sessions_are_built_only_in_the_engine_layer() -> None:
-    outside = [hit for p in _sources() if not _in_layer(p) for hit in _calls(p, _LAYER_ONLY_CALLS)]
+    outside = [
+        hit
+        for p in _sources()
+        if not _in_layer(p)
+        for hit in _calls(p, _LAYER_ONLY_CALLS)
+        if not _allowed(hit)
+    ]
     assert outside == [], "build sessions with infscaler.engines.onnxrt:\n" + "\n".join(outside)
     inside = [hit for p in ENGINES_DIR.rglob("*.py") for hit in _calls(p, ("InferenceSession",))]
     assert len(inside) == 1 and "onnxrt/loader.py" in inside[0], inside  # the one loader
