@@ -62,7 +62,6 @@ def install(commit: str, root: Path) -> tuple[Path, Path]:
             "install",
             "-q",
             "--no-deps",
-            "--no-build-isolation",
             "--target",
             str(site),
             str(src),

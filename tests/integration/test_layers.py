@@ -171,3 +171,65 @@ def test_service_satisfies_the_status_builders_interface(tmp_path: Path) -> None
     assert {"supervisor", "inflight", "started_at"} <= attrs
     assert {"deployments", "ready", "degraded"} <= methods
     _assert_implements(StatusSource, Service(state_dir=tmp_path))
+
+
+_CYCLES = """
+import sys, grimp
+g = grimp.build_graph("infscaler", cache_dir=None)
+prefixes = tuple(sys.argv[1:])
+index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+def visit(v):
+    index[v] = low[v] = n[0]; n[0] += 1; stack.append(v); on.add(v)
+    for w in g.find_modules_directly_imported_by(v):
+        if w not in index:
+            visit(w); low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        comp = []
+        while True:
+            w = stack.pop(); on.discard(w); comp.append(w)
+            if w == v:
+                break
+        if len(comp) > 1 and any(m.startswith(prefixes) for m in comp):
+            out.append(sorted(comp))
+sys.setrecursionlimit(10000)
+for m in sorted(g.modules):
+    if m not in index:
+        visit(m)
+print(repr(out))
+"""
+
+
+def _cycles(tree: Path, *prefixes: str) -> list[list[str]]:
+    """Import cycles (strongly connected modules, function-level and TYPE_CHECKING imports
+    included) that hold a module under one of ``prefixes``, found with grimp."""
+    import ast
+    import os
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-c", _CYCLES, *prefixes],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return ast.literal_eval(res.stdout.strip())
+
+
+def test_no_import_cycles_in_the_facade_or_the_runtime(tmp_path: Path) -> None:
+    """The facade's parts and the runtime's import no module that imports them back; a
+    deliberate cycle (the codec importing the system shared memory registry, which imports
+    the codec's tensors) is found."""
+    li = _checker()
+    tree = li.lay_out(tmp_path)
+    parts = ("infscaler.cli", "infscaler.api", "infscaler.service", "infscaler.runtime")
+    assert _cycles(tree, *parts) == []
+    codec = tree / "infscaler" / "api" / "codec_tensors.py"
+    codec.write_text(codec.read_text() + "\nfrom infscaler.api.sysshm import SharedMemoryRegion\n")
+    found = _cycles(tree, *parts)
+    assert any({"infscaler.api.codec_tensors", "infscaler.api.sysshm"} <= set(c) for c in found)
