@@ -32,7 +32,7 @@ What is simulated, following the runtime (:mod:`infscaler.runtime.serving.pipeli
   is the runtime's default window: the served units' live instances + 1, growing and
   shrinking with them;
 * **auto-scaling** (:class:`Autoscale`): every ``interval_s`` a
-  :class:`~infscaler.runtime.scaling.scaler.Snapshot` is built from the simulated monitor (end-to-end
+  :class:`~infscaler.runtime.scaling.types.Snapshot` is built from the simulated monitor (end-to-end
   P99 and per-unit service P50 over a sliding window, arrival and item rates, queues,
   instances, memory = instance MB + pool MB) and ``decide`` is called; a scaled-out
   instance takes memory and a slot at once and serves after ``startup_s``; a scaled-in
@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.runtime.scaling import scaler as _scaler
-from infscaler.runtime.scaling.scaler import (
+from infscaler.runtime.scaling.types import (
     Decision,
     EngineOption,
     ResourceCap,
@@ -64,6 +64,7 @@ from infscaler.runtime.scaling.scaler import (
     ScalerState,
     Snapshot,
     UnitState,
+    device_cap,
 )
 
 __all__ = [
@@ -292,28 +293,11 @@ def cap_from_profile(profile: Any, host_cores: int | None = None) -> ResourceCap
     cap, instance slots per engine (a DLA's times its core count), CPU thread slots
     (the profile's core set, or this host's / ``host_cores`` when it lists none, times
     ``threads_per_core``, as :meth:`infscaler.base.device.Accelerator.thread_slots`);
-    ``physical_cores`` the core count itself (the scaler's busy-cores bound)."""
-    max_inst: dict[str, int] = {}
-    cores = physical = 0
-    for acc in profile.accelerators:
-        if acc.count < 1:
-            continue
-        max_inst[acc.engine] = acc.max_instances * (acc.count if acc.engine == "dla" else 1)
-        if acc.engine == "cpu":
-            if acc.cores:
-                cores = len(acc.cores)
-            else:
-                cores = host_cores if host_cores is not None else len(os.sched_getaffinity(0))
-            # thread slots, as the monitor reads them (Accelerator.thread_slots)
-            physical = cores
-            cores = int(cores * getattr(acc, "threads_per_core", 1.0) + 1e-9)
-    return ResourceCap(
-        memory_cap_mb=float(profile.memory_cap_mb),
-        memory_used_mb=0.0,
-        max_instances=max_inst,
-        cores=cores,
-        physical_cores=physical,
-    )
+    ``physical_cores`` the core count itself (the scaler's busy-cores bound). No memory
+    in use: :func:`infscaler.runtime.scaling.types.device_cap`."""
+    if host_cores is None:
+        host_cores = len(os.sched_getaffinity(0))
+    return device_cap(profile, host_cores=host_cores)
 
 
 @dataclass(frozen=True)

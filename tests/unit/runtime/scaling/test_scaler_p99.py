@@ -12,16 +12,18 @@ import numpy as np
 import pytest
 
 from infscaler.runtime.scaling.scaler import (
+    decide,
+    is_violated,
+    late_tail_probability,
+    p99_response_ms,
+)
+from infscaler.runtime.scaling.types import (
     EngineOption,
     ResourceCap,
     ScalerConfig,
     ScalerState,
     Snapshot,
     UnitState,
-    decide,
-    is_violated,
-    late_tail_probability,
-    p99_response_ms,
 )
 
 CPU = EngineOption("cpu", latency_ms=85.0, memory_mb=175.0, cores=1)
