@@ -206,70 +206,114 @@ def decide(
         ValueError: a ``config`` value out of range.
     """
     _check_config(config)
-    now = snapshot.now
-    rates = tuple((t, r) for t, r in state.rates if now - t <= config.rate_horizon_s)
-    rates += ((now, snapshot.offered),)
-    new = replace(state, rates=rates, waiting=None)
-    decisions: list[Decision] = []
-
+    new = replace(state, rates=_offered_rates(snapshot, state, config), waiting=None)
     if is_violated(snapshot, config):
-        settling = _settling(snapshot, state, config)
-        if settling is not None:
-            return decisions, replace(new, violating_since=None, waiting=settling)
-        since = now if state.violating_since is None else state.violating_since
-        new = replace(new, violating_since=since)
-        if now - since < config.sustain_s - _EPS:
-            why = (
-                f"{_violation(snapshot, config)} for {_n(now - since)} s < sustain_s "
-                f"{_n(config.sustain_s)} s: waiting for it to persist"
-            )
-            return decisions, replace(new, waiting=why)
-        if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:
-            why = (
-                f"{_violation(snapshot, config)}; {_n(now - state.last_scale_out)} s since "
-                f"the last scale-out < cooldown_s {_n(config.cooldown_s)} s"
-            )
-            return decisions, replace(new, waiting=why)
-        out, refused = _scale_out(snapshot, config, max(r for _, r in rates))
-        if out is not None:
-            decisions.append(out)
-            return decisions, replace(
-                new, last_scale_out=now, last_change=now, violating_since=None
-            )
-        if config.shed:
-            limit, how = _shed_limit(snapshot)
-            p99 = snapshot.p99_ms
-            refusals_only = p99 is None or p99 <= config.violation_ratio * snapshot.slo_ms
-            rps = pipeline_capacity_rps(snapshot)
-            if refusals_only and rps is None:
-                # admission already refuses what would miss the SLO; with no capacity
-                # known, a bound at the current queue would only refuse more at random
-                return decisions, new
-            if rps is not None and snapshot.offered < SHED_MIN_LOAD * rps - _EPS:
-                # below capacity the violation is variance, not overload: the queue
-                # drains by itself and admission refuses what would miss the SLO
-                return decisions, new
-            if limit != state.queue_limit:
-                why = "; ".join(refused) if refused else "no unit to scale"
-                decisions.append(
-                    Decision(
-                        "shed",
-                        queue_limit=limit,
-                        reason=f"{_violation(snapshot, config)}; cap reached, no unit can be "
-                        f"admitted: {why}; queue bounded at {limit} requests ({how})",
-                    )
-                )
-                new = replace(new, queue_limit=limit)
-        return decisions, new
+        return _on_violation(snapshot, state, config, new)
+    return _on_no_violation(snapshot, state, config, new)
 
+
+def _offered_rates(
+    s: Snapshot, state: ScalerState, c: ScalerConfig
+) -> tuple[tuple[float, float], ...]:
+    """Step 1 of :func:`decide`: the samples of ``state.rates`` within ``rate_horizon_s``
+    of ``now``, then ``(now, offered)``."""
+    now = s.now
+    rates = tuple((t, r) for t, r in state.rates if now - t <= c.rate_horizon_s)
+    return rates + ((now, s.offered),)
+
+
+def _on_violation(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState
+) -> tuple[list[Decision], ScalerState]:
+    """Step 2 of :func:`decide`, the SLO violated: not counted within the settle window
+    (:func:`_settling`); else, once it has lasted ``sustain_s`` and the cooldown has
+    passed (:func:`_sustain_or_cooldown`), Algorithm 1's scale-out or a thread step up
+    (:func:`_scale_out`), or, when the cap refuses every unit, the shed bound
+    (:func:`_shed_at_cap`). ``new``: the state after step 1."""
+    settling = _settling(s, state, c)
+    if settling is not None:
+        return [], replace(new, violating_since=None, waiting=settling)
+    since = s.now if state.violating_since is None else state.violating_since
+    new = replace(new, violating_since=since)
+    why = _sustain_or_cooldown(s, state, c, since)
+    if why is not None:
+        return [], replace(new, waiting=why)
+    out, refused = _scale_out(s, c, max(r for _, r in new.rates))
+    if out is not None:
+        return [out], replace(new, last_scale_out=s.now, last_change=s.now, violating_since=None)
+    if not c.shed:
+        return [], new
+    return _shed_at_cap(s, state, c, new, refused)
+
+
+def _sustain_or_cooldown(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, since: float
+) -> str | None:
+    """Why a counted violation changes nothing yet (None: act on it): it has lasted
+    less than ``sustain_s`` since ``since``, its first violated call, or the last
+    scale-out is less than ``cooldown_s`` ago."""
+    now = s.now
+    if now - since < c.sustain_s - _EPS:
+        return (
+            f"{_violation(s, c)} for {_n(now - since)} s < sustain_s "
+            f"{_n(c.sustain_s)} s: waiting for it to persist"
+        )
+    if state.last_scale_out is not None and now - state.last_scale_out < c.cooldown_s:
+        return (
+            f"{_violation(s, c)}; {_n(now - state.last_scale_out)} s since "
+            f"the last scale-out < cooldown_s {_n(c.cooldown_s)} s"
+        )
+    return None
+
+
+def _shed_at_cap(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState, refused: list[str]
+) -> tuple[list[Decision], ScalerState]:
+    """The shed bound of step 2 of :func:`decide`, the cap refusing every unit (why each
+    was passed: ``refused``): a ``shed`` with :func:`shed_queue_limit` when it differs
+    from the bound in force, unless the violation is refusals at arrival alone with no
+    capacity known, or the offered load is below :data:`SHED_MIN_LOAD` of the capacity."""
+    limit, how = _shed_limit(s)
+    p99 = s.p99_ms
+    refusals_only = p99 is None or p99 <= c.violation_ratio * s.slo_ms
+    rps = pipeline_capacity_rps(s)
+    if refusals_only and rps is None:
+        # admission already refuses what would miss the SLO; with no capacity
+        # known, a bound at the current queue would only refuse more at random
+        return [], new
+    if rps is not None and s.offered < SHED_MIN_LOAD * rps - _EPS:
+        # below capacity the violation is variance, not overload: the queue
+        # drains by itself and admission refuses what would miss the SLO
+        return [], new
+    if limit == state.queue_limit:
+        return [], new
+    why = "; ".join(refused) if refused else "no unit to scale"
+    shed = Decision(
+        "shed",
+        queue_limit=limit,
+        reason=f"{_violation(s, c)}; cap reached, no unit can be "
+        f"admitted: {why}; queue bounded at {limit} requests ({how})",
+    )
+    return [shed], replace(new, queue_limit=limit)
+
+
+def _on_no_violation(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState
+) -> tuple[list[Decision], ScalerState]:
+    """Step 3 of :func:`decide`, no violation: after ``hold_s`` since the last change,
+    InferLine Algorithm 4's scale-in or a thread step back (:func:`_scale_in`) at the
+    largest rate over the horizon; and a bound in force lifted once
+    :func:`_lift_reason` says so. ``new``: the state after step 1."""
+    now = s.now
+    decisions: list[Decision] = []
     new = replace(new, violating_since=None)
-    if state.last_change is None or now - state.last_change > config.hold_s:
-        lam = max(r for _, r in rates)
-        ins = _scale_in(snapshot, config, lam, state.last_change)
+    if state.last_change is None or now - state.last_change > c.hold_s:
+        lam = max(r for _, r in new.rates)
+        ins = _scale_in(s, c, lam, state.last_change)
         if ins:
             decisions.extend(ins)
             new = replace(new, last_change=now)
-    lift = _lift_reason(snapshot) if state.queue_limit is not None else None
+    lift = _lift_reason(s) if state.queue_limit is not None else None
     if lift is not None:
         decisions.append(
             Decision(
