@@ -46,7 +46,7 @@ Busy cores (:meth:`Monitor.cores_busy`: CPU seconds of the instances and the fro
 over the last seconds; an instance started since counts its CPU seconds over its age,
 loading included, so a scale-out reads busy at once) are the second, stricter bound:
 the scaler adds no cpu thread unless a whole core per thread is idle
-(:data:`~infscaler.runtime.scaling.scaler.SATURATED_FREE_PER_THREAD`), since threads beyond
+(:data:`~infscaler.runtime.scaling.cores.SATURATED_FREE_PER_THREAD`), since threads beyond
 the cores add contention, not capacity, once every core is busy. (Bounding the pinned
 threads by the physical cores instead kept a two-unit pipeline, ddddocr, at one
 instance per unit with 0.6 of 2 cores busy: bench/HISTORY.md, "ddddocr at 3 x L0".)

@@ -14,7 +14,8 @@ What the paper lacks, added here:
   (15 s) of the last change; the rate it must still serve is the maximum arrival rate
   seen over the last ``rate_horizon_s`` (30 s); a unit gives back one instance when
   the remaining ones can serve that rate at utilisation <= ``scale_in_utilisation``
-  **and** keep the unit's approximate P99 at that rate (M/D/c, :func:`p99_response_ms`)
+  **and** keep the unit's approximate P99 at that rate (M/D/c,
+  :func:`~infscaler.runtime.scaling.queueing.p99_response_ms`)
   within its share of the SLO (:func:`_budget_ms`). Utilisation alone flapped: PP-OCRv4
   det's replicas at 3 req/s (SLO 3 x L0 = 2.9 x its 85 ms service) went 1 -> 2 on
   refusals after a burst, back to 1 after the hold at utilisation 0.37, out again, and
@@ -72,7 +73,9 @@ the monitor, calls :func:`decide`, and applies the decisions through the supervi
 The planner's simulator (:mod:`infscaler.runtime.planning.simulator`) calls the same function.
 
 What it decides on, its tuning and what it returns are in
-:mod:`infscaler.runtime.scaling.types`.
+:mod:`infscaler.runtime.scaling.types`; a unit's queueing model (service time, the M/D/c
+P99, the SLO share) in :mod:`infscaler.runtime.scaling.queueing`; the cores rules in
+:mod:`infscaler.runtime.scaling.cores`.
 """
 
 from __future__ import annotations
@@ -80,6 +83,19 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from infscaler.runtime.scaling.cores import (
+    _beyond_cores,
+    _own_cores,
+    _past_physical,
+    _saturated,
+)
+from infscaler.runtime.scaling.queueing import (
+    _EPS,
+    _budget_ms,
+    _fan_out,
+    _p99_needed,
+    _service_ms,
+)
 from infscaler.runtime.scaling.types import (
     Decision,
     EngineOption,
@@ -93,9 +109,6 @@ from infscaler.runtime.serving.admission import SHED_MIN_LOAD
 #: A ``shed`` bound is lifted once P99 is below this fraction of the SLO, or the offered
 #: load below this fraction of the pipeline's capacity (hysteresis).
 LIFT_RATIO = 0.8
-
-# slack for ceil / floor of products of floats (2.0000000000000004 replicas is 2)
-_EPS = 1e-9
 
 
 def decide(
@@ -132,7 +145,8 @@ def decide(
        Algorithm 4: with lambda_max the largest rate in ``rates``, every unit whose
        instances exceed ``max(needed, min_instances)``, needed =
        ``ceil(lambda_max x fan-out x service_ms / 1000 / scale_in_utilisation)``, at
-       least the fewest instances whose :func:`p99_response_ms` at lambda_max x fan-out
+       least the fewest instances whose
+       :func:`~infscaler.runtime.scaling.queueing.p99_response_ms` at lambda_max x fan-out
        is within the SLO less the other units' service times (ignored when no count
        can be), gives
        back one instance on the engine where its option is slowest (an engine with no
@@ -470,113 +484,6 @@ def _violation(s: Snapshot, c: ScalerConfig) -> str:
     return f"{s.slo_refused_rate:.2f} requests/s refused at arrival: they could not meet the {slo}"
 
 
-def _service_ms(u: UnitState) -> float | None:
-    if u.service_ms is not None and u.service_ms > 0:
-        return u.service_ms
-    lats = [o.latency_ms for o in u.options if o.latency_ms > 0]
-    return min(lats) if lats else None
-
-
-def _fan_out(u: UnitState, s: Snapshot) -> float:
-    return u.arrival_rate / s.arrival_rate if s.arrival_rate > 0 else 1.0
-
-
-def p99_response_ms(rate_items_s: float, servers: int, service_ms: float) -> float:
-    """Approximate P99 response time (wait + service) of one item at a unit of
-    ``servers`` FIFO instances, each ``service_ms`` per item, under Poisson arrivals of
-    ``rate_items_s`` items/s (M/D/c), ms; ``inf`` at or above capacity.
-
-    P(wait) is Erlang C (M/M/c's probability of waiting, an upper bound for M/D/c) and
-    the wait's tail is exponential with the heavy-traffic (diffusion) decay rate
-    ``2 (c / D - lambda) / (c_a^2 + c_s^2)`` with ``c_a^2 = 1`` (Poisson) and ``c_s^2 =
-    0`` (deterministic): P99 = D + ln(P(wait) / 0.01) / (2 (c / D - lambda)) (Kingman;
-    Whitt, "Approximations for the GI/G/m queue", 1993). Against a simulated M/D/c
-    (``bench/slo_bound.py``'s method) for c = 1-4 and loads 0.1-0.8 it is within 20 %,
-    above it (cautious) for c = 1 (tests/unit/test_scaler_p99.py).
-
-    Raises:
-        ValueError: ``servers`` < 1 or ``service_ms`` <= 0.
-    """
-    if servers < 1 or not service_ms > 0:
-        raise ValueError(f"need servers >= 1 and service_ms > 0, got {servers}, {service_ms}")
-    d = service_ms / 1000.0
-    a = max(0.0, rate_items_s) * d  # offered load in instances
-    if a >= servers:
-        return math.inf
-    if a <= 0:
-        return service_ms
-    term, total = 1.0, 0.0
-    for k in range(servers):
-        if k:
-            term *= a / k
-        total += term
-    top = term * a / servers * servers / (servers - a)
-    p_wait = top / (total + top)
-    if p_wait <= 0.01:
-        return service_ms
-    theta = 2.0 * (servers / d - rate_items_s)  # per s
-    return service_ms + math.log(p_wait / 0.01) / theta * 1000.0
-
-
-def _budget_ms(s: Snapshot, u: UnitState) -> float:
-    """The part of the SLO a unit's own wait + service may take: the SLO less the other
-    served units' service times (one item each), ms."""
-    others = 0.0
-    for v in s.units:
-        if v.index != u.index:
-            others += _service_ms(v) or 0.0
-    return s.slo_ms - others
-
-
-def _p99_needed(s: Snapshot, u: UnitState, items: float, svc: float) -> int:
-    """The fewest instances of ``svc`` ms that keep the unit's approximate P99
-    (:func:`p99_response_ms`) at ``items`` items/s within its share of the SLO
-    (:func:`_budget_ms`); 0 when no count can (the SLO is below the service time: the
-    utilisation rule alone decides then)."""
-    budget = _budget_ms(s, u)
-    if budget < svc:
-        return 0
-    n = max(1, math.ceil(items * svc / 1000.0 - _EPS))
-    for c in range(n, n + 64):
-        if p99_response_ms(items, c, svc) <= budget:
-            return c
-    return 0
-
-
-#: A cpu instance (or thread step) of ``t`` threads is added only while at least
-#: ``t`` x this many physical cores are idle (:attr:`Snapshot.cores_busy` against
-#: :attr:`ResourceCap.physical_cores`). Pinned threads may oversubscribe the cores
-#: (``threads_per_core``: a chain's stages take turns on them), but once the instances
-#: keep every core busy another one adds contention, not capacity: the scaling bench
-#: grew whole-model ResNet-50 replicas to 4 single-thread instances on 2 cores, each
-#: request then took 4x its compute time and admission refused 1 in 20 at half the
-#: rate one 2-thread session served (bench/HISTORY.md, "The same cell after the
-#: saturated-cores fix"). A whole idle core per thread (half a core let PP-OCRv4 det's
-#: replicas grow to 4 on 2 cores, 1.7x the memory) with the thread slots as the pinned
-#: bound, not the physical cores: those kept ddddocr's det and rec at one instance each
-#: on 2 cores with 0.6 cores busy (0.25x replication). Three quarters of an idle core,
-#: not a whole one, since pinned threads past the physical cores are refused on their
-#: own (``ScalerConfig.oversubscribe`` off): with a whole core, one instance busy on its
-#: core plus the front end's few percent (busy 1.03 of 2) never got its second thread
-#: while the other core sat idle, the very case a thread step is for
-#: (tests/integration/runtime/scaling/test_scale_threads.py under a loaded CI run).
-SATURATED_FREE_PER_THREAD = 0.75
-
-
-def _saturated(s: Snapshot, threads: int) -> str | None:
-    """Why ``threads`` more cpu threads would add no capacity (None: they would)."""
-    cap = s.cap
-    if threads <= 0 or not cap.physical_cores or s.cores_busy is None:
-        return None
-    free = cap.physical_cores - s.cores_busy
-    if free >= SATURATED_FREE_PER_THREAD * threads - _EPS:
-        return None
-    return (
-        f"cores saturated: busy {s.cores_busy:.2f} of {cap.physical_cores} "
-        f"(another {threads} thread(s) need {SATURATED_FREE_PER_THREAD * threads:g} idle)"
-    )
-
-
 def _refusals(s: Snapshot, u: UnitState, o: EngineOption, c: ScalerConfig) -> list[str]:
     """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: it is
     admitted)."""
@@ -604,55 +511,6 @@ def _refusals(s: Snapshot, u: UnitState, o: EngineOption, c: ScalerConfig) -> li
     if busy is not None:
         why.append(busy)
     return why
-
-
-def _pinned_by(u: UnitState) -> int:
-    """Cpu threads pinned by ``u``'s own running instances (``threads``; where the
-    thread counts are not known, its cpu instances x its fastest cpu option's cores)."""
-    if u.threads:
-        return sum(int(t) * int(n) for t, n in u.threads.items())
-    per = max((o.cores for o in u.options if o.engine == "cpu"), default=1)
-    return u.instances.get("cpu", 0) * per
-
-
-def _own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
-    """Why ``more`` cpu threads for ``u`` would add contention, not capacity (None:
-    they would not, or the cores are not known): ``u``'s own instances would then pin
-    more threads than the cpu has cores. Another stage's threads may share a core with
-    it (the profile's ``threads_per_core``: a chain's stages take turns), but a unit's
-    own instances all run the same work at once: on 2 cores a third single-thread
-    instance of the whole PP-OCRv4 det serves no more requests per second than two, and
-    each request that shares a core takes up to twice as long (at 2 x L0 under the cap
-    the scaler grew 2 to 3 on "0.2 requests/s refused at arrival", and the steps at
-    6.5-8.6 requests/s that 2 instances serve failed; ResNet-50 at 2 x L0: P99 147 ->
-    177 ms; bench/HISTORY.md: the 2026-11-27 09:35-12:30 UTC section's "The scaler grew a
-    unit past the cores", and "ResNet-50 at 2x again" under "Admission, the scaler's
-    cores rule and the bench's steps", results/scaling_resnet50_2x_rerun.json)."""
-    phys = s.cap.physical_cores
-    if not phys or more <= 0:
-        return None
-    own = _pinned_by(u)
-    if own + more <= phys:
-        return None
-    return f"{u.name}'s own instances would pin {own}+{more} > {phys} cores"
-
-
-def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
-    """Why ``more`` pinned cpu threads would take every instance's pinned threads past
-    the physical cores (None: they would not, the cores are not known, or
-    ``oversubscribe`` allows it). Unlike :func:`_own_cores` this counts all instances of
-    all pipelines (:attr:`Snapshot.cores_used`): right after a deploy two partitions of
-    one pipeline were each scaled out to 2 single-thread instances, 4 threads pinned to
-    2 cores, that share the cores and add contention, not capacity. The device profile's
-    ``threads_per_core`` still lets a deploy pin more threads than cores (a chain's
-    stages take turns on them); the scaler does not add to it unless ``oversubscribe``.
-    """
-    phys = s.cap.physical_cores
-    if not phys or more <= 0 or c.oversubscribe:
-        return None
-    if s.cores_used + more <= phys:
-        return None
-    return f"pinned threads {s.cores_used}+{more} > physical cores {phys} (oversubscribe is off)"
 
 
 #: A unit other than the argmax is scaled only when its B_k/S_k is at least this
@@ -730,21 +588,6 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
         )
         return _pick(s, u, out, up, tried, up_why, head), passed
     return None, passed
-
-
-def _beyond_cores(s: Snapshot, u: UnitState) -> str | None:
-    """Why one more instance of ``u`` on its fastest engine would pin more cpu threads
-    than the device has cores (None: it would not, the engine is not the cpu, or the
-    cores are not known). Pinned threads beyond the cores are the device profile's
-    oversubscription opt-in (``threads_per_core``: a chain's stages take turns on the
-    cores); one unit's own instances do not take turns, they contend."""
-    phys = s.cap.physical_cores
-    if not phys or not u.options:
-        return None
-    o = min(u.options, key=lambda x: x.latency_ms)
-    if o.engine != "cpu" or s.cores_used + o.cores <= phys:
-        return None
-    return f"another {o.cores}-thread cpu instance pins {s.cores_used}+{o.cores} > {phys} cores"
 
 
 def _refusals_only(s: Snapshot, c: ScalerConfig) -> bool:

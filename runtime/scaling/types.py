@@ -138,7 +138,7 @@ class Snapshot:
         cores_busy: cpu cores kept busy over the monitor's last seconds by every
             instance and the front end (CPU seconds / wall seconds, from the kernel's
             per-process accounting: time waiting for a core is not counted); None:
-            not measured. See :data:`~infscaler.runtime.scaling.scaler.SATURATED_FREE_PER_THREAD`.
+            not measured. See :data:`~infscaler.runtime.scaling.cores.SATURATED_FREE_PER_THREAD`.
         answered / late: requests answered in the window ``p99_ms`` is taken over, and
             how many of them took longer than the SLO (None: not counted; then a P99
             over the SLO is a violation however few requests it rests on). See
