@@ -89,7 +89,7 @@ def with_max(units: list, n: int) -> list:
 
 def sim(units: list, arrivals: np.ndarray, slo_ms: float, cap: Any, warmup_s: float) -> Any:
     from infscaler.runtime.planning.simulator import Autoscale, simulate
-    from infscaler.runtime.scaling.scaler import ScalerConfig
+    from infscaler.runtime.scaling.types import ScalerConfig
 
     a = AUTOSCALE
     auto = Autoscale(

@@ -59,7 +59,7 @@ from typing import Any
 
 from infscaler.runtime.planning.planner import _busy_cores, _usage, plan, resource_cap
 from infscaler.runtime.planning.simulator import MAX_PER_UNIT, UnitProfile
-from infscaler.runtime.scaling.scaler import ResourceCap
+from infscaler.runtime.scaling.types import ResourceCap
 
 __all__ = [
     "BISECT_STEPS",

@@ -72,7 +72,7 @@ from infscaler.runtime.planning.simulator import (
     config_memory_mb,
     simulate,
 )
-from infscaler.runtime.scaling.scaler import ResourceCap, ScalerConfig
+from infscaler.runtime.scaling.types import ResourceCap, ScalerConfig
 
 __all__ = [
     "FRONTEND_MS",

@@ -40,14 +40,8 @@ from infscaler.runtime.planning.planner import HANDOVER_MS
 from infscaler.runtime.scaling.control import ScaledService
 from infscaler.runtime.scaling.idlecurve import LEARN_INTERVAL_S, learn
 from infscaler.runtime.scaling.monitor import Monitor
-from infscaler.runtime.scaling.scaler import (
-    Decision,
-    ScalerConfig,
-    ScalerState,
-    decide,
-    is_violated,
-    pipeline_capacity_rps,
-)
+from infscaler.runtime.scaling.scaler import decide, is_violated, pipeline_capacity_rps
+from infscaler.runtime.scaling.types import Decision, ScalerConfig, ScalerState
 from infscaler.runtime.scaling.wakepolicy import WakeEvidence, WakeState, decide_wake, idle_cost
 from infscaler.runtime.serving.batching import choose_batch
 

@@ -1,5 +1,5 @@
 """The SLO monitor: per pipeline and per unit metrics over a sliding window, and the
-scaler's :class:`~infscaler.runtime.scaling.scaler.Snapshot` built from them (InfScaler §IV-A:
+scaler's :class:`~infscaler.runtime.scaling.types.Snapshot` built from them (InfScaler §IV-A:
 "once detected the serving performance cannot meet the user-specified latency SLO").
 
 Sources, all read without stopping anything:
@@ -46,7 +46,7 @@ Busy cores (:meth:`Monitor.cores_busy`: CPU seconds of the instances and the fro
 over the last seconds; an instance started since counts its CPU seconds over its age,
 loading included, so a scale-out reads busy at once) are the second, stricter bound:
 the scaler adds no cpu thread unless a whole core per thread is idle
-(:data:`~infscaler.runtime.scaling.scaler.SATURATED_FREE_PER_THREAD`), since threads beyond
+(:data:`~infscaler.runtime.scaling.cores.SATURATED_FREE_PER_THREAD`), since threads beyond
 the cores add contention, not capacity, once every core is busy. (Bounding the pinned
 threads by the physical cores instead kept a two-unit pipeline, ddddocr, at one
 instance per unit with 0.6 of 2 cores busy: bench/HISTORY.md, "ddddocr at 3 x L0".)
@@ -79,7 +79,13 @@ import psutil
 
 from infscaler.base.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
 from infscaler.runtime.scaling.control import ScaledService
-from infscaler.runtime.scaling.scaler import EngineOption, ResourceCap, Snapshot, UnitState
+from infscaler.runtime.scaling.types import (
+    EngineOption,
+    ResourceCap,
+    Snapshot,
+    UnitState,
+    device_cap,
+)
 
 #: busy cores (:meth:`Monitor.cores_busy`) are measured over at most this long, s ...
 BUSY_WINDOW_S = 5.0
@@ -317,25 +323,12 @@ class Monitor:
         return busy
 
     def cap(self) -> ResourceCap:
-        """R^m from the service's device profile (this host when it has none)."""
+        """R^m from the service's device profile (this host when it has none), with the
+        memory in use now (:meth:`memory_used_mb`): :func:`~infscaler.runtime.scaling.
+        types.device_cap` on this process's cores."""
         profile = self.service.device_profile()
-        max_inst: dict[str, int] = {}
-        cores = physical = 0
-        for acc in profile.accelerators:
-            if acc.count < 1:
-                continue
-            max_inst[acc.engine] = acc.max_instances * (acc.count if acc.engine == "dla" else 1)
-            if acc.engine == "cpu":
-                # pinned threads within the thread slots; busy cores within the cores
-                # themselves (SATURATED_FREE_PER_THREAD; see the docstring)
-                physical = len(acc.cores or _host_cores())
-                cores = acc.thread_slots(_host_cores())
-        return ResourceCap(
-            memory_cap_mb=float(profile.memory_cap_mb),
-            memory_used_mb=self.memory_used_mb(),
-            max_instances=max_inst,
-            cores=cores,
-            physical_cores=physical,
+        return device_cap(
+            profile, host_cores=len(_host_cores()), memory_used_mb=self.memory_used_mb()
         )
 
     # -- the scaler's view -----------------------------------------------------------------

@@ -14,7 +14,8 @@ What the paper lacks, added here:
   (15 s) of the last change; the rate it must still serve is the maximum arrival rate
   seen over the last ``rate_horizon_s`` (30 s); a unit gives back one instance when
   the remaining ones can serve that rate at utilisation <= ``scale_in_utilisation``
-  **and** keep the unit's approximate P99 at that rate (M/D/c, :func:`p99_response_ms`)
+  **and** keep the unit's approximate P99 at that rate (M/D/c,
+  :func:`~infscaler.runtime.scaling.queueing.p99_response_ms`)
   within its share of the SLO (:func:`_budget_ms`). Utilisation alone flapped: PP-OCRv4
   det's replicas at 3 req/s (SLO 3 x L0 = 2.9 x its 85 ms service) went 1 -> 2 on
   refusals after a burst, back to 1 after the hold at utilisation 0.37, out again, and
@@ -70,271 +71,50 @@ Like Ray Serve's autoscaling policy this module never starts anything: the servi
 autoscaler loop (:mod:`infscaler.runtime.scaling.autoscaler`) builds a :class:`Snapshot` from
 the monitor, calls :func:`decide`, and applies the decisions through the supervisor.
 The planner's simulator (:mod:`infscaler.runtime.planning.simulator`) calls the same function.
+
+What it decides on, its tuning and what it returns are in
+:mod:`infscaler.runtime.scaling.types`; a unit's queueing model (service time, the M/D/c
+P99, the SLO share) in :mod:`infscaler.runtime.scaling.queueing`; the cores rules in
+:mod:`infscaler.runtime.scaling.cores`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+from infscaler.runtime.scaling.cores import (
+    _beyond_cores,
+    _own_cores,
+    _past_physical,
+    _saturated,
+)
+from infscaler.runtime.scaling.queueing import (
+    _EPS,
+    _budget_ms,
+    _fan_out,
+    _p99_needed,
+    _service_ms,
+)
+from infscaler.runtime.scaling.types import (
+    Decision,
+    EngineOption,
+    ScalerConfig,
+    ScalerState,
+    Snapshot,
+    UnitState,
+)
 from infscaler.runtime.serving.admission import SHED_MIN_LOAD
-
-
-@dataclass(frozen=True)
-class EngineOption:
-    """One engine a unit can run on (its hardware affinity entry, Algorithm 1's A_k^m).
-
-    Attributes:
-        engine: ``cpu``, ``gpu`` or ``dla``.
-        latency_ms: service time of one item (batch 1) on this engine, ms: measured by
-            the monitor when instances run there, else the plan's profiled latency.
-        memory_mb: memory one more instance takes (r_k^m), MB: the measured PSS of a
-            running instance of this unit on this engine, else the plan's estimate.
-        cores: CPU cores one instance is pinned to (``threads``; 0 for gpu / dla).
-    """
-
-    engine: str
-    latency_ms: float
-    memory_mb: float
-    cores: int = 0
-
-
-@dataclass(frozen=True)
-class UnitState:
-    """One served unit (a partition or a function stage) as the monitor sees it.
-
-    Attributes:
-        index: the unit's index in the pipeline (decisions name it).
-        name: ``det/0``, ``rec``, ... (for reasons and logs).
-        bottleneck: B_k from the plan (sum of representative complexities, Eq. 1);
-            function stages and unpartitioned models use their service time in ms.
-        instances: running instances per engine (S_k split by engine), e.g. ``{"cpu": 2}``.
-        options: the engines this unit may run on, any order (the scaler sorts by
-            ``latency_ms``).
-        arrival_rate: items per second reaching this unit over the monitor's window
-            (requests/s times fan-out for per-item units).
-        queue_len: tokens waiting at or running in this unit now.
-        service_ms: P50 service time of one item on its current instances, ms (None:
-            no sample yet; the scaler then uses the fastest option's ``latency_ms``).
-        min_instances / max_instances: bounds from the pipeline (``instances`` in
-            pipeline.yaml is the minimum; max None: only the cap bounds it).
-        threads: running cpu instances per intra-op thread count, e.g. ``{1: 1, 2: 1}``
-            (empty: not known; vertical scaling is then not considered).
-        latency_ms_by_threads: thread count -> service time of one item on the cpu at
-            that many intra-op threads, ms, **measured**: each instance of a unit with
-            ``max_threads`` times its model at load at every count from ``min_threads``
-            to ``max_threads`` (warm-up on zeros, median of runs, the probe session
-            pinned to that many cores: :meth:`infscaler.runtime.serving.runners.ModelRunner.
-            probe_threads`). A count with no entry is never scaled to.
-        min_threads / max_threads: the range the scaler may move a cpu instance's
-            intra-op threads in (the stage's ``threads`` / ``max_threads``; max None:
-            no vertical scaling).
-    """
-
-    index: int
-    name: str
-    bottleneck: float
-    instances: dict[str, int]
-    options: tuple[EngineOption, ...]
-    arrival_rate: float = 0.0
-    queue_len: int = 0
-    service_ms: float | None = None
-    min_instances: int = 1
-    max_instances: int | None = None
-    threads: dict[int, int] = field(default_factory=dict)
-    latency_ms_by_threads: dict[int, float] = field(default_factory=dict)
-    min_threads: int = 1
-    max_threads: int | None = None
-
-    @property
-    def total_instances(self) -> int:
-        return sum(self.instances.values())
-
-
-@dataclass(frozen=True)
-class ResourceCap:
-    """The device's resource limits R^m and current use U^m.
-
-    Attributes:
-        memory_cap_mb: memory the service may use (instances + tensor pool), MB.
-        memory_used_mb: memory in use now (sum of instance PSS + pool mapped), MB.
-        max_instances: per engine, instance slots (the profile's ``max_instances``).
-        cores: cpu thread slots: its cores x the profile's ``threads_per_core``
-            (:meth:`infscaler.base.device.Accelerator.thread_slots`; 0: do not count cores).
-        physical_cores: the cpu's cores themselves (no ``threads_per_core``), which
-            :attr:`Snapshot.cores_busy` is compared with (0: not known).
-    """
-
-    memory_cap_mb: float
-    memory_used_mb: float
-    max_instances: dict[str, int]
-    cores: int = 0
-    physical_cores: int = 0
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What the scaler decides on (one pipeline).
-
-    Attributes:
-        now: monotonic time, seconds.
-        slo_ms: the pipeline's latency SLO, ms.
-        p99_ms: end-to-end P99 over the monitor's window, ms (None: no sample).
-        arrival_rate: requests per second over the monitor's short window.
-        units: every served unit, in pipeline order.
-        cap: resource limits and use (shared by every pipeline on the device).
-        cores_used: cpu threads pinned by running (starting or ready) cpu instances of
-            model stages, all pipelines (pinned, not busy: the monitor's
-            ``pinned_threads``); compared with ``cap.cores``.
-        instances_used: per engine, running instances (all pipelines).
-        pending: requests admitted and not yet answered.
-        offered_rate: requests per second submitted over the window, refused ones
-            (load shedding) included (None: same as ``arrival_rate``).
-        slo_refused_rate: requests per second the front end refused at arrival because
-            they could not meet the SLO (:mod:`infscaler.runtime.serving.admission`): demand
-            the P99 of the admitted requests no longer shows.
-        cores_busy: cpu cores kept busy over the monitor's last seconds by every
-            instance and the front end (CPU seconds / wall seconds, from the kernel's
-            per-process accounting: time waiting for a core is not counted); None:
-            not measured. See :data:`SATURATED_FREE_PER_THREAD`.
-        answered / late: requests answered in the window ``p99_ms`` is taken over, and
-            how many of them took longer than the SLO (None: not counted; then a P99
-            over the SLO is a violation however few requests it rests on). See
-            :func:`is_violated`.
-    """
-
-    now: float
-    slo_ms: float
-    p99_ms: float | None
-    arrival_rate: float
-    units: tuple[UnitState, ...]
-    cap: ResourceCap
-    cores_used: int = 0
-    instances_used: dict[str, int] = field(default_factory=dict)
-    pending: int = 0
-    offered_rate: float | None = None
-    slo_refused_rate: float = 0.0
-    cores_busy: float | None = None
-    answered: int | None = None
-    late: int | None = None
-
-    @property
-    def offered(self) -> float:
-        """The offered load, requests/s: ``offered_rate``, at least ``arrival_rate``."""
-        if self.offered_rate is None:
-            return self.arrival_rate
-        return max(self.offered_rate, self.arrival_rate)
-
-
-@dataclass(frozen=True)
-class ScalerConfig:
-    """Tuning of :func:`decide` (defaults from InferLine §5 where it gives one).
-
-    Attributes:
-        violation_ratio: the SLO counts as violated when P99 > ``violation_ratio`` x SLO.
-        cooldown_s: minimum time between two scale-outs of one pipeline, s.
-        hold_s: no scale-in within this long after any change (InferLine: 15 s).
-        rate_horizon_s: scale-in serves the max arrival rate over this window (30 s).
-        scale_in_utilisation: a unit may drop an instance when the rest would run at
-            most this busy (rate x service time / instances), 0-1.
-        shed: bound the queue when the cap is reached (else only report it).
-        settle_s: a violation within this long after the last change
-            (:attr:`ScalerState.last_change`: the deploy, a scale-out, a scale-in or a
-            thread step) is not counted, s. Default 5 s: a new cpu instance loads and
-            warms up in 1-3 s (the simulator's ``startup_s`` is 2 s) and the first
-            windows after a change are short (the autoscaler's window counts from the
-            change, at least 1 s), so their P99 rests on a few requests served while
-            instances were still starting; 5 s is 5 looks at the default 1 s interval
-            and longer than the 3 s cooldown, so that cooldown still binds only when
-            ``settle_s`` is set below it.
-        sustain_s: a scale-out (or thread scale-up, or a queue bound) needs the violation
-            at every call for at least this long, s (:attr:`ScalerState.
-            violating_since`). Default 2 s: 3 consecutive violated looks at the default
-            1 s interval, so one short window's P99 does not add an instance.
-        oversubscribe: allow a cpu scale-out or thread step that takes the pinned cpu
-            threads of all instances (:attr:`Snapshot.cores_used` + the new ones) past
-            the physical cores (:attr:`ResourceCap.physical_cores`). Off by default: on
-            a 2-core host 4 single-thread instances pinned to 2 cores share them and
-            add contention, not capacity.
-    """
-
-    violation_ratio: float = 1.0
-    cooldown_s: float = 3.0
-    hold_s: float = 15.0
-    rate_horizon_s: float = 30.0
-    scale_in_utilisation: float = 0.6
-    shed: bool = True
-    settle_s: float = 5.0
-    sustain_s: float = 2.0
-    oversubscribe: bool = False
-
-
-@dataclass(frozen=True)
-class ScalerState:
-    """What :func:`decide` carries from one call to the next (returned anew each call).
-
-    Attributes:
-        last_change: ``now`` of the last scale-out or scale-in (None: never).
-        last_scale_out: ``now`` of the last scale-out (None: never).
-        rates: ``(now, arrival_rate)`` samples within ``rate_horizon_s``.
-        queue_limit: the queue bound the last ``shed`` decision set, requests (None: no
-            bound in force). A ``shed`` is emitted only when this changes: set (or moved)
-            on a violation at the cap, lifted once P99 < 0.8 x SLO.
-        violating_since: ``now`` of the first call of the current run of violated
-            calls (outside the settle window), s; None when the last call was not
-            violated, was within ``settle_s`` of a change, or made a change.
-        waiting: why the last call, on a violation, changed nothing (settle window,
-            sustain, cooldown), one line a user can read; None when it did not wait.
-    """
-
-    last_change: float | None = None
-    last_scale_out: float | None = None
-    rates: tuple[tuple[float, float], ...] = ()
-    queue_limit: int | None = None
-    violating_since: float | None = None
-    waiting: str | None = None
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One action for the supervisor / front end.
-
-    Attributes:
-        action: ``scale_out`` (start one instance of ``unit`` on ``engine``),
-            ``scale_in`` (stop one instance of ``unit`` on ``engine``), ``scale_up`` /
-            ``scale_down`` (replace one cpu instance of ``unit`` running
-            ``from_threads`` intra-op threads by one running ``threads``:
-            make-before-break, the new one serves before the old one stops), or
-            ``shed`` (bound the pipeline's queue at ``queue_limit`` requests; None
-            lifts it).
-        unit: the unit's index (None for ``shed``).
-        engine: the engine (None for ``shed``; ``cpu`` for ``scale_up`` / ``scale_down``).
-        queue_limit: for ``shed``.
-        threads / from_threads: for ``scale_up`` / ``scale_down``: the intra-op threads
-            of the new instance and of the one it replaces.
-        reason: one line a user can read (``P99 412 ms > SLO 200 ms; det/0 has the
-            largest B_k/S_k 2.1e9; cpu admits it: memory 812+96 <= 2048 MB``).
-    """
-
-    action: str
-    unit: int | None = None
-    engine: str | None = None
-    queue_limit: int | None = None
-    reason: str = ""
-    threads: int | None = None
-    from_threads: int | None = None
-
 
 #: A ``shed`` bound is lifted once P99 is below this fraction of the SLO, or the offered
 #: load below this fraction of the pipeline's capacity (hysteresis).
 LIFT_RATIO = 0.8
 
-# slack for ceil / floor of products of floats (2.0000000000000004 replicas is 2)
-_EPS = 1e-9
-
 
 def decide(
-    snapshot: Snapshot, state: ScalerState, config: ScalerConfig = ScalerConfig()
+    snapshot: Snapshot,
+    state: ScalerState,
+    config: ScalerConfig = ScalerConfig(),  # noqa: B008 (frozen: an immutable default)
 ) -> tuple[list[Decision], ScalerState]:
     """Decide what to scale (see the module docstring). Pure: no I/O, no clock.
 
@@ -365,7 +145,8 @@ def decide(
        Algorithm 4: with lambda_max the largest rate in ``rates``, every unit whose
        instances exceed ``max(needed, min_instances)``, needed =
        ``ceil(lambda_max x fan-out x service_ms / 1000 / scale_in_utilisation)``, at
-       least the fewest instances whose :func:`p99_response_ms` at lambda_max x fan-out
+       least the fewest instances whose
+       :func:`~infscaler.runtime.scaling.queueing.p99_response_ms` at lambda_max x fan-out
        is within the SLO less the other units' service times (ignored when no count
        can be), gives
        back one instance on the engine where its option is slowest (an engine with no
@@ -439,70 +220,114 @@ def decide(
         ValueError: a ``config`` value out of range.
     """
     _check_config(config)
-    now = snapshot.now
-    rates = tuple((t, r) for t, r in state.rates if now - t <= config.rate_horizon_s)
-    rates += ((now, snapshot.offered),)
-    new = replace(state, rates=rates, waiting=None)
-    decisions: list[Decision] = []
-
+    new = replace(state, rates=_offered_rates(snapshot, state, config), waiting=None)
     if is_violated(snapshot, config):
-        settling = _settling(snapshot, state, config)
-        if settling is not None:
-            return decisions, replace(new, violating_since=None, waiting=settling)
-        since = now if state.violating_since is None else state.violating_since
-        new = replace(new, violating_since=since)
-        if now - since < config.sustain_s - _EPS:
-            why = (
-                f"{_violation(snapshot, config)} for {_n(now - since)} s < sustain_s "
-                f"{_n(config.sustain_s)} s: waiting for it to persist"
-            )
-            return decisions, replace(new, waiting=why)
-        if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:
-            why = (
-                f"{_violation(snapshot, config)}; {_n(now - state.last_scale_out)} s since "
-                f"the last scale-out < cooldown_s {_n(config.cooldown_s)} s"
-            )
-            return decisions, replace(new, waiting=why)
-        out, refused = _scale_out(snapshot, config, max(r for _, r in rates))
-        if out is not None:
-            decisions.append(out)
-            return decisions, replace(
-                new, last_scale_out=now, last_change=now, violating_since=None
-            )
-        if config.shed:
-            limit, how = _shed_limit(snapshot)
-            p99 = snapshot.p99_ms
-            refusals_only = p99 is None or p99 <= config.violation_ratio * snapshot.slo_ms
-            rps = pipeline_capacity_rps(snapshot)
-            if refusals_only and rps is None:
-                # admission already refuses what would miss the SLO; with no capacity
-                # known, a bound at the current queue would only refuse more at random
-                return decisions, new
-            if rps is not None and snapshot.offered < SHED_MIN_LOAD * rps - _EPS:
-                # below capacity the violation is variance, not overload: the queue
-                # drains by itself and admission refuses what would miss the SLO
-                return decisions, new
-            if limit != state.queue_limit:
-                why = "; ".join(refused) if refused else "no unit to scale"
-                decisions.append(
-                    Decision(
-                        "shed",
-                        queue_limit=limit,
-                        reason=f"{_violation(snapshot, config)}; cap reached, no unit can be "
-                        f"admitted: {why}; queue bounded at {limit} requests ({how})",
-                    )
-                )
-                new = replace(new, queue_limit=limit)
-        return decisions, new
+        return _on_violation(snapshot, state, config, new)
+    return _on_no_violation(snapshot, state, config, new)
 
+
+def _offered_rates(
+    s: Snapshot, state: ScalerState, c: ScalerConfig
+) -> tuple[tuple[float, float], ...]:
+    """Step 1 of :func:`decide`: the samples of ``state.rates`` within ``rate_horizon_s``
+    of ``now``, then ``(now, offered)``."""
+    now = s.now
+    rates = tuple((t, r) for t, r in state.rates if now - t <= c.rate_horizon_s)
+    return rates + ((now, s.offered),)
+
+
+def _on_violation(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState
+) -> tuple[list[Decision], ScalerState]:
+    """Step 2 of :func:`decide`, the SLO violated: not counted within the settle window
+    (:func:`_settling`); else, once it has lasted ``sustain_s`` and the cooldown has
+    passed (:func:`_sustain_or_cooldown`), Algorithm 1's scale-out or a thread step up
+    (:func:`_scale_out`), or, when the cap refuses every unit, the shed bound
+    (:func:`_shed_at_cap`). ``new``: the state after step 1."""
+    settling = _settling(s, state, c)
+    if settling is not None:
+        return [], replace(new, violating_since=None, waiting=settling)
+    since = s.now if state.violating_since is None else state.violating_since
+    new = replace(new, violating_since=since)
+    why = _sustain_or_cooldown(s, state, c, since)
+    if why is not None:
+        return [], replace(new, waiting=why)
+    out, refused = _scale_out(s, c, max(r for _, r in new.rates))
+    if out is not None:
+        return [out], replace(new, last_scale_out=s.now, last_change=s.now, violating_since=None)
+    if not c.shed:
+        return [], new
+    return _shed_at_cap(s, state, c, new, refused)
+
+
+def _sustain_or_cooldown(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, since: float
+) -> str | None:
+    """Why a counted violation changes nothing yet (None: act on it): it has lasted
+    less than ``sustain_s`` since ``since``, its first violated call, or the last
+    scale-out is less than ``cooldown_s`` ago."""
+    now = s.now
+    if now - since < c.sustain_s - _EPS:
+        return (
+            f"{_violation(s, c)} for {_n(now - since)} s < sustain_s "
+            f"{_n(c.sustain_s)} s: waiting for it to persist"
+        )
+    if state.last_scale_out is not None and now - state.last_scale_out < c.cooldown_s:
+        return (
+            f"{_violation(s, c)}; {_n(now - state.last_scale_out)} s since "
+            f"the last scale-out < cooldown_s {_n(c.cooldown_s)} s"
+        )
+    return None
+
+
+def _shed_at_cap(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState, refused: list[str]
+) -> tuple[list[Decision], ScalerState]:
+    """The shed bound of step 2 of :func:`decide`, the cap refusing every unit (why each
+    was passed: ``refused``): a ``shed`` with :func:`shed_queue_limit` when it differs
+    from the bound in force, unless the violation is refusals at arrival alone with no
+    capacity known, or the offered load is below :data:`SHED_MIN_LOAD` of the capacity."""
+    limit, how = _shed_limit(s)
+    p99 = s.p99_ms
+    refusals_only = p99 is None or p99 <= c.violation_ratio * s.slo_ms
+    rps = pipeline_capacity_rps(s)
+    if refusals_only and rps is None:
+        # admission already refuses what would miss the SLO; with no capacity
+        # known, a bound at the current queue would only refuse more at random
+        return [], new
+    if rps is not None and s.offered < SHED_MIN_LOAD * rps - _EPS:
+        # below capacity the violation is variance, not overload: the queue
+        # drains by itself and admission refuses what would miss the SLO
+        return [], new
+    if limit == state.queue_limit:
+        return [], new
+    why = "; ".join(refused) if refused else "no unit to scale"
+    shed = Decision(
+        "shed",
+        queue_limit=limit,
+        reason=f"{_violation(s, c)}; cap reached, no unit can be "
+        f"admitted: {why}; queue bounded at {limit} requests ({how})",
+    )
+    return [shed], replace(new, queue_limit=limit)
+
+
+def _on_no_violation(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState
+) -> tuple[list[Decision], ScalerState]:
+    """Step 3 of :func:`decide`, no violation: after ``hold_s`` since the last change,
+    InferLine Algorithm 4's scale-in or a thread step back (:func:`_scale_in`) at the
+    largest rate over the horizon; and a bound in force lifted once
+    :func:`_lift_reason` says so. ``new``: the state after step 1."""
+    now = s.now
+    decisions: list[Decision] = []
     new = replace(new, violating_since=None)
-    if state.last_change is None or now - state.last_change > config.hold_s:
-        lam = max(r for _, r in rates)
-        ins = _scale_in(snapshot, config, lam, state.last_change)
+    if state.last_change is None or now - state.last_change > c.hold_s:
+        lam = max(r for _, r in new.rates)
+        ins = _scale_in(s, c, lam, state.last_change)
         if ins:
             decisions.extend(ins)
             new = replace(new, last_change=now)
-    lift = _lift_reason(snapshot) if state.queue_limit is not None else None
+    lift = _lift_reason(s) if state.queue_limit is not None else None
     if lift is not None:
         decisions.append(
             Decision(
@@ -572,7 +397,10 @@ def late_tail_probability(late: int, answered: int, quantile: float = 0.99) -> f
     return max(0.0, 1.0 - below)
 
 
-def is_violated(snapshot: Snapshot, config: ScalerConfig = ScalerConfig()) -> bool:
+def is_violated(
+    snapshot: Snapshot,
+    config: ScalerConfig = ScalerConfig(),  # noqa: B008 (frozen: an immutable default)
+) -> bool:
     """True when requests were refused at arrival for the SLO (admission bounds the
     admitted P99, so the overload shows as refusals instead), or when the P99 is known
     and above ``violation_ratio`` x SLO and, where the snapshot counts its window's
@@ -656,113 +484,6 @@ def _violation(s: Snapshot, c: ScalerConfig) -> str:
     return f"{s.slo_refused_rate:.2f} requests/s refused at arrival: they could not meet the {slo}"
 
 
-def _service_ms(u: UnitState) -> float | None:
-    if u.service_ms is not None and u.service_ms > 0:
-        return u.service_ms
-    lats = [o.latency_ms for o in u.options if o.latency_ms > 0]
-    return min(lats) if lats else None
-
-
-def _fan_out(u: UnitState, s: Snapshot) -> float:
-    return u.arrival_rate / s.arrival_rate if s.arrival_rate > 0 else 1.0
-
-
-def p99_response_ms(rate_items_s: float, servers: int, service_ms: float) -> float:
-    """Approximate P99 response time (wait + service) of one item at a unit of
-    ``servers`` FIFO instances, each ``service_ms`` per item, under Poisson arrivals of
-    ``rate_items_s`` items/s (M/D/c), ms; ``inf`` at or above capacity.
-
-    P(wait) is Erlang C (M/M/c's probability of waiting, an upper bound for M/D/c) and
-    the wait's tail is exponential with the heavy-traffic (diffusion) decay rate
-    ``2 (c / D - lambda) / (c_a^2 + c_s^2)`` with ``c_a^2 = 1`` (Poisson) and ``c_s^2 =
-    0`` (deterministic): P99 = D + ln(P(wait) / 0.01) / (2 (c / D - lambda)) (Kingman;
-    Whitt, "Approximations for the GI/G/m queue", 1993). Against a simulated M/D/c
-    (``bench/slo_bound.py``'s method) for c = 1-4 and loads 0.1-0.8 it is within 20 %,
-    above it (cautious) for c = 1 (tests/unit/test_scaler_p99.py).
-
-    Raises:
-        ValueError: ``servers`` < 1 or ``service_ms`` <= 0.
-    """
-    if servers < 1 or not service_ms > 0:
-        raise ValueError(f"need servers >= 1 and service_ms > 0, got {servers}, {service_ms}")
-    d = service_ms / 1000.0
-    a = max(0.0, rate_items_s) * d  # offered load in instances
-    if a >= servers:
-        return math.inf
-    if a <= 0:
-        return service_ms
-    term, total = 1.0, 0.0
-    for k in range(servers):
-        if k:
-            term *= a / k
-        total += term
-    top = term * a / servers * servers / (servers - a)
-    p_wait = top / (total + top)
-    if p_wait <= 0.01:
-        return service_ms
-    theta = 2.0 * (servers / d - rate_items_s)  # per s
-    return service_ms + math.log(p_wait / 0.01) / theta * 1000.0
-
-
-def _budget_ms(s: Snapshot, u: UnitState) -> float:
-    """The part of the SLO a unit's own wait + service may take: the SLO less the other
-    served units' service times (one item each), ms."""
-    others = 0.0
-    for v in s.units:
-        if v.index != u.index:
-            others += _service_ms(v) or 0.0
-    return s.slo_ms - others
-
-
-def _p99_needed(s: Snapshot, u: UnitState, items: float, svc: float) -> int:
-    """The fewest instances of ``svc`` ms that keep the unit's approximate P99
-    (:func:`p99_response_ms`) at ``items`` items/s within its share of the SLO
-    (:func:`_budget_ms`); 0 when no count can (the SLO is below the service time: the
-    utilisation rule alone decides then)."""
-    budget = _budget_ms(s, u)
-    if budget < svc:
-        return 0
-    n = max(1, math.ceil(items * svc / 1000.0 - _EPS))
-    for c in range(n, n + 64):
-        if p99_response_ms(items, c, svc) <= budget:
-            return c
-    return 0
-
-
-#: A cpu instance (or thread step) of ``t`` threads is added only while at least
-#: ``t`` x this many physical cores are idle (:attr:`Snapshot.cores_busy` against
-#: :attr:`ResourceCap.physical_cores`). Pinned threads may oversubscribe the cores
-#: (``threads_per_core``: a chain's stages take turns on them), but once the instances
-#: keep every core busy another one adds contention, not capacity: the scaling bench
-#: grew whole-model ResNet-50 replicas to 4 single-thread instances on 2 cores, each
-#: request then took 4x its compute time and admission refused 1 in 20 at half the
-#: rate one 2-thread session served (bench/HISTORY.md, "The same cell after the
-#: saturated-cores fix"). A whole idle core per thread (half a core let PP-OCRv4 det's
-#: replicas grow to 4 on 2 cores, 1.7x the memory) with the thread slots as the pinned
-#: bound, not the physical cores: those kept ddddocr's det and rec at one instance each
-#: on 2 cores with 0.6 cores busy (0.25x replication). Three quarters of an idle core,
-#: not a whole one, since pinned threads past the physical cores are refused on their
-#: own (``ScalerConfig.oversubscribe`` off): with a whole core, one instance busy on its
-#: core plus the front end's few percent (busy 1.03 of 2) never got its second thread
-#: while the other core sat idle, the very case a thread step is for
-#: (tests/integration/runtime/scaling/test_scale_threads.py under a loaded CI run).
-SATURATED_FREE_PER_THREAD = 0.75
-
-
-def _saturated(s: Snapshot, threads: int) -> str | None:
-    """Why ``threads`` more cpu threads would add no capacity (None: they would)."""
-    cap = s.cap
-    if threads <= 0 or not cap.physical_cores or s.cores_busy is None:
-        return None
-    free = cap.physical_cores - s.cores_busy
-    if free >= SATURATED_FREE_PER_THREAD * threads - _EPS:
-        return None
-    return (
-        f"cores saturated: busy {s.cores_busy:.2f} of {cap.physical_cores} "
-        f"(another {threads} thread(s) need {SATURATED_FREE_PER_THREAD * threads:g} idle)"
-    )
-
-
 def _refusals(s: Snapshot, u: UnitState, o: EngineOption, c: ScalerConfig) -> list[str]:
     """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: it is
     admitted)."""
@@ -790,55 +511,6 @@ def _refusals(s: Snapshot, u: UnitState, o: EngineOption, c: ScalerConfig) -> li
     if busy is not None:
         why.append(busy)
     return why
-
-
-def _pinned_by(u: UnitState) -> int:
-    """Cpu threads pinned by ``u``'s own running instances (``threads``; where the
-    thread counts are not known, its cpu instances x its fastest cpu option's cores)."""
-    if u.threads:
-        return sum(int(t) * int(n) for t, n in u.threads.items())
-    per = max((o.cores for o in u.options if o.engine == "cpu"), default=1)
-    return u.instances.get("cpu", 0) * per
-
-
-def _own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
-    """Why ``more`` cpu threads for ``u`` would add contention, not capacity (None:
-    they would not, or the cores are not known): ``u``'s own instances would then pin
-    more threads than the cpu has cores. Another stage's threads may share a core with
-    it (the profile's ``threads_per_core``: a chain's stages take turns), but a unit's
-    own instances all run the same work at once: on 2 cores a third single-thread
-    instance of the whole PP-OCRv4 det serves no more requests per second than two, and
-    each request that shares a core takes up to twice as long (at 2 x L0 under the cap
-    the scaler grew 2 to 3 on "0.2 requests/s refused at arrival", and the steps at
-    6.5-8.6 requests/s that 2 instances serve failed; ResNet-50 at 2 x L0: P99 147 ->
-    177 ms; bench/HISTORY.md: the 2026-11-27 09:35-12:30 UTC section's "The scaler grew a
-    unit past the cores", and "ResNet-50 at 2x again" under "Admission, the scaler's
-    cores rule and the bench's steps", results/scaling_resnet50_2x_rerun.json)."""
-    phys = s.cap.physical_cores
-    if not phys or more <= 0:
-        return None
-    own = _pinned_by(u)
-    if own + more <= phys:
-        return None
-    return f"{u.name}'s own instances would pin {own}+{more} > {phys} cores"
-
-
-def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
-    """Why ``more`` pinned cpu threads would take every instance's pinned threads past
-    the physical cores (None: they would not, the cores are not known, or
-    ``oversubscribe`` allows it). Unlike :func:`_own_cores` this counts all instances of
-    all pipelines (:attr:`Snapshot.cores_used`): right after a deploy two partitions of
-    one pipeline were each scaled out to 2 single-thread instances, 4 threads pinned to
-    2 cores, that share the cores and add contention, not capacity. The device profile's
-    ``threads_per_core`` still lets a deploy pin more threads than cores (a chain's
-    stages take turns on them); the scaler does not add to it unless ``oversubscribe``.
-    """
-    phys = s.cap.physical_cores
-    if not phys or more <= 0 or c.oversubscribe:
-        return None
-    if s.cores_used + more <= phys:
-        return None
-    return f"pinned threads {s.cores_used}+{more} > physical cores {phys} (oversubscribe is off)"
 
 
 #: A unit other than the argmax is scaled only when its B_k/S_k is at least this
@@ -916,21 +588,6 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
         )
         return _pick(s, u, out, up, tried, up_why, head), passed
     return None, passed
-
-
-def _beyond_cores(s: Snapshot, u: UnitState) -> str | None:
-    """Why one more instance of ``u`` on its fastest engine would pin more cpu threads
-    than the device has cores (None: it would not, the engine is not the cpu, or the
-    cores are not known). Pinned threads beyond the cores are the device profile's
-    oversubscription opt-in (``threads_per_core``: a chain's stages take turns on the
-    cores); one unit's own instances do not take turns, they contend."""
-    phys = s.cap.physical_cores
-    if not phys or not u.options:
-        return None
-    o = min(u.options, key=lambda x: x.latency_ms)
-    if o.engine != "cpu" or s.cores_used + o.cores <= phys:
-        return None
-    return f"another {o.cores}-thread cpu instance pins {s.cores_used}+{o.cores} > {phys} cores"
 
 
 def _refusals_only(s: Snapshot, c: ScalerConfig) -> bool:

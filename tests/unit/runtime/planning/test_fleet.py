@@ -22,7 +22,7 @@ from infscaler.runtime.planning.fleet import (
     realise,
 )
 from infscaler.runtime.planning.simulator import EngineProfile, UnitProfile
-from infscaler.runtime.scaling.scaler import ResourceCap
+from infscaler.runtime.scaling.types import ResourceCap
 
 
 def linear_curve(

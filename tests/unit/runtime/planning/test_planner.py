@@ -20,7 +20,7 @@ from infscaler.cli.plan import parse_rate, parse_slo_ms
 from infscaler.runtime.planning.planner import plan, predict
 from infscaler.runtime.planning.simulator import EngineProfile, UnitConfig, UnitProfile, simulate
 from infscaler.runtime.planning.unitprofile import profile_pipeline, sample_inputs
-from infscaler.runtime.scaling.scaler import ResourceCap
+from infscaler.runtime.scaling.types import ResourceCap
 from infscaler.runtime.serving.pipeline import compile_pipeline
 from tests.helpers import chain_pipeline, residual_model, save
 

@@ -23,7 +23,7 @@ from infscaler.runtime.planning.planner import (
     search,
 )
 from infscaler.runtime.planning.simulator import EngineProfile, UnitConfig, UnitProfile
-from infscaler.runtime.scaling.scaler import ResourceCap
+from infscaler.runtime.scaling.types import ResourceCap
 
 
 def ms_of(units):

@@ -12,7 +12,7 @@ import pytest
 
 from infscaler.runtime.planning.planner import HANDOVER_MS, ModelStage, search
 from infscaler.runtime.planning.simulator import EngineProfile, UnitProfile
-from infscaler.runtime.scaling.scaler import ResourceCap
+from infscaler.runtime.scaling.types import ResourceCap
 
 
 def cap(memory_mb: float = float("inf"), cores: int = 2, slots: int = 16) -> ResourceCap:

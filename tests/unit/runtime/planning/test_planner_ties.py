@@ -10,7 +10,7 @@ import pytest
 
 from infscaler.partitioner.profiler import median_err
 from infscaler.runtime.planning.planner import ModelStage, search
-from infscaler.runtime.scaling.scaler import ResourceCap
+from infscaler.runtime.scaling.types import ResourceCap
 
 CAP = ResourceCap(
     memory_cap_mb=float("inf"), memory_used_mb=0.0, max_instances={"cpu": 16}, cores=2

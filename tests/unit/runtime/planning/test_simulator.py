@@ -22,7 +22,7 @@ from infscaler.runtime.planning.simulator import (
     simulate,
 )
 from infscaler.runtime.scaling import scaler
-from infscaler.runtime.scaling.scaler import Decision, ResourceCap, ScalerState, Snapshot
+from infscaler.runtime.scaling.types import Decision, ResourceCap, ScalerState, Snapshot
 
 
 def unit(name: str, ms: float, cv: float = 0.0, **kw) -> UnitProfile:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from infscaler.runtime.processes.supervisor import RestartPolicy
-from infscaler.runtime.scaling.scaler import (
+from infscaler.runtime.scaling.scaler import decide
+from infscaler.runtime.scaling.types import (
     EngineOption,
     ResourceCap,
     ScalerConfig,
     ScalerState,
     Snapshot,
     UnitState,
-    decide,
 )
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")

@@ -1,5 +1,5 @@
 """Monitor.cores_busy: CPU seconds of the front end and the live instances over wall
-seconds (the scaler's saturation bound, runtime/scaling/scaler.SATURATED_FREE_PER_THREAD)."""
+seconds (the scaler's saturation bound, runtime/scaling/cores.SATURATED_FREE_PER_THREAD)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,12 @@ from hypothesis import strategies as st
 
 from infscaler.runtime.scaling import scaler
 from infscaler.runtime.scaling.scaler import (
+    decide,
+    effective_bottleneck,
+    pipeline_capacity_rps,
+    shed_queue_limit,
+)
+from infscaler.runtime.scaling.types import (
     Decision,
     EngineOption,
     ResourceCap,
@@ -19,10 +25,6 @@ from infscaler.runtime.scaling.scaler import (
     ScalerState,
     Snapshot,
     UnitState,
-    decide,
-    effective_bottleneck,
-    pipeline_capacity_rps,
-    shed_queue_limit,
 )
 
 CPU = EngineOption("cpu", latency_ms=50.0, memory_mb=100.0, cores=1)

@@ -16,7 +16,8 @@ import pytest
 from infscaler.base.config import load_pipeline
 from infscaler.base.errors import ConfigError
 from infscaler.runtime.scaling.autoscaler import scaler_config
-from infscaler.runtime.scaling.scaler import ScalerConfig, ScalerState, Snapshot, decide
+from infscaler.runtime.scaling.scaler import decide
+from infscaler.runtime.scaling.types import ScalerConfig, ScalerState, Snapshot
 from tests.integration.runtime.scaling.test_autoscale import step_pipeline
 from tests.unit.runtime.scaling.test_scaler import CPU, only, snap, threaded, unit
 

@@ -144,7 +144,7 @@ class _Service:
 
 
 def _snap(p99_ms, slo_ms=80.0):
-    from infscaler.runtime.scaling.scaler import ResourceCap, Snapshot
+    from infscaler.runtime.scaling.types import ResourceCap, Snapshot
 
     cap = ResourceCap(memory_cap_mb=1e4, memory_used_mb=0.0, max_instances={"cpu": 4})
     return Snapshot(now=0.0, slo_ms=slo_ms, p99_ms=p99_ms, arrival_rate=4.0, units=(), cap=cap)

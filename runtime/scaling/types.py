@@ -1,0 +1,304 @@
+"""The scaler's data (InfScaler §IV-A, Algorithm 1): what it decides on, its tuning and
+state, what it decides, and the one builder of the device's resource limits.
+
+* what :func:`~infscaler.runtime.scaling.scaler.decide` takes: a :class:`Snapshot` of one
+  pipeline, its units (:class:`UnitState`, each with its engines, Algorithm 1's A_k^m:
+  :class:`EngineOption`, r_k^m its memory) and the device's limits and use
+  (:class:`ResourceCap`, R^m and U^m);
+* its tuning (:class:`ScalerConfig`) and what it carries from one call to the next
+  (:class:`ScalerState`);
+* what it returns (:class:`Decision`);
+* :func:`device_cap`: R^m of a device profile, built the same way for the service's
+  monitor (:meth:`infscaler.runtime.scaling.monitor.Monitor.cap`, with the memory it
+  measured) and the planner's simulator
+  (:func:`infscaler.runtime.planning.simulator.cap_from_profile`).
+
+Pure: no I/O, no clock; the callers measure what the device profile does not say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    """One engine a unit can run on (its hardware affinity entry, Algorithm 1's A_k^m).
+
+    Attributes:
+        engine: ``cpu``, ``gpu`` or ``dla``.
+        latency_ms: service time of one item (batch 1) on this engine, ms: measured by
+            the monitor when instances run there, else the plan's profiled latency.
+        memory_mb: memory one more instance takes (r_k^m), MB: the measured PSS of a
+            running instance of this unit on this engine, else the plan's estimate.
+        cores: CPU cores one instance is pinned to (``threads``; 0 for gpu / dla).
+    """
+
+    engine: str
+    latency_ms: float
+    memory_mb: float
+    cores: int = 0
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """One served unit (a partition or a function stage) as the monitor sees it.
+
+    Attributes:
+        index: the unit's index in the pipeline (decisions name it).
+        name: ``det/0``, ``rec``, ... (for reasons and logs).
+        bottleneck: B_k from the plan (sum of representative complexities, Eq. 1);
+            function stages and unpartitioned models use their service time in ms.
+        instances: running instances per engine (S_k split by engine), e.g. ``{"cpu": 2}``.
+        options: the engines this unit may run on, any order (the scaler sorts by
+            ``latency_ms``).
+        arrival_rate: items per second reaching this unit over the monitor's window
+            (requests/s times fan-out for per-item units).
+        queue_len: tokens waiting at or running in this unit now.
+        service_ms: P50 service time of one item on its current instances, ms (None:
+            no sample yet; the scaler then uses the fastest option's ``latency_ms``).
+        min_instances / max_instances: bounds from the pipeline (``instances`` in
+            pipeline.yaml is the minimum; max None: only the cap bounds it).
+        threads: running cpu instances per intra-op thread count, e.g. ``{1: 1, 2: 1}``
+            (empty: not known; vertical scaling is then not considered).
+        latency_ms_by_threads: thread count -> service time of one item on the cpu at
+            that many intra-op threads, ms, **measured**: each instance of a unit with
+            ``max_threads`` times its model at load at every count from ``min_threads``
+            to ``max_threads`` (warm-up on zeros, median of runs, the probe session
+            pinned to that many cores: :meth:`infscaler.runtime.serving.runners.ModelRunner.
+            probe_threads`). A count with no entry is never scaled to.
+        min_threads / max_threads: the range the scaler may move a cpu instance's
+            intra-op threads in (the stage's ``threads`` / ``max_threads``; max None:
+            no vertical scaling).
+    """
+
+    index: int
+    name: str
+    bottleneck: float
+    instances: dict[str, int]
+    options: tuple[EngineOption, ...]
+    arrival_rate: float = 0.0
+    queue_len: int = 0
+    service_ms: float | None = None
+    min_instances: int = 1
+    max_instances: int | None = None
+    threads: dict[int, int] = field(default_factory=dict)
+    latency_ms_by_threads: dict[int, float] = field(default_factory=dict)
+    min_threads: int = 1
+    max_threads: int | None = None
+
+    @property
+    def total_instances(self) -> int:
+        return sum(self.instances.values())
+
+
+@dataclass(frozen=True)
+class ResourceCap:
+    """The device's resource limits R^m and current use U^m.
+
+    Attributes:
+        memory_cap_mb: memory the service may use (instances + tensor pool), MB.
+        memory_used_mb: memory in use now (sum of instance PSS + pool mapped), MB.
+        max_instances: per engine, instance slots (the profile's ``max_instances``).
+        cores: cpu thread slots: its cores x the profile's ``threads_per_core``
+            (:meth:`infscaler.base.device.Accelerator.thread_slots`; 0: do not count cores).
+        physical_cores: the cpu's cores themselves (no ``threads_per_core``), which
+            :attr:`Snapshot.cores_busy` is compared with (0: not known).
+    """
+
+    memory_cap_mb: float
+    memory_used_mb: float
+    max_instances: dict[str, int]
+    cores: int = 0
+    physical_cores: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the scaler decides on (one pipeline).
+
+    Attributes:
+        now: monotonic time, seconds.
+        slo_ms: the pipeline's latency SLO, ms.
+        p99_ms: end-to-end P99 over the monitor's window, ms (None: no sample).
+        arrival_rate: requests per second over the monitor's short window.
+        units: every served unit, in pipeline order.
+        cap: resource limits and use (shared by every pipeline on the device).
+        cores_used: cpu threads pinned by running (starting or ready) cpu instances of
+            model stages, all pipelines (pinned, not busy: the monitor's
+            ``pinned_threads``); compared with ``cap.cores``.
+        instances_used: per engine, running instances (all pipelines).
+        pending: requests admitted and not yet answered.
+        offered_rate: requests per second submitted over the window, refused ones
+            (load shedding) included (None: same as ``arrival_rate``).
+        slo_refused_rate: requests per second the front end refused at arrival because
+            they could not meet the SLO (:mod:`infscaler.runtime.serving.admission`): demand
+            the P99 of the admitted requests no longer shows.
+        cores_busy: cpu cores kept busy over the monitor's last seconds by every
+            instance and the front end (CPU seconds / wall seconds, from the kernel's
+            per-process accounting: time waiting for a core is not counted); None:
+            not measured. See :data:`~infscaler.runtime.scaling.cores.SATURATED_FREE_PER_THREAD`.
+        answered / late: requests answered in the window ``p99_ms`` is taken over, and
+            how many of them took longer than the SLO (None: not counted; then a P99
+            over the SLO is a violation however few requests it rests on). See
+            :func:`~infscaler.runtime.scaling.scaler.is_violated`.
+    """
+
+    now: float
+    slo_ms: float
+    p99_ms: float | None
+    arrival_rate: float
+    units: tuple[UnitState, ...]
+    cap: ResourceCap
+    cores_used: int = 0
+    instances_used: dict[str, int] = field(default_factory=dict)
+    pending: int = 0
+    offered_rate: float | None = None
+    slo_refused_rate: float = 0.0
+    cores_busy: float | None = None
+    answered: int | None = None
+    late: int | None = None
+
+    @property
+    def offered(self) -> float:
+        """The offered load, requests/s: ``offered_rate``, at least ``arrival_rate``."""
+        if self.offered_rate is None:
+            return self.arrival_rate
+        return max(self.offered_rate, self.arrival_rate)
+
+
+@dataclass(frozen=True)
+class ScalerConfig:
+    """Tuning of :func:`~infscaler.runtime.scaling.scaler.decide` (defaults from InferLine §5 where it gives one).
+
+    Attributes:
+        violation_ratio: the SLO counts as violated when P99 > ``violation_ratio`` x SLO.
+        cooldown_s: minimum time between two scale-outs of one pipeline, s.
+        hold_s: no scale-in within this long after any change (InferLine: 15 s).
+        rate_horizon_s: scale-in serves the max arrival rate over this window (30 s).
+        scale_in_utilisation: a unit may drop an instance when the rest would run at
+            most this busy (rate x service time / instances), 0-1.
+        shed: bound the queue when the cap is reached (else only report it).
+        settle_s: a violation within this long after the last change
+            (:attr:`ScalerState.last_change`: the deploy, a scale-out, a scale-in or a
+            thread step) is not counted, s. Default 5 s: a new cpu instance loads and
+            warms up in 1-3 s (the simulator's ``startup_s`` is 2 s) and the first
+            windows after a change are short (the autoscaler's window counts from the
+            change, at least 1 s), so their P99 rests on a few requests served while
+            instances were still starting; 5 s is 5 looks at the default 1 s interval
+            and longer than the 3 s cooldown, so that cooldown still binds only when
+            ``settle_s`` is set below it.
+        sustain_s: a scale-out (or thread scale-up, or a queue bound) needs the violation
+            at every call for at least this long, s (:attr:`ScalerState.
+            violating_since`). Default 2 s: 3 consecutive violated looks at the default
+            1 s interval, so one short window's P99 does not add an instance.
+        oversubscribe: allow a cpu scale-out or thread step that takes the pinned cpu
+            threads of all instances (:attr:`Snapshot.cores_used` + the new ones) past
+            the physical cores (:attr:`ResourceCap.physical_cores`). Off by default: on
+            a 2-core host 4 single-thread instances pinned to 2 cores share them and
+            add contention, not capacity.
+    """
+
+    violation_ratio: float = 1.0
+    cooldown_s: float = 3.0
+    hold_s: float = 15.0
+    rate_horizon_s: float = 30.0
+    scale_in_utilisation: float = 0.6
+    shed: bool = True
+    settle_s: float = 5.0
+    sustain_s: float = 2.0
+    oversubscribe: bool = False
+
+
+@dataclass(frozen=True)
+class ScalerState:
+    """What :func:`~infscaler.runtime.scaling.scaler.decide` carries from one call to the next (returned anew each call).
+
+    Attributes:
+        last_change: ``now`` of the last scale-out or scale-in (None: never).
+        last_scale_out: ``now`` of the last scale-out (None: never).
+        rates: ``(now, arrival_rate)`` samples within ``rate_horizon_s``.
+        queue_limit: the queue bound the last ``shed`` decision set, requests (None: no
+            bound in force). A ``shed`` is emitted only when this changes: set (or moved)
+            on a violation at the cap, lifted once P99 < 0.8 x SLO.
+        violating_since: ``now`` of the first call of the current run of violated
+            calls (outside the settle window), s; None when the last call was not
+            violated, was within ``settle_s`` of a change, or made a change.
+        waiting: why the last call, on a violation, changed nothing (settle window,
+            sustain, cooldown), one line a user can read; None when it did not wait.
+    """
+
+    last_change: float | None = None
+    last_scale_out: float | None = None
+    rates: tuple[tuple[float, float], ...] = ()
+    queue_limit: int | None = None
+    violating_since: float | None = None
+    waiting: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One action for the supervisor / front end.
+
+    Attributes:
+        action: ``scale_out`` (start one instance of ``unit`` on ``engine``),
+            ``scale_in`` (stop one instance of ``unit`` on ``engine``), ``scale_up`` /
+            ``scale_down`` (replace one cpu instance of ``unit`` running
+            ``from_threads`` intra-op threads by one running ``threads``:
+            make-before-break, the new one serves before the old one stops), or
+            ``shed`` (bound the pipeline's queue at ``queue_limit`` requests; None
+            lifts it).
+        unit: the unit's index (None for ``shed``).
+        engine: the engine (None for ``shed``; ``cpu`` for ``scale_up`` / ``scale_down``).
+        queue_limit: for ``shed``.
+        threads / from_threads: for ``scale_up`` / ``scale_down``: the intra-op threads
+            of the new instance and of the one it replaces.
+        reason: one line a user can read (``P99 412 ms > SLO 200 ms; det/0 has the
+            largest B_k/S_k 2.1e9; cpu admits it: memory 812+96 <= 2048 MB``).
+    """
+
+    action: str
+    unit: int | None = None
+    engine: str | None = None
+    queue_limit: int | None = None
+    reason: str = ""
+    threads: int | None = None
+    from_threads: int | None = None
+
+
+def device_cap(profile: Any, *, host_cores: int, memory_used_mb: float = 0.0) -> ResourceCap:
+    """R^m of a :class:`~infscaler.base.device.DeviceProfile`, with U^m for memory.
+
+    Memory cap: the profile's ``memory_cap_mb``; instance slots per engine: each
+    accelerator's ``max_instances`` (a DLA's times its ``count`` of cores; an accelerator
+    with ``count`` 0 has none); cpu thread slots: the cpu entry's listed ``cores``, or
+    ``host_cores`` when it lists none, times its ``threads_per_core``
+    (:meth:`infscaler.base.device.Accelerator.thread_slots`: ``floor(cores x
+    threads_per_core)``); ``physical_cores``: that core count itself (the scaler's
+    busy-cores bound).
+
+    Args:
+        profile: the device profile (its ``memory_cap_mb`` and ``accelerators``).
+        host_cores: cores this host runs instances on (the caller reads them, e.g.
+            ``len(os.sched_getaffinity(0))``); used when the cpu entry lists no cores.
+        memory_used_mb: memory in use now, MB (the monitor's measurement; 0 for a plan).
+    """
+    max_inst: dict[str, int] = {}
+    cores = physical = 0
+    for acc in profile.accelerators:
+        if acc.count < 1:
+            continue
+        max_inst[acc.engine] = acc.max_instances * (acc.count if acc.engine == "dla" else 1)
+        if acc.engine == "cpu":
+            # pinned threads within the thread slots; busy cores within the cores
+            # themselves (the scaler's SATURATED_FREE_PER_THREAD)
+            physical = len(acc.cores) if acc.cores else host_cores
+            cores = int(physical * getattr(acc, "threads_per_core", 1.0) + 1e-9)
+    return ResourceCap(
+        memory_cap_mb=float(profile.memory_cap_mb),
+        memory_used_mb=memory_used_mb,
+        max_instances=max_inst,
+        cores=cores,
+        physical_cores=physical,
+    )
