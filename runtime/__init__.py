@@ -82,12 +82,17 @@ policies import neither processes nor I/O.
   instances), :mod:`~.processes.handles` (what it knows of each instance and pending
   restart), :mod:`~.processes.zygote` (the fork server instances start from).
 - :mod:`.scaling`: :mod:`~.scaling.monitor` (SLO metrics) -> :mod:`~.scaling.scaler` (the
-  pure decision, InfScaler Algorithm 1) -> :mod:`~.scaling.autoscaler` (the loop applying
-  it, through :mod:`~.scaling.control`, what it needs of the service);
+  pure decision, InfScaler Algorithm 1; its types in :mod:`~.scaling.types`, with the one
+  resource-cap builder, its queueing model in :mod:`~.scaling.queueing`, its cores rules in
+  :mod:`~.scaling.cores`) -> :mod:`~.scaling.autoscaler` (the loop applying it, through
+  :mod:`~.scaling.control`, what it needs of the service); :mod:`~.scaling.placement`
+  (which cores an instance is pinned to; pure), :mod:`~.scaling.wakesetting` (the CPU-wake
+  setting; pure),
   :mod:`~.scaling.telemetry` (host CPU, memory, Jetson sensors), :mod:`~.scaling.wakepolicy` and :mod:`~.scaling.pmqos` (CPU wake
   latency), :mod:`~.scaling.idlecurve` (service time after idle).
 - :mod:`.planning`: :mod:`~.planning.planner` (the configuration search),
-  :mod:`~.planning.simulator` (what scores a candidate: the scaler run on a trace),
+  :mod:`~.planning.simulator` (what scores a candidate: the scaler run on a trace; its
+  event loop in :mod:`~.planning.simloop`),
   :mod:`~.planning.arrivals` (arrival processes and the shipped traces),
   :mod:`~.planning.autoplan` (planning at deploy time), :mod:`~.planning.stageprofile`,
   :mod:`~.planning.unitprofile`, :mod:`~.planning.fleet`, :mod:`~.planning.livecheck` (a

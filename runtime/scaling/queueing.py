@@ -43,7 +43,7 @@ def p99_response_ms(rate_items_s: float, servers: int, service_ms: float) -> flo
     0`` (deterministic): P99 = D + ln(P(wait) / 0.01) / (2 (c / D - lambda)) (Kingman;
     Whitt, "Approximations for the GI/G/m queue", 1993). Against a simulated M/D/c
     (``bench/slo_bound.py``'s method) for c = 1-4 and loads 0.1-0.8 it is within 20 %,
-    above it (cautious) for c = 1 (tests/unit/test_scaler_p99.py).
+    above it (cautious) for c = 1 (tests/unit/runtime/scaling/test_scaler_p99.py).
 
     Raises:
         ValueError: ``servers`` < 1 or ``service_ms`` <= 0.
