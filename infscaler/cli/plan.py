@@ -34,10 +34,9 @@ from infscaler.base.slo import parse_slo, slo_ms
 from infscaler.cli import err, out
 from infscaler.cli.client import load_image, pipeline_from_arg
 from infscaler.cli.fleetfile import expand_names, load_fleet, units_from_spec
-from infscaler.partitioner.profiler import usable_cores
 from infscaler.partitioner.search import OBJECTIVES
 from infscaler.runtime.planning.arrivals import from_spec
-from infscaler.runtime.planning.autoplan import planner_inputs
+from infscaler.runtime.planning.autoplan import plan_measured
 from infscaler.runtime.planning.fleet import (
     GROUP_LABEL,
     FleetNode,
@@ -50,11 +49,9 @@ from infscaler.runtime.planning.planner import (
     FRONTEND_MS,
     HANDOVER_MS,
     ModelStage,
-    cpu_cores,
     plan,
     resource_cap,
 )
-from infscaler.runtime.planning.stageprofile import search_measured
 from infscaler.runtime.planning.unitprofile import profile_pipeline, sample_inputs
 from infscaler.runtime.serving.pipeline import compile_pipeline
 
@@ -436,12 +433,12 @@ def search_cmd(
     search. ``--slo`` is in ms or a factor (``3x``) of the pipeline's measured 1-thread
     latency.
 
-    Measures the pipeline as the deploy-time planner does
-    (:func:`infscaler.runtime.planning.autoplan.planner_inputs`: each model stage, and with function
-    stages their per-call times and the fan-out's items on a sample request, searched as
-    the fused units the runtime runs; the stages' own K / threads / instances are
-    ignored), runs
-    :func:`infscaler.runtime.planning.planner.search` and prints every candidate (K, cuts, the
+    Measures and searches as the deploy-time planner does
+    (:func:`infscaler.runtime.planning.autoplan.plan_measured`: each model stage, and with
+    function stages their per-call times and the fan-out's items on a sample request,
+    searched as the fused units the runtime runs; the stages' own K / threads /
+    instances are ignored), by
+    :func:`infscaler.runtime.planning.planner.search`, and prints every candidate (K, cuts, the
     objectives that chose them, threads, instances, predicted goodput, P99, memory, the
     bottleneck partition's share of the FLOPs) with why it lost, the winner, and per
     stage the share of Eq. 1's own plan beside the winner's. The partitions of the
@@ -487,34 +484,24 @@ def search_cmd(
         raise InfScalerError("--frontend-ms and --handover-ms must be >= 0")
     profile = _device(device)
     say = lambda m: err.print(f"  {m}", highlight=False)  # noqa: E731
-    # the deploy-time planner's own inputs: model stages measured, function steps and
-    # fan-out items from a sample request, the fused units (runtime.autoplan)
-    inp = planner_inputs(pipeline_from_arg(pipeline), device=profile, progress=say)
-    for note in inp.notes:
-        say(note)
-    # a factor is of the pipeline's own 1-thread latency (its units in turn)
-    slo_ms = spec.resolve(inp.base_ms)
-    assert slo_ms is not None
-    cap = resource_cap(profile)
-    with err.status("searching K, cuts, threads and instances"):
-        res, stages = search_measured(
-            inp.stages,
-            inp.paths,
-            slo_ms,
-            cap,
-            shapes=inp.shapes,
-            refine=refine,
-            progress=say,
-            rate=rate_rps,
-            arrivals=arrivals,
-            cores=cpu_cores(profile) or usable_cores(),
-            seed=seed,
-            handover_ms=handover_ms,
-            frontend_ms=fe,
-            max_partitions=max_partitions,
-            objectives=objectives,
-            whole=inp.whole,
-        )
+    # the deploy-time planner's own entry: model stages measured, function steps and
+    # fan-out items from a sample request, the fused units, then the search
+    found = plan_measured(
+        pipeline_from_arg(pipeline),
+        spec,
+        device=profile,
+        progress=say,
+        searching=lambda _slo: err.status("searching K, cuts, threads and instances"),
+        refine=refine,
+        rate=rate_rps,
+        arrivals=arrivals,
+        seed=seed,
+        handover_ms=handover_ms,
+        frontend_ms=fe,
+        max_partitions=max_partitions,
+        objectives=objectives,
+    )
+    res, stages = found.outcome, found.stages
     eq1 = {
         st.name: (st.eq1_cuts(max_partitions), st.share(st.eq1_cuts(max_partitions)))
         for st in stages
