@@ -34,10 +34,9 @@ from infscaler.base.slo import parse_slo, slo_ms
 from infscaler.cli import err, out
 from infscaler.cli.client import load_image, pipeline_from_arg
 from infscaler.cli.fleetfile import expand_names, load_fleet, units_from_spec
-from infscaler.partitioner.profiler import usable_cores
 from infscaler.partitioner.search import OBJECTIVES
 from infscaler.runtime.planning.arrivals import from_spec
-from infscaler.runtime.planning.autoplan import planner_inputs
+from infscaler.runtime.planning.autoplan import plan_measured
 from infscaler.runtime.planning.fleet import (
     GROUP_LABEL,
     FleetNode,
@@ -50,11 +49,9 @@ from infscaler.runtime.planning.planner import (
     FRONTEND_MS,
     HANDOVER_MS,
     ModelStage,
-    cpu_cores,
     plan,
     resource_cap,
 )
-from infscaler.runtime.planning.stageprofile import search_measured
 from infscaler.runtime.planning.unitprofile import profile_pipeline, sample_inputs
 from infscaler.runtime.serving.pipeline import compile_pipeline
 
@@ -190,110 +187,128 @@ def _print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
         err.print(f"[yellow]note:[/] {n}", highlight=False)
 
 
+PipelineArg = Annotated[
+    str,
+    typer.Argument(
+        help="PIPELINE.yaml, MODEL.onnx, a bundled model alias, a plan directory, or "
+        "`ocr` (what `serve` takes). Not with --fleet."
+    ),
+]
+RateOpt = Annotated[str, typer.Option("--rate", help="Mean arrival rate: 40/s (or 40, 2400/min).")]
+SloOpt = Annotated[str, typer.Option("--slo", help="End-to-end P99 SLO: 200ms or 0.2s.")]
+DeviceOpt = Annotated[
+    str | None,
+    typer.Option("--device", help="Device profile whose cap applies (default cpu-host)."),
+]
+ArrivalsOpt = Annotated[
+    str,
+    typer.Option(
+        "--arrivals",
+        help="Sample arrival process: poisson, gamma:CV2 (gamma:4), azure (Azure "
+        "Functions 2019, scaled to --rate), azure:busiest, azure-llm.",
+    ),
+]
+DurationOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--duration",
+        help="Seconds of arrivals to simulate (default: 60, or enough for 2000 requests).",
+    ),
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of arrivals and service times.")]
+HandoverOpt = Annotated[
+    float,
+    typer.Option(
+        "--handover-ms",
+        help="Time of one token handover, ms (default: the hop measured by bench/hop_latency.py).",
+    ),
+]
+PoolOpt = Annotated[
+    float, typer.Option("--pool-mb", help="Tensor pool memory counted with instances, MB.")
+]
+RepeatsOpt = Annotated[
+    int, typer.Option("--repeats", help="Timed runs of the sample input per unit.")
+]
+InputOpt = Annotated[
+    list[str] | None,
+    typer.Option("--input", "-i", help="Sample input NAME=FILE.npy (repeatable)."),
+]
+ImageOpt = Annotated[
+    Path | None, typer.Option("--image", help="An image file for the UINT8 input.")
+]
+PartitionsOpt = Annotated[
+    int | None, typer.Option("--partitions", "-k", help="Partition bare models into K.")
+]
+StateDirOpt = Annotated[Path | None, typer.Option("--state-dir", help="Plans (as for `serve`).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+FleetOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--fleet",
+        help="FLEET.yaml: place its streams on its nodes with the fewest nodes "
+        "(docs/fleet.md); PIPELINE, --rate, --slo, --device are then not used.",
+    ),
+]
+ValuesOpt = Annotated[
+    Path | None,
+    typer.Option("--values", help="With --fleet: write the Helm values (groups) here."),
+]
+ExplainOpt = Annotated[
+    bool,
+    typer.Option(
+        "--explain",
+        help="Search K, cuts, threads and instances and print every candidate with why it lost.",
+    ),
+]
+ObjectiveOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--objective",
+        help="Partition objectives the search tries: auto (eq1, minmax, weights), "
+        "eq1 (the paper's Eq. 1 only), minmax or weights. Implies the search.",
+    ),
+]
+MaxPartitionsOpt = Annotated[
+    int, typer.Option("--max-partitions", help="Search: largest K per model stage.")
+]
+FrontendOpt = Annotated[
+    float | None,
+    typer.Option("--frontend-ms", help="Search: front-end CPU per request, ms."),
+]
+RefineOpt = Annotated[
+    int,
+    typer.Option(
+        "--refine",
+        help="Search: measure the partitions of the N best candidates and search "
+        "again (0: estimates from the whole model's time only).",
+    ),
+]
+
+
 @app.command("plan")
 def plan_cmd(
-    pipeline: Annotated[
-        str,
-        typer.Argument(
-            help="PIPELINE.yaml, MODEL.onnx, a bundled model alias, a plan directory, or "
-            "`ocr` (what `serve` takes). Not with --fleet."
-        ),
-    ] = "",
-    rate: Annotated[
-        str, typer.Option("--rate", help="Mean arrival rate: 40/s (or 40, 2400/min).")
-    ] = "",
-    slo: Annotated[str, typer.Option("--slo", help="End-to-end P99 SLO: 200ms or 0.2s.")] = "",
-    device: Annotated[
-        str | None,
-        typer.Option("--device", help="Device profile whose cap applies (default cpu-host)."),
-    ] = None,
-    arrivals: Annotated[
-        str,
-        typer.Option(
-            "--arrivals",
-            help="Sample arrival process: poisson, gamma:CV2 (gamma:4), azure (Azure "
-            "Functions 2019, scaled to --rate), azure:busiest, azure-llm.",
-        ),
-    ] = "poisson",
-    duration: Annotated[
-        float | None,
-        typer.Option(
-            "--duration",
-            help="Seconds of arrivals to simulate (default: 60, or enough for 2000 requests).",
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of arrivals and service times.")] = 0,
-    handover_ms: Annotated[
-        float,
-        typer.Option(
-            "--handover-ms",
-            help="Time of one token handover, ms (default: the hop measured by "
-            "bench/hop_latency.py).",
-        ),
-    ] = HANDOVER_MS,
-    pool_mb: Annotated[
-        float, typer.Option("--pool-mb", help="Tensor pool memory counted with instances, MB.")
-    ] = 0.0,
-    repeats: Annotated[
-        int, typer.Option("--repeats", help="Timed runs of the sample input per unit.")
-    ] = 5,
-    inputs: Annotated[
-        list[str] | None,
-        typer.Option("--input", "-i", help="Sample input NAME=FILE.npy (repeatable)."),
-    ] = None,
-    image: Annotated[
-        Path | None, typer.Option("--image", help="An image file for the UINT8 input.")
-    ] = None,
-    partitions: Annotated[
-        int | None, typer.Option("--partitions", "-k", help="Partition bare models into K.")
-    ] = None,
-    state_dir: Annotated[
-        Path | None, typer.Option("--state-dir", help="Plans (as for `serve`).")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    fleet: Annotated[
-        Path | None,
-        typer.Option(
-            "--fleet",
-            help="FLEET.yaml: place its streams on its nodes with the fewest nodes "
-            "(docs/fleet.md); PIPELINE, --rate, --slo, --device are then not used.",
-        ),
-    ] = None,
-    values_out: Annotated[
-        Path | None,
-        typer.Option("--values", help="With --fleet: write the Helm values (groups) here."),
-    ] = None,
-    explain: Annotated[
-        bool,
-        typer.Option(
-            "--explain",
-            help="Search K, cuts, threads and instances and print every "
-            "candidate with why it lost.",
-        ),
-    ] = False,
-    objective: Annotated[
-        str | None,
-        typer.Option(
-            "--objective",
-            help="Partition objectives the search tries: auto (eq1, minmax, weights), "
-            "eq1 (the paper's Eq. 1 only), minmax or weights. Implies the search.",
-        ),
-    ] = None,
-    max_partitions: Annotated[
-        int, typer.Option("--max-partitions", help="Search: largest K per model stage.")
-    ] = 3,
-    frontend_ms: Annotated[
-        float | None,
-        typer.Option("--frontend-ms", help="Search: front-end CPU per request, ms."),
-    ] = None,
-    refine: Annotated[
-        int,
-        typer.Option(
-            "--refine",
-            help="Search: measure the partitions of the N best candidates and search "
-            "again (0: estimates from the whole model's time only).",
-        ),
-    ] = 3,
+    pipeline: PipelineArg = "",
+    rate: RateOpt = "",
+    slo: SloOpt = "",
+    device: DeviceOpt = None,
+    arrivals: ArrivalsOpt = "poisson",
+    duration: DurationOpt = None,
+    seed: SeedOpt = 0,
+    handover_ms: HandoverOpt = HANDOVER_MS,
+    pool_mb: PoolOpt = 0.0,
+    repeats: RepeatsOpt = 5,
+    inputs: InputOpt = None,
+    image: ImageOpt = None,
+    partitions: PartitionsOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    fleet: FleetOpt = None,
+    values_out: ValuesOpt = None,
+    explain: ExplainOpt = False,
+    objective: ObjectiveOpt = None,
+    max_partitions: MaxPartitionsOpt = 3,
+    frontend_ms: FrontendOpt = None,
+    refine: RefineOpt = 3,
 ) -> None:
     """Plan the starting configuration: per unit engine, instances and batch with the
     least memory whose simulated P99 meets --slo at --rate within the device's cap.
@@ -339,34 +354,9 @@ def plan_cmd(
             raise typer.Exit(code)
         return
 
-    if not rate:
-        raise InfScalerError("plan needs --rate", hint="e.g. --rate 40/s")
-    if not slo:
-        raise InfScalerError("plan needs --slo", hint="e.g. --slo 200ms")
-    rate_rps = parse_rate(rate)
-    slo_ms = parse_slo_ms(slo)
-    if duration is None:
-        duration = min(3600.0, max(60.0, MIN_REQUESTS / rate_rps))
-    if not duration > 0:
-        raise InfScalerError(f"--duration must be positive, got {duration:g}")
-    if handover_ms < 0 or pool_mb < 0:
-        raise InfScalerError("--handover-ms and --pool-mb must be >= 0")
-    if repeats < 1:
-        raise InfScalerError(f"--repeats must be >= 1, got {repeats}")
+    rate_rps, slo_ms, duration = _rate_plan_args(rate, slo, duration, handover_ms, pool_mb, repeats)
     profile = _device(device)
-    # the arrival spec is checked before anything slow runs
-
-    try:
-        times = from_spec(arrivals, rate_rps, duration, seed)
-    except (ValueError, FileNotFoundError) as exc:
-        raise InfScalerError(
-            str(exc), hint="--arrivals poisson, gamma:4, azure, azure:busiest or azure-llm"
-        ) from None
-    if times.size == 0:
-        raise InfScalerError(
-            f"--arrivals {arrivals} gives no requests in {duration:g} s at {rate_rps:g}/s",
-            hint="raise --duration or --rate",
-        )
+    times = _arrival_times(arrivals, rate_rps, duration, seed)
     cfg = pipeline_from_arg(pipeline, partitions)
     compiled = compile_pipeline(
         cfg,
@@ -391,12 +381,76 @@ def plan_cmd(
             max_inflight=compiled.config.max_inflight or "auto",
         )
     res = replace(res, arrivals=arrivals)
+    _print_rate_plan(res, prof, compiled.name, profile, duration, seed, as_json)
+    if not res.feasible:
+        err.print(f"[bold red]infeasible:[/] {res.reason}", highlight=False)
+        raise typer.Exit(1)
+
+
+def _rate_plan_args(
+    rate: str,
+    slo: str,
+    duration: float | None,
+    handover_ms: float,
+    pool_mb: float,
+    repeats: int,
+) -> tuple[float, float, float]:
+    """``(requests/s, SLO ms, seconds simulated)`` of a plan at a rate (``--duration``
+    by default 60 s, or enough for :data:`MIN_REQUESTS`, at most an hour).
+
+    Raises:
+        InfScalerError: a missing or bad --rate / --slo, or a bad --duration,
+            --handover-ms, --pool-mb or --repeats.
+    """
+    if not rate:
+        raise InfScalerError("plan needs --rate", hint="e.g. --rate 40/s")
+    if not slo:
+        raise InfScalerError("plan needs --slo", hint="e.g. --slo 200ms")
+    rate_rps = parse_rate(rate)
+    slo_ms = parse_slo_ms(slo)
+    if duration is None:
+        duration = min(3600.0, max(60.0, MIN_REQUESTS / rate_rps))
+    if not duration > 0:
+        raise InfScalerError(f"--duration must be positive, got {duration:g}")
+    if handover_ms < 0 or pool_mb < 0:
+        raise InfScalerError("--handover-ms and --pool-mb must be >= 0")
+    if repeats < 1:
+        raise InfScalerError(f"--repeats must be >= 1, got {repeats}")
+    return rate_rps, slo_ms, duration
+
+
+def _arrival_times(arrivals: str, rate_rps: float, duration: float, seed: int) -> np.ndarray:
+    """The arrival times of ``--arrivals`` at ``rate_rps`` over ``duration`` s (checked
+    before anything slow runs).
+
+    Raises:
+        InfScalerError: an unknown arrival process, or one that gives no requests.
+    """
+    try:
+        times = from_spec(arrivals, rate_rps, duration, seed)
+    except (ValueError, FileNotFoundError) as exc:
+        raise InfScalerError(
+            str(exc), hint="--arrivals poisson, gamma:4, azure, azure:busiest or azure-llm"
+        ) from None
+    if times.size == 0:
+        raise InfScalerError(
+            f"--arrivals {arrivals} gives no requests in {duration:g} s at {rate_rps:g}/s",
+            hint="raise --duration or --rate",
+        )
+    return times
+
+
+def _print_rate_plan(
+    res: Any, prof: Any, name: str, profile: Any, duration: float, seed: int, as_json: bool
+) -> None:
+    """A plan at a rate: as JSON (the pipeline, device, duration, seed, the units'
+    profile and the plan), else as tables (:func:`_print_plan`) and the profile's notes."""
     if as_json:
         d = res.to_dict()
         print(
             json.dumps(
                 {
-                    "pipeline": compiled.name,
+                    "pipeline": name,
                     "device": profile.name,
                     "duration_s": duration,
                     "seed": seed,
@@ -408,12 +462,9 @@ def plan_cmd(
             )
         )
     else:
-        _print_plan(res, compiled.name, profile, duration)
+        _print_plan(res, name, profile, duration)
         for n in prof.notes:
             err.print(f"[yellow]note:[/] {n}", highlight=False)
-    if not res.feasible:
-        err.print(f"[bold red]infeasible:[/] {res.reason}", highlight=False)
-        raise typer.Exit(1)
 
 
 def search_cmd(
@@ -436,12 +487,12 @@ def search_cmd(
     search. ``--slo`` is in ms or a factor (``3x``) of the pipeline's measured 1-thread
     latency.
 
-    Measures the pipeline as the deploy-time planner does
-    (:func:`infscaler.runtime.planning.autoplan.planner_inputs`: each model stage, and with function
-    stages their per-call times and the fan-out's items on a sample request, searched as
-    the fused units the runtime runs; the stages' own K / threads / instances are
-    ignored), runs
-    :func:`infscaler.runtime.planning.planner.search` and prints every candidate (K, cuts, the
+    Measures and searches as the deploy-time planner does
+    (:func:`infscaler.runtime.planning.autoplan.plan_measured`: each model stage, and with
+    function stages their per-call times and the fan-out's items on a sample request,
+    searched as the fused units the runtime runs; the stages' own K / threads /
+    instances are ignored; :func:`infscaler.runtime.planning.planner.search`) and prints
+    every candidate (K, cuts, the
     objectives that chose them, threads, instances, predicted goodput, P99, memory, the
     bottleneck partition's share of the FLOPs) with why it lost, the winner, and per
     stage the share of Eq. 1's own plan beside the winner's. The partitions of the
@@ -452,8 +503,65 @@ def search_cmd(
     Raises:
         InfScalerError: bad arguments (no SLO, unknown objective, ...).
     """
-    from rich.markup import escape
+    spec, rate_rps, objectives, fe = _search_args(
+        slo, rate, objective, refine, max_partitions, frontend_ms, handover_ms, arrivals, seed
+    )
+    profile = _device(device)
+    say = lambda m: err.print(f"  {m}", highlight=False)  # noqa: E731
+    # the deploy-time planner's own entry: model stages measured, function steps and
+    # fan-out items from a sample request, the fused units, then the search
+    found = plan_measured(
+        pipeline_from_arg(pipeline),
+        spec,
+        device=profile,
+        progress=say,
+        searching=lambda _slo: err.status("searching K, cuts, threads and instances"),
+        refine=refine,
+        rate=rate_rps,
+        arrivals=arrivals,
+        seed=seed,
+        handover_ms=handover_ms,
+        frontend_ms=fe,
+        max_partitions=max_partitions,
+        objectives=objectives,
+    )
+    res, stages = found.outcome, found.stages
+    eq1 = {
+        st.name: (st.eq1_cuts(max_partitions), st.share(st.eq1_cuts(max_partitions)))
+        for st in stages
+        if isinstance(st, ModelStage)
+    }
+    if as_json:
+        d = res.to_dict()
+        d["device"] = profile.name
+        d["eq1_plan"] = {n: {"cuts": list(c), "bottleneck_share": s} for n, (c, s) in eq1.items()}
+        print(json.dumps(d, indent=2, default=str))
+    else:
+        _print_search(res, stages, eq1)
+    if res.best is None:
+        err.print("[bold red]infeasible:[/] no candidate meets the SLO within the cap")
+        return 1
+    return 0
 
+
+def _search_args(
+    slo: str,
+    rate: str | None,
+    objective: str,
+    refine: int,
+    max_partitions: int,
+    frontend_ms: float | None,
+    handover_ms: float,
+    arrivals: str,
+    seed: int,
+) -> tuple[Any, float | None, tuple[str, ...], float]:
+    """The search's arguments, checked before anything slow runs: ``(SLO, requests/s or
+    None, objectives, front-end ms)``.
+
+    Raises:
+        InfScalerError: no or a bad --slo, a bad --rate, --arrivals, --objective,
+            --refine, --max-partitions, --frontend-ms or --handover-ms.
+    """
     if not slo:
         raise InfScalerError("plan needs --slo", hint="e.g. --slo 200ms or --slo 3x")
     try:
@@ -485,82 +593,45 @@ def search_cmd(
     fe = FRONTEND_MS if frontend_ms is None else frontend_ms
     if fe < 0 or handover_ms < 0:
         raise InfScalerError("--frontend-ms and --handover-ms must be >= 0")
-    profile = _device(device)
-    say = lambda m: err.print(f"  {m}", highlight=False)  # noqa: E731
-    # the deploy-time planner's own inputs: model stages measured, function steps and
-    # fan-out items from a sample request, the fused units (runtime.autoplan)
-    inp = planner_inputs(pipeline_from_arg(pipeline), device=profile, progress=say)
-    for note in inp.notes:
-        say(note)
-    # a factor is of the pipeline's own 1-thread latency (its units in turn)
-    slo_ms = spec.resolve(inp.base_ms)
-    assert slo_ms is not None
-    cap = resource_cap(profile)
-    with err.status("searching K, cuts, threads and instances"):
-        res, stages = search_measured(
-            inp.stages,
-            inp.paths,
-            slo_ms,
-            cap,
-            shapes=inp.shapes,
-            refine=refine,
-            progress=say,
-            rate=rate_rps,
-            arrivals=arrivals,
-            cores=cpu_cores(profile) or usable_cores(),
-            seed=seed,
-            handover_ms=handover_ms,
-            frontend_ms=fe,
-            max_partitions=max_partitions,
-            objectives=objectives,
-            whole=inp.whole,
+    return spec, rate_rps, objectives, fe
+
+
+def _print_search(res: Any, stages: list[Any], eq1: dict[str, tuple[Any, float]]) -> None:
+    """The search's candidates as a table (why each lost), per model stage the share of
+    Eq. 1's own plan beside the winner's, and the winner with its comparisons."""
+    from rich.markup import escape
+
+    table = Table(title=res.explain[0])
+    for col in ("#", "plan", "goodput/s", "max/s", "P99 ms", "MB", "bottleneck", "why"):
+        table.add_column(col, justify="left" if col in ("plan", "why") else "right")
+    for i, c in enumerate(res.candidates):
+        table.add_row(
+            str(i + 1),
+            escape(c.label()),
+            f"{c.goodput_rps:.1f}"
+            + ("" if c.goodput_lo is None else " [{:.1f}, {:.1f}]".format(*c.interval())),
+            "-" if c.max_rate_rps is None else f"{c.max_rate_rps:.1f}",
+            _ms(c.p99_ms),
+            f"{c.memory_mb:.0f}",
+            "/".join(f"{s:.0%}" for s in c.share),
+            c.why,
         )
-    eq1 = {
-        st.name: (st.eq1_cuts(max_partitions), st.share(st.eq1_cuts(max_partitions)))
-        for st in stages
-        if isinstance(st, ModelStage)
-    }
-    if as_json:
-        d = res.to_dict()
-        d["device"] = profile.name
-        d["eq1_plan"] = {n: {"cuts": list(c), "bottleneck_share": s} for n, (c, s) in eq1.items()}
-        print(json.dumps(d, indent=2, default=str))
-    else:
-        table = Table(title=res.explain[0])
-        for col in ("#", "plan", "goodput/s", "max/s", "P99 ms", "MB", "bottleneck", "why"):
-            table.add_column(col, justify="left" if col in ("plan", "why") else "right")
-        for i, c in enumerate(res.candidates):
-            table.add_row(
-                str(i + 1),
-                escape(c.label()),
-                f"{c.goodput_rps:.1f}"
-                + ("" if c.goodput_lo is None else " [{:.1f}, {:.1f}]".format(*c.interval())),
-                "-" if c.max_rate_rps is None else f"{c.max_rate_rps:.1f}",
-                _ms(c.p99_ms),
-                f"{c.memory_mb:.0f}",
-                "/".join(f"{s:.0%}" for s in c.share),
-                c.why,
-            )
-        out.print(table)
-        for name, (cuts, share) in eq1.items():
-            won = ""
-            if res.best is not None:
-                k = [s.name for s in stages if isinstance(s, ModelStage)].index(name)
-                won = f"; the winner's: {res.best.share[k]:.1%} (K={len(res.best.cuts[k]) + 1})"
-            out.print(
-                f"{name}: Eq. 1's own plan K={len(cuts) + 1} cuts {list(cuts)} puts "
-                f"{share:.1%} of the FLOPs in its bottleneck partition{won}",
-                highlight=False,
-            )
+    out.print(table)
+    for name, (cuts, share) in eq1.items():
+        won = ""
         if res.best is not None:
-            out.print(f"[bold]winner:[/] {escape(res.best.line())}", highlight=False)
-            for line in res.explain:
-                if line.startswith("vs "):
-                    out.print(escape(line), highlight=False)
-    if res.best is None:
-        err.print("[bold red]infeasible:[/] no candidate meets the SLO within the cap")
-        return 1
-    return 0
+            k = [s.name for s in stages if isinstance(s, ModelStage)].index(name)
+            won = f"; the winner's: {res.best.share[k]:.1%} (K={len(res.best.cuts[k]) + 1})"
+        out.print(
+            f"{name}: Eq. 1's own plan K={len(cuts) + 1} cuts {list(cuts)} puts "
+            f"{share:.1%} of the FLOPs in its bottleneck partition{won}",
+            highlight=False,
+        )
+    if res.best is not None:
+        out.print(f"[bold]winner:[/] {escape(res.best.line())}", highlight=False)
+        for line in res.explain:
+            if line.startswith("vs "):
+                out.print(escape(line), highlight=False)
 
 
 # -- infscaler plan --fleet --------------------------------------------------------------

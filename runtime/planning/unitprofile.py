@@ -356,34 +356,100 @@ def profile_pipeline(
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
     if instance_overhead_mb is None:
         instance_overhead_mb = INSTANCE_OVERHEAD_MB
-    if inputs is None:
-        batches = [sample_inputs(compiled)]
-    elif isinstance(inputs, Mapping):
-        batches = [dict(inputs)]
-    else:
-        batches = [dict(i) for i in inputs]
-        if not batches:
-            raise ValueError("inputs: give at least one request's inputs")
+    batches = _input_batches(compiled, inputs)
     # a fused unit runs step by step; its sample is the sum of its steps' (one per call)
     steps = [s for u in compiled.units for s in u.step_units]
+    runs = _time_steps(steps, batches, repeats, warmup)
+    step_ms = {k: float(np.mean(v)) for k, v in runs.samples.items() if v}
+    by_step = dict(zip((s.name for s in steps), runs.runners, strict=True))
+    fn_ms = _fuse_samples(compiled, runs.samples, runs.totals)
+    runners = [by_step.get(u.name) or by_step[u.step_units[0].name] for u in compiled.units]
+    engines_here = set(device.engines) if device is not None else {"cpu"}
+    notes: list[str] = []
+    profiles = [
+        _unit_profile(u, r, runs, fn_ms, engines_here, notes, instance_overhead_mb, corun, idle)
+        for u, r in zip(compiled.units, runners, strict=True)
+    ]
+    return PipelineProfile(
+        name=compiled.name,
+        units=tuple(profiles),
+        samples_ms=runs.samples,
+        items=tuple(runs.counts),
+        requests=len(batches) * repeats,
+        host=f"{platform.node()} {platform.machine()} (in-process, onnxruntime CPU)",
+        notes=tuple(notes),
+        step_ms=step_ms,
+        model_shapes=runs.fed,
+    )
+
+
+def _input_batches(
+    compiled: Any,
+    inputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None,
+) -> list[dict[str, np.ndarray]]:
+    """The requests' inputs :func:`profile_pipeline` runs: ``inputs`` (one request's or
+    several), else one made up (:func:`sample_inputs`).
+
+    Raises:
+        ValueError: an empty sequence of requests.
+    """
+    if inputs is None:
+        return [sample_inputs(compiled)]
+    if isinstance(inputs, Mapping):
+        return [dict(inputs)]
+    batches = [dict(i) for i in inputs]
+    if not batches:
+        raise ValueError("inputs: give at least one request's inputs")
+    return batches
+
+
+@dataclass
+class _Timed:
+    """What the timed runs of :func:`profile_pipeline` recorded, step by step.
+
+    Attributes:
+        runners: one per step, in order.
+        samples: step name -> every timed call, ms (a fused unit's steps are replaced by
+            the unit's samples in :func:`_fuse_samples`).
+        counts: the fan-out's item count per timed request.
+        seen: model step -> the first env it saw (for batch, co-run and idle timing).
+        fed: model step -> the distinct input shapes it was fed.
+        totals: per timed request, its time over every step (a whole unit's sample).
+    """
+
+    runners: list[_Runner]
+    samples: dict[str, list[float]]
+    counts: list[int] = field(default_factory=list)
+    seen: dict[str, Any] = field(default_factory=dict)
+    fed: dict[str, list[dict[str, list[int]]]] = field(default_factory=dict)
+    totals: list[float] = field(default_factory=list)
+
+
+def _time_steps(
+    steps: list[Any], batches: list[dict[str, np.ndarray]], repeats: int, warmup: int
+) -> _Timed:
+    """Each request of ``batches`` through ``steps``, ``warmup`` times untimed then
+    ``repeats`` times timed (:func:`_run_once`)."""
     flat = SimpleNamespace(units=steps)
-    runners = [_Runner(s) for s in steps]
-    samples: dict[str, list[float]] = {s.name: [] for s in steps}
-    counts: list[int] = []
-    seen: dict[str, Any] = {}
-    fed: dict[str, list[dict[str, list[int]]]] = {}
-    totals: list[float] = []  # per request, every step (a whole unit's sample)
+    runs = _Timed([_Runner(s) for s in steps], {s.name: [] for s in steps})
     for feeds in batches:
         for _ in range(warmup):
-            _run_once(flat, runners, feeds, None)
+            _run_once(flat, runs.runners, feeds, None)
         for _ in range(repeats):
-            n, s = _run_once(flat, runners, feeds, samples, fed, totals)
+            n, s = _run_once(flat, runs.runners, feeds, runs.samples, runs.fed, runs.totals)
             for k, v in s.items():
-                seen.setdefault(k, v)
+                runs.seen.setdefault(k, v)
             if n is not None:
-                counts.append(n)
-    step_ms = {k: float(np.mean(v)) for k, v in samples.items() if v}
-    by_step = dict(zip((s.name for s in steps), runners, strict=True))
+                runs.counts.append(n)
+    return runs
+
+
+def _fuse_samples(
+    compiled: Any, samples: dict[str, list[float]], totals: list[float]
+) -> dict[str, float]:
+    """Replace each fused unit's steps' samples in ``samples`` by the unit's: per call,
+    the sum of its steps' (a ``fuse: whole`` unit: each request's ``totals``). Returns
+    each fused unit's function steps' mean ms (on the cpu)."""
     fn_ms: dict[str, float] = {}  # a fused unit's function steps, mean ms (on the cpu)
     for u in compiled.units:
         if u.steps:
@@ -397,83 +463,98 @@ def profile_pipeline(
                 for s, x in zip(u.steps, per_step, strict=True)
                 if s.kind == "function" and x
             )
-    runners = [by_step.get(u.name) or by_step[u.step_units[0].name] for u in compiled.units]
-    engines_here = set(device.engines) if device is not None else {"cpu"}
-    notes: list[str] = []
-    profiles: list[UnitProfile] = []
-    for u, r in zip(compiled.units, runners, strict=True):
-        got = samples[u.name]
-        if not got:
-            raise InfScalerError(
-                f"unit {u.name} never ran on the sample inputs (the fan-out made no items)",
-                hint="give inputs that produce items (--input NAME=FILE.npy / --image FILE)",
-            )
-        mem, origin = _memory_mb(u, instance_overhead_mb)
-        cores = max(1, int(u.threads)) if u.kind == "model" else 0
-        batch: dict[int, float] = {}
-        if u.kind == "model" and u.max_batch > 1 and u.name in seen:
-            batch = r.batch_ms(seen[u.name], u.max_batch)
-            if not batch:
-                notes.append(f"{u.name}: no batch profile (the input does not stack on axis 0)")
-        slower = 0.0
-        after_idle: tuple[tuple[float, float], ...] = ()
-        if u.kind == "model" and not u.steps and u.name in seen:
-            feeds = {u.in_map[x]: seen[u.name][x] for x in u.inputs}
-            if corun:
-                slower = profiler.measure_corun(u.path, feeds, threads=cores)
-            if idle:
-                after_idle = profiler.measure_idle(u.path, feeds, threads=cores)
-        engines = {
-            "cpu": EngineProfile(
-                "cpu",
-                float(np.mean(got)),
-                samples_ms=tuple(got),
-                batch_ms=batch,
-                memory_mb=mem if not u.fan_in else 0.0,
-                cores=cores,
-                corun=slower,
-                idle=after_idle,
-            )
-        }
-        if u.kind == "model":
-            for e in ("gpu", "dla"):
-                ms = _plan_ms(u, e)
-                if ms is None:
-                    continue
-                if e not in engines_here:
-                    notes.append(f"{u.name}: the plan has {e} {ms:g} ms, the device has no {e}")
-                    continue
-                extra = fn_ms.get(u.name, 0.0)  # its function steps run on the cpu
-                engines[e] = EngineProfile(e, ms + extra, memory_mb=mem)
-                notes.append(
-                    f"{u.name}: {e} from the plan's measured {ms:g} ms (deterministic)"
-                    + (f" + its function steps' {extra:.3g} ms on the cpu" if extra else "")
-                )
-        if u.kind == "model" and origin != "plan estimate":
-            notes.append(f"{u.name}: memory from the {origin} + instance overhead")
-        profiles.append(
-            UnitProfile(
-                name=u.name,
-                engines=engines,
-                kind=u.kind,
-                fan_out=u.fan_out,
-                items=tuple(counts) if u.fan_out and counts else (1,),
-                fan_in=u.fan_in,
-                served=not u.fan_in,
-                bottleneck=u.bottleneck,
-                min_instances=max(1, int(u.instances)),
-                max_instances=u.max_instances,
-                max_batch=max(1, int(u.max_batch)),
-            )
+    return fn_ms
+
+
+def _unit_profile(
+    u: Any,
+    r: _Runner,
+    runs: _Timed,
+    fn_ms: Mapping[str, float],
+    engines_here: set[str],
+    notes: list[str],
+    overhead_mb: float,
+    corun: bool,
+    idle: bool,
+) -> UnitProfile:
+    """Unit ``u``'s profile from its samples (its cpu engine; on a model unit, batch
+    latencies when it batches, the co-running and idle slowdowns when asked, and the
+    plan's other engines, :func:`_plan_engines`); ``notes`` gets what a reader should
+    know.
+
+    Raises:
+        InfScalerError: the unit never ran (the fan-out made no items).
+    """
+    got = runs.samples[u.name]
+    if not got:
+        raise InfScalerError(
+            f"unit {u.name} never ran on the sample inputs (the fan-out made no items)",
+            hint="give inputs that produce items (--input NAME=FILE.npy / --image FILE)",
         )
-    return PipelineProfile(
-        name=compiled.name,
-        units=tuple(profiles),
-        samples_ms=samples,
-        items=tuple(counts),
-        requests=len(batches) * repeats,
-        host=f"{platform.node()} {platform.machine()} (in-process, onnxruntime CPU)",
-        notes=tuple(notes),
-        step_ms=step_ms,
-        model_shapes=fed,
+    mem, origin = _memory_mb(u, overhead_mb)
+    cores = max(1, int(u.threads)) if u.kind == "model" else 0
+    batch: dict[int, float] = {}
+    if u.kind == "model" and u.max_batch > 1 and u.name in runs.seen:
+        batch = r.batch_ms(runs.seen[u.name], u.max_batch)
+        if not batch:
+            notes.append(f"{u.name}: no batch profile (the input does not stack on axis 0)")
+    slower = 0.0
+    after_idle: tuple[tuple[float, float], ...] = ()
+    if u.kind == "model" and not u.steps and u.name in runs.seen:
+        feeds = {u.in_map[x]: runs.seen[u.name][x] for x in u.inputs}
+        if corun:
+            slower = profiler.measure_corun(u.path, feeds, threads=cores)
+        if idle:
+            after_idle = profiler.measure_idle(u.path, feeds, threads=cores)
+    engines = {
+        "cpu": EngineProfile(
+            "cpu",
+            float(np.mean(got)),
+            samples_ms=tuple(got),
+            batch_ms=batch,
+            memory_mb=mem if not u.fan_in else 0.0,
+            cores=cores,
+            corun=slower,
+            idle=after_idle,
+        )
+    }
+    if u.kind == "model":
+        engines.update(_plan_engines(u, mem, fn_ms, engines_here, notes))
+    if u.kind == "model" and origin != "plan estimate":
+        notes.append(f"{u.name}: memory from the {origin} + instance overhead")
+    return UnitProfile(
+        name=u.name,
+        engines=engines,
+        kind=u.kind,
+        fan_out=u.fan_out,
+        items=tuple(runs.counts) if u.fan_out and runs.counts else (1,),
+        fan_in=u.fan_in,
+        served=not u.fan_in,
+        bottleneck=u.bottleneck,
+        min_instances=max(1, int(u.instances)),
+        max_instances=u.max_instances,
+        max_batch=max(1, int(u.max_batch)),
     )
+
+
+def _plan_engines(
+    u: Any, mem: float, fn_ms: Mapping[str, float], engines_here: set[str], notes: list[str]
+) -> dict[str, EngineProfile]:
+    """Model unit ``u``'s ``gpu`` / ``dla`` options from the plan's measured latency
+    (:func:`_plan_ms`) where the device has the engine, its fused function steps' cpu
+    time added; ``notes`` says which and why one is left out."""
+    engines: dict[str, EngineProfile] = {}
+    for e in ("gpu", "dla"):
+        ms = _plan_ms(u, e)
+        if ms is None:
+            continue
+        if e not in engines_here:
+            notes.append(f"{u.name}: the plan has {e} {ms:g} ms, the device has no {e}")
+            continue
+        extra = fn_ms.get(u.name, 0.0)  # its function steps run on the cpu
+        engines[e] = EngineProfile(e, ms + extra, memory_mb=mem)
+        notes.append(
+            f"{u.name}: {e} from the plan's measured {ms:g} ms (deterministic)"
+            + (f" + its function steps' {extra:.3g} ms on the cpu" if extra else "")
+        )
+    return engines

@@ -159,7 +159,7 @@ def test_an_edited_function_module_plans_again(
 
     from infscaler.base.config import load_pipeline
     from infscaler.base.device import load_profile
-    from infscaler.runtime.planning.autoplan import _decision_path, _function_key
+    from infscaler.runtime.planning.decisions import decision_path, function_key
 
     mod = tmp_path / "mods" / "isc_prepost_probe.py"
     mod.parent.mkdir()
@@ -183,7 +183,7 @@ def test_an_edited_function_module_plans_again(
     dev = load_profile("cpu-host")
 
     def key(allowed=None) -> Path:
-        return _decision_path(cfg, dev, tmp_path / "s", None, ("eq1",), None, allowed)
+        return decision_path(cfg, dev, tmp_path / "s", None, ("eq1",), None, allowed)
 
     before = key()
     assert "isc_prepost_probe" not in sys.modules  # located, never run
@@ -192,8 +192,8 @@ def test_an_edited_function_module_plans_again(
     st = mod.stat()
     os.utime(mod, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert key() != before
-    assert _function_key("isc_prepost_probe:pre", ["other"]).endswith("|?")
-    assert _function_key("no_such_module_here:f", None) == "no_such_module_here:f|?"
+    assert function_key("isc_prepost_probe:pre", ["other"]).endswith("|?")
+    assert function_key("no_such_module_here:f", None) == "no_such_module_here:f|?"
 
 
 def test_a_replan_passes_the_configuration_planned_before(

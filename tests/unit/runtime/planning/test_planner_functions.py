@@ -9,13 +9,8 @@ from __future__ import annotations
 import pytest
 
 from infscaler.base.config import load_pipeline
-from infscaler.runtime.planning.autoplan import (
-    PlannerInputs,
-    _whole,
-    base_latency_ms,
-    needs_planning,
-    stage_order,
-)
+from infscaler.runtime.planning.autoplan import needs_planning, stage_order
+from infscaler.runtime.planning.inputs import PlannerInputs, _whole, base_latency_ms
 from infscaler.runtime.planning.planner import (
     ModelStage,
     arrival_rates,
@@ -203,7 +198,7 @@ def _two_models():
 
 
 def test_whole_profiles_sum_the_units_per_request_at_each_measured_thread_count():
-    from infscaler.runtime.planning.autoplan import whole_profiles
+    from infscaler.runtime.planning.inputs import whole_profiles
 
     det, rec = _two_models()
     got = whole_profiles([det, rec, fan_in(1.0)], "prep>det>crops>rec>merge")
@@ -234,7 +229,7 @@ def test_whole_profiles_sum_the_units_per_request_at_each_measured_thread_count(
 
 
 def test_search_scores_the_whole_unit_and_grows_its_instances():
-    from infscaler.runtime.planning.autoplan import whole_profiles
+    from infscaler.runtime.planning.inputs import whole_profiles
 
     det, rec = _two_models()
     stages = [det, rec, fan_in(1.0)]
@@ -261,7 +256,7 @@ def test_search_scores_the_whole_unit_and_grows_its_instances():
 
 
 def test_a_memory_cap_only_the_whole_unit_fits_makes_it_the_winner():
-    from infscaler.runtime.planning.autoplan import whole_profiles
+    from infscaler.runtime.planning.inputs import whole_profiles
 
     # staged, one instance per unit needs 51 + 47 = 98 MB; the whole unit 53 MB: with a
     # 60 MB cap only the whole unit (one instance) fits
@@ -276,7 +271,7 @@ def test_a_memory_cap_only_the_whole_unit_fits_makes_it_the_winner():
 
 
 def test_a_tie_goes_to_fewer_units_before_less_memory():
-    from infscaler.runtime.planning.autoplan import whole_profiles
+    from infscaler.runtime.planning.inputs import whole_profiles
 
     # det 10 ms + rec 4 ms per request, no fan-out, an SLO wide enough for the capacity
     # to decide: staged det + rec (one instance each, 2 units, less memory) and the whole
@@ -367,7 +362,7 @@ def test_frontend_profile_is_the_front_end_the_search_scores() -> None:
 
 
 def test_idle_slowdown_reaches_the_units_and_the_whole_pipeline():
-    from infscaler.runtime.planning.autoplan import whole_profiles
+    from infscaler.runtime.planning.inputs import whole_profiles
 
     # a stage's idle points go to each of its units at that thread count (its partitions
     # at the same factor); the whole pipeline's are the stages' factors weighted by their

@@ -117,7 +117,7 @@ def test_the_planner_plans_with_the_kept_curve(model: Path):
 def test_a_newly_kept_curve_plans_again_a_rekept_one_does_not(model: Path, tmp_path: Path):
     from infscaler.base.config import load_pipeline
     from infscaler.base.device import load_profile
-    from infscaler.runtime.planning.autoplan import _decision_path
+    from infscaler.runtime.planning.decisions import decision_path
 
     cfg = load_pipeline(
         {
@@ -130,7 +130,7 @@ def test_a_newly_kept_curve_plans_again_a_rekept_one_does_not(model: Path, tmp_p
     dev = load_profile("cpu-host")
 
     def key() -> Path:
-        return _decision_path(cfg, dev, tmp_path / "s", None, ("eq1",), None)
+        return decision_path(cfg, dev, tmp_path / "s", None, ("eq1",), None)
 
     before = key()
     save_curve(model, 1, None, PTS, items=40)
@@ -140,7 +140,7 @@ def test_a_newly_kept_curve_plans_again_a_rekept_one_does_not(model: Path, tmp_p
     assert key() == after
     save_curve(model, 1, None, ((0.06, 1.2), (0.3, 2.5)), items=80)  # moved
     assert key() != after
-    assert _decision_path(cfg, dev, tmp_path / "s", None, ("eq1",), 0) == before  # PM QoS: none
+    assert decision_path(cfg, dev, tmp_path / "s", None, ("eq1",), 0) == before  # PM QoS: none
 
 
 def test_a_count_with_no_curve_plans_with_the_nearest_kept_one(model: Path):

@@ -1,0 +1,457 @@
+"""What the deploy-time planner's configuration search takes, measured on this host.
+
+:func:`planner_inputs` builds it (:class:`PlannerInputs`). Each model stage is measured on
+this host (:func:`~infscaler.runtime.planning.stageprofile.measure_model_stage`, at
+:func:`planned_thread_counts`). With function stages
+the pipeline is compiled with its model stages whole and run in-process on a sample
+request (:func:`~infscaler.runtime.planning.unitprofile.profile_pipeline`), giving each
+function step's cpu ms per call and the fan-out's items per request. The sample request
+is the first function stage's ``sample`` hook's (a callable attribute of the function
+returning ``{input: array}``, like its ``warmup`` hook; the bundled ``dddd`` pipeline's
+gives a click-captcha image) when it has one, else
+:func:`~infscaler.runtime.planning.unitprofile.sample_inputs`'s (an RGB image input gets a
+rendered text image). The search's units are then the runtime's fused units
+(:func:`~infscaler.runtime.serving.pipeline.fuse_units`): a model stage carries the function
+steps fused before and after it (``ModelStage.pre_ms`` / ``post_ms``, on its first / last
+partition) and the fan-out's items when the fan-out step is fused after it
+(``ModelStage.items``); a model stage after the fan-out runs per item (the simulator
+routes items x the request rate to it); a function unit that fuses into no model is a
+fixed unit of its measured times (one instance: function stages deploy as written); the
+fan-in runs in the front end (one server, on the cpu). A model stage whose sample
+inputs did not all have its configured ``shapes`` (an input size that varies per
+request or item) is searched whole (K = 1: a partitioned plan is cut at fixed shapes),
+its times scaled to what it took on the sample.
+
+The whole pipeline in one unit (``fuse: whole``) is a candidate for a pipeline of at
+least two model stages that sets no stage's ``fuse`` nor the pipeline's ``fuse: false``
+(:mod:`infscaler.runtime.planning.autoplan`): :func:`whole_profiles` gives its time per
+request at each thread count every model was measured at (the sum
+:func:`base_latency_ms` takes, at that count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infscaler.base.config import validate_pipeline
+from infscaler.base.errors import InfScalerError
+from infscaler.base.models import MODELS, resolve_model
+from infscaler.partitioner.loader import parse_shapes
+from infscaler.partitioner.profiler import usable_cores
+from infscaler.runtime.planning.planner import ModelStage, arrival_rates
+from infscaler.runtime.planning.simulator import EngineProfile, UnitProfile
+from infscaler.runtime.planning.stageprofile import measure_model_stage
+from infscaler.runtime.scaling.idlecurve import curve_for
+
+__all__ = [
+    "PlannerInputs",
+    "base_latency_ms",
+    "planned_thread_counts",
+    "planner_inputs",
+    "whole_profiles",
+]
+
+#: Stage fields that hold the user's own K / threads / instances / batching choice: a
+#: model stage is searched with them dropped (``infscaler plan`` explores every K).
+_MODEL_CHOICES = ("partitions", "slo", "max_partitions", "threads", "max_threads", "instances",
+                  "max_instances", "batching")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PlannerInputs:
+    """What :func:`planner_inputs` measured, as :func:`~infscaler.runtime.planning.planner.search`
+    takes it.
+
+    Attributes:
+        stages: in pipeline order, a :class:`~infscaler.runtime.planning.planner.ModelStage` per
+            model stage (with its fused steps) and a fixed
+            :class:`~infscaler.runtime.planning.simulator.UnitProfile` per function unit that
+            fuses into no model (the fan-in among them).
+        model_index: per ModelStage in ``stages``, the index of its stage in the
+            pipeline's ``stages``.
+        paths / shapes: per ModelStage, its ONNX file and shapes (``x:1x3x224x224``).
+        base_ms: the pipeline's 1-thread latency per request, ms: every unit's time at 1
+            thread (fused steps included) x its items per request; the reference of a
+            factor SLO (``3x``).
+        notes: what a reader should know (stages searched whole and why).
+        whole: the whole pipeline as one unit (:func:`whole_profiles`), threads -> its
+            profile; empty when it is not a candidate (see the module docstring).
+    """
+
+    stages: tuple[ModelStage | UnitProfile, ...]
+    model_index: tuple[int, ...]
+    paths: tuple[Path, ...]
+    shapes: tuple[str | None, ...]
+    base_ms: float
+    notes: tuple[str, ...] = ()
+    whole: Mapping[int, UnitProfile] = field(default_factory=dict)
+
+
+def _whole(cfg: Any) -> Any:
+    """``cfg`` with its model stages whole and the user's choices of K, threads,
+    instances and batching dropped (function stages as written: their fields set decide
+    whether they fuse; ``fuse: whole`` searched as ``fuse: true``)."""
+    data = cfg.model_dump(exclude_none=True)
+    if cfg.fuse == "whole":  # searched staged too: the whole unit is one candidate
+        data["fuse"] = True
+    for k, st in enumerate(cfg.stages):
+        sd = st.model_dump(exclude_unset=True, exclude_none=True)
+        if st.kind == "model":
+            for f in _MODEL_CHOICES:
+                sd.pop(f, None)
+        data["stages"][k] = sd
+    return validate_pipeline(data, f"pipeline {cfg.name}")
+
+
+def planned_thread_counts() -> list[int]:
+    """The intra-op thread counts :func:`planner_inputs` asks each model to be measured
+    at: 1, 2 and this host's usable cores (:func:`measure_model_stage` skips those above
+    the cores); the decision key
+    (:func:`~infscaler.runtime.planning.decisions.decision_path`) reads the kept idle
+    curves at the same counts."""
+    return sorted({1, 2, usable_cores()})
+
+
+def planner_inputs(
+    cfg: Any,
+    *,
+    device: Any = None,
+    state_dir: Path | None = None,
+    allowed_functions: Sequence[str] | None = None,
+    repeats: int = 5,
+    progress: Callable[[str], None] = lambda _m: None,
+    wake_latency_us: int | None = None,
+) -> PlannerInputs:
+    """Measure ``cfg``'s stages on this host for the search (see the module docstring).
+
+    Args:
+        cfg: a PipelineConfig whose model stages name ONNX models (``model``); the
+            stages' own K / threads / instances are ignored (searched).
+        device: its DeviceProfile (for compiling; cpu is what is measured).
+        state_dir: where compiling keeps plans (none are made: models run whole).
+        allowed_functions: the modules function stages may come from (None: any), as
+            at deploy (:func:`infscaler.runtime.serving.pipeline.load_function`): their code runs
+            in this process on the sample request.
+        repeats: timed runs per measurement.
+        wake_latency_us: the PM QoS CPU latency limit the service holds (None: none):
+            selects the idle slowdown a model served under the same setting
+            (:func:`infscaler.runtime.scaling.idlecurve.load_curve`), planned with where kept.
+
+    Raises:
+        InfScalerError: a stage given as a plan directory (the search measures whole
+            ONNX models), no model stage, a function failing on the sample request, or
+            a fan-out that made no items on it (the message says which).
+    """
+    run = _Gathering(
+        cfg, device, state_dir, allowed_functions, repeats, progress, wake_latency_us,
+        planned_thread_counts(),
+    )  # fmt: skip
+    _check_searchable(cfg)
+    if not any(st.kind == "function" for st in cfg.stages):
+        return _models_only(run)
+    return _with_functions(run)
+
+
+def _check_searchable(cfg: Any) -> None:
+    """Raise when ``cfg`` has a model stage given as a plan directory, or no model stage
+    (:func:`planner_inputs`' first two errors)."""
+    for st in cfg.stages:
+        if st.kind == "model" and st.model is None:
+            raise InfScalerError(
+                f"stage {st.name} is a plan directory: the configuration search takes "
+                "model stages that name an ONNX model",
+                hint="name the model (`model: FILE.onnx` or a bundled alias) instead of `plan`",
+            )
+    if not any(st.kind == "model" for st in cfg.stages):
+        raise InfScalerError(
+            f"pipeline {cfg.name} has no model stage: there is nothing to search",
+            hint="plan its instances with `infscaler plan PIPELINE --rate R --slo X`; "
+            "deployed, it runs as written",
+        )
+
+
+def _shapes_of(st: Any) -> str | None:
+    """A model stage's input shapes: its own, else its bundled model's (None: none)."""
+    return st.shapes if st.shapes is not None else getattr(MODELS.get(st.model), "shapes", None)
+
+
+@dataclass(frozen=True)
+class _Gathering:
+    """One :func:`planner_inputs` call: its arguments and the thread counts every model
+    is measured at (:func:`~infscaler.runtime.planning.stageprofile.planned_thread_counts`),
+    shared by its steps."""
+
+    cfg: Any
+    device: Any
+    state_dir: Path | None
+    allowed_functions: Sequence[str] | None
+    repeats: int
+    progress: Callable[[str], None]
+    wake_latency_us: int | None
+    threads: list[int]
+
+    def measure(self, st: Any) -> tuple[ModelStage, Path, str | None]:
+        """Model stage ``st`` measured whole (:func:`measure_model_stage`, with the idle
+        slowdown it served under :attr:`wake_latency_us`), its ONNX file and shapes."""
+        path = resolve_model(st.model)
+        shp = _shapes_of(st)
+        ms = measure_model_stage(
+            path,
+            name=st.name,
+            shapes=shp,
+            threads=self.threads,
+            repeats=self.repeats,
+            progress=self.progress,
+            learned_idle=lambda t: curve_for(path, t, self.wake_latency_us, tuple(self.threads)),
+        )
+        return ms, path, shp
+
+    def whole(self, stages: Sequence[ModelStage | UnitProfile]) -> dict[int, UnitProfile]:
+        """The whole pipeline as one unit (:func:`whole_profiles`) when it is a candidate:
+        at least two model stages, the pipeline fused (``fuse`` true or ``whole``) and no
+        stage setting its own ``fuse``; else empty."""
+        cfg = self.cfg
+        offer_whole = (
+            cfg.fuse in (True, "whole")
+            and sum(st.kind == "model" for st in cfg.stages) >= 2
+            and all(st.fuse is None for st in cfg.stages)
+        )
+        whole_name = ">".join(st.name for st in cfg.stages)
+        return whole_profiles(stages, whole_name) if offer_whole else {}
+
+
+def _models_only(run: _Gathering) -> PlannerInputs:
+    """The inputs of a pipeline of model stages only: each measured whole, in turn."""
+    got = [run.measure(st) for st in run.cfg.stages]
+    models = [g[0] for g in got]
+    return PlannerInputs(
+        stages=tuple(models),
+        model_index=tuple(range(len(got))),
+        paths=tuple(g[1] for g in got),
+        shapes=tuple(g[2] for g in got),
+        base_ms=sum(g[0].whole_ms[1] for g in got),
+        whole=run.whole(models),
+    )
+
+
+def _with_functions(run: _Gathering) -> PlannerInputs:
+    """The inputs of a pipeline with function stages: it is compiled with its model stages
+    whole (:func:`_whole`) and run in-process on a sample request (:func:`_sample_request`,
+    else made up); its runtime units are the search's (see the module docstring)."""
+    # why: compiling and profiling load the function modules and onnxruntime sessions;
+    # a pipeline of model stages only never needs them
+    from infscaler.runtime.planning.unitprofile import profile_pipeline, sample_inputs
+    from infscaler.runtime.serving.pipeline import compile_pipeline
+
+    cfg = run.cfg
+    whole = _whole(cfg)
+    run.progress(f"{cfg.name}: running the pipeline in-process on a sample request")
+    compiled = compile_pipeline(
+        whole, state_dir=run.state_dir, device=run.device, allowed_functions=run.allowed_functions
+    )
+    notes: list[str] = []
+    feeds = _sample_request(run, whole, notes)
+    try:
+        if feeds is None:
+            feeds = sample_inputs(compiled)
+        prof = profile_pipeline(compiled, feeds, repeats=run.repeats)
+    except Exception as exc:  # noqa: BLE001 - the function's own error, said once
+        msg = exc.message if isinstance(exc, InfScalerError) else f"{type(exc).__name__}: {exc}"
+        raise InfScalerError(
+            f"pipeline {cfg.name}: the planner could not run it on a sample request "
+            f"(to time its function stages): {msg}",
+            hint="set the model stages' partitions / instances to deploy it as written, "
+            "or serve with --objective eq1",
+        ) from None
+    by_name = {st.name: (k, st) for k, st in enumerate(cfg.stages)}
+    stages: list[ModelStage | UnitProfile] = []
+    index: list[int] = []
+    paths: list[Path] = []
+    shapes: list[str | None] = []
+    for u, up in zip(compiled.units, prof.units, strict=True):
+        if u.kind != "model":
+            # a function unit fused into no model (the fan-in among them): as measured,
+            # one instance (function stages deploy as written)
+            stages.append(dataclasses.replace(up, max_instances=1) if up.served else up)
+            continue
+        k, ms, path, shp = _fused_model_stage(run, u, prof, by_name, notes)
+        stages.append(ms)
+        index.append(k)
+        paths.append(path)
+        shapes.append(shp)
+    return PlannerInputs(
+        stages=tuple(stages),
+        model_index=tuple(index),
+        paths=tuple(paths),
+        shapes=tuple(shapes),
+        base_ms=base_latency_ms(stages),
+        notes=tuple(notes),
+        whole=run.whole(stages),
+    )
+
+
+def _sample_request(run: _Gathering, whole: Any, notes: list[str]) -> dict[str, Any] | None:
+    """The request of the first function stage of ``whole`` that has a ``sample`` hook
+    (None: none has one, or its hook failed: then a note says so)."""
+    from infscaler.runtime.serving.pipeline import load_function
+
+    feeds = None
+    for st in whole.stages:  # the first function stage's sample hook, if it has one
+        hook = getattr(load_function(st.function, run.allowed_functions), "sample", None) if (
+            st.kind == "function"
+        ) else None  # fmt: skip
+        if not callable(hook):
+            continue
+        try:
+            feeds = dict(hook())
+            run.progress(f"{run.cfg.name}: the sample request of {st.function}.sample")
+        except Exception as exc:  # noqa: BLE001 - e.g. an optional dependency missing
+            notes.append(f"{st.name}: its sample hook failed ({exc}); a made-up request instead")
+        break
+    return feeds
+
+
+def _fused_model_stage(
+    run: _Gathering,
+    u: Any,
+    prof: Any,
+    by_name: Mapping[str, tuple[int, Any]],
+    notes: list[str],
+) -> tuple[int, ModelStage, Path, str | None]:
+    """Runtime unit ``u`` around a model stage as the search's :class:`ModelStage`: the
+    model measured whole, with the function steps fused before / after it
+    (``pre_ms`` / ``post_ms``, from the sample's ``prof``) and the fan-out's items when
+    it fuses the fan-out; searched whole, its times scaled to the sample's, when the
+    sample did not feed it its shapes. Returns its index in the pipeline's stages, the
+    stage, its ONNX file and its shapes.
+
+    Raises:
+        InfScalerError: it fuses the fan-out and the fan-out recorded no item counts.
+    """
+    steps = u.step_units
+    m = next(i for i, s in enumerate(steps) if s.kind == "model")
+    pre = sum(prof.step_ms.get(s.name, 0.0) for s in steps[:m])
+    post = sum(prof.step_ms.get(s.name, 0.0) for s in steps[m + 1 :])
+    k, st = by_name[steps[m].stage]
+    ms, path, shp = run.measure(st)
+    fed = prof.model_shapes.get(steps[m].name, [])
+    want = {n: list(v) for n, v in parse_shapes(shp).items()} if shp else None
+    if want is None or fed != [want]:
+        ran = prof.step_ms.get(steps[m].name)
+        scale = ran / ms.whole_ms[1] if ran else 1.0
+        seen = "; ".join(
+            ", ".join(f"{n}:{'x'.join(map(str, d))}" for n, d in f.items()) for f in fed[:3]
+        )
+        notes.append(
+            f"{st.name}: searched whole (K = 1): the sample fed it {seen or 'nothing'}"
+            f"{'' if want is None else f', not its shapes {shp}'}; its times scaled "
+            f"x{scale:.3g} to the sample's {ran or 0:.3g} ms"
+        )  # fmt: skip
+        ms = dataclasses.replace(
+            ms,
+            valid_cuts=(),
+            whole_ms={t: v * scale for t, v in ms.whole_ms.items()},
+        )
+    items = tuple(prof.items) if u.fan_out else ()
+    if u.fan_out and not items:
+        raise InfScalerError(f"stage {st.name}: the fan-out recorded no item counts")
+    return k, dataclasses.replace(ms, pre_ms=pre, post_ms=post, items=items), path, shp
+
+
+def _units_at(stages: Sequence[ModelStage | UnitProfile], threads: int = 1) -> list[UnitProfile]:
+    """The units of ``stages`` with every model stage whole at ``threads`` threads."""
+    out: list[UnitProfile] = []
+    for s in stages:
+        out.extend(s.units((), threads) if isinstance(s, ModelStage) else [s])
+    return out
+
+
+def base_latency_ms(stages: Sequence[ModelStage | UnitProfile], threads: int = 1) -> float:
+    """A request's latency through ``stages`` with every model at ``threads`` intra-op
+    threads (default 1: the reference of a factor SLO), ms: each unit's mean time (a
+    model stage whole at that count, its measured ``whole_ms[threads]``, with its fused
+    steps) x its items per request (:func:`~infscaler.runtime.planning.planner.arrival_rates`).
+
+    E.g. a 5 ms step fused before a 10 ms model, then a 4 ms model per item with 3 items
+    per request and a 1 ms fan-in: 15 + 3 x 4 + 1 = 28 ms.
+
+    Raises:
+        KeyError: a model stage not measured at ``threads``."""
+    units = _units_at(stages, threads)
+    return sum(
+        r * u.fastest().mean_ms for r, u in zip(arrival_rates(units, 1.0), units, strict=True)
+    )
+
+
+def whole_profiles(
+    stages: Sequence[ModelStage | UnitProfile], name: str = "whole"
+) -> dict[int, UnitProfile]:
+    """The whole pipeline as one unit (``fuse: whole``), per intra-op thread count every
+    model stage was measured at (``whole_ms``'s keys; no count is extrapolated): the
+    planner's candidate "replicas of the whole pipeline".
+
+    Its cpu profile at ``t`` threads: the time per request is :func:`base_latency_ms` at
+    ``t`` (each unit's mean x its items per request, the fan-in included: it runs in the
+    unit); with a fan-out, one sample per measured item count n (the units outside the
+    fan-out once, the per-item ones n times), resampled by the simulator as the staged
+    units draw their items; without one, the mean with the largest ``cv`` of the model
+    stages at ``t`` (``cv_by_threads``). Memory: the model stages' (each whole: weights +
+    activations) plus one instance overhead (the largest of theirs), MB; ``cores`` =
+    ``t``; kind ``model``.
+
+    E.g. a 2 ms step fused before a 10 ms (1 thread) / 6 ms (2 threads) model that fans
+    out 1 or 3 items, a 4 / 3 ms model per item and a 1 ms fan-in: at 1 thread samples
+    (12 + 4 + 1, 12 + 12 + 1) = (17, 25) ms, at 2 threads (8 + 3 + 1, 8 + 9 + 1) =
+    (12, 18) ms.
+    """
+    models = [s for s in stages if isinstance(s, ModelStage)]
+    if not models:
+        return {}
+    counts = sorted(set.intersection(*(set(int(t) for t in m.whole_ms) for m in models)))
+    overhead = max(m.instance_overhead_mb for m in models)
+    memory = overhead + sum(
+        m.units((), 1)[0].engines["cpu"].memory_mb - m.instance_overhead_mb for m in models
+    )
+    out: dict[int, UnitProfile] = {}
+    for t in counts:
+        units = _units_at(stages, t)
+        fo = next((i for i, u in enumerate(units) if u.fan_out), None)
+        fi = next((i for i, u in enumerate(units) if u.fan_in), None)
+        per_item = [fo is not None and fi is not None and fo < i < fi for i in range(len(units))]
+        fixed = sum(u.fastest().mean_ms for u, p in zip(units, per_item, strict=True) if not p)
+        each = sum(u.fastest().mean_ms for u, p in zip(units, per_item, strict=True) if p)
+        mean = base_latency_ms(stages, t)
+        samples = tuple(fixed + n * each for n in units[fo].items) if fo is not None else ()
+        cv = 0.0 if samples else max(m.cv_by_threads.get(t, m.cv) for m in models)
+        corun = max(m.corun_by_threads.get(t, 0.0) for m in models)
+        prof = EngineProfile(
+            "cpu",
+            mean,
+            cv=cv,
+            samples_ms=samples,
+            memory_mb=memory,
+            cores=t,
+            corun=corun,
+            idle=_idle_of(models, t),
+        )
+        out[t] = UnitProfile(name, {"cpu": prof}, kind="model")
+    return out
+
+
+def _idle_of(models: Sequence[ModelStage], t: int) -> tuple[tuple[float, float], ...]:
+    """The whole pipeline's idle slowdown at ``t`` threads (``EngineProfile.idle``): at
+    each gap measured for every model stage, their factors weighted by their whole-model
+    times at ``t`` (every model run as if the host had sat idle before it: an upper
+    bound, since the first one wakes the cores for the rest); none when a stage has none."""
+    pts = [dict(m.idle_by_threads.get(t, ())) for m in models]
+    gaps = sorted(set.intersection(*(set(p) for p in pts))) if all(pts) else []
+    weights = [m.whole_ms.get(t, m.whole_ms[1]) for m in models]
+    total = math.fsum(weights)
+    return tuple(
+        (g, math.fsum(w * p[g] for w, p in zip(weights, pts, strict=True)) / total) for g in gaps
+    )
