@@ -94,7 +94,9 @@ policies import neither processes nor I/O.
   :mod:`~.planning.simulator` (what scores a candidate: the scaler run on a trace; its
   event loop in :mod:`~.planning.simloop`),
   :mod:`~.planning.arrivals` (arrival processes and the shipped traces),
-  :mod:`~.planning.autoplan` (planning at deploy time), :mod:`~.planning.stageprofile`,
+  :mod:`~.planning.autoplan` (planning at deploy time; one entry, ``plan_measured``,
+  for it and ``infscaler plan``; its inputs gathered in :mod:`~.planning.inputs`, its kept
+  decisions in :mod:`~.planning.decisions`), :mod:`~.planning.stageprofile`,
   :mod:`~.planning.unitprofile`, :mod:`~.planning.fleet`, :mod:`~.planning.livecheck` (a
   plan checked live), :mod:`~.planning.reference` (a pipeline run in-process, the check of
   served outputs).

@@ -793,6 +793,3 @@ def plan_fleet(
     if len(res.unplaced) > MAX_LISTED:
         err.print(f"... {len(res.unplaced) - MAX_LISTED} more not placed")
     return 0 if res.feasible else 1
-
-
-# -- the roll-out path and the probes ------------------------------------------------------

@@ -613,7 +613,7 @@ def render_captcha_image(
 
 def _sample_request() -> dict[str, np.ndarray]:
     """Sample hook (``fn.sample``): one request the deploy-time planner times the pipeline
-    on (:func:`infscaler.runtime.planning.autoplan.planner_inputs`): :func:`render_captcha_image`,
+    on (:func:`infscaler.runtime.planning.inputs.planner_inputs`): :func:`render_captcha_image`,
     a click-captcha with :data:`CAPTCHA_CHARS` (its fan-out's items per request are what
     a captcha has, not the dozens a page of text would give).
 
