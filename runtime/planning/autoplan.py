@@ -74,7 +74,8 @@ from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.loader import parse_shapes
 from infscaler.partitioner.profiler import usable_cores
 from infscaler.runtime.planning.livecheck import Expected, expected_from
-from infscaler.runtime.planning.planner import ModelStage, arrival_rates, cpu_cores, resource_cap
+from infscaler.runtime.planning.planner import ModelStage, cpu_cores, resource_cap
+from infscaler.runtime.planning.resources import arrival_rates
 from infscaler.runtime.planning.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.planning.stageprofile import measure_model_stage, search_measured
 from infscaler.runtime.scaling.idlecurve import curve_for, load_curve

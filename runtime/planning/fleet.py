@@ -57,7 +57,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infscaler.runtime.planning.planner import _busy_cores, _usage, plan, resource_cap
+from infscaler.runtime.planning.planner import plan, resource_cap
+from infscaler.runtime.planning.resources import _busy_cores, _usage
 from infscaler.runtime.planning.simulator import MAX_PER_UNIT, UnitProfile
 from infscaler.runtime.scaling.scaler import ResourceCap
 
