@@ -90,7 +90,11 @@ policies import neither processes nor I/O.
   setting; pure),
   :mod:`~.scaling.telemetry` (host CPU, memory, Jetson sensors), :mod:`~.scaling.wakepolicy` and :mod:`~.scaling.pmqos` (CPU wake
   latency), :mod:`~.scaling.idlecurve` (service time after idle).
-- :mod:`.planning`: :mod:`~.planning.planner` (the configuration search),
+- :mod:`.planning`: :mod:`~.planning.planner` (the configuration search: its candidates
+  in :mod:`~.planning.candidates`, scored by :mod:`~.planning.scoring`, ranked with ties by
+  :mod:`~.planning.ranking`, explained by :mod:`~.planning.explain`; the greedy
+  :func:`~.planning.planner.plan` in :mod:`~.planning.greedy`; load and cap arithmetic in
+  :mod:`~.planning.resources`),
   :mod:`~.planning.simulator` (what scores a candidate: the scaler run on a trace; its
   event loop in :mod:`~.planning.simloop`),
   :mod:`~.planning.arrivals` (arrival processes and the shipped traces),

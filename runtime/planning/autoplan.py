@@ -179,7 +179,7 @@ class MeasuredSearch:
         inputs: the pipeline as the search takes it
             (:func:`~infscaler.runtime.planning.inputs.planner_inputs`).
         slo_ms: the SLO searched for, ms (a factor resolved against ``inputs.base_ms``).
-        outcome: the search's :class:`~infscaler.runtime.planning.planner.SearchOutcome`.
+        outcome: the search's :class:`~infscaler.runtime.planning.explain.SearchOutcome`.
         stages: ``inputs.stages`` with the partitions the search measured
             (:func:`~infscaler.runtime.planning.stageprofile.search_measured`).
     """
@@ -446,7 +446,7 @@ START_WITH_ENV = "INFSCALER_TEST_START_WITH"
 
 def runner_up(outcome: Any) -> Any:
     """The best-ranked candidate after the winner that fits, answers requests within the
-    SLO and is another configuration (its :meth:`~infscaler.runtime.planning.planner.Candidate.
+    SLO and is another configuration (its :meth:`~infscaler.runtime.planning.candidates.Candidate.
     identity`); preferring the search's finalists (scored on the long trace). None when
     there is none."""
     best = outcome.best

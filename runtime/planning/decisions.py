@@ -77,7 +77,7 @@ _DECISION_DIGEST = 16
 
 
 def planned_before(kept: Path, name: str) -> list[Any] | None:
-    """The configuration (:meth:`~infscaler.runtime.planning.planner.Candidate.identity`) of the
+    """The configuration (:meth:`~infscaler.runtime.planning.candidates.Candidate.identity`) of the
     most recent other decision kept for pipeline ``name`` (another key: a model file,
     a curve or the device changed), for :func:`~infscaler.runtime.planning.planner.search`'s
     ``incumbent``; None when there is none or it is unreadable."""

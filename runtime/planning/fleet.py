@@ -57,7 +57,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infscaler.runtime.planning.planner import _busy_cores, _usage, plan, resource_cap
+from infscaler.runtime.planning.planner import plan, resource_cap
+from infscaler.runtime.planning.resources import _busy_cores, _usage
 from infscaler.runtime.planning.simulator import MAX_PER_UNIT, UnitProfile
 from infscaler.runtime.scaling.types import ResourceCap
 
@@ -447,6 +448,30 @@ def place(
     free: dict[str, list[FleetNode]] = {d: [] for d in devices}
     for n in reversed(nodes):
         free[n.device].append(n)  # pop() takes them in the order given
+    order, unplaced = _order(streams, devices, curves)
+    opened = _pack(order, devices, free, curves, pool_mb, unplaced, len(nodes))
+    for o in opened:
+        o.assign.used = tuple(round(u, 4) for u in o.used)
+    placed = [s for s in streams if s.name not in unplaced]
+    lb, by = lower_bound(placed, devices, curves, {n.device: n.cap for n in nodes}, pool_mb)
+    return Placement(
+        nodes=[o.assign for o in opened],
+        unplaced=unplaced,
+        lower_bound=lb,
+        bound_by=by,
+        curves=dict(curves),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _order(
+    streams: Sequence[Stream],
+    devices: Sequence[str],
+    curves: Mapping[tuple[str, float, str], CapacityCurve],
+) -> tuple[list[Stream], dict[str, str]]:
+    """``(the streams to place, largest first, why each of the others is not placed)``:
+    a stream's size is its rate / R* on the best device type for it; one whose rate is
+    not a positive number, or above what one node of any type serves, is not placed."""
     unplaced: dict[str, str] = {}
     best_rate: dict[tuple[str, float], float] = {}
     for s in streams:
@@ -474,6 +499,21 @@ def place(
         else:
             order.append(s)
     order.sort(key=lambda s: (-s.rate / best_rate[s.key], s.name))
+    return order, unplaced
+
+
+def _pack(
+    order: Sequence[Stream],
+    devices: Sequence[str],
+    free: dict[str, list[FleetNode]],
+    curves: Mapping[tuple[str, float, str], CapacityCurve],
+    pool_mb: float,
+    unplaced: dict[str, str],
+    n_nodes: int,
+) -> list[_Open]:
+    """First-fit decreasing: each stream of ``order`` to the first open node with
+    headroom for it, else to a node opened from ``free`` (:func:`_open_node`); the nodes
+    opened, in the order opened. A stream no free node can take goes to ``unplaced``."""
     # smallest rate still to place per key (streams are placed largest first)
     remaining_min: dict[tuple[str, float], list[float]] = {}
     for s in reversed(order):
@@ -485,70 +525,95 @@ def place(
         mins = remaining_min[key]
         mins.pop()  # ascending: this stream, the largest of its key left, is the last
         smallest = mins[0] if mins else 0.0
-        target = None
         cands = candidates.get(key)
         if cands is None:
             cands = list(opened)  # a key seen first: every node opened so far
-        keep: list[_Open] = []
-        for i, o in enumerate(cands):
-            curve = curves[(key[0], key[1], o.node.device)]
-            room = _headroom(o, key, curve)
-            if target is None and room >= s.rate - 1e-9:
-                target = o
-                keep.extend(cands[i:])
-                break
-            if room >= smallest - 1e-9 and smallest > 0:
-                keep.append(o)
+        target, keep = _first_fit(cands, s, smallest, curves)
         candidates[key] = keep
         if target is None:
-            # open the free node type with the highest R* for this key that can take it
-            types = sorted(
-                (d for d in devices if free[d]),
-                key=lambda d: -curves[(key[0], key[1], d)].max_rate,
-            )
-            for d in types:
-                o = _Open(free[d][-1], pool_mb)
-                curve = curves[(key[0], key[1], d)]
-                if _headroom(o, key, curve) >= s.rate - 1e-9:
-                    free[d].pop()
-                    opened.append(o)
-                    target = o
-                    # a new node is a candidate for every key (added lazily below)
-                    for k2, lst in candidates.items():
-                        if k2 != key:
-                            lst.append(o)
-                    keep.append(o)
-                    break
+            target = _open_node(s, devices, free, curves, pool_mb)
+            if target is not None:
+                opened.append(target)
+                # a new node is a candidate for every key (added lazily below)
+                for k2, lst in candidates.items():
+                    if k2 != key:
+                        lst.append(target)
+                keep.append(target)
         if target is None:
             unplaced[s.name] = (
                 f"no free node can take {s.rate:g} requests/s of {s.pipeline} "
-                f"(all {len(nodes)} nodes are used or too small)"
+                f"(all {n_nodes} nodes are used or too small)"
             )
             continue
-        a = target.assign
-        curve = curves[(key[0], key[1], target.node.device)]
-        old = a.levels.get(key)
-        rate = a.rates.get(key, 0.0) + s.rate
-        lvl = curve.level(rate)
-        assert lvl is not None
-        if old is not None:
-            target.used = [u - v for u, v in zip(target.used, curve.vectors[old], strict=True)]
-        target.used = [u + v for u, v in zip(target.used, curve.vectors[lvl], strict=True)]
-        a.rates[key] = rate
-        a.levels[key] = lvl
-        a.streams.setdefault(key, []).append(s.name)
-    for o in opened:
-        o.assign.used = tuple(round(u, 4) for u in o.used)
-    placed = [s for s in streams if s.name not in unplaced]
-    lb, by = lower_bound(placed, devices, curves, {n.device: n.cap for n in nodes}, pool_mb)
-    return Placement(
-        nodes=[o.assign for o in opened],
-        unplaced=unplaced,
-        lower_bound=lb,
-        bound_by=by,
-        curves=dict(curves),
-        seconds=time.perf_counter() - t0,
+        _assign(target, s, curves)
+    return opened
+
+
+def _first_fit(
+    cands: list[_Open],
+    s: Stream,
+    smallest: float,
+    curves: Mapping[tuple[str, float, str], CapacityCurve],
+) -> tuple[_Open | None, list[_Open]]:
+    """``(the first of cands with headroom for s, or None; the candidates to keep for
+    s's key)``: those from the target on, and before it those with headroom for the
+    smallest rate of the key still to place (``smallest``; 0: none left)."""
+    key = s.key
+    target = None
+    keep: list[_Open] = []
+    for i, o in enumerate(cands):
+        curve = curves[(key[0], key[1], o.node.device)]
+        room = _headroom(o, key, curve)
+        if target is None and room >= s.rate - 1e-9:
+            target = o
+            keep.extend(cands[i:])
+            break
+        if room >= smallest - 1e-9 and smallest > 0:
+            keep.append(o)
+    return target, keep
+
+
+def _open_node(
+    s: Stream,
+    devices: Sequence[str],
+    free: dict[str, list[FleetNode]],
+    curves: Mapping[tuple[str, float, str], CapacityCurve],
+    pool_mb: float,
+) -> _Open | None:
+    """Open the free node type with the highest R* for ``s``'s key that can take it
+    (taken from ``free``), or None."""
+    key = s.key
+    types = sorted(
+        (d for d in devices if free[d]),
+        key=lambda d: -curves[(key[0], key[1], d)].max_rate,
     )
+    for d in types:
+        o = _Open(free[d][-1], pool_mb)
+        curve = curves[(key[0], key[1], d)]
+        if _headroom(o, key, curve) >= s.rate - 1e-9:
+            free[d].pop()
+            return o
+    return None
+
+
+def _assign(
+    target: _Open, s: Stream, curves: Mapping[tuple[str, float, str], CapacityCurve]
+) -> None:
+    """Add ``s`` to node ``target``: its key's rate, the ladder level for it and the
+    node's use (the old level's vector out, the new one's in)."""
+    key = s.key
+    a = target.assign
+    curve = curves[(key[0], key[1], target.node.device)]
+    old = a.levels.get(key)
+    rate = a.rates.get(key, 0.0) + s.rate
+    lvl = curve.level(rate)
+    assert lvl is not None
+    if old is not None:
+        target.used = [u - v for u, v in zip(target.used, curve.vectors[old], strict=True)]
+    target.used = [u + v for u, v in zip(target.used, curve.vectors[lvl], strict=True)]
+    a.rates[key] = rate
+    a.levels[key] = lvl
+    a.streams.setdefault(key, []).append(s.name)
 
 
 def lower_bound(

@@ -43,7 +43,8 @@ from infscaler.base.errors import InfScalerError
 from infscaler.base.models import MODELS, resolve_model
 from infscaler.partitioner.loader import parse_shapes
 from infscaler.partitioner.profiler import usable_cores
-from infscaler.runtime.planning.planner import ModelStage, arrival_rates
+from infscaler.runtime.planning.planner import ModelStage
+from infscaler.runtime.planning.resources import arrival_rates
 from infscaler.runtime.planning.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.planning.stageprofile import measure_model_stage
 from infscaler.runtime.scaling.idlecurve import curve_for
@@ -375,7 +376,7 @@ def base_latency_ms(stages: Sequence[ModelStage | UnitProfile], threads: int = 1
     """A request's latency through ``stages`` with every model at ``threads`` intra-op
     threads (default 1: the reference of a factor SLO), ms: each unit's mean time (a
     model stage whole at that count, its measured ``whole_ms[threads]``, with its fused
-    steps) x its items per request (:func:`~infscaler.runtime.planning.planner.arrival_rates`).
+    steps) x its items per request (:func:`~infscaler.runtime.planning.resources.arrival_rates`).
 
     E.g. a 5 ms step fused before a 10 ms model, then a 4 ms model per item with 3 items
     per request and a 1 ms fan-in: 15 + 3 x 4 + 1 = 28 ms.

@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infscaler.runtime.planning.planner import arrival_rates
+from infscaler.runtime.planning.resources import arrival_rates
 
 __all__ = [
     "Expected",
@@ -72,7 +72,7 @@ class Expected:
     """What the planner predicted for one configuration.
 
     Attributes:
-        label: the configuration in words (:meth:`~infscaler.runtime.planning.planner.Candidate.label`).
+        label: the configuration in words (:meth:`~infscaler.runtime.planning.candidates.Candidate.label`).
         unit_ms: per served unit, predicted ms per item on one instance.
         instances: per served unit, the instances planned.
         items: per served unit, items per request (1 but after a fan-out).
@@ -321,7 +321,7 @@ def check(
 
 
 def expected_from(candidate: Any, err: float = 0.0) -> Expected:
-    """An :class:`Expected` from a :class:`~infscaler.runtime.planning.planner.Candidate`: its
+    """An :class:`Expected` from a :class:`~infscaler.runtime.planning.candidates.Candidate`: its
     served units' mean ms per item on one instance (the cpu profile, else the fastest
     engine's), their instances and items per request, and its goodput."""
     per_req = arrival_rates(candidate.units, 1.0)

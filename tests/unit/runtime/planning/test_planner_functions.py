@@ -11,12 +11,8 @@ import pytest
 from infscaler.base.config import load_pipeline
 from infscaler.runtime.planning.autoplan import needs_planning, stage_order
 from infscaler.runtime.planning.inputs import PlannerInputs, _whole, base_latency_ms
-from infscaler.runtime.planning.planner import (
-    ModelStage,
-    arrival_rates,
-    capacity_rps,
-    search,
-)
+from infscaler.runtime.planning.planner import ModelStage, search
+from infscaler.runtime.planning.resources import arrival_rates, capacity_rps
 from infscaler.runtime.planning.simulator import EngineProfile, UnitConfig, UnitProfile
 from infscaler.runtime.scaling.types import ResourceCap
 
@@ -174,7 +170,7 @@ def test_pinned_threads_count_model_units_as_the_scaler_does():
     # a 2-thread model unit x 2 instances pins 4 threads; a separately served function
     # unit pins none (Monitor.pinned_threads counts model stages only), so the growth
     # loop and the oversubscription filter read the same 4
-    from infscaler.runtime.planning.planner import _pinned
+    from infscaler.runtime.planning.resources import _pinned
 
     model = UnitProfile("det", {"cpu": EngineProfile("cpu", 10.0, cores=2)})
     fn = UnitProfile("post", {"cpu": EngineProfile("cpu", 1.0)}, kind="function")

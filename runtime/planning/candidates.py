@@ -1,0 +1,338 @@
+"""The candidates of :func:`~infscaler.runtime.planning.planner.search`: the points of the
+runtime's configuration space it scores, and how each one's instances grow.
+
+Every hand configuration is a point here: K = 1 with n instances is replication, one
+instance with all cores is one multi-threaded session. Per model stage the search
+tries K = 1 .. ``max_partitions`` with the cuts of each objective (Eq. 1 of InfScaler
+§IV-A, ``minmax`` and ``weights`` of :func:`infscaler.partitioner.search.search_minmax`;
+identical cut sets merged), and each measured intra-op thread count ``t <= cores``
+(``ModelStage.whole_ms``'s keys); the whole pipeline in one unit (``fuse: whole``) at
+each of its thread counts is a point too. For each, instances grow greedily
+(:func:`grow`, Algorithm 1's rule: one more for the unit with the most work per request,
+per item x its items per request) from one per unit while the cap allows: memory, cpu
+instance slots, and pinned threads (instances x threads <= ``oversubscribe`` x cores;
+the starting one-per-unit is allowed above it, as the runtime allows); every step is
+simulated (:class:`~infscaler.runtime.planning.scoring.Scorer`) and the best step kept.
+
+**Oversubscription.** Pinned threads a candidate may hold: ``oversubscribe`` x the
+cores (default 1: no more pinned threads than cores), and never more than the cap's
+thread slots (as the scaler counts them). A candidate whose one instance per unit
+already pins more is ruled out while any candidate within them meets the SLO
+(:func:`rule_out_oversubscribed`): on a 2-core host the simulator rated oversubscribed
+partitioned plans far above what they served (ResNet-50 K=3 on 2 cores, 14.3/s
+predicted, 5.0/s served: bench/HISTORY.md, "The same cell after the saturated-cores
+fix"; PP-OCRv4 det K=3, 1.7x replication's memory at 0.91x its throughput), while a
+device profile's ``threads_per_core`` is kept for hand configurations.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from infscaler.runtime.planning.resources import (
+    _add,
+    _per_item_ms,
+    _pinned,
+    _with,
+    arrival_rates,
+)
+from infscaler.runtime.planning.scoring import Score, Scorer, _fmt
+from infscaler.runtime.planning.simulator import (
+    MAX_PER_UNIT,
+    UnitConfig,
+    UnitProfile,
+    config_memory_mb,
+)
+from infscaler.runtime.scaling.scaler import ResourceCap
+
+__all__ = [
+    "Candidate",
+    "Limits",
+    "grow",
+    "hand_configurations",
+    "is_incumbent",
+    "rule_out_oversubscribed",
+]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the configuration space, with its predicted figures.
+
+    Attributes:
+        cuts / objectives / threads: per model stage, the cuts, the objectives that chose
+            them (``k1`` for K = 1) and the intra-op threads of each instance.
+        units / config: the units simulated (the front end first) and their instances.
+        goodput_rps: requests answered within the SLO per second at ``rate`` (the
+            simulated SLO attainment x the rate); with no rate, the max rate.
+        max_rate_rps: the largest rate whose simulated P99 <= SLO (bisection), or None.
+        p99_ms / attainment: at ``rate`` (at the max rate without one).
+        memory_mb: instances' memory. share: per stage, the bottleneck partition's share
+            of the FLOPs. fits: within the cap. why: why it lost (filled by the search).
+        whole: the whole pipeline in one unit (``fuse: whole``): ``units`` are the front
+            end and that unit; ``cuts`` all ``()``, ``threads`` its threads per stage.
+        finalist: scored again on the long trace
+            (:data:`~infscaler.runtime.planning.planner.FINAL_REQUESTS`); False: its
+            figures are the short screen's (600 requests), which reads high.
+        unit_err: per unit of ``units``, the relative uncertainty of its service time
+            (:meth:`~infscaler.runtime.planning.planner.ModelStage.unit_errs`; 0 for the
+            front end and function units).
+        goodput_lo / goodput_hi: the goodput (requests/s, scored as ``goodput_rps``, on
+            the same trace and seed) with every unit's service time at x (1 + err) and
+            x (1 - err): the interval its measurements allow. None: not scored (only
+            the finalists are; :meth:`interval` is then ``goodput_rps`` itself).
+    """
+
+    cuts: tuple[tuple[int, ...], ...]
+    objectives: tuple[tuple[str, ...], ...]
+    threads: tuple[int, ...]
+    units: tuple[UnitProfile, ...]
+    config: tuple[UnitConfig, ...]
+    goodput_rps: float
+    max_rate_rps: float | None
+    p99_ms: float | None
+    attainment: float | None
+    memory_mb: float
+    share: tuple[float, ...]
+    fits: bool = True
+    note: str = ""
+    why: str = ""
+    whole: bool = False
+    finalist: bool = False
+    unit_err: tuple[float, ...] = ()
+    goodput_lo: float | None = None
+    goodput_hi: float | None = None
+
+    def interval(self) -> tuple[float, float]:
+        """``(goodput_lo, goodput_hi)``, requests/s, widened to hold ``goodput_rps``
+        (the simulator's rate bisection is not monotone to the last 2 %); ``goodput_rps``
+        at both ends where not scored."""
+        g = self.goodput_rps
+        lo = g if self.goodput_lo is None else min(self.goodput_lo, g)
+        hi = g if self.goodput_hi is None else max(self.goodput_hi, g)
+        return lo, hi
+
+    def goodput_text(self) -> str:
+        """``12.30/s [11.10, 13.00]`` (the interval only where it was scored)."""
+        if self.goodput_lo is None and self.goodput_hi is None:
+            return f"{self.goodput_rps:.2f}/s"
+        lo, hi = self.interval()
+        return f"{self.goodput_rps:.2f}/s [{lo:.2f}, {hi:.2f}]"
+
+    def identity(self) -> list[Any]:
+        """The configuration itself, JSON-able: ``[whole, cuts per model stage, threads
+        per model stage, instances per served unit]`` (what
+        :func:`~infscaler.runtime.planning.planner.search`'s ``incumbent`` is compared
+        with; the objectives that found the cuts are not part of it)."""
+        return [
+            bool(self.whole),
+            [list(c) for c in self.cuts],
+            list(self.threads),
+            [c.total for u, c in zip(self.units, self.config, strict=True) if u.served],
+        ]
+
+    def label(self) -> str:
+        if self.whole:  # one unit: the whole pipeline (fuse: whole), every model K = 1
+            inst = "+".join(
+                str(c.total) for u, c in zip(self.units, self.config, strict=True) if u.served
+            )
+            return f"whole pipeline in one unit (fuse: whole) t={self.threads[0]} inst={inst}"
+        parts = []
+        for i, (c, o, t) in enumerate(zip(self.cuts, self.objectives, self.threads, strict=True)):
+            pre = f"s{i}:" if len(self.cuts) > 1 else ""
+            parts.append(f"{pre}K={len(c) + 1} cuts={list(c)} [{'/'.join(o)}] t={t}")
+        inst = "+".join(
+            str(c.total) for u, c in zip(self.units, self.config, strict=True) if u.served
+        )
+        return f"{' '.join(parts)} inst={inst}"
+
+    def line(self) -> str:
+        mr = "" if self.max_rate_rps is None else f" max {self.max_rate_rps:.1f}/s"
+        share = "/".join(f"{s:.0%}" for s in self.share)
+        return (
+            f"{self.label()}: goodput {self.goodput_text()}{mr} P99 {_fmt(self.p99_ms)} ms "
+            f"mem {self.memory_mb:.0f} MB bottleneck {share}"
+            + (f" -- {self.why}" if self.why else "")
+        )
+
+
+def is_incumbent(c: Candidate, incumbent: str | None) -> bool:
+    """``c`` is the configuration planned before: ``incumbent`` is its
+    :meth:`Candidate.identity` as JSON (None: none was)."""
+    return incumbent is not None and json.dumps(c.identity()) == incumbent
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a candidate's instances grow within (see the module docstring).
+
+    Attributes:
+        cap: the device's cap (its memory).
+        thread_slots: the pinned threads a candidate may hold.
+        slots: the cap's cpu instance slots (None: no limit).
+    """
+
+    cap: ResourceCap
+    thread_slots: int
+    slots: int | None
+
+    @classmethod
+    def of(cls, cap: ResourceCap, cores: int, oversubscribe: float) -> Limits:
+        """The limits on ``cores`` physical cores: ``oversubscribe`` x the cores, and
+        never more than the cap's thread slots. A profile's threads_per_core lets a hand
+        configuration oversubscribe the cores; the planner's own choice does not (the
+        simulator underrates that contention)."""
+        slots = cap.max_instances.get("cpu") if cap.max_instances else None
+        by_cores = max(1, int(oversubscribe * cores + 1e-9))
+        thread_slots = min(cap.cores, by_cores) if cap.cores else by_cores
+        return cls(cap=cap, thread_slots=thread_slots, slots=slots)
+
+
+def grow(
+    units: list[UnitProfile], base: Mapping[str, Any], limits: Limits, scorer: Scorer
+) -> Candidate:
+    """The candidate of one point of the space: ``units`` (the front end first) and the
+    fields ``base`` gives :class:`Candidate` (cuts, objectives, threads, units, share,
+    unit_err, whole). From one instance per unit, one more at a time (:func:`_one_more`)
+    while the cap allows, every step scored; the best step is kept (the most goodput,
+    then the least memory), and the growth stops after two steps that added less than
+    0.5 % to the best goodput, or when no unit can take another instance."""
+    cap = limits.cap
+    cfg = [UnitConfig({"cpu": 1} if "cpu" in u.engines else {u.fastest().engine: 1}) for u in units]
+    note = ""
+    mem = config_memory_mb(units, cfg)
+    if mem > cap.memory_cap_mb:
+        return Candidate(
+            **base,
+            config=tuple(cfg),
+            goodput_rps=0.0,
+            max_rate_rps=None,
+            p99_ms=None,
+            attainment=None,
+            memory_mb=mem,
+            fits=False,
+            note=f"cap: one instance per unit needs {mem:.0f} MB > {cap.memory_cap_mb:.0f} MB",
+        )
+    pinned = _pinned(units, cfg)
+    if pinned > limits.thread_slots:
+        note = f"one instance per unit pins {pinned} threads > {limits.thread_slots} thread slots"
+    best_here: tuple[float, float, list[UnitConfig], Score] | None = None
+    stale = 0
+    stop = ""
+    while True:
+        sc = scorer.score(units, cfg)
+        mem = config_memory_mb(units, cfg)
+        key = (sc[0], -mem)
+        if best_here is None or key > (best_here[0], best_here[1]):
+            if best_here is not None and sc[0] <= best_here[0] * 1.005:
+                stale += 1
+            else:
+                stale = 0
+            best_here = (sc[0], -mem, list(cfg), sc)
+        else:
+            stale += 1
+        if stale >= 2:
+            break
+        grown, stop = _one_more(units, cfg, mem, limits)
+        if grown is None:
+            break
+        cfg = grown
+    assert best_here is not None
+    good, max_rate, res = best_here[3]
+    return Candidate(
+        **base,
+        config=tuple(best_here[2]),
+        goodput_rps=good,
+        max_rate_rps=max_rate,
+        p99_ms=None if res is None else res.p99_ms,
+        attainment=None if res is None else res.slo_attainment,
+        memory_mb=-best_here[1],
+        note="; ".join(x for x in (note, stop) if x),
+    )
+
+
+def _one_more(
+    units: Sequence[UnitProfile], cfg: list[UnitConfig], mem: float, limits: Limits
+) -> tuple[list[UnitConfig] | None, str]:
+    """``(cfg with one more instance, the last limit met)``: for the served unit with
+    the most work per request (per item x its items per request: a per-item unit after a
+    fan-out) that the limits allow, on cpu where it runs there (else its fastest engine);
+    ``(None, why)`` when none can take one (``mem``: ``cfg``'s memory, MB)."""
+    cap, thread_slots, slots = limits.cap, limits.thread_slots, limits.slots
+    per_req = arrival_rates(units, 1.0)
+    order = sorted(
+        (k for k, u in enumerate(units) if u.served),
+        key=lambda k: -per_req[k] * _per_item_ms(units[k], cfg[k]),
+    )
+    stop = ""
+    pinned = _pinned(units, cfg)
+    n_inst = sum(c.total for u, c in zip(units, cfg, strict=True) if u.served and u.kind == "model")
+    for k in order:
+        u = units[k]
+        p = u.engines["cpu"] if "cpu" in u.engines else u.fastest()
+        if cfg[k].total + 1 > min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT):
+            stop = f"{u.name} at its max instances"
+            continue
+        if mem + p.memory_mb > cap.memory_cap_mb:
+            stop = f"cap: memory {mem:.0f}+{p.memory_mb:.0f} > {cap.memory_cap_mb:.0f} MB"
+            continue
+        if p.engine == "cpu" and pinned + max(1, p.cores) > thread_slots:
+            stop = f"cap: {pinned}+{max(1, p.cores)} pinned threads > {thread_slots} thread slots"
+            continue
+        if u.kind == "model" and slots is not None and n_inst + 1 > slots:
+            stop = f"cap: {slots} cpu instance slots"
+            continue
+        return _with(cfg, k, _add(cfg[k], p.engine)), stop
+    return None, stop
+
+
+def rule_out_oversubscribed(
+    cands: list[Candidate], thread_slots: int, cores: int
+) -> list[Candidate]:
+    """``cands`` with each that pins more threads than the slots (its one instance per
+    unit already does) ruled out (``fits`` False), but only while a candidate within
+    them answers anything (see the module docstring)."""
+    within = {
+        id(c)
+        for c in cands
+        if c.fits and c.goodput_rps > 0 and _pinned(c.units, c.config) <= thread_slots
+    }
+    if not within:
+        return cands
+    return [
+        c
+        if id(c) in within or not c.fits or _pinned(c.units, c.config) <= thread_slots
+        else replace(
+            c,
+            fits=False,
+            note=f"pins {_pinned(c.units, c.config)} threads on {thread_slots} thread slots "
+            f"({cores} cores): oversubscribed, while candidates within them meet the SLO",
+        )
+        for c in cands
+    ]
+
+
+def hand_configurations(
+    cands: Sequence[Candidate], n_models: int
+) -> dict[str, Callable[[Candidate], bool]]:
+    """The hand configurations, each a point of this space, by name -> whether a
+    candidate is one (over ``n_models`` model stages; "all cores" is the most threads
+    any candidate of ``cands`` runs a stage on)."""
+    tmax = [max((c.threads[i] for c in cands), default=1) for i in range(n_models)]
+    return {
+        "replication (K=1, 1 thread)": lambda c: (
+            not c.whole and all(not x for x in c.cuts) and all(t == 1 for t in c.threads)
+        ),
+        "one session (K=1, one instance, all cores)": lambda c: (
+            not c.whole
+            and all(not x for x in c.cuts)
+            and list(c.threads) == tmax
+            and all(x.total == 1 for u, x in zip(c.units, c.config, strict=True) if u.served)
+        ),
+        "the whole pipeline in one unit (fuse: whole)": lambda c: c.whole,
+    }

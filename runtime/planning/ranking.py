@@ -1,0 +1,250 @@
+"""How :func:`~infscaler.runtime.planning.planner.search` ranks its candidates: the
+finalists, their goodput intervals, and the ties.
+
+**Finalists.** Every candidate (and every instance count grown) is screened on a trace
+of ``requests``; the finalists (within ``finalist_within`` of the best screen, at most
+``finalists_max``, plus the best of each hand configuration and the configuration
+planned before) are scored again on ``final_requests`` and ranked on that score, ahead
+of the rest (the screen of one short trace reads high and scatters:
+:data:`~infscaler.runtime.planning.planner.FINAL_REQUESTS`).
+
+**Goodput interval** (the finalists only; the rest keep their screen's figure at
+both ends): every measured service time carries a relative uncertainty from its
+repeats (:attr:`~infscaler.runtime.planning.planner.ModelStage.whole_ms_err`,
+``unit_ms_err``; a function stage and the front end none), and each finalist is scored
+twice more, on the same trace length and seed, with every unit's service time at
+x (1 + err) and at x (1 - err): ``goodput_lo`` / ``goodput_hi``. Two more scores per
+finalist, and none where no unit carries an err. Why: planned anew minutes apart on the
+2-core development host, a ResNet-50-class model at 3 x L0 moved one configuration's
+prediction by a third (K = 1 x 2 instances: 15.8 and 20.9 requests/s) and the winner
+flipped with it between K = 2 and K = 1; five deploys chose three configurations.
+
+**Ties**: a candidate ties the best goodput when it is within ``goodput_tie``
+(default :data:`~infscaler.runtime.planning.planner.GOODPUT_TIE`, 5 %) of it or its
+goodput interval reaches the best's (its high end >= the best's low end: the
+measurements cannot tell them apart), and the tie goes to the simpler configuration:
+first the configuration planned before (``incumbent``), then fewer units (the
+partitions and stages a request passes through as instances: each cut is one more),
+then a candidate within :data:`MEMORY_AMPLE` (half) of the memory cap, then, within it,
+fewer intra-op threads per instance (replicas: an intra-op parallel run waits for its
+slowest core; bench/HISTORY.md, "2026-11-27, 17:30-18:52 UTC", its "The planner's tie
+at 3x" paragraph), then fewer processes (served instances in all), then less memory,
+then fewer threads. The stage boundaries count as partitions because ddddocr's staged
+det + rec (two units) served less than the whole pipeline in one unit where the
+memory alone had decided (bench/HISTORY.md);
+fewer threads per instance comes before fewer processes because two 1-thread
+ResNet-50 replicas served more than the one 2-thread instance the simulator tied
+with them (:data:`MEMORY_AMPLE`). Every loser's ``why`` names the winner it tied
+with and the rule that decided (:mod:`infscaler.runtime.planning.explain`). The
+simulator does not resolve goodput finer than the 5 % (its rate
+bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and it errs
+on the optimistic side for partitioned plans: every hop adds a process competing for
+the cores and a wake-up it does not model (bench/HISTORY.md, "The same cell after the
+saturated-cores fix": ResNet-50 at 3 x L0 on 2 cores, K = 3 predicted 14.3
+requests/s and served 5.0). Among plans with as many units, the memory saved is what
+another model runs in on a device with a fixed memory budget.
+
+The configuration planned before wins the tie before every other rule: a replan
+measures the host anew, and two configurations within the tie swapped places from one
+deploy to the next (PP-OCRv4 det under the cap at 2 x L0: 2 x 1 thread and 1 x 2 at
+6.65 and 6.84/s, three plans in one hour, bench/HISTORY.md); a replan now changes the
+configuration only for one better by more than the tie.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from infscaler.runtime.planning.candidates import Candidate, is_incumbent
+from infscaler.runtime.planning.scoring import Scorer, SearchSettings, _scaled
+from infscaler.runtime.scaling.scaler import ResourceCap
+
+__all__ = ["MEMORY_AMPLE", "Ties", "finalists", "processes", "rescore", "served_units"]
+
+#: A candidate whose memory is at most this fraction of the device's cap leaves the cap
+#: ample: among tied candidates within it, memory does not decide, the threads per
+#: instance do (the ties). Why: within the 5 % tie the simulator ranked one
+#: 2-thread instance of ResNet-50 (157 MB) level with two 1-thread ones (314 MB) at
+#: 3 x L0 on 2 cores, and the tie went to the memory; served, over the day's runs at
+#: that SLO, one 2-thread instance sustained 16.9-20.8 requests/s (mean 18.4, 3
+#: bisections) and two 1-thread replicas 19.5-23.0 (mean 20.7, 6); with the CPUs held
+#: awake 20.8-22.1 (2) and 23.4 (3); in one run's 900-request step at 19.8/s the replicas
+#: passed where the 2-thread instance failed (bench/HISTORY.md, 2026-11-27; in another,
+#: two deployments of the replicas split at that rate): an intra-op parallel run waits
+#: for its slowest thread, so one interrupted core delays every request, where a replica
+#: delays only its own. Above it, the memory saved is what another model runs in on a device with a fixed
+#: memory budget.
+MEMORY_AMPLE = 0.5
+
+
+def finalists(
+    cands: Sequence[Candidate],
+    hands: Mapping[str, Callable[[Candidate], bool]],
+    s: SearchSettings,
+) -> tuple[float, bool, list[Candidate]]:
+    """``(the best screen, whether the finalists are scored again on final_requests,
+    the finalists)``: the candidates within ``finalist_within`` of the best screen, at
+    most ``finalists_max`` of them, then the best of each hand configuration (``hands``)
+    and the configuration planned before (``incumbent``), so that the comparison is like
+    for like."""
+    screen = max((c.goodput_rps for c in cands if c.fits), default=0.0)
+    final = bool(s.final_requests) and s.final_requests > s.requests and screen > 0
+    chosen: list[Candidate] = []
+    if screen > 0:
+        ok = sorted(
+            (c for c in cands if c.fits and c.goodput_rps > 0), key=lambda c: -c.goodput_rps
+        )
+        chosen = [c for c in ok if c.goodput_rps >= (1 - s.finalist_within) * screen - 1e-9]
+        chosen = chosen[: s.finalists_max]
+        for is_hand in hands.values():
+            hand = next((c for c in ok if is_hand(c)), None)
+            if hand is not None and all(hand is not c for c in chosen):
+                chosen.append(hand)
+        kept = next((c for c in ok if is_incumbent(c, s.incumbent)), None)
+        if kept is not None and all(kept is not c for c in chosen):
+            chosen.append(kept)
+    return screen, final, chosen
+
+
+def rescore(
+    cands: Sequence[Candidate], chosen: Sequence[Candidate], scorer: Scorer, final: bool
+) -> list[Candidate]:
+    """``cands`` with the finalists (``chosen``) scored again: on ``final_requests``
+    when ``final`` (``finalist`` True), and with their goodput interval where a unit
+    carries an err (on the same trace length as their goodput)."""
+    final_requests = scorer.settings.final_requests
+    n_final = final_requests if final else scorer.settings.requests
+    rescored = {}
+    for c in chosen:
+        new = c
+        if final:
+            good, max_rate, res = scorer.score(c.units, c.config, final_requests)
+            new = replace(
+                c,
+                goodput_rps=good,
+                max_rate_rps=max_rate,
+                p99_ms=None if res is None else res.p99_ms,
+                attainment=None if res is None else res.slo_attainment,
+                finalist=True,
+            )
+        if any(e > 0 for e in c.unit_err):
+            new = _with_interval(new, scorer, n_final)
+        rescored[id(c)] = new
+    return [rescored.get(id(c), c) for c in cands]
+
+
+def _with_interval(c: Candidate, scorer: Scorer, n: int) -> Candidate:
+    """``c`` with its goodput interval: scored on ``n`` requests with every unit's
+    service time at x (1 + err), then x (1 - err), each probed first near ``c``'s max
+    rate over (1 +- the largest err)."""
+    ends = []
+    worst = max(c.unit_err)
+    for sign in (1.0, -1.0):  # pessimistic (slower), then optimistic
+        scaled = _scaled(c.units, c.unit_err, sign)
+        near = c.max_rate_rps
+        guess = None if near is None else near / (1 + sign * worst)
+        ends.append(scorer.score(scaled, c.config, n, guess)[0])
+    return replace(c, goodput_lo=ends[0], goodput_hi=ends[1])
+
+
+def served_units(c: Candidate) -> int:
+    """The units a request passes through as instances (partitions, model and function
+    stages; a fused unit once): each is a process and hops the simulator underrates, so
+    the tie goes to fewer of them.
+
+    Counting cuts alone left ddddocr's staged det + rec (0 cuts, 177 MB) level with the
+    whole pipeline in one unit (0 cuts, 265 MB) under the cap at 3 x L0; the memory gave
+    it the tie in one of two runs, and it served 10.0 requests/s where the whole
+    pipeline served 12.9 (predicted 13.4 and 12.7; bench/HISTORY.md)."""
+    return sum(1 for u in c.units if u.served)
+
+
+def processes(c: Candidate) -> int:
+    """The served instances in all (each a process)."""
+    return sum(x.total for u, x in zip(c.units, c.config, strict=True) if u.served)
+
+
+@dataclass(frozen=True)
+class Ties:
+    """The best goodput and the rules that rank the candidates (see the module
+    docstring).
+
+    Attributes:
+        final: the finalists were scored again (only they then rank first).
+        goodput_tie: relative goodput difference counted as a tie.
+        ample_mb: memory within :data:`MEMORY_AMPLE` of the cap.
+        incumbent: the configuration planned before, as JSON (None: none).
+        gmax: the best goodput among the candidates that rank first.
+        lead: the candidate at ``gmax`` whose interval's low end is the lowest (None: no
+            candidate answers anything).
+        lead_lo: its low end (inf: no lead).
+    """
+
+    final: bool
+    goodput_tie: float
+    ample_mb: float
+    incumbent: str | None
+    gmax: float
+    lead: Candidate | None
+    lead_lo: float
+
+    @classmethod
+    def of(
+        cls, cands: Sequence[Candidate], final: bool, s: SearchSettings, cap: ResourceCap
+    ) -> Ties:
+        gmax = max((c.goodput_rps for c in cands if c.fits and c.finalist == final), default=0.0)
+        # the best goodput's interval: its lowest end among the candidates at gmax
+        leads = [c for c in cands if c.fits and c.finalist == final and c.goodput_rps >= gmax]
+        lead = min(leads, key=lambda c: c.interval()[0]) if gmax > 0 and leads else None
+        lead_lo = lead.interval()[0] if lead is not None else math.inf
+        return cls(
+            final=final,
+            goodput_tie=s.goodput_tie,
+            ample_mb=MEMORY_AMPLE * (cap.memory_cap_mb - cap.memory_used_mb),
+            incumbent=s.incumbent,
+            gmax=gmax,
+            lead=lead,
+            lead_lo=lead_lo,
+        )
+
+    def within(self, c: Candidate) -> bool:
+        """Within ``goodput_tie`` of the best goodput."""
+        return c.goodput_rps >= (1 - self.goodput_tie) * self.gmax - 1e-9
+
+    def tied(self, c: Candidate) -> bool:
+        """Within ``goodput_tie`` of the best, or its goodput interval reaches the best's."""
+        return (
+            c.fits
+            and c.finalist == self.final
+            and self.gmax > 0
+            and (self.within(c) or c.interval()[1] >= self.lead_lo - 1e-9)
+        )
+
+    def is_incumbent(self, c: Candidate) -> bool:
+        return is_incumbent(c, self.incumbent)
+
+    def scarce(self, c: Candidate) -> bool:
+        """Takes more than :data:`MEMORY_AMPLE` of the memory cap."""
+        return c.memory_mb > self.ample_mb
+
+    def rank(self, c: Candidate) -> tuple[float, ...]:
+        """The sort key, best first: within the cap, then the finalists, then the tied
+        by the rules of the tie, then the rest by goodput."""
+        t = self.tied(c)
+        return (
+            0 if c.fits else 1,
+            0 if c.finalist == self.final else 1,
+            0 if t else 1,
+            (0 if self.is_incumbent(c) else 1) if t else 0,
+            served_units(c) if t else -round(c.goodput_rps, 6),
+            (1 if self.scarce(c) else 0) if t else 0,
+            (max(c.threads, default=1) if not self.scarce(c) else 0) if t else 0,
+            processes(c) if t else 0,
+            c.memory_mb if t else 0.0,
+            -round(c.goodput_rps, 6),
+            sum(c.threads),
+        )

@@ -1,0 +1,138 @@
+"""A configuration of a pipeline's units against the offered load and the device's cap:
+the arithmetic :func:`~infscaler.runtime.planning.planner.plan` and
+:func:`~infscaler.runtime.planning.planner.search` share.
+
+Per unit, the items per second arriving at it (:func:`arrival_rates`: a per-item unit
+after a fan-out gets the requests' rate x the items per request) and its offered load
+rho_k = lambda_k x T_k / S_k (B_k / S_k in requests' terms: the load InfScaler's
+Algorithm 1 ranks the units by); the requests/s the instances and the cpu cores can
+serve at most (:func:`capacity_rps`); what a configuration uses of the device's cap:
+memory, model instances per engine, pinned threads (as the runtime's scaler counts
+them) and the cores the load keeps busy (the fleet planner's cpu demand,
+:mod:`infscaler.runtime.planning.fleet`); and the two edits of a configuration, one
+instance more or fewer.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from infscaler.runtime.planning.simulator import UnitConfig, UnitProfile, config_memory_mb
+
+__all__ = ["arrival_rates", "capacity_rps"]
+
+
+def _per_item_ms(u: UnitProfile, c: UnitConfig) -> float:
+    """Mean time per item the unit's instances need on average (capacity inverse)."""
+    rate = 0.0  # items per ms
+    for e, n in c.instances.items():
+        p = u.engines[e]
+        per_item = p.mean_ms * p.batch_factor(c.batch) / c.batch
+        rate += n / per_item if per_item > 0 else math.inf
+    return 1.0 / rate if rate > 0 else 0.0
+
+
+def arrival_rates(units: Sequence[UnitProfile], rate: float) -> list[float]:
+    """Items per second arriving at each unit at ``rate`` requests/s: the rate itself,
+    or for a per-item unit (between the fan-out and the fan-in, as the simulator routes
+    them) the rate x the fan-out's mean items per request.
+
+    >>> from infscaler.runtime.planning.simulator import EngineProfile as E
+    >>> us = [UnitProfile("a", {"cpu": E("cpu", 1)}, fan_out=True, items=3),
+    ...       UnitProfile("b", {"cpu": E("cpu", 1)}),
+    ...       UnitProfile("c", {"cpu": E("cpu", 1)}, fan_in=True, served=False)]
+    >>> arrival_rates(us, 10.0)
+    [10.0, 30.0, 10.0]
+    """
+    fo = next((i for i, x in enumerate(units) if x.fan_out), None)
+    fi = next((i for i, x in enumerate(units) if x.fan_in), None)
+    items = units[fo].items_mean if fo is not None else 1.0
+    return [
+        rate * (items if fo is not None and fi is not None and fo < i < fi else 1.0)
+        for i in range(len(units))
+    ]
+
+
+def _loads(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> list[float]:
+    """Offered load rho_k of each unit (items/s x s per item over all its instances)."""
+    return [
+        r * _per_item_ms(u, c) / 1e3
+        for r, u, c in zip(arrival_rates(units, rate), units, config, strict=True)
+    ]
+
+
+def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cores: int) -> float:
+    """Analytic upper bound on requests/s: the most loaded unit's instances (its ms per
+    item over its instances x its items per request) and the cpu cores (``cores`` x 1000
+    over the cpu ms all units spend per request, each item on its instance's pinned
+    threads).
+
+    E.g. one unit of 15 ms on 1 instance: 1000 / 15 requests/s; a per-item unit of 10 ms
+    with 3 items per request on 2 instances: 1000 / (3 x 10 / 2).
+    """
+    per_req = [
+        r * _per_item_ms(u, c)
+        for r, u, c in zip(arrival_rates(units, 1.0), units, config, strict=True)
+    ]
+    cpu_ms = 0.0
+    for r, u in zip(arrival_rates(units, 1.0), units, strict=True):
+        p = u.engines.get("cpu")
+        if p is not None:
+            cpu_ms += r * p.mean_ms * max(1, p.cores)
+    return min(1e3 / max(max(per_req), 1e-9), 1e3 * max(1, cores) / max(cpu_ms, 1e-9))
+
+
+def _busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> float:
+    """CPU cores the offered load keeps busy: sum over units of items/s x ms per item
+    on the cpu instances' share (pinned instances may outnumber cores, busy cores may
+    not; the fleet planner's cpu demand per node, :mod:`infscaler.runtime.planning.fleet`)."""
+    busy = 0.0
+    for r, u, c in zip(arrival_rates(units, rate), units, config, strict=True):
+        if not u.served or "cpu" not in c.instances or "cpu" not in u.engines:
+            continue
+        cpu_share = c.instances["cpu"] / max(1, c.total)
+        busy += r * cpu_share * u.engines["cpu"].mean_ms / 1e3
+    return busy
+
+
+def _usage(
+    units: Sequence[UnitProfile], config: Sequence[UnitConfig], pool_mb: float
+) -> tuple[float, dict[str, int], int]:
+    """(memory MB, model instances per engine, cores of cpu model instances)."""
+    slots: dict[str, int] = {}
+    cores = 0
+    for u, c in zip(units, config, strict=True):
+        if not u.served or u.kind != "model":
+            continue
+        for e, n in c.instances.items():
+            slots[e] = slots.get(e, 0) + n
+            if e == "cpu":
+                cores += max(1, u.engines[e].cores) * n
+    return config_memory_mb(units, config, pool_mb), slots, cores
+
+
+def _pinned(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
+    """Threads pinned by ``cfg``'s cpu instances of model units (intra-op threads x
+    instances), counted as the runtime's scaler counts them
+    (:meth:`infscaler.runtime.scaling.monitor.Monitor.pinned_threads`): a function unit pins no
+    thread slot (it is grown only while one is free, like the scaler grows it)."""
+    return sum(
+        max(1, u.engines["cpu"].cores) * c.instances.get("cpu", 0)
+        for u, c in zip(units, cfg, strict=True)
+        if u.served and u.kind == "model" and "cpu" in u.engines
+    )
+
+
+def _with(config: Sequence[UnitConfig], k: int, new: UnitConfig) -> list[UnitConfig]:
+    out = list(config)
+    out[k] = new
+    return out
+
+
+def _add(c: UnitConfig, engine: str, n: int = 1) -> UnitConfig:
+    inst = dict(c.instances)
+    inst[engine] = inst.get(engine, 0) + n
+    return UnitConfig({e: v for e, v in inst.items() if v > 0}, c.batch, c.batch_wait_ms)

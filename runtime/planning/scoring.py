@@ -1,0 +1,215 @@
+"""A configuration's score, simulated: how :func:`~infscaler.runtime.planning.planner.search`
+scores a candidate with the discrete-event simulator
+(:func:`~infscaler.runtime.planning.simulator.simulate`, with CPU contention on the cores).
+
+**Score.** With a rate, the goodput = requests answered within the SLO per second under
+the arrival process at that rate (SLO attainment x rate); without, the largest rate whose
+simulated P99 <= SLO (bisection on the rate, at most 10 steps, below the analytic
+capacity, :func:`~infscaler.runtime.planning.resources.capacity_rps`), i.e. the goodput at
+that rate. Each score simulates a trace of a given number of requests (the search's short
+screen, or the finalists' long score). The **front end's CPU** is a unit of the
+configuration like the others (:func:`~infscaler.runtime.planning.planner.frontend_profile`):
+a single-threaded server ahead of the units that competes for the same cores.
+
+**Goodput interval.** Every measured service time carries a relative uncertainty from
+its repeats; :func:`_scaled` gives the units with every service time at x (1 + err) (the
+pessimistic end of what was measured) or x (1 - err) (the optimistic one), scored on the
+same trace length and seed for the ends of the interval
+(:mod:`infscaler.runtime.planning.ranking`).
+
+Also the sample arrival trace of a spec, a callable or explicit times
+(:func:`arrivals_for`), which :func:`~infscaler.runtime.planning.planner.plan` and
+:func:`~infscaler.runtime.planning.planner.predict` simulate too.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from infscaler.runtime.planning import arrivals as _arrivals
+from infscaler.runtime.planning.resources import capacity_rps
+from infscaler.runtime.planning.simulator import SimResult, UnitConfig, UnitProfile, simulate
+
+__all__ = ["ArrivalsArg", "Score", "Scorer", "SearchSettings", "arrivals_for"]
+
+ArrivalsArg = str | np.ndarray | Sequence[float] | Callable[[float, float, int], np.ndarray]
+
+#: ``(goodput requests/s, the max rate within the SLO or None with a rate, the
+#: simulation at that rate or None)``.
+Score = tuple[float, float | None, SimResult | None]
+
+
+def arrivals_for(
+    arrivals: ArrivalsArg, rate: float, duration_s: float, seed: int = 0
+) -> tuple[np.ndarray, str]:
+    """``(times, label)`` for a spec (``poisson``, ``gamma:4``, ``azure``, ...; see
+    :func:`infscaler.runtime.planning.arrivals.from_spec`), a callable ``f(rate, duration_s, seed)``,
+    or explicit times."""
+    if isinstance(arrivals, str):
+        return _arrivals.from_spec(arrivals, rate, duration_s, seed), arrivals
+    if callable(arrivals):
+        return np.asarray(arrivals(rate, duration_s, seed), dtype=float), getattr(
+            arrivals, "__name__", "custom"
+        )
+    a = np.asarray(arrivals, dtype=float)
+    return a, f"trace ({a.size} requests)"
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What :func:`~infscaler.runtime.planning.planner.search` was asked, as its steps
+    share it (its arguments, checked).
+
+    Attributes:
+        slo_ms / rate / arrivals / requests / seed / handover_ms / frontend_ms /
+            final_requests / finalist_within / finalists_max / goodput_tie: the search's.
+        cores: the physical cores cpu instances and the front end share (the
+            simulator's contention).
+        incumbent: the configuration planned before, its
+            :meth:`~infscaler.runtime.planning.candidates.Candidate.identity` as JSON
+            (None: none).
+    """
+
+    slo_ms: float
+    rate: float | None
+    arrivals: str
+    requests: int
+    seed: int
+    handover_ms: float
+    frontend_ms: float
+    cores: int
+    final_requests: int
+    finalist_within: float
+    finalists_max: int
+    goodput_tie: float
+    incumbent: str | None
+
+
+@dataclass
+class Scorer:
+    """Scores configurations as the search does (see the module docstring), counting the
+    simulations it runs and caching each score by (the units, their instances and batch,
+    the requests simulated).
+
+    Attributes:
+        settings: the search's (its SLO, rate, arrival process, seed, hop time, cores;
+            ``requests``: what a score simulates unless told otherwise, the screen).
+        simulations: how many simulations the scores ran.
+    """
+
+    settings: SearchSettings
+    simulations: int = 0
+    _cache: dict[tuple[Any, ...], Score] = field(default_factory=dict, repr=False)
+    # the units the cache keys by id, held while the cache holds their id
+    _held: list[Sequence[UnitProfile]] = field(default_factory=list, repr=False)
+
+    def simulate_at(
+        self, units: list[UnitProfile], cfg: list[UnitConfig], r: float, n: int
+    ) -> SimResult:
+        """One simulation of ``n`` requests arriving at ``r`` requests/s."""
+        s = self.settings
+        self.simulations += 1
+        times, _ = arrivals_for(s.arrivals, r, n / r, s.seed)
+        return simulate(
+            units,
+            cfg,
+            times,
+            slo_ms=s.slo_ms,
+            handover_ms=s.handover_ms,
+            seed=s.seed,
+            max_inflight="auto",
+            cpu_cores=s.cores,
+        )
+
+    def score(
+        self,
+        units: Sequence[UnitProfile],
+        cfg: Sequence[UnitConfig],
+        n: int | None = None,
+        guess: float | None = None,
+    ) -> Score:
+        """The score of ``cfg`` on a trace of ``n`` requests (None: the settings'
+        ``requests``).
+
+        ``guess``: where the max rate is expected (the goodput interval's ends, from the
+        central score): probed first, then stepped from (3 %, doubling) until bracketed,
+        then bisected to the same 2 %; about half the simulations of a bisection from
+        the analytic capacity."""
+        rate = self.settings.rate
+        n = self.settings.requests if n is None else n
+        key = (id(units), tuple((tuple(sorted(c.instances.items())), c.batch) for c in cfg), n)
+        if key in self._cache:
+            return self._cache[key]
+        self._held.append(units)
+        units_l, cfg_l = list(units), list(cfg)
+        if rate is not None:
+            res = self.simulate_at(units_l, cfg_l, rate, n)
+            good = rate * (res.slo_attainment or 0.0)
+            out: Score = (good, None, res)
+        else:
+            out = self._max_rate(units_l, cfg_l, n, guess)
+        self._cache[key] = out
+        return out
+
+    def _max_rate(
+        self, units: list[UnitProfile], cfg: list[UnitConfig], n: int, guess: float | None
+    ) -> Score:
+        """The largest rate whose simulated P99 meets the SLO, nothing refused: at most
+        10 simulations, below the analytic capacity, to 2 % (see :meth:`score`)."""
+        slo_ms = self.settings.slo_ms
+        top = hi = capacity_rps(units, cfg, self.settings.cores)
+        lo, best_res = 0.0, None
+        step = 0.03
+        for i in range(10):
+            if guess is None or not 0 < guess < top:
+                mid = hi * 0.95 if i == 0 else (lo + hi) / 2
+            elif i == 0:
+                mid = guess
+            elif hi >= top:  # none failed yet: step up
+                mid, step = min(lo * (1 + step), (lo + hi) / 2), step * 2
+            elif lo <= 0:  # none passed yet: step down
+                mid, step = hi * (1 - min(step, 0.5)), step * 2
+            else:
+                mid = (lo + hi) / 2
+            res = self.simulate_at(units, cfg, mid, n)
+            if res.p99_ms is not None and res.p99_ms <= slo_ms and res.rejected == 0:
+                lo, best_res = mid, res
+            else:
+                hi = mid
+            if lo and hi - lo < 0.02 * hi:
+                break
+        good = lo * (best_res.slo_attainment or 0.0) if best_res else 0.0
+        return (good, lo, best_res)
+
+
+def _scaled(units: Sequence[UnitProfile], errs: Sequence[float], sign: float) -> list[UnitProfile]:
+    """``units`` with each one's service times (``mean_ms``, ``samples_ms``,
+    ``batch_ms`` of every engine) x (1 + ``sign`` x its relative err): ``sign`` 1 the
+    pessimistic end of what was measured, -1 the optimistic one (the goodput interval). A unit with err 0 is returned as it is."""
+    out = []
+    for u, err in zip(units, errs, strict=True):
+        f = 1.0 + sign * float(err)
+        if err <= 0 or f <= 0:
+            out.append(u)
+            continue
+        engines = {
+            e: replace(
+                p,
+                mean_ms=p.mean_ms * f,
+                samples_ms=tuple(x * f for x in p.samples_ms),
+                batch_ms={b: v * f for b, v in p.batch_ms.items()},
+            )
+            for e, p in u.engines.items()
+        }
+        out.append(replace(u, engines=engines))
+    return out
