@@ -48,7 +48,7 @@ from infscaler.runtime.planning.simulator import (
     UnitProfile,
     config_memory_mb,
 )
-from infscaler.runtime.scaling.scaler import ResourceCap
+from infscaler.runtime.scaling.types import ResourceCap
 
 __all__ = [
     "Candidate",

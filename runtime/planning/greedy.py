@@ -35,7 +35,7 @@ from infscaler.runtime.planning.simulator import (
     config_memory_mb,
     simulate,
 )
-from infscaler.runtime.scaling.scaler import ResourceCap
+from infscaler.runtime.scaling.types import ResourceCap
 
 __all__ = ["PlanResult", "PlanSearch"]
 

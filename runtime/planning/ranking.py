@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 
 from infscaler.runtime.planning.candidates import Candidate, is_incumbent
 from infscaler.runtime.planning.scoring import Scorer, SearchSettings, _scaled
-from infscaler.runtime.scaling.scaler import ResourceCap
+from infscaler.runtime.scaling.types import ResourceCap
 
 __all__ = ["MEMORY_AMPLE", "Ties", "finalists", "processes", "rescore", "served_units"]
 

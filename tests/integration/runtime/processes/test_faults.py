@@ -139,7 +139,7 @@ def test_a_unit_waiting_for_its_restart_degrades_and_answers_503_fast(tmp_path: 
         slow = next(u for u in pipe["units"] if u["unit"] == "slow")
         assert [r["state"] for r in slow["restarting"]] == ["restarting"]
         # `infscaler status` shows it
-        from infscaler import cli_service
+        from infscaler.cli import service as cli_service
 
         with cli_service.out.capture() as cap:
             cli_service.print_status(status)
