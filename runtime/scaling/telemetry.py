@@ -18,6 +18,13 @@ fields are jtop's, the CPU and RAM figures still psutil's (jtop reads the same
 the Jetson-only fields are None and ``note`` says why.
 
 Memory figures are MB of 2**20 bytes (psutil reports bytes, jtop KB).
+
+For ``GET /metrics`` (:mod:`infscaler.api.metrics`) and the status, :class:`JetsonSampler`
+keeps one jtop client open in a background thread and caches each update as a
+:class:`JetsonReading` in SI units (:func:`jetson_reading`, pure), with the energy
+integrated from the power (:class:`EnergyCounter`); :func:`jetson_sampler` is the
+process's one sampler. Off a Jetson or without jetson-stats nothing is started and the
+state says why.
 """
 
 from __future__ import annotations
@@ -454,18 +461,21 @@ def _jtop_snapshot(jetson: Any) -> dict[str, Any]:
 
 
 def _jtop_unavailable() -> str:
-    """Why jtop cannot be read on this host before trying its service, or ``""``."""
+    """Why jtop cannot be read on this host before trying its service, or ``""``.
+
+    The reasons are fixed sentences (a ``GET /metrics`` label: no file path, no
+    exception text, bounded)."""
     if not is_jetson():
         return (
-            "not a Jetson (no /etc/nv_tegra_release, no nvidia,tegra device tree): "
-            "jtop has no GPU, power or temperatures to read"
+            "not a Jetson (no L4T release file, no tegra device tree): jtop has no GPU, "
+            "power or temperatures to read"
         )
     try:
         import jtop  # noqa: F401 - jetson-stats: optional, Jetson only
-    except ImportError as exc:
+    except ImportError:
         return (
-            f"jetson-stats is not installed ({exc}): sudo pip3 install jetson-stats "
-            "(it installs and starts the jtop service), then restart infscaler"
+            "jetson-stats (jtop) is not installed: sudo pip3 install jetson-stats (it "
+            "installs and starts the jtop service), then restart infscaler"
         )
     return ""
 
@@ -486,7 +496,8 @@ class JetsonSampler:
     never talks to jtop, and jtop is read at most once per update however often it is
     scraped. Off a Jetson, or without jetson-stats, no thread starts and :meth:`state`
     says why. When the jtop service is not reachable the thread retries every
-    ``retry_s`` and the state carries the error.
+    ``retry_s`` and the state's reason names the error's type (not its text: the reason
+    is a metrics label, and no label carries a path).
 
     Args:
         interval_s: jtop's update interval, s.
@@ -570,7 +581,7 @@ class JetsonSampler:
     def _failed(self, exc: BaseException) -> None:
         with self._lock:
             self._reason = (
-                f"the jtop service is not reachable ({type(exc).__name__}: {exc}): "
+                f"the jtop service is not reachable ({type(exc).__name__}): "
                 "systemctl status jtop.service; sudo systemctl restart jtop.service"
             )
             self._energy.reset_baseline()

@@ -166,7 +166,7 @@ def test_sampler_thread_reads_jtop_then_reports_it_gone():
     try:
         s.start()
         _wait(lambda: "not reachable" in s._reason)
-        assert "jtop closed its connection" in s._reason
+        assert "(RuntimeError)" in s._reason
         assert s._reading == jetson_reading(ORIN_JP7)
     finally:
         s.close()
@@ -180,7 +180,7 @@ def test_sampler_thread_when_the_service_refuses():
     try:
         _wait(lambda: "not reachable" in s.state().reason)
         st = s.state()
-        assert not st.available and "ConnectionRefusedError" in st.reason
-        assert "systemctl" in st.reason
+        assert not st.available and "(ConnectionRefusedError)" in st.reason
+        assert "systemctl" in st.reason and "/run" not in st.reason  # no path in a label
     finally:
         s.close()
