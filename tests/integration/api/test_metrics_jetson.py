@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import numpy as np
@@ -74,3 +75,29 @@ def test_status_says_the_same_reason(served):
     )
     assert cli.returncode == 0, cli.stderr
     assert f"telemetry (jtop): not read: {reason}" in " ".join(cli.stdout.split())
+
+
+def test_jtop_gauges_on_a_jetson():
+    """On a Jetson with jetson-stats and its service: the sampler reads within a few
+    updates and the gauges are there (skipped elsewhere, with the reason)."""
+    from infscaler.api.metrics import exposition, make_registry
+    from infscaler.runtime.scaling.telemetry import JetsonSampler
+
+    sampler = JetsonSampler()
+    st = sampler.state()
+    if not st.available and "not reachable" not in st.reason and "not read yet" not in st.reason:
+        pytest.skip(st.reason)
+    try:
+        deadline = time.monotonic() + 10.0
+        while not (st := sampler.state()).available and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert st.available, st.reason
+        text = exposition(make_registry(object(), process=False, jetson=sampler)).decode()
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        (info,) = fams["infscaler_telemetry_info"].samples
+        assert info.labels["available"] == "true"
+        assert "nv_gpu_memory_total_bytes" in fams and "infscaler_jetson_frequency_hz" in fams
+        if "nv_gpu_utilization" in fams:
+            assert all(0.0 <= s.value <= 1.0 for s in fams["nv_gpu_utilization"].samples)
+    finally:
+        sampler.close()
