@@ -37,6 +37,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from infscaler.runtime.scaling.telemetry import JetsonSampler, JetsonState, jetson_sampler
+
 #: the ``Content-Type`` of ``GET /metrics``: the Prometheus text format 0.0.4
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -78,11 +80,13 @@ class ServiceCollector(Collector):
     read); a source that is not there (a service not started, or stopping) is skipped.
     """
 
-    def __init__(self, service: Any) -> None:
+    def __init__(self, service: Any, jetson: JetsonSampler | None = None) -> None:
         self.service = service
+        self.jetson = jetson if jetson is not None else jetson_sampler()
 
     def collect(self) -> Iterator[Metric]:
         svc = self.service
+        yield from jetson_families(self.jetson.state())
         yield from self._requests(svc)
         yield from self._instances(svc)
         mgr = getattr(svc, "manager", None)
@@ -327,6 +331,115 @@ class ServiceCollector(Collector):
         yield rej
 
 
+# -- Jetson telemetry (jtop) ----------------------------------------------------------------
+def jetson_families(state: JetsonState) -> list[Metric]:
+    """The Jetson gauges of one :class:`~infscaler.runtime.scaling.telemetry.JetsonState`
+    (pure: reads nothing else).
+
+    Always ``infscaler_telemetry_info{source="jtop", available, reason}`` = 1. With a
+    reading, Triton's GPU metrics where they mean the same (Triton
+    ``docs/user_guide/metrics.md``, "GPU Metrics": ``nv_gpu_utilization`` 0-1,
+    ``nv_gpu_power_usage`` W, ``nv_energy_consumption`` J, ``nv_gpu_memory_used_bytes``
+    / ``nv_gpu_memory_total_bytes``; label ``gpu_uuid``, here jtop's name of the iGPU:
+    Jetson's iGPU has no NVML UUID) and ``infscaler_jetson_*`` for the rest. On a Jetson
+    the GPU is part of the SoC and shares its DRAM: the power is the module's total
+    (jtop ``power['tot']``), the memory the unified DRAM; each family whose source jtop
+    did not report is left out, never zero-filled.
+    """
+    info = GaugeMetricFamily(
+        "infscaler_telemetry_info",
+        "Host telemetry source: 1, with available=true when its gauges are exported, "
+        "else reason says why not",
+        labels=["source", "available", "reason"],
+    )
+    info.add_metric(["jtop", "true" if state.available else "false", state.reason], 1)
+    out: list[Metric] = [info]
+    r = state.reading
+    if not state.available or r is None:
+        return out
+    gpu = next(iter(sorted(r.gpu_utilization)), "gpu")
+    if r.gpu_utilization:
+        util = GaugeMetricFamily(
+            "nv_gpu_utilization",
+            "GPU utilization rate [0.0 - 1.0) (jtop: iGPU load)",
+            labels=["gpu_uuid"],
+        )
+        for name, v in sorted(r.gpu_utilization.items()):
+            util.add_metric([name], v)
+        out.append(util)
+    if r.power_w is not None:
+        power = GaugeMetricFamily(
+            "nv_gpu_power_usage",
+            "GPU power usage in watts (Jetson: the whole module, jtop's total power; "
+            "the rails are infscaler_jetson_power_watts)",
+            labels=["gpu_uuid"],
+        )
+        power.add_metric([gpu], r.power_w)
+        out.append(power)
+    if state.energy_j is not None:
+        energy = _TritonCounter(
+            "nv_energy_consumption",
+            "GPU energy consumption in joules since the service started reading jtop "
+            "(Jetson: the module's total power integrated over jtop's updates)",
+            ["gpu_uuid"],
+        )
+        energy.add_metric([gpu], state.energy_j)
+        out.append(energy)
+    for name, value, doc in (
+        ("nv_gpu_memory_used_bytes", r.memory_used_bytes, "GPU used memory, in bytes"),
+        ("nv_gpu_memory_total_bytes", r.memory_total_bytes, "GPU total memory, in bytes"),
+    ):
+        if value is not None:
+            fam = GaugeMetricFamily(
+                name, f"{doc} (Jetson: the DRAM the GPU shares with the CPUs)", labels=["gpu_uuid"]
+            )
+            fam.add_metric([gpu], value)
+            out.append(fam)
+    if r.gpu_mapped_bytes is not None:
+        out.append(
+            GaugeMetricFamily(
+                "infscaler_jetson_gpu_mapped_bytes",
+                "DRAM the GPU has mapped (NvMap; jtop memory RAM shared), bytes",
+                value=r.gpu_mapped_bytes,
+            )
+        )
+    for name, doc, label, values in (
+        (
+            "infscaler_jetson_power_watts",
+            "Power per rail (INA3221 / INA238 monitors, as jtop names them), watts",
+            "rail",
+            r.rails_w,
+        ),
+        (
+            "infscaler_jetson_temperature_celsius",
+            "Temperature per thermal sensor (jtop; sensors offline left out), degrees Celsius",
+            "sensor",
+            r.temperatures_c,
+        ),
+        (
+            "infscaler_jetson_frequency_hz",
+            "Current clock per engine: the iGPU (as jtop names it), emc (memory "
+            "controller), and jtop's online engines (DLA, NVENC, ...), hertz",
+            "engine",
+            r.frequencies_hz,
+        ),
+    ):
+        if values:
+            fam = GaugeMetricFamily(name, doc, labels=[label])
+            for k, v in sorted(values.items()):
+                fam.add_metric([k], v)
+            out.append(fam)
+    if r.power_mode is not None:
+        mode = GaugeMetricFamily(
+            "infscaler_jetson_power_mode_info",
+            "The nvpmodel power mode (1, its name in mode)",
+            labels=["mode"],
+        )
+        mode.add_metric([r.power_mode], 1)
+        out.append(mode)
+    return out
+
+
 def _deployments(svc: Any) -> list[Any]:
     try:
         return list(svc.deployments())
@@ -338,14 +451,17 @@ def _us(ms: float) -> float:
     return round(float(ms) * 1e3, 3)
 
 
-def make_registry(service: Any, *, process: bool = True) -> CollectorRegistry:
-    """A registry with a :class:`ServiceCollector` of ``service`` and (``process``)
-    prometheus-client's process collector (``process_*``: CPU seconds, resident memory,
-    open fds of the service process)."""
+def make_registry(
+    service: Any, *, process: bool = True, jetson: JetsonSampler | None = None
+) -> CollectorRegistry:
+    """A registry with a :class:`ServiceCollector` of ``service`` (its Jetson gauges from
+    ``jetson``, default the process's :func:`~infscaler.runtime.scaling.telemetry.jetson_sampler`)
+    and (``process``) prometheus-client's process collector (``process_*``: CPU seconds,
+    resident memory, open fds of the service process)."""
     from prometheus_client import ProcessCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServiceCollector(service))
+    registry.register(ServiceCollector(service, jetson))
     if process:
         ProcessCollector(registry=registry)
     return registry

@@ -446,6 +446,10 @@ def print_status(st: dict[str, Any]) -> None:
             + f", {res['cores']} cpu thread slots",
             highlight=False,
         )
+    tel = st.get("telemetry") or {}
+    if tel:
+        shown = "read" if tel.get("available") else f"not read: {tel.get('reason', '')}"
+        out.print(f"telemetry ({tel.get('source', 'jtop')}): {shown}", highlight=False)
     for p in st["pipelines"]:
         req = p["requests"]
         lat = req["latency"]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from infscaler.runtime.scaling.control import DeploymentView as Deployment
 from infscaler.runtime.scaling.monitor import Monitor, step_totals
+from infscaler.runtime.scaling.telemetry import jetson_sampler
 
 if TYPE_CHECKING:
     from infscaler.runtime.processes.supervisor import Supervisor
@@ -177,8 +178,10 @@ def service_status(svc: StatusSource) -> dict[str, Any]:
     time, ready and health (``degraded`` when a pipeline is), the device's resource cap
     (memory MB, instances, cores; empty when it cannot be read), the control path, the
     tensor pool (MB, slots, BUSY answers), the sharing manager's counters, restarts, the
-    zygote, the front end and the bytes-in-flight budget, and :func:`pipeline_status` of
-    every pipeline."""
+    zygote, the front end and the bytes-in-flight budget, the Jetson telemetry
+    (``telemetry``: whether jtop is read, and why not:
+    :class:`~infscaler.runtime.scaling.telemetry.JetsonSampler`), and
+    :func:`pipeline_status` of every pipeline."""
     pool = svc.pool.stats()
     ch = svc.channel.stats()
     mgr = svc.manager.stats()["manager"]
@@ -193,12 +196,14 @@ def service_status(svc: StatusSource) -> dict[str, Any]:
             "cores": cap.cores,
         }
     pipelines = [pipeline_status(svc, d) for d in svc.deployments()]
+    jetson = jetson_sampler().state()
     return {
         "started_at": svc.started_at,
         "ready": svc.ready(),
         "health": "degraded" if any(p["degraded"] for p in pipelines) else "ok",
         "stopping": svc.stopping,
         "resources": resources,
+        "telemetry": {"source": "jtop", "available": jetson.available, "reason": jetson.reason},
         "cpu_wake_latency": {
             "requested_us": svc.cpu_wake_latency_us,
             "held": svc.cpu_wake_latency_held,

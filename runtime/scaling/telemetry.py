@@ -18,21 +18,35 @@ fields are jtop's, the CPU and RAM figures still psutil's (jtop reads the same
 the Jetson-only fields are None and ``note`` says why.
 
 Memory figures are MB of 2**20 bytes (psutil reports bytes, jtop KB).
+
+For ``GET /metrics`` (:mod:`infscaler.api.metrics`) and the status, :class:`JetsonSampler`
+keeps one jtop client open in a background thread and caches each update as a
+:class:`JetsonReading` in SI units (:func:`jetson_reading`, pure), with the energy
+integrated from the power (:class:`EnergyCounter`); :func:`jetson_sampler` is the
+process's one sampler. Off a Jetson or without jetson-stats nothing is started and the
+state says why.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "EnergyCounter",
+    "JetsonReading",
+    "JetsonSampler",
+    "JetsonState",
     "ProcessMemory",
     "ProcessMemoryError",
     "Telemetry",
     "is_jetson",
+    "jetson_reading",
+    "jetson_sampler",
     "process_memory",
     "read_telemetry",
 ]
@@ -263,3 +277,337 @@ def process_memory(pid: int | None = None) -> ProcessMemory:
         uss_mb=info.uss / _MB,
         pss_mb=None if pss is None else pss / _MB,
     )
+
+
+# -- jtop as Prometheus gauges: the pure mapping, the energy counter, the sampler ----------
+
+#: jtop's temperature of a sensor that is offline (``jtop.temperature[...]['temp']``)
+JTOP_OFFLINE_C = -256.0
+
+
+@dataclass(frozen=True)
+class JetsonReading:
+    """One jtop update in SI units: what the ``nv_gpu_*`` / ``infscaler_jetson_*`` gauges
+    show (:func:`jetson_reading` builds it; :mod:`infscaler.api.metrics` exports it).
+
+    Attributes:
+        gpu_utilization: iGPU name -> load, 0-1 (jtop ``gpu[name]['status']['load']``, %).
+        power_w: total board power, W (jtop ``power['tot']['power']``, mW: the
+            ``VDD_IN`` / ``POM_5V_IN`` rail where the board has one, else jtop's sum of
+            the rails); None without INA3221 / INA238 monitors.
+        rails_w: rail name -> power, W (jtop ``power['rail'][name]['power']``, mW;
+            online rails only).
+        temperatures_c: sensor -> °C (jtop ``temperature[name]['temp']``; sensors
+            offline, or reading jtop's -256, are left out).
+        frequencies_hz: engine -> current clock, Hz: ``gpu`` (each iGPU's
+            ``freq['cur']``, kHz; named as jtop names the GPU), ``emc`` (``memory['EMC']['cur']``,
+            kHz) and the online engines of ``jtop.engine`` (``[group][name]['cur']``, kHz:
+            DLA, NVENC, NVDEC, ...).
+        memory_used_bytes: DRAM in use, bytes (jtop ``memory['RAM']['used']``, KB): on a
+            Jetson the GPU and the CPUs share this memory.
+        memory_total_bytes: DRAM, bytes (jtop ``memory['RAM']['tot']``, KB).
+        gpu_mapped_bytes: DRAM the GPU has mapped (NvMap), bytes (jtop
+            ``memory['RAM']['shared']``, KB); None where jtop does not report it.
+        power_mode: the nvpmodel mode name (jtop ``nvpmodel.name``, e.g. ``MAXN``).
+    """
+
+    gpu_utilization: dict[str, float]
+    power_w: float | None
+    rails_w: dict[str, float]
+    temperatures_c: dict[str, float]
+    frequencies_hz: dict[str, float]
+    memory_used_bytes: float | None
+    memory_total_bytes: float | None
+    gpu_mapped_bytes: float | None
+    power_mode: str | None
+
+
+def _num(value: Any) -> float | None:
+    """A number from jtop, or None for a missing or non-numeric one (``'OFF'``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def jetson_reading(snapshot: dict[str, Any]) -> JetsonReading:
+    """Map one jtop update to :class:`JetsonReading` (pure: no I/O, no jtop import).
+
+    Args:
+        snapshot: jtop's properties as plain dicts, under their property names:
+            ``gpu`` (``dict(jetson.gpu)``), ``power``, ``temperature``, ``memory``
+            (``dict(jetson.memory)``), ``engine`` and ``nvpmodel`` (the mode name, a
+            str, or None). Any of them may be missing or empty (a board without power
+            monitors, a jtop that does not know the board); what is missing is left
+            out of the reading, never filled in.
+
+    Key names and units are jetson-stats' (``jtop/jtop.py``, the ``gpu``, ``power``,
+    ``temperature``, ``memory`` and ``engine`` properties; the total power rule is
+    ``jtop/core/power.py`` ``total_power``): loads in %, power in mW, clocks in kHz,
+    memory in KB, temperatures in °C.
+    """
+    gpus = snapshot.get("gpu") or {}
+    util: dict[str, float] = {}
+    freq: dict[str, float] = {}
+    for name, g in gpus.items():
+        load = _num(((g or {}).get("status") or {}).get("load"))
+        if load is not None:
+            util[str(name)] = load / 100.0
+        cur = _num(((g or {}).get("freq") or {}).get("cur"))
+        if cur is not None:
+            freq[str(name)] = cur * 1e3
+    memory = snapshot.get("memory") or {}
+    emc = memory.get("EMC") or {}
+    emc_cur = _num(emc.get("cur"))
+    if emc_cur is not None and emc.get("online", True):
+        freq["emc"] = emc_cur * 1e3
+    for group in (snapshot.get("engine") or {}).values():
+        for name, e in (group or {}).items():
+            cur = _num((e or {}).get("cur"))
+            if cur is not None and e.get("online", True):
+                freq[str(name)] = cur * 1e3
+    power = snapshot.get("power") or {}
+    rails = {
+        str(name): p / 1e3
+        for name, r in (power.get("rail") or {}).items()
+        if (r or {}).get("online", True) and (p := _num((r or {}).get("power"))) is not None
+    }
+    total = _num((power.get("tot") or {}).get("power"))
+    temps = {
+        str(name): c
+        for name, t in (snapshot.get("temperature") or {}).items()
+        if (t or {}).get("online", True)
+        and (c := _num((t or {}).get("temp"))) is not None
+        and c > JTOP_OFFLINE_C
+    }
+    ram = memory.get("RAM") or {}
+    used, tot, shared = (_num(ram.get(k)) for k in ("used", "tot", "shared"))
+    mode = snapshot.get("nvpmodel")
+    return JetsonReading(
+        gpu_utilization=util,
+        power_w=None if total is None else total / 1e3,
+        rails_w=rails,
+        temperatures_c=temps,
+        frequencies_hz=freq,
+        memory_used_bytes=None if used is None else used * 1024.0,
+        memory_total_bytes=None if tot is None else tot * 1024.0,
+        gpu_mapped_bytes=None if shared is None else shared * 1024.0,
+        power_mode=None if mode is None else str(mode),
+    )
+
+
+class EnergyCounter:
+    """Energy, J, integrated from power readings by the trapezoid rule (what Triton's
+    ``nv_energy_consumption`` counts from NVML's power on a discrete GPU).
+
+    Each :meth:`add` of a power (W) at a time (s, monotonic) adds
+    ``(p_prev + p) / 2 * (t - t_prev)``. The first reading, and the first after a gap
+    over ``max_gap_s`` (jtop's service restarted, or it stopped answering), only sets the
+    baseline: energy is never extrapolated over time no reading covers. A reading at or
+    before the previous time is ignored.
+    """
+
+    def __init__(self, max_gap_s: float = 10.0) -> None:
+        self.max_gap_s = max_gap_s
+        self.joules = 0.0
+        self._last: tuple[float, float] | None = None
+
+    def add(self, t_s: float, power_w: float) -> float:
+        """Integrate up to ``t_s``; returns the total, J."""
+        last = self._last
+        if last is not None and t_s <= last[0]:
+            return self.joules
+        if last is not None and t_s - last[0] <= self.max_gap_s:
+            self.joules += (last[1] + power_w) / 2.0 * (t_s - last[0])
+        self._last = (t_s, power_w)
+        return self.joules
+
+    def reset_baseline(self) -> None:
+        """Forget the last reading (the source went away): the next one starts anew."""
+        self._last = None
+
+
+@dataclass(frozen=True)
+class JetsonState:
+    """What the jtop sampler has: whether jtop is read, why not, the last reading.
+
+    Attributes:
+        available: a reading no older than the sampler's ``stale_s`` is there.
+        reason: why not (not a Jetson, jetson-stats missing, the jtop service not
+            reachable, the last reading stale); ``""`` when available.
+        reading: the last reading (None before the first, and when not available).
+        energy_j: energy since the sampler started, J (:class:`EnergyCounter`); None
+            without a power reading yet.
+        age_s: the reading's age, s; None without one.
+    """
+
+    available: bool
+    reason: str
+    reading: JetsonReading | None = None
+    energy_j: float | None = None
+    age_s: float | None = None
+
+
+def _jtop_snapshot(jetson: Any) -> dict[str, Any]:
+    """A started jtop client's properties as the plain dicts :func:`jetson_reading` reads."""
+    nvp = jetson.nvpmodel
+    return {
+        "gpu": dict(jetson.gpu or {}),
+        "power": jetson.power or {},
+        "temperature": jetson.temperature or {},
+        "memory": dict(jetson.memory or {}),
+        "engine": jetson.engine or {},
+        "nvpmodel": None if nvp is None else str(nvp.name),
+    }
+
+
+def _jtop_unavailable() -> str:
+    """Why jtop cannot be read on this host before trying its service, or ``""``.
+
+    The reasons are fixed sentences (a ``GET /metrics`` label: no file path, no
+    exception text, bounded)."""
+    if not is_jetson():
+        return (
+            "not a Jetson (no L4T release file, no tegra device tree): jtop has no GPU, "
+            "power or temperatures to read"
+        )
+    try:
+        import jtop  # noqa: F401 - jetson-stats: optional, Jetson only
+    except ImportError:
+        return (
+            "jetson-stats (jtop) is not installed: sudo pip3 install jetson-stats (it "
+            "installs and starts the jtop service), then restart infscaler"
+        )
+    return ""
+
+
+def _open_jtop(interval_s: float) -> Any:
+    from jtop import jtop
+
+    return jtop(interval=interval_s)
+
+
+class JetsonSampler:
+    """Reads jtop once per update in a background thread and keeps the last reading.
+
+    jtop's service updates its stats at ``interval_s`` (1 Hz by default); the thread
+    waits on ``jetson.ok()`` (which returns at each update), maps it with
+    :func:`jetson_reading` and integrates the power into an :class:`EnergyCounter`.
+    Readers (``GET /metrics``, the status) only take the cached :meth:`state`: a scrape
+    never talks to jtop, and jtop is read at most once per update however often it is
+    scraped. Off a Jetson, or without jetson-stats, no thread starts and :meth:`state`
+    says why. When the jtop service is not reachable the thread retries every
+    ``retry_s`` and the state's reason names the error's type (not its text: the reason
+    is a metrics label, and no label carries a path).
+
+    Args:
+        interval_s: jtop's update interval, s.
+        stale_s: a reading older than this is not shown, s (default 5 update intervals).
+        retry_s: the wait between attempts to reach the jtop service, s.
+        opener: ``interval_s -> jtop client`` (a context manager); default
+            ``jtop.jtop(interval=...)``.
+        unavailable: ``() -> reason`` checked once before starting (``""``: go ahead);
+            default: not a Jetson, or jetson-stats not importable.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 1.0,
+        *,
+        stale_s: float | None = None,
+        retry_s: float = 30.0,
+        opener: Any = None,
+        unavailable: Any = None,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.interval_s = interval_s
+        self.stale_s = stale_s if stale_s is not None else 5.0 * interval_s + 1.0
+        self.retry_s = retry_s
+        self._opener = opener or _open_jtop
+        self._unavailable = unavailable or _jtop_unavailable
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._checked: str | None = None  # the unavailable() answer, once
+        self._reason = "jtop not read yet"
+        self._reading: JetsonReading | None = None
+        self._at: float | None = None
+        self._energy = EnergyCounter(max_gap_s=max(10.0, 3.0 * interval_s))
+        self._energy_seen = False
+
+    def start(self) -> None:
+        """Start the thread where jtop can be read (idempotent; cheap when it cannot)."""
+        with self._lock:
+            if self._checked is None:
+                self._checked = self._unavailable()
+                if self._checked:
+                    self._reason = self._checked
+            if self._checked or self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="jtop-sampler", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the thread (it ends at jtop's next update)."""
+        self._stop.set()
+        t = self._thread
+        if t is not None:
+            t.join(timeout_s)
+
+    def state(self) -> JetsonState:
+        """The cached state (starts the sampler on first use); never blocks on jtop."""
+        self.start()
+        with self._lock:
+            if self._reading is None or self._at is None:
+                return JetsonState(False, self._reason)
+            age = self._clock() - self._at
+            if age > self.stale_s:
+                why = self._reason if self._reason else "no jtop update"
+                return JetsonState(False, f"last jtop reading {age:.0f} s old ({why})")
+            energy = self._energy.joules if self._energy_seen else None
+            return JetsonState(True, "", self._reading, energy, age)
+
+    def record(self, snapshot: dict[str, Any]) -> None:
+        """Take one jtop update (what the thread does at each; public for tests)."""
+        reading = jetson_reading(snapshot)
+        now = self._clock()
+        with self._lock:
+            self._reading, self._at, self._reason = reading, now, ""
+            if reading.power_w is not None:
+                self._energy.add(now, reading.power_w)
+                self._energy_seen = True
+
+    def _failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._reason = (
+                f"the jtop service is not reachable ({type(exc).__name__}): "
+                "systemctl status jtop.service; sudo systemctl restart jtop.service"
+            )
+            self._energy.reset_baseline()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._opener(self.interval_s) as jetson:
+                    while not self._stop.is_set() and jetson.ok():
+                        self.record(_jtop_snapshot(jetson))
+                raise RuntimeError("jtop closed its connection")
+            except Exception as exc:  # noqa: BLE001 - JtopException, OS errors, bad data
+                if self._stop.is_set():
+                    return
+                self._failed(exc)
+            self._stop.wait(self.retry_s)
+
+
+_SAMPLER: JetsonSampler | None = None
+_SAMPLER_LOCK = threading.Lock()
+
+
+def jetson_sampler() -> JetsonSampler:
+    """This process's :class:`JetsonSampler` (one, shared by the metrics and the status)."""
+    global _SAMPLER
+    with _SAMPLER_LOCK:
+        if _SAMPLER is None:
+            _SAMPLER = JetsonSampler()
+        return _SAMPLER
