@@ -79,7 +79,7 @@ def triton_pipeline_from_dir(
         path, gpu_available=available("gpu")[0], partitions=partitions, shapes=shapes
     )
     for line in model.warnings:
-        err.print(f"warning: {line}", highlight=False, markup=False)
+        err.print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
     return model.config
 
 
