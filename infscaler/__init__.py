@@ -50,8 +50,9 @@ auto-scaler), ``planning/`` (planner, simulator, deploy-time planning, profiles)
 - :mod:`infscaler.engines` -- the engine layer (CPU / GPU / DLA behind one interface):
   every onnxruntime / TensorRT session is built there
 
-**Base** (:mod:`infscaler.base`): errors, pipeline config schemas, device profiles,
-model resolution, SLOs, the socket's security checks, sample images. Every layer may use
+**Base** (:mod:`infscaler.base`): errors, pipeline config schemas (and Triton
+``config.pbtxt`` mapped onto them, :mod:`~infscaler.base.triton`), device profiles, model
+resolution, SLOs, the socket's security checks, sample images. Every layer may use
 it; it uses none of them.
 
 Where to start reading: ``README.md``; then :class:`~infscaler.service.service.Service`

@@ -53,16 +53,34 @@ def default_socket(socket: str | None = None) -> str:
 
 
 def triton_model(path: Path) -> Path | None:
-    """The ``model.onnx`` of a Triton model directory (``<model>/config.pbtxt`` and
-    ``<model>/<version>/model.onnx``): its highest numeric version's, or None when
-    ``path`` is not one (Triton's ``model_repository.md`` layout; ``config.pbtxt`` is
-    not read: names, shapes and batching come from the ONNX file)."""
-    versions = sorted(
-        (int(v.name), v / "model.onnx")
-        for v in path.iterdir()
-        if v.is_dir() and v.name.isdigit() and (v / "model.onnx").is_file()
+    """``path`` when it is a Triton model directory (``<model>/config.pbtxt`` and / or
+    ``<model>/<version>/model.onnx``, Triton's ``model_repository.md`` layout), else None
+    (:func:`infscaler.base.triton.is_model_dir`)."""
+    from infscaler.base.triton import is_model_dir
+
+    return path if is_model_dir(path) else None
+
+
+def triton_pipeline_from_dir(
+    path: Path, partitions: int | None = None, shapes: str | None = None
+) -> Any:
+    """A Triton model directory as a pipeline (:func:`infscaler.base.triton.triton_pipeline`:
+    its ``config.pbtxt`` mapped, its latest version), each ignored ``config.pbtxt`` field
+    printed as a warning on stderr. KIND_AUTO / no ``instance_group`` place it on the gpu
+    engine when this host runs one.
+
+    Raises:
+        ConfigError: a file or field that cannot be served (the message names both).
+    """
+    from infscaler.base.triton import triton_pipeline
+    from infscaler.engines import available
+
+    model = triton_pipeline(
+        path, gpu_available=available("gpu")[0], partitions=partitions, shapes=shapes
     )
-    return versions[-1][1] if versions else None
+    for line in model.warnings:
+        err.print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
+    return model.config
 
 
 def pipelines_from_arg(
@@ -74,9 +92,11 @@ def pipelines_from_arg(
     Raises:
         ConfigError: as :func:`pipeline_from_arg`.
     """
+    from infscaler.base.triton import repository_models
+
     p = Path(arg)
     if p.is_dir() and not (p / "plan.yaml").is_file() and triton_model(p) is None:
-        models = sorted(d for d in p.iterdir() if d.is_dir() and triton_model(d) is not None)
+        models = repository_models(p)
         if models:
             return [pipeline_from_arg(str(d), partitions, shapes) for d in models]
     return [pipeline_from_arg(arg, partitions, shapes)]
@@ -85,7 +105,7 @@ def pipelines_from_arg(
 def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | None = None) -> Any:
     """A pipeline from a ``serve`` argument: a pipeline YAML, an ``.onnx`` model or
     bundled alias (served whole, or partitioned into ``partitions``), a plan dir, or a
-    Triton model directory (:func:`triton_model`; named after the directory).
+    Triton model directory (:func:`triton_pipeline_from_dir`; named after the directory).
 
     Args:
         shapes: concrete shapes of a model's dynamic inputs (``--shapes``, trtexec's
@@ -106,8 +126,8 @@ def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | Non
         )
     if p.suffix in (".yaml", ".yml", ".json") and p.is_file():
         return load_pipeline(p)
-    if triton is not None:  # a Triton model directory: its latest version, its name
-        return pipeline_for_model(triton, name=p.name, partitions=partitions, shapes=shapes)
+    if triton is not None:  # a Triton model directory: its config.pbtxt, latest version
+        return triton_pipeline_from_dir(triton, partitions, shapes)
     if p.is_dir():
         if not (p / "plan.yaml").is_file():
             raise ConfigError(
@@ -160,7 +180,9 @@ def _client(socket: str | None) -> Any:
 
 @app.command("deploy")
 def deploy_cmd(
-    pipeline: Annotated[str, typer.Argument(help="PIPELINE.yaml (or MODEL.onnx / alias).")],
+    pipeline: Annotated[
+        str, typer.Argument(help="PIPELINE.yaml (or MODEL.onnx / alias / Triton REPO/MODEL).")
+    ],
     socket: SocketOpt = None,
     name: Annotated[
         str | None, typer.Option("--name", help="Model name (default: the pipeline's).")

@@ -101,7 +101,8 @@ TargetsArg = Annotated[
     list[str] | None,
     typer.Argument(
         help="Pipelines to deploy: PIPELINE.yaml, MODEL.onnx, a bundled model alias, "
-        "a plan directory, or a bundled pipeline: `ocr` (PP-OCRv4) or `dddd` (ddddocr "
+        "a plan directory, a Triton model directory or repository (config.pbtxt + "
+        "VERSION/model.onnx), or a bundled pipeline: `ocr` (PP-OCRv4) or `dddd` (ddddocr "
         "detector -> recogniser)."
     ),
 ]
@@ -286,7 +287,8 @@ ModelRepositoryOpt = Annotated[
         "--model-repository",
         envvar="INFSCALER_MODEL_REPOSITORIES",
         help="A directory pipelines loaded through the API may take models and plans "
-        "from (repeatable; bundled model aliases always).",
+        "from (repeatable; bundled model aliases always); a Triton model repository's "
+        "models are also served at start, as `serve REPO` does.",
     ),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")]
@@ -355,7 +357,14 @@ def serve_cmd(
     security = _security_policy(allow_functions, model_repository, socket_group)
     profile = load_profile(device) if device else None
     configs, watcher = _initial_pipelines(
-        targets, partitions, shapes, watch_dir, socket, security, slo, autoscale
+        _with_repositories(targets, model_repository),
+        partitions,
+        shapes,
+        watch_dir,
+        socket,
+        security,
+        slo,
+        autoscale,
     )
     wake = _checked_choices(objective, cpu_wake_latency_us, control_path)
     code = asyncio.run(
@@ -393,6 +402,18 @@ def _security_policy(
     if socket_group is not None:
         resolve_group(socket_group)  # an unknown group fails now, not after the deploys
     return security
+
+
+def _with_repositories(targets: list[str] | None, repositories: list[str] | None) -> list[str]:
+    """The targets, then each ``--model-repository`` that is a Triton model repository
+    (:func:`infscaler.base.triton.repository_models`) and not already a target."""
+    from infscaler.base.triton import repository_models
+
+    given = {os.path.realpath(t) for t in targets or []}
+    extra = [
+        r for r in repositories or [] if os.path.realpath(r) not in given and repository_models(r)
+    ]
+    return [*(targets or []), *dict.fromkeys(extra)]
 
 
 def _initial_pipelines(

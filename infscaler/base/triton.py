@@ -1,0 +1,493 @@
+"""Triton model repositories served as they are: ``config.pbtxt`` -> a pipeline.
+
+A Triton model repository (Triton ``docs/user_guide/model_repository.md``) is a
+directory of model directories, each ``<model>/config.pbtxt`` plus
+``<model>/<version>/model.onnx``. :func:`triton_pipeline` reads one model directory's
+``config.pbtxt`` with protobuf's text format against Triton's own ``model_config.proto``
+(``inference.ModelConfig``, loaded from :mod:`infscaler.base.triton_descriptor` into a
+private descriptor pool, so it never collides with another copy of the ``inference``
+protos in the same process) and maps it onto a one-stage
+:class:`~infscaler.base.config.PipelineConfig` (Triton ``model_configuration.md``):
+
+=================================  ====================================================
+``config.pbtxt``                   pipeline
+=================================  ====================================================
+``name``                           the pipeline's name (must equal the directory's)
+``platform: "onnxruntime_onnx"``   the model stage (anything else is refused)
+/ ``backend: "onnxruntime"``
+``max_batch_size`` > 0             -1 (any size) prepended to every input's dims
+``input`` / ``output``             ``inputs`` (name, TYPE_FP32 -> FP32, dims; -1 = any
+                                   size) / ``outputs``; names, ranks and types are
+                                   checked against the ONNX model's
+``instance_group``                 ``instances`` (the counts summed) and ``engine``:
+                                   KIND_CPU -> cpu, KIND_GPU -> gpu, KIND_AUTO -> gpu
+                                   when this host has one, else cpu
+``dynamic_batching``               ``batching`` (policy ``fixed``): ``max_batch`` the
+                                   largest ``preferred_batch_size``, else
+                                   ``max_batch_size`` (at most 64); ``max_delay_ms``
+                                   ``max_queue_delay_microseconds`` / 1000
+``version_policy``                 the version served: latest (default) -> the highest
+                                   numeric version directory; ``specific`` -> the
+                                   highest listed; one version is served
+``default_model_filename``         the file in the version directory (``model.onnx``)
+=================================  ====================================================
+
+Every other field that is set (``optimization``, ``model_warmup``, ``parameters``,
+``sequence_batching``, ``response_cache``, an input's ``reshape``, ...) is ignored and
+named in :attr:`TritonModel.warnings`, one line per field. A model directory without
+``config.pbtxt`` is served from the ONNX model's own signature (Triton's auto-complete).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infscaler.base.config import PipelineConfig, pipeline_for_model, validate_pipeline
+from infscaler.base.errors import ConfigError
+
+__all__ = [
+    "TritonModel",
+    "is_model_dir",
+    "parse_model_config",
+    "repository_models",
+    "triton_pipeline",
+]
+
+CONFIG_FILE = "config.pbtxt"
+DEFAULT_MODEL_FILENAME = "model.onnx"
+#: the largest batch our dynamic batching forms (:class:`~infscaler.base.config.BatchingConfig`)
+MAX_BATCH = 64
+
+#: Triton ``DataType`` -> v2 datatype (Triton ``model_configuration.md``, "Datatypes").
+#: TYPE_STRING (BYTES) and TYPE_BF16 are refused: ONNX models served here take numbers.
+DATATYPES = {
+    "TYPE_BOOL": "BOOL",
+    "TYPE_UINT8": "UINT8",
+    "TYPE_UINT16": "UINT16",
+    "TYPE_UINT32": "UINT32",
+    "TYPE_UINT64": "UINT64",
+    "TYPE_INT8": "INT8",
+    "TYPE_INT16": "INT16",
+    "TYPE_INT32": "INT32",
+    "TYPE_INT64": "INT64",
+    "TYPE_FP16": "FP16",
+    "TYPE_FP32": "FP32",
+    "TYPE_FP64": "FP64",
+}
+#: ONNX ``TensorProto`` element type -> v2 datatype.
+_ONNX_TYPES = {
+    "BOOL": "BOOL",
+    "UINT8": "UINT8",
+    "UINT16": "UINT16",
+    "UINT32": "UINT32",
+    "UINT64": "UINT64",
+    "INT8": "INT8",
+    "INT16": "INT16",
+    "INT32": "INT32",
+    "INT64": "INT64",
+    "FLOAT16": "FP16",
+    "FLOAT": "FP32",
+    "DOUBLE": "FP64",
+}
+_PLATFORMS = ("", "onnxruntime_onnx")
+_BACKENDS = ("", "onnxruntime")
+#: ModelConfig fields the mapping reads; every other field set is a warning
+_MAPPED = {
+    "name",
+    "platform",
+    "backend",
+    "max_batch_size",
+    "input",
+    "output",
+    "instance_group",
+    "dynamic_batching",
+    "version_policy",
+    "default_model_filename",
+}
+_TENSOR_MAPPED = {"name", "data_type", "dims"}
+_GROUP_MAPPED = {"name", "kind", "count"}
+_BATCHING_MAPPED = {"max_queue_delay_microseconds", "preferred_batch_size"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class TritonModel:
+    """One Triton model directory as a pipeline.
+
+    Attributes:
+        config: the one-stage pipeline (named after the directory).
+        version: the version directory served (its number).
+        model_path: the ONNX file served.
+        warnings: one line per ``config.pbtxt`` field that is ignored, naming the file
+            and the field (``<dir>/config.pbtxt: optimization is ignored``).
+    """
+
+    config: PipelineConfig
+    version: int
+    model_path: Path
+    warnings: tuple[str, ...] = ()
+
+
+@functools.lru_cache(maxsize=1)
+def _model_config_class() -> Any:
+    """The ``inference.ModelConfig`` message class, from a private descriptor pool."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    from infscaler.base.triton_descriptor import DESCRIPTOR_SET_B64
+
+    files = descriptor_pb2.FileDescriptorSet.FromString(
+        zlib.decompress(base64.b64decode("".join(DESCRIPTOR_SET_B64)))
+    )
+    pool = descriptor_pool.DescriptorPool()
+    for f in files.file:
+        pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelConfig"))
+
+
+def parse_model_config(path: str | Path) -> Any:
+    """Parse a ``config.pbtxt`` (protobuf text format) into an ``inference.ModelConfig``
+    message (Triton ``model_config.proto``).
+
+    Raises:
+        ConfigError: an unreadable file, or text that is not a ModelConfig (the message
+            says ``<file>:<line>:<column>: ...``, as protoc's parser does; unknown fields
+            are errors, as in Triton).
+    """
+    from google.protobuf import text_format
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    msg = _model_config_class()()
+    try:
+        text_format.Parse(text, msg)
+    except text_format.ParseError as exc:
+        where = f"{path}:{exc.GetLine()}:{exc.GetColumn()}" if exc.GetLine() else str(path)
+        detail = re.sub(r"^\d+:\d+ ?: ?", "", str(exc))
+        raise ConfigError(
+            f"{where}: {detail}",
+            hint="see Triton's model_configuration.md for the config.pbtxt fields",
+        ) from None
+    return msg
+
+
+def _versions(model_dir: Path, filename: str) -> dict[int, Path]:
+    """Numeric version directories holding ``filename``: ``{version: file}``."""
+    try:
+        entries = list(model_dir.iterdir())
+    except OSError:
+        return {}
+    return {
+        int(v.name): v / filename
+        for v in entries
+        if v.name.isdigit() and v.is_dir() and (v / filename).is_file()
+    }
+
+
+def is_model_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a Triton model directory: a ``config.pbtxt``, or a numeric
+    version directory holding ``model.onnx``."""
+    p = Path(path)
+    return p.is_dir() and (
+        (p / CONFIG_FILE).is_file() or bool(_versions(p, DEFAULT_MODEL_FILENAME))
+    )
+
+
+def repository_models(repo: str | Path) -> list[Path]:
+    """The model directories of a Triton model repository, sorted by name (empty when
+    ``repo`` is not a directory or holds none; hidden directories are skipped)."""
+    p = Path(repo)
+    if not p.is_dir():
+        return []
+    return sorted(d for d in p.iterdir() if not d.name.startswith(".") and is_model_dir(d))
+
+
+def _set_fields(msg: Any) -> list[str]:
+    return [f.name for f, _v in msg.ListFields()]
+
+
+def _ignored(where: str, prefix: str, msg: Any, mapped: set[str]) -> list[str]:
+    return [f"{where}: {prefix}{f} is ignored" for f in _set_fields(msg) if f not in mapped]
+
+
+def _version(cfg: Any, model_dir: Path, where: str, warnings: list[str]) -> tuple[int, Path]:
+    """The version served under the version policy, and its model file."""
+    filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME
+    if "/" in filename or filename in (".", ".."):
+        raise ConfigError(
+            f"{where}: default_model_filename {filename!r} must be a file name",
+            hint="name the file inside the version directory, e.g. model.onnx",
+        )
+    found = _versions(model_dir, filename)
+    if not found:
+        raise ConfigError(
+            f"{model_dir}: no version directory holds {filename} (Triton's layout: "
+            f"{model_dir.name}/1/{filename})",
+            hint="put the model in a numeric version directory",
+        )
+    choice = cfg.version_policy.WhichOneof("policy_choice")
+    if choice == "specific":
+        listed = sorted(set(cfg.version_policy.specific.versions))
+        missing = [v for v in listed if v not in found]
+        if missing or not listed:
+            raise ConfigError(
+                f"{where}: version_policy.specific.versions {listed} names versions with no "
+                f"{filename} ({missing or 'none listed'}); the directory has {sorted(found)}",
+                hint="list existing version directories, or drop version_policy (latest)",
+            )
+        version = listed[-1]
+        if len(listed) > 1:
+            warnings.append(f"{where}: version_policy serves version {version} only")
+    else:
+        version = max(found)
+        wanted = cfg.version_policy.latest.num_versions if choice == "latest" else 1
+        if choice == "all" or wanted > 1:
+            warnings.append(f"{where}: version_policy serves version {version} only")
+    return version, found[version]
+
+
+def _tensor(t: Any, i: int, kind: str, batch: bool, where: str, problems: list[str]) -> dict:
+    """One ``input`` / ``output`` entry as ``{name, datatype, shape}``."""
+    field = f"{kind}[{i}]"
+    type_name = _model_config_class().DESCRIPTOR.fields_by_name["input"].message_type
+    dtype = type_name.fields_by_name["data_type"].enum_type.values_by_number[t.data_type].name
+    if not t.name:
+        problems.append(f"{field}.name is missing")
+    if dtype not in DATATYPES:
+        problems.append(
+            f"{field}.data_type {dtype} is not supported"
+            + (" (TYPE_INVALID: data_type is missing)" if dtype == "TYPE_INVALID" else "")
+        )
+    bad = [d for d in t.dims if d < -1]
+    if bad:
+        problems.append(f"{field}.dims {list(t.dims)}: dims are >= 0 or -1 (any size)")
+    shape = ([-1] if batch else []) + [int(d) for d in t.dims]
+    return {"name": t.name, "datatype": DATATYPES.get(dtype, "FP32"), "shape": shape}
+
+
+def _onnx_signature(path: Path) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]:
+    """The ONNX model's graph inputs and outputs: ``{name: (v2 datatype, rank)}``."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError / OSError / ValueError
+        raise ConfigError(f"cannot load {path}: {exc}") from None
+    inits = {i.name for i in model.graph.initializer}
+
+    def sig(values: Any) -> dict[str, tuple[str, int]]:
+        out = {}
+        for v in values:
+            if v.name in inits:
+                continue
+            tt = v.type.tensor_type
+            dtype = _ONNX_TYPES.get(onnx.TensorProto.DataType.Name(tt.elem_type), "?")
+            out[v.name] = (dtype, len(tt.shape.dim) if tt.HasField("shape") else -1)
+        return out
+
+    return sig(model.graph.input), sig(model.graph.output)
+
+
+def _check_against_model(
+    tensors: list[dict], kind: str, model: dict[str, tuple[str, int]], path: Path
+) -> list[str]:
+    """Problems of the config's tensors against the ONNX model's (name, type, rank)."""
+    problems = []
+    given = {t["name"] for t in tensors}
+    if kind == "input" and tensors and set(model) - given:
+        problems.append(f"the model's inputs {sorted(set(model) - given)} are not listed")
+    for i, t in enumerate(tensors):
+        if t["name"] not in model:
+            problems.append(
+                f"{kind}[{i}].name {t['name']!r} is not an {kind} of {path.name} "
+                f"(its {kind}s: {sorted(model)})"
+            )
+            continue
+        dtype, rank = model[t["name"]]
+        if dtype != t["datatype"]:
+            problems.append(
+                f"{kind}[{i}].data_type is TYPE_{t['datatype']} but the model's "
+                f"{t['name']!r} is {dtype}"
+            )
+        if rank >= 0 and len(t["shape"]) != rank:
+            problems.append(
+                f"{kind}[{i}].dims give rank {len(t['shape'])} (with the batch dim when "
+                f"max_batch_size > 0) but the model's {t['name']!r} has rank {rank}"
+            )
+    return problems
+
+
+def _engine(cfg: Any, where: str, gpu_available: bool, warnings: list[str]) -> tuple[str, int]:
+    """``(engine, instances)`` from ``instance_group``."""
+    if not cfg.instance_group:
+        return ("gpu" if gpu_available else "cpu"), 1
+    group_cls = cfg.instance_group[0].DESCRIPTOR
+    kinds: dict[str, int] = {}
+    for i, g in enumerate(cfg.instance_group):
+        kind = group_cls.fields_by_name["kind"].enum_type.values_by_number[g.kind].name
+        warnings += _ignored(where, f"instance_group[{i}].", g, _GROUP_MAPPED)
+        if kind == "KIND_MODEL":
+            raise ConfigError(
+                f"{where}: instance_group[{i}].kind KIND_MODEL is not supported",
+                hint="use KIND_CPU or KIND_GPU",
+            )
+        if g.count < 0:
+            raise ConfigError(f"{where}: instance_group[{i}].count {g.count} is below 0")
+        engine = {"KIND_CPU": "cpu", "KIND_GPU": "gpu"}.get(kind, "gpu" if gpu_available else "cpu")
+        kinds[engine] = kinds.get(engine, 0) + (g.count or 1)
+    if len(kinds) > 1:
+        raise ConfigError(
+            f"{where}: instance_group mixes cpu and gpu instances ({kinds}); a model here "
+            "runs on one engine",
+            hint="keep one kind (KIND_CPU or KIND_GPU) in instance_group",
+        )
+    ((engine, count),) = kinds.items()
+    return engine, count
+
+
+def _batching(cfg: Any, where: str, warnings: list[str]) -> dict | None:
+    """``batching`` from ``dynamic_batching`` (None without it)."""
+    if not cfg.HasField("dynamic_batching"):
+        return None
+    db = cfg.dynamic_batching
+    if cfg.max_batch_size <= 0:
+        raise ConfigError(
+            f"{where}: dynamic_batching needs max_batch_size > 0 (it is {cfg.max_batch_size})",
+            hint="set max_batch_size, or drop dynamic_batching",
+        )
+    warnings += _ignored(where, "dynamic_batching.", db, _BATCHING_MAPPED)
+    preferred = sorted(db.preferred_batch_size)
+    if any(b < 1 or b > cfg.max_batch_size for b in preferred):
+        raise ConfigError(
+            f"{where}: dynamic_batching.preferred_batch_size {preferred} must lie in 1.."
+            f"{cfg.max_batch_size} (max_batch_size)"
+        )
+    size = preferred[-1] if preferred else cfg.max_batch_size
+    if len(preferred) > 1:
+        warnings.append(
+            f"{where}: dynamic_batching.preferred_batch_size: batches grow up to {size} "
+            f"(the largest of {preferred})"
+        )
+    if size > MAX_BATCH:
+        warnings.append(f"{where}: dynamic batches are capped at {MAX_BATCH} (not {size})")
+        size = MAX_BATCH
+    delay_ms = db.max_queue_delay_microseconds / 1000
+    if delay_ms > 1000:
+        raise ConfigError(
+            f"{where}: dynamic_batching.max_queue_delay_microseconds "
+            f"{db.max_queue_delay_microseconds} is over 1 s (1000000)",
+            hint="batching delays here are at most 1000000 microseconds",
+        )
+    return {"max_batch": size, "max_delay_ms": delay_ms, "policy": "fixed"}
+
+
+def triton_pipeline(
+    model_dir: str | Path,
+    *,
+    gpu_available: bool = False,
+    partitions: int | None = None,
+    shapes: str | None = None,
+) -> TritonModel:
+    """A Triton model directory (``config.pbtxt`` + ``<version>/model.onnx``) as a
+    pipeline (the mapping in the module docstring).
+
+    Args:
+        model_dir: the model directory (its name is the model's).
+        gpu_available: whether this host runs the gpu engine (KIND_AUTO and no
+            ``instance_group``: gpu when True, else cpu, as Triton places them).
+        partitions / shapes: as ``infscaler serve MODEL.onnx`` (``--partitions``,
+            ``--shapes``).
+
+    Raises:
+        ConfigError: a file or field that cannot be served; the message names the file
+            and the field (``<repo>/resnet/config.pbtxt: input[0].data_type TYPE_STRING
+            is not supported``), every problem of the inputs / outputs at once.
+    """
+    model_dir = Path(model_dir)
+    name = model_dir.name
+    if not _NAME.match(name):
+        raise ConfigError(
+            f"{model_dir}: model name {name!r} is not a valid model name ([A-Za-z0-9_.-], "
+            "up to 64 characters, starting with a letter or digit)",
+            hint="rename the model directory",
+        )
+    cfg_path = model_dir / CONFIG_FILE
+    if not cfg_path.is_file():  # Triton's auto-complete: the model's own signature
+        version, path = _version(_model_config_class()(), model_dir, str(model_dir), [])
+        engine = "gpu" if gpu_available else "cpu"
+        cfg = pipeline_for_model(
+            path, name=name, partitions=partitions, shapes=shapes, engine=engine
+        )
+        return TritonModel(cfg, version, path)
+    return _from_config(parse_model_config(cfg_path), model_dir, gpu_available, partitions, shapes)
+
+
+def _from_config(
+    cfg: Any, model_dir: Path, gpu_available: bool, partitions: int | None, shapes: str | None
+) -> TritonModel:
+    """:func:`triton_pipeline` for a parsed ``config.pbtxt``."""
+    where = str(model_dir / CONFIG_FILE)
+    if cfg.name and cfg.name != model_dir.name:
+        raise ConfigError(
+            f"{where}: name {cfg.name!r} differs from the model directory {model_dir.name!r}",
+            hint="Triton requires them equal: fix name, or drop it",
+        )
+    if cfg.platform not in _PLATFORMS or cfg.backend not in _BACKENDS:
+        which = f"platform {cfg.platform!r}" if cfg.platform not in _PLATFORMS else ""
+        which = which or f"backend {cfg.backend!r}"
+        raise ConfigError(
+            f"{where}: {which} is not supported: ONNX models only (platform "
+            '"onnxruntime_onnx" or backend "onnxruntime")',
+            hint="export the model to ONNX, or serve it with Triton",
+        )
+    if cfg.max_batch_size < 0:
+        raise ConfigError(f"{where}: max_batch_size {cfg.max_batch_size} is below 0")
+    warnings = [f"{where}: {f} is ignored" for f in _set_fields(cfg) if f not in _MAPPED]
+    version, path = _version(cfg, model_dir, where, warnings)
+    batching = _batching(cfg, where, warnings)
+    batch = cfg.max_batch_size > 0
+    problems: list[str] = []
+    inputs = [_tensor(t, i, "input", batch, where, problems) for i, t in enumerate(cfg.input)]
+    outputs = [_tensor(t, i, "output", batch, where, problems) for i, t in enumerate(cfg.output)]
+    for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
+        for i, t in enumerate(tensors):
+            warnings += _ignored(where, f"{kind}[{i}].", t, _TENSOR_MAPPED)
+    if not problems:
+        model_in, model_out = _onnx_signature(path)
+        problems += _check_against_model(inputs, "input", model_in, path)
+        problems += _check_against_model(outputs, "output", model_out, path)
+    if problems:
+        raise ConfigError(
+            f"{where}: " + "; ".join(problems),
+            hint="see Triton's model_configuration.md; names, types and ranks must match "
+            "the ONNX model's",
+        )
+    engine, instances = _engine(cfg, where, gpu_available, warnings)
+    stage: dict[str, Any] = {
+        "name": "model",
+        "model": str(path),
+        "engine": engine,
+        "instances": instances,
+    }
+    if batching is not None:
+        stage["batching"] = batching
+    if partitions:
+        stage["partitions"] = partitions
+    if shapes:
+        stage["shapes"] = shapes
+    data: dict[str, Any] = {"name": model_dir.name, "stages": [stage]}
+    if inputs:
+        data["inputs"] = inputs
+        stage["inputs"] = {t["name"]: t["name"] for t in inputs}
+    if outputs:
+        data["outputs"] = [t["name"] for t in outputs]
+        stage["outputs"] = {t["name"]: t["name"] for t in outputs}
+    return TritonModel(validate_pipeline(data, where), version, path, tuple(warnings))
