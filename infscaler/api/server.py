@@ -311,6 +311,7 @@ def create_app(
     app[SECURITY] = security if security is not None else SecurityPolicy()
     app[METRICS] = make_registry(service)
     app[LIMITS] = limits
+    app[GRPC] = {"socket": None}  # set by start_grpc_server
     r = app.router
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/health/live", live)
@@ -528,7 +529,7 @@ async def start_grpc_server(
         group=group,
     )
     await server.start()
-    app[GRPC] = server.path
+    app[GRPC]["socket"] = server.path
     return server
 
 
