@@ -46,6 +46,9 @@ METRICS = web.AppKey("metrics", object)
 LIMITS = web.AppKey("limits", object)
 #: the :class:`~infscaler.base.quotas.LoadBudget` of variant loads per client uid
 LOADS = web.AppKey("loads", object)
+#: ``{"socket": path | None}``: the gRPC socket served beside the app
+#: (:func:`infscaler.api.server.start_grpc_server`)
+GRPC = web.AppKey("grpc", dict)
 #: when an inference request arrived (``time.monotonic()`` s, before its body was read)
 ARRIVED = web.RequestKey("arrived_s", float)
 #: The only model version there is.

@@ -35,6 +35,7 @@ from infscaler.api.codec import (
 from infscaler.api.common import (
     ARRIVED,
     EXTENSIONS,
+    GRPC,
     LIMITS,
     LOADS,
     MAX_BODY,
@@ -471,6 +472,7 @@ async def service_status(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     status = service.status()
     status["system_shared_memory"] = shm_of(request).status()
+    status["grpc_socket"] = request.app[GRPC]["socket"]
     return json_response(for_peer(request, status))
 
 

@@ -74,6 +74,7 @@ from aiohttp import web
 
 from infscaler.api.common import (
     ARRIVED,
+    GRPC,
     LIMITS,
     LOADS,
     MAX_BODY,
@@ -133,6 +134,7 @@ __all__ = [
     "metrics_registry",
     "prepare_socket_path",
     "resolve_group",
+    "start_grpc_server",
     "start_metrics_server",
     "start_unix_server",
 ]
@@ -309,6 +311,7 @@ def create_app(
     app[SECURITY] = security if security is not None else SecurityPolicy()
     app[METRICS] = make_registry(service)
     app[LIMITS] = limits
+    app[GRPC] = {"socket": None}  # set by start_grpc_server
     r = app.router
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/health/live", live)
@@ -508,6 +511,28 @@ async def start_unix_server(
     return runner
 
 
+async def start_grpc_server(
+    app: web.Application, path: str | os.PathLike[str], group: str | int | None = None
+) -> Any:
+    """Serve the gRPC protocol on ``path`` beside ``app`` (:func:`create_app`): the same
+    service, shared memory registry, body limit and quotas
+    (:class:`~infscaler.api.grpc.GrpcServer`; mode 0660, ``group`` as the HTTP
+    socket's). Returns the server (``await server.stop()``)."""
+    from infscaler.api.grpc import GrpcServer  # grpcio loads only when asked for
+
+    server = GrpcServer(
+        app[SERVICE],
+        app[SHM],
+        str(path),
+        max_body_mb=app[MAX_BODY],
+        limits=app[LIMITS],
+        group=group,
+    )
+    await server.start()
+    app[GRPC]["socket"] = server.path
+    return server
+
+
 class ServerThread:
     """The API served from a background thread with its own event loop: for the demo,
     tests and benchmarks that drive a :class:`~infscaler.service.service.Service` in-process.
@@ -529,11 +554,15 @@ class ServerThread:
         socket_group: str | int | None = None,
         metrics_port: int | None = None,
         limits: HttpLimits | None = None,
+        grpc_socket: str | os.PathLike[str] | None = None,
     ):
         self.service = service
         self.socket_path = str(socket_path)
         self.socket_group = socket_group
         self._app = create_app(service, max_body_mb=max_body_mb, security=security, limits=limits)
+        #: the gRPC socket beside it (None: none), :class:`~infscaler.api.grpc.GrpcServer`
+        self.grpc_socket = None if grpc_socket is None else str(grpc_socket)
+        self._grpc: Any = None
         #: ``GET /metrics`` also on 127.0.0.1:metrics_port (0: a free port, set on start)
         self.metrics_port = metrics_port
         self._metrics_runner: Any = None
@@ -549,6 +578,10 @@ class ServerThread:
             self._runner = self._loop.run_until_complete(
                 start_unix_server(self._app, self.socket_path, group=self.socket_group)
             )
+            if self.grpc_socket is not None:
+                self._grpc = self._loop.run_until_complete(
+                    start_grpc_server(self._app, self.grpc_socket, self.socket_group)
+                )
             if self.metrics_port is not None:
                 mapp = create_metrics_app(self.service, metrics_registry(self._app))
                 self._metrics_runner, self.metrics_port = self._loop.run_until_complete(
@@ -563,6 +596,8 @@ class ServerThread:
             return
         self._started.set()
         self._loop.run_forever()
+        if self._grpc is not None:
+            self._loop.run_until_complete(self._grpc.stop())
         if self._metrics_runner is not None:
             self._loop.run_until_complete(self._metrics_runner.cleanup())
         self._loop.run_until_complete(self._runner.cleanup())

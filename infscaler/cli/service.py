@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from infscaler.api.client import Client
+from infscaler.api.grpc import default_grpc_socket
 from infscaler.api.server import (
     HttpLimits,
     ServerThread,
@@ -30,6 +31,7 @@ from infscaler.api.server import (
     create_metrics_app,
     metrics_registry,
     resolve_group,
+    start_grpc_server,
     start_metrics_server,
     start_unix_server,
 )
@@ -271,6 +273,17 @@ SocketGroupOpt = Annotated[
         "service's own group. Its members may infer.",
     ),
 ]
+GrpcSocketOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--grpc-socket",
+        envvar="INFSCALER_GRPC_SOCKET",
+        help="Serve the v2 gRPC protocol (Triton's GRPCInferenceService; tritonclient.grpc "
+        "with url='unix:PATH') on this Unix socket; default: beside --socket "
+        "(infscaler.sock -> infscaler-grpc.sock). Same mode, group and quotas.",
+    ),
+]
+NoGrpcOpt = Annotated[bool, typer.Option("--no-grpc", help="Serve HTTP only: no gRPC socket.")]
 AllowFunctionsOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -336,6 +349,8 @@ def serve_cmd(
     model_repository: ModelRepositoryOpt = None,
     verbose: VerboseOpt = False,
     watch_dir: WatchPipelinesOpt = None,
+    grpc_socket: GrpcSocketOpt = None,
+    no_grpc: NoGrpcOpt = False,
 ) -> None:
     """Run the service in the foreground on a Unix socket (Open Inference Protocol)."""
     _setup_logging(verbose)
@@ -386,6 +401,9 @@ def serve_cmd(
             max_inflight_mb_per_uid=max_inflight_mb_per_uid,
             objective=objective,
             cpu_wake_latency_us=wake,
+            grpc_socket=None
+            if no_grpc
+            else grpc_socket or default_grpc_socket(default_socket(socket)),
         )
     )
     if watcher is not None:
@@ -497,6 +515,36 @@ def _hard_exit_after(seconds: float, service: Any) -> None:
     t.start()
 
 
+async def _start_beside(
+    service: Any,
+    api: Any,
+    grpc_socket: str | None,
+    socket_group: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> tuple[Any, Any]:
+    """The gRPC socket and the metrics port beside the HTTP ``api`` (each when asked
+    for): ``(grpc server, metrics runner)``, None for one not started; neither left
+    running when the other fails."""
+    grpc_server = metrics_runner = None
+    if grpc_socket is not None:
+        grpc_server = await start_grpc_server(api, grpc_socket, socket_group)
+        err.print(f"infscaler: gRPC on {grpc_socket}", highlight=False)
+    if metrics_port is not None:
+        try:
+            metrics_runner, bound = await start_metrics_server(
+                create_metrics_app(service, metrics_registry(api)),
+                metrics_port,
+                metrics_host,
+            )
+        except BaseException:
+            if grpc_server is not None:
+                await grpc_server.stop()
+            raise
+        err.print(f"infscaler: metrics on http://{metrics_host}:{bound}/metrics", highlight=False)
+    return grpc_server, metrics_runner
+
+
 async def _serve(
     configs: list[Any],
     socket_path: str,
@@ -516,6 +564,7 @@ async def _serve(
     max_inflight_mb_per_uid: float | None = PeerQuotas.inflight_mb_per_uid,
     objective: str = "auto",
     cpu_wake_latency_us: int | str | None = None,
+    grpc_socket: str | None = None,
 ) -> int:
 
     notifier = SystemdNotifier()
@@ -550,17 +599,13 @@ async def _serve(
     service.on_frontend_death = on_frontend_death
     service.starting = bool(configs)  # not ready until the pipelines given are deployed
     await loop.run_in_executor(None, service.start)
-    runner = metrics_runner = None
+    runner = metrics_runner = grpc_server = None
     try:
         api = create_app(service, max_body_mb=max_body_mb, security=security, limits=limits)
         runner = await start_unix_server(api, socket_path, group=socket_group)
-        if metrics_port is not None:
-            metrics_runner, bound = await start_metrics_server(
-                create_metrics_app(service, metrics_registry(api)), metrics_port, metrics_host
-            )
-            err.print(
-                f"infscaler: metrics on http://{metrics_host}:{bound}/metrics", highlight=False
-            )
+        grpc_server, metrics_runner = await _start_beside(
+            service, api, grpc_socket, socket_group, metrics_port, metrics_host
+        )
         err.print(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
             f"pool {pool_mb} MB)",
@@ -613,6 +658,8 @@ async def _serve(
             await loop.run_in_executor(None, service.close, 0.0)
         if metrics_runner is not None:
             await metrics_runner.cleanup()
+        if grpc_server is not None:
+            await grpc_server.stop()
         if runner is not None:
             await runner.cleanup()
         with contextlib.suppress(OSError):

@@ -1,0 +1,387 @@
+"""The ``inference.GRPCInferenceService`` methods (Triton's ``grpc_service.proto``) over
+the same service, shared memory registry and security checks as the HTTP routes.
+
+Each method gets the client's :class:`~infscaler.base.security.Peer` from the gate
+(:mod:`infscaler.api.grpc.gate`: the kernel's ``SO_PEERCRED`` of the connection), and
+answers as its HTTP route does, an HTTP error status turned into a gRPC code
+(:func:`~infscaler.api.grpc.mapping.grpc_code`) with the same message:
+
+- ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``,
+  ``ModelMetadata``, ``ModelConfig`` (name, platform, inputs and outputs), and
+  ``ModelStatistics`` (``extension_statistics.md``'s fields; InfScaler's own are HTTP
+  only);
+- ``ModelInfer``: decoded by the HTTP codec, its bytes reserved from the service's
+  in-flight budget under the client's uid (twice the message: the message and its
+  decoded tensors), submitted with :meth:`Service.submit` with the deadline of its
+  ``timeout`` parameter or of the call (the nearer), and the result encoded into
+  ``raw_output_contents`` or the client's shared memory;
+- ``SystemSharedMemoryStatus`` / ``Register`` / ``Unregister``: the registry the HTTP
+  socket uses (a region registered over one protocol serves the other), owned by the
+  registering uid;
+- ``RepositoryIndex``: the service's own user and root only; ``RepositoryModelLoad`` /
+  ``Unload``: PERMISSION_DENIED for others, UNIMPLEMENTED for them (load over HTTP:
+  ``infscaler deploy``);
+- ``ModelStreamInfer``, the CUDA shared memory, trace and log methods: UNIMPLEMENTED.
+
+Sources: Triton ``grpc_service.proto``, ``model_config.proto``; KServe v2
+``required_api.md``; Triton ``extension_statistics.md``, ``extension_shared_memory.md``,
+``extension_model_repository.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+import infscaler
+from infscaler.api.codec import ProtocolError, TensorSpec, parse_timeout_ms
+from infscaler.api.common import EXTENSIONS, VERSION, status_of
+from infscaler.api.grpc import grpc_service_pb2 as pb
+from infscaler.api.grpc import model_config_pb2 as mc
+from infscaler.api.grpc.mapping import (
+    decode_model_infer,
+    encode_model_infer,
+    grpc_code,
+)
+from infscaler.api.routes import _model_stats as model_stats
+from infscaler.api.routes import _slot_arrays as slot_arrays
+from infscaler.base.errors import InfScalerError
+from infscaler.base.security import Peer, is_privileged, redact, require_privileged
+
+__all__ = ["SERVICE_NAME", "Handlers"]
+
+log = logging.getLogger("infscaler.api.grpc")
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+#: v2 datatype -> ``model_config.proto``'s ``DataType``
+_CONFIG_TYPES = {
+    "BOOL": mc.TYPE_BOOL,
+    "UINT8": mc.TYPE_UINT8,
+    "UINT16": mc.TYPE_UINT16,
+    "UINT32": mc.TYPE_UINT32,
+    "UINT64": mc.TYPE_UINT64,
+    "INT8": mc.TYPE_INT8,
+    "INT16": mc.TYPE_INT16,
+    "INT32": mc.TYPE_INT32,
+    "INT64": mc.TYPE_INT64,
+    "FP16": mc.TYPE_FP16,
+    "FP32": mc.TYPE_FP32,
+    "FP64": mc.TYPE_FP64,
+    "BYTES": mc.TYPE_STRING,
+}
+
+_UNIMPLEMENTED = {
+    "ModelStreamInfer": (pb.ModelInferRequest, "stream", "ModelStreamInfer (decoupled models)"),
+    "CudaSharedMemoryStatus": (pb.CudaSharedMemoryStatusRequest, None, "CUDA shared memory"),
+    "CudaSharedMemoryRegister": (pb.CudaSharedMemoryRegisterRequest, None, "CUDA shared memory"),
+    "CudaSharedMemoryUnregister": (
+        pb.CudaSharedMemoryUnregisterRequest,
+        None,
+        "CUDA shared memory",
+    ),
+    "TraceSetting": (pb.TraceSettingRequest, None, "trace settings"),
+    "LogSettings": (pb.LogSettingsRequest, None, "log settings"),
+}
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A handler whose failures become gRPC statuses: ours with their HTTP status mapped
+    (and, when they say when to retry, ``retry after N s`` in the message), anything
+    else INTERNAL, logged with its traceback."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Handlers, request: Any, context: Any) -> Any:
+        try:
+            return await fn(self, request, context, self.peer_of(context))
+        except _Abort as exc:
+            code, message = exc.code, str(exc)
+        except asyncio.CancelledError:
+            raise
+        except InfScalerError as exc:
+            code, message = grpc_code(status_of(exc, 400)), str(exc)
+            retry = getattr(exc, "retry_after_s", None)
+            if retry is not None:
+                message += f" (retry after {max(1, round(retry))} s)"
+        except Exception as exc:  # noqa: BLE001 - logged; the client gets INTERNAL
+            if type(exc).__module__.startswith("infscaler") and status_of(exc, 0):
+                code, message = grpc_code(status_of(exc, 500)), str(exc)
+            else:
+                log.exception("internal error in %s", fn.__name__)
+                code, message = (
+                    grpc.StatusCode.INTERNAL,
+                    f"internal error: {type(exc).__name__}: {exc}",
+                )
+        await context.abort(code, message)
+
+    return wrapper
+
+
+def _check_version(name: str, version: str) -> None:
+    if version and version != VERSION:
+        raise ProtocolError(
+            f"model {name!r} has no version {version[:40]!r}; only version {VERSION} exists "
+            "(or leave the version empty)",
+            404,
+        )
+
+
+class Handlers:
+    """The service's methods for one gRPC server.
+
+    Args:
+        service: the :class:`~infscaler.service.service.Service` (what the HTTP app serves).
+        shm: the :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry` shared with
+            the HTTP app.
+        peer_of: the client of a call (``context`` -> :class:`Peer`; the gate's table).
+    """
+
+    def __init__(self, service: Any, shm: Any, peer_of: Callable[[Any], Peer]) -> None:
+        self.service = service
+        self.shm = shm
+        self.peer_of = peer_of
+
+    # -- health and metadata -------------------------------------------------------------
+
+    @_method
+    async def ServerLive(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        return pb.ServerLiveResponse(live=True)
+
+    @_method
+    async def ServerReady(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        return pb.ServerReadyResponse(ready=bool(self.service.ready()))
+
+    @_method
+    async def ModelReady(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        self.service.deployment(request.name)
+        _check_version(request.name, request.version)
+        return pb.ModelReadyResponse(ready=bool(self.service.ready(request.name)))
+
+    @_method
+    async def ServerMetadata(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        return pb.ServerMetadataResponse(
+            name="infscaler", version=infscaler.__version__, extensions=EXTENSIONS
+        )
+
+    @_method
+    async def ModelMetadata(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        dep = self.service.deployment(request.name)
+        _check_version(request.name, request.version)
+        p = dep.pipeline
+        tm = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=dep.name,
+            versions=[VERSION],
+            platform="infscaler_pipeline",
+            inputs=[tm(name=i.name, datatype=i.datatype, shape=list(i.shape)) for i in p.inputs],
+            outputs=[
+                tm(
+                    name=o["name"],
+                    datatype=o["datatype"] or "UNKNOWN",
+                    shape=list(o["shape"] or []),
+                )
+                for o in p.outputs
+            ],
+        )
+
+    @_method
+    async def ModelConfig(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        """The pipeline as a ``ModelConfig``: name, platform, inputs and outputs with
+        their data types and dims (-1: any size), no batching fields."""
+        dep = self.service.deployment(request.name)
+        _check_version(request.name, request.version)
+        p = dep.pipeline
+
+        def kind(datatype: str | None) -> int:
+            return _CONFIG_TYPES.get(datatype or "", mc.TYPE_INVALID)
+
+        cfg = mc.ModelConfig(
+            name=dep.name,
+            platform="infscaler_pipeline",
+            input=[
+                mc.ModelInput(name=i.name, data_type=kind(i.datatype), dims=list(i.shape))
+                for i in p.inputs
+            ],
+            output=[
+                mc.ModelOutput(
+                    name=o["name"], data_type=kind(o["datatype"]), dims=list(o["shape"] or [])
+                )
+                for o in p.outputs
+            ],
+        )
+        return pb.ModelConfigResponse(config=cfg)
+
+    @_method
+    async def ModelStatistics(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        if request.name:
+            deps = [self.service.deployment(request.name)]
+            _check_version(request.name, request.version)
+        else:
+            deps = self.service.deployments()
+        resp = pb.ModelStatisticsResponse()
+        for dep in deps:
+            s = model_stats(self.service, dep)
+            if not is_privileged(peer):
+                s = redact(s)
+            m = resp.model_stats.add(
+                name=s["name"],
+                version=s["version"],
+                last_inference=s["last_inference"],
+                inference_count=s["inference_count"],
+                execution_count=s["execution_count"],
+            )
+            for key, d in s["inference_stats"].items():
+                getattr(m.inference_stats, key).CopyFrom(
+                    pb.StatisticDuration(count=d["count"], ns=d["ns"])
+                )
+        return resp
+
+    # -- inference -----------------------------------------------------------------------
+
+    @_method
+    async def ModelInfer(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        arrived = time.monotonic()
+        service = self.service
+        dep = service.deployment(request.model_name)
+        _check_version(request.model_name, request.model_version)
+        nbytes = 2 * request.ByteSize()
+        uid = None if is_privileged(peer) else peer.uid
+        service.reserve_bytes(nbytes, uid)
+        try:
+            shm = self.shm.for_peer(peer)
+            specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
+            req = decode_model_infer(request, specs, shm)
+            timeout_s = parse_timeout_ms(req.parameters)
+            remaining = context.time_remaining()
+            if remaining is not None and (timeout_s is None or remaining < timeout_s):
+                timeout_s = max(remaining, 1e-3)
+            fut = service.submit(dep.name, slot_arrays(req.inputs), timeout_s, arrived)
+            try:
+                result = await asyncio.wrap_future(fut)
+            except asyncio.CancelledError:
+                fut.cancel()
+                raise
+            params: dict[str, Any] = {
+                "latency_ms": round(result.latency_ms, 3),
+                "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
+            }
+            if result.items is not None:
+                params["items"] = result.items
+            return encode_model_infer(
+                model_name=dep.name,
+                request_id=req.id,
+                outputs=result.outputs,
+                requested=req.outputs,
+                parameters=params,
+                shm=shm,
+            )
+        finally:
+            service.release_bytes(nbytes, uid)
+
+    # -- system shared memory ------------------------------------------------------------
+
+    @_method
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        resp = pb.SystemSharedMemoryStatusResponse()
+        for r in self.shm.status(request.name or None, peer):
+            resp.regions[r["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r["name"], key=r["key"], offset=r["offset"], byte_size=r["byte_size"]
+                )
+            )
+        return resp
+
+    @_method
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        if not request.name or not request.key:
+            raise ProtocolError("register needs a region name and a shared memory key")
+        self.shm.register(request.name, request.key, request.offset, request.byte_size, peer)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_method
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        self.shm.unregister(request.name or None, peer)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    # -- model repository ----------------------------------------------------------------
+
+    @_method
+    async def RepositoryIndex(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        require_privileged(peer, "the model repository index")
+        resp = pb.RepositoryIndexResponse()
+        for d in self.service.deployments():
+            state = "READY" if self.service.ready(d.name) else "UNAVAILABLE"
+            resp.models.add(name=d.name, version=VERSION, state=state, reason="")
+        return resp
+
+    @_method
+    async def RepositoryModelLoad(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        require_privileged(peer, "loading a model")
+        raise _Abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "loading a model is served on the HTTP socket only: POST "
+            "/v2/repository/models/{name}/load, or `infscaler deploy`",
+        )
+
+    @_method
+    async def RepositoryModelUnload(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        require_privileged(peer, "unloading a model")
+        raise _Abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "unloading a model is served on the HTTP socket only: POST "
+            "/v2/repository/models/{name}/unload, or `infscaler undeploy`",
+        )
+
+    # -- the method table ----------------------------------------------------------------
+
+    def generic_handler(self) -> Any:
+        """The ``grpc.GenericRpcHandler`` of every method of the service."""
+        methods: dict[str, Any] = {}
+        for name, desc in pb.DESCRIPTOR.services_by_name[
+            "GRPCInferenceService"
+        ].methods_by_name.items():
+            req_cls = _message_class(desc.input_type.name)
+            resp_cls = _message_class(desc.output_type.name)
+            if name in _UNIMPLEMENTED:
+                fn = _unimplemented(_UNIMPLEMENTED[name][2])
+            else:
+                fn = getattr(self, name)
+            make = (
+                grpc.stream_stream_rpc_method_handler
+                if desc.client_streaming
+                else grpc.unary_unary_rpc_method_handler
+            )
+            methods[name] = make(
+                fn,
+                request_deserializer=req_cls.FromString,
+                response_serializer=resp_cls.SerializeToString,
+            )
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
+
+
+def _message_class(name: str) -> Any:
+    return getattr(pb, name)
+
+
+def _unimplemented(what: str) -> Callable[..., Any]:
+    async def handler(request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"{what} is not supported by InfScaler's gRPC service (use ModelInfer; "
+            "system shared memory for zero-copy inputs)",
+        )
+
+    return handler

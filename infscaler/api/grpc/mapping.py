@@ -1,0 +1,322 @@
+"""The v2 gRPC messages <-> the codec's tensors: pure functions, no I/O but the shared
+memory registry passed in.
+
+A ``ModelInferRequest`` is decoded by the same code as an HTTP request
+(:func:`infscaler.api.codec.decode_infer_request`), so the checks, their order and their
+messages are the same: each input's ``raw_input_contents`` entry (binary layout:
+little-endian, row-major; BYTES each element a 4-byte little-endian length then its
+bytes) becomes binary tensor data with its ``binary_data_size``; typed
+``InferTensorContents`` are laid out the same way first (:func:`contents_to_bytes`); the
+shared memory parameters pass through. Responses carry every output in
+``raw_output_contents`` (as Triton does), or write it to the shared memory region the
+requested output names (then its entry there is empty, so the indexes stay aligned).
+
+Datatypes and the ``InferTensorContents`` field each uses (``grpc_service.proto``):
+BOOL ``bool_contents``; INT8 / INT16 / INT32 ``int_contents``; INT64
+``int64_contents``; UINT8 / UINT16 / UINT32 ``uint_contents``; UINT64
+``uint64_contents``; FP32 ``fp32_contents``; FP64 ``fp64_contents``; BYTES
+``bytes_contents``. FP16 has no typed field: send it in ``raw_input_contents``.
+
+Errors: :class:`~infscaler.api.codec.ProtocolError` with an HTTP status, turned into a
+gRPC status code by :func:`grpc_code` (Triton's mapping: 400 INVALID_ARGUMENT, 403
+PERMISSION_DENIED, 404 NOT_FOUND, 413 / 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, ...).
+
+Sources: Triton ``grpc_service.proto`` (``ModelInferRequest``, ``InferTensorContents``,
+``InferParameter``), KServe v2 ``required_api.md`` (gRPC section),
+``extension_shared_memory.md``; Triton ``src/grpc/grpc_utils.cc`` (HTTP <-> gRPC codes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from infscaler.api.codec import (
+    DATATYPES,
+    InferRequest,
+    ProtocolError,
+    RequestedOutput,
+    TensorSpec,
+    datatype_of,
+    decode_infer_request,
+    tensor_to_bytes,
+)
+from infscaler.api.codec_tensors import dumps
+from infscaler.api.grpc import grpc_service_pb2 as pb
+
+__all__ = [
+    "CONTENTS_FIELD",
+    "contents_to_bytes",
+    "decode_model_infer",
+    "encode_model_infer",
+    "from_parameters",
+    "grpc_code",
+    "to_parameters",
+]
+
+#: v2 datatype -> the ``InferTensorContents`` field that carries it (FP16: none)
+CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+#: HTTP status -> gRPC status code (Triton's own pairing)
+_CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.ALREADY_EXISTS,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    500: grpc.StatusCode.INTERNAL,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def grpc_code(status: int) -> grpc.StatusCode:
+    """The gRPC status code for an HTTP error ``status`` (UNKNOWN for one not mapped;
+    other 4xx: INVALID_ARGUMENT, other 5xx: INTERNAL)."""
+    if status in _CODES:
+        return _CODES[status]
+    if 400 <= status < 500:
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if 500 <= status < 600:
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.UNKNOWN
+
+
+# -- parameters ---------------------------------------------------------------------------
+
+
+def from_parameters(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A map of ``InferParameter`` as plain values (bool, int, float or str); one with no
+    value set is left out."""
+    out: dict[str, Any] = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        if which is not None:
+            out[key] = getattr(p, which)
+    return out
+
+
+def to_parameters(target: Any, values: Mapping[str, Any]) -> None:
+    """Fill the ``InferParameter`` map ``target`` from plain values: bool, int (int64;
+    uint64 above its range), finite float, str; anything else as its JSON text."""
+    for key, v in values.items():
+        p = target[key]
+        if isinstance(v, bool):
+            p.bool_param = v
+        elif isinstance(v, int | np.integer):
+            if int(v) >= 1 << 63:
+                p.uint64_param = int(v)
+            else:
+                p.int64_param = int(v)
+        elif isinstance(v, float | np.floating) and math.isfinite(v):
+            p.double_param = float(v)
+        elif isinstance(v, str):
+            p.string_param = v
+        else:
+            p.string_param = json.dumps(v, default=str)
+
+
+# -- requests -----------------------------------------------------------------------------
+
+
+def contents_to_bytes(contents: Any, datatype: str, shape: Sequence[int], where: str) -> bytes:
+    """Typed ``InferTensorContents`` in the binary tensor layout of ``datatype``.
+
+    Raises:
+        ProtocolError: (400) a datatype without a typed field (FP16), values in another
+            field than the datatype's, an element count that is not the shape's, or a
+            value out of the datatype's range.
+    """
+    name = CONTENTS_FIELD.get(datatype)
+    if name is None:
+        raise ProtocolError(
+            f"{where}: {datatype} has no InferTensorContents field; send it in raw_input_contents"
+        )
+    others = [
+        f.name for f, _ in contents.ListFields() if f.name != name
+    ]  # e.g. fp32_contents for an INT32 input
+    if others:
+        raise ProtocolError(
+            f"{where}: a {datatype} tensor's contents go in {name}, not {', '.join(others)}"
+        )
+    values = getattr(contents, name)
+    count = math.prod(shape)
+    if len(values) != count:
+        raise ProtocolError(
+            f"{where}: {name} holds {len(values)} values but shape {list(shape)} needs {count}"
+        )
+    if datatype == "BYTES":
+        return tensor_to_bytes(np.array(list(values), dtype=object), "BYTES")
+    dtype = DATATYPES[datatype]
+    raw = np.array(values)
+    arr = raw.astype(dtype)
+    if dtype.kind in "iu" and raw.size and not np.array_equal(arr.astype(raw.dtype), raw):
+        info = np.iinfo(dtype)
+        raise ProtocolError(
+            f"{where}: a value of {name} is outside {datatype}'s range [{info.min}, {info.max}]"
+        )
+    return arr.tobytes()
+
+
+def decode_model_infer(
+    req: Any, specs: Sequence[TensorSpec] | None, shm: Any = None
+) -> InferRequest:
+    """Decode a ``ModelInferRequest`` with the HTTP path's checks
+    (:func:`~infscaler.api.codec.decode_infer_request`).
+
+    Args:
+        req: an ``inference.ModelInferRequest``.
+        specs: the model's inputs (None: not checked).
+        shm: the client's view of the system shared memory registry.
+
+    Returns:
+        An :class:`~infscaler.api.codec.InferRequest` (inputs by name; the request
+        parameters as plain values, ``timeout`` in microseconds turned into ``timeout_ms``;
+        the requested outputs, each with its shared memory range if it names one).
+
+    Raises:
+        ProtocolError: (400) ``raw_input_contents`` given for some inputs but not all (or
+            more entries than inputs), an input with both raw and typed contents, a
+            ``binary_data_size`` parameter (the raw entry says the size), and every fault
+            :func:`~infscaler.api.codec.decode_infer_request` refuses; (404) an unknown
+            shared memory region.
+    """
+    raw = req.raw_input_contents
+    if raw and len(raw) != len(req.inputs):
+        raise ProtocolError(
+            f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs: give "
+            "one per input, in the inputs' order, or none"
+        )
+    params = from_parameters(req.parameters)
+    if "timeout" in params and "timeout_ms" not in params:  # tritonclient: microseconds
+        t = params.pop("timeout")
+        if isinstance(t, int) and not isinstance(t, bool) and t > 0:
+            params["timeout_ms"] = t / 1e3
+    doc: dict[str, Any] = {"parameters": params, "inputs": [], "outputs": []}
+    if req.id:
+        doc["id"] = req.id
+    blobs: list[bytes] = []
+    for i, t in enumerate(req.inputs):
+        where = f"input '{t.name}'"
+        p = from_parameters(t.parameters)
+        if "binary_data_size" in p:
+            raise ProtocolError(
+                f"{where}: binary_data_size is not a gRPC parameter (the raw_input_contents "
+                "entry has its size)"
+            )
+        item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        data = None
+        if raw:
+            if t.HasField("contents"):
+                raise ProtocolError(
+                    f"{where}: give its data one way only: raw_input_contents or contents"
+                )
+            data = raw[i]
+        elif t.HasField("contents") and t.datatype in DATATYPES:
+            data = contents_to_bytes(t.contents, t.datatype, list(t.shape), where)
+        if data is not None:
+            p["binary_data_size"] = len(data)
+            blobs.append(data)
+        if p:
+            item["parameters"] = p
+        doc["inputs"].append(item)
+    for o in req.outputs:
+        p = from_parameters(o.parameters)
+        p["binary_data"] = True
+        doc["outputs"].append({"name": o.name, "parameters": p})
+    header = dumps(doc)
+    body = b"".join([header, *blobs])
+    return decode_infer_request(
+        body, header_length=len(header), input_specs=specs, shm=shm, copy=False
+    )
+
+
+# -- responses ----------------------------------------------------------------------------
+
+
+def encode_model_infer(
+    *,
+    model_name: str,
+    request_id: str | None,
+    outputs: Mapping[str, np.ndarray],
+    requested: Sequence[RequestedOutput] | None,
+    parameters: Mapping[str, Any] | None = None,
+    shm: Any = None,
+    model_version: str = "1",
+) -> Any:
+    """A ``ModelInferResponse`` of ``outputs``: each requested one (all, in their order,
+    when ``requested`` is None) with its datatype and shape, its bytes in
+    ``raw_output_contents``, or written to its shared memory range (then the parameters
+    ``shared_memory_region`` / ``_offset`` / ``_byte_size``, the bytes written, and an
+    empty raw entry).
+
+    Raises:
+        ProtocolError: (400) an output requested that the model does not produce, one
+            larger than its shared memory range, or a region gone; (500) an output whose
+            dtype the protocol cannot carry.
+    """
+    plan = [RequestedOutput(n, True, None) for n in outputs] if requested is None else requested
+    unknown = [r.name for r in plan if r.name not in outputs]
+    if unknown:
+        raise ProtocolError(
+            f"unknown output(s) {unknown} requested; model {model_name} has outputs {list(outputs)}"
+        )
+    resp = pb.ModelInferResponse(model_name=model_name, model_version=model_version)
+    if request_id:
+        resp.id = request_id
+    if parameters:
+        to_parameters(resp.parameters, parameters)
+    for r in plan:
+        where = f"output '{r.name}'"
+        arr = np.asarray(outputs[r.name])
+        try:
+            datatype = datatype_of(arr)
+            raw = tensor_to_bytes(arr, datatype)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{where}: {exc.message}", 500) from None
+        out = resp.outputs.add(name=r.name, datatype=datatype, shape=list(arr.shape))
+        if r.shm is None:
+            resp.raw_output_contents.append(bytes(raw))
+            continue
+        region, offset, size = r.shm
+        if len(raw) > size:
+            raise ProtocolError(
+                f"{where} is {len(raw)} bytes ({datatype} {list(arr.shape)}) but its shared "
+                f"memory range (region '{region}', offset {offset}) holds only {size}"
+            )
+        if shm is None:
+            raise ProtocolError(f"{where}: system shared memory is not available here")
+        shm.write(region, offset, raw)
+        to_parameters(
+            out.parameters,
+            {
+                "shared_memory_region": region,
+                "shared_memory_offset": offset,
+                "shared_memory_byte_size": len(raw),
+            },
+        )
+        resp.raw_output_contents.append(b"")
+    return resp

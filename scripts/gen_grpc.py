@@ -1,0 +1,80 @@
+"""Regenerate the protobuf code of the gRPC API from the protocol's own ``.proto`` files.
+
+``infscaler/api/grpc/grpc_service.proto`` and ``model_config.proto`` are copied verbatim
+(licence header included) from github.com/triton-inference-server/common, ``protobuf/``
+(commit 83adf7cf88a2f343005974dff3728be746de2d66). This script runs grpcio-tools'
+``protoc`` on them (``--python_out`` only: the service's method table is built in
+:mod:`infscaler.api.grpc.service`, so no ``*_pb2_grpc.py`` is needed) and writes the
+checked-in ``grpc_service_pb2.py`` and ``model_config_pb2.py``, rewritten so that
+
+- ``grpc_service_pb2`` imports ``model_config_pb2`` from this package (protoc writes a
+  top-level ``import model_config_pb2``), and
+- both add their descriptors to a private pool (:data:`infscaler.api.grpc._pool.POOL`),
+  not protobuf's default one: tritonclient's own copy of the same ``.proto`` files
+  (``tritonclient.grpc``) then loads in the same process whatever its version.
+
+The generated code checks the protobuf runtime against the version of the protoc that
+wrote it (pyproject's ``protobuf>=`` bound says which). To target an older protobuf,
+run this script with the grpcio-tools release that bundles it.
+
+Usage::
+
+    .venv/bin/pip install grpcio-tools
+    .venv/bin/python scripts/gen_grpc.py           # rewrite the two files
+    .venv/bin/python scripts/gen_grpc.py --check   # exit 1 when they differ
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent / "infscaler" / "api" / "grpc"
+PROTOS = ("model_config.proto", "grpc_service.proto")
+POOL_IMPORT = "from infscaler.api.grpc._pool import POOL as _POOL\n"
+
+
+def generate() -> dict[str, str]:
+    """``{file name: text}`` of the generated, rewritten modules."""
+    from grpc_tools import protoc  # the test extra: only needed to regenerate
+
+    with tempfile.TemporaryDirectory() as out:
+        rc = protoc.main(["protoc", f"-I{HERE}", f"--python_out={out}", *PROTOS])
+        if rc != 0:
+            raise SystemExit(f"protoc failed ({rc})")
+        texts = {}
+        for proto in PROTOS:
+            name = proto.replace(".proto", "_pb2.py")
+            text = (Path(out) / name).read_text()
+            text = text.replace(
+                "import model_config_pb2 as model__config__pb2",
+                "from infscaler.api.grpc import model_config_pb2 as model__config__pb2",
+            )
+            text = text.replace(
+                "_descriptor_pool.Default().AddSerializedFile(", "_POOL.AddSerializedFile("
+            )
+            text = text.replace(
+                "# @@protoc_insertion_point(imports)\n",
+                "# @@protoc_insertion_point(imports)\n" + POOL_IMPORT,
+                1,
+            )
+            texts[name] = text
+    return texts
+
+
+def main(argv: list[str]) -> int:
+    texts = generate()
+    if "--check" in argv:
+        stale = [n for n, t in texts.items() if (HERE / n).read_text() != t]
+        for n in stale:
+            print(f"{HERE / n} is stale: run scripts/gen_grpc.py")
+        return 1 if stale else 0
+    for n, t in texts.items():
+        (HERE / n).write_text(t)
+        print(f"wrote {HERE / n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
