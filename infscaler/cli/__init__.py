@@ -17,12 +17,62 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from infscaler.base.errors import InfScalerError
 
 out = Console()
 err = Console(stderr=True)
+
+
+def _fit_help() -> None:
+    """Typer's ``--help`` fitted to 80 columns, applied when help is first rendered (so a
+    command that runs never imports typer's rich help): a flag shows no ``<bool>`` type
+    (click's and trtexec's help name a flag alone), option names are never wrapped or cut
+    (``--max-connections-per…``), and a long word in a help text (a path, an environment
+    variable) folds onto the next line instead of ending in ``…``."""
+    from rich.table import Table
+    from typer import rich_utils
+
+    if getattr(rich_utils, "_infscaler_fitted", False):
+        return
+    typed = TyperOption.display_type_rich
+    param_help = rich_utils._get_parameter_help
+
+    def flag_type(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag and not self.count else typed(self, ctx)
+
+    def folded_help(**kwargs: Any) -> Any:
+        cell = param_help(**kwargs)
+        for item in getattr(cell, "renderables", ()):
+            if hasattr(item, "overflow"):
+                item.overflow = "fold"
+        return cell
+
+    class HelpTable(Table):
+        def add_row(self, *cells: Any, **kwargs: Any) -> None:
+            super().add_row(*cells, **kwargs)
+            for column, cell in zip(self.columns, cells, strict=False):
+                name = getattr(cell, "plain", cell)
+                if isinstance(name, str) and name.startswith("-") and " " not in name:
+                    column.no_wrap = True
+
+    TyperOption.display_type_rich = flag_type  # type: ignore[method-assign]
+    rich_utils._get_parameter_help = folded_help
+    rich_utils.Table = HelpTable  # type: ignore[misc]
+    rich_utils._infscaler_fitted = True  # type: ignore[attr-defined]
+
+
+def _fitted(format_help: Any) -> Any:
+    def wrapper(self: Any, ctx: Any, formatter: Any) -> Any:
+        _fit_help()
+        return format_help(self, ctx, formatter)
+
+    return wrapper
+
+
+TyperCommand.format_help = _fitted(TyperCommand.format_help)  # type: ignore[method-assign]
+TyperGroup.format_help = _fitted(TyperGroup.format_help)  # type: ignore[method-assign]
 
 #: Command -> (the module that defines it, the help line ``infscaler --help`` shows).
 #: The module is imported only when its command runs (or its own ``--help`` is asked

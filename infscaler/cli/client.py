@@ -10,17 +10,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
-from rich.table import Table
 
-from infscaler.api.client import Client
-from infscaler.base.config import load_pipeline, pipeline_for_model, validate_pipeline
 from infscaler.base.errors import ConfigError, InfScalerError
-from infscaler.base.models import MODELS
 from infscaler.cli import err, out
+from infscaler.cli.tables import Col, print_table
+
+if TYPE_CHECKING:  # the client commands import numpy, the client and pydantic when they run
+    import numpy as np
 
 #: This module's commands; :mod:`infscaler.cli` loads them when one runs.
 app = typer.Typer(add_completion=False)
@@ -115,6 +114,8 @@ def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | Non
         ConfigError: a file that is none of these, or ``shapes`` for a pipeline file or
             plan directory (their stages carry their own).
     """
+    from infscaler.base.config import load_pipeline, pipeline_for_model
+    from infscaler.base.models import MODELS
 
     p = Path(arg)
     triton = triton_model(p) if p.is_dir() and not (p / "plan.yaml").is_file() else None
@@ -159,6 +160,8 @@ def with_slo(cfg: Any, slo: str | None, autoscale: bool) -> Any:
 
     if slo is None and not autoscale:
         return cfg
+    from infscaler.base.config import validate_pipeline
+
     data = cfg.model_dump(exclude_none=True)
     if slo is not None:
         data["slo"] = slo
@@ -174,6 +177,7 @@ def _bundled(name: str) -> Path:
 
 
 def _client(socket: str | None) -> Any:
+    from infscaler.api.client import Client
 
     return Client(default_socket(socket))
 
@@ -213,6 +217,7 @@ def load_image(path: Path) -> np.ndarray:
     Raises:
         InfScalerError: missing or unreadable image.
     """
+    import numpy as np
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -223,6 +228,8 @@ def load_image(path: Path) -> np.ndarray:
 
 
 def _parse_inputs(inputs: list[str], image: Path | None, meta: dict) -> dict[str, np.ndarray]:
+    import numpy as np
+
     feeds: dict[str, np.ndarray] = {}
     for item in inputs:
         name, sep, path = item.partition("=")
@@ -249,10 +256,23 @@ def _spec(i: dict) -> str:
     return f"{i['name']} ({i['datatype']} {list(i['shape'])})"
 
 
+def _needs(what: str, missing: list[dict]) -> InfScalerError:
+    """The error for inputs not given: each one's name, shape and datatype on its line
+    (the model metadata, ``GET /v2/models/NAME``; -1: any size)."""
+    lines = "".join(f"\n  {i['name']}  {i['datatype']}  {list(i['shape'])}" for i in missing)
+    return InfScalerError(
+        f"{what} needs {len(missing)} more input{'s' if len(missing) > 1 else ''} "
+        f"(name, datatype, shape; -1: any size):{lines}",
+        hint="pass --input NAME=FILE.npy for each, --image or --text, or --random",
+    )
+
+
 def random_input(i: dict, rng: np.random.Generator) -> np.ndarray:
     """A random tensor for input metadata ``i`` (trtexec's default input): dynamic dims
     (-1) take 1; floats uniform in [0, 1), integers in [0, 255] (or what the type
     holds), BOOL random, BYTES the string ``"infscaler"``."""
+    import numpy as np
+
     from infscaler.api.codec import DATATYPES
 
     shape = [1 if int(d) < 0 else int(d) for d in i["shape"]]
@@ -268,9 +288,11 @@ def random_input(i: dict, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, top + 1, shape).astype(dtype)
 
 
-def _check_feeds(feeds: dict[str, np.ndarray], meta: dict) -> None:
+def _check_feeds(feeds: dict[str, np.ndarray], meta: dict, cast: bool = False) -> None:
     """Each given array has its input's datatype and rank, else a clear error with the
-    conversion to make."""
+    conversion to make; with ``cast`` an array of another numeric dtype is converted
+    (numpy's ``astype``: float64 -> FP32 rounds, floats -> integers truncate), in place
+    in ``feeds``."""
     from infscaler.api.codec import DATATYPES
 
     for i in meta["inputs"]:
@@ -278,10 +300,13 @@ def _check_feeds(feeds: dict[str, np.ndarray], meta: dict) -> None:
         if a is None or i["datatype"] not in DATATYPES or i["datatype"] == "BYTES":
             continue
         want = DATATYPES[i["datatype"]]
+        if a.dtype != want and cast and a.dtype.kind in "biuf":
+            a = feeds[i["name"]] = a.astype(want)
         if a.dtype != want:
             raise InfScalerError(
                 f"input {_spec(i)} was given {a.dtype} {list(a.shape)}",
-                hint=f"convert it: np.save(path, a.astype(np.{want.name}))",
+                hint=f"convert it: np.save(path, np.load(path).astype(np.{want.name})), "
+                "or pass --cast",
             )
         if len(a.shape) != len(i["shape"]):
             raise InfScalerError(
@@ -291,6 +316,8 @@ def _check_feeds(feeds: dict[str, np.ndarray], meta: dict) -> None:
 
 
 def _describe(value: np.ndarray) -> str:
+    import numpy as np
+
     if value.dtype.kind in "USO":
         return "\n".join(str(v.decode() if isinstance(v, bytes) else v) for v in value.reshape(-1))
     if value.size <= 16:
@@ -344,9 +371,19 @@ def infer_cmd(
             "(dynamic dims: 1), as trtexec does.",
         ),
     ] = False,
+    cast: Annotated[
+        bool,
+        typer.Option(
+            "--cast",
+            help="Convert a .npy of another numeric dtype to the input's datatype (float64 "
+            "-> FP32) instead of refusing it.",
+        ),
+    ] = False,
 ) -> None:
     """Send one inference request to a running service and print the outputs (with
     --task: a model-less query; the chosen variant is printed)."""
+    import numpy as np
+
     if (model is None) == (task is None):
         raise InfScalerError(
             "name a model (pipeline) or a --task, not both"
@@ -375,12 +412,8 @@ def infer_cmd(
             feeds.update({i["name"]: random_input(i, rng) for i in missing})
             missing = []
         if missing:
-            raise InfScalerError(
-                f"{'task' if task else 'model'} {target} needs inputs "
-                f"{', '.join(_spec(i) for i in missing)}",
-                hint="pass --input NAME=FILE.npy, --image or --text, or --random",
-            )
-        _check_feeds(feeds, meta)
+            raise _needs(f"{'task' if task else 'model'} {target}", missing)
+        _check_feeds(feeds, meta, cast)
         if task is not None:
             res = c.infer_task(task, feeds, latency_ms=latency_ms, min_accuracy=min_accuracy)
         else:
@@ -435,6 +468,9 @@ def status_cmd(
 
 
 def print_status(st: dict[str, Any]) -> None:
+    """``infscaler status``'s text: the control path, pool, zygote and resources, then a
+    table per pipeline (:func:`~infscaler.cli.tables.print_table`: key: value lines where
+    it cannot fit the terminal)."""
     cp = st["control_path"]
     pool = st["pool"]
     out.print(
@@ -475,39 +511,15 @@ def print_status(st: dict[str, Any]) -> None:
     for p in st["pipelines"]:
         req = p["requests"]
         lat = req["latency"]
-        table = Table(
-            title=f"{p['name']} ({'ready' if p['ready'] else 'NOT ready'}"
+        title = (
+            f"{p['name']} ({'ready' if p['ready'] else 'NOT ready'}"
             f"{', DEGRADED' if p.get('degraded') else ''}): "
             f"{req['success']} ok, {sum(req['fail'].values())} failed, "
             f"P50 {_ms(lat['p50_ms'])} / P99 {_ms(lat['p99_ms'])} ms"
         )
-        for col in ("stage", "part", "B_k", "engine pid cores MB", "queue", "P50 ms", "P99 ms"):
-            table.add_column(col)
-        for u in p["units"]:
-            inst = "\n".join(
-                f"{i['engine']} {i['pid']} [{','.join(map(str, i['cores']))}] "
-                f"{i.get('pss_mb') or i['rss_mb']:.0f}"
-                + ("" if i["state"] == "ready" else f" {i['state']}")
-                for i in u["instances"]
-            )
-            inst += "".join(
-                f"\n{r['engine']} restart {r['restarts']} in {r['restart_in_s']:.1f} s"
-                for r in u.get("restarting", [])
-            )
-            inst = inst.strip() or ("front end" if u["engine"] == "frontend" else "-")
-            steps = "".join(  # a fused unit: its steps' mean ms per call
-                f"\n  {st['step']} {_ms(st.get('mean_ms'))} ms" for st in u.get("steps") or ()
-            )
-            table.add_row(
-                u["unit"] + steps,
-                u["partition"] or "-",
-                f"{u['bottleneck']:.3g}" if u["bottleneck"] is not None else "-",
-                inst,
-                str(u["queue"]),
-                _ms(u["compute_p50_ms"]),
-                _ms(u["compute_p99_ms"]),
-            )
-        out.print(table)
+        cols = [Col("stage"), Col("part"), Col("B_k", "num"), Col("engine pid cores MB")]
+        cols += [Col("queue", "num"), Col("P50 ms", "num"), Col("P99 ms", "num")]
+        print_table(out, title, cols, [_unit_row(u) for u in p["units"]])
         if p.get("slo_ms") is not None:
             shed = "" if p.get("queue_limit") is None else f", shedding beyond {p['queue_limit']}"
             out.print(
@@ -519,6 +531,35 @@ def print_status(st: dict[str, Any]) -> None:
             out.print(f"  degraded: {why}", highlight=False)
         for d in p.get("decisions", [])[-5:]:
             out.print(f"  {d['action']}: {d['reason']}", highlight=False)
+
+
+def _unit_row(u: dict[str, Any]) -> list[str]:
+    """A stage's row of the status table: its instances one per line."""
+    from rich.markup import escape
+
+    inst = "\n".join(
+        f"{i['engine']} {i['pid']} [{','.join(map(str, i['cores']))}] "
+        f"{i.get('pss_mb') or i['rss_mb']:.0f}"
+        + ("" if i["state"] == "ready" else f" {i['state']}")
+        for i in u["instances"]
+    )
+    inst += "".join(
+        f"\n{r['engine']} restart {r['restarts']} in {r['restart_in_s']:.1f} s"
+        for r in u.get("restarting", [])
+    )
+    inst = inst.strip() or ("front end" if u["engine"] == "frontend" else "-")
+    steps = "".join(  # a fused unit: its steps' mean ms per call
+        f"\n  {st['step']} {_ms(st.get('mean_ms'))} ms" for st in u.get("steps") or ()
+    )
+    return [
+        u["unit"] + steps,
+        u["partition"] or "-",
+        f"{u['bottleneck']:.3g}" if u["bottleneck"] is not None else "-",
+        escape(inst),
+        str(u["queue"]),
+        _ms(u["compute_p50_ms"]),
+        _ms(u["compute_p99_ms"]),
+    ]
 
 
 def _ms(v: float | None) -> str:

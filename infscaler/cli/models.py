@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from infscaler.base.device import bundled_profiles, load_profile
 from infscaler.base.errors import InfScalerError
 from infscaler.base.models import MODELS, package_file, resolve_model
 from infscaler.cli import err, out
+from infscaler.cli.tables import Col, print_table
 from infscaler.partitioner.api import inspect_model, parse_slo, partition_model
 from infscaler.partitioner.plot import plot_operator_costs
 
@@ -28,8 +29,9 @@ ShapesOpt = Annotated[
     str | None,
     typer.Option(
         "--shapes",
-        help="Concrete shapes for dynamic inputs, trtexec style: name:1x3x640x640[,name2:...]. "
-        "Bundled models have a default.",
+        "--input-shapes",
+        help="Concrete shapes for dynamic inputs: trtexec's name:1x3x640x640[,name2:...] or "
+        "Polygraphy's name:[1,3,640,640]. Bundled models have a default.",
     ),
 ]
 
@@ -67,28 +69,35 @@ def models_cmd(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table(title="Bundled models")
-    for col in ("alias", "package", "status", "default --shapes", "description"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["alias"], r["package"], r["status"], r["shapes"] or "", r["description"])
-    out.print(table)
+    print_table(
+        out,
+        "Bundled models",
+        [Col("alias"), Col("package"), Col("status", "text"), Col("default --shapes")]
+        + [Col("description", "text")],
+        [
+            [r["alias"], r["package"], r["status"], r["shapes"] or "", r["description"]]
+            for r in rows
+        ],
+    )
 
 
 @app.command("devices")
 def devices_cmd() -> None:
     """List the bundled device profiles (for --device)."""
 
-    table = Table(title="Device profiles")
-    for col in ("name", "soc", "engines", "memory cap MB"):
-        table.add_column(col)
+    rows = []
     for name in bundled_profiles():
         p = load_profile(name)
         engines = ", ".join(
             f"{a.engine}x{a.count}" if a.count > 1 else a.engine for a in p.accelerators
         )
-        table.add_row(p.name, p.soc, engines, str(p.memory_cap_mb))
-    out.print(table)
+        rows.append([p.name, p.soc, engines, str(p.memory_cap_mb)])
+    print_table(
+        out,
+        "Device profiles",
+        [Col("name"), Col("soc", "text"), Col("engines", "text"), Col("memory cap MB", "num")],
+        rows,
+    )
 
 
 @app.command("inspect")
@@ -110,8 +119,12 @@ def inspect_cmd(
     """Operator table: FLOPs, parameters, activations (and ms); bottlenecks marked."""
 
     path, shapes = _resolve(model, shapes)
+    io = model_io(path)
+    if not as_json:  # the metadata first: it needs no analysis (and is what infer asks for)
+        _print_io(io)
     with err.status("analysing the model"):
         report = inspect_model(path, shapes=shapes, profile=profile)
+    report["io"] = io
     ops = report["operators"]
     if png is not None:
         plot_operator_costs(
@@ -125,30 +138,29 @@ def inspect_cmd(
         return
     rows = sorted(ops, key=lambda o: -o["flops"])[:top] if top else ops
     info = report["model"]
-    table = Table(
-        title=f"{path.name}: {info['operators']} operators "
-        f"(+{info['constant_nodes']} constant nodes), {info['flops'] / 1e9:.3f} GFLOPs"
-    )
-    for col in ("#", "node", "op", "output shape", "MFLOPs", "params MB", "out MB"):
-        table.add_column(col, justify="right" if col not in ("node", "op") else "left")
-    if profile:
-        table.add_column("ms", justify="right")
-    table.add_column("bottleneck")
+    cols = [Col("#", "num"), Col("node"), Col("op"), Col("output")]
+    cols += [Col("MFLOPs", "num"), Col("param MB", "num"), Col("out MB", "num")]
+    cols += [Col("ms", "num")] if profile else []
+    cols.append(Col("*"))
+    cells = []
     for o in rows:
-        cells = [
+        row = [
             str(o["index"]),
             o["node"],
             o["op_type"],
             "x".join(map(str, o["output_shape"] or [])),
-            f"{o['flops'] / 1e6:.2f}",
-            f"{o['params_mb']:.3f}",
-            f"{o['output_mb']:.3f}",
         ]
-        if profile:
-            cells.append(f"{o['ms']:.3f}")
-        cells.append("[bold red]*[/]" if o["representative"] else "")
-        table.add_row(*cells)
-    out.print(table)
+        row += [f"{o['flops'] / 1e6:.2f}", f"{o['params_mb']:.3f}", f"{o['output_mb']:.3f}"]
+        row += [f"{o['ms']:.3f}"] if profile else []
+        row.append("[bold red]*[/]" if o["representative"] else "")
+        cells.append(row)
+    print_table(
+        out,
+        f"{path.name}: {info['operators']} operators "
+        f"(+{info['constant_nodes']} constant nodes), {info['flops'] / 1e9:.3f} GFLOPs",
+        cols,
+        cells,
+    )
     n_rep = sum(o["representative"] for o in ops)
     out.print(
         f"{n_rep} representative operators (* : FLOPs above the mean, "
@@ -158,6 +170,59 @@ def inspect_cmd(
         out.print(f"whole model on cpu: {info['t_o_ms']:.3f} ms (median)")
     if png is not None:
         out.print(f"plot written to {png}")
+
+
+def _v2_datatype(elem_type: int) -> str:
+    """The KServe v2 datatype name of an ONNX element type (FLOAT -> FP32, STRING -> BYTES;
+    the v2 protocol's tensor data types, docs/api.md)."""
+    import onnx
+
+    name = onnx.TensorProto.DataType.Name(elem_type)
+    return _V2_NAMES.get(name, name)
+
+
+_V2_NAMES = {"FLOAT": "FP32", "DOUBLE": "FP64", "FLOAT16": "FP16", "BFLOAT16": "BF16"}
+_V2_NAMES["STRING"] = "BYTES"
+
+
+def model_io(path: Path) -> dict[str, list[dict]]:
+    """A model's inputs and outputs as the v2 metadata names them: ``{"inputs": [{name,
+    datatype, shape}], "outputs": [...]}``; shape: ints, a dynamic dim as its ONNX name
+    (``N``, ``batch``) or ``-1`` when unnamed. Initializers are not inputs.
+
+    Raises:
+        InfScalerError: a file onnx cannot read.
+    """
+    import onnx
+
+    try:
+        m = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - onnx raises many kinds; all mean "bad file"
+        raise InfScalerError(f"cannot read model {path}: {str(exc).splitlines()[0]}") from None
+    inits = {i.name for i in m.graph.initializer}
+
+    def spec(vi: onnx.ValueInfoProto) -> dict:
+        t = vi.type.tensor_type
+        shape: list[int | str] = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or -1) for d in t.shape.dim
+        ]
+        return {"name": vi.name, "datatype": _v2_datatype(t.elem_type), "shape": shape}
+
+    return {
+        "inputs": [spec(i) for i in m.graph.input if i.name not in inits],
+        "outputs": [spec(o) for o in m.graph.output],
+    }
+
+
+def _print_io(io: dict[str, list[dict]]) -> None:
+    """The inputs and outputs, one per line: ``input  x  FP32  [N, 3, H, W]``."""
+    for kind in ("inputs", "outputs"):
+        for t in io[kind]:
+            dims = ", ".join(map(str, t["shape"]))
+            line = Text(f"{kind[:-1]:<6} ")
+            line.append(t["name"], style="bold")
+            line.append(f"  {t['datatype']}  [{dims}]")
+            out.print(line, highlight=False, soft_wrap=True)
 
 
 @app.command("partition")
@@ -292,32 +357,36 @@ def _print_plan(s: dict, out_dir: Path | None) -> None:
     engines = list(s["partitions"][0]["latency_ms"].keys())
     measure = s["objective"]["measure"]
     b_unit, b_scale = ("GFLOP", 1e-9) if measure == "flops" else ("ms", 1.0)
-    table = Table(
-        title=f"Plan: K = {len(s['partitions'])}, cuts after operators {[c['after_operator'] for c in s['cuts']]} "
-        f"(Eq. 1 objective {s['objective']['value']:.4g}, c_n = {measure})"
-    )
-    for col in ("k", "ops", f"B_k {b_unit}", "GFLOPs", "weights MB", "act MB"):
-        table.add_column(col, justify="right")
-    for e in engines:
-        table.add_column(f"{e} ms", justify="right")
-    table.add_column("out MB", justify="right")
+    cols = [Col("k", "num"), Col("ops", "num"), Col(f"B_k {b_unit}", "num")]
+    cols += [Col(h, "num") for h in ("GFLOPs", "weights MB", "act MB")]
+    cols += [Col(f"{e} ms", "num") for e in engines] + [Col("out MB", "num")]
+    rows = []
     for p in s["partitions"]:
         lat = [
             f"{v:.2f}" if isinstance(v, int | float) else "n/a"
             for v in (p["latency_ms"][e] for e in engines)
         ]
         out_mb = sum(o["bytes"] for o in p["outputs"]) / 1e6
-        table.add_row(
-            str(p["index"]),
-            f"{p['operators'][0]}-{p['operators'][1]}",
-            f"{p['bottleneck'] * b_scale:.3g}",
-            f"{p['flops'] / 1e9:.3f}",
-            f"{p['weights_mb']:.1f}",
-            f"{p['activations_mb']:.1f}",
-            *lat,
-            f"{out_mb:.2f}",
+        rows.append(
+            [
+                str(p["index"]),
+                f"{p['operators'][0]}-{p['operators'][1]}",
+                f"{p['bottleneck'] * b_scale:.3g}",
+                f"{p['flops'] / 1e9:.3f}",
+                f"{p['weights_mb']:.1f}",
+                f"{p['activations_mb']:.1f}",
+                *lat,
+                f"{out_mb:.2f}",
+            ]
         )
-    out.print(table)
+    print_table(
+        out,
+        f"Plan: K = {len(s['partitions'])}, cuts after operators "
+        f"{[c['after_operator'] for c in s['cuts']]} "
+        f"(Eq. 1 objective {s['objective']['value']:.4g}, c_n = {measure})",
+        cols,
+        rows,
+    )
     unavailable = {
         e: v["unavailable"]
         for p in s["partitions"][:1]

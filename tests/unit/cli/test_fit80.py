@@ -1,0 +1,158 @@
+"""The CLI at 80 columns: every command's --help and the main tables cut no value a user
+copies (no ``…``, each value whole on its line); flags show no ``<bool>``; inspect prints
+the model's inputs and outputs first; the dtype hint and --cast; both shape syntaxes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import infscaler.cli as cli
+from infscaler.base.errors import InfScalerError
+from infscaler.base.models import MODELS
+from infscaler.partitioner.loader import parse_shapes
+
+RUNNER = CliRunner()
+ENV = {"COLUMNS": "80", "TERMINAL_WIDTH": "80", "NO_COLOR": "1"}
+
+
+@pytest.fixture()
+def narrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli.out, "_width", 80)
+    monkeypatch.setattr(cli.out, "_color_system", None)
+
+
+def _run(*args: str) -> str:
+    res = RUNNER.invoke(cli.app, list(args), env=ENV)
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def _commands() -> list[list[str]]:
+    cmds = [[name] for name in cli.COMMANDS]
+    cmds += [["variants", "register"], ["variants", "list"]]
+    return cmds
+
+
+@pytest.mark.parametrize("cmd", _commands(), ids=" ".join)
+def test_help_fits_80_columns(cmd: list[str]) -> None:
+    text = _run(*cmd, "--help")
+    assert "…" not in text, text
+    assert "<bool>" not in text, text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    command = cli.load_command(cmd[0])
+    command = getattr(command, "commands", {}).get(cmd[-1], command)
+    for param in command.params:  # every option name whole on a line
+        for name in param.opts:
+            if name.startswith("--"):
+                assert name in text, (name, text)
+
+
+def test_models_table_whole_at_80(narrow: None) -> None:
+    text = _run("models")
+    assert "…" not in text
+    for m in MODELS.values():
+        assert m.alias in text.split()
+        if m.shapes:
+            assert m.shapes in text, m.shapes
+
+
+def test_devices_table_whole_at_80(narrow: None) -> None:
+    from infscaler.base.device import bundled_profiles
+
+    text = _run("devices")
+    assert "…" not in text
+    for name in bundled_profiles():
+        assert name in text
+
+
+def test_inspect_prints_inputs_and_outputs_first(narrow: None) -> None:
+    text = _run("inspect", "ppocrv4-det", "--top", "3")
+    lines = text.splitlines()
+    assert lines[0].startswith("input  x  FP32  [")
+    assert "3," in lines[0]  # the channel dim is static
+    assert lines[1].startswith("output ") and "FP32" in lines[1]
+    assert "…" not in text
+    assert any("1x24x160x160" in line for line in lines[2:])
+
+
+def test_model_io_names_dynamic_dims() -> None:
+    from infscaler.base.models import resolve_model
+    from infscaler.cli.models import model_io
+
+    io = model_io(resolve_model("minilm-int8"))
+    assert [i["name"] for i in io["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert io["inputs"][0]["datatype"] == "INT64"
+    assert io["inputs"][0]["shape"] == ["batch", "sequence"]
+    assert io["outputs"][0]["shape"][-1] == 384
+
+
+META = {"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}]}
+
+
+def test_wrong_dtype_gets_astype_hint() -> None:
+    from infscaler.cli.client import _check_feeds
+
+    with pytest.raises(InfScalerError) as exc:
+        _check_feeds({"x": np.zeros((1, 3))}, META)
+    assert "float64" in exc.value.message
+    assert "astype(np.float32)" in exc.value.hint and "--cast" in exc.value.hint
+
+
+def test_cast_converts_numeric_dtype() -> None:
+    from infscaler.cli.client import _check_feeds
+
+    feeds = {"x": np.array([[0.5, 1.25, 2.0]])}
+    _check_feeds(feeds, META, cast=True)
+    assert feeds["x"].dtype == np.float32
+    assert feeds["x"].tolist() == [[0.5, 1.25, 2.0]]
+
+
+def test_missing_inputs_listed_with_datatype_and_shape() -> None:
+    from infscaler.cli.client import _needs
+
+    err = _needs("model m", META["inputs"] + [{"name": "y", "datatype": "INT64", "shape": [4]}])
+    assert "\n  x  FP32  [-1, 3]" in err.message
+    assert "\n  y  INT64  [4]" in err.message
+    assert "--random" in err.hint
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["x:1x3x224x224,y:1x4", "x:[1,3,224,224] y:[1,4]", "x:[1,3,224,224],y:[1,4]"],
+)
+def test_both_shape_syntaxes(spec: str) -> None:
+    assert parse_shapes(spec) == {"x": (1, 3, 224, 224), "y": (1, 4)}
+
+
+def test_status_table_whole_at_80(narrow: None, capsys: pytest.CaptureFixture[str]) -> None:
+    from infscaler.cli.client import print_status
+
+    inst = {"engine": "cpu", "pid": 123456, "cores": [0, 1], "pss_mb": 41.0, "state": "ready"}
+    unit = {
+        "unit": "ppocrv6-small-det.part_0-of-ppocrv6-small-det",
+        "partition": "part_0.onnx",
+        "bottleneck": 12.5,
+        "engine": "cpu",
+        "instances": [inst],
+        "queue": 0,
+        "compute_p50_ms": 3.25,
+        "compute_p99_ms": 4.5,
+    }
+    st = {
+        "control_path": {"kind": "userspace", "policy": "auto", "reason": "no CAP_BPF"},
+        "pool": {"mapped_mb": 8.0, "cap_mb": 512.0, "slots_in_use": 0, "slots_free": 8},
+        "pipelines": [
+            {
+                "name": "ocr",
+                "ready": True,
+                "requests": {"success": 3, "fail": {}, "latency": {"p50_ms": 5, "p99_ms": 6}},
+                "units": [unit],
+            }
+        ],
+    }
+    print_status(st)
+    text = capsys.readouterr().out
+    assert "…" not in text
+    assert unit["unit"] in text and "cpu 123456 [0,1] 41" in text
