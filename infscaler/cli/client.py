@@ -418,6 +418,14 @@ def infer_cmd(
             res = c.infer_task(task, feeds, latency_ms=latency_ms, min_accuracy=min_accuracy)
         else:
             res = c.infer(target, feeds)
+    _print_result(res, save, as_json)
+
+
+def _print_result(res: Any, save: Path | None, as_json: bool) -> None:
+    """``infer``'s output: each output saved to ``save``/<name>.npy (when given), then the
+    outputs as JSON (``--json``) or one line each with the latency and the chosen variant."""
+    import numpy as np
+
     if save is not None:
         save.mkdir(parents=True, exist_ok=True)
         for k, v in res.outputs.items():
@@ -480,6 +488,8 @@ def print_status(st: dict[str, Any]) -> None:
         f"restarts {st.get('restarts', 0)}",
         highlight=False,
     )
+    if st.get("grpc_socket"):
+        out.print(f"gRPC socket: {st['grpc_socket']}", highlight=False, soft_wrap=True)
     zy = st.get("zygote") or {}
     if zy:
         started = zy.get("started") or {}
