@@ -11,7 +11,8 @@ Two kinds of load, as Triton's perf_analyzer (``perf_analyzer/docs/cli.md``,
   replayed at a mean of R/s (``azure``: the Azure Functions 2019 trace shipped in
   :mod:`infscaler.runtime.planning.arrivals`, any spec its ``from_spec`` reads).
 
-Measurement per load point (perf_analyzer's rule): windows of ``interval_ms`` (5000) until
+Measurement per load point (perf_analyzer's rule): windows of ``interval_ms`` (5000; or,
+perf_analyzer's ``count_windows`` mode, of ``request_count`` answers) until
 the last 3 consecutive windows have their throughput and their average latency each
 within ``stability_pct`` (10 %) of the three's mean, or ``max_trials`` (10) windows were
 measured (then the point is reported with ``stable = False``). The point reports the last
@@ -60,6 +61,7 @@ __all__ = [
     "arrival_times",
     "input_tensors",
     "is_stable",
+    "open_session",
     "parse_range",
     "parse_shapes",
     "percentile",
@@ -375,6 +377,16 @@ def summarize(windows: Sequence[Window], slo_ms: float | None = None) -> dict[st
 # -- the load ---------------------------------------------------------------------------
 
 
+def open_session(socket_path: str, timeout_s: float = 60.0) -> Any:
+    """An ``aiohttp.ClientSession`` on the service's Unix socket (no connection limit;
+    each request times out after ``timeout_s``), for :meth:`LoadGenerator.measure`; use
+    it as ``async with open_session(sock) as session``."""
+    import aiohttp
+
+    conn = aiohttp.UnixConnector(path=str(socket_path), limit=0)
+    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     """One load point: ``mode`` ``"concurrency"`` (``value`` requests in flight) or
@@ -402,6 +414,9 @@ class MeasureConfig:
         max_inflight: open loop: arrivals beyond this many requests in flight are not
             sent (``skipped``), so the client's memory stays bounded.
         seed: for random inputs and Poisson / trace arrivals.
+        request_count: perf_analyzer's ``count_windows`` measurement mode: a window
+            ends once this many answers came in (at the latest after ``timeout_s``),
+            not after ``interval_ms``. None: time windows.
     """
 
     interval_ms: float = 5000.0
@@ -411,6 +426,7 @@ class MeasureConfig:
     timeout_s: float = 60.0
     max_inflight: int = 1024
     seed: int = 0
+    request_count: int | None = None
 
 
 @dataclass
@@ -474,13 +490,41 @@ class _Outcome:
 
 
 class _Run:
-    """One point's state: outcomes in answer order, counters."""
+    """One point's state: outcomes in answer order, counters, and (count windows) the
+    event set once ``target`` answers have come in."""
 
     def __init__(self) -> None:
         self.outcomes: list[_Outcome] = []
         self.sent = 0
         self.skipped = 0
         self.stop = asyncio.Event()
+        self.target: int | None = None
+        self.full = asyncio.Event()
+
+    def add(self, outcome: _Outcome) -> None:
+        self.outcomes.append(outcome)
+        if self.target is not None and len(self.outcomes) >= self.target:
+            self.full.set()
+
+    async def window_end(
+        self, task: asyncio.Future[None], cut: int, t_end: float, count: int | None
+    ) -> None:
+        """Until the window is over: ``t_end`` (time windows) or ``count`` answers after
+        ``cut`` (count windows, also bounded by ``t_end``), or the load ended."""
+        waits: set[asyncio.Future[Any]] = {task}
+        if count is not None:
+            self.target = cut + count
+            self.full.clear()
+            if len(self.outcomes) >= self.target:
+                return
+            waits.add(asyncio.ensure_future(self.full.wait()))
+        await asyncio.wait(
+            waits,
+            timeout=max(0.0, t_end - time.perf_counter()),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        for w in waits - {task}:
+            w.cancel()
 
 
 class LoadGenerator:
@@ -542,11 +586,7 @@ class LoadGenerator:
                     region[1].close()
 
     async def _run_all(self, specs, cfg, body, headers, on_window) -> list[PointResult]:  # noqa: ANN001
-        import aiohttp
-
-        conn = aiohttp.UnixConnector(path=self.socket_path, limit=0)
-        timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
-        async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        async with open_session(self.socket_path, cfg.timeout_s) as session:
             return [
                 await self.measure(session, spec, cfg, body, headers, on_window) for spec in specs
             ]
@@ -581,7 +621,7 @@ class LoadGenerator:
         async def worker() -> None:
             while not run.stop.is_set():
                 run.sent += 1
-                run.outcomes.append(await self._one(session, body, headers))
+                run.add(await self._one(session, body, headers))
 
         await asyncio.gather(*(worker() for _ in range(int(n))))
 
@@ -597,7 +637,7 @@ class LoadGenerator:
         pending: set[asyncio.Task[None]] = set()
 
         async def fire() -> None:
-            run.outcomes.append(await self._one(session, body, headers))
+            run.add(await self._one(session, body, headers))
 
         t0 = time.perf_counter()
         for t in times:
@@ -630,10 +670,12 @@ class LoadGenerator:
         ``max_trials``, stop the load and wait for every request in flight."""
         run = _Run()
         interval_s = cfg.interval_ms / 1e3
+        # count windows end after request_count answers, or at the latest after timeout_s
+        window_s = interval_s if cfg.request_count is None else cfg.timeout_s
         if spec.mode == "concurrency":
             load = self._closed(session, run, int(spec.value), body, headers)
         else:
-            span = interval_s * (cfg.max_trials + 1)
+            span = window_s * (cfg.max_trials + 1)
             times = arrival_times(spec.distribution, spec.value, span, cfg.seed)
             load = self._open(session, run, times, cfg, body, headers)
         first_stats = stats = await self._stats(session)
@@ -641,7 +683,7 @@ class LoadGenerator:
         windows: list[Window] = []
         cut, t_cut = len(run.outcomes), time.perf_counter()
         while len(windows) < cfg.max_trials and not task.done():
-            await asyncio.wait({task}, timeout=max(0.0, t_cut + interval_s - time.perf_counter()))
+            await run.window_end(task, cut, t_cut + window_s, cfg.request_count)
             now, end = time.perf_counter(), len(run.outcomes)
             after = await self._stats(session)
             w = _window(run.outcomes[cut:end], now - t_cut)

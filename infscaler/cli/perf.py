@@ -163,6 +163,28 @@ def _specs(
     return [LoadSpec("concurrency", c) for c in values]
 
 
+ArrivalsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--arrivals",
+        help="Replay a trace at each request rate (its mean): azure (the Azure "
+        "Functions 2019 trace), azure:busiest, gamma:CV2, azure-llm.",
+    ),
+]
+ModeOpt = Annotated[
+    str,
+    typer.Option(
+        "--measurement-mode",
+        help="time_windows (--measurement-interval) or count_windows "
+        "(--measurement-request-count answers).",
+    ),
+]
+CountOpt = Annotated[
+    int,
+    typer.Option("--measurement-request-count", help="Answers per window in count_windows.", min=1),
+]
+
+
 @app.command("perf")
 def perf_cmd(
     model: Annotated[str, typer.Argument(help="Model (pipeline) name the service serves.")],
@@ -186,14 +208,7 @@ def perf_cmd(
             "--request-distribution", help="Arrivals at a request rate: constant or poisson."
         ),
     ] = "constant",
-    arrivals: Annotated[
-        str | None,
-        typer.Option(
-            "--arrivals",
-            help="Replay a trace at each request rate (its mean): azure (the Azure "
-            "Functions 2019 trace), azure:busiest, gamma:CV2, azure-llm.",
-        ),
-    ] = None,
+    arrivals: ArrivalsOpt = None,
     shape: Annotated[
         list[str] | None,
         typer.Option("--shape", help="NAME:1x3x224x224 for a dynamic input (repeatable)."),
@@ -219,6 +234,8 @@ def perf_cmd(
             min=0,
         ),
     ] = 10.0,
+    measurement_mode: ModeOpt = "time_windows",
+    measurement_request_count: CountOpt = 50,
     max_trials: Annotated[
         int, typer.Option("--max-trials", help="Windows at most per point.", min=1)
     ] = 10,
@@ -248,6 +265,12 @@ def perf_cmd(
         raise InfScalerError(
             f"unknown --shared-memory {shared_memory!r}", hint="use none or system"
         )
+    if measurement_mode not in ("time_windows", "count_windows"):
+        raise InfScalerError(
+            f"unknown --measurement-mode {measurement_mode!r}",
+            hint="use time_windows or count_windows",
+        )
+    count = measurement_request_count if measurement_mode == "count_windows" else None
     bound = slo_ms(slo) if slo is not None else None
     shapes = parse_shapes(shape or [])
     given = _load_input_dir(input_data) if input_data is not None else None
@@ -262,6 +285,7 @@ def perf_cmd(
         slo_ms=bound,
         timeout_s=timeout,
         seed=seed,
+        request_count=count,
     )
     gen = LoadGenerator(sock, model, feeds, shared_memory=shared_memory == "system")
     points = [p.to_dict() for p in _measure(gen, specs, cfg)]
@@ -283,8 +307,13 @@ def perf_cmd(
 def _print(points: list[dict[str, Any]], cfg: Any) -> None:
     out.print(perf_table(points, cfg.slo_ms is not None))
     if any(not p["stable"] for p in points):
+        window = (
+            f"{cfg.interval_ms:g} ms"
+            if cfg.request_count is None
+            else f"{cfg.request_count} answers"
+        )
         out.print(
-            f"* not stable within {cfg.max_trials} windows of {cfg.interval_ms:g} ms "
+            f"* not stable within {cfg.max_trials} windows of {window} "
             f"(±{cfg.stability_pct:g} %): the last 3 are reported",
             highlight=False,
         )
