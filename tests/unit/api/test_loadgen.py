@@ -174,3 +174,48 @@ def test_arrival_times() -> None:
         arrival_times("zipf", 1.0, 1.0)
     with pytest.raises(InfScalerError):
         LoadSpec("bursts", 1.0)
+
+
+def test_outcomes_fall_into_the_window_by_kind_and_reason() -> None:
+    from infscaler.api.loadgen import _Outcome, _reason, _window
+
+    assert _reason(b'{"error": "queue full: retry"}') == "queue full: retry"
+    assert _reason(b"<html>") == "(no reason given)"
+    assert _reason(b'{"error": "' + b"x" * 500 + b'"}') == "x" * 120
+    w = _window(
+        [
+            _Outcome("ok", 4.0),
+            _Outcome("refused", 1.0, "503 over the SLO"),
+            _Outcome("refused", 1.0, "503 over the SLO"),
+            _Outcome("error", 9.0, "HTTP 500: boom"),
+            _Outcome("ok", 6.0),
+        ],
+        2.0,
+    )
+    assert w.latencies_ms == [4.0, 6.0] and w.throughput == 1.0 and w.mean_ms == 5.0
+    assert w.refused == {"503 over the SLO": 2} and w.errors == {"HTTP 500: boom": 1}
+
+
+def test_a_count_window_ends_after_its_answers() -> None:
+    import asyncio
+    import time
+
+    from infscaler.api.loadgen import _Outcome, _Run
+
+    async def main() -> tuple[int, float]:
+        run = _Run()
+
+        async def answers() -> None:
+            for _ in range(50):
+                await asyncio.sleep(0.002)
+                run.add(_Outcome("ok", 2.0))
+
+        load = asyncio.ensure_future(answers())
+        t0 = time.perf_counter()
+        await run.window_end(load, 0, t0 + 30.0, 10)  # 10 answers, not 30 s
+        got, took = len(run.outcomes), time.perf_counter() - t0
+        await load
+        return got, took
+
+    got, took = asyncio.run(main())
+    assert 10 <= got < 50 and took < 5.0
