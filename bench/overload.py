@@ -3,7 +3,9 @@
 For each mode (no SLO, and an SLO with the autoscaler), against a real ``infscaler
 serve`` process (ResNet-50 partitioned ``-k 3``, optionally the ``ocr`` pipeline):
 
-1. **capacity**: closed loop, ``clients`` connections back to back, throughput = C (rps).
+1. **capacity**: closed loop, ``clients`` requests in flight on persistent connections
+   (``infscaler.api.loadgen``, as ``infscaler perf --concurrency-range``), throughput
+   over ``calibrate`` answers = C (rps).
 2. **overload**: open loop, Poisson arrivals at ``factor`` x C (default 10x) for
    ``duration_s`` (30 s; ``--quick`` 8 s). Every request goes on its own connection (a
    client each, as many as the arrivals make: nothing waits on a connection pool) with
@@ -219,24 +221,21 @@ async def one(
 
 
 async def closed_loop(sock: str, model: str, body: bytes, headers: dict, clients: int, n: int):
-    lat: list[float] = []
-    left = [n]
+    """Capacity: ``clients`` requests in flight, each sent when the one before it is
+    answered (``infscaler.api.loadgen``, perf_analyzer's concurrency mode, on persistent
+    connections), measured over one window of ``n`` answers (its ``count_windows``)."""
+    from infscaler.api.loadgen import LoadGenerator, LoadSpec, MeasureConfig, open_session
 
-    async def worker() -> None:
-        while left[0] > 0:
-            left[0] -= 1
-            out, ms, _ = await one(sock, model, body, headers, 120)
-            if out == "ok":
-                lat.append(ms)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(clients)))
-    wall = time.perf_counter() - t0
+    gen = LoadGenerator(sock, model, {})
+    cfg = MeasureConfig(max_trials=1, request_count=n, timeout_s=120.0)
+    async with open_session(sock, cfg.timeout_s) as session:
+        point = await gen.measure(session, LoadSpec("concurrency", clients), cfg, body, headers)
+    p50 = point.summary["latency_ms"]["p50"]
     return {
-        "requests": n,
-        "completed": len(lat),
-        "throughput_rps": round(len(lat) / wall, 3),
-        "p50_ms": round(float(np.percentile(lat, 50)), 2) if lat else None,
+        "requests": point.totals["sent"],
+        "completed": point.totals["ok"],
+        "throughput_rps": round(point.summary["throughput"], 3),
+        "p50_ms": round(p50, 2) if p50 is not None else None,
     }
 
 

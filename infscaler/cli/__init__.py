@@ -4,7 +4,8 @@ Each command lives in a module of its own kind, imported only when the command r
 (:data:`COMMANDS`): :mod:`~infscaler.cli.models` (``models``, ``devices``, ``inspect``,
 ``partition``), :mod:`~infscaler.cli.client` (``deploy``, ``undeploy``, ``infer``,
 ``status``), :mod:`~infscaler.cli.service` (``serve``, ``demo``),
-:mod:`~infscaler.cli.plan` (``plan``), :mod:`~infscaler.cli.fleet` (``watch-pipelines``,
+:mod:`~infscaler.cli.plan` (``plan``), :mod:`~infscaler.cli.perf` (``perf``),
+:mod:`~infscaler.cli.fleet` (``watch-pipelines``,
 ``probe``) and :mod:`~infscaler.cli.variants` (``variants``). Errors print one clear message and a hint on
 stderr, never a traceback, and exit with status 2.
 """
@@ -125,6 +126,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe": (
         "infscaler.cli.fleet",
         "Exit 0 if the service is live (answers) / ready (every pipeline deployed and ready, not draining), else 1 with the reason: a Kubernetes exec probe.",
+    ),
+    "perf": (
+        "infscaler.cli.perf",
+        "Measure a served model at a concurrency or request-rate sweep, as perf_analyzer: infer/s, P50-P99 ms, goodput at --slo, refusals, errors, server queue / compute.",
     ),
     "variants": (
         "infscaler.cli.variants",
