@@ -245,7 +245,14 @@ class ServiceCollector(Collector):
         if scaler is not None:
             for (pipeline, action), v in sorted(scaler.decision_counts().items()):
                 decisions.add_metric([pipeline, action], v)
-        yield from (instances, pss, restarts, decisions)
+        moves = CounterMetricFamily(
+            "infscaler_arbitration_moves",
+            "Instances moved between pipelines at the device's cap (arbitration)",
+            labels=["donor", "recipient"],
+        )
+        for (donor, recipient), v in sorted(getattr(scaler, "move_counts", dict)().items()):
+            moves.add_metric([donor, recipient], v)
+        yield from (instances, pss, restarts, decisions, moves)
 
     # -- the tensor pool --------------------------------------------------------------------
     @staticmethod

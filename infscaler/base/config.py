@@ -392,6 +392,10 @@ class PipelineConfig(BaseModel):
         fuse: the stages' default ``fuse`` (true: function stages run inside the
             adjacent model stage's instances); ``whole``: the whole pipeline runs as one
             unit (see the module docstring).
+        priority: the pipeline's level, 1 the highest (a larger number is lower), as
+            Triton's priority levels; the scaler's arbitration between pipelines
+            (:mod:`infscaler.runtime.scaling.arbitration`) moves capacity from lower
+            levels to higher ones when the device's cap is full.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -406,6 +410,7 @@ class PipelineConfig(BaseModel):
     slo: str | float | None = None
     autoscale: AutoscaleConfig | None = None
     fuse: bool | Literal["whole"] = True
+    priority: int = 1
 
     @field_validator("autoscale", mode="before")
     @classmethod

@@ -19,6 +19,16 @@ InferLine's scale-in hysteresis), and applies its decisions through the service:
 * ``shed``: bound the pipeline's queue; the front end answers 503 with the reason
   beyond it, until the scaler lifts the bound.
 
+With two or more auto-scaled pipelines, once per tick in which one of them violates its
+SLO with its own decision blocked by the device's cap (or while a loan is in force), the
+loop also calls the pure arbitration (:func:`infscaler.runtime.scaling.arbitration.arbitrate`)
+over every pipeline's last snapshot and priority, and applies its move in a thread: the
+giver's ``scale_in`` first (it blocks until the instance exited, so its memory, slot and
+cores are free), then the taker's ``scale_out``: the cap holds at every instant. Each
+half is kept as a decision (``arbitrate_give`` / ``arbitrate_take`` with the move's
+reason) and counted per (giver, taker) for ``/metrics``
+(``infscaler_arbitration_moves_total``). One pipeline alone: nothing changes.
+
 Decisions are logged and the last ones are kept for ``infscaler status``. Like Ray
 Serve's controller, this loop applies what the policy decides and decides nothing.
 """
@@ -30,13 +40,20 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from infscaler.base.errors import ServiceError
 from infscaler.runtime.planning.autoplan import keep_live
 from infscaler.runtime.planning.livecheck import LiveState, Observed, Verdict, check
 from infscaler.runtime.planning.planner import HANDOVER_MS
+from infscaler.runtime.scaling.arbitration import (
+    ArbitrationConfig,
+    ArbitrationState,
+    Move,
+    PipelineView,
+    arbitrate,
+)
 from infscaler.runtime.scaling.control import ScaledService
 from infscaler.runtime.scaling.idlecurve import LEARN_INTERVAL_S, learn
 from infscaler.runtime.scaling.monitor import Monitor
@@ -98,6 +115,13 @@ class Autoscaler:
         #: under way for the names in ``_switching``
         self._live: dict[str, tuple[Any, LiveState]] = {}
         self._switching: set[str] = set()
+        #: the arbitration between pipelines: each pipeline's last view, the loans in
+        #: force, whether a move is being applied, and moves per (giver, taker)
+        self.arbitration_config = ArbitrationConfig()
+        self._views: dict[str, PipelineView] = {}
+        self._arb = ArbitrationState()
+        self._arb_busy = False
+        self.moves: collections.Counter[tuple[str, str]] = collections.Counter()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="infscaler-autoscaler", daemon=True)
 
@@ -128,6 +152,7 @@ class Autoscaler:
             self._next.pop(name, None)
             self._learn_next.pop(name, None)
             self._monitors.pop(name, None)
+            self._views.pop(name, None)
 
     def state(self, name: str) -> ScalerState | None:
         """What the scaler carries for pipeline ``name`` (None: not looked at yet). Its
@@ -175,6 +200,10 @@ class Autoscaler:
                         log.info("%s: %s; its decision is dropped", dep.name, exc)
                 except Exception:  # noqa: BLE001 - the loop must survive a bad reading
                     log.exception("autoscaler step for %s failed", dep.name)
+            try:
+                self.arbitrate()
+            except Exception:  # noqa: BLE001 - the loop must survive a bad reading
+                log.exception("the arbitration between pipelines failed")
             try:
                 self.wake()
             except Exception:  # noqa: BLE001
@@ -415,6 +444,17 @@ class Autoscaler:
             log.log(level, "%s: waiting: %s", dep.name, state.waiting)
         if getattr(self.service, "cpu_wake_auto", False):
             self._note_wake(dep, snap, auto)
+        violated = is_violated(snap, scaler_config(auto))
+        grew = any(d.action in ("scale_out", "scale_up") for d in decisions)
+        view = PipelineView(
+            dep.name,
+            int(getattr(dep.pipeline.config, "priority", 1) or 1),
+            snap,
+            violated,
+            violated and state.waiting is None and not grew,
+        )
+        with self._lock:
+            self._views[dep.name] = view
         for d in decisions:
             self._apply(dep, d)
             self._record(dep.name, asdict(d))
@@ -461,3 +501,79 @@ class Autoscaler:
         elif d.action == "shed":
             with contextlib.suppress(Exception):
                 self.service.set_queue_limit(dep, d.queue_limit, d.reason)
+
+    # -- arbitration between pipelines ------------------------------------------------------
+    def arbitration_state(self) -> ArbitrationState:
+        """The loans in force between pipelines."""
+        with self._lock:
+            return self._arb
+
+    def move_counts(self) -> dict[tuple[str, str], int]:
+        """Arbitration moves applied since the start: (giver, taker) -> count."""
+        with self._lock:
+            return dict(self.moves)
+
+    def arbitrate(self) -> list[Move]:
+        """One look of the arbitration (:func:`~infscaler.runtime.scaling.arbitration.
+        arbitrate`) over the auto-scaled pipelines' last views, when there are two or
+        more and one is blocked at the cap or a loan is in force, and no move is being
+        applied; its move is applied in a thread (:meth:`_move`). Returns the moves."""
+        deps = {
+            d.name: d
+            for d in self.service.deployments()
+            if d.pipeline.config.autoscale is not None and d.route.accepting
+        }
+        with self._lock:
+            if self._arb_busy:
+                return []
+            views = [v for n, v in self._views.items() if n in deps]
+            if len(views) < 2 or not (any(v.blocked for v in views) or self._arb.loans):
+                return []
+            moves, new = arbitrate(views, self._arb, self.arbitration_config)
+            self._arb = new
+            if moves:
+                self._arb_busy = True
+                for m in moves:  # both are looked at anew before the next move
+                    self._views.pop(m.giver, None)
+                    self._views.pop(m.taker, None)
+        for m in moves:
+            threading.Thread(
+                target=self._move, args=(m, deps), name="infscaler-arbitrate", daemon=True
+            ).start()
+        return moves
+
+    def _move(self, m: Move, deps: dict[str, Any]) -> None:
+        """Apply one move: the giver's scale-in (blocks until its instance exited), then
+        the taker's scale-out, each recorded; both pipelines' states count it as a
+        change (their settle window and hold start again). A failed half ends the loan."""
+        ok = False
+        try:
+            giver, taker = deps[m.giver], deps[m.taker]
+            what = {"kind": m.kind, "giver": m.giver, "taker": m.taker, "reason": m.reason}
+            if m.give:
+                if not self.service.scale_in(giver, m.give_unit, m.give_engine):
+                    log.info("%s: arbitration: no instance to give; move dropped", m.giver)
+                    return
+                entry = {"action": "arbitrate_give", "unit": m.give_unit, "engine": m.give_engine}
+                self._record(m.giver, {**entry, **what})
+            self.service.scale_out(taker, m.take_unit, m.take_engine)
+            entry = {"action": "arbitrate_take", "unit": m.take_unit, "engine": m.take_engine}
+            self._record(m.taker, {**entry, **what})
+            ok = True
+        except Exception:  # noqa: BLE001 - the loop must survive a failed move
+            log.exception("arbitration move %s -> %s failed", m.giver, m.taker)
+        finally:
+            now = time.monotonic()
+            with self._lock:
+                if ok:
+                    self.moves[(m.giver, m.taker)] += 1
+                elif m.kind == "lend":  # nothing was lent: no loan to give back
+                    loans = tuple(
+                        ln for ln in self._arb.loans if (ln.donor, ln.taker) != (m.giver, m.taker)
+                    )
+                    self._arb = ArbitrationState(loans)
+                for name in (m.giver, m.taker):
+                    st = self._states.get(name)
+                    if st is not None:
+                        self._states[name] = replace(st, last_change=now, violating_since=None)
+                self._arb_busy = False

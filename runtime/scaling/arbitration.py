@@ -1,0 +1,459 @@
+"""Arbitration between pipelines under one device cap: a pure function from every
+pipeline's snapshot to capacity moves.
+
+:func:`~infscaler.runtime.scaling.scaler.decide` (InfScaler Algorithm 1) sees one
+pipeline at a time: when the device's cap (memory MB, engine slots, cpu thread slots:
+:class:`~infscaler.runtime.scaling.types.ResourceCap`) is full, a violating pipeline
+sheds, even while another pipeline holds instances it does not need. :func:`arbitrate`
+looks at all of them at once and moves one instance from a pipeline with slack to one
+that violates its SLO at the cap, by priority (``priority`` in the pipeline config: 1 the
+highest, a larger number lower, as Triton's priority levels; Triton docs,
+``model_configuration.md``, "Priority"), and back once the pressure has ended.
+
+A move (:class:`Move`) is one ``scale_in`` of the giver's unit and then one
+``scale_out`` of the taker's unit, **in that order**: the giver's instance is stopped
+gracefully (it finishes its current request; tokens queued at it are re-routed to the
+unit's other instances) and has exited, its memory, slot and cores released, before the
+taker's instance is started. The cap is a bound at every instant, and both instances
+alive at once would exceed it (that is why the taker was blocked). The giver keeps
+serving throughout, on its remaining instances (at least its ``min_instances``): the
+move is make-before-break for the giver's pipeline, which never goes without an
+instance, and break-before-make for the cap, which is never exceeded. The taker waits
+one instance's stop (its current request, <= the 10 s graceful timeout) plus one load.
+
+Rules (one move per call at most):
+
+1. **Back** (hysteresis): a loan (:class:`Loan`) is returned once its taker has been
+   calm for ``release_hold_s`` without a break: not violated, P99 <= ``release_ratio``
+   x SLO, and its offered load <= ``release_ratio`` x the capacity it would have without
+   the borrowed instance. While the pressure lasts, nothing moves back.
+2. **Lend**: a pipeline that violates its SLO with its own decision blocked by the cap
+   (``blocked``) takes one instance for its bottleneck unit (largest B_k / S_k not at its
+   ``max_instances``, on its fastest engine option) from a donor: a pipeline of lower
+   or equal priority (a larger or equal ``priority`` number), not violated, P99 <=
+   ``donor_p99_ratio`` x SLO (or not measured), that holds no loan as taker, with a unit
+   above its ``min_instances`` whose stop frees what the cap lacks (memory, a slot of the
+   same engine, cores) and after which its offered load stays <= ``donor_load`` x its
+   capacity. Candidates are ranked by the taker's priority (highest first), then the
+   donor's (lowest first), then by goodput gained per unit of the scarce resource: the
+   taker's added requests/s (``min(offered, capacity)`` before and after) less the
+   donor's lost requests/s, divided by what the new instance takes of the resource
+   that binds (MB when memory is short, else cores, else one engine slot). A move that
+   gains no goodput is not made.
+
+Capacities are :func:`~infscaler.runtime.scaling.scaler.pipeline_capacity_rps` (requests/s
+at the units' P50 service times). Pure: no I/O, no clock (``now`` is the snapshots').
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from infscaler.runtime.scaling.queueing import _EPS
+from infscaler.runtime.scaling.scaler import effective_bottleneck, pipeline_capacity_rps
+from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
+
+__all__ = [
+    "ArbitrationConfig",
+    "ArbitrationState",
+    "Loan",
+    "Move",
+    "PipelineView",
+    "arbitrate",
+]
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """One deployed pipeline as the arbitration sees it.
+
+    Attributes:
+        name: the pipeline's name.
+        priority: its level, 1 the highest (a larger number is lower), the pipeline
+            config's ``priority``.
+        snapshot: what :func:`~infscaler.runtime.scaling.scaler.decide` got at its last
+            look (its ``cap``, ``cores_used`` and ``instances_used`` are the device's).
+        violated: its SLO counted as violated at that look
+            (:func:`~infscaler.runtime.scaling.scaler.is_violated`).
+        blocked: violated, and its own decision could not scale out: the cap refused
+            every unit (it shed or would have).
+    """
+
+    name: str
+    priority: int
+    snapshot: Snapshot
+    violated: bool = False
+    blocked: bool = False
+
+
+@dataclass(frozen=True)
+class ArbitrationConfig:
+    """Tuning of :func:`arbitrate`.
+
+    Attributes:
+        donor_load: a donor's offered load after the give is at most this fraction of
+            its capacity then (0-1; the scaler's ``scale_in_utilisation`` default).
+        donor_p99_ratio: a donor's P99 is at most this x its SLO (0-1).
+        release_ratio: a taker is calm when its P99 <= this x SLO and its offered load
+            <= this x its capacity without the borrowed instance (0-1; the scaler's
+            ``LIFT_RATIO``).
+        release_hold_s: how long a taker stays calm, without a break, before the
+            instance goes back, s (InferLine's 15 s hold).
+    """
+
+    donor_load: float = 0.6
+    donor_p99_ratio: float = 0.8
+    release_ratio: float = 0.8
+    release_hold_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class Loan:
+    """An instance lent: ``donor``'s unit ``donor_unit`` on ``donor_engine`` gave one so
+    that ``taker``'s unit ``taker_unit`` could run one more on ``taker_engine``
+    (``taker_count``: that unit's instances right after the move). ``calm_since``:
+    ``now`` since which the taker has been calm without a break (None: not calm)."""
+
+    donor: str
+    donor_unit: int
+    donor_engine: str
+    taker: str
+    taker_unit: int
+    taker_engine: str
+    taker_count: int
+    since: float
+    calm_since: float | None = None
+
+
+@dataclass(frozen=True)
+class ArbitrationState:
+    """What :func:`arbitrate` carries from one call to the next: the loans in force."""
+
+    loans: tuple[Loan, ...] = ()
+
+
+@dataclass(frozen=True)
+class Move:
+    """One capacity move, applied in this order: stop one instance of ``giver``'s unit
+    ``give_unit`` on ``give_engine`` (when ``give`` is True) and wait for it to exit,
+    then start one instance of ``taker``'s unit ``take_unit`` on ``take_engine``.
+
+    Attributes:
+        kind: ``lend`` (to a pipeline in violation) or ``return`` (a loan given back).
+        give: False for a return whose taker no longer holds the borrowed instance
+            (its own scaler already gave it back): only the scale-out is applied.
+        resource: the resource that binds: ``memory``, ``cores`` or ``<engine> slots``.
+        gain_rps: goodput the move adds, requests/s (taker's gain less giver's loss).
+        per_resource: ``gain_rps`` per MB, core or slot of ``resource``.
+        reason: one sentence naming giver, taker, the resource and the figures.
+    """
+
+    kind: str
+    giver: str
+    give_unit: int
+    give_engine: str
+    taker: str
+    take_unit: int
+    take_engine: str
+    resource: str
+    gain_rps: float
+    per_resource: float
+    reason: str
+    give: bool = True
+
+
+def arbitrate(
+    views: list[PipelineView],
+    state: ArbitrationState,
+    config: ArbitrationConfig = ArbitrationConfig(),  # noqa: B008 (frozen)
+) -> tuple[list[Move], ArbitrationState]:
+    """Decide at most one capacity move between pipelines (see the module docstring).
+
+    Args:
+        views: every auto-scaled pipeline deployed, each with its last snapshot.
+        state: what the previous call returned (``ArbitrationState()`` the first time).
+        config: the tuning.
+
+    Returns:
+        ``(moves, new_state)``: zero or one :class:`Move`, and the state to pass on
+        (a lend adds a :class:`Loan`, a return removes it; loans whose pipelines are
+        gone are dropped).
+
+    Raises:
+        ValueError: a ``config`` fraction outside (0, 1] or a negative hold.
+    """
+    _check(config)
+    by_name = {v.name: v for v in views}
+    if not views:
+        return [], ArbitrationState()
+    now = max(v.snapshot.now for v in views)
+    loans: list[Loan] = []
+    back: Move | None = None
+    for loan in state.loans:
+        taker, donor = by_name.get(loan.taker), by_name.get(loan.donor)
+        if taker is None or donor is None:
+            continue
+        calm = _calm(taker, loan, config)
+        if calm is None:
+            loans.append(replace(loan, calm_since=None))
+            continue
+        since = loan.calm_since if loan.calm_since is not None else now
+        if back is None and now - since >= config.release_hold_s - _EPS:
+            back = _return(loan, taker, donor, calm, now - since)
+            # None: nothing to give back and the cap refuses the donor's instance:
+            # the loan is over (the donor's own scaler grows it when it needs to)
+            continue
+        loans.append(replace(loan, calm_since=since))
+    if back is not None:
+        return [back], ArbitrationState(tuple(loans))
+    lend = _best_lend(views, {ln.taker for ln in loans}, config)
+    if lend is None:
+        return [], ArbitrationState(tuple(loans))
+    move, count = lend
+    loan = Loan(
+        move.giver,
+        move.give_unit,
+        move.give_engine,
+        move.taker,
+        move.take_unit,
+        move.take_engine,
+        count,
+        now,
+    )
+    return [move], ArbitrationState((*loans, loan))
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _check(c: ArbitrationConfig) -> None:
+    for name in ("donor_load", "donor_p99_ratio", "release_ratio"):
+        v = getattr(c, name)
+        if not 0 < v <= 1:
+            raise ValueError(f"{name} must be in (0, 1], got {v}")
+    if not c.release_hold_s >= 0:
+        raise ValueError(f"release_hold_s must be >= 0 s, got {c.release_hold_s}")
+
+
+def _n(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _with(s: Snapshot, index: int, engine: str, delta: int) -> Snapshot:
+    """``s`` with unit ``index`` running ``delta`` more instances on ``engine``."""
+    units = []
+    for u in s.units:
+        if u.index == index:
+            inst = dict(u.instances)
+            inst[engine] = max(0, inst.get(engine, 0) + delta)
+            u = replace(u, instances=inst)
+        units.append(u)
+    return replace(s, units=tuple(units))
+
+
+def _served(s: Snapshot, capacity: float | None) -> float:
+    """Requests/s answered at ``capacity``: ``min(offered, capacity)``."""
+    return s.offered if capacity is None else min(s.offered, capacity)
+
+
+def _unit(s: Snapshot, index: int) -> UnitState | None:
+    return next((u for u in s.units if u.index == index), None)
+
+
+def _calm(taker: PipelineView, loan: Loan, c: ArbitrationConfig) -> str | None:
+    """Why ``taker`` is calm enough to give ``loan`` back (None: it is not)."""
+    s = taker.snapshot
+    if taker.violated:
+        return None
+    if s.p99_ms is not None and s.p99_ms > c.release_ratio * s.slo_ms + _EPS:
+        return None
+    u = _unit(s, loan.taker_unit)
+    has = u is not None and u.instances.get(loan.taker_engine, 0) > 0
+    without = _with(s, loan.taker_unit, loan.taker_engine, -1) if has else s
+    cap = pipeline_capacity_rps(without)
+    if cap is not None and s.offered > c.release_ratio * cap + _EPS:
+        return None
+    p99 = "no P99" if s.p99_ms is None else f"P99 {_n(s.p99_ms)} ms"
+    load = "" if cap is None else f", offered {_n(s.offered)} req/s on {_n(cap)} without it"
+    return f"{p99} <= {c.release_ratio:g} x SLO {_n(s.slo_ms)} ms{load}"
+
+
+def _return(
+    loan: Loan, taker: PipelineView, donor: PipelineView, calm: str, held: float
+) -> Move | None:
+    """The move giving ``loan`` back (None: the taker's own scaler already gave the
+    instance back and the cap still refuses the donor's one)."""
+    ts, ds = taker.snapshot, donor.snapshot
+    u = _unit(ts, loan.taker_unit)
+    give = u is not None and u.total_instances >= loan.taker_count
+    give = give and u is not None and u.total_instances > u.min_instances
+    if not give:
+        du = _unit(ds, loan.donor_unit)
+        opt = (
+            None
+            if du is None
+            else next((o for o in du.options if o.engine == loan.donor_engine), None)
+        )
+        if opt is None or _short(ds, opt):
+            return None
+    gain = _served(ds, pipeline_capacity_rps(_with(ds, loan.donor_unit, loan.donor_engine, 1)))
+    gain -= _served(ds, pipeline_capacity_rps(ds))
+    what = (
+        f"{taker.name} gives back the {loan.taker_engine} instance of unit {loan.taker_unit}"
+        if give
+        else f"{taker.name} already gave the borrowed instance back"
+    )
+    return Move(
+        "return",
+        taker.name,
+        loan.taker_unit,
+        loan.taker_engine,
+        donor.name,
+        loan.donor_unit,
+        loan.donor_engine,
+        "lent instance",
+        gain,
+        gain,
+        f"pressure over: {taker.name} calm for {_n(held)} s ({calm}); {what}; "
+        f"{donor.name} gets its {loan.donor_engine} instance of unit {loan.donor_unit} "
+        f"back (+{_n(gain)} req/s for {donor.name})",
+        give,
+    )
+
+
+def _added(s: Snapshot, u: UnitState, o: EngineOption) -> float:
+    """Requests/s one more instance of ``u`` on ``o`` adds to the pipeline's capacity
+    (:func:`pipeline_capacity_rps`; with no service time known anywhere, the new
+    instance's own rate at ``o.latency_ms``)."""
+    before = pipeline_capacity_rps(s)
+    after = pipeline_capacity_rps(_with(s, u.index, o.engine, 1))
+    if before is None or after is None:
+        return 1000.0 / o.latency_ms if o.latency_ms > 0 else 0.0
+    return max(0.0, after - before)
+
+
+def _need(s: Snapshot) -> tuple[UnitState, EngineOption] | None:
+    """The unit a blocked pipeline would grow (largest B_k / S_k below its
+    ``max_instances``, with an engine option) and its fastest option."""
+    for u in sorted(s.units, key=lambda u: (-effective_bottleneck(u), u.index)):
+        if u.max_instances is not None and u.total_instances >= u.max_instances:
+            continue
+        if u.options:
+            return u, min(u.options, key=lambda o: o.latency_ms)
+    return None
+
+
+def _short(s: Snapshot, o: EngineOption) -> dict[str, float]:
+    """What the cap lacks for one more instance of option ``o``: resource -> amount."""
+    cap: ResourceCap = s.cap
+    short: dict[str, float] = {}
+    mem = cap.memory_used_mb + o.memory_mb - cap.memory_cap_mb
+    if mem > _EPS:
+        short["memory"] = mem
+    if cap.cores and o.cores and s.cores_used + o.cores > cap.cores:
+        short["cores"] = float(s.cores_used + o.cores - cap.cores)
+    slots = cap.max_instances.get(o.engine)
+    if slots is not None and s.instances_used.get(o.engine, 0) + 1 > slots:
+        short[f"{o.engine} slots"] = 1.0
+    return short
+
+
+def _frees(o: EngineOption, take: EngineOption) -> dict[str, float]:
+    """What stopping one instance of option ``o`` releases, in the terms of ``_short``."""
+    freed = {"memory": o.memory_mb, "cores": float(o.cores)}
+    freed[f"{take.engine} slots"] = 1.0 if o.engine == take.engine else 0.0
+    return freed
+
+
+def _best_lend(
+    views: list[PipelineView], takers: set[str], c: ArbitrationConfig
+) -> tuple[Move, int] | None:
+    """The best lend of rule 2 and the taker unit's instance count after it (None: no
+    pipeline is blocked, or no donor can cover what the cap lacks)."""
+    best: tuple[tuple, Move, int] | None = None
+    for r in views:
+        if not (r.blocked and r.violated):
+            continue
+        need = _need(r.snapshot)
+        if need is None:
+            continue
+        ru, ro = need
+        short = _short(r.snapshot, ro)
+        if not short:
+            continue  # refused by something a move does not free (busy cores, own cores)
+        resource = (
+            next(k for k in ("memory", "cores") if k in short)
+            if ("memory" in short or "cores" in short)
+            else next(iter(short))
+        )
+        cost = {"memory": ro.memory_mb, "cores": float(ro.cores)}.get(resource, 1.0)
+        rs = r.snapshot
+        # the taker misses its SLO: what it answers within the SLO is below what it is
+        # offered, so its gain is the capacity the instance adds (0 when another unit
+        # bounds the pipeline)
+        r_gain = _added(rs, ru, ro)
+        for d in views:
+            if d.name == r.name or d.priority < r.priority or d.violated or d.name in takers:
+                continue
+            ds = d.snapshot
+            if ds.p99_ms is not None and ds.p99_ms > c.donor_p99_ratio * ds.slo_ms + _EPS:
+                continue
+            for du in ds.units:
+                if du.total_instances <= du.min_instances:
+                    continue
+                for do in du.options:
+                    if du.instances.get(do.engine, 0) <= 0:
+                        continue
+                    freed = _frees(do, ro)
+                    if any(freed.get(k, 0.0) + _EPS < v for k, v in short.items()):
+                        continue
+                    after = pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
+                    if after is not None and ds.offered > c.donor_load * after + _EPS:
+                        continue
+                    loss = _served(ds, pipeline_capacity_rps(ds)) - _served(ds, after)
+                    gain = r_gain - loss
+                    if gain <= _EPS:
+                        continue
+                    per = gain / max(cost, _EPS)
+                    key = (r.priority, -d.priority, -per, r.name, d.name, du.index)
+                    if best is not None and key >= best[0]:
+                        continue
+                    unit_word = {"memory": "MB", "cores": "core"}.get(resource, "slot")
+                    lacks = ", ".join(f"{k} {_n(v)}" for k, v in short.items())
+                    load = (
+                        f"{_n(ds.offered)} req/s on {_n(after)} req/s after"
+                        if after is not None
+                        else f"{_n(ds.offered)} req/s"
+                    )
+                    p99 = "no P99" if ds.p99_ms is None else f"P99 {_n(ds.p99_ms)} ms"
+                    viol = (
+                        f"P99 {_n(rs.p99_ms)} ms > SLO {_n(rs.slo_ms)} ms"
+                        if rs.p99_ms is not None and rs.p99_ms > rs.slo_ms
+                        else f"SLO {_n(rs.slo_ms)} ms missed"
+                    )
+                    reason = (
+                        f"{r.name} (priority {r.priority}) {viol} at the cap (lacks {lacks}); "
+                        f"{d.name} (priority {d.priority}, {p99}, SLO {_n(ds.slo_ms)} ms) "
+                        f"gives one {do.engine} instance of {du.name} "
+                        f"({du.total_instances} -> {du.total_instances - 1}, min "
+                        f"{du.min_instances}; {load}) freeing {_n(do.memory_mb)} MB, "
+                        f"{do.cores} cores; {r.name} takes one {ro.engine} instance of "
+                        f"{ru.name} ({_n(ro.memory_mb)} MB, {ro.cores} cores): "
+                        f"+{_n(gain)} req/s goodput, {_n(per)} req/s per {unit_word} of "
+                        f"{resource}"
+                    )
+                    move = Move(
+                        "lend",
+                        d.name,
+                        du.index,
+                        do.engine,
+                        r.name,
+                        ru.index,
+                        ro.engine,
+                        resource,
+                        gain,
+                        per,
+                        reason,
+                    )
+                    best = (key, move, ru.total_instances + 1)
+    return None if best is None else (best[1], best[2])

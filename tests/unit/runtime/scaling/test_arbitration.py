@@ -1,0 +1,153 @@
+"""The pure arbitration between pipelines (infscaler.runtime.scaling.arbitration.arbitrate)
+on hand-computed snapshots: a lend from a lower-priority donor with slack, no donor,
+equal priorities ranked by goodput per core, min_instances, and the hysteresis of the
+move back."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from infscaler.runtime.scaling.arbitration import (
+    ArbitrationConfig,
+    ArbitrationState,
+    PipelineView,
+    arbitrate,
+)
+from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
+
+CPU = EngineOption("cpu", latency_ms=100.0, memory_mb=100.0, cores=1)
+#: memory full (1000 of 1000 MB), 4 of 8 cpu slots, cores not counted
+FULL_MEMORY = ResourceCap(memory_cap_mb=1000.0, memory_used_mb=1000.0, max_instances={"cpu": 8})
+
+
+def snap(
+    n: int,
+    *,
+    offered: float,
+    p99: float | None,
+    slo: float = 200.0,
+    now: float = 100.0,
+    cap: ResourceCap = FULL_MEMORY,
+    option: EngineOption = CPU,
+    min_instances: int = 1,
+    cores_used: int = 0,
+) -> Snapshot:
+    u = UnitState(
+        0,
+        "u0",
+        bottleneck=100.0,
+        instances={"cpu": n},
+        options=(option,),
+        arrival_rate=offered,
+        service_ms=option.latency_ms,
+        min_instances=min_instances,
+    )
+    return Snapshot(
+        now=now,
+        slo_ms=slo,
+        p99_ms=p99,
+        arrival_rate=offered,
+        units=(u,),
+        cap=cap,
+        cores_used=cores_used,
+        instances_used={"cpu": 4},
+    )
+
+
+def hot(name: str = "hi", priority: int = 1, **kw) -> PipelineView:
+    # 1 instance at 100 ms: 10 req/s for 15 offered; one more adds 10 req/s
+    return PipelineView(name, priority, snap(1, offered=15.0, p99=450.0, **kw), True, True)
+
+
+def idle(name: str = "lo", priority: int = 2, n: int = 3, **kw) -> PipelineView:
+    # n instances at 100 ms: 10 n req/s for 5 offered
+    return PipelineView(name, priority, snap(n, offered=5.0, p99=120.0, slo=500.0, **kw))
+
+
+def test_lends_from_the_lower_priority_donor_with_slack() -> None:
+    moves, state = arbitrate([hot(), idle()], ArbitrationState())
+    assert len(moves) == 1
+    m = moves[0]
+    assert (m.kind, m.giver, m.give_unit, m.give_engine) == ("lend", "lo", 0, "cpu")
+    assert (m.taker, m.take_unit, m.take_engine, m.give) == ("hi", 0, "cpu", True)
+    # taker 10 -> 20 req/s of capacity (+10); the donor keeps 5 req/s on 20 (no loss);
+    # memory binds: 10 req/s / 100 MB
+    assert m.resource == "memory"
+    assert m.gain_rps == pytest.approx(10.0)
+    assert m.per_resource == pytest.approx(0.1)
+    for word in ("hi", "lo", "memory", "3 -> 2", "+10 req/s", "0.1 req/s per MB"):
+        assert word in m.reason
+    assert [(ln.donor, ln.taker, ln.taker_count) for ln in state.loans] == [("lo", "hi", 2)]
+
+
+def test_no_donor_when_all_are_at_min_or_violating() -> None:
+    at_min = idle(n=1)
+    assert arbitrate([hot(), at_min], ArbitrationState())[0] == []
+    violating = replace(idle(), violated=True)
+    assert arbitrate([hot(), violating], ArbitrationState())[0] == []
+    # a donor of higher priority than the taker does not give
+    assert arbitrate([hot(priority=2), idle(priority=1)], ArbitrationState())[0] == []
+    # the donor would run above donor_load after the give: 7 req/s on 10 > 0.6 x 10
+    busy = PipelineView("lo", 2, snap(2, offered=7.0, p99=120.0, slo=500.0))
+    assert arbitrate([hot(), busy], ArbitrationState())[0] == []
+    # at 6 req/s on 10 it may give
+    easy = PipelineView("lo", 2, snap(2, offered=6.0, p99=120.0, slo=500.0))
+    assert len(arbitrate([hot(), easy], ArbitrationState())[0]) == 1
+
+
+def test_min_instances_respected() -> None:
+    assert arbitrate([hot(), idle(n=3, min_instances=3)], ArbitrationState())[0] == []
+    moves, _ = arbitrate([hot(), idle(n=3, min_instances=2)], ArbitrationState())
+    assert [m.giver for m in moves] == ["lo"]
+
+
+def test_equal_priorities_choose_more_goodput_per_core() -> None:
+    # cores bind: 8 slots, 8 pinned; the donor's 2-thread instance frees 2 cores
+    cap = ResourceCap(memory_cap_mb=10_000.0, memory_used_mb=0.0, max_instances={"cpu": 8}, cores=8)
+    one = EngineOption("cpu", latency_ms=100.0, memory_mb=100.0, cores=1)
+    two = EngineOption("cpu", latency_ms=100.0, memory_mb=100.0, cores=2)
+    a = hot("a", cap=cap, option=two, cores_used=8)  # +10 req/s for 2 cores: 5 per core
+    b = hot("b", cap=cap, option=one, cores_used=8)  # +10 req/s for 1 core: 10 per core
+    d = idle(cap=cap, option=two, cores_used=8)
+    for order in ([a, b, d], [b, a, d]):
+        moves, _ = arbitrate(order, ArbitrationState())
+        assert [(m.taker, m.resource) for m in moves] == [("b", "cores")]
+        assert moves[0].per_resource == pytest.approx(10.0)
+
+
+def test_no_move_back_while_the_pressure_lasts_then_back_after_the_hold() -> None:
+    cfg = ArbitrationConfig(release_hold_s=15.0)
+    _, state = arbitrate([hot(), idle()], ArbitrationState(), cfg)
+    # after the move: hi has 2 instances, lo 2; hi still violated
+    hi2 = PipelineView("hi", 1, snap(2, offered=15.0, p99=300.0, now=110.0), True, False)
+    lo2 = PipelineView("lo", 2, snap(2, offered=5.0, p99=120.0, slo=500.0, now=110.0))
+    moves, state = arbitrate([hi2, lo2], state, cfg)
+    assert moves == [] and state.loans[0].calm_since is None
+
+    # calm: 6 req/s <= 0.8 x 10 req/s without the loan, P99 100 <= 0.8 x 200
+    def calm(now: float) -> PipelineView:
+        return PipelineView("hi", 1, snap(2, offered=6.0, p99=100.0, now=now))
+
+    def lo(now: float) -> PipelineView:
+        return PipelineView("lo", 2, snap(2, offered=5.0, p99=120.0, slo=500.0, now=now))
+
+    moves, state = arbitrate([calm(120.0), lo(120.0)], state, cfg)
+    assert moves == [] and state.loans[0].calm_since == 120.0
+    moves, state = arbitrate([calm(134.0), lo(134.0)], state, cfg)
+    assert moves == []  # 14 s < 15 s
+    # a break in the calm restarts the hold
+    busy = PipelineView("hi", 1, snap(2, offered=9.0, p99=100.0, now=135.0))
+    moves, state = arbitrate([busy, lo(135.0)], state, cfg)
+    assert moves == [] and state.loans[0].calm_since is None
+    moves, state = arbitrate([calm(136.0), lo(136.0)], state, cfg)
+    moves, state = arbitrate([calm(151.0), lo(151.0)], state, cfg)
+    assert [(m.kind, m.giver, m.taker, m.give) for m in moves] == [("return", "hi", "lo", True)]
+    assert "calm for 15 s" in moves[0].reason
+    assert state.loans == ()
+
+
+def test_bad_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="donor_load"):
+        arbitrate([hot()], ArbitrationState(), ArbitrationConfig(donor_load=0.0))
