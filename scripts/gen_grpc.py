@@ -1,8 +1,11 @@
 """Regenerate the protobuf code of the gRPC API from the protocol's own ``.proto`` files.
 
-``infscaler/api/grpc/grpc_service.proto`` and ``model_config.proto`` are copied verbatim
-(licence header included) from github.com/triton-inference-server/common, ``protobuf/``
-(commit 83adf7cf88a2f343005974dff3728be746de2d66). This script runs grpcio-tools'
+``infscaler/api/grpc/grpc_service.proto`` and ``infscaler/base/proto/model_config.proto``
+are copied verbatim (licence header included) from github.com/triton-inference-server/common,
+``protobuf/`` (commit 83adf7cf88a2f343005974dff3728be746de2d66). ``model_config.proto`` has
+one copy, the base's: ``config.pbtxt`` parsing (:mod:`infscaler.base.triton`, compiled by
+``scripts/gen_triton_descriptor.py``) and the gRPC service are generated from the same
+file, each into its own private descriptor pool. This script runs grpcio-tools'
 ``protoc`` on them (``--python_out`` only: the service's method table is built in
 :mod:`infscaler.api.grpc.service`, so no ``*_pb2_grpc.py`` is needed) and writes the
 checked-in ``grpc_service_pb2.py`` and ``model_config_pb2.py``, rewritten so that
@@ -30,7 +33,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent / "infscaler" / "api" / "grpc"
+ROOT = Path(__file__).resolve().parent.parent
+HERE = ROOT / "infscaler" / "api" / "grpc"
+#: where ``model_config.proto`` lives (shared with scripts/gen_triton_descriptor.py)
+BASE_PROTOS = ROOT / "infscaler" / "base" / "proto"
 PROTOS = ("model_config.proto", "grpc_service.proto")
 POOL_IMPORT = "from infscaler.api.grpc._pool import POOL as _POOL\n"
 
@@ -40,7 +46,9 @@ def generate() -> dict[str, str]:
     from grpc_tools import protoc  # the test extra: only needed to regenerate
 
     with tempfile.TemporaryDirectory() as out:
-        rc = protoc.main(["protoc", f"-I{HERE}", f"--python_out={out}", *PROTOS])
+        rc = protoc.main(
+            ["protoc", f"-I{HERE}", f"-I{BASE_PROTOS}", f"--python_out={out}", *PROTOS]
+        )
         if rc != 0:
             raise SystemExit(f"protoc failed ({rc})")
         texts = {}

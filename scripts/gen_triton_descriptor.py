@@ -7,7 +7,8 @@ header kept) of ``protobuf/model_config.proto`` in github.com/triton-inference-s
 It is compiled with grpcio-tools' bundled ``protoc`` (``grpc_tools.protoc``); no
 ``_pb2.py`` is generated because a generated module registers ``inference.*`` in
 protobuf's default pool, where the gRPC API's and tritonclient's own copies of the same
-names would collide with it.
+names would collide with it. ``scripts/gen_grpc.py`` generates the gRPC service's
+``model_config_pb2.py`` from this same file (the one copy), into the API's own pool.
 
 Usage (from the repository root, with grpcio-tools installed: the ``test`` extra)::
 

@@ -4,8 +4,10 @@ The base of the server modules (:mod:`infscaler.api.server` builds the app; the 
 in :mod:`infscaler.api.routes` and :mod:`infscaler.api.repo`; the connection-level
 limits in :mod:`infscaler.api.http`): the keys under which the app holds the service,
 the shared memory registry and the limits, v2 error JSON (``{"error": ...}`` with an
-optional ``Retry-After``), the model version check and the peer's view of shared memory
-and of the status (:mod:`infscaler.base.security`).
+optional ``Retry-After``), the model version check, the peer's view of shared memory
+and of the status (:mod:`infscaler.base.security`), and what the HTTP routes and the gRPC
+methods (:mod:`infscaler.api.grpc.handlers`) both use: the tensors as pool slots take them
+(:func:`slot_arrays`) and a model's statistics (:func:`model_stats`).
 
 Sources: KServe / Triton ``protocol/`` docs (v2 REST error object); RFC 9110 section
 10.2.3 (``Retry-After``); aiohttp ``web.AppKey`` / ``web.RequestKey``.
@@ -18,6 +20,7 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from infscaler.api.codec import ProtocolError, json_default
@@ -102,3 +105,63 @@ def check_version(request: web.Request) -> None:
             f"only version {VERSION} exists (or leave /versions/... out of the URL)",
             404,
         )
+
+
+def slot_arrays(inputs: dict[str, Any]) -> dict[str, Any]:
+    """BYTES inputs arrive as object arrays of ``bytes``; pool slots hold plain dtypes
+    only, so they travel as fixed-width ``S`` arrays (numpy strips trailing NUL bytes)."""
+    out = {}
+    for k, v in inputs.items():
+        if v.dtype.kind == "O":
+            v = np.array([bytes(x) for x in v.reshape(-1)], dtype=np.bytes_).reshape(v.shape)
+        out[k] = v
+    return out
+
+
+def model_stats(service: Any, dep: Any) -> dict[str, Any]:
+    """One ``model_stats`` entry (Triton ``extension_statistics.md``): ``name``,
+    ``version``, ``last_inference`` (ms since the epoch; 0: none yet),
+    ``inference_count``, ``execution_count``, ``inference_stats`` (``success``, ``fail``,
+    ``queue``, ``compute_input``, ``compute_infer``, ``compute_output``, ``cache_hit``,
+    ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats``, then
+    InfScaler's own fields (``latency_ms`` percentiles, ``fail_by_status``,
+    ``rejected``, ``arrival_rate_per_s``, ``units``).
+
+    What is not measured reads 0 rather than a guess: the duration of failed requests
+    (``fail.ns``), ``compute_input`` / ``compute_output`` (copying tensors in and out of
+    the pool is inside ``success.ns``), the response cache (there is none) and
+    ``batch_stats`` (instances batch on their own; per-unit counts are in ``units``)."""
+    snap = dep.route.stats.snapshot()
+    lat = snap["latency"]
+
+    def dur(count: int, total_ms: float) -> dict[str, int]:
+        return {"count": int(count), "ns": int(total_ms * 1e6)}
+
+    compute = [u["compute"] for u in snap["units"]]
+    queue = [u["queue"] for u in snap["units"]]
+    status = service.pipeline_status(dep)
+    return {
+        "name": dep.name,
+        "version": VERSION,
+        "last_inference": int(snap.get("last_inference_ms", 0)),
+        "inference_count": snap["success"],
+        "execution_count": snap["success"],
+        "inference_stats": {
+            "success": dur(snap["success"], lat["total_ms"]),
+            "fail": dur(sum(snap["fail"].values()), 0.0),
+            "queue": dur(sum(q["count"] for q in queue), sum(q["total_ms"] for q in queue)),
+            "compute_input": dur(0, 0.0),
+            "compute_infer": dur(
+                sum(c["count"] for c in compute), sum(c["total_ms"] for c in compute)
+            ),
+            "compute_output": dur(0, 0.0),
+            "cache_hit": dur(0, 0.0),
+            "cache_miss": dur(0, 0.0),
+        },
+        "batch_stats": [],
+        "latency_ms": {k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")},
+        "fail_by_status": {str(k): v for k, v in snap["fail"].items()},
+        "rejected": snap["rejected"],
+        "arrival_rate_per_s": snap["arrival_rate_per_s"],
+        "units": status["units"],
+    }

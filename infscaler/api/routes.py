@@ -20,7 +20,6 @@ import asyncio
 import json
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
 import infscaler
@@ -42,12 +41,13 @@ from infscaler.api.common import (
     METRICS,
     SERVICE,
     TASKS,
-    VERSION,
     check_version,
     error_response,
     for_peer,
     json_response,
+    model_stats,
     shm_of,
+    slot_arrays,
 )
 from infscaler.api.metrics import CONTENT_TYPE, exposition
 from infscaler.base.security import is_privileged, peer_of
@@ -207,7 +207,7 @@ async def infer(request: web.Request) -> web.Response:
     specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
     req = await _read_infer_request(request, specs)
     timeout_s = parse_timeout_ms(req.parameters)
-    fut = service.submit(name, _slot_arrays(req.inputs), timeout_s, request.get(ARRIVED))
+    fut = service.submit(name, slot_arrays(req.inputs), timeout_s, request.get(ARRIVED))
     result = await asyncio.wrap_future(fut)
     return _infer_response(request, req, name, dep, result, {})
 
@@ -248,7 +248,7 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
         None,
         lambda: router.submit(
             task,
-            _slot_arrays(req.inputs),
+            slot_arrays(req.inputs),
             latency_ms=params.get("latency_ms"),
             min_accuracy=params.get("min_accuracy"),
             timeout_s=timeout_s,
@@ -367,17 +367,6 @@ async def read_body(request: web.Request, limit: int | None = None) -> bytearray
     return buf
 
 
-def _slot_arrays(inputs: dict[str, Any]) -> dict[str, Any]:
-    """BYTES inputs arrive as object arrays of ``bytes``; pool slots hold plain dtypes
-    only, so they travel as fixed-width ``S`` arrays (numpy strips trailing NUL bytes)."""
-    out = {}
-    for k, v in inputs.items():
-        if v.dtype.kind == "O":
-            v = np.array([bytes(x) for x in v.reshape(-1)], dtype=np.bytes_).reshape(v.shape)
-        out[k] = v
-    return out
-
-
 def _infer_response(
     request: web.Request, req: Any, model_name: str, dep: Any, result: Any, extra: dict
 ) -> web.Response:
@@ -406,65 +395,16 @@ def _infer_response(
 # -- statistics, status, metrics -------------------------------------------------------
 
 
-def _model_stats(service: Any, dep: Any) -> dict[str, Any]:
-    """One ``model_stats`` entry (Triton ``extension_statistics.md``): ``name``,
-    ``version``, ``last_inference`` (ms since the epoch; 0: none yet),
-    ``inference_count``, ``execution_count``, ``inference_stats`` (``success``, ``fail``,
-    ``queue``, ``compute_input``, ``compute_infer``, ``compute_output``, ``cache_hit``,
-    ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats``, then
-    InfScaler's own fields (``latency_ms`` percentiles, ``fail_by_status``,
-    ``rejected``, ``arrival_rate_per_s``, ``units``).
-
-    What is not measured reads 0 rather than a guess: the duration of failed requests
-    (``fail.ns``), ``compute_input`` / ``compute_output`` (copying tensors in and out of
-    the pool is inside ``success.ns``), the response cache (there is none) and
-    ``batch_stats`` (instances batch on their own; per-unit counts are in ``units``)."""
-    snap = dep.route.stats.snapshot()
-    lat = snap["latency"]
-
-    def dur(count: int, total_ms: float) -> dict[str, int]:
-        return {"count": int(count), "ns": int(total_ms * 1e6)}
-
-    compute = [u["compute"] for u in snap["units"]]
-    queue = [u["queue"] for u in snap["units"]]
-    status = service.pipeline_status(dep)
-    return {
-        "name": dep.name,
-        "version": VERSION,
-        "last_inference": int(snap.get("last_inference_ms", 0)),
-        "inference_count": snap["success"],
-        "execution_count": snap["success"],
-        "inference_stats": {
-            "success": dur(snap["success"], lat["total_ms"]),
-            "fail": dur(sum(snap["fail"].values()), 0.0),
-            "queue": dur(sum(q["count"] for q in queue), sum(q["total_ms"] for q in queue)),
-            "compute_input": dur(0, 0.0),
-            "compute_infer": dur(
-                sum(c["count"] for c in compute), sum(c["total_ms"] for c in compute)
-            ),
-            "compute_output": dur(0, 0.0),
-            "cache_hit": dur(0, 0.0),
-            "cache_miss": dur(0, 0.0),
-        },
-        "batch_stats": [],
-        "latency_ms": {k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")},
-        "fail_by_status": {str(k): v for k, v in snap["fail"].items()},
-        "rejected": snap["rejected"],
-        "arrival_rate_per_s": snap["arrival_rate_per_s"],
-        "units": status["units"],
-    }
-
-
 async def stats_one(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     dep = service.deployment(request.match_info["name"])
     check_version(request)
-    return json_response(for_peer(request, {"model_stats": [_model_stats(service, dep)]}))
+    return json_response(for_peer(request, {"model_stats": [model_stats(service, dep)]}))
 
 
 async def stats_all(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    stats = {"model_stats": [_model_stats(service, d) for d in service.deployments()]}
+    stats = {"model_stats": [model_stats(service, d) for d in service.deployments()]}
     return json_response(for_peer(request, stats))
 
 

@@ -42,7 +42,7 @@ import grpc
 
 import infscaler
 from infscaler.api.codec import ProtocolError, TensorSpec, parse_timeout_ms
-from infscaler.api.common import EXTENSIONS, VERSION, status_of
+from infscaler.api.common import EXTENSIONS, VERSION, model_stats, slot_arrays, status_of
 from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc import model_config_pb2 as mc
 from infscaler.api.grpc.mapping import (
@@ -50,8 +50,6 @@ from infscaler.api.grpc.mapping import (
     encode_model_infer,
     grpc_code,
 )
-from infscaler.api.routes import _model_stats as model_stats
-from infscaler.api.routes import _slot_arrays as slot_arrays
 from infscaler.base.errors import InfScalerError
 from infscaler.base.security import Peer, is_privileged, redact, require_privileged
 

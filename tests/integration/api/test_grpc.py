@@ -2,7 +2,8 @@
 against a real Service: outputs bit-exact with the HTTP client's for the same inputs (a
 function pipeline and an ONNX model), metadata, refusals with their gRPC codes, an
 oversized message refused cleanly, and a non-root member of the socket's group held to
-what HTTP allows it (a subprocess as uid 65534)."""
+what HTTP allows it (subprocesses as uid 65534: the same refusals, the per-uid connection
+limit), and an admission refusal as UNAVAILABLE with its reason."""
 
 from __future__ import annotations
 
@@ -20,15 +21,19 @@ import pytest
 
 tg = pytest.importorskip("tritonclient.grpc")
 
-from infscaler.api.client import Client  # noqa: E402
+from infscaler.api.client import Client, InferenceServerError  # noqa: E402
+from infscaler.api.grpc.mapping import grpc_code  # noqa: E402
+from infscaler.api.http import HttpLimits  # noqa: E402
 from infscaler.api.server import ServerThread  # noqa: E402
 from infscaler.base.config import load_pipeline  # noqa: E402
+from infscaler.base.quotas import PeerQuotas  # noqa: E402
 from infscaler.base.security import SecurityPolicy  # noqa: E402
 from infscaler.service.service import Service  # noqa: E402
 from tests import TESTS_DIR  # noqa: E402
 from tests.helpers import residual_model, save  # noqa: E402
 
 GROUP = 4242
+PER_UID = 2  # gRPC (and HTTP) connections one uid other than root may hold open
 CHAIN = {
     "name": "chain",
     "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
@@ -43,7 +48,8 @@ CHAIN = {
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
     """chain + an ONNX model (tests.helpers.residual_model) on an HTTP and a gRPC socket,
-    body limit 1 MB; the sockets in a directory others may traverse, group GROUP."""
+    body limit 1 MB, PER_UID connections per uid; the sockets in a directory others may
+    traverse, group GROUP."""
     tmp = tmp_path_factory.mktemp("grpc")
     public = Path(tempfile.mkdtemp(prefix="isc-grpc-t-"))
     public.chmod(0o711)
@@ -60,8 +66,15 @@ def served(tmp_path_factory: pytest.TempPathFactory):
             )
             policy = SecurityPolicy.create(allow_functions=["stagefuncs"])
             http, grpc_sock = str(public / "api.sock"), str(public / "api-grpc.sock")
+            limits = HttpLimits(quotas=PeerQuotas(connections_per_uid=PER_UID))
             with ServerThread(
-                svc, http, max_body_mb=1, security=policy, socket_group=group, grpc_socket=grpc_sock
+                svc,
+                http,
+                max_body_mb=1,
+                security=policy,
+                socket_group=group,
+                grpc_socket=grpc_sock,
+                limits=limits,
             ):
                 yield {"http": http, "grpc": grpc_sock, "svc": svc}
     finally:
@@ -144,56 +157,175 @@ def test_an_oversized_message_is_refused_and_the_socket_serves_on(served, gc) ->
     assert r.as_numpy("z").tolist() == [[3.0, 3.0, 3.0, 3.0]]
 
 
-_AS_NOBODY = r"""
+def test_an_admission_refusal_is_unavailable_with_its_reason(served, gc) -> None:
+    """A pipeline whose queue bound is reached: 503 over HTTP, UNAVAILABLE over gRPC,
+    with the same reason; served again once the bound is lifted."""
+    from tritonclient.utils import InferenceServerException
+
+    svc, x = served["svc"], np.ones((1, 4), np.float32)
+    dep = svc.deployment("chain")
+    svc.set_queue_limit(dep, 0, "shed by the test at its resource cap")
+    try:
+        with Client(served["http"]) as h, pytest.raises(InferenceServerError) as http_err:
+            h.infer("chain", {"x": x})
+        with pytest.raises(InferenceServerException) as e:
+            _infer(gc, "chain", x)
+    finally:
+        svc.set_queue_limit(dep, None)
+    assert http_err.value.status == 503
+    assert "shed by the test at its resource cap" in http_err.value.message
+    assert e.value.status() == "StatusCode.UNAVAILABLE"
+    assert e.value.message().startswith(http_err.value.message)
+    assert _infer(gc, "chain", x).as_numpy("z").tolist() == [[3.0, 3.0, 3.0, 3.0]]
+
+
+_NOBODY = r"""
 import json, os, sys
 import numpy as np
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
+from infscaler.api.client import Client, InferenceServerError, ShmTensor
 os.setgroups([int(sys.argv[3])])  # imported as root (the venv is root's), now nobody
 os.setresgid(65534, 65534, 65534)
 os.setresuid(65534, 65534, 65534)
-c = tg.InferenceServerClient(url="unix:" + sys.argv[1])
-out = {}
-def code(fn):
-    try:
-        fn()
-        return "OK"
-    except InferenceServerException as e:
-        return e.status() + " " + e.message()
-i = tg.InferInput("x", [1, 4], "FP32"); i.set_data_from_numpy(np.ones((1, 4), np.float32))
-out["infer"] = c.infer("chain", [i]).as_numpy("z").tolist()
-out["index"] = code(lambda: c.get_model_repository_index())
-out["load"] = code(lambda: c.load_model("chain"))
-out["register"] = code(lambda: c.register_system_shared_memory("stolen", sys.argv[2], 64))
-out["status"] = code(lambda: c.get_system_shared_memory_status())
-print(json.dumps(out))
 """
 
+_AS_NOBODY = (
+    _NOBODY
+    + r"""
+grpc_sock, http_sock, key = sys.argv[1], sys.argv[4], sys.argv[2]
+out = {}
+def grpc_code(fn):
+    try:
+        fn()
+        return ["OK", ""]
+    except InferenceServerException as e:
+        return [e.status().removeprefix("StatusCode."), e.message()]
+def http_code(fn):
+    try:
+        fn()
+        return [200, ""]
+    except InferenceServerError as e:
+        return [e.status, e.message]
+c = tg.InferenceServerClient(url="unix:" + grpc_sock)
+h = Client(http_sock)
+x = np.ones((1, 4), np.float32)
+i = tg.InferInput("x", [1, 4], "FP32"); i.set_data_from_numpy(x)
+out["infer"] = c.infer("chain", [i]).as_numpy("z").tolist()
+stolen = tg.InferInput("x", [1, 4], "FP32"); stolen.set_shared_memory("rootreg", 16)
+chain = {"name": "chain", "stages": [{"name": "m", "function": "stagefuncs:scale"}]}
+acts = {
+    "index": (lambda: c.get_model_repository_index(), lambda: h.repository_index()),
+    "load": (lambda: c.load_model("chain"), lambda: h.load("chain", chain)),
+    "unload": (lambda: c.unload_model("chain"), lambda: h.unload("chain")),
+    "register": (
+        lambda: c.register_system_shared_memory("stolen", key, 64),
+        lambda: h.register_system_shm("stolen", key, 64),
+    ),
+    "status_of_root_region": (
+        lambda: c.get_system_shared_memory_status("rootreg"),
+        lambda: h.system_shm_status("rootreg"),
+    ),
+    "infer_from_root_region": (
+        lambda: c.infer("chain", [stolen]),
+        lambda: h.infer("chain", {"x": ShmTensor("rootreg", "FP32", [1, 4], 16)}),
+    ),
+    "unregister_root_region": (
+        lambda: c.unregister_system_shared_memory("rootreg"),
+        lambda: h.unregister_system_shm("rootreg"),
+    ),
+    "status": (lambda: c.get_system_shared_memory_status(), lambda: h.system_shm_status()),
+}
+for act, (g, hh) in acts.items():
+    out[act] = {"grpc": grpc_code(g), "http": http_code(hh)}
+c.close(); h.close()
+print(json.dumps(out))
+"""
+)
 
-def test_a_group_member_gets_what_http_gives_it(served) -> None:
-    """uid 65534 in the socket's group: may infer; the repository and another user's
-    shm object (root's, mode 0600) are PERMISSION_DENIED, as 403 over HTTP."""
+
+def _as_nobody(script: str, *args: str, **kw):
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def test_a_group_member_gets_what_http_gives_it(served, gc) -> None:
+    """uid 65534 in the socket's group may infer; everything else it tries is refused
+    over gRPC with the code of HTTP's status and the same reason: the repository
+    (index, load, unload), registering root's 0600 shm object, and using, seeing or
+    unregistering a region root registered."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the client runs as uid 65534 in the socket's group")
     key = f"isc_grpc_{uuid.uuid4().hex[:8]}"
     fd = os.open(f"/dev/shm/{key}", os.O_CREAT | os.O_RDWR, 0o600)
     os.ftruncate(fd, 64)
     os.close(fd)
+    gc.register_system_shared_memory("rootreg", "/" + key, 64)
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _AS_NOBODY, served["grpc"], "/" + key, str(GROUP)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = _as_nobody(_AS_NOBODY, served["grpc"], "/" + key, str(GROUP), served["http"])
+        stdout, stderr = proc.communicate(timeout=60)
+        assert gc.get_system_shared_memory_status("rootreg", as_json=True)["regions"]
     finally:
+        gc.unregister_system_shared_memory("rootreg")
         os.unlink(f"/dev/shm/{key}")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["infer"] == [[3.0, 3.0, 3.0, 3.0]]
-    assert out["index"].startswith("StatusCode.PERMISSION_DENIED")
-    assert "reserved to the service's own user" in out["index"]
-    assert out["load"].startswith("StatusCode.PERMISSION_DENIED")
-    assert out["register"].startswith("StatusCode.PERMISSION_DENIED")
-    assert "may not read and write" in out["register"]
-    assert out["status"] == "OK"
+    assert proc.returncode == 0, stderr[-2000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
+    assert out.pop("infer") == [[3.0, 3.0, 3.0, 3.0]]
+    assert out.pop("status") == {"grpc": ["OK", ""], "http": [200, ""]}
+    for act, got in out.items():
+        (code, message), (status, http_message) = got["grpc"], got["http"]
+        assert status == 403, (act, got)
+        assert code == grpc_code(status).name == "PERMISSION_DENIED", (act, got)
+        assert message and message == http_message, (act, got)
+    assert "reserved to the service's own user" in out["index"]["grpc"][1]
+    assert "may not read and write" in out["register"]["grpc"][1]
+    for act in ("status_of_root_region", "infer_from_root_region", "unregister_root_region"):
+        assert "rootreg" in out[act]["grpc"][1], out[act]
+
+
+_HOLD_CONNECTIONS = (
+    _NOBODY
+    + r"""
+import time
+def live(c):
+    try:
+        return "OK" if c.is_server_live() else "not live"
+    except InferenceServerException as e:
+        return e.status()
+def client():  # a channel of its own: not grpc's shared connection to the same address
+    args = [("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0)]
+    return tg.InferenceServerClient(url="unix:" + sys.argv[1], channel_args=args)
+held = [client() for _ in range(int(sys.argv[2]) + 1)]
+print(json.dumps([live(c) for c in held]), flush=True)
+sys.stdin.readline()  # the test checks that others are served meanwhile
+for c in held:
+    c.close()
+time.sleep(0.5)
+print(json.dumps(live(client())), flush=True)
+"""
+)
+
+
+def test_the_per_uid_connection_limit_holds_over_grpc(served, gc) -> None:
+    """uid 65534 gets PER_UID connections and no more (the next is refused at once:
+    UNAVAILABLE) while the socket serves root; once it closes them it gets one again."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the client runs as uid 65534 in the socket's group")
+    proc = _as_nobody(_HOLD_CONNECTIONS, served["grpc"], str(PER_UID), str(GROUP))
+    try:
+        first = json.loads(proc.stdout.readline() or "null")
+        assert first == ["OK"] * PER_UID + ["StatusCode.UNAVAILABLE"], proc.stderr.read()[-2000:]
+        assert gc.is_server_live()
+        assert _infer(gc, "chain", np.ones((1, 4), np.float32)).as_numpy("z")[0, 0] == 3.0
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline() or "null") == "OK"
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
