@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import sys
 from pathlib import Path
 
 import httpx
@@ -60,6 +61,9 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("metrics")
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{old}" if old else str(HERE)
+    # the service (this process) imports the stage functions too, not only its instances
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
     sock = tmp / "api.sock"
     try:
         with Service(state_dir=tmp / "state", control_path="userspace", pool_mb=64) as svc:
