@@ -43,6 +43,11 @@ instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the serv
 is known, a request whose estimate passes its own timeout is refused the same way (it
 would only expire in the queue).
 
+Priorities (:mod:`~infscaler.runtime.serving.queues`, Triton's semantics): the backlog is
+a priority queue keyed by (level, delayed, arrival); ``max_queue_size`` per level is
+checked by admission, the queue timeout in :meth:`FrontEnd._start_backlog` (REJECT: 503;
+DELAY: behind its level).
+
 Request phases (:class:`~infscaler.runtime.serving.states.RequestPhase`): ``queued`` (in the
 backlog) -> ``running`` (in the token pipeline) -> ``items`` (fan-out items coming back)
 -> ``post`` (after the fan-in) -> ``done``; every change goes through
@@ -391,6 +396,12 @@ class FrontEnd:
     def pending(self, route: Route | None = None) -> int:
         with self._lock:
             return sum(1 for p in self._pending.values() if route is None or p.route is route)
+
+    def queues(self, route: Route) -> tuple[dict[int, int], dict[str, int]]:
+        """``route``'s requests queued per priority level and its refusals by reason
+        (copies, read under the lock; see :class:`~infscaler.runtime.serving.route.Route`)."""
+        with self._lock:
+            return dict(sorted(route.queued.items())), dict(route.refusals)
 
     def drain(self, timeout: float, route: Route | None = None) -> bool:
         """Wait until no request (of ``route``) is in flight; True if none is left."""

@@ -18,6 +18,7 @@ from infscaler.api.server import ServerThread
 from infscaler.base.config import load_pipeline
 from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
+from infscaler.service.status import pipeline_status
 from tests.helpers import chain_pipeline, wait_for
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
@@ -65,7 +66,7 @@ def test_a_high_priority_request_passes_the_queued_low_ones(svc: Service) -> Non
     assert queued(svc) == {}
 
 
-def test_max_queue_size_refuses_per_level(svc: Service) -> None:
+def test_max_queue_size_refuses_per_level(svc: Service, tmp_path: Path) -> None:
     svc.deploy(pipeline(300, queue_policy={"max_queue_size": 2}))
     first = svc.submit("chain", X, timeout_s=60)
     wait_for(lambda: queued(svc) == {}, 10, "the first request to start")
@@ -74,6 +75,10 @@ def test_max_queue_size_refuses_per_level(svc: Service) -> None:
         svc.submit("chain", X, timeout_s=60)
     assert exc.value.status == 503
     assert "queue full (max_queue_size 2)" in str(exc.value)
+    st = pipeline_status(svc, svc.deployment("chain"))
+    assert st["priority"] == 1 and st["queue_policy"]["max_queue_size"] == 2
+    assert st["queue_policy"]["timeout_action"] == "REJECT"
+    assert st["queued_by_level"] == {"1": 2} and st["refusals"] == {"queue_full": 1}
     # another level has its own queue (Triton: one policy queue per level)
     other = svc.submit("chain", X, timeout_s=60, priority=2)
     for f in [first, *more, other]:
@@ -81,6 +86,13 @@ def test_max_queue_size_refuses_per_level(svc: Service) -> None:
     route = svc.deployment("chain").route
     assert route.refusals["queue_full"] == 1
     assert svc.frontend.counters["queue_full"] == 1
+    sock = str(tmp_path / "api.sock")
+    with ServerThread(svc, sock):
+        transport = httpx.HTTPTransport(uds=sock)
+        with httpx.Client(transport=transport, base_url="http://x", timeout=30) as h:
+            text = h.get("/metrics").text
+    line = 'infscaler_requests_refused_total{model="chain",version="1",reason="queue_full"} 1'
+    assert line in text, [x for x in text.splitlines() if "requests_refused" in x]
 
 
 def test_queue_timeout_reject(svc: Service) -> None:
