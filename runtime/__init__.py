@@ -34,7 +34,8 @@ nine files in this order is reading the path: ``infscaler/api/client.py``,
    reason and ``retry_after_s``); the deadline goes into the deadline table; the
    request is queued (phase ``queued``, ``runtime/serving/states.py:RequestPhase``) and the
    handler awaits its future.
-7. ``runtime/serving/frontend.py:FrontEnd._start_backlog``: when its pipeline's window and the
+7. ``runtime/serving/frontend.py:FrontEnd._start_backlog``: in priority order (level, then
+   arrival: ``runtime/serving/queues.py``), when its pipeline's window and the
    pool have room, the inputs are written once into a pool slot and a DATA token goes to
    the first unit's hop (``shm/client.py:InstanceClient.send_tensors``; phase
    ``running``).

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.api.codec_tensors import ProtocolError, is_int
+from infscaler.base.config import MAX_PRIORITY_LEVEL
 
 #: The HTTP header giving the length of the JSON object when binary data follows it.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -145,8 +146,10 @@ def parse_header_length(value: str | None) -> int | None:
 
 def check_parameters(params: dict[str, Any], where: str) -> None:
     """Triton's ``$parameters``: each value a bool, a finite number (integers in int64
-    range) or a string; ``timeout_ms`` as :func:`parse_timeout_ms` wants it."""
+    range) or a string; ``timeout_ms`` as :func:`parse_timeout_ms` wants it,
+    ``priority`` and ``timeout`` as :func:`parse_queue_params` wants them."""
     parse_timeout_ms(params)
+    parse_queue_params(params)
     for k, v in params.items():
         if isinstance(v, bool | str):
             continue
@@ -185,6 +188,34 @@ def parse_timeout_ms(params: Mapping[str, Any] | None) -> float | None:
     if not 0 < v <= MAX_TIMEOUT_MS:
         raise ProtocolError(f"parameter timeout_ms must be {allowed}, got {v!s:.30}")
     return float(v) / 1e3
+
+
+def parse_queue_params(params: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
+    """``(priority, timeout_us)``: the request parameters ``priority`` (its priority
+    level, 1 the highest; 0: the pipeline's) and ``timeout`` (its queue timeout, µs,
+    honoured when the pipeline's queue policy allows it; 0: the policy's), Triton's
+    (``docs/protocol/extension_parameters.md``; ``model_config.proto``'s
+    ``ModelQueuePolicy``); None where not given.
+
+    Raises:
+        ProtocolError: (400) either not an integer (a JSON integer, not a boolean or a
+            string), negative, or past its bound (``priority`` <= MAX_PRIORITY_LEVEL,
+            ``timeout`` <= one hour).
+    """
+    if not params:
+        return None, None
+    out: list[int | None] = []
+    for name, top, unit in (
+        ("priority", MAX_PRIORITY_LEVEL, "a level, 1 the highest; 0: the pipeline's"),
+        ("timeout", int(MAX_TIMEOUT_MS * 1000), "microseconds; 0: the pipeline's"),
+    ):
+        v = params.get(name)
+        if v is not None and (isinstance(v, bool) or not is_int(v) or not 0 <= v <= top):
+            raise ProtocolError(
+                f"parameter {name} must be an integer 0 - {top} ({unit}), got {v!r:.40}"
+            )
+        out.append(None if v is None else int(v))
+    return out[0], out[1]
 
 
 def params_of(obj: dict[str, Any], where: str) -> dict[str, Any]:

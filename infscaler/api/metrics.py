@@ -160,6 +160,14 @@ class ServiceCollector(Collector):
             "load shedding, or max_pending)",
             labels=mv,
         )
+        refused = CounterMetricFamily(
+            "infscaler_requests_refused",
+            "Requests refused, by reason: at arrival (queue_full: the queue policy's "
+            "max_queue_size; shed, slo, deadline, overloaded, unavailable, not_accepting, "
+            "failed, bad_timeout) or in the queue (queue_timeout: its queue timeout "
+            "passed with timeout_action REJECT)",
+            labels=[*mv, "reason"],
+        )
         unit_queue = SummaryMetricFamily(
             "infscaler_unit_queue_duration_us",
             "Per unit: time from the previous unit's end (its token handover; the "
@@ -193,12 +201,14 @@ class ServiceCollector(Collector):
             rejected.add_metric(labels, t["rejected"])
             if frontend is not None:
                 pending.add_metric(labels, frontend.pending(dep.route))
+                for reason, n in sorted(frontend.queues(dep.route)[1].items()):
+                    refused.add_metric([*labels, reason], n)
             for unit, u in zip(dep.pipeline.units, t["units"], strict=True):
                 ul = [*labels, unit.name]
                 unit_queue.add_metric(ul, u["queue_count"], _us(u["queue_ms"]))
                 unit_compute.add_metric(ul, u["compute_count"], _us(u["compute_ms"]))
         yield from (success, failure, count, execs, duration, queue, compute, pending)
-        yield from (rejected, unit_queue, unit_compute)
+        yield from (rejected, refused, unit_queue, unit_compute)
 
     # -- instances, scaler ------------------------------------------------------------------
     def _instances(self, svc: Any) -> Iterator[Metric]:

@@ -29,6 +29,7 @@ from infscaler.api.codec import (
     decode_infer_request,
     encode_infer_response,
     parse_header_length,
+    parse_queue_params,
     parse_timeout_ms,
 )
 from infscaler.api.common import (
@@ -207,7 +208,15 @@ async def infer(request: web.Request) -> web.Response:
     specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
     req = await _read_infer_request(request, specs)
     timeout_s = parse_timeout_ms(req.parameters)
-    fut = service.submit(name, slot_arrays(req.inputs), timeout_s, request.get(ARRIVED))
+    priority, queue_timeout_us = parse_queue_params(req.parameters)
+    fut = service.submit(
+        name,
+        slot_arrays(req.inputs),
+        timeout_s,
+        request.get(ARRIVED),
+        priority=priority,
+        queue_timeout_us=queue_timeout_us,
+    )
     result = await asyncio.wrap_future(fut)
     return _infer_response(request, req, name, dep, result, {})
 

@@ -78,6 +78,7 @@ __all__ = [
     "DATATYPES",
     "InputSpec",
     "PipelineConfig",
+    "QueuePolicyConfig",
     "StageConfig",
     "load_pipeline",
     "pipeline_for_model",
@@ -373,6 +374,42 @@ class AutoscaleConfig(BaseModel):
         return v
 
 
+#: the largest priority level (a pipeline's ``priority``, a request's ``priority``)
+MAX_PRIORITY_LEVEL = 1_000_000
+
+
+class QueuePolicyConfig(BaseModel):
+    """How a pipeline's queue treats its requests: Triton's ``ModelQueuePolicy``
+    (``model_config.proto``; ``docs/user_guide/model_configuration.md``, "Queue Policy")
+    with ms where Triton has µs. The queue is the front end's backlog: requests admitted
+    and not yet handed to the pipeline's first unit.
+
+    Attributes:
+        max_queue_size: requests of one priority level queued at once (Triton's
+            ``max_queue_size``, one queue per level); beyond it a request is refused at
+            arrival (503, ``queue full (max_queue_size N)``). 0: unbounded.
+        timeout_action: what happens to a request whose queue timeout passes before it
+            starts: ``REJECT`` (503, ``queue timeout``) or ``DELAY`` (it moves behind
+            every request of its level that has not timed out, ahead of lower levels;
+            it may wait for ever, bounded only by ``request_timeout_s``).
+        default_timeout_ms: the queue timeout, ms (Triton's
+            ``default_timeout_microseconds`` / 1000; None: none, Triton's 0).
+        allow_timeout_override: a request's ``timeout`` parameter (Triton's, in µs)
+            replaces ``default_timeout_ms`` (Triton's ``allow_timeout_override``); else
+            it is ignored, as Triton does.
+
+    Raises:
+        ValueError: a negative size or a timeout not a positive number.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_queue_size: int = Field(0, ge=0, le=1_000_000)
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    default_timeout_ms: float | None = Field(None, gt=0, le=3_600_000, allow_inf_nan=False)
+    allow_timeout_override: bool = False
+
+
 class PipelineConfig(BaseModel):
     """A pipeline (see the module docstring).
 
@@ -392,10 +429,13 @@ class PipelineConfig(BaseModel):
         fuse: the stages' default ``fuse`` (true: function stages run inside the
             adjacent model stage's instances); ``whole``: the whole pipeline runs as one
             unit (see the module docstring).
-        priority: the pipeline's level, 1 the highest (a larger number is lower), as
-            Triton's priority levels; the scaler's arbitration between pipelines
+        priority: the pipeline's level and the default level of its requests (Triton's
+            ``default_priority_level``): 1 is the highest, a larger number lower (1 -
+            :data:`MAX_PRIORITY_LEVEL`); a request's ``priority`` parameter overrides it
+            in the queue, and the scaler's arbitration between pipelines
             (:mod:`infscaler.runtime.scaling.arbitration`) moves capacity from lower
             levels to higher ones when the device's cap is full.
+        queue_policy: its queue's bound and timeouts (:class:`QueuePolicyConfig`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -410,7 +450,8 @@ class PipelineConfig(BaseModel):
     slo: str | float | None = None
     autoscale: AutoscaleConfig | None = None
     fuse: bool | Literal["whole"] = True
-    priority: int = 1
+    priority: int = Field(1, ge=1, le=MAX_PRIORITY_LEVEL, strict=True)
+    queue_policy: QueuePolicyConfig = Field(default_factory=QueuePolicyConfig)
 
     @field_validator("autoscale", mode="before")
     @classmethod

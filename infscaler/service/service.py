@@ -530,19 +530,31 @@ class Service(DeployMixin, ScaleMixin):
         inputs: dict[str, np.ndarray],
         timeout_s: float | None = None,
         arrived_s: float | None = None,
+        *,
+        priority: int | None = None,
+        queue_timeout_us: int | None = None,
     ) -> concurrent.futures.Future:
         """Start a request; a future of :class:`~infscaler.runtime.serving.route.Result`.
         ``timeout_s`` / ``arrived_s``: as :meth:`FrontEnd.submit` (the deadline, seconds,
-        counted from ``arrived_s``, a ``time.monotonic()`` time; default now).
+        counted from ``arrived_s``, a ``time.monotonic()`` time; default now);
+        ``priority`` / ``queue_timeout_us``: its priority level and Triton's queue
+        ``timeout`` parameter (µs), as :meth:`FrontEnd.submit`.
 
         Raises:
-            ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout,
-            (503) overloaded / refused at arrival / stopping.
+            ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout or
+            priority, (503) overloaded / its queue full / refused at arrival / stopping.
         """
         dep = self.deployment(name)
         if self._stopping:
             raise RequestError("the service is stopping")
-        return self.frontend.submit(dep.route, inputs, timeout_s, arrived_s)
+        return self.frontend.submit(
+            dep.route,
+            inputs,
+            timeout_s,
+            arrived_s,
+            priority=priority,
+            queue_timeout_us=queue_timeout_us,
+        )
 
     def infer(self, name: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None):
         """Blocking :meth:`submit` (for tests and scripts)."""

@@ -146,11 +146,28 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
         "slo_ms": dep.pipeline.config.slo_ms,
         "autoscale": dep.pipeline.config.autoscale is not None,
         "queue_limit": dep.route.queue_limit,
+        **_queues(svc, dep),
         "window": dep.route.max_inflight,
         "decisions": svc.autoscaler.decisions(dep.name)[-10:] if svc.autoscaler else [],
         "live_check": _live_check(svc, dep),
         "requests": {k: v for k, v in snap.items() if k != "units"},
         "units": units,
+    }
+
+
+def _queues(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
+    """The pipeline's ``priority``, ``queue_policy`` (its config; ms), the requests queued
+    per priority level (``queued_by_level``, levels as strings: JSON keys) and the
+    refusals by reason (``refusals``: admission's ``Refusal`` values and
+    ``queue_timeout``)."""
+    cfg = dep.pipeline.config
+    fe = getattr(svc, "frontend", None)
+    queued, refusals = fe.queues(dep.route) if fe is not None else ({}, {})
+    return {
+        "priority": cfg.priority,
+        "queue_policy": cfg.queue_policy.model_dump(),
+        "queued_by_level": {str(k): v for k, v in queued.items()},
+        "refusals": refusals,
     }
 
 

@@ -48,9 +48,17 @@ The front end's whole decision at a request's arrival is :func:`admit_request`: 
 function of an :class:`ArrivalSnapshot` (plain numbers the front end copies under its
 lock) to an :class:`ArrivalDecision` (admit, or refuse with the HTTP status, the reason,
 a hint and ``retry_after_s``), in this order: a bad timeout (400), a dead front end, a
-pipeline not accepting, a unit with no live instance, ``max_pending``, load shedding
-(the scaler's per-pipeline queue limit), then the latency bound of
-:func:`admit_latency`. Tested on hand-computed snapshots like
+pipeline not accepting, a unit with no live instance, ``max_pending``, the queue
+policy's ``max_queue_size`` (per priority level, Triton's), load shedding (the
+scaler's per-pipeline queue limit), then the latency bound of :func:`admit_latency`.
+
+Priorities (:mod:`infscaler.runtime.serving.queues`): a request passes every queued
+request of a lower level, so its latency estimate counts only the requests ahead of it
+at its level or higher (:func:`~infscaler.runtime.serving.queues.ahead_at`: those in the
+pipeline's units and those queued at levels <= its own). When that leaves out some of
+the admitted requests, the tracked estimate (which follows the most recently admitted
+ones) does not apply and the drain time on the requests ahead is used
+(:func:`drain_ms`). The scaler's queue limit (load shedding) still counts them all. Tested on hand-computed snapshots like
 :func:`infscaler.runtime.scaling.scaler.decide`.
 """
 
@@ -62,6 +70,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from infscaler.runtime.serving.queues import ahead_at
 
 #: back-off suggested when the byte budget is exhausted, seconds
 BYTES_RETRY_S = 0.5
@@ -335,6 +345,7 @@ class Refusal(StrEnum):
     SHED = "shed"  # the pipeline's queue limit (the device is at its cap)
     SLO = "slo"  # the latency bound: the pipeline's SLO
     DEADLINE = "deadline"  # the latency bound: the request's own timeout
+    QUEUE_FULL = "queue_full"  # the queue policy's max_queue_size at the request's level
 
 
 @dataclass(frozen=True)
@@ -368,6 +379,11 @@ class ArrivalSnapshot:
         overloaded: the offered load is at the pipeline's capacity
             (:meth:`~infscaler.runtime.serving.route.Route.overloaded`): the latency decision
             uses the drain-time estimate (:func:`admit_latency`).
+        level: the request's priority level (1 highest).
+        queued: ``(level, requests)`` queued (admitted, not started) in this pipeline
+            per level; the requests queued at lower levels than ``level`` are not
+            ahead of it.
+        max_queue_size: the queue policy's bound per level (0: none).
     """
 
     pipeline: str
@@ -390,6 +406,9 @@ class ArrivalSnapshot:
     units: tuple[tuple[float, int], ...] | None = None
     lenience: float = 1.0
     overloaded: bool = False
+    level: int = 1
+    queued: tuple[tuple[int, int], ...] = ()
+    max_queue_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -469,6 +488,16 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
             f"{s.pending} requests are in flight (max_pending = {s.max_pending}): try again later",
             hint="the service is overloaded; slow down or add instances",
         )
+    queued = dict(s.queued)
+    at_level = queued.get(s.level, 0)
+    if s.max_queue_size and at_level >= s.max_queue_size:
+        return _refuse(
+            Refusal.QUEUE_FULL,
+            f"pipeline {s.pipeline}: queue full (max_queue_size {s.max_queue_size}): "
+            f"{at_level} requests of priority {s.level} wait",
+            hint="retry later, slow down, or raise queue_policy.max_queue_size",
+            retry_after_s=MIN_RETRY_S,
+        )
     if s.queue_limit is not None and s.ahead >= s.queue_limit:
         return _refuse(
             Refusal.SHED,
@@ -482,8 +511,11 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
     if bound_ms is None:
         return ArrivalDecision(True, timeout_s)
     left_ms = max(1e-3, bound_ms - s.spent_ms)
+    ahead = ahead_at(s.level, s.ahead, queued)
+    # it passes lower levels: the tracked estimate follows the latest admitted, not these
+    remaining = s.remaining_ms if ahead == s.ahead else None
     verdict = admit_latency(
-        s.ahead, s.service_ms, s.interval_ms, left_ms, what, s.remaining_ms, s.units,
+        ahead, s.service_ms, s.interval_ms, left_ms, what, remaining, s.units,
         s.lenience, s.overloaded,
     )  # fmt: skip
     if verdict.admit:

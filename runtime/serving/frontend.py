@@ -43,6 +43,11 @@ instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the serv
 is known, a request whose estimate passes its own timeout is refused the same way (it
 would only expire in the queue).
 
+Priorities (:mod:`~infscaler.runtime.serving.queues`, Triton's semantics): the backlog is
+a priority queue keyed by (level, delayed, arrival); ``max_queue_size`` per level is
+checked by admission, the queue timeout in :meth:`FrontEnd._start_backlog` (REJECT: 503;
+DELAY: behind its level).
+
 Request phases (:class:`~infscaler.runtime.serving.states.RequestPhase`): ``queued`` (in the
 backlog) -> ``running`` (in the token pipeline) -> ``items`` (fan-out items coming back)
 -> ``post`` (after the fan-in) -> ``done``; every change goes through
@@ -90,6 +95,7 @@ from infscaler.runtime.serving.pipeline import (
     TRACE,
     error_status,
 )
+from infscaler.runtime.serving.queues import PriorityBacklog, queue_timeout_s, request_level
 from infscaler.runtime.serving.route import Result, Route
 from infscaler.runtime.serving.runners import ITEM_BITS, ITEM_MASK, StageError, check_outputs
 from infscaler.runtime.serving.states import REQUEST_TRANSITIONS, RequestPhase, advance
@@ -109,13 +115,21 @@ _EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
 #: refusals that count in the pipeline's offered load (its ``rejected`` statistics)
 _COUNTED_REFUSALS = frozenset(
-    {Refusal.UNAVAILABLE, Refusal.OVERLOADED, Refusal.SHED, Refusal.SLO, Refusal.DEADLINE}
+    {
+        Refusal.UNAVAILABLE,
+        Refusal.OVERLOADED,
+        Refusal.SHED,
+        Refusal.SLO,
+        Refusal.DEADLINE,
+        Refusal.QUEUE_FULL,
+    }
 )
 #: the front end's counter of each refusal that has one
 _REFUSAL_COUNTERS = {
     Refusal.SHED: "shed",
     Refusal.SLO: "slo_refused",
     Refusal.DEADLINE: "deadline_refused",
+    Refusal.QUEUE_FULL: "queue_full",
 }
 _IN_PIPELINE = (RequestPhase.RUNNING, RequestPhase.ITEMS, RequestPhase.POST)
 
@@ -158,6 +172,10 @@ class _Pending:
     waits: set[str] = field(default_factory=set)
     estimate_ms: float | None = None  # what the SLO admission expected (ms)
     estimate_factor: float | None = None  # the correction it was made with (Route.factor)
+    level: int = 1  # its priority level (1 highest)
+    order: int = 0  # its arrival order in the backlog
+    queue_deadline: float | None = None  # when its queue timeout passes (monotonic s)
+    delayed: bool = False  # its queue timeout passed with timeout_action DELAY
 
     def move(self, to: RequestPhase) -> None:
         """Change :attr:`phase` to ``to`` (checked against the one table:
@@ -209,7 +227,7 @@ class FrontEnd:
         )
         self._seq = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
-        self._backlog: collections.deque[_Pending] = collections.deque()
+        self._backlog: PriorityBacklog[_Pending] = PriorityBacklog()
         self._commands: collections.deque[tuple] = collections.deque()
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
@@ -239,6 +257,9 @@ class FrontEnd:
         inputs: dict[str, np.ndarray],
         timeout_s: float | None = None,
         arrived_s: float | None = None,
+        *,
+        priority: int | None = None,
+        queue_timeout_us: int | None = None,
     ) -> concurrent.futures.Future:
         """Queue a request; returns a future of :class:`~infscaler.runtime.serving.route.Result` (or :class:`RequestError`).
 
@@ -248,16 +269,30 @@ class FrontEnd:
         (``time.monotonic()`` seconds; the server takes it before reading the body):
         the deadline and the latency budget count from there (default: now).
         Cancelling the returned future drops the request (frees its slots; nothing more
-        is computed for it).
+        is computed for it). ``priority``: its level (1 highest; None or 0: the
+        pipeline's ``priority``); ``queue_timeout_us``: Triton's ``timeout`` parameter,
+        µs, honoured with the queue policy's ``allow_timeout_override``
+        (:mod:`~infscaler.runtime.serving.queues`).
 
         Raises:
-            RequestError: (400) ``timeout_s`` not a positive finite number; (503) the
+            RequestError: (400) ``timeout_s`` not a positive finite number, ``priority``
+                out of range; (503) the
                 front end failed, the pipeline is not accepting requests (being
                 removed, or the service drains), ``max_pending`` requests are in
-                flight, the pipeline sheds load, or (with an SLO) the request could not
+                flight, its level's queue is full (``max_queue_size``), the pipeline
+                sheds load, or (with an SLO) the request could not
                 finish within it (``retry_after_s`` set).
         """
         fut: concurrent.futures.Future = concurrent.futures.Future()
+        config = route.pipeline.config
+        try:
+            level = request_level(priority, config.priority)
+        except ValueError as exc:
+            raise RequestError(str(exc), 400, "give priority 1 (highest) or more") from None
+        policy = config.queue_policy
+        queue_s = queue_timeout_s(
+            policy.default_timeout_ms, policy.allow_timeout_override, queue_timeout_us
+        )
         with self._lock:
             now = time.monotonic()
             arrived = now if arrived_s is None else min(float(arrived_s), now)
@@ -268,7 +303,6 @@ class FrontEnd:
                 remaining_ms, units = None, route.units(overloaded)
             else:
                 remaining_ms, units = route.progress(now)
-            config = route.pipeline.config
             decision = admit_request(
                 ArrivalSnapshot(
                     pipeline=route.pipeline.name,
@@ -291,6 +325,9 @@ class FrontEnd:
                     units=units,
                     lenience=route.lenience(now, overloaded),
                     overloaded=overloaded,
+                    level=level,
+                    queued=tuple(route.queued.items()),
+                    max_queue_size=policy.max_queue_size,
                 )
             )
             if not decision.admit:
@@ -298,7 +335,11 @@ class FrontEnd:
             assert decision.timeout_s is not None
             seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
             deadline = arrived + decision.timeout_s
-            p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns())
+            p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns(), level=level)
+            p.order = self._backlog.next_order()
+            if queue_s is not None:
+                p.queue_deadline = arrived + queue_s
+            route.queued[level] += 1
             if route.measured:
                 p.estimate_ms = decision.estimate_ms
                 p.estimate_factor = route.factor(overloaded)
@@ -322,6 +363,8 @@ class FrontEnd:
             RequestError: always, with the decision's status, reason, hint and
                 ``retry_after_s``.
         """
+        if decision.refusal is not None:
+            route.refusals[decision.refusal.value] += 1
         if decision.refusal in _COUNTED_REFUSALS:
             route.stats.record_rejection(slo=decision.refusal is Refusal.SLO)
         counter = _REFUSAL_COUNTERS.get(decision.refusal)  # type: ignore[arg-type]
@@ -353,6 +396,12 @@ class FrontEnd:
     def pending(self, route: Route | None = None) -> int:
         with self._lock:
             return sum(1 for p in self._pending.values() if route is None or p.route is route)
+
+    def queues(self, route: Route) -> tuple[dict[int, int], dict[str, int]]:
+        """``route``'s requests queued per priority level and its refusals by reason
+        (copies, read under the lock; see :class:`~infscaler.runtime.serving.route.Route`)."""
+        with self._lock:
+            return dict(sorted(route.queued.items())), dict(route.refusals)
 
     def drain(self, timeout: float, route: Route | None = None) -> bool:
         """Wait until no request (of ``route``) is in flight; True if none is left."""
@@ -476,7 +525,8 @@ class FrontEnd:
         while self._commands:
             cmd = self._commands.popleft()
             if cmd[0] == "submit":
-                self._backlog.append(cmd[1])
+                p = cmd[1]
+                self._backlog.push(p, p.level, p.delayed, p.order)
             elif cmd[0] == "fail":
                 with self._lock:
                     p = self._pending.get(cmd[1])
@@ -494,32 +544,38 @@ class FrontEnd:
 
     # -- sending -----------------------------------------------------------------------------
     def _start_backlog(self) -> None:
-        """Start queued requests, oldest first, while their pipeline's window has room
+        """Start queued requests in priority order (the highest level first, oldest
+        first within a level, the ``DELAY``-ed ones last in their level:
+        :mod:`~infscaler.runtime.serving.queues`) while their pipeline's window has room
         (``Route.max_inflight`` requests in the pipeline at once) and the pool is below
         the admission threshold. A request that must wait keeps its place; requests of
-        other pipelines behind it may start."""
+        other pipelines behind it may start. A request whose queue timeout passed is
+        refused (``REJECT``, 503) or moved behind its level (``DELAY``)."""
         if not self._backlog:
             return
         with self._lock:
             running: collections.Counter[int] = collections.Counter(
                 id(p.route) for p in self._pending.values() if p.phase in _IN_PIPELINE
             )
-        waiting: collections.deque[_Pending] = collections.deque()
+        waiting: list[tuple[tuple[int, int, int], _Pending]] = []
         pool_full = False
         now = time.monotonic()
         while self._backlog:
-            p = self._backlog.popleft()
+            key, p = self._backlog.pop()
             if p.phase is RequestPhase.DONE:
                 continue
             if p.deadline <= now:  # never started: dropped here, nothing was computed
                 self._expire_request(p, "expired_queued")
+                continue
+            if not p.delayed and p.queue_deadline is not None and p.queue_deadline <= now:
+                self._queue_timeout(p)
                 continue
             route = p.route
             if pool_full or running[id(route)] >= route.max_inflight:
                 if not pool_full and "window" not in p.waits:
                     p.waits.add("window")
                     self.counters["window_waits"] += 1
-                waiting.append(p)
+                waiting.append((key, p))
                 continue
             tensors = {n: p.inputs[n] for n in route.pipeline.front_inputs}  # type: ignore[index]
             tensors[TRACE] = _EMPTY_TRACE
@@ -529,23 +585,62 @@ class FrontEnd:
                 and self.pool.in_use_bytes() + tensors_nbytes(tensors) > self.admit_bytes
             ):
                 self._note_wait(p, "admission_waits")
-                waiting.append(p)
+                waiting.append((key, p))
                 pool_full = True  # requests in the pipelines must free slots first
                 continue
             try:
                 self._hand_over(tensors, route.stage_ids[0], p.seq << ITEM_BITS)
             except BackPressureError:
                 self._note_wait(p, "backpressure")
-                waiting.append(p)
+                waiting.append((key, p))
                 pool_full = True  # the pool is at its cap: results must come back first
                 continue
             except Exception as exc:  # noqa: BLE001 - this request fails alone
                 self._complete_error(p, RequestError(f"cannot start the request: {exc}", 500))
                 continue
             p.inputs = None
-            p.move(RequestPhase.RUNNING)
+            with self._lock:
+                self._unqueue(p)
+                p.move(RequestPhase.RUNNING)
             running[id(route)] += 1
-        self._backlog = waiting
+        self._backlog.extend(waiting)
+
+    def _queue_timeout(self, p: _Pending) -> None:
+        """``p``'s queue timeout passed while it waited: ``REJECT`` fails it (503),
+        ``DELAY`` queues it again behind every request of its level (Triton's
+        ``ModelQueuePolicy.timeout_action``)."""
+        route = p.route
+        policy = route.pipeline.config.queue_policy
+        if policy.timeout_action == "DELAY":
+            p.delayed = True
+            self.counters["queue_delayed"] += 1
+            self._backlog.push(p, p.level, True)
+            return
+        self.counters["queue_timeout"] += 1
+        with self._lock:
+            route.refusals["queue_timeout"] += 1
+        waited_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
+        self._complete_error(
+            p,
+            RequestError(
+                f"pipeline {route.pipeline.name}: queue timeout: not started within its "
+                f"queue timeout (waited {waited_ms:.0f} ms at priority {p.level}; "
+                "timeout_action REJECT)",
+                503,
+                "retry later, give the request a higher priority, or raise "
+                "queue_policy.default_timeout_ms",
+                retry_after_s=0.05,
+            ),
+        )
+
+    def _unqueue(self, p: _Pending) -> None:
+        """``p`` leaves the queue (call under the lock, before its phase changes)."""
+        if p.phase is RequestPhase.QUEUED:
+            left = p.route.queued[p.level] - 1
+            if left > 0:
+                p.route.queued[p.level] = left
+            else:
+                p.route.queued.pop(p.level, None)
 
     def _note_wait(self, p: _Pending, counter: str) -> None:
         if p.busy_since is None:
@@ -714,6 +809,7 @@ class FrontEnd:
         with self._lock:
             if self._pending.pop(p.seq, None) is None:
                 return
+            self._unqueue(p)
             p.route.admitted -= 1
             p.route.dues.pop(p.seq, None)
         p.move(RequestPhase.DONE)
@@ -733,6 +829,7 @@ class FrontEnd:
         with self._lock:
             if self._pending.pop(p.seq, None) is None:
                 return
+            self._unqueue(p)
             p.route.admitted -= 1
             p.route.dues.pop(p.seq, None)
         p.move(RequestPhase.DONE)

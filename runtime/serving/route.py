@@ -82,6 +82,12 @@ class Route:
         dues: per admitted request (its sequence number), when admission expected it
             answered (``time.monotonic()`` s), in admission order: what
             :meth:`progress` reads (the front end adds and removes them under its lock).
+        queued: requests admitted and not started (in the front end's backlog) per
+            priority level (levels with none left out; the front end keeps it under its
+            lock): admission's ``max_queue_size`` and estimate, the status.
+        refusals: requests refused, by reason (the
+            :class:`~infscaler.runtime.serving.admission.Refusal` values and
+            ``queue_timeout``): the metric ``infscaler_requests_refused_total``.
     """
 
     pipeline: CompiledPipeline
@@ -100,6 +106,8 @@ class Route:
     measured: bool = False
     correction: float = 1.0
     dues: dict[int, float] = field(default_factory=dict)
+    queued: collections.Counter[int] = field(default_factory=collections.Counter)
+    refusals: collections.Counter[str] = field(default_factory=collections.Counter)
     _ratios: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=_RATIOS)
     )
