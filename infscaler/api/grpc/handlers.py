@@ -42,6 +42,7 @@ import grpc
 
 import infscaler
 from infscaler.api.codec import ProtocolError, TensorSpec, parse_timeout_ms
+from infscaler.api.codec_json import parse_queue_params
 from infscaler.api.common import EXTENSIONS, VERSION, model_stats, slot_arrays, status_of
 from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc import model_config_pb2 as mc
@@ -266,7 +267,15 @@ class Handlers:
             remaining = context.time_remaining()
             if remaining is not None and (timeout_s is None or remaining < timeout_s):
                 timeout_s = max(remaining, 1e-3)
-            fut = service.submit(dep.name, slot_arrays(req.inputs), timeout_s, arrived)
+            priority, queue_timeout_us = parse_queue_params(req.parameters)
+            fut = service.submit(
+                dep.name,
+                slot_arrays(req.inputs),
+                timeout_s,
+                arrived,
+                priority=priority,
+                queue_timeout_us=queue_timeout_us,
+            )
             try:
                 result = await asyncio.wrap_future(fut)
             except asyncio.CancelledError:

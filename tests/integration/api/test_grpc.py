@@ -146,6 +146,25 @@ def test_refusals_carry_their_codes(served, gc) -> None:
     assert e.value.status() == "StatusCode.UNIMPLEMENTED"
 
 
+def test_the_queue_parameters_pass_through_grpc(served, gc) -> None:
+    """Triton's ``priority`` request parameter reaches the queue over gRPC as over HTTP:
+    a level is served, one past the bound is refused as the HTTP codec refuses it."""
+    from tritonclient.utils import InferenceServerException
+
+    arr = np.ones((1, 4), np.float32)
+    i = tg.InferInput("x", [1, 4], "FP32")
+    i.set_data_from_numpy(arr)
+    ok = gc.infer("chain", [i], priority=1)
+    with Client(served["http"]) as h:
+        want = h.infer("chain", {"x": arr}).outputs
+    for out, expected in want.items():
+        assert ok.as_numpy(out).tobytes() == expected.tobytes()
+    with pytest.raises(InferenceServerException) as e:
+        gc.infer("chain", [i], priority=10**9)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "parameter priority must be an integer" in e.value.message()
+
+
 def test_an_oversized_message_is_refused_and_the_socket_serves_on(served, gc) -> None:
     from tritonclient.utils import InferenceServerException
 
