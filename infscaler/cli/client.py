@@ -480,6 +480,8 @@ def print_status(st: dict[str, Any]) -> None:
     """``infscaler status``'s text: the control path, pool, zygote and resources, then a
     table per pipeline (:func:`~infscaler.cli.tables.print_table`: key: value lines where
     it cannot fit the terminal)."""
+    from rich.markup import escape
+
     from infscaler.cli.tables import Col, print_table
 
     cp = st["control_path"]
@@ -525,7 +527,7 @@ def print_status(st: dict[str, Any]) -> None:
         req = p["requests"]
         lat = req["latency"]
         title = (
-            f"{p['name']} ({'ready' if p['ready'] else 'NOT ready'}"
+            f"{escape(p['name'])} ({'ready' if p['ready'] else 'NOT ready'}"
             f"{', DEGRADED' if p.get('degraded') else ''}): "
             f"{req['success']} ok, {sum(req['fail'].values())} failed, "
             f"P50 {_ms(lat['p50_ms'])} / P99 {_ms(lat['p99_ms'])} ms"
