@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,12 @@ from infscaler.api.codec import (
     decode_infer_response,
     encode_infer_request,
 )
+from infscaler.api.uds import (
+    DEFAULT_SOCKET,
+    InferenceServerError,
+    default_socket_path,
+    unreachable,
+)
 from infscaler.base.errors import InfScalerError
 
 __all__ = [
@@ -59,47 +64,7 @@ __all__ = [
     "default_socket_path",
 ]
 
-#: The service's socket under systemd (``RuntimeDirectory=infscaler``).
-DEFAULT_SOCKET = "/run/infscaler/infscaler.sock"
 _BASE_URL = "http://infscaler"
-_START_HINT = "start it with `infscaler serve` (or systemctl start infscaler), or pass --socket"
-_STATUS_HINTS = {
-    413: "pass large tensors through system shared memory (ShmTensor / ShmOutput)",
-    503: "the service or model is not ready, overloaded or stopping; retry later",
-}
-
-
-def default_socket_path() -> str:
-    """``$INFSCALER_SOCKET``, else :data:`DEFAULT_SOCKET`."""
-    return os.environ.get("INFSCALER_SOCKET") or DEFAULT_SOCKET
-
-
-class InferenceServerError(InfScalerError):
-    """The service answered with an error.
-
-    Attributes:
-        status: the HTTP status (400 bad request, 404 unknown model / region, 409, 413
-            body too large, 500 a stage failed, 503 not ready / overloaded / stopping).
-        message: the ``error`` string of the service's error JSON.
-    """
-
-    def __init__(self, message: str, status: int, hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.status = status
-
-    @classmethod
-    def from_response(cls, resp: httpx.Response) -> InferenceServerError:
-        message = None
-        try:
-            doc = resp.json()
-            if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-                message = doc["error"]
-        except ValueError:
-            pass
-        if message is None:
-            text = resp.text.strip()
-            message = text[:500] or f"HTTP {resp.status_code} {resp.reason_phrase}"
-        return cls(message, resp.status_code, _STATUS_HINTS.get(resp.status_code))
 
 
 def _q(name: str) -> str:
@@ -155,29 +120,7 @@ class Client:
     # -- plumbing ---------------------------------------------------------------------
 
     def _unreachable(self, exc: Exception) -> InfScalerError:
-        hint = _START_HINT
-        try:
-            mode: int | None = os.stat(self.socket_path).st_mode
-        except FileNotFoundError:
-            mode = None
-        except OSError:
-            mode = -1  # cannot look: let the connect error speak
-        if mode is None:
-            reason = "no socket there"
-        elif mode != -1 and not stat.S_ISSOCK(mode):
-            reason = "the path exists but is not a socket"
-            hint = "pass the service's socket with --socket (or $INFSCALER_SOCKET)"
-        elif "ermission denied" in str(exc):
-            reason = "permission denied"
-            hint = (
-                "add your user to the service's group (e.g. `sudo usermod -aG infscaler $USER`, "
-                "then log in again), or run as that user"
-            )
-        else:
-            reason = str(exc) or type(exc).__name__
-        return InfScalerError(
-            f"cannot connect to the InfScaler service at {self.socket_path}: {reason}", hint=hint
-        )
+        return unreachable(self.socket_path, exc)
 
     def _request(
         self,

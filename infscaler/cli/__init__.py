@@ -152,6 +152,13 @@ class _LazyGroup(TyperGroup):
 
     _resolving = False
 
+    def get_params(self, ctx: Any) -> list[Any]:
+        from infscaler.cli.params import plain_params  # no pydantic for --help / --version
+
+        params = super().get_params(ctx)
+        plain_params(params)
+        return params
+
     def list_commands(self, ctx: Any) -> list[str]:
         return sorted({*super().list_commands(ctx), *COMMANDS})
 

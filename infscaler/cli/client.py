@@ -16,7 +16,7 @@ import typer
 
 from infscaler.base.errors import ConfigError, InfScalerError
 from infscaler.cli import err, out
-from infscaler.cli.tables import Col, print_table
+from infscaler.cli.params import FastCommand
 
 if TYPE_CHECKING:  # the client commands import numpy, the client and pydantic when they run
     import numpy as np
@@ -177,12 +177,13 @@ def _bundled(name: str) -> Path:
 
 
 def _client(socket: str | None) -> Any:
-    from infscaler.api.client import Client
+    """The standard-library client (:class:`~infscaler.api.uds.UdsClient`: no httpx)."""
+    from infscaler.api.uds import UdsClient
 
-    return Client(default_socket(socket))
+    return UdsClient(default_socket(socket))
 
 
-@app.command("deploy")
+@app.command("deploy", cls=FastCommand)
 def deploy_cmd(
     pipeline: Annotated[
         str, typer.Argument(help="PIPELINE.yaml (or MODEL.onnx / alias / Triton REPO/MODEL).")
@@ -200,7 +201,7 @@ def deploy_cmd(
     out.print(f"deployed {res.get('name', name or cfg.name)} in {res.get('seconds', '?')} s")
 
 
-@app.command("undeploy")
+@app.command("undeploy", cls=FastCommand)
 def undeploy_cmd(
     name: Annotated[str, typer.Argument(help="Model name.")],
     socket: SocketOpt = None,
@@ -328,7 +329,7 @@ def _describe(value: np.ndarray) -> str:
     )
 
 
-@app.command("infer")
+@app.command("infer", cls=FastCommand)
 def infer_cmd(
     model: Annotated[
         str | None, typer.Argument(help="Model (pipeline) name; omit with --task.")
@@ -460,7 +461,7 @@ def _print_result(res: Any, save: Path | None, as_json: bool) -> None:
         )
 
 
-@app.command("status")
+@app.command("status", cls=FastCommand)
 def status_cmd(
     socket: SocketOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -479,6 +480,10 @@ def print_status(st: dict[str, Any]) -> None:
     """``infscaler status``'s text: the control path, pool, zygote and resources, then a
     table per pipeline (:func:`~infscaler.cli.tables.print_table`: key: value lines where
     it cannot fit the terminal)."""
+    from rich.markup import escape
+
+    from infscaler.cli.tables import Col, print_table
+
     cp = st["control_path"]
     pool = st["pool"]
     out.print(
@@ -522,7 +527,7 @@ def print_status(st: dict[str, Any]) -> None:
         req = p["requests"]
         lat = req["latency"]
         title = (
-            f"{p['name']} ({'ready' if p['ready'] else 'NOT ready'}"
+            f"{escape(p['name'])} ({'ready' if p['ready'] else 'NOT ready'}"
             f"{', DEGRADED' if p.get('degraded') else ''}): "
             f"{req['success']} ok, {sum(req['fail'].values())} failed, "
             f"P50 {_ms(lat['p50_ms'])} / P99 {_ms(lat['p99_ms'])} ms"

@@ -12,11 +12,10 @@ from typing import Annotated
 
 import typer
 
-from infscaler.api.client import Client
 from infscaler.base.errors import InfScalerError
 from infscaler.cli import err, out
 from infscaler.cli.client import default_socket
-from infscaler.cli.watcher import PipelineWatcher
+from infscaler.cli.params import FastCommand
 
 #: This module's commands; :mod:`infscaler.cli` loads them when one runs.
 app = typer.Typer(add_completion=False)
@@ -35,6 +34,8 @@ def watch_cmd(
     """Keep the service's pipelines equal to DIR's *.yaml files: load a new or changed
     one (replaced once the new one is ready), unload one whose file went away."""
 
+    from infscaler.cli.watcher import PipelineWatcher
+
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     if not directory.is_dir():
         raise InfScalerError(
@@ -49,7 +50,7 @@ def watch_cmd(
     w.run(interval)
 
 
-@app.command("probe")
+@app.command("probe", cls=FastCommand)
 def probe_cmd(
     what: Annotated[str, typer.Argument(help="live | ready")],
     socket: Annotated[str | None, typer.Option("--socket", help="The service's socket.")] = None,
@@ -58,16 +59,21 @@ def probe_cmd(
     """Exit 0 if the service is live (answers) / ready (every pipeline deployed and
     ready, not draining), else 1 with the reason: a Kubernetes exec probe."""
 
+    from infscaler.api.uds import InferenceServerError, UdsClient
+
     if what not in ("live", "ready"):
         raise InfScalerError(f"unknown probe {what!r}", hint="live or ready")
     path = default_socket(socket)
     try:
-        with Client(path, timeout=timeout) as c:
-            ok = c.is_live() if what == "live" else c.is_ready()
-    except InfScalerError as exc:
-        err.print(f"not {what}: {exc.message}", highlight=False)
+        UdsClient(path, timeout=timeout).request("GET", f"/v2/health/{what}")
+    except InferenceServerError as exc:
+        err.print(
+            f"not {what}: {path} answered {exc.status}: {exc.message}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(1) from None
-    if not ok:
-        err.print(f"not {what}: {path} answered 503", highlight=False)
-        raise typer.Exit(1)
+    except InfScalerError as exc:
+        err.print(f"not {what}: {exc.message}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     out.print(what)

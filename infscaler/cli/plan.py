@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 import yaml
-from rich.table import Table
+from rich.markup import escape
 
 from infscaler.base.device import load_profile
 from infscaler.base.errors import InfScalerError
@@ -34,6 +34,7 @@ from infscaler.base.slo import parse_slo, slo_ms
 from infscaler.cli import err, out
 from infscaler.cli.client import load_image, pipeline_from_arg
 from infscaler.cli.fleetfile import expand_names, load_fleet, units_from_spec
+from infscaler.cli.tables import Col, print_table
 from infscaler.partitioner.search import OBJECTIVES
 from infscaler.runtime.planning.arrivals import from_spec
 from infscaler.runtime.planning.autoplan import plan_measured
@@ -150,23 +151,25 @@ def _print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
         f"SLO {res.slo_ms:g} ms, device {device.name}",
         highlight=False,
     )
-    table = Table()
-    for col in ("unit", "engine", "instances", "batch", "service ms", "utilisation", "memory MB"):
-        table.add_column(col, justify="left" if col in ("unit", "engine") else "right")
+    rows = []
     for r in res.rows():
         unit = r["unit"] + (" (front end)" if r["kind"] == "front end" else "")
         if r["items_per_request"] is not None:
             unit += f" (x{r['items_per_request']:g} items)"
-        table.add_row(
-            unit,
-            r["engine"],
-            str(r["instances"]),
-            str(r["batch"]),
-            f"{r['service_ms']:.3g}",
-            "-" if r["utilisation"] is None else f"{r['utilisation']:.0%}",
-            f"{r['memory_mb']:.0f}",
+        rows.append(
+            [
+                escape(unit),
+                r["engine"],
+                str(r["instances"]),
+                str(r["batch"]),
+                f"{r['service_ms']:.3g}",
+                "-" if r["utilisation"] is None else f"{r['utilisation']:.0%}",
+                f"{r['memory_mb']:.0f}",
+            ]
         )
-    out.print(table)
+    cols = [Col("unit"), Col("engine"), Col("instances", "num"), Col("batch", "num")]
+    cols += [Col("service ms", "num"), Col("utilisation", "num"), Col("memory MB", "num")]
+    print_table(out, None, cols, rows)
     cap = "no cap" if res.memory_cap_mb == float("inf") else f"cap {res.memory_cap_mb:.0f} MB"
     if pred is not None:
         att = "" if pred.slo_attainment is None else f", SLO attainment {pred.slo_attainment:.1%}"
@@ -599,13 +602,8 @@ def _search_args(
 def _print_search(res: Any, stages: list[Any], eq1: dict[str, tuple[Any, float]]) -> None:
     """The search's candidates as a table (why each lost), per model stage the share of
     Eq. 1's own plan beside the winner's, and the winner with its comparisons."""
-    from rich.markup import escape
-
-    table = Table(title=res.explain[0])
-    for col in ("#", "plan", "goodput/s", "max/s", "P99 ms", "MB", "bottleneck", "why"):
-        table.add_column(col, justify="left" if col in ("plan", "why") else "right")
-    for i, c in enumerate(res.candidates):
-        table.add_row(
+    rows = [
+        [
             str(i + 1),
             escape(c.label()),
             f"{c.goodput_rps:.1f}"
@@ -614,9 +612,13 @@ def _print_search(res: Any, stages: list[Any], eq1: dict[str, tuple[Any, float]]
             _ms(c.p99_ms),
             f"{c.memory_mb:.0f}",
             "/".join(f"{s:.0%}" for s in c.share),
-            c.why,
-        )
-    out.print(table)
+            escape(c.why),
+        ]
+        for i, c in enumerate(res.candidates)
+    ]
+    cols = [Col("#", "num"), Col("plan"), Col("goodput/s", "num"), Col("max/s", "num")]
+    cols += [Col("P99 ms", "num"), Col("MB", "num"), Col("bottleneck"), Col("why", "text")]
+    print_table(out, escape(res.explain[0]), cols, rows)
     for name, (cuts, share) in eq1.items():
         won = ""
         if res.best is not None:
@@ -747,35 +749,36 @@ def plan_fleet(
         d["kubernetes"] = k8s
         print(json.dumps(d, indent=2, default=str))
         return 0 if res.feasible else 1
-    table = Table(title="capacity per node (single-device planner)")
-    for col in ("pipeline", "SLO ms", "device", "max requests/s", "planner runs"):
-        table.add_column(col, justify="left" if col in ("pipeline", "device") else "right")
-    for c in curves.values():
-        table.add_row(
-            c.pipeline, f"{c.slo_ms:g}", c.device, f"{c.max_rate:.1f}", str(c.planner_runs)
-        )
-    out.print(table)
+    cols = [Col("pipeline"), Col("SLO ms", "num"), Col("device")]
+    cols += [Col("max requests/s", "num"), Col("planner runs", "num")]
+    rows = [
+        [escape(c.pipeline), f"{c.slo_ms:g}", c.device, f"{c.max_rate:.1f}", str(c.planner_runs)]
+        for c in curves.values()
+    ]
+    print_table(out, "capacity per node (single-device planner)", cols, rows)
     out.print(
         f"[bold]{len(res.nodes)} nodes used[/] of {len(nodes)} for {len(streams)} streams "
         f"(lower bound {res.lower_bound}, by {res.bound_by}); packing {res.seconds:.2f} s, "
         f"capacity curves {curve_s:.1f} s",
         highlight=False,
     )
-    table = Table(title="placement")
-    for col in ("node", "device", "pipeline", "requests/s", "streams", "planned for /s"):
-        table.add_column(col)
+    cols = [Col("node"), Col("device"), Col("pipeline"), Col("requests/s", "num")]
+    cols += [Col("streams", "num"), Col("planned for /s", "num")]
+    rows = []
     for n in res.nodes[:MAX_LISTED]:
         for key, rate in sorted(n.rates.items()):
             c = curves[(key[0], key[1], n.device)]
-            table.add_row(
-                n.node,
-                n.device,
-                f"{key[0]} @{key[1]:g}ms",
-                f"{rate:.1f}",
-                str(len(n.streams[key])),
-                f"{c.rates[n.levels[key]]:.1f}",
+            rows.append(
+                [
+                    escape(n.node),
+                    n.device,
+                    escape(f"{key[0]} @{key[1]:g}ms"),
+                    f"{rate:.1f}",
+                    str(len(n.streams[key])),
+                    f"{c.rates[n.levels[key]]:.1f}",
+                ]
             )
-    out.print(table)
+    print_table(out, "placement", cols, rows)
     if len(res.nodes) > MAX_LISTED:
         out.print(f"... {len(res.nodes) - MAX_LISTED} more nodes (--json lists them all)")
     out.print("Kubernetes: label the nodes, then install the chart with the groups:")

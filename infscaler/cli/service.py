@@ -65,6 +65,13 @@ app = typer.Typer(add_completion=False)
 WAKE_DEFAULT = "auto"
 
 
+def _say(line: str) -> None:
+    """One startup / progress line on stderr, whole (a socket path is never wrapped or
+    cut: the terminal wraps a line longer than its width; a journal keeps it as one
+    line), as text (no rich markup)."""
+    err.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
 def wake_option(value: str) -> int | str | None:
     """``--cpu-wake-latency-us``: ``auto``, ``none`` or an int of µs >= 0.
 
@@ -529,7 +536,7 @@ async def _start_beside(
     grpc_server = metrics_runner = None
     if grpc_socket is not None:
         grpc_server = await start_grpc_server(api, grpc_socket, socket_group)
-        err.print(f"infscaler: gRPC on {grpc_socket}", highlight=False)
+        _say(f"infscaler: gRPC on {grpc_socket}")
     if metrics_port is not None:
         try:
             metrics_runner, bound = await start_metrics_server(
@@ -541,7 +548,7 @@ async def _start_beside(
             if grpc_server is not None:
                 await grpc_server.stop()
             raise
-        err.print(f"infscaler: metrics on http://{metrics_host}:{bound}/metrics", highlight=False)
+        _say(f"infscaler: metrics on http://{metrics_host}:{bound}/metrics")
     return grpc_server, metrics_runner
 
 
@@ -606,16 +613,15 @@ async def _serve(
         grpc_server, metrics_runner = await _start_beside(
             service, api, grpc_socket, socket_group, metrics_port, metrics_host
         )
-        err.print(
+        _say(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
-            f"pool {pool_mb} MB)",
-            highlight=False,
+            f"pool {pool_mb} MB)"
         )
         for cfg in configs:
             notifier.status(f"deploying {cfg.name}")
 
             def progress(msg: str) -> None:
-                err.print(f"  {msg}", highlight=False)
+                _say(f"  {msg}")
                 notifier.extend_timeout(120)
 
             t0 = time.perf_counter()
@@ -628,13 +634,13 @@ async def _serve(
                 break
             waiter.cancel()
             deploy.result()
-            err.print(f"deployed {cfg.name} in {time.perf_counter() - t0:.1f} s", highlight=False)
+            _say(f"deployed {cfg.name} in {time.perf_counter() - t0:.1f} s")
         if not stop.is_set():
             service.starting = False
             names = ", ".join(d.name for d in service.deployments()) or "no pipelines"
             notifier.ready(f"serving {names} on {socket_path}")
             notifier.start_watchdog(lambda: service.frontend.alive() and service.manager.running)
-            err.print(f"infscaler: ready ({names})", highlight=False)
+            _say(f"infscaler: ready ({names})")
             await stop.wait()
         if died:
             err.print(
@@ -707,11 +713,11 @@ def demo_cmd(
     with tempfile.TemporaryDirectory(prefix="infscaler-demo-") as tmp:
         sock = str(Path(tmp) / "infscaler.sock")
         with Service(state_dir=state_dir, control_path=control_path) as service:
-            err.print(f"control path: {service.channel.kind}", highlight=False)
-            with err.status("partitioning PP-OCRv4 det and starting the OCR pipeline") as s:
+            _say(f"control path: {service.channel.kind}")
+            with err.status("partitioning PP-OCRv4 det and starting the OCR pipeline"):
                 t0 = time.perf_counter()
-                service.deploy(cfg, progress=lambda m: s.update(m))
-            err.print(f"OCR pipeline ready in {time.perf_counter() - t0:.1f} s", highlight=False)
+                service.deploy(cfg, progress=lambda m: _say(f"  {m}"))
+            _say(f"OCR pipeline ready in {time.perf_counter() - t0:.1f} s")
             with ServerThread(service, sock), Client(sock) as client:
                 units = [u.name for u in service.deployment("ocr").pipeline.units]
                 for label, img in images.items():

@@ -45,11 +45,21 @@ def build_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[
     return table
 
 
+#: The narrowest a prose column may get before the rows print as key: value lines
+#: instead (narrower, a sentence wraps a word or two per line); a column whose longest
+#: cell is shorter needs only that.
+TEXT_MIN = 24
+
+
 def fits(console: Console, table: Table) -> bool:
     """Whether ``table`` fits ``console``'s width with no copyable cell cut: its minimum
-    width (every ``no_wrap`` column whole, prose at its longest word) is within it."""
+    width (every ``no_wrap`` column whole, prose at :data:`TEXT_MIN` characters or its
+    longest word) is within it."""
     options = console.options
-    least = sum(table._measure_column(console, options, c).minimum for c in table.columns)
+    least = 0
+    for c in table.columns:
+        m = table._measure_column(console, options, c)
+        least += m.minimum if c.no_wrap else max(m.minimum, min(m.maximum, TEXT_MIN))
     return least + table._extra_width <= console.width
 
 
@@ -60,14 +70,14 @@ def print_table(
     rows: Sequence[Sequence[str]],
 ) -> None:
     """Print ``rows`` as a table, or as key: value blocks where the table cannot fit
-    (:func:`fits`). A multi-line cell (one instance per line) stays multi-line in a
+    (:func:`fits`). ``title`` and cells are rich markup (escape what is not). A multi-line cell (one instance per line) stays multi-line in a
     block, its lines indented under the key."""
     table = build_table(title, cols, rows)
     if fits(console, table):
         console.print(table)
         return
     if title:
-        console.print(Text(title, style="bold"), soft_wrap=True)
+        console.print(Text.from_markup(title, style="bold"), soft_wrap=True)
     for row in rows:
         head, *rest = row
         console.print(Text.from_markup(head.replace("\n", " "), style="bold"), soft_wrap=True)

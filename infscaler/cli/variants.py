@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from infscaler.base.device import load_profile
 from infscaler.base.errors import InfScalerError
 from infscaler.cli import err, out
+from infscaler.cli.tables import Col, print_table
 from infscaler.modelless.register import register
 from infscaler.modelless.variants import VariantRegistry, describe
 
@@ -168,28 +169,29 @@ def list_cmd(
 def _table(rows: list[dict], title: str) -> None:
     """One table per task (latencies in ms, peak memory in MB), then how each model's
     accuracy was obtained and why variants were not generated (``--json``: everything)."""
-    out.print(f"[dim]{title}[/]", highlight=False)
+    out.print(f"[dim]{escape(title)}[/]", highlight=False, soft_wrap=True)
     for task in sorted({r["task"] for r in rows}):
         mine = [r for r in rows if r["task"] == task]
-        table = Table(title=task, title_justify="left")
-        table.add_column("variant", no_wrap=True)
-        for col in ("load", "P50", "P99", "req/s", "MB", "acc"):
-            table.add_column(col, justify="right", no_wrap=True)
+        cols = [Col("variant"), Col("load", "num"), Col("P50", "num"), Col("P99", "num")]
+        cols += [Col("req/s", "num"), Col("MB", "num"), Col("acc", "num")]
+        cells: list[list[str]] = []
         notes: dict[str, str] = {}
         for r in mine:
             if not r["generated"]:
                 notes[r["variant"]] = f"not generated: {r['reason']}"
                 continue
             notes.setdefault(f"{r['model']} accuracy", r["accuracy_source"])
-            table.add_row(
-                r["variant"],
-                f"{r['load_ms']:.0f}",
-                f"{r['p50_ms']:.1f}",
-                f"{r['p99_ms']:.1f}",
-                f"{r['throughput_qps']:.0f}",
-                f"{r['peak_mb']:.0f}",
-                f"{r['accuracy']:.3f}" if r["accuracy"] is not None else "-",
+            cells.append(
+                [
+                    escape(r["variant"]),
+                    f"{r['load_ms']:.0f}",
+                    f"{r['p50_ms']:.1f}",
+                    f"{r['p99_ms']:.1f}",
+                    f"{r['throughput_qps']:.0f}",
+                    f"{r['peak_mb']:.0f}",
+                    f"{r['accuracy']:.3f}" if r["accuracy"] is not None else "-",
+                ]
             )
-        out.print(table)
+        print_table(out, escape(task), cols, cells)
         for k, v in notes.items():
-            out.print(f"  {k}: {v}", highlight=False)
+            out.print(f"  {k}: {v}", highlight=False, markup=False, soft_wrap=True)

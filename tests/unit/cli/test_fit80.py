@@ -156,3 +156,117 @@ def test_status_table_whole_at_80(narrow: None, capsys: pytest.CaptureFixture[st
     text = capsys.readouterr().out
     assert "…" not in text
     assert unit["unit"] in text and "cpu 123456 [0,1] 41" in text
+
+
+def _lines(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines()]
+
+
+def test_plan_table_whole_at_80(narrow: None, capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
+    from infscaler.cli.plan import _print_plan
+
+    row = {
+        "unit": "ppocrv6-small-det.part_0-of-ppocrv6-small-det",
+        "kind": "model",
+        "items_per_request": 12.0,
+        "engine": "cpu",
+        "instances": 2,
+        "batch": 4,
+        "service_ms": 12.345,
+        "utilisation": 0.71,
+        "memory_mb": 311.0,
+    }
+    res = SimpleNamespace(
+        prediction=None,
+        feasible=True,
+        rate=20.0,
+        arrivals="poisson",
+        slo_ms=200.0,
+        rows=lambda: [row],
+        memory_cap_mb=4096.0,
+        memory_mb=700.0,
+        pool_mb=64.0,
+        simulations=17,
+        steps=[],
+        notes=[],
+    )
+    _print_plan(res, "ocr", SimpleNamespace(name="jetson-orin-nx-16gb"), 30.0)
+    text = capsys.readouterr().out
+    assert "…" not in text
+    assert f"{row['unit']} (x12 items)" in text  # the unit whole on its line
+    assert "utilisation: 71%" in text or "71%" in text.split()
+
+
+def test_plan_explain_readable_at_80(narrow: None, capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
+    from infscaler.cli.plan import _print_search
+
+    why = "P99 over the SLO at the offered rate; the partition's engine is saturated"
+    cand = SimpleNamespace(
+        label=lambda: "det[K=3 cuts 41,97] gpu x2 b4 + rec[K=1] cpu x1 b8",
+        goodput_rps=18.5,
+        goodput_lo=17.0,
+        interval=lambda: (17.0, 19.9),
+        max_rate_rps=22.0,
+        p99_ms=180.0,
+        memory_mb=900.0,
+        share=[0.41, 0.33],
+        why=why,
+    )
+    res = SimpleNamespace(
+        explain=["plans searched for ocr at 20 requests/s, SLO 200 ms"],
+        candidates=[cand],
+        best=None,
+    )
+    _print_search(res, [], {})
+    text = capsys.readouterr().out
+    assert "…" not in text
+    assert cand.label() in text  # the plan a user copies, whole
+    assert why in " ".join(_lines(text))  # the reason whole, not a word per line
+    words_alone = [ln for ln in _lines(text) if ln and " " not in ln and ln in why.split()]
+    assert len(words_alone) <= 1, text
+
+
+def test_variants_list_whole_at_80(narrow: None, capsys: pytest.CaptureFixture[str]) -> None:
+    from infscaler.cli.variants import _table
+
+    rows = [
+        {
+            "task": task,
+            "variant": f"{task}-ppocrv5-mobile-det-fp16-trt-b8-k3",
+            "model": "ppocrv5",
+            "generated": True,
+            "accuracy_source": "measured on 200 images",
+            "load_ms": 1234.0,
+            "p50_ms": 12.3,
+            "p99_ms": 20.1,
+            "throughput_qps": 81.0,
+            "peak_mb": 412.0,
+            "accuracy": 0.912,
+        }
+        for task in ("ocr-det", "embed")
+    ]
+    _table(rows, "/var/lib/infscaler/variants/a-rather-long-directory-name/variants.json")
+    text = capsys.readouterr().out
+    assert "…" not in text
+    for r in rows:  # each task's table, each variant name whole
+        assert r["variant"] in text and r["task"] in text
+    assert "/var/lib/infscaler/variants/a-rather-long-directory-name/variants.json" in text
+
+
+def test_serve_startup_lines_whole_at_80(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infscaler.cli import service
+
+    monkeypatch.setattr(cli.err, "_width", 80)
+    path = "/run/infscaler/a-socket-directory-with-a-long-name/infscaler.sock"
+    service._say(f"infscaler: listening on {path} (control path: userspace, pool 256 MB)")
+    service._say("  [stage] det: 3 instances")  # not read as rich markup
+    err = capsys.readouterr().err
+    assert "…" not in err
+    assert err.splitlines()[0].endswith("pool 256 MB)") and path in err.splitlines()[0]
+    assert "[stage] det" in err
