@@ -342,6 +342,10 @@ class AutoscaleConfig(BaseModel):
             violated at every look for at least this long, s (default 2; 0-600).
         oversubscribe: let the scaler add a cpu instance or thread beyond the physical
             cores (pinned threads of all instances); off by default.
+        tuner: also scale out as soon as the arrival envelope exceeds what the current
+            instances sustain within the SLO, before the P99 window shows it (InferLine
+            §5, :mod:`infscaler.runtime.scaling.tuner`); off by default until the
+            bench (bench/tuner.py) on a quiet host shows what it gains.
 
     Raises:
         pydantic.ValidationError: a value out of range (``settle_s`` / ``sustain_s``
@@ -361,6 +365,7 @@ class AutoscaleConfig(BaseModel):
     settle_s: float = 5.0
     sustain_s: float = 2.0
     oversubscribe: bool = False
+    tuner: bool = False
 
     @field_validator("settle_s", "sustain_s")
     @classmethod

@@ -58,6 +58,7 @@ from infscaler.runtime.scaling.control import ScaledService
 from infscaler.runtime.scaling.idlecurve import LEARN_INTERVAL_S, learn
 from infscaler.runtime.scaling.monitor import Monitor
 from infscaler.runtime.scaling.scaler import decide, is_violated, pipeline_capacity_rps
+from infscaler.runtime.scaling.tuner import WINDOWS_S, TunerVerdict, scale_out_now
 from infscaler.runtime.scaling.types import Decision, ScalerConfig, ScalerState
 from infscaler.runtime.scaling.wakepolicy import WakeEvidence, WakeState, decide_wake, idle_cost
 from infscaler.runtime.serving.batching import choose_batch
@@ -446,12 +447,16 @@ class Autoscaler:
             self._note_wake(dep, snap, auto)
         violated = is_violated(snap, scaler_config(auto))
         grew = any(d.action in ("scale_out", "scale_up") for d in decisions)
+        tuned = self._tune(dep, snap, state) if getattr(auto, "tuner", False) and not grew else None
+        grew = grew or (tuned is not None and tuned.decision is not None)
+        if tuned is not None and tuned.blocked:
+            violated = True  # the arbitration may lend to an overload seen early
         view = PipelineView(
             dep.name,
             int(getattr(dep.pipeline.config, "priority", 1) or 1),
             snap,
             violated,
-            violated and state.waiting is None and not grew,
+            violated and (state.waiting is None or tuned is not None) and not grew,
         )
         with self._lock:
             self._views[dep.name] = view
@@ -459,6 +464,40 @@ class Autoscaler:
             self._apply(dep, d)
             self._record(dep.name, asdict(d))
         return decisions
+
+    def _tune(self, dep: Any, snap: Any, state: ScalerState) -> TunerVerdict | None:
+        """The Tuner's look at ``dep`` (``autoscale.tuner``,
+        :func:`~infscaler.runtime.scaling.tuner.scale_out_now`) on the offered requests'
+        arrival times since the last change (at most the largest window + 5 s back), when
+        the scaler grew nothing: its scale-out is applied like the scaler's and kept as
+        ``tuner_scale_out`` with the window, the observed and sustainable counts; the
+        state counts it as a scale-out (cooldown, settle, hold). Returns the verdict
+        (None: nothing exceeded)."""
+        stats = dep.route.stats
+        since = snap.now - WINDOWS_S[-1] - 5.0
+        if state.last_change is not None:
+            since = max(since, state.last_change)
+        with stats._lock:  # the offered window's timestamps (monotonic s), copied
+            times = [t for t in stats.offered._t if t >= since]
+        verdict = scale_out_now(snap, times, state, scaler_config(dep.pipeline.config.autoscale))
+        if verdict.exceeded is None:
+            return None
+        d = verdict.decision
+        if d is None:
+            log.debug("%s: tuner: %s", dep.name, verdict.reason)
+            return verdict
+        self._apply(dep, d)
+        now = snap.now
+        with self._lock:
+            st = self._states.get(dep.name, state)
+            self._states[dep.name] = replace(
+                st, last_scale_out=now, last_change=now, violating_since=None, waiting=None
+            )
+        e = verdict.exceeded
+        entry = {**asdict(d), "action": "tuner_scale_out", "window_s": e.window_s}
+        entry.update(observed=e.observed, sustainable=round(e.sustainable, 3))
+        self._record(dep.name, entry)
+        return verdict
 
     def _apply(self, dep: Any, d: Decision) -> None:
         if d.action == "scale_out":

@@ -1,0 +1,62 @@
+"""The Tuner end to end: a load step from 0.3 to 0.8 of a sleeping stage's capacity is
+answered by a ``tuner_scale_out`` before any P99-based scale-out, every request answered.
+Instances are real processes running tests/stagefuncs.py functions (the slow stage
+sleeps 40 ms: capacity 25 requests/s with one instance)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infscaler.base.config import load_pipeline
+from infscaler.service.service import Service
+from tests.integration.runtime.scaling.test_autoscale import step_pipeline
+
+pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
+
+
+def _open_loop(svc: Service, rate: float, seconds: float, errors: list[str], done: list[int]):
+    x = np.ones((1, 4), np.float32)
+    threads = []
+
+    def one() -> None:
+        try:
+            svc.infer("step", {"x": x}, timeout_s=30)
+            done.append(1)
+        except Exception as exc:  # noqa: BLE001 - collected and asserted on
+            errors.append(str(exc))
+
+    t0 = time.monotonic()
+    n = int(rate * seconds)
+    for i in range(n):
+        time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+        th = threading.Thread(target=one)
+        th.start()
+        threads.append(th)
+    return threads
+
+
+def test_a_load_step_is_met_by_the_tuner_before_the_p99(tmp_path: Path) -> None:
+    cfg = step_pipeline(tuner=True, settle_s=0.5, sustain_s=2.0)
+    with Service(state_dir=tmp_path, control_path="userspace", pool_mb=64) as svc:
+        svc.deploy(load_pipeline(cfg))
+        errors: list[str] = []
+        done: list[int] = []
+        threads = _open_loop(svc, 7.5, 3.0, errors, done)  # 0.3 x 25
+        threads += _open_loop(svc, 20.0, 4.0, errors, done)  # 0.8 x 25
+        for th in threads:
+            th.join(60)
+        decisions = svc.autoscaler.decisions("step")
+        assert not errors, errors[:3]
+        assert len(done) == len(threads)
+        acts = [d["action"] for d in decisions]
+        assert "tuner_scale_out" in acts, decisions
+        first = acts.index("tuner_scale_out")
+        assert "scale_out" not in acts[:first], decisions
+        tuned = decisions[first]
+        assert tuned["observed"] > tuned["sustainable"]
+        assert tuned["window_s"] in (0.25, 0.5, 1.0, 2.0, 5.0)
