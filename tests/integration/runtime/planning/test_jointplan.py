@@ -82,3 +82,39 @@ def test_a_pipeline_that_fits_in_no_way_is_named(two: tuple[Path, Path]) -> None
     )  # fmt: skip
     assert isinstance(r.exception, InfScalerError), r.output
     assert "pipeline b: no configuration meets its SLO" in str(r.exception)
+
+
+def test_deploy_time_plans_the_set_together_and_keeps_each_decision(
+    two: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.device import load_profile
+    from infscaler.service.deploy import DeployMixin
+
+    class Deployer(DeployMixin):  # the planning part of the service, no instances
+        objective = "auto"
+        device = load_profile("cpu-host")
+        state_dir = tmp_path / "state"
+        cpu_wake_latency_planned_us = None
+
+    a_yaml, _ = two
+    a = load_pipeline(yaml.safe_load(a_yaml.read_text()))
+    b = load_pipeline({**yaml.safe_load(a_yaml.read_text()), "name": "b", "priority": 2})
+    d, said = Deployer(), []
+    assert d.plan_set([a, b], said.append) == ["a", "b"]
+    assert any(line.startswith("2 pipelines within the cap") for line in said), said
+    planned = {c.name: d._planned(c, said.append) for c in (a, b)}
+    for name, (cfg, live) in planned.items():
+        assert cfg.name == name and cfg.stages[0].threads >= 1
+        assert live is not None and live.other is None  # nothing to switch to in a set
+        assert "-set-" in live.path.name and live.path.is_file()
+    # taken once: a later deploy of the same pipeline alone plans it alone
+    assert "a" not in d._set_planned
+    # the kept decisions are reused: nothing measured again, the same configurations
+    said.clear()
+    d.plan_set([a, b], said.append)
+    assert sum("kept in" in ln for ln in said) == 2, said
+    assert not any("measuring" in ln or "timing" in ln for ln in said), said
+    assert d._planned(b, said.append)[0] == planned["b"][0]
+    # one pipeline left to the planner is planned alone at its deploy, as before
+    assert Deployer().plan_set([a], said.append) == []
