@@ -117,7 +117,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "plan": (
         "infscaler.cli.plan",
-        "Plan the starting configuration: per unit engine, instances and batch with the least memory whose simulated P99 meets --slo at --rate within the device's cap. With --fleet: place many streams on many nodes (each planned as above).",
+        "Plan the starting configuration: per unit engine, instances and batch with the least memory whose simulated P99 meets --slo at --rate within the device's cap. Several pipelines: one configuration each, together within the cap, by priority. With --fleet: place many streams on many nodes (each planned as above).",
     ),
     "watch-pipelines": (
         "infscaler.cli.fleet",

@@ -191,14 +191,38 @@ def _print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
 
 
 PipelineArg = Annotated[
-    str,
+    list[str] | None,
     typer.Argument(
         help="PIPELINE.yaml, MODEL.onnx, a bundled model alias, a plan directory, or "
-        "`ocr` (what `serve` takes). Not with --fleet."
+        "`ocr` (what `serve` takes); several: planned together within the device's cap "
+        "(docs/scaling.md). Not with --fleet.",
+        show_default=False,
     ),
 ]
-RateOpt = Annotated[str, typer.Option("--rate", help="Mean arrival rate: 40/s (or 40, 2400/min).")]
-SloOpt = Annotated[str, typer.Option("--slo", help="End-to-end P99 SLO: 200ms or 0.2s.")]
+RateOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--rate",
+        help="Mean arrival rate: 40/s (or 40, 2400/min); with several pipelines NAME=RATE "
+        "per pipeline (repeatable; none: its max rate).",
+        show_default=False,
+    ),
+]
+SloOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--slo",
+        help="End-to-end P99 SLO: 200ms or 0.2s; with several pipelines NAME=SLO "
+        "(repeatable; default: the pipeline's own slo).",
+        show_default=False,
+    ),
+]
+TopOpt = Annotated[
+    int,
+    typer.Option(
+        "--top", help="Several pipelines: candidates per pipeline the joint choice tries."
+    ),
+]
 DeviceOpt = Annotated[
     str | None,
     typer.Option("--device", help="Device profile whose cap applies (default cpu-host)."),
@@ -290,9 +314,9 @@ RefineOpt = Annotated[
 
 @app.command("plan")
 def plan_cmd(
-    pipeline: PipelineArg = "",
-    rate: RateOpt = "",
-    slo: SloOpt = "",
+    pipelines: PipelineArg = None,
+    rates: RateOpt = None,
+    slos: SloOpt = None,
     device: DeviceOpt = None,
     arrivals: ArrivalsOpt = "poisson",
     duration: DurationOpt = None,
@@ -312,10 +336,21 @@ def plan_cmd(
     max_partitions: MaxPartitionsOpt = 3,
     frontend_ms: FrontendOpt = None,
     refine: RefineOpt = 3,
+    top: TopOpt = 6,
 ) -> None:
     """Plan the starting configuration: per unit engine, instances and batch with the
     least memory whose simulated P99 meets --slo at --rate within the device's cap.
+    Several pipelines: one configuration each, together within the cap, by priority.
     With --fleet: place many streams on many nodes (each planned as above)."""
+    if len(pipelines or []) > 1 and fleet is None:
+        code = _plan_set(pipelines or [], rates or [], slos or [], device, explain, as_json,
+                         objective, max_partitions, frontend_ms, refine, arrivals, seed,
+                         handover_ms, top)  # fmt: skip
+        if code:
+            raise typer.Exit(code)
+        return
+    pipeline = (pipelines or [""])[0]
+    rate, slo = _one(rates, "--rate"), _one(slos, "--slo")
     if fleet is not None:
         if pipeline or rate or slo or device:
             raise InfScalerError(
@@ -388,6 +423,41 @@ def plan_cmd(
     if not res.feasible:
         err.print(f"[bold red]infeasible:[/] {res.reason}", highlight=False)
         raise typer.Exit(1)
+
+
+def _one(values: list[str] | None, option: str) -> str:
+    """The one value of ``option`` for one pipeline ("" when not given).
+
+    Raises:
+        InfScalerError: given more than once.
+    """
+    if values and len(values) > 1:
+        raise InfScalerError(f"{option} given {len(values)} times for one pipeline",
+                             hint=f"NAME= values are for several pipelines: {option} X once")  # fmt: skip
+    return values[0] if values else ""
+
+
+def _plan_set(
+    pipelines: list[str], rates: list[str], slos: list[str], device: str | None,
+    explain: bool, as_json: bool, objective: str | None, max_partitions: int,
+    frontend_ms: float | None, refine: int, arrivals: str, seed: int, handover_ms: float,
+    top: int,
+) -> int:  # fmt: skip
+    """Several pipelines planned together (:func:`infscaler.cli.planset.plan_set_cmd`),
+    the search's arguments checked as for one (:func:`_search_args`)."""
+    from infscaler.cli.planset import plan_set_cmd
+
+    _, _, objectives, fe = _search_args(
+        "1x", None, objective or "auto", refine, max_partitions, frontend_ms, handover_ms,
+        arrivals, seed,
+    )  # fmt: skip
+    if top < 1:
+        raise InfScalerError(f"--top must be >= 1, got {top}")
+    search = {"objectives": objectives, "refine": refine, "frontend_ms": fe, "seed": seed,
+              "arrivals": arrivals, "handover_ms": handover_ms,
+              "max_partitions": max_partitions}  # fmt: skip
+    return plan_set_cmd(pipelines, rates=rates, slos=slos, device=device, explain=explain,
+                        as_json=as_json, search=search, top_k=top)  # fmt: skip
 
 
 def _rate_plan_args(

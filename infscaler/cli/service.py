@@ -617,6 +617,7 @@ async def _serve(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
             f"pool {pool_mb} MB)"
         )
+        await loop.run_in_executor(None, _plan_together, service, configs)
         for cfg in configs:
             notifier.status(f"deploying {cfg.name}")
 
@@ -670,6 +671,12 @@ async def _serve(
             await runner.cleanup()
         with contextlib.suppress(OSError):
             os.unlink(socket_path)
+
+
+def _plan_together(service: Any, configs: list[Any]) -> None:
+    """The pipelines given that are left to the planner, planned together within the
+    cap before any deploys (:meth:`infscaler.service.deploy.DeployMixin.plan_set`)."""
+    service.plan_set(configs, lambda m: err.print(f"  {m}", highlight=False))
 
 
 # -- client commands ----------------------------------------------------------------------

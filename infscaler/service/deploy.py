@@ -28,7 +28,12 @@ from infscaler.base.config import PipelineConfig
 from infscaler.base.device import check_pipeline, load_profile
 from infscaler.base.errors import ConfigError, ServiceError
 from infscaler.engines import engine_availability
-from infscaler.runtime.planning.autoplan import live_plan, needs_planning, plan_pipeline
+from infscaler.runtime.planning.autoplan import (
+    live_plan,
+    needs_planning,
+    plan_pipeline,
+    plan_set,
+)
 from infscaler.runtime.scaling.monitor import Monitor
 from infscaler.runtime.serving.pipeline import CompiledPipeline, compile_pipeline
 from infscaler.runtime.serving.route import Route
@@ -241,6 +246,9 @@ class DeployMixin:
 
         if self.objective != "auto" or not needs_planning(cfg):
             return cfg, None
+        together = getattr(self, "_set_planned", {}).pop(cfg.name, None)
+        if together is not None and together[0] == cfg.model_dump_json():
+            return together[1], together[2]
 
         progress(f"planning {cfg.name}: K, cuts, threads and instances for its SLO")
         device = self.device or load_profile("cpu-host")
@@ -262,6 +270,39 @@ class DeployMixin:
             wake_latency_us=self.cpu_wake_latency_planned_us,
         )
         return planned, live
+
+    def plan_set(
+        self,
+        cfgs: Sequence[PipelineConfig],
+        progress: Callable[[str], None] = lambda _m: None,
+        allowed_functions: Sequence[str] | None = None,
+    ) -> list[str]:
+        """Plan the pipelines of ``cfgs`` left to the planner together within the
+        device's cap (:func:`infscaler.runtime.planning.autoplan.plan_set`), when there
+        are at least two and the objective is ``auto``; a later :meth:`deploy` of each
+        (the same configuration) deploys that choice. Returns the names planned together
+        (empty: each is planned alone at its deploy, as before).
+
+        Raises:
+            InfScalerError: a pipeline that fits beside the others in no way (named).
+        """
+        left = [c for c in cfgs if needs_planning(c)]
+        if self.objective != "auto" or len(left) < 2:
+            return []
+        device = self.device or load_profile("cpu-host")
+        planned = plan_set(
+            left,
+            device=device,
+            state_dir=self.state_dir,
+            allowed_functions=allowed_functions,
+            progress=progress,
+            wake_latency_us=self.cpu_wake_latency_planned_us,
+        )
+        kept = getattr(self, "_set_planned", {})
+        for c in left:
+            kept[c.name] = (c.model_dump_json(), *planned[c.name])
+        self._set_planned = kept
+        return [c.name for c in left]
 
     def _check_fits(self, compiled: CompiledPipeline, old: Deployment | None) -> list[str]:
         """Refuse (ConfigError) a pipeline whose engines, precisions, instances, cores or

@@ -61,6 +61,7 @@ from infscaler.base.errors import InfScalerError
 from infscaler.base.slo import SLO, parse_slo
 from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.profiler import usable_cores
+from infscaler.runtime.planning.candidates import Limits
 from infscaler.runtime.planning.decisions import (
     cap_changed,
     decision_path,
@@ -69,9 +70,11 @@ from infscaler.runtime.planning.decisions import (
     write_json,
 )
 from infscaler.runtime.planning.inputs import PlannerInputs, planner_inputs
+from infscaler.runtime.planning.jointplan import JointPlan, Member, plan_together
 from infscaler.runtime.planning.livecheck import Expected, expected_from
 from infscaler.runtime.planning.planner import ModelStage, cpu_cores, resource_cap
 from infscaler.runtime.planning.stageprofile import search_measured
+from infscaler.runtime.scaling.types import ResourceCap
 from infscaler.runtime.serving.pipeline import keyed_plan_dir
 
 __all__ = [
@@ -84,6 +87,8 @@ __all__ = [
     "needs_planning",
     "plan_measured",
     "plan_pipeline",
+    "plan_set",
+    "plan_set_measured",
     "runner_up",
     "stage_order",
     "whole_config",
@@ -587,18 +592,7 @@ def live_plan(
     path = decision_path(
         cfg, device, state_dir, rate, objectives, wake_latency_us, allowed_functions
     )
-    try:
-        live = json.loads(path.read_text())["live"]
-        serving = Expected.from_dict(live["serving"])
-        other = live.get("other")
-        return LivePlan(
-            path,
-            serving,
-            None if other is None else Expected.from_dict(other),
-            None if other is None else dict(other["pipeline"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return _live_at(path)
 
 
 def keep_live(plan: LivePlan, serving_pipeline: dict[str, Any], reason: str) -> None:
@@ -625,3 +619,186 @@ def keep_live(plan: LivePlan, serving_pipeline: dict[str, Any], reason: str) -> 
         data["chosen"] = f"{plan.serving.label} (the live check's choice: {reason})"
         data.pop("identity", None)
     write_json(plan.path, data)
+
+
+# -- a set of pipelines planned together --------------------------------------------------
+
+
+def set_shares(n: int) -> tuple[float, ...]:
+    """The shares of the cap each of ``n`` pipelines planned together is searched
+    within: the whole cap, half, and 1/n (so that the equal split is always among the
+    candidates), largest first."""
+    return tuple(sorted({1.0, 0.5, 1.0 / max(1, n)}, reverse=True))
+
+
+def share_of(cap: ResourceCap, f: float) -> ResourceCap:
+    """``f`` of ``cap``'s free memory (MB, the memory in use kept), instance slots per
+    engine and thread slots, each at least 1 (an unlimited one stays unlimited)."""
+    free = cap.memory_cap_mb - cap.memory_used_mb
+    return ResourceCap(
+        memory_cap_mb=cap.memory_used_mb + free * f,
+        memory_used_mb=cap.memory_used_mb,
+        max_instances={e: max(1, int(n * f + 1e-9)) for e, n in cap.max_instances.items()},
+        cores=max(1, int(cap.cores * f + 1e-9)) if cap.cores else 0,
+        physical_cores=max(1, int(cap.physical_cores * f + 1e-9)) if cap.physical_cores else 0,
+    )
+
+
+def plan_set_measured(
+    cfgs: Sequence[Any],
+    slos: Sequence[SLO],
+    *,
+    rates: Sequence[float | None],
+    device: Any,
+    cap: Any = None,
+    state_dir: Path | None = None,
+    allowed_functions: Sequence[str] | None = None,
+    wake_latency_us: int | None = None,
+    progress: Callable[[str], None] = lambda _m: None,
+    searching: Callable[[str, float, float], AbstractContextManager[Any]] = (
+        lambda _n, _slo, _f: nullcontext()
+    ),
+    top_k: int = 6,
+    **search: Any,
+) -> tuple[list[MeasuredSearch], JointPlan]:
+    """The pipelines ``cfgs`` planned together within one cap: each measured once
+    (:func:`~infscaler.runtime.planning.inputs.planner_inputs`), searched at its SLO
+    (``slos``) and rate (``rates``; None: its max rate) within each share of the cap
+    (:func:`set_shares`, :func:`share_of`, on that share of the cpu cores), and one
+    configuration per pipeline chosen among the candidates of all shares by
+    :func:`~infscaler.runtime.planning.jointplan.plan_together` (each pipeline's
+    ``priority``; the thread slots and physical cores of the whole cap).
+
+    Returns ``(per pipeline the search within the whole cap, with the candidates of
+    every share in its outcome's candidates, the joint plan)``.
+
+    Args:
+        searching: given a pipeline's name, its SLO in ms and the share, what its
+            search runs within.
+        top_k: candidates per pipeline the joint choice tries.
+        search: the search's other arguments (``objectives``, ``refine``, ...).
+
+    Raises:
+        InfScalerError: as :func:`plan_measured`, and as
+            :func:`~infscaler.runtime.planning.jointplan.plan_together` (a pipeline that
+            fits in no way, named).
+    """
+    cores = cpu_cores(device) or usable_cores()
+    cap = resource_cap(device) if cap is None else cap
+    shares = set_shares(len(cfgs))
+    found, members = [], []
+    for cfg, slo, rate in zip(cfgs, slos, rates, strict=True):
+        inp = planner_inputs(
+            cfg, device=device, state_dir=state_dir, allowed_functions=allowed_functions,
+            progress=progress, wake_latency_us=wake_latency_us,
+        )  # fmt: skip
+        for note in inp.notes:
+            progress(f"{cfg.name}: {note}")
+        slo_ms = slo.resolve(inp.base_ms)
+        assert slo_ms is not None
+        outcomes = []
+        for f in shares:
+            with searching(cfg.name, slo_ms, f):
+                outcome, stages = search_measured(
+                    inp.stages, inp.paths, slo_ms, share_of(cap, f), shapes=inp.shapes,
+                    progress=progress, cores=max(1, int(cores * f + 1e-9)), whole=inp.whole,
+                    rate=rate, **search,
+                )  # fmt: skip
+            outcomes.append((outcome, stages))
+        whole, stages = outcomes[0]
+        merged = tuple(c for o, _ in outcomes for c in o.candidates)
+        found.append(
+            MeasuredSearch(inp, slo_ms, dataclasses.replace(whole, candidates=merged), stages)
+        )
+        members.append(Member(cfg.name, int(getattr(cfg, "priority", 1)), merged, rate))
+    limits = Limits.of(cap, cores, 1.0)
+    joint = plan_together(members, cap, thread_slots=limits.thread_slots, cores=cores, top_k=top_k)
+    return found, joint
+
+
+def _set_decision_path(cfg: Any, cfgs: Sequence[Any], **key: Any) -> Path:
+    """Where the decision for ``cfg`` planned together with ``cfgs`` is kept: beside its
+    own decision (:func:`~infscaler.runtime.planning.decisions.decision_path`), keyed by
+    the others' decision paths too (a pipeline planned alone, or with another set, is
+    another decision)."""
+    import hashlib
+
+    own = decision_path(cfg, **key)
+    others = sorted(str(decision_path(c, **key).name) for c in cfgs if c.name != cfg.name)
+    digest = hashlib.sha256("\n".join(others).encode()).hexdigest()[:12]
+    return own.with_name(f"{own.stem}-set-{digest}.json")
+
+
+def plan_set(
+    cfgs: Sequence[Any],
+    *,
+    device: Any,
+    state_dir: Path,
+    objectives: tuple[str, ...] = ("eq1", "minmax", "weights"),
+    allowed_functions: Sequence[str] | None = None,
+    progress: Callable[[str], None] = lambda _m: None,
+    reuse: bool = True,
+    wake_latency_us: int | None = None,
+) -> dict[str, tuple[Any, LivePlan | None]]:
+    """Deploy-time planning of several pipelines that :func:`needs_planning` together
+    within the device's cap (:func:`plan_set_measured`, at their max rates): per
+    pipeline name, ``(the planned PipelineConfig, its LivePlan)``.
+
+    Each decision is kept per pipeline as :func:`plan_pipeline` keeps it, keyed by the
+    set too (:func:`_set_decision_path`), and reused while every pipeline's still holds
+    (:func:`_kept_decision`: under the memory cap now, its plan directories there). The
+    kept decision records the configuration serving, no runner-up: the live check has
+    nothing to switch to (another configuration of one pipeline may not fit beside the
+    others').
+
+    Raises:
+        InfScalerError: a pipeline without an SLO, or one that fits in no way (named).
+    """
+    specs = []
+    for cfg in cfgs:
+        spec = parse_slo(cfg.slo)
+        if spec.ms is None and spec.factor is None:
+            raise InfScalerError(f"pipeline {cfg.name}: the planner needs an SLO",
+                                 hint="e.g. slo: 200ms or slo: 3x")  # fmt: skip
+        specs.append(spec)
+    key = {"device": device, "state_dir": state_dir, "rate": None, "objectives": objectives,
+           "wake_latency_us": wake_latency_us, "allowed_functions": allowed_functions}  # fmt: skip
+    paths = {cfg.name: _set_decision_path(cfg, cfgs, **key) for cfg in cfgs}
+    cap = resource_cap(device)
+    if reuse and all(p.is_file() for p in paths.values()):
+        kept = {c.name: _kept_decision(c, paths[c.name], cap.memory_cap_mb, progress) for c in cfgs}
+        if all(v is not None for v in kept.values()):
+            return {n: (v, _live_at(paths[n])) for n, v in kept.items()}
+    names = ", ".join(c.name for c in cfgs)
+    progress(f"planning {names} together within the device's cap")
+    found, joint = plan_set_measured(
+        cfgs, specs, rates=[None] * len(cfgs), device=device, cap=cap, state_dir=state_dir,
+        allowed_functions=allowed_functions, wake_latency_us=wake_latency_us,
+        progress=progress, objectives=objectives,
+    )  # fmt: skip
+    for line in joint.explain:
+        progress(line)
+    out = {}
+    for cfg, ms, choice in zip(cfgs, found, joint.choices, strict=True):
+        data = candidate_pipeline(cfg, ms.inputs, choice.candidate, state_dir, device, progress)
+        live = {"serving": expected_from(choice.candidate).to_dict(), "set": choice.why}
+        keep_decision(paths[cfg.name], data, choice.candidate, cap.memory_cap_mb, live)
+        out[cfg.name] = (validate_pipeline(data, f"pipeline {cfg.name} (planned)"),
+                         _live_at(paths[cfg.name]))  # fmt: skip
+    return out
+
+
+def _live_at(path: Path) -> LivePlan | None:
+    """The :class:`LivePlan` of the decision kept at ``path`` (None: none readable)."""
+    try:
+        live = json.loads(path.read_text())["live"]
+        serving = Expected.from_dict(live["serving"])
+        other = live.get("other")
+        return LivePlan(
+            path,
+            serving,
+            None if other is None else Expected.from_dict(other),
+            None if other is None else dict(other["pipeline"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
