@@ -28,6 +28,8 @@ cores are free), then the taker's ``scale_out``: the cap holds at every instant.
 half is kept as a decision (``arbitrate_give`` / ``arbitrate_take`` with the move's
 reason) and counted per (giver, taker) for ``/metrics``
 (``infscaler_arbitration_moves_total``). One pipeline alone: nothing changes.
+``INFSCALER_ARBITRATION=off`` in the service's environment turns the arbitration off
+(each pipeline scales alone, as before it existed): for benchmarks that compare the two.
 
 Decisions are logged and the last ones are kept for ``infscaler status``. Like Ray
 Serve's controller, this loop applies what the policy decides and decides nothing.
@@ -38,6 +40,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 from dataclasses import asdict, replace
@@ -119,6 +122,8 @@ class Autoscaler:
         #: the arbitration between pipelines: each pipeline's last view, the loans in
         #: force, whether a move is being applied, and moves per (giver, taker)
         self.arbitration_config = ArbitrationConfig()
+        #: False with ``INFSCALER_ARBITRATION=off`` (benchmarks: per-pipeline scaling only)
+        self.arbitration_on = os.environ.get("INFSCALER_ARBITRATION", "on").lower() != "off"
         self._views: dict[str, PipelineView] = {}
         self._arb = ArbitrationState()
         self._arb_busy = False
@@ -556,7 +561,10 @@ class Autoscaler:
         """One look of the arbitration (:func:`~infscaler.runtime.scaling.arbitration.
         arbitrate`) over the auto-scaled pipelines' last views, when there are two or
         more and one is blocked at the cap or a loan is in force, and no move is being
-        applied; its move is applied in a thread (:meth:`_move`). Returns the moves."""
+        applied; its move is applied in a thread (:meth:`_move`). Returns the moves
+        (none while :attr:`arbitration_on` is False)."""
+        if not self.arbitration_on:
+            return []
         deps = {
             d.name: d
             for d in self.service.deployments()

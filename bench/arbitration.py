@@ -1,0 +1,581 @@
+"""Two pipelines on one device under one cap: does the arbitration between pipelines
+(priorities, ``runtime/scaling/arbitration.py``) keep the high-priority pipeline's SLO
+through a step in its load, and at what cost to the low-priority one?
+
+Two pipelines are served by one ``infscaler serve`` on this host's cores: ``--high``
+(PP-OCRv4 det, the bundled ``ppocrv4-det``) at ``priority: 1`` with SLO ``--high-slo-x``
+(2) x its L0, and ``--low`` (ResNet-50, the onnx wheel's light model) at ``priority: 2``
+with SLO ``--low-slo-x`` (5) x its L0. Each is the whole model in single-thread
+instances. The cap is the host's ``cpu-host`` profile with ``--slots`` (3) cpu instance
+slots for both pipelines together (``max_instances`` of its cpu engine), written as a
+device YAML and served with ``--device``; the autoscaled arms set ``oversubscribe`` so
+that the slots, not the physical cores, are the cap.
+
+1. **Calibration** (in this process, before any service): L0 of each model, the median
+   latency of one session at 1 intra-op thread (``scaling.calibrate``).
+2. **Capacities**, served: a static service with the high pipeline at ``--slots`` - 1
+   instances and the low one at 1; closed loop (``infscaler.api.loadgen``'s concurrency
+   mode through ``overload.closed_loop``) on each alone: C_high with ``--slots`` - 1
+   clients, C_low with 1 client.
+3. **Step scenario**, per arm: Poisson arrivals (``loadgen.arrival_times``) at
+   ``--low-load`` (0.5) x C_low on the low pipeline for the whole window, and on the high
+   one ``--before`` (0.3) x C_high for ``--pre-s`` then ``--after`` (0.8) x C_high for
+   ``--post-s``. Each request on its own connection (``overload.one``), binary tensor
+   data. Arms, one fresh service each:
+
+   * ``arbitration``: both pipelines ``slo`` + ``autoscale`` (``scaling.AUTOSCALE``
+     timings) with priorities 1 and 2;
+   * ``per-pipeline``: the same with ``INFSCALER_ARBITRATION=off`` in the service's
+     environment (each pipeline's scaler alone; equal priorities would still arbitrate);
+   * ``static`` (the best split by hand): every split (h, l) with h + l = ``--slots``,
+     h, l >= 1, fixed instances, no autoscale, each pipeline with its SLO for admission;
+     the best by the high pipeline's attainment after the step, then the low's goodput.
+
+4. **Trace scenario** (``arbitration`` and ``per-pipeline``): the two busiest functions
+   of the Azure Functions 2019 trace (``runtime.planning.arrivals``, per-minute counts),
+   ``--trace-minutes`` minutes from ``--trace-start``, each minute replayed in
+   ``--minute-s`` s and scaled to a mean of ``--trace-load`` (0.55) x that pipeline's
+   capacity: the busiest onto the high pipeline, the second onto the low.
+
+Outcomes per arm: the high pipeline's SLO attainment (answered with 200 within its SLO
+/ sent; a refusal is a miss) before and after the step; its recovery time (from the
+step to the start of the first 1-s window after which every window's attainment is >=
+0.95; none when it never recovers); each pipeline's goodput (answers within its SLO /
+s); the moves (``arbitrate_give`` / ``arbitrate_take`` decisions from ``status``,
+polled every second, with their times since the window's start) and every other scaler
+decision. Ratios: each arm's outcome over the ``per-pipeline`` arm's in the same run.
+CPU of the service, its instances, the load generator (this process) and every other
+process is sampled every 0.5 s (``overload.Sampler``, ``_common`` counters).
+
+Writes ``results/arbitration.json`` and ``.png`` (``--quick``: ``_quick``, short windows:
+proves the script runs, no result).
+
+```sh
+.venv/bin/python bench/arbitration.py --quick    # a few minutes
+.venv/bin/python bench/arbitration.py            # the full run (~25 min), a quiet host
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overload as ov  # noqa: E402
+import same_config as sw  # noqa: E402
+import scaling as sc  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    default_cache_dir,
+    environment,
+    print_table,
+    wait_for_quiet,
+    write_json,
+)
+
+HIGH, LOW = "high", "low"
+#: attainment a 1-s window must keep, from the recovery on
+RECOVERED = 0.95
+
+
+# -- configurations --------------------------------------------------------------------------
+
+
+def device_yaml(slots: int, path: Path) -> Path:
+    """The host profile with ``slots`` cpu instance slots (the shared cap), as a YAML."""
+    from infscaler.base.device import host_profile
+
+    p = host_profile()
+    why = f"bench/arbitration.py: the shared cap, {slots} cpu instances for both pipelines"
+    acc = [
+        a.model_copy(
+            update={"max_instances": slots, "sources": {**a.sources, "max_instances": why}}
+        )
+        for a in p.accelerators
+    ]
+    p = p.model_copy(update={"name": "cpu-host-arbitration", "accelerators": acc})
+    path.write_text(yaml.safe_dump(p.model_dump(mode="json", exclude_none=True)))
+    return path
+
+
+def auto_pipeline(model: str, name: str, slo_ms: float, priority: int, slots: int) -> dict:
+    """The whole model, single-thread instances, autoscaled (1 to ``slots`` - 1)."""
+    auto = {**sc.AUTOSCALE, "oversubscribe": True}
+    cfg = sc.pipeline(model, name, 1, 1, slo_ms, auto, max_instances=slots - 1, whole=True)
+    raw = cfg.model_dump(mode="json", exclude_none=True)
+    raw["priority"] = priority
+    return raw
+
+
+def static_pipeline(model: str, name: str, slo_ms: float | None, priority: int, n: int) -> dict:
+    """The whole model at ``n`` fixed single-thread instances, SLO (None: none) for
+    admission only."""
+    raw = sw.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
+    raw["priority"] = priority
+    return raw
+
+
+class Served:
+    """The two pipelines in one ``infscaler serve`` (``env``: extra environment)."""
+
+    def __init__(self, tmp: Path, tag: str, pipes: list[dict], device: Path, env: dict) -> None:
+        self.tmp = tmp
+        targets = []
+        for pipe in pipes:  # one pipeline YAML per target
+            targets.append(tmp / f"{tag}-{pipe['name']}.yaml")
+            targets[-1].write_text(yaml.safe_dump(pipe))
+        self.sock = str(tmp / f"{tag}.sock")
+        self.log = tmp / f"{tag}.log"
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            self.svc = ov.Service(
+                str(targets[0]),
+                [*map(str, targets[1:]), "--device", str(device), "--drain-timeout", "5"],
+                self.sock,
+                self.log,
+            )
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.decisions: dict[tuple, dict] = {}
+        self._stop = threading.Event()
+        self._poll: threading.Thread | None = None
+
+    def start(self) -> Served:
+        self.svc.wait_ready(600)
+        self._poll = threading.Thread(target=self._poll_status, daemon=True)
+        self._poll.start()
+        return self
+
+    def _poll_status(self) -> None:
+        """Every decision ``status`` shows (it keeps the last 10 per pipeline), polled."""
+        from infscaler.api.client import Client
+
+        while not self._stop.wait(1.0):
+            with contextlib.suppress(Exception), Client(self.sock, timeout=5) as c:
+                for p in c.status().get("pipelines", []):
+                    for d in p.get("decisions", []):
+                        key = (p.get("name"), d.get("time"), d.get("action"), d.get("unit"))
+                        self.decisions[key] = {"pipeline": p.get("name"), **d}
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        if self._poll is not None:
+            self._poll.join(10)
+        out = self.svc.stop()
+        out["log_tail"] = self.log.read_text().splitlines()[-30:]
+        return out
+
+
+# -- load ------------------------------------------------------------------------------------
+
+
+async def replay(sock: str, model: str, req: tuple[bytes, dict], times: np.ndarray) -> list[dict]:
+    """One request per arrival time (s from now), each on its own connection; rows
+    ``{"t_s", "outcome", "ms"}`` (latency from the send)."""
+    body, headers = req
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+
+    async def fire(t: float) -> None:
+        out, ms, _ = await ov.one(sock, model, body, headers, 60)
+        rows.append({"t_s": round(t, 4), "outcome": out, "ms": round(ms, 2)})
+
+    tasks = []
+    for t in times:
+        delay = t0 + float(t) - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(fire(float(t))))
+    await asyncio.gather(*tasks)
+    return sorted(rows, key=lambda r: r["t_s"])
+
+
+def step_times(c_high: float, c_low: float, a: argparse.Namespace) -> dict[str, np.ndarray]:
+    """The step scenario's arrival times per pipeline (module docstring, step 3)."""
+    from infscaler.api.loadgen import arrival_times
+
+    pre = arrival_times("poisson", a.before * c_high, a.pre_s, a.seed)
+    post = arrival_times("poisson", a.after * c_high, a.post_s, a.seed + 1) + a.pre_s
+    low = arrival_times("poisson", a.low_load * c_low, a.pre_s + a.post_s, a.seed + 2)
+    return {HIGH: np.concatenate([pre, post]), LOW: low}
+
+
+def busiest_functions(n: int = 2) -> list[str]:
+    """Hashes of the ``n`` functions with the most invocations in the Azure trace."""
+    from infscaler.runtime.planning import arrivals
+
+    p = arrivals._trace_file(None, arrivals.AZURE_FUNCTIONS_FILE)
+    with arrivals._open_text(p) as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        h, col0 = header.index("HashFunction"), header.index("Trigger") + 1
+        totals = sorted(((sum(map(int, r[col0:])), r[h]) for r in reader if r), reverse=True)
+    return [fn for _, fn in totals[:n]]
+
+
+def trace_times(fn: str, mean_rps: float, a: argparse.Namespace, seed: int) -> np.ndarray:
+    """Function ``fn``'s minutes, each replayed in ``--minute-s`` s, at ``mean_rps``."""
+    from infscaler.runtime.planning import arrivals
+
+    t = arrivals.azure_functions(
+        function=fn, start_min=a.trace_start, minutes=a.trace_minutes, seed=seed
+    )
+    t = t * (a.minute_s / 60.0)
+    window = a.trace_minutes * a.minute_s
+    if t.size == 0:
+        return t
+    keep = int(round(mean_rps * window))  # thin or repeat to the target mean
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(t.size, size=keep, replace=keep > t.size)
+    return np.sort(t[idx] + (rng.random(keep) * 1e-3 if keep > t.size else 0.0))
+
+
+# -- outcomes --------------------------------------------------------------------------------
+
+
+def _within(rows: list[dict], slo_ms: float) -> list[bool]:
+    return [r["outcome"] == "ok" and r["ms"] <= slo_ms for r in rows]
+
+
+def attainment(rows: list[dict], slo_ms: float) -> float | None:
+    """Fraction of ``rows`` answered with 200 within ``slo_ms`` (None: no rows)."""
+    ok = _within(rows, slo_ms)
+    return round(sum(ok) / len(ok), 4) if ok else None
+
+
+def recovery_s(rows: list[dict], slo_ms: float, step_s: float, end_s: float) -> float | None:
+    """Seconds from ``step_s`` to the start of the first 1-s window (by send time) after
+    which every window up to ``end_s`` has attainment >= :data:`RECOVERED` (None: never)."""
+    n = int(math.floor(end_s - step_s))
+    att = []
+    for w in range(n):
+        lo, hi = step_s + w, step_s + w + 1
+        att.append(attainment([r for r in rows if lo <= r["t_s"] < hi], slo_ms))
+    for w in range(n):
+        if all(x is None or x >= RECOVERED for x in att[w:]):
+            return float(w)
+    return None
+
+
+def outcomes(
+    rows: dict[str, list], slo: dict[str, float], step_s: float | None, end_s: float
+) -> dict[str, Any]:
+    """Per pipeline: sent, attainment (before / after ``step_s`` when given), goodput,
+    outcomes; for the high one, the recovery time after the step."""
+    out: dict[str, Any] = {}
+    for name, rs in rows.items():
+        ok = _within(rs, slo[name])
+        e: dict[str, Any] = {
+            "sent": len(rs),
+            "attainment": attainment(rs, slo[name]),
+            "goodput_rps": round(sum(ok) / end_s, 3),
+            "outcomes": {o: sum(r["outcome"] == o for r in rs) for o in {r["outcome"] for r in rs}},
+        }
+        if step_s is not None:
+            e["attainment_before"] = attainment([r for r in rs if r["t_s"] < step_s], slo[name])
+            e["attainment_after"] = attainment([r for r in rs if r["t_s"] >= step_s], slo[name])
+            if name == HIGH:
+                e["recovery_s"] = recovery_s(rs, slo[name], step_s, end_s)
+        out[name] = e
+    return out
+
+
+def run_window(
+    served: Served, reqs: dict, times: dict[str, np.ndarray], slo: dict, step_s: float | None
+) -> dict[str, Any]:
+    """Both pipelines' arrivals at once on ``served``; outcomes, moves and decisions."""
+    end_s = max(float(t[-1]) for t in times.values() if t.size) + 1e-9
+    wall0 = time.time()
+
+    async def both() -> list[list[dict]]:
+        return await asyncio.gather(
+            *(replay(served.sock, n, reqs[n], times[n]) for n in (HIGH, LOW))
+        )
+
+    got = asyncio.run(both())
+    rows = dict(zip((HIGH, LOW), got, strict=True))
+    time.sleep(1.5)  # the last status poll
+    decisions = sorted(
+        (
+            {**d, "t_s": round(d["time"] - wall0, 2)}
+            for d in served.decisions.values()
+            if d.get("time") and d["time"] >= wall0
+        ),
+        key=lambda d: d["t_s"],
+    )
+    moves = [
+        {k: d.get(k) for k in ("t_s", "pipeline", "action", "kind", "giver", "taker")}
+        for d in decisions
+        if d.get("action") in ("arbitrate_give", "arbitrate_take")
+    ]
+    return {
+        "outcomes": outcomes(rows, slo, step_s, end_s),
+        "moves": moves,
+        "decisions": [
+            {k: d.get(k) for k in ("t_s", "pipeline", "action", "unit")} for d in decisions
+        ],
+        "requests": rows,
+    }
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def capacities(tmp: Path, a: argparse.Namespace, device: Path, slo: dict, reqs: dict) -> dict:
+    """C_high and C_low, closed loop on a static service (module docstring, step 2)."""
+    pipes = [
+        static_pipeline(a.high, HIGH, None, 1, a.slots - 1),  # no SLO: nothing refused
+        static_pipeline(a.low, LOW, None, 2, 1),
+    ]
+    s = Served(tmp, "capacity", pipes, device, {}).start()
+    try:
+        out = {}
+        for name, clients in ((HIGH, a.slots - 1), (LOW, 1)):
+            body, headers = reqs[name]
+            asyncio.run(ov.closed_loop(s.sock, name, body, headers, 1, 4))  # warm
+            out[name] = asyncio.run(
+                ov.closed_loop(s.sock, name, body, headers, clients, a.capacity_requests)
+            )
+    finally:
+        out["stop"] = s.stop()
+    return out
+
+
+def arm(
+    tmp: Path, tag: str, pipes: list[dict], env: dict, device: Path, windows: list[tuple]
+) -> dict[str, Any]:
+    """One fresh service; each of ``windows`` ((name, reqs, times, slo, step_s)) in turn."""
+    s = Served(tmp, tag, pipes, device, env).start()
+    out: dict[str, Any] = {"pipelines": pipes, "env": env}
+    sampler = ov.Sampler(s.svc.proc.pid, 0.5).start()
+    try:
+        for name, reqs, times, slo, step_s in windows:
+            print(f"  {tag}: {name} window", flush=True)
+            out[name] = run_window(s, reqs, times, slo, step_s)
+    finally:
+        out["samples"] = sampler.stop()
+        out["stop"] = s.stop()
+    cores = [x["other_cores"] for x in out["samples"]]
+    out["other_processes_cores"] = round(float(np.mean(cores)), 3) if cores else None
+    return out
+
+
+def _key(step: dict) -> tuple:
+    h, lo = step["outcomes"][HIGH], step["outcomes"][LOW]
+    return (h.get("attainment_after") or 0.0, lo["goodput_rps"])
+
+
+def ratios(arms: dict[str, dict], scenario: str) -> dict[str, Any]:
+    """Each arm's outcomes over the ``per-pipeline`` arm's (same run)."""
+    base = arms.get("per-pipeline", {}).get(scenario)
+    out: dict[str, Any] = {}
+    if not base:
+        return out
+    for tag, e in arms.items():
+        if scenario not in e:
+            continue
+        r = {}
+        for name in (HIGH, LOW):
+            for k in ("attainment_after", "attainment", "goodput_rps"):
+                x, b = e[scenario]["outcomes"][name].get(k), base["outcomes"][name].get(k)
+                if x is not None and b:
+                    r[f"{name}_{k}"] = round(x / b, 3)
+        out[tag] = r
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--high", default="ppocrv4-det")
+    p.add_argument("--low", default="resnet50")
+    p.add_argument("--high-slo-x", type=float, default=2.0)
+    p.add_argument("--low-slo-x", type=float, default=5.0)
+    p.add_argument("--slots", type=int, default=3)
+    p.add_argument("--before", type=float, default=0.3)
+    p.add_argument("--after", type=float, default=0.8)
+    p.add_argument("--low-load", type=float, default=0.5)
+    p.add_argument("--pre-s", type=float, default=60.0)
+    p.add_argument("--post-s", type=float, default=120.0)
+    p.add_argument("--capacity-requests", type=int, default=60)
+    p.add_argument("--trace-start", type=int, default=60)
+    p.add_argument("--trace-minutes", type=int, default=20)
+    p.add_argument("--minute-s", type=float, default=15.0)
+    p.add_argument("--trace-load", type=float, default=0.55)
+    p.add_argument("--no-trace", action="store_true")
+    p.add_argument("--quiet-wait-s", type=float, default=120.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.pre_s, a.post_s, a.capacity_requests = 10.0, 20.0, 16
+        a.trace_minutes, a.minute_s, a.quiet_wait_s = 6, 5.0, 5.0
+    if a.slots < 2:
+        p.error(f"--slots must be >= 2 (one instance per pipeline at least), got {a.slots}")
+    default_cache_dir()
+    from infscaler.api.codec import encode_infer_request
+
+    quiet = wait_for_quiet(a.quiet_wait_s)
+    data: dict[str, Any] = {
+        "environment": environment(),
+        "settings": vars(a),
+        "quiet_before": quiet,
+    }
+    feeds = {HIGH: sc.model_inputs(a.high), LOW: sc.model_inputs(a.low)}
+    cal = {
+        n: sc.calibrate(m, feeds[n], 10 if a.quick else 20)
+        for n, m in ((HIGH, a.high), (LOW, a.low))
+    }
+    slo = {HIGH: a.high_slo_x * cal[HIGH]["l0_ms"], LOW: a.low_slo_x * cal[LOW]["l0_ms"]}
+    reqs = {n: encode_infer_request(f) for n, f in feeds.items()}
+    data.update(calibration=cal, slo_ms={n: round(v, 2) for n, v in slo.items()})
+    print(f"== L0 {cal[HIGH]['l0_ms']} / {cal[LOW]['l0_ms']} ms, SLO {slo}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="isc-arbitration-"))
+    device = device_yaml(a.slots, tmp / "device.yaml")
+    cap = capacities(tmp, a, device, slo, reqs)
+    c = {n: cap[n]["throughput_rps"] for n in (HIGH, LOW)}
+    if not min(c.values()) > 0:
+        raise SystemExit(f"a capacity is 0 (nothing answered): {cap}")
+    data["capacity"] = cap
+    print(f"  capacity high {c[HIGH]}/s, low {c[LOW]}/s", flush=True)
+    step = step_times(c[HIGH], c[LOW], a)
+    windows = [("step", reqs, step, slo, a.pre_s)]
+    if not a.no_trace:
+        fns = busiest_functions(2)
+        tr = {
+            n: trace_times(fn, a.trace_load * c[n], a, a.seed + i)
+            for i, (n, fn) in enumerate(zip((HIGH, LOW), fns, strict=True))
+        }
+        data["trace"] = {"functions": dict(zip((HIGH, LOW), fns, strict=True))}
+        windows.append(("trace", reqs, tr, slo, None))
+    auto = [
+        auto_pipeline(a.high, HIGH, slo[HIGH], 1, a.slots),
+        auto_pipeline(a.low, LOW, slo[LOW], 2, a.slots),
+    ]
+    arms: dict[str, dict] = {}
+    arms["arbitration"] = arm(tmp, "arbitration", auto, {}, device, windows)
+    off = {"INFSCALER_ARBITRATION": "off"}
+    arms["per-pipeline"] = arm(tmp, "per-pipeline", auto, off, device, windows)
+    static = {}
+    for h in range(1, a.slots):
+        pipes = [
+            static_pipeline(a.high, HIGH, slo[HIGH], 1, h),
+            static_pipeline(a.low, LOW, slo[LOW], 2, a.slots - h),
+        ]
+        static[f"{h}+{a.slots - h}"] = arm(tmp, f"static-{h}", pipes, {}, device, windows[:1])
+    best = max(static, key=lambda k: _key(static[k]["step"]))
+    arms["static"] = {**static[best], "split": best}
+    data["static_tried"] = {k: v["step"]["outcomes"] for k, v in static.items()}
+    data["arms"] = arms
+    data["ratios_vs_per_pipeline"] = {s: ratios(arms, s) for s in ("step", "trace")}
+    data["environment"]["load_average_at_end"] = list(os.getloadavg())
+    name = "arbitration" + ("_quick" if a.quick else "")
+    write_json(RESULTS_DIR / f"{name}.json", data)
+    plot(data, RESULTS_DIR / f"{name}.png")
+    report(data)
+    return 0
+
+
+def report(data: dict[str, Any]) -> None:
+    """The compact tables on stdout."""
+    rows = []
+    for tag, e in data["arms"].items():
+        o = e["step"]["outcomes"]
+        rows.append(
+            [
+                tag + (f" ({e['split']})" if "split" in e else ""),
+                o[HIGH]["attainment_before"],
+                o[HIGH]["attainment_after"],
+                o[HIGH]["recovery_s"],
+                o[LOW]["goodput_rps"],
+                len(e["step"]["moves"]),
+                e["other_processes_cores"],
+            ]
+        )
+    print_table(
+        [
+            "step arm",
+            "high att. before",
+            "after",
+            "recovery s",
+            "low goodput/s",
+            "moves",
+            "other cores",
+        ],
+        rows,
+    )
+    rows = [
+        [
+            tag,
+            e["trace"]["outcomes"][HIGH]["goodput_rps"],
+            e["trace"]["outcomes"][LOW]["goodput_rps"],
+            e["trace"]["outcomes"][HIGH]["attainment"],
+            len(e["trace"]["moves"]),
+        ]
+        for tag, e in data["arms"].items()
+        if "trace" in e
+    ]
+    if rows:
+        print_table(["trace arm", "high goodput/s", "low goodput/s", "high att.", "moves"], rows)
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Step scenario per arm: the high pipeline's attainment per 1-s window with the step
+    and the moves; the low pipeline's goodput per 1-s window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = data["arms"]
+    step_s = data["settings"]["pre_s"]
+    fig, axes = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    for tag, e in arms.items():
+        rows = e["step"]["requests"]
+        for ax, name in zip(axes, (HIGH, LOW), strict=True):
+            slo = data["slo_ms"][name]
+            rs = rows[name]
+            end = int(max((r["t_s"] for r in rs), default=0)) + 1
+            ys = [attainment([r for r in rs if w <= r["t_s"] < w + 1], slo) for w in range(end)]
+            label = tag + (f" {e['split']}" if "split" in e else "")
+            (line,) = ax.plot(range(end), [np.nan if y is None else y for y in ys], label=label)
+            if name == HIGH:
+                for m in e["step"]["moves"]:
+                    if m["action"] == "arbitrate_take":
+                        ax.axvline(m["t_s"], color=line.get_color(), ls=":", lw=1)
+    for ax, name in zip(axes, (HIGH, LOW), strict=True):
+        ax.axvline(step_s, color="k", lw=1)
+        ax.set_ylabel(f"{name}: attainment per 1 s")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+    axes[0].set_title(
+        f"{data['settings']['high']} (priority 1) step {data['settings']['before']} -> "
+        f"{data['settings']['after']} x C; {data['settings']['low']} (priority 2) constant; "
+        "dotted: arbitrate_take",
+        fontsize=9,
+    )
+    axes[1].set_xlabel("s since the window started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
