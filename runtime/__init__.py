@@ -17,7 +17,7 @@ nine files in this order is reading the path: ``infscaler/api/client.py``,
    (``infscaler/api/codec.py:encode_infer_request``: JSON, binary tensor data, or system
    shared memory) and sends ``POST /v2/models/{name}/infer`` on the Unix socket.
 2. ``infscaler/api/server.py:start_unix_server``: the service listens on the socket
-   (``infscaler/api/server.py:bind_unix_socket``: mode and group final before it appears);
+   (``infscaler/api/sockets.py:bind_unix_socket``: mode and group final before it appears);
    each connection is an ``infscaler/api/http.py:EdgeRequestHandler`` (read
    deadlines, the connection cap, 400 / 408 JSON for broken HTTP).
 3. ``infscaler/api/server.py:_errors``: the outer middleware; whatever a later step raises

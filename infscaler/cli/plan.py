@@ -17,7 +17,6 @@ reason is printed), 2 on bad arguments (one message and a hint, no traceback).
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,11 +29,12 @@ from rich.markup import escape
 
 from infscaler.base.device import load_profile
 from infscaler.base.errors import InfScalerError
-from infscaler.base.slo import parse_slo, slo_ms
+from infscaler.base.slo import parse_slo
 from infscaler.cli import err, out
 from infscaler.cli.client import load_image, pipeline_from_arg
 from infscaler.cli.fleetfile import expand_names, load_fleet, units_from_spec
 from infscaler.cli.tables import Col, print_table
+from infscaler.cli.units import parse_rate, parse_slo_ms
 from infscaler.partitioner.search import OBJECTIVES
 from infscaler.runtime.planning.arrivals import from_spec
 from infscaler.runtime.planning.autoplan import plan_measured
@@ -59,48 +59,10 @@ from infscaler.runtime.serving.pipeline import compile_pipeline
 #: This module's commands; :mod:`infscaler.cli` loads them when one runs.
 app = typer.Typer(add_completion=False)
 
-__all__ = ["parse_rate", "parse_slo_ms", "plan_cmd", "search_cmd"]
+__all__ = ["plan_cmd", "search_cmd"]
 
 #: Requests the default --duration simulates at least (a P99 from fewer is mostly noise).
 MIN_REQUESTS = 2000
-
-_NUMBER = r"([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)"
-
-
-def parse_rate(text: str) -> float:
-    """``40/s``, ``40``, ``40rps``, ``2400/min`` -> requests per second.
-
-    Raises:
-        InfScalerError: unreadable, zero or negative.
-    """
-    s = str(text).strip().lower()
-    if s.startswith("-"):
-        raise InfScalerError(f"the rate must be positive, got '{text}'", hint="e.g. --rate 40/s")
-    m = re.fullmatch(_NUMBER + r"\s*(/s|/sec|rps|/min|/m)?", s)
-    if not m:
-        raise InfScalerError(
-            f"cannot read rate '{text}'", hint="write requests per second: --rate 40/s or --rate 40"
-        )
-    value = float(m.group(1)) / (60.0 if m.group(2) in ("/min", "/m") else 1.0)
-    if not value > 0:
-        raise InfScalerError(f"the rate must be positive, got '{text}'", hint="e.g. --rate 40/s")
-    return value
-
-
-def parse_slo_ms(text: str) -> float:
-    """``200ms``, ``0.2s``, ``200`` (ms) -> ms (:func:`infscaler.base.slo.slo_ms`);
-    a factor (``1.5x``) or ``none`` is refused: the plan needs an absolute end-to-end SLO.
-
-    Raises:
-        InfScalerError: unreadable, zero or negative, a factor, or none.
-    """
-
-    try:
-        return slo_ms(text)
-    except InfScalerError as exc:
-        raise InfScalerError(
-            f"--slo: {exc.message}", hint="e.g. --slo 200ms or --slo 0.2s"
-        ) from None
 
 
 def _load_inputs(inputs: list[str], image: Path | None, compiled: Any) -> dict[str, np.ndarray]:

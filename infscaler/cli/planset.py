@@ -74,7 +74,7 @@ def plan_set_cmd(
             --rate / --slo, two pipelines of one name), or a pipeline that fits in no
             way beside the others (named).
     """
-    from infscaler.cli.plan import parse_rate
+    from infscaler.cli.units import parse_rate
 
     cfgs = [pipeline_from_arg(p) for p in pipelines]
     names = [c.name for c in cfgs]

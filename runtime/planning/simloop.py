@@ -15,10 +15,16 @@ import collections
 import heapq
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from infscaler.runtime.planning.simtypes import (
+    Autoscale,
+    EngineProfile,
+    UnitConfig,
+    UnitProfile,
+)
 from infscaler.runtime.scaling import scaler as _scaler
 from infscaler.runtime.scaling.types import (
     Decision,
@@ -28,14 +34,6 @@ from infscaler.runtime.scaling.types import (
     Snapshot,
     UnitState,
 )
-
-if TYPE_CHECKING:  # for annotations only: the simulator imports this module
-    from infscaler.runtime.planning.simulator import (
-        Autoscale,
-        EngineProfile,
-        UnitConfig,
-        UnitProfile,
-    )
 
 #: Latency samples the monitor keeps per window (``stats.LatencyWindow`` size).
 _WINDOW_SAMPLES = 2048

@@ -94,7 +94,7 @@ class GrpcServer:
 
         from infscaler.api.grpc.gate import Gate
         from infscaler.api.grpc.handlers import Handlers
-        from infscaler.api.server import bind_unix_socket, prepare_socket_path
+        from infscaler.api.sockets import bind_unix_socket, prepare_socket_path
 
         prepare_socket_path(self.path)
         self._dir = Gate.make_private_dir(self.path)

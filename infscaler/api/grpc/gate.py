@@ -6,7 +6,7 @@ socket connection is ``unix:`` (the client's unnamed address) and
 ``grpc.local_server_credentials(LocalConnectionType.UDS)`` adds only
 ``transport_security_type: local`` to the auth context; there is no hook on the
 accepted socket. So the public socket (mode 0660, the ``--socket-group``: bound as the
-HTTP one, :func:`~infscaler.api.server.bind_unix_socket`) is served by this gate:
+HTTP one, :func:`~infscaler.api.sockets.bind_unix_socket`) is served by this gate:
 
 1. it accepts a connection and reads the peer's uid, gid, pid and groups
    (``SO_PEERCRED``, ``SO_PEERGROUPS``: :func:`~infscaler.base.security.peer_of`);

@@ -155,7 +155,8 @@ def test_minilm_int8_vs_l3_agreement(tmp_path: Path) -> None:
     for _ in range(3):  # a P99 of few runs on a shared 2-core VM can catch a stall
         register("minilm-l3", registry=reg, batch_sizes=(1,), repeats=10)
         v = by_name(reg)
-        if v["minilm-l3.cpu.fp32.b1"].latency() < v["minilm-int8.cpu.int8.b1"].latency():
+        twelve = ("minilm-int8.cpu.int8.b1", "minilm-int8.cpu.fp32.b1")
+        if v["minilm-l3.cpu.fp32.b1"].latency() < min(v[n].latency() for n in twelve):
             break
     int8 = v["minilm-int8.cpu.int8.b1"]
     fp32 = v["minilm-int8.cpu.fp32.b1"]  # the int8 weights dequantised: a generated variant
@@ -170,7 +171,11 @@ def test_minilm_int8_vs_l3_agreement(tmp_path: Path) -> None:
     assert l3.latency(stat="p50") < int8.latency(stat="p50") and l3.latency() < int8.latency()
     assert fp32.weights_mb > 3 * int8.weights_mb
     cat = reg.catalog()
-    fast = select(Query("text-embedding", latency_ms=(l3.latency() + int8.latency()) / 2), cat)
+    # a bound between L3's P99 and the faster of the 12-layer variants' (int8 or its
+    # dequantised fp32, whichever this host runs faster) leaves only L3 within it
+    slower = min(int8.latency(), fp32.latency())
+    assert l3.latency() < slower
+    fast = select(Query("text-embedding", latency_ms=(l3.latency() + slower) / 2), cat)
     assert fast.variant.name == l3.name
     accurate = select(Query("text-embedding", min_accuracy=0.99), cat)
     assert accurate.variant.model == "minilm-int8" and accurate.meets_requirements

@@ -16,7 +16,7 @@ from infscaler.base.config import load_pipeline, pipeline_for_model
 from infscaler.base.device import load_profile
 from infscaler.base.errors import InfScalerError
 from infscaler.cli import app
-from infscaler.cli.plan import parse_rate, parse_slo_ms
+from infscaler.cli.units import parse_rate, parse_slo_ms
 from infscaler.runtime.planning.planner import plan, predict
 from infscaler.runtime.planning.simulator import EngineProfile, UnitConfig, UnitProfile, simulate
 from infscaler.runtime.planning.unitprofile import profile_pipeline, sample_inputs

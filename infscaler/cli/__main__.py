@@ -1,0 +1,5 @@
+"""``python -m infscaler.cli``: the same as the ``infscaler`` command."""
+
+from infscaler.cli import main
+
+main()
