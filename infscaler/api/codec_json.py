@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.api.codec_tensors import ProtocolError, is_int
-from infscaler.base.config import MAX_PRIORITY_LEVEL
+from infscaler.base.levels import MAX_PRIORITY_LEVEL
 
 #: The HTTP header giving the length of the JSON object when binary data follows it.
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -70,6 +70,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infscaler.base.errors import ConfigError, InfScalerError
+from infscaler.base.levels import MAX_PRIORITY_LEVEL
 from infscaler.base.slo import slo_ms
 
 __all__ = [
@@ -377,10 +378,6 @@ class AutoscaleConfig(BaseModel):
         if not 0 <= v <= 600:
             raise ValueError(f"{info.field_name} must be 0-600 s ({what}), got {v}")
         return v
-
-
-#: the largest priority level (a pipeline's ``priority``, a request's ``priority``)
-MAX_PRIORITY_LEVEL = 1_000_000
 
 
 class QueuePolicyConfig(BaseModel):

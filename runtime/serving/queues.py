@@ -36,7 +36,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from infscaler.base.config import MAX_PRIORITY_LEVEL
+from infscaler.base.levels import MAX_PRIORITY_LEVEL
 
 __all__ = [
     "MAX_PRIORITY_LEVEL",
