@@ -204,6 +204,9 @@ import numpy as np
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 from infscaler.api.client import Client, InferenceServerError, ShmTensor
+# what httpx imports on its first transport (certifi reads importlib.resources from the
+# standard library's files, which root's 0700 home hides from nobody)
+import httpcore, certifi, importlib.resources  # noqa: E401,F401
 os.setgroups([int(sys.argv[3])])  # imported as root (the venv is root's), now nobody
 os.setresgid(65534, 65534, 65534)
 os.setresuid(65534, 65534, 65534)
