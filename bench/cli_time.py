@@ -23,6 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ForeignLoad, wait_for_quiet  # noqa: E402
+
 HEAVY = ("httpx", "anyio", "pydantic", "onnx", "numpy")
 STAGE = """
 import numpy as np
@@ -91,10 +94,29 @@ def measure(sock: str, runs: int) -> dict[str, dict]:
     return res
 
 
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process, its exited children (the timed commands) and its
+    live descendants (the service's instances)."""
+    import resource
+
+    import psutil
+
+    me = psutil.Process()
+    total = sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
+    for proc in (me, *me.children(recursive=True)):
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--quiet-wait-s", type=float, default=120.0)
     args = ap.parse_args()
     from infscaler.api.server import ServerThread
     from infscaler.base.config import load_pipeline
@@ -110,16 +132,23 @@ def main() -> None:
         with Service(state_dir=Path(tmp) / "state", control_path="userspace", pool_mb=16) as svc:
             svc.deploy(load_pipeline(PIPELINE))
             with ServerThread(svc, sock):
+                quiet = wait_for_quiet(args.quiet_wait_s)
+                fl = ForeignLoad(_own_cpu_seconds)
                 res = measure(sock, args.runs)
+                other = fl.cores()
     doc = {
         "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
-        "note": "a 2-core host shared with other work (not a quiet run)",
+        "host_noise": {
+            "wait_for_quiet_before_start": quiet,
+            "other_processes_cores_during_run": other,
+        },
         "python": sys.version.split()[0],
         "commands": res,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cli_time.json").write_text(json.dumps(doc, indent=2))
     _plot(res, args.out / "cli_time.png")
+    print(f"other processes: {other} cores")
     for n, r in res.items():
         print(
             f"{n:<22} {r['median_s']:.3f} s  (+{r['overhead_s']:.3f})  "
