@@ -17,11 +17,19 @@ that the slots, not the physical cores, are the cap.
    instances and the low one at 1; closed loop (``infscaler.api.loadgen``'s concurrency
    mode through ``overload.closed_loop``) on each alone: C_high with ``--slots`` - 1
    clients, C_low with 1 client.
-3. **Step scenario**, per arm: Poisson arrivals (``loadgen.arrival_times``) at
-   ``--low-load`` (0.5) x C_low on the low pipeline for the whole window, and on the high
-   one ``--before`` (0.3) x C_high for ``--pre-s`` then ``--after`` (0.8) x C_high for
-   ``--post-s``. Each request on its own connection (``overload.one``), binary tensor
-   data. Arms, one fresh service each:
+3. **Step scenario**, per arm: Poisson arrivals (``loadgen.arrival_times``) on the low
+   pipeline at ``--low-burst`` (1.2) x C_low for ``--low-burst-s`` (20 s), then at
+   ``--low-load`` (0.4) x C_low to the end; on the high one ``--before`` (0.3) x C_high
+   for ``--pre-s`` (35 s) then ``--after`` (0.8) x C_high for ``--post-s`` (90 s). The
+   burst makes the low pipeline's scaler start a second instance; when the high step
+   comes, the low pipeline holds that instance with slack (its own scale-in provisions
+   for the max rate over ``rate_horizon_s``, 30 s, so it keeps it about 30 s after the
+   burst), all ``--slots`` are taken, and the high pipeline's scale-out is blocked by
+   the cap: the situation arbitration exists for (the low pipeline holds an instance
+   it does not need while the high one violates). Whether it held at the step is
+   recorded per arm (``instances_at_step``, from ``status`` polled every second). Each
+   request on its own connection (``overload.one``), binary tensor data. Arms, one
+   fresh service each:
 
    * ``arbitration``: both pipelines ``slo`` + ``autoscale`` (``scaling.AUTOSCALE``
      timings) with priorities 1 and 2;
@@ -156,6 +164,8 @@ class Served:
                 else:
                     os.environ[k] = v
         self.decisions: dict[tuple, dict] = {}
+        #: (wall time, {pipeline: running instances}) per status poll
+        self.instances: list[tuple[float, dict[str, int]]] = []
         self._stop = threading.Event()
         self._poll: threading.Thread | None = None
 
@@ -171,7 +181,9 @@ class Served:
 
         while not self._stop.wait(1.0):
             with contextlib.suppress(Exception), Client(self.sock, timeout=5) as c:
-                for p in c.status().get("pipelines", []):
+                pipes = c.status().get("pipelines", [])
+                self.instances.append((time.time(), {p.get("name"): _running(p) for p in pipes}))
+                for p in pipes:
                     for d in p.get("decisions", []):
                         key = (p.get("name"), d.get("time"), d.get("action"), d.get("unit"))
                         self.decisions[key] = {"pipeline": p.get("name"), **d}
@@ -183,6 +195,13 @@ class Served:
         out = self.svc.stop()
         out["log_tail"] = self.log.read_text().splitlines()[-30:]
         return out
+
+
+def _running(pipe: dict) -> int:
+    """Instances of ``pipe`` (a ``status`` pipeline) in state ``ready``, all units."""
+    return sum(
+        i.get("state") == "ready" for u in pipe.get("units", []) for i in u.get("instances", [])
+    )
 
 
 # -- load ------------------------------------------------------------------------------------
@@ -215,8 +234,10 @@ def step_times(c_high: float, c_low: float, a: argparse.Namespace) -> dict[str, 
 
     pre = arrival_times("poisson", a.before * c_high, a.pre_s, a.seed)
     post = arrival_times("poisson", a.after * c_high, a.post_s, a.seed + 1) + a.pre_s
-    low = arrival_times("poisson", a.low_load * c_low, a.pre_s + a.post_s, a.seed + 2)
-    return {HIGH: np.concatenate([pre, post]), LOW: low}
+    burst = arrival_times("poisson", a.low_burst * c_low, a.low_burst_s, a.seed + 2)
+    rest = a.pre_s + a.post_s - a.low_burst_s
+    low = arrival_times("poisson", a.low_load * c_low, rest, a.seed + 3) + a.low_burst_s
+    return {HIGH: np.concatenate([pre, post]), LOW: np.concatenate([burst, low])}
 
 
 def busiest_functions(n: int = 2) -> list[str]:
@@ -327,7 +348,14 @@ def run_window(
         for d in decisions
         if d.get("action") in ("arbitrate_give", "arbitrate_take")
     ]
+    polls = [(round(t - wall0, 2), n) for t, n in served.instances if t >= wall0]
+    at_step = None
+    if step_s is not None:
+        before = [n for t, n in polls if t <= step_s]
+        at_step = before[-1] if before else None
     return {
+        "instances_at_step": at_step,
+        "instances": polls,
         "outcomes": outcomes(rows, slo, step_s, end_s),
         "moves": moves,
         "decisions": [
@@ -412,9 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=3)
     p.add_argument("--before", type=float, default=0.3)
     p.add_argument("--after", type=float, default=0.8)
-    p.add_argument("--low-load", type=float, default=0.5)
-    p.add_argument("--pre-s", type=float, default=60.0)
-    p.add_argument("--post-s", type=float, default=120.0)
+    p.add_argument("--low-load", type=float, default=0.4)
+    p.add_argument("--low-burst", type=float, default=1.2)
+    p.add_argument("--low-burst-s", type=float, default=20.0)
+    p.add_argument("--pre-s", type=float, default=35.0)
+    p.add_argument("--post-s", type=float, default=90.0)
     p.add_argument("--capacity-requests", type=int, default=60)
     p.add_argument("--trace-start", type=int, default=60)
     p.add_argument("--trace-minutes", type=int, default=20)
@@ -426,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
-        a.pre_s, a.post_s, a.capacity_requests = 10.0, 20.0, 16
+        a.pre_s, a.post_s, a.capacity_requests = 25.0, 25.0, 16
         a.trace_minutes, a.minute_s, a.quiet_wait_s = 6, 5.0, 5.0
     if a.slots < 2:
         p.error(f"--slots must be >= 2 (one instance per pipeline at least), got {a.slots}")
@@ -507,6 +537,7 @@ def report(data: dict[str, Any]) -> None:
                 o[HIGH]["recovery_s"],
                 o[LOW]["goodput_rps"],
                 len(e["step"]["moves"]),
+                (e["step"].get("instances_at_step") or {}).get(LOW),
                 e["other_processes_cores"],
             ]
         )
@@ -518,6 +549,7 @@ def report(data: dict[str, Any]) -> None:
             "recovery s",
             "low goodput/s",
             "moves",
+            "low inst. at step",
             "other cores",
         ],
         rows,

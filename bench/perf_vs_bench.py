@@ -294,7 +294,8 @@ def run_model(model: str, a: argparse.Namespace, tmp: Path) -> dict:
             ref = next(iter(c.infer(name, feeds).outputs.values()))
         data_dir = tmp / f"{model}-inputs"
         data_dir.mkdir()
-        for k, v in feeds.items():
+        for k, v in feeds.items():  # ResNet-50's input is gpu_0/data_0
+            (data_dir / f"{k}.npy").parent.mkdir(parents=True, exist_ok=True)
             np.save(data_dir / f"{k}.npy", v)
         ctx = {
             "sock": sock,

@@ -125,9 +125,9 @@ def _load_input_dir(path: Path) -> dict[str, np.ndarray]:
             f"--input-data {path} is not a directory", hint="give a directory of NAME.npy files"
         )
     arrays: dict[str, np.ndarray] = {}
-    for f in sorted(path.glob("*.npy")):
+    for f in sorted(path.rglob("*.npy")):  # an input named a/b is a/b.npy
         try:
-            arrays[f.stem] = np.load(f, allow_pickle=False)
+            arrays[f.relative_to(path).with_suffix("").as_posix()] = np.load(f, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise InfScalerError(f"cannot read {f}: {exc}") from None
     if not arrays:
@@ -215,7 +215,10 @@ def perf_cmd(
     ] = None,
     input_data: Annotated[
         Path | None,
-        typer.Option("--input-data", help="Directory of NAME.npy, one per input (else random)."),
+        typer.Option(
+            "--input-data",
+            help="Directory of NAME.npy, one per input (a/b.npy for input a/b; else random).",
+        ),
     ] = None,
     shared_memory: Annotated[
         str,

@@ -80,3 +80,19 @@ def test_sweep_options() -> None:
         _specs(None, None, "constant", "azure")
     with pytest.raises(InfScalerError, match="constant or poisson"):
         _specs(None, "5", "gamma", None)
+
+
+def test_input_data_names_with_a_slash_come_from_subfolders(tmp_path) -> None:
+    import numpy as np
+
+    from infscaler.cli.perf import _load_input_dir
+
+    (tmp_path / "gpu_0").mkdir()
+    np.save(tmp_path / "gpu_0" / "data_0.npy", np.ones((1, 3), np.float32))
+    np.save(tmp_path / "x.npy", np.zeros(2, np.int64))
+    got = _load_input_dir(tmp_path)
+    assert sorted(got) == ["gpu_0/data_0", "x"]
+    assert got["gpu_0/data_0"].shape == (1, 3) and got["x"].dtype == np.int64
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InfScalerError, match="no .npy"):
+        _load_input_dir(tmp_path / "empty")
