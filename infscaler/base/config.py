@@ -70,7 +70,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infscaler.base.errors import ConfigError, InfScalerError
-from infscaler.base.levels import MAX_PRIORITY_LEVEL
+from infscaler.base.levels import MAX_INSTANCES_PER_UNIT, MAX_PRIORITY_LEVEL
 from infscaler.base.slo import slo_ms
 
 __all__ = [
@@ -214,7 +214,7 @@ class StageConfig(BaseModel):
     engine: Literal["cpu", "gpu", "dla"] = "cpu"
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
     instances: int | list[int] = 1
-    max_instances: int | None = Field(None, ge=1, le=16)
+    max_instances: int | None = Field(None, ge=1, le=MAX_INSTANCES_PER_UNIT)
     batching: BatchingConfig | None = None
     threads: int = Field(1, ge=1, le=64)
     max_threads: int | None = Field(None, ge=1, le=64)

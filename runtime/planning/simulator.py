@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from infscaler.base.levels import MAX_INSTANCES_PER_UNIT as MAX_PER_UNIT
 from infscaler.runtime.planning.simloop import _Sim
 from infscaler.runtime.planning.simtypes import Autoscale, EngineProfile, UnitConfig, UnitProfile
 from infscaler.runtime.scaling.types import (
@@ -72,9 +73,6 @@ __all__ = [
     "default_config",
     "simulate",
 ]
-
-#: Instances per unit the control path routes to (``ebpf.MAX_PER_HOP``).
-MAX_PER_UNIT = 16
 
 
 def default_config(units: Sequence[UnitProfile]) -> list[UnitConfig]:

@@ -78,6 +78,7 @@ from typing import Any
 import psutil
 
 from infscaler.base.device import INSTANCE_OVERHEAD_MB  # USS of an idle instance, MB
+from infscaler.base.levels import MAX_INSTANCES_PER_UNIT as MAX_PER_UNIT
 from infscaler.runtime.scaling.control import ScaledService
 from infscaler.runtime.scaling.types import (
     EngineOption,
@@ -91,9 +92,6 @@ from infscaler.runtime.scaling.types import (
 BUSY_WINDOW_S = 5.0
 #: ... and at least this long (shorter: not measured yet), s
 BUSY_MIN_S = 1.0
-
-#: Instances per unit the control path routes to (``ebpf.MAX_PER_HOP``).
-MAX_PER_UNIT = 16
 
 
 @dataclass(frozen=True)
