@@ -45,6 +45,7 @@ from infscaler.api.common import (
     check_version,
     error_response,
     for_peer,
+    infer_parameters,
     json_response,
     model_stats,
     shm_of,
@@ -380,14 +381,9 @@ def _infer_response(
     request: web.Request, req: Any, model_name: str, dep: Any, result: Any, extra: dict
 ) -> web.Response:
     """The v2 infer response for ``result``: its outputs, and as parameters the
-    latency, per-unit ms, fan-out items and ``extra`` (the chosen variant, for tasks)."""
-    params: dict[str, Any] = {
-        "latency_ms": round(result.latency_ms, 3),
-        "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
-        **extra,
-    }
-    if result.items is not None:
-        params["items"] = result.items
+    latency, per-unit ms, fan-out items and ``extra`` (the chosen variant, for tasks):
+    :func:`~infscaler.api.common.infer_parameters`."""
+    params = infer_parameters(result, dep, extra)
     body, headers = encode_infer_response(
         model_name=model_name,
         model_version="1",

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -43,7 +42,14 @@ import grpc
 import infscaler
 from infscaler.api.codec import ProtocolError, TensorSpec, parse_timeout_ms
 from infscaler.api.codec_json import parse_queue_params
-from infscaler.api.common import EXTENSIONS, VERSION, model_stats, slot_arrays, status_of
+from infscaler.api.common import (
+    EXTENSIONS,
+    VERSION,
+    infer_parameters,
+    model_stats,
+    slot_arrays,
+    status_of,
+)
 from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc import model_config_pb2 as mc
 from infscaler.api.grpc.mapping import (
@@ -281,18 +287,12 @@ class Handlers:
             except asyncio.CancelledError:
                 fut.cancel()
                 raise
-            params: dict[str, Any] = {
-                "latency_ms": round(result.latency_ms, 3),
-                "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
-            }
-            if result.items is not None:
-                params["items"] = result.items
             return encode_model_infer(
                 model_name=dep.name,
                 request_id=req.id,
                 outputs=result.outputs,
                 requested=req.outputs,
-                parameters=params,
+                parameters=infer_parameters(result, dep),
                 shm=shm,
             )
         finally:
