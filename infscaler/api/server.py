@@ -423,7 +423,8 @@ async def start_grpc_server(
     """Serve the gRPC protocol on ``path`` beside ``app`` (:func:`create_app`): the same
     service, shared memory registry, body limit and quotas
     (:class:`~infscaler.api.grpc.GrpcServer`; mode 0660, ``group`` as the HTTP
-    socket's). Returns the server (``await server.stop()``)."""
+    socket's), task router and budget of variant loads. Returns the server (``await
+    server.stop()``)."""
     from infscaler.api.grpc import GrpcServer  # grpcio loads only when asked for
 
     server = GrpcServer(
@@ -433,6 +434,8 @@ async def start_grpc_server(
         max_body_mb=app[MAX_BODY],
         limits=app[LIMITS],
         group=group,
+        tasks=app[TASKS],
+        loads=app[LOADS],
     )
     await server.start()
     app[GRPC]["socket"] = server.path
