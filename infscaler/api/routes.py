@@ -130,6 +130,18 @@ async def model_metadata(request: web.Request) -> web.Response:
     )
 
 
+async def model_config(request: web.Request) -> web.Response:
+    """``GET /v2/models/{name}[/versions/{v}]/config``: the model's ``ModelConfig`` as
+    Triton's JSON (:mod:`infscaler.api.modelconfig`: a Triton repository model's served
+    config.pbtxt, else the pipeline's name, platform, inputs and outputs)."""
+    from infscaler.api.modelconfig import config_json
+    from infscaler.api.modelconfig import model_config as config_of
+
+    dep = request.app[SERVICE].deployment(request.match_info["name"])
+    check_version(request)
+    return json_response(config_json(config_of(dep)))
+
+
 async def model_ready(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     name = request.match_info["name"]

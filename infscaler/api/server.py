@@ -103,6 +103,7 @@ from infscaler.api.routes import (
     json_too_large,
     live,
     metrics,
+    model_config,
     model_metadata,
     model_ready,
     models,
@@ -316,6 +317,8 @@ def create_app(
     r.add_get("/v2/models/stats", stats_all)
     r.add_get("/v2/models/{name}", model_metadata)
     r.add_get("/v2/models/{name}/ready", model_ready)
+    r.add_get("/v2/models/{name}/config", model_config)
+    r.add_get("/v2/models/{name}/versions/{version}/config", model_config)
     r.add_post("/v2/models/{name}/infer", infer)
     r.add_get("/v2/models/{name}/stats", stats_one)
     r.add_get("/v2/models/{name}/versions/{version}", model_metadata)

@@ -7,7 +7,8 @@ answers as its HTTP route does, an HTTP error status turned into a gRPC code
 (:func:`~infscaler.api.grpc.mapping.grpc_code`) with the same message:
 
 - ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``,
-  ``ModelMetadata``, ``ModelConfig`` (name, platform, inputs and outputs), and
+  ``ModelMetadata``, ``ModelConfig`` (a Triton repository model's served config, else
+  name, platform, inputs and outputs: :mod:`infscaler.api.modelconfig`), and
   ``ModelStatistics`` (``extension_statistics.md``'s fields; InfScaler's own are HTTP
   only);
 - ``ModelInfer``: a name that is a model-less task (registered, and no pipeline)
@@ -54,12 +55,12 @@ from infscaler.api.common import (
     status_of,
 )
 from infscaler.api.grpc import grpc_service_pb2 as pb
-from infscaler.api.grpc import model_config_pb2 as mc
 from infscaler.api.grpc.mapping import (
     decode_model_infer,
     encode_model_infer,
     grpc_code,
 )
+from infscaler.api.modelconfig import model_config
 from infscaler.api.taskroute import infer_task, task_metadata, task_router, task_specs
 from infscaler.base.errors import InfScalerError
 from infscaler.base.security import Peer, is_privileged, redact, require_privileged
@@ -69,23 +70,6 @@ __all__ = ["SERVICE_NAME", "Handlers"]
 log = logging.getLogger("infscaler.api.grpc")
 
 SERVICE_NAME = "inference.GRPCInferenceService"
-
-#: v2 datatype -> ``model_config.proto``'s ``DataType``
-_CONFIG_TYPES = {
-    "BOOL": mc.TYPE_BOOL,
-    "UINT8": mc.TYPE_UINT8,
-    "UINT16": mc.TYPE_UINT16,
-    "UINT32": mc.TYPE_UINT32,
-    "UINT64": mc.TYPE_UINT64,
-    "INT8": mc.TYPE_INT8,
-    "INT16": mc.TYPE_INT16,
-    "INT32": mc.TYPE_INT32,
-    "INT64": mc.TYPE_INT64,
-    "FP16": mc.TYPE_FP16,
-    "FP32": mc.TYPE_FP32,
-    "FP64": mc.TYPE_FP64,
-    "BYTES": mc.TYPE_STRING,
-}
 
 _UNIMPLEMENTED = {
     "ModelStreamInfer": (pb.ModelInferRequest, "stream", "ModelStreamInfer (decoupled models)"),
@@ -243,30 +227,11 @@ class Handlers:
 
     @_method
     async def ModelConfig(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
-        """The pipeline as a ``ModelConfig``: name, platform, inputs and outputs with
-        their data types and dims (-1: any size), no batching fields."""
+        """The model's ``ModelConfig`` (:func:`~infscaler.api.modelconfig.model_config`:
+        a Triton repository model's served config.pbtxt, else the pipeline's view)."""
         dep = self.service.deployment(request.name)
         _check_version(request.name, request.version)
-        p = dep.pipeline
-
-        def kind(datatype: str | None) -> int:
-            return _CONFIG_TYPES.get(datatype or "", mc.TYPE_INVALID)
-
-        cfg = mc.ModelConfig(
-            name=dep.name,
-            platform="infscaler_pipeline",
-            input=[
-                mc.ModelInput(name=i.name, data_type=kind(i.datatype), dims=list(i.shape))
-                for i in p.inputs
-            ],
-            output=[
-                mc.ModelOutput(
-                    name=o["name"], data_type=kind(o["datatype"]), dims=list(o["shape"] or [])
-                )
-                for o in p.outputs
-            ],
-        )
-        return pb.ModelConfigResponse(config=cfg)
+        return pb.ModelConfigResponse(config=model_config(dep))
 
     @_method
     async def ModelStatistics(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
