@@ -254,7 +254,8 @@ class Client:
 
         Returns:
             :class:`InferResult`: ``outputs`` name -> array (shape and dtype as the
-            service sent them); ``parameters`` (``latency_ms``, ``unit_ms``, ...);
+            service sent them); ``parameters`` (``latency_ms``, ``unit_ms.<unit>``, ...; per unit
+            as a dict: ``InferResult.unit_ms``);
             ``shm_outputs`` name -> where outputs sent to shared memory were written.
 
         Raises:

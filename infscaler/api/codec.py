@@ -102,6 +102,7 @@ __all__ = [
     "RequestedOutput",
     "ShmOutput",
     "ShmTensor",
+    "UNIT_MS_PREFIX",
     "TensorSpec",
     "datatype_of",
     "decode_infer_request",
@@ -119,6 +120,8 @@ __all__ = [
     "tensor_byte_size",
     "tensor_from_bytes",
     "tensor_to_bytes",
+    "unit_ms_of",
+    "unit_ms_parameters",
 ]
 
 
@@ -200,7 +203,8 @@ class InferResult:
     Attributes:
         outputs: name -> array for outputs that came in the body (JSON or binary); BYTES
             as ``object`` arrays of ``bytes`` (the client may decode them to ``str``).
-        parameters: the response's ``parameters`` (InfScaler: ``latency_ms``, ``unit_ms``).
+        parameters: the response's ``parameters``, each a scalar (InfScaler:
+            ``latency_ms``, and ``unit_ms.<unit>`` per served unit: ms, double).
         shm_outputs: outputs written to shared memory: name -> ``datatype``, ``shape`` and
             their parameters (``shared_memory_region``, ``shared_memory_offset``,
             ``shared_memory_byte_size``: the bytes actually written).
@@ -216,6 +220,36 @@ class InferResult:
     def as_numpy(self, name: str) -> np.ndarray | None:
         """The output ``name``, or None (tritonclient's spelling)."""
         return self.outputs.get(name)
+
+    @property
+    def unit_ms(self) -> dict[str, float]:
+        """Per served unit, the ms it spent on this request (:func:`unit_ms_of` of the
+        parameters; empty when the service sent none)."""
+        return unit_ms_of(self.parameters)
+
+
+#: the response parameter of one unit's time: ``unit_ms.<unit name>`` (ms, double)
+UNIT_MS_PREFIX = "unit_ms."
+
+
+def unit_ms_parameters(unit_ms: Mapping[str, float]) -> dict[str, float]:
+    """Unit name -> ms as flat response parameters, ``{"unit_ms.<unit>": ms}`` (doubles:
+    KServe v2 / Triton parameters are scalars, never nested)."""
+    return {f"{UNIT_MS_PREFIX}{name}": float(ms) for name, ms in unit_ms.items()}
+
+
+def unit_ms_of(parameters: Mapping[str, Any]) -> dict[str, float]:
+    """The ``unit_ms.<unit>`` parameters of a response as unit name -> ms (in the order
+    sent; a value that is not a number is left out)."""
+    out: dict[str, float] = {}
+    for key, value in parameters.items():
+        if (
+            key.startswith(UNIT_MS_PREFIX)
+            and isinstance(value, int | float)
+            and not isinstance(value, bool)
+        ):
+            out[key[len(UNIT_MS_PREFIX) :]] = float(value)
+    return out
 
 
 # -- request decoding (server) ------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from infscaler.api.codec import ProtocolError, json_default
+from infscaler.api.codec import ProtocolError, json_default, unit_ms_parameters
 from infscaler.base.security import is_privileged, peer_of, redact
 
 EXTENSIONS = [
@@ -116,6 +116,24 @@ def slot_arrays(inputs: dict[str, Any]) -> dict[str, Any]:
             v = np.array([bytes(x) for x in v.reshape(-1)], dtype=np.bytes_).reshape(v.shape)
         out[k] = v
     return out
+
+
+def infer_parameters(result: Any, dep: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An infer response's parameters, every one a scalar (KServe v2 / Triton
+    parameters: string, int64, bool or double), the same over HTTP and gRPC:
+    ``latency_ms`` (double, the request's end-to-end ms in the service), one
+    ``unit_ms.<unit>`` per served unit of ``dep``'s pipeline (double, ms summed over the
+    request's items: :func:`~infscaler.api.codec.unit_ms_parameters`), ``items`` (int64,
+    a fan-out's item count, when there is one) and ``extra`` (the chosen variant of a
+    model-less task)."""
+    params: dict[str, Any] = {
+        "latency_ms": round(float(result.latency_ms), 3),
+        **unit_ms_parameters(result.unit_ms([u.name for u in dep.pipeline.units])),
+        **(extra or {}),
+    }
+    if result.items is not None:
+        params["items"] = int(result.items)
+    return params
 
 
 def model_stats(service: Any, dep: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ data or system shared memory), submitted to the service (a future of the front e
 :class:`~infscaler.runtime.serving.route.Result`), and the result encoded
 (:func:`infscaler.api.codec.encode_infer_response`). A name that is a registered
 model-less task and not a deployed pipeline goes to the task router instead
-(:func:`_infer_task`: the selector picks the variant).
+(:func:`_infer_task`, :mod:`infscaler.api.taskroute`: the selector picks the variant).
 
 Sources: KServe / Triton ``protocol/`` docs (v2 REST health, metadata and inference,
 ``extension_statistics.md``); Prometheus text exposition format.
@@ -45,67 +45,15 @@ from infscaler.api.common import (
     check_version,
     error_response,
     for_peer,
+    infer_parameters,
     json_response,
     model_stats,
     shm_of,
     slot_arrays,
 )
 from infscaler.api.metrics import CONTENT_TYPE, exposition
-from infscaler.base.security import is_privileged, peer_of
-from infscaler.modelless.selector import SelectionError
-from infscaler.modelless.tasks import TaskRouter, task_interface
-from infscaler.modelless.variants import VariantRegistry
-
-# -- model-less tasks ------------------------------------------------------------------
-
-
-def _task_router(request: web.Request, name: str) -> Any:
-    """The task router when ``name`` is a registered task and not a deployed pipeline
-    (pipelines keep their names), else None."""
-    service = request.app[SERVICE]
-    if any(d.name == name for d in service.deployments()):
-        return None
-    holder = request.app[TASKS]
-    router = holder.get("router")
-    if router is None:
-        registry = VariantRegistry(service.state_dir)
-        if not registry.path.is_file():
-            return None
-        router = holder["router"] = TaskRouter(service, registry).start()
-    if router.has_task(name):
-        return router
-    known = ", ".join(sorted(d.name for d in service.deployments())) or "none"
-    raise SelectionError(
-        f"unknown model or task {name!r} (deployed: {known}; registered tasks: "
-        f"{', '.join(router.tasks()) or 'none'})",
-        404,
-    )
-
-
-def _task_metadata(router: Any, task: str) -> dict[str, Any]:
-    variants = router.catalog().variants(task)
-    iface = task_interface(task, router.variant(variants[0].name) if variants else None)
-    return {
-        "name": task,
-        "versions": ["1"],
-        "platform": "infscaler_task",
-        "inputs": iface["inputs"],
-        "outputs": iface["outputs"],
-        "parameters": {
-            "variants": json.dumps(
-                [
-                    {
-                        "name": v.name,
-                        "latency_ms": round(v.latency_ms, 3),
-                        "accuracy": round(v.accuracy, 4),
-                    }
-                    for v in variants
-                ]
-            ),
-            "description": "model-less task: infer with parameters latency_ms, min_accuracy",
-        },
-    }
-
+from infscaler.api.taskroute import infer_task, task_metadata, task_router, task_specs
+from infscaler.base.security import peer_of
 
 # -- health / metadata -----------------------------------------------------------------
 
@@ -156,10 +104,10 @@ async def model_metadata(request: web.Request) -> web.Response:
     """``GET /v2/models/{name}[/versions/{v}]``: v2 model metadata (name, versions,
     platform, inputs, outputs with their datatypes and shapes; -1: any size)."""
     service = request.app[SERVICE]
-    router = _task_router(request, request.match_info["name"])
+    router = task_router(service, request.app[TASKS], request.match_info["name"])
     check_version(request)
     if router is not None:
-        return json_response(_task_metadata(router, request.match_info["name"]))
+        return json_response(task_metadata(router, request.match_info["name"]))
     dep = service.deployment(request.match_info["name"])
     p = dep.pipeline
     return json_response(
@@ -182,6 +130,18 @@ async def model_metadata(request: web.Request) -> web.Response:
     )
 
 
+async def model_config(request: web.Request) -> web.Response:
+    """``GET /v2/models/{name}[/versions/{v}]/config``: the model's ``ModelConfig`` as
+    Triton's JSON (:mod:`infscaler.api.modelconfig`: a Triton repository model's served
+    config.pbtxt, else the pipeline's name, platform, inputs and outputs)."""
+    from infscaler.api.modelconfig import config_json
+    from infscaler.api.modelconfig import model_config as config_of
+
+    dep = request.app[SERVICE].deployment(request.match_info["name"])
+    check_version(request)
+    return json_response(config_json(config_of(dep)))
+
+
 async def model_ready(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     name = request.match_info["name"]
@@ -199,7 +159,7 @@ async def model_ready(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     name = request.match_info["name"]
-    router = _task_router(request, name)
+    router = task_router(service, request.app[TASKS], name)
     if router is not None:
         check_version(request)
         return await _infer_task(request, router, name)
@@ -223,50 +183,21 @@ async def infer(request: web.Request) -> web.Response:
 
 async def _infer_task(request: web.Request, router: Any, task: str) -> web.Response:
     """A model-less query: ``POST /v2/models/{task}/infer`` with parameters
-    ``latency_ms`` and ``min_accuracy`` (both optional). The selector (INFaaS Algorithm 1)
-    picks the variant, which is loaded if needed; the response's parameters name it
-    (``variant``, ``meets_requirements``, ``selection``, ``selection_reason``, ...)."""
-    variants = router.catalog().variants(task)
-    iface = task_interface(task, router.variant(variants[0].name) if variants else None)
-    specs = [TensorSpec(i["name"], i["datatype"], list(i["shape"])) for i in iface["inputs"]]
-    req = await _read_infer_request(request, specs)
-    params = dict(req.parameters or {})
-    timeout_s = parse_timeout_ms(params)
-    loop = asyncio.get_running_loop()
-    peer = peer_of(request)
-    budget = request.app[LOADS]
-
-    def before_load(variant: str) -> None:
-        """A client that is not the operator may cause only so many variant loads."""
-        if is_privileged(peer):
-            return
-        wait_s = budget.take(peer.uid)
-        if wait_s is not None:
-            refusal = SelectionError(
-                f"task {task!r}: loading variant {variant} for this query would pass your "
-                f"budget of variant loads ({budget.per_min:g} a minute per user, "
-                "--variant-loads-per-min)",
-                429,
-                hint="retry after Retry-After seconds, or relax latency_ms / "
-                "min_accuracy so that a loaded variant serves the query",
-            )
-            refusal.retry_after_s = wait_s  # type: ignore[attr-defined]
-            raise refusal
-
-    fut, sel = await loop.run_in_executor(
-        None,
-        lambda: router.submit(
-            task,
-            slot_arrays(req.inputs),
-            latency_ms=params.get("latency_ms"),
-            min_accuracy=params.get("min_accuracy"),
-            timeout_s=timeout_s,
-            before_load=before_load,
-        ),
+    ``latency_ms`` and ``min_accuracy`` (both optional), decoded against the task's
+    inputs and routed by :func:`~infscaler.api.taskroute.infer_task` (as gRPC's
+    ModelInfer routes it); the response's parameters name the variant (``variant``,
+    ``meets_requirements``, ``selection``, ``selection_reason``, ...)."""
+    req = await _read_infer_request(request, task_specs(router, task))
+    result, dep, extra = await infer_task(
+        router,
+        task,
+        req.inputs,
+        req.parameters,
+        timeout_s=parse_timeout_ms(req.parameters),
+        peer=peer_of(request),
+        loads=request.app[LOADS],
     )
-    result = await asyncio.wrap_future(fut)
-    dep = request.app[SERVICE].deployment(sel.variant.name)
-    return _infer_response(request, req, task, dep, result, router.parameters(sel))
+    return _infer_response(request, req, task, dep, result, extra)
 
 
 async def _read_infer_request(request: web.Request, specs: list[Any]) -> Any:
@@ -380,14 +311,9 @@ def _infer_response(
     request: web.Request, req: Any, model_name: str, dep: Any, result: Any, extra: dict
 ) -> web.Response:
     """The v2 infer response for ``result``: its outputs, and as parameters the
-    latency, per-unit ms, fan-out items and ``extra`` (the chosen variant, for tasks)."""
-    params: dict[str, Any] = {
-        "latency_ms": round(result.latency_ms, 3),
-        "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
-        **extra,
-    }
-    if result.items is not None:
-        params["items"] = result.items
+    latency, per-unit ms, fan-out items and ``extra`` (the chosen variant, for tasks):
+    :func:`~infscaler.api.common.infer_parameters`."""
+    params = infer_parameters(result, dep, extra)
     body, headers = encode_infer_response(
         model_name=model_name,
         model_version="1",

@@ -103,6 +103,7 @@ from infscaler.api.routes import (
     json_too_large,
     live,
     metrics,
+    model_config,
     model_metadata,
     model_ready,
     models,
@@ -316,6 +317,8 @@ def create_app(
     r.add_get("/v2/models/stats", stats_all)
     r.add_get("/v2/models/{name}", model_metadata)
     r.add_get("/v2/models/{name}/ready", model_ready)
+    r.add_get("/v2/models/{name}/config", model_config)
+    r.add_get("/v2/models/{name}/versions/{version}/config", model_config)
     r.add_post("/v2/models/{name}/infer", infer)
     r.add_get("/v2/models/{name}/stats", stats_one)
     r.add_get("/v2/models/{name}/versions/{version}", model_metadata)
@@ -423,7 +426,8 @@ async def start_grpc_server(
     """Serve the gRPC protocol on ``path`` beside ``app`` (:func:`create_app`): the same
     service, shared memory registry, body limit and quotas
     (:class:`~infscaler.api.grpc.GrpcServer`; mode 0660, ``group`` as the HTTP
-    socket's). Returns the server (``await server.stop()``)."""
+    socket's), task router and budget of variant loads. Returns the server (``await
+    server.stop()``)."""
     from infscaler.api.grpc import GrpcServer  # grpcio loads only when asked for
 
     server = GrpcServer(
@@ -433,6 +437,8 @@ async def start_grpc_server(
         max_body_mb=app[MAX_BODY],
         limits=app[LIMITS],
         group=group,
+        tasks=app[TASKS],
+        loads=app[LOADS],
     )
     await server.start()
     app[GRPC]["socket"] = server.path

@@ -438,6 +438,11 @@ class PipelineConfig(BaseModel):
             (:mod:`infscaler.runtime.scaling.arbitration`) moves capacity from lower
             levels to higher ones when the device's cap is full.
         queue_policy: its queue's bound and timeouts (:class:`QueuePolicyConfig`).
+        triton_config: for a model served from a Triton repository, the
+            ``inference.ModelConfig`` it is served with, as protobuf text format (its
+            ``config.pbtxt`` with Triton's defaults filled:
+            :func:`infscaler.base.triton.served_config`); the ModelConfig API returns it.
+            At most 256 KB.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -454,6 +459,7 @@ class PipelineConfig(BaseModel):
     fuse: bool | Literal["whole"] = True
     priority: int = Field(1, ge=1, le=MAX_PRIORITY_LEVEL, strict=True)
     queue_policy: QueuePolicyConfig = Field(default_factory=QueuePolicyConfig)
+    triton_config: str | None = Field(None, max_length=1 << 18)
 
     @field_validator("autoscale", mode="before")
     @classmethod

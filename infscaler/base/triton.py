@@ -56,6 +56,7 @@ __all__ = [
     "is_model_dir",
     "parse_model_config",
     "repository_models",
+    "served_config",
     "triton_pipeline",
 ]
 
@@ -296,6 +297,59 @@ def _onnx_signature(path: Path) -> tuple[dict[str, tuple[str, int]], dict[str, t
     return sig(model.graph.input), sig(model.graph.output)
 
 
+def _onnx_tensors(path: Path) -> tuple[list[tuple[str, str, list[int]]], ...]:
+    """The ONNX model's graph inputs and outputs as ``(name, Triton TYPE_*, dims)``
+    (-1: a dimension without a fixed size; initializers left out)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError / OSError / ValueError
+        raise ConfigError(f"cannot load {path}: {exc}") from None
+    inits = {i.name for i in model.graph.initializer}
+    config_types = {v: k for k, v in DATATYPES.items()}
+
+    def tensors(values: Any) -> list[tuple[str, str, list[int]]]:
+        out = []
+        for v in values:
+            if v.name in inits:
+                continue
+            tt = v.type.tensor_type
+            dtype = _ONNX_TYPES.get(onnx.TensorProto.DataType.Name(tt.elem_type), "?")
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+            out.append((v.name, config_types.get(dtype, "TYPE_INVALID"), dims))
+        return out
+
+    return tensors(model.graph.input), tensors(model.graph.output)
+
+
+def served_config(cfg: Any, name: str, path: Path) -> str:
+    """The ``ModelConfig`` a model is served with, as protobuf text format: what its
+    ``config.pbtxt`` said (``cfg``; an empty message when it has none) with the defaults
+    Triton fills: ``name``, ``platform: "onnxruntime_onnx"`` and ``backend:
+    "onnxruntime"``, and ``input`` / ``output`` from the ONNX model at ``path`` when the
+    file gives none (without the batch dimension when ``max_batch_size`` > 0). The
+    ModelConfig API returns it (Triton ``model_configuration.md``, auto-generated model
+    configuration)."""
+    from google.protobuf import text_format
+
+    msg = _model_config_class()()
+    msg.CopyFrom(cfg)
+    msg.name = msg.name or name
+    msg.platform = msg.platform or "onnxruntime_onnx"
+    msg.backend = msg.backend or "onnxruntime"
+    if not msg.input or not msg.output:
+        model_in, model_out = _onnx_tensors(path)
+        skip = 1 if msg.max_batch_size > 0 else 0
+        for field, tensors in (("input", model_in), ("output", model_out)):
+            target = getattr(msg, field)
+            if target:
+                continue
+            for t_name, t_type, dims in tensors:
+                target.add(name=t_name, data_type=t_type, dims=dims[skip:])
+    return text_format.MessageToString(msg)
+
+
 def _check_against_model(
     tensors: list[dict], kind: str, model: dict[str, tuple[str, int]], path: Path
 ) -> list[str]:
@@ -426,7 +480,8 @@ def triton_pipeline(
         cfg = pipeline_for_model(
             path, name=name, partitions=partitions, shapes=shapes, engine=engine
         )
-        return TritonModel(cfg, version, path)
+        served = served_config(_model_config_class()(), name, path)
+        return TritonModel(cfg.model_copy(update={"triton_config": served}), version, path)
     return _from_config(parse_model_config(cfg_path), model_dir, gpu_available, partitions, shapes)
 
 
@@ -483,7 +538,11 @@ def _from_config(
         stage["partitions"] = partitions
     if shapes:
         stage["shapes"] = shapes
-    data: dict[str, Any] = {"name": model_dir.name, "stages": [stage]}
+    data: dict[str, Any] = {
+        "name": model_dir.name,
+        "stages": [stage],
+        "triton_config": served_config(cfg, model_dir.name, path),
+    }
     if inputs:
         data["inputs"] = inputs
         stage["inputs"] = {t["name"]: t["name"] for t in inputs}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -736,7 +735,7 @@ def demo_cmd(
                     if label.startswith("rendered"):
                         cer = character_error_rate(" ".join(DEMO_TEXT), " ".join(texts))
                         out.print(f"  character error rate vs the known text: {cer:.1%}")
-                    unit_ms = json.loads(res.parameters.get("unit_ms", "{}"))
+                    unit_ms = res.unit_ms
                     out.print(
                         f"  latency {res.parameters.get('latency_ms', 0):.1f} ms; per stage (ms): "
                         + ", ".join(f"{u} {unit_ms.get(u, 0):.1f}" for u in units),

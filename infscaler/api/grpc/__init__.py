@@ -56,6 +56,8 @@ class GrpcServer:
         max_body_mb: the largest request message, MB (responses are not limited, as
             over HTTP).
         limits: the :class:`~infscaler.api.http.HttpLimits` (connections and quotas).
+        tasks / loads: the HTTP app's task router holder and budget of variant loads
+            (model-less queries over gRPC share them; default: their own).
     """
 
     def __init__(
@@ -68,6 +70,8 @@ class GrpcServer:
         limits: Any = None,
         mode: int = 0o660,
         group: str | int | None = None,
+        tasks: dict[str, Any] | None = None,
+        loads: Any = None,
     ) -> None:
         from infscaler.api.http import HttpLimits
 
@@ -78,6 +82,8 @@ class GrpcServer:
         self.limits = limits if limits is not None else HttpLimits()
         self.mode = mode
         self.group = group
+        self.tasks = tasks
+        self.loads = loads
         self._server: Any = None
         self._gate_server: Any = None
         self._dir: str | None = None
@@ -107,7 +113,9 @@ class GrpcServer:
             ],
             maximum_concurrent_rpcs=self.limits.max_connections * 4,
         )
-        handlers = Handlers(self.service, self.shm, gate.peer_of)
+        handlers = Handlers(
+            self.service, self.shm, gate.peer_of, tasks=self.tasks, loads=self.loads
+        )
         self._server.add_generic_rpc_handlers((handlers.generic_handler(),))
         if self._server.add_insecure_port(f"unix:{gate.upstream}") == 0:
             raise OSError(f"grpc could not listen on {gate.upstream}")

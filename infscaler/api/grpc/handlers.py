@@ -7,10 +7,14 @@ answers as its HTTP route does, an HTTP error status turned into a gRPC code
 (:func:`~infscaler.api.grpc.mapping.grpc_code`) with the same message:
 
 - ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``,
-  ``ModelMetadata``, ``ModelConfig`` (name, platform, inputs and outputs), and
+  ``ModelMetadata``, ``ModelConfig`` (a Triton repository model's served config, else
+  name, platform, inputs and outputs: :mod:`infscaler.api.modelconfig`), and
   ``ModelStatistics`` (``extension_statistics.md``'s fields; InfScaler's own are HTTP
   only);
-- ``ModelInfer``: decoded by the HTTP codec, its bytes reserved from the service's
+- ``ModelInfer``: a name that is a model-less task (registered, and no pipeline)
+  is routed to the variant the selector picks, as over HTTP
+  (:mod:`infscaler.api.taskroute`; ``ModelMetadata`` answers for it too); decoded by
+  the HTTP codec, its bytes reserved from the service's
   in-flight budget under the client's uid (twice the message: the message and its
   decoded tensors), submitted with :meth:`Service.submit` with the deadline of its
   ``timeout`` parameter or of the call (the nearer), and the result encoded into
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -43,14 +46,22 @@ import grpc
 import infscaler
 from infscaler.api.codec import ProtocolError, TensorSpec, parse_timeout_ms
 from infscaler.api.codec_json import parse_queue_params
-from infscaler.api.common import EXTENSIONS, VERSION, model_stats, slot_arrays, status_of
+from infscaler.api.common import (
+    EXTENSIONS,
+    VERSION,
+    infer_parameters,
+    model_stats,
+    slot_arrays,
+    status_of,
+)
 from infscaler.api.grpc import grpc_service_pb2 as pb
-from infscaler.api.grpc import model_config_pb2 as mc
 from infscaler.api.grpc.mapping import (
     decode_model_infer,
     encode_model_infer,
     grpc_code,
 )
+from infscaler.api.modelconfig import model_config
+from infscaler.api.taskroute import infer_task, task_metadata, task_router, task_specs
 from infscaler.base.errors import InfScalerError
 from infscaler.base.security import Peer, is_privileged, redact, require_privileged
 
@@ -59,23 +70,6 @@ __all__ = ["SERVICE_NAME", "Handlers"]
 log = logging.getLogger("infscaler.api.grpc")
 
 SERVICE_NAME = "inference.GRPCInferenceService"
-
-#: v2 datatype -> ``model_config.proto``'s ``DataType``
-_CONFIG_TYPES = {
-    "BOOL": mc.TYPE_BOOL,
-    "UINT8": mc.TYPE_UINT8,
-    "UINT16": mc.TYPE_UINT16,
-    "UINT32": mc.TYPE_UINT32,
-    "UINT64": mc.TYPE_UINT64,
-    "INT8": mc.TYPE_INT8,
-    "INT16": mc.TYPE_INT16,
-    "INT32": mc.TYPE_INT32,
-    "INT64": mc.TYPE_INT64,
-    "FP16": mc.TYPE_FP16,
-    "FP32": mc.TYPE_FP32,
-    "FP64": mc.TYPE_FP64,
-    "BYTES": mc.TYPE_STRING,
-}
 
 _UNIMPLEMENTED = {
     "ModelStreamInfer": (pb.ModelInferRequest, "stream", "ModelStreamInfer (decoupled models)"),
@@ -146,12 +140,30 @@ class Handlers:
         shm: the :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry` shared with
             the HTTP app.
         peer_of: the client of a call (``context`` -> :class:`Peer`; the gate's table).
+        tasks: ``{"router": TaskRouter | None}``, the HTTP app's (one task router for
+            both transports; default: a fresh holder).
+        loads: the :class:`~infscaler.base.quotas.LoadBudget` of variant loads per uid,
+            the HTTP app's (default: one of the default quota).
     """
 
-    def __init__(self, service: Any, shm: Any, peer_of: Callable[[Any], Peer]) -> None:
+    def __init__(
+        self,
+        service: Any,
+        shm: Any,
+        peer_of: Callable[[Any], Peer],
+        *,
+        tasks: dict[str, Any] | None = None,
+        loads: Any = None,
+    ) -> None:
         self.service = service
         self.shm = shm
         self.peer_of = peer_of
+        self.tasks = tasks if tasks is not None else {"router": None}
+        if loads is None:
+            from infscaler.base.quotas import LoadBudget, PeerQuotas
+
+            loads = LoadBudget(PeerQuotas().variant_loads_per_min)
+        self.loads = loads
 
     # -- health and metadata -------------------------------------------------------------
 
@@ -177,10 +189,27 @@ class Handlers:
 
     @_method
     async def ModelMetadata(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        tm = pb.ModelMetadataResponse.TensorMetadata
+        router = task_router(self.service, self.tasks, request.name)
+        if router is not None:  # a model-less task: its inputs and outputs
+            _check_version(request.name, request.version)
+            md = task_metadata(router, request.name)
+            return pb.ModelMetadataResponse(
+                name=md["name"],
+                versions=md["versions"],
+                platform=md["platform"],
+                inputs=[
+                    tm(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+                    for t in md["inputs"]
+                ],
+                outputs=[
+                    tm(name=t["name"], datatype=t["datatype"] or "UNKNOWN", shape=t["shape"] or [])
+                    for t in md["outputs"]
+                ],
+            )
         dep = self.service.deployment(request.name)
         _check_version(request.name, request.version)
         p = dep.pipeline
-        tm = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=dep.name,
             versions=[VERSION],
@@ -198,30 +227,11 @@ class Handlers:
 
     @_method
     async def ModelConfig(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
-        """The pipeline as a ``ModelConfig``: name, platform, inputs and outputs with
-        their data types and dims (-1: any size), no batching fields."""
+        """The model's ``ModelConfig`` (:func:`~infscaler.api.modelconfig.model_config`:
+        a Triton repository model's served config.pbtxt, else the pipeline's view)."""
         dep = self.service.deployment(request.name)
         _check_version(request.name, request.version)
-        p = dep.pipeline
-
-        def kind(datatype: str | None) -> int:
-            return _CONFIG_TYPES.get(datatype or "", mc.TYPE_INVALID)
-
-        cfg = mc.ModelConfig(
-            name=dep.name,
-            platform="infscaler_pipeline",
-            input=[
-                mc.ModelInput(name=i.name, data_type=kind(i.datatype), dims=list(i.shape))
-                for i in p.inputs
-            ],
-            output=[
-                mc.ModelOutput(
-                    name=o["name"], data_type=kind(o["datatype"]), dims=list(o["shape"] or [])
-                )
-                for o in p.outputs
-            ],
-        )
-        return pb.ModelConfigResponse(config=cfg)
+        return pb.ModelConfigResponse(config=model_config(dep))
 
     @_method
     async def ModelStatistics(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
@@ -252,51 +262,69 @@ class Handlers:
 
     @_method
     async def ModelInfer(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        """One inference: on a deployed pipeline, or on a model-less task's variant
+        (a name that is a registered task and no pipeline: the selector picks it, as
+        over HTTP, :mod:`infscaler.api.taskroute`)."""
         arrived = time.monotonic()
         service = self.service
-        dep = service.deployment(request.model_name)
-        _check_version(request.model_name, request.model_version)
+        name = request.model_name
+        router = task_router(service, self.tasks, name)
+        dep = None if router is not None else service.deployment(name)
+        _check_version(name, request.model_version)
         nbytes = 2 * request.ByteSize()
         uid = None if is_privileged(peer) else peer.uid
         service.reserve_bytes(nbytes, uid)
         try:
             shm = self.shm.for_peer(peer)
-            specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
+            if dep is not None:
+                specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
+            else:
+                specs = task_specs(router, name)
             req = decode_model_infer(request, specs, shm)
             timeout_s = parse_timeout_ms(req.parameters)
             remaining = context.time_remaining()
             if remaining is not None and (timeout_s is None or remaining < timeout_s):
                 timeout_s = max(remaining, 1e-3)
-            priority, queue_timeout_us = parse_queue_params(req.parameters)
-            fut = service.submit(
-                dep.name,
-                slot_arrays(req.inputs),
-                timeout_s,
-                arrived,
-                priority=priority,
-                queue_timeout_us=queue_timeout_us,
-            )
-            try:
-                result = await asyncio.wrap_future(fut)
-            except asyncio.CancelledError:
-                fut.cancel()
-                raise
-            params: dict[str, Any] = {
-                "latency_ms": round(result.latency_ms, 3),
-                "unit_ms": json.dumps(result.unit_ms([u.name for u in dep.pipeline.units])),
-            }
-            if result.items is not None:
-                params["items"] = result.items
+            if dep is None:
+                result, dep, extra = await infer_task(
+                    router,
+                    name,
+                    req.inputs,
+                    req.parameters,
+                    timeout_s=timeout_s,
+                    peer=peer,
+                    loads=self.loads,
+                )
+            else:
+                result, extra = await self._submit(dep, req, timeout_s, arrived), {}
             return encode_model_infer(
-                model_name=dep.name,
+                model_name=name,
                 request_id=req.id,
                 outputs=result.outputs,
                 requested=req.outputs,
-                parameters=params,
+                parameters=infer_parameters(result, dep, extra),
                 shm=shm,
             )
         finally:
             service.release_bytes(nbytes, uid)
+
+    async def _submit(self, dep: Any, req: Any, timeout_s: float | None, arrived: float) -> Any:
+        """``req`` submitted to the pipeline ``dep`` with its queue parameters; its
+        Result (the call cancelled: the request too)."""
+        priority, queue_timeout_us = parse_queue_params(req.parameters)
+        fut = self.service.submit(
+            dep.name,
+            slot_arrays(req.inputs),
+            timeout_s,
+            arrived,
+            priority=priority,
+            queue_timeout_us=queue_timeout_us,
+        )
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
 
     # -- system shared memory ------------------------------------------------------------
 

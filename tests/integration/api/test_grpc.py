@@ -108,6 +108,11 @@ def test_socket_mode_health_and_metadata(served, gc) -> None:
     assert cfg["input"][0]["data_type"] == "TYPE_FP32" and cfg["input"][0]["dims"] == ["-1", "4"]
     with Client(served["http"]) as h:
         assert h.status()["grpc_socket"] == served["grpc"]
+        doc = h._request("GET", "/v2/models/chain/config").json()
+    # a pipeline (not a Triton repository model): its own view, the same over HTTP
+    assert (doc["name"], doc["platform"]) == ("chain", "infscaler_pipeline")
+    assert doc["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 4]}]
+    assert [o["name"] for o in doc["output"]] == [o["name"] for o in cfg["output"]]
 
 
 @pytest.mark.parametrize(
@@ -128,6 +133,34 @@ def test_outputs_bit_exact_with_http(served, gc, name: str, arr: np.ndarray) -> 
     assert r.get_response().parameters["latency_ms"].double_param > 0
     stats = gc.get_inference_statistics(name, as_json=True)["model_stats"][0]
     assert int(stats["inference_count"]) >= 2
+
+
+def test_infer_parameters_are_scalars_over_http_and_grpc(served, gc) -> None:
+    """KServe v2 / Triton parameters are scalars: per-unit times come as one double
+    ``unit_ms.<unit>`` each, the same units over both protocols, never a JSON string."""
+    import httpx
+
+    arr = np.ones((2, 4), np.float32)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 4], "data": [1.0] * 8}]}
+    transport = httpx.HTTPTransport(uds=served["http"])
+    with httpx.Client(transport=transport, base_url="http://infscaler", timeout=30) as h:
+        doc = h.post("/v2/models/chain/infer", json=body).json()
+    params = doc["parameters"]
+    assert all(isinstance(v, str | int | float | bool) for v in params.values()), params
+    assert "unit_ms" not in params
+    http_units = {k: v for k, v in params.items() if k.startswith("unit_ms.")}
+    assert set(http_units) == {"unit_ms.scale", "unit_ms.add"}
+    assert all(isinstance(v, float) and v >= 0 for v in http_units.values())
+
+    grpc_params = _infer(gc, "chain", arr).get_response().parameters
+    kinds = {k: p.WhichOneof("parameter_choice") for k, p in grpc_params.items()}
+    assert set(kinds.values()) <= {"bool_param", "int64_param", "string_param", "double_param"}
+    assert "unit_ms" not in kinds
+    assert {k for k in kinds if k.startswith("unit_ms.")} == set(http_units)
+    assert kinds["unit_ms.scale"] == kinds["unit_ms.add"] == "double_param"
+    assert kinds["latency_ms"] == "double_param"
+    with Client(served["http"]) as c:
+        assert set(c.infer("chain", {"x": arr}).unit_ms) == {"scale", "add"}
 
 
 def test_refusals_carry_their_codes(served, gc) -> None:

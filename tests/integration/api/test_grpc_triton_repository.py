@@ -27,6 +27,39 @@ def _infer(c, model: str, feeds: dict[str, np.ndarray], outputs: list[str]) -> d
     return {o: r.as_numpy(o) for o in outputs}
 
 
+def _check_served_configs(c, http_sock: Path) -> None:
+    """ModelConfig is the config.pbtxt as written (batch dim out of dims, instance
+    groups, batching, ignored fields too), with Triton's defaults filled; the same over
+    HTTP (``GET /v2/models/<m>/config``, int64 as numbers)."""
+    import httpx
+
+    add = c.get_model_config("add", as_json=True)["config"]
+    assert add["name"] == "add" and add["platform"] == "onnxruntime_onnx"
+    assert add["backend"] == "onnxruntime"  # filled
+    assert add["max_batch_size"] == 8
+    assert [(t["name"], t["dims"]) for t in add["input"]] == [("a", ["4"]), ("b", ["4"])]
+    assert add["instance_group"] == [{"count": 2, "kind": "KIND_CPU"}]
+    assert add["dynamic_batching"]["max_queue_delay_microseconds"] == "1000"
+    assert add["optimization"]["graph"]["level"] == 1  # served as written, though ignored
+    mm = c.get_model_config("mm", as_json=True)["config"]
+    assert (mm["name"], mm["platform"], mm["backend"]) == ("mm", "onnxruntime_onnx", "onnxruntime")
+    assert "max_batch_size" not in mm  # 0, as the file left it
+    transport = httpx.HTTPTransport(uds=str(http_sock))
+    with httpx.Client(transport=transport, base_url="http://infscaler", timeout=30) as h:
+        r = h.get("/v2/models/add/config")
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        assert h.get("/v2/models/add/versions/1/config").json() == doc
+        assert h.get("/v2/models/nope/config").status_code == 404
+    assert doc["name"] == "add" and doc["max_batch_size"] == 8
+    assert [(t["name"], t["data_type"], t["dims"]) for t in doc["input"]] == [
+        ("a", "TYPE_FP32", [4]),
+        ("b", "TYPE_FP32", [4]),
+    ]
+    assert doc["dynamic_batching"]["max_queue_delay_microseconds"] == 1000
+    assert doc["instance_group"] == add["instance_group"]
+
+
 def test_a_served_triton_repository_answers_tritonclient_grpc(tmp_path: Path) -> None:
     repo = _repository(tmp_path)
     serve = _Serve(tmp_path, str(repo))
@@ -58,6 +91,8 @@ def test_a_served_triton_repository_answers_tritonclient_grpc(tmp_path: Path) ->
             assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["output"]] == [
                 ("z", "TYPE_FP32", ["-1", "2"])
             ]
+
+            _check_served_configs(c, tmp_path / "svc.sock")
 
             a, b = rand(5, 4, seed=1, scale=3.0), rand(5, 4, seed=2, scale=3.0)
             got = _infer(c, "add", {"a": a, "b": b}, ["y"])["y"]

@@ -91,8 +91,9 @@ def test_infer_json_and_binary(client: Client, binary: bool) -> None:
     res = client.infer("chain", {"x": x}, binary=binary)
     np.testing.assert_array_equal(res.outputs["z"], x * 2 + 1)
     assert float(res.parameters["latency_ms"]) > 0
-    unit_ms = json.loads(res.parameters["unit_ms"])
-    assert set(unit_ms) == {"scale", "add"}
+    assert set(res.unit_ms) == {"scale", "add"}
+    assert all(isinstance(res.parameters[f"unit_ms.{u}"], float) for u in ("scale", "add"))
+    assert "unit_ms" not in res.parameters
 
 
 def test_infer_through_system_shared_memory(served, client: Client) -> None:

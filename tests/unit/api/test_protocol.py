@@ -331,12 +331,12 @@ def test_response_selects_orders_and_mixes_outputs() -> None:
         outputs=outs,
         requested=[RequestedOutput("c", True), RequestedOutput("a", False)],
         binary_default=False,
-        parameters={"latency_ms": 1.5, "unit_ms": "{}", "n": np.int64(2)},
+        parameters={"latency_ms": 1.5, "unit_ms.det": 0.25, "n": np.int64(2)},
     )
     hl = int(headers[HEADER_LENGTH])
     doc = json.loads(body[:hl])
     assert doc["model_name"] == "m" and doc["model_version"] == "3" and doc["id"] == "id-1"
-    assert doc["parameters"] == {"latency_ms": 1.5, "unit_ms": "{}", "n": 2}
+    assert doc["parameters"] == {"latency_ms": 1.5, "unit_ms.det": 0.25, "n": 2}
     assert [o["name"] for o in doc["outputs"]] == ["c", "a"]
     assert doc["outputs"][0] == {
         "name": "c",
@@ -859,3 +859,17 @@ def test_decode_response_refusals() -> None:
         decode_infer_response(
             b'{"outputs":[{"name":"y","datatype":"FP32","shape":[1]}]}', header_length=None
         )
+
+
+def test_unit_ms_travels_as_flat_double_parameters() -> None:
+    """Per-unit times are one ``unit_ms.<unit>`` double each (v2 parameters are
+    scalars) and read back as a dict, in order; non-numbers are not times."""
+    from infscaler.api.codec import InferResult, unit_ms_of, unit_ms_parameters
+
+    params = unit_ms_parameters({"det": 12.5, "rec": 3})
+    assert params == {"unit_ms.det": 12.5, "unit_ms.rec": 3.0}
+    assert all(type(v) is float for v in params.values())
+    mixed = {"latency_ms": 16.0, **params, "unit_ms.bad": "x", "unit_ms.flag": True}
+    assert unit_ms_of(mixed) == {"det": 12.5, "rec": 3.0}
+    assert InferResult("m", None, {}, mixed).unit_ms == {"det": 12.5, "rec": 3.0}
+    assert InferResult("m", None, {}).unit_ms == {}
