@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infscaler.base.procutil import module_command
 from infscaler.engines.onnxrt.loader import CPU_PROVIDER, CUDA_PROVIDER, TRT_PROVIDER
 
 __all__ = [
@@ -68,6 +67,13 @@ PROBE_VERSION = 1
 
 _TIMEOUT_S = 120.0  # a TensorRT EP session builds an engine: seconds, not minutes
 _ENV_NO_CACHE = "INFSCALER_PROBE_NO_CACHE"
+# the child: main() of this module, the working directory off sys.path (as
+# infscaler.base.procutil.module_command does; not ``-m``, which would import this module
+# twice: the package imports it first)
+_CHILD = (
+    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "from infscaler.engines.gpu.probe import main; sys.exit(main())"
+)
 
 _LIBNVINFER = ("libnvinfer.so.10", "libnvinfer.so.8", "libnvinfer.so")
 
@@ -367,7 +373,7 @@ def run_probe(timeout_s: float = _TIMEOUT_S) -> ProviderReport:
     env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1"}
     try:
         proc = subprocess.run(  # noqa: S603 - our own module, argv list
-            module_command("infscaler.engines.gpu.probe"),
+            [sys.executable, "-c", _CHILD],
             capture_output=True,
             text=True,
             timeout=timeout_s,
