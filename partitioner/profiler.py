@@ -80,6 +80,8 @@ def _is_jetson() -> bool:
 _BACKEND_PROVIDER = {
     "onnxruntime-cpu": CPU_PROVIDER,
     "onnxruntime-cuda": "CUDAExecutionProvider",
+    "onnxruntime-trt": "TensorrtExecutionProvider",
+    "onnxruntime-trt-dla": "TensorrtExecutionProvider-DLA",
     "tensorrt": "TensorRT",
     "tensorrt-dla": "TensorRT-DLA",
 }

@@ -1,5 +1,6 @@
 """How the service starts its own Python child processes (instances, load generators,
-variant builders), independent of the working directory.
+variant builders), independent of the working directory; and whether a process has CUDA
+mapped (:func:`cuda_libraries_mapped`: the zygote's fork-safety check).
 
 ``python -m pkg.mod`` puts the working directory first on ``sys.path``: started from a
 checkout of this repository with the package installed from a wheel, ``./infscaler``
@@ -13,6 +14,8 @@ the same, but the package supports 3.10.)
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 
 _BOOT = (
@@ -34,3 +37,33 @@ def module_command(module: str, *args: str) -> list[str]:
         ``[sys.executable, "-c", BOOT, *args]``.
     """
     return [sys.executable, "-c", _BOOT.format(module=module), *args]
+
+
+#: file names of the CUDA driver, the CUDA runtime and TensorRT (a process that mapped any
+#: of them may hold a CUDA context, which does not survive ``fork()``)
+_CUDA_LIB = re.compile(r"^(libcuda|libcudart|libnvinfer)\.so(\.|$)")
+
+
+def cuda_libraries_mapped(maps: str | None = None) -> list[str]:
+    """The CUDA libraries (``libcuda``, ``libcudart``, ``libnvinfer``) mapped into this
+    process: the paths, sorted, from ``/proc/self/maps`` (or the text ``maps``); [] when
+    none is, or where ``/proc`` cannot be read.
+
+    A forked child cannot use a CUDA context its parent created (CUDA C Programming
+    Guide: the CUDA runtime is not fork-safe once initialised), so the zygote checks this
+    before each fork (:mod:`infscaler.runtime.processes.zygote`).
+    """
+    if maps is None:
+        try:
+            with open(f"/proc/{os.getpid()}/maps") as f:
+                maps = f.read()
+        except OSError:
+            return []
+    found = set()
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6:
+            path = parts[5].strip()
+            if _CUDA_LIB.match(os.path.basename(path.removesuffix(" (deleted)"))):
+                found.add(path)
+    return sorted(found)

@@ -1,12 +1,18 @@
 """Inference engines: one interface (load, infer, close) over the CPU, GPU and DLA.
 
-======  ========================================================  ====================
+======  ========================================================  ======================
 kind    runs on                                                   precisions
-======  ========================================================  ====================
+======  ========================================================  ======================
 cpu     onnxruntime CPU EP, process pinned to ``cores``            fp32
-gpu     TensorRT (+ pycuda buffers), else onnxruntime CUDA EP      fp32, fp16, int8 (TRT)
-dla     TensorRT on a Jetson DLA core, GPU fallback                fp16, int8
-======  ========================================================  ====================
+gpu     onnxruntime TensorRT EP, else TensorRT (+ pycuda), else    fp32, fp16 (TRT EP),
+        onnxruntime CUDA EP                                        int8 (native TRT)
+dla     onnxruntime TensorRT EP with a DLA core, else TensorRT;    fp16 (+ int8 native)
+        GPU fallback per layer
+======  ========================================================  ======================
+
+Whether gpu / dla run here is found in a short subprocess (:mod:`.gpu.probe`): a session
+that really starts on the provider, so neither the service nor the zygote ever
+initialises CUDA.
 
 Usage (Polygraphy's runner shape: a context manager around load / close)::
 
@@ -19,7 +25,7 @@ Usage (Polygraphy's runner shape: a context manager around load / close)::
 Engines this host lacks report ``(False, reason)`` from :func:`available` and raise
 :class:`EngineUnavailable` (with that reason) from ``load()`` and :func:`require_engine`;
 none is ever emulated. The modules for gpu / dla import tensorrt and pycuda only when
-probed or loaded, so the CPU path never imports them.
+loaded (in the instance process), so the CPU path never imports them.
 
 This package is InfScaler's one engine layer: every onnxruntime session is built by
 :func:`~.onnxrt.loader.load_session` (the loader; the engines are the runners), every "is this
@@ -132,8 +138,9 @@ def require_engine(kind: str) -> None:
 
 
 def engine_backend(kind: str) -> str | None:
-    """What serves engine ``kind`` on this host: ``onnxruntime-cpu``, ``onnxruntime-cuda``,
-    ``tensorrt`` (gpu), ``tensorrt-dla``; None when the host lacks it.
+    """What serves engine ``kind`` on this host: ``onnxruntime-cpu`` (cpu);
+    ``onnxruntime-trt``, ``tensorrt`` or ``onnxruntime-cuda`` (gpu);
+    ``onnxruntime-trt-dla`` or ``tensorrt-dla`` (dla); None when the host lacks it.
 
     Raises:
         ConfigError: an unknown kind.
@@ -143,8 +150,6 @@ def engine_backend(kind: str) -> str | None:
         return None
     if cls.kind == "cpu":
         return "onnxruntime-cpu"
-    if cls.kind == "dla":
-        return "tensorrt-dla"
     return cls.backend()  # type: ignore[attr-defined]
 
 

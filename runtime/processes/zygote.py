@@ -43,7 +43,11 @@ re-created lazily in a child on its first BLAS call. Then it checks it runs one 
 and checks again before every fork; a preloaded module that starts threads is rejected
 (the zygote exits, and is restarted without it). No onnxruntime session, no thread pool,
 no lock is created in the zygote. Nor is CUDA: a CUDA context does not survive a fork, so
-the gpu / dla engines import TensorRT and pycuda in the child, as before.
+the gpu / dla engines import TensorRT and pycuda and create their sessions in the child,
+and engine availability is probed in a separate short process
+(:mod:`infscaler.engines.gpu.probe`). The zygote checks it (``/proc/self/maps`` holds no
+``libcuda`` / ``libcudart`` / ``libnvinfer``) at start, after each preload and before
+every fork; with one mapped it refuses and exits, and is restarted clean.
 
 Process tree: instances are the zygote's children, with no parent-death signal (the
 zygote's death must not take them along). The service watches each one with a pidfd
@@ -101,7 +105,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from infscaler.base.errors import InfScalerError
-from infscaler.base.procutil import module_command
+from infscaler.base.procutil import cuda_libraries_mapped, module_command
 
 log = logging.getLogger("infscaler.zygote")
 
@@ -342,12 +346,11 @@ class _Zygote:
         op, rid = obj.get("op"), obj.get("id")
         if op == "fork":
             try:
-                self.fork(rid, obj["spec"], fds)
+                return self.fork(rid, obj["spec"], fds)
             finally:
                 for fd in fds:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            return False
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -356,16 +359,21 @@ class _Zygote:
         self.send({"reply": rid, "ok": False, "error": f"unknown op {op!r}"})
         return False
 
-    def fork(self, rid: Any, spec: dict[str, Any], fds: list[int]) -> None:
+    def fork(self, rid: Any, spec: dict[str, Any], fds: list[int]) -> bool:
+        """Fork one instance; True when the zygote must exit (CUDA got mapped into it)."""
         threads = _threads()
         if len(threads) != 1:
             self.send(
                 {"reply": rid, "ok": False, "error": f"the zygote runs {len(threads)} threads"}
             )
-            return
+            return False
         if len(fds) != 3:
             self.send({"reply": rid, "ok": False, "error": f"fork needs 3 fds, got {len(fds)}"})
-            return
+            return False
+        cuda = cuda_libraries_mapped()
+        if cuda:  # a child could not use CUDA: refuse, exit, be restarted clean
+            self.send({"reply": rid, "ok": False, "error": cuda_error(cuda)})
+            return True
         gc.freeze()  # into the permanent generation: no collection in a child writes to them
         pid = os.fork()
         if pid == 0:
@@ -373,7 +381,8 @@ class _Zygote:
         pidfd = os.pidfd_open(pid)  # ours until we reap it: no pid-reuse race
         self.children[pidfd] = pid
         self.sel.register(pidfd, selectors.EVENT_READ, pid)
-        self.send({"reply": rid, "ok": True, "pid": pid}, [pidfd])
+        self.send({"reply": rid, "ok": True, "pid": pid, "cuda_free": True}, [pidfd])
+        return False
 
     def preload(self, rid: Any, modules: list[str]) -> bool:
         errors: dict[str, str] = {}
@@ -386,6 +395,12 @@ class _Zygote:
             except BaseException as exc:  # noqa: BLE001 - the instance reports it itself
                 errors[name] = f"{type(exc).__name__}: {exc}"
                 continue
+            cuda = cuda_libraries_mapped()
+            if cuda:
+                rejected.append(name)
+                errors[name] = f"importing {name} mapped CUDA: " + cuda_error(cuda)
+                self.send({"reply": rid, "ok": False, "errors": errors, "rejected": rejected})
+                return True
             if len(_threads()) > 1 and len(_settle_threads()) > 1:
                 rejected.append(name)
                 errors[name] = f"importing {name} started threads: instances cannot fork"
@@ -394,6 +409,16 @@ class _Zygote:
         _trim()
         self.send({"reply": rid, "ok": not errors, "errors": errors, "rejected": rejected})
         return False
+
+
+def cuda_error(libraries: Sequence[str]) -> str:
+    """Why a zygote with ``libraries`` (CUDA) mapped must not fork."""
+    return (
+        f"the zygote has CUDA mapped ({', '.join(libraries)}): a CUDA context does not "
+        "survive fork(), so no instance may be forked from it; a preloaded module or "
+        "BASE_MODULES initialised CUDA (engines must import tensorrt / pycuda and create "
+        "sessions in the instance, after the fork)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -417,6 +442,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             importlib.import_module(name)
     threads = _settle_threads()
     _trim()
+    cuda = cuda_libraries_mapped()
+    if cuda:
+        with contextlib.suppress(OSError):
+            send_frame(sock, {"event": "hello", "ok": False, "error": cuda_error(cuda)})
+        return 3
     if len(threads) != 1:
         with contextlib.suppress(OSError):
             send_frame(
@@ -536,6 +566,7 @@ class _Generation:
         self.procs: dict[int, ForkedProcess] = {}
         self.send_lock = threading.Lock()
         self.forks = 0
+        self.cuda_free_forks = 0
 
     @property
     def pid(self) -> int:
@@ -647,7 +678,8 @@ class ForkServer:
 
     def status(self) -> dict[str, Any]:
         """``enabled``, ``pid`` (None: down), ``ready``, ``restarts``, ``forks``,
-        ``modules`` (function modules preloaded), ``last_error``."""
+        ``cuda_free_forks`` (forks made after the zygote checked it has no CUDA library
+        mapped), ``modules`` (function modules preloaded), ``last_error``."""
         gen = self._gen
         alive = gen is not None and not gen.dead.is_set()
         return {
@@ -656,6 +688,8 @@ class ForkServer:
             "ready": bool(alive and gen.ready.is_set()),
             "restarts": self.restarts,
             "forks": gen.forks if gen is not None else 0,
+            # forks the zygote made after checking it had no CUDA library mapped
+            "cuda_free_forks": gen.cuda_free_forks if gen is not None else 0,
             "modules": list(self._modules),
             "last_error": self.last_error,
         }
@@ -776,6 +810,7 @@ class ForkServer:
         fut = gen.waiting.pop(obj.get("reply"), None)
         result: Any = fds
         if obj.get("ok") and "pid" in obj and fds:
+            gen.cuda_free_forks += bool(obj.get("cuda_free"))
             proc = ForkedProcess(int(obj["pid"]), fds[0], gen)
             gen.procs[proc.pid] = proc
             result = proc

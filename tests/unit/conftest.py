@@ -93,3 +93,14 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     return (yield from _guarded(item, "teardown"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Find the host's gpu / dla providers before any test, outside the guard: on a host
+    whose onnxruntime has a CUDA or TensorRT EP the answer takes a short child process
+    (:mod:`infscaler.engines.gpu.probe`: a session that really starts, never in this
+    process), and unit tests that ask for an engine's availability then read it from
+    memory. On a CPU-only host it is answered without a child."""
+    from infscaler.engines.gpu.probe import probe_providers
+
+    probe_providers()

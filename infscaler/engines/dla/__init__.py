@@ -1,6 +1,19 @@
 """The ``dla`` engine: TensorRT on a Jetson's Deep Learning Accelerator.
 
-Built like the GPU engine (:mod:`infscaler.engines.tensorrt`) with, in the
+Two backends, chosen once per host by the provider probe
+(:mod:`infscaler.engines.gpu.probe`, a subprocess):
+
+1. ``onnxruntime-trt-dla`` (the default on a Jetson with JetPack's onnxruntime-gpu):
+   onnxruntime's TensorRT EP with ``trt_dla_enable = 1``, ``trt_dla_core =
+   device_index`` and ``trt_fp16_enable = 1``; the EP builds with TensorRT's GPU fallback,
+   so layers the DLA cannot run go to the iGPU, and nodes TensorRT cannot take at all go to
+   the CUDA EP (when ``allow_gpu_fallback``) and the CPU EP. Why the default: the model
+   always loads (per-node fallback), the engine is cached like the gpu engine's, no pycuda
+   is needed, and the session is the one ONNX users already run. Precision: fp16 (the
+   EP's int8 needs a calibration table, which this engine does not take).
+2. ``tensorrt-dla``: native TensorRT, as below, where onnxruntime has no TensorRT EP.
+
+The native build is like the GPU engine's (:mod:`infscaler.engines.tensorrt`) with, in the
 builder config, ``default_device_type = trt.DeviceType.DLA``, ``DLA_core =
 device_index`` and, when ``allow_gpu_fallback`` (the default), ``BuilderFlag.GPU_FALLBACK``:
 layers the DLA cannot run (``config.can_run_on_DLA(layer)`` is False) go to the iGPU.

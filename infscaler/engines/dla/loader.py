@@ -1,26 +1,27 @@
-"""What the ``dla`` engine loads with: its availability check (:func:`probe_dla`: TensorRT,
-pycuda, a CUDA device and DLA cores). The engine is built and cached by
+"""What the ``dla`` engine loads with: its availability check (:func:`probe_dla`,
+answered by the provider probe of :mod:`infscaler.engines.gpu.probe` in a subprocess: the
+TensorRT EP with ``trt_dla_enable`` starting a session, else native TensorRT + pycuda + a
+CUDA device + DLA cores). On the native path the engine is built and cached by
 :mod:`infscaler.engines.tensorrt.loader` with the DLA settings of the
-:class:`~infscaler.engines.tensorrt.loader.BuildSpec` (``dla_core``, ``gpu_fallback``).
+:class:`~infscaler.engines.tensorrt.loader.BuildSpec` (``dla_core``, ``gpu_fallback``); on
+the onnxruntime path the session is
+:func:`~infscaler.engines.gpu.loader.open_ort_gpu_session` with ``engine="dla"``.
 """
 
 from __future__ import annotations
 
-from infscaler.engines.tensorrt.loader import DLA_ONLY_ON_JETSON, probe_tensorrt_host
+from infscaler.engines.gpu.probe import probe_providers
 
-__all__ = ["probe_dla"]
+__all__ = ["probe_dla", "probe_dla_backend"]
+
+
+def probe_dla_backend() -> tuple[str | None, str]:
+    """``("onnxruntime-trt-dla" | "tensorrt-dla", what runs it)`` or ``(None, why not)``."""
+    return probe_providers().dla_backend()
 
 
 def probe_dla() -> tuple[bool, str]:
-    """``(True, "TensorRT <version>, <n> DLA core(s) beside <GPU>")``, or ``(False, reason)``
-    (what TensorRT lacks, or that the host has no DLA core)."""
-    host = probe_tensorrt_host()
-    if host["missing"]:
-        return False, "; ".join(host["missing"]) + f"; {DLA_ONLY_ON_JETSON}"
-    n = int(host.get("dla_cores", 0))
-    if n <= 0:
-        return False, (
-            f"no DLA cores: {DLA_ONLY_ON_JETSON} (TensorRT {host['version']} on "
-            f"{host['devices'][0]} reports builder.num_DLA_cores == 0)"
-        )
-    return True, f"TensorRT {host['version']}, {n} DLA core(s) beside {host['devices'][0]}"
+    """``(True, what runs it)`` or ``(False, reason)`` (what TensorRT lacks, or that the
+    host has no DLA core)."""
+    backend, text = probe_dla_backend()
+    return backend is not None, text

@@ -1,6 +1,7 @@
 """The ``dla`` engine's runner: :class:`DLAEngine`, a model on a Jetson DLA core through
-:class:`~infscaler.engines.tensorrt.runner.TensorRTEngine`'s path (see
-:mod:`infscaler.engines.dla` for the DLA build and its precisions).
+onnxruntime's TensorRT EP (:class:`~infscaler.engines.gpu.runner.OrtGpuPath`) or native
+TensorRT (:class:`~infscaler.engines.tensorrt.runner.TensorRTEngine`'s path); see
+:mod:`infscaler.engines.dla` for the DLA build and its precisions.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from typing import Any
 import numpy as np
 
 from infscaler.engines.base import InferenceError
-from infscaler.engines.dla.loader import probe_dla
-from infscaler.engines.tensorrt.runner import TensorRTEngine
+from infscaler.engines.dla.loader import probe_dla, probe_dla_backend
+from infscaler.engines.gpu.runner import OrtGpuPath
 
 __all__ = ["DLAEngine"]
 
 
-class DLAEngine(TensorRTEngine):
+class DLAEngine(OrtGpuPath):
     """A model on DLA core ``device_index`` (see :mod:`infscaler.engines.dla`)."""
 
     kind = "dla"
@@ -27,8 +28,15 @@ class DLAEngine(TensorRTEngine):
         return probe_dla()
 
     @classmethod
+    def backend(cls) -> str | None:
+        """``"onnxruntime-trt-dla"``, ``"tensorrt-dla"``, or None when the host has no DLA."""
+        return probe_dla_backend()[0] if cls.availability()[0] else None
+
+    @classmethod
     def _host_precisions(cls) -> tuple[str, ...]:
-        return ("fp16", "int8")
+        # the TensorRT EP's int8 needs a calibration table (trt_int8_calibration_table_name),
+        # which this engine does not take
+        return ("fp16",) if cls.backend() == "onnxruntime-trt-dla" else ("fp16", "int8")
 
     def _check_options(self) -> None:
         if self.precision == "fp32":
@@ -40,15 +48,28 @@ class DLAEngine(TensorRTEngine):
         super()._check_options()
 
     def _load(self) -> None:
-        self._load_tensorrt()
+        self._backend = self.backend()
+        if self._backend == "onnxruntime-trt-dla":
+            self._load_ort("dla")
+            self._trt_info.update(
+                dla_core=self.device_index, allow_gpu_fallback=self.allow_gpu_fallback
+            )
+        else:
+            self._load_tensorrt()
 
     def _infer(self, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        if self._backend == "onnxruntime-trt-dla":
+            return self._infer_ort(feeds, outputs)
         return self._infer_tensorrt(feeds, outputs)
 
     def _close(self) -> None:
-        self._close_tensorrt()
+        if self._backend == "onnxruntime-trt-dla":
+            self._close_ort(0)
+        else:
+            self._close_tensorrt()
+        self._backend = None
 
     def _describe(self) -> dict[str, Any]:
         d = super()._describe()
-        d.setdefault("backend", "tensorrt")
+        d.setdefault("backend", "tensorrt-dla")
         return d

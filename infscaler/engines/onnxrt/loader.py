@@ -37,8 +37,10 @@ if TYPE_CHECKING:
 __all__ = [
     "CPU_PROVIDER",
     "CUDA_PROVIDER",
+    "TRT_PROVIDER",
     "OPTIMIZATION_LEVELS",
     "execution_providers",
+    "gpu_provider_options",
     "load_session",
     "providers_for",
     "session_options",
@@ -47,6 +49,7 @@ __all__ = [
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
+TRT_PROVIDER = "TensorrtExecutionProvider"
 
 OPTIMIZATION_LEVELS: dict[str, str] = {
     "none": "ORT_DISABLE_ALL",
@@ -136,22 +139,79 @@ def execution_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
-def providers_for(engine: str = "cpu", *, device_index: int = 0) -> list[Any]:
+def gpu_provider_options(
+    backend: str,
+    *,
+    device_index: int = 0,
+    precision: str = "fp32",
+    cache_dir: str | os.PathLike[str] | None = None,
+    gpu_fallback: bool = True,
+) -> list[Any]:
+    """The onnxruntime providers, with options, of a gpu / dla ``backend``.
+
+    - ``onnxruntime-cuda``: ``[("CUDAExecutionProvider", {"device_id", "use_tf32": "0"}),
+      "CPUExecutionProvider"]``: TF32 off, so fp32 means fp32;
+    - ``onnxruntime-trt``: the TensorRT EP first, ``{"device_id",
+      "trt_engine_cache_enable": "1", "trt_engine_cache_path": <cache_dir>/onnxruntime-trt,
+      "trt_fp16_enable": "1" for fp16}``, then the CUDA EP and the CPU EP for the nodes
+      TensorRT does not take (onnxruntime partitions the graph per node);
+    - ``onnxruntime-trt-dla``: the TensorRT EP with ``trt_dla_enable`` and
+      ``trt_dla_core = device_index`` (fp16 on: the DLA computes in fp16 / int8); layers
+      the DLA cannot run go to the iGPU inside TensorRT (GPU fallback), nodes TensorRT
+      cannot take to the CUDA EP (when ``gpu_fallback``) and the CPU EP.
+
+    Options as onnxruntime's TensorRT / CUDA execution-provider docs name them
+    (onnxruntime.ai/docs/execution-providers/TensorRT-ExecutionProvider.html). The cache
+    path is created here (TensorRT EP writes ``*.engine`` / ``*.profile`` files there).
+
+    Raises:
+        ConfigError: an unknown backend.
+    """
+    from infscaler.engines.tensorrt.cache import default_cache_dir
+
+    cuda_index = 0 if backend == "onnxruntime-trt-dla" else int(device_index)
+    cuda = (CUDA_PROVIDER, {"device_id": str(cuda_index), "use_tf32": "0"})
+    if backend == "onnxruntime-cuda":
+        return [cuda, CPU_PROVIDER]
+    if backend not in ("onnxruntime-trt", "onnxruntime-trt-dla"):
+        raise ConfigError(f"no onnxruntime providers for backend {backend!r}")
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache = root / "onnxruntime-trt"
+    cache.mkdir(parents=True, exist_ok=True)
+    trt: dict[str, str] = {
+        "device_id": str(cuda_index),
+        "trt_engine_cache_enable": "1",
+        "trt_engine_cache_path": str(cache),
+    }
+    if backend == "onnxruntime-trt-dla":
+        trt.update(trt_dla_enable="1", trt_dla_core=str(int(device_index)), trt_fp16_enable="1")
+        return [(TRT_PROVIDER, trt), *([cuda] if gpu_fallback else []), CPU_PROVIDER]
+    if precision == "fp16":
+        trt["trt_fp16_enable"] = "1"
+    return [(TRT_PROVIDER, trt), cuda, CPU_PROVIDER]
+
+
+def providers_for(
+    engine: str = "cpu",
+    *,
+    device_index: int = 0,
+    precision: str = "fp32",
+    cache_dir: str | os.PathLike[str] | None = None,
+    gpu_fallback: bool = True,
+) -> list[Any]:
     """The onnxruntime execution providers that run ``engine`` (Polygraphy's provider keys).
 
     - ``cpu``: ``["CPUExecutionProvider"]``;
-    - ``gpu``: ``[("CUDAExecutionProvider", {"device_id", "use_tf32": "0"}),
-      "CPUExecutionProvider"]`` when this host's gpu engine is served by onnxruntime's CUDA
-      EP (:meth:`~infscaler.engines.gpu.GPUEngine.backend` is ``onnxruntime-cuda``); TF32
-      off, so fp32 means fp32. Operators the CUDA EP lacks run on the CPU EP, as
-      onnxruntime assigns them;
-    - ``dla``, and ``gpu`` where TensorRT serves it: no onnxruntime session serves them;
-      use :func:`~infscaler.engines.create_engine`.
+    - ``gpu`` / ``dla`` where an onnxruntime backend serves them on this host
+      (:func:`~infscaler.engines.engine_backend`: ``onnxruntime-trt``,
+      ``onnxruntime-cuda``, ``onnxruntime-trt-dla``): :func:`gpu_provider_options`;
+    - ``gpu`` / ``dla`` where native TensorRT serves them: no onnxruntime session serves
+      them; use :func:`~infscaler.engines.create_engine`.
 
     Raises:
         ConfigError: an unknown engine kind.
         EngineUnavailable: the engine is missing on this host (the reason of
-            :func:`~infscaler.engines.available`), or is served by TensorRT.
+            :func:`~infscaler.engines.available`), or is served by native TensorRT.
     """
 
     require_engine(engine)
@@ -159,11 +219,11 @@ def providers_for(engine: str = "cpu", *, device_index: int = 0) -> list[Any]:
     if kind == "cpu":
         return [CPU_PROVIDER]
     backend = engine_backend(kind)
-    if backend == "onnxruntime-cuda":
-        return [
-            (CUDA_PROVIDER, {"device_id": str(int(device_index)), "use_tf32": "0"}),
-            CPU_PROVIDER,
-        ]
+    if backend in ("onnxruntime-cuda", "onnxruntime-trt", "onnxruntime-trt-dla"):
+        return gpu_provider_options(
+            backend, device_index=device_index, precision=precision,
+            cache_dir=cache_dir, gpu_fallback=gpu_fallback,
+        )  # fmt: skip
     raise EngineUnavailable(
         f"engine '{kind}' is served by {backend} on this host, not by an onnxruntime session",
         hint=f"run it through create_engine('{kind}', model_path)",
@@ -186,23 +246,29 @@ def load_session(
     options: ort.SessionOptions | None = None,
     external_data_folder: str | os.PathLike[str] | None = None,
     device_index: int = 0,
+    precision: str = "fp32",
+    cache_dir: str | os.PathLike[str] | None = None,
+    gpu_fallback: bool = True,
 ) -> ort.InferenceSession:
     """An onnxruntime session of ``model`` on ``engine`` (Polygraphy's ``SessionFromOnnx``).
 
     Args:
         model: an ``.onnx`` path, the serialised model (``bytes``), or an
             ``onnx.ModelProto`` (serialised here; pass a path for models over 2 GB).
-        engine: ``cpu`` or ``gpu`` (see :func:`providers_for`).
+        engine: ``cpu``, ``gpu`` or ``dla`` (see :func:`providers_for`).
         threads, optimization, spinning: as :func:`session_options` (ignored when
             ``options`` is given).
         options: ready ``SessionOptions`` (from :func:`session_options`), e.g. with the
             profiler on; ``external_data_folder`` is still applied to them.
         external_data_folder: as :func:`session_options` (a model whose weights are
             referenced, not embedded; see :mod:`infscaler.partitioner.weights`).
-        device_index: the CUDA device for ``gpu``.
+        device_index: the CUDA device for ``gpu``, the DLA core for ``dla``.
+        precision, cache_dir, gpu_fallback: the gpu / dla provider options
+            (:func:`gpu_provider_options`).
 
     Returns:
-        The ``InferenceSession``. For ``gpu``, its first provider is the CUDA EP.
+        The ``InferenceSession``. For ``gpu`` / ``dla``, its first provider is the one of
+        the engine's backend (TensorRT EP or CUDA EP).
 
     Raises:
         ConfigError: an unknown engine, optimisation level or ``threads < 1``.
@@ -212,7 +278,10 @@ def load_session(
             is invalid, an operator is not implemented, or a ModelProto is too large to
             serialise; the message is onnxruntime's.
     """
-    providers = providers_for(engine, device_index=device_index)
+    providers = providers_for(
+        engine, device_index=device_index, precision=precision,
+        cache_dir=cache_dir, gpu_fallback=gpu_fallback,
+    )  # fmt: skip
     if options is None:
         options = session_options(
             threads, optimization=optimization, spinning=spinning,
@@ -237,11 +306,14 @@ def load_session(
     if not isinstance(source, bytes):
         source = str(Path(source))
     session = _open(source, options, providers, _model_label(model))
-    if str(engine).lower() == "gpu" and session.get_providers()[:1] != [CUDA_PROVIDER]:
+    first = providers[0][0] if isinstance(providers[0], tuple) else providers[0]
+    if str(engine).lower() != "cpu" and session.get_providers()[:1] != [first]:
         raise EngineUnavailable(
-            f"onnxruntime could not start the CUDA EP on device {device_index} "
+            f"onnxruntime could not start {first} for engine '{engine}' (device / core "
+            f"{device_index}) "
             f"(session providers: {session.get_providers()}); see onnxruntime's log",
-            hint="check that the CUDA and cuDNN versions match the onnxruntime-gpu build",
+            hint="check that the CUDA, cuDNN (and TensorRT) versions match the onnxruntime-gpu "
+            "build",
         )
     return session
 

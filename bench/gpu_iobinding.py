@@ -1,0 +1,178 @@
+"""The gpu engine's onnxruntime path: plain ``session.run`` against IOBinding
+(:class:`~infscaler.engines.gpu.iobinding.BoundSession`), per tensor size.
+
+One model, ``Y = X + X`` (float32, ``n`` elements: 64 KB to 64 MB), on the gpu engine's
+onnxruntime provider (the CUDA EP, or the TensorRT EP where it serves). Per size, three
+ways, each timed per call (``perf_counter``), median and P90 of ``--repeats`` after 3
+warm-ups:
+
+- ``run``: ``session.run(["Y"], {"X": x})`` with pageable numpy arrays (onnxruntime
+  stages the input through its pinned bounce buffer, allocates the output on the host and
+  hands back a new array);
+- ``bound_pageable``: IOBinding, input bound at the numpy array's address, output written
+  into a pre-allocated array;
+- ``bound_pinned``: IOBinding with input and output in host memory registered with CUDA
+  (``cuMemHostRegister``, as :class:`~infscaler.shm.UnifiedSlabMap` registers an
+  instance's pool slabs, once per slab): the copies are direct DMAs.
+
+``ratio`` = ``run`` median / ``bound_pinned`` median per size. Writes
+``results/gpu_iobinding.json`` and ``.png``. Needs a CUDA device and onnxruntime-gpu
+(``scripts/gpu_check.sh run`` runs it on the lent GPU host); elsewhere it prints why and
+exits with status 2, writing nothing.
+
+```sh
+.venv/bin/python bench/gpu_iobinding.py --repeats 50     # ~30 s on a GPU host
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+class _Pinned:
+    """Page-aligned anonymous memory registered with CUDA (the way pool slabs are)."""
+
+    integrated = False
+
+    def __init__(self, driver, ctx, nbytes: int) -> None:
+        self.mm = mmap.mmap(-1, nbytes)
+        self.buf = np.frombuffer(self.mm, np.uint8)
+        self.addr = int(self.buf.ctypes.data)
+        self.driver, self.ctx = driver, ctx
+        self.dptr = driver.host_register(ctx, self.addr, nbytes, 0x01 | 0x02)
+
+    def pointer_of(self, array: np.ndarray) -> int | None:
+        a = int(array.ctypes.data)
+        return self.dptr + (a - self.addr) if self.addr <= a < self.addr + self.buf.nbytes else None
+
+    def close(self) -> None:
+        self.driver.host_unregister(self.ctx, self.addr)
+
+
+def _model(path: Path, n: int) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [n])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n])
+    g = helper.make_graph([helper.make_node("Add", ["X", "X"], ["Y"])], "add", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, path)
+
+
+def _time(fn, repeats: int) -> dict[str, float]:
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    ts.sort()
+    return {"median_ms": statistics.median(ts), "p90_ms": ts[int(0.9 * (len(ts) - 1))]}
+
+
+def _measure(session, plain, fast, x, px, py, y_out, repeats: int) -> dict[str, dict[str, float]]:
+    return {
+        "run": _time(lambda: session.run(["Y"], {"X": x}), repeats),
+        "bound_pageable": _time(lambda: plain.run({"X": x}, ["Y"], out={"Y": y_out}), repeats),
+        "bound_pinned": _time(lambda: fast.run({"X": px}, ["Y"], out={"Y": py}), repeats),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "gpu_iobinding.json"
+    )
+    args = ap.parse_args()
+    from infscaler.engines import available, engine_backend
+
+    ok, why = available("gpu")
+    backend = engine_backend("gpu") if ok else None
+    if backend not in ("onnxruntime-cuda", "onnxruntime-trt"):
+        print(f"gpu_iobinding: not run: the gpu engine has no onnxruntime backend here ({why})")
+        return 2
+    from infscaler.engines.gpu.iobinding import BoundSession
+    from infscaler.engines.gpu.loader import open_ort_gpu_session
+    from infscaler.engines.tensorrt.cuda import CudaDriver
+
+    tmp = args.out.parent / "gpu_iobinding_models"
+    tmp.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for nbytes in SIZES:
+        n = nbytes // 4
+        path = tmp / f"add_{n}.onnx"
+        _model(path, n)
+        driver, session, _ = open_ort_gpu_session(path, engine="gpu", threads=1, device_index=0)
+        ctx = CudaDriver().retain_primary(0)
+        pinned = _Pinned(driver, ctx, 2 * nbytes)
+        try:
+            x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+            px = pinned.buf[:nbytes].view(np.float32)
+            py = pinned.buf[nbytes:].view(np.float32)
+            px[:] = x
+            y_out = np.empty(n, np.float32)
+            plain = BoundSession(session)
+            fast = BoundSession(session, host_memory=pinned)
+            np.testing.assert_array_equal(session.run(["Y"], {"X": x})[0], x + x)
+            np.testing.assert_array_equal(fast.run({"X": px}, ["Y"], out={"Y": py})["Y"], x + x)
+            row = {
+                "bytes": nbytes,
+                **_measure(session, plain, fast, x, px, py, y_out, args.repeats),
+            }
+            row["ratio"] = row["run"]["median_ms"] / row["bound_pinned"]["median_ms"]
+            rows.append(row)
+            print(f"{nbytes >> 10:>7} KB  run {row['run']['median_ms']:.3f} ms  bound_pageable "
+                  f"{row['bound_pageable']['median_ms']:.3f}  bound_pinned "
+                  f"{row['bound_pinned']['median_ms']:.3f}  ratio {row['ratio']:.2f}")  # fmt: skip
+        finally:
+            pinned.close()
+            session = plain = fast = None
+            driver.release_primary(0)
+            driver.release_primary(0)
+    result = {
+        "bench": "gpu_iobinding",
+        "backend": backend,
+        "device": driver.device_name(0),
+        "repeats": args.repeats,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    mb = [r["bytes"] / 2**20 for r in rows]
+    for way in ("run", "bound_pageable", "bound_pinned"):
+        ax.plot(mb, [r[way]["median_ms"] for r in rows], marker="o", label=way)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tensor MB (input; output the same)")
+    ax.set_ylabel("ms per call (median)")
+    ax.set_title(f"{result['device']}: session.run vs IOBinding ({backend})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out.with_suffix(".png"), dpi=120)
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

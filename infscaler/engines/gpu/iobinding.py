@@ -1,0 +1,176 @@
+"""Running an onnxruntime GPU session through IOBinding, with inputs read from the
+caller's memory and outputs written into pre-allocated host arrays.
+
+``session.run(names, {name: ndarray})`` stages every tensor: the input is wrapped, copied
+to the device through the driver's pinned bounce buffer (pageable memory cannot be DMA'd),
+the output is allocated by onnxruntime on the host, copied there, and returned as a new
+array (which :func:`~infscaler.engines.onnxrt.runner.run_session` copies once more when it
+is a view). With IOBinding (onnxruntime's ``session.io_binding()``:
+``bind_input(name, device_type, device_id, element_type, shape, buffer_ptr)``,
+``bind_output`` likewise, ``run_with_iobinding``; onnxruntime.ai/docs/performance/
+tune-performance/iobinding.html) :class:`BoundSession` instead:
+
+- **inputs** are bound where they lie. With a :class:`HostMemory` (an instance's pool
+  slabs, registered with CUDA once per slab by
+  :class:`~infscaler.shm.unified.UnifiedSlabMap`) an input inside a registered slab is
+  page-locked memory: on an integrated GPU (Jetson: one DRAM) it is bound as ``cuda``
+  memory at its device pointer and kernels read it in place, no copy at all; on a discrete
+  GPU it is bound as ``cpu`` memory and onnxruntime's host-to-device copy is one DMA from
+  the slab, no staging copy. Other inputs are bound as ``cpu`` memory at their address
+  (one copy by onnxruntime, as ``run`` makes).
+- **outputs** with a static shape are bound to host arrays allocated here (or given by the
+  caller, e.g. a slot's views): onnxruntime copies the device result straight into them
+  and nothing is copied after. Outputs whose shape is known only after the run are bound
+  to ``cpu`` and read with ``copy_outputs_to_cpu``.
+
+Tensors numpy cannot hand over by address (strings) go through ``session.run``.
+``bench/gpu_iobinding.py`` measures the difference per tensor size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from infscaler.engines.base import InferenceError
+from infscaler.engines.onnxrt.runner import run_session
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+__all__ = ["BoundSession", "HostMemory"]
+
+
+class HostMemory(Protocol):
+    """Host memory registered with CUDA (page-locked and mapped), as an instance's pool
+    slabs are (:class:`~infscaler.shm.unified.UnifiedSlabMap`)."""
+
+    integrated: bool
+    """True on an integrated GPU (the device reads host DRAM at full speed)."""
+
+    def pointer_of(self, array: np.ndarray) -> int | None:
+        """The device pointer of ``array`` when it lies in registered memory (registering
+        its slab on first use), else None."""
+
+
+class BoundSession:
+    """``session`` run through IOBinding (see the module doc).
+
+    Args:
+        session: an onnxruntime session (any provider; the CPU EP binds host memory too).
+        device_index: the CUDA device ``cuda`` bindings name.
+        host_memory: registered host memory inputs may lie in, or None.
+
+    Attributes:
+        counts: how inputs were bound (``device``: in place on the GPU, ``pinned``: a DMA
+            from registered memory, ``host``: copied from pageable memory) and how outputs
+            were returned (``preallocated``, ``ort``), since creation.
+
+    Not thread-safe: one binding is reused per call (an instance runs one request at a time).
+    """
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        *,
+        device_index: int = 0,
+        host_memory: HostMemory | None = None,
+    ) -> None:
+        self.session = session
+        self.device_index = int(device_index)
+        self.host_memory = host_memory
+        self.binding = session.io_binding()
+        self.counts = {"device": 0, "pinned": 0, "host": 0, "preallocated": 0, "ort": 0}
+        from infscaler.engines.onnxrt.runner import session_tensor_infos
+
+        self._outputs = {t.name: t for t in session_tensor_infos(session.get_outputs(), "session")}
+
+    def _bind_input(self, name: str, arr: np.ndarray) -> None:
+        where, ptr = "cpu", int(arr.ctypes.data)
+        kind = "host"
+        if self.host_memory is not None:
+            dptr = self.host_memory.pointer_of(arr)
+            if dptr is not None:
+                kind = "pinned"
+                if self.host_memory.integrated:
+                    where, ptr, kind = "cuda", int(dptr), "device"
+        self.binding.bind_input(
+            name,
+            where,
+            self.device_index if where == "cuda" else 0,
+            arr.dtype,
+            list(arr.shape),
+            ptr,
+        )
+        self.counts[kind] += 1
+
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        outputs: list[str],
+        out: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run once.
+
+        Args:
+            feeds: checked feeds (``{name: ndarray}``; non-contiguous arrays are made
+                contiguous first).
+            outputs: the output names wanted.
+            out: ``{output name: writable C-contiguous array}`` to write outputs into (its
+                dtype and shape must be the output's); others are allocated here.
+
+        Returns:
+            ``{output name: array}`` the caller owns (``out``'s arrays where given).
+
+        Raises:
+            InferenceError: onnxruntime failed, or an ``out`` array does not fit.
+        """
+        if any(a.dtype == object for a in feeds.values()) or any(
+            self._outputs[n].dtype == object for n in outputs
+        ):
+            return run_session(self.session, dict(feeds), outputs)
+        b = self.binding
+        b.clear_binding_inputs()
+        b.clear_binding_outputs()
+        keep = []  # contiguous copies must live until the run ends
+        for name, value in feeds.items():
+            arr = value if value.flags.c_contiguous else np.ascontiguousarray(value)
+            keep.append(arr)
+            self._bind_input(name, arr)
+        result: dict[str, np.ndarray] = {}
+        late: list[str] = []
+        for name in outputs:
+            info = self._outputs[name]
+            dst = None if out is None else out.get(name)
+            if dst is not None:
+                if dst.dtype != info.dtype or not dst.flags.c_contiguous or not dst.flags.writeable:
+                    raise InferenceError(
+                        f"output '{name}': the array to write into must be a writable, "
+                        f"C-contiguous {info.dtype.name} array, got {dst.dtype.name}"
+                    )
+            elif not info.is_dynamic:
+                dst = np.empty(info.shape, info.dtype)
+            if dst is None:
+                b.bind_output(name, "cpu")
+                late.append(name)
+                continue
+            b.bind_output(name, "cpu", 0, dst.dtype, list(dst.shape), int(dst.ctypes.data))
+            result[name] = dst
+            self.counts["preallocated"] += 1
+        try:
+            self.session.run_with_iobinding(b)
+        except Exception as exc:  # onnxruntime's pybind exception types
+            raise InferenceError(f"onnxruntime failed: {str(exc).strip()}") from exc
+        finally:
+            del keep
+        if late:  # copy_outputs_to_cpu: every bound output, in the order bound
+            for name, value in zip(outputs, b.copy_outputs_to_cpu(), strict=True):
+                if name in late:
+                    result[name] = np.array(value, copy=True)
+                    self.counts["ort"] += 1
+        return {n: result[n] for n in outputs}
+
+    def describe(self) -> dict[str, Any]:
+        return {"io_binding": True, "bound": dict(self.counts)}
