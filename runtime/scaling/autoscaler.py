@@ -482,8 +482,7 @@ class Autoscaler:
         since = snap.now - WINDOWS_S[-1] - 5.0
         if state.last_change is not None:
             since = max(since, state.last_change)
-        with stats._lock:  # the offered window's timestamps (monotonic s), copied
-            times = [t for t in stats.offered._t if t >= since]
+        times = stats.offered_times(since)
         verdict = scale_out_now(snap, times, state, scaler_config(dep.pipeline.config.autoscale))
         if verdict.exceeded is None:
             return None
