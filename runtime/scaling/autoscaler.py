@@ -474,16 +474,17 @@ class Autoscaler:
         """The Tuner's look at ``dep`` (``autoscale.tuner``,
         :func:`~infscaler.runtime.scaling.tuner.scale_out_now`) on the offered requests'
         arrival times since the last change (at most the largest window + 5 s back), when
-        the scaler grew nothing: its scale-out is applied like the scaler's and kept as
-        ``tuner_scale_out`` with the window, the observed and sustainable counts; the
-        state counts it as a scale-out (cooldown, settle, hold). Returns the verdict
-        (None: nothing exceeded)."""
+        the scaler grew nothing: its scale-out is applied like the scaler's, once per
+        instance it asks for (:attr:`~infscaler.runtime.scaling.tuner.TunerVerdict.count`),
+        and kept as one ``tuner_scale_out`` with the window, the observed and sustainable
+        counts, ``count``, ``needed`` (the unit's instances with all the envelope needs)
+        and ``required_rps``; the state counts it as a scale-out (cooldown, settle,
+        hold). Returns the verdict (None: nothing exceeded)."""
         stats = dep.route.stats
         since = snap.now - WINDOWS_S[-1] - 5.0
         if state.last_change is not None:
             since = max(since, state.last_change)
-        with stats._lock:  # the offered window's timestamps (monotonic s), copied
-            times = [t for t in stats.offered._t if t >= since]
+        times = stats.offered_times(since)
         verdict = scale_out_now(snap, times, state, scaler_config(dep.pipeline.config.autoscale))
         if verdict.exceeded is None:
             return None
@@ -491,7 +492,8 @@ class Autoscaler:
         if d is None:
             log.debug("%s: tuner: %s", dep.name, verdict.reason)
             return verdict
-        self._apply(dep, d)
+        for _ in range(max(1, verdict.count)):  # every instance the envelope needs at once
+            self._apply(dep, d)
         now = snap.now
         with self._lock:
             st = self._states.get(dep.name, state)
@@ -501,6 +503,9 @@ class Autoscaler:
         e = verdict.exceeded
         entry = {**asdict(d), "action": "tuner_scale_out", "window_s": e.window_s}
         entry.update(observed=e.observed, sustainable=round(e.sustainable, 3))
+        entry.update(count=max(1, verdict.count), needed=verdict.needed)
+        if verdict.required_rps is not None:
+            entry["required_rps"] = round(verdict.required_rps, 3)
         self._record(dep.name, entry)
         return verdict
 

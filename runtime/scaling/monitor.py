@@ -183,9 +183,9 @@ class Monitor:
         handles = [h for h in self.service.supervisor.handles() if h.key[0] == dep.name]
         with stats._lock:
             lat = stats.latency.summary(now, w, over_ms=dep.pipeline.config.slo_ms)
-            rate = _count_since(stats.arrivals._t, now - w) / w
-            offered = _count_since(stats.offered._t, now - w) / w
-            slo_refused = _count_since(stats.slo_refused._t, now - w) / w
+            rate = stats.arrivals.count_since(now - w) / w
+            offered = stats.offered.count_since(now - w) / w
+            slo_refused = stats.slo_refused.count_since(now - w) / w
             per_unit = []
             for i in range(len(stats.units)):
                 comp = stats.compute[i].summary(now, w)
@@ -459,15 +459,6 @@ def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def _count_since(ts: Any, cutoff: float) -> int:
-    n = 0
-    for t in reversed(ts):
-        if t < cutoff:
-            break
-        n += 1
-    return n
 
 
 def _host_cores() -> list[int]:

@@ -25,6 +25,15 @@ the configuration's own, from the scaler's capacity estimate
   SLO (Le Boudec and Thiran, "Network Calculus", Thm 1.4.2, the delay bound of a
   token bucket). Bursts within it cause no action.
 
+How many instances (Algorithm 3, lines 8-13): InferLine adds at once every replica the
+rate that triggered needs, ``k_m = ceil(r_max s_m / (mu_m rho_m))``. Here the rate is the
+capacity at which the planned envelope above would have covered the observed one at
+every window, ``mu_req = max_w q(w) / (rho w + (SLO - T) / 1000)`` (InferLine's
+``r_max / rho`` when the burst term is 0, :func:`required_capacity_rps`), and the unit
+Algorithm 1 picks gets the fewest instances that bring its capacity to ``mu_req`` in one
+decision (:func:`instances_for`), within its ``max_instances`` and the device's cap (each
+further instance checked by the scaler's own rules: memory, slots, cores).
+
 Windows: 0.25, 0.5, 1, 2 and 5 s (:data:`WINDOWS_S`; InferLine starts at the service
 time and doubles up to 60 s; the scaler's P99 window is 10 s, so longer windows would
 not react sooner than it does). Like the scaler, this module is pure: no clock, no I/O.
@@ -32,14 +41,29 @@ not react sooner than it does). Like the scaler, this module is pure: no clock, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from infscaler.runtime.scaling.queueing import _service_ms
-from infscaler.runtime.scaling.scaler import _scale_out, pipeline_capacity_rps
-from infscaler.runtime.scaling.types import Decision, ScalerConfig, ScalerState, Snapshot
+from infscaler.runtime.scaling.cores import SATURATED_FREE_PER_THREAD
+from infscaler.runtime.scaling.queueing import _EPS, _fan_out, _service_ms
+from infscaler.runtime.scaling.scaler import (
+    _capacity_items,
+    _refusals,
+    _scale_out,
+    pipeline_capacity_rps,
+    service_ms_at,
+)
+from infscaler.runtime.scaling.types import (
+    Decision,
+    EngineOption,
+    ScalerConfig,
+    ScalerState,
+    Snapshot,
+    UnitState,
+)
 
 #: Window lengths of the envelope, s (ascending).
 WINDOWS_S: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 5.0)
@@ -61,12 +85,21 @@ class TunerVerdict:
         blocked: the envelope was exceeded and the device's cap refused every unit (the
             arbitration between pipelines may lend).
         exceeded: the window that triggered (the one with the largest rate), if any.
+        count: instances the decision asks for at once (1 or more; 0 without a
+            decision): each one ``scale_out`` of ``decision.unit`` on ``decision.engine``.
+        needed: instances the unit needs for ``required_rps`` (its count after the
+            decision when nothing capped it), 0 without a decision.
+        required_rps: the capacity the observed envelope asks for, requests/s
+            (:func:`required_capacity_rps`; None when nothing was exceeded).
     """
 
     decision: Decision | None
     reason: str = ""
     blocked: bool = False
     exceeded: Exceedance | None = None
+    count: int = 0
+    needed: int = 0
+    required_rps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +194,120 @@ def exceedances(
     ]
 
 
+def required_capacity_rps(
+    observed: Sequence[int],
+    slo_ms: float,
+    service_ms: float,
+    windows: Sequence[float] = WINDOWS_S,
+    rho: float = TUNER_RHO,
+) -> float:
+    """The least capacity ``mu`` (requests/s) whose planned envelope
+    (:func:`planned_envelope`) covers ``observed`` at every window:
+    ``max_w q(w) / (rho w + max(0, SLO - T) / 1000)``. InferLine §5, Algorithm 3 lines
+    9-10 provision for ``r_max / rho`` (``r_max = q(w) / w``); this is the same with the
+    burst the SLO absorbs taken off, and equal to it when the SLO leaves none.
+
+    Args:
+        observed: ``q(w)`` per window, requests. slo_ms / service_ms: the SLO and ``T``,
+        ms. windows: lengths, s (> 0). rho: in (0, 1].
+
+    Raises:
+        ValueError: ``rho`` outside (0, 1].
+    """
+    if not 0 < rho <= 1:
+        raise ValueError(f"rho must be in (0, 1], got {rho}")
+    burst_s = max(0.0, slo_ms - service_ms) / 1000.0
+    return max(
+        (q / (rho * w + burst_s) for w, q in zip(windows, observed, strict=True)),
+        default=0.0,
+    )
+
+
+def _new_instance_items(u: UnitState, o: EngineOption) -> float:
+    """Items/s one more instance of ``u`` on ``o`` serves (the scaler's gain in
+    :func:`~infscaler.runtime.scaling.scaler._pick`: a cpu instance at its threads' live
+    service time, else the option's latency)."""
+    lat = o.latency_ms
+    if o.engine == "cpu":
+        lat = service_ms_at(u, o.cores or u.min_threads) or lat
+    return 1000.0 / lat if lat > 0 else math.inf
+
+
+def _with_one_more(s: Snapshot, u: UnitState, o: EngineOption) -> tuple[Snapshot, UnitState]:
+    """``s`` and ``u`` as they will be once one more instance of ``u`` runs on ``o``: its
+    memory, slot and pinned threads in use, and its threads counted busy at the
+    saturation rule's share (:data:`~infscaler.runtime.scaling.cores.
+    SATURATED_FREE_PER_THREAD` of a core each: ``k`` instances of ``t`` threads then need
+    ``0.75 k t`` idle cores, the rule applied to all of them at once)."""
+    instances = {**u.instances, o.engine: u.instances.get(o.engine, 0) + 1}
+    threads = dict(u.threads)
+    if o.engine == "cpu" and threads:
+        t = o.cores or u.min_threads
+        threads[t] = threads.get(t, 0) + 1
+    u2 = replace(u, instances=instances, threads=threads)
+    cap = replace(s.cap, memory_used_mb=s.cap.memory_used_mb + o.memory_mb)
+    used = {**s.instances_used, o.engine: s.instances_used.get(o.engine, 0) + 1}
+    busy = s.cores_busy
+    if busy is not None and o.engine == "cpu":
+        busy += SATURATED_FREE_PER_THREAD * o.cores
+    s2 = replace(
+        s,
+        cap=cap,
+        instances_used=used,
+        cores_used=s.cores_used + (o.cores if o.engine == "cpu" else 0),
+        cores_busy=busy,
+        units=tuple(u2 if v.index == u.index else v for v in s.units),
+    )
+    return s2, u2
+
+
+def instances_for(
+    s: Snapshot,
+    u: UnitState,
+    o: EngineOption,
+    required_rps: float,
+    config: ScalerConfig = ScalerConfig(),  # noqa: B008 (frozen: an immutable default)
+) -> tuple[int, int, str]:
+    """How many instances of ``u`` on engine ``o`` to start at once for the pipeline to
+    finish ``required_rps`` requests/s (InferLine §5, Algorithm 3 lines 9-13: every
+    replica the rate needs, in one step).
+
+    The unit's capacity is the scaler's (:func:`~infscaler.runtime.scaling.scaler.
+    pipeline_capacity_rps` per unit: items/s its instances finish / items per request),
+    each new instance adds ``1000 / its service time`` items/s. ``needed``: the fewest
+    new instances that reach ``required_rps`` (at least 1: the envelope was exceeded).
+    Started: as many of them as ``u.max_instances`` and the device's cap admit, each
+    checked by the scaler's rules with the ones before it counted as running (memory,
+    engine slots, cores, the unit's own and all pinned threads against the physical
+    cores, saturation). The first is assumed admitted (Algorithm 1 admitted it).
+
+    Returns:
+        ``(count, needed, why)``: instances to start (>= 1), instances ``u`` would have
+        with all it needs (``u.total_instances`` + needed), and why fewer than needed
+        are started ("" when none is held back).
+    """
+    f = _fan_out(u, s)
+    f = f if f > 0 else 1.0
+    have = _capacity_items(u) / f
+    gain = _new_instance_items(u, o) / f
+    short = required_rps - have
+    more = 1 if not math.isfinite(have) or short <= 0 else max(1, math.ceil(short / gain - _EPS))
+    needed = u.total_instances + more
+    count, why = 1, ""
+    s2, u2 = _with_one_more(s, u, o)
+    while count < more:
+        if u.max_instances is not None and u2.total_instances >= u.max_instances:
+            why = f"{u.name} is at its max_instances {u.max_instances}"
+            break
+        refused = _refusals(s2, u2, o, config)
+        if refused:
+            why = f"{o.engine} refuses instance {u2.total_instances + 1}: {' and '.join(refused)}"
+            break
+        count += 1
+        s2, u2 = _with_one_more(s2, u2, o)
+    return count, needed, why
+
+
 def scale_out_now(
     snapshot: Snapshot,
     times: Sequence[float] | np.ndarray,
@@ -181,9 +328,14 @@ def scale_out_now(
     :data:`SUSTAINED_MIN_S` (a burst seen only in the short windows, at a mean rate the
     instances serve at ``scale_in_utilisation``, would be taken back by the scale-in).
 
+    The decision asks for every instance the envelope needs at once (:attr:`TunerVerdict.
+    count`, :func:`instances_for` at :func:`required_capacity_rps`), within the unit's
+    ``max_instances`` and the device's cap.
+
     Returns:
         A :class:`TunerVerdict`: its decision a ``scale_out`` whose reason names the
-        window, the observed and sustainable counts and the rate.
+        window, the observed and sustainable counts, the rate, the capacity needed and
+        the instances asked for (and what held any back).
     """
     now = snapshot.now
     if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:
@@ -218,7 +370,17 @@ def scale_out_now(
         return TunerVerdict(None, why, blocked=capped, exceeded=worst)
     if out.action != "scale_out":
         return TunerVerdict(None, f"{seen}; the scaler's pick is a thread step", exceeded=worst)
-    name = next((u.name for u in snapshot.units if u.index == out.unit), str(out.unit))
-    reason = f"{seen}; {name} on {out.engine} (Algorithm 1's pick)"
+    u = next(x for x in snapshot.units if x.index == out.unit)
+    o = min((x for x in u.options if x.engine == out.engine), key=lambda x: (x.latency_ms, x.cores))
+    need_rps = required_capacity_rps(observed, snapshot.slo_ms, svc, windows, rho)
+    count, needed, held = instances_for(snapshot, u, o, need_rps, config)
+    plan = (
+        f"{u.name} needs {needed} instance(s) for {need_rps:.3g} requests/s (the capacity "
+        f"whose planned envelope covers the observed one); +{count} on {out.engine}"
+        + (f" ({held})" if held else "")
+    )
+    reason = f"{seen}; {plan} (Algorithm 1's pick)"
     d = Decision("scale_out", unit=out.unit, engine=out.engine, reason=reason)
-    return TunerVerdict(d, reason, exceeded=worst)
+    return TunerVerdict(
+        d, reason, exceeded=worst, count=count, needed=needed, required_rps=need_rps
+    )

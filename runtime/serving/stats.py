@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import math
 import threading
 import time
@@ -109,6 +110,24 @@ class RateWindow:
                 break
             n += 1
         return n / window_s
+
+    def count_since(self, cutoff: float) -> int:
+        """Events at or after ``cutoff`` (monotonic s) among those kept (at most
+        ``horizon_s`` old as of the last :meth:`add`)."""
+        n = 0
+        for t in reversed(self._t):
+            if t < cutoff:
+                break
+            n += 1
+        return n
+
+    def times_since(self, cutoff: float) -> np.ndarray:
+        """The events' times at or after ``cutoff`` (monotonic s, ascending; float64),
+        among those kept: at most the last ``horizon_s`` s as of the last :meth:`add`."""
+        n = self.count_since(cutoff)
+        if n == 0:
+            return np.empty(0, dtype=float)
+        return np.fromiter(itertools.islice(self._t, len(self._t) - n, None), dtype=float, count=n)
 
 
 #: Upper edges (s) of the idle-gap bins :class:`IdleSlowdown` sorts items into; the
@@ -279,6 +298,16 @@ class PipelineStats:
         ``window_s`` s, at most 10)."""
         with self._lock:
             return self.offered.rate(now, window_s)
+
+    def offered_times(self, since: float) -> np.ndarray:
+        """Arrival times of the requests offered (admitted and refused) at or after
+        ``since`` (monotonic s, ascending; float64): the arrival trace InferLine's Tuner
+        builds its traffic envelope from (Crankshaw et al., SoCC '20, §5;
+        :func:`infscaler.runtime.scaling.tuner.envelope`). Only the last 10 s are kept
+        (the offered window's horizon), so at most that much comes back; a copy, taken
+        under the statistics' lock."""
+        with self._lock:
+            return self.offered.times_since(since)
 
     def arrival(self) -> None:
         with self._lock:

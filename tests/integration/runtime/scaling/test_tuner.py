@@ -60,3 +60,9 @@ def test_a_load_step_is_met_by_the_tuner_before_the_p99(tmp_path: Path) -> None:
         tuned = decisions[first]
         assert tuned["observed"] > tuned["sustainable"]
         assert tuned["window_s"] in (0.25, 0.5, 1.0, 2.0, 5.0)
+        # every instance the envelope needs, in one decision: count of them started
+        assert 1 <= tuned["count"] <= tuned["needed"] - 1
+        # at least what the triggering window asks for with the largest burst term
+        # (SLO 150 ms, service time >= 0): q(w) / (0.75 w + 0.15) requests/s
+        least = tuned["observed"] / (0.75 * tuned["window_s"] + 0.15)
+        assert tuned["required_rps"] >= least - 1e-3

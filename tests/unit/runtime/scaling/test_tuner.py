@@ -19,6 +19,7 @@ from infscaler.runtime.scaling.tuner import (
     envelope,
     exceedances,
     planned_envelope,
+    required_capacity_rps,
     scale_out_now,
 )
 from infscaler.runtime.scaling.types import (
@@ -144,3 +145,82 @@ def test_cap_full_is_blocked() -> None:
     v = scale_out_now(replace(s, cap=full), times, ScalerState(), CFG)
     assert v.decision is None and v.blocked
     assert "memory" in v.reason
+
+
+# -- how many instances at once (Algorithm 3, lines 8-13) -----------------------------------
+# 6 requests/s for 10 s, then 36/s for 1 s: q = (9, 18, 36, 42, 60) (the 2 s window holds
+# 6 before the step and 36 after, the 5 s one 24 + 36). Per window the capacity whose
+# planned envelope mu x (0.75 w + 0.04) covers it: 9 / 0.2275 = 39.56, 18 / 0.415 = 43.37,
+# 36 / 0.79 = 45.57, 42 / 1.54 = 27.27, 60 / 3.79 = 15.83; so 45.57 requests/s, 25.57
+# more than one 20 requests/s instance: ceil(25.57 / 20) = 2 more, 3 in all.
+STEP36 = np.concatenate([periodic(0, 10, 6), periodic(10, 11, 36)])
+NEED36 = 36 / 0.79
+
+
+def test_required_capacity_hand_computed() -> None:
+    assert envelope(STEP36) == (9, 18, 36, 42, 60)
+    assert required_capacity_rps((9, 18, 36, 42, 60), 90.0, 50.0) == pytest.approx(NEED36)
+    # no burst term (SLO at the service time): InferLine's r_max / rho, 36 / 0.75
+    assert required_capacity_rps((9, 18, 36), 50.0, 50.0, (0.25, 0.5, 1.0)) == pytest.approx(48)
+    with pytest.raises(ValueError, match="rho"):
+        required_capacity_rps((1,), 90.0, 50.0, (1.0,), rho=1.5)
+
+
+def test_a_step_asks_for_two_instances_in_one_decision() -> None:
+    v = scale_out_now(snap(11.0, 9.0), STEP36, ScalerState(), CFG)
+    assert v.decision is not None and v.decision.action == "scale_out"
+    assert (v.count, v.needed) == (2, 3)
+    assert v.required_rps == pytest.approx(NEED36)
+    assert "det needs 3 instance(s) for 45.6 requests/s" in v.reason
+    assert "+2 on cpu" in v.reason
+
+
+def test_the_step_of_0_8_asks_for_one() -> None:
+    # 16 in 1 s: 16 / 0.79 = 20.25 requests/s, 0.25 more than one instance: +1
+    times = np.concatenate([periodic(0, 10, 6), periodic(10, 11, 16)])
+    v = scale_out_now(snap(11.0, 7.0), times, ScalerState(), CFG)
+    assert (v.count, v.needed) == (1, 2)
+    assert v.required_rps == pytest.approx(16 / 0.79)
+
+
+def test_capped_by_max_instances() -> None:
+    s = snap(11.0, 9.0)
+    s = replace(s, units=(replace(s.units[0], max_instances=2),))
+    v = scale_out_now(s, STEP36, ScalerState(), CFG)
+    assert (v.count, v.needed) == (1, 3)
+    assert "det is at its max_instances 2" in v.reason
+
+
+def test_capped_by_the_device_cap() -> None:
+    s = snap(11.0, 9.0)
+    # memory: 100 used + 100 for the first = 200 <= 250, the second 200 + 100 > 250
+    mem = replace(s.cap, memory_cap_mb=250.0)
+    v = scale_out_now(replace(s, cap=mem), STEP36, ScalerState(), CFG)
+    assert (v.count, v.needed) == (1, 3)
+    assert "cpu refuses instance 3: memory 200+100 > 250 MB" in v.reason
+    # engine slots: 2 cpu slots, one used: room for one more only
+    slots = replace(s.cap, max_instances={"cpu": 2})
+    v = scale_out_now(replace(s, cap=slots), STEP36, ScalerState(), CFG)
+    assert v.count == 1 and "cpu slots 2+1 > 2" in v.reason
+    # cores: 2 physical, the unit's one instance pins 1 thread: the second would make
+    # its own instances pin 3 > 2
+    cores = replace(s.cap, cores=2, physical_cores=2)
+    u = replace(s.units[0], threads={1: 1})
+    v = scale_out_now(replace(s, cap=cores, cores_used=1, units=(u,)), STEP36, ScalerState(), CFG)
+    assert v.count == 1 and "det's own instances would pin 2+1 > 2 cores" in v.reason
+
+
+def test_saturation_counts_the_instances_started_together() -> None:
+    # 8 physical cores, 5.9 busy: 2.1 idle covers one (0.75) and two (1.5) single-thread
+    # instances; with 6.6 busy (1.4 idle) only the first
+    s = snap(11.0, 9.0)
+    cap = replace(s.cap, cores=8, physical_cores=8)
+    base = replace(s, cap=cap, cores_used=1, units=(replace(s.units[0], threads={1: 1}),))
+    assert scale_out_now(replace(base, cores_busy=5.9), STEP36, ScalerState(), CFG).count == 2
+    v = scale_out_now(replace(base, cores_busy=6.6), STEP36, ScalerState(), CFG)
+    assert v.count == 1 and "cores saturated" in v.reason
+
+
+def test_no_action_under_the_planned_envelope_asks_for_none() -> None:
+    v = scale_out_now(snap(10.0, 14.0), periodic(0, 10, 14), ScalerState(), CFG)
+    assert v.decision is None and v.count == 0 and v.required_rps is None
