@@ -8,17 +8,27 @@ scales out as soon as any window exceeds it (Algorithm 3), before a queue builds
 and the P99 window (:func:`infscaler.runtime.scaling.scaler.decide`) shows a violation;
 scale-in stays with the scaler's conservative Algorithm 4.
 
-InferLine plans from a sample trace; here no trace is kept, so the planned envelope is
-the configuration's own, from the scaler's capacity estimate
-(:func:`~infscaler.runtime.scaling.scaler.pipeline_capacity_rps`, ``mu`` requests/s):
+InferLine plans from a sample trace and compares with that trace's envelope; here the
+planner's sample trace is Poisson arrivals at the planned rate (what
+:mod:`infscaler.runtime.planning.simulator` replays), so the planned envelope is that of
+a Poisson process at ``rho x mu`` (``mu``: the scaler's capacity estimate,
+:func:`~infscaler.runtime.scaling.scaler.pipeline_capacity_rps`, requests/s), with the
+burst the SLO absorbs:
 
-    q_planned(w) = rho x mu x w + mu x (SLO - T) / 1000
+    q_planned(w) = Q(rho mu w) + mu (SLO - T) / 1000
 
 * ``rho`` (:data:`TUNER_RHO`, 0.75) is InferLine's max-provisioning ratio: the
   configuration is planned for arrival rates up to ``rho x mu`` (InferLine's ``k_m =
   r_max s_m / (mu_m rho_m)`` read backwards). It lies above the scaler's
   ``scale_in_utilisation`` (0.6, Algorithm 4's ``rho_min``), so an instance the Tuner
   adds at a rate above ``rho x mu`` is not taken back by the scale-in at that rate.
+* ``Q(m)`` is the Poisson trace's own burstiness: the count a window of a Poisson trace
+  of mean ``m`` exceeds with probability at most :data:`TUNER_TAIL` (1e-4; the exact
+  Poisson upper quantile, :func:`poisson_quantile`). Without it (``Q(m) = m``, the
+  deterministic envelope, ``tail=None``), Poisson arrivals at 0.6 of the capacity
+  exceed ``rho mu w`` in the short windows every few seconds and the Tuner would scale
+  out on noise. The price is detection time: a step to 1.5 x the capacity shows in the
+  2-5 s windows, not within the first second.
 * ``mu x (SLO - T) / 1000`` (``T``: the pipeline's service time, the sum of its units'
   service times, ms) is the burst the configuration absorbs: with a rate-latency
   service curve ``mu (t - T)+`` a backlog of that many requests still drains within the
@@ -27,9 +37,9 @@ the configuration's own, from the scaler's capacity estimate
 
 How many instances (Algorithm 3, lines 8-13): InferLine adds at once every replica the
 rate that triggered needs, ``k_m = ceil(r_max s_m / (mu_m rho_m))``. Here the rate is the
-capacity at which the planned envelope above would have covered the observed one at
-every window, ``mu_req = max_w q(w) / (rho w + (SLO - T) / 1000)`` (InferLine's
-``r_max / rho`` when the burst term is 0, :func:`required_capacity_rps`), and the unit
+least capacity whose planned envelope above covers the observed one at every window
+(bisection on ``mu``; InferLine's ``r_max / rho`` for the deterministic envelope with no
+burst term, :func:`required_capacity_rps`), and the unit
 Algorithm 1 picks gets the fewest instances that bring its capacity to ``mu_req`` in one
 decision (:func:`instances_for`), within its ``max_instances`` and the device's cap (each
 further instance checked by the scaler's own rules: memory, slots, cores).
@@ -69,6 +79,8 @@ from infscaler.runtime.scaling.types import (
 WINDOWS_S: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 5.0)
 #: InferLine's max-provisioning ratio: the configuration is planned for ``rho x mu``.
 TUNER_RHO = 0.75
+#: Probability that a window of the planned Poisson trace exceeds its planned count.
+TUNER_TAIL = 1e-4
 #: The shortest window that counts as a sustained rate (the scale-in guard, below), s.
 SUSTAINED_MIN_S = 1.0
 _TIE_S = 1e-9
@@ -158,29 +170,67 @@ def service_time_ms(snapshot: Snapshot) -> float:
     return sum(_service_ms(u) or 0.0 for u in snapshot.units)
 
 
+def poisson_quantile(mean: float, tail: float) -> int:
+    """The least ``k`` with ``P(N > k) <= tail`` for ``N ~ Poisson(mean)`` (exact: the
+    pmf summed from the far tail down, in log space; ``O(sqrt(mean))`` terms).
+
+    Raises:
+        ValueError: a negative ``mean`` or ``tail`` outside (0, 1).
+    """
+    if not mean >= 0:
+        raise ValueError(f"mean must be >= 0, got {mean}")
+    if not 0 < tail < 1:
+        raise ValueError(f"tail must be in (0, 1), got {tail}")
+    if mean == 0:
+        return 0
+    log_m = math.log(mean)
+    above = 0.0  # P(N >= j)
+    j = int(math.ceil(mean + 12.0 * math.sqrt(mean) + 20.0))
+    while j > 0:
+        above += math.exp(j * log_m - mean - math.lgamma(j + 1.0))
+        if above > tail:  # P(N >= j) > tail >= P(N >= j + 1)
+            return j
+        j -= 1
+    return 0
+
+
+def _planned(mu: float, w: float, burst_s: float, rho: float, tail: float | None) -> float:
+    m = rho * mu * w
+    return (m if tail is None else float(poisson_quantile(m, tail))) + mu * burst_s
+
+
 def planned_envelope(
     capacity_rps: float,
     slo_ms: float,
     service_ms: float,
     windows: Sequence[float] = WINDOWS_S,
     rho: float = TUNER_RHO,
+    tail: float | None = TUNER_TAIL,
 ) -> tuple[float, ...]:
-    """What the configuration sustains within the SLO per window (module docstring):
-    ``rho x mu x w + mu x max(0, SLO - T) / 1000`` requests.
+    """What the configuration was planned for per window (module docstring):
+    ``Q(rho mu w) + mu max(0, SLO - T) / 1000`` requests.
 
     Args:
         capacity_rps: ``mu``, requests/s the current instances finish. slo_ms: the
-        SLO, ms. service_ms: ``T``, ms. windows: lengths, s. rho: in (0, 1].
+        SLO, ms. service_ms: ``T``, ms. windows: lengths, s. rho: in (0, 1]. tail: the
+        Poisson quantile's tail, in (0, 1) (None: the deterministic ``rho mu w``).
 
     Raises:
-        ValueError: ``rho`` outside (0, 1] or a negative capacity.
+        ValueError: ``rho`` outside (0, 1], ``tail`` outside (0, 1) or a negative
+            capacity.
     """
-    if not 0 < rho <= 1:
-        raise ValueError(f"rho must be in (0, 1], got {rho}")
+    _check(rho, tail)
     if not capacity_rps >= 0:
         raise ValueError(f"capacity_rps must be >= 0, got {capacity_rps}")
-    burst = capacity_rps * max(0.0, slo_ms - service_ms) / 1000.0
-    return tuple(rho * capacity_rps * w + burst for w in windows)
+    burst_s = max(0.0, slo_ms - service_ms) / 1000.0
+    return tuple(_planned(capacity_rps, w, burst_s, rho, tail) for w in windows)
+
+
+def _check(rho: float, tail: float | None) -> None:
+    if not 0 < rho <= 1:
+        raise ValueError(f"rho must be in (0, 1], got {rho}")
+    if tail is not None and not 0 < tail < 1:
+        raise ValueError(f"tail must be in (0, 1), got {tail}")
 
 
 def exceedances(
@@ -200,27 +250,40 @@ def required_capacity_rps(
     service_ms: float,
     windows: Sequence[float] = WINDOWS_S,
     rho: float = TUNER_RHO,
+    tail: float | None = TUNER_TAIL,
 ) -> float:
     """The least capacity ``mu`` (requests/s) whose planned envelope
-    (:func:`planned_envelope`) covers ``observed`` at every window:
-    ``max_w q(w) / (rho w + max(0, SLO - T) / 1000)``. InferLine §5, Algorithm 3 lines
-    9-10 provision for ``r_max / rho`` (``r_max = q(w) / w``); this is the same with the
-    burst the SLO absorbs taken off, and equal to it when the SLO leaves none.
+    (:func:`planned_envelope`) covers ``observed`` at every window: per window, the
+    deterministic envelope's ``q(w) / (rho w + max(0, SLO - T) / 1000)``, and with the
+    Poisson quantile the least ``mu`` with ``Q(rho mu w) + mu (SLO - T) / 1000 >=
+    q(w)`` (bisection to 1e-3 requests/s; the planned count grows with ``mu``); the
+    largest over the windows. InferLine §5, Algorithm 3 lines 9-10 provision for
+    ``r_max / rho`` (``r_max = q(w) / w``): the deterministic envelope with no burst.
 
     Args:
         observed: ``q(w)`` per window, requests. slo_ms / service_ms: the SLO and ``T``,
-        ms. windows: lengths, s (> 0). rho: in (0, 1].
+        ms. windows: lengths, s (> 0). rho: in (0, 1]. tail: in (0, 1), or None.
 
     Raises:
-        ValueError: ``rho`` outside (0, 1].
+        ValueError: ``rho`` or ``tail`` out of range.
     """
-    if not 0 < rho <= 1:
-        raise ValueError(f"rho must be in (0, 1], got {rho}")
+    _check(rho, tail)
     burst_s = max(0.0, slo_ms - service_ms) / 1000.0
-    return max(
-        (q / (rho * w + burst_s) for w, q in zip(windows, observed, strict=True)),
-        default=0.0,
-    )
+    need = 0.0
+    for w, q in zip(windows, observed, strict=True):
+        hi = q / (rho * w + burst_s)  # the deterministic answer: Q(m) >= m at most this
+        if tail is None or q <= 0:
+            need = max(need, hi)
+            continue
+        lo = 0.0
+        while hi - lo > 1e-3:
+            mid = (lo + hi) / 2.0
+            if _planned(mid, w, burst_s, rho, tail) >= q:
+                hi = mid
+            else:
+                lo = mid
+        need = max(need, hi)
+    return need
 
 
 def _new_instance_items(u: UnitState, o: EngineOption) -> float:
@@ -315,12 +378,15 @@ def scale_out_now(
     config: ScalerConfig = ScalerConfig(),  # noqa: B008 (frozen: an immutable default)
     windows: Sequence[float] = WINDOWS_S,
     rho: float = TUNER_RHO,
+    tail: float | None = TUNER_TAIL,
 ) -> TunerVerdict:
     """Whether to scale out now, before the P99 shows it.
 
     ``times``: the offered requests' arrival times (s, the snapshot's clock) since the
-    last change. Nothing is done within ``config.cooldown_s`` of the last scale-out, nor
-    when no capacity is known. Otherwise, where the observed envelope exceeds the
+    last change. Nothing is done within ``config.cooldown_s`` of the last scale-out,
+    within ``config.settle_s`` of the last change (the deploy, a scale-out or -in: the
+    scaler's settle window, while instances warm up and the capacity estimate is not
+    yet theirs), nor when no capacity is known. Otherwise, where the observed envelope exceeds the
     planned one at any window, the unit and engine are Algorithm 1's (the scaler's
     :func:`~infscaler.runtime.scaling.scaler.decide` order: the largest B_k / S_k the
     device's cap admits), with the scaler's guard against a unit not short of capacity
@@ -340,12 +406,14 @@ def scale_out_now(
     now = snapshot.now
     if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:
         return TunerVerdict(None, "within the cooldown of the last scale-out")
+    if state.last_change is not None and now - state.last_change < config.settle_s:
+        return TunerVerdict(None, "within the settle window of the last change")
     mu = pipeline_capacity_rps(snapshot)
     if mu is None or mu <= 0:
         return TunerVerdict(None, "no capacity known")
     svc = service_time_ms(snapshot)
     observed = envelope(times, windows)
-    planned = planned_envelope(mu, snapshot.slo_ms, svc, windows, rho)
+    planned = planned_envelope(mu, snapshot.slo_ms, svc, windows, rho, tail)
     over = exceedances(observed, planned, windows)
     if not over:
         return TunerVerdict(None)
@@ -356,9 +424,9 @@ def scale_out_now(
     )
     seen = (
         f"arrival envelope {worst.observed} requests in {worst.window_s:g} s > "
-        f"{worst.sustainable:.2f} sustainable (rho {rho:g} x capacity {mu:.3g} requests/s "
-        f"x {worst.window_s:g} s + burst {mu:.3g} x (SLO {snapshot.slo_ms:g} - service "
-        f"{svc:.3g} ms)); rate {worst.rate_rps:.3g} requests/s, sustained "
+        f"{worst.sustainable:.2f} planned ({'Poisson' if tail else 'rate'} at rho {rho:g} x "
+        f"capacity {mu:.3g} requests/s over {worst.window_s:g} s, + burst {mu:.3g} x (SLO "
+        f"{snapshot.slo_ms:g} - service {svc:.3g} ms)); rate {worst.rate_rps:.3g} requests/s, sustained "
         f"{sustained:.3g} requests/s"
     )
     out, passed = _scale_out(snapshot, config, sustained)
@@ -372,7 +440,7 @@ def scale_out_now(
         return TunerVerdict(None, f"{seen}; the scaler's pick is a thread step", exceeded=worst)
     u = next(x for x in snapshot.units if x.index == out.unit)
     o = min((x for x in u.options if x.engine == out.engine), key=lambda x: (x.latency_ms, x.cores))
-    need_rps = required_capacity_rps(observed, snapshot.slo_ms, svc, windows, rho)
+    need_rps = required_capacity_rps(observed, snapshot.slo_ms, svc, windows, rho, tail)
     count, needed, held = instances_for(snapshot, u, o, need_rps, config)
     plan = (
         f"{u.name} needs {needed} instance(s) for {need_rps:.3g} requests/s (the capacity "

@@ -1,5 +1,8 @@
-"""The Tuner end to end: a load step from 0.3 to 0.8 of a sleeping stage's capacity is
-answered by a ``tuner_scale_out`` before any P99-based scale-out, every request answered.
+"""The Tuner end to end: a load step from 0.3 to 1.5 times a sleeping stage's capacity is
+answered by a ``tuner_scale_out`` before any P99-based scale-out; every request is
+answered or refused at arrival by the SLO's admission.
+(A step to 0.8 of the capacity stays within the Poisson envelope of the rate one
+instance is planned for, 0.75 of it: that is the P99 scaler's to judge.)
 Instances are real processes running tests/stagefuncs.py functions (the slow stage
 sleeps 40 ms: capacity 25 requests/s with one instance)."""
 
@@ -13,6 +16,7 @@ import numpy as np
 import pytest
 
 from infscaler.base.config import load_pipeline
+from infscaler.runtime.scaling.tuner import planned_envelope
 from infscaler.service.service import Service
 from tests.integration.runtime.scaling.test_autoscale import step_pipeline
 
@@ -47,12 +51,14 @@ def test_a_load_step_is_met_by_the_tuner_before_the_p99(tmp_path: Path) -> None:
         errors: list[str] = []
         done: list[int] = []
         threads = _open_loop(svc, 7.5, 3.0, errors, done)  # 0.3 x 25
-        threads += _open_loop(svc, 20.0, 4.0, errors, done)  # 0.8 x 25
+        threads += _open_loop(svc, 37.5, 4.0, errors, done)  # 1.5 x 25
         for th in threads:
             th.join(60)
         decisions = svc.autoscaler.decisions("step")
-        assert not errors, errors[:3]
-        assert len(done) == len(threads)
+        # above the capacity until the new instance is ready: the SLO's admission may
+        # refuse at arrival (503), nothing else fails, and every request is answered
+        assert all("refuses the request at arrival" in e for e in errors), errors[:3]
+        assert len(done) + len(errors) == len(threads) and len(done) > len(errors)
         acts = [d["action"] for d in decisions]
         assert "tuner_scale_out" in acts, decisions
         first = acts.index("tuner_scale_out")
@@ -62,7 +68,8 @@ def test_a_load_step_is_met_by_the_tuner_before_the_p99(tmp_path: Path) -> None:
         assert tuned["window_s"] in (0.25, 0.5, 1.0, 2.0, 5.0)
         # every instance the envelope needs, in one decision: count of them started
         assert 1 <= tuned["count"] <= tuned["needed"] - 1
-        # at least what the triggering window asks for with the largest burst term
-        # (SLO 150 ms, service time >= 0): q(w) / (0.75 w + 0.15) requests/s
-        least = tuned["observed"] / (0.75 * tuned["window_s"] + 0.15)
-        assert tuned["required_rps"] >= least - 1e-3
+        # a capacity whose planned envelope covers the triggering window even with the
+        # largest burst term (SLO 150 ms, service time >= 0)
+        w = tuned["window_s"]
+        covered = planned_envelope(tuned["required_rps"] + 1e-3, 150.0, 0.0, (w,))[0]
+        assert covered >= tuned["observed"]

@@ -3,25 +3,23 @@ envelope and Algorithm 3's comparison with the configuration's planned envelope.
 
 The configuration of every test: one cpu unit of one instance, 50 ms per request, so
 capacity mu = 20 requests/s; SLO 90 ms, so the burst tolerance is mu x (90 - 50) / 1000 =
-0.8 requests, and with rho = 0.75 the planned envelope is 15 w + 0.8:
-0.25 s: 4.55, 0.5 s: 8.3, 1 s: 15.8, 2 s: 30.8, 5 s: 75.8."""
+0.8 requests, and with rho = 0.75 the deterministic planned envelope (``tail=None``, no
+Poisson quantile) is 15 w + 0.8: 0.25 s: 4.55, 0.5 s: 8.3, 1 s: 15.8, 2 s: 30.8, 5 s: 75.8.
+The cases on hand-made (periodic) arrivals use it; the Poisson envelope (the default) has
+its own tests at the end."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
 
+from infscaler.runtime.scaling import tuner
 from infscaler.runtime.scaling.scaler import decide
-from infscaler.runtime.scaling.tuner import (
-    WINDOWS_S,
-    envelope,
-    exceedances,
-    planned_envelope,
-    required_capacity_rps,
-    scale_out_now,
-)
+from infscaler.runtime.scaling.tuner import WINDOWS_S, envelope, exceedances
 from infscaler.runtime.scaling.types import (
     EngineOption,
     ResourceCap,
@@ -34,6 +32,10 @@ from infscaler.runtime.scaling.types import (
 CPU = EngineOption("cpu", latency_ms=50.0, memory_mb=100.0, cores=1)
 CFG = ScalerConfig(settle_s=0.0, sustain_s=0.0)
 PLANNED = (4.55, 8.3, 15.8, 30.8, 75.8)
+# the deterministic envelope for the hand-made arrivals (module docstring)
+planned_envelope = partial(tuner.planned_envelope, tail=None)
+required_capacity_rps = partial(tuner.required_capacity_rps, tail=None)
+scale_out_now = partial(tuner.scale_out_now, tail=None)
 
 
 def snap(now: float, rate: float, p99: float | None = 70.0) -> Snapshot:
@@ -103,7 +105,7 @@ def test_step_to_0_8_detected_in_the_1s_window_before_p99() -> None:
     assert (v.decision.action, v.decision.unit, v.decision.engine) == ("scale_out", 0, "cpu")
     assert v.exceeded is not None and v.exceeded.window_s == 1.0
     assert (v.exceeded.observed, v.exceeded.sustainable) == (16, pytest.approx(15.8))
-    assert "16 requests in 1 s > 15.80 sustainable" in v.decision.reason
+    assert "16 requests in 1 s > 15.80 planned" in v.decision.reason
     # the P99 window is still within the SLO: the scaler does nothing yet
     decisions, _ = decide(snap(11.0, 7.0), ScalerState(), CFG)
     assert not [d for d in decisions if d.action == "scale_out"]
@@ -224,3 +226,90 @@ def test_saturation_counts_the_instances_started_together() -> None:
 def test_no_action_under_the_planned_envelope_asks_for_none() -> None:
     v = scale_out_now(snap(10.0, 14.0), periodic(0, 10, 14), ScalerState(), CFG)
     assert v.decision is None and v.count == 0 and v.required_rps is None
+
+
+# -- the Poisson envelope (the default) ------------------------------------------------------
+
+
+def _quantile_by_cdf(mean: float, tail: float) -> int:
+    """The same quantile by another route: the pmf by recursion from 0, the cdf summed up."""
+    k, pmf = 0, math.exp(-mean)
+    cdf = pmf
+    while 1.0 - cdf > tail:
+        k += 1
+        pmf *= mean / k
+        cdf += pmf
+    return k
+
+
+def test_poisson_quantile_hand_checked() -> None:
+    # mean 1: P(N > 5) = 1 - e^-1 (1 + 1 + 1/2 + 1/6 + 1/24 + 1/120) = 5.94e-4 > 1e-4,
+    # P(N > 6) = 8.32e-5 <= 1e-4: the quantile is 6
+    assert tuner.poisson_quantile(1.0, 1e-4) == 6
+    for m in (0.3, 3.75, 15.0, 75.0, 400.0):
+        assert tuner.poisson_quantile(m, 1e-4) == _quantile_by_cdf(m, 1e-4)
+    assert tuner.poisson_quantile(0.0, 1e-4) == 0
+    with pytest.raises(ValueError, match="tail"):
+        tuner.poisson_quantile(1.0, 0.0)
+
+
+def test_planned_envelope_with_the_poisson_quantile() -> None:
+    # rho mu w = 15 w: Q(3.75) and Q(15), + the burst 0.8
+    got = tuner.planned_envelope(20.0, 90.0, 50.0, (0.25, 1.0))
+    assert got == pytest.approx(
+        (_quantile_by_cdf(3.75, 1e-4) + 0.8, _quantile_by_cdf(15, 1e-4) + 0.8)
+    )
+    with pytest.raises(ValueError, match="tail must be"):
+        tuner.planned_envelope(20.0, 90.0, 50.0, tail=1.5)
+
+
+def test_required_capacity_inverts_the_planned_envelope() -> None:
+    q = (9, 18, 36, 42, 60)
+    mu = tuner.required_capacity_rps(q, 90.0, 50.0)
+    assert all(p >= x for p, x in zip(tuner.planned_envelope(mu, 90.0, 50.0), q, strict=True))
+    below = tuner.planned_envelope(mu - 0.01, 90.0, 50.0)
+    assert any(p < x for p, x in zip(below, q, strict=True))  # the least such capacity
+    # the Poisson quantile asks for less capacity than the deterministic envelope
+    assert mu < required_capacity_rps(q, 90.0, 50.0)
+
+
+def test_poisson_noise_at_0_6_of_capacity_is_no_reason_to_scale() -> None:
+    # 12 requests/s Poisson (0.6 x 20), seen at every second over 10-s histories: the
+    # deterministic envelope is exceeded by the noise, the Poisson one never
+    noisy = fired = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        times = np.cumsum(rng.exponential(1 / 12.0, 600))
+        for now in np.arange(10.0, 40.0, 1.0):
+            seen = times[(times > now - 10.0) & (times <= now)]
+            s = snap(now, 12.0)
+            noisy += scale_out_now(s, seen, ScalerState(), CFG).exceeded is not None
+            fired += tuner.scale_out_now(s, seen, ScalerState(), CFG).decision is not None
+    assert noisy > 100 and fired == 0
+
+
+def test_a_poisson_step_to_1_5_of_capacity_is_seen_within_seconds() -> None:
+    # 6 requests/s, then 30/s from 10 s, looked at every 0.1 s: over 20 traces the first
+    # scale-out comes 0.6-2.6 s after the step (median about 1 s)
+    delays = []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        before = np.cumsum(rng.exponential(1 / 6.0, 200))
+        after = 10.0 + np.cumsum(rng.exponential(1 / 30.0, 300))
+        times = np.concatenate([before[before < 10.0], after[after < 16.0]])
+        for now in np.arange(10.0, 16.0, 0.1):
+            seen = times[(times <= now) & (times > now - 10.0)]
+            if tuner.scale_out_now(snap(now, 7.0), seen, ScalerState(), CFG).decision:
+                delays.append(now - 10.0)
+                break
+    assert len(delays) == 20
+    assert max(delays) <= 3.0 and float(np.median(delays)) <= 1.5
+
+
+def test_nothing_within_the_settle_window_of_the_last_change() -> None:
+    times = np.concatenate([periodic(0, 10, 6), periodic(10, 11, 16)])
+    settle = ScalerConfig(settle_s=5.0, sustain_s=0.0)
+    state = ScalerState(last_change=8.0)
+    v = scale_out_now(snap(11.0, 7.0), times, state, settle)
+    assert v.decision is None and "settle window" in v.reason
+    assert scale_out_now(snap(13.5, 7.0), times, state, settle).decision is not None
