@@ -5,7 +5,12 @@ through a step in its load, and at what cost to the low-priority one?
 Two pipelines are served by one ``infscaler serve`` on this host's cores: ``--high``
 (PP-OCRv4 det, the bundled ``ppocrv4-det``) at ``priority: 1`` with SLO ``--high-slo-x``
 (2) x its L0, and ``--low`` (ResNet-50, the onnx wheel's light model) at ``priority: 2``
-with SLO ``--low-slo-x`` (5) x its L0. Each is the whole model in single-thread
+with SLO ``--low-slo-x`` (5) x its L0. L0 (``--l0 served``, the default) is the
+pipeline's served latency at no load (step 2): what its user measures, and the floor of
+every served request (PP-OCRv4 det's 4.9 MB input and 1.6 MB output cross the socket,
+a connection per request: its served L0 is well above the session's, and an SLO of 2x
+the session's L0 was missed by half the requests at 0.3 of the capacity).
+``--l0 session`` takes step 1's instead. Each is the whole model in single-thread
 instances. The cap is the host's ``cpu-host`` profile with ``--slots`` (3) cpu instance
 slots for both pipelines together (``max_instances`` of its cpu engine), written as a
 device YAML and served with ``--device``; the autoscaled arms set ``oversubscribe`` so
@@ -14,7 +19,8 @@ that the slots, not the physical cores, are the cap.
 1. **Calibration** (in this process, before any service): L0 of each model, the median
    latency of one session at 1 intra-op thread (``scaling.calibrate``).
 2. **Capacities**, served: a static service with the high pipeline at ``--slots`` - 1
-   instances and the low one at 1; closed loop (``infscaler.api.loadgen``'s concurrency
+   instances and the low one at 1; each pipeline's served L0 (the median of 15
+   sequential requests, each on its own connection, after 3 unmeasured); closed loop (``infscaler.api.loadgen``'s concurrency
    mode through ``overload.closed_loop``) on each alone: C_high with ``--slots`` - 1
    clients, C_low with 1 client.
 3. **Step scenario**, per arm: Poisson arrivals (``loadgen.arrival_times``) on the low
@@ -368,8 +374,27 @@ def run_window(
 # -- the run ---------------------------------------------------------------------------------
 
 
-def capacities(tmp: Path, a: argparse.Namespace, device: Path, slo: dict, reqs: dict) -> dict:
-    """C_high and C_low, closed loop on a static service (module docstring, step 2)."""
+def served_l0(sock: str, model: str, req: tuple[bytes, dict], n: int = 15) -> float:
+    """The pipeline's served latency at no load, ms: the median of ``n`` sequential
+    requests, each on its own connection as the scenarios send them (``overload.one``),
+    after 3 unmeasured ones."""
+
+    async def run() -> list[float]:
+        body, headers = req
+        out = []
+        for _ in range(n + 3):
+            outcome, ms, _ = await ov.one(sock, model, body, headers, 60)
+            if outcome != "ok":
+                raise SystemExit(f"served L0 of {model}: a request answered {outcome}")
+            out.append(ms)
+        return out[3:]
+
+    return round(float(np.median(asyncio.run(run()))), 2)
+
+
+def capacities(tmp: Path, a: argparse.Namespace, device: Path, reqs: dict) -> dict:
+    """C_high and C_low, closed loop on a static service, and each pipeline's served L0
+    (:func:`served_l0`, before the closed loops) (module docstring, step 2)."""
     pipes = [
         static_pipeline(a.high, HIGH, None, 1, a.slots - 1),  # no SLO: nothing refused
         static_pipeline(a.low, LOW, None, 2, 1),
@@ -379,10 +404,11 @@ def capacities(tmp: Path, a: argparse.Namespace, device: Path, slo: dict, reqs: 
         out = {}
         for name, clients in ((HIGH, a.slots - 1), (LOW, 1)):
             body, headers = reqs[name]
-            asyncio.run(ov.closed_loop(s.sock, name, body, headers, 1, 4))  # warm
+            l0 = served_l0(s.sock, name, reqs[name])
             out[name] = asyncio.run(
                 ov.closed_loop(s.sock, name, body, headers, clients, a.capacity_requests)
             )
+            out[name]["served_l0_ms"] = l0
     finally:
         out["stop"] = s.stop()
     return out
@@ -435,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--high", default="ppocrv4-det")
     p.add_argument("--low", default="resnet50")
+    p.add_argument("--l0", choices=("served", "session"), default="served")
     p.add_argument("--high-slo-x", type=float, default=2.0)
     p.add_argument("--low-slo-x", type=float, default=5.0)
     p.add_argument("--slots", type=int, default=3)
@@ -474,18 +501,22 @@ def main(argv: list[str] | None = None) -> int:
         n: sc.calibrate(m, feeds[n], 10 if a.quick else 20)
         for n, m in ((HIGH, a.high), (LOW, a.low))
     }
-    slo = {HIGH: a.high_slo_x * cal[HIGH]["l0_ms"], LOW: a.low_slo_x * cal[LOW]["l0_ms"]}
     reqs = {n: encode_infer_request(f) for n, f in feeds.items()}
-    data.update(calibration=cal, slo_ms={n: round(v, 2) for n, v in slo.items()})
-    print(f"== L0 {cal[HIGH]['l0_ms']} / {cal[LOW]['l0_ms']} ms, SLO {slo}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="isc-arbitration-"))
     device = device_yaml(a.slots, tmp / "device.yaml")
-    cap = capacities(tmp, a, device, slo, reqs)
+    cap = capacities(tmp, a, device, reqs)
     c = {n: cap[n]["throughput_rps"] for n in (HIGH, LOW)}
     if not min(c.values()) > 0:
         raise SystemExit(f"a capacity is 0 (nothing answered): {cap}")
+    l0 = {n: cap[n]["served_l0_ms"] if a.l0 == "served" else cal[n]["l0_ms"] for n in c}
+    slo = {HIGH: a.high_slo_x * l0[HIGH], LOW: a.low_slo_x * l0[LOW]}
+    data.update(calibration=cal, l0_ms=l0, slo_ms={n: round(v, 2) for n, v in slo.items()})
     data["capacity"] = cap
-    print(f"  capacity high {c[HIGH]}/s, low {c[LOW]}/s", flush=True)
+    print(
+        f"== L0 ({a.l0}) {l0[HIGH]:.1f} / {l0[LOW]:.1f} ms (session {cal[HIGH]['l0_ms']} / "
+        f"{cal[LOW]['l0_ms']}), SLO {slo}; capacity high {c[HIGH]}/s, low {c[LOW]}/s",
+        flush=True,
+    )
     step = step_times(c[HIGH], c[LOW], a)
     windows = [("step", reqs, step, slo, a.pre_s)]
     if not a.no_trace:
