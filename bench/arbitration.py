@@ -20,9 +20,14 @@ that the slots, not the physical cores, are the cap.
    latency of one session at 1 intra-op thread (``scaling.calibrate``).
 2. **Capacities**, served: a static service with the high pipeline at ``--slots`` - 1
    instances and the low one at 1; each pipeline's served L0 (the median of 15
-   sequential requests, each on its own connection, after 3 unmeasured); closed loop (``infscaler.api.loadgen``'s concurrency
-   mode through ``overload.closed_loop``) on each alone: C_high with ``--slots`` - 1
-   clients, C_low with 1 client.
+   sequential requests, each on its own connection, after 3 unmeasured); closed loop
+   (``infscaler.api.loadgen``'s concurrency mode through ``overload.closed_loop``) on
+   each alone: C_low with 1 client, and C_high with ``--slots`` - 1 clients **while the
+   low pipeline gets its constant load beside it** (``--capacity beside-low``, the
+   default; ``alone``: on an idle service). On 2 cores the CPU, not the slots, is what
+   the two pipelines share: the high pipeline alone on both cores has a capacity the
+   scenario cannot give it (the first full run stepped it to 0.8 of that and no split
+   could serve it).
 3. **Step scenario**, per arm: Poisson arrivals (``loadgen.arrival_times``) on the low
    pipeline at ``--low-burst`` (1.2) x C_low for ``--low-burst-s`` (20 s), then at
    ``--low-load`` (0.4) x C_low to the end; on the high one ``--before`` (0.3) x C_high
@@ -45,7 +50,8 @@ that the slots, not the physical cores, are the cap.
      h, l >= 1, fixed instances, no autoscale, each pipeline with its SLO for admission;
      the best by the high pipeline's attainment after the step, then the low's goodput.
 
-4. **Trace scenario** (``arbitration`` and ``per-pipeline``): the two busiest functions
+4. **Trace scenario** (``arbitration`` and ``per-pipeline``, each on a fresh service:
+   no loan or scale-out of the step carries over): the two busiest functions
    of the Azure Functions 2019 trace (``runtime.planning.arrivals``, per-minute counts),
    ``--trace-minutes`` minutes from ``--trace-start``, each minute replayed in
    ``--minute-s`` s and scaled to a mean of ``--trace-load`` (0.55) x that pipeline's
@@ -409,26 +415,53 @@ def capacities(tmp: Path, a: argparse.Namespace, device: Path, reqs: dict) -> di
                 ov.closed_loop(s.sock, name, body, headers, clients, a.capacity_requests)
             )
             out[name]["served_l0_ms"] = l0
+        out["high_beside_low"] = high_beside_low(s.sock, a, reqs, out[LOW]["throughput_rps"])
     finally:
         out["stop"] = s.stop()
     return out
 
 
+def high_beside_low(sock: str, a: argparse.Namespace, reqs: dict, c_low: float) -> dict:
+    """C_high as the step scenario leaves it to the high pipeline: its closed loop (as
+    in :func:`capacities`) while the low pipeline gets its constant load, Poisson at
+    ``--low-load`` x C_low, beside it (on 2 cores the CPU, not the slots, is what the two
+    share; the high pipeline alone on both cores is a capacity the scenario cannot
+    give it). The low load runs until the closed loop ends."""
+    from infscaler.api.loadgen import arrival_times
+
+    body, headers = reqs[HIGH]
+    low_times = arrival_times("poisson", a.low_load * c_low, 600.0, a.seed + 7)
+
+    async def both() -> dict:
+        low = asyncio.ensure_future(replay(sock, LOW, reqs[LOW], low_times))
+        await asyncio.sleep(2.0)  # the low load under way
+        try:
+            return await ov.closed_loop(sock, HIGH, body, headers, a.slots - 1, a.capacity_requests)
+        finally:
+            low.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await low
+
+    return asyncio.run(both())
+
+
 def arm(
     tmp: Path, tag: str, pipes: list[dict], env: dict, device: Path, windows: list[tuple]
 ) -> dict[str, Any]:
-    """One fresh service; each of ``windows`` ((name, reqs, times, slo, step_s)) in turn."""
-    s = Served(tmp, tag, pipes, device, env).start()
-    out: dict[str, Any] = {"pipelines": pipes, "env": env}
-    sampler = ov.Sampler(s.svc.proc.pid, 0.5).start()
-    try:
-        for name, reqs, times, slo, step_s in windows:
+    """Each of ``windows`` ((name, reqs, times, slo, step_s)) on a fresh service of its
+    own (a loan or a scale-out of one window does not carry into the next)."""
+    out: dict[str, Any] = {"pipelines": pipes, "env": env, "samples": {}, "stop": {}}
+    cores: list[float] = []
+    for name, reqs, times, slo, step_s in windows:
+        s = Served(tmp, f"{tag}-{name}", pipes, device, env).start()
+        sampler = ov.Sampler(s.svc.proc.pid, 0.5).start()
+        try:
             print(f"  {tag}: {name} window", flush=True)
             out[name] = run_window(s, reqs, times, slo, step_s)
-    finally:
-        out["samples"] = sampler.stop()
-        out["stop"] = s.stop()
-    cores = [x["other_cores"] for x in out["samples"]]
+        finally:
+            out["samples"][name] = sampler.stop()
+            out["stop"][name] = s.stop()
+        cores += [x["other_cores"] for x in out["samples"][name]]
     out["other_processes_cores"] = round(float(np.mean(cores)), 3) if cores else None
     return out
 
@@ -462,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--high", default="ppocrv4-det")
     p.add_argument("--low", default="resnet50")
     p.add_argument("--l0", choices=("served", "session"), default="served")
+    p.add_argument("--capacity", choices=("beside-low", "alone"), default="beside-low")
     p.add_argument("--high-slo-x", type=float, default=2.0)
     p.add_argument("--low-slo-x", type=float, default=5.0)
     p.add_argument("--slots", type=int, default=3)
@@ -506,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     device = device_yaml(a.slots, tmp / "device.yaml")
     cap = capacities(tmp, a, device, reqs)
     c = {n: cap[n]["throughput_rps"] for n in (HIGH, LOW)}
+    if a.capacity == "beside-low":
+        c[HIGH] = cap["high_beside_low"]["throughput_rps"]
     if not min(c.values()) > 0:
         raise SystemExit(f"a capacity is 0 (nothing answered): {cap}")
     l0 = {n: cap[n]["served_l0_ms"] if a.l0 == "served" else cal[n]["l0_ms"] for n in c}
