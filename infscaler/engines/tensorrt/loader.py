@@ -17,9 +17,12 @@ and 10.x (``docs.nvidia.com/deeplearning/tensorrt/api/python_api``):
   pycuda, a CUDA device, the builder's fast FP16 / INT8 and DLA cores), once per process.
 
 Nothing here imports tensorrt or pycuda at module import: :func:`import_tensorrt` and
-:func:`import_pycuda` do, when an engine is probed or loaded. Probing (availability)
-initialises the CUDA driver in the calling process: fork()ed children cannot use CUDA
-after that, so start GPU instances as new processes (the supervisor does).
+:func:`import_pycuda` do, when an engine is probed or loaded. :func:`probe_tensorrt_host`
+initialises the CUDA driver in the process that calls it, and fork()ed children cannot
+use CUDA after that: the engines' availability calls it only inside the short child
+process of :mod:`infscaler.engines.gpu.probe`, and a GPU instance only once it is
+forked, so the service and the zygote stay CUDA-free (the zygote checks its own maps
+before every fork).
 """
 
 from __future__ import annotations
