@@ -103,13 +103,7 @@ class RateWindow:
             return len(self._t) / self.horizon_s
         if window_s <= 0:
             raise ValueError(f"window_s must be > 0, got {window_s}")
-        since = now - window_s
-        n = 0
-        for t in reversed(self._t):
-            if t < since:
-                break
-            n += 1
-        return n / window_s
+        return self.count_since(now - window_s) / window_s
 
     def count_since(self, cutoff: float) -> int:
         """Events at or after ``cutoff`` (monotonic s) among those kept (at most
