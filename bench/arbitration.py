@@ -200,6 +200,21 @@ class Served:
                         key = (p.get("name"), d.get("time"), d.get("action"), d.get("unit"))
                         self.decisions[key] = {"pipeline": p.get("name"), **d}
 
+    def since(self, wall0: float) -> tuple[list[dict], list[tuple[float, dict[str, int]]]]:
+        """The decisions polled from ``wall0`` (``time.time()``) on, each with ``t_s`` (s
+        since ``wall0``), in time order; and the instance polls ``(t_s, {pipeline:
+        ready instances})`` from then on."""
+        decisions = sorted(
+            (
+                {**d, "t_s": round(d["time"] - wall0, 2)}
+                for d in self.decisions.values()
+                if d.get("time") and d["time"] >= wall0
+            ),
+            key=lambda d: d["t_s"],
+        )
+        polls = [(round(t - wall0, 2), n) for t, n in self.instances if t >= wall0]
+        return decisions, polls
+
     def stop(self) -> dict[str, Any]:
         self._stop.set()
         if self._poll is not None:
@@ -242,14 +257,20 @@ async def replay(sock: str, model: str, req: tuple[bytes, dict], times: np.ndarr
 
 def step_times(c_high: float, c_low: float, a: argparse.Namespace) -> dict[str, np.ndarray]:
     """The step scenario's arrival times per pipeline (module docstring, step 3)."""
+    high = two_rates(a.before * c_high, a.pre_s, a.after * c_high, a.post_s, a.seed)
+    rest = a.pre_s + a.post_s - a.low_burst_s
+    low = two_rates(a.low_burst * c_low, a.low_burst_s, a.low_load * c_low, rest, a.seed + 2)
+    return {HIGH: high, LOW: low}
+
+
+def two_rates(rate1: float, dur1_s: float, rate2: float, dur2_s: float, seed: int) -> np.ndarray:
+    """Poisson arrival times (s) at ``rate1``/s for ``dur1_s``, then at ``rate2``/s for
+    ``dur2_s`` (seeds ``seed`` and ``seed`` + 1)."""
     from infscaler.api.loadgen import arrival_times
 
-    pre = arrival_times("poisson", a.before * c_high, a.pre_s, a.seed)
-    post = arrival_times("poisson", a.after * c_high, a.post_s, a.seed + 1) + a.pre_s
-    burst = arrival_times("poisson", a.low_burst * c_low, a.low_burst_s, a.seed + 2)
-    rest = a.pre_s + a.post_s - a.low_burst_s
-    low = arrival_times("poisson", a.low_load * c_low, rest, a.seed + 3) + a.low_burst_s
-    return {HIGH: np.concatenate([pre, post]), LOW: np.concatenate([burst, low])}
+    first = arrival_times("poisson", rate1, dur1_s, seed)
+    then = arrival_times("poisson", rate2, dur2_s, seed + 1) + dur1_s
+    return np.concatenate([first, then])
 
 
 def busiest_functions(n: int = 2) -> list[str]:
@@ -282,16 +303,28 @@ def trace_times(fn: str, mean_rps: float, a: argparse.Namespace, seed: int) -> n
     return np.sort(t[idx] + (rng.random(keep) * 1e-3 if keep > t.size else 0.0))
 
 
+def at_step(polls: list[tuple[float, Any]], step_s: float) -> Any:
+    """The last poll's value at or before ``step_s`` (None: no poll by then)."""
+    before = [n for t, n in polls if t <= step_s]
+    return before[-1] if before else None
+
+
+def mean_other_cores(samples: list[dict]) -> float | None:
+    """Mean CPU of other processes over ``overload.Sampler``'s samples, cores."""
+    cores = [x["other_cores"] for x in samples]
+    return round(float(np.mean(cores)), 3) if cores else None
+
+
 # -- outcomes --------------------------------------------------------------------------------
 
 
-def _within(rows: list[dict], slo_ms: float) -> list[bool]:
+def within_slo(rows: list[dict], slo_ms: float) -> list[bool]:
     return [r["outcome"] == "ok" and r["ms"] <= slo_ms for r in rows]
 
 
 def attainment(rows: list[dict], slo_ms: float) -> float | None:
     """Fraction of ``rows`` answered with 200 within ``slo_ms`` (None: no rows)."""
-    ok = _within(rows, slo_ms)
+    ok = within_slo(rows, slo_ms)
     return round(sum(ok) / len(ok), 4) if ok else None
 
 
@@ -316,7 +349,7 @@ def outcomes(
     outcomes; for the high one, the recovery time after the step."""
     out: dict[str, Any] = {}
     for name, rs in rows.items():
-        ok = _within(rs, slo[name])
+        ok = within_slo(rs, slo[name])
         e: dict[str, Any] = {
             "sent": len(rs),
             "attainment": attainment(rs, slo[name]),
@@ -347,26 +380,14 @@ def run_window(
     got = asyncio.run(both())
     rows = dict(zip((HIGH, LOW), got, strict=True))
     time.sleep(1.5)  # the last status poll
-    decisions = sorted(
-        (
-            {**d, "t_s": round(d["time"] - wall0, 2)}
-            for d in served.decisions.values()
-            if d.get("time") and d["time"] >= wall0
-        ),
-        key=lambda d: d["t_s"],
-    )
+    decisions, polls = served.since(wall0)
     moves = [
         {k: d.get(k) for k in ("t_s", "pipeline", "action", "kind", "giver", "taker")}
         for d in decisions
         if d.get("action") in ("arbitrate_give", "arbitrate_take")
     ]
-    polls = [(round(t - wall0, 2), n) for t, n in served.instances if t >= wall0]
-    at_step = None
-    if step_s is not None:
-        before = [n for t, n in polls if t <= step_s]
-        at_step = before[-1] if before else None
     return {
-        "instances_at_step": at_step,
+        "instances_at_step": None if step_s is None else at_step(polls, step_s),
         "instances": polls,
         "outcomes": outcomes(rows, slo, step_s, end_s),
         "moves": moves,
@@ -451,7 +472,7 @@ def arm(
     """Each of ``windows`` ((name, reqs, times, slo, step_s)) on a fresh service of its
     own (a loan or a scale-out of one window does not carry into the next)."""
     out: dict[str, Any] = {"pipelines": pipes, "env": env, "samples": {}, "stop": {}}
-    cores: list[float] = []
+    samples: list[dict] = []
     for name, reqs, times, slo, step_s in windows:
         s = Served(tmp, f"{tag}-{name}", pipes, device, env).start()
         sampler = ov.Sampler(s.svc.proc.pid, 0.5).start()
@@ -461,8 +482,8 @@ def arm(
         finally:
             out["samples"][name] = sampler.stop()
             out["stop"][name] = s.stop()
-        cores += [x["other_cores"] for x in out["samples"][name]]
-    out["other_processes_cores"] = round(float(np.mean(cores)), 3) if cores else None
+        samples += out["samples"][name]
+    out["other_processes_cores"] = mean_other_cores(samples)
     return out
 
 

@@ -131,18 +131,14 @@ def capacity(tmp: Path, a: argparse.Namespace, device: Path, req: tuple) -> dict
 
 def step_times(c: float, a: argparse.Namespace) -> np.ndarray:
     """Poisson at ``--before`` x C for ``--pre-s``, then ``--after`` x C for ``--post-s``."""
-    from infscaler.api.loadgen import arrival_times
-
-    pre = arrival_times("poisson", a.before * c, a.pre_s, a.seed)
-    post = arrival_times("poisson", a.after * c, a.post_s, a.seed + 1) + a.pre_s
-    return np.concatenate([pre, post])
+    return ab.two_rates(a.before * c, a.pre_s, a.after * c, a.post_s, a.seed)
 
 
 # -- outcomes --------------------------------------------------------------------------------
 
 
 def _missed(rows: list[dict], slo_ms: float) -> int:
-    return sum(not (r["outcome"] == "ok" and r["ms"] <= slo_ms) for r in rows)
+    return sum(not ok for ok in ab.within_slo(rows, slo_ms))
 
 
 def _p99(rows: list[dict]) -> float | None:
@@ -161,8 +157,7 @@ def outcomes(
 ) -> dict[str, Any]:
     """The arm's outcomes (module docstring) from its requests, decisions (``t_s``: s
     since the window started) and instance polls (``(t_s, ready)``)."""
-    before = [n for t, n in polls if t <= step_s]
-    at_step = before[-1] if before else None
+    at_step = ab.at_step(polls, step_s)
     first = next((d for d in decisions if d["action"] in SCALE_OUTS and d["t_s"] >= step_s), None)
     out: dict[str, Any] = {
         "instances_at_step": at_step,
@@ -214,15 +209,8 @@ def run_arm(
         wall0 = time.time()
         rows = asyncio.run(ab.replay(s.sock, NAME, req, times))
         time.sleep(1.5)  # the last status poll
-        decisions = sorted(
-            (
-                {**d, "t_s": round(d["time"] - wall0, 2)}
-                for d in s.decisions.values()
-                if d.get("time") and d["time"] >= wall0
-            ),
-            key=lambda d: d["t_s"],
-        )
-        polls = [(round(t - wall0, 2), n.get(NAME, 0)) for t, n in s.instances if t >= wall0]
+        decisions, polls = s.since(wall0)
+        polls = [(t, n.get(NAME, 0)) for t, n in polls]
     finally:
         out["samples"] = sampler.stop()
         out["stop"] = s.stop()
@@ -233,8 +221,7 @@ def run_arm(
     ]
     out["instances"] = polls
     out["requests"] = rows
-    cores = [x["other_cores"] for x in out["samples"]]
-    out["other_processes_cores"] = round(float(np.mean(cores)), 3) if cores else None
+    out["other_processes_cores"] = ab.mean_other_cores(out["samples"])
     return out
 
 
