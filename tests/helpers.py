@@ -1,5 +1,6 @@
 """Helpers shared by tests/unit and tests/integration: small ONNX graphs built with
-onnx.helper, a polling wait and the ``chain`` pipeline of stagefuncs.py.
+onnx.helper, a polling wait, the ``chain`` pipeline of stagefuncs.py and bench/ scripts
+loaded as modules.
 
 Imported as ``from tests.helpers import ...`` (tests/ is a package; its fixtures are in
 tests/conftest.py, tests/unit/conftest.py and tests/integration/conftest.py).
@@ -7,16 +8,37 @@ tests/conftest.py, tests/unit/conftest.py and tests/integration/conftest.py).
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests import REPO_ROOT
+
 OPSET = 17
+#: The repository's bench/ folder (scripts, not a package).
+BENCH = REPO_ROOT / "bench"
+
+
+def bench_module(name: str) -> ModuleType:
+    """bench/``name``.py as a module, loaded once under its own name with bench/ on
+    ``sys.path`` (its scripts import one another by plain name)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def make_model(

@@ -7,30 +7,13 @@ nothing but ``slo`` and ``autoscale``. Nothing here starts a service or measures
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests import REPO_ROOT
-
-BENCH = REPO_ROOT / "bench"
-
-
-def _bench(name: str):
-    """A bench/ script as a module (bench/ is not a package)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tests.helpers import bench_module
 
 
 def _p99_one_server(rate_per_ms: float, d_ms: float, n: int, seed: int) -> float:
@@ -46,7 +29,7 @@ def _p99_one_server(rate_per_ms: float, d_ms: float, n: int, seed: int) -> float
 
 
 def test_mdc_ceiling_meets_its_slo_and_not_much_more() -> None:
-    sb = _bench("slo_bound")
+    sb = bench_module("slo_bound")
     d, slo = 10.0, 30.0
     rate = sb.mdc_max_rate(1, d, slo, n=20_000)
     assert 0 < rate < 1000.0 / d
@@ -58,7 +41,7 @@ def test_mdc_ceiling_meets_its_slo_and_not_much_more() -> None:
 
 
 def test_mdc_ceiling_scales_and_refuses_bad_input() -> None:
-    sb = _bench("slo_bound")
+    sb = bench_module("slo_bound")
     assert sb.mdc_max_rate(1, 10.0, 9.0, n=20_000) == 0.0  # SLO below the service time
     one = sb.mdc_max_rate(1, 10.0, 30.0, n=20_000)
     # same SLO factor, twice the service time: half the rate
@@ -73,7 +56,7 @@ def test_mdc_ceiling_scales_and_refuses_bad_input() -> None:
 
 
 def test_chain_ceiling_is_the_tightest_stage() -> None:
-    sb = _bench("slo_bound")
+    sb = bench_module("slo_bound")
     out = sb.chain_ceiling_rps([(1, 5.0), (2, 20.0)], 60.0, n=20_000)
     per = out["per_stage"]
     assert [p["budget_ms"] for p in per] == [40.0, 55.0]  # SLO - the other stage's D
@@ -93,7 +76,7 @@ def _row(config: str, rps: float, cap: str = "cap", slo_x: float = 3.0, **extra)
 
 
 def test_cell_summary_columns_and_checks() -> None:
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     auto = _row(
         "auto",
         12.0,
@@ -146,7 +129,7 @@ def test_awake_rows_are_columns_of_their_own_not_baselines() -> None:
     """--awake: <config>+awake rows do not move the issue's columns (auto, the best of
     (a), (b), (c) without the request); they get their own, and auto held awake is
     compared with every baseline, with or without the request."""
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     rows = [
         _row("auto", 4.0, "none", 1.5, chosen_config=[{"unit": "m", "instances": 1}]),
         _row("auto+awake", 9.0, "none", 1.5, cpu_wake_latency_held=True,
@@ -178,7 +161,7 @@ def test_awake_rows_are_columns_of_their_own_not_baselines() -> None:
 
 
 def test_every_step_draws_the_same_arrival_pattern_scaled_by_its_rate() -> None:
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     # the step's generator (arrival_gaps, seeded with ARRIVAL_SEED by default)
     a, b = sc.arrival_gaps(4.0), sc.arrival_gaps(8.0)
     gaps4 = [next(a) for _ in range(50)]
@@ -189,7 +172,7 @@ def test_every_step_draws_the_same_arrival_pattern_scaled_by_its_rate() -> None:
 
 
 def test_auto_names_nothing_but_slo_and_autoscale() -> None:
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     cfg = sc.auto_pipeline("resnet50", "a", 120.0)
     (stage,) = cfg.stages
     assert stage.model == "resnet50"
@@ -212,7 +195,7 @@ def test_flops_share_of_the_bottleneck_partition(tmp_path: Path) -> None:
 
     from infscaler.partitioner.plan import PLAN_FILE, PLAN_FORMAT
 
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     parts = [
         {"file": "part_0.onnx", "flops": 100, "bottleneck": 1.0},
         {"file": "part_1.onnx", "flops": 600, "bottleneck": 5.0},  # largest B_k
@@ -240,7 +223,7 @@ def test_flops_share_of_the_bottleneck_partition(tmp_path: Path) -> None:
 
 
 def test_bench_arrivals_cover_the_warm_up_and_the_measured_window() -> None:
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     t = sc.bench_arrivals(10.0, warm_s=4.0, measure_s=5.0, min_requests=100)
     assert t[0] == 0.0 and (np.diff(t) > 0).all()
     measured = t[t >= 4.0]
@@ -253,7 +236,7 @@ def test_bench_arrivals_cover_the_warm_up_and_the_measured_window() -> None:
 
 
 def test_p99_every_counts_a_missing_request_as_later_than_any() -> None:
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     lat = [float(x) for x in range(1, 200)]  # 1 .. 199 ms
     assert sc.p99_every(lat, 0) == pytest.approx(np.percentile(lat, 99))
     assert sc.p99_every(lat, 0) < sc.p99_every(lat, 1)  # a refusal moves the P99 up
@@ -264,7 +247,7 @@ def test_p99_every_counts_a_missing_request_as_later_than_any() -> None:
 def test_simulated_bisection_follows_the_bench_procedure() -> None:
     from types import SimpleNamespace
 
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     seen = []
 
     def sim(times, warm_s):  # a fake model: 50 ms each below 12/s, 500 ms above
@@ -294,7 +277,7 @@ def _confirm_row(config: str, rate: float, passed: bool, **kw) -> dict:
 
 
 def test_a_cell_below_0_95_is_confirmed_by_pairs_of_long_steps() -> None:
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     rows = [_row("auto", 9.0, "none", 2.0), _row("replication-shm", 10.0, "none", 2.0),
             _row("one-session", 8.0, "none", 2.0)]  # fmt: skip
     # 9 < 0.95 x 10: auto and the best baseline, from 0.95 x its 10/s down
@@ -335,7 +318,7 @@ def test_a_cell_below_0_95_is_confirmed_by_pairs_of_long_steps() -> None:
 
 
 def test_confirm_cell_descends_until_one_of_the_two_passes() -> None:
-    sc = _bench("scaling")
+    sc = bench_module("scaling")
     import functools
     import inspect
 

@@ -4,29 +4,9 @@ attainment and P99, and the tuner / scaler ratios."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests import REPO_ROOT
-
-BENCH = REPO_ROOT / "bench"
-
-
-def _bench(name: str):
-    """A bench/ script as a module (bench/ is not a package)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    key = f"bench_{name}"
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[key] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
+from tests.helpers import bench_module
 
 SLO = 100.0
 STEP = 10.0
@@ -48,7 +28,7 @@ def rows() -> list[dict]:
 
 
 def test_outcomes_hand_computed() -> None:
-    tb = _bench("tuner")
+    tb = bench_module("tuner")
     decisions = [
         {"t_s": 4.0, "action": "shed"},
         {"t_s": 12.0, "action": "tuner_scale_out", "count": 2},
@@ -71,7 +51,7 @@ def test_outcomes_hand_computed() -> None:
 
 
 def test_no_scale_out_after_the_step_counts_every_miss_as_before_it() -> None:
-    tb = _bench("tuner")
+    tb = bench_module("tuner")
     early = [{"t_s": 5.0, "action": "scale_out"}]
     o = tb.outcomes(rows(), early, [(9.0, 2), (15.0, 2)], SLO, STEP)
     assert o["to_decision_s"] is None and o["to_ready_s"] is None
@@ -81,7 +61,7 @@ def test_no_scale_out_after_the_step_counts_every_miss_as_before_it() -> None:
 
 
 def test_ratios_tuner_over_scaler() -> None:
-    tb = _bench("tuner")
+    tb = bench_module("tuner")
     t = tb.outcomes(rows(), [{"t_s": 12.0, "action": "tuner_scale_out"}], [], SLO, STEP)
     s = tb.outcomes(rows(), [{"t_s": 14.0, "action": "scale_out"}], [], SLO, STEP)
     r = tb.ratios({"tuner": {"outcomes": t}, "scaler": {"outcomes": s}})
