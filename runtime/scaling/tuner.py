@@ -13,7 +13,14 @@ planner's sample trace is Poisson arrivals at the planned rate (what
 :mod:`infscaler.runtime.planning.simulator` replays), so the planned envelope is that of
 a Poisson process at ``rho x mu`` (``mu``: the scaler's capacity estimate,
 :func:`~infscaler.runtime.scaling.scaler.pipeline_capacity_rps`, requests/s), with the
-burst the SLO absorbs:
+burst the SLO absorbs. InferLine's planner also checks that the plan meets the SLO at
+that rate (§4.2, its estimator); a configuration whose P99 reaches the SLO below ``rho
+x mu`` (a tight SLO: twice the service time leaves one service time of queueing) was
+planned for less, so the planned rate is the lower of the two (:func:`slo_rate_rps`,
+the scaler's own M/D/c P99 model) and ``mu`` below is that rate / ``rho``. Without it,
+one 99-ms instance under an SLO of 377 ms was planned for 7.6 requests/s and the Tuner
+did not fire at a step to 7.4/s, where the P99 model puts one instance's P99 at
+about 0.9 s and two instances' at about 0.22 s:
 
     q_planned(w) = Q(rho mu w) + mu (SLO - T) / 1000
 
@@ -44,6 +51,9 @@ Algorithm 1 picks gets the fewest instances that bring its capacity to ``mu_req`
 decision (:func:`instances_for`), within its ``max_instances`` and the device's cap (each
 further instance checked by the scaler's own rules: memory, slots, cores).
 
+With the SLO check, ``needed`` also covers the instances whose P99 meets the SLO at
+the new planned rate, the count the scale-in's P99 guard keeps there (no flapping).
+
 Windows: 0.25, 0.5, 1, 2 and 5 s (:data:`WINDOWS_S`; InferLine starts at the service
 time and doubles up to 60 s; the scaler's P99 window is 10 s, so longer windows would
 not react sooner than it does). Like the scaler, this module is pure: no clock, no I/O.
@@ -58,7 +68,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from infscaler.runtime.scaling.cores import SATURATED_FREE_PER_THREAD
-from infscaler.runtime.scaling.queueing import _EPS, _fan_out, _service_ms
+from infscaler.runtime.scaling.queueing import (
+    _EPS,
+    _budget_ms,
+    _fan_out,
+    _p99_needed,
+    _service_ms,
+    p99_response_ms,
+)
 from infscaler.runtime.scaling.scaler import (
     _capacity_items,
     _refusals,
@@ -168,6 +185,47 @@ def service_time_ms(snapshot: Snapshot) -> float:
     """The pipeline's service time ``T``, ms: the sum of its units' service times (a
     unit's P50, else its fastest option's latency; 0 for a unit with neither)."""
     return sum(_service_ms(u) or 0.0 for u in snapshot.units)
+
+
+def slo_rate_rps(snapshot: Snapshot) -> float | None:
+    """The largest pipeline rate, requests/s, at which every unit's approximate P99 at
+    its running instances stays within its share of the SLO: per unit, the items/s
+    where :func:`~infscaler.runtime.scaling.queueing.p99_response_ms` (M/D/c, Erlang C
+    with Kingman's heavy-traffic tail) reaches the SLO less the other units' service
+    times (the scaler's own P99 guard, :func:`~infscaler.runtime.scaling.scaler.decide`'s
+    scale-in), found by bisection (P99 grows with the rate), divided by the unit's
+    items per request; the least over the units.
+
+    This is InferLine's check that the plan meets the SLO at the planned envelope (§4.2,
+    the estimator): a configuration planned for ``rho x mu`` whose P99 there exceeds the
+    SLO was never planned for that rate. Units with no service time, no running
+    instance, no items or an SLO share below their service time (no rate meets it; the
+    utilisation rule alone decides for them, as in the scale-in) do not bound it; None
+    when no unit does.
+    """
+    best: float | None = None
+    for u in snapshot.units:
+        n = u.total_instances
+        f = _fan_out(u, snapshot)
+        if _service_ms(u) is None or n <= 0 or f <= 0:
+            continue
+        cap_items = _capacity_items(u)
+        if not math.isfinite(cap_items) or cap_items <= 0:
+            continue
+        svc = n * 1000.0 / cap_items
+        budget = _budget_ms(snapshot, u)
+        if budget < svc:
+            continue
+        lo, hi = 0.0, cap_items
+        for _ in range(48):
+            mid = (lo + hi) / 2.0
+            if p99_response_ms(mid, n, svc) <= budget:
+                lo = mid
+            else:
+                hi = mid
+        rate = lo / f
+        best = rate if best is None else min(best, rate)
+    return best
 
 
 def poisson_quantile(mean: float, tail: float) -> int:
@@ -330,6 +388,7 @@ def instances_for(
     o: EngineOption,
     required_rps: float,
     config: ScalerConfig = ScalerConfig(),  # noqa: B008 (frozen: an immutable default)
+    p99_rps: float | None = None,
 ) -> tuple[int, int, str]:
     """How many instances of ``u`` on engine ``o`` to start at once for the pipeline to
     finish ``required_rps`` requests/s (InferLine §5, Algorithm 3 lines 9-13: every
@@ -343,6 +402,10 @@ def instances_for(
     checked by the scaler's rules with the ones before it counted as running (memory,
     engine slots, cores, the unit's own and all pinned threads against the physical
     cores, saturation). The first is assumed admitted (Algorithm 1 admitted it).
+    With ``p99_rps`` (requests/s), ``needed`` also covers the instances that keep the
+    unit's approximate P99 at that rate within its share of the SLO (the scaler's
+    ``_p99_needed`` at the unit's current service time per instance): the count the
+    scale-in's P99 guard keeps at that rate, so the scale-in does not take them back.
 
     Returns:
         ``(count, needed, why)``: instances to start (>= 1), instances ``u`` would have
@@ -355,6 +418,9 @@ def instances_for(
     gain = _new_instance_items(u, o) / f
     short = required_rps - have
     more = 1 if not math.isfinite(have) or short <= 0 else max(1, math.ceil(short / gain - _EPS))
+    if p99_rps is not None and math.isfinite(have) and have > 0 and u.total_instances > 0:
+        svc = u.total_instances * 1000.0 / (have * f)
+        more = max(more, _p99_needed(s, u, p99_rps * f, svc) - u.total_instances)
     needed = u.total_instances + more
     count, why = 1, ""
     s2, u2 = _with_one_more(s, u, o)
@@ -379,6 +445,7 @@ def scale_out_now(
     windows: Sequence[float] = WINDOWS_S,
     rho: float = TUNER_RHO,
     tail: float | None = TUNER_TAIL,
+    p99: bool = True,
 ) -> TunerVerdict:
     """Whether to scale out now, before the P99 shows it.
 
@@ -394,8 +461,14 @@ def scale_out_now(
     :data:`SUSTAINED_MIN_S` (a burst seen only in the short windows, at a mean rate the
     instances serve at ``scale_in_utilisation``, would be taken back by the scale-in).
 
+    The planned rate is ``rho x mu``, or less where the configuration's P99 reaches the
+    SLO first (``p99``, the default: :func:`slo_rate_rps`, then ``mu`` in the planned
+    envelope is that rate / ``rho``). ``p99=False``: ``rho x mu`` alone (InferLine's
+    capacity rule without its SLO check).
+
     The decision asks for every instance the envelope needs at once (:attr:`TunerVerdict.
-    count`, :func:`instances_for` at :func:`required_capacity_rps`), within the unit's
+    count`, :func:`instances_for` at :func:`required_capacity_rps` and, with ``p99``, the
+    instances whose P99 meets the SLO at ``rho`` x that capacity), within the unit's
     ``max_instances`` and the device's cap.
 
     Returns:
@@ -413,7 +486,11 @@ def scale_out_now(
         return TunerVerdict(None, "no capacity known")
     svc = service_time_ms(snapshot)
     observed = envelope(times, windows)
-    planned = planned_envelope(mu, snapshot.slo_ms, svc, windows, rho, tail)
+    plan_mu = mu
+    slo_rps = slo_rate_rps(snapshot) if p99 else None
+    if slo_rps is not None and slo_rps < rho * mu:
+        plan_mu = slo_rps / rho
+    planned = planned_envelope(plan_mu, snapshot.slo_ms, svc, windows, rho, tail)
     over = exceedances(observed, planned, windows)
     if not over:
         return TunerVerdict(None)
@@ -422,11 +499,17 @@ def scale_out_now(
         (q / w for w, q in zip(windows, observed, strict=True) if w >= SUSTAINED_MIN_S),
         default=worst.rate_rps,
     )
+    at = (
+        f"rho {rho:g} x capacity {mu:.3g} requests/s"
+        if plan_mu == mu
+        else f"{rho * plan_mu:.3g} requests/s, where the P99 reaches the SLO (< rho {rho:g} x "
+        f"capacity {mu:.3g} requests/s)"
+    )
     seen = (
         f"arrival envelope {worst.observed} requests in {worst.window_s:g} s > "
-        f"{worst.sustainable:.2f} planned ({'Poisson' if tail else 'rate'} at rho {rho:g} x "
-        f"capacity {mu:.3g} requests/s over {worst.window_s:g} s, + burst {mu:.3g} x (SLO "
-        f"{snapshot.slo_ms:g} - service {svc:.3g} ms)); rate {worst.rate_rps:.3g} requests/s, sustained "
+        f"{worst.sustainable:.2f} planned ({'Poisson' if tail else 'rate'} at {at} over "
+        f"{worst.window_s:g} s, + burst {plan_mu:.3g} x (SLO {snapshot.slo_ms:g} - service "
+        f"{svc:.3g} ms)); rate {worst.rate_rps:.3g} requests/s, sustained "
         f"{sustained:.3g} requests/s"
     )
     out, passed = _scale_out(snapshot, config, sustained)
@@ -441,7 +524,9 @@ def scale_out_now(
     u = next(x for x in snapshot.units if x.index == out.unit)
     o = min((x for x in u.options if x.engine == out.engine), key=lambda x: (x.latency_ms, x.cores))
     need_rps = required_capacity_rps(observed, snapshot.slo_ms, svc, windows, rho, tail)
-    count, needed, held = instances_for(snapshot, u, o, need_rps, config)
+    count, needed, held = instances_for(
+        snapshot, u, o, need_rps, config, p99_rps=rho * need_rps if p99 else None
+    )
     plan = (
         f"{u.name} needs {needed} instance(s) for {need_rps:.3g} requests/s (the capacity "
         f"whose planned envelope covers the observed one); +{count} on {out.engine}"

@@ -1,8 +1,9 @@
 """The Tuner end to end: a load step from 0.3 to 1.5 times a sleeping stage's capacity is
 answered by a ``tuner_scale_out`` before any P99-based scale-out; every request is
 answered or refused at arrival by the SLO's admission.
-(A step to 0.8 of the capacity stays within the Poisson envelope of the rate one
-instance is planned for, 0.75 of it: that is the P99 scaler's to judge.)
+(One instance is planned for the lower of 0.75 of its capacity and the rate where its
+approximate P99 reaches the SLO, about 8.5 requests/s under 150 ms; 1.5 x the capacity is
+well above both, so the Tuner fires within the short windows.)
 Instances are real processes running tests/stagefuncs.py functions (the slow stage
 sleeps 40 ms: capacity 25 requests/s with one instance)."""
 

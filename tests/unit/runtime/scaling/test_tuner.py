@@ -6,7 +6,10 @@ capacity mu = 20 requests/s; SLO 90 ms, so the burst tolerance is mu x (90 - 50)
 0.8 requests, and with rho = 0.75 the deterministic planned envelope (``tail=None``, no
 Poisson quantile) is 15 w + 0.8: 0.25 s: 4.55, 0.5 s: 8.3, 1 s: 15.8, 2 s: 30.8, 5 s: 75.8.
 The cases on hand-made (periodic) arrivals use it; the Poisson envelope (the default) has
-its own tests at the end."""
+its own tests after them. An SLO of 90 ms leaves one 50-ms instance 40 ms of queueing:
+its approximate P99 reaches the SLO at about 1 request/s, so these cases test the
+capacity rule alone (``p99=False``); the planned rate's P99 bound (the default) has its
+own tests at the end, under an SLO of 300 ms."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import numpy as np
 import pytest
 
 from infscaler.runtime.scaling import tuner
+from infscaler.runtime.scaling.queueing import p99_response_ms
 from infscaler.runtime.scaling.scaler import decide
 from infscaler.runtime.scaling.tuner import WINDOWS_S, envelope, exceedances
 from infscaler.runtime.scaling.types import (
@@ -35,7 +39,8 @@ PLANNED = (4.55, 8.3, 15.8, 30.8, 75.8)
 # the deterministic envelope for the hand-made arrivals (module docstring)
 planned_envelope = partial(tuner.planned_envelope, tail=None)
 required_capacity_rps = partial(tuner.required_capacity_rps, tail=None)
-scale_out_now = partial(tuner.scale_out_now, tail=None)
+scale_out_now = partial(tuner.scale_out_now, tail=None, p99=False)
+poisson_scale_out_now = partial(tuner.scale_out_now, p99=False)
 
 
 def snap(now: float, rate: float, p99: float | None = 70.0) -> Snapshot:
@@ -284,7 +289,7 @@ def test_poisson_noise_at_0_6_of_capacity_is_no_reason_to_scale() -> None:
             seen = times[(times > now - 10.0) & (times <= now)]
             s = snap(now, 12.0)
             noisy += scale_out_now(s, seen, ScalerState(), CFG).exceeded is not None
-            fired += tuner.scale_out_now(s, seen, ScalerState(), CFG).decision is not None
+            fired += poisson_scale_out_now(s, seen, ScalerState(), CFG).decision is not None
     assert noisy > 100 and fired == 0
 
 
@@ -299,7 +304,7 @@ def test_a_poisson_step_to_1_5_of_capacity_is_seen_within_seconds() -> None:
         times = np.concatenate([before[before < 10.0], after[after < 16.0]])
         for now in np.arange(10.0, 16.0, 0.1):
             seen = times[(times <= now) & (times > now - 10.0)]
-            if tuner.scale_out_now(snap(now, 7.0), seen, ScalerState(), CFG).decision:
+            if poisson_scale_out_now(snap(now, 7.0), seen, ScalerState(), CFG).decision:
                 delays.append(now - 10.0)
                 break
     assert len(delays) == 20
@@ -313,3 +318,77 @@ def test_nothing_within_the_settle_window_of_the_last_change() -> None:
     v = scale_out_now(snap(11.0, 7.0), times, state, settle)
     assert v.decision is None and "settle window" in v.reason
     assert scale_out_now(snap(13.5, 7.0), times, state, settle).decision is not None
+
+
+# -- the planned rate's P99 bound (the default) ----------------------------------------------
+# SLO 300 ms, one 50-ms instance: rho x mu = 15 requests/s, but the approximate P99
+# (queueing.p99_response_ms: Erlang C, Kingman's tail) reaches 300 ms at 11.84/s.
+
+
+def test_slo_rate_is_where_the_p99_reaches_the_slo() -> None:
+    s = replace(snap(10.0, 5.0), slo_ms=300.0)
+    r = tuner.slo_rate_rps(s)
+    assert r is not None and r == pytest.approx(11.84, abs=0.01)
+    assert p99_response_ms(r, 1, 50.0) == pytest.approx(300.0, rel=1e-6)
+    assert p99_response_ms(r + 0.01, 1, 50.0) > 300.0
+    # two instances carry more than twice the rate within the same SLO (pooling)
+    two = replace(s, units=(replace(s.units[0], instances={"cpu": 2}),))
+    r2 = tuner.slo_rate_rps(two)
+    assert r2 is not None and r2 > 2 * r
+    # an SLO below the service time: no rate meets it, the utilisation rule alone
+    assert tuner.slo_rate_rps(replace(s, slo_ms=40.0)) is None
+    # two units: each one's share is the SLO less the other's service time, 250 ms
+    u2 = replace(s.units[0], index=1, name="rec")
+    both = tuner.slo_rate_rps(replace(s, units=(s.units[0], u2)))
+    assert both is not None and p99_response_ms(both, 1, 50.0) == pytest.approx(250.0, rel=1e-6)
+
+
+def test_a_rate_the_capacity_rule_passes_but_the_p99_does_not() -> None:
+    # 13 requests/s for 10 s: under rho x mu = 15 (the deterministic envelope 15 w + 5
+    # is not exceeded), above 11.84 where one instance's P99 reaches the SLO: planned
+    # 11.84 w + 15.78 x 0.25 s, 5 s: 63.14 < 65 observed
+    s = replace(snap(10.0, 13.0), slo_ms=300.0)
+    times = periodic(0, 10, 13)
+    assert envelope(times) == (4, 7, 13, 26, 65)
+    assert scale_out_now(s, times, ScalerState(), CFG).decision is None
+    v = tuner.scale_out_now(s, times, ScalerState(), CFG, tail=None)
+    assert v.decision is not None and v.decision.action == "scale_out"
+    assert v.exceeded is not None and v.exceeded.window_s == 5.0
+    r = tuner.slo_rate_rps(s)
+    assert r is not None
+    assert v.exceeded.sustainable == pytest.approx(r * 5.0 + r / 0.75 * 0.25)  # 63.14
+    assert "where the P99 reaches the SLO" in v.reason
+    # the instances it asks for keep the P99 within the SLO at rho x the required rate
+    assert v.required_rps is not None
+    rate = 0.75 * v.required_rps
+    assert p99_response_ms(rate, v.needed, 50.0) <= 300.0
+    assert p99_response_ms(rate, v.needed - 1, 50.0) > 300.0
+    # below the P99's rate nothing is done
+    slow = periodic(0, 10, 10)
+    assert tuner.scale_out_now(s, slow, ScalerState(), CFG, tail=None).decision is None
+
+
+def test_the_p99_asks_for_more_than_the_capacity_rule() -> None:
+    # SLO 100 ms, a step to 20 requests/s: capacity alone asks for 25 requests/s, 2
+    # instances; their P99 at 0.75 x 25 is over 100 ms, 3 instances' within it
+    s = replace(snap(11.0, 7.0), slo_ms=100.0)
+    times = np.concatenate([periodic(0, 10, 2), periodic(10, 11, 20)])
+    cap_only = scale_out_now(s, times, ScalerState(), CFG)
+    v = tuner.scale_out_now(s, times, ScalerState(), CFG, tail=None)
+    assert cap_only.needed == 2 and v.needed > cap_only.needed
+    assert v.required_rps is not None
+    assert p99_response_ms(0.75 * v.required_rps, v.needed, 50.0) <= 100.0
+    assert p99_response_ms(0.75 * v.required_rps, v.needed - 1, 50.0) > 100.0
+
+
+def test_poisson_noise_under_the_p99_rate_is_no_reason_to_scale() -> None:
+    # 7 requests/s Poisson (0.6 x 11.84) under SLO 300 ms, looked at every second
+    fired = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        times = np.cumsum(rng.exponential(1 / 7.0, 400))
+        for now in np.arange(10.0, 40.0, 1.0):
+            seen = times[(times > now - 10.0) & (times <= now)]
+            s = replace(snap(now, 7.0), slo_ms=300.0)
+            fired += tuner.scale_out_now(s, seen, ScalerState(), CFG).decision is not None
+    assert fired == 0
