@@ -23,11 +23,17 @@ that the slots, not the physical cores, are the cap.
    sequential requests, each on its own connection, after 3 unmeasured); closed loop
    (``infscaler.api.loadgen``'s concurrency mode through ``overload.closed_loop``) on
    each alone: C_low with 1 client, and C_high with ``--slots`` - 1 clients **while the
-   low pipeline gets its constant load beside it** (``--capacity beside-low``, the
-   default; ``alone``: on an idle service). On 2 cores the CPU, not the slots, is what
-   the two pipelines share: the high pipeline alone on both cores has a capacity the
-   scenario cannot give it (the first full run stepped it to 0.8 of that and no split
-   could serve it).
+   low pipeline gets its constant load beside it** (``--capacity beside-low``;
+   ``alone``: on an idle service). On 2 cores the CPU, not the slots, is what the two
+   pipelines share: the high pipeline alone on both cores has a capacity the scenario
+   cannot give it (the first full run stepped it to 0.8 of that and no split could
+   serve it). **C_high's default** (``--capacity slo``) is its SLO capacity: the largest
+   Poisson rate at which those ``--slots`` - 1 instances answer >= 0.95 of its requests
+   within its SLO beside the low load (bisection, ``slo_capacity``), the capacity of
+   InferLine and MArk. A closed loop's throughput is a saturation rate: 0.8 of it
+   missed an SLO of 2 x L0 for half the requests in every split, the best static one
+   included (``results/arbitration.json`` of the run before), so no policy could be told
+   apart there.
 3. **Step scenario**, per arm: Poisson arrivals (``loadgen.arrival_times``) on the low
    pipeline at ``--low-burst`` (1.2) x C_low for ``--low-burst-s`` (20 s), then at
    ``--low-load`` (0.4) x C_low to the end; on the high one ``--before`` (0.3) x C_high
@@ -419,9 +425,13 @@ def served_l0(sock: str, model: str, req: tuple[bytes, dict], n: int = 15) -> fl
     return round(float(np.median(asyncio.run(run()))), 2)
 
 
-def capacities(tmp: Path, a: argparse.Namespace, device: Path, reqs: dict) -> dict:
+def capacities(
+    tmp: Path, a: argparse.Namespace, device: Path, reqs: dict, session_l0: dict[str, float]
+) -> dict:
     """C_high and C_low, closed loop on a static service, and each pipeline's served L0
-    (:func:`served_l0`, before the closed loops) (module docstring, step 2)."""
+    (:func:`served_l0`, before the closed loops); with ``--capacity slo``, the high
+    pipeline's SLO capacity beside the low load (:func:`slo_capacity`) (module
+    docstring, step 2). ``session_l0``: step 1's L0 per pipeline, ms (``--l0 session``)."""
     pipes = [
         static_pipeline(a.high, HIGH, None, 1, a.slots - 1),  # no SLO: nothing refused
         static_pipeline(a.low, LOW, None, 2, 1),
@@ -437,6 +447,16 @@ def capacities(tmp: Path, a: argparse.Namespace, device: Path, reqs: dict) -> di
             )
             out[name]["served_l0_ms"] = l0
         out["high_beside_low"] = high_beside_low(s.sock, a, reqs, out[LOW]["throughput_rps"])
+        if a.capacity == "slo":
+            l0 = out[HIGH]["served_l0_ms"] if a.l0 == "served" else session_l0[HIGH]
+            out["high_slo"] = slo_capacity(
+                s.sock,
+                a,
+                reqs,
+                out[LOW]["throughput_rps"],
+                a.high_slo_x * l0,
+                out["high_beside_low"]["throughput_rps"],
+            )
     finally:
         out["stop"] = s.stop()
     return out
@@ -464,6 +484,51 @@ def high_beside_low(sock: str, a: argparse.Namespace, reqs: dict, c_low: float) 
                 await low
 
     return asyncio.run(both())
+
+
+def slo_capacity(
+    sock: str, a: argparse.Namespace, reqs: dict, c_low: float, slo_ms: float, top: float
+) -> dict:
+    """The high pipeline's SLO capacity: the largest Poisson rate (requests/s) at which
+    its ``--slots`` - 1 instances answer >= ``--slo-target`` (0.95) of the requests within
+    ``slo_ms``, beside the low pipeline's constant load (``--low-load`` x ``c_low``), as
+    in :func:`high_beside_low`. Bisection between 0.1 and 1 x ``top`` (the closed-loop
+    throughput beside the low load) in ``--slo-probes`` (6) probes of ``--probe-s`` (20 s)
+    each; the requests of a probe's first 2 s are not counted.
+
+    This is the capacity of InferLine and MArk ("the maximum throughput at which the
+    configuration meets the latency SLO", InferLine §4): a closed loop at saturation
+    keeps every instance busy with a queue, and an open-loop step to 0.8 of that
+    throughput misses an SLO of 2 x L0 for half its requests in every split of the
+    slots (the first runs of this script), so no scaling policy can be told apart there.
+    """
+    from infscaler.api.loadgen import arrival_times
+
+    lo, hi = 0.1 * top, top
+    probes = []
+    for i in range(a.slo_probes):
+        rate = (lo + hi) / 2.0
+        high_t = arrival_times("poisson", rate, a.probe_s, a.seed + 11 + i)
+        low_t = arrival_times("poisson", a.low_load * c_low, a.probe_s + 2.0, a.seed + 31 + i)
+
+        async def both(ht: np.ndarray = high_t, lt: np.ndarray = low_t) -> list[dict]:
+            low = asyncio.ensure_future(replay(sock, LOW, reqs[LOW], lt))
+            rows = await replay(sock, HIGH, reqs[HIGH], ht)
+            await low
+            return rows
+
+        rows = [r for r in asyncio.run(both()) if r["t_s"] >= 2.0]
+        att = attainment(rows, slo_ms) or 0.0
+        ok = att >= a.slo_target
+        probes.append({"rate_rps": round(rate, 3), "attainment": att, "requests": len(rows)})
+        print(f"    SLO capacity probe {rate:.2f}/s: attainment {att:.3f}", flush=True)
+        lo, hi = (rate, hi) if ok else (lo, rate)
+    return {
+        "throughput_rps": round(lo, 3),
+        "slo_ms": round(slo_ms, 2),
+        "target": a.slo_target,
+        "probes": probes,
+    }
 
 
 def arm(
@@ -516,7 +581,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--high", default="ppocrv4-det")
     p.add_argument("--low", default="resnet50")
     p.add_argument("--l0", choices=("served", "session"), default="served")
-    p.add_argument("--capacity", choices=("beside-low", "alone"), default="beside-low")
+    p.add_argument("--capacity", choices=("slo", "beside-low", "alone"), default="slo")
+    p.add_argument("--slo-target", type=float, default=0.95)
+    p.add_argument("--slo-probes", type=int, default=6)
+    p.add_argument("--probe-s", type=float, default=20.0)
     p.add_argument("--high-slo-x", type=float, default=2.0)
     p.add_argument("--low-slo-x", type=float, default=5.0)
     p.add_argument("--slots", type=int, default=3)
@@ -540,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.pre_s, a.post_s, a.capacity_requests = 25.0, 25.0, 16
         a.trace_minutes, a.minute_s, a.quiet_wait_s = 6, 5.0, 5.0
+        a.slo_probes, a.probe_s = 2, 8.0
     if a.slots < 2:
         p.error(f"--slots must be >= 2 (one instance per pipeline at least), got {a.slots}")
     default_cache_dir()
@@ -559,10 +628,12 @@ def main(argv: list[str] | None = None) -> int:
     reqs = {n: encode_infer_request(f) for n, f in feeds.items()}
     tmp = Path(tempfile.mkdtemp(prefix="isc-arbitration-"))
     device = device_yaml(a.slots, tmp / "device.yaml")
-    cap = capacities(tmp, a, device, reqs)
+    cap = capacities(tmp, a, device, reqs, {n: cal[n]["l0_ms"] for n in cal})
     c = {n: cap[n]["throughput_rps"] for n in (HIGH, LOW)}
     if a.capacity == "beside-low":
         c[HIGH] = cap["high_beside_low"]["throughput_rps"]
+    elif a.capacity == "slo":
+        c[HIGH] = cap["high_slo"]["throughput_rps"]
     if not min(c.values()) > 0:
         raise SystemExit(f"a capacity is 0 (nothing answered): {cap}")
     l0 = {n: cap[n]["served_l0_ms"] if a.l0 == "served" else cal[n]["l0_ms"] for n in c}

@@ -468,8 +468,11 @@ def scale_out_now(
 
     The decision asks for every instance the envelope needs at once (:attr:`TunerVerdict.
     count`, :func:`instances_for` at :func:`required_capacity_rps` and, with ``p99``, the
-    instances whose P99 meets the SLO at ``rho`` x that capacity), within the unit's
-    ``max_instances`` and the device's cap.
+    instances whose P99 meets the SLO at ``rho`` x that capacity or at the triggering
+    window's rate, whichever is higher: the Poisson quantile's inverse is a capacity
+    whose rare windows reach the count observed, below the rate itself (38 requests in
+    5 s, 7.6/s, ask for 4.94 requests/s), fine for detecting a change but not for
+    sizing), within the unit's ``max_instances`` and the device's cap.
 
     Returns:
         A :class:`TunerVerdict`: its decision a ``scale_out`` whose reason names the
@@ -525,7 +528,12 @@ def scale_out_now(
     o = min((x for x in u.options if x.engine == out.engine), key=lambda x: (x.latency_ms, x.cores))
     need_rps = required_capacity_rps(observed, snapshot.slo_ms, svc, windows, rho, tail)
     count, needed, held = instances_for(
-        snapshot, u, o, need_rps, config, p99_rps=rho * need_rps if p99 else None
+        snapshot,
+        u,
+        o,
+        need_rps,
+        config,
+        p99_rps=max(rho * need_rps, worst.rate_rps) if p99 else None,
     )
     plan = (
         f"{u.name} needs {needed} instance(s) for {need_rps:.3g} requests/s (the capacity "

@@ -359,8 +359,10 @@ def test_a_rate_the_capacity_rule_passes_but_the_p99_does_not() -> None:
     assert v.exceeded.sustainable == pytest.approx(r * 5.0 + r / 0.75 * 0.25)  # 63.14
     assert "where the P99 reaches the SLO" in v.reason
     # the instances it asks for keep the P99 within the SLO at rho x the required rate
+    # or the triggering window's rate (13/s), the higher
     assert v.required_rps is not None
-    rate = 0.75 * v.required_rps
+    rate = max(0.75 * v.required_rps, v.exceeded.rate_rps)
+    assert rate == pytest.approx(13.0)
     assert p99_response_ms(rate, v.needed, 50.0) <= 300.0
     assert p99_response_ms(rate, v.needed - 1, 50.0) > 300.0
     # below the P99's rate nothing is done
@@ -370,15 +372,17 @@ def test_a_rate_the_capacity_rule_passes_but_the_p99_does_not() -> None:
 
 def test_the_p99_asks_for_more_than_the_capacity_rule() -> None:
     # SLO 100 ms, a step to 20 requests/s: capacity alone asks for 25 requests/s, 2
-    # instances; their P99 at 0.75 x 25 is over 100 ms, 3 instances' within it
+    # instances; their P99 at the 0.25-s window's 20/s is over 100 ms
     s = replace(snap(11.0, 7.0), slo_ms=100.0)
     times = np.concatenate([periodic(0, 10, 2), periodic(10, 11, 20)])
     cap_only = scale_out_now(s, times, ScalerState(), CFG)
     v = tuner.scale_out_now(s, times, ScalerState(), CFG, tail=None)
     assert cap_only.needed == 2 and v.needed > cap_only.needed
     assert v.required_rps is not None
-    assert p99_response_ms(0.75 * v.required_rps, v.needed, 50.0) <= 100.0
-    assert p99_response_ms(0.75 * v.required_rps, v.needed - 1, 50.0) > 100.0
+    assert v.exceeded is not None
+    rate = max(0.75 * v.required_rps, v.exceeded.rate_rps)
+    assert p99_response_ms(rate, v.needed, 50.0) <= 100.0
+    assert p99_response_ms(rate, v.needed - 1, 50.0) > 100.0
 
 
 def test_poisson_noise_under_the_p99_rate_is_no_reason_to_scale() -> None:

@@ -1,0 +1,44 @@
+"""bench/arbitration.py's SLO capacity search on a hand-made service (no service run, no
+host measured): a replay whose requests meet the SLO below a known rate, and the
+bisection that must close in on it."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from tests.helpers import bench_module
+
+SLO = 300.0
+
+
+def test_slo_capacity_closes_in_on_the_rate_where_the_slo_breaks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ab = bench_module("arbitration")
+    seen: list[tuple[str, float]] = []
+
+    async def replay(sock: str, model: str, req: object, times: np.ndarray) -> list[dict]:
+        # a service that meets the SLO for every request below 4 requests/s, for none
+        # above: the high pipeline's rate is its arrivals over the probe
+        rate = times.size / 20.0
+        seen.append((model, rate))
+        ms = 100.0 if rate < 4.0 else 2 * SLO
+        return [{"t_s": float(t), "outcome": "ok", "ms": ms} for t in times]
+
+    monkeypatch.setattr(ab, "replay", replay)
+    a = argparse.Namespace(slo_probes=8, probe_s=20.0, low_load=0.4, slo_target=0.95, seed=1)
+    reqs = {ab.HIGH: (b"", {}), ab.LOW: (b"", {})}
+    got = ab.slo_capacity("sock", a, reqs, 10.0, SLO, 10.0)
+    # bisection on [1, 10]: the answer is the largest rate that met the target, and
+    # within the Poisson noise of 20-s probes (about +-0.45 requests/s at 4/s) of 4
+    passed = [p["rate_rps"] for p in got["probes"] if p["attainment"] >= 0.95]
+    assert got["throughput_rps"] == pytest.approx(max(passed), abs=1e-3)
+    assert 3.0 <= got["throughput_rps"] <= 4.6
+    assert len(got["probes"]) == 8
+    assert all(p["attainment"] in (0.0, 1.0) for p in got["probes"])
+    # the low pipeline's constant load ran beside every probe, at 0.4 x C_low
+    lows = [r for m, r in seen if m == ab.LOW]
+    assert len(lows) == 8 and all(r == pytest.approx(4.4, rel=0.3) for r in lows)
