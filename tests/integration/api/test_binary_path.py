@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 import numpy as np
 import pytest
@@ -38,6 +39,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("binary")
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{old}" if old else str(HERE)
+    sys.path.insert(0, str(HERE))  # the service imports the stage functions to check them
     sock = tmp / "api.sock"
     try:
         with Service(state_dir=tmp / "state", control_path="userspace", pool_mb=64) as svc:
@@ -46,6 +48,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
                 yield svc, str(sock)
     finally:
         os.environ["PYTHONPATH"] = old
+        sys.path.remove(str(HERE))
 
 
 def test_large_binary_round_trip(served) -> None:
