@@ -34,7 +34,11 @@ Rules (one move per call at most):
    ``donor_p99_ratio`` x SLO (or not measured), that holds no loan as taker, with a unit
    above its ``min_instances`` whose stop frees what the cap lacks (memory, a slot of the
    same engine, cores) and after which its offered load stays <= ``donor_load`` x its
-   capacity. Candidates are ranked by the taker's priority (highest first), then the
+   capacity and that unit's approximate P99 at it within its share of the SLO (the
+   scaler's M/D/c model, the guard of its own scale-in: a pipeline whose scaler would
+   not give the instance back has no slack to lend: in a first live run the low
+   pipeline answered 0.99 of its requests within its SLO on the two instances its
+   scaler kept, 0.64 after lending one). Candidates are ranked by the taker's priority (highest first), then the
    donor's (lowest first), then by goodput gained per unit of the scarce resource: the
    taker's added requests/s (``min(offered, capacity)`` before and after) less the
    donor's lost requests/s, divided by what the new instance takes of the resource
@@ -49,8 +53,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from infscaler.runtime.scaling.queueing import _EPS
-from infscaler.runtime.scaling.scaler import effective_bottleneck, pipeline_capacity_rps
+from infscaler.runtime.scaling.queueing import _EPS, _fan_out, _p99_needed
+from infscaler.runtime.scaling.scaler import (
+    _capacity_items,
+    effective_bottleneck,
+    pipeline_capacity_rps,
+)
 from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
 
 __all__ = [
@@ -358,6 +366,24 @@ def _short(s: Snapshot, o: EngineOption) -> dict[str, float]:
     return short
 
 
+def _tail_short(s: Snapshot, u: UnitState, o: EngineOption) -> bool:
+    """Whether ``u`` of the donor ``s``, with one instance on ``o`` fewer, would keep
+    its approximate P99 at the offered load out of its share of the SLO (the scaler's
+    ``_p99_needed`` above the instances left; False when the unit has no measured
+    service time or the SLO share is below it: the load rule alone decides then)."""
+    n = u.total_instances
+    cap_items = _capacity_items(u)
+    if u.service_ms is None or n <= 1 or not 0 < cap_items < float("inf"):
+        return False
+    svc = n * 1000.0 / cap_items
+    after = _with(s, u.index, o.engine, -1)
+    left = _unit(after, u.index)
+    if left is None:
+        return False
+    need = _p99_needed(after, left, s.offered * _fan_out(u, s), svc)
+    return need > left.total_instances
+
+
 def _frees(o: EngineOption, take: EngineOption) -> dict[str, float]:
     """What stopping one instance of option ``o`` releases, in the terms of ``_short``."""
     freed = {"memory": o.memory_mb, "cores": float(o.cores)}
@@ -409,6 +435,8 @@ def _best_lend(
                         continue
                     after = pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
                     if after is not None and ds.offered > c.donor_load * after + _EPS:
+                        continue
+                    if _tail_short(ds, du, do):
                         continue
                     loss = _served(ds, pipeline_capacity_rps(ds)) - _served(ds, after)
                     gain = r_gain - loss

@@ -15,6 +15,7 @@ from infscaler.runtime.scaling.arbitration import (
     PipelineView,
     arbitrate,
 )
+from infscaler.runtime.scaling.queueing import p99_response_ms
 from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
 
 CPU = EngineOption("cpu", latency_ms=100.0, memory_mb=100.0, cores=1)
@@ -92,9 +93,16 @@ def test_no_donor_when_all_are_at_min_or_violating() -> None:
     # the donor would run above donor_load after the give: 7 req/s on 10 > 0.6 x 10
     busy = PipelineView("lo", 2, snap(2, offered=7.0, p99=120.0, slo=500.0))
     assert arbitrate([hot(), busy], ArbitrationState())[0] == []
-    # at 6 req/s on 10 it may give
-    easy = PipelineView("lo", 2, snap(2, offered=6.0, p99=120.0, slo=500.0))
+    # at 6 req/s on 10 it may give, where one instance's approximate P99 at 6 req/s
+    # (M/D/1 by Erlang C and Kingman's tail: 100 + ln(60) / (2 x 4) s = 612 ms) is
+    # within its SLO (1000 ms)
+    easy = PipelineView("lo", 2, snap(2, offered=6.0, p99=120.0, slo=1000.0))
     assert len(arbitrate([hot(), easy], ArbitrationState())[0]) == 1
+    # with an SLO of 500 ms the instance left would miss it: no slack, no lend (its
+    # own scaler's scale-in keeps 2 at 6 req/s for the same reason)
+    tight = PipelineView("lo", 2, snap(2, offered=6.0, p99=120.0, slo=500.0))
+    assert arbitrate([hot(), tight], ArbitrationState())[0] == []
+    assert p99_response_ms(6.0, 1, 100.0) == pytest.approx(612, abs=1)
 
 
 def test_min_instances_respected() -> None:
