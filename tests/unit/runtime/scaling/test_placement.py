@@ -63,8 +63,17 @@ def test_pick_cores_takes_the_least_loaded_by_the_unit_then_by_all():
     assert pick_cores(1, cores, load, 0) == [2]
     assert pick_cores(1, cores, load, 3) == [3]
     # the unit's own load comes before the total: 1 (0 own, 5 all) beats 0 (1 own, 1 all)
-    assert pick_cores(3, cores, {0: (1, 1), 1: (0, 5), 2: (1, 1), 3: (1, 1)}, 0) == [0, 1, 2]
-    assert pick_cores(1, cores, {0: (1, 1), 1: (0, 5), 2: (1, 1), 3: (1, 1)}, 0) == [1]
+    assert pick_cores(2, cores, {0: (1, 1), 1: (0, 5), 2: (1, 1)}, 0) == [1, 3]
+    assert pick_cores(1, cores, {0: (1, 1), 1: (0, 5), 2: (1, 1)}, 3) == [3]
+    assert pick_cores(3, cores, {0: (1, 1), 1: (0, 5), 2: (1, 1)}, 0) == [0, 1, 3]
+
+
+def test_pick_cores_floats_once_every_core_holds_an_instance():
+    # 2 cores, each with one pinned instance: a third floats over both
+    assert pick_cores(1, [0, 1], {0: (1, 1), 1: (0, 1)}, 0) == [0, 1]
+    assert pick_cores(2, [0, 1, 2, 3], {c: (0, 1) for c in range(4)}, 7) == [0, 1, 2, 3]
+    # one core still free: pinned there
+    assert pick_cores(1, [0, 1, 2], {0: (1, 1), 1: (0, 2)}, 0) == [2]
 
 
 def test_pick_cores_ties_go_round_from_the_cursor():
