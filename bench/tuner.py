@@ -9,8 +9,8 @@ host's own cap (the ``cpu-host`` profile as a device YAML, ``--device``): ``--mo
 instances, SLO ``--slo-x`` (2) x its L0, autoscaled from 1 to ``--max-instances`` (3)
 instances with ``scaling.AUTOSCALE``'s timings. L0 is the pipeline's served latency at
 no load (``arbitration.served_l0``, step 2; ``--l0 session`` for step 1's): PP-OCRv4
-det's 4.9 MB input and 1.6 MB output cross the socket on a connection per request, and
-an SLO of 2x the session's L0 was missed by half the requests at any load.
+det's 4.9 MB input and 1.6 MB output cross the socket as binary tensor data on a
+connection per request (about 100 ms against the session's 86).
 
 1. **Calibration** (in this process, before any service): L0, the median latency of
    one session at 1 intra-op thread (``scaling.calibrate``).
@@ -19,17 +19,19 @@ an SLO of 2x the session's L0 was missed by half the requests at any load.
    concurrency mode): C requests/s.
 3. **The step**, per arm, each on a fresh service: 4 sequential warm-up requests, then
    Poisson arrivals (``loadgen.arrival_times``, the same seeds in both arms) at
-   ``--before`` (0.2) x C for ``--pre-s`` (30 s), then ``--after`` (0.8) x C for
+   ``--before`` (0.1) x C for ``--pre-s`` (30 s), then ``--after`` (0.5) x C for
    ``--post-s`` (60 s); each request on its own connection (``arbitration.replay``),
    binary tensor data; the window starts :data:`WARM_IDLE_S` (11 s) after the warm-up,
    so that the warm-up is not in the Tuner's envelope. Arms: ``tuner``
    (``autoscale.tuner: true``) and ``scaler`` (``tuner: false``: the P99 window alone,
-   the default). The step starts at 0.2 x C, not the 0.3 of ``arbitration.py``: there
-   the pipeline holds 2 instances of its own before its step, and on a 2-core host 2
-   single-thread instances are all the scaler admits, so at 0.3 x C (0.6 of one
-   instance) the P99 scaler had already grown it to 2 before the step in both arms and
-   no scale-out was left to time (the first full run); at 0.2 x C one instance keeps
-   the SLO and the step needs the second.
+   the default). C is a saturation throughput of 2 instances (16.4/s for PP-OCRv4 det
+   on 2 cores), and an SLO of 2 x L0 leaves one service time for queueing: one
+   instance's P99 reaches it at about 2 requests/s (a simulated M/D/1 with D = 86 ms:
+   197 ms at 2/s, 242 ms at 3.3/s), 2 instances' at about 9.4/s (the scaler's P99
+   model), and the 2-core host admits no third (its cores). So the step is 0.1 -> 0.5 x C: one instance keeps the
+   SLO before it, the step needs the second and 2 serve it. At 0.2 -> 0.8 (the previous
+   defaults) both arms held 2 instances before the step (the P99 scaler, from requests
+   refused at arrival, and the Tuner) and none was left to add after it.
 
 Outcomes per arm (times from the step, by send time; decisions and instances from
 ``status`` polled every second, ``arbitration.Served``, so +- 1 s):
@@ -256,8 +258,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slo-x", type=float, default=2.0)
     p.add_argument("--l0", choices=("served", "session"), default="served")
     p.add_argument("--max-instances", type=int, default=3)
-    p.add_argument("--before", type=float, default=0.2)
-    p.add_argument("--after", type=float, default=0.8)
+    p.add_argument("--before", type=float, default=0.1)
+    p.add_argument("--after", type=float, default=0.5)
     p.add_argument("--pre-s", type=float, default=30.0)
     p.add_argument("--post-s", type=float, default=60.0)
     p.add_argument("--capacity-requests", type=int, default=60)
