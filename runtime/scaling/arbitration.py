@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 
 from infscaler.runtime.scaling.queueing import _EPS, _fan_out, _p99_needed
 from infscaler.runtime.scaling.scaler import (
-    _capacity_items,
+    _instance_ms,
     effective_bottleneck,
     pipeline_capacity_rps,
 )
@@ -366,22 +366,16 @@ def _short(s: Snapshot, o: EngineOption) -> dict[str, float]:
     return short
 
 
-def _tail_short(s: Snapshot, u: UnitState, o: EngineOption) -> bool:
-    """Whether ``u`` of the donor ``s``, with one instance on ``o`` fewer, would keep
-    its approximate P99 at the offered load out of its share of the SLO (the scaler's
-    ``_p99_needed`` above the instances left; False when the unit has no measured
-    service time or the SLO share is below it: the load rule alone decides then)."""
-    n = u.total_instances
-    cap_items = _capacity_items(u)
-    if u.service_ms is None or n <= 1 or not 0 < cap_items < float("inf"):
+def _tail_short(s: Snapshot, u: UnitState) -> bool:
+    """Whether ``u`` of the donor ``s``, with one instance fewer, would keep its
+    approximate P99 at the offered load out of its share of the SLO (the scaler's
+    ``_p99_needed`` above the instances left; the share depends on the other units'
+    service times only). False when the unit has no measured service time, one instance
+    or fewer, or an SLO share below its service time: the load rule alone decides then."""
+    svc = _instance_ms(u)
+    if u.service_ms is None or svc is None or u.total_instances <= 1:
         return False
-    svc = n * 1000.0 / cap_items
-    after = _with(s, u.index, o.engine, -1)
-    left = _unit(after, u.index)
-    if left is None:
-        return False
-    need = _p99_needed(after, left, s.offered * _fan_out(u, s), svc)
-    return need > left.total_instances
+    return _p99_needed(s, u, s.offered * _fan_out(u, s), svc) > u.total_instances - 1
 
 
 def _frees(o: EngineOption, take: EngineOption) -> dict[str, float]:
@@ -436,7 +430,7 @@ def _best_lend(
                     after = pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
                     if after is not None and ds.offered > c.donor_load * after + _EPS:
                         continue
-                    if _tail_short(ds, du, do):
+                    if _tail_short(ds, du):
                         continue
                     loss = _served(ds, pipeline_capacity_rps(ds)) - _served(ds, after)
                     gain = r_gain - loss

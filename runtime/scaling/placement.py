@@ -81,9 +81,7 @@ def pick_cores(
     two runs each): det's requests over 215 ms (2 x its served L0) 0.18 and 0.14 of
     them with the third instance pinned, 0.011 and 0.032 with it floating; P90 242 /
     235 ms against 162 / 166 ms."""
-    if n >= len(cores):
-        return sorted(cores)
-    if all(load.get(c, (0, 0))[1] > 0 for c in cores):
+    if n >= len(cores) or all(load.get(c, (0, 0))[1] > 0 for c in cores):
         return sorted(cores)
     order = sorted(
         range(len(cores)),

@@ -69,6 +69,28 @@ def p99_response_ms(rate_items_s: float, servers: int, service_ms: float) -> flo
     return service_ms + math.log(p_wait / 0.01) / theta * 1000.0
 
 
+def max_rate_within(servers: int, service_ms: float, budget_ms: float) -> float:
+    """The largest arrival rate, items/s, at which :func:`p99_response_ms` of ``servers``
+    instances of ``service_ms`` stays within ``budget_ms`` (the model's inverse, by
+    bisection to 2^-48 of the capacity ``servers x 1000 / service_ms``: the P99 grows
+    with the rate); 0 when the budget is below the service time (no rate meets it).
+
+    Raises:
+        ValueError: ``servers`` < 1 or ``service_ms`` <= 0.
+    """
+    if budget_ms < service_ms:
+        p99_response_ms(0.0, servers, service_ms)  # the same argument checks
+        return 0.0
+    lo, hi = 0.0, servers * 1000.0 / service_ms
+    for _ in range(48):
+        mid = (lo + hi) / 2.0
+        if p99_response_ms(mid, servers, service_ms) <= budget_ms:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def _budget_ms(s: Snapshot, u: UnitState) -> float:
     """The part of the SLO a unit's own wait + service may take: the SLO less the other
     served units' service times (one item each), ms."""

@@ -607,8 +607,8 @@ def _not_short(s: Snapshot, c: ScalerConfig, u: UnitState, lam: float) -> str | 
     busy = lam * f / cap_items
     if busy > c.scale_in_utilisation:
         return None
-    svc = u.total_instances * 1000.0 / cap_items
-    if _p99_needed(s, u, lam * f, svc) > u.total_instances:
+    svc = _instance_ms(u)
+    if svc is not None and _p99_needed(s, u, lam * f, svc) > u.total_instances:
         return None
     return (
         f"is not short of capacity: max rate {_n(lam)} req/s x {_n(f)} items/req on "
@@ -653,6 +653,17 @@ def _capacity_items(u: UnitState) -> float:
         return sum(n * 1000.0 / per[t] for t, n in live.items())  # type: ignore[operator]
     svc = _service_ms(u)
     return math.inf if svc is None else u.total_instances * 1000.0 / svc
+
+
+def _instance_ms(u: UnitState) -> float | None:
+    """One running instance's service time per item as the unit's capacity has it, ms:
+    instances x 1000 / :func:`_capacity_items` (the mean over mixed thread counts); the
+    figure the P99 model takes. None without a running instance or a finite capacity."""
+    n = u.total_instances
+    cap = _capacity_items(u)
+    if n <= 0 or not 0 < cap < math.inf:
+        return None
+    return n * 1000.0 / cap
 
 
 def _vertical(u: UnitState) -> str | None:

@@ -74,10 +74,11 @@ from infscaler.runtime.scaling.queueing import (
     _fan_out,
     _p99_needed,
     _service_ms,
-    p99_response_ms,
+    max_rate_within,
 )
 from infscaler.runtime.scaling.scaler import (
     _capacity_items,
+    _instance_ms,
     _refusals,
     _scale_out,
     pipeline_capacity_rps,
@@ -205,25 +206,14 @@ def slo_rate_rps(snapshot: Snapshot) -> float | None:
     """
     best: float | None = None
     for u in snapshot.units:
-        n = u.total_instances
         f = _fan_out(u, snapshot)
-        if _service_ms(u) is None or n <= 0 or f <= 0:
+        svc = _instance_ms(u)
+        if _service_ms(u) is None or svc is None or f <= 0:
             continue
-        cap_items = _capacity_items(u)
-        if not math.isfinite(cap_items) or cap_items <= 0:
-            continue
-        svc = n * 1000.0 / cap_items
         budget = _budget_ms(snapshot, u)
         if budget < svc:
             continue
-        lo, hi = 0.0, cap_items
-        for _ in range(48):
-            mid = (lo + hi) / 2.0
-            if p99_response_ms(mid, n, svc) <= budget:
-                lo = mid
-            else:
-                hi = mid
-        rate = lo / f
+        rate = max_rate_within(u.total_instances, svc, budget) / f
         best = rate if best is None else min(best, rate)
     return best
 
@@ -418,8 +408,8 @@ def instances_for(
     gain = _new_instance_items(u, o) / f
     short = required_rps - have
     more = 1 if not math.isfinite(have) or short <= 0 else max(1, math.ceil(short / gain - _EPS))
-    if p99_rps is not None and math.isfinite(have) and have > 0 and u.total_instances > 0:
-        svc = u.total_instances * 1000.0 / (have * f)
+    svc = _instance_ms(u)
+    if p99_rps is not None and svc is not None:
         more = max(more, _p99_needed(s, u, p99_rps * f, svc) - u.total_instances)
     needed = u.total_instances + more
     count, why = 1, ""
