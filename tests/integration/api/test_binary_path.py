@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 
 import numpy as np
 import pytest
@@ -38,17 +37,17 @@ CHAIN = {
 def served(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("binary")
     old = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{old}" if old else str(HERE)
-    sys.path.insert(0, str(HERE))  # the service imports the stage functions to check them
     sock = tmp / "api.sock"
-    try:
+    # tests/ on the instances' PYTHONPATH and on this process's path (the service
+    # imports the stage functions to check them), as conftest's stagefuncs_on_path does
+    # for one test
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{old}" if old else str(HERE))
+        mp.syspath_prepend(str(HERE))
         with Service(state_dir=tmp / "state", control_path="userspace", pool_mb=64) as svc:
             svc.deploy(load_pipeline(CHAIN))
             with ServerThread(svc, sock, max_body_mb=4):
                 yield svc, str(sock)
-    finally:
-        os.environ["PYTHONPATH"] = old
-        sys.path.remove(str(HERE))
 
 
 def test_large_binary_round_trip(served) -> None:
