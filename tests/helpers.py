@@ -142,6 +142,25 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float
     raise AssertionError(f"timed out ({timeout} s) waiting for {what}")
 
 
+def wait_served(svc: Any, name: str, timeout: float = 10.0) -> None:
+    """Wait until pipeline ``name`` of ``svc`` takes requests again after a restart.
+
+    A replacement's handle reads ready a moment before the route learns of it (the
+    supervisor's callback, ``Service._on_instances_changed``, clears the route's
+    ``unavailable_reason`` just after); a request sent in between is answered 503
+    "replacement is loading". Waiting for the handle alone is a race a loaded host loses.
+    """
+    wait_for(
+        lambda: (
+            svc.ready(name)
+            and not svc.degraded(name)
+            and svc.deployment(name).route.unavailable_reason is None
+        ),
+        timeout,
+        f"pipeline {name} served again",
+    )
+
+
 def chain_pipeline(ms: float = 2, *, x_shape: tuple[int, ...] = (-1, 4), **slow: Any) -> dict:
     """The pipeline ``chain``: x (FP32 ``x_shape``) -> scale (x2) -> slow (sleeps ``ms``
     per request) -> y, from ``stagefuncs`` (needs the ``stagefuncs_on_path`` fixture);

@@ -26,7 +26,7 @@ from infscaler.base.device import DeviceProfile
 from infscaler.runtime.processes.supervisor import RestartPolicy
 from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
-from tests.helpers import chain_pipeline
+from tests.helpers import chain_pipeline, wait_served
 from tests.helpers import wait_for as _wait_for
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
@@ -86,19 +86,8 @@ def test_eight_quick_kills_the_unit_comes_back(tmp_path: Path) -> None:
         )
         assert back.pid not in killed and back.restarts == 8
         assert svc.supervisor.restarted >= 8
-        # the route learns of the ready replacement from the supervisor's callback
-        # (Service._on_instances_changed), just after the handle reads ready: until then
-        # it answers 503 "replacement is loading" (seen once in CI), so wait for the
-        # pipeline's health and the route's flag before the request
-        wait_for(
-            lambda: (
-                svc.ready("chain")
-                and not svc.degraded("chain")
-                and svc.deployment("chain").route.unavailable_reason is None
-            ),
-            10,
-            "healthy",
-        )
+        # the route learns of the ready replacement just after the handle reads ready
+        wait_served(svc, "chain")
         x = np.ones((1, 4), np.float32)
         np.testing.assert_allclose(svc.infer("chain", {"x": x}).outputs["y"], 2 * x)
 

@@ -19,7 +19,7 @@ from infscaler.base.config import load_pipeline
 from infscaler.base.procutil import cuda_libraries_mapped
 from infscaler.engines import available
 from infscaler.service.service import Service
-from tests.helpers import wait_for
+from tests.helpers import wait_for, wait_served
 from tests.integration.runtime.processes.test_zygote import relu_pipeline
 
 X = np.array([[1.0, -2.0, 3.0, -4.0]], np.float32)
@@ -71,6 +71,7 @@ def test_gpu_instances_killed_and_restarted_leave_the_zygote_cuda_free(tmp_path:
             "the replacement GPU instance",
         )  # fmt: skip
         assert _maps(back.pid), "the replacement runs CUDA"
+        wait_served(svc, "relu")  # the route learns of it just after the handle
         z = svc.status()["zygote"]
         assert z["started"]["forked"] == 3 and z["cuda_free_forks"] == 3
         assert _maps(z["pid"]) == [] and _maps(os.getpid()) == []

@@ -24,7 +24,7 @@ from onnx import helper
 from infscaler.base.config import load_pipeline
 from infscaler.runtime.serving.pipeline import FRONTEND_INSTANCE
 from infscaler.service.service import Service
-from tests.helpers import chain_pipeline, f32, make_model, save, wait_for
+from tests.helpers import chain_pipeline, f32, make_model, save, wait_for, wait_served
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
@@ -275,6 +275,7 @@ def test_an_instance_whose_zygote_died_dies_with_an_unknown_status_and_is_restar
             60,
             "the replacement",
         )
+        wait_served(svc, "chain")  # the route learns of it just after the handle
         np.testing.assert_allclose(svc.infer("chain", {"x": X}).outputs["y"], 2 * X)
 
 
