@@ -52,7 +52,13 @@ from infscaler.api.common import (
     slot_arrays,
 )
 from infscaler.api.metrics import CONTENT_TYPE, exposition
-from infscaler.api.taskroute import infer_task, task_metadata, task_router, task_specs
+from infscaler.api.taskroute import (
+    infer_task,
+    task_metadata,
+    task_ready,
+    task_router,
+    task_specs,
+)
 from infscaler.base.security import peer_of
 
 # -- health / metadata -----------------------------------------------------------------
@@ -143,10 +149,19 @@ async def model_config(request: web.Request) -> web.Response:
 
 
 async def model_ready(request: web.Request) -> web.Response:
+    """``GET /v2/models/{name}[/versions/{v}]/ready``: 200 ``{"name", "ready": true}``,
+    or 503 with why not (a degraded pipeline's units; for a model-less task,
+    :func:`~infscaler.api.taskroute.task_ready`); 404 for a name that is neither."""
     service = request.app[SERVICE]
     name = request.match_info["name"]
+    router = task_router(service, request.app[TASKS], name)
+    if router is not None:
+        check_version(request)
+        why = task_ready(router, name)
+        if not why:
+            return json_response({"name": name, "ready": True})
+        return error_response(f"task {name} is not ready; " + "; ".join(why), 503)
     service.deployment(name)
-    check_version(request)
     if service.ready(name):
         return json_response({"name": name, "ready": True})
     why = service.degraded(name) if hasattr(service, "degraded") else []

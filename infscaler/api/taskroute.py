@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from infscaler.api.codec import TensorSpec
@@ -28,7 +29,7 @@ from infscaler.modelless.selector import SelectionError
 from infscaler.modelless.tasks import TaskRouter, task_interface
 from infscaler.modelless.variants import VariantRegistry
 
-__all__ = ["infer_task", "task_metadata", "task_router", "task_specs"]
+__all__ = ["infer_task", "task_metadata", "task_ready", "task_router", "task_specs"]
 
 
 def task_router(service: Any, holder: dict[str, Any], name: str) -> Any:
@@ -104,6 +105,40 @@ def task_metadata(router: Any, task: str) -> dict[str, Any]:
             "description": "model-less task: infer with parameters latency_ms, min_accuracy",
         },
     }
+
+
+def task_ready(router: Any, task: str) -> list[str]:
+    """Why model-less task ``task`` cannot take a query now; [] when it can (v2
+    ``/v2/models/{task}/ready`` and gRPC ``ModelReady`` answer ready).
+
+    A task serves a query once the service takes requests and one of its variants can
+    run it: a deployed variant that is ready, or one whose model file (its plan
+    directory, when partitioned) is on disk, since the selector loads the variant it
+    picks on demand (INFaaS §3). A Triton model is ready once loaded; a task is a name
+    over loadable variants, so none need be loaded beforehand.
+
+    Returns:
+        one line per reason: the service is starting or stopping; no variant can run
+        (each one's missing file, or its deployment not ready).
+    """
+    service = router.service
+    if not service.ready():
+        return ["the service is starting or stopping"]
+    deployed = {d.name for d in service.deployments()}
+    missing = []
+    for v in router.catalog().variants(task):
+        if v.name in deployed:
+            if service.ready(v.name):
+                return []
+            missing.append(f"variant {v.name} is deployed and not ready")
+            continue
+        var = router.variant(v.name)
+        files = [Path(var.plan or var.path)]  # a partitioned variant runs its plan
+        gone = [str(f) for f in files if not f.exists()]
+        if not gone:
+            return []
+        missing.append(f"variant {v.name}: {', '.join(gone)} missing")
+    return [f"no variant of task {task!r} can run: " + "; ".join(missing or ["none registered"])]
 
 
 async def infer_task(

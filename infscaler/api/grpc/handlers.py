@@ -61,7 +61,13 @@ from infscaler.api.grpc.mapping import (
     grpc_code,
 )
 from infscaler.api.modelconfig import model_config
-from infscaler.api.taskroute import infer_task, task_metadata, task_router, task_specs
+from infscaler.api.taskroute import (
+    infer_task,
+    task_metadata,
+    task_ready,
+    task_router,
+    task_specs,
+)
 from infscaler.base.errors import InfScalerError
 from infscaler.base.security import Peer, is_privileged, redact, require_privileged
 
@@ -177,8 +183,11 @@ class Handlers:
 
     @_method
     async def ModelReady(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+        router = task_router(self.service, self.tasks, request.name)
+        if router is not None:  # a model-less task: ready when a query can be served
+            _check_version(request.name, request.version)
+            return pb.ModelReadyResponse(ready=not task_ready(router, request.name))
         self.service.deployment(request.name)
-        _check_version(request.name, request.version)
         return pb.ModelReadyResponse(ready=bool(self.service.ready(request.name)))
 
     @_method

@@ -81,6 +81,7 @@ def test_a_task_name_is_routed_over_grpc_as_over_http(served, gc) -> None:
     assert got.tobytes() == want.outputs["embedding"].tobytes()
     md = gc.get_model_metadata("text-embedding", as_json=True)
     assert md["platform"] == "infscaler_task"
+    assert gc.is_model_ready("text-embedding") is True  # a query can be served
     assert [t["name"] for t in md["inputs"]] == ["text"]
 
 

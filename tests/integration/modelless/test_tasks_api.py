@@ -78,6 +78,15 @@ def test_task_metadata(client: Client) -> None:
     assert names[0] == TINY and V5 in names  # sorted by latency
 
 
+def test_a_task_is_ready_by_name_and_an_unknown_name_is_404(client: Client) -> None:
+    """A task takes queries while a variant can run (loaded on demand), so its v2
+    readiness is 200 before any variant is loaded, as ``is_model_ready`` expects."""
+    assert client.model_ready("text-recognition") is True
+    with pytest.raises(InferenceServerError) as exc:
+        client.model_ready("speech-to-text")
+    assert exc.value.status == 404 and "registered tasks:" in str(exc.value)
+
+
 def test_tight_latency_then_high_accuracy_by_task_name(served, client: Client) -> None:
     tiny = served.reg.get(TINY)
     v5 = served.reg.get(V5)
