@@ -162,6 +162,7 @@ async def model_ready(request: web.Request) -> web.Response:
             return json_response({"name": name, "ready": True})
         return error_response(f"task {name} is not ready; " + "; ".join(why), 503)
     service.deployment(name)
+    check_version(request)
     if service.ready(name):
         return json_response({"name": name, "ready": True})
     why = service.degraded(name) if hasattr(service, "degraded") else []

@@ -188,6 +188,7 @@ class Handlers:
             _check_version(request.name, request.version)
             return pb.ModelReadyResponse(ready=not task_ready(router, request.name))
         self.service.deployment(request.name)
+        _check_version(request.name, request.version)
         return pb.ModelReadyResponse(ready=bool(self.service.ready(request.name)))
 
     @_method

@@ -99,6 +99,12 @@ def test_socket_mode_health_and_metadata(served, gc) -> None:
     st = os.stat(served["grpc"])
     assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
     assert gc.is_server_live() and gc.is_server_ready() and gc.is_model_ready("chain")
+    assert gc.is_model_ready("chain", model_version="1")
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as e:  # only version 1 exists, as over HTTP
+        gc.is_model_ready("chain", model_version="2")
+    assert e.value.status() == "StatusCode.NOT_FOUND"
     meta = gc.get_server_metadata()
     assert meta.name == "infscaler" and "system_shared_memory" in meta.extensions
     m = gc.get_model_metadata("chain", as_json=True)
