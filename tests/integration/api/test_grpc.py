@@ -3,7 +3,8 @@ against a real Service: outputs bit-exact with the HTTP client's for the same in
 function pipeline and an ONNX model), metadata, refusals with their gRPC codes, an
 oversized message refused cleanly, and a non-root member of the socket's group held to
 what HTTP allows it (subprocesses as uid 65534: the same refusals, the per-uid connection
-limit), and an admission refusal as UNAVAILABLE with its reason."""
+limit, the per-uid in-flight byte budget), and an admission refusal as UNAVAILABLE with
+its reason."""
 
 from __future__ import annotations
 
@@ -390,3 +391,71 @@ def test_the_per_uid_connection_limit_holds_over_grpc(served, gc) -> None:
     finally:
         proc.kill()
         proc.communicate(timeout=30)
+
+
+_CONCURRENT_BIG = (
+    _NOBODY
+    + r"""
+import threading
+c = tg.InferenceServerClient(url="unix:" + sys.argv[1])
+x = np.ones((int(sys.argv[2]), 4), np.float32)
+barrier, got = threading.Barrier(4), []
+def one():
+    i = tg.InferInput("x", list(x.shape), "FP32"); i.set_data_from_numpy(x)
+    barrier.wait()
+    try:
+        r = c.infer("chain", [i])
+        got.append(["OK", float(r.as_numpy("y").sum())])
+    except InferenceServerException as e:
+        got.append([e.status().removeprefix("StatusCode."), e.message()])
+ts = [threading.Thread(target=one) for _ in range(4)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(json.dumps(got), flush=True)
+"""
+)
+
+
+@pytest.mark.usefixtures("stagefuncs_on_path")
+def test_a_uids_inflight_byte_budget_holds_over_grpc(tmp_path: Path) -> None:
+    """uid 65534 sends 4 concurrent ModelInfer of 0.6 MB (1.2 MB reserved each: the
+    message and its decoded tensors) against a 2.5 MB budget per uid, while a 3-s stage
+    holds the admitted ones: two are served, the others refused at once with
+    UNAVAILABLE and the budget's reason; the reservations all come back."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the client runs as uid 65534 in the socket's group")
+    from tests.helpers import chain_pipeline
+
+    public = Path(tempfile.mkdtemp(prefix="isc-grpc-q-"))
+    public.chmod(0o711)
+    rows = 37_500  # 600 KB of FP32
+    with Service(
+        state_dir=tmp_path / "state",
+        control_path="userspace",
+        pool_mb=64,
+        max_inflight_mb_per_uid=2.5,
+    ) as svc:
+        svc.deploy(load_pipeline(chain_pipeline(ms=3000)))
+        policy = SecurityPolicy.create(allow_functions=["stagefuncs"])
+        grpc_sock = str(public / "api-grpc.sock")
+        with ServerThread(
+            svc,
+            str(public / "api.sock"),
+            security=policy,
+            socket_group=GROUP,
+            grpc_socket=grpc_sock,
+        ):
+            before = svc.inflight.stats()
+            proc = _as_nobody(_CONCURRENT_BIG, grpc_sock, str(rows), str(GROUP))
+            stdout, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 0, stderr[-2000:]
+            got = json.loads(stdout.strip().splitlines()[-1])
+            after = svc.inflight.stats()
+    served = [g for g in got if g[0] == "OK"]
+    refused = [g for g in got if g[0] != "OK"]
+    assert len(served) == 2 and all(g[1] == 2.0 * rows * 4 for g in served), got
+    assert len(refused) == 2, got
+    for code, message in refused:
+        assert code == "UNAVAILABLE" and "in-flight memory budget" in message, (code, message)
+    assert after["refused_per_peer"] - before["refused_per_peer"] == 2
+    assert after["inflight_bytes"] == before["inflight_bytes"]
