@@ -495,6 +495,10 @@ def slo_capacity(
     throughput beside the low load) in ``--slo-probes`` (6) probes of ``--probe-s`` (20 s)
     each; the requests of a probe's first 2 s are not counted.
 
+    Raises:
+        SystemExit: no probe met the target (the bisection's floor, 0.1 x ``top``, was
+            never probed: it is no capacity).
+
     This is the capacity of InferLine and MArk ("the maximum throughput at which the
     configuration meets the latency SLO", InferLine §4): a closed loop at saturation
     keeps every instance busy with a queue, and an open-loop step to 0.8 of that
@@ -522,6 +526,12 @@ def slo_capacity(
         probes.append({"rate_rps": round(rate, 3), "attainment": att, "requests": len(rows)})
         print(f"    SLO capacity probe {rate:.2f}/s: attainment {att:.3f}", flush=True)
         lo, hi = (rate, hi) if ok else (lo, rate)
+    if not any(p["attainment"] >= a.slo_target for p in probes):
+        raise SystemExit(
+            f"no SLO capacity: the high pipeline kept fewer than {a.slo_target} of its "
+            f"requests within {slo_ms:.0f} ms at every probe down to {lo:.2f}/s "
+            f"({probes}); raise --slo-x, lower --slo-target, or give it more --slots"
+        )
     return {
         "throughput_rps": round(lo, 3),
         "slo_ms": round(slo_ms, 2),

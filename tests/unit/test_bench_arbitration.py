@@ -42,3 +42,18 @@ def test_slo_capacity_closes_in_on_the_rate_where_the_slo_breaks(
     # the low pipeline's constant load ran beside every probe, at 0.4 x C_low
     lows = [r for m, r in seen if m == ab.LOW]
     assert len(lows) == 8 and all(r == pytest.approx(4.4, rel=0.3) for r in lows)
+
+
+def test_slo_capacity_without_a_passing_probe_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No rate met the target: the bisection's floor (never probed) is not reported as
+    the capacity."""
+    ab = bench_module("arbitration")
+
+    async def replay(sock: str, model: str, req: object, times: np.ndarray) -> list[dict]:
+        return [{"t_s": float(t), "outcome": "ok", "ms": 2 * SLO} for t in times]
+
+    monkeypatch.setattr(ab, "replay", replay)
+    a = argparse.Namespace(slo_probes=3, probe_s=20.0, low_load=0.4, slo_target=0.95, seed=1)
+    reqs = {ab.HIGH: (b"", {}), ab.LOW: (b"", {})}
+    with pytest.raises(SystemExit, match="no SLO capacity: .* at every probe down to"):
+        ab.slo_capacity("sock", a, reqs, 10.0, SLO, 10.0)
