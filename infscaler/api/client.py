@@ -25,13 +25,11 @@ memory, statistics, model repository extensions); httpx's Unix domain socket tra
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -49,6 +47,9 @@ from infscaler.api.codec import (
 from infscaler.api.uds import (
     DEFAULT_SOCKET,
     InferenceServerError,
+    V2Calls,
+    _decode_utf8,
+    _q,
     default_socket_path,
     unreachable,
 )
@@ -67,10 +68,6 @@ __all__ = [
 _BASE_URL = "http://infscaler"
 
 
-def _q(name: str) -> str:
-    return quote(str(name), safe="")
-
-
 def _resolve_stage_paths(data: Any, base: Path) -> Any:
     """Relative ``model`` / ``plan`` paths of a pipeline file's stages made absolute
     against the file's directory (the service has its own working directory). Bundled
@@ -87,7 +84,7 @@ def _resolve_stage_paths(data: Any, base: Path) -> Any:
     return data
 
 
-class Client:
+class Client(V2Calls):
     """A synchronous client of the InfScaler service on its Unix socket.
 
     Args:
@@ -173,41 +170,19 @@ class Client:
                 f"{resp.text[:200]!r}"
             ) from None
 
-    # -- health and metadata ----------------------------------------------------------
+    def _v2_send(self, method: str, path: str) -> httpx.Response:
+        return self._request(method, path)
 
-    def is_live(self) -> bool:
-        """``GET /v2/health/live``: True if the service answers 200; False if it answers
-        otherwise or cannot be reached (so ``while not c.is_live()`` can wait for it)."""
-        return self._probe("/v2/health/live")
+    def _v2_json(
+        self, method: str, path: str, doc: Any = None, timeout: float | None = None
+    ) -> Any:
+        return self._json(method, path, json_body=doc, timeout=timeout)
 
-    def is_ready(self) -> bool:
-        """``GET /v2/health/ready``: True when every deployed pipeline is ready; False if
-        not (503) or the service cannot be reached."""
-        return self._probe("/v2/health/ready")
-
-    def _probe(self, path: str) -> bool:
-        try:
-            self._request("GET", path)
-        except InfScalerError:
-            return False
-        return True
+    # -- health and metadata (is_live, is_ready, models, model_metadata, status: V2Calls) --
 
     def server_metadata(self) -> dict[str, Any]:
         """``GET /v2``: ``{"name", "version", "extensions"}``."""
         return self._json("GET", "/v2")
-
-    def models(self) -> list[dict[str, Any]]:
-        """``GET /v2/models``: the deployed pipelines (``name``, ``state``, ``ready``, ...)."""
-        return self._json("GET", "/v2/models").get("models", [])
-
-    def model_metadata(self, name: str) -> dict[str, Any]:
-        """``GET /v2/models/{name}``: ``name``, ``inputs`` / ``outputs`` (``name``,
-        ``datatype``, ``shape``), ``parameters``.
-
-        Raises:
-            InferenceServerError: 404 for an unknown model.
-        """
-        return self._json("GET", f"/v2/models/{_q(name)}")
 
     def model_ready(self, name: str) -> bool:
         """``GET /v2/models/{name}/ready``: True (200) or False (503).
@@ -345,11 +320,6 @@ class Client:
         path = "/v2/models/stats" if name is None else f"/v2/models/{_q(name)}/stats"
         return self._json("GET", path)
 
-    def status(self) -> dict[str, Any]:
-        """``GET /v2/infscaler/status``: the whole service: control path, tensor pool,
-        pipelines with their stages and instances."""
-        return self._json("GET", "/v2/infscaler/status")
-
     # -- model repository -------------------------------------------------------------
 
     def repository_index(self) -> list[dict[str, Any]]:
@@ -401,20 +371,7 @@ class Client:
             data = _resolve_stage_paths(data, path.resolve().parent)
         if not isinstance(data, dict):
             raise InfScalerError(f"a pipeline must be a mapping, got {type(data).__name__}")
-        body = {"parameters": {"config": json.dumps(data, default=str)}}
-        return self._json(
-            "POST", f"/v2/repository/models/{_q(name)}/load", json_body=body, timeout=timeout
-        )
-
-    def unload(self, name: str, *, timeout: float | None = 900.0) -> None:
-        """Drain and remove pipeline ``name``: ``POST /v2/repository/models/{name}/unload``.
-
-        Raises:
-            InferenceServerError: 404 for an unknown model.
-        """
-        self._json(
-            "POST", f"/v2/repository/models/{_q(name)}/unload", json_body={}, timeout=timeout
-        )
+        return self._load_mapping(name, data, timeout)
 
     # -- system shared memory ---------------------------------------------------------
 
@@ -487,14 +444,3 @@ def _streamed(parts: list[Any], headers: dict[str, str]) -> tuple[Any, dict[str,
                 yield mv[i : i + _SEND_CHUNK]
 
     return pieces(), {**headers, "Content-Length": str(total)}
-
-
-def _decode_utf8(arr: np.ndarray) -> np.ndarray:
-    out = np.empty(arr.shape, dtype=object)
-    flat_in, flat_out = arr.reshape(-1), out.reshape(-1)
-    for i, v in enumerate(flat_in):
-        if isinstance(v, bytes):
-            with contextlib.suppress(UnicodeDecodeError):
-                v = v.decode("utf-8")
-        flat_out[i] = v
-    return out

@@ -36,6 +36,7 @@ __all__ = [
     "InferenceServerError",
     "UdsClient",
     "UdsResponse",
+    "V2Calls",
     "default_socket_path",
     "unreachable",
 ]
@@ -201,7 +202,76 @@ def _q(name: str) -> str:
     return quote(str(name), safe="")
 
 
-class UdsClient:
+class V2Calls:
+    """The v2 calls both clients (:class:`UdsClient` and
+    :class:`~infscaler.api.client.Client`) make the same way, over two transport hooks
+    each client defines: ``_v2_send(method, path)`` (raises as the client's requests
+    do) and ``_v2_json(method, path, doc, timeout)`` (``doc`` as the JSON body when not
+    None; the answer's JSON, ``{}`` for an empty body; ``timeout`` seconds, None: the
+    client's). Sources: the KServe / Triton v2 REST protocol (health, metadata, model
+    repository extension)."""
+
+    def _v2_send(self, method: str, path: str) -> Any:
+        raise NotImplementedError
+
+    def _v2_json(
+        self, method: str, path: str, doc: Any = None, timeout: float | None = None
+    ) -> Any:
+        raise NotImplementedError
+
+    def is_live(self) -> bool:
+        """``GET /v2/health/live``: True if the service answers 200; False if it answers
+        otherwise or cannot be reached (so ``while not c.is_live()`` can wait for it)."""
+        return self._probe("/v2/health/live")
+
+    def is_ready(self) -> bool:
+        """``GET /v2/health/ready``: True when every deployed pipeline is ready; False if
+        not (503) or the service cannot be reached."""
+        return self._probe("/v2/health/ready")
+
+    def _probe(self, path: str) -> bool:
+        try:
+            self._v2_send("GET", path)
+        except InfScalerError:
+            return False
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """``GET /v2/infscaler/status``: the whole service: control path, tensor pool,
+        pipelines with their stages and instances."""
+        return self._v2_json("GET", "/v2/infscaler/status")
+
+    def models(self) -> list[dict[str, Any]]:
+        """``GET /v2/models``: the deployed pipelines (``name``, ``state``, ``ready``, ...)."""
+        return self._v2_json("GET", "/v2/models").get("models", [])
+
+    def model_metadata(self, name: str) -> dict[str, Any]:
+        """``GET /v2/models/{name}``: ``name``, ``inputs`` / ``outputs`` (``name``,
+        ``datatype``, ``shape``), ``parameters``.
+
+        Raises:
+            InferenceServerError: 404 for an unknown model.
+        """
+        return self._v2_json("GET", f"/v2/models/{_q(name)}")
+
+    def _load_mapping(
+        self, name: str, config: Mapping[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
+        """``POST /v2/repository/models/{name}/load`` with ``{"parameters": {"config":
+        "<config as JSON>"}}``; the answer (``{"name", "loaded", "seconds"}``)."""
+        body = {"parameters": {"config": json.dumps(dict(config), default=str)}}
+        return self._v2_json("POST", f"/v2/repository/models/{_q(name)}/load", body, timeout)
+
+    def unload(self, name: str, *, timeout: float | None = 900.0) -> None:
+        """Drain and remove pipeline ``name``: ``POST /v2/repository/models/{name}/unload``.
+
+        Raises:
+            InferenceServerError: 404 for an unknown model.
+        """
+        self._v2_json("POST", f"/v2/repository/models/{_q(name)}/unload", {}, timeout)
+
+
+class UdsClient(V2Calls):
     """A synchronous client of the service on its Unix socket, standard library only.
 
     Args:
@@ -291,36 +361,15 @@ class UdsClient:
                 f"{resp.body[:200]!r}"
             ) from None
 
-    # -- the calls the CLI makes (as Client's) ----------------------------------------
+    def _v2_send(self, method: str, path: str) -> UdsResponse:
+        return self.request(method, path)
 
-    def is_live(self) -> bool:
-        """``GET /v2/health/live``: True on 200; False otherwise or when unreachable."""
-        return self._probe("/v2/health/live")
+    def _v2_json(
+        self, method: str, path: str, doc: Any = None, timeout: float | None = None
+    ) -> Any:
+        return self.json(method, path, doc, timeout=timeout)
 
-    def is_ready(self) -> bool:
-        """``GET /v2/health/ready``: True when every pipeline is ready; False if not (503)
-        or unreachable."""
-        return self._probe("/v2/health/ready")
-
-    def _probe(self, path: str) -> bool:
-        try:
-            self.request("GET", path)
-        except InfScalerError:
-            return False
-        return True
-
-    def status(self) -> dict[str, Any]:
-        """``GET /v2/infscaler/status``: the whole service (control path, pool, pipelines)."""
-        return self.json("GET", "/v2/infscaler/status")
-
-    def models(self) -> list[dict[str, Any]]:
-        """``GET /v2/models``: the deployed pipelines."""
-        return self.json("GET", "/v2/models").get("models", [])
-
-    def model_metadata(self, name: str) -> dict[str, Any]:
-        """``GET /v2/models/{name}``: ``name``, ``inputs`` / ``outputs`` (``name``,
-        ``datatype``, ``shape``). Raises InferenceServerError 404 for an unknown model."""
-        return self.json("GET", f"/v2/models/{_q(name)}")
+    # -- the calls the CLI makes (as Client's; the shared ones: V2Calls) --------------
 
     def load(
         self, name: str, config: Mapping[str, Any], *, timeout: float | None = 900.0
@@ -328,13 +377,7 @@ class UdsClient:
         """``POST /v2/repository/models/{name}/load`` with the pipeline ``config`` (a
         mapping, as JSON in ``parameters.config``); ``{"name", "loaded", "seconds"}``.
         Raises InferenceServerError 400 for an invalid pipeline."""
-        body = {"parameters": {"config": json.dumps(dict(config), default=str)}}
-        return self.json("POST", f"/v2/repository/models/{_q(name)}/load", body, timeout=timeout)
-
-    def unload(self, name: str, *, timeout: float | None = 900.0) -> None:
-        """``POST /v2/repository/models/{name}/unload``: drain and remove ``name``.
-        Raises InferenceServerError 404 for an unknown model."""
-        self.json("POST", f"/v2/repository/models/{_q(name)}/unload", {}, timeout=timeout)
+        return self._load_mapping(name, config, timeout)
 
     def infer(
         self,
