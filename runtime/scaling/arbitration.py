@@ -25,8 +25,12 @@ Rules (one move per call at most):
 
 1. **Back** (hysteresis): a loan (:class:`Loan`) is returned once its taker has been
    calm for ``release_hold_s`` without a break: not violated, P99 <= ``release_ratio``
-   x SLO, and its offered load <= ``release_ratio`` x the capacity it would have without
-   the borrowed instance. While the pressure lasts, nothing moves back.
+   x SLO, its offered load <= ``release_ratio`` x the capacity it would have without
+   the borrowed instance, and the unit's approximate P99 at that load, one instance
+   fewer, within its share of the SLO (the donor's guard below, the scaler's scale-in
+   guard: in a live run the loan went back at a load one instance served at 0.25 of
+   its capacity but with a P99 the M/D/1 model put at 1.5 x the SLO, and was lent again
+   18 s later). While the pressure lasts, nothing moves back.
 2. **Lend**: a pipeline that violates its SLO with its own decision blocked by the cap
    (``blocked``) takes one instance for its bottleneck unit (largest B_k / S_k not at its
    ``max_instances``, on its fastest engine option) from a donor: a pipeline of lower
@@ -281,6 +285,8 @@ def _calm(taker: PipelineView, loan: Loan, c: ArbitrationConfig) -> str | None:
     cap = pipeline_capacity_rps(without)
     if cap is not None and s.offered > c.release_ratio * cap + _EPS:
         return None
+    if has and u is not None and _tail_short(s, u):
+        return None  # one instance fewer: its P99 at this load would miss the SLO
     p99 = "no P99" if s.p99_ms is None else f"P99 {_n(s.p99_ms)} ms"
     load = "" if cap is None else f", offered {_n(s.offered)} req/s on {_n(cap)} without it"
     return f"{p99} <= {c.release_ratio:g} x SLO {_n(s.slo_ms)} ms{load}"
@@ -367,7 +373,8 @@ def _short(s: Snapshot, o: EngineOption) -> dict[str, float]:
 
 
 def _tail_short(s: Snapshot, u: UnitState) -> bool:
-    """Whether ``u`` of the donor ``s``, with one instance fewer, would keep its
+    """Whether ``u`` of pipeline ``s`` (a donor, or a taker giving a loan back), with one
+    instance fewer, would keep its
     approximate P99 at the offered load out of its share of the SLO (the scaler's
     ``_p99_needed`` above the instances left; the share depends on the other units'
     service times only). False when the unit has no measured service time, one instance

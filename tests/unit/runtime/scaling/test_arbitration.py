@@ -134,9 +134,13 @@ def test_no_move_back_while_the_pressure_lasts_then_back_after_the_hold() -> Non
     moves, state = arbitrate([hi2, lo2], state, cfg)
     assert moves == [] and state.loans[0].calm_since is None
 
-    # calm: 6 req/s <= 0.8 x 10 req/s without the loan, P99 100 <= 0.8 x 200
+    # calm: 0.5 req/s <= 0.8 x 10 req/s without the loan, P99 100 <= 0.8 x 200, and one
+    # instance's M/D/1 P99 at 0.5 req/s, 100 + ln(0.05 / 0.01) / (2 x 9.5) s = 185 ms,
+    # within the SLO of 200
+    assert p99_response_ms(0.5, 1, 100.0) == pytest.approx(184.7, abs=0.1)
+
     def calm(now: float) -> PipelineView:
-        return PipelineView("hi", 1, snap(2, offered=6.0, p99=100.0, now=now))
+        return PipelineView("hi", 1, snap(2, offered=0.5, p99=100.0, now=now))
 
     def lo(now: float) -> PipelineView:
         return PipelineView("lo", 2, snap(2, offered=5.0, p99=120.0, slo=500.0, now=now))
@@ -154,6 +158,23 @@ def test_no_move_back_while_the_pressure_lasts_then_back_after_the_hold() -> Non
     assert [(m.kind, m.giver, m.taker, m.give) for m in moves] == [("return", "hi", "lo", True)]
     assert "calm for 15 s" in moves[0].reason
     assert state.loans == ()
+
+
+def test_no_move_back_while_one_instance_fewer_would_miss_the_slo() -> None:
+    """The taker's P99 and load read calm (2.5 req/s on 10 req/s without the loan, P99
+    100 ms <= 0.8 x 200), but one instance's M/D/1 P99 at 2.5 req/s is 100 + ln(0.25 /
+    0.01) / (2 x 7.5) s = 315 ms, over the SLO: giving the loan back would bring the
+    violation (and the lend) back, so the loan stays, however long the calm."""
+    assert p99_response_ms(2.5, 1, 100.0) == pytest.approx(314.6, abs=0.1)
+    cfg = ArbitrationConfig(release_hold_s=15.0)
+    _, state = arbitrate([hot(), idle()], ArbitrationState(), cfg)
+    lo = PipelineView("lo", 2, snap(2, offered=5.0, p99=120.0, slo=500.0, now=110.0))
+    for now in (110.0, 120.0, 130.0, 140.0, 160.0):
+        hi = PipelineView("hi", 1, snap(2, offered=2.5, p99=100.0, now=now))
+        moves, state = arbitrate(
+            [hi, replace(lo, snapshot=replace(lo.snapshot, now=now))], state, cfg
+        )
+        assert moves == [] and len(state.loans) == 1 and state.loans[0].calm_since is None
 
 
 def test_bad_config_is_refused() -> None:
