@@ -160,8 +160,10 @@ def test_least_loaded_avoids_a_slow_consumer(kind: str, fleet: Callable[..., tup
     speed: consumer 3 sleeps 200 us per token (many times slower than the others; 50 us
     left it at 20 % of the tokens once when the whole suite loaded both vCPUs).
     Round-robin would give it 1/3; least-loaded must move most of that to 1 and 2.
-    Bounds: slow < 20 %, fast > 35 % each (measured on 2 shared vCPUs: 3-7 % and
-    43-51 %; the margin absorbs scheduling noise)."""
+    Bounds: slow < 20 %, and each fast one more than twice the slow one (measured on 2
+    shared vCPUs: 3-7 % and 43-51 % each). How the fast two split what
+    the slow one leaves is the CPU each gets, not the policy: under CI's CPU hog one
+    took 0.62 and the other 0.35 with the slow one at 0.03."""
     per = 100_000
     total = per * len(PRODUCERS)
     ch, cons, prods = fleet("least-loaded", per, delays_us={3: 200})
@@ -175,7 +177,7 @@ def test_least_loaded_avoids_a_slow_consumer(kind: str, fleet: Callable[..., tup
     assert len(seen) == total and max(seen.values()) == 1
     share = {c: results[c]["received"] / total for c in CONSUMERS}
     assert share[3] < 0.20, share
-    assert share[1] > 0.35 and share[2] > 0.35, share
+    assert min(share[1], share[2]) > 2 * share[3], share
     print(f"\n{kind}: least-loaded shares with consumer 3 slow: {share}")
 
 
