@@ -98,6 +98,8 @@ def _err(model: float | None, measured: float | None) -> float | None:
 def run_config(
     tmp: Path, c: int, a: argparse.Namespace, device: Path, req: tuple, l0_session: float
 ) -> dict:
+    from infscaler.api.loadgen import arrival_times
+
     pipe = ab.static_pipeline(a.model, NAME, None, 1, c)
     s = ab.Served(tmp, f"c{c}", [pipe], device, {}).start()
     body, headers = req
@@ -111,8 +113,6 @@ def run_config(
         out.update(served_l0_ms=l0, idle_compute=idle, overhead_ms=round(overhead, 2))
         for i, load in enumerate(a.loads):
             rate = load * c * 1000.0 / l0_session
-            from infscaler.api.loadgen import arrival_times
-
             times = arrival_times("poisson", rate, a.seconds, a.seed + i)
             rows = asyncio.run(ab.replay(s.sock, NAME, req, times))
             comp = unit_compute(s.sock)

@@ -150,12 +150,9 @@ def wait_served(svc: Any, name: str, timeout: float = 10.0) -> None:
     ``unavailable_reason`` just after); a request sent in between is answered 503
     "replacement is loading". Waiting for the handle alone is a race a loaded host loses.
     """
+    # Service.ready(name) checks the route's unavailable_reason as well as the handles
     wait_for(
-        lambda: (
-            svc.ready(name)
-            and not svc.degraded(name)
-            and svc.deployment(name).route.unavailable_reason is None
-        ),
+        lambda: svc.ready(name) and not svc.degraded(name),
         timeout,
         f"pipeline {name} served again",
     )
