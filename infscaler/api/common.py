@@ -54,6 +54,8 @@ LOADS = web.AppKey("loads", object)
 GRPC = web.AppKey("grpc", dict)
 #: when an inference request arrived (``time.monotonic()`` s, before its body was read)
 ARRIVED = web.RequestKey("arrived_s", float)
+#: the request's :class:`~infscaler.api.sysshm.PeerRegistry` (:func:`shm_of`)
+SHM_VIEW = web.RequestKey("shm_view", object)
 #: The only model version there is.
 VERSION = "1"
 
@@ -87,8 +89,27 @@ def status_of(exc: BaseException, default: int) -> int:
 
 
 def shm_of(request: web.Request) -> Any:
-    """The shared memory registry as this request's client sees it (its own regions)."""
-    return request.app[SHM].for_peer(lambda: peer_of(request))
+    """The shared memory registry as this request's client sees it (its own regions),
+    one per request: its reads are charged to the client's in-flight budget and bounded
+    by what the tensor pool can hold (:class:`~infscaler.api.sysshm.PeerRegistry`);
+    the admission middleware releases them once the request is answered."""
+    view = request.get(SHM_VIEW)
+    if view is None:
+        service = request.app[SERVICE]
+        view = request[SHM_VIEW] = request.app[SHM].for_peer(
+            lambda: peer_of(request), **shm_limits(service)
+        )
+    return view
+
+
+def shm_limits(service: Any) -> dict[str, Any]:
+    """``budget`` and ``max_read_bytes`` of a request's shared memory view
+    (:meth:`~infscaler.api.sysshm.SystemSharedMemoryRegistry.for_peer`) for ``service``."""
+    limit = getattr(service, "max_input_bytes", None)
+    return {
+        "budget": service if hasattr(service, "reserve_bytes") else None,
+        "max_read_bytes": limit if isinstance(limit, int) else None,
+    }
 
 
 def for_peer(request: web.Request, data: Any) -> Any:

@@ -77,6 +77,7 @@ from infscaler.api.common import (
     SECURITY,
     SERVICE,
     SHM,
+    SHM_VIEW,
     TASKS,
     error_response,
     status_of,
@@ -266,6 +267,9 @@ async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
         return await handler(request)
     finally:
         service.release_bytes(nbytes, peer)
+        view = request.get(SHM_VIEW)
+        if view is not None:  # what the request read from shared memory
+            view.release()
 
 
 def create_app(

@@ -382,10 +382,17 @@ class SystemSharedMemoryRegistry:
             self._refuse_foreign(r, peer)
             return [r.status()]
 
-    def for_peer(self, peer: Peer | None | Callable[[], Any]) -> PeerRegistry:
-        """This registry as ``peer`` sees it (what the codec gets for one request);
-        ``peer`` may be a function giving it, called on first use."""
-        return PeerRegistry(self, peer)
+    def for_peer(
+        self,
+        peer: Peer | None | Callable[[], Any],
+        *,
+        budget: Any = None,
+        max_read_bytes: int | None = None,
+    ) -> PeerRegistry:
+        """This registry as ``peer`` sees it for one request (what the codec gets);
+        ``peer`` may be a function giving it, called on first use. ``budget`` /
+        ``max_read_bytes``: see :class:`PeerRegistry`."""
+        return PeerRegistry(self, peer, budget=budget, max_read_bytes=max_read_bytes)
 
     def _acquire(self, name: str, offset: int, byte_size: int, peer: Peer | None) -> _Region:
         """Region ``name`` checked for ``peer`` and the range, its fd held open until
@@ -429,11 +436,23 @@ class SystemSharedMemoryRegistry:
         """
         self._release(self._acquire(name, offset, byte_size, peer))
 
-    def read(self, name: str, offset: int, byte_size: int, peer: Peer | None = None) -> memoryview:
+    def read(
+        self,
+        name: str,
+        offset: int,
+        byte_size: int,
+        peer: Peer | None = None,
+        before: Callable[[int], None] | None = None,
+    ) -> memoryview:
         """A copy of ``byte_size`` bytes at ``offset`` within region ``name`` (a writable
         ``memoryview``, format ``B``, of a buffer of its own), read with
         ``preadv(2)`` from the object's fd (never a mapping: an object the client shrinks
         meanwhile gives a short read, not SIGBUS).
+
+        Args:
+            before: called with ``byte_size`` once the region and range are checked and
+                before the buffer is allocated (what :class:`PeerRegistry` charges to
+                its client); what it raises is raised, nothing allocated.
 
         Raises:
             ProtocolError: (400) the region is not registered; offset + byte_size beyond
@@ -442,6 +461,8 @@ class SystemSharedMemoryRegistry:
         """
         r = self._acquire(name, offset, byte_size, peer)
         try:
+            if before is not None:
+                before(byte_size)
             # np.empty: no zero-fill of a buffer pread fills anyway (bytearray's is a memset)
             buf = memoryview(np.empty(byte_size, np.uint8)).cast("B")
             try:
@@ -512,15 +533,64 @@ class SystemSharedMemoryRegistry:
 
 
 class PeerRegistry:
-    """A :class:`SystemSharedMemoryRegistry` bound to one client: what
+    """A :class:`SystemSharedMemoryRegistry` bound to one client and one request: what
     :mod:`infscaler.api.codec` gets, so a request reads from and writes to only regions
-    its client registered (or any, for the service's user and root)."""
+    its client registered (or any, for the service's user and root).
+
+    What a request reads from shared memory is memory the service allocates: it is
+    counted as a body is. Before each read's buffer is allocated, the request's reads
+    so far plus this one must be within ``max_read_bytes`` (else 413: the tensor pool
+    could never hold them), and twice the read (the copy and what decoding may make of
+    it, as a body is reserved) is reserved from ``budget`` under the client's uid (the
+    service's user and root: the service-wide budget only). :meth:`release` gives it
+    all back once the request is answered (idempotent).
+
+    Args:
+        budget: an object with ``reserve_bytes(nbytes, uid)`` (raising when over) and
+            ``release_bytes(nbytes, uid)``: the :class:`~infscaler.service.service.Service`
+            (None: reads are not charged).
+        max_read_bytes: the most bytes one request may read, in all (None: no bound).
+    """
 
     def __init__(
-        self, registry: SystemSharedMemoryRegistry, peer: Peer | None | Callable[[], Any]
+        self,
+        registry: SystemSharedMemoryRegistry,
+        peer: Peer | None | Callable[[], Any],
+        *,
+        budget: Any = None,
+        max_read_bytes: int | None = None,
     ) -> None:
         self.registry = registry
         self._peer = peer  # or a function giving it: looked up on first use
+        self.budget = budget
+        self.max_read_bytes = max_read_bytes
+        self.read_bytes = 0  # read by this request so far
+        self.reserved = 0  # of the budget, held for it
+        self._uid: int | None = None
+
+    def _charge(self, nbytes: int) -> None:
+        """Check and reserve a read of ``nbytes`` (before its buffer exists)."""
+        limit = self.max_read_bytes
+        if limit is not None and self.read_bytes + nbytes > limit:
+            raise ProtocolError(
+                f"the request reads {self.read_bytes + nbytes} bytes from shared memory; "
+                f"at most {limit} bytes a request fit the service's tensor pool",
+                413,
+                hint="send a smaller batch, or split it over several requests",
+            )
+        if self.budget is not None:
+            peer = self.peer
+            uid = None if is_privileged(peer) or peer is None else peer.uid
+            self.budget.reserve_bytes(2 * nbytes, uid)
+            self._uid = uid
+            self.reserved += 2 * nbytes
+        self.read_bytes += nbytes
+
+    def release(self) -> None:
+        """Give back what this request's reads reserved."""
+        if self.reserved and self.budget is not None:
+            self.budget.release_bytes(self.reserved, self._uid)
+        self.reserved = 0
 
     @property
     def peer(self) -> Peer | None:
@@ -532,7 +602,7 @@ class PeerRegistry:
         self.registry.check(name, offset, byte_size, self.peer)
 
     def read(self, name: str, offset: int, byte_size: int) -> memoryview:
-        return self.registry.read(name, offset, byte_size, self.peer)
+        return self.registry.read(name, offset, byte_size, self.peer, self._charge)
 
     def write(self, name: str, offset: int, data: Any) -> None:
         self.registry.write(name, offset, data, self.peer)

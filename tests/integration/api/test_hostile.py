@@ -196,6 +196,63 @@ def test_a_shrinking_region_under_reads_and_writes_never_crashes_the_service(svc
     _still_whole(svc)
 
 
+# -- shared memory inputs larger than the service should hold -------------------------------
+
+
+def _shm_reads(sock: str, rows: list[int]) -> list[tuple[int, str]]:
+    """Register a sparse 1.2 GB object (free to its creator) and infer with an input of
+    ``rows`` x 4 FP32 read from it, for each entry of ``rows``: (status, error) each."""
+    key = f"isc_hostile_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    size = 2000 * 224 * 224 * 3 * 4  # an FP32 [2000, 224, 224, 3] batch
+    fd = os.open("/dev/shm/" + key, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)  # sparse: no page is committed until the service reads it
+        st, res = call(
+            sock,
+            "POST",
+            "/v2/systemsharedmemory/region/big/register",
+            {"key": key, "offset": 0, "byte_size": size},
+        )
+        assert st == 200, res
+        out = []
+        for n in rows:
+            params = {"shared_memory_region": "big", "shared_memory_byte_size": n * 16}
+            body = {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [n, 4], "parameters": params}],
+                "outputs": [{"name": "z", "parameters": {"binary_data": True}}],
+            }
+            st, res = call(sock, "POST", "/v2/models/chain/infer", body)
+            out.append((st, res.get("error", "") if isinstance(res, dict) else ""))
+        return out
+    finally:
+        call(sock, "POST", "/v2/systemsharedmemory/unregister")
+        os.close(fd)
+        os.unlink("/dev/shm/" + key)
+
+
+def test_shared_memory_inputs_are_bounded_and_charged_before_they_are_read(svc) -> None:
+    """A group member names a 1.2 GB input in its own (sparse) region: 413 naming the
+    limit before anything is read; 6 MB (12 MB reserved) is over its 8 MB share: 503 at
+    once; 1 MB is served. The service's RSS does not follow the declared sizes, and every
+    reservation is given back."""
+    pid = svc["proc"].pid
+    rss0 = _rss_mb(pid)
+    before = _inflight(svc["sock"])
+    rows = [75_264_000, 393_216, 65_536]  # 1.2 GB, 6 MB, 1 MB of FP32 [n, 4]
+    (huge, huge_err), (over, over_err), (fits, _) = as_user(_shm_reads, svc["sock"], rows)
+    assert huge == 413 and "at most" in huge_err and "tensor pool" in huge_err, huge_err
+    assert over == 503 and "in-flight" in over_err, over_err
+    assert fits == 200
+    assert _rss_mb(pid) - rss0 < 40
+    assert svc["proc"].pid == pid
+    wait_for(
+        lambda: _inflight(svc["sock"])["inflight_bytes"] == before["inflight_bytes"],
+        30,
+        "the reservations to be given back",
+    )
+    _still_whole(svc)
+
+
 # -- regions without end: fds ---------------------------------------------------------------
 
 

@@ -330,3 +330,49 @@ def test_attach_close_and_unlink(keys: list[str]) -> None:
     with SharedMemoryRegion.create(keys[0], 16) as r2:
         assert "open" in repr(r2)
     assert not os.path.exists("/dev/shm" + keys[0])  # the context manager unlinks what it created
+
+
+class _Budget:
+    """A stand-in for the service's in-flight budget: refuses beyond ``cap`` per uid."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.held: dict[int | None, int] = {}
+
+    def reserve_bytes(self, nbytes: int, uid: int | None) -> None:
+        if uid is not None and self.held.get(uid, 0) + nbytes > self.cap:
+            raise InfScalerError(f"over the budget of uid {uid}")
+        self.held[uid] = self.held.get(uid, 0) + nbytes
+
+    def release_bytes(self, nbytes: int, uid: int | None) -> None:
+        self.held[uid] -= nbytes
+
+
+def test_a_request_s_reads_are_charged_before_they_are_allocated(
+    reg: SystemSharedMemoryRegistry, keys: list[str]
+) -> None:
+    """Twice each read is reserved under the client's uid before its buffer exists, the
+    request's reads are bounded in all (413), and release gives everything back."""
+    me = Peer(1, 60001, 60001)
+    region = SharedMemoryRegion.create(keys[0], 10_000, mode=0o666)
+    reg.register("r", region.key, 0, 10_000, me)
+    budget = _Budget(cap=8_000)
+    view = reg.for_peer(me, budget=budget, max_read_bytes=5_000)
+    assert len(view.read("r", 0, 3_000)) == 3_000
+    assert budget.held[me.uid] == 6_000 and view.read_bytes == 3_000
+    with pytest.raises(InfScalerError, match="over the budget"):
+        view.read("r", 0, 1_500)  # 6000 + 3000 > 8000: refused, nothing read
+    assert budget.held[me.uid] == 6_000 and view.read_bytes == 3_000
+    with pytest.raises(ProtocolError, match="at most 5000 bytes") as exc:
+        view.read("r", 0, 2_500)  # 3000 + 2500 > 5000 in all
+    assert exc.value.status == 413
+    view.release()
+    view.release()  # idempotent
+    assert budget.held[me.uid] == 0
+    # the service's own user and root: the service-wide budget only (uid None)
+    root = reg.for_peer(None, budget=budget)
+    root.read("r", 0, 9_000)
+    assert budget.held[None] == 18_000
+    root.release()
+    assert budget.held[None] == 0
+    region.close()
