@@ -218,7 +218,9 @@ def _shm_reads(sock: str, rows: list[int]) -> list[tuple[int, str]]:
         for n in rows:
             params = {"shared_memory_region": "big", "shared_memory_byte_size": n * 16}
             body = {
-                "inputs": [{"name": "x", "datatype": "FP32", "shape": [n, 4], "parameters": params}],
+                "inputs": [
+                    {"name": "x", "datatype": "FP32", "shape": [n, 4], "parameters": params}
+                ],
                 "outputs": [{"name": "z", "parameters": {"binary_data": True}}],
             }
             st, res = call(sock, "POST", "/v2/models/chain/infer", body)
