@@ -160,7 +160,10 @@ async def model_ready(request: web.Request) -> web.Response:
         why = task_ready(router, name)
         if not why:
             return json_response({"name": name, "ready": True})
-        return error_response(f"task {name} is not ready; " + "; ".join(why), 503)
+        # the variants' file paths are the operator's to see (redact: ``<path>``)
+        return error_response(
+            for_peer(request, f"task {name} is not ready; " + "; ".join(why)), 503
+        )
     service.deployment(name)
     check_version(request)
     if service.ready(name):

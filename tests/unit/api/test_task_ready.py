@@ -69,3 +69,26 @@ def test_a_service_not_taking_requests_is_not_ready(tmp_path: Path) -> None:
     ]
     (why,) = task_ready(_router(_Service(True, {}), {}), "t")
     assert why.endswith("can run: none registered")
+
+
+def test_a_group_member_is_not_told_the_variants_file_paths(monkeypatch, tmp_path: Path) -> None:
+    """``/v2/models/{task}/ready`` answers 503 with why, but the variants' file paths are
+    the operator's: a client that is not privileged reads ``<path>`` instead."""
+    import asyncio
+    import json
+
+    from infscaler.api import routes
+    from infscaler.api.common import SERVICE, TASKS
+
+    variants = {"a": _variant(tmp_path / "a.onnx")}
+    router = _router(_Service(True, {}), variants)
+    monkeypatch.setattr(routes, "task_router", lambda service, tasks, name: router)
+    request = SimpleNamespace(
+        app={SERVICE: router.service, TASKS: {"router": router}},
+        match_info={"name": "t"},
+        transport=None,  # no credentials: never privileged
+    )
+    resp = asyncio.run(routes.model_ready(request))
+    assert resp.status == 503
+    error = json.loads(resp.body)["error"]
+    assert "variant a: <path> missing" in error and str(tmp_path) not in error
