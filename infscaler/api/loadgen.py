@@ -41,6 +41,7 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -728,16 +729,31 @@ def _window(outcomes: Sequence[_Outcome], duration_s: float) -> Window:
     return w
 
 
+def _socket_gid(client: Any) -> int | None:
+    """The group of the client's socket when this process is in it (the group a service
+    running as its own user shares with its clients), else None."""
+    try:
+        gid = os.stat(client.socket_path).st_gid
+    except (AttributeError, OSError):
+        return None
+    return gid if gid in (os.getgid(), *os.getgroups()) else None
+
+
 def _shm_inputs(client: Any, inputs: Mapping[str, np.ndarray]) -> tuple[Any, dict[str, Any]]:
     """The inputs written once into a new shared memory region registered with the
-    service: ((region name, the region), name -> :class:`ShmTensor`)."""
+    service: ((region name, the region), name -> :class:`ShmTensor`). The object is mode
+    0660, of the socket's group where this process is in it, so a service running as its
+    own user in that group can open it; its key and region name are random."""
     from infscaler.api.codec import datatype_of
     from infscaler.api.sysshm import SharedMemoryRegion
 
     blobs = {k: bytes(tensor_to_bytes(np.asarray(v))) for k, v in inputs.items()}
     size = sum(len(b) for b in blobs.values())
-    name = f"perf-{os.getpid()}"
-    region = SharedMemoryRegion.create(f"/infscaler-{name}", max(1, size))
+    # a name nobody can guess and take first, on the service's side or in /dev/shm
+    name = f"perf-{os.getpid()}-{secrets.token_hex(8)}"
+    region = SharedMemoryRegion.create(
+        f"/infscaler-{name}", max(1, size), mode=0o660, gid=_socket_gid(client)
+    )
     try:
         assert region.buf is not None
         tensors: dict[str, Any] = {}

@@ -646,7 +646,13 @@ class SharedMemoryRegion:
 
     @classmethod
     def create(
-        cls, key: str, byte_size: int, *, group: bool = False, mode: int | None = None
+        cls,
+        key: str,
+        byte_size: int,
+        *,
+        group: bool = False,
+        mode: int | None = None,
+        gid: int | None = None,
     ) -> SharedMemoryRegion:
         """Create a new shm object ``key`` of ``byte_size`` bytes (pages committed up
         front, so a full ``/dev/shm`` fails here and not later with SIGBUS).
@@ -654,6 +660,8 @@ class SharedMemoryRegion:
         Args:
             group: mode 0660 (the service runs as another user in your group) instead of 0600.
             mode: an explicit mode (overrides ``group``); the umask does not apply.
+            gid: give the object to this group (one you are in: the socket's group, which
+                the service's user shares with its clients); None: your own.
 
         Raises:
             InfScalerError: a bad key, byte_size < 1, the object exists, or no space.
@@ -674,6 +682,8 @@ class SharedMemoryRegion:
         except OSError as exc:
             raise InfScalerError(f"cannot create shared memory object {key}: {exc}") from None
         try:
+            if gid is not None:
+                os.fchown(fd, -1, gid)
             os.fchmod(fd, mode)
             if hasattr(os, "posix_fallocate"):
                 os.posix_fallocate(fd, 0, byte_size)

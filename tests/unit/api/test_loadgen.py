@@ -219,3 +219,36 @@ def test_a_count_window_ends_after_its_answers() -> None:
 
     got, took = asyncio.run(main())
     assert 10 <= got < 50 and took < 5.0
+
+
+def test_perf_shared_memory_is_group_readable_and_named_unguessably(tmp_path) -> None:
+    """``perf --shared-memory system``: the object is 0660 and of the socket's group (a
+    service running as its own user in that group can open it), and its key and region
+    name are random, so another member of the group cannot take them first."""
+    import os
+    import stat
+    from types import SimpleNamespace
+
+    from infscaler.api import loadgen
+
+    sock = tmp_path / "api.sock"
+    sock.write_bytes(b"")
+    registered: list[tuple] = []
+    client = SimpleNamespace(
+        socket_path=str(sock), register_system_shm=lambda *a: registered.append(a)
+    )
+    made = []
+    try:
+        for _ in range(2):
+            (name, region), tensors = loadgen._shm_inputs(
+                client, {"x": np.arange(4, dtype=np.float32)}
+            )
+            made.append(region)
+            st = os.stat("/dev/shm" + region.key)
+            assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.stat(sock).st_gid
+            assert tensors["x"].byte_size == 16
+        assert registered[0][0] != registered[1][0] and made[0].key != made[1].key
+        assert len(registered[0][0]) > len(f"perf-{os.getpid()}-") + 8
+    finally:
+        for r in made:
+            r.close()
