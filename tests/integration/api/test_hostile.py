@@ -35,6 +35,8 @@ from tests import TESTS_DIR
 from tests.helpers import wait_for
 from tests.integration.api.test_security import CHAIN, GROUP, OTHER_UID, as_user, call
 
+NOBODY_UID = 65534
+
 HERE = TESTS_DIR
 QUOTAS = {
     "--max-regions-per-uid": 4,
@@ -604,3 +606,95 @@ def _safe_ready(sock: str) -> bool:
             return c.is_ready()
     except Exception:  # noqa: BLE001 - not up yet
         return False
+
+
+# -- the gRPC socket: the same attacks, the same quotas -------------------------------------
+
+
+def _grpc(svc: dict) -> str:
+    from infscaler.api.grpc import default_grpc_socket
+
+    return default_grpc_socket(svc["sock"])
+
+
+def _grpc_as(attack: str, *args, uid: int = NOBODY_UID):
+    from tests.integration.api.grpc_attacks import run_as
+
+    return run_as(attack, *args, uid=uid, group=GROUP)
+
+
+def test_grpc_a_shrinking_region_never_crashes_the_service(svc) -> None:
+    pid = svc["proc"].pid
+    codes = _grpc_as("shrink", _grpc(svc), 200)
+    assert set(codes) <= {"OK", "INVALID_ARGUMENT"} and sum(codes.values()) == 200, codes
+    assert svc["proc"].pid == pid
+    _still_whole(svc)
+
+
+def test_grpc_registered_regions_share_the_http_quota(svc) -> None:
+    pid = svc["proc"].pid
+    fds0 = _fds(pid)
+    try:
+        codes = _grpc_as("regions", _grpc(svc), 20)
+        assert codes == {"OK": 4, "RESOURCE_EXHAUSTED": 16}, codes
+        mine_over_http = as_user(_register_many, svc["sock"], 2)  # one quota, both sockets
+        assert mine_over_http == [429, 429], mine_over_http
+        assert _fds(pid) <= fds0 + 4 + 4
+        _still_whole(svc)
+    finally:
+        assert _grpc_as("unregister_all", _grpc(svc)) == "OK"
+    assert _fds(pid) <= fds0 + 4
+
+
+def test_grpc_a_connection_flood_is_held_to_the_uid_s_share(svc) -> None:
+    out: dict = {}
+    t = threading.Thread(
+        target=lambda: out.update(_grpc_as("connections", _grpc(svc), 30, 8.0)), daemon=True
+    )
+    t.start()
+    time.sleep(4.0)  # the flood sorted (2 s) and held
+    _still_whole(svc)
+    t.join(120)
+    assert out == {"refused": 22, "held": 8}, out
+
+
+def test_grpc_a_huge_register_message_is_refused_before_it_is_parsed(svc) -> None:
+    pid = svc["proc"].pid
+    rss0 = _rss_mb(pid)
+    code, message = _grpc_as("big_register", _grpc(svc), 2.0)  # a 2 MB region name
+    assert code == "RESOURCE_EXHAUSTED", message
+    assert _rss_mb(pid) - rss0 < 20
+    _still_whole(svc)
+
+
+def test_grpc_shared_memory_inputs_are_bounded_and_charged(svc) -> None:
+    pid = svc["proc"].pid
+    rss0 = _rss_mb(pid)
+    before = _inflight(svc["sock"])
+    rows = [75_264_000, 393_216, 65_536]  # 1.2 GB, 6 MB, 1 MB of FP32 [n, 4]
+    (huge, huge_msg), (over, over_msg), (fits, _) = _grpc_as("shm_oversized", _grpc(svc), rows)
+    assert huge == "RESOURCE_EXHAUSTED" and "tensor pool" in huge_msg, huge_msg
+    assert over == "UNAVAILABLE" and "in-flight" in over_msg, over_msg
+    assert fits == "OK"
+    assert _rss_mb(pid) - rss0 < 40
+    wait_for(
+        lambda: _inflight(svc["sock"])["inflight_bytes"] == before["inflight_bytes"],
+        30,
+        "the reservations to be given back",
+    )
+    _still_whole(svc)
+
+
+def test_grpc_concurrent_large_messages_are_held_to_the_uid_s_budget(svc) -> None:
+    """Four 3 MB messages at once (6 MB reserved each, 8 MB a uid): some refused at once
+    with the budget's reason, none lost, every reservation given back."""
+    before = _inflight(svc["sock"])
+    codes = _grpc_as("concurrent_infers", _grpc(svc), 4, 196_608)
+    assert sum(codes.values()) == 4 and set(codes) <= {"OK", "UNAVAILABLE"}, codes
+    assert codes.get("OK", 0) >= 1
+    wait_for(
+        lambda: _inflight(svc["sock"])["inflight_bytes"] == before["inflight_bytes"],
+        30,
+        "the reservations to be given back",
+    )
+    _still_whole(svc)
