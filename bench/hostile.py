@@ -1,26 +1,29 @@
-"""Hostile clients against a served pipeline: each attack class, then a soak.
+"""Hostile clients against a served pipeline, over the HTTP and the gRPC socket: each
+attack class, then a soak.
 
-Runs ``infscaler serve`` as root (small quotas, the ``chain`` test pipeline) and attacks
-it from forked children that drop to uid 65534 in the socket's group (the clients of
-``tests/integration/api/test_hostile.py``). Needs root and a checkout (it imports the test
-clients). For each class: the attack, then a valid request from another user (uid
-65533) must succeed, the service's pid must be unchanged, and its RSS and fd count are
-recorded before and after.
+Runs ``infscaler serve`` as root (small quotas, the ``chain`` test pipeline and a slow
+one) and attacks it as uid 65534 in the socket's group: HTTP attacks from forked
+children (``tests/integration/api/test_hostile.py``), gRPC ones from fresh interpreters
+(``tests/integration/api/grpc_attacks.py``: ``tritonclient.grpc`` and raw HTTP/2). Needs
+root and a checkout. For each class: the service's RSS and fds before, the most seen
+during (sampled every 0.25 s) and after; then root's inference and health (HTTP and
+gRPC), each timed (within 1 s is the bar), another user's inference, and the pid.
 
-Classes: ``shrink`` (a registered object shrunk to 0 and back while inferences read
-their input from it and write their output to it: ``--shrink-rounds`` requests, every
-one reading, every other one writing), ``regions`` (registering without end),
-``connections`` (a flood of held connections), ``bodies`` (60 MB bodies on the register
-route, binary 3 MB inferences a third sent, 2 MB JSON inferences over ``--max-json-mb``).
+Classes, HTTP and gRPC: ``shrink`` (a registered object shrunk to 0 and back under reads
+and writes), ``regions`` (registering without end), ``connections`` (held connections),
+``bodies`` / ``grpc_messages`` (large bodies and messages against the uid's byte budget;
+a 2 MB register message), ``shm_oversized`` (a sparse 1.2 GB region named as an input),
+``pending`` (a uid holding its whole share of pending requests on the slow pipeline:
+root's P99 on the idle ``chain`` against its quiet P99).
 
 ``--soak-min M``: then M minutes of mixed valid load (4 threads of inferences as root),
-the attack classes in turn and ``kill -9`` of an instance every 60 s, with the service's
-RSS, fds, threads and the /dev/shm objects sampled every 10 s; reports each one's slope
-after a warm-up (the first fifth), per hour, and every valid request's outcome.
+the attack classes of both sockets in turn and ``kill -9`` of an instance every 60 s,
+with RSS, fds, threads and /dev/shm objects sampled every 10 s; each one's slope after a
+warm-up (the first fifth), per hour, and every valid request's outcome.
 
 Usage::
 
-    sudo .venv/bin/python bench/hostile.py                  # the classes, 2000 shrink rounds
+    sudo .venv/bin/python bench/hostile.py                  # the classes
     sudo .venv/bin/python bench/hostile.py --soak-min 30    # and a 30-minute soak
 
 Writes ``bench/results/hostile.json`` (and ``hostile_soak.png`` with a soak).
@@ -47,20 +50,28 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.test_hostile import (  # noqa: E402
+from bench._common import environment, now_utc, write_json  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
+from tests.integration.api.grpc_attacks import run_as  # noqa: E402
+from tests.integration.api.test_hostile import (  # noqa: E402
     BINARY,
+    NOBODY_UID,
     QUOTAS,
     _big_bodies,
     _fds,
     _hold_connections,
     _register_many,
     _rss_mb,
+    _shm_reads,
     _shrink_race,
 )
-from tests.integration.test_security import CHAIN, GROUP, OTHER_UID, as_user, call  # noqa: E402
-
-from bench._common import environment, now_utc, write_json  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
+from tests.integration.api.test_security import (  # noqa: E402
+    CHAIN,
+    GROUP,
+    OTHER_UID,
+    as_user,
+    call,
+)
 
 RESULTS = ROOT / "bench" / "results"
 INFER = {
@@ -68,12 +79,33 @@ INFER = {
 }
 
 
+#: a pipeline whose stage sleeps: requests stay pending long enough to be held
+SLOW = {
+    "name": "slow",
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+    "outputs": ["y"],
+    "stages": [
+        {"name": "scale", "function": "stagefuncs:scale", "inputs": ["x"], "outputs": ["y"]},
+        {
+            "name": "wait",
+            "function": "stagefuncs:slow",
+            "params": {"ms": 200.0},
+            "inputs": ["y"],
+            "outputs": ["y"],
+        },
+    ],
+}
+
+
 def start_service(tmp: Path) -> tuple[subprocess.Popen, str, Path]:
     public = Path(tempfile.mkdtemp(prefix="isc-hostile-"))
     public.chmod(0o711)
     sock = str(public / "api.sock")
-    pipeline = tmp / "chain.yaml"
-    pipeline.write_text(yaml.safe_dump(CHAIN))
+    pipelines = []
+    for cfg in (CHAIN, SLOW):
+        path = tmp / f"{cfg['name']}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        pipelines.append(str(path))
     log = tmp / "serve.log"
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tests'}{os.pathsep}{ROOT}")
     args = [str(a) for kv in QUOTAS.items() for a in kv]
@@ -81,7 +113,7 @@ def start_service(tmp: Path) -> tuple[subprocess.Popen, str, Path]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "infscaler", "serve", "--socket", sock, "--socket-group",
              str(GROUP), "--state-dir", str(tmp / "state"), "--control-path", "userspace",
-             "--pool-mb", "64", *args, str(pipeline)],
+             "--pool-mb", "64", *args, *pipelines],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -118,9 +150,41 @@ def probe(proc: subprocess.Popen) -> dict[str, Any]:
     }
 
 
+def grpc_socket(sock: str) -> str:
+    from infscaler.api.grpc import default_grpc_socket
+
+    return default_grpc_socket(sock)
+
+
+def grpc_as(attack: str, *args: Any, uid: int = NOBODY_UID) -> Any:
+    return run_as(attack, *args, uid=uid, group=GROUP)
+
+
 def valid_from_another_user(sock: str) -> bool:
     status, res = as_user(call, sock, "POST", "/v2/models/chain/infer", INFER, uid=OTHER_UID)
     return status == 200 and res["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
+
+
+def root_checks(sock: str) -> dict[str, Any]:
+    """Root's inference and health over HTTP (timed here) and gRPC (timed in its client)."""
+    t0 = time.monotonic()
+    infer, _ = call(sock, "POST", "/v2/models/chain/infer", INFER)
+    t1 = time.monotonic()
+    health, _ = call(sock, "GET", "/v2/health/ready")
+    t2 = time.monotonic()
+    g = grpc_as("root_probe", grpc_socket(sock), uid=0)
+    return {
+        "http_infer": [infer, round(t1 - t0, 3)],
+        "http_health": [health, round(t2 - t1, 3)],
+        "grpc_infer": g["infer"],
+        "grpc_health": g["health"],
+        "within_1s": infer == 200 and health == 200 and max(t1 - t0, t2 - t1) <= 1.0
+        and g["infer"][0] == "OK" and g["health"][0] == "OK"
+        and max(g["infer"][1], g["health"][1]) <= 1.0,
+    }  # fmt: skip
+
+
+# -- the attack classes -------------------------------------------------------------------
 
 
 def attack_shrink(sock: str, rounds: int) -> dict[str, Any]:
@@ -148,30 +212,131 @@ def attack_bodies(sock: str) -> dict[str, Any]:
     return {"register_60mb": reg, "infer_3mb_binary_third_sent": inf, "infer_2mb_json": js}
 
 
+#: FP32 [n, 4] rows of the shared memory inputs: 1.2 GB (over the pool), 6 MB (12 MB
+#: reserved, over the uid's 8 MB), 1 MB (served)
+SHM_ROWS = [75_264_000, 393_216, 65_536]
+
+
+def attack_shm_oversized(sock: str) -> dict[str, Any]:
+    return {"statuses": [st for st, _ in as_user(_shm_reads, sock, SHM_ROWS)], "rows": SHM_ROWS}
+
+
+def attack_grpc_shrink(sock: str, rounds: int) -> dict[str, Any]:
+    return {"codes": grpc_as("shrink", grpc_socket(sock), rounds), "reads": rounds}
+
+
+def attack_grpc_regions(sock: str) -> dict[str, Any]:
+    try:
+        return {"codes": grpc_as("regions", grpc_socket(sock), 50), "of": 50}
+    finally:
+        grpc_as("unregister_all", grpc_socket(sock))
+
+
+def attack_grpc_connections(sock: str) -> dict[str, Any]:
+    return grpc_as("connections", grpc_socket(sock), 60, 2.0)
+
+
+def attack_grpc_messages(sock: str) -> dict[str, Any]:
+    g = grpc_socket(sock)
+    return {
+        "register_2mb_name": grpc_as("big_register", g, 2.0)[0],
+        "infer_3mb_raw_x4": grpc_as("concurrent_infers", g, 4, 196_608),
+        "infer_3mb_typed_x4": grpc_as("concurrent_infers", g, 4, 196_608, True),
+    }
+
+
+def attack_grpc_shm_oversized(sock: str) -> dict[str, Any]:
+    codes = [c for c, _ in grpc_as("shm_oversized", grpc_socket(sock), SHM_ROWS)]
+    return {"codes": codes, "rows": SHM_ROWS}
+
+
 ATTACKS = {
     "regions": attack_regions,
     "connections": attack_connections,
     "bodies": attack_bodies,
+    "shm_oversized": attack_shm_oversized,
+    "grpc_regions": attack_grpc_regions,
+    "grpc_connections": attack_grpc_connections,
+    "grpc_messages": attack_grpc_messages,
+    "grpc_shm_oversized": attack_grpc_shm_oversized,
 }
+
+
+def _latencies(sock: str, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        status, _ = call(sock, "POST", "/v2/models/chain/infer", INFER)
+        if status == 200:
+            out.append((time.monotonic() - t0) * 1e3)
+    return out
+
+
+def attack_pending(sock: str, n_root: int = 300) -> dict[str, Any]:
+    """A uid holds its whole share of pending requests on ``slow`` (and more: the rest
+    must be refused at once) while root's P99 on the idle ``chain`` is measured against
+    its quiet P99, each over ``n_root`` requests."""
+    quiet = _latencies(sock, n_root)
+    held: dict[str, Any] = {}
+    share = int(QUOTAS.get("--max-pending-per-uid", 64))
+    t = threading.Thread(
+        target=lambda: held.update(
+            grpc_as("hold_pending", grpc_socket(sock), "slow", share + 32, 120.0)
+        ),
+        daemon=True,
+    )
+    t.start()
+    time.sleep(3.0)  # the calls are in
+    loaded = _latencies(sock, n_root)
+    t.join(180)
+    p99q, p99l = float(np.percentile(quiet, 99)), float(np.percentile(loaded, 99))
+    return {
+        "share": share,
+        "sent": share + 32,
+        "held_codes": held,
+        "root_quiet_p99_ms": round(p99q, 2),
+        "root_held_p99_ms": round(p99l, 2),
+        "p99_ratio": round(p99l / p99q, 2),
+        "root_requests": [len(quiet), len(loaded)],
+    }
 
 
 def run_class(name: str, fn: Any, proc: subprocess.Popen, sock: str) -> dict[str, Any]:
     before = probe(proc)
+    peak = dict(before)
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            with contextlib.suppress(OSError, StopIteration):
+                now = probe(proc)
+                peak.update({k: max(peak[k], now[k]) for k in ("rss_mb", "fds", "threads")})
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     t0 = time.monotonic()
-    result = fn()
+    try:
+        result = fn()
+    finally:
+        stop.set()
+        sampler.join(5)
     after = probe(proc)
+    root = root_checks(sock)
     ok = valid_from_another_user(sock)
     out = {
         "class": name,
         "seconds": round(time.monotonic() - t0, 1),
         "result": result,
         "before": before,
+        "during_max": {k: peak[k] for k in ("rss_mb", "fds", "threads")},
         "after": after,
+        "root": root,
         "pid_unchanged": proc.poll() is None,
         "valid_request_after": ok,
     }
-    print(f"{name}: {result} pid ok={out['pid_unchanged']} valid after={ok} "
-          f"rss {before['rss_mb']}->{after['rss_mb']} MB fds {before['fds']}->{after['fds']}")  # fmt: skip
+    print(f"{name}: {result} pid ok={out['pid_unchanged']} root<1s={root['within_1s']} "
+          f"valid after={ok} rss {before['rss_mb']}->{peak['rss_mb']}->{after['rss_mb']} MB "
+          f"fds {before['fds']}->{peak['fds']}->{after['fds']}", flush=True)  # fmt: skip
     return out
 
 
@@ -224,7 +389,7 @@ def soak(proc: subprocess.Popen, sock: str, minutes: float) -> dict[str, Any]:
     t0 = time.monotonic()
     end = t0 + minutes * 60
     next_sample = next_kill = t0
-    names = ["shrink", *ATTACKS]
+    names = ["shrink", "grpc_shrink", *ATTACKS]
     rng = random.Random(0)
     while time.monotonic() < end and proc.poll() is None:
         now = time.monotonic()
@@ -241,6 +406,8 @@ def soak(proc: subprocess.Popen, sock: str, minutes: float) -> dict[str, Any]:
         name = names[attacks % len(names)]
         if name == "shrink":
             as_user(_shrink_race, sock, 100)
+        elif name == "grpc_shrink":
+            attack_grpc_shrink(sock, 100)
         else:
             ATTACKS[name](sock)
         attacks += 1
@@ -299,15 +466,20 @@ def main() -> None:
         pid = proc.pid
         try:
             classes = [
-                run_class("shrink", lambda: attack_shrink(sock, a.shrink_rounds), proc, sock)
+                run_class("shrink", lambda: attack_shrink(sock, a.shrink_rounds), proc, sock),
+                run_class(
+                    "grpc_shrink", lambda: attack_grpc_shrink(sock, a.shrink_rounds), proc, sock
+                ),
             ]
             classes += [run_class(n, lambda f=f: f(sock), proc, sock) for n, f in ATTACKS.items()]
+            classes.append(run_class("pending", lambda: attack_pending(sock), proc, sock))
             result: dict[str, Any] = {
                 "when": now_utc(),
                 "environment": environment(),
                 "quotas": QUOTAS,
                 "classes": classes,
                 "crashes": sum(not c["pid_unchanged"] for c in classes),
+                "root_within_1s_after_every_class": all(c["root"]["within_1s"] for c in classes),
             }
             if a.soak_min > 0:
                 result["soak"] = soak(proc, sock, a.soak_min)

@@ -325,6 +325,24 @@ def hold_pending(sock: str, model: str, n: int, hold_s: float) -> dict[str, int]
     return dict(codes)
 
 
+def root_probe(sock: str) -> dict[str, list[Any]]:
+    """The operator's view: ServerReady and a ModelInfer, each [code, seconds]."""
+    import tritonclient.grpc as tg
+
+    c = _client(sock)
+    try:
+        t0 = time.monotonic()
+        health = _code(lambda: c.is_server_ready())
+        t1 = time.monotonic()
+        i = tg.InferInput("x", [1, 4], "FP32")
+        i.set_data_from_numpy(_x())
+        infer = _code(lambda: c.infer(MODEL, [i]))
+        t2 = time.monotonic()
+    finally:
+        c.close()
+    return {"health": [health, round(t1 - t0, 3)], "infer": [infer, round(t2 - t1, 3)]}
+
+
 ATTACKS = {
     f.__name__: f
     for f in (
@@ -336,6 +354,7 @@ ATTACKS = {
         concurrent_infers,
         shm_oversized,
         hold_pending,
+        root_probe,
     )
 }
 
