@@ -49,8 +49,9 @@ function of an :class:`ArrivalSnapshot` (plain numbers the front end copies unde
 lock) to an :class:`ArrivalDecision` (admit, or refuse with the HTTP status, the reason,
 a hint and ``retry_after_s``), in this order: a bad timeout (400), a dead front end, a
 pipeline not accepting, a unit with no live instance, ``max_pending``, the queue
-policy's ``max_queue_size`` (per priority level, Triton's), load shedding (the
-scaler's per-pipeline queue limit), then the latency bound of :func:`admit_latency`.
+policy's ``max_queue_size`` (the pipeline's queued requests, all levels), load shedding
+(the scaler's per-pipeline queue limit), then the latency bound of :func:`admit_latency`.
+A request's timeout only shortens its pipeline's ``request_timeout_s``.
 
 Priorities (:mod:`infscaler.runtime.serving.queues`): a request passes every queued
 request of a lower level, so its latency estimate counts only the requests ahead of it
@@ -345,7 +346,7 @@ class Refusal(StrEnum):
     SHED = "shed"  # the pipeline's queue limit (the device is at its cap)
     SLO = "slo"  # the latency bound: the pipeline's SLO
     DEADLINE = "deadline"  # the latency bound: the request's own timeout
-    QUEUE_FULL = "queue_full"  # the queue policy's max_queue_size at the request's level
+    QUEUE_FULL = "queue_full"  # the queue policy's max_queue_size (the pipeline's queue)
 
 
 @dataclass(frozen=True)
@@ -355,8 +356,10 @@ class ArrivalSnapshot:
     Attributes:
         pipeline: the pipeline's name (for the messages).
         timeout_s: the request's timeout as given, s (None: ``default_timeout_s``);
-            anything but a positive finite number is refused (400).
-        default_timeout_s: the pipeline's ``request_timeout_s``, s.
+            anything but a positive finite number is refused (400); longer than
+            ``default_timeout_s``: that.
+        default_timeout_s: the pipeline's ``request_timeout_s``, s (the longest any of
+            its requests may take).
         spent_ms: ms since the request arrived (reading and decoding its body).
         failure: why the front end died (None: it runs).
         accepting: False while the pipeline is being removed or the service drains.
@@ -379,11 +382,13 @@ class ArrivalSnapshot:
         overloaded: the offered load is at the pipeline's capacity
             (:meth:`~infscaler.runtime.serving.route.Route.overloaded`): the latency decision
             uses the drain-time estimate (:func:`admit_latency`).
-        level: the request's priority level (1 highest).
+        level: the request's priority level (1 highest; never above its pipeline's:
+            :func:`~infscaler.runtime.serving.queues.request_level`).
         queued: ``(level, requests)`` queued (admitted, not started) in this pipeline
             per level; the requests queued at lower levels than ``level`` are not
             ahead of it.
-        max_queue_size: the queue policy's bound per level (0: none).
+        max_queue_size: the queue policy's bound on the pipeline's queued requests, all
+            levels together (0: none).
     """
 
     pipeline: str
@@ -417,8 +422,8 @@ class ArrivalDecision:
 
     Attributes:
         admit: True to accept the request.
-        timeout_s: its timeout, s (the request's or the pipeline's; the deadline is
-            arrival + this).
+        timeout_s: its timeout, s (the request's, at most the pipeline's; the
+            deadline is arrival + this).
         refusal: why it was refused (None when admitted).
         status: the HTTP status of a refusal (400 or 503; 0 when admitted).
         reason: the refusal's message ("" when admitted); ``hint``: what to do.
@@ -455,6 +460,8 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
     """Admit or refuse a request arriving at the front end (pure; see the module
     docstring for the order of the checks).
 
+    The request's timeout is its own when shorter than its pipeline's
+    ``request_timeout_s``, else the pipeline's: a client may ask for less time, never more.
     The latency bound is the SLO; once the service time is measured, also the request's
     own timeout when that is tighter (a request admitted to a FIFO queue it cannot cross
     in time would be computed in part, then dropped). The bound is what is left of it
@@ -471,7 +478,7 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
             f"timeout must be a positive finite number of seconds, got {t!r}",
             status=400,
         )
-    timeout_s = s.default_timeout_s if t is None else float(t)
+    timeout_s = s.default_timeout_s if t is None else min(float(t), s.default_timeout_s)
     if s.failure is not None:
         return _refuse(Refusal.FAILED, f"the front end failed: {s.failure}")
     if not s.accepting:
@@ -489,12 +496,12 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
             hint="the service is overloaded; slow down or add instances",
         )
     queued = dict(s.queued)
-    at_level = queued.get(s.level, 0)
-    if s.max_queue_size and at_level >= s.max_queue_size:
+    waiting = sum(queued.values())
+    if s.max_queue_size and waiting >= s.max_queue_size:
         return _refuse(
             Refusal.QUEUE_FULL,
             f"pipeline {s.pipeline}: queue full (max_queue_size {s.max_queue_size}): "
-            f"{at_level} requests of priority {s.level} wait",
+            f"{waiting} requests wait",
             hint="retry later, slow down, or raise queue_policy.max_queue_size",
             retry_after_s=MIN_RETRY_S,
         )

@@ -44,7 +44,7 @@ is known, a request whose estimate passes its own timeout is refused the same wa
 would only expire in the queue).
 
 Priorities (:mod:`~infscaler.runtime.serving.queues`, Triton's semantics): the backlog is
-a priority queue keyed by (level, delayed, arrival); ``max_queue_size`` per level is
+a priority queue keyed by (level, delayed, arrival); ``max_queue_size`` (all levels) is
 checked by admission, the queue timeout in :meth:`FrontEnd._start_backlog` (REJECT: 503;
 DELAY: behind its level).
 
@@ -264,22 +264,23 @@ class FrontEnd:
         """Queue a request; returns a future of :class:`~infscaler.runtime.serving.route.Result` (or :class:`RequestError`).
 
         ``inputs`` must already be validated against the pipeline's input specs.
-        ``timeout_s``: the request's deadline from now, seconds (None: the pipeline's
-        ``request_timeout_s``). ``arrived_s``: when the request reached the service
-        (``time.monotonic()`` seconds; the server takes it before reading the body):
+        ``timeout_s``: the request's deadline from now, seconds (None, or longer than
+        the pipeline's ``request_timeout_s``: that). ``arrived_s``: when the request
+        reached the service (``time.monotonic()`` seconds; the server takes it before
+        reading the body):
         the deadline and the latency budget count from there (default: now).
         Cancelling the returned future drops the request (frees its slots; nothing more
         is computed for it). ``priority``: its level (1 highest; None or 0: the
-        pipeline's ``priority``); ``queue_timeout_us``: Triton's ``timeout`` parameter,
-        µs, honoured with the queue policy's ``allow_timeout_override``
-        (:mod:`~infscaler.runtime.serving.queues`).
+        pipeline's ``priority``, and never higher than that); ``queue_timeout_us``:
+        Triton's ``timeout`` parameter, µs, honoured with the queue policy's
+        ``allow_timeout_override`` (:mod:`~infscaler.runtime.serving.queues`).
 
         Raises:
             RequestError: (400) ``timeout_s`` not a positive finite number, ``priority``
                 out of range; (503) the
                 front end failed, the pipeline is not accepting requests (being
                 removed, or the service drains), ``max_pending`` requests are in
-                flight, its level's queue is full (``max_queue_size``), the pipeline
+                flight, the pipeline's queue is full (``max_queue_size``), the pipeline
                 sheds load, or (with an SLO) the request could not
                 finish within it (``retry_after_s`` set).
         """
@@ -291,7 +292,10 @@ class FrontEnd:
             raise RequestError(str(exc), 400, "give priority 1 (highest) or more") from None
         policy = config.queue_policy
         queue_s = queue_timeout_s(
-            policy.default_timeout_ms, policy.allow_timeout_override, queue_timeout_us
+            policy.default_timeout_ms,
+            policy.allow_timeout_override,
+            queue_timeout_us,
+            config.request_timeout_s,
         )
         with self._lock:
             now = time.monotonic()

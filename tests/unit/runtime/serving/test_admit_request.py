@@ -1,6 +1,7 @@
 """The front end's admission at arrival (infscaler.runtime.serving.admission.admit_request) as a
 pure function on hand-computed snapshots, like the scaler's ``decide``: the order of the
-checks, each refusal's status / reason / retry, and the latency bound's arithmetic."""
+checks, each refusal's status / reason / retry, the latency bound's arithmetic and the
+request's timeout capped by its pipeline's."""
 
 from __future__ import annotations
 
@@ -318,3 +319,16 @@ def test_a_burst_counts_as_overload_before_the_10_s_mean_shows_it() -> None:
     assert not r.overloaded(101.5)  # the burst left the 1 s window
     with pytest.raises(ValueError, match="window_s"):
         stats.offered_rate(100.0, 0.0)
+
+
+def test_a_requests_timeout_shortens_its_pipelines_never_lengthens_it() -> None:
+    assert admit_request(snap(timeout_s=3600)).timeout_s == 30.0  # an hour asked: 30 s
+    assert admit_request(snap(timeout_s=30.5)).timeout_s == 30.0
+    assert admit_request(snap(timeout_s=0.25)).timeout_s == 0.25
+    assert admit_request(snap(timeout_s=None, default_timeout_s=5.0)).timeout_s == 5.0
+    # the latency bound is the capped timeout too: 3 ahead at 2 s each, 30 s pipeline
+    busy = dict(service_ms=2000.0, interval_ms=2000.0, ahead=3, slo_ms=None)
+    d = admit_request(snap(timeout_s=3600, **busy))
+    assert d.admit and d.timeout_s == 30.0 and d.estimate_ms == 8000.0
+    d = admit_request(snap(timeout_s=3600, default_timeout_s=5.0, **busy))
+    assert not d.admit and d.refusal is Refusal.DEADLINE and d.timeout_s == 5.0
