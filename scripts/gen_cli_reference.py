@@ -384,6 +384,9 @@ infscaler serve [TARGET ...]       run the service in the foreground (TARGET: pi
                                    binary data; 413 beyond: JSON takes up to 20x its size decoded)
     --max-connections-per-uid N    connections one client user may hold (64; 503 beyond)
     --operator-connections N       of --max-connections, kept for the service's user and root (16)
+    --max-pending-per-uid N        inference requests one client user may have queued or running
+                                   (256 of the 1024 admitted at once; 503 with Retry-After beyond)
+    --operator-pending N           of those 1024, kept for the service's user and root (64)
     --max-inflight-mb-per-uid MB   of --max-inflight-mb, what one client user may hold (128)
     --max-regions-per-uid N        shared memory regions one client user may register (64; 429)
     --max-regions N                regions all client users together may register (256; 429)

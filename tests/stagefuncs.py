@@ -97,3 +97,12 @@ def slow_row(tensors, ms=5.0):
     """Per-item stage: the row's sum, after ``ms`` milliseconds of sleep."""
     time.sleep(ms / 1e3)
     return {"s": np.array([np.asarray(tensors["row"]).sum()], dtype=np.float32)}
+
+
+def hold(tensors, path="", max_s=60.0):
+    """y unchanged, once the file ``path`` exists (at most ``max_s`` seconds): a test
+    holds requests in the pipeline until it releases them."""
+    deadline = time.monotonic() + max_s
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"y": np.array(tensors["y"])}

@@ -163,8 +163,8 @@ class ServiceCollector(Collector):
         refused = CounterMetricFamily(
             "infscaler_requests_refused",
             "Requests refused, by reason: at arrival (queue_full: the queue policy's "
-            "max_queue_size; shed, slo, deadline, overloaded, unavailable, not_accepting, "
-            "failed, bad_timeout) or in the queue (queue_timeout: its queue timeout "
+            "max_queue_size; shed, slo, deadline, overloaded, uid_quota, unavailable, "
+            "not_accepting, failed, bad_timeout) or in the queue (queue_timeout: its queue timeout "
             "passed with timeout_action REJECT)",
             labels=[*mv, "reason"],
         )

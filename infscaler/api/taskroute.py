@@ -160,7 +160,8 @@ async def infer_task(
         parameters: the request's parameters (plain values).
         timeout_s: the request's deadline, s (None: the pipeline's).
         peer: the client; one that is not the operator may cause only
-            ``loads.per_min`` variant loads a minute.
+            ``loads.per_min`` variant loads a minute, and is held to its share of
+            pending requests (``Service.submit``'s ``uid``).
         loads: the :class:`~infscaler.base.quotas.LoadBudget` of variant loads per uid.
 
     Returns:
@@ -201,6 +202,7 @@ async def infer_task(
             min_accuracy=params.get("min_accuracy"),
             timeout_s=timeout_s,
             before_load=before_load,
+            uid=None if is_privileged(peer) else peer.uid,
         ),
     )
     try:

@@ -387,9 +387,10 @@ class QueuePolicyConfig(BaseModel):
     and not yet handed to the pipeline's first unit.
 
     Attributes:
-        max_queue_size: requests of one priority level queued at once (Triton's
-            ``max_queue_size``, one queue per level); beyond it a request is refused at
-            arrival (503, ``queue full (max_queue_size N)``). 0: unbounded.
+        max_queue_size: requests of the pipeline queued at once, all priority levels
+            together (Triton's ``max_queue_size`` bounds each level's queue); beyond it a
+            request is refused at arrival (503, ``queue full (max_queue_size N)``). 0:
+            unbounded.
         timeout_action: what happens to a request whose queue timeout passes before it
             starts: ``REJECT`` (503, ``queue timeout``) or ``DELAY`` (it moves behind
             every request of its level that has not timed out, ahead of lower levels;
@@ -433,8 +434,8 @@ class PipelineConfig(BaseModel):
             unit (see the module docstring).
         priority: the pipeline's level and the default level of its requests (Triton's
             ``default_priority_level``): 1 is the highest, a larger number lower (1 -
-            :data:`MAX_PRIORITY_LEVEL`); a request's ``priority`` parameter overrides it
-            in the queue, and the scaler's arbitration between pipelines
+            :data:`MAX_PRIORITY_LEVEL`); a request's ``priority`` parameter may lower its
+            own level in the queue, never raise it above this one, and the scaler's arbitration between pipelines
             (:mod:`infscaler.runtime.scaling.arbitration`) moves capacity from lower
             levels to higher ones when the device's cap is full.
         queue_policy: its queue's bound and timeouts (:class:`QueuePolicyConfig`).

@@ -5,7 +5,8 @@ one that opens connections, registers shared memory regions, sends large bodies 
 asks for variant loads must not take the service's file descriptors, memory or model
 loads from the others. The limits here are per *peer uid* (``SO_PEERCRED``: a client
 cannot choose it), with the service's own user and root (the operator) held to none of
-the per-uid limits and given a share of connections no one else may take.
+the per-uid limits and given a share of connections and of pending requests no one else
+may take.
 
 - :class:`PeerQuotas`: the limits and their defaults, sized for an 8 GB Jetson-class
   device (see each attribute).
@@ -16,7 +17,8 @@ the per-uid limits and given a share of connections no one else may take.
   with ``EMFILE``.
 - :class:`LoadBudget`: variant loads a uid may cause (a token bucket per uid).
 
-Byte budgets per uid are :class:`~infscaler.runtime.serving.admission.ByteBudget`'s; region
+Byte budgets per uid are :class:`~infscaler.runtime.serving.admission.ByteBudget`'s; pending
+requests per uid :func:`~infscaler.runtime.serving.admission.admit_pending`'s; region
 counts are :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry`'s.
 
 Sources: ``unix(7)`` (``SO_PEERCRED``), ``getrlimit(2)`` (``RLIMIT_NOFILE``),
@@ -58,6 +60,14 @@ class PeerQuotas:
         operator_connections: of the server's ``max_connections``, how many only the
             service's own user and root may use: with every other slot taken, the
             operator still gets in (health, metrics, unload).
+        pending_per_uid: inference requests one uid may have pending at once (admitted
+            and not answered: queued or running, every pipeline, HTTP and gRPC
+            together); 503 with ``Retry-After`` beyond. 256: a quarter of the front
+            end's ``max_pending`` (1024), so one client cannot hold them all
+            (:func:`~infscaler.runtime.serving.admission.admit_pending`).
+        operator_pending: of ``max_pending``, how many only the service's own user and
+            root may use: with every other request slot taken, the operator's requests
+            still get in.
         inflight_mb_per_uid: request bytes one uid may have in flight at once, MB,
             counted like the service-wide ``--max-inflight-mb`` (before the body is
             read; twice the body for an inference); 503 beyond. Default 128 MB: half
@@ -76,6 +86,8 @@ class PeerQuotas:
 
     connections_per_uid: int = 64
     operator_connections: int = 16
+    pending_per_uid: int = 256
+    operator_pending: int = 64
     inflight_mb_per_uid: float = 128.0
     control_body_kb: int = 1024
     regions_per_uid: int = 64
@@ -83,19 +95,20 @@ class PeerQuotas:
     variant_loads_per_min: float = 6.0
 
     def __post_init__(self) -> None:
-        for name in ("connections_per_uid", "regions_per_uid", "regions", "control_body_kb"):
+        for name in (
+            "connections_per_uid",
+            "pending_per_uid",
+            "regions_per_uid",
+            "regions",
+            "control_body_kb",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InfScalerError(f"quota {name} must be an integer >= 1, got {v!r}")
-        if (
-            isinstance(self.operator_connections, bool)
-            or not isinstance(self.operator_connections, int)
-            or self.operator_connections < 0
-        ):
-            raise InfScalerError(
-                f"quota operator_connections must be an integer >= 0, got "
-                f"{self.operator_connections!r}"
-            )
+        for name in ("operator_connections", "operator_pending"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InfScalerError(f"quota {name} must be an integer >= 0, got {v!r}")
         for name in ("inflight_mb_per_uid", "variant_loads_per_min"):
             v = getattr(self, name)
             if (

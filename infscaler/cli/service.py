@@ -216,6 +216,25 @@ OperatorConnectionsOpt = Annotated[
         "(the operator always gets in).",
     ),
 ]
+MaxPendingPerUidOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-pending-per-uid",
+        min=1,
+        help="Inference requests one client user may have queued or running at once, "
+        "HTTP and gRPC together (more: 503 with Retry-After); the service's user and "
+        "root are not limited.",
+    ),
+]
+OperatorPendingOpt = Annotated[
+    int,
+    typer.Option(
+        "--operator-pending",
+        min=0,
+        help="Of the 1024 requests the service admits at once, how many only the "
+        "service's user and root may use (their requests always get in).",
+    ),
+]
 MaxInflightMbPerUidOpt = Annotated[
     float,
     typer.Option(
@@ -342,6 +361,8 @@ def serve_cmd(
     max_json_mb: MaxJsonMbOpt = 16.0,
     max_connections_per_uid: MaxConnectionsPerUidOpt = PeerQuotas.connections_per_uid,
     operator_connections: OperatorConnectionsOpt = PeerQuotas.operator_connections,
+    max_pending_per_uid: MaxPendingPerUidOpt = PeerQuotas.pending_per_uid,
+    operator_pending: OperatorPendingOpt = PeerQuotas.operator_pending,
     max_inflight_mb_per_uid: MaxInflightMbPerUidOpt = PeerQuotas.inflight_mb_per_uid,
     max_regions_per_uid: MaxRegionsPerUidOpt = PeerQuotas.regions_per_uid,
     max_regions: MaxRegionsOpt = PeerQuotas.regions,
@@ -369,6 +390,8 @@ def serve_cmd(
         quotas=PeerQuotas(
             connections_per_uid=max_connections_per_uid,
             operator_connections=operator_connections,
+            pending_per_uid=max_pending_per_uid,
+            operator_pending=operator_pending,
             inflight_mb_per_uid=max_inflight_mb_per_uid,
             regions_per_uid=max_regions_per_uid,
             regions=max_regions,
@@ -551,6 +574,13 @@ async def _start_beside(
     return grpc_server, metrics_runner
 
 
+def _pending_quotas(limits: Any) -> dict[str, int]:
+    """The front end's share of pending requests per client uid, from ``limits``'
+    :class:`~infscaler.base.quotas.PeerQuotas` (``Service``'s keyword arguments)."""
+    quotas = getattr(limits, "quotas", None) or PeerQuotas()
+    return {"pending_per_uid": quotas.pending_per_uid, "operator_pending": quotas.operator_pending}
+
+
 async def _serve(
     configs: list[Any],
     socket_path: str,
@@ -584,6 +614,7 @@ async def _serve(
         pool_mb=pool_mb,
         max_inflight_mb=max_inflight_mb,
         max_inflight_mb_per_uid=max_inflight_mb_per_uid,
+        **_pending_quotas(limits),
         objective=objective,
         cpu_wake_latency_us=cpu_wake_latency_us,
     )

@@ -256,8 +256,11 @@ class RoutedService(ScaledService, Protocol):
         name: str,
         inputs: dict[str, np.ndarray],
         timeout_s: float | None = None,
+        *,
+        uid: int | None = None,
     ) -> concurrent.futures.Future:
-        """Start a request on a deployed pipeline; a future of its result."""
+        """Start a request on a deployed pipeline (``uid``: the client's, held to its
+        share of pending requests; None: the operator); a future of its result."""
         ...
 
 
@@ -576,6 +579,7 @@ class TaskRouter:
         min_accuracy: float | None = None,
         timeout_s: float | None = None,
         before_load: Callable[[str], None] | None = None,
+        uid: int | None = None,
     ) -> tuple[Any, Any]:
         """Select a variant, activate it if needed, submit the request to it.
 
@@ -583,6 +587,7 @@ class TaskRouter:
             before_load: called with the variant's name before this query loads it
                 (the server charges the client's load budget there, and raises to
                 refuse); not called when the variant is loaded already.
+            uid: the client's uid (:meth:`Service.submit`; None: the operator).
 
         Returns:
             ``(future of Result, Selection)``.
@@ -603,7 +608,7 @@ class TaskRouter:
             ):
                 before_load(name)
             self.ensure_active(name, slo)
-        return self.service.submit(name, inputs, timeout_s), sel
+        return self.service.submit(name, inputs, timeout_s, uid=uid), sel
 
     def infer(self, task: str, inputs: dict[str, np.ndarray], **kw: Any) -> TaskResult:
         """Blocking :meth:`submit` (tests and scripts)."""

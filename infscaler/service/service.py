@@ -32,6 +32,7 @@ import numpy as np
 
 from infscaler.base.device import Accelerator, load_profile
 from infscaler.base.errors import InfScalerError, ServiceError
+from infscaler.base.quotas import PeerQuotas
 from infscaler.ebpf import open_channel
 from infscaler.engines import engine_availability
 from infscaler.runtime.processes.supervisor import Supervisor
@@ -83,6 +84,11 @@ class Service(DeployMixin, ScaleMixin):
         routing: ``least-loaded`` or ``round-robin`` among a unit's instances.
         pool_mb: memory cap of the tensor pool, MB.
         max_pending: requests admitted at once (beyond: 503).
+        pending_per_uid: of them, what one client uid may have (None: no per-uid cap;
+            :attr:`~infscaler.base.quotas.PeerQuotas.pending_per_uid`);
+            ``operator_pending``: how many only the service's own user and root may use
+            (:attr:`~infscaler.base.quotas.PeerQuotas.operator_pending`). Counted for
+            the ``uid`` given to :meth:`submit`.
         start_timeout_s: how long a deploy waits for its instances to be ready.
         max_inflight_mb: budget of request bytes in flight, MB (None: unbounded); the
             server reserves each request's bytes before reading its body
@@ -117,6 +123,8 @@ class Service(DeployMixin, ScaleMixin):
         routing: str = "least-loaded",
         pool_mb: int = 512,
         max_pending: int = 1024,
+        pending_per_uid: int | None = PeerQuotas.pending_per_uid,
+        operator_pending: int = PeerQuotas.operator_pending,
         start_timeout_s: float = 120.0,
         max_inflight_mb: float | None = 256,
         max_inflight_mb_per_uid: float | None = 128,
@@ -137,6 +145,8 @@ class Service(DeployMixin, ScaleMixin):
         self.routing = routing
         self.pool_mb = pool_mb
         self.max_pending = max_pending
+        self.pending_per_uid = pending_per_uid
+        self.operator_pending = operator_pending
         self.start_timeout_s = start_timeout_s
         self._lock = threading.RLock()
         self._deploy_lock = threading.Lock()
@@ -186,6 +196,8 @@ class Service(DeployMixin, ScaleMixin):
                 self.manager,
                 self.pool.service_id,
                 max_pending=self.max_pending,
+                pending_per_uid=self.pending_per_uid,
+                operator_pending=self.operator_pending,
                 pool=self.pool,
                 on_death=self._on_frontend_death,
             )
@@ -537,16 +549,20 @@ class Service(DeployMixin, ScaleMixin):
         *,
         priority: int | None = None,
         queue_timeout_us: int | None = None,
+        uid: int | None = None,
     ) -> concurrent.futures.Future:
         """Start a request; a future of :class:`~infscaler.runtime.serving.route.Result`.
         ``timeout_s`` / ``arrived_s``: as :meth:`FrontEnd.submit` (the deadline, seconds,
-        counted from ``arrived_s``, a ``time.monotonic()`` time; default now);
-        ``priority`` / ``queue_timeout_us``: its priority level and Triton's queue
-        ``timeout`` parameter (µs), as :meth:`FrontEnd.submit`.
+        counted from ``arrived_s``, a ``time.monotonic()`` time; default now; at most
+        the pipeline's ``request_timeout_s``); ``priority`` / ``queue_timeout_us``: its
+        priority level (never above its pipeline's) and Triton's queue ``timeout``
+        parameter (µs), as :meth:`FrontEnd.submit`; ``uid``: the client's uid, held to
+        ``pending_per_uid`` (None: the service's own user, root or in-process).
 
         Raises:
             ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout or
-            priority, (503) overloaded / its queue full / refused at arrival / stopping.
+            priority, (503) overloaded / the uid's share of requests pending / its
+            queue full / refused at arrival / stopping.
         """
         dep = self.deployment(name)
         if self._stopping:
@@ -559,6 +575,7 @@ class Service(DeployMixin, ScaleMixin):
             arrived_s,
             priority=priority,
             queue_timeout_us=queue_timeout_us,
+            uid=uid,
         )
 
     @property

@@ -48,9 +48,12 @@ The front end's whole decision at a request's arrival is :func:`admit_request`: 
 function of an :class:`ArrivalSnapshot` (plain numbers the front end copies under its
 lock) to an :class:`ArrivalDecision` (admit, or refuse with the HTTP status, the reason,
 a hint and ``retry_after_s``), in this order: a bad timeout (400), a dead front end, a
-pipeline not accepting, a unit with no live instance, ``max_pending``, the queue
-policy's ``max_queue_size`` (per priority level, Triton's), load shedding (the
+pipeline not accepting, a unit with no live instance, ``max_pending`` (of which a client
+uid that is not the operator may use all but ``operator_pending``, and hold at most
+``pending_per_uid`` itself: :func:`admit_pending`), the queue policy's
+``max_queue_size`` (the pipeline's queued requests, all levels), load shedding (the
 scaler's per-pipeline queue limit), then the latency bound of :func:`admit_latency`.
+A request's timeout only shortens its pipeline's ``request_timeout_s``.
 
 Priorities (:mod:`infscaler.runtime.serving.queues`): a request passes every queued
 request of a lower level, so its latency estimate counts only the requests ahead of it
@@ -81,6 +84,9 @@ BYTES_RETRY_S = 0.5
 JSON_DECODE_FACTOR = 20
 #: bounds of any suggested back-off, seconds
 MIN_RETRY_S, MAX_RETRY_S = 0.05, 30.0
+#: back-off suggested to a client at its share of ``max_pending``, seconds (its own
+#: requests must finish first; nothing says how long they take)
+PENDING_RETRY_S = 1.0
 
 
 #: The scaler's ``shed`` queue bound (and the route's refusal on it) is set only while
@@ -341,11 +347,57 @@ class Refusal(StrEnum):
     FAILED = "failed"  # the front end died
     NOT_ACCEPTING = "not_accepting"  # the pipeline is being removed, or the service drains
     UNAVAILABLE = "unavailable"  # a unit has no live instance (its restart is pending)
-    OVERLOADED = "overloaded"  # max_pending requests in flight, all pipelines
+    OVERLOADED = "overloaded"  # max_pending requests in flight (or all but the operator's)
+    UID_QUOTA = "uid_quota"  # the client's uid holds pending_per_uid requests
     SHED = "shed"  # the pipeline's queue limit (the device is at its cap)
     SLO = "slo"  # the latency bound: the pipeline's SLO
     DEADLINE = "deadline"  # the latency bound: the request's own timeout
-    QUEUE_FULL = "queue_full"  # the queue policy's max_queue_size at the request's level
+    QUEUE_FULL = "queue_full"  # the queue policy's max_queue_size (the pipeline's queue)
+
+
+def admit_pending(
+    uid: int | None,
+    pending: int,
+    uid_pending: int,
+    max_pending: int,
+    pending_per_uid: int | None,
+    operator_pending: int = 0,
+) -> tuple[Refusal, str] | None:
+    """Whether one more request may be pending (admitted and not answered) in the front
+    end: None to admit it, else the refusal and why (the answer is 503).
+
+    Args:
+        uid: the client's uid; None for the service's own user, root and in-process
+            callers (the operator), held to ``max_pending`` only.
+        pending: requests pending now, all clients and pipelines.
+        uid_pending: of them, those of ``uid``.
+        max_pending: the front end's cap on pending requests.
+        pending_per_uid: the most one uid may have pending (None: no per-uid cap).
+        operator_pending: of ``max_pending``, how many only the operator may use.
+
+    The operator may use all ``max_pending``; the other uids together
+    ``max_pending - operator_pending`` (at least 1), and each at most
+    ``pending_per_uid`` (as :func:`~infscaler.base.quotas.admit_connection` shares
+    connections).
+    """
+    if pending >= max_pending:
+        why = f"{pending} requests are in flight (max_pending = {max_pending}): try again later"
+        return Refusal.OVERLOADED, why
+    if uid is None:
+        return None
+    shared = max(1, max_pending - operator_pending)
+    if pending >= shared:
+        return Refusal.OVERLOADED, (
+            f"{pending} requests are in flight (the last {max_pending - shared} of "
+            f"max_pending = {max_pending} are kept for the operator): try again later"
+        )
+    if pending_per_uid is not None and uid_pending >= pending_per_uid:
+        return Refusal.UID_QUOTA, (
+            f"too many requests pending from your uid ({uid_pending} admitted and not "
+            f"answered, at most {pending_per_uid} per user, --max-pending-per-uid): wait for "
+            "some to finish, or retry after Retry-After seconds"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -355,8 +407,10 @@ class ArrivalSnapshot:
     Attributes:
         pipeline: the pipeline's name (for the messages).
         timeout_s: the request's timeout as given, s (None: ``default_timeout_s``);
-            anything but a positive finite number is refused (400).
-        default_timeout_s: the pipeline's ``request_timeout_s``, s.
+            anything but a positive finite number is refused (400); longer than
+            ``default_timeout_s``: that.
+        default_timeout_s: the pipeline's ``request_timeout_s``, s (the longest any of
+            its requests may take).
         spent_ms: ms since the request arrived (reading and decoding its body).
         failure: why the front end died (None: it runs).
         accepting: False while the pipeline is being removed or the service drains.
@@ -364,6 +418,9 @@ class ArrivalSnapshot:
             ``unavailable_retry_s``: when it is expected back, s.
         pending: requests in flight in the front end (all pipelines); ``max_pending``:
             the most it admits.
+        uid: the client's uid (None: the service's own user, root or an in-process
+            caller); ``uid_pending``: the requests it has pending; ``pending_per_uid``
+            (None: none) and ``operator_pending``: :func:`admit_pending`'s caps.
         ahead: requests of this pipeline admitted and not answered.
         queue_limit: the scaler's bound on ``ahead`` (None: none), with ``shed_reason``.
         slo_ms: the pipeline's SLO, ms (None: none).
@@ -379,11 +436,13 @@ class ArrivalSnapshot:
         overloaded: the offered load is at the pipeline's capacity
             (:meth:`~infscaler.runtime.serving.route.Route.overloaded`): the latency decision
             uses the drain-time estimate (:func:`admit_latency`).
-        level: the request's priority level (1 highest).
+        level: the request's priority level (1 highest; never above its pipeline's:
+            :func:`~infscaler.runtime.serving.queues.request_level`).
         queued: ``(level, requests)`` queued (admitted, not started) in this pipeline
             per level; the requests queued at lower levels than ``level`` are not
             ahead of it.
-        max_queue_size: the queue policy's bound per level (0: none).
+        max_queue_size: the queue policy's bound on the pipeline's queued requests, all
+            levels together (0: none).
     """
 
     pipeline: str
@@ -396,6 +455,10 @@ class ArrivalSnapshot:
     unavailable_retry_s: float = 1.0
     pending: int = 0
     max_pending: int = 1024
+    uid: int | None = None
+    uid_pending: int = 0
+    pending_per_uid: int | None = None
+    operator_pending: int = 0
     ahead: int = 0
     queue_limit: int | None = None
     shed_reason: str = ""
@@ -417,8 +480,8 @@ class ArrivalDecision:
 
     Attributes:
         admit: True to accept the request.
-        timeout_s: its timeout, s (the request's or the pipeline's; the deadline is
-            arrival + this).
+        timeout_s: its timeout, s (the request's, at most the pipeline's; the
+            deadline is arrival + this).
         refusal: why it was refused (None when admitted).
         status: the HTTP status of a refusal (400 or 503; 0 when admitted).
         reason: the refusal's message ("" when admitted); ``hint``: what to do.
@@ -455,6 +518,8 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
     """Admit or refuse a request arriving at the front end (pure; see the module
     docstring for the order of the checks).
 
+    The request's timeout is its own when shorter than its pipeline's
+    ``request_timeout_s``, else the pipeline's: a client may ask for less time, never more.
     The latency bound is the SLO; once the service time is measured, also the request's
     own timeout when that is tighter (a request admitted to a FIFO queue it cannot cross
     in time would be computed in part, then dropped). The bound is what is left of it
@@ -471,7 +536,7 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
             f"timeout must be a positive finite number of seconds, got {t!r}",
             status=400,
         )
-    timeout_s = s.default_timeout_s if t is None else float(t)
+    timeout_s = s.default_timeout_s if t is None else min(float(t), s.default_timeout_s)
     if s.failure is not None:
         return _refuse(Refusal.FAILED, f"the front end failed: {s.failure}")
     if not s.accepting:
@@ -482,19 +547,29 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
         return _refuse(
             Refusal.UNAVAILABLE, s.unavailable_reason, retry_after_s=s.unavailable_retry_s
         )
-    if s.pending >= s.max_pending:
+    pend = admit_pending(
+        s.uid, s.pending, s.uid_pending, s.max_pending, s.pending_per_uid, s.operator_pending
+    )
+    if pend is not None:
+        refusal, why = pend
+        mine = refusal is Refusal.UID_QUOTA
         return _refuse(
-            Refusal.OVERLOADED,
-            f"{s.pending} requests are in flight (max_pending = {s.max_pending}): try again later",
-            hint="the service is overloaded; slow down or add instances",
+            refusal,
+            why,
+            hint=f"each client user may have {s.pending_per_uid} requests queued or running "
+            "at once; send fewer at a time"
+            if mine
+            else "the service is overloaded; slow down or add instances",
+            # max_pending for all: nothing says when; a share: its holders finish first
+            retry_after_s=None if s.pending >= s.max_pending else PENDING_RETRY_S,
         )
     queued = dict(s.queued)
-    at_level = queued.get(s.level, 0)
-    if s.max_queue_size and at_level >= s.max_queue_size:
+    waiting = sum(queued.values())
+    if s.max_queue_size and waiting >= s.max_queue_size:
         return _refuse(
             Refusal.QUEUE_FULL,
             f"pipeline {s.pipeline}: queue full (max_queue_size {s.max_queue_size}): "
-            f"{at_level} requests of priority {s.level} wait",
+            f"{waiting} requests wait",
             hint="retry later, slow down, or raise queue_policy.max_queue_size",
             retry_after_s=MIN_RETRY_S,
         )

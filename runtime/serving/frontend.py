@@ -43,8 +43,14 @@ instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the serv
 is known, a request whose estimate passes its own timeout is refused the same way (it
 would only expire in the queue).
 
+Requests pending (admitted, not answered) are counted per client uid: a uid that is
+not the operator holds at most ``pending_per_uid`` of ``max_pending``, and the last
+``operator_pending`` are the operator's (:func:`~infscaler.runtime.serving.admission.admit_pending`);
+the count is taken at admission and given back where every request ends
+(:meth:`FrontEnd._finish`).
+
 Priorities (:mod:`~infscaler.runtime.serving.queues`, Triton's semantics): the backlog is
-a priority queue keyed by (level, delayed, arrival); ``max_queue_size`` per level is
+a priority queue keyed by (level, delayed, arrival); ``max_queue_size`` (all levels) is
 checked by admission, the queue timeout in :meth:`FrontEnd._start_backlog` (REJECT: 503;
 DELAY: behind its level).
 
@@ -130,6 +136,8 @@ _REFUSAL_COUNTERS = {
     Refusal.SLO: "slo_refused",
     Refusal.DEADLINE: "deadline_refused",
     Refusal.QUEUE_FULL: "queue_full",
+    Refusal.OVERLOADED: "overloaded",
+    Refusal.UID_QUOTA: "uid_quota",
 }
 _IN_PIPELINE = (RequestPhase.RUNNING, RequestPhase.ITEMS, RequestPhase.POST)
 
@@ -176,6 +184,7 @@ class _Pending:
     order: int = 0  # its arrival order in the backlog
     queue_deadline: float | None = None  # when its queue timeout passes (monotonic s)
     delayed: bool = False  # its queue timeout passed with timeout_action DELAY
+    uid: int | None = None  # its client's uid (None: the operator or in-process)
 
     def move(self, to: RequestPhase) -> None:
         """Change :attr:`phase` to ``to`` (checked against the one table:
@@ -194,6 +203,10 @@ class FrontEnd:
         manager: the running :class:`~infscaler.shm.manager.TensorSharingManager`.
         service_id: the pool's service id.
         max_pending: requests admitted at once; beyond it :meth:`submit` refuses (503).
+        pending_per_uid: requests one client uid (not the operator) may have admitted at
+            once (None: no per-uid cap); ``operator_pending``: of ``max_pending``, how
+            many only the operator may use
+            (:func:`~infscaler.runtime.serving.admission.admit_pending`).
         max_out_tokens: result slots kept for reuse as input slots.
         pool: the service's :class:`~infscaler.shm.pool.TensorPool` (same process), for
             admission: a new request enters the pipeline only while the slots in use
@@ -210,6 +223,8 @@ class FrontEnd:
         service_id: str,
         *,
         max_pending: int = 1024,
+        pending_per_uid: int | None = None,
+        operator_pending: int = 0,
         max_out_tokens: int = 4,
         pool: Any = None,
         admit_fraction: float = 0.5,
@@ -217,6 +232,10 @@ class FrontEnd:
     ) -> None:
         self.manager = manager
         self.max_pending = max_pending
+        self.pending_per_uid = pending_per_uid
+        self.operator_pending = operator_pending
+        #: requests pending per client uid (under the lock; the operator's not counted)
+        self._by_uid: collections.Counter[int] = collections.Counter()
         self.pool = pool
         self.admit_bytes = None if pool is None else int(pool.cap_bytes * admit_fraction)
         sock = manager.add_instance(0, FRONTEND_INSTANCE)
@@ -260,26 +279,31 @@ class FrontEnd:
         *,
         priority: int | None = None,
         queue_timeout_us: int | None = None,
+        uid: int | None = None,
     ) -> concurrent.futures.Future:
         """Queue a request; returns a future of :class:`~infscaler.runtime.serving.route.Result` (or :class:`RequestError`).
 
         ``inputs`` must already be validated against the pipeline's input specs.
-        ``timeout_s``: the request's deadline from now, seconds (None: the pipeline's
-        ``request_timeout_s``). ``arrived_s``: when the request reached the service
-        (``time.monotonic()`` seconds; the server takes it before reading the body):
+        ``timeout_s``: the request's deadline from now, seconds (None, or longer than
+        the pipeline's ``request_timeout_s``: that). ``arrived_s``: when the request
+        reached the service (``time.monotonic()`` seconds; the server takes it before
+        reading the body):
         the deadline and the latency budget count from there (default: now).
         Cancelling the returned future drops the request (frees its slots; nothing more
         is computed for it). ``priority``: its level (1 highest; None or 0: the
-        pipeline's ``priority``); ``queue_timeout_us``: Triton's ``timeout`` parameter,
-        µs, honoured with the queue policy's ``allow_timeout_override``
-        (:mod:`~infscaler.runtime.serving.queues`).
+        pipeline's ``priority``, and never higher than that); ``queue_timeout_us``:
+        Triton's ``timeout`` parameter, µs, honoured with the queue policy's
+        ``allow_timeout_override`` (:mod:`~infscaler.runtime.serving.queues`). ``uid``: the
+        client's uid, counted against ``pending_per_uid`` (None: the service's own
+        user, root or an in-process caller, held to ``max_pending`` only).
 
         Raises:
             RequestError: (400) ``timeout_s`` not a positive finite number, ``priority``
                 out of range; (503) the
                 front end failed, the pipeline is not accepting requests (being
                 removed, or the service drains), ``max_pending`` requests are in
-                flight, its level's queue is full (``max_queue_size``), the pipeline
+                flight (or the uid's share of them), the pipeline's queue is full
+                (``max_queue_size``), the pipeline
                 sheds load, or (with an SLO) the request could not
                 finish within it (``retry_after_s`` set).
         """
@@ -291,7 +315,10 @@ class FrontEnd:
             raise RequestError(str(exc), 400, "give priority 1 (highest) or more") from None
         policy = config.queue_policy
         queue_s = queue_timeout_s(
-            policy.default_timeout_ms, policy.allow_timeout_override, queue_timeout_us
+            policy.default_timeout_ms,
+            policy.allow_timeout_override,
+            queue_timeout_us,
+            config.request_timeout_s,
         )
         with self._lock:
             now = time.monotonic()
@@ -315,6 +342,10 @@ class FrontEnd:
                     unavailable_retry_s=route.retry_after_s,
                     pending=len(self._pending),
                     max_pending=self.max_pending,
+                    uid=uid,
+                    uid_pending=0 if uid is None else self._by_uid[uid],
+                    pending_per_uid=self.pending_per_uid,
+                    operator_pending=self.operator_pending,
                     ahead=route.admitted,
                     queue_limit=route.queue_limit,
                     shed_reason=route.shed_reason,
@@ -335,7 +366,9 @@ class FrontEnd:
             assert decision.timeout_s is not None
             seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
             deadline = arrived + decision.timeout_s
-            p = _Pending(seq, route, inputs, fut, deadline, time.monotonic_ns(), level=level)
+            p = _Pending(
+                seq, route, inputs, fut, deadline, time.monotonic_ns(), level=level, uid=uid
+            )
             p.order = self._backlog.next_order()
             if queue_s is not None:
                 p.queue_deadline = arrived + queue_s
@@ -346,6 +379,8 @@ class FrontEnd:
             if decision.estimate_ms is not None:
                 route.dues[seq] = now + decision.estimate_ms / 1e3
             self._pending[seq] = p
+            if uid is not None:
+                self._by_uid[uid] += 1
             route.admitted += 1
             if self.deadlines is not None:
                 self.deadlines.set(seq, deadline)
@@ -397,6 +432,11 @@ class FrontEnd:
         with self._lock:
             return sum(1 for p in self._pending.values() if route is None or p.route is route)
 
+    def pending_by_uid(self) -> dict[int, int]:
+        """Requests pending per client uid (a copy; the operator's are not counted)."""
+        with self._lock:
+            return dict(self._by_uid)
+
     def queues(self, route: Route) -> tuple[dict[int, int], dict[str, int]]:
         """``route``'s requests queued per priority level and its refusals by reason
         (copies, read under the lock; see :class:`~infscaler.runtime.serving.route.Route`)."""
@@ -431,9 +471,12 @@ class FrontEnd:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            pending = len(self._pending)
+            pending, uids = len(self._pending), len(self._by_uid)
+            most = max(self._by_uid.values(), default=0)
         return {
             "pending": pending,
+            "pending_uids": uids,  # client uids with requests pending
+            "pending_uid_max": most,  # the most one of them has pending
             "backlog": len(self._backlog),
             **self.counters,
             "client": self.client.stats(),
@@ -805,14 +848,26 @@ class FrontEnd:
         )
         return f"request timed out: {why}"
 
-    def _complete(self, p: _Pending, outputs: dict[str, np.ndarray]) -> None:
+    def _finish(self, p: _Pending) -> bool:
+        """``p`` is answered: it leaves the pending requests, its queue, its route's
+        admitted count and its uid's count (the one place every request ends: results,
+        errors, expiry, cancellation, close). False when it had already ended."""
         with self._lock:
             if self._pending.pop(p.seq, None) is None:
-                return
+                return False
             self._unqueue(p)
             p.route.admitted -= 1
             p.route.dues.pop(p.seq, None)
+            if p.uid is not None:
+                self._by_uid[p.uid] -= 1
+                if self._by_uid[p.uid] <= 0:
+                    self._by_uid.pop(p.uid, None)
         p.move(RequestPhase.DONE)
+        return True
+
+    def _complete(self, p: _Pending, outputs: dict[str, np.ndarray]) -> None:
+        if not self._finish(p):
+            return
         if self.deadlines is not None:
             self.deadlines.cancel(p.seq)
         latency_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
@@ -826,13 +881,8 @@ class FrontEnd:
             p.future.set_result(Result(outputs, trace, latency_ms, p.count))
 
     def _complete_error(self, p: _Pending, exc: RequestError) -> None:
-        with self._lock:
-            if self._pending.pop(p.seq, None) is None:
-                return
-            self._unqueue(p)
-            p.route.admitted -= 1
-            p.route.dues.pop(p.seq, None)
-        p.move(RequestPhase.DONE)
+        if not self._finish(p):
+            return
         if self.deadlines is not None:  # drop what is left of it in every queue
             self.deadlines.cancel(p.seq)
         p.inputs = None

@@ -7,7 +7,10 @@ Policy"; ``model_config.proto``'s ``ModelDynamicBatching.priority_levels``,
 
 - **Levels**: 1 is the highest priority, a larger number lower. A request's level is
   its ``priority`` parameter, or its pipeline's ``priority`` when that is 0 or absent
-  (Triton's ``default_priority_level``).
+  (Triton's ``default_priority_level``), and never a higher level than its pipeline's
+  (:func:`request_level`): a client may make its request less important, not jump
+  the requests of pipelines its operator ranked above (or its own pipeline's other
+  clients' requests).
 - **Strict priority**: the backlog is served in the order of the key
   ``(level, delayed, order)`` (:func:`backlog_key`): every queued request of a higher
   level starts before any of a lower level, arrival order within a level. Nothing is
@@ -15,13 +18,16 @@ Policy"; ``model_config.proto``'s ``ModelDynamicBatching.priority_levels``,
   from the highest non-empty level queue every time). The bounds against starvation
   are the queue policy's timeouts and the request's own ``request_timeout_s``.
 - **Queue timeout** (:func:`queue_timeout_s`): ``default_timeout_ms``, or the request's
-  ``timeout`` parameter (µs, Triton's) when ``allow_timeout_override``. A request
+  ``timeout`` parameter (µs, Triton's) when ``allow_timeout_override``, at most the
+  pipeline's ``request_timeout_s``. A request
   still queued when it passes is, with ``REJECT``, refused (503); with ``DELAY``, moved
   behind every request of its level that has not timed out (``delayed`` = 1 in its key),
   ahead of the lower levels: Triton's ``PolicyQueue`` serves its ``queue_`` before its
   ``delayed_queue_``, level by level.
-- **Queue size**: ``max_queue_size`` requests per level (Triton keeps one policy queue
-  per level; the pipeline's policy is its ``default_queue_policy``); 0: unbounded.
+- **Queue size**: ``max_queue_size`` requests queued in the pipeline, all levels
+  together (Triton keeps one policy queue per level, each with its bound; counted per
+  level, a client naming a new level for each request would never reach it); 0:
+  unbounded.
 
 The front end (:mod:`infscaler.runtime.serving.frontend`) keeps its backlog in a
 :class:`PriorityBacklog`; admission (:mod:`infscaler.runtime.serving.admission`) counts,
@@ -50,30 +56,39 @@ __all__ = [
 T = TypeVar("T")
 
 
-def request_level(requested: int | None, default: int) -> int:
-    """A request's priority level: ``requested`` (its ``priority`` parameter), or the
-    pipeline's ``default`` when that is None or 0 (Triton: 0 means the default level).
+def request_level(requested: int | None, pipeline_level: int) -> int:
+    """A request's priority level: ``requested`` (its ``priority`` parameter) when it is
+    ``pipeline_level`` (its pipeline's ``priority``) or lower (a larger number), else
+    ``pipeline_level``: None or 0 (Triton: 0 means the default level), and a higher
+    level than the pipeline's, which is served at the pipeline's (a request claiming
+    level 1 on a level-2 pipeline is served at level 2).
 
     Raises:
-        ValueError: ``requested`` negative or above :data:`MAX_PRIORITY_LEVEL`.
+        ValueError: ``requested`` negative or above :data:`MAX_PRIORITY_LEVEL` (the
+            server answers 400).
     """
     if requested is None or requested == 0:
-        return default
+        return pipeline_level
     if not 1 <= requested <= MAX_PRIORITY_LEVEL:
         raise ValueError(f"priority must be 0 - {MAX_PRIORITY_LEVEL}, got {requested}")
-    return int(requested)
+    return max(int(requested), pipeline_level)
 
 
 def queue_timeout_s(
-    default_timeout_ms: float | None, allow_override: bool, requested_us: int | None
+    default_timeout_ms: float | None,
+    allow_override: bool,
+    requested_us: int | None,
+    request_timeout_s: float | None = None,
 ) -> float | None:
     """The queue timeout of a request, seconds (None: none).
 
     ``requested_us``: its ``timeout`` parameter, µs (Triton's; None or 0: not given),
-    used only when ``allow_override``, else ``default_timeout_ms`` (ms; None: none).
+    used only when ``allow_override``, and then at most ``request_timeout_s`` (the
+    pipeline's, s; None: not bounded), else ``default_timeout_ms`` (ms; None: none).
     """
     if allow_override and requested_us:
-        return requested_us / 1e6
+        asked = requested_us / 1e6
+        return asked if request_timeout_s is None else min(asked, request_timeout_s)
     return None if default_timeout_ms is None else default_timeout_ms / 1e3
 
 

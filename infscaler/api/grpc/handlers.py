@@ -306,7 +306,7 @@ class Handlers:
                     loads=self.loads,
                 )
             else:
-                result, extra = await self._submit(dep, req, timeout_s, arrived), {}
+                result, extra = await self._submit(dep, req, timeout_s, arrived, uid), {}
             return encode_model_infer(
                 model_name=name,
                 request_id=req.id,
@@ -318,9 +318,12 @@ class Handlers:
         finally:
             service.release_bytes(nbytes, uid)
 
-    async def _submit(self, dep: Any, req: Any, timeout_s: float | None, arrived: float) -> Any:
-        """``req`` submitted to the pipeline ``dep`` with its queue parameters; its
-        Result (the call cancelled: the request too)."""
+    async def _submit(
+        self, dep: Any, req: Any, timeout_s: float | None, arrived: float, uid: int | None
+    ) -> Any:
+        """``req`` submitted to the pipeline ``dep`` with its queue parameters, held to
+        ``uid``'s share of pending requests (None: the operator); its Result (the call
+        cancelled: the request too)."""
         priority, queue_timeout_us = parse_queue_params(req.parameters)
         fut = self.service.submit(
             dep.name,
@@ -329,6 +332,7 @@ class Handlers:
             arrived,
             priority=priority,
             queue_timeout_us=queue_timeout_us,
+            uid=uid,
         )
         try:
             return await asyncio.wrap_future(fut)

@@ -45,6 +45,23 @@ def test_quota_values_are_checked() -> None:
         PeerQuotas(operator_connections=-1)
 
 
+@pytest.mark.parametrize(
+    ("field", "bad", "why"),
+    [
+        ("pending_per_uid", 0, "pending_per_uid must be an integer >= 1"),
+        ("pending_per_uid", 2.5, "pending_per_uid must be an integer >= 1"),
+        ("operator_pending", -1, "operator_pending must be an integer >= 0"),
+        ("operator_pending", True, "operator_pending must be an integer >= 0"),
+    ],
+)
+def test_the_pending_quotas_are_checked(field: str, bad, why: str) -> None:
+    q = PeerQuotas()
+    assert (q.pending_per_uid, q.operator_pending) == (256, 64)  # of max_pending 1024
+    assert PeerQuotas(operator_pending=0).operator_pending == 0
+    with pytest.raises(InfScalerError, match=why):
+        PeerQuotas(**{field: bad})
+
+
 # -- file descriptors ----------------------------------------------------------------------
 
 

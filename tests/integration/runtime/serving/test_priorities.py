@@ -53,12 +53,13 @@ def queued(svc: Service, name: str = "chain") -> dict[int, int]:
 
 
 def test_a_high_priority_request_passes_the_queued_low_ones(svc: Service) -> None:
-    svc.deploy(pipeline(120, priority=5))
+    svc.deploy(pipeline(120, priority=2))
     svc.infer("chain", X, timeout_s=30)  # warm
-    lows = [svc.submit("chain", X, timeout_s=60) for _ in range(5)]
+    lows = [svc.submit("chain", X, timeout_s=60, priority=5) for _ in range(5)]
     wait_for(lambda: queued(svc) == {5: 4}, 10, "4 low requests queued at level 5")
+    # it claims level 1 on a level-2 pipeline: served at level 2, never above its pipeline
     high = svc.submit("chain", X, timeout_s=60, priority=1)
-    assert queued(svc) == {5: 4, 1: 1}
+    assert queued(svc) == {5: 4, 2: 1}
     t = finished_at([*lows, high])
     # the first low one was running; the high one starts next, before the 4 queued
     assert t[0] < t[5] < min(t[1:5]), t
@@ -66,7 +67,7 @@ def test_a_high_priority_request_passes_the_queued_low_ones(svc: Service) -> Non
     assert queued(svc) == {}
 
 
-def test_max_queue_size_refuses_per_level(svc: Service, tmp_path: Path) -> None:
+def test_max_queue_size_counts_every_level(svc: Service, tmp_path: Path) -> None:
     svc.deploy(pipeline(300, queue_policy={"max_queue_size": 2}))
     first = svc.submit("chain", X, timeout_s=60)
     wait_for(lambda: queued(svc) == {}, 10, "the first request to start")
@@ -79,19 +80,20 @@ def test_max_queue_size_refuses_per_level(svc: Service, tmp_path: Path) -> None:
     assert st["priority"] == 1 and st["queue_policy"]["max_queue_size"] == 2
     assert st["queue_policy"]["timeout_action"] == "REJECT"
     assert st["queued_by_level"] == {"1": 2} and st["refusals"] == {"queue_full": 1}
-    # another level has its own queue (Triton: one policy queue per level)
-    other = svc.submit("chain", X, timeout_s=60, priority=2)
-    for f in [first, *more, other]:
+    # another level does not escape the bound: the pipeline's queue is full
+    with pytest.raises(RequestError, match="queue full"):
+        svc.submit("chain", X, timeout_s=60, priority=2)
+    for f in [first, *more]:
         f.result(timeout=30)
     route = svc.deployment("chain").route
-    assert route.refusals["queue_full"] == 1
-    assert svc.frontend.counters["queue_full"] == 1
+    assert route.refusals["queue_full"] == 2
+    assert svc.frontend.counters["queue_full"] == 2
     sock = str(tmp_path / "api.sock")
     with ServerThread(svc, sock):
         transport = httpx.HTTPTransport(uds=sock)
         with httpx.Client(transport=transport, base_url="http://x", timeout=30) as h:
             text = h.get("/metrics").text
-    line = 'infscaler_requests_refused_total{model="chain",version="1",reason="queue_full"} 1'
+    line = 'infscaler_requests_refused_total{model="chain",version="1",reason="queue_full"} 2'
     assert line in text, [x for x in text.splitlines() if "requests_refused" in x]
 
 
@@ -142,8 +144,8 @@ def test_priority_over_http(svc: Service, tmp_path: Path) -> None:
             for bad, why in ((-1, "priority must be an integer"), ("1", "priority must be")):
                 r = h.post("/v2/models/chain/infer", json={**body, "parameters": {"priority": bad}})
                 assert r.status_code == 400 and why in r.json()["error"], r.text
-            lows = [svc.submit("chain", X, timeout_s=60) for _ in range(4)]
-            wait_for(lambda: queued(svc) == {3: 3}, 10, "3 low requests queued")
+            lows = [svc.submit("chain", X, timeout_s=60, priority=4) for _ in range(4)]
+            wait_for(lambda: queued(svc) == {4: 3}, 10, "3 low requests queued")
             answered: list[float] = []
 
             def post() -> None:
@@ -158,6 +160,7 @@ def test_priority_over_http(svc: Service, tmp_path: Path) -> None:
             th.start()
             t = finished_at(lows)
             th.join(30)
-        # it passed at least two of the three queued (one may start before it arrives)
+        # at its pipeline's level 3 (it asked for 1), it passed at least two of the three
+        # queued at level 4 (one may start before it arrives)
         assert answered and answered[0] < sorted(t[1:])[1], (answered, t)
         assert queued(svc) == {}

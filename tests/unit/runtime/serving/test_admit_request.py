@@ -1,6 +1,7 @@
 """The front end's admission at arrival (infscaler.runtime.serving.admission.admit_request) as a
 pure function on hand-computed snapshots, like the scaler's ``decide``: the order of the
-checks, each refusal's status / reason / retry, and the latency bound's arithmetic."""
+checks, each refusal's status / reason / retry, the latency bound's arithmetic, the
+request's timeout capped by its pipeline's and the share of pending requests per uid."""
 
 from __future__ import annotations
 
@@ -318,3 +319,52 @@ def test_a_burst_counts_as_overload_before_the_10_s_mean_shows_it() -> None:
     assert not r.overloaded(101.5)  # the burst left the 1 s window
     with pytest.raises(ValueError, match="window_s"):
         stats.offered_rate(100.0, 0.0)
+
+
+def test_a_requests_timeout_shortens_its_pipelines_never_lengthens_it() -> None:
+    assert admit_request(snap(timeout_s=3600)).timeout_s == 30.0  # an hour asked: 30 s
+    assert admit_request(snap(timeout_s=30.5)).timeout_s == 30.0
+    assert admit_request(snap(timeout_s=0.25)).timeout_s == 0.25
+    assert admit_request(snap(timeout_s=None, default_timeout_s=5.0)).timeout_s == 5.0
+    # the latency bound is the capped timeout too: 3 ahead at 2 s each, 30 s pipeline
+    busy = dict(service_ms=2000.0, interval_ms=2000.0, ahead=3, slo_ms=None)
+    d = admit_request(snap(timeout_s=3600, **busy))
+    assert d.admit and d.timeout_s == 30.0 and d.estimate_ms == 8000.0
+    d = admit_request(snap(timeout_s=3600, default_timeout_s=5.0, **busy))
+    assert not d.admit and d.refusal is Refusal.DEADLINE and d.timeout_s == 5.0
+
+
+def test_a_uid_at_its_share_of_pending_requests_is_refused_another_admitted() -> None:
+    base = dict(pending=40, max_pending=100, pending_per_uid=8, operator_pending=10)
+    d = admit_request(snap(uid=65534, uid_pending=8, **base))
+    assert not d.admit and d.refusal is Refusal.UID_QUOTA and d.status == 503
+    assert "too many requests pending from your uid (8 admitted" in d.reason
+    assert "at most 8 per user, --max-pending-per-uid" in d.reason
+    assert d.retry_after_s is not None and d.retry_after_s > 0
+    assert "8 requests queued or running" in (d.hint or "")
+    assert admit_request(snap(uid=65534, uid_pending=7, **base)).admit
+    assert admit_request(snap(uid=1000, uid_pending=0, **base)).admit
+    # the operator (uid None) is not held to the per-uid cap
+    assert admit_request(snap(uid=None, uid_pending=50, **base)).admit
+    # no per-uid cap configured
+    assert admit_request(snap(uid=65534, uid_pending=80, **{**base, "pending_per_uid": None}))
+
+
+def test_the_last_pending_slots_are_the_operators_and_max_pending_holds_for_all() -> None:
+    base = dict(max_pending=100, pending_per_uid=64, operator_pending=10)
+    # 90 pending: the shared part is full for every other uid, even one holding nothing
+    d = admit_request(snap(uid=65534, uid_pending=0, pending=90, **base))
+    assert not d.admit and d.refusal is Refusal.OVERLOADED and d.status == 503
+    assert "the last 10 of max_pending = 100 are kept for the operator" in d.reason
+    assert d.retry_after_s is not None
+    assert admit_request(snap(uid=65534, pending=89, **base)).admit
+    for pending in (90, 99):  # the operator gets into its share
+        assert admit_request(snap(uid=None, pending=pending, **base)).admit
+    d = admit_request(snap(uid=None, pending=100, **base))  # but not past max_pending
+    assert not d.admit and d.refusal is Refusal.OVERLOADED
+    assert d.reason.startswith("100 requests are in flight (max_pending = 100)")
+    # a share as large as max_pending still leaves one slot to the others
+    d = admit_request(snap(uid=5, pending=0, **{**base, "operator_pending": 100}))
+    assert d.admit
+    d = admit_request(snap(uid=5, pending=1, **{**base, "operator_pending": 100}))
+    assert d.refusal is Refusal.OVERLOADED

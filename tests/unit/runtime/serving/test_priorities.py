@@ -1,7 +1,7 @@
 """Priority levels and queue policies (infscaler.runtime.serving.queues, pure) and their
 part in admission (admit_request): the backlog's order, DELAY, the queue timeout's
-override, ``max_queue_size`` per level and the requests ahead of a higher level, on
-hand-computed cases."""
+override and its bound, the request's level bounded by its pipeline's, ``max_queue_size``
+over all levels and the requests ahead of a higher level, on hand-computed cases."""
 
 from __future__ import annotations
 
@@ -50,10 +50,17 @@ def test_delay_moves_a_request_behind_its_level_not_behind_lower_levels() -> Non
 
 
 @pytest.mark.parametrize(
-    ("requested", "default", "level"), [(None, 3, 3), (0, 3, 3), (1, 3, 1), (7, 3, 7)]
+    ("requested", "default", "level"),
+    [(None, 3, 3), (0, 3, 3), (3, 3, 3), (7, 3, 7), (1_000_000, 3, 1_000_000), (4, 1, 4)],
 )
 def test_the_request_level_is_its_parameter_else_the_pipelines(requested, default, level):
     assert request_level(requested, default) == level
+
+
+@pytest.mark.parametrize(("requested", "pipeline"), [(1, 2), (1, 3), (2, 3), (1, 1_000_000)])
+def test_a_request_never_gets_a_higher_level_than_its_pipeline(requested, pipeline) -> None:
+    # claiming level 1 on a level-2 pipeline: served at level 2, behind nobody it should not pass
+    assert request_level(requested, pipeline) == pipeline
 
 
 @pytest.mark.parametrize("bad", [-1, 1_000_001])
@@ -70,6 +77,14 @@ def test_the_queue_timeout_is_overridden_only_when_allowed() -> None:
     assert queue_timeout_s(None, True, 1500) == 0.0015
 
 
+def test_the_queue_timeout_override_never_passes_the_pipelines_request_timeout() -> None:
+    hour_us = 3_600_000_000
+    assert queue_timeout_s(250.0, True, hour_us, 30.0) == 30.0
+    assert queue_timeout_s(None, True, hour_us, 60.0) == 60.0
+    assert queue_timeout_s(250.0, True, 5_000_000, 30.0) == 5.0  # shorter: its own
+    assert queue_timeout_s(250.0, False, hour_us, 30.0) == 0.25  # not allowed: the policy's
+
+
 def test_ahead_at_leaves_out_the_lower_levels_queued() -> None:
     # 7 admitted: 2 in the units, queued 1 at level 1, 3 at level 2, 1 at level 5
     queued = {1: 1, 2: 3, 5: 1}
@@ -83,12 +98,22 @@ def snap(**kw) -> ArrivalSnapshot:
     return ArrivalSnapshot(pipeline="ocr", **kw)
 
 
-def test_max_queue_size_counts_the_requests_level_only() -> None:
-    full = snap(level=2, queued=((2, 4), (1, 1)), max_queue_size=4, ahead=6)
+def test_max_queue_size_counts_the_pipelines_queue_across_levels() -> None:
+    full = snap(level=2, queued=((2, 3), (1, 1)), max_queue_size=4, ahead=6)
     d = admit_request(full)
     assert not d.admit and d.refusal is Refusal.QUEUE_FULL and d.status == 503
-    assert "queue full (max_queue_size 4)" in d.reason and d.retry_after_s is not None
-    assert admit_request(snap(level=1, queued=((2, 4), (1, 1)), max_queue_size=4)).admit
+    assert "queue full (max_queue_size 4): 4 requests wait" in d.reason
+    assert d.retry_after_s is not None
+    # a level of its own (a new level per request) does not escape the bound
+    for level in (1, 7, 1_000_000):
+        d = admit_request(snap(level=level, queued=((2, 3), (1, 1)), max_queue_size=4))
+        assert d.refusal is Refusal.QUEUE_FULL, level
+    # one request per level, each level below the bound: the pipeline's queue is full
+    spread = tuple((lvl, 1) for lvl in range(1, 5))
+    assert admit_request(snap(level=9, queued=spread, max_queue_size=4)).refusal is (
+        Refusal.QUEUE_FULL
+    )
+    assert admit_request(snap(level=2, queued=((2, 3),), max_queue_size=4)).admit
     assert admit_request(snap(level=2, queued=((2, 4),), max_queue_size=0)).admit
 
 
