@@ -48,6 +48,7 @@ QUOTAS = {
     "--max-inflight-mb-per-uid": 8,
     "--max-body-mb": 4,
     "--max-json-mb": 1,
+    "--max-pending-per-uid": 32,
 }
 
 
