@@ -1,7 +1,7 @@
 """A ``ModelInferRequest``'s protobuf wire format, scanned before anything parses it:
 its counts, where its ``raw_input_contents`` lie, and a bound on what parsing (upb) and
 decoding (:func:`~infscaler.api.grpc.mapping.decode_message`) would hold, from the
-bytes alone (pure; no Python object per element: packed fields are counted with numpy).
+bytes alone (pure; no Python object per element: packed varints are counted in C).
 
 upb makes far more of some shapes than their size: a packed int64 of 1-byte varints
 takes 8 bytes an element, twice over while its array doubles; an empty submessage,
