@@ -77,6 +77,8 @@ __all__ = [
 #: Key prefixes clients may not register (the runtime's tensor pool slabs: ``/isc-<id>-<n>``).
 RESERVED_PREFIXES: tuple[str, ...] = ("isc-",)
 _NAME_MAX = 255
+#: Longest region name, bytes of UTF-8 (as a key's).
+REGION_NAME_MAX = _NAME_MAX
 
 
 def normalize_key(key: str, reserved: Sequence[str] = RESERVED_PREFIXES) -> str:
@@ -244,15 +246,23 @@ class SystemSharedMemoryRegistry:
                 region is then its own.
 
         Raises:
-            ProtocolError: (400) a bad or empty name, a bad or reserved key, a negative
+            ProtocolError: (400) an empty name, one longer than :data:`REGION_NAME_MAX`
+                bytes or with a '/' or a control character, a bad or reserved key, a negative
                 offset, a byte_size < 1, a name already registered, a missing object, an
                 object the service may not open, or offset + byte_size beyond the object;
                 (403) an object ``peer`` could not open for reading and writing; (429)
                 ``peer`` holds its quota of regions, or the clients hold all there may be.
         """
-        if not isinstance(name, str) or not name or "/" in name:
+        if (
+            not isinstance(name, str)
+            or not name
+            or "/" in name
+            or len(name.encode("utf-8", "replace")) > REGION_NAME_MAX
+            or any(c < " " or c == "\x7f" for c in name)
+        ):
             raise ProtocolError(
-                f"bad shared memory region name {name!r:.80}: a non-empty string without '/'"
+                f"bad shared memory region name {name!r:.80}: a non-empty string of at most "
+                f"{REGION_NAME_MAX} bytes (UTF-8), without '/' or control characters"
             )
         key = normalize_key(key, self._reserved)
         for what, v in (("offset", offset), ("byte_size", byte_size)):

@@ -13,11 +13,10 @@ answers as its HTTP route does, an HTTP error status turned into a gRPC code
   only);
 - ``ModelInfer``: a name that is a model-less task (registered, and no pipeline)
   is routed to the variant the selector picks, as over HTTP
-  (:mod:`infscaler.api.taskroute`; ``ModelMetadata`` answers for it too); decoded by
-  the HTTP codec, its bytes reserved from the service's
-  in-flight budget under the client's uid (twice the message: the message and its
-  decoded tensors), submitted with :meth:`Service.submit` with the deadline of its
-  ``timeout`` parameter or of the call (the nearer), and the result encoded into
+  (:mod:`infscaler.api.taskroute`; ``ModelMetadata`` answers for it too); scanned
+  before it is parsed (:mod:`~infscaler.api.grpc.wire`), decoded by the HTTP codec,
+  submitted with :meth:`Service.submit` with the deadline of its ``timeout``
+  parameter or of the call (the nearer), and the result encoded into
   ``raw_output_contents`` or the client's shared memory;
 - ``SystemSharedMemoryStatus`` / ``Register`` / ``Unregister``: the registry the HTTP
   socket uses (a region registered over one protocol serves the other), owned by the
@@ -27,6 +26,13 @@ answers as its HTTP route does, an HTTP error status turned into a gRPC code
   ``infscaler deploy``);
 - ``ModelStreamInfer``, the CUDA shared memory, trace and log methods: UNIMPLEMENTED.
 
+Every method gets the message's bytes (no deserializer): a call of a connection the
+gate no longer holds (uid -1) is UNAVAILABLE but for ServerLive / ServerReady, a
+message other than ModelInfer's over ``control_body_kb`` RESOURCE_EXHAUSTED unparsed.
+Memory contract: twice the message is reserved under the client's uid by the gate
+(``gate_reserves``; else by ModelInfer), ModelInfer reserves what the scan says its
+decode holds beyond that.
+
 Sources: Triton ``grpc_service.proto``, ``model_config.proto``; KServe v2
 ``required_api.md``; Triton ``extension_statistics.md``, ``extension_shared_memory.md``,
 ``extension_model_repository.md``.
@@ -35,6 +41,7 @@ Sources: Triton ``grpc_service.proto``, ``model_config.proto``; KServe v2
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -42,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 import infscaler
 from infscaler.api.codec import ProtocolError, TensorSpec, parse_timeout_ms
@@ -55,11 +63,8 @@ from infscaler.api.common import (
     status_of,
 )
 from infscaler.api.grpc import grpc_service_pb2 as pb
-from infscaler.api.grpc.mapping import (
-    decode_model_infer,
-    encode_model_infer,
-    grpc_code,
-)
+from infscaler.api.grpc.mapping import decode_message, encode_model_infer, grpc_code
+from infscaler.api.grpc.wire import NotQuick, decode_limit, decode_work, scan_model_infer
 from infscaler.api.modelconfig import model_config
 from infscaler.api.taskroute import (
     infer_task,
@@ -91,21 +96,48 @@ _UNIMPLEMENTED = {
 }
 
 
+#: methods served to a call whose connection the gate no longer holds (peer uid -1)
+_ANY_PEER = frozenset({"ServerLive", "ServerReady"})
+#: ModelInfer's work on the event loop (which serves the HTTP socket too), at most: a
+#: message is scanned inline if no longer than INLINE_SCAN_BYTES and of at most
+#: INLINE_SCAN_FIELDS fields (~2 ms of walking), else in a worker thread; parsed and
+#: decoded inline if its wire.decode_work is at most INLINE_DECODE_WORK (~1 ms), else
+#: in a worker thread. A hop to a thread costs ~40 us; a decode at least ~100 us.
+INLINE_SCAN_BYTES = 1 << 20
+INLINE_SCAN_FIELDS = 2048
+INLINE_DECODE_WORK = 1 << 14
+
+
 class _Abort(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 
 
+def _request_class(method: str) -> Any:
+    desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name[method]
+    return getattr(pb, desc.input_type.name)
+
+
 def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A handler whose failures become gRPC statuses: ours with their HTTP status mapped
-    (and, when they say when to retry, ``retry after N s`` in the message), anything
-    else INTERNAL, logged with its traceback."""
+    """A handler of the call's raw message bytes: the call of a connection the gate no
+    longer holds refused (UNAVAILABLE; but ``ServerLive`` / ``ServerReady``), a message
+    over the control body limit refused unparsed (RESOURCE_EXHAUSTED), the rest parsed
+    (``ModelInfer`` parses its own: :meth:`Handlers.ModelInfer`); failures become gRPC
+    statuses: ours with their HTTP status mapped (and, when they say when to retry,
+    ``retry after N s`` in the message), anything else INTERNAL, logged with its
+    traceback."""
+    name = fn.__name__
+    cls = None if name == "ModelInfer" else _request_class(name)
 
     @functools.wraps(fn)
-    async def wrapper(self: Handlers, request: Any, context: Any) -> Any:
+    async def wrapper(self: Handlers, message: bytes, context: Any) -> Any:
         try:
-            return await fn(self, request, context, self.peer_of(context))
+            peer = self.peer_of(context)
+            if peer.uid < 0 and name not in _ANY_PEER:
+                raise _Abort(grpc.StatusCode.UNAVAILABLE, "the connection is gone; reconnect")
+            request = message if cls is None else self._parse(cls, message)
+            return await fn(self, request, context, peer)
         except _Abort as exc:
             code, message = exc.code, str(exc)
         except asyncio.CancelledError:
@@ -119,7 +151,7 @@ def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
             if type(exc).__module__.startswith("infscaler") and status_of(exc, 0):
                 code, message = grpc_code(status_of(exc, 500)), str(exc)
             else:
-                log.exception("internal error in %s", fn.__name__)
+                log.exception("internal error in %s", name)
                 code, message = (
                     grpc.StatusCode.INTERNAL,
                     f"internal error: {type(exc).__name__}: {exc}",
@@ -150,6 +182,13 @@ class Handlers:
             both transports; default: a fresh holder).
         loads: the :class:`~infscaler.base.quotas.LoadBudget` of variant loads per uid,
             the HTTP app's (default: one of the default quota).
+        quotas: the :class:`~infscaler.base.quotas.PeerQuotas` (the server's
+            ``limits.quotas``; default: the defaults): a message of a method other than
+            ``ModelInfer`` takes at most ``control_body_kb``, as a POST that is not an
+            inference over HTTP.
+        gate_reserves: whether the gate reserves twice each message's length under the
+            client's uid before grpcio reads it; False: ``ModelInfer`` reserves that
+            itself, once the message is read.
     """
 
     def __init__(
@@ -160,16 +199,36 @@ class Handlers:
         *,
         tasks: dict[str, Any] | None = None,
         loads: Any = None,
+        quotas: Any = None,
+        gate_reserves: bool = False,
     ) -> None:
+        from infscaler.base.quotas import LoadBudget, PeerQuotas
+
         self.service = service
         self.shm = shm
         self.peer_of = peer_of
         self.tasks = tasks if tasks is not None else {"router": None}
-        if loads is None:
-            from infscaler.base.quotas import LoadBudget, PeerQuotas
+        self.quotas = quotas if quotas is not None else PeerQuotas()
+        self.loads = loads if loads is not None else LoadBudget(self.quotas.variant_loads_per_min)
+        self.gate_reserves = gate_reserves
 
-            loads = LoadBudget(PeerQuotas().variant_loads_per_min)
-        self.loads = loads
+    def _parse(self, cls: Any, message: bytes) -> Any:
+        """``message`` parsed as ``cls``, if no longer than the control body limit.
+
+        Raises:
+            ProtocolError: (413) longer; (400) protobuf cannot parse it.
+        """
+        limit = self.quotas.control_body_bytes
+        if len(message) > limit:
+            raise ProtocolError(
+                f"{cls.__name__} message too large: {len(message)} bytes; at most "
+                f"{limit // 1024} KB (the control body limit)",
+                413,
+            )
+        try:
+            return cls.FromString(message)
+        except DecodeError as exc:
+            raise ProtocolError(f"not a valid {cls.__name__} message: {exc}") from None
 
     # -- health and metadata -------------------------------------------------------------
 
@@ -271,26 +330,41 @@ class Handlers:
     # -- inference -----------------------------------------------------------------------
 
     @_method
-    async def ModelInfer(self, request: Any, context: Any, peer: Peer) -> Any:  # noqa: N802
+    async def ModelInfer(self, message: bytes, context: Any, peer: Peer) -> Any:  # noqa: N802
         """One inference: on a deployed pipeline, or on a model-less task's variant
         (a name that is a registered task and no pipeline: the selector picks it, as
-        over HTTP, :mod:`infscaler.api.taskroute`)."""
+        over HTTP, :mod:`infscaler.api.taskroute`). The message is scanned
+        (:func:`~infscaler.api.grpc.wire.scan_model_infer`: caps, and what the decode
+        would hold) before it is parsed; scan, parse and decode leave the event loop
+        for a worker thread when large (:data:`INLINE_DECODE_WORK`)."""
         arrived = time.monotonic()
         service = self.service
-        name = request.model_name
+        limit = decode_limit(len(message))
+        scan = None
+        if len(message) <= INLINE_SCAN_BYTES:
+            with contextlib.suppress(NotQuick):
+                scan = scan_model_infer(message, limit=limit, quick=INLINE_SCAN_FIELDS)
+        if scan is None:
+            scan = await self._off_loop(True, scan_model_infer, message, limit=limit)
+        name = scan.model_name
         router = task_router(service, self.tasks, name)
         dep = None if router is not None else service.deployment(name)
-        _check_version(name, request.model_version)
-        nbytes = 2 * request.ByteSize()
+        _check_version(name, scan.model_version)
+        nbytes = max(0, scan.held - 2 * len(message))
+        if not self.gate_reserves:
+            nbytes += 2 * len(message)
         uid = None if is_privileged(peer) else peer.uid
-        service.reserve_bytes(nbytes, uid)
+        if nbytes:
+            service.reserve_bytes(nbytes, uid)
         try:
             shm = self.shm.for_peer(peer)
             if dep is not None:
                 specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
             else:
                 specs = task_specs(router, name)
-            req = decode_model_infer(request, specs, shm)
+            big = decode_work(scan, len(message)) > INLINE_DECODE_WORK
+            req = await self._off_loop(big, decode_message, message, scan, specs, shm)
+            del message
             timeout_s = parse_timeout_ms(req.parameters)
             remaining = context.time_remaining()
             if remaining is not None and (timeout_s is None or remaining < timeout_s):
@@ -316,7 +390,22 @@ class Handlers:
                 shm=shm,
             )
         finally:
-            service.release_bytes(nbytes, uid)
+            if nbytes:
+                service.release_bytes(nbytes, uid)
+
+    @staticmethod
+    async def _off_loop(thread: bool, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """``fn(*args, **kw)``: in the loop's default executor if ``thread`` (a
+        cancelled call waits for it to end: what it holds stays reserved until then),
+        else inline."""
+        if not thread:
+            return fn(*args, **kw)
+        fut = asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kw))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.wait([fut])
+            raise
 
     async def _submit(
         self, dep: Any, req: Any, timeout_s: float | None, arrived: float, uid: int | None
@@ -402,7 +491,6 @@ class Handlers:
         for name, desc in pb.DESCRIPTOR.services_by_name[
             "GRPCInferenceService"
         ].methods_by_name.items():
-            req_cls = _message_class(desc.input_type.name)
             resp_cls = _message_class(desc.output_type.name)
             if name in _UNIMPLEMENTED:
                 fn = _unimplemented(_UNIMPLEMENTED[name][2])
@@ -413,11 +501,7 @@ class Handlers:
                 if desc.client_streaming
                 else grpc.unary_unary_rpc_method_handler
             )
-            methods[name] = make(
-                fn,
-                request_deserializer=req_cls.FromString,
-                response_serializer=resp_cls.SerializeToString,
-            )
+            methods[name] = make(fn, response_serializer=resp_cls.SerializeToString)
         return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
 

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from infscaler.api.codec import (
     DATATYPES,
@@ -46,16 +48,23 @@ from infscaler.api.codec import (
     decode_infer_request,
     tensor_to_bytes,
 )
-from infscaler.api.codec_tensors import dumps
+from infscaler.api.codec_tensors import (
+    BYTES_DECODE_SLACK,
+    BYTES_ELEMENT_OVERHEAD,
+    dumps,
+)
 from infscaler.api.grpc import grpc_service_pb2 as pb
+from infscaler.api.grpc.wire import CONVERT_CHUNK, InferScan, raw_views, strip_raw
 
 __all__ = [
     "CONTENTS_FIELD",
     "contents_to_bytes",
+    "decode_message",
     "decode_model_infer",
     "encode_model_infer",
     "from_parameters",
     "grpc_code",
+    "model_infer_body",
     "to_parameters",
 ]
 
@@ -142,14 +151,87 @@ def to_parameters(target: Any, values: Mapping[str, Any]) -> None:
 # -- requests -----------------------------------------------------------------------------
 
 
-def contents_to_bytes(contents: Any, datatype: str, shape: Sequence[int], where: str) -> bytes:
-    """Typed ``InferTensorContents`` in the binary tensor layout of ``datatype``.
+#: InferTensorContents field -> the numpy type of its values (what upb holds)
+_CONTAINER: dict[str, np.dtype] = {
+    "bool_contents": np.dtype(np.bool_),
+    "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64),
+    "fp32_contents": np.dtype(np.float32),
+    "fp64_contents": np.dtype(np.float64),
+}
+_U32 = struct.Struct("<I")  # a BYTES element's length
 
-    Raises:
-        ProtocolError: (400) a datatype without a typed field (FP16), values in another
-            field than the datatype's, an element count that is not the shape's, or a
-            value out of the datatype's range.
-    """
+
+class _Typed:
+    """One input's typed contents, checked, with the size of its binary layout."""
+
+    __slots__ = ("values", "datatype", "name", "count", "size", "where")
+
+    def __init__(self, values: Any, datatype: str, name: str, count: int, where: str) -> None:
+        self.values, self.datatype, self.name, self.count, self.where = (
+            values,
+            datatype,
+            name,
+            count,
+            where,
+        )
+        if datatype == "BYTES":
+            self.size = _bytes_layout_size(values, count, where)
+        else:
+            self.size = count * DATATYPES[datatype].itemsize
+
+    def write(self, out: memoryview) -> None:
+        """The binary layout into ``out`` (``size`` bytes), a chunk at a time."""
+        if self.datatype == "BYTES":
+            pos = 0
+            for v in self.values:
+                n = len(v)
+                _U32.pack_into(out, pos, n)
+                out[pos + 4 : pos + 4 + n] = v
+                pos += 4 + n
+            return
+        dtype, container = DATATYPES[self.datatype], _CONTAINER[self.name]
+        target = np.frombuffer(out, dtype=dtype, count=self.count)
+        narrow = dtype.kind in "iu" and dtype.itemsize < container.itemsize
+        it = iter(self.values)
+        for start in range(0, self.count, CONVERT_CHUNK):
+            k = min(CONVERT_CHUNK, self.count - start)
+            chunk = np.fromiter(it, dtype=container, count=k)
+            if narrow and (chunk.min() < np.iinfo(dtype).min or chunk.max() > np.iinfo(dtype).max):
+                info = np.iinfo(dtype)
+                raise ProtocolError(
+                    f"{self.where}: a value of {self.name} is outside {self.datatype}'s range "
+                    f"[{info.min}, {info.max}]"
+                )
+            target[start : start + k] = chunk
+
+
+def _bytes_layout_size(values: Any, count: int, where: str) -> int:
+    """The length-prefixed layout's size of ``values``, refused (413) where decoding it
+    would hold more than :func:`~infscaler.api.codec.parse_bytes` allows (twice the
+    layout plus its slack: the HTTP path's bound)."""
+    size, decoded = 4 * count, 8 * count
+    for v in values:
+        n = len(v)
+        size += n
+        if n > 1:
+            decoded += BYTES_ELEMENT_OVERHEAD - 8 + n
+    bound = 2 * size + BYTES_DECODE_SLACK
+    if decoded > bound:
+        raise ProtocolError(
+            f"{where}: {count} BYTES elements of {size} bytes would take {decoded} bytes "
+            f"decoded, more than {bound} (each element of 2 or more bytes is a Python object of "
+            f"{BYTES_ELEMENT_OVERHEAD} bytes plus its data; at most twice the data's size plus "
+            "1 MB is decoded)",
+            413,
+            hint="send fewer, longer elements, or the bytes as a UINT8 tensor",
+        )
+    return size
+
+
+def _typed(contents: Any, datatype: str, shape: Sequence[int], where: str) -> _Typed:
     name = CONTENTS_FIELD.get(datatype)
     if name is None:
         raise ProtocolError(
@@ -168,43 +250,46 @@ def contents_to_bytes(contents: Any, datatype: str, shape: Sequence[int], where:
         raise ProtocolError(
             f"{where}: {name} holds {len(values)} values but shape {list(shape)} needs {count}"
         )
-    if datatype == "BYTES":
-        return tensor_to_bytes(np.array(list(values), dtype=object), "BYTES")
-    dtype = DATATYPES[datatype]
-    raw = np.array(values)
-    arr = raw.astype(dtype)
-    if dtype.kind in "iu" and raw.size and not np.array_equal(arr.astype(raw.dtype), raw):
-        info = np.iinfo(dtype)
-        raise ProtocolError(
-            f"{where}: a value of {name} is outside {datatype}'s range [{info.min}, {info.max}]"
-        )
-    return arr.tobytes()
+    return _Typed(values, datatype, name, count, where)
 
 
-def decode_model_infer(
-    req: Any, specs: Sequence[TensorSpec] | None, shm: Any = None
-) -> InferRequest:
-    """Decode a ``ModelInferRequest`` with the HTTP path's checks
-    (:func:`~infscaler.api.codec.decode_infer_request`).
+def contents_to_bytes(contents: Any, datatype: str, shape: Sequence[int], where: str) -> bytearray:
+    """Typed ``InferTensorContents`` in the binary tensor layout of ``datatype``.
+
+    The element count is checked against ``shape`` before anything is converted; the
+    values are converted a chunk at a time into the result (no intermediate larger
+    than the result), narrowing casts range-checked first.
+
+    Raises:
+        ProtocolError: (400) a datatype without a typed field (FP16), values in another
+            field than the datatype's, an element count that is not the shape's, or a
+            value out of the datatype's range; (413) BYTES elements that would decode
+            to more than twice their layout plus 1 MB (the HTTP path's bound).
+    """
+    typed = _typed(contents, datatype, shape, where)
+    out = bytearray(typed.size)
+    typed.write(memoryview(out))
+    return out
+
+
+def model_infer_body(req: Any, raw: Sequence[Any] | None = None) -> tuple[bytearray, int]:
+    """A ``ModelInferRequest`` as the HTTP binary tensor body that
+    :func:`~infscaler.api.codec.decode_infer_request` decodes: ``(body, header length)``,
+    the tensors' data written once into ``body`` (raw entries copied, typed contents
+    converted: :func:`contents_to_bytes`).
 
     Args:
         req: an ``inference.ModelInferRequest``.
-        specs: the model's inputs (None: not checked).
-        shm: the client's view of the system shared memory registry.
-
-    Returns:
-        An :class:`~infscaler.api.codec.InferRequest` (inputs by name; the request
-        parameters as plain values, ``timeout`` in microseconds turned into ``timeout_ms``;
-        the requested outputs, each with its shared memory range if it names one).
+        raw: its ``raw_input_contents`` entries (default: the message's own), e.g. views
+            of the wire bytes they were left in (:func:`~infscaler.api.grpc.wire.raw_views`).
 
     Raises:
         ProtocolError: (400) ``raw_input_contents`` given for some inputs but not all (or
             more entries than inputs), an input with both raw and typed contents, a
-            ``binary_data_size`` parameter (the raw entry says the size), and every fault
-            :func:`~infscaler.api.codec.decode_infer_request` refuses; (404) an unknown
-            shared memory region.
+            ``binary_data_size`` parameter (the raw entry says the size), and what
+            :func:`contents_to_bytes` refuses.
     """
-    raw = req.raw_input_contents
+    raw = req.raw_input_contents if raw is None else raw
     if raw and len(raw) != len(req.inputs):
         raise ProtocolError(
             f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs: give "
@@ -218,7 +303,7 @@ def decode_model_infer(
     doc: dict[str, Any] = {"parameters": params, "inputs": [], "outputs": []}
     if req.id:
         doc["id"] = req.id
-    blobs: list[bytes] = []
+    parts: list[Any] = []
     for i, t in enumerate(req.inputs):
         where = f"input '{t.name}'"
         p = from_parameters(t.parameters)
@@ -228,18 +313,18 @@ def decode_model_infer(
                 "entry has its size)"
             )
         item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-        data = None
+        part: Any = None
         if raw:
             if t.HasField("contents"):
                 raise ProtocolError(
                     f"{where}: give its data one way only: raw_input_contents or contents"
                 )
-            data = raw[i]
+            part = raw[i]
         elif t.HasField("contents") and t.datatype in DATATYPES:
-            data = contents_to_bytes(t.contents, t.datatype, list(t.shape), where)
-        if data is not None:
-            p["binary_data_size"] = len(data)
-            blobs.append(data)
+            part = _typed(t.contents, t.datatype, list(t.shape), where)
+        if part is not None:
+            p["binary_data_size"] = part.size if isinstance(part, _Typed) else len(part)
+            parts.append(part)
         if p:
             item["parameters"] = p
         doc["inputs"].append(item)
@@ -248,9 +333,76 @@ def decode_model_infer(
         p["binary_data"] = True
         doc["outputs"].append({"name": o.name, "parameters": p})
     header = dumps(doc)
-    body = b"".join([header, *blobs])
+    total = sum(p.size if isinstance(p, _Typed) else len(p) for p in parts)
+    body = bytearray(len(header) + total)
+    mv = memoryview(body)
+    mv[: len(header)] = header
+    pos = len(header)
+    for part in parts:
+        n = part.size if isinstance(part, _Typed) else len(part)
+        if isinstance(part, _Typed):
+            part.write(mv[pos : pos + n])
+        else:
+            mv[pos : pos + n] = part
+        pos += n
+    return body, len(header)
+
+
+def decode_model_infer(
+    req: Any,
+    specs: Sequence[TensorSpec] | None,
+    shm: Any = None,
+    *,
+    raw: Sequence[Any] | None = None,
+) -> InferRequest:
+    """Decode a ``ModelInferRequest`` with the HTTP path's checks
+    (:func:`~infscaler.api.codec.decode_infer_request`).
+
+    Args:
+        req: an ``inference.ModelInferRequest``.
+        specs: the model's inputs (None: not checked).
+        shm: the client's view of the system shared memory registry.
+        raw: its ``raw_input_contents`` (default: the message's own; see
+            :func:`model_infer_body`).
+
+    Returns:
+        An :class:`~infscaler.api.codec.InferRequest` (inputs by name; the request
+        parameters as plain values, ``timeout`` in microseconds turned into ``timeout_ms``;
+        the requested outputs, each with its shared memory range if it names one).
+
+    Raises:
+        ProtocolError: what :func:`model_infer_body` refuses, and every fault
+            :func:`~infscaler.api.codec.decode_infer_request` refuses; (404) an unknown
+            shared memory region.
+    """
+    body, header_length = model_infer_body(req, raw)
     return decode_infer_request(
-        body, header_length=len(header), input_specs=specs, shm=shm, copy=False
+        body, header_length=header_length, input_specs=specs, shm=shm, copy=False
+    )
+
+
+def decode_message(
+    message: bytes, scan: InferScan, specs: Sequence[TensorSpec] | None, shm: Any = None
+) -> InferRequest:
+    """Parse and decode a serialized ``ModelInferRequest`` already scanned
+    (:func:`~infscaler.api.grpc.wire.scan_model_infer`): its raw entries are read in
+    place (never parsed), the rest parsed and laid out as a binary body
+    (:func:`model_infer_body`), the parsed message freed, the body decoded
+    (:func:`decode_model_infer`'s checks). At its peak it holds what ``scan.held``
+    bounds.
+
+    Raises:
+        ProtocolError: (400) a message protobuf cannot parse, and what
+            :func:`decode_model_infer` refuses.
+    """
+    try:
+        req = pb.ModelInferRequest.FromString(strip_raw(message, scan))
+    except DecodeError as exc:
+        raise ProtocolError(f"not a valid ModelInferRequest message: {exc}") from None
+    body, header_length = model_infer_body(req, raw_views(message, scan) if scan.raw else None)
+    del req  # upb's arena goes before the body's tensors are decoded
+    return decode_infer_request(
+        body, header_length=header_length, input_specs=specs, shm=shm, copy=False
     )
 
 
