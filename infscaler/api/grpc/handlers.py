@@ -59,6 +59,7 @@ from infscaler.api.common import (
     VERSION,
     infer_parameters,
     model_stats,
+    shm_limits,
     slot_arrays,
     status_of,
 )
@@ -356,8 +357,9 @@ class Handlers:
         uid = None if is_privileged(peer) else peer.uid
         if nbytes:
             service.reserve_bytes(nbytes, uid)
+        # shared memory reads: charged to the client and bounded by the pool, as over HTTP
+        shm = self.shm.for_peer(peer, **shm_limits(service))
         try:
-            shm = self.shm.for_peer(peer)
             if dep is not None:
                 specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
             else:
@@ -390,6 +392,7 @@ class Handlers:
                 shm=shm,
             )
         finally:
+            shm.release()
             if nbytes:
                 service.release_bytes(nbytes, uid)
 
