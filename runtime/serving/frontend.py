@@ -14,58 +14,15 @@ its control socket and the pipe: event driven.
 
 Request ids: ``seq << 16 | item`` (item 0 for the request itself, ``i + 1`` for item
 ``i`` of a fan-out), so every token in flight has its own id and items map back to
-their request. Duplicates (a unit retried after a crash re-emits what it had sent) are
-dropped here.
+their request; duplicates (a unit retried after a crash re-emits) are dropped here.
 
-Failures never lose a request: a unit's error, the manager failing a request (an
-instance died too often, or no instance of its unit came back in time), the pool at its
-cap for longer than the request may wait, or the request's timeout: each completes the
-future with a :class:`RequestError` carrying an HTTP status (500 unit error, 503
-unavailable) and the reason.
-
-Deadlines and cancellation: every request has a deadline (its ``timeout_s``, or the
-pipeline's ``request_timeout_s``), written into the service's
-:class:`~infscaler.shm.deadlines.DeadlineTable` at submit. A request answered early
-(expired, failed, or cancelled: the caller cancelled its future, which ``server.infer``
-does when the client disconnects) is marked cancelled there. Instances check the table
-before running a token and before handing outputs on, and the manager before
-delivering held DATA: a dead request is dropped at every queue, never computed, and its
-slots go back through the normal ``done`` / FREE path at once (the 1 ms-timeout flood
-that kept ~290 slots busy computing expired requests).
-
-Admission: :meth:`FrontEnd.submit` copies what it knows into an
-:class:`~infscaler.runtime.serving.admission.ArrivalSnapshot` under its lock and asks the pure
-:func:`~infscaler.runtime.serving.admission.admit_request`; a refusal is raised as a
-:class:`RequestError` with the decision's status, reason and ``retry_after_s``. With an
-SLO (``pipeline.config.slo_ms``) it refuses a request that cannot finish in time, from
-the requests of its pipeline ahead of it and the measured per-unit compute time and
-instance counts (``Route.instances``); 503 with ``retry_after_s``. Once the service time
-is known, a request whose estimate passes its own timeout is refused the same way (it
-would only expire in the queue).
-
-Requests pending (admitted, not answered) are counted per client uid: a uid that is
-not the operator holds at most ``pending_per_uid`` of ``max_pending``, and the last
-``operator_pending`` are the operator's (:func:`~infscaler.runtime.serving.admission.admit_pending`);
-the count is taken at admission and given back where every request ends
-(:meth:`FrontEnd._finish`).
-
-Priorities (:mod:`~infscaler.runtime.serving.queues`, Triton's semantics): the backlog is
-a priority queue keyed by (level, delayed, arrival); ``max_queue_size`` (all levels) is
-checked by admission, the queue timeout in :meth:`FrontEnd._start_backlog` (REJECT: 503;
-DELAY: behind its level).
-
-Request phases (:class:`~infscaler.runtime.serving.states.RequestPhase`): ``queued`` (in the
-backlog) -> ``running`` (in the token pipeline) -> ``items`` (fan-out items coming back)
--> ``post`` (after the fan-in) -> ``done``; every change goes through
-:meth:`_Pending.move`, checked against the one table in :mod:`infscaler.runtime.serving.states`.
-
-A front end that dies (any exception escaping its loop, or errors on every turn) does
-not die silently: :attr:`FrontEnd.failure` says why, every request in flight fails at
-once (503), :meth:`submit` refuses, :meth:`alive` is False (the service reports not
-ready) and ``on_death`` is called. It is not restarted in place: its
-:class:`~infscaler.shm.manager.InstanceClient` holds slot leases in memory, and a thread
-restarted on half-updated state could leak or double-free slots; ``infscaler serve``
-exits instead (status 70), so systemd restarts the whole service on a clean pool.
+Contract: :meth:`FrontEnd.submit` admits or refuses a request at once (the pure
+:func:`~infscaler.runtime.serving.admission.admit_request`, a :class:`RequestError`
+with the HTTP status, reason and ``retry_after_s``), and every admitted request's future
+completes exactly once: its outputs, or a :class:`RequestError` (500 a unit failed, 503
+it could not be run, its deadline or the front end's death). How failures, deadlines,
+admission, per-uid pending counts, priorities and request phases work, and why a dead
+front end is not restarted in place: docs/serving.md, "The front end".
 """
 
 from __future__ import annotations
@@ -80,12 +37,10 @@ import os
 import select
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import numpy as np
 
-from infscaler.base.errors import InfScalerError
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
 from infscaler.runtime.serving.admission import (
@@ -102,9 +57,10 @@ from infscaler.runtime.serving.pipeline import (
     error_status,
 )
 from infscaler.runtime.serving.queues import PriorityBacklog, queue_timeout_s, request_level
+from infscaler.runtime.serving.requests import PendingRequest, RequestError
 from infscaler.runtime.serving.route import Result, Route
 from infscaler.runtime.serving.runners import ITEM_BITS, ITEM_MASK, StageError, check_outputs
-from infscaler.runtime.serving.states import REQUEST_TRANSITIONS, RequestPhase, advance
+from infscaler.runtime.serving.states import RequestPhase
 from infscaler.shm import BackPressureError, RequestFailed
 from infscaler.shm.client import InstanceClient
 from infscaler.shm.deadlines import DeadlineTable
@@ -140,60 +96,6 @@ _REFUSAL_COUNTERS = {
     Refusal.UID_QUOTA: "uid_quota",
 }
 _IN_PIPELINE = (RequestPhase.RUNNING, RequestPhase.ITEMS, RequestPhase.POST)
-
-
-class RequestError(InfScalerError):
-    """A request failed; ``status`` is the HTTP status to answer with (400: a bad
-    argument such as a non-finite timeout; 500: a unit failed on it; 503: the service
-    could not run it now). ``retry_after_s``: when a refused request may be retried,
-    seconds (None: not known); the server's error middleware sends it as a
-    ``Retry-After`` header (RFC 9110 §10.2.3)."""
-
-    def __init__(
-        self,
-        message: str,
-        status: int = 503,
-        hint: str | None = None,
-        *,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(message, hint)
-        self.status = status
-        #: seconds a client should wait before retrying (HTTP ``Retry-After``), or None
-        self.retry_after_s = retry_after_s
-
-
-@dataclass
-class _Pending:
-    seq: int
-    route: Route
-    inputs: dict[str, np.ndarray] | None
-    future: concurrent.futures.Future
-    deadline: float
-    t_submit_ns: int
-    phase: RequestPhase = RequestPhase.QUEUED
-    count: int | None = None
-    items: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
-    carry: dict[str, np.ndarray] | None = None
-    traces: list[np.ndarray] = field(default_factory=list)
-    busy_since: float | None = None
-    waits: set[str] = field(default_factory=set)
-    estimate_ms: float | None = None  # what the SLO admission expected (ms)
-    estimate_factor: float | None = None  # the correction it was made with (Route.factor)
-    level: int = 1  # its priority level (1 highest)
-    order: int = 0  # its arrival order in the backlog
-    queue_deadline: float | None = None  # when its queue timeout passes (monotonic s)
-    delayed: bool = False  # its queue timeout passed with timeout_action DELAY
-    uid: int | None = None  # its client's uid (None: the operator or in-process)
-
-    def move(self, to: RequestPhase) -> None:
-        """Change :attr:`phase` to ``to`` (checked against the one table:
-        :func:`~infscaler.runtime.serving.states.advance`).
-
-        Raises:
-            IllegalTransition: the table does not allow it (a bug; HTTP 500).
-        """
-        self.phase = advance(REQUEST_TRANSITIONS, self.phase, to, f"request {self.seq}")
 
 
 class FrontEnd:
@@ -245,8 +147,8 @@ class FrontEnd:
             self._endpoint, self._slabs, FRONTEND_INSTANCE, 0, max_out_tokens=max_out_tokens
         )
         self._seq = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
-        self._backlog: PriorityBacklog[_Pending] = PriorityBacklog()
+        self._pending: dict[int, PendingRequest] = {}
+        self._backlog: PriorityBacklog[PendingRequest] = PriorityBacklog()
         self._commands: collections.deque[tuple] = collections.deque()
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
@@ -366,7 +268,7 @@ class FrontEnd:
             assert decision.timeout_s is not None
             seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
             deadline = arrived + decision.timeout_s
-            p = _Pending(
+            p = PendingRequest(
                 seq, route, inputs, fut, deadline, time.monotonic_ns(), level=level, uid=uid
             )
             p.order = self._backlog.next_order()
@@ -600,7 +502,7 @@ class FrontEnd:
             running: collections.Counter[int] = collections.Counter(
                 id(p.route) for p in self._pending.values() if p.phase in _IN_PIPELINE
             )
-        waiting: list[tuple[tuple[int, int, int], _Pending]] = []
+        waiting: list[tuple[tuple[int, int, int], PendingRequest]] = []
         pool_full = False
         now = time.monotonic()
         while self._backlog:
@@ -648,7 +550,7 @@ class FrontEnd:
             running[id(route)] += 1
         self._backlog.extend(waiting)
 
-    def _queue_timeout(self, p: _Pending) -> None:
+    def _queue_timeout(self, p: PendingRequest) -> None:
         """``p``'s queue timeout passed while it waited: ``REJECT`` fails it (503),
         ``DELAY`` queues it again behind every request of its level (Triton's
         ``ModelQueuePolicy.timeout_action``)."""
@@ -676,7 +578,7 @@ class FrontEnd:
             ),
         )
 
-    def _unqueue(self, p: _Pending) -> None:
+    def _unqueue(self, p: PendingRequest) -> None:
         """``p`` leaves the queue (call under the lock, before its phase changes)."""
         if p.phase is RequestPhase.QUEUED:
             left = p.route.queued[p.level] - 1
@@ -685,7 +587,7 @@ class FrontEnd:
             else:
                 p.route.queued.pop(p.level, None)
 
-    def _note_wait(self, p: _Pending, counter: str) -> None:
+    def _note_wait(self, p: PendingRequest, counter: str) -> None:
         if p.busy_since is None:
             p.busy_since = time.monotonic()
             self.counters[counter] += 1
@@ -766,7 +668,9 @@ class FrontEnd:
         outputs = {n: np.array(tensors[n]) for n in route.pipeline.output_names}
         self._complete(p, outputs)
 
-    def _on_item(self, p: _Pending, item: int, tensors: dict[str, np.ndarray], fi: int) -> None:
+    def _on_item(
+        self, p: PendingRequest, item: int, tensors: dict[str, np.ndarray], fi: int
+    ) -> None:
         route = p.route
         unit = route.pipeline.units[fi]
         fan = tensors.get(FANOUT)
@@ -830,7 +734,7 @@ class FrontEnd:
         for p in late:
             self._expire_request(p, "expired")
 
-    def _expire_request(self, p: _Pending, counter: str) -> None:
+    def _expire_request(self, p: PendingRequest, counter: str) -> None:
         """Fail ``p``, past its deadline, with 503 (counted under ``counter``), and tell
         its route's admission how long it had been waiting (:meth:`Route.record_expiry`)."""
         self.counters[counter] += 1
@@ -839,7 +743,7 @@ class FrontEnd:
         self._complete_error(p, RequestError(self._expiry_reason(p), 503))
 
     @staticmethod
-    def _expiry_reason(p: _Pending) -> str:
+    def _expiry_reason(p: PendingRequest) -> str:
         waited = p.deadline - p.t_submit_ns / 1e9
         why = (
             "the tensor pool stayed at its memory cap"
@@ -848,7 +752,7 @@ class FrontEnd:
         )
         return f"request timed out: {why}"
 
-    def _finish(self, p: _Pending) -> bool:
+    def _finish(self, p: PendingRequest) -> bool:
         """``p`` is answered: it leaves the pending requests, its queue, its route's
         admitted count and its uid's count (the one place every request ends: results,
         errors, expiry, cancellation, close). False when it had already ended."""
@@ -865,7 +769,7 @@ class FrontEnd:
         p.move(RequestPhase.DONE)
         return True
 
-    def _complete(self, p: _Pending, outputs: dict[str, np.ndarray]) -> None:
+    def _complete(self, p: PendingRequest, outputs: dict[str, np.ndarray]) -> None:
         if not self._finish(p):
             return
         if self.deadlines is not None:
@@ -880,7 +784,7 @@ class FrontEnd:
         with contextlib.suppress(concurrent.futures.InvalidStateError):
             p.future.set_result(Result(outputs, trace, latency_ms, p.count))
 
-    def _complete_error(self, p: _Pending, exc: RequestError) -> None:
+    def _complete_error(self, p: PendingRequest, exc: RequestError) -> None:
         if not self._finish(p):
             return
         if self.deadlines is not None:  # drop what is left of it in every queue

@@ -125,7 +125,8 @@ def _members(proto: type) -> tuple[set[str], set[str]]:
 
 def _assert_implements(proto: type, obj: object) -> None:
     """Every attribute ``proto`` declares exists on ``obj``, every method on its class,
-    taking the parameters the protocol names, in order (properties: present)."""
+    taking the parameters the protocol names: positional ones in order, keyword-only
+    ones anywhere (properties: present)."""
     attrs, methods = _members(proto)
     for name in attrs:
         assert hasattr(obj, name), name
@@ -135,9 +136,17 @@ def _assert_implements(proto: type, obj: object) -> None:
         if isinstance(impl, property):
             continue
         assert callable(impl), name
-        want = list(inspect.signature(getattr(proto, name)).parameters)
-        have = list(inspect.signature(impl).parameters)
-        assert have[: len(want)] == want, (name, have, want)
+        want, want_kw = _params(getattr(proto, name))
+        have, have_kw = _params(impl)
+        assert have[: len(want)] == want, (name, have, want)  # positional: in order
+        assert want_kw <= have_kw | set(have), (name, want_kw, have_kw)  # keyword-only: present
+
+
+def _params(fn: object) -> tuple[list[str], set[str]]:
+    """(positional parameter names in order, keyword-only names) of ``fn``."""
+    params = inspect.signature(fn).parameters.values()
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return [p.name for p in params if p.kind != kw], {p.name for p in params if p.kind == kw}
 
 
 def test_service_satisfies_the_control_interface(tmp_path: Path) -> None:

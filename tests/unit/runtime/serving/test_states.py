@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from infscaler.runtime.processes.handles import InstanceHandle
-from infscaler.runtime.serving.frontend import _Pending
+from infscaler.runtime.serving.requests import PendingRequest
 from infscaler.runtime.serving.states import (
     INSTANCE_TRANSITIONS,
     REQUEST_TRANSITIONS,
@@ -136,7 +136,7 @@ def test_states_read_as_their_strings() -> None:
 
 
 def test_pending_and_handle_move_through_the_table() -> None:
-    p = _Pending(5, None, None, None, 0.0, 0)  # type: ignore[arg-type]
+    p = PendingRequest(5, None, None, None, 0.0, 0)  # type: ignore[arg-type]
     assert p.phase is P.QUEUED
     p.move(P.RUNNING)
     with pytest.raises(IllegalTransition, match="request 5 cannot go from running to queued"):
