@@ -164,7 +164,7 @@ class Scanner:
                     h, start = mv[i : i + 9], i
                     i += 9
                 self._begin(h, start, out)
-                if not self._left:
+                if not self._left or i == n:
                     continue
             take = min(self._left, n - i)
             if self._type == DATA and self._msg is not None:

@@ -107,7 +107,7 @@ def test_a_whole_stream_gives_its_frames_and_messages() -> None:
     assert got_settings == [(5, 32768)]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_any_split_into_chunks_gives_the_same_frames_and_messages(data_) -> None:
     data, frames, messages = sample_stream()
@@ -115,6 +115,12 @@ def test_any_split_into_chunks_gives_the_same_frames_and_messages(data_) -> None
     got_frames, got_messages, got_settings = scan(data, cuts)
     assert got_frames == frames and got_messages == messages
     assert got_settings == [(5, 32768)]
+
+
+def test_a_split_right_after_a_padded_frames_header() -> None:
+    data, frames, messages = sample_stream()
+    padded = next(f[4] for f in frames if f[0] == h2.DATA and f[1] & h2.PADDED)
+    assert scan(data, [padded + 9])[:2] == (frames, messages)
 
 
 def test_a_stream_not_tracked_has_no_messages_and_a_forgotten_one_stops() -> None:
