@@ -369,17 +369,18 @@ def raise_fd_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-def fit_to_fd_limit(limits: HttpLimits) -> HttpLimits:
+def fit_to_fd_limit(limits: HttpLimits, grpc: bool = False) -> HttpLimits:
     """``limits`` with ``max_connections`` and the region quota lowered, if need be, so
     that what clients can make the service hold fits the fd limit with
     :data:`~infscaler.base.quotas.FD_RESERVE` fds left for instances, the zygote, the
     tensor pool and the control path (:func:`~infscaler.base.quotas.plan_fds`; the soft
-    limit is raised to the hard one first). Logs a warning when it lowers anything.
+    limit is raised to the hard one first; ``grpc``: the gRPC socket is served too, with
+    the same ``max_connections``). Logs a warning when it lowers anything.
 
     Raises:
         InfScalerError: the fd limit is too low to serve at all.
     """
-    plan = plan_fds(raise_fd_limit(), limits.max_connections, limits.quotas.regions)
+    plan = plan_fds(raise_fd_limit(), limits.max_connections, limits.quotas.regions, grpc=grpc)
     if not plan.warning:
         return limits
     log.warning("%s", plan.warning)

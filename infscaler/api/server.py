@@ -280,6 +280,7 @@ def create_app(
     tasks: Any = None,
     security: Any = None,
     limits: HttpLimits | None = None,
+    grpc: bool = False,
 ) -> web.Application:
     """The aiohttp application for ``service`` (:class:`~infscaler.service.service.Service`).
 
@@ -293,10 +294,11 @@ def create_app(
             through the API (default: bundled function modules only, no model repository).
         limits: connection-level limits and the per-client quotas (:class:`HttpLimits`;
             default: its defaults), applied by :func:`start_unix_server`; fitted to the
-            process's fd limit first (:func:`~infscaler.api.http.fit_to_fd_limit`).
+            process's fd limit first (:func:`~infscaler.api.http.fit_to_fd_limit`;
+            ``grpc``: counting the gRPC socket's connections too).
     """
     app = web.Application(middlewares=[_errors, _admission], client_max_size=max_body_mb << 20)
-    limits = fit_to_fd_limit(limits if limits is not None else HttpLimits())
+    limits = fit_to_fd_limit(limits if limits is not None else HttpLimits(), grpc=grpc)
     quotas = limits.quotas
     app[SERVICE] = service
     app[SHM] = (
@@ -475,9 +477,15 @@ class ServerThread:
         self.service = service
         self.socket_path = str(socket_path)
         self.socket_group = socket_group
-        self._app = create_app(service, max_body_mb=max_body_mb, security=security, limits=limits)
         #: the gRPC socket beside it (None: none), :class:`~infscaler.api.grpc.GrpcServer`
         self.grpc_socket = None if grpc_socket is None else str(grpc_socket)
+        self._app = create_app(
+            service,
+            max_body_mb=max_body_mb,
+            security=security,
+            limits=limits,
+            grpc=self.grpc_socket is not None,
+        )
         self._grpc: Any = None
         #: ``GET /metrics`` also on 127.0.0.1:metrics_port (0: a free port, set on start)
         self.metrics_port = metrics_port

@@ -82,6 +82,9 @@ class PeerQuotas:
             switch a variant (each deploys a pipeline: seconds of CPU and hundreds of
             MB), per minute, as a token bucket with a burst of as many; 429 beyond, with
             Retry-After. Queries served by a variant already loaded are not counted.
+        streams_per_uid: gRPC calls (HTTP/2 streams) one uid may have open at once over
+            all its connections (RESOURCE_EXHAUSTED beyond, :mod:`infscaler.api.grpc.gate`).
+            256: four connections' worth of the 64 calls grpcio runs at once on one.
     """
 
     connections_per_uid: int = 64
@@ -93,6 +96,7 @@ class PeerQuotas:
     regions_per_uid: int = 64
     regions: int = 256
     variant_loads_per_min: float = 6.0
+    streams_per_uid: int = 256
 
     def __post_init__(self) -> None:
         for name in (
@@ -101,6 +105,7 @@ class PeerQuotas:
             "regions_per_uid",
             "regions",
             "control_body_kb",
+            "streams_per_uid",
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -184,11 +189,19 @@ class FdPlan:
     warning: str = ""
 
 
-def plan_fds(nofile: int, max_connections: int, regions: int, reserve: int = FD_RESERVE) -> FdPlan:
-    """Fit the client-held fds (one per connection, one per registered region, plus
-    one per connection being refused) under ``nofile`` with ``reserve`` left for the
-    service itself; lowers connections, then regions, in proportion when they do not
-    fit.
+def plan_fds(
+    nofile: int,
+    max_connections: int,
+    regions: int,
+    reserve: int = FD_RESERVE,
+    grpc: bool = False,
+) -> FdPlan:
+    """Fit the client-held fds (one per HTTP connection, one per registered region,
+    plus one per connection being refused; with ``grpc``, the gRPC socket's
+    ``max_connections`` too, counted apart, three fds each: the client's, the gate's
+    upstream socket and grpcio's accepted one) under ``nofile`` with ``reserve`` left
+    for the service itself; lowers connections, then regions, in proportion when they
+    do not fit.
 
     Raises:
         InfScalerError: ``nofile`` leaves fewer than 32 fds for clients after the
@@ -202,12 +215,13 @@ def plan_fds(nofile: int, max_connections: int, regions: int, reserve: int = FD_
             hint="raise it (LimitNOFILE= in the unit, or ulimit -n 65536)",
         )
     # a refused connection holds its fd until its 503 is written: count connections twice
-    need = 2 * max_connections + regions
+    per = 2 + (3 if grpc else 0)
+    need = per * max_connections + regions
     if need <= room:
         return FdPlan(nofile, max_connections, regions, reserve)
     scale = room / need
     conns = max(8, int(max_connections * scale))
-    regs = max(8, min(regions, room - 2 * conns))
+    regs = max(8, min(regions, room - per * conns))
     return FdPlan(
         nofile,
         conns,

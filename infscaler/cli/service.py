@@ -276,6 +276,22 @@ BodyTimeoutOpt = Annotated[
     float,
     typer.Option("--body-timeout", help="Seconds for a request's body to arrive (408)."),
 ]
+KeepaliveTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--keepalive-timeout",
+        help="Seconds an idle connection (no request or call open) is kept open.",
+    ),
+]
+MaxStreamsPerUidOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-streams-per-uid",
+        min=1,
+        help="gRPC calls one client user may have open at once over all its connections "
+        "(more: RESOURCE_EXHAUSTED); the service's user and root are not limited.",
+    ),
+]
 MaxInflightMbOpt = Annotated[
     float,
     typer.Option(
@@ -369,6 +385,8 @@ def serve_cmd(
     variant_loads_per_min: VariantLoadsPerMinOpt = PeerQuotas.variant_loads_per_min,
     header_timeout_s: HeaderTimeoutOpt = 30.0,
     body_timeout_s: BodyTimeoutOpt = 120.0,
+    keepalive_timeout_s: KeepaliveTimeoutOpt = 75.0,
+    max_streams_per_uid: MaxStreamsPerUidOpt = PeerQuotas.streams_per_uid,
     max_inflight_mb: MaxInflightMbOpt = 256,
     drain_s: DrainTimeoutOpt = 30.0,
     socket_group: SocketGroupOpt = None,
@@ -385,6 +403,7 @@ def serve_cmd(
     limits = HttpLimits(
         header_timeout_s=header_timeout_s,
         body_timeout_s=body_timeout_s,
+        keepalive_timeout_s=keepalive_timeout_s,
         max_connections=max_connections,
         max_json_mb=max_json_mb,
         quotas=PeerQuotas(
@@ -396,6 +415,7 @@ def serve_cmd(
             regions_per_uid=max_regions_per_uid,
             regions=max_regions,
             variant_loads_per_min=variant_loads_per_min,
+            streams_per_uid=max_streams_per_uid,
         ),
     )
     security = _security_policy(allow_functions, model_repository, socket_group)
@@ -638,7 +658,8 @@ async def _serve(
     await loop.run_in_executor(None, service.start)
     runner = metrics_runner = grpc_server = None
     try:
-        api = create_app(service, max_body_mb=max_body_mb, security=security, limits=limits)
+        kw = {"security": security, "limits": limits, "grpc": grpc_socket is not None}
+        api = create_app(service, max_body_mb=max_body_mb, **kw)
         runner = await start_unix_server(api, socket_path, group=socket_group)
         grpc_server, metrics_runner = await _start_beside(
             service, api, grpc_socket, socket_group, metrics_port, metrics_host

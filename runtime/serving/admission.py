@@ -654,6 +654,23 @@ class ByteBudget:
                     self.refused_peer += 1
             return verdict
 
+    def charge(self, nbytes: int, peer: Any = None) -> None:
+        """Count ``nbytes`` as held by ``peer`` (None: service-wide only) whatever the
+        budget says (bytes the service holds already, such as a response its client has
+        not read: they make the next :meth:`reserve` refuse); :meth:`release` them as
+        reserved ones.
+
+        Raises:
+            ValueError: a negative size.
+        """
+        if nbytes < 0:
+            raise ValueError("byte counts must be >= 0")
+        with self._lock:
+            self.inflight_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.inflight_bytes)
+            if peer is not None:
+                self._by_peer[peer] = self._by_peer.get(peer, 0) + nbytes
+
     def release(self, nbytes: int, peer: Any = None) -> None:
         with self._lock:
             self.inflight_bytes = max(0, self.inflight_bytes - nbytes)

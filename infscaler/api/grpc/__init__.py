@@ -4,7 +4,8 @@ connects to it directly.
 
 - :mod:`~infscaler.api.grpc.gate`: the public socket; who the client is (the kernel's
   peer credentials) and the connection quotas, in front of grpcio's server on a
-  private socket;
+  private socket; :mod:`~infscaler.api.grpc.relay` and
+  :mod:`~infscaler.api.grpc.h2frames`: what it does with the HTTP/2 frames (pure);
 - :mod:`~infscaler.api.grpc.handlers`: the methods, over the HTTP app's service and
   shared memory registry;
 - :mod:`~infscaler.api.grpc.mapping`: the messages <-> the v2 codec (pure);
@@ -15,10 +16,11 @@ connects to it directly.
   descriptor pool (``_pool.py``).
 
 Limits (the HTTP socket's, :class:`~infscaler.api.http.HttpLimits`): messages up to
-``max_body_mb`` in (``grpc.max_receive_message_length``; beyond: the call
-fails with RESOURCE_EXHAUSTED before any handler runs), :data:`MAX_STREAMS` concurrent
-calls per connection, connections per uid and in all, and an inference's bytes held
-against the service's in-flight budget under the client's uid.
+``max_body_mb`` in (``grpc.max_receive_message_length``; beyond: RESOURCE_EXHAUSTED at
+the message's prefix), :data:`MAX_STREAMS` concurrent calls per connection, calls per
+uid, connections per uid and in all, a call's bytes held against the service's
+in-flight budget under the client's uid by the gate, and its timeouts
+(:func:`server_options` and the gate: :mod:`~infscaler.api.grpc.gate`).
 
 Sources: Triton ``grpc_service.proto``; grpcio ``grpc.aio.server`` and its channel
 arguments (``grpc/impl/codegen/grpc_types.h``: ``GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH``,
@@ -33,7 +35,7 @@ import os
 import shutil
 from typing import Any
 
-__all__ = ["MAX_STREAMS", "GrpcServer", "default_grpc_socket"]
+__all__ = ["MAX_STREAMS", "GrpcServer", "default_grpc_socket", "server_options"]
 
 #: concurrent calls one connection may have open (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``)
 MAX_STREAMS = 64
@@ -44,6 +46,29 @@ def default_grpc_socket(http_socket: str) -> str:
     ``/run/infscaler/infscaler-grpc.sock``."""
     root, ext = os.path.splitext(http_socket)
     return f"{root}-grpc{ext or '.sock'}"
+
+
+def server_options(max_message: int, limits: Any) -> list[tuple[str, int]]:
+    """grpcio's server options (``grpc_types.h``): the largest request message, bytes;
+    :data:`MAX_STREAMS`; an idle connection (no call open) closed after
+    ``limits.keepalive_timeout_s`` (``grpc.max_connection_idle_ms``: a GOAWAY, then the
+    socket is closed, whether the client answers or not: the gate then closes the
+    client's); a keepalive PING every ``keepalive_timeout_s`` that must be answered
+    within 20 s (``grpc.keepalive_time_ms`` / ``grpc.keepalive_timeout_ms``, sent with
+    or without calls: ``grpc.http2.max_pings_without_data`` 0), so a client that has
+    stopped reading loses its connection even with a call open. Clients' own PINGs
+    are held to grpc's defaults (one every 5 min without data, two strikes:
+    ``grpc.http2.min_recv_ping_interval_without_data_ms``, ``grpc.http2.max_ping_strikes``;
+    doc/keepalive.md)."""
+    keepalive_ms = int(limits.keepalive_timeout_s * 1000)
+    return [
+        ("grpc.max_receive_message_length", max_message),
+        ("grpc.max_concurrent_streams", MAX_STREAMS),
+        ("grpc.max_connection_idle_ms", keepalive_ms),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
 
 
 class GrpcServer:
@@ -104,17 +129,29 @@ class GrpcServer:
 
         prepare_socket_path(self.path)
         self._dir = Gate.make_private_dir(self.path)
-        gate = self.gate = Gate(self._dir, self.limits.max_connections, self.limits.quotas)
         limit = self.max_body_mb << 20
+        gate = self.gate = Gate(
+            self._dir,
+            self.limits.max_connections,
+            self.limits.quotas,
+            budget=getattr(self.service, "inflight", None),
+            max_message=limit,
+            header_timeout_s=self.limits.header_timeout_s,
+            body_timeout_s=self.limits.body_timeout_s,
+        )
         self._server = aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_concurrent_streams", MAX_STREAMS),
-            ],
+            options=server_options(limit, self.limits),
             maximum_concurrent_rpcs=self.limits.max_connections * 4,
         )
         handlers = Handlers(
-            self.service, self.shm, gate.peer_of, tasks=self.tasks, loads=self.loads
+            self.service,
+            self.shm,
+            gate.peer_of,
+            tasks=self.tasks,
+            loads=self.loads,
+            quotas=self.limits.quotas,
+            # the gate reserves twice each message before grpcio reads it
+            gate_reserves=getattr(self.service, "inflight", None) is not None,
         )
         self._server.add_generic_rpc_handlers((handlers.generic_handler(),))
         if self._server.add_insecure_port(f"unix:{gate.upstream}") == 0:

@@ -1,29 +1,22 @@
 """The gRPC socket: a gate that knows each client from the kernel, in front of grpcio's
-server on a private socket.
+server on a private socket (grpcio's Python API gives no peer credentials: a Unix
+socket's ``context.peer()`` is ``unix:``, and there is no hook on the accepted socket).
 
-grpcio's Python API does not give a call's peer credentials: ``context.peer()`` of a Unix
-socket connection is ``unix:`` (the client's unnamed address) and
-``grpc.local_server_credentials(LocalConnectionType.UDS)`` adds only
-``transport_security_type: local`` to the auth context; there is no hook on the
-accepted socket. So the public socket (mode 0660, the ``--socket-group``: bound as the
-HTTP one, :func:`~infscaler.api.sockets.bind_unix_socket`) is served by this gate:
+1. It accepts a connection on the public socket (0660, ``--socket-group``) and reads
+   ``SO_PEERCRED`` / ``SO_PEERGROUPS`` (:func:`~infscaler.base.security.peer_of`);
+2. admits it by the HTTP socket's connection quotas
+   (:func:`~infscaler.base.quotas.admit_connection`; refused: closed, UNAVAILABLE);
+3. connects to grpcio in a private 0700 directory from a socket bound to a fresh,
+   never reused name there, which is every call's ``context.peer()``
+   (:meth:`Gate.peer_of`; a name no longer held maps to uid -1, owning nothing);
+4. relays both ways frame by frame (:mod:`~infscaler.api.grpc.relay`: bytes held
+   against the in-flight budget as message prefixes pass, calls refused in the
+   protocol) and closes the connection when it sends no preface within
+   ``header_timeout_s``, a request or frame gets no byte, or the client reads nothing,
+   for ``body_timeout_s``. Idle connections are grpcio's to close (``server_options``).
 
-1. it accepts a connection and reads the peer's uid, gid, pid and groups
-   (``SO_PEERCRED``, ``SO_PEERGROUPS``: :func:`~infscaler.base.security.peer_of`);
-2. it admits it or not by the same connection quotas as the HTTP socket
-   (:func:`~infscaler.base.quotas.admit_connection`: per uid, the operator's share;
-   a refused connection is closed at once: the client sees UNAVAILABLE);
-3. it connects to grpcio's server, listening in a private 0700 directory only the
-   service's user can enter, from a socket *bound to a fresh name in that directory*:
-   ``context.peer()`` of every call on it is then ``unix:<that name>``, which the gate
-   maps to the peer (:meth:`Gate.peer_of`);
-4. it copies bytes both ways until either side closes (HTTP/2 frames, not parsed).
-
-A name is never reused, and one no longer in the table (the connection is gone) maps
-to a peer with uid -1, which is never privileged and owns nothing.
-
-Cost: one more copy of every byte through the service's event loop (the HTTP socket
-has none); large tensors should go through system shared memory either way.
+Cost: one more copy of every byte and a few Python steps per frame on the event loop;
+three fds a connection (:func:`~infscaler.base.quotas.plan_fds`).
 
 Sources: ``unix(7)`` (SO_PEERCRED, bound and unnamed addresses); grpc's
 ``grpc_sockaddr_to_uri`` (``unix:<path>`` peers); grpcio ``grpc.aio`` server.
@@ -38,8 +31,11 @@ import logging
 import os
 import socket
 import tempfile
+import time
 from typing import Any
 
+from infscaler.api.grpc.h2frames import FrameError
+from infscaler.api.grpc.relay import Relay
 from infscaler.base.quotas import PeerQuotas, admit_connection
 from infscaler.base.ratelog import RateLimitedLog
 from infscaler.base.security import Peer, peer_of
@@ -72,18 +68,42 @@ class Gate:
     Args:
         private_dir: a directory only the service's user may enter (0700), holding
             ``upstream`` (grpcio's socket) and the gate's per-connection names.
-        max_connections / quotas: the connection limits (as the HTTP socket's).
+        max_connections / quotas: the connection limits (as the HTTP socket's) and the
+            per-uid quotas (``streams_per_uid``: open calls over all a uid's connections).
+        budget: the service's in-flight :class:`~infscaler.runtime.serving.admission.ByteBudget`
+            (None: calls are not held to one).
+        max_message: grpcio's largest request message, bytes.
+        header_timeout_s: seconds for a new connection's preface to arrive.
+        body_timeout_s: seconds a partial request, or a client not reading, may go
+            without progress before the connection is closed.
     """
 
-    def __init__(self, private_dir: str, max_connections: int, quotas: PeerQuotas) -> None:
+    def __init__(
+        self,
+        private_dir: str,
+        max_connections: int,
+        quotas: PeerQuotas,
+        *,
+        budget: Any = None,
+        max_message: int = 64 << 20,
+        header_timeout_s: float = 30.0,
+        body_timeout_s: float = 120.0,
+    ) -> None:
         self.private_dir = private_dir
         self.upstream = os.path.join(private_dir, "upstream")
         self.max_connections = max_connections
         self.quotas = quotas
+        self.budget = budget if budget is not None else _Unbounded()
+        self.max_message = max_message
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
         self._peers: dict[str, Peer] = {}
         self._by_uid: dict[int, int] = {}
+        #: open calls per uid (privileged peers not counted)
+        self.streams: dict[int, int] = {}
         self._ids = itertools.count()
-        self._tasks: set[asyncio.Task] = set()
+        #: connections admitted since the start
+        self.accepted = 0
         self._refusals = RateLimitedLog(log, 10.0)  # one line per cause every 10 s
 
     @staticmethod
@@ -107,7 +127,7 @@ class Gate:
         return len(self._peers)
 
     async def on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One client connection: identified, admitted, then spliced to grpcio's socket."""
+        """One client connection: identified, admitted, then relayed to grpcio's socket."""
         sock = writer.get_extra_info("socket")
         peer = _peer(sock) if sock is not None else NOBODY
         why = admit_connection(
@@ -128,20 +148,32 @@ class Gate:
             writer.close()
             return
         name = os.path.join(self.private_dir, f"c{next(self._ids)}")
+        self.accepted += 1
         up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._peers[name] = peer
         self._by_uid[peer.uid] = self._by_uid.get(peer.uid, 0) + 1
+        relay = None
         try:
             up.bind(name)
             up.setblocking(False)
             await asyncio.get_running_loop().sock_connect(up, self.upstream)
             up_reader, up_writer = await asyncio.open_unix_connection(sock=up, limit=_CHUNK)
-            await asyncio.gather(
-                _pipe(reader, up_writer), _pipe(up_reader, writer), return_exceptions=True
+            privileged = peer.privileged
+            relay = Relay(
+                None if privileged else peer.uid,
+                self.budget,
+                self.streams,
+                None if privileged else self.quotas.streams_per_uid,
+                self.max_message,
+                self.body_timeout_s,
+                time.monotonic,
             )
+            await self._relay(peer, relay, reader, writer, up_reader, up_writer)
         except OSError as exc:
             log.warning("gRPC connection of %s: upstream failed: %s", peer.describe(), exc)
         finally:
+            if relay is not None:
+                relay.close()
             up.close()
             writer.close()
             del self._peers[name]
@@ -153,16 +185,134 @@ class Gate:
             with contextlib.suppress(OSError):
                 os.unlink(name)
 
+    async def _relay(self, peer: Peer, relay: Relay, reader, writer, up_reader, up_writer) -> None:
+        """Both directions and the watchdog, until one of them ends (then all do)."""
+        blocked: list[float | None] = [None]  # since when the write to the client waits
+        tasks = [
+            asyncio.ensure_future(_upstream(relay, reader, writer, up_writer, peer, self)),
+            asyncio.ensure_future(_downstream(relay, up_reader, writer, blocked, peer, self)),
+            asyncio.ensure_future(self._watch(peer, relay, blocked)),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    log.error(
+                        "gRPC connection of %s: relay failed",
+                        peer.describe(),
+                        exc_info=t.exception(),
+                    )
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                up_writer.transport.abort()
+            with contextlib.suppress(Exception):  # what is left (a GOAWAY) goes if it can
+                if writer.transport.get_write_buffer_size():
+                    writer.transport.abort()
+                else:
+                    writer.close()
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy ``reader`` to ``writer`` until end of file, then close ``writer``; a full
-    writer holds the reader (``drain``), so the gate holds at most a few chunks."""
+    async def _watch(self, peer: Peer, relay: Relay, blocked: list) -> None:
+        """Returns (the connection is closed) when the client sent no preface within
+        ``header_timeout_s``, a request went quiet (:meth:`Relay.deadline`), or the
+        client did not read for ``body_timeout_s``."""
+        started = time.monotonic()
+        while True:
+            now = time.monotonic()
+            due, why = None, ""
+            if not relay.up.preface_done:
+                due, why = started + self.header_timeout_s, "no HTTP/2 preface (--header-timeout)"
+            d = relay.deadline()
+            if d is not None and (due is None or d < due):
+                due, why = d, "a request stopped arriving (--body-timeout)"
+            b = blocked[0]
+            if b is not None and (due is None or b + self.body_timeout_s < due):
+                due, why = (
+                    b + self.body_timeout_s,
+                    "it does not read its responses (--body-timeout)",
+                )
+            if due is not None and due <= now:
+                self._refusals.log(
+                    logging.WARNING,
+                    "gRPC connection of %s closed: %s",
+                    peer.describe(),
+                    why,
+                    key="timeout",
+                )
+                return
+            # a deadline appearing meanwhile is at least body_timeout_s away
+            wake = now + self.body_timeout_s
+            await asyncio.sleep((wake if due is None else min(due, wake)) - now)
+
+    def refused(self, peer: Peer, relay: Relay) -> None:
+        """Log the calls ``relay`` refused (rate-limited)."""
+        for why in relay.refusals:
+            self._refusals.log(
+                logging.INFO, "gRPC call of %s refused: %s", peer.describe(), why, key="call"
+            )
+        relay.refusals.clear()
+
+
+class _Unbounded:
+    """A budget that admits everything (a gate without the service's)."""
+
+    def reserve(self, nbytes: int, peer: Any = None) -> Any:
+        from infscaler.runtime.serving.admission import Admission
+
+        return Admission(True)
+
+    def charge(self, nbytes: int, peer: Any = None) -> None:
+        pass
+
+    def release(self, nbytes: int, peer: Any = None) -> None:
+        pass
+
+
+async def _upstream(relay: Relay, reader, writer, up_writer, peer: Peer, gate: Gate) -> None:
+    """Client -> grpcio, scanned; frames the relay makes for the client go to it."""
+    loop = asyncio.get_running_loop()
     try:
         while chunk := await reader.read(_CHUNK):
-            writer.write(chunk)
-            await writer.drain()
+            pieces, back = relay.from_client(chunk)
+            if back:
+                writer.write(back)
+            if relay.refusals:
+                gate.refused(peer, relay)
+            if len(pieces) == 1:
+                up_writer.write(pieces[0])
+            else:
+                up_writer.writelines(pieces)
+            if up_writer.transport.get_write_buffer_size():
+                t0 = loop.time()
+                await up_writer.drain()
+                if loop.time() - t0 > 0.01:
+                    relay.stalled(time.monotonic())
+    except FrameError as exc:
+        log.info("gRPC connection of %s closed: %s", peer.describe(), exc)
     except (ConnectionError, OSError):
         pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
+
+
+async def _downstream(
+    relay: Relay, up_reader, writer, blocked: list, peer: Peer, gate: Gate
+) -> None:
+    """grpcio -> client, scanned; ``blocked[0]`` says since when a write waits."""
+    try:
+        while chunk := await up_reader.read(_CHUNK):
+            pieces = relay.from_server(chunk)
+            if len(pieces) == 1:
+                writer.write(pieces[0])
+            else:
+                writer.writelines(pieces)
+            if writer.transport.get_write_buffer_size():
+                blocked[0] = time.monotonic()
+                await writer.drain()
+                blocked[0] = None
+    except FrameError as exc:
+        log.warning(
+            "gRPC connection of %s: grpcio's bytes are not HTTP/2: %s", peer.describe(), exc
+        )
+    except (ConnectionError, OSError):
+        pass

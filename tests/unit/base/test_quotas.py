@@ -9,7 +9,13 @@ import logging
 import pytest
 
 from infscaler.base.errors import InfScalerError
-from infscaler.base.quotas import LoadBudget, PeerQuotas, admit_connection, plan_fds
+from infscaler.base.quotas import (
+    FD_RESERVE,
+    LoadBudget,
+    PeerQuotas,
+    admit_connection,
+    plan_fds,
+)
 from infscaler.base.ratelog import RateLimitedLog, RateLimitFilter
 from infscaler.runtime.serving.admission import ByteBudget, admit_bytes
 
@@ -74,6 +80,15 @@ def test_plan_fds_fits_clients_under_the_limit_with_a_reserve() -> None:
     assert "fd limit 1024" in low.warning and "LimitNOFILE" in low.warning
     with pytest.raises(InfScalerError, match="leaves 0 fds for clients"):
         plan_fds(200, 512, 256, reserve=256)
+
+
+def test_plan_fds_counts_the_grpc_sockets_connections_three_fds_each() -> None:
+    # 512 HTTP (twice: refusals) + 512 gRPC x 3 (client, gate upstream, grpcio) + 256
+    assert plan_fds(3072, 512, 256, grpc=True).warning == ""
+    low = plan_fds(3071, 512, 256, grpc=True)
+    assert low.max_connections < 512 and "fd limit" in low.warning
+    assert 5 * low.max_connections + low.regions <= 3071 - FD_RESERVE
+    assert plan_fds(3071, 512, 256).warning == ""  # HTTP alone fits
 
 
 # -- variant loads -------------------------------------------------------------------------
