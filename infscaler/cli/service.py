@@ -668,25 +668,7 @@ async def _serve(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
             f"pool {pool_mb} MB)"
         )
-        await loop.run_in_executor(None, _plan_together, service, configs)
-        for cfg in configs:
-            notifier.status(f"deploying {cfg.name}")
-
-            def progress(msg: str) -> None:
-                _say(f"  {msg}")
-                notifier.extend_timeout(120)
-
-            t0 = time.perf_counter()
-            deploy = loop.run_in_executor(None, lambda c=cfg: service.deploy(c, progress=progress))
-            waiter = asyncio.ensure_future(stop.wait())
-            done, _ = await asyncio.wait({deploy, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if waiter in done:
-                err.print("interrupted while deploying")
-                await deploy
-                break
-            waiter.cancel()
-            deploy.result()
-            _say(f"deployed {cfg.name} in {time.perf_counter() - t0:.1f} s")
+        await _deploy_given(service, configs, stop, notifier)
         if not stop.is_set():
             service.starting = False
             names = ", ".join(d.name for d in service.deployments()) or "no pipelines"
@@ -722,6 +704,34 @@ async def _serve(
             await runner.cleanup()
         with contextlib.suppress(OSError):
             os.unlink(socket_path)
+
+
+async def _deploy_given(
+    service: Any, configs: list[Any], stop: asyncio.Event, notifier: Any
+) -> None:
+    """Plan the pipelines given on the command line together, then deploy them one by
+    one (each in a worker thread, systemd told of the progress); a stop signal ends it
+    after the deploy in progress."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, _plan_together, service, configs)
+    for cfg in configs:
+        notifier.status(f"deploying {cfg.name}")
+
+        def progress(msg: str) -> None:
+            _say(f"  {msg}")
+            notifier.extend_timeout(120)
+
+        t0 = time.perf_counter()
+        deploy = loop.run_in_executor(None, lambda c=cfg: service.deploy(c, progress=progress))
+        waiter = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({deploy, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter in done:
+            err.print("interrupted while deploying")
+            await deploy
+            return
+        waiter.cancel()
+        deploy.result()
+        _say(f"deployed {cfg.name} in {time.perf_counter() - t0:.1f} s")
 
 
 def _plan_together(service: Any, configs: list[Any]) -> None:

@@ -86,12 +86,19 @@ class _Service:
         return fut
 
 
+class _View:
+    """A request's view of no shared memory (nothing read, nothing to give back)."""
+
+    def release(self) -> None:
+        pass
+
+
 class _Shm:
     def __init__(self) -> None:
         self.registered: list[str] = []
 
-    def for_peer(self, peer: Peer) -> Any:
-        return None
+    def for_peer(self, peer: Peer, **limits: Any) -> Any:
+        return _View()
 
     def register(self, name: str, *args: Any) -> None:
         self.registered.append(name)
