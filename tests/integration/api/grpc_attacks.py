@@ -325,6 +325,16 @@ def hold_pending(sock: str, model: str, n: int, hold_s: float) -> dict[str, int]
     return dict(codes)
 
 
+def http_infer(sock: str, model: str) -> list[Any]:
+    """One HTTP inference of ``model`` (x FP32 [1, 4]): [status, body]. For a client
+    that must not be forked from a process running gRPC (a service in the test's own
+    process): as an attack, it starts in a fresh interpreter."""
+    from tests.integration.api.test_security import call
+
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]}
+    return list(call(sock, "POST", f"/v2/models/{model}/infer", body))
+
+
 def root_probe(sock: str) -> dict[str, list[Any]]:
     """The operator's view: ServerReady and a ModelInfer, each [code, seconds]."""
     import tritonclient.grpc as tg
@@ -355,6 +365,7 @@ ATTACKS = {
         shm_oversized,
         hold_pending,
         root_probe,
+        http_infer,
     )
 }
 
@@ -367,6 +378,7 @@ if __name__ == "__main__":
 
     import infscaler.api.grpc.grpc_service_pb2  # noqa: F401
     import infscaler.api.sysshm  # noqa: F401
+    import tests.integration.api.test_security  # noqa: F401
 
     name, raw, uid, group = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     os.setgroups([group])

@@ -29,7 +29,8 @@ from infscaler.base.security import SecurityPolicy  # noqa: E402
 from infscaler.service.service import Service  # noqa: E402
 from tests import TESTS_DIR  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
-from tests.integration.api.test_security import GROUP, OTHER_UID, as_user, call  # noqa: E402
+from tests.integration.api.grpc_attacks import run_as  # noqa: E402
+from tests.integration.api.test_security import GROUP, OTHER_UID, call  # noqa: E402
 
 NOBODY = 65534
 PENDING_PER_UID = 3
@@ -170,7 +171,8 @@ def test_a_uid_holds_its_share_of_pending_requests_over_http_and_grpc(served) ->
         refused = json.loads(proc.stdout.readline() or "null")
         assert refused is not None, proc.stderr.read()[-2000:]
         # another uid in the group, and root, are admitted meanwhile (other pipeline)
-        other = as_user(call, served["http"], "POST", "/v2/models/fast/infer", X, uid=OTHER_UID)
+        # (a fresh interpreter, not a fork: this process runs the gRPC server's threads)
+        other = run_as("http_infer", served["http"], "fast", uid=OTHER_UID, group=GROUP)
         root = call(served["http"], "POST", "/v2/models/fast/infer", X)
         assert frontend.pending_by_uid() == {NOBODY: PENDING_PER_UID}  # still held
         assert not served["release"].exists()
@@ -211,7 +213,7 @@ def test_a_requests_timeout_never_passes_its_pipelines(served) -> None:
     (``timeout_ms`` over HTTP, the call's deadline over gRPC) times out with 503 /
     UNAVAILABLE at the pipeline's second; with the hour it would have been answered."""
     body = {**X, "parameters": {"timeout_ms": 3_600_000}}
-    status, out = as_user(call, served["http"], "POST", "/v2/models/short/infer", body)
+    status, out = call(served["http"], "POST", "/v2/models/short/infer", body)
     assert status == 503 and "request timed out" in out["error"], out  # type: ignore[index]
     assert 0.5 < _timeout_s(out["error"]) <= 1.0, out  # type: ignore[index]
     c = tg.InferenceServerClient(url="unix:" + served["grpc"])
