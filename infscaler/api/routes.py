@@ -59,7 +59,7 @@ from infscaler.api.taskroute import (
     task_router,
     task_specs,
 )
-from infscaler.base.security import is_privileged, peer_of
+from infscaler.base.security import peer_of, quota_uid
 
 # -- health / metadata -----------------------------------------------------------------
 
@@ -188,7 +188,6 @@ async def infer(request: web.Request) -> web.Response:
     req = await _read_infer_request(request, specs)
     timeout_s = parse_timeout_ms(req.parameters)
     priority, queue_timeout_us = parse_queue_params(req.parameters)
-    peer = peer_of(request)
     fut = service.submit(
         name,
         slot_arrays(req.inputs),
@@ -196,7 +195,7 @@ async def infer(request: web.Request) -> web.Response:
         request.get(ARRIVED),
         priority=priority,
         queue_timeout_us=queue_timeout_us,
-        uid=None if is_privileged(peer) else peer.uid,  # held to pending_per_uid
+        uid=quota_uid(peer_of(request)),  # held to pending_per_uid
     )
     result = await asyncio.wrap_future(fut)
     return _infer_response(request, req, name, dep, result, {})

@@ -57,7 +57,13 @@ from infscaler.api.codec_tensors import (
 )
 from infscaler.api.codec_tensors import parse_bytes as _parse_bytes
 from infscaler.base.errors import InfScalerError
-from infscaler.base.security import Peer, is_privileged, is_privileged_uid, may_read_write
+from infscaler.base.security import (
+    Peer,
+    is_privileged,
+    is_privileged_uid,
+    may_read_write,
+    quota_uid,
+)
 
 try:
     import _posixshmem
@@ -589,8 +595,7 @@ class PeerRegistry:
                 hint="send a smaller batch, or split it over several requests",
             )
         if self.budget is not None:
-            peer = self.peer
-            uid = None if is_privileged(peer) or peer is None else peer.uid
+            uid = quota_uid(self.peer)
             self.budget.reserve_bytes(2 * nbytes, uid)
             self._uid = uid
             self.reserved += 2 * nbytes

@@ -24,7 +24,7 @@ from typing import Any
 
 from infscaler.api.codec import TensorSpec
 from infscaler.api.common import slot_arrays
-from infscaler.base.security import Peer, is_privileged
+from infscaler.base.security import Peer, is_privileged, quota_uid
 from infscaler.modelless.selector import SelectionError
 from infscaler.modelless.tasks import TaskRouter, task_interface
 from infscaler.modelless.variants import VariantRegistry
@@ -202,7 +202,7 @@ async def infer_task(
             min_accuracy=params.get("min_accuracy"),
             timeout_s=timeout_s,
             before_load=before_load,
-            uid=None if is_privileged(peer) else peer.uid,
+            uid=quota_uid(peer),
         ),
     )
     try:

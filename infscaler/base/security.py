@@ -56,6 +56,7 @@ __all__ = [
     "check_plain_function",
     "is_privileged",
     "is_privileged_uid",
+    "quota_uid",
     "may_read_write",
     "peer_of",
     "peer_uid",
@@ -178,6 +179,13 @@ def peer_of(request: Any) -> Peer:
 def is_privileged(peer: Peer | None) -> bool:
     """None (an in-process caller, no socket) or a privileged peer."""
     return peer is None or peer.privileged
+
+
+def quota_uid(peer: Peer | None) -> int | None:
+    """The key a client's per-uid quotas count it under: its uid, or None for the
+    service's own user, root and in-process callers (held to the service-wide limits
+    only: :mod:`infscaler.base.quotas`)."""
+    return None if is_privileged(peer) else peer.uid  # type: ignore[union-attr]
 
 
 def is_privileged_uid(uid: int | None) -> bool:

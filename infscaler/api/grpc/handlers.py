@@ -75,7 +75,7 @@ from infscaler.api.taskroute import (
     task_specs,
 )
 from infscaler.base.errors import InfScalerError
-from infscaler.base.security import Peer, is_privileged, redact, require_privileged
+from infscaler.base.security import Peer, is_privileged, quota_uid, redact, require_privileged
 
 __all__ = ["SERVICE_NAME", "Handlers"]
 
@@ -354,7 +354,7 @@ class Handlers:
         nbytes = max(0, scan.held - 2 * len(message))
         if not self.gate_reserves:
             nbytes += 2 * len(message)
-        uid = None if is_privileged(peer) else peer.uid
+        uid = quota_uid(peer)
         if nbytes:
             service.reserve_bytes(nbytes, uid)
         # shared memory reads: charged to the client and bounded by the pool, as over HTTP
