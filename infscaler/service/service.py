@@ -49,17 +49,13 @@ from infscaler.runtime.scaling.wakesetting import (
 )
 from infscaler.runtime.serving.admission import ByteBudget
 from infscaler.runtime.serving.frontend import FrontEnd, RequestError
-from infscaler.runtime.serving.pipeline import TRACE, default_state_dir
+from infscaler.runtime.serving.pipeline import default_state_dir
 from infscaler.service.deploy import Deployment, DeployMixin
 from infscaler.service.scale import ScaleMixin
 from infscaler.service.status import degraded_reasons, pipeline_status, service_status
 from infscaler.shm.cleanup import record_pool, remove_stale_pools, unrecord_pool
 from infscaler.shm.manager import TensorSharingManager
 from infscaler.shm.pool import TensorPool
-from infscaler.shm.tensors import SlotFormatError, tensors_nbytes
-
-#: the trace tensor the front end adds to a request's first slot (empty at the start)
-_NO_TRACE = np.zeros((0, 4), dtype=np.int64)
 
 __all__ = [
     "Deployment",
@@ -561,13 +557,13 @@ class Service(DeployMixin, ScaleMixin):
 
         Raises:
             ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout or
-            priority, (503) overloaded / the uid's share of requests pending / its
+            priority, (413) inputs larger than :attr:`max_input_bytes`, (503) overloaded /
+            the uid's share of requests pending / its
             queue full / refused at arrival / stopping.
         """
         dep = self.deployment(name)
         if self._stopping:
             raise RequestError("the service is stopping")
-        self._check_input_bytes(dep, inputs)
         return self.frontend.submit(
             dep.route,
             inputs,
@@ -580,37 +576,9 @@ class Service(DeployMixin, ScaleMixin):
 
     @property
     def max_input_bytes(self) -> int | None:
-        """The most bytes a request's input tensors may take in the tensor pool, as the
-        front end lays them into one slot (:func:`~infscaler.shm.tensors.tensors_nbytes`):
-        the pool's largest slot, or its cap when that is smaller (None before start).
-        A larger request could never be granted a slot."""
-        if self.pool is None:
-            return None
-        return min(self.pool.size_classes[-1], self.pool.cap_bytes)
-
-    def _check_input_bytes(self, dep: Deployment, inputs: dict[str, np.ndarray]) -> None:
-        """Refuse, before anything is queued, a request whose inputs no slot can hold.
-
-        Raises:
-            RequestError: (413) the inputs take more than :attr:`max_input_bytes`.
-        """
-        limit = self.max_input_bytes
-        if limit is None:
-            return
-        front: dict[str, Any] = {n: inputs[n] for n in dep.pipeline.front_inputs if n in inputs}
-        front[TRACE] = _NO_TRACE  # the front end adds its (empty) trace tensor
-        try:
-            need = tensors_nbytes(front)
-        except SlotFormatError:
-            return  # the front end refuses it with the reason
-        if need > limit:
-            raise RequestError(
-                f"the request's inputs take {need} bytes in the tensor pool; pipeline "
-                f"{dep.name} takes at most {limit} bytes a request (the pool's largest slot "
-                f"or its cap)",
-                413,
-                "send a smaller batch, or split it over several requests",
-            )
+        """The most bytes a request's input tensors may take in the tensor pool
+        (:attr:`FrontEnd.max_input_bytes`; None before start)."""
+        return None if self.frontend is None else self.frontend.max_input_bytes
 
     def infer(self, name: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None):
         """Blocking :meth:`submit` (for tests and scripts)."""

@@ -201,7 +201,8 @@ class FrontEnd:
 
         Raises:
             RequestError: (400) ``timeout_s`` not a positive finite number, ``priority``
-                out of range; (503) the
+                out of range; (413) its inputs take more than :attr:`max_input_bytes`
+                (refused before anything is queued); (503) the
                 front end failed, the pipeline is not accepting requests (being
                 removed, or the service drains), ``max_pending`` requests are in
                 flight (or the uid's share of them), the pipeline's queue is full
@@ -211,6 +212,7 @@ class FrontEnd:
         """
         fut: concurrent.futures.Future = concurrent.futures.Future()
         config = route.pipeline.config
+        first, slot_bytes = self._first_slot(route, inputs)
         try:
             level = request_level(priority, config.priority)
         except ValueError as exc:
@@ -226,42 +228,8 @@ class FrontEnd:
             now = time.monotonic()
             arrived = now if arrived_s is None else min(float(arrived_s), now)
             overloaded = route.overloaded(now)
-            service_ms, interval_ms = route.estimates(overloaded)
-            # in overload admission judges on the drain time: the progress is not read
-            if overloaded:
-                remaining_ms, units = None, route.units(overloaded)
-            else:
-                remaining_ms, units = route.progress(now)
             decision = admit_request(
-                ArrivalSnapshot(
-                    pipeline=route.pipeline.name,
-                    timeout_s=timeout_s,
-                    default_timeout_s=config.request_timeout_s,
-                    spent_ms=(now - arrived) * 1e3,  # reading and decoding it took this much
-                    failure=self.failure,
-                    accepting=route.accepting and not self._closing,
-                    unavailable_reason=route.unavailable_reason,
-                    unavailable_retry_s=route.retry_after_s,
-                    pending=len(self._pending),
-                    max_pending=self.max_pending,
-                    uid=uid,
-                    uid_pending=0 if uid is None else self._by_uid[uid],
-                    pending_per_uid=self.pending_per_uid,
-                    operator_pending=self.operator_pending,
-                    ahead=route.admitted,
-                    queue_limit=route.queue_limit,
-                    shed_reason=route.shed_reason,
-                    slo_ms=config.slo_ms,
-                    service_ms=service_ms,
-                    interval_ms=interval_ms,
-                    remaining_ms=remaining_ms,
-                    units=units,
-                    lenience=route.lenience(now, overloaded),
-                    overloaded=overloaded,
-                    level=level,
-                    queued=tuple(route.queued.items()),
-                    max_queue_size=policy.max_queue_size,
-                )
+                self._arrival(route, timeout_s, now, arrived, overloaded, level, uid)
             )
             if not decision.admit:
                 self._refused(route, decision)
@@ -269,8 +237,9 @@ class FrontEnd:
             seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
             deadline = arrived + decision.timeout_s
             p = PendingRequest(
-                seq, route, inputs, fut, deadline, time.monotonic_ns(), level=level, uid=uid
+                seq, route, first, fut, deadline, time.monotonic_ns(), level=level, uid=uid
             )
+            p.slot_bytes = slot_bytes
             p.order = self._backlog.next_order()
             if queue_s is not None:
                 p.queue_deadline = arrived + queue_s
@@ -292,6 +261,92 @@ class FrontEnd:
         if self.failure is not None:  # it died meanwhile: nothing will serve this one
             self._complete_error(p, RequestError(f"the front end failed: {self.failure}"))
         return fut
+
+    def _arrival(
+        self,
+        route: Route,
+        timeout_s: float | None,
+        now: float,
+        arrived: float,
+        overloaded: bool,
+        level: int,
+        uid: int | None,
+    ) -> ArrivalSnapshot:
+        """What the front end knows as a request arrives (call under the lock): the
+        snapshot :func:`~infscaler.runtime.serving.admission.admit_request` decides on."""
+        config = route.pipeline.config
+        service_ms, interval_ms = route.estimates(overloaded)
+        # in overload admission judges on the drain time: the progress is not read
+        if overloaded:
+            remaining_ms, units = None, route.units(overloaded)
+        else:
+            remaining_ms, units = route.progress(now)
+        return ArrivalSnapshot(
+            pipeline=route.pipeline.name,
+            timeout_s=timeout_s,
+            default_timeout_s=config.request_timeout_s,
+            spent_ms=(now - arrived) * 1e3,  # reading and decoding it took this much
+            failure=self.failure,
+            accepting=route.accepting and not self._closing,
+            unavailable_reason=route.unavailable_reason,
+            unavailable_retry_s=route.retry_after_s,
+            pending=len(self._pending),
+            max_pending=self.max_pending,
+            uid=uid,
+            uid_pending=0 if uid is None else self._by_uid[uid],
+            pending_per_uid=self.pending_per_uid,
+            operator_pending=self.operator_pending,
+            ahead=route.admitted,
+            queue_limit=route.queue_limit,
+            shed_reason=route.shed_reason,
+            slo_ms=config.slo_ms,
+            service_ms=service_ms,
+            interval_ms=interval_ms,
+            remaining_ms=remaining_ms,
+            units=units,
+            lenience=route.lenience(now, overloaded),
+            overloaded=overloaded,
+            level=level,
+            queued=tuple(route.queued.items()),
+            max_queue_size=config.queue_policy.max_queue_size,
+        )
+
+    @property
+    def max_input_bytes(self) -> int | None:
+        """The most bytes a request's first slot may take (its input tensors as
+        :func:`~infscaler.shm.tensors.tensors_nbytes` lays them out): the pool's largest
+        slot, or its cap when that is smaller (None without a pool). A larger request
+        could never be granted a slot."""
+        if self.pool is None:
+            return None
+        return min(self.pool.size_classes[-1], self.pool.cap_bytes)
+
+    def _first_slot(
+        self, route: Route, inputs: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], int | None]:
+        """The tensors of a request's first slot (its front inputs and the empty trace)
+        and their size, bytes (None: a tensor the slot format refuses; sending it fails
+        with the reason).
+
+        Raises:
+            RequestError: (413) larger than :attr:`max_input_bytes`.
+        """
+        first = {n: inputs[n] for n in route.pipeline.front_inputs}
+        first[TRACE] = _EMPTY_TRACE
+        try:
+            nbytes = tensors_nbytes(first)
+        except SlotFormatError:
+            return first, None
+        limit = self.max_input_bytes
+        if limit is not None and nbytes > limit:
+            raise RequestError(
+                f"the request's inputs take {nbytes} bytes in the tensor pool; pipeline "
+                f"{route.pipeline.name} takes at most {limit} bytes a request (the pool's "
+                "largest slot or its cap)",
+                413,
+                "send a smaller batch, or split it over several requests",
+            )
+        return first, nbytes
 
     def _refused(self, route: Route, decision: ArrivalDecision) -> NoReturn:
         """Count a refusal of :func:`~infscaler.runtime.serving.admission.admit_request` and raise it.
@@ -522,12 +577,13 @@ class FrontEnd:
                     self.counters["window_waits"] += 1
                 waiting.append((key, p))
                 continue
-            tensors = {n: p.inputs[n] for n in route.pipeline.front_inputs}  # type: ignore[index]
-            tensors[TRACE] = _EMPTY_TRACE
+            tensors = p.inputs
+            assert tensors is not None
             if (
                 self.admit_bytes is not None
                 and sum(running.values()) > 0
-                and self.pool.in_use_bytes() + tensors_nbytes(tensors) > self.admit_bytes
+                and self.pool.in_use_bytes() + (p.slot_bytes or tensors_nbytes(tensors))
+                > self.admit_bytes
             ):
                 self._note_wait(p, "admission_waits")
                 waiting.append((key, p))

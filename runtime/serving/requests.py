@@ -46,7 +46,7 @@ class PendingRequest:
 
     seq: int
     route: Route
-    inputs: dict[str, np.ndarray] | None
+    inputs: dict[str, np.ndarray] | None  # what goes into its first slot, until it is sent
     future: concurrent.futures.Future
     deadline: float
     t_submit_ns: int
@@ -63,7 +63,10 @@ class PendingRequest:
     order: int = 0  # its arrival order in the backlog
     queue_deadline: float | None = None  # when its queue timeout passes (monotonic s)
     delayed: bool = False  # its queue timeout passed with timeout_action DELAY
-    uid: int | None = None  # its client's uid (None: the operator or in-process)
+    uid: int | None = None
+    slot_bytes: int | None = (
+        None  # its first slot's size (tensors_nbytes; None: unknown)  # its client's uid (None: the operator or in-process)
+    )
 
     def move(self, to: RequestPhase) -> None:
         """Change :attr:`phase` to ``to`` (checked against the one table:
