@@ -132,6 +132,25 @@ BYTES_ELEMENT_OVERHEAD = 41
 BYTES_DECODE_SLACK = 1 << 20
 
 
+def bytes_decode_bound(data_bytes: int) -> int:
+    """The most bytes ``data_bytes`` of BYTES layout may decode to: twice them plus
+    :data:`BYTES_DECODE_SLACK` (the in-flight budget counts a request at twice its body)."""
+    return 2 * data_bytes + BYTES_DECODE_SLACK
+
+
+def bytes_too_large(where: str, count: int, data_bytes: int) -> ProtocolError:
+    """The refusal (413) of ``count`` BYTES elements in ``data_bytes`` of layout that
+    would decode to more than :func:`bytes_decode_bound`."""
+    return ProtocolError(
+        f"{where}: {count} BYTES elements in {data_bytes} bytes would take more than "
+        f"{bytes_decode_bound(data_bytes)} bytes decoded (each element of 2 or more bytes "
+        f"is a Python object of {BYTES_ELEMENT_OVERHEAD} bytes plus its data; at most twice "
+        "the data's size plus 1 MB is decoded)",
+        413,
+        hint="send fewer, longer elements, or the bytes as a UINT8 tensor",
+    )
+
+
 def parse_bytes(buf: Any, count: int, where: str, *, exact: bool) -> tuple[np.ndarray, int]:
     """``count`` BYTES elements (4-byte little-endian length, then the bytes) from the
     start of ``buf``: ``(object array of bytes, bytes used)``.
@@ -153,7 +172,7 @@ def parse_bytes(buf: Any, count: int, where: str, *, exact: bool) -> tuple[np.nd
             "little-endian length followed by its bytes)"
         )
     out = np.empty(count, dtype=object)
-    bound = 2 * end + BYTES_DECODE_SLACK
+    bound = bytes_decode_bound(end)
     decoded = 8 * count
     for i in range(count):
         if pos + 4 > end:
@@ -170,14 +189,7 @@ def parse_bytes(buf: Any, count: int, where: str, *, exact: bool) -> tuple[np.nd
         if n > 1:
             decoded += BYTES_ELEMENT_OVERHEAD - 8 + n
             if decoded > bound:
-                raise ProtocolError(
-                    f"{where}: {count} BYTES elements in {end} bytes would take more than "
-                    f"{bound} bytes decoded (each element of 2 or more bytes is a Python "
-                    f"object of {BYTES_ELEMENT_OVERHEAD} bytes plus its data; at most twice "
-                    "the data's size plus 1 MB is decoded)",
-                    413,
-                    hint="send fewer, longer elements, or the bytes as a UINT8 tensor",
-                )
+                raise bytes_too_large(where, count, end)
         out[i] = mv[pos : pos + n].tobytes()
         pos += n
     if exact and pos != end:

@@ -49,8 +49,9 @@ from infscaler.api.codec import (
     tensor_to_bytes,
 )
 from infscaler.api.codec_tensors import (
-    BYTES_DECODE_SLACK,
     BYTES_ELEMENT_OVERHEAD,
+    bytes_decode_bound,
+    bytes_too_large,
     dumps,
 )
 from infscaler.api.grpc import grpc_service_pb2 as pb
@@ -218,16 +219,8 @@ def _bytes_layout_size(values: Any, count: int, where: str) -> int:
         size += n
         if n > 1:
             decoded += BYTES_ELEMENT_OVERHEAD - 8 + n
-    bound = 2 * size + BYTES_DECODE_SLACK
-    if decoded > bound:
-        raise ProtocolError(
-            f"{where}: {count} BYTES elements of {size} bytes would take {decoded} bytes "
-            f"decoded, more than {bound} (each element of 2 or more bytes is a Python object of "
-            f"{BYTES_ELEMENT_OVERHEAD} bytes plus its data; at most twice the data's size plus "
-            "1 MB is decoded)",
-            413,
-            hint="send fewer, longer elements, or the bytes as a UINT8 tensor",
-        )
+    if decoded > bytes_decode_bound(size):
+        raise bytes_too_large(where, count, size)
     return size
 
 
