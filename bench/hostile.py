@@ -45,13 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._common import environment, now_utc, write_json  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
 from tests.integration.api.grpc_attacks import run_as  # noqa: E402
 from tests.integration.api.test_hostile import (  # noqa: E402
     BINARY,
@@ -64,6 +62,7 @@ from tests.integration.api.test_hostile import (  # noqa: E402
     _rss_mb,
     _shm_reads,
     _shrink_race,
+    root_service,
 )
 from tests.integration.api.test_security import (  # noqa: E402
     CHAIN,
@@ -95,42 +94,6 @@ SLOW = {
         },
     ],
 }
-
-
-def start_service(tmp: Path) -> tuple[subprocess.Popen, str, Path]:
-    public = Path(tempfile.mkdtemp(prefix="isc-hostile-"))
-    public.chmod(0o711)
-    sock = str(public / "api.sock")
-    pipelines = []
-    for cfg in (CHAIN, SLOW):
-        path = tmp / f"{cfg['name']}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        pipelines.append(str(path))
-    log = tmp / "serve.log"
-    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tests'}{os.pathsep}{ROOT}")
-    args = [str(a) for kv in QUOTAS.items() for a in kv]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "infscaler", "serve", "--socket", sock, "--socket-group",
-             str(GROUP), "--state-dir", str(tmp / "state"), "--control-path", "userspace",
-             "--pool-mb", "64", *args, *pipelines],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise SystemExit(f"the service exited: {log.read_text()[-2000:]}")
-        return call(sock, "GET", "/v2/health/ready")[0] == 200 if os.path.exists(sock) else False
-
-    wait_for(lambda: _safe(ready), 180, "the service")
-    return proc, sock, log
-
-
-def _safe(fn: Any) -> Any:
-    try:
-        return fn()
-    except OSError:
-        return False
 
 
 def shm_objects() -> int:
@@ -461,39 +424,36 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("run as root: the attackers are switched to uid 65534 / 65533")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="isc-hostile-bench-") as td:
-        proc, sock, log = start_service(Path(td))
+    flags = [str(x) for kv in QUOTAS.items() for x in kv]
+    with (
+        tempfile.TemporaryDirectory(prefix="isc-hostile-bench-") as td,
+        root_service(Path(td), [CHAIN, SLOW], flags) as served,
+    ):
+        proc, sock, log = served["proc"], served["sock"], served["log"]
         pid = proc.pid
-        try:
-            classes = [
-                run_class("shrink", lambda: attack_shrink(sock, a.shrink_rounds), proc, sock),
-                run_class(
-                    "grpc_shrink", lambda: attack_grpc_shrink(sock, a.shrink_rounds), proc, sock
-                ),
-            ]
-            classes += [run_class(n, lambda f=f: f(sock), proc, sock) for n, f in ATTACKS.items()]
-            classes.append(run_class("pending", lambda: attack_pending(sock), proc, sock))
-            result: dict[str, Any] = {
-                "when": now_utc(),
-                "environment": environment(),
-                "quotas": QUOTAS,
-                "classes": classes,
-                "crashes": sum(not c["pid_unchanged"] for c in classes),
-                "root_within_1s_after_every_class": all(c["root"]["within_1s"] for c in classes),
-            }
-            if a.soak_min > 0:
-                result["soak"] = soak(proc, sock, a.soak_min)
-                plot(result["soak"], a.out.with_name(a.out.stem + "_soak.png"))
-            result["service_pid_unchanged"] = proc.poll() is None and proc.pid == pid
-            log_text = log.read_text()
-            result["log_lines"] = log_text.count("\n")
-            result["log_bytes"] = len(log_text)
-        finally:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(60)
-        write_json(a.out, result)
-        print(f"wrote {a.out}")
+        classes = [
+            run_class("shrink", lambda: attack_shrink(sock, a.shrink_rounds), proc, sock),
+            run_class("grpc_shrink", lambda: attack_grpc_shrink(sock, a.shrink_rounds), proc, sock),
+        ]
+        classes += [run_class(n, lambda f=f: f(sock), proc, sock) for n, f in ATTACKS.items()]
+        classes.append(run_class("pending", lambda: attack_pending(sock), proc, sock))
+        result: dict[str, Any] = {
+            "when": now_utc(),
+            "environment": environment(),
+            "quotas": QUOTAS,
+            "classes": classes,
+            "crashes": sum(not c["pid_unchanged"] for c in classes),
+            "root_within_1s_after_every_class": all(c["root"]["within_1s"] for c in classes),
+        }
+        if a.soak_min > 0:
+            result["soak"] = soak(proc, sock, a.soak_min)
+            plot(result["soak"], a.out.with_name(a.out.stem + "_soak.png"))
+        result["service_pid_unchanged"] = proc.poll() is None and proc.pid == pid
+        log_text = log.read_text()
+        result["log_lines"] = log_text.count("\n")
+        result["log_bytes"] = len(log_text)
+    write_json(a.out, result)
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

@@ -98,11 +98,25 @@ def _key() -> str:
 # -- the attacks --------------------------------------------------------------------------
 
 
+def shrink_loop(key: str, size: int, data: bytes, stop: threading.Event) -> None:
+    """Shrink shm object ``key`` to 0 and grow it back to ``size`` with ``data`` at its
+    start, every ~0.5 ms, until ``stop`` (the shrinking-region attack of both sockets)."""
+    fd = os.open("/dev/shm/" + key, os.O_RDWR)
+    try:
+        while not stop.is_set():
+            os.ftruncate(fd, 0)
+            time.sleep(0.0005)
+            os.ftruncate(fd, size)
+            os.pwrite(fd, data, 0)
+            time.sleep(0.0005)
+    finally:
+        os.close(fd)
+
+
 def shrink(sock: str, rounds: int) -> dict[str, int]:
     """A registered object shrunk to 0 and back while ModelInfer reads its input from it
     (every call) and writes its output to it (every other call): codes counted; a served
     input read is whole (``OK-wrong`` would count a torn one)."""
-    import numpy as np
     import tritonclient.grpc as tg
 
     from infscaler.api.sysshm import SharedMemoryRegion
@@ -113,23 +127,12 @@ def shrink(sock: str, rounds: int) -> dict[str, int]:
     region.set(_x())
     stop = threading.Event()
     counts: Counter[str] = Counter()
-
-    def shrinker() -> None:
-        fd = os.open("/dev/shm/" + key, os.O_RDWR)
-        try:
-            while not stop.is_set():
-                os.ftruncate(fd, 0)
-                time.sleep(0.0005)
-                os.ftruncate(fd, size)
-                os.pwrite(fd, _x().tobytes(), 0)
-                time.sleep(0.0005)
-        finally:
-            os.close(fd)
-
     try:
         c.register_system_shared_memory("gin", "/" + key, 2048, 0)
         c.register_system_shared_memory("gout", "/" + key, 2048, 2048)
-        t = threading.Thread(target=shrinker, daemon=True)
+        t = threading.Thread(
+            target=shrink_loop, args=(key, size, _x().tobytes(), stop), daemon=True
+        )
         t.start()
         for i in range(rounds):
             outputs = None
@@ -151,7 +154,6 @@ def shrink(sock: str, rounds: int) -> dict[str, int]:
         c.unregister_system_shared_memory()
         region.close()
         c.close()
-    del np
     return dict(counts)
 
 

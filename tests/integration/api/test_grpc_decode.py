@@ -12,20 +12,16 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 tg = pytest.importorskip("tritonclient.grpc")
 
-from tests import TESTS_DIR  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
-from tests.integration.api.test_hostile import _rss_mb, _safe_ready, _stop  # noqa: E402
+from tests.integration.api.test_hostile import _rss_mb, root_service  # noqa: E402
 from tests.integration.api.test_security import CHAIN, GROUP, call  # noqa: E402
 
 MAX_BODY_MB = 64
@@ -83,32 +79,11 @@ print(json.dumps(out + [time.monotonic() - t0, len(message)]), flush=True)
 def svc(tmp_path_factory: pytest.TempPathFactory):
     if os.geteuid() != 0:
         pytest.skip("needs root: the clients are switched to uid 65534")
+    args = ["--max-inflight-mb", "512", "--max-body-mb", str(MAX_BODY_MB)]
     tmp = tmp_path_factory.mktemp("grpc-decode")
-    public = Path(tempfile.mkdtemp(prefix="isc-grpcdec-"))
-    public.chmod(0o711)
-    sock = str(public / "api.sock")
-    pipeline = tmp / "chain.yaml"
-    pipeline.write_text(yaml.safe_dump(CHAIN))
-    log_path = tmp / "serve.log"
-    env = dict(os.environ)
-    old = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = f"{TESTS_DIR}{os.pathsep}{old}" if old else str(TESTS_DIR)
-    args = ["--socket", sock, "--socket-group", str(GROUP), "--state-dir", str(tmp / "state")]
-    args += ["--control-path", "userspace", "--pool-mb", "256", "--max-inflight-mb", "512"]
-    args += ["--max-body-mb", str(MAX_BODY_MB)]
-    with open(log_path, "w") as log:
-        cmd = [sys.executable, "-m", "infscaler", "serve", *args, str(pipeline)]
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for(
-            lambda: proc.poll() is not None or _safe_ready(sock), 180, "the service to be ready"
-        )
-        assert proc.poll() is None, log_path.read_text()
-        grpc_sock = str(public / "api-grpc.sock")
-        wait_for(lambda: os.path.exists(grpc_sock), 60, "the gRPC socket")
-        yield {"sock": sock, "grpc": grpc_sock, "proc": proc, "log": log_path}
-    finally:
-        _stop(proc, sock, public)
+    with root_service(tmp, [CHAIN], args, pool_mb=256) as served:
+        wait_for(lambda: os.path.exists(served["grpc"]), 60, "the gRPC socket")
+        yield served
 
 
 def _attack(svc: dict, kind: str, n: int) -> tuple[list, float]:

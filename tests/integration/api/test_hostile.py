@@ -25,7 +25,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -33,6 +35,7 @@ import yaml
 from infscaler.api.client import Client
 from tests import TESTS_DIR
 from tests.helpers import wait_for
+from tests.integration.api.grpc_attacks import shrink_loop
 from tests.integration.api.test_security import CHAIN, GROUP, OTHER_UID, as_user, call
 
 NOBODY_UID = 65534
@@ -68,49 +71,9 @@ def _rss_mb(pid: int) -> float:
 def svc(tmp_path_factory: pytest.TempPathFactory):
     if os.geteuid() != 0:
         pytest.skip("needs root: the clients are switched to uid 65534 / 65533")
-    tmp = tmp_path_factory.mktemp("hostile")
-    public = Path(tempfile.mkdtemp(prefix="isc-hostile-"))
-    public.chmod(0o711)
-    sock = str(public / "api.sock")
-    pipeline = tmp / "chain.yaml"
-    pipeline.write_text(yaml.safe_dump(CHAIN))
-    log_path = tmp / "serve.log"
-    env = dict(os.environ)
-    old = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = f"{HERE}{os.pathsep}{old}" if old else str(HERE)
     args = [str(a) for kv in QUOTAS.items() for a in kv]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "infscaler",
-                "serve",
-                "--socket",
-                sock,
-                "--socket-group",
-                str(GROUP),
-                "--state-dir",
-                str(tmp / "state"),
-                "--control-path",
-                "userspace",
-                "--pool-mb",
-                "64",
-                *args,
-                str(pipeline),
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_for(
-            lambda: proc.poll() is not None or _safe_ready(sock), 180, "the service to be ready"
-        )
-        assert proc.poll() is None, log_path.read_text()
-        yield {"sock": sock, "proc": proc, "log": log_path}
-    finally:
-        _stop(proc, sock, public)
+    with root_service(tmp_path_factory.mktemp("hostile"), [CHAIN], args) as served:
+        yield served
 
 
 X = [[1.0, 2.0, 3.0, 4.0]]
@@ -152,19 +115,8 @@ def _shrink_race(sock: str, rounds: int) -> dict[str, int]:
             )
             assert st == 200, res
 
-        def shrink() -> None:
-            fd = os.open("/dev/shm/" + key, os.O_RDWR)
-            try:
-                while not stop.is_set():
-                    os.ftruncate(fd, 0)
-                    time.sleep(0.0005)
-                    os.ftruncate(fd, size)
-                    os.pwrite(fd, np.array(X, np.float32).tobytes(), 0)
-                    time.sleep(0.0005)
-            finally:
-                os.close(fd)
-
-        t = threading.Thread(target=shrink, daemon=True)
+        data = np.array(X, np.float32).tobytes()
+        t = threading.Thread(target=shrink_loop, args=(key, size, data, stop), daemon=True)
         t.start()
         shm_in = {"shared_memory_region": "in", "shared_memory_byte_size": 16}
         shm_out = {"shared_memory_region": "out", "shared_memory_byte_size": 16}
@@ -524,31 +476,12 @@ def test_under_a_low_fd_limit_a_flood_leaves_fds_for_instances(tmp_path: Path) -
         pytest.skip("needs root: the clients are switched to uid 65534 / 65533")
     import resource
 
-    public = Path(tempfile.mkdtemp(prefix="isc-fds-"))
-    public.chmod(0o711)
-    sock = str(public / "api.sock")
-    pipeline = tmp_path / "chain.yaml"
-    pipeline.write_text(yaml.safe_dump(CHAIN))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
-    log_path = tmp_path / "serve.log"
-
     def low_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (600, 600))
 
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "infscaler", "serve", "--socket", sock, "--socket-group",
-             str(GROUP), "--state-dir", str(tmp_path / "state"), "--control-path", "userspace",
-             "--pool-mb", "64", "--max-connections", "512", "--max-connections-per-uid", "512",
-             str(pipeline)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=low_limit,
-        )  # fmt: skip
-    try:
-        wait_for(
-            lambda: proc.poll() is not None or _safe_ready(sock), 180, "the service to be ready"
-        )
-        assert proc.poll() is None, log_path.read_text()
+    args = ["--max-connections", "512", "--max-connections-per-uid", "512"]
+    with root_service(tmp_path, [CHAIN], args, preexec_fn=low_limit) as served:
+        sock, proc, log_path = served["sock"], served["proc"], served["log"]
         fitted = re.search(r"the fd limit 600 fits (\d+) connections", log_path.read_text())
         assert fitted, log_path.read_text()
         conns = int(fitted.group(1))  # 138 of the 512 asked for, with 256 fds kept
@@ -584,6 +517,48 @@ def test_under_a_low_fd_limit_a_flood_leaves_fds_for_instances(tmp_path: Path) -
         t.join(60)
         assert out["n"] > 200
         assert "Too many open files" not in log_path.read_text()
+
+
+@contextlib.contextmanager
+def root_service(
+    tmp: Path,
+    configs: list[dict],
+    args: list[str],
+    *,
+    pool_mb: int = 64,
+    preexec_fn: Any = None,
+) -> Iterator[dict]:
+    """``infscaler serve`` as root in its own process (a crash shows as a dead pid) on
+    ``api.sock`` (and ``api-grpc.sock``) in a fresh directory others may traverse but
+    not list, group GROUP, serving the pipelines ``configs`` with the flags ``args``;
+    yields ``{"sock", "grpc", "proc", "log", "public"}`` once it is ready, then SIGTERMs
+    it and removes its sockets."""
+    public = Path(tempfile.mkdtemp(prefix="isc-hostile-"))
+    public.chmod(0o711)
+    sock = str(public / "api.sock")
+    paths = []
+    for cfg in configs:
+        path = tmp / f"{cfg['name']}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        paths.append(str(path))
+    log_path = tmp / "serve.log"
+    env = dict(os.environ)
+    old = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = f"{HERE}{os.pathsep}{old}" if old else str(HERE)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infscaler", "serve", "--socket", sock, "--socket-group",
+             str(GROUP), "--state-dir", str(tmp / "state"), "--control-path", "userspace",
+             "--pool-mb", str(pool_mb), *args, *paths],
+            env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
+        )  # fmt: skip
+    try:
+        wait_for(
+            lambda: proc.poll() is not None or _safe_ready(sock), 180, "the service to be ready"
+        )
+        assert proc.poll() is None, log_path.read_text()
+        grpc = str(public / "api-grpc.sock")
+        yield {"sock": sock, "grpc": grpc, "proc": proc, "log": log_path, "public": public}
     finally:
         _stop(proc, sock, public)
 
