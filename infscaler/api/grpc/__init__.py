@@ -130,11 +130,12 @@ class GrpcServer:
         prepare_socket_path(self.path)
         self._dir = Gate.make_private_dir(self.path)
         limit = self.max_body_mb << 20
+        budget = getattr(self.service, "inflight", None)  # the in-flight ByteBudget
         gate = self.gate = Gate(
             self._dir,
             self.limits.max_connections,
             self.limits.quotas,
-            budget=getattr(self.service, "inflight", None),
+            budget=budget,
             max_message=limit,
             header_timeout_s=self.limits.header_timeout_s,
             body_timeout_s=self.limits.body_timeout_s,
@@ -151,7 +152,7 @@ class GrpcServer:
             loads=self.loads,
             quotas=self.limits.quotas,
             # the gate reserves twice each message before grpcio reads it
-            gate_reserves=getattr(self.service, "inflight", None) is not None,
+            gate_reserves=budget is not None,
         )
         self._server.add_generic_rpc_handlers((handlers.generic_handler(),))
         if self._server.add_insecure_port(f"unix:{gate.upstream}") == 0:
