@@ -164,7 +164,13 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
     ``queue``, ``compute_input``, ``compute_infer``, ``compute_output``, ``cache_hit``,
     ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats``, then
     InfScaler's own fields (``latency_ms`` percentiles, ``fail_by_status``,
-    ``rejected``, ``arrival_rate_per_s``, ``units``).
+    ``rejected``, ``refused_by_code`` (the refusal codes of docs/api.md, counted),
+    ``configurations`` (how many have served it), ``arrival_rate_per_s``, ``units``).
+
+    The counts and durations are cumulative over the pipeline's life, as Triton's: a
+    switch of configuration (units replaced, K changed, instances added or removed)
+    does not reset them (:class:`~infscaler.runtime.serving.stats.PipelineLife`); the
+    percentiles and the arrival rate are over the configuration serving now.
 
     What is not measured reads 0 rather than a guess: the duration of failed requests
     (``fail.ns``), ``compute_input`` / ``compute_output`` (copying tensors in and out of
@@ -176,8 +182,6 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
     def dur(count: int, total_ms: float) -> dict[str, int]:
         return {"count": int(count), "ns": int(total_ms * 1e6)}
 
-    compute = [u["compute"] for u in snap["units"]]
-    queue = [u["queue"] for u in snap["units"]]
     status = service.pipeline_status(dep)
     return {
         "name": dep.name,
@@ -186,13 +190,11 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
         "inference_count": snap["success"],
         "execution_count": snap["success"],
         "inference_stats": {
-            "success": dur(snap["success"], lat["total_ms"]),
+            "success": dur(snap["success"], snap["latency_ms"]),
             "fail": dur(sum(snap["fail"].values()), 0.0),
-            "queue": dur(sum(q["count"] for q in queue), sum(q["total_ms"] for q in queue)),
+            "queue": dur(snap["queue_count"], snap["queue_ms"]),
             "compute_input": dur(0, 0.0),
-            "compute_infer": dur(
-                sum(c["count"] for c in compute), sum(c["total_ms"] for c in compute)
-            ),
+            "compute_infer": dur(snap["compute_count"], snap["compute_ms"]),
             "compute_output": dur(0, 0.0),
             "cache_hit": dur(0, 0.0),
             "cache_miss": dur(0, 0.0),
@@ -201,6 +203,8 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
         "latency_ms": {k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")},
         "fail_by_status": {str(k): v for k, v in snap["fail"].items()},
         "rejected": snap["rejected"],
+        "refused_by_code": snap["refused"],
+        "configurations": snap["configurations"],
         "arrival_rate_per_s": snap["arrival_rate_per_s"],
         "units": status["units"],
     }
