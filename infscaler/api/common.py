@@ -69,15 +69,29 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def error_response(message: str, status: int, retry_after_s: float | None = None) -> web.Response:
-    """A v2 error: ``{"error": message}``; with ``Retry-After: <ceil seconds>`` (at least
-    1) when ``retry_after_s`` is a finite number >= 0 (RFC 9110 section 10.2.3)."""
-    resp = json_response({"error": message}, status)
+def error_response(
+    message: str, status: int, retry_after_s: float | None = None, code: str | None = None
+) -> web.Response:
+    """A v2 error: ``{"error": message}``, with ``"code": code`` when there is one (a
+    refusal's reason code, :func:`error_code`; clients that read only ``error``, as
+    tritonclient, are not affected); with ``Retry-After: <ceil seconds>`` (at least 1)
+    when ``retry_after_s`` is a finite number >= 0 (RFC 9110 section 10.2.3)."""
+    doc = {"error": message} if code is None else {"error": message, "code": code}
+    resp = json_response(doc, status)
     if retry_after_s is not None:
         with contextlib.suppress(TypeError, ValueError, OverflowError):
             if math.isfinite(retry_after_s) and retry_after_s >= 0:
                 resp.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     return resp
+
+
+def error_code(exc: BaseException) -> str | None:
+    """``exc.code`` when it is a reason code (a short lower-case word, at most 32
+    characters: :class:`~infscaler.runtime.serving.requests.RequestError`'s), else None."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and 0 < len(code) <= 32 and code.replace("_", "a").isalpha():
+        return code if code.islower() else None
+    return None
 
 
 def status_of(exc: BaseException, default: int) -> int:
