@@ -273,11 +273,10 @@ class PipelineLife:
             refused before admission (as :class:`PipelineStats` counts them).
         refused: refusals by reason code (``Refusal`` values and ``queue_timeout``;
             the front end counts them through ``Route.refusals``).
-        latency_count / latency_ms: successes and their end-to-end latency, ms summed.
-        queue_count / queue_ms, compute_count / compute_ms: the units' queue and compute
-            times, every unit of every configuration, ms summed.
-        units: per unit name, ``[compute_count, compute_ms, queue_count, queue_ms]``
-            (a unit of the same name in the next configuration goes on counting).
+        latency_ms: the successes' end-to-end latency, ms summed.
+        units: per unit name, ``[runs, compute ms, queue ms]`` summed (a unit of the
+            same name in the next configuration goes on counting); :meth:`counters`
+            sums them over every unit of every configuration.
         last_inference_ms: wall clock of the last answer, ms since the epoch (0: none).
         configurations: how many configurations have served (1 + switches).
     """
@@ -287,29 +286,15 @@ class PipelineLife:
         self.fail: collections.Counter[int] = collections.Counter()
         self.rejected = 0
         self.refused: collections.Counter[str] = collections.Counter()
-        self.latency_count = 0
         self.latency_ms = 0.0
-        self.queue_count = 0
-        self.queue_ms = 0.0
-        self.compute_count = 0
-        self.compute_ms = 0.0
         self.last_inference_ms = 0
         self.configurations = 1
         self.units: dict[str, list[float]] = {}
 
-    def add_unit(self, name: str, compute_ms: float, queue_ms: float) -> None:
-        """One unit run of a request: its compute and queue ms (call under the lock)."""
-        self.compute_count += 1
-        self.compute_ms += compute_ms
-        self.queue_count += 1
-        self.queue_ms += queue_ms
-        u = self.units.get(name)
-        if u is None:
-            u = self.units[name] = [0, 0.0, 0, 0.0]
-        u[0] += 1
-        u[1] += compute_ms
-        u[2] += 1
-        u[3] += queue_ms
+    def unit_totals(self, name: str) -> list[float]:
+        """Unit ``name``'s ``[runs, compute ms, queue ms]``, to add to (call under the
+        lock)."""
+        return self.units.setdefault(name, [0, 0.0, 0.0])
 
     def counters(self) -> dict[str, Any]:
         """The counters as JSON-ready values (call under the lock): ``success``,
@@ -317,17 +302,18 @@ class PipelineLife:
         ``latency_count`` / ``latency_ms``, ``queue_count`` / ``queue_ms``,
         ``compute_count`` / ``compute_ms`` (ms summed), ``last_inference_ms``,
         ``configurations``."""
+        runs = int(sum(u[0] for u in self.units.values()))
         return {
             "success": self.success,
             "fail": dict(self.fail),
             "rejected": self.rejected,
             "refused": dict(sorted(self.refused.items())),
-            "latency_count": self.latency_count,
+            "latency_count": self.success,
             "latency_ms": self.latency_ms,
-            "queue_count": self.queue_count,
-            "queue_ms": self.queue_ms,
-            "compute_count": self.compute_count,
-            "compute_ms": self.compute_ms,
+            "queue_count": runs,
+            "queue_ms": sum(u[2] for u in self.units.values()),
+            "compute_count": runs,
+            "compute_ms": sum(u[1] for u in self.units.values()),
             "last_inference_ms": self.last_inference_ms,
             "configurations": self.configurations,
         }
@@ -360,6 +346,8 @@ class PipelineStats:
         self.life = life if life is not None else PipelineLife()
         #: refusals by reason code, over the pipeline's life (``Route.refusals``)
         self.refused = self.life.refused
+        with self._lock:
+            self._unit_totals = [self.life.unit_totals(n) for n in self.units]
         self.latency = LatencyWindow()
         self.arrivals = RateWindow()
         #: admitted and refused (shed / max_pending) requests: the offered load
@@ -429,8 +417,7 @@ class PipelineStats:
             life = self.life
             life.success += 1
             life.last_inference_ms = int(time.time() * 1e3)
-            life.latency_count += 1
-            life.latency_ms += float(latency_ms)
+            life.latency_ms += latency_ms
             self.latency.add(latency_ms)
             self._record_trace(trace, t_submit_ns, t_submit_ns + int(latency_ms * 1e6))
 
@@ -464,7 +451,10 @@ class PipelineStats:
             queue_ms = max(0, start - before) / 1e6
             self.compute[unit].add(compute_ms)
             self.queue[unit].add(queue_ms)
-            self.life.add_unit(self.units[unit], compute_ms, queue_ms)
+            u = self._unit_totals[unit]
+            u[0] += 1
+            u[1] += compute_ms
+            u[2] += queue_ms
             tail = t_done_ns - end if unit == last_unit and unit == len(self.units) - 1 else None
             self.idle[unit].add(int(inst), int(start), int(end), int(before), tail)
             prev_end[unit] = max(prev_end.get(unit, 0), end)
@@ -490,13 +480,13 @@ class PipelineStats:
         of that name)."""
         with self._lock:
             out = self.life.counters()
-            per = [self.life.units.get(name, (0, 0.0, 0, 0.0)) for name in self.units]
+            per = [self.life.units.get(name, (0, 0.0, 0.0)) for name in self.units]
             out["units"] = [
                 {
                     "compute_count": int(u[0]),
                     "compute_ms": float(u[1]),
-                    "queue_count": int(u[2]),
-                    "queue_ms": float(u[3]),
+                    "queue_count": int(u[0]),
+                    "queue_ms": float(u[2]),
                 }
                 for u in per
             ]
