@@ -5,7 +5,9 @@ Pure bookkeeping, no I/O: the front end feeds it from each request's trace (the
 ``CLOCK_MONOTONIC``), and the API / CLI read :meth:`PipelineStats.snapshot`. The field
 names follow Triton's statistics extension where they overlap (``success``, ``fail``,
 ``queue``, ``compute_infer`` as count + ns), plus percentiles, which Triton users
-otherwise compute from Prometheus.
+otherwise compute from Prometheus. The counters are the pipeline's, over its life
+(:class:`PipelineLife`, shared by each configuration's :class:`PipelineStats`); the
+windows are the configuration's that serves.
 """
 
 from __future__ import annotations
