@@ -12,10 +12,12 @@ import httpx
 import numpy as np
 import pytest
 
+from infscaler.api.client import Client
 from infscaler.api.codec import encode_infer_request
 from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.loadgen import LoadGenerator, LoadSpec, MeasureConfig
 from infscaler.api.server import ServerThread
+from infscaler.api.uds import InferenceServerError
 from infscaler.base.config import load_pipeline
 from infscaler.service.service import Service
 from tests.helpers import chain_pipeline
@@ -60,6 +62,9 @@ def test_a_refusal_says_its_code_over_http_grpc_and_to_the_load_generator(
             assert r.status_code == 503
             doc = r.json()
             assert doc["code"] == "shed" and "shed by the test" in doc["error"]
+            with Client(sock) as c, pytest.raises(InferenceServerError) as ce:
+                c.infer("chain", {"x": X})
+            assert ce.value.code == "shed" and ce.value.status == 503
             err = _grpc_infer(gsock)
             assert err.code() == grpc.StatusCode.UNAVAILABLE
             assert ("infscaler-code", "shed") in tuple(err.trailing_metadata() or ())
@@ -74,4 +79,4 @@ def test_a_refusal_says_its_code_over_http_grpc_and_to_the_load_generator(
     assert point.totals["refused"] > 0 and point.totals["ok"] == 0
     assert set(s["refused_by_code"]) == {"shed"}, s["refused_by_code"]
     # the service counted every refusal under the same code
-    assert stats["refused_by_code"]["shed"] == point.totals["refused"] + 2
+    assert stats["refused_by_code"]["shed"] == point.totals["refused"] + 3

@@ -30,3 +30,12 @@ def test_a_refused_connection_says_its_code() -> None:
     raw = _raw_error(503, "Service Unavailable", "too many connections", "", "connections")
     body = json.loads(raw.split(b"\r\n\r\n", 1)[1])
     assert body == {"error": "too many connections", "code": "connections"}
+
+
+def test_the_python_client_error_carries_the_code() -> None:
+    from infscaler.api.uds import InferenceServerError
+
+    e = InferenceServerError.from_body(503, "x", b'{"error": "queue full", "code": "queue_full"}')
+    assert e.status == 503 and e.code == "queue_full" and e.message == "queue full"
+    assert InferenceServerError.from_body(400, "x", b'{"error": "bad"}').code is None
+    assert InferenceServerError.from_body(502, "Bad Gateway", b"<html>").code is None
