@@ -69,15 +69,29 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def error_response(message: str, status: int, retry_after_s: float | None = None) -> web.Response:
-    """A v2 error: ``{"error": message}``; with ``Retry-After: <ceil seconds>`` (at least
-    1) when ``retry_after_s`` is a finite number >= 0 (RFC 9110 section 10.2.3)."""
-    resp = json_response({"error": message}, status)
+def error_response(
+    message: str, status: int, retry_after_s: float | None = None, code: str | None = None
+) -> web.Response:
+    """A v2 error: ``{"error": message}``, with ``"code": code`` when there is one (a
+    refusal's reason code, :func:`error_code`; clients that read only ``error``, as
+    tritonclient, are not affected); with ``Retry-After: <ceil seconds>`` (at least 1)
+    when ``retry_after_s`` is a finite number >= 0 (RFC 9110 section 10.2.3)."""
+    doc = {"error": message} if code is None else {"error": message, "code": code}
+    resp = json_response(doc, status)
     if retry_after_s is not None:
         with contextlib.suppress(TypeError, ValueError, OverflowError):
             if math.isfinite(retry_after_s) and retry_after_s >= 0:
                 resp.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     return resp
+
+
+def error_code(exc: BaseException) -> str | None:
+    """``exc.code`` when it is a reason code (a short lower-case word, at most 32
+    characters: :class:`~infscaler.runtime.serving.requests.RequestError`'s), else None."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and 0 < len(code) <= 32 and code.replace("_", "a").isalpha():
+        return code if code.islower() else None
+    return None
 
 
 def status_of(exc: BaseException, default: int) -> int:
@@ -164,7 +178,13 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
     ``queue``, ``compute_input``, ``compute_infer``, ``compute_output``, ``cache_hit``,
     ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats``, then
     InfScaler's own fields (``latency_ms`` percentiles, ``fail_by_status``,
-    ``rejected``, ``arrival_rate_per_s``, ``units``).
+    ``rejected``, ``refused_by_code`` (the refusal codes of docs/api.md, counted),
+    ``configurations`` (how many have served it), ``arrival_rate_per_s``, ``units``).
+
+    The counts and durations are cumulative over the pipeline's life, as Triton's: a
+    switch of configuration (units replaced, K changed, instances added or removed)
+    does not reset them (:class:`~infscaler.runtime.serving.stats.PipelineLife`); the
+    percentiles and the arrival rate are over the configuration serving now.
 
     What is not measured reads 0 rather than a guess: the duration of failed requests
     (``fail.ns``), ``compute_input`` / ``compute_output`` (copying tensors in and out of
@@ -176,8 +196,6 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
     def dur(count: int, total_ms: float) -> dict[str, int]:
         return {"count": int(count), "ns": int(total_ms * 1e6)}
 
-    compute = [u["compute"] for u in snap["units"]]
-    queue = [u["queue"] for u in snap["units"]]
     status = service.pipeline_status(dep)
     return {
         "name": dep.name,
@@ -186,13 +204,11 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
         "inference_count": snap["success"],
         "execution_count": snap["success"],
         "inference_stats": {
-            "success": dur(snap["success"], lat["total_ms"]),
+            "success": dur(snap["success"], snap["latency_ms"]),
             "fail": dur(sum(snap["fail"].values()), 0.0),
-            "queue": dur(sum(q["count"] for q in queue), sum(q["total_ms"] for q in queue)),
+            "queue": dur(snap["queue_count"], snap["queue_ms"]),
             "compute_input": dur(0, 0.0),
-            "compute_infer": dur(
-                sum(c["count"] for c in compute), sum(c["total_ms"] for c in compute)
-            ),
+            "compute_infer": dur(snap["compute_count"], snap["compute_ms"]),
             "compute_output": dur(0, 0.0),
             "cache_hit": dur(0, 0.0),
             "cache_miss": dur(0, 0.0),
@@ -201,6 +217,8 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
         "latency_ms": {k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")},
         "fail_by_status": {str(k): v for k, v in snap["fail"].items()},
         "rejected": snap["rejected"],
+        "refused_by_code": snap["refused"],
+        "configurations": snap["configurations"],
         "arrival_rate_per_s": snap["arrival_rate_per_s"],
         "units": status["units"],
     }

@@ -196,13 +196,13 @@ class ServiceCollector(Collector):
             for reason in REASONS:
                 failure.add_metric([*labels, reason], by_reason[reason])
             duration.add_metric(labels, _us(t["latency_ms"]))
-            queue.add_metric(labels, _us(sum(u["queue_ms"] for u in t["units"])))
-            compute.add_metric(labels, _us(sum(u["compute_ms"] for u in t["units"])))
+            queue.add_metric(labels, _us(t["queue_ms"]))
+            compute.add_metric(labels, _us(t["compute_ms"]))
             rejected.add_metric(labels, t["rejected"])
             if frontend is not None:
                 pending.add_metric(labels, frontend.pending(dep.route))
-                for reason, n in sorted(frontend.queues(dep.route)[1].items()):
-                    refused.add_metric([*labels, reason], n)
+            for reason, n in t["refused"].items():
+                refused.add_metric([*labels, reason], n)
             for unit, u in zip(dep.pipeline.units, t["units"], strict=True):
                 ul = [*labels, unit.name]
                 unit_queue.add_metric(ul, u["queue_count"], _us(u["queue_ms"]))

@@ -542,6 +542,15 @@ def print_status(st: dict[str, Any]) -> None:
                 f"window {p.get('window')}{shed}",
                 highlight=False,
             )
+        refused = req.get("refused") or {}
+        if refused or req.get("configurations", 1) > 1:
+            codes = ", ".join(f"{k} {v}" for k, v in sorted(refused.items(), key=lambda kv: -kv[1]))
+            out.print(
+                f"  refused: {codes or 'none'}; counted over "
+                f"{req.get('configurations', 1)} configuration(s)",
+                highlight=False,
+                markup=False,
+            )
         for why in p.get("degraded", []):
             out.print(f"  degraded: {why}", highlight=False)
         for d in p.get("decisions", [])[-5:]:

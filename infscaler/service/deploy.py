@@ -215,9 +215,10 @@ class DeployMixin:
                     self._free_stages.sort()
                 raise
             window = cfg.max_inflight or sum(u.instances * u.max_batch for u in served) + 1
-            route = Route(
-                compiled, stage_ids, PipelineStats([u.name for u in compiled.units]), window
-            )
+            names = [u.name for u in compiled.units]
+            # a new configuration of a served pipeline goes on counting where it was
+            stats = PipelineStats(names) if old is None else old.route.stats.successor(names)
+            route = Route(compiled, stage_ids, stats, window)
             route.instances = [u.instances if stage_ids[u.index] else 1 for u in compiled.units]
             route.seed_compute(_warm_unit_ms(compiled, stage_ids, handles))
             dep = Deployment(compiled, route, live=live)

@@ -99,7 +99,8 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
     (``idle``: :meth:`~infscaler.runtime.serving.stats.IdleSlowdown.summary`), and a fused unit's steps
     (:func:`~infscaler.runtime.scaling.monitor.step_totals`); for the pipeline: ready, why it is
     degraded, its SLO, window, queue limit, the scaler's last 10 decisions and the
-    request counters (:meth:`~infscaler.runtime.serving.stats.PipelineStats.snapshot`).
+    request counters (``requests``: :meth:`~infscaler.runtime.serving.stats.PipelineStats.snapshot`
+    without its units; counts over the pipeline's life, every configuration).
     """
 
     ch = svc.channel.stats()
@@ -158,8 +159,8 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
 def _queues(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
     """The pipeline's ``priority``, ``queue_policy`` (its config; ms), the requests queued
     per priority level (``queued_by_level``, levels as strings: JSON keys) and the
-    refusals by reason (``refusals``: admission's ``Refusal`` values and
-    ``queue_timeout``)."""
+    refusals by reason code (``refusals``: admission's ``Refusal`` values and
+    ``queue_timeout``, over the pipeline's life: docs/api.md "Refusal codes")."""
     cfg = dep.pipeline.config
     fe = getattr(svc, "frontend", None)
     queued, refusals = fe.queues(dep.route) if fe is not None else ({}, {})

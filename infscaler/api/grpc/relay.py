@@ -194,6 +194,7 @@ class Relay:
                     f"the service is at its in-flight memory budget: {verdict.reason}\nHint: "
                     f"send fewer concurrent requests, or raise --max-inflight-mb (retry after "
                     f"{retry} s)",
+                    code="bytes_in_flight",
                 )
                 if cur is not None and cur[0] == s:
                     self._drop(cuts, cur[1], cur[2], n)
@@ -225,6 +226,7 @@ class Relay:
                 f"too many concurrent calls from your uid ({self.streams.get(uid, 0)} open, at "
                 f"most {quota} per user: --max-streams-per-uid); wait for some to end",
                 client_open=not flags & h2.END_STREAM,
+                code="uid_streams",
             )
             return
         self._held[s] = 0
@@ -234,7 +236,14 @@ class Relay:
         if not flags & h2.END_STREAM:
             self._receiving[s] = now
 
-    def _refuse(self, s: int, status: int, message: str, client_open: bool | None = None) -> None:
+    def _refuse(
+        self,
+        s: int,
+        status: int,
+        message: str,
+        client_open: bool | None = None,
+        code: str | None = None,
+    ) -> None:
         if client_open is None:
             client_open = s in self._receiving
         headers_sent = s in self._headers_sent
@@ -244,7 +253,7 @@ class Relay:
         self._refused[s] = None
         if len(self._refused) > _REFUSED_KEPT:
             del self._refused[next(iter(self._refused))]
-        self._to_client.append(h2.trailers_only(s, status, message, headers_sent))
+        self._to_client.append(h2.trailers_only(s, status, message, headers_sent, code))
         if client_open:  # RFC 9113 section 8.1: the response is whole; stop sending
             self._to_client.append(h2.rst_stream(s, h2.NO_ERROR))
         self._to_server.append(h2.rst_stream(s, h2.CANCEL))
