@@ -135,6 +135,7 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
                 "count": us["compute"]["count"],
                 "idle": us["idle"],
                 "steps": step_totals(u, mine),
+                "exec": _exec(svc, dep, u),
             }
         )
     return {
@@ -152,6 +153,26 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
         "live_check": _live_check(svc, dep),
         "requests": {k: v for k, v in snap.items() if k != "units"},
         "units": units,
+    }
+
+
+def _exec(svc: StatusSource, dep: Deployment, u: Any) -> dict[str, Any]:
+    """What unit ``u``'s instances ran since the service started
+    (:class:`~infscaler.runtime.serving.batching.ExecTotals`): ``executions``, ``items``,
+    ``mean_batch`` (items per execution; None before the first) and ``batch``
+    (the batch size its instances run now: the largest, 1 without batching)."""
+    totals = getattr(svc.supervisor, "exec_totals", None)
+    ran = totals.get((dep.name, u.index)) if totals is not None else None
+    mine = [h for h in svc.supervisor.handles() if h.key == (dep.name, u.index)]
+    now = max((int(h.stats.get("batch", 1)) for h in mine), default=1)
+    if ran is None or not ran.executions:
+        return {"executions": 0, "items": 0, "mean_batch": None, "batch": now}
+    mean = ran.mean_batch
+    return {
+        "executions": ran.executions,
+        "items": ran.items,
+        "mean_batch": None if mean is None else round(mean, 3),
+        "batch": now,
     }
 
 

@@ -16,14 +16,17 @@ the time the b-th request takes to arrive after the first: ``(b - 1) / lambda`` 
 Units throughout: latencies and waits in ms, rates in requests (items) per second.
 The autoscaler loop (:meth:`infscaler.runtime.scaling.autoscaler.Autoscaler.tune_batches`) calls
 :func:`choose_batch` with each instance's measured ``{batch: ms}`` profile and sends the
-chosen size to the instance; nothing here starts or measures anything.
+chosen size to the instance. :class:`ExecCounts` / :class:`ExecTotals` count what ran as
+Triton's statistics do (executions, items, per batch size); nothing here starts or times.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 # relative slack when comparing sums of floats (30.000000000000004 + 50 <= 80 holds)
 _REL = 1e-9
@@ -188,3 +191,165 @@ def _wait_ms(b: int, rate: float) -> float:
 
 def _le(x: float, bound: float) -> bool:
     return x <= bound + _REL * max(1.0, abs(bound))
+
+
+# -- what ran: executions and items per batch size (Triton's ModelStatistics) ---------------
+
+#: the three phases an execution is timed in, as Triton's ``InferBatchStatistics`` names
+#: them: stacking the inputs, the engine call, splitting and handing the outputs on
+PHASES = ("compute_input", "compute_infer", "compute_output")
+
+
+@dataclass
+class ExecCounts:
+    """Executions of one unit, counted as Triton's ``ModelStatistics`` counts them
+    (``extension_statistics.md``: ``inference_count``, ``execution_count``,
+    ``batch_stats``).
+
+    Attributes:
+        executions: engine (or function) runs that succeeded; a batch of requests
+            stacked into one run counts 1.
+        items: the inferences those runs made: the sum of their batch sizes (a request
+            whose input has batch dim 4 counts 4).
+        by_size: batch size -> ``[count, compute_input ns, compute_infer ns,
+            compute_output ns]``: runs of that size and their cumulative time per phase
+            (:data:`PHASES`), ns.
+    """
+
+    executions: int = 0
+    items: int = 0
+    by_size: dict[int, list[int]] = field(default_factory=dict)
+
+    def add(self, size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """Count one run of ``size`` items (>= 1) that took these ns per phase.
+
+        Raises:
+            ValueError: ``size`` < 1 or a negative time.
+        """
+        if size < 1 or min(input_ns, infer_ns, output_ns) < 0:
+            raise ValueError(
+                f"an execution has size >= 1 and times >= 0 ns, got size {size}, "
+                f"ns {(input_ns, infer_ns, output_ns)}"
+            )
+        row = self.by_size.setdefault(int(size), [0, 0, 0, 0])
+        row[0] += 1
+        row[1] += int(input_ns)
+        row[2] += int(infer_ns)
+        row[3] += int(output_ns)
+        self.executions += 1
+        self.items += int(size)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"executions", "items", "by_size": {"<b>": [count, in ns, infer ns, out ns]}}``
+        (what an instance's ``stats`` report carries: JSON keys are strings)."""
+        return {
+            "executions": self.executions,
+            "items": self.items,
+            "by_size": {str(b): list(r) for b, r in sorted(self.by_size.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> ExecCounts:
+        """The inverse of :meth:`to_json`; None or ``{}`` is no execution.
+
+        Raises:
+            ValueError: a malformed report (a size < 1, a row not of 4 integers >= 0).
+        """
+        out = cls()
+        for b, row in ((data or {}).get("by_size") or {}).items():
+            vals = [int(v) for v in row]
+            if int(b) < 1 or len(vals) != 4 or min(vals) < 0:
+                raise ValueError(f"by_size[{b!r}] = {row!r}: want size >= 1, 4 counts >= 0")
+            out.by_size[int(b)] = vals
+            out.executions += vals[0]
+            out.items += int(b) * vals[0]
+        return out
+
+    def plus(self, other: ExecCounts, sign: int = 1) -> ExecCounts:
+        """``self + sign x other``, size by size (``sign`` -1: what was added since
+        ``other``, an earlier report of the same instance)."""
+        out = ExecCounts(self.executions, self.items, {b: list(r) for b, r in self.by_size.items()})
+        for b, row in other.by_size.items():
+            mine = out.by_size.setdefault(b, [0, 0, 0, 0])
+            for i in range(4):
+                mine[i] += sign * row[i]
+            if not any(mine):
+                del out.by_size[b]
+        out.executions += sign * other.executions
+        out.items += sign * other.items
+        return out
+
+    @property
+    def mean_batch(self) -> float | None:
+        """Items per execution (None before the first)."""
+        return self.items / self.executions if self.executions else None
+
+    def batch_stats(self) -> list[dict[str, Any]]:
+        """Triton's ``batch_stats``: one entry per batch size run, in size order,
+        ``{"batch_size", "compute_input", "compute_infer", "compute_output"}``, each
+        phase ``{"count": runs, "ns": cumulative ns}``."""
+        return [
+            {
+                "batch_size": b,
+                **{p: {"count": r[0], "ns": r[1 + i]} for i, p in enumerate(PHASES)},
+            }
+            for b, r in sorted(self.by_size.items())
+        ]
+
+
+class ExecTotals:
+    """Per unit, the executions of every instance it ever ran, kept across restarts and
+    scale-in (an instance's report counts since its own start; what it counted is
+    added here report by report, so an instance that exits takes nothing away).
+
+    Thread-safe; keyed by whatever the caller names a unit by (the supervisor: the
+    ``(pipeline, unit index)`` pair of an instance handle).
+    """
+
+    #: exited instances whose last report is kept (a report read after the exit is
+    #: still a difference, never counted twice); older ones are dropped
+    KEEP_GONE = 256
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[int, ExecCounts] = {}
+        self._gone: dict[int, None] = {}
+        self._totals: dict[Any, ExecCounts] = {}
+
+    def observe(self, key: Any, iid: int, report: Mapping[str, Any] | None) -> None:
+        """Take instance ``iid``'s cumulative report (:meth:`ExecCounts.to_json`) for
+        unit ``key``; a malformed one is ignored (logged by the caller's reader)."""
+        new = ExecCounts.from_json(report)
+        with self._lock:
+            delta = new.plus(self._last.get(iid, ExecCounts()), -1)
+            if delta.executions < 0:  # a counter went back: a new process, same id
+                delta = new
+            self._last[iid] = new
+            self._totals[key] = self._totals.get(key, ExecCounts()).plus(delta)
+
+    def forget_instance(self, iid: int) -> None:
+        """Instance ``iid`` exited (its counts stay in the total): its last report is
+        dropped once :data:`KEEP_GONE` later ones exited too."""
+        with self._lock:
+            self._gone[iid] = None
+            while len(self._gone) > self.KEEP_GONE:
+                old = next(iter(self._gone))
+                del self._gone[old]
+                self._last.pop(old, None)
+
+    def get(self, key: Any) -> ExecCounts:
+        """A copy of unit ``key``'s totals (empty when nothing ran)."""
+        with self._lock:
+            return ExecCounts().plus(self._totals.get(key, ExecCounts()))
+
+
+def counting_unit(units: Sequence[Any]) -> Any | None:
+    """The unit whose executions a pipeline's model-level counts report (one model, as
+    Triton counts one model): the first unit that batches (``max_batch`` > 1), else the
+    first model unit, else the first unit an instance runs (not a fan-in); None when
+    there is none. ``units``: :class:`~infscaler.runtime.serving.pipeline.Unit` s."""
+    served = [u for u in units if not getattr(u, "fan_in", False)]
+    return next(
+        (u for u in served if getattr(u, "max_batch", 1) > 1),
+        next((u for u in served if u.kind == "model"), served[0] if served else None),
+    )

@@ -88,6 +88,11 @@ class ModelRunner:
 
     def load(self) -> dict[str, Any]:
         self.engine.load()
+        #: axis 0 is a batch dim: the model declares it dynamic on every input, so a run
+        #: on a ``[4, ...]`` input infers 4 items (Triton's ``max_batch_size`` > 0)
+        self.batch_axis = bool(self.engine.inputs) and all(
+            len(i.shape) > 0 and i.shape[0] is None for i in self.engine.inputs
+        )
         self._warm_up()
         self.batch_ms = self.profile_batches() if self.unit.max_batch > 1 else {}
         self.warm_ms_by_threads = self.probe_threads()
