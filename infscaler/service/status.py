@@ -159,20 +159,22 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
 def _exec(svc: StatusSource, dep: Deployment, u: Any) -> dict[str, Any]:
     """What unit ``u``'s instances ran since the service started
     (:class:`~infscaler.runtime.serving.batching.ExecTotals`): ``executions``, ``items``,
-    ``mean_batch`` (items per execution; None before the first) and ``batch``
-    (the batch size its instances run now: the largest, 1 without batching)."""
+    ``mean_batch`` (items per execution; None before the first), ``batch``
+    (the batch size its instances run now: the largest, 1 without batching) and
+    ``batching`` (the autoscaler's last decision with the measured ms per item,
+    :meth:`~infscaler.runtime.scaling.autoscaler.Autoscaler.tune_batches`; None: none)."""
     totals = getattr(svc.supervisor, "exec_totals", None)
     ran = totals.get((dep.name, u.index)) if totals is not None else None
     mine = [h for h in svc.supervisor.handles() if h.key == (dep.name, u.index)]
     now = max((int(h.stats.get("batch", 1)) for h in mine), default=1)
-    if ran is None or not ran.executions:
-        return {"executions": 0, "items": 0, "mean_batch": None, "batch": now}
-    mean = ran.mean_batch
+    decided = getattr(svc.autoscaler, "batch_decisions", {}).get((dep.name, u.index))
+    mean = ran.mean_batch if ran is not None else None
     return {
-        "executions": ran.executions,
-        "items": ran.items,
+        "executions": ran.executions if ran is not None else 0,
+        "items": ran.items if ran is not None else 0,
         "mean_batch": None if mean is None else round(mean, 3),
         "batch": now,
+        "batching": None if decided is None else decided.reason,
     }
 
 

@@ -193,6 +193,90 @@ def _le(x: float, bound: float) -> bool:
     return x <= bound + _REL * max(1.0, abs(bound))
 
 
+#: the least saving per item, relative to batch 1, for batching to count as paying: the
+#: uncertainty of a few timed runs on a shared host (docs/scaling.md: every measured time
+#: carries at least 10 %)
+PAYS_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    """Whether dynamic batching pays for one unit, from its measured batch latencies.
+
+    Attributes:
+        on: batching is worth it (some size saves more than the margin per item).
+        batch_size: the size to batch up to (1 when off).
+        delay_ms: the longest to wait for a batch to fill, ms (0 when off).
+        per_item_ms: ``{b: T_b / b}``, the measured ms per item at each size.
+        reason: one line naming the per-item times and why.
+    """
+
+    on: bool
+    batch_size: int
+    delay_ms: float
+    per_item_ms: dict[int, float]
+    reason: str
+
+
+def decide_batching(
+    batch_latency_ms: Mapping[int, float],
+    budget_ms: float | None = None,
+    max_batch: int = 64,
+    margin: float = PAYS_MARGIN,
+) -> BatchDecision:
+    """Batch or not, decided by measurement: the size b (profiled, <= ``max_batch``,
+    with ``T_b <= budget_ms`` when a budget is given) with the least time per item
+    ``T_b / b`` (the most items/s an instance serves while it is busy); batching is on
+    when that beats batch 1 by more than ``margin`` (relative), else off. When on, the
+    wait for a batch to fill is at most what one more item saves by joining it,
+    ``T_1 - T_b / b`` (waiting longer costs more than it can gain), and at most the time
+    the budget leaves, ``budget_ms - T_b``.
+
+    Args:
+        batch_latency_ms: measured ``{batch size: ms}``, with batch size 1.
+        budget_ms: the unit's share of the SLO, ms (None: no SLO: throughput only).
+        max_batch: the largest size allowed (>= 1).
+        margin: the least relative saving per item that counts (0 <= margin < 1).
+
+    Raises:
+        ValueError: an invalid profile (as :func:`choose_batch`), budget, max_batch or
+            margin.
+    """
+    points = _check_profile(batch_latency_ms)
+    if budget_ms is not None and not (math.isfinite(budget_ms) and budget_ms > 0):
+        raise ValueError(f"budget_ms must be a finite time > 0 ms or None, got {budget_ms!r}")
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be in [0, 1), got {margin!r}")
+    t1 = points[0][1]
+    per_item = {b: t / b for b, t in points if b <= max_batch}
+    shown = ", ".join(f"b={b} {v:.3g}" for b, v in per_item.items())
+    fits = [b for b, t in points if b <= max_batch and (budget_ms is None or _le(t, budget_ms))]
+    best = min(fits, key=lambda b: (per_item[b], b)) if fits else 1
+    saving = 1.0 - per_item[best] / t1
+    if best > 1 and saving > margin:
+        tb = dict(points)[best]
+        wait = t1 - per_item[best]
+        if budget_ms is not None:
+            wait = min(wait, budget_ms - tb)
+        wait = max(0.0, wait)
+        return BatchDecision(
+            True,
+            best,
+            wait,
+            per_item,
+            f"on up to b={best}: ms per item {shown}; b={best} saves {saving:.0%} per item "
+            f"(> {margin:.0%}); wait at most {wait:.3g} ms",
+        )
+    why = (
+        f"no size within the budget {budget_ms:.4g} ms beyond b=1"
+        if budget_ms is not None and best == 1 and len(fits) <= 1 and len(per_item) > 1
+        else f"the best, b={best}, saves {saving:.0%} per item (<= {margin:.0%})"
+    )
+    return BatchDecision(False, 1, 0.0, per_item, f"off: ms per item {shown}; {why}")
+
+
 # -- what ran: executions and items per batch size (Triton's ModelStatistics) ---------------
 
 #: the three phases an execution is timed in, as Triton's ``InferBatchStatistics`` names

@@ -21,7 +21,7 @@ from infscaler.base.device import DeviceProfile
 from infscaler.runtime.scaling.monitor import Monitor
 from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
-from tests.helpers import chain_pipeline
+from tests.helpers import chain_pipeline, wait_for
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
@@ -205,7 +205,7 @@ def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
     picks b from T_b and the measured arrival rate (choose_batch), and the instance runs
     what it was told. (On this tiny model T_b is ~flat, so batching pays only at rates
     a Python client cannot offer: the choice itself is checked in test_batching.py.)"""
-    from infscaler.runtime.serving.batching import choose_batch
+    from infscaler.runtime.serving.batching import choose_batch, decide_batching
     from tests.helpers import residual_model, save
 
     path = save(residual_model(batch="N"), tmp_path / "block.onnx")
@@ -221,7 +221,11 @@ def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
         sent = svc.autoscaler.tune_batches(dep)
         rate = Monitor(svc, 10.0).pipeline(dep).arrival_rate
         assert rate > 0
-        expected = choose_batch(profile, rate, 500.0, max_batch=4).batch_size
+        decided = decide_batching(profile, 500.0, max_batch=4)
+        expected = choose_batch(profile, rate, 500.0, max_batch=4).batch_size if decided.on else 1
+        assert svc.autoscaler.batch_decisions[("bx", 0)] == decided
+        (unit,) = svc.pipeline_status(dep)["units"]
+        assert unit["exec"]["batching"] == decided.reason and "ms per item" in decided.reason
         assert sent.get(h.iid, svc.autoscaler._sent.get((h.iid, h.pid))) == expected
         # a command the instance obeys: batches of 4 once inputs queue up
         assert svc.supervisor.command(h, {"cmd": "batch", "size": 4, "delay_ms": 50})
@@ -236,6 +240,34 @@ def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
             np.testing.assert_allclose(y, ref.run(None, {"x": xi})[0], rtol=1e-5, atol=1e-6)
         time.sleep(1.5)
         assert h.stats["batch"] == 4 and h.stats["batches"] >= 1, h.stats
+
+
+def test_without_an_slo_batching_is_decided_by_the_measured_profile(tmp_path: Path) -> None:
+    """``policy: mark`` with no SLO: batching on only where the instance's measured T_b
+    save per item (decide_batching), the decision recorded with its ms per item."""
+    from infscaler.runtime.serving.batching import decide_batching
+    from tests.helpers import residual_model, save
+
+    path = save(residual_model(batch="N"), tmp_path / "block.onnx")
+    data = _batch_pipeline(path, "mark")
+    del data["slo"]
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(load_pipeline(data))
+        (h,) = svc.supervisor.handles()
+        profile = {int(b): ms for b, ms in h.info["batch_ms"].items()}
+        svc.autoscaler.tune_batches(dep)
+        decided = svc.autoscaler.batch_decisions[("bx", 0)]
+        assert decided == decide_batching(profile, None, max_batch=4)
+        size = decided.batch_size if decided.on else 1
+        assert svc.autoscaler._sent[(h.iid, h.pid)] == size
+        actions = [d["action"] for d in svc.autoscaler.decisions("bx")]
+        assert actions.count("batch_on" if decided.on else "batch_off") == 1
+        svc.autoscaler.tune_batches(dep)  # the same decision is not recorded again
+        assert len(svc.autoscaler.decisions("bx")) == len(actions)
+        # the instance runs what it was told (it reports once it served something)
+        svc.submit("bx", {"x": np.ones((1, 4, 8, 8), np.float32)}).result(timeout=30)
+        wait_for(lambda: "batch" in h.stats, 10.0, "a stats report")
+        assert h.stats["batch"] == size, h.stats
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cpu cores")
