@@ -22,6 +22,7 @@ Triton's statistics do (executions, items, per batch size); nothing here starts 
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -275,6 +276,51 @@ def decide_batching(
         else f"the best, b={best}, saves {saving:.0%} per item (<= {margin:.0%})"
     )
     return BatchDecision(False, 1, 0.0, per_item, f"off: ms per item {shown}; {why}")
+
+
+class WaitPolicy:
+    """When an instance waits for a batch to fill (its ``max_delay_ms``), learnt from its
+    own recent batches: inputs already queued are always taken (no wait); the wait
+    then stops once the batch is as large as the largest of the last ``history``
+    batches (under a closed loop of c clients, c: waiting for more only delays them), and
+    is skipped while the last ``history`` waits caught nothing (one client at a time:
+    no one else can arrive), but tried again every ``probe_every`` batches in case the
+    load changed. Not thread-safe: one instance's serving loop owns it.
+    """
+
+    def __init__(self, history: int = 8, probe_every: int = 16) -> None:
+        if history < 1 or probe_every < 1:
+            raise ValueError(f"history and probe_every must be >= 1, got {history}, {probe_every}")
+        self._sizes: collections.deque[int] = collections.deque(maxlen=history)
+        self._hits: collections.deque[bool] = collections.deque(maxlen=history)
+        self._probe_every = probe_every
+        self._skipped = 0
+
+    def target(self, limit: int) -> int:
+        """The batch size worth waiting for (<= ``limit``): the largest recent batch, at
+        least 2; ``limit`` before any batch was formed."""
+        if not self._sizes:
+            return limit
+        return min(limit, max(2, *self._sizes))
+
+    def should_wait(self) -> bool:
+        """False while the last waits (a full history of them) caught nothing, except
+        once every ``probe_every`` batches."""
+        if len(self._hits) < (self._hits.maxlen or 1) or any(self._hits):
+            return True
+        self._skipped += 1
+        if self._skipped >= self._probe_every:
+            self._skipped = 0
+            return True
+        return False
+
+    def waited(self, caught: int) -> None:
+        """A wait caught ``caught`` inputs."""
+        self._hits.append(caught > 0)
+
+    def formed(self, size: int) -> None:
+        """A batch of ``size`` inputs was formed (queued and caught)."""
+        self._sizes.append(int(size))
 
 
 # -- what ran: executions and items per batch size (Triton's ModelStatistics) ---------------

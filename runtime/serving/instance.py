@@ -62,7 +62,7 @@ import numpy as np
 
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
-from infscaler.runtime.serving.batching import ExecCounts
+from infscaler.runtime.serving.batching import ExecCounts, WaitPolicy
 from infscaler.runtime.serving.pipeline import ERROR, FANOUT, TRACE, Unit, encode_error
 from infscaler.runtime.serving.runners import (
     ITEM_MASK,
@@ -86,6 +86,8 @@ log = logging.getLogger("infscaler.instance")
 _TRACE_COLS = 4  # unit index, instance id, start ns, end ns
 #: the least time between two ``stats`` reports sent when the instance goes idle, s
 IDLE_REPORT_S = 0.05
+#: how long a batch's first look for queued inputs waits, s (one poll of the channel)
+_GREEDY_S = 0.0002
 
 
 def _set_pdeathsig() -> None:
@@ -186,6 +188,7 @@ class Instance:
         self.batched = 0
         # executions and items per batch size (Triton's execution_count / batch_stats)
         self.execs = ExecCounts()
+        self.wait_policy = WaitPolicy()
         self.batch_axis = False  # axis 0 of the inputs is a batch dim (set at load)
         self.cmd_fd = spec.get("cmd_fd")
         self._cmd_buf = b""
@@ -352,9 +355,23 @@ class Instance:
         return True
 
     def _gather(self, n: int, delay_s: float) -> list[tuple[Any, dict[str, np.ndarray]]]:
-        """Up to ``n`` more inputs arriving within ``delay_s`` s (dynamic batching)."""
+        """Up to ``n`` more inputs for a batch (dynamic batching): first those already
+        queued (no wait), then, while the batch is below the size recent batches
+        reached (:class:`~infscaler.runtime.serving.batching.WaitPolicy`), those
+        arriving within ``delay_s`` s, unless recent waits caught nothing."""
+        more = self._take(n, _GREEDY_S)
+        want = self.wait_policy.target(n + 1) - 1
+        if len(more) < want and delay_s > 0 and self.wait_policy.should_wait():
+            caught = self._take(want - len(more), delay_s)
+            self.wait_policy.waited(len(caught))
+            more += caught
+        self.wait_policy.formed(1 + len(more))
+        return more
+
+    def _take(self, n: int, within_s: float) -> list[tuple[Any, dict[str, np.ndarray]]]:
+        """Up to ``n`` inputs arriving within ``within_s`` s (dead ones returned)."""
         more: list[tuple[Any, dict[str, np.ndarray]]] = []
-        deadline = time.monotonic() + delay_s
+        deadline = time.monotonic() + within_s
         while len(more) < n:
             left = deadline - time.monotonic()
             try:

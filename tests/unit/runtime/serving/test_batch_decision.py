@@ -43,3 +43,30 @@ def test_bad_arguments_are_refused() -> None:
         decide_batching({1: 10.0}, max_batch=0)
     with pytest.raises(ValueError, match="margin"):
         decide_batching({1: 10.0}, margin=1.0)
+
+
+def test_the_wait_stops_at_the_size_recent_batches_reached() -> None:
+    from infscaler.runtime.serving.batching import WaitPolicy
+
+    w = WaitPolicy(history=4, probe_every=3)
+    assert w.target(8) == 8  # nothing formed yet: up to the limit
+    for size in (4, 3, 4):
+        w.formed(size)
+    assert w.target(8) == 4 and w.target(3) == 3
+    for _ in range(4):
+        w.formed(1)  # one client at a time: still worth looking for a second
+    assert w.target(8) == 2
+    with pytest.raises(ValueError, match=">= 1"):
+        WaitPolicy(history=0)
+
+
+def test_waits_that_catch_nothing_are_skipped_but_probed_again() -> None:
+    from infscaler.runtime.serving.batching import WaitPolicy
+
+    w = WaitPolicy(history=4, probe_every=3)
+    for _ in range(4):
+        assert w.should_wait()
+        w.waited(0)
+    assert [w.should_wait() for _ in range(6)] == [False, False, True, False, False, True]
+    w.waited(2)  # a probe caught something: wait again
+    assert w.should_wait() and w.should_wait()
