@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -64,7 +65,14 @@ from infscaler.runtime.scaling.scaler import decide, is_violated, pipeline_capac
 from infscaler.runtime.scaling.tuner import WINDOWS_S, TunerVerdict, scale_out_now
 from infscaler.runtime.scaling.types import Decision, ScalerConfig, ScalerState
 from infscaler.runtime.scaling.wakepolicy import WakeEvidence, WakeState, decide_wake, idle_cost
-from infscaler.runtime.serving.batching import BatchDecision, choose_batch, decide_batching
+from infscaler.runtime.serving.batching import (
+    BOTTLENECK_WITHIN,
+    BatchDecision,
+    bottlenecks,
+    choose_batch,
+    decide_batching,
+    live_batch_ms,
+)
 
 log = logging.getLogger("infscaler.autoscaler")
 
@@ -372,7 +380,11 @@ class Autoscaler:
         W_b + T_b <= b T_1 at the unit's per-instance arrival rate (:func:`~infscaler.
         runtime.serving.batching.choose_batch`); without one, the size that serves the
         most items/s and a wait of at most what an item saves by joining (bounded by
-        ``max_delay_ms`` either way). Each size is sent to the instances that run another;
+        ``max_delay_ms`` either way). Only at a bottleneck: a unit whose load (compute ms x
+        items per request / instances) is below 0.8 x the most loaded unit's runs batch 1
+        (:func:`~infscaler.runtime.serving.batching.bottlenecks`). T_b is what the instance timed at load, replaced by
+        the mean engine time of the batches of that size the unit ran, once it ran
+        enough of them (:func:`~infscaler.runtime.serving.batching.live_batch_ms`). Each size is sent to the instances that run another;
         a changed decision is recorded (``status``: ``batch_on`` / ``batch_off`` with the
         measured ms per item; :attr:`batch_decisions`). Returns ``{instance id: batch}``."""
 
@@ -384,6 +396,13 @@ class Autoscaler:
         total = sum(measured) if len(measured) == len(served) else None
         sent: dict[int, int] = {}
         handles = self.service.supervisor.handles()
+        loads = {
+            um.index: None
+            if um.compute_p50_ms is None
+            else um.compute_p50_ms * mon.items_per_request(m, um) / max(1, um.ready)
+            for um in served
+        }
+        top = bottlenecks(loads)
         for um in served:
             u = dep.pipeline.units[um.index]
             if u.max_batch <= 1 or u.batch_policy != "mark":
@@ -392,11 +411,16 @@ class Autoscaler:
             budget = None if slo is None else slo * share
             mine = [h for h in handles if h.key == (dep.name, u.index) and h.state == "ready"]
             rate = m.arrival_rate * mon.items_per_request(m, um) / max(1, len(mine))
+            totals = getattr(self.service.supervisor, "exec_totals", None)
+            live = live_batch_ms(totals.get((dep.name, u.index))) if totals is not None else {}
             for h in mine:
-                profile = {int(k): float(v) for k, v in (h.info.get("batch_ms") or {}).items()}
-                if 1 not in profile:
+                loaded = {int(k): float(v) for k, v in (h.info.get("batch_ms") or {}).items()}
+                if 1 not in loaded:
                     continue
-                size, delay = self._batch_for(dep.name, u, profile, budget, rate)
+                profile = {**loaded, **live}  # what ran, where it ran often enough
+                size, delay = self._batch_for(
+                    dep.name, u, profile, budget, rate, None if um.index in top else loads
+                )
                 if self._sent.get((h.iid, h.pid)) != size and self.service.supervisor.command(
                     h, {"cmd": "batch", "size": size, "delay_ms": delay}
                 ):
@@ -405,11 +429,28 @@ class Autoscaler:
         return sent
 
     def _batch_for(
-        self, name: str, u: Any, profile: dict[int, float], budget: float | None, rate: float
+        self,
+        name: str,
+        u: Any,
+        profile: dict[int, float],
+        budget: float | None,
+        rate: float,
+        elsewhere: dict[int, float | None] | None = None,
     ) -> tuple[int, float]:
         """``(batch size, delay ms)`` for one instance of unit ``u`` (:meth:`tune_batches`),
-        the decision recorded when it changed."""
+        the decision recorded when it changed. ``elsewhere``: the units' loads, when the
+        bottleneck is another unit (then batch 1)."""
         dec = decide_batching(profile, budget, max_batch=u.max_batch)
+        if elsewhere is not None and dec.on:
+            mine, top = elsewhere[u.index] or 0.0, max(v or 0.0 for v in elsewhere.values())
+            dec = dataclasses.replace(
+                dec,
+                on=False,
+                batch_size=1,
+                delay_ms=0.0,
+                reason=f"off: not the bottleneck (load {mine:.3g} < {BOTTLENECK_WITHIN:g} x "
+                f"{top:.3g} ms per request per instance); {dec.reason}",
+            )
         old = self.batch_decisions.get((name, u.index))
         self.batch_decisions[(name, u.index)] = dec
         if old is None or (old.on, old.batch_size) != (dec.on, dec.batch_size):

@@ -427,6 +427,46 @@ class ExecCounts:
         ]
 
 
+#: the fewest runs of a batch size whose mean time replaces the one timed at load
+LIVE_MIN_RUNS = 20
+
+
+def live_batch_ms(counts: ExecCounts, min_runs: int = LIVE_MIN_RUNS) -> dict[int, float]:
+    """``{batch size: mean compute_infer ms}`` of the sizes a unit ran at least
+    ``min_runs`` times (engine time only, as T_b timed at load is): the T_b of real
+    requests on the host as it is loaded now, which replaces a profile timed once at
+    load, when other processes may have been busier or quieter."""
+    return {
+        b: row[2] / row[0] / 1e6
+        for b, row in sorted(counts.by_size.items())
+        if row[0] >= min_runs and row[2] > 0
+    }
+
+
+#: a unit within this share of the most loaded unit's load counts as a bottleneck too
+BOTTLENECK_WITHIN = 0.8
+
+
+def bottlenecks(loads: Mapping[int, float | None], within: float = BOTTLENECK_WITHIN) -> set[int]:
+    """The units where batching can raise a pipeline's throughput: those whose load
+    (busy ms per second per instance, e.g. compute ms x items per request / instances)
+    is at least ``within`` x the largest; every unit when a load is unknown (None) or
+    all are 0 (nothing measured yet). Batching elsewhere only adds its wait.
+
+    Raises:
+        ValueError: ``within`` not in (0, 1], or a negative load.
+    """
+    if not 0 < within <= 1:
+        raise ValueError(f"within must be in (0, 1], got {within!r}")
+    if any(v is not None and v < 0 for v in loads.values()):
+        raise ValueError(f"loads must be >= 0, got {dict(loads)}")
+    known = [v for v in loads.values() if v is not None]
+    if len(known) < len(loads) or not known or max(known) <= 0:
+        return set(loads)
+    top = max(known)
+    return {k for k, v in loads.items() if v is not None and v >= within * top}
+
+
 class ExecTotals:
     """Per unit, the executions of every instance it ever ran, kept across restarts and
     scale-in (an instance's report counts since its own start; what it counted is

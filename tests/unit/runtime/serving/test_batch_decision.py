@@ -70,3 +70,33 @@ def test_waits_that_catch_nothing_are_skipped_but_probed_again() -> None:
     assert [w.should_wait() for _ in range(6)] == [False, False, True, False, False, True]
     w.waited(2)  # a probe caught something: wait again
     assert w.should_wait() and w.should_wait()
+
+
+def test_live_times_replace_the_load_profile_once_a_size_ran_often() -> None:
+    from infscaler.runtime.serving.batching import ExecCounts, live_batch_ms
+
+    c = ExecCounts()
+    for _ in range(20):
+        c.add(1, 0, 8_000_000, 0)  # 8 ms each
+    for _ in range(19):
+        c.add(4, 0, 40_000_000, 0)  # too few runs of 4 to count
+    assert live_batch_ms(c) == {1: 8.0}
+    c.add(4, 0, 40_000_000, 0)
+    assert live_batch_ms(c) == {1: 8.0, 4: 40.0}
+    # the load profile said batching pays; what ran says it does not (10 ms per item at 4)
+    loaded = {1: 20.0, 4: 40.0}
+    assert decide_batching(loaded).on
+    assert not decide_batching({**loaded, **live_batch_ms(c)}).on
+
+
+def test_batching_only_at_the_bottleneck() -> None:
+    from infscaler.runtime.serving.batching import bottlenecks
+
+    assert bottlenecks({0: 2.0, 1: 30.0, 2: 25.0}) == {1, 2}  # 25 >= 0.8 x 30
+    assert bottlenecks({0: 2.0, 1: 30.0, 2: 20.0}) == {1}
+    assert bottlenecks({0: 2.0, 1: None}) == {0, 1}  # not measured yet: no unit ruled out
+    assert bottlenecks({0: 0.0, 1: 0.0}) == {0, 1}
+    with pytest.raises(ValueError, match="within"):
+        bottlenecks({0: 1.0}, within=0.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        bottlenecks({0: -1.0})
