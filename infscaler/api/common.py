@@ -25,6 +25,7 @@ from aiohttp import web
 
 from infscaler.api.codec import ProtocolError, json_default, unit_ms_parameters
 from infscaler.base.security import is_privileged, peer_of, redact
+from infscaler.runtime.serving.batching import ExecCounts, counting_unit
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -171,12 +172,31 @@ def infer_parameters(result: Any, dep: Any, extra: dict[str, Any] | None = None)
     return params
 
 
+def exec_counts(service: Any, dep: Any) -> ExecCounts:
+    """What ``dep``'s instances ran, as Triton counts one model: the executions, items and
+    per batch size counts and ns of its counting unit
+    (:func:`~infscaler.runtime.serving.batching.counting_unit`: the unit that batches,
+    else its first model unit), summed over every instance it ran since the service started;
+    empty when nothing ran or there is no supervisor. Instances report when they go
+    idle and every second under load, so the counts trail the answers by that much."""
+    sup = getattr(service, "supervisor", None)
+    unit = counting_unit(dep.pipeline.units)
+    if sup is None or unit is None or not hasattr(sup, "exec_totals"):
+        return ExecCounts()
+    return sup.exec_totals.get((dep.name, unit.index))
+
+
 def model_stats(service: Any, dep: Any) -> dict[str, Any]:
     """One ``model_stats`` entry (Triton ``extension_statistics.md``): ``name``,
     ``version``, ``last_inference`` (ms since the epoch; 0: none yet),
-    ``inference_count``, ``execution_count``, ``inference_stats`` (``success``, ``fail``,
+    ``inference_count`` (items inferred: a request of batch dim 4 counts 4),
+    ``execution_count`` (engine runs: a dynamic batch counts 1; both from
+    :func:`exec_counts`), ``inference_stats`` (``success``, ``fail``,
     ``queue``, ``compute_input``, ``compute_infer``, ``compute_output``, ``cache_hit``,
-    ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats``, then
+    ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats`` (per batch
+    size run: ``batch_size``, ``compute_input`` (stacking the inputs),
+    ``compute_infer``, ``compute_output`` (splitting and handing on the outputs), each
+    ``{count, ns}``), then
     InfScaler's own fields (``latency_ms`` percentiles, ``fail_by_status``,
     ``rejected``, ``refused_by_code`` (the refusal codes of docs/api.md, counted),
     ``configurations`` (how many have served it), ``arrival_rate_per_s``, ``units``).
@@ -188,8 +208,7 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
 
     What is not measured reads 0 rather than a guess: the duration of failed requests
     (``fail.ns``), ``compute_input`` / ``compute_output`` (copying tensors in and out of
-    the pool is inside ``success.ns``), the response cache (there is none) and
-    ``batch_stats`` (instances batch on their own; per-unit counts are in ``units``)."""
+    the pool is inside ``success.ns``) and the response cache (there is none)."""
     snap = dep.route.stats.snapshot()
     lat = snap["latency"]
 
@@ -197,12 +216,13 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
         return {"count": int(count), "ns": int(total_ms * 1e6)}
 
     status = service.pipeline_status(dep)
+    ran = exec_counts(service, dep)
     return {
         "name": dep.name,
         "version": VERSION,
         "last_inference": int(snap.get("last_inference_ms", 0)),
-        "inference_count": snap["success"],
-        "execution_count": snap["success"],
+        "inference_count": ran.items,
+        "execution_count": ran.executions,
         "inference_stats": {
             "success": dur(snap["success"], snap["latency_ms"]),
             "fail": dur(sum(snap["fail"].values()), 0.0),
@@ -213,7 +233,7 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
             "cache_hit": dur(0, 0.0),
             "cache_miss": dur(0, 0.0),
         },
-        "batch_stats": [],
+        "batch_stats": ran.batch_stats(),
         "latency_ms": {k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")},
         "fail_by_status": {str(k): v for k, v in snap["fail"].items()},
         "rejected": snap["rejected"],

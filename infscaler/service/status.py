@@ -136,6 +136,7 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
                 "count": us["compute"]["count"],
                 "idle": us["idle"],
                 "steps": step_totals(u, mine),
+                "exec": _exec(svc, dep, u),
             }
         )
     return {
@@ -153,6 +154,28 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
         "live_check": _live_check(svc, dep),
         "requests": {k: v for k, v in snap.items() if k != "units"},
         "units": units,
+    }
+
+
+def _exec(svc: StatusSource, dep: Deployment, u: Any) -> dict[str, Any]:
+    """What unit ``u``'s instances ran since the service started
+    (:class:`~infscaler.runtime.serving.batching.ExecTotals`): ``executions``, ``items``,
+    ``mean_batch`` (items per execution; None before the first), ``batch``
+    (the batch size its instances run now: the largest, 1 without batching) and
+    ``batching`` (the autoscaler's last decision with the measured ms per item,
+    :meth:`~infscaler.runtime.scaling.autoscaler.Autoscaler.tune_batches`; None: none)."""
+    totals = getattr(svc.supervisor, "exec_totals", None)
+    ran = totals.get((dep.name, u.index)) if totals is not None else None
+    mine = [h for h in svc.supervisor.handles() if h.key == (dep.name, u.index)]
+    now = max((int(h.stats.get("batch", 1)) for h in mine), default=1)
+    decided = getattr(svc.autoscaler, "batch_decisions", {}).get((dep.name, u.index))
+    mean = ran.mean_batch if ran is not None else None
+    return {
+        "executions": ran.executions if ran is not None else 0,
+        "items": ran.items if ran is not None else 0,
+        "mean_batch": None if mean is None else round(mean, 3),
+        "batch": now,
+        "batching": None if decided is None else decided.reason,
     }
 
 

@@ -7,8 +7,9 @@ the step that adds capacity (the steps are those of the planner's module docstri
    alone exceeds the SLO or the minimum configuration exceeds the memory cap.
 3. **Add capacity** (:meth:`PlanSearch.add_capacity`, one instance at a time by
    :meth:`PlanSearch.grow`: Algorithm 1's choice of the most loaded unit, InferLine's
-   IncreaseBatch when no unit can take an instance) until the simulated P99 meets the
-   SLO.
+   IncreaseBatch when no unit can take an instance, where the unit's measured batch
+   latencies save more than 10 % per item: :func:`~infscaler.runtime.serving.batching.
+   decide_batching`) until the simulated P99 meets the SLO.
 4. **Trim** (:meth:`PlanSearch.trim`, InferLine Algorithm 2, RemoveReplica): remove the
    instance whose removal saves the most memory while the simulated P99 still meets the
    SLO.
@@ -36,6 +37,7 @@ from infscaler.runtime.planning.simulator import (
     simulate,
 )
 from infscaler.runtime.scaling.types import ResourceCap
+from infscaler.runtime.serving.batching import decide_batching
 
 __all__ = ["PlanResult", "PlanSearch"]
 
@@ -341,15 +343,23 @@ class PlanSearch:
                 why.append(stop)
             if loads[k] >= 1.0:
                 break  # an overloaded unit that cannot grow: others would not help
-        # IncreaseBatch on the most loaded unit with a batch profile
+        # IncreaseBatch on the most loaded unit with a batch profile, where it pays
         for k in order:
             u, c = units[k], cfg[k]
-            if c.batch < u.max_batch and any(len(u.engines[e].batch_ms) > 1 for e in c.instances):
+            profiles = [
+                u.engines[e].batch_ms for e in c.instances if len(u.engines[e].batch_ms) > 1
+            ]
+            if c.batch < u.max_batch and profiles:
                 b = min(u.max_batch, c.batch * 2)
+                pays = [decide_batching(p, max_batch=b) for p in profiles if 1 in p]
+                if pays and not any(d.on for d in pays):
+                    why.append(f"batching {u.name} would not pay: {pays[0].reason}")
+                    continue
                 new = _with(
                     cfg, k, UnitConfig(c.instances, b, max(c.batch_wait_ms, self.batch_wait_ms))
                 )
-                return new, f"batch of {u.name} {c.batch} -> {b} (no instance fits: {why[0]})"
+                said = f"; {pays[0].reason}" if pays else ""
+                return new, f"batch of {u.name} {c.batch} -> {b} (no instance fits: {why[0]}){said}"
         return "; ".join(dict.fromkeys(why)) or "no unit can take another instance"
 
     def add_capacity(

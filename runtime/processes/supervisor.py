@@ -61,6 +61,7 @@ from infscaler.base.errors import InfScalerError
 from infscaler.base.procutil import module_command
 from infscaler.runtime.processes.handles import InstanceHandle, PendingRestart
 from infscaler.runtime.processes.zygote import ForkServer, ZygoteUnavailable, enabled_by_env
+from infscaler.runtime.serving.batching import ExecTotals
 from infscaler.runtime.serving.pipeline import Unit
 from infscaler.runtime.serving.states import InstanceState
 
@@ -164,6 +165,9 @@ class Supervisor:
         self._thread.start()
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, "infscaler-spawn")
         self.restarted = 0
+        #: per ``(pipeline, unit index)``: executions and items per batch size of every
+        #: instance it ran (:class:`~infscaler.runtime.serving.batching.ExecTotals`)
+        self.exec_totals = ExecTotals()
         #: instances started per way: ``forked`` (zygote), ``spawned`` (fresh process)
         self.started_by = {"forked": 0, "spawned": 0}
         self.zygote: ForkServer | None = None
@@ -524,7 +528,12 @@ class Supervisor:
             h._ready.set()
             self.on_change()
         elif ev == "stats":
-            h.stats = msg
+            # an idle report carries the counters alone: the last memory reading stays
+            h.stats = {**h.stats, **msg}
+            try:
+                self.exec_totals.observe(h.key, h.iid, msg.get("exec"))
+            except (TypeError, ValueError) as exc:
+                log.warning("instance %d: bad exec counts %r (%s)", h.iid, msg.get("exec"), exc)
         elif ev == "fatal":
             h.error = str(msg.get("error"))
             log.error("instance %d of %s: %s", h.iid, h.unit.name, h.error)
@@ -537,6 +546,7 @@ class Supervisor:
             with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
                 h.proc.wait(1.0)
             h.exit_code = h.proc.returncode
+        self.exec_totals.forget_instance(h.iid)
         # None: a forked instance whose zygote died before it reported the status
         # (runtime.zygote.ForkedProcess); the restart is the same, the log says so
         status = "unknown (its zygote died first)" if h.exit_code is None else h.exit_code
@@ -595,6 +605,7 @@ class Supervisor:
             if h.state is not InstanceState.EXITED:
                 h.move(InstanceState.EXITED)
             self._handles.pop(h.iid, None)
+        self.exec_totals.forget_instance(h.iid)
         self._release_fds(h)
         with contextlib.suppress(Exception):
             self.manager.instance_died(h.iid, timeout=5.0)

@@ -338,6 +338,12 @@ class Handlers:
                 getattr(m.inference_stats, key).CopyFrom(
                     pb.StatisticDuration(count=d["count"], ns=d["ns"])
                 )
+            for b in s["batch_stats"]:  # Triton's InferBatchStatistics, one per size
+                entry = m.batch_stats.add(batch_size=b["batch_size"])
+                for key in ("compute_input", "compute_infer", "compute_output"):
+                    getattr(entry, key).CopyFrom(
+                        pb.StatisticDuration(count=b[key]["count"], ns=b[key]["ns"])
+                    )
         return resp
 
     # -- inference -----------------------------------------------------------------------
