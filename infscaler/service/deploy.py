@@ -192,6 +192,8 @@ class DeployMixin:
             for mod, err in self.supervisor.preload(sorted(modules)).items():
                 log.info("%s: function module %s not preloaded: %s", cfg.name, mod, err)
             handles = []
+            # its instances start at its level's nice value (Supervisor.set_level)
+            self.supervisor.set_level(cfg.name, cfg.priority)
             try:
                 for u in served:
                     nxt = compiled.next_unit(u.index)
@@ -210,6 +212,7 @@ class DeployMixin:
                 self.supervisor.wait_ready(handles, self.start_timeout_s)
             except BaseException:
                 self.supervisor.stop_all(handles, timeout=5.0)
+                self.supervisor.set_level(cfg.name, old.pipeline.config.priority if old else None)
                 with self._lock:
                     self._free_stages.extend(ids)
                     self._free_stages.sort()
@@ -354,6 +357,8 @@ class DeployMixin:
         if dep is None:
             raise ServiceError(f"no pipeline named {name!r} is deployed", 404)
         self._retire(dep, drain_timeout_s)
+        if self.supervisor is not None:
+            self.supervisor.set_level(name, None)
 
     def _retire(self, dep: Deployment, drain_timeout_s: float = 30.0) -> None:
         dep.route.accepting = False

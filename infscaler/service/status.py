@@ -180,15 +180,19 @@ def _exec(svc: StatusSource, dep: Deployment, u: Any) -> dict[str, Any]:
 
 
 def _queues(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
-    """The pipeline's ``priority``, ``queue_policy`` (its config; ms), the requests queued
-    per priority level (``queued_by_level``, levels as strings: JSON keys) and the
-    refusals by reason code (``refusals``: admission's ``Refusal`` values and
-    ``queue_timeout``, over the pipeline's life: docs/api.md "Refusal codes")."""
+    """The pipeline's ``priority``, the nice value its instances run at from it
+    (``cpu_nice``: :func:`~infscaler.base.levels.cpu_nice`), ``queue_policy`` (its
+    config; ms), the requests queued per priority level (``queued_by_level``, levels as
+    strings: JSON keys) and the refusals by reason code (``refusals``: admission's
+    ``Refusal`` values and ``queue_timeout``, over the pipeline's life: docs/api.md
+    "Refusal codes")."""
     cfg = dep.pipeline.config
     fe = getattr(svc, "frontend", None)
     queued, refusals = fe.queues(dep.route) if fe is not None else ({}, {})
+    sup = getattr(svc, "supervisor", None)
     return {
         "priority": cfg.priority,
+        "cpu_nice": getattr(sup, "nice", {}).get(dep.name, 0),
         "queue_policy": cfg.queue_policy.model_dump(),
         "queued_by_level": {str(k): v for k, v in queued.items()},
         "refusals": refusals,
