@@ -38,7 +38,9 @@ __all__ = [
     "fits_cores",
     "is_trial",
     "judge_trial",
+    "note_served",
     "open_trial",
+    "share_per_thread",
     "trial_note",
     "trial_wait",
 ]
@@ -72,18 +74,24 @@ def fits_cores(demand: float, share: float, cores: float) -> str | None:
     return f"demand {demand:.2f}+{share:.2f} cores busy > {cores:g} cores"
 
 
+def share_per_thread(busy: float | None, threads: int) -> float:
+    """A stage's share of a core per pinned thread: ``busy`` (cores its instances keep
+    busy) / ``threads`` (the threads they pin), at most 1 and at least
+    :data:`MIN_SHARE`; 1 when not known (``busy`` None or no thread)."""
+    if busy is None or threads <= 0:
+        return 1.0
+    return min(1.0, max(MIN_SHARE, busy / threads))
+
+
 def expected_share(u: UnitState, threads: int) -> float:
     """Cores ``threads`` more cpu threads of ``u`` are expected to keep busy: its
-    instances' measured share per pinned thread (:attr:`UnitState.busy` over their
-    threads) x ``threads``, at most one core and at least :data:`MIN_SHARE` per thread;
-    a whole core per thread when ``u`` is not measured."""
+    instances' measured :func:`share_per_thread` (:attr:`UnitState.busy` over the
+    threads they pin) x ``threads``; a whole core per thread when ``u`` is not
+    measured. The planner's alike: :func:`infscaler.runtime.planning.greedy._fits`."""
     if threads <= 0:
         return 0.0
     pinned = sum(int(t) * int(n) for t, n in u.threads.items()) or u.total_instances
-    if u.busy is None or pinned <= 0:
-        return float(threads)
-    per = min(1.0, max(MIN_SHARE, u.busy / pinned))
-    return per * threads
+    return share_per_thread(u.busy, pinned) * threads
 
 
 def is_trial(s: Snapshot, c: ScalerConfig, d: Decision) -> bool:
@@ -101,11 +109,22 @@ def is_trial(s: Snapshot, c: ScalerConfig, d: Decision) -> bool:
     return s.cores_used + more > phys
 
 
-def open_trial(s: Snapshot, d: Decision) -> Trial:
-    """The trial of scale-out ``d``, with the rate served before it."""
+def note_served(s: Snapshot, state: ScalerState, c: ScalerConfig) -> ScalerState:
+    """``state`` with ``(now, served rate)`` added to :attr:`ScalerState.served` and the
+    samples older than ``2 x trial_s`` dropped."""
+    keep = 2.0 * max(c.trial_s, c.settle_s + 1.0)
+    old = tuple((t, r) for t, r in state.served if s.now - t <= keep)
+    return replace(state, served=(*old, (s.now, _served(s))))
+
+
+def open_trial(s: Snapshot, state: ScalerState, c: ScalerConfig, d: Decision) -> Trial:
+    """The trial of scale-out ``d``, with the rate served before it: the mean of
+    ``state.served`` over the last ``trial_s`` (this look's rate when it has none)."""
     assert d.unit is not None and d.engine is not None
     name = next((u.name for u in s.units if u.index == d.unit), str(d.unit))
-    return Trial(d.unit, d.engine, name, s.now, _served(s))
+    before = [r for t, r in state.served if s.now - t <= c.trial_s]
+    rate = sum(before) / len(before) if before else _served(s)
+    return Trial(d.unit, d.engine, name, s.now, rate)
 
 
 def trial_note(s: Snapshot, d: Decision) -> str:
@@ -113,7 +132,7 @@ def trial_note(s: Snapshot, d: Decision) -> str:
     return (
         f"a trial: pinned threads {s.cores_used}+ > physical cores {s.cap.physical_cores}, "
         f"demand {s.cores_demand or 0.0:.2f} cores busy; kept only if the served rate "
-        f"({_served(s):.3g} req/s) rises or the SLO is met"
+        f"rises or the SLO is met"
     )
 
 
@@ -151,14 +170,17 @@ def judge_trial(
 
     Kept when the SLO is no longer ``violated`` or the served rate rose to at least
     ``(1 + trial_gain)`` x its rate before: ``([], state)`` with the trial closed and
-    the unit's revert count reset. Otherwise reverted: one ``scale_in`` of the trial's
+    the unit's revert count reset. The rate after is the mean of the served rates read
+    since the settle window after the scale-out ended. Otherwise reverted: one ``scale_in`` of the trial's
     unit on its engine (none when the unit is at its ``min_instances`` already), the
     unit blocked for ``trial_backoff_s x 2^(reverts - 1)``, and the change counted
     (``last_change``). The verdict is in ``trial_verdict``."""
     t = state.trial
     if t is None or s.now < _due(t, c) - _EPS:
         return None
-    after = _served(s)
+    # the looks once the settle window after the scale-out was over (instances warm)
+    late = [r for when, r in state.served if when > t.started + c.settle_s]
+    after = sum(late) / len(late) if late else _served(s)
     need = t.before_rps * (1.0 + c.trial_gain)
     rates = f"served {t.before_rps:.3g} req/s before, {after:.3g} req/s after"
     others = tuple(b for b in state.blocked if b[0] != t.unit)

@@ -325,15 +325,24 @@ class Monitor:
     def demand(self) -> tuple[dict[tuple[str, int], float], float] | None:
         """Cores each unit's live instances keep busy, per unit key ``(pipeline, index)``,
         and in all (every pipeline): per instance its busy fraction over the last
-        :data:`BUSY_WINDOW_S` s (the growth of the ``busy_ms`` its ``stats`` reports
-        carry, compute time, over the wall seconds between two samples; at most 1) x its
-        threads. An instance started since the oldest sample counts its unit's measured
-        share per thread, else a whole core per thread. None until two samples at least
-        :data:`BUSY_MIN_S` apart exist (the first call only samples). The cpu cap's
-        demand (:mod:`infscaler.runtime.scaling.demand`)."""
+        :data:`BUSY_WINDOW_S` s x its threads. The busy fraction is the growth of the
+        ``busy_ms`` its ``stats`` reports carry (compute time) over the wall seconds
+        between two samples, at most its CPU seconds' growth per thread over them
+        (``/proc/PID/stat`` through psutil): compute time spent waiting for a core,
+        another process's, is not demand. An instance started since the oldest sample
+        counts its unit's measured share per thread, else a whole core per thread. None
+        until two samples at least :data:`BUSY_MIN_S` apart exist (the first call only
+        samples). The cpu cap's demand (:mod:`infscaler.runtime.scaling.demand`)."""
         now = time.monotonic()
         live = [h for h in self.service.supervisor.handles() if h.state in ("starting", "ready")]
-        sample = {h.pid: float(h.stats.get("busy_ms") or 0.0) for h in live}
+        sample: dict[int, tuple[float, float | None]] = {}
+        for h in live:
+            try:
+                t = psutil.Process(h.pid).cpu_times()
+                cpu: float | None = t.user + t.system
+            except (psutil.Error, OSError):
+                cpu = None  # gone, or not readable: the busy ms alone
+            sample[h.pid] = (float(h.stats.get("busy_ms") or 0.0), cpu)
         samples = self._busy_samples
         while samples and now - samples[0][0] > BUSY_WINDOW_S:
             samples.popleft()
@@ -459,19 +468,25 @@ class Monitor:
 
 
 def _unit_demand(
-    live: list[Any], now_ms: dict[int, float], old_ms: dict[int, float], wall_ms: float
+    live: list[Any],
+    now: dict[int, tuple[float, float | None]],
+    old: dict[int, tuple[float, float | None]],
+    wall_ms: float,
 ) -> tuple[dict[tuple[str, int], float], float]:
-    """:meth:`Monitor.demand` from two samples of the instances' busy ms."""
+    """:meth:`Monitor.demand` from two samples of the instances' ``(busy ms, CPU s)``."""
     measured: dict[tuple[str, int], list[float]] = {}  # key -> [cores, threads]
     new: list[Any] = []
     for h in live:
         threads = max(1, int(getattr(h.unit, "threads", 1) or 1))
-        if h.pid not in old_ms or wall_ms <= 0:
+        if h.pid not in old or h.pid not in now or wall_ms <= 0:
             new.append(h)
             continue
-        frac = min(1.0, max(0.0, now_ms[h.pid] - old_ms[h.pid]) / wall_ms)
+        (busy1, cpu1), (busy0, cpu0) = now[h.pid], old[h.pid]
+        frac = max(0.0, busy1 - busy0) / wall_ms
+        if cpu1 is not None and cpu0 is not None:
+            frac = min(frac, max(0.0, cpu1 - cpu0) * 1e3 / wall_ms / threads)
         acc = measured.setdefault(h.key, [0.0, 0.0])
-        acc[0] += frac * threads
+        acc[0] += min(1.0, frac) * threads
         acc[1] += threads
     per_unit = {k: v[0] for k, v in measured.items()}
     for h in new:

@@ -89,6 +89,7 @@ from infscaler.runtime.scaling.demand import (
     blocked_why,
     is_trial,
     judge_trial,
+    note_served,
     open_trial,
     trial_note,
     trial_wait,
@@ -167,10 +168,9 @@ def decide(
     (scale-out, scale-up, scale-in, scale-down) and a call without a violation reset it
     to None. A call that waits says why in ``new_state.waiting``.
 
-    Cores, in step 2: a cpu scale-out or thread step up must fit the physical cores
-    (:func:`~infscaler.runtime.scaling.cores.core_refusal`). A trial
-    (:mod:`~infscaler.runtime.scaling.demand`) open: a violation waits; due: its
-    verdict first, a revert's ``scale_in`` the only decision.
+    Cores, in step 2: :func:`~infscaler.runtime.scaling.cores.core_refusal`. A trial
+    (:mod:`~infscaler.runtime.scaling.demand`) open: a violation waits; due: its verdict
+    first, a revert's ``scale_in`` the only decision.
 
     Vertical scaling (``scale_up``), in step 2: for the unit chosen, the scale-out on
     the first admitting engine and the thread step of its thinnest cpu instance (to the
@@ -226,6 +226,7 @@ def decide(
     """
     _check_config(config)
     new = replace(state, rates=_offered_rates(snapshot, state, config), waiting=None)
+    new = note_served(snapshot, new, config)
     violated = is_violated(snapshot, config)
     judged = judge_trial(snapshot, new, config, violated)
     if judged is not None:  # a revert's scale-in is this call's change
@@ -265,7 +266,7 @@ def _on_violation(
         return [], replace(new, waiting=why)
     out, refused = _scale_out(s, state, c, max(r for _, r in new.rates))
     if out is not None:
-        trial = open_trial(s, out) if is_trial(s, c, out) else None
+        trial = open_trial(s, new, c, out) if is_trial(s, c, out) else None
         if trial is not None:
             out = replace(out, reason=f"{out.reason}; {trial_note(s, out)}")
         new = replace(new, last_scale_out=s.now, last_change=s.now, violating_since=None)

@@ -247,7 +247,8 @@ class Trial:
     Attributes:
         unit / engine / name: the unit scaled out and where.
         started: ``now`` of the scale-out, s.
-        before_rps: requests/s served before it (the snapshot's ``served_rate``).
+        before_rps: requests/s served before it: the mean of the served rates the
+            scaler read over the ``trial_s`` before it (:attr:`ScalerState.served`).
     """
 
     unit: int
@@ -277,6 +278,8 @@ class ScalerState:
         blocked: ``(unit, until, reverts)`` per unit whose trial was reverted: no
             scale-out of it before ``until`` (s); ``reverts`` in a row.
         trial_verdict: the last trial's verdict, one line (None: none yet).
+        served: ``(now, served rate)`` samples, requests/s, over the last
+            ``2 x trial_s``: a trial compares their means before and after it.
     """
 
     last_change: float | None = None
@@ -288,6 +291,7 @@ class ScalerState:
     trial: Trial | None = None
     blocked: tuple[tuple[int, float, int], ...] = ()
     trial_verdict: str | None = None
+    served: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)

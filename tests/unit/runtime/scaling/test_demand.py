@@ -154,16 +154,17 @@ def test_no_flapping_a_trial_that_never_helps_backs_off() -> None:
     assert [t for t, a in outs if a == "scale_in"] == [110, 180, 310, 560]
 
 
-def test_unit_demand_from_the_instances_busy_ms() -> None:
+def test_unit_demand_from_the_instances_busy_ms_and_cpu_seconds() -> None:
     def h(pid: int, key: tuple[str, int], threads: int = 1) -> SimpleNamespace:
         return SimpleNamespace(pid=pid, key=key, unit=SimpleNamespace(threads=threads))
 
     a, b = ("p", 0), ("p", 1)
-    live = [h(1, a), h(2, b, threads=2), h(3, b, threads=2)]  # pid 3 started since
-    old = {1: 100.0, 2: 0.0}
-    now = {1: 600.0, 2: 1000.0, 3: 50.0}
+    live = [h(1, a), h(2, b, threads=2), h(3, b, threads=2), h(4, a)]  # pid 3 started since
+    old = {1: (100.0, 5.0), 2: (0.0, None), 4: (0.0, 1.0)}
+    now = {1: (600.0, 5.9), 2: (1000.0, None), 3: (50.0, 0.1), 4: (1800.0, 1.4)}
     per, total = _unit_demand(live, now, old, 2000.0)
-    # pid 1: 500 ms of 2000 = 0.25; pid 2: 0.5 x 2 threads = 1.0; pid 3 counts b's
-    # measured share per thread (0.5) x 2
-    assert per == {a: pytest.approx(0.25), b: pytest.approx(2.0)}
-    assert total == pytest.approx(2.25)
+    # pid 1: busy 500 of 2000 ms = 0.25 (its 0.9 CPU s would allow 0.45); pid 4: busy
+    # 0.9 but 0.4 CPU s = 0.2 (it waited for a core); pid 2: 0.5 x 2 threads = 1.0 (no
+    # CPU figure); pid 3 counts b's measured share per thread (0.5) x 2
+    assert per == {a: pytest.approx(0.45), b: pytest.approx(2.0)}
+    assert total == pytest.approx(2.45)
