@@ -161,9 +161,9 @@ def _fits(
     rate: float | None = None,
 ) -> str | None:
     """None when unit ``k`` can take one more instance on ``engine``, else why not: its
-    ``max_instances``, memory, the engine's slots, the cpu's thread slots, and (with the
-    ``rate``, requests/s, and the physical cores known) the cores by demand as the
-    runtime's scaler counts them (:func:`~infscaler.runtime.scaling.demand.fits_cores`
+    ``max_instances``, memory, the engine's slots, the cpu's thread slots, and for a
+    model unit (with the ``rate``, requests/s, and the physical cores known) the cores
+    by the model units' demand as the runtime's scaler counts them (:func:`~infscaler.runtime.scaling.demand.fits_cores`
     of :func:`~infscaler.runtime.planning.resources.demand_cores` at ``rate`` and the
     new instance's share per thread, its unit's)."""
     u, c = units[k], config[k]
@@ -188,11 +188,14 @@ def _fits(
     # a free slot to be added
     if engine == "cpu" and cap.cores and cores + max(1, p.cores) > cap.cores:
         return f"cpu pinned threads {cores}+{max(1, p.cores)} > {cap.cores} thread slots"
-    if engine == "cpu" and cap.physical_cores and rate is not None and rate > 0:
+    if u.kind == "model" and engine == "cpu" and cap.physical_cores and rate:
+        # model units only: a function step's profiled time may be waiting (I/O, a
+        # sleep), which the runtime's demand, capped by CPU seconds, does not count
         busy = demand_cores(units, config, rate)
         pinned = c.instances.get("cpu", 0) * max(1, p.cores)
         share = share_per_thread(busy[k] if pinned else None, pinned) * max(1, p.cores)
-        why = fits_cores(sum(busy), share, cap.physical_cores)
+        used = sum(b for x, b in zip(units, busy, strict=True) if x.kind == "model")
+        why = fits_cores(used, share, cap.physical_cores)
         if why is not None:
             return f"cpu {why} ({u.name}'s share at {rate:g} requests/s)"
     return None
