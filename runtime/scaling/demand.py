@@ -2,15 +2,16 @@
 cores, and whether a scale-out that pins past them is kept.
 
 An instance's share of the cores is what it keeps busy (its busy fraction, compute time
-/ wall time over the monitor's last seconds, x its threads), not the threads it pins.
+/ wall time over the monitor's last seconds at most its CPU seconds per thread, x its
+threads: :meth:`infscaler.runtime.scaling.monitor.Monitor.demand`), not the threads it
+pins.
 On 2 cores a 3-partition pipeline whose light stages run 1 and 10 ms per request pins 3
 threads but keeps about 1.3 cores busy: counting threads refused its bottleneck a
 second instance ("pinned threads 3+1 > physical cores 2") and it served 13 requests/s
 against the 22/s its bottleneck alone serves. :func:`fits_cores` is the one test, used
 by the scaler (:mod:`infscaler.runtime.scaling.cores`, measured shares) and the planner
-(:func:`infscaler.runtime.planning.greedy._fits`, shares from the offered load x the
-profiled service time). Busy fractions over-count nothing a scale-out could use, but
-they miss contention: a cpu scale-out that takes the pinned threads past the cores is
+(:func:`infscaler.runtime.planning.greedy._fits` and the simulated scaler: shares from
+the simulated utilisation). Busy fractions miss contention: a cpu scale-out that takes the pinned threads past the cores is
 a **trial** (:func:`open_trial`), judged ``trial_s`` later (:func:`judge_trial`): kept
 when the SLO is met or the served rate rose by ``trial_gain``, else its instance is
 stopped and the unit is not scaled out for ``trial_backoff_s``, doubled after each
