@@ -120,10 +120,13 @@ def note_served(s: Snapshot, state: ScalerState, c: ScalerConfig) -> ScalerState
 
 def open_trial(s: Snapshot, state: ScalerState, c: ScalerConfig, d: Decision) -> Trial:
     """The trial of scale-out ``d``, with the rate served before it: the mean of
-    ``state.served`` over the last ``trial_s`` (this look's rate when it has none)."""
+    ``state.served`` over the last ``trial_s``, leaving out the looks within
+    ``settle_s`` of the change before (instances warming up), and this look's rate
+    when none is left."""
     assert d.unit is not None and d.engine is not None
     name = next((u.name for u in s.units if u.index == d.unit), str(d.unit))
-    before = [r for t, r in state.served if s.now - t <= c.trial_s]
+    warm = -math.inf if state.last_change is None else state.last_change + c.settle_s
+    before = [r for t, r in state.served if s.now - t <= c.trial_s and t > warm]
     rate = sum(before) / len(before) if before else _served(s)
     return Trial(d.unit, d.engine, name, s.now, rate)
 

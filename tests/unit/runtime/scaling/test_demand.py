@@ -168,3 +168,13 @@ def test_unit_demand_from_the_instances_busy_ms_and_cpu_seconds() -> None:
     # CPU figure); pid 3 counts b's measured share per thread (0.5) x 2
     assert per == {a: pytest.approx(0.45), b: pytest.approx(2.0)}
     assert total == pytest.approx(2.45)
+
+
+def test_the_rate_before_a_trial_leaves_out_the_settle_window() -> None:
+    # a change at 90 s, settle 5 s: the look at 93 s (instances warming up, 4 req/s) is
+    # left out, those at 96 and 98 s (12 and 14 req/s) count, and the trial's own look
+    cfg = ScalerConfig(settle_s=5.0, sustain_s=0.0, cooldown_s=0.0)
+    st = ScalerState(last_change=90.0, served=((93.0, 4.0), (96.0, 12.0), (98.0, 14.0)))
+    out, st = decide(k3(now=100.0, served=13.0), st, cfg)
+    assert [d.action for d in out] == ["scale_out"]
+    assert st.trial is not None and st.trial.before_rps == pytest.approx(13.0)
