@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.runtime.planning.resources import _add, _loads, _usage, _with
+from infscaler.runtime.planning.resources import _add, _loads, _usage, _with, demand_cores
 from infscaler.runtime.planning.scoring import _fmt
 from infscaler.runtime.planning.simulator import (
     MAX_PER_UNIT,
@@ -36,6 +36,7 @@ from infscaler.runtime.planning.simulator import (
     config_memory_mb,
     simulate,
 )
+from infscaler.runtime.scaling.demand import fits_cores, share_per_thread
 from infscaler.runtime.scaling.types import ResourceCap
 from infscaler.runtime.serving.batching import decide_batching
 
@@ -159,8 +160,14 @@ def _fits(
     engine: str,
     cap: ResourceCap,
     pool_mb: float,
+    rate: float | None = None,
 ) -> str | None:
-    """None when unit ``k`` can take one more instance on ``engine``, else why not."""
+    """None when unit ``k`` can take one more instance on ``engine``, else why not: its
+    ``max_instances``, memory, the engine's slots, the cpu's thread slots, and for a
+    model unit (with the ``rate``, requests/s, and the physical cores known) the cores
+    by the model units' demand as the runtime's scaler counts them (:func:`~infscaler.runtime.scaling.demand.fits_cores`
+    of :func:`~infscaler.runtime.planning.resources.demand_cores` at ``rate`` and the
+    new instance's share per thread, its unit's)."""
     u, c = units[k], config[k]
     limit = min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT)
     if c.total + 1 > limit:
@@ -183,6 +190,16 @@ def _fits(
     # a free slot to be added
     if engine == "cpu" and cap.cores and cores + max(1, p.cores) > cap.cores:
         return f"cpu pinned threads {cores}+{max(1, p.cores)} > {cap.cores} thread slots"
+    if u.kind == "model" and engine == "cpu" and cap.physical_cores and rate:
+        # model units only: a function step's profiled time may be waiting (I/O, a
+        # sleep), which the runtime's demand, capped by CPU seconds, does not count
+        busy = demand_cores(units, config, rate)
+        pinned = c.instances.get("cpu", 0) * max(1, p.cores)
+        share = share_per_thread(busy[k] if pinned else None, pinned) * max(1, p.cores)
+        used = sum(b for x, b in zip(units, busy, strict=True) if x.kind == "model")
+        why = fits_cores(used, share, cap.physical_cores)
+        if why is not None:
+            return f"cpu {why} ({u.name}'s share at {rate:g} requests/s)"
     return None
 
 
@@ -333,7 +350,7 @@ class PlanSearch:
         order = sorted((k for k in served if loads[k] >= 0.5 * top), key=lambda k: -loads[k])
         for k in order:
             for e in _engines_allowed(units[k], cap):
-                stop = _fits(units, cfg, k, e, cap, self.pool_mb)
+                stop = _fits(units, cfg, k, e, cap, self.pool_mb, self.rate)
                 if stop is None:
                     new = _with(cfg, k, _add(cfg[k], e))
                     return new, (

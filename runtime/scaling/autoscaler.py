@@ -77,8 +77,27 @@ from infscaler.runtime.serving.batching import (
 log = logging.getLogger("infscaler.autoscaler")
 
 
+#: ``INFSCALER_CORE_CAP`` in the service's environment: how the cpu cap counts,
+#: ``demand`` (the default) or ``threads`` (pinned threads: the cap before demand was
+#: counted, for benchmarks that compare the two; :attr:`ScalerConfig.core_cap`).
+CORE_CAP_ENV = "INFSCALER_CORE_CAP"
+
+
+def core_cap() -> str:
+    """The cpu cap's counting from :data:`CORE_CAP_ENV` (``demand`` when unset).
+
+    Raises:
+        ValueError: any other value (the message names the variable and its values).
+    """
+    v = os.environ.get(CORE_CAP_ENV, "demand").strip().lower() or "demand"
+    if v not in ("demand", "threads"):
+        raise ValueError(f"{CORE_CAP_ENV}={v!r}: use 'demand' (the default) or 'threads'")
+    return v
+
+
 def scaler_config(autoscale: Any) -> ScalerConfig:
-    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.base.config.AutoscaleConfig`."""
+    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.base.config.AutoscaleConfig`
+    (and :func:`core_cap` from the environment)."""
     return ScalerConfig(
         violation_ratio=autoscale.violation_ratio,
         cooldown_s=autoscale.cooldown_s,
@@ -89,6 +108,7 @@ def scaler_config(autoscale: Any) -> ScalerConfig:
         settle_s=autoscale.settle_s,
         sustain_s=autoscale.sustain_s,
         oversubscribe=autoscale.oversubscribe,
+        core_cap=core_cap(),
     )
 
 
@@ -506,7 +526,7 @@ class Autoscaler:
                 since -= auto.settle_s
             window = max(1.0, min(window, since))
         snap = mon.snapshot(dep, mon.pipeline(dep, window))
-        waited = state.waiting
+        waited, verdict = state.waiting, state.trial_verdict
         decisions, state = decide(snap, state, scaler_config(auto))
         with self._lock:
             self._states[dep.name] = state
@@ -537,6 +557,9 @@ class Autoscaler:
         for d in decisions:
             self._apply(dep, d)
             self._record(dep.name, asdict(d))
+        if state.trial_verdict not in (verdict, *(d.reason for d in decisions)):
+            # a trial's verdict (a revert that stops an instance is its scale_in's reason)
+            self._record(dep.name, {"action": "trial_verdict", "reason": state.trial_verdict})
         return decisions
 
     def _tune(self, dep: Any, snap: Any, state: ScalerState) -> TunerVerdict | None:
