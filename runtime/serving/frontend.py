@@ -41,6 +41,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from infscaler.base.threads import NamedThread
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
 from infscaler.runtime.serving.admission import (
@@ -166,9 +167,7 @@ class FrontEnd:
         except OSError as exc:  # instances then compute every request (the old behaviour)
             log.warning("no deadline table (expired requests are computed): %s", exc)
         manager.request_dead = None if self.deadlines is None else self._request_dead
-        self._thread = threading.Thread(
-            target=self._run_guarded, name="infscaler-frontend", daemon=True
-        )
+        self._thread = NamedThread(target=self._run_guarded, name="isc-frontend", daemon=True)
         self._thread.start()
 
     # -- API (any thread) --------------------------------------------------------------------
