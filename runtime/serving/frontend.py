@@ -155,6 +155,11 @@ class FrontEnd:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        #: slots the pool freed (its listener counts them), whether the backlog waits for
+        #: one (the next free then wakes the loop) and its nearest queue timeout
+        self._freed, self._pool_armed, self._queue_due = 0, False, math.inf
+        if getattr(pool, "free_listeners", None) is not None:
+            pool.free_listeners.append(self._on_pool_free)
         self._closing = False
         self.counters = collections.Counter()
         #: why the front end thread died (None while it runs)
@@ -418,6 +423,8 @@ class FrontEnd:
             if self.deadlines is not None:
                 self.deadlines.close()
         with contextlib.suppress(Exception):
+            self.pool.free_listeners.remove(self._on_pool_free)
+        with contextlib.suppress(Exception):
             self._endpoint.close()
         with contextlib.suppress(Exception):
             self._slabs.close()
@@ -441,8 +448,20 @@ class FrontEnd:
     # -- the thread ------------------------------------------------------------------------
     def _command(self, cmd: tuple) -> None:
         self._commands.append(cmd)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the loop (any thread): call it when a pipeline's window
+        (``Route.max_inflight``) grows, so requests waiting for it start at once."""
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"x")
+
+    def _on_pool_free(self) -> None:
+        """The pool freed a slot (the freeing thread, under the pool's lock)."""
+        self._freed += 1
+        if self._pool_armed:
+            self._pool_armed = False
+            self.wake()
 
     def _run_guarded(self) -> None:
         """The thread: :meth:`_run`, and if it ends for any reason but :meth:`close`,
@@ -479,23 +498,23 @@ class FrontEnd:
         poller = select.poll()
         poller.register(self._endpoint.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        mark = self._freed
         while True:
             try:
-                timeout_ms = 5 if self._backlog else self._next_timeout_ms()
-                if self._endpoint.pending() or self.client.stats()["queued"]:
-                    timeout_ms = 0
                 try:
-                    poller.poll(timeout_ms)
+                    poller.poll(self._timeout_ms(mark))
                 except InterruptedError:
                     continue
                 with contextlib.suppress(BlockingIOError, OSError):
                     while os.read(self._wake_r, 4096):
                         pass
+                mark = self._freed  # a free after this is seen by _timeout_ms
+                self.counters["loop_turns"] += 1
                 if not self._do_commands():
                     return None
                 self._receive()
+                self._expire()  # before the backlog: what it frees starts this turn
                 self._start_backlog()
-                self._expire()
             except ChannelClosed:
                 log.info("front end: control channel closed")
                 return None if self._closing else "the control channel closed"
@@ -510,11 +529,20 @@ class FrontEnd:
                         "(see the log for their tracebacks)"
                     )
 
-    def _next_timeout_ms(self) -> int:
+    def _timeout_ms(self, mark: int) -> int:
+        """How long the loop may sleep in ``poll(2)``, ms: 0 with tokens already
+        buffered or a slot freed since the backlog last waited for one (``mark``: the
+        free count then), else until the nearest deadline or queue timeout (at most
+        1 s). Everything else that lets work go on wakes it: a token (results free a
+        pipeline's window), a command, :meth:`wake`, the pool's next free."""
+        if self._endpoint.pending() or self.client.stats()["queued"]:
+            return 0
+        if self._pool_armed and self._freed != mark:
+            return 0
         with self._lock:
-            if not self._pending:
-                return 1000
-            nearest = min(p.deadline for p in self._pending.values())
+            nearest = min((p.deadline for p in self._pending.values()), default=math.inf)
+        if self._backlog:
+            nearest = min(nearest, self._queue_due)
         left_ms = (nearest - time.monotonic()) * 1000
         if not math.isfinite(left_ms):
             return 1000
@@ -550,6 +578,7 @@ class FrontEnd:
         the admission threshold. A request that must wait keeps its place; requests of
         other pipelines behind it may start. A request whose queue timeout passed is
         refused (``REJECT``, 503) or moved behind its level (``DELAY``)."""
+        self._pool_armed, self._queue_due = False, math.inf
         if not self._backlog:
             return
         with self._lock:
@@ -604,6 +633,11 @@ class FrontEnd:
                 p.move(RequestPhase.RUNNING)
             running[id(route)] += 1
         self._backlog.extend(waiting)
+        self._pool_armed = pool_full  # then the pool's next free wakes the loop
+        self._queue_due = min(
+            (p.queue_deadline for _, p in waiting if p.queue_deadline and not p.delayed),
+            default=math.inf,
+        )
 
     def _queue_timeout(self, p: PendingRequest) -> None:
         """``p``'s queue timeout passed while it waited: ``REJECT`` fails it (503),
