@@ -59,7 +59,7 @@ from infscaler.runtime.serving.pipeline import (
 )
 from infscaler.runtime.serving.queues import PriorityBacklog, queue_timeout_s, request_level
 from infscaler.runtime.serving.requests import PendingRequest, RequestError
-from infscaler.runtime.serving.route import Result, Route
+from infscaler.runtime.serving.route import Result, Route, merge_traces
 from infscaler.runtime.serving.runners import ITEM_BITS, ITEM_MASK, StageError, check_outputs
 from infscaler.runtime.serving.states import RequestPhase
 from infscaler.shm import BackPressureError, RequestFailed
@@ -864,8 +864,7 @@ class FrontEnd:
         if self.deadlines is not None:
             self.deadlines.cancel(p.seq)
         latency_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
-        # items carry the rows of the units before the fan-out: count each row once
-        trace = np.unique(np.concatenate(p.traces), axis=0) if p.traces else _EMPTY_TRACE
+        trace = merge_traces(p.traces)  # items repeat rows: each counted once
         p.route.stats.record_success(latency_ms, trace, p.t_submit_ns)
         p.route.record_estimate(p.estimate_ms, latency_ms, p.estimate_factor)
         p.route.record_compute(trace)
