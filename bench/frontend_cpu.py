@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocols", default="http,grpc", help="--threads: http, grpc")
     ap.add_argument("--idle-s", type=float, default=10.0, help="--threads: idle window, s")
     ap.add_argument("--stage-ms", type=float, default=20.0, help="--threads: stage sleep, ms")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="--threads")
     ap.add_argument("--tag", default="", help="--threads: suffix of the results file")
     args = ap.parse_args(argv)
     if args.threads:

@@ -14,7 +14,8 @@ Python thread name of each OS thread comes from the child (``threading.enumerate
 ``native_id``); threads with none are grpc's own. Time of threads that ended in between,
 and per-thread tick rounding, is ``(exited, rounding)``: the process's own total
 (``/proc/PID/stat``) less its live threads. Then ``--idle-s`` seconds without requests:
-the service's CPU per second while idle.
+the service's CPU per second while idle. ``--loop uvloop``: the service's event loop is
+uvloop's (installed by hand: an experiment, not a dependency).
 
 CPU time per request is a fair measure on a busy host (wall-clock throughput is not): the
 host's load average is recorded beside it.
@@ -43,6 +44,10 @@ from pathlib import Path
 from infscaler.api.server import ServerThread
 from infscaler.base.config import load_pipeline
 from infscaler.service.service import Service
+import asyncio, os
+if os.environ.get("FRONTEND_CPU_LOOP") == "uvloop":  # --loop uvloop (not a dependency)
+    import uvloop
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 state, sock, gsock, shapes = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 with Service(state_dir=state, pool_mb=256) as svc, ServerThread(
     svc, sock, max_body_mb=64, grpc_socket=gsock
@@ -254,6 +259,7 @@ def run_threads(args: Any) -> int:
         if p not in ("http", "grpc"):
             raise SystemExit(f"--protocols: {p!r} is neither http nor grpc")
     os.environ["FRONTEND_CPU_STAGE_MS"] = str(args.stage_ms)
+    os.environ["FRONTEND_CPU_LOOP"] = args.loop
     env = environment()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
