@@ -76,8 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-s", type=float, default=10.0, help="--threads: idle window, s")
     ap.add_argument("--stage-ms", type=float, default=20.0, help="--threads: stage sleep, ms")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="--threads")
+    ap.add_argument("--compare", help="BASE1,BASE2:NEW1,NEW2: results stems of --threads runs")
     ap.add_argument("--tag", default="", help="--threads: suffix of the results file")
     args = ap.parse_args(argv)
+    if args.compare:
+        from frontend_threads import compare
+
+        return compare(args.compare, f"frontend_cpu_threads_compare_{args.tag or 'out'}")
     if args.threads:
         from frontend_threads import run_threads
 

@@ -285,3 +285,69 @@ def run_threads(args: Any) -> int:
     write_json(RESULTS_DIR / f"{stem}.json", {"environment": env, "runs": rows, "idle": quiet})
     plot(rows, RESULTS_DIR / f"{stem}.png")
     return 0
+
+
+#: Python thread names before the service named its threads ``isc-*``: the same roles
+_OLD_NAMES = {
+    "infscaler-api": "isc-api",
+    "infscaler-frontend": "isc-frontend",
+    "infscaler-token-router": "isc-router",
+    "infscaler-sharing-manager": "isc-shm-manager",
+    "infscaler-autoscaler": "isc-autoscaler",
+    "asyncio_0": "isc-api-exec_0",
+    "asyncio_1": "isc-api-exec_1",
+}
+
+
+def _role(key: str) -> str:
+    name = key.split(" / ")[-1]
+    return _OLD_NAMES.get(name, name)
+
+
+def _means(stems: list[str]) -> dict[str, dict[str, float]]:
+    """Per ``protocol size``: the mean CPU ms per request over the runs ``stems``, in
+    all (``total``) and per thread role."""
+    acc: dict[str, dict[str, list[float]]] = {}
+    for stem in stems:
+        doc = json.loads((RESULTS_DIR / f"{stem}.json").read_text())
+        for r in doc["runs"]:
+            row = acc.setdefault(f"{r['protocol']} {r['input_bytes'] / 1e6:.1f} MB", {})
+            row.setdefault("total", []).append(r["cpu_ms_per_request"])
+            roles: dict[str, float] = {}
+            for k, v in r["threads_ms_per_request"].items():
+                roles[_role(k)] = roles.get(_role(k), 0.0) + v
+            for k, v in roles.items():
+                row.setdefault(k, []).append(v)
+    n = len(stems)
+    return {
+        case: {k: round(sum(v) / n, 3) for k, v in sorted(row.items())} for case, row in acc.items()
+    }
+
+
+def compare(spec: str, out_stem: str) -> int:
+    """``A1,A2:B1,B2`` (results stems, alternating runs of a baseline A and B): the mean
+    CPU per request of each and B / A, in all and per thread role; writes
+    ``results/{out_stem}.json``."""
+    try:
+        a_spec, b_spec = spec.split(":")
+    except ValueError:
+        raise SystemExit(
+            f"--compare wants BASE1,BASE2:NEW1,NEW2 (results stems), got {spec!r}"
+        ) from None
+    a, b = _means(a_spec.split(",")), _means(b_spec.split(","))
+    cases = {}
+    for case in a:
+        ratio = {
+            k: round(b[case][k] / a[case][k], 3)
+            for k in a[case]
+            if k in b.get(case, {}) and a[case][k] > 0
+        }
+        cases[case] = {"baseline": a[case], "new": b.get(case, {}), "new_over_baseline": ratio}
+        print(
+            f"{case}: {a[case]['total']:.3f} -> {b[case]['total']:.3f} ms ({ratio['total']:.2f}x)"
+        )
+    write_json(
+        RESULTS_DIR / f"{out_stem}.json",
+        {"baseline_runs": a_spec.split(","), "new_runs": b_spec.split(","), "cases": cases},
+    )
+    return 0
