@@ -158,6 +158,7 @@ class FrontEnd:
         #: slots the pool freed (its listener counts them), whether the backlog waits for
         #: one (the next free then wakes the loop) and its nearest queue timeout
         self._freed, self._pool_armed, self._queue_due = 0, False, math.inf
+        self._nearest = math.inf  # the nearest deadline of a pending request (_expire)
         if getattr(pool, "free_listeners", None) is not None:
             pool.free_listeners.append(self._on_pool_free)
         self._closing = False
@@ -539,10 +540,7 @@ class FrontEnd:
             return 0
         if self._pool_armed and self._freed != mark:
             return 0
-        with self._lock:
-            nearest = min((p.deadline for p in self._pending.values()), default=math.inf)
-        if self._backlog:
-            nearest = min(nearest, self._queue_due)
+        nearest = min(self._nearest, self._queue_due) if self._backlog else self._nearest
         left_ms = (nearest - time.monotonic()) * 1000
         if not math.isfinite(left_ms):
             return 1000
@@ -817,9 +815,16 @@ class FrontEnd:
 
     # -- completion --------------------------------------------------------------------------
     def _expire(self) -> None:
-        now = time.monotonic()
+        """Fail the requests past their deadline; note the nearest deadline left (the
+        loop sleeps until it: one pass over the pending requests a turn)."""
+        now, late, nearest = time.monotonic(), [], math.inf
         with self._lock:
-            late = [p for p in self._pending.values() if p.deadline <= now]
+            for p in self._pending.values():
+                if p.deadline <= now:
+                    late.append(p)
+                elif p.deadline < nearest:
+                    nearest = p.deadline
+        self._nearest = nearest
         for p in late:
             self._expire_request(p, "expired")
 

@@ -56,3 +56,19 @@ def test_a_queue_timeout_fires_while_the_loop_sleeps(svc: Service) -> None:
     # refused at its queue timeout, not when the running request's result came back
     assert time.monotonic() - t0 < 2.0
     assert first.result(60).outputs["y"][0] == 2.0
+
+
+def test_a_deadline_fires_while_the_loop_sleeps(svc: Service) -> None:
+    d = chain_pipeline(2500, x_shape=(-1,))
+    d["max_inflight"] = 1
+    svc.deploy(load_pipeline(d))
+    first = svc.submit("chain", X, timeout_s=60)
+    wait_for(lambda: svc.frontend.stats()["backlog"] == 0, 10, "the first request to start")
+    t0 = time.monotonic()
+    waiting = svc.submit("chain", X, timeout_s=0.3)
+    with pytest.raises(RequestError) as exc:
+        waiting.result(30)
+    assert exc.value.status == 503 and "timed out" in str(exc.value)
+    # failed at its deadline, not when the running request's result came back
+    assert time.monotonic() - t0 < 2.0
+    assert first.result(60).outputs["y"][0] == 2.0
