@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from infscaler.base.threads import NamedThread
 from infscaler.ebpf.channel import (
     MAX_BATCH,
     MAX_HOPS,
@@ -153,9 +154,7 @@ class UserspaceChannel(Channel):
         self._rxv = memoryview(self._rx)
         self._closed = False
         self._stopping = False
-        self._thread = threading.Thread(
-            target=self._run, name="infscaler-token-router", daemon=True
-        )
+        self._thread = NamedThread(target=self._run, name="isc-router", daemon=True)
         self._thread.start()
 
     # -- API (any thread) --------------------------------------------------------------------

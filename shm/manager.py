@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from infscaler.base.threads import NamedThread
 from infscaler.ebpf.channel import MAX_BATCH, MAX_HOPS, Channel
 from infscaler.ebpf.errors import ChannelClosed, ChannelError
 from infscaler.ebpf.token import NO_SLAB, TOKEN_SIZE, Token, TokenError, TokenKind
@@ -197,9 +198,7 @@ class TensorSharingManager(ReclaimMixin):
                 self._ch.add_instance(BARRIER_HOP, MANAGER_INSTANCE).close()
                 self._ch.remove_instance(MANAGER_INSTANCE)
             self._stopping = False
-            self._thread = threading.Thread(
-                target=self._run, name="infscaler-sharing-manager", daemon=True
-            )
+            self._thread = NamedThread(target=self._run, name="isc-shm-manager", daemon=True)
             self._thread.start()
         return self
 

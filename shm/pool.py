@@ -210,6 +210,10 @@ class TensorPool:
         )
         self._bytes_released = 0
         self._rejections: dict[str, int] = {}
+        #: called with no argument after each slot is freed (under the pool's lock, in
+        #: the freeing thread: keep them short and lock-free); a front end waiting for
+        #: room wakes from one instead of polling
+        self.free_listeners: list[Callable[[], None]] = []
         self._finalizer = weakref.finalize(self, _finalize, self._slabs, os.getpid())
 
     # -- geometry ---------------------------------------------------------------------
@@ -382,6 +386,8 @@ class TensorPool:
         if slab.in_use == 0:
             slab.idle_since = self._clock()
         self._drop_lease(owner, slab.id, slot)
+        for listener in self.free_listeners:
+            listener()
 
     # -- public API -------------------------------------------------------------------
 

@@ -286,6 +286,7 @@ def decode_infer_request(
     shm: SystemSharedMemoryRegistry | None = None,
     max_elements: int | None = None,
     copy: bool = True,
+    parts: Sequence[Any] | None = None,
 ) -> InferRequest:
     """Decode and validate an inference request body (v2 ``$inference_request``).
 
@@ -301,6 +302,11 @@ def decode_infer_request(
             the layout allows; see :func:`tensor_from_bytes`): for a body the caller owns
             and leaves unchanged while the inputs are in use. Shared memory inputs are
             always copied (the client may rewrite its region).
+        parts: the binary tensor data as buffers laid end to end, in place of the bytes
+            after the header in ``body`` (which then holds the header alone); an input
+            whose bytes lie within one part is read from it (a view with ``copy=False``),
+            one that spans parts from their bytes joined. The gRPC path's
+            ``raw_input_contents``, decoded without laying them out in one body first.
 
     Returns:
         An :class:`InferRequest`: each input an array of its datatype's dtype and shape
@@ -321,7 +327,12 @@ def decode_infer_request(
     doc = parse_json(header, "request", header_length)
     req_id, params, binary_default = _request_fields(doc)
     specs = {s.name: s for s in input_specs} if input_specs is not None else None
-    binary = _BinaryData(blobs, header_length)
+    if parts is not None:
+        if len(blobs):
+            raise ValueError("give the binary data in body or in parts, not in both")
+        binary = _BinaryData(blobs, header_length, parts=[memoryview(p).cast("B") for p in parts])
+    else:
+        binary = _BinaryData(blobs, header_length)
     inputs = _decode_inputs(doc.get("inputs"), specs, binary, shm, max_elements, copy)
     outputs = _decode_requested(doc.get("outputs"), binary_default, shm)
     return InferRequest(
@@ -364,38 +375,60 @@ class _BinaryData:
     blobs: memoryview
     header_length: int | None
     cursor: int = 0
+    #: the binary data as byte views laid end to end, in place of ``blobs`` (None: blobs)
+    parts: list[memoryview] | None = None
+
+    @property
+    def total(self) -> int:
+        """Bytes of binary data in all."""
+        return len(self.blobs) if self.parts is None else sum(len(p) for p in self.parts)
+
+    def _range(self, start: int, size: int) -> Any:
+        """Bytes ``start .. start + size`` of the binary data: a view where they lie in
+        one buffer, else the parts' bytes joined (a copy)."""
+        if self.parts is None:
+            return self.blobs[start : start + size]
+        pieces, pos = [], 0
+        for p in self.parts:
+            lo, hi = max(start - pos, 0), min(start + size - pos, len(p))
+            if lo < hi:
+                if hi - lo == size:
+                    return p[lo:hi]
+                pieces.append(p[lo:hi])
+            pos += len(p)
+        return b"".join(pieces)
 
     def take(
         self, raw_size: Any, where: str, datatype: str, shape: list[int], count: int, copy: bool
     ) -> np.ndarray:
         """The next input's tensor of ``raw_size`` bytes (its ``binary_data_size``)."""
-        blobs, cursor = self.blobs, self.cursor
+        total, cursor = self.total, self.cursor
         size = nonneg_int(raw_size, "binary_data_size", where)
         if self.header_length is None:
             raise ProtocolError(
                 f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header"
             )
-        if cursor + size > len(blobs):
+        if cursor + size > total:
             raise ProtocolError(
                 f"{where}: binary_data_size {size} runs past the end of the body "
-                f"({len(blobs) - cursor} of {len(blobs)} binary bytes left)"
+                f"({total - cursor} of {total} binary bytes left)"
             )
         if datatype != "BYTES" and size != count * DATATYPES[datatype].itemsize:
             raise ProtocolError(
                 f"{where}: binary_data_size {size} does not match shape {shape} of "
                 f"{datatype} ({count * DATATYPES[datatype].itemsize} bytes)"
             )
-        tensor = tensor_from_bytes(blobs[cursor : cursor + size], datatype, shape, where, copy=copy)
+        tensor = tensor_from_bytes(self._range(cursor, size), datatype, shape, where, copy=copy)
         self.cursor = cursor + size
         return tensor
 
     def check_claimed(self) -> None:
         """Every byte was claimed by an input's ``binary_data_size``."""
-        blobs, cursor = self.blobs, self.cursor
-        if cursor != len(blobs):
+        total, cursor = self.total, self.cursor
+        if cursor != total:
             raise ProtocolError(
-                f"{len(blobs) - cursor} bytes of binary data after the JSON header are not "
-                f"claimed by any input's binary_data_size (claimed: {cursor} of {len(blobs)})"
+                f"{total - cursor} bytes of binary data after the JSON header are not "
+                f"claimed by any input's binary_data_size (claimed: {cursor} of {total})"
             )
 
 

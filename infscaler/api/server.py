@@ -120,6 +120,7 @@ from infscaler.api.sysshm import SystemSharedMemoryRegistry
 from infscaler.base.errors import InfScalerError
 from infscaler.base.quotas import LoadBudget
 from infscaler.base.security import SecurityPolicy, is_privileged_uid, peer_uid
+from infscaler.base.threads import NamedThread, named_executor
 from infscaler.runtime.serving.admission import request_reservation
 
 __all__ = [
@@ -498,10 +499,11 @@ class ServerThread:
         self._runner: Any = None
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="infscaler-api", daemon=True)
+        self._thread = NamedThread(target=self._run, name="isc-api", daemon=True)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._loop.set_default_executor(named_executor("isc-api-exec"))
         try:
             self._runner = self._loop.run_until_complete(
                 start_unix_server(self._app, self.socket_path, group=self.socket_group)

@@ -42,6 +42,7 @@ from infscaler.base.quotas import PeerQuotas
 from infscaler.base.ratelog import install_rate_limit
 from infscaler.base.samples import render_text_image
 from infscaler.base.security import SecurityPolicy
+from infscaler.base.threads import named_executor
 from infscaler.cli import err, out
 from infscaler.cli.client import (
     SocketOpt,
@@ -625,6 +626,7 @@ async def _serve(
 
     notifier = SystemdNotifier()
     loop = asyncio.get_running_loop()
+    loop.set_default_executor(named_executor("isc-api-exec"))  # off-loop work, named
     stop = asyncio.Event()
     died: list[str] = []
     service = Service(

@@ -50,6 +50,7 @@ import yaml
 from infscaler.api.client import Client
 from infscaler.base.config import load_pipeline
 from infscaler.base.errors import ConfigError, InfScalerError
+from infscaler.base.threads import NamedThread
 
 __all__ = ["PipelineWatcher", "SyncResult", "read_pipeline_dir", "start_watching"]
 
@@ -197,7 +198,7 @@ class PipelineWatcher:
                 self.stop_event.wait(0.5)
             self.run(interval)
 
-        t = threading.Thread(target=body, name="pipeline-watcher", daemon=True)
+        t = NamedThread(target=body, name="isc-watcher", daemon=True)
         t.start()
         return t
 

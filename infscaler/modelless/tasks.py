@@ -56,6 +56,7 @@ import numpy as np
 
 from infscaler.base.config import validate_pipeline
 from infscaler.base.errors import ConfigError, ServiceError
+from infscaler.base.threads import NamedThread
 from infscaler.modelless.selector import (
     Catalog,
     Query,
@@ -553,9 +554,7 @@ class TaskRouter:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._work, name="infscaler-tasks-deploy", daemon=True
-                )
+                self._worker = NamedThread(target=self._work, name="isc-task-deploy", daemon=True)
                 self._worker.start()
         self._queue.put((fn, fut))
         return fut
@@ -755,7 +754,7 @@ class TaskRouter:
     def start(self) -> TaskRouter:
         """Start the background :meth:`rebalance` loop (every ``rebalance_interval_s``)."""
         if self.rebalance_interval_s and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="infscaler-tasks", daemon=True)
+            self._thread = NamedThread(target=self._run, name="isc-tasks", daemon=True)
             self._thread.start()
         return self
 

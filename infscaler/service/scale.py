@@ -53,6 +53,9 @@ class ScaleMixin:
         live = self._live(dep)
         if dep.pipeline.config.max_inflight is None:
             dep.route.max_inflight = sum(h.unit.max_batch for h in live) + 1
+            frontend = getattr(self, "frontend", None)
+            if frontend is not None:  # requests waiting for the window start now
+                frontend.wake()
         dep.route.instances = [
             max(1, sum(1 for h in live if h.key[1] == u.index)) for u in dep.pipeline.units
         ]

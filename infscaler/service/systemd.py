@@ -42,6 +42,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from infscaler.base.threads import NamedThread
+
 log = logging.getLogger("infscaler.service.systemd")
 
 #: Seconds a blocked send may wait (the manager's queue full) before it counts as failed.
@@ -215,10 +217,10 @@ class SystemdNotifier:
             return
         self.stop_watchdog()
         stop = threading.Event()
-        thread = threading.Thread(
+        thread = NamedThread(
             target=self._watchdog_loop,
             args=(interval, healthy, stop),
-            name="systemd-watchdog",
+            name="isc-watchdog",
             daemon=True,
         )
         with self._lock:

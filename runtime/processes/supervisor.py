@@ -42,7 +42,6 @@ methods). A zygote that dies is restarted; instances it forked keep running.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -60,6 +59,7 @@ from typing import Any
 from infscaler.base.errors import InfScalerError
 from infscaler.base.levels import cpu_nice
 from infscaler.base.procutil import module_command
+from infscaler.base.threads import NamedThread, named_executor
 from infscaler.runtime.processes.handles import InstanceHandle, PendingRestart
 from infscaler.runtime.processes.nice import renice_process
 from infscaler.runtime.processes.zygote import ForkServer, ZygoteUnavailable, enabled_by_env
@@ -163,9 +163,9 @@ class Supervisor:
         os.set_blocking(self._wake_r, False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="infscaler-supervisor", daemon=True)
+        self._thread = NamedThread(target=self._run, name="isc-supervisor", daemon=True)
         self._thread.start()
-        self._spawner = concurrent.futures.ThreadPoolExecutor(1, "infscaler-spawn")
+        self._spawner = named_executor("isc-spawn", 1)
         self.restarted = 0
         #: per ``(pipeline, unit index)``: executions and items per batch size of every
         #: instance it ran (:class:`~infscaler.runtime.serving.batching.ExecTotals`)
@@ -605,7 +605,9 @@ class Supervisor:
             pending = self._schedule_restart(h, f"exited with status {status}")
         self.on_change()  # the unit may have no live instance now: degraded at once
         # reclaim in a worker: it waits for every live instance's sync echo
-        threading.Thread(target=self._reclaim_and_restart, args=(h, pending), daemon=True).start()
+        NamedThread(
+            target=self._reclaim_and_restart, args=(h, pending), name="isc-restart", daemon=True
+        ).start()
 
     def _schedule_restart(self, h: InstanceHandle, reason: str) -> PendingRestart:
         now = time.monotonic()
@@ -678,10 +680,10 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - logged; the restart still happens
             log.error("reclaiming instance %d failed: %s", h.iid, exc)
         if report is not None:
-            threading.Thread(
+            NamedThread(
                 target=self._log_reclaim,
                 args=(h.iid, report),
-                name="infscaler-reclaim",
+                name="isc-reclaim",
                 daemon=True,
             ).start()
         with self._lock:

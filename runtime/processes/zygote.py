@@ -106,6 +106,7 @@ from typing import Any
 
 from infscaler.base.errors import InfScalerError
 from infscaler.base.procutil import cuda_libraries_mapped, module_command
+from infscaler.base.threads import NamedThread
 
 log = logging.getLogger("infscaler.zygote")
 
@@ -641,9 +642,7 @@ class ForkServer:
                 raise ZygoteUnavailable("the supervisor is closing")
             self._gen = gen
             modules = list(self._modules)
-        threading.Thread(
-            target=self._read, args=(gen,), name="infscaler-zygote", daemon=True
-        ).start()
+        NamedThread(target=self._read, args=(gen,), name="isc-zygote", daemon=True).start()
         if modules:
             self._request(gen, {"op": "preload", "modules": modules}, wait=False)
         log.info("zygote started (pid %d)", proc.pid)

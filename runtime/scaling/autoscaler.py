@@ -48,6 +48,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from infscaler.base.errors import ServiceError
+from infscaler.base.threads import NamedThread
 from infscaler.runtime.planning.autoplan import keep_live
 from infscaler.runtime.planning.livecheck import LiveState, Observed, Verdict, check
 from infscaler.runtime.planning.planner import HANDOVER_MS
@@ -159,7 +160,7 @@ class Autoscaler:
         self._arb_busy = False
         self.moves: collections.Counter[tuple[str, str]] = collections.Counter()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="infscaler-autoscaler", daemon=True)
+        self._thread = NamedThread(target=self._run, name="isc-autoscaler", daemon=True)
 
     def start(self) -> Autoscaler:
         self._thread.start()
@@ -305,7 +306,7 @@ class Autoscaler:
                 with self._lock:
                     self._switching.discard(dep.name)
 
-        threading.Thread(target=work, name="infscaler-live-switch", daemon=True).start()
+        NamedThread(target=work, name="isc-live-switch", daemon=True).start()
         return verdict
 
     def _record(self, name: str, entry: dict[str, Any]) -> None:
@@ -620,7 +621,7 @@ class Autoscaler:
                     with self._lock:
                         self._busy.discard(key)
 
-            threading.Thread(target=work, name="infscaler-scale-in", daemon=True).start()
+            NamedThread(target=work, name="isc-scale-in", daemon=True).start()
         elif d.action in ("scale_up", "scale_down"):
             assert d.unit is not None and d.threads is not None
             key = (dep.name, d.unit)
@@ -638,7 +639,7 @@ class Autoscaler:
                     with self._lock:
                         self._busy.discard(key)
 
-            threading.Thread(target=swap, name="infscaler-scale-threads", daemon=True).start()
+            NamedThread(target=swap, name="isc-scale-thr", daemon=True).start()
         elif d.action == "shed":
             with contextlib.suppress(Exception):
                 self.service.set_queue_limit(dep, d.queue_limit, d.reason)
@@ -681,8 +682,8 @@ class Autoscaler:
                     self._views.pop(m.giver, None)
                     self._views.pop(m.taker, None)
         for m in moves:
-            threading.Thread(
-                target=self._move, args=(m, deps), name="infscaler-arbitrate", daemon=True
+            NamedThread(
+                target=self._move, args=(m, deps), name="isc-arbitrate", daemon=True
             ).start()
         return moves
 

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from infscaler.base.threads import NamedThread
+
 __all__ = [
     "EnergyCounter",
     "JetsonReading",
@@ -545,7 +547,7 @@ class JetsonSampler:
                     self._reason = self._checked
             if self._checked or self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._run, name="jtop-sampler", daemon=True)
+            self._thread = NamedThread(target=self._run, name="isc-jtop", daemon=True)
             self._thread.start()
 
     def close(self, timeout_s: float = 2.0) -> None:

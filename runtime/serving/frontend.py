@@ -41,6 +41,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from infscaler.base.threads import NamedThread
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
 from infscaler.runtime.serving.admission import (
@@ -58,7 +59,7 @@ from infscaler.runtime.serving.pipeline import (
 )
 from infscaler.runtime.serving.queues import PriorityBacklog, queue_timeout_s, request_level
 from infscaler.runtime.serving.requests import PendingRequest, RequestError
-from infscaler.runtime.serving.route import Result, Route
+from infscaler.runtime.serving.route import Result, Route, merge_traces
 from infscaler.runtime.serving.runners import ITEM_BITS, ITEM_MASK, StageError, check_outputs
 from infscaler.runtime.serving.states import RequestPhase
 from infscaler.shm import BackPressureError, RequestFailed
@@ -154,6 +155,12 @@ class FrontEnd:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        #: slots the pool freed (its listener counts them), whether the backlog waits for
+        #: one (the next free then wakes the loop) and its nearest queue timeout
+        self._freed, self._pool_armed, self._queue_due = 0, False, math.inf
+        self._nearest = math.inf  # the nearest deadline of a pending request (_expire)
+        if getattr(pool, "free_listeners", None) is not None:
+            pool.free_listeners.append(self._on_pool_free)
         self._closing = False
         self.counters = collections.Counter()
         #: why the front end thread died (None while it runs)
@@ -166,9 +173,7 @@ class FrontEnd:
         except OSError as exc:  # instances then compute every request (the old behaviour)
             log.warning("no deadline table (expired requests are computed): %s", exc)
         manager.request_dead = None if self.deadlines is None else self._request_dead
-        self._thread = threading.Thread(
-            target=self._run_guarded, name="infscaler-frontend", daemon=True
-        )
+        self._thread = NamedThread(target=self._run_guarded, name="isc-frontend", daemon=True)
         self._thread.start()
 
     # -- API (any thread) --------------------------------------------------------------------
@@ -423,6 +428,8 @@ class FrontEnd:
             if self.deadlines is not None:
                 self.deadlines.close()
         with contextlib.suppress(Exception):
+            self.pool.free_listeners.remove(self._on_pool_free)
+        with contextlib.suppress(Exception):
             self._endpoint.close()
         with contextlib.suppress(Exception):
             self._slabs.close()
@@ -446,8 +453,20 @@ class FrontEnd:
     # -- the thread ------------------------------------------------------------------------
     def _command(self, cmd: tuple) -> None:
         self._commands.append(cmd)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the loop (any thread): call it when a pipeline's window
+        (``Route.max_inflight``) grows, so requests waiting for it start at once."""
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"x")
+
+    def _on_pool_free(self) -> None:
+        """The pool freed a slot (the freeing thread, under the pool's lock)."""
+        self._freed += 1
+        if self._pool_armed:
+            self._pool_armed = False
+            self.wake()
 
     def _run_guarded(self) -> None:
         """The thread: :meth:`_run`, and if it ends for any reason but :meth:`close`,
@@ -484,23 +503,23 @@ class FrontEnd:
         poller = select.poll()
         poller.register(self._endpoint.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        mark = self._freed
         while True:
             try:
-                timeout_ms = 5 if self._backlog else self._next_timeout_ms()
-                if self._endpoint.pending() or self.client.stats()["queued"]:
-                    timeout_ms = 0
                 try:
-                    poller.poll(timeout_ms)
+                    poller.poll(self._timeout_ms(mark))
                 except InterruptedError:
                     continue
                 with contextlib.suppress(BlockingIOError, OSError):
                     while os.read(self._wake_r, 4096):
                         pass
+                mark = self._freed  # a free after this is seen by _timeout_ms
+                self.counters["loop_turns"] += 1
                 if not self._do_commands():
                     return None
                 self._receive()
+                self._expire()  # before the backlog: what it frees starts this turn
                 self._start_backlog()
-                self._expire()
             except ChannelClosed:
                 log.info("front end: control channel closed")
                 return None if self._closing else "the control channel closed"
@@ -515,11 +534,17 @@ class FrontEnd:
                         "(see the log for their tracebacks)"
                     )
 
-    def _next_timeout_ms(self) -> int:
-        with self._lock:
-            if not self._pending:
-                return 1000
-            nearest = min(p.deadline for p in self._pending.values())
+    def _timeout_ms(self, mark: int) -> int:
+        """How long the loop may sleep in ``poll(2)``, ms: 0 with tokens already
+        buffered or a slot freed since the backlog last waited for one (``mark``: the
+        free count then), else until the nearest deadline or queue timeout (at most
+        1 s). Everything else that lets work go on wakes it: a token (results free a
+        pipeline's window), a command, :meth:`wake`, the pool's next free."""
+        if self._endpoint.pending() or self.client.stats()["queued"]:
+            return 0
+        if self._pool_armed and self._freed != mark:
+            return 0
+        nearest = min(self._nearest, self._queue_due) if self._backlog else self._nearest
         left_ms = (nearest - time.monotonic()) * 1000
         if not math.isfinite(left_ms):
             return 1000
@@ -557,6 +582,7 @@ class FrontEnd:
         the admission threshold. A request that must wait keeps its place; requests of
         other pipelines behind it may start. A request whose queue timeout passed is
         refused (``REJECT``, 503) or moved behind its level (``DELAY``)."""
+        self._pool_armed, self._queue_due = False, math.inf
         if not self._backlog:
             return
         with self._lock:
@@ -611,6 +637,11 @@ class FrontEnd:
                 p.move(RequestPhase.RUNNING)
             running[id(route)] += 1
         self._backlog.extend(waiting)
+        self._pool_armed = pool_full  # then the pool's next free wakes the loop
+        self._queue_due = min(
+            (p.queue_deadline for _, p in waiting if p.queue_deadline and not p.delayed),
+            default=math.inf,
+        )
 
     def _queue_timeout(self, p: PendingRequest) -> None:
         """``p``'s queue timeout passed while it waited: ``REJECT`` fails it (503),
@@ -791,9 +822,16 @@ class FrontEnd:
 
     # -- completion --------------------------------------------------------------------------
     def _expire(self) -> None:
-        now = time.monotonic()
+        """Fail the requests past their deadline; note the nearest deadline left (the
+        loop sleeps until it: one pass over the pending requests a turn)."""
+        now, late, nearest = time.monotonic(), [], math.inf
         with self._lock:
-            late = [p for p in self._pending.values() if p.deadline <= now]
+            for p in self._pending.values():
+                if p.deadline <= now:
+                    late.append(p)
+                elif p.deadline < nearest:
+                    nearest = p.deadline
+        self._nearest = nearest
         for p in late:
             self._expire_request(p, "expired")
 
@@ -840,8 +878,7 @@ class FrontEnd:
         if self.deadlines is not None:
             self.deadlines.cancel(p.seq)
         latency_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
-        # items carry the rows of the units before the fan-out: count each row once
-        trace = np.unique(np.concatenate(p.traces), axis=0) if p.traces else _EMPTY_TRACE
+        trace = merge_traces(p.traces)  # items repeat rows: each counted once
         p.route.stats.record_success(latency_ms, trace, p.t_submit_ns)
         p.route.record_estimate(p.estimate_ms, latency_ms, p.estimate_factor)
         p.route.record_compute(trace)

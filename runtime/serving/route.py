@@ -349,3 +349,17 @@ class Result:
             if 0 <= unit < len(units):
                 out[units[int(unit)]] += (end - start) / 1e6
         return {k: round(v, 3) for k, v in out.items()}
+
+
+def merge_traces(traces: list[np.ndarray]) -> np.ndarray:
+    """A request's trace from the traces its tokens brought back: int64 ``[n, 4]`` rows
+    (unit, instance, start ns, end ns), each row once, sorted (fan-out items repeat the
+    rows of the units before the fan-out). One trace whose unit column strictly rises
+    (a chain) is that already and is returned as it is, without ``np.unique``'s sort."""
+    if not traces:
+        return np.zeros((0, 4), dtype=np.int64)
+    if len(traces) == 1:
+        t = traces[0]
+        if len(t) < 2 or bool((t[1:, 0] > t[:-1, 0]).all()):
+            return t
+    return np.unique(np.concatenate(traces), axis=0)

@@ -66,6 +66,7 @@ __all__ = [
     "from_parameters",
     "grpc_code",
     "model_infer_body",
+    "model_infer_parts",
     "to_parameters",
 ]
 
@@ -268,8 +269,31 @@ def contents_to_bytes(contents: Any, datatype: str, shape: Sequence[int], where:
 def model_infer_body(req: Any, raw: Sequence[Any] | None = None) -> tuple[bytearray, int]:
     """A ``ModelInferRequest`` as the HTTP binary tensor body that
     :func:`~infscaler.api.codec.decode_infer_request` decodes: ``(body, header length)``,
-    the tensors' data written once into ``body`` (raw entries copied, typed contents
-    converted: :func:`contents_to_bytes`).
+    the tensors' data written once into ``body`` (:func:`model_infer_parts` laid end to
+    end after the header).
+
+    Raises:
+        ProtocolError: as :func:`model_infer_parts`.
+    """
+    header, parts = _header_and_parts(req, raw)
+    size = [p.size if isinstance(p, _Typed) else len(p) for p in parts]
+    body = bytearray(len(header) + sum(size))
+    mv = memoryview(body)
+    mv[: len(header)] = header
+    pos = len(header)
+    for part, n in zip(parts, size, strict=True):
+        if isinstance(part, _Typed):
+            part.write(mv[pos : pos + n])
+        else:
+            mv[pos : pos + n] = part
+        pos += n
+    return body, len(header)
+
+
+def model_infer_parts(req: Any, raw: Sequence[Any] | None = None) -> tuple[bytes, list[Any]]:
+    """A ``ModelInferRequest`` as the JSON header of the HTTP binary tensor body and its
+    inputs' binary data, one buffer each (``decode_infer_request``'s ``parts``): raw
+    entries as they are (no copy), typed contents converted (:func:`contents_to_bytes`).
 
     Args:
         req: an ``inference.ModelInferRequest``.
@@ -282,6 +306,18 @@ def model_infer_body(req: Any, raw: Sequence[Any] | None = None) -> tuple[bytear
             ``binary_data_size`` parameter (the raw entry says the size), and what
             :func:`contents_to_bytes` refuses.
     """
+    header, parts = _header_and_parts(req, raw)
+    for i, part in enumerate(parts):
+        if isinstance(part, _Typed):
+            buf = bytearray(part.size)
+            part.write(memoryview(buf))
+            parts[i] = buf
+    return header, parts
+
+
+def _header_and_parts(req: Any, raw: Sequence[Any] | None) -> tuple[bytes, list[Any]]:
+    """The JSON header and each input's data: a raw entry, or typed contents still to be
+    written (``_Typed``). Arguments and errors: :func:`model_infer_parts`."""
     raw = req.raw_input_contents if raw is None else raw
     if raw and len(raw) != len(req.inputs):
         raise ProtocolError(
@@ -325,20 +361,7 @@ def model_infer_body(req: Any, raw: Sequence[Any] | None = None) -> tuple[bytear
         p = from_parameters(o.parameters)
         p["binary_data"] = True
         doc["outputs"].append({"name": o.name, "parameters": p})
-    header = dumps(doc)
-    total = sum(p.size if isinstance(p, _Typed) else len(p) for p in parts)
-    body = bytearray(len(header) + total)
-    mv = memoryview(body)
-    mv[: len(header)] = header
-    pos = len(header)
-    for part in parts:
-        n = part.size if isinstance(part, _Typed) else len(part)
-        if isinstance(part, _Typed):
-            part.write(mv[pos : pos + n])
-        else:
-            mv[pos : pos + n] = part
-        pos += n
-    return body, len(header)
+    return dumps(doc), parts
 
 
 def decode_model_infer(
@@ -356,7 +379,7 @@ def decode_model_infer(
         specs: the model's inputs (None: not checked).
         shm: the client's view of the system shared memory registry.
         raw: its ``raw_input_contents`` (default: the message's own; see
-            :func:`model_infer_body`).
+            :func:`model_infer_parts`).
 
     Returns:
         An :class:`~infscaler.api.codec.InferRequest` (inputs by name; the request
@@ -364,13 +387,13 @@ def decode_model_infer(
         the requested outputs, each with its shared memory range if it names one).
 
     Raises:
-        ProtocolError: what :func:`model_infer_body` refuses, and every fault
+        ProtocolError: what :func:`model_infer_parts` refuses, and every fault
             :func:`~infscaler.api.codec.decode_infer_request` refuses; (404) an unknown
             shared memory region.
     """
-    body, header_length = model_infer_body(req, raw)
+    header, parts = model_infer_parts(req, raw)
     return decode_infer_request(
-        body, header_length=header_length, input_specs=specs, shm=shm, copy=False
+        header, header_length=len(header), input_specs=specs, shm=shm, copy=False, parts=parts
     )
 
 
@@ -379,10 +402,10 @@ def decode_message(
 ) -> InferRequest:
     """Parse and decode a serialized ``ModelInferRequest`` already scanned
     (:func:`~infscaler.api.grpc.wire.scan_model_infer`): its raw entries are read in
-    place (never parsed), the rest parsed and laid out as a binary body
-    (:func:`model_infer_body`), the parsed message freed, the body decoded
-    (:func:`decode_model_infer`'s checks). At its peak it holds what ``scan.held``
-    bounds.
+    place (never parsed, never copied: the inputs are read-only views of ``message``),
+    the rest parsed into a JSON header (:func:`model_infer_parts`), the parsed message
+    freed, the header and entries decoded (:func:`decode_model_infer`'s checks). At its
+    peak it holds what ``scan.held`` bounds.
 
     Raises:
         ProtocolError: (400) a message protobuf cannot parse, and what
@@ -392,10 +415,10 @@ def decode_message(
         req = pb.ModelInferRequest.FromString(strip_raw(message, scan))
     except DecodeError as exc:
         raise ProtocolError(f"not a valid ModelInferRequest message: {exc}") from None
-    body, header_length = model_infer_body(req, raw_views(message, scan) if scan.raw else None)
+    header, parts = model_infer_parts(req, raw_views(message, scan) if scan.raw else None)
     del req  # upb's arena goes before the body's tensors are decoded
     return decode_infer_request(
-        body, header_length=header_length, input_specs=specs, shm=shm, copy=False
+        header, header_length=len(header), input_specs=specs, shm=shm, copy=False, parts=parts
     )
 
 

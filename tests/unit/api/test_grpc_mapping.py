@@ -154,3 +154,23 @@ def test_status_codes_and_default_socket() -> None:
     assert default_grpc_socket("/run/infscaler/infscaler.sock") == (
         "/run/infscaler/infscaler-grpc.sock"
     )
+
+
+def test_raw_entries_are_decoded_in_place_from_the_message() -> None:
+    from infscaler.api.grpc.mapping import decode_message
+    from infscaler.api.grpc.wire import scan_model_infer
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    z = np.array([[1, 2]], np.int64)
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="x", datatype="FP32", shape=[3, 4])
+    req.inputs.add(name="z", datatype="INT64", shape=[1, 2])
+    req.raw_input_contents.extend([x.tobytes(), z.tobytes()])
+    message = req.SerializeToString()
+    scan = scan_model_infer(message, limit=1 << 20)
+    got = decode_message(message, scan, None).inputs
+    np.testing.assert_array_equal(got["x"], x)
+    np.testing.assert_array_equal(got["z"], z)
+    wire = np.frombuffer(message, np.uint8)
+    assert np.shares_memory(got["x"], wire) and np.shares_memory(got["z"], wire)  # no copy
+    assert not got["x"].flags.writeable  # a view of the client's bytes: read-only

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from infscaler.api.codec import ProtocolError, decode_infer_request
 from infscaler.api.grpc import grpc_service_pb2 as pb
-from infscaler.api.grpc.mapping import CONTENTS_FIELD, model_infer_body
+from infscaler.api.grpc.mapping import CONTENTS_FIELD, model_infer_parts
 from infscaler.api.grpc.wire import (
     MAX_DIMS,
     MAX_FIELDS,
@@ -240,7 +240,8 @@ def _malloced() -> int:
 
 def _held(message: bytes) -> int:
     """What parsing and decoding ``message`` hold at their peak, bytes: upb's parse
-    (malloc) with the body's build (tracemalloc), then the body's decode."""
+    (malloc) with the header and parts' build (tracemalloc), then their decode (what
+    ``decode_message`` does)."""
     scan = scan_model_infer(message)
     gc.collect()
     tracemalloc.start()
@@ -249,16 +250,14 @@ def _held(message: bytes) -> int:
         req = pb.ModelInferRequest.FromString(strip_raw(message, scan))
         upb = _malloced() - before
         try:
-            body, header_length = model_infer_body(
-                req, raw_views(message, scan) if scan.raw else None
-            )
+            header, parts = model_infer_parts(req, raw_views(message, scan) if scan.raw else None)
         except ProtocolError:
             return upb + tracemalloc.get_traced_memory()[1]
         build = tracemalloc.get_traced_memory()[1]
         del req
         tracemalloc.reset_peak()
         with contextlib.suppress(ProtocolError):
-            decode_infer_request(body, header_length=header_length, copy=False)
+            decode_infer_request(header, header_length=len(header), copy=False, parts=parts)
         return max(upb + build, tracemalloc.get_traced_memory()[1])
     finally:
         tracemalloc.stop()

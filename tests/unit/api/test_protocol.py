@@ -873,3 +873,38 @@ def test_unit_ms_travels_as_flat_double_parameters() -> None:
     assert unit_ms_of(mixed) == {"det": 12.5, "rec": 3.0}
     assert InferResult("m", None, {}, mixed).unit_ms == {"det": 12.5, "rec": 3.0}
     assert InferResult("m", None, {}).unit_ms == {}
+
+
+def _parts_header(*inputs: tuple[str, str, list[int], int]) -> bytes:
+    doc = {
+        "inputs": [
+            {"name": n, "datatype": d, "shape": s, "parameters": {"binary_data_size": b}}
+            for n, d, s, b in inputs
+        ]
+    }
+    return json.dumps(doc).encode()
+
+
+def test_binary_data_in_parts_is_read_in_place_or_joined() -> None:
+    x = np.arange(6, dtype=np.float32)
+    y = np.arange(4, dtype=np.int32)
+    header = _parts_header(("x", "FP32", [6], 24), ("y", "INT32", [4], 16))
+    own = [bytearray(x.tobytes()), bytearray(y.tobytes())]
+    got = decode_infer_request(header, header_length=len(header), copy=False, parts=own)
+    np.testing.assert_array_equal(got.inputs["x"], x)
+    np.testing.assert_array_equal(got.inputs["y"], y)
+    assert np.shares_memory(got.inputs["x"], np.frombuffer(own[0], np.uint8))
+    # the same bytes cut elsewhere: y spans two parts and is joined
+    flat = x.tobytes() + y.tobytes()
+    cut = [flat[:30], flat[30:]]
+    got = decode_infer_request(header, header_length=len(header), parts=cut)
+    np.testing.assert_array_equal(got.inputs["x"], x)
+    np.testing.assert_array_equal(got.inputs["y"], y)
+
+
+def test_binary_data_in_parts_is_checked_as_a_body() -> None:
+    header = _parts_header(("x", "FP32", [2], 8))
+    with pytest.raises(ProtocolError, match="runs past the end of the body"):
+        decode_infer_request(header, header_length=len(header), parts=[b"\0" * 4])
+    with pytest.raises(ProtocolError, match="4 bytes of binary data after the JSON header"):
+        decode_infer_request(header, header_length=len(header), parts=[b"\0" * 8, b"\0" * 4])

@@ -293,10 +293,10 @@ def test_stop_watchdog_stops_the_thread(path_manager: FakeManager) -> None:
     n.start_watchdog()
     n.start_watchdog()  # replaces the first thread, does not add a second
     path_manager.recv(timeout=1.0)
-    assert sum(t.name == "systemd-watchdog" for t in threading.enumerate()) == 1
+    assert sum(t.name == "isc-watchdog" for t in threading.enumerate()) == 1
     n.stop_watchdog()
     n.stop_watchdog()  # idempotent
-    assert not any(t.name == "systemd-watchdog" for t in threading.enumerate())
+    assert not any(t.name == "isc-watchdog" for t in threading.enumerate())
     path_manager.drain()
     time.sleep(0.1)
     assert path_manager.drain() == []

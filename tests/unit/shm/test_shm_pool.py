@@ -450,3 +450,17 @@ def test_slot_ref_token_round_trip(make_pool):
     assert pool.validate(tok, check_owner=True) == ref
     grant = ref.to_token(TokenKind.GRANT, request=5)
     assert grant.length == ref.size and grant.request == 5
+
+
+def test_free_listeners_hear_every_freed_slot_and_no_refused_free(make_pool):
+    pool = make_pool()
+    heard: list[int] = []
+    pool.free_listeners.append(lambda: heard.append(pool.stats()["grants"]))
+    refs = [pool.fault(1000, owner=1, request=i) for i in range(3)]
+    assert heard == []  # grants are not frees
+    pool.free(refs[0].slab, refs[0].slot)
+    with pytest.raises(PoolError):
+        pool.free(refs[0].slab, refs[0].slot)  # a double free frees nothing
+    assert heard == [3]
+    pool.reclaim(1)  # the other two, at once
+    assert heard == [3, 3, 3]
