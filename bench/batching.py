@@ -59,8 +59,9 @@ def batchable(src: Path, dst: Path) -> Path:
         AssertionError: the batched outputs differ from the batch-1 ones.
     """
     import onnx
-    import onnxruntime as ort
     from onnx import numpy_helper
+
+    from infscaler.engines.onnxrt.loader import load_session
 
     m = onnx.load(str(src))
     inits = {i.name: i for i in m.graph.initializer}
@@ -77,8 +78,8 @@ def batchable(src: Path, dst: Path) -> Path:
                 a[0] = 0
                 inits[n.input[1]].CopyFrom(numpy_helper.from_array(a, n.input[1]))
     onnx.save(m, str(dst))
-    one = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
-    many = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    one = load_session(src, threads=None)
+    many = load_session(dst, threads=None)
     name = one.get_inputs()[0].name
     shape = [1, *one.get_inputs()[0].shape[1:]]
     x = np.random.default_rng(0).standard_normal([4, *shape[1:]]).astype(np.float32)

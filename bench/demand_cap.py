@@ -102,11 +102,9 @@ def k3_model(path: Path, size: int = 128) -> Path:
 
 def whole_ms(path: Path, size: int, n: int = 20) -> float:
     """Median latency of the whole model on one single-thread session, ms."""
-    import onnxruntime as ort
+    from infscaler.engines.onnxrt.loader import load_session
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    sess = load_session(path, threads=1)
     x = {"x": np.ones((1, 8, size, size), np.float32)}
     sess.run(None, x)
     times = []

@@ -77,43 +77,29 @@ class Model:
 
 
 def batchable(alias: str, out_dir: Path) -> Model:
-    """The bundled model ``alias`` with a dynamic leading (batch) dim on its input and
-    output, saved under ``out_dir``: the same file for every server."""
+    """The bundled model ``alias`` with a dynamic leading (batch) dim on its inputs and
+    outputs (``batching.batchable``, checked against batch-1 runs), saved as
+    ``out_dir/alias/model.onnx``: the same file, served as ``model``, for every server."""
     import onnx
-    from onnx import numpy_helper
+    from batching import batchable as with_batch_dim
 
     from infscaler.base.models import resolve_model
 
-    src = resolve_model(alias)
-    m = onnx.load(str(src))
-    g = m.graph
-    inits = {i.name: i for i in g.initializer}
-    for n in g.node:
-        if n.op_type == "Reshape" and n.input[1] in inits:
-            shape = numpy_helper.to_array(inits[n.input[1]]).copy()
-            if shape.size and shape[0] == 1:
-                shape[0] = -1
-                inits[n.input[1]].CopyFrom(numpy_helper.from_array(shape, n.input[1]))
-    init_names = set(inits)
-    inputs = [i for i in g.input if i.name not in init_names]
-    for vi in [*inputs, *g.output]:
-        vi.type.tensor_type.shape.dim[0].dim_param = "N"
-    del g.value_info[:]
-    dims = [d.dim_value for d in inputs[0].type.tensor_type.shape.dim[1:]]
-    if not all(dims):  # PP-OCR det: spatial dims dynamic too
-        dims = [3, 640, 640]
     (out_dir / alias).mkdir(exist_ok=True)
-    path = out_dir / alias / "model.onnx"  # served as "model" by every server
-    onnx.save(m, str(path))
-    return Model(alias, path, inputs[0].name, g.output[0].name, [1, *dims])
+    path = with_batch_dim(resolve_model(alias), out_dir / alias / "model.onnx")
+    g = onnx.load(str(path), load_external_data=False).graph
+    inits = {i.name for i in g.initializer}
+    first = next(i for i in g.input if i.name not in inits)
+    dims = [d.dim_value for d in first.type.tensor_type.shape.dim[1:]]
+    if not all(dims):  # PP-OCR det: its spatial dims are dynamic too
+        dims = [3, 640, 640]
+    return Model(alias, path, first.name, g.output[0].name, [1, *dims])
 
 
 def single_thread_ms(model: Model, x: np.ndarray, n: int = 20) -> float:
-    import onnxruntime as ort
+    from infscaler.engines.onnxrt.loader import load_session
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(model.path), opts, providers=["CPUExecutionProvider"])
+    sess = load_session(model.path, threads=1)
     for _ in range(3):
         sess.run(None, {model.input: x})
     times = []
