@@ -99,6 +99,7 @@ from infscaler.api.repo import (
     shm_unregister,
 )
 from infscaler.api.routes import (
+    discard_body,
     infer,
     json_part_of,
     json_too_large,
@@ -256,12 +257,7 @@ async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         service.reserve_bytes(nbytes, peer)
     except InfScalerError:
-        with contextlib.suppress(Exception):
-            seen = 0
-            async for chunk in request.content.iter_chunked(1 << 16):
-                seen += len(chunk)
-                if seen > limit:
-                    break
+        await discard_body(request, limit)
         raise
     try:
         return await handler(request)

@@ -42,7 +42,16 @@ Two bounds, applied where each can be known:
   one at a time), so the first request of a burst is bounded too.
 
 Refusals carry ``retry_after_s``: when the queue will have drained enough (latency) or
-a fixed short back-off (bytes, where nothing says how long the holders take).
+a fixed short back-off (bytes, where nothing says how long the holders take). A latency
+refusal also carries ``hold_s`` (:func:`refusal_hold_s`): how long the server waits
+before answering it. Closed-loop clients (Triton's, perf_analyzer's) ignore
+``Retry-After`` and send again at once; answered at once, a refusal costs them less than
+waiting, and they came back hundreds of times a second, each time with their whole body,
+taking the cores the admitted requests needed (half the throughput). Held until the
+queue has drained enough (at most what was left of the SLO), a refused client comes
+back when it could be admitted. The servers check a request's headers (HTTP) or its
+message prefix (gRPC) with :func:`admit_request` before reading its body, so a refusal
+costs no body decode either.
 
 The front end's whole decision at a request's arrival is :func:`admit_request`: a pure
 function of an :class:`ArrivalSnapshot` (plain numbers the front end copies under its
@@ -182,6 +191,22 @@ def request_reservation(declared: int | None, limit: int, json_bytes: int | None
     size = limit if declared is None else min(declared, limit)
     json_part = size if json_bytes is None else min(json_bytes, size)
     return 2 * (size - json_part) + JSON_DECODE_FACTOR * json_part
+
+
+def refusal_hold_s(retry_after_s: float | None, left_ms: float) -> float:
+    """How long to hold a latency refusal before answering it, s: until the queue ahead
+    will have drained enough for the request to be admitted (``retry_after_s``), at most
+    what was left of its latency bound (``left_ms``; a client never waits longer for a
+    refusal than it would have for a late answer), 0 when neither is known.
+
+    Raises:
+        ValueError: ``left_ms`` negative or not finite.
+    """
+    if not (math.isfinite(left_ms) and left_ms >= 0):
+        raise ValueError(f"left_ms must be a finite number >= 0, got {left_ms}")
+    if retry_after_s is None or not math.isfinite(retry_after_s):
+        return 0.0
+    return round(max(0.0, min(float(retry_after_s), left_ms / 1e3)), 3)
 
 
 def default_estimates(slo_ms: float) -> tuple[float, float]:
@@ -487,6 +512,8 @@ class ArrivalDecision:
         reason: the refusal's message ("" when admitted); ``hint``: what to do.
         retry_after_s: when a refused request may be retried, s (None: not known).
         estimate_ms: the latency estimate it was judged on (None without a bound).
+        hold_s: how long the server holds the refusal before answering it, s
+            (:func:`refusal_hold_s`; 0: answer at once).
     """
 
     admit: bool
@@ -497,6 +524,7 @@ class ArrivalDecision:
     hint: str | None = None
     retry_after_s: float | None = None
     estimate_ms: float | None = None
+    hold_s: float = 0.0
 
 
 def _refuse(
@@ -508,9 +536,10 @@ def _refuse(
     retry_after_s: float | None = None,
     timeout_s: float | None = None,
     estimate_ms: float | None = None,
+    hold_s: float = 0.0,
 ) -> ArrivalDecision:
     return ArrivalDecision(
-        False, timeout_s, refusal, status, reason, hint, retry_after_s, estimate_ms
+        False, timeout_s, refusal, status, reason, hint, retry_after_s, estimate_ms, hold_s
     )
 
 
@@ -527,7 +556,8 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
 
     Returns:
         An :class:`ArrivalDecision`; refusals carry the status (400 for a bad timeout,
-        else 503), the message, a hint and ``retry_after_s`` where known.
+        else 503), the message, a hint and ``retry_after_s`` where known; a latency
+        refusal also ``hold_s`` (:func:`refusal_hold_s`).
     """
     t = s.timeout_s
     if t is not None and not (isinstance(t, int | float) and math.isfinite(t) and t > 0):
@@ -603,6 +633,7 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
         retry_after_s=verdict.retry_after_s,
         timeout_s=timeout_s,
         estimate_ms=verdict.estimate_ms,
+        hold_s=refusal_hold_s(verdict.retry_after_s, left_ms),
     )
 
 

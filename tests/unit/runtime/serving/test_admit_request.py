@@ -9,7 +9,12 @@ import math
 
 import pytest
 
-from infscaler.runtime.serving.admission import ArrivalSnapshot, Refusal, admit_request
+from infscaler.runtime.serving.admission import (
+    ArrivalSnapshot,
+    Refusal,
+    admit_request,
+    refusal_hold_s,
+)
 
 
 def snap(**kw) -> ArrivalSnapshot:
@@ -368,3 +373,32 @@ def test_the_last_pending_slots_are_the_operators_and_max_pending_holds_for_all(
     assert d.admit
     d = admit_request(snap(uid=5, pending=1, **{**base, "operator_pending": 100}))
     assert d.refusal is Refusal.OVERLOADED
+
+
+def test_a_latency_refusal_is_held_until_the_queue_drained_at_most_the_bound() -> None:
+    # 20 + 12 * 10 = 140 ms against a 100 ms SLO: 40 ms, the shortest back-off is 50 ms
+    d = admit_request(snap(slo_ms=100.0, ahead=12, service_ms=20.0, interval_ms=10.0))
+    assert not d.admit and d.refusal is Refusal.SLO
+    assert d.retry_after_s == pytest.approx(0.05) and d.hold_s == pytest.approx(0.05)
+    # 20 + 15 * 10 = 170 ms: held (and retried) after 70 ms
+    d = admit_request(snap(slo_ms=100.0, ahead=15, service_ms=20.0, interval_ms=10.0))
+    assert d.retry_after_s == pytest.approx(0.07) and d.hold_s == pytest.approx(0.07)
+    # a long queue: the retry grows, the hold stops at what was left of the SLO
+    d = admit_request(snap(slo_ms=100.0, ahead=50, service_ms=20.0, interval_ms=10.0))
+    assert d.retry_after_s == pytest.approx(0.42) and d.hold_s == pytest.approx(0.1)
+    d = admit_request(snap(slo_ms=100.0, ahead=50, service_ms=20.0, interval_ms=10.0, spent_ms=70))
+    assert d.hold_s == pytest.approx(0.03)  # 30 ms of the SLO left
+    # other refusals are answered at once; an admitted request holds nothing
+    d = admit_request(snap(slo_ms=100.0, ahead=4, queue_limit=4))
+    assert d.refusal is Refusal.SHED and d.hold_s == 0.0
+    assert admit_request(snap(slo_ms=100.0, ahead=0)).hold_s == 0.0
+
+
+def test_refusal_hold_s_bounds_and_bad_input() -> None:
+    assert refusal_hold_s(0.5, 200.0) == 0.2
+    assert refusal_hold_s(0.05, 200.0) == 0.05
+    assert refusal_hold_s(None, 200.0) == 0.0 and refusal_hold_s(math.inf, 200.0) == 0.0
+    assert refusal_hold_s(0.5, 0.0) == 0.0
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="left_ms"):
+            refusal_hold_s(0.1, bad)
