@@ -109,6 +109,8 @@ class Gate:
         self._ids = itertools.count()
         #: connections admitted since the start
         self.accepted = 0
+        #: calls the gate refused in the protocol (budget, quota, admission at the prefix)
+        self.calls_refused = 0
         self._refusals = RateLimitedLog(log, 10.0)  # one line per cause every 10 s
 
     @staticmethod
@@ -255,7 +257,8 @@ class Gate:
             await asyncio.sleep((wake if due is None else min(due, wake)) - now)
 
     def refused(self, peer: Peer, relay: Relay) -> None:
-        """Log the calls ``relay`` refused (rate-limited)."""
+        """Count and log the calls ``relay`` refused (the log rate-limited)."""
+        self.calls_refused += len(relay.refusals)
         for why in relay.refusals:
             self._refusals.log(
                 logging.INFO, "gRPC call of %s refused: %s", peer.describe(), why, key="call"
