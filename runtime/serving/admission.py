@@ -43,7 +43,7 @@ Two bounds, applied where each can be known:
 
 Refusals carry ``retry_after_s``: when the queue will have drained enough (latency) or
 a fixed short back-off (bytes, where nothing says how long the holders take). A latency
-refusal also carries ``hold_s`` (:func:`refusal_hold_s`): how long the server waits
+or load-shedding refusal also carries ``hold_s`` (:func:`refusal_hold_s`): how long the server waits
 before answering it. Closed-loop clients (Triton's, perf_analyzer's) ignore
 ``Retry-After`` and send again at once; answered at once, a refusal costs them less than
 waiting, and they came back hundreds of times a second, each time with their whole body,
@@ -556,8 +556,10 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
 
     Returns:
         An :class:`ArrivalDecision`; refusals carry the status (400 for a bad timeout,
-        else 503), the message, a hint and ``retry_after_s`` where known; a latency
-        refusal also ``hold_s`` (:func:`refusal_hold_s`).
+        else 503), the message, a hint and ``retry_after_s`` where known; a latency or
+        load-shedding refusal also ``hold_s`` (:func:`refusal_hold_s`; shedding: until
+        the requests over the limit left, one bottleneck interval each, at most the
+        SLO, else the request's timeout).
     """
     t = s.timeout_s
     if t is not None and not (isinstance(t, int | float) and math.isfinite(t) and t > 0):
@@ -604,11 +606,20 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
             retry_after_s=MIN_RETRY_S,
         )
     if s.queue_limit is not None and s.ahead >= s.queue_limit:
+        # admitted once ahead - limit + 1 requests left, one bottleneck interval each
+        retry = (
+            None
+            if s.interval_ms is None
+            else _retry((s.ahead - s.queue_limit + 1) * s.interval_ms / 1e3)
+        )
+        bound_ms = s.slo_ms if s.slo_ms is not None else timeout_s * 1e3
         return _refuse(
             Refusal.SHED,
             f"pipeline {s.pipeline} sheds load: {s.ahead} requests queued (limit "
             f"{s.queue_limit}); {s.shed_reason}",
             hint="the device is at its resource cap; retry later or slow down",
+            retry_after_s=retry,
+            hold_s=refusal_hold_s(retry, max(0.0, bound_ms - s.spent_ms)),
         )
     bound_ms, what = s.slo_ms, "SLO"
     if s.service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):

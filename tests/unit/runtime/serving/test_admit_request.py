@@ -388,9 +388,20 @@ def test_a_latency_refusal_is_held_until_the_queue_drained_at_most_the_bound() -
     assert d.retry_after_s == pytest.approx(0.42) and d.hold_s == pytest.approx(0.1)
     d = admit_request(snap(slo_ms=100.0, ahead=50, service_ms=20.0, interval_ms=10.0, spent_ms=70))
     assert d.hold_s == pytest.approx(0.03)  # 30 ms of the SLO left
-    # other refusals are answered at once; an admitted request holds nothing
+    # shedding: held until the requests over the limit left, one interval each (6 x 10 ms)
+    d = admit_request(snap(slo_ms=100.0, ahead=9, queue_limit=4, interval_ms=10.0, service_ms=20.0))
+    assert d.refusal is Refusal.SHED and d.retry_after_s == pytest.approx(0.06)
+    assert d.hold_s == pytest.approx(0.06)
+    # at most the SLO (else the request's timeout); nothing measured: answered at once
+    d = admit_request(snap(slo_ms=100.0, ahead=40, queue_limit=4, interval_ms=10.0))
+    assert d.retry_after_s == pytest.approx(0.37) and d.hold_s == pytest.approx(0.1)
+    d = admit_request(snap(timeout_s=0.2, ahead=40, queue_limit=4, interval_ms=10.0))
+    assert d.hold_s == pytest.approx(0.2)
     d = admit_request(snap(slo_ms=100.0, ahead=4, queue_limit=4))
-    assert d.refusal is Refusal.SHED and d.hold_s == 0.0
+    assert d.refusal is Refusal.SHED and d.hold_s == 0.0 and d.retry_after_s is None
+    # other refusals are answered at once; an admitted request holds nothing
+    d = admit_request(snap(slo_ms=100.0, ahead=4, max_queue_size=4, queued=((1, 4),)))
+    assert d.refusal is Refusal.QUEUE_FULL and d.hold_s == 0.0
     assert admit_request(snap(slo_ms=100.0, ahead=0)).hold_s == 0.0
 
 
