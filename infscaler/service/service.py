@@ -580,10 +580,14 @@ class Service(DeployMixin, ScaleMixin):
         ``hold_s`` seconds, its body discarded) or None (read the body and
         :meth:`submit` it, which decides again). None for a name that is not a
         pipeline, a pipeline without an SLO (nothing to judge before the body is read
-        that :meth:`submit` would not answer as cheaply) and before start."""
+        that :meth:`submit` would not answer as cheaply), a pipeline with nothing
+        admitted (a request with nothing ahead is not refused for latency; :meth:`submit`
+        judges the rest) and before start."""
         with self._lock:
             dep = self._deployments.get(name)
         if dep is None or self.frontend is None or dep.route.pipeline.config.slo_ms is None:
+            return None
+        if dep.route.admitted <= 0:  # read without the front end's lock: a hint only
             return None
         d = self.frontend.precheck(dep.route, uid)
         if d.admit or self._stopping:

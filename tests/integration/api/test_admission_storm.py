@@ -122,3 +122,25 @@ def test_grpc_closed_loop_past_capacity_is_not_a_refusal_storm(served) -> None:
     # refused at the message prefix, before grpcio read the message (most of them: a
     # request can still be refused once decoded, when the queue grew in between)
     assert served["gate"].calls_refused >= len(out.get("refused", [])) // 2
+
+
+def test_http_refusal_is_judged_on_the_headers_before_the_body_is_read(served) -> None:
+    svc = served["svc"]
+    cfg = chain_pipeline(1000, x_shape=(-1,))
+    cfg["name"] = "slowchain"
+    svc.deploy(load_pipeline(cfg).model_copy(update={"slo": "1500ms"}))
+    # before a measurement a request is assumed to take half the SLO, one at a time:
+    # two in flight are admitted (750 + 750 ms), a third would take 2250 ms
+    futs = [svc.submit("slowchain", {"x": np.ones(4, np.float32)}) for _ in range(2)]
+    transport = httpx.HTTPTransport(uds=served["http"])
+    with httpx.Client(transport=transport, base_url="http://x", timeout=30) as h:
+        # not a valid body: decoded, it would be a 400; judged first, it is a 503
+        r = h.post("/v2/models/slowchain/infer", content=b"#" * 100_000)
+        assert r.status_code == 503, r.text
+        assert "refuses the request at arrival" in r.json()["error"]
+        assert float(r.headers["Retry-After"]) > 0
+        # the connection still serves (the body was read and dropped)
+        assert h.get("/v2/health/live").status_code == 200
+    for f in futs:
+        f.result(timeout=30)
+    assert svc.frontend.counters["slo_refused"] >= 1
