@@ -188,11 +188,6 @@ async def infer(request: web.Request) -> web.Response:
     dep = service.deployment(name)
     check_version(request)
     uid = quota_uid(peer_of(request))  # held to pending_per_uid
-    refusal = service.precheck(name, uid) if hasattr(service, "precheck") else None
-    if refusal is not None:  # judged on the headers: the body is dropped, never decoded
-        await discard_body(request, request.app[MAX_BODY] << 20)
-        await hold_refusal(refusal)
-        raise refusal
     specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
     req = await _read_infer_request(request, specs)
     timeout_s = parse_timeout_ms(req.parameters)
