@@ -279,6 +279,19 @@ def drain_ms(ahead: int, service_ms: float, units: Sequence[tuple[float, int]]) 
     return est
 
 
+def starts_at_once(ahead: int, units: Sequence[tuple[float, int]] | None) -> bool:
+    """Whether a request behind ``ahead`` admitted requests waits for no instance: fewer
+    are ahead than any unit has instances (``units``: ``(ms, instances)`` per unit; None:
+    not known, False unless nothing is ahead). Its latency is then its own compute
+    time whatever admission decides, so refusing it cannot bring it within the SLO; a
+    closed-loop client refused sends it again and an instance idles meanwhile (two
+    ResNet-50 replicas at concurrency 2, the host slowed past the estimate: half the
+    goodput of no admission, bench/HISTORY.md, "Admission on vs off")."""
+    if ahead <= 0:
+        return True
+    return bool(units) and ahead < min(max(1, int(c)) for _, c in units)  # type: ignore[union-attr]
+
+
 def admit_latency(
     ahead: int,
     service_ms: float | None,
@@ -291,8 +304,10 @@ def admit_latency(
     overloaded: bool = False,
 ) -> Admission:
     """Accept a request only if :func:`estimate_ms` x ``lenience`` fits in ``slo_ms``,
-    or if nothing is ahead of it (it starts at once; refusing it would not make it
-    faster).
+    or if nothing is ahead of it, or (``what`` "SLO") it waits for no instance
+    (:func:`starts_at_once`): it starts at once, and refusing it would not make it
+    faster. Against a request's own timeout it is refused still: it would expire half
+    computed.
 
     Args:
         ahead: requests of the same pipeline admitted and not answered.
@@ -352,7 +367,7 @@ def admit_latency(
     # pipeline that refused everything would never measure its service time again)
     if not 0 < lenience <= 1:
         raise ValueError(f"lenience must be in (0, 1], got {lenience}")
-    if est * lenience <= slo_ms or ahead <= 0:
+    if est * lenience <= slo_ms or ahead <= 0 or (what == "SLO" and starts_at_once(ahead, units)):
         return Admission(True, estimate_ms=est)
     # admitted again once enough of the queue ahead drained: (est - slo) ms from now
     return Admission(

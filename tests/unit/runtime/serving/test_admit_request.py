@@ -14,6 +14,7 @@ from infscaler.runtime.serving.admission import (
     Refusal,
     admit_request,
     refusal_hold_s,
+    starts_at_once,
 )
 
 
@@ -413,3 +414,30 @@ def test_refusal_hold_s_bounds_and_bad_input() -> None:
     for bad in (-1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="left_ms"):
             refusal_hold_s(0.1, bad)
+
+
+def test_a_request_that_waits_for_no_instance_is_not_refused_for_the_slo() -> None:
+    # two replicas measured (or scaled) at 500 ms against a 400 ms SLO: one ahead leaves
+    # an instance free, so the request takes 500 ms whatever admission does; refused, a
+    # closed-loop client sends it again while the free instance idles
+    base = dict(slo_ms=400.0, service_ms=500.0, interval_ms=250.0, units=((500.0, 2),))
+    d = admit_request(snap(**base, ahead=1, overloaded=True))
+    assert d.admit and d.estimate_ms == pytest.approx(500.0)
+    d = admit_request(snap(**base, ahead=1, remaining_ms=(300.0,)))  # tracked: the same
+    assert d.admit
+    # two ahead: it waits for one of them; refused as before
+    d = admit_request(snap(**base, ahead=2, overloaded=True))
+    assert not d.admit and d.refusal is Refusal.SLO and d.estimate_ms == pytest.approx(1000.0)
+    # a pipeline: the unit with the fewest instances decides
+    d = admit_request(snap(**dict(base, units=((500.0, 2), (10.0, 1))), ahead=1, overloaded=True))
+    assert not d.admit
+    # against the request's own timeout it is refused still: it would expire half computed
+    d = admit_request(snap(**base, ahead=1, overloaded=True, timeout_s=0.3))
+    assert not d.admit and d.refusal is Refusal.DEADLINE
+
+
+def test_starts_at_once() -> None:
+    assert starts_at_once(0, None) and starts_at_once(-1, ())
+    assert not starts_at_once(1, None) and not starts_at_once(1, ())
+    assert starts_at_once(2, ((5.0, 3), (1.0, 4))) and not starts_at_once(3, ((5.0, 3),))
+    assert not starts_at_once(1, ((5.0, 0),))  # no instance counts as one
