@@ -451,9 +451,11 @@ infscaler infer MODEL [--input NAME=FILE.npy ...] [--image FILE] [--random] [--s
                                    shape (dynamic dims: 1) and datatype, as trtexec does; an input
                                    missing or of another dtype is named with its datatype and shape
 infscaler status [--json]          per stage: partition, B_k, instances (engine, pid, cores, PSS MB),
-                                   pending restarts, queue, P50 / P99 ms, a fused unit's
-                                   steps (mean ms each); degraded stages; control path;
-                                   pool slots and MB; the zygote
+                                   pending restarts, queue, P50 / P99 ms, the mean batch
+                                   size (items per execution; (<=b): the batch run now),
+                                   a fused unit's steps (mean ms each); degraded stages; control path;
+                                   pool slots and MB; the zygote; per pipeline: requests ok /
+                                   failed and refused by code, over its life
 infscaler demo [-k K] [--control-path ...]   the OCR pipeline on real images (README, "Quick start")
 infscaler watch-pipelines DIR [--once]      the same watcher as its own process (a sidecar)
 infscaler probe live|ready         exit 0 if the service is live / ready, else 1 (exec probes)

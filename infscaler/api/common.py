@@ -27,6 +27,7 @@ from aiohttp import web
 
 from infscaler.api.codec import ProtocolError, json_default, unit_ms_parameters
 from infscaler.base.security import is_privileged, peer_of, redact
+from infscaler.runtime.serving.batching import ExecCounts, counting_unit
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -71,15 +72,29 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def error_response(message: str, status: int, retry_after_s: float | None = None) -> web.Response:
-    """A v2 error: ``{"error": message}``; with ``Retry-After: <ceil seconds>`` (at least
-    1) when ``retry_after_s`` is a finite number >= 0 (RFC 9110 section 10.2.3)."""
-    resp = json_response({"error": message}, status)
+def error_response(
+    message: str, status: int, retry_after_s: float | None = None, code: str | None = None
+) -> web.Response:
+    """A v2 error: ``{"error": message}``, with ``"code": code`` when there is one (a
+    refusal's reason code, :func:`error_code`; clients that read only ``error``, as
+    tritonclient, are not affected); with ``Retry-After: <ceil seconds>`` (at least 1)
+    when ``retry_after_s`` is a finite number >= 0 (RFC 9110 section 10.2.3)."""
+    doc = {"error": message} if code is None else {"error": message, "code": code}
+    resp = json_response(doc, status)
     if retry_after_s is not None:
         with contextlib.suppress(TypeError, ValueError, OverflowError):
             if math.isfinite(retry_after_s) and retry_after_s >= 0:
                 resp.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     return resp
+
+
+def error_code(exc: BaseException) -> str | None:
+    """``exc.code`` when it is a reason code (a short lower-case word, at most 32
+    characters: :class:`~infscaler.runtime.serving.requests.RequestError`'s), else None."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and 0 < len(code) <= 32 and code.replace("_", "a").isalpha():
+        return code if code.islower() else None
+    return None
 
 
 def status_of(exc: BaseException, default: int) -> int:
@@ -159,50 +174,73 @@ def infer_parameters(result: Any, dep: Any, extra: dict[str, Any] | None = None)
     return params
 
 
+def exec_counts(service: Any, dep: Any) -> ExecCounts:
+    """What ``dep``'s instances ran, as Triton counts one model: the executions, items and
+    per batch size counts and ns of its counting unit
+    (:func:`~infscaler.runtime.serving.batching.counting_unit`: the unit that batches,
+    else its first model unit), summed over every instance it ran since the service started;
+    empty when nothing ran or there is no supervisor. Instances report when they go
+    idle and every second under load, so the counts trail the answers by that much."""
+    sup = getattr(service, "supervisor", None)
+    unit = counting_unit(dep.pipeline.units)
+    if sup is None or unit is None or not hasattr(sup, "exec_totals"):
+        return ExecCounts()
+    return sup.exec_totals.get((dep.name, unit.index))
+
+
 def model_stats(service: Any, dep: Any) -> dict[str, Any]:
     """One ``model_stats`` entry (Triton ``extension_statistics.md``): ``name``,
     ``version``, ``last_inference`` (ms since the epoch; 0: none yet),
-    ``inference_count``, ``execution_count``, ``inference_stats`` (``success``, ``fail``,
+    ``inference_count`` (items inferred: a request of batch dim 4 counts 4),
+    ``execution_count`` (engine runs: a dynamic batch counts 1; both from
+    :func:`exec_counts`), ``inference_stats`` (``success``, ``fail``,
     ``queue``, ``compute_input``, ``compute_infer``, ``compute_output``, ``cache_hit``,
-    ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats``, then
+    ``cache_miss``, each ``{count, ns}``: cumulative ns) and ``batch_stats`` (per batch
+    size run: ``batch_size``, ``compute_input`` (stacking the inputs),
+    ``compute_infer``, ``compute_output`` (splitting and handing on the outputs), each
+    ``{count, ns}``), then
     InfScaler's own fields (``latency_ms`` percentiles, ``fail_by_status``,
-    ``rejected``, ``arrival_rate_per_s``, ``units``).
+    ``rejected``, ``refused_by_code`` (the refusal codes of docs/api.md, counted),
+    ``configurations`` (how many have served it), ``arrival_rate_per_s``, ``units``).
+
+    The counts and durations are cumulative over the pipeline's life, as Triton's: a
+    switch of configuration (units replaced, K changed, instances added or removed)
+    does not reset them (:class:`~infscaler.runtime.serving.stats.PipelineLife`); the
+    percentiles and the arrival rate are over the configuration serving now.
 
     What is not measured reads 0 rather than a guess: the duration of failed requests
     (``fail.ns``), ``compute_input`` / ``compute_output`` (copying tensors in and out of
-    the pool is inside ``success.ns``), the response cache (there is none) and
-    ``batch_stats`` (instances batch on their own; per-unit counts are in ``units``)."""
+    the pool is inside ``success.ns``) and the response cache (there is none)."""
     snap = dep.route.stats.snapshot()
     lat = snap["latency"]
 
     def dur(count: int, total_ms: float) -> dict[str, int]:
         return {"count": int(count), "ns": int(total_ms * 1e6)}
 
-    compute = [u["compute"] for u in snap["units"]]
-    queue = [u["queue"] for u in snap["units"]]
     status = service.pipeline_status(dep)
+    ran = exec_counts(service, dep)
     return {
         "name": dep.name,
         "version": VERSION,
         "last_inference": int(snap.get("last_inference_ms", 0)),
-        "inference_count": snap["success"],
-        "execution_count": snap["success"],
+        "inference_count": ran.items,
+        "execution_count": ran.executions,
         "inference_stats": {
-            "success": dur(snap["success"], lat["total_ms"]),
+            "success": dur(snap["success"], snap["latency_ms"]),
             "fail": dur(sum(snap["fail"].values()), 0.0),
-            "queue": dur(sum(q["count"] for q in queue), sum(q["total_ms"] for q in queue)),
+            "queue": dur(snap["queue_count"], snap["queue_ms"]),
             "compute_input": dur(0, 0.0),
-            "compute_infer": dur(
-                sum(c["count"] for c in compute), sum(c["total_ms"] for c in compute)
-            ),
+            "compute_infer": dur(snap["compute_count"], snap["compute_ms"]),
             "compute_output": dur(0, 0.0),
             "cache_hit": dur(0, 0.0),
             "cache_miss": dur(0, 0.0),
         },
-        "batch_stats": [],
+        "batch_stats": ran.batch_stats(),
         "latency_ms": {k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")},
         "fail_by_status": {str(k): v for k, v in snap["fail"].items()},
         "rejected": snap["rejected"],
+        "refused_by_code": snap["refused"],
+        "configurations": snap["configurations"],
         "arrival_rate_per_s": snap["arrival_rate_per_s"],
         "units": status["units"],
     }

@@ -102,8 +102,11 @@ class BodyTruncated(Exception):
     """The client half-closed the connection before the request body was complete (400)."""
 
 
-def _raw_error(status: int, reason: str, message: str, extra: str = "") -> bytes:
-    body = json.dumps({"error": message}).encode()
+def _raw_error(
+    status: int, reason: str, message: str, extra: str = "", code: str | None = None
+) -> bytes:
+    doc = {"error": message} if code is None else {"error": message, "code": code}
+    body = json.dumps(doc).encode()
     return (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
@@ -200,7 +203,7 @@ class EdgeRequestHandler(RequestHandler):
                 self._edge_refused = True
                 _refusal_log.warning("refusing connections: %s", why, key=why.split("(")[0])
                 transport.write(  # type: ignore[attr-defined]
-                    _raw_error(503, "Service Unavailable", why, "Retry-After: 1\r\n")
+                    _raw_error(503, "Service Unavailable", why, "Retry-After: 1\r\n", "connections")
                 )
                 transport.close()
                 return

@@ -18,8 +18,8 @@ within ``stability_pct`` (10 %) of the three's mean, or ``max_trials`` (10) wind
 measured (then the point is reported with ``stable = False``). The point reports the last
 3 windows merged: throughput (successful inferences / s), client-side latency P50 / P90 /
 P95 / P99 and mean (ms, nearest-rank percentiles), goodput (answers within the SLO / s),
-refusals (429 / 503, counted by the service's reason), errors (other statuses,
-connection errors, timeouts), and the server-side split from the statistics extension
+refusals (429 / 503, counted by the service's reason code: the error JSON's ``code``),
+errors (other statuses, by code too; connection errors, timeouts), and the server-side split from the statistics extension
 (``GET /v2/models/{name}/stats``: the deltas of ``success``, ``queue`` and
 ``compute_infer`` over the windows, in ms per request).
 
@@ -59,6 +59,7 @@ __all__ = [
     "MeasureConfig",
     "PointResult",
     "Window",
+    "answer_code",
     "arrival_times",
     "input_tensors",
     "is_stable",
@@ -70,10 +71,11 @@ __all__ = [
     "summarize",
 ]
 
-#: At most this many distinct refusal / error reasons are kept per point; the rest are
+#: At most this many distinct refusal / error codes are kept per point; the rest are
 #: counted under ``"(other)"`` (a hostile or chatty server cannot grow the report).
-MAX_REASONS = 8
-_REASON_CHARS = 120
+MAX_REASONS = 16
+#: the longest reason code taken from an answer (longer: counted as ``http_<status>``)
+_CODE_CHARS = 32
 _STABLE_WINDOWS = 3
 
 
@@ -345,7 +347,7 @@ def summarize(windows: Sequence[Window], slo_ms: float | None = None) -> dict[st
     """The last 3 windows (or all, if fewer) merged: ``throughput`` (infer/s),
     ``latency_ms`` {``p50``, ``p90``, ``p95``, ``p99``, ``mean``} (None without answers),
     ``goodput`` (answers within ``slo_ms`` per s; None without an SLO), ``refused`` /
-    ``errors`` (per s, and by reason as counts), ``server`` (:func:`server_delta` merged)."""
+    ``errors`` (per s, and counts by code: :func:`answer_code`), ``server`` (:func:`server_delta` merged)."""
     last = list(windows[-_STABLE_WINDOWS:])
     span = sum(w.duration_s for w in last)
     lat = [x for w in last for x in w.latencies_ms]
@@ -369,8 +371,8 @@ def summarize(windows: Sequence[Window], slo_ms: float | None = None) -> dict[st
         "goodput": None if slo_ms is None else rate(sum(1 for x in lat if x <= slo_ms)),
         "refused_per_s": rate(sum(refused.values())),
         "errors_per_s": rate(sum(errors.values())),
-        "refused_by_reason": refused,
-        "errors_by_kind": errors,
+        "refused_by_code": refused,
+        "errors_by_code": errors,
         "server": _merge_server(last),
     }
 
@@ -472,15 +474,24 @@ def _count(d: dict[str, int], key: str) -> None:
     d[key] = d.get(key, 0) + 1
 
 
-def _reason(body: bytes) -> str:
+def answer_code(status: int, body: bytes) -> str:
+    """The reason code of an error answer: its JSON's ``code`` (a short lower-case
+    word: ``slo``, ``queue_full``, ``bytes_in_flight``, ...; docs/api.md lists them), or
+    ``http_<status>`` when it has none (another server, or an error without a code).
+    Never the message: its text carries numbers that differ from answer to answer."""
     try:
         doc = json.loads(body)
-        msg = doc.get("error") if isinstance(doc, dict) else None
+        code = doc.get("code") if isinstance(doc, dict) else None
     except (ValueError, UnicodeDecodeError):
-        msg = None
-    if not isinstance(msg, str):
-        return "(no reason given)"
-    return msg[:_REASON_CHARS]
+        code = None
+    if (
+        isinstance(code, str)
+        and 0 < len(code) <= _CODE_CHARS
+        and code.islower()
+        and code.replace("_", "a").isalpha()
+    ):
+        return code
+    return f"http_{status}"
 
 
 @dataclass
@@ -565,9 +576,11 @@ class LoadGenerator:
         specs: Sequence[LoadSpec],
         cfg: MeasureConfig,
         on_window: Callable[[LoadSpec, int, Window], None] | None = None,
+        on_point: Callable[[LoadSpec], None] | None = None,
     ) -> list[PointResult]:
-        """Measure each load point in turn (:meth:`measure`); ``on_window(spec, trial,
-        window)`` is called after each window (a progress bar)."""
+        """Measure each load point in turn (:meth:`measure`); ``on_point(spec)`` is
+        called as a point starts and ``on_window(spec, trial, window)`` after each of
+        its windows (progress: ``trial`` counts from 1)."""
         from infscaler.api.client import Client
 
         region = None
@@ -580,17 +593,20 @@ class LoadGenerator:
                 body, headers = encode_infer_request(
                     inputs, binary=True, binary_output=True, parameters=self.parameters or None
                 )
-                return asyncio.run(self._run_all(specs, cfg, body, headers, on_window))
+                return asyncio.run(self._run_all(specs, cfg, body, headers, on_window, on_point))
             finally:
                 if region is not None:
                     client.unregister_system_shm(region[0])
                     region[1].close()
 
-    async def _run_all(self, specs, cfg, body, headers, on_window) -> list[PointResult]:  # noqa: ANN001
+    async def _run_all(self, specs, cfg, body, headers, on_window, on_point) -> list[PointResult]:  # noqa: ANN001
+        out = []
         async with open_session(self.socket_path, cfg.timeout_s) as session:
-            return [
-                await self.measure(session, spec, cfg, body, headers, on_window) for spec in specs
-            ]
+            for spec in specs:
+                if on_point is not None:
+                    on_point(spec)
+                out.append(await self.measure(session, spec, cfg, body, headers, on_window))
+        return out
 
     async def _one(self, session: Any, body: bytes, headers: Mapping[str, str]) -> _Outcome:
         import aiohttp
@@ -601,15 +617,14 @@ class LoadGenerator:
                 data = await r.read()
                 status = r.status
         except TimeoutError:
-            return _Outcome("error", (time.perf_counter() - t0) * 1e3, "timeout")
-        except (aiohttp.ClientError, OSError) as exc:
-            return _Outcome("error", (time.perf_counter() - t0) * 1e3, f"connection: {exc!r}"[:80])
+            return _Outcome("error", (time.perf_counter() - t0) * 1e3, "client_timeout")
+        except (aiohttp.ClientError, OSError):
+            return _Outcome("error", (time.perf_counter() - t0) * 1e3, "connection")
         ms = (time.perf_counter() - t0) * 1e3
         if status == 200:
             return _Outcome("ok", ms)
-        if status in (429, 503):
-            return _Outcome("refused", ms, f"{status} {_reason(data)}")
-        return _Outcome("error", ms, f"HTTP {status}: {_reason(data)}")
+        kind = "refused" if status in (429, 503) else "error"
+        return _Outcome(kind, ms, answer_code(status, data))
 
     async def _stats(self, session: Any) -> dict[str, Any] | None:
         try:

@@ -37,6 +37,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from infscaler.api.common import exec_counts
 from infscaler.runtime.scaling.telemetry import JetsonSampler, JetsonState, jetson_sampler
 
 #: the ``Content-Type`` of ``GET /metrics``: the Prometheus text format 0.0.4
@@ -123,13 +124,15 @@ class ServiceCollector(Collector):
         )
         count = _TritonCounter(
             "nv_inference_count",
-            "Number of inferences performed (one per successful request)",
+            "Number of inferences performed: items, a request of batch dim 4 counts 4 "
+            "(the counting unit's, see the statistics extension; reported by the "
+            "instances when idle and every second)",
             mv,
         )
         execs = _TritonCounter(
             "nv_inference_exec_count",
-            "Number of inference executions (one per successful request; instance-level "
-            "dynamic batching is not counted separately)",
+            "Number of inference executions: a dynamic batch of several requests run "
+            "at once counts 1",
             mv,
         )
         duration = _TritonCounter(
@@ -187,8 +190,9 @@ class ServiceCollector(Collector):
             t = dep.route.stats.totals()
             labels = [name, VERSION]
             success.add_metric(labels, t["success"])
-            count.add_metric(labels, t["success"])
-            execs.add_metric(labels, t["success"])
+            ran = exec_counts(svc, dep)
+            count.add_metric(labels, ran.items)
+            execs.add_metric(labels, ran.executions)
             by_reason = dict.fromkeys(REASONS, 0)
             by_reason["REJECTED"] = t["rejected"]
             for status, n in t["fail"].items():
@@ -196,13 +200,13 @@ class ServiceCollector(Collector):
             for reason in REASONS:
                 failure.add_metric([*labels, reason], by_reason[reason])
             duration.add_metric(labels, _us(t["latency_ms"]))
-            queue.add_metric(labels, _us(sum(u["queue_ms"] for u in t["units"])))
-            compute.add_metric(labels, _us(sum(u["compute_ms"] for u in t["units"])))
+            queue.add_metric(labels, _us(t["queue_ms"]))
+            compute.add_metric(labels, _us(t["compute_ms"]))
             rejected.add_metric(labels, t["rejected"])
             if frontend is not None:
                 pending.add_metric(labels, frontend.pending(dep.route))
-                for reason, n in sorted(frontend.queues(dep.route)[1].items()):
-                    refused.add_metric([*labels, reason], n)
+            for reason, n in t["refused"].items():
+                refused.add_metric([*labels, reason], n)
             for unit, u in zip(dep.pipeline.units, t["units"], strict=True):
                 ul = [*labels, unit.name]
                 unit_queue.add_metric(ul, u["queue_count"], _us(u["queue_ms"]))

@@ -79,6 +79,7 @@ from infscaler.api.common import (
     SHM,
     SHM_VIEW,
     TASKS,
+    error_code,
     error_response,
     hold_refusal,
     status_of,
@@ -163,7 +164,8 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     Our exceptions (:class:`~infscaler.base.errors.InfScalerError` and subclasses: protocol,
     service, request, selection errors; and any other ``infscaler`` exception with an
     int ``status``) answer with their ``status`` (default 400) and, when they carry
-    ``retry_after_s``, a ``Retry-After`` header."""
+    ``retry_after_s``, a ``Retry-After`` header; those with a reason ``code`` (a
+    refusal's: :func:`~infscaler.api.common.error_code`) say it as the JSON's ``code``."""
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge as exc:
@@ -199,7 +201,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         log.debug("client gone on %s %s: %s", request.method, request.path, exc)
         return error_response(f"the connection was lost: {exc}", 400)
     except InfScalerError as exc:  # ServiceError, RequestError, ProtocolError, ...
-        return error_response(str(exc), status_of(exc, 400), getattr(exc, "retry_after_s", None))
+        return error_response(
+            str(exc), status_of(exc, 400), getattr(exc, "retry_after_s", None), error_code(exc)
+        )
     except Exception as exc:  # noqa: BLE001 - logged with its traceback; the client gets 500
         if type(exc).__module__.startswith("infscaler") and status_of(exc, 0):
             # one of ours that is not an InfScalerError but says how to answer

@@ -63,27 +63,34 @@ class InferenceServerError(InfScalerError):
         status: the HTTP status (400 bad request, 404 unknown model / region, 409, 413
             body too large, 500 a stage failed, 503 not ready / overloaded / stopping).
         message: the ``error`` string of the service's error JSON.
+        code: a refusal's reason code (the error JSON's ``code``: ``slo``,
+            ``queue_full``, ...; docs/api.md "Refusal codes"), or None.
     """
 
-    def __init__(self, message: str, status: int, hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int, hint: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message, hint)
         self.status = status
+        self.code = code
 
     @classmethod
     def from_body(cls, status: int, reason: str, body: bytes) -> InferenceServerError:
         """From an answer's status, reason phrase and body: the body's ``{"error": ...}``,
         else its first 500 characters, else ``HTTP <status> <reason>``."""
-        message = None
+        message = code = None
         try:
             doc = json.loads(body)
             if isinstance(doc, dict) and isinstance(doc.get("error"), str):
                 message = doc["error"]
+                c = doc.get("code")
+                code = c if isinstance(c, str) and 0 < len(c) <= 32 else None
         except ValueError:
             pass
         if message is None:
             text = body.decode("utf-8", "replace").strip()
             message = text[:500] or f"HTTP {status} {reason}"
-        return cls(message, status, STATUS_HINTS.get(status))
+        return cls(message, status, STATUS_HINTS.get(status), code)
 
     @classmethod
     def from_response(cls, resp: Any) -> InferenceServerError:

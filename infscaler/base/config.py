@@ -135,10 +135,12 @@ class BatchingConfig(BaseModel):
 
     An instance that takes an input waits up to ``max_delay_ms`` for more, up to the
     batch size, stacks them along axis 0 and runs the engine once; inputs whose shapes
-    differ beyond axis 0 run one by one. With ``policy: mark`` the autoscaler sets the
-    batch size each interval to the largest b with W_b + T_b <= the stage's share of the
-    SLO and W_b + T_b <= b T_1 (T_b measured by each instance at load); ``fixed`` always
-    uses ``max_batch``.
+    differ beyond axis 0 run one by one. With ``policy: mark`` the autoscaler decides
+    each interval from the T_b each instance measures at load: batch 1 unless some size
+    saves more than 10 % per item within the stage's share of the SLO
+    (:func:`infscaler.runtime.serving.batching.decide_batching`), else, with an SLO, the
+    largest b with W_b + T_b <= that share and W_b + T_b <= b T_1 (MArk §4), without one
+    the size with the least time per item; ``fixed`` always uses ``max_batch``.
 
     Attributes:
         max_batch: the largest batch (1-64).

@@ -13,4 +13,34 @@ MAX_PRIORITY_LEVEL = 1_000_000
 #: ``max_instances``, and what the planner and the scaler assume when none is set.
 MAX_INSTANCES_PER_UNIT = 16
 
-__all__ = ["MAX_INSTANCES_PER_UNIT", "MAX_PRIORITY_LEVEL"]
+__all__ = ["MAX_INSTANCES_PER_UNIT", "MAX_PRIORITY_LEVEL", "NICE_BY_RANK", "cpu_nice"]
+
+
+#: The nice value of each rank of priority level below the highest one deployed (rank 1:
+#: the second-highest level, ...); the last entry holds for every lower rank. Linux CFS
+#: gives a runnable task CPU in proportion to its weight (sched(7): nice 0 -> 1024,
+#: 10 -> 110, 15 -> 36, 19 -> 15), so an instance of the highest level gets ~9x the CPU
+#: of a rank-1 instance it competes with, ~28x of rank 2, ~68x of rank 3 and below.
+NICE_BY_RANK = (0, 10, 15, 19)
+
+
+def cpu_nice(levels: dict[str, int]) -> dict[str, int]:
+    """The nice value (0-19) each pipeline's instances run at, from the priority levels of
+    the pipelines deployed together (``{pipeline: level}``, 1 the highest).
+
+    The highest level deployed runs at nice 0 whatever its number (a lone pipeline at
+    ``priority: 5`` loses nothing); each lower distinct level takes the next entry of
+    :data:`NICE_BY_RANK`. Pipelines of one level share one nice value, so equal
+    priorities compete at the kernel's equal shares as before.
+
+    Raises:
+        ValueError: a level outside 1..:data:`MAX_PRIORITY_LEVEL`.
+    """
+    for name, level in levels.items():
+        if not 1 <= level <= MAX_PRIORITY_LEVEL:
+            raise ValueError(
+                f"pipeline {name!r}: priority level {level} not in 1..{MAX_PRIORITY_LEVEL}"
+            )
+    ranks = {lv: i for i, lv in enumerate(sorted(set(levels.values())))}
+    last = len(NICE_BY_RANK) - 1
+    return {name: NICE_BY_RANK[min(ranks[lv], last)] for name, lv in levels.items()}

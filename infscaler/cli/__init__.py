@@ -109,7 +109,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "status": (
         "infscaler.cli.client",
-        "Per stage: partition, instances (engine, pid, cores, MB), queue, P50 / P99 ms; the control path; pool slots and MB.",
+        "Per stage: partition, instances (engine, pid, cores, MB), queue, P50 / P99 ms, mean batch size; the control path; pool slots and MB.",
     ),
     "demo": (
         "infscaler.cli.service",

@@ -466,8 +466,8 @@ def status_cmd(
     socket: SocketOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Per stage: partition, instances (engine, pid, cores, MB), queue, P50 / P99 ms; the
-    control path; pool slots and MB."""
+    """Per stage: partition, instances (engine, pid, cores, MB), queue, P50 / P99 ms, mean
+    batch size; the control path; pool slots and MB."""
     with _client(socket) as c:
         st = c.status()
     if as_json:
@@ -534,6 +534,7 @@ def print_status(st: dict[str, Any]) -> None:
         )
         cols = [Col("stage"), Col("part"), Col("B_k", "num"), Col("engine pid cores MB")]
         cols += [Col("queue", "num"), Col("P50 ms", "num"), Col("P99 ms", "num")]
+        cols += [Col("batch", "num")]
         print_table(out, title, cols, [_unit_row(u) for u in p["units"]])
         if p.get("slo_ms") is not None:
             shed = "" if p.get("queue_limit") is None else f", shedding beyond {p['queue_limit']}"
@@ -541,6 +542,15 @@ def print_status(st: dict[str, Any]) -> None:
                 f"SLO {p['slo_ms']:g} ms, autoscale {'on' if p.get('autoscale') else 'off'}, "
                 f"window {p.get('window')}{shed}",
                 highlight=False,
+            )
+        refused = req.get("refused") or {}
+        if refused or req.get("configurations", 1) > 1:
+            codes = ", ".join(f"{k} {v}" for k, v in sorted(refused.items(), key=lambda kv: -kv[1]))
+            out.print(
+                f"  refused: {codes or 'none'}; counted over "
+                f"{req.get('configurations', 1)} configuration(s)",
+                highlight=False,
+                markup=False,
             )
         for why in p.get("degraded", []):
             out.print(f"  degraded: {why}", highlight=False)
@@ -574,7 +584,18 @@ def _unit_row(u: dict[str, Any]) -> list[str]:
         str(u["queue"]),
         _ms(u["compute_p50_ms"]),
         _ms(u["compute_p99_ms"]),
+        _batch(u.get("exec") or {}),
     ]
+
+
+def _batch(ex: dict[str, Any]) -> str:
+    """A unit's batch column: its mean batch size so far (items per execution) and, when
+    it batches, the size its instances run now (``1.8 (<=4)``); ``-`` before any run."""
+    mean = ex.get("mean_batch")
+    if mean is None:
+        return "-"
+    now = int(ex.get("batch") or 1)
+    return f"{mean:.2f}" + (f" (<={now})" if now > 1 else "")
 
 
 def _ms(v: float | None) -> str:

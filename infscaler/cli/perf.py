@@ -3,8 +3,10 @@ service's Unix socket (:mod:`infscaler.api.loadgen` generates the load and measu
 
 A concurrency sweep (``--concurrency-range 1:8:2``, closed loop) or a request-rate sweep
 (``--request-rate-range 5:20:5``, open loop, ``--request-distribution constant|poisson``
-or ``--arrivals azure``); one row per point in an 80-column table, ``--csv`` with
-perf_analyzer's ``-f`` columns where they mean the same, ``--json`` with everything.
+or ``--arrivals azure``); while it measures, one line per window on stderr (as
+perf_analyzer's ``Pass [n]`` lines); then one row per point in an 80-column table,
+``--csv`` with perf_analyzer's ``-f`` columns where they mean the same, ``--json`` with
+everything.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from infscaler.cli.client import SocketOpt, default_socket
 #: This module's commands; :mod:`infscaler.cli` loads them when one runs.
 app = typer.Typer(add_completion=False)
 
-__all__ = ["CSV_COLUMNS", "csv_rows", "perf_cmd", "perf_table"]
+__all__ = ["CSV_COLUMNS", "csv_rows", "perf_cmd", "perf_table", "window_line"]
 
 #: ``--csv`` columns: perf_analyzer's ``-f`` names (latencies in usec, as it writes them)
 #: where they mean the same, then InfScaler's own. The first is ``Concurrency`` or
@@ -324,27 +326,47 @@ def _print(points: list[dict[str, Any]], cfg: Any) -> None:
 
 
 def _measure(gen: Any, specs: list[Any], cfg: Any) -> list[Any]:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    """Run the sweep, saying on stderr as it goes (as perf_analyzer's ``Pass [n]``
+    lines): one line as each point starts, one per window measured."""
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} windows"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
-        tasks = {s: bar.add_task(_label(s), total=cfg.max_trials, start=False) for s in specs}
+    def on_point(spec: Any) -> None:
+        err.print(_start_line(spec, cfg), highlight=False, markup=False, soft_wrap=True)
 
-        def on_window(spec: Any, trial: int, w: Any) -> None:
-            bar.start_task(tasks[spec])
-            bar.update(
-                tasks[spec],
-                completed=trial,
-                description=f"{_label(spec)}: {w.throughput:.1f} infer/s",
-            )
+    def on_window(spec: Any, trial: int, w: Any) -> None:
+        err.print(window_line(spec, trial, w), highlight=False, markup=False, soft_wrap=True)
 
-        return gen.run(specs, cfg, on_window)
+    return gen.run(specs, cfg, on_window, on_point)
+
+
+def _start_line(spec: Any, cfg: Any) -> str:
+    window = (
+        f"{cfg.interval_ms:g} ms" if cfg.request_count is None else f"{cfg.request_count} answers"
+    )
+    return (
+        f"{_label(spec)}: measuring, windows of {window}, at most {cfg.max_trials}, "
+        f"until 3 are within {cfg.stability_pct:g} %"
+    )
+
+
+def window_line(spec: Any, trial: int, w: Any) -> str:
+    """One progress line for window ``trial`` (from 1) of a point: its throughput, mean
+    client latency, refusals and errors per second with their most frequent codes, and
+    the server's queue / compute ms per request when its statistics were read."""
+    line = f"{_label(spec)}: pass [{trial}] {w.throughput:.1f} infer/s"
+    mean = w.mean_ms
+    line += ", mean -" if mean is None else f", mean {_ms(mean)} ms"
+    for what, counts in (("refused", w.refused), ("errors", w.errors)):
+        n = sum(counts.values())
+        if n:
+            top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+            codes = ", ".join(f"{k} {v}" for k, v in top)
+            rate = n / w.duration_s if w.duration_s > 0 else 0.0
+            line += f", {what} {rate:.1f}/s ({codes})"
+    if w.server:
+        line += (
+            f", server queue {_ms(w.server['queue_ms'])} / comp {_ms(w.server['compute_ms'])} ms"
+        )
+    return line
 
 
 def _label(spec: Any) -> str:

@@ -192,6 +192,8 @@ class DeployMixin:
             for mod, err in self.supervisor.preload(sorted(modules)).items():
                 log.info("%s: function module %s not preloaded: %s", cfg.name, mod, err)
             handles = []
+            # its instances start at its level's nice value (Supervisor.set_level)
+            self.supervisor.set_level(cfg.name, cfg.priority)
             try:
                 for u in served:
                     nxt = compiled.next_unit(u.index)
@@ -210,14 +212,16 @@ class DeployMixin:
                 self.supervisor.wait_ready(handles, self.start_timeout_s)
             except BaseException:
                 self.supervisor.stop_all(handles, timeout=5.0)
+                self.supervisor.set_level(cfg.name, old.pipeline.config.priority if old else None)
                 with self._lock:
                     self._free_stages.extend(ids)
                     self._free_stages.sort()
                 raise
             window = cfg.max_inflight or sum(u.instances * u.max_batch for u in served) + 1
-            route = Route(
-                compiled, stage_ids, PipelineStats([u.name for u in compiled.units]), window
-            )
+            names = [u.name for u in compiled.units]
+            # a new configuration of a served pipeline goes on counting where it was
+            stats = PipelineStats(names) if old is None else old.route.stats.successor(names)
+            route = Route(compiled, stage_ids, stats, window)
             route.instances = [u.instances if stage_ids[u.index] else 1 for u in compiled.units]
             route.seed_compute(_warm_unit_ms(compiled, stage_ids, handles))
             dep = Deployment(compiled, route, live=live)
@@ -353,6 +357,8 @@ class DeployMixin:
         if dep is None:
             raise ServiceError(f"no pipeline named {name!r} is deployed", 404)
         self._retire(dep, drain_timeout_s)
+        if self.supervisor is not None:
+            self.supervisor.set_level(name, None)
 
     def _retire(self, dep: Deployment, drain_timeout_s: float = 30.0) -> None:
         dep.route.accepting = False

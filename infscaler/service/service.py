@@ -375,6 +375,7 @@ class Service(DeployMixin, ScaleMixin):
                 hint="retry after Retry-After seconds, send fewer concurrent requests, "
                 "or raise --max-inflight-mb",
                 retry_after_s=verdict.retry_after_s,
+                code="bytes_in_flight",
             )
 
     def release_bytes(self, nbytes: int, peer_uid: int | None = None) -> None:
@@ -563,7 +564,7 @@ class Service(DeployMixin, ScaleMixin):
         """
         dep = self.deployment(name)
         if self._stopping:
-            raise RequestError("the service is stopping")
+            raise RequestError("the service is stopping", code="stopping")
         return self.frontend.submit(
             dep.route,
             inputs,
@@ -593,7 +594,12 @@ class Service(DeployMixin, ScaleMixin):
         if d.admit or self._stopping:
             return None
         return RequestError(
-            d.reason, d.status, d.hint, retry_after_s=d.retry_after_s, hold_s=d.hold_s
+            d.reason,
+            d.status,
+            d.hint,
+            retry_after_s=d.retry_after_s,
+            code=None if d.refusal is None else d.refusal.value,
+            hold_s=d.hold_s,
         )
 
     @property

@@ -99,7 +99,8 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
     (``idle``: :meth:`~infscaler.runtime.serving.stats.IdleSlowdown.summary`), and a fused unit's steps
     (:func:`~infscaler.runtime.scaling.monitor.step_totals`); for the pipeline: ready, why it is
     degraded, its SLO, window, queue limit, the scaler's last 10 decisions and the
-    request counters (:meth:`~infscaler.runtime.serving.stats.PipelineStats.snapshot`).
+    request counters (``requests``: :meth:`~infscaler.runtime.serving.stats.PipelineStats.snapshot`
+    without its units; counts over the pipeline's life, every configuration).
     """
 
     ch = svc.channel.stats()
@@ -135,6 +136,7 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
                 "count": us["compute"]["count"],
                 "idle": us["idle"],
                 "steps": step_totals(u, mine),
+                "exec": _exec(svc, dep, u),
             }
         )
     return {
@@ -155,16 +157,42 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
     }
 
 
+def _exec(svc: StatusSource, dep: Deployment, u: Any) -> dict[str, Any]:
+    """What unit ``u``'s instances ran since the service started
+    (:class:`~infscaler.runtime.serving.batching.ExecTotals`): ``executions``, ``items``,
+    ``mean_batch`` (items per execution; None before the first), ``batch``
+    (the batch size its instances run now: the largest, 1 without batching) and
+    ``batching`` (the autoscaler's last decision with the measured ms per item,
+    :meth:`~infscaler.runtime.scaling.autoscaler.Autoscaler.tune_batches`; None: none)."""
+    totals = getattr(svc.supervisor, "exec_totals", None)
+    ran = totals.get((dep.name, u.index)) if totals is not None else None
+    mine = [h for h in svc.supervisor.handles() if h.key == (dep.name, u.index)]
+    now = max((int(h.stats.get("batch", 1)) for h in mine), default=1)
+    decided = getattr(svc.autoscaler, "batch_decisions", {}).get((dep.name, u.index))
+    mean = ran.mean_batch if ran is not None else None
+    return {
+        "executions": ran.executions if ran is not None else 0,
+        "items": ran.items if ran is not None else 0,
+        "mean_batch": None if mean is None else round(mean, 3),
+        "batch": now,
+        "batching": None if decided is None else decided.reason,
+    }
+
+
 def _queues(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
-    """The pipeline's ``priority``, ``queue_policy`` (its config; ms), the requests queued
-    per priority level (``queued_by_level``, levels as strings: JSON keys) and the
-    refusals by reason (``refusals``: admission's ``Refusal`` values and
-    ``queue_timeout``)."""
+    """The pipeline's ``priority``, the nice value its instances run at from it
+    (``cpu_nice``: :func:`~infscaler.base.levels.cpu_nice`), ``queue_policy`` (its
+    config; ms), the requests queued per priority level (``queued_by_level``, levels as
+    strings: JSON keys) and the refusals by reason code (``refusals``: admission's
+    ``Refusal`` values and ``queue_timeout``, over the pipeline's life: docs/api.md
+    "Refusal codes")."""
     cfg = dep.pipeline.config
     fe = getattr(svc, "frontend", None)
     queued, refusals = fe.queues(dep.route) if fe is not None else ({}, {})
+    sup = getattr(svc, "supervisor", None)
     return {
         "priority": cfg.priority,
+        "cpu_nice": getattr(sup, "nice", {}).get(dep.name, 0),
         "queue_policy": cfg.queue_policy.model_dump(),
         "queued_by_level": {str(k): v for k, v in queued.items()},
         "refusals": refusals,

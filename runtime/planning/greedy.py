@@ -7,8 +7,9 @@ the step that adds capacity (the steps are those of the planner's module docstri
    alone exceeds the SLO or the minimum configuration exceeds the memory cap.
 3. **Add capacity** (:meth:`PlanSearch.add_capacity`, one instance at a time by
    :meth:`PlanSearch.grow`: Algorithm 1's choice of the most loaded unit, InferLine's
-   IncreaseBatch when no unit can take an instance) until the simulated P99 meets the
-   SLO.
+   IncreaseBatch when no unit can take an instance, where the unit's measured batch
+   latencies save more than 10 % per item: :func:`~infscaler.runtime.serving.batching.
+   decide_batching`) until the simulated P99 meets the SLO.
 4. **Trim** (:meth:`PlanSearch.trim`, InferLine Algorithm 2, RemoveReplica): remove the
    instance whose removal saves the most memory while the simulated P99 still meets the
    SLO.
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.runtime.planning.resources import _add, _loads, _usage, _with
+from infscaler.runtime.planning.resources import _add, _loads, _usage, _with, demand_cores
 from infscaler.runtime.planning.scoring import _fmt
 from infscaler.runtime.planning.simulator import (
     MAX_PER_UNIT,
@@ -35,7 +36,9 @@ from infscaler.runtime.planning.simulator import (
     config_memory_mb,
     simulate,
 )
+from infscaler.runtime.scaling.demand import fits_cores, share_per_thread
 from infscaler.runtime.scaling.types import ResourceCap
+from infscaler.runtime.serving.batching import decide_batching
 
 __all__ = ["PlanResult", "PlanSearch"]
 
@@ -157,8 +160,14 @@ def _fits(
     engine: str,
     cap: ResourceCap,
     pool_mb: float,
+    rate: float | None = None,
 ) -> str | None:
-    """None when unit ``k`` can take one more instance on ``engine``, else why not."""
+    """None when unit ``k`` can take one more instance on ``engine``, else why not: its
+    ``max_instances``, memory, the engine's slots, the cpu's thread slots, and for a
+    model unit (with the ``rate``, requests/s, and the physical cores known) the cores
+    by the model units' demand as the runtime's scaler counts them (:func:`~infscaler.runtime.scaling.demand.fits_cores`
+    of :func:`~infscaler.runtime.planning.resources.demand_cores` at ``rate`` and the
+    new instance's share per thread, its unit's)."""
     u, c = units[k], config[k]
     limit = min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT)
     if c.total + 1 > limit:
@@ -181,6 +190,16 @@ def _fits(
     # a free slot to be added
     if engine == "cpu" and cap.cores and cores + max(1, p.cores) > cap.cores:
         return f"cpu pinned threads {cores}+{max(1, p.cores)} > {cap.cores} thread slots"
+    if u.kind == "model" and engine == "cpu" and cap.physical_cores and rate:
+        # model units only: a function step's profiled time may be waiting (I/O, a
+        # sleep), which the runtime's demand, capped by CPU seconds, does not count
+        busy = demand_cores(units, config, rate)
+        pinned = c.instances.get("cpu", 0) * max(1, p.cores)
+        share = share_per_thread(busy[k] if pinned else None, pinned) * max(1, p.cores)
+        used = sum(b for x, b in zip(units, busy, strict=True) if x.kind == "model")
+        why = fits_cores(used, share, cap.physical_cores)
+        if why is not None:
+            return f"cpu {why} ({u.name}'s share at {rate:g} requests/s)"
     return None
 
 
@@ -331,7 +350,7 @@ class PlanSearch:
         order = sorted((k for k in served if loads[k] >= 0.5 * top), key=lambda k: -loads[k])
         for k in order:
             for e in _engines_allowed(units[k], cap):
-                stop = _fits(units, cfg, k, e, cap, self.pool_mb)
+                stop = _fits(units, cfg, k, e, cap, self.pool_mb, self.rate)
                 if stop is None:
                     new = _with(cfg, k, _add(cfg[k], e))
                     return new, (
@@ -341,15 +360,23 @@ class PlanSearch:
                 why.append(stop)
             if loads[k] >= 1.0:
                 break  # an overloaded unit that cannot grow: others would not help
-        # IncreaseBatch on the most loaded unit with a batch profile
+        # IncreaseBatch on the most loaded unit with a batch profile, where it pays
         for k in order:
             u, c = units[k], cfg[k]
-            if c.batch < u.max_batch and any(len(u.engines[e].batch_ms) > 1 for e in c.instances):
+            profiles = [
+                u.engines[e].batch_ms for e in c.instances if len(u.engines[e].batch_ms) > 1
+            ]
+            if c.batch < u.max_batch and profiles:
                 b = min(u.max_batch, c.batch * 2)
+                pays = [decide_batching(p, max_batch=b) for p in profiles if 1 in p]
+                if pays and not any(d.on for d in pays):
+                    why.append(f"batching {u.name} would not pay: {pays[0].reason}")
+                    continue
                 new = _with(
                     cfg, k, UnitConfig(c.instances, b, max(c.batch_wait_ms, self.batch_wait_ms))
                 )
-                return new, f"batch of {u.name} {c.batch} -> {b} (no instance fits: {why[0]})"
+                said = f"; {pays[0].reason}" if pays else ""
+                return new, f"batch of {u.name} {c.batch} -> {b} (no instance fits: {why[0]}){said}"
         return "; ".join(dict.fromkeys(why)) or "no unit can take another instance"
 
     def add_capacity(

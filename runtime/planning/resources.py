@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from infscaler.runtime.planning.simulator import UnitConfig, UnitProfile, config_memory_mb
 
-__all__ = ["arrival_rates", "capacity_rps"]
+__all__ = ["arrival_rates", "capacity_rps", "demand_cores"]
 
 
 def _per_item_ms(u: UnitProfile, c: UnitConfig) -> float:
@@ -96,6 +96,27 @@ def _busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate
         cpu_share = c.instances["cpu"] / max(1, c.total)
         busy += r * cpu_share * u.engines["cpu"].mean_ms / 1e3
     return busy
+
+
+def demand_cores(
+    units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float
+) -> list[float]:
+    """Per unit, the cores its cpu instances are expected to keep busy at ``rate``
+    requests/s, as the runtime's monitor measures them
+    (:meth:`infscaler.runtime.scaling.monitor.Monitor.demand`): the cpu instances' busy
+    fraction (their share of the unit's items/s x ms per item / 1000, the simulated
+    utilisation, at most 1 per instance) x their threads. 0 for a unit not served or
+    not on the cpu."""
+    out = []
+    for r, u, c in zip(arrival_rates(units, rate), units, config, strict=True):
+        n = c.instances.get("cpu", 0)
+        if not u.served or n <= 0 or "cpu" not in u.engines:
+            out.append(0.0)
+            continue
+        p = u.engines["cpu"]
+        busy = r * (n / max(1, c.total)) * p.mean_ms * p.batch_factor(c.batch) / c.batch / 1e3
+        out.append(min(float(n), busy) * max(1, p.cores))
+    return out
 
 
 def _usage(

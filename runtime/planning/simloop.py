@@ -452,6 +452,7 @@ class _Sim:
         late = sum(1 for ms in lat if ms > auto.slo_ms)
         engines_used: dict[str, int] = {}
         pinned = 0
+        demand = 0.0  # cores the model units keep busy, as the monitor's demand
         units = []
         for u in self.units:
             while u.completions and u.completions[0] < cutoff:
@@ -482,6 +483,8 @@ class _Sim:
                 )
             service = p50 if p50 is not None else u.p.fastest().mean_ms
             counts = u.counts()
+            busy = _sim_busy(u.p, counts, items_per_s, [ms for e, ms in recent if e == "cpu"])
+            demand += busy if u.p.kind == "model" else 0.0
             units.append(
                 UnitState(
                     index=u.idx,
@@ -494,6 +497,7 @@ class _Sim:
                     service_ms=p50,
                     min_instances=u.p.min_instances,
                     max_instances=min(u.p.max_instances or self.max_per_unit, self.max_per_unit),
+                    busy=busy,
                 )
             )
         cap = ResourceCap(
@@ -522,6 +526,8 @@ class _Sim:
             cores_busy=busy,
             answered=len(lat),
             late=late,
+            cores_demand=demand if self.cpu_cores else None,
+            served_rate=len(lat) / w,
         )
 
     def _apply(self, d: Decision, t: float) -> None:
@@ -583,3 +589,17 @@ class _Sim:
         last = float(self.arrivals[-1]) if len(self.arrivals) else 0.0
         if t < last or self.pending > 0:
             self.push(t + (self.tick_s or 1.0), _TICK)
+
+
+def _sim_busy(p: Any, counts: dict[str, int], items_per_s: float, cpu_ms: list[float]) -> float:
+    """Cores a simulated unit's cpu instances keep busy, as the runtime's monitor reads
+    them (:meth:`infscaler.runtime.scaling.monitor.Monitor.demand`): its utilisation,
+    items/s x their mean ms per item (the profile's without a sample) / 1000, at most
+    one per cpu instance, x their threads."""
+    n = counts.get("cpu", 0)
+    if n <= 0 or "cpu" not in p.engines:
+        return 0.0
+    ep = p.engines["cpu"]
+    ms = sum(cpu_ms) / len(cpu_ms) if cpu_ms else ep.mean_ms
+    share = (n / max(1, sum(counts.values()))) * items_per_s * ms / 1e3
+    return min(float(n), share) * max(1, ep.cores)

@@ -58,9 +58,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from infscaler.base.errors import InfScalerError
+from infscaler.base.levels import cpu_nice
 from infscaler.base.procutil import module_command
 from infscaler.runtime.processes.handles import InstanceHandle, PendingRestart
+from infscaler.runtime.processes.nice import renice_process
 from infscaler.runtime.processes.zygote import ForkServer, ZygoteUnavailable, enabled_by_env
+from infscaler.runtime.serving.batching import ExecTotals
 from infscaler.runtime.serving.pipeline import Unit
 from infscaler.runtime.serving.states import InstanceState
 
@@ -164,8 +167,15 @@ class Supervisor:
         self._thread.start()
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, "infscaler-spawn")
         self.restarted = 0
+        #: per ``(pipeline, unit index)``: executions and items per batch size of every
+        #: instance it ran (:class:`~infscaler.runtime.serving.batching.ExecTotals`)
+        self.exec_totals = ExecTotals()
         #: instances started per way: ``forked`` (zygote), ``spawned`` (fresh process)
         self.started_by = {"forked": 0, "spawned": 0}
+        #: each deployed pipeline's priority level, and the nice value its instances run
+        #: at from them (:func:`~infscaler.base.levels.cpu_nice`)
+        self._levels: dict[str, int] = {}
+        self.nice: dict[str, int] = {}
         self.zygote: ForkServer | None = None
         if enabled_by_env() if fork_server is None else fork_server:
             self.zygote = ForkServer(self.env, lambda fn: self._spawner.submit(fn).result())
@@ -192,6 +202,29 @@ class Supervisor:
             self._on_change()
         except Exception:  # noqa: BLE001 - e.g. a pipeline removed meanwhile
             log.exception("the on_change callback failed")
+
+    # -- CPU by priority ---------------------------------------------------------------------
+    def set_level(self, pipeline: str, level: int | None) -> None:
+        """Record ``pipeline``'s priority level (None: it is gone) and renice every live
+        instance whose nice value changes with it: the highest level deployed runs at
+        nice 0, lower levels at higher values (:func:`~infscaler.base.levels.cpu_nice`),
+        so the kernel gives a higher-priority pipeline's instances the cores first.
+        Instances started later take their pipeline's value when they start."""
+        with self._lock:
+            if level is None:
+                self._levels.pop(pipeline, None)
+            else:
+                self._levels[pipeline] = level
+            old, self.nice = self.nice, cpu_nice(self._levels)
+            changed = {p for p, n in self.nice.items() if old.get(p, 0) != n}
+            handles = [h for h in self._handles.values() if h.key[0] in changed]
+        for h in handles:
+            self._renice(h)
+
+    def _renice(self, h: InstanceHandle) -> None:
+        why = renice_process(h.proc.pid, self.nice.get(h.key[0], 0))
+        if why is not None and h.state is not InstanceState.STOPPING:
+            log.warning("instance %d of %s: %s", h.iid, h.unit.name, why)
 
     # -- starting ---------------------------------------------------------------------------
     def _alloc_iid(self) -> int:
@@ -290,6 +323,8 @@ class Supervisor:
             self._handles[iid] = h
             self._sel.register(status_r, selectors.EVENT_READ, ("status", h))
             self._sel.register(pidfd, selectors.EVENT_READ, ("exit", h))
+        if self.nice.get(key[0], 0):
+            self._renice(h)  # its threads so far; those it starts later inherit it
         self._wake()
         log.info(
             "started instance %d of %s (pid %d, %s, cores %s)",
@@ -516,6 +551,8 @@ class Supervisor:
                     h.move(InstanceState.READY)
                     h.ready_at = time.monotonic()
             if became_ready:
+                if self.nice.get(h.key[0], 0):
+                    self._renice(h)  # the engine's threads, started while loading
                 try:
                     self.manager.set_live(h.iid)
                 except Exception:  # noqa: BLE001 - a closing channel: nothing to route
@@ -524,7 +561,12 @@ class Supervisor:
             h._ready.set()
             self.on_change()
         elif ev == "stats":
-            h.stats = msg
+            # an idle report carries the counters alone: the last memory reading stays
+            h.stats = {**h.stats, **msg}
+            try:
+                self.exec_totals.observe(h.key, h.iid, msg.get("exec"))
+            except (TypeError, ValueError) as exc:
+                log.warning("instance %d: bad exec counts %r (%s)", h.iid, msg.get("exec"), exc)
         elif ev == "fatal":
             h.error = str(msg.get("error"))
             log.error("instance %d of %s: %s", h.iid, h.unit.name, h.error)
@@ -537,6 +579,7 @@ class Supervisor:
             with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
                 h.proc.wait(1.0)
             h.exit_code = h.proc.returncode
+        self.exec_totals.forget_instance(h.iid)
         # None: a forked instance whose zygote died before it reported the status
         # (runtime.zygote.ForkedProcess); the restart is the same, the log says so
         status = "unknown (its zygote died first)" if h.exit_code is None else h.exit_code
@@ -595,6 +638,7 @@ class Supervisor:
             if h.state is not InstanceState.EXITED:
                 h.move(InstanceState.EXITED)
             self._handles.pop(h.iid, None)
+        self.exec_totals.forget_instance(h.iid)
         self._release_fds(h)
         with contextlib.suppress(Exception):
             self.manager.instance_died(h.iid, timeout=5.0)

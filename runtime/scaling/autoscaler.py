@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -64,13 +65,39 @@ from infscaler.runtime.scaling.scaler import decide, is_violated, pipeline_capac
 from infscaler.runtime.scaling.tuner import WINDOWS_S, TunerVerdict, scale_out_now
 from infscaler.runtime.scaling.types import Decision, ScalerConfig, ScalerState
 from infscaler.runtime.scaling.wakepolicy import WakeEvidence, WakeState, decide_wake, idle_cost
-from infscaler.runtime.serving.batching import choose_batch
+from infscaler.runtime.serving.batching import (
+    BOTTLENECK_WITHIN,
+    BatchDecision,
+    bottlenecks,
+    choose_batch,
+    decide_batching,
+    live_batch_ms,
+)
 
 log = logging.getLogger("infscaler.autoscaler")
 
 
+#: ``INFSCALER_CORE_CAP`` in the service's environment: how the cpu cap counts,
+#: ``demand`` (the default) or ``threads`` (pinned threads: the cap before demand was
+#: counted, for benchmarks that compare the two; :attr:`ScalerConfig.core_cap`).
+CORE_CAP_ENV = "INFSCALER_CORE_CAP"
+
+
+def core_cap() -> str:
+    """The cpu cap's counting from :data:`CORE_CAP_ENV` (``demand`` when unset).
+
+    Raises:
+        ValueError: any other value (the message names the variable and its values).
+    """
+    v = os.environ.get(CORE_CAP_ENV, "demand").strip().lower() or "demand"
+    if v not in ("demand", "threads"):
+        raise ValueError(f"{CORE_CAP_ENV}={v!r}: use 'demand' (the default) or 'threads'")
+    return v
+
+
 def scaler_config(autoscale: Any) -> ScalerConfig:
-    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.base.config.AutoscaleConfig`."""
+    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.base.config.AutoscaleConfig`
+    (and :func:`core_cap` from the environment)."""
     return ScalerConfig(
         violation_ratio=autoscale.violation_ratio,
         cooldown_s=autoscale.cooldown_s,
@@ -81,6 +108,7 @@ def scaler_config(autoscale: Any) -> ScalerConfig:
         settle_s=autoscale.settle_s,
         sustain_s=autoscale.sustain_s,
         oversubscribe=autoscale.oversubscribe,
+        core_cap=core_cap(),
     )
 
 
@@ -108,6 +136,8 @@ class Autoscaler:
         self._stop = threading.Event()
         self._busy: set[tuple[str, int]] = set()
         self._sent: dict[tuple[int, int], int] = {}
+        #: per ``(pipeline, unit index)``: the last batching decision (:meth:`tune_batches`)
+        self.batch_decisions: dict[tuple[str, int], BatchDecision] = {}
         #: ``cpu_wake_latency_us: auto``: the wake policy's state and the evidence noted
         #: by :meth:`step` since the last look (:mod:`infscaler.runtime.scaling.wakepolicy`)
         self._wake_state = WakeState()
@@ -362,14 +392,23 @@ class Autoscaler:
             log.debug("keeping the idle slowdown of %s failed", dep.name, exc_info=True)
 
     def tune_batches(self, dep: Any) -> dict[int, int]:
-        """MArk §4 batching: for every ``policy: mark`` unit, the largest batch b with
-        W_b + T_b <= the unit's share of the SLO and W_b + T_b <= b T_1 at its current
-        per-instance arrival rate (:func:`infscaler.runtime.serving.batching.choose_batch`), sent
-        to each instance that runs another size. Returns ``{instance id: batch}``."""
+        """Dynamic batching decided by measurement, for every ``policy: mark`` unit: on
+        only where its instances' measured T_b save more than the margin per item over
+        batch 1 within the unit's share of the SLO
+        (:func:`infscaler.runtime.serving.batching.decide_batching`), else batch 1. When
+        on, with an SLO, MArk §4 picks b: the largest with W_b + T_b <= the share and
+        W_b + T_b <= b T_1 at the unit's per-instance arrival rate (:func:`~infscaler.
+        runtime.serving.batching.choose_batch`); without one, the size that serves the
+        most items/s and a wait of at most what an item saves by joining (bounded by
+        ``max_delay_ms`` either way). Only at a bottleneck: a unit whose load (compute ms x
+        items per request / instances) is below 0.8 x the most loaded unit's runs batch 1
+        (:func:`~infscaler.runtime.serving.batching.bottlenecks`). T_b is what the instance timed at load, replaced by
+        the mean engine time of the batches of that size the unit ran, once it ran
+        enough of them (:func:`~infscaler.runtime.serving.batching.live_batch_ms`). Each size is sent to the instances that run another;
+        a changed decision is recorded (``status``: ``batch_on`` / ``batch_off`` with the
+        measured ms per item; :attr:`batch_decisions`). Returns ``{instance id: batch}``."""
 
         slo = dep.pipeline.config.slo_ms
-        if slo is None:
-            return {}
         mon = self._monitor(dep)
         m = mon.pipeline(dep)
         served = [um for um in m.units if dep.route.stage_ids[um.index]]
@@ -377,27 +416,77 @@ class Autoscaler:
         total = sum(measured) if len(measured) == len(served) else None
         sent: dict[int, int] = {}
         handles = self.service.supervisor.handles()
+        loads = {
+            um.index: None
+            if um.compute_p50_ms is None
+            else um.compute_p50_ms * mon.items_per_request(m, um) / max(1, um.ready)
+            for um in served
+        }
+        top = bottlenecks(loads)
         for um in served:
             u = dep.pipeline.units[um.index]
             if u.max_batch <= 1 or u.batch_policy != "mark":
                 continue
             share = um.compute_p50_ms / total if total and um.compute_p50_ms else 1 / len(served)
+            budget = None if slo is None else slo * share
             mine = [h for h in handles if h.key == (dep.name, u.index) and h.state == "ready"]
             rate = m.arrival_rate * mon.items_per_request(m, um) / max(1, len(mine))
+            totals = getattr(self.service.supervisor, "exec_totals", None)
+            live = live_batch_ms(totals.get((dep.name, u.index))) if totals is not None else {}
             for h in mine:
-                profile = {int(k): float(v) for k, v in (h.info.get("batch_ms") or {}).items()}
-                if 1 not in profile:
+                loaded = {int(k): float(v) for k, v in (h.info.get("batch_ms") or {}).items()}
+                if 1 not in loaded:
                     continue
-                choice = choose_batch(profile, max(rate, 1e-6), slo * share, max_batch=u.max_batch)
-                delay = min(float(choice.wait_ms), u.batch_delay_ms)
-                if self._sent.get(
-                    (h.iid, h.pid)
-                ) != choice.batch_size and self.service.supervisor.command(
-                    h, {"cmd": "batch", "size": choice.batch_size, "delay_ms": delay}
+                profile = {**loaded, **live}  # what ran, where it ran often enough
+                size, delay = self._batch_for(
+                    dep.name, u, profile, budget, rate, None if um.index in top else loads
+                )
+                if self._sent.get((h.iid, h.pid)) != size and self.service.supervisor.command(
+                    h, {"cmd": "batch", "size": size, "delay_ms": delay}
                 ):
-                    self._sent[(h.iid, h.pid)] = choice.batch_size
-                    sent[h.iid] = choice.batch_size
+                    self._sent[(h.iid, h.pid)] = size
+                    sent[h.iid] = size
         return sent
+
+    def _batch_for(
+        self,
+        name: str,
+        u: Any,
+        profile: dict[int, float],
+        budget: float | None,
+        rate: float,
+        elsewhere: dict[int, float | None] | None = None,
+    ) -> tuple[int, float]:
+        """``(batch size, delay ms)`` for one instance of unit ``u`` (:meth:`tune_batches`),
+        the decision recorded when it changed. ``elsewhere``: the units' loads, when the
+        bottleneck is another unit (then batch 1)."""
+        dec = decide_batching(profile, budget, max_batch=u.max_batch)
+        if elsewhere is not None and dec.on:
+            mine, top = elsewhere[u.index] or 0.0, max(v or 0.0 for v in elsewhere.values())
+            dec = dataclasses.replace(
+                dec,
+                on=False,
+                batch_size=1,
+                delay_ms=0.0,
+                reason=f"off: not the bottleneck (load {mine:.3g} < {BOTTLENECK_WITHIN:g} x "
+                f"{top:.3g} ms per request per instance); {dec.reason}",
+            )
+        old = self.batch_decisions.get((name, u.index))
+        self.batch_decisions[(name, u.index)] = dec
+        if old is None or (old.on, old.batch_size) != (dec.on, dec.batch_size):
+            self._record(
+                name,
+                {
+                    "action": "batch_on" if dec.on else "batch_off",
+                    "reason": f"{u.name}: {dec.reason}",
+                },
+            )
+        if not dec.on:
+            return 1, 0.0
+        if budget is None:
+            return dec.batch_size, min(dec.delay_ms, u.batch_delay_ms)
+        choice = choose_batch(profile, max(rate, 1e-6), budget, max_batch=u.max_batch)
+        return choice.batch_size, min(float(choice.wait_ms), u.batch_delay_ms)
 
     def _monitor(self, dep: Any) -> Monitor:
         auto = dep.pipeline.config.autoscale
@@ -437,7 +526,7 @@ class Autoscaler:
                 since -= auto.settle_s
             window = max(1.0, min(window, since))
         snap = mon.snapshot(dep, mon.pipeline(dep, window))
-        waited = state.waiting
+        waited, verdict = state.waiting, state.trial_verdict
         decisions, state = decide(snap, state, scaler_config(auto))
         with self._lock:
             self._states[dep.name] = state
@@ -468,6 +557,9 @@ class Autoscaler:
         for d in decisions:
             self._apply(dep, d)
             self._record(dep.name, asdict(d))
+        if state.trial_verdict not in (verdict, *(d.reason for d in decisions)):
+            # a trial's verdict (a revert that stops an instance is its scale_in's reason)
+            self._record(dep.name, {"action": "trial_verdict", "reason": state.trial_verdict})
         return decisions
 
     def _tune(self, dep: Any, snap: Any, state: ScalerState) -> TunerVerdict | None:

@@ -1,4 +1,9 @@
-"""The scaler's cores rules: when more pinned cpu threads add contention, not capacity.
+"""The scaler's cores rules: when more cpu threads add contention, not capacity.
+
+With ``ScalerConfig.core_cap`` ``demand`` (the default) and the demand measured, a cpu
+scale-out or thread step must fit the cores by what the instances keep busy
+(:func:`core_refusal`, :func:`infscaler.runtime.scaling.demand.fits_cores`); with
+``threads``, or before the demand is measured, by the two rules below.
 
 A cpu scale-out or thread step up of :func:`infscaler.runtime.scaling.scaler.decide` is
 refused when the cores are saturated (:data:`SATURATED_FREE_PER_THREAD`, from the busy
@@ -13,8 +18,9 @@ take turns on them); the scaler only does not add to it.
 
 from __future__ import annotations
 
+from infscaler.runtime.scaling.demand import expected_share, fits_cores
 from infscaler.runtime.scaling.queueing import _EPS
-from infscaler.runtime.scaling.types import ScalerConfig, Snapshot, UnitState
+from infscaler.runtime.scaling.types import EngineOption, ScalerConfig, Snapshot, UnitState
 
 #: A cpu instance (or thread step) of ``t`` threads is added only while at least
 #: ``t`` x this many physical cores are idle (:attr:`Snapshot.cores_busy` against
@@ -112,3 +118,54 @@ def _beyond_cores(s: Snapshot, u: UnitState) -> str | None:
     if o.engine != "cpu" or s.cores_used + o.cores <= phys:
         return None
     return f"another {o.cores}-thread cpu instance pins {s.cores_used}+{o.cores} > {phys} cores"
+
+
+def core_refusal(s: Snapshot, u: UnitState, c: ScalerConfig, threads: int) -> str | None:
+    """Why ``threads`` more cpu threads for ``u`` (a new instance or a thread step) do
+    not fit the cores (None: they do). ``core_cap`` ``demand`` with the demand and the
+    physical cores known: :func:`~infscaler.runtime.scaling.demand.fits_cores` of
+    :attr:`Snapshot.cores_demand` and the addition's
+    :func:`~infscaler.runtime.scaling.demand.expected_share`; otherwise the pinned
+    threads within the physical cores (:func:`_past_physical`) and a whole idle core
+    per thread by the busy cores (:func:`_saturated`)."""
+    why = _core_reasons(s, u, c, threads)
+    return why[0] if why else None
+
+
+def _core_reasons(s: Snapshot, u: UnitState, c: ScalerConfig, threads: int) -> list[str]:
+    if threads <= 0:
+        return []
+    phys = s.cap.physical_cores
+    if c.core_cap == "demand" and phys and s.cores_demand is not None:
+        why = fits_cores(s.cores_demand, expected_share(u, threads), phys)
+        return [] if why is None else [f"{why} ({u.name}'s share by its busy fraction)"]
+    return [w for w in (_past_physical(s, c, threads), _saturated(s, threads)) if w]
+
+
+def refusals(
+    s: Snapshot, u: UnitState, o: EngineOption, c: ScalerConfig, blocked: str | None = None
+) -> list[str]:
+    """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: it is
+    admitted): the engine not on the device, memory, the engine's slots, the cpu's
+    thread slots, ``u``'s own instances past the cores (:func:`_own_cores`), the cores
+    (:func:`core_refusal`), and ``blocked`` (a reverted trial's backoff) when given."""
+    cap = s.cap
+    slots = cap.max_instances.get(o.engine)
+    if slots is None:
+        return [f"{o.engine} is not on this device"]
+    why = []
+    if not cap.memory_used_mb + o.memory_mb <= cap.memory_cap_mb:
+        why.append(
+            f"memory {cap.memory_used_mb:.6g}+{o.memory_mb:.6g} > {cap.memory_cap_mb:.6g} MB"
+        )
+    used = s.instances_used.get(o.engine, 0)
+    if not used + 1 <= slots:
+        why.append(f"{o.engine} slots {used}+1 > {slots}")
+    if cap.cores and not s.cores_used + o.cores <= cap.cores:
+        why.append(f"cores {s.cores_used}+{o.cores} > {cap.cores}")
+    if o.engine == "cpu":
+        own = _own_cores(s, u, o.cores)
+        why += ([own] if own else []) + _core_reasons(s, u, c, o.cores)
+    if blocked is not None:
+        why.append(blocked)
+    return why

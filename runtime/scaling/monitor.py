@@ -72,7 +72,7 @@ from __future__ import annotations
 import collections
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
@@ -171,6 +171,8 @@ class Monitor:
         self.window_s = window_s
         # (monotonic s, {pid: CPU seconds}) samples for cores_busy
         self._cpu_samples: collections.deque[tuple[float, dict[int, float]]] = collections.deque()
+        # (monotonic s, {pid: busy ms the instance reported}) samples for demand
+        self._busy_samples: collections.deque[tuple[float, dict[int, float]]] = collections.deque()
 
     # -- metrics ---------------------------------------------------------------------------
     def pipeline(self, dep: Any, window_s: float | None = None) -> PipelineMetrics:
@@ -320,6 +322,37 @@ class Monitor:
         samples.append((now, sample))
         return busy
 
+    def demand(self) -> tuple[dict[tuple[str, int], float], float] | None:
+        """Cores each unit's live instances keep busy, per unit key ``(pipeline, index)``,
+        and in all (every pipeline): per instance its busy fraction over the last
+        :data:`BUSY_WINDOW_S` s x its threads. The busy fraction is the growth of the
+        ``busy_ms`` its ``stats`` reports carry (compute time) over the wall seconds
+        between two samples, at most its CPU seconds' growth per thread over them
+        (``/proc/PID/stat`` through psutil): compute time spent waiting for a core,
+        another process's, is not demand. An instance started since the oldest sample
+        counts its unit's measured share per thread, else a whole core per thread. None
+        until two samples at least :data:`BUSY_MIN_S` apart exist (the first call only
+        samples). The cpu cap's demand (:mod:`infscaler.runtime.scaling.demand`)."""
+        now = time.monotonic()
+        live = [h for h in self.service.supervisor.handles() if h.state in ("starting", "ready")]
+        sample: dict[int, tuple[float, float | None]] = {}
+        for h in live:
+            try:
+                t = psutil.Process(h.pid).cpu_times()
+                cpu: float | None = t.user + t.system
+            except (psutil.Error, OSError):
+                cpu = None  # gone, or not readable: the busy ms alone
+            sample[h.pid] = (float(h.stats.get("busy_ms") or 0.0), cpu)
+        samples = self._busy_samples
+        while samples and now - samples[0][0] > BUSY_WINDOW_S:
+            samples.popleft()
+        out = None
+        if samples and now - samples[0][0] >= BUSY_MIN_S:
+            t0, old = samples[0]
+            out = _unit_demand(live, sample, old, (now - t0) * 1e3)
+        samples.append((now, sample))
+        return out
+
     def cap(self) -> ResourceCap:
         """R^m from the service's device profile (this host when it has none), with the
         memory in use now (:meth:`memory_used_mb`): :func:`~infscaler.runtime.scaling.
@@ -402,6 +435,9 @@ class Monitor:
                 )
             )
         slo = dep.pipeline.config.slo_ms
+        demand = self.demand()
+        if demand is not None:
+            units = [replace(u, busy=demand[0].get((dep.name, u.index), 0.0)) for u in units]
         busy = self.cores_busy()
         if busy is None and cap.physical_cores:
             # not measured yet (the first second of a monitor, e.g. right after a
@@ -426,7 +462,39 @@ class Monitor:
             cores_busy=busy,
             answered=m.answered,
             late=m.late,
+            cores_demand=None if demand is None else demand[1],
+            served_rate=m.completion_rate,
         )
+
+
+def _unit_demand(
+    live: list[Any],
+    now: dict[int, tuple[float, float | None]],
+    old: dict[int, tuple[float, float | None]],
+    wall_ms: float,
+) -> tuple[dict[tuple[str, int], float], float]:
+    """:meth:`Monitor.demand` from two samples of the instances' ``(busy ms, CPU s)``."""
+    measured: dict[tuple[str, int], list[float]] = {}  # key -> [cores, threads]
+    new: list[Any] = []
+    for h in live:
+        threads = max(1, int(getattr(h.unit, "threads", 1) or 1))
+        if h.pid not in old or h.pid not in now or wall_ms <= 0:
+            new.append(h)
+            continue
+        (busy1, cpu1), (busy0, cpu0) = now[h.pid], old[h.pid]
+        frac = max(0.0, busy1 - busy0) / wall_ms
+        if cpu1 is not None and cpu0 is not None:
+            frac = min(frac, max(0.0, cpu1 - cpu0) * 1e3 / wall_ms / threads)
+        acc = measured.setdefault(h.key, [0.0, 0.0])
+        acc[0] += min(1.0, frac) * threads
+        acc[1] += threads
+    per_unit = {k: v[0] for k, v in measured.items()}
+    for h in new:
+        threads = max(1, int(getattr(h.unit, "threads", 1) or 1))
+        acc = measured.get(h.key)
+        per = acc[0] / acc[1] if acc and acc[1] > 0 else 1.0
+        per_unit[h.key] = per_unit.get(h.key, 0.0) + per * threads
+    return per_unit, sum(per_unit.values())
 
 
 def _median(xs: list[float]) -> float:

@@ -59,13 +59,14 @@ What the paper lacks, added here:
   partitions were each scaled out to 2 single-thread instances on P99s of 497 and 232
   ms in the first windows: those windows held the instances' warm-up, and a 1 s
   window's P99 counted as a violation;
-* no cpu scale-out or thread step up that takes the pinned cpu threads of all
-  instances (:attr:`Snapshot.cores_used` + the new ones) past the physical cores
-  (``oversubscribe`` opts in): the same deploy ended with 4 single-thread instances
-  pinned to 2 cores, which share the cores and add contention, not capacity. The
-  device profile's ``threads_per_core`` still lets a deploy pin more (a chain's stages
-  take turns on the cores); the scaler only does not add to it. Not built: a trial past
-  the cores that is kept only when the measured capacity rises.
+* a cpu scale-out or thread step up must fit the physical cores by **demand**: the
+  cores the instances keep busy (busy fraction x threads) plus the addition's expected
+  share (:mod:`infscaler.runtime.scaling.demand`); one that takes the pinned threads
+  past the cores is a trial, stopped again ``trial_s`` later unless the served rate
+  rose or the SLO is met, and its unit then waits ``trial_backoff_s`` (doubling). With
+  ``core_cap`` ``threads`` (or before the demand is measured) the pinned threads of all
+  instances may not pass the physical cores (``oversubscribe`` opts in): a deploy once
+  ended with 4 single-thread instances pinned to 2 cores, contention, not capacity.
 
 Like Ray Serve's autoscaling policy this module never starts anything: the service's
 autoscaler loop (:mod:`infscaler.runtime.scaling.autoscaler`) builds a :class:`Snapshot` from
@@ -83,11 +84,15 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from infscaler.runtime.scaling.cores import (
-    _beyond_cores,
-    _own_cores,
-    _past_physical,
-    _saturated,
+from infscaler.runtime.scaling.cores import _beyond_cores, _own_cores, core_refusal, refusals
+from infscaler.runtime.scaling.demand import (
+    blocked_why,
+    is_trial,
+    judge_trial,
+    note_served,
+    open_trial,
+    trial_note,
+    trial_wait,
 )
 from infscaler.runtime.scaling.queueing import (
     _EPS,
@@ -163,9 +168,9 @@ def decide(
     (scale-out, scale-up, scale-in, scale-down) and a call without a violation reset it
     to None. A call that waits says why in ``new_state.waiting``.
 
-    Cores, in step 2: a cpu scale-out or thread step up that would make
-    ``cores_used`` + its threads exceed ``cap.physical_cores`` (when > 0) is refused
-    (``pinned threads N+n > physical cores P``) unless ``config.oversubscribe``.
+    Cores, in step 2: :func:`~infscaler.runtime.scaling.cores.core_refusal`. A trial
+    (:mod:`~infscaler.runtime.scaling.demand`) open: a violation waits; due: its verdict
+    first, a revert's ``scale_in`` the only decision.
 
     Vertical scaling (``scale_up``), in step 2: for the unit chosen, the scale-out on
     the first admitting engine and the thread step of its thinnest cpu instance (to the
@@ -221,7 +226,14 @@ def decide(
     """
     _check_config(config)
     new = replace(state, rates=_offered_rates(snapshot, state, config), waiting=None)
-    if is_violated(snapshot, config):
+    new = note_served(snapshot, new, config)
+    violated = is_violated(snapshot, config)
+    judged = judge_trial(snapshot, new, config, violated)
+    if judged is not None:  # a revert's scale-in is this call's change
+        if judged[0]:
+            return judged
+        state = new = judged[1]
+    if violated:
         return _on_violation(snapshot, state, config, new)
     return _on_no_violation(snapshot, state, config, new)
 
@@ -249,12 +261,16 @@ def _on_violation(
         return [], replace(new, violating_since=None, waiting=settling)
     since = s.now if state.violating_since is None else state.violating_since
     new = replace(new, violating_since=since)
-    why = _sustain_or_cooldown(s, state, c, since)
+    why = _sustain_or_cooldown(s, state, c, since) or trial_wait(s, state, c)
     if why is not None:
         return [], replace(new, waiting=why)
-    out, refused = _scale_out(s, c, max(r for _, r in new.rates))
+    out, refused = _scale_out(s, state, c, max(r for _, r in new.rates))
     if out is not None:
-        return [out], replace(new, last_scale_out=s.now, last_change=s.now, violating_since=None)
+        trial = open_trial(s, new, c, out) if is_trial(s, c, out) else None
+        if trial is not None:
+            out = replace(out, reason=f"{out.reason}; {trial_note(s, out)}")
+        new = replace(new, last_scale_out=s.now, last_change=s.now, violating_since=None)
+        return [out], replace(new, trial=trial)
     if not c.shed:
         return [], new
     return _shed_at_cap(s, state, c, new, refused)
@@ -458,11 +474,17 @@ def shed_queue_limit(snapshot: Snapshot) -> int:
 def _check_config(c: ScalerConfig) -> None:
     if not c.violation_ratio > 0:
         raise ValueError(f"violation_ratio must be > 0, got {c.violation_ratio}")
-    for name in ("cooldown_s", "hold_s", "rate_horizon_s", "settle_s", "sustain_s"):
+    if c.core_cap not in ("demand", "threads"):
+        raise ValueError(f"core_cap must be 'demand' or 'threads', got {c.core_cap!r}")
+    for name in ("cooldown_s", "hold_s", "rate_horizon_s", "settle_s", "sustain_s", "trial_s"):
         if not getattr(c, name) >= 0:
             raise ValueError(f"{name} must be >= 0 s, got {getattr(c, name)}")
     if not 0 < c.scale_in_utilisation <= 1:
         raise ValueError(f"scale_in_utilisation must be in (0, 1], got {c.scale_in_utilisation}")
+    if not c.trial_gain >= 0 or not c.trial_backoff_s >= 0:
+        raise ValueError(
+            f"trial_gain and trial_backoff_s must be >= 0, got {c.trial_gain}, {c.trial_backoff_s}"
+        )
 
 
 def _n(x: float, digits: int = 4) -> str:
@@ -484,42 +506,15 @@ def _violation(s: Snapshot, c: ScalerConfig) -> str:
     return f"{s.slo_refused_rate:.2f} requests/s refused at arrival: they could not meet the {slo}"
 
 
-def _refusals(s: Snapshot, u: UnitState, o: EngineOption, c: ScalerConfig) -> list[str]:
-    """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: it is
-    admitted)."""
-    cap = s.cap
-    slots = cap.max_instances.get(o.engine)
-    if slots is None:
-        return [f"{o.engine} is not on this device"]
-    why = []
-    if not cap.memory_used_mb + o.memory_mb <= cap.memory_cap_mb:
-        why.append(
-            f"memory {_mb(cap.memory_used_mb)}+{_mb(o.memory_mb)} > {_mb(cap.memory_cap_mb)} MB"
-        )
-    used = s.instances_used.get(o.engine, 0)
-    if not used + 1 <= slots:
-        why.append(f"{o.engine} slots {used}+1 > {slots}")
-    if cap.cores and not s.cores_used + o.cores <= cap.cores:
-        why.append(f"cores {s.cores_used}+{o.cores} > {cap.cores}")
-    own = _own_cores(s, u, o.cores) if o.engine == "cpu" else None
-    if own is not None:
-        why.append(own)
-    past = _past_physical(s, c, o.cores) if o.engine == "cpu" else None
-    if past is not None:
-        why.append(past)
-    busy = _saturated(s, o.cores)
-    if busy is not None:
-        why.append(busy)
-    return why
-
-
 #: A unit other than the argmax is scaled only when its B_k/S_k is at least this
 #: fraction of the largest (the planner's rule too): scaling a light unit while the
 #: bottleneck cannot grow does not raise throughput.
 NEXT_BEST_FRACTION = 0.5
 
 
-def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | None, list[str]]:
+def _scale_out(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, lam: float
+) -> tuple[Decision | None, list[str]]:
     """Algorithm 1 (with the next-best fallback), each unit's best action by
     :func:`_pick`. Returns the decision (None: the cap refuses every unit) and, in
     priority order, why the units before it were passed."""
@@ -563,7 +558,7 @@ def _scale_out(s: Snapshot, c: ScalerConfig, lam: float) -> tuple[Decision | Non
         else:
             ranked = sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0]))
             for _, o in ranked:
-                why = _refusals(s, u, o, c)
+                why = refusals(s, u, o, c, blocked_why(state, u.index, s.now))
                 if why:
                     tried.append(f"{o.engine} refused: {' and '.join(why)}")
                     continue
@@ -706,15 +701,9 @@ def _up_candidate(
         return None, "the device counts no cpu cores (no budget to give threads from)"
     if not s.cores_used + (t2 - t) <= cap.cores:
         return None, f"cores {s.cores_used}+{t2 - t} > {cap.cores}"
-    own = _own_cores(s, u, t2 - t)
+    own = _own_cores(s, u, t2 - t) or core_refusal(s, u, c, t2 - t)
     if own is not None:
         return None, own
-    past = _past_physical(s, c, t2 - t)
-    if past is not None:
-        return None, past
-    busy = _saturated(s, t2 - t)
-    if busy is not None:
-        return None, busy
     return (t, t2, svc_t, svc_t2), None
 
 

@@ -67,7 +67,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from infscaler.runtime.scaling.cores import SATURATED_FREE_PER_THREAD
+from infscaler.runtime.scaling.cores import SATURATED_FREE_PER_THREAD, refusals
 from infscaler.runtime.scaling.queueing import (
     _EPS,
     _budget_ms,
@@ -79,7 +79,6 @@ from infscaler.runtime.scaling.queueing import (
 from infscaler.runtime.scaling.scaler import (
     _capacity_items,
     _instance_ms,
-    _refusals,
     _scale_out,
     pipeline_capacity_rps,
     service_ms_at,
@@ -418,7 +417,7 @@ def instances_for(
         if u.max_instances is not None and u2.total_instances >= u.max_instances:
             why = f"{u.name} is at its max_instances {u.max_instances}"
             break
-        refused = _refusals(s2, u2, o, config)
+        refused = refusals(s2, u2, o, config)
         if refused:
             why = f"{o.engine} refuses instance {u2.total_instances + 1}: {' and '.join(refused)}"
             break
@@ -505,7 +504,7 @@ def scale_out_now(
         f"{svc:.3g} ms)); rate {worst.rate_rps:.3g} requests/s, sustained "
         f"{sustained:.3g} requests/s"
     )
-    out, passed = _scale_out(snapshot, config, sustained)
+    out, passed = _scale_out(snapshot, state, config, sustained)
     if out is None:
         why = f"{seen}; no unit to scale: {'; '.join(passed) or 'none'}"
         # blocked by the cap only where a unit short of capacity was refused (a unit

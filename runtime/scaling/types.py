@@ -71,6 +71,10 @@ class UnitState:
         min_threads / max_threads: the range the scaler may move a cpu instance's
             intra-op threads in (the stage's ``threads`` / ``max_threads``; max None:
             no vertical scaling).
+        busy: cores the unit's live instances kept busy over the monitor's last
+            seconds: per instance its busy fraction (compute time / wall time, from
+            the ``busy_ms`` its ``stats`` reports carry) x its threads, summed (None:
+            not measured). See :mod:`infscaler.runtime.scaling.demand`.
     """
 
     index: int
@@ -87,6 +91,7 @@ class UnitState:
     latency_ms_by_threads: dict[int, float] = field(default_factory=dict)
     min_threads: int = 1
     max_threads: int | None = None
+    busy: float | None = None
 
     @property
     def total_instances(self) -> int:
@@ -143,6 +148,12 @@ class Snapshot:
             how many of them took longer than the SLO (None: not counted; then a P99
             over the SLO is a violation however few requests it rests on). See
             :func:`~infscaler.runtime.scaling.scaler.is_violated`.
+        cores_demand: cores every live instance of every pipeline keeps busy (the sum of
+            :attr:`UnitState.busy` over the device; an instance not measured yet counts
+            its threads), what the cpu cap counts (:mod:`infscaler.runtime.scaling.
+            demand`); None: not measured (the cap then counts pinned threads).
+        served_rate: requests per second answered over the window (None: not counted;
+            a scale-out's trial then reads ``arrival_rate``).
     """
 
     now: float
@@ -159,6 +170,8 @@ class Snapshot:
     cores_busy: float | None = None
     answered: int | None = None
     late: int | None = None
+    cores_demand: float | None = None
+    served_rate: float | None = None
 
     @property
     def offered(self) -> float:
@@ -197,7 +210,19 @@ class ScalerConfig:
             threads of all instances (:attr:`Snapshot.cores_used` + the new ones) past
             the physical cores (:attr:`ResourceCap.physical_cores`). Off by default: on
             a 2-core host 4 single-thread instances pinned to 2 cores share them and
-            add contention, not capacity.
+            add contention, not capacity. Counted as ``core_cap`` says.
+        core_cap: how the cpu cap counts a cpu scale-out or thread step against the
+            physical cores: ``demand`` (the default: the cores the instances keep busy
+            plus the new one's expected share, :func:`~infscaler.runtime.scaling.demand.
+            fits_cores`; a scale-out that pins past the cores is a trial, reverted when
+            the served rate does not rise) or ``threads`` (pinned threads, and a whole
+            idle core per thread by the busy cores; no trials).
+        trial_s: a trial's verdict comes this long after its scale-out, s (at least
+            ``settle_s`` + 1 s: the window after the settle window is what it reads).
+        trial_gain: a trial is kept when the SLO is met at its verdict or the served
+            rate rose by at least this fraction; else its instance is stopped.
+        trial_backoff_s: after a reverted trial the unit is not scaled out for this long,
+            s, doubled after each further revert (hysteresis: no flapping).
     """
 
     violation_ratio: float = 1.0
@@ -209,6 +234,28 @@ class ScalerConfig:
     settle_s: float = 5.0
     sustain_s: float = 2.0
     oversubscribe: bool = False
+    core_cap: str = "demand"
+    trial_s: float = 10.0
+    trial_gain: float = 0.1
+    trial_backoff_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A scale-out on trial (:mod:`infscaler.runtime.scaling.demand`).
+
+    Attributes:
+        unit / engine / name: the unit scaled out and where.
+        started: ``now`` of the scale-out, s.
+        before_rps: requests/s served before it: the mean of the served rates the
+            scaler read over the ``trial_s`` before it (:attr:`ScalerState.served`).
+    """
+
+    unit: int
+    engine: str
+    name: str
+    started: float
+    before_rps: float
 
 
 @dataclass(frozen=True)
@@ -227,6 +274,12 @@ class ScalerState:
             violated, was within ``settle_s`` of a change, or made a change.
         waiting: why the last call, on a violation, changed nothing (settle window,
             sustain, cooldown), one line a user can read; None when it did not wait.
+        trial: the scale-out on trial (None: none).
+        blocked: ``(unit, until, reverts)`` per unit whose trial was reverted: no
+            scale-out of it before ``until`` (s); ``reverts`` in a row.
+        trial_verdict: the last trial's verdict, one line (None: none yet).
+        served: ``(now, served rate)`` samples, requests/s, over the last
+            ``2 x trial_s``: a trial compares their means before and after it.
     """
 
     last_change: float | None = None
@@ -235,6 +288,10 @@ class ScalerState:
     queue_limit: int | None = None
     violating_since: float | None = None
     waiting: str | None = None
+    trial: Trial | None = None
+    blocked: tuple[tuple[int, float, int], ...] = ()
+    trial_verdict: str | None = None
+    served: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)

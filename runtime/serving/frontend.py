@@ -259,7 +259,9 @@ class FrontEnd:
         fut.add_done_callback(lambda f, seq=seq: self._on_future_done(f, seq))
         self._command(("submit", p))
         if self.failure is not None:  # it died meanwhile: nothing will serve this one
-            self._complete_error(p, RequestError(f"the front end failed: {self.failure}"))
+            self._complete_error(
+                p, RequestError(f"the front end failed: {self.failure}", code="failed")
+            )
         return fut
 
     def precheck(self, route: Route, uid: int | None = None) -> ArrivalDecision:
@@ -359,6 +361,7 @@ class FrontEnd:
                 "largest slot or its cap)",
                 413,
                 "send a smaller batch, or split it over several requests",
+                code="too_large",
             )
         return first, nbytes
 
@@ -375,6 +378,7 @@ class FrontEnd:
             decision.status,
             decision.hint,
             retry_after_s=decision.retry_after_s,
+            code=None if decision.refusal is None else decision.refusal.value,
             hold_s=decision.hold_s,
         )
 
@@ -432,7 +436,7 @@ class FrontEnd:
         self._closing = True
         self._command(("close",))
         self._thread.join(5.0)
-        self._fail_all(RequestError("the service is stopping"))
+        self._fail_all(RequestError("the service is stopping", code="stopping"))
         with contextlib.suppress(Exception):
             if self.deadlines is not None:
                 self.deadlines.close()
@@ -480,7 +484,7 @@ class FrontEnd:
         self.failure = reason
         self.counters["deaths"] += 1
         log.critical("the front end died (%s): failing every request in flight", reason)
-        self._fail_all(RequestError(f"the front end failed: {reason}"))
+        self._fail_all(RequestError(f"the front end failed: {reason}", code="failed"))
         if self.on_death is not None:
             try:
                 self.on_death(reason)
@@ -549,7 +553,9 @@ class FrontEnd:
                 with self._lock:
                     p = self._pending.get(cmd[1])
                 if p is not None:
-                    self._complete_error(p, RequestError(f"request failed: {cmd[2]}", 503))
+                    self._complete_error(
+                        p, RequestError(f"request failed: {cmd[2]}", 503, code="instance_failed")
+                    )
             elif cmd[0] == "cancel":
                 with self._lock:
                     p = self._pending.get(cmd[1])
@@ -649,6 +655,7 @@ class FrontEnd:
                 "retry later, give the request a higher priority, or raise "
                 "queue_policy.default_timeout_ms",
                 retry_after_s=0.05,
+                code="queue_timeout",
             ),
         )
 
@@ -814,7 +821,9 @@ class FrontEnd:
         self.counters[counter] += 1
         elapsed_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
         p.route.record_expiry(p.estimate_ms, elapsed_ms, p.estimate_factor)
-        self._complete_error(p, RequestError(self._expiry_reason(p), 503))
+        pool = p.phase is RequestPhase.QUEUED and p.busy_since is not None
+        code = "pool_full" if pool else "timeout"
+        self._complete_error(p, RequestError(self._expiry_reason(p), 503, code=code))
 
     @staticmethod
     def _expiry_reason(p: PendingRequest) -> str:

@@ -12,7 +12,9 @@ Started by the supervisor (:mod:`infscaler.runtime.processes.supervisor`): forke
 inherited as file descriptors and its spec (JSON) on stdin. It reports to the
 supervisor on the status pipe, one JSON object per line: ``ready`` (after loading and a
 warm-up run: pid, memory, engine), ``stats`` (every ``stats_interval_s`` while serving:
-requests, errors, busy ms, RSS / USS MB) and ``fatal`` (it could not start).
+requests, errors, busy ms, RSS / USS MB; ``exec``: executions and items per batch size,
+:class:`~infscaler.runtime.serving.batching.ExecCounts`; the counters alone, at most every
+``IDLE_REPORT_S``, when it goes idle) and ``fatal`` (it could not start).
 
 Privileges: an instance drops every capability at start (the service may hold CAP_BPF
 and CAP_NET_ADMIN for the eBPF path; instances never need them).
@@ -60,6 +62,7 @@ import numpy as np
 
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
+from infscaler.runtime.serving.batching import ExecCounts, WaitPolicy
 from infscaler.runtime.serving.pipeline import ERROR, FANOUT, TRACE, Unit, encode_error
 from infscaler.runtime.serving.runners import (
     ITEM_MASK,
@@ -81,6 +84,10 @@ __all__ = ["Instance", "StageError", "StageInputError", "main", "serve"]
 log = logging.getLogger("infscaler.instance")
 
 _TRACE_COLS = 4  # unit index, instance id, start ns, end ns
+#: the least time between two ``stats`` reports sent when the instance goes idle, s
+IDLE_REPORT_S = 0.05
+#: how long a batch's first look for queued inputs waits, s (one poll of the channel)
+_GREEDY_S = 0.0002
 
 
 def _set_pdeathsig() -> None:
@@ -179,6 +186,10 @@ class Instance:
         self.batch_delay_s = float(self.unit.batch_delay_ms) / 1e3
         self.batches = 0
         self.batched = 0
+        # executions and items per batch size (Triton's execution_count / batch_stats)
+        self.execs = ExecCounts()
+        self.wait_policy = WaitPolicy()
+        self.batch_axis = False  # axis 0 of the inputs is a batch dim (set at load)
         self.cmd_fd = spec.get("cmd_fd")
         self._cmd_buf = b""
         if self.cmd_fd is not None:
@@ -196,6 +207,7 @@ class Instance:
             msg = str(exc) if hasattr(exc, "hint") else f"{type(exc).__name__}: {exc}"
             self.report("fatal", error=f"unit {self.unit.name}: {msg}")
             return 1
+        self.batch_axis = bool(getattr(self.runner, "batch_axis", False))
         self.report(
             "ready",
             batch_ms=getattr(self.runner, "batch_ms", {}),
@@ -209,38 +221,54 @@ class Instance:
         )
         next_stats = time.monotonic() + self.stats_interval_s
         dirty = False
+        last_report = 0.0
         try:
             while not self.stopping:
-                wait = max(0.0, min(0.5, next_stats - time.monotonic()))
+                now = time.monotonic()
+                wait = max(0.0, min(0.5, next_stats - now))
+                if dirty:  # served since the last report: once idle, report soon
+                    wait = min(wait, max(0.0005, last_report + IDLE_REPORT_S - now))
                 try:
                     self.serve_one(wait)
-                    dirty = True
+                    dirty = busy = True
                 except TimeoutError:
-                    pass
+                    busy = False
                 now = time.monotonic()
                 self._commands()
                 if now >= next_stats:
                     if dirty:
-                        self.report(
-                            "stats",
-                            served=self.served,
-                            errors=self.errors,
-                            busy_ms=round(self.busy_ns / 1e6, 3),
-                            last_ms=round(self.last_ms, 3),
-                            batch=self.max_batch,
-                            batches=self.batches,
-                            batched=self.batched,
-                            dropped=self.dropped,
-                            **self._step_stats(),
-                            **_memory(),
-                        )
-                        dirty = False
+                        self._report_stats(memory=True)
+                        last_report, dirty = now, False
                     next_stats = now + self.stats_interval_s
+                elif dirty and not busy and now >= last_report + IDLE_REPORT_S:
+                    self._report_stats(memory=False)  # idle: the counters, cheaply
+                    last_report, dirty = now, False
         except ChannelClosed:
+            self._report_stats(memory=False)
             return 0
+        self._report_stats(memory=False)
         with contextlib.suppress(Exception):
             self.client.release_out_tokens()
         return 0
+
+    def _report_stats(self, memory: bool) -> None:
+        """One ``stats`` report: the counters since start (``exec``: executions and items
+        per batch size, :meth:`ExecCounts.to_json`); with ``memory``, RSS / USS / PSS too
+        (reading them costs a walk of the process's mappings: the periodic report only)."""
+        self.report(
+            "stats",
+            served=self.served,
+            errors=self.errors,
+            busy_ms=round(self.busy_ns / 1e6, 3),
+            last_ms=round(self.last_ms, 3),
+            batch=self.max_batch,
+            batches=self.batches,
+            batched=self.batched,
+            dropped=self.dropped,
+            exec=self.execs.to_json(),
+            **self._step_stats(),
+            **(_memory() if memory else {}),
+        )
 
     def _step_stats(self) -> dict[str, Any]:
         """``{"steps": [...]}`` for a fused unit (:meth:`FusedRunner.step_stats`)."""
@@ -327,9 +355,23 @@ class Instance:
         return True
 
     def _gather(self, n: int, delay_s: float) -> list[tuple[Any, dict[str, np.ndarray]]]:
-        """Up to ``n`` more inputs arriving within ``delay_s`` s (dynamic batching)."""
+        """Up to ``n`` more inputs for a batch (dynamic batching): first those already
+        queued (no wait), then, while the batch is below the size recent batches
+        reached (:class:`~infscaler.runtime.serving.batching.WaitPolicy`), those
+        arriving within ``delay_s`` s, unless recent waits caught nothing."""
+        more = self._take(n, _GREEDY_S)
+        want = self.wait_policy.target(n + 1) - 1
+        if len(more) < want and delay_s > 0 and self.wait_policy.should_wait():
+            caught = self._take(want - len(more), delay_s)
+            self.wait_policy.waited(len(caught))
+            more += caught
+        self.wait_policy.formed(1 + len(more))
+        return more
+
+    def _take(self, n: int, within_s: float) -> list[tuple[Any, dict[str, np.ndarray]]]:
+        """Up to ``n`` inputs arriving within ``within_s`` s (dead ones returned)."""
         more: list[tuple[Any, dict[str, np.ndarray]]] = []
-        deadline = time.monotonic() + delay_s
+        deadline = time.monotonic() + within_s
         while len(more) < n:
             left = deadline - time.monotonic()
             try:
@@ -366,6 +408,7 @@ class Instance:
         start = time.monotonic_ns()
         try:
             stacked = {n: np.concatenate([t[n] for _tok, t in batch]) for n in names}
+            stacked_at = time.monotonic_ns()
             result = self.runner(stacked)
             total = sum(rows)
             if any(v.ndim == 0 or v.shape[0] != total for v in result.values()):
@@ -392,10 +435,12 @@ class Instance:
                     self.errors += 1
                     self._send_error(tok, tensors, f"stage {self.unit.name}: {exc}")
         finally:
-            self.busy_ns += time.monotonic_ns() - start
+            done = time.monotonic_ns()
+            self.busy_ns += done - start
             self.last_ms = (end - start) / 1e6
             self.batches += 1
             self.batched += len(batch)
+            self.execs.add(total, stacked_at - start, end - stacked_at, done - end)
             for tok, _t in batch:
                 self.client.done(tok)
         return True
@@ -407,7 +452,9 @@ class Instance:
         try:
             result = self.runner(tensors)
             end = time.monotonic_ns()
+            size = self._rows(tensors)
             if self._dead(tok):  # it died while we computed: nothing to hand on
+                self.execs.add(size, 0, end - start, 0)
                 return
             trace = self._trace(trace_in, start, end)
             if self.unit.fan_out:
@@ -418,6 +465,7 @@ class Instance:
                     out[FANOUT] = tensors[FANOUT]
                 self._hand_over(out, self.next_stage, tok.request)
             self.served += 1
+            self.execs.add(size, 0, end - start, time.monotonic_ns() - end)
         except Exception as exc:  # noqa: BLE001 - one request fails, the instance goes on
             end = time.monotonic_ns()
             if self._dead(tok):  # e.g. no slot before its deadline: no one waits for it
@@ -456,6 +504,14 @@ class Instance:
             if isinstance(self.runner, FusedRunner):
                 self.runner.produced = {}
             self.client.done(tok)
+
+    def _rows(self, tensors: Mapping[str, np.ndarray]) -> int:
+        """The items one run on ``tensors`` infers: the first input's axis 0 when it is a
+        batch dim (a model whose inputs declare a dynamic axis 0), else 1."""
+        if not self.batch_axis or not self.unit.inputs:
+            return 1
+        x = tensors.get(self.unit.inputs[0])
+        return int(x.shape[0]) if x is not None and x.ndim > 0 and x.shape[0] > 0 else 1
 
     def _trace(self, trace_in: np.ndarray | None, start: int, end: int) -> np.ndarray:
         row = np.array([[self.unit.index, self.iid, start, end]], dtype=np.int64)

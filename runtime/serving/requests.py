@@ -23,8 +23,12 @@ class RequestError(InfScalerError):
     argument such as a non-finite timeout; 500: a unit failed on it; 503: the service
     could not run it now). ``retry_after_s``: when a refused request may be retried,
     seconds (None: not known); the server's error middleware sends it as a
-    ``Retry-After`` header (RFC 9110 §10.2.3). ``hold_s``: how long the server waits
-    before answering the refusal, s (0: at once;
+    ``Retry-After`` header (RFC 9110 §10.2.3). ``code``: a short stable reason code
+    (``slo``, ``queue_full``, ``bytes_in_flight``, ...; docs/api.md lists them), which
+    the API sends beside the message (HTTP: the error JSON's ``code``; gRPC: the
+    ``infscaler-code`` trailing metadata) so that clients count refusals by it, never
+    by the message's text; None: no code. ``hold_s``: how long the server waits before
+    answering the refusal, s (0: at once;
     :func:`~infscaler.runtime.serving.admission.refusal_hold_s`)."""
 
     def __init__(
@@ -34,10 +38,13 @@ class RequestError(InfScalerError):
         hint: str | None = None,
         *,
         retry_after_s: float | None = None,
+        code: str | None = None,
         hold_s: float = 0.0,
     ) -> None:
         super().__init__(message, hint)
         self.status = status
+        #: the refusal's reason code (None: none)
+        self.code = code
         #: seconds a client should wait before retrying (HTTP ``Retry-After``), or None
         self.retry_after_s = retry_after_s
         #: seconds the server holds this refusal before answering it

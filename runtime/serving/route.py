@@ -87,7 +87,8 @@ class Route:
             lock): admission's ``max_queue_size`` and estimate, the status.
         refusals: requests refused, by reason (the
             :class:`~infscaler.runtime.serving.admission.Refusal` values and
-            ``queue_timeout``): the metric ``infscaler_requests_refused_total``.
+            ``queue_timeout``), over the pipeline's life (its statistics' counter):
+            the metric ``infscaler_requests_refused_total``.
     """
 
     pipeline: CompiledPipeline
@@ -115,6 +116,13 @@ class Route:
     #: request) so that the arrival path reads its quantiles without sorting
     _ranked: list[float] = field(default_factory=list)
     _fan_in_fn: Any = None
+
+    def __post_init__(self) -> None:
+        # refusals count over the pipeline's life: its statistics' counter, which the
+        # next configuration's statistics share (PipelineStats.successor)
+        life = getattr(self.stats, "refused", None)
+        if isinstance(life, collections.Counter) and not self.refusals:
+            self.refusals = life
 
     def seed_compute(self, unit_ms: list[float | None]) -> None:
         """Start the service-time estimates from per-unit ms measured at load (the

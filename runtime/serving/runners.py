@@ -88,6 +88,11 @@ class ModelRunner:
 
     def load(self) -> dict[str, Any]:
         self.engine.load()
+        #: axis 0 is a batch dim: the model declares it dynamic on every input, so a run
+        #: on a ``[4, ...]`` input infers 4 items (Triton's ``max_batch_size`` > 0)
+        self.batch_axis = bool(self.engine.inputs) and all(
+            len(i.shape) > 0 and i.shape[0] is None for i in self.engine.inputs
+        )
         self._warm_up()
         self.batch_ms = self.profile_batches() if self.unit.max_batch > 1 else {}
         self.warm_ms_by_threads = self.probe_threads()
@@ -151,11 +156,14 @@ class ModelRunner:
             ctypes.CDLL(None).malloc_trim(0)
         return out
 
-    def profile_batches(self, repeats: int = 3) -> dict[int, float]:
-        """Batch latency T_b (ms, median of ``repeats``) for b = 1, 2, 4, ...,
+    def profile_batches(self, repeats: int = 5, budget_s: float = 3.0) -> dict[int, float]:
+        """Batch latency T_b (ms, median of the timed runs) for b = 1, 2, 4, ...,
         ``max_batch`` on zeros, when every input's shape beyond axis 0 is known (MArk §4
-        needs T_b to choose the batch size). Empty when shapes are unknown or the engine
-        refuses a batch (a fixed batch dimension)."""
+        needs T_b to choose the batch size). The sizes are timed in rounds, one run of
+        each size per round, so a burst of load from other processes falls on every size
+        alike rather than on one; ``repeats`` rounds, fewer (at least 3) once the rounds
+        have taken ``budget_s`` s. Empty when shapes are unknown; a size the engine
+        refuses (a fixed batch dimension) ends the profile at the sizes before it."""
         dims = {}
         for info in self.engine.inputs:
             shape = self.unit.shapes.get(info.name) or info.shape
@@ -165,20 +173,24 @@ class ModelRunner:
         sizes = sorted({1, *[2**i for i in range(1, 7) if 2**i < self.unit.max_batch]})
         if self.unit.max_batch not in sizes:
             sizes.append(int(self.unit.max_batch))
-        out: dict[int, float] = {}
+        feeds: dict[int, dict[str, np.ndarray]] = {}
         for b in sizes:
-            feeds = {n: np.zeros([b, *rest], dtype=dt) for n, (rest, dt) in dims.items()}
-            times = []
+            feed = {n: np.zeros([b, *rest], dtype=dt) for n, (rest, dt) in dims.items()}
             try:
-                self.engine.infer(feeds)
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    self.engine.infer(feeds)
-                    times.append((time.perf_counter() - t0) * 1e3)
+                self.engine.infer(feed)  # untimed: first-run allocations
             except Exception:  # noqa: BLE001 - a fixed batch dim: stop at what ran
                 break
-            out[b] = round(float(np.median(times)), 3)
-        return out
+            feeds[b] = feed
+        times: dict[int, list[float]] = {b: [] for b in feeds}
+        start = time.perf_counter()
+        for r in range(repeats):
+            if r >= 3 and time.perf_counter() - start > budget_s:
+                break
+            for b, feed in feeds.items():
+                t0 = time.perf_counter()
+                self.engine.infer(feed)
+                times[b].append((time.perf_counter() - t0) * 1e3)
+        return {b: round(float(np.median(ts)), 3) for b, ts in times.items() if ts}
 
     def _warm_up(self) -> None:
         """One run on zeros when every input shape is known (first request then pays

@@ -5,7 +5,9 @@ Pure bookkeeping, no I/O: the front end feeds it from each request's trace (the
 ``CLOCK_MONOTONIC``), and the API / CLI read :meth:`PipelineStats.snapshot`. The field
 names follow Triton's statistics extension where they overlap (``success``, ``fail``,
 ``queue``, ``compute_infer`` as count + ns), plus percentiles, which Triton users
-otherwise compute from Prometheus.
+otherwise compute from Prometheus. The counters are the pipeline's, over its life
+(:class:`PipelineLife`, shared by each configuration's :class:`PipelineStats`); the
+windows are the configuration's that serves.
 """
 
 from __future__ import annotations
@@ -261,31 +263,132 @@ class IdleSlowdown:
         return tuple(out)
 
 
+class PipelineLife:
+    """A pipeline's cumulative counters over its whole life: every configuration it was
+    served with (units replaced, K changed, instances added or removed) adds to the
+    same counters, so Triton's statistics (``/v2/models/M/stats``, ``nv_inference_*``)
+    never go back. Successive :class:`PipelineStats` of one pipeline share one (and
+    one lock): what the old configuration still answers while it drains counts too.
+
+    Attributes:
+        success / fail (HTTP status -> count) / rejected: requests answered, failed,
+            refused before admission (as :class:`PipelineStats` counts them).
+        refused: refusals by reason code (``Refusal`` values and ``queue_timeout``;
+            the front end counts them through ``Route.refusals``).
+        latency_ms: the successes' end-to-end latency, ms summed.
+        units: per unit name, ``[runs, compute ms, queue ms]`` summed (a unit of the
+            same name in the next configuration goes on counting); :meth:`counters`
+            sums them over every unit of every configuration.
+        last_inference_ms: wall clock of the last answer, ms since the epoch (0: none).
+        configurations: how many configurations have served (1 + switches).
+    """
+
+    def __init__(self) -> None:
+        self.success = 0
+        self.fail: collections.Counter[int] = collections.Counter()
+        self.rejected = 0
+        self.refused: collections.Counter[str] = collections.Counter()
+        self.latency_ms = 0.0
+        self.last_inference_ms = 0
+        self.configurations = 1
+        self.units: dict[str, list[float]] = {}
+
+    def unit_totals(self, name: str) -> list[float]:
+        """Unit ``name``'s ``[runs, compute ms, queue ms]``, to add to (call under the
+        lock)."""
+        return self.units.setdefault(name, [0, 0.0, 0.0])
+
+    def counters(self) -> dict[str, Any]:
+        """The counters as JSON-ready values (call under the lock): ``success``,
+        ``fail`` (status -> count), ``rejected``, ``refused`` (code -> count),
+        ``latency_count`` / ``latency_ms``, ``queue_count`` / ``queue_ms``,
+        ``compute_count`` / ``compute_ms`` (ms summed), ``last_inference_ms``,
+        ``configurations``."""
+        runs = int(sum(u[0] for u in self.units.values()))
+        return {
+            "success": self.success,
+            "fail": dict(self.fail),
+            "rejected": self.rejected,
+            "refused": dict(sorted(self.refused.items())),
+            "latency_count": self.success,
+            "latency_ms": self.latency_ms,
+            "queue_count": runs,
+            "queue_ms": sum(u[2] for u in self.units.values()),
+            "compute_count": runs,
+            "compute_ms": sum(u[1] for u in self.units.values()),
+            "last_inference_ms": self.last_inference_ms,
+            "configurations": self.configurations,
+        }
+
+
 class PipelineStats:
-    """Per-pipeline request statistics and per-unit queue / compute times.
+    """Per-pipeline request statistics and per-unit queue / compute times, for one
+    configuration of the pipeline; the all-time counters (:attr:`life`) carry over to
+    the next configuration's statistics (:meth:`successor`).
+
+    The windows (latency, rates, per-unit compute / queue / idle) are this
+    configuration's: the scaler judges the configuration that serves. The counters
+    (``success``, ``fail``, ``rejected``, :meth:`totals`, the counts in
+    :meth:`snapshot`) are the pipeline's, over its life.
 
     Args:
         units: unit names in pipeline order.
+        life: the pipeline's cumulative counters (None: a new pipeline, from zero).
+        lock: the lock that guards ``life`` (shared with the statistics it came from).
     """
 
-    def __init__(self, units: Iterable[str]) -> None:
+    def __init__(
+        self,
+        units: Iterable[str],
+        life: PipelineLife | None = None,
+        lock: threading.Lock | None = None,
+    ) -> None:
         self.units = list(units)
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else threading.Lock()
+        self.life = life if life is not None else PipelineLife()
+        #: refusals by reason code, over the pipeline's life (``Route.refusals``)
+        self.refused = self.life.refused
+        with self._lock:
+            self._unit_totals = [self.life.unit_totals(n) for n in self.units]
         self.latency = LatencyWindow()
         self.arrivals = RateWindow()
         #: admitted and refused (shed / max_pending) requests: the offered load
         self.offered = RateWindow()
         #: requests refused at arrival because they could not meet the SLO
         self.slo_refused = RateWindow()
-        self.success = 0
-        self.fail: collections.Counter[int] = collections.Counter()
-        self.rejected = 0
-        #: wall-clock time of the last answered request (success or failure), ms since
-        #: the epoch; 0: none yet (Triton's ``last_inference``)
-        self.last_inference_ms = 0
         self.compute = [LatencyWindow() for _ in self.units]
         self.queue = [LatencyWindow() for _ in self.units]
         self.idle = [IdleSlowdown() for _ in self.units]
+
+    def successor(self, units: Iterable[str]) -> PipelineStats:
+        """The statistics of the pipeline's next configuration (``units``: its unit
+        names, in order): new windows, the same all-time counters and lock, so the
+        counts go on across the switch, including what this configuration still
+        answers while it drains."""
+        with self._lock:
+            self.life.configurations += 1
+        return PipelineStats(units, self.life, self._lock)
+
+    @property
+    def success(self) -> int:
+        """Requests answered, over the pipeline's life."""
+        return self.life.success
+
+    @property
+    def fail(self) -> collections.Counter[int]:
+        """Requests failed after admission, by HTTP status, over the pipeline's life."""
+        return self.life.fail
+
+    @property
+    def rejected(self) -> int:
+        """Requests refused before admission, over the pipeline's life."""
+        return self.life.rejected
+
+    @property
+    def last_inference_ms(self) -> int:
+        """Wall-clock time of the last answered request (success or failure), ms since
+        the epoch; 0: none yet (Triton's ``last_inference``)."""
+        return self.life.last_inference_ms
 
     def offered_rate(self, now: float | None = None, window_s: float | None = None) -> float:
         """Requests/s offered (admitted and refused) over the last 10 s (or the last
@@ -313,21 +416,23 @@ class PipelineStats:
         """A request answered: its end-to-end latency (ms) and the trace rows
         (``[unit, instance, start_ns, end_ns]``) of every unit that ran for it."""
         with self._lock:
-            self.success += 1
-            self.last_inference_ms = int(time.time() * 1e3)
+            life = self.life
+            life.success += 1
+            life.last_inference_ms = int(time.time() * 1e3)
+            life.latency_ms += latency_ms
             self.latency.add(latency_ms)
             self._record_trace(trace, t_submit_ns, t_submit_ns + int(latency_ms * 1e6))
 
     def record_failure(self, status: int) -> None:
         with self._lock:
-            self.fail[status] += 1
-            self.last_inference_ms = int(time.time() * 1e3)
+            self.life.fail[status] += 1
+            self.life.last_inference_ms = int(time.time() * 1e3)
 
     def record_rejection(self, slo: bool = False) -> None:
         """A request refused before admission (queue bound, ``max_pending``, or with
         ``slo`` the SLO admission): it counts in the offered load, not in the arrivals."""
         with self._lock:
-            self.rejected += 1
+            self.life.rejected += 1
             now = time.monotonic()
             self.offered.add(now)
             if slo:
@@ -344,9 +449,14 @@ class PipelineStats:
             unit = int(unit)
             if not 0 <= unit < len(self.units):
                 continue
-            self.compute[unit].add((end - start) / 1e6)
-            before = prev_end.get(unit - 1, last_end)
-            self.queue[unit].add(max(0, start - before) / 1e6)
+            compute_ms, before = (end - start) / 1e6, prev_end.get(unit - 1, last_end)
+            queue_ms = max(0, start - before) / 1e6
+            self.compute[unit].add(compute_ms)
+            self.queue[unit].add(queue_ms)
+            u = self._unit_totals[unit]
+            u[0] += 1
+            u[1] += compute_ms
+            u[2] += queue_ms
             tail = t_done_ns - end if unit == last_unit and unit == len(self.units) - 1 else None
             self.idle[unit].add(int(inst), int(start), int(end), int(before), tail)
             prev_end[unit] = max(prev_end.get(unit, 0), end)
@@ -366,36 +476,33 @@ class PipelineStats:
 
     def totals(self) -> dict[str, Any]:
         """The all-time counters only, cheap (no percentiles; for a Prometheus scrape):
-        ``success``, ``fail`` (status -> count), ``rejected``, ``latency_ms`` (sum over
-        successes, ms), and per unit ``units``: ``[{"compute_count", "compute_ms",
-        "queue_count", "queue_ms"}]`` (sums, ms)."""
+        :meth:`PipelineLife.counters` (over the pipeline's life, every configuration),
+        and per unit of this configuration ``units``: ``[{"compute_count",
+        "compute_ms", "queue_count", "queue_ms"}]`` (sums, ms, over the life of a unit
+        of that name)."""
         with self._lock:
-            return {
-                "success": self.success,
-                "fail": dict(self.fail),
-                "rejected": self.rejected,
-                "latency_ms": self.latency.total_ms,
-                "units": [
-                    {
-                        "compute_count": c.count,
-                        "compute_ms": c.total_ms,
-                        "queue_count": q.count,
-                        "queue_ms": q.total_ms,
-                    }
-                    for c, q in zip(self.compute, self.queue, strict=True)
-                ],
-            }
+            out = self.life.counters()
+            per = [self.life.units.get(name, (0, 0.0, 0.0)) for name in self.units]
+            out["units"] = [
+                {
+                    "compute_count": int(u[0]),
+                    "compute_ms": float(u[1]),
+                    "queue_count": int(u[0]),
+                    "queue_ms": float(u[2]),
+                }
+                for u in per
+            ]
+            return out
 
     def snapshot(self) -> dict[str, Any]:
-        """``{"success", "fail" (status -> count), "rejected", "arrival_rate_per_s",
-        "latency": LatencyWindow.summary(), "units": [{"unit", "compute", "queue", "idle"}]}``
+        """:meth:`PipelineLife.counters` (the pipeline's life) and this
+        configuration's windows: ``arrival_rate_per_s``, ``latency``
+        (:meth:`LatencyWindow.summary`; its ``count`` / ``total_ms``: this
+        configuration's), ``units``: ``[{"unit", "compute", "queue", "idle"}]``
         (``idle``: :meth:`IdleSlowdown.summary`)."""
         with self._lock:
             return {
-                "success": self.success,
-                "fail": dict(self.fail),
-                "rejected": self.rejected,
-                "last_inference_ms": self.last_inference_ms,
+                **self.life.counters(),
                 "arrival_rate_per_s": round(self.arrivals.rate(), 3),
                 "latency": self.latency.summary(),
                 "units": [

@@ -285,11 +285,14 @@ def percent_encode(message: str) -> bytes:
     return bytes(out)
 
 
-def trailers_only(stream: int, status: int, message: str, headers_sent: bool = False) -> bytes:
+def trailers_only(
+    stream: int, status: int, message: str, headers_sent: bool = False, code: str | None = None
+) -> bytes:
     """A gRPC status for ``stream``: one HEADERS frame with END_STREAM | END_HEADERS
     carrying ``:status 200``, ``content-type application/grpc`` (left out when the
     response headers were sent already: then these are its trailers), ``grpc-status``
-    and ``grpc-message`` (grpc ``doc/PROTOCOL-HTTP2.md``, Trailers-Only)."""
+    and ``grpc-message`` (grpc ``doc/PROTOCOL-HTTP2.md``, Trailers-Only), and with
+    ``code`` (a refusal's reason code, ASCII) the ``infscaler-code`` metadata."""
     block = (
         b""
         if headers_sent
@@ -299,4 +302,6 @@ def trailers_only(stream: int, status: int, message: str, headers_sent: bool = F
     )
     block += hpack_literal(b"grpc-status", str(status).encode())
     block += hpack_literal(b"grpc-message", percent_encode(message))
+    if code is not None:
+        block += hpack_literal(b"infscaler-code", code.encode("ascii"))
     return frame(HEADERS, END_STREAM | END_HEADERS, stream, block)

@@ -57,6 +57,7 @@ from infscaler.api.codec_json import parse_queue_params
 from infscaler.api.common import (
     EXTENSIONS,
     VERSION,
+    error_code,
     hold_refusal,
     infer_parameters,
     model_stats,
@@ -110,6 +111,10 @@ INLINE_SCAN_FIELDS = 2048
 INLINE_DECODE_WORK = 1 << 14
 
 
+#: the trailing metadata key of a refusal's reason code (the HTTP error JSON's ``code``)
+CODE_METADATA = "infscaler-code"
+
+
 class _Abort(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -127,13 +132,15 @@ def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
     over the control body limit refused unparsed (RESOURCE_EXHAUSTED), the rest parsed
     (``ModelInfer`` parses its own: :meth:`Handlers.ModelInfer`); failures become gRPC
     statuses: ours with their HTTP status mapped (and, when they say when to retry,
-    ``retry after N s`` in the message), anything else INTERNAL, logged with its
+    ``retry after N s`` in the message, and a refusal's reason code as the
+    ``infscaler-code`` trailing metadata), anything else INTERNAL, logged with its
     traceback."""
     name = fn.__name__
     cls = None if name == "ModelInfer" else _request_class(name)
 
     @functools.wraps(fn)
     async def wrapper(self: Handlers, message: bytes, context: Any) -> Any:
+        trailing: tuple[tuple[str, str], ...] = ()
         try:
             peer = self.peer_of(context)
             if peer.uid < 0 and name not in _ANY_PEER:
@@ -146,6 +153,9 @@ def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except InfScalerError as exc:
             code, message = grpc_code(status_of(exc, 400)), str(exc)
+            reason = error_code(exc)
+            if reason is not None:
+                trailing = ((CODE_METADATA, reason),)
             retry = getattr(exc, "retry_after_s", None)
             if retry is not None:
                 message += f" (retry after {max(1, round(retry))} s)"
@@ -158,6 +168,8 @@ def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
                     grpc.StatusCode.INTERNAL,
                     f"internal error: {type(exc).__name__}: {exc}",
                 )
+        if trailing:
+            await context.abort(code, message, trailing)
         await context.abort(code, message)
 
     return wrapper
@@ -327,6 +339,12 @@ class Handlers:
                 getattr(m.inference_stats, key).CopyFrom(
                     pb.StatisticDuration(count=d["count"], ns=d["ns"])
                 )
+            for b in s["batch_stats"]:  # Triton's InferBatchStatistics, one per size
+                entry = m.batch_stats.add(batch_size=b["batch_size"])
+                for key in ("compute_input", "compute_infer", "compute_output"):
+                    getattr(entry, key).CopyFrom(
+                        pb.StatisticDuration(count=b[key]["count"], ns=b[key]["ns"])
+                    )
         return resp
 
     # -- inference -----------------------------------------------------------------------

@@ -82,7 +82,8 @@ class Relay:
         body_timeout_s: see :meth:`deadline`.
         clock: monotonic seconds.
         precheck: ``precheck(model, uid)``: the refusal an inference of ``model`` would
-            get now (an exception with ``hold_s``, its ``str`` the message), or None to
+            get now (an exception with ``hold_s`` and ``code``, its ``str`` the
+            message), or None to
             let it through (None: no admission at the prefix;
             :meth:`~infscaler.service.service.Service.precheck`).
     """
@@ -238,6 +239,7 @@ class Relay:
                     f"the service is at its in-flight memory budget: {verdict.reason}\nHint: "
                     f"send fewer concurrent requests, or raise --max-inflight-mb (retry after "
                     f"{retry} s)",
+                    code="bytes_in_flight",
                 )
                 if cur is not None and cur[0] == s:
                     self._drop(cuts, cur[1], cur[2], n)
@@ -256,8 +258,13 @@ class Relay:
         if refusal is None:
             return None
         hold = getattr(refusal, "hold_s", 0.0)
+        code = getattr(refusal, "code", None)
         self._refuse(
-            s, UNAVAILABLE, str(refusal), hold_s=hold if len(self._later) < _REFUSED_KEPT else 0.0
+            s,
+            UNAVAILABLE,
+            str(refusal),
+            code=code if isinstance(code, str) else None,
+            hold_s=hold if len(self._later) < _REFUSED_KEPT else 0.0,
         )
         return False
 
@@ -283,6 +290,7 @@ class Relay:
                 f"too many concurrent calls from your uid ({self.streams.get(uid, 0)} open, at "
                 f"most {quota} per user: --max-streams-per-uid); wait for some to end",
                 client_open=not flags & h2.END_STREAM,
+                code="uid_streams",
             )
             return
         self._held[s] = 0
@@ -298,10 +306,12 @@ class Relay:
         status: int,
         message: str,
         client_open: bool | None = None,
+        code: str | None = None,
         hold_s: float = 0.0,
     ) -> None:
         """Refuse call ``s``: grpcio gets RST_STREAM(CANCEL) now, the client its status
-        now or, with ``hold_s`` > 0, at :meth:`release_due` after that many seconds."""
+        (with ``code`` as ``infscaler-code``) now or, with ``hold_s`` > 0, at
+        :meth:`release_due` after that many seconds."""
         if client_open is None:
             client_open = s in self._receiving
         headers_sent = s in self._headers_sent
@@ -311,7 +321,7 @@ class Relay:
         self._refused[s] = None
         if len(self._refused) > _REFUSED_KEPT:
             del self._refused[next(iter(self._refused))]
-        frame = h2.trailers_only(s, status, message, headers_sent)
+        frame = h2.trailers_only(s, status, message, headers_sent, code)
         if hold_s > 0:
             self._later[s] = [self.clock() + hold_s, frame, client_open]
         else:

@@ -138,6 +138,7 @@ def test_http_refusal_is_judged_on_the_headers_before_the_body_is_read(served) -
         r = h.post("/v2/models/slowchain/infer", content=b"#" * 100_000)
         assert r.status_code == 503, r.text
         assert "refuses the request at arrival" in r.json()["error"]
+        assert r.json()["code"] == "slo"  # the reason code, as a refusal once decoded
         assert float(r.headers["Retry-After"]) > 0
         # the connection still serves (the body was read and dropped)
         assert h.get("/v2/health/live").status_code == 200

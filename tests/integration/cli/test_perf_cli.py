@@ -88,6 +88,14 @@ def test_perf_sweeps_a_served_pipeline(served, tmp_path: Path) -> None:
     assert [row[0] for row in rows[1:]] == ["1", "3"]
     assert all(len(line) <= 80 for line in r.stdout.splitlines()), r.stdout
     assert "infer/s" in r.stdout and "P99" in r.stdout
+    # progress on stderr while it measures: a line as each point starts, one per window
+    lines = r.stderr.splitlines()
+    for p in doc["points"]:
+        label = f"concurrency {p['value']:g}"
+        assert f"{label}: measuring" in r.stderr, r.stderr
+        passes = [x for x in lines if x.startswith(f"{label}: pass [")]
+        assert len(passes) == p["trials"], r.stderr
+        assert passes[0].startswith(f"{label}: pass [1] ") and "infer/s" in passes[0]
 
 
 def test_perf_request_rate_and_shared_memory(served, tmp_path: Path) -> None:

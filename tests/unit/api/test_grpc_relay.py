@@ -101,6 +101,7 @@ def test_a_call_over_the_budget_is_refused_before_its_message_is_forwarded() -> 
     code, message = status_of(got[0])
     assert code == UNAVAILABLE and "in-flight memory budget" in message
     assert "budget of one user" in message and "(retry after 1 s)" in message
+    assert dict(hpack_literals(got[0][3]))["infscaler-code"] == "bytes_in_flight"
     assert int.from_bytes(got[2][3], "big") == 300  # the dropped DATA given back
     assert b.stats()["inflight_bytes"] == 400 and b.stats()["refused_per_peer"] == 1
     # the rest of the refused message: dropped, credited; grpcio's late frames dropped
@@ -158,6 +159,7 @@ def test_the_stream_quota_refuses_a_call_past_it_and_spares_the_operator() -> No
     assert len(got) == 1  # the client had ended its side: no RST_STREAM for it
     code, message = status_of(got[0])
     assert code == RESOURCE_EXHAUSTED and "at most 1 per user" in message
+    assert dict(hpack_literals(got[0][3]))["infscaler-code"] == "uid_streams"
     assert r.streams == {UID: 1}
     op = relay(b, quota=1, uid=None)
     assert up(op, h1 + h3) == (h1 + h3, b"") and op.open_streams == 2
@@ -227,6 +229,7 @@ class Refusal(Exception):
     """What ``Service.precheck`` returns: a refusal with the seconds to hold it."""
 
     hold_s = 0.25
+    code = "slo"
 
 
 def infer_message(model: str, n: int) -> bytes:
@@ -269,6 +272,7 @@ def test_an_inference_refused_at_its_prefix_is_answered_after_its_hold() -> None
     assert [f[:3] for f in got] == [(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1)]
     code, message = status_of(got[0])
     assert code == UNAVAILABLE and "refuses the request at arrival" in message
+    assert dict(hpack_literals(got[0][3]))["infscaler-code"] == "slo"
     assert r.holding == 0 and r.next_due() is None
     # another model's inference, and a call that is not an inference, go through
     call = h2.frame(h2.HEADERS, h2.END_HEADERS, 3, HDRS)

@@ -179,5 +179,7 @@ def test_a_trailers_only_status_is_one_headers_frame() -> None:
     ]
     later = h2.trailers_only(5, 8, "x", headers_sent=True)  # trailers: no pseudo-header
     assert hpack_literals(later[9:]) == [("grpc-status", "8"), ("grpc-message", "x")]
+    coded = h2.trailers_only(5, 14, "x", code="bytes_in_flight")  # a refusal's reason code
+    assert hpack_literals(coded[9:])[-1] == ("infscaler-code", "bytes_in_flight")
     assert h2.window_update(0, 70000) == b"\0\0\4\x08\0\0\0\0\0" + (70000).to_bytes(4, "big")
     assert h2.rst_stream(3, h2.CANCEL) == b"\0\0\4\x03\0\0\0\0\3\0\0\0\x08"

@@ -87,16 +87,16 @@ def test_stability_needs_three_windows_within_the_percentage() -> None:
 
 
 def test_summary_goodput_and_rates() -> None:
-    a = Window(2.0, [5.0, 15.0, 25.0, 35.0], {"503 queue full": 2}, {"timeout": 1})
-    b = Window(2.0, [45.0, 55.0, 65.0, 75.0, 85.0, 95.0], {"503 queue full": 2})
+    a = Window(2.0, [5.0, 15.0, 25.0, 35.0], {"queue_full": 2}, {"client_timeout": 1})
+    b = Window(2.0, [45.0, 55.0, 65.0, 75.0, 85.0, 95.0], {"queue_full": 2})
     s = summarize([_w(50, 1.0), a, b, _w(0, 0.0, 1.0)], slo_ms=50.0)
     # the last three: a, b and an empty 1 s window: 10 answers in 5 s
     assert s["measured_s"] == 5.0 and s["throughput"] == 2.0
     assert s["goodput"] == 5 / 5.0  # 5, 15, 25, 35, 45 within 50 ms
     assert s["latency_ms"]["p50"] == 45.0 and s["latency_ms"]["p90"] == 85.0
     assert s["latency_ms"]["mean"] == 50.0
-    assert s["refused_per_s"] == 4 / 5.0 and s["refused_by_reason"] == {"503 queue full": 4}
-    assert s["errors_per_s"] == 1 / 5.0
+    assert s["refused_per_s"] == 4 / 5.0 and s["refused_by_code"] == {"queue_full": 4}
+    assert s["errors_per_s"] == 1 / 5.0 and s["errors_by_code"] == {"client_timeout": 1}
     assert summarize([a], None)["goodput"] is None
 
 
@@ -176,24 +176,36 @@ def test_arrival_times() -> None:
         LoadSpec("bursts", 1.0)
 
 
-def test_outcomes_fall_into_the_window_by_kind_and_reason() -> None:
-    from infscaler.api.loadgen import _Outcome, _reason, _window
+def test_answers_are_counted_by_their_code_never_by_their_message() -> None:
+    from infscaler.api.loadgen import answer_code
 
-    assert _reason(b'{"error": "queue full: retry"}') == "queue full: retry"
-    assert _reason(b"<html>") == "(no reason given)"
-    assert _reason(b'{"error": "' + b"x" * 500 + b'"}') == "x" * 120
+    body = b'{"error": "over the SLO: 812 ms expected > 100 ms", "code": "slo"}'
+    assert answer_code(503, body) == "slo"
+    other = b'{"error": "over the SLO: 97 ms expected > 90 ms", "code": "slo"}'
+    assert answer_code(503, other) == answer_code(503, body)
+    # no code (another server), or not a code: the status
+    assert answer_code(503, b'{"error": "queue full: retry"}') == "http_503"
+    assert answer_code(500, b"<html>") == "http_500"
+    assert answer_code(503, b'{"error": "x", "code": "Not A Code 1"}') == "http_503"
+    assert answer_code(429, b'{"error": "x", "code": "' + b"a" * 40 + b'"}') == "http_429"
+    assert answer_code(503, b'{"error": "x", "code": 7}') == "http_503"
+
+
+def test_outcomes_fall_into_the_window_by_kind_and_code() -> None:
+    from infscaler.api.loadgen import _Outcome, _window
+
     w = _window(
         [
             _Outcome("ok", 4.0),
-            _Outcome("refused", 1.0, "503 over the SLO"),
-            _Outcome("refused", 1.0, "503 over the SLO"),
-            _Outcome("error", 9.0, "HTTP 500: boom"),
+            _Outcome("refused", 1.0, "slo"),
+            _Outcome("refused", 1.0, "slo"),
+            _Outcome("error", 9.0, "http_500"),
             _Outcome("ok", 6.0),
         ],
         2.0,
     )
     assert w.latencies_ms == [4.0, 6.0] and w.throughput == 1.0 and w.mean_ms == 5.0
-    assert w.refused == {"503 over the SLO": 2} and w.errors == {"HTTP 500: boom": 1}
+    assert w.refused == {"slo": 2} and w.errors == {"http_500": 1}
 
 
 def test_a_count_window_ends_after_its_answers() -> None:

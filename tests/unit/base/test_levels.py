@@ -20,3 +20,23 @@ def test_stage_max_instances_is_bounded_by_the_shared_bound() -> None:
     assert StageConfig(**ok).max_instances == MAX_INSTANCES_PER_UNIT
     with pytest.raises(ValidationError, match="less than or equal"):
         StageConfig(**{**ok, "max_instances": MAX_INSTANCES_PER_UNIT + 1})
+
+
+def test_the_highest_level_deployed_runs_at_nice_0_and_lower_levels_higher() -> None:
+    from infscaler.base.levels import NICE_BY_RANK, cpu_nice
+
+    assert cpu_nice({}) == {}
+    assert cpu_nice({"alone": 5}) == {"alone": 0}  # a lone pipeline loses nothing
+    assert cpu_nice({"hi": 1, "lo": 2}) == {"hi": 0, "lo": NICE_BY_RANK[1]}
+    assert cpu_nice({"a": 3, "b": 3, "c": 7}) == {"a": 0, "b": 0, "c": NICE_BY_RANK[1]}
+    many = cpu_nice({f"p{i}": i for i in range(1, 9)})
+    assert [many[f"p{i}"] for i in range(1, 9)] == sorted(many.values())
+    assert many["p8"] == NICE_BY_RANK[-1] == max(NICE_BY_RANK) <= 19
+    assert len(set(NICE_BY_RANK)) == len(NICE_BY_RANK)
+
+
+def test_cpu_nice_refuses_a_level_out_of_range() -> None:
+    from infscaler.base.levels import cpu_nice
+
+    with pytest.raises(ValueError, match="'x': priority level 0"):
+        cpu_nice({"x": 0})

@@ -270,3 +270,25 @@ def test_serve_startup_lines_whole_at_80(
     assert "…" not in err
     assert err.splitlines()[0].endswith("pool 256 MB)") and path in err.splitlines()[0]
     assert "[stage] det" in err
+
+
+def test_status_says_the_refusals_by_code_and_the_configurations(
+    narrow: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infscaler.cli.client import print_status
+
+    req = {
+        "success": 40,
+        "fail": {},
+        "latency": {"p50_ms": 5, "p99_ms": 6},
+        "refused": {"slo": 2, "queue_full": 7},
+        "configurations": 2,
+    }
+    st = {
+        "control_path": {"kind": "userspace", "policy": "auto", "reason": "no CAP_BPF"},
+        "pool": {"mapped_mb": 8.0, "cap_mb": 512.0, "slots_in_use": 0, "slots_free": 8},
+        "pipelines": [{"name": "ocr", "ready": True, "requests": req, "units": []}],
+    }
+    print_status(st)
+    text = capsys.readouterr().out
+    assert "refused: queue_full 7, slo 2; counted over 2 configuration(s)" in text

@@ -96,3 +96,18 @@ def test_input_data_names_with_a_slash_come_from_subfolders(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(InfScalerError, match="no .npy"):
         _load_input_dir(tmp_path / "empty")
+
+
+def test_a_progress_line_per_window_says_the_codes_not_the_messages() -> None:
+    from infscaler.api.loadgen import LoadSpec, Window
+    from infscaler.cli.perf import window_line
+
+    w = Window(2.0, [4.0, 6.0], {"slo": 3, "queue_full": 1}, {"http_500": 2})
+    w.server = {"success": 2, "fail": 0, "queue_ms": 0.5, "compute_ms": 2.0}
+    line = window_line(LoadSpec("concurrency", 4), 2, w)
+    assert line.startswith("concurrency 4: pass [2] 1.0 infer/s, mean 5.0 ms")
+    assert "refused 2.0/s (slo 3, queue_full 1)" in line
+    assert "errors 1.0/s (http_500 2)" in line
+    assert "server queue 0.5 / comp 2.0 ms" in line
+    quiet = window_line(LoadSpec("request_rate", 5.0, "poisson"), 1, Window(1.0))
+    assert quiet == "5 req/s poisson: pass [1] 0.0 infer/s, mean -"

@@ -417,6 +417,8 @@ def test_unit_capabilities(unit) -> None:
     assert ambient <= bounding, "an ambient capability outside the bounding set is dropped"
     assert not any(w.startswith("~") for w in bounding)
     assert one(unit, "LimitMEMLOCK") == "infinity"
+    # the unprivileged service may lower its instances' nice values back to 0
+    assert one(unit, "LimitNICE") == "+0"
 
 
 def test_unit_hardening_leaves_what_the_service_needs(unit) -> None:

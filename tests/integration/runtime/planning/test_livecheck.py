@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from infscaler.api.common import model_stats
 from infscaler.base.config import load_pipeline
 from infscaler.runtime.planning.autoplan import START_WITH_ENV
 from infscaler.runtime.serving.frontend import RequestError
@@ -54,15 +55,18 @@ def test_a_wrong_start_is_corrected_under_load_with_every_request_answered(
         outcomes: dict[str, int] = {"ok": 0, "refused": 0}
         errors: list[str] = []
         stop = threading.Event()
+        lock = threading.Lock()
 
         def client() -> None:
             while not stop.is_set():
                 try:
                     svc.infer("live", {"x": x}, timeout_s=30)
-                    outcomes["ok"] += 1
+                    with lock:
+                        outcomes["ok"] += 1
                 except RequestError as exc:
                     if exc.status in (429, 503):
-                        outcomes["refused"] += 1
+                        with lock:
+                            outcomes["refused"] += 1
                         time.sleep(0.01)
                     else:
                         errors.append(f"{exc.status}: {exc}")
@@ -105,6 +109,10 @@ def test_a_wrong_start_is_corrected_under_load_with_every_request_answered(
         assert st["switches"] >= 1 and wrong in st["measured_rps"], st
         assert not errors, errors[:5]
         assert outcomes["ok"] > 100, outcomes
+        # the statistics went on across the switch: every answer counted once
+        stats = model_stats(svc, svc.deployment("live"))
+        assert stats["inference_count"] == outcomes["ok"], (stats["inference_count"], outcomes)
+        assert stats["configurations"] >= 2
         out = svc.infer("live", {"x": x}, timeout_s=60).outputs["y"]
         assert out.shape == (1, 32, 48, 48)
     # the kept decision now starts from what the live check settled on

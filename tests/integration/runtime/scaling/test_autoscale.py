@@ -21,7 +21,7 @@ from infscaler.base.device import DeviceProfile
 from infscaler.runtime.scaling.monitor import Monitor
 from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
-from tests.helpers import chain_pipeline
+from tests.helpers import chain_pipeline, wait_for
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
@@ -205,7 +205,7 @@ def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
     picks b from T_b and the measured arrival rate (choose_batch), and the instance runs
     what it was told. (On this tiny model T_b is ~flat, so batching pays only at rates
     a Python client cannot offer: the choice itself is checked in test_batching.py.)"""
-    from infscaler.runtime.serving.batching import choose_batch
+    from infscaler.runtime.serving.batching import choose_batch, decide_batching, live_batch_ms
     from tests.helpers import residual_model, save
 
     path = save(residual_model(batch="N"), tmp_path / "block.onnx")
@@ -218,10 +218,19 @@ def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
         x = np.ones((1, 4, 8, 8), np.float32)
         for f in [svc.submit("bx", {"x": x}) for _ in range(40)]:
             f.result(timeout=30)
+        ran = lambda: svc.supervisor.exec_totals.get(("bx", 0)).executions >= 40  # noqa: E731
+        wait_for(ran, 20.0, "the instance's report of 40 runs")
         sent = svc.autoscaler.tune_batches(dep)
         rate = Monitor(svc, 10.0).pipeline(dep).arrival_rate
         assert rate > 0
-        expected = choose_batch(profile, rate, 500.0, max_batch=4).batch_size
+        # T_b of the sizes run often enough replace those timed at load
+        now = {**profile, **live_batch_ms(svc.supervisor.exec_totals.get(("bx", 0)))}
+        assert set(now) == {1, 2, 4}
+        decided = decide_batching(now, 500.0, max_batch=4)
+        expected = choose_batch(now, rate, 500.0, max_batch=4).batch_size if decided.on else 1
+        assert svc.autoscaler.batch_decisions[("bx", 0)] == decided
+        (unit,) = svc.pipeline_status(dep)["units"]
+        assert unit["exec"]["batching"] == decided.reason and "ms per item" in decided.reason
         assert sent.get(h.iid, svc.autoscaler._sent.get((h.iid, h.pid))) == expected
         # a command the instance obeys: batches of 4 once inputs queue up
         assert svc.supervisor.command(h, {"cmd": "batch", "size": 4, "delay_ms": 50})
@@ -236,6 +245,70 @@ def test_mark_policy_lets_the_autoscaler_pick_the_batch(tmp_path: Path) -> None:
             np.testing.assert_allclose(y, ref.run(None, {"x": xi})[0], rtol=1e-5, atol=1e-6)
         time.sleep(1.5)
         assert h.stats["batch"] == 4 and h.stats["batches"] >= 1, h.stats
+
+
+def test_without_an_slo_batching_is_decided_by_the_measured_profile(tmp_path: Path) -> None:
+    """``policy: mark`` with no SLO: batching on only where the instance's measured T_b
+    save per item (decide_batching), the decision recorded with its ms per item."""
+    from infscaler.runtime.serving.batching import decide_batching
+    from tests.helpers import residual_model, save
+
+    path = save(residual_model(batch="N"), tmp_path / "block.onnx")
+    data = _batch_pipeline(path, "mark")
+    del data["slo"]
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(load_pipeline(data))
+        (h,) = svc.supervisor.handles()
+        profile = {int(b): ms for b, ms in h.info["batch_ms"].items()}
+        svc.autoscaler.tune_batches(dep)
+        decided = svc.autoscaler.batch_decisions[("bx", 0)]
+        assert decided == decide_batching(profile, None, max_batch=4)
+        size = decided.batch_size if decided.on else 1
+        assert svc.autoscaler._sent[(h.iid, h.pid)] == size
+        actions = [d["action"] for d in svc.autoscaler.decisions("bx")]
+        assert actions.count("batch_on" if decided.on else "batch_off") == 1
+        svc.autoscaler.tune_batches(dep)  # the same decision is not recorded again
+        assert len(svc.autoscaler.decisions("bx")) == len(actions)
+        # the instance runs what it was told (it reports once it served something)
+        svc.submit("bx", {"x": np.ones((1, 4, 8, 8), np.float32)}).result(timeout=30)
+        wait_for(lambda: "batch" in h.stats, 10.0, "a stats report")
+        assert h.stats["batch"] == size, h.stats
+
+
+def test_batching_stays_off_away_from_the_bottleneck(tmp_path: Path) -> None:
+    """A light batching model stage before a slow stage (30 ms a request): batching there
+    would add its wait and no throughput, so it stays off, and the decision says why."""
+    from infscaler.runtime.serving.batching import decide_batching
+    from tests.helpers import residual_model, save
+
+    path = save(residual_model(batch="N"), tmp_path / "block.onnx")
+    data = _batch_pipeline(path, "mark")
+    data["stages"].append(
+        {
+            "name": "slow",
+            "function": "stagefuncs:slow",
+            "inputs": ["y"],
+            "outputs": ["y"],
+            "params": {"ms": 30.0},
+            "fuse": False,
+        }
+    )
+    data["inputs"] = [{"name": "x", "datatype": "FP32", "shape": [-1, 4, 8, 8]}]
+    data["outputs"] = ["y"]
+    data["stages"][0].update(inputs={"x": "x"}, outputs={"y": "y"})
+    del data["slo"]
+    with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
+        dep = svc.deploy(load_pipeline(data))
+        x = np.ones((1, 4, 8, 8), np.float32)
+        for _ in range(10):
+            svc.submit("bx", {"x": x}).result(timeout=30)
+        svc.autoscaler.tune_batches(dep)
+        decided = svc.autoscaler.batch_decisions[("bx", 0)]
+        assert not decided.on and decided.batch_size == 1
+        (h,) = svc.supervisor.handles(("bx", 0))
+        profile = {int(b): ms for b, ms in h.info["batch_ms"].items()}
+        if decide_batching(profile, None, max_batch=4).on:  # it would pay on its own
+            assert "not the bottleneck" in decided.reason, decided.reason
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cpu cores")

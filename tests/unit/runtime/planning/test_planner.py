@@ -283,3 +283,16 @@ def test_cli_plan_table_and_infeasible(tmp_path: Path) -> None:
     )  # fmt: skip
     assert bad.exit_code == 1
     assert "infeasible" in bad.output and "service time alone" in bad.output
+
+
+def test_plan_keeps_batch_1_where_batching_does_not_pay() -> None:
+    linear = {1: 20.0, 2: 40.0, 4: 80.0, 8: 160.0}  # T_b = b x T_1: no saving per item
+    m = UnitProfile(
+        "m",
+        {"cpu": EngineProfile("cpu", 20.0, memory_mb=100, cores=1, batch_ms=linear)},
+        max_batch=8,
+    )
+    cap = ResourceCap(memory_cap_mb=1000, memory_used_mb=0, max_instances={"cpu": 1}, cores=4)
+    res = plan([m], 120.0, 300.0, cap, duration_s=30)
+    assert not res.feasible and res.config[0].batch == 1
+    assert "batching m would not pay" in res.reason and "saves 0% per item" in res.reason

@@ -263,6 +263,10 @@ def test_autoscale_applies_decisions_after_startup() -> None:
     # like the monitor: P50 ms x items completed per request that arrived
     assert s.units[1].bottleneck == pytest.approx(20.0 * s.units[1].arrival_rate / s.arrival_rate)
     assert s.p99_ms is not None and s.pending > 0
+    # demand, like the monitor's: the utilisation x threads (items/s x 20 ms on 2
+    # instances); the device's sum only where the simulation models the cores
+    assert s.units[1].busy == pytest.approx(min(2.0, s.units[1].arrival_rate * 0.020))
+    assert s.cores_demand is None and s.served_rate is not None
     inst = [e["instances"]["m"] for e in r.timeline]
     assert inst[0] == 1 and inst[1] == 2 and inst[-1] == 1
     assert [d["action"] for d in r.decisions] == ["scale_out", "shed", "scale_in"]

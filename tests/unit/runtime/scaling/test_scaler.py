@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infscaler.runtime.scaling import scaler
+from infscaler.runtime.scaling.cores import refusals
 from infscaler.runtime.scaling.scaler import (
     decide,
     effective_bottleneck,
@@ -858,7 +859,7 @@ def test_a_unit_not_short_of_capacity_does_not_grow_past_the_cores() -> None:
     # pipeline does not shed: no action)
     s = _replicas(18.0, 400.0)
     assert decide(s, ScalerState(), NOW)[0] == []
-    assert scaler._refusals(s, s.units[0], s.units[0].options[0], NOW) == [
+    assert refusals(s, s.units[0], s.units[0].options[0], NOW) == [
         "u0's own instances would pin 2+1 > 2 cores",
         "pinned threads 2+1 > physical cores 2 (oversubscribe is off)",
     ]

@@ -1,0 +1,327 @@
+"""The cpu cap that counts demand against the one that counts pinned threads, on a
+3-partition model with one heavy partition under closed-loop load.
+
+The model (:func:`k3_model`, built here: nothing to download) is a chain of three
+convolutions on a ``--size`` x ``--size`` map (8 -> 16 channels 3x3, 16 -> 16 9x9, 16 ->
+8 3x3: the middle one 18x the others' FLOPs) with cheap Relus between them;
+``partitions: 3`` puts one convolution in each partition, so the middle one is the
+bottleneck and the other two are busy far less.
+Each arm serves it in a fresh in-process :class:`~infscaler.service.service.Service`
+(``cpu-host`` profile: this host's cores, 2 thread slots per core) with one instance
+per partition, ``max_instances`` 2, an SLO of ``--slo-x`` x the whole model's
+single-thread latency (median of 20 runs here) and ``autoscale`` (short timings, no
+scale-in within the run), and ``--clients`` closed-loop clients (threads here) for
+``--seconds``; a request refused with a reason (503: at arrival for the SLO, or shed at
+the cap) is counted as refused and retried after its Retry-After (10 ms without one).
+Arms: ``threads`` (``INFSCALER_CORE_CAP=threads``: the cap before demand was counted)
+and ``demand`` (the default). Per arm: requests answered and refused per second, errors
+(any other failure: must be 0), the heavy partition's most instances, the scaler's
+decisions, the demand it read each second, and the service's CPU seconds per answered
+request (this process and its instances, ``/proc/PID/stat``; a fair measure on a busy
+host, unlike wall-clock throughput). Ratios are demand / threads of the same run.
+
+Run: ``.venv/bin/python bench/demand_cap.py --quick`` (20 s per arm; the default is
+60 s). Writes ``bench/results/demand_cap.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    ForeignLoad,
+    environment,
+    now_utc,
+    print_table,
+    process_cpu_seconds,
+    write_json,
+)
+
+HEAVY = "m/1"  # the heavy partition's unit name
+RELUS = 10  # cheap steps on each side of the heavy convolution
+
+
+def k3_model(path: Path, size: int = 128) -> Path:
+    """Write the 3-convolution chain (module docstring) to ``path``: input ``x`` FP32
+    ``[1, 8, size, size]``, output ``y`` FP32 ``[1, 8, size, size]``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    def conv(src: str, wt: str, out: str, name: str, k: int = 3) -> Any:
+        pad = [k // 2] * 4
+        return helper.make_node("Conv", [src, wt], [out], name=name, pads=pad)
+
+    def relus(src: str, tag: str, n: int) -> list[Any]:
+        # cheap elementwise steps: they lower the mean operator cost, so the two light
+        # convolutions are representative operators too (Eq. 1 needs one per partition)
+        names = [src] + [f"{tag}{i}" for i in range(n)]
+        return [
+            helper.make_node("Relu", [names[i]], [names[i + 1]], name=names[i + 1])
+            for i in range(n)
+        ]
+
+    nodes = [
+        conv("x", "w1", "c1", "light_in"),
+        *relus("c1", "a", RELUS),
+        conv(f"a{RELUS - 1}", "w2", "c2", "heavy", k=9),
+        *relus("c2", "b", RELUS),
+        conv(f"b{RELUS - 1}", "w3", "y", "light_out"),
+    ]
+    inits = {"w1": w(16, 8, 3, 3), "w2": w(16, 16, 9, 9), "w3": w(8, 16, 3, 3)}
+    graph = helper.make_graph(
+        nodes,
+        "k3",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, size, size])],
+        initializer=[numpy_helper.from_array(v, name=k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def whole_ms(path: Path, size: int, n: int = 20) -> float:
+    """Median latency of the whole model on one single-thread session, ms."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    x = {"x": np.ones((1, 8, size, size), np.float32)}
+    sess.run(None, x)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sess.run(None, x)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def pipeline(model: Path, slo_ms: float, size: int) -> dict[str, Any]:
+    """The pipeline ``k3``: ``model`` in 3 partitions, one instance each (2 at most)."""
+    return {
+        "name": "k3",
+        "slo": f"{slo_ms:.0f}ms",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8, size, size]}],
+        "outputs": ["y"],
+        "stages": [
+            {
+                "name": "m",
+                "model": str(model),
+                "partitions": 3,
+                "instances": 1,
+                "max_instances": 2,
+                "threads": 1,
+                "inputs": {"x": "x"},
+                "outputs": {"y": "y"},
+            }
+        ],
+        "autoscale": {
+            "interval_s": 0.5,
+            "window_s": 2.0,
+            "cooldown_s": 1.0,
+            "hold_s": 600.0,  # no scale-in within a run: the trial's revert is the only one
+            "settle_s": 1.0,
+            "sustain_s": 1.0,
+        },
+    }
+
+
+def heavy_instances(svc: Any) -> int:
+    st = svc.pipeline_status(svc.deployment("k3"))
+    return next(len(u["instances"]) for u in st["units"] if u["unit"] == HEAVY)
+
+
+def look(svc: Any) -> dict[str, Any]:
+    """The heavy partition's instances, and what the scaler read at its last look: the
+    demand (cores busy, all instances), each unit's busy cores, the served rate."""
+    out: dict[str, Any] = {"heavy": heavy_instances(svc)}
+    view = svc.autoscaler._views.get("k3")  # the last snapshot the scaler decided on
+    if view is not None:
+        s = view.snapshot
+        out["cores_demand"] = None if s.cores_demand is None else round(s.cores_demand, 3)
+        out["busy"] = {u.name: None if u.busy is None else round(u.busy, 3) for u in s.units}
+        out["served_rps"] = None if s.served_rate is None else round(s.served_rate, 2)
+        out["cores_busy"] = None if s.cores_busy is None else round(s.cores_busy, 3)
+    st = svc.autoscaler.state("k3")
+    if st is not None and st.waiting:
+        out["waiting"] = st.waiting
+    return out
+
+
+def run_arm(
+    cap: str, model: Path, slo_ms: float, size: int, clients: int, seconds: float, tmp: Path
+) -> dict[str, Any]:
+    """One arm on a fresh service (see the module docstring)."""
+    from infscaler.base.config import load_pipeline
+    from infscaler.runtime.serving.frontend import RequestError
+    from infscaler.service.service import Service
+
+    os.environ["INFSCALER_CORE_CAP"] = cap
+    answered, refused, errors = [0], [0], []
+    x = np.ones((1, 8, size, size), np.float32)
+    demand: list[dict[str, Any]] = []
+    with Service(state_dir=tmp / cap, control_path="userspace", pool_mb=128) as svc:
+        svc.deploy(load_pipeline(pipeline(model, slo_ms, size)))
+        svc.infer("k3", {"x": x}, timeout_s=60)  # warm
+        pids = lambda: [os.getpid()] + [h.pid for h in svc.supervisor.handles()]  # noqa: E731
+        cpu0, fl = process_cpu_seconds(pids()), ForeignLoad(lambda: process_cpu_seconds(pids()))
+        stop = time.monotonic() + seconds
+        peak = [1]
+
+        def client() -> None:
+            while time.monotonic() < stop:
+                try:
+                    svc.infer("k3", {"x": x}, timeout_s=30)
+                    answered[0] += 1
+                except RequestError as exc:
+                    if exc.status == 503 and str(exc):
+                        # refused with a reason (at arrival for the SLO, or shed at the
+                        # cap): retried after its Retry-After (a shed has none: 10 ms)
+                        refused[0] += 1
+                        time.sleep(exc.retry_after_s or 0.01)
+                        continue
+                    errors.append(str(exc))
+                except Exception as exc:  # noqa: BLE001 - counted and reported
+                    errors.append(f"{type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        while time.monotonic() < stop:
+            time.sleep(1.0)
+            peak[0] = max(peak[0], heavy_instances(svc))
+            demand.append({"t_s": round(time.monotonic() - t0, 1)} | look(svc))
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - t0
+        cpu = process_cpu_seconds(pids()) - cpu0
+        other = fl.cores()
+        decisions = [
+            {k: d.get(k) for k in ("action", "unit", "reason")}
+            | {"t_s": round(d["time"] - (time.time() - (time.monotonic() - t0)), 1)}
+            for d in svc.autoscaler.decisions("k3")
+        ]
+    return {
+        "cap": cap,
+        "seconds": round(wall, 1),
+        "answered": answered[0],
+        "answered_per_s": round(answered[0] / wall, 2),
+        "refused": refused[0],
+        "refused_per_s": round(refused[0] / wall, 2),
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "heavy_peak_instances": peak[0],
+        "cpu_s_per_answered": round(cpu / answered[0], 4) if answered[0] else None,
+        "other_processes_cores": other,
+        "decisions": decisions,
+        "timeline": demand,
+    }
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = data["arms"]
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
+    names = [a["cap"] for a in arms]
+    ax[0].bar(names, [a["answered_per_s"] for a in arms], color="tab:green", label="answered")
+    ax[0].bar(
+        names,
+        [a["refused_per_s"] for a in arms],
+        bottom=[a["answered_per_s"] for a in arms],
+        color="tab:red",
+        label="refused (503, with a reason)",
+    )
+    ax[0].set_ylabel("requests/s")
+    ax[0].legend()
+    for a in arms:
+        tl = a["timeline"]
+        ax[1].step([r["t_s"] for r in tl], [r["heavy"] for r in tl], where="post", label=a["cap"])
+    ax[1].set_xlabel("s")
+    ax[1].set_ylabel(f"{HEAVY} instances")
+    ax[1].legend()
+    fig.suptitle(f"K=3, {data['clients']} closed-loop clients, SLO {data['slo_ms']:.0f} ms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="20 s per arm (default 60 s)")
+    ap.add_argument("--seconds", type=float, default=None, help="per arm, s")
+    ap.add_argument("--clients", type=int, default=6)
+    ap.add_argument("--size", type=int, default=128, help="the feature map's side")
+    ap.add_argument("--slo-x", type=float, default=2.0, help="SLO / the whole model's L0")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "demand_cap.json")
+    a = ap.parse_args(argv)
+    if a.clients < 1 or a.size < 8 or a.slo_x <= 0:
+        ap.error("need --clients >= 1, --size >= 8 and --slo-x > 0")
+    seconds = a.seconds or (20.0 if a.quick else 60.0)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        model = k3_model(tmp / "k3.onnx", a.size)
+        l0 = whole_ms(model, a.size)
+        slo = a.slo_x * l0
+        arms = [
+            run_arm(c, model, slo, a.size, a.clients, seconds, tmp) for c in ("threads", "demand")
+        ]
+    by = {x["cap"]: x for x in arms}
+    base, new = by["threads"], by["demand"]
+    data = {
+        "when": now_utc(),
+        "environment": environment(),
+        "quick": a.quick,
+        "clients": a.clients,
+        "whole_l0_ms": round(l0, 2),
+        "slo_ms": round(slo, 1),
+        "arms": arms,
+        "ratios_demand_over_threads": {
+            "answered_per_s": round(new["answered_per_s"] / base["answered_per_s"], 3)
+            if base["answered_per_s"]
+            else None,
+            "refused_per_s": round(new["refused_per_s"] / base["refused_per_s"], 3)
+            if base["refused_per_s"]
+            else None,
+        },
+    }
+    write_json(a.out, data)
+    plot(data, a.out.with_suffix(".png"))
+    print_table(
+        ["cap", "answered/s", "refused/s", "errors", f"{HEAVY} peak", "CPU s/req", "other cores"],
+        [
+            [x["cap"], x["answered_per_s"], x["refused_per_s"], x["errors"],
+             x["heavy_peak_instances"], x["cpu_s_per_answered"], x["other_processes_cores"]]
+            for x in arms
+        ],
+    )  # fmt: skip
+    print(f"L0 {l0:.1f} ms, SLO {slo:.0f} ms; wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

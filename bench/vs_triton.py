@@ -1,0 +1,632 @@
+"""The runtime against NVIDIA Triton on the same cores, driven by the same clients.
+
+Systems under test, each started alone, one model at a time:
+
+- **Triton** (``tritonserver`` from ``nvidia-pytriton``, onnxruntime inside its bound
+  callables: ``bench/peers/pytriton_peer.py``, run in the peer's own virtualenv made from
+  ``/usr/bin/python3.11``, whose libpython the python backend stub links) in the
+  configurations a Triton user writes: ``instance_group`` count x intra-op threads, with
+  and without ``dynamic_batching`` (``max_batch_size`` 8, no queue delay). gRPC and HTTP
+  on localhost TCP (it has no Unix socket).
+- **This runtime** (``infscaler serve``) on its Unix sockets: ``auto`` (``--slo --autoscale``:
+  the planner picks the configuration, admission and scaling on) and the same hand
+  configurations as Triton's (a ``pipeline.yaml``: instances x threads, ``batching``).
+
+Clients (perf_analyzer's shapes; the client process runs on the same cores as the server,
+as perf_analyzer does): ``tritonclient.grpc`` for both servers over gRPC; one httpx client
+with Triton's binary tensor extension for both over HTTP. Closed loop at each concurrency
+(one keep-alive connection per client, a refused request sent again at once) and Poisson
+arrivals at fractions of the ideal capacity ``cores x 1000 / L0`` (the same seed for every
+server). Per point: throughput, goodput (answers within the SLO per second, latency from
+the scheduled send), P50 / P99 of answers, refusals, and each server process's CPU per
+answered request (``tritonserver`` alone vs the runtime's service process alone; model
+processes counted apart).
+
+The model files are the bundled aliases with a dynamic batch dim (Triton's dynamic batching
+needs one; a leading Reshape's 1 becomes -1), L0 the median single-thread onnxruntime time.
+SLO = ``--slo-x`` x L0. Writes ``results/vs_triton.json`` and ``.png`` (``_quick`` with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    ForeignLoad,
+    busy_cpu_seconds,
+    default_cache_dir,
+    environment,
+    process_cpu_seconds,
+    wait_for_quiet,
+    write_json,
+)
+
+PEER = Path(__file__).resolve().parent / "peers" / "pytriton_peer.py"
+REPO = Path(__file__).resolve().parent.parent
+INFSCALER = Path(sys.executable).parent / "infscaler"
+MAX_BATCH = 8
+
+
+# --- models ------------------------------------------------------------------------------
+@dataclass
+class Model:
+    alias: str
+    path: Path
+    input: str
+    output: str
+    shape: list[int]  # one request's shape, batch 1
+    l0_ms: float = 0.0
+
+
+def batchable(alias: str, out_dir: Path) -> Model:
+    """The bundled model ``alias`` with a dynamic leading (batch) dim on its input and
+    output, saved under ``out_dir``: the same file for every server."""
+    import onnx
+    from onnx import numpy_helper
+
+    from infscaler.base.models import resolve_model
+
+    src = resolve_model(alias)
+    m = onnx.load(str(src))
+    g = m.graph
+    inits = {i.name: i for i in g.initializer}
+    for n in g.node:
+        if n.op_type == "Reshape" and n.input[1] in inits:
+            shape = numpy_helper.to_array(inits[n.input[1]]).copy()
+            if shape.size and shape[0] == 1:
+                shape[0] = -1
+                inits[n.input[1]].CopyFrom(numpy_helper.from_array(shape, n.input[1]))
+    init_names = set(inits)
+    inputs = [i for i in g.input if i.name not in init_names]
+    for vi in [*inputs, *g.output]:
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"
+    del g.value_info[:]
+    dims = [d.dim_value for d in inputs[0].type.tensor_type.shape.dim[1:]]
+    if not all(dims):  # PP-OCR det: spatial dims dynamic too
+        dims = [3, 640, 640]
+    (out_dir / alias).mkdir(exist_ok=True)
+    path = out_dir / alias / "model.onnx"  # served as "model" by every server
+    onnx.save(m, str(path))
+    return Model(alias, path, inputs[0].name, g.output[0].name, [1, *dims])
+
+
+def single_thread_ms(model: Model, x: np.ndarray, n: int = 20) -> float:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(model.path), opts, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        sess.run(None, {model.input: x})
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sess.run(None, {model.input: x})
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
+
+
+# --- systems under test ---------------------------------------------------------------------
+@dataclass
+class Sut:
+    """One server configuration. ``kind``: triton | ours; ``instances`` x ``threads``;
+    ``batch``: dynamic batching (max batch 8); ``auto``: ours with --slo --autoscale."""
+
+    name: str
+    kind: str
+    instances: int = 1
+    threads: int = 1
+    batch: bool = False
+    auto: bool = False
+    proc: subprocess.Popen | None = None
+    server_pids: list[int] = field(default_factory=list)
+    model_pids: list[int] = field(default_factory=list)
+    grpc_url: str = ""
+    http: dict[str, str] = field(default_factory=dict)
+    tmp: str = ""
+
+    def start(self, model: Model, slo_ms: float, peer_python: str, state_dir: Path) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="vs-triton-")
+        if self.kind == "triton":
+            self._start_triton(model, peer_python)
+        else:
+            self._start_ours(model, slo_ms, state_dir)
+
+    def _start_triton(self, model: Model, peer_python: str) -> None:
+        cmd = [peer_python, str(PEER), str(model.path), "--name", "model"]
+        cmd += ["--instances", str(self.instances), "--threads", str(self.threads)]
+        cmd += ["--max-batch", str(MAX_BATCH if self.batch else 0)]
+        log = open(Path(self.tmp) / "peer.log", "w")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # tritonserver logs to this stdout too
+            if line.startswith("READY"):
+                break
+        else:
+            raise RuntimeError(f"{self.name}: Triton did not start: {log.name}")
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # drain it
+        import psutil
+
+        kids = psutil.Process(self.proc.pid).children(recursive=True)
+        self.server_pids = [p.pid for p in kids if p.name().startswith("tritonserver")]
+        self.model_pids = [self.proc.pid] + [p.pid for p in kids if p.pid not in self.server_pids]
+        self.grpc_url = "127.0.0.1:18001"
+        self.http = {"base": "http://127.0.0.1:18000"}
+
+    def _start_ours(self, model: Model, slo_ms: float, state_dir: Path) -> None:
+        sock, gsock = f"{self.tmp}/isc.sock", f"{self.tmp}/isc-grpc.sock"
+        cmd = [str(INFSCALER), "serve", "--socket", sock, "--grpc-socket", gsock]
+        cmd += ["--state-dir", str(state_dir / model.alias)]
+        if self.auto:
+            shapes = f"{model.input}:{'x'.join(map(str, model.shape))}"
+            cmd += [str(model.path), "--shapes", shapes, "--slo", f"{slo_ms:.0f}ms", "--autoscale"]
+        else:
+            cmd += [str(self._pipeline_yaml(model))]
+        log = open(Path(self.tmp) / "serve.log", "w")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
+        import httpx
+
+        deadline = time.monotonic() + 600
+        with httpx.Client(transport=httpx.HTTPTransport(uds=sock), timeout=5) as c:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name}: serve exited (see {log.name})")
+                with contextlib.suppress(httpx.HTTPError):
+                    if c.get("http://isc/v2/models/model/ready").status_code == 200:
+                        break
+                time.sleep(0.5)
+            else:
+                raise RuntimeError(f"{self.name}: not ready in 600 s (see {log.name})")
+        import psutil
+
+        self.server_pids = [self.proc.pid]
+        self.model_pids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+        self.grpc_url = f"unix:{gsock}"
+        self.http = {"uds": sock, "base": "http://isc"}
+
+    def _pipeline_yaml(self, model: Model) -> Path:
+        import yaml
+
+        stage: dict[str, Any] = {
+            "name": "model",
+            "model": str(model.path),
+            "inputs": {model.input: model.input},
+            "outputs": {model.output: model.output},
+            "instances": self.instances,
+            "threads": self.threads,
+        }
+        if self.batch:
+            stage["batching"] = {"max_batch": MAX_BATCH, "max_delay_ms": 0, "policy": "fixed"}
+        doc = {
+            "name": "model",
+            "inputs": [{"name": model.input, "datatype": "FP32", "shape": [-1, *model.shape[1:]]}],
+            "outputs": [model.output],
+            "stages": [stage],
+        }
+        path = Path(self.tmp) / "pipeline.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def stop(self, keep_logs: bool = False) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not keep_logs:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# --- clients ----------------------------------------------------------------------------------
+class GrpcClient:
+    """tritonclient.grpc, one connection per client thread (keep-alive)."""
+
+    def __init__(self, sut: Sut, model: Model, x: np.ndarray) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self._c = grpcclient.InferenceServerClient(sut.grpc_url)
+        self._in = grpcclient.InferInput(model.input, list(x.shape), "FP32")
+        self._in.set_data_from_numpy(x)
+        self._out = [grpcclient.InferRequestedOutput(model.output)]
+
+    def infer(self) -> str | None:
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            self._c.infer("model", [self._in], outputs=self._out)
+            return None
+        except InferenceServerException as exc:
+            return str(exc.status() or "error")
+
+    def close(self) -> None:
+        self._c.close()
+
+
+class HttpClient:
+    """httpx with the v2 binary tensor extension (Triton's and ours), keep-alive."""
+
+    def __init__(self, sut: Sut, model: Model, x: np.ndarray) -> None:
+        import httpx
+
+        transport = httpx.HTTPTransport(uds=sut.http["uds"]) if "uds" in sut.http else None
+        self._c = httpx.Client(base_url=sut.http["base"], transport=transport, timeout=60)
+        raw = np.ascontiguousarray(x).tobytes()
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": model.input,
+                        "shape": list(x.shape),
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": len(raw)},
+                    }
+                ],
+                "outputs": [{"name": model.output, "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        self._body = header + raw
+        self._headers = {
+            "Inference-Header-Content-Length": str(len(header)),
+            "Content-Type": "application/octet-stream",
+        }
+
+    def infer(self) -> str | None:
+        import httpx
+
+        try:
+            r = self._c.post("/v2/models/model/infer", content=self._body, headers=self._headers)
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+        return None if r.status_code == 200 else str(r.status_code)
+
+    def close(self) -> None:
+        self._c.close()
+
+
+CLIENTS = {"grpc": GrpcClient, "http": HttpClient}
+
+
+def _summary(lat_ms: list[float], refusals: dict[str, int], wall: float, slo_ms: float) -> dict:
+    a = np.asarray(lat_ms)
+    return {
+        "answered": int(a.size),
+        "throughput_rps": round(a.size / wall, 2),
+        "goodput_rps": round(float((a <= slo_ms).sum()) / wall, 2),
+        "p50_ms": round(float(np.percentile(a, 50)), 1) if a.size else None,
+        "p99_ms": round(float(np.percentile(a, 99)), 1) if a.size else None,
+        "refused": sum(refusals.values()),
+        "refused_by": refusals,
+        "wall_s": round(wall, 2),
+    }
+
+
+def closed_loop(make, conc: int, duration_s: float, slo_ms: float) -> dict:  # noqa: ANN001
+    lat: list[float] = []
+    refusals: dict[str, int] = {}
+    lock = threading.Lock()
+    clients = [make() for _ in range(conc)]
+    t_end = time.perf_counter() + duration_s
+
+    def worker(c) -> None:  # noqa: ANN001
+        while time.perf_counter() < t_end:
+            t = time.perf_counter()
+            err = c.infer()
+            dt = (time.perf_counter() - t) * 1e3
+            with lock:
+                if err is None:
+                    lat.append(dt)
+                else:
+                    refusals[err] = refusals.get(err, 0) + 1
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    for c in clients:
+        c.close()
+    return _summary(lat, refusals, wall, slo_ms)
+
+
+def open_loop(make, rate: float, duration_s: float, slo_ms: float, seed: int) -> dict:  # noqa: ANN001
+    from infscaler.api.loadgen import arrival_times
+
+    sends = arrival_times("poisson", rate, duration_s, seed=seed)
+    lat: list[float] = []
+    refusals: dict[str, int] = {}
+    lock = threading.Lock()
+    local = threading.local()
+    made: list[Any] = []
+
+    def one(t_sched: float) -> None:
+        c = getattr(local, "client", None)
+        if c is None:
+            c = local.client = make()
+            with lock:
+                made.append(c)
+        err = c.infer()
+        dt = (time.perf_counter() - t_sched) * 1e3
+        with lock:
+            if err is None:
+                lat.append(dt)
+            else:
+                refusals[err] = refusals.get(err, 0) + 1
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=48) as pool:
+        for s in sends:
+            delay = t0 + s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(one, t0 + s)
+    for c in made:
+        c.close()
+    return _summary(lat, refusals, duration_s, slo_ms) | {"offered_rps": round(rate, 2)}
+
+
+# --- one server through every point -------------------------------------------------------
+def measure(sut: Sut, model: Model, x: np.ndarray, args: argparse.Namespace, slo_ms: float) -> dict:
+    cores = len(os.sched_getaffinity(0))
+    capacity = cores * 1000.0 / model.l0_ms
+    out: dict[str, Any] = {"config": sut.name}
+    for proto in args.protocols:
+
+        def make(proto: str = proto):  # noqa: ANN202
+            return CLIENTS[proto](sut, model, x)
+
+        closed_loop(make, 2, args.warmup_s, slo_ms)
+        points = []
+        for conc in args.concurrency:
+            points.append(
+                {
+                    "load": "closed",
+                    "concurrency": conc,
+                    **_cpu(sut, lambda c=conc: closed_loop(make, c, args.duration_s, slo_ms)),
+                }
+            )
+        for i, frac in enumerate(args.loads):
+            rate = frac * capacity
+            points.append(
+                {
+                    "load": "poisson",
+                    "x_capacity": frac,
+                    **_cpu(
+                        sut, lambda r=rate, s=i: open_loop(make, r, args.duration_s, slo_ms, seed=s)
+                    ),
+                }
+            )
+        out[proto] = points
+    return out
+
+
+def _cpu(sut: Sut, run) -> dict:  # noqa: ANN001
+    own = lambda: process_cpu_seconds([os.getpid()])  # noqa: E731
+    server0 = process_cpu_seconds(sut.server_pids)
+    model0 = process_cpu_seconds(sut.model_pids)
+    fl = ForeignLoad(lambda: own() + process_cpu_seconds(sut.server_pids + sut.model_pids))
+    res = run()
+    server = process_cpu_seconds(sut.server_pids) - server0
+    modelc = process_cpu_seconds(sut.model_pids) - model0
+    n = max(1, res["answered"] + res["refused"])
+    res["server_cpu_ms_per_request"] = round(server * 1e3 / n, 3)
+    res["model_procs_cpu_ms_per_request"] = round(modelc * 1e3 / n, 3)
+    res["other_processes_cores"] = fl.cores()
+    return res
+
+
+def suts(args: argparse.Namespace) -> list[Sut]:
+    cores = len(os.sched_getaffinity(0))
+    hands = [(cores, 1, False), (1, cores, False), (cores, 1, True)]
+    out = [Sut(f"triton {i}x{t}{' batch' if b else ''}", "triton", i, t, b) for i, t, b in hands]
+    out.append(Sut("ours auto", "ours", auto=True))
+    out += [Sut(f"ours {i}x{t}{' batch' if b else ''}", "ours", i, t, b) for i, t, b in hands]
+    if args.configs:
+        keep = args.configs.split(",")
+        out = [s for s in out if s.name in keep or s.name == "ours auto"]
+    elif args.quick:
+        out = [s for s in out if s.kind == "triton" or s.auto]
+    return out
+
+
+def ratios(entry: dict, protocols: list[str]) -> dict:
+    """ours auto / the best Triton configuration at each point (throughput closed loop,
+    goodput everywhere)."""
+    out: dict[str, list] = {}
+    rows = entry["configs"]
+    auto = next(r for r in rows if r["config"] == "ours auto")
+    triton = [r for r in rows if r["config"].startswith("triton")]
+    if not triton:
+        return {}
+    for proto in protocols:
+        out[proto] = []
+        for k, pt in enumerate(auto[proto]):
+            best_tp = max(t[proto][k]["throughput_rps"] for t in triton)
+            best_gp = max(t[proto][k]["goodput_rps"] for t in triton)
+            out[proto].append(
+                {
+                    "point": pt.get("concurrency", pt.get("x_capacity")),
+                    "load": pt["load"],
+                    "throughput_ratio": round(pt["throughput_rps"] / best_tp, 3)
+                    if best_tp
+                    else None,
+                    "goodput_ratio": round(pt["goodput_rps"] / best_gp, 3) if best_gp else None,
+                }
+            )
+    return out
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = data["models"]
+    protos = data["settings"]["protocols"]
+    fig, axes = plt.subplots(
+        len(models),
+        2 * len(protos),
+        figsize=(6 * len(protos) * 2, 3.6 * len(models)),
+        squeeze=False,
+    )
+    for r, m in enumerate(models):
+        for p, proto in enumerate(protos):
+            ax_c, ax_o = axes[r][2 * p], axes[r][2 * p + 1]
+            for cfg in m["configs"]:
+                pts = cfg[proto]
+                closed = [q for q in pts if q["load"] == "closed"]
+                opened = [q for q in pts if q["load"] == "poisson"]
+                style = "-o" if cfg["config"].startswith("ours") else "--s"
+                ax_c.plot(
+                    [q["concurrency"] for q in closed],
+                    [q["throughput_rps"] for q in closed],
+                    style,
+                    label=cfg["config"],
+                )
+                ax_o.plot(
+                    [q["x_capacity"] for q in opened],
+                    [q["goodput_rps"] for q in opened],
+                    style,
+                    label=cfg["config"],
+                )
+            ax_c.set_title(f"{m['model']} {proto}: closed loop")
+            ax_c.set_xlabel("concurrency")
+            ax_c.set_ylabel("answers/s")
+            ax_o.set_title(f"{m['model']} {proto}: Poisson, SLO {m['slo_ms']:.0f} ms")
+            ax_o.set_xlabel("offered load x ideal capacity")
+            ax_o.set_ylabel("goodput (within SLO)/s")
+            ax_c.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet50,ppocrv4-det,squeezenet")
+    ap.add_argument("--protocols", default="grpc,http")
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--loads", default="0.3,0.5,0.7,0.9", help="Poisson rates, x ideal capacity")
+    ap.add_argument("--slo-x", type=float, default=3.0)
+    ap.add_argument("--duration-s", type=float, default=15.0)
+    ap.add_argument("--warmup-s", type=float, default=3.0)
+    ap.add_argument(
+        "--peer-venv",
+        default="/tmp/isc-triton-venv",
+        help="made with /usr/bin/python3.11 when absent",
+    )
+    ap.add_argument(
+        "--configs",
+        default="",
+        help="comma-separated configuration names to run (ours auto always runs): "
+        "'triton 2x1', 'triton 1x2', 'triton 2x1 batch', 'ours 2x1', ...",
+    )
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    default_cache_dir()
+    if args.quick:
+        args.models, args.concurrency, args.loads = "squeezenet", "1,4", "0.5"
+        args.duration_s, args.warmup_s = min(args.duration_s, 5.0), 1.0
+    args.models = args.models.split(",")
+    args.protocols = args.protocols.split(",")
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.loads = [float(v) for v in args.loads.split(",")]
+    peer_python = peer_venv(Path(args.peer_venv))
+    quiet = wait_for_quiet(60)
+    work = Path(tempfile.mkdtemp(prefix="vs-triton-models-"))
+    state = Path(os.environ.get("INFSCALER_CACHE_DIR", "/tmp/isc-cache")) / "vs_triton_state"
+    data: dict[str, Any] = {
+        "environment": environment(),
+        "quiet_before": quiet,
+        "settings": {k: v for k, v in vars(args).items()},
+        "models": [],
+    }
+    busy0 = busy_cpu_seconds()
+    for alias in args.models:
+        model = batchable(alias, work)
+        x = np.random.default_rng(0).standard_normal(model.shape).astype(np.float32)
+        model.l0_ms = single_thread_ms(model, x)
+        slo_ms = args.slo_x * model.l0_ms
+        entry: dict[str, Any] = {
+            "model": alias,
+            "l0_ms": round(model.l0_ms, 2),
+            "slo_ms": round(slo_ms, 1),
+            "input_bytes": int(x.nbytes),
+            "configs": [],
+        }
+        for sut in suts(args):
+            print(f"{alias}: {sut.name} ...", flush=True)
+            ok = False
+            try:
+                sut.start(model, slo_ms, peer_python, state)
+                entry["configs"].append(measure(sut, model, x, args, slo_ms))
+                ok = True
+            finally:
+                sut.stop(keep_logs=not ok)
+            print(
+                json.dumps(
+                    {
+                        p: [
+                            (
+                                q.get("concurrency") or q.get("x_capacity"),
+                                q["throughput_rps"],
+                                q["goodput_rps"],
+                                q["p99_ms"],
+                                q["refused"],
+                                q["server_cpu_ms_per_request"],
+                            )
+                            for q in entry["configs"][-1][p]
+                        ]
+                        for p in args.protocols
+                    }
+                ),
+                flush=True,
+            )
+        entry["auto_vs_best_triton"] = ratios(entry, args.protocols)
+        data["models"].append(entry)
+    data["busy_cpu_s"] = round(busy_cpu_seconds() - busy0, 1)
+    name = "vs_triton_quick" if args.quick else "vs_triton"
+    write_json(RESULTS_DIR / f"{name}.json", data)
+    plot(data, RESULTS_DIR / f"{name}.png")
+    shutil.rmtree(work, ignore_errors=True)
+    for m in data["models"]:
+        print(m["model"], json.dumps(m["auto_vs_best_triton"]))
+    return 0
+
+
+def peer_venv(venv: Path) -> str:
+    """The peer's python: ``venv`` made from ``/usr/bin/python3.11`` with nvidia-pytriton and
+    onnxruntime when it does not exist (the stub links the system's libpython3.11)."""
+    py = venv / "bin" / "python"
+    if not py.exists():
+        subprocess.run(["/usr/bin/python3.11", "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "nvidia-pytriton", "onnxruntime", "numpy<2"],
+            check=True,
+        )
+    return str(py)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
