@@ -7,7 +7,8 @@ the shared memory registry and the limits, v2 error JSON (``{"error": ...}`` wit
 optional ``Retry-After``), the model version check, the peer's view of shared memory
 and of the status (:mod:`infscaler.base.security`), and what the HTTP routes and the gRPC
 methods (:mod:`infscaler.api.grpc.handlers`) both use: the tensors as pool slots take them
-(:func:`slot_arrays`) and a model's statistics (:func:`model_stats`).
+(:func:`slot_arrays`), a model's statistics (:func:`model_stats`) and a held refusal
+(:func:`hold_refusal`).
 
 Sources: KServe / Triton ``protocol/`` docs (v2 REST error object); RFC 9110 section
 10.2.3 (``Retry-After``); aiohttp ``web.AppKey`` / ``web.RequestKey``.
@@ -15,6 +16,7 @@ Sources: KServe / Triton ``protocol/`` docs (v2 REST error object); RFC 9110 sec
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -242,3 +244,13 @@ def model_stats(service: Any, dep: Any) -> dict[str, Any]:
         "arrival_rate_per_s": snap["arrival_rate_per_s"],
         "units": status["units"],
     }
+
+
+async def hold_refusal(exc: BaseException) -> None:
+    """Wait the ``hold_s`` seconds a refusal asks to be held before it is answered (an
+    admission refusal of a request that would miss its SLO:
+    :func:`~infscaler.runtime.serving.admission.refusal_hold_s`); return at once for any
+    other exception. The caller then raises ``exc``."""
+    hold = getattr(exc, "hold_s", 0.0)
+    if isinstance(hold, int | float) and 0 < hold < math.inf:
+        await asyncio.sleep(hold)

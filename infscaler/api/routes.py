@@ -17,6 +17,7 @@ Sources: KServe / Triton ``protocol/`` docs (v2 REST health, metadata and infere
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -45,6 +46,7 @@ from infscaler.api.common import (
     check_version,
     error_response,
     for_peer,
+    hold_refusal,
     infer_parameters,
     json_response,
     model_stats,
@@ -59,6 +61,7 @@ from infscaler.api.taskroute import (
     task_router,
     task_specs,
 )
+from infscaler.base.errors import InfScalerError
 from infscaler.base.security import peer_of, quota_uid
 
 # -- health / metadata -----------------------------------------------------------------
@@ -184,19 +187,24 @@ async def infer(request: web.Request) -> web.Response:
         return await _infer_task(request, router, name)
     dep = service.deployment(name)
     check_version(request)
+    uid = quota_uid(peer_of(request))  # held to pending_per_uid
     specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
     req = await _read_infer_request(request, specs)
     timeout_s = parse_timeout_ms(req.parameters)
     priority, queue_timeout_us = parse_queue_params(req.parameters)
-    fut = service.submit(
-        name,
-        slot_arrays(req.inputs),
-        timeout_s,
-        request.get(ARRIVED),
-        priority=priority,
-        queue_timeout_us=queue_timeout_us,
-        uid=quota_uid(peer_of(request)),  # held to pending_per_uid
-    )
+    try:
+        fut = service.submit(
+            name,
+            slot_arrays(req.inputs),
+            timeout_s,
+            request.get(ARRIVED),
+            priority=priority,
+            queue_timeout_us=queue_timeout_us,
+            uid=uid,
+        )
+    except InfScalerError as exc:
+        await hold_refusal(exc)
+        raise
     result = await asyncio.wrap_future(fut)
     return _infer_response(request, req, name, dep, result, {})
 
@@ -270,6 +278,18 @@ def _too_large(request: web.Request, limit: int, declared: int | None = None) ->
         f"most {limit // 1024} KB",
         413,
     )
+
+
+async def discard_body(request: web.Request, limit: int) -> None:
+    """Read what is left of ``request``'s body, at most ``limit`` bytes, in 64 KB chunks
+    that are dropped at once (never held, never decoded), so a client still sending it
+    reads the answer instead of a reset; a read error ends it quietly."""
+    with contextlib.suppress(Exception):
+        seen = 0
+        async for chunk in request.content.iter_chunked(1 << 16):
+            seen += len(chunk)
+            if seen > limit:
+                break
 
 
 async def read_body(request: web.Request, limit: int | None = None) -> bytearray | bytes:

@@ -81,6 +81,7 @@ from infscaler.api.common import (
     TASKS,
     error_code,
     error_response,
+    hold_refusal,
     status_of,
 )
 from infscaler.api.http import (
@@ -100,6 +101,7 @@ from infscaler.api.repo import (
     shm_unregister,
 )
 from infscaler.api.routes import (
+    discard_body,
     infer,
     json_part_of,
     json_too_large,
@@ -258,15 +260,12 @@ async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
         nbytes = limit if declared is None else declared
     uid = peer_uid(request.transport.get_extra_info("socket") if request.transport else None)
     peer = None if is_privileged_uid(uid) and uid >= 0 else uid
+    if infer:
+        await _refuse_on_headers(request, service, peer, limit)
     try:
         service.reserve_bytes(nbytes, peer)
     except InfScalerError:
-        with contextlib.suppress(Exception):
-            seen = 0
-            async for chunk in request.content.iter_chunked(1 << 16):
-                seen += len(chunk)
-                if seen > limit:
-                    break
+        await discard_body(request, limit)
         raise
     try:
         return await handler(request)
@@ -275,6 +274,20 @@ async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
         view = request.get(SHM_VIEW)
         if view is not None:  # what the request read from shared memory
             view.release()
+
+
+async def _refuse_on_headers(request: web.Request, service: Any, peer: Any, limit: int) -> None:
+    """Admission on an inference's headers, before its bytes are reserved or its body is
+    read (:meth:`~infscaler.service.service.Service.precheck`): a refusal is raised once
+    the body was dropped (read in chunks, never decoded) and the refusal's ``hold_s``
+    passed; else nothing (the request is read and judged again when submitted)."""
+    precheck = getattr(service, "precheck", None)
+    name = request.match_info.get("name")
+    refusal = None if precheck is None or name is None else precheck(name, peer)
+    if refusal is not None:
+        await discard_body(request, limit)
+        await hold_refusal(refusal)
+        raise refusal
 
 
 def create_app(

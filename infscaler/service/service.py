@@ -575,6 +575,33 @@ class Service(DeployMixin, ScaleMixin):
             uid=uid,
         )
 
+    def precheck(self, name: str, uid: int | None = None) -> RequestError | None:
+        """Whether pipeline ``name`` would refuse a request now, judged before its body
+        is read (:meth:`FrontEnd.precheck`): the refusal (raise it after
+        ``hold_s`` seconds, its body discarded) or None (read the body and
+        :meth:`submit` it, which decides again). None for a name that is not a
+        pipeline, a pipeline without an SLO (nothing to judge before the body is read
+        that :meth:`submit` would not answer as cheaply), a pipeline with nothing
+        admitted (a request with nothing ahead is not refused for latency; :meth:`submit`
+        judges the rest) and before start."""
+        with self._lock:
+            dep = self._deployments.get(name)
+        if dep is None or self.frontend is None or dep.route.pipeline.config.slo_ms is None:
+            return None
+        if dep.route.admitted <= 0:  # read without the front end's lock: a hint only
+            return None
+        d = self.frontend.precheck(dep.route, uid)
+        if d.admit or self._stopping:
+            return None
+        return RequestError(
+            d.reason,
+            d.status,
+            d.hint,
+            retry_after_s=d.retry_after_s,
+            code=None if d.refusal is None else d.refusal.value,
+            hold_s=d.hold_s,
+        )
+
     @property
     def max_input_bytes(self) -> int | None:
         """The most bytes a request's input tensors may take in the tensor pool

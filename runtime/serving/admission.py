@@ -42,7 +42,16 @@ Two bounds, applied where each can be known:
   one at a time), so the first request of a burst is bounded too.
 
 Refusals carry ``retry_after_s``: when the queue will have drained enough (latency) or
-a fixed short back-off (bytes, where nothing says how long the holders take).
+a fixed short back-off (bytes, where nothing says how long the holders take). A latency
+or load-shedding refusal also carries ``hold_s`` (:func:`refusal_hold_s`): how long the server waits
+before answering it. Closed-loop clients (Triton's, perf_analyzer's) ignore
+``Retry-After`` and send again at once; answered at once, a refusal costs them less than
+waiting, and they came back hundreds of times a second, each time with their whole body,
+taking the cores the admitted requests needed (half the throughput). Held until the
+queue has drained enough (at most what was left of the SLO), a refused client comes
+back when it could be admitted. The servers check a request's headers (HTTP) or its
+message prefix (gRPC) with :func:`admit_request` before reading its body, so a refusal
+costs no body decode either.
 
 The front end's whole decision at a request's arrival is :func:`admit_request`: a pure
 function of an :class:`ArrivalSnapshot` (plain numbers the front end copies under its
@@ -184,6 +193,22 @@ def request_reservation(declared: int | None, limit: int, json_bytes: int | None
     return 2 * (size - json_part) + JSON_DECODE_FACTOR * json_part
 
 
+def refusal_hold_s(retry_after_s: float | None, left_ms: float) -> float:
+    """How long to hold a latency refusal before answering it, s: until the queue ahead
+    will have drained enough for the request to be admitted (``retry_after_s``), at most
+    what was left of its latency bound (``left_ms``; a client never waits longer for a
+    refusal than it would have for a late answer), 0 when neither is known.
+
+    Raises:
+        ValueError: ``left_ms`` negative or not finite.
+    """
+    if not (math.isfinite(left_ms) and left_ms >= 0):
+        raise ValueError(f"left_ms must be a finite number >= 0, got {left_ms}")
+    if retry_after_s is None or not math.isfinite(retry_after_s):
+        return 0.0
+    return round(max(0.0, min(float(retry_after_s), left_ms / 1e3)), 3)
+
+
 def default_estimates(slo_ms: float) -> tuple[float, float]:
     """``(service_ms, interval_ms)`` to judge on before anything was measured: a
     request takes half the SLO, and the pipeline runs one request at a time (so one
@@ -254,6 +279,19 @@ def drain_ms(ahead: int, service_ms: float, units: Sequence[tuple[float, int]]) 
     return est
 
 
+def starts_at_once(ahead: int, units: Sequence[tuple[float, int]] | None) -> bool:
+    """Whether a request behind ``ahead`` admitted requests waits for no instance: fewer
+    are ahead than any unit has instances (``units``: ``(ms, instances)`` per unit; None:
+    not known, False unless nothing is ahead). Its latency is then its own compute
+    time whatever admission decides, so refusing it cannot bring it within the SLO; a
+    closed-loop client refused sends it again and an instance idles meanwhile (two
+    ResNet-50 replicas at concurrency 2, the host slowed past the estimate: half the
+    goodput of no admission, bench/HISTORY.md, "Admission on vs off")."""
+    if ahead <= 0:
+        return True
+    return bool(units) and ahead < min(max(1, int(c)) for _, c in units)  # type: ignore[union-attr]
+
+
 def admit_latency(
     ahead: int,
     service_ms: float | None,
@@ -266,8 +304,10 @@ def admit_latency(
     overloaded: bool = False,
 ) -> Admission:
     """Accept a request only if :func:`estimate_ms` x ``lenience`` fits in ``slo_ms``,
-    or if nothing is ahead of it (it starts at once; refusing it would not make it
-    faster).
+    or if nothing is ahead of it, or (``what`` "SLO") it waits for no instance
+    (:func:`starts_at_once`): it starts at once, and refusing it would not make it
+    faster. Against a request's own timeout it is refused still: it would expire half
+    computed.
 
     Args:
         ahead: requests of the same pipeline admitted and not answered.
@@ -327,7 +367,7 @@ def admit_latency(
     # pipeline that refused everything would never measure its service time again)
     if not 0 < lenience <= 1:
         raise ValueError(f"lenience must be in (0, 1], got {lenience}")
-    if est * lenience <= slo_ms or ahead <= 0:
+    if est * lenience <= slo_ms or ahead <= 0 or (what == "SLO" and starts_at_once(ahead, units)):
         return Admission(True, estimate_ms=est)
     # admitted again once enough of the queue ahead drained: (est - slo) ms from now
     return Admission(
@@ -487,6 +527,8 @@ class ArrivalDecision:
         reason: the refusal's message ("" when admitted); ``hint``: what to do.
         retry_after_s: when a refused request may be retried, s (None: not known).
         estimate_ms: the latency estimate it was judged on (None without a bound).
+        hold_s: how long the server holds the refusal before answering it, s
+            (:func:`refusal_hold_s`; 0: answer at once).
     """
 
     admit: bool
@@ -497,6 +539,7 @@ class ArrivalDecision:
     hint: str | None = None
     retry_after_s: float | None = None
     estimate_ms: float | None = None
+    hold_s: float = 0.0
 
 
 def _refuse(
@@ -508,9 +551,10 @@ def _refuse(
     retry_after_s: float | None = None,
     timeout_s: float | None = None,
     estimate_ms: float | None = None,
+    hold_s: float = 0.0,
 ) -> ArrivalDecision:
     return ArrivalDecision(
-        False, timeout_s, refusal, status, reason, hint, retry_after_s, estimate_ms
+        False, timeout_s, refusal, status, reason, hint, retry_after_s, estimate_ms, hold_s
     )
 
 
@@ -527,7 +571,10 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
 
     Returns:
         An :class:`ArrivalDecision`; refusals carry the status (400 for a bad timeout,
-        else 503), the message, a hint and ``retry_after_s`` where known.
+        else 503), the message, a hint and ``retry_after_s`` where known; a latency or
+        load-shedding refusal also ``hold_s`` (:func:`refusal_hold_s`; shedding: until
+        the requests over the limit left, one bottleneck interval each, at most the
+        SLO, else the request's timeout).
     """
     t = s.timeout_s
     if t is not None and not (isinstance(t, int | float) and math.isfinite(t) and t > 0):
@@ -574,11 +621,20 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
             retry_after_s=MIN_RETRY_S,
         )
     if s.queue_limit is not None and s.ahead >= s.queue_limit:
+        # admitted once ahead - limit + 1 requests left, one bottleneck interval each
+        retry = (
+            None
+            if s.interval_ms is None
+            else _retry((s.ahead - s.queue_limit + 1) * s.interval_ms / 1e3)
+        )
+        bound_ms = s.slo_ms if s.slo_ms is not None else timeout_s * 1e3
         return _refuse(
             Refusal.SHED,
             f"pipeline {s.pipeline} sheds load: {s.ahead} requests queued (limit "
             f"{s.queue_limit}); {s.shed_reason}",
             hint="the device is at its resource cap; retry later or slow down",
+            retry_after_s=retry,
+            hold_s=refusal_hold_s(retry, max(0.0, bound_ms - s.spent_ms)),
         )
     bound_ms, what = s.slo_ms, "SLO"
     if s.service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
@@ -603,6 +659,7 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
         retry_after_s=verdict.retry_after_s,
         timeout_s=timeout_s,
         estimate_ms=verdict.estimate_ms,
+        hold_s=refusal_hold_s(verdict.retry_after_s, left_ms),
     )
 
 

@@ -269,6 +269,20 @@ class FrontEnd:
             )
         return fut
 
+    def precheck(self, route: Route, uid: int | None = None) -> ArrivalDecision:
+        """:func:`~infscaler.runtime.serving.admission.admit_request` for a request whose
+        body is not read yet (counts nothing, queues nothing): the pipeline's own timeout
+        and priority, the most lenient a request may ask for, so what this refuses
+        :meth:`submit` would refuse too. A refusal is counted as :meth:`submit`'s are."""
+        with self._lock:
+            now = time.monotonic()
+            overloaded = route.overloaded(now)
+            level = request_level(None, route.pipeline.config.priority)
+            d = admit_request(self._arrival(route, None, now, now, overloaded, level, uid))
+            if not d.admit:
+                self._count_refusal(route, d)
+        return d
+
     def _arrival(
         self,
         route: Route,
@@ -363,6 +377,17 @@ class FrontEnd:
             RequestError: always, with the decision's status, reason, hint and
                 ``retry_after_s``.
         """
+        self._count_refusal(route, decision)
+        raise RequestError(
+            decision.reason,
+            decision.status,
+            decision.hint,
+            retry_after_s=decision.retry_after_s,
+            code=None if decision.refusal is None else decision.refusal.value,
+            hold_s=decision.hold_s,
+        )
+
+    def _count_refusal(self, route: Route, decision: ArrivalDecision) -> None:
         if decision.refusal is not None:
             route.refusals[decision.refusal.value] += 1
         if decision.refusal in _COUNTED_REFUSALS:
@@ -370,13 +395,6 @@ class FrontEnd:
         counter = _REFUSAL_COUNTERS.get(decision.refusal)  # type: ignore[arg-type]
         if counter is not None:
             self.counters[counter] += 1
-        raise RequestError(
-            decision.reason,
-            decision.status,
-            decision.hint,
-            retry_after_s=decision.retry_after_s,
-            code=None if decision.refusal is None else decision.refusal.value,
-        )
 
     def _on_future_done(self, fut: concurrent.futures.Future, seq: int) -> None:
         if fut.cancelled():  # the caller gave up (client disconnect): drop the request

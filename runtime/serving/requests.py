@@ -27,7 +27,9 @@ class RequestError(InfScalerError):
     (``slo``, ``queue_full``, ``bytes_in_flight``, ...; docs/api.md lists them), which
     the API sends beside the message (HTTP: the error JSON's ``code``; gRPC: the
     ``infscaler-code`` trailing metadata) so that clients count refusals by it, never
-    by the message's text; None: no code."""
+    by the message's text; None: no code. ``hold_s``: how long the server waits before
+    answering the refusal, s (0: at once;
+    :func:`~infscaler.runtime.serving.admission.refusal_hold_s`)."""
 
     def __init__(
         self,
@@ -37,6 +39,7 @@ class RequestError(InfScalerError):
         *,
         retry_after_s: float | None = None,
         code: str | None = None,
+        hold_s: float = 0.0,
     ) -> None:
         super().__init__(message, hint)
         self.status = status
@@ -44,6 +47,8 @@ class RequestError(InfScalerError):
         self.code = code
         #: seconds a client should wait before retrying (HTTP ``Retry-After``), or None
         self.retry_after_s = retry_after_s
+        #: seconds the server holds this refusal before answering it
+        self.hold_s = hold_s
 
 
 @dataclass

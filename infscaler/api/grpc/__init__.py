@@ -139,6 +139,7 @@ class GrpcServer:
             max_message=limit,
             header_timeout_s=self.limits.header_timeout_s,
             body_timeout_s=self.limits.body_timeout_s,
+            precheck=getattr(self.service, "precheck", None),
         )
         self._server = aio.server(
             options=server_options(limit, self.limits),

@@ -76,6 +76,9 @@ class Gate:
         header_timeout_s: seconds for a new connection's preface to arrive.
         body_timeout_s: seconds a partial request, or a client not reading, may go
             without progress before the connection is closed.
+        precheck: admission at an inference's message prefix (the relay's
+            ``precheck``: :meth:`~infscaler.service.service.Service.precheck`; None:
+            none there).
     """
 
     def __init__(
@@ -88,7 +91,9 @@ class Gate:
         max_message: int = 64 << 20,
         header_timeout_s: float = 30.0,
         body_timeout_s: float = 120.0,
+        precheck: Any = None,
     ) -> None:
+        self.precheck = precheck
         self.private_dir = private_dir
         self.upstream = os.path.join(private_dir, "upstream")
         self.max_connections = max_connections
@@ -104,6 +109,8 @@ class Gate:
         self._ids = itertools.count()
         #: connections admitted since the start
         self.accepted = 0
+        #: calls the gate refused in the protocol (budget, quota, admission at the prefix)
+        self.calls_refused = 0
         self._refusals = RateLimitedLog(log, 10.0)  # one line per cause every 10 s
 
     @staticmethod
@@ -167,6 +174,7 @@ class Gate:
                 self.max_message,
                 self.body_timeout_s,
                 time.monotonic,
+                self.precheck,
             )
             await self._relay(peer, relay, reader, writer, up_reader, up_writer)
         except OSError as exc:
@@ -188,10 +196,12 @@ class Gate:
     async def _relay(self, peer: Peer, relay: Relay, reader, writer, up_reader, up_writer) -> None:
         """Both directions and the watchdog, until one of them ends (then all do)."""
         blocked: list[float | None] = [None]  # since when the write to the client waits
+        held = asyncio.Event()  # set when the relay holds a refusal
         tasks = [
-            asyncio.ensure_future(_upstream(relay, reader, writer, up_writer, peer, self)),
+            asyncio.ensure_future(_upstream(relay, reader, writer, up_writer, peer, self, held)),
             asyncio.ensure_future(_downstream(relay, up_reader, writer, blocked, peer, self)),
             asyncio.ensure_future(self._watch(peer, relay, blocked)),
+            asyncio.ensure_future(_held_refusals(relay, writer, held)),
         ]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -247,7 +257,8 @@ class Gate:
             await asyncio.sleep((wake if due is None else min(due, wake)) - now)
 
     def refused(self, peer: Peer, relay: Relay) -> None:
-        """Log the calls ``relay`` refused (rate-limited)."""
+        """Count and log the calls ``relay`` refused (the log rate-limited)."""
+        self.calls_refused += len(relay.refusals)
         for why in relay.refusals:
             self._refusals.log(
                 logging.INFO, "gRPC call of %s refused: %s", peer.describe(), why, key="call"
@@ -270,7 +281,25 @@ class _Unbounded:
         pass
 
 
-async def _upstream(relay: Relay, reader, writer, up_writer, peer: Peer, gate: Gate) -> None:
+async def _held_refusals(relay: Relay, writer, held: asyncio.Event) -> None:
+    """Sends the relay's held refusals as they fall due (:meth:`Relay.release_due`);
+    ``held`` wakes it when one is added. Never returns (cancelled with the others)."""
+    while True:
+        due = relay.next_due()
+        if due is None:
+            await held.wait()
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(held.wait(), max(0.0, due - time.monotonic()))
+        held.clear()
+        out = relay.release_due(time.monotonic())
+        if out:
+            writer.write(out)
+
+
+async def _upstream(
+    relay: Relay, reader, writer, up_writer, peer: Peer, gate: Gate, held: asyncio.Event
+) -> None:
     """Client -> grpcio, scanned; frames the relay makes for the client go to it."""
     loop = asyncio.get_running_loop()
     try:
@@ -279,6 +308,8 @@ async def _upstream(relay: Relay, reader, writer, up_writer, peer: Peer, gate: G
             if back:
                 writer.write(back)
             if relay.refusals:
+                if relay.holding:
+                    held.set()
                 gate.refused(peer, relay)
             if len(pieces) == 1:
                 up_writer.write(pieces[0])

@@ -58,6 +58,7 @@ from infscaler.api.common import (
     EXTENSIONS,
     VERSION,
     error_code,
+    hold_refusal,
     infer_parameters,
     model_stats,
     shm_limits,
@@ -435,15 +436,19 @@ class Handlers:
         ``uid``'s share of pending requests (None: the operator); its Result (the call
         cancelled: the request too)."""
         priority, queue_timeout_us = parse_queue_params(req.parameters)
-        fut = self.service.submit(
-            dep.name,
-            slot_arrays(req.inputs),
-            timeout_s,
-            arrived,
-            priority=priority,
-            queue_timeout_us=queue_timeout_us,
-            uid=uid,
-        )
+        try:
+            fut = self.service.submit(
+                dep.name,
+                slot_arrays(req.inputs),
+                timeout_s,
+                arrived,
+                priority=priority,
+                queue_timeout_us=queue_timeout_us,
+                uid=uid,
+            )
+        except InfScalerError as exc:  # a latency refusal is held before it is answered
+            await hold_refusal(exc)
+            raise
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:

@@ -16,6 +16,12 @@ in the protocol, leaving the connection serving.
   pass (both ends' HPACK tables must see them, RFC 7541 section 2.2).
 - :meth:`Relay.deadline`: when a call still receiving its request (HEADERS seen, no
   END_STREAM) or a frame has had no byte for ``body_timeout_s``.
+- Admission at the prefix (``precheck``): the model an inference names in the message's
+  first bytes (:func:`~infscaler.api.grpc.wire.peek_model_name`) is asked whether it
+  would refuse it now; a refused call is refused as above before grpcio reads its
+  message, its status held ``hold_s`` seconds (:meth:`Relay.next_due`,
+  :meth:`Relay.release_due`: the gate's timer) so a client that retries at once comes
+  back when it could be admitted.
 
 Sources: RFC 9113 sections 5.1, 6.4, 6.9, 8.1; grpc ``doc/PROTOCOL-HTTP2.md``.
 """
@@ -26,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from infscaler.api.grpc import h2frames as h2
+from infscaler.api.grpc.wire import peek_model_name
 
 __all__ = ["RESOURCE_EXHAUSTED", "UNAVAILABLE", "Relay"]
 
@@ -74,6 +81,11 @@ class Relay:
             reserved (grpcio refuses it at its prefix with RESOURCE_EXHAUSTED).
         body_timeout_s: see :meth:`deadline`.
         clock: monotonic seconds.
+        precheck: ``precheck(model, uid)``: the refusal an inference of ``model`` would
+            get now (an exception with ``hold_s`` and ``code``, its ``str`` the
+            message), or None to
+            let it through (None: no admission at the prefix;
+            :meth:`~infscaler.service.service.Service.precheck`).
     """
 
     def __init__(
@@ -85,8 +97,12 @@ class Relay:
         max_message: int,
         body_timeout_s: float,
         clock: Callable[[], float],
+        precheck: Callable[[str, int | None], Any] | None = None,
     ) -> None:
         self.uid, self.budget, self.streams = uid, budget, streams
+        self.precheck = precheck
+        #: refused streams whose status waits: stream -> [due, frame, client still open]
+        self._later: dict[int, list] = {}
         self.stream_quota = stream_quota
         self.max_message = max_message
         self.body_timeout_s = body_timeout_s
@@ -135,6 +151,27 @@ class Relay:
         """The connection is gone: release every call."""
         for s in list(self._held):
             self._end(s)
+        self._later.clear()
+
+    @property
+    def holding(self) -> int:
+        """Refusals held (:meth:`release_due`)."""
+        return len(self._later)
+
+    def next_due(self) -> float | None:
+        """When the first held refusal is due (:meth:`release_due`), clock seconds (None:
+        none is held)."""
+        return min((v[0] for v in self._later.values()), default=None)
+
+    def release_due(self, now: float) -> bytes:
+        """The held refusals due by ``now``, as bytes for the client now (those that
+        cannot go yet, inside a frame of grpcio's, go with its next frame boundary)."""
+        for s in [s for s, v in self._later.items() if v[0] <= now]:
+            _, frame, client_open = self._later.pop(s)
+            self._to_client.append(frame)
+            if client_open:  # RFC 9113 section 8.1: the response is whole; stop sending
+                self._to_client.append(h2.rst_stream(s, h2.NO_ERROR))
+        return self._flush_client()
 
     # -- client -> server ----------------------------------------------------------------
 
@@ -171,6 +208,8 @@ class Relay:
                     cur = (s, start, length)
                     if s in self._refused:
                         self._drop(cuts, start, length, n)
+                        if flags & h2.END_STREAM and s in self._later:
+                            self._later[s][2] = False
                     elif s in self._receiving:
                         if flags & h2.END_STREAM:
                             del self._receiving[s]
@@ -179,10 +218,16 @@ class Relay:
                 elif typ == h2.RST_STREAM:
                     self._end(s)
                     self._refused.pop(s, None)
+                    self._later.pop(s, None)
             elif ev[0] == h2.MESSAGE:
-                _, s, length, _off = ev
+                _, s, length, off = ev
                 if s not in self._held or length > self.max_message:
                     continue
+                if self.precheck is not None and cur is not None and cur[0] == s:
+                    head = mv[off : min(n, cur[1] + 9 + cur[2], off + length)]
+                    if self._admitted(s, head) is False:
+                        self._drop(cuts, cur[1], cur[2], n)
+                        continue
                 verdict = self.budget.reserve(2 * length, self.uid)
                 if verdict.admit:
                     self._held[s] += 2 * length
@@ -203,6 +248,25 @@ class Relay:
             self._to_server.clear()
         pieces = _cut(mv, cuts, inserts) if cuts or inserts else [mv]
         return pieces, self._flush_client()
+
+    def _admitted(self, s: int, head: memoryview) -> bool | None:
+        """Ask ``precheck`` about call ``s`` from its message's first bytes ``head``:
+        False when refused (then refused, its status held), else None (no model named
+        there, or admitted: its body decides again)."""
+        model = peek_model_name(head)
+        refusal = None if model is None else self.precheck(model, self.uid)  # type: ignore[misc]
+        if refusal is None:
+            return None
+        hold = getattr(refusal, "hold_s", 0.0)
+        code = getattr(refusal, "code", None)
+        self._refuse(
+            s,
+            UNAVAILABLE,
+            str(refusal),
+            code=code if isinstance(code, str) else None,
+            hold_s=hold if len(self._later) < _REFUSED_KEPT else 0.0,
+        )
+        return False
 
     def _drop(self, cuts: list, start: int, length: int, n: int) -> None:
         """Drop a client DATA frame none of whose bytes went out yet (else let it pass:
@@ -243,7 +307,11 @@ class Relay:
         message: str,
         client_open: bool | None = None,
         code: str | None = None,
+        hold_s: float = 0.0,
     ) -> None:
+        """Refuse call ``s``: grpcio gets RST_STREAM(CANCEL) now, the client its status
+        (with ``code`` as ``infscaler-code``) now or, with ``hold_s`` > 0, at
+        :meth:`release_due` after that many seconds."""
         if client_open is None:
             client_open = s in self._receiving
         headers_sent = s in self._headers_sent
@@ -253,9 +321,13 @@ class Relay:
         self._refused[s] = None
         if len(self._refused) > _REFUSED_KEPT:
             del self._refused[next(iter(self._refused))]
-        self._to_client.append(h2.trailers_only(s, status, message, headers_sent, code))
-        if client_open:  # RFC 9113 section 8.1: the response is whole; stop sending
-            self._to_client.append(h2.rst_stream(s, h2.NO_ERROR))
+        frame = h2.trailers_only(s, status, message, headers_sent, code)
+        if hold_s > 0:
+            self._later[s] = [self.clock() + hold_s, frame, client_open]
+        else:
+            self._to_client.append(frame)
+            if client_open:  # RFC 9113 section 8.1: the response is whole; stop sending
+                self._to_client.append(h2.rst_stream(s, h2.NO_ERROR))
         self._to_server.append(h2.rst_stream(s, h2.CANCEL))
         self.refusals.append(message)
 

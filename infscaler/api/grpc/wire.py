@@ -38,6 +38,7 @@ __all__ = [
     "NotQuick",
     "decode_limit",
     "decode_work",
+    "peek_model_name",
     "raw_views",
     "scan_model_infer",
     "strip_raw",
@@ -454,3 +455,47 @@ def raw_views(message: bytes, scan: InferScan) -> list[memoryview]:
     """The ``raw_input_contents`` entries as views of ``message`` (no copy)."""
     mv = memoryview(message)
     return [mv[offset : offset + length] for _, offset, length in scan.raw]
+
+
+#: fields :func:`peek_model_name` walks at most
+PEEK_FIELDS = 64
+
+
+def peek_model_name(head: bytes | memoryview) -> str | None:
+    """The ``model_name`` of a ``ModelInferRequest`` from the first bytes of its message
+    (``head``, which may stop anywhere), or None when they do not show one.
+
+    The fields are walked from the start (at most :data:`PEEK_FIELDS`) until an
+    ``inputs`` (5) or ``raw_input_contents`` (7) field begins: of the inference
+    service's request messages only a ``ModelInferRequest`` has a length-delimited
+    field 5 or 7, so a ``model_name`` (1) seen before one names an inference's model.
+    None: no such field within ``head``, a field cut off by its end, a name that is not
+    UTF-8, or bytes that are not protobuf (the message's full parse judges those).
+    """
+    buf, end, pos, name = head, len(head), 0, None
+    for _ in range(PEEK_FIELDS):
+        try:
+            key, pos = _varint(buf, pos, end)
+            num, wt = key >> 3, key & 7
+            if wt == _VARINT:
+                _, pos = _varint(buf, pos, end)
+                continue
+            if wt == _LEN:
+                size, pos = _varint(buf, pos, end)
+            elif wt in (_I64, _I32):
+                size = 8 if wt == _I64 else 4
+            else:
+                return None
+        except ProtocolError:  # a varint cut off, or longer than 10 bytes
+            return None
+        if wt == _LEN and num in (5, 7):
+            return name
+        if pos + size > end:
+            return None
+        if num == 1 and wt == _LEN:
+            try:
+                name = bytes(buf[pos : pos + size]).decode()
+            except UnicodeDecodeError:
+                return None
+        pos += size
+    return None

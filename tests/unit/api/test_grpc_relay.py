@@ -223,3 +223,81 @@ def test_a_charge_is_never_refused_and_makes_the_next_reserve_refuse() -> None:
     b.release(800, UID)
     b.release(10, None)
     assert b.reserve(400, UID).admit and b.stats()["inflight_bytes"] == 400
+
+
+class Refusal(Exception):
+    """What ``Service.precheck`` returns: a refusal with the seconds to hold it."""
+
+    hold_s = 0.25
+    code = "slo"
+
+
+def infer_message(model: str, n: int) -> bytes:
+    from infscaler.api.grpc import grpc_service_pb2 as pb
+
+    req = pb.ModelInferRequest(model_name=model, raw_input_contents=[b"r" * n])
+    req.inputs.add(name="x", datatype="UINT8", shape=[n])
+    return grpc_message(req.SerializeToString())
+
+
+def test_an_inference_refused_at_its_prefix_is_answered_after_its_hold() -> None:
+    asked: list[tuple[str, int | None]] = []
+
+    def precheck(model: str, uid: int | None):
+        asked.append((model, uid))
+        return Refusal("pipeline det refuses the request at arrival") if model == "det" else None
+
+    clock, b = Clock(), ByteBudget(None, 10_000)
+    r = Relay(UID, b, {}, None, 1 << 20, 10.0, clock, precheck)
+    up(r, HELLO)
+    r.from_server(h2.frame(h2.SETTINGS, 0, 0))
+    msg = infer_message("det", 2000)
+    hdrs = h2.frame(h2.HEADERS, h2.END_HEADERS, 1, HDRS)
+    fwd, back = up(r, hdrs + h2.frame(h2.DATA, 0, 1, msg[:1000]))
+    # grpcio: the header block and a cancel, never the message; nothing held for it
+    assert frames(fwd) == [
+        (h2.HEADERS, h2.END_HEADERS, 1, HDRS),
+        (h2.RST_STREAM, 0, 1, b"\0\0\0\x08"),
+    ]
+    assert asked == [("det", UID)] and b.stats()["inflight_bytes"] == 0
+    # the client: its DATA credited at once, its status not yet
+    assert [f[:3] for f in frames(back)] == [(h2.WINDOW_UPDATE, 0, 0)]
+    assert r.holding == 1 and r.next_due() == clock.t + 0.25
+    # the rest of its message comes and is dropped; then the status falls due
+    fwd, back = up(r, h2.frame(h2.DATA, h2.END_STREAM, 1, msg[1000:]))
+    assert fwd == b"" and [f[:3] for f in frames(back)] == [(h2.WINDOW_UPDATE, 0, 0)]
+    assert r.release_due(clock.t + 0.2) == b"" and r.holding == 1
+    got = frames(r.release_due(clock.t + 0.25))
+    # the client ended its side: trailers only, no RST_STREAM (the stream is closed)
+    assert [f[:3] for f in got] == [(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1)]
+    code, message = status_of(got[0])
+    assert code == UNAVAILABLE and "refuses the request at arrival" in message
+    assert dict(hpack_literals(got[0][3]))["infscaler-code"] == "slo"
+    assert r.holding == 0 and r.next_due() is None
+    # another model's inference, and a call that is not an inference, go through
+    call = h2.frame(h2.HEADERS, h2.END_HEADERS, 3, HDRS)
+    call += h2.frame(h2.DATA, h2.END_STREAM, 3, infer_message("ocr", 10))
+    assert up(r, call) == (call, b"")
+    meta = h2.frame(h2.HEADERS, h2.END_HEADERS, 5, HDRS)
+    meta += h2.frame(h2.DATA, h2.END_STREAM, 5, grpc_message(b"\x0a\x03det"))
+    assert up(r, meta) == (meta, b"")
+    assert asked == [("det", UID), ("ocr", UID)]
+
+
+def test_a_held_refusal_of_a_client_still_sending_ends_its_stream_and_a_reset_drops_it() -> None:
+    clock = Clock()
+    r = Relay(None, ByteBudget(None), {}, None, 1 << 20, 10.0, clock, lambda m, u: Refusal("no"))
+    up(r, HELLO)
+    msg = infer_message("det", 500)
+    for s in (1, 3):
+        up(r, h2.frame(h2.HEADERS, h2.END_HEADERS, s, HDRS) + h2.frame(h2.DATA, 0, s, msg[:100]))
+    assert r.holding == 2
+    # the client resets stream 3 meanwhile: its status is never sent
+    up(r, h2.frame(h2.RST_STREAM, 0, 3, b"\0\0\0\x08"))
+    got = frames(r.release_due(clock.t + 1))
+    # stream 1 still open on the client's side: status, then RST_STREAM(NO_ERROR)
+    assert [f[:3] for f in got] == [
+        (h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1),
+        (h2.RST_STREAM, 0, 1),
+    ]
+    assert r.holding == 0

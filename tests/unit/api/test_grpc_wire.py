@@ -29,6 +29,7 @@ from infscaler.api.grpc.wire import (
     NotQuick,
     decode_limit,
     decode_work,
+    peek_model_name,
     raw_views,
     scan_model_infer,
     strip_raw,
@@ -318,3 +319,25 @@ def test_the_bound_is_at_least_what_parsing_and_decoding_hold(message: bytes) ->
     scan = scan_model_infer(message)
     held = _held(message)
     assert scan.held >= held, (scan.held, held)
+
+
+def test_peek_model_name_names_only_an_inference_and_never_guesses() -> None:
+    req = pb.ModelInferRequest(model_name="résnet", id="r1")
+    req.parameters["timeout"].int64_param = 5
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 3])
+    req.raw_input_contents.append(np.zeros(3, np.float32).tobytes())
+    wire = req.SerializeToString()
+    assert peek_model_name(wire) == "résnet"
+    assert peek_model_name(memoryview(wire)) == "résnet"
+    # every cut: the name once the inputs field begins, before that nothing
+    starts = wire.index(b"\x2a")  # field 5, length-delimited
+    for k in range(len(wire) + 1):
+        assert peek_model_name(wire[:k]) == ("résnet" if k >= starts + 2 else None)
+    # raw contents alone also prove an inference; a metadata request (field 1 only) does not
+    raw_only = pb.ModelInferRequest(model_name="m", raw_input_contents=[b"ab"])
+    assert peek_model_name(raw_only.SerializeToString()) == "m"
+    assert peek_model_name(pb.ModelMetadataRequest(name="m").SerializeToString()) is None
+    # not protobuf, a bad name, a group wire type: None (the full parse judges those)
+    assert peek_model_name(b"\xff" * 12) is None
+    assert peek_model_name(b"\x0a\x02\xff\xfe\x2a\x00") is None
+    assert peek_model_name(b"\x0b\x2a\x00") is None

@@ -9,7 +9,13 @@ import math
 
 import pytest
 
-from infscaler.runtime.serving.admission import ArrivalSnapshot, Refusal, admit_request
+from infscaler.runtime.serving.admission import (
+    ArrivalSnapshot,
+    Refusal,
+    admit_request,
+    refusal_hold_s,
+    starts_at_once,
+)
 
 
 def snap(**kw) -> ArrivalSnapshot:
@@ -368,3 +374,70 @@ def test_the_last_pending_slots_are_the_operators_and_max_pending_holds_for_all(
     assert d.admit
     d = admit_request(snap(uid=5, pending=1, **{**base, "operator_pending": 100}))
     assert d.refusal is Refusal.OVERLOADED
+
+
+def test_a_latency_refusal_is_held_until_the_queue_drained_at_most_the_bound() -> None:
+    # 20 + 12 * 10 = 140 ms against a 100 ms SLO: 40 ms, the shortest back-off is 50 ms
+    d = admit_request(snap(slo_ms=100.0, ahead=12, service_ms=20.0, interval_ms=10.0))
+    assert not d.admit and d.refusal is Refusal.SLO
+    assert d.retry_after_s == pytest.approx(0.05) and d.hold_s == pytest.approx(0.05)
+    # 20 + 15 * 10 = 170 ms: held (and retried) after 70 ms
+    d = admit_request(snap(slo_ms=100.0, ahead=15, service_ms=20.0, interval_ms=10.0))
+    assert d.retry_after_s == pytest.approx(0.07) and d.hold_s == pytest.approx(0.07)
+    # a long queue: the retry grows, the hold stops at what was left of the SLO
+    d = admit_request(snap(slo_ms=100.0, ahead=50, service_ms=20.0, interval_ms=10.0))
+    assert d.retry_after_s == pytest.approx(0.42) and d.hold_s == pytest.approx(0.1)
+    d = admit_request(snap(slo_ms=100.0, ahead=50, service_ms=20.0, interval_ms=10.0, spent_ms=70))
+    assert d.hold_s == pytest.approx(0.03)  # 30 ms of the SLO left
+    # shedding: held until the requests over the limit left, one interval each (6 x 10 ms)
+    d = admit_request(snap(slo_ms=100.0, ahead=9, queue_limit=4, interval_ms=10.0, service_ms=20.0))
+    assert d.refusal is Refusal.SHED and d.retry_after_s == pytest.approx(0.06)
+    assert d.hold_s == pytest.approx(0.06)
+    # at most the SLO (else the request's timeout); nothing measured: answered at once
+    d = admit_request(snap(slo_ms=100.0, ahead=40, queue_limit=4, interval_ms=10.0))
+    assert d.retry_after_s == pytest.approx(0.37) and d.hold_s == pytest.approx(0.1)
+    d = admit_request(snap(timeout_s=0.2, ahead=40, queue_limit=4, interval_ms=10.0))
+    assert d.hold_s == pytest.approx(0.2)
+    d = admit_request(snap(slo_ms=100.0, ahead=4, queue_limit=4))
+    assert d.refusal is Refusal.SHED and d.hold_s == 0.0 and d.retry_after_s is None
+    # other refusals are answered at once; an admitted request holds nothing
+    d = admit_request(snap(slo_ms=100.0, ahead=4, max_queue_size=4, queued=((1, 4),)))
+    assert d.refusal is Refusal.QUEUE_FULL and d.hold_s == 0.0
+    assert admit_request(snap(slo_ms=100.0, ahead=0)).hold_s == 0.0
+
+
+def test_refusal_hold_s_bounds_and_bad_input() -> None:
+    assert refusal_hold_s(0.5, 200.0) == 0.2
+    assert refusal_hold_s(0.05, 200.0) == 0.05
+    assert refusal_hold_s(None, 200.0) == 0.0 and refusal_hold_s(math.inf, 200.0) == 0.0
+    assert refusal_hold_s(0.5, 0.0) == 0.0
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="left_ms"):
+            refusal_hold_s(0.1, bad)
+
+
+def test_a_request_that_waits_for_no_instance_is_not_refused_for_the_slo() -> None:
+    # two replicas measured (or scaled) at 500 ms against a 400 ms SLO: one ahead leaves
+    # an instance free, so the request takes 500 ms whatever admission does; refused, a
+    # closed-loop client sends it again while the free instance idles
+    base = dict(slo_ms=400.0, service_ms=500.0, interval_ms=250.0, units=((500.0, 2),))
+    d = admit_request(snap(**base, ahead=1, overloaded=True))
+    assert d.admit and d.estimate_ms == pytest.approx(500.0)
+    d = admit_request(snap(**base, ahead=1, remaining_ms=(300.0,)))  # tracked: the same
+    assert d.admit
+    # two ahead: it waits for one of them; refused as before
+    d = admit_request(snap(**base, ahead=2, overloaded=True))
+    assert not d.admit and d.refusal is Refusal.SLO and d.estimate_ms == pytest.approx(1000.0)
+    # a pipeline: the unit with the fewest instances decides
+    d = admit_request(snap(**dict(base, units=((500.0, 2), (10.0, 1))), ahead=1, overloaded=True))
+    assert not d.admit
+    # against the request's own timeout it is refused still: it would expire half computed
+    d = admit_request(snap(**base, ahead=1, overloaded=True, timeout_s=0.3))
+    assert not d.admit and d.refusal is Refusal.DEADLINE
+
+
+def test_starts_at_once() -> None:
+    assert starts_at_once(0, None) and starts_at_once(-1, ())
+    assert not starts_at_once(1, None) and not starts_at_once(1, ())
+    assert starts_at_once(2, ((5.0, 3), (1.0, 4))) and not starts_at_once(3, ((5.0, 3),))
+    assert not starts_at_once(1, ((5.0, 0),))  # no instance counts as one

@@ -1,0 +1,429 @@
+"""Admission on vs off, same configuration: does SLO admission ever cost goodput?
+
+Admission must never be worse than none: at every load, the answers within the SLO per
+second (goodput) with admission must be at least those without it. This script serves
+one pipeline twice on the same cores, with the same configuration and instances
+(``same_config.hand_pipeline``: the whole model in ``cores`` single-thread replicas):
+**off** without an SLO (no latency admission), **on** with it; both services are up
+at once and every point is measured on one, then the other (alternating which goes
+first), so a busy host's drift favours neither. The load generator (this process)
+shares the cores, as on a device.
+
+1. **Calibration** (``scaling.calibrate``): L0 = the model's median latency at 1 thread;
+   SLO = ``--slo-x`` (3) x L0.
+2. **Capacity** C: the off service, closed loop at 2 x instances, ``--calibrate``
+   answers (completed / s).
+3. Per service and per factor f of ``--factors`` (0.5, 1, 2, 5), with the package's
+   load generator (:mod:`infscaler.api.loadgen`, HTTP, persistent connections,
+   binary tensors): **closed loop** at concurrency max(1, round(f x instances)) (the
+   requests in service at capacity are the instances), refused requests sent again at
+   once as Triton's clients do; **open loop**, Poisson arrivals at f x C. Reported:
+   goodput, admitted P99 from send, refusals / s, and the server's CPU seconds per
+   answer (its process and its instances, ``/proc``; fair on a busy host).
+4. **Keep-alive check**: open loop at 2 x C over 16 keep-alive connections (an
+   ``aiohttp`` pool of 16), admission on: admitted P99 from send <= 2 x SLO.
+5. **gRPC** (tritonclient.grpc, when installed): the closed-loop points again, one
+   client a thread, on both services.
+
+Checks (``checks`` in the JSON): per point, goodput on >= ``--tolerance`` (0.9) x off
+(the margin is noise: both are measured on the same host, one after the other); the
+keep-alive bound. Writes ``results/admission_goodput.json`` and ``.png`` (``--quick``:
+``_quick``, 1.5 s windows: proves the script runs on a busy host, no result).
+
+```sh
+.venv/bin/python bench/admission_goodput.py            # ResNet-50, 0.5 / 1 / 2 / 5 x C
+.venv/bin/python bench/admission_goodput.py --quick
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overload as ov  # noqa: E402
+import same_config as sw  # noqa: E402
+import scaling as sc  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    default_cache_dir,
+    environment,
+    print_table,
+    wait_for_quiet,
+    write_json,
+)
+
+MODES = ("off", "on")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live descendants."""
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return total
+
+
+def point_row(kind: str, factor: float, load: float, point: Any, cpu_s: float) -> dict:
+    """One load point of the load generator as a JSON row (goodput, admitted P99 from
+    send, refusals, server CPU per answer)."""
+    s = point.summary
+    ok = point.totals["ok"]
+    return {
+        "kind": kind,
+        "factor": factor,
+        "load": round(load, 3),
+        "goodput_rps": round(s["goodput"] or 0.0, 3),
+        "throughput_rps": round(s["throughput"], 3),
+        "admitted_p99_ms": None
+        if s["latency_ms"]["p99"] is None
+        else round(s["latency_ms"]["p99"], 2),
+        "refused_rps": round(s["refused_per_s"], 3),
+        "errors_rps": round(s["errors_per_s"], 3),
+        "stable": point.stable,
+        "totals": point.totals,
+        "server_cpu_ms_per_answer": round(1e3 * cpu_s / ok, 3) if ok else None,
+    }
+
+
+async def http_points(
+    svc: Any, model: str, body: bytes, headers: dict, specs: list, cfg: Any, pool: int = 0
+) -> list[tuple[Any, Any, float]]:
+    """Each ``(kind, factor, LoadSpec)`` of ``specs`` measured in turn on one session
+    (``pool`` connections at most; 0: unbounded); ``(spec row key, point, server CPU s)``."""
+    import aiohttp
+
+    from infscaler.api.loadgen import LoadGenerator
+
+    gen = LoadGenerator(svc.sock, model, {})
+    conn = aiohttp.UnixConnector(path=svc.sock, limit=pool)
+    out = []
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)
+    ) as session:
+        for key, spec in specs:
+            c0 = tree_cpu_s(svc.proc.pid)
+            point = await gen.measure(session, spec, cfg, body, headers)
+            out.append((key, point, tree_cpu_s(svc.proc.pid) - c0))
+    return out
+
+
+def grpc_closed(sock: str, model: str, feeds: dict, n: int, duration_s: float, slo_ms: float):
+    """``n`` tritonclient.grpc clients (a thread each) back to back for ``duration_s``;
+    goodput, admitted P99 from send and refusals / s (None without tritonclient)."""
+    try:
+        import tritonclient.grpc as tg
+        from tritonclient.utils import InferenceServerException
+    except ImportError:
+        return None
+    import numpy as np
+
+    lat, refused, errors = [], [0], [0]
+    lock = threading.Lock()
+    end = time.monotonic() + duration_s
+
+    def worker() -> None:
+        client = tg.InferenceServerClient(url="unix:" + sock)
+        inputs = []
+        for name, arr in feeds.items():
+            i = tg.InferInput(name, list(arr.shape), "FP32")
+            i.set_data_from_numpy(np.ascontiguousarray(arr, np.float32))
+            inputs.append(i)
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            try:
+                client.infer(model, inputs)
+                with lock:
+                    lat.append((time.perf_counter() - t0) * 1e3)
+            except InferenceServerException as exc:
+                with lock:
+                    (refused if exc.status() == "StatusCode.UNAVAILABLE" else errors)[0] += 1
+        client.close()
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    span = time.monotonic() - t0
+    lat.sort()
+    return {
+        "goodput_rps": round(sum(x <= slo_ms for x in lat) / span, 3),
+        "throughput_rps": round(len(lat) / span, 3),
+        "admitted_p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2) if lat else None,
+        "refused_rps": round(refused[0] / span, 3),
+        "errors": errors[0],
+    }
+
+
+def serve(mode: str, a: Any, cores: int, slo_ms: float, tmp: Path) -> Any:
+    """The configuration served (``slo`` only when ``mode`` is "on"), ready."""
+    cfg = sw.hand_pipeline(a.model, a.model, 1, cores, slo_ms if mode == "on" else None)
+    target = tmp / f"pipeline_{mode}.yaml"
+    target.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
+    sock = str(tmp / f"{mode}.sock")
+    args = ["--drain-timeout", "5", "--grpc-socket", str(tmp / f"{mode}-grpc.sock")]
+    svc = ov.Service(str(target), args, sock, tmp / f"serve_{mode}.log")
+    svc.wait_ready(600)
+    return svc
+
+
+def measure_http(svc: Any, a: Any, ctx: dict, key: tuple, spec: Any, pool: int = 0) -> dict:
+    """One HTTP load point on ``svc`` (module docstring, step 3 or 4) as a JSON row."""
+    from infscaler.api.loadgen import MeasureConfig
+
+    cfg = MeasureConfig(
+        interval_ms=a.window_ms,
+        max_trials=a.trials,
+        slo_ms=ctx["slo_ms"],
+        timeout_s=30.0,
+        seed=a.seed,
+    )
+    body, headers = ctx["body"], ctx["headers"]
+    ((k, point, cpu),) = asyncio.run(
+        http_points(svc, a.model, body, headers, [(key, spec)], cfg, pool=pool)
+    )
+    return point_row(k[0], k[1], k[2], point, cpu)
+
+
+def run_all(a: Any, ctx: dict, tmp: Path) -> list[dict[str, Any]]:
+    """Both services up at once (the idle one costs nothing), every point measured on
+    one then the other, in alternating order, so a change in the host's load between
+    two measurements of a point is as likely to favour either (steps 2-5)."""
+    from infscaler.api.loadgen import LoadSpec
+
+    cores, slo_ms, feeds = ctx["cores"], ctx["slo_ms"], ctx["feeds"]
+    body, headers = ctx["body"], ctx["headers"]
+    svcs: dict[str, Any] = {}
+    out = {m: {"mode": m, "http": [], "grpc": []} for m in MODES}
+    try:
+        for m in MODES:
+            svcs[m] = serve(m, a, cores, slo_ms, tmp)
+            asyncio.run(ov.closed_loop(svcs[m].sock, a.model, body, headers, 1, 8))  # warm
+        off = svcs["off"]
+        cap = asyncio.run(ov.closed_loop(off.sock, a.model, body, headers, 2 * cores, a.calibrate))
+        ctx["capacity"], c = cap, cap["throughput_rps"]
+        print(f"  capacity {c}/s", flush=True)
+        i = 0
+        for f in ctx["factors"]:
+            n = max(1, round(f * cores))
+            for key, spec in (
+                (("closed", f, n), LoadSpec("concurrency", n)),
+                (("open", f, f * c), LoadSpec("request_rate", f * c, "poisson")),
+            ):
+                for m in MODES if i % 2 == 0 else MODES[::-1]:
+                    out[m]["http"].append(measure_http(svcs[m], a, ctx, key, spec))
+                i += 1
+                print(f"  http {key[0]} {f:g}x done", flush=True)
+        spec = LoadSpec("request_rate", 2 * c, "poisson")
+        out["on"]["keepalive16"] = measure_http(
+            svcs["on"], a, ctx, ("keepalive16", 2.0, 2 * c), spec, 16
+        )
+        for f in ctx["factors"]:
+            n = max(1, round(f * cores))
+            for m in MODES if i % 2 == 0 else MODES[::-1]:
+                g = grpc_closed(str(tmp / f"{m}-grpc.sock"), a.model, feeds, n, a.grpc_s, slo_ms)
+                if g is None:
+                    out[m]["grpc"] = None
+                elif out[m]["grpc"] is not None:
+                    out[m]["grpc"].append({"kind": "closed", "factor": f, "load": n, **g})
+            i += 1
+    finally:
+        for m, svc in svcs.items():
+            out[m]["stop"] = svc.stop()
+            out[m]["serve_log_tail"] = (tmp / f"serve_{m}.log").read_text().splitlines()[-20:]
+    return [out[m] for m in MODES]
+
+
+def compare(data: dict[str, Any], tolerance: float, slo_ms: float) -> dict[str, Any]:
+    """Per point: goodput on / off and whether on >= ``tolerance`` x off; the keep-alive
+    check (admitted P99 from send <= 2 x SLO)."""
+    by = {m["mode"]: m for m in data["modes"]}
+    checks: dict[str, Any] = {}
+    rows = []
+    for proto in ("http", "grpc"):
+        off, on = by["off"].get(proto), by["on"].get(proto)
+        if not off or not on:
+            continue
+        for x, y in zip(off, on, strict=True):
+            ratio = y["goodput_rps"] / x["goodput_rps"] if x["goodput_rps"] else None
+            ok = y["goodput_rps"] >= tolerance * x["goodput_rps"]
+            key = f"{proto}_{x['kind']}_{x['factor']:g}x"
+            checks[f"goodput_on_ge_off_{key}"] = ok
+            rows.append(
+                {
+                    "point": key,
+                    "off": x,
+                    "on": y,
+                    "on_over_off": None if ratio is None else round(ratio, 3),
+                }
+            )
+    ka = by["on"].get("keepalive16")
+    if ka:
+        p99 = ka["admitted_p99_ms"]
+        checks["keepalive16_2x_admitted_p99_within_2x_slo"] = p99 is not None and p99 <= 2 * slo_ms
+    return {"rows": rows, "checks": checks, "passed": all(checks.values())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet50", choices=sorted(sc.MODEL_SETTINGS))
+    p.add_argument("--slo-x", type=float, default=3.0)
+    p.add_argument("--factors", default="0.5,1,2,5")
+    p.add_argument("--window-ms", type=float, default=5000.0)
+    p.add_argument("--trials", type=int, default=6)
+    p.add_argument("--grpc-s", type=float, default=10.0)
+    p.add_argument("--calibrate", type=int, default=60)
+    p.add_argument("--tolerance", type=float, default=0.9)
+    p.add_argument("--quiet-wait-s", type=float, default=120.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.window_ms, a.trials, a.grpc_s, a.calibrate, a.quiet_wait_s = 1500.0, 3, 3.0, 20, 0.0
+    default_cache_dir()
+    from infscaler.api.codec import encode_infer_request
+
+    quiet = wait_for_quiet(a.quiet_wait_s) if a.quiet_wait_s > 0 else None
+    feeds = sc.model_inputs(a.model)
+    cal = sc.calibrate(a.model, feeds, 8 if a.quick else 20)
+    slo_ms = a.slo_x * cal["l0_ms"]
+    body, headers = encode_infer_request(feeds, binary=True, binary_output=True)
+    ctx: dict[str, Any] = {
+        "cores": cal["cores"],
+        "slo_ms": slo_ms,
+        "feeds": feeds,
+        "body": body,
+        "headers": headers,
+        "factors": [float(x) for x in a.factors.split(",")],
+    }
+    data: dict[str, Any] = {
+        "environment": environment(),
+        "settings": vars(a),
+        "quiet_before": quiet,
+        "calibration": cal,
+        "slo_ms": round(slo_ms, 2),
+        "request_bytes": len(body),
+        "modes": [],
+    }
+    print(
+        f"== {a.model}: L0 {cal['l0_ms']} ms, SLO {slo_ms:.1f} ms, {len(body)} B a request",
+        flush=True,
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="isc-admission-"))
+    data["modes"] = run_all(a, ctx, tmp)
+    data["capacity"] = ctx["capacity"]
+    data["comparison"] = compare(data, a.tolerance, slo_ms)
+    data["environment"]["load_average_at_end"] = list(os.getloadavg())
+    name = "admission_goodput" + ("_quick" if a.quick else "")
+    write_json(RESULTS_DIR / f"{name}.json", data)
+    plot(data, RESULTS_DIR / f"{name}.png")
+    table(data)
+    return 0
+
+
+def table(data: dict[str, Any]) -> None:
+    rows = []
+    for r in data["comparison"]["rows"]:
+        off, on = r["off"], r["on"]
+        rows.append(
+            [
+                r["point"],
+                off["load"],
+                off["goodput_rps"],
+                on["goodput_rps"],
+                r["on_over_off"],
+                off["admitted_p99_ms"],
+                on["admitted_p99_ms"],
+                on["refused_rps"],
+                on.get("server_cpu_ms_per_answer"),
+                off.get("server_cpu_ms_per_answer"),
+            ]
+        )
+    print_table(
+        [
+            "point",
+            "load",
+            "good off",
+            "good on",
+            "on/off",
+            "P99 off",
+            "P99 on",
+            "refused/s on",
+            "cpu ms/ans on",
+            "cpu ms/ans off",
+        ],
+        rows,
+    )
+    ka = next((m.get("keepalive16") for m in data["modes"] if m["mode"] == "on"), None)
+    if ka:
+        print(
+            f"16 keep-alive connections at 2x: admitted P99 {ka['admitted_p99_ms']} ms "
+            f"(SLO {data['slo_ms']} ms), goodput {ka['goodput_rps']}/s"
+        )
+    print("checks:", data["comparison"]["checks"], "passed:", data["comparison"]["passed"])
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Goodput off vs on per point (bars), and admitted P99 from send against the SLO."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = data["comparison"]["rows"]
+    if not rows:
+        return
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(rows)), 8))
+    xs = range(len(rows))
+    ax1.bar(
+        [x - 0.2 for x in xs], [r["off"]["goodput_rps"] for r in rows], 0.4, label="admission off"
+    )
+    ax1.bar(
+        [x + 0.2 for x in xs], [r["on"]["goodput_rps"] for r in rows], 0.4, label="admission on"
+    )
+    ax1.set_ylabel("goodput (answers within the SLO / s)")
+    ax1.set_xticks(list(xs), [r["point"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax1.legend(fontsize=8)
+    ax1.set_title(
+        f"{data['settings']['model']}, SLO {data['slo_ms']} ms, capacity "
+        f"{data['capacity']['throughput_rps']}/s"
+        + (" (--quick: no result)" if data["settings"]["quick"] else ""),
+        fontsize=9,
+    )
+    for key, off in (("off", -0.2), ("on", 0.2)):
+        ys = [r[key]["admitted_p99_ms"] or 0 for r in rows]
+        ax2.bar([x + off for x in xs], ys, 0.4, label=f"admission {key}")
+    ax2.axhline(data["slo_ms"], color="k", ls=":", lw=1, label="SLO")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("admitted P99 from send, ms")
+    ax2.set_xticks(list(xs), [r["point"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
