@@ -44,12 +44,8 @@ import numpy as np
 from infscaler.base.threads import NamedThread
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
-from infscaler.runtime.serving.admission import (
-    ArrivalDecision,
-    ArrivalSnapshot,
-    Refusal,
-    admit_request,
-)
+from infscaler.runtime.serving.admission import ArrivalDecision, ArrivalSnapshot, admit_request
+from infscaler.runtime.serving.arrivals import FrontCounts, arrival_snapshot, count_refusal
 from infscaler.runtime.serving.pipeline import (
     ERROR,
     FANOUT,
@@ -76,26 +72,6 @@ log = logging.getLogger("infscaler.frontend")
 _EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
 #: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
-#: refusals that count in the pipeline's offered load (its ``rejected`` statistics)
-_COUNTED_REFUSALS = frozenset(
-    {
-        Refusal.UNAVAILABLE,
-        Refusal.OVERLOADED,
-        Refusal.SHED,
-        Refusal.SLO,
-        Refusal.DEADLINE,
-        Refusal.QUEUE_FULL,
-    }
-)
-#: the front end's counter of each refusal that has one
-_REFUSAL_COUNTERS = {
-    Refusal.SHED: "shed",
-    Refusal.SLO: "slo_refused",
-    Refusal.DEADLINE: "deadline_refused",
-    Refusal.QUEUE_FULL: "queue_full",
-    Refusal.OVERLOADED: "overloaded",
-    Refusal.UID_QUOTA: "uid_quota",
-}
 _IN_PIPELINE = (RequestPhase.RUNNING, RequestPhase.ITEMS, RequestPhase.POST)
 
 
@@ -234,7 +210,7 @@ class FrontEnd:
             arrived = now if arrived_s is None else min(float(arrived_s), now)
             overloaded = route.overloaded(now)
             decision = admit_request(
-                self._arrival(route, timeout_s, now, arrived, overloaded, level, uid)
+                self._snapshot(route, timeout_s, now, arrived, overloaded, level, uid)
             )
             if not decision.admit:
                 self._refused(route, decision)
@@ -278,12 +254,12 @@ class FrontEnd:
             now = time.monotonic()
             overloaded = route.overloaded(now)
             level = request_level(None, route.pipeline.config.priority)
-            d = admit_request(self._arrival(route, None, now, now, overloaded, level, uid))
+            d = admit_request(self._snapshot(route, None, now, now, overloaded, level, uid))
             if not d.admit:
-                self._count_refusal(route, d)
+                count_refusal(route, self.counters, d)
         return d
 
-    def _arrival(
+    def _snapshot(
         self,
         route: Route,
         timeout_s: float | None,
@@ -293,43 +269,25 @@ class FrontEnd:
         level: int,
         uid: int | None,
     ) -> ArrivalSnapshot:
-        """What the front end knows as a request arrives (call under the lock): the
-        snapshot :func:`~infscaler.runtime.serving.admission.admit_request` decides on."""
-        config = route.pipeline.config
-        service_ms, interval_ms = route.estimates(overloaded)
-        # in overload admission judges on the drain time: the progress is not read
-        if overloaded:
-            remaining_ms, units = None, route.units(overloaded)
-        else:
-            remaining_ms, units = route.progress(now)
-        return ArrivalSnapshot(
-            pipeline=route.pipeline.name,
+        """:func:`~infscaler.runtime.serving.arrivals.arrival_snapshot` with the front
+        end's own counts (call under the lock)."""
+        return arrival_snapshot(
+            route,
+            FrontCounts(
+                failure=self.failure,
+                closing=self._closing,
+                pending=len(self._pending),
+                max_pending=self.max_pending,
+                uid_pending=0 if uid is None else self._by_uid[uid],
+                pending_per_uid=self.pending_per_uid,
+                operator_pending=self.operator_pending,
+            ),
             timeout_s=timeout_s,
-            default_timeout_s=config.request_timeout_s,
-            spent_ms=(now - arrived) * 1e3,  # reading and decoding it took this much
-            failure=self.failure,
-            accepting=route.accepting and not self._closing,
-            unavailable_reason=route.unavailable_reason,
-            unavailable_retry_s=route.retry_after_s,
-            pending=len(self._pending),
-            max_pending=self.max_pending,
-            uid=uid,
-            uid_pending=0 if uid is None else self._by_uid[uid],
-            pending_per_uid=self.pending_per_uid,
-            operator_pending=self.operator_pending,
-            ahead=route.admitted,
-            queue_limit=route.queue_limit,
-            shed_reason=route.shed_reason,
-            slo_ms=config.slo_ms,
-            service_ms=service_ms,
-            interval_ms=interval_ms,
-            remaining_ms=remaining_ms,
-            units=units,
-            lenience=route.lenience(now, overloaded),
+            now=now,
+            arrived=arrived,
             overloaded=overloaded,
             level=level,
-            queued=tuple(route.queued.items()),
-            max_queue_size=config.queue_policy.max_queue_size,
+            uid=uid,
         )
 
     @property
@@ -377,7 +335,7 @@ class FrontEnd:
             RequestError: always, with the decision's status, reason, hint and
                 ``retry_after_s``.
         """
-        self._count_refusal(route, decision)
+        count_refusal(route, self.counters, decision)
         raise RequestError(
             decision.reason,
             decision.status,
@@ -386,15 +344,6 @@ class FrontEnd:
             code=None if decision.refusal is None else decision.refusal.value,
             hold_s=decision.hold_s,
         )
-
-    def _count_refusal(self, route: Route, decision: ArrivalDecision) -> None:
-        if decision.refusal is not None:
-            route.refusals[decision.refusal.value] += 1
-        if decision.refusal in _COUNTED_REFUSALS:
-            route.stats.record_rejection(slo=decision.refusal is Refusal.SLO)
-        counter = _REFUSAL_COUNTERS.get(decision.refusal)  # type: ignore[arg-type]
-        if counter is not None:
-            self.counters[counter] += 1
 
     def _on_future_done(self, fut: concurrent.futures.Future, seq: int) -> None:
         if fut.cancelled():  # the caller gave up (client disconnect): drop the request

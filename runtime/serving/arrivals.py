@@ -1,0 +1,128 @@
+"""What the front end knows as a request arrives, and how it counts a refusal.
+
+:func:`arrival_snapshot` gathers, from a pipeline's :class:`~infscaler.runtime.serving.route.Route`
+and the front end's own counts (:class:`FrontCounts`), the
+:class:`~infscaler.runtime.serving.admission.ArrivalSnapshot` that the pure
+:func:`~infscaler.runtime.serving.admission.admit_request` decides on; :func:`count_refusal`
+records a refusal where the statistics, the status and ``/metrics`` read it. Both run
+under the front end's lock; neither blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from infscaler.runtime.serving.admission import ArrivalDecision, ArrivalSnapshot, Refusal
+from infscaler.runtime.serving.route import Route
+
+__all__ = [
+    "COUNTED_REFUSALS",
+    "REFUSAL_COUNTERS",
+    "FrontCounts",
+    "arrival_snapshot",
+    "count_refusal",
+]
+
+#: refusals that count in the pipeline's offered load (its ``rejected`` statistics)
+COUNTED_REFUSALS = frozenset(
+    {
+        Refusal.UNAVAILABLE,
+        Refusal.OVERLOADED,
+        Refusal.SHED,
+        Refusal.SLO,
+        Refusal.DEADLINE,
+        Refusal.QUEUE_FULL,
+    }
+)
+#: the front end's counter of each refusal that has one
+REFUSAL_COUNTERS = {
+    Refusal.SHED: "shed",
+    Refusal.SLO: "slo_refused",
+    Refusal.DEADLINE: "deadline_refused",
+    Refusal.QUEUE_FULL: "queue_full",
+    Refusal.OVERLOADED: "overloaded",
+    Refusal.UID_QUOTA: "uid_quota",
+}
+
+
+@dataclass(frozen=True)
+class FrontCounts:
+    """The front end's side of an arrival: ``failure`` (why it died, None: alive),
+    ``closing``, requests ``pending`` (admitted, not answered) of ``max_pending``, the
+    client uid's own (``uid_pending``) of ``pending_per_uid`` (None: no per-uid cap), and
+    ``operator_pending``, the share only the operator may use."""
+
+    failure: str | None
+    closing: bool
+    pending: int
+    max_pending: int
+    uid_pending: int
+    pending_per_uid: int | None
+    operator_pending: int
+
+
+def arrival_snapshot(
+    route: Route,
+    front: FrontCounts,
+    *,
+    timeout_s: float | None,
+    now: float,
+    arrived: float,
+    overloaded: bool,
+    level: int,
+    uid: int | None,
+) -> ArrivalSnapshot:
+    """The snapshot admission decides a request on: ``timeout_s`` the request's own
+    deadline (s; None: the pipeline's), ``now`` / ``arrived`` monotonic s (the difference
+    is what reading and decoding it took), ``overloaded`` the route's overload state at
+    ``now``, ``level`` its priority level, ``uid`` the client's (None: the operator)."""
+    config = route.pipeline.config
+    service_ms, interval_ms = route.estimates(overloaded)
+    # in overload admission judges on the drain time: the progress is not read
+    if overloaded:
+        remaining_ms, units = None, route.units(overloaded)
+    else:
+        remaining_ms, units = route.progress(now)
+    return ArrivalSnapshot(
+        pipeline=route.pipeline.name,
+        timeout_s=timeout_s,
+        default_timeout_s=config.request_timeout_s,
+        spent_ms=(now - arrived) * 1e3,
+        failure=front.failure,
+        accepting=route.accepting and not front.closing,
+        unavailable_reason=route.unavailable_reason,
+        unavailable_retry_s=route.retry_after_s,
+        pending=front.pending,
+        max_pending=front.max_pending,
+        uid=uid,
+        uid_pending=front.uid_pending,
+        pending_per_uid=front.pending_per_uid,
+        operator_pending=front.operator_pending,
+        ahead=route.admitted,
+        queue_limit=route.queue_limit,
+        shed_reason=route.shed_reason,
+        slo_ms=config.slo_ms,
+        service_ms=service_ms,
+        interval_ms=interval_ms,
+        remaining_ms=remaining_ms,
+        units=units,
+        lenience=route.lenience(now, overloaded),
+        overloaded=overloaded,
+        level=level,
+        queued=tuple(route.queued.items()),
+        max_queue_size=config.queue_policy.max_queue_size,
+    )
+
+
+def count_refusal(route: Route, counters: collections.Counter, decision: ArrivalDecision) -> None:
+    """Record a refusal: by its code in ``route.refusals``, in the pipeline's offered load
+    when it is one of :data:`COUNTED_REFUSALS`, and in the front end's ``counters`` under
+    its :data:`REFUSAL_COUNTERS` name."""
+    if decision.refusal is not None:
+        route.refusals[decision.refusal.value] += 1
+    if decision.refusal in COUNTED_REFUSALS:
+        route.stats.record_rejection(slo=decision.refusal is Refusal.SLO)
+    counter = REFUSAL_COUNTERS.get(decision.refusal)  # type: ignore[arg-type]
+    if counter is not None:
+        counters[counter] += 1
