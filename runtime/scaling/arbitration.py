@@ -30,11 +30,16 @@ Rules (one move per call at most):
    fewer, within its share of the SLO (the donor's guard below, the scaler's scale-in
    guard: in a live run the loan went back at a load one instance served at 0.25 of
    its capacity but with a P99 the M/D/1 model put at 1.5 x the SLO, and was lent again
-   18 s later). While the pressure lasts, nothing moves back.
+   18 s later). While the pressure lasts, nothing moves back, unless the lender ranks as
+   high as the taker and itself misses its SLO at the cap: then it gets the instance
+   back at once.
 2. **Lend**: a pipeline that violates its SLO with its own decision blocked by the cap
    (``blocked``) takes one instance for its bottleneck unit (largest B_k / S_k not at its
-   ``max_instances``, on its fastest engine option) from a donor: a pipeline of lower
-   or equal priority (a larger or equal ``priority`` number), not violated, P99 <=
+   ``max_instances``, on its fastest engine option) from a donor. A pipeline of strictly
+   lower priority (a larger ``priority`` number) yields whatever its own state (violated,
+   flooded, holding a loan: a flood of it cannot keep the cap from a higher one), its
+   loss not counted against the gain; one of equal priority lends only its slack: not
+   violated, P99 <=
    ``donor_p99_ratio`` x SLO (or not measured), that holds no loan as taker, with a unit
    above its ``min_instances`` whose stop frees what the cap lacks (memory, a slot of the
    same engine, cores) and after which its offered load stays <= ``donor_load`` x its
@@ -205,13 +210,26 @@ def arbitrate(
         taker, donor = by_name.get(loan.taker), by_name.get(loan.donor)
         if taker is None or donor is None:
             continue
+        if back is None and donor.blocked and donor.violated and donor.priority <= taker.priority:
+            # a lender as high as its taker needs its instance back: returned now, calm or
+            # not (a lower lender waits: it yields to the higher taker, rule 2)
+            back = _return(
+                loan,
+                taker,
+                donor,
+                f"{donor.name} (priority {donor.priority}) misses its SLO at the cap and "
+                f"needs its instance back from {taker.name} (priority {taker.priority})",
+            )
+            if back is not None:
+                continue
         calm = _calm(taker, loan, config)
         if calm is None:
             loans.append(replace(loan, calm_since=None))
             continue
         since = loan.calm_since if loan.calm_since is not None else now
         if back is None and now - since >= config.release_hold_s - _EPS:
-            back = _return(loan, taker, donor, calm, now - since)
+            why = f"pressure over: {taker.name} calm for {_n(now - since)} s ({calm})"
+            back = _return(loan, taker, donor, why)
             # None: nothing to give back and the cap refuses the donor's instance:
             # the loan is over (the donor's own scaler grows it when it needs to)
             continue
@@ -292,11 +310,10 @@ def _calm(taker: PipelineView, loan: Loan, c: ArbitrationConfig) -> str | None:
     return f"{p99} <= {c.release_ratio:g} x SLO {_n(s.slo_ms)} ms{load}"
 
 
-def _return(
-    loan: Loan, taker: PipelineView, donor: PipelineView, calm: str, held: float
-) -> Move | None:
-    """The move giving ``loan`` back (None: the taker's own scaler already gave the
-    instance back and the cap still refuses the donor's one)."""
+def _return(loan: Loan, taker: PipelineView, donor: PipelineView, why: str) -> Move | None:
+    """The move giving ``loan`` back, ``why`` its reason's first words (None: the taker's
+    own scaler already gave the instance back and the cap still refuses the donor's
+    one)."""
     ts, ds = taker.snapshot, donor.snapshot
     u = _unit(ts, loan.taker_unit)
     give = u is not None and u.total_instances >= loan.taker_count
@@ -328,7 +345,7 @@ def _return(
         "lent instance",
         gain,
         gain,
-        f"pressure over: {taker.name} calm for {_n(held)} s ({calm}); {what}; "
+        f"{why}; {what}; "
         f"{donor.name} gets its {loan.donor_engine} instance of unit {loan.donor_unit} "
         f"back (+{_n(gain)} req/s for {donor.name})",
         give,
@@ -420,10 +437,18 @@ def _best_lend(
         # bounds the pipeline)
         r_gain = _added(rs, ru, ro)
         for d in views:
-            if d.name == r.name or d.priority < r.priority or d.violated or d.name in takers:
+            if d.name == r.name or d.priority < r.priority:
                 continue
+            # a strictly lower pipeline yields what a higher one needs, flooded or not
+            # (its own violation, load or loans cannot keep the cap from the higher one);
+            # an equal one lends only its slack
+            yields = d.priority > r.priority
             ds = d.snapshot
-            if ds.p99_ms is not None and ds.p99_ms > c.donor_p99_ratio * ds.slo_ms + _EPS:
+            if not yields and (
+                d.violated
+                or d.name in takers
+                or (ds.p99_ms is not None and ds.p99_ms > c.donor_p99_ratio * ds.slo_ms + _EPS)
+            ):
                 continue
             for du in ds.units:
                 if du.total_instances <= du.min_instances:
@@ -435,12 +460,13 @@ def _best_lend(
                     if any(freed.get(k, 0.0) + _EPS < v for k, v in short.items()):
                         continue
                     after = pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
-                    if after is not None and ds.offered > c.donor_load * after + _EPS:
-                        continue
-                    if _tail_short(ds, du):
+                    if not yields and (
+                        (after is not None and ds.offered > c.donor_load * after + _EPS)
+                        or _tail_short(ds, du)
+                    ):
                         continue
                     loss = _served(ds, pipeline_capacity_rps(ds)) - _served(ds, after)
-                    gain = r_gain - loss
+                    gain = r_gain - (0.0 if yields else loss)
                     if gain <= _EPS:
                         continue
                     per = gain / max(cost, _EPS)

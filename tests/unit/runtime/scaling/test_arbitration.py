@@ -83,26 +83,53 @@ def test_lends_from_the_lower_priority_donor_with_slack() -> None:
     assert [(ln.donor, ln.taker, ln.taker_count) for ln in state.loans] == [("lo", "hi", 2)]
 
 
-def test_no_donor_when_all_are_at_min_or_violating() -> None:
+def test_no_donor_when_all_are_at_min_or_an_equal_one_has_no_slack() -> None:
     at_min = idle(n=1)
     assert arbitrate([hot(), at_min], ArbitrationState())[0] == []
-    violating = replace(idle(), violated=True)
+    violating = replace(idle(priority=1), violated=True)
     assert arbitrate([hot(), violating], ArbitrationState())[0] == []
     # a donor of higher priority than the taker does not give
     assert arbitrate([hot(priority=2), idle(priority=1)], ArbitrationState())[0] == []
-    # the donor would run above donor_load after the give: 7 req/s on 10 > 0.6 x 10
-    busy = PipelineView("lo", 2, snap(2, offered=7.0, p99=120.0, slo=500.0))
+    # an equal donor would run above donor_load after the give: 7 req/s on 10 > 0.6 x 10
+    busy = PipelineView("lo", 1, snap(2, offered=7.0, p99=120.0, slo=500.0))
     assert arbitrate([hot(), busy], ArbitrationState())[0] == []
     # at 6 req/s on 10 it may give, where one instance's approximate P99 at 6 req/s
     # (M/D/1 by Erlang C and Kingman's tail: 100 + ln(60) / (2 x 4) s = 612 ms) is
     # within its SLO (1000 ms)
-    easy = PipelineView("lo", 2, snap(2, offered=6.0, p99=120.0, slo=1000.0))
+    easy = PipelineView("lo", 1, snap(2, offered=6.0, p99=120.0, slo=1000.0))
     assert len(arbitrate([hot(), easy], ArbitrationState())[0]) == 1
     # with an SLO of 500 ms the instance left would miss it: no slack, no lend (its
     # own scaler's scale-in keeps 2 at 6 req/s for the same reason)
-    tight = PipelineView("lo", 2, snap(2, offered=6.0, p99=120.0, slo=500.0))
+    tight = PipelineView("lo", 1, snap(2, offered=6.0, p99=120.0, slo=500.0))
     assert arbitrate([hot(), tight], ArbitrationState())[0] == []
     assert p99_response_ms(6.0, 1, 100.0) == pytest.approx(612, abs=1)
+
+
+def test_a_flooded_lower_pipeline_yields_to_a_higher_one() -> None:
+    """A flood of the lower pipeline (violating, over its load bound, itself blocked)
+    does not keep the cap from the higher one: it gives, and its loss does not count."""
+    flooded = PipelineView("lo", 2, snap(2, offered=40.0, p99=2000.0, slo=500.0), True, True)
+    moves, state = arbitrate([hot(), flooded], ArbitrationState())
+    assert [(m.kind, m.giver, m.taker) for m in moves] == [("lend", "lo", "hi")]
+    assert moves[0].gain_rps == pytest.approx(10.0)  # the higher pipeline's gain
+    assert [(ln.donor, ln.taker) for ln in state.loans] == [("lo", "hi")]
+    # and it cannot take the instance back while the higher one needs it
+    hi_after = PipelineView("hi", 1, snap(2, offered=25.0, p99=450.0), True, True)
+    again, _ = arbitrate([hi_after, flooded], state)
+    assert all(m.taker != "lo" for m in again)
+
+
+def test_a_loan_returns_when_the_lender_needs_it_back() -> None:
+    """Equal priorities: a lender that comes to miss its SLO at the cap gets its
+    instance back at once, however pressed the taker still is."""
+    moves, state = arbitrate([hot("a"), idle("b", priority=1)], ArbitrationState())
+    assert [(m.giver, m.taker) for m in moves] == [("b", "a")]
+    taker_still_hot = PipelineView("a", 1, snap(2, offered=30.0, p99=450.0), True, True)
+    lender_hot = PipelineView("b", 1, snap(2, offered=25.0, p99=900.0, slo=500.0), True, True)
+    back, after = arbitrate([taker_still_hot, lender_hot], state)
+    assert [(m.kind, m.taker, m.giver) for m in back] == [("return", "b", "a")]
+    assert "needs its instance back" in back[0].reason
+    assert after.loans == ()
 
 
 def test_min_instances_respected() -> None:
