@@ -176,6 +176,11 @@ class Supervisor:
         #: at from them (:func:`~infscaler.base.levels.cpu_nice`)
         self._levels: dict[str, int] = {}
         self.nice: dict[str, int] = {}
+        #: False with ``INFSCALER_CPU_PRIORITY=off`` (benchmarks: every instance at the
+        #: service's own nice value, as before CPU by priority)
+        self.cpu_priority = os.environ.get("INFSCALER_CPU_PRIORITY", "on").lower() != "off"
+        #: the service's own nice value: instances run at it plus their pipeline's
+        self._base_nice = os.getpriority(os.PRIO_PROCESS, 0)
         self.zygote: ForkServer | None = None
         if enabled_by_env() if fork_server is None else fork_server:
             self.zygote = ForkServer(self.env, lambda fn: self._spawner.submit(fn).result())
@@ -207,7 +212,8 @@ class Supervisor:
     def set_level(self, pipeline: str, level: int | None) -> None:
         """Record ``pipeline``'s priority level (None: it is gone) and renice every live
         instance whose nice value changes with it: the highest level deployed runs at
-        nice 0, lower levels at higher values (:func:`~infscaler.base.levels.cpu_nice`),
+        the service's own nice value, lower levels that plus
+        :func:`~infscaler.base.levels.cpu_nice`'s (at most 19),
         so the kernel gives a higher-priority pipeline's instances the cores first.
         Instances started later take their pipeline's value when they start."""
         with self._lock:
@@ -215,14 +221,15 @@ class Supervisor:
                 self._levels.pop(pipeline, None)
             else:
                 self._levels[pipeline] = level
-            old, self.nice = self.nice, cpu_nice(self._levels)
+            old = self.nice
+            self.nice = cpu_nice(self._levels) if self.cpu_priority else {}
             changed = {p for p, n in self.nice.items() if old.get(p, 0) != n}
             handles = [h for h in self._handles.values() if h.key[0] in changed]
         for h in handles:
             self._renice(h)
 
     def _renice(self, h: InstanceHandle) -> None:
-        why = renice_process(h.proc.pid, self.nice.get(h.key[0], 0))
+        why = renice_process(h.proc.pid, min(19, self._base_nice + self.nice.get(h.key[0], 0)))
         if why is not None and h.state is not InstanceState.STOPPING:
             log.warning("instance %d of %s: %s", h.iid, h.unit.name, why)
 
