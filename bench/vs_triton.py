@@ -227,9 +227,10 @@ class Sut:
 class GrpcClient:
     """tritonclient.grpc, one connection per client thread (keep-alive)."""
 
-    def __init__(self, sut: Sut, model: Model, x: np.ndarray) -> None:
+    def __init__(self, sut: Sut, model: Model, x: np.ndarray, name: str = "model") -> None:
         import tritonclient.grpc as grpcclient
 
+        self._name = name
         self._c = grpcclient.InferenceServerClient(sut.grpc_url)
         self._in = grpcclient.InferInput(model.input, list(x.shape), "FP32")
         self._in.set_data_from_numpy(x)
@@ -239,7 +240,7 @@ class GrpcClient:
         from tritonclient.utils import InferenceServerException
 
         try:
-            self._c.infer("model", [self._in], outputs=self._out)
+            self._c.infer(self._name, [self._in], outputs=self._out)
             return None
         except InferenceServerException as exc:
             return str(exc.status() or "error")
@@ -251,9 +252,10 @@ class GrpcClient:
 class HttpClient:
     """httpx with the v2 binary tensor extension (Triton's and ours), keep-alive."""
 
-    def __init__(self, sut: Sut, model: Model, x: np.ndarray) -> None:
+    def __init__(self, sut: Sut, model: Model, x: np.ndarray, name: str = "model") -> None:
         import httpx
 
+        self._path = f"/v2/models/{name}/infer"
         transport = httpx.HTTPTransport(uds=sut.http["uds"]) if "uds" in sut.http else None
         self._c = httpx.Client(base_url=sut.http["base"], transport=transport, timeout=60)
         raw = np.ascontiguousarray(x).tobytes()
@@ -280,7 +282,7 @@ class HttpClient:
         import httpx
 
         try:
-            r = self._c.post("/v2/models/model/infer", content=self._body, headers=self._headers)
+            r = self._c.post(self._path, content=self._body, headers=self._headers)
         except httpx.HTTPError as exc:
             return type(exc).__name__
         return None if r.status_code == 200 else str(r.status_code)
@@ -369,7 +371,11 @@ def open_loop(make, rate: float, duration_s: float, slo_ms: float, seed: int) ->
             pool.submit(one, t0 + s)
     for c in made:
         c.close()
-    return _summary(lat, refusals, duration_s, slo_ms) | {"offered_rps": round(rate, 2)}
+    return _summary(lat, refusals, duration_s, slo_ms) | {
+        "offered_rps": round(rate, 2),
+        "sent": len(sends),
+        "within_slo": int(sum(v <= slo_ms for v in lat)),
+    }
 
 
 # --- one server through every point -------------------------------------------------------
