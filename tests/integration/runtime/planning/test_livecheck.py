@@ -111,8 +111,14 @@ def test_a_wrong_start_is_corrected_under_load_with_every_request_answered(
         assert outcomes["ok"] > 100, outcomes
         # the statistics went on across the switch: every answer counted once
         stats = model_stats(svc, svc.deployment("live"))
-        assert stats["inference_count"] == outcomes["ok"], (stats["inference_count"], outcomes)
+        assert stats["inference_stats"]["success"]["count"] == outcomes["ok"], (stats, outcomes)
         assert stats["configurations"] >= 2
+        # the items the instances ran, as they report them (when idle, or every second)
+        wait_for(
+            lambda: model_stats(svc, svc.deployment("live"))["inference_count"] == outcomes["ok"],
+            30,
+            f"inference_count to reach the {outcomes['ok']} answers",
+        )
         out = svc.infer("live", {"x": x}, timeout_s=60).outputs["y"]
         assert out.shape == (1, 32, 48, 48)
     # the kept decision now starts from what the live check settled on

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 
+from infscaler.api.common import model_stats
 from infscaler.api.server import ServerThread
 from infscaler.base.config import load_pipeline
 from infscaler.runtime.serving.frontend import RequestError
@@ -69,6 +70,12 @@ def test_counts_go_on_across_a_switch_of_configuration(tmp_path: Path) -> None:
         ok = answered["ok"]
         dep = svc.deployment("chain")
         assert dep.route.instances == [1, 2]
+        # the instances report what they ran when idle (or every second): wait for it
+        wait_for(
+            lambda: model_stats(svc, svc.deployment("chain"))["inference_count"] == ok,
+            30,
+            f"inference_count to reach the {ok} answers",
+        )
         sock, gsock = str(tmp_path / "api.sock"), str(tmp_path / "api-grpc.sock")
         with ServerThread(svc, sock, grpc_socket=gsock):
             transport = httpx.HTTPTransport(uds=sock)
