@@ -54,7 +54,7 @@ Rules (one move per call at most):
    that binds (MB when memory is short, else cores, else one engine slot). A move that
    gains no goodput is not made.
 
-Capacities are :func:`~infscaler.runtime.scaling.scaler.pipeline_capacity_rps` (requests/s
+Capacities are :func:`~infscaler.runtime.scaling.unitmodel.pipeline_capacity_rps` (requests/s
 at the units' P50 service times). Pure: no I/O, no clock (``now`` is the snapshots').
 """
 
@@ -62,13 +62,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from infscaler.runtime.scaling.queueing import _EPS, _fan_out, _p99_needed
-from infscaler.runtime.scaling.scaler import (
-    _instance_ms,
-    effective_bottleneck,
+from infscaler.runtime.queueing import EPS
+from infscaler.runtime.scaling.scaler import effective_bottleneck
+from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
+from infscaler.runtime.scaling.unitmodel import (
+    fan_out,
+    instance_ms,
+    p99_needed,
     pipeline_capacity_rps,
 )
-from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
 
 __all__ = [
     "ArbitrationConfig",
@@ -227,7 +229,7 @@ def arbitrate(
             loans.append(replace(loan, calm_since=None))
             continue
         since = loan.calm_since if loan.calm_since is not None else now
-        if back is None and now - since >= config.release_hold_s - _EPS:
+        if back is None and now - since >= config.release_hold_s - EPS:
             why = f"pressure over: {taker.name} calm for {_n(now - since)} s ({calm})"
             back = _return(loan, taker, donor, why)
             # None: nothing to give back and the cap refuses the donor's instance:
@@ -295,13 +297,13 @@ def _calm(taker: PipelineView, loan: Loan, c: ArbitrationConfig) -> str | None:
     s = taker.snapshot
     if taker.violated:
         return None
-    if s.p99_ms is not None and s.p99_ms > c.release_ratio * s.slo_ms + _EPS:
+    if s.p99_ms is not None and s.p99_ms > c.release_ratio * s.slo_ms + EPS:
         return None
     u = _unit(s, loan.taker_unit)
     has = u is not None and u.instances.get(loan.taker_engine, 0) > 0
     without = _with(s, loan.taker_unit, loan.taker_engine, -1) if has else s
     cap = pipeline_capacity_rps(without)
-    if cap is not None and s.offered > c.release_ratio * cap + _EPS:
+    if cap is not None and s.offered > c.release_ratio * cap + EPS:
         return None
     if has and u is not None and _tail_short(s, u):
         return None  # one instance fewer: its P99 at this load would miss the SLO
@@ -379,7 +381,7 @@ def _short(s: Snapshot, o: EngineOption) -> dict[str, float]:
     cap: ResourceCap = s.cap
     short: dict[str, float] = {}
     mem = cap.memory_used_mb + o.memory_mb - cap.memory_cap_mb
-    if mem > _EPS:
+    if mem > EPS:
         short["memory"] = mem
     if cap.cores and o.cores and s.cores_used + o.cores > cap.cores:
         short["cores"] = float(s.cores_used + o.cores - cap.cores)
@@ -393,13 +395,13 @@ def _tail_short(s: Snapshot, u: UnitState) -> bool:
     """Whether ``u`` of pipeline ``s`` (a donor, or a taker giving a loan back), with one
     instance fewer, would keep its
     approximate P99 at the offered load out of its share of the SLO (the scaler's
-    ``_p99_needed`` above the instances left; the share depends on the other units'
+    ``p99_needed`` above the instances left; the share depends on the other units'
     service times only). False when the unit has no measured service time, one instance
     or fewer, or an SLO share below its service time: the load rule alone decides then."""
-    svc = _instance_ms(u)
+    svc = instance_ms(u)
     if u.service_ms is None or svc is None or u.total_instances <= 1:
         return False
-    return _p99_needed(s, u, s.offered * _fan_out(u, s), svc) > u.total_instances - 1
+    return p99_needed(s, u, s.offered * fan_out(u, s), svc) > u.total_instances - 1
 
 
 def _frees(o: EngineOption, take: EngineOption) -> dict[str, float]:
@@ -447,7 +449,7 @@ def _best_lend(
             if not yields and (
                 d.violated
                 or d.name in takers
-                or (ds.p99_ms is not None and ds.p99_ms > c.donor_p99_ratio * ds.slo_ms + _EPS)
+                or (ds.p99_ms is not None and ds.p99_ms > c.donor_p99_ratio * ds.slo_ms + EPS)
             ):
                 continue
             for du in ds.units:
@@ -457,19 +459,19 @@ def _best_lend(
                     if du.instances.get(do.engine, 0) <= 0:
                         continue
                     freed = _frees(do, ro)
-                    if any(freed.get(k, 0.0) + _EPS < v for k, v in short.items()):
+                    if any(freed.get(k, 0.0) + EPS < v for k, v in short.items()):
                         continue
                     after = pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
                     if not yields and (
-                        (after is not None and ds.offered > c.donor_load * after + _EPS)
+                        (after is not None and ds.offered > c.donor_load * after + EPS)
                         or _tail_short(ds, du)
                     ):
                         continue
                     loss = _served(ds, pipeline_capacity_rps(ds)) - _served(ds, after)
                     gain = r_gain - (0.0 if yields else loss)
-                    if gain <= _EPS:
+                    if gain <= EPS:
                         continue
-                    per = gain / max(cost, _EPS)
+                    per = gain / max(cost, EPS)
                     key = (r.priority, -d.priority, -per, r.name, d.name, du.index)
                     if best is not None and key >= best[0]:
                         continue

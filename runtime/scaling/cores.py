@@ -18,8 +18,8 @@ take turns on them); the scaler only does not add to it.
 
 from __future__ import annotations
 
+from infscaler.runtime.queueing import EPS
 from infscaler.runtime.scaling.demand import expected_share, fits_cores
-from infscaler.runtime.scaling.queueing import _EPS
 from infscaler.runtime.scaling.types import EngineOption, ScalerConfig, Snapshot, UnitState
 
 #: A cpu instance (or thread step) of ``t`` threads is added only while at least
@@ -48,7 +48,7 @@ def _saturated(s: Snapshot, threads: int) -> str | None:
     if threads <= 0 or not cap.physical_cores or s.cores_busy is None:
         return None
     free = cap.physical_cores - s.cores_busy
-    if free >= SATURATED_FREE_PER_THREAD * threads - _EPS:
+    if free >= SATURATED_FREE_PER_THREAD * threads - EPS:
         return None
     return (
         f"cores saturated: busy {s.cores_busy:.2f} of {cap.physical_cores} "

@@ -15,8 +15,8 @@ What the paper lacks, added here:
   seen over the last ``rate_horizon_s`` (30 s); a unit gives back one instance when
   the remaining ones can serve that rate at utilisation <= ``scale_in_utilisation``
   **and** keep the unit's approximate P99 at that rate (M/D/c,
-  :func:`~infscaler.runtime.scaling.queueing.p99_response_ms`)
-  within its share of the SLO (:func:`_budget_ms`). Utilisation alone flapped: PP-OCRv4
+  :func:`~infscaler.runtime.queueing.p99_response_ms`)
+  within its share of the SLO (:func:`budget_ms`). Utilisation alone flapped: PP-OCRv4
   det's replicas at 3 req/s (SLO 3 x L0 = 2.9 x its 85 ms service) went 1 -> 2 on
   refusals after a burst, back to 1 after the hold at utilisation 0.37, out again, and
   each new instance's start put its compute P99 at 175 ms (1.6x) inside the measured
@@ -75,7 +75,7 @@ The planner's simulator (:mod:`infscaler.runtime.planning.simulator`) calls the 
 
 What it decides on, its tuning and what it returns are in
 :mod:`infscaler.runtime.scaling.types`; a unit's queueing model (service time, the M/D/c
-P99, the SLO share) in :mod:`infscaler.runtime.scaling.queueing`; the cores rules in
+P99, the SLO share) in :mod:`infscaler.runtime.scaling.unitmodel`; the cores rules in
 :mod:`infscaler.runtime.scaling.cores`.
 """
 
@@ -84,6 +84,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from infscaler.runtime.queueing import EPS
 from infscaler.runtime.scaling.cores import _beyond_cores, _own_cores, core_refusal, refusals
 from infscaler.runtime.scaling.demand import (
     blocked_why,
@@ -94,13 +95,6 @@ from infscaler.runtime.scaling.demand import (
     trial_note,
     trial_wait,
 )
-from infscaler.runtime.scaling.queueing import (
-    _EPS,
-    _budget_ms,
-    _fan_out,
-    _p99_needed,
-    _service_ms,
-)
 from infscaler.runtime.scaling.types import (
     Decision,
     EngineOption,
@@ -108,6 +102,16 @@ from infscaler.runtime.scaling.types import (
     ScalerState,
     Snapshot,
     UnitState,
+)
+from infscaler.runtime.scaling.unitmodel import (
+    budget_ms,
+    capacity_items,
+    fan_out,
+    instance_ms,
+    p99_needed,
+    pipeline_capacity_rps,
+    service_ms_at,
+    unit_service_ms,
 )
 from infscaler.runtime.serving.admission import SHED_MIN_LOAD
 
@@ -151,7 +155,7 @@ def decide(
        instances exceed ``max(needed, min_instances)``, needed =
        ``ceil(lambda_max x fan-out x service_ms / 1000 / scale_in_utilisation)``, at
        least the fewest instances whose
-       :func:`~infscaler.runtime.scaling.queueing.p99_response_ms` at lambda_max x fan-out
+       :func:`~infscaler.runtime.queueing.p99_response_ms` at lambda_max x fan-out
        is within the SLO less the other units' service times (ignored when no count
        can be), gives
        back one instance on the engine where its option is slowest (an engine with no
@@ -254,7 +258,7 @@ def _on_violation(
     """Step 2 of :func:`decide`, the SLO violated: not counted within the settle window
     (:func:`_settling`); else, once it has lasted ``sustain_s`` and the cooldown has
     passed (:func:`_sustain_or_cooldown`), Algorithm 1's scale-out or a thread step up
-    (:func:`_scale_out`), or, when the cap refuses every unit, the shed bound
+    (:func:`scale_out_choice`), or, when the cap refuses every unit, the shed bound
     (:func:`_shed_at_cap`). ``new``: the state after step 1."""
     settling = _settling(s, state, c)
     if settling is not None:
@@ -264,7 +268,7 @@ def _on_violation(
     why = _sustain_or_cooldown(s, state, c, since) or trial_wait(s, state, c)
     if why is not None:
         return [], replace(new, waiting=why)
-    out, refused = _scale_out(s, state, c, max(r for _, r in new.rates))
+    out, refused = scale_out_choice(s, state, c, max(r for _, r in new.rates))
     if out is not None:
         trial = open_trial(s, new, c, out) if is_trial(s, c, out) else None
         if trial is not None:
@@ -283,7 +287,7 @@ def _sustain_or_cooldown(
     less than ``sustain_s`` since ``since``, its first violated call, or the last
     scale-out is less than ``cooldown_s`` ago."""
     now = s.now
-    if now - since < c.sustain_s - _EPS:
+    if now - since < c.sustain_s - EPS:
         return (
             f"{_violation(s, c)} for {_n(now - since)} s < sustain_s "
             f"{_n(c.sustain_s)} s: waiting for it to persist"
@@ -311,7 +315,7 @@ def _shed_at_cap(
         # admission already refuses what would miss the SLO; with no capacity
         # known, a bound at the current queue would only refuse more at random
         return [], new
-    if rps is not None and s.offered < SHED_MIN_LOAD * rps - _EPS:
+    if rps is not None and s.offered < SHED_MIN_LOAD * rps - EPS:
         # below capacity the violation is variance, not overload: the queue
         # drains by itself and admission refuses what would miss the SLO
         return [], new
@@ -376,7 +380,7 @@ def _lift_reason(s: Snapshot) -> str | None:
     if p99 is not None and p99 < LIFT_RATIO * s.slo_ms:
         return f"P99 {p99:.0f} ms < {LIFT_RATIO:g} x SLO {_n(s.slo_ms)} ms"
     rps = pipeline_capacity_rps(s)
-    if rps is not None and s.offered <= LIFT_RATIO * rps + _EPS:
+    if rps is not None and s.offered <= LIFT_RATIO * rps + EPS:
         return f"offered load {_n(s.offered)} req/s <= {LIFT_RATIO:g} x capacity {_n(rps)} req/s"
     return None
 
@@ -440,26 +444,6 @@ def effective_bottleneck(unit: UnitState) -> float:
     return math.inf if s <= 0 else unit.bottleneck / s
 
 
-def pipeline_capacity_rps(snapshot: Snapshot) -> float | None:
-    """Requests per second the pipeline finishes at its current instances.
-
-    min over units of ``(S_k x 1000 / service_ms) / fan-out``, fan-out = items per
-    request = ``unit.arrival_rate / snapshot.arrival_rate`` (1 when the pipeline's rate
-    is 0); ``service_ms`` is the unit's P50, else its fastest option's latency. Units
-    with no service time known, or no items (fan-out 0), do not bound it. None when no
-    unit bounds it.
-    """
-    best: float | None = None
-    for u in snapshot.units:
-        svc = _service_ms(u)
-        f = _fan_out(u, snapshot)
-        if svc is None or f <= 0:
-            continue
-        cap = u.total_instances * 1000.0 / svc / f
-        best = cap if best is None else min(best, cap)
-    return best
-
-
 def shed_queue_limit(snapshot: Snapshot) -> int:
     """The queue bound at the cap, requests (Little's law): what the pipeline finishes
     within the SLO, ``max(1, floor(capacity_rps x slo_ms / 1000))`` with
@@ -512,7 +496,7 @@ def _violation(s: Snapshot, c: ScalerConfig) -> str:
 NEXT_BEST_FRACTION = 0.5
 
 
-def _scale_out(
+def scale_out_choice(
     s: Snapshot, state: ScalerState, c: ScalerConfig, lam: float
 ) -> tuple[Decision | None, list[str]]:
     """Algorithm 1 (with the next-best fallback), each unit's best action by
@@ -597,13 +581,13 @@ def _not_short(s: Snapshot, c: ScalerConfig, u: UnitState, lam: float) -> str | 
     capacity back after the hold, and the next violation would add it again."""
     if u.service_ms is None or u.service_ms <= 0 or u.total_instances <= 0:
         return None
-    f = _fan_out(u, s)
-    cap_items = _capacity_items(u)
+    f = fan_out(u, s)
+    cap_items = capacity_items(u)
     busy = lam * f / cap_items
     if busy > c.scale_in_utilisation:
         return None
-    svc = _instance_ms(u)
-    if svc is not None and _p99_needed(s, u, lam * f, svc) > u.total_instances:
+    svc = instance_ms(u)
+    if svc is not None and p99_needed(s, u, lam * f, svc) > u.total_instances:
         return None
     return (
         f"is not short of capacity: max rate {_n(lam)} req/s x {_n(f)} items/req on "
@@ -611,54 +595,6 @@ def _not_short(s: Snapshot, c: ScalerConfig, u: UnitState, lam: float) -> str | 
         f"{c.scale_in_utilisation:g} with its P99 within its share of the SLO (scale-in "
         f"would take one more back after the hold)"
     )
-
-
-def service_ms_at(u: UnitState, threads: int) -> float | None:
-    """Predicted service time of one item of ``u`` on a cpu instance running ``threads``
-    intra-op threads, ms; None when that count was not measured.
-
-    The unit's live P50 (``service_ms``) scaled by the ratio of the load-time
-    measurements ``latency_ms_by_threads[threads] / latency_ms_by_threads[ref]``, ref =
-    the thread count most of its instances run (ties: the smaller): the live P50 holds
-    the real inputs and contention, the ratio what more threads change. Without a P50
-    (or a measurement at ref): the load-time figure itself."""
-    lat = u.latency_ms_by_threads
-    ms = lat.get(threads)
-    if ms is None or not ms > 0:
-        return None
-    ref = _ref_threads(u)
-    if u.service_ms is not None and u.service_ms > 0 and ref is not None and lat.get(ref, 0) > 0:
-        return u.service_ms * ms / lat[ref]
-    return float(ms)
-
-
-def _ref_threads(u: UnitState) -> int | None:
-    live = {t: n for t, n in u.threads.items() if n > 0}
-    if not live:
-        return None
-    return max(live.items(), key=lambda kv: (kv[1], -kv[0]))[0]
-
-
-def _capacity_items(u: UnitState) -> float:
-    """Items per second the unit's running instances finish: per thread count when
-    every count is measured, else instances x 1000 / service_ms."""
-    live = {t: n for t, n in u.threads.items() if n > 0}
-    per = {t: service_ms_at(u, t) for t in live}
-    if live and sum(live.values()) == u.total_instances and all(per.values()):
-        return sum(n * 1000.0 / per[t] for t, n in live.items())  # type: ignore[operator]
-    svc = _service_ms(u)
-    return math.inf if svc is None else u.total_instances * 1000.0 / svc
-
-
-def _instance_ms(u: UnitState) -> float | None:
-    """One running instance's service time per item as the unit's capacity has it, ms:
-    instances x 1000 / :func:`_capacity_items` (the mean over mixed thread counts); the
-    figure the P99 model takes. None without a running instance or a finite capacity."""
-    n = u.total_instances
-    cap = _capacity_items(u)
-    if n <= 0 or not 0 < cap < math.inf:
-        return None
-    return n * 1000.0 / cap
 
 
 def _vertical(u: UnitState) -> str | None:
@@ -802,7 +738,7 @@ def _shed_limit(s: Snapshot) -> tuple[int, str]:
     if rps is None or not math.isfinite(rps * s.slo_ms):
         limit = max(1, s.pending)
         return limit, f"capacity unknown: {s.pending} requests pending"
-    limit = max(1, math.floor(rps * s.slo_ms / 1000.0 + _EPS))
+    limit = max(1, math.floor(rps * s.slo_ms / 1000.0 + EPS))
     return limit, (f"Little's law: capacity {_n(rps)} req/s x SLO {_n(s.slo_ms / 1000.0)} s")
 
 
@@ -811,14 +747,14 @@ def _scale_in(s: Snapshot, c: ScalerConfig, lam: float, last: float | None) -> l
     out: list[Decision] = []
     quiet = "no change yet" if last is None else f"no change for {_n(s.now - last)} s"
     for u in s.units:
-        svc = _service_ms(u)
+        svc = unit_service_ms(u)
         running = {e: n for e, n in u.instances.items() if n > 0}
         if svc is None or not running:
             continue
-        f = _fan_out(u, s)
+        f = fan_out(u, s)
         items = lam * f
-        needed = max(0, math.ceil(items * svc / 1000.0 / c.scale_in_utilisation - _EPS))
-        tail = _p99_needed(s, u, items, svc)
+        needed = max(0, math.ceil(items * svc / 1000.0 / c.scale_in_utilisation - EPS))
+        tail = p99_needed(s, u, items, svc)
         keep = max(needed, tail, u.min_instances)
         if u.total_instances <= keep:
             down = _scale_down(s, c, u, lam, quiet)
@@ -833,7 +769,7 @@ def _scale_in(s: Snapshot, c: ScalerConfig, lam: float, last: float | None) -> l
             f"{_n(c.rate_horizon_s)} s x {_n(f)} items/req = {_n(items)} items/s x "
             f"{_n(svc)} ms needs {needed} instance(s) at utilisation <= "
             f"{c.scale_in_utilisation:g} and {tail} for its P99 within "
-            f"{_n(_budget_ms(s, u))} ms (min {u.min_instances}); {u.total_instances} > "
+            f"{_n(budget_ms(s, u))} ms (min {u.min_instances}); {u.total_instances} > "
             f"{keep}: one {engine} instance stops ({engine} is its slowest engine, {slow})"
         )
         out.append(Decision("scale_in", unit=u.index, engine=engine, reason=reason))
@@ -862,12 +798,12 @@ def _scale_down(
         return None
     now_items = sum(n * 1000.0 / per[k] for k, n in live.items())  # type: ignore[operator]
     after = now_items - 1000.0 / per[t] + 1000.0 / per[t2]  # type: ignore[operator]
-    f = _fan_out(u, s)
+    f = fan_out(u, s)
     items = lam * f
-    if not items <= c.scale_in_utilisation * after + _EPS:
+    if not items <= c.scale_in_utilisation * after + EPS:
         return None
     n = u.total_instances
-    if _p99_needed(s, u, items, n * 1000.0 / after) > n:
+    if p99_needed(s, u, items, n * 1000.0 / after) > n:
         return None
     return Decision(
         "scale_down",
