@@ -15,7 +15,7 @@ between the planner's two best configurations, from live service times).
 
 **What is compared**: a configuration's *instance capacity*, requests/s = min over its
 served units of ``instances x 1000 / (ms per item x items per request)``, predicted from
-the planner's unit profiles (:func:`predicted_capacity_rps`) and measured from the P50
+the planner's unit profiles (:attr:`Expected.capacity_rps`) and measured from the P50
 service times its instances show now (:func:`infscaler.runtime.scaling.scaler.
 pipeline_capacity_rps`, the scaler's own figure). Service times measured at load carry
 what the prediction missed: CPU contention with the front end, the clients and the
@@ -48,12 +48,12 @@ pipeline's planned decision (:mod:`infscaler.runtime.planning.autoplan`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infscaler.runtime.planning.resources import arrival_rates
+from infscaler.runtime.queueing import capacity_rps
 
 __all__ = [
     "Expected",
@@ -63,7 +63,6 @@ __all__ = [
     "Verdict",
     "check",
     "expected_from",
-    "predicted_capacity_rps",
 ]
 
 
@@ -89,8 +88,10 @@ class Expected:
 
     @property
     def capacity_rps(self) -> float:
-        """Predicted instance capacity at the planned instances, requests/s."""
-        return predicted_capacity_rps(self.unit_ms, self.instances, self.items)
+        """Predicted instance capacity at the planned instances, requests/s: the queueing
+        model's :func:`~infscaler.runtime.queueing.capacity_rps` (``inf``: no unit bounds
+        it; a unit with no instance bounds it at 0)."""
+        return capacity_rps(self.unit_ms, self.instances, self.items)
 
     def capacity_at(self, instances: Sequence[int] | None) -> float:
         """Predicted instance capacity at ``instances`` per served unit (the scaler may
@@ -98,7 +99,7 @@ class Expected:
         ``instances`` is None or does not match the units."""
         if instances is None or len(instances) != len(self.unit_ms):
             return self.capacity_rps
-        return predicted_capacity_rps(self.unit_ms, instances, self.items)
+        return capacity_rps(self.unit_ms, instances, self.items)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (kept with the planner's decision); :meth:`from_dict` reads it."""
@@ -196,33 +197,6 @@ class Verdict:
 
     action: str
     reason: str
-
-
-def predicted_capacity_rps(
-    unit_ms: Sequence[float], instances: Sequence[int], items: Sequence[float] | None = None
-) -> float:
-    """Instance capacity, requests/s: min over units of ``instances x 1000 / (ms x
-    items)``; units with no time (0 ms) or no instance do not bound it.
-
-    Args:
-        unit_ms: per served unit, ms per item on one instance.
-        instances: per served unit, its instances.
-        items: per served unit, items per request (None: 1 each).
-
-    Returns:
-        requests/s (``inf`` when no unit bounds it).
-
-    >>> predicted_capacity_rps([30.0, 10.0], [1, 1])
-    33.333333333333336
-    >>> predicted_capacity_rps([30.0], [2])
-    66.66666666666667
-    """
-    best = math.inf
-    for k, (ms, n) in enumerate(zip(unit_ms, instances, strict=True)):
-        per_req = ms * (1.0 if items is None else items[k])
-        if per_req > 0 and n > 0:
-            best = min(best, n * 1000.0 / per_req)
-    return best
 
 
 def _measured(state: LiveState, label: str) -> float | None:

@@ -12,9 +12,32 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.runtime.golden import cases
 from tests.unit.runtime.golden.record import ALL
 
 GOLDEN = json.loads(Path(__file__).with_name("models_golden.json").read_text())
+
+
+def _corrected(policy: str, i: int, want: dict) -> dict:
+    """The one place the copies disagreed in a way that changed a decision, and the
+    answer the model now gives. The live check's capacity skipped a unit with no
+    instance (as if it did not bound the pipeline) where the scaler's counted it as 0;
+    the live check compares the scaler's measured capacity (0 rule) with its own
+    prediction (skip rule), so a planned or live unit at 0 instances predicted 83/s
+    against a measured 10-60/s and switched to the runner-up. By the pipeline model
+    (InferLine §4: a pipeline's throughput is its slowest stage's; a stage with no
+    replica finishes nothing) the bound is 0: predicted 0, nothing falls short, keep."""
+    if policy != "livecheck":
+        return want
+    ms, planned, _items, measured, _offered, live = cases.livecheck_params()[i]
+    if 0 not in planned:
+        return want
+    out = dict(want, capacity_rps=0.0)
+    if live is None:  # capacity_at falls back to the planned instances
+        out["capacity_at"] = 0.0
+    if measured is not None:
+        out.update(verdict="keep", phase="settled")
+    return out
 
 
 def _same(got: object, want: object, where: str) -> None:
@@ -42,4 +65,4 @@ def test_decisions_match_the_recorded_ones(policy: str) -> None:
     want = GOLDEN[policy]
     assert len(got) == len(want) > 0
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        _same(g, w, f"{policy}[{i}]")
+        _same(g, _corrected(policy, i, w), f"{policy}[{i}]")
