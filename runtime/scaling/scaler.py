@@ -1,82 +1,21 @@
 """The asymmetric auto-scaler: a pure function from a metrics snapshot to decisions.
 
-InfScaler §IV-A, Algorithm 1 (scale out): on an SLO violation take the unit with the
-largest bottleneck indicator B_k, try the engines in its affinity order (profiled
-latency, fastest first), and admit one more instance on the first engine m where
-U^m + r_k^m <= R^m for every resource (memory MB shared by all engines on a unified-DRAM
-SoC, instance slots per engine, CPU cores); after scaling, B_k <- B_k S_k / (S_k + 1).
-Because B_k starts at the plan's value with S_k = 1 and every scale-out applies line 5,
-the effective indicator is B_k / S_k, so the policy keeps no hidden state for it.
+:func:`decide` takes a :class:`~infscaler.runtime.scaling.types.Snapshot` of one
+pipeline, the :class:`~infscaler.runtime.scaling.types.ScalerState` the previous call
+returned and a :class:`~infscaler.runtime.scaling.types.ScalerConfig`, and returns
+``(decisions, new_state)``: ``scale_out`` / ``scale_in`` / ``scale_up`` /
+``scale_down`` / ``shed`` / ``lift`` :class:`~infscaler.runtime.scaling.types.Decision`.
+No I/O, no clock; the autoscaler loop (:mod:`infscaler.runtime.scaling.autoscaler`) and
+the planner's simulator call it alike (Ray Serve's autoscaling policy shape).
 
-What the paper lacks, added here:
-
-* scale in with hysteresis (InferLine §5, Algorithm 4): no scale-in within ``hold_s``
-  (15 s) of the last change; the rate it must still serve is the maximum arrival rate
-  seen over the last ``rate_horizon_s`` (30 s); a unit gives back one instance when
-  the remaining ones can serve that rate at utilisation <= ``scale_in_utilisation``
-  **and** keep the unit's approximate P99 at that rate (M/D/c,
-  :func:`~infscaler.runtime.queueing.p99_response_ms`)
-  within its share of the SLO (:func:`budget_ms`). Utilisation alone flapped: PP-OCRv4
-  det's replicas at 3 req/s (SLO 3 x L0 = 2.9 x its 85 ms service) went 1 -> 2 on
-  refusals after a burst, back to 1 after the hold at utilisation 0.37, out again, and
-  each new instance's start put its compute P99 at 175 ms (1.6x) inside the measured
-  window (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's
-  steps", its PP-OCRv4 det first-run item: "Replication's scaler flapped");
-* a cooldown between two scale-outs (``cooldown_s``), so a new instance is measured
-  before the next decision;
-* load shedding: when the SLO is violated and no engine can admit another instance
-  (the cap is reached), the decision carries a bounded queue length (Little's law:
-  requests the pipeline can finish within the SLO at its current capacity) beyond which
-  the front end answers 503 with the reason;
-* vertical scaling of cpu instances (``scale_up`` / ``scale_down``: one instance is
-  replaced by one running more / fewer intra-op threads, make-before-break), for units
-  whose stage sets ``max_threads``. For the unit Algorithm 1 picks, a thread step
-  competes with a scale-out on **predicted gain per share of the scarcest free
-  resource**: gain = items/s the action adds (a new instance: 1000 / its latency; a
-  thread step: 1000 / svc(t2) - 1000 / svc(t), :func:`service_ms_at`, from latencies
-  the instances **measured** at load per thread count; never an assumed speedup), cost
-  = the largest share of what is still free that the action takes (a new instance:
-  its memory MB, an engine slot, its cores; a thread step: t2 - t cores only, since the
-  replacement reuses the model's memory and the slot once the old one stops). A unit
-  at its ``max_instances`` or refused by the memory cap can still take threads while
-  cores are free. The thread step back follows Algorithm 4's rule (below);
-* no scale-out / scale-up of a unit other than the argmax that is not short of
-  capacity: with a measured service time, if its instances serve the max offered rate
-  over the horizon at utilisation <= ``scale_in_utilisation``, the scale-in rule would
-  take the addition back after ``hold_s`` and the next violation would add it again.
-  That was the flapping of VGG-19's weight-heavy fully connected partition in the
-  quiet-host Azure replay (bench/HISTORY.md: scaled out and in every ~25 s, 1047 <->
-  1597 MB, while the convolution partition was at its ``max_instances``); such a
-  violation sheds instead. When the only violation is requests refused at arrival
-  (P99 measured within the SLO), the argmax itself is held to the same test: refusals
-  then come from a burst, and an instance the utilisation and P99 model do not need
-  would be taken back after the hold;
-* a settle window and a sustained violation: a violation within ``settle_s`` (5 s) of
-  the last change (the deploy, a scale-out, a scale-in, a thread step) is not counted,
-  refusals at arrival included, and a scale-out, thread step up or queue bound needs the
-  SLO violated at every call for ``sustain_s`` (2 s; :attr:`ScalerState.
-  violating_since`). Right after a deploy on a 2-core host a planned pipeline's two
-  partitions were each scaled out to 2 single-thread instances on P99s of 497 and 232
-  ms in the first windows: those windows held the instances' warm-up, and a 1 s
-  window's P99 counted as a violation;
-* a cpu scale-out or thread step up must fit the physical cores by **demand**: the
-  cores the instances keep busy (busy fraction x threads) plus the addition's expected
-  share (:mod:`infscaler.runtime.scaling.demand`); one that takes the pinned threads
-  past the cores is a trial, stopped again ``trial_s`` later unless the served rate
-  rose or the SLO is met, and its unit then waits ``trial_backoff_s`` (doubling). With
-  ``core_cap`` ``threads`` (or before the demand is measured) the pinned threads of all
-  instances may not pass the physical cores (``oversubscribe`` opts in): a deploy once
-  ended with 4 single-thread instances pinned to 2 cores, contention, not capacity.
-
-Like Ray Serve's autoscaling policy this module never starts anything: the service's
-autoscaler loop (:mod:`infscaler.runtime.scaling.autoscaler`) builds a :class:`Snapshot` from
-the monitor, calls :func:`decide`, and applies the decisions through the supervisor.
-The planner's simulator (:mod:`infscaler.runtime.planning.simulator`) calls the same function.
-
-What it decides on, its tuning and what it returns are in
-:mod:`infscaler.runtime.scaling.types`; a unit's queueing model (service time, the M/D/c
-P99, the SLO share) in :mod:`infscaler.runtime.scaling.unitmodel`; the cores rules in
-:mod:`infscaler.runtime.scaling.cores`.
+Sources: InfScaler §IV-A Algorithm 1 (scale out the unit with the largest B_k / S_k on
+the first engine whose resources admit it); InferLine (Crankshaw et al., SoCC '20) §5
+Algorithm 4 (scale in with hysteresis), with the P99 guard of
+:mod:`infscaler.runtime.scaling.unitmodel` (the model of :mod:`infscaler.runtime.queueing`);
+cores rules in :mod:`infscaler.runtime.scaling.cores` and
+:mod:`infscaler.runtime.scaling.demand`. Every rule it adds to the papers (cooldown,
+shedding, thread steps, the settle window, trials past the cores) and the incidents
+behind them: docs/scaling.md, "The scaler's rules in full".
 """
 
 from __future__ import annotations

@@ -1,62 +1,19 @@
 """The Tuner: scale out when the arrival envelope exceeds what the configuration sustains.
 
-InferLine (Crankshaw et al., SoCC '20), §5 "High-Frequency Tuning": a traffic envelope
-maps each window length ``w`` to ``q(w)``, the largest number of requests that arrived
-within any interval of that length (network calculus, Le Boudec and Thiran). The Tuner
-compares the envelope observed with the one the configuration was planned for and
-scales out as soon as any window exceeds it (Algorithm 3), before a queue builds up
-and the P99 window (:func:`infscaler.runtime.scaling.scaler.decide`) shows a violation;
-scale-in stays with the scaler's conservative Algorithm 4.
+:func:`scale_out_now` takes a snapshot, the offered requests' arrival times since the
+last change, the scaler's state and config, and returns a :class:`TunerVerdict` (at most
+one ``scale_out`` of one unit, possibly several instances at once). Pure: no clock, no I/O.
 
-InferLine plans from a sample trace and compares with that trace's envelope; here the
-planner's sample trace is Poisson arrivals at the planned rate (what
-:mod:`infscaler.runtime.planning.simulator` replays), so the planned envelope is that of
-a Poisson process at ``rho x mu`` (``mu``: the scaler's capacity estimate,
-:func:`~infscaler.runtime.scaling.unitmodel.pipeline_capacity_rps`, requests/s), with the
-burst the SLO absorbs. InferLine's planner also checks that the plan meets the SLO at
-that rate (§4.2, its estimator); a configuration whose P99 reaches the SLO below ``rho
-x mu`` (a tight SLO: twice the service time leaves one service time of queueing) was
-planned for less, so the planned rate is the lower of the two (:func:`slo_rate_rps`,
-the scaler's own M/D/c P99 model) and ``mu`` below is that rate / ``rho``. Without it,
-one 99-ms instance under an SLO of 377 ms was planned for 7.6 requests/s and the Tuner
-did not fire at a step to 7.4/s, where the P99 model puts one instance's P99 at
-about 0.9 s and two instances' at about 0.22 s:
-
-    q_planned(w) = Q(rho mu w) + mu (SLO - T) / 1000
-
-* ``rho`` (:data:`TUNER_RHO`, 0.75) is InferLine's max-provisioning ratio: the
-  configuration is planned for arrival rates up to ``rho x mu`` (InferLine's ``k_m =
-  r_max s_m / (mu_m rho_m)`` read backwards). It lies above the scaler's
-  ``scale_in_utilisation`` (0.6, Algorithm 4's ``rho_min``), so an instance the Tuner
-  adds at a rate above ``rho x mu`` is not taken back by the scale-in at that rate.
-* ``Q(m)`` is the Poisson trace's own burstiness: the count a window of a Poisson trace
-  of mean ``m`` exceeds with probability at most :data:`TUNER_TAIL` (1e-4; the exact
-  Poisson upper quantile, :func:`poisson_quantile`). Without it (``Q(m) = m``, the
-  deterministic envelope, ``tail=None``), Poisson arrivals at 0.6 of the capacity
-  exceed ``rho mu w`` in the short windows every few seconds and the Tuner would scale
-  out on noise. The price is detection time: a step to 1.5 x the capacity shows in the
-  2-5 s windows, not within the first second.
-* ``mu x (SLO - T) / 1000`` (``T``: the pipeline's service time, the sum of its units'
-  service times, ms) is the burst the configuration absorbs: with a rate-latency
-  service curve ``mu (t - T)+`` a backlog of that many requests still drains within the
-  SLO (Le Boudec and Thiran, "Network Calculus", Thm 1.4.2, the delay bound of a
-  token bucket). Bursts within it cause no action.
-
-How many instances (Algorithm 3, lines 8-13): InferLine adds at once every replica the
-rate that triggered needs, ``k_m = ceil(r_max s_m / (mu_m rho_m))``. Here the rate is the
-least capacity whose planned envelope above covers the observed one at every window
-(bisection on ``mu``; InferLine's ``r_max / rho`` for the deterministic envelope with no
-burst term, :func:`required_capacity_rps`), and the unit
-Algorithm 1 picks gets the fewest instances that bring its capacity to ``mu_req`` in one
-decision (:func:`instances_for`), within its ``max_instances`` and the device's cap (each
-further instance checked by the scaler's own rules: memory, slots, cores).
-
-With the SLO check, ``needed`` also covers the instances whose P99 meets the SLO at
-the new planned rate, the count the scale-in's P99 guard keeps there (no flapping).
-
-Windows: 0.25, 0.5, 1, 2 and 5 s (:data:`WINDOWS_S`; InferLine starts at the service
-time and doubles up to 60 s; the scaler's P99 window is 10 s, so longer windows would
-not react sooner than it does). Like the scaler, this module is pure: no clock, no I/O.
+Source: InferLine (Crankshaw et al., SoCC '20) §5 "High-Frequency Tuning", Algorithm 3:
+the observed traffic envelope (max requests in any window of each length,
+:data:`WINDOWS_S`) against the one the configuration was planned for,
+``q_planned(w) = Q(rho mu w) + mu (SLO - T) / 1000`` (:func:`planned_envelope`): ``mu``
+the pipeline's capacity (:func:`~infscaler.runtime.scaling.unitmodel.pipeline_capacity_rps`,
+capped by the SLO-meeting rate of the P99 model, :func:`slo_rate_rps`), ``rho``
+:data:`TUNER_RHO`, ``Q`` the Poisson quantile at :data:`TUNER_TAIL`, the burst term the
+backlog the capacity drains within the SLO (:func:`~infscaler.runtime.queueing.drain_backlog`,
+network calculus). Why each term, and the incidents behind them: docs/scaling.md,
+"The Tuner's envelope in full".
 """
 
 from __future__ import annotations
