@@ -24,7 +24,7 @@ import math
 from dataclasses import replace
 
 from infscaler.runtime.queueing import EPS
-from infscaler.runtime.scaling.cores import _beyond_cores, _own_cores, core_refusal, refusals
+from infscaler.runtime.scaling.cores import beyond_cores, core_refusal, own_cores, refusals
 from infscaler.runtime.scaling.demand import (
     blocked_why,
     is_trial,
@@ -451,7 +451,7 @@ def scale_out_choice(
             # a unit far below the bottleneck would not raise the pipeline's throughput
             passed.append(f"{who} is below {NEXT_BEST_FRACTION:g} x the largest B_k/S_k")
             break
-        beyond = _beyond_cores(s, u)
+        beyond = beyond_cores(s, u)
         if passed or _refusals_only(s, c) or beyond is not None:
             idle = _not_short(s, c, u, lam)
             if idle is not None:
@@ -576,7 +576,7 @@ def _up_candidate(
         return None, "the device counts no cpu cores (no budget to give threads from)"
     if not s.cores_used + (t2 - t) <= cap.cores:
         return None, f"cores {s.cores_used}+{t2 - t} > {cap.cores}"
-    own = _own_cores(s, u, t2 - t) or core_refusal(s, u, c, t2 - t)
+    own = own_cores(s, u, t2 - t) or core_refusal(s, u, c, t2 - t)
     if own is not None:
         return None, own
     return (t, t2, svc_t, svc_t2), None
