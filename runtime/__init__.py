@@ -84,9 +84,10 @@ policies import neither processes nor I/O.
   restart), :mod:`~.processes.zygote` (the fork server instances start from).
 - :mod:`.scaling`: :mod:`~.scaling.monitor` (SLO metrics) -> :mod:`~.scaling.scaler` (the
   pure decision, InfScaler Algorithm 1; its types in :mod:`~.scaling.types`, with the one
-  resource-cap builder, its queueing model in :mod:`~.scaling.queueing`, its cores rules in
-  :mod:`~.scaling.cores`) -> :mod:`~.scaling.autoscaler` (the loop applying it, through
-  :mod:`~.scaling.control`, what it needs of the service); :mod:`~.scaling.placement`
+  resource-cap builder, its queueing model in :mod:`~.queueing` (on a snapshot:
+  :mod:`~.scaling.unitmodel`), its cores rules in :mod:`~.scaling.cores`) ->
+  :mod:`~.scaling.autoscaler` (the loop applying it, through :mod:`~.scaling.control`,
+  what it needs of the service); :mod:`~.scaling.placement`
   (which cores an instance is pinned to; pure), :mod:`~.scaling.wakesetting` (the CPU-wake
   setting; pure),
   :mod:`~.scaling.telemetry` (host CPU, memory, Jetson sensors), :mod:`~.scaling.wakepolicy` and :mod:`~.scaling.pmqos` (CPU wake

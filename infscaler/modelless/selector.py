@@ -56,6 +56,7 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from infscaler.base.errors import InfScalerError
+from infscaler.runtime.queueing import capacity_rps
 
 __all__ = [
     "Catalog",
@@ -528,11 +529,11 @@ def served_capacity_qps(profile: VariantProfile, load: VariantLoad) -> float:
     """Saturation throughput of one instance of ``profile`` as served now: its profiled
     :attr:`VariantProfile.capacity_qps`, or less when the measured service time
     (``load.service_ms``, one run of up to ``batch`` queries) is slower than the profile
-    (larger inputs than profiled, co-located instances contending)."""
-    cap = profile.capacity_qps
-    if load.service_ms is not None and load.service_ms > 0:
-        cap = min(cap, max(1, profile.batch) * 1000.0 / load.service_ms)
-    return cap
+    (larger inputs than profiled, co-located instances contending): the queueing model's
+    :func:`~infscaler.runtime.queueing.capacity_rps` of one instance at
+    ``load.service_ms`` per run of ``batch`` queries."""
+    served = capacity_rps([load.service_ms], [1], [1.0 / max(1, profile.batch)])
+    return min(profile.capacity_qps, served)
 
 
 def vertical_scale(

@@ -1,59 +1,30 @@
 """The live check of a planned configuration: does what the planner chose serve what it
 predicted, and does the runner-up serve more? (Pure: no I/O, no clock.)
 
-The planner (:func:`infscaler.runtime.planning.planner.search`) ranks configurations on figures
-measured once, at deploy, on a host that is never quiet: the same ResNet-50-class
-pipeline on the 2-core development host was planned K = 2 (predicted 14.6/s) at one deploy
-and K = 1 x 2 instances (predicted 15.8/s, then 20.9/s) at the next, and the kept K = 2
-served 0.70x what two hand-written 1-thread replicas served in the same run. A kept
-decision is therefore a starting point, not a verdict: once the deployed pipeline has
-served steady load, :func:`check` compares what it measures with what was predicted for
-it and for the runner-up, and decides to keep it or to try the runner-up; after a trial
-it keeps whichever measured more (InferLine's Tuner, Crankshaw et al., SoCC'20 §5, which
-corrects the offline Planner's configuration from live arrivals; here the correction is
-between the planner's two best configurations, from live service times).
+:func:`check` takes what the pipeline serves now (:class:`Observed`: the measured
+instance capacity, P99, offered load), the :class:`LiveState` the previous call
+returned, the prediction for the configuration serving and for the runner-up
+(:class:`Expected`, whose capacity is the queueing model's
+:func:`~infscaler.runtime.queueing.capacity_rps`) and a :class:`LiveConfig`, and returns
+a :class:`Verdict` (``wait``, ``keep`` or ``switch``) and the new state: once settled, a
+configuration that falls short of its prediction is swapped for a runner-up predicted
+to serve more, and after the trial the one that measured more is kept (at most
+``max_switches``).
 
-**What is compared**: a configuration's *instance capacity*, requests/s = min over its
-served units of ``instances x 1000 / (ms per item x items per request)``, predicted from
-the planner's unit profiles (:func:`predicted_capacity_rps`) and measured from the P50
-service times its instances show now (:func:`infscaler.runtime.scaling.scaler.
-pipeline_capacity_rps`, the scaler's own figure). Service times measured at load carry
-what the prediction missed: CPU contention with the front end, the clients and the
-other instances, hand-overs, a model slower at its cut. The P99 at the observed load is
-the second test: a pipeline that misses its SLO at a load below the goodput predicted
-for it falls short whatever its service times say.
-
-**Rules** (:class:`LiveConfig` gives the numbers):
-
-1. Wait until the configuration has served ``settle_s`` since its deploy or last change
-   and at least ``min_answered`` requests in the window (a measurement of warm-up or of
-   three requests decides nothing).
-2. ``watch``: it *falls short* when its measured capacity is below its predicted one by
-   more than ``shortfall`` plus the prediction's own uncertainty, or when its P99 is over
-   the SLO while the offered load is below ``1 - shortfall`` of its predicted goodput.
-   Not short: ``settled`` (kept). Short, with a runner-up predicted to serve more than
-   it measures by ``better_by``: ``switch`` to the runner-up (a trial; the measured
-   figure of the first is kept). Short with no such runner-up: ``settled``, kept (the
-   reason says so).
-3. ``trial``: the runner-up, once measured the same way, is kept unless the first
-   measured more by ``better_by`` (then ``switch`` back); either way ``settled``. A tie
-   keeps the one serving (one switch fewer).
-4. At most ``max_switches`` switches per pipeline (a trial and a return).
-
-The caller (:mod:`infscaler.runtime.scaling.autoscaler`) applies ``switch`` as a
-make-before-break redeploy (the new configuration serves before the old one drains:
-:meth:`infscaler.service.service.Service.deploy` with ``replace``) and keeps the winner as the
-pipeline's planned decision (:mod:`infscaler.runtime.planning.autoplan`).
+Source: InferLine's Tuner (Crankshaw et al., SoCC '20 §5), which corrects the offline
+planner's configuration from live measurements; here between the planner's two best
+configurations. The rules in full and the runs behind them: docs/scaling.md, "The live
+check in full".
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infscaler.runtime.planning.resources import arrival_rates
+from infscaler.runtime.queueing import capacity_rps
 
 __all__ = [
     "Expected",
@@ -63,7 +34,6 @@ __all__ = [
     "Verdict",
     "check",
     "expected_from",
-    "predicted_capacity_rps",
 ]
 
 
@@ -89,8 +59,10 @@ class Expected:
 
     @property
     def capacity_rps(self) -> float:
-        """Predicted instance capacity at the planned instances, requests/s."""
-        return predicted_capacity_rps(self.unit_ms, self.instances, self.items)
+        """Predicted instance capacity at the planned instances, requests/s: the queueing
+        model's :func:`~infscaler.runtime.queueing.capacity_rps` (``inf``: no unit bounds
+        it; a unit with no instance bounds it at 0)."""
+        return capacity_rps(self.unit_ms, self.instances, self.items)
 
     def capacity_at(self, instances: Sequence[int] | None) -> float:
         """Predicted instance capacity at ``instances`` per served unit (the scaler may
@@ -98,7 +70,7 @@ class Expected:
         ``instances`` is None or does not match the units."""
         if instances is None or len(instances) != len(self.unit_ms):
             return self.capacity_rps
-        return predicted_capacity_rps(self.unit_ms, instances, self.items)
+        return capacity_rps(self.unit_ms, instances, self.items)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (kept with the planner's decision); :meth:`from_dict` reads it."""
@@ -196,33 +168,6 @@ class Verdict:
 
     action: str
     reason: str
-
-
-def predicted_capacity_rps(
-    unit_ms: Sequence[float], instances: Sequence[int], items: Sequence[float] | None = None
-) -> float:
-    """Instance capacity, requests/s: min over units of ``instances x 1000 / (ms x
-    items)``; units with no time (0 ms) or no instance do not bound it.
-
-    Args:
-        unit_ms: per served unit, ms per item on one instance.
-        instances: per served unit, its instances.
-        items: per served unit, items per request (None: 1 each).
-
-    Returns:
-        requests/s (``inf`` when no unit bounds it).
-
-    >>> predicted_capacity_rps([30.0, 10.0], [1, 1])
-    33.333333333333336
-    >>> predicted_capacity_rps([30.0], [2])
-    66.66666666666667
-    """
-    best = math.inf
-    for k, (ms, n) in enumerate(zip(unit_ms, instances, strict=True)):
-        per_req = ms * (1.0 if items is None else items[k])
-        if per_req > 0 and n > 0:
-            best = min(best, n * 1000.0 / per_req)
-    return best
 
 
 def _measured(state: LiveState, label: str) -> float | None:

@@ -20,9 +20,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from infscaler.runtime import queueing
 from infscaler.runtime.planning.simulator import UnitConfig, UnitProfile, config_memory_mb
+from infscaler.runtime.queueing import busy_cpu_ms
 
-__all__ = ["arrival_rates", "capacity_rps", "demand_cores"]
+__all__ = ["MAX_RPS", "arrival_rates", "capacity_rps", "demand_cores"]
+
+#: :func:`capacity_rps` when nothing bounds it (no time per item anywhere), requests/s.
+MAX_RPS = 1e12
 
 
 def _per_item_ms(u: UnitProfile, c: UnitConfig) -> float:
@@ -65,24 +70,29 @@ def _loads(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: flo
 
 
 def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cores: int) -> float:
-    """Analytic upper bound on requests/s: the most loaded unit's instances (its ms per
-    item over its instances x its items per request) and the cpu cores (``cores`` x 1000
-    over the cpu ms all units spend per request, each item on its instance's pinned
-    threads).
+    """Analytic upper bound on requests/s: the queueing model's
+    :func:`~infscaler.runtime.queueing.capacity_rps` of the units (each its ms per item
+    over its instances, :func:`_per_item_ms`, x its items per request) and the cpu cores
+    (``cores`` x 1000 over the cpu ms all units spend per request, each item on its
+    instance's pinned threads, every thread busy: :func:`~infscaler.runtime.queueing.
+    busy_cpu_ms`). At most :data:`MAX_RPS` (the figure bounds a bisection).
 
     E.g. one unit of 15 ms on 1 instance: 1000 / 15 requests/s; a per-item unit of 10 ms
     with 3 items per request on 2 instances: 1000 / (3 x 10 / 2).
     """
-    per_req = [
-        r * _per_item_ms(u, c)
-        for r, u, c in zip(arrival_rates(units, 1.0), units, config, strict=True)
-    ]
-    cpu_ms = 0.0
-    for r, u in zip(arrival_rates(units, 1.0), units, strict=True):
-        p = u.engines.get("cpu")
-        if p is not None:
-            cpu_ms += r * p.mean_ms * max(1, p.cores)
-    return min(1e3 / max(max(per_req), 1e-9), 1e3 * max(1, cores) / max(cpu_ms, 1e-9))
+    items = arrival_rates(units, 1.0)
+    cpu = [(r, u.engines["cpu"]) for r, u in zip(items, units, strict=True) if "cpu" in u.engines]
+    cpu_ms = busy_cpu_ms(
+        [p.mean_ms for _, p in cpu], [r for r, _ in cpu], [max(1, p.cores) for _, p in cpu]
+    )
+    cap = queueing.capacity_rps(
+        [_per_item_ms(u, c) for u, c in zip(units, config, strict=True)],
+        [1] * len(units),
+        items,
+        cores=max(1, cores),
+        cpu_ms=cpu_ms,
+    )
+    return min(cap, MAX_RPS)
 
 
 def _busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> float:

@@ -1,74 +1,36 @@
 """Arbitration between pipelines under one device cap: a pure function from every
 pipeline's snapshot to capacity moves.
 
-:func:`~infscaler.runtime.scaling.scaler.decide` (InfScaler Algorithm 1) sees one
-pipeline at a time: when the device's cap (memory MB, engine slots, cpu thread slots:
-:class:`~infscaler.runtime.scaling.types.ResourceCap`) is full, a violating pipeline
-sheds, even while another pipeline holds instances it does not need. :func:`arbitrate`
-looks at all of them at once and moves one instance from a pipeline with slack to one
-that violates its SLO at the cap, by priority (``priority`` in the pipeline config: 1 the
-highest, a larger number lower, as Triton's priority levels; Triton docs,
-``model_configuration.md``, "Priority"), and back once the pressure has ended.
+:func:`arbitrate` takes a :class:`PipelineView` per auto-scaled pipeline (its last
+snapshot, priority, whether it violates its SLO and is blocked by the cap), the
+:class:`ArbitrationState` the previous call returned and an :class:`ArbitrationConfig`,
+and returns at most one :class:`Move` (``lend``: one ``scale_in`` of the giver's unit,
+then one ``scale_out`` of the taker's, in that order, so the cap is never exceeded; or
+``back``: a loan returned) and the new state. Pure: no I/O, no clock.
 
-A move (:class:`Move`) is one ``scale_in`` of the giver's unit and then one
-``scale_out`` of the taker's unit, **in that order**: the giver's instance is stopped
-gracefully (it finishes its current request; tokens queued at it are re-routed to the
-unit's other instances) and has exited, its memory, slot and cores released, before the
-taker's instance is started. The cap is a bound at every instant, and both instances
-alive at once would exceed it (that is why the taker was blocked). The giver keeps
-serving throughout, on its remaining instances (at least its ``min_instances``): the
-move is make-before-break for the giver's pipeline, which never goes without an
-instance, and break-before-make for the cap, which is never exceeded. The taker waits
-one instance's stop (its current request, <= the 10 s graceful timeout) plus one load.
-
-Rules (one move per call at most):
-
-1. **Back** (hysteresis): a loan (:class:`Loan`) is returned once its taker has been
-   calm for ``release_hold_s`` without a break: not violated, P99 <= ``release_ratio``
-   x SLO, its offered load <= ``release_ratio`` x the capacity it would have without
-   the borrowed instance, and the unit's approximate P99 at that load, one instance
-   fewer, within its share of the SLO (the donor's guard below, the scaler's scale-in
-   guard: in a live run the loan went back at a load one instance served at 0.25 of
-   its capacity but with a P99 the M/D/1 model put at 1.5 x the SLO, and was lent again
-   18 s later). While the pressure lasts, nothing moves back, unless the lender ranks as
-   high as the taker and itself misses its SLO at the cap: then it gets the instance
-   back at once.
-2. **Lend**: a pipeline that violates its SLO with its own decision blocked by the cap
-   (``blocked``) takes one instance for its bottleneck unit (largest B_k / S_k not at its
-   ``max_instances``, on its fastest engine option) from a donor. A pipeline of strictly
-   lower priority (a larger ``priority`` number) yields whatever its own state (violated,
-   flooded, holding a loan: a flood of it cannot keep the cap from a higher one), its
-   loss not counted against the gain; one of equal priority lends only its slack: not
-   violated, P99 <=
-   ``donor_p99_ratio`` x SLO (or not measured), that holds no loan as taker, with a unit
-   above its ``min_instances`` whose stop frees what the cap lacks (memory, a slot of the
-   same engine, cores) and after which its offered load stays <= ``donor_load`` x its
-   capacity and that unit's approximate P99 at it within its share of the SLO (the
-   scaler's M/D/c model, the guard of its own scale-in: a pipeline whose scaler would
-   not give the instance back has no slack to lend: in a first live run the low
-   pipeline answered 0.99 of its requests within its SLO on the two instances its
-   scaler kept, 0.64 after lending one). Candidates are ranked by the taker's priority (highest first), then the
-   donor's (lowest first), then by goodput gained per unit of the scarce resource: the
-   taker's added requests/s (``min(offered, capacity)`` before and after) less the
-   donor's lost requests/s, divided by what the new instance takes of the resource
-   that binds (MB when memory is short, else cores, else one engine slot). A move that
-   gains no goodput is not made.
-
-Capacities are :func:`~infscaler.runtime.scaling.scaler.pipeline_capacity_rps` (requests/s
-at the units' P50 service times). Pure: no I/O, no clock (``now`` is the snapshots').
+Rules: a pipeline blocked at the cap takes one instance for its bottleneck unit from a
+pipeline of strictly lower priority whatever its state, or from one of equal priority
+only out of its slack (load, P99 and the scaler's P99 guard after the give); the loan
+goes back after ``release_hold_s`` calm (hysteresis, InferLine §5). Candidates rank by
+priority, then goodput gained per unit of the scarce resource. Capacities and P99s are
+the queueing model's (:mod:`infscaler.runtime.scaling.unitmodel`). Priorities as
+Triton's priority levels (Triton docs, ``model_configuration.md``, "Priority"). The
+rules in full and the runs behind them: docs/scaling.md, "Arbitration in full".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from infscaler.runtime.scaling.queueing import _EPS, _fan_out, _p99_needed
-from infscaler.runtime.scaling.scaler import (
-    _instance_ms,
-    effective_bottleneck,
+from infscaler.runtime.queueing import EPS
+from infscaler.runtime.scaling.scaler import effective_bottleneck
+from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
+from infscaler.runtime.scaling.unitmodel import (
+    fan_out,
+    instance_ms,
+    p99_needed,
     pipeline_capacity_rps,
 )
-from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
 
 __all__ = [
     "ArbitrationConfig",
@@ -227,7 +189,7 @@ def arbitrate(
             loans.append(replace(loan, calm_since=None))
             continue
         since = loan.calm_since if loan.calm_since is not None else now
-        if back is None and now - since >= config.release_hold_s - _EPS:
+        if back is None and now - since >= config.release_hold_s - EPS:
             why = f"pressure over: {taker.name} calm for {_n(now - since)} s ({calm})"
             back = _return(loan, taker, donor, why)
             # None: nothing to give back and the cap refuses the donor's instance:
@@ -295,13 +257,13 @@ def _calm(taker: PipelineView, loan: Loan, c: ArbitrationConfig) -> str | None:
     s = taker.snapshot
     if taker.violated:
         return None
-    if s.p99_ms is not None and s.p99_ms > c.release_ratio * s.slo_ms + _EPS:
+    if s.p99_ms is not None and s.p99_ms > c.release_ratio * s.slo_ms + EPS:
         return None
     u = _unit(s, loan.taker_unit)
     has = u is not None and u.instances.get(loan.taker_engine, 0) > 0
     without = _with(s, loan.taker_unit, loan.taker_engine, -1) if has else s
     cap = pipeline_capacity_rps(without)
-    if cap is not None and s.offered > c.release_ratio * cap + _EPS:
+    if cap is not None and s.offered > c.release_ratio * cap + EPS:
         return None
     if has and u is not None and _tail_short(s, u):
         return None  # one instance fewer: its P99 at this load would miss the SLO
@@ -379,7 +341,7 @@ def _short(s: Snapshot, o: EngineOption) -> dict[str, float]:
     cap: ResourceCap = s.cap
     short: dict[str, float] = {}
     mem = cap.memory_used_mb + o.memory_mb - cap.memory_cap_mb
-    if mem > _EPS:
+    if mem > EPS:
         short["memory"] = mem
     if cap.cores and o.cores and s.cores_used + o.cores > cap.cores:
         short["cores"] = float(s.cores_used + o.cores - cap.cores)
@@ -393,13 +355,13 @@ def _tail_short(s: Snapshot, u: UnitState) -> bool:
     """Whether ``u`` of pipeline ``s`` (a donor, or a taker giving a loan back), with one
     instance fewer, would keep its
     approximate P99 at the offered load out of its share of the SLO (the scaler's
-    ``_p99_needed`` above the instances left; the share depends on the other units'
+    ``p99_needed`` above the instances left; the share depends on the other units'
     service times only). False when the unit has no measured service time, one instance
     or fewer, or an SLO share below its service time: the load rule alone decides then."""
-    svc = _instance_ms(u)
+    svc = instance_ms(u)
     if u.service_ms is None or svc is None or u.total_instances <= 1:
         return False
-    return _p99_needed(s, u, s.offered * _fan_out(u, s), svc) > u.total_instances - 1
+    return p99_needed(s, u, s.offered * fan_out(u, s), svc) > u.total_instances - 1
 
 
 def _frees(o: EngineOption, take: EngineOption) -> dict[str, float]:
@@ -447,7 +409,7 @@ def _best_lend(
             if not yields and (
                 d.violated
                 or d.name in takers
-                or (ds.p99_ms is not None and ds.p99_ms > c.donor_p99_ratio * ds.slo_ms + _EPS)
+                or (ds.p99_ms is not None and ds.p99_ms > c.donor_p99_ratio * ds.slo_ms + EPS)
             ):
                 continue
             for du in ds.units:
@@ -457,19 +419,19 @@ def _best_lend(
                     if du.instances.get(do.engine, 0) <= 0:
                         continue
                     freed = _frees(do, ro)
-                    if any(freed.get(k, 0.0) + _EPS < v for k, v in short.items()):
+                    if any(freed.get(k, 0.0) + EPS < v for k, v in short.items()):
                         continue
                     after = pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
                     if not yields and (
-                        (after is not None and ds.offered > c.donor_load * after + _EPS)
+                        (after is not None and ds.offered > c.donor_load * after + EPS)
                         or _tail_short(ds, du)
                     ):
                         continue
                     loss = _served(ds, pipeline_capacity_rps(ds)) - _served(ds, after)
                     gain = r_gain - (0.0 if yields else loss)
-                    if gain <= _EPS:
+                    if gain <= EPS:
                         continue
-                    per = gain / max(cost, _EPS)
+                    per = gain / max(cost, EPS)
                     key = (r.priority, -d.priority, -per, r.name, d.name, du.index)
                     if best is not None and key >= best[0]:
                         continue

@@ -8,18 +8,18 @@ scale-out or thread step must fit the cores by what the instances keep busy
 A cpu scale-out or thread step up of :func:`infscaler.runtime.scaling.scaler.decide` is
 refused when the cores are saturated (:data:`SATURATED_FREE_PER_THREAD`, from the busy
 cores the monitor measures), when the unit's own instances would pin more threads than
-the cpu has cores (:func:`_own_cores`), or, unless ``ScalerConfig.oversubscribe``, when
+the cpu has cores (:func:`own_cores`), or, unless ``ScalerConfig.oversubscribe``, when
 every instance's pinned threads would pass the physical cores (:func:`_past_physical`).
 A unit below the argmax, or the argmax whose next cpu instance would pin past the cores
-(:func:`_beyond_cores`), must also be short of capacity to grow. The device profile's
+(:func:`beyond_cores`), must also be short of capacity to grow. The device profile's
 ``threads_per_core`` still lets a deploy pin more threads than cores (a chain's stages
 take turns on them); the scaler only does not add to it.
 """
 
 from __future__ import annotations
 
+from infscaler.runtime.queueing import EPS
 from infscaler.runtime.scaling.demand import expected_share, fits_cores
-from infscaler.runtime.scaling.queueing import _EPS
 from infscaler.runtime.scaling.types import EngineOption, ScalerConfig, Snapshot, UnitState
 
 #: A cpu instance (or thread step) of ``t`` threads is added only while at least
@@ -48,7 +48,7 @@ def _saturated(s: Snapshot, threads: int) -> str | None:
     if threads <= 0 or not cap.physical_cores or s.cores_busy is None:
         return None
     free = cap.physical_cores - s.cores_busy
-    if free >= SATURATED_FREE_PER_THREAD * threads - _EPS:
+    if free >= SATURATED_FREE_PER_THREAD * threads - EPS:
         return None
     return (
         f"cores saturated: busy {s.cores_busy:.2f} of {cap.physical_cores} "
@@ -65,7 +65,7 @@ def _pinned_by(u: UnitState) -> int:
     return u.instances.get("cpu", 0) * per
 
 
-def _own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
+def own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
     """Why ``more`` cpu threads for ``u`` would add contention, not capacity (None:
     they would not, or the cores are not known): ``u``'s own instances would then pin
     more threads than the cpu has cores. Another stage's threads may share a core with
@@ -90,7 +90,7 @@ def _own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
 def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
     """Why ``more`` pinned cpu threads would take every instance's pinned threads past
     the physical cores (None: they would not, the cores are not known, or
-    ``oversubscribe`` allows it). Unlike :func:`_own_cores` this counts all instances of
+    ``oversubscribe`` allows it). Unlike :func:`own_cores` this counts all instances of
     all pipelines (:attr:`Snapshot.cores_used`): right after a deploy two partitions of
     one pipeline were each scaled out to 2 single-thread instances, 4 threads pinned to
     2 cores, that share the cores and add contention, not capacity. The device profile's
@@ -105,7 +105,7 @@ def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
     return f"pinned threads {s.cores_used}+{more} > physical cores {phys} (oversubscribe is off)"
 
 
-def _beyond_cores(s: Snapshot, u: UnitState) -> str | None:
+def beyond_cores(s: Snapshot, u: UnitState) -> str | None:
     """Why one more instance of ``u`` on its fastest engine would pin more cpu threads
     than the device has cores (None: it would not, the engine is not the cpu, or the
     cores are not known). Pinned threads beyond the cores are the device profile's
@@ -147,7 +147,7 @@ def refusals(
 ) -> list[str]:
     """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: it is
     admitted): the engine not on the device, memory, the engine's slots, the cpu's
-    thread slots, ``u``'s own instances past the cores (:func:`_own_cores`), the cores
+    thread slots, ``u``'s own instances past the cores (:func:`own_cores`), the cores
     (:func:`core_refusal`), and ``blocked`` (a reverted trial's backoff) when given."""
     cap = s.cap
     slots = cap.max_instances.get(o.engine)
@@ -164,7 +164,7 @@ def refusals(
     if cap.cores and not s.cores_used + o.cores <= cap.cores:
         why.append(f"cores {s.cores_used}+{o.cores} > {cap.cores}")
     if o.engine == "cpu":
-        own = _own_cores(s, u, o.cores)
+        own = own_cores(s, u, o.cores)
         why += ([own] if own else []) + _core_reasons(s, u, c, o.cores)
     if blocked is not None:
         why.append(blocked)

@@ -1,82 +1,21 @@
 """The asymmetric auto-scaler: a pure function from a metrics snapshot to decisions.
 
-InfScaler §IV-A, Algorithm 1 (scale out): on an SLO violation take the unit with the
-largest bottleneck indicator B_k, try the engines in its affinity order (profiled
-latency, fastest first), and admit one more instance on the first engine m where
-U^m + r_k^m <= R^m for every resource (memory MB shared by all engines on a unified-DRAM
-SoC, instance slots per engine, CPU cores); after scaling, B_k <- B_k S_k / (S_k + 1).
-Because B_k starts at the plan's value with S_k = 1 and every scale-out applies line 5,
-the effective indicator is B_k / S_k, so the policy keeps no hidden state for it.
+:func:`decide` takes a :class:`~infscaler.runtime.scaling.types.Snapshot` of one
+pipeline, the :class:`~infscaler.runtime.scaling.types.ScalerState` the previous call
+returned and a :class:`~infscaler.runtime.scaling.types.ScalerConfig`, and returns
+``(decisions, new_state)``: ``scale_out`` / ``scale_in`` / ``scale_up`` /
+``scale_down`` / ``shed`` / ``lift`` :class:`~infscaler.runtime.scaling.types.Decision`.
+No I/O, no clock; the autoscaler loop (:mod:`infscaler.runtime.scaling.autoscaler`) and
+the planner's simulator call it alike (Ray Serve's autoscaling policy shape).
 
-What the paper lacks, added here:
-
-* scale in with hysteresis (InferLine §5, Algorithm 4): no scale-in within ``hold_s``
-  (15 s) of the last change; the rate it must still serve is the maximum arrival rate
-  seen over the last ``rate_horizon_s`` (30 s); a unit gives back one instance when
-  the remaining ones can serve that rate at utilisation <= ``scale_in_utilisation``
-  **and** keep the unit's approximate P99 at that rate (M/D/c,
-  :func:`~infscaler.runtime.scaling.queueing.p99_response_ms`)
-  within its share of the SLO (:func:`_budget_ms`). Utilisation alone flapped: PP-OCRv4
-  det's replicas at 3 req/s (SLO 3 x L0 = 2.9 x its 85 ms service) went 1 -> 2 on
-  refusals after a burst, back to 1 after the hold at utilisation 0.37, out again, and
-  each new instance's start put its compute P99 at 175 ms (1.6x) inside the measured
-  window (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's
-  steps", its PP-OCRv4 det first-run item: "Replication's scaler flapped");
-* a cooldown between two scale-outs (``cooldown_s``), so a new instance is measured
-  before the next decision;
-* load shedding: when the SLO is violated and no engine can admit another instance
-  (the cap is reached), the decision carries a bounded queue length (Little's law:
-  requests the pipeline can finish within the SLO at its current capacity) beyond which
-  the front end answers 503 with the reason;
-* vertical scaling of cpu instances (``scale_up`` / ``scale_down``: one instance is
-  replaced by one running more / fewer intra-op threads, make-before-break), for units
-  whose stage sets ``max_threads``. For the unit Algorithm 1 picks, a thread step
-  competes with a scale-out on **predicted gain per share of the scarcest free
-  resource**: gain = items/s the action adds (a new instance: 1000 / its latency; a
-  thread step: 1000 / svc(t2) - 1000 / svc(t), :func:`service_ms_at`, from latencies
-  the instances **measured** at load per thread count; never an assumed speedup), cost
-  = the largest share of what is still free that the action takes (a new instance:
-  its memory MB, an engine slot, its cores; a thread step: t2 - t cores only, since the
-  replacement reuses the model's memory and the slot once the old one stops). A unit
-  at its ``max_instances`` or refused by the memory cap can still take threads while
-  cores are free. The thread step back follows Algorithm 4's rule (below);
-* no scale-out / scale-up of a unit other than the argmax that is not short of
-  capacity: with a measured service time, if its instances serve the max offered rate
-  over the horizon at utilisation <= ``scale_in_utilisation``, the scale-in rule would
-  take the addition back after ``hold_s`` and the next violation would add it again.
-  That was the flapping of VGG-19's weight-heavy fully connected partition in the
-  quiet-host Azure replay (bench/HISTORY.md: scaled out and in every ~25 s, 1047 <->
-  1597 MB, while the convolution partition was at its ``max_instances``); such a
-  violation sheds instead. When the only violation is requests refused at arrival
-  (P99 measured within the SLO), the argmax itself is held to the same test: refusals
-  then come from a burst, and an instance the utilisation and P99 model do not need
-  would be taken back after the hold;
-* a settle window and a sustained violation: a violation within ``settle_s`` (5 s) of
-  the last change (the deploy, a scale-out, a scale-in, a thread step) is not counted,
-  refusals at arrival included, and a scale-out, thread step up or queue bound needs the
-  SLO violated at every call for ``sustain_s`` (2 s; :attr:`ScalerState.
-  violating_since`). Right after a deploy on a 2-core host a planned pipeline's two
-  partitions were each scaled out to 2 single-thread instances on P99s of 497 and 232
-  ms in the first windows: those windows held the instances' warm-up, and a 1 s
-  window's P99 counted as a violation;
-* a cpu scale-out or thread step up must fit the physical cores by **demand**: the
-  cores the instances keep busy (busy fraction x threads) plus the addition's expected
-  share (:mod:`infscaler.runtime.scaling.demand`); one that takes the pinned threads
-  past the cores is a trial, stopped again ``trial_s`` later unless the served rate
-  rose or the SLO is met, and its unit then waits ``trial_backoff_s`` (doubling). With
-  ``core_cap`` ``threads`` (or before the demand is measured) the pinned threads of all
-  instances may not pass the physical cores (``oversubscribe`` opts in): a deploy once
-  ended with 4 single-thread instances pinned to 2 cores, contention, not capacity.
-
-Like Ray Serve's autoscaling policy this module never starts anything: the service's
-autoscaler loop (:mod:`infscaler.runtime.scaling.autoscaler`) builds a :class:`Snapshot` from
-the monitor, calls :func:`decide`, and applies the decisions through the supervisor.
-The planner's simulator (:mod:`infscaler.runtime.planning.simulator`) calls the same function.
-
-What it decides on, its tuning and what it returns are in
-:mod:`infscaler.runtime.scaling.types`; a unit's queueing model (service time, the M/D/c
-P99, the SLO share) in :mod:`infscaler.runtime.scaling.queueing`; the cores rules in
-:mod:`infscaler.runtime.scaling.cores`.
+Sources: InfScaler §IV-A Algorithm 1 (scale out the unit with the largest B_k / S_k on
+the first engine whose resources admit it); InferLine (Crankshaw et al., SoCC '20) §5
+Algorithm 4 (scale in with hysteresis), with the P99 guard of
+:mod:`infscaler.runtime.scaling.unitmodel` (the model of :mod:`infscaler.runtime.queueing`);
+cores rules in :mod:`infscaler.runtime.scaling.cores` and
+:mod:`infscaler.runtime.scaling.demand`. Every rule it adds to the papers (cooldown,
+shedding, thread steps, the settle window, trials past the cores) and the incidents
+behind them: docs/scaling.md, "The scaler's rules in full".
 """
 
 from __future__ import annotations
@@ -84,7 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from infscaler.runtime.scaling.cores import _beyond_cores, _own_cores, core_refusal, refusals
+from infscaler.runtime.queueing import EPS
+from infscaler.runtime.scaling.cores import beyond_cores, core_refusal, own_cores, refusals
 from infscaler.runtime.scaling.demand import (
     blocked_why,
     is_trial,
@@ -94,13 +34,6 @@ from infscaler.runtime.scaling.demand import (
     trial_note,
     trial_wait,
 )
-from infscaler.runtime.scaling.queueing import (
-    _EPS,
-    _budget_ms,
-    _fan_out,
-    _p99_needed,
-    _service_ms,
-)
 from infscaler.runtime.scaling.types import (
     Decision,
     EngineOption,
@@ -108,6 +41,16 @@ from infscaler.runtime.scaling.types import (
     ScalerState,
     Snapshot,
     UnitState,
+)
+from infscaler.runtime.scaling.unitmodel import (
+    budget_ms,
+    capacity_items,
+    fan_out,
+    instance_ms,
+    p99_needed,
+    pipeline_capacity_rps,
+    service_ms_at,
+    unit_service_ms,
 )
 from infscaler.runtime.serving.admission import SHED_MIN_LOAD
 
@@ -151,7 +94,7 @@ def decide(
        instances exceed ``max(needed, min_instances)``, needed =
        ``ceil(lambda_max x fan-out x service_ms / 1000 / scale_in_utilisation)``, at
        least the fewest instances whose
-       :func:`~infscaler.runtime.scaling.queueing.p99_response_ms` at lambda_max x fan-out
+       :func:`~infscaler.runtime.queueing.p99_response_ms` at lambda_max x fan-out
        is within the SLO less the other units' service times (ignored when no count
        can be), gives
        back one instance on the engine where its option is slowest (an engine with no
@@ -254,7 +197,7 @@ def _on_violation(
     """Step 2 of :func:`decide`, the SLO violated: not counted within the settle window
     (:func:`_settling`); else, once it has lasted ``sustain_s`` and the cooldown has
     passed (:func:`_sustain_or_cooldown`), Algorithm 1's scale-out or a thread step up
-    (:func:`_scale_out`), or, when the cap refuses every unit, the shed bound
+    (:func:`scale_out_choice`), or, when the cap refuses every unit, the shed bound
     (:func:`_shed_at_cap`). ``new``: the state after step 1."""
     settling = _settling(s, state, c)
     if settling is not None:
@@ -264,7 +207,7 @@ def _on_violation(
     why = _sustain_or_cooldown(s, state, c, since) or trial_wait(s, state, c)
     if why is not None:
         return [], replace(new, waiting=why)
-    out, refused = _scale_out(s, state, c, max(r for _, r in new.rates))
+    out, refused = scale_out_choice(s, state, c, max(r for _, r in new.rates))
     if out is not None:
         trial = open_trial(s, new, c, out) if is_trial(s, c, out) else None
         if trial is not None:
@@ -283,7 +226,7 @@ def _sustain_or_cooldown(
     less than ``sustain_s`` since ``since``, its first violated call, or the last
     scale-out is less than ``cooldown_s`` ago."""
     now = s.now
-    if now - since < c.sustain_s - _EPS:
+    if now - since < c.sustain_s - EPS:
         return (
             f"{_violation(s, c)} for {_n(now - since)} s < sustain_s "
             f"{_n(c.sustain_s)} s: waiting for it to persist"
@@ -311,7 +254,7 @@ def _shed_at_cap(
         # admission already refuses what would miss the SLO; with no capacity
         # known, a bound at the current queue would only refuse more at random
         return [], new
-    if rps is not None and s.offered < SHED_MIN_LOAD * rps - _EPS:
+    if rps is not None and s.offered < SHED_MIN_LOAD * rps - EPS:
         # below capacity the violation is variance, not overload: the queue
         # drains by itself and admission refuses what would miss the SLO
         return [], new
@@ -376,7 +319,7 @@ def _lift_reason(s: Snapshot) -> str | None:
     if p99 is not None and p99 < LIFT_RATIO * s.slo_ms:
         return f"P99 {p99:.0f} ms < {LIFT_RATIO:g} x SLO {_n(s.slo_ms)} ms"
     rps = pipeline_capacity_rps(s)
-    if rps is not None and s.offered <= LIFT_RATIO * rps + _EPS:
+    if rps is not None and s.offered <= LIFT_RATIO * rps + EPS:
         return f"offered load {_n(s.offered)} req/s <= {LIFT_RATIO:g} x capacity {_n(rps)} req/s"
     return None
 
@@ -440,26 +383,6 @@ def effective_bottleneck(unit: UnitState) -> float:
     return math.inf if s <= 0 else unit.bottleneck / s
 
 
-def pipeline_capacity_rps(snapshot: Snapshot) -> float | None:
-    """Requests per second the pipeline finishes at its current instances.
-
-    min over units of ``(S_k x 1000 / service_ms) / fan-out``, fan-out = items per
-    request = ``unit.arrival_rate / snapshot.arrival_rate`` (1 when the pipeline's rate
-    is 0); ``service_ms`` is the unit's P50, else its fastest option's latency. Units
-    with no service time known, or no items (fan-out 0), do not bound it. None when no
-    unit bounds it.
-    """
-    best: float | None = None
-    for u in snapshot.units:
-        svc = _service_ms(u)
-        f = _fan_out(u, snapshot)
-        if svc is None or f <= 0:
-            continue
-        cap = u.total_instances * 1000.0 / svc / f
-        best = cap if best is None else min(best, cap)
-    return best
-
-
 def shed_queue_limit(snapshot: Snapshot) -> int:
     """The queue bound at the cap, requests (Little's law): what the pipeline finishes
     within the SLO, ``max(1, floor(capacity_rps x slo_ms / 1000))`` with
@@ -512,7 +435,7 @@ def _violation(s: Snapshot, c: ScalerConfig) -> str:
 NEXT_BEST_FRACTION = 0.5
 
 
-def _scale_out(
+def scale_out_choice(
     s: Snapshot, state: ScalerState, c: ScalerConfig, lam: float
 ) -> tuple[Decision | None, list[str]]:
     """Algorithm 1 (with the next-best fallback), each unit's best action by
@@ -528,7 +451,7 @@ def _scale_out(
             # a unit far below the bottleneck would not raise the pipeline's throughput
             passed.append(f"{who} is below {NEXT_BEST_FRACTION:g} x the largest B_k/S_k")
             break
-        beyond = _beyond_cores(s, u)
+        beyond = beyond_cores(s, u)
         if passed or _refusals_only(s, c) or beyond is not None:
             idle = _not_short(s, c, u, lam)
             if idle is not None:
@@ -597,13 +520,13 @@ def _not_short(s: Snapshot, c: ScalerConfig, u: UnitState, lam: float) -> str | 
     capacity back after the hold, and the next violation would add it again."""
     if u.service_ms is None or u.service_ms <= 0 or u.total_instances <= 0:
         return None
-    f = _fan_out(u, s)
-    cap_items = _capacity_items(u)
+    f = fan_out(u, s)
+    cap_items = capacity_items(u)
     busy = lam * f / cap_items
     if busy > c.scale_in_utilisation:
         return None
-    svc = _instance_ms(u)
-    if svc is not None and _p99_needed(s, u, lam * f, svc) > u.total_instances:
+    svc = instance_ms(u)
+    if svc is not None and p99_needed(s, u, lam * f, svc) > u.total_instances:
         return None
     return (
         f"is not short of capacity: max rate {_n(lam)} req/s x {_n(f)} items/req on "
@@ -611,54 +534,6 @@ def _not_short(s: Snapshot, c: ScalerConfig, u: UnitState, lam: float) -> str | 
         f"{c.scale_in_utilisation:g} with its P99 within its share of the SLO (scale-in "
         f"would take one more back after the hold)"
     )
-
-
-def service_ms_at(u: UnitState, threads: int) -> float | None:
-    """Predicted service time of one item of ``u`` on a cpu instance running ``threads``
-    intra-op threads, ms; None when that count was not measured.
-
-    The unit's live P50 (``service_ms``) scaled by the ratio of the load-time
-    measurements ``latency_ms_by_threads[threads] / latency_ms_by_threads[ref]``, ref =
-    the thread count most of its instances run (ties: the smaller): the live P50 holds
-    the real inputs and contention, the ratio what more threads change. Without a P50
-    (or a measurement at ref): the load-time figure itself."""
-    lat = u.latency_ms_by_threads
-    ms = lat.get(threads)
-    if ms is None or not ms > 0:
-        return None
-    ref = _ref_threads(u)
-    if u.service_ms is not None and u.service_ms > 0 and ref is not None and lat.get(ref, 0) > 0:
-        return u.service_ms * ms / lat[ref]
-    return float(ms)
-
-
-def _ref_threads(u: UnitState) -> int | None:
-    live = {t: n for t, n in u.threads.items() if n > 0}
-    if not live:
-        return None
-    return max(live.items(), key=lambda kv: (kv[1], -kv[0]))[0]
-
-
-def _capacity_items(u: UnitState) -> float:
-    """Items per second the unit's running instances finish: per thread count when
-    every count is measured, else instances x 1000 / service_ms."""
-    live = {t: n for t, n in u.threads.items() if n > 0}
-    per = {t: service_ms_at(u, t) for t in live}
-    if live and sum(live.values()) == u.total_instances and all(per.values()):
-        return sum(n * 1000.0 / per[t] for t, n in live.items())  # type: ignore[operator]
-    svc = _service_ms(u)
-    return math.inf if svc is None else u.total_instances * 1000.0 / svc
-
-
-def _instance_ms(u: UnitState) -> float | None:
-    """One running instance's service time per item as the unit's capacity has it, ms:
-    instances x 1000 / :func:`_capacity_items` (the mean over mixed thread counts); the
-    figure the P99 model takes. None without a running instance or a finite capacity."""
-    n = u.total_instances
-    cap = _capacity_items(u)
-    if n <= 0 or not 0 < cap < math.inf:
-        return None
-    return n * 1000.0 / cap
 
 
 def _vertical(u: UnitState) -> str | None:
@@ -701,7 +576,7 @@ def _up_candidate(
         return None, "the device counts no cpu cores (no budget to give threads from)"
     if not s.cores_used + (t2 - t) <= cap.cores:
         return None, f"cores {s.cores_used}+{t2 - t} > {cap.cores}"
-    own = _own_cores(s, u, t2 - t) or core_refusal(s, u, c, t2 - t)
+    own = own_cores(s, u, t2 - t) or core_refusal(s, u, c, t2 - t)
     if own is not None:
         return None, own
     return (t, t2, svc_t, svc_t2), None
@@ -802,7 +677,7 @@ def _shed_limit(s: Snapshot) -> tuple[int, str]:
     if rps is None or not math.isfinite(rps * s.slo_ms):
         limit = max(1, s.pending)
         return limit, f"capacity unknown: {s.pending} requests pending"
-    limit = max(1, math.floor(rps * s.slo_ms / 1000.0 + _EPS))
+    limit = max(1, math.floor(rps * s.slo_ms / 1000.0 + EPS))
     return limit, (f"Little's law: capacity {_n(rps)} req/s x SLO {_n(s.slo_ms / 1000.0)} s")
 
 
@@ -811,14 +686,14 @@ def _scale_in(s: Snapshot, c: ScalerConfig, lam: float, last: float | None) -> l
     out: list[Decision] = []
     quiet = "no change yet" if last is None else f"no change for {_n(s.now - last)} s"
     for u in s.units:
-        svc = _service_ms(u)
+        svc = unit_service_ms(u)
         running = {e: n for e, n in u.instances.items() if n > 0}
         if svc is None or not running:
             continue
-        f = _fan_out(u, s)
+        f = fan_out(u, s)
         items = lam * f
-        needed = max(0, math.ceil(items * svc / 1000.0 / c.scale_in_utilisation - _EPS))
-        tail = _p99_needed(s, u, items, svc)
+        needed = max(0, math.ceil(items * svc / 1000.0 / c.scale_in_utilisation - EPS))
+        tail = p99_needed(s, u, items, svc)
         keep = max(needed, tail, u.min_instances)
         if u.total_instances <= keep:
             down = _scale_down(s, c, u, lam, quiet)
@@ -833,7 +708,7 @@ def _scale_in(s: Snapshot, c: ScalerConfig, lam: float, last: float | None) -> l
             f"{_n(c.rate_horizon_s)} s x {_n(f)} items/req = {_n(items)} items/s x "
             f"{_n(svc)} ms needs {needed} instance(s) at utilisation <= "
             f"{c.scale_in_utilisation:g} and {tail} for its P99 within "
-            f"{_n(_budget_ms(s, u))} ms (min {u.min_instances}); {u.total_instances} > "
+            f"{_n(budget_ms(s, u))} ms (min {u.min_instances}); {u.total_instances} > "
             f"{keep}: one {engine} instance stops ({engine} is its slowest engine, {slow})"
         )
         out.append(Decision("scale_in", unit=u.index, engine=engine, reason=reason))
@@ -862,12 +737,12 @@ def _scale_down(
         return None
     now_items = sum(n * 1000.0 / per[k] for k, n in live.items())  # type: ignore[operator]
     after = now_items - 1000.0 / per[t] + 1000.0 / per[t2]  # type: ignore[operator]
-    f = _fan_out(u, s)
+    f = fan_out(u, s)
     items = lam * f
-    if not items <= c.scale_in_utilisation * after + _EPS:
+    if not items <= c.scale_in_utilisation * after + EPS:
         return None
     n = u.total_instances
-    if _p99_needed(s, u, items, n * 1000.0 / after) > n:
+    if p99_needed(s, u, items, n * 1000.0 / after) > n:
         return None
     return Decision(
         "scale_down",

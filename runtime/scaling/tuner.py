@@ -1,62 +1,19 @@
 """The Tuner: scale out when the arrival envelope exceeds what the configuration sustains.
 
-InferLine (Crankshaw et al., SoCC '20), §5 "High-Frequency Tuning": a traffic envelope
-maps each window length ``w`` to ``q(w)``, the largest number of requests that arrived
-within any interval of that length (network calculus, Le Boudec and Thiran). The Tuner
-compares the envelope observed with the one the configuration was planned for and
-scales out as soon as any window exceeds it (Algorithm 3), before a queue builds up
-and the P99 window (:func:`infscaler.runtime.scaling.scaler.decide`) shows a violation;
-scale-in stays with the scaler's conservative Algorithm 4.
+:func:`scale_out_now` takes a snapshot, the offered requests' arrival times since the
+last change, the scaler's state and config, and returns a :class:`TunerVerdict` (at most
+one ``scale_out`` of one unit, possibly several instances at once). Pure: no clock, no I/O.
 
-InferLine plans from a sample trace and compares with that trace's envelope; here the
-planner's sample trace is Poisson arrivals at the planned rate (what
-:mod:`infscaler.runtime.planning.simulator` replays), so the planned envelope is that of
-a Poisson process at ``rho x mu`` (``mu``: the scaler's capacity estimate,
-:func:`~infscaler.runtime.scaling.scaler.pipeline_capacity_rps`, requests/s), with the
-burst the SLO absorbs. InferLine's planner also checks that the plan meets the SLO at
-that rate (§4.2, its estimator); a configuration whose P99 reaches the SLO below ``rho
-x mu`` (a tight SLO: twice the service time leaves one service time of queueing) was
-planned for less, so the planned rate is the lower of the two (:func:`slo_rate_rps`,
-the scaler's own M/D/c P99 model) and ``mu`` below is that rate / ``rho``. Without it,
-one 99-ms instance under an SLO of 377 ms was planned for 7.6 requests/s and the Tuner
-did not fire at a step to 7.4/s, where the P99 model puts one instance's P99 at
-about 0.9 s and two instances' at about 0.22 s:
-
-    q_planned(w) = Q(rho mu w) + mu (SLO - T) / 1000
-
-* ``rho`` (:data:`TUNER_RHO`, 0.75) is InferLine's max-provisioning ratio: the
-  configuration is planned for arrival rates up to ``rho x mu`` (InferLine's ``k_m =
-  r_max s_m / (mu_m rho_m)`` read backwards). It lies above the scaler's
-  ``scale_in_utilisation`` (0.6, Algorithm 4's ``rho_min``), so an instance the Tuner
-  adds at a rate above ``rho x mu`` is not taken back by the scale-in at that rate.
-* ``Q(m)`` is the Poisson trace's own burstiness: the count a window of a Poisson trace
-  of mean ``m`` exceeds with probability at most :data:`TUNER_TAIL` (1e-4; the exact
-  Poisson upper quantile, :func:`poisson_quantile`). Without it (``Q(m) = m``, the
-  deterministic envelope, ``tail=None``), Poisson arrivals at 0.6 of the capacity
-  exceed ``rho mu w`` in the short windows every few seconds and the Tuner would scale
-  out on noise. The price is detection time: a step to 1.5 x the capacity shows in the
-  2-5 s windows, not within the first second.
-* ``mu x (SLO - T) / 1000`` (``T``: the pipeline's service time, the sum of its units'
-  service times, ms) is the burst the configuration absorbs: with a rate-latency
-  service curve ``mu (t - T)+`` a backlog of that many requests still drains within the
-  SLO (Le Boudec and Thiran, "Network Calculus", Thm 1.4.2, the delay bound of a
-  token bucket). Bursts within it cause no action.
-
-How many instances (Algorithm 3, lines 8-13): InferLine adds at once every replica the
-rate that triggered needs, ``k_m = ceil(r_max s_m / (mu_m rho_m))``. Here the rate is the
-least capacity whose planned envelope above covers the observed one at every window
-(bisection on ``mu``; InferLine's ``r_max / rho`` for the deterministic envelope with no
-burst term, :func:`required_capacity_rps`), and the unit
-Algorithm 1 picks gets the fewest instances that bring its capacity to ``mu_req`` in one
-decision (:func:`instances_for`), within its ``max_instances`` and the device's cap (each
-further instance checked by the scaler's own rules: memory, slots, cores).
-
-With the SLO check, ``needed`` also covers the instances whose P99 meets the SLO at
-the new planned rate, the count the scale-in's P99 guard keeps there (no flapping).
-
-Windows: 0.25, 0.5, 1, 2 and 5 s (:data:`WINDOWS_S`; InferLine starts at the service
-time and doubles up to 60 s; the scaler's P99 window is 10 s, so longer windows would
-not react sooner than it does). Like the scaler, this module is pure: no clock, no I/O.
+Source: InferLine (Crankshaw et al., SoCC '20) §5 "High-Frequency Tuning", Algorithm 3:
+the observed traffic envelope (max requests in any window of each length,
+:data:`WINDOWS_S`) against the one the configuration was planned for,
+``q_planned(w) = Q(rho mu w) + mu (SLO - T) / 1000`` (:func:`planned_envelope`): ``mu``
+the pipeline's capacity (:func:`~infscaler.runtime.scaling.unitmodel.pipeline_capacity_rps`,
+capped by the SLO-meeting rate of the P99 model, :func:`slo_rate_rps`), ``rho``
+:data:`TUNER_RHO`, ``Q`` the Poisson quantile at :data:`TUNER_TAIL`, the burst term the
+backlog the capacity drains within the SLO (:func:`~infscaler.runtime.queueing.drain_backlog`,
+network calculus). Why each term, and the incidents behind them: docs/scaling.md,
+"The Tuner's envelope in full".
 """
 
 from __future__ import annotations
@@ -67,22 +24,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from infscaler.runtime.queueing import EPS, drain_backlog, max_rate_within
 from infscaler.runtime.scaling.cores import SATURATED_FREE_PER_THREAD, refusals
-from infscaler.runtime.scaling.queueing import (
-    _EPS,
-    _budget_ms,
-    _fan_out,
-    _p99_needed,
-    _service_ms,
-    max_rate_within,
-)
-from infscaler.runtime.scaling.scaler import (
-    _capacity_items,
-    _instance_ms,
-    _scale_out,
-    pipeline_capacity_rps,
-    service_ms_at,
-)
+from infscaler.runtime.scaling.scaler import scale_out_choice
 from infscaler.runtime.scaling.types import (
     Decision,
     EngineOption,
@@ -90,6 +34,16 @@ from infscaler.runtime.scaling.types import (
     ScalerState,
     Snapshot,
     UnitState,
+)
+from infscaler.runtime.scaling.unitmodel import (
+    budget_ms,
+    capacity_items,
+    fan_out,
+    instance_ms,
+    p99_needed,
+    pipeline_capacity_rps,
+    service_ms_at,
+    unit_service_ms,
 )
 
 #: Window lengths of the envelope, s (ascending).
@@ -184,13 +138,13 @@ def envelope(
 def service_time_ms(snapshot: Snapshot) -> float:
     """The pipeline's service time ``T``, ms: the sum of its units' service times (a
     unit's P50, else its fastest option's latency; 0 for a unit with neither)."""
-    return sum(_service_ms(u) or 0.0 for u in snapshot.units)
+    return sum(unit_service_ms(u) or 0.0 for u in snapshot.units)
 
 
 def slo_rate_rps(snapshot: Snapshot) -> float | None:
     """The largest pipeline rate, requests/s, at which every unit's approximate P99 at
     its running instances stays within its share of the SLO: per unit, the items/s
-    where :func:`~infscaler.runtime.scaling.queueing.p99_response_ms` (M/D/c, Erlang C
+    where :func:`~infscaler.runtime.queueing.p99_response_ms` (M/D/c, Erlang C
     with Kingman's heavy-traffic tail) reaches the SLO less the other units' service
     times (the scaler's own P99 guard, :func:`~infscaler.runtime.scaling.scaler.decide`'s
     scale-in), found by bisection (P99 grows with the rate), divided by the unit's
@@ -205,11 +159,11 @@ def slo_rate_rps(snapshot: Snapshot) -> float | None:
     """
     best: float | None = None
     for u in snapshot.units:
-        f = _fan_out(u, snapshot)
-        svc = _instance_ms(u)
-        if _service_ms(u) is None or svc is None or f <= 0:
+        f = fan_out(u, snapshot)
+        svc = instance_ms(u)
+        if unit_service_ms(u) is None or svc is None or f <= 0:
             continue
-        budget = _budget_ms(snapshot, u)
+        budget = budget_ms(snapshot, u)
         if budget < svc:
             continue
         rate = max_rate_within(u.total_instances, svc, budget) / f
@@ -241,9 +195,10 @@ def poisson_quantile(mean: float, tail: float) -> int:
     return 0
 
 
-def _planned(mu: float, w: float, burst_s: float, rho: float, tail: float | None) -> float:
+def _planned(mu: float, w: float, burst_ms: float, rho: float, tail: float | None) -> float:
+    """``Q(rho mu w)`` plus the backlog ``mu`` drains within ``burst_ms`` (SLO - T)."""
     m = rho * mu * w
-    return (m if tail is None else float(poisson_quantile(m, tail))) + mu * burst_s
+    return (m if tail is None else float(poisson_quantile(m, tail))) + drain_backlog(mu, burst_ms)
 
 
 def planned_envelope(
@@ -269,8 +224,7 @@ def planned_envelope(
     _check(rho, tail)
     if not capacity_rps >= 0:
         raise ValueError(f"capacity_rps must be >= 0, got {capacity_rps}")
-    burst_s = max(0.0, slo_ms - service_ms) / 1000.0
-    return tuple(_planned(capacity_rps, w, burst_s, rho, tail) for w in windows)
+    return tuple(_planned(capacity_rps, w, slo_ms - service_ms, rho, tail) for w in windows)
 
 
 def _check(rho: float, tail: float | None) -> None:
@@ -325,7 +279,7 @@ def required_capacity_rps(
         lo = 0.0
         while hi - lo > 1e-3:
             mid = (lo + hi) / 2.0
-            if _planned(mid, w, burst_s, rho, tail) >= q:
+            if _planned(mid, w, slo_ms - service_ms, rho, tail) >= q:
                 hi = mid
             else:
                 lo = mid
@@ -393,7 +347,7 @@ def instances_for(
     cores, saturation). The first is assumed admitted (Algorithm 1 admitted it).
     With ``p99_rps`` (requests/s), ``needed`` also covers the instances that keep the
     unit's approximate P99 at that rate within its share of the SLO (the scaler's
-    ``_p99_needed`` at the unit's current service time per instance): the count the
+    ``p99_needed`` at the unit's current service time per instance): the count the
     scale-in's P99 guard keeps at that rate, so the scale-in does not take them back.
 
     Returns:
@@ -401,15 +355,15 @@ def instances_for(
         with all it needs (``u.total_instances`` + needed), and why fewer than needed
         are started ("" when none is held back).
     """
-    f = _fan_out(u, s)
+    f = fan_out(u, s)
     f = f if f > 0 else 1.0
-    have = _capacity_items(u) / f
+    have = capacity_items(u) / f
     gain = _new_instance_items(u, o) / f
     short = required_rps - have
-    more = 1 if not math.isfinite(have) or short <= 0 else max(1, math.ceil(short / gain - _EPS))
-    svc = _instance_ms(u)
+    more = 1 if not math.isfinite(have) or short <= 0 else max(1, math.ceil(short / gain - EPS))
+    svc = instance_ms(u)
     if p99_rps is not None and svc is not None:
-        more = max(more, _p99_needed(s, u, p99_rps * f, svc) - u.total_instances)
+        more = max(more, p99_needed(s, u, p99_rps * f, svc) - u.total_instances)
     needed = u.total_instances + more
     count, why = 1, ""
     s2, u2 = _with_one_more(s, u, o)
@@ -504,7 +458,7 @@ def scale_out_now(
         f"{svc:.3g} ms)); rate {worst.rate_rps:.3g} requests/s, sustained "
         f"{sustained:.3g} requests/s"
     )
-    out, passed = _scale_out(snapshot, state, config, sustained)
+    out, passed = scale_out_choice(snapshot, state, config, sustained)
     if out is None:
         why = f"{seen}; no unit to scale: {'; '.join(passed) or 'none'}"
         # blocked by the cap only where a unit short of capacity was refused (a unit

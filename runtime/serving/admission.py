@@ -83,6 +83,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from infscaler.runtime.queueing import drain_response_ms, fifo_wait_ms
 from infscaler.runtime.serving.queues import ahead_at
 
 #: back-off suggested when the byte budget is exhausted, seconds
@@ -241,7 +242,7 @@ def estimate_ms(
         ``units`` are given, else ``S + ahead * interval_ms``.
     """
     if remaining_ms is None or not units:
-        return service_ms + max(0, ahead) * interval_ms
+        return service_ms + fifo_wait_ms(ahead, 1, interval_ms)
     est = service_ms
     known = min(max(0, ahead), len(remaining_ms))
     for unit_ms, instances in units:
@@ -268,15 +269,14 @@ def drain_ms(ahead: int, service_ms: float, units: Sequence[tuple[float, int]]) 
     admitted only onto an idle pipeline and ran one request at a time, 47 % busy while
     83 % of the arrivals were refused.
 
+    The queueing model's :func:`~infscaler.runtime.queueing.drain_response_ms`.
+
     Args:
         ahead: requests of the pipeline admitted and not answered.
         service_ms: one request's end-to-end compute time ``S``, ms.
         units: ``(S_u ms per request, c_u instances)`` of every unit.
     """
-    est = float(service_ms)
-    for unit_ms, instances in units:
-        est = max(est, service_ms + (max(0, ahead) // max(1, int(instances))) * float(unit_ms))
-    return est
+    return drain_response_ms(ahead, service_ms, units)
 
 
 def starts_at_once(ahead: int, units: Sequence[tuple[float, int]] | None) -> bool:

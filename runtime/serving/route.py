@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from infscaler.runtime import queueing
 from infscaler.runtime.serving.admission import SHED_MIN_LOAD
 from infscaler.runtime.serving.pipeline import CompiledPipeline, load_function
 from infscaler.runtime.serving.stats import PipelineStats
@@ -239,14 +241,16 @@ class Route:
 
     def capacity_rps(self) -> float | None:
         """Requests/s the pipeline's slowest unit can take: its instances x 1000 / its ms
-        per request, scaled by :attr:`correction` floored at 1 (a correction below 1
+        per request (:func:`~infscaler.runtime.queueing.capacity_rps`), scaled by
+        :attr:`correction` floored at 1 (a correction below 1
         says that requests ahead expired, not that the units got faster); None before a
         measurement."""
         if self.unit_ms is None:
             return None
         # the median correction (not the overload's tail quantile): a capacity
-        rates = [k * 1000.0 / ms for ms, k in self._units(max(1.0, self.correction)) if ms > 0]
-        return min(rates) if rates else None
+        units = self._units(max(1.0, self.correction))
+        cap = queueing.capacity_rps([ms for ms, _ in units], [k for _, k in units])
+        return None if math.isinf(cap) else cap
 
     def overloaded(self, now: float | None = None) -> bool:
         """True while the offered load (admitted and refused, last 10 s) is at least the

@@ -15,8 +15,8 @@ from infscaler.runtime.planning.livecheck import (
     LiveState,
     Observed,
     check,
-    predicted_capacity_rps,
 )
+from infscaler.runtime.queueing import capacity_rps
 
 #: K = 2, one instance each: 30 ms and 20 ms per request -> 33.3/s
 K2 = Expected("K=2 inst=1+1", (30.0, 20.0), (1, 1), (1.0, 1.0), goodput_rps=30.0)
@@ -34,11 +34,11 @@ def obs(capacity: float | None, **kw) -> Observed:
 
 
 def test_capacity_is_the_slowest_unit_over_its_instances() -> None:
-    assert predicted_capacity_rps([30.0, 20.0], [1, 1]) == pytest.approx(1000 / 30)
-    assert predicted_capacity_rps([30.0, 20.0], [2, 1]) == pytest.approx(1000 / 20)
+    assert capacity_rps([30.0, 20.0], [1, 1]) == pytest.approx(1000 / 30)
+    assert capacity_rps([30.0, 20.0], [2, 1]) == pytest.approx(1000 / 20)
     # a per-item unit after a fan-out of 3 items a request
-    assert predicted_capacity_rps([10.0, 10.0], [1, 1], [1.0, 3.0]) == pytest.approx(1000 / 30)
-    assert math.isinf(predicted_capacity_rps([0.0], [1]))
+    assert capacity_rps([10.0, 10.0], [1, 1], [1.0, 3.0]) == pytest.approx(1000 / 30)
+    assert math.isinf(capacity_rps([0.0], [1]))
     assert K2.capacity_at((2, 1)) == pytest.approx(50.0)
     assert K2.capacity_at((1,)) == pytest.approx(K2.capacity_rps)  # not its units: planned
     assert Expected.from_dict(K2.to_dict()) == K2

@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
+from infscaler.runtime.queueing import p99_response_ms
 from infscaler.runtime.scaling.arbitration import (
     ArbitrationConfig,
     ArbitrationState,
     PipelineView,
     arbitrate,
 )
-from infscaler.runtime.scaling.queueing import p99_response_ms
 from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
 
 CPU = EngineOption("cpu", latency_ms=100.0, memory_mb=100.0, cores=1)

@@ -1,4 +1,4 @@
-"""The scaler's P99 guard on scale-in (infscaler.runtime.scaling.queueing.p99_response_ms): the
+"""The scaler's P99 guard on scale-in (infscaler.runtime.queueing.p99_response_ms): the
 M/D/c approximation against a simulated queue, and the flapping it stops (PP-OCRv4 det's
 replicas at 3 req/s, bench/HISTORY.md, issue 15), on hand-computed snapshots."""
 
@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from infscaler.runtime.scaling.queueing import p99_response_ms, service_moments
+from infscaler.runtime.queueing import p99_response_ms, service_moments
 from infscaler.runtime.scaling.scaler import decide, is_violated, late_tail_probability
 from infscaler.runtime.scaling.types import (
     EngineOption,

@@ -20,8 +20,8 @@ from functools import partial
 import numpy as np
 import pytest
 
+from infscaler.runtime.queueing import p99_response_ms
 from infscaler.runtime.scaling import tuner
-from infscaler.runtime.scaling.queueing import p99_response_ms
 from infscaler.runtime.scaling.scaler import decide
 from infscaler.runtime.scaling.tuner import WINDOWS_S, envelope, exceedances
 from infscaler.runtime.scaling.types import (
