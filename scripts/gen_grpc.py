@@ -1,19 +1,17 @@
-"""Regenerate the protobuf code of the gRPC API from the protocol's own ``.proto`` files.
+"""Regenerate the protobuf code of Triton's protocol (:mod:`infscaler.proto`) from its ``.proto`` files.
 
-``infscaler/api/grpc/grpc_service.proto`` and ``infscaler/base/proto/model_config.proto``
-are copied verbatim (licence header included) from github.com/triton-inference-server/common,
-``protobuf/`` (commit 83adf7cf88a2f343005974dff3728be746de2d66). ``model_config.proto`` has
-one copy, the base's: ``config.pbtxt`` parsing (:mod:`infscaler.base.triton`, compiled by
-``scripts/gen_triton_descriptor.py``) and the gRPC service are generated from the same
-file, each into its own private descriptor pool. This script runs grpcio-tools'
-``protoc`` on them (``--python_out`` only: the service's method table is built in
-:mod:`infscaler.api.grpc.service`, so no ``*_pb2_grpc.py`` is needed) and writes the
-checked-in ``grpc_service_pb2.py`` and ``model_config_pb2.py``, rewritten so that
+``infscaler/proto/grpc_service.proto`` and ``infscaler/proto/model_config.proto`` are
+copied verbatim (licence header included) from github.com/triton-inference-server/common,
+``protobuf/`` (commit 83adf7cf88a2f343005974dff3728be746de2d66): one copy each, compiled
+once. This script runs grpcio-tools' ``protoc`` on them (``--python_out`` only: the
+service's method table is built in :mod:`infscaler.api.grpc.handlers`, so no
+``*_pb2_grpc.py`` is needed) and writes the checked-in ``grpc_service_pb2.py`` and
+``model_config_pb2.py`` beside them, rewritten so that
 
-- ``grpc_service_pb2`` imports ``model_config_pb2`` from this package (protoc writes a
+- ``grpc_service_pb2`` imports ``model_config_pb2`` from the package (protoc writes a
   top-level ``import model_config_pb2``), and
-- both add their descriptors to a private pool (:data:`infscaler.api.grpc._pool.POOL`),
-  not protobuf's default one: tritonclient's own copy of the same ``.proto`` files
+- both add their descriptors to a private pool (:data:`infscaler.proto.POOL`), not
+  protobuf's default one: tritonclient's own copy of the same ``.proto`` files
   (``tritonclient.grpc``) then loads in the same process whatever its version.
 
 The generated code checks the protobuf runtime against the version of the protoc that
@@ -34,11 +32,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HERE = ROOT / "infscaler" / "api" / "grpc"
-#: where ``model_config.proto`` lives (shared with scripts/gen_triton_descriptor.py)
-BASE_PROTOS = ROOT / "infscaler" / "base" / "proto"
+HERE = ROOT / "infscaler" / "proto"
 PROTOS = ("model_config.proto", "grpc_service.proto")
-POOL_IMPORT = "from infscaler.api.grpc._pool import POOL as _POOL\n"
+POOL_IMPORT = "from infscaler.proto import POOL as _POOL\n"
 
 
 def generate() -> dict[str, str]:
@@ -46,9 +42,7 @@ def generate() -> dict[str, str]:
     from grpc_tools import protoc  # the test extra: only needed to regenerate
 
     with tempfile.TemporaryDirectory() as out:
-        rc = protoc.main(
-            ["protoc", f"-I{HERE}", f"-I{BASE_PROTOS}", f"--python_out={out}", *PROTOS]
-        )
+        rc = protoc.main(["protoc", f"-I{HERE}", f"--python_out={out}", *PROTOS])
         if rc != 0:
             raise SystemExit(f"protoc failed ({rc})")
         texts = {}
@@ -57,7 +51,7 @@ def generate() -> dict[str, str]:
             text = (Path(out) / name).read_text()
             text = text.replace(
                 "import model_config_pb2 as model__config__pb2",
-                "from infscaler.api.grpc import model_config_pb2 as model__config__pb2",
+                "from infscaler.proto import model_config_pb2 as model__config__pb2",
             )
             text = text.replace(
                 "_descriptor_pool.Default().AddSerializedFile(", "_POOL.AddSerializedFile("

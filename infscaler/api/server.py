@@ -449,10 +449,10 @@ async def start_grpc_server(
 ) -> Any:
     """Serve the gRPC protocol on ``path`` beside ``app`` (:func:`create_app`): the same
     service, shared memory registry, body limit and quotas
-    (:class:`~infscaler.api.grpc.GrpcServer`; mode 0660, ``group`` as the HTTP
+    (:class:`~infscaler.api.grpc.server.GrpcServer`; mode 0660, ``group`` as the HTTP
     socket's), task router and budget of variant loads. Returns the server (``await
     server.stop()``)."""
-    from infscaler.api.grpc import GrpcServer  # grpcio loads only when asked for
+    from infscaler.api.grpc.server import GrpcServer  # grpcio loads only when asked for
 
     server = GrpcServer(
         app[SERVICE],
@@ -495,7 +495,7 @@ class ServerThread:
         self.service = service
         self.socket_path = str(socket_path)
         self.socket_group = socket_group
-        #: the gRPC socket beside it (None: none), :class:`~infscaler.api.grpc.GrpcServer`
+        #: the gRPC socket beside it (None: none), :class:`~infscaler.api.grpc.server.GrpcServer`
         self.grpc_socket = None if grpc_socket is None else str(grpc_socket)
         self._app = create_app(
             service,

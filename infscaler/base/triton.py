@@ -4,9 +4,9 @@ A Triton model repository (Triton ``docs/user_guide/model_repository.md``) is a
 directory of model directories, each ``<model>/config.pbtxt`` plus
 ``<model>/<version>/model.onnx``. :func:`triton_pipeline` reads one model directory's
 ``config.pbtxt`` with protobuf's text format against Triton's own ``model_config.proto``
-(``inference.ModelConfig``, loaded from :mod:`infscaler.base.triton_descriptor` into a
-private descriptor pool, so it never collides with another copy of the ``inference``
-protos in the same process) and maps it onto a one-stage
+(``inference.ModelConfig``, compiled once in :mod:`infscaler.proto`, in a private
+descriptor pool, so it never collides with another copy of the ``inference`` protos in
+the same process) and maps it onto a one-stage
 :class:`~infscaler.base.config.PipelineConfig` (Triton ``model_configuration.md``):
 
 =================================  ====================================================
@@ -40,10 +40,7 @@ named in :attr:`TritonModel.warnings`, one line per field. A model directory wit
 
 from __future__ import annotations
 
-import base64
-import functools
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,20 +132,12 @@ class TritonModel:
     warnings: tuple[str, ...] = ()
 
 
-@functools.lru_cache(maxsize=1)
 def _model_config_class() -> Any:
-    """The ``inference.ModelConfig`` message class, from a private descriptor pool."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    """The ``inference.ModelConfig`` message class (:mod:`infscaler.proto`, a private
+    descriptor pool); protobuf loads on the first ``config.pbtxt`` read."""
+    from infscaler.proto import model_config_pb2
 
-    from infscaler.base.triton_descriptor import DESCRIPTOR_SET_B64
-
-    files = descriptor_pb2.FileDescriptorSet.FromString(
-        zlib.decompress(base64.b64decode("".join(DESCRIPTOR_SET_B64)))
-    )
-    pool = descriptor_pool.DescriptorPool()
-    for f in files.file:
-        pool.Add(f)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelConfig"))
+    return model_config_pb2.ModelConfig
 
 
 def parse_model_config(path: str | Path) -> Any:

@@ -65,7 +65,6 @@ from infscaler.api.common import (
     slot_arrays,
     status_of,
 )
-from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc.mapping import decode_message, encode_model_infer, grpc_code
 from infscaler.api.grpc.wire import NotQuick, decode_limit, decode_work, scan_model_infer
 from infscaler.api.modelconfig import model_config
@@ -78,6 +77,7 @@ from infscaler.api.taskroute import (
 )
 from infscaler.base.errors import InfScalerError
 from infscaler.base.security import Peer, is_privileged, quota_uid, redact, require_privileged
+from infscaler.proto import grpc_service_pb2 as pb
 
 __all__ = ["SERVICE_NAME", "Handlers"]
 

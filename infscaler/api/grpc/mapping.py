@@ -54,8 +54,8 @@ from infscaler.api.codec_tensors import (
     bytes_too_large,
     dumps,
 )
-from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc.wire import CONVERT_CHUNK, InferScan, raw_views, strip_raw
+from infscaler.proto import grpc_service_pb2 as pb
 
 __all__ = [
     "CONTENTS_FIELD",
