@@ -177,10 +177,10 @@ def _bundled(name: str) -> Path:
 
 
 def _client(socket: str | None) -> Any:
-    """The standard-library client (:class:`~infscaler.api.uds.UdsClient`: no httpx)."""
-    from infscaler.api.uds import UdsClient
+    """The service's client (:class:`~infscaler.api.client.Client`)."""
+    from infscaler.api.client import Client
 
-    return UdsClient(default_socket(socket))
+    return Client(default_socket(socket))
 
 
 @app.command("deploy", cls=FastCommand)

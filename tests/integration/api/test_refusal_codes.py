@@ -16,7 +16,7 @@ from infscaler.api.client import Client
 from infscaler.api.codec import encode_infer_request
 from infscaler.api.loadgen import LoadGenerator, LoadSpec, MeasureConfig
 from infscaler.api.server import ServerThread
-from infscaler.api.uds import InferenceServerError
+from infscaler.api.client import InferenceServerError
 from infscaler.base.config import load_pipeline
 from infscaler.proto import grpc_service_pb2 as pb
 from infscaler.service.service import Service

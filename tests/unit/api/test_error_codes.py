@@ -33,7 +33,7 @@ def test_a_refused_connection_says_its_code() -> None:
 
 
 def test_the_python_client_error_carries_the_code() -> None:
-    from infscaler.api.uds import InferenceServerError
+    from infscaler.api.client import InferenceServerError
 
     e = InferenceServerError.from_body(503, "x", b'{"error": "queue full", "code": "queue_full"}')
     assert e.status == 503 and e.code == "queue_full" and e.message == "queue full"
