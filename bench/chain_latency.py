@@ -150,9 +150,9 @@ def breakdown(t_whole: list[float], t_chain: list[float], t_parts: list[list[flo
 def fixed_run_us(so, n: int = 2000) -> float:
     """Median µs of one ``session.run`` of a 1-element Identity model with these session
     options: the fixed cost of one more run per partition boundary."""
-    from infscaler.partitioner.profiler import _identity_model
+    from infscaler.partitioner.profiler import identity_model
 
-    sess = onnxrt.load_session(_identity_model(1), options=so)
+    sess = onnxrt.load_session(identity_model(1), options=so)
     x = {"x": np.zeros(1, np.float32)}
     for _ in range(100):
         sess.run(None, x)

@@ -772,7 +772,7 @@ class BoundaryOverhead:
             raise ConfigError(f"invalid boundary overhead: {type(exc).__name__}: {exc}") from None
 
 
-def _identity_model(n: int) -> bytes:
+def identity_model(n: int) -> bytes:
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [n])
     graph = onnx.helper.make_graph(
@@ -849,8 +849,8 @@ def measure_boundary_overhead(
         return (time.perf_counter() - t0) * 1000.0
 
     with (
-        served(_identity_model(1), engine, threads) as small,
-        served(_identity_model(n_big), engine, threads) as big,
+        served(identity_model(1), engine, threads) as small,
+        served(identity_model(n_big), engine, threads) as big,
     ):
         for _ in range(5):
             once(small, x_small)

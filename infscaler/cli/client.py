@@ -143,7 +143,7 @@ def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | Non
     if arg in MODELS:
         return pipeline_for_model(arg, partitions=partitions, shapes=shapes or MODELS[arg].shapes)
     if arg in BUNDLED_PIPELINES:
-        return load_pipeline(_bundled(f"{arg}.yaml"))
+        return load_pipeline(bundled_path(f"{arg}.yaml"))
     raise ConfigError(
         f"cannot serve {arg!r}: not a pipeline .yaml, an .onnx file, a plan directory or a "
         "bundled model",
@@ -170,7 +170,7 @@ def with_slo(cfg: Any, slo: str | None, autoscale: bool) -> Any:
     return validate_pipeline(data, f"pipeline {cfg.name}")
 
 
-def _bundled(name: str) -> Path:
+def bundled_path(name: str) -> Path:
     from importlib import resources
 
     return Path(str(resources.files("infscaler.pipelines").joinpath(name)))

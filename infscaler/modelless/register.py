@@ -64,30 +64,30 @@ from infscaler.base.procutil import module_command
 from infscaler.engines import ENGINE_KINDS, create_engine, engine_availability, engine_class
 from infscaler.engines.base import process_memory_bytes
 from infscaler.modelless.accuracy import (
-    _embed,
-    _measure_rec,
-    _Runner,
-    _sentences_from,
+    AccuracyRunner,
+    embed,
     embedding_agreement,
     load_ocr_val_set,
+    measure_rec,
+    sentences_from,
 )
 from infscaler.modelless.modelinfo import (
     ModelInfo,
-    _concrete_shapes,
-    _feeds,
-    _shapes_text,
-    _task_io,
+    concrete_shapes,
     dequantize,
     inspect_model,
+    profile_feeds,
+    shapes_text,
+    task_io,
 )
 from infscaler.modelless.variants import (
-    _NAME_RE,
-    _TASK_RE,
     KNOWN_TASKS,
+    NAME_RE,
+    TASK_RE,
     RegistrationError,
     Variant,
     VariantRegistry,
-    _sha256,
+    file_sha256,
 )
 from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.plan import read_plan
@@ -139,7 +139,7 @@ def _profile_chain(
         latency: dict[str, dict[str, float]] = {}
         part_p50: list[float] = []
         for b in batches:
-            feeds = _feeds(info, shapes, b, rng)
+            feeds = profile_feeds(info, shapes, b, rng)
             per_part: list[list[float]] = [[] for _ in engines]
             total: list[float] = []
             for i in range(warmup + repeats):
@@ -303,7 +303,7 @@ def register(
     task, path, name = _identify(source, alias, task, name)
     _check_options(task, accuracy, val_set, batch_sizes, partitions)
     info = inspect_model(path)
-    io = _task_io(
+    io = task_io(
         task,
         info,
         alias=alias,
@@ -312,7 +312,7 @@ def register(
         files_dir=reg.files_dir,
         model_name=name,
     )
-    base_shapes = _concrete_shapes(
+    base_shapes = concrete_shapes(
         info, task, shapes if shapes is not None else (alias.shapes if alias else None)
     )
     batches = sorted(set(batch_sizes)) if info.dynamic_batch else [1]
@@ -400,11 +400,11 @@ def _identify(
             "name the task the model serves (--task)",
             hint=f"e.g. --task text-recognition; tasks with an interface: {', '.join(KNOWN_TASKS)}",
         )
-    if not _TASK_RE.match(task):
+    if not TASK_RE.match(task):
         raise RegistrationError(f"task names are lower-case words with '-': got {task!r}")
     path = resolve_model(source)
     name = name or (alias.alias if alias is not None else path.stem)
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         raise RegistrationError(
             f"model name {name!r}: use 1-40 letters, digits, '-' or '_'",
             hint="pass --name",
@@ -522,7 +522,7 @@ def _accuracies(
     ref_emb: np.ndarray | None = None
     sentences: list[str] = []
     if m.task == "text-embedding" and accuracy is None:
-        sentences = _sentences_from(val_set)
+        sentences = sentences_from(val_set)
         ref_emb, ref_what = _embedding_reference(
             m.reg, m.task, reference, m.info, m.path, m.name, m.io, sentences, progress
         )
@@ -532,18 +532,18 @@ def _accuracies(
             acc_of[key] = (float(accuracy), "declared")
             continue
         engine_prec = "fp32" if engine == "cpu" else prec
-        run = _Runner(file, engine, engine_prec)
+        run = AccuracyRunner(file, engine, engine_prec)
         try:
             if ocr_samples is not None:
                 progress(f"{m.name} ({engine} {prec}): measuring CER on {len(ocr_samples)} lines")
-                cer = _measure_rec(run, m.io, ocr_samples)
+                cer = measure_rec(run, m.io, ocr_samples)
                 acc_of[key] = (
                     round(max(0.0, 1.0 - cer), 6),
                     f"measured: 1 - CER ({cer:.4f}) on {len(ocr_samples)} lines of {val_set}",
                 )
             else:
                 assert ref_emb is not None
-                emb = _embed(run, m.io, sentences)
+                emb = embed(run, m.io, sentences)
                 agree = embedding_agreement(emb, ref_emb)
                 acc_of[key] = (
                     round(agree, 6),
@@ -591,7 +591,7 @@ def _profile_variants(
                         partitions=k,
                         generated=False,
                         reason="a plan fixes the model's dynamic dims at the profiled shapes "
-                        f"({_shapes_text(m.base_shapes)}), but {m.task} inputs vary in them",
+                        f"({shapes_text(m.base_shapes)}), but {m.task} inputs vary in them",
                         io=m.io,
                         host=m.host,
                         created=m.created,
@@ -641,7 +641,7 @@ def _profile_variants(
                         accuracy=acc,
                         accuracy_source=acc_how,
                         io=vio,
-                        shapes=_shapes_text(m.base_shapes),
+                        shapes=shapes_text(m.base_shapes),
                         host=m.host,
                         created=m.created,
                     )
@@ -672,7 +672,7 @@ def _plan(
         progress(f"partitioning {file.name} into {k} operator groups")
         partition_model(
             file,
-            shapes=_shapes_text(shapes),
+            shapes=shapes_text(shapes),
             num_partitions=k,
             device=device,
             out_dir=out_dir,
@@ -703,7 +703,7 @@ def _embedding_reference(
         ref_path = resolve_model(ref_source)
         ref_alias = MODELS.get(ref_source) if not Path(ref_source).exists() else None
         ref_info = inspect_model(ref_path)
-        ref_io = _task_io(
+        ref_io = task_io(
             task,
             ref_info,
             alias=ref_alias,
@@ -734,9 +734,9 @@ def _embedding_reference(
     elif ref_info.precision != "fp32":
         raise RegistrationError(f"the reference {ref_source} is {ref_info.precision}, not fp32")
     progress(f"reference embeddings: {what}")
-    run = _Runner(ref_path)
+    run = AccuracyRunner(ref_path)
     try:
-        emb = _embed(run, ref_io, sentences)
+        emb = embed(run, ref_io, sentences)
     finally:
         run.close()
     if not meta.get("reference") or reference is not None:
@@ -748,7 +748,7 @@ def _embedding_reference(
                 "source": ref_source,
                 "name": stem,
                 "what": what,
-                "sha256": _sha256(ref_path),
+                "sha256": file_sha256(ref_path),
             },
         )
     return emb, what

@@ -430,10 +430,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     # why: after ORT_DISABLE_TELEMETRY is set (the instance stack may import onnxruntime),
     # and never in the service, which imports this module for ForkServer
-    from infscaler.runtime.serving.instance import _drop_capabilities, _set_pdeathsig
+    from infscaler.runtime.serving.instance import drop_capabilities, set_pdeathsig
 
-    _set_pdeathsig()
-    _drop_capabilities()
+    set_pdeathsig()
+    drop_capabilities()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the service drains its instances first
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_name(b"infscaler-zygot")

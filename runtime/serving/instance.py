@@ -79,7 +79,15 @@ from infscaler.shm.slab import PoolError
 from infscaler.shm.slabmap import SlabMap
 from infscaler.shm.tensors import SlotFormatError
 
-__all__ = ["Instance", "StageError", "StageInputError", "main", "serve"]
+__all__ = [
+    "Instance",
+    "StageError",
+    "StageInputError",
+    "drop_capabilities",
+    "main",
+    "serve",
+    "set_pdeathsig",
+]
 
 log = logging.getLogger("infscaler.instance")
 
@@ -90,14 +98,14 @@ IDLE_REPORT_S = 0.05
 _GREEDY_S = 0.0002
 
 
-def _set_pdeathsig() -> None:
+def set_pdeathsig() -> None:
     """Die with the parent (Linux prctl PR_SET_PDEATHSIG = 1)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
-def _drop_capabilities() -> None:
+def drop_capabilities() -> None:
     """Give up every capability (the service may hold CAP_BPF / CAP_NET_ADMIN for the
     eBPF control path, and ambient capabilities survive exec): an instance needs none,
     so a compromised model or function cannot load BPF programs. capset(2) with empty
@@ -572,7 +580,7 @@ class Instance:
 def main() -> int:
     """Entry point of a spawned instance (``python -m``; the supervisor's fallback when
     its fork server is down): die with the parent, read the spec from stdin, serve."""
-    _set_pdeathsig()
+    set_pdeathsig()
     return serve(json.loads(sys.stdin.read()))
 
 
@@ -584,7 +592,7 @@ def serve(spec: dict[str, Any]) -> int:
     parent-death signal (its parent is the zygote, whose death must not take it along):
     it exits when the service's end of its channel socket closes.
     """
-    _drop_capabilities()
+    drop_capabilities()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(

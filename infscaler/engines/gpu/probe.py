@@ -129,9 +129,9 @@ def _try_session(ort: Any, model: bytes, providers: list[Any]) -> dict[str, Any]
     t0 = time.perf_counter()
     try:
         # the one loader's opening (a provider list of our own, not an engine's)
-        from infscaler.engines.onnxrt.loader import _open, session_options
+        from infscaler.engines.onnxrt.loader import open_ort_session, session_options
 
-        sess = _open(model, session_options(1), providers, "the probe's one-node model")
+        sess = open_ort_session(model, session_options(1), providers, "the probe's one-node model")
         import numpy as np
 
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
