@@ -1,28 +1,12 @@
 """Regenerate the protobuf code of Triton's protocol (:mod:`infscaler.proto`) from its ``.proto`` files.
 
-``infscaler/proto/grpc_service.proto`` and ``infscaler/proto/model_config.proto`` are
-copied verbatim (licence header included) from github.com/triton-inference-server/common,
-``protobuf/`` (commit 83adf7cf88a2f343005974dff3728be746de2d66): one copy each, compiled
-once. This script runs grpcio-tools' ``protoc`` on them (``--python_out`` only: the
-service's method table is built in :mod:`infscaler.api.grpc.handlers`, so no
-``*_pb2_grpc.py`` is needed) and writes the checked-in ``grpc_service_pb2.py`` and
-``model_config_pb2.py`` beside them, rewritten so that
-
-- ``grpc_service_pb2`` imports ``model_config_pb2`` from the package (protoc writes a
-  top-level ``import model_config_pb2``), and
-- both add their descriptors to a private pool (:data:`infscaler.proto.POOL`), not
-  protobuf's default one: tritonclient's own copy of the same ``.proto`` files
-  (``tritonclient.grpc``) then loads in the same process whatever its version.
-
-The generated code checks the protobuf runtime against the version of the protoc that
-wrote it (pyproject's ``protobuf>=`` bound says which). To target an older protobuf,
-run this script with the grpcio-tools release that bundles it.
-
 Usage::
 
     .venv/bin/pip install grpcio-tools
     .venv/bin/python scripts/gen_grpc.py           # rewrite the two files
     .venv/bin/python scripts/gen_grpc.py --check   # exit 1 when they differ
+
+More (details, why it is so, history, figures): docs/api.md, "`scripts/gen_grpc.py`".
 """
 
 from __future__ import annotations

@@ -9,20 +9,11 @@ over HTTP on the service's Unix socket.
         res = c.infer("ocr", {"image": rgb})  # rgb: HxWx3 uint8
         print(res.outputs["texts"], res.parameters["latency_ms"])
 
-Tensors travel as binary tensor data by default (``extension_binary_data.md``), as JSON
-with ``binary=False``, or through system shared memory (``extension_shared_memory.md``):
-create a :class:`~infscaler.api.sysshm.SharedMemoryRegion`, register it, and pass
-:class:`ShmTensor` inputs / :class:`ShmOutput` outputs.
-
-Every server error (``{"error": ...}`` with 400 / 404 / 409 / 413 / 500 / 503) raises
-:class:`InferenceServerError`; a service that cannot be reached raises
-:class:`~infscaler.base.errors.InfScalerError` saying how to start it. One client: the
-CLI's commands, the benchmarks and the tests use it (connections kept alive, a timeout
-per call).
-
 Sources: the KServe / Triton ``protocol/`` docs (v2 REST API, binary data, shared
 memory, statistics, model repository extensions); httpx's Unix domain socket transport
 (``httpx.HTTPTransport(uds=...)``), as BentoML's HTTP client uses it.
+
+More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/client.py`".
 """
 
 from __future__ import annotations

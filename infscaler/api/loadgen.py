@@ -11,27 +11,7 @@ Two kinds of load, as Triton's perf_analyzer (``perf_analyzer/docs/cli.md``,
   replayed at a mean of R/s (``azure``: the Azure Functions 2019 trace shipped in
   :mod:`infscaler.runtime.planning.arrivals`, any spec its ``from_spec`` reads).
 
-Measurement per load point (perf_analyzer's rule): windows of ``interval_ms`` (5000; or,
-perf_analyzer's ``count_windows`` mode, of ``request_count`` answers) until
-the last 3 consecutive windows have their throughput and their average latency each
-within ``stability_pct`` (10 %) of the three's mean, or ``max_trials`` (10) windows were
-measured (then the point is reported with ``stable = False``). The point reports the last
-3 windows merged: throughput (successful inferences / s), client-side latency P50 / P90 /
-P95 / P99 and mean (ms, nearest-rank percentiles), goodput (answers within the SLO / s),
-refusals (429 / 503, counted by the service's reason code: the error JSON's ``code``),
-errors (other statuses, by code too; connection errors, timeouts), and the server-side split from the statistics extension
-(``GET /v2/models/{name}/stats``: the deltas of ``success``, ``queue`` and
-``compute_infer`` over the windows, in ms per request).
-
-A request belongs to the window in which its answer arrived; every request sent is counted
-exactly once in the point's totals (``sent == ok + refused + errors`` once the load has
-drained), including those answered before the first or after the last window.
-
-Inputs are built once and reused by every request: random tensors of the model's
-metadata (dynamic dims take 1 unless given with ``shapes``), or arrays the caller gives;
-sent as binary tensor data, or (``shared_memory=True``) written once into a POSIX shared
-memory region registered with the service (``extension_shared_memory.md``), so each
-request carries only the region's name, offset and size. Outputs come back in the body.
+More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/loadgen.py`".
 """
 
 from __future__ import annotations

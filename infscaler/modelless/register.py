@@ -1,49 +1,7 @@
 """The variant registry: generate, profile and store the variants of registered models
 (INFaaS §3.2: Variant-Generator, Variant-Profiler, Metadata Store).
 
-``infscaler variants register --task text-recognition --name ppocrv4-rec MODEL`` calls
-:func:`register`, which:
-
-1. **generates** the variants this host and the device profile allow: engine x
-   precision x batch size x plan K. Engines are the profile's (every kind without one)
-   that this host has (:func:`infscaler.engines.engine_availability`); an engine
-   the host lacks is stored as *not generated* with the reason, never estimated. On the
-   cpu engine the model runs as typed: ``fp32``, or ``int8`` when its weights already are
-   int8, and then also an ``fp32`` variant with the weights dequantised (onnxruntime's
-   constant folding of the ``Cast`` / ``Mul`` that dequantise them). gpu / dla: ``fp16``
-   (int8 needs a calibration set: not generated). Batch sizes (default 1 and 4) only
-   when the model's first dimension is dynamic: a batch-b variant is served with dynamic
-   batching up to b. Plan K=2 (optional, ``partitions=(1, 2)``) comes from the
-   partitioner (Eq. 1, :func:`infscaler.partitioner.api.partition_model`), batch 1;
-2. **profiles** each generated variant once, on its engine with one intra-op thread (an
-   instance's default): load time, latency P50 / P99 at batch 1 and at its batch size
-   (warm-up runs, then ``repeats`` timed runs), and peak memory (the process's USS
-   growth across the load and the runs: ``psutil`` ``memory_full_info``);
-3. measures **accuracy** on a validation set when one is given, else takes the
-   user's declared value:
-
-   * ``text-recognition``: 1 - character error rate (Levenshtein distance / reference
-     length, summed over the set) on a directory of text-line images with a
-     ``labels.txt`` (``file<TAB>text`` per line, PaddleOCR's format);
-     :func:`~infscaler.modelless.accuracy.build_ocr_val_set` renders one from known text;
-   * ``text-embedding``: agreement with the task's fp32 reference model on a fixed
-     sentence list (:data:`~infscaler.modelless.accuracy.SENTENCES`, or a file with one sentence per line): the Pearson
-     correlation between the pairwise cosine similarities of the variant's and of the
-     reference's embeddings (comparable across models whose embedding spaces differ),
-     clipped to [0, 1]. The reference is ``reference=`` (an int8 reference is
-     dequantised to fp32), else the one stored for the task, else, for an int8 model, its
-     own weights dequantised to fp32;
-   * other tasks: declared only.
-
-   Variants that run the same weights the same way (batch sizes, plans) share the
-   measurement;
-4. **stores** the metadata in SQLite, ``<state dir>/variants.sqlite`` (the service's
-   state dir: ``$INFSCALER_STATE_DIR`` or ``~/.local/state/infscaler``), replacing the
-   model's earlier variants. Generated files (dequantised models, character lists read
-   from model metadata, plans) go to ``<state dir>/variants/``.
-
-:class:`VariantRegistry` reads them back; :meth:`Variant.profile` is what the selector
-(:mod:`infscaler.modelless.selector`) compares.
+More (details, why it is so, history, figures): docs/variants.md, "`infscaler/modelless/register.py`".
 """
 
 from __future__ import annotations

@@ -16,32 +16,7 @@ requests, errors, busy ms, RSS / USS MB; ``exec``: executions and items per batc
 :class:`~infscaler.runtime.serving.batching.ExecCounts`; the counters alone, at most every
 ``IDLE_REPORT_S``, when it goes idle) and ``fatal`` (it could not start).
 
-Privileges: an instance drops every capability at start (the service may hold CAP_BPF
-and CAP_NET_ADMIN for the eBPF path; instances never need them).
-
-Signals: SIGUSR1 asks for a graceful stop (after the current request); SIGTERM and
-SIGINT are ignored (under systemd the whole cgroup gets SIGTERM, but the service must
-drain in-flight requests through its instances first); a spawned instance dies with its
-parent (``PR_SET_PDEATHSIG``), a forked one when the service's end of its channel closes.
-
-Deadlines: a token whose request is past its deadline or cancelled (the front end's
-:class:`~infscaler.shm.deadlines.DeadlineTable`) is dropped before it runs (its input
-slot returned through ``done``), and outputs computed for a request that died meanwhile
-are not handed on; a hand-over waiting for a slot at the pool's cap waits no longer
-than the request's deadline. ``stats`` reports them as ``dropped``.
-
-What runs the unit (a model, a function, a fused chain) is in
-:mod:`infscaler.runtime.serving.runners`. A fused unit
-(:func:`~infscaler.runtime.serving.pipeline.fuse_units`) runs its steps one after another in
-this process (:class:`~infscaler.runtime.serving.runners.FusedRunner`): one input token, one
-output token, one ``__trace__`` row spanning every step; ``stats`` adds ``steps`` (per
-step: served, errors, busy ms). Fused units do not batch (a model stage with
-``batching`` is not fused).
-
-A request that fails in this unit (engine error, function exception, wrong outputs) is
-not lost: a slot holding ``__error__`` (the message, naming the stage or, in a fused
-unit, the step that failed) goes to the front end, which answers the client with it;
-the instance keeps serving.
+More (details, why it is so, history, figures): docs/serving.md, "`runtime/serving/instance.py`".
 """
 
 from __future__ import annotations
