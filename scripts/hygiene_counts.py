@@ -4,7 +4,7 @@
   ``runtime/``, ``partitioner/``, ``shm/``, ``ebpf/``, ``profiles/``) and ``bench/``,
   ``deploy/``, ``scripts/``; the docstring's lines as written (``ast`` positions).
 - ``_``-imports: ``from infscaler.X import _name`` (or ``from .x import _name``) in a
-  module of ours, ``X`` another module than the importer (generated ``*_pb2`` excluded).
+  module of ours or a test (``tests/`` too), ``X`` another module than the importer.
 
 Usage::
 
@@ -39,10 +39,10 @@ PACKAGES = {
 }
 
 
-def files() -> list[Path]:
-    """The ``.py`` files counted (generated protobuf modules left out)."""
+def files(dirs: tuple[str, ...] = DIRS) -> list[Path]:
+    """The ``.py`` files under ``dirs`` (generated protobuf modules left out)."""
     out = []
-    for d in DIRS:
+    for d in dirs:
         out += [p for p in (ROOT / d).rglob("*.py") if not p.name.endswith("_pb2.py")]
     return sorted(out)
 
@@ -78,16 +78,18 @@ def main() -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="list each offender")
     args = ap.parse_args()
     over, total, priv = [], 0, []
-    for p in files():
+    for p in files((*DIRS, "tests")):
         rel = p.relative_to(ROOT).as_posix()
         if any(rel.startswith(e) for e in args.exclude):
             continue
         tree = ast.parse(p.read_text(), str(p))
+        priv += [(rel, m, name) for m, name in private_imports(tree)]
+        if rel.startswith("tests/"):
+            continue  # docstrings: the package, bench/, deploy/, scripts/
         n = docstring_lines(tree)
         total += n
         if n > args.limit:
             over.append((n, rel))
-        priv += [(rel, m, name) for m, name in private_imports(tree)]
     if args.verbose:
         for n, rel in sorted(over, reverse=True):
             print(f"docstring {n:4d} {rel}")

@@ -448,7 +448,7 @@ class PointResult:
         }
 
 
-def _count(d: dict[str, int], key: str) -> None:
+def count_key(d: dict[str, int], key: str) -> None:
     if key not in d and len(d) >= MAX_REASONS:
         key = "(other)"
     d[key] = d.get(key, 0) + 1
@@ -475,25 +475,25 @@ def answer_code(status: int, body: bytes) -> str:
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     kind: str  # ok | refused | error
     latency_ms: float
     reason: str = ""
 
 
-class _Run:
+class LoadRun:
     """One point's state: outcomes in answer order, counters, and (count windows) the
     event set once ``target`` answers have come in."""
 
     def __init__(self) -> None:
-        self.outcomes: list[_Outcome] = []
+        self.outcomes: list[Outcome] = []
         self.sent = 0
         self.skipped = 0
         self.stop = asyncio.Event()
         self.target: int | None = None
         self.full = asyncio.Event()
 
-    def add(self, outcome: _Outcome) -> None:
+    def add(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
         if self.target is not None and len(self.outcomes) >= self.target:
             self.full.set()
@@ -588,7 +588,7 @@ class LoadGenerator:
                 out.append(await self.measure(session, spec, cfg, body, headers, on_window))
         return out
 
-    async def _one(self, session: Any, body: bytes, headers: Mapping[str, str]) -> _Outcome:
+    async def _one(self, session: Any, body: bytes, headers: Mapping[str, str]) -> Outcome:
         import aiohttp
 
         t0 = time.perf_counter()
@@ -597,14 +597,14 @@ class LoadGenerator:
                 data = await r.read()
                 status = r.status
         except TimeoutError:
-            return _Outcome("error", (time.perf_counter() - t0) * 1e3, "client_timeout")
+            return Outcome("error", (time.perf_counter() - t0) * 1e3, "client_timeout")
         except (aiohttp.ClientError, OSError):
-            return _Outcome("error", (time.perf_counter() - t0) * 1e3, "connection")
+            return Outcome("error", (time.perf_counter() - t0) * 1e3, "connection")
         ms = (time.perf_counter() - t0) * 1e3
         if status == 200:
-            return _Outcome("ok", ms)
+            return Outcome("ok", ms)
         kind = "refused" if status in (429, 503) else "error"
-        return _Outcome(kind, ms, answer_code(status, data))
+        return Outcome(kind, ms, answer_code(status, data))
 
     async def _stats(self, session: Any) -> dict[str, Any] | None:
         try:
@@ -613,7 +613,7 @@ class LoadGenerator:
         except Exception:  # noqa: BLE001 - no statistics: the split reads None
             return None
 
-    async def _closed(self, session: Any, run: _Run, n: int, body: bytes, headers: Any) -> None:
+    async def _closed(self, session: Any, run: LoadRun, n: int, body: bytes, headers: Any) -> None:
         async def worker() -> None:
             while not run.stop.is_set():
                 run.sent += 1
@@ -624,7 +624,7 @@ class LoadGenerator:
     async def _open(
         self,
         session: Any,
-        run: _Run,
+        run: LoadRun,
         times: np.ndarray,
         cfg: MeasureConfig,
         body: bytes,
@@ -664,7 +664,7 @@ class LoadGenerator:
     ) -> PointResult:
         """One load point: start the load, measure windows until stable or
         ``max_trials``, stop the load and wait for every request in flight."""
-        run = _Run()
+        run = LoadRun()
         interval_s = cfg.interval_ms / 1e3
         # count windows end after request_count answers, or at the latest after timeout_s
         window_s = interval_s if cfg.request_count is None else cfg.timeout_s
@@ -682,7 +682,7 @@ class LoadGenerator:
             await run.window_end(task, cut, t_cut + window_s, cfg.request_count)
             now, end = time.perf_counter(), len(run.outcomes)
             after = await self._stats(session)
-            w = _window(run.outcomes[cut:end], now - t_cut)
+            w = window_of(run.outcomes[cut:end], now - t_cut)
             w.server = server_delta(stats, after)
             windows.append(w)
             cut, t_cut, stats = end, now, after
@@ -712,15 +712,15 @@ class LoadGenerator:
         )
 
 
-def _window(outcomes: Sequence[_Outcome], duration_s: float) -> Window:
+def window_of(outcomes: Sequence[Outcome], duration_s: float) -> Window:
     w = Window(duration_s)
     for o in outcomes:
         if o.kind == "ok":
             w.latencies_ms.append(o.latency_ms)
         elif o.kind == "refused":
-            _count(w.refused, o.reason)
+            count_key(w.refused, o.reason)
         else:
-            _count(w.errors, o.reason)
+            count_key(w.errors, o.reason)
     return w
 
 

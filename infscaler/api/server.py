@@ -120,7 +120,7 @@ ACCEPT_BATCH = 32
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure becomes v2 error JSON with the right status; nothing escapes.
 
     Our exceptions (:class:`~infscaler.base.errors.InfScalerError` and subclasses: protocol,
@@ -276,7 +276,9 @@ def create_app(
             process's fd limit first (:func:`~infscaler.api.http.fit_to_fd_limit`;
             ``grpc``: counting the gRPC socket's connections too).
     """
-    app = web.Application(middlewares=[_errors, _admission], client_max_size=max_body_mb << 20)
+    app = web.Application(
+        middlewares=[errors_middleware, _admission], client_max_size=max_body_mb << 20
+    )
     limits = fit_to_fd_limit(limits if limits is not None else HttpLimits(), grpc=grpc)
     quotas = limits.quotas
     app[SERVICE] = service
@@ -344,7 +346,7 @@ def metrics_registry(app: web.Application) -> Any:
 def create_metrics_app(service: Any, registry: Any = None) -> web.Application:
     """An application serving only ``GET /metrics`` of ``service`` (for
     ``--metrics-port``; ``registry``: share the API app's)."""
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[errors_middleware])
     app[METRICS] = registry if registry is not None else make_registry(service)
     app[MAX_BODY] = 0
     app.router.add_get("/metrics", metrics)

@@ -305,7 +305,7 @@ def test_connections_beyond_the_cap_get_503_with_retry_after(edge) -> None:
 def test_retry_after_comes_from_the_exception(edge) -> None:
     from aiohttp.test_utils import make_mocked_request
 
-    from infscaler.api.server import _errors, create_app
+    from infscaler.api.server import create_app, errors_middleware
     from infscaler.runtime.serving.frontend import RequestError
 
     assert error_response("busy", 503, 2.2).headers["Retry-After"] == "3"
@@ -323,7 +323,7 @@ def test_retry_after_comes_from_the_exception(edge) -> None:
 
     app = create_app(edge[0])
     req = make_mocked_request("POST", "/v2/models/edge/infer", app=app)
-    resp = asyncio.run(_errors(req, handler))
+    resp = asyncio.run(errors_middleware(req, handler))
     assert resp.status == 429 and resp.headers["Retry-After"] == "1"
     assert json.loads(resp.body)["error"] == "over the byte budget"
 

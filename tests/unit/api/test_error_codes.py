@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from infscaler.api.common import error_code, error_response
-from infscaler.api.http import _raw_error
+from infscaler.api.http import raw_error
 from infscaler.runtime.serving.requests import RequestError
 
 
@@ -27,7 +27,7 @@ def test_the_error_json_carries_the_code_beside_the_message() -> None:
 
 
 def test_a_refused_connection_says_its_code() -> None:
-    raw = _raw_error(503, "Service Unavailable", "too many connections", "", "connections")
+    raw = raw_error(503, "Service Unavailable", "too many connections", "", "connections")
     body = json.loads(raw.split(b"\r\n\r\n", 1)[1])
     assert body == {"error": "too many connections", "code": "connections"}
 
