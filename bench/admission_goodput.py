@@ -1,39 +1,6 @@
 """Admission on vs off, same configuration: does SLO admission ever cost goodput?
 
-Admission must never be worse than none: at every load, the answers within the SLO per
-second (goodput) with admission must be at least those without it. This script serves
-one pipeline twice on the same cores, with the same configuration and instances
-(``same_config.hand_pipeline``: the whole model in ``cores`` single-thread replicas):
-**off** without an SLO (no latency admission), **on** with it; both services are up
-at once and every point is measured on one, then the other (alternating which goes
-first), so a busy host's drift favours neither. The load generator (this process)
-shares the cores, as on a device.
-
-1. **Calibration** (``scaling.calibrate``): L0 = the model's median latency at 1 thread;
-   SLO = ``--slo-x`` (3) x L0.
-2. **Capacity** C: the off service, closed loop at 2 x instances, ``--calibrate``
-   answers (completed / s).
-3. Per service and per factor f of ``--factors`` (0.5, 1, 2, 5), with the package's
-   load generator (:mod:`infscaler.api.loadgen`, HTTP, persistent connections,
-   binary tensors): **closed loop** at concurrency max(1, round(f x instances)) (the
-   requests in service at capacity are the instances), refused requests sent again at
-   once as Triton's clients do; **open loop**, Poisson arrivals at f x C. Reported:
-   goodput, admitted P99 from send, refusals / s, and the server's CPU seconds per
-   answer (its process and its instances, ``/proc``; fair on a busy host).
-4. **Keep-alive check**: open loop at 2 x C over 16 keep-alive connections (an
-   ``aiohttp`` pool of 16), admission on: admitted P99 from send <= 2 x SLO.
-5. **gRPC** (tritonclient.grpc, when installed): the closed-loop points again, one
-   client a thread, on both services.
-
-Checks (``checks`` in the JSON): per point, goodput on >= ``--tolerance`` (0.9) x off
-(the margin is noise: both are measured on the same host, one after the other); the
-keep-alive bound. Writes ``results/admission_goodput.json`` and ``.png`` (``--quick``:
-``_quick``, 1.5 s windows: proves the script runs on a busy host, no result).
-
-```sh
-.venv/bin/python bench/admission_goodput.py            # ResNet-50, 0.5 / 1 / 2 / 5 x C
-.venv/bin/python bench/admission_goodput.py --quick
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/admission_goodput.py`".
 """
 
 from __future__ import annotations

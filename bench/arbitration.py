@@ -2,83 +2,10 @@
 (priorities, ``runtime/scaling/arbitration.py``) keep the high-priority pipeline's SLO
 through a step in its load, and at what cost to the low-priority one?
 
-Two pipelines are served by one ``infscaler serve`` on this host's cores: ``--high``
-(PP-OCRv4 det, the bundled ``ppocrv4-det``) at ``priority: 1`` with SLO ``--high-slo-x``
-(2) x its L0, and ``--low`` (ResNet-50, the onnx wheel's light model) at ``priority: 2``
-with SLO ``--low-slo-x`` (5) x its L0. L0 (``--l0 served``, the default) is the
-pipeline's served latency at no load (step 2): what its user measures, and the floor of
-every served request (PP-OCRv4 det's 4.9 MB input and 1.6 MB output cross the socket as
-binary tensor data, a connection per request: 100-115 ms against the session's 86-100).
-``--l0 session`` takes step 1's instead. Each is the whole model in single-thread
-instances. The cap is the host's ``cpu-host`` profile with ``--slots`` (3) cpu instance
-slots for both pipelines together (``max_instances`` of its cpu engine), written as a
-device YAML and served with ``--device``; the autoscaled arms set ``oversubscribe`` so
-that the slots, not the physical cores, are the cap.
-
-1. **Calibration** (in this process, before any service): L0 of each model, the median
-   latency of one session at 1 intra-op thread (``scaling.calibrate``).
-2. **Capacities**, served: a static service with the high pipeline at ``--slots`` - 1
-   instances and the low one at 1; each pipeline's served L0 (the median of 15
-   sequential requests, each on its own connection, after 3 unmeasured); closed loop
-   (``infscaler.api.loadgen``'s concurrency mode through ``overload.closed_loop``) on
-   each alone: C_low with 1 client, and C_high with ``--slots`` - 1 clients **while the
-   low pipeline gets its constant load beside it** (``--capacity beside-low``;
-   ``alone``: on an idle service). On 2 cores the CPU, not the slots, is what the two
-   pipelines share: the high pipeline alone on both cores has a capacity the scenario
-   cannot give it (the first full run stepped it to 0.8 of that and no split could
-   serve it). **C_high's default** (``--capacity slo``) is its SLO capacity: the largest
-   Poisson rate at which those ``--slots`` - 1 instances answer >= 0.95 of its requests
-   within its SLO beside the low load (bisection, ``slo_capacity``), the capacity of
-   InferLine and MArk. A closed loop's throughput is a saturation rate: 0.8 of it
-   missed an SLO of 2 x L0 for half the requests in every split, the best static one
-   included (``results/arbitration.json`` of the run before), so no policy could be told
-   apart there.
-3. **Step scenario**, per arm: Poisson arrivals (``loadgen.arrival_times``) on the low
-   pipeline at ``--low-burst`` (1.2) x C_low for ``--low-burst-s`` (20 s), then at
-   ``--low-load`` (0.4) x C_low to the end; on the high one ``--before`` (0.3) x C_high
-   for ``--pre-s`` (35 s) then ``--after`` (0.8) x C_high for ``--post-s`` (90 s). The
-   burst makes the low pipeline's scaler start a second instance; when the high step
-   comes, the low pipeline holds that instance with slack (its own scale-in provisions
-   for the max rate over ``rate_horizon_s``, 30 s, so it keeps it about 30 s after the
-   burst), all ``--slots`` are taken, and the high pipeline's scale-out is blocked by
-   the cap: the situation arbitration exists for (the low pipeline holds an instance
-   it does not need while the high one violates). Whether it held at the step is
-   recorded per arm (``instances_at_step``, from ``status`` polled every second). Each
-   request on its own connection (``overload.one``), binary tensor data. Arms, one
-   fresh service each:
-
-   * ``arbitration``: both pipelines ``slo`` + ``autoscale`` (``scaling.AUTOSCALE``
-     timings) with priorities 1 and 2;
-   * ``per-pipeline``: the same with ``INFSCALER_ARBITRATION=off`` in the service's
-     environment (each pipeline's scaler alone; equal priorities would still arbitrate);
-   * ``static`` (the best split by hand): every split (h, l) with h + l = ``--slots``,
-     h, l >= 1, fixed instances, no autoscale, each pipeline with its SLO for admission;
-     the best by the high pipeline's attainment after the step, then the low's goodput.
-
-4. **Trace scenario** (``arbitration`` and ``per-pipeline``, each on a fresh service:
-   no loan or scale-out of the step carries over): the two busiest functions
-   of the Azure Functions 2019 trace (``runtime.planning.arrivals``, per-minute counts),
-   ``--trace-minutes`` minutes from ``--trace-start``, each minute replayed in
-   ``--minute-s`` s and scaled to a mean of ``--trace-load`` (0.55) x that pipeline's
-   capacity: the busiest onto the high pipeline, the second onto the low.
-
-Outcomes per arm: the high pipeline's SLO attainment (answered with 200 within its SLO
-/ sent; a refusal is a miss) before and after the step; its recovery time (from the
-step to the start of the first 1-s window after which every window's attainment is >=
-0.95; none when it never recovers); each pipeline's goodput (answers within its SLO /
-s); the moves (``arbitrate_give`` / ``arbitrate_take`` decisions from ``status``,
-polled every second, with their times since the window's start) and every other scaler
-decision. Ratios: each arm's outcome over the ``per-pipeline`` arm's in the same run.
-CPU of the service, its instances, the load generator (this process) and every other
-process is sampled every 0.5 s (``overload.Sampler``, ``_common`` counters).
-
 Writes ``results/arbitration.json`` and ``.png`` (``--quick``: ``_quick``, short windows:
 proves the script runs, no result).
 
-```sh
-.venv/bin/python bench/arbitration.py --quick    # a few minutes
-.venv/bin/python bench/arbitration.py            # the full run (~25 min), a quiet host
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/arbitration.py`".
 """
 
 from __future__ import annotations

@@ -7,73 +7,10 @@ configuration; this script measures the promise as a user meets it: the same pip
 deployed several times from a clean state, each deploy planning anew, each served the
 same arrivals as the hand configurations, in one run on one host.
 
-Per model (default ``resnet50`` plus four no other bench serves: ``alexnet`` and
-``zfnet512``, which no bench uses, and ``densenet121`` and ``inception-v2``, which only
-``partition_time.py`` partitions; ``squeezenet`` and ``inception-v1`` are served by
-``fleet.py`` and ``chain_latency.py``, and the other unused aliases, ``ppocr-cls`` and
-``ddddocr-rec-old``, take a variable input size and run in a few ms or less, where an
-SLO of 3 x L0 is within the front end's own per-request cost):
-
-1. **Calibration** (``scaling.calibrate``): L0 = the whole model's median latency, one
-   request at a time, 1 intra-op thread, in this process; ideal = usable cores x 1000 /
-   L0 (requests/s); SLO = ``--slo-x`` (3) x L0.
-2. **Baselines**, each deployed through the same :class:`~infscaler.service.service.Service` API
-   (one service for both, a fresh state directory): ``one-session``, the whole model
-   (K = 1) in one instance with ``threads`` = usable cores; ``replicas``, the whole model
-   in ``cores`` single-thread instances. Both carry the SLO (admission, as a user who
-   writes ``slo:`` gets) and no autoscaler (``same_config.hand_pipeline``).
-3. **auto**, deployed ``--deploys`` (5) times: the model with only ``slo`` and
-   ``autoscale: {}`` (``scaling.auto_pipeline`` with the autoscaler's defaults, what a
-   user who names none gets), each deploy in its own service with a fresh
-   ``state_dir`` (no kept decision: every deploy plans anew) and a cache directory of
-   its own whose ``idle`` folder is empty (the idle slowdown the service learns while
-   serving is an input of the next plan and part of its decision key,
-   ``runtime.idlecurve``; every deploy starts from the same knowledge) and whose other
-   entries (materialised models, the partitioner's per-operator profiles, keyed by
-   model hash and host) link to the shared cache. Per deploy: the configuration the
-   planner chose (its label from the deploy's progress line and
-   ``status()["pipelines"][i]["live_check"]["serving"]``; ``identity`` = the label
-   without the partition objectives that found it), the units deployed
-   (``scaling.config_snapshot``), the deploy's wall time (``deploy_s``: planning +
-   partitioning + instance start, s) and its planning part (``plan_s``: until the
-   instances are started). The first deploy is also undeployed and deployed again in the
-   same service right away (a **later start**, reusing the kept decision: its
-   ``deploy_s`` / ``plan_s`` and whether the decision was reused); that deployment
-   serves the first deploy's windows.
-4. **Windows**: per configuration and load (``--loads``, 0.35 and 0.5 x ideal, in that
-   order, on the one deployment): Poisson open-loop arrivals at load x ideal from
-   ``scaling.ARRIVAL_SEED`` (``same_config.window``: requests through
-   ``Service.submit``; latency = answer time - scheduled arrival), ``--warm-s``
-   discarded, then ``max(--min-requests, rate x --measure-s)`` measured requests. Every
-   configuration meets the same arrival times at a given load. **Goodput** = measured
-   requests answered within the SLO / the measured window (the span of the measured
-   arrivals, n / (n - 1) x last - first, s), requests/s; also P50, the P99 of every
-   request (a refused or unanswered one later than any, ``scaling.p99_every``; null
-   when more than 1 % never got an answer), late and refused. Per window other
-   processes' CPU (cores: the host's busy time less this process's and the instances',
-   over the window). Per auto window: the live check (``runtime.livecheck``; it judges
-   after ~10 s of steady load and may switch to the planner's runner-up): its decisions
-   in the window (``live_switch`` / ``live_keep``), whether a switch happened, the
-   configuration serving at the end and the units then (``config_end``).
-5. **Summary** per model: per deploy and load auto's goodput / the best baseline's
-   (``ratio``), pass when >= 0.95 (:data:`RATIO_TARGET`); how many deploys chose the
-   most common configuration (target: at least 80 % of the deploys, 4 of 5); deploy
-   and planning time of the first deploy and of the later start.
-
-Baselines run before the auto deploys (host drift over the run shows in the windows'
-``other_processes_cores``); the script waits up to ``--quiet-wait-s`` for a quiet host
-before each model (``wait_for_quiet``). ``--quick``: ``squeezenet`` (the fastest of
-``resnet50`` and ``squeezenet``), 2 deploys, one load (0.35), 3 s warm-up, >= 40
-requests per window: proves the script runs; its figures are no result.
-
 Writes ``results/auto_deploys.json`` and ``.png`` (``auto_deploys_quick`` with
 ``--quick``): per model the ratio per deploy at each load, with the 0.95 line.
 
-```sh
-.venv/bin/python bench/auto_deploys.py                 # 5 models x 5 deploys x 2 loads
-.venv/bin/python bench/auto_deploys.py --models resnet50 --deploys 5 --loads 0.35,0.5
-.venv/bin/python bench/auto_deploys.py --quick
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/auto_deploys.py`".
 """
 
 from __future__ import annotations

@@ -1,29 +1,5 @@
 """One-request latency of the partitioned chain vs the whole model (issue "Must show").
 
-For each model and K: build the plan with ``partition_model(..., num_partitions=K,
-slo=None, out_dir=None)`` (not timed here), build ``Chain(plan.parts)`` and one
-onnxruntime ``InferenceSession`` on the whole model (the loader's canonical model with the
-same concrete input shapes as the parts) with the *same* ``SessionOptions`` (CPU
-execution provider, ``ORT_ENABLE_ALL``, ``intra_op_num_threads`` = usable cores,
-``inter_op_num_threads`` = 1, sequential, spinning off -- see below), warm both up, then time N
-single requests interleaved (whole, chain, whole, chain, ...) so that drift of the host
-affects both alike. Reported: median and P90 ms of each, and ratio = median(chain) /
-median(whole). Target: ratio <= 1.10.
-
-The chain runs in one process: part k's outputs are handed to part k+1 as numpy arrays
-(in-process handoff, no shared memory yet; onnxruntime's outputs are handed over without
-a copy). The ratio is therefore the overhead of the partition boundaries themselves: an
-extra ``session.run`` per part and the tensor handoff, plus whatever graph optimisations a
-boundary prevents.
-
-Per row, a breakdown splits the overhead: in each round, after whole and chain, every
-part also runs alone on its recorded inputs (not part of the chain's time). Paired
-medians over the rounds (``breakdown``): parts alone - whole = the parts' own extra work,
-chain - parts alone = the handoff in ``Chain.run``; ``overhead_us_per_boundary`` =
-median(chain - whole) / (K - 1). ``fixed_run_us`` is the median cost of one
-``session.run`` of a 1-element Identity model with the same options (the fixed part of a
-boundary).
-
 Usage::
 
     .venv/bin/python bench/chain_latency.py [--quick] [--repeats 30] [--spin]
@@ -31,13 +7,7 @@ Usage::
 Writes ``bench/results/chain_latency.json`` and ``.png`` (``--quick``:
 ``chain_latency_quick.*``; ``--spin``: ``chain_latency_spin.*``).
 
-Thread spinning: by default both sides run with ``session.intra_op.allow_spinning=0``.
-With onnxruntime's default (spinning on), every session's idle intra-op workers keep
-spinning after a run; in one process holding the whole model's session and K part
-sessions, on a 2-core host, those spinning workers steal the cores from whichever session
-runs next, so both the whole model and the chain slow down erratically (2-3x for
-ResNet-50 on the 2-core dev VM) and the ratio measures that interference, not the
-boundaries. ``--spin`` measures that configuration anyway, for comparison.
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/chain_latency.py`".
 """
 
 from __future__ import annotations
@@ -150,9 +120,9 @@ def breakdown(t_whole: list[float], t_chain: list[float], t_parts: list[list[flo
 def fixed_run_us(so, n: int = 2000) -> float:
     """Median µs of one ``session.run`` of a 1-element Identity model with these session
     options: the fixed cost of one more run per partition boundary."""
-    from infscaler.partitioner.profiler import _identity_model
+    from infscaler.partitioner.profiler import identity_model
 
-    sess = onnxrt.load_session(_identity_model(1), options=so)
+    sess = onnxrt.load_session(identity_model(1), options=so)
     x = {"x": np.zeros(1, np.float32)}
     for _ in range(100):
         sess.run(None, x)

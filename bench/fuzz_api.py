@@ -1,14 +1,12 @@
-"""Fuzz the v2 API's edge: >= 10,000 seeded malformed requests against a live service.
+"""Fuzz the v2 API's edge: up to 10,000 malformed requests against a live service.
 
 The service (in this process: the front end and the aiohttp server on a Unix socket;
-its stages in instance processes) serves ``bench/_fuzz.py``'s target pipeline: a
+its stages in instance processes) serves ``bench/api_edge.py``'s target pipeline: a
 function stage that raises the declared ``StageInputError`` for unusable rows, then a
-small ONNX model. Every case (bad JSON, deep nesting, wrong types, NaN / infinite
-parameters, bad datatypes, shape / data mismatches, huge declared shapes, bad binary
-headers, unknown models and versions, non-UTF-8 bodies, bad content, bad requested
-outputs, raw HTTP garbage, truncated requests; round-robin, see ``_fuzz.KINDS``) goes
-on its own connection; a valid request is interleaved every ``--valid-every`` cases and
-must get the right answer.
+small ONNX model. The cases are drawn by hypothesis from ``api_edge_cases.STRATEGIES``,
+``--count / 15`` of each kind (fewer for a kind whose distinct cases run out; ``--seed``
+fixes the draw), each on its own connection; a valid request is interleaved every ``--valid-every`` cases and must get
+the right answer.
 
 Recorded: answers per status and per case kind, every case whose answer was not 4xx
 v2 error JSON (a closed connection counts as right only for truncated requests), the
@@ -19,6 +17,8 @@ sampled along the run.
 Run::
 
     .venv/bin/python bench/fuzz_api.py [--count 10000] [--seed 13] [--quick]
+
+``count`` in the results is the cases sent.
 
 Writes ``bench/results/fuzz_api.json`` and ``fuzz_api.png`` (RSS over requests);
 ``--quick`` (300 cases): ``fuzz_api_quick.*``.
@@ -39,8 +39,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import _fuzz  # noqa: E402
+import api_edge  # noqa: E402
 from _common import RESULTS_DIR, environment, now_utc, write_json  # noqa: E402
+from api_edge_cases import KINDS, STRATEGIES  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import seed as hypothesis_seed  # noqa: E402
 
 
 def _instance_pids(svc) -> list[int]:
@@ -55,7 +58,7 @@ def _rss(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
         with contextlib.suppress(Exception):  # an instance that is gone has no RSS
-            total += _fuzz.rss_mb(pid)
+            total += api_edge.rss_mb(pid)
     return round(total, 1)
 
 
@@ -68,25 +71,37 @@ def run(count: int, seed: int, valid_every: int) -> dict:
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{old}" if old else str(HERE)
     sock = str(tmp / "api.sock")
-    model = _fuzz.small_model(tmp / "small.onnx")
+    model = api_edge.small_model(tmp / "small.onnx")
     limits = HttpLimits(header_timeout_s=5.0, body_timeout_s=5.0)
     by_status: Counter[str] = Counter()
-    by_kind: dict[str, Counter[str]] = {k: Counter() for k in _fuzz.KINDS}
+    by_kind: dict[str, Counter[str]] = {k: Counter() for k in KINDS}
     wrong: list[dict] = []
     valid_failures: list[str] = []
     samples: list[dict] = []
     rng = random.Random(seed + 1)
     with Service(state_dir=tmp / "state", control_path="userspace", pool_mb=64) as svc:
-        svc.deploy(load_pipeline(_fuzz.fuzz_pipeline(model)))
+        svc.deploy(load_pipeline(api_edge.fuzz_pipeline(model)))
         with ServerThread(svc, sock, max_body_mb=4, limits=limits):
-            if (why := _fuzz.check_valid(sock)) is not None:
+            if (why := api_edge.check_valid(sock)) is not None:
                 raise SystemExit(f"the service does not answer a valid request: {why}")
             slots0 = svc.status()["pool"]["slots_in_use"]
             inst = _instance_pids(svc)
             me = os.getpid()
             t0 = time.perf_counter()
             every = max(1, count // 200)
-            for i, case in enumerate(_fuzz.cases(count, seed)):
+            sent = [0]
+
+            fuzz = settings(
+                max_examples=max(1, count // len(KINDS)),
+                deadline=None,
+                database=None,
+                phases=[Phase.generate],  # record every answer; nothing to shrink
+                suppress_health_check=list(HealthCheck),
+            )
+
+            def one(case: api_edge.Case) -> None:
+                i = sent[0]
+                sent[0] += 1
                 if i % every == 0:
                     samples.append(
                         {
@@ -96,18 +111,22 @@ def run(count: int, seed: int, valid_every: int) -> dict:
                             "instances_rss_mb": _rss(inst),
                         }
                     )
-                a = _fuzz.send(sock, case.raw, shut_write=case.shut_write)
+                a = api_edge.send(sock, case.raw, shut_write=case.shut_write)
                 status = "closed" if a.status is None else str(a.status)
                 by_status[status] += 1
                 by_kind[case.kind][status] += 1
-                why = _fuzz.judge(case, a)
+                why = api_edge.judge(case, a)
                 if why is not None and len(wrong) < 200:
                     wrong.append({"kind": case.kind, "note": case.note, "why": why})
                 elif why is not None:
                     wrong.append({"kind": case.kind, "why": "(more)"})
                 due = valid_every and i % valid_every == valid_every - 1
-                if due and (why := _fuzz.check_valid(sock, rng)) is not None:
+                if due and (why := api_edge.check_valid(sock, rng)) is not None:
                     valid_failures.append(f"after case {i}: {why}")
+
+            for kind in KINDS:  # each kind its share (hypothesis stops early once exhausted)
+                hypothesis_seed(seed)(fuzz(given(case=STRATEGIES[kind])(one)))()
+            count = sent[0]
             elapsed = time.perf_counter() - t0
             samples.append(
                 {
@@ -117,7 +136,7 @@ def run(count: int, seed: int, valid_every: int) -> dict:
                     "instances_rss_mb": _rss(inst),
                 }
             )
-            final_valid = _fuzz.check_valid(sock)
+            final_valid = api_edge.check_valid(sock)
             end = time.monotonic() + 30
             while (slots := svc.status()["pool"]["slots_in_use"]) > slots0:
                 if time.monotonic() > end:

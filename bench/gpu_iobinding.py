@@ -15,14 +15,7 @@ warm-ups:
   (``cuMemHostRegister``, as :class:`~infscaler.shm.UnifiedSlabMap` registers an
   instance's pool slabs, once per slab): the copies are direct DMAs.
 
-``ratio`` = ``run`` median / ``bound_pinned`` median per size. Writes
-``results/gpu_iobinding.json`` and ``.png``. Needs a CUDA device and onnxruntime-gpu
-(``scripts/gpu_check.sh run`` runs it on the lent GPU host); elsewhere it prints why and
-exits with status 2, writing nothing.
-
-```sh
-.venv/bin/python bench/gpu_iobinding.py --repeats 50     # ~30 s on a GPU host
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/gpu_iobinding.py`".
 """
 
 from __future__ import annotations

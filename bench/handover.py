@@ -1,60 +1,6 @@
 """One-hop token handover: latency and throughput of the control path vs baselines
 (InfScaler §IV-B, shaped like paper Fig. 6 "tensor sharing overhead against baselines").
 
-Mechanisms (all carry the same 32-byte :class:`~infscaler.ebpf.token.Token` frames, built
-with ``pack_frame`` and CRC-checked on receipt everywhere):
-
-- ``ebpf``: our eBPF channel, ``open_channel('ebpf', 'round-robin')``: TCP loopback
-  sockets in a SOCKMAP, the SK_MSG program routes each token in the kernel.
-- ``userspace``: our user-space channel, ``open_channel('userspace', 'round-robin')``:
-  AF_UNIX SEQPACKET pairs and a router thread in the manager (this benchmark's main
-  process): the **user-space broker** (every token takes an extra hop through Python).
-- ``direct``: AF_UNIX SOCK_SEQPACKET socketpairs, producer <-> each consumer, no router
-  (user-space direct); the producer round-robins itself. Same ``Endpoint`` code as the
-  channels (poll + recv + CRC check), so only the transport differs.
-- ``mpqueue``: ``multiprocessing.Queue``: one request queue shared by the consumers,
-  one reply queue (pickle + pipe + feeder thread).
-- ``shmring``: busy-polling shared-memory rings (SPRIGHT's polling baseline): one SPSC
-  ring of 32-byte slots per direction per consumer in a memfd, consumers and the waiting
-  producer spin on the head index (no sleep, no yield; relies on x86 TSO for ordering).
-
-Processes: one producer and N = 1..4 consumers, long-lived ``multiprocessing`` *spawn*
-workers (fresh interpreters; sockets / memfds are handed to them with SCM_RIGHTS per run,
-so they never see the eBPF map fd), pinned per run with ``os.sched_setaffinity`` in two
-placements:
-
-- ``cross-core``: the producer and the main process (which hosts the user-space router
-  thread) on the first usable CPU, every consumer on the second. Each hop wakes a
-  process on the other vCPU (on a VM: an IPI to a possibly halted vCPU).
-- ``same-core``: every process on one CPU: each hop is a context switch.
-
-With N >= 2 consumers on one CPU (or N >= 1 in ``same-core``, where the producer spins
-too) the ring's spinners outnumber the cores: they time-share it and every handover
-waits for a scheduler time slice (the notes saw the same collapse); the event-driven
-mechanisms sleep in poll and do not. This is reported as measured.
-
-Latency = **RTT / 2 of a ping-pong** through the mechanism (as shared/notes/ebpf.md
-measured it): the producer sends one DATA token for stage 1 (request id k), a consumer
-receives it and sends back a DATA token for stage 0 with the same request id (through
-the same mechanism; on the channels it is routed back to the producer), the producer
-receives it; ``perf_counter_ns`` around send -> reply, halved. Warm-up iterations are
-discarded; a run stops after ``--iters`` iterations or its time budget (so the collapsed
-ring still finishes; the sample count is recorded). With N consumers, successive tokens
-go to successive consumers (the channels' round-robin, or the producer's own).
-
-Throughput = tokens per second through the mechanism, producer streaming to N
-consumers: one token per send call (per put / ring write), no acknowledgements on any
-mechanism, consumers read whatever has arrived. Clock: ``CLOCK_MONOTONIC`` (system wide)
-from the producer's first send to the last consumer's receipt of its last token. Each
-run's token count stays below the channels' in-flight table (65536), and every run gets
-a fresh channel / socketpairs / rings.
-
-Every (placement, mechanism, N) runs ``--reps`` times (default 5; 3 with ``--quick``),
-the mechanism order rotated per repetition; reported: medians over repetitions of each
-run's p50, p99 and throughput, plus the hypervisor's steal time over the whole run (a
-noise indicator). Targets: eBPF p50 <= 15 us and eBPF p50 / user-space broker p50 <= 0.5,
-checked for every N and each placement (pass / fail in the JSON).
-
 Usage::
 
     .venv/bin/python bench/handover.py [--quick] [--reps 5] [--consumers 1,2,3,4]
@@ -64,6 +10,8 @@ Writes ``bench/results/handover.json`` and ``.png`` (``--quick``: ``handover_qui
 Needs root (or CAP_BPF + CAP_NET_ADMIN) for the eBPF mechanism; without it, that
 mechanism is skipped with the probe's reason and the targets are reported as not
 measured.
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/handover.py`".
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
 """What one hop costs in the served runtime (issue 15: the planner's model of a hop).
 
-The planner's search scores a configuration with the simulator, where a token handed
-from one unit to the next takes :data:`infscaler.runtime.planning.planner.HANDOVER_MS` and a
-partition boundary adds T_p (``profiler.measure_boundary_overhead``: a numpy copy of the
-crossing tensor + one ``session.run`` of an Identity model, in one process) to the
-partition's estimated time. This script measures what a hop costs when the partitions
-run as instances of the service: one request at a time (nothing queues), each request's
-trace (:class:`~infscaler.runtime.serving.route.Result`: per unit the instance's compute start
-and end, ``time.monotonic_ns``) splits its latency into
-
-- ``head_ms``: ``Service.submit`` -> the first unit's compute starts (the front end
-  writes the inputs into a pool slot, hands the token over, the instance maps the slot
-  and builds its feeds);
-- ``between_ms``: one unit's compute ends -> the next unit's starts (the instance writes
-  its outputs into a slot, hands the token on, the next maps it), per cut, with the cut's
-  crossing bytes from the plan (``plan.yaml``);
-- ``tail_ms``: the last unit's compute ends -> the answer (outputs into a slot, the token
-  back, the front end reads them and completes the future).
-
-For each model and K (1-thread instances, one per partition, the Eq. 1 plan), ``--requests``
-sequential requests 20 ms apart after 5 warm-up ones. The fit: between-unit P50 = fixed +
-per_mb x crossing MB (least squares over every cut measured), against the in-process
-T_p of this host (fixed + per-MB). Writes ``results/hop_latency.json`` and ``.png``.
-
-```sh
-.venv/bin/python bench/hop_latency.py            # ResNet-50 and PP-OCRv4 det, K = 1, 2, 3
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/hop_latency.py`".
 """
 
 from __future__ import annotations

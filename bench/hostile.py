@@ -9,24 +9,14 @@ root and a checkout. For each class: the service's RSS and fds before, the most 
 during (sampled every 0.25 s) and after; then root's inference and health (HTTP and
 gRPC), each timed (within 1 s is the bar), another user's inference, and the pid.
 
-Classes, HTTP and gRPC: ``shrink`` (a registered object shrunk to 0 and back under reads
-and writes), ``regions`` (registering without end), ``connections`` (held connections),
-``bodies`` / ``grpc_messages`` (large bodies and messages against the uid's byte budget;
-a 2 MB register message), ``shm_oversized`` (a sparse 1.2 GB region named as an input),
-``pending`` (a uid holding its whole share of pending requests on the slow pipeline:
-root's P99 on the idle ``chain`` against its quiet P99).
-
-``--soak-min M``: then M minutes of mixed valid load (4 threads of inferences as root),
-the attack classes of both sockets in turn and ``kill -9`` of an instance every 60 s,
-with RSS, fds, threads and /dev/shm objects sampled every 10 s; each one's slope after a
-warm-up (the first fifth), per hour, and every valid request's outcome.
-
 Usage::
 
     sudo .venv/bin/python bench/hostile.py                  # the classes
     sudo .venv/bin/python bench/hostile.py --soak-min 30    # and a 30-minute soak
 
 Writes ``bench/results/hostile.json`` (and ``hostile_soak.png`` with a soak).
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/hostile.py`".
 """
 
 from __future__ import annotations

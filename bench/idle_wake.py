@@ -8,24 +8,10 @@ At tight SLOs on a lightly loaded host that is the P99: ResNet-50 at 1.5 x L0 on
 2-core development VM served a 2-thread session's compute at P50 31 ms and P99 57 ms at
 4 requests/s (2026-11-27).
 
-For one model (ResNet-50 by default, with random weights as in ``scaling.py``):
-
-1. **in-process**: :func:`infscaler.partitioner.profiler.measure_idle` at each thread
-   count in ``--threads``, gaps ``--gaps`` (the factor: median after sleeping the gap /
-   median back to back), ``--repeats`` runs per gap;
-2. **served**: the whole model deployed by hand (one instance at the largest thread
-   count, no SLO, no autoscaler) and Poisson arrivals at each rate in ``--rates`` for
-   ``--requests`` measured requests (``same_config.window``); per request its compute
-   time (the instance's trace) and the idle gap before it (its compute start - the
-   previous request's compute end); per gap bin the median compute over the median
-   compute of requests that found the instance busy or idle < 50 ms.
-
 Writes ``results/idle_wake.json`` and ``.png`` (factor against the idle gap: the
 in-process curve per thread count, the served one per rate).
 
-```sh
-.venv/bin/python bench/idle_wake.py                 # ~4 min on 2 cores
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/idle_wake.py`".
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
 """What one more instance costs, before and after the fork server (issue 14).
 
-Two measurements, both ways (``spawned``: each instance a fresh interpreter, the way before
-the zygote, forced with ``INFSCALER_ZYGOTE=0`` / ``Supervisor.start(spawn=True)``;
-``forked``: from the zygote, :mod:`infscaler.runtime.processes.zygote`), in one run:
-
-(a) **Idle instance overhead**: a service serving a one-operator model (Relu on FP32
-    [1, 4], built with ``onnx.helper``) with ``--instances`` instances, one request
-    answered, then idle 2 s; each instance's PSS (and USS, RSS) read with psutil
-    (``memory_full_info``: ``/proc/PID/smaps_rollup``), MB. PSS is the runtime's memory
-    figure (:mod:`infscaler.runtime.scaling.monitor` says why); with several instances the pages
-    they share copy-on-write with the zygote are split among them. Each way runs in its
-    own service, one after the other (a spawned instance would otherwise share pages with
-    the zygote's). The zygote's own PSS is reported apart (a fixed cost per service).
-(b) **Scale-out decision to ready** for partition 0 of ResNet-50 (the onnx wheel's light
-    ResNet-50, seeded random weights: the bundled ``resnet50``) cut in K=2 by the
-    project's partitioner at deploy: from ``Supervisor.start`` called (what
-    :meth:`Service.scale_out` does once the scaler decided) to the instance's ``ready``
-    report (model loaded, warm-up run), ms; ``--starts`` starts per way, interleaved
-    (spawned, forked, spawned, ...) in one service, each instance stopped before the
-    next starts. P50 / P90 / mean per way and the ratio. The light ResNet-50 keeps the
-    graph (its 50 layers: the session's graph optimisation and kernel creation) but its
-    weights are small (80 KB file), so what the times compare is mostly the process start
-    (imports) and session creation, which is what the zygote changes; a trained model's
-    weight loading would add the same time to both ways.
-
 Writes ``bench/results/instance_overhead.json`` and ``.png`` (``instance_overhead_quick.*``
 with ``--quick``: 4 instances, 6 starts per way).
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/instance_overhead.py`".
 """
 
 from __future__ import annotations

@@ -1,40 +1,9 @@
 """The live check at work: a planned pipeline started with a deliberately wrong
 configuration is corrected under steady load, and every request is answered.
 
-The planner ranks configurations on figures measured once, at deploy; the service's
-live check (``runtime/planning/livecheck.py``, applied by the autoscaler) compares what the
-deployed configuration serves with what was predicted for it and for the runner-up, and
-switches make-before-break when it falls short. This script makes it fall short on
-purpose and measures the correction:
-
-1. **Calibration** (``scaling.calibrate``): L0 = the model's 1-thread median latency,
-   ideal = usable cores x 1000 / L0; SLO = ``--slo-x`` (3) x L0.
-2. **Deploy** the model with only ``slo`` and ``autoscale: {}`` (``scaling.auto_pipeline``)
-   with the test hook ``INFSCALER_TEST_START_WITH=worst``
-   (``runtime/planning/autoplan.py``): the search runs as usual, then the candidate with the
-   least predicted instance capacity is deployed in place of its choice, with the
-   choice's prediction (a planner that mispredicted it by that much), and the choice as
-   the runner-up.
-3. **Steady load**: Poisson arrivals at ``--load`` (0.35) x ideal for ``--duration-s``
-   (120 s), through ``Service.submit`` (the input handed over in shared memory). Per
-   request: scheduled arrival, outcome (answered / refused at arrival with a 503 /
-   other error / unanswered after 60 s) and latency (answer - scheduled arrival). The
-   configuration serving and the autoscaler's ``live_*`` decisions are sampled every
-   0.25 s.
-
-Reported: the time from the start of the load to the ``live_switch`` decision and to
-the runner-up serving, the live check's final state and reasons, every request's
-outcome (the target: every one answered with a result or a refusal, none lost), and
-the goodput (answered within the SLO per second) and P99 before the switch and after
-the runner-up serves. Other processes' CPU over the run is recorded.
-
-```sh
-.venv/bin/python bench/live_check.py                      # resnet50, 0.35 x ideal, 120 s
-.venv/bin/python bench/live_check.py --model squeezenet --duration-s 90
-.venv/bin/python bench/live_check.py --quick              # 40 s: proves it runs
-```
-
 Writes ``results/live_check.json`` and ``.png`` (``_quick`` with ``--quick``).
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/live_check.py`".
 """
 
 from __future__ import annotations

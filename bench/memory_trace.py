@@ -1,51 +1,9 @@
 """Memory under real and bursty arrivals (InfScaler §V, Table II), measured.
 
-Per model: SLO = ``--slo`` x L0, default 2 (L0: unloaded latency of the whole model, one request at a time,
-1 intra-op thread, in-process onnxruntime; the same calibration as ``scaling.py``). Three
-arrival processes at the same mean rate (``--load`` x the host's ideal rate, ideal =
-usable cores x 1000 / L0):
-
-- ``azure``: the Azure Functions 2019 trace (shipped with the package in ``runtime/planning/traces/``, see its README.md),
-  the busiest function (63 % of the trace's invocations), trace minutes
-  ``TRACE_START_MIN`` .. +``TRACE_MINUTES`` (a dip to 880 / min followed by a surge to
-  4631 / min: scale-in, then scale-out), each minute's requests spread uniformly inside
-  the minute (:func:`infscaler.runtime.planning.arrivals.azure_functions`), **time-compressed**
-  ``TIME_COMPRESSION`` x (a trace minute lasts 15 s) and scaled so the replay's mean rate
-  is the target (the factor is recorded);
-- ``gamma-cv1`` / ``gamma-cv4``: gamma inter-arrival times with CV^2 = 1 (Poisson) and 4
-  (bursty) (:func:`infscaler.runtime.planning.arrivals.gamma`).
-
-Configurations, both autoscaled by the same scaler from one instance per unit, no cap
-(this host's ``cpu-host`` profile), requests in-process (``Service.submit``: shared-memory
-pool and tokens, as ``replication-shm`` in ``scaling.py``):
-
-- ``infscaler``: the Eq. 1 plan with K partitions (K as in ``scaling.py``);
-- ``auto``: the runtime's own choice (``scaling.auto_pipeline``): the model or pipeline
-  with only ``slo`` and ``autoscale``, K, cuts, threads and instances decided at deploy
-  by the planner (:mod:`infscaler.runtime.planning.autoplan`), as ``infscaler serve --slo
-  --autoscale`` does;
-- ``replication``: the whole model (K = 1), single-thread replicas.
-
-``--configs`` picks which run (default all three); each of ``infscaler`` and ``auto`` is
-compared with ``replication`` (``table`` rows: ``infscaler_*`` and ``auto_*``).
-
-Pipeline cases (``--models ddddocr``, see ``scaling.py``): ``infscaler`` serves the staged
-ddddocr pipeline (each stage its own autoscaled unit, the detector in K partitions),
-``replication`` the whole pipeline as one function-stage unit per replica; L0 is the
-whole-pipeline function's, 1 thread.
-
-Memory = ``Monitor.memory_used_mb()`` (sum of every instance's USS + the tensor pool's
-mapped MB), sampled every 0.5 s from the deploy to the end of the run (the deploy's
-minimum configuration included); mean and peak. Also: throughput (answered / s), P99,
-SLO attainment (answered within the SLO / sent; failures count as misses), instances per
-unit over time, the scaler's decisions.
-
-Target (3): memory at equal throughput <= 0.75 x replication: the ratio of the mean
-memory of InfScaler to replication's under the same arrivals, where both answered the
-same requests (throughputs within 5 %); the JSON says when they did not.
-
 Writes ``results/memory_trace.json`` and ``results/memory_trace.png`` (``_quick`` with
 --quick: ResNet-50, 40 s, gamma CV^2 = 4 only).
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/memory_trace.py`".
 """
 
 from __future__ import annotations

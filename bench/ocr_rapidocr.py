@@ -1,38 +1,8 @@
 """The bundled ``ocr`` pipeline served by InfScaler against rapidocr_onnxruntime's own API.
 
-Issue 14's end-to-end check that instances are cheap: the same three PP-OCRv4 models
-(det / cls / rec, the ones ``rapidocr_onnxruntime==1.4.4`` ships), the same real images
-(scikit-image ``text.png``, ``page.png``, ``astronaut.png`` and a rendered two-line
-text), the same 2 cores.
-
-- **Baseline** (what a user would run instead): RapidOCR's own API, replicated over the
-  cores: one fresh process per core (``multiprocessing`` *spawn*: nothing shared with
-  this script), each a ``RapidOCR(intra_op_num_threads=1, inter_op_num_threads=1)``,
-  fed by a process pool. Images go to it as BGR (RapidOCR's convention for arrays).
-- **Baseline, same detector input** (a hand configuration of the same library, for a
-  like-for-like reading): as above with ``det_limit_side_len=640, det_limit_type="max"``,
-  RapidOCR's own options to scale the longer side to 640 as ``ocr.yaml`` does. The
-  issue's targets are against the default API (the first baseline); both are reported.
-- **InfScaler**: ``infscaler serve ocr`` started as a subprocess (its default
-  configuration: what ``ocr.yaml`` says), driven over its Unix socket with binary
-  tensor data, one :class:`infscaler.api.client.Client` per client thread. Images go as RGB
-  (the pipeline's input).
-
-Load: closed loop, C client threads in this script (each sends its next image when the
-previous answer arrived), the same C for both; after a warm-up, N requests (or a time
-budget); throughput = answered / wall s, latency P50 / P99.
-
-Memory: the **summed PSS** (proportional set size, Linux ``/proc/PID/smaps_rollup``) of
-every process of the side measured: RapidOCR's worker processes; the service process
-and all its descendants (front end, fork server, instances). PSS splits each shared page
-among the processes mapping it, so the sum is what the side costs the device, with
-copy-on-write pages counted once (USS would leave them out, RSS would count them once
-per process). Sampled every 0.5 s while the load runs; the mean and peak are reported.
-
-Other processes' CPU (everything but this script and the side measured) is recorded per
-run: the measurement is only trusted on a quiet host.
-
 Writes ``results/ocr_rapidocr.json`` and ``.png`` (``_quick`` with --quick).
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/ocr_rapidocr.py`".
 """
 
 from __future__ import annotations

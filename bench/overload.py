@@ -1,39 +1,6 @@
 """10x overload: does the service stay trustworthy when offered ten times what it can do?
 
-For each mode (no SLO, and an SLO with the autoscaler), against a real ``infscaler
-serve`` process (ResNet-50 partitioned ``-k 3``, optionally the ``ocr`` pipeline):
-
-1. **capacity**: closed loop, ``clients`` requests in flight on persistent connections
-   (``infscaler.api.loadgen``, as ``infscaler perf --concurrency-range``), throughput
-   over ``calibrate`` answers = C (rps).
-2. **overload**: open loop, Poisson arrivals at ``factor`` x C (default 10x) for
-   ``duration_s`` (30 s; ``--quick`` 8 s). Every request goes on its own connection (a
-   client each, as many as the arrivals make: nothing waits on a connection pool) with
-   binary tensor data, and ``timeout_ms`` = ``timeout_fraction`` (0.8) x the bound below
-   (the rest is left for the transfer: the server's deadline starts once the body is
-   read, the bound is measured at the client). Each gets one outcome: a
-   result (200), a refusal (429 / 503 with a JSON ``error`` body, with ``Retry-After``
-   when the server sent one; another body is ``refused_not_json``),
-   another status, a connection error (reset, refused, closed without an answer), or
-   none within 60 s (unanswered).
-   The SLO of the ``slo`` mode, unless ``--slo`` is given: 3 x one request's latency
-   (P50 of 8 back-to-back requests from one client, measured in the no-SLO run).
-3. **recovery**: right after, Poisson probes at ``probe_load`` x C until a window of
-   ``probe_window`` consecutive probes all succeed within the bound; recovery time =
-   the send time of the first probe of that window, from the end of the overload.
-
-The bound: the SLO with one, else 2 s. Criteria (``passed`` in the JSON): every request
-answered, 0 connection errors, admitted (200) P99 <= bound, recovery <= 5 s, and the
-service process's RSS stays within ``rss_budget_mb`` = RSS before the overload +
-3 x ``--max-inflight-mb`` (each request's bytes are counted twice by the budget, the
-decoded tensors again live in the pool, not in the RSS).
-
-Sampled every ``sample_s``: the service process's RSS (``/proc/PID/status`` VmRSS) and
-its CPU, its instances' CPU (children), and the CPU of every other process on the host
-(``/proc/stat`` busy minus ours: how much other work competed, as ``bench/scaling.py``
-records it).
-
-Output: ``bench/results/overload.json`` + ``overload.png`` (``_quick`` with ``--quick``).
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/overload.py`".
 """
 
 from __future__ import annotations

@@ -1,46 +1,11 @@
 """Overload at a multiple of capacity, the load generator on the same cores: does
 admission keep the SLO it admits to, and does it keep the goodput?
 
-A user who writes ``slo:`` is promised that an admitted request finishes within it,
-and that refusing the rest does not cost what the configuration can serve. This script
-measures both as a user on the device meets them: one ``infscaler serve`` process, the
-load generator (this process) competing with it for the same cores, every request on
-its own connection with binary tensor data.
-
-1. **Calibration** (``scaling.calibrate``, in this process before the service starts):
-   L0 = the whole model's median latency at 1 intra-op thread; SLO = ``--slo-x`` (3)
-   x L0.
-2. **The configuration**, written as a pipeline YAML and served: ``replicas`` (default:
-   the whole model in ``cores`` single-thread instances), ``one-session`` (one instance
-   with ``cores`` threads) or ``auto`` (``slo`` and ``autoscale: {}`` only), each with
-   the SLO (``same_config.hand_pipeline`` / ``auto_deploys.auto_config``).
-3. **Capacity** C: closed loop, ``--clients`` connections back to back, ``--calibrate``
-   requests: completed / wall s.
-4. **Sustained rate** R: the highest Poisson open-loop rate the same service answers
-   with every request's P99 within the SLO (a refused request counts as later than any,
-   ``scaling.p99_every``), by bisection in (0.2 C, 1.1 C), ``--bisect-steps`` steps of at
-   least ``--bisect-requests`` requests each (the first ``--warm-s`` of each discarded).
-5. **Overload** at each of ``--factors`` (2, 5) x C for ``--duration-s`` (20 s): each
-   request gets a result (200), a refusal (429 / 503) whose body is JSON with an
-   ``error`` (``overload.one``: a refusal with another body is its own outcome), another
-   status, a connection error or none within 60 s. Latency is measured from the
-   request's send. Goodput = results within the SLO / the window (s).
-
-Criteria per factor (``checks`` in the JSON): every request answered (result or JSON
-refusal, no connection error, none unanswered), admitted P99 <= ``--p99-x`` (1.25) x SLO,
-goodput >= ``--goodput-x`` (0.8) x R.
-
-Sampled every 0.25 s (``overload.Sampler``): the service's and its instances' CPU, this
-process's (the load generator's) and every other process's (cores).
-
 Writes ``results/overload_slo.json`` and ``.png`` (another ``--config`` adds its name,
 another ``--slo-x`` ``_slo<x>x``, ``--quick`` ``_quick``: 6 s windows, 3 bisection steps
 of 60 requests; proves the script runs, no result).
 
-```sh
-.venv/bin/python bench/overload_slo.py                       # ResNet-50, replicas, 2x and 5x
-.venv/bin/python bench/overload_slo.py --config auto --factors 2
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/overload_slo.py`".
 """
 
 from __future__ import annotations

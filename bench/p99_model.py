@@ -11,30 +11,10 @@ fed the unit's live compute P50 alone, and its P50 and P99 (``service_p99_ms``: 
 shifted-exponential service, ``queueing.service_moments``), and both are compared with
 the P99 the clients measured.
 
-One pipeline (``--model``, PP-OCRv4 det: the whole model in single-thread instances,
-no SLO, no autoscale) served by one ``infscaler serve`` with the host's cap, at 1 and
-at 2 static instances (``arbitration.static_pipeline``). Per configuration: 4 warm-up
-requests, the served L0 (``arbitration.served_l0``: the median of 15 sequential
-requests), then for each load in ``--loads`` (fractions of ``c x 1000 / L0_session``)
-Poisson arrivals for ``--seconds`` (each request on its own connection, binary tensor
-data: ``arbitration.replay``), then the unit's ``compute_p50_ms`` / ``compute_p99_ms``
-from ``status`` (its window: the last seconds of the point). The front end's own part,
-``served L0 - compute P50 at no load`` (ms: transfer, decode, encode), is added to
-both predictions; the measured P99 is of the answered requests of the point's last
-``--seconds - 5`` s.
-
-Outcomes per point: rate, measured P99, the M/D/c and the M/G/c predictions and their
-relative errors (``(model - measured) / measured``: negative is optimistic, the side
-that keeps too few instances). CPU of every other process recorded
-(``overload.Sampler``).
-
 Writes ``results/p99_model.json`` and ``.png`` (``--quick``: ``_quick``, short
 points: proves the script runs, no result).
 
-```sh
-.venv/bin/python bench/p99_model.py --quick   # ~2 min
-.venv/bin/python bench/p99_model.py           # ~8 min, a quiet host
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/p99_model.py`".
 """
 
 from __future__ import annotations

@@ -1,49 +1,9 @@
 """``infscaler perf`` against the benchmarks' own client loops, on one service in one run.
 
-One ``infscaler serve`` process (``overload.Service``) serves a bundled model (PP-OCRv4
-det by default, its input a real photo through the OCR pre-processing:
-``scaling.model_inputs``). Each round measures, in turns (the order flips every round):
-
-- **closed loop**, C requests in flight (default 4, as ``serve_det.py``):
-  (a) the bench's own loop, ``serve_det.drive`` (C threads, each with its own
-  :class:`infscaler.api.client.Client`: one persistent connection, binary tensor data,
-  every output checked against the first answer), for ``duration_s``;
-  (b) ``infscaler perf MODEL --concurrency-range C`` as a subprocess, ``--input-data``
-  the same tensors, windows of ``duration_s / 3`` and ``--max-trials 3`` (so exactly 3
-  windows, ``duration_s`` in all, are reported), ``--json``;
-- **open loop**, Poisson arrivals at R/s (R = ``load`` x the bench's closed-loop
-  throughput measured first, default 0.6):
-  (a) ``overload.open_loop`` (each request on its own connection, ``force_close``) for
-  ``duration_s``; (b) ``infscaler perf --request-rate-range R
-  --request-distribution poisson`` as above.
-
-Per point and round: throughput (answers/s), P50 and P99 ms as each tool reports them
-(``serve_det`` and ``overload`` interpolate with ``np.percentile``; ``infscaler perf``
-uses nearest rank; for the open loop the bench's nearest-rank figures are recorded too),
-the ratio perf / bench, the client's CPU per request (a: this process; b: the perf
-subprocess from start to exit; ``_net`` without its start-up, the CPU of a fresh
-interpreter importing what it imports, :func:`startup_cpu_s`), and the CPU
-other processes used (``_common.ForeignLoad``, in cores). Per point: the median of each
-ratio over the rounds and the noise, the round-to-round spread of each side's own figure
-((max - min) / median); ``within_noise`` says whether |median ratio - 1| is at most the
-larger of the two spreads.
-
-How to read it. The two sides do not count the same interval. ``serve_det.drive``
-divides every answer by the wall time up to the last thread's join, so it includes the
-drain after ``duration_s`` (the last C requests answered one by one): its closed-loop
-throughput reads low by about P50 / (2 x ``duration_s``) (8 % at 3 s and 0.5 s P50, under
-2 % at the full run's 15 s). ``infscaler perf`` counts the answers that arrive within its
-windows, as perf_analyzer does. ``overload.open_loop`` divides the answers by the
-arrivals' span and opens a connection per request; ``infscaler perf`` keeps its
-connections. The models' inputs other than PP-OCRv4 det's ``x`` have no closed loop here
-(``serve_det.drive`` sends ``{"x": ...}``); their open-loop rate is ``load`` x the
-throughput of 8 sequential requests.
-
-``infscaler perf``'s printed table of one point, run with ``COLUMNS=80``, is saved in the
-JSON (``perf_output_80_columns``).
-
 Writes ``results/perf_vs_bench.json`` and ``.png`` (``_quick`` with ``--quick``: 2
 rounds of 3 s, a smoke test on whatever host it runs).
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/perf_vs_bench.py`".
 """
 
 from __future__ import annotations

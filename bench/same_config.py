@@ -9,41 +9,7 @@ answers the question the bisection cannot: at one rate, does the SLO machinery t
 ``auto`` runs with (admission, the monitor, the autoscaler, the planner's deploy) cost
 anything against the same configuration run by hand?
 
-For one model and SLO factor (SLO = factor x L0, L0 = the whole model's 1-thread median
-latency, as in ``scaling.py``):
-
-1. ``auto`` (only ``slo`` + ``autoscale``) is deployed once and its configuration read
-   (:func:`scaling.config_snapshot`); a plan of more than one unit ends the script (the
-   hand twin below is the whole model).
-2. Variants, each deployed anew for every window, in turns (the order rotates per
-   repeat): ``auto``; ``hand``: the whole model at auto's threads and instances, no SLO,
-   no autoscaler (``scaling.py``'s one-session / replication form); ``hand+slo``: the
-   same with the SLO (admission only, no autoscaler).
-3. A window: Poisson arrivals at ``--load`` x the configuration's capacity (instances x
-   1000 / D, D = the median of 20 in-process runs of a session at auto's threads), from
-   :data:`scaling.ARRIVAL_SEED` (every window meets the same arrivals), ``--warm-s``
-   discarded, then ``--requests`` measured. Per request: generator lag (submit -
-   scheduled arrival), wait (compute start - submit), compute (the instance's trace),
-   hand-back (answer - compute end).
-4. The **ideal FIFO replay**: the same arrival times served first-come first-served by
-   c = instances servers with each request's measured compute time (a refused request:
-   the window's median): the latency no runtime could beat with these compute times.
-   ``own_delay_p99_ms`` = measured P99 - replay P99: what the runtime adds.
-
-Per variant: P99 of every request (a refusal counts as later than any, as in
-``scaling.py``; null where more than 1 % were refused or unanswered), late + refused,
-own delay; ``vs_hand``: the P99-of-every-request ratio
-to ``hand`` in the same repeat (median over repeats). Writes
-``results/same_config_<model>_<slo>x.json`` and ``.png``.
-
-``--cpu-wake-latency-us`` fixes the service's PM QoS setting for every variant (0: held
-awake; the default ``auto`` holds the CPUs once a pipeline with an autoscaler misses its
-SLO, so the variant after that would run held and the one before not).
-
-```sh
-.venv/bin/python bench/same_config.py --model resnet50 --slo-x 2 --load 0.35 --repeats 3
-.venv/bin/python bench/same_config.py --slo-x 1.5 --load 0.28 --cpu-wake-latency-us 0
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/same_config.py`".
 """
 
 from __future__ import annotations

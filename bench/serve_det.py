@@ -7,35 +7,9 @@ pipeline's own pre-processing) served by the InfScaler service over its Unix-soc
 usable core (``intra_op_num_threads`` = cores, spinning off: the same options as
 ``chain_latency.py``).
 
-Served configurations (every instance 1 intra-op thread, pinned; units take cores in
-turn):
-
-- ``K=1 x1 (2 threads)``: the whole model, one instance with 2 threads (the session's
-  setup, behind the API),
-- ``K=1 x2``: the whole model replicated on both cores,
-- ``K=2``, ``K=3``: the model partitioned by Eq. 1 into 2 / 3 operator groups, one
-  instance each, pipelined across the cores (paper §IV-A / §IV-B),
-- ``K=2, bottleneck x2``: K=2 with two instances of the bottleneck partition (the one
-  with the largest B_k, partition 0 here) and one of the other: asymmetric scaling set by
-  hand (Algorithm 1 does it automatically in the scaling issue).
-
-The baseline is measured again right before each served configuration (its row
-precedes the configuration's rows in the JSON) and each ratio uses that adjacent
-measurement: this shared VM drifts by up to 30 % over minutes.
-
-Load: closed loop, C clients each sending its next request when the previous one is
-answered (C = 1: latency; C = 4: throughput), over the API with a fresh
-:class:`infscaler.api.client.Client` per client thread. The baseline session is driven the
-same way in-process (C = 1; one session serialises its runs). Per configuration: a
-warm-up, then N requests (or a time budget); throughput = answered / wall seconds,
-latency P50 / P99. Every served output is checked against the baseline session's output
-(max abs error).
-
-Transport split (``transports`` in the JSON): for ``K=1 x1``, one client at a time
-in-process (the front end directly), over the API with binary tensor data, and over
-the API with the tensors in system shared memory.
-
 Writes ``results/serve_det.json`` and ``results/serve_det.png`` (``_quick`` with --quick).
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/serve_det.py`".
 """
 
 from __future__ import annotations

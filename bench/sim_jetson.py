@@ -1,37 +1,8 @@
 """The same scaler on the Jetson profiles, in the simulator (InfScaler §V on Xavier / Orin).
 
-What is real and what is not:
-
-- **Service times are this host's CPU, measured**: every unit (the whole model, and each
-  partition of the Eq. 1 plan with the same K as ``scaling.py``) is run in-process with
-  one intra-op thread (:func:`infscaler.runtime.planning.unitprofile.profile_pipeline`) on the
-  same inputs as ``scaling.py``; the simulator resamples those measured times. They are
-  x86 times, not Carmel / Cortex-A78AE times: the profiles contribute their **core count,
-  instance slots and memory cap** only.
-- **No GPU or DLA option**: the plans have no measured GPU / DLA latency on this host
-  (no device), so the units run on the cpu engine only; no GPU / DLA latency is invented.
-  The paper's heterogeneous gains (scaling a partition onto the iGPU / DLA) are
-  therefore not part of this simulation.
-- **Memory per instance**: the USS measured in ``results/scaling.json`` (same model, same
-  K) when present, else the plan's estimate + the instance overhead (recorded).
-- Handover: 0.05 ms per token hop (eBPF channel, cross-core p50 ~ 30-40 us in
-  ``results/handover.json``); instance start-up 2 s.
-
-Experiments per profile and model (the scaler is :func:`infscaler.runtime.scaling.scaler.decide`
-through :func:`infscaler.runtime.planning.simulator.simulate` with the ``scaling.py`` autoscale
-settings, every unit at most ``cores`` instances):
-
-1. Fig. 5: throughput at SLO = 1.5 / 2 / 3 x L0 (L0 = the measured whole-model mean),
-   InfScaler vs replication (whole model), each autoscaled from one instance per unit,
-   with the profile's own memory cap ("no cap") and under the cap of ``scaling.py``'s
-   rule (one whole replica + the bottleneck partition); bisection on the Poisson rate
-   (180 s, first 120 s discarded: the scaler adds one instance per cooldown): P99 <= SLO and nothing rejected. ideal = cores x
-   1000 / L0 (L0: the median of the measured whole-model times).
-2. Table II: mean and peak memory (timeline, every 0.5 s) under the Azure Functions
-   replay and gamma CV^2 = 1 / 4 at 60 % of ideal (the same arrivals as
-   ``memory_trace.py``, same SLO = 2 x L0).
-
 Writes ``results/sim_jetson.json`` and ``results/sim_jetson.png``.
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/sim_jetson.py`".
 """
 
 from __future__ import annotations

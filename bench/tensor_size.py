@@ -1,47 +1,13 @@
 """Tensor handover time vs tensor size: zero-copy tokens vs copying (InfScaler §IV-B,
 the data side of paper Fig. 6).
 
-For float32 tensors of 4 KiB, 64 KiB, 1 MiB, 16 MiB and 64 MiB (data bytes; seeded
-random values), between a producer and a consumer process:
-
-- **zero-copy** (ours): the manager (this script) faults one pool slot per size
-  (``TensorPool.fault``); the producer maps it (``SlabMap``) and writes the tensor into
-  it with ``write_tensors`` -- timed separately ("write", once per tensor, as an engine
-  writing its output) -- then hands it over: a DATA token naming the slot goes through
-  the eBPF channel (``open_channel('ebpf', 'round-robin')``; the user-space channel if
-  eBPF is unavailable, recorded) and the consumer maps the slot and gets a **read-only
-  numpy view** (``SlabMap.slot_view`` + ``read_tensors``). Handover time: from just
-  before the producer builds and sends the token to the moment the consumer holds the
-  view.
-- **copying** (baseline): ``pickle.dumps(array, protocol=5)`` sent over an AF_UNIX
-  stream socketpair (16-byte header, then the payload, ``sendall``), received into a
-  fresh buffer and ``pickle.loads`` in the consumer (the usual Python IPC path, as in
-  ``multiprocessing``). Handover time: from just before ``dumps`` to the moment the
-  consumer holds the unpickled array.
-
-Clock: one-way, ``CLOCK_MONOTONIC`` (``time.monotonic_ns``, system wide) -- the producer's
-start time travels in the token's 64-bit ``request`` field (zero-copy) or in the header
-(copying); the consumer subtracts it from its own reading. The producer also records the
-round trip to the consumer's acknowledgement (RTT/2 is reported as a cross-check of
-the one-way clock). The consumer checks every tensor against the expected values
-(first measured handover of each size, outside the timed region) and that the
-zero-copy view is read-only.
-
-Zero-copy handovers of the five sizes are interleaved (size 1, 2, ..., 5, 1, 2, ...),
-so host drift hits every size alike; copying runs size by size (64 MiB takes ~0.1 s).
-Processes are pinned (``os.sched_setaffinity``) as in ``handover.py``: ``cross-core``
-(producer and manager on the first CPU, consumer on the second) and ``same-core``.
-Each placement runs ``--reps`` times (default 3) with fresh processes, channel and
-pool; reported: medians over repetitions of each run's p50 / p99.
-
-Target: zero-copy handover p50(64 MiB) / p50(4 KiB) <= 1.2 (pass / fail per placement
-in the JSON).
-
 Usage::
 
     .venv/bin/python bench/tensor_size.py [--quick] [--reps 3]
 
 Writes ``bench/results/tensor_size.json`` and ``.png`` (``--quick``: ``tensor_size_quick.*``).
+
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/tensor_size.py`".
 """
 
 from __future__ import annotations

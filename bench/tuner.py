@@ -3,62 +3,10 @@
 §5 "High-Frequency Tuning") start instances sooner after a step, and how many requests
 that missed the SLO does it save?
 
-One pipeline, served alone by one ``infscaler serve`` on this host's cores with the
-host's own cap (the ``cpu-host`` profile as a device YAML, ``--device``): ``--model``
-(PP-OCRv4 det, the bundled ``ppocrv4-det``), the whole model in single-thread
-instances, SLO ``--slo-x`` (2) x its L0, autoscaled from 1 to ``--max-instances`` (3)
-instances with ``scaling.AUTOSCALE``'s timings. L0 is the pipeline's served latency at
-no load (``arbitration.served_l0``, step 2; ``--l0 session`` for step 1's): PP-OCRv4
-det's 4.9 MB input and 1.6 MB output cross the socket as binary tensor data on a
-connection per request (about 100 ms against the session's 86).
-
-1. **Calibration** (in this process, before any service): L0, the median latency of
-   one session at 1 intra-op thread (``scaling.calibrate``).
-2. **Capacity**, served: a static service with the model at 2 single-thread instances
-   and no SLO; closed loop with 2 clients (``overload.closed_loop``: perf_analyzer's
-   concurrency mode): C requests/s.
-3. **The step**, per arm, each on a fresh service: 4 sequential warm-up requests, then
-   Poisson arrivals (``loadgen.arrival_times``, the same seeds in both arms) at
-   ``--before`` (0.1) x C for ``--pre-s`` (30 s), then ``--after`` (0.5) x C for
-   ``--post-s`` (60 s); each request on its own connection (``arbitration.replay``),
-   binary tensor data; the window starts :data:`WARM_IDLE_S` (11 s) after the warm-up,
-   so that the warm-up is not in the Tuner's envelope. Arms: ``tuner``
-   (``autoscale.tuner: true``) and ``scaler`` (``tuner: false``: the P99 window alone,
-   the default). C is a saturation throughput of 2 instances (16.4/s for PP-OCRv4 det
-   on 2 cores), and an SLO of 2 x L0 leaves one service time for queueing: one
-   instance's P99 reaches it at about 2 requests/s (a simulated M/D/1 with D = 86 ms:
-   197 ms at 2/s, 242 ms at 3.3/s), 2 instances' at about 9.4/s (the scaler's P99
-   model), and the 2-core host admits no third (its cores). So the step is 0.1 -> 0.5 x C: one instance keeps the
-   SLO before it, the step needs the second and 2 serve it. At 0.2 -> 0.8 (the previous
-   defaults) both arms held 2 instances before the step (the P99 scaler, from requests
-   refused at arrival, and the Tuner) and none was left to add after it.
-
-Outcomes per arm (times from the step, by send time; decisions and instances from
-``status`` polled every second, ``arbitration.Served``, so +- 1 s):
-
-* ``to_decision_s``: to the first ``scale_out`` or ``tuner_scale_out`` decision, with
-  its action, ``count`` and reason; ``to_ready_s``: to the first poll with more ready
-  instances than at the step;
-* ``between``: the requests sent from the step to that decision, and how many missed
-  the SLO (a refusal or an error is a miss); ``after_decision``: the same from the
-  decision to the end; ``missed_after_step``: all of them;
-* SLO attainment (answered with 200 within the SLO / sent) before and after the step;
-  P99 of the answered requests' latency before and after (ms);
-* the decisions before the step (a scale-out at 0.2 x C is a false alarm) and the ready
-  instances per poll.
-
-Ratios ``tuner`` / ``scaler`` of the same run for each. CPU of the service, its
-instances, the load generator and every other process is sampled every 0.5 s
-(``overload.Sampler``); the run first waits up to ``--quiet-wait-s`` for a quiet host
-(``_common.wait_for_quiet``).
-
 Writes ``results/tuner.json`` and ``.png`` (``--quick``: ``_quick``, short windows:
 proves the script runs, no result).
 
-```sh
-.venv/bin/python bench/tuner.py --quick    # ~3 min
-.venv/bin/python bench/tuner.py            # the full run (~5 min), a quiet host
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/tuner.py`".
 """
 
 from __future__ import annotations

@@ -2,33 +2,10 @@
 against the copies the TensorRT runner makes today (InfScaler §IV-B, shaped like paper
 Fig. 6's "tensor sharing overhead").
 
-One GPU stage between two CPU stages: its input ``x`` (float32, ``n`` elements) sits in a
-pool slot (written there by a CPU producer), its output ``y = 2 x + 1`` must end in
-another slot (read there by a CPU consumer). Three ways, each timed per handover
-(launch -> ``Context.synchronize``, ``perf_counter``), median and P99 of ``--repeats``:
-
-- ``zero_copy``: the slabs registered with :class:`~infscaler.shm.UnifiedSlabMap`; the
-  kernel reads ``x`` and writes ``y`` through device pointers into the slots. No copy.
-- ``staged``: what :class:`~infscaler.engines.tensorrt.runner.TrtRunner` does: ``np.copyto``
-  the slot into a page-locked host buffer, ``memcpy_htod_async`` to a device buffer, the
-  kernel, ``memcpy_dtoh_async`` back to a page-locked buffer, ``np.copyto`` into the slot.
-- ``dma``: the slabs registered, ``memcpy_htod`` / ``dtoh`` straight between the slots
-  and device buffers (no host staging copy), the kernel on device buffers.
-- and ``kernel_only``: the kernel on device buffers, no transfer: the floor.
-
-Plus the one-time cost of registering a slab (``cuMemHostRegister`` + device pointer).
-
-On a Jetson (integrated GPU) ``zero_copy`` reads the same DRAM the CPU wrote; on a
-discrete GPU the mapped pages are read over PCIe per kernel access, so there it is at
-best as fast as ``dma`` (every byte crosses the bus once either way) and the numbers say
-what a dGPU host pays, not what a Jetson does. The results record which the device is.
-
 Writes ``results/unified_handover.json`` and ``.png`` (ms per handover against MB, one
 line per way). Needs pycuda, a CUDA device and nvcc.
 
-```sh
-.venv/bin/python bench/unified_handover.py          # ~1 min on a GPU host
-```
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/unified_handover.py`".
 """
 
 from __future__ import annotations

@@ -12,19 +12,7 @@ Systems under test, each started alone, one model at a time:
   the planner picks the configuration, admission and scaling on) and the same hand
   configurations as Triton's (a ``pipeline.yaml``: instances x threads, ``batching``).
 
-Clients (perf_analyzer's shapes; the client process runs on the same cores as the server,
-as perf_analyzer does): ``tritonclient.grpc`` for both servers over gRPC; one httpx client
-with Triton's binary tensor extension for both over HTTP. Closed loop at each concurrency
-(one keep-alive connection per client, a refused request sent again at once) and Poisson
-arrivals at fractions of the ideal capacity ``cores x 1000 / L0`` (the same seed for every
-server). Per point: throughput, goodput (answers within the SLO per second, latency from
-the scheduled send), P50 / P99 of answers, refusals, and each server process's CPU per
-answered request (``tritonserver`` alone vs the runtime's service process alone; model
-processes counted apart).
-
-The model files are the bundled aliases with a dynamic batch dim (Triton's dynamic batching
-needs one; a leading Reshape's 1 becomes -1), L0 the median single-thread onnxruntime time.
-SLO = ``--slo-x`` x L0. Writes ``results/vs_triton.json`` and ``.png`` (``_quick`` with --quick).
+More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/vs_triton.py`".
 """
 
 from __future__ import annotations

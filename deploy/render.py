@@ -1,33 +1,25 @@
-"""Render the Helm chart without helm: a small interpreter for the subset of Go's
-text/template (with the Sprig / Helm functions) that ``deploy/helm/infscaler`` uses, plus
-the chart's values checks. CI uses it where no ``helm`` binary can be installed (Debian
-has none; see deploy/README.md); where ``helm`` is on PATH the tests render with it too.
+"""Render the Helm chart ``deploy/helm/infscaler`` without helm: an interpreter for the
+subset of Go's text/template (with Sprig / Helm functions) the chart uses, and the
+chart's values checks (``values.schema.json``, jsonschema). Where ``helm`` is on PATH the
+tests render with it too.
 
-Supported (and nothing else, which raises :class:`TemplateError` naming the construct):
+It stays because no helm binary can be installed here: PyPI has none (its ``helm`` is an
+unrelated system monitor), Debian / Ubuntu apt has no package, helm's download hubs are
+unreachable, and building ``helm.sh/helm/v3`` from source needs a Go toolchain CI lacks.
 
-* actions ``{{ }}`` with ``{{-`` / ``-}}`` whitespace trimming, comments ``{{/* */}}``;
-* ``if`` / ``else`` / ``end`` (not ``else if``), ``range`` (over a list or a map, the map by
-  sorted key, with ``$v :=`` or ``$k, $v :=``; ``else``), ``with`` / ``else``,
-  ``define`` (in ``_*.tpl``), variables ``$x := ...`` (scoped to the block), ``$``;
-* pipelines ``a | f b`` (the left side becomes the last argument), parentheses, string
-  / number / bool / nil literals, field chains ``.a.b``, ``$x.a``;
-* functions: include, toYaml, toJson, nindent, indent, quote, default, required, fail,
-  printf (%s %d %v), trunc, trimSuffix, add, div, mul, and, or, not, eq, ne, has, hasKey, index,
-  dict, empty, int, toString, lower, kindIs.
+Supported, and nothing else (else :class:`TemplateError` naming the construct): actions
+with ``{{-`` / ``-}}`` trimming and comments; ``if`` / ``else``, ``range`` (lists; maps
+by sorted key), ``with``, ``define`` / ``include``, ``$x :=`` variables; pipelines,
+parentheses, literals, field chains; the functions in ``_Renderer.funcs``. Go's
+truthiness; a missing key is nil (helm's ``missingkey=zero``).
 
-Go's truthiness: false, 0, nil, "" and empty lists / maps are false. A missing map key is
-nil (helm's ``missingkey=zero`` prints it as empty).
-
-Sources: Go text/template documentation (pkg.go.dev/text/template); Helm's template
-function list (helm.sh/docs/chart_template_guide/function_list); Sprig.
-
+Sources: pkg.go.dev/text/template; helm.sh/docs/chart_template_guide/function_list.
 Usage: ``python deploy/render.py deploy/helm/infscaler [-f values.yaml ...]`` prints the
 manifests (exit 2 with the reasons when the values are refused).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -199,13 +191,8 @@ class _Renderer:
             "nindent": lambda n, s: (
                 "\n" + "\n".join(" " * int(n) + ln if ln else ln for ln in _str(s).split("\n"))
             ),
-            "indent": lambda n, s: "\n".join(
-                " " * int(n) + ln if ln else ln for ln in _str(s).split("\n")
-            ),
             "quote": lambda *v: " ".join(json.dumps(_str(x)) for x in v),
             "default": lambda d, v=None: v if _truthy(v) else d,
-            "required": self._required,
-            "fail": self._fail,
             "printf": _printf,
             "trunc": lambda n, s: _str(s)[: int(n)],
             "trimSuffix": lambda suf, s: (
@@ -220,40 +207,9 @@ class _Renderer:
             "eq": lambda a, *b: any(a == x for x in b),
             "ne": lambda a, b: a != b,
             "has": lambda needle, lst: needle in (lst or []),
-            "hasKey": lambda d, k: k in (d or {}),
             "index": self._index,
             "dict": lambda *kv: {kv[i]: kv[i + 1] for i in range(0, len(kv), 2)},
-            "empty": lambda v: not _truthy(v),
-            "int": lambda v: int(v or 0),
-            "toString": _str,
-            "lower": lambda s: _str(s).lower(),
-            "kindIs": self._kind_is,
-            "sha256sum": lambda s: hashlib.sha256(_str(s).encode()).hexdigest(),
         }
-
-    @staticmethod
-    def _kind_is(kind: str, v: Any) -> bool:
-        kinds = {
-            "map": dict,
-            "slice": list,
-            "string": str,
-            "bool": bool,
-            "int": int,
-            "float64": float,
-        }
-        if kind == "invalid":
-            return v is None
-        return isinstance(v, kinds[kind]) and not (kind == "int" and isinstance(v, bool))
-
-    @staticmethod
-    def _required(msg: str, v: Any = None) -> Any:
-        if v is None or v == "":
-            raise TemplateError(msg)
-        return v
-
-    @staticmethod
-    def _fail(msg: str) -> Any:
-        raise TemplateError(msg)
 
     @staticmethod
     def _index(v: Any, *keys: Any) -> Any:

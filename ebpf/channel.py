@@ -12,54 +12,10 @@ One interface, two implementations chosen at start-up by
   over AF_UNIX SOCK_SEQPACKET socket pairs and an event-driven router thread in the
   manager, for hosts without CAP_BPF + CAP_NET_ADMIN.
 
-Both route and account the same way:
-
-- **DATA** for hop *s* goes to one live instance of *s*: ``round-robin`` (a cursor per
-  sending socket and hop: every producer spreads its own tokens evenly, exact for any
-  number of producers) or ``least-loaded`` (fewest in-flight tokens; ties broken by that
-  cursor).
-- **In flight / acknowledgement.** A DATA token delivered to instance *X* is *in flight*
-  until *X* sends a DATA (the hand-over to the next hop) or FREE token **with the same
-  request id**; the sender is identified by its socket, not by the token's ``instance``
-  field. :meth:`Channel.remove_instance` returns the tokens still in flight (delivered
-  and not acknowledged: queued, or read by an instance that died before acknowledging),
-  so the caller can :meth:`Channel.route` them elsewhere: delivery is at least once
-  towards a killed instance, exactly once per acknowledgement.
-- **To the manager** (:meth:`Channel.manager_recv`): FAULT, FREE, any non-DATA token an
-  instance sends, and DATA that cannot be delivered (unknown hop, no live instance,
-  in-flight table full, duplicate in-flight request). Never dropped.
-- **A dead instance** is the supervisor's to notice (it sees the process exit) and to
-  report with :meth:`Channel.remove_instance`. Until then the eBPF channel keeps routing
-  to it (the manager holds a reference to every instance socket, so its queue survives
-  the process and every token stays reclaimable); the user-space router stops routing to
-  a socket at EOF by itself. Either way its tokens stay in flight until reclaimed.
-- **Rejected** and counted in :meth:`Channel.stats` (never delivered to anyone): bad
-  magic, bad CRC-32, unknown kind, and a send that ends in a partial frame (``short``).
-  A token for an *unknown hop* is counted under ``rejected`` too and handed to the
-  manager, which can answer the sender with an ERROR token.
-
-Framing: a send must carry whole 32-byte frames (:class:`Endpoint` always does, at
-most :data:`MAX_BATCH` tokens per send). The eBPF program parses each send from its
-first byte in 32-byte steps, the user-space router each SEQPACKET record likewise, so a
-torn write damages only itself (counted as ``short``), never a neighbour's tokens.
-
-Back-pressure (notes pitfall 3: SK_MSG has none, a consumer's queue grows without
-bound): tokens are credits. A producer sends DATA only for slots it holds (GRANTs from
-the manager), so the in-flight total is bounded by the token pool; the in-flight table
-(:data:`MAX_TRACKED`) is a hard backstop (overflow goes to the manager).
-
-Naming: a **hop** is the channel's routing address, the token's ``hop`` field: DATA for
-hop *h* goes to one live instance registered for *h*. The service gives each deployed
-unit its own hop (the front end is hop 0), so a request's path is a sequence of hops;
-it is not a pipeline's YAML stage (a unit may fuse several stages, two deployments of
-the same pipeline use different hops), and not an :class:`Endpoint` (one instance's
-socket). The eBPF program (``tokenbus.bpf.c``, ``TB_MAX_STAGES``) and the keys of
-:meth:`Channel.stats` (``stages``, ``stage``, ``unknown_stage``) keep the older name
-``stage``: the first is compiled into the cached object, the second is read by the
-runtime's monitor and the service.
-
 Sources: InfScaler §IV-B; shared/notes/ebpf.md (measured on kernel 6.18); kernel
 Documentation/bpf/map_sockmap.rst.
+
+More (details, why it is so, history, figures): docs/architecture.md, "`ebpf/channel.py`".
 """
 
 from __future__ import annotations

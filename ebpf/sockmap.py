@@ -11,26 +11,10 @@ Layout (keys of the SOCKMAP ``socks``):
 - ``MGR_ROUTE_KEY`` / ``MGR_DIRECT_KEY``: sockets the manager sends on, so that its
   :meth:`route` and :meth:`manager_send` go through the same program.
 
-Each is one end of a TCP connection over 127.0.0.1 whose other end the manager keeps
-open (the program never passes data to it). The manager alone holds the map and
-program fds; an instance gets only its socket and needs no capability. Whoever holds
-the map fd can insert sockets (notes, "Privileges"): start instances with exec and
-``close_fds`` (as :func:`infscaler.ebpf.loadgen.spawn` does), never by a bare fork of
-the manager.
-
-Order of operations (notes pitfalls 1-2): the program is attached to the map before
-any socket is inserted; only connected TCP sockets are inserted; a socket's
-socket-local storage (its role, instance id and slot) is written before insertion.
-
-Removing an instance: its live bit is cleared, then ``membarrier(GLOBAL)`` waits for an
-RCU grace period so no program run still routes to it, then its entries in the in-flight
-table are read and deleted (the reclaimed tokens). Its socket stays in the map, no
-longer routable, for :data:`ZOMBIE_GRACE_S` so that a send already past the program
-still finds a live target (otherwise the sender would see EPIPE and resend a token that
-was just reclaimed); it is then deleted and closed.
-
 Sources: kernel Documentation/bpf/map_sockmap.rst, net/ipv4/tcp_bpf.c,
 shared/notes/ebpf.md, libbpf API docs.
+
+More (details, why it is so, history, figures): docs/architecture.md, "`ebpf/sockmap.py`".
 """
 
 from __future__ import annotations

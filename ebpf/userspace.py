@@ -13,18 +13,7 @@ routing, in-flight accounting and manager delivery as ``tokenbus.bpf.c``:
   pair read by :meth:`UserspaceChannel.manager_recv`);
 - malformed frames and a record's trailing partial frame -> counted, discarded.
 
-SEQPACKET keeps send boundaries, so a record is parsed from its first byte exactly as
-the eBPF program parses a send. The router never blocks on a slow instance: each
-destination has an outbox drained when its socket becomes writable. When an instance's
-socket reaches EOF (the process died), it stops being routable; its in-flight tokens
-stay tracked until :meth:`remove_instance` returns them.
-
-Cost: every token takes an extra hop through a Python thread. Measured on a 2-vCPU
-x86 VM (kernel 6.18), a two-hop round trip producer -> consumer process -> producer:
-p50 about 95-170 us here against about 20 us on the eBPF channel (notes: a user-space
-broker costs several times the kernel redirect). Bulk throughput with batched sends is
-close to the eBPF path's because Python work in the instances dominates both. Use it
-only where the privilege is missing.
+More (details, why it is so, history, figures): docs/architecture.md, "`ebpf/userspace.py`".
 """
 
 from __future__ import annotations

@@ -15,17 +15,7 @@ Steps (each reported to an optional progress callback):
 
 Nothing is written before every step succeeded.
 
-Every onnxruntime session is built once and each run's outputs are used for everything
-they can serve (the run time of big models is session builds and runs):
-
-- the whole model: 2 sessions, both from :meth:`~.loader.LoadedModel.stub` on the CPU
-  engine (weights read from the model's file, not copied; see :mod:`.weights`). The
-  per-node profiling session (``ORT_DISABLE_ALL``) also gives the verification's
-  reference outputs and the T_o session (``ORT_ENABLE_ALL``) the optimised ones;
-- each partition: 2 sessions on the CPU engine, from a stub of the extracted part: the
-  verification's (``ORT_DISABLE_ALL``, one run) and the latency's (``ORT_ENABLE_ALL``,
-  whose outputs feed the next part and give the optimised chain's outputs);
-- other engines (GPU, DLA) build theirs from the model file and the saved parts.
+More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/api.py`".
 """
 
 from __future__ import annotations

@@ -16,17 +16,7 @@ Chain semantics:
   accept this);
 - tensor names are those of the whole (canonical) model all along the chain.
 
-:func:`extract_partition` builds a sub-model directly from the partition's node list (not
-``onnx.utils.Extractor``, whose backward search from the outputs could pull in nodes of
-other partitions). :func:`verify_chain` runs the whole model and the chain with
-onnxruntime on the same seeded random inputs; :func:`check_verification` refuses a chain
-beyond tolerance.
-
-References: ONNX IR spec (graphs, subgraph outer-scope names, external data:
-https://onnx.ai/onnx/repo-docs/IR.html, ExternalData.md); onnxruntime Python API
-(``InferenceSession``, ``SessionOptions``). Sessions are built by the engine layer's
-loader (:func:`infscaler.engines.onnxrt.load_session`) on an engine kind
-(``cpu`` by default), never from raw execution-provider lists.
+More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/extract.py`".
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """Operators, valid cut points and crossing tensors of a DAG model (InfScaler §IV-A).
 
-Eq. 1 splits "an ML model with N operators" at indices p_k of a linear operator order.
-For a DAG (residuals, branches, multi-output models) this module fixes that order and
-says what a cut means:
-
-- **Operators** are the top-level nodes of the canonical model in its (topological) node
-  order, except *constant* nodes: ``Constant`` nodes and nodes computed only from
-  initializers (a ``Cast`` / ``Reshape`` / ``Unsqueeze`` of a weight, common in converted
-  models; see :func:`infscaler.partitioner.cost.constant_tensors`). Constant nodes go with
-  the operators that consume them -- duplicated into every partition that needs them --
-  and their outputs never cross a cut. Control-flow nodes (``If``, ``Loop``, ``Scan``)
-  are single operators: cuts are never placed inside their subgraphs.
-- **Cut c** lies between operator c and operator c+1 (c in 0..N-2). The tensors
-  **crossing** it are those produced at or before c (model inputs count as produced
-  before operator 0) and consumed after c or returned as model outputs. In a topological
-  order every crossing tensor is produced before the cut and consumed after it, so any
-  residual or branch edge over the cut simply adds a crossing tensor: the partition in
-  between passes it through (see :mod:`.extract`).
-- A cut is **valid** unless a crossing tensor is not a dense tensor with a static shape
-  and dtype (a sequence, map or optional value cannot be put in a tensor slot), or it
-  exceeds the caller's ``max_crossing_bytes``.
-
-Partition k of a plan with cuts p_1 < ... < p_{K-1} holds operators
-[p_{k-1}+1, p_k]; its inputs are the tensors crossing p_{k-1} (the model's runtime
-inputs for k = 1) and its outputs the tensors crossing p_k (the model outputs for k = K).
+More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/graph.py`".
 """
 
 from __future__ import annotations

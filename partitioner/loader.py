@@ -13,18 +13,7 @@ every later step works on. Canonical means:
   tensor it cannot resolve, e.g. after a data-dependent ``Resize``, gets its shape from one
   onnxruntime run on seeded random inputs).
 
-The symbolic input shapes of the original file are kept in
-:attr:`LoadedModel.symbolic_inputs`. A file under 2 GB is read once: the same bytes are
-hashed (in a thread, while protobuf parses them), parsed, and given to ``onnx.checker``
-(which then does not read the file again); models over 2 GB, or with external data, are
-checked by path, as the ONNX docs require.
-
-Where each large weight lies on disk is recorded too (:attr:`LoadedModel.weight_refs`,
-found in the same bytes; see :mod:`.weights`), so that the partitioner's onnxruntime
-sessions read the weights from the file instead of copying them.
-
-Every failure raises a subclass of :class:`~infscaler.base.errors.InfScalerError` whose message
-says what was wrong and what to do; nothing is written anywhere.
+More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/loader.py`".
 """
 
 from __future__ import annotations

@@ -14,22 +14,7 @@ onnxruntime on the engines this host really has:
   more ``session.run`` plus moving the crossing tensors into the next partition's input,
   as ``fixed_ms + per_mb_ms * MB``.
 
-Every session and every engine comes from the engine layer
-(:mod:`infscaler.engines`), so a partition is profiled on the backend that will
-serve it: on ``cpu`` an onnxruntime session with the cpu engine's own options
-(:func:`~infscaler.engines.onnxrt.load_session`); on ``gpu`` / ``dla`` the timed
-runs (T_o, :func:`measure_latency`) go through the serving engine itself
-(:func:`~infscaler.engines.create_engine`: TensorRT, or onnxruntime's CUDA EP),
-and per-node times come from onnxruntime's profiler where onnxruntime serves the engine.
-Which engines exist is :func:`infscaler.engines.available`; an engine the host
-lacks is never faked: asking for it raises
-:class:`~infscaler.engines.EngineUnavailable`.
-
-Results are cached as JSON under ``cache_dir() / "profiles"``, keyed by model hash,
-engine, :func:`host_fingerprint` and the input shapes / measurement settings.
-
-The runs as served come from :mod:`.sessions`; the per-node times from onnxruntime's
-profiler trace, read by :mod:`.ortrace` (which describes the trace format).
+More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/profiler.py`".
 """
 
 from __future__ import annotations
@@ -772,7 +757,7 @@ class BoundaryOverhead:
             raise ConfigError(f"invalid boundary overhead: {type(exc).__name__}: {exc}") from None
 
 
-def _identity_model(n: int) -> bytes:
+def identity_model(n: int) -> bytes:
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [n])
     graph = onnx.helper.make_graph(
@@ -849,8 +834,8 @@ def measure_boundary_overhead(
         return (time.perf_counter() - t0) * 1000.0
 
     with (
-        served(_identity_model(1), engine, threads) as small,
-        served(_identity_model(n_big), engine, threads) as big,
+        served(identity_model(1), engine, threads) as small,
+        served(identity_model(n_big), engine, threads) as big,
     ):
         for _ in range(5):
             once(small, x_small)

@@ -10,62 +10,7 @@ solves Eq. 1 of the paper exactly::
           P_k = {c_n | n in [p_{k-1} + 1, p_k], c_n > mean(C_N)}
           P_1 u ... u P_K = C_N
 
-Conventions (our reading of the paper):
-
-- **Representative operators** are those with ``c_n > mean(c)`` (strictly, the mean over
-  all N operators, compared exactly). Only they enter ``sigma`` and the bottleneck
-  indicator ``B_k = sum P_k`` (§IV-A, Algorithm 1). If every cost is equal no operator is
-  above the mean; then *every* operator counts as representative, so a one-partition plan
-  exists for any N >= 1.
-- **Cuts.** Cut ``p`` lies between operators ``p`` and ``p + 1``; with cuts
-  ``p_1 < ... < p_{K-1}``, ``p_0 = -1`` and ``p_K = N - 1``, partition k covers operators
-  ``p_{k-1} + 1 .. p_k``. Only cuts in ``valid_cuts`` (a subset of ``0 .. N-2``, e.g. the
-  single-tensor frontiers of the graph) are allowed.
-- **Every partition holds at least one representative operator.** We read the covering
-  constraint ``P_1 u ... u P_K = C_N`` as: the partitions cover the bottleneck operators
-  and none of them is empty of bottlenecks. A partition without a representative operator
-  has ``sigma = 0`` and would lower nothing, but it still costs one more ``T_p`` of
-  inter-partition overhead, so it is pure overhead and is not allowed.
-- ``sigma`` is the population standard deviation (ddof = 0); the sigma of a set of 0 or 1
-  values is 0.
-- **Choosing K.** With ``num_partitions`` K is fixed; otherwise every K from 1 to
-  ``min(max_partitions, SLO bound, feasible maximum)`` is solved and the K with the least
-  objective wins; objectives equal within a relative tolerance of 1e-9 (plus an absolute
-  1e-12 x max cost for objectives near 0) count as ties and go to the fewer partitions.
-- **Ties between plans of the same K** (our addition; Eq. 1 does not order them). Only
-  representative operators enter ``sigma``, so moving a cut across the cheap operators
-  between two representatives (BatchNormalization, ReLU, pooling, reshapes) leaves the
-  Eq. 1 objective unchanged -- exactly, in floating point too, since they do not touch the
-  running sums. Among plans whose objectives are equal within the same tolerance as above
-  (relative 1e-9, absolute 1e-12 x max cost), the search prefers the **fewest total
-  crossing bytes** at the cuts (``cut_bytes``: the bytes of the tensors crossing each cut,
-  ``OperatorGraph.crossing_bytes`` in :mod:`.graph`, the figure the plan report gives per
-  cut as ``crossing_bytes`` and from which it predicts the cut's T_p), then the
-  **latest cuts** (compared from the last cut backwards). Why: T_p grows with the bytes
-  handed over, and a cut inside a fusible Conv -> BatchNormalization -> ReLU run makes
-  the next partition run the unfused BatchNormalization and ReLU as separate passes over
-  the crossing tensor (plus layout reorders), which the whole model folds into the
-  convolution; the cut after the run (or after the pooling that follows it) has the same
-  objective and crosses the same or fewer bytes. Among equal bytes the latest cut lies
-  after the whole run (Conv, BN and ReLU outputs have the same size), not inside it.
-  Without ``cut_bytes`` every cut weighs 0 bytes and ties go to the latest cuts.
-
-Algorithm: exact dynamic programming over the valid cuts,
-``f[k][j] = min_{valid i < j} f[k-1][i] + sigma(i+1 .. j)``, with ``sigma = inf`` for a
-segment without a representative operator. ``f`` is the exact minimum (the tie-break
-never changes it); the back-pointer of ``(k, j)`` is, among the starts ``i`` whose
-``f[k-1][i] + sigma`` ties that minimum, the one whose kept prefix crosses the fewest bytes
-``g[k-1][i]``, then the largest ``i``. Bytes add up over the cuts, so this keeps the
-lexicographic key (objective, crossing bytes, latest cuts) exact wherever tied objectives
-are equal up to rounding (the case above); it can differ from a global comparison only
-for plans whose objectives differ by 1e-9 to K x 1e-9 relative. The segment sigmas ending
-at j are kept for all starts at once with Welford's streaming update (vectorised with
-numpy over the starts), so each (start, end) pair costs O(1) amortised: O(N V + K V^2)
-time and O(K V) memory for V valid cuts, tie-break included. Welford is used instead of
-prefix sums of ``c`` and ``c^2`` because the latter cancel catastrophically: for equal
-costs around 1e3 they give sigmas of ~1e-5 instead of 0, which is enough to pick a wrong
-plan (and would break the exact ties above). The sigmas reported in :class:`SearchResult`
-are recomputed for the chosen plan with :func:`statistics.pstdev` (exact sums).
+More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/search.py`".
 """
 
 from __future__ import annotations

@@ -7,27 +7,7 @@ quarters of it in the kernel (page faults), and :func:`~.api.partition_model` bu
 2 + 2K sessions over the same weights (per-node profile and T_o of the whole model; per
 partition, the verification and the latency session).
 
-How: a *stub* is a model whose large initializers (over :data:`MIN_REFERENCED_BYTES`) hold
-no data, only an ONNX external-data reference (``location``, ``offset``, ``length``; ONNX
-IR, "External Data") to bytes on disk that hold exactly that tensor's data:
-
-- weights stored in the model file itself: the tensor's ``raw_data`` bytes inside the
-  file. :func:`raw_data_offsets` finds them by walking the protobuf wire format of the
-  very bytes the loader read, hashed, parsed and checked; a tensor is referenced only when
-  the span's length is the tensor's size (dims x element size);
-- weights the model keeps in external data files: the file's own reference.
-
-onnxruntime's CPU execution provider memory-maps external data instead of copying it, so
-every session of a run shares the same page-cache pages: a stub session of VGG-19 builds
-in 0.6-0.9 s instead of 2.2-4 s (what remains is mostly the packed weight copies the CPU
-kernels make, which an embedded model pays too). Outputs are bitwise identical to those of
-a session built from the embedded model: same graph, same kernels, same weight bytes.
-
-A stub is opened from its bytes with the session option
-``session.model_external_initializers_file_folder_path`` set to the folder of the
-referenced files (onnxruntime >= 1.17): nothing is written next to the model, and
-onnxruntime refuses references that leave that folder. The referenced files must not be
-modified while such sessions exist (they are mapped).
+More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/weights.py`".
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
-"""Regenerate the protobuf code of the gRPC API from the protocol's own ``.proto`` files.
-
-``infscaler/api/grpc/grpc_service.proto`` and ``infscaler/base/proto/model_config.proto``
-are copied verbatim (licence header included) from github.com/triton-inference-server/common,
-``protobuf/`` (commit 83adf7cf88a2f343005974dff3728be746de2d66). ``model_config.proto`` has
-one copy, the base's: ``config.pbtxt`` parsing (:mod:`infscaler.base.triton`, compiled by
-``scripts/gen_triton_descriptor.py``) and the gRPC service are generated from the same
-file, each into its own private descriptor pool. This script runs grpcio-tools'
-``protoc`` on them (``--python_out`` only: the service's method table is built in
-:mod:`infscaler.api.grpc.service`, so no ``*_pb2_grpc.py`` is needed) and writes the
-checked-in ``grpc_service_pb2.py`` and ``model_config_pb2.py``, rewritten so that
-
-- ``grpc_service_pb2`` imports ``model_config_pb2`` from this package (protoc writes a
-  top-level ``import model_config_pb2``), and
-- both add their descriptors to a private pool (:data:`infscaler.api.grpc._pool.POOL`),
-  not protobuf's default one: tritonclient's own copy of the same ``.proto`` files
-  (``tritonclient.grpc``) then loads in the same process whatever its version.
-
-The generated code checks the protobuf runtime against the version of the protoc that
-wrote it (pyproject's ``protobuf>=`` bound says which). To target an older protobuf,
-run this script with the grpcio-tools release that bundles it.
+"""Regenerate the protobuf code of Triton's protocol (:mod:`infscaler.proto`) from its ``.proto`` files.
 
 Usage::
 
     .venv/bin/pip install grpcio-tools
     .venv/bin/python scripts/gen_grpc.py           # rewrite the two files
     .venv/bin/python scripts/gen_grpc.py --check   # exit 1 when they differ
+
+More (details, why it is so, history, figures): docs/api.md, "`scripts/gen_grpc.py`".
 """
 
 from __future__ import annotations
@@ -34,11 +16,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HERE = ROOT / "infscaler" / "api" / "grpc"
-#: where ``model_config.proto`` lives (shared with scripts/gen_triton_descriptor.py)
-BASE_PROTOS = ROOT / "infscaler" / "base" / "proto"
+HERE = ROOT / "infscaler" / "proto"
 PROTOS = ("model_config.proto", "grpc_service.proto")
-POOL_IMPORT = "from infscaler.api.grpc._pool import POOL as _POOL\n"
+POOL_IMPORT = "from infscaler.proto import POOL as _POOL\n"
 
 
 def generate() -> dict[str, str]:
@@ -46,9 +26,7 @@ def generate() -> dict[str, str]:
     from grpc_tools import protoc  # the test extra: only needed to regenerate
 
     with tempfile.TemporaryDirectory() as out:
-        rc = protoc.main(
-            ["protoc", f"-I{HERE}", f"-I{BASE_PROTOS}", f"--python_out={out}", *PROTOS]
-        )
+        rc = protoc.main(["protoc", f"-I{HERE}", f"--python_out={out}", *PROTOS])
         if rc != 0:
             raise SystemExit(f"protoc failed ({rc})")
         texts = {}
@@ -57,7 +35,7 @@ def generate() -> dict[str, str]:
             text = (Path(out) / name).read_text()
             text = text.replace(
                 "import model_config_pb2 as model__config__pb2",
-                "from infscaler.api.grpc import model_config_pb2 as model__config__pb2",
+                "from infscaler.proto import model_config_pb2 as model__config__pb2",
             )
             text = text.replace(
                 "_descriptor_pool.Default().AddSerializedFile(", "_POOL.AddSerializedFile("

@@ -19,12 +19,9 @@
   (lease roles, instance states, the one table of their legal moves);
   :mod:`infscaler.shm.client` -- :class:`InstanceClient`, an instance's OutToken queue,
   faults, handover and inputs. Leases stay true across in-kernel handovers and deaths.
-- :mod:`infscaler.shm.unified` -- Jetson unified memory: register a slab with CUDA so
-  the iGPU / DLA read it in place (pycuda, imported lazily; reports unavailability).
+- :mod:`infscaler.shm.unified` -- Jetson unified memory: slabs the iGPU / DLA read in place.
 
-A producer's path: FAULT for ``tensors_nbytes(outputs)`` -> GRANT token ->
-``SlabMap.slot_view(token)`` -> ``allocate_tensors`` / ``write_tensors`` -> DATA token to
-the next hop -> the consumer's ``read_tensors(slab_map.slot_view(token))`` -> FREE.
+More (details, why it is so, history, figures): docs/architecture.md, "`shm/__init__.py`".
 """
 
 from infscaler.ebpf.token import TOKEN_SIZE, Token, TokenError, TokenKind

@@ -9,26 +9,7 @@ end already answered it), is dropped there: its input slot goes back through the
 :meth:`~infscaler.shm.manager.InstanceClient.done` path (so the manager's accounting
 stays right) and nothing is computed for it.
 
-Layout: ``/isc-<service_id>-deadlines``, :data:`ENTRIES` entries of two little-endian
-u64, indexed by ``seq % ENTRIES`` where ``seq = request >> 16`` (the front end's
-request number, see :mod:`infscaler.runtime.serving.frontend`)::
-
-    word 0  seq          the request number this entry is for (0: empty)
-    word 1  deadline_ns  CLOCK_MONOTONIC ns after which it is dead; 0: cancelled /
-                         answered; 2**64-1: no deadline
-
-CLOCK_MONOTONIC is one clock for every process of the host (``clock_gettime(2)``), so
-the front end's ``time.monotonic_ns()`` deadline means the same in an instance.
-
-Readers never trust an entry that names another request (``seq`` differs: the entry
-was reused by a request ``ENTRIES`` later, or the table is missing): such a request is
-treated as live, the safe side (it is computed, and the front end drops its result as
-stale). Writes are one aligned 8-byte store per word; the writer clears ``seq`` before
-changing ``deadline_ns`` and sets it last, and readers read ``seq`` twice, so a torn
-entry is never read as another request's.
-
-Only the service's user can open it (mode 0600, like the slabs); it holds no tensor
-data.
+More (details, why it is so, history, figures): docs/architecture.md, "`shm/deadlines.py`".
 """
 
 from __future__ import annotations

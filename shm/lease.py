@@ -8,38 +8,7 @@ refuses a move the table does not list. A refused move is a manager bug, not a b
 token: a token inconsistent with the lease table is rejected (and counted) before any
 move is attempted, so :class:`LeaseTransitionError` must never be raised in service.
 
-Lease roles of a slot in use (the manager's table mirrors the pool's owners)::
-
-    WRITER(I, r | none)   granted to I (fault) or kept by I (keep): I may write it, or has
-                          handed it over and its consumer has not receipted it yet
-    READER(I, r)          I received it (receipt): I reads it until FREE / keep
-    HELD(M)               DATA the manager holds: undeliverable, or waiting for a live
-                          instance of its hop (timeout -> ERROR, slot freed)
-    TRANSIT(M)            DATA the manager re-routed; the next receipt makes it READER
-    FREE                  not leased: back in the pool (no record in the table)
-
-A WRITER slot of a dead instance may also be *quarantined* (:mod:`infscaler.shm.reclaim`):
-that is a flag on the record, not a role (the slot stays WRITER until it is settled).
-
-The moves (:data:`LEASE_MOVES`; ``event: from -> to``)::
-
-    GRANT    FREE -> WRITER                     a fault answered
-    RECEIPT  WRITER, TRANSIT -> READER          the consumer received the DATA
-    KEEP     READER -> WRITER                   the consumer keeps its input as an out-token
-    FREE     WRITER, READER -> FREE             the instance's FREE
-    TAKE     WRITER, READER, TRANSIT -> HELD    the manager holds the DATA of the slot
-    ROUTE    HELD -> TRANSIT                    the manager re-routed the held DATA
-    RELEASE  WRITER, READER, HELD -> FREE       the manager frees it (reclaim, failure,
-                                                request past its deadline)
-
-Instance states (:data:`INSTANCE_MOVES`)::
-
-    ADD      UNKNOWN, DEAD -> LIVE              registered (an id may be reused once dead)
-    DIE      LIVE -> DYING                      its death reported; reclaim waits for the barrier
-    RECLAIM  DYING -> DEAD                      the barrier arrived: its slots are reclaimed
-
-Both enums are ``str``-valued: their values appear in :meth:`TensorSharingManager.stats`
-(JSON) and in messages.
+More (details, why it is so, history, figures): docs/architecture.md, "`shm/lease.py`".
 """
 
 from __future__ import annotations

@@ -11,34 +11,12 @@ are in :mod:`infscaler.shm.slab`; the instances map slabs with
 :class:`~infscaler.shm.slabmap.SlabMap`; what a killed service left is removed by
 :mod:`infscaler.shm.cleanup`.
 
-The pool owns *slabs*: POSIX shared-memory objects carved into equal *slots* by size
-class. A 32-byte :class:`~infscaler.ebpf.token.Token` names a slot (slab, slot, offset);
-handing the token over hands the slot over, zero copy.
-
-- **Lazy allocation (token faults).** A producer whose OutToken queue is empty sends a
-  FAULT for ``length`` bytes; :meth:`TensorPool.fault` returns a free slot of the
-  smallest fitting class, or maps a new slab if that fits under the memory cap, or
-  returns ``None`` (back-pressure: the manager answers BUSY and the producer retries).
-  Memory never grows beyond ``cap_bytes``. Freed slots go back to the pool; slabs whose
-  slots have all been free for ``idle_release_s`` are unmapped and unlinked
-  (:meth:`TensorPool.release_idle`), and fully free slabs of other classes are released
-  at once when a fault would otherwise hit the cap.
-- **Leases (MPMC without data races).** Every slot in use has exactly one owner (an
-  instance id, the token's u16 ``instance``); :meth:`TensorPool.transfer` moves it on a
-  handover, :meth:`TensorPool.reclaim` frees everything a dead instance held and returns
-  it so the caller fails or retries those requests.
-- **Validation and stats.** Every refused operation raises
-  :class:`~infscaler.shm.slab.PoolError` and is counted by reason
-  (:meth:`TensorPool.stats`), with nothing changed.
-
-Slab ids are u16 and reused after release (lowest free id); before a slab is unlinked
-its header's state is set to RELEASED, so no :class:`~infscaler.shm.slabmap.SlabMap`
-serves a new slab from a stale mapping of an old one with the same id.
-
 Sources: InfScaler §IV-B (tokens, token faults, OutToken queue, lazy allocation, MPMC);
 POSIX ``shm_open(3)`` / ``shm_unlink(3)``, Python ``mmap``; ``posix_fallocate(3)``
 commits the slab's pages up front so a full ``/dev/shm`` is an error here, not a SIGBUS
 later.
+
+More (details, why it is so, history, figures): docs/architecture.md, "`shm/pool.py`".
 """
 
 from __future__ import annotations

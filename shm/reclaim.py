@@ -9,37 +9,7 @@ failed and reported, never lost silently. :class:`ReclaimMixin` is the part of t
 manager that does it (it runs in the manager thread, under the manager's lock); every
 lease move goes through :func:`infscaler.shm.lease.advance`.
 
-Reclaim (:meth:`TensorSharingManager.instance_died`, for an instance ``X`` whose
-process has exited):
-
-1. ``channel.remove_instance(X)`` returns the DATA delivered to ``X`` and not
-   acknowledged, and stops routing to it. Then a **barrier** token is routed through the
-   channel to the manager's inbox: it arrives behind every token ``X`` sent before it
-   died (eBPF: sends are redirected synchronously, so ``X``'s tokens already sit in the
-   inbox; user space: the router is one FIFO thread and drops what it had not read from
-   ``X``, atomically per record). Everything ``X`` sent before dying is applied first.
-2. At the barrier: each returned DATA slot is taken by the manager and re-routed to a
-   live instance of its hop, slot intact (**retried**), or held if there is none.
-   ``X``'s READER slots not among them had been acknowledged (``X`` handed its output
-   over): **freed**. ``X``'s WRITER slots leased for a request ``r`` whose input is
-   among the returned ones were provably never handed over (a handover with request
-   ``r`` would have acknowledged that input): **freed**. Every other WRITER slot may
-   have been handed over (its receipt not yet sent): **quarantined**, never granted.
-3. To settle the quarantined slots, a **sync marker** goes to every live instance,
-   behind any DATA already queued for it. An instance answers with an echo after it
-   has receipted everything it read before the marker (rule 2); an instance whose own
-   death is being reported owes one too, paid by its barrier (which returns its DATA). A receipt for a
-   quarantined slot (or the slot turning up as DATA anywhere) means it was handed
-   over: it is the consumer's now (**handed_over**; a producer's death never takes a
-   slot from its consumer). Once every instance has echoed (or died, which returns its
-   DATA), the slots still quarantined were never handed over: **freed**, and a request
-   recorded with one is **failed**.
-
-Invariants this gives (tested on both channels in ``tests/{unit,integration}/test_shm_manager.py``):
-(1) a slot is never granted again or freed while a live instance may read or write it;
-(2) every slot a dead instance held is reclaimed, and each affected request is retried
-or failed and reported (:class:`ReclaimReport`), never lost silently; (3) a producer
-that dies after a handover does not take the slot from its consumer.
+More (details, why it is so, history, figures): docs/architecture.md, "`shm/reclaim.py`".
 """
 
 from __future__ import annotations

@@ -5,31 +5,7 @@ straight into the slot (zero copy); writers either copy arrays in once
 (:func:`write_tensors`) or get writable views first (:func:`allocate_tensors`) so an
 engine writes its outputs in place.
 
-Layout, little-endian, offsets in bytes from the start of the slot::
-
-    offset size  field
-    0      4     magic        b"ISCT"
-    4      2     version      1
-    6      2     count        number of tensors (0..65535)
-    8      4     header_bytes bytes of the header, entries included
-    12     8     used_bytes   bytes used in the slot (header + data, data end of the last tensor)
-    20     ...   count entries, each:
-                   u16 name length, name (UTF-8)
-                   u8  dtype length, dtype (numpy ``dtype.str``, ASCII, e.g. "<f4", "|b1")
-                   u8  ndim, then ndim x u64 dims
-                   u64 data offset (from the slot start, a multiple of 64)
-                   u64 nbytes (= prod(dims) * itemsize)
-
-Tensor data starts at offsets that are multiples of :data:`ALIGNMENT` (64 bytes) from
-the slot start; slots in :mod:`infscaler.shm.slab` start on page boundaries, so data is
-64-byte aligned in memory (what SIMD kernels and DMA engines want).
-
-Arrays are stored C-contiguous in their own dtype (byte order kept). Object, structured
-and void dtypes are refused (they are not plain bytes).
-
-:func:`read_tensors` checks everything it reads against the buffer: bad magic or
-version, counts, names, dtypes, shapes or offsets beyond the slot raise
-:class:`SlotFormatError`, never a crash or a view outside the slot.
+More (details, why it is so, history, figures): docs/architecture.md, "`shm/tensors.py`".
 """
 
 from __future__ import annotations

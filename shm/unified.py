@@ -1,38 +1,10 @@
 """Unified-memory backend: slabs the iGPU and DLA read in place (Jetson; InfScaler §IV-B).
 
-On Jetson (Xavier / Orin) CPU, iGPU and DLA share one DRAM. A slab mapped by
-:class:`~infscaler.shm.slabmap.SlabMap` is ordinary host memory; registering it with CUDA
-as *mapped* pinned memory gives a device pointer through which GPU kernels and TensorRT
-engines (GPU or DLA) read and write the same bytes, no copy:
-
-- memory another process created (our case: a POSIX shm slab) is registered after the
-  fact: ``cuMemHostRegister(ptr, bytes, CU_MEMHOSTREGISTER_DEVICEMAP | PORTABLE)``, then
-  ``cuMemHostGetDevicePointer``. Page-aligned start and size are required; pool slabs
-  are both.
-- memory a process allocates itself can be allocated mapped from the start
-  (``cuMemHostAlloc(..., CU_MEMHOSTALLOC_DEVICEMAP)``), but cannot then be shared with
-  other processes by name, hence registration here.
-
-The calls go to the CUDA driver library through ctypes
-(:class:`~infscaler.engines.tensorrt.cuda.CudaDriver`), in the device's primary context
-(the one the CUDA runtime, TensorRT and pycuda's ``retain_primary_context`` use). Not
-through pycuda: its ``register_host_memory`` fails on any array over an ``mmap``
-(``ValueError: Cannot set the NumPy array 'base' dependency more than once``, pycuda
-2024.1.2 - 2026.1, inducer/pycuda#459), which is what a slab is; seen on an H200 with
-pycuda 2026.1 built from source, 2026-11-27.
-
-``cuMemHostRegister`` needs a device that can map host memory
-(``CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY``); on Tegra it also needs I/O coherence
-(Xavier and later). On a discrete GPU the same code works, but the GPU reads the mapped
-pages over PCIe: correct, not fast (``bench/unified_handover.py`` measures it).
-
 Sources: CUDA Driver API ``cuMemHostRegister`` / ``cuMemHostGetDevicePointer`` /
 ``cuMemHostUnregister`` / ``cuDeviceGetAttribute``; CUDA for Tegra application note
 (memory management, pinned memory).
 
-Importing this module never needs CUDA. Without the NVIDIA driver or a device,
-:func:`unified_memory_available` says why and :class:`UnifiedSlab` raises
-:class:`UnifiedMemoryUnavailable`; nothing is faked.
+More (details, why it is so, history, figures): docs/architecture.md, "`shm/unified.py`".
 """
 
 from __future__ import annotations

@@ -9,27 +9,23 @@ over HTTP on the service's Unix socket.
         res = c.infer("ocr", {"image": rgb})  # rgb: HxWx3 uint8
         print(res.outputs["texts"], res.parameters["latency_ms"])
 
-Tensors travel as binary tensor data by default (``extension_binary_data.md``), as JSON
-with ``binary=False``, or through system shared memory (``extension_shared_memory.md``):
-create a :class:`~infscaler.api.sysshm.SharedMemoryRegion`, register it, and pass
-:class:`ShmTensor` inputs / :class:`ShmOutput` outputs.
-
-Every server error (``{"error": ...}`` with 400 / 404 / 409 / 413 / 500 / 503) raises
-:class:`InferenceServerError`; a service that cannot be reached raises
-:class:`~infscaler.base.errors.InfScalerError` saying how to start it.
-
 Sources: the KServe / Triton ``protocol/`` docs (v2 REST API, binary data, shared
 memory, statistics, model repository extensions); httpx's Unix domain socket transport
 (``httpx.HTTPTransport(uds=...)``), as BentoML's HTTP client uses it.
+
+More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/client.py`".
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -44,15 +40,6 @@ from infscaler.api.codec import (
     decode_infer_response,
     encode_infer_request,
 )
-from infscaler.api.uds import (
-    DEFAULT_SOCKET,
-    InferenceServerError,
-    V2Calls,
-    _decode_utf8,
-    _q,
-    default_socket_path,
-    unreachable,
-)
 from infscaler.base.errors import InfScalerError
 
 __all__ = [
@@ -63,9 +50,99 @@ __all__ = [
     "ShmOutput",
     "ShmTensor",
     "default_socket_path",
+    "unreachable",
 ]
 
+#: The service's socket under systemd (``RuntimeDirectory=infscaler``).
+DEFAULT_SOCKET = "/run/infscaler/infscaler.sock"
+START_HINT = "start it with `infscaler serve` (or systemctl start infscaler), or pass --socket"
+STATUS_HINTS = {
+    413: "pass large tensors through system shared memory (ShmTensor / ShmOutput)",
+    503: "the service or model is not ready, overloaded or stopping; retry later",
+}
 _BASE_URL = "http://infscaler"
+
+
+def default_socket_path() -> str:
+    """``$INFSCALER_SOCKET``, else :data:`DEFAULT_SOCKET`."""
+    return os.environ.get("INFSCALER_SOCKET") or DEFAULT_SOCKET
+
+
+class InferenceServerError(InfScalerError):
+    """The service answered with an error.
+
+    Attributes:
+        status: the HTTP status (400 bad request, 404 unknown model / region, 409, 413
+            body too large, 500 a stage failed, 503 not ready / overloaded / stopping).
+        message: the ``error`` string of the service's error JSON.
+        code: a refusal's reason code (the error JSON's ``code``: ``slo``,
+            ``queue_full``, ...; docs/api.md "Refusal codes"), or None.
+    """
+
+    def __init__(
+        self, message: str, status: int, hint: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message, hint)
+        self.status = status
+        self.code = code
+
+    @classmethod
+    def from_body(cls, status: int, reason: str, body: bytes) -> InferenceServerError:
+        """From an answer's status, reason phrase and body: the body's ``{"error": ...}``,
+        else its first 500 characters, else ``HTTP <status> <reason>``."""
+        message = code = None
+        try:
+            doc = json.loads(body)
+            if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+                message = doc["error"]
+                c = doc.get("code")
+                code = c if isinstance(c, str) and 0 < len(c) <= 32 else None
+        except ValueError:
+            pass
+        if message is None:
+            text = body.decode("utf-8", "replace").strip()
+            message = text[:500] or f"HTTP {status} {reason}"
+        return cls(message, status, STATUS_HINTS.get(status), code)
+
+    @classmethod
+    def from_response(cls, resp: Any) -> InferenceServerError:
+        """From an ``httpx.Response`` (or anything with ``status_code``,
+        ``reason_phrase`` and ``content``)."""
+        return cls.from_body(resp.status_code, resp.reason_phrase, resp.content)
+
+
+def unreachable(socket_path: str, exc: BaseException) -> InfScalerError:
+    """The error for a service that cannot be reached at ``socket_path``: no socket there,
+    a path that is not a socket, permission denied (with the group to join), or the
+    connect error itself (``[Errno 111] Connection refused``: nothing listens)."""
+    hint = START_HINT
+    try:
+        mode: int | None = os.stat(socket_path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError:
+        mode = -1  # cannot look: let the connect error speak
+    if mode is None:
+        reason = "no socket there"
+    elif mode != -1 and not stat.S_ISSOCK(mode):
+        reason = "the path exists but is not a socket"
+        hint = "pass the service's socket with --socket (or $INFSCALER_SOCKET)"
+    elif isinstance(exc, PermissionError) or "ermission denied" in str(exc):
+        reason = "permission denied"
+        hint = (
+            "add your user to the service's group (e.g. `sudo usermod -aG infscaler $USER`, "
+            "then log in again), or run as that user"
+        )
+    else:
+        reason = str(exc) or type(exc).__name__
+    return InfScalerError(
+        f"cannot connect to the InfScaler service at {socket_path}: {reason}", hint=hint
+    )
+
+
+def _q(name: str) -> str:
+    """``name`` as one URL path segment (every reserved character escaped)."""
+    return quote(str(name), safe="")
 
 
 def _resolve_stage_paths(data: Any, base: Path) -> Any:
@@ -84,7 +161,7 @@ def _resolve_stage_paths(data: Any, base: Path) -> Any:
     return data
 
 
-class Client(V2Calls):
+class Client:
     """A synchronous client of the InfScaler service on its Unix socket.
 
     Args:
@@ -119,7 +196,7 @@ class Client(V2Calls):
     def _unreachable(self, exc: Exception) -> InfScalerError:
         return unreachable(self.socket_path, exc)
 
-    def _request(
+    def request(
         self,
         method: str,
         path: str,
@@ -129,6 +206,14 @@ class Client(V2Calls):
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> httpx.Response:
+        """One request on the client's connection pool (kept alive between calls):
+        ``json_body`` as JSON, or ``content`` bytes / an iterator of buffers; ``timeout``
+        seconds (None: the client's).
+
+        Raises:
+            InfScalerError: unreachable, the connection lost, or no answer in time.
+            InferenceServerError: the service answered 400 or above.
+        """
         if json_body is not None:
             content = json.dumps(json_body).encode()
             headers = {"Content-Type": "application/json", **(headers or {})}
@@ -159,7 +244,7 @@ class Client(V2Calls):
         return resp
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
-        resp = self._request(method, path, **kw)
+        resp = self.request(method, path, **kw)
         if not resp.content:
             return {}
         try:
@@ -170,15 +255,62 @@ class Client(V2Calls):
                 f"{resp.text[:200]!r}"
             ) from None
 
-    def _v2_send(self, method: str, path: str) -> httpx.Response:
-        return self._request(method, path)
+    # -- health and metadata ----------------------------------------------------------
 
-    def _v2_json(
-        self, method: str, path: str, doc: Any = None, timeout: float | None = None
-    ) -> Any:
-        return self._json(method, path, json_body=doc, timeout=timeout)
+    def is_live(self) -> bool:
+        """``GET /v2/health/live``: True if the service answers 200; False if it answers
+        otherwise or cannot be reached (so ``while not c.is_live()`` can wait for it)."""
+        return self._probe("/v2/health/live")
 
-    # -- health and metadata (is_live, is_ready, models, model_metadata, status: V2Calls) --
+    def is_ready(self) -> bool:
+        """``GET /v2/health/ready``: True when every deployed pipeline is ready; False if
+        not (503) or the service cannot be reached."""
+        return self._probe("/v2/health/ready")
+
+    def _probe(self, path: str) -> bool:
+        try:
+            self.request("GET", path)
+        except InfScalerError:
+            return False
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """``GET /v2/infscaler/status``: the whole service: control path, tensor pool,
+        pipelines with their stages and instances."""
+        return self._json("GET", "/v2/infscaler/status")
+
+    def models(self) -> list[dict[str, Any]]:
+        """``GET /v2/models``: the deployed pipelines (``name``, ``state``, ``ready``, ...)."""
+        return self._json("GET", "/v2/models").get("models", [])
+
+    def model_metadata(self, name: str) -> dict[str, Any]:
+        """``GET /v2/models/{name}``: ``name``, ``inputs`` / ``outputs`` (``name``,
+        ``datatype``, ``shape``), ``parameters``.
+
+        Raises:
+            InferenceServerError: 404 for an unknown model.
+        """
+        return self._json("GET", f"/v2/models/{_q(name)}")
+
+    def _load_mapping(
+        self, name: str, config: Mapping[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
+        """``POST /v2/repository/models/{name}/load`` with ``{"parameters": {"config":
+        "<config as JSON>"}}``; the answer (``{"name", "loaded", "seconds"}``)."""
+        body = {"parameters": {"config": json.dumps(dict(config), default=str)}}
+        return self._json(
+            "POST", f"/v2/repository/models/{_q(name)}/load", json_body=body, timeout=timeout
+        )
+
+    def unload(self, name: str, *, timeout: float | None = 900.0) -> None:
+        """Drain and remove pipeline ``name``: ``POST /v2/repository/models/{name}/unload``.
+
+        Raises:
+            InferenceServerError: 404 for an unknown model.
+        """
+        self._json(
+            "POST", f"/v2/repository/models/{_q(name)}/unload", json_body={}, timeout=timeout
+        )
 
     def server_metadata(self) -> dict[str, Any]:
         """``GET /v2``: ``{"name", "version", "extensions"}``."""
@@ -191,7 +323,7 @@ class Client(V2Calls):
             InferenceServerError: 404 for an unknown model.
         """
         try:
-            self._request("GET", f"/v2/models/{_q(name)}/ready")
+            self.request("GET", f"/v2/models/{_q(name)}/ready")
         except InferenceServerError as exc:
             if exc.status == 503:
                 return False
@@ -267,7 +399,7 @@ class Client(V2Calls):
             join=False,
         )
         body, headers = _streamed(parts, headers)
-        resp = self._request(
+        resp = self.request(
             "POST", f"/v2/models/{_q(name)}/infer", content=body, headers=headers, timeout=timeout
         )
         h = resp.headers.get(HEADER_LENGTH)
@@ -444,3 +576,15 @@ def _streamed(parts: list[Any], headers: dict[str, str]) -> tuple[Any, dict[str,
                 yield mv[i : i + _SEND_CHUNK]
 
     return pieces(), {**headers, "Content-Length": str(total)}
+
+
+def _decode_utf8(arr: Any) -> Any:
+    """An object array with each ``bytes`` element that is valid UTF-8 as ``str``."""
+    out = np.empty(arr.shape, dtype=object)
+    flat_in, flat_out = arr.reshape(-1), out.reshape(-1)
+    for i, v in enumerate(flat_in):
+        if isinstance(v, bytes):
+            with contextlib.suppress(UnicodeDecodeError):
+                v = v.decode("utf-8")
+        flat_out[i] = v
+    return out

@@ -5,46 +5,12 @@ encode a response) and the client (encode a request, decode a response). The onl
 is through a :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry` passed in, for tensors
 that travel through system shared memory.
 
-Three ways a tensor travels (the same for inputs and outputs):
-
-- **JSON** ``"data"``: a flat or nested (row-major) list. BOOL as ``true`` / ``false``,
-  integers and floats as JSON numbers (FP16 too; non-finite floats as Python's ``NaN`` /
-  ``Infinity``), BYTES as JSON strings (UTF-8).
-- **Binary** (``extension_binary_data.md``): the JSON object is followed by raw tensor
-  bytes; the ``Inference-Header-Content-Length`` HTTP header gives the JSON object's
-  length and each tensor's ``parameters.binary_data_size`` its byte count, in the order
-  the tensors appear in the JSON. Little-endian, row-major, no padding; BOOL one byte
-  (0 / 1); BYTES each element a 4-byte little-endian unsigned length then its bytes.
-  Requested outputs ask for it with ``parameters.binary_data``; the request parameter
-  ``binary_data_output`` sets the default.
-- **System shared memory** (``extension_shared_memory.md``): parameters
-  ``shared_memory_region``, ``shared_memory_offset`` (default 0) and
-  ``shared_memory_byte_size`` name bytes in a region registered beforehand; the tensor's
-  bytes there use the binary layout above, and the JSON carries no data.
-
-numpy <-> v2 datatypes: ``bool`` BOOL, ``uint8..uint64`` UINT8..UINT64, ``int8..int64``
-INT8..INT64, ``float16/32/64`` FP16/FP32/FP64, and BYTES for ``object`` arrays of
-``bytes`` / ``str``, ``S`` (bytes) and ``U`` (str) arrays. Decoded BYTES tensors are
-``object`` arrays of ``bytes``. BF16 is not supported (numpy has no bfloat16).
-
-Every malformed request raises :class:`ProtocolError` (HTTP 400) whose message names the
-tensor and what was wrong; the server sends it as ``{"error": message}``.
-
-Where the code is (this module is the public API: import every name in ``__all__``
-from here):
-
-- :mod:`infscaler.api.codec_tensors`: datatypes, :class:`ProtocolError`, one tensor's
-  binary layout and JSON ``data``;
-- :mod:`infscaler.api.codec_json`: the JSON envelope (strict parsing, the
-  ``Inference-Header-Content-Length`` split, ``$parameters``, shapes);
-- here: the data model and the four codec entry points, :func:`decode_infer_request`
-  and :func:`encode_infer_response` (server), :func:`encode_infer_request` and
-  :func:`decode_infer_response` (client), with system shared memory in / out.
-
 Sources: KServe / Triton ``protocol/`` docs: the v2 REST inference request / response
 JSON (``$inference_request``, ``$request_input``, ``$request_output``,
 ``$inference_response``, ``$response_output``), ``extension_binary_data.md``,
 ``extension_shared_memory.md``.
+
+More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/codec.py`".
 """
 
 from __future__ import annotations

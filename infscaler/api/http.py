@@ -102,7 +102,7 @@ class BodyTruncated(Exception):
     """The client half-closed the connection before the request body was complete (400)."""
 
 
-def _raw_error(
+def raw_error(
     status: int, reason: str, message: str, extra: str = "", code: str | None = None
 ) -> bytes:
     doc = {"error": message} if code is None else {"error": message, "code": code}
@@ -160,7 +160,7 @@ class EdgeRequestHandler(RequestHandler):
         if self._edge_phase == "header":
             log.info("closing a connection: request headers not received in time")
             transport.write(
-                _raw_error(
+                raw_error(
                     408,
                     "Request Timeout",
                     f"request headers not received within {self._limits.header_timeout_s:g} s",
@@ -203,7 +203,7 @@ class EdgeRequestHandler(RequestHandler):
                 self._edge_refused = True
                 _refusal_log.warning("refusing connections: %s", why, key=why.split("(")[0])
                 transport.write(  # type: ignore[attr-defined]
-                    _raw_error(503, "Service Unavailable", why, "Retry-After: 1\r\n", "connections")
+                    raw_error(503, "Service Unavailable", why, "Retry-After: 1\r\n", "connections")
                 )
                 transport.close()
                 return
@@ -229,7 +229,7 @@ class EdgeRequestHandler(RequestHandler):
         if self._edge_phase == "header" and self._edge_bytes and not busy:
             self._edge_arm(None)
             transport.write(
-                _raw_error(
+                raw_error(
                     400,
                     "Bad Request",
                     "request truncated: the connection was half-closed before the request "

@@ -11,27 +11,7 @@ Two kinds of load, as Triton's perf_analyzer (``perf_analyzer/docs/cli.md``,
   replayed at a mean of R/s (``azure``: the Azure Functions 2019 trace shipped in
   :mod:`infscaler.runtime.planning.arrivals`, any spec its ``from_spec`` reads).
 
-Measurement per load point (perf_analyzer's rule): windows of ``interval_ms`` (5000; or,
-perf_analyzer's ``count_windows`` mode, of ``request_count`` answers) until
-the last 3 consecutive windows have their throughput and their average latency each
-within ``stability_pct`` (10 %) of the three's mean, or ``max_trials`` (10) windows were
-measured (then the point is reported with ``stable = False``). The point reports the last
-3 windows merged: throughput (successful inferences / s), client-side latency P50 / P90 /
-P95 / P99 and mean (ms, nearest-rank percentiles), goodput (answers within the SLO / s),
-refusals (429 / 503, counted by the service's reason code: the error JSON's ``code``),
-errors (other statuses, by code too; connection errors, timeouts), and the server-side split from the statistics extension
-(``GET /v2/models/{name}/stats``: the deltas of ``success``, ``queue`` and
-``compute_infer`` over the windows, in ms per request).
-
-A request belongs to the window in which its answer arrived; every request sent is counted
-exactly once in the point's totals (``sent == ok + refused + errors`` once the load has
-drained), including those answered before the first or after the last window.
-
-Inputs are built once and reused by every request: random tensors of the model's
-metadata (dynamic dims take 1 unless given with ``shapes``), or arrays the caller gives;
-sent as binary tensor data, or (``shared_memory=True``) written once into a POSIX shared
-memory region registered with the service (``extension_shared_memory.md``), so each
-request carries only the region's name, offset and size. Outputs come back in the body.
+More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/loadgen.py`".
 """
 
 from __future__ import annotations
@@ -468,7 +448,7 @@ class PointResult:
         }
 
 
-def _count(d: dict[str, int], key: str) -> None:
+def count_key(d: dict[str, int], key: str) -> None:
     if key not in d and len(d) >= MAX_REASONS:
         key = "(other)"
     d[key] = d.get(key, 0) + 1
@@ -495,25 +475,25 @@ def answer_code(status: int, body: bytes) -> str:
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     kind: str  # ok | refused | error
     latency_ms: float
     reason: str = ""
 
 
-class _Run:
+class LoadRun:
     """One point's state: outcomes in answer order, counters, and (count windows) the
     event set once ``target`` answers have come in."""
 
     def __init__(self) -> None:
-        self.outcomes: list[_Outcome] = []
+        self.outcomes: list[Outcome] = []
         self.sent = 0
         self.skipped = 0
         self.stop = asyncio.Event()
         self.target: int | None = None
         self.full = asyncio.Event()
 
-    def add(self, outcome: _Outcome) -> None:
+    def add(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
         if self.target is not None and len(self.outcomes) >= self.target:
             self.full.set()
@@ -608,7 +588,7 @@ class LoadGenerator:
                 out.append(await self.measure(session, spec, cfg, body, headers, on_window))
         return out
 
-    async def _one(self, session: Any, body: bytes, headers: Mapping[str, str]) -> _Outcome:
+    async def _one(self, session: Any, body: bytes, headers: Mapping[str, str]) -> Outcome:
         import aiohttp
 
         t0 = time.perf_counter()
@@ -617,14 +597,14 @@ class LoadGenerator:
                 data = await r.read()
                 status = r.status
         except TimeoutError:
-            return _Outcome("error", (time.perf_counter() - t0) * 1e3, "client_timeout")
+            return Outcome("error", (time.perf_counter() - t0) * 1e3, "client_timeout")
         except (aiohttp.ClientError, OSError):
-            return _Outcome("error", (time.perf_counter() - t0) * 1e3, "connection")
+            return Outcome("error", (time.perf_counter() - t0) * 1e3, "connection")
         ms = (time.perf_counter() - t0) * 1e3
         if status == 200:
-            return _Outcome("ok", ms)
+            return Outcome("ok", ms)
         kind = "refused" if status in (429, 503) else "error"
-        return _Outcome(kind, ms, answer_code(status, data))
+        return Outcome(kind, ms, answer_code(status, data))
 
     async def _stats(self, session: Any) -> dict[str, Any] | None:
         try:
@@ -633,7 +613,7 @@ class LoadGenerator:
         except Exception:  # noqa: BLE001 - no statistics: the split reads None
             return None
 
-    async def _closed(self, session: Any, run: _Run, n: int, body: bytes, headers: Any) -> None:
+    async def _closed(self, session: Any, run: LoadRun, n: int, body: bytes, headers: Any) -> None:
         async def worker() -> None:
             while not run.stop.is_set():
                 run.sent += 1
@@ -644,7 +624,7 @@ class LoadGenerator:
     async def _open(
         self,
         session: Any,
-        run: _Run,
+        run: LoadRun,
         times: np.ndarray,
         cfg: MeasureConfig,
         body: bytes,
@@ -684,7 +664,7 @@ class LoadGenerator:
     ) -> PointResult:
         """One load point: start the load, measure windows until stable or
         ``max_trials``, stop the load and wait for every request in flight."""
-        run = _Run()
+        run = LoadRun()
         interval_s = cfg.interval_ms / 1e3
         # count windows end after request_count answers, or at the latest after timeout_s
         window_s = interval_s if cfg.request_count is None else cfg.timeout_s
@@ -702,7 +682,7 @@ class LoadGenerator:
             await run.window_end(task, cut, t_cut + window_s, cfg.request_count)
             now, end = time.perf_counter(), len(run.outcomes)
             after = await self._stats(session)
-            w = _window(run.outcomes[cut:end], now - t_cut)
+            w = window_of(run.outcomes[cut:end], now - t_cut)
             w.server = server_delta(stats, after)
             windows.append(w)
             cut, t_cut, stats = end, now, after
@@ -732,15 +712,15 @@ class LoadGenerator:
         )
 
 
-def _window(outcomes: Sequence[_Outcome], duration_s: float) -> Window:
+def window_of(outcomes: Sequence[Outcome], duration_s: float) -> Window:
     w = Window(duration_s)
     for o in outcomes:
         if o.kind == "ok":
             w.latencies_ms.append(o.latency_ms)
         elif o.kind == "refused":
-            _count(w.refused, o.reason)
+            count_key(w.refused, o.reason)
         else:
-            _count(w.errors, o.reason)
+            count_key(w.errors, o.reason)
     return w
 
 

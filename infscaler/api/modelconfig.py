@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infscaler.api.grpc import model_config_pb2 as mc
+from infscaler.proto import model_config_pb2 as mc
 
 __all__ = ["config_json", "model_config"]
 

@@ -1,33 +1,5 @@
 """The inference API: Open Inference Protocol (KServe v2) over HTTP on a Unix socket.
 
-Endpoints (Triton's REST layout, so its users find what they know):
-
-========================================================  ==============================
-``GET  /v2``                                              server metadata + extensions
-``GET  /v2/health/live``, ``/v2/health/ready``            200, or 503 while not ready
-``GET  /v2/models``                                       deployed pipelines
-``GET  /v2/models/{name}``, ``/v2/models/{name}/ready``   metadata (inputs, outputs), ready
-``POST /v2/models/{name}/infer``                          JSON, binary tensor data, or
-                                                          system shared memory in / out
-``GET  /v2/models/stats``, ``/v2/models/{name}/stats``    statistics extension (+ P50/P99,
-                                                          per unit: instances, queue)
-``.../models/{name}/versions/{v}[/ready|/infer|/stats]``  the same for version ``v``; only
-                                                          ``1`` exists (404 for others)
-``GET  /v2/infscaler/status``                             control path, pool, instances
-``GET  /metrics``                                         Prometheus text format (Triton's
-                                                          ``nv_inference_*`` + ``infscaler_*``)
-``POST /v2/repository/index``                             model repository extension
-``POST /v2/repository/models/{name}/load|unload``         deploy (config in parameters)
-``GET  /v2/systemsharedmemory[/region/{name}]/status``    system shared memory extension
-``POST /v2/systemsharedmemory/region/{name}/register``
-``POST /v2/systemsharedmemory[/region/{name}]/unregister``
-========================================================  ==============================
-
-Who may call what (:mod:`infscaler.base.security`): the repository endpoints answer only the
-service's own user and root (403 for others, by the socket's peer credentials); system
-shared memory regions belong to the uid that registered them; the status hides file
-paths from other clients.
-
 Errors are ``{"error": "..."}`` (``Content-Type: application/json``) with 400 (bad
 request, a function stage's :class:`~infscaler.runtime.serving.instance.StageInputError`, or
 malformed HTTP), 403 (not allowed), 404 (unknown route / model / version / region), 405, 408 (request not
@@ -37,22 +9,11 @@ failed on a valid request). A bad request fails alone: the server, the pipeline 
 every other request go on. Connection-level limits (:class:`HttpLimits`): header and
 body read timeouts, an idle keep-alive timeout and a cap on open connections.
 
-Where the code is (this module builds the app and serves it; the public API is its
-``__all__``):
-
-- :mod:`infscaler.api.routes`: the client routes (health, metadata, inference,
-  statistics, status, metrics);
-- :mod:`infscaler.api.repo`: the model repository and system shared memory routes;
-- :mod:`infscaler.api.http`: connection-level limits (:class:`HttpLimits`, the
-  per-connection protocol that enforces them);
-- :mod:`infscaler.api.common`: app keys, v2 error JSON, what every handler shares;
-- here: the error and admission middlewares, :func:`create_app`, the Unix socket
-  (:func:`bind_unix_socket`, :func:`start_unix_server`), the metrics port and
-  :class:`ServerThread`.
-
 Sources: KServe / Triton ``protocol/`` docs (v2 REST, ``extension_binary_data.md``,
 ``extension_shared_memory.md``, ``extension_statistics.md``,
 ``extension_model_repository.md``); aiohttp ``web.UnixSite``.
+
+More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/server.py`".
 """
 
 from __future__ import annotations
@@ -159,7 +120,7 @@ ACCEPT_BATCH = 32
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure becomes v2 error JSON with the right status; nothing escapes.
 
     Our exceptions (:class:`~infscaler.base.errors.InfScalerError` and subclasses: protocol,
@@ -315,7 +276,9 @@ def create_app(
             process's fd limit first (:func:`~infscaler.api.http.fit_to_fd_limit`;
             ``grpc``: counting the gRPC socket's connections too).
     """
-    app = web.Application(middlewares=[_errors, _admission], client_max_size=max_body_mb << 20)
+    app = web.Application(
+        middlewares=[errors_middleware, _admission], client_max_size=max_body_mb << 20
+    )
     limits = fit_to_fd_limit(limits if limits is not None else HttpLimits(), grpc=grpc)
     quotas = limits.quotas
     app[SERVICE] = service
@@ -383,7 +346,7 @@ def metrics_registry(app: web.Application) -> Any:
 def create_metrics_app(service: Any, registry: Any = None) -> web.Application:
     """An application serving only ``GET /metrics`` of ``service`` (for
     ``--metrics-port``; ``registry``: share the API app's)."""
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[errors_middleware])
     app[METRICS] = registry if registry is not None else make_registry(service)
     app[MAX_BODY] = 0
     app.router.add_get("/metrics", metrics)
@@ -449,10 +412,10 @@ async def start_grpc_server(
 ) -> Any:
     """Serve the gRPC protocol on ``path`` beside ``app`` (:func:`create_app`): the same
     service, shared memory registry, body limit and quotas
-    (:class:`~infscaler.api.grpc.GrpcServer`; mode 0660, ``group`` as the HTTP
+    (:class:`~infscaler.api.grpc.server.GrpcServer`; mode 0660, ``group`` as the HTTP
     socket's), task router and budget of variant loads. Returns the server (``await
     server.stop()``)."""
-    from infscaler.api.grpc import GrpcServer  # grpcio loads only when asked for
+    from infscaler.api.grpc.server import GrpcServer  # grpcio loads only when asked for
 
     server = GrpcServer(
         app[SERVICE],
@@ -495,7 +458,7 @@ class ServerThread:
         self.service = service
         self.socket_path = str(socket_path)
         self.socket_group = socket_group
-        #: the gRPC socket beside it (None: none), :class:`~infscaler.api.grpc.GrpcServer`
+        #: the gRPC socket beside it (None: none), :class:`~infscaler.api.grpc.server.GrpcServer`
         self.grpc_socket = None if grpc_socket is None else str(grpc_socket)
         self._app = create_app(
             service,

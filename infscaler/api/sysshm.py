@@ -1,37 +1,6 @@
 """System shared memory for request tensors: the server's region registry and a client helper.
 
-Triton's system shared memory extension (``protocol/extension_shared_memory.md``,
-"System Shared Memory"): a client creates a POSIX shared memory object
-(``shm_open(3)``), registers a byte range of it under a region name
-(``POST /v2/systemsharedmemory/region/{name}/register`` with ``{"key", "offset",
-"byte_size"}``), and then names the region in inference requests
-(``shared_memory_region`` / ``shared_memory_offset`` / ``shared_memory_byte_size``)
-instead of sending tensor bytes; outputs can be written there too.
-
-- :class:`SystemSharedMemoryRegistry` is the server side: it keeps an fd of each
-  registered object and copies tensors in and out of it for the codec
-  (:mod:`infscaler.api.codec`) with ``preadv(2)`` / ``pwrite(2)``, never through a mapping.
-  A client owns its object and may shrink, grow or remove it at any moment: a mapped
-  page past the new end raises SIGBUS in whoever touches it (the whole service), while a
-  read or write on the fd past the end just comes back short. A short read is a 400
-  (``object shrank``), never a signal and never a tensor half of old and half of missing
-  bytes. What it costs against a mapping: ``bench/shm_copy.py``.
-- :class:`SharedMemoryRegion` is the client side (like ``tritonclient.utils.shared_memory``):
-  create an object, write arrays into it, read outputs back.
-
-Keys are ``shm_open`` names: ``"/name"`` or ``"name"`` (one path component; the object is
-``/dev/shm/name`` on Linux). Keys starting with ``isc-`` are refused: that namespace
-belongs to the runtime's own tensor pool (:mod:`infscaler.shm.pool`), which clients must
-not be able to map through the API.
-
-Who may use what (:mod:`infscaler.base.security`): the service opens an object for a client
-only if that client (its uid, gid and supplementary groups, from the socket) could open
-it for reading and writing itself; a region belongs to the uid that registered it, and
-other clients that are not the service's user or root can neither see, use nor
-unregister it.
-
-Tensor bytes in a region use the binary tensor layout (``extension_binary_data.md``):
-little-endian, row-major; BYTES elements a 4-byte little-endian length then the bytes.
+More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/sysshm.py`".
 """
 
 from __future__ import annotations

@@ -8,55 +8,7 @@ any tensor a request brought or an earlier stage wrote (DAG edges are these name
 
 .. code-block:: yaml
 
-    name: ocr                        # the model name in the API: [A-Za-z0-9_.-]
-    inputs:                          # request tensors (v2 datatypes; -1 = any size)
-      - {name: image, datatype: UINT8, shape: [-1, -1, 3]}
-    outputs: [texts, scores, boxes]  # tensors returned to the client
-    stages:
-      - name: prep
-        function: infscaler.pipelines.ocr:det_preprocess
-        params: {side: 640}          # keyword arguments of the function
-        inputs: [image]
-        outputs: [det_input, det_meta]
-      - name: det
-        model: ppocrv4-det           # bundled alias or .onnx path; or `plan: DIR`
-        partitions: 2                # K, partitioned at deploy (1: run it whole)
-        shapes: x:1x3x640x640        # concrete shapes for partitioning (trtexec style)
-        inputs: {x: det_input}       # model input -> pipeline tensor
-        outputs: {sigmoid_0.tmp_0: det_map}
-        engine: cpu                  # cpu | gpu | dla
-        instances: 1                 # per partition: an int, or a list (one per partition)
-        threads: 1                   # intra-op threads (= pinned cores) per instance
-        max_threads: 2               # with autoscale: the scaler may give up to 2 (cpu)
-      - name: crops
-        function: infscaler.pipelines.ocr:crop_text_boxes
-        fan_out: true                # returns a list of items: later stages run per item
-        ...
-      - name: merge
-        function: infscaler.pipelines.ocr:merge_lines
-        fan_in: true                 # gets the list of items, in item order
-        ...
-    fuse: true                       # function stages run inside the adjacent model
-                                     # stage's instances (a stage's `fuse:` overrides);
-                                     # `whole`: every stage in one unit (see below)
-
-Function-stage contract: ``fn(tensors: dict[str, np.ndarray], **params) -> dict`` (read-only
-zero-copy views in, plain-dtype numpy arrays out); a ``fan_out`` stage returns a list of
-such dicts (possibly empty); a ``fan_in`` stage is called as ``fn(items, **params)``
-with ``items`` the list of per-item dicts. Tensor names starting with ``__`` are
-reserved for the runtime.
-
-``fuse: whole`` (pipeline level): the whole pipeline is one unit, every stage run in
-order in one instance process, the fan-out's items through the per-item stages and the
-fan-in too (:func:`infscaler.runtime.serving.pipeline.whole_unit`); what a hand-written function
-running the pipeline replicated would be. Its models run whole (K = 1: ``partitions`` >
-1, a stage ``slo`` or ``batching`` is an error), the model stages give the unit its
-``threads`` (every model session's intra-op threads), ``instances`` and
-``max_instances`` (they must agree), and no stage sets its own ``fuse``, nor a function
-stage its own scaling.
-
-Validation (:func:`load_pipeline`) happens before anything is started, and every error
-names the YAML path at fault (``stages[2] (det).inputs: ...``).
+More (details, why it is so, history, figures): docs/pipelines.md, "`infscaler/base/config.py`".
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Quotas per client of the inference socket: what one peer uid may make the service hold.
 
-Every client in the socket's group is a possible attacker (:mod:`infscaler.base.security`):
-one that opens connections, registers shared memory regions, sends large bodies or
-asks for variant loads must not take the service's file descriptors, memory or model
-loads from the others. The limits here are per *peer uid* (``SO_PEERCRED``: a client
-cannot choose it), with the service's own user and root (the operator) held to none of
-the per-uid limits and given a share of connections and of pending requests no one else
-may take.
-
-- :class:`PeerQuotas`: the limits and their defaults, sized for an 8 GB Jetson-class
-  device (see each attribute).
-- :func:`admit_connection`: the decision for a new connection (pure).
-- :func:`plan_fds`: how many connections and regions fit the process's fd limit
-  (``RLIMIT_NOFILE``) after a reserve for instances, the zygote, the tensor pool and
-  the control path (pure): clients can never make ``accept(2)`` or a restart fail
-  with ``EMFILE``.
-- :class:`LoadBudget`: variant loads a uid may cause (a token bucket per uid).
-
-Byte budgets per uid are :class:`~infscaler.runtime.serving.admission.ByteBudget`'s; pending
-requests per uid :func:`~infscaler.runtime.serving.admission.admit_pending`'s; region
-counts are :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry`'s.
-
 Sources: ``unix(7)`` (``SO_PEERCRED``), ``getrlimit(2)`` (``RLIMIT_NOFILE``),
 ``accept(2)`` (``EMFILE``); Triton's ``--rate-limit`` resources and NGINX's
 ``limit_conn`` per key (the same idea: a count per client key, a 503 beyond it).
+
+More (details, why it is so, history, figures): docs/security.md, "`infscaler/base/quotas.py`".
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """The service's security boundary: who may do what on its Unix socket.
 
-The socket (mode 0660) is the boundary: a client in its group may infer, read metadata
-and statistics, and use system shared memory regions it registered itself; it may not
-run code, read or write files, or open shared memory as the service. This module holds
-the checks; :mod:`infscaler.api.server` calls them from its handlers.
-
-- **Peers** (:func:`peer_of`): the connecting process's uid, gid and supplementary
-  groups from the kernel (``SO_PEERCRED``, ``SO_PEERGROUPS``; ``unix(7)``), never from
-  the request. A peer is *privileged* when its uid is the service's own or root.
-- **Repository endpoints** (index / load / unload) answer privileged peers only
-  (:func:`require_privileged`, 403 otherwise).
-- **Function stages** (:class:`SecurityPolicy`, enforced by
-  :func:`infscaler.runtime.serving.pipeline.load_function`): pipelines loaded through the API
-  name functions only from allowed modules (``infscaler.pipelines`` and what the
-  operator adds with ``--allow-functions`` / ``$INFSCALER_ALLOW_FUNCTIONS``); a reference
-  names a plain Python function defined in that module (no re-exported builtins or
-  classes such as ``os:system`` or ``subprocess:Popen``). The module is checked before
-  it is imported: importing runs code.
-- **Model files** (:meth:`SecurityPolicy.check_pipeline`): a model, a plan directory,
-  its partition files and path-like function parameters of an API-loaded pipeline must
-  resolve (``realpath``: no symlink escape) inside a configured model repository
-  (``--model-repository``); bundled model aliases are always allowed.
-- **Status** (:func:`redact`): peers that are not privileged see no file paths (plan
-  directories, caches, paths inside messages) and only their own shm regions.
-
 Sources: ``unix(7)`` (SO_PEERCRED, SO_PEERGROUPS), ``credentials(7)``,
 ``path_resolution(7)``, ``inode(7)`` (permission classes); Triton
 ``extension_model_repository.md`` and ``extension_shared_memory.md``.
+
+More (details, why it is so, history, figures): docs/security.md, "`infscaler/base/security.py`".
 """
 
 from __future__ import annotations

@@ -1,49 +1,11 @@
 """Triton model repositories served as they are: ``config.pbtxt`` -> a pipeline.
 
-A Triton model repository (Triton ``docs/user_guide/model_repository.md``) is a
-directory of model directories, each ``<model>/config.pbtxt`` plus
-``<model>/<version>/model.onnx``. :func:`triton_pipeline` reads one model directory's
-``config.pbtxt`` with protobuf's text format against Triton's own ``model_config.proto``
-(``inference.ModelConfig``, loaded from :mod:`infscaler.base.triton_descriptor` into a
-private descriptor pool, so it never collides with another copy of the ``inference``
-protos in the same process) and maps it onto a one-stage
-:class:`~infscaler.base.config.PipelineConfig` (Triton ``model_configuration.md``):
-
-=================================  ====================================================
-``config.pbtxt``                   pipeline
-=================================  ====================================================
-``name``                           the pipeline's name (must equal the directory's)
-``platform: "onnxruntime_onnx"``   the model stage (anything else is refused)
-/ ``backend: "onnxruntime"``
-``max_batch_size`` > 0             -1 (any size) prepended to every input's dims
-``input`` / ``output``             ``inputs`` (name, TYPE_FP32 -> FP32, dims; -1 = any
-                                   size) / ``outputs``; names, ranks and types are
-                                   checked against the ONNX model's
-``instance_group``                 ``instances`` (the counts summed) and ``engine``:
-                                   KIND_CPU -> cpu, KIND_GPU -> gpu, KIND_AUTO -> gpu
-                                   when this host has one, else cpu
-``dynamic_batching``               ``batching`` (policy ``fixed``): ``max_batch`` the
-                                   largest ``preferred_batch_size``, else
-                                   ``max_batch_size`` (at most 64); ``max_delay_ms``
-                                   ``max_queue_delay_microseconds`` / 1000
-``version_policy``                 the version served: latest (default) -> the highest
-                                   numeric version directory; ``specific`` -> the
-                                   highest listed; one version is served
-``default_model_filename``         the file in the version directory (``model.onnx``)
-=================================  ====================================================
-
-Every other field that is set (``optimization``, ``model_warmup``, ``parameters``,
-``sequence_batching``, ``response_cache``, an input's ``reshape``, ...) is ignored and
-named in :attr:`TritonModel.warnings`, one line per field. A model directory without
-``config.pbtxt`` is served from the ONNX model's own signature (Triton's auto-complete).
+More (details, why it is so, history, figures): docs/serving.md, "`infscaler/base/triton.py`".
 """
 
 from __future__ import annotations
 
-import base64
-import functools
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,20 +97,12 @@ class TritonModel:
     warnings: tuple[str, ...] = ()
 
 
-@functools.lru_cache(maxsize=1)
 def _model_config_class() -> Any:
-    """The ``inference.ModelConfig`` message class, from a private descriptor pool."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    """The ``inference.ModelConfig`` message class (:mod:`infscaler.proto`, a private
+    descriptor pool); protobuf loads on the first ``config.pbtxt`` read."""
+    from infscaler.proto import model_config_pb2
 
-    from infscaler.base.triton_descriptor import DESCRIPTOR_SET_B64
-
-    files = descriptor_pb2.FileDescriptorSet.FromString(
-        zlib.decompress(base64.b64decode("".join(DESCRIPTOR_SET_B64)))
-    )
-    pool = descriptor_pool.DescriptorPool()
-    for f in files.file:
-        pool.Add(f)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelConfig"))
+    return model_config_pb2.ModelConfig
 
 
 def parse_model_config(path: str | Path) -> Any:

@@ -143,7 +143,7 @@ def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | Non
     if arg in MODELS:
         return pipeline_for_model(arg, partitions=partitions, shapes=shapes or MODELS[arg].shapes)
     if arg in BUNDLED_PIPELINES:
-        return load_pipeline(_bundled(f"{arg}.yaml"))
+        return load_pipeline(bundled_path(f"{arg}.yaml"))
     raise ConfigError(
         f"cannot serve {arg!r}: not a pipeline .yaml, an .onnx file, a plan directory or a "
         "bundled model",
@@ -170,17 +170,17 @@ def with_slo(cfg: Any, slo: str | None, autoscale: bool) -> Any:
     return validate_pipeline(data, f"pipeline {cfg.name}")
 
 
-def _bundled(name: str) -> Path:
+def bundled_path(name: str) -> Path:
     from importlib import resources
 
     return Path(str(resources.files("infscaler.pipelines").joinpath(name)))
 
 
 def _client(socket: str | None) -> Any:
-    """The standard-library client (:class:`~infscaler.api.uds.UdsClient`: no httpx)."""
-    from infscaler.api.uds import UdsClient
+    """The service's client (:class:`~infscaler.api.client.Client`)."""
+    from infscaler.api.client import Client
 
-    return UdsClient(default_socket(socket))
+    return Client(default_socket(socket))
 
 
 @app.command("deploy", cls=FastCommand)
@@ -257,7 +257,7 @@ def _spec(i: dict) -> str:
     return f"{i['name']} ({i['datatype']} {list(i['shape'])})"
 
 
-def _needs(what: str, missing: list[dict]) -> InfScalerError:
+def missing_inputs_error(what: str, missing: list[dict]) -> InfScalerError:
     """The error for inputs not given: each one's name, shape and datatype on its line
     (the model metadata, ``GET /v2/models/NAME``; -1: any size)."""
     lines = "".join(f"\n  {i['name']}  {i['datatype']}  {list(i['shape'])}" for i in missing)
@@ -289,7 +289,7 @@ def random_input(i: dict, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, top + 1, shape).astype(dtype)
 
 
-def _check_feeds(feeds: dict[str, np.ndarray], meta: dict, cast: bool = False) -> None:
+def check_feeds(feeds: dict[str, np.ndarray], meta: dict, cast: bool = False) -> None:
     """Each given array has its input's datatype and rank, else a clear error with the
     conversion to make; with ``cast`` an array of another numeric dtype is converted
     (numpy's ``astype``: float64 -> FP32 rounds, floats -> integers truncate), in place
@@ -413,8 +413,8 @@ def infer_cmd(
             feeds.update({i["name"]: random_input(i, rng) for i in missing})
             missing = []
         if missing:
-            raise _needs(f"{'task' if task else 'model'} {target}", missing)
-        _check_feeds(feeds, meta, cast)
+            raise missing_inputs_error(f"{'task' if task else 'model'} {target}", missing)
+        check_feeds(feeds, meta, cast)
         if task is not None:
             res = c.infer_task(task, feeds, latency_ms=latency_ms, min_accuracy=min_accuracy)
         else:
@@ -535,7 +535,7 @@ def print_status(st: dict[str, Any]) -> None:
         cols = [Col("stage"), Col("part"), Col("B_k", "num"), Col("engine pid cores MB")]
         cols += [Col("queue", "num"), Col("P50 ms", "num"), Col("P99 ms", "num")]
         cols += [Col("batch", "num")]
-        print_table(out, title, cols, [_unit_row(u) for u in p["units"]])
+        print_table(out, title, cols, [unit_row(u) for u in p["units"]])
         if p.get("slo_ms") is not None:
             shed = "" if p.get("queue_limit") is None else f", shedding beyond {p['queue_limit']}"
             out.print(
@@ -558,7 +558,7 @@ def print_status(st: dict[str, Any]) -> None:
             out.print(f"  {d['action']}: {d['reason']}", highlight=False)
 
 
-def _unit_row(u: dict[str, Any]) -> list[str]:
+def unit_row(u: dict[str, Any]) -> list[str]:
     """A stage's row of the status table: its instances one per line."""
     from rich.markup import escape
 
@@ -584,11 +584,11 @@ def _unit_row(u: dict[str, Any]) -> list[str]:
         str(u["queue"]),
         _ms(u["compute_p50_ms"]),
         _ms(u["compute_p99_ms"]),
-        _batch(u.get("exec") or {}),
+        batch_text(u.get("exec") or {}),
     ]
 
 
-def _batch(ex: dict[str, Any]) -> str:
+def batch_text(ex: dict[str, Any]) -> str:
     """A unit's batch column: its mean batch size so far (items per execution) and, when
     it batches, the size its instances run now (``1.8 (<=4)``); ``-`` before any run."""
     mean = ex.get("mean_batch")

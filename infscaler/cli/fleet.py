@@ -59,13 +59,14 @@ def probe_cmd(
     """Exit 0 if the service is live (answers) / ready (every pipeline deployed and
     ready, not draining), else 1 with the reason: a Kubernetes exec probe."""
 
-    from infscaler.api.uds import InferenceServerError, UdsClient
+    from infscaler.api.client import Client, InferenceServerError
 
     if what not in ("live", "ready"):
         raise InfScalerError(f"unknown probe {what!r}", hint="live or ready")
     path = default_socket(socket)
     try:
-        UdsClient(path, timeout=timeout).request("GET", f"/v2/health/{what}")
+        with Client(path, timeout=timeout) as c:
+            c.request("GET", f"/v2/health/{what}")
     except InferenceServerError as exc:
         err.print(
             f"not {what}: {path} answered {exc.status}: {exc.message}",

@@ -1,31 +1,7 @@
 """The fleet file of ``infscaler plan --fleet FLEET.yaml``: nodes (device profiles),
 pipelines (unit profiles) and streams (per-stream request rates and SLOs).
 
-```yaml
-pool_mb: 512                 # each node's tensor pool, MB (the service's --pool-mb)
-nodes:                       # Kubernetes node names and their device profiles
-  - {name: dock-orin-1, device: orin-agx}
-  - {prefix: cam-, count: 40, device: orin-nano}       # cam-0001 .. cam-0040
-pipelines:
-  det:
-    slo: 200ms               # default SLO of its streams
-    file: det.yaml           # measured on this host (cpu) as `infscaler plan` does; or:
-    units:                   # unit profiles given: per unit and engine, service ms and MB
-      - name: det
-        engines:
-          cpu: {mean_ms: 40, cv: 0.2, memory_mb: 200, cores: 1}
-          gpu: {mean_ms: 8, cv: 0.1, memory_mb: 300}
-    devices:                 # optional: other unit profiles on a device type
-      orin-nano: [{name: det, engines: {cpu: {mean_ms: 55, memory_mb: 200, cores: 1}}}]
-streams:
-  - {name: gate-1, pipeline: det, rate: 12/s}
-  - {prefix: lobby-, count: 100, pipeline: det, rate: 4/s, slo: 150ms}
-```
-
-:func:`load_fleet` validates it (pydantic) and reports every fault by its YAML path
-(``streams[3].rate: ...``). Unit profiles in the file are the simulator's
-:class:`~infscaler.runtime.planning.simulator.UnitProfile` fields: say where the numbers come from
-(a measurement on the device, a plan's per-engine latency).
+More (details, why it is so, history, figures): docs/fleet.md, "`infscaler/cli/fleetfile.py`".
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def perf_table(points: list[dict[str, Any]], slo: bool) -> Table:
     return t
 
 
-def _load_input_dir(path: Path) -> dict[str, np.ndarray]:
+def load_input_dir(path: Path) -> dict[str, np.ndarray]:
     if not path.is_dir():
         raise InfScalerError(
             f"--input-data {path} is not a directory", hint="give a directory of NAME.npy files"
@@ -139,7 +139,7 @@ def _load_input_dir(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _specs(
+def load_specs(
     concurrency: str | None, rate: str | None, distribution: str, arrivals: str | None
 ) -> list[Any]:
     from infscaler.api.loadgen import LoadSpec, parse_range
@@ -265,7 +265,7 @@ def perf_cmd(
     from infscaler.api.loadgen import LoadGenerator, MeasureConfig, input_tensors, parse_shapes
     from infscaler.base.slo import slo_ms
 
-    specs = _specs(concurrency_range, request_rate_range, request_distribution, arrivals)
+    specs = load_specs(concurrency_range, request_rate_range, request_distribution, arrivals)
     if shared_memory not in ("none", "system"):
         raise InfScalerError(
             f"unknown --shared-memory {shared_memory!r}", hint="use none or system"
@@ -278,7 +278,7 @@ def perf_cmd(
     count = measurement_request_count if measurement_mode == "count_windows" else None
     bound = slo_ms(slo) if slo is not None else None
     shapes = parse_shapes(shape or [])
-    given = _load_input_dir(input_data) if input_data is not None else None
+    given = load_input_dir(input_data) if input_data is not None else None
     sock = default_socket(socket)
     with Client(sock) as c:
         meta = c.model_metadata(model)

@@ -105,7 +105,7 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def _print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
+def print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
     pred = res.prediction
     head = "Starting configuration" if res.feasible else "INFEASIBLE: last configuration tried"
     out.print(
@@ -479,7 +479,7 @@ def _print_rate_plan(
     res: Any, prof: Any, name: str, profile: Any, duration: float, seed: int, as_json: bool
 ) -> None:
     """A plan at a rate: as JSON (the pipeline, device, duration, seed, the units'
-    profile and the plan), else as tables (:func:`_print_plan`) and the profile's notes."""
+    profile and the plan), else as tables (:func:`print_plan`) and the profile's notes."""
     if as_json:
         d = res.to_dict()
         print(
@@ -497,7 +497,7 @@ def _print_rate_plan(
             )
         )
     else:
-        _print_plan(res, name, profile, duration)
+        print_plan(res, name, profile, duration)
         for n in prof.notes:
             err.print(f"[yellow]note:[/] {n}", highlight=False)
 
@@ -572,7 +572,7 @@ def search_cmd(
         d["eq1_plan"] = {n: {"cuts": list(c), "bottleneck_share": s} for n, (c, s) in eq1.items()}
         print(json.dumps(d, indent=2, default=str))
     else:
-        _print_search(res, stages, eq1)
+        print_search(res, stages, eq1)
     if res.best is None:
         err.print("[bold red]infeasible:[/] no candidate meets the SLO within the cap")
         return 1
@@ -631,7 +631,7 @@ def _search_args(
     return spec, rate_rps, objectives, fe
 
 
-def _print_search(res: Any, stages: list[Any], eq1: dict[str, tuple[Any, float]]) -> None:
+def print_search(res: Any, stages: list[Any], eq1: dict[str, tuple[Any, float]]) -> None:
     """The search's candidates as a table (why each lost), per model stage the share of
     Eq. 1's own plan beside the winner's, and the winner with its comparisons."""
     rows = [

@@ -46,7 +46,7 @@ from infscaler.base.threads import named_executor
 from infscaler.cli import err, out
 from infscaler.cli.client import (
     SocketOpt,
-    _bundled,
+    bundled_path,
     default_socket,
     pipelines_from_arg,
     print_status,
@@ -766,7 +766,7 @@ def demo_cmd(
     import yaml
     from skimage import data as skdata
 
-    raw = yaml.safe_load(_bundled("ocr.yaml").read_text())
+    raw = yaml.safe_load(bundled_path("ocr.yaml").read_text())
     for st in raw["stages"]:
         if st["name"] == "det":
             st["partitions"] = partitions

@@ -136,7 +136,7 @@ def register_cmd(
     if as_json:
         print(json.dumps(rows, indent=2, default=str))
         return
-    _table(rows, f"{variants[0].model} ({variants[0].task}) -> {reg.path}")
+    variants_table(rows, f"{variants[0].model} ({variants[0].task}) -> {reg.path}")
 
 
 @variants_app.command("list")
@@ -163,10 +163,10 @@ def list_cmd(
             + " (infscaler variants register ...)"
         )
         return
-    _table(rows, str(reg.path))
+    variants_table(rows, str(reg.path))
 
 
-def _table(rows: list[dict], title: str) -> None:
+def variants_table(rows: list[dict], title: str) -> None:
     """One table per task (latencies in ms, peak memory in MB), then how each model's
     accuracy was obtained and why variants were not generated (``--json``: everything)."""
     out.print(f"[dim]{escape(title)}[/]", highlight=False, soft_wrap=True)

@@ -4,34 +4,11 @@ repository API (Triton's model repository extension: ``POST
 /v2/repository/models/{name}/load`` replaces a pipeline of that name once the new one is
 ready, ``.../unload`` drains and removes it).
 
-Each look (:meth:`PipelineWatcher.sync`) reads every ``*.yaml`` / ``*.yml`` / ``*.json``
-file of the directory (names starting with ``.`` are skipped), takes the pipeline's
-name from its ``name:`` (else the file's stem) and its SHA-256, and then:
-
-* a new name, or a file whose content changed: ``load`` (the old version keeps serving
-  until the new one is ready; a file the service refuses is logged with the service's
-  message and retried only once the file changes again);
-* a name whose file went away: ``unload``.
-
-Only pipelines that came from the directory are ever unloaded: others deployed with
-``infscaler deploy`` are left alone.
-
-Kubernetes updates a mounted ConfigMap atomically by swapping a symlink: the directory
-holds ``..data -> ..2026_11_24_22_10_00.123`` and ``NAME.yaml -> ..data/NAME.yaml``.
-When ``..data`` exists the watcher reads the files from its target, resolved once per look,
-so one look sees one version of the ConfigMap; if that version is removed while it is
-read (the kubelet swapped again), the look starts over. The kubelet's own sync period
-(about a minute by default) bounds how soon an edit reaches the node; the watcher adds at
-most its ``interval``.
-
-What forces a restart instead (the pod is rolled): anything given to ``infscaler serve``
-rather than to a pipeline: the device profile, ``--pool-mb``, the control path, the
-socket, the image (the runtime's code) and the models volume's mount. A pipeline's
-stages, models, partitions, SLO, autoscale and batching all reload in place.
-
 Source for the ConfigMap layout: Kubernetes documentation, "Configure a Pod to Use a
 ConfigMap" (mounted ConfigMaps are updated automatically; subPath mounts are not) and
 the kubelet's AtomicWriter (``pkg/volume/util/atomic_writer.go``).
+
+More (details, why it is so, history, figures): docs/fleet.md, "`infscaler/cli/watcher.py`".
 """
 
 from __future__ import annotations

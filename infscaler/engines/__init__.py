@@ -10,29 +10,11 @@ dla     onnxruntime TensorRT EP with a DLA core, else TensorRT;    fp16 (+ int8 
         GPU fallback per layer
 ======  ========================================================  ======================
 
-Whether gpu / dla run here is found in a short subprocess (:mod:`.gpu.probe`): a session
-that really starts on the provider, so neither the service nor the zygote ever
-initialises CUDA.
-
 Usage (Polygraphy's runner shape: a context manager around load / close)::
 
     from infscaler.engines import create_engine, engine_availability
 
-    engine_availability()   # {"cpu": (True, "onnxruntime 1.32.0 CPU EP"), "gpu": (False, "..."), ...}
-    with create_engine("cpu", "model.onnx", threads=2, cores=[0, 1]) as eng:
-        out = eng.infer({"x": x})          # {output name: ndarray}
-
-Engines this host lacks report ``(False, reason)`` from :func:`available` and raise
-:class:`EngineUnavailable` (with that reason) from ``load()`` and :func:`require_engine`;
-none is ever emulated. The modules for gpu / dla import tensorrt and pycuda only when
-loaded (in the instance process), so the CPU path never imports them.
-
-This package is InfScaler's one engine layer: every onnxruntime session is built by
-:func:`~.onnxrt.loader.load_session` (the loader; the engines are the runners), every "is this
-engine here?" question is answered by :func:`available`, and every missing engine is an
-:class:`EngineUnavailable`. It imports only :mod:`infscaler.base.errors` and third-party
-libraries, so the partitioner uses it as a base-layer service and profiles on the backend
-that serves.
+More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/__init__.py`".
 """
 
 from __future__ import annotations

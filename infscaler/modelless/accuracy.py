@@ -23,13 +23,17 @@ from infscaler.modelless.stages import ctc_decode, mean_pool, rec_input, tokeniz
 from infscaler.modelless.variants import RegistrationError
 
 __all__ = [
+    "AccuracyRunner",
     "LABELS_FILE",
     "SENTENCES",
     "build_ocr_val_set",
     "character_error_rate",
+    "embed",
     "embedding_agreement",
     "levenshtein",
     "load_ocr_val_set",
+    "measure_rec",
+    "sentences_from",
 ]
 
 #: Default sentences for text-embedding agreement: topics in pairs of paraphrases and
@@ -186,7 +190,7 @@ def load_ocr_val_set(path: str | os.PathLike[str]) -> list[tuple[np.ndarray, str
     return out
 
 
-def _sentences_from(path: str | os.PathLike[str] | None) -> list[str]:
+def sentences_from(path: str | os.PathLike[str] | None) -> list[str]:
     if path is None:
         return list(SENTENCES)
     p = Path(path)
@@ -218,7 +222,7 @@ def embedding_agreement(emb: np.ndarray, ref: np.ndarray) -> float:
     return float(np.clip(np.corrcoef(a, b)[0, 1], 0.0, 1.0))
 
 
-class _Runner:
+class AccuracyRunner:
     """A loaded engine for accuracy runs (cpu, one thread)."""
 
     def __init__(self, path: Path, engine: str = "cpu", precision: str = "fp32") -> None:
@@ -232,7 +236,7 @@ class _Runner:
         self.engine.close()
 
 
-def _embed(run: _Runner, io: dict[str, Any], sentences: list[str]) -> np.ndarray:
+def embed(run: AccuracyRunner, io: dict[str, Any], sentences: list[str]) -> np.ndarray:
 
     toks = tokenize(
         {"text": np.array(sentences, dtype=object)},
@@ -246,7 +250,9 @@ def _embed(run: _Runner, io: dict[str, Any], sentences: list[str]) -> np.ndarray
     ]
 
 
-def _measure_rec(run: _Runner, io: dict[str, Any], samples: list[tuple[np.ndarray, str]]) -> float:
+def measure_rec(
+    run: AccuracyRunner, io: dict[str, Any], samples: list[tuple[np.ndarray, str]]
+) -> float:
 
     pairs = []
     for image, text in samples:

@@ -22,8 +22,12 @@ from infscaler.partitioner.loader import parse_shapes
 
 __all__ = [
     "ModelInfo",
+    "concrete_shapes",
     "dequantize",
     "inspect_model",
+    "profile_feeds",
+    "shapes_text",
+    "task_io",
 ]
 
 # -- model inspection ----------------------------------------------------------------------
@@ -140,7 +144,7 @@ def _parse_shapes(spec: str | None) -> dict[str, list[int]]:
     return {k: list(v) for k, v in parse_shapes(spec).items()}
 
 
-def _shapes_text(shapes: dict[str, list[int]]) -> str:
+def shapes_text(shapes: dict[str, list[int]]) -> str:
     return ",".join(f"{k}:{'x'.join(str(d) for d in v)}" for k, v in shapes.items())
 
 
@@ -151,7 +155,7 @@ _TASK_DIMS: dict[str, Callable[[_Tensor], list[int] | None]] = {
 }
 
 
-def _concrete_shapes(info: ModelInfo, task: str, spec: str | None) -> dict[str, list[int]]:
+def concrete_shapes(info: ModelInfo, task: str, spec: str | None) -> dict[str, list[int]]:
     """Batch-1 shapes of every input: ``spec``, else the task's defaults."""
     given = _parse_shapes(spec)
     out = {}
@@ -178,7 +182,7 @@ def _concrete_shapes(info: ModelInfo, task: str, spec: str | None) -> dict[str, 
     return out
 
 
-def _feeds(
+def profile_feeds(
     info: ModelInfo, shapes: dict[str, list[int]], batch: int, rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
     """Profiling inputs: the shapes at ``batch``; token ids for int64 id inputs, ones for
@@ -208,7 +212,7 @@ def _feeds(
     return feeds
 
 
-def _task_io(
+def task_io(
     task: str,
     info: ModelInfo,
     *,

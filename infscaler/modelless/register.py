@@ -1,49 +1,7 @@
 """The variant registry: generate, profile and store the variants of registered models
 (INFaaS §3.2: Variant-Generator, Variant-Profiler, Metadata Store).
 
-``infscaler variants register --task text-recognition --name ppocrv4-rec MODEL`` calls
-:func:`register`, which:
-
-1. **generates** the variants this host and the device profile allow: engine x
-   precision x batch size x plan K. Engines are the profile's (every kind without one)
-   that this host has (:func:`infscaler.engines.engine_availability`); an engine
-   the host lacks is stored as *not generated* with the reason, never estimated. On the
-   cpu engine the model runs as typed: ``fp32``, or ``int8`` when its weights already are
-   int8, and then also an ``fp32`` variant with the weights dequantised (onnxruntime's
-   constant folding of the ``Cast`` / ``Mul`` that dequantise them). gpu / dla: ``fp16``
-   (int8 needs a calibration set: not generated). Batch sizes (default 1 and 4) only
-   when the model's first dimension is dynamic: a batch-b variant is served with dynamic
-   batching up to b. Plan K=2 (optional, ``partitions=(1, 2)``) comes from the
-   partitioner (Eq. 1, :func:`infscaler.partitioner.api.partition_model`), batch 1;
-2. **profiles** each generated variant once, on its engine with one intra-op thread (an
-   instance's default): load time, latency P50 / P99 at batch 1 and at its batch size
-   (warm-up runs, then ``repeats`` timed runs), and peak memory (the process's USS
-   growth across the load and the runs: ``psutil`` ``memory_full_info``);
-3. measures **accuracy** on a validation set when one is given, else takes the
-   user's declared value:
-
-   * ``text-recognition``: 1 - character error rate (Levenshtein distance / reference
-     length, summed over the set) on a directory of text-line images with a
-     ``labels.txt`` (``file<TAB>text`` per line, PaddleOCR's format);
-     :func:`~infscaler.modelless.accuracy.build_ocr_val_set` renders one from known text;
-   * ``text-embedding``: agreement with the task's fp32 reference model on a fixed
-     sentence list (:data:`~infscaler.modelless.accuracy.SENTENCES`, or a file with one sentence per line): the Pearson
-     correlation between the pairwise cosine similarities of the variant's and of the
-     reference's embeddings (comparable across models whose embedding spaces differ),
-     clipped to [0, 1]. The reference is ``reference=`` (an int8 reference is
-     dequantised to fp32), else the one stored for the task, else, for an int8 model, its
-     own weights dequantised to fp32;
-   * other tasks: declared only.
-
-   Variants that run the same weights the same way (batch sizes, plans) share the
-   measurement;
-4. **stores** the metadata in SQLite, ``<state dir>/variants.sqlite`` (the service's
-   state dir: ``$INFSCALER_STATE_DIR`` or ``~/.local/state/infscaler``), replacing the
-   model's earlier variants. Generated files (dequantised models, character lists read
-   from model metadata, plans) go to ``<state dir>/variants/``.
-
-:class:`VariantRegistry` reads them back; :meth:`Variant.profile` is what the selector
-(:mod:`infscaler.modelless.selector`) compares.
+More (details, why it is so, history, figures): docs/variants.md, "`infscaler/modelless/register.py`".
 """
 
 from __future__ import annotations
@@ -64,30 +22,30 @@ from infscaler.base.procutil import module_command
 from infscaler.engines import ENGINE_KINDS, create_engine, engine_availability, engine_class
 from infscaler.engines.base import process_memory_bytes
 from infscaler.modelless.accuracy import (
-    _embed,
-    _measure_rec,
-    _Runner,
-    _sentences_from,
+    AccuracyRunner,
+    embed,
     embedding_agreement,
     load_ocr_val_set,
+    measure_rec,
+    sentences_from,
 )
 from infscaler.modelless.modelinfo import (
     ModelInfo,
-    _concrete_shapes,
-    _feeds,
-    _shapes_text,
-    _task_io,
+    concrete_shapes,
     dequantize,
     inspect_model,
+    profile_feeds,
+    shapes_text,
+    task_io,
 )
 from infscaler.modelless.variants import (
-    _NAME_RE,
-    _TASK_RE,
     KNOWN_TASKS,
+    NAME_RE,
+    TASK_RE,
     RegistrationError,
     Variant,
     VariantRegistry,
-    _sha256,
+    file_sha256,
 )
 from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.plan import read_plan
@@ -139,7 +97,7 @@ def _profile_chain(
         latency: dict[str, dict[str, float]] = {}
         part_p50: list[float] = []
         for b in batches:
-            feeds = _feeds(info, shapes, b, rng)
+            feeds = profile_feeds(info, shapes, b, rng)
             per_part: list[list[float]] = [[] for _ in engines]
             total: list[float] = []
             for i in range(warmup + repeats):
@@ -303,7 +261,7 @@ def register(
     task, path, name = _identify(source, alias, task, name)
     _check_options(task, accuracy, val_set, batch_sizes, partitions)
     info = inspect_model(path)
-    io = _task_io(
+    io = task_io(
         task,
         info,
         alias=alias,
@@ -312,7 +270,7 @@ def register(
         files_dir=reg.files_dir,
         model_name=name,
     )
-    base_shapes = _concrete_shapes(
+    base_shapes = concrete_shapes(
         info, task, shapes if shapes is not None else (alias.shapes if alias else None)
     )
     batches = sorted(set(batch_sizes)) if info.dynamic_batch else [1]
@@ -400,11 +358,11 @@ def _identify(
             "name the task the model serves (--task)",
             hint=f"e.g. --task text-recognition; tasks with an interface: {', '.join(KNOWN_TASKS)}",
         )
-    if not _TASK_RE.match(task):
+    if not TASK_RE.match(task):
         raise RegistrationError(f"task names are lower-case words with '-': got {task!r}")
     path = resolve_model(source)
     name = name or (alias.alias if alias is not None else path.stem)
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         raise RegistrationError(
             f"model name {name!r}: use 1-40 letters, digits, '-' or '_'",
             hint="pass --name",
@@ -522,7 +480,7 @@ def _accuracies(
     ref_emb: np.ndarray | None = None
     sentences: list[str] = []
     if m.task == "text-embedding" and accuracy is None:
-        sentences = _sentences_from(val_set)
+        sentences = sentences_from(val_set)
         ref_emb, ref_what = _embedding_reference(
             m.reg, m.task, reference, m.info, m.path, m.name, m.io, sentences, progress
         )
@@ -532,18 +490,18 @@ def _accuracies(
             acc_of[key] = (float(accuracy), "declared")
             continue
         engine_prec = "fp32" if engine == "cpu" else prec
-        run = _Runner(file, engine, engine_prec)
+        run = AccuracyRunner(file, engine, engine_prec)
         try:
             if ocr_samples is not None:
                 progress(f"{m.name} ({engine} {prec}): measuring CER on {len(ocr_samples)} lines")
-                cer = _measure_rec(run, m.io, ocr_samples)
+                cer = measure_rec(run, m.io, ocr_samples)
                 acc_of[key] = (
                     round(max(0.0, 1.0 - cer), 6),
                     f"measured: 1 - CER ({cer:.4f}) on {len(ocr_samples)} lines of {val_set}",
                 )
             else:
                 assert ref_emb is not None
-                emb = _embed(run, m.io, sentences)
+                emb = embed(run, m.io, sentences)
                 agree = embedding_agreement(emb, ref_emb)
                 acc_of[key] = (
                     round(agree, 6),
@@ -591,7 +549,7 @@ def _profile_variants(
                         partitions=k,
                         generated=False,
                         reason="a plan fixes the model's dynamic dims at the profiled shapes "
-                        f"({_shapes_text(m.base_shapes)}), but {m.task} inputs vary in them",
+                        f"({shapes_text(m.base_shapes)}), but {m.task} inputs vary in them",
                         io=m.io,
                         host=m.host,
                         created=m.created,
@@ -641,7 +599,7 @@ def _profile_variants(
                         accuracy=acc,
                         accuracy_source=acc_how,
                         io=vio,
-                        shapes=_shapes_text(m.base_shapes),
+                        shapes=shapes_text(m.base_shapes),
                         host=m.host,
                         created=m.created,
                     )
@@ -672,7 +630,7 @@ def _plan(
         progress(f"partitioning {file.name} into {k} operator groups")
         partition_model(
             file,
-            shapes=_shapes_text(shapes),
+            shapes=shapes_text(shapes),
             num_partitions=k,
             device=device,
             out_dir=out_dir,
@@ -703,7 +661,7 @@ def _embedding_reference(
         ref_path = resolve_model(ref_source)
         ref_alias = MODELS.get(ref_source) if not Path(ref_source).exists() else None
         ref_info = inspect_model(ref_path)
-        ref_io = _task_io(
+        ref_io = task_io(
             task,
             ref_info,
             alias=ref_alias,
@@ -734,9 +692,9 @@ def _embedding_reference(
     elif ref_info.precision != "fp32":
         raise RegistrationError(f"the reference {ref_source} is {ref_info.precision}, not fp32")
     progress(f"reference embeddings: {what}")
-    run = _Runner(ref_path)
+    run = AccuracyRunner(ref_path)
     try:
-        emb = _embed(run, ref_io, sentences)
+        emb = embed(run, ref_io, sentences)
     finally:
         run.close()
     if not meta.get("reference") or reference is not None:
@@ -748,7 +706,7 @@ def _embedding_reference(
                 "source": ref_source,
                 "name": stem,
                 "what": what,
-                "sha256": _sha256(ref_path),
+                "sha256": file_sha256(ref_path),
             },
         )
     return emb, what

@@ -10,31 +10,7 @@ ready instances, requests pending, arrival rate, measured service time, load she
 submits the request to it. The result names the variant and whether it met the
 requirements.
 
-Model-vertical scaling (INFaaS §4.2, :func:`infscaler.modelless.selector.vertical_scale`) ties
-into the service's scaler: :meth:`TaskRouter.rebalance` looks at every variant the
-router deployed; one whose load the scaler can no longer meet by replication (it
-bounded the queue: the ``shed`` decision at the device's cap, or the deployment is not
-auto-scaled) and whose headroom is below the slack is upgraded (the target is deployed;
-new queries go there because the current one is Overloaded); one whose load a cheaper
-variant serves is downgraded (the target is deployed and the current one undeployed).
-
-Every task has one interface whatever the variant:
-
-===================  ==============================  ================================
-task                 inputs                          outputs
-===================  ==============================  ================================
-text-recognition     ``image`` UINT8 [H, W, 3]: a     ``text`` [1] (string), ``score``
-                     text line (RGB)                 [1] FP32
-text-embedding       ``text`` BYTES [N]: sentences   ``embedding`` FP32 [N, D], unit
-                                                     norm (mean pooling)
-text-detection       ``image`` UINT8 [H, W, 3]        ``det_map`` FP32 [1, 1, h, w],
-                                                     ``det_meta`` INT32 [4] (H, W, h', w')
-other tasks          the model's own tensors         the model's own tensors
-===================  ==============================  ================================
-
-The function stages of those pipelines are :mod:`infscaler.modelless.stages`
-(``rec_input``, ``ctc_decode``, ``tokenize``, ``mean_pool``); they run in the instances,
-and the registry's accuracy measurement calls the same functions in-process.
+More (details, why it is so, history, figures): docs/variants.md, "`infscaler/modelless/tasks.py`".
 """
 
 from __future__ import annotations

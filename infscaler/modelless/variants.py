@@ -31,18 +31,21 @@ from infscaler.runtime.serving.pipeline import default_state_dir
 __all__ = [
     "DB_NAME",
     "KNOWN_TASKS",
+    "NAME_RE",
     "RegistrationError",
+    "TASK_RE",
     "Variant",
     "VariantRegistry",
     "describe",
+    "file_sha256",
 ]
 
 
 DB_NAME = "variants.sqlite"
 #: Tasks with an interface, a pipeline and (rec, embedding) an accuracy measure.
 KNOWN_TASKS = ("text-recognition", "text-embedding", "text-detection")
-_TASK_RE = re.compile(r"^[a-z0-9][a-z0-9\-]{0,47}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,39}$")
+TASK_RE = re.compile(r"^[a-z0-9][a-z0-9\-]{0,47}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,39}$")
 
 
 class RegistrationError(InfScalerError):
@@ -256,7 +259,7 @@ class VariantRegistry:
         return Catalog([v.profile() for v in self.variants(generated_only=True)])
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

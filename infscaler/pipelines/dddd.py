@@ -1,9 +1,7 @@
 """ddddocr click-captcha reading as an InfScaler pipeline: the function stages of ``dddd.yaml``.
 
-A detector -> recogniser pipeline on ddddocr 1.6.1's trained models (MIT;
-``infscaler.base.models``: ``ddddocr-det``, the YOLOX character detector ``common_det.onnx``,
-and ``ddddocr-rec``, the CRNN / CTC recogniser ``common.onnx``, or ``ddddocr-rec-old``,
-``common_old.onnx``). The stages and the tensors between them (``S`` = 416, the
+A detector -> recogniser pipeline on ddddocr 1.6.1's models (MIT): ``ddddocr-det`` (YOLOX,
+``common_det.onnx``), ``ddddocr-rec`` / ``ddddocr-rec-old`` (CRNN / CTC, ``common*.onnx``). The stages and the tensors between them (``S`` = 416, the
 detector's fixed input side; ``A`` = 3549 YOLOX anchors at S = 416; ``N`` = boxes kept;
 per-item stages run once per box):
 
@@ -21,45 +19,7 @@ stage         kind         reads                                 writes
 ``merge``     fan_in       ``text``, ``box`` (items)             ``texts`` [N] <U, ``boxes`` [N, 4] int32
 ============  ===========  ====================================  ==========================================
 
-Source. The pre- and post-processing is re-implemented here (numpy, OpenCV, Pillow) after
-ddddocr 1.6.1, line for line where numerics matter, so that boxes and strings equal
-ddddocr's own (the tests compare with ``DdddOcr(det=True).detection`` and
-``DdddOcr(beta=True).classification``):
-
-- ``ddddocr/core/detection_engine.py`` ``DetectionEngine.get_bbox``: the image is decoded
-  by OpenCV, i.e. BGR; ``preproc`` resizes it by ``r = min(416 / H, 416 / W)`` (bilinear,
-  ``int`` sizes) onto a 416 x 416 canvas of 114 at the top-left, CHW float32 with values
-  0-255 (no normalisation); ``demo_postprocess`` decodes the YOLOX grid (strides 8, 16,
-  32); box score = objectness x class score; boxes divided by ``r``;
-  ``multiclass_nms_class_agnostic`` (score > 0.1, greedy NMS at IoU 0.45, ``+1`` pixel
-  areas); the kept boxes in NMS order (descending score), truncated to ``int`` and
-  clipped to the image.
-- ``ddddocr/core/ocr_engine.py`` ``OCREngine._preprocess_image`` (default models): the
-  crop (a PIL RGB image) is resized to height 64, width ``int(w * 64 / h)``, with
-  Pillow's Lanczos filter, then converted to grey (``Image.convert('L')``), divided by 255,
-  laid out [1, 1, 64, W]; ``_process_text_output``: argmax per time step of the
-  [T, 1, C] logits, repeats merged and blanks (index 0) dropped (``_ctc_decode_indices``),
-  indices mapped through ddddocr's charset (``ddddocr/charsets.py``: ``CHARSET_BETA`` for
-  ``common.onnx``, ``CHARSET_OLD`` for ``common_old.onnx``, 8210 entries each, read from the
-  installed file without importing ddddocr).
-- Crops are ``image[y1:y2, x1:x2]`` of the request's image, as ``PIL.Image.crop(box)`` of
-  the boxes ``detection`` returns.
-
-Where this differs from ddddocr, and why: the image arrives as an RGB array (ddddocr takes
-encoded bytes), and a box whose crop is empty (``x2 <= x1`` or ``y2 <= y1``, only possible
-for a box detected in the canvas padding) yields no item (ddddocr returns such a box,
-and its recogniser fails on it); a crop so tall and thin that ``int(w * 64 / h)`` is 0
-is resized to width 1 (ddddocr fails on it).
-
-Every stage function follows the function-stage contract of :mod:`infscaler.base.config`:
-inputs are read-only views that it never modifies nor keeps; it returns plain-dtype numpy
-arrays named as the stage's outputs in ``dddd.yaml``.
-
-Also here: :func:`whole`, the whole pipeline as ONE function stage (detector and
-recogniser sessions in-process, cached per process; the replication baseline of
-``bench/scaling.py``), :func:`run_dddd` (the same in-process, for callers),
-:func:`yolox_boxes` (detection alone, as ``DdddOcr.detection``) and
-:func:`render_captcha_image` (a deterministic click-captcha-like test image).
+Source: ddddocr 1.6.1 (``detection_engine.py``, ``ocr_engine.py``), line for line. More (details, why it is so, history, figures): docs/pipelines.md, "`infscaler/pipelines/dddd.py`".
 """
 
 from __future__ import annotations

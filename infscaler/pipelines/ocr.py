@@ -1,27 +1,5 @@
 """PP-OCRv4 text recognition as an InfScaler pipeline: the function stages of ``ocr.yaml``.
 
-The pipeline (``ocr.yaml`` beside this file) and the tensors between its stages
-(``h'``, ``w'`` = the image resized so its longer side is at most ``side``, 640, both
-multiples of 32 (``S`` x ``S`` when ``pad``: a partitioned detector); ``N`` = lines kept;
-per-item stages run once per text box):
-
-============  ===========  ====================================  ==========================================
-stage         kind         reads                                 writes
-============  ===========  ====================================  ==========================================
-``prep``      function     ``image`` [H, W, 3] uint8 RGB         ``det_input`` [1, 3, h', w'] float32,
-                                                                 ``det_meta`` [4] int32 (H, W, h', w')
-``det``       model        ``det_input``                         ``det_map`` [1, 1, h', w'] float32
-``crops``     fan_out      ``det_map``, ``det_meta``, ``image``  per item: ``crop`` [h, w, 3] uint8 RGB,
-                                                                 ``box`` [4, 2] float32 (x, y pixels)
-``cls_prep``  function     ``crop``                              ``cls_input`` [1, 3, 48, 192] float32
-``cls``       model        ``cls_input``                         ``cls_prob`` [1, 2] float32
-``rec_prep``  function     ``crop``, ``cls_prob``                ``rec_input`` [1, 3, 48, W] float32
-``rec``       model        ``rec_input``                         ``rec_prob`` [1, W/8, 6625] float32
-``decode``    function     ``rec_prob``                          ``text`` [1] <U, ``score`` [1] float32
-``merge``     fan_in       ``text``, ``score``, ``box`` (items)  ``texts`` [N] <U, ``scores`` [N] float32,
-                                                                 ``boxes`` [N, 4, 2] float32
-============  ===========  ====================================  ==========================================
-
 Source. The pre- and post-processing is rapidocr_onnxruntime 1.4.4's (Apache-2.0, a port
 of PaddleOCR's ``tools/infer``), imported, not re-written: ``DetPreProcess.normalize`` /
 ``permute``, ``DBPostProcess`` (Differentiable Binarization boxes), ``TextDetector.
@@ -30,35 +8,7 @@ filter_tag_det_res``, ``RapidOCR.sorted_boxes`` and the ``get_rotate_crop_image`
 ``TextRecognizer.resize_norm_img`` and ``CTCLabelDecode``. The models are the ones that
 wheel ships (``infscaler.base.models``: ``ppocrv4-det``, ``ppocr-cls``, ``ppocrv4-rec``).
 
-Where this differs from ``RapidOCR.__call__``, and why:
-
-- The detector sees the image with its longer side at most S (``ocr.yaml``: reduced,
-  never enlarged; both sides rounded to multiples of 32 as rapidocr does), as rapidocr's
-  ``limit_type: max``; rapidocr's default instead scales the *shorter* side to 736 (so
-  small images are enlarged several times). A partitioned detector needs the fixed
-  shape it was cut at (``pad: true``): the image is then resized until its longer side
-  is S (up or down) and the rest padded with 0 in the normalised space (mid grey); the
-  probability map is cut back to the resized region before DB post-processing, so the
-  padding never yields a box.
-- Crops are cut from the original image at full resolution (rapidocr cuts them from
-  its resized copy), and crops lower than 48 px are enlarged to 48 px with bicubic
-  interpolation; boxes are reported in original image pixels.
-- Direction classification and recognition run one crop at a time (batch 1), so the
-  recogniser's input width follows the crop's own aspect ratio:
-  ``W = int(48 * max(320 / 48, w / h))`` (rapidocr uses the largest ratio of a batch).
-- The models' colour order is BGR (PaddleOCR trains on ``cv2.imread`` images); the API
-  takes RGB, and the stages flip the channels before normalising.
-
-Every stage function follows the function-stage contract of :mod:`infscaler.base.config`:
-its input arrays are read-only views that it never modifies nor keeps, and it returns
-plain-dtype numpy arrays named exactly as the stage's outputs in ``ocr.yaml``. Heavy
-state (the recogniser's 6623-character list, the imported rapidocr helpers) is cached at
-module level on first use.
-
-Helpers for tests and the demo (an image of known text is
-:func:`infscaler.base.samples.render_text_image`): :func:`to_rgb`, :func:`character_error_rate` / :func:`join_lines`, and
-:func:`run_ocr_reference`, which chains these same functions in-process over the whole
-models (onnxruntime, CPU) with the fan-out / fan-in semantics of the served pipeline.
+More (details, why it is so, history, figures): docs/pipelines.md, "`infscaler/pipelines/ocr.py`".
 """
 
 from __future__ import annotations

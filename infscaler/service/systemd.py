@@ -1,35 +1,10 @@
 """systemd integration: the ``sd_notify`` protocol, implemented directly (no libsystemd).
 
-Under ``Type=notify`` (systemd.service(5)) the service manager passes the address of a
-datagram socket in ``$NOTIFY_SOCKET``; the service reports its state by sending one
-datagram of newline-separated ``KEY=VALUE`` assignments to it (sd_notify(3)):
-
-- ``READY=1`` when start-up is finished (for ``infscaler serve``: the pipelines given on
-  the command line are deployed and the socket is listening); ``STATUS=...`` a one-line
-  status shown by ``systemctl status``;
-- ``STOPPING=1`` when it begins to shut down (draining in-flight requests);
-- ``RELOADING=1`` plus ``MONOTONIC_USEC=`` (CLOCK_MONOTONIC, required by
-  ``Type=notify-reload``) when it begins to reload, followed by ``READY=1`` again;
-- ``EXTEND_TIMEOUT_USEC=`` to push the current start / stop timeout out to *now* plus the
-  value (partitioning models at deploy can take longer than ``TimeoutStartSec=``);
-- ``WATCHDOG=1`` keep-alive pings. With ``WatchdogSec=`` set, the manager passes
-  ``$WATCHDOG_USEC`` (and ``$WATCHDOG_PID``, the process expected to ping); a service that
-  does not ping within that time is considered hung, killed with ``WatchdogSignal=``
-  (SIGABRT) and, with ``Restart=on-failure``, restarted. sd_watchdog_enabled(3)
-  recommends pinging at half the interval.
-
-Address format (sd_notify(3)): an absolute file-system path, or an abstract-namespace
-address written with a leading ``@`` (sent as a leading NUL byte). Other forms (a
-relative path, ``vsock:`` of newer systemd versions) are not supported: :meth:`notify`
-then returns False.
-
-Child processes (partition instances) inherit these variables. That is harmless: the
-unit sets ``NotifyAccess=main``, so the manager ignores messages from them, and
-``$WATCHDOG_PID`` names the main process, so an instance's notifier never pings.
-
 Sources: sd_notify(3), sd_watchdog_enabled(3), systemd.service(5) (``Type=notify``,
 ``NotifyAccess=``, ``WatchdogSec=``, ``TimeoutStartSec=``), systemd.exec(5)
 (environment variables passed to services).
+
+More (details, why it is so, history, figures): docs/systemd.md, "`infscaler/service/systemd.py`".
 """
 
 from __future__ import annotations

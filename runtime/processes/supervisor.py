@@ -8,36 +8,7 @@ reclaim its tokens (:meth:`TensorSharingManager.instance_died`: its unacknowledg
 inputs are re-routed to live instances of the same unit or held until the restart,
 InfScaler §IV-B), then starts a replacement.
 
-Restart policy (:class:`RestartPolicy`): restarts never give up while the service runs;
-they back off exponentially instead. The n-th consecutive crash of an instance slot waits
-``min(max_s, initial_s x factor^(n-1))`` before the replacement starts (defaults: 0.05 s
-doubling to 10 s, the shape of systemd's ``RestartSec`` with
-``RestartSteps``/``RestartMaxDelaySec`` and of Kubernetes' CrashLoopBackOff). A crash
-counts as consecutive when the instance had not been ready for ``healthy_after_s``
-(default 0.5 s): an instance that served that long resets the count, so isolated crashes
-(an OOM kill, an operator's kill -9) restart at once, while a crash loop (a model that
-dies while loading or on every request) slows down to one try per 10 s. A replacement
-that dies while loading is restarted the same way (with the count grown); only the
-instances of a first deploy that fail to load are not (the deploy fails instead).
-
-While a unit's slot waits for its restart, DATA held for its stage (requests that were
-in the dead instance and found no other live instance) waits at most until the
-replacement is expected back (the delay plus the last load time, plus 1 s); when the
-delay alone is longer than ``hold_through_s`` those requests are failed at once (503)
-instead of waiting for the manager's 30 s hold timeout
-(:meth:`TensorSharingManager.set_hold_limit`).
-
-Like Ray Serve's controller, it applies decisions; it makes none (the scaler decides).
-
-How an instance starts: forked from the service's fork server (the zygote,
-:mod:`infscaler.runtime.processes.zygote`: a warm process that imported numpy, onnxruntime, the
-runtime and the deployed pipelines' function modules, whose pages the instances share
-copy-on-write), or, when the zygote is down or restarting, refused, or disabled
-(``fork_server=False`` / ``INFSCALER_ZYGOTE=0``), spawned as a fresh interpreter
-(``python -c ... runpy`` of :mod:`infscaler.runtime.serving.instance`), which is logged. Either
-way the supervisor watches it with a pidfd; :attr:`InstanceHandle.proc` is a
-:class:`subprocess.Popen` or a :class:`~infscaler.runtime.processes.zygote.ForkedProcess` (the same
-methods). A zygote that dies is restarted; instances it forked keep running.
+More (details, why it is so, history, figures): docs/serving.md, "`runtime/processes/supervisor.py`".
 """
 
 from __future__ import annotations

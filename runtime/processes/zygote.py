@@ -7,77 +7,7 @@ onnxruntime's relocated library data, interned strings. Asymmetric scaling only 
 when one more instance is cheap. The zygote imports all of that once; instances are
 ``fork()``-ed from it and share those pages copy-on-write.
 
-Design, and what it takes from others:
-
-* **multiprocessing's forkserver** (CPython ``Lib/multiprocessing/forkserver.py``): a
-  server process started early, that has imported a *preload* list, receives requests on a
-  Unix socket with the child's file descriptors passed as ``SCM_RIGHTS`` ancillary data
-  (``socket.send_fds`` / ``recv_fds``), forks, and reports the child's pid and, when it
-  ends, its exit status. Taken: the socket protocol, fds as ``SCM_RIGHTS``, the preload
-  list, the server reaping its children and reporting their status. Not taken: the
-  child's stdin pipe per request (the spec travels in the request instead).
-* **gunicorn's ``--preload``** (``gunicorn/arbiter.py``): import the application in the
-  master before forking workers, so code and data shared by every worker are in memory
-  once; workers re-seed their random generators after the fork. Taken: preloading the
-  *function modules of deployed pipelines* (the service tells the zygote at deploy,
-  :meth:`ForkServer.preload`), and re-seeding ``random`` and numpy's global generator in
-  every child.
-* **Android's zygote** (``ZygoteInit`` / ``ZygoteServer``): one warm process per runtime,
-  forking applications on request; it must be single-threaded when it forks (it stops
-  its daemon threads first), the child closes the server socket, resets signal handlers
-  and sets its process name, and the zygote is itself supervised (init restarts it) while
-  running apps live on. Taken: the one-thread check before every fork
-  (``/proc/self/task``), the child's clean-up, ``PR_SET_NAME``, and supervision.
-* **CPython's ``gc.freeze``** (Python docs, ``gc``; Instagram's pre-fork servers): a
-  collection in a child writes to the header of every object it visits, copying the page;
-  so the zygote runs with the collector off, freezes its objects into the permanent
-  generation right before each fork, and the child turns the collector back on.
-
-Threads: ``import numpy`` starts OpenBLAS's worker threads and ``import onnxruntime``
-(1.32) a telemetry thread. Forking a process with threads copies only the calling thread:
-a mutex another thread held at that instant stays locked in the child forever. So the
-zygote sets ``ORT_DISABLE_TELEMETRY=1`` before importing onnxruntime (no thread; edge
-instances send no telemetry anyway) and forks once at start-up to a child that exits at
-once: OpenBLAS's ``pthread_atfork`` handler joins its pool before that fork, and it is
-re-created lazily in a child on its first BLAS call. Then it checks it runs one thread,
-and checks again before every fork; a preloaded module that starts threads is rejected
-(the zygote exits, and is restarted without it). No onnxruntime session, no thread pool,
-no lock is created in the zygote. Nor is CUDA: a CUDA context does not survive a fork, so
-the gpu / dla engines import TensorRT and pycuda and create their sessions in the child,
-and engine availability is probed in a separate short process
-(:mod:`infscaler.engines.gpu.probe`). The zygote checks it (``/proc/self/maps`` holds no
-``libcuda`` / ``libcudart`` / ``libnvinfer``) at start, after each preload and before
-every fork; with one mapped it refuses and exits, and is restarted clean.
-
-Process tree: instances are the zygote's children, with no parent-death signal (the
-zygote's death must not take them along). The service watches each one with a pidfd
-(received from the zygote, ``SCM_RIGHTS``: no pid-reuse race), signals it with
-``pidfd_send_signal`` and learns its exit status from the zygote's ``exit`` report (the
-zygote reaps it with ``waitid(P_PIDFD)``). An instance forked by a zygote that died is
-reparented to init: it keeps serving; when it exits later its status is unknown
-(:attr:`ForkedProcess.returncode` stays None). An instance still dies with the service: it
-exits when the service's end of its channel socket closes (``ChannelClosed``).
-
-Supervision (:class:`ForkServer`): the zygote dies with the service
-(``PR_SET_PDEATHSIG``, set from the supervisor's long-lived spawn thread) and when its
-socket closes. When it dies on its own it is restarted (0.1 s, doubling to 30 s while it
-keeps dying within 10 s of its start); meanwhile, and whenever it cannot start, the
-supervisor starts instances the old way (a fresh interpreter) and logs it.
-``INFSCALER_ZYGOTE=0`` forces the old way.
-
-Privileges: the zygote drops every capability at start (it never needs CAP_BPF or
-CAP_NET_ADMIN), and so do its children.
-
-Protocol (one Unix stream socket, frames of a 4-byte big-endian length and a JSON
-object, fds attached to a frame's first bytes; ``nfds`` says how many belong to it):
-
-* service -> zygote: ``{"op": "fork", "id", "spec", "nfds": 3}`` with the instance's
-  channel socket, status pipe (write end) and command pipe (read end), in that order;
-  ``{"op": "preload", "id", "modules": [...]}``.
-* zygote -> service: ``{"event": "hello", "pid", "threads"}`` once ready;
-  ``{"reply": id, "ok": true, "pid", "nfds": 1}`` with the child's pidfd, or
-  ``{"reply": id, "ok": false, "error"}``; ``{"event": "exit", "pid", "status"}`` (the
-  ``Popen.returncode`` convention: negative for a signal).
+More (details, why it is so, history, figures): docs/serving.md, "`runtime/processes/zygote.py`".
 """
 
 from __future__ import annotations
@@ -430,10 +360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     # why: after ORT_DISABLE_TELEMETRY is set (the instance stack may import onnxruntime),
     # and never in the service, which imports this module for ForkServer
-    from infscaler.runtime.serving.instance import _drop_capabilities, _set_pdeathsig
+    from infscaler.runtime.serving.instance import drop_capabilities, set_pdeathsig
 
-    _set_pdeathsig()
-    _drop_capabilities()
+    set_pdeathsig()
+    drop_capabilities()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the service drains its instances first
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_name(b"infscaler-zygot")

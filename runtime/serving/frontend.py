@@ -16,13 +16,7 @@ Request ids: ``seq << 16 | item`` (item 0 for the request itself, ``i + 1`` for 
 ``i`` of a fan-out), so every token in flight has its own id and items map back to
 their request; duplicates (a unit retried after a crash re-emits) are dropped here.
 
-Contract: :meth:`FrontEnd.submit` admits or refuses a request at once (the pure
-:func:`~infscaler.runtime.serving.admission.admit_request`, a :class:`RequestError`
-with the HTTP status, reason and ``retry_after_s``), and every admitted request's future
-completes exactly once: its outputs, or a :class:`RequestError` (500 a unit failed, 503
-it could not be run, its deadline or the front end's death). How failures, deadlines,
-admission, per-uid pending counts, priorities and request phases work, and why a dead
-front end is not restarted in place: docs/serving.md, "The front end".
+More (details, why it is so, history, figures): docs/serving.md, "`runtime/serving/frontend.py`".
 """
 
 from __future__ import annotations

@@ -16,32 +16,7 @@ requests, errors, busy ms, RSS / USS MB; ``exec``: executions and items per batc
 :class:`~infscaler.runtime.serving.batching.ExecCounts`; the counters alone, at most every
 ``IDLE_REPORT_S``, when it goes idle) and ``fatal`` (it could not start).
 
-Privileges: an instance drops every capability at start (the service may hold CAP_BPF
-and CAP_NET_ADMIN for the eBPF path; instances never need them).
-
-Signals: SIGUSR1 asks for a graceful stop (after the current request); SIGTERM and
-SIGINT are ignored (under systemd the whole cgroup gets SIGTERM, but the service must
-drain in-flight requests through its instances first); a spawned instance dies with its
-parent (``PR_SET_PDEATHSIG``), a forked one when the service's end of its channel closes.
-
-Deadlines: a token whose request is past its deadline or cancelled (the front end's
-:class:`~infscaler.shm.deadlines.DeadlineTable`) is dropped before it runs (its input
-slot returned through ``done``), and outputs computed for a request that died meanwhile
-are not handed on; a hand-over waiting for a slot at the pool's cap waits no longer
-than the request's deadline. ``stats`` reports them as ``dropped``.
-
-What runs the unit (a model, a function, a fused chain) is in
-:mod:`infscaler.runtime.serving.runners`. A fused unit
-(:func:`~infscaler.runtime.serving.pipeline.fuse_units`) runs its steps one after another in
-this process (:class:`~infscaler.runtime.serving.runners.FusedRunner`): one input token, one
-output token, one ``__trace__`` row spanning every step; ``stats`` adds ``steps`` (per
-step: served, errors, busy ms). Fused units do not batch (a model stage with
-``batching`` is not fused).
-
-A request that fails in this unit (engine error, function exception, wrong outputs) is
-not lost: a slot holding ``__error__`` (the message, naming the stage or, in a fused
-unit, the step that failed) goes to the front end, which answers the client with it;
-the instance keeps serving.
+More (details, why it is so, history, figures): docs/serving.md, "`runtime/serving/instance.py`".
 """
 
 from __future__ import annotations
@@ -79,7 +54,15 @@ from infscaler.shm.slab import PoolError
 from infscaler.shm.slabmap import SlabMap
 from infscaler.shm.tensors import SlotFormatError
 
-__all__ = ["Instance", "StageError", "StageInputError", "main", "serve"]
+__all__ = [
+    "Instance",
+    "StageError",
+    "StageInputError",
+    "drop_capabilities",
+    "main",
+    "serve",
+    "set_pdeathsig",
+]
 
 log = logging.getLogger("infscaler.instance")
 
@@ -90,14 +73,14 @@ IDLE_REPORT_S = 0.05
 _GREEDY_S = 0.0002
 
 
-def _set_pdeathsig() -> None:
+def set_pdeathsig() -> None:
     """Die with the parent (Linux prctl PR_SET_PDEATHSIG = 1)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
-def _drop_capabilities() -> None:
+def drop_capabilities() -> None:
     """Give up every capability (the service may hold CAP_BPF / CAP_NET_ADMIN for the
     eBPF control path, and ambient capabilities survive exec): an instance needs none,
     so a compromised model or function cannot load BPF programs. capset(2) with empty
@@ -572,7 +555,7 @@ class Instance:
 def main() -> int:
     """Entry point of a spawned instance (``python -m``; the supervisor's fallback when
     its fork server is down): die with the parent, read the spec from stdin, serve."""
-    _set_pdeathsig()
+    set_pdeathsig()
     return serve(json.loads(sys.stdin.read()))
 
 
@@ -584,7 +567,7 @@ def serve(spec: dict[str, Any]) -> int:
     parent-death signal (its parent is the zygote, whose death must not take it along):
     it exits when the service's end of its channel socket closes.
     """
-    _drop_capabilities()
+    drop_capabilities()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(

@@ -15,14 +15,7 @@ unit *i* writes its outputs plus the tensors it received that a later unit (or t
 response) still needs (``carry``). Branches of a DAG therefore run one after another in
 the configured (topological) order, and a tensor that skips stages rides along.
 
-Names: a model stage's own inputs and outputs take the pipeline names its ``inputs`` /
-``outputs`` mappings give; tensors internal to a partitioned model (crossing a cut)
-are named ``<stage>/<onnx name>`` so they never collide with pipeline tensors.
-
-Reserved slot tensors (``__`` prefix), written by the runtime:
-``__trace__`` (int64 [n, 5]: unit, instance, received ns, start ns, end ns per unit,
-``CLOCK_MONOTONIC``), ``__fanout__`` (int64 [2]: item index, item count),
-``__error__`` (uint8: a UTF-8 message; the request failed at that unit).
+More (details, why it is so, history, figures): docs/serving.md, "`runtime/serving/pipeline.py`".
 """
 
 from __future__ import annotations

@@ -1,38 +1,6 @@
 """Priority levels and queue policies of the front end's backlog (pure; no I/O, no locks).
 
-Triton's semantics (``docs/user_guide/model_configuration.md``, "Priority" and "Queue
-Policy"; ``model_config.proto``'s ``ModelDynamicBatching.priority_levels``,
-``default_priority_level``, ``ModelQueuePolicy``; Triton's ``PriorityQueue`` in
-``src/scheduler_utils.cc``):
-
-- **Levels**: 1 is the highest priority, a larger number lower. A request's level is
-  its ``priority`` parameter, or its pipeline's ``priority`` when that is 0 or absent
-  (Triton's ``default_priority_level``), and never a higher level than its pipeline's
-  (:func:`request_level`): a client may make its request less important, not jump
-  the requests of pipelines its operator ranked above (or its own pipeline's other
-  clients' requests).
-- **Strict priority**: the backlog is served in the order of the key
-  ``(level, delayed, order)`` (:func:`backlog_key`): every queued request of a higher
-  level starts before any of a lower level, arrival order within a level. Nothing is
-  aged: a steady stream at level 1 starves level 2, as in Triton (its scheduler takes
-  from the highest non-empty level queue every time). The bounds against starvation
-  are the queue policy's timeouts and the request's own ``request_timeout_s``.
-- **Queue timeout** (:func:`queue_timeout_s`): ``default_timeout_ms``, or the request's
-  ``timeout`` parameter (µs, Triton's) when ``allow_timeout_override``, at most the
-  pipeline's ``request_timeout_s``. A request
-  still queued when it passes is, with ``REJECT``, refused (503); with ``DELAY``, moved
-  behind every request of its level that has not timed out (``delayed`` = 1 in its key),
-  ahead of the lower levels: Triton's ``PolicyQueue`` serves its ``queue_`` before its
-  ``delayed_queue_``, level by level.
-- **Queue size**: ``max_queue_size`` requests queued in the pipeline, all levels
-  together (Triton keeps one policy queue per level, each with its bound; counted per
-  level, a client naming a new level for each request would never reach it); 0:
-  unbounded.
-
-The front end (:mod:`infscaler.runtime.serving.frontend`) keeps its backlog in a
-:class:`PriorityBacklog`; admission (:mod:`infscaler.runtime.serving.admission`) counts,
-for a request's latency estimate, only the requests queued at its level or higher
-(:func:`ahead_at`).
+More (details, why it is so, history, figures): docs/serving.md, "`runtime/serving/queues.py`".
 """
 
 from __future__ import annotations

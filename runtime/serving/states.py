@@ -10,31 +10,7 @@ and what was allowed, instead of silently putting a request or an instance in a 
 nothing handles. The enums are ``StrEnum``: they compare equal to, and format as, their
 values (``"ready"``), which are what the status JSON and the metrics labels show.
 
-Request phases (:class:`RequestPhase`, front end, InfScaler §IV-B)::
-
-    queued --> running --> items --> post --> done
-       |          |          |   \\____________^
-       +----------+----------+-------> done      (answered, failed, expired, cancelled)
-
-- ``queued``: admitted, waiting in the front end's backlog (its pipeline's window or
-  the pool is full); nothing of it is in the token pipeline yet.
-- ``running``: its inputs are in a pool slot and a DATA token went to the first unit.
-- ``items``: fan-out items are coming back to the front end for the fan-in.
-- ``post``: the fan-in ran here and its result went on to the units after it.
-- ``done``: answered (result or error); its future is complete.
-
-Instance states (:class:`InstanceState`, supervisor)::
-
-    starting --> ready --> stopping --> exited
-        |          \\__________________^   ^
-        +--> failed -----------------------+
-        +--> stopping
-
-- ``starting``: the process exists and loads its model; not routed to yet.
-- ``ready``: it reported ready; the manager routes tokens to it.
-- ``stopping``: asked to stop (SIGUSR1: after its current request).
-- ``exited``: gone (asked to, or died after being ready: a restart is scheduled).
-- ``failed``: died before it was ready (a first deploy fails; a replacement restarts).
+More (details, why it is so, history, figures): docs/serving.md, "`runtime/serving/states.py`".
 """
 
 from __future__ import annotations

@@ -90,7 +90,8 @@ def test_layer_contract_fails_on_upward_import(tmp_path: Path) -> None:
 def test_sub_package_contracts_fail_on_a_wrong_way_import(tmp_path: Path) -> None:
     """The contracts between the runtime's sub-packages and the facade's parts: a request
     path module importing the planner (serving -> planning), a pure policy importing the
-    supervisor (a process module), and the API importing the CLI each break one."""
+    supervisor (a process module), the API importing the CLI, and the protocol buffers
+    importing the API each break one."""
     li = _checker()
     tree = li.lay_out(tmp_path)
     rt = tree / "infscaler" / "runtime"
@@ -100,6 +101,10 @@ def test_sub_package_contracts_fail_on_a_wrong_way_import(tmp_path: Path) -> Non
             "from infscaler.runtime.processes.supervisor import Supervisor\n"
         ),
         tree / "infscaler" / "api" / "routes.py": "from infscaler.cli.client import infer_cmd\n",
+        # the cycle api.grpc -> handlers -> modelconfig -> api.grpc came back this way
+        tree / "infscaler" / "proto" / "model_config_pb2.py": (
+            "from infscaler.api.modelconfig import model_config\n"
+        ),
     }
     for path, line in edits.items():
         path.write_text(path.read_text() + "\n" + line)
@@ -109,7 +114,8 @@ def test_sub_package_contracts_fail_on_a_wrong_way_import(tmp_path: Path) -> Non
     assert "infscaler.runtime.serving.route -> infscaler.runtime.planning.planner" in out, out
     assert "infscaler.runtime.scaling.wakepolicy -> infscaler.runtime.processes" in out, out
     assert "infscaler.api.routes -> infscaler.cli.client" in out, out
-    assert out.count("BROKEN") >= 3, out
+    assert "infscaler.proto.model_config_pb2 -> infscaler.api.modelconfig" in out, out
+    assert out.count("BROKEN") >= 4, out
 
 
 def _members(proto: type) -> tuple[set[str], set[str]]:

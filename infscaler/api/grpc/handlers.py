@@ -1,41 +1,11 @@
 """The ``inference.GRPCInferenceService`` methods (Triton's ``grpc_service.proto``) over
 the same service, shared memory registry and security checks as the HTTP routes.
 
-Each method gets the client's :class:`~infscaler.base.security.Peer` from the gate
-(:mod:`infscaler.api.grpc.gate`: the kernel's ``SO_PEERCRED`` of the connection), and
-answers as its HTTP route does, an HTTP error status turned into a gRPC code
-(:func:`~infscaler.api.grpc.mapping.grpc_code`) with the same message:
-
-- ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``,
-  ``ModelMetadata``, ``ModelConfig`` (a Triton repository model's served config, else
-  name, platform, inputs and outputs: :mod:`infscaler.api.modelconfig`), and
-  ``ModelStatistics`` (``extension_statistics.md``'s fields; InfScaler's own are HTTP
-  only);
-- ``ModelInfer``: a name that is a model-less task (registered, and no pipeline)
-  is routed to the variant the selector picks, as over HTTP
-  (:mod:`infscaler.api.taskroute`; ``ModelMetadata`` answers for it too); scanned
-  before it is parsed (:mod:`~infscaler.api.grpc.wire`), decoded by the HTTP codec,
-  submitted with :meth:`Service.submit` with the deadline of its ``timeout``
-  parameter or of the call (the nearer), and the result encoded into
-  ``raw_output_contents`` or the client's shared memory;
-- ``SystemSharedMemoryStatus`` / ``Register`` / ``Unregister``: the registry the HTTP
-  socket uses (a region registered over one protocol serves the other), owned by the
-  registering uid;
-- ``RepositoryIndex``: the service's own user and root only; ``RepositoryModelLoad`` /
-  ``Unload``: PERMISSION_DENIED for others, UNIMPLEMENTED for them (load over HTTP:
-  ``infscaler deploy``);
-- ``ModelStreamInfer``, the CUDA shared memory, trace and log methods: UNIMPLEMENTED.
-
-Every method gets the message's bytes (no deserializer): a call of a connection the
-gate no longer holds (uid -1) is UNAVAILABLE but for ServerLive / ServerReady, a
-message other than ModelInfer's over ``control_body_kb`` RESOURCE_EXHAUSTED unparsed.
-Memory contract: twice the message is reserved under the client's uid by the gate
-(``gate_reserves``; else by ModelInfer), ModelInfer reserves what the scan says its
-decode holds beyond that.
-
 Sources: Triton ``grpc_service.proto``, ``model_config.proto``; KServe v2
 ``required_api.md``; Triton ``extension_statistics.md``, ``extension_shared_memory.md``,
 ``extension_model_repository.md``.
+
+More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/grpc/handlers.py`".
 """
 
 from __future__ import annotations
@@ -65,7 +35,6 @@ from infscaler.api.common import (
     slot_arrays,
     status_of,
 )
-from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc.mapping import decode_message, encode_model_infer, grpc_code
 from infscaler.api.grpc.wire import NotQuick, decode_limit, decode_work, scan_model_infer
 from infscaler.api.modelconfig import model_config
@@ -78,6 +47,7 @@ from infscaler.api.taskroute import (
 )
 from infscaler.base.errors import InfScalerError
 from infscaler.base.security import Peer, is_privileged, quota_uid, redact, require_privileged
+from infscaler.proto import grpc_service_pb2 as pb
 
 __all__ = ["SERVICE_NAME", "Handlers"]
 

@@ -1,22 +1,6 @@
 """The v2 gRPC messages <-> the codec's tensors: pure functions, no I/O but the shared
 memory registry passed in.
 
-A ``ModelInferRequest`` is decoded by the same code as an HTTP request
-(:func:`infscaler.api.codec.decode_infer_request`), so the checks, their order and their
-messages are the same: each input's ``raw_input_contents`` entry (binary layout:
-little-endian, row-major; BYTES each element a 4-byte little-endian length then its
-bytes) becomes binary tensor data with its ``binary_data_size``; typed
-``InferTensorContents`` are laid out the same way first (:func:`contents_to_bytes`); the
-shared memory parameters pass through. Responses carry every output in
-``raw_output_contents`` (as Triton does), or write it to the shared memory region the
-requested output names (then its entry there is empty, so the indexes stay aligned).
-
-Datatypes and the ``InferTensorContents`` field each uses (``grpc_service.proto``):
-BOOL ``bool_contents``; INT8 / INT16 / INT32 ``int_contents``; INT64
-``int64_contents``; UINT8 / UINT16 / UINT32 ``uint_contents``; UINT64
-``uint64_contents``; FP32 ``fp32_contents``; FP64 ``fp64_contents``; BYTES
-``bytes_contents``. FP16 has no typed field: send it in ``raw_input_contents``.
-
 Errors: :class:`~infscaler.api.codec.ProtocolError` with an HTTP status, turned into a
 gRPC status code by :func:`grpc_code` (Triton's mapping: 400 INVALID_ARGUMENT, 403
 PERMISSION_DENIED, 404 NOT_FOUND, 413 / 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, ...).
@@ -24,6 +8,8 @@ PERMISSION_DENIED, 404 NOT_FOUND, 413 / 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE,
 Sources: Triton ``grpc_service.proto`` (``ModelInferRequest``, ``InferTensorContents``,
 ``InferParameter``), KServe v2 ``required_api.md`` (gRPC section),
 ``extension_shared_memory.md``; Triton ``src/grpc/grpc_utils.cc`` (HTTP <-> gRPC codes).
+
+More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/grpc/mapping.py`".
 """
 
 from __future__ import annotations
@@ -54,8 +40,8 @@ from infscaler.api.codec_tensors import (
     bytes_too_large,
     dumps,
 )
-from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc.wire import CONVERT_CHUNK, InferScan, raw_views, strip_raw
+from infscaler.proto import grpc_service_pb2 as pb
 
 __all__ = [
     "CONTENTS_FIELD",

@@ -16,12 +16,7 @@ in the protocol, leaving the connection serving.
   pass (both ends' HPACK tables must see them, RFC 7541 section 2.2).
 - :meth:`Relay.deadline`: when a call still receiving its request (HEADERS seen, no
   END_STREAM) or a frame has had no byte for ``body_timeout_s``.
-- Admission at the prefix (``precheck``): the model an inference names in the message's
-  first bytes (:func:`~infscaler.api.grpc.wire.peek_model_name`) is asked whether it
-  would refuse it now; a refused call is refused as above before grpcio reads its
-  message, its status held ``hold_s`` seconds (:meth:`Relay.next_due`,
-  :meth:`Relay.release_due`: the gate's timer) so a client that retries at once comes
-  back when it could be admitted.
+- Admission at the prefix (``precheck``): see docs/api.md, "`infscaler/api/grpc/relay.py`".
 
 Sources: RFC 9113 sections 5.1, 6.4, 6.9, 8.1; grpc ``doc/PROTOCOL-HTTP2.md``.
 """

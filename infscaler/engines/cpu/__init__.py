@@ -15,17 +15,7 @@ needs for several single-model instances sharing a small CPU:
   session (and so its thread pool) is created: InfScaler runs one engine per instance
   process.
 
-The session is built by the engine layer's loader
-(:func:`infscaler.engines.onnxrt.loader.load_session`, with
-:func:`~infscaler.engines.onnxrt.loader.session_options`' defaults, which are these
-settings), the one that also serves the GPU engine's CUDA EP path and every other
-onnxruntime session of InfScaler.
-
-- :mod:`.loader`: the availability check (:func:`probe_cpu`) and the session
-  (:func:`open_cpu_session`);
-- :mod:`.runner`: :class:`CPUEngine`.
-
-This is the only ``cpu`` path, on a Jetson too (its Arm cores).
+More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/cpu/__init__.py`".
 """
 
 from infscaler.engines.cpu.loader import open_cpu_session, probe_cpu

@@ -13,30 +13,7 @@ Two backends, chosen once per host by the provider probe
    EP's int8 needs a calibration table, which this engine does not take).
 2. ``tensorrt-dla``: native TensorRT, as below, where onnxruntime has no TensorRT EP.
 
-The native build is like the GPU engine's (:mod:`infscaler.engines.tensorrt`) with, in the
-builder config, ``default_device_type = trt.DeviceType.DLA``, ``DLA_core =
-device_index`` and, when ``allow_gpu_fallback`` (the default), ``BuilderFlag.GPU_FALLBACK``:
-layers the DLA cannot run (``config.can_run_on_DLA(layer)`` is False) go to the iGPU.
-Their names are ``describe()["fallback_layers"]`` (kept with the cached engine). The
-runtime gets ``IRuntime.DLA_core`` before deserialising.
-
-The DLA computes in fp16 or int8 only:
-
-- ``fp16``: the ``FP16`` builder flag (TensorRT 8 / 10);
-- ``int8``: models quantized with Q/DQ nodes (INT8 flag, the rest fp16). TensorRT's
-  implicit INT8 needs a calibrator fed with representative inputs, which this engine does
-  not take: without Q/DQ nodes int8 is refused with an :class:`InferenceError`;
-- ``fp32`` is refused.
-
-DLA cores exist on Jetson AGX Xavier / Xavier NX (2), AGX Orin (2) and Orin NX (1-2); the
-Orin Nano and every discrete GPU have none.
-
-It is the only ``dla`` path; on a Jetson with DLA cores it runs beside the ``gpu`` engine
-(the iGPU).
-
-- :mod:`.loader`: the availability check (:func:`probe_dla`); the build is
-  :func:`infscaler.engines.tensorrt.loader.build_serialized_engine` with a DLA core;
-- :mod:`.runner`: :class:`DLAEngine`.
+More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/dla/__init__.py`".
 """
 
 from infscaler.engines.dla.loader import probe_dla

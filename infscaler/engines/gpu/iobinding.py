@@ -1,30 +1,7 @@
 """Running an onnxruntime GPU session through IOBinding, with inputs read from the
 caller's memory and outputs written into pre-allocated host arrays.
 
-``session.run(names, {name: ndarray})`` stages every tensor: the input is wrapped, copied
-to the device through the driver's pinned bounce buffer (pageable memory cannot be DMA'd),
-the output is allocated by onnxruntime on the host, copied there, and returned as a new
-array (which :func:`~infscaler.engines.onnxrt.runner.run_session` copies once more when it
-is a view). With IOBinding (onnxruntime's ``session.io_binding()``:
-``bind_input(name, device_type, device_id, element_type, shape, buffer_ptr)``,
-``bind_output`` likewise, ``run_with_iobinding``; onnxruntime.ai/docs/performance/
-tune-performance/iobinding.html) :class:`BoundSession` instead:
-
-- **inputs** are bound where they lie. With a :class:`HostMemory` (an instance's pool
-  slabs, registered with CUDA once per slab by
-  :class:`~infscaler.shm.unified.UnifiedSlabMap`) an input inside a registered slab is
-  page-locked memory: on an integrated GPU (Jetson: one DRAM) it is bound as ``cuda``
-  memory at its device pointer and kernels read it in place, no copy at all; on a discrete
-  GPU it is bound as ``cpu`` memory and onnxruntime's host-to-device copy is one DMA from
-  the slab, no staging copy. Other inputs are bound as ``cpu`` memory at their address
-  (one copy by onnxruntime, as ``run`` makes).
-- **outputs** with a static shape are bound to host arrays allocated here (or given by the
-  caller, e.g. a slot's views): onnxruntime copies the device result straight into them
-  and nothing is copied after. Outputs whose shape is known only after the run are bound
-  to ``cpu`` and read with ``copy_outputs_to_cpu``.
-
-Tensors numpy cannot hand over by address (strings) go through ``session.run``.
-``bench/gpu_iobinding.py`` measures the difference per tensor size.
+More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/gpu/iobinding.py`".
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """What really runs the ``gpu`` and ``dla`` engines on this host, found in a short
 subprocess so that the asking process never initialises CUDA.
 
-Why a subprocess: ``onnxruntime.get_available_providers()`` lists the execution
-providers the installed build was *compiled* with (onnxruntime-gpu lists
-``CUDAExecutionProvider`` and ``TensorrtExecutionProvider`` on a host with no NVIDIA
-driver at all), and the only true test is a session that starts on the provider
-(``session.get_providers()`` after creation: onnxruntime falls back to the CPU EP and
-logs an error when a provider's library or the driver is missing). Starting such a
-session initialises CUDA in the process that does it, and a CUDA context does not survive
-``fork()``: the service and the zygote, which forks every instance, must stay CUDA-free.
-So :func:`probe_providers` runs ``python -m infscaler.engines.gpu.probe`` once per host
-(cached on disk under the cache dir, keyed by :func:`probe_key`), and the child:
-
-1. builds a one-node ONNX model in memory (``onnx.helper``: ``Y = X + X``, float32 [1, 4]);
-2. tries the CUDA EP, the TensorRT EP (where ``libnvinfer`` loads) and the TensorRT EP with
-   ``trt_dla_enable`` (where the host has DLA cores), each as a real session, and runs it
-   once; records ``session.get_providers()`` or the error;
-3. reports the native TensorRT path as :func:`~infscaler.engines.tensorrt.loader.probe_tensorrt_host`
-   sees it (tensorrt + pycuda + a CUDA device);
-4. prints one JSON object (:data:`PROBE_VERSION`) on stdout.
-
-:func:`parse_probe` turns that output (or a crash, a timeout, garbage) into a
-:class:`ProviderReport`, whose :meth:`~ProviderReport.gpu_backend` and
-:meth:`~ProviderReport.dla_backend` answer the engines' availability. Nothing is assumed:
-a provider counts only when its session started on it.
-
 Sources: onnxruntime's execution-provider docs (CUDA EP; TensorRT EP options
 ``trt_fp16_enable``, ``trt_engine_cache_enable``, ``trt_engine_cache_path``,
 ``trt_dla_enable``, ``trt_dla_core``), onnxruntime.ai/docs/execution-providers/.
+
+More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/gpu/probe.py`".
 """
 
 from __future__ import annotations
@@ -129,9 +107,9 @@ def _try_session(ort: Any, model: bytes, providers: list[Any]) -> dict[str, Any]
     t0 = time.perf_counter()
     try:
         # the one loader's opening (a provider list of our own, not an engine's)
-        from infscaler.engines.onnxrt.loader import _open, session_options
+        from infscaler.engines.onnxrt.loader import open_ort_session, session_options
 
-        sess = _open(model, session_options(1), providers, "the probe's one-node model")
+        sess = open_ort_session(model, session_options(1), providers, "the probe's one-node model")
         import numpy as np
 
         x = np.arange(4, dtype=np.float32).reshape(1, 4)

@@ -37,11 +37,12 @@ if TYPE_CHECKING:
 __all__ = [
     "CPU_PROVIDER",
     "CUDA_PROVIDER",
-    "TRT_PROVIDER",
     "OPTIMIZATION_LEVELS",
+    "TRT_PROVIDER",
     "execution_providers",
     "gpu_provider_options",
     "load_session",
+    "open_ort_session",
     "providers_for",
     "session_options",
 ]
@@ -305,7 +306,7 @@ def load_session(
     source = bytes(model) if isinstance(model, bytearray | memoryview) else model
     if not isinstance(source, bytes):
         source = str(Path(source))
-    session = _open(source, options, providers, _model_label(model))
+    session = open_ort_session(source, options, providers, _model_label(model))
     first = providers[0][0] if isinstance(providers[0], tuple) else providers[0]
     if str(engine).lower() != "cpu" and session.get_providers()[:1] != [first]:
         raise EngineUnavailable(
@@ -318,7 +319,7 @@ def load_session(
     return session
 
 
-def _open(
+def open_ort_session(
     source: str | bytes, options: ort.SessionOptions, providers: Sequence[Any], label: str
 ) -> ort.InferenceSession:
     import onnxruntime as ort

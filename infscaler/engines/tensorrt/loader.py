@@ -16,13 +16,7 @@ and 10.x (``docs.nvidia.com/deeplearning/tensorrt/api/python_api``):
 - **Probe** (:func:`probe_tensorrt_host`): what this host has for TensorRT (tensorrt,
   pycuda, a CUDA device, the builder's fast FP16 / INT8 and DLA cores), once per process.
 
-Nothing here imports tensorrt or pycuda at module import: :func:`import_tensorrt` and
-:func:`import_pycuda` do, when an engine is probed or loaded. :func:`probe_tensorrt_host`
-initialises the CUDA driver in the process that calls it, and fork()ed children cannot
-use CUDA after that: the engines' availability calls it only inside the short child
-process of :mod:`infscaler.engines.gpu.probe`, and a GPU instance only once it is
-forked, so the service and the zygote stay CUDA-free (the zygote checks its own maps
-before every fork).
+More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/tensorrt/loader.py`".
 """
 
 from __future__ import annotations

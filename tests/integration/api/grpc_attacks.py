@@ -259,7 +259,7 @@ def _typed_infer(sock: str, x: Any) -> Any:
     only, so the message is built and sent with grpcio itself)."""
     import grpc
 
-    from infscaler.api.grpc import grpc_service_pb2 as pb
+    from infscaler.proto import grpc_service_pb2 as pb
 
     req = pb.ModelInferRequest(model_name=MODEL)
     t = req.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
@@ -378,8 +378,8 @@ if __name__ == "__main__":
     import numpy  # noqa: F401
     import tritonclient.grpc  # noqa: F401
 
-    import infscaler.api.grpc.grpc_service_pb2  # noqa: F401
     import infscaler.api.sysshm  # noqa: F401
+    import infscaler.proto.grpc_service_pb2  # noqa: F401
     import tests.integration.api.test_security  # noqa: F401
 
     name, raw, uid, group = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

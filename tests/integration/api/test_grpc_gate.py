@@ -108,7 +108,7 @@ _RAW = (
     + r"""
 import socket, time
 from infscaler.api.grpc import h2frames as h2
-from infscaler.api.grpc import grpc_service_pb2 as pb
+from infscaler.proto import grpc_service_pb2 as pb
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 def connect():
     s = socket.socket(socket.AF_UNIX)

@@ -12,13 +12,12 @@ import httpx
 import numpy as np
 import pytest
 
-from infscaler.api.client import Client
+from infscaler.api.client import Client, InferenceServerError
 from infscaler.api.codec import encode_infer_request
-from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.loadgen import LoadGenerator, LoadSpec, MeasureConfig
 from infscaler.api.server import ServerThread
-from infscaler.api.uds import InferenceServerError
 from infscaler.base.config import load_pipeline
+from infscaler.proto import grpc_service_pb2 as pb
 from infscaler.service.service import Service
 from tests.helpers import chain_pipeline
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from infscaler.api.common import error_code, error_response
-from infscaler.api.http import _raw_error
+from infscaler.api.http import raw_error
 from infscaler.runtime.serving.requests import RequestError
 
 
@@ -27,13 +27,13 @@ def test_the_error_json_carries_the_code_beside_the_message() -> None:
 
 
 def test_a_refused_connection_says_its_code() -> None:
-    raw = _raw_error(503, "Service Unavailable", "too many connections", "", "connections")
+    raw = raw_error(503, "Service Unavailable", "too many connections", "", "connections")
     body = json.loads(raw.split(b"\r\n\r\n", 1)[1])
     assert body == {"error": "too many connections", "code": "connections"}
 
 
 def test_the_python_client_error_carries_the_code() -> None:
-    from infscaler.api.uds import InferenceServerError
+    from infscaler.api.client import InferenceServerError
 
     e = InferenceServerError.from_body(503, "x", b'{"error": "queue full", "code": "queue_full"}')
     assert e.status == 503 and e.code == "queue_full" and e.message == "queue full"

@@ -13,9 +13,9 @@ import pytest
 
 from infscaler.api.codec import ProtocolError, tensor_to_bytes
 from infscaler.api.codec_tensors import BYTES_DECODE_SLACK
-from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc.mapping import CONTENTS_FIELD, contents_to_bytes
 from infscaler.api.grpc.wire import CONVERT_CHUNK
+from infscaler.proto import grpc_service_pb2 as pb
 
 N = CONVERT_CHUNK * 2 + 5  # three chunks
 RNG = np.random.default_rng(0)

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from infscaler.api.codec import ProtocolError
-from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc import handlers as h
 from infscaler.api.grpc.wire import decode_limit, scan_model_infer
 from infscaler.base.quotas import PeerQuotas
 from infscaler.base.security import Peer
+from infscaler.proto import grpc_service_pb2 as pb
 
 NOBODY = Peer(-1, -1, -1)
 OTHER = Peer(4321, 65534, 65534)

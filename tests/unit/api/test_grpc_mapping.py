@@ -11,7 +11,6 @@ import pytest
 
 from infscaler.api.codec import ProtocolError, TensorSpec, tensor_to_bytes
 from infscaler.api.grpc import default_grpc_socket
-from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc.mapping import (
     CONTENTS_FIELD,
     decode_model_infer,
@@ -20,6 +19,7 @@ from infscaler.api.grpc.mapping import (
     grpc_code,
     to_parameters,
 )
+from infscaler.proto import grpc_service_pb2 as pb
 
 ARRAYS = {
     "BOOL": np.array([[True, False, True]]),

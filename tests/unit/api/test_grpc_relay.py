@@ -233,7 +233,7 @@ class Refusal(Exception):
 
 
 def infer_message(model: str, n: int) -> bytes:
-    from infscaler.api.grpc import grpc_service_pb2 as pb
+    from infscaler.proto import grpc_service_pb2 as pb
 
     req = pb.ModelInferRequest(model_name=model, raw_input_contents=[b"r" * n])
     req.inputs.add(name="x", datatype="UINT8", shape=[n])

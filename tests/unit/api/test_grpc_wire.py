@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infscaler.api.codec import ProtocolError, decode_infer_request
-from infscaler.api.grpc import grpc_service_pb2 as pb
 from infscaler.api.grpc.mapping import CONTENTS_FIELD, model_infer_parts
 from infscaler.api.grpc.wire import (
     MAX_DIMS,
@@ -34,6 +33,7 @@ from infscaler.api.grpc.wire import (
     scan_model_infer,
     strip_raw,
 )
+from infscaler.proto import grpc_service_pb2 as pb
 
 
 def _varint(n: int) -> bytes:

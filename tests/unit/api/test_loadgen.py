@@ -11,8 +11,8 @@ from infscaler.api.loadgen import (
     MAX_REASONS,
     LoadSpec,
     Window,
-    _count,
     arrival_times,
+    count_key,
     input_tensors,
     is_stable,
     parse_range,
@@ -132,7 +132,7 @@ def test_server_delta_is_per_request_ms_over_the_window() -> None:
 def test_reasons_are_bounded() -> None:
     d: dict[str, int] = {}
     for i in range(MAX_REASONS + 5):
-        _count(d, f"reason {i}")
+        count_key(d, f"reason {i}")
     assert len(d) == MAX_REASONS + 1 and d["(other)"] == 5
 
 
@@ -192,15 +192,15 @@ def test_answers_are_counted_by_their_code_never_by_their_message() -> None:
 
 
 def test_outcomes_fall_into_the_window_by_kind_and_code() -> None:
-    from infscaler.api.loadgen import _Outcome, _window
+    from infscaler.api.loadgen import Outcome, window_of
 
-    w = _window(
+    w = window_of(
         [
-            _Outcome("ok", 4.0),
-            _Outcome("refused", 1.0, "slo"),
-            _Outcome("refused", 1.0, "slo"),
-            _Outcome("error", 9.0, "http_500"),
-            _Outcome("ok", 6.0),
+            Outcome("ok", 4.0),
+            Outcome("refused", 1.0, "slo"),
+            Outcome("refused", 1.0, "slo"),
+            Outcome("error", 9.0, "http_500"),
+            Outcome("ok", 6.0),
         ],
         2.0,
     )
@@ -212,15 +212,15 @@ def test_a_count_window_ends_after_its_answers() -> None:
     import asyncio
     import time
 
-    from infscaler.api.loadgen import _Outcome, _Run
+    from infscaler.api.loadgen import LoadRun, Outcome
 
     async def main() -> tuple[int, float]:
-        run = _Run()
+        run = LoadRun()
 
         async def answers() -> None:
             for _ in range(50):
                 await asyncio.sleep(0.002)
-                run.add(_Outcome("ok", 2.0))
+                run.add(Outcome("ok", 2.0))
 
         load = asyncio.ensure_future(answers())
         t0 = time.perf_counter()

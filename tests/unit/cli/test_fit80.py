@@ -92,27 +92,29 @@ META = {"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 
 
 
 def test_wrong_dtype_gets_astype_hint() -> None:
-    from infscaler.cli.client import _check_feeds
+    from infscaler.cli.client import check_feeds
 
     with pytest.raises(InfScalerError) as exc:
-        _check_feeds({"x": np.zeros((1, 3))}, META)
+        check_feeds({"x": np.zeros((1, 3))}, META)
     assert "float64" in exc.value.message
     assert "astype(np.float32)" in exc.value.hint and "--cast" in exc.value.hint
 
 
 def test_cast_converts_numeric_dtype() -> None:
-    from infscaler.cli.client import _check_feeds
+    from infscaler.cli.client import check_feeds
 
     feeds = {"x": np.array([[0.5, 1.25, 2.0]])}
-    _check_feeds(feeds, META, cast=True)
+    check_feeds(feeds, META, cast=True)
     assert feeds["x"].dtype == np.float32
     assert feeds["x"].tolist() == [[0.5, 1.25, 2.0]]
 
 
 def test_missing_inputs_listed_with_datatype_and_shape() -> None:
-    from infscaler.cli.client import _needs
+    from infscaler.cli.client import missing_inputs_error
 
-    err = _needs("model m", META["inputs"] + [{"name": "y", "datatype": "INT64", "shape": [4]}])
+    err = missing_inputs_error(
+        "model m", META["inputs"] + [{"name": "y", "datatype": "INT64", "shape": [4]}]
+    )
     assert "\n  x  FP32  [-1, 3]" in err.message
     assert "\n  y  INT64  [4]" in err.message
     assert "--random" in err.hint
@@ -165,7 +167,7 @@ def _lines(text: str) -> list[str]:
 def test_plan_table_whole_at_80(narrow: None, capsys: pytest.CaptureFixture[str]) -> None:
     from types import SimpleNamespace
 
-    from infscaler.cli.plan import _print_plan
+    from infscaler.cli.plan import print_plan
 
     row = {
         "unit": "ppocrv6-small-det.part_0-of-ppocrv6-small-det",
@@ -192,7 +194,7 @@ def test_plan_table_whole_at_80(narrow: None, capsys: pytest.CaptureFixture[str]
         steps=[],
         notes=[],
     )
-    _print_plan(res, "ocr", SimpleNamespace(name="jetson-orin-nx-16gb"), 30.0)
+    print_plan(res, "ocr", SimpleNamespace(name="jetson-orin-nx-16gb"), 30.0)
     text = capsys.readouterr().out
     assert "…" not in text
     assert f"{row['unit']} (x12 items)" in text  # the unit whole on its line
@@ -202,7 +204,7 @@ def test_plan_table_whole_at_80(narrow: None, capsys: pytest.CaptureFixture[str]
 def test_plan_explain_readable_at_80(narrow: None, capsys: pytest.CaptureFixture[str]) -> None:
     from types import SimpleNamespace
 
-    from infscaler.cli.plan import _print_search
+    from infscaler.cli.plan import print_search
 
     why = "P99 over the SLO at the offered rate; the partition's engine is saturated"
     cand = SimpleNamespace(
@@ -221,7 +223,7 @@ def test_plan_explain_readable_at_80(narrow: None, capsys: pytest.CaptureFixture
         candidates=[cand],
         best=None,
     )
-    _print_search(res, [], {})
+    print_search(res, [], {})
     text = capsys.readouterr().out
     assert "…" not in text
     assert cand.label() in text  # the plan a user copies, whole
@@ -231,7 +233,7 @@ def test_plan_explain_readable_at_80(narrow: None, capsys: pytest.CaptureFixture
 
 
 def test_variants_list_whole_at_80(narrow: None, capsys: pytest.CaptureFixture[str]) -> None:
-    from infscaler.cli.variants import _table
+    from infscaler.cli.variants import variants_table
 
     rows = [
         {
@@ -249,7 +251,7 @@ def test_variants_list_whole_at_80(narrow: None, capsys: pytest.CaptureFixture[s
         }
         for task in ("ocr-det", "embed")
     ]
-    _table(rows, "/var/lib/infscaler/variants/a-rather-long-directory-name/variants.json")
+    variants_table(rows, "/var/lib/infscaler/variants/a-rather-long-directory-name/variants.json")
     text = capsys.readouterr().out
     assert "…" not in text
     for r in rows:  # each task's table, each variant name whole

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from infscaler.base.errors import InfScalerError
-from infscaler.cli.perf import _specs, csv_rows, perf_table
+from infscaler.cli.perf import csv_rows, load_specs, perf_table
 
 
 def _point(value: float, mode: str = "concurrency", **kw) -> dict:
@@ -66,36 +66,36 @@ def test_table_fits_80_columns_with_big_numbers() -> None:
 
 
 def test_sweep_options() -> None:
-    assert [s.value for s in _specs(None, None, "constant", None)] == [1]
-    specs = _specs(None, "5:15:5", "poisson", None)
+    assert [s.value for s in load_specs(None, None, "constant", None)] == [1]
+    specs = load_specs(None, "5:15:5", "poisson", None)
     assert [(s.mode, s.value, s.distribution) for s in specs] == [
         ("request_rate", 5, "poisson"),
         ("request_rate", 10, "poisson"),
         ("request_rate", 15, "poisson"),
     ]
-    assert _specs(None, "5", "constant", "azure")[0].distribution == "azure"
+    assert load_specs(None, "5", "constant", "azure")[0].distribution == "azure"
     with pytest.raises(InfScalerError, match="not both"):
-        _specs("1", "5", "constant", None)
+        load_specs("1", "5", "constant", None)
     with pytest.raises(InfScalerError, match="request-rate-range"):
-        _specs(None, None, "constant", "azure")
+        load_specs(None, None, "constant", "azure")
     with pytest.raises(InfScalerError, match="constant or poisson"):
-        _specs(None, "5", "gamma", None)
+        load_specs(None, "5", "gamma", None)
 
 
 def test_input_data_names_with_a_slash_come_from_subfolders(tmp_path) -> None:
     import numpy as np
 
-    from infscaler.cli.perf import _load_input_dir
+    from infscaler.cli.perf import load_input_dir
 
     (tmp_path / "gpu_0").mkdir()
     np.save(tmp_path / "gpu_0" / "data_0.npy", np.ones((1, 3), np.float32))
     np.save(tmp_path / "x.npy", np.zeros(2, np.int64))
-    got = _load_input_dir(tmp_path)
+    got = load_input_dir(tmp_path)
     assert sorted(got) == ["gpu_0/data_0", "x"]
     assert got["gpu_0/data_0"].shape == (1, 3) and got["x"].dtype == np.int64
     (tmp_path / "empty").mkdir()
     with pytest.raises(InfScalerError, match="no .npy"):
-        _load_input_dir(tmp_path / "empty")
+        load_input_dir(tmp_path / "empty")
 
 
 def test_a_progress_line_per_window_says_the_codes_not_the_messages() -> None:

@@ -16,7 +16,7 @@ from tests import TESTS_DIR
 
 HERE = TESTS_DIR  # tests/: stagefuncs.py
 BENCH = HERE.parent / "bench"
-if str(BENCH) not in sys.path:  # bench/ is not a package; _fuzz is its shared module
+if str(BENCH) not in sys.path:  # bench/ is not a package; api_edge is its shared module
     sys.path.insert(0, str(BENCH))
 
 
@@ -53,7 +53,7 @@ def test_function_outputs_spec_reaches_the_metadata(tmp_path: Path) -> None:
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
         "outputs": ["x2"],
         "stages": [
-            {"name": "c", "function": "_fuzz:check_rows", "inputs": ["x"], "outputs": ["x2"]}
+            {"name": "c", "function": "api_edge:check_rows", "inputs": ["x"], "outputs": ["x2"]}
         ],
     }
     cp = compile_pipeline(load_pipeline(cfg), state_dir=tmp_path)

@@ -18,7 +18,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
     'model_config.proto'
 )
 # @@protoc_insertion_point(imports)
-from infscaler.api.grpc._pool import POOL as _POOL
+from infscaler.proto import POOL as _POOL
 
 _sym_db = _symbol_database.Default()
 
