@@ -186,11 +186,12 @@ def closed_loop(calls: list, n: int) -> tuple[float, list[BaseException]]:
 
 
 def spy_start(py_spy: str | None, pid: int, out: Path) -> subprocess.Popen | None:
-    """``py-spy record`` of ``pid`` (its threads, raw collapsed stacks, 250 Hz, without
+    """``py-spy record`` of ``pid`` (its threads, samples holding the GIL: Python at work,
+    not waiting; raw collapsed stacks, 250 Hz, without
     pausing it) into ``out``; None without ``py_spy`` (the py-spy executable)."""
     if not py_spy:
         return None
-    cmd = [py_spy, "record", "-p", str(pid), "-t", "-f", "raw", "-r", "250", "--nonblocking"]
+    cmd = [py_spy, "record", "-p", str(pid), "-t", "-g", "-f", "raw", "-r", "250", "--nonblocking"]
     return subprocess.Popen(
         [*cmd, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -199,7 +200,8 @@ def spy_start(py_spy: str | None, pid: int, out: Path) -> subprocess.Popen | Non
 def spy_summary(spy: subprocess.Popen | None, out: Path, top: int = 8) -> dict | None:
     """Stop ``spy`` (SIGINT: py-spy writes its file) and summarise ``out``: per thread,
     the share of its samples and its ``top`` functions by self samples (the innermost
-    frame of each stack), as fractions of all samples of non-idle stacks."""
+    frame of each stack) and its ``3 * top`` by inclusive samples (anywhere in the stack),
+    as fractions of all samples."""
     if spy is None:
         return None
     import signal
@@ -209,23 +211,30 @@ def spy_summary(spy: subprocess.Popen | None, out: Path, top: int = 8) -> dict |
     if not out.exists():
         return {"error": "py-spy wrote nothing (ptrace not permitted?)"}
     threads: dict[str, dict[str, int]] = {}
+    inclusive: dict[str, dict[str, int]] = {}
     total = 0
     for line in out.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
-        thread, leaf = frames[0], frames[-1]
-        fn = leaf.split(" (")[0] + " (" + leaf.split(" (")[-1].split(":")[0].split("/")[-1]
-        row = threads.setdefault(thread, {})
-        row[fn] = row.get(fn, 0) + int(count)
+        fns = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0] for f in frames[1:]]
+        if not fns:
+            continue
+        row = threads.setdefault(frames[0], {})
+        row[fns[-1]] = row.get(fns[-1], 0) + int(count)
+        inc = inclusive.setdefault(frames[0], {})
+        for fn in set(fns):
+            inc[fn] = inc.get(fn, 0) + int(count)
         total += int(count)
     summary = {}
     for thread, row in sorted(threads.items(), key=lambda kv: -sum(kv[1].values())):
-        fns = sorted(row.items(), key=lambda kv: -kv[1])[:top]
+        own = sorted(row.items(), key=lambda kv: -kv[1])[:top]
+        inc = sorted(inclusive[thread].items(), key=lambda kv: -kv[1])[: 3 * top]
         summary[thread] = {
             "share": round(sum(row.values()) / max(total, 1), 3),
-            "self": {k: round(v / max(total, 1), 3) for k, v in fns},
+            "self": {k: round(v / max(total, 1), 3) for k, v in own},
+            "inclusive": {k: round(v / max(total, 1), 3) for k, v in inc},
         }
     return summary
 
