@@ -183,9 +183,12 @@ class Gate:
             # between; what the reader took before the switch goes first
             writer.transport.set_protocol(client)
             client.connection_made(writer.transport)
+            # the client's EOF may have come before the switch (CPython's StreamReader
+            # keeps it in _eof); then the relay ends once the early bytes are passed on
+            ended = getattr(reader, "_eof", False) or writer.transport.is_closing()
             reader.feed_eof()
             early = await reader.read()  # at EOF with its bytes: returns without waiting
-            await self._relay(peer, relay, client, server, early)
+            await self._relay(peer, relay, client, server, early, ended)
         except OSError as exc:
             log.warning("gRPC connection of %s: upstream failed: %s", peer.describe(), exc)
         finally:
@@ -203,10 +206,11 @@ class Gate:
                 os.unlink(name)
 
     async def _relay(
-        self, peer: Peer, relay: Relay, client: _Side, server: _Side, early: bytes
+        self, peer: Peer, relay: Relay, client: _Side, server: _Side, early: bytes, ended: bool
     ) -> None:
         """Both directions (:func:`_pump`) and the watchdog, until one of them ends (then
-        all do); ``early``: the client's bytes read before ``client`` took its socket."""
+        all do); ``early``: the client's bytes read before ``client`` took its socket,
+        ``ended``: its EOF came then too."""
         blocked: list[float | None] = [None]  # since when the write to the client waits
         held = asyncio.Event()  # set when the relay holds a refusal
         _pump(relay, client, server, blocked, peer, self, held)
@@ -218,6 +222,8 @@ class Gate:
         ]
         if early:
             client.data_received(early)
+        if ended:
+            client.eof_received()
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
