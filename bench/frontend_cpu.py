@@ -17,7 +17,8 @@ counted), closed loop with ``--concurrency`` clients (the package's HTTP client;
 ``tritonclient.grpc`` over ``unix:``) at each input size of ``--sizes``; per protocol and
 size the service process's CPU per request, split by thread (``/proc/PID/task/*/stat``
 utime + stime and ``comm``, with the Python thread name beside it), and its CPU per
-second while idle. Writes ``results/frontend_cpu_threads[_quick][_TAG].json`` and ``.png``
+second while idle; ``--py-spy PATH``: a py-spy profile of the service per point, its
+threads' shares and top functions by self time in the results. Writes ``results/frontend_cpu_threads[_quick][_TAG].json`` and ``.png``
 (:mod:`frontend_threads`).
 """
 
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="--threads")
     ap.add_argument("--compare", help="BASE1,BASE2:NEW1,NEW2: results stems of --threads runs")
     ap.add_argument("--tag", default="", help="--threads: suffix of the results file")
+    ap.add_argument(
+        "--py-spy", help="--threads: the py-spy executable: profile the service per point"
+    )
     args = ap.parse_args(argv)
     if args.compare:
         from frontend_threads import compare

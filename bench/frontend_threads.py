@@ -185,16 +185,81 @@ def closed_loop(calls: list, n: int) -> tuple[float, list[BaseException]]:
     return time.perf_counter() - t0, errors
 
 
-def measure(server: Server, protocol: str, i: int, shape: list[int], n: int, c: int) -> dict:
+def spy_start(py_spy: str | None, pid: int, out: Path) -> subprocess.Popen | None:
+    """``py-spy record`` of ``pid`` (its threads, samples holding the GIL: Python at work,
+    not waiting; raw collapsed stacks, 250 Hz, without
+    pausing it) into ``out``; None without ``py_spy`` (the py-spy executable)."""
+    if not py_spy:
+        return None
+    cmd = [py_spy, "record", "-p", str(pid), "-t", "-g", "-f", "raw", "-r", "250", "--nonblocking"]
+    return subprocess.Popen(
+        [*cmd, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def spy_summary(spy: subprocess.Popen | None, out: Path, top: int = 8) -> dict | None:
+    """Stop ``spy`` (SIGINT: py-spy writes its file) and summarise ``out``: per thread,
+    the share of its samples and its ``top`` functions by self samples (the innermost
+    frame of each stack) and its ``3 * top`` by inclusive samples (anywhere in the stack),
+    as fractions of all samples."""
+    if spy is None:
+        return None
+    import signal
+
+    spy.send_signal(signal.SIGINT)
+    spy.wait(timeout=60)
+    if not out.exists():
+        return {"error": "py-spy wrote nothing (ptrace not permitted?)"}
+    threads: dict[str, dict[str, int]] = {}
+    inclusive: dict[str, dict[str, int]] = {}
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        fns = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0] for f in frames[1:]]
+        if not fns:
+            continue
+        row = threads.setdefault(frames[0], {})
+        row[fns[-1]] = row.get(fns[-1], 0) + int(count)
+        inc = inclusive.setdefault(frames[0], {})
+        for fn in set(fns):
+            inc[fn] = inc.get(fn, 0) + int(count)
+        total += int(count)
+    summary = {}
+    for thread, row in sorted(threads.items(), key=lambda kv: -sum(kv[1].values())):
+        own = sorted(row.items(), key=lambda kv: -kv[1])[:top]
+        inc = sorted(inclusive[thread].items(), key=lambda kv: -kv[1])[: 3 * top]
+        summary[thread] = {
+            "share": round(sum(row.values()) / max(total, 1), 3),
+            "self": {k: round(v / max(total, 1), 3) for k, v in own},
+            "inclusive": {k: round(v / max(total, 1), 3) for k, v in inc},
+        }
+    return summary
+
+
+def measure(
+    server: Server,
+    protocol: str,
+    i: int,
+    shape: list[int],
+    n: int,
+    c: int,
+    py_spy: str | None = None,
+) -> dict:
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     calls = _callers(protocol, server, f"fe{i}", x, c)
     _, errors = closed_loop(calls, 5 * c)  # warm up
     if errors:
         raise errors[0]
     load0 = os.getloadavg()[0]
+    raw = Path(server.sock).parent / f"spy-{protocol}-{i}.txt"
+    spy = spy_start(py_spy, server.proc.pid, raw)
     a = sample(server.proc.pid)
     wall_s, errors = closed_loop(calls, n)
     b = sample(server.proc.pid)
+    profile = spy_summary(spy, raw)
     if errors:
         raise errors[0]
     names = server.names()
@@ -210,6 +275,7 @@ def measure(server: Server, protocol: str, i: int, shape: list[int], n: int, c: 
         "threads_ms_per_request": {k: round(v * _TICK_MS / n, 3) for k, v in threads.items()},
         "wall_s": round(wall_s, 3),
         "load_average_1m": [load0, os.getloadavg()[0]],
+        **({"py_spy": profile} if profile is not None else {}),
     }
 
 
@@ -269,7 +335,7 @@ def run_threads(args: Any) -> int:
                 for i, shape in enumerate(shapes):
                     big = int(np.prod(shape)) * 4 > 2 << 20
                     n = args.n or ((60 if big else 300) if args.quick else (300 if big else 2000))
-                    r = measure(server, protocol, i, shape, n, args.concurrency)
+                    r = measure(server, protocol, i, shape, n, args.concurrency, args.py_spy)
                     rows.append(r)
                     print(
                         f"{protocol:4} {r['input_bytes'] / 1e6:5.2f} MB: "

@@ -31,7 +31,7 @@ from infscaler.api.common import error_response
 from infscaler.base.errors import InfScalerError
 from infscaler.base.quotas import PeerQuotas, admit_connection, plan_fds
 from infscaler.base.ratelog import RateLimitedLog
-from infscaler.base.security import is_privileged_uid, peer_uid
+from infscaler.base.security import is_privileged_uid, peer_of_socket
 
 log = logging.getLogger("infscaler.api.server")
 #: refusals come in floods under attack: one line per cause every 10 s, with a count
@@ -189,8 +189,10 @@ class EdgeRequestHandler(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         manager = self._manager
         self._edge_uid: int | None = None
+        #: the client (read once: a connection's credentials are fixed at connect)
+        self.edge_peer = peer_of_socket(transport.get_extra_info("socket"))
         if manager is not None:
-            uid = peer_uid(transport.get_extra_info("socket"))
+            uid = self.edge_peer.uid
             by_uid = manager.edge_by_uid  # type: ignore[attr-defined]
             why = admit_connection(
                 is_privileged_uid(uid) and uid >= 0,

@@ -82,7 +82,7 @@ from infscaler.api.sockets import bind_unix_socket, prepare_socket_path, resolve
 from infscaler.api.sysshm import SystemSharedMemoryRegistry
 from infscaler.base.errors import InfScalerError
 from infscaler.base.quotas import LoadBudget
-from infscaler.base.security import SecurityPolicy, is_privileged_uid, peer_uid
+from infscaler.base.security import SecurityPolicy, is_privileged_uid, peer_of
 from infscaler.base.threads import NamedThread, named_executor
 from infscaler.runtime.serving.admission import request_reservation
 
@@ -219,7 +219,7 @@ async def _admission(request: web.Request, handler: Any) -> web.StreamResponse:
             resp.force_close()  # the rest of the body is never read
             return resp
         nbytes = limit if declared is None else declared
-    uid = peer_uid(request.transport.get_extra_info("socket") if request.transport else None)
+    uid = peer_of(request).uid
     peer = None if is_privileged_uid(uid) and uid >= 0 else uid
     if infer:
         await _refuse_on_headers(request, service, peer, limit)

@@ -37,6 +37,7 @@ __all__ = [
     "quota_uid",
     "may_read_write",
     "peer_of",
+    "peer_of_socket",
     "peer_uid",
     "redact",
     "require_privileged",
@@ -134,12 +135,25 @@ def peer_uid(sock: Any) -> int:
 
 
 def peer_of(request: Any) -> Peer:
-    """The :class:`Peer` of an aiohttp request on a Unix socket (two ``getsockopt``
-    calls). A peer that is never privileged (uid -1) on any other transport, when the
-    kernel gives no credentials, or when the connection is already gone: a request is
-    never treated as an in-process caller."""
+    """The :class:`Peer` of an aiohttp request on a Unix socket: the one its
+    connection's protocol read when it was made (its ``edge_peer``, a :class:`Peer`:
+    credentials are the peer's at connect time, ``unix(7)``, so once a connection is
+    enough), else :func:`peer_of_socket` of its socket (two ``getsockopt`` calls). A peer
+    that is never privileged (uid -1) on any other transport, when the kernel gives no
+    credentials, or when the connection is already gone: a request is never treated as
+    an in-process caller."""
     transport = request.transport
-    sock = transport.get_extra_info("socket") if transport is not None else None
+    if transport is None:
+        return _NOBODY
+    known = getattr(getattr(request, "protocol", None), "edge_peer", None)
+    if isinstance(known, Peer):
+        return known
+    return peer_of_socket(transport.get_extra_info("socket"))
+
+
+def peer_of_socket(sock: Any) -> Peer:
+    """The :class:`Peer` of a connected socket (``SO_PEERCRED``, ``SO_PEERGROUPS``);
+    uid -1 (never privileged) for None, another transport or no credentials."""
     if sock is None:
         return _NOBODY
     if sock.family == socket.AF_UNIX:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -42,7 +43,7 @@ from infscaler.base.quotas import PeerQuotas
 from infscaler.base.ratelog import install_rate_limit
 from infscaler.base.samples import render_text_image
 from infscaler.base.security import SecurityPolicy
-from infscaler.base.threads import named_executor
+from infscaler.base.threads import named_executor, set_os_thread_name
 from infscaler.cli import err, out
 from infscaler.cli.client import (
     SocketOpt,
@@ -625,6 +626,11 @@ async def _serve(
 ) -> int:
 
     notifier = SystemdNotifier()
+    # the API's event loop runs on the main thread: named for its role, not the process's
+    # ("infscaler" in /proc/PID/task/TID/comm told it from no other thread); the prefix
+    # keeps `pgrep infscaler` finding the service
+    threading.current_thread().name = "infscaler-api"
+    set_os_thread_name("infscaler-api")
     loop = asyncio.get_running_loop()
     loop.set_default_executor(named_executor("isc-api-exec"))  # off-loop work, named
     stop = asyncio.Event()

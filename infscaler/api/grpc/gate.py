@@ -15,8 +15,10 @@ socket's ``context.peer()`` is ``unix:``, and there is no hook on the accepted s
    ``header_timeout_s``, a request or frame gets no byte, or the client reads nothing,
    for ``body_timeout_s``. Idle connections are grpcio's to close (``server_options``).
 
-Cost: one more copy of every byte and a few Python steps per frame on the event loop;
-three fds a connection (:func:`~infscaler.base.quotas.plan_fds`).
+Cost: a few Python steps per chunk the event loop reads (the relay's protocols hand the
+bytes it read to the relay and on to the other socket: no stream buffer, no copy in
+Python; the kernel copies each byte once more than a direct connection); three fds a
+connection (:func:`~infscaler.base.quotas.plan_fds`).
 
 Sources: ``unix(7)`` (SO_PEERCRED, bound and unnamed addresses); grpc's
 ``grpc_sockaddr_to_uri`` (``unix:<path>`` peers); grpcio ``grpc.aio`` server.
@@ -46,7 +48,6 @@ log = logging.getLogger("infscaler.api.grpc")
 
 #: the peer of a call whose connection the gate no longer holds
 NOBODY = Peer(-1, -1, -1)
-_CHUNK = 1 << 18
 
 
 def _peer(sock: socket.socket) -> Peer:
@@ -163,8 +164,8 @@ class Gate:
         try:
             up.bind(name)
             up.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(up, self.upstream)
-            up_reader, up_writer = await asyncio.open_unix_connection(sock=up, limit=_CHUNK)
+            loop = asyncio.get_running_loop()
+            await loop.sock_connect(up, self.upstream)
             privileged = peer.privileged
             relay = Relay(
                 None if privileged else peer.uid,
@@ -176,7 +177,18 @@ class Gate:
                 time.monotonic,
                 self.precheck,
             )
-            await self._relay(peer, relay, reader, writer, up_reader, up_writer)
+            _, server = await loop.create_unix_connection(_Side, sock=up)
+            client = _Side()
+            # what the event loop reads goes to the relay as it comes, no stream buffer
+            # between; what the reader took before the switch goes first
+            writer.transport.set_protocol(client)
+            client.connection_made(writer.transport)
+            # the client's EOF may have come before the switch (CPython's StreamReader
+            # keeps it in _eof); then the relay ends once the early bytes are passed on
+            ended = getattr(reader, "_eof", False) or writer.transport.is_closing()
+            reader.feed_eof()
+            early = await reader.read()  # at EOF with its bytes: returns without waiting
+            await self._relay(peer, relay, client, server, early, ended)
         except OSError as exc:
             log.warning("gRPC connection of %s: upstream failed: %s", peer.describe(), exc)
         finally:
@@ -193,36 +205,50 @@ class Gate:
             with contextlib.suppress(OSError):
                 os.unlink(name)
 
-    async def _relay(self, peer: Peer, relay: Relay, reader, writer, up_reader, up_writer) -> None:
-        """Both directions and the watchdog, until one of them ends (then all do)."""
+    async def _relay(
+        self, peer: Peer, relay: Relay, client: _Side, server: _Side, early: bytes, ended: bool
+    ) -> None:
+        """Both directions (:func:`_pump`) and the watchdog, until one of them ends (then
+        all do); ``early``: the client's bytes read before ``client`` took its socket,
+        ``ended``: its EOF came then too."""
         blocked: list[float | None] = [None]  # since when the write to the client waits
         held = asyncio.Event()  # set when the relay holds a refusal
+        _pump(relay, client, server, blocked, peer, self, held)
         tasks = [
-            asyncio.ensure_future(_upstream(relay, reader, writer, up_writer, peer, self, held)),
-            asyncio.ensure_future(_downstream(relay, up_reader, writer, blocked, peer, self)),
+            client.done,
+            server.done,
             asyncio.ensure_future(self._watch(peer, relay, blocked)),
-            asyncio.ensure_future(_held_refusals(relay, writer, held)),
+            asyncio.ensure_future(_held_refusals(relay, client.transport, held)),
         ]
+        if early:
+            client.data_received(early)
+        if ended:
+            client.eof_received()
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                if not t.cancelled() and t.exception() is not None:
-                    log.error(
-                        "gRPC connection of %s: relay failed",
+                exc = None if t.cancelled() else t.exception()
+                if isinstance(exc, FrameError) and t is client.done:
+                    log.info("gRPC connection of %s closed: %s", peer.describe(), exc)
+                elif isinstance(exc, FrameError):
+                    log.warning(
+                        "gRPC connection of %s: grpcio's bytes are not HTTP/2: %s",
                         peer.describe(),
-                        exc_info=t.exception(),
+                        exc,
                     )
+                elif exc is not None:
+                    log.error("gRPC connection of %s: relay failed", peer.describe(), exc_info=exc)
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             with contextlib.suppress(Exception):
-                up_writer.transport.abort()
+                server.transport.abort()
             with contextlib.suppress(Exception):  # what is left (a GOAWAY) goes if it can
-                if writer.transport.get_write_buffer_size():
-                    writer.transport.abort()
+                if client.transport.get_write_buffer_size():
+                    client.transport.abort()
                 else:
-                    writer.close()
+                    client.transport.close()
 
     async def _watch(self, peer: Peer, relay: Relay, blocked: list) -> None:
         """Returns (the connection is closed) when the client sent no preface within
@@ -297,53 +323,114 @@ async def _held_refusals(relay: Relay, writer, held: asyncio.Event) -> None:
             writer.write(out)
 
 
-async def _upstream(
-    relay: Relay, reader, writer, up_writer, peer: Peer, gate: Gate, held: asyncio.Event
-) -> None:
-    """Client -> grpcio, scanned; frames the relay makes for the client go to it."""
-    loop = asyncio.get_running_loop()
-    try:
-        while chunk := await reader.read(_CHUNK):
-            pieces, back = relay.from_client(chunk)
-            if back:
-                writer.write(back)
-            if relay.refusals:
-                if relay.holding:
-                    held.set()
-                gate.refused(peer, relay)
-            if len(pieces) == 1:
-                up_writer.write(pieces[0])
-            else:
-                up_writer.writelines(pieces)
-            if up_writer.transport.get_write_buffer_size():
-                t0 = loop.time()
-                await up_writer.drain()
-                if loop.time() - t0 > 0.01:
-                    relay.stalled(time.monotonic())
-    except FrameError as exc:
-        log.info("gRPC connection of %s closed: %s", peer.describe(), exc)
-    except (ConnectionError, OSError):
-        pass
+class _Side(asyncio.Protocol):
+    """One socket of a relayed connection: the bytes the event loop reads go to
+    :attr:`on_data` as they come (no stream buffer, no copy); :attr:`done` resolves when
+    the socket ends (EOF, lost: None) or :attr:`on_data` raised (:class:`FrameError`
+    and the like: the exception). Flow control crosses over: while this side's writes
+    are paused (its buffer over the transport's high-water mark), :attr:`other` stops
+    reading; :attr:`on_pause` / :attr:`on_resume` are told too.
+
+    Source: asyncio "Protocols" (``data_received``, ``pause_writing``,
+    ``resume_writing``, ``Transport.set_protocol``)."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.on_data: Any = None
+        self.other: _Side | None = None
+        self.on_pause: Any = None
+        self.on_resume: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        try:
+            self.on_data(data)
+        except Exception as exc:  # noqa: BLE001 - ends the connection; _relay logs it
+            self.done.set_exception(exc)
+
+    def eof_received(self) -> bool:
+        self._end()
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause()
+        if self.other is not None and self.other.transport is not None:
+            self.other.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.on_resume is not None:
+            self.on_resume()
+        if self.other is not None and self.other.transport is not None:
+            with contextlib.suppress(RuntimeError):  # it closed meanwhile
+                self.other.transport.resume_reading()
 
 
-async def _downstream(
-    relay: Relay, up_reader, writer, blocked: list, peer: Peer, gate: Gate
+def _pump(
+    relay: Relay,
+    client: _Side,
+    server: _Side,
+    blocked: list,
+    peer: Peer,
+    gate: Gate,
+    held: asyncio.Event,
 ) -> None:
-    """grpcio -> client, scanned; ``blocked[0]`` says since when a write waits."""
-    try:
-        while chunk := await up_reader.read(_CHUNK):
-            pieces = relay.from_server(chunk)
-            if len(pieces) == 1:
-                writer.write(pieces[0])
-            else:
-                writer.writelines(pieces)
-            if writer.transport.get_write_buffer_size():
-                blocked[0] = time.monotonic()
-                await writer.drain()
-                blocked[0] = None
-    except FrameError as exc:
-        log.warning(
-            "gRPC connection of %s: grpcio's bytes are not HTTP/2: %s", peer.describe(), exc
-        )
-    except (ConnectionError, OSError):
-        pass
+    """Wire the two sides: client -> grpcio scanned by :meth:`Relay.from_client` (frames
+    the relay makes for the client go to it), grpcio -> client by
+    :meth:`Relay.from_server`; ``blocked[0]`` says since when a write to the client
+    waits; a write to grpcio that waits over 10 ms tells the relay
+    (:meth:`Relay.stalled`: the client was not late)."""
+    to_client, to_server = client.transport, server.transport
+    client.other, server.other = server, client
+    up_paused: list[float | None] = [None]
+
+    def from_client(chunk: bytes) -> None:
+        pieces, back = relay.from_client(chunk)
+        if back:
+            to_client.write(back)
+        if relay.refusals:
+            if relay.holding:
+                held.set()
+            gate.refused(peer, relay)
+        if len(pieces) == 1:
+            to_server.write(pieces[0])
+        else:
+            to_server.writelines(pieces)
+
+    def from_server(chunk: bytes) -> None:
+        pieces = relay.from_server(chunk)
+        if len(pieces) == 1:
+            to_client.write(pieces[0])
+        else:
+            to_client.writelines(pieces)
+
+    def server_paused() -> None:
+        up_paused[0] = time.monotonic()
+
+    def server_resumed() -> None:
+        since, up_paused[0] = up_paused[0], None
+        now = time.monotonic()
+        if since is not None and now - since > 0.01:
+            relay.stalled(now)
+
+    def client_paused() -> None:
+        blocked[0] = time.monotonic()
+
+    def client_resumed() -> None:
+        blocked[0] = None
+
+    client.on_data, server.on_data = from_client, from_server
+    server.on_pause, server.on_resume = server_paused, server_resumed
+    client.on_pause, client.on_resume = client_paused, client_resumed

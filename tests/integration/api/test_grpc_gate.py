@@ -409,3 +409,25 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(serv
     stdout, stderr = proc.communicate(timeout=90)
     how, after = json.loads(stdout.strip().splitlines()[-1] if stdout.strip() else "null")
     assert how == "eof" and BODY_TIMEOUT_S / 2 < after < 45, (how, after, stderr[-2000:])
+
+
+def test_a_client_that_sends_its_preface_and_closes_at_once_is_let_go(served) -> None:
+    """The client's EOF can reach the gate before it relays (while it connects to
+    grpcio): the connection still ends then, not when grpcio's keep-alive runs out."""
+    import socket
+    import time
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(served["grpc"])
+        # the HTTP/2 preface and an empty SETTINGS frame, then the write side closed
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(3 * KEEPALIVE_S)
+        t0 = time.monotonic()
+        while sock.recv(65536):
+            pass
+        after = time.monotonic() - t0
+    finally:
+        sock.close()
+    assert after < KEEPALIVE_S / 2, f"the connection ended {after:.1f} s after the client's EOF"

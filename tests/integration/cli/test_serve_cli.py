@@ -132,6 +132,9 @@ def test_client_commands_against_a_running_service(tmp_path: Path) -> None:
     )
     try:
         wait_for(lambda: Client(sock).is_live() or proc.poll() is not None, 60, "the socket")
+        # the API's event loop runs on the main thread, named for its role in the kernel
+        comm = Path(f"/proc/{proc.pid}/task/{proc.pid}/comm").read_text().strip()
+        assert comm == "infscaler-api"
         pipeline = tmp_path / "slow.yaml"
         pipeline.write_text(yaml.safe_dump(dict(SLOW, stages=SLOW["stages"][:1])))
 

@@ -123,6 +123,32 @@ def test_a_request_without_credentials_is_never_privileged() -> None:
                 require_privileged(peer, "loading a model")
     finally:
         tcp_sock.close()
+    # a connection's peer, read once when it was made, is every request's on it; a
+    # request whose connection is gone is still nobody
+    a, b = socket.socketpair(socket.AF_UNIX)
+    try:
+        from infscaler.base.security import peer_of_socket
+
+        known = peer_of_socket(a)
+        assert known.uid == os.getuid() and known.pid == os.getpid()
+
+        def no_syscalls(_key: str) -> None:
+            raise AssertionError("the socket was asked again")
+
+        live = SimpleNamespace(
+            transport=SimpleNamespace(get_extra_info=no_syscalls),
+            protocol=SimpleNamespace(edge_peer=known),
+        )
+        assert peer_of(live) is known
+        assert peer_of(SimpleNamespace(transport=None, protocol=live.protocol)).uid == -1
+        # a protocol without one (not the API server's): the socket is asked
+        other = SimpleNamespace(
+            transport=SimpleNamespace(get_extra_info=lambda _k: b), protocol=object()
+        )
+        assert peer_of(other) == known
+    finally:
+        a.close()
+        b.close()
     with pytest.raises(PermissionDeniedError, match="NUL byte"):
         SecurityPolicy.create().check_pipeline(
             load_pipeline(
