@@ -22,10 +22,21 @@ from collections.abc import Sequence
 
 from infscaler.runtime.planning.simulator import UnitConfig, UnitProfile, config_memory_mb
 
-__all__ = ["arrival_rates", "capacity_rps", "demand_cores"]
+__all__ = [
+    "add_instances",
+    "arrival_rates",
+    "busy_cores",
+    "cap_usage",
+    "capacity_rps",
+    "demand_cores",
+    "per_item_ms",
+    "pinned_threads",
+    "unit_loads",
+    "with_unit",
+]
 
 
-def _per_item_ms(u: UnitProfile, c: UnitConfig) -> float:
+def per_item_ms(u: UnitProfile, c: UnitConfig) -> float:
     """Mean time per item the unit's instances need on average (capacity inverse)."""
     rate = 0.0  # items per ms
     for e, n in c.instances.items():
@@ -56,10 +67,12 @@ def arrival_rates(units: Sequence[UnitProfile], rate: float) -> list[float]:
     ]
 
 
-def _loads(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> list[float]:
+def unit_loads(
+    units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float
+) -> list[float]:
     """Offered load rho_k of each unit (items/s x s per item over all its instances)."""
     return [
-        r * _per_item_ms(u, c) / 1e3
+        r * per_item_ms(u, c) / 1e3
         for r, u, c in zip(arrival_rates(units, rate), units, config, strict=True)
     ]
 
@@ -74,7 +87,7 @@ def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cor
     with 3 items per request on 2 instances: 1000 / (3 x 10 / 2).
     """
     per_req = [
-        r * _per_item_ms(u, c)
+        r * per_item_ms(u, c)
         for r, u, c in zip(arrival_rates(units, 1.0), units, config, strict=True)
     ]
     cpu_ms = 0.0
@@ -85,7 +98,7 @@ def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cor
     return min(1e3 / max(max(per_req), 1e-9), 1e3 * max(1, cores) / max(cpu_ms, 1e-9))
 
 
-def _busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> float:
+def busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> float:
     """CPU cores the offered load keeps busy: sum over units of items/s x ms per item
     on the cpu instances' share (pinned instances may outnumber cores, busy cores may
     not; the fleet planner's cpu demand per node, :mod:`infscaler.runtime.planning.fleet`)."""
@@ -119,7 +132,7 @@ def demand_cores(
     return out
 
 
-def _usage(
+def cap_usage(
     units: Sequence[UnitProfile], config: Sequence[UnitConfig], pool_mb: float
 ) -> tuple[float, dict[str, int], int]:
     """(memory MB, model instances per engine, cores of cpu model instances)."""
@@ -135,7 +148,7 @@ def _usage(
     return config_memory_mb(units, config, pool_mb), slots, cores
 
 
-def _pinned(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
+def pinned_threads(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
     """Threads pinned by ``cfg``'s cpu instances of model units (intra-op threads x
     instances), counted as the runtime's scaler counts them
     (:meth:`infscaler.runtime.scaling.monitor.Monitor.pinned_threads`): a function unit pins no
@@ -147,13 +160,13 @@ def _pinned(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
     )
 
 
-def _with(config: Sequence[UnitConfig], k: int, new: UnitConfig) -> list[UnitConfig]:
+def with_unit(config: Sequence[UnitConfig], k: int, new: UnitConfig) -> list[UnitConfig]:
     out = list(config)
     out[k] = new
     return out
 
 
-def _add(c: UnitConfig, engine: str, n: int = 1) -> UnitConfig:
+def add_instances(c: UnitConfig, engine: str, n: int = 1) -> UnitConfig:
     inst = dict(c.instances)
     inst[engine] = inst.get(engine, 0) + n
     return UnitConfig({e: v for e, v in inst.items() if v > 0}, c.batch, c.batch_wait_ms)
