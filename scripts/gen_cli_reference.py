@@ -422,8 +422,10 @@ infscaler plan MODEL.onnx|PIPELINE.yaml|dddd|ocr --slo X [--rate R] --explain [-
                                    with the cuts of Eq. 1 (eq1), the least largest partition
                                    (minmax) and large weights kept apart from the bottleneck
                                    (weights), intra-op threads (each count measured: 1, 2, all
-                                   cores), instances grown within the cap; each scored by the
-                                   simulator with CPU contention and the front end's CPU: goodput
+                                   cores), instances grown within the cap (with --rate also the
+                                   greedy planner's least-memory configuration of each point,
+                                   docs/planner.md); each scored by the simulator with CPU
+                                   contention and the front end's CPU: goodput
                                    (requests within the SLO per second) at --rate, or without it
                                    the max rate whose P99 meets the SLO (screened on 600
                                    simulated requests, the finalists scored on 12 000). Prints

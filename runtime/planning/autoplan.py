@@ -1,48 +1,19 @@
-"""Deploy with the planner's choice (InfScaler's design principle 1: the user names no
-K, threads or instances).
+"""Deploy with the planner's choice (InfScaler's design principle 1: the user names no K,
+threads or instances; conditions and the why: docs/planner.md, "Deploy").
 
-:func:`needs_planning` tells whether a pipeline is left to the planner: it has an
-``slo`` and ``autoscale``, at least one model stage, every model stage names an ONNX
-``model`` on the cpu engine with no ``partitions``, stage ``slo``, ``batching``,
-``max_threads`` or ``max_instances`` (a bound the user, or the model-less layer for its
-profiled variants, put on the replicas), and ``threads`` and ``instances`` at their
-defaults (1), and every
-function stage leaves ``instances``, ``max_instances`` and ``threads`` at their defaults
-(a function stage that sets them is scaled on its own, not fused, by the user's choice:
-the pipeline then deploys as written).
-
-The search takes what :func:`~infscaler.runtime.planning.inputs.planner_inputs`
-measures on this host: each model stage, and with function stages their steps' times and
-the fan-out's items on a sample request, as the runtime's fused units
-(:mod:`infscaler.runtime.planning.inputs`). :func:`plan_measured` is the one planning
-entry: it measures a pipeline and runs the configuration search with the best
-candidates' partitions measured
-(:func:`~infscaler.runtime.planning.stageprofile.search_measured`, over
-:func:`infscaler.runtime.planning.planner.search`), for the deploy and for
-``infscaler plan PIPELINE --slo X --explain`` (:mod:`infscaler.cli.plan`), which prints
-the same search.
-
-:func:`plan_pipeline` runs it at deploy, writes each model stage's chosen cuts as a
-plan directory (:func:`infscaler.partitioner.api.partition_model` with ``cuts``; K = 1
-keeps the model whole) and returns the pipeline with those stages set to the plan, the
-threads and the instances per partition (the scaler's minimum, which it grows from);
-function stages are returned unchanged. It keeps its decision and deploys it again
-(:mod:`infscaler.runtime.planning.decisions`).
-
-The whole pipeline in one unit (``fuse: whole``: replicas of the whole
-pipeline, each running its models one after another, can beat stages that contend for
-few cores) is a candidate too for a pipeline of at least two model stages that sets no
-stage's ``fuse`` nor the pipeline's ``fuse: false``:
-:func:`~infscaler.runtime.planning.inputs.whole_profiles` gives its time per request at
-each thread count every model was measured at (the sum
-:func:`~infscaler.runtime.planning.inputs.base_latency_ms` takes, at that count), and the
-search grows its instances and scores it like any candidate; when it wins the pipeline
-deploys with ``fuse: whole`` and every model stage at its threads and instances
-(:func:`whole_config`).
-
-A pipeline with a stage the user configured, with ``fuse: whole`` already, or with no
-model stage, is not planned; it deploys as written, as does every pipeline under
-``serve --objective eq1`` (Eq. 1 at deploy, :mod:`infscaler.runtime.serving.pipeline`).
+:func:`needs_planning`: whether a pipeline is left to the planner (an ``slo`` and
+``autoscale``, model stages on the cpu engine with no bound the user set).
+:func:`plan_measured` is the planning entry: it measures the pipeline on this host
+(:func:`~infscaler.runtime.planning.inputs.planner_inputs`) and runs
+:func:`~infscaler.runtime.planning.stageprofile.search_measured` (the search, with the
+best candidates' partitions measured), for the deploy and for ``infscaler plan
+--explain``. :func:`plan_pipeline` runs it at deploy, writes each model stage's chosen
+cuts as a plan directory (:func:`infscaler.partitioner.api.partition_model`) and returns
+the pipeline set to the plan (``fuse: whole`` with :func:`whole_config` when the whole
+pipeline in one unit wins); it keeps its decision
+(:mod:`infscaler.runtime.planning.decisions`). :func:`plan_set_measured` / :func:`plan_set`
+plan several pipelines on one device together
+(:func:`~infscaler.runtime.planning.jointplan.plan_together`).
 """
 
 from __future__ import annotations

@@ -1,28 +1,20 @@
 """The candidates of :func:`~infscaler.runtime.planning.planner.search`: the points of the
-runtime's configuration space it scores, and how each one's instances grow.
+runtime's configuration space it scores, and the sources that give each its instances.
 
-Every hand configuration is a point here: K = 1 with n instances is replication, one
-instance with all cores is one multi-threaded session. Per model stage the search
-tries K = 1 .. ``max_partitions`` with the cuts of each objective (Eq. 1 of InfScaler
-§IV-A, ``minmax`` and ``weights`` of :func:`infscaler.partitioner.search.search_minmax`;
-identical cut sets merged), and each measured intra-op thread count ``t <= cores``
-(``ModelStage.whole_ms``'s keys); the whole pipeline in one unit (``fuse: whole``) at
-each of its thread counts is a point too. For each, instances grow greedily
-(:func:`grow`, Algorithm 1's rule: one more for the unit with the most work per request,
-per item x its items per request) from one per unit while the cap allows: memory, cpu
-instance slots, and pinned threads (instances x threads <= ``oversubscribe`` x cores;
-the starting one-per-unit is allowed above it, as the runtime allows); every step is
-simulated (:class:`~infscaler.runtime.planning.scoring.Scorer`) and the best step kept.
+A point is one combination, per model stage, of K = 1 .. ``max_partitions`` with the cuts
+of each objective (Eq. 1 of InfScaler §IV-A, ``minmax``, ``weights``) and a measured
+intra-op thread count ``t <= cores``; or the whole pipeline in one unit at each thread
+count. A new dimension is one more factor of that product (``_space`` in
+:mod:`~infscaler.runtime.planning.planner`); a new source, one more loop in :func:`propose`.
 
-**Oversubscription.** Pinned threads a candidate may hold: ``oversubscribe`` x the
-cores (default 1: no more pinned threads than cores), and never more than the cap's
-thread slots (as the scaler counts them). A candidate whose one instance per unit
-already pins more is ruled out while any candidate within them meets the SLO
-(:func:`rule_out_oversubscribed`): on a 2-core host the simulator rated oversubscribed
-partitioned plans far above what they served (ResNet-50 K=3 on 2 cores, 14.3/s
-predicted, 5.0/s served: bench/HISTORY.md, "The same cell after the saturated-cores
-fix"; PP-OCRv4 det K=3, 1.7x replication's memory at 0.91x its throughput), while a
-device profile's ``threads_per_core`` is kept for hand configurations.
+Sources, each a function ``(units, base, limits, scorer) -> Candidate``:
+:func:`grow` (Algorithm 1's rule: from one instance per unit, one more for the unit with
+the most work per request while :class:`Limits` allow, the best step kept) and
+:func:`greedy` (the greedy planner's least-memory configuration meeting the P99,
+InferLine §4.3). :func:`rule_out_oversubscribed`: a candidate pinning more threads than
+the thread slots is ruled out while one within them meets the SLO (why:
+docs/planner.md, "Oversubscription"). :func:`hand_configurations`: replication, one
+session, the whole pipeline in one unit, each a point of the space.
 
 Pure: no I/O.
 """
@@ -34,14 +26,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from infscaler.runtime.planning.greedy import PlanSearch
 from infscaler.runtime.planning.resources import (
-    _add,
-    _per_item_ms,
-    _pinned,
-    _with,
+    add_instances,
     arrival_rates,
+    per_item_ms,
+    pinned_threads,
+    with_unit,
 )
-from infscaler.runtime.planning.scoring import Score, Scorer, _fmt
+from infscaler.runtime.planning.scoring import Score, Scorer, arrivals_for, fmt_num
 from infscaler.runtime.planning.simulator import (
     MAX_PER_UNIT,
     UnitConfig,
@@ -53,9 +46,12 @@ from infscaler.runtime.scaling.types import ResourceCap
 __all__ = [
     "Candidate",
     "Limits",
+    "Point",
+    "greedy",
     "grow",
     "hand_configurations",
     "is_incumbent",
+    "propose",
     "rule_out_oversubscribed",
 ]
 
@@ -136,6 +132,11 @@ class Candidate:
             [c.total for u, c in zip(self.units, self.config, strict=True) if u.served],
         ]
 
+    def config_key(self) -> str:
+        """:meth:`identity` with each unit's instances per engine: two candidates with
+        one key are one configuration."""
+        return repr((self.identity(), [sorted(x.instances.items()) for x in self.config]))
+
     def label(self) -> str:
         if self.whole:  # one unit: the whole pipeline (fuse: whole), every model K = 1
             inst = "+".join(
@@ -155,7 +156,7 @@ class Candidate:
         mr = "" if self.max_rate_rps is None else f" max {self.max_rate_rps:.1f}/s"
         share = "/".join(f"{s:.0%}" for s in self.share)
         return (
-            f"{self.label()}: goodput {self.goodput_text()}{mr} P99 {_fmt(self.p99_ms)} ms "
+            f"{self.label()}: goodput {self.goodput_text()}{mr} P99 {fmt_num(self.p99_ms)} ms "
             f"mem {self.memory_mb:.0f} MB bottleneck {share}"
             + (f" -- {self.why}" if self.why else "")
         )
@@ -218,7 +219,7 @@ def grow(
             fits=False,
             note=f"cap: one instance per unit needs {mem:.0f} MB > {cap.memory_cap_mb:.0f} MB",
         )
-    pinned = _pinned(units, cfg)
+    pinned = pinned_threads(units, cfg)
     if pinned > limits.thread_slots:
         note = f"one instance per unit pins {pinned} threads > {limits.thread_slots} thread slots"
     best_here: tuple[float, float, list[UnitConfig], Score] | None = None
@@ -256,6 +257,66 @@ def grow(
     )
 
 
+#: A point of the space: its units (the front end first) and the fields they give its
+#: :class:`Candidate` (cuts, objectives, threads, units, share, unit_err, whole).
+Point = tuple[list[UnitProfile], dict[str, Any]]
+
+
+def propose(points: Sequence[Point], limits: Limits, scorer: Scorer) -> list[Candidate]:
+    """Every source's candidates of ``points``: each point grown (:func:`grow`), then
+    the greedy planner's configuration of each (:func:`greedy`) where no candidate has
+    that configuration already (engines counted). A new source is one more loop here."""
+    out = [grow(units, base, limits, scorer) for units, base in points]
+    seen = {c.config_key() for c in out}
+    for units, base in points:
+        g = greedy(units, base, limits, scorer)
+        if g is not None and g.config_key() not in seen:
+            seen.add(g.config_key())
+            out.append(g)
+    return out
+
+
+def greedy(
+    units: list[UnitProfile], base: Mapping[str, Any], limits: Limits, scorer: Scorer
+) -> Candidate | None:
+    """The greedy planner's configuration of one point of the space as a candidate:
+    InferLine §4.3's least-memory configuration whose P99 meets the SLO at the rate
+    (:meth:`~infscaler.runtime.planning.greedy.PlanSearch.plan`, on the screen's trace),
+    scored like every candidate; None without a rate or where it finds none."""
+    s = scorer.settings
+    if s.rate is None:
+        return None
+    times, label = arrivals_for(s.arrivals, s.rate, s.requests / s.rate, s.seed)
+    found = PlanSearch(
+        list(units),
+        s.rate,
+        s.slo_ms,
+        limits.cap,
+        times,
+        label,
+        seed=s.seed,
+        handover_ms=s.handover_ms,
+        pool_mb=0.0,
+        warmup_s=0.0,
+        batch_wait_ms=2.0,
+        max_inflight="auto",
+    ).plan()
+    scorer.simulations += found.simulations
+    if not found.feasible or found.config is None:
+        return None
+    good, max_rate, res = scorer.score(units, found.config)
+    return Candidate(
+        **base,
+        config=tuple(found.config),
+        goodput_rps=good,
+        max_rate_rps=max_rate,
+        p99_ms=None if res is None else res.p99_ms,
+        attainment=None if res is None else res.slo_attainment,
+        memory_mb=config_memory_mb(units, found.config),
+        note="greedy: the least memory meeting the P99 (InferLine §4.3)",
+    )
+
+
 def _one_more(
     units: Sequence[UnitProfile], cfg: list[UnitConfig], mem: float, limits: Limits
 ) -> tuple[list[UnitConfig] | None, str]:
@@ -267,10 +328,10 @@ def _one_more(
     per_req = arrival_rates(units, 1.0)
     order = sorted(
         (k for k, u in enumerate(units) if u.served),
-        key=lambda k: -per_req[k] * _per_item_ms(units[k], cfg[k]),
+        key=lambda k: -per_req[k] * per_item_ms(units[k], cfg[k]),
     )
     stop = ""
-    pinned = _pinned(units, cfg)
+    pinned = pinned_threads(units, cfg)
     n_inst = sum(c.total for u, c in zip(units, cfg, strict=True) if u.served and u.kind == "model")
     for k in order:
         u = units[k]
@@ -287,7 +348,7 @@ def _one_more(
         if u.kind == "model" and slots is not None and n_inst + 1 > slots:
             stop = f"cap: {slots} cpu instance slots"
             continue
-        return _with(cfg, k, _add(cfg[k], p.engine)), stop
+        return with_unit(cfg, k, add_instances(cfg[k], p.engine)), stop
     return None, stop
 
 
@@ -300,17 +361,17 @@ def rule_out_oversubscribed(
     within = {
         id(c)
         for c in cands
-        if c.fits and c.goodput_rps > 0 and _pinned(c.units, c.config) <= thread_slots
+        if c.fits and c.goodput_rps > 0 and pinned_threads(c.units, c.config) <= thread_slots
     }
     if not within:
         return cands
     return [
         c
-        if id(c) in within or not c.fits or _pinned(c.units, c.config) <= thread_slots
+        if id(c) in within or not c.fits or pinned_threads(c.units, c.config) <= thread_slots
         else replace(
             c,
             fits=False,
-            note=f"pins {_pinned(c.units, c.config)} threads on {thread_slots} thread slots "
+            note=f"pins {pinned_threads(c.units, c.config)} threads on {thread_slots} thread slots "
             f"({cores} cores): oversubscribed, while candidates within them meet the SLO",
         )
         for c in cands

@@ -17,7 +17,7 @@ from typing import Any
 
 from infscaler.runtime.planning.candidates import Candidate
 from infscaler.runtime.planning.ranking import MEMORY_AMPLE, Ties, processes, served_units
-from infscaler.runtime.planning.scoring import SearchSettings, _fmt
+from infscaler.runtime.planning.scoring import SearchSettings, fmt_num
 
 __all__ = ["SearchOutcome", "explanation", "ranked"]
 
@@ -86,8 +86,9 @@ def _why(c: Candidate, top: Candidate | None, ties: Ties, screen: float, s: Sear
     if not c.fits:
         return c.note
     if c.goodput_rps <= 0:
-        return f"SLO: P99 {_fmt(c.p99_ms)} ms > {s.slo_ms:g} ms at every instance count tried" + (
-            f" ({c.note})" if c.note else ""
+        return (
+            f"SLO: P99 {fmt_num(c.p99_ms)} ms > {s.slo_ms:g} ms at every instance count tried"
+            + (f" ({c.note})" if c.note else "")
         )
     if top is not None and c.finalist != ties.final:
         return (

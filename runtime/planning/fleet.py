@@ -1,51 +1,22 @@
 """The fleet planner: place streams (a pipeline at a request rate and an SLO) onto edge
-nodes (each a device profile) so that every stream meets its SLO with the fewest nodes.
+nodes (each a device profile) so that every stream meets its SLO with the fewest nodes
+(docs/fleet.md; the why: docs/planner.md, "Fleet").
 
-Pure policy: no I/O. ``infscaler plan --fleet FLEET.yaml`` (:mod:`infscaler.cli.plan`)
-reads the file, loads the device profiles and unit profiles, and prints the result;
-``bench/fleet.py`` runs it at 1,000 nodes and 10,000 streams.
+:func:`capacity_curve`: per (pipeline, SLO, device), the highest rate R* the planner
+meets the SLO at within the device's cap (bisection, :data:`BISECT_STEPS` runs), and a
+ladder of :data:`LEVELS` rates up to R*, each with the planner's configuration and its
+resource vector (memory MB, model instances per engine, busy CPU cores), non-decreasing
+along the ladder.
 
-**Per-node capacity from the single-device planner.** For each distinct
-(pipeline, SLO, device profile) -- a *pair* below -- :func:`capacity_curve` runs the
-single-device planner (:func:`infscaler.runtime.planning.planner.plan`) a bounded number of times
-(:data:`BISECT_STEPS` + :data:`LEVELS`, independent of the number of streams and nodes):
+:func:`place`: multi-resource first-fit decreasing over heterogeneous bins (Johnson et
+al., 1974; Panigrahy et al., "Heuristics for Vector Bin Packing", 2011): streams by
+size, largest first, each to the first open node with headroom, else a new node of the
+type with the highest R*; a stream no device can serve alone is reported, not placed.
+:func:`lower_bound`: per resource, the sum of each stream's smallest fraction of a node,
+rounded up (max over resources). :func:`realise`: node labels and Helm values.
 
-1. the highest rate R* at which the planner finds a configuration meeting the SLO within
-   the device's cap, by bisection between 0 and the rate every slot of the device could
-   serve (a ceiling from the service times, no simulation);
-2. a ladder of rates up to R* (R* x k / :data:`LEVELS`, plus every feasible rate the
-   bisection planned), each with the planner's configuration and its **resource vector**:
-   memory MB (instances; the tensor pool is counted once per node), model instances per
-   engine (the profile's ``max_instances`` slots) and the CPU cores the load keeps busy
-   (what the planner and the scaler check against the device's cores).
-
-A node serving pipeline p at an aggregate rate lambda (the sum of its streams' rates) runs
-the configuration of the lowest ladder rate >= lambda (planned for a higher rate, it meets
-the SLO at lambda: P99 rises with the rate for a fixed configuration). Vectors are made
-non-decreasing along the ladder (a running maximum; conservative), so a node's headroom
-for a pipeline is one binary search. Several pipelines on one node: the sum of their
-vectors + the pool must fit the device's cap (the planner's own assumption that instances
-do not slow each other holds per engine slot and core).
-
-**Packing** (:func:`place`): multi-resource first-fit decreasing over heterogeneous bins.
-Streams are sorted by their size (rate / R* on the best device for them), largest first;
-each goes to the first open node (in the order opened) with headroom for it, else opens a
-node of the type with the highest R* for its pipeline among the nodes still free
-(fewest nodes: the biggest bins first). A node whose headroom for a pipeline falls below
-the smallest rate of that pipeline's streams left is dropped from that pipeline's
-candidate list, so a placement looks at few nodes (10,000 streams on 1,000 nodes: see
-bench/README.md for the time). A stream is indivisible (one camera's requests go to one
-node's socket); one that no device type can serve alone is reported, not placed.
-
-**Lower bound** (:func:`lower_bound`): per resource m, a stream of rate r needs at least
-r x min over ladder levels of (v_m / rate) on a node type, i.e. a fraction
-r x min_t (e_{p,t,m} / cap_{t,m}) of a node; the sum over streams, rounded up, bounds the
-node count from below in this model (max over resources). It ignores how many nodes of
-each type exist and that streams are indivisible, so it may lie below the optimum.
-
-Sources: first-fit decreasing for bin packing (Johnson et al., 1974); its vector form
-(Panigrahy et al., "Heuristics for Vector Bin Packing", 2011); the per-device planner
-(InferLine §4.3 with InfScaler's Algorithm 1, :mod:`infscaler.runtime.planning.planner`).
+Pure policy: no I/O (``infscaler plan --fleet``, :mod:`infscaler.cli.plan`, reads the
+files and prints).
 """
 
 from __future__ import annotations
@@ -58,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infscaler.runtime.planning.planner import plan, resource_cap
-from infscaler.runtime.planning.resources import _busy_cores, _usage
+from infscaler.runtime.planning.resources import busy_cores, cap_usage
 from infscaler.runtime.planning.simulator import MAX_PER_UNIT, UnitProfile
 from infscaler.runtime.scaling.types import ResourceCap
 
@@ -242,10 +213,10 @@ def capacity_curve(
         if not res.feasible:
             last_reason = res.reason
             return False
-        mem, slots, _ = _usage(units, res.config, 0.0)
+        mem, slots, _ = cap_usage(units, res.config, 0.0)
         vec = [mem] + [float(slots.get(e, 0)) for e in sorted(cap.max_instances)]
         if cap.cores:
-            vec.append(_busy_cores(units, res.config, rate))
+            vec.append(busy_cores(units, res.config, rate))
         feasible[rate] = (tuple(vec), tuple(res.rows()))
         return True
 

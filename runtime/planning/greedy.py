@@ -1,20 +1,20 @@
-"""The steps of :func:`~infscaler.runtime.planning.planner.plan`: a pipeline's starting
-configuration by the greedy search of InferLine §4.3, with InfScaler's Algorithm 1 as
-the step that adds capacity (the steps are those of the planner's module docstring):
+"""The greedy planner (InferLine §4.3 with InfScaler's Algorithm 1 as the step that adds
+capacity), a candidate source of the search
+(:func:`~infscaler.runtime.planning.candidates.greedy`) and, alone on fixed unit
+profiles, :func:`~infscaler.runtime.planning.planner.plan`:
 
 1. **Bound** and 2. **start** (:meth:`PlanSearch.start`): every unit on its fastest
    engine the device has, at its minimum instances; infeasible when the service time
    alone exceeds the SLO or the minimum configuration exceeds the memory cap.
-3. **Add capacity** (:meth:`PlanSearch.add_capacity`, one instance at a time by
-   :meth:`PlanSearch.grow`: Algorithm 1's choice of the most loaded unit, InferLine's
-   IncreaseBatch when no unit can take an instance, where the unit's measured batch
-   latencies save more than 10 % per item: :func:`~infscaler.runtime.serving.batching.
-   decide_batching`) until the simulated P99 meets the SLO.
+3. **Add capacity** (:meth:`PlanSearch.add_capacity` / :meth:`PlanSearch.grow`): one
+   instance at a time to the most loaded unit that fits the cap (Algorithm 1), else
+   InferLine's IncreaseBatch (:func:`~infscaler.runtime.serving.batching.decide_batching`),
+   until the simulated P99 meets the SLO.
 4. **Trim** (:meth:`PlanSearch.trim`, InferLine Algorithm 2, RemoveReplica): remove the
-   instance whose removal saves the most memory while the simulated P99 still meets the
-   SLO.
+   instance that saves the most memory while the P99 still meets the SLO.
 
-The result is a :class:`PlanResult`. Pure: no I/O.
+:meth:`PlanSearch.plan` runs the four; the result is a :class:`PlanResult`. Details:
+docs/planner.md, "The greedy source". Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -26,8 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.runtime.planning.resources import _add, _loads, _usage, _with, demand_cores
-from infscaler.runtime.planning.scoring import _fmt
+from infscaler.runtime.planning.resources import (
+    add_instances,
+    cap_usage,
+    demand_cores,
+    unit_loads,
+    with_unit,
+)
+from infscaler.runtime.planning.scoring import fmt_num
 from infscaler.runtime.planning.simulator import (
     MAX_PER_UNIT,
     SimResult,
@@ -172,7 +178,7 @@ def _fits(
     limit = min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT)
     if c.total + 1 > limit:
         return f"{u.name} is at its max_instances {limit}"
-    mem, slots, cores = _usage(units, config, pool_mb)
+    mem, slots, cores = cap_usage(units, config, pool_mb)
     p = u.engines[engine]
     if mem + p.memory_mb > cap.memory_cap_mb:
         return (
@@ -267,6 +273,20 @@ class PlanSearch:
             notes=tuple(self.notes),
         )
 
+    def plan(self, max_steps: int = 64, minimize: bool = True) -> PlanResult:
+        """Steps 1 to 4 in turn (``minimize`` False: no trim); at most ``max_steps``
+        changes."""
+        config = self.start()  # 1. the service-time bound, 2. the minimum configuration
+        if isinstance(config, PlanResult):
+            return config
+        grown = self.add_capacity(config, max_steps)  # 3. until the P99 meets the SLO
+        if isinstance(grown, PlanResult):
+            return grown
+        config, pred = grown
+        if minimize:
+            config, pred = self.trim(config, pred)  # 4. remove what is not needed
+        return self.finish(config, pred)
+
     def run(self, cfg: Sequence[UnitConfig]) -> SimResult:
         """Simulate ``cfg`` on the sample trace."""
         self.simulations += 1
@@ -318,7 +338,7 @@ class PlanSearch:
             )
 
         # 2. the minimum configuration must fit
-        mem, slots, cores = _usage(units, config, self.pool_mb)
+        mem, slots, cores = cap_usage(units, config, self.pool_mb)
         if mem > cap.memory_cap_mb:
             return self.result(
                 False,
@@ -352,7 +372,7 @@ class PlanSearch:
             for e in _engines_allowed(units[k], cap):
                 stop = _fits(units, cfg, k, e, cap, self.pool_mb, self.rate)
                 if stop is None:
-                    new = _with(cfg, k, _add(cfg[k], e))
+                    new = with_unit(cfg, k, add_instances(cfg[k], e))
                     return new, (
                         f"+1 {units[k].name} on {e} (B_k/S_k: load {loads[k]:.2f}) -> "
                         f"{new[k].total} instances"
@@ -372,7 +392,7 @@ class PlanSearch:
                 if pays and not any(d.on for d in pays):
                     why.append(f"batching {u.name} would not pay: {pays[0].reason}")
                     continue
-                new = _with(
+                new = with_unit(
                     cfg, k, UnitConfig(c.instances, b, max(c.batch_wait_ms, self.batch_wait_ms))
                 )
                 said = f"; {pays[0].reason}" if pays else ""
@@ -388,7 +408,7 @@ class PlanSearch:
         pred: SimResult | None = None
         history: list[float] = []
         for _ in range(max_steps):
-            loads = _loads(units, config, rate)
+            loads = unit_loads(units, config, rate)
             if max(loads[k] for k in range(len(units)) if units[k].served) < 1.0:
                 pred = self.run(config)
                 if self.meets(pred):
@@ -413,7 +433,7 @@ class PlanSearch:
                         config,
                         None,
                     )
-            step = self.grow(config, _loads(units, config, rate))
+            step = self.grow(config, unit_loads(units, config, rate))
             if isinstance(step, str):
                 return self._stopped(config, pred, step)
             config, line = step
@@ -426,16 +446,16 @@ class PlanSearch:
     def _stopped(self, config: list[UnitConfig], pred: SimResult | None, why: str) -> PlanResult:
         """The infeasible result when no unit can grow (``why``: the limits met)."""
         units, rate = self.units, self.rate
-        if pred is None or max(_loads(units, config, rate)) >= 1.0:
+        if pred is None or max(unit_loads(units, config, rate)) >= 1.0:
             pred = self.run(config)
         worst = max(
             (k for k in range(len(units)) if units[k].served),
-            key=lambda k: _loads(units, config, rate)[k],
+            key=lambda k: unit_loads(units, config, rate)[k],
         )
         return self.result(
             False,
             f"the device's cap stops the search before the SLO is met (simulated P99 "
-            f"{_fmt(pred.p99_ms)} ms > SLO {self.slo_ms:g} ms; bottleneck {units[worst].name}): "
+            f"{fmt_num(pred.p99_ms)} ms > SLO {self.slo_ms:g} ms; bottleneck {units[worst].name}): "
             f"{why}",
             config,
             pred,
@@ -451,8 +471,8 @@ class PlanSearch:
                 if not u.served or c.total <= u.min_instances:
                     continue
                 for e in sorted(c.instances, key=lambda e: -u.engines[e].memory_mb):
-                    cand = _with(config, k, _add(c, e, -1))
-                    if max(_loads(units, cand, rate)) >= 1.0:
+                    cand = with_unit(config, k, add_instances(c, e, -1))
+                    if max(unit_loads(units, cand, rate)) >= 1.0:
                         continue
                     r = self.run(cand)
                     if self.meets(r):
@@ -464,7 +484,7 @@ class PlanSearch:
             if best is None:
                 return config, pred
             config, pred = best[2], best[3]
-            self.steps.append(best[4] + f" (P99 {_fmt(pred.p99_ms)} ms still meets the SLO)")
+            self.steps.append(best[4] + f" (P99 {fmt_num(pred.p99_ms)} ms still meets the SLO)")
 
     def finish(self, config: list[UnitConfig], pred: SimResult) -> PlanResult:
         """The feasible result (with a note when batching needs a larger in-flight
@@ -477,7 +497,7 @@ class PlanSearch:
             )
         return self.result(
             True,
-            f"predicted P99 {_fmt(pred.p99_ms)} ms <= SLO {self.slo_ms:g} ms at {self.rate:g} "
+            f"predicted P99 {fmt_num(pred.p99_ms)} ms <= SLO {self.slo_ms:g} ms at {self.rate:g} "
             f"requests/s ({self.label}) with "
             f"{config_memory_mb(self.units, config, self.pool_mb):.0f} MB",
             config,

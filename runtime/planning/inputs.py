@@ -1,32 +1,16 @@
 """What the deploy-time planner's configuration search takes, measured on this host.
 
-:func:`planner_inputs` builds it (:class:`PlannerInputs`). Each model stage is measured on
-this host (:func:`~infscaler.runtime.planning.stageprofile.measure_model_stage`, at
-:func:`planned_thread_counts`). With function stages
-the pipeline is compiled with its model stages whole and run in-process on a sample
-request (:func:`~infscaler.runtime.planning.unitprofile.profile_pipeline`), giving each
-function step's cpu ms per call and the fan-out's items per request. The sample request
-is the first function stage's ``sample`` hook's (a callable attribute of the function
-returning ``{input: array}``, like its ``warmup`` hook; the bundled ``dddd`` pipeline's
-gives a click-captcha image) when it has one, else
-:func:`~infscaler.runtime.planning.unitprofile.sample_inputs`'s (an RGB image input gets a
-rendered text image). The search's units are then the runtime's fused units
-(:func:`~infscaler.runtime.serving.pipeline.fuse_units`): a model stage carries the function
-steps fused before and after it (``ModelStage.pre_ms`` / ``post_ms``, on its first / last
-partition) and the fan-out's items when the fan-out step is fused after it
-(``ModelStage.items``); a model stage after the fan-out runs per item (the simulator
-routes items x the request rate to it); a function unit that fuses into no model is a
-fixed unit of its measured times (one instance: function stages deploy as written); the
-fan-in runs in the front end (one server, on the cpu). A model stage whose sample
-inputs did not all have its configured ``shapes`` (an input size that varies per
-request or item) is searched whole (K = 1: a partitioned plan is cut at fixed shapes),
-its times scaled to what it took on the sample.
-
-The whole pipeline in one unit (``fuse: whole``) is a candidate for a pipeline of at
-least two model stages that sets no stage's ``fuse`` nor the pipeline's ``fuse: false``
-(:mod:`infscaler.runtime.planning.autoplan`): :func:`whole_profiles` gives its time per
-request at each thread count every model was measured at (the sum
-:func:`base_latency_ms` takes, at that count).
+:func:`planner_inputs` builds it (:class:`PlannerInputs`): each model stage measured
+(:func:`~infscaler.runtime.planning.stageprofile.measure_model_stage`, at
+:func:`planned_thread_counts`); with function stages the pipeline run in-process on a
+sample request (the first function stage's ``sample`` hook, else
+:func:`~infscaler.runtime.planning.unitprofile.sample_inputs`) for each step's cpu ms and
+the fan-out's items. The search's units are the runtime's fused units
+(:func:`~infscaler.runtime.serving.pipeline.fuse_units`): a model stage carries the
+function steps fused around it (``pre_ms`` / ``post_ms``, ``items``); a model stage
+whose sample inputs vary in shape is searched whole (K = 1). :func:`whole_profiles`: the
+whole pipeline in one unit (``fuse: whole``) per thread count (the sum
+:func:`base_latency_ms` takes). Details: docs/planner.md, "Inputs".
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
-"""Planning several pipelines together within one device's cap: one configuration per
-pipeline, chosen among each pipeline's own search candidates, such that their
-resources together fit the cap.
+"""Planning several pipelines together within one device's cap: a loop over each
+pipeline's own ranked search candidates
+(:func:`~infscaler.runtime.planning.planner.search`), choosing one configuration per
+pipeline such that together they fit.
 
-Each pipeline is searched on its own first
-(:func:`~infscaler.runtime.planning.planner.search`, ranked with goodput intervals by
-:mod:`infscaler.runtime.planning.ranking`); :func:`plan_together` then takes the best
-``top_k`` of each (those that fit and answer requests within the SLO) and tries every
-combination (exhaustively: a set of a few pipelines at a few candidates each is a few
-hundred sums). A combination fits when, summed over its pipelines
-(:func:`usage`):
-
-- memory (instances, :attr:`~infscaler.runtime.planning.candidates.Candidate.memory_mb`)
-  <= the cap's ``memory_cap_mb - memory_used_mb``, MB;
-- pinned cpu threads of model instances (intra-op threads x instances, as the runtime's
-  scaler counts them, :func:`~infscaler.runtime.planning.resources._pinned`) <= the
-  thread slots;
-- model instances per engine <= the cap's ``max_instances`` (engine slots);
-- cpu cores kept busy at each pipeline's goodput
-  (:func:`~infscaler.runtime.planning.resources._busy_cores`) <= the physical cores
-  (the fleet planner's cpu demand; ``cores`` 0: not checked).
-
-Among the combinations that fit, the choice is by **strict priority** (a pipeline's
-``priority``, 1 the highest, Triton's priority levels, as the autoscaler's arbitration
-lends, :mod:`infscaler.runtime.scaling.arbitration`): first the goodput of the
-pipelines at level 1 (summed, requests/s), then level 2, and so on; a level's goodput
-within ``tie`` (default :data:`~infscaler.runtime.planning.planner.GOODPUT_TIE`, 5 %)
-of its best counts as equal (the search's own tie: the simulator does not resolve
-goodput finer). Among those left: the most total goodput, then the least memory, then
-the best-ranked candidates (the sum of their places in their own search's ranking).
-The goodput of a candidate is the search's: at the pipeline's rate (answered within the
-SLO, <= the rate) where one was given, else its max rate within the SLO.
+:func:`plan_together` takes the best ``top_k`` usable candidates of each and tries every
+combination; one fits when, summed (:func:`usage`), memory, pinned cpu threads, model
+instances per engine and busy cpu cores are within the cap. Among those that fit: strict
+priority (``priority`` 1 first, each level's goodput within ``tie`` of its best counting
+as equal), then the most total goodput, the least memory, the best-ranked candidates.
+Why: docs/planner.md, "Joint planning".
 
 Pure: no I/O.
 """
@@ -44,7 +23,7 @@ from typing import Any
 
 from infscaler.base.errors import InfScalerError
 from infscaler.runtime.planning.candidates import Candidate
-from infscaler.runtime.planning.resources import _busy_cores, _pinned, _usage
+from infscaler.runtime.planning.resources import busy_cores, cap_usage, pinned_threads
 from infscaler.runtime.scaling.types import ResourceCap
 
 __all__ = ["JointChoice", "JointPlan", "Member", "Usage", "plan_together", "usage"]
@@ -91,12 +70,12 @@ class Usage:
 def usage(c: Candidate) -> Usage:
     """What candidate ``c`` takes of the cap (see the module docstring); its busy cores
     at its goodput (requests/s)."""
-    _mem, slots, _cores = _usage(c.units, c.config, 0.0)
+    _mem, slots, _cores = cap_usage(c.units, c.config, 0.0)
     return Usage(
         memory_mb=float(c.memory_mb),
-        threads=_pinned(c.units, c.config),
+        threads=pinned_threads(c.units, c.config),
         slots=slots,
-        busy_cores=_busy_cores(c.units, c.config, c.goodput_rps),
+        busy_cores=busy_cores(c.units, c.config, c.goodput_rps),
     )
 
 
@@ -121,10 +100,10 @@ class Member:
     def usable(self) -> list[Candidate]:
         """The candidates that fit and answer requests within the SLO, best first, each
         configuration once (:meth:`~infscaler.runtime.planning.candidates.Candidate.
-        identity`)."""
+        config_key`)."""
         seen, out = set(), []
         for c in self.candidates:
-            key = repr(c.identity())
+            key = c.config_key()
             if c.fits and c.goodput_rps > 0 and key not in seen:
                 seen.add(key)
                 out.append(c)
@@ -303,7 +282,9 @@ _NO_FIT_HINT = (
 def _no_fit(members: Sequence[Member], options: list[list[Candidate]], avail: Usage) -> str:
     """Why no combination fits: with each pipeline at its smallest configuration (least
     memory), which ones exceed the cap, in priority order."""
-    smallest = [min(o, key=lambda c: (c.memory_mb, _pinned(c.units, c.config))) for o in options]
+    smallest = [
+        min(o, key=lambda c: (c.memory_mb, pinned_threads(c.units, c.config))) for o in options
+    ]
     order = sorted(range(len(members)), key=lambda i: (members[i].priority, i))
     acc, parts = Usage(), []
     for i in order:

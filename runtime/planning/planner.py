@@ -1,59 +1,23 @@
-"""The planner: a pipeline's starting configuration for an arrival rate and an SLO
-(InferLine §4.3, with InfScaler's Algorithm 1 as the step that adds capacity).
+"""The planner: a pipeline's starting configuration for an arrival rate and an SLO, by one
+configuration search (InfScaler §IV, InferLine §4.3; design and measurements:
+docs/planner.md).
 
-:func:`plan` searches, with the discrete-event simulator (:mod:`infscaler.runtime.planning.simulator`)
-as the estimator of P99 on a sample arrival trace at the given rate:
+:func:`search` is the planner. For model stages (:class:`ModelStage`: per-operator
+costs, valid cuts, the whole model's measured time per thread count) it proposes the
+points of the runtime's configuration space (K, the cuts of each objective, intra-op
+threads, the whole pipeline in one unit) from its candidate sources
+(:mod:`~infscaler.runtime.planning.candidates`: instances grown by Algorithm 1, and the
+greedy planner's least-memory configuration, :mod:`~infscaler.runtime.planning.greedy`),
+scores each by simulated goodput with CPU contention and the front end's CPU
+(:mod:`~infscaler.runtime.planning.scoring`), ranks them with goodput intervals and ties
+(:mod:`~infscaler.runtime.planning.ranking`) and says why each lost
+(:mod:`~infscaler.runtime.planning.explain`). Joint planning
+(:mod:`~infscaler.runtime.planning.jointplan`) loops over its ranked candidates.
 
-1. **Bound.** Every unit on its fastest engine the device has, batch 1. If the service
-   time alone (the units' per-item times, one item per per-item unit, plus the token
-   handovers) exceeds the SLO, no configuration can meet it: infeasible.
-2. **Start** at each unit's minimum instances (``instances`` in pipeline.yaml, 1 by
-   default); refuse if that alone exceeds the device's memory cap.
-3. **Add capacity** (Algorithm 1): while a unit is overloaded (offered load
-   rho_k = lambda_k x T_k / S_k >= 1: B_k / S_k in requests' terms) or the simulated P99
-   exceeds the SLO, give one more instance to the unit with the largest B_k / S_k, on
-   the first engine in its affinity order (fastest first) that fits the device's
-   resource cap (memory MB shared by every engine, instance slots per engine and CPU
-   cores for model units, the unit's own ``max_instances``); when it cannot take one,
-   the next most loaded unit carrying at least half that load. If none can grow, double
-   the batch of the most loaded unit that has a measured batch profile (InferLine's
-   IncreaseBatch); if that is not possible either, the plan is infeasible and the
-   reason names the limits that stopped it. It also stops, infeasible, when four
-   additions in a row left the simulated P99 where it was (service time, not capacity,
-   is what misses the SLO).
-4. **Trim** (InferLine Algorithm 2, RemoveReplica): remove the instance whose removal
-   saves the most memory while the simulated P99 still meets the SLO, until none can go.
-
-The in-flight window simulated is the runtime's default (the served instances + 1, or
-the pipeline's ``max_inflight``); once a batch is raised it is the instances x their
-batch + 1, which the plan then recommends as ``max_inflight`` (the default window would
-let no batch grow beyond 2).
-
-The result is the least-memory configuration this greedy search finds, with its
-predicted P99 / throughput / utilisation per unit. :func:`predict` simulates a given
-configuration; :func:`autoscale_run` runs the scaler (Algorithm 1) in the simulator on a
-device profile.
-
-Assumptions (also in the simulator's docstring): instances do not slow each other down
-(each has its own cores / engine slot); the CPU cap counts cores like the scaler does,
-so a host with fewer cores than model instances gets no more CPU instances.
-
-:func:`search` goes further than :func:`plan`: for model stages described by
-:class:`ModelStage` (per-operator costs, valid cuts, the whole model's measured time per
-thread count) it searches K, the cuts of several objectives (Eq. 1, minmax, weights),
-intra-op threads and instances, and scores every candidate by its simulated goodput with
-CPU contention and the front end's CPU; ``explain`` says why each candidate lost.
-
-This module holds the entries and what a caller passes them; their parts are modules of
-their own: :mod:`~infscaler.runtime.planning.greedy` (the steps of :func:`plan` and its
-:class:`~infscaler.runtime.planning.greedy.PlanResult`),
-:mod:`~infscaler.runtime.planning.resources` (loads, capacity and the cap's use, which
-both searches share), and for :func:`search`
-:mod:`~infscaler.runtime.planning.candidates` (a candidate and how its instances grow),
-:mod:`~infscaler.runtime.planning.scoring` (the simulated score),
-:mod:`~infscaler.runtime.planning.ranking` (finalists, goodput intervals, ties) and
-:mod:`~infscaler.runtime.planning.explain` (why each candidate lost, and the
-:class:`~infscaler.runtime.planning.explain.SearchOutcome`).
+:func:`plan` runs the greedy source alone on fixed unit profiles (engines, batch,
+instances; :class:`~infscaler.runtime.planning.greedy.PlanResult`);
+:func:`predict` simulates a given configuration; :func:`autoscale_run` runs the scaler
+(Algorithm 1) in the simulator on a device profile.
 
 Pure: no I/O; profiles come from :mod:`infscaler.runtime.planning.unitprofile`,
 :mod:`infscaler.runtime.planning.stageprofile` or by hand.
@@ -74,8 +38,9 @@ from infscaler.base.errors import PartitionError
 from infscaler.partitioner import search as _search
 from infscaler.runtime.planning.candidates import (
     Limits,
-    grow,
+    Point,
     hand_configurations,
+    propose,
     rule_out_oversubscribed,
 )
 from infscaler.runtime.planning.explain import SearchOutcome, explanation, ranked
@@ -141,7 +106,8 @@ def plan(
     max_steps: int = 64,
     minimize: bool = True,
 ) -> PlanResult:
-    """The starting configuration (see the module docstring).
+    """The greedy planner alone on fixed unit profiles: the least-memory configuration
+    whose simulated P99 meets ``slo_ms`` at ``rate`` (the steps: :mod:`.greedy`).
 
     Args:
         units: the pipeline's unit profiles, in order.
@@ -186,16 +152,7 @@ def plan(
         batch_wait_ms=batch_wait_ms,
         max_inflight=max_inflight,
     )
-    config = planning.start()  # 1. the service-time bound, 2. the minimum configuration
-    if isinstance(config, PlanResult):
-        return config
-    grown = planning.add_capacity(config, max_steps)  # 3. until the simulated P99 meets the SLO
-    if isinstance(grown, PlanResult):
-        return grown
-    config, pred = grown
-    if minimize:
-        config, pred = planning.trim(config, pred)  # 4. remove what is not needed
-    return planning.finish(config, pred)
+    return planning.plan(max_steps, minimize)
 
 
 def predict(
@@ -614,11 +571,6 @@ class ModelStage:
         return out
 
 
-#: A point of the space to grow: its units (the front end first) and the fields they give
-#: its :class:`~infscaler.runtime.planning.candidates.Candidate`.
-_Job = tuple[list[UnitProfile], dict[str, Any]]
-
-
 def _check_search(
     slo_ms: float, rate: float | None, objectives: Sequence[str], goodput_tie: float
 ) -> None:
@@ -679,7 +631,7 @@ def _space(
     max_candidates: int,
     whole: Mapping[int, UnitProfile] | None,
     frontend_ms: float,
-) -> list[_Job]:
+) -> list[Point]:
     """The points of the space :func:`search` grows: every combination over the model
     stages (at ``models`` in ``stages``) of their cut sets and thread counts (``t <=
     cores``), then the whole pipeline in one unit at each of its thread counts; each
@@ -713,7 +665,7 @@ def _combo_job(
     models: Sequence[int],
     combo: Sequence[tuple[tuple[int, ...], tuple[str, ...], int]],
     fe: list[UnitProfile],
-) -> _Job:
+) -> Point:
     """The units of one combination (per model stage: cuts, objectives, threads), each
     model stage's measured uncertainty with them."""
     units: list[UnitProfile] = list(fe)
@@ -745,7 +697,7 @@ def _whole_job(
     t: int,
     wu: UnitProfile,
     fe: list[UnitProfile],
-) -> _Job:
+) -> Point:
     """The whole pipeline in one unit ``wu`` at ``t`` threads: its model stages'
     whole-model times carry their errs (absolute, summed), its function steps none."""
     units = [*fe, wu]
@@ -868,7 +820,7 @@ def search(
     )
     scorer = Scorer(s)
     limits = Limits.of(cap, n_cores, oversubscribe)
-    grown = [grow(units, base, limits, scorer) for units, base in jobs]
+    grown = propose(jobs, limits, scorer)
     cands = rule_out_oversubscribed(grown, limits.thread_slots, n_cores)
     hands = hand_configurations(cands, len(models))
     screen, final, chosen = finalists(cands, hands, s)

@@ -1,54 +1,20 @@
 """How :func:`~infscaler.runtime.planning.planner.search` ranks its candidates: the
 finalists, their goodput intervals, and the ties.
 
-**Finalists.** Every candidate (and every instance count grown) is screened on a trace
-of ``requests``; the finalists (within ``finalist_within`` of the best screen, at most
-``finalists_max``, plus the best of each hand configuration and the configuration
-planned before) are scored again on ``final_requests`` and ranked on that score, ahead
-of the rest (the screen of one short trace reads high and scatters:
-:data:`~infscaler.runtime.planning.planner.FINAL_REQUESTS`).
+**Finalists**: every candidate is screened on a trace of ``requests``; those within
+``finalist_within`` of the best screen (at most ``finalists_max``, plus the best of each
+hand configuration and the incumbent) are scored again on ``final_requests`` and ranked
+ahead of the rest.
 
-**Goodput interval** (the finalists only; the rest keep their screen's figure at
-both ends): every measured service time carries a relative uncertainty from its
-repeats (:attr:`~infscaler.runtime.planning.planner.ModelStage.whole_ms_err`,
-``unit_ms_err``; a function stage and the front end none), and each finalist is scored
-twice more, on the same trace length and seed, with every unit's service time at
-x (1 + err) and at x (1 - err): ``goodput_lo`` / ``goodput_hi``. Two more scores per
-finalist, and none where no unit carries an err. Why: planned anew minutes apart on the
-2-core development host, a ResNet-50-class model at 3 x L0 moved one configuration's
-prediction by a third (K = 1 x 2 instances: 15.8 and 20.9 requests/s) and the winner
-flipped with it between K = 2 and K = 1; five deploys chose three configurations.
+**Goodput interval** (finalists only): each finalist is scored twice more with every
+unit's service time at x (1 + err) and x (1 - err) (``goodput_lo`` / ``goodput_hi``).
 
-**Ties**: a candidate ties the best goodput when it is within ``goodput_tie``
-(default :data:`~infscaler.runtime.planning.planner.GOODPUT_TIE`, 5 %) of it or its
-goodput interval reaches the best's (its high end >= the best's low end: the
-measurements cannot tell them apart), and the tie goes to the simpler configuration:
-first the configuration planned before (``incumbent``), then fewer units (the
-partitions and stages a request passes through as instances: each cut is one more),
-then a candidate within :data:`MEMORY_AMPLE` (half) of the memory cap, then, within it,
-fewer intra-op threads per instance (replicas: an intra-op parallel run waits for its
-slowest core; bench/HISTORY.md, "2026-11-27, 17:30-18:52 UTC", its "The planner's tie
-at 3x" paragraph), then fewer processes (served instances in all), then less memory,
-then fewer threads. The stage boundaries count as partitions because ddddocr's staged
-det + rec (two units) served less than the whole pipeline in one unit where the
-memory alone had decided (bench/HISTORY.md);
-fewer threads per instance comes before fewer processes because two 1-thread
-ResNet-50 replicas served more than the one 2-thread instance the simulator tied
-with them (:data:`MEMORY_AMPLE`). Every loser's ``why`` names the winner it tied
-with and the rule that decided (:mod:`infscaler.runtime.planning.explain`). The
-simulator does not resolve goodput finer than the 5 % (its rate
-bisection stops at 2 %, a P99 of 600 simulated requests moves by more), and it errs
-on the optimistic side for partitioned plans: every hop adds a process competing for
-the cores and a wake-up it does not model (bench/HISTORY.md, "The same cell after the
-saturated-cores fix": ResNet-50 at 3 x L0 on 2 cores, K = 3 predicted 14.3
-requests/s and served 5.0). Among plans with as many units, the memory saved is what
-another model runs in on a device with a fixed memory budget.
-
-The configuration planned before wins the tie before every other rule: a replan
-measures the host anew, and two configurations within the tie swapped places from one
-deploy to the next (PP-OCRv4 det under the cap at 2 x L0: 2 x 1 thread and 1 x 2 at
-6.65 and 6.84/s, three plans in one hour, bench/HISTORY.md); a replan now changes the
-configuration only for one better by more than the tie.
+**Ties**: a candidate ties the best when within ``goodput_tie`` (5 %) of its goodput or
+when its interval reaches the best's low end; the tie goes to, in order: the incumbent
+(the configuration planned before), fewer units, memory within :data:`MEMORY_AMPLE` of
+the cap, fewer intra-op threads per instance, fewer processes, less memory, fewer
+threads (:meth:`Ties.rank`). Why each rule, with the measurements behind it:
+docs/planner.md, "Ranking".
 
 Pure: no I/O.
 """
@@ -60,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from infscaler.runtime.planning.candidates import Candidate, is_incumbent
-from infscaler.runtime.planning.scoring import Scorer, SearchSettings, _scaled
+from infscaler.runtime.planning.scoring import Scorer, SearchSettings, scaled_units
 from infscaler.runtime.scaling.types import ResourceCap
 
 __all__ = ["MEMORY_AMPLE", "Ties", "finalists", "processes", "rescore", "served_units"]
@@ -144,7 +110,7 @@ def _with_interval(c: Candidate, scorer: Scorer, n: int) -> Candidate:
     ends = []
     worst = max(c.unit_err)
     for sign in (1.0, -1.0):  # pessimistic (slower), then optimistic
-        scaled = _scaled(c.units, c.unit_err, sign)
+        scaled = scaled_units(c.units, c.unit_err, sign)
         near = c.max_rate_rps
         guess = None if near is None else near / (1 + sign * worst)
         ends.append(scorer.score(scaled, c.config, n, guess)[0])

@@ -24,13 +24,25 @@ from infscaler.runtime import queueing
 from infscaler.runtime.planning.simulator import UnitConfig, UnitProfile, config_memory_mb
 from infscaler.runtime.queueing import busy_cpu_ms
 
-__all__ = ["MAX_RPS", "arrival_rates", "capacity_rps", "demand_cores"]
+__all__ = [
+    "MAX_RPS",
+    "add_instances",
+    "arrival_rates",
+    "busy_cores",
+    "cap_usage",
+    "capacity_rps",
+    "demand_cores",
+    "per_item_ms",
+    "pinned_threads",
+    "unit_loads",
+    "with_unit",
+]
 
 #: :func:`capacity_rps` when nothing bounds it (no time per item anywhere), requests/s.
 MAX_RPS = 1e12
 
 
-def _per_item_ms(u: UnitProfile, c: UnitConfig) -> float:
+def per_item_ms(u: UnitProfile, c: UnitConfig) -> float:
     """Mean time per item the unit's instances need on average (capacity inverse)."""
     rate = 0.0  # items per ms
     for e, n in c.instances.items():
@@ -61,10 +73,12 @@ def arrival_rates(units: Sequence[UnitProfile], rate: float) -> list[float]:
     ]
 
 
-def _loads(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> list[float]:
+def unit_loads(
+    units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float
+) -> list[float]:
     """Offered load rho_k of each unit (items/s x s per item over all its instances)."""
     return [
-        r * _per_item_ms(u, c) / 1e3
+        r * per_item_ms(u, c) / 1e3
         for r, u, c in zip(arrival_rates(units, rate), units, config, strict=True)
     ]
 
@@ -86,7 +100,7 @@ def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cor
         [p.mean_ms for _, p in cpu], [r for r, _ in cpu], [max(1, p.cores) for _, p in cpu]
     )
     cap = queueing.capacity_rps(
-        [_per_item_ms(u, c) for u, c in zip(units, config, strict=True)],
+        [per_item_ms(u, c) for u, c in zip(units, config, strict=True)],
         [1] * len(units),
         items,
         cores=max(1, cores),
@@ -95,7 +109,7 @@ def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cor
     return min(cap, MAX_RPS)
 
 
-def _busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> float:
+def busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> float:
     """CPU cores the offered load keeps busy: sum over units of items/s x ms per item
     on the cpu instances' share (pinned instances may outnumber cores, busy cores may
     not; the fleet planner's cpu demand per node, :mod:`infscaler.runtime.planning.fleet`)."""
@@ -129,7 +143,7 @@ def demand_cores(
     return out
 
 
-def _usage(
+def cap_usage(
     units: Sequence[UnitProfile], config: Sequence[UnitConfig], pool_mb: float
 ) -> tuple[float, dict[str, int], int]:
     """(memory MB, model instances per engine, cores of cpu model instances)."""
@@ -145,7 +159,7 @@ def _usage(
     return config_memory_mb(units, config, pool_mb), slots, cores
 
 
-def _pinned(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
+def pinned_threads(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
     """Threads pinned by ``cfg``'s cpu instances of model units (intra-op threads x
     instances), counted as the runtime's scaler counts them
     (:meth:`infscaler.runtime.scaling.monitor.Monitor.pinned_threads`): a function unit pins no
@@ -157,13 +171,13 @@ def _pinned(units: Sequence[UnitProfile], cfg: Sequence[UnitConfig]) -> int:
     )
 
 
-def _with(config: Sequence[UnitConfig], k: int, new: UnitConfig) -> list[UnitConfig]:
+def with_unit(config: Sequence[UnitConfig], k: int, new: UnitConfig) -> list[UnitConfig]:
     out = list(config)
     out[k] = new
     return out
 
 
-def _add(c: UnitConfig, engine: str, n: int = 1) -> UnitConfig:
+def add_instances(c: UnitConfig, engine: str, n: int = 1) -> UnitConfig:
     inst = dict(c.instances)
     inst[engine] = inst.get(engine, 0) + n
     return UnitConfig({e: v for e, v in inst.items() if v > 0}, c.batch, c.batch_wait_ms)

@@ -12,7 +12,7 @@ configuration like the others (:func:`~infscaler.runtime.planning.planner.fronte
 a single-threaded server ahead of the units that competes for the same cores.
 
 **Goodput interval.** Every measured service time carries a relative uncertainty from
-its repeats; :func:`_scaled` gives the units with every service time at x (1 + err) (the
+its repeats; :func:`scaled_units` gives the units with every service time at x (1 + err) (the
 pessimistic end of what was measured) or x (1 - err) (the optimistic one), scored on the
 same trace length and seed for the ends of the interval
 (:mod:`infscaler.runtime.planning.ranking`).
@@ -36,7 +36,15 @@ from infscaler.runtime.planning import arrivals as _arrivals
 from infscaler.runtime.planning.resources import capacity_rps
 from infscaler.runtime.planning.simulator import SimResult, UnitConfig, UnitProfile, simulate
 
-__all__ = ["ArrivalsArg", "Score", "Scorer", "SearchSettings", "arrivals_for"]
+__all__ = [
+    "ArrivalsArg",
+    "Score",
+    "Scorer",
+    "SearchSettings",
+    "arrivals_for",
+    "fmt_num",
+    "scaled_units",
+]
 
 ArrivalsArg = str | np.ndarray | Sequence[float] | Callable[[float, float, int], np.ndarray]
 
@@ -61,7 +69,7 @@ def arrivals_for(
     return a, f"trace ({a.size} requests)"
 
 
-def _fmt(v: float | None) -> str:
+def fmt_num(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
@@ -192,7 +200,9 @@ class Scorer:
         return (good, lo, best_res)
 
 
-def _scaled(units: Sequence[UnitProfile], errs: Sequence[float], sign: float) -> list[UnitProfile]:
+def scaled_units(
+    units: Sequence[UnitProfile], errs: Sequence[float], sign: float
+) -> list[UnitProfile]:
     """``units`` with each one's service times (``mean_ms``, ``samples_ms``,
     ``batch_ms`` of every engine) x (1 + ``sign`` x its relative err): ``sign`` 1 the
     pessimistic end of what was measured, -1 the optimistic one (the goodput interval). A unit with err 0 is returned as it is."""

@@ -140,7 +140,7 @@ class _Unit:
         return c
 
 
-class _Sim:
+class SimLoop:
     """One simulated run: every request, unit and instance, advanced event by event
     (:meth:`run`). ``max_per_unit``: the most instances of a unit the scaler is shown
     (the simulator's ``MAX_PER_UNIT``)."""

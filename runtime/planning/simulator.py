@@ -1,46 +1,19 @@
 """A discrete-event simulator of a served pipeline: the planner's estimator (InferLine §4.2)
-and the place where the auto-scaler (:func:`infscaler.runtime.scaling.scaler.decide`) runs on a
-device profile without the device.
+and the place where the auto-scaler (:func:`infscaler.runtime.scaling.scaler.decide`)
+runs on a device profile without the device.
 
-What is simulated, following the runtime (:mod:`infscaler.runtime.serving.pipeline`,
-``frontend``, ``instance``):
-
-* **units in pipeline order** (a chain; the runtime runs a DAG's branches one after
-  another in the configured topological order, so a chain is what it executes). A token
-  handed from one unit to the next (and from the front end to the first unit, from the
-  last unit or a per-item unit before the fan-in back to the front end) takes
-  ``handover_ms``;
-* **instances**: each unit has instances on one or more engines; each instance serves one
-  batch at a time. Work waits in one FIFO queue per unit; a token that arrives goes to an
-  idle instance if there is one, else joins the least-loaded instance that is still
-  gathering a batch, else waits in the queue; an instance that becomes free takes the
-  head of the queue (the runtime's least-loaded dispatch, with the queue shared);
-* **service times** per item on each engine from the unit's :class:`EngineProfile`: a
-  mean with a coefficient of variation (0: deterministic, 1: exponential, else gamma), or
-  an empirical list of measured times resampled at random;
-* **batching** per unit (MArk §4 / the instance's dynamic batching): an instance that
-  takes a token takes up to ``batch - 1`` more from the queue and, while the batch is not
-  full, waits up to ``batch_wait_ms`` for more; the batch then runs for the profile's
-  batch latency T_b (interpolated from measured sizes; b x T_1 when none are known);
-* **fan-out / fan-in**: the fan-out unit turns a request into N items (a fixed count or
-  one drawn from measured counts); units between it and the fan-in run per item; the
-  fan-in (run by the front end: ``served=False``, one server) starts when a request's
-  last item is back; N = 0 goes straight to the fan-in;
-* **admission**: ``queue_limit`` bounds the requests admitted and not yet answered
-  (more are rejected, the front end's 503 when the scaler sheds); ``max_inflight`` bounds
-  the requests inside the pipeline's units (more wait at the front end, FIFO); ``"auto"``
-  is the runtime's default window: the served units' live instances + 1, growing and
-  shrinking with them;
-* **auto-scaling** (:class:`Autoscale`): every ``interval_s`` a
-  :class:`~infscaler.runtime.scaling.types.Snapshot` is built from the simulated monitor (end-to-end
-  P99 and per-unit service P50 over a sliding window, arrival and item rates, queues,
-  instances, memory = instance MB + pool MB) and ``decide`` is called; a scaled-out
-  instance takes memory and a slot at once and serves after ``startup_s``; a scaled-in
-  one stops after its current batch; ``shed`` sets ``queue_limit``.
+It follows the runtime (:mod:`infscaler.runtime.serving.pipeline`): units in pipeline
+order, ``handover_ms`` per hop; instances per engine serving one batch at a time from one
+FIFO queue per unit (least-loaded dispatch); service times per item from each
+:class:`EngineProfile` (mean and CV, or measured samples resampled); batching with a
+``batch_wait_ms`` window; fan-out / fan-in; admission (``queue_limit``,
+``max_inflight``, ``"auto"`` = the live instances + 1); CPU contention on ``cpu_cores``;
+and with :class:`Autoscale` the scaler called every ``interval_s`` on a simulated
+:class:`~infscaler.runtime.scaling.types.Snapshot`. What each rule models, in full:
+docs/planner.md, "Simulator".
 
 Time is simulated (no clock, no threads); a run is a pure function of its arguments and
-``seed`` (each unit and engine draws from its own random stream, so two configurations
-of one pipeline see the same service-time sequence: common random numbers).
+``seed`` (each unit and engine draws from its own random stream: common random numbers).
 """
 
 from __future__ import annotations
@@ -53,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from infscaler.base.levels import MAX_INSTANCES_PER_UNIT as MAX_PER_UNIT
-from infscaler.runtime.planning.simloop import _Sim
+from infscaler.runtime.planning.simloop import SimLoop
 from infscaler.runtime.planning.simtypes import Autoscale, EngineProfile, UnitConfig, UnitProfile
 from infscaler.runtime.scaling.types import (
     ResourceCap,
@@ -171,7 +144,7 @@ class SimResult:
         return d
 
 
-def _result(sim: _Sim) -> SimResult:
+def _result(sim: SimLoop) -> SimResult:
     """What the run ``sim`` predicts (see :class:`SimResult`)."""
     t_end = sim.now
     arr = np.asarray(sim.arrivals, dtype=float)
@@ -309,7 +282,7 @@ def simulate(
     arr = np.sort(np.asarray(arrivals, dtype=float))
     if arr.size and (not np.isfinite(arr).all() or arr[0] < 0):
         raise ValueError("arrival times must be finite and >= 0")
-    sim = _Sim(
+    sim = SimLoop(
         units,
         cfg,
         arr,

@@ -1,33 +1,17 @@
-"""Measure a model stage for the planner's configuration-space search.
+"""Measure a model stage for the planner's configuration search.
 
-:func:`measure_model_stage` builds a :class:`~infscaler.runtime.planning.planner.ModelStage` from
-an ONNX model on this host, with the partitioner's own steps (:mod:`infscaler.partitioner`):
-
-* per operator: FLOPs and weight bytes (:func:`~infscaler.partitioner.cost.model_costs`),
-  the valid cuts and the bytes crossing each (:class:`~infscaler.partitioner.graph.OperatorGraph`);
-* per operator profiled ms at 1 thread (:func:`~infscaler.partitioner.profiler.profile_model`,
-  cached per model hash and host), to share the measured time among partitions;
-* the whole model's latency as served (the cpu engine's session options) at each thread
-  count asked for, up to this host's usable cores (``profiler.measure_latency_samples``,
-  the median): the per-model speedup the search applies to every partition; a thread
-  count not measured is not an option; the runs' spread (:func:`spread_cv`), the
-  service-time variability the simulator draws from at that count; and the median's
-  uncertainty (``profiler.median_err``, ``ModelStage.whole_ms_err``), which the search
-  turns into a goodput interval per finalist;
-* where two or more copies fit the cores at a thread count, how much slower the whole
-  model runs while every core runs a copy (``profiler.measure_corun``): the simulator's
-  co-running slowdown (``EngineProfile.corun``);
-* with ``idle``, how much slower the whole model runs after the host sat idle, per
-  thread count (``profiler.measure_idle``): the simulator's idle slowdown
-  (``EngineProfile.idle``). Off by default: timed in-process it overstates what the
-  served instances see (:data:`IDLE_DEFAULT`);
-* the boundary overhead T_p (``profiler.measure_boundary_overhead``, cached).
-
+:func:`measure_model_stage` builds a :class:`~infscaler.runtime.planning.planner.ModelStage`
+from an ONNX model on this host with the partitioner's own steps
+(:mod:`infscaler.partitioner`): per operator FLOPs, weight bytes and profiled ms; valid
+cuts and their crossing bytes; the whole model's latency at each thread count (median,
+spread :func:`spread_cv`, uncertainty ``profiler.median_err``); the co-running slowdown
+(``profiler.measure_corun``); with ``idle`` the idle slowdown; the boundary overhead T_p.
 :func:`search_measured` runs the search, measures the partitions of its best candidates
-(:func:`measure_units_err`: each partition's median and its uncertainty) in place of the
-estimate, and searches again.
+(:func:`measure_units_err`) in place of the estimate, and searches again. What each
+figure feeds: docs/planner.md, "Stage profiles".
 
-Not pure (it runs onnxruntime); the search itself is (:func:`infscaler.runtime.planning.planner.search`).
+Not pure (it runs onnxruntime); the search itself is
+(:func:`infscaler.runtime.planning.planner.search`).
 """
 
 from __future__ import annotations
@@ -41,7 +25,7 @@ from typing import Any
 from infscaler.base.device import INSTANCE_OVERHEAD_MB
 from infscaler.partitioner import cost as cost_mod
 from infscaler.partitioner import profiler
-from infscaler.partitioner.api import _cpu_source, partition_model
+from infscaler.partitioner.api import partition_model
 from infscaler.partitioner.graph import OperatorGraph
 from infscaler.partitioner.loader import load_model, random_feeds
 from infscaler.runtime.planning.planner import ModelStage, search
@@ -151,7 +135,8 @@ def measure_model_stage(
     graph = OperatorGraph.from_loaded(loaded)
     costs = cost_mod.model_costs(loaded)
     feeds = random_feeds({n: loaded.tensors[n] for n in loaded.graph_inputs}, seed=0)
-    whole = _cpu_source(loaded)
+    stub = loaded.stub()  # what the cpu engine's sessions are built from
+    whole = stub if stub is not None else loaded.session_source
     progress(f"{name}: profiling operators at 1 thread")
     prof = profiler.profile_model(
         whole,

@@ -1,39 +1,18 @@
 """Unit profiles for the planner: each served unit's service time per item, measured
 in-process on this host (InferLine §4.1, the Profiler).
 
-:func:`profile_pipeline` runs a compiled pipeline's units in order, in this process, the
-way :mod:`infscaler.runtime.planning.reference` runs a pipeline, but unit by unit (a partitioned
-model stage is K units, each its own partition's ONNX file) and timing each call:
+:func:`profile_pipeline` runs a compiled pipeline's units in order, in this process,
+unit by unit (a partitioned model stage is K units), timing each call: model units in an
+onnxruntime CPU session built like the cpu engine's, function units as themselves,
+per-item units once per item, a fused unit as the sum of its steps. Each sample input
+runs ``warmup`` times untimed, then ``repeats`` times timed; a unit's ``cpu`` profile is
+the empirical distribution of its samples. Engines this host lacks use the plan's
+measured per-partition latency where there is one, else are not an option. Memory per
+instance: the plan's weights + activations estimate plus
+:data:`~infscaler.base.device.INSTANCE_OVERHEAD_MB`. :func:`sample_inputs` makes seeded
+inputs from the pipeline's input specs. Details: docs/planner.md, "Unit profiles".
 
-* model units: an onnxruntime CPU session of the unit's ONNX file built like the cpu
-  engine's own (:func:`infscaler.engines.onnxrt.load_session` with the unit's
-  ``threads``: sequential, no spinning), fed the slot tensors the earlier units
-  produced; not pinned to cores;
-* function units: the function itself, on read-only views, after its ``warmup`` hook;
-* between the fan-out and the fan-in each item runs the per-item units on its own, so
-  every item is one sample; the fan-out's item counts are recorded per request;
-* a fused unit (:func:`infscaler.runtime.serving.pipeline.fuse_units`) runs its steps one by one
-  as above; each of its samples is the sum of its steps' times on that call (a
-  ``fuse: whole`` unit, :func:`infscaler.runtime.serving.pipeline.whole_unit`: on that request,
-  every item's per-item steps and the fan-in included).
-
-Each sample input runs ``warmup`` times untimed (first-run initialisation), then
-``repeats`` times timed. A unit's profile on ``cpu`` is the empirical distribution of its
-samples (the simulator resamples them). For engines this host lacks (a Jetson's ``gpu``
-/ ``dla``) the plan's measured per-partition latency (``Unit.plan_latency_ms``) is used
-when the plan has a number for it and the device profile has the engine; otherwise the
-engine is not an option (no latency is invented). Batch latencies T_b are measured for
-model units with ``batching`` (the sample input stacked b times along axis 0).
-
-Memory of one instance (r_k^m): the plan's estimate of weights + activations (a whole
-model without a plan: its ONNX file size; a function stage: 0) plus
-:data:`~infscaler.base.device.INSTANCE_OVERHEAD_MB`, the USS of an idle instance process
-measured on the development host: the figure the monitor uses before an instance reports.
-
-Sample inputs: :func:`sample_inputs` makes them from the pipeline's input specs (seeded
-random values; ``-1`` dims from the model's configured shapes, else 4); an RGB image input
-gets a rendered text image, so an OCR pipeline produces text lines to fan out over. Give
-real inputs where the data matter.
+Not pure: it runs onnxruntime and the pipeline's functions.
 """
 
 from __future__ import annotations

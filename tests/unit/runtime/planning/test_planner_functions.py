@@ -170,13 +170,13 @@ def test_pinned_threads_count_model_units_as_the_scaler_does():
     # a 2-thread model unit x 2 instances pins 4 threads; a separately served function
     # unit pins none (Monitor.pinned_threads counts model stages only), so the growth
     # loop and the oversubscription filter read the same 4
-    from infscaler.runtime.planning.resources import _pinned
+    from infscaler.runtime.planning.resources import pinned_threads
 
     model = UnitProfile("det", {"cpu": EngineProfile("cpu", 10.0, cores=2)})
     fn = UnitProfile("post", {"cpu": EngineProfile("cpu", 1.0)}, kind="function")
     cfg = [UnitConfig({"cpu": 2}), UnitConfig({"cpu": 3})]
-    assert _pinned([model, fn], cfg) == 4
-    assert _pinned([model, fan_in()], [UnitConfig({"cpu": 1}), UnitConfig({"cpu": 1})]) == 2
+    assert pinned_threads([model, fn], cfg) == 4
+    assert pinned_threads([model, fan_in()], [UnitConfig({"cpu": 1}), UnitConfig({"cpu": 1})]) == 2
 
 
 # -- the whole pipeline in one unit (fuse: whole) ------------------------------------------------
