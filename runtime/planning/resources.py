@@ -86,7 +86,7 @@ def unit_loads(
 def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cores: int) -> float:
     """Analytic upper bound on requests/s: the queueing model's
     :func:`~infscaler.runtime.queueing.capacity_rps` of the units (each its ms per item
-    over its instances, :func:`_per_item_ms`, x its items per request) and the cpu cores
+    over its instances, :func:`per_item_ms`, x its items per request) and the cpu cores
     (``cores`` x 1000 over the cpu ms all units spend per request, each item on its
     instance's pinned threads, every thread busy: :func:`~infscaler.runtime.queueing.
     busy_cpu_ms`). At most :data:`MAX_RPS` (the figure bounds a bisection).
