@@ -218,13 +218,7 @@ class Client:
             content = json.dumps(json_body).encode()
             headers = {"Content-Type": "application/json", **(headers or {})}
         try:
-            resp = self._http.request(
-                method,
-                path,
-                content=content,
-                headers=headers,
-                timeout=timeout if timeout is not None else self.timeout,
-            )
+            resp = self._send(method, path, content, headers, timeout)
         except httpx.ConnectError as exc:
             raise self._unreachable(exc) from None
         except httpx.TimeoutException:
@@ -242,6 +236,25 @@ class Client:
         if resp.status_code >= 400:
             raise InferenceServerError.from_response(resp)
         return resp
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        content: bytes | Iterator[memoryview] | None,
+        headers: Mapping[str, str] | None,
+        timeout: float | None,
+    ) -> httpx.Response:
+        """Send once; an idempotent request (GET / HEAD) whose kept-alive connection the
+        service closed as it was reused is sent once more on a fresh one (RFC 9110
+        section 9.2.2, as urllib3 does)."""
+        t = timeout if timeout is not None else self.timeout
+        try:
+            return self._http.request(method, path, content=content, headers=headers, timeout=t)
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            if method not in ("GET", "HEAD"):
+                raise
+        return self._http.request(method, path, content=content, headers=headers, timeout=t)
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         resp = self.request(method, path, **kw)
