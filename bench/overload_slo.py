@@ -58,9 +58,9 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _scaling_v1 as sc  # noqa: E402
 import overload as ov  # noqa: E402
 import same_config as sw  # noqa: E402
-import scaling as sc  # noqa: E402
 from _common import (  # noqa: E402
     RESULTS_DIR,
     default_cache_dir,

@@ -1,0 +1,140 @@
+"""The system under test: ``infscaler serve`` in a subprocess, fresh per arm.
+
+``with Sut(targets, env={...}) as s:`` writes each pipeline given as a dict to a YAML
+file, starts ``python -m infscaler serve --socket <tmp>/serve.sock <targets> <args>``
+with the environment plus ``env`` (this process's environment is left unchanged), waits
+until ``GET /v2/health/ready`` answers 200, and on exit stops it with SIGTERM (SIGKILL
+after ``stop_timeout_s``) and records the exit code and stop time in ``s.stopped``.
+A target is a pipeline dict, or what ``infscaler serve`` takes: a pipeline YAML path, a
+``.onnx`` file, a bundled model alias or pipeline name (docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Sut:
+    """One ``infscaler serve`` process (see the module docstring).
+
+    Args:
+        targets: what to serve: pipeline dicts and / or ``serve`` targets (str, Path).
+        args: more ``serve`` options (``["--device", "cpu-host"]``).
+        env: environment variables for the service only.
+        ready_timeout_s: the longest wait for readiness, s.
+
+    Raises (from ``__enter__``):
+        RuntimeError: the service exited or was not ready in time (the message names
+            its log file, kept for reading).
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[dict | str | Path],
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        ready_timeout_s: float = 300.0,
+        stop_timeout_s: float = 60.0,
+    ) -> None:
+        if not targets:
+            raise ValueError("Sut needs at least one target (a pipeline dict, YAML or model)")
+        self.targets = list(targets)
+        self.args = [str(a) for a in args]
+        self.env = {k: str(v) for k, v in (env or {}).items()}
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.tmp = Path(tempfile.mkdtemp(prefix="isc-sut-"))
+        self.sock = str(self.tmp / "serve.sock")
+        self.log_path = self.tmp / "serve.log"
+        self.proc: subprocess.Popen | None = None
+        self.ready_s: float | None = None
+        self.stopped: dict[str, Any] | None = None
+
+    def _target_paths(self) -> list[str]:
+        import yaml
+
+        out = []
+        for i, t in enumerate(self.targets):
+            if isinstance(t, dict):
+                p = self.tmp / f"pipeline{i}.yaml"
+                p.write_text(yaml.safe_dump(t, sort_keys=False))
+                out.append(str(p))
+            else:
+                out.append(str(t))
+        return out
+
+    @property
+    def pid(self) -> int | None:
+        """The service's pid while it runs."""
+        return self.proc.pid if self.proc is not None else None
+
+    def __enter__(self) -> Sut:
+        cmd = [sys.executable, "-m", "infscaler", "serve", "--socket", self.sock]
+        cmd += [*self._target_paths(), *self.args]
+        env = {**os.environ, **self.env}
+        env.setdefault("INFSCALER_CACHE_DIR", "/tmp/isc-cache")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in __exit__
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+        )
+        try:
+            self._wait_ready(t0)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        self.ready_s = round(time.monotonic() - t0, 2)
+        return self
+
+    def _wait_ready(self, t0: float) -> None:
+        from infscaler.api.client import Client
+
+        assert self.proc is not None
+        while time.monotonic() - t0 < self.ready_timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"infscaler serve exited {self.proc.returncode} before it was ready: "
+                    f"see {self.log_path}"
+                )
+            with contextlib.suppress(Exception), Client(self.sock, timeout=5) as c:
+                if c.is_ready():
+                    return
+            time.sleep(0.3)
+        raise RuntimeError(
+            f"infscaler serve not ready after {self.ready_timeout_s} s: see {self.log_path}"
+        )
+
+    def status(self) -> dict[str, Any]:
+        """The service's ``status`` answer (pipelines, units, instances)."""
+        from infscaler.api.client import Client
+
+        with Client(self.sock, timeout=10) as c:
+            return c.status()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None or self.stopped is not None:
+            return
+        t0 = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._log.close()
+        self.stopped = {"exit_code": rc, "stop_s": round(time.monotonic() - t0, 2)}
+        if rc in (0, -signal.SIGTERM) and exc[0] is None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
