@@ -173,6 +173,19 @@ def pipeline(
     return load_pipeline(raw)
 
 
+def static_pipeline(
+    model: str, name: str, threads: int, instances: int, slo_ms: float | None = None
+) -> dict[str, Any]:
+    """The whole model at ``instances`` fixed instances of ``threads`` threads, no
+    autoscaler (``slo_ms``: the SLO, for admission only), as a pipeline dict."""
+    raw = pipeline(model, name, 1, threads=threads, max_instances=instances, whole=True)
+    raw = raw.model_dump(mode="json", exclude_none=True)
+    raw["stages"][0]["instances"] = instances
+    if slo_ms is not None:
+        raw["slo"] = f"{slo_ms:.1f}ms"
+    return raw
+
+
 def pipeline_case(model: str, k: int, threads: int, whole: bool) -> dict[str, Any]:
     """A pipeline case's raw config: the bundled YAML with its partitioned stage in ``k``
     and ``threads`` per model-stage instance, or (``whole``) one function stage running
