@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-from harness.models import (  # noqa: E402, F401 - model_inputs, calibrate: for older scripts
+from harness.models import (  # noqa: E402, F401 - model_inputs, calibrate, session: for older scripts and tests
     AUTOSCALE,
     MODEL_SETTINGS,
     PIPELINE_CASES,
@@ -36,6 +36,7 @@ from harness.models import (  # noqa: E402, F401 - model_inputs, calibrate: for 
     model_inputs,
     pipeline,
     pipeline_case,
+    session,
 )
 from harness.scenarios import SERVER  # noqa: E402
 
