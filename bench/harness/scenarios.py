@@ -74,7 +74,8 @@ def passes(point: Mapping[str, Any], bound_ms: float) -> bool:
 
 
 def point_dict(result: Any, bound_ms: float | None) -> dict[str, Any]:
-    """A loadgen ``PointResult`` as one flat point: offered load, throughput, latency
+    """A loadgen ``PointResult`` as one flat point: offered load, throughput, goodput
+    (answers within ``bound_ms`` per s; None without a bound), latency
     percentiles (answered requests), ``p99_all_ms`` (failures as late), counts, the
     server-side split, ``stable``, and ``passed`` when a bound is given."""
     s = result.summary
@@ -86,6 +87,7 @@ def point_dict(result: Any, bound_ms: float | None) -> dict[str, Any]:
         "mode": result.spec.mode,
         "value": result.spec.value,
         "throughput_rps": round(s["throughput"], 3),
+        "goodput_rps": None if s["goodput"] is None else round(s["goodput"], 3),
         **{f"{k}_ms": (round(v, 2) if v is not None else None) for k, v in s["latency_ms"].items()},
         "p99_all_ms": p99_with_failures(lat, failed),
         "ok": len(lat),
