@@ -1,7 +1,7 @@
 """The former ``scaling.py``'s in-process helpers (``Service.submit`` load, the per-step
-recorder, the bench's own Poisson gaps and bisection), kept for the scripts not yet on
-:mod:`harness`: ``same_config``, ``auto_deploys``, ``live_check``, ``overload_slo``,
-``memory_trace``, ``sim_jetson``, ``idle_wake``. New scripts use ``harness.scenarios``
+recorder, the bench's own Poisson gaps), kept for the scripts not yet on :mod:`harness`:
+``same_config``, ``auto_deploys``, ``live_check``, ``memory_trace``, ``sim_jetson``,
+``idle_wake``, ``hop_latency``. New scripts use ``harness.scenarios``
 and ``harness.search``; this module goes with the last of those scripts.
 """
 
@@ -13,7 +13,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,50 +146,6 @@ def _own_cpu(svc: Any) -> dict[int, float]:
     if svc is not None:
         pids += [h.pid for h in svc.supervisor.handles() if h.pid]
     return {p: process_cpu_seconds([p]) for p in pids}
-
-
-def bisect(
-    run: Callable[[float], dict[str, Any]], lo: float, hi: float, steps: int
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """Bisection on the offered rate in (lo, hi): lo is assumed to pass (0, or 0.9 x the
-    result at the next tighter SLO), hi to fail; if no step passes and lo > 0, lo itself
-    is measured (and, if it fails, two more steps in (0, lo)). Returns the passing step with the highest rate (None: none passed) and
-    every step in order."""
-    best = None
-    trace = []
-    lo0 = lo
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        r = run(mid)
-        trace.append(r)
-        print(
-            f"    rate {mid:7.2f}/s: P99 {r['p99_ms']} ms, tput {r['throughput_rps']}/s, "
-            f"{'pass' if r['passed'] else 'FAIL'} {r['aborted'] or ''} others {r['other_processes_cores']}"
-            + (f" inst {r.get('instances_max')}" if r.get("instances_max") else ""),
-            flush=True,
-        )
-        if r["passed"]:
-            lo = mid
-            if best is None or r["rate"] > best["rate"]:
-                best = r
-        else:
-            hi = mid
-    if best is None and lo0 > 0:
-        # lo came from the next tighter SLO (not measured at this one): check it, and
-        # bisect below it if it fails too
-        r = run(lo0)
-        trace.append(r)
-        print(
-            f"    rate {lo0:7.2f}/s (lower bound): P99 {r['p99_ms']} ms, "
-            f"{'pass' if r['passed'] else 'FAIL'}",
-            flush=True,
-        )
-        if r["passed"]:
-            best = r
-        else:
-            b2, t2 = bisect(run, 0.0, lo0, 2)
-            best, trace = b2, trace + t2
-    return best, trace
 
 
 def deploy_status(svc: Any, dep: Any) -> dict[str, Any]:
