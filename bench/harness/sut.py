@@ -116,6 +116,30 @@ class Sut:
             f"infscaler serve not ready after {self.ready_timeout_s} s: see {self.log_path}"
         )
 
+    def processes(self) -> list[int]:
+        """The service's pid and every descendant's (``/proc/<pid>/task/*/children``)."""
+        if self.pid is None:
+            return []
+        out, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            for task in Path(f"/proc/{pid}/task").glob("*/children"):
+                with contextlib.suppress(OSError):
+                    todo += [int(c) for c in task.read_text().split()]
+        return out
+
+    def pss_mb(self) -> dict[str, float]:
+        """PSS of the service and of its descendants (instances), MB
+        (``/proc/<pid>/smaps_rollup``; a process gone meanwhile counts 0)."""
+        pids = self.processes()
+        mb = {pid: _pss_mb(pid) for pid in pids}
+        return {
+            "service_mb": round(mb.get(self.pid or -1, 0.0), 1),
+            "children_mb": round(sum(v for p, v in mb.items() if p != self.pid), 1),
+            "children": len(pids) - 1,
+        }
+
     def status(self) -> dict[str, Any]:
         """The service's ``status`` answer (pipelines, units, instances)."""
         from infscaler.api.client import Client
@@ -138,3 +162,13 @@ class Sut:
         self.stopped = {"exit_code": rc, "stop_s": round(time.monotonic() - t0, 2)}
         if rc in (0, -signal.SIGTERM) and exc[0] is None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _pss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
