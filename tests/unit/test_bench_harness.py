@@ -112,3 +112,54 @@ def test_plot_writes_a_png_and_refuses_nothing_to_draw(tmp_path: Path) -> None:
 def test_sut_needs_a_target() -> None:
     with pytest.raises(ValueError, match="at least one target"):
         harness.Sut([])
+
+
+def test_replay_records_every_request_in_send_order(tmp_path: Path) -> None:
+    """loadgen's replay against a stand-in v2 server on a Unix socket: every scheduled
+    request is recorded once, with its outcome and reason code."""
+    import asyncio
+    import threading
+
+    import numpy as np
+    from aiohttp import web
+
+    from infscaler.api.loadgen import LoadGenerator
+
+    sock = str(tmp_path / "s.sock")
+    meta = {"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}]}
+    calls = {"n": 0}
+
+    async def infer(_req: web.Request) -> web.Response:
+        calls["n"] += 1
+        if calls["n"] % 2 == 0:
+            return web.json_response({"error": "busy", "code": "queue_full"}, status=503)
+        return web.json_response({"model_name": "m", "outputs": []})
+
+    async def metadata(_req: web.Request) -> web.Response:
+        return web.json_response(meta)
+
+    app = web.Application()
+    app.router.add_get("/v2/models/m", metadata)
+    app.router.add_post("/v2/models/m/infer", infer)
+    started = threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def serve() -> None:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.UnixSite(runner, sock).start()
+        started.set()
+
+    t = threading.Thread(target=lambda: (loop.run_until_complete(serve()), loop.run_forever()))
+    t.daemon = True
+    t.start()
+    assert started.wait(10)
+    try:
+        gen = LoadGenerator(sock, "m", {"x": np.zeros(1, np.float32)})
+        rows = gen.replay([0.0, 0.01, 0.02, 0.03], timeout_s=10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+    assert [r["t_s"] for r in rows] == [0.0, 0.01, 0.02, 0.03]
+    assert sorted(r["outcome"] for r in rows) == ["ok", "ok", "refused", "refused"]
+    assert {r["code"] for r in rows if r["outcome"] == "refused"} == {"queue_full"}
+    assert all(r["ms"] >= 0 and r["sent_s"] >= 0 for r in rows)
