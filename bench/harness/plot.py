@@ -52,9 +52,7 @@ def plot(
     if not any(p.get(x) is not None and any(p.get(k) is not None for k in ys) for p in points):
         raise ValueError(f"nothing to plot: no point has {x!r} and one of {ys}")
     panels = _groups(points, panel)
-    fig, axes = plt.subplots(
-        1, len(panels), figsize=(4.5 * len(panels) + 1, 4), squeeze=False, sharey=not logy
-    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 1, 4), squeeze=False)
     for ax, (pv, pts) in zip(axes[0], panels.items(), strict=True):
         for series, sp in _groups(pts, by).items():
             for k in ys:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -61,6 +62,11 @@ class Sut:
         self.proc: subprocess.Popen | None = None
         self.ready_s: float | None = None
         self.stopped: dict[str, Any] | None = None
+        #: with :meth:`watch`: (wall time, {pipeline: ready instances}) per status poll
+        self.instances: list[tuple[float, dict[str, int]]] = []
+        self._decisions: dict[tuple, dict[str, Any]] = {}
+        self._halt = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def _target_paths(self) -> list[str]:
         import yaml
@@ -140,6 +146,38 @@ class Sut:
             "children": len(pids) - 1,
         }
 
+    def watch(self, interval_s: float = 1.0) -> Sut:
+        """Poll ``status`` every ``interval_s`` in a thread until exit: ready instances per
+        pipeline (:attr:`instances`) and every scaling decision it shows
+        (:meth:`since`; ``status`` keeps the last 10 per pipeline)."""
+        self._watcher = threading.Thread(target=self._watch, args=(interval_s,), daemon=True)
+        self._watcher.start()
+        return self
+
+    def _watch(self, interval_s: float) -> None:
+        while not self._halt.wait(interval_s):
+            with contextlib.suppress(Exception):
+                pipes = self.status().get("pipelines", [])
+                self.instances.append((time.time(), {p.get("name"): _ready(p) for p in pipes}))
+                for p in pipes:
+                    for d in p.get("decisions", []):
+                        key = (p.get("name"), d.get("time"), d.get("action"), d.get("unit"))
+                        self._decisions[key] = {"pipeline": p.get("name"), **d}
+
+    def since(
+        self, wall0: float
+    ) -> tuple[list[dict[str, Any]], list[tuple[float, dict[str, int]]]]:
+        """The decisions polled from ``wall0`` (``time.time()``) on, each with ``t_s`` (s
+        since ``wall0``), in time order; and the instance polls ``(t_s, {pipeline:
+        ready})`` from then on."""
+        ds = [
+            {**d, "t_s": round(d["time"] - wall0, 2)}
+            for d in self._decisions.values()
+            if d.get("time") and d["time"] >= wall0
+        ]
+        polls = [(round(t - wall0, 2), n) for t, n in self.instances if t >= wall0]
+        return sorted(ds, key=lambda d: d["t_s"]), polls
+
     def status(self) -> dict[str, Any]:
         """The service's ``status`` answer (pipelines, units, instances)."""
         from infscaler.api.client import Client
@@ -150,6 +188,9 @@ class Sut:
     def __exit__(self, *exc: object) -> None:
         if self.proc is None or self.stopped is not None:
             return
+        self._halt.set()
+        if self._watcher is not None:
+            self._watcher.join(10)
         t0 = time.monotonic()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -172,3 +213,10 @@ def _pss_mb(pid: int) -> float:
     except (OSError, ValueError, IndexError):
         pass
     return 0.0
+
+
+def _ready(pipe: dict[str, Any]) -> int:
+    """Instances of a ``status`` pipeline in state ``ready``, all units."""
+    return sum(
+        i.get("state") == "ready" for u in pipe.get("units", []) for i in u.get("instances", [])
+    )
