@@ -27,6 +27,7 @@ from harness.models import (  # noqa: F401 - re-exported for the scripts above
     pipeline,
     pipeline_case,
 )
+from scaling import auto_pipeline  # noqa: F401 - re-exported for the scripts above
 
 STATE_DIR = Path("/tmp/isc-bench-state")
 
@@ -222,60 +223,3 @@ def own_cpu_seconds() -> float:
 
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
-
-
-def _objective_level() -> str | None:
-    """Where the pipeline config takes an ``objective`` (``stage`` / ``pipeline``), None
-    when it takes none (then ``eq1`` is the K-fixed Eq. 1 plan)."""
-    from infscaler.base.config import PipelineConfig, StageConfig
-
-    if "objective" in StageConfig.model_fields:
-        return "stage"
-    if "objective" in PipelineConfig.model_fields:
-        return "pipeline"
-    return None
-
-
-def auto_pipeline(model: str, name: str, slo_ms: float, objective: str | None = None) -> Any:
-    """The ``auto`` configuration: the model (or the pipeline case's YAML) with only the
-    pipeline's ``slo`` and ``autoscale`` (the bench's :data:`AUTOSCALE` timings): no K, no
-    threads, no instances, no engine named on any model stage, so the runtime decides them
-    at deploy (the deploy-time planner where there is one). ``objective`` (e.g. ``eq1``) is
-    set where the config accepts one (:func:`_objective_level`).
-
-    Raises:
-        ConfigError: the runtime refused the config (its message).
-    """
-    from importlib import resources
-
-    import yaml
-
-    from infscaler.base.config import load_pipeline
-    from infscaler.base.models import MODELS
-
-    if model in PIPELINE_CASES:
-        case = PIPELINE_CASES[model]
-        raw = yaml.safe_load(
-            resources.files("infscaler.pipelines").joinpath(case["yaml"]).read_text()
-        )
-        for st in raw["stages"]:
-            if "model" in st:
-                for key in ("partitions", "instances", "threads", "max_instances", "engine"):
-                    st.pop(key, None)
-    else:
-        stage: dict[str, Any] = {"name": "model", "model": model}
-        if MODELS[model].shapes:
-            stage["shapes"] = MODELS[model].shapes
-        raw = {"stages": [stage]}
-    raw["name"] = name
-    raw["request_timeout_s"] = 60.0
-    raw["slo"] = f"{slo_ms:.1f}ms"
-    raw["autoscale"] = dict(AUTOSCALE)
-    level = _objective_level() if objective else None
-    if level == "pipeline":
-        raw["objective"] = objective
-    elif level == "stage":
-        for st in raw["stages"]:
-            if "model" in st:
-                st["objective"] = objective
-    return load_pipeline(raw)
