@@ -26,18 +26,6 @@ def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def versions() -> dict[str, str]:
     """Python and each installed package of :data:`VERSIONED`, name -> version."""
     out = {"python": platform.python_version()}
@@ -50,16 +38,19 @@ def versions() -> dict[str, str]:
 
 
 def environment() -> dict[str, Any]:
-    """The ``environment`` block of a result: host, CPU model, usable cores (this
-    process's affinity), memory, versions, argv, start time and load average."""
+    """The ``environment`` block of a result: the host (the package's
+    ``partitioner.profiler.host_description``: fingerprint, CPU model, cores, engines),
+    usable cores (this process's affinity), memory, versions, argv, start time and load
+    average."""
+    from infscaler.partitioner.profiler import host_description, usable_cores
+
     try:
         mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
     except (ValueError, OSError):
         mem_mb = None
     return {
-        "host": platform.node(),
-        "cpu": cpu_model(),
-        "usable_cores": len(os.sched_getaffinity(0)),
+        "host": host_description(),
+        "usable_cores": usable_cores(),
         "memory_mb": round(mem_mb) if mem_mb else None,
         "kernel": platform.release(),
         "versions": versions(),

@@ -3,7 +3,7 @@
 A result file (``<out>/<name>.json``, ``<name>_quick.json`` for ``--quick``) holds::
 
     {"schema": "infscaler-bench/1", "name": str,
-     "environment": {host, cpu, usable_cores, memory_mb, versions, argv, date_utc,
+     "environment": {host (host_description), usable_cores, memory_mb, versions, argv, date_utc,
                      load_average_at_start / _at_end, quiet_before, other_processes_cores,
                      cpu_steal_s, loaded_host},
      "settings": {...},   # the script's arguments
