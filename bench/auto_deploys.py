@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _scaling_v1 as sc  # noqa: E402
 import same_config as sw  # noqa: E402
-import scaling as sc  # noqa: E402
 from _common import (  # noqa: E402
     RESULTS_DIR,
     ForeignLoad,

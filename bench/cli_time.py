@@ -1,20 +1,15 @@
 """Wall time of the client commands against ``python -c pass``: ``infscaler --help``,
 ``status`` and ``infer`` answered by a served pipeline (a one-stage function pipeline,
-``y = x * 2`` on a 1x4 FP32 tensor, in a service started by this script, so the time is
-the CLI's own plus one small request), the same two against a socket with no service
-(the connect error), and for each command the heavy modules ``python -X importtime``
-shows it importing (httpx, anyio, pydantic, onnx, numpy). Several runs each,
-interleaved; the median.
-
-Usage: ``python bench/cli_time.py [--runs 7] [--out bench/results]`` writes
-``cli_time.json`` and ``cli_time.png`` (matplotlib) there. Target: under 0.3 s of
-overhead (median minus ``python -c pass``) for ``status`` and ``infer``.
+``y = x * 2`` on a 1x4 FP32 tensor, on a fresh ``infscaler serve``: ``harness.Sut``, so
+the time is the CLI's own plus one small request), the same two against a socket with no
+service (the connect error), and for each command the heavy modules ``python -X
+importtime`` shows it importing (httpx, anyio, pydantic, onnx, numpy). ``--runs`` runs
+each, interleaved; the median. Target: under 0.3 s of overhead (median minus ``python -c
+pass``) for ``status`` and ``infer``. Writes ``results/cli_time.json`` and ``.png``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -22,9 +17,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ForeignLoad, wait_for_quiet  # noqa: E402
+import harness  # noqa: E402
 
 HEAVY = ("httpx", "anyio", "pydantic", "onnx", "numpy")
 STAGE = """
@@ -94,84 +90,39 @@ def measure(sock: str, runs: int) -> dict[str, dict]:
     return res
 
 
-def _own_cpu_seconds() -> float:
-    """CPU seconds of this process, its exited children (the timed commands) and its
-    live descendants (the service's instances)."""
-    import resource
-
-    import psutil
-
-    me = psutil.Process()
-    total = sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
-    for proc in (me, *me.children(recursive=True)):
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=120.0)
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
-    ap.add_argument("--quiet-wait-s", type=float, default=120.0)
-    args = ap.parse_args()
-    from infscaler.api.server import ServerThread
-    from infscaler.base.config import load_pipeline
-    from infscaler.service.service import Service
 
+    def quick(a: Any) -> None:
+        a.runs = 2
+
+    a = harness.cli.parse(ap, argv, quick)
+    res = harness.cli.start("cli_time", a)
     with tempfile.TemporaryDirectory(prefix="cli-time-") as tmp:
         (Path(tmp) / "cli_time_stage.py").write_text(STAGE)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (tmp, os.environ.get("PYTHONPATH", "")) if p
-        )
-        sys.path.insert(0, tmp)  # the service checks the stage imports here too
-        sock = str(Path(tmp) / "api.sock")
-        with Service(state_dir=Path(tmp) / "state", control_path="userspace", pool_mb=16) as svc:
-            svc.deploy(load_pipeline(PIPELINE))
-            with ServerThread(svc, sock):
-                quiet = wait_for_quiet(args.quiet_wait_s)
-                fl = ForeignLoad(_own_cpu_seconds)
-                res = measure(sock, args.runs)
-                other = fl.cores()
-    doc = {
-        "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
-        "host_noise": {
-            "wait_for_quiet_before_start": quiet,
-            "other_processes_cores_during_run": other,
-        },
-        "python": sys.version.split()[0],
-        "commands": res,
+        path = os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH", "")) if p)
+        args = ["--control-path", "userspace"]
+        with harness.Sut([PIPELINE], args=args, env={"PYTHONPATH": path}) as s:
+            res.own_pids[:] = s.processes()
+            commands_ = measure(s.sock, a.runs)
+    for name, r in commands_.items():
+        for i, w in enumerate(r["runs_s"]):
+            res.add(command=name, run=i + 1, wall_s=round(w, 4))
+    res.summary["commands"] = {
+        n: {k: v for k, v in r.items() if k != "runs_s"} for n, r in commands_.items()
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cli_time.json").write_text(json.dumps(doc, indent=2))
-    _plot(res, args.out / "cli_time.png")
-    print(f"other processes: {other} cores")
-    for n, r in res.items():
-        print(
-            f"{n:<22} {r['median_s']:.3f} s  (+{r['overhead_s']:.3f})  "
-            f"imports {', '.join(r['imports']) or '-'}"
-        )
+    harness.cli.finish(res, a, plot)
+    rows = [[n, round(r["median_s"], 3), round(r["overhead_s"], 3), ", ".join(r["imports"]) or "-"]
+            for n, r in commands_.items()]  # fmt: skip
+    harness.print_table(["command", "median s", "overhead s", "heavy imports"], rows)
+    return 0
 
 
-def _plot(res: dict[str, dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    base = res["python -c pass"]["median_s"]
-    fig, ax = plt.subplots(figsize=(7, 3))
-    names = list(res)
-    ax.barh(names, [res[n]["median_s"] for n in names])
-    ax.axvline(base + 0.3, color="r", ls="--", label="python + 0.3 s")
-    ax.set_xlabel("wall time, s (median)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Each command's wall time per run."""
+    harness.plot(data["points"], path, x="run", y="wall_s", by="command", ylabel="wall time, s")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -33,7 +33,7 @@ from _common import (  # noqa: E402
     print_table,
     write_json,
 )
-from scaling import (  # noqa: E402
+from _scaling_v1 import (  # noqa: E402
     AUTOSCALE,
     MODEL_SETTINGS,
     STATE_DIR,

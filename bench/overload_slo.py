@@ -1,275 +1,126 @@
 """Overload at a multiple of capacity, the load generator on the same cores: does
 admission keep the SLO it admits to, and does it keep the goodput?
 
-Writes ``results/overload_slo.json`` and ``.png`` (another ``--config`` adds its name,
-another ``--slo-x`` ``_slo<x>x``, ``--quick`` ``_quick``: 6 s windows, 3 bisection steps
-of 60 requests; proves the script runs, no result).
+One ``infscaler serve`` (``harness.Sut``) with the SLO = ``--slo-x`` x L0 (L0: the whole
+model's 1-thread median in this process) and ``--config``: ``replicas`` (``cores``
+single-thread instances), ``one-session`` (one instance with ``cores`` threads) or
+``auto`` (``slo`` and ``autoscale: {}`` only). Through ``infscaler.api.loadgen``
+(``harness.scenarios``):
 
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/overload_slo.py`".
+1. **Capacity** C: the offline scenario, ``--clients`` requests in flight.
+2. **Sustained rate** R: the largest Poisson rate whose P99 (a refused request later
+   than any) is within the SLO, by bisection in (0.2 C, 1.1 C) (``harness.search``).
+3. **Overload** at each of ``--factors`` x C for ``--duration-s``: admitted P99 and
+   goodput (answers within the SLO per s).
+
+Checks per factor: no error other than a refusal, admitted P99 <= ``--p99-x`` x SLO,
+goodput >= ``--goodput-x`` x R's goodput. Writes ``results/overload_slo[_<config>]
+[_slo<x>x][_quick].json`` and ``.png``.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import math
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overload as ov  # noqa: E402
-import same_config as sw  # noqa: E402
-import scaling as sc  # noqa: E402
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    default_cache_dir,
-    environment,
-    print_table,
-    wait_for_quiet,
-    write_json,
-)
+import harness  # noqa: E402
+from harness.scenarios import OFFLINE, SERVER  # noqa: E402
 
 CONFIGS = ("replicas", "one-session", "auto")
+NAME = "m"
 
 
-def pipeline_yaml(model: str, config: str, slo_ms: float, cores: int, path: Path) -> Path:
-    """The served configuration as a pipeline YAML (module docstring, step 2)."""
+def config_pipeline(model: str, config: str, slo_ms: float, cores: int) -> dict[str, Any]:
+    """The served configuration (module docstring) with the SLO."""
     if config == "auto":
-        import auto_deploys as ad
+        import scaling
 
-        cfg = ad.auto_config(model, model, slo_ms)
-    else:
-        threads, inst = (1, cores) if config == "replicas" else (cores, 1)
-        cfg = sw.hand_pipeline(model, model, threads, inst, slo_ms)
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
-    return path
-
-
-def window_summary(rows: list[dict[str, Any]], window_s: float, slo_ms: float) -> dict[str, Any]:
-    """``overload.summarize`` plus goodput (results within ``slo_ms`` / ``window_s``) and
-    the P99 of every request (refusals later than any)."""
-    out = ov.summarize(rows, window_s, slo_ms)
-    ok = [r["ms"] for r in rows if r["outcome"] == "ok"]
-    out["goodput_rps"] = round(sum(x <= slo_ms for x in ok) / window_s, 3)
-    p99 = sc.p99_every(ok, len(rows) - len(ok))
-    out["p99_every_ms"] = round(p99, 2) if p99 < math.inf else None
-    return out
+        cfg = scaling.auto_pipeline(model, NAME, slo_ms)
+        raw = cfg.model_dump(mode="json", exclude_none=True, exclude_unset=True)
+        return {**raw, "autoscale": {}}  # the scaler's own defaults, as a user writes it
+    threads, inst = (1, cores) if config == "replicas" else (cores, 1)
+    return harness.models.static_pipeline(model, NAME, threads, inst, slo_ms)
 
 
-async def open_window(
-    sock: str, model: str, body: bytes, headers: dict, rate: float, n: int, warm_s: float, seed: int
-) -> tuple[list[dict[str, Any]], float]:
-    """Poisson arrivals at ``rate`` for ``warm_s`` + ``n`` / ``rate`` s; returns the rows
-    sent after ``warm_s`` and their window, s."""
-    duration = warm_s + n / rate
-    rows = await ov.open_loop(sock, model, body, headers, rate, duration, seed)
-    kept = [r for r in rows if r["t_s"] >= warm_s]
-    return kept, duration - warm_s
+def checks(point: dict[str, Any], slo_ms: float, sustained: float, a: Any) -> dict[str, bool]:
+    """The overload checks of one point (module docstring)."""
+    p99 = point["p99_ms"]
+    return {
+        "no_error_but_refusals": not point["errors_by_code"],
+        "admitted_p99_within": p99 is not None and p99 <= a.p99_x * slo_ms,
+        "goodput_within": sustained > 0 and (point["goodput_rps"] or 0) >= a.goodput_x * sustained,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="resnet50", choices=sorted(sc.MODEL_SETTINGS))
-    p.add_argument("--config", default="replicas", choices=CONFIGS)
-    p.add_argument("--slo-x", type=float, default=3.0)
-    p.add_argument("--factors", default="2,5")
-    p.add_argument("--duration-s", type=float, default=20.0)
-    p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--calibrate", type=int, default=60)
-    p.add_argument("--bisect-steps", type=int, default=5)
-    p.add_argument("--bisect-requests", type=int, default=200)
-    p.add_argument("--warm-s", type=float, default=2.0)
-    p.add_argument("--p99-x", type=float, default=1.25)
-    p.add_argument("--goodput-x", type=float, default=0.8)
-    p.add_argument("--quiet-wait-s", type=float, default=120.0)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--quick", action="store_true")
-    a = p.parse_args(argv)
-    if a.quick:
-        a.duration_s, a.bisect_steps, a.bisect_requests, a.calibrate = 6.0, 3, 60, 16
-    default_cache_dir()
-    from infscaler.api.codec import encode_infer_request
+    ap = harness.cli.parser(__doc__, duration_s=20.0, quiet_wait_s=120.0)
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--config", default="replicas", choices=CONFIGS)
+    ap.add_argument("--slo-x", type=float, default=3.0)
+    ap.add_argument("--factors", default="2,5")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--bisect-steps", type=int, default=5)
+    ap.add_argument("--warmup-s", type=float, default=2.0)
+    ap.add_argument("--p99-x", type=float, default=1.25)
+    ap.add_argument("--goodput-x", type=float, default=0.8)
 
-    quiet = wait_for_quiet(a.quiet_wait_s)
-    feeds = sc.model_inputs(a.model)
-    cal = sc.calibrate(a.model, feeds, 20)
-    cores = cal["cores"]
-    slo_ms = a.slo_x * cal["l0_ms"]
-    tmp = Path(tempfile.mkdtemp(prefix="isc-overload-slo-"))
-    target = pipeline_yaml(a.model, a.config, slo_ms, cores, tmp / "pipeline.yaml")
-    sock = str(tmp / "s.sock")
-    svc = ov.Service(str(target), ["--drain-timeout", "5"], sock, tmp / "serve.log")
-    data: dict[str, Any] = {
-        "environment": environment(),
-        "settings": vars(a),
-        "quiet_before": quiet,
-        "calibration": cal,
-        "slo_ms": round(slo_ms, 2),
-        "pipeline": yaml.safe_load(target.read_text()),
-    }
-    print(f"== {a.model} {a.config}: L0 {cal['l0_ms']} ms, SLO {slo_ms:.1f} ms", flush=True)
-    try:
-        svc.wait_ready(600)
-        body, headers = encode_infer_request(feeds)
-        asyncio.run(ov.closed_loop(sock, a.model, body, headers, 1, 8))  # warm
-        cap = asyncio.run(ov.closed_loop(sock, a.model, body, headers, a.clients, a.calibrate))
-        c = cap["throughput_rps"]
-        data["capacity"] = cap
-        print(f"  capacity {c}/s (closed loop, {a.clients} clients)", flush=True)
-        sampler = ov.Sampler(svc.proc.pid, 0.25).start()
+    def quick(a: Any) -> None:
+        a.bisect_steps = 3
 
-        def run(rate: float) -> dict[str, Any]:
-            rows, win = asyncio.run(
-                open_window(sock, a.model, body, headers, rate, a.bisect_requests, a.warm_s, a.seed)
-            )
-            s = window_summary(rows, win, slo_ms)
-            p99 = s["p99_every_ms"]
-            return {
-                "rate": round(rate, 3),
-                "passed": p99 is not None and p99 <= slo_ms,
-                "p99_ms": p99,
-                "throughput_rps": s["goodput_rps"],
-                "aborted": None,
-                "other_processes_cores": None,
-                "summary": s,
-            }
-
-        best, trace = sc.bisect(run, 0.2 * c, 1.1 * c, a.bisect_steps)
-        sustained = best["summary"]["goodput_rps"] if best else 0.0
-        data["sustained"] = {
-            "rate_rps": best["rate"] if best else None,
-            "goodput_rps": sustained,
-            "steps": trace,
-        }
-        print(f"  sustained within the SLO: {data['sustained']['rate_rps']}/s", flush=True)
-        data["overload"] = []
-        for f in (float(x) for x in a.factors.split(",")):
-            t0 = time.monotonic() - sampler.t0
-            rows = asyncio.run(
-                ov.open_loop(sock, a.model, body, headers, f * c, a.duration_s, a.seed + 1)
-            )
-            t1 = time.monotonic() - sampler.t0
-            s = window_summary(rows, a.duration_s, slo_ms)
-            checks = {
-                # no unanswered, connection error, other status or non-JSON refusal
-                "every_request_answered": set(s["outcomes"]) <= {"ok", "refused"},
-                "admitted_p99_within": s["admitted_p99_ms"] is not None
-                and s["admitted_p99_ms"] <= a.p99_x * slo_ms,
-                "goodput_within": sustained > 0 and s["goodput_rps"] >= a.goodput_x * sustained,
-            }
-            entry = {
-                "factor": f,
-                "rate_rps": round(f * c, 2),
-                "window_s": [round(t0, 2), round(t1, 2)],
-                "summary": s,
-                "goodput_over_sustained": round(s["goodput_rps"] / sustained, 3)
-                if sustained
-                else None,
-                "admitted_p99_over_slo": round(s["admitted_p99_ms"] / slo_ms, 3)
-                if s["admitted_p99_ms"]
-                else None,
-                "checks": checks,
-                "passed": all(checks.values()),
-                "requests": rows,
-            }
-            data["overload"].append(entry)
-            print(
-                f"  {f:g}x ({f * c:.1f}/s): ok {s['admitted']}, refused {s['refused']}, "
-                f"admitted P50/P99 {s['admitted_p50_ms']}/{s['admitted_p99_ms']} ms "
-                f"({entry['admitted_p99_over_slo']} x SLO), goodput {s['goodput_rps']}/s "
-                f"({entry['goodput_over_sustained']} x sustained), passed {entry['passed']}",
-                flush=True,
-            )
-        data["samples"] = sampler.stop()
-    finally:
-        data["stop"] = svc.stop()
-        data["serve_log_tail"] = (tmp / "serve.log").read_text().splitlines()[-40:]
-    data["environment"]["load_average_at_end"] = list(os.getloadavg())
+    a = harness.cli.parse(ap, argv, quick)
     name = "overload_slo" + ("" if a.config == "replicas" else f"_{a.config}")
-    name += "" if a.slo_x == 3.0 else f"_slo{a.slo_x:g}x"
-    name += "_quick" if a.quick else ""
-    write_json(RESULTS_DIR / f"{name}.json", data)
-    plot(data, RESULTS_DIR / f"{name}.png")
-    print_table(
-        [
-            "factor",
-            "offered/s",
-            "ok",
-            "refused",
-            "P99 ok ms",
-            "x SLO",
-            "goodput/s",
-            "x R",
-            "passed",
-        ],
-        [
-            [
-                e["factor"],
-                e["rate_rps"],
-                e["summary"]["admitted"],
-                e["summary"]["refused"],
-                e["summary"]["admitted_p99_ms"],
-                e["admitted_p99_over_slo"],
-                e["summary"]["goodput_rps"],
-                e["goodput_over_sustained"],
-                e["passed"],
-            ]
-            for e in data.get("overload", [])
-        ],
+    res = harness.cli.start(name + ("" if a.slo_x == 3.0 else f"_slo{a.slo_x:g}x"), a)
+    feeds = harness.models.model_inputs(a.model)
+    cal = harness.models.calibrate(a.model, feeds, 20)
+    slo_ms = round(a.slo_x * cal["l0_ms"], 2)
+    pipe = config_pipeline(a.model, a.config, slo_ms, cal["cores"])
+    res.summary.update(calibration=cal, slo_ms=slo_ms, pipeline=pipe)
+    print(f"== {a.model} {a.config}: L0 {cal['l0_ms']} ms, SLO {slo_ms} ms", flush=True)
+    with harness.Sut([pipe], args=["--drain-timeout", "5"]) as s:
+        res.own_pids[:] = [s.pid]
+
+        def run(scenario: str, value: float, phase: str, **kw: Any) -> dict[str, Any]:
+            p = harness.scenarios.run(s.sock, NAME, feeds, scenario, value, bound_ms=slo_ms,
+                                      duration_s=a.duration_s, warmup_s=a.warmup_s, seed=a.seed)  # fmt: skip
+            return res.add(phase=phase, **kw, **p) if phase != "bisection" else p
+
+        c = run(OFFLINE, a.clients, "capacity")["throughput_rps"]
+        print(f"  capacity {c}/s (closed loop, {a.clients} clients)", flush=True)
+        found = harness.search.max_rate_at_slo(
+            lambda r: run(SERVER, r, "bisection"), 1.1 * c, a.bisect_steps, low_rps=0.2 * c
+        )
+        for p in found["points"]:
+            res.add(phase="bisection", **p)
+        passed = [p for p in found["points"] if p["passed"]]
+        sustained = max((p["goodput_rps"] or 0.0 for p in passed), default=0.0)
+        res.summary.update(
+            capacity_rps=c, sustained_rps=found["max_rps"], sustained_goodput_rps=sustained
+        )
+        print(f"  sustained within the SLO: {found['max_rps']}/s", flush=True)
+        for f in (float(x) for x in a.factors.split(",")):
+            p = run(SERVER, f * c, "overload", factor=f)
+            p["checks"] = checks(p, slo_ms, sustained, a)
+            p["passed_all"] = all(p["checks"].values())
+            p["admitted_p99_over_slo"] = round(p["p99_ms"] / slo_ms, 3) if p["p99_ms"] else None
+            p["goodput_over_sustained"] = (
+                round((p["goodput_rps"] or 0) / sustained, 3) if sustained else None
+            )
+    harness.cli.finish(res, a, plot)
+    cols = ["factor", "value", "ok", "failed", "p99_ms", "admitted_p99_over_slo", "goodput_rps",
+            "goodput_over_sustained", "passed_all"]  # fmt: skip
+    harness.print_table(
+        cols, [[p.get(k) for k in cols] for p in res.points if p["phase"] == "overload"]
     )
     return 0
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    """Per overload factor: latency of each request over time (results, refusals), the
-    SLO and the P99 bound; and the cores used by the service, its instances, the load
-    generator and other processes over the whole run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = data.get("overload", [])
-    if not runs:
-        return
-    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 7), squeeze=False)
-    slo = data["slo_ms"]
-    p99x = data["settings"]["p99_x"]
-    for j, e in enumerate(runs):
-        ax = axes[0][j]
-        for outcome, color in (("ok", "g"), ("refused", "orange")):
-            pts = [r for r in e["requests"] if r["outcome"] == outcome]
-            ax.scatter([r["t_s"] for r in pts], [r["ms"] for r in pts], s=3, c=color, label=outcome)
-        ax.axhline(slo, color="k", ls=":", lw=1, label="SLO")
-        ax.axhline(p99x * slo, color="r", ls="--", lw=1, label=f"{p99x:g} x SLO")
-        ax.set_yscale("log")
-        ax.set_title(
-            f"{data['settings']['model']} {data['settings']['config']}, {e['factor']:g}x "
-            f"({e['rate_rps']}/s): P99 {e['admitted_p99_over_slo']} x SLO, goodput "
-            f"{e['goodput_over_sustained']} x R",
-            fontsize=9,
-        )
-        ax.set_xlabel("s since the window started")
-        ax.set_ylabel("latency from send, ms")
-        ax.legend(fontsize=7)
-        ax = axes[1][j]
-        t0, t1 = e["window_s"]
-        rows = [s for s in data.get("samples", []) if t0 <= s["t_s"] <= t1]
-        ts = [s["t_s"] - t0 for s in rows]
-        for key in ("service_cores", "instances_cores", "loadgen_cores", "other_cores"):
-            ax.plot(ts, [s[key] for s in rows], label=key)
-        ax.set_ylabel("cores")
-        ax.set_xlabel("s since the window started")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    """Admitted P99 and goodput against the offered rate, bisection and overload points."""
+    harness.plot(data["points"], path, x="value", y=["p99_ms", "goodput_rps"], by="phase",
+                 hline_key="bound_ms", xlabel="offered, /s (capacity: clients)")  # fmt: skip
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

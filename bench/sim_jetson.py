@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, default_cache_dir, environment, print_table, write_json  # noqa: E402
-from scaling import AUTOSCALE, MODEL_SETTINGS, STATE_DIR, model_inputs, pipeline  # noqa: E402
+from _scaling_v1 import AUTOSCALE, MODEL_SETTINGS, STATE_DIR, model_inputs, pipeline  # noqa: E402
 
 PROFILES = ("xavier-agx", "orin-nano")
 HANDOVER_MS = 0.05

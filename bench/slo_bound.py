@@ -16,7 +16,7 @@ random numbers), the first 10 % discarded, bisection on rho to 1e-4. Exact up to
 sampling error: with N = 400 000 the P99 is read from ~360 000 samples; the bisection is
 repeated for 3 seeds and the spread reported.
 
-Writes ``results/slo_bound.json`` (no plot: one small table, in bench/HISTORY.md).
+Writes ``results/slo_bound.json`` and ``.png`` (``_quick``: 20,000 arrivals, 1 seed).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, now_utc, print_table, write_json  # noqa: E402
+import harness  # noqa: E402
 
 
 def p99_response(gaps: np.ndarray, servers: int, rho: float, warm: int) -> float:
@@ -130,44 +130,37 @@ def chain_ceiling_rps(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=0.0)
     ap.add_argument("--servers", default="1,2,4,8", help="c values (comma list)")
     ap.add_argument("--slos", default="1.5,2,3", help="SLO factors k (P99 <= k x D)")
     ap.add_argument("--n", type=int, default=400_000, help="arrivals per run")
     ap.add_argument("--seeds", type=int, default=3)
-    args = ap.parse_args(argv)
-    servers = [int(s) for s in args.servers.split(",")]
-    slos = [float(s) for s in args.slos.split(",")]
-    warm = args.n // 10
-    rows, out = [], []
-    for c in servers:
-        for k in slos:
-            loads = []
-            for seed in range(args.seeds):
-                gaps = np.random.default_rng(seed).exponential(1.0, args.n)
-                loads.append(max_load(gaps, c, k, warm))
-            entry = {
-                "servers": c,
-                "slo_factor": k,
-                "max_load": round(float(np.median(loads)), 4),
-                "spread": round(float(max(loads) - min(loads)), 4),
-                "per_seed": [round(x, 4) for x in loads],
-            }
-            out.append(entry)
-            rows.append([c, f"{k:g}x", entry["max_load"], entry["spread"]])
-    print_table(["servers c", "SLO (P99 <= k D)", "max load rho", "spread (seeds)"], rows)
-    write_json(
-        RESULTS_DIR / "slo_bound.json",
-        {
-            "what": "M/D/c FIFO, Poisson arrivals: largest rho with P99 response <= k x D",
-            "date_utc": now_utc(),
-            "n": args.n,
-            "warm_discarded": warm,
-            "seeds": args.seeds,
-            "results": out,
-        },
-    )
+
+    def quick(a: argparse.Namespace) -> None:
+        a.n, a.seeds = 20_000, 1
+
+    a = harness.cli.parse(ap, argv, quick)
+    res = harness.cli.start("slo_bound", a)
+    res.summary["what"] = "M/D/c FIFO, Poisson arrivals: largest rho with P99 response <= k x D"
+    for c in (int(s) for s in a.servers.split(",")):
+        for k in (float(s) for s in a.slos.split(",")):
+            loads = [
+                max_load(np.random.default_rng(seed).exponential(1.0, a.n), c, k, a.n // 10)
+                for seed in range(a.seeds)
+            ]
+            res.add(servers=c, slo_factor=k, max_load=round(float(np.median(loads)), 4),
+                    spread=round(float(max(loads) - min(loads)), 4),
+                    per_seed=[round(x, 4) for x in loads])  # fmt: skip
+    harness.cli.finish(res, a, plot)
+    cols = ["servers", "slo_factor", "max_load", "spread"]
+    harness.print_table(cols, [[p[k] for k in cols] for p in res.points])
     return 0
+
+
+def plot(data: dict, path: Path) -> None:
+    """The largest load against the SLO factor, one line per server count."""
+    harness.plot(data["points"], path, x="slo_factor", y="max_load", by="servers",
+                 xlabel="SLO factor k (P99 <= k x D)", ylabel="max load rho")  # fmt: skip
 
 
 if __name__ == "__main__":

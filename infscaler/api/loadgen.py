@@ -653,6 +653,47 @@ class LoadGenerator:
         if pending:
             await asyncio.gather(*pending)
 
+    def replay(self, times: Sequence[float], timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        """Send one request at each of ``times`` (s from the start, sorted), whatever is in
+        flight, on the service's socket (persistent connections), and record each:
+        ``{"t_s": its scheduled send time, "sent_s": its actual send time (s), "outcome":
+        "ok" | "refused" | "error", "code": the reason code ("" for ok,
+        :func:`answer_code`), "ms": latency from the send}``, in send order. A step load or
+        a trace, where the outcome of each request over time is the measurement.
+
+        Raises:
+            InfScalerError: the service cannot be reached or the model is unknown.
+        """
+        from infscaler.api.client import Client
+
+        with Client(self.socket_path) as client:
+            client.model_metadata(self.model)
+        body, headers = encode_infer_request(
+            self.inputs, binary=True, binary_output=True, parameters=self.parameters or None
+        )
+        return asyncio.run(self._replay(list(times), timeout_s, body, headers))
+
+    async def _replay(
+        self, times: list[float], timeout_s: float, body: bytes, headers: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = [{} for _ in times]
+        async with open_session(self.socket_path, timeout_s) as session:
+
+            async def fire(i: int, t: float, sent: float) -> None:
+                o = await self._one(session, body, headers)
+                rows[i] = {"t_s": round(t, 4), "sent_s": round(sent, 4), "outcome": o.kind,
+                           "code": o.reason, "ms": round(o.latency_ms, 2)}  # fmt: skip
+
+            tasks = []
+            t0 = time.perf_counter()
+            for i, t in enumerate(times):
+                delay = t0 + float(t) - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.ensure_future(fire(i, t, time.perf_counter() - t0)))
+            await asyncio.gather(*tasks)
+        return rows
+
     async def measure(
         self,
         session: Any,
