@@ -181,11 +181,14 @@ class Supervisor:
         #: service's own nice value, as before CPU by priority)
         mode = os.environ.get("INFSCALER_CPU_PRIORITY", "on").lower()
         self.cpu_priority = mode != "off"
-        #: per-pipeline cgroup v2 cpu.weight (``on``: where the service can create
-        #: cgroups; ``nice``: never), and why not (:mod:`~infscaler.runtime.processes.cgroups`)
+        #: per-pipeline cgroup v2 cpu.weight (``on``: under systemd, where the service can
+        #: create cgroups; ``cgroup``: wherever it can; ``nice``: never), and why not
+        #: (:mod:`~infscaler.runtime.processes.cgroups`)
         self.cgroups: CgroupCpu | None = None
         self.cgroups_why = f"INFSCALER_CPU_PRIORITY={mode}"
-        if mode == "on":
+        if mode == "on" and not os.environ.get("INVOCATION_ID"):
+            self.cgroups_why = "not a systemd service (INFSCALER_CPU_PRIORITY=cgroup to try)"
+        elif mode in ("on", "cgroup"):
             self.cgroups, self.cgroups_why = CgroupCpu.open()
             if self.cgroups is None:
                 log.info("CPU by priority with nice values only: %s", self.cgroups_why)
