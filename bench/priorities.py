@@ -5,8 +5,9 @@ One ``infscaler serve`` with 2 or 3 pipelines (``--cases 2,3``) from their YAMLs
 ResNet-50), ``lo`` (priority 2) and, in the 3-pipeline case, ``lo3`` (priority 3), both
 SLO 1 s, default SqueezeNet. ``hi`` gets Poisson arrivals at ``--hi-load`` x one core's
 ideal rate (1000 / L0); the lower ones are either idle or each flooded by ``--flood``
-closed-loop clients that send again at once. Admission across pipelines is on in every
-arm. Arms, each a fresh service, alternating over ``--rounds``:
+closed-loop clients that send again at once (3 pipelines, or ``--fixed``: one
+single-thread instance each, no autoscale: three autoscaled ones do not fit a 2-core
+host's thread slots). Admission across pipelines is on in every arm. Arms, each a fresh service, alternating over ``--rounds``:
 
 - ``on``: CPU by priority as shipped (``lo``'s instances at a higher nice value);
 - ``off``: ``INFSCALER_CPU_PRIORITY=off`` (every instance at the service's value).
@@ -61,14 +62,19 @@ def model_of(alias: str) -> Model:
     return Model(alias, path, first.name, g.output[0].name, dims)
 
 
-def pipeline_yaml(path: Path, name: str, m: Model, priority: int, slo_ms: float) -> Path:
+def pipeline_yaml(
+    path: Path, name: str, m: Model, priority: int, slo_ms: float, fixed: bool = False
+) -> Path:
+    """The pipeline's YAML: autoscaled, or (``fixed``) one single-thread instance, no
+    autoscale (three autoscaled pipelines do not fit a 2-core host's thread slots)."""
     import yaml
 
+    stage_extra = {"instances": 1, "threads": 1} if fixed else {}
     doc = {
         "name": name,
         "priority": priority,
         "slo": f"{slo_ms:.0f}ms",
-        "autoscale": True,
+        "autoscale": not fixed,
         "inputs": [{"name": m.input, "datatype": "FP32", "shape": m.shape}],
         "outputs": [m.output],
         "stages": [
@@ -77,6 +83,7 @@ def pipeline_yaml(path: Path, name: str, m: Model, priority: int, slo_ms: float)
                 "model": str(m.path),
                 "inputs": {m.input: m.input},
                 "outputs": {m.output: m.output},
+                **stage_extra,
             }
         ],
     }
@@ -197,6 +204,9 @@ def main() -> int:
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default="2,3", help="pipeline counts to run: 2, 3 or 2,3")
+    ap.add_argument(
+        "--fixed", action="store_true", help="one instance each, no autoscale (3 pipelines: always)"
+    )
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     if a.quick:
@@ -218,8 +228,11 @@ def main() -> int:
         if n not in (2, 3):
             raise SystemExit(f"--cases: {n} pipelines? give 2 and/or 3")
         lower = [name for name, _ in LOWER[: n - 1]]
-        yamls = [pipeline_yaml(work / "hi.yaml", "hi", hi, 1, a.slo_ms)]
-        yamls += [pipeline_yaml(work / f"{m}.yaml", m, lo, p, 1000.0) for m, p in LOWER[: n - 1]]
+        fixed = a.fixed or n > 2
+        yamls = [pipeline_yaml(work / "hi.yaml", "hi", hi, 1, a.slo_ms, fixed)]
+        yamls += [
+            pipeline_yaml(work / f"{m}.yaml", m, lo, p, 1000.0, fixed) for m, p in LOWER[: n - 1]
+        ]
         runs: list[dict] = []
         for r in range(a.rounds):
             for arm in ("on", "off") if r % 2 == 0 else ("off", "on"):
