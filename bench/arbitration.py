@@ -2,6 +2,10 @@
 (priorities, ``runtime/scaling/arbitration.py``) keep the high-priority pipeline's SLO
 through a step in its load, and at what cost to the low-priority one?
 
+Every arm of the step runs ``--rounds`` (3) times, the arms' order reversed every other
+round, a fresh service each time; the JSON's ``step_summary`` holds per arm the median,
+min, max and values, and ``auto_vs_best_static`` the auto arms' medians over the best
+static split's.
 Writes ``results/arbitration.json`` and ``.png`` (``--quick``: ``_quick``, short windows:
 proves the script runs, no result).
 
@@ -488,9 +492,73 @@ def arm(
     return out
 
 
-def _key(step: dict) -> tuple:
-    h, lo = step["outcomes"][HIGH], step["outcomes"][LOW]
-    return (h.get("attainment_after") or 0.0, lo["goodput_rps"])
+def step_rounds(
+    tmp: Path,
+    a: argparse.Namespace,
+    auto: list[dict],
+    static_pipes: dict[str, list[dict]],
+    device: Path,
+    windows: list[tuple],
+) -> dict[str, list[dict]]:
+    """The step scenario's arms over ``a.rounds`` rounds, the order of the arms reversed
+    every other round (a drift of the host's load falls on every arm alike), a fresh
+    service per arm and round: ``{tag: [arm() per round]}`` with tags ``arbitration``,
+    ``per-pipeline`` and ``static H+L`` per split. The trace windows (``windows[1:]``)
+    run in the first round only, for the auto arms."""
+    off = {"INFSCALER_ARBITRATION": "off"}
+    plan: dict[str, tuple[list[dict], dict]] = {
+        "arbitration": (auto, {}),
+        "per-pipeline": (auto, off),
+        **{f"static {k}": (pipes, {}) for k, pipes in static_pipes.items()},
+    }
+    per: dict[str, list[dict]] = {tag: [] for tag in plan}
+    for r in range(a.rounds):
+        for tag in list(plan) if r % 2 == 0 else list(plan)[::-1]:
+            pipes, env = plan[tag]
+            wins = windows if r == 0 and not tag.startswith("static") else windows[:1]
+            label = f"{tag.replace(' ', '-')}-r{r}"
+            per[tag].append(arm(tmp, label, pipes, env, device, wins))
+    return per
+
+
+def _stats(xs: list[float | None]) -> dict[str, Any]:
+    v = [float(x) for x in xs if x is not None]
+    if not v:
+        return {"median": None, "min": None, "max": None, "values": xs}
+    return {
+        "median": round(float(np.median(v)), 4),
+        "min": round(min(v), 4),
+        "max": round(max(v), 4),
+        "values": xs,
+    }
+
+
+def spread(runs: list[dict]) -> dict[str, Any]:
+    """Median, min, max and the values over the rounds of an arm's step outcomes: the
+    high pipeline's attainment after the step, each pipeline's goodput and their sum."""
+    o = [e["step"]["outcomes"] for e in runs]
+    return {
+        "rounds": len(runs),
+        "high_attainment_after": _stats([x[HIGH].get("attainment_after") for x in o]),
+        "high_goodput_rps": _stats([x[HIGH]["goodput_rps"] for x in o]),
+        "low_goodput_rps": _stats([x[LOW]["goodput_rps"] for x in o]),
+        "total_goodput_rps": _stats([x[HIGH]["goodput_rps"] + x[LOW]["goodput_rps"] for x in o]),
+    }
+
+
+def versus(summary: dict[str, dict], best: str) -> dict[str, Any]:
+    """Each auto arm's medians against the best static split's: ``ratio`` (auto /
+    static) of the high pipeline's attainment after the step and of the total goodput,
+    and whether the auto arm is at least as good in both."""
+    out: dict[str, Any] = {"best_static": best}
+    for tag in ("arbitration", "per-pipeline"):
+        r = {}
+        for k in ("high_attainment_after", "total_goodput_rps"):
+            x, b = summary[tag][k]["median"], summary[best][k]["median"]
+            r[k] = round(x / b, 3) if x is not None and b else None
+        r["at_least_static"] = all(v is not None and v >= 1.0 for v in r.values())
+        out[tag] = r
+    return out
 
 
 def ratios(arms: dict[str, dict], scenario: str) -> dict[str, Any]:
@@ -539,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-trace", action="store_true")
     p.add_argument("--quiet-wait-s", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the step scenario's arms")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
@@ -595,20 +664,24 @@ def main(argv: list[str] | None = None) -> int:
         auto_pipeline(a.high, HIGH, slo[HIGH], 1, a.slots),
         auto_pipeline(a.low, LOW, slo[LOW], 2, a.slots),
     ]
-    arms: dict[str, dict] = {}
-    arms["arbitration"] = arm(tmp, "arbitration", auto, {}, device, windows)
-    off = {"INFSCALER_ARBITRATION": "off"}
-    arms["per-pipeline"] = arm(tmp, "per-pipeline", auto, off, device, windows)
-    static = {}
-    for h in range(1, a.slots):
-        pipes = [
+    static_pipes = {
+        f"{h}+{a.slots - h}": [
             static_pipeline(a.high, HIGH, slo[HIGH], 1, h),
             static_pipeline(a.low, LOW, slo[LOW], 2, a.slots - h),
         ]
-        static[f"{h}+{a.slots - h}"] = arm(tmp, f"static-{h}", pipes, {}, device, windows[:1])
-    best = max(static, key=lambda k: _key(static[k]["step"]))
-    arms["static"] = {**static[best], "split": best}
-    data["static_tried"] = {k: v["step"]["outcomes"] for k, v in static.items()}
+        for h in range(1, a.slots)
+    }
+    per = step_rounds(tmp, a, auto, static_pipes, device, windows)
+    summary = {tag: spread(runs) for tag, runs in per.items()}
+    static = [t for t in per if t.startswith("static ")]
+    best = max(static, key=lambda t: (summary[t]["high_attainment_after"]["median"] or 0.0,
+                                      summary[t]["total_goodput_rps"]["median"]))  # fmt: skip
+    arms = {tag: per[tag][0] for tag in ("arbitration", "per-pipeline")}
+    arms["static"] = {**per[best][0], "split": best.split()[1]}
+    data["static_tried"] = {t: per[t][0]["step"]["outcomes"] for t in static}
+    data["step_rounds"] = {t: [e["step"]["outcomes"] for e in runs] for t, runs in per.items()}
+    data["step_summary"] = summary
+    data["auto_vs_best_static"] = versus(summary, best)
     data["arms"] = arms
     data["ratios_vs_per_pipeline"] = {s: ratios(arms, s) for s in ("step", "trace")}
     data["environment"]["load_average_at_end"] = list(os.getloadavg())
@@ -621,6 +694,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(data: dict[str, Any]) -> None:
     """The compact tables on stdout."""
+    rows = [
+        [
+            tag,
+            f"{e['high_attainment_after']['median']} [{e['high_attainment_after']['min']}, "
+            f"{e['high_attainment_after']['max']}]",
+            f"{e['total_goodput_rps']['median']} [{e['total_goodput_rps']['min']}, "
+            f"{e['total_goodput_rps']['max']}]",
+            e["rounds"],
+        ]
+        for tag, e in data.get("step_summary", {}).items()
+    ]
+    if rows:
+        print_table(["step arm", "high att. after [min, max]", "total goodput/s", "rounds"], rows)
+        print("auto vs best static:", data["auto_vs_best_static"])
     rows = []
     for tag, e in data["arms"].items():
         o = e["step"]["outcomes"]

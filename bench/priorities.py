@@ -1,16 +1,20 @@
-"""A priority-1 pipeline's SLO while a lower one is flooded, with CPU by priority and without.
+"""A priority-1 pipeline's SLO while lower ones are flooded, with CPU by priority and without.
 
-One ``infscaler serve`` with two pipelines from their YAMLs, both ``autoscale`` with an SLO:
-``hi`` (priority 1, SLO ``--slo-x`` x its L0, default ResNet-50) and ``lo`` (priority 2,
-SLO 1 s, default SqueezeNet). ``hi`` gets Poisson arrivals at ``--hi-load`` x one core's
-ideal rate (1000 / L0); ``lo`` is either idle or flooded by ``--flood`` closed-loop clients
-that send again at once. Arms, each a fresh service, alternating over ``--rounds``:
+One ``infscaler serve`` with 2 or 3 pipelines (``--cases 2,3``) from their YAMLs, all
+``autoscale`` with an SLO: ``hi`` (priority 1, SLO ``--slo-x`` x its L0, default
+ResNet-50), ``lo`` (priority 2) and, in the 3-pipeline case, ``lo3`` (priority 3), both
+SLO 1 s, default SqueezeNet. ``hi`` gets Poisson arrivals at ``--hi-load`` x one core's
+ideal rate (1000 / L0); the lower ones are either idle or each flooded by ``--flood``
+closed-loop clients that send again at once (3 pipelines, or ``--fixed``: one
+single-thread instance each, no autoscale: three autoscaled ones do not fit a 2-core
+host's thread slots). Admission across pipelines is on in every arm. Arms, each a fresh service, alternating over ``--rounds``:
 
 - ``on``: CPU by priority as shipped (``lo``'s instances at a higher nice value);
 - ``off``: ``INFSCALER_CPU_PRIORITY=off`` (every instance at the service's value).
 
 Per window: ``hi``'s attainment (answers within its SLO / requests sent), P99 and
-refusals, and ``lo``'s answers per second. The figure the priority exists for is
+refusals, and each lower pipeline's answers and goodput (answers within its SLO) per
+second and refusals by code. The figure the priority exists for is
 ``hi`` attainment flooded / alone (target >= 0.95) with the lower pipeline still served.
 Clients: the httpx binary-tensor client of ``vs_triton.py`` over the Unix socket.
 Writes ``results/priorities.json`` / ``.png`` (``_quick`` with --quick).
@@ -58,14 +62,19 @@ def model_of(alias: str) -> Model:
     return Model(alias, path, first.name, g.output[0].name, dims)
 
 
-def pipeline_yaml(path: Path, name: str, m: Model, priority: int, slo_ms: float) -> Path:
+def pipeline_yaml(
+    path: Path, name: str, m: Model, priority: int, slo_ms: float, fixed: bool = False
+) -> Path:
+    """The pipeline's YAML: autoscaled, or (``fixed``) one single-thread instance, no
+    autoscale (three autoscaled pipelines do not fit a 2-core host's thread slots)."""
     import yaml
 
+    stage_extra = {"instances": 1, "threads": 1} if fixed else {}
     doc = {
         "name": name,
         "priority": priority,
         "slo": f"{slo_ms:.0f}ms",
-        "autoscale": True,
+        "autoscale": not fixed,
         "inputs": [{"name": m.input, "datatype": "FP32", "shape": m.shape}],
         "outputs": [m.output],
         "stages": [
@@ -74,6 +83,7 @@ def pipeline_yaml(path: Path, name: str, m: Model, priority: int, slo_ms: float)
                 "model": str(m.path),
                 "inputs": {m.input: m.input},
                 "outputs": {m.output: m.output},
+                **stage_extra,
             }
         ],
     }
@@ -84,7 +94,9 @@ def pipeline_yaml(path: Path, name: str, m: Model, priority: int, slo_ms: float)
 class Served:
     """``infscaler serve hi.yaml lo.yaml`` on a temporary socket, CPU priority on or off."""
 
-    def __init__(self, yamls: list[Path], cpu_priority: bool, state: Path) -> None:
+    def __init__(
+        self, yamls: list[Path], cpu_priority: bool, state: Path, names: tuple[str, ...]
+    ) -> None:
         self.tmp = tempfile.mkdtemp(prefix="isc-prio-")
         self.http = {"uds": f"{self.tmp}/isc.sock", "base": "http://isc"}
         env = {**os.environ, "INFSCALER_CPU_PRIORITY": "on" if cpu_priority else "off"}
@@ -101,8 +113,7 @@ class Served:
                     raise RuntimeError(f"serve exited: {self.log.name}")
                 try:
                     if all(
-                        c.get(f"http://isc/v2/models/{n}/ready").status_code == 200
-                        for n in ("hi", "lo")
+                        c.get(f"http://isc/v2/models/{n}/ready").status_code == 200 for n in names
                     ):
                         return
                 except httpx.HTTPError:
@@ -120,28 +131,32 @@ class Served:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+LOWER = (("lo", 2), ("lo3", 3))
+
+
 def window(
-    served: Served, hi: Model, lo: Model, a: argparse.Namespace, flood: bool, seed: int
+    served: Served, hi: Model, lo: Model, a: argparse.Namespace, lower: list[str], seed: int
 ) -> dict:
+    """One measuring window: ``hi`` open-loop, each pipeline in ``lower`` flooded."""
     x_hi = np.random.default_rng(0).standard_normal(hi.shape).astype(np.float32)
     x_lo = np.random.default_rng(1).standard_normal(lo.shape).astype(np.float32)
     rate = a.hi_load * 1000.0 / hi.l0_ms
-    lo_res: dict[str, Any] = {}
-    flooder = None
-    if flood:
+    lo_res: dict[str, dict[str, Any]] = {n: {} for n in lower}
 
-        def run_flood() -> None:
-            lo_res.update(
-                closed_loop(
-                    lambda: HttpClient(served, lo, x_lo, name="lo"),
-                    a.flood,
-                    a.duration_s + 2 * a.settle_s,
-                    1000.0,
-                )
+    def run_flood(name: str) -> None:
+        lo_res[name].update(
+            closed_loop(
+                lambda: HttpClient(served, lo, x_lo, name=name),
+                a.flood,
+                a.duration_s + 2 * a.settle_s,
+                1000.0,
             )
+        )
 
-        flooder = threading.Thread(target=run_flood)
-        flooder.start()
+    flooders = [threading.Thread(target=run_flood, args=(n,)) for n in lower]
+    for t in flooders:
+        t.start()
+    if flooders:
         time.sleep(a.settle_s)
     fl = ForeignLoad(lambda: process_cpu_seconds([os.getpid(), served.proc.pid]))
     res = open_loop(
@@ -149,12 +164,33 @@ def window(
     )
     res["attainment"] = round(res["within_slo"] / max(1, res["sent"]), 4)
     res["other_processes_cores"] = fl.cores()
-    if flooder is not None:
-        flooder.join()
-    return {
-        "hi": res,
-        "lo": {k: lo_res.get(k) for k in ("answered", "throughput_rps", "refused", "p99_ms")},
-    }
+    for t in flooders:
+        t.join()
+    keys = ("answered", "throughput_rps", "goodput_rps", "refused", "refused_by", "p99_ms")
+    return {"hi": res, **{n: {k: r.get(k) for k in keys} for n, r in lo_res.items()}}
+
+
+def summarize(runs: list[dict], lower: list[str]) -> dict:
+    """Per arm: ``hi``'s attainment alone and flooded, their ratio (median over rounds)
+    and each lower pipeline's goodput while flooded."""
+    summary = {}
+    for arm in ("on", "off"):
+        mine = [x for x in runs if x["arm"] == arm]
+        ratio = [
+            x["flooded"]["hi"]["attainment"] / max(1e-9, x["alone"]["hi"]["attainment"])
+            for x in mine
+        ]
+        summary[arm] = {
+            "hi_attainment_alone": [x["alone"]["hi"]["attainment"] for x in mine],
+            "hi_attainment_flooded": [x["flooded"]["hi"]["attainment"] for x in mine],
+            "flooded_over_alone": [round(v, 3) for v in ratio],
+            "flooded_over_alone_median": round(float(np.median(ratio)), 3),
+            **{
+                f"{n}_goodput_rps_flooded": [x["flooded"][n]["goodput_rps"] for x in mine]
+                for n in lower
+            },
+        }
+    return summary
 
 
 def main() -> int:
@@ -167,6 +203,10 @@ def main() -> int:
     ap.add_argument("--duration-s", type=float, default=40.0)
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cases", default="2,3", help="pipeline counts to run: 2, 3 or 2,3")
+    ap.add_argument(
+        "--fixed", action="store_true", help="one instance each, no autoscale (3 pipelines: always)"
+    )
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     if a.quick:
@@ -183,80 +223,77 @@ def main() -> int:
         pipeline_yaml(work / "lo.yaml", "lo", lo, 2, 1000.0),
     ]
     state = Path(os.environ.get("INFSCALER_CACHE_DIR", "/tmp/isc-cache")) / "priorities_state"
-    runs: list[dict] = []
-    for r in range(a.rounds):
-        for arm in ("on", "off") if r % 2 == 0 else ("off", "on"):
-            served = Served(yamls, arm == "on", state)
-            try:
-                alone = window(served, hi, lo, a, False, seed=r)
-                flooded = window(served, hi, lo, a, True, seed=r)
-            finally:
-                served.stop()
-            runs.append({"round": r, "arm": arm, "alone": alone, "flooded": flooded})
-            print(
-                f"round {r} {arm}: hi alone {alone['hi']['attainment']:.3f} "
-                f"flooded {flooded['hi']['attainment']:.3f} (P99 {flooded['hi']['p99_ms']} ms), "
-                f"lo {flooded['lo']['throughput_rps']}/s",
-                flush=True,
-            )
-    summary = {}
-    for arm in ("on", "off"):
-        mine = [x for x in runs if x["arm"] == arm]
-        ratio = [
-            x["flooded"]["hi"]["attainment"] / max(1e-9, x["alone"]["hi"]["attainment"])
-            for x in mine
+    cases: dict[str, dict] = {}
+    for n in sorted({int(c) for c in a.cases.split(",")}):
+        if n not in (2, 3):
+            raise SystemExit(f"--cases: {n} pipelines? give 2 and/or 3")
+        lower = [name for name, _ in LOWER[: n - 1]]
+        fixed = a.fixed or n > 2
+        yamls = [pipeline_yaml(work / "hi.yaml", "hi", hi, 1, a.slo_ms, fixed)]
+        yamls += [
+            pipeline_yaml(work / f"{m}.yaml", m, lo, p, 1000.0, fixed) for m, p in LOWER[: n - 1]
         ]
-        summary[arm] = {
-            "hi_attainment_alone": [x["alone"]["hi"]["attainment"] for x in mine],
-            "hi_attainment_flooded": [x["flooded"]["hi"]["attainment"] for x in mine],
-            "flooded_over_alone": [round(v, 3) for v in ratio],
-            "flooded_over_alone_median": round(float(np.median(ratio)), 3),
-            "lo_rps_flooded": [x["flooded"]["lo"]["throughput_rps"] for x in mine],
-        }
+        runs: list[dict] = []
+        for r in range(a.rounds):
+            for arm in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                served = Served(yamls, arm == "on", state, ("hi", *lower))
+                try:
+                    alone = window(served, hi, lo, a, [], seed=r)
+                    flooded = window(served, hi, lo, a, lower, seed=r)
+                finally:
+                    served.stop()
+                runs.append({"round": r, "arm": arm, "alone": alone, "flooded": flooded})
+                print(
+                    f"{n} pipelines, round {r} {arm}: hi alone {alone['hi']['attainment']:.3f} "
+                    f"flooded {flooded['hi']['attainment']:.3f} (P99 "
+                    f"{flooded['hi']['p99_ms']} ms), "
+                    + ", ".join(f"{m} {flooded[m]['goodput_rps']}/s" for m in lower),
+                    flush=True,
+                )
+        cases[f"{n}_pipelines"] = {"runs": runs, "summary": summarize(runs, lower)}
     data = {
         "environment": environment(),
         "quiet_before": quiet,
         "settings": {**vars(a), "hi_l0_ms": round(hi.l0_ms, 2)},
-        "runs": runs,
-        "summary": summary,
+        "cases": cases,
     }
     name = "priorities_quick" if a.quick else "priorities"
     write_json(RESULTS_DIR / f"{name}.json", data)
-    plot(summary, RESULTS_DIR / f"{name}.png", a)
+    plot(cases, RESULTS_DIR / f"{name}.png", a)
     shutil.rmtree(work, ignore_errors=True)
-    for arm, s in summary.items():
-        print(arm, s)
+    for case, c in cases.items():
+        for arm, s in c["summary"].items():
+            print(case, arm, s)
     return 0
 
 
-def plot(summary: dict, path: Path, a: argparse.Namespace) -> None:
+def plot(cases: dict, path: Path, a: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for i, arm in enumerate(("on", "off")):
-        s = summary[arm]
-        ax.scatter(
-            [i - 0.1] * len(s["hi_attainment_alone"]),
-            s["hi_attainment_alone"],
-            marker="o",
-            label=f"{arm}: alone",
-        )
-        ax.scatter(
-            [i + 0.1] * len(s["hi_attainment_flooded"]),
-            s["hi_attainment_flooded"],
-            marker="x",
-            label=f"{arm}: lo flooded",
-        )
-        bx.scatter([i] * len(s["lo_rps_flooded"]), s["lo_rps_flooded"])
-    for x in (ax, bx):
-        x.set_xticks([0, 1], ["CPU priority on", "off"])
-    ax.set_ylabel(f"hi within its SLO ({a.slo_ms:.0f} ms)")
-    ax.axhline(0.95, ls=":", c="grey")
-    ax.legend(fontsize=7)
-    bx.set_ylabel("lo answered / s while flooded")
+    fig, axes = plt.subplots(1, len(cases), figsize=(5 * len(cases), 3.8), squeeze=False)
+    for ax, (case, c) in zip(axes[0], cases.items(), strict=True):
+        for i, arm in enumerate(("on", "off")):
+            s = c["summary"][arm]
+            ax.scatter(
+                [i - 0.1] * len(s["hi_attainment_alone"]),
+                s["hi_attainment_alone"],
+                marker="o",
+                label=f"{arm}: alone",
+            )
+            ax.scatter(
+                [i + 0.1] * len(s["hi_attainment_flooded"]),
+                s["hi_attainment_flooded"],
+                marker="x",
+                label=f"{arm}: lower flooded",
+            )
+        ax.set_xticks([0, 1], ["CPU priority on", "off"])
+        ax.set_title(case.replace("_", " "))
+        ax.set_ylabel(f"hi within its SLO ({a.slo_ms:.0f} ms)")
+        ax.axhline(0.95, ls=":", c="grey")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 

@@ -106,3 +106,12 @@ def hold(tensors, path="", max_s=60.0):
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.01)
     return {"y": np.array(tensors["y"])}
+
+
+def spin(tensors, ms=5.0):
+    """y unchanged, after ``ms`` milliseconds of CPU work (a busy loop on the thread's
+    CPU clock, so a contended core stretches it as it would a model's compute)."""
+    end = time.thread_time() + ms / 1e3
+    while time.thread_time() < end:
+        pass
+    return {"y": np.array(tensors["y"])}

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from infscaler.base.errors import InfScalerError
-from infscaler.base.levels import cpu_nice
+from infscaler.base.levels import cpu_nice, cpu_weight
 from infscaler.base.procutil import module_command
 from infscaler.base.threads import NamedThread, named_executor
+from infscaler.runtime.processes.cgroups import CgroupCpu
 from infscaler.runtime.processes.handles import InstanceHandle, PendingRestart
 from infscaler.runtime.processes.nice import renice_process
 from infscaler.runtime.processes.zygote import ForkServer, ZygoteUnavailable, enabled_by_env
@@ -149,7 +150,19 @@ class Supervisor:
         self.nice: dict[str, int] = {}
         #: False with ``INFSCALER_CPU_PRIORITY=off`` (benchmarks: every instance at the
         #: service's own nice value, as before CPU by priority)
-        self.cpu_priority = os.environ.get("INFSCALER_CPU_PRIORITY", "on").lower() != "off"
+        mode = os.environ.get("INFSCALER_CPU_PRIORITY", "on").lower()
+        self.cpu_priority = mode != "off"
+        #: per-pipeline cgroup v2 cpu.weight (``on``: under systemd, where the service can
+        #: create cgroups; ``cgroup``: wherever it can; ``nice``: never), and why not
+        #: (:mod:`~infscaler.runtime.processes.cgroups`)
+        self.cgroups: CgroupCpu | None = None
+        self.cgroups_why = f"INFSCALER_CPU_PRIORITY={mode}"
+        if mode == "on" and not os.environ.get("INVOCATION_ID"):
+            self.cgroups_why = "not a systemd service (INFSCALER_CPU_PRIORITY=cgroup to try)"
+        elif mode in ("on", "cgroup"):
+            self.cgroups, self.cgroups_why = CgroupCpu.open()
+            if self.cgroups is None:
+                log.info("CPU by priority with nice values only: %s", self.cgroups_why)
         #: the service's own nice value: instances run at it plus their pipeline's
         self._base_nice = os.getpriority(os.PRIO_PROCESS, 0)
         self.zygote: ForkServer | None = None
@@ -195,6 +208,11 @@ class Supervisor:
             old = self.nice
             self.nice = cpu_nice(self._levels) if self.cpu_priority else {}
             changed = {p for p, n in self.nice.items() if old.get(p, 0) != n}
+            if self.cgroups is not None:
+                try:
+                    self.cgroups.set_weights(cpu_weight(self._levels))
+                except OSError as exc:
+                    log.warning("cgroup cpu.weight not set: %s", exc)
             handles = [h for h in self._handles.values() if h.key[0] in changed]
         for h in handles:
             self._renice(h)
@@ -303,6 +321,11 @@ class Supervisor:
             self._sel.register(pidfd, selectors.EVENT_READ, ("exit", h))
         if self.nice.get(key[0], 0):
             self._renice(h)  # its threads so far; those it starts later inherit it
+        if self.cgroups is not None:
+            with self._lock:
+                why = self.cgroups.add(key[0], proc.pid)
+            if why is not None:
+                log.warning("instance %d of %s: %s", iid, unit.name, why)
         self._wake()
         log.info(
             "started instance %d of %s (pid %d, %s, cores %s)",

@@ -39,6 +39,7 @@ __all__ = [
     "Move",
     "PipelineView",
     "arbitrate",
+    "pressure_ahead",
 ]
 
 
@@ -364,6 +365,38 @@ def _tail_short(s: Snapshot, u: UnitState) -> bool:
     return p99_needed(s, u, s.offered * fan_out(u, s), svc) > u.total_instances - 1
 
 
+def pressure_ahead(s: Snapshot, calm_ratio: float = 0.8) -> str | None:
+    """Why a pipeline at the cap will miss its SLO before its P99 shows it (None: it
+    will not, or that cannot be told): its bottleneck unit (:func:`_need`) needs, at the
+    offered load, more instances than it runs for its approximate P99 to stay within its
+    share of the SLO (the scaler's M/D/c model, ``_p99_needed``, as the donor's guard),
+    the cap has no room for one more (:func:`_short`), and its measured P99 (if any) is
+    not calm: above ``calm_ratio`` x the SLO (``release_ratio``: a P99 that calm would
+    give a loan back, so it does not take one).
+
+    A violation is counted from the P99 of a window, which at a low rate takes long to
+    fill: a step of the high pipeline to 1.16 requests/s waited 90 s for it while the
+    best static split held 0.99 of its requests within the SLO against 0.96
+    (bench/HISTORY.md, "``arbitration.py`` step window, runs 2 and 3"). Rule 2 lends
+    on this ahead of the violation, from a strictly lower pipeline only."""
+    need = _need(s)
+    if need is None:
+        return None
+    u, o = need
+    svc = _instance_ms(u)
+    if u.service_ms is None or svc is None or s.offered <= 0 or not _short(s, o):
+        return None
+    if s.p99_ms is not None and s.p99_ms <= calm_ratio * s.slo_ms + _EPS:
+        return None
+    needed = _p99_needed(s, u, s.offered * _fan_out(u, s), svc)
+    if needed <= u.total_instances:
+        return None  # 0: no count keeps it within the SLO; the violation rule decides
+    return (
+        f"{_n(s.offered)} req/s needs {needed} instances of {u.name} for its P99 within "
+        f"the SLO {_n(s.slo_ms)} ms, it runs {u.total_instances}"
+    )
+
+
 def _frees(o: EngineOption, take: EngineOption) -> dict[str, float]:
     """What stopping one instance of option ``o`` releases, in the terms of ``_short``."""
     freed = {"memory": o.memory_mb, "cores": float(o.cores)}
@@ -378,7 +411,10 @@ def _best_lend(
     pipeline is blocked, or no donor can cover what the cap lacks)."""
     best: tuple[tuple, Move, int] | None = None
     for r in views:
-        if not (r.blocked and r.violated):
+        # violated and not blocked: its own scaler acts, or counts its sustain first
+        pressed = r.blocked and r.violated
+        ahead = None if r.violated else pressure_ahead(r.snapshot, c.release_ratio)
+        if not pressed and ahead is None:
             continue
         need = _need(r.snapshot)
         if need is None:
@@ -405,6 +441,8 @@ def _best_lend(
             # (its own violation, load or loans cannot keep the cap from the higher one);
             # an equal one lends only its slack
             yields = d.priority > r.priority
+            if ahead is not None and not yields:
+                continue  # ahead of a violation, only a strictly lower pipeline gives
             ds = d.snapshot
             if not yields and (
                 d.violated
@@ -444,7 +482,9 @@ def _best_lend(
                     )
                     p99 = "no P99" if ds.p99_ms is None else f"P99 {_n(ds.p99_ms)} ms"
                     viol = (
-                        f"P99 {_n(rs.p99_ms)} ms > SLO {_n(rs.slo_ms)} ms"
+                        ahead
+                        if ahead is not None
+                        else f"P99 {_n(rs.p99_ms)} ms > SLO {_n(rs.slo_ms)} ms"
                         if rs.p99_ms is not None and rs.p99_ms > rs.slo_ms
                         else f"SLO {_n(rs.slo_ms)} ms missed"
                     )

@@ -393,6 +393,7 @@ class Refusal(StrEnum):
     SLO = "slo"  # the latency bound: the pipeline's SLO
     DEADLINE = "deadline"  # the latency bound: the request's own timeout
     QUEUE_FULL = "queue_full"  # the queue policy's max_queue_size (the pipeline's queue)
+    PRIORITY = "priority"  # a higher-level pipeline is at risk (priority_admission)
 
 
 def admit_pending(

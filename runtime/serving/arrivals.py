@@ -11,9 +11,11 @@ under the front end's lock; neither blocks.
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from infscaler.runtime.serving.admission import ArrivalDecision, ArrivalSnapshot, Refusal
+from infscaler.runtime.serving.priority_admission import HigherLoad, higher_load
 from infscaler.runtime.serving.route import Route
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "FrontCounts",
     "arrival_snapshot",
     "count_refusal",
+    "higher_loads",
 ]
 
 #: refusals that count in the pipeline's offered load (its ``rejected`` statistics)
@@ -43,6 +46,7 @@ REFUSAL_COUNTERS = {
     Refusal.QUEUE_FULL: "queue_full",
     Refusal.OVERLOADED: "overloaded",
     Refusal.UID_QUOTA: "uid_quota",
+    Refusal.PRIORITY: "priority_refused",
 }
 
 
@@ -113,6 +117,36 @@ def arrival_snapshot(
         queued=tuple(route.queued.items()),
         max_queue_size=config.queue_policy.max_queue_size,
     )
+
+
+def higher_loads(routes: Iterable[Route], route: Route, level: int) -> tuple[HigherLoad, ...]:
+    """The :class:`~infscaler.runtime.serving.priority_admission.HigherLoad` of each of
+    ``routes`` (the pipelines with requests in flight) other than ``route`` whose priority
+    level is strictly higher than ``level`` (a smaller number), that has an SLO, a measured
+    service time and requests admitted: what
+    :func:`~infscaler.runtime.serving.priority_admission.admit_across` decides on."""
+    out = []
+    for other in routes:
+        config = other.pipeline.config
+        if other is route or config.priority >= level or config.slo_ms is None:
+            continue
+        if other.admitted <= 0 or not other.measured:
+            continue
+        service_ms, interval_ms = other.estimates(True)
+        if service_ms is None:
+            continue
+        out.append(
+            higher_load(
+                other.pipeline.name,
+                config.priority,
+                config.slo_ms,
+                other.admitted,
+                service_ms,
+                interval_ms,
+                other.units(True),
+            )  # fmt: skip
+        )
+    return tuple(out)
 
 
 def count_refusal(route: Route, counters: collections.Counter, decision: ArrivalDecision) -> None:

@@ -39,7 +39,12 @@ from infscaler.base.threads import NamedThread
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
 from infscaler.runtime.serving.admission import ArrivalDecision, ArrivalSnapshot, admit_request
-from infscaler.runtime.serving.arrivals import FrontCounts, arrival_snapshot, count_refusal
+from infscaler.runtime.serving.arrivals import (
+    FrontCounts,
+    arrival_snapshot,
+    count_refusal,
+    higher_loads,
+)
 from infscaler.runtime.serving.pipeline import (
     ERROR,
     FANOUT,
@@ -47,6 +52,7 @@ from infscaler.runtime.serving.pipeline import (
     TRACE,
     error_status,
 )
+from infscaler.runtime.serving.priority_admission import admit_across
 from infscaler.runtime.serving.queues import PriorityBacklog, queue_timeout_s, request_level
 from infscaler.runtime.serving.requests import PendingRequest, RequestError
 from infscaler.runtime.serving.route import Result, Route, merge_traces
@@ -133,6 +139,9 @@ class FrontEnd:
             pool.free_listeners.append(self._on_pool_free)
         self._closing = False
         self.counters = collections.Counter()
+        #: the routes with requests admitted (by id; pruned at arrivals once they have
+        #: none): admission across pipelines reads their load
+        self._live: dict[int, Route] = {}
         #: why the front end thread died (None while it runs)
         self.failure: str | None = None
         self.on_death = on_death
@@ -203,8 +212,8 @@ class FrontEnd:
             now = time.monotonic()
             arrived = now if arrived_s is None else min(float(arrived_s), now)
             overloaded = route.overloaded(now)
-            decision = admit_request(
-                self._snapshot(route, timeout_s, now, arrived, overloaded, level, uid)
+            decision = self._admit(
+                route, self._snapshot(route, timeout_s, now, arrived, overloaded, level, uid)
             )
             if not decision.admit:
                 self._refused(route, decision)
@@ -228,6 +237,7 @@ class FrontEnd:
             if uid is not None:
                 self._by_uid[uid] += 1
             route.admitted += 1
+            self._live[id(route)] = route
             if self.deadlines is not None:
                 self.deadlines.set(seq, deadline)
         route.stats.arrival()
@@ -248,10 +258,28 @@ class FrontEnd:
             now = time.monotonic()
             overloaded = route.overloaded(now)
             level = request_level(None, route.pipeline.config.priority)
-            d = admit_request(self._snapshot(route, None, now, now, overloaded, level, uid))
+            d = self._admit(route, self._snapshot(route, None, now, now, overloaded, level, uid))
             if not d.admit:
                 count_refusal(route, self.counters, d)
         return d
+
+    def _admit(self, route: Route, snap: ArrivalSnapshot) -> ArrivalDecision:
+        """:func:`~infscaler.runtime.serving.admission.admit_request`, then admission
+        across pipelines (:func:`~infscaler.runtime.serving.priority_admission.admit_across`)
+        over the pipelines with requests in flight (call under the lock)."""
+        decision = admit_request(snap)
+        if not decision.admit:
+            return decision
+        for key in [k for k, r in self._live.items() if r.admitted <= 0]:
+            del self._live[key]
+        higher = higher_loads(self._live.values(), route, snap.level)
+        if not higher:
+            return decision
+        bound_s = snap.slo_ms / 1e3 if snap.slo_ms is not None else decision.timeout_s
+        left_ms = max(0.0, (bound_s or 0.0) * 1e3 - snap.spent_ms)
+        return admit_across(
+            decision, pipeline=snap.pipeline, level=snap.level, higher=higher, left_ms=left_ms
+        )
 
     def _snapshot(
         self,

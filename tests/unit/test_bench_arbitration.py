@@ -57,3 +57,42 @@ def test_slo_capacity_without_a_passing_probe_is_an_error(monkeypatch: pytest.Mo
     reqs = {ab.HIGH: (b"", {}), ab.LOW: (b"", {})}
     with pytest.raises(SystemExit, match="no SLO capacity: .* at every probe down to"):
         ab.slo_capacity("sock", a, reqs, 10.0, SLO, 10.0)
+
+
+def _run(att_after: float | None, high_rps: float, low_rps: float) -> dict:
+    ab = bench_module("arbitration")
+    return {
+        "step": {
+            "outcomes": {
+                ab.HIGH: {"attainment_after": att_after, "goodput_rps": high_rps},
+                ab.LOW: {"goodput_rps": low_rps},
+            }
+        }
+    }
+
+
+def test_spread_gives_medians_and_the_range_over_rounds() -> None:
+    ab = bench_module("arbitration")
+    s = ab.spread([_run(0.9, 2.0, 1.0), _run(0.99, 3.0, 1.0), _run(None, 1.0, 0.5)])
+    assert s["rounds"] == 3
+    assert s["high_attainment_after"]["median"] == pytest.approx(0.945)  # None left out
+    assert (s["high_attainment_after"]["min"], s["high_attainment_after"]["max"]) == (0.9, 0.99)
+    assert s["total_goodput_rps"]["values"] == [3.0, 4.0, 1.5]
+    assert s["total_goodput_rps"]["median"] == 3.0
+
+
+def test_versus_says_whether_auto_is_at_least_the_best_static_split() -> None:
+    ab = bench_module("arbitration")
+    summary = {
+        "arbitration": ab.spread([_run(0.96, 3.0, 1.0)] * 3),
+        "per-pipeline": ab.spread([_run(0.5, 3.0, 1.5)] * 3),
+        "static 2+1": ab.spread([_run(0.96, 2.5, 1.0)] * 3),
+    }
+    v = ab.versus(summary, "static 2+1")
+    assert v["best_static"] == "static 2+1"
+    assert v["arbitration"] == {
+        "high_attainment_after": 1.0,
+        "total_goodput_rps": round(4.0 / 3.5, 3),
+        "at_least_static": True,
+    }
+    assert v["per-pipeline"]["at_least_static"] is False

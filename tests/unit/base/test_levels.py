@@ -40,3 +40,17 @@ def test_cpu_nice_refuses_a_level_out_of_range() -> None:
 
     with pytest.raises(ValueError, match="'x': priority level 0"):
         cpu_nice({"x": 0})
+
+
+def test_cpu_weight_ranks_the_levels_as_the_nice_values_do() -> None:
+    from infscaler.base.levels import CPU_WEIGHT_BY_RANK, cpu_weight
+
+    assert cpu_weight({}) == {}
+    assert cpu_weight({"alone": 5}) == {"alone": 100}
+    assert cpu_weight({"a": 1, "b": 2, "c": 2, "d": 7, "e": 8, "f": 9}) == {
+        "a": 100, "b": 11, "c": 11, "d": 4, "e": 1, "f": 1,
+    }  # fmt: skip
+    # the same CFS shares as NICE_BY_RANK's (sched(7): 1024, 110, 36, 15)
+    assert [round(100 * w / 1024) for w in (1024, 110, 36, 15)] == list(CPU_WEIGHT_BY_RANK)
+    with pytest.raises(ValueError, match="priority level 0 not in"):
+        cpu_weight({"x": 0})

@@ -207,3 +207,33 @@ def test_no_move_back_while_one_instance_fewer_would_miss_the_slo() -> None:
 def test_bad_config_is_refused() -> None:
     with pytest.raises(ValueError, match="donor_load"):
         arbitrate([hot()], ArbitrationState(), ArbitrationConfig(donor_load=0.0))
+
+
+def test_a_higher_pipeline_takes_from_a_lower_one_ahead_of_a_counted_violation() -> None:
+    """At a low rate the P99 window fills slowly and the violation is counted late; the
+    M/D/c model already says one instance at 8 req/s of 100 ms misses an SLO of 300 ms (M/D/1 P99 1196 ms; two: 230),
+    and a strictly lower pipeline gives ahead of it (an equal one does not, nor a lower
+    one when the measured P99 is calm or the model says one instance holds)."""
+    from infscaler.runtime.scaling.arbitration import pressure_ahead
+
+    assert p99_response_ms(8.0, 1, 100.0) > 300.0 > p99_response_ms(8.0, 2, 100.0)
+    assert p99_response_ms(1.0, 1, 100.0) < 300.0
+    s = snap(1, offered=8.0, p99=None, slo=300.0)
+    why = pressure_ahead(s)
+    assert why is not None and "needs 2 instances of u0" in why and "runs 1" in why
+    ahead = PipelineView("hi", 1, s)  # not violated, not blocked
+    moves, state = arbitrate([ahead, idle()], ArbitrationState())
+    assert [(m.kind, m.giver, m.taker) for m in moves] == [("lend", "lo", "hi")]
+    assert "needs 2 instances" in moves[0].reason
+    assert [(ln.donor, ln.taker) for ln in state.loans] == [("lo", "hi")]
+    # an equal-priority donor lends only to a counted violation
+    assert arbitrate([ahead, idle(priority=1)], ArbitrationState())[0] == []
+    # a calm measured P99 (100 <= 0.8 x 300) or a load one instance holds: no move
+    calm = PipelineView("hi", 1, snap(1, offered=8.0, p99=100.0, slo=300.0))
+    assert pressure_ahead(calm.snapshot) is None
+    assert arbitrate([calm, idle()], ArbitrationState())[0] == []
+    light = PipelineView("hi", 1, snap(1, offered=1.0, p99=None, slo=300.0))
+    assert arbitrate([light, idle()], ArbitrationState())[0] == []
+    # room under the cap: its own scaler grows it, nothing to take
+    roomy = ResourceCap(memory_cap_mb=2000.0, memory_used_mb=1000.0, max_instances={"cpu": 8})
+    assert pressure_ahead(snap(1, offered=8.0, p99=None, slo=300.0, cap=roomy)) is None
