@@ -383,12 +383,12 @@ def pressure_ahead(s: Snapshot, calm_ratio: float = 0.8) -> str | None:
     if need is None:
         return None
     u, o = need
-    svc = _instance_ms(u)
+    svc = instance_ms(u)
     if u.service_ms is None or svc is None or s.offered <= 0 or not _short(s, o):
         return None
-    if s.p99_ms is not None and s.p99_ms <= calm_ratio * s.slo_ms + _EPS:
+    if s.p99_ms is not None and s.p99_ms <= calm_ratio * s.slo_ms + EPS:
         return None
-    needed = _p99_needed(s, u, s.offered * _fan_out(u, s), svc)
+    needed = p99_needed(s, u, s.offered * fan_out(u, s), svc)
     if needed <= u.total_instances:
         return None  # 0: no count keeps it within the SLO; the violation rule decides
     return (
