@@ -575,7 +575,8 @@ class Autoscaler:
         threads`); a step it takes is a change for the scaler (settle, hold)."""
         before = self._threads.get(dep.name, thread_merge.ThreadsState())
         cfg = thread_merge.config_for(auto)
-        out, tstate = thread_merge.step(snap, before, cfg, state.last_change)
+        models = frozenset(i for i, u in enumerate(dep.pipeline.units) if u.kind == "model")
+        out, tstate = thread_merge.step(snap, before, cfg, state.last_change, models)
         self._threads[dep.name] = tstate
         if out:
             state = replace(state, last_change=snap.now)

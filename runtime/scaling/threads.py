@@ -139,7 +139,11 @@ def _cpu_live(u: UnitState) -> tuple[int, int | None]:
 
 
 def step(
-    s: Snapshot, state: ThreadsState, c: ThreadsConfig, last_change: float | None = None
+    s: Snapshot,
+    state: ThreadsState,
+    c: ThreadsConfig,
+    last_change: float | None = None,
+    models: frozenset[int] | None = None,
 ) -> tuple[list[Decision], ThreadsState]:
     """One look: the decisions (at most one) and the new state.
 
@@ -150,6 +154,8 @@ def step(
         c: tuning.
         last_change: ``now`` of the scaler's last change (None: none); no merge within
             ``window_s`` of it.
+        models: the indexes of the units that run a model (intra-op threads only speed
+            those up); None: every unit.
     """
     served = s.served_rate if s.served_rate is not None else s.arrival_rate
     keep = max(c.window_s, 2 * c.trial_s)
@@ -162,11 +168,15 @@ def step(
         if u is None:
             return [], replace(state, phase=None, unit=None)
         return _under_way(s, state, c, u)
-    return _maybe_merge(s, state, c, last_change)
+    return _maybe_merge(s, state, c, last_change, models)
 
 
 def _maybe_merge(
-    s: Snapshot, state: ThreadsState, c: ThreadsConfig, last_change: float | None
+    s: Snapshot,
+    state: ThreadsState,
+    c: ThreadsConfig,
+    last_change: float | None,
+    models: frozenset[int] | None,
 ) -> tuple[list[Decision], ThreadsState]:
     since = s.now - c.window_s
     if last_change is not None and last_change > since:
@@ -181,6 +191,8 @@ def _maybe_merge(
         return [], state
     best: tuple[float, UnitState, int, int] | None = None
     for u in s.units:
+        if models is not None and u.index not in models:
+            continue
         n, t = _cpu_live(u)
         if t is None or n < 2 or 2 * t > cores or conc > n - 1 + c.merge_margin:
             continue

@@ -104,6 +104,11 @@ def test_the_slowest_unit_is_merged() -> None:
     outs, st = run(looks)
     flat = [d for ds in outs for d in ds]
     assert [(d.action, d.unit) for d in flat] == [("scale_in", 1)] and st.unit == 1
+    # a function unit is never merged (intra-op threads do not speed it up)
+    state = ThreadsState()
+    for s in looks:
+        d, state = step(s, state, CFG, None, frozenset({0}))
+    assert state.phase == "merging" and state.unit == 0
 
 
 def _merged(before_rps: float = 11.0, before_p99: float = 90.0) -> ThreadsState:
