@@ -11,6 +11,8 @@ Systems under test, each started alone, one model at a time:
 - **This runtime** (``infscaler serve``) on its Unix sockets: ``auto`` (``--slo --autoscale``:
   the planner picks the configuration, admission and scaling on) and the same hand
   configurations as Triton's (a ``pipeline.yaml``: instances x threads, ``batching``).
+  ``ours auto threads-off``: ``auto`` with ``INFSCALER_THREADS=off`` (no merge of
+  instances into more intra-op threads at low concurrency), its before/after baseline.
 
 Clients (perf_analyzer's shapes; the client process runs on the same cores as the server,
 as perf_analyzer does): ``tritonclient.grpc`` for both servers over gRPC; one httpx client
@@ -122,6 +124,7 @@ class Sut:
     threads: int = 1
     batch: bool = False
     auto: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of ``serve``
     proc: subprocess.Popen | None = None
     server_pids: list[int] = field(default_factory=list)
     model_pids: list[int] = field(default_factory=list)
@@ -167,7 +170,10 @@ class Sut:
         else:
             cmd += [str(self._pipeline_yaml(model))]
         log = open(Path(self.tmp) / "serve.log", "w")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp, env=env
+        )
         import httpx
 
         deadline = time.monotonic() + 600
@@ -433,12 +439,15 @@ def suts(args: argparse.Namespace) -> list[Sut]:
     hands = [(cores, 1, False), (1, cores, False), (cores, 1, True)]
     out = [Sut(f"triton {i}x{t}{' batch' if b else ''}", "triton", i, t, b) for i, t, b in hands]
     out.append(Sut("ours auto", "ours", auto=True))
+    # auto without the merge of instances at low concurrency (runtime/scaling/threads.py)
+    off = {"INFSCALER_THREADS": "off"}
+    out.append(Sut("ours auto threads-off", "ours", auto=True, env=off))
     out += [Sut(f"ours {i}x{t}{' batch' if b else ''}", "ours", i, t, b) for i, t, b in hands]
     if args.configs:
         keep = args.configs.split(",")
         out = [s for s in out if s.name in keep or s.name == "ours auto"]
     elif args.quick:
-        out = [s for s in out if s.kind == "triton" or s.auto]
+        out = [s for s in out if s.kind == "triton" or s.name == "ours auto"]
     return out
 
 

@@ -4,7 +4,7 @@ flight than instances, as a trial, and split back when the concurrency rises.
 
 The offered concurrency is the mean of the requests in flight (:attr:`Snapshot.pending`,
 admitted and not answered) over the looks of the last ``window_s`` (Little's law: rate x
-latency). A cpu unit with ``n >= 2`` live instances, all at ``t`` intra-op threads, on a
+latency). A cpu unit with two live instances (``n = 2``), both at ``t`` intra-op threads, on a
 device with at least ``2t`` physical cores and with half a core idle, whose mean in flight
 stayed at most ``n - 1 + merge_margin`` for ``window_s`` since the last change, is
 **merged**: ``scale_in`` one instance, and once it is gone ``scale_up`` another from ``t``
@@ -194,7 +194,7 @@ def _maybe_merge(
         if models is not None and u.index not in models:
             continue
         n, t = _cpu_live(u)
-        if t is None or n < 2 or 2 * t > cores or conc > n - 1 + c.merge_margin:
+        if t is None or n != 2 or 2 * t > cores or conc > n - 1 + c.merge_margin:
             continue
         if any(b[0] == u.index and b[1] > s.now for b in state.blocked):
             continue

@@ -43,6 +43,8 @@ def snap(now: float, pending: int, units: tuple[UnitState, ...], **kw: object) -
         "cap": ResourceCap(4000.0, 500.0, {"cpu": 8}, cores=2, physical_cores=2),
         "cores_busy": 1.1,
     }
+    cores = int(kw.pop("physical", 2))  # type: ignore[call-overload]
+    defaults["cap"] = ResourceCap(4000.0, 500.0, {"cpu": 8}, cores=cores, physical_cores=cores)
     defaults.update(kw)
     return Snapshot(now=now, units=units, pending=pending, **defaults)  # type: ignore[arg-type]
 
@@ -93,6 +95,8 @@ def test_no_merge_without_spare_cores_or_load_or_after_a_change() -> None:
     assert all(d == [] for d in outs)  # 2 x 2 threads would pin 4 > 2 cores
     outs, _ = run(watch(12, 1, unit()), last_change=5.0)
     assert all(d == [] for d in outs)  # the scaler changed something within the window
+    outs, _ = run(watch(12, 1, unit(n=3), physical=4))
+    assert all(d == [] for d in outs)  # only a pair is merged
     mixed = replace(unit(), threads={1: 1, 2: 1})
     outs, _ = run(watch(12, 1, mixed))
     assert all(d == [] for d in outs)
