@@ -226,6 +226,11 @@ def _under_way(
 ) -> tuple[list[Decision], ThreadsState]:
     n, t = _cpu_live(u)
     t0, t2 = state.threads, 2 * state.threads
+    stale = state.started is not None and s.now > state.started + 4 * c.trial_s
+    if stale and state.phase in ("merging", "splitting"):
+        return [], replace(state, phase=None, unit=None)  # a step that never landed
+    if {k: v for k, v in u.threads.items() if v > 0} == {t0: 1, t2: 1} and n == 2:
+        return [], state  # a make-before-break swap under way (scale_up / scale_down)
     if state.phase == "merging":
         if n >= 2:
             return [], state  # the scale-in is still draining
@@ -236,9 +241,6 @@ def _under_way(
             "scale_up", unit=u.index, engine="cpu", threads=t2, from_threads=t0, reason=why
         )
         return [d], replace(state, phase="trial", started=s.now)
-    stale = state.started is not None and s.now > state.started + 4 * c.trial_s
-    if stale and state.phase in ("merging", "splitting"):
-        return [], replace(state, phase=None, unit=None)  # a step that never landed
     if state.phase == "splitting":
         if n == 1 and t == t2:
             return [], state  # waiting for the scale-down

@@ -77,6 +77,10 @@ def test_one_request_in_flight_on_two_instances_merges_in_two_steps() -> None:
     d, st = step(snap(13.0, 1, (unit(n=1),)), st, CFG)
     assert [(x.action, x.from_threads, x.threads) for x in d] == [("scale_up", 1, 2)]
     assert st.phase == "trial" and st.started == 13.0
+    # the swap (the 2-thread instance starting beside the 1-thread one) keeps the trial
+    swap = replace(unit(), threads={1: 1, 2: 1})
+    d, st = step(snap(14.0, 1, (swap,)), st, CFG)
+    assert d == [] and st.phase == "trial"
 
 
 def test_no_merge_at_two_in_flight_nor_before_a_whole_window() -> None:
@@ -163,14 +167,19 @@ def test_a_kept_merge_splits_back_when_concurrency_rises() -> None:
     assert "split back" in out[0].reason and st.blocked == ()
     d, st = step(snap(35.0, 3, (one,)), st, CFG)
     assert d == []  # the scale-down still under way
+    d, st = step(snap(35.5, 3, (replace(unit(), threads={1: 1, 2: 1}),)), st, CFG)
+    assert d == [] and st.phase == "splitting"  # its swap under way
     d, st = step(snap(36.0, 3, (unit(n=1, threads=1),)), st, CFG)
     assert [x.action for x in d] == ["scale_out"] and st.phase is None
 
 
 def test_a_unit_the_scaler_moved_is_let_go() -> None:
     st = replace(_merged(), phase="kept")
-    d, st = step(snap(30.0, 1, (replace(unit(), threads={1: 1, 2: 1}),)), st, CFG)
+    d, st = step(snap(30.0, 1, (replace(unit(n=3), threads={1: 2, 2: 1}),)), st, CFG)
     assert d == [] and st.phase is None
+    st = replace(_merged(), phase="merging", started=0.0)
+    d, st = step(snap(100.0, 1, (unit(),)), st, CFG)
+    assert d == [] and st.phase is None  # a scale-in that never landed
 
 
 def test_in_flight_mean_and_config() -> None:
