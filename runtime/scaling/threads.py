@@ -14,9 +14,8 @@ the rate rose by ``gain`` or the P99 fell by ``gain``, else **split** back and t
 not merged again for ``backoff_s`` (doubled per revert in a row, as
 :mod:`infscaler.runtime.scaling.demand`'s trials). A kept merge is split back
 (``scale_down`` to ``t``, then ``scale_out``) as soon as the mean in flight over the last
-``split_s`` exceeds the unit's instances + ``split_margin``. On bare onnxruntime on 2 cores
-(bench/threads_lowc.py) one 2-thread ResNet-50 session answers a lone request in about
-half the time of a 1-thread one. Pure: no I/O, no clock.
+``split_s`` exceeds the unit's instances + ``split_margin``, and not merged again for
+``backoff_s``. Measurements: bench/HISTORY.md. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -257,7 +256,15 @@ def _under_way(
             f"{u.name}: {_f(conc)} requests in flight on average over {c.split_s:g} s > "
             f"{n} instance(s): split back to instances of {t0} thread(s)"
         )
-        return [_down(u, t2, t0, why)], replace(state, phase="splitting", started=s.now)
+        # no merge again for backoff_s: a load that swings around the threshold
+        # (clients backing off after refusals) would otherwise merge and split in turn
+        reverts = next((b[2] for b in state.blocked if b[0] == u.index), 0)
+        blocked = (
+            *(b for b in state.blocked if b[0] != u.index),
+            (u.index, s.now + c.backoff_s, reverts),
+        )
+        st = replace(state, phase="splitting", started=s.now, blocked=blocked)
+        return [_down(u, t2, t0, why)], st
     if state.phase == "trial" and state.started is not None and s.now >= state.started + c.trial_s:
         return _judge(s, state, c, u)
     return [], state

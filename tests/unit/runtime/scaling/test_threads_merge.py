@@ -164,7 +164,8 @@ def test_a_kept_merge_splits_back_when_concurrency_rises() -> None:
         d, st = step(snap(float(i), 3, (one,)), st, CFG)
         out += d
     assert [(d.action, d.from_threads, d.threads) for d in out] == [("scale_down", 2, 1)]
-    assert "split back" in out[0].reason and st.blocked == ()
+    assert "split back" in out[0].reason
+    assert st.blocked == ((0, 31.0 + 60.0, 0),)  # no merge again for backoff_s
     d, st = step(snap(35.0, 3, (one,)), st, CFG)
     assert d == []  # the scale-down still under way
     d, st = step(snap(35.5, 3, (replace(unit(), threads={1: 1, 2: 1}),)), st, CFG)
