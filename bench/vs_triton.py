@@ -11,6 +11,8 @@ Systems under test, each started alone, one model at a time:
 - **This runtime** (``infscaler serve``) on its Unix sockets: ``auto`` (``--slo --autoscale``:
   the planner picks the configuration, admission and scaling on) and the same hand
   configurations as Triton's (a ``pipeline.yaml``: instances x threads, ``batching``).
+  ``ours auto threads-off``: ``auto`` with ``INFSCALER_THREADS=off`` (no merge of
+  instances into more intra-op threads at low concurrency), its before/after baseline.
 
 More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/vs_triton.py`".
 """
@@ -110,6 +112,7 @@ class Sut:
     threads: int = 1
     batch: bool = False
     auto: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of ``serve``
     proc: subprocess.Popen | None = None
     server_pids: list[int] = field(default_factory=list)
     model_pids: list[int] = field(default_factory=list)
@@ -155,7 +158,10 @@ class Sut:
         else:
             cmd += [str(self._pipeline_yaml(model))]
         log = open(Path(self.tmp) / "serve.log", "w")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp, env=env
+        )
         import httpx
 
         deadline = time.monotonic() + 600
@@ -398,6 +404,25 @@ def measure(sut: Sut, model: Model, x: np.ndarray, args: argparse.Namespace, slo
                 }
             )
         out[proto] = points
+    if sut.kind == "ours":
+        out["scaler_decisions"] = scaler_decisions(sut)
+    return out
+
+
+def scaler_decisions(sut: Sut) -> dict[str, float]:
+    """The autoscaler's decisions applied so far, by action (``GET /metrics``,
+    ``infscaler_scaler_decisions``); empty when the service does not answer."""
+    import httpx
+
+    out: dict[str, float] = {}
+    with (
+        contextlib.suppress(httpx.HTTPError),
+        httpx.Client(transport=httpx.HTTPTransport(uds=sut.http["uds"]), timeout=10) as c,
+    ):
+        for line in c.get(f"{sut.http['base']}/metrics").text.splitlines():
+            if line.startswith("infscaler_scaler_decisions") and 'action="' in line:
+                action = line.split('action="', 1)[1].split('"', 1)[0]
+                out[action] = out.get(action, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -421,12 +446,17 @@ def suts(args: argparse.Namespace) -> list[Sut]:
     hands = [(cores, 1, False), (1, cores, False), (cores, 1, True)]
     out = [Sut(f"triton {i}x{t}{' batch' if b else ''}", "triton", i, t, b) for i, t, b in hands]
     out.append(Sut("ours auto", "ours", auto=True))
+    # auto without the merge of instances at low concurrency (runtime/scaling/threads.py)
+    off = {"INFSCALER_THREADS": "off"}
+    out.append(Sut("ours auto threads-off", "ours", auto=True, env=off))
     out += [Sut(f"ours {i}x{t}{' batch' if b else ''}", "ours", i, t, b) for i, t, b in hands]
-    if args.configs:
+    if args.configs:  # in the order given (ours auto first unless listed)
         keep = args.configs.split(",")
-        out = [s for s in out if s.name in keep or s.name == "ours auto"]
+        names = keep if "ours auto" in keep else ["ours auto", *keep]
+        by_name = {s.name: s for s in out}
+        out = [by_name[n] for n in names if n in by_name]
     elif args.quick:
-        out = [s for s in out if s.kind == "triton" or s.auto]
+        out = [s for s in out if s.kind == "triton" or s.name == "ours auto"]
     return out
 
 
@@ -519,7 +549,8 @@ def main() -> int:
     ap.add_argument(
         "--configs",
         default="",
-        help="comma-separated configuration names to run (ours auto always runs): "
+        help="comma-separated configuration names to run, in that order (ours auto always "
+        "runs, first unless listed): "
         "'triton 2x1', 'triton 1x2', 'triton 2x1 batch', 'ours 2x1', ...",
     )
     ap.add_argument("--quick", action="store_true")

@@ -52,6 +52,7 @@ from infscaler.base.threads import NamedThread
 from infscaler.runtime.planning.autoplan import keep_live
 from infscaler.runtime.planning.livecheck import LiveState, Observed, Verdict, check
 from infscaler.runtime.planning.planner import HANDOVER_MS
+from infscaler.runtime.scaling import threads as thread_merge
 from infscaler.runtime.scaling.arbitration import (
     ArbitrationConfig,
     ArbitrationState,
@@ -127,6 +128,7 @@ class Autoscaler:
         self.service = service
         self.tick_s = tick_s
         self._states: dict[str, ScalerState] = {}
+        self._threads: dict[str, thread_merge.ThreadsState] = {}  # merges at low concurrency
         self._next: dict[str, float] = {}
         self._learn_next: dict[str, float] = {}
         #: seconds between two :func:`~infscaler.runtime.scaling.idlecurve.learn` per pipeline
@@ -187,6 +189,7 @@ class Autoscaler:
         """Drop the state of an undeployed pipeline."""
         with self._lock:
             self._states.pop(name, None)
+            self._threads.pop(name, None)
             self._next.pop(name, None)
             self._learn_next.pop(name, None)
             self._monitors.pop(name, None)
@@ -530,6 +533,8 @@ class Autoscaler:
         snap = mon.snapshot(dep, mon.pipeline(dep, window))
         waited, verdict = state.waiting, state.trial_verdict
         decisions, state = decide(snap, state, scaler_config(auto))
+        if not decisions and thread_merge.enabled(os.environ):
+            decisions, state = self._merge_threads(dep, snap, state, auto)
         with self._lock:
             self._states[dep.name] = state
         if getattr(dep, "live", None) is not None and not decisions:
@@ -563,6 +568,22 @@ class Autoscaler:
             # a trial's verdict (a revert that stops an instance is its scale_in's reason)
             self._record(dep.name, {"action": "trial_verdict", "reason": state.trial_verdict})
         return decisions
+
+    def _merge_threads(
+        self, dep: Any, snap: Any, state: ScalerState, auto: Any
+    ) -> tuple[list[Decision], ScalerState]:
+        """Threads per instance at low concurrency (:mod:`~infscaler.runtime.scaling.
+        threads`); a step it takes is a change for the scaler (settle, hold)."""
+        before = self._threads.get(dep.name, thread_merge.ThreadsState())
+        cfg = thread_merge.config_for(auto)
+        models = frozenset(i for i, u in enumerate(dep.pipeline.units) if u.kind == "model")
+        out, tstate = thread_merge.step(snap, before, cfg, state.last_change, models)
+        self._threads[dep.name] = tstate
+        if out:
+            state = replace(state, last_change=snap.now)
+        if tstate.verdict is not None and tstate.verdict != before.verdict and not out:
+            self._record(dep.name, {"action": "trial_verdict", "reason": tstate.verdict})
+        return out, state
 
     def _tune(self, dep: Any, snap: Any, state: ScalerState) -> TunerVerdict | None:
         """The Tuner's look at ``dep`` (``autoscale.tuner``,
