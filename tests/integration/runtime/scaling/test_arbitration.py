@@ -50,16 +50,20 @@ def _instances(svc: Service, name: str) -> int:
     return next(len(u["instances"]) for u in st["units"] if u["unit"] == "slow")
 
 
-def _load(svc: Service, name: str, clients: int, seconds: float) -> tuple[int, list[str]]:
+def _load(
+    svc: Service, name: str, clients: int, seconds: float, done_when: threading.Event | None = None
+) -> tuple[int, list[str]]:
     """Closed-loop clients that retry a 503 (refused at arrival or shed) after its
-    back-off, as a client honouring Retry-After does; returns (answered, other errors)."""
+    back-off, as a client honouring Retry-After does, for ``seconds`` or until
+    ``done_when`` is set; returns (answered, other errors)."""
     done = [0]
     errors: list[str] = []
     stop = time.monotonic() + seconds
     x = np.ones((1, 4), np.float32)
+    ended = done_when or threading.Event()
 
     def client() -> None:
-        while time.monotonic() < stop:
+        while time.monotonic() < stop and not ended.is_set():
             try:
                 r = svc.infer(name, {"x": x}, timeout_s=30)
                 np.testing.assert_allclose(r.outputs["y"], x * 2)
@@ -129,10 +133,30 @@ def test_a_loaded_high_priority_pipeline_takes_an_instance_at_the_cap(tmp_path: 
             accelerators=[{"engine": "cpu", "max_instances": 16}],
         )
         results: dict[str, tuple[int, list[str]]] = {}
-        bg = threading.Thread(target=lambda: results.setdefault("lo", _load(svc, "lo", 1, 10)))
-        bg.start()
-        results["hi"] = _load(svc, "hi", clients=8, seconds=10.0)
-        bg.join()
+        # the load lasts until the take is recorded and 3 s more (its instance serving),
+        # or 60 s: on a loaded host the window that counts hi's violation fills later
+        taken, ended = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            while not ended.is_set():
+                if any(d["action"] == "arbitrate_take" for d in svc.autoscaler.decisions()):
+                    taken.set()
+                    time.sleep(3.0)
+                    ended.set()
+                time.sleep(0.2)
+
+        threads = [
+            threading.Thread(target=watch),
+            threading.Thread(
+                target=lambda: results.setdefault("lo", _load(svc, "lo", 1, 60, ended))
+            ),
+        ]
+        for t in threads:
+            t.start()
+        results["hi"] = _load(svc, "hi", clients=8, seconds=60.0, done_when=ended)
+        ended.set()
+        for t in threads:
+            t.join()
         decisions = svc.autoscaler.decisions()
         gives = [d for d in decisions if d["action"] == "arbitrate_give"]
         takes = [d for d in decisions if d["action"] == "arbitrate_take"]
