@@ -1,51 +1,16 @@
 """Model-less variant selection: INFaaS (Romero et al., USENIX ATC'21) as pure functions.
 
-A client names a **task** (``text-recognition``) and its requirements (``latency_ms``,
-``min_accuracy``) instead of a model; this module picks the registered **variant**
-(model x engine x precision x batch size x plan K, :mod:`infscaler.modelless.variants`) that
-serves the query. Nothing here does I/O or reads a clock: the registry supplies the
-static profiles (:class:`VariantProfile`), the monitor the dynamic state of each variant
-(:class:`VariantLoad`), and :mod:`infscaler.modelless.tasks` applies the result to a running
-service. Like the scaler (:mod:`infscaler.runtime.scaling.scaler`) and Ray Serve's autoscaling
-policy, it is tested without starting anything.
+A client names a task and its requirements (``latency_ms``, ``min_accuracy``); the
+selector picks the registered variant (model x engine x precision x batch x K) from the
+variants' profiles (:class:`VariantProfile`) and live state (:class:`VariantLoad`):
+:func:`classify` (INFaaS Fig. 4: Inactive / Active / Overloaded / Interfered),
+:func:`select` (Algorithm 1: an Active variant that meets both, least loaded; else an
+Inactive one, lowest load + inference time; else the closest, flagged
+``meets_requirements=False``), :func:`vertical_scale` (section 4.2.2: upgrade at the cap,
+downgrade after ``T_v``), :func:`validate_query` (404 unknown task, 400 bad numbers).
+No I/O, no clock; served capacity from :mod:`infscaler.runtime.queueing`.
 
-State machine (INFaaS Fig. 4), per variant, from a monitor snapshot (:func:`classify`):
-
-* **Inactive**: not loaded (no ready instance);
-* **Active**: loaded and serving below its peak throughput;
-* **Overloaded**: at its peak: the arrival rate reaches ``overload_utilisation`` x the
-  instances' profiled saturation throughput, the backlog exceeds
-  ``overload_queue_per_instance`` requests per instance slot, or the scaler is shedding
-  its load (it reached the device's cap);
-* **Interfered**: not overloaded, but its measured service time exceeds
-  ``interference_ratio`` x the profiled one (co-located instances contend for cores,
-  caches or memory bandwidth).
-
-Selection (:func:`select`, INFaaS Algorithm 1, ``getVariant``):
-
-1. an **Active** variant that meets both requirements on its profile (latency <=
-   ``latency_ms``, accuracy >= ``min_accuracy``): the least-loaded one (ties: the
-   fastest); the service's router then picks the least-loaded instance of it;
-2. else an **Inactive** variant that meets them: the one with the lowest load time +
-   inference latency (the first query waits for the load);
-3. else the **closest** variant (smallest relative shortfall in latency plus accuracy),
-   returned with ``meets_requirements=False`` and the reason. Overloaded and Interfered
-   variants are never chosen in steps 1-2 (INFaaS §4.1); they can be the closest.
-
-Queries are checked first (:func:`validate_query`): an unknown task is a 404 naming the
-registered tasks; a latency that is not a positive number or an accuracy outside
-[0, 1] is a 400. An unsatisfiable query is not an error: step 3 answers it, flagged.
-
-Vertical scaling (:func:`vertical_scale`, INFaaS §4.2.2 greedy heuristic): when the
-current variant's headroom (instances x saturation throughput, the measured one when
-slower than profiled, / arrival rate) falls under ``slack`` and the scaler cannot
-replicate it any more (it reported ``shed``: the device's cap is reached), **upgrade** to a variant of the task that meets the SLO and the
-accuracy floor with a higher throughput (same model first: a larger batch size), the one
-with the lowest cost ``memory_mb x instances x (1 + lambda x load_s)`` (INFaaS's
-``C (delta + lambda T_load)``, with memory as the edge device's scarce resource). When
-the load has fallen so that a cheaper variant serves it within the slack (and the current
-one is not Overloaded: no backlog, no shedding), after the current one has run ``T_v`` =
-its load time (at least ``hold_s``), **downgrade**.
+More (the rules in full, the why, measurements): docs/variants.md, "The selector in full".
 """
 
 from __future__ import annotations

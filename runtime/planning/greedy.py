@@ -46,7 +46,7 @@ from infscaler.runtime.scaling.demand import fits_cores, share_per_thread
 from infscaler.runtime.scaling.types import ResourceCap
 from infscaler.runtime.serving.batching import decide_batching
 
-__all__ = ["PlanResult", "PlanSearch"]
+__all__ = ["PlanResult", "PlanSearch", "fits_instance"]
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def _engines_allowed(u: UnitProfile, cap: ResourceCap) -> list[str]:
     return [p.engine for p in opts if p.engine in cap.max_instances]
 
 
-def _fits(
+def fits_instance(
     units: Sequence[UnitProfile],
     config: Sequence[UnitConfig],
     k: int,
@@ -370,7 +370,7 @@ class PlanSearch:
         order = sorted((k for k in served if loads[k] >= 0.5 * top), key=lambda k: -loads[k])
         for k in order:
             for e in _engines_allowed(units[k], cap):
-                stop = _fits(units, cfg, k, e, cap, self.pool_mb, self.rate)
+                stop = fits_instance(units, cfg, k, e, cap, self.pool_mb, self.rate)
                 if stop is None:
                     new = with_unit(cfg, k, add_instances(cfg[k], e))
                     return new, (

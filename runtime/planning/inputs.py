@@ -38,6 +38,7 @@ __all__ = [
     "base_latency_ms",
     "planned_thread_counts",
     "planner_inputs",
+    "whole_pipeline",
     "whole_profiles",
 ]
 
@@ -77,7 +78,7 @@ class PlannerInputs:
     whole: Mapping[int, UnitProfile] = field(default_factory=dict)
 
 
-def _whole(cfg: Any) -> Any:
+def whole_pipeline(cfg: Any) -> Any:
     """``cfg`` with its model stages whole and the user's choices of K, threads,
     instances and batching dropped (function stages as written: their fields set decide
     whether they fuse; ``fuse: whole`` searched as ``fuse: true``)."""
@@ -226,7 +227,7 @@ def _models_only(run: _Gathering) -> PlannerInputs:
 
 def _with_functions(run: _Gathering) -> PlannerInputs:
     """The inputs of a pipeline with function stages: it is compiled with its model stages
-    whole (:func:`_whole`) and run in-process on a sample request (:func:`_sample_request`,
+    whole (:func:`whole_pipeline`) and run in-process on a sample request (:func:`_sample_request`,
     else made up); its runtime units are the search's (see the module docstring)."""
     # why: compiling and profiling load the function modules and onnxruntime sessions;
     # a pipeline of model stages only never needs them
@@ -234,7 +235,7 @@ def _with_functions(run: _Gathering) -> PlannerInputs:
     from infscaler.runtime.serving.pipeline import compile_pipeline
 
     cfg = run.cfg
-    whole = _whole(cfg)
+    whole = whole_pipeline(cfg)
     run.progress(f"{cfg.name}: running the pipeline in-process on a sample request")
     compiled = compile_pipeline(
         whole, state_dir=run.state_dir, device=run.device, allowed_functions=run.allowed_functions

@@ -1,38 +1,17 @@
-"""The autoscaler loop: monitor -> scaler -> supervisor, once per interval.
+"""The autoscaler loop: monitor -> pure policies -> service, once per ``interval_s``.
 
-Every ``interval_s`` (the pipeline's ``autoscale.interval_s``) it reads each
-auto-scaled pipeline through the :class:`~infscaler.runtime.scaling.monitor.Monitor`, calls the
-pure policy :func:`infscaler.runtime.scaling.scaler.decide` (InfScaler Algorithm 1 with
-InferLine's scale-in hysteresis), and applies its decisions through the service:
+Per auto-scaled pipeline it reads a :class:`~.monitor.Monitor` snapshot, calls
+:func:`~.scaler.decide` (InfScaler Algorithm 1 with InferLine's scale-in hysteresis) and
+the other pure policies (the Tuner, the demand-cap trial, the threads-per-instance merge,
+and with two or more pipelines :func:`~.arbitration.arbitrate`), and applies what they
+decide through the service: ``scale_out`` / ``scale_in`` (one instance, graceful),
+``scale_up`` / ``scale_down`` (threads, make-before-break), ``shed`` (a queue bound), and
+arbitration moves (the giver's instance stops before the taker's starts: the cap holds
+at every instant). It decides nothing itself; applied decisions are kept for ``status``
+and ``/metrics`` (:meth:`Autoscaler.decisions`). ``INFSCALER_ARBITRATION=off`` and
+``INFSCALER_THREADS=off`` turn those policies off.
 
-* ``scale_out``: start one instance of the unit on the chosen engine (its cores taken
-  from the device's cpu core set, the least used by the unit's live instances first:
-  :meth:`infscaler.service.service.Service._cores`); the control path routes to it at once
-  and tokens wait in its socket while it loads; the pipeline's in-flight window grows
-  with its instance count;
-* ``scale_in``: stop one instance of the unit on that engine gracefully (after its
-  current request; tokens queued at it are re-routed by the sharing manager);
-* ``scale_up`` / ``scale_down``: replace one cpu instance of the unit by one running
-  the decided intra-op threads, make-before-break (:meth:`infscaler.service.service.Service.
-  scale_threads`, in a thread: the new instance loads and is routed to once ready, then
-  the old one stops gracefully), one swap per unit at a time;
-* ``shed``: bound the pipeline's queue; the front end answers 503 with the reason
-  beyond it, until the scaler lifts the bound.
-
-With two or more auto-scaled pipelines, once per tick in which one of them violates its
-SLO with its own decision blocked by the device's cap (or while a loan is in force), the
-loop also calls the pure arbitration (:func:`infscaler.runtime.scaling.arbitration.arbitrate`)
-over every pipeline's last snapshot and priority, and applies its move in a thread: the
-giver's ``scale_in`` first (it blocks until the instance exited, so its memory, slot and
-cores are free), then the taker's ``scale_out``: the cap holds at every instant. Each
-half is kept as a decision (``arbitrate_give`` / ``arbitrate_take`` with the move's
-reason) and counted per (giver, taker) for ``/metrics``
-(``infscaler_arbitration_moves_total``). One pipeline alone: nothing changes.
-``INFSCALER_ARBITRATION=off`` in the service's environment turns the arbitration off
-(each pipeline scales alone, as before it existed): for benchmarks that compare the two.
-
-Decisions are logged and the last ones are kept for ``infscaler status``. Like Ray
-Serve's controller, this loop applies what the policy decides and decides nothing.
+More (the rules in full, the why, measurements): docs/scaling.md, "The autoscaler's loop in full".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ threads but keeps about 1.3 cores busy: counting threads refused its bottleneck 
 second instance ("pinned threads 3+1 > physical cores 2") and it served 13 requests/s
 against the 22/s its bottleneck alone serves. :func:`fits_cores` is the one test, used
 by the scaler (:mod:`infscaler.runtime.scaling.cores`, measured shares) and the planner
-(:func:`infscaler.runtime.planning.greedy._fits` and the simulated scaler: shares from
+(:func:`infscaler.runtime.planning.greedy.fits_instance` and the simulated scaler: shares from
 the simulated utilisation). Busy fractions miss contention: a cpu scale-out that takes the pinned threads past the cores is
 a **trial** (:func:`open_trial`), judged ``trial_s`` later (:func:`judge_trial`): kept
 when the SLO is met or the served rate rose by ``trial_gain``, else its instance is
@@ -88,7 +88,7 @@ def expected_share(u: UnitState, threads: int) -> float:
     """Cores ``threads`` more cpu threads of ``u`` are expected to keep busy: its
     instances' measured :func:`share_per_thread` (:attr:`UnitState.busy` over the
     threads they pin) x ``threads``; a whole core per thread when ``u`` is not
-    measured. The planner's alike: :func:`infscaler.runtime.planning.greedy._fits`."""
+    measured. The planner's alike: :func:`infscaler.runtime.planning.greedy.fits_instance`."""
     if threads <= 0:
         return 0.0
     pinned = sum(int(t) * int(n) for t, n in u.threads.items()) or u.total_instances

@@ -2,69 +2,16 @@
 scaler's :class:`~infscaler.runtime.scaling.types.Snapshot` built from them (InfScaler §IV-A:
 "once detected the serving performance cannot meet the user-specified latency SLO").
 
-Sources, all read without stopping anything:
+Reads, without stopping anything: the front end's statistics (latency, arrivals, per-unit
+compute and queue ms per item), the control channel's tokens in flight per unit, the
+supervisor's handles (state, engine, cores, PSS MB per instance each second), the pool's
+mapped MB, host telemetry. Memory used (Algorithm 1's U^m) is the sum of the instances'
+PSS (MB) plus the pool's; cores count pinned threads against the profile's thread slots,
+and busy cores (:meth:`Monitor.cores_busy`, CPU s over the last seconds) are the stricter
+bound. The bottleneck indicator is each unit's compute ms per request (Eq. 1's profiled
+time).
 
-* the front end's per-pipeline statistics (:class:`~infscaler.runtime.serving.stats.PipelineStats`):
-  end-to-end latency, arrivals, and per unit the compute and queue time of every item,
-  taken from the ``__trace__`` rows each instance appends;
-* the control channel's per-stage counters: tokens in flight at each unit (its queue);
-* the supervisor's instance handles: state, engine, cores, and the RSS / USS / PSS MB
-  each instance reports on its status pipe every second (psutil ``memory_full_info``);
-* the tensor pool's mapped bytes;
-* host telemetry (:mod:`infscaler.runtime.scaling.telemetry`: jetson-stats on a Jetson, psutil
-  elsewhere) for ``infscaler status``.
-
-Resource accounting (Algorithm 1's U^m and r_k^m): memory used is the sum of every
-instance's PSS plus the pool's mapped MB (a page of the pool touched by one instance only
-is counted twice, so the figure errs high, on the safe side of the cap); one more
-instance of a unit costs the mean PSS of its running instances on that engine, or, before
-any has reported, the plan's weights + activations MB plus ``instance_overhead_mb`` (the
-USS of an idle instance spawned as a fresh process with onnxruntime loaded, measured on
-this host: about 45 MB; a forked one costs less, so the estimate errs high).
-
-Why PSS (proportional set size: each resident page divided by the number of processes
-mapping it), everywhere (status, this cap, metrics, benchmarks): instances are forked
-from the zygote (:mod:`infscaler.runtime.processes.zygote`) and share its pages copy-on-write. USS
-counts only a process's private pages, so the pages every instance shares with the
-zygote would be in no one's USS and the sum would undercount what the instances hold;
-RSS counts each shared page once per process and would overcount it N times. PSS sums to
-the real total over the processes that map a page, and an instance's PSS is its private
-pages plus its share of the common ones, which is what one more instance adds as N
-grows. (The zygote's own share is not an instance's: it is a fixed cost of the service.) Engine slots count model instances (function stages, light pre- and
-post-processing, count against memory only). Cores count what is pinned, not what is
-busy (:meth:`Monitor.pinned_threads`): the threads of every starting or ready cpu
-instance of a model stage (a ``fuse: whole`` unit is one: its instance pins its
-``threads``, its model steps running one after another on them), against the
-profile's thread slots (cores x
-``threads_per_core``, :meth:`infscaler.base.device.Accelerator.thread_slots`). Busy
-cores read low exactly when it matters (instances loading, requests shed, stages
-waiting on each other), which let an overloaded 2-core host grow one partition to 6
-instances; a pinned thread is a slot taken whether it is busy or not. A function-stage
-instance pins no slot (one Python thread asleep in poll(2) when idle) but is added only
-while a slot is free.
-Busy cores (:meth:`Monitor.cores_busy`: CPU seconds of the instances and the front end
-over the last seconds; an instance started since counts its CPU seconds over its age,
-loading included, so a scale-out reads busy at once) are the second, stricter bound:
-the scaler adds no cpu thread unless a whole core per thread is idle
-(:data:`~infscaler.runtime.scaling.cores.SATURATED_FREE_PER_THREAD`), since threads beyond
-the cores add contention, not capacity, once every core is busy. (Bounding the pinned
-threads by the physical cores instead kept a two-unit pipeline, ddddocr, at one
-instance per unit with 0.6 of 2 cores busy: bench/HISTORY.md, "ddddocr at 3 x L0".)
-
-Vertical scaling inputs (:func:`~infscaler.runtime.scaling.scaler.decide`'s ``scale_up`` /
-``scale_down``): per unit, its running cpu instances per intra-op thread count (each
-handle's ``unit.threads``), the stage's ``threads`` / ``max_threads``, and
-``latency_ms_by_threads``: per thread count, the median over its instances of the
-``warm_ms_by_threads`` each reported when ready (measured at load by
-:meth:`infscaler.runtime.serving.runners.ModelRunner.probe_threads`; a fused unit reports none,
-so it is never scaled vertically).
-
-The bottleneck indicator the scaler compares is each unit's compute time per request
-(P50 ms per item x items per request): the profiled-time complexity measure of Eq. 1
-(``infscaler partition --measure time``), which puts partitions and function stages on
-one scale. Before a unit has samples it is the plan's latency on its engine (a fused
-unit: its model step's, plus the mean its function steps took per call in the
-instances' ``stats`` reports; measured samples already span every step).
+More (the rules in full, the why, measurements): docs/scaling.md, "The monitor in full".
 """
 
 from __future__ import annotations
@@ -349,7 +296,7 @@ class Monitor:
         out = None
         if samples and now - samples[0][0] >= BUSY_MIN_S:
             t0, old = samples[0]
-            out = _unit_demand(live, sample, old, (now - t0) * 1e3)
+            out = unit_demand(live, sample, old, (now - t0) * 1e3)
         samples.append((now, sample))
         return out
 
@@ -467,7 +414,7 @@ class Monitor:
         )
 
 
-def _unit_demand(
+def unit_demand(
     live: list[Any],
     now: dict[int, tuple[float, float | None]],
     old: dict[int, tuple[float, float | None]],

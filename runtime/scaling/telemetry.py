@@ -1,30 +1,13 @@
 """Host telemetry: CPU, memory, and on a Jetson the iGPU, EMC, power mode and temperatures.
 
-Two sources, never mixed up and never invented:
+Sources: psutil everywhere (CPU %, RAM, sensors, per-process memory); jetson-stats
+(``jtop``) on a Jetson, imported lazily (iGPU load, NvMap memory, EMC %, nvpmodel mode,
+thermal zones, board power). A value the host lacks is ``None`` and ``note`` says why:
+never invented. Memory in MB of 2**20 bytes. :class:`JetsonSampler` (one per process,
+:func:`jetson_sampler`) keeps one jtop client in a background thread for ``/metrics`` and
+``status``, readings in SI units with the energy integrated from the power.
 
-* **psutil** (https://psutil.readthedocs.io) everywhere: per-core and total CPU
-  utilisation (``psutil.cpu_percent``, from ``/proc/stat``), RAM (``virtual_memory``,
-  from ``/proc/meminfo``), temperatures where the kernel exposes sensors
-  (``sensors_temperatures``), and per-process memory (``Process.memory_full_info``).
-* **jetson-stats** (``jtop``, https://rnext.it/jetson_stats/reference/jtop.html) on a
-  Jetson, imported lazily: iGPU load, the RAM the GPU maps (NvMap ``shared``), EMC
-  (memory controller) bandwidth utilisation, the nvpmodel power mode, thermal zones and
-  the board's total power. jtop talks to the ``jtop`` service (``jtop.service``, socket
-  ``/run/jtop.sock``) that ``pip install jetson-stats`` installs.
-
-On a Jetson with jetson-stats the record's ``source`` is ``jetson-stats``: the Jetson
-fields are jtop's, the CPU and RAM figures still psutil's (jtop reads the same
-``/proc`` files). Elsewhere, or when jtop is missing or fails, ``source`` is ``psutil``,
-the Jetson-only fields are None and ``note`` says why.
-
-Memory figures are MB of 2**20 bytes (psutil reports bytes, jtop KB).
-
-For ``GET /metrics`` (:mod:`infscaler.api.metrics`) and the status, :class:`JetsonSampler`
-keeps one jtop client open in a background thread and caches each update as a
-:class:`JetsonReading` in SI units (:func:`jetson_reading`, pure), with the energy
-integrated from the power (:class:`EnergyCounter`); :func:`jetson_sampler` is the
-process's one sampler. Off a Jetson or without jetson-stats nothing is started and the
-state says why.
+More (the rules in full, the why, measurements): docs/scaling.md, "Host telemetry in full".
 """
 
 from __future__ import annotations

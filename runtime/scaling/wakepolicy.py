@@ -1,30 +1,13 @@
-"""When to hold the CPUs awake: the policy behind ``cpu_wake_latency_us: auto``.
+"""When to hold the CPUs awake: the policy behind ``cpu_wake_latency_us: auto`` (pure).
 
-A core left idle sleeps, and a model whose intra-op threads or instance processes must
-wake it runs slower after idle; so do the hand-overs between the front end and the
-instances. Holding the CPUs awake (a PM QoS request of 0 µs,
-:mod:`infscaler.runtime.scaling.pmqos`) raised the goodput of every configuration measured on the
-2-vCPU development VM (bench/HISTORY.md, 2026-11-27, ResNet-50): at an SLO of 1.5 x L0
-1.41 -> 9.17 requests/s, at 2 x 12.26 -> 15.48, at 3 x 19.5 -> 23.4 (two 1-thread
-replicas) and 16.9 -> 22.1 (one 2-thread instance). At 3 x the served compute after idle
-was hardly slower (under 1.1 x): the gain came from warm compute and the wake-ups of the
-hand-overs, so a rule that waited for a measured compute slowdown never took it.
+:func:`decide_wake` (now s, the deployed pipelines with an SLO, what the autoscaler
+measured of them, the previous :class:`WakeState`) -> the new state: ``hold`` (request a
+0 us CPU wake latency through PM QoS, :mod:`.pmqos`, Linux pm_qos_interface) and its
+``reason``. It holds once a pipeline with an SLO violates it (the scaler's own test,
+:func:`~.scaler.is_violated`), and releases ``release_after_s`` after the last such
+pipeline left. :func:`idle_cost` gives the served slowdown after idle for the reason.
 
-It costs power (idle cores poll), so the service takes it only once it is needed: when
-a pipeline with an SLO violates it (:func:`infscaler.runtime.scaling.scaler.is_violated`, the
-scaler's own test: a P99 over the SLO beyond what a 1 % tail explains, or requests
-refused for it). It is the one remedy that costs no memory and no cores, so it comes
-before any other. Once held it stays held while any pipeline with an SLO stays
-deployed, and for ``release_after_s`` after the last one left (a redeploy or a variant
-swap must not bring the wake-ups back): dropping it when the P99 recovers would flap,
-since the request is what made it recover. A saturated device loses nothing either
-way: its cores do not idle.
-
-The served idle cost (:func:`idle_cost` on
-:meth:`infscaler.runtime.serving.stats.IdleSlowdown.summary`) is given with the reason, for the
-operator. Pure functions of what the monitor measured, like
-:mod:`infscaler.runtime.scaling.scaler`; the autoscaler applies the decision
-(:meth:`infscaler.service.service.Service.hold_cpus_awake`).
+More (the rules in full, the why, measurements): docs/scaling.md, "The CPU-wake policy in full".
 """
 
 from __future__ import annotations

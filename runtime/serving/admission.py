@@ -1,77 +1,19 @@
 """Admission control: what the service accepts at arrival (pure functions, no state).
 
-Two bounds, applied where each can be known:
+- :func:`admit_request` (:class:`ArrivalSnapshot` -> :class:`ArrivalDecision`): the front
+  end's whole decision, in order: bad timeout (400), front end dead, pipeline not
+  accepting, no live instance, pending quotas (:func:`admit_pending`), ``max_queue_size``,
+  load shedding, then the latency bound (:func:`admit_latency`). Refusals are 503 with a
+  reason code (:class:`Refusal`), a hint, ``retry_after_s`` and ``hold_s``
+  (:func:`refusal_hold_s`: how long the server holds the answer, s).
+- :func:`admit_latency`: with an SLO (ms), refuse a request whose estimate
+  (:func:`estimate_ms`, :func:`drain_ms`: FIFO units of ``c_u`` instances at ``S_u`` ms,
+  InferLine's pipeline model, Crankshaw et al. SoCC'20 section 4) exceeds it: "drop
+  early" (Clipper NSDI'17 section 4.3, INFaaS ATC'21 section 4.2).
+- :func:`admit_bytes` / :class:`ByteBudget`: the service-wide bytes-in-flight budget,
+  checked on the declared size before a body is read (:func:`request_reservation`).
 
-- **Bytes in flight** (:func:`admit_bytes`): a service-wide budget of request bytes
-  held at once (bodies being read, decoded tensors, requests queued or running).
-  ``server.infer`` checks the declared ``Content-Length`` against it *before* reading
-  the body, so an overload of large requests cannot grow the process (a count bound
-  alone let 40 concurrent 46 MB OCR requests take the service to 3.5 GB).
-- **Latency budget** (:func:`admit_latency`): with an SLO, a request that cannot finish
-  within it, given the requests of its pipeline ahead of it and the measured service
-  time, is refused at arrival instead of waiting for seconds and then missing the SLO
-  anyway (Clipper's and INFaaS' "drop early": Crankshaw et al., NSDI'17 §4.3 and
-  Romero et al., ATC'21 §4.2 admit only what can meet its deadline). The estimate
-  (:func:`estimate_ms`) follows the requests ahead through the pipeline's units, each
-  a FIFO of ``c_u`` instances taking ``S_u`` ms per request (InferLine's pipeline
-  model, Crankshaw et al., SoCC'20 §4: a request leaves unit ``u`` no earlier than
-  ``S_u`` after the request ``c_u`` places ahead of it left it)::
-
-      estimate_ms = max(S, max_u (remaining_ms[c_u - 1] + S_u))
-
-  where ``S`` is one request's end-to-end compute time and ``remaining_ms[i]`` how
-  long the ``(i + 1)``-th most recently admitted request still has until its own
-  estimate (its progress is credited: a request half-way through the pipeline no
-  longer counts as queued at the bottleneck). Without those (the front end did not
-  pass them) the estimate is the M/D/c drain time ``S + ahead * interval_ms``, with
-  ``interval_ms`` the bottleneck interval (the slowest unit's compute time divided by
-  its instances): it treats every request ahead as queued at the bottleneck, and
-  refused requests a two-unit pipeline would have answered within its SLO (ddddocr
-  at SLO 3x: admitted P99 277 ms of 341, 2.4 % refused; bench/HISTORY.md, "ddddocr at
-  3 x L0").
-  In overload (the offered load at the pipeline's capacity,
-  :meth:`~infscaler.runtime.serving.route.Route.overloaded`) the drain time is used again
-  (:func:`drain_ms`: ``S + max_u floor(ahead / c_u) x S_u``, so ``c`` replicas take
-  ``c`` requests at once), on
-  compute times never scaled below what was measured
-  (:meth:`~infscaler.runtime.serving.route.Route.factor`): the queue refills at once there, so a
-  short queue costs no throughput, and the tracked estimate, which chains admission's
-  own estimates, kept the queue at the bound, where half the admitted requests expired.
-  Before any measurement the front end passes :func:`default_estimates`
-  (conservative: a request is assumed to take half the SLO and the pipeline to run
-  one at a time), so the first request of a burst is bounded too.
-
-Refusals carry ``retry_after_s``: when the queue will have drained enough (latency) or
-a fixed short back-off (bytes, where nothing says how long the holders take). A latency
-or load-shedding refusal also carries ``hold_s`` (:func:`refusal_hold_s`): how long the server waits
-before answering it. Closed-loop clients (Triton's, perf_analyzer's) ignore
-``Retry-After`` and send again at once; answered at once, a refusal costs them less than
-waiting, and they came back hundreds of times a second, each time with their whole body,
-taking the cores the admitted requests needed (half the throughput). Held until the
-queue has drained enough (at most what was left of the SLO), a refused client comes
-back when it could be admitted. The servers check a request's headers (HTTP) or its
-message prefix (gRPC) with :func:`admit_request` before reading its body, so a refusal
-costs no body decode either.
-
-The front end's whole decision at a request's arrival is :func:`admit_request`: a pure
-function of an :class:`ArrivalSnapshot` (plain numbers the front end copies under its
-lock) to an :class:`ArrivalDecision` (admit, or refuse with the HTTP status, the reason,
-a hint and ``retry_after_s``), in this order: a bad timeout (400), a dead front end, a
-pipeline not accepting, a unit with no live instance, ``max_pending`` (of which a client
-uid that is not the operator may use all but ``operator_pending``, and hold at most
-``pending_per_uid`` itself: :func:`admit_pending`), the queue policy's
-``max_queue_size`` (the pipeline's queued requests, all levels), load shedding (the
-scaler's per-pipeline queue limit), then the latency bound of :func:`admit_latency`.
-A request's timeout only shortens its pipeline's ``request_timeout_s``.
-
-Priorities (:mod:`infscaler.runtime.serving.queues`): a request passes every queued
-request of a lower level, so its latency estimate counts only the requests ahead of it
-at its level or higher (:func:`~infscaler.runtime.serving.queues.ahead_at`: those in the
-pipeline's units and those queued at levels <= its own). When that leaves out some of
-the admitted requests, the tracked estimate (which follows the most recently admitted
-ones) does not apply and the drain time on the requests ahead is used
-(:func:`drain_ms`). The scaler's queue limit (load shedding) still counts them all. Tested on hand-computed snapshots like
-:func:`infscaler.runtime.scaling.scaler.decide`.
+More (the rules in full, the why, measurements): docs/scaling.md, "Admission in full".
 """
 
 from __future__ import annotations

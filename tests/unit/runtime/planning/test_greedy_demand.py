@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from infscaler.runtime.planning.greedy import _fits
+from infscaler.runtime.planning.greedy import fits_instance
 from infscaler.runtime.planning.resources import demand_cores
 from infscaler.runtime.planning.simulator import EngineProfile, UnitConfig, UnitProfile
 from infscaler.runtime.scaling.types import ResourceCap
@@ -34,9 +34,9 @@ def test_demand_cores_is_the_utilisation_times_the_threads() -> None:
 def test_the_bottleneck_fits_by_demand_where_pinned_threads_pass_the_cores() -> None:
     # 13 req/s: 0.728 busy + 0.585 for the new instance <= 2 cores (3 + 1 pinned
     # threads > 2 cores, within the 4 thread slots)
-    assert _fits(k3(), ONE, 1, "cpu", CAP, 0.0, 13.0) is None
+    assert fits_instance(k3(), ONE, 1, "cpu", CAP, 0.0, 13.0) is None
     # 21 req/s: 0.021 + 0.945 + 0.21 = 1.176 busy + 0.945 > 2
-    why = _fits(k3(), ONE, 1, "cpu", CAP, 0.0, 21.0)
+    why = fits_instance(k3(), ONE, 1, "cpu", CAP, 0.0, 21.0)
     assert why == "cpu demand 1.18+0.94 cores busy > 2 cores (m/1's share at 21 requests/s)"
     # without a rate (or physical cores) only the thread slots count, as before
-    assert _fits(k3(), ONE, 1, "cpu", CAP, 0.0) is None
+    assert fits_instance(k3(), ONE, 1, "cpu", CAP, 0.0) is None

@@ -10,7 +10,7 @@ import pytest
 
 from infscaler.base.config import load_pipeline
 from infscaler.runtime.planning.autoplan import needs_planning, stage_order
-from infscaler.runtime.planning.inputs import PlannerInputs, _whole, base_latency_ms
+from infscaler.runtime.planning.inputs import PlannerInputs, base_latency_ms, whole_pipeline
 from infscaler.runtime.planning.planner import ModelStage, search
 from infscaler.runtime.planning.resources import arrival_rates, capacity_rps
 from infscaler.runtime.planning.simulator import EngineProfile, UnitConfig, UnitProfile
@@ -159,7 +159,7 @@ def test_needs_planning_with_function_stages():
 
 def test_the_search_config_drops_model_choices_and_keeps_function_stages_as_written():
     cfg = _pipe(model={"partitions": 2, "instances": [1, 2]})
-    whole = _whole(cfg)
+    whole = whole_pipeline(cfg)
     assert whole.stages[1].partitions is None and whole.stages[1].instances == 1
     # a function stage keeps its fields set: setting `instances` would stop it fusing
     assert "instances" not in whole.stages[0].model_fields_set

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from infscaler.runtime.scaling.demand import MIN_SHARE, expected_share, fits_cores
-from infscaler.runtime.scaling.monitor import _unit_demand
+from infscaler.runtime.scaling.monitor import unit_demand
 from infscaler.runtime.scaling.scaler import decide
 from infscaler.runtime.scaling.types import (
     EngineOption,
@@ -162,7 +162,7 @@ def test_unit_demand_from_the_instances_busy_ms_and_cpu_seconds() -> None:
     live = [h(1, a), h(2, b, threads=2), h(3, b, threads=2), h(4, a)]  # pid 3 started since
     old = {1: (100.0, 5.0), 2: (0.0, None), 4: (0.0, 1.0)}
     now = {1: (600.0, 5.9), 2: (1000.0, None), 3: (50.0, 0.1), 4: (1800.0, 1.4)}
-    per, total = _unit_demand(live, now, old, 2000.0)
+    per, total = unit_demand(live, now, old, 2000.0)
     # pid 1: busy 500 of 2000 ms = 0.25 (its 0.9 CPU s would allow 0.45); pid 4: busy
     # 0.9 but 0.4 CPU s = 0.2 (it waited for a core); pid 2: 0.5 x 2 threads = 1.0 (no
     # CPU figure); pid 3 counts b's measured share per thread (0.5) x 2
