@@ -40,7 +40,7 @@ def unit_compute(status: dict[str, Any]) -> dict[str, float | None]:
 
 def predict(rate: float, c: int, comp: dict, overhead_ms: float) -> dict[str, float | None]:
     """The M/D/c and M/G/c predictions of the client P99 at ``rate``/s, ms."""
-    from infscaler.runtime.scaling.queueing import p99_response_ms
+    from infscaler.runtime.queueing import p99_response_ms
 
     p50, p99 = comp["compute_p50_ms"], comp["compute_p99_ms"]
     if not p50:

@@ -115,7 +115,7 @@ def test_socket_mode_health_and_metadata(served, gc) -> None:
     assert cfg["input"][0]["data_type"] == "TYPE_FP32" and cfg["input"][0]["dims"] == ["-1", "4"]
     with Client(served["http"]) as h:
         assert h.status()["grpc_socket"] == served["grpc"]
-        doc = h._request("GET", "/v2/models/chain/config").json()
+        doc = h.request("GET", "/v2/models/chain/config").json()
     # a pipeline (not a Triton repository model): its own view, the same over HTTP
     assert (doc["name"], doc["platform"]) == ("chain", "infscaler_pipeline")
     assert doc["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 4]}]

@@ -12,7 +12,7 @@ from infscaler.modelless.selector import served_capacity_qps, vertical_scale
 from infscaler.runtime.planning import livecheck, resources
 from infscaler.runtime.scaling import arbitration, scaler, tuner
 from infscaler.runtime.serving import admission
-from tests.unit.runtime.golden import cases
+from tests.unit.runtime import golden_cases as cases
 
 
 def _dec(d: Any) -> Any:

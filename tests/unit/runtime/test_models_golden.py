@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.runtime.golden import cases
-from tests.unit.runtime.golden.record import ALL
+from tests.unit.runtime import golden_cases as cases
+from tests.unit.runtime.golden_record import ALL
 
 GOLDEN = json.loads(Path(__file__).with_name("models_golden.json").read_text())
 

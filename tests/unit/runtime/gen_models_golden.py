@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.unit.runtime.golden.record import ALL
+from tests.unit.runtime.golden_record import ALL
 
 OUT = Path(__file__).with_name("models_golden.json")
 
