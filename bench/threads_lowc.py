@@ -44,14 +44,12 @@ def _rss_mb() -> float:
 
 
 def _session(path: Path, threads: int, shared: dict | None = None):  # noqa: ANN202
-    import onnxruntime as ort
-
-    from infscaler.engines.onnxrt.loader import session_options
+    from infscaler.engines.onnxrt.loader import load_session, session_options
 
     so = session_options(threads, spinning=False)
     for name, value in (shared or {}).items():
         so.add_initializer(name, value)
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return load_session(path, engine="cpu", options=so)
 
 
 def _shared_initializers(path: Path) -> dict:
