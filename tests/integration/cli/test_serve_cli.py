@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +46,14 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env["INFSCALER_STATE_DIR"] = str(tmp_path / "state")
     env.update(extra)
     return env
+
+
+def _pending(c: Client, model: str) -> float:
+    """The service's ``nv_inference_pending_request_count`` for ``model`` (its /metrics)."""
+    for line in c.request("GET", "/metrics").text.splitlines():
+        if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_serve_notifies_systemd_and_drains_on_sigterm(tmp_path: Path) -> None:
@@ -101,7 +108,10 @@ def test_serve_notifies_systemd_and_drains_on_sigterm(tmp_path: Path) -> None:
         threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        # SIGTERM once all four are admitted (in flight or answered; a fixed sleep races a
+        # loaded host)
+        with Client(sock) as c:
+            wait_for(lambda: _pending(c, "slow") + len(results) >= 4, 60, "4 requests admitted")
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(30)
