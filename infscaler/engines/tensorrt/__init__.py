@@ -28,7 +28,6 @@ from infscaler.engines.tensorrt.cuda import (
     open_cuda_driver,
 )
 from infscaler.engines.tensorrt.loader import (
-    DLA_ONLY_ON_JETSON,
     PYCUDA_MISSING,
     TRT_MISSING,
     WORKSPACE_BYTES,
@@ -48,7 +47,6 @@ from infscaler.engines.tensorrt.loader import (
 from infscaler.engines.tensorrt.runner import TensorRTEngine, TrtRunner
 
 __all__ = [
-    "DLA_ONLY_ON_JETSON",
     "PYCUDA_MISSING",
     "TRT_MISSING",
     "WORKSPACE_BYTES",

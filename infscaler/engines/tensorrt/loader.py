@@ -40,7 +40,6 @@ from infscaler.engines.tensorrt.cache import EngineCache
 from infscaler.engines.tensorrt.cuda import CudaDevice, cuda_devices
 
 __all__ = [
-    "DLA_ONLY_ON_JETSON",
     "PYCUDA_MISSING",
     "TRT_MISSING",
     "WORKSPACE_BYTES",
@@ -68,7 +67,6 @@ TRT_MISSING = (
     "tensorrt is not installed (pip install tensorrt, or JetPack's python3-libnvinfer on a Jetson)"
 )
 PYCUDA_MISSING = "pycuda is not installed (pip install pycuda; it needs the CUDA toolkit)"
-DLA_ONLY_ON_JETSON = "DLA exists only on Jetson Xavier / Orin"
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
