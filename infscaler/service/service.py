@@ -2,18 +2,8 @@
 and the deployed pipelines (what ``infscaler serve`` runs; the HTTP API sits on top,
 :mod:`infscaler.api.server`).
 
-Deploying a pipeline (:meth:`Service.deploy`) compiles it (partitioning model stages at
-deploy when asked, InfScaler §IV-A), gives every unit a channel stage, starts its
-instances (each pinned to its cores), waits until all are ready, then makes the
-pipeline visible. Nothing is visible or half-started when a deploy fails: the instances
-already started are stopped and the error says why. Undeploying stops new requests,
-drains those in flight, then stops the instances (:mod:`infscaler.service.deploy`). The
-autoscaler's decisions are applied by :mod:`infscaler.service.scale`; which cores an
-instance is pinned to (:mod:`infscaler.runtime.scaling.placement`) and when to hold a PM
-QoS CPU wake-up latency request (:mod:`infscaler.runtime.scaling.wakesetting`) are pure
-policies the service applies. What the service reports about itself (status,
-per-pipeline status, why a pipeline is degraded) is built in
-:mod:`infscaler.service.status`.
+Deploying and undeploying: :mod:`infscaler.service.deploy`; the autoscaler's decisions
+applied: :mod:`infscaler.service.scale`; status: :mod:`infscaler.service.status`.
 """
 
 from __future__ import annotations
