@@ -559,8 +559,10 @@ def join_lines(lines: Iterable[Any]) -> str:
 
 def character_error_rate(reference: str, hypothesis: str) -> float:
     """Character error rate: Levenshtein distance (insertions, deletions, substitutions,
-    each 1) between the strings, divided by ``len(reference)``. Case- and space-sensitive:
-    normalise both first (:func:`normalize_text`, :func:`join_lines`) where wanted.
+    each 1) between the strings, divided by ``len(reference)``
+    (:func:`infscaler.modelless.accuracy.character_error_rate` of the one pair). Case- and
+    space-sensitive: normalise both first (:func:`normalize_text`, :func:`join_lines`)
+    where wanted.
 
     Returns:
         A float >= 0 (above 1 when the hypothesis is much longer than the reference).
@@ -568,15 +570,9 @@ def character_error_rate(reference: str, hypothesis: str) -> float:
     Raises:
         ValueError: ``reference`` is empty.
     """
-    if not reference:
-        raise ValueError("character_error_rate needs a non-empty reference")
-    prev = list(range(len(hypothesis) + 1))
-    for i, rc in enumerate(reference, 1):
-        cur = [i] + [0] * len(hypothesis)
-        for j, hc in enumerate(hypothesis, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (rc != hc))
-        prev = cur
-    return prev[-1] / len(reference)
+    from infscaler.modelless.accuracy import character_error_rate as cer
+
+    return cer([(reference, hypothesis)])
 
 
 # ------------------------------------------------------------ in-process reference run
