@@ -683,9 +683,7 @@ def encode_infer_request(
         binary_output: the ``binary_data_output`` request parameter. None (the default):
             True when ``binary`` and no ``outputs`` are listed, as Triton's client
             libraries send it (``tritonclient.http``: "no outputs specified so set
-            'binary_data_output' True"), else not sent. Without it the server answers in
-            JSON ``data``: a 640 x 640 float32 output costs the server about 50 ms of
-            ``json.dumps`` and the client as much to parse.
+            'binary_data_output' True"), else not sent.
         request_id: the request ``id``.
         parameters: more request parameters (e.g. ``timeout_ms``).
         join: False: the body as a list of parts (the JSON header, then each input's

@@ -299,8 +299,7 @@ class AutoscaleConfig(BaseModel):
             cores (pinned threads of all instances); off by default.
         tuner: also scale out as soon as the arrival envelope exceeds what the current
             instances sustain within the SLO, before the P99 window shows it (InferLine
-            §5, :mod:`infscaler.runtime.scaling.tuner`); off by default until the
-            bench (bench/tuner.py) on a quiet host shows what it gains.
+            §5, :mod:`infscaler.runtime.scaling.tuner`); off by default.
 
     Raises:
         pydantic.ValidationError: a value out of range (``settle_s`` / ``sustain_s``

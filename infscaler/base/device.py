@@ -113,8 +113,7 @@ class Accelerator(BaseModel):
             ``floor(len(cores) x threads_per_core)`` pinned threads (``instances x
             threads``, :attr:`thread_slots`); a deploy that asks for more is warned about
             (the operator's own configuration), not refused. 1 (the default): never
-            more threads than cores (onnxruntime's intra-op threads spin while they wait
-            for work, so two pinned to one core slow each other down); above 1 is an
+            more threads than cores; above 1 is an
             explicit opt-in to oversubscription (pipelined stages that take turns).
         description: free text (``512-core Volta, 64 Tensor Cores``).
         sources: field name -> where the figure comes from (``count``, ``cores``,

@@ -461,11 +461,8 @@ class Service(DeployMixin, ScaleMixin):
         this process may make the request (:func:`~infscaler.runtime.scaling.pmqos.can_request`),
         since the policy holds the CPUs awake as soon as an autoscaled pipeline misses its
         SLO and the plan must be right in that state; else the one in
-        force. Planning for the state at the deploy made the choice path-dependent:
-        held or not depended on whether another pipeline had missed within the last
-        minute: PP-OCRv4 det under the cap at 2 x L0, deploys made while not held chose
-        2 x 1 thread, one made while held 1 x 2, all served held (bench/HISTORY.md,
-        2026-11-27 20:15) (:func:`~infscaler.runtime.scaling.wakesetting.planned_us`)."""
+        force (:func:`~infscaler.runtime.scaling.wakesetting.planned_us`; why:
+        docs/serving.md, "`infscaler/service/service.py`")."""
         wake = self._wake
         return planned_us(wake, self.cpu_wake_latency_held, wake.auto and can_request())
 
