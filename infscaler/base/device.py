@@ -12,12 +12,6 @@ module data sheet, the Jetson Linux Developer Guide, the TensorRT Developer Guid
 measurement on this host, or an InfScaler-Edge policy such as the memory cap, which no
 data sheet gives). :meth:`DeviceProfile.unsourced` lists the figures without one.
 
-The partitioner records the profile in the plan and reports, per partition, the latency
-on each of the profile's engines that this host has; engines the host lacks are listed as
-unavailable with the reason, never estimated. The runtime's scaler (InfScaler Algorithm 1)
-uses ``memory_cap_mb`` and each accelerator's ``max_instances`` as the resource limits R^m;
-:func:`check_pipeline` refuses, before anything starts, a pipeline that cannot fit them.
-
 Memory figures are MB of 2**20 bytes throughout (what psutil's byte counts / 2**20 give).
 """
 
