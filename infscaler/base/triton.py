@@ -228,8 +228,13 @@ def _tensor(t: Any, i: int, kind: str, batch: bool, where: str, problems: list[s
     return {"name": t.name, "datatype": DATATYPES.get(dtype, "FP32"), "shape": shape}
 
 
-def _onnx_signature(path: Path) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]:
-    """The ONNX model's graph inputs and outputs: ``{name: (v2 datatype, rank)}``."""
+def _onnx_io(path: Path) -> tuple[list[tuple[str, str, list[int] | None]], ...]:
+    """The ONNX model's graph inputs and outputs (initializers left out) as ``(name, v2
+    datatype, dims)``: -1 for a dimension without a fixed size; dims None without a shape.
+
+    Raises:
+        ConfigError: a file onnx cannot load.
+    """
     import onnx
 
     try:
@@ -238,32 +243,7 @@ def _onnx_signature(path: Path) -> tuple[dict[str, tuple[str, int]], dict[str, t
         raise ConfigError(f"cannot load {path}: {exc}") from None
     inits = {i.name for i in model.graph.initializer}
 
-    def sig(values: Any) -> dict[str, tuple[str, int]]:
-        out = {}
-        for v in values:
-            if v.name in inits:
-                continue
-            tt = v.type.tensor_type
-            dtype = _ONNX_TYPES.get(onnx.TensorProto.DataType.Name(tt.elem_type), "?")
-            out[v.name] = (dtype, len(tt.shape.dim) if tt.HasField("shape") else -1)
-        return out
-
-    return sig(model.graph.input), sig(model.graph.output)
-
-
-def _onnx_tensors(path: Path) -> tuple[list[tuple[str, str, list[int]]], ...]:
-    """The ONNX model's graph inputs and outputs as ``(name, Triton TYPE_*, dims)``
-    (-1: a dimension without a fixed size; initializers left out)."""
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError / OSError / ValueError
-        raise ConfigError(f"cannot load {path}: {exc}") from None
-    inits = {i.name for i in model.graph.initializer}
-    config_types = {v: k for k, v in DATATYPES.items()}
-
-    def tensors(values: Any) -> list[tuple[str, str, list[int]]]:
+    def tensors(values: Any) -> list[tuple[str, str, list[int] | None]]:
         out = []
         for v in values:
             if v.name in inits:
@@ -271,7 +251,7 @@ def _onnx_tensors(path: Path) -> tuple[list[tuple[str, str, list[int]]], ...]:
             tt = v.type.tensor_type
             dtype = _ONNX_TYPES.get(onnx.TensorProto.DataType.Name(tt.elem_type), "?")
             dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
-            out.append((v.name, config_types.get(dtype, "TYPE_INVALID"), dims))
+            out.append((v.name, dtype, dims if tt.HasField("shape") else None))
         return out
 
     return tensors(model.graph.input), tensors(model.graph.output)
@@ -293,14 +273,16 @@ def served_config(cfg: Any, name: str, path: Path) -> str:
     msg.platform = msg.platform or "onnxruntime_onnx"
     msg.backend = msg.backend or "onnxruntime"
     if not msg.input or not msg.output:
-        model_in, model_out = _onnx_tensors(path)
+        model_in, model_out = _onnx_io(path)
         skip = 1 if msg.max_batch_size > 0 else 0
+        config_types = {v: k for k, v in DATATYPES.items()}
         for field, tensors in (("input", model_in), ("output", model_out)):
             target = getattr(msg, field)
             if target:
                 continue
-            for t_name, t_type, dims in tensors:
-                target.add(name=t_name, data_type=t_type, dims=dims[skip:])
+            for t_name, dtype, dims in tensors:
+                t_type = config_types.get(dtype, "TYPE_INVALID")
+                target.add(name=t_name, data_type=t_type, dims=(dims or [])[skip:])
     return text_format.MessageToString(msg)
 
 
@@ -470,7 +452,10 @@ def _from_config(
         for i, t in enumerate(tensors):
             warnings += _ignored(where, f"{kind}[{i}].", t, _TENSOR_MAPPED)
     if not problems:
-        model_in, model_out = _onnx_signature(path)
+        model_in, model_out = (
+            {n: (dt, -1 if dims is None else len(dims)) for n, dt, dims in side}
+            for side in _onnx_io(path)
+        )
         problems += _check_against_model(inputs, "input", model_in, path)
         problems += _check_against_model(outputs, "output", model_out, path)
     if problems:
