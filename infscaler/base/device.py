@@ -10,7 +10,7 @@ Xavier, Xavier NX, AGX Orin, Orin NX, Orin Nano, and ``generic-x86`` (a CPU-only
 Every figure says where it comes from: ``sources`` maps a field name to its citation (a
 module data sheet, the Jetson Linux Developer Guide, the TensorRT Developer Guide, a
 measurement on this host, or an InfScaler-Edge policy such as the memory cap, which no
-data sheet gives). :meth:`DeviceProfile.unsourced` lists the figures without one.
+data sheet gives); the tests check every bundled profile cites all of them.
 
 Memory figures are MB of 2**20 bytes throughout (what psutil's byte counts / 2**20 give).
 """
@@ -284,28 +284,6 @@ class DeviceProfile(BaseModel):
         """The cpu entry's core ids (None: every core of the host)."""
         cpu = self.accelerator("cpu")
         return None if cpu is None else cpu.cores
-
-    def unsourced(self) -> list[str]:
-        """Figures without a source, as ``memory_mb`` / ``accelerators[gpu].precisions``.
-
-        Sourced figures: memory_mb, memory_cap_mb, power_mode (when set); per
-        accelerator: precisions, max_instances, ``cores`` of the cpu (when listed),
-        ``count`` of the others.
-        """
-        missing = [
-            k
-            for k in ("memory_mb", "memory_cap_mb", "power_mode")
-            if getattr(self, k) is not None and not self.sources.get(k)
-        ]
-        for a in self.accelerators:
-            keys = ["precisions", "max_instances"]
-            if a.engine == "cpu":
-                keys += ["cores"] if a.cores is not None else []
-                keys += ["threads_per_core"] if a.threads_per_core != 1.0 else []
-            else:
-                keys.append("count")
-            missing += [f"accelerators[{a.engine}].{k}" for k in keys if not a.sources.get(k)]
-        return missing
 
 
 def _engine_kind(engine: str) -> str:
