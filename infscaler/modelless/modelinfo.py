@@ -49,7 +49,6 @@ class ModelInfo:
     outputs: tuple[_Tensor, ...]
     precision: str
     metadata: dict[str, str]
-    size_mb: float
 
     @property
     def dynamic_batch(self) -> bool:
@@ -106,7 +105,6 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
         outputs=tensors(g.output),
         precision=precision,
         metadata={m.key: m.value for m in model.metadata_props},
-        size_mb=p.stat().st_size / 2**20,
     )
 
 
