@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from infscaler.base.config import clean_validation_message
 from infscaler.base.errors import ConfigError
 
 __all__ = [
@@ -84,10 +85,6 @@ HOST_THREADS_PER_CORE = 2.0
 #: development host; the same figure as ``infscaler.runtime.scaling.monitor.INSTANCE_OVERHEAD_MB``
 #: (the scaler's cost of one more instance before it has reported its own USS).
 INSTANCE_OVERHEAD_MB = 45.0
-
-
-def _clean_msg(msg: str) -> str:
-    return re.sub(r"^(Value error|Assertion failed), ", "", msg)
 
 
 class Accelerator(BaseModel):
@@ -429,7 +426,7 @@ def bundled_profiles() -> list[str]:
 
 def _validation_problems(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {_clean_msg(err['msg'])}"
+        f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {clean_validation_message(err['msg'])}"
         for err in exc.errors()
     )
 
