@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infscaler.base.config import DATATYPES as V2_DATATYPES
 from infscaler.base.config import PipelineConfig, pipeline_for_model, validate_pipeline
 from infscaler.base.errors import ConfigError
 
@@ -29,31 +30,9 @@ MAX_BATCH = 64
 
 #: Triton ``DataType`` -> v2 datatype (Triton ``model_configuration.md``, "Datatypes").
 #: TYPE_STRING (BYTES) and TYPE_BF16 are refused: ONNX models served here take numbers.
-DATATYPES = {
-    "TYPE_BOOL": "BOOL",
-    "TYPE_UINT8": "UINT8",
-    "TYPE_UINT16": "UINT16",
-    "TYPE_UINT32": "UINT32",
-    "TYPE_UINT64": "UINT64",
-    "TYPE_INT8": "INT8",
-    "TYPE_INT16": "INT16",
-    "TYPE_INT32": "INT32",
-    "TYPE_INT64": "INT64",
-    "TYPE_FP16": "FP16",
-    "TYPE_FP32": "FP32",
-    "TYPE_FP64": "FP64",
-}
+DATATYPES = {f"TYPE_{t}": t for t in V2_DATATYPES if t != "BYTES"}
 #: ONNX ``TensorProto`` element type -> v2 datatype.
-_ONNX_TYPES = {
-    "BOOL": "BOOL",
-    "UINT8": "UINT8",
-    "UINT16": "UINT16",
-    "UINT32": "UINT32",
-    "UINT64": "UINT64",
-    "INT8": "INT8",
-    "INT16": "INT16",
-    "INT32": "INT32",
-    "INT64": "INT64",
+_ONNX_TYPES = {t: t for t in V2_DATATYPES if t.startswith(("BOOL", "UINT", "INT"))} | {
     "FLOAT16": "FP16",
     "FLOAT": "FP32",
     "DOUBLE": "FP64",
