@@ -224,14 +224,11 @@ def task_io(
 
     ins, outs = info.inputs, info.outputs
     io: dict[str, Any] = {
-        "model_inputs": [
+        f"model_{side}": [
             {"name": t.name, "datatype": _v2(t.dtype), "shape": [_v2dim(d) for d in t.shape]}
-            for t in ins
-        ],
-        "model_outputs": [
-            {"name": t.name, "datatype": _v2(t.dtype), "shape": [_v2dim(d) for d in t.shape]}
-            for t in outs
-        ],
+            for t in tensors
+        ]
+        for side, tensors in (("inputs", ins), ("outputs", outs))
     }
     if task in ("text-recognition", "text-detection"):
         if len(ins) != 1 or len(ins[0].shape) != 4 or ins[0].dtype != "float32":
