@@ -227,14 +227,6 @@ def tensor_to_bytes(array: np.ndarray, datatype: str | None = None) -> bytes | m
     return flat.view(np.uint8).data
 
 
-def tensor_byte_size(array: np.ndarray) -> int:
-    """How many bytes ``array`` takes in the binary layout (BYTES: with length prefixes)."""
-    array = np.asarray(array)
-    if datatype_of(array) == "BYTES":
-        return len(serialize_bytes(array))
-    return array.size * DATATYPES[datatype_of(array)].itemsize
-
-
 def tensor_from_bytes(
     buf: Any, datatype: str, shape: Sequence[int], where: str = "tensor", *, copy: bool = True
 ) -> np.ndarray:
@@ -451,9 +443,3 @@ def json_default(o: Any) -> Any:
 
 def dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), default=json_default).encode("utf-8")
-
-
-def error_body(message: str) -> bytes:
-    """The v2 error object ``{"error": message}`` as JSON bytes (every extension's
-    ``$..._error_response``)."""
-    return dumps({"error": message})

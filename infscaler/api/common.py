@@ -1,14 +1,9 @@
 """What every handler of the inference API shares: app keys, JSON and error responses.
 
-The base of the server modules (:mod:`infscaler.api.server` builds the app; the handlers are
-in :mod:`infscaler.api.routes` and :mod:`infscaler.api.repo`; the connection-level
-limits in :mod:`infscaler.api.http`): the keys under which the app holds the service,
-the shared memory registry and the limits, v2 error JSON (``{"error": ...}`` with an
-optional ``Retry-After``), the model version check, the peer's view of shared memory
-and of the status (:mod:`infscaler.base.security`), and what the HTTP routes and the gRPC
-methods (:mod:`infscaler.api.grpc.handlers`) both use: the tensors as pool slots take them
-(:func:`slot_arrays`), a model's statistics (:func:`model_stats`) and a held refusal
-(:func:`hold_refusal`).
+The base of the server modules and what the HTTP routes and the gRPC methods
+(:mod:`infscaler.api.grpc.handlers`) both use: the app keys, v2 error JSON, the model
+version check, the peer's view of shared memory and status, :func:`slot_arrays`,
+:func:`model_stats` and :func:`hold_refusal`.
 
 Sources: KServe / Triton ``protocol/`` docs (v2 REST error object); RFC 9110 section
 10.2.3 (``Retry-After``); aiohttp ``web.AppKey`` / ``web.RequestKey``.

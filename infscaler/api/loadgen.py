@@ -47,6 +47,7 @@ __all__ = [
     "parse_range",
     "parse_shapes",
     "percentile",
+    "random_tensor",
     "server_delta",
     "summarize",
 ]
@@ -166,11 +167,13 @@ def input_tensors(
             out[name] = a
             continue
         shape = list(want) if want is not None else [1 if d < 0 else d for d in dims]
-        out[name] = _random(dt, shape, rng)
+        out[name] = random_tensor(dt, shape, rng)
     return out
 
 
-def _random(dt: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+def random_tensor(dt: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    """A random v2 ``dt`` tensor of ``shape`` (trtexec's default input): floats uniform in
+    [0, 1), integers in [0, 255] (or what the type holds), BOOL random, BYTES ``b"infscaler"``."""
     if dt == "BYTES":
         return np.full(shape, b"infscaler", dtype=object)
     if dt == "BOOL":

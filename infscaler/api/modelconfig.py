@@ -18,25 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from infscaler.base.config import DATATYPES
 from infscaler.proto import model_config_pb2 as mc
 
 __all__ = ["config_json", "model_config"]
 
 #: v2 datatype -> ``model_config.proto``'s ``DataType``
 _CONFIG_TYPES = {
-    "BOOL": mc.TYPE_BOOL,
-    "UINT8": mc.TYPE_UINT8,
-    "UINT16": mc.TYPE_UINT16,
-    "UINT32": mc.TYPE_UINT32,
-    "UINT64": mc.TYPE_UINT64,
-    "INT8": mc.TYPE_INT8,
-    "INT16": mc.TYPE_INT16,
-    "INT32": mc.TYPE_INT32,
-    "INT64": mc.TYPE_INT64,
-    "FP16": mc.TYPE_FP16,
-    "FP32": mc.TYPE_FP32,
-    "FP64": mc.TYPE_FP64,
-    "BYTES": mc.TYPE_STRING,
+    t: mc.DataType.Value("TYPE_STRING" if t == "BYTES" else f"TYPE_{t}") for t in DATATYPES
 }
 
 

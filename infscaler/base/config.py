@@ -33,6 +33,7 @@ __all__ = [
     "PipelineConfig",
     "QueuePolicyConfig",
     "StageConfig",
+    "clean_validation_message",
     "load_pipeline",
     "pipeline_for_model",
 ]
@@ -299,8 +300,7 @@ class AutoscaleConfig(BaseModel):
             cores (pinned threads of all instances); off by default.
         tuner: also scale out as soon as the arrival envelope exceeds what the current
             instances sustain within the SLO, before the P99 window shows it (InferLine
-            §5, :mod:`infscaler.runtime.scaling.tuner`); off by default until the
-            bench (bench/tuner.py) on a quiet host shows what it gains.
+            §5, :mod:`infscaler.runtime.scaling.tuner`); off by default.
 
     Raises:
         pydantic.ValidationError: a value out of range (``settle_s`` / ``sustain_s``
@@ -547,7 +547,8 @@ def _where(loc: tuple, data: Any) -> str:
     return ".".join(parts) or "(top level)"
 
 
-def _clean(msg: str) -> str:
+def clean_validation_message(msg: str) -> str:
+    """A pydantic error message without its ``Value error, `` / ``Assertion failed, `` prefix."""
     return re.sub(r"^(Value error|Assertion failed), ", "", msg)
 
 
@@ -570,7 +571,7 @@ def validate_pipeline(data: Any, where: str = "pipeline") -> PipelineConfig:
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
             # pydantic adds union-member tags (list[str], dict[str,str]) to the loc
             loc = tuple(p for p in loc if p not in ("list[str]", "dict[str,str]", "int"))
-            problems.append(f"{_where(loc, data)}: {_clean(err['msg'])}")
+            problems.append(f"{_where(loc, data)}: {clean_validation_message(err['msg'])}")
         uniq = list(dict.fromkeys(problems))
         raise ConfigError(f"{where} is not a valid pipeline: " + "; ".join(uniq)) from None
     _check_dataflow(cfg, where)

@@ -10,13 +10,7 @@ Xavier, Xavier NX, AGX Orin, Orin NX, Orin Nano, and ``generic-x86`` (a CPU-only
 Every figure says where it comes from: ``sources`` maps a field name to its citation (a
 module data sheet, the Jetson Linux Developer Guide, the TensorRT Developer Guide, a
 measurement on this host, or an InfScaler-Edge policy such as the memory cap, which no
-data sheet gives). :meth:`DeviceProfile.unsourced` lists the figures without one.
-
-The partitioner records the profile in the plan and reports, per partition, the latency
-on each of the profile's engines that this host has; engines the host lacks are listed as
-unavailable with the reason, never estimated. The runtime's scaler (InfScaler Algorithm 1)
-uses ``memory_cap_mb`` and each accelerator's ``max_instances`` as the resource limits R^m;
-:func:`check_pipeline` refuses, before anything starts, a pipeline that cannot fit them.
+data sheet gives); the tests check every bundled profile cites all of them.
 
 Memory figures are MB of 2**20 bytes throughout (what psutil's byte counts / 2**20 give).
 """
@@ -41,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from infscaler.base.config import clean_validation_message
 from infscaler.base.errors import ConfigError
 
 __all__ = [
@@ -92,10 +87,6 @@ HOST_THREADS_PER_CORE = 2.0
 INSTANCE_OVERHEAD_MB = 45.0
 
 
-def _clean_msg(msg: str) -> str:
-    return re.sub(r"^(Value error|Assertion failed), ", "", msg)
-
-
 class Accelerator(BaseModel):
     """One engine kind on the SoC.
 
@@ -113,8 +104,7 @@ class Accelerator(BaseModel):
             ``floor(len(cores) x threads_per_core)`` pinned threads (``instances x
             threads``, :attr:`thread_slots`); a deploy that asks for more is warned about
             (the operator's own configuration), not refused. 1 (the default): never
-            more threads than cores (onnxruntime's intra-op threads spin while they wait
-            for work, so two pinned to one core slow each other down); above 1 is an
+            more threads than cores; above 1 is an
             explicit opt-in to oversubscription (pipelined stages that take turns).
         description: free text (``512-core Volta, 64 Tensor Cores``).
         sources: field name -> where the figure comes from (``count``, ``cores``,
@@ -292,28 +282,6 @@ class DeviceProfile(BaseModel):
         cpu = self.accelerator("cpu")
         return None if cpu is None else cpu.cores
 
-    def unsourced(self) -> list[str]:
-        """Figures without a source, as ``memory_mb`` / ``accelerators[gpu].precisions``.
-
-        Sourced figures: memory_mb, memory_cap_mb, power_mode (when set); per
-        accelerator: precisions, max_instances, ``cores`` of the cpu (when listed),
-        ``count`` of the others.
-        """
-        missing = [
-            k
-            for k in ("memory_mb", "memory_cap_mb", "power_mode")
-            if getattr(self, k) is not None and not self.sources.get(k)
-        ]
-        for a in self.accelerators:
-            keys = ["precisions", "max_instances"]
-            if a.engine == "cpu":
-                keys += ["cores"] if a.cores is not None else []
-                keys += ["threads_per_core"] if a.threads_per_core != 1.0 else []
-            else:
-                keys.append("count")
-            missing += [f"accelerators[{a.engine}].{k}" for k in keys if not a.sources.get(k)]
-        return missing
-
 
 def _engine_kind(engine: str) -> str:
     """``dla1`` -> ``dla``; other names unchanged."""
@@ -458,7 +426,7 @@ def bundled_profiles() -> list[str]:
 
 def _validation_problems(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {_clean_msg(err['msg'])}"
+        f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {clean_validation_message(err['msg'])}"
         for err in exc.errors()
     )
 

@@ -377,9 +377,8 @@ def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = Non
 
     Conv / Gemm weights get He-normal values (std = sqrt(2 / fan_in)), BatchNormalization
     scales and ``Mul`` scales U(0.5, 1.5), variances U(0.5, 1.5), biases and means
-    U(-0.1, 0.1). Float initializers already in the file (real BN statistics of the
-    trained model, which do not fit random conv weights and drive activations to ~1e5 and
-    the softmax to exactly one-hot) are redrawn the same way, so activations stay O(1)
+    U(-0.1, 0.1). Float initializers already in the file (real BN statistics) are redrawn
+    the same way, so activations stay O(1)
     and a wrong partition shows in the outputs; unused initializers are dropped. The
     result is cached as ``<out_dir>/<stem>_seed<seed>_w<scheme>.onnx`` and reused.
 

@@ -106,10 +106,6 @@ class PeerQuotas:
                 raise InfScalerError(f"quota {name} must be a number > 0, got {v!r}")
 
     @property
-    def inflight_bytes_per_uid(self) -> int:
-        return int(self.inflight_mb_per_uid * (1 << 20))
-
-    @property
     def control_body_bytes(self) -> int:
         return self.control_body_kb << 10
 

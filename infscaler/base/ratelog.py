@@ -1,12 +1,8 @@
 """Rate-limited logging: one line per cause per interval, with a count of the rest.
 
-A hostile or broken client can make the service refuse thousands of requests or
-connections a second, and asyncio logs every failed ``accept(2)`` with a traceback
-(``socket.accept() out of system resource``): written as they come, such lines fill the
-journal (tens of MB a minute) and hide everything else. Both helpers here let the first
-line of a cause through, drop the same cause's lines for ``interval_s`` seconds, and put
-how many were dropped on the next line of that cause that gets through (the journal's
-own ``RateLimitBurst=`` drops whole services' lines, with no count per cause).
+The first line of a cause gets through, the same cause's lines are dropped for
+``interval_s`` seconds, and the next line of that cause that gets through says how many
+were dropped.
 
 - :class:`RateLimitFilter`: a :class:`logging.Filter` for handlers (every logger,
   asyncio's and aiohttp's included); the cause is the logger, level and message with
@@ -16,6 +12,8 @@ own ``RateLimitBurst=`` drops whole services' lines, with no count per cause).
 
 Sources: Python ``logging`` (Filter objects, LogRecord attributes); systemd
 ``journald.conf(5)`` (``RateLimitIntervalSec=`` / ``RateLimitBurst=``).
+
+More (why): docs/serving.md, "`infscaler/base/ratelog.py`".
 """
 
 from __future__ import annotations

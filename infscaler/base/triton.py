@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infscaler.base.config import DATATYPES as V2_DATATYPES
 from infscaler.base.config import PipelineConfig, pipeline_for_model, validate_pipeline
 from infscaler.base.errors import ConfigError
 
@@ -29,31 +30,9 @@ MAX_BATCH = 64
 
 #: Triton ``DataType`` -> v2 datatype (Triton ``model_configuration.md``, "Datatypes").
 #: TYPE_STRING (BYTES) and TYPE_BF16 are refused: ONNX models served here take numbers.
-DATATYPES = {
-    "TYPE_BOOL": "BOOL",
-    "TYPE_UINT8": "UINT8",
-    "TYPE_UINT16": "UINT16",
-    "TYPE_UINT32": "UINT32",
-    "TYPE_UINT64": "UINT64",
-    "TYPE_INT8": "INT8",
-    "TYPE_INT16": "INT16",
-    "TYPE_INT32": "INT32",
-    "TYPE_INT64": "INT64",
-    "TYPE_FP16": "FP16",
-    "TYPE_FP32": "FP32",
-    "TYPE_FP64": "FP64",
-}
+DATATYPES = {f"TYPE_{t}": t for t in V2_DATATYPES if t != "BYTES"}
 #: ONNX ``TensorProto`` element type -> v2 datatype.
-_ONNX_TYPES = {
-    "BOOL": "BOOL",
-    "UINT8": "UINT8",
-    "UINT16": "UINT16",
-    "UINT32": "UINT32",
-    "UINT64": "UINT64",
-    "INT8": "INT8",
-    "INT16": "INT16",
-    "INT32": "INT32",
-    "INT64": "INT64",
+_ONNX_TYPES = {t: t for t in V2_DATATYPES if t.startswith(("BOOL", "UINT", "INT"))} | {
     "FLOAT16": "FP16",
     "FLOAT": "FP32",
     "DOUBLE": "FP64",
@@ -228,8 +207,13 @@ def _tensor(t: Any, i: int, kind: str, batch: bool, where: str, problems: list[s
     return {"name": t.name, "datatype": DATATYPES.get(dtype, "FP32"), "shape": shape}
 
 
-def _onnx_signature(path: Path) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]:
-    """The ONNX model's graph inputs and outputs: ``{name: (v2 datatype, rank)}``."""
+def _onnx_io(path: Path) -> tuple[list[tuple[str, str, list[int] | None]], ...]:
+    """The ONNX model's graph inputs and outputs (initializers left out) as ``(name, v2
+    datatype, dims)``: -1 for a dimension without a fixed size; dims None without a shape.
+
+    Raises:
+        ConfigError: a file onnx cannot load.
+    """
     import onnx
 
     try:
@@ -238,32 +222,7 @@ def _onnx_signature(path: Path) -> tuple[dict[str, tuple[str, int]], dict[str, t
         raise ConfigError(f"cannot load {path}: {exc}") from None
     inits = {i.name for i in model.graph.initializer}
 
-    def sig(values: Any) -> dict[str, tuple[str, int]]:
-        out = {}
-        for v in values:
-            if v.name in inits:
-                continue
-            tt = v.type.tensor_type
-            dtype = _ONNX_TYPES.get(onnx.TensorProto.DataType.Name(tt.elem_type), "?")
-            out[v.name] = (dtype, len(tt.shape.dim) if tt.HasField("shape") else -1)
-        return out
-
-    return sig(model.graph.input), sig(model.graph.output)
-
-
-def _onnx_tensors(path: Path) -> tuple[list[tuple[str, str, list[int]]], ...]:
-    """The ONNX model's graph inputs and outputs as ``(name, Triton TYPE_*, dims)``
-    (-1: a dimension without a fixed size; initializers left out)."""
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError / OSError / ValueError
-        raise ConfigError(f"cannot load {path}: {exc}") from None
-    inits = {i.name for i in model.graph.initializer}
-    config_types = {v: k for k, v in DATATYPES.items()}
-
-    def tensors(values: Any) -> list[tuple[str, str, list[int]]]:
+    def tensors(values: Any) -> list[tuple[str, str, list[int] | None]]:
         out = []
         for v in values:
             if v.name in inits:
@@ -271,7 +230,7 @@ def _onnx_tensors(path: Path) -> tuple[list[tuple[str, str, list[int]]], ...]:
             tt = v.type.tensor_type
             dtype = _ONNX_TYPES.get(onnx.TensorProto.DataType.Name(tt.elem_type), "?")
             dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
-            out.append((v.name, config_types.get(dtype, "TYPE_INVALID"), dims))
+            out.append((v.name, dtype, dims if tt.HasField("shape") else None))
         return out
 
     return tensors(model.graph.input), tensors(model.graph.output)
@@ -293,14 +252,16 @@ def served_config(cfg: Any, name: str, path: Path) -> str:
     msg.platform = msg.platform or "onnxruntime_onnx"
     msg.backend = msg.backend or "onnxruntime"
     if not msg.input or not msg.output:
-        model_in, model_out = _onnx_tensors(path)
+        model_in, model_out = _onnx_io(path)
         skip = 1 if msg.max_batch_size > 0 else 0
+        config_types = {v: k for k, v in DATATYPES.items()}
         for field, tensors in (("input", model_in), ("output", model_out)):
             target = getattr(msg, field)
             if target:
                 continue
-            for t_name, t_type, dims in tensors:
-                target.add(name=t_name, data_type=t_type, dims=dims[skip:])
+            for t_name, dtype, dims in tensors:
+                t_type = config_types.get(dtype, "TYPE_INVALID")
+                target.add(name=t_name, data_type=t_type, dims=(dims or [])[skip:])
     return text_format.MessageToString(msg)
 
 
@@ -470,7 +431,10 @@ def _from_config(
         for i, t in enumerate(tensors):
             warnings += _ignored(where, f"{kind}[{i}].", t, _TENSOR_MAPPED)
     if not problems:
-        model_in, model_out = _onnx_signature(path)
+        model_in, model_out = (
+            {n: (dt, -1 if dims is None else len(dims)) for n, dt, dims in side}
+            for side in _onnx_io(path)
+        )
         problems += _check_against_model(inputs, "input", model_in, path)
         problems += _check_against_model(outputs, "output", model_out, path)
     if problems:

@@ -1,13 +1,8 @@
 """The ``infscaler`` command line (typer + rich): the app, its consoles and :func:`main`.
 
 Each command lives in a module of its own kind, imported only when the command runs
-(:data:`COMMANDS`): :mod:`~infscaler.cli.models` (``models``, ``devices``, ``inspect``,
-``partition``), :mod:`~infscaler.cli.client` (``deploy``, ``undeploy``, ``infer``,
-``status``), :mod:`~infscaler.cli.service` (``serve``, ``demo``),
-:mod:`~infscaler.cli.plan` (``plan``), :mod:`~infscaler.cli.perf` (``perf``),
-:mod:`~infscaler.cli.fleet` (``watch-pipelines``,
-``probe``) and :mod:`~infscaler.cli.variants` (``variants``). Errors print one clear message and a hint on
-stderr, never a traceback, and exit with status 2.
+(:data:`COMMANDS`, the command -> module table). Errors print one clear message and a
+hint on stderr, never a traceback, and exit with status 2.
 """
 
 from __future__ import annotations

@@ -269,24 +269,11 @@ def missing_inputs_error(what: str, missing: list[dict]) -> InfScalerError:
 
 
 def random_input(i: dict, rng: np.random.Generator) -> np.ndarray:
-    """A random tensor for input metadata ``i`` (trtexec's default input): dynamic dims
-    (-1) take 1; floats uniform in [0, 1), integers in [0, 255] (or what the type
-    holds), BOOL random, BYTES the string ``"infscaler"``."""
-    import numpy as np
+    """A random tensor for input metadata ``i`` (:func:`~infscaler.api.loadgen.random_tensor`;
+    dynamic dims (-1) take 1)."""
+    from infscaler.api.loadgen import random_tensor
 
-    from infscaler.api.codec import DATATYPES
-
-    shape = [1 if int(d) < 0 else int(d) for d in i["shape"]]
-    dt = i["datatype"]
-    if dt == "BYTES":
-        return np.full(shape, b"infscaler", dtype=object)
-    if dt == "BOOL":
-        return rng.random(shape) < 0.5
-    dtype = DATATYPES[dt]
-    if dtype.kind == "f":
-        return rng.random(shape).astype(dtype)
-    top = min(255, int(np.iinfo(dtype).max))
-    return rng.integers(0, top + 1, shape).astype(dtype)
+    return random_tensor(i["datatype"], [1 if int(d) < 0 else int(d) for d in i["shape"]], rng)
 
 
 def check_feeds(feeds: dict[str, np.ndarray], meta: dict, cast: bool = False) -> None:

@@ -49,7 +49,6 @@ class ModelInfo:
     outputs: tuple[_Tensor, ...]
     precision: str
     metadata: dict[str, str]
-    size_mb: float
 
     @property
     def dynamic_batch(self) -> bool:
@@ -106,7 +105,6 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
         outputs=tensors(g.output),
         precision=precision,
         metadata={m.key: m.value for m in model.metadata_props},
-        size_mb=p.stat().st_size / 2**20,
     )
 
 
@@ -226,14 +224,11 @@ def task_io(
 
     ins, outs = info.inputs, info.outputs
     io: dict[str, Any] = {
-        "model_inputs": [
+        f"model_{side}": [
             {"name": t.name, "datatype": _v2(t.dtype), "shape": [_v2dim(d) for d in t.shape]}
-            for t in ins
-        ],
-        "model_outputs": [
-            {"name": t.name, "datatype": _v2(t.dtype), "shape": [_v2dim(d) for d in t.shape]}
-            for t in outs
-        ],
+            for t in tensors
+        ]
+        for side, tensors in (("inputs", ins), ("outputs", outs))
     }
     if task in ("text-recognition", "text-detection"):
         if len(ins) != 1 or len(ins[0].shape) != 4 or ins[0].dtype != "float32":

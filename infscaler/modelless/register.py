@@ -178,16 +178,7 @@ def _profile_main() -> None:
     import sys
 
     job = json.loads(sys.stdin.read())
-    result = _profile_chain(
-        job["paths"],
-        job["engine"],
-        job["precision"],
-        job["shapes"],
-        job["batches"],
-        warmup=job["warmup"],
-        repeats=job["repeats"],
-        threads=job["threads"],
-    )
+    result = _profile_chain(**job)  # the keyword arguments _profile sent
     sys.stdout.write(json.dumps(result) + "\n")
 
 

@@ -225,12 +225,6 @@ class Selection:
     step: str
     reason: str
 
-    @property
-    def expected_latency_ms(self) -> float:
-        """Profiled latency, plus the load time when the variant is not loaded yet."""
-        extra = self.variant.load_ms if self.state == VariantState.INACTIVE else 0.0
-        return self.variant.latency_ms + extra
-
 
 @dataclass
 class Catalog:

@@ -46,7 +46,6 @@ from infscaler.modelless.selector import (
 from infscaler.modelless.stages import REC_MIN_WIDTH
 from infscaler.modelless.variants import VariantRegistry
 from infscaler.runtime.scaling.control import DeploymentView, ScaledService
-from infscaler.runtime.serving.pipeline import default_state_dir
 
 log = logging.getLogger("infscaler.modelless.tasks")
 
@@ -748,9 +747,3 @@ class TaskRouter:
                 self.rebalance()
             except Exception:  # noqa: BLE001 - the loop must survive a bad reading
                 log.exception("rebalance failed")
-
-
-def default_registry_dir(state_dir: str | Path | None = None) -> Path:
-    """Where the registry lives: ``state_dir`` or the service's default state dir."""
-
-    return Path(state_dir) if state_dir is not None else default_state_dir()

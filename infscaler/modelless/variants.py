@@ -195,11 +195,6 @@ class VariantRegistry:
             con.execute("DELETE FROM variants WHERE model = ?", (model,))
             con.executemany("INSERT OR REPLACE INTO variants VALUES (?, ?, ?, ?, ?)", rows)
 
-    def remove_model(self, model: str) -> int:
-        """Drop a model's variants; returns how many."""
-        with self._db(write=True) as con:
-            return con.execute("DELETE FROM variants WHERE model = ?", (model,)).rowcount
-
     def variants(
         self, task: str | None = None, *, generated_only: bool = False, model: str | None = None
     ) -> list[Variant]:

@@ -1,10 +1,5 @@
 """Bundled pipelines: function stages (pre- / post-processing) and their ``*.yaml`` files.
 
-- :mod:`infscaler.pipelines.ocr` -- PP-OCRv4 text detection, direction classification
-  and recognition (the project's demo); the pipeline is ``ocr.yaml`` beside it.
-- :mod:`infscaler.pipelines.dddd` -- ddddocr's click-captcha character detector (YOLOX)
-  and recogniser (CRNN / CTC), a detector -> recogniser pipeline; ``dddd.yaml``.
-
 Both are served by name: ``infscaler serve ocr`` / ``infscaler serve dddd``.
 
 Function stages follow the contract in :mod:`infscaler.base.config`: ``fn(tensors, **params)``

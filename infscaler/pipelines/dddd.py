@@ -344,8 +344,7 @@ def ctc_decode(
 
     ``OCREngine._process_text_output``: argmax over the classes at each time step,
     consecutive repeats merged, blanks (index 0) dropped, indices mapped through
-    :func:`charset` of ``rec_model``. Decoding in the item's instance keeps the [T, 1,
-    8210] logits out of the fan-in: only a short string travels.
+    :func:`charset` of ``rec_model``, in the item's instance.
 
     Args:
         tensors: ``rec_logits``: [T, 1, C] float32 (the recogniser's output; [1, T, C]

@@ -213,8 +213,7 @@ def det_preprocess(
     With ``pad=False`` the input is the resized region alone ([1, 3, h', w']: a whole,
     unpartitioned detector takes any size that is a multiple of 32); with
     ``enlarge=False`` an image whose longer side is below ``side`` is not enlarged (its
-    sides are only rounded to multiples of 32), as rapidocr's ``limit_type: max``. Both
-    save the detector's work on small images: its cost grows with the pixels it sees.
+    sides are only rounded to multiples of 32), as rapidocr's ``limit_type: max``.
 
     Args:
         tensors: ``image``: [H, W, 3] uint8 RGB (any H, W >= 1).
@@ -273,8 +272,7 @@ def crop_text_boxes(
     ``RapidOCR.get_crop_img_list`` (a crop at least 1.5x taller than wide is turned 90
     degrees). A crop lower than ``min_height`` pixels is then enlarged to that height
     (bicubic, aspect ratio kept): the recogniser's bilinear ``resize_norm_img`` would
-    otherwise do it and drop the spaces between words of small text (rapidocr avoids it
-    by detecting on an image enlarged to a 736-pixel short side and cropping from that).
+    otherwise do it and drop the spaces between words of small text.
     Other defaults are rapidocr's ``config.yaml`` ``Det`` values.
 
     Args:
@@ -406,9 +404,7 @@ def decode_line(
 
     rapidocr's ``CTCLabelDecode`` (greedy: argmax per time step, repeats merged, blanks
     dropped; score = mean probability of the characters kept) over the character list in
-    ``rec_model``'s metadata. Decoding per item, in the item's instance, keeps the
-    [1, T, 6625] probabilities (about 2 MB for a long line) out of the fan-in: only a
-    short string travels to the front end.
+    ``rec_model``'s metadata, per item (in the item's instance).
 
     Args:
         tensors: ``rec_prob``: [1, T, C] float32 (the recogniser's softmax; C = 6625 for
@@ -559,8 +555,10 @@ def join_lines(lines: Iterable[Any]) -> str:
 
 def character_error_rate(reference: str, hypothesis: str) -> float:
     """Character error rate: Levenshtein distance (insertions, deletions, substitutions,
-    each 1) between the strings, divided by ``len(reference)``. Case- and space-sensitive:
-    normalise both first (:func:`normalize_text`, :func:`join_lines`) where wanted.
+    each 1) between the strings, divided by ``len(reference)``
+    (:func:`infscaler.modelless.accuracy.character_error_rate` of the one pair). Case- and
+    space-sensitive: normalise both first (:func:`normalize_text`, :func:`join_lines`)
+    where wanted.
 
     Returns:
         A float >= 0 (above 1 when the hypothesis is much longer than the reference).
@@ -568,15 +566,9 @@ def character_error_rate(reference: str, hypothesis: str) -> float:
     Raises:
         ValueError: ``reference`` is empty.
     """
-    if not reference:
-        raise ValueError("character_error_rate needs a non-empty reference")
-    prev = list(range(len(hypothesis) + 1))
-    for i, rc in enumerate(reference, 1):
-        cur = [i] + [0] * len(hypothesis)
-        for j, hc in enumerate(hypothesis, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (rc != hc))
-        prev = cur
-    return prev[-1] / len(reference)
+    from infscaler.modelless.accuracy import character_error_rate as cer
+
+    return cer([(reference, hypothesis)])
 
 
 # ------------------------------------------------------------ in-process reference run

@@ -48,11 +48,8 @@ def trim_heap() -> None:
     """Give the heap's free memory back to the system (glibc ``malloc_trim(0)``, see
     malloc_trim(3)); best effort, a no-op elsewhere.
 
-    A deploy loads and partitions ONNX models in this process (protobufs of tens of MB,
-    graph copies); Python frees them, but glibc keeps the freed pages in its arenas, so
-    the front end's resident memory stayed ~100 MB above its working set for the
-    service's whole life (measured: the ``ocr`` deploy left 207 MB RSS, 108 MB after a
-    trim). Called after each deploy and undeploy: rare events, the call takes ms.
+    Called after each deploy and undeploy (why: docs/serving.md,
+    "`infscaler/service/deploy.py`").
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)

@@ -2,18 +2,8 @@
 and the deployed pipelines (what ``infscaler serve`` runs; the HTTP API sits on top,
 :mod:`infscaler.api.server`).
 
-Deploying a pipeline (:meth:`Service.deploy`) compiles it (partitioning model stages at
-deploy when asked, InfScaler §IV-A), gives every unit a channel stage, starts its
-instances (each pinned to its cores), waits until all are ready, then makes the
-pipeline visible. Nothing is visible or half-started when a deploy fails: the instances
-already started are stopped and the error says why. Undeploying stops new requests,
-drains those in flight, then stops the instances (:mod:`infscaler.service.deploy`). The
-autoscaler's decisions are applied by :mod:`infscaler.service.scale`; which cores an
-instance is pinned to (:mod:`infscaler.runtime.scaling.placement`) and when to hold a PM
-QoS CPU wake-up latency request (:mod:`infscaler.runtime.scaling.wakesetting`) are pure
-policies the service applies. What the service reports about itself (status,
-per-pipeline status, why a pipeline is degraded) is built in
-:mod:`infscaler.service.status`.
+Deploying and undeploying: :mod:`infscaler.service.deploy`; the autoscaler's decisions
+applied: :mod:`infscaler.service.scale`; status: :mod:`infscaler.service.status`.
 """
 
 from __future__ import annotations
@@ -471,11 +461,8 @@ class Service(DeployMixin, ScaleMixin):
         this process may make the request (:func:`~infscaler.runtime.scaling.pmqos.can_request`),
         since the policy holds the CPUs awake as soon as an autoscaled pipeline misses its
         SLO and the plan must be right in that state; else the one in
-        force. Planning for the state at the deploy made the choice path-dependent:
-        held or not depended on whether another pipeline had missed within the last
-        minute: PP-OCRv4 det under the cap at 2 x L0, deploys made while not held chose
-        2 x 1 thread, one made while held 1 x 2, all served held (bench/HISTORY.md,
-        2026-11-27 20:15) (:func:`~infscaler.runtime.scaling.wakesetting.planned_us`)."""
+        force (:func:`~infscaler.runtime.scaling.wakesetting.planned_us`; why:
+        docs/serving.md, "`infscaler/service/service.py`")."""
         wake = self._wake
         return planned_us(wake, self.cpu_wake_latency_held, wake.auto and can_request())
 

@@ -14,7 +14,6 @@ import math
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 
 from infscaler.base.threads import NamedThread
@@ -146,12 +145,6 @@ class SystemdNotifier:
         if status is not None:
             fields.append(f"STATUS={_one_line(status)}")
         return self.notify(*fields)
-
-    def reloading(self) -> bool:
-        """``RELOADING=1`` with ``MONOTONIC_USEC=`` (CLOCK_MONOTONIC now, in us); send
-        :meth:`ready` when the reload is done."""
-        now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        return self.notify("RELOADING=1", f"MONOTONIC_USEC={now_us}")
 
     def status(self, text: str) -> bool:
         """``STATUS=text`` (one line; newlines become spaces), shown by ``systemctl status``."""

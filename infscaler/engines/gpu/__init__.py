@@ -4,18 +4,6 @@ TensorRT, or onnxruntime's CUDA EP.
 More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/gpu/__init__.py`".
 """
 
-from infscaler.engines.gpu.loader import (
-    ORT_CUDA_MISSING,
-    open_cuda_ep_session,
-    open_ort_gpu_session,
-    probe_gpu_backend,
-)
 from infscaler.engines.gpu.runner import GPUEngine
 
-__all__ = [
-    "ORT_CUDA_MISSING",
-    "GPUEngine",
-    "open_cuda_ep_session",
-    "open_ort_gpu_session",
-    "probe_gpu_backend",
-]
+__all__ = ["GPUEngine"]

@@ -18,15 +18,9 @@ from infscaler.engines.tensorrt.cuda import CudaDriver
 
 __all__ = [
     "ORT_BACKENDS",
-    "ORT_CUDA_MISSING",
-    "open_cuda_ep_session",
     "open_ort_gpu_session",
     "probe_gpu_backend",
 ]
-
-ORT_CUDA_MISSING = (
-    "onnxruntime {version} has no CUDAExecutionProvider (pip install onnxruntime-gpu)"
-)
 
 ORT_BACKENDS: dict[str, str] = {
     "onnxruntime-trt": TRT_PROVIDER,
@@ -101,11 +95,3 @@ def open_ort_gpu_session(
         driver.release_primary(cuda_index)
         raise
     return driver, session, free0 - free1
-
-
-def open_cuda_ep_session(
-    path: Path, *, threads: int, device_index: int
-) -> tuple[CudaDriver, ort.InferenceSession, int]:
-    """:func:`open_ort_gpu_session` for the ``gpu`` engine at fp32 (the CUDA EP where it
-    serves ``gpu``, the TensorRT EP where that does)."""
-    return open_ort_gpu_session(path, engine="gpu", threads=threads, device_index=device_index)

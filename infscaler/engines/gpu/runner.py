@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from infscaler.engines.base import InferenceError, mib
-from infscaler.engines.gpu.iobinding import BoundSession, HostMemory
+from infscaler.engines.gpu.iobinding import BoundSession
 from infscaler.engines.gpu.loader import ORT_BACKENDS, open_ort_gpu_session, probe_gpu_backend
 from infscaler.engines.gpu.probe import probe_providers
 from infscaler.engines.onnxrt.runner import session_tensor_infos
@@ -36,19 +36,10 @@ class OrtGpuPath(TensorRTEngine):
         self._session: ort.InferenceSession | None = None
         self._bound: BoundSession | None = None
         self._driver: CudaDriver | None = None
-        self._host_memory: HostMemory | None = None
 
     @classmethod
     def backend(cls) -> str | None:
         raise NotImplementedError
-
-    def attach_host_memory(self, memory: HostMemory | None) -> None:
-        """Bind inputs that lie in ``memory`` (registered host memory, e.g. an instance's
-        :class:`~infscaler.shm.unified.UnifiedSlabMap`) without a staging copy; takes effect
-        at once when loaded. Nothing on the native TensorRT backend."""
-        self._host_memory = memory
-        if self._bound is not None:
-            self._bound.host_memory = memory
 
     def _load_ort(self, engine: str) -> None:
         path = self._model_file()
@@ -64,7 +55,7 @@ class OrtGpuPath(TensorRTEngine):
         cuda_index = 0 if engine == "dla" else self.device_index
         self._driver = driver
         self._session = session
-        self._bound = BoundSession(session, device_index=cuda_index, host_memory=self._host_memory)
+        self._bound = BoundSession(session, device_index=cuda_index)
         self._inputs = session_tensor_infos(session.get_inputs(), path)
         self._outputs = session_tensor_infos(session.get_outputs(), path)
         self._memory_mb = mib(used)

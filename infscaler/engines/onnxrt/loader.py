@@ -3,21 +3,13 @@ InfScaler is built by :func:`load_session` (the serving engines, the partitioner
 profiler and verification, model probing, variants, unit profiles, the reference runner
 and the bench scripts).
 
-Polygraphy's ``SessionFromOnnx(model_bytes_or_path, providers)`` (in
-``polygraphy/backend/onnxrt/loader.py``) builds a session from a path or serialised bytes
-and nothing else; here that is :func:`load_session`, with providers named by a short
-engine key rather than by raw execution-provider strings (Polygraphy's ``--providers cpu
-cuda`` are resolved against ``onnxruntime.get_available_providers()``): the key is the
-engine kind (``cpu``, ``gpu``) and availability is the engine's own
-(:func:`infscaler.engines.available`), so a session built for ``gpu`` uses the provider
-that serves ``gpu``, never a guess of its own. Not taken: Polygraphy's lazy loader
-objects (callables composed before being invoked); :func:`load_session` builds at once.
-
 Nothing here imports onnxruntime or creates a session, a thread pool or a CUDA context at
 import time (a fork server forks from a process that imported this module, and the
 partitioner and the model-less registry import it at their top): onnxruntime is imported
 by the first call that needs it; its global thread pools and the CUDA EP start with the
 first session.
+
+More (details, why it is so): docs/engines.md, "`infscaler/engines/onnxrt/loader.py`".
 """
 
 from __future__ import annotations

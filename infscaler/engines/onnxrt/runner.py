@@ -1,12 +1,7 @@
 """The onnxruntime runner of the engine layer: a built session's tensors as
 :class:`~infscaler.engines.base.TensorInfo` and its outputs as arrays the caller owns.
 
-Polygraphy's ``OnnxrtRunner`` (``polygraphy/backend/onnxrt/runner.py``) activates /
-infers / deactivates a session; here the runners are the
-:class:`~infscaler.engines.base.Engine` classes (:class:`~infscaler.engines.cpu.CPUEngine`,
-the CUDA EP path of :class:`~infscaler.engines.gpu.GPUEngine`), which read and run their
-sessions through :func:`session_tensor_infos` and :func:`run_session` (the runner's
-output handling: arrays the caller owns).
+More: docs/engines.md, "`infscaler/engines/onnxrt/runner.py`".
 """
 
 from __future__ import annotations

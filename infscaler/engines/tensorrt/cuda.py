@@ -1,16 +1,9 @@
 """The CUDA driver and device for the TensorRT engines (and the unified-memory backend of
 :mod:`infscaler.shm`).
 
-- :class:`CudaDriver`: the few CUDA driver API calls the engines need, through ctypes on
-  ``libcuda`` (no pycuda): device count and names, a device's primary context, its free
-  memory (``cuMemGetInfo``), page-locking host memory for the device
-  (``cuMemHostRegister``);
-- :func:`open_cuda_driver` / :func:`cuda_devices`: whether this host has a CUDA device, and
-  why not;
-- :class:`CudaDevice`: a device's primary context through pycuda, made current only while
-  TensorRT uses it.
-
 Nothing here loads ``libcuda`` at import: :class:`CudaDriver` does, when constructed.
+
+More: docs/engines.md, "`infscaler/engines/tensorrt/cuda.py`".
 """
 
 from __future__ import annotations

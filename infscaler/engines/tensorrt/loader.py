@@ -3,18 +3,8 @@ build (Polygraphy's ``polygraphy/backend/trt/loader.py``: a network from ONNX, a
 from the network), written against the TensorRT Python API as documented for TensorRT 8.x
 and 10.x (``docs.nvidia.com/deeplearning/tensorrt/api/python_api``):
 
-- **Build** (:func:`build_serialized_engine`): ``trt.Builder`` -> ``create_network`` (the
-  ``EXPLICIT_BATCH`` flag before TensorRT 10, where it became the only mode) ->
-  ``trt.OnnxParser.parse_from_file`` (its errors become :class:`ModelLoadError`) -> a
-  builder config with a workspace limit, the precision flags (``FP16`` where asked for and
-  the platform has fast FP16; ``INT8`` for models with Q/DQ nodes; ``TF32`` cleared for
-  fp32, so fp32 means fp32), one optimisation profile with min = opt = max = the concrete
-  ``shapes`` of the dynamic inputs, and for DLA ``default_device_type = DeviceType.DLA``,
-  ``DLA_core``, ``GPU_FALLBACK`` -> ``build_serialized_network``.
-- **Cache** (:func:`load_or_build`): the serialised engine from the
-  :class:`~infscaler.engines.tensorrt.cache.EngineCache`, or built and stored there.
-- **Probe** (:func:`probe_tensorrt_host`): what this host has for TensorRT (tensorrt,
-  pycuda, a CUDA device, the builder's fast FP16 / INT8 and DLA cores), once per process.
+- **Build** (:func:`build_serialized_engine`), **cache** (:func:`load_or_build`), **probe**
+  (:func:`probe_tensorrt_host`).
 
 More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/tensorrt/loader.py`".
 """
@@ -40,7 +30,6 @@ from infscaler.engines.tensorrt.cache import EngineCache
 from infscaler.engines.tensorrt.cuda import CudaDevice, cuda_devices
 
 __all__ = [
-    "DLA_ONLY_ON_JETSON",
     "PYCUDA_MISSING",
     "TRT_MISSING",
     "WORKSPACE_BYTES",
@@ -68,7 +57,6 @@ TRT_MISSING = (
     "tensorrt is not installed (pip install tensorrt, or JetPack's python3-libnvinfer on a Jetson)"
 )
 PYCUDA_MISSING = "pycuda is not installed (pip install pycuda; it needs the CUDA toolkit)"
-DLA_ONLY_ON_JETSON = "DLA exists only on Jetson Xavier / Orin"
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 

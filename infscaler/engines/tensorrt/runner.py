@@ -3,14 +3,11 @@
 :class:`TensorRTEngine`, what the two engines share: options, build / cache / load on the
 TensorRT path, inference and release.
 
-- **Run** (:class:`TrtRunner`): ``trt.Runtime`` (with ``DLA_core`` for DLA engines) ->
-  ``deserialize_cuda_engine`` -> ``create_execution_context``; page-locked host buffers,
-  device buffers and a stream from pycuda; ``set_tensor_address`` + ``execute_async_v3``
-  (TensorRT 8.5+ / 10.x), or the bindings API (``execute_async_v2``) of older TensorRT 8.
-
 The engine is built or read from the cache by :mod:`infscaler.engines.tensorrt.loader`
 and run on a :class:`~infscaler.engines.tensorrt.cuda.CudaDevice`'s primary context.
 Nothing here imports tensorrt or pycuda at module import.
+
+More: docs/engines.md, "`infscaler/engines/tensorrt/runner.py`".
 """
 
 from __future__ import annotations

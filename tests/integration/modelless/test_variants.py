@@ -190,7 +190,7 @@ def test_registry_round_trip(tmp_path: Path) -> None:
     v = reg.get("ppocrv6-tiny-rec.cpu.fp32.b1")
     assert v.accuracy == 0.8 and v.accuracy_source == "declared"
     assert [x.name for x in out if x.generated] == [v.name]
-    assert reg.stamp() is not None and reg.remove_model("ppocrv6-tiny-rec") == len(out)
+    assert reg.stamp() is not None
 
 
 def test_cli_register_and_list(tmp_path: Path) -> None:

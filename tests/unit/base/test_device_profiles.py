@@ -36,13 +36,33 @@ JETSONS = ("xavier-agx", "xavier-nx", "orin-agx", "orin-nx", "orin-nano")
 # -- profiles ---------------------------------------------------------------------------------
 
 
+def unsourced(p: DeviceProfile) -> list[str]:
+    """Figures of ``p`` without a source, as ``memory_mb`` / ``accelerators[gpu].precisions``:
+    memory_mb, memory_cap_mb, power_mode (when set); per accelerator: precisions,
+    max_instances, ``cores`` of the cpu (when listed), ``count`` of the others."""
+    missing = [
+        k
+        for k in ("memory_mb", "memory_cap_mb", "power_mode")
+        if getattr(p, k) is not None and not p.sources.get(k)
+    ]
+    for a in p.accelerators:
+        keys = ["precisions", "max_instances"]
+        if a.engine == "cpu":
+            keys += ["cores"] if a.cores is not None else []
+            keys += ["threads_per_core"] if a.threads_per_core != 1.0 else []
+        else:
+            keys.append("count")
+        missing += [f"accelerators[{a.engine}].{k}" for k in keys if not a.sources.get(k)]
+    return missing
+
+
 def test_every_bundled_profile_loads_with_sources():
     names = bundled_profiles()
     assert {*JETSONS, "generic-x86", "cpu-host"} <= set(names)
     for name in names:
         p = load_profile(name)
         assert p.name == name
-        assert p.unsourced() == [], name
+        assert unsourced(p) == [], name
         assert p.sources["memory_mb"] and p.sources["memory_cap_mb"]
         for acc in p.accelerators:
             assert acc.sources.get("precisions") and acc.sources.get("max_instances")
@@ -240,9 +260,9 @@ def test_precision_and_instance_limits_are_checked(tmp_path, residual_path):
     # the opt-in is the cpu's alone, and needs a source like every figure
     with pytest.raises(ValidationError, match="threads_per_core: applies to the cpu"):
         Accelerator(engine="gpu", threads_per_core=2)
-    assert "accelerators[cpu].threads_per_core" in host.unsourced()
+    assert "accelerators[cpu].threads_per_core" in unsourced(host)
     assert load_profile("cpu-host").accelerators[0].threads_per_core == 2.0
-    assert "accelerators[cpu].threads_per_core" not in load_profile("cpu-host").unsourced()
+    assert "accelerators[cpu].threads_per_core" not in unsourced(load_profile("cpu-host"))
 
 
 @pytest.mark.usefixtures("stagefuncs_on_path")

@@ -125,17 +125,6 @@ def test_messages_arrive_exactly_as_sent(manager: FakeManager) -> None:
     assert manager.recv() == "FDSTORE=0\nERRNO=5"
 
 
-def test_reloading_carries_monotonic_usec(path_manager: FakeManager) -> None:
-    n = SystemdNotifier(path_manager.env())
-    before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-    assert n.reloading() is True
-    after = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-    msg = path_manager.recv()
-    m = re.fullmatch(r"RELOADING=1\nMONOTONIC_USEC=(\d+)", msg)
-    assert m, msg
-    assert before <= int(m.group(1)) <= after
-
-
 def test_status_is_kept_on_one_line(path_manager: FakeManager) -> None:
     n = SystemdNotifier(path_manager.env())
     assert n.status("line one\nline two") is True
@@ -153,7 +142,6 @@ def test_disabled_without_notify_socket(caplog: pytest.LogCaptureFixture) -> Non
     assert n.watchdog_interval_s is None
     assert n.ready("x") is False
     assert n.stopping() is False
-    assert n.reloading() is False
     assert n.status("x") is False
     assert n.extend_timeout(10) is False
     assert n.watchdog() is False
