@@ -35,8 +35,6 @@ BPF_MAP_CREATE = 0
 BPF_MAP_TYPE_SOCKMAP = 15
 BPF_SK_MSG_VERDICT = 7
 BPF_ANY = 0
-BPF_NOEXIST = 1
-BPF_EXIST = 2
 
 # membarrier(2)
 MEMBARRIER_CMD_QUERY = 0
@@ -152,7 +150,6 @@ def load_libbpf() -> ctypes.CDLL:
         "bpf_prog_attach": (_c.c_int, [_c.c_int, _c.c_int, _c.c_int, _c.c_uint]),
         "bpf_prog_detach2": (_c.c_int, [_c.c_int, _c.c_int, _c.c_int]),
         "bpf_map_update_elem": (_c.c_int, [_c.c_int, _vp, _vp, _c.c_uint64]),
-        "bpf_map_lookup_elem": (_c.c_int, [_c.c_int, _vp, _vp]),
         "bpf_map_delete_elem": (_c.c_int, [_c.c_int, _vp]),
         "bpf_map_lookup_batch": (
             _c.c_int,
@@ -277,15 +274,6 @@ def map_update(fd: int, key: Any, value: Any, flags: int = BPF_ANY) -> None:
         load_libbpf().bpf_map_update_elem(fd, _c.byref(key), _c.byref(value), flags),
         "bpf_map_update_elem",
     )
-
-
-def map_lookup(fd: int, key: Any, value: Any) -> bool:
-    """``bpf_map_lookup_elem`` into ``value``; False if the key is absent. Raises: BpfError."""
-    ret = load_libbpf().bpf_map_lookup_elem(fd, _c.byref(key), _c.byref(value))
-    if ret == -errno.ENOENT:
-        return False
-    _check(ret, "bpf_map_lookup_elem")
-    return True
 
 
 def map_delete(fd: int, key: Any) -> bool:

@@ -46,7 +46,6 @@ __all__ = [
     "check_verification",
     "extract_partition",
     "load_sessions",
-    "run_chain",
     "save_partition",
     "verify_chain",
 ]
@@ -554,27 +553,6 @@ class Chain:
         return dict(zip(self.outputs, values, strict=True))
 
     __call__ = run
-
-
-def run_chain(
-    parts: Sequence[PartLike],
-    feeds: Mapping[str, np.ndarray],
-    engine: str = "cpu",
-) -> dict[str, np.ndarray]:
-    """Run ``parts`` in order once and return the last part's outputs by name.
-
-    Builds the sessions every call; use :class:`Chain` to build them once.
-
-    Args:
-        parts: as for :func:`load_sessions`.
-        feeds: the model's runtime inputs, name -> array.
-        engine: as for :func:`load_sessions` (default ``cpu``).
-
-    Raises:
-        PartitionError: a part's input is provided neither by ``feeds`` nor by an earlier
-            part.
-    """
-    return Chain(parts, engine).run(feeds)
 
 
 # --------------------------------------------------------------------------- verification

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from infscaler.base.errors import ModelLoadError, ShapeError
 from infscaler.engines.onnxrt.loader import load_session
@@ -717,11 +717,3 @@ def load_model(
         weights_dir=raw.weights_dir,
         weight_files=raw.weight_files,
     )
-
-
-def initializer_array(model: onnx.ModelProto, name: str) -> np.ndarray | None:
-    """The numpy value of initializer ``name`` (or None)."""
-    for init in model.graph.initializer:
-        if init.name == name:
-            return numpy_helper.to_array(init)
-    return None
