@@ -1,18 +1,10 @@
-"""Thin ctypes binding to libbpf.so.1, plus the two raw syscalls the channel needs.
+"""Thin ctypes binding to libbpf.so.1 (loaded on first use), plus the two raw syscalls
+the channel needs: open / load / close an object, find a program or map by name, attach
+to a sockmap, map update / delete / batch lookup. Every failure (libbpf >= 1.0: a
+negative errno, or NULL with ``errno``) raises :class:`BpfError` with that errno.
 
-Only what the control path uses: open / load / close an object file, find a program or
-a map by name, attach a program to a sockmap (``BPF_SK_MSG_VERDICT``), and map
-update / lookup / delete / batch lookup. libbpf >= 1.0 semantics: functions return a
-negative errno (or NULL with ``errno`` set); every failure here raises
-:class:`BpfError` carrying that errno.
-
-Sources: libbpf API (https://libbpf.readthedocs.io/en/latest/api.html, ``libbpf.h`` and
-``bpf.h`` of libbpf 1.1), ``bpf(2)``, ``membarrier(2)``, kernel
-``include/uapi/linux/bpf.h`` (command and attach-type numbers).
-
-Nothing is loaded at import time: :func:`load_libbpf` opens the library on first use,
-so hosts without libbpf1 can import :mod:`infscaler.ebpf` and use the user-space
-channel.
+Sources: libbpf API (``libbpf.h`` / ``bpf.h`` of libbpf 1.1), ``bpf(2)``,
+``membarrier(2)``, kernel ``include/uapi/linux/bpf.h``.
 """
 
 from __future__ import annotations
@@ -93,16 +85,9 @@ def probe_sockmap() -> None:
 
 
 def synchronize_rcu() -> bool:
-    """Wait for an RCU grace period: every BPF program run that started before has ended.
-
-    Uses ``membarrier(MEMBARRIER_CMD_GLOBAL)``, which calls ``synchronize_rcu()`` in the
-    kernel (kernel/sched/membarrier.c). BPF programs run inside an RCU read-side
-    section, so after this returns no program still acts on map values it read before.
-
-    Returns:
-        False if membarrier is unavailable (e.g. nohz_full): the caller must fall back
-        to a sleep.
-    """
+    """Wait for an RCU grace period (``membarrier(MEMBARRIER_CMD_GLOBAL)`` calls
+    ``synchronize_rcu()``): every BPF program run that started before has ended. False
+    when membarrier is unavailable (e.g. nohz_full): the caller sleeps instead."""
     _, nr_mb = _syscall_numbers()
     libc = _libc()
     libc.syscall.restype = _c.c_long
@@ -198,16 +183,13 @@ def _check(ret: int, what: str) -> int:
 
 
 class BpfObject:
-    """A loaded BPF object file (``bpf_object__open_file`` + ``bpf_object__load``).
-
-    Args:
-        path: the ``.bpf.o`` built by :mod:`infscaler.ebpf.build`.
+    """A loaded BPF object file (``bpf_object__open_file`` + ``bpf_object__load``) of
+    ``path``, the ``.bpf.o`` from :mod:`infscaler.ebpf.build`.
 
     Raises:
         BpfError: open or load failed (EPERM: no CAP_BPF; EINVAL / EACCES: the verifier
-            refused the program). The message ends with libbpf's last warnings (the
-            verifier log's tail); the whole output is logged at DEBUG level on
-            ``logging.getLogger('infscaler.ebpf.libbpf')``.
+            refused); the message ends with libbpf's last warnings, the whole output is
+            logged at DEBUG on ``infscaler.ebpf.libbpf``.
     """
 
     def __init__(self, path: str) -> None:
