@@ -332,10 +332,10 @@ def profile_model(
         model_sha256, engine, feeds, warmup=warmup, repeats=repeats, threads=n_threads
     )
     host = host_fingerprint()
-    if cache and path.is_file():
-        cached = _cached_profile(path, model_sha256, engine, host)
-        if cached is not None:
-            return cached
+    match = {"model_sha256": model_sha256, "engine": engine, "host": host}
+    cached = _cached(path, ModelProfile, **match) if cache else None
+    if cached is not None:
+        return cached
 
     if node_names is None:
         source, names = model_source(model)
@@ -374,19 +374,15 @@ def profile_model(
     return profile
 
 
-def _cached_profile(path: Path, model_sha256: str, engine: str, host: str) -> ModelProfile | None:
-    """The profile cached in ``path`` when it is one of this model on ``engine`` measured
-    on ``host``; None when it is not, or cannot be read."""
-    data = _read_json(path)
-    if data is None:
-        return None
+def _cached(path: Path, cls: Any, **match: str) -> Any:
+    """The ``cls`` (a ``from_dict`` class) cached in ``path`` whose fields equal
+    ``match``; None when it does not, or cannot be read."""
+    data = _read_json(path) if path.is_file() else None
     try:
-        cached = ModelProfile.from_dict(data)
+        cached = cls.from_dict(data) if data is not None else None
     except ConfigError:
         return None
-    if cached.model_sha256 == model_sha256 and cached.engine == engine and cached.host == host:
-        return cached
-    return None
+    return cached if cached and all(getattr(cached, k) == v for k, v in match.items()) else None
 
 
 def measure_latency(
@@ -674,15 +670,9 @@ def measure_boundary_overhead(
         )
     path = boundary_cache_path(engine, tensor_bytes, repeats)
     host = host_fingerprint()
-    if cache and path.is_file():
-        data = _read_json(path)
-        if data is not None:
-            try:
-                cached = BoundaryOverhead.from_dict(data)
-            except ConfigError:
-                cached = None
-            if cached is not None and cached.host == host and cached.engine == engine:
-                return cached
+    cached = _cached(path, BoundaryOverhead, host=host, engine=engine) if cache else None
+    if cached is not None:
+        return cached
 
     threads = usable_cores()
     n_big = tensor_bytes // 4
