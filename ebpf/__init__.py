@@ -8,8 +8,8 @@ channel as fallback.
 - :class:`Channel` -- the manager side: add / remove instances, manager traffic, stats.
 - :class:`Endpoint` -- an instance's side of its connection (any process).
 - ``tokenbus.bpf.c`` -- the SK_MSG program; :mod:`.build` compiles it, :mod:`.libbpf`
-  loads it; :mod:`.sockmap` and :mod:`.userspace` are the two channels;
-  :mod:`.loadgen` drives them with producer / consumer processes.
+  loads it; :mod:`.sockmap` and :mod:`.userspace` are the two channels (driven under
+  load by producer / consumer processes in ``tests/channelload.py``).
 """
 
 from infscaler.ebpf.channel import (

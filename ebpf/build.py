@@ -1,20 +1,13 @@
 """Compile ``tokenbus.bpf.c`` to a BPF object, ahead of use, into a cache keyed by content.
 
-``clang -O2 -g -target bpf -I/usr/include/<machine>-linux-gnu -D<limits> -c`` (``-g``
-emits the BTF that libbpf needs for the BTF-defined maps). The object lands in
+``clang -O2 -g -target bpf ...`` (``-g``: the BTF libbpf needs) into
 ``$INFSCALER_CACHE_DIR/ebpf/`` (else ``$XDG_CACHE_HOME/infscaler/ebpf/``, else
-``~/.cache/infscaler/ebpf/``) as ``tokenbus-<sha256 of source, flags and limits>.bpf.o``,
-so a fresh clone works without a build step and an edited source is rebuilt.
-A device without clang can use an object built elsewhere: set
-``INFSCALER_BPF_OBJECT=/path/to/tokenbus.bpf.o`` (it needs only libbpf1 then).
+``~/.cache/infscaler/ebpf/``) as ``tokenbus-<sha256 of source, flags, limits>.bpf.o``: an
+edited source is rebuilt. ``INFSCALER_BPF_OBJECT=/path/to/tokenbus.bpf.o`` uses one built
+elsewhere (then only libbpf1 is needed). Build needs clang, libbpf-dev and the kernel
+UAPI headers. CLI: ``python -m infscaler.ebpf.build [--force]`` prints the object's path.
 
-Build needs: ``clang`` and ``libbpf-dev`` (for ``<bpf/bpf_helpers.h>``), plus the kernel
-UAPI headers (``linux-libc-dev``, a dependency of libc6-dev).
-
-CLI: ``python -m infscaler.ebpf.build [--force]`` prints the object's path.
-
-Sources: libbpf "Building BPF applications" (https://libbpf.readthedocs.io), clang BPF
-target docs (https://clang.llvm.org/docs/ClangCommandLineReference.html).
+Sources: libbpf "Building BPF applications", clang BPF target docs.
 """
 
 from __future__ import annotations
@@ -77,15 +70,12 @@ def object_path() -> Path:
 
 
 def build_object(force: bool = False) -> Path:
-    """The compiled object, building it if missing (or if ``force``).
-
-    Returns:
-        Path of the ``.bpf.o``.
+    """The compiled object's path, building it if missing (or if ``force``).
 
     Raises:
-        BpfBuildError: no clang on PATH, the override ``INFSCALER_BPF_OBJECT`` points
-            nowhere, or clang failed (message carries its stderr tail: a missing
-            ``bpf/bpf_helpers.h`` means libbpf-dev is not installed).
+        BpfBuildError: no clang on PATH, ``INFSCALER_BPF_OBJECT`` points nowhere, or
+            clang failed (its stderr tail; a missing ``bpf/bpf_helpers.h``: install
+            libbpf-dev).
     """
     path = object_path()
     if os.environ.get("INFSCALER_BPF_OBJECT"):

@@ -1,20 +1,13 @@
 """The control channel: token handover and token faults (InfScaler §IV-B, Fig. 4).
 
-One interface, two implementations chosen at start-up by
-:func:`~infscaler.ebpf.probe.open_channel`:
+One interface, two implementations chosen by :func:`~infscaler.ebpf.probe.open_channel`:
+``ebpf`` (:class:`~infscaler.ebpf.sockmap.EbpfChannel`: TCP loopback sockets in a
+SOCKMAP, each token redirected in the kernel by ``tokenbus.bpf.c``; instances need no
+capability) and ``userspace`` (:class:`~infscaler.ebpf.userspace.UserspaceChannel`:
+SOCK_SEQPACKET pairs and a router thread, without CAP_BPF + CAP_NET_ADMIN).
 
-- ``ebpf`` (:class:`~infscaler.ebpf.sockmap.EbpfChannel`): instance sockets are TCP
-  loopback connections in a SOCKMAP; the SK_MSG program ``ebpf/tokenbus.bpf.c`` reads
-  each 32-byte token and redirects it, in the kernel, into the receive queue of one
-  consumer instance of the token's hop. The manager holds the map and program fds and
-  inserts / removes sockets; instances need no capability.
-- ``userspace`` (:class:`~infscaler.ebpf.userspace.UserspaceChannel`): the same tokens
-  over AF_UNIX SOCK_SEQPACKET socket pairs and an event-driven router thread in the
-  manager, for hosts without CAP_BPF + CAP_NET_ADMIN.
-
-Sources: InfScaler §IV-B; shared/notes/ebpf.md (measured on kernel 6.18); kernel
+Sources: InfScaler §IV-B; shared/notes/ebpf.md (kernel 6.18); kernel
 Documentation/bpf/map_sockmap.rst.
-
 More (details, why it is so, history, figures): docs/architecture.md, "`ebpf/channel.py`".
 """
 
@@ -156,26 +149,14 @@ def valid_frame(view: bytes | bytearray | memoryview, off: int = 0) -> bool:
 
 
 class Endpoint:
-    """One side of a control connection: an instance's, or the manager's own.
+    """One side of a control connection (an instance's or the manager's), over the
+    stream (eBPF) or SEQPACKET (user-space) socket ``sock`` from
+    :meth:`Channel.add_instance`, in any process. Non-blocking; waits in ``poll(2)``.
 
-    Wraps a stream (TCP, eBPF channel) or SEQPACKET (user-space channel) socket, usable
-    in any process (pass the socket by fd inheritance or SCM_RIGHTS, then wrap it).
-    The socket is switched to non-blocking mode; waiting is done in ``poll(2)``, so a
-    blocked :meth:`recv` sleeps in the kernel until a token arrives (event-driven, no
-    polling loop).
-
-    Malformed input: a received 32-byte frame that is not a valid token (cannot happen
-    behind either router, which check magic, CRC and kind) is counted in
-    :attr:`rejected` and skipped; the stream stays aligned. A partial frame left at EOF
-    is counted in :attr:`truncated`.
-
-    Two ways to read: :meth:`recv` / :meth:`recv_many` return :class:`Token` objects;
-    :meth:`recv_bytes` returns the validated 32-byte frames as they are (no object per
-    token: the high-rate path; decode fields with :func:`frame_fields`).
-
-    Args:
-        sock: the socket (or its fd) returned by :meth:`Channel.add_instance`.
-        instance: this instance's id (informational).
+    A received frame that is not a valid token is counted in :attr:`rejected` and
+    skipped; a partial frame at EOF in :attr:`truncated`. :meth:`recv` /
+    :meth:`recv_many` return :class:`Token` s, :meth:`recv_bytes` the raw validated
+    frames (decode with :func:`frame_fields`).
     """
 
     def __init__(self, sock: socket.socket | int, instance: int | None = None) -> None:
@@ -210,18 +191,15 @@ class Endpoint:
     def send_bytes(
         self, data: bytes | bytearray | memoryview, timeout: float | None = None
     ) -> None:
-        """Send packed tokens (a multiple of 32 bytes), :data:`MAX_BATCH` per send call.
-
-        Blocks (in poll) while the socket's send buffer is full, up to ``timeout``
-        seconds (None: no limit).
+        """Send packed tokens (a multiple of 32 bytes), :data:`MAX_BATCH` per send call,
+        waiting in poll while the send buffer is full, up to ``timeout`` s (None: no limit).
 
         Raises:
             ValueError: ``len(data)`` is not a multiple of 32.
             TimeoutError: the send buffer stayed full past ``timeout``.
-            ChannelClosed: the channel or this instance's connection is gone (EPIPE,
-                ECONNRESET, or EACCES: the eBPF program had no route at all, i.e. the
-                channel is being closed).
-            ChannelError: the kernel split a frame (never expected; nothing is resent).
+            ChannelClosed: the connection is gone (EPIPE, ECONNRESET, or EACCES: the
+                eBPF program had no route, the channel is closing).
+            ChannelError: the kernel split a frame (nothing is resent).
         """
         view = memoryview(data).cast("B")
         if len(view) % TOKEN_SIZE:
@@ -277,11 +255,8 @@ class Endpoint:
         return toks[0]
 
     def recv_many(self, max_tokens: int = MAX_BATCH, timeout: float | None = None) -> list[Token]:
-        """Up to ``max_tokens`` tokens: whatever has arrived, waiting for the first one up
-        to ``timeout`` seconds (0: do not wait; None: forever).
-
-        Returns:
-            The tokens, oldest first; an empty list if none arrived in time.
+        """Up to ``max_tokens`` tokens that have arrived, oldest first, waiting for the
+        first up to ``timeout`` s (0: no wait; None: forever); ``[]`` on timeout.
 
         Raises:
             ChannelClosed: the peer closed and nothing is left to read.
@@ -410,15 +385,13 @@ class Channel(ABC):
     # -- membership ------------------------------------------------------------------------
     @abstractmethod
     def add_instance(self, hop: int, instance: int, *, live: bool = True) -> socket.socket:
-        """Create instance ``instance``'s connection and route DATA for ``hop`` to it
-        (with ``live`` False only once :meth:`set_live` is called: an instance that is
-        still loading its model gets no token; DATA for a hop with no live instance
+        """Create ``instance``'s connection and route DATA for ``hop`` to it (from
+        :meth:`set_live` on when ``live`` is False; DATA for a hop with no live instance
         goes to the manager).
 
         Returns:
-            The instance-side socket: hand it to the instance process (fd inheritance,
-            SCM_RIGHTS) and close the caller's copy; the instance wraps it in
-            :class:`Endpoint`. The manager keeps its own side.
+            The instance-side socket: hand it to the instance process and close the
+            caller's copy.
 
         Raises:
             ChannelError: hop outside 0..MAX_HOPS-1, instance id outside 0..65535 or
@@ -436,16 +409,9 @@ class Channel(ABC):
 
     @abstractmethod
     def remove_instance(self, instance: int) -> list[Token]:
-        """Stop routing to ``instance`` and reclaim its in-flight DATA tokens.
-
-        Call it once the instance has stopped (killed or exited): a live instance could
-        still process tokens that are also returned here (for a graceful scale-in, let
-        the instance drain and acknowledge first). The instance's socket sees EOF once
-        its queue is empty.
-
-        Returns:
-            The DATA tokens delivered to it and not acknowledged (order unspecified):
-            route them elsewhere with :meth:`route`.
+        """Stop routing to ``instance`` (stopped already: a live one could still process
+        what is returned) and return its DATA tokens delivered and not acknowledged, in
+        no order, for :meth:`route`. Its socket sees EOF once its queue is empty.
 
         Raises:
             ChannelError: unknown instance.
@@ -480,11 +446,8 @@ class Channel(ABC):
         """:meth:`manager_recv_many` as validated 32-byte frames (the high-rate path)."""
 
     def manager_send(self, instance: int, token: Token) -> None:
-        """Send ``token`` (GRANT / BUSY / ERROR reply, or re-injected DATA) to one instance.
-
-        The token travels with its ``instance`` field set to the destination (tokens from
-        the manager carry the instance they are for). A DATA token sent this way is in
-        flight at that instance like a routed one.
+        """Send ``token`` (a reply, or re-injected DATA, then in flight there) to
+        ``instance``, its ``instance`` field set to the destination.
 
         Raises:
             ChannelError: unknown instance.

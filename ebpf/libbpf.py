@@ -1,18 +1,10 @@
-"""Thin ctypes binding to libbpf.so.1, plus the two raw syscalls the channel needs.
+"""Thin ctypes binding to libbpf.so.1 (loaded on first use), plus the two raw syscalls
+the channel needs: open / load / close an object, find a program or map by name, attach
+to a sockmap, map update / delete / batch lookup. Every failure (libbpf >= 1.0: a
+negative errno, or NULL with ``errno``) raises :class:`BpfError` with that errno.
 
-Only what the control path uses: open / load / close an object file, find a program or
-a map by name, attach a program to a sockmap (``BPF_SK_MSG_VERDICT``), and map
-update / lookup / delete / batch lookup. libbpf >= 1.0 semantics: functions return a
-negative errno (or NULL with ``errno`` set); every failure here raises
-:class:`BpfError` carrying that errno.
-
-Sources: libbpf API (https://libbpf.readthedocs.io/en/latest/api.html, ``libbpf.h`` and
-``bpf.h`` of libbpf 1.1), ``bpf(2)``, ``membarrier(2)``, kernel
-``include/uapi/linux/bpf.h`` (command and attach-type numbers).
-
-Nothing is loaded at import time: :func:`load_libbpf` opens the library on first use,
-so hosts without libbpf1 can import :mod:`infscaler.ebpf` and use the user-space
-channel.
+Sources: libbpf API (``libbpf.h`` / ``bpf.h`` of libbpf 1.1), ``bpf(2)``,
+``membarrier(2)``, kernel ``include/uapi/linux/bpf.h``.
 """
 
 from __future__ import annotations
@@ -35,8 +27,6 @@ BPF_MAP_CREATE = 0
 BPF_MAP_TYPE_SOCKMAP = 15
 BPF_SK_MSG_VERDICT = 7
 BPF_ANY = 0
-BPF_NOEXIST = 1
-BPF_EXIST = 2
 
 # membarrier(2)
 MEMBARRIER_CMD_QUERY = 0
@@ -95,16 +85,9 @@ def probe_sockmap() -> None:
 
 
 def synchronize_rcu() -> bool:
-    """Wait for an RCU grace period: every BPF program run that started before has ended.
-
-    Uses ``membarrier(MEMBARRIER_CMD_GLOBAL)``, which calls ``synchronize_rcu()`` in the
-    kernel (kernel/sched/membarrier.c). BPF programs run inside an RCU read-side
-    section, so after this returns no program still acts on map values it read before.
-
-    Returns:
-        False if membarrier is unavailable (e.g. nohz_full): the caller must fall back
-        to a sleep.
-    """
+    """Wait for an RCU grace period (``membarrier(MEMBARRIER_CMD_GLOBAL)`` calls
+    ``synchronize_rcu()``): every BPF program run that started before has ended. False
+    when membarrier is unavailable (e.g. nohz_full): the caller sleeps instead."""
     _, nr_mb = _syscall_numbers()
     libc = _libc()
     libc.syscall.restype = _c.c_long
@@ -152,7 +135,6 @@ def load_libbpf() -> ctypes.CDLL:
         "bpf_prog_attach": (_c.c_int, [_c.c_int, _c.c_int, _c.c_int, _c.c_uint]),
         "bpf_prog_detach2": (_c.c_int, [_c.c_int, _c.c_int, _c.c_int]),
         "bpf_map_update_elem": (_c.c_int, [_c.c_int, _vp, _vp, _c.c_uint64]),
-        "bpf_map_lookup_elem": (_c.c_int, [_c.c_int, _vp, _vp]),
         "bpf_map_delete_elem": (_c.c_int, [_c.c_int, _vp]),
         "bpf_map_lookup_batch": (
             _c.c_int,
@@ -201,16 +183,13 @@ def _check(ret: int, what: str) -> int:
 
 
 class BpfObject:
-    """A loaded BPF object file (``bpf_object__open_file`` + ``bpf_object__load``).
-
-    Args:
-        path: the ``.bpf.o`` built by :mod:`infscaler.ebpf.build`.
+    """A loaded BPF object file (``bpf_object__open_file`` + ``bpf_object__load``) of
+    ``path``, the ``.bpf.o`` from :mod:`infscaler.ebpf.build`.
 
     Raises:
         BpfError: open or load failed (EPERM: no CAP_BPF; EINVAL / EACCES: the verifier
-            refused the program). The message ends with libbpf's last warnings (the
-            verifier log's tail); the whole output is logged at DEBUG level on
-            ``logging.getLogger('infscaler.ebpf.libbpf')``.
+            refused); the message ends with libbpf's last warnings, the whole output is
+            logged at DEBUG on ``infscaler.ebpf.libbpf``.
     """
 
     def __init__(self, path: str) -> None:
@@ -277,15 +256,6 @@ def map_update(fd: int, key: Any, value: Any, flags: int = BPF_ANY) -> None:
         load_libbpf().bpf_map_update_elem(fd, _c.byref(key), _c.byref(value), flags),
         "bpf_map_update_elem",
     )
-
-
-def map_lookup(fd: int, key: Any, value: Any) -> bool:
-    """``bpf_map_lookup_elem`` into ``value``; False if the key is absent. Raises: BpfError."""
-    ret = load_libbpf().bpf_map_lookup_elem(fd, _c.byref(key), _c.byref(value))
-    if ret == -errno.ENOENT:
-        return False
-    _check(ret, "bpf_map_lookup_elem")
-    return True
 
 
 def map_delete(fd: int, key: Any) -> bool:

@@ -37,7 +37,6 @@ _BODY = struct.Struct(TOKEN_FORMAT)
 _CHECK = struct.Struct("<I")
 assert _BODY.size + _CHECK.size == TOKEN_SIZE
 
-MAX_HOP = 0xFFFF
 NO_SLAB = 0xFFFF
 
 

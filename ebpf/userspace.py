@@ -1,17 +1,10 @@
 """The user-space control channel: the eBPF channel's behaviour without CAP_BPF.
 
-Every instance gets an AF_UNIX SOCK_SEQPACKET socket pair; one router thread in the
-manager waits in ``epoll`` (:mod:`selectors`) on all of them (event-driven: it sleeps
-until a socket is readable or writable, or a command arrives on its wake-up pipe), reads
-each record, checks every 32-byte frame (magic, CRC-32, kind), and applies the same
-routing, in-flight accounting and manager delivery as ``tokenbus.bpf.c``:
-
-- DATA for hop *s* -> a live instance of *s* (round-robin cursor per sending socket
-  and hop, or least-loaded with that cursor breaking ties); a DATA or FREE from an
-  instance acknowledges its in-flight token with the same request id;
-- FAULT / FREE / other kinds, and undeliverable DATA -> the manager's inbox (a SEQPACKET
-  pair read by :meth:`UserspaceChannel.manager_recv`);
-- malformed frames and a record's trailing partial frame -> counted, discarded.
+Every instance gets an AF_UNIX SOCK_SEQPACKET socket pair; one event-driven router
+thread in the manager (``epoll`` through :mod:`selectors`, plus a wake-up pipe) checks
+each 32-byte frame (magic, CRC-32, kind) and applies ``tokenbus.bpf.c``'s routing,
+in-flight accounting and manager delivery (docs/architecture.md, "`ebpf/channel.py`");
+the manager's inbox is a SEQPACKET pair read by :meth:`UserspaceChannel.manager_recv`.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`ebpf/userspace.py`".
 """

@@ -1,19 +1,9 @@
 """``partition_model``: the offline partitioning pipeline (InfScaler §IV-A, Eq. 1).
 
-Steps (each reported to an optional progress callback):
-
-1. load and check the model, with concrete input shapes (:mod:`.loader`);
-2. operator complexity c_n: FLOPs, parameter and activation bytes (:mod:`.cost`);
-3. profile every operator on each engine this host has, and the whole model's time T_o
-   (:mod:`.profiler`); measure the per-boundary overhead T_p on this host;
-4. operator order, valid cuts and crossing tensors (:mod:`.graph`);
-5. Eq. 1: cuts minimising sum_k sigma(P_k) over the representative operators subject to
-   T_o + (K-1) T_p <= SLO, by exact dynamic programming (:mod:`.search`);
-6. extract each partition as an ONNX sub-model and verify the chain against the whole
-   model (:mod:`.extract`); measure each partition's latency per engine;
-7. build the :class:`~.plan.Plan` and, given ``out_dir``, write it atomically.
-
-Nothing is written before every step succeeded.
+Load (:mod:`.loader`) -> operator cost c_n (:mod:`.cost`) -> per-engine profile, T_o and
+T_p (:mod:`.profiler`) -> valid cuts (:mod:`.graph`) -> Eq. 1 or a balanced search
+(:mod:`.search`) -> sub-models verified as a chain, timed per engine (:mod:`.extract`)
+-> the :class:`~.plan.Plan`, written atomically to ``out_dir`` only once all succeeded.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/api.py`".
 """
@@ -90,45 +80,29 @@ def partition_model(
     objective: str = "eq1",
     cuts: Sequence[int] | None = None,
 ) -> Plan:
-    """Partition an ONNX model by Eq. 1 and (optionally) write the plan directory.
+    """Partition an ONNX model and (with ``out_dir``) write the plan directory.
 
     Args:
         model: path of the ``.onnx`` file.
-        shapes: concrete shapes for dynamic inputs (``x:1x3x640x640``; see
-            :func:`~.loader.parse_shapes`).
+        shapes: concrete shapes of dynamic inputs (:func:`~.loader.parse_shapes`).
         slo: latency SLO (``100ms``, ``1.5x``; :func:`parse_slo`); None = unconstrained.
         num_partitions: exact K; None searches K in 1..``max_partitions``.
-        max_partitions: upper bound on K when searching.
-        measure: complexity c_n: ``flops`` (operator FLOPs) or ``time`` (profiled ms on
-            the CPU engine).
+        measure: c_n as ``flops`` or ``time`` (profiled ms on the cpu engine).
         device: target device profile; its engines are reported per partition.
-        out_dir: where to write ``plan.yaml`` + ``part_<k>.onnx``; None writes nothing.
-        force: replace an existing plan in ``out_dir``.
-        rtol: verification tolerance on the normalised max error (see
-            :class:`~.extract.Verification`).
-        warmup, repeats: profiling runs per measurement.
-        threads: onnxruntime intra-op threads (default: all cores).
-        use_cache: reuse cached profiles for this model hash + engine + host.
-        max_crossing_mb: refuse cuts whose crossing tensors exceed this size (MB).
+        out_dir: where ``plan.yaml`` + ``part_<k>.onnx`` go (``force`` replaces a plan).
+        rtol: verification tolerance (:class:`~.extract.Verification`).
+        warmup, repeats, threads, use_cache: profiling settings (threads None: all cores).
+        max_crossing_mb: refuse cuts whose crossing tensors exceed this (MB).
         progress: called with a short description as each step starts.
-        objective: ``eq1`` (the paper's Eq. 1, :func:`~.search.search_partitions`),
-            ``minmax`` (least largest partition cost) or ``weights`` (balanced, with
-            large weights kept apart from the bottleneck; :func:`~.search.search_minmax`,
-            weights = each operator's ``param_bytes``). ``minmax`` / ``weights`` without
-            ``num_partitions`` take the K in 1..``max_partitions`` (within the SLO bound)
-            with the least largest partition cost; a K that lowers it by less than 1 %
-            loses to the fewer partitions.
-        cuts: explicit cut positions (operator indices, each a valid cut; e.g. from
-            :func:`infscaler.runtime.planning.planner.search`); overrides ``objective`` and
-            ``num_partitions``.
-
-    Returns:
-        The :class:`~.plan.Plan` (summary dict + ONNX parts).
+        objective: ``eq1`` (:func:`~.search.search_partitions`), ``minmax`` or
+            ``weights`` (:func:`~.search.search_minmax`, weights = ``param_bytes``);
+            without K the balanced ones take the K with the least largest partition
+            cost, a K gaining under 1 % losing to fewer partitions.
+        cuts: explicit valid cut positions; override ``objective`` and ``num_partitions``.
 
     Raises:
-        ModelLoadError, ShapeError: bad model file or shapes (see :func:`~.loader.load_model`).
-        PartitionError: infeasible request (SLO below the model's own latency, K too
-            large for the SLO or the model, no valid cuts).
+        ModelLoadError, ShapeError: as :func:`~.loader.load_model`.
+        PartitionError: infeasible request (SLO below T_o, K too large, no valid cuts).
         VerificationError: the chain does not reproduce the model within ``rtol``.
     """
     _check_request(objective, measure, max_partitions, num_partitions)
@@ -494,14 +468,9 @@ def _measure_parts(
     repeats: int,
     threads: int,
 ) -> tuple[list[dict[str, float]], list[dict[str, float]], dict[str, np.ndarray]]:
-    """Each partition's latency per profiled engine (the hardware affinity A_k^m of
-    §IV-A): ``(part_ms, part_err, the last part's cpu outputs)``.
-
-    Part k's inputs are part k-1's outputs (chain semantics): time each part once per
-    engine and feed the next part from the cpu run's outputs (K sessions per engine).
-    The median of each part's runs, and its uncertainty (profiler.median_err, a fraction
-    of it: the planner's goodput interval).
-    """
+    """Each partition's latency per profiled engine (A_k^m of §IV-A): ``(part_ms,
+    part_err (:func:`~.profiler.median_err`), the last part's cpu outputs)``; each part
+    is fed the previous part's cpu outputs."""
     part_ms: list[dict[str, float]] = [{} for _ in specs]
     part_err: list[dict[str, float]] = [{} for _ in specs]
     env = feeds
@@ -676,13 +645,10 @@ def inspect_model(
     repeats: int = 5,
     use_cache: bool = True,
 ) -> dict:
-    """Per-operator cost table for ``infscaler inspect``.
-
-    Returns:
-        ``{"model": {...}, "operators": [{index, node, op_type, flops, params_mb,
-        input_mb, output_mb, output_shape, ms (when profiled), representative}],
-        "constant_nodes": n, "mean_flops": float}``. ``representative`` marks c_n above the
-        mean (Eq. 1's representative operators; the bottlenecks of §II-B, Fig. 2).
+    """Per-operator cost table for ``infscaler inspect``: ``{"model": {...},
+    "operators": [{index, node, op_type, flops, params_mb, input_mb, output_mb,
+    output_shape, ms (when profiled), representative (c_n above the mean)}],
+    "constant_nodes": n, "mean_flops": float}``.
 
     Raises:
         ModelLoadError, ShapeError: as :func:`~.loader.load_model`.

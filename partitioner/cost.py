@@ -1,10 +1,6 @@
-"""Operator complexity c_n (InfScaler §IV-A, Eq. 1): FLOPs and bytes of every node.
-
-Eq. 1 balances the *computation complexity* ``c_n`` of the operators inside each
-partition; the paper measures it in FLOPs (§III, "detailed performance metrics (e.g.,
-FLOPs, execution time)"). :func:`model_costs` gives every top-level node of a canonical
-model (see :mod:`.loader`) an :class:`OperatorCost`: its FLOPs, the bytes of the weights
-it reads, the bytes of the activations it reads and the bytes it writes.
+"""Operator complexity c_n (InfScaler §IV-A, Eq. 1): :func:`model_costs` gives every
+top-level node of a canonical model an :class:`OperatorCost`: FLOPs (the paper's measure,
+§III), weight bytes, activation bytes read and bytes written.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/cost.py`".
 """
@@ -27,18 +23,14 @@ __all__ = ["OperatorCost", "constant_tensors", "node_cost", "model_costs"]
 
 @dataclass(frozen=True)
 class OperatorCost:
-    """Complexity of one operator (``c_n`` of InfScaler §IV-A, Eq. 1).
+    """Complexity of one operator (``c_n`` of InfScaler §IV-A, Eq. 1); costs add with
+    ``+`` (``sum(costs)`` gives a total).
 
     Attributes:
-        flops: floating-point (or integer) operations; a multiply-add counts 2 FLOPs.
-            Formulas: see the module docstring.
-        param_bytes: bytes of the constant inputs it reads (initializers, ``Constant``
-            outputs, tensors folded from them: see :func:`constant_tensors`).
-        input_bytes: bytes of the non-constant (activation) inputs it reads.
-        output_bytes: bytes of the outputs it writes.
-
-    Costs add with ``+``; ``sum(costs, OperatorCost())`` (or plain ``sum(costs)``)
-    gives a total.
+        flops: operations, a multiply-add counting 2 (docs/architecture.md, the table).
+        param_bytes: bytes of constant inputs read (:func:`constant_tensors`).
+        input_bytes: bytes of activation inputs read.
+        output_bytes: bytes of outputs written.
     """
 
     flops: int = 0
@@ -105,22 +97,10 @@ def _graph_constants(graph: onnx.GraphProto, outer: Iterable[str] = ()) -> set[s
 
 
 def constant_tensors(model: onnx.ModelProto) -> set[str]:
-    """Names of the top-level tensors computable without any runtime input.
-
-    A tensor is constant if it is an initializer, an output of a ``Constant`` node, or an
-    output of a default-domain node all of whose non-empty inputs are constant (e.g.
-    ``Cast``/``Reshape``/``Unsqueeze``/``ConstantOfShape`` of weights; an empty optional
-    input ``""`` is ignored). Never constant: outputs of random ops (RandomNormal,
-    RandomUniform, RandomNormalLike, RandomUniformLike, Multinomial, Bernoulli), of nodes
-    with subgraphs (If/Loop/Scan), of custom-domain ops (their semantics are unknown),
-    and anything depending on a runtime graph input. ``Shape`` of a runtime tensor is not
-    constant either, even when its shape is static.
-
-    Args:
-        model: an ONNX model whose nodes are in topological order (any checked model).
-
-    Returns:
-        The set of constant tensor names (initializers included).
+    """Names of the top-level tensors computable without any runtime input (of a model
+    in topological order): initializers, ``Constant`` outputs, and outputs of
+    default-domain nodes whose non-empty inputs are all constant; never those of random
+    ops, of If / Loop / Scan, of custom domains, nor ``Shape`` of a runtime tensor.
     """
     return _graph_constants(model.graph)
 
@@ -551,18 +531,8 @@ def node_cost(
 
 
 def model_costs(loaded: LoadedModel) -> dict[str, OperatorCost]:
-    """:class:`OperatorCost` of every top-level node, keyed by node name (graph order).
-
-    Constant-foldable nodes (``Constant``, ``Cast`` of a weight, ...) get their normal
-    cost; the caller decides what to do with them (:func:`constant_tensors` names them).
-
-    Args:
-        loaded: a canonical model from :func:`~infscaler.partitioner.loader.load_model`
-            (unique node names, static shapes in ``loaded.tensors``).
-
-    Returns:
-        node name -> cost, one entry per node of ``loaded.model.graph``.
-    """
+    """:class:`OperatorCost` of every top-level node of a canonical model, by node name
+    in graph order (constant-foldable nodes included, at their normal cost)."""
     constants = constant_tensors(loaded.model)
     return {
         node.name: node_cost(node, loaded.tensors, constants) for node in loaded.model.graph.node

@@ -1,20 +1,9 @@
 """Partitions as ONNX sub-models, and the chain's verification (InfScaler §IV-A).
 
-The offline phase (InfScaler §IV-A, "Offline bottleneck-aware partitioning", Eq. 1) cuts a
-model into K operator groups P_1..P_K that are deployed, and scaled, as separate units.
-This module turns each group into a stand-alone ONNX model and proves that running the
-groups one after another reproduces the whole model.
-
-Chain semantics:
-
-- partitions are given in order; partition k's inputs are exactly partition k-1's
-  outputs; partition 0's inputs are the model's runtime inputs (in the model's order);
-  the last partition's outputs are the model's outputs (in the model's order);
-- a tensor may *pass through* a partition unchanged (a residual, or a model input consumed
-  two partitions later, or a model output produced early): it is then both a graph input
-  and a graph output of that sub-model, under the same name (onnx.checker and onnxruntime
-  accept this);
-- tensor names are those of the whole (canonical) model all along the chain.
+Chain: partition k's inputs are partition k-1's outputs (partition 0's are the model's
+runtime inputs, the last one's outputs the model's, in the model's order); a tensor may
+pass through a partition unchanged (then both a graph input and output of it, same
+name); tensor names are the whole canonical model's all along.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/extract.py`".
 """
@@ -46,7 +35,6 @@ __all__ = [
     "check_verification",
     "extract_partition",
     "load_sessions",
-    "run_chain",
     "save_partition",
     "verify_chain",
 ]
@@ -68,16 +56,12 @@ class PartitionSpec:
     """One operator group of a plan (a P_k of InfScaler Eq. 1) and its boundary tensors.
 
     Attributes:
-        index: position k of the partition in the chain (0-based).
-        nodes: names of nodes of the canonical model (``LoadedModel.model``), in
-            topological order. Constant-foldable helper nodes (``Constant``, ``Cast`` of a
-            weight, ...) feeding the group are listed too; the same helper node may appear
-            in several partitions (it is then duplicated into each).
-        inputs: tensor names the partition receives: the previous partition's outputs
-            (the model's runtime inputs for partition 0).
-        outputs: tensor names the partition hands on: the next partition's inputs (the
-            model's outputs, in order, for the last partition). A name that is also in
-            ``inputs`` passes through unchanged.
+        index: position k in the chain (0-based).
+        nodes: node names of the canonical model in topological order, with the
+            constant-foldable helpers feeding them (possibly in several partitions).
+        inputs: the previous partition's outputs (runtime inputs for partition 0).
+        outputs: the next partition's inputs (the model's outputs for the last); a name
+            also in ``inputs`` passes through.
     """
 
     index: int
@@ -126,35 +110,19 @@ def _describe_producer(name: str, producers: Mapping[str, str], loaded: LoadedMo
 def extract_partition(loaded: LoadedModel, spec: PartitionSpec) -> onnx.ModelProto:
     """Build partition ``spec`` of ``loaded`` as a valid, stand-alone ONNX model.
 
-    The sub-model holds copies of the spec's nodes in the given order; only the
-    initializers these nodes reference (directly, or as outer-scope names from inside
-    ``If`` / ``Loop`` / ``Scan`` subgraphs, walked recursively); graph inputs
-    ``spec.inputs`` and outputs ``spec.outputs``, typed with the static shapes and dtypes
-    of ``loaded.tensors`` (e.g. ``float32[1, 64, 56, 56]``); ``value_info`` for its
-    internal tensors; the original ``opset_import``, ``ir_version`` and model-local
-    functions; ``producer_name`` ``'infscaler'`` and a ``doc_string`` naming the
-    partition. For IR version < 4 the initializers are also listed as graph inputs, as that
-    IR version requires. Weights of a model loaded with external data (> 2 GB) are read
-    into the sub-model from the files beside ``loaded.path``.
-
-    Args:
-        loaded: the canonical model from :func:`~infscaler.partitioner.loader.load_model`.
-        spec: the partition (see :class:`PartitionSpec`).
-
-    Returns:
-        The sub-model; its structure passed ``onnx.checker.check_model``, with the
-        weights the loader located in the model's files declared as typed inputs (their
-        data, byte copies of the whole model's, passed the checker at load; see
-        :func:`_check_partition`).
+    It holds the spec's nodes in order, the initializers they (or their subgraphs'
+    outer-scope names) use, typed boundary inputs / outputs from ``loaded.tensors``,
+    internal ``value_info``, the model's opsets, IR version and functions (initializers
+    also as inputs for IR < 4). Weights in external data are read from beside
+    ``loaded.path``; weights the loader located in the file are declared as typed inputs
+    for the checker (:func:`_check_partition`).
 
     Raises:
-        PartitionError: a node name is unknown or listed twice; a node input (or an
-            outer-scope name used inside one of its subgraphs) is neither a spec input, an
-            initializer, nor produced by an earlier node of the partition; a node output
-            is also a spec input; a spec output is neither produced in the partition nor
-            a spec input; a spec input is an initializer or has no known type; duplicate
-            names in ``inputs`` / ``outputs``; the result fails ``onnx.checker``. The
-            message names the partition, the tensor and the node.
+        PartitionError: an unknown or repeated node; a node input (or outer-scope name)
+            neither a spec input, an initializer nor made earlier in the partition; a node
+            output that is a spec input; a spec output neither made nor passed through; a
+            spec input that is an initializer or untyped; duplicate boundary names; an
+            ``onnx.checker`` failure. The message names partition, tensor and node.
     """
     graph = loaded.model.graph
     k = spec.index
@@ -326,12 +294,8 @@ def _typed(
 def _copy_initializers(
     loaded: LoadedModel, sub_graph: onnx.GraphProto, used_inits: Mapping[str, None], where: str
 ) -> None:
-    """Copy the initializers in ``used_inits`` into ``sub_graph`` in the whole model's
-    order, reading external data from beside ``loaded.path`` into memory.
-
-    Raises:
-        PartitionError: a weight's external data could not be read.
-    """
+    """Copy the initializers in ``used_inits`` into ``sub_graph`` in the model's order,
+    external data read into memory. Raises: PartitionError (unreadable external data)."""
     base_dir = str(loaded.path.parent)
     for t in loaded.model.graph.initializer:
         if t.name in used_inits:
@@ -366,14 +330,9 @@ def _serialize(model: onnx.ModelProto) -> bytes | None:
 
 
 def _check_partition(model: onnx.ModelProto, where: str, loaded: LoadedModel) -> None:
-    """``onnx.checker`` on the partition's structure: every weight the loader located
-    in the model's files (:attr:`LoadedModel.weight_refs`, over 4 KiB) is declared as a
-    typed graph input instead of carried along (:func:`~.weights.structure_only`).
-    Everything else is checked as it is: nodes and their schemas, subgraphs, topological
-    order, the typed boundary, small initializers, opsets and functions. Those weights
-    are byte copies of tensors ``onnx.checker`` passed when the whole model was loaded,
-    and the partition's onnxruntime sessions read them all; serialising and re-parsing
-    them here only to check them again cost ~2 s per 0.5 GB."""
+    """``onnx.checker`` on the partition's structure, the loader-located weights
+    (:attr:`LoadedModel.weight_refs`, over 4 KiB) declared as typed inputs
+    (:func:`~.weights.structure_only`); they were checked when the whole model loaded."""
     checked = structure_only(model, loaded.weight_refs)
     try:
         data = _serialize(checked)
@@ -393,18 +352,9 @@ def _check_partition(model: onnx.ModelProto, where: str, loaded: LoadedModel) ->
 
 
 def save_partition(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
-    """Write a sub-model to ``path`` (parent directories are created).
-
-    A model whose serialised size exceeds :data:`EXTERNAL_DATA_THRESHOLD`
-    (2 GiB - 64 MiB) is saved with ``save_as_external_data``: all weights in one file
-    ``<path.name>.data`` beside it (e.g. ``part_0.onnx.data``; ONNX "External Data" doc),
-    which is replaced if it exists (onnx appends to an existing data file). ``model``
-    itself is not modified (the conversion runs on a copy).
-
-    Args:
-        model: the sub-model (from :func:`extract_partition`).
-        path: the ``.onnx`` file to write.
-    """
+    """Write a sub-model to ``path`` (parents created); over
+    :data:`EXTERNAL_DATA_THRESHOLD`, with all weights in ``<path.name>.data`` beside it
+    (replaced if present; ONNX "External Data"). ``model`` is not modified."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data_name = f"{path.name}.data"
@@ -454,19 +404,9 @@ def _make_session(part: PartLike, engine: str, options: Any) -> Any:
 def load_sessions(
     parts: Sequence[PartLike], engine: str = "cpu", session_options: Any = None
 ) -> list[Any]:
-    """One onnxruntime ``InferenceSession`` per part, built once for reuse by the engine
-    layer's loader (:func:`~infscaler.engines.onnxrt.load_session`).
-
-    Args:
-        parts: sub-models as ``onnx.ModelProto``, paths of ``.onnx`` files,
-            :class:`~.weights.StubModel` s, or sessions (returned as they are).
-        engine: the engine kind whose onnxruntime providers run them (``cpu``; ``gpu``
-            where onnxruntime's CUDA EP serves it).
-        session_options: an ``onnxruntime.SessionOptions``; default: full graph
-            optimisations (``ORT_ENABLE_ALL``), warnings silenced.
-
-    Returns:
-        The sessions, in the parts' order.
+    """One onnxruntime ``InferenceSession`` per part (sessions returned as they are), by
+    the engine layer's :func:`~infscaler.engines.onnxrt.load_session` on ``engine``;
+    default options ``ORT_ENABLE_ALL``, warnings silenced.
 
     Raises:
         EngineUnavailable: the host lacks ``engine`` or onnxruntime does not serve it.
@@ -477,29 +417,14 @@ def load_sessions(
 
 
 class Chain:
-    """Partitions run one after another in-process (sessions built once).
-
-    Each part is fed its inputs by name from an environment holding the caller's feeds
-    and every earlier part's outputs; :meth:`run` returns the last part's outputs. Build
-    it once and call :meth:`run` many times to time the chain against the whole model.
-
-    Tensors go from part to part as the numpy arrays ``session.run`` returns, which
-    already hold the output buffers without a copy (onnxruntime 1.32: the array's base is
-    a capsule owning the buffer; no page faults per run either). Handing ``OrtValue`` s
-    over instead was measured and is not used: ``run_with_ort_values`` costs ~70 us more
-    per run in Python wrapping (96 vs 23 us median for a 1-element Identity model on the
-    2-core dev VM), and IOBinding into preallocated outputs was no faster than ``run``.
-
-    Args:
-        parts: as for :func:`load_sessions`.
-        engine: as for :func:`load_sessions` (default ``cpu``).
-        session_options: as for :func:`load_sessions`.
+    """Partitions run one after another in-process (sessions built once, as
+    :func:`load_sessions`); each part reads its inputs by name from the feeds and earlier
+    outputs, passed on as the numpy arrays ``session.run`` returns.
 
     Attributes:
         sessions: the ``InferenceSession`` of each part.
         part_inputs / part_outputs: each part's input / output names.
-        inputs: names the chain needs from the caller (part inputs no earlier part
-            produces), in first-use order.
+        inputs: names the chain needs from the caller, in first-use order.
         outputs: the last part's output names.
     """
 
@@ -525,17 +450,11 @@ class Chain:
         self.outputs = list(self.part_outputs[-1])
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run every part in order.
-
-        Args:
-            feeds: input name -> array (the model's runtime inputs, concrete shapes).
-
-        Returns:
-            The last part's outputs, name -> array.
+        """Run every part in order on ``feeds``; the last part's outputs by name.
 
         Raises:
-            PartitionError: a part needs a tensor that neither ``feeds`` nor an earlier
-                part provides. onnxruntime's own errors (wrong dtype or shape) propagate.
+            PartitionError: a part needs a tensor neither ``feeds`` nor an earlier part
+                provides. onnxruntime's own errors propagate.
         """
         env: dict[str, np.ndarray] = dict(feeds)
         values: list[np.ndarray] = []
@@ -556,58 +475,24 @@ class Chain:
     __call__ = run
 
 
-def run_chain(
-    parts: Sequence[PartLike],
-    feeds: Mapping[str, np.ndarray],
-    engine: str = "cpu",
-) -> dict[str, np.ndarray]:
-    """Run ``parts`` in order once and return the last part's outputs by name.
-
-    Builds the sessions every call; use :class:`Chain` to build them once.
-
-    Args:
-        parts: as for :func:`load_sessions`.
-        feeds: the model's runtime inputs, name -> array.
-        engine: as for :func:`load_sessions` (default ``cpu``).
-
-    Raises:
-        PartitionError: a part's input is provided neither by ``feeds`` nor by an earlier
-            part.
-    """
-    return Chain(parts, engine).run(feeds)
-
-
 # --------------------------------------------------------------------------- verification
 
 
 @dataclass
 class Verification:
-    """Outcome of :func:`verify_chain`.
-
-    ``max_rel`` of one output is ``max |chain - whole| / max |whole|``: the largest
-    absolute error normalised by the reference output's largest magnitude, not the
-    element-wise ``|chain - whole| / |whole|``, which is unbounded near zero (a ReLU or
-    softmax output of 1e-9 computed as 2e-9 would count as a 100 % error although it is
-    harmless float-reordering noise).
+    """Outcome of :func:`verify_chain`; ``max_rel`` is ``max |chain - whole| / max |whole|``
+    per output (bounded near zero, unlike element-wise relative error).
 
     Attributes:
-        max_abs: largest absolute error over all outputs (``inf`` on a shape mismatch,
+        max_abs, max_rel: largest errors over all outputs (``inf`` on a shape mismatch,
             NaN / inf disagreement or failed run).
-        max_rel: largest normalised error over all outputs (see above; same ``inf`` cases).
-        per_output: output name -> ``{"max_abs", "max_rel", "scale" (max |whole|),
-            "shape", "dtype", "ok", "reason" (None, or why the output failed)}``.
-        rtol: the tolerance on ``max_rel``.
-        passed: ``max_rel <= rtol`` and every output matched in shape and non-finite
-            values, and both runs succeeded.
-        error: why a run failed (onnxruntime's message), else None.
-        feeds_seed: seed of the random feeds (None when explicit feeds were given).
-        optimized: with full graph optimisations on both sides (as deployed):
-            ``{"max_abs", "max_rel", "noise_max_rel"}``, where ``noise_max_rel`` is the
-            whole model optimised vs unoptimised -- onnxruntime's own fusion noise, the
-            floor any comparison of optimised runs has. Informational, not checked;
-            None when not measured or a run failed.
-        reference: the whole model's unoptimised outputs (not serialised), for callers
-            that compare optimised runs they make anyway (see :func:`optimized_errors`).
+        per_output: name -> ``{"max_abs", "max_rel", "scale", "shape", "dtype", "ok",
+            "reason"}``.
+        rtol: the tolerance on ``max_rel``; passed: within it, all outputs matched.
+        error: why a run failed, else None; feeds_seed: seed of random feeds or None.
+        optimized: ``{"max_abs", "max_rel", "noise_max_rel"}`` with full optimisations on
+            both sides (informational, not checked) or None.
+        reference: the whole model's unoptimised outputs (not serialised).
     """
 
     max_abs: float
@@ -721,45 +606,23 @@ def verify_chain(
     reference: Mapping[str, np.ndarray] | None = None,
     threads: int | None = None,
 ) -> Verification:
-    """Compare the chain of ``parts`` with the whole model on the same inputs.
-
-    The check runs both with graph optimisations **disabled**: the chain then executes
-    exactly the whole model's kernels, so any difference beyond float noise is a
-    partitioning error (a wrong boundary, a lost initializer), and a correct chain matches
-    to ~0. With optimisations on, onnxruntime fuses differently on each side of a boundary
-    (e.g. Conv + Add), which changes outputs by as much as optimising the whole model
-    does (measured: PP-OCRv4 det's output moves by ~1e-3 of its scale when the whole model
-    is optimised); that comparison is reported in :attr:`Verification.optimized` together
-    with the whole model's own optimised-vs-unoptimised noise, but not checked.
-
-    The inputs are ``feeds`` or, by default,
-    :func:`~infscaler.partitioner.loader.random_feeds` (seed ``seed``) over the model's
-    runtime inputs with their concrete shapes and dtypes from ``loaded.tensors``.
-
-    ``reference`` skips the whole model's unoptimised run: the partitioner passes the
-    outputs of its per-node profiling session, which is such a run on the same feeds
-    (``ORT_DISABLE_ALL``, ``threads`` intra-op threads, CPU), so the comparison is the
-    same one.
+    """Compare the chain of ``parts`` with the whole model on the same inputs, both with
+    graph optimisations disabled (the chain then runs exactly the whole model's kernels).
 
     Args:
-        loaded: the canonical whole model.
-        parts: the sub-models in chain order (protos or paths).
-        feeds: explicit inputs (name -> array) instead of random ones.
-        rtol: tolerance on ``max_rel`` (error / max |whole| per output; see
-            :class:`Verification`). Default 1e-4.
-        seed: seed of the random feeds.
-        engine: the engine kind both runs use (:func:`load_sessions`; default ``cpu``).
+        loaded: the canonical whole model; parts: sub-models in chain order.
+        feeds: explicit inputs; default :func:`~infscaler.partitioner.loader.random_feeds`
+            with ``seed``.
+        rtol: tolerance on ``max_rel`` (default 1e-4).
+        engine: the engine kind of both runs (default ``cpu``).
         report_optimized: also measure the optimised comparison (two more runs).
-        reference: the whole model's outputs (name -> array) of an unoptimised run on
-            exactly these ``feeds`` on the same engine with the same ``threads``, when the
-            caller has them; None runs the whole model here.
-        threads: intra-op threads of every session built here (None: onnxruntime's
-            default); give the reference run's.
+        reference: the whole model's unoptimised outputs on these feeds, engine and
+            ``threads``, if the caller has them (skips that run).
+        threads: intra-op threads of every session (None: onnxruntime's default).
 
     Returns:
-        The :class:`Verification`. Never raises for a bad chain: a failed run, a missing
-        output, a shape or dtype mismatch, or NaN / inf disagreement give
-        ``passed=False`` and ``max_rel = inf``; use :func:`check_verification` to refuse.
+        The :class:`Verification`; never raises for a bad chain (``passed=False``,
+        ``max_rel = inf``); :func:`check_verification` refuses.
     """
     used_seed: int | None = None
     if feeds is None:
@@ -850,9 +713,8 @@ def check_verification(v: Verification) -> None:
     """Refuse a chain that does not reproduce the whole model.
 
     Raises:
-        VerificationError: when ``v.passed`` is false; the message names the worst output,
-            its max abs / max rel error (error / max |whole|) and the tolerance, or why
-            the run failed.
+        VerificationError: ``v.passed`` is false (names the worst output, its errors and
+            the tolerance, or why the run failed).
     """
     if v.passed:
         return

@@ -5,7 +5,7 @@ More (details, why it is so, history, figures): docs/architecture.md, "`partitio
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -282,6 +282,3 @@ class OperatorGraph:
                 if t in live and self.last_use.get(t, -1) == op.index:
                     current -= live.pop(t)
         return peak
-
-    def operator_names(self, indices: Iterable[int]) -> list[str]:
-        return [self.operators[i].node for i in indices]

@@ -1,17 +1,12 @@
 """Load, check and concretise an ONNX model (InfScaler §IV-A, step 0 of the offline phase).
 
-:func:`load_model` turns a user's file into a :class:`LoadedModel`: the *canonical* model
-every later step works on. Canonical means:
-
-- it passed ``onnx.checker`` and onnxruntime accepts its opsets;
-- every top-level node has a unique, non-empty name (``<OpType>_<index>`` is given to
-  nodes without one), so per-node costs, profiles and cuts can name nodes;
-- every graph input has a concrete shape (from ``--shapes``, trtexec's convention
-  ``name:1x3x640x640``; an input whose only dynamic dim is the leading batch dim takes 1
-  with a warning, as trtexec does), and every tensor of the top-level graph has a static shape and a
-  dtype in :attr:`LoadedModel.tensors` (ONNX shape inference with data propagation; a
-  tensor it cannot resolve, e.g. after a data-dependent ``Resize``, gets its shape from one
-  onnxruntime run on seeded random inputs).
+:func:`load_model` returns the *canonical* :class:`LoadedModel` every later step uses: it
+passed ``onnx.checker`` and onnxruntime accepts its opsets; every top-level node has a
+unique name (``<OpType>_<index>`` when it had none); every graph input has a concrete
+shape (``--shapes``, trtexec's ``name:1x3x640x640``; a lone dynamic batch dim takes 1
+with a warning) and every top-level tensor a static shape and dtype in
+:attr:`LoadedModel.tensors` (ONNX shape inference with data propagation, else one
+onnxruntime run on seeded random inputs).
 
 More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/loader.py`".
 """
@@ -28,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from infscaler.base.errors import ModelLoadError, ShapeError
 from infscaler.engines.onnxrt.loader import load_session
@@ -72,27 +67,21 @@ class LoadedModel:
     """A checked model with concrete shapes (see the module docstring).
 
     Attributes:
-        path: the file it came from.
-        model: the canonical ``onnx.ModelProto`` (unique node names, concrete input
-            shapes, inferred ``value_info``). Weights are in memory unless
-            :attr:`external` is true.
-        sha256: hex digest of the model file's bytes.
-        tensors: name -> :class:`TensorInfo` for graph inputs, outputs, initializers and
-            every value of the top-level graph.
+        path: the file it came from; sha256: hex digest of its bytes.
+        model: the canonical ``onnx.ModelProto`` (weights in memory unless
+            :attr:`external`).
+        tensors: name -> :class:`TensorInfo` for every value of the top-level graph.
         input_shapes: graph input name -> concrete shape used.
-        symbolic_inputs: graph input name -> the file's dims (ints, or the symbolic
-            name as a string, or ``"?"`` for an anonymous dynamic dim).
+        symbolic_inputs: graph input name -> the file's dims (ints, symbolic names, or
+            ``"?"``).
         external: the model uses external data or is larger than 2 GB.
-        file_runnable: the file runs in onnxruntime as is and its node names are the
-            canonical ones (see :attr:`session_source`).
-        weight_refs: initializer name -> :class:`~.weights.WeightRef`, where the
-            tensor's data lies on disk (in the model file or its external data), for the
-            initializers over :data:`~.weights.MIN_REFERENCED_BYTES` whose bytes could be
-            located; relative to :attr:`weights_dir`.
-        weights_dir: the folder the references are relative to (the model file's folder,
-            symlinks resolved); None when nothing is referenced.
-        weight_files: each referenced file (relative to :attr:`weights_dir`) -> its
-            (size, mtime_ns) when it was read: a file changed since is not referenced.
+        file_runnable: the file runs as is with the canonical node names.
+        weight_refs: initializer name -> :class:`~.weights.WeightRef` (where its data
+            lies on disk, relative to :attr:`weights_dir`) for the located initializers
+            over :data:`~.weights.MIN_REFERENCED_BYTES`.
+        weights_dir: the model file's folder (symlinks resolved); None without refs.
+        weight_files: referenced file -> (size, mtime_ns) when read; a changed file is
+            not referenced.
     """
 
     path: Path
@@ -109,14 +98,10 @@ class LoadedModel:
     weight_files: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def stub(self, model: onnx.ModelProto | None = None) -> StubModel | None:
-        """``model`` (default: the canonical model; or a partition extracted from it) with
-        its large weights read from this model's files instead of embedded (see
-        :mod:`.weights`): what the partitioner builds its CPU sessions from.
-
-        The references are to the bytes the loader read (and hashed): the canonical
-        model's initializers must not have been modified since. None when no weight
-        could be referenced, or when a referenced file has changed on disk since it was
-        loaded (size or modification time): then build from the model itself."""
+        """``model`` (default: the canonical one; or a partition of it) with its large
+        weights referenced from this model's files (:mod:`.weights`), for the
+        partitioner's cpu sessions; None when nothing could be referenced or a
+        referenced file changed on disk since it was loaded."""
         if not self.weight_refs or self.weights_dir is None:
             return None
         for location, stamp in self.weight_files.items():
@@ -562,14 +547,9 @@ def _set_value_info(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> N
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX shape inference (strict, with data propagation) into ``model`` in place.
-
-    Runs on a weight-free copy of the graph: initializers over 4 KiB are declared as typed
-    graph inputs instead (same dims and dtype, so the same inferred shapes), which avoids
-    serialising large weights (the C++ inference takes a serialised model) and the 2 GB
-    protobuf limit. Small initializers stay, since data propagation may read them (shape
-    constants). The inferred ``value_info``, typed outputs and annotated subgraphs are
-    copied back.
+    """ONNX shape inference (strict, with data propagation) into ``model`` in place, run
+    on a copy whose initializers over 4 KiB are typed graph inputs (no serialising of
+    large weights, no 2 GB limit); the results are copied back.
 
     Raises:
         onnx.shape_inference.InferenceError: inference failed (the caller words it).
@@ -627,24 +607,18 @@ def load_model(
     *,
     check_runnable: bool = True,
 ) -> LoadedModel:
-    """Load, check and concretise an ONNX model.
+    """Load, check and concretise an ONNX model at ``path``.
 
     Args:
-        path: the ``.onnx`` file.
-        shapes: concrete shapes for inputs with dynamic dims, as a dict or as a
-            ``--shapes`` string (see :func:`parse_shapes`). Inputs with fully static
-            shapes need no entry.
-        check_runnable: also create an onnxruntime CPU session to prove the opsets and
-            operators can run (one session build; about 0.1-2 s).
-
-    Returns:
-        The :class:`LoadedModel`.
+        shapes: concrete shapes of inputs with dynamic dims, a dict or a ``--shapes``
+            string (:func:`parse_shapes`).
+        check_runnable: also build an onnxruntime CPU session (0.1-2 s).
 
     Raises:
         ModelLoadError: missing, empty, unreadable, truncated or non-ONNX file; checker
             failure; opset or operator onnxruntime cannot run; unreadable external data.
-        ShapeError: bad ``shapes``; dynamic dims left without a value (the message names
-            each dynamic dim and the ``--shapes`` option); shapes that cannot be inferred.
+        ShapeError: bad ``shapes``; dynamic dims left without a value (named, with the
+            ``--shapes`` option); shapes that cannot be inferred.
     """
     path = Path(path)
     if isinstance(shapes, str) or shapes is None:
@@ -717,11 +691,3 @@ def load_model(
         weights_dir=raw.weights_dir,
         weight_files=raw.weight_files,
     )
-
-
-def initializer_array(model: onnx.ModelProto, name: str) -> np.ndarray | None:
-    """The numpy value of initializer ``name`` (or None)."""
-    for init in model.graph.initializer:
-        if init.name == name:
-            return numpy_helper.to_array(init)
-    return None

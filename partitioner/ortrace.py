@@ -1,21 +1,11 @@
 """onnxruntime's profiler: per-node kernel times of a traced run (InfScaler §IV-A, Eq. 1).
 
-InfScaler's offline phase profiles each operator's execution time (§IV-A); with
-``measure="time"`` these times are Eq. 1's complexities c_n
-(:func:`~.api.partition_model`). :func:`traced_node_times` runs a model with
-onnxruntime's profiler on and graph optimisations off, so that every ONNX node is timed
-under its own name; :func:`node_times_from_trace` turns the trace into each node's median
-time per run. :func:`~.profiler.profile_model` uses them where onnxruntime serves the
-engine.
+:func:`traced_node_times` runs a model with the profiler on and graph optimisations off
+(every ONNX node timed under its own name); :func:`node_times_from_trace` turns the
+trace into each node's median ms per run (c_n with ``measure="time"``).
 
-onnxruntime profile trace format (checked with onnxruntime 1.31.1; see
-https://onnxruntime.ai/docs/performance/tune-performance/profiling-tools.html): a JSON
-list of Chrome-trace events ``{"cat", "pid", "tid", "ts", "dur", "ph": "X", "name",
-"args"}`` with ``ts`` / ``dur`` in microseconds. Each ``session.run`` gives one
-``"cat": "Session"`` event named ``"model_run"`` (and one ``"SequentialExecutor::Execute"``)
-whose interval contains one ``"cat": "Node"`` event per executed kernel, named
-``"<node name>_kernel_time"``, with ``args.op_name`` (ONNX op type), ``args.provider`` and
-shapes.
+Trace format (onnxruntime 1.31.1, "Profiling tools" doc): docs/architecture.md,
+"`partitioner/profiler.py`".
 """
 
 from __future__ import annotations
@@ -40,23 +30,15 @@ _RUN_EVENTS = ("model_run", "SequentialExecutor::Execute")
 def node_times_from_trace(
     events: list[dict[str, Any]], node_names: list[str], skip_runs: int = 0
 ) -> tuple[dict[str, float], dict[str, float], list[float]]:
-    """Per-node median time per run from an onnxruntime profile trace.
-
-    Kernel events (``"cat": "Node"``, name ``"<node>_kernel_time"``, ``dur`` in µs) are
-    assigned to runs by the ``"model_run"`` events' intervals (else by
-    ``"SequentialExecutor::Execute"``; else, when the trace has neither, the k-th
-    occurrence of a node is taken to be in run k). The first ``skip_runs`` runs
-    (warm-up) are dropped. A node's time in a run is the sum of its events in that run.
-
-    Args:
-        events: the parsed JSON trace (a list of event dicts).
-        node_names: the graph's node names; each gets an entry (0.0 when never seen).
-        skip_runs: leading runs to ignore.
+    """Per-node median ms per run from an onnxruntime profile trace (``events``, the
+    parsed JSON list), the first ``skip_runs`` runs dropped. Kernel events go to runs by
+    the ``"model_run"`` intervals (else ``"SequentialExecutor::Execute"``, else the k-th
+    occurrence of a node is run k); a node's time in a run sums its events.
 
     Returns:
-        ``(node_ms, unmatched_ms, run_totals_ms)``: node name -> median ms over measured
-        runs; kernel name -> median ms for kernels naming no node of ``node_names``;
-        the sum of all kernel times of each measured run, in ms.
+        ``(node_ms, unmatched_ms, run_totals_ms)``: every name of ``node_names`` -> median
+        ms (0.0 when never seen); kernel name -> median ms for kernels naming no node;
+        each measured run's kernel total, ms.
     """
     kernels = [
         e
@@ -133,14 +115,9 @@ def traced_node_times(
     warmup: int,
     repeats: int,
 ) -> tuple[dict[str, float], dict[str, float], list[float], dict[str, np.ndarray]]:
-    """Step 1 of :func:`~.profiler.profile_model`: ``warmup + repeats`` runs of an onnxruntime
-    session with ``ORT_DISABLE_ALL`` and the profiler on (trace in a temporary directory,
-    deleted afterwards), read by :func:`node_times_from_trace`.
-
-    Returns:
-        ``(node_ms, unmatched_ms, run_totals_ms, outputs)``: as
-        :func:`node_times_from_trace`, and the last run's outputs by name.
-    """
+    """``warmup + repeats`` runs with ``ORT_DISABLE_ALL`` and the profiler on (trace in
+    a temporary directory, deleted), read by :func:`node_times_from_trace`: its triple
+    and the last run's outputs by name."""
     with tempfile.TemporaryDirectory(prefix="infscaler-prof-") as tmp:
         so = session_options(
             threads, optimization="none", profile_prefix=os.path.join(tmp, "trace")

@@ -1,12 +1,9 @@
 """The plan directory: ``plan.yaml`` + ``part_<k>.onnx`` (output of ``infscaler partition``).
 
-``plan.yaml`` records what the runtime and a reader need: the model's hash and shapes,
-the SLO, the cuts with their crossing tensors, and per partition the bottleneck
-indicator B_k (InfScaler §IV-A), FLOPs, memory (weights + peak activations, MB), latency
-per engine (hardware affinity A_k^m; engines this host lacks are marked unavailable with
-the reason), and the chain's verification error. :func:`write_plan` writes into a
-temporary directory beside the target and renames it into place, so a failed run leaves
-nothing behind. :func:`read_plan` loads and checks a plan directory.
+``plan.yaml`` holds the model's hash and shapes, the SLO, the cuts and their crossing
+tensors, and per partition B_k (InfScaler §IV-A), FLOPs, memory (MB), latency per engine
+(A_k^m; missing engines with the reason) and the verification error.
+:func:`write_plan` writes it atomically; :func:`read_plan` loads and checks it.
 """
 
 from __future__ import annotations
@@ -86,21 +83,14 @@ def write_plan(
     save: Callable[[onnx.ModelProto, Path], None] | None = None,
     staged: Path | None = None,
 ) -> Path:
-    """Write ``plan`` to ``out_dir`` atomically (temp dir + rename).
+    """Write ``plan`` to ``out_dir`` atomically (temp dir + rename); returns ``out_dir``.
 
     Args:
-        plan: the plan; ``plan.summary['partitions'][k]['file']`` names each part's file.
-        out_dir: target directory; must not exist, be empty, or (with ``force``) hold an
-            earlier plan.
-        force: replace an earlier plan directory.
-        save: function writing one part (default ``onnx.save``); the partitioner passes
-            one that uses external data for parts over 2 GB.
-        staged: a directory beside ``out_dir`` where the parts were already saved (by the
-            partitioner); ``plan.yaml`` is added to it and it is renamed into place, so
-            the weights are not written twice. It is consumed.
-
-    Returns:
-        ``out_dir``.
+        plan: the plan (``summary['partitions'][k]['file']`` names each part).
+        out_dir: must not exist, be empty, or (with ``force``) hold an earlier plan.
+        save: writes one part (default ``onnx.save``).
+        staged: a directory beside ``out_dir`` already holding the parts; ``plan.yaml``
+            is added and it is renamed into place (consumed).
 
     Raises:
         PartitionError: ``out_dir`` is a file, holds other files, or holds a plan and

@@ -1,18 +1,9 @@
 """Measured per-operator and whole-model latency per engine (InfScaler §IV-A, Eq. 1).
 
-InfScaler's offline phase "profiles for detailed performance metrics (e.g., FLOPs,
-execution time)" (§IV-A); Eq. 1 needs the model execution time :math:`\\hat T_o` and the
-overhead :math:`T_p` of each partition boundary, and Algorithm 1 the hardware affinity
-:math:`A_k^m` of a partition on each accelerator. This module measures them with
-onnxruntime on the engines this host really has:
-
-- :func:`profile_model` -> :class:`ModelProfile`: per-node time (ms, median per run) from
-  onnxruntime's profiler with graph optimisations off, so that every ONNX node is timed
-  under its own name; and the whole-model time T_o (ms, median ``session.run`` latency with
-  all graph optimisations on).
-- :func:`measure_boundary_overhead` -> :class:`BoundaryOverhead`: T_p, the cost of one
-  more ``session.run`` plus moving the crossing tensors into the next partition's input,
-  as ``fixed_ms + per_mb_ms * MB``.
+- :func:`profile_model` -> :class:`ModelProfile`: per-node ms (onnxruntime profiler, no
+  graph optimisation) and T_o, the whole-model ms as served.
+- :func:`measure_boundary_overhead` -> :class:`BoundaryOverhead`: T_p of a boundary,
+  ``fixed_ms + per_mb_ms * MB``.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/profiler.py`".
 """
@@ -144,14 +135,8 @@ def host_fingerprint() -> str:
 
 
 def host_description() -> dict[str, Any]:
-    """What this host is, for plan files.
-
-    Returns:
-        ``{"fingerprint", "hostname", "machine", "cpu_model", "cores" (os.cpu_count()),
-        "jetson" (bool), "onnxruntime" (version), "providers" (onnxruntime's execution
-        providers), "engines" (engine -> serving backend or None,
-        :func:`profiled_engines`)}``.
-    """
+    """What this host is, for plan files: ``{"fingerprint", "hostname", "machine",
+    "cpu_model", "cores", "jetson", "onnxruntime", "providers", "engines"}``."""
     import onnxruntime as ort
 
     return {
@@ -176,31 +161,19 @@ class ModelProfile:
 
     Attributes:
         engine: ``'cpu'``, ``'gpu'`` or ``'dla'``.
-        provider: what ran it: the onnxruntime execution provider
-            (``'CPUExecutionProvider'``, ``'CUDAExecutionProvider'``), or ``'TensorRT'`` /
-            ``'TensorRT-DLA'`` where TensorRT serves the engine.
+        provider: the onnxruntime execution provider, or ``'TensorRT'`` / ``'TensorRT-DLA'``.
         host: :func:`host_fingerprint` of the measuring host.
-        node_ms: ONNX node name -> median time per run in ms (onnxruntime profiler,
-            ``ORT_DISABLE_ALL``); 0.0 for nodes the trace does not show (e.g. folded into
-            a fused provider kernel), and for every node where TensorRT serves the engine
-            (its layers are fused; no per-ONNX-node time exists).
-        total_ms: T_o, the median ``session.run`` latency in ms with ``ORT_ENABLE_ALL``.
-        unoptimized_total_ms: median over the measured runs of the sum of all kernel
-            times of a run in ms (no graph optimisation; excludes run overhead); 0.0
-            where TensorRT serves the engine.
-        warmup: unmeasured runs before timing.
-        repeats: measured runs.
-        threads: onnxruntime ``intra_op_num_threads`` (``inter_op_num_threads`` is 1).
-        model_sha256: hex SHA-256 of the model file (as :attr:`LoadedModel.sha256`).
+        node_ms: ONNX node name -> median ms per run (``ORT_DISABLE_ALL``); 0.0 for
+            nodes the trace does not show and wherever TensorRT serves the engine.
+        total_ms: T_o, median ``session.run`` ms as served (``ORT_ENABLE_ALL``).
+        unoptimized_total_ms: median per-run sum of kernel ms (0.0 under TensorRT).
+        warmup, repeats: unmeasured and measured runs.
+        threads: intra-op threads (inter-op 1).
+        model_sha256: hex SHA-256 of the model file.
         input_shapes: input name -> shape of the feeds used.
-        unmatched_ms: trace kernel name -> median ms per run for kernels that name no
-            ONNX node of the graph (e.g. a TensorRT fused subgraph); empty on CPU.
-        outputs: the whole model's outputs on the profiled feeds, from the last measured
-            run of each session: ``{"unoptimized": {name: array}, "optimized": {...}}``
-            (``ORT_DISABLE_ALL`` / ``ORT_ENABLE_ALL``; only ``"optimized"``, the serving
-            engine's, where TensorRT serves), so that a caller verifying against the
-            whole model on the same feeds need not run it again. Not serialised: None for
-            a profile read from the cache.
+        unmatched_ms: trace kernel name -> median ms for kernels naming no graph node.
+        outputs: last measured run's outputs, ``{"unoptimized": {...}, "optimized":
+            {...}}``; not serialised (None when read from the cache).
     """
 
     engine: str
@@ -325,50 +298,28 @@ def profile_model(
 ) -> ModelProfile:
     """Measure per-node times and T_o of ``model`` on ``engine`` (InfScaler §IV-A).
 
-    Two runs of the model, both with ``threads or usable_cores()`` intra-op threads
-    (``inter_op_num_threads = 1``), built by the engine layer:
-
-    1. where onnxruntime serves ``engine`` (cpu; gpu through the CUDA EP): a session with
-       ``ORT_DISABLE_ALL`` and onnxruntime's profiler on (trace in a temporary directory,
-       deleted afterwards): ``warmup + repeats`` runs; per node, the median over the
-       measured runs of its kernel time (:func:`~.ortrace.traced_node_times`). Where
-       TensorRT serves it, no per-node time exists (its layers are fused): ``node_ms``
-       is 0.0.
-    2. the model as it is served (:func:`~.sessions.served`: the cpu engine's session
-       options, or the gpu / dla engine itself): ``warmup`` runs, then ``repeats`` runs
-       timed with ``time.perf_counter``; ``total_ms`` is their median (T_o of Eq. 1).
-
-    The last measured run's outputs of each session are kept in
-    :attr:`ModelProfile.outputs` (not cached): the partitioner's chain verification uses
-    them as the whole model's reference instead of building two more sessions.
+    Where onnxruntime serves ``engine``, a ``ORT_DISABLE_ALL`` session with the profiler
+    on gives per-node medians (:func:`~.ortrace.traced_node_times`); then the model as
+    served (:func:`~.sessions.served`) gives ``total_ms``, the median of ``repeats``
+    ``time.perf_counter`` runs after ``warmup``. Both use ``threads or usable_cores()``
+    intra-op threads.
 
     Args:
-        model: a canonical ``onnx.ModelProto`` (unique node names, e.g.
-            :attr:`LoadedModel.model`), the path of an ``.onnx`` file (use a path for
-            models over 2 GB), or a :class:`~.weights.StubModel` of it
-            (:meth:`LoadedModel.stub`: the sessions read the weights from the file).
-        feeds: input name -> array (e.g. ``random_feeds``); shapes must be concrete.
-        engine: ``'cpu'``, ``'gpu'`` or ``'dla'`` (see :func:`profiled_engines`).
+        model: a ModelProto with unique node names, an ``.onnx`` path (models over 2 GB),
+            or a :class:`~.weights.StubModel` (cpu only).
+        feeds: input name -> array with concrete shapes.
+        engine: ``'cpu'``, ``'gpu'`` or ``'dla'``.
         model_sha256: hex SHA-256 of the model file (cache key).
-        warmup: unmeasured runs (>= 0).
-        repeats: measured runs (>= 1).
-        threads: intra-op threads; None = :func:`usable_cores`.
-        cache: reuse a cached profile (:func:`profile_cache_path`) and store a new one
-            (written atomically); False measures afresh and neither reads nor writes it.
-        node_names: the model's top-level node names, when the caller has them (saves
-            parsing a model given by path just to name its nodes).
-
-    Returns:
-        The :class:`ModelProfile` (times in ms).
+        warmup, repeats: runs, >= 0 and >= 1.
+        threads: intra-op threads (>= 1); None = :func:`usable_cores`.
+        cache: read and (atomically) write :func:`profile_cache_path`.
+        node_names: the model's top-level node names, if known.
 
     Raises:
-        EngineUnavailable: the host lacks ``engine`` (the message is
-            :func:`infscaler.engines.available`'s reason).
-        ConfigError: an unknown engine; ``warmup < 0``, ``repeats < 1`` or ``threads < 1``;
-            a stub for an engine other than cpu.
-        ModelLoadError: onnxruntime cannot create a session or run the model with
-            ``feeds``; a ModelProto too large to serialise.
-        InferenceError: the gpu / dla engine cannot run the model with ``feeds``.
+        EngineUnavailable: the host lacks ``engine``.
+        ConfigError: unknown engine, bad warmup / repeats / threads, a stub off cpu.
+        ModelLoadError: onnxruntime cannot create or run the session.
+        InferenceError: the gpu / dla engine cannot run the model.
     """
     backend = _backend(engine)
     if warmup < 0 or repeats < 1 or (threads is not None and threads < 1):
@@ -381,10 +332,10 @@ def profile_model(
         model_sha256, engine, feeds, warmup=warmup, repeats=repeats, threads=n_threads
     )
     host = host_fingerprint()
-    if cache and path.is_file():
-        cached = _cached_profile(path, model_sha256, engine, host)
-        if cached is not None:
-            return cached
+    match = {"model_sha256": model_sha256, "engine": engine, "host": host}
+    cached = _cached(path, ModelProfile, **match) if cache else None
+    if cached is not None:
+        return cached
 
     if node_names is None:
         source, names = model_source(model)
@@ -423,19 +374,15 @@ def profile_model(
     return profile
 
 
-def _cached_profile(path: Path, model_sha256: str, engine: str, host: str) -> ModelProfile | None:
-    """The profile cached in ``path`` when it is one of this model on ``engine`` measured
-    on ``host``; None when it is not, or cannot be read."""
-    data = _read_json(path)
-    if data is None:
-        return None
+def _cached(path: Path, cls: Any, **match: str) -> Any:
+    """The ``cls`` (a ``from_dict`` class) cached in ``path`` whose fields equal
+    ``match``; None when it does not, or cannot be read."""
+    data = _read_json(path) if path.is_file() else None
     try:
-        cached = ModelProfile.from_dict(data)
+        cached = cls.from_dict(data) if data is not None else None
     except ConfigError:
         return None
-    if cached.model_sha256 == model_sha256 and cached.engine == engine and cached.host == host:
-        return cached
-    return None
+    return cached if cached and all(getattr(cached, k) == v for k, v in match.items()) else None
 
 
 def measure_latency(
@@ -447,28 +394,12 @@ def measure_latency(
     repeats: int = 10,
     threads: int | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
-    """One-request latency of ``model`` on ``engine`` (no cache, no per-node trace).
-
-    The partitioner times each partition with it (hardware affinity A_k^m of §IV-A) and
-    uses the outputs as the next partition's inputs, so a K-partition chain costs K
-    sessions per engine. The runs are the serving ones (:func:`~.sessions.served`): the
-    cpu engine's session options on cpu, the gpu / dla engine itself elsewhere.
-
-    Args:
-        model: ModelProto, path, or :class:`~.weights.StubModel` (cpu only).
-        feeds: input name -> array.
-        engine: ``cpu`` / ``gpu`` / ``dla`` (see :func:`profiled_engines`).
-        warmup, repeats: untimed and timed runs.
-        threads: intra-op threads (default :func:`usable_cores`).
-
-    Returns:
-        (median latency in ms as served, outputs of the last run by name).
+    """Median one-request latency (ms) of ``model`` as served on ``engine`` and the last
+    run's outputs (no cache, no per-node trace; the A_k^m of §IV-A per partition).
 
     Raises:
-        EngineUnavailable: the engine is missing on this host.
-        ConfigError: an unknown engine, or a stub for an engine other than cpu.
-        ModelLoadError: the session cannot be created or run with ``feeds``.
-        InferenceError: the gpu / dla engine cannot run the model with ``feeds``.
+        EngineUnavailable, ConfigError, ModelLoadError, InferenceError: as
+        :func:`profile_model`.
     """
     _backend(engine)
     source, _ = model_source(model, node_names=False)
@@ -476,16 +407,10 @@ def measure_latency(
 
 
 def median_err(times_ms: Sequence[float], confidence: float = 0.95) -> float | None:
-    """Relative uncertainty of the median of timed runs: the larger distance from the
-    median to an end of its distribution-free confidence interval (order statistics:
-    the runs ranked j-th and (n+1-j)-th, the largest j whose binomial(n, 1/2) coverage
-    is at least ``confidence``), over the median. With too few runs for that coverage
-    (fewer than 6 at 95 %) the interval is [fastest, slowest] run, whose coverage is
-    1 - 2^(1-n) (5 runs: 93.75 %). None for fewer than 2 runs or a median <= 0.
-
-    What it is for: the planner's goodput interval
-    (:attr:`infscaler.runtime.planning.planner.ModelStage.whole_ms_err`): a median of 27 runs
-    moves less between two measurements than one of 5.
+    """Relative half-width of the distribution-free confidence interval of the median
+    (order statistics ranked j and n+1-j, the largest j with binomial coverage >=
+    ``confidence``; [min, max] when too few runs), over the median. None for fewer
+    than 2 runs or a median <= 0.
 
     >>> round(median_err([10.0, 11.0, 9.0, 10.0, 12.0]), 3)
     0.2
@@ -522,13 +447,8 @@ def measure_latency_runs(
     repeats: int = 10,
     threads: int | None = None,
 ) -> tuple[list[float], dict[str, np.ndarray]]:
-    """As :func:`measure_latency` (the same runs), but every timed run's ms in order
-    with the last run's outputs: the median and its uncertainty (:func:`median_err`)
-    both come from them.
-
-    Raises:
-        as :func:`measure_latency`.
-    """
+    """As :func:`measure_latency`, but every timed run's ms in order, with the last
+    run's outputs."""
     _backend(engine)
     source, _ = model_source(model, node_names=False)
     return times_served(source, feeds, engine, int(threads or usable_cores()), warmup, repeats)
@@ -545,15 +465,9 @@ def measure_latency_samples(
     budget_s: float = 0.0,
     max_repeats: int = 0,
 ) -> list[float]:
-    """Every timed run of ``model`` as served, ms, in order (as :func:`measure_latency`,
-    which returns their median): ``repeats`` runs at least, then more while the timed
-    runs took less than ``budget_s`` seconds in all, up to ``max_repeats`` runs. Their
-    spread is the service-time variability the planner's simulator draws from
-    (:attr:`infscaler.runtime.planning.planner.ModelStage.cv_by_threads`).
-
-    Raises:
-        as :func:`measure_latency`.
-    """
+    """Every timed run's ms as served, in order: ``repeats`` runs, then more while the
+    runs took under ``budget_s`` s in all, up to ``max_repeats``. Raises as
+    :func:`measure_latency`."""
     _backend(engine)
     source, _ = model_source(model, node_names=False)
     n = int(threads or usable_cores())
@@ -570,27 +484,10 @@ def measure_corun(
     warmup: int = 2,
     repeats: int = 10,
 ) -> float:
-    """How much slower ``model`` runs on the cpu while ``copies - 1`` more copies of it
-    run at the same time: ``median(together) / median(alone) - 1``, clamped >= 0 (the
-    simulator's :attr:`~infscaler.runtime.planning.simulator.EngineProfile.corun`).
-
-    ``copies`` sessions as served (:func:`~.sessions.served`, ``threads`` intra-op threads each;
-    default ``usable_cores() // threads``, every core busy), each warmed up; then, in
-    turn, ``repeats // 2`` runs of one alone, ``repeats`` runs of every copy at once
-    (one Python thread each: onnxruntime releases the GIL in ``run``), ``repeats //
-    2`` alone again, so drift cancels. Cores share their caches and the memory
-    bandwidth: on the 2-core development host ResNet-50 and PP-OCRv4 det at 1 thread ran
-    1-2.5 % slower with a copy beside them, VGG-19 0-1.3 % (2026-11-27). Served, two
-    single-thread det instances took 101-105 ms against 96-98 ms profiled alone; the
-    rest of that gap is the served path's own (bench/HISTORY.md, the 2026-11-27
-    09:35-12:30 UTC section's "The planner's model, three measured corrections").
-
-    Returns:
-        The fraction (0.0 when fewer than 2 copies fit the usable cores).
-
-    Raises:
-        as :func:`measure_latency` (cpu).
-    """
+    """Co-run slowdown on the cpu: ``median(together) / median(alone) - 1`` (>= 0) with
+    ``copies`` sessions as served (default ``usable_cores() // threads``) running at once,
+    alone runs before and after to cancel drift; 0.0 when fewer than 2 copies fit.
+    Raises as :func:`measure_latency` (cpu)."""
     import threading
 
     n = int(copies if copies is not None else usable_cores() // max(1, threads))
@@ -634,9 +531,7 @@ def measure_corun(
     return max(0.0, statistics.median(together) / statistics.median(alone) - 1.0)
 
 
-#: Idle gaps (s) :func:`measure_idle` times a model after: the cores' sleep deepens
-#: between them (ResNet-50 at 2 threads on the 2-core development VM: +1 ms after
-#: 0.05 s, +3 ms after 0.1 s, +18-20 ms after 0.25 s).
+#: Idle gaps (s) :func:`measure_idle` times a model after (docs/architecture.md).
 IDLE_GAPS_S = (0.05, 0.1, 0.25)
 
 
@@ -649,21 +544,8 @@ def measure_idle(
     warmup: int = 2,
     repeats: int = 5,
 ) -> tuple[tuple[float, float], ...]:
-    """How much slower ``model`` runs on the cpu after the host sat idle: per gap in
-    ``gaps_s``, ``median(runs after sleeping the gap) / median(runs back to back)``,
-    clamped >= 1 (the simulator's :attr:`~infscaler.runtime.planning.simulator.EngineProfile.idle`).
-
-    One session as served (:func:`~.sessions.served`, ``threads`` intra-op threads), warmed up;
-    ``repeats`` runs back to back, then ``repeats`` runs after each gap (a sleep before
-    every run), then ``repeats`` back to back again, so drift cancels. An idle core
-    sleeps (cpuidle, the governor's lower clock; in a VM the hypervisor deschedules
-    the vCPU) and wakes late: onnxruntime's workers do not spin in the served session,
-    so every operator wakes them (2026-11-27, the 2-core development VM: ResNet-50 at 2
-    threads 30.6 ms back to back, 48-51 ms after 0.2-0.4 s idle; at 1 thread 56-60 ms
-    throughout). Takes about ``repeats x (3 x latency + sum(gaps_s))`` seconds.
-
-    Returns:
-        ``((gap s, factor), ...)`` in increasing gap order.
+    """Post-idle slowdown on the cpu: per gap in ``gaps_s``, ``median(runs after sleeping
+    the gap) / median(runs back to back)``, >= 1, as ``((gap s, factor), ...)`` by gap.
 
     Raises:
         ValueError: a gap <= 0. Else as :func:`measure_latency` (cpu).
@@ -697,22 +579,13 @@ def measure_idle(
 
 @dataclass
 class BoundaryOverhead:
-    """T_p of Eq. 1: the cost of one partition boundary (InfScaler §IV-A).
-
-    A boundary costs one more ``session.run`` (:attr:`fixed_ms`) plus moving the tensors
-    that cross it into the next instance's input (:attr:`per_mb_ms` per 10^6 bytes).
+    """T_p of Eq. 1: one partition boundary's cost (InfScaler §IV-A).
 
     Attributes:
-        fixed_ms: median latency (ms) of a numpy copy + ``session.run`` of a 1-element
-            float32 Identity model.
-        per_mb_ms: ms per 10^6 bytes crossing the boundary: ``(t_big - t_small) / MB``
-            where t_big is the median of a numpy copy + ``session.run`` of an Identity
-            model passing ``tensor_bytes`` bytes; clamped >= 0.
-        engine: engine measured on.
-        provider: onnxruntime execution provider used.
-        host: :func:`host_fingerprint`.
-        tensor_bytes: size of the large tensor (bytes).
-        repeats: measured runs of each model.
+        fixed_ms: median ms of a numpy copy + ``session.run`` of a 1-element Identity.
+        per_mb_ms: ms per 10^6 bytes crossing (an Identity of ``tensor_bytes``), >= 0.
+        engine, provider, host: where it was measured.
+        tensor_bytes: size of the large tensor; repeats: measured runs of each model.
     """
 
     fixed_ms: float
@@ -781,23 +654,9 @@ def measure_boundary_overhead(
     repeats: int = 50,
     cache: bool = True,
 ) -> BoundaryOverhead:
-    """Measure T_p, the overhead of one partition boundary (Eq. 1), on ``engine``.
-
-    Two Identity models run as served (:func:`~.sessions.served`) (float32 ``[1]`` and
-    ``[tensor_bytes // 4]``); each iteration times, with ``time.perf_counter``, a numpy
-    copy of the input (moving the crossing tensor into the next instance's input buffer)
-    plus ``session.run``, alternating small and big to cancel drift. 5 warm-up
-    iterations are not timed.
-
-    Args:
-        engine: ``'cpu'``, ``'gpu'`` or ``'dla'``.
-        tensor_bytes: size of the large tensor in bytes (>= 8).
-        repeats: timed iterations of each model (>= 1).
-        cache: reuse / store the result in :func:`boundary_cache_path` (per host and
-            engine); False measures afresh and neither reads nor writes it.
-
-    Returns:
-        The :class:`BoundaryOverhead` (ms, ms per 10^6 bytes).
+    """Measure T_p (Eq. 1) on ``engine``: a numpy copy + ``session.run`` of a small and a
+    ``tensor_bytes`` Identity model as served, alternated ``repeats`` times after 5
+    warm-ups; cached per host and engine in :func:`boundary_cache_path` when ``cache``.
 
     Raises:
         EngineUnavailable: the host lacks ``engine``.
@@ -811,15 +670,9 @@ def measure_boundary_overhead(
         )
     path = boundary_cache_path(engine, tensor_bytes, repeats)
     host = host_fingerprint()
-    if cache and path.is_file():
-        data = _read_json(path)
-        if data is not None:
-            try:
-                cached = BoundaryOverhead.from_dict(data)
-            except ConfigError:
-                cached = None
-            if cached is not None and cached.host == host and cached.engine == engine:
-                return cached
+    cached = _cached(path, BoundaryOverhead, host=host, engine=engine) if cache else None
+    if cached is not None:
+        return cached
 
     threads = usable_cores()
     n_big = tensor_bytes // 4

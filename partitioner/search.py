@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 import math
 import operator
 import statistics
@@ -31,7 +30,6 @@ from infscaler.base.errors import PartitionError
 
 __all__ = [
     "SearchResult",
-    "brute_force",
     "evaluate_cuts",
     "max_partitions_for_slo",
     "OBJECTIVES",
@@ -250,18 +248,9 @@ def _infeasible_k(k: int, kmax: int, rep: np.ndarray) -> PartitionError:
 
 
 def representative_mask(costs: Sequence[float]) -> np.ndarray:
-    """Representative operators of Eq. 1 (InfScaler §IV-A, constraint #2).
-
-    An operator is representative when its complexity is strictly above the mean over all
-    N operators (``c_n > mean(c)``, compared exactly, without rounding the mean). When all
-    costs are equal no operator is above the mean; then every operator is representative
-    (our convention, so that a one-partition plan always exists).
-
-    Args:
-        costs: complexities ``c_0 .. c_{N-1}`` (FLOPs or ms), finite and >= 0.
-
-    Returns:
-        Boolean array of length N.
+    """Representative operators of Eq. 1 (InfScaler §IV-A, constraint #2): ``c_n >
+    mean(c)`` compared exactly; all of them when every cost is equal (so that a
+    one-partition plan exists). Returns a bool array of length N.
 
     Raises:
         PartitionError: empty costs, or a cost that is negative or not finite.
@@ -278,20 +267,11 @@ def representative_mask(costs: Sequence[float]) -> np.ndarray:
 
 
 def max_partitions_for_slo(t_o_ms: float, t_p_ms: float, slo_ms: float | None, cap: int) -> int:
-    """Largest K <= cap with ``T_o + (K-1) T_p <= SLO`` (InfScaler §IV-A, Eq. 1, constraint #1).
-
-    Args:
-        t_o_ms: predicted execution time of the whole model, T_o (ms).
-        t_p_ms: overhead per extra partition, T_p (ms).
-        slo_ms: latency SLO (ms); ``None`` means unconstrained (returns ``cap``).
-        cap: upper limit on K (>= 1).
-
-    Returns:
-        The largest K in ``1 .. cap`` that meets the SLO.
+    """Largest K in ``1 .. cap`` with ``T_o + (K-1) T_p <= SLO`` (ms; Eq. 1, constraint
+    #1); ``cap`` when ``slo_ms`` is None.
 
     Raises:
-        PartitionError: ``T_o > SLO`` (no plan can meet the SLO), ``cap < 1``, or a time
-            that is negative or not finite.
+        PartitionError: ``T_o > SLO``, ``cap < 1``, or a negative or non-finite time.
     """
     if cap < 1:
         raise PartitionError(
@@ -332,35 +312,25 @@ def search_partitions(
     slo_ms: float | None = None,
     cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
-    """Solve Eq. 1 exactly by dynamic programming over the valid cuts (InfScaler §IV-A).
-
-    Minimises ``sum_k sigma(P_k)`` over the plans whose cuts are in ``valid_cuts`` and whose
-    every partition holds at least one representative operator, subject to
-    ``T_o + (K-1) T_p <= SLO``. See the module docstring for the conventions.
+    """Solve Eq. 1 exactly by dynamic programming over the valid cuts (InfScaler §IV-A):
+    least ``sum_k sigma(P_k)`` over plans whose every partition holds a representative
+    operator, subject to ``T_o + (K-1) T_p <= SLO``.
 
     Args:
-        costs: complexities ``c_0 .. c_{N-1}`` in topological order (FLOPs or ms; >= 0).
-        valid_cuts: allowed cut positions in ``0 .. N-2`` (duplicates ignored).
+        costs: ``c_0 .. c_{N-1}`` in topological order (FLOPs or ms; >= 0).
+        valid_cuts: allowed cut positions in ``0 .. N-2``.
         num_partitions: fixed K; ``None`` searches K in ``1 .. max_partitions``.
-        max_partitions: largest K tried when searching.
-        t_o_ms: predicted execution time of the whole model, T_o (ms).
-        t_p_ms: overhead per extra partition, T_p (ms).
-        slo_ms: latency SLO (ms); ``None`` = unconstrained.
-        cut_bytes: bytes of the tensors crossing each valid cut (mapping cut -> bytes, or
-            a sequence indexed by cut; ``OperatorGraph.crossing_bytes``), used only to
-            break ties of Eq. 1's objective; ``None`` = 0 for every cut.
+        t_o_ms, t_p_ms, slo_ms: T_o, T_p and the SLO in ms (``slo_ms`` None: no SLO).
+        cut_bytes: bytes crossing each valid cut (cut -> bytes, or indexed by cut), a
+            tie-break only; None = 0.
 
     Returns:
-        The optimal :class:`SearchResult`. Ties between K go to fewer partitions; ties
-        between plans of the same K (equal Eq. 1 objective within rel 1e-9 / abs 1e-12 x
-        max cost: moving a cut across non-representative operators, e.g. from between a
-        Conv and its BatchNormalization / ReLU to after them, does not change it) go to the
-        fewest total crossing bytes, then to the latest cuts (see the module docstring).
+        The optimal :class:`SearchResult`. Ties (within rel 1e-9 / abs 1e-12 x max cost)
+        go to fewer partitions, then the fewest crossing bytes, then the latest cuts.
 
     Raises:
-        PartitionError: empty or invalid costs; ``num_partitions`` or ``max_partitions``
-            below 1; ``T_o > SLO``; a fixed K beyond the SLO bound; a fixed K larger than
-            the representative operators and valid cuts allow.
+        PartitionError: invalid costs; K or ``max_partitions`` below 1; ``T_o > SLO``; a
+            fixed K beyond the SLO bound or what the representatives and cuts allow.
         ValueError: a valid cut outside ``0 .. N-2``.
     """
     arr = _as_costs(costs)
@@ -500,65 +470,6 @@ def _backtrack(back: np.ndarray, bnd: Sequence[int], k: int) -> list[int]:
     return plan
 
 
-def brute_force(
-    costs: Sequence[float],
-    valid_cuts: Iterable[int],
-    num_partitions: int,
-    cut_bytes: CutBytes | None = None,
-) -> SearchResult:
-    """Solve Eq. 1 for a fixed K by enumerating every set of K-1 valid cuts (for tests).
-
-    Same conventions and constraints as :func:`search_partitions` (InfScaler §IV-A, Eq. 1),
-    without the SLO; exponential in K, so only for small inputs. Among the plans whose
-    objective ties the least one (rel 1e-9 / abs 1e-12 x max cost, compared globally), the
-    fewest total ``cut_bytes`` wins, then the latest cuts (the largest cut tuple compared
-    from its last cut backwards) -- the key :func:`search_partitions` uses.
-
-    Args:
-        costs: complexities ``c_0 .. c_{N-1}`` (FLOPs or ms; >= 0).
-        valid_cuts: allowed cut positions in ``0 .. N-2``.
-        num_partitions: K (>= 1).
-        cut_bytes: bytes crossing each valid cut (tie-break); ``None`` = 0 for every cut.
-
-    Returns:
-        The optimal :class:`SearchResult`.
-
-    Raises:
-        PartitionError: empty or invalid costs, ``num_partitions < 1``, or no plan with K
-            partitions each holding a representative operator.
-        ValueError: a valid cut outside ``0 .. N-2``.
-    """
-    arr = _as_costs(costs)
-    n = arr.size
-    cuts = _as_cuts(valid_cuts, n)
-    nbytes = _as_cut_bytes(cut_bytes, cuts)
-    if num_partitions < 1:
-        raise PartitionError(
-            f"the number of partitions must be >= 1, got {num_partitions}",
-            hint="ask for at least 1 partition",
-        )
-    rep = representative_mask(arr)
-    plans: list[tuple[float, tuple[int, ...]]] = []
-    for combo in itertools.combinations(cuts, num_partitions - 1):
-        starts = [0, *(c + 1 for c in combo)]
-        ends = [*combo, n - 1]
-        total = 0.0
-        for s, e in zip(starts, ends, strict=True):
-            vals = arr[s : e + 1][rep[s : e + 1]]
-            if vals.size == 0:
-                break
-            total += float(np.std(vals)) if vals.size > 1 else 0.0
-        else:
-            plans.append((total, combo))
-    if not plans:
-        raise _infeasible_k(num_partitions, _max_feasible_partitions(rep, cuts), rep)
-    least = min(total for total, _ in plans)
-    abs_tol = _tie_abs_tol(arr)
-    tied = [c for t, c in plans if math.isclose(t, least, rel_tol=TIE_REL_TOL, abs_tol=abs_tol)]
-    best = min(tied, key=lambda c: (math.fsum(nbytes[x] for x in c), [-x for x in reversed(c)]))
-    return _result(arr, rep, best, nbytes)
-
-
 # --------------------------------------------------------------------------- balanced
 
 
@@ -578,50 +489,28 @@ def search_minmax(
     slack: float = 0.10,
     cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
-    """Balanced cuts: the least largest partition cost, optionally weights-aware.
-
-    Partition k's cost is ``S_k = sum of c_n`` over *all* its operators (not only the
-    representative ones of Eq. 1): with instances of each partition running in a
-    pipeline, the slowest partition bounds the throughput of one instance set, so the
-    classic linear-partition objective ``min max_k S_k`` (Skiena, The Algorithm Design
-    Manual, §8.5; the balanced stage objective of PipeDream / GPipe-style pipeline
-    partitioners) evens the work out. Eq. 1 instead minimises the spread *inside*
-    partitions and may leave 87-99 % of the FLOPs in one of them (PP-OCRv4 det at
-    K = 2: 99.6 %; bench/HISTORY.md, "Serving: ``serve_det.py``", "Reading the
-    results").
-
-    Two steps, both exact dynamic programs over the valid cuts (O(K V^2) for V cuts):
-
-    1. ``S* = min over plans of max_k S_k``.
-    2. Among the plans whose every ``S_k <= T`` -- ``T = S*`` (plus a relative 1e-9) for
-       ``weights=None``, ``T = (1 + slack) S*`` otherwise -- minimise a secondary sum:
-
-       * without ``weights``: ``sum_k S_k^2`` (the other partitions balanced too);
-       * with ``weights`` (bytes per operator, e.g. :attr:`~.cost.OperatorCost.param_bytes`):
-         ``sum_k W_k x S_k``, the memory of replicating each partition in proportion to
-         its load (a partition's instances scale with S_k, each holds its weights W_k).
-         It puts large weights apart from the compute bottleneck, in a cheap partition
-         that needs one instance, so that the bottleneck's replicas are small.
-
-       Ties then go to the fewest crossing bytes (``cut_bytes``), then the latest cuts.
+    """Balanced cuts: the least largest partition cost ``max_k S_k`` (``S_k``: sum of
+    all its operators' costs; Skiena, The Algorithm Design Manual §8.5), optionally
+    weights-aware. Two exact dynamic programmes over the valid cuts (O(K V^2)): find
+    ``S*``; then among plans with every ``S_k <= T`` (``T = S*`` + rel 1e-9, or ``(1 +
+    slack) S*`` with ``weights``) least ``sum_k S_k^2``, or with ``weights`` (bytes per
+    operator) least ``sum_k W_k x S_k``; ties to fewest crossing bytes, then latest cuts.
 
     Args:
-        costs: complexity of each operator in topological order (FLOPs or ms), >= 0.
+        costs: per operator in topological order (FLOPs or ms), >= 0.
         valid_cuts: allowed cut positions in ``0 .. N-2``.
-        num_partitions: K >= 1 (at most the number of valid cuts + 1).
-        weights: bytes of the weights each operator reads (>= 0), or None.
-        slack: how much above ``S*`` a partition may go for the weights objective
-            (fraction, >= 0).
-        cut_bytes: bytes crossing each valid cut (tie-break); None = 0 for every cut.
+        num_partitions: K >= 1 (at most the valid cuts + 1).
+        weights: bytes of weights each operator reads (>= 0), or None.
+        slack: fraction above ``S*`` allowed for the weights objective (>= 0).
+        cut_bytes: bytes crossing each valid cut (tie-break); None = 0.
 
     Returns:
-        A :class:`SearchResult` whose ``objective`` is ``max_k S_k``, ``objective_name``
-        ``"minmax"`` or ``"weights"``, ``partition_costs`` the ``S_k`` and
-        ``partition_weights`` the ``W_k`` (0 without ``weights``); ``sigmas`` and
-        ``bottleneck`` are Eq. 1's figures for the same cuts (for comparison).
+        A :class:`SearchResult`: ``objective`` ``max_k S_k``, ``objective_name``
+        ``"minmax"`` / ``"weights"``, ``partition_costs`` S_k, ``partition_weights`` W_k,
+        and Eq. 1's ``sigmas`` / ``bottleneck`` for the same cuts.
 
     Raises:
-        PartitionError: invalid costs or weights, K < 1, K above the valid cuts + 1, or
+        PartitionError: invalid costs or weights, K < 1 or above the valid cuts + 1, or
             a negative slack.
         ValueError: a valid cut outside ``0 .. N-2``.
     """
@@ -725,12 +614,9 @@ def evaluate_cuts(
     weights: Sequence[float] | None = None,
     cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
-    """The figures of a given plan (cuts chosen elsewhere, e.g. by the planner's search).
-
-    Returns:
-        A :class:`SearchResult` with ``objective_name`` ``"given"``, ``objective`` the
-        largest partition cost ``max_k S_k``, Eq. 1's ``sigmas`` / ``bottleneck``, and
-        ``partition_costs`` / ``partition_weights`` (0 without ``weights``).
+    """The figures of given cuts: a :class:`SearchResult` with ``objective_name``
+    ``"given"``, ``objective`` ``max_k S_k``, Eq. 1's figures and the partition costs /
+    weights.
 
     Raises:
         PartitionError: invalid costs, or a cut that is not a valid cut.

@@ -1,17 +1,9 @@
-"""A model run the way a serving instance runs it, for the profiler's timed runs
-(InfScaler §IV-A: T_o, T_p and the hardware affinity A_k^m of Eq. 1 and Algorithm 1).
-
-The profiler (:mod:`.profiler`) measures a model or a partition on the backend that will
-serve it. This module builds those runs from the engine layer (:mod:`infscaler.engines`):
-
-- :func:`served`: feeds -> outputs on ``cpu`` through an onnxruntime session with the
-  cpu engine's own options (:func:`~infscaler.engines.onnxrt.load_session`; built from
-  bytes or a :class:`~.weights.StubModel`, which the cpu engine itself cannot take), on
-  ``gpu`` / ``dla`` through the serving engine itself
-  (:func:`~infscaler.engines.create_engine`);
-- :func:`times_served` / :func:`time_served`: timed runs of it;
-- :func:`model_source`, :func:`ort_session`, :func:`model_file`, :func:`run_session`:
-  what a session is built from and how it runs.
+"""A model run the way a serving instance runs it, for the profiler's timed runs (T_o,
+T_p and A_k^m of InfScaler §IV-A), built from the engine layer: :func:`served` (on cpu an
+onnxruntime session with the cpu engine's options, from bytes or a
+:class:`~.weights.StubModel`; on gpu / dla the serving engine itself),
+:func:`times_served` / :func:`time_served` (timed runs), and what a session is built from
+(:func:`model_source`, :func:`ort_session`, :func:`model_file`, :func:`run_session`).
 """
 
 from __future__ import annotations

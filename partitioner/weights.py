@@ -245,20 +245,10 @@ def _referenced(tensor: TensorProto, refs: Mapping[str, WeightRef]) -> WeightRef
 
 
 def stub_model(model: onnx.ModelProto, refs: Mapping[str, WeightRef], folder: str) -> StubModel:
-    """``model`` with its large top-level initializers referenced, not embedded.
-
-    Every field of ``model`` is kept as it is, except each top-level initializer that
-    ``refs`` names with a span of exactly the tensor's size (dims x element size) and more
-    than :data:`MIN_REFERENCED_BYTES` bytes: it keeps its name, dtype, dims and other
-    metadata, and its data becomes an external-data reference to ``folder / location``
-    at ``offset``. The referenced tensors' data is never read, so this takes
-    milliseconds whatever the weights weigh.
-
-    Args:
-        model: a whole model or a partition whose initializers are the loaded model's
-            (same names, same bytes).
-        refs: initializer name -> :class:`WeightRef` (``LoadedModel.weight_refs``).
-        folder: the folder the references are relative to (``LoadedModel.weights_dir``).
+    """``model`` (the loaded model or one of its partitions) with each top-level
+    initializer that ``refs`` names with a span of exactly its size and over
+    :data:`MIN_REFERENCED_BYTES` turned into an external-data reference to ``folder /
+    location`` at ``offset`` (metadata kept; the data is never read, so it takes ms).
     """
     out = onnx.ModelProto()
     _copy_fields(model, out, skip={"graph"})
@@ -284,13 +274,9 @@ def stub_model(model: onnx.ModelProto, refs: Mapping[str, WeightRef], folder: st
 
 
 def structure_only(model: onnx.ModelProto, refs: Mapping[str, WeightRef]) -> onnx.ModelProto:
-    """``model`` for a structural ``onnx.checker`` pass: each initializer that
-    :func:`stub_model` would reference is declared as a typed graph input instead (same
-    name, dtype and dims; for IR < 4, where initializers are graph inputs already, it is
-    just dropped). Everything else -- nodes, subgraphs, boundary types, small
-    initializers, opsets, functions -- is kept and checked. The omitted tensors' data was
-    checked when the whole model was loaded, and a partition holds byte copies of it.
-    """
+    """``model`` for a structural ``onnx.checker`` pass: each initializer
+    :func:`stub_model` would reference becomes a typed graph input (dropped for IR < 4);
+    everything else is kept and checked."""
     out = onnx.ModelProto()
     _copy_fields(model, out, skip={"graph"})
     graph = model.graph

@@ -1,25 +1,13 @@
 """Token-based zero-copy tensor sharing on shared / unified memory (InfScaler §IV-B, Fig. 4).
 
-- :class:`~infscaler.ebpf.token.Token` (re-exported here; it lives with the channel that
-  routes it) -- the 32-byte token that names a slot (and the control path's message
-  kinds: DATA, FAULT, GRANT, FREE, BUSY, ERROR).
-- :mod:`infscaler.shm.pool` -- :class:`TensorPool` (manager side: POSIX shared-memory
-  slabs carved into slots by size class, lazy allocation on token faults up to a memory
-  cap with back-pressure, leases, reclaim, idle release, validation and stats);
-  :mod:`infscaler.shm.slabmap` -- :class:`SlabMap` (instance side: attach slabs by name,
-  zero copy); :mod:`infscaler.shm.slab` -- what both share (slab names and header,
-  size classes, :class:`SlotRef`, :class:`PoolError`); :mod:`infscaler.shm.cleanup` --
-  the slabs a killed service left (pool records, stale-slab removal).
-- :mod:`infscaler.shm.tensors` -- the slot layout: named numpy tensors behind a small
-  header, read as zero-copy views.
-- :mod:`infscaler.shm.protocol` -- the tensor sharing protocol (tokens, rules, reserved
-  ids) and its errors; :mod:`infscaler.shm.manager` -- :class:`TensorSharingManager`, the
-  service's token fault / free / handover-receipt loop on the control channel, with
-  :mod:`infscaler.shm.reclaim` (what a dead instance held) and :mod:`infscaler.shm.lease`
-  (lease roles, instance states, the one table of their legal moves);
-  :mod:`infscaler.shm.client` -- :class:`InstanceClient`, an instance's OutToken queue,
-  faults, handover and inputs. Leases stay true across in-kernel handovers and deaths.
-- :mod:`infscaler.shm.unified` -- Jetson unified memory: slabs the iGPU / DLA read in place.
+- :class:`~infscaler.ebpf.token.Token` (re-exported; it lives with the channel) names a slot.
+- :mod:`.pool` (:class:`TensorPool`, the manager's slabs, leases and cap), :mod:`.slabmap`
+  (:class:`SlabMap`, instances attach slabs by name), :mod:`.slab` (their shared format),
+  :mod:`.cleanup` (what a killed service left); :mod:`.tensors`: the slot layout.
+- :mod:`.protocol`, :mod:`.manager` (:class:`TensorSharingManager`), :mod:`.reclaim`,
+  :mod:`.lease` and :mod:`.client` (:class:`InstanceClient`): the sharing protocol, its
+  two sides, dead instances and the lease table.
+- :mod:`.unified`: Jetson unified memory, slabs the iGPU / DLA read in place.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`shm/__init__.py`".
 """

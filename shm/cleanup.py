@@ -1,16 +1,11 @@
 """What a killed service left in ``/dev/shm``: the pool records and stale-slab removal.
 
-Role on the request path: none while requests flow; it runs when a service starts.
-:class:`~infscaler.shm.pool.TensorPool` unlinks its slabs when it closes (or is collected,
-or at exit), but not after SIGKILL or a power cut. So the service records each pool it
-opens under its state dir (:func:`record_pool`), removes the record on a clean close
-(:func:`unrecord_pool`), and at start unlinks the slabs of records whose process is gone
-(:func:`remove_stale_pools`); a supervisor restarting a crashed manager under the same
-service id calls :func:`remove_stale_slabs` directly. Only names with our prefix and a
-recorded service id are touched.
+A pool unlinks its slabs when it closes, but not after SIGKILL or a power cut: the
+service records each pool (:func:`record_pool`, :func:`unrecord_pool` on a clean close)
+and at start unlinks the slabs of records whose process is gone
+(:func:`remove_stale_pools`). Only names with our prefix and a recorded id are touched.
 
-Sources: POSIX ``shm_unlink(3)``; ``rename(2)`` (atomic record writes); psutil
-``Process.create_time`` (a reused pid is not the recorded process).
+Sources: POSIX ``shm_unlink(3)``, ``rename(2)``; psutil ``Process.create_time``.
 """
 
 from __future__ import annotations
@@ -69,13 +64,9 @@ def _process_start(pid: int) -> float | None:
 
 
 def record_pool(state_dir: str | os.PathLike[str], service_id: str, pid: int | None = None) -> str:
-    """Record that process ``pid`` (default: this one) owns the slabs of ``service_id``:
-    ``<state_dir>/pools/<service_id>.json`` with the pid and its start time, written
-    atomically (a temporary file renamed over it, ``rename(2)``), so a later start on the
-    same state dir can find what a killed run left (:func:`remove_stale_pools`).
-
-    Returns:
-        the path written.
+    """Record atomically that process ``pid`` (default: this one) owns the slabs of
+    ``service_id``: ``<state_dir>/pools/<service_id>.json`` with its pid and start time.
+    Returns the path.
 
     Raises:
         PoolError: invalid service id; OSError: the state dir is not writable.
@@ -103,15 +94,10 @@ def unrecord_pool(state_dir: str | os.PathLike[str], service_id: str) -> None:
 
 
 def remove_stale_pools(state_dir: str | os.PathLike[str]) -> dict[str, list[str]]:
-    """Unlink the slabs of earlier runs recorded in ``state_dir`` whose process is gone.
-
-    For each ``<state_dir>/pools/<id>.json`` (:func:`record_pool`): when its pid is not
-    alive, or is alive but started at another time (the pid was reused by another
-    process), its ``/dev/shm/isc-<id>-<n>`` objects are unlinked
-    (:func:`remove_stale_slabs`: our prefix and that service id only; nothing else is
-    touched) and the record removed. A record whose process still runs is left alone (a
-    service sharing the state dir). Unreadable records are removed with a warning in
-    the result under ``"?<file name>"`` (no slab is touched for them).
+    """Unlink the slabs (:func:`remove_stale_slabs`) of each record in
+    ``<state_dir>/pools/`` whose process is gone (or whose pid now names a process
+    started at another time) and remove the record; live ones are left alone, unreadable
+    ones removed and reported under ``"?<file name>"``.
 
     Returns:
         ``{service_id: [slab names unlinked]}`` for every stale record found.

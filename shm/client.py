@@ -1,16 +1,11 @@
-r"""The instance side of tensor sharing (instance process, and the front end): the
-paper's producer / consumer (InfScaler §IV-B, Fig. 4: the OutToken queue, token faults,
-zero-copy handover).
+r"""The instance side of tensor sharing (InfScaler §IV-B, Fig. 4: the OutToken queue,
+token faults, zero-copy handover), used by each instance process and the front end.
 
-Role in the request path: every hop of a request goes through one
-:class:`InstanceClient`. The producer :meth:`~InstanceClient.acquire`\ s a slot (an
-out-token from its OutToken queue, else a token FAULT to the manager), writes its output
-tensors into it and :meth:`~InstanceClient.hand_over`\ s it (one DATA token, routed in
-the kernel to a consumer instance); the consumer's :meth:`~InstanceClient.recv_input`
-receipts the DATA and returns zero-copy views of the tensors, and
-:meth:`~InstanceClient.done` frees the slot or keeps it as an out-token. It follows the
-rules of :mod:`infscaler.shm.protocol` so the manager's leases stay true
-(:mod:`infscaler.shm.manager`).
+A producer :meth:`~InstanceClient.acquire`\ s a slot (an out-token, else a FAULT),
+writes into it and :meth:`~InstanceClient.hand_over`\ s it (one DATA token); a consumer's
+:meth:`~InstanceClient.recv_input` returns zero-copy views and
+:meth:`~InstanceClient.done` frees or keeps the slot. The rules are
+:mod:`infscaler.shm.protocol`'s.
 """
 
 from __future__ import annotations
@@ -48,23 +43,18 @@ _DATA, _FAULT, _GRANT, _FREE, _BUSY, _ERROR = (
 
 
 class InstanceClient:
-    """The instance side of tensor sharing (InfScaler §IV-B, Fig. 4): OutToken queue,
-    token faults, handover, zero-copy input reads; it follows the protocol in the module
-    docstring (receipts, keeps, sync echoes) so the manager's leases stay true.
-
-    One client per instance, used from one thread. Every call that reads the socket also
-    answers what the protocol asks (receipts, sync echoes); an instance idle for long
-    should call :meth:`poll` now and then (a pending reclaim waits for its echo).
+    """The instance side of tensor sharing (InfScaler §IV-B, Fig. 4). One per instance,
+    used from one thread; every call that reads the socket also answers what the
+    protocol asks (receipts, sync echoes), so an instance idle for long should call
+    :meth:`poll` now and then.
 
     Args:
         endpoint: the instance's :class:`~infscaler.ebpf.channel.Endpoint`.
         slabs: a :class:`SlabMap` of the service's pool.
-        instance: this instance's id (the ``instance`` field of its tokens).
-        hop: this instance's hop (its FAULT tokens name it).
-        max_out_tokens: input slots kept as out-tokens by :meth:`done` (the OutToken
-            queue's bound; 0: always free them).
-        backoff_s: first back-off after BUSY, seconds; doubled up to ``max_backoff_s``.
-        send_timeout_s: bound on a blocked send, seconds.
+        instance, hop: this instance's id and hop (fields of its tokens).
+        max_out_tokens: the OutToken queue's bound (0: :meth:`done` always frees).
+        backoff_s: first back-off after BUSY, s, doubled up to ``max_backoff_s``.
+        send_timeout_s: bound on a blocked send, s.
     """
 
     def __init__(
@@ -118,29 +108,18 @@ class InstanceClient:
     def acquire(
         self, nbytes: int, request: int, timeout: float | None = 10.0
     ) -> tuple[Token, memoryview]:
-        """A slot of at least ``nbytes`` bytes to write request ``request``'s output into.
-
-        Pops the smallest fitting out-token from the OutToken queue; if none fits,
-        raises a token FAULT to the manager and waits for its GRANT. A BUSY answer
-        (the pool at its cap) means: back off (``backoff_s``, doubling), fault again,
-        until ``timeout``. While waiting the socket is served (receipts, echoes).
-
-        Args:
-            nbytes: bytes needed (header + tensors: :func:`~infscaler.shm.tensors.tensors_nbytes`).
-            request: the request id (u64, not ``NO_REQUEST``); the slot may be handed
-                over with this request only.
-            timeout: seconds (None: no limit).
+        """A slot of at least ``nbytes`` bytes (:func:`~infscaler.shm.tensors.tensors_nbytes`)
+        for request ``request``'s output: the smallest fitting out-token, else a FAULT
+        answered by GRANT; on BUSY, back off (doubling) and fault again until ``timeout``
+        s (None: no limit).
 
         Returns:
             ``(slot token, writable view of the whole slot)``; the token's ``length`` is
-            the slot's capacity in bytes. Write with
-            :func:`~infscaler.shm.tensors.write_tensors` / ``allocate_tensors``, then
-            :meth:`hand_over` (or :meth:`discard`).
+            the slot's capacity. Write, then :meth:`hand_over` (or :meth:`discard`).
 
         Raises:
-            BackPressureError: only BUSY until ``timeout`` (no GRANT in time).
-            SharingError: the manager refused the fault (ERROR: larger than any slot,
-                hop unknown); ``request`` out of range.
+            BackPressureError: only BUSY until ``timeout``.
+            SharingError: the manager refused (ERROR), or ``request`` out of range.
             ChannelClosed: the instance was removed or the channel closed.
         """
         if not 0 <= request < NO_REQUEST:
@@ -218,17 +197,12 @@ class InstanceClient:
         self._flush()
 
     def hand_over(self, slot: Token, hop: int, request: int, length: int) -> None:
-        """Hand a written slot to hop ``hop`` (DATA token; zero copy).
-
-        Args:
-            slot: the token :meth:`acquire` returned.
-            hop: destination hop.
-            request: the request id it was acquired for.
-            length: bytes used (what ``write_tensors`` returned).
+        """Hand a written ``slot`` from :meth:`acquire` to hop ``hop`` (one DATA token,
+        zero copy) with the ``request`` it was acquired for and ``length`` bytes used.
 
         Raises:
-            SharingError: not a slot this client acquired (or already handed over), a
-                request other than the acquired one, ``length`` above the capacity.
+            SharingError: not a slot this client acquired (or already handed over),
+                another request, ``length`` above the capacity.
             ChannelClosed / TimeoutError: the send failed.
         """
         key = (slot.slab, slot.slot)
@@ -305,22 +279,15 @@ class InstanceClient:
 
     # -- consumer side ---------------------------------------------------------------------
     def recv_input(self, timeout: float | None = None) -> tuple[Token, dict[str, np.ndarray]]:
-        """The next input: its DATA token and read-only zero-copy tensor views.
-
-        The views point into the slot; do not use them after :meth:`done` (copy what
-        must outlive it).
-
-        Args:
-            timeout: seconds to wait (None: forever).
+        """The next input: its DATA token and read-only zero-copy tensor views (valid
+        until :meth:`done`), waiting up to ``timeout`` s (None: forever).
 
         Raises:
             TimeoutError: nothing arrived in time.
-            RequestFailed: the manager sent an ERROR for a request (held too long, ...);
-                call again for the next input.
+            RequestFailed: the manager sent an ERROR for a request; call again.
             ChannelClosed: the instance was removed or the channel closed.
-            SlotFormatError: the slot does not hold a valid tensor layout (the token is
-                still held: call :meth:`done` with the exception's ``token`` attribute).
-            PoolError: the token does not match its slab (``token`` attribute likewise).
+            SlotFormatError, PoolError: a bad slot (the token is still held: call
+                :meth:`done` with the exception's ``token``).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -341,16 +308,9 @@ class InstanceClient:
             raise
 
     def done(self, token: Token, *, keep: bool | None = None) -> None:
-        """Finish with an input slot: keep it as an out-token (keep token), or FREE it.
-
-        This acknowledges the request at this hop: if the instance dies afterwards,
-        the request is not retried from this input. So call it after handing over the
-        request's output (rule 4); a sink calls it once it has used the result.
-
-        Args:
-            token: the DATA token :meth:`recv_input` returned.
-            keep: True keep, False free; None: keep while the OutToken queue holds fewer
-                than ``max_out_tokens``.
+        """Finish with an input slot: keep it as an out-token or FREE it (``keep`` None:
+        keep while the queue holds fewer than ``max_out_tokens``). This acknowledges the
+        request at this hop, so call it after handing its output over (rule 4).
 
         Raises:
             SharingError: not an input this client is reading (or already done).

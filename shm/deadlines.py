@@ -1,13 +1,9 @@
 """The deadline table: which requests are still worth computing, in shared memory.
 
-A token is a fixed 32 bytes (:mod:`infscaler.ebpf.token`) and carries only the request
-id, so the deadline cannot travel with it. Instead the front end (the one writer) keeps
-one small table per service in POSIX shared memory, and every instance (a reader)
-checks a token's request in it before running the token, and again before handing its
-outputs on. A request past its deadline, or cancelled (the client went away, the front
-end already answered it), is dropped there: its input slot goes back through the normal
-:meth:`~infscaler.shm.manager.InstanceClient.done` path (so the manager's accounting
-stays right) and nothing is computed for it.
+A 32-byte token carries only the request id, so the front end (the one writer) keeps one
+table per service in POSIX shared memory and every instance checks a token's request in
+it before running it and before handing its outputs on; a request past its deadline or
+cancelled is dropped through the normal ``InstanceClient.done`` path.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`shm/deadlines.py`".
 """

@@ -1,12 +1,8 @@
-"""The manager's lease table: what state a slot in use and a registered instance can be
-in, and the ONE table of legal moves between those states (InfScaler §IV-B, Fig. 4).
-
-Role in the request path: every token the :class:`~infscaler.shm.manager.TensorSharingManager`
-applies (FAULT, receipt, FREE, keep, undeliverable DATA, a death's reclaim) changes a
-:class:`LeaseRecord` or an :class:`InstanceRecord` only through :func:`advance`, which
-refuses a move the table does not list. A refused move is a manager bug, not a bad
-token: a token inconsistent with the lease table is rejected (and counted) before any
-move is attempted, so :class:`LeaseTransitionError` must never be raised in service.
+"""The manager's lease table: the states of a slot in use and of a registered instance,
+and the ONE table of legal moves between them (InfScaler §IV-B, Fig. 4). Every token the
+:class:`~infscaler.shm.manager.TensorSharingManager` applies changes a
+:class:`LeaseRecord` or :class:`InstanceRecord` only through :func:`advance`; a refused
+move is a manager bug (inconsistent tokens are rejected before any move).
 
 More (details, why it is so, history, figures): docs/architecture.md, "`shm/lease.py`".
 """
@@ -156,12 +152,8 @@ def allowed(state: LeaseRole | InstanceState, event: LeaseEvent | InstanceEvent)
 
 
 def advance(state: _S, event: LeaseEvent | InstanceEvent, what: str = "") -> _S:
-    """The state after ``event`` from ``state`` (pure: the caller stores it).
-
-    Args:
-        state: a :class:`LeaseRole` or an :class:`InstanceState`.
-        event: a :class:`LeaseEvent` (for a role) or an :class:`InstanceEvent`.
-        what: names the slot / instance in the error message.
+    """The state after ``event`` (a :class:`LeaseEvent` or :class:`InstanceEvent`) from
+    ``state`` (pure: the caller stores it); ``what`` names the slot / instance in errors.
 
     Raises:
         LeaseTransitionError: the move is not in :data:`LEASE_MOVES` /

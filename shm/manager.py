@@ -1,24 +1,17 @@
 """The tensor sharing manager (service process): pool + control path, with leases that
 hold end to end (InfScaler §IV-B, Fig. 4: token faults, lazy allocation, back-pressure).
 
-Role in the request path: the service runs one :class:`TensorSharingManager`, a thread
-blocked on the control channel's manager socket (event-driven: it sleeps in ``poll(2)``
-until a token arrives or a timer of its own is due). It is on the hot path only when an
-instance's OutToken queue is empty (a token FAULT: it answers GRANT from the
-:class:`~infscaler.shm.pool.TensorPool`, or BUSY at the memory cap) and for the small
-bookkeeping tokens (receipts, frees, keeps) that keep its lease table true across
-in-kernel handovers; it holds DATA that has nowhere to go and reclaims what a dead
-instance held (:mod:`infscaler.shm.reclaim`). The front end and the instances talk to it
-through :class:`~infscaler.shm.client.InstanceClient` (:mod:`infscaler.shm.client`).
+One :class:`TensorSharingManager` thread per service serves the manager socket: FAULT
+(GRANT from the :class:`~infscaler.shm.pool.TensorPool`, or BUSY at the cap), receipts,
+frees and keeps, DATA with nowhere to go, and the reclaim of dead instances
+(:mod:`infscaler.shm.reclaim`). Protocol: :mod:`infscaler.shm.protocol`; lease roles and
+instance states: :mod:`infscaler.shm.lease`; the instance side:
+:mod:`infscaler.shm.client`.
 
-The protocol (tokens, rules, limits) is in :mod:`infscaler.shm.protocol`; the lease
-roles, instance states and the one table of their legal moves in :mod:`infscaler.shm.lease`.
-
-Invariants (tested on both channels in ``tests/{unit,integration}/test_shm_manager.py``): (1) a slot is
-never granted again or freed while a live instance may read or write it; (2) every slot a
-dead instance held is reclaimed, and each affected request is retried or failed and
-reported (:class:`~infscaler.shm.reclaim.ReclaimReport`), never lost silently; (3) a
-producer that dies after a handover does not take the slot from its consumer.
+Invariants: (1) a slot is never granted again or freed while a live instance may use it;
+(2) every slot a dead instance held is reclaimed and each affected request retried or
+failed and reported, never lost; (3) a producer dying after a handover does not take the
+slot from its consumer. More: docs/architecture.md, "Tensor sharing and the control path".
 """
 
 from __future__ import annotations
@@ -75,28 +68,19 @@ _FAILURES_KEPT = 10_000
 
 
 class TensorSharingManager(ReclaimMixin):
-    """The tensor sharing manager of one service (InfScaler §IV-B, Fig. 4).
-
-    Serves the channel's manager socket in one thread (:meth:`start`): token faults
-    (lazy allocation under the pool's cap; BUSY is back-pressure), receipts, frees and
-    keeps, DATA with nowhere to go, and the reclaim of dead instances. The protocol is
-    in the module docstring. While it runs, change the pool only through it (reading
-    :meth:`TensorPool.stats` is fine); it calls :meth:`TensorPool.release_idle` itself.
+    """The tensor sharing manager of one service (InfScaler §IV-B, Fig. 4). While it
+    runs, change the pool only through it; it calls :meth:`TensorPool.release_idle`.
 
     Args:
         pool: the service's :class:`TensorPool`.
         channel: the control channel (:func:`~infscaler.ebpf.channel.open_channel`).
-        hops: the hops of the deployed pipeline; FAULT / DATA / instances for other
-            hops are refused. None: any hop 0..62.
-        hold_timeout_s: seconds DATA may wait for a live instance of its hop before
-            its request is failed (ERROR to its producer, slot freed).
-        retry_interval_s: seconds between attempts to route held DATA while its hop
-            has live instances (DATA bounced for another reason, e.g. a duplicate).
-        max_retries: times a request may be re-routed after instance deaths before it is
-            failed (a request that kills every instance it reaches).
-        on_failure: called as ``on_failure(request, reason)`` in the manager thread,
-            outside its lock, for every failed request (e.g. the front end answering
-            the client with an error).
+        hops: the pipeline's hops (others refused); None: any hop 0..62.
+        hold_timeout_s: seconds DATA may wait for a live instance of its hop before its
+            request fails (ERROR to its producer, slot freed).
+        retry_interval_s: seconds between attempts to route held DATA.
+        max_retries: re-routes after instance deaths before a request fails.
+        on_failure: ``on_failure(request, reason)``, called in the manager thread outside
+            its lock for every failed request.
 
     Raises:
         SharingError: a hop outside 0..62, or bad timing arguments.
@@ -183,10 +167,8 @@ class TensorSharingManager(ReclaimMixin):
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> TensorSharingManager:
-        """Start the manager thread (idempotent).
-
-        Registers the reserved barrier hop with the channel (one instance added and
-        removed at once, id ``MANAGER_INSTANCE``: it shows in the channel's stats).
+        """Start the manager thread (idempotent); registers the reserved barrier hop
+        (instance ``MANAGER_INSTANCE`` added and removed at once).
 
         Raises:
             ChannelError: the channel is closed, or instance id 0xFFFF is taken.
@@ -227,23 +209,16 @@ class TensorSharingManager(ReclaimMixin):
 
     # -- membership -----------------------------------------------------------------------
     def add_instance(self, hop: int, instance: int, *, live: bool = True) -> socket.socket:
-        """Register an instance of ``hop`` with the channel and the manager.
-
-        DATA the manager holds for ``hop`` is routed at once (the new instance is
-        live now). With ``live`` False the channel routes nothing to it until
-        :meth:`set_live` (the supervisor calls it when the instance reports ready: a
-        token routed to an instance that is still loading its model would wait for the
-        load, seconds for a large model, while other instances are idle).
+        """Register an instance of ``hop`` with the channel and the manager; held DATA
+        for ``hop`` is routed at once. With ``live`` False nothing is routed to it until
+        :meth:`set_live` (a still-loading instance would hold tokens for seconds).
 
         Returns:
-            the instance-side socket (see :meth:`Channel.add_instance`): hand it to the
-            instance process, which wraps it in :class:`~infscaler.ebpf.channel.Endpoint`
-            and an :class:`InstanceClient`.
+            the instance-side socket (:meth:`Channel.add_instance`).
 
         Raises:
-            SharingError: a hop not in ``hops`` or the reserved one, the reserved
-                instance id 0xFFFF, an instance already live, or one whose reclaim is
-                still in progress.
+            SharingError: a hop not in ``hops`` or the reserved one, instance id 0xFFFF,
+                an instance already live or still being reclaimed.
             ChannelError: the channel refused (full hop, closed channel).
         """
         if self._hops is not None and hop not in self._hops:

@@ -1,21 +1,11 @@
 """The manager side of the token-based tensor pool: :class:`TensorPool` (InfScaler §IV-B).
 
-Role on the request path: the allocator behind every slot a request's tensors travel
-in. The service owns one pool; its sharing manager (:mod:`infscaler.shm.manager`)
-answers a producer's FAULT token with :meth:`TensorPool.fault` (a GRANT, or BUSY at the
-cap), checks every DATA / FREE token with :meth:`TensorPool.validate`, moves leases on a
-handover (:meth:`TensorPool.transfer`) and frees what a dead instance held
-(:meth:`TensorPool.reclaim`); the front end writes request inputs through
-:meth:`TensorPool.slot_view`. The slab format and :class:`~infscaler.shm.slab.SlotRef`
-are in :mod:`infscaler.shm.slab`; the instances map slabs with
-:class:`~infscaler.shm.slabmap.SlabMap`; what a killed service left is removed by
-:mod:`infscaler.shm.cleanup`.
+The service's allocator of the slots a request's tensors travel in: the sharing manager
+answers FAULT with :meth:`TensorPool.fault` (GRANT, or BUSY at the cap), checks tokens
+with :meth:`TensorPool.validate`, moves leases with :meth:`TensorPool.transfer` and frees
+a dead instance's with :meth:`TensorPool.reclaim`.
 
-Sources: InfScaler §IV-B (tokens, token faults, OutToken queue, lazy allocation, MPMC);
-POSIX ``shm_open(3)`` / ``shm_unlink(3)``, Python ``mmap``; ``posix_fallocate(3)``
-commits the slab's pages up front so a full ``/dev/shm`` is an error here, not a SIGBUS
-later.
-
+Sources: InfScaler §IV-B; POSIX ``shm_open(3)`` / ``shm_unlink(3)``, ``posix_fallocate(3)``.
 More (details, why it is so, history, figures): docs/architecture.md, "`shm/pool.py`".
 """
 
@@ -370,28 +360,17 @@ class TensorPool:
     # -- public API -------------------------------------------------------------------
 
     def fault(self, nbytes: int, owner: int, *, request: int | None = None) -> SlotRef | None:
-        """Handle a token fault: a slot of at least ``nbytes`` bytes, leased to ``owner``.
+        """Handle a token fault: a slot of at least ``nbytes`` bytes (header + data,
+        :func:`~infscaler.shm.tensors.tensors_nbytes`), leased to instance ``owner`` with
+        ``request`` recorded (for :meth:`reclaim`).
 
-        Takes a free slot of the smallest fitting class (from the fullest slab, so
-        others drain and can be released); else maps a new slab if it fits under
-        ``cap_bytes`` (first releasing fully free slabs of other classes if needed); else
-        returns ``None``: back-pressure, answer BUSY and let the producer retry.
-
-        Args:
-            nbytes: bytes wanted (slot header + data, :func:`tensors_nbytes
-                <infscaler.shm.tensors.tensors_nbytes>`).
-            owner: instance id (u16) that will hold the lease.
-            request: request id to record with the lease (the FAULT token's
-                ``request``), so :meth:`reclaim` can say which requests a dead instance
-                held.
-
-        Returns:
-            the granted :class:`SlotRef`, or ``None`` at the cap.
+        Takes a free slot of the smallest fitting class from the fullest slab; else maps
+        a new slab under ``cap_bytes`` (releasing fully free slabs of other classes if
+        needed); else returns ``None`` (back-pressure: answer BUSY).
 
         Raises:
-            PoolError: ``nbytes`` above the largest class or negative, a slab of that
-                class larger than ``cap_bytes`` (could never be served), a bad owner,
-                a closed pool, shared memory that cannot be created.
+            PoolError: ``nbytes`` negative or above the largest class, a class slab above
+                ``cap_bytes``, a bad owner, a closed pool, shared memory not created.
         """
         with self._lock:
             self._check_open()
@@ -428,16 +407,12 @@ class TensorPool:
             return sum(s.in_use * s.slot_bytes for s in self._slabs.values())
 
     def free(self, slab: int, slot: int, *, owner: int | None = None) -> None:
-        """Return a slot to the pool (a FREE token, or the consumer is done).
-
-        Args:
-            slab: slab id. slot: slot index.
-            owner: if given, the instance that must hold the lease (pass the FREE
-                token's ``instance``: a stale or forged FREE is then refused).
+        """Return slot ``slot`` of ``slab`` to the pool; with ``owner`` (the FREE token's
+        ``instance``) a stale or forged FREE is refused.
 
         Raises:
-            PoolError: unknown slab / slot, a slot already free (double free), a slot
-                held by another owner; counted in ``stats()["rejected"]``, nothing changed.
+            PoolError: unknown slab / slot, a double free, another owner's slot (counted
+                in ``stats()["rejected"]``, nothing changed).
         """
         with self._lock:
             self._check_open()
@@ -461,12 +436,8 @@ class TensorPool:
         from_owner: int | None = None,
         request: int | None = None,
     ) -> None:
-        """Move a slot's lease to ``new_owner`` (the handover of a DATA token).
-
-        Args:
-            slab: slab id. slot: slot index. new_owner: instance id (u16).
-            from_owner: if given, the instance that must hold the lease now.
-            request: if given, the request id now recorded with the lease.
+        """Move a slot's lease to ``new_owner`` (a DATA token's handover), requiring
+        ``from_owner`` to hold it and recording ``request`` when given.
 
         Raises:
             PoolError: unknown slab / slot, a free slot, a wrong ``from_owner``, a bad
@@ -525,20 +496,13 @@ class TensorPool:
         hops: Container[int] | None = None,
         check_owner: bool = False,
     ) -> SlotRef:
-        """Check that a DATA / FREE / GRANT token names a live, leased slot consistently.
-
-        Args:
-            token: the token received.
-            hops: if given, the hops that exist; a token for another hop is refused.
-            check_owner: also require ``token.instance`` to hold the lease.
-
-        Returns:
-            the slot the token names.
+        """The slot a DATA / FREE / GRANT token names, checked: live, leased (by
+        ``token.instance`` with ``check_owner``), for one of ``hops`` when given.
 
         Raises:
-            PoolError: wrong kind (FAULT / BUSY / ERROR name no slot), unknown hop,
-                unknown slab / slot, offset not the slot's, length above the slot
-                capacity, a free slot, a wrong owner; counted, nothing changed.
+            PoolError: a kind that names no slot, an unknown hop / slab / slot, an offset
+                not the slot's, a length above its capacity, a free slot, a wrong owner;
+                counted, nothing changed.
         """
         with self._lock:
             self._check_open()
@@ -577,14 +541,8 @@ class TensorPool:
             return s.ref(token.slot)
 
     def release_idle(self, now: float | None = None) -> int:
-        """Unmap and unlink slabs all of whose slots have been free for ``idle_release_s``.
-
-        Args:
-            now: the clock's time in seconds; default ``clock()``.
-
-        Returns:
-            bytes released.
-        """
+        """Unmap and unlink slabs whose slots have all been free for ``idle_release_s``
+        at ``now`` (default ``clock()``); returns the bytes released."""
         with self._lock:
             if self._closed:
                 return 0
@@ -599,10 +557,8 @@ class TensorPool:
             return sum(self._release(s) for s in idle)
 
     def slot_view(self, ref: SlotRef) -> memoryview:
-        """A writable view of a slot through the manager's own mapping (``ref.size`` bytes).
-
-        For code in the manager's process (e.g. the front end writing request inputs);
-        other processes use :class:`~infscaler.shm.slabmap.SlabMap`.
+        """A writable view (``ref.size`` bytes) of a slot through the manager's mapping,
+        for the manager's process (others use :class:`~infscaler.shm.slabmap.SlabMap`).
 
         Raises:
             PoolError: the slab is unknown or the ref does not match its geometry.

@@ -1,14 +1,7 @@
-"""The tensor sharing protocol: the tokens a :class:`~infscaler.shm.manager.TensorSharingManager`
-(service process) and each :class:`~infscaler.shm.client.InstanceClient` (instance
-process) exchange on the control channel, so that slot leases hold end to end
-(InfScaler §IV-B, Fig. 4: token faults, the OutToken queue, lazy allocation).
-
-Role in the request path: the contract between the two sides of tensor sharing. The
-front end and every instance hold an :class:`~infscaler.shm.client.InstanceClient`
-(:mod:`infscaler.shm.client`); the service runs one manager (:mod:`infscaler.shm.manager`,
-its reclaim of dead instances in :mod:`infscaler.shm.reclaim`, its lease table's legal
-moves in :mod:`infscaler.shm.lease`). This module holds what both sides share: the
-reserved ids below and the errors a client raises.
+"""The tensor sharing protocol between the :class:`~infscaler.shm.manager.TensorSharingManager`
+(service) and each :class:`~infscaler.shm.client.InstanceClient` (instance, front end) on
+the control channel, so that slot leases hold end to end (InfScaler §IV-B, Fig. 4): the
+reserved ids both sides share and the errors a client raises.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`shm/protocol.py`".
 """

@@ -1,13 +1,8 @@
 """Reclaim: what the manager does with the slots of an instance whose process died
-(InfScaler §IV-B, Fig. 4; the protocol is in :mod:`infscaler.shm.protocol`).
-
-Role in the request path: off the hot path. The supervisor sees an instance's process
-exit and calls :meth:`TensorSharingManager.instance_died
-<infscaler.shm.manager.TensorSharingManager.instance_died>`; the requests the instance
-had in hand are retried on a live instance of the same hop (slot intact), held, or
-failed and reported, never lost silently. :class:`ReclaimMixin` is the part of the
-manager that does it (it runs in the manager thread, under the manager's lock); every
-lease move goes through :func:`infscaler.shm.lease.advance`.
+(InfScaler §IV-B, Fig. 4; protocol: :mod:`infscaler.shm.protocol`). Off the hot path:
+:class:`ReclaimMixin`, the part of the manager behind
+:meth:`~infscaler.shm.manager.TensorSharingManager.instance_died`, runs in the manager
+thread under its lock; every lease move goes through :func:`infscaler.shm.lease.advance`.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`shm/reclaim.py`".
 """
@@ -29,25 +24,19 @@ _RETRIES_KEPT = 65_536
 
 @dataclass
 class ReclaimReport:
-    """What :meth:`TensorSharingManager.instance_died` did with a dead instance's slots.
-
-    The manager fills it in its own thread; read it once :attr:`complete` is true
-    (:meth:`wait`). Until then :attr:`pending` lists the quarantined slots.
+    """What :meth:`TensorSharingManager.instance_died` did with a dead instance's slots;
+    read it once :attr:`complete` (:meth:`wait`).
 
     Attributes:
-        instance: the dead instance id. hop: its hop.
-        retried: request ids whose unacknowledged input DATA was re-routed to a live
-            instance of the same hop, slot intact.
-        held: request ids whose DATA waits for a live instance of its hop (re-routed
-            when one is added, or failed after ``hold_timeout_s``: then listed in
-            ``failed`` too).
-        failed: ``(request, reason)`` for requests that cannot continue.
-        freed: slots returned to the pool (``SlotRef.request``: the request recorded
-            with the lease, ``NO_REQUEST`` for an idle out-token).
-        handed_over: slots the instance had handed over before dying; they stay with
-            their consumer.
-        pending: quarantined slots not settled yet (never granted meanwhile).
-        complete: every slot the instance held is accounted for.
+        instance, hop: the dead instance and its hop.
+        retried: request ids whose unacknowledged DATA was re-routed, slot intact.
+        held: request ids whose DATA waits for a live instance of the hop (failed after
+            ``hold_timeout_s``, then in ``failed`` too).
+        failed: ``(request, reason)`` of requests that cannot continue.
+        freed: slots returned to the pool (``SlotRef.request``: ``NO_REQUEST`` for an
+            idle out-token).
+        handed_over: slots it had handed over; they stay with their consumer.
+        pending: quarantined slots not settled yet; complete: all accounted for.
     """
 
     instance: int
@@ -90,22 +79,14 @@ class ReclaimMixin:
     """
 
     def instance_died(self, instance: int, *, timeout: float = 10.0) -> ReclaimReport:
-        """Reclaim what a dead instance held (the supervisor saw its process exit).
-
-        Runs the reclaim described in the module docstring: unacknowledged input DATA is
-        re-routed (retried) or held, acknowledged inputs and provably unused out-slots
-        are freed, possibly handed-over out-slots are quarantined until every live
-        instance has answered a sync marker. Also the way to deregister an instance that
-        exited cleanly (its report is then empty).
-
-        Args:
-            instance: the instance id (its process must have exited: a live one could
-                still use what is reclaimed).
-            timeout: seconds to wait for the report to complete (0: return at once).
+        """Reclaim what instance ``instance`` held once its process exited (also how a
+        cleanly exited instance is deregistered): DATA re-routed or held, acknowledged
+        inputs and unused out-slots freed, possibly handed-over slots quarantined until
+        every live instance answers a sync marker.
 
         Returns:
-            the :class:`ReclaimReport`, complete unless ``timeout`` passed first (then
-            it completes later, in place: :meth:`ReclaimReport.wait`).
+            the :class:`ReclaimReport`, complete unless ``timeout`` s passed first (it
+            then completes in place: :meth:`ReclaimReport.wait`).
 
         Raises:
             SharingError: the manager is not running, or the instance is unknown or

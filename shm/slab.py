@@ -1,24 +1,18 @@
-"""The slab format both sides of the tensor pool share (InfScaler §IV-B, Fig. 4).
-
-Role on the request path: the common ground of the manager's allocator
-(:mod:`infscaler.shm.pool`, which creates slabs and leases their slots) and the
-instances' mappings (:mod:`infscaler.shm.slabmap`, which attach them by name): what a slab
-is called, how its header is laid out, the size classes, :class:`SlotRef` (one slot, and
-the token that names it) and :class:`PoolError`. Nothing here opens shared memory.
+"""The slab format both sides of the tensor pool share (InfScaler §IV-B, Fig. 4): slab
+names, the header, size classes, :class:`SlotRef` and :class:`PoolError`, for the
+allocator (:mod:`infscaler.shm.pool`) and the mappings (:mod:`infscaler.shm.slabmap`).
+Nothing here opens shared memory.
 
 Slab layout (bytes)::
 
     0      48    slab header (:data:`SLAB_HDR`): magic b"ISCSLAB1", version, state
                  (LIVE / RELEASED), slab id, slot count, first-slot offset, slot bytes,
                  slab bytes, generation
-    4096   ...   slot 0, slot 1, ... each ``slot_bytes`` long (page-aligned when the size
-                 class is a multiple of 4 KiB)
+    4096   ...   slot 0, slot 1, ... each ``slot_bytes`` long
 
-Slab names are ``/isc-<service_id>-<slab>`` (:func:`slab_name`); a service's other
-objects are ``/isc-<service_id>-<suffix>`` (:data:`SERVICE_OBJECT_SUFFIXES`, e.g. the
-front end's deadline table). Slab ids are u16 (0xFFFF means "no slab" in a token).
-
-Sources: InfScaler §IV-B (tokens name slots); POSIX ``shm_open(3)``.
+Names: ``/isc-<service_id>-<slab>`` (:func:`slab_name`), other objects
+``/isc-<service_id>-<suffix>`` (:data:`SERVICE_OBJECT_SUFFIXES`). Slab ids are u16
+(0xFFFF: "no slab"). Sources: InfScaler §IV-B; POSIX ``shm_open(3)``.
 """
 
 from __future__ import annotations
@@ -102,18 +96,10 @@ SERVICE_OBJECT_SUFFIXES = (DEADLINES_SUFFIX,)
 
 @dataclass(frozen=True, slots=True, order=True)
 class SlotRef:
-    """One slot of the pool.
-
-    Attributes:
-        slab: slab id (u16, < 0xFFFF).
-        slot: slot index inside the slab (u32).
-        offset: byte offset of the slot inside the slab (u32).
-        size: slot capacity in bytes (the size class, header included).
-        request: the request id recorded with the slot's lease when this ref was made
-            (by :meth:`TensorPool.fault <infscaler.shm.pool.TensorPool.fault>`, ``held_by``,
-            ``reclaim``, ``validate``), else ``None``.
-            Not part of equality or hashing: a ref names a slot.
-    """
+    """One slot of the pool: ``slab`` id (u16, < 0xFFFF), ``slot`` index (u32), its byte
+    ``offset`` in the slab (u32), ``size`` (the class's capacity, header included), and
+    the ``request`` recorded with its lease when the ref was made, else None (not part of
+    equality or hashing)."""
 
     slab: int
     slot: int
@@ -129,15 +115,8 @@ class SlotRef:
         length: int | None = None,
         request: int | None = None,
     ) -> Token:
-        """A token naming this slot.
-
-        Args:
-            kind: e.g. ``TokenKind.GRANT`` (manager) or ``TokenKind.DATA`` (producer).
-            hop: destination hop.
-            instance: sending instance id (u16).
-            length: bytes used (DATA) or granted; default: the slot capacity.
-            request: request id (u64); default :attr:`request`, or 0.
-        """
+        """A token of ``kind`` naming this slot, for ``hop`` from ``instance``;
+        ``length`` defaults to the capacity, ``request`` to :attr:`request` or 0."""
         if request is None:
             request = 0 if self.request is None else self.request
         return Token(

@@ -1,19 +1,11 @@
-"""The instance side of the tensor pool: :class:`SlabMap` maps a service's slabs by name.
+"""The instance side of the tensor pool: :class:`SlabMap` maps a service's slabs by name
+and turns a token into a zero-copy view (:meth:`SlabMap.slot_view`), in the instances and
+the front end; the manager's :mod:`infscaler.shm.pool` creates the slabs.
 
-Role on the request path: every process that reads or writes a slot through a token
-(the instances, :mod:`infscaler.runtime.serving.instance` via :mod:`infscaler.shm.client`, and
-the front end's client, :mod:`infscaler.runtime.serving.frontend`) turns the token into a
-zero-copy view with :meth:`SlabMap.slot_view`; the manager's allocator
-(:mod:`infscaler.shm.pool`) creates the slabs and leases the slots.
-
-A mapped slab is never served stale: before the manager unlinks a slab it sets the
-header's state to RELEASED in the shared pages (:data:`~infscaler.shm.slab.SLAB_STATE`),
-which every process still mapping the old object sees; :class:`SlabMap` checks the state
-on each access and re-attaches by name (checking the new header's slab id and geometry).
-Attaching never unlinks and bypasses ``multiprocessing``'s resource tracker.
-
-Sources: InfScaler §IV-B (tokens name slots; zero-copy handover); POSIX ``shm_open(3)``,
-Python ``mmap``.
+A mapped slab is never served stale: the header's state (RELEASED before the manager
+unlinks it, :data:`~infscaler.shm.slab.SLAB_STATE`) is checked on each access and the
+slab re-attached by name. Attaching never unlinks and bypasses ``multiprocessing``'s
+resource tracker. Sources: InfScaler §IV-B; POSIX ``shm_open(3)``, Python ``mmap``.
 """
 
 from __future__ import annotations
@@ -63,18 +55,11 @@ class _Attached:
 
 
 class SlabMap:
-    """Instance side: attach a service's slabs by name in any process, zero copy.
-
-    Mappings are cached per slab id. On every access the slab header's state is checked
-    in the shared pages; a slab the manager has released (and perhaps re-created under
-    the same id) is re-attached by name, so a stale mapping never serves a new slab.
-    Attaching never unlinks and does not involve ``multiprocessing``'s resource tracker.
-
-    Args:
-        service_id: the pool's ``service_id``.
+    """Instance side: attach a service's slabs by name in any process, zero copy
+    (mappings cached per slab id, re-attached when the header says released).
 
     Raises:
-        PoolError: invalid service id.
+        PoolError: invalid ``service_id``.
     """
 
     def __init__(self, service_id: str) -> None:
@@ -129,9 +114,8 @@ class SlabMap:
             return att
 
     def view(self, slab: int, offset: int, size: int) -> memoryview:
-        """A writable view of ``size`` bytes at ``offset`` in slab ``slab``.
-
-        Attaches the slab on first use and caches the mapping.
+        """A writable view of ``size`` bytes at ``offset`` in slab ``slab`` (attached and
+        cached on first use).
 
         Raises:
             PoolError: the slab does not exist / was released, or the range is outside
@@ -146,10 +130,8 @@ class SlabMap:
         return memoryview(att.mm)[offset : offset + size]
 
     def slot_view(self, token: Token) -> memoryview:
-        """The whole slot a token names (its capacity, at least ``token.length`` bytes).
-
-        Checks the token against the slab header: the offset is slot ``token.slot``'s,
-        and ``token.length`` fits the slot.
+        """The whole slot a token names (its capacity, >= ``token.length`` bytes),
+        checked against the slab header.
 
         Raises:
             PoolError: the slab does not exist / was released, or the token's slot,

@@ -128,15 +128,8 @@ def _layout(entries) -> tuple[int, list[int], int]:
 
 
 def tensors_nbytes(tensors: Mapping[str, np.ndarray | TensorSpec]) -> int:
-    """Bytes a slot needs for these tensors: header + 64-byte-aligned data.
-
-    Args:
-        tensors: name -> numpy array, or name -> ``(shape, dtype)`` for outputs not
-            computed yet.
-
-    Returns:
-        bytes (pass it to :meth:`TensorPool.fault <infscaler.shm.pool.TensorPool.fault>`
-        and as the DATA token's ``length``).
+    """Bytes a slot needs for ``tensors`` (name -> array, or -> ``(shape, dtype)``):
+    header + 64-byte-aligned data; the FAULT's and the DATA token's ``length``.
 
     Raises:
         SlotFormatError: a refused dtype, a bad shape, a name over 65535 bytes.
@@ -196,38 +189,27 @@ def _allocate(buf, specs) -> tuple[dict[str, np.ndarray], int]:
 def allocate_tensors(
     buf: memoryview, specs: Mapping[str, np.ndarray | TensorSpec]
 ) -> dict[str, np.ndarray]:
-    """Lay out tensors in ``buf`` and return writable views of their (uninitialised) data.
-
-    Zero copy: an engine writes its outputs straight into the slot, then hands the
-    token on with ``length = tensors_nbytes(specs)``. The views' contents are whatever
-    the slot held before (not zeroed).
+    """Lay out tensors in the writable slot ``buf`` and return writable views of their
+    (uninitialised) data, so an engine writes its outputs in place.
 
     Args:
-        buf: a writable slot (e.g. :meth:`SlabMap.slot_view
-            <infscaler.shm.slabmap.SlabMap.slot_view>`), bytes.
-        specs: name -> ``(shape, dtype)`` (or an array, whose shape and dtype are used).
+        buf: a writable slot (e.g. :meth:`~infscaler.shm.slabmap.SlabMap.slot_view`).
+        specs: name -> ``(shape, dtype)`` (or an array: its shape and dtype).
 
     Returns:
-        name -> writable C-contiguous ``np.ndarray`` of that shape and dtype, in order,
-        sharing memory with ``buf``.
+        name -> C-contiguous ``np.ndarray`` sharing memory with ``buf``, in order.
 
     Raises:
-        SlotFormatError: refused dtype / bad shape / name too long, or the tensors need
-            more bytes than ``len(buf)``.
+        SlotFormatError: refused dtype / bad shape / name too long, or more bytes than
+            ``len(buf)``.
         TypeError: ``buf`` is read-only.
     """
     return _allocate(buf, specs)[0]
 
 
 def write_tensors(buf: memoryview, tensors: Mapping[str, np.ndarray]) -> int:
-    """Copy tensors into ``buf`` (one copy each; any strides accepted).
-
-    Args:
-        buf: a writable slot, bytes.
-        tensors: name -> numpy array (non-contiguous and 0-d arrays are fine).
-
-    Returns:
-        bytes used (header + data), the DATA token's ``length``.
+    """Copy ``tensors`` (any strides, 0-d fine) into the writable slot ``buf``, once each;
+    returns the bytes used (header + data), the DATA token's ``length``.
 
     Raises:
         SlotFormatError: as :func:`allocate_tensors`.
@@ -258,21 +240,14 @@ class _Reader:
 
 
 def read_tensors(buf: memoryview) -> dict[str, np.ndarray]:
-    """Read-only numpy views of the tensors in a slot (zero copy), names in order.
-
-    Args:
-        buf: the slot (e.g. :meth:`SlabMap.slot_view
-            <infscaler.shm.slabmap.SlabMap.slot_view>`), at least the DATA token's
-            ``length`` bytes.
-
-    Returns:
-        name -> read-only ``np.ndarray`` (C-contiguous, the stored dtype and shape) whose
-        memory is ``buf``'s. Copy (``arr.copy()``) what must outlive the slot's lease.
+    """Read-only zero-copy views of the tensors in slot ``buf`` (at least the DATA
+    token's ``length`` bytes): name -> C-contiguous ``np.ndarray`` in order. Copy what
+    must outlive the slot's lease.
 
     Raises:
-        SlotFormatError: bad magic or version, a header or tensor extending beyond
-            ``buf``, a refused or unparsable dtype, a size that does not match the
-            shape, misaligned or overlapping data.
+        SlotFormatError: bad magic or version, a header or tensor beyond ``buf``, a
+            refused or unparsable dtype, a size not matching the shape, misaligned or
+            overlapping data.
     """
     mv = _as_buffer(buf).toreadonly()
     if len(mv) < _FIXED.size:

@@ -70,22 +70,18 @@ def unified_memory_available(device: int = 0) -> tuple[bool, str]:
 
 
 class UnifiedSlab:
-    """A slab's host mapping registered with CUDA as mapped pinned memory.
+    """A slab's host mapping registered with CUDA as mapped pinned memory
+    (``DEVICEMAP | PORTABLE`` in the device's primary context: the pointer is valid for
+    every context of the process). Keeps a view of ``buf`` alive until :meth:`close`,
+    which unregisters; it never unmaps or frees.
 
     Args:
-        buf: the whole slab, e.g. ``SlabMap.slab_view(slab)`` (page-aligned start and
-            length, writable), bytes.
+        buf: the whole slab (``SlabMap.slab_view(slab)``), writable and page-aligned.
         device: CUDA device ordinal.
-
-    The registration is made in the device's primary context (the one the CUDA runtime
-    and TensorRT use) with ``DEVICEMAP | PORTABLE``, so the device pointer is valid for
-    every context in this process. The ``UnifiedSlab`` keeps a view of ``buf`` (and so the
-    mapping) alive until :meth:`close`, which unregisters (page-unlocks); it does not
-    unmap or free anything.
 
     Raises:
         UnifiedMemoryUnavailable: no CUDA driver / device / host-memory mapping, or the
-            driver refused the registration (message: its error).
+            driver refused (message: its error).
         ValueError: ``buf`` is read-only or not page-aligned.
     """
 
@@ -136,20 +132,14 @@ class UnifiedSlab:
         return self._device_ptr + offset
 
     def device_pointer_of(self, array: np.ndarray) -> int:
-        """The device address of a numpy view into this slab (zero copy).
-
-        ``array`` is a C-contiguous view of the registered mapping, e.g. a tensor
-        :func:`~infscaler.shm.tensors.read_tensors` or
-        :func:`~infscaler.shm.tensors.allocate_tensors` returned for a slot of
-        :meth:`SlabMap.slot_view <infscaler.shm.slabmap.SlabMap.slot_view>` (the same
-        ``SlabMap`` whose :meth:`~infscaler.shm.slabmap.SlabMap.slab_view` was registered:
-        another mapping of the slab has other host addresses). A kernel or a TensorRT
-        binding (``set_tensor_address``) given this pointer reads and writes the tensor's
-        bytes in place.
+        """The device address of ``array``, a C-contiguous view into this slab through
+        the same ``SlabMap`` mapping that was registered (e.g. a tensor of
+        :func:`~infscaler.shm.tensors.read_tensors`); kernels and TensorRT bindings use
+        it in place.
 
         Raises:
-            ValueError: ``array`` is not C-contiguous or does not lie inside this slab's
-                host mapping. RuntimeError: closed.
+            ValueError: ``array`` is not C-contiguous or not inside this slab's mapping.
+            RuntimeError: closed.
         """
         if self._closed:
             raise RuntimeError("UnifiedSlab is closed")
@@ -183,16 +173,10 @@ class UnifiedSlab:
 
 
 class UnifiedSlabMap:
-    """Every slab of a :class:`~infscaler.shm.slabmap.SlabMap`, registered with CUDA on
-    first use: what a GPU / DLA instance holds to hand slot tensors to kernels in place.
-
-    Args:
-        slabs: the instance's ``SlabMap`` (its mappings are the ones registered).
-        device: CUDA device ordinal.
-
-    A token's slab is registered once (``cuMemHostRegister`` pins its pages: a few ms for
-    16 MB) and stays registered until :meth:`forget` or :meth:`close`; tokens of that slab
-    then cost a pointer addition. Forget a slab before the ``SlabMap`` drops it.
+    """Every slab of a :class:`~infscaler.shm.slabmap.SlabMap` (``slabs``), registered
+    with CUDA device ``device`` on first use and until :meth:`forget` / :meth:`close`:
+    what a GPU / DLA instance holds to hand slot tensors to kernels in place. Forget a
+    slab before the ``SlabMap`` drops it.
 
     Raises:
         UnifiedMemoryUnavailable: (from :meth:`device_pointer`) no CUDA driver / device /

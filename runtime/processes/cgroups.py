@@ -1,16 +1,12 @@
 """CPU by priority with cgroup v2: one child cgroup per pipeline, its ``cpu.weight`` set
-by the pipeline's rank among the levels deployed (:func:`~infscaler.base.levels.cpu_weight`).
+by the pipeline's rank among the levels deployed (:func:`~infscaler.base.levels.cpu_weight`;
+Documentation/admin-guide/cgroup-v2.rst, "Weights" and "CPU").
 
-The kernel shares a contended CPU between sibling cgroups by ``cpu.weight`` (1..10000,
-default 100; Documentation/admin-guide/cgroup-v2.rst, "Weights" and "CPU"), whatever
-the nice values inside them, and a cgroup's weight covers every thread of every process
-moved into it (``cgroup.procs``), including threads started later. It needs, in the
-service's own cgroup: the ``cpu`` controller in ``cgroup.controllers``, write access
-(systemd gives it with ``Delegate=yes``), and no process of its own left in it once
-``+cpu`` is written to ``cgroup.subtree_control`` (the "no internal processes" rule):
-:meth:`CgroupCpu.open` moves the service into a ``service`` leaf first.
-:func:`probe` says whether all of that holds and, when not, why; the caller then keeps
-to nice values (:mod:`~infscaler.runtime.processes.nice`).
+Needs, in the service's cgroup: the ``cpu`` controller, write access (systemd
+``Delegate=yes``), and no process of its own once ``+cpu`` is in
+``cgroup.subtree_control`` (:meth:`CgroupCpu.open` moves the service into a ``service``
+leaf first). :func:`probe` says whether that holds and why not; the caller then keeps to
+nice values (:mod:`~infscaler.runtime.processes.nice`). More: docs/scaling.md.
 """
 
 from __future__ import annotations

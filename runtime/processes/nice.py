@@ -38,11 +38,3 @@ def renice_process(pid: int, nice: int) -> str | None:
             "(lowering it needs CAP_SYS_NICE or LimitNICE=)"
         )
     return None
-
-
-def process_nice(pid: int) -> int | None:
-    """The nice value of process ``pid``'s main thread (None: gone)."""
-    try:
-        return os.getpriority(os.PRIO_PROCESS, pid)
-    except (ProcessLookupError, PermissionError):
-        return None

@@ -1,6 +1,6 @@
 """Control channel under load, with real processes (both channels).
 
-Producers and consumers are separate processes (``python -m infscaler.ebpf.loadgen``)
+Producers and consumers are separate processes (``python -m tests.channelload``)
 that inherit only their instance socket; on the eBPF channel they drop to uid 65534
 with no capability before the first token. The test process is the manager: it turns
 every FREE (acknowledgement) into a credit for the producer that owns the request id
@@ -26,7 +26,7 @@ import pytest
 
 from infscaler.ebpf import open_channel
 from infscaler.ebpf.channel import Channel
-from infscaler.ebpf.loadgen import Pump, Worker, spawn
+from tests.channelload import Pump, Worker, spawn
 
 CREDITS = 1024
 PRODUCERS = {100: 0, 101: 1 << 32}  # instance -> base request id

@@ -20,7 +20,6 @@ from infscaler.partitioner.extract import (
     check_verification,
     extract_partition,
     load_sessions,
-    run_chain,
     save_partition,
     verify_chain,
 )
@@ -133,7 +132,7 @@ def test_residual_three_partitions_input_passes_through(residual: LoadedModel) -
     whole = ort.InferenceSession(
         residual.model.SerializeToString(), providers=["CPUExecutionProvider"]
     ).run(["out"], feeds)[0]
-    got = run_chain(parts, feeds)
+    got = Chain(parts).run(feeds)
     assert list(got) == ["out"]
     np.testing.assert_allclose(got["out"], whole, rtol=1e-5, atol=1e-6)
 
@@ -211,7 +210,7 @@ def test_two_outputs_one_produced_early_passes_through(tmp_path: Path) -> None:
     for part, spec in zip(parts, specs, strict=True):
         _check_part(part, loaded, spec)
     assert [_init_names(p) for p in parts] == [{"W1"}, {"W2"}]
-    got = run_chain(parts, random_feeds({"x": loaded.tensors["x"]}))
+    got = Chain(parts).run(random_feeds({"x": loaded.tensors["x"]}))
     assert list(got) == ["out", "aux"]
     v = verify_chain(loaded, parts)
     assert v.passed and v.max_rel < 1e-5
@@ -519,7 +518,7 @@ def test_save_partition_plain_and_external(tmp_path: Path, monkeypatch: pytest.M
     assert part.SerializeToString() == before  # the caller's model is untouched
     onnx.checker.check_model(str(big))
     feeds = random_feeds({"x": loaded.tensors["x"]}, seed=2)
-    np.testing.assert_array_equal(run_chain([big], feeds)["y"], run_chain([plain], feeds)["y"])
+    np.testing.assert_array_equal(Chain([big]).run(feeds)["y"], Chain([plain]).run(feeds)["y"])
 
 
 def test_verification_to_dict_roundtrip_fields() -> None:

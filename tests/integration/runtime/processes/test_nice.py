@@ -9,7 +9,16 @@ import time
 
 import pytest
 
-from infscaler.runtime.processes.nice import process_nice, renice_process
+from infscaler.runtime.processes.nice import renice_process
+
+
+def process_nice(pid: int) -> int | None:
+    """The nice value of process ``pid``'s main thread (None: gone)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
 
 # a child with three threads besides its main one, then asleep
 CHILD = (

@@ -1,4 +1,4 @@
-"""Producer and consumer processes that drive a control channel (tests, benchmarks).
+"""Producer and consumer processes that drive a control channel (tests).
 
 Each process gets only its instance socket (an inherited fd) and talks tokens through
 :class:`~infscaler.ebpf.channel.Endpoint`, like a real partition instance:
@@ -17,9 +17,9 @@ creating a BPF map fails: the instance side of the eBPF channel needs no privile
 
 Each prints one JSON line with its counts on stdout.
 
-Usage: ``python -m infscaler.ebpf.loadgen producer --fd 5 --instance 100 --to-hop 1 --count 500000``
+Usage: ``python -m tests.channelload producer --fd 5 --instance 100 --to-hop 1 --count 500000``
 
-The manager side for tests and benchmarks: :func:`spawn` starts a worker on a new
+The manager side for tests: :func:`spawn` starts a worker on a new
 instance of a channel; :class:`Pump` runs the manager loop (FREE in, GRANT back to the
 producer of that request, undeliverable DATA kept) and records every acknowledgement.
 """
@@ -45,6 +45,7 @@ from infscaler.ebpf import libbpf
 from infscaler.ebpf.channel import MAX_BATCH, Channel, Endpoint, frame_fields, pack_frame
 from infscaler.ebpf.errors import ChannelClosed
 from infscaler.ebpf.token import Token, TokenKind
+from tests import REPO_ROOT
 
 STOP_REQUEST = (1 << 64) - 1
 _NOBODY = 65534
@@ -237,6 +238,13 @@ class Worker:
         return ids
 
 
+def _child_env() -> dict[str, str]:
+    """This environment with the repository root on PYTHONPATH (``tests`` importable)."""
+    old = os.environ.get("PYTHONPATH", "")
+    root = str(REPO_ROOT)
+    return {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{old}" if old else root}
+
+
 def spawn(
     ch: Channel,
     role: str,
@@ -253,7 +261,7 @@ def spawn(
     is inherited (``close_fds``): the child never sees the map or program fds.
     """
     sock = ch.add_instance(hop, instance)
-    cmd = module_command("infscaler.ebpf.loadgen", role, "--fd", str(sock.fileno()))
+    cmd = module_command("tests.channelload", role, "--fd", str(sock.fileno()))
     cmd += ["--instance", str(instance)]
     if out:
         cmd += ["--out", out]
@@ -263,7 +271,12 @@ def spawn(
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     try:
         proc = subprocess.Popen(
-            cmd, pass_fds=[sock.fileno()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            cmd,
+            pass_fds=[sock.fileno()],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_child_env(),
         )
     finally:
         sock.close()
