@@ -1,17 +1,15 @@
-"""The autoscaler loop: monitor -> pure policies -> service, once per ``interval_s``.
+"""The autoscaler loop: observe -> one pure policy -> act, per pipeline every ``interval_s``.
 
-Per auto-scaled pipeline it reads a :class:`~.monitor.Monitor` snapshot, calls
-:func:`~.scaler.decide` (InfScaler Algorithm 1 with InferLine's scale-in hysteresis) and
-the other pure policies (the Tuner, the demand-cap trial, the threads-per-instance merge,
-and with two or more pipelines :func:`~.arbitration.arbitrate`), and applies what they
-decide through the service: ``scale_out`` / ``scale_in`` (one instance, graceful),
-``scale_up`` / ``scale_down`` (threads, make-before-break), ``shed`` (a queue bound), and
-arbitration moves (the giver's instance stops before the taker's starts: the cap holds
-at every instant). It decides nothing itself; applied decisions are kept for ``status``
-and ``/metrics`` (:meth:`Autoscaler.decisions`). ``INFSCALER_ARBITRATION=off`` and
-``INFSCALER_THREADS=off`` turn those policies off.
-
-More (the rules in full, the why, measurements): docs/scaling.md, "The autoscaler's loop in full".
+Per auto-scaled pipeline :meth:`Autoscaler.step` reads a :class:`~.monitor.Monitor`
+snapshot (``_observe``), calls :func:`~.policy.look` (the scaler's
+:func:`~.scaler.decide`, the threads merge, the Tuner) and applies what it decided
+through the service (``_act``): ``scale_out`` / ``scale_in`` (one instance, graceful),
+``scale_up`` / ``scale_down`` (threads, make-before-break), ``shed`` (a queue bound).
+Each tick then runs :func:`~.arbitration.arbitrate` over two or more pipelines (the
+giver's instance stops before the taker's starts: the cap holds at every instant) and
+the CPU-wake policy. Applied decisions are kept for ``status`` and ``/metrics``.
+``INFSCALER_ARBITRATION=off`` and ``INFSCALER_THREADS=off`` turn those policies off.
+Rules, the why, measurements: docs/scaling.md, "The autoscaler's loop in full".
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -358,11 +357,7 @@ class Autoscaler:
             if not self.service.hold_cpus_awake(new.hold, new.reason, epoch=epoch):
                 return self.wake_state()  # reset meanwhile: the decision is void
             action = "hold_cpus_awake" if new.hold else "release_cpus_awake"
-            entry = {"pipeline": "", "time": time.time(), "action": action, "reason": new.reason}
-            with self._lock:
-                self.history.append(entry)
-                self.counts[("", action)] += 1
-            log.info("%s: %s", action, new.reason)
+            self._record("", {"action": action, "reason": new.reason})
         return new
 
     def _learn(self, dep: Any) -> None:
@@ -382,22 +377,14 @@ class Autoscaler:
             log.debug("keeping the idle slowdown of %s failed", dep.name, exc_info=True)
 
     def tune_batches(self, dep: Any) -> dict[int, int]:
-        """Dynamic batching decided by measurement, for every ``policy: mark`` unit: on
-        only where its instances' measured T_b save more than the margin per item over
-        batch 1 within the unit's share of the SLO
-        (:func:`infscaler.runtime.serving.batching.decide_batching`), else batch 1. When
-        on, with an SLO, MArk §4 picks b: the largest with W_b + T_b <= the share and
-        W_b + T_b <= b T_1 at the unit's per-instance arrival rate (:func:`~infscaler.
-        runtime.serving.batching.choose_batch`); without one, the size that serves the
-        most items/s and a wait of at most what an item saves by joining (bounded by
-        ``max_delay_ms`` either way). Only at a bottleneck: a unit whose load (compute ms x
-        items per request / instances) is below 0.8 x the most loaded unit's runs batch 1
-        (:func:`~infscaler.runtime.serving.batching.bottlenecks`). T_b is what the instance timed at load, replaced by
-        the mean engine time of the batches of that size the unit ran, once it ran
-        enough of them (:func:`~infscaler.runtime.serving.batching.live_batch_ms`). Each size is sent to the instances that run another;
-        a changed decision is recorded (``status``: ``batch_on`` / ``batch_off`` with the
-        measured ms per item; :attr:`batch_decisions`). Returns ``{instance id: batch}``."""
-
+        """Dynamic batching decided by measurement for every ``policy: mark`` unit of
+        ``dep``: on only at a bottleneck and where the measured T_b save more than the
+        margin per item within the unit's SLO share
+        (:func:`~infscaler.runtime.serving.batching.decide_batching`), b by MArk §4
+        (:func:`~infscaler.runtime.serving.batching.choose_batch`); each size is sent to
+        the instances that run another, a changed decision kept (``batch_on`` /
+        ``batch_off``; :attr:`batch_decisions`). Rules: docs/scaling.md, "Dynamic
+        batching". Returns ``{instance id: batch}``."""
         slo = dep.pipeline.config.slo_ms
         mon = self._monitor(dep)
         m = mon.pipeline(dep)
@@ -546,46 +533,45 @@ class Autoscaler:
                 self._record(dep.name, entry)
 
     def _apply(self, dep: Any, d: Decision) -> None:
+        """Apply one decision through the service: ``scale_out`` at once; ``scale_in`` and
+        thread steps in a thread, one per (pipeline, unit) at a time (a second is
+        dropped); ``shed`` sets or lifts the queue bound."""
         if d.action == "scale_out":
             assert d.unit is not None and d.engine is not None
             self.service.scale_out(dep, d.unit, d.engine)
         elif d.action == "scale_in":
             assert d.unit is not None and d.engine is not None
-            key = (dep.name, d.unit)
-            with self._lock:
-                if key in self._busy:
-                    return
-                self._busy.add(key)
-
-            def work() -> None:
-                try:
-                    self.service.scale_in(dep, d.unit, d.engine)
-                finally:
-                    with self._lock:
-                        self._busy.discard(key)
-
-            NamedThread(target=work, name="isc-scale-in", daemon=True).start()
+            work = functools.partial(self.service.scale_in, dep, d.unit, d.engine)
+            self._one_at_a_time((dep.name, d.unit), work, "isc-scale-in")
         elif d.action in ("scale_up", "scale_down"):
             assert d.unit is not None and d.threads is not None
-            key = (dep.name, d.unit)
-            with self._lock:
-                if key in self._busy:
-                    return
-                self._busy.add(key)
 
             def swap() -> None:
                 try:
                     self.service.scale_threads(dep, d.unit, d.threads, d.from_threads)
                 except Exception:  # noqa: BLE001 - the old instance keeps serving
                     log.exception("%s: %s of unit %s failed", dep.name, d.action, d.unit)
-                finally:
-                    with self._lock:
-                        self._busy.discard(key)
 
-            NamedThread(target=swap, name="isc-scale-thr", daemon=True).start()
+            self._one_at_a_time((dep.name, d.unit), swap, "isc-scale-thr")
         elif d.action == "shed":
             with contextlib.suppress(Exception):
                 self.service.set_queue_limit(dep, d.queue_limit, d.reason)
+
+    def _one_at_a_time(self, key: tuple[str, int], work: Any, name: str) -> None:
+        """Run ``work()`` in a thread unless one for ``key`` still runs (then nothing)."""
+        with self._lock:
+            if key in self._busy:
+                return
+            self._busy.add(key)
+
+        def run() -> None:
+            try:
+                work()
+            finally:
+                with self._lock:
+                    self._busy.discard(key)
+
+        NamedThread(target=run, name=name, daemon=True).start()
 
     # -- arbitration between pipelines ------------------------------------------------------
     def arbitration_state(self) -> ArbitrationState:

@@ -30,17 +30,10 @@ TUNER_LOOKBACK_S = WINDOWS_S[-1] + 5.0
 
 @dataclass(frozen=True)
 class Observation:
-    """What the loop read of one pipeline for one look.
-
-    Attributes:
-        snapshot: the monitor's view (:class:`~.types.Snapshot`; ``now`` its clock, s).
-        state: what the previous look left (:class:`~.types.ScalerState`).
-        config: the scaler's tuning.
-        threads: the merge's state; ``threads_config`` None turns the merge off.
-        models: indices of the units that run a model (the merge's candidates).
-        arrivals: the offered requests' arrival times (s, ascending, float64) since
-            ``now -`` :data:`TUNER_LOOKBACK_S`; None turns the Tuner off.
-    """
+    """What the loop read of one pipeline for one look: the monitor's snapshot (its
+    ``now`` the clock, s), the states the last look left, the scaler's tuning, the
+    merge's tuning (None: off) and model units, and the offered arrival times (s,
+    ascending, float64) since ``now -`` :data:`TUNER_LOOKBACK_S` (None: the Tuner off)."""
 
     snapshot: Snapshot
     state: ScalerState
@@ -53,19 +46,12 @@ class Observation:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one look decided.
-
-    Attributes:
-        decisions: the scaler's (or, when it had none, the merge's) decisions.
-        acts: in order, ``(service actions, kept entry or None)``: apply the actions,
-            then keep the entry (``status``, ``/metrics``).
-        state: the scaler's state for the next look.
-        threads: the merge's new state (None: the merge did not run).
-        violated: the SLO counts as violated for the arbitration (the Tuner blocked
-            at the cap counts too).
-        blocked: violated, acted on (not waiting, or the Tuner looked) and nothing grew.
-        tuned: the Tuner's verdict (None: off, something grew, or nothing exceeded).
-    """
+    """What one look decided: the scaler's (or else the merge's) ``decisions``; ``acts``,
+    in order, ``(service actions, entry to keep or None)``; the scaler's ``state`` and
+    the merge's (``threads``, None: it did not run) for the next look; the arbitration
+    view's ``violated`` (the Tuner blocked at the cap counts) and ``blocked`` (violated,
+    acted on, nothing grew); the Tuner's verdict (``tuned``, None: not consulted or
+    nothing exceeded)."""
 
     decisions: list[Decision]
     acts: list[tuple[list[Decision], dict[str, Any] | None]]

@@ -264,12 +264,8 @@ def _lift_reason(s: Snapshot) -> str | None:
 
 #: A P99 over the SLO counts as a violation only when the window's late requests are
 #: more than a 1 % tail explains at this significance: ``P(X >= late) <`` this for
-#: ``X ~ Binomial(answered, 0.01)`` (:func:`late_tail_probability`). At 5.6 requests/s a
-#: 10 s window holds ~56 requests and its "P99" is its slowest: PP-OCRv4 det's two
-#: replicas, meeting the SLO, were grown to 3 and 4 on 2 cores on single slow requests
-#: (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's steps", det's
-#: 09:31 run). With 56 answered 4 late are needed, with 130 six; in an overload nearly
-#: every request is late and the test passes at once.
+#: ``X ~ Binomial(answered, 0.01)`` (:func:`late_tail_probability`; why: docs/scaling.md,
+#: "Auto-scaling and batching").
 VIOLATION_SIGNIFICANCE = 0.01
 
 
@@ -393,20 +389,8 @@ def scale_out_choice(
         if passed or _refusals_only(s, c) or beyond is not None:
             idle = _not_short(s, c, u, lam)
             if idle is not None:
-                # scale-in would take the instance back after the hold: the flapping of
-                # VGG-19's weight-heavy partition (bench/HISTORY.md); for the argmax
-                # itself only when the violation is refusals at arrival alone (P99
-                # within the SLO): those are a burst's, which more instances on the
-                # same cores do not serve sooner (PP-OCRv4 det's replicas grew to 4 on
-                # 2 cores at a quarter of their capacity, each start inside the window);
-                # or when its next cpu instance would pin more threads than there are
-                # cores: a P99 over the SLO at a load its instances serve is the
-                # service times' spread, which an instance sharing a core makes worse
-                # (ResNet-50 at 2 x L0: 2 single-thread replicas grew to 3 on 2 cores
-                # at 7 requests/s, 0.28 of their capacity, and the P99 went from
-                # 147 ms to 177 ms; bench/HISTORY.md, "Admission, the scaler's cores
-                # rule and the bench's steps", its "ResNet-50 at 2x again" item,
-                # results/scaling_resnet50_2x_rerun.json)
+                # scale-in would take it back after the hold (docs/scaling.md, "decide,
+                # step by step": the argmax too on refusals alone or past the cores)
                 passed.append(f"{who} {idle}" + (f" ({beyond})" if beyond else ""))
                 continue
         up, up_why = _up_candidate(s, c, u)
