@@ -1,9 +1,9 @@
 """One autoscaler look at one pipeline as one pure policy: observation in, outcome out.
 
 :func:`look` runs, in order (the shape of Ray Serve's ``autoscaling_policy``: one
-decision, then named steps), :func:`_scale` (:func:`~.scaler.decide`: InfScaler
-Algorithm 1, InferLine's scale-in; its settle / sustain / cooldown are the delay logic,
-the device's cap and ``max_instances`` the bounds), :func:`_merge` (threads per instance
+decision, then named steps), the scaler's :func:`~.scaler.decide` (InfScaler Algorithm
+1, InferLine's scale-in; its settle / sustain / cooldown are the delay logic, the
+device's cap and ``max_instances`` the bounds), :func:`_merge` (threads per instance
 at low concurrency, :mod:`~.threads`, only when the scaler decided nothing),
 :func:`_tune` (the Tuner's early scale-out, :mod:`~.tuner`, only when nothing grew), then
 what the arbitration between pipelines sees (violated, blocked). No I/O, no clock: the
