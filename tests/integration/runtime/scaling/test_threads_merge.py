@@ -12,6 +12,8 @@ The model is test_scale_threads.py's chain of MatMul + Relu layers.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,6 @@ from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
 from tests.helpers import wait_for
 from tests.integration.runtime.scaling.test_scale_threads import ROWS, WIDTH, matmul_chain
-from tests.load import ClosedLoop
 
 
 def test_one_client_on_two_instances_merges_them_into_one_with_two_threads(
@@ -56,34 +57,48 @@ def test_one_client_on_two_instances_merges_them_into_one_with_two_threads(
     with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
         svc.deploy(cfg)
         assert sorted(h.unit.threads for h in svc.supervisor.handles()) == [1, 1]
+        answered, errors = [0], []
+        stop = threading.Event()
 
-        def send() -> None:
-            r = svc.infer("mm", {"x": x}, timeout_s=60)
-            np.testing.assert_allclose(r.outputs["y"], expected, rtol=1e-3, atol=1e-3)
+        def client() -> None:
+            while not stop.is_set():
+                try:
+                    r = svc.infer("mm", {"x": x}, timeout_s=60)
+                    np.testing.assert_allclose(r.outputs["y"], expected, rtol=1e-3, atol=1e-3)
+                    answered[0] += 1
+                except RequestError as exc:
+                    if exc.status == 503 and exc.retry_after_s:
+                        time.sleep(min(exc.retry_after_s, 0.5))  # refused at arrival: retried
+                        continue
+                    errors.append(str(exc))
+                except Exception as exc:  # noqa: BLE001 - collected and asserted on
+                    errors.append(repr(exc))
 
-        def retry(exc: RequestError) -> float | None:  # refused at arrival: retried
-            return min(exc.retry_after_s, 0.5) if exc.status == 503 and exc.retry_after_s else None
-
-        with ClosedLoop(send, 1, retry=retry) as load:
+        th = threading.Thread(target=client)
+        th.start()
+        try:
 
             def merged() -> bool:
                 live = [h for h in svc.supervisor.handles() if h.state in ("starting", "ready")]
                 return len(live) == 1 and live[0].unit.threads == 2 and live[0].state == "ready"
 
             assert wait_for(merged, 120.0, "one instance at 2 threads in place of 2 at 1")
-            n0 = load.answered
-            assert wait_for(lambda: load.answered > n0 + 3, 60.0, "answers after the merge")
+            n0 = answered[0]
+            assert wait_for(lambda: answered[0] > n0 + 3, 60.0, "answers after the merge")
 
             def judged() -> bool:  # kept, or reverted (then split back): either is a verdict
                 reasons = [d.get("reason") or "" for d in svc.autoscaler.decisions("mm")]
                 return any("merge kept" in r or "merge reverted" in r for r in reasons)
 
             assert wait_for(judged, 90.0, "the merge's trial verdict")
+        finally:
+            stop.set()
+            th.join(90)
         decisions = svc.autoscaler.decisions("mm")
         acts = [(d["action"], d.get("from_threads"), d.get("threads")) for d in decisions]
         assert acts[:2] == [("scale_in", None, None), ("scale_up", 1, 2)], decisions
         assert "in flight" in decisions[0]["reason"], decisions[0]
-        assert load.errors == [], load.errors[:3]
+        assert errors == [], errors[:3]
         r = svc.infer("mm", {"x": x}, timeout_s=60)
         np.testing.assert_allclose(r.outputs["y"], expected, rtol=1e-3, atol=1e-3)
         assert svc.manager.audit() == []
