@@ -107,10 +107,9 @@ def _tune(
     obs: Observation, state: ScalerState, acts: list[tuple[list[Decision], dict[str, Any] | None]]
 ) -> tuple[TunerVerdict | None, ScalerState]:
     """The Tuner (:func:`~.tuner.scale_out_now`) on the arrivals since the last change:
-    its scale-out, once per instance it asks for, joins ``acts`` as one
-    ``tuner_scale_out`` entry (window, observed and sustainable counts, ``count``,
-    ``needed``, ``required_rps``) and counts as a scale-out (cooldown, settle, hold).
-    Returns the verdict (None: nothing exceeded) and the state after it."""
+    its scale-out, once per instance asked for, joins ``acts`` as one ``tuner_scale_out``
+    entry and counts as a scale-out (cooldown, settle, hold). Returns the verdict (None:
+    nothing exceeded) and the state after it."""
     s, times = obs.snapshot, obs.arrivals
     assert times is not None
     since = s.now - TUNER_LOOKBACK_S

@@ -73,8 +73,8 @@ def decide(
     decision). (2) On a violation (:func:`is_violated`), the delay logic
     (:func:`_apply_delay_logic`: the settle window, ``sustain_s``, the cooldown, an open
     trial), then InfScaler Algorithm 1 (:func:`scale_out_choice`: one ``scale_out`` or
-    ``scale_up`` of the unit with the largest B_k / S_k the device's cap admits, or the
-    next best), or, the cap refusing every unit, a ``shed`` bound (:func:`_shed_at_cap`,
+    ``scale_up`` of the unit with the largest B_k / S_k the cap admits, :func:`_apply_bounds`,
+    or the next best), or, the cap refusing every unit, a ``shed`` bound (:func:`_shed_at_cap`,
     Little's law). (3) Without one, after ``hold_s`` since the last change, InferLine
     Algorithm 4's scale-in or a thread step back per unit (:func:`_scale_in`), and a
     bound in force lifted (:func:`_lift_reason`). A look that waits says why in
@@ -394,28 +394,9 @@ def scale_out_choice(
                 passed.append(f"{who} {idle}" + (f" ({beyond})" if beyond else ""))
                 continue
         up, up_why = _up_candidate(s, c, u)
-        tried: list[str] = []
-        out = None
-        if u.max_instances is not None and u.total_instances >= u.max_instances:
-            tried.append(f"at its max_instances {u.max_instances}")
-        elif not u.options:
-            tried.append("has no engine option")
-        else:
-            ranked = sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0]))
-            for _, o in ranked:
-                why = refusals(s, u, o, c, blocked_why(state, u.index, s.now))
-                if why:
-                    tried.append(f"{o.engine} refused: {' and '.join(why)}")
-                    continue
-                out = o
-                break
+        out, tried, bound = _apply_bounds(s, state, c, u)
         if out is None and up is None:
-            if u.max_instances is not None and u.total_instances >= u.max_instances:
-                msg = f"{who} is at its max_instances {u.max_instances}"
-            elif not u.options:
-                msg = f"{who} has no engine option"
-            else:
-                msg = f"{who} fits no engine ({'; '.join(tried)})"
+            msg = f"{who} {bound}"
             if up_why is not None:
                 msg += f"; no thread scale-up: {up_why}"
             passed.append(msg)
@@ -428,6 +409,27 @@ def scale_out_choice(
         )
         return _pick(s, u, out, up, tried, up_why, head), passed
     return None, passed
+
+
+def _apply_bounds(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, u: UnitState
+) -> tuple[EngineOption | None, list[str], str]:
+    """Where one more instance of ``u`` may go (Ray Serve's ``_apply_bounds``): below its
+    ``max_instances``, its first option by ``latency_ms`` (ties: given order) that the
+    cap admits (:func:`~.cores.refusals`). Returns it (None: none), why each one before
+    it was refused, and why the unit cannot grow ("" when it can)."""
+    if u.max_instances is not None and u.total_instances >= u.max_instances:
+        at = f"at its max_instances {u.max_instances}"
+        return None, [at], f"is {at}"
+    if not u.options:
+        return None, ["has no engine option"], "has no engine option"
+    tried: list[str] = []
+    for _, o in sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0])):
+        why = refusals(s, u, o, c, blocked_why(state, u.index, s.now))
+        if not why:
+            return o, tried, ""
+        tried.append(f"{o.engine} refused: {' and '.join(why)}")
+    return None, tried, f"fits no engine ({'; '.join(tried)})"
 
 
 def _refusals_only(s: Snapshot, c: ScalerConfig) -> bool:
