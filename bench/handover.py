@@ -851,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (
         f"One-hop token handover, 1 producer -> N consumers: p50 / p99 (RTT/2) and throughput, "
         f"median of {args.reps} reps\n{env['host']['cpu_model']}, {len(cpus)} vCPUs, "
-        f"kernel {os.uname().release}, Python {env['python']} ({env['date_utc'][:10]})"
+        f"kernel {os.uname().release}, Python {env['versions']['python']} ({env['date_utc'][:10]})"
     )
     plot(rows, places, mechs, ns, targets, args.out / f"handover{suffix}.png", title)
 

@@ -3,10 +3,14 @@
 (``bench/frontend_cpu.py``: one client, one-stage function pipeline, 602 KB FP32 input
 over the Unix-socket API), each measured on two commits of this repository.
 
-Each commit is installed (``pip install --no-deps --target``, not editable) into a
-directory of its own from ``git archive``, and each measurement runs in a child process
-with that directory first on ``PYTHONPATH`` (the child checks which copy of
-``infscaler`` it imported), running that commit's own benchmark scripts. The two sides
+Nothing is installed: each commit's tree is unpacked from ``git archive`` into a
+directory of its own, and a second directory lays its package out as installed
+(``infscaler/`` with the ``package-dir`` folders of that commit's ``pyproject.toml``
+linked in); each measurement runs in a child process of this interpreter (the
+dependencies of its environment) with that layout first on ``PYTHONPATH`` (the child
+checks that ``infscaler.runtime`` comes from that commit's tree). The benchmark scripts
+are this checkout's for both sides: the instrument stays the same, only the package
+measured differs. The two sides
 alternate round by round (ABAB..., then BABA... orders), so a drift of the host hits
 both; the figure per side is the median over rounds, and the outcome is the ratio
 after / before. The host's busy CPU over each measurement (all processes, the measured
@@ -34,6 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     RESULTS_DIR,
@@ -46,48 +55,39 @@ from _common import (  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-def install(commit: str, root: Path) -> tuple[Path, Path]:
-    """``commit``'s tree under ``root/src`` and its package installed under ``root/site``."""
-    src, site = root / "src", root / "site"
+def unpack(commit: str, root: Path) -> tuple[Path, Path]:
+    """``commit``'s tree under ``root/src`` and its package laid out under ``root/path``
+    (links, as ``pyproject.toml``'s ``[tool.setuptools] package-dir`` maps it)."""
+    src, path = root / "src", root / "path"
     src.mkdir(parents=True)
     archive = subprocess.run(
         ["git", "archive", commit], cwd=REPO, capture_output=True, check=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--target",
-            str(site),
-            str(src),
-        ],
-        check=True,
-    )
-    return src, site
+    dirs = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]
+    pkg = path / "infscaler"
+    pkg.mkdir(parents=True)
+    for entry in (src / dirs["package-dir"].get("infscaler", "infscaler")).iterdir():
+        (pkg / entry.name).symlink_to(entry)
+    for name, folder in dirs["package-dir"].items():
+        if name.startswith("infscaler."):
+            (pkg / name.removeprefix("infscaler.")).symlink_to(src / folder)
+    return src, path
 
 
 def _run(side: dict, script: str, args: list[str], out_dir: Path) -> tuple[dict, float]:
     """Run ``side``'s ``bench/<script>`` with its package first on the path; its result
     JSON and the other processes' CPU (cores) meanwhile."""
-    env = {**os.environ, "PYTHONPATH": str(side["site"])}
+    env = {**os.environ, "PYTHONPATH": str(side["path"])}
+    code = "import os, infscaler.runtime as r; print(os.path.realpath(r.__file__))"
     check = subprocess.run(
-        [sys.executable, "-c", "import infscaler; print(infscaler.__file__)"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd="/",
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd="/"
     ).stdout.strip()
-    if not check.startswith(str(side["site"])):
-        raise RuntimeError(f"{side['name']}: imported {check}, not the copy in {side['site']}")
+    if not check.startswith(str(side["src"].resolve())):
+        raise RuntimeError(f"{side['name']}: imported {check}, not the copy in {side['src']}")
     busy0, t0 = busy_cpu_seconds(), time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(side["src"] / "bench" / script), *args],
+        [sys.executable, str(REPO / "bench" / script), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -128,7 +128,7 @@ def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
 def served_rps(side: dict, out_dir: Path, n: int) -> tuple[float, float]:
     """Closed-loop requests per second of one client through the service (frontend_cpu)."""
     proc, busy = _run(side, "frontend_cpu.py", ["-n", str(n)], out_dir)
-    data = json.loads((side["src"] / "bench" / "results" / "frontend_cpu.json").read_text())
+    data = json.loads((RESULTS_DIR / "frontend_cpu.json").read_text())
     return 1000.0 / float(data["client_latency_ms_mean"]), busy
 
 
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="infscaler-ab-") as tmp:
         sides = []
         for name, commit in commits.items():
-            src, site = install(commit, Path(tmp) / name)
-            sides.append({"name": name, "commit": commit, "src": src, "site": site})
+            src, path = unpack(commit, Path(tmp) / name)
+            sides.append({"name": name, "commit": commit, "src": src, "path": path})
         for r in range(args.rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             for side in order:

@@ -1,17 +1,15 @@
-"""The autoscaler loop: monitor -> pure policies -> service, once per ``interval_s``.
+"""The autoscaler loop: observe -> one pure policy -> act, per pipeline every ``interval_s``.
 
-Per auto-scaled pipeline it reads a :class:`~.monitor.Monitor` snapshot, calls
-:func:`~.scaler.decide` (InfScaler Algorithm 1 with InferLine's scale-in hysteresis) and
-the other pure policies (the Tuner, the demand-cap trial, the threads-per-instance merge,
-and with two or more pipelines :func:`~.arbitration.arbitrate`), and applies what they
-decide through the service: ``scale_out`` / ``scale_in`` (one instance, graceful),
-``scale_up`` / ``scale_down`` (threads, make-before-break), ``shed`` (a queue bound), and
-arbitration moves (the giver's instance stops before the taker's starts: the cap holds
-at every instant). It decides nothing itself; applied decisions are kept for ``status``
-and ``/metrics`` (:meth:`Autoscaler.decisions`). ``INFSCALER_ARBITRATION=off`` and
-``INFSCALER_THREADS=off`` turn those policies off.
-
-More (the rules in full, the why, measurements): docs/scaling.md, "The autoscaler's loop in full".
+Per auto-scaled pipeline :meth:`Autoscaler.step` reads a :class:`~.monitor.Monitor`
+snapshot (``_observe``), calls :func:`~.policy.look` (the scaler's
+:func:`~.scaler.decide`, the threads merge, the Tuner) and applies what it decided
+through the service (``_act``): ``scale_out`` / ``scale_in`` (one instance, graceful),
+``scale_up`` / ``scale_down`` (threads, make-before-break), ``shed`` (a queue bound).
+Each tick then runs :func:`~.arbitration.arbitrate` over two or more pipelines (the
+giver's instance stops before the taker's starts: the cap holds at every instant) and
+the CPU-wake policy. Applied decisions are kept for ``status`` and ``/metrics``.
+``INFSCALER_ARBITRATION=off`` and ``INFSCALER_THREADS=off`` turn those policies off.
+Rules, the why, measurements: docs/scaling.md, "The autoscaler's loop in full".
 """
 
 from __future__ import annotations
@@ -19,11 +17,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from infscaler.base.errors import ServiceError
@@ -43,8 +42,14 @@ from infscaler.runtime.scaling.arbitration import (
 from infscaler.runtime.scaling.control import ScaledService
 from infscaler.runtime.scaling.idlecurve import LEARN_INTERVAL_S, learn
 from infscaler.runtime.scaling.monitor import Monitor
-from infscaler.runtime.scaling.scaler import decide, is_violated, pipeline_capacity_rps
-from infscaler.runtime.scaling.tuner import WINDOWS_S, TunerVerdict, scale_out_now
+from infscaler.runtime.scaling.policy import (
+    TUNER_LOOKBACK_S,
+    Observation,
+    Outcome,
+    look,
+    window_s,
+)
+from infscaler.runtime.scaling.scaler import is_violated, pipeline_capacity_rps
 from infscaler.runtime.scaling.types import Decision, ScalerConfig, ScalerState
 from infscaler.runtime.scaling.wakepolicy import WakeEvidence, WakeState, decide_wake, idle_cost
 from infscaler.runtime.serving.batching import (
@@ -352,11 +357,7 @@ class Autoscaler:
             if not self.service.hold_cpus_awake(new.hold, new.reason, epoch=epoch):
                 return self.wake_state()  # reset meanwhile: the decision is void
             action = "hold_cpus_awake" if new.hold else "release_cpus_awake"
-            entry = {"pipeline": "", "time": time.time(), "action": action, "reason": new.reason}
-            with self._lock:
-                self.history.append(entry)
-                self.counts[("", action)] += 1
-            log.info("%s: %s", action, new.reason)
+            self._record("", {"action": action, "reason": new.reason})
         return new
 
     def _learn(self, dep: Any) -> None:
@@ -376,22 +377,14 @@ class Autoscaler:
             log.debug("keeping the idle slowdown of %s failed", dep.name, exc_info=True)
 
     def tune_batches(self, dep: Any) -> dict[int, int]:
-        """Dynamic batching decided by measurement, for every ``policy: mark`` unit: on
-        only where its instances' measured T_b save more than the margin per item over
-        batch 1 within the unit's share of the SLO
-        (:func:`infscaler.runtime.serving.batching.decide_batching`), else batch 1. When
-        on, with an SLO, MArk §4 picks b: the largest with W_b + T_b <= the share and
-        W_b + T_b <= b T_1 at the unit's per-instance arrival rate (:func:`~infscaler.
-        runtime.serving.batching.choose_batch`); without one, the size that serves the
-        most items/s and a wait of at most what an item saves by joining (bounded by
-        ``max_delay_ms`` either way). Only at a bottleneck: a unit whose load (compute ms x
-        items per request / instances) is below 0.8 x the most loaded unit's runs batch 1
-        (:func:`~infscaler.runtime.serving.batching.bottlenecks`). T_b is what the instance timed at load, replaced by
-        the mean engine time of the batches of that size the unit ran, once it ran
-        enough of them (:func:`~infscaler.runtime.serving.batching.live_batch_ms`). Each size is sent to the instances that run another;
-        a changed decision is recorded (``status``: ``batch_on`` / ``batch_off`` with the
-        measured ms per item; :attr:`batch_decisions`). Returns ``{instance id: batch}``."""
-
+        """Dynamic batching decided by measurement for every ``policy: mark`` unit of
+        ``dep``: on only at a bottleneck and where the measured T_b save more than the
+        margin per item within the unit's SLO share
+        (:func:`~infscaler.runtime.serving.batching.decide_batching`), b by MArk §4
+        (:func:`~infscaler.runtime.serving.batching.choose_batch`); each size is sent to
+        the instances that run another, a changed decision kept (``batch_on`` /
+        ``batch_off``; :attr:`batch_decisions`). Rules: docs/scaling.md, "Dynamic
+        batching". Returns ``{instance id: batch}``."""
         slo = dep.pipeline.config.slo_ms
         mon = self._monitor(dep)
         m = mon.pipeline(dep)
@@ -482,168 +475,103 @@ class Autoscaler:
             return mon
 
     def step(self, dep: Any) -> list[Decision]:
-        """One look at ``dep``: snapshot, decide, apply. Returns the decisions."""
+        """One look at ``dep``: :meth:`_observe`, the pure :func:`~.policy.look`,
+        :meth:`_act`. Returns the scaler's (or the threads merge's) decisions."""
+        obs = self._observe(dep)
+        out = look(obs)
+        self._act(dep, obs, out)
+        return out.decisions
+
+    def _observe(self, dep: Any) -> Observation:
+        """The monitor's snapshot over :func:`~.policy.window_s`, the states the last
+        look left (the first look's ``last_change`` is the deploy: no scale-in within
+        ``hold_s`` of it, and the window counts from it; docs/scaling.md, "The
+        autoscaler's loop in full"), the merge's settings (off with ``INFSCALER_THREADS``)
+        and, with ``autoscale.tuner``, the offered arrival times."""
         auto = dep.pipeline.config.autoscale
+        mon = self._monitor(dep)
         with self._lock:
-            mon = self._monitors.get(dep.name)
-            if mon is None or mon.window_s != auto.window_s:
-                mon = self._monitors[dep.name] = Monitor(self.service, auto.window_s)
             state = self._states.get(dep.name)
-            if state is None:
-                # the deploy is the first change: no scale-in within hold_s of it, and
-                # the window counts from it. Before, a window reaching back before the
-                # deploy divided its first seconds' arrivals by the whole window, so the
-                # planner's second instance of PP-OCRv4 det was stopped at once as idle
-                # and scaled out again under load (the scaling bench's PP-OCRv4 det runs
-                # of 2026-11-25; tests/integration/runtime/scaling/test_autoscale.py pins the fix)
-                since = max(0.0, time.time() - getattr(dep, "deployed_at", time.time()))
-                state = ScalerState(last_change=time.monotonic() - since)
-        # only latency measured since the last change counts (a window reaching back
-        # before a scale-out would re-trigger on the P99 that caused it), and once the
-        # settle window after it is over, only latency measured since its end: the
-        # scaler does not count a violation within settle_s of a change (instances
-        # warming up), and the first windows after it must not carry that P99 either
-        window = auto.window_s
-        if state.last_change is not None:
-            since = time.monotonic() - state.last_change
-            if since >= auto.settle_s:
-                since -= auto.settle_s
-            window = max(1.0, min(window, since))
+            threads = self._threads.get(dep.name, thread_merge.ThreadsState())
+        if state is None:
+            since = max(0.0, time.time() - getattr(dep, "deployed_at", time.time()))
+            state = ScalerState(last_change=time.monotonic() - since)
+        window = window_s(auto.window_s, auto.settle_s, state.last_change, time.monotonic())
         snap = mon.snapshot(dep, mon.pipeline(dep, window))
-        waited, verdict = state.waiting, state.trial_verdict
-        decisions, state = decide(snap, state, scaler_config(auto))
-        if not decisions and thread_merge.enabled(os.environ):
-            decisions, state = self._merge_threads(dep, snap, state, auto)
+        merge = thread_merge.config_for(auto) if thread_merge.enabled(os.environ) else None
+        models = frozenset(i for i, u in enumerate(dep.pipeline.units) if u.kind == "model")
+        tuner = getattr(auto, "tuner", False)
+        times = dep.route.stats.offered_times(snap.now - TUNER_LOOKBACK_S) if tuner else None
+        return Observation(snap, state, scaler_config(auto), threads, merge, models, times)
+
+    def _act(self, dep: Any, obs: Observation, out: Outcome) -> None:
+        """Keep ``out``'s states and arbitration view, run the live check (when the
+        scaler decided nothing), note the wake evidence, then apply and keep
+        :attr:`~.policy.Outcome.acts` in order (:meth:`_apply`, :meth:`_record`)."""
+        snap, auto = obs.snapshot, dep.pipeline.config.autoscale
+        priority = int(getattr(dep.pipeline.config, "priority", 1) or 1)
         with self._lock:
-            self._states[dep.name] = state
-        if getattr(dep, "live", None) is not None and not decisions:
-            self.check_live(dep, snap, state)
-        if state.waiting is not None:
-            # a violation the scaler does not act on yet (settle window, sustain,
-            # cooldown): kept in the state (:meth:`state`), logged once per run of waits
-            level = logging.DEBUG if waited is not None else logging.INFO
-            log.log(level, "%s: waiting: %s", dep.name, state.waiting)
+            self._states[dep.name] = out.state
+            if out.threads is not None:
+                self._threads[dep.name] = out.threads
+            self._views[dep.name] = PipelineView(
+                dep.name, priority, snap, out.violated, out.blocked
+            )
+        if getattr(dep, "live", None) is not None and not out.decisions:
+            self.check_live(dep, snap, out.state)
+        if out.state.waiting is not None:  # a violation not acted on yet: logged once per run
+            level = logging.DEBUG if obs.state.waiting is not None else logging.INFO
+            log.log(level, "%s: waiting: %s", dep.name, out.state.waiting)
+        if out.tuned is not None and out.tuned.decision is None:
+            log.debug("%s: tuner: %s", dep.name, out.tuned.reason)
         if getattr(self.service, "cpu_wake_auto", False):
             self._note_wake(dep, snap, auto)
-        violated = is_violated(snap, scaler_config(auto))
-        grew = any(d.action in ("scale_out", "scale_up") for d in decisions)
-        tuned = self._tune(dep, snap, state) if getattr(auto, "tuner", False) and not grew else None
-        grew = grew or (tuned is not None and tuned.decision is not None)
-        if tuned is not None and tuned.blocked:
-            violated = True  # the arbitration may lend to an overload seen early
-        view = PipelineView(
-            dep.name,
-            int(getattr(dep.pipeline.config, "priority", 1) or 1),
-            snap,
-            violated,
-            violated and (state.waiting is None or tuned is not None) and not grew,
-        )
-        with self._lock:
-            self._views[dep.name] = view
-        for d in decisions:
-            self._apply(dep, d)
-            self._record(dep.name, asdict(d))
-        if state.trial_verdict not in (verdict, *(d.reason for d in decisions)):
-            # a trial's verdict (a revert that stops an instance is its scale_in's reason)
-            self._record(dep.name, {"action": "trial_verdict", "reason": state.trial_verdict})
-        return decisions
-
-    def _merge_threads(
-        self, dep: Any, snap: Any, state: ScalerState, auto: Any
-    ) -> tuple[list[Decision], ScalerState]:
-        """Threads per instance at low concurrency (:mod:`~infscaler.runtime.scaling.
-        threads`); a step it takes is a change for the scaler (settle, hold)."""
-        before = self._threads.get(dep.name, thread_merge.ThreadsState())
-        cfg = thread_merge.config_for(auto)
-        models = frozenset(i for i, u in enumerate(dep.pipeline.units) if u.kind == "model")
-        out, tstate = thread_merge.step(snap, before, cfg, state.last_change, models)
-        self._threads[dep.name] = tstate
-        if out:
-            state = replace(state, last_change=snap.now)
-        if tstate.verdict is not None and tstate.verdict != before.verdict and not out:
-            self._record(dep.name, {"action": "trial_verdict", "reason": tstate.verdict})
-        return out, state
-
-    def _tune(self, dep: Any, snap: Any, state: ScalerState) -> TunerVerdict | None:
-        """The Tuner's look at ``dep`` (``autoscale.tuner``,
-        :func:`~infscaler.runtime.scaling.tuner.scale_out_now`) on the offered requests'
-        arrival times since the last change (at most the largest window + 5 s back), when
-        the scaler grew nothing: its scale-out is applied like the scaler's, once per
-        instance it asks for (:attr:`~infscaler.runtime.scaling.tuner.TunerVerdict.count`),
-        and kept as one ``tuner_scale_out`` with the window, the observed and sustainable
-        counts, ``count``, ``needed`` (the unit's instances with all the envelope needs)
-        and ``required_rps``; the state counts it as a scale-out (cooldown, settle,
-        hold). Returns the verdict (None: nothing exceeded)."""
-        stats = dep.route.stats
-        since = snap.now - WINDOWS_S[-1] - 5.0
-        if state.last_change is not None:
-            since = max(since, state.last_change)
-        times = stats.offered_times(since)
-        verdict = scale_out_now(snap, times, state, scaler_config(dep.pipeline.config.autoscale))
-        if verdict.exceeded is None:
-            return None
-        d = verdict.decision
-        if d is None:
-            log.debug("%s: tuner: %s", dep.name, verdict.reason)
-            return verdict
-        for _ in range(max(1, verdict.count)):  # every instance the envelope needs at once
-            self._apply(dep, d)
-        now = snap.now
-        with self._lock:
-            st = self._states.get(dep.name, state)
-            self._states[dep.name] = replace(
-                st, last_scale_out=now, last_change=now, violating_since=None, waiting=None
-            )
-        e = verdict.exceeded
-        entry = {**asdict(d), "action": "tuner_scale_out", "window_s": e.window_s}
-        entry.update(observed=e.observed, sustainable=round(e.sustainable, 3))
-        entry.update(count=max(1, verdict.count), needed=verdict.needed)
-        if verdict.required_rps is not None:
-            entry["required_rps"] = round(verdict.required_rps, 3)
-        self._record(dep.name, entry)
-        return verdict
+        for actions, entry in out.acts:
+            for d in actions:
+                self._apply(dep, d)
+            if entry is not None:
+                self._record(dep.name, entry)
 
     def _apply(self, dep: Any, d: Decision) -> None:
+        """Apply one decision through the service: ``scale_out`` at once; ``scale_in`` and
+        thread steps in a thread, one per (pipeline, unit) at a time (a second is
+        dropped); ``shed`` sets or lifts the queue bound."""
         if d.action == "scale_out":
             assert d.unit is not None and d.engine is not None
             self.service.scale_out(dep, d.unit, d.engine)
         elif d.action == "scale_in":
             assert d.unit is not None and d.engine is not None
-            key = (dep.name, d.unit)
-            with self._lock:
-                if key in self._busy:
-                    return
-                self._busy.add(key)
-
-            def work() -> None:
-                try:
-                    self.service.scale_in(dep, d.unit, d.engine)
-                finally:
-                    with self._lock:
-                        self._busy.discard(key)
-
-            NamedThread(target=work, name="isc-scale-in", daemon=True).start()
+            work = functools.partial(self.service.scale_in, dep, d.unit, d.engine)
+            self._one_at_a_time((dep.name, d.unit), work, "isc-scale-in")
         elif d.action in ("scale_up", "scale_down"):
             assert d.unit is not None and d.threads is not None
-            key = (dep.name, d.unit)
-            with self._lock:
-                if key in self._busy:
-                    return
-                self._busy.add(key)
 
             def swap() -> None:
                 try:
                     self.service.scale_threads(dep, d.unit, d.threads, d.from_threads)
                 except Exception:  # noqa: BLE001 - the old instance keeps serving
                     log.exception("%s: %s of unit %s failed", dep.name, d.action, d.unit)
-                finally:
-                    with self._lock:
-                        self._busy.discard(key)
 
-            NamedThread(target=swap, name="isc-scale-thr", daemon=True).start()
+            self._one_at_a_time((dep.name, d.unit), swap, "isc-scale-thr")
         elif d.action == "shed":
             with contextlib.suppress(Exception):
                 self.service.set_queue_limit(dep, d.queue_limit, d.reason)
+
+    def _one_at_a_time(self, key: tuple[str, int], work: Any, name: str) -> None:
+        """Run ``work()`` in a thread unless one for ``key`` still runs (then nothing)."""
+        with self._lock:
+            if key in self._busy:
+                return
+            self._busy.add(key)
+
+        def run() -> None:
+            try:
+                work()
+            finally:
+                with self._lock:
+                    self._busy.discard(key)
+
+        NamedThread(target=run, name=name, daemon=True).start()
 
     # -- arbitration between pipelines ------------------------------------------------------
     def arbitration_state(self) -> ArbitrationState:

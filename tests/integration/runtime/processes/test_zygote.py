@@ -25,6 +25,7 @@ from infscaler.base.config import load_pipeline
 from infscaler.runtime.serving.pipeline import FRONTEND_INSTANCE
 from infscaler.service.service import Service
 from tests.helpers import chain_pipeline, f32, make_model, save, wait_for, wait_served
+from tests.load import ClosedLoop
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
@@ -133,14 +134,10 @@ def test_a_forked_instance_has_less_pss_than_a_spawned_one(
     assert pss["forked"] < 0.75 * pss["spawned"], pss
 
 
-def _load(svc: Service, stop: threading.Event, results: list, errors: list) -> None:
-    while not stop.is_set():
-        x = np.random.default_rng().standard_normal((1, 4)).astype(np.float32)
-        try:
-            y = svc.infer("chain", {"x": x}).outputs["y"]
-            results.append(bool(np.allclose(y, 2 * x)))
-        except Exception as exc:  # noqa: BLE001 - counted: the test asserts there is none
-            errors.append(repr(exc))
+def _send(svc: Service) -> bool:
+    """One request through ``chain``: whether its answer is right."""
+    x = np.random.default_rng().standard_normal((1, 4)).astype(np.float32)
+    return bool(np.allclose(svc.infer("chain", {"x": x}).outputs["y"], 2 * x))
 
 
 def _no_leaked_slots(svc: Service) -> None:
@@ -157,10 +154,8 @@ def test_zygote_killed_under_load_is_restarted_and_nothing_is_lost(tmp_path: Pat
         dep = svc.deploy(load_pipeline(chain_pipeline(ms=3)))
         before = {h.iid: h.pid for h in svc.supervisor.handles()}
         old = svc.supervisor.zygote.pid
-        stop, results, errors = threading.Event(), [], []
-        load = [threading.Thread(target=_load, args=(svc, stop, results, errors)) for _ in range(3)]
-        for t in load:
-            t.start()
+        load = ClosedLoop(lambda: _send(svc), 3).start()
+        results = load.results
         try:
             wait_for(lambda: len(results) >= 20, 30, "load before the kill")
             os.kill(old, signal.SIGKILL)
@@ -178,10 +173,8 @@ def test_zygote_killed_under_load_is_restarted_and_nothing_is_lost(tmp_path: Pat
             n = len(results)
             wait_for(lambda: len(results) >= n + 20, 30, "load after the scale-out")
         finally:
-            stop.set()
-            for t in load:
-                t.join(60)
-        assert not errors, errors[:5]
+            load.stop(60)
+        assert not load.errors, load.errors[:5]
         assert results and all(results)
         # the running instances were not touched
         after = {h.iid: h.pid for h in svc.supervisor.handles()}

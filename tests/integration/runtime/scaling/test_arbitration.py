@@ -22,6 +22,7 @@ from infscaler.runtime.scaling.monitor import Monitor
 from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
 from tests.helpers import chain_pipeline
+from tests.load import ClosedLoop
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
@@ -56,32 +57,17 @@ def _load(
     """Closed-loop clients that retry a 503 (refused at arrival or shed) after its
     back-off, as a client honouring Retry-After does, for ``seconds`` or until
     ``done_when`` is set; returns (answered, other errors)."""
-    done = [0]
-    errors: list[str] = []
-    stop = time.monotonic() + seconds
     x = np.ones((1, 4), np.float32)
-    ended = done_when or threading.Event()
 
-    def client() -> None:
-        while time.monotonic() < stop and not ended.is_set():
-            try:
-                r = svc.infer(name, {"x": x}, timeout_s=30)
-                np.testing.assert_allclose(r.outputs["y"], x * 2)
-                done[0] += 1
-            except RequestError as exc:
-                if exc.status == 503:
-                    time.sleep(exc.retry_after_s or 0.05)
-                    continue
-                errors.append(str(exc))
-            except Exception as exc:  # noqa: BLE001 - collected and asserted on
-                errors.append(str(exc))
+    def send() -> None:
+        r = svc.infer(name, {"x": x}, timeout_s=30)
+        np.testing.assert_allclose(r.outputs["y"], x * 2)
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return done[0], errors
+    def retry(exc: RequestError) -> float | None:
+        return (exc.retry_after_s or 0.05) if exc.status == 503 else None
+
+    load = ClosedLoop(send, clients, retry=retry, seconds=seconds, until=done_when).run()
+    return load.answered, load.errors
 
 
 def _settled_memory_mb(svc: Service) -> float:

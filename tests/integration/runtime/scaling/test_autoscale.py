@@ -9,7 +9,6 @@ sleeps, so the test measures the control loop, not this host's two cores).
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from infscaler.runtime.scaling.monitor import Monitor
 from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
 from tests.helpers import chain_pipeline, wait_for
+from tests.load import ClosedLoop
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
@@ -57,32 +57,20 @@ def _load(
     """Closed-loop clients; returns (answered, errors). A request the SLO admission
     refuses at arrival (503 with ``retry_after_s``) goes to ``refused`` (when given) and
     is retried after that back-off, as a client honouring Retry-After does."""
-    done = [0]
-    errors: list[str] = []
-    stop = time.monotonic() + seconds
     x = np.ones((1, 4), np.float32)
 
-    def client() -> None:
-        while time.monotonic() < stop:
-            try:
-                r = svc.infer("step", {"x": x}, timeout_s=30)
-                np.testing.assert_allclose(r.outputs["y"], x * 2)
-                done[0] += 1
-            except RequestError as exc:
-                if refused is not None and exc.retry_after_s and "at arrival" in str(exc):
-                    refused.append(str(exc))
-                    time.sleep(exc.retry_after_s)
-                    continue
-                errors.append(str(exc))
-            except Exception as exc:  # noqa: BLE001 - collected and asserted on
-                errors.append(str(exc))
+    def send() -> None:
+        r = svc.infer("step", {"x": x}, timeout_s=30)
+        np.testing.assert_allclose(r.outputs["y"], x * 2)
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return done[0], errors
+    def retry(exc: RequestError) -> float | None:
+        at_arrival = exc.retry_after_s and "at arrival" in str(exc)
+        return exc.retry_after_s if refused is not None and at_arrival else None
+
+    load = ClosedLoop(send, clients, retry=retry, seconds=seconds).run()
+    if refused is not None:
+        refused.extend(load.refused)
+    return load.answered, load.errors
 
 
 def test_load_step_scales_the_bottleneck_out_then_back_in(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from infscaler.runtime.scaling.monitor import Monitor
 from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
 from tests.helpers import wait_for
+from tests.load import ClosedLoop
 
 ROWS, WIDTH, LAYERS = 512, 512, 8
 
@@ -130,30 +131,16 @@ def test_thread_scale_up_under_load_at_the_memory_cap(tmp_path: Path) -> None:
         # probe (before, no option at all: a burst's first decision read "no engine option")
         assert [(o.engine, o.latency_ms) for o in u.options] == [("cpu", probe[1])]
 
-        answered = [0]
-        refused: list[str] = []
-        errors: list[str] = []
-        stop = threading.Event()
+        def send() -> None:
+            r = svc.infer("mm", {"x": x}, timeout_s=60)
+            np.testing.assert_allclose(r.outputs["y"], expected, rtol=1e-3, atol=1e-3)
 
-        def client() -> None:
-            while not stop.is_set():
-                try:
-                    r = svc.infer("mm", {"x": x}, timeout_s=60)
-                    np.testing.assert_allclose(r.outputs["y"], expected, rtol=1e-3, atol=1e-3)
-                    answered[0] += 1
-                except RequestError as exc:
-                    if exc.status == 503 and (exc.retry_after_s or "sheds load" in str(exc)):
-                        refused.append(str(exc))  # refused at arrival / shed: retried
-                        time.sleep(min(exc.retry_after_s or 0.1, 0.5))
-                        continue
-                    errors.append(str(exc))
-                except Exception as exc:  # noqa: BLE001 - collected and asserted on
-                    errors.append(repr(exc))
+        def retry(exc: RequestError) -> float | None:  # refused at arrival / shed: retried
+            if exc.status == 503 and (exc.retry_after_s or "sheds load" in str(exc)):
+                return min(exc.retry_after_s or 0.1, 0.5)
+            return None
 
-        clients = [threading.Thread(target=client) for _ in range(3)]
-        for t in clients:
-            t.start()
-        try:
+        with ClosedLoop(send, 3, retry=retry) as load:
 
             def swapped() -> bool:
                 live = [h for h in svc.supervisor.handles() if h.state in ("starting", "ready")]
@@ -162,18 +149,14 @@ def test_thread_scale_up_under_load_at_the_memory_cap(tmp_path: Path) -> None:
             ok = wait_for(swapped, 90.0, "the 2-thread instance replacing the 1-thread one")
             assert ok
             time.sleep(1.0)  # requests keep flowing through the new instance
-        finally:
-            stop.set()
-            for t in clients:
-                t.join(90)
         decisions = svc.autoscaler.decisions("mm")
         ups = [d for d in decisions if d["action"] == "scale_up"]
         assert ups, decisions
         assert (ups[0]["unit"], ups[0]["from_threads"], ups[0]["threads"]) == (0, 1, 2)
         assert "no scale-out: cpu refused: memory" in ups[0]["reason"], ups[0]["reason"]
         assert not [d for d in decisions if d["action"] in ("scale_out", "scale_in")]
-        assert errors == [], errors[:3]
-        assert answered[0] > 0
+        assert load.errors == [], load.errors[:3]
+        assert load.answered > 0
         (h,) = [h for h in svc.supervisor.handles() if h.state == "ready"]
         assert h.unit.threads == 2 and len(h.cores) == 2 and h.iid != h0.iid
         assert h0.state in ("exited", "stopping") or h0 not in svc.supervisor.handles()
@@ -202,47 +185,39 @@ def test_scale_threads_swaps_make_before_break_under_load(tmp_path: Path) -> Non
     with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
         dep = svc.deploy(cfg)
         (h0,) = svc.supervisor.handles()
-        answered = [0]
-        errors: list[str] = []
         live_counts: list[int] = []
         stop = threading.Event()
 
-        def client() -> None:
-            while not stop.is_set():
-                try:
-                    r = svc.infer("mm", {"x": x}, timeout_s=60)
-                    np.testing.assert_allclose(r.outputs["y"], expected, rtol=1e-3, atol=1e-3)
-                    answered[0] += 1
-                except Exception as exc:  # noqa: BLE001 - collected and asserted on
-                    errors.append(repr(exc))
+        def send() -> None:
+            r = svc.infer("mm", {"x": x}, timeout_s=60)
+            np.testing.assert_allclose(r.outputs["y"], expected, rtol=1e-3, atol=1e-3)
 
         def watch() -> None:
             while not stop.is_set():
                 live_counts.append(len(svc._live(dep, 0)))
                 time.sleep(0.005)
 
-        workers = [threading.Thread(target=client) for _ in range(2)]
-        workers.append(threading.Thread(target=watch))
-        for t in workers:
-            t.start()
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        load = ClosedLoop(send, 2).start()
         try:
-            wait_for(lambda: answered[0] >= 3, 60.0, "requests through the first instance")
+            wait_for(lambda: load.answered >= 3, 60.0, "requests through the first instance")
             assert svc.scale_threads(dep, 0, 2, from_threads=1) is True
             (h2,) = svc._live(dep, 0)
             assert h2.unit.threads == 2 and len(h2.cores) == min(2, len(os.sched_getaffinity(0)))
             assert h0.state == "exited" and h2.state == "ready"
-            n = answered[0]
-            wait_for(lambda: answered[0] >= n + 3, 60.0, "requests through the 2-thread one")
+            n = load.answered
+            wait_for(lambda: load.answered >= n + 3, 60.0, "requests through the 2-thread one")
             # nothing runs 3 threads: no instance to replace, nothing started
             assert svc.scale_threads(dep, 0, 1, from_threads=3) is False
             assert svc.scale_threads(dep, 0, 1, from_threads=2) is True  # and back
-            n = answered[0]
-            wait_for(lambda: answered[0] >= n + 3, 60.0, "requests after the swap back")
+            n = load.answered
+            wait_for(lambda: load.answered >= n + 3, 60.0, "requests after the swap back")
         finally:
             stop.set()
-            for t in workers:
-                t.join(90)
-        assert errors == [], errors[:3]
+            load.stop()
+            watcher.join(90)
+        assert load.errors == [], load.errors[:3]
         assert live_counts and min(live_counts) >= 1  # never without an instance
         (h1,) = svc._live(dep, 0)
         assert h1.unit.threads == 1 and h1.iid not in (h0.iid, h2.iid)

@@ -8,7 +8,6 @@ measures is 0.95x): the host runs other tests beside this one."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -16,9 +15,9 @@ import numpy as np
 import pytest
 
 from infscaler.base.config import load_pipeline
-from infscaler.runtime.serving.requests import RequestError
 from infscaler.service.service import Service
 from tests.helpers import chain_pipeline
+from tests.load import ClosedLoop
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
@@ -70,30 +69,18 @@ def test_a_flooded_lower_pipeline_leaves_the_higher_one_its_slo(tmp_path: Path) 
             svc.infer("lo", x)
         alone = hi_attainment(svc, 0)
 
-        stop = threading.Event()
-        lo_answers = [0]
+        def send() -> None:
+            svc.infer("lo", x)
 
-        def flood() -> None:
-            while not stop.is_set():
-                try:
-                    svc.infer("lo", x)
-                    lo_answers[0] += 1
-                except RequestError as e:
-                    # the servers hold a refusal hold_s before answering it; a
-                    # closed-loop client then sends again at once
-                    time.sleep(max(e.hold_s, 0.001))
-
-        clients = [threading.Thread(target=flood) for _ in range(4)]
-        for c in clients:
-            c.start()
+        # the servers hold a refusal hold_s before answering it; a closed-loop
+        # client then sends again at once
+        flood = ClosedLoop(send, 4, retry=lambda e: max(e.hold_s, 0.001)).start()
         try:
             time.sleep(1.0)
             flooded = hi_attainment(svc, 1)
         finally:
-            stop.set()
-            for c in clients:
-                c.join(30)
+            flood.stop(30)
         refused = dict(svc.deployment("lo").route.refusals)
     assert alone > 0.5, f"hi alone within its SLO only {alone:.2f}: the host is too loaded"
     assert flooded >= 0.8 * alone, (alone, flooded, refused)
-    assert lo_answers[0] > 0  # the lower pipeline is still served
+    assert flood.answered > 0  # the lower pipeline is still served

@@ -5,7 +5,6 @@ and the status, and the old configuration's answers while it drains count too.""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ from infscaler.base.config import load_pipeline
 from infscaler.runtime.serving.frontend import RequestError
 from infscaler.service.service import Service
 from tests.helpers import chain_pipeline, wait_for
+from tests.load import ClosedLoop
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
 
@@ -33,41 +33,27 @@ def _metric(text: str, name: str) -> float:
 def test_counts_go_on_across_a_switch_of_configuration(tmp_path: Path) -> None:
     with Service(state_dir=tmp_path / "state", control_path="userspace", pool_mb=32) as svc:
         svc.deploy(load_pipeline(chain_pipeline(20)))
-        answered = {"ok": 0, "refused": 0}
-        errors: list[str] = []
-        lock = threading.Lock()
-        stop = threading.Event()
 
-        def client() -> None:
-            while not stop.is_set():
-                try:
-                    svc.infer("chain", X, timeout_s=30)
-                    key = "ok"
-                except RequestError as exc:
-                    if exc.status not in (429, 503):
-                        errors.append(f"{exc.status}: {exc}")
-                        return
-                    key = "refused"
-                with lock:
-                    answered[key] += 1
+        def retry(exc: RequestError) -> float | None:
+            return 0.0 if exc.status in (429, 503) else None
 
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(3)]
-        for t in threads:
-            t.start()
+        def send() -> None:
+            svc.infer("chain", X, timeout_s=30)
+
+        load = ClosedLoop(send, 3, retry=retry).start()
         try:
-            wait_for(lambda: answered["ok"] >= 10, 60, "10 answers before the switch")
+            wait_for(lambda: load.answered >= 10, 60, "10 answers before the switch")
             before = svc.deployment("chain")
             # another configuration, deployed in its place while requests run
             svc.deploy(load_pipeline(chain_pipeline(20, instances=2)), replace=True)
             assert svc.deployment("chain") is not before
-            at_switch = answered["ok"]
-            wait_for(lambda: answered["ok"] >= at_switch + 10, 60, "10 answers after it")
+            at_switch = load.answered
+            wait_for(lambda: load.answered >= at_switch + 10, 60, "10 answers after it")
         finally:
-            stop.set()
-            for t in threads:
-                t.join(60)
-        assert not errors, errors[:3]
-        ok = answered["ok"]
+            load.stop(60)
+        assert not load.errors, load.errors[:3]
+        ok = load.answered
+        answered = {"ok": ok, "refused": len(load.refused)}
         dep = svc.deployment("chain")
         assert dep.route.instances == [1, 2]
         # the instances report what they ran when idle (or every second): wait for it
