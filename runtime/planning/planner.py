@@ -83,6 +83,12 @@ def resource_cap(device: Any) -> ResourceCap:
 # -- the search ---------------------------------------------------------------------------
 
 
+#: Requests of the search's own score of the one candidate :func:`plan` returns: the
+#: least :func:`search` takes (the greedy source simulates ``duration_s``; this score ranks
+#: nothing).
+_PLAN_SCREEN = 50
+
+
 def plan(
     units: Sequence[UnitProfile],
     rate: float,
@@ -145,6 +151,7 @@ def plan(
         seed=seed,
         handover_ms=handover_ms,
         frontend_ms=0.0,
+        requests=_PLAN_SCREEN,
         final_requests=0,
         sources=("greedy",),
         greedy=options,
