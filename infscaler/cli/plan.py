@@ -4,9 +4,9 @@ placed on many nodes (:func:`plan_fleet`).
 
 It compiles the pipeline as ``serve`` would (partitioning model stages, plans cached in
 the state directory), measures every unit in-process on this host
-(:mod:`infscaler.runtime.planning.unitprofile`), and searches with the discrete-event simulator
-(:mod:`infscaler.runtime.planning.planner`) for the least-memory configuration whose simulated
-P99 meets the SLO at the rate within the device profile's resource cap. It prints the
+(:mod:`infscaler.runtime.planning.unitprofile`), and runs the planner's search with its greedy
+source (:func:`infscaler.runtime.planning.planner.plan`): the least-memory configuration whose
+simulated P99 meets the SLO at the rate within the device profile's resource cap. It prints the
 configuration per unit (engine, instances, batch, service time, utilisation, memory) and
 the predicted P99 / throughput / memory.
 

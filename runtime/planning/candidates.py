@@ -4,8 +4,8 @@ runtime's configuration space it scores, and the sources that give each its inst
 A point is one combination, per model stage, of K = 1 .. ``max_partitions`` with the cuts
 of each objective (Eq. 1 of InfScaler §IV-A, ``minmax``, ``weights``) and a measured
 intra-op thread count ``t <= cores``; or the whole pipeline in one unit at each thread
-count. A new dimension is one more factor of that product (``_space`` in
-:mod:`~infscaler.runtime.planning.planner`); a new source, one more loop in :func:`propose`.
+count (:func:`~infscaler.runtime.planning.stages.points`); a new source, one more loop in
+:func:`propose` (:data:`SOURCES`).
 
 Sources, each a function ``(units, base, limits, scorer) -> Candidate``:
 :func:`grow` (Algorithm 1's rule: from one instance per unit, one more for the unit with
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from infscaler.runtime.planning.greedy import PlanSearch
+from infscaler.runtime.planning.greedy import GreedyOptions, PlanResult, PlanSearch
 from infscaler.runtime.planning.resources import (
     add_instances,
     arrival_rates,
@@ -34,7 +34,7 @@ from infscaler.runtime.planning.resources import (
     pinned_threads,
     with_unit,
 )
-from infscaler.runtime.planning.scoring import Score, Scorer, arrivals_for, fmt_num
+from infscaler.runtime.planning.scoring import Score, Scorer, fmt_num
 from infscaler.runtime.planning.simulator import (
     MAX_PER_UNIT,
     UnitConfig,
@@ -47,6 +47,7 @@ __all__ = [
     "Candidate",
     "Limits",
     "Point",
+    "SOURCES",
     "greedy",
     "grow",
     "hand_configurations",
@@ -122,19 +123,21 @@ class Candidate:
 
     def identity(self) -> list[Any]:
         """The configuration itself, JSON-able: ``[whole, cuts per model stage, threads
-        per model stage, instances per served unit]`` (what
-        :func:`~infscaler.runtime.planning.planner.search`'s ``incumbent`` is compared
-        with; the objectives that found the cuts are not part of it)."""
+        per model stage, instances per served unit, {engine: instances} per served
+        unit]`` (what :func:`~infscaler.runtime.planning.planner.search`'s ``incumbent``
+        is compared with; the objectives that found the cuts are not part of it). Two
+        candidates with one identity are one configuration."""
+        served = [(u, c) for u, c in zip(self.units, self.config, strict=True) if u.served]
         return [
             bool(self.whole),
             [list(c) for c in self.cuts],
             list(self.threads),
-            [c.total for u, c in zip(self.units, self.config, strict=True) if u.served],
+            [c.total for _, c in served],
+            [dict(sorted(c.instances.items())) for _, c in served],
         ]
 
     def config_key(self) -> str:
-        """:meth:`identity` with each unit's instances per engine: two candidates with
-        one key are one configuration."""
+        """:meth:`identity` as a key (the front end's engines with it)."""
         return repr((self.identity(), [sorted(x.instances.items()) for x in self.config]))
 
     def label(self) -> str:
@@ -150,7 +153,7 @@ class Candidate:
         inst = "+".join(
             str(c.total) for u, c in zip(self.units, self.config, strict=True) if u.served
         )
-        return f"{' '.join(parts)} inst={inst}"
+        return f"{' '.join(parts) or 'units as given'} inst={inst}"
 
     def line(self) -> str:
         mr = "" if self.max_rate_rps is None else f" max {self.max_rate_rps:.1f}/s"
@@ -164,8 +167,12 @@ class Candidate:
 
 def is_incumbent(c: Candidate, incumbent: str | None) -> bool:
     """``c`` is the configuration planned before: ``incumbent`` is its
-    :meth:`Candidate.identity` as JSON (None: none was)."""
-    return incumbent is not None and json.dumps(c.identity()) == incumbent
+    :meth:`Candidate.identity` as JSON (None: none was). A decision kept before engines
+    were part of the identity (four fields) matches on those four."""
+    if incumbent is None:
+        return False
+    kept = json.loads(incumbent)
+    return json.dumps(c.identity()[: len(kept)]) == json.dumps(kept)
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,8 @@ class Limits:
         configuration oversubscribe the cores; the planner's own choice does not (the
         simulator underrates that contention)."""
         slots = cap.max_instances.get("cpu") if cap.max_instances else None
+        if cores < 1:  # cores unknown (a pipeline of fixed units only): the cap's slots
+            return cls(cap=cap, thread_slots=cap.cores or 10**9, slots=slots)
         by_cores = max(1, int(oversubscribe * cores + 1e-9))
         thread_slots = min(cap.cores, by_cores) if cap.cores else by_cores
         return cls(cap=cap, thread_slots=thread_slots, slots=slots)
@@ -262,31 +271,58 @@ def grow(
 Point = tuple[list[UnitProfile], dict[str, Any]]
 
 
-def propose(points: Sequence[Point], limits: Limits, scorer: Scorer) -> list[Candidate]:
-    """Every source's candidates of ``points``: each point grown (:func:`grow`), then
-    the greedy planner's configuration of each (:func:`greedy`) where no candidate has
-    that configuration already (engines counted). A new source is one more loop here."""
-    out = [grow(units, base, limits, scorer) for units, base in points]
+#: The candidate sources, in the order :func:`propose` runs them.
+SOURCES = ("grow", "greedy")
+
+
+def propose(
+    points: Sequence[Point],
+    limits: Limits,
+    scorer: Scorer,
+    sources: Sequence[str] = SOURCES,
+    options: GreedyOptions | None = None,
+) -> tuple[list[Candidate], list[PlanResult]]:
+    """``(every source's candidates of points, the greedy source's result per point)``:
+    each point grown (:func:`grow`), then the greedy planner's configuration of each
+    (:func:`greedy`, with ``options``) where no candidate has that configuration already
+    (engines counted). ``sources``: which of :data:`SOURCES` run. A new source is one
+    more loop here.
+
+    Raises:
+        ValueError: an unknown source, or none."""
+    bad = [x for x in sources if x not in SOURCES]
+    if bad or not sources:
+        raise ValueError(f"unknown candidate sources {bad or list(sources)}: use {SOURCES}")
+    out = [grow(units, base, limits, scorer) for units, base in points] if "grow" in sources else []
     seen = {c.config_key() for c in out}
-    for units, base in points:
-        g = greedy(units, base, limits, scorer)
+    found: list[PlanResult] = []
+    for units, base in points if "greedy" in sources else ():
+        g, res = greedy(units, base, limits, scorer, options or GreedyOptions())
+        if res is not None:
+            found.append(res)
         if g is not None and g.config_key() not in seen:
             seen.add(g.config_key())
             out.append(g)
-    return out
+    return out, found
 
 
 def greedy(
-    units: list[UnitProfile], base: Mapping[str, Any], limits: Limits, scorer: Scorer
-) -> Candidate | None:
+    units: list[UnitProfile],
+    base: Mapping[str, Any],
+    limits: Limits,
+    scorer: Scorer,
+    options: GreedyOptions,
+) -> tuple[Candidate | None, PlanResult | None]:
     """The greedy planner's configuration of one point of the space as a candidate:
     InferLine §4.3's least-memory configuration whose P99 meets the SLO at the rate
-    (:meth:`~infscaler.runtime.planning.greedy.PlanSearch.plan`, on the screen's trace),
-    scored like every candidate; None without a rate or where it finds none."""
+    (:meth:`~infscaler.runtime.planning.greedy.PlanSearch.plan`, on the trace of
+    ``options``), scored like every candidate; ``(candidate or None where it finds none,
+    its :class:`~infscaler.runtime.planning.greedy.PlanResult`)``; ``(None, None)``
+    without a rate."""
     s = scorer.settings
     if s.rate is None:
-        return None
-    times, label = arrivals_for(s.arrivals, s.rate, s.requests / s.rate, s.seed)
+        return None, None
+    times, label = options.trace(s.arrivals, s.rate, s.requests, s.seed)
     found = PlanSearch(
         list(units),
         s.rate,
@@ -296,16 +332,16 @@ def greedy(
         label,
         seed=s.seed,
         handover_ms=s.handover_ms,
-        pool_mb=0.0,
-        warmup_s=0.0,
-        batch_wait_ms=2.0,
-        max_inflight="auto",
-    ).plan()
+        pool_mb=options.pool_mb,
+        warmup_s=options.warmup_s,
+        batch_wait_ms=options.batch_wait_ms,
+        max_inflight=options.max_inflight,
+    ).plan(options.max_steps, options.minimize)
     scorer.simulations += found.simulations
     if not found.feasible or found.config is None:
-        return None
+        return None, found
     good, max_rate, res = scorer.score(units, found.config)
-    return Candidate(
+    cand = Candidate(
         **base,
         config=tuple(found.config),
         goodput_rps=good,
@@ -315,6 +351,7 @@ def greedy(
         memory_mb=config_memory_mb(units, found.config),
         note="greedy: the least memory meeting the P99 (InferLine §4.3)",
     )
+    return cand, found
 
 
 def _one_more(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from infscaler.runtime.planning.candidates import Candidate
+from infscaler.runtime.planning.greedy import PlanResult
 from infscaler.runtime.planning.ranking import MEMORY_AMPLE, Ties, processes, served_units
 from infscaler.runtime.planning.scoring import SearchSettings, fmt_num
 
@@ -25,7 +26,9 @@ __all__ = ["SearchOutcome", "explanation", "ranked"]
 @dataclass(frozen=True)
 class SearchOutcome:
     """What :func:`~infscaler.runtime.planning.planner.search` found: the winner, every
-    candidate (best first), the reasons."""
+    candidate (best first), the reasons; ``greedy``: per point of the space, what the
+    greedy source found (its steps, or why no configuration meets the SLO; empty without
+    a rate or without that source)."""
 
     best: Candidate | None
     candidates: tuple[Candidate, ...]
@@ -33,6 +36,7 @@ class SearchOutcome:
     simulations: int
     rate: float | None
     slo_ms: float
+    greedy: tuple[PlanResult, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         def cand(c: Candidate) -> dict[str, Any]:

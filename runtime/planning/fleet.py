@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infscaler.runtime.planning.planner import plan, resource_cap
-from infscaler.runtime.planning.resources import busy_cores, cap_usage
-from infscaler.runtime.planning.simulator import MAX_PER_UNIT, UnitProfile
+from infscaler.runtime.planning.resources import arrival_rates, busy_cores, cap_usage, per_item_ms
+from infscaler.runtime.planning.simulator import MAX_PER_UNIT, UnitConfig, UnitProfile
+from infscaler.runtime.queueing import capacity_rps
 from infscaler.runtime.scaling.types import ResourceCap
 
 __all__ = [
@@ -142,27 +143,27 @@ class CapacityCurve:
 
 def _ceiling(units: Sequence[UnitProfile], cap: ResourceCap) -> float:
     """Requests/s the device could serve with every slot on every unit (no queueing): an
-    upper bound of R*."""
-    fo = next((i for i, u in enumerate(units) if u.fan_out), None)
-    fi = next((i for i, u in enumerate(units) if u.fan_in), None)
-    items = units[fo].items_mean if fo is not None else 1.0
-    best = math.inf
-    for i, u in enumerate(units):
-        if not u.served:
-            continue
-        per_item = fo is not None and fi is not None and fo < i < fi
-        rate = 0.0
-        for e, p in u.engines.items():
-            if cap.max_instances and e not in cap.max_instances:
-                continue
+    upper bound of R*, the one capacity model's
+    (:func:`~infscaler.runtime.queueing.capacity_rps`) at the most instances the cap
+    allows each served unit on each of its engines the device has."""
+    service_ms: list[float | None] = []
+    instances: list[int] = []
+    for u in units:
+        most = {}
+        for e in u.engines:
             n = min(MAX_PER_UNIT, u.max_instances or MAX_PER_UNIT)
             if cap.max_instances and u.kind == "model":  # slots bound model instances only
-                n = min(n, cap.max_instances[e])
-            if p.mean_ms > 0:
-                rate += n * 1e3 / p.mean_ms
-            else:
-                rate = math.inf
-        best = min(best, rate / (items if per_item else 1.0))
+                n = min(n, cap.max_instances.get(e, 0))
+            if n > 0 and (not cap.max_instances or e in cap.max_instances):
+                most[e] = n
+        if not u.served:
+            service_ms.append(None)  # the front end's: not bounded here
+        elif most:
+            service_ms.append(per_item_ms(u, UnitConfig(most)))
+        else:  # none of its engines on this device: it serves nothing
+            service_ms.append(1.0)
+        instances.append(1 if most else 0)
+    best = capacity_rps(service_ms, instances, arrival_rates(units, 1.0))
     return best if math.isfinite(best) else 1e6
 
 

@@ -33,7 +33,7 @@ from infscaler.runtime.planning.resources import (
     unit_loads,
     with_unit,
 )
-from infscaler.runtime.planning.scoring import fmt_num
+from infscaler.runtime.planning.scoring import ArrivalsArg, arrivals_for, fmt_num
 from infscaler.runtime.planning.simulator import (
     MAX_PER_UNIT,
     SimResult,
@@ -46,7 +46,7 @@ from infscaler.runtime.scaling.demand import fits_cores, share_per_thread
 from infscaler.runtime.scaling.types import ResourceCap
 from infscaler.runtime.serving.batching import decide_batching
 
-__all__ = ["PlanResult", "PlanSearch", "fits_instance"]
+__all__ = ["GreedyOptions", "PlanResult", "PlanSearch", "fits_instance"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,48 @@ class PlanResult:
             "steps": list(self.steps),
             "notes": list(self.notes),
         }
+
+
+@dataclass(frozen=True)
+class GreedyOptions:
+    """How the greedy source simulates (:func:`~infscaler.runtime.planning.planner.plan`'s
+    options; the defaults are the search's own screen).
+
+    Attributes:
+        arrivals: the sample arrival process (a spec, a callable or explicit times; None:
+            the search's ``arrivals``).
+        duration_s: length of the sample trace, s (None: the search's ``requests`` / rate).
+        pool_mb / warmup_s / max_inflight: see
+            :func:`~infscaler.runtime.planning.simulator.simulate`.
+        batch_wait_ms: batch window when a unit's batch is raised, ms.
+        max_steps: most changes the greedy search makes. minimize: run step 4 (trim).
+    """
+
+    arrivals: ArrivalsArg | None = None
+    duration_s: float | None = None
+    pool_mb: float = 0.0
+    warmup_s: float = 0.0
+    batch_wait_ms: float = 2.0
+    max_inflight: int | str | None = "auto"
+    max_steps: int = 64
+    minimize: bool = True
+
+    def trace(
+        self, arrivals: ArrivalsArg, rate: float, requests: int, seed: int
+    ) -> tuple[np.ndarray, str]:
+        """``(times, label)`` of the sample trace at ``rate`` (``arrivals`` and
+        ``requests``: the search's, where these options give none).
+
+        Raises:
+            ValueError: bad duration, or a trace that holds no requests."""
+        duration = requests / rate if self.duration_s is None else self.duration_s
+        if not duration > 0:
+            raise ValueError(f"duration_s must be > 0, got {duration!r}")
+        spec = arrivals if self.arrivals is None else self.arrivals
+        times, label = arrivals_for(spec, rate, duration, seed)
+        if times.size == 0:
+            raise ValueError(f"the arrival trace ({label}) holds no requests")
+        return times, label
 
 
 def _engines_allowed(u: UnitProfile, cap: ResourceCap) -> list[str]:

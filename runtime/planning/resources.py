@@ -89,7 +89,8 @@ def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cor
     over its instances, :func:`per_item_ms`, x its items per request) and the cpu cores
     (``cores`` x 1000 over the cpu ms all units spend per request, each item on its
     instance's pinned threads, every thread busy: :func:`~infscaler.runtime.queueing.
-    busy_cpu_ms`). At most :data:`MAX_RPS` (the figure bounds a bisection).
+    busy_cpu_ms`; ``cores`` 0: not bounded by the cores). At most :data:`MAX_RPS` (the
+    figure bounds a bisection).
 
     E.g. one unit of 15 ms on 1 instance: 1000 / 15 requests/s; a per-item unit of 10 ms
     with 3 items per request on 2 instances: 1000 / (3 x 10 / 2).
@@ -103,7 +104,7 @@ def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cor
         [per_item_ms(u, c) for u, c in zip(units, config, strict=True)],
         [1] * len(units),
         items,
-        cores=max(1, cores),
+        cores=cores if cores >= 1 else None,
         cpu_ms=cpu_ms,
     )
     return min(cap, MAX_RPS)

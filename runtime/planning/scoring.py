@@ -82,7 +82,7 @@ class SearchSettings:
         slo_ms / rate / arrivals / requests / seed / handover_ms / frontend_ms /
             final_requests / finalist_within / finalists_max / goodput_tie: the search's.
         cores: the physical cores cpu instances and the front end share (the
-            simulator's contention).
+            simulator's contention; 0: unknown, none modelled).
         incumbent: the configuration planned before, its
             :meth:`~infscaler.runtime.planning.candidates.Candidate.identity` as JSON
             (None: none).
@@ -136,7 +136,7 @@ class Scorer:
             handover_ms=s.handover_ms,
             seed=s.seed,
             max_inflight="auto",
-            cpu_cores=s.cores,
+            cpu_cores=s.cores or None,
         )
 
     def score(

@@ -196,7 +196,7 @@ def test_bad_arguments_are_refused():
         search([st], 10, cap(), objectives=("nope",))
     with pytest.raises(ValueError, match="cores"):
         search([st], 10, None)
-    with pytest.raises(ValueError, match="no model stage"):
+    with pytest.raises(ValueError, match="no stage"):  # fixed units alone: one point
         search([], 10, cap())
     with pytest.raises(ValueError, match="1-thread"):
         ModelStage("m", costs=(1,), valid_cuts=(), whole_ms={2: 1.0})
@@ -366,7 +366,7 @@ def test_the_configuration_planned_before_keeps_the_tie():
     free = search([st2], 60.0, cap(cores=2), frontend_ms=0.0, max_partitions=1)
     assert free.best.threads == (1,)
     two = next(c for c in free.candidates if c.threads == (2,) and served(c) == [1])
-    assert two.identity() == [False, [[]], [2], [1]]
+    assert two.identity() == [False, [[]], [2], [1], [{"cpu": 1}]]
     kept = search([st2], 60.0, cap(cores=2), frontend_ms=0.0, max_partitions=1,
                   incumbent=two.identity())  # fmt: skip
     assert kept.best.threads == (2,) and served(kept.best) == [1]
