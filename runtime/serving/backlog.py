@@ -13,7 +13,6 @@ queue policy: :mod:`~infscaler.runtime.serving.queues`.
 
 from __future__ import annotations
 
-import collections
 import enum
 import math
 from collections.abc import Iterable
@@ -29,7 +28,6 @@ __all__ = [
     "over_admission",
     "queue_due",
     "queue_timeout_error",
-    "running_counts",
     "unqueue",
 ]
 
@@ -70,11 +68,6 @@ def over_admission(
     With no request in any pipeline (``running`` 0) it never is: one request always
     starts, else nothing would ever free a slot."""
     return admit_bytes is not None and running > 0 and in_use_bytes + slot_bytes > admit_bytes
-
-
-def running_counts(pending: Iterable[PendingRequest]) -> collections.Counter[int]:
-    """Requests inside their pipeline (:data:`IN_PIPELINE`) per route, by ``id(route)``."""
-    return collections.Counter(id(p.route) for p in pending if p.phase in IN_PIPELINE)
 
 
 def queue_due(waiting: Iterable[tuple[object, PendingRequest]]) -> float:

@@ -45,8 +45,6 @@ from infscaler.runtime.serving.backlog import (
     over_admission,
     queue_due,
     queue_timeout_error,
-    running_counts,
-    unqueue,
 )
 from infscaler.runtime.serving.intake import Intake
 from infscaler.runtime.serving.pipeline import (
@@ -392,12 +390,13 @@ class FrontEnd:
         while True:
             try:
                 try:
-                    poller.poll(self._timeout_ms(mark))
+                    events = poller.poll(self._timeout_ms(mark))
                 except InterruptedError:
                     continue
-                with contextlib.suppress(BlockingIOError, OSError):
-                    while os.read(self._wake_r, 4096):
-                        pass
+                if any(fd == self._wake_r for fd, _ in events):  # drain the wake-ups
+                    with contextlib.suppress(BlockingIOError, OSError):
+                        while len(os.read(self._wake_r, 4096)) == 4096:
+                            pass
                 mark = self._freed  # a free after this is seen by _timeout_ms
                 self.counters["loop_turns"] += 1
                 if not self._do_commands():
@@ -425,7 +424,7 @@ class FrontEnd:
         free count then), else until the nearest deadline or queue timeout (at most
         1 s). Everything else that lets work go on wakes it: a token (results free a
         pipeline's window), a command, :meth:`wake`, the pool's next free."""
-        if self._endpoint.pending() or self.client.stats()["queued"]:
+        if self._endpoint.pending() or self.client.queued():
             return 0
         if self._pool_armed and self._freed != mark:
             return 0
@@ -441,6 +440,7 @@ class FrontEnd:
             if cmd[0] == "submit":
                 p = cmd[1]
                 self._backlog.push(p, p.level, p.delayed, p.order)
+                self._nearest = min(self._nearest, p.deadline)
             elif cmd[0] == "fail":
                 with self._lock:
                     p = self._pending.get(cmd[1])
@@ -470,15 +470,16 @@ class FrontEnd:
         self._pool_armed, self._queue_due = False, math.inf
         if not self._backlog:
             return
-        with self._lock:
-            running = running_counts(self._pending.values())
+        with self._lock:  # requests inside each pipeline, by id(route) (a copy)
+            running = dict(self.intake.running)
+        total = sum(running.values())
         waiting: list[tuple[tuple[int, int, int], PendingRequest]] = []
         pool_full = False
         now = time.monotonic()
         while self._backlog:
             key, p = self._backlog.pop()
             route = p.route
-            window_full = running[id(route)] >= route.max_inflight
+            window_full = running.get(id(route), 0) >= route.max_inflight
             step = backlog_step(p, now, window_full=window_full, pool_full=pool_full)
             if step is Step.DROP:
                 continue
@@ -496,7 +497,6 @@ class FrontEnd:
                 continue
             tensors = p.inputs
             assert tensors is not None
-            total = sum(running.values())
             if (
                 self.admit_bytes is not None
                 and total > 0
@@ -522,10 +522,9 @@ class FrontEnd:
                 self._complete_error(p, RequestError(f"cannot start the request: {exc}", 500))
                 continue
             p.inputs = None
-            with self._lock:
-                unqueue(p)
-                p.move(RequestPhase.RUNNING)
-            running[id(route)] += 1
+            self.intake.start(p)
+            running[id(route)] = running.get(id(route), 0) + 1
+            total += 1
         self._backlog.extend(waiting)
         self._pool_armed = pool_full  # then the pool's next free wakes the loop
         self._queue_due = queue_due(waiting)
@@ -584,14 +583,12 @@ class FrontEnd:
                 self._on_token(tok, tensors)
             finally:
                 del tensors
-                # keep result slots for the next inputs only while the pool has room
+                # keep result slots for the next inputs (None: while the client holds
+                # fewer than max_out_tokens) only while the pool has room
                 keep = (
                     None
-                    if self.admit_bytes is None
-                    else (
-                        len(self.client.out_tokens()) < self.client.max_out_tokens
-                        and self.pool.in_use_bytes() < self.admit_bytes // 2
-                    )
+                    if self.admit_bytes is None or self.pool.in_use_bytes() < self.admit_bytes // 2
+                    else False
                 )
                 self.client.done(tok, keep=keep)
 
@@ -689,8 +686,13 @@ class FrontEnd:
     # -- completion --------------------------------------------------------------------------
     def _expire(self) -> None:
         """Fail the requests past their deadline; note the nearest deadline left (the
-        loop sleeps until it: one pass over the pending requests a turn)."""
+        loop sleeps until it). A pass over the pending requests only once the nearest
+        deadline noted is due: every request's "submit" command lowers it to its own
+        (:meth:`_do_commands`, before this in the same turn), and an answered request
+        leaves it early at worst (one pass more)."""
         now, late, nearest = time.monotonic(), [], math.inf
+        if now < self._nearest:
+            return
         with self._lock:
             for p in self._pending.values():
                 if p.deadline <= now:

@@ -29,11 +29,12 @@ from infscaler.runtime.serving.arrivals import (
     count_refusal,
     refusal_error,
 )
-from infscaler.runtime.serving.backlog import unqueue
+from infscaler.runtime.serving.backlog import IN_PIPELINE, unqueue
 from infscaler.runtime.serving.queues import request_level
 from infscaler.runtime.serving.requests import PendingRequest
 from infscaler.runtime.serving.route import Route
 from infscaler.runtime.serving.runners import ITEM_BITS
+from infscaler.runtime.serving.states import RequestPhase
 
 __all__ = ["Intake"]
 
@@ -57,6 +58,8 @@ class Intake:
         by_uid: requests pending per client uid (the operator's are not counted).
         live: the routes with requests admitted, by ``id`` (pruned at arrivals once
             they have none): admission across pipelines reads their load.
+        running: requests inside their pipeline (phases ``running``, ``items``,
+            ``post``) per route, by ``id``; a route with none has no entry.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class Intake:
         self.pending: dict[int, PendingRequest] = {}
         self.by_uid: collections.Counter[int] = collections.Counter()
         self.live: dict[int, Route] = {}
+        self.running: dict[int, int] = {}
         self._seq = itertools.count(1)
 
     def admit(
@@ -192,13 +196,29 @@ class Intake:
             uid=uid,
         )
 
+    def start(self, p: PendingRequest) -> None:
+        """``p`` leaves its queue and enters its pipeline (phase ``running``)."""
+        with self.lock:
+            unqueue(p)
+            p.move(RequestPhase.RUNNING)
+            key = id(p.route)
+            self.running[key] = self.running.get(key, 0) + 1
+
     def finish(self, p: PendingRequest) -> bool:
-        """``p`` leaves the pending requests, its queue, its route's admitted count and
-        its uid's count. False when it had already left."""
+        """``p`` leaves the pending requests, its queue or its pipeline, its route's
+        admitted count and its uid's count (call before its phase becomes ``done``).
+        False when it had already left."""
         with self.lock:
             if self.pending.pop(p.seq, None) is None:
                 return False
             unqueue(p)
+            if p.phase in IN_PIPELINE:
+                key = id(p.route)
+                left = self.running.get(key, 0) - 1
+                if left > 0:
+                    self.running[key] = left
+                else:
+                    self.running.pop(key, None)
             p.route.admitted -= 1
             p.route.dues.pop(p.seq, None)
             if p.uid is not None:

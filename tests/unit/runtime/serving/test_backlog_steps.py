@@ -19,9 +19,9 @@ from infscaler.runtime.serving.backlog import (
     over_admission,
     queue_due,
     queue_timeout_error,
-    running_counts,
     unqueue,
 )
+from infscaler.runtime.serving.intake import Intake
 from infscaler.runtime.serving.pipeline import TRACE
 from infscaler.runtime.serving.requests import PendingRequest, RequestError
 from infscaler.runtime.serving.states import RequestPhase
@@ -63,15 +63,7 @@ def test_over_admission_lets_one_request_start_on_an_idle_pipeline() -> None:
     assert not over_admission(90, 20, None, running=3)
 
 
-def test_running_counts_and_queue_due() -> None:
-    a, b = _route("a"), _route("b")
-    reqs = [
-        _request(a, phase=RequestPhase.RUNNING),
-        _request(a, phase=RequestPhase.POST),
-        _request(b, phase=RequestPhase.QUEUED),
-        _request(b, phase=RequestPhase.ITEMS),
-    ]
-    assert running_counts(reqs) == {id(a): 2, id(b): 1}
+def test_queue_due() -> None:
     waiting = [((1, 0, 0), _request(queue_deadline=3.0)), ((1, 0, 1), _request())]
     waiting.append(((1, 1, 2), _request(queue_deadline=1.0, delayed=True)))
     assert queue_due(waiting) == 3.0
@@ -116,3 +108,30 @@ def test_refusal_error_and_first_slot() -> None:
     with pytest.raises(RequestError) as info:
         first_slot(route, {"x": x}, nbytes - 1)
     assert (info.value.status, info.value.code) == (413, "too_large")
+
+
+def test_intake_counts_requests_inside_their_pipeline() -> None:
+    intake = Intake(
+        max_pending=8, pending_per_uid=None, operator_pending=0, counters=collections.Counter()
+    )
+    a, b = _route("a"), _route("b")
+    for r in (a, b):
+        r.admitted, r.dues = 0, {}
+    reqs = []
+    for seq, route in enumerate((a, a, b), start=1):
+        p = _request(route)
+        p.seq = seq
+        route.queued[1] += 1
+        route.admitted += 1
+        intake.pending[seq] = p
+        reqs.append(p)
+    intake.start(reqs[0])
+    intake.start(reqs[2])
+    assert intake.running == {id(a): 1, id(b): 1}
+    assert reqs[0].phase is RequestPhase.RUNNING and dict(a.queued) == {1: 1}
+    assert intake.finish(reqs[1])  # never started: the running counts stay
+    assert intake.running == {id(a): 1, id(b): 1} and not a.queued
+    assert intake.finish(reqs[0]) and intake.finish(reqs[2])
+    assert intake.running == {} and not intake.pending
+    assert not intake.finish(reqs[0])  # once only
+    assert (a.admitted, b.admitted) == (0, 0)
