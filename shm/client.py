@@ -371,6 +371,11 @@ class InstanceClient:
         """The OutToken queue (idle slots this instance may write), a copy."""
         return list(self._out)
 
+    def queued(self) -> int:
+        """Inputs received and buffered, not yet taken by :meth:`recv_input` (what
+        :meth:`stats` calls ``queued``, without building the dict)."""
+        return len(self._inputs)
+
     def stats(self) -> dict[str, Any]:
         """Counters plus ``out_tokens``, ``acquired``, ``reading`` and ``queued`` (inputs
         received and not yet returned)."""

@@ -223,20 +223,48 @@ def write_tensors(buf: memoryview, tensors: Mapping[str, np.ndarray]) -> int:
 
 
 class _Reader:
-    """Bounds-checked cursor over the header region."""
+    """Bounds-checked cursor over the header region. ``what`` names the field read, as
+    ``what % arg`` (formatted only for the error: this runs for every slot read)."""
 
     def __init__(self, mv: memoryview, end: int) -> None:
         self.mv, self.pos, self.end = mv, _FIXED.size, end
 
-    def take(self, n: int, what: str) -> memoryview:
+    def take(self, n: int, what: str, arg: object = None) -> memoryview:
         if self.pos + n > self.end:
-            raise SlotFormatError(f"slot header truncated while reading {what}")
+            raise SlotFormatError(f"slot header truncated while reading {what % (arg,)}")
         out = self.mv[self.pos : self.pos + n]
         self.pos += n
         return out
 
-    def unpack(self, st: struct.Struct, what: str) -> int:
-        return st.unpack(self.take(st.size, what))[0]
+    def unpack(self, st: struct.Struct, what: str, arg: object = None) -> int:
+        return st.unpack(self.take(st.size, what, arg))[0]
+
+
+#: dtype codes :func:`read_tensors` has checked, and their dtypes
+_READ_DTYPES: dict[str, np.dtype] = {}
+
+
+def _read_dtype(code_raw: bytes, name: str) -> np.dtype:
+    """The dtype a slot header names (``code_raw``, its ``dtype.str``), checked: no
+    object dtype, parsable, canonical, storable (:func:`_check_dtype`)."""
+    code = code_raw.decode("latin-1")
+    dtype = _READ_DTYPES.get(code)
+    if dtype is not None:
+        return dtype
+    if code.startswith("|O"):
+        raise SlotFormatError(f"tensor {name!r}: object dtype {code!r} is refused")
+    try:
+        if not _DTYPE_STR.match(code):
+            raise ValueError(code)
+        dtype = np.dtype(code)
+    except (TypeError, ValueError) as exc:
+        raise SlotFormatError(f"tensor {name!r}: unparsable dtype {code_raw!r}") from exc
+    if dtype.str != code:
+        raise SlotFormatError(f"tensor {name!r}: dtype {code!r} is not in canonical form")
+    _check_dtype(dtype, name)
+    if len(_READ_DTYPES) < 256:  # codes are few; a hostile header cannot grow it past this
+        _READ_DTYPES[code] = dtype
+    return dtype
 
 
 def read_tensors(buf: memoryview) -> dict[str, np.ndarray]:
@@ -266,30 +294,18 @@ def read_tensors(buf: memoryview) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     prev_end = header
     for i in range(count):
-        name_len = rd.unpack(_U16, f"tensor {i} name length")
+        name_len = rd.unpack(_U16, "tensor %d name length", i)
         try:
-            name = bytes(rd.take(name_len, f"tensor {i} name")).decode("utf-8")
+            name = bytes(rd.take(name_len, "tensor %d name", i)).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise SlotFormatError(f"tensor {i}: name is not UTF-8") from exc
-        code_len = rd.unpack(_U8, f"tensor {name!r} dtype length")
-        code_raw = bytes(rd.take(code_len, f"tensor {name!r} dtype"))
-        code = code_raw.decode("latin-1")
-        if code.startswith("|O"):
-            raise SlotFormatError(f"tensor {name!r}: object dtype {code!r} is refused")
-        try:
-            if not _DTYPE_STR.match(code):
-                raise ValueError(code)
-            dtype = np.dtype(code)
-        except (TypeError, ValueError) as exc:
-            raise SlotFormatError(f"tensor {name!r}: unparsable dtype {code_raw!r}") from exc
-        if dtype.str != code:
-            raise SlotFormatError(f"tensor {name!r}: dtype {code!r} is not in canonical form")
-        _check_dtype(dtype, name)
-        ndim = rd.unpack(_U8, f"tensor {name!r} ndim")
+        code_len = rd.unpack(_U8, "tensor %r dtype length", name)
+        dtype = _read_dtype(bytes(rd.take(code_len, "tensor %r dtype", name)), name)
+        ndim = rd.unpack(_U8, "tensor %r ndim", name)
         if ndim > MAX_NDIM:
             raise SlotFormatError(f"tensor {name!r}: ndim {ndim} above {MAX_NDIM}")
-        shape = tuple(rd.unpack(_U64, f"tensor {name!r} dims") for _ in range(ndim))
-        off, nbytes = _TAIL.unpack(rd.take(_TAIL.size, f"tensor {name!r} offset"))
+        shape = tuple(rd.unpack(_U64, "tensor %r dims", name) for _ in range(ndim))
+        off, nbytes = _TAIL.unpack(rd.take(_TAIL.size, "tensor %r offset", name))
         if math.prod(shape) * dtype.itemsize != nbytes:
             raise SlotFormatError(
                 f"tensor {name!r}: {nbytes} bytes does not match shape {shape} of {dtype}"

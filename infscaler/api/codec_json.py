@@ -92,7 +92,9 @@ def parse_json(header: bytes, what: str, header_length: int | None) -> dict[str,
             f"the {what} must be UTF-8 encoded JSON; byte {exc.start} is not valid UTF-8 "
             f"({exc.reason})"
         ) from None
-    depth = _json_depth(bytes(header))
+    raw = bytes(header)
+    # no deeper than the brackets it opens: most headers are checked by counting those
+    depth = 0 if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH else _json_depth(raw)
     if depth > MAX_JSON_DEPTH:
         raise ProtocolError(
             f"the {what} JSON is nested {depth} levels deep; at most {MAX_JSON_DEPTH} are "

@@ -1,11 +1,14 @@
-"""What the front end knows as a request arrives, and how it counts a refusal.
+"""What the front end knows as a request arrives, how it decides, and how it counts a refusal.
 
 :func:`arrival_snapshot` gathers, from a pipeline's :class:`~infscaler.runtime.serving.route.Route`
 and the front end's own counts (:class:`FrontCounts`), the
 :class:`~infscaler.runtime.serving.admission.ArrivalSnapshot` that the pure
-:func:`~infscaler.runtime.serving.admission.admit_request` decides on; :func:`count_refusal`
-records a refusal where the statistics, the status and ``/metrics`` read it. Both run
-under the front end's lock; neither blocks.
+:func:`~infscaler.runtime.serving.admission.admit_request` decides on;
+:func:`admit_arrival` adds admission across pipelines; :func:`count_refusal` records a
+refusal where the statistics, the status and ``/metrics`` read it, and
+:func:`refusal_error` is the error it answers with. :func:`first_slot` lays out a
+request's first slot and refuses one too large for the pool (413). They run under the
+front end's lock (:func:`first_slot` before it); none blocks.
 """
 
 from __future__ import annotations
@@ -14,18 +17,33 @@ import collections
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from infscaler.runtime.serving.admission import ArrivalDecision, ArrivalSnapshot, Refusal
-from infscaler.runtime.serving.priority_admission import HigherLoad, higher_load
+import numpy as np
+
+from infscaler.runtime.serving.admission import (
+    ArrivalDecision,
+    ArrivalSnapshot,
+    Refusal,
+    admit_request,
+)
+from infscaler.runtime.serving.pipeline import TRACE
+from infscaler.runtime.serving.priority_admission import HigherLoad, admit_across, higher_load
+from infscaler.runtime.serving.requests import RequestError
 from infscaler.runtime.serving.route import Route
+from infscaler.shm.tensors import SlotFormatError, tensors_nbytes
 
 __all__ = [
     "COUNTED_REFUSALS",
     "REFUSAL_COUNTERS",
     "FrontCounts",
+    "admit_arrival",
     "arrival_snapshot",
     "count_refusal",
+    "first_slot",
     "higher_loads",
+    "refusal_error",
 ]
+
+_EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
 
 #: refusals that count in the pipeline's offered load (its ``rejected`` statistics)
 COUNTED_REFUSALS = frozenset(
@@ -160,3 +178,61 @@ def count_refusal(route: Route, counters: collections.Counter, decision: Arrival
     counter = REFUSAL_COUNTERS.get(decision.refusal)  # type: ignore[arg-type]
     if counter is not None:
         counters[counter] += 1
+
+
+def refusal_error(decision: ArrivalDecision) -> RequestError:
+    """The error a refused arrival answers with: the decision's status, reason, hint,
+    ``retry_after_s``, reason code and ``hold_s``."""
+    return RequestError(
+        decision.reason,
+        decision.status,
+        decision.hint,
+        retry_after_s=decision.retry_after_s,
+        code=None if decision.refusal is None else decision.refusal.value,
+        hold_s=decision.hold_s,
+    )
+
+
+def admit_arrival(snap: ArrivalSnapshot, route: Route, live: Iterable[Route]) -> ArrivalDecision:
+    """:func:`~infscaler.runtime.serving.admission.admit_request`, then admission across
+    pipelines (:func:`~infscaler.runtime.serving.priority_admission.admit_across`) over
+    ``live``, the pipelines with requests in flight (``route`` among them or not)."""
+    decision = admit_request(snap)
+    if not decision.admit:
+        return decision
+    higher = higher_loads(live, route, snap.level)
+    if not higher:
+        return decision
+    bound_s = snap.slo_ms / 1e3 if snap.slo_ms is not None else decision.timeout_s
+    left_ms = max(0.0, (bound_s or 0.0) * 1e3 - snap.spent_ms)
+    return admit_across(
+        decision, pipeline=snap.pipeline, level=snap.level, higher=higher, left_ms=left_ms
+    )
+
+
+def first_slot(
+    route: Route, inputs: dict[str, np.ndarray], limit: int | None
+) -> tuple[dict[str, np.ndarray], int | None]:
+    """The tensors of a request's first slot (the pipeline's front inputs and the empty
+    trace) and their size, bytes (:func:`~infscaler.shm.tensors.tensors_nbytes`; None: a
+    tensor the slot format refuses, and sending it fails with the reason).
+
+    Raises:
+        RequestError: (413) larger than ``limit`` bytes (None: no limit).
+    """
+    first = {n: inputs[n] for n in route.pipeline.front_inputs}
+    first[TRACE] = _EMPTY_TRACE
+    try:
+        nbytes = tensors_nbytes(first)
+    except SlotFormatError:
+        return first, None
+    if limit is not None and nbytes > limit:
+        raise RequestError(
+            f"the request's inputs take {nbytes} bytes in the tensor pool; pipeline "
+            f"{route.pipeline.name} takes at most {limit} bytes a request (the pool's "
+            "largest slot or its cap)",
+            413,
+            "send a smaller batch, or split it over several requests",
+            code="too_large",
+        )
+    return first, nbytes

@@ -13,10 +13,10 @@ get :class:`concurrent.futures.Future` results. The thread sleeps in ``poll(2)``
 its control socket and the pipe: event driven.
 
 Request ids: ``seq << 16 | item`` (item 0 for the request itself, ``i + 1`` for item
-``i`` of a fan-out), so every token in flight has its own id and items map back to
-their request; duplicates (a unit retried after a crash re-emits) are dropped here.
-
-More (details, why it is so, history, figures): docs/serving.md, "`runtime/serving/frontend.py`".
+``i`` of a fan-out); duplicates (a unit retried after a crash re-emits) are dropped here.
+Decisions live apart from this loop: admission and the admitted requests in
+:mod:`~infscaler.runtime.serving.intake` (and ``arrivals``), the backlog pass's in
+:mod:`~infscaler.runtime.serving.backlog`. More: docs/serving.md, "`runtime/serving/frontend.py`".
 """
 
 from __future__ import annotations
@@ -24,27 +24,29 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import itertools
 import logging
 import math
 import os
 import select
-import threading
 import time
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
 from infscaler.base.threads import NamedThread
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
-from infscaler.runtime.serving.admission import ArrivalDecision, ArrivalSnapshot, admit_request
-from infscaler.runtime.serving.arrivals import (
-    FrontCounts,
-    arrival_snapshot,
-    count_refusal,
-    higher_loads,
+from infscaler.runtime.serving.admission import ArrivalDecision
+from infscaler.runtime.serving.arrivals import first_slot
+from infscaler.runtime.serving.backlog import (
+    Step,
+    backlog_step,
+    expiry_error,
+    over_admission,
+    queue_due,
+    queue_timeout_error,
 )
+from infscaler.runtime.serving.intake import Intake
 from infscaler.runtime.serving.pipeline import (
     ERROR,
     FANOUT,
@@ -52,7 +54,6 @@ from infscaler.runtime.serving.pipeline import (
     TRACE,
     error_status,
 )
-from infscaler.runtime.serving.priority_admission import admit_across
 from infscaler.runtime.serving.queues import PriorityBacklog, queue_timeout_s, request_level
 from infscaler.runtime.serving.requests import PendingRequest, RequestError
 from infscaler.runtime.serving.route import Result, Route, merge_traces
@@ -69,10 +70,8 @@ __all__ = ["FrontEnd", "RequestError"]
 
 log = logging.getLogger("infscaler.frontend")
 
-_EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
 #: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
-_IN_PIPELINE = (RequestPhase.RUNNING, RequestPhase.ITEMS, RequestPhase.POST)
 
 
 class FrontEnd:
@@ -110,11 +109,15 @@ class FrontEnd:
         on_death: Any = None,
     ) -> None:
         self.manager = manager
-        self.max_pending = max_pending
-        self.pending_per_uid = pending_per_uid
-        self.operator_pending = operator_pending
-        #: requests pending per client uid (under the lock; the operator's not counted)
-        self._by_uid: collections.Counter[int] = collections.Counter()
+        self.counters: collections.Counter[str] = collections.Counter()
+        #: the admitted requests and their counts (:class:`~infscaler.runtime.serving.intake.Intake`)
+        self.intake = Intake(
+            max_pending=max_pending,
+            pending_per_uid=pending_per_uid,
+            operator_pending=operator_pending,
+            counters=self.counters,
+        )
+        self._lock, self._pending = self.intake.lock, self.intake.pending
         self.pool = pool
         self.admit_bytes = None if pool is None else int(pool.cap_bytes * admit_fraction)
         sock = manager.add_instance(0, FRONTEND_INSTANCE)
@@ -123,11 +126,8 @@ class FrontEnd:
         self.client = InstanceClient(
             self._endpoint, self._slabs, FRONTEND_INSTANCE, 0, max_out_tokens=max_out_tokens
         )
-        self._seq = itertools.count(1)
-        self._pending: dict[int, PendingRequest] = {}
         self._backlog: PriorityBacklog[PendingRequest] = PriorityBacklog()
         self._commands: collections.deque[tuple] = collections.deque()
-        self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -138,10 +138,6 @@ class FrontEnd:
         if getattr(pool, "free_listeners", None) is not None:
             pool.free_listeners.append(self._on_pool_free)
         self._closing = False
-        self.counters = collections.Counter()
-        #: the routes with requests admitted (by id; pruned at arrivals once they have
-        #: none): admission across pipelines reads their load
-        self._live: dict[int, Route] = {}
         #: why the front end thread died (None while it runs)
         self.failure: str | None = None
         self.on_death = on_death
@@ -196,7 +192,7 @@ class FrontEnd:
         """
         fut: concurrent.futures.Future = concurrent.futures.Future()
         config = route.pipeline.config
-        first, slot_bytes = self._first_slot(route, inputs)
+        first, slot_bytes = first_slot(route, inputs, self.max_input_bytes)
         try:
             level = request_level(priority, config.priority)
         except ValueError as exc:
@@ -208,38 +204,21 @@ class FrontEnd:
             queue_timeout_us,
             config.request_timeout_s,
         )
-        with self._lock:
-            now = time.monotonic()
-            arrived = now if arrived_s is None else min(float(arrived_s), now)
-            overloaded = route.overloaded(now)
-            decision = self._admit(
-                route, self._snapshot(route, timeout_s, now, arrived, overloaded, level, uid)
-            )
-            if not decision.admit:
-                self._refused(route, decision)
-            assert decision.timeout_s is not None
-            seq = next(self._seq) % ((1 << (64 - ITEM_BITS)) - 1) or 1  # never 0 / NO_REQUEST
-            deadline = arrived + decision.timeout_s
-            p = PendingRequest(
-                seq, route, first, fut, deadline, time.monotonic_ns(), level=level, uid=uid
-            )
-            p.slot_bytes = slot_bytes
-            p.order = self._backlog.next_order()
-            if queue_s is not None:
-                p.queue_deadline = arrived + queue_s
-            route.queued[level] += 1
-            if route.measured:
-                p.estimate_ms = decision.estimate_ms
-                p.estimate_factor = route.factor(overloaded)
-            if decision.estimate_ms is not None:
-                route.dues[seq] = now + decision.estimate_ms / 1e3
-            self._pending[seq] = p
-            if uid is not None:
-                self._by_uid[uid] += 1
-            route.admitted += 1
-            self._live[id(route)] = route
-            if self.deadlines is not None:
-                self.deadlines.set(seq, deadline)
+        p = self.intake.admit(
+            route,
+            first,
+            slot_bytes,
+            fut,
+            timeout_s=timeout_s,
+            arrived_s=arrived_s,
+            level=level,
+            uid=uid,
+            queue_s=queue_s,
+            order=self._backlog.next_order,
+            front=(self.failure, self._closing),
+            deadlines=self.deadlines,
+        )
+        seq = p.seq
         route.stats.arrival()
         fut.add_done_callback(lambda f, seq=seq: self._on_future_done(f, seq))
         self._command(("submit", p))
@@ -253,64 +232,24 @@ class FrontEnd:
         """:func:`~infscaler.runtime.serving.admission.admit_request` for a request whose
         body is not read yet (counts nothing, queues nothing): the pipeline's own timeout
         and priority, the most lenient a request may ask for, so what this refuses
-        :meth:`submit` would refuse too. A refusal is counted as :meth:`submit`'s are."""
-        with self._lock:
-            now = time.monotonic()
-            overloaded = route.overloaded(now)
-            level = request_level(None, route.pipeline.config.priority)
-            d = self._admit(route, self._snapshot(route, None, now, now, overloaded, level, uid))
-            if not d.admit:
-                count_refusal(route, self.counters, d)
-        return d
+        :meth:`submit` would refuse too. A refusal is counted as :meth:`submit`'s are
+        (:meth:`Intake.precheck <infscaler.runtime.serving.intake.Intake.precheck>`)."""
+        return self.intake.precheck(route, uid, (self.failure, self._closing))
 
-    def _admit(self, route: Route, snap: ArrivalSnapshot) -> ArrivalDecision:
-        """:func:`~infscaler.runtime.serving.admission.admit_request`, then admission
-        across pipelines (:func:`~infscaler.runtime.serving.priority_admission.admit_across`)
-        over the pipelines with requests in flight (call under the lock)."""
-        decision = admit_request(snap)
-        if not decision.admit:
-            return decision
-        for key in [k for k, r in self._live.items() if r.admitted <= 0]:
-            del self._live[key]
-        higher = higher_loads(self._live.values(), route, snap.level)
-        if not higher:
-            return decision
-        bound_s = snap.slo_ms / 1e3 if snap.slo_ms is not None else decision.timeout_s
-        left_ms = max(0.0, (bound_s or 0.0) * 1e3 - snap.spent_ms)
-        return admit_across(
-            decision, pipeline=snap.pipeline, level=snap.level, higher=higher, left_ms=left_ms
-        )
+    @property
+    def max_pending(self) -> int:
+        """Requests admitted at once (the constructor's ``max_pending``)."""
+        return self.intake.max_pending
 
-    def _snapshot(
-        self,
-        route: Route,
-        timeout_s: float | None,
-        now: float,
-        arrived: float,
-        overloaded: bool,
-        level: int,
-        uid: int | None,
-    ) -> ArrivalSnapshot:
-        """:func:`~infscaler.runtime.serving.arrivals.arrival_snapshot` with the front
-        end's own counts (call under the lock)."""
-        return arrival_snapshot(
-            route,
-            FrontCounts(
-                failure=self.failure,
-                closing=self._closing,
-                pending=len(self._pending),
-                max_pending=self.max_pending,
-                uid_pending=0 if uid is None else self._by_uid[uid],
-                pending_per_uid=self.pending_per_uid,
-                operator_pending=self.operator_pending,
-            ),
-            timeout_s=timeout_s,
-            now=now,
-            arrived=arrived,
-            overloaded=overloaded,
-            level=level,
-            uid=uid,
-        )
+    @property
+    def pending_per_uid(self) -> int | None:
+        """Requests one client uid may have admitted at once (None: no cap)."""
+        return self.intake.pending_per_uid
+
+    @property
+    def operator_pending(self) -> int:
+        """Of :attr:`max_pending`, how many only the operator may use."""
+        return self.intake.operator_pending
 
     @property
     def max_input_bytes(self) -> int | None:
@@ -321,51 +260,6 @@ class FrontEnd:
         if self.pool is None:
             return None
         return min(self.pool.size_classes[-1], self.pool.cap_bytes)
-
-    def _first_slot(
-        self, route: Route, inputs: dict[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], int | None]:
-        """The tensors of a request's first slot (its front inputs and the empty trace)
-        and their size, bytes (None: a tensor the slot format refuses; sending it fails
-        with the reason).
-
-        Raises:
-            RequestError: (413) larger than :attr:`max_input_bytes`.
-        """
-        first = {n: inputs[n] for n in route.pipeline.front_inputs}
-        first[TRACE] = _EMPTY_TRACE
-        try:
-            nbytes = tensors_nbytes(first)
-        except SlotFormatError:
-            return first, None
-        limit = self.max_input_bytes
-        if limit is not None and nbytes > limit:
-            raise RequestError(
-                f"the request's inputs take {nbytes} bytes in the tensor pool; pipeline "
-                f"{route.pipeline.name} takes at most {limit} bytes a request (the pool's "
-                "largest slot or its cap)",
-                413,
-                "send a smaller batch, or split it over several requests",
-                code="too_large",
-            )
-        return first, nbytes
-
-    def _refused(self, route: Route, decision: ArrivalDecision) -> NoReturn:
-        """Count a refusal of :func:`~infscaler.runtime.serving.admission.admit_request` and raise it.
-
-        Raises:
-            RequestError: always, with the decision's status, reason, hint and
-                ``retry_after_s``.
-        """
-        count_refusal(route, self.counters, decision)
-        raise RequestError(
-            decision.reason,
-            decision.status,
-            decision.hint,
-            retry_after_s=decision.retry_after_s,
-            code=None if decision.refusal is None else decision.refusal.value,
-            hold_s=decision.hold_s,
-        )
 
     def _on_future_done(self, fut: concurrent.futures.Future, seq: int) -> None:
         if fut.cancelled():  # the caller gave up (client disconnect): drop the request
@@ -390,7 +284,7 @@ class FrontEnd:
     def pending_by_uid(self) -> dict[int, int]:
         """Requests pending per client uid (a copy; the operator's are not counted)."""
         with self._lock:
-            return dict(self._by_uid)
+            return dict(self.intake.by_uid)
 
     def queues(self, route: Route) -> tuple[dict[int, int], dict[str, int]]:
         """``route``'s requests queued per priority level and its refusals by reason
@@ -428,8 +322,8 @@ class FrontEnd:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            pending, uids = len(self._pending), len(self._by_uid)
-            most = max(self._by_uid.values(), default=0)
+            pending, uids = len(self._pending), len(self.intake.by_uid)
+            most = max(self.intake.by_uid.values(), default=0)
         return {
             "pending": pending,
             "pending_uids": uids,  # client uids with requests pending
@@ -496,12 +390,13 @@ class FrontEnd:
         while True:
             try:
                 try:
-                    poller.poll(self._timeout_ms(mark))
+                    events = poller.poll(self._timeout_ms(mark))
                 except InterruptedError:
                     continue
-                with contextlib.suppress(BlockingIOError, OSError):
-                    while os.read(self._wake_r, 4096):
-                        pass
+                if any(fd == self._wake_r for fd, _ in events):  # drain the wake-ups
+                    with contextlib.suppress(BlockingIOError, OSError):
+                        while len(os.read(self._wake_r, 4096)) == 4096:
+                            pass
                 mark = self._freed  # a free after this is seen by _timeout_ms
                 self.counters["loop_turns"] += 1
                 if not self._do_commands():
@@ -529,7 +424,7 @@ class FrontEnd:
         free count then), else until the nearest deadline or queue timeout (at most
         1 s). Everything else that lets work go on wakes it: a token (results free a
         pipeline's window), a command, :meth:`wake`, the pool's next free."""
-        if self._endpoint.pending() or self.client.stats()["queued"]:
+        if self._endpoint.pending() or self.client.queued():
             return 0
         if self._pool_armed and self._freed != mark:
             return 0
@@ -545,6 +440,7 @@ class FrontEnd:
             if cmd[0] == "submit":
                 p = cmd[1]
                 self._backlog.push(p, p.level, p.delayed, p.order)
+                self._nearest = min(self._nearest, p.deadline)
             elif cmd[0] == "fail":
                 with self._lock:
                     p = self._pending.get(cmd[1])
@@ -574,25 +470,26 @@ class FrontEnd:
         self._pool_armed, self._queue_due = False, math.inf
         if not self._backlog:
             return
-        with self._lock:
-            running: collections.Counter[int] = collections.Counter(
-                id(p.route) for p in self._pending.values() if p.phase in _IN_PIPELINE
-            )
+        with self._lock:  # requests inside each pipeline, by id(route) (a copy)
+            running = dict(self.intake.running)
+        total = sum(running.values())
         waiting: list[tuple[tuple[int, int, int], PendingRequest]] = []
         pool_full = False
         now = time.monotonic()
         while self._backlog:
             key, p = self._backlog.pop()
-            if p.phase is RequestPhase.DONE:
+            route = p.route
+            window_full = running.get(id(route), 0) >= route.max_inflight
+            step = backlog_step(p, now, window_full=window_full, pool_full=pool_full)
+            if step is Step.DROP:
                 continue
-            if p.deadline <= now:  # never started: dropped here, nothing was computed
+            if step is Step.EXPIRE:  # never started: dropped here, nothing was computed
                 self._expire_request(p, "expired_queued")
                 continue
-            if not p.delayed and p.queue_deadline is not None and p.queue_deadline <= now:
+            if step is Step.QUEUE_TIMEOUT:
                 self._queue_timeout(p)
                 continue
-            route = p.route
-            if pool_full or running[id(route)] >= route.max_inflight:
+            if step is Step.WAIT:
                 if not pool_full and "window" not in p.waits:
                     p.waits.add("window")
                     self.counters["window_waits"] += 1
@@ -602,9 +499,13 @@ class FrontEnd:
             assert tensors is not None
             if (
                 self.admit_bytes is not None
-                and sum(running.values()) > 0
-                and self.pool.in_use_bytes() + (p.slot_bytes or tensors_nbytes(tensors))
-                > self.admit_bytes
+                and total > 0
+                and over_admission(
+                    self.pool.in_use_bytes(),
+                    p.slot_bytes or tensors_nbytes(tensors),
+                    self.admit_bytes,
+                    total,
+                )
             ):
                 self._note_wait(p, "admission_waits")
                 waiting.append((key, p))
@@ -621,16 +522,12 @@ class FrontEnd:
                 self._complete_error(p, RequestError(f"cannot start the request: {exc}", 500))
                 continue
             p.inputs = None
-            with self._lock:
-                self._unqueue(p)
-                p.move(RequestPhase.RUNNING)
-            running[id(route)] += 1
+            self.intake.start(p)
+            running[id(route)] = running.get(id(route), 0) + 1
+            total += 1
         self._backlog.extend(waiting)
         self._pool_armed = pool_full  # then the pool's next free wakes the loop
-        self._queue_due = min(
-            (p.queue_deadline for _, p in waiting if p.queue_deadline and not p.delayed),
-            default=math.inf,
-        )
+        self._queue_due = queue_due(waiting)
 
     def _queue_timeout(self, p: PendingRequest) -> None:
         """``p``'s queue timeout passed while it waited: ``REJECT`` fails it (503),
@@ -647,28 +544,7 @@ class FrontEnd:
         with self._lock:
             route.refusals["queue_timeout"] += 1
         waited_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
-        self._complete_error(
-            p,
-            RequestError(
-                f"pipeline {route.pipeline.name}: queue timeout: not started within its "
-                f"queue timeout (waited {waited_ms:.0f} ms at priority {p.level}; "
-                "timeout_action REJECT)",
-                503,
-                "retry later, give the request a higher priority, or raise "
-                "queue_policy.default_timeout_ms",
-                retry_after_s=0.05,
-                code="queue_timeout",
-            ),
-        )
-
-    def _unqueue(self, p: PendingRequest) -> None:
-        """``p`` leaves the queue (call under the lock, before its phase changes)."""
-        if p.phase is RequestPhase.QUEUED:
-            left = p.route.queued[p.level] - 1
-            if left > 0:
-                p.route.queued[p.level] = left
-            else:
-                p.route.queued.pop(p.level, None)
+        self._complete_error(p, queue_timeout_error(p, waited_ms))
 
     def _note_wait(self, p: PendingRequest, counter: str) -> None:
         if p.busy_since is None:
@@ -707,14 +583,12 @@ class FrontEnd:
                 self._on_token(tok, tensors)
             finally:
                 del tensors
-                # keep result slots for the next inputs only while the pool has room
+                # keep result slots for the next inputs (None: while the client holds
+                # fewer than max_out_tokens) only while the pool has room
                 keep = (
                     None
-                    if self.admit_bytes is None
-                    else (
-                        len(self.client.out_tokens()) < self.client.max_out_tokens
-                        and self.pool.in_use_bytes() < self.admit_bytes // 2
-                    )
+                    if self.admit_bytes is None or self.pool.in_use_bytes() < self.admit_bytes // 2
+                    else False
                 )
                 self.client.done(tok, keep=keep)
 
@@ -812,8 +686,13 @@ class FrontEnd:
     # -- completion --------------------------------------------------------------------------
     def _expire(self) -> None:
         """Fail the requests past their deadline; note the nearest deadline left (the
-        loop sleeps until it: one pass over the pending requests a turn)."""
+        loop sleeps until it). A pass over the pending requests only once the nearest
+        deadline noted is due: every request's "submit" command lowers it to its own
+        (:meth:`_do_commands`, before this in the same turn), and an answered request
+        leaves it early at worst (one pass more)."""
         now, late, nearest = time.monotonic(), [], math.inf
+        if now < self._nearest:
+            return
         with self._lock:
             for p in self._pending.values():
                 if p.deadline <= now:
@@ -830,34 +709,14 @@ class FrontEnd:
         self.counters[counter] += 1
         elapsed_ms = (time.monotonic_ns() - p.t_submit_ns) / 1e6
         p.route.record_expiry(p.estimate_ms, elapsed_ms, p.estimate_factor)
-        pool = p.phase is RequestPhase.QUEUED and p.busy_since is not None
-        code = "pool_full" if pool else "timeout"
-        self._complete_error(p, RequestError(self._expiry_reason(p), 503, code=code))
-
-    @staticmethod
-    def _expiry_reason(p: PendingRequest) -> str:
-        waited = p.deadline - p.t_submit_ns / 1e9
-        why = (
-            "the tensor pool stayed at its memory cap"
-            if p.phase is RequestPhase.QUEUED and p.busy_since is not None
-            else f"no result within its timeout ({waited:.3g} s)"
-        )
-        return f"request timed out: {why}"
+        self._complete_error(p, expiry_error(p))
 
     def _finish(self, p: PendingRequest) -> bool:
         """``p`` is answered: it leaves the pending requests, its queue, its route's
         admitted count and its uid's count (the one place every request ends: results,
         errors, expiry, cancellation, close). False when it had already ended."""
-        with self._lock:
-            if self._pending.pop(p.seq, None) is None:
-                return False
-            self._unqueue(p)
-            p.route.admitted -= 1
-            p.route.dues.pop(p.seq, None)
-            if p.uid is not None:
-                self._by_uid[p.uid] -= 1
-                if self._by_uid[p.uid] <= 0:
-                    self._by_uid.pop(p.uid, None)
+        if not self.intake.finish(p):
+            return False
         p.move(RequestPhase.DONE)
         return True
 

@@ -11,10 +11,10 @@ alone misses. :func:`~infscaler.runtime.serving.admission.admit_request` decides
 
 from __future__ import annotations
 
+import bisect
 import collections
 import itertools
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -289,10 +289,17 @@ class Route:
         if estimate_ms is None or estimate_ms <= 0:
             return
         f = self.correction if factor is None else factor
-        ratio = f * latency_ms / estimate_ms  # against the raw estimate
-        self._ratios.append(min(_MAX_CORRECTION, max(0.5, ratio)))
-        self._ranked = sorted(self._ratios)
-        self.correction = statistics.median(self._ranked)
+        ratio = min(_MAX_CORRECTION, max(0.5, f * latency_ms / estimate_ms))  # raw estimate
+        # the ranked copy changes by one insertion (and the ratio the window drops), and
+        # is replaced whole: admission reads it from other threads
+        ranked = self._ranked.copy()
+        if len(self._ratios) == self._ratios.maxlen:
+            ranked.remove(self._ratios[0])
+        self._ratios.append(ratio)
+        bisect.insort(ranked, ratio)
+        self._ranked = ranked
+        mid = len(ranked) // 2  # the median, as statistics.median takes it
+        self.correction = ranked[mid] if len(ranked) % 2 else (ranked[mid - 1] + ranked[mid]) / 2
 
     def record_expiry(
         self, estimate_ms: float | None, elapsed_ms: float, factor: float | None = None

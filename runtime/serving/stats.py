@@ -415,13 +415,14 @@ class PipelineStats:
     def record_success(self, latency_ms: float, trace: np.ndarray | None, t_submit_ns: int) -> None:
         """A request answered: its end-to-end latency (ms) and the trace rows
         (``[unit, instance, start_ns, end_ns]``) of every unit that ran for it."""
+        now = time.monotonic()  # one clock read for every window it adds to
         with self._lock:
             life = self.life
             life.success += 1
             life.last_inference_ms = int(time.time() * 1e3)
             life.latency_ms += latency_ms
-            self.latency.add(latency_ms)
-            self._record_trace(trace, t_submit_ns, t_submit_ns + int(latency_ms * 1e6))
+            self.latency.add(latency_ms, now)
+            self._record_trace(trace, t_submit_ns, t_submit_ns + int(latency_ms * 1e6), now)
 
     def record_failure(self, status: int) -> None:
         with self._lock:
@@ -438,7 +439,9 @@ class PipelineStats:
             if slo:
                 self.slo_refused.add(now)
 
-    def _record_trace(self, trace: np.ndarray | None, t_submit_ns: int, t_done_ns: int) -> None:
+    def _record_trace(
+        self, trace: np.ndarray | None, t_submit_ns: int, t_done_ns: int, now: float
+    ) -> None:
         if trace is None or trace.size == 0:
             return
         rows = sorted(trace.tolist(), key=lambda r: r[2])
@@ -451,14 +454,14 @@ class PipelineStats:
                 continue
             compute_ms, before = (end - start) / 1e6, prev_end.get(unit - 1, last_end)
             queue_ms = max(0, start - before) / 1e6
-            self.compute[unit].add(compute_ms)
-            self.queue[unit].add(queue_ms)
+            self.compute[unit].add(compute_ms, now)
+            self.queue[unit].add(queue_ms, now)
             u = self._unit_totals[unit]
             u[0] += 1
             u[1] += compute_ms
             u[2] += queue_ms
             tail = t_done_ns - end if unit == last_unit and unit == len(self.units) - 1 else None
-            self.idle[unit].add(int(inst), int(start), int(end), int(before), tail)
+            self.idle[unit].add(int(inst), int(start), int(end), int(before), tail, now)
             prev_end[unit] = max(prev_end.get(unit, 0), end)
             last_end = end
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from infscaler.api.codec_tensors import ProtocolError
 
 __all__ = [
@@ -320,6 +318,10 @@ def _input(
     return contents, dims
 
 
+#: the bytes a JSON string escapes as ``\\u00XX`` (:meth:`_Held.rest`)
+_CONTROL = bytes(range(0x20))
+
+
 class _Held:
     """The running bound of :func:`scan_model_infer`, bytes."""
 
@@ -343,11 +345,11 @@ class _Held:
     def rest(self, scan: InferScan, strings: bytes) -> int:
         """Held for the ``strings`` (the message but its tensor data) and the
         structure (per item)."""
-        arr = np.frombuffer(strings, dtype=np.uint8)
+        n = len(strings)  # bytes of each class counted by deleting them (C speed)
         escapes = (
-            5 * int(np.count_nonzero(arr < 0x20))
-            + int(np.count_nonzero((arr == 0x22) | (arr == 0x5C)))
-            + 2 * int(np.count_nonzero(arr >= 0x80))
+            5 * (n - len(strings.translate(None, _CONTROL)))
+            + (n - len(strings.translate(None, b'"\\')))
+            + 2 * (n - len(strings.translate(None, _HIGH)))
         )
         return (
             STRING_FACTOR * len(strings)
