@@ -15,9 +15,7 @@ alternate round by round (ABAB..., then BABA... orders), so a drift of the host 
 both; the figure per side is the median over rounds, and the outcome is the ratio
 after / before. The host's busy CPU over each measurement (all processes, the measured
 ones included: an idle host shows about what the measurement itself uses) is recorded.
-
-A refactoring (files moved, functions split) is meant to leave both where they were:
-ratios near 1 (the round-to-round spread of the same commit is printed beside them).
+A refactoring should leave ratios near 1 (the same commit's spread is printed beside them).
 
 Writes ``results/hotpath_ab.json`` and ``results/hotpath_ab.png``.
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
-from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pytest
@@ -14,79 +12,14 @@ from hypothesis import strategies as st
 
 from infscaler.base.errors import PartitionError
 from infscaler.partitioner.search import (
-    TIE_REL_TOL,
-    CutBytes,
     SearchResult,
-    _as_costs,
-    _as_cut_bytes,
-    _as_cuts,
-    _infeasible_k,
-    _max_feasible_partitions,
-    _result,
-    _tie_abs_tol,
+    brute_force,
     max_partitions_for_slo,
     representative_mask,
     search_partitions,
 )
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def brute_force(
-    costs: Sequence[float],
-    valid_cuts: Iterable[int],
-    num_partitions: int,
-    cut_bytes: CutBytes | None = None,
-) -> SearchResult:
-    """Eq. 1 for a fixed K by enumerating every set of K-1 valid cuts: the reference the
-    dynamic programme of :func:`search_partitions` must match (small inputs only). Among the plans whose
-    objective ties the least one (rel 1e-9 / abs 1e-12 x max cost, compared globally), the
-    fewest total ``cut_bytes`` wins, then the latest cuts (the largest cut tuple compared
-    from its last cut backwards) -- the key :func:`search_partitions` uses.
-
-    Args:
-        costs: complexities ``c_0 .. c_{N-1}`` (FLOPs or ms; >= 0).
-        valid_cuts: allowed cut positions in ``0 .. N-2``.
-        num_partitions: K (>= 1).
-        cut_bytes: bytes crossing each valid cut (tie-break); ``None`` = 0 for every cut.
-
-    Returns:
-        The optimal :class:`SearchResult`.
-
-    Raises:
-        PartitionError: empty or invalid costs, ``num_partitions < 1``, or no plan with K
-            partitions each holding a representative operator.
-        ValueError: a valid cut outside ``0 .. N-2``.
-    """
-    arr = _as_costs(costs)
-    n = arr.size
-    cuts = _as_cuts(valid_cuts, n)
-    nbytes = _as_cut_bytes(cut_bytes, cuts)
-    if num_partitions < 1:
-        raise PartitionError(
-            f"the number of partitions must be >= 1, got {num_partitions}",
-            hint="ask for at least 1 partition",
-        )
-    rep = representative_mask(arr)
-    plans: list[tuple[float, tuple[int, ...]]] = []
-    for combo in itertools.combinations(cuts, num_partitions - 1):
-        starts = [0, *(c + 1 for c in combo)]
-        ends = [*combo, n - 1]
-        total = 0.0
-        for s, e in zip(starts, ends, strict=True):
-            vals = arr[s : e + 1][rep[s : e + 1]]
-            if vals.size == 0:
-                break
-            total += float(np.std(vals)) if vals.size > 1 else 0.0
-        else:
-            plans.append((total, combo))
-    if not plans:
-        raise _infeasible_k(num_partitions, _max_feasible_partitions(rep, cuts), rep)
-    least = min(total for total, _ in plans)
-    abs_tol = _tie_abs_tol(arr)
-    tied = [c for t, c in plans if math.isclose(t, least, rel_tol=TIE_REL_TOL, abs_tol=abs_tol)]
-    best = min(tied, key=lambda c: (math.fsum(nbytes[x] for x in c), [-x for x in reversed(c)]))
-    return _result(arr, rep, best, nbytes)
 
 
 def close(a: float, b: float) -> bool:
