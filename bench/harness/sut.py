@@ -34,7 +34,8 @@ class Sut:
         targets: what to serve: pipeline dicts and / or ``serve`` targets (str, Path).
         args: more ``serve`` options (``["--device", "cpu-host"]``).
         env: environment variables for the service only.
-        ready_timeout_s: the longest wait for readiness, s.
+        ready_timeout_s: the longest wait for readiness, s (a pipeline planned at deploy
+            takes minutes on a loaded 2-core host).
 
     Raises (from ``__enter__``):
         RuntimeError: the service exited or was not ready in time (the message names
@@ -46,7 +47,7 @@ class Sut:
         targets: Sequence[dict | str | Path],
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
-        ready_timeout_s: float = 300.0,
+        ready_timeout_s: float = 900.0,
         stop_timeout_s: float = 60.0,
     ) -> None:
         if not targets:
