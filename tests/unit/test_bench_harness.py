@@ -1,7 +1,6 @@
 """bench/harness: the bisection, the server scenario's pass rule, the result schema, the
 argparse base, the plot, Poisson send times, replay figures and the memory cap, on
-hand-made figures. Nothing here starts a service or
-times anything."""
+hand-made figures. Nothing here starts a service or times anything."""
 
 from __future__ import annotations
 
