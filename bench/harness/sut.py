@@ -115,9 +115,10 @@ class Sut:
         assert self.proc is not None
         while time.monotonic() - t0 < self.ready_timeout_s:
             if self.proc.poll() is not None:
+                tail = " | ".join(self.log_path.read_text().strip().splitlines()[-3:])
                 raise RuntimeError(
-                    f"infscaler serve exited {self.proc.returncode} before it was ready: "
-                    f"see {self.log_path}"
+                    f"infscaler serve exited {self.proc.returncode} before it was ready "
+                    f"({tail}): see {self.log_path}"
                 )
             with contextlib.suppress(Exception), Client(self.sock, timeout=5) as c:
                 if c.is_ready():
