@@ -24,6 +24,10 @@ from harness.scenarios import replay_summary  # noqa: E402
 NAME = "live"
 
 
+class NoRun(RuntimeError):
+    """The run could not be made on this host (recorded in the result, exit 1)."""
+
+
 def run(a: Any, res: harness.Result) -> dict[str, Any]:
     """The run (module docstring): the summary; each request is a point."""
     from infscaler.api.loadgen import LoadGenerator
@@ -40,7 +44,7 @@ def run(a: Any, res: harness.Result) -> dict[str, Any]:
         s.watch(0.25)
         start = next(p for p in s.status()["pipelines"] if p["name"] == NAME)["live_check"]
         if not start or not start.get("other"):
-            raise SystemExit(f"no live plan with a runner-up: {start}")
+            raise NoRun(f"no live plan with a runner-up (live_check {start}): see the log")
         wall0 = time.time()
         times = harness.scenarios.poisson_times(rate, a.duration_s, a.seed)
         rows = LoadGenerator(s.sock, NAME, feeds).replay(times)
@@ -79,7 +83,13 @@ def main(argv: list[str] | None = None) -> int:
 
     a = harness.cli.parse(ap, argv, quick)
     res = harness.cli.start("live_check", a)
-    res.summary = run(a, res)
+    try:
+        res.summary = run(a, res)
+    except NoRun as exc:
+        res.summary = {"error": str(exc)}
+        harness.cli.finish(res, a, None)
+        print(exc)
+        return 1
     harness.cli.finish(res, a, plot)
     for k in ("started_with", "runner_up", "switch_decided_s", "runner_up_serving_s",
               "every_request_answered", "all", "before_switch", "after_runner_up_serves"):  # fmt: skip

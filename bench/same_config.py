@@ -177,7 +177,9 @@ def run(a: Any, res: harness.Result) -> None:
         chosen = config_snapshot(svc, dep, 1.0)
         svc.undeploy("auto")
         if len(chosen) != 1:
-            raise SystemExit(f"auto chose {len(chosen)} units: no whole-model hand twin")
+            res.summary.update(error=f"auto chose {len(chosen)} units: no whole-model hand twin",
+                               auto_config=chosen)  # fmt: skip
+            return
         threads, servers = chosen[0]["threads"], chosen[0]["instances"]
         d_ms = service_ms(a.model, feeds, threads)
         rate = a.load * servers * 1000.0 / d_ms
@@ -243,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("a pipeline case has no whole-model hand twin here; choose a model")
     res = harness.cli.start(f"same_config_{a.model}_{a.slo_x:g}x", a)
     run(a, res)
+    if "error" in res.summary:
+        harness.cli.finish(res, a, None)
+        print(res.summary["error"])
+        return 1
     res.summary["variants"] = compare(res.points)
     harness.cli.finish(res, a, plot)
     harness.print_table(
