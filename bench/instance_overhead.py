@@ -187,7 +187,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     pts = [{"panel": unit, "i": WAYS.index(p["way"]), **{k: p[k] for k in keys}}
            for p in data["points"] for unit, keys in (("MB", mb), ("ms", ms))]  # fmt: skip
     harness.plot(pts, path, x="i", y=[*mb, *ms], panel="panel", hlines={"15 MB": 15.0},
-                 xlabel="0: spawned, 1: forked")  # fmt: skip
+                 xlabel="0: spawned, 1: forked", ylabel="MB per idle instance; ms to ready")  # fmt: skip
 
 
 if __name__ == "__main__":
