@@ -21,8 +21,9 @@ inputs in a registered shared memory region). Configurations (:func:`config_pipe
 cap first (:func:`measure_cap`: the whole model's and the Eq. 1 partitions' PSS,
 ``harness.models.cap_rule``). Per cell (:func:`cell_summary`): each configuration's
 rate, auto / best baseline, and the M/D/c ceiling of ``cores`` servers at L0
-(``slo_bound.mdc_max_rate``). The wake-up and planner-prediction columns of the former
-script are in bench/HISTORY.md with the runs that used them.
+(``slo_bound.mdc_max_rate``). ``--serve-arg`` passes an option to every service (the
+former wake-up variants: ``--serve-arg=--cpu-wake-latency-us=0``). The planner-prediction
+columns of the former script are in bench/HISTORY.md with the runs that used them.
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="bisection steps per configuration")
     ap.add_argument("--warmup-s", type=float, default=6.0)
     ap.add_argument("--shm", action="store_true", help="inputs in a shared memory region")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="an `infscaler serve` option for every step (--serve-arg=--cpu-wake-latency-us=0)")  # fmt: skip
     ap.add_argument("--cap-mb", default=None,
                     help="serve under a memory cap: MB, or 'rule' (measured, per model)")  # fmt: skip
 
@@ -189,15 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         res.summary.setdefault("calibration", {})[model] = cal
         print(f"== {model}: L0 {cal['l0_ms']} ms, ideal {cal['ideal_rps']}/s", flush=True)
-        a.cap, a.sut_args = None, []
+        a.cap, a.sut_args = None, list(a.serve_arg)
         if a.cap_mb is not None:
             cap = measure_cap(model, feeds) if a.cap_mb == "rule" else {"cap_mb": float(a.cap_mb)}
             res.summary.setdefault("caps", {})[model] = cap
             dev = Path(tempfile.mkdtemp(prefix="isc-scaling-")) / "device.yaml"
-            a.cap, a.sut_args = (
-                cap["cap_mb"],
-                ["--device", str(harness.models.capped_device(cap["cap_mb"], dev))],
-            )
+            a.cap = cap["cap_mb"]
+            a.sut_args += ["--device", str(harness.models.capped_device(a.cap, dev))]
             print(f"   memory cap {a.cap} MB: {cap}", flush=True)
         for slo_x in map(float, a.slos.split(",")):
             res.summary.setdefault("cells", []).append(run_cell(a, res, model, feeds, cal, slo_x))
