@@ -19,12 +19,8 @@ from harness.host import (
     process_cpu_seconds,
     wait_for_quiet,
 )
-from harness.models import synthetic_chain
+from harness.models import FALLBACK_RTOL, synthetic_chain
 from harness.result import print_table, write_json
-
-#: Tolerance used only when a plan fails verification at the API default rtol (1e-4);
-#: every such retry is recorded in the results next to the original failure.
-FALLBACK_RTOL = 1e-2
 
 __all__ = [
     "BENCH_DIR",

@@ -1,13 +1,19 @@
 """Admission on vs off, same configuration: does SLO admission ever cost goodput?
 
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/admission_goodput.py`".
+The model as ``cores`` single-thread replicas, served twice at once (``harness.Sut``):
+with SLO ``--slo-x`` x L0 (admission on) and without (off). Capacity C: the offline
+scenario at 2 x cores in flight on ``off``. Then every point on one service and the
+other in alternating order: closed loop at ``f`` x cores in flight and Poisson at ``f``
+x C (``--factors``) through ``infscaler.api.loadgen`` over HTTP, the closed-loop points
+again with ``tritonclient.grpc``, and 16 keep-alive connections at 2 x C on ``on``.
+Per point: goodput, admitted P99 from send, refusals / s, the service tree's CPU ms per
+answer. Pass: goodput on >= ``--tolerance`` x off everywhere, and the keep-alive point's
+admitted P99 <= 2 x SLO. More: bench/HISTORY.md, "admission_goodput.py".
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import threading
@@ -15,20 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overload as ov  # noqa: E402
-import same_config as sw  # noqa: E402
-import scaling as sc  # noqa: E402
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    default_cache_dir,
-    environment,
-    print_table,
-    wait_for_quiet,
-    write_json,
-)
+import harness  # noqa: E402
+from harness.models import MODEL_SETTINGS  # noqa: E402
+from harness.scenarios import OFFLINE, SINGLE_STREAM  # noqa: E402
 
 MODES = ("off", "on")
 
@@ -144,16 +140,13 @@ def grpc_closed(sock: str, model: str, feeds: dict, n: int, duration_s: float, s
     }
 
 
-def serve(mode: str, a: Any, cores: int, slo_ms: float, tmp: Path) -> Any:
+def serve(mode: str, a: Any, cores: int, slo_ms: float, tmp: Path) -> harness.Sut:
     """The configuration served (``slo`` only when ``mode`` is "on"), ready."""
-    cfg = sw.hand_pipeline(a.model, a.model, 1, cores, slo_ms if mode == "on" else None)
-    target = tmp / f"pipeline_{mode}.yaml"
-    target.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
-    sock = str(tmp / f"{mode}.sock")
+    pipe = harness.models.static_pipeline(
+        a.model, a.model, 1, cores, slo_ms if mode == "on" else None
+    )
     args = ["--drain-timeout", "5", "--grpc-socket", str(tmp / f"{mode}-grpc.sock")]
-    svc = ov.Service(str(target), args, sock, tmp / f"serve_{mode}.log")
-    svc.wait_ready(600)
-    return svc
+    return harness.Sut([pipe], args=args).__enter__()
 
 
 def measure_http(svc: Any, a: Any, ctx: dict, key: tuple, spec: Any, pool: int = 0) -> dict:
@@ -181,15 +174,15 @@ def run_all(a: Any, ctx: dict, tmp: Path) -> list[dict[str, Any]]:
     from infscaler.api.loadgen import LoadSpec
 
     cores, slo_ms, feeds = ctx["cores"], ctx["slo_ms"], ctx["feeds"]
-    body, headers = ctx["body"], ctx["headers"]
     svcs: dict[str, Any] = {}
     out = {m: {"mode": m, "http": [], "grpc": []} for m in MODES}
     try:
         for m in MODES:
             svcs[m] = serve(m, a, cores, slo_ms, tmp)
-            asyncio.run(ov.closed_loop(svcs[m].sock, a.model, body, headers, 1, 8))  # warm
+            harness.scenarios.run(svcs[m].sock, a.model, feeds, SINGLE_STREAM, duration_s=1.0)
         off = svcs["off"]
-        cap = asyncio.run(ov.closed_loop(off.sock, a.model, body, headers, 2 * cores, a.calibrate))
+        cap = harness.scenarios.run(off.sock, a.model, feeds, OFFLINE, 2 * cores,
+                                    duration_s=a.calibrate_s)  # fmt: skip
         ctx["capacity"], c = cap, cap["throughput_rps"]
         print(f"  capacity {c}/s", flush=True)
         i = 0
@@ -218,8 +211,9 @@ def run_all(a: Any, ctx: dict, tmp: Path) -> list[dict[str, Any]]:
             i += 1
     finally:
         for m, svc in svcs.items():
-            out[m]["stop"] = svc.stop()
-            out[m]["serve_log_tail"] = (tmp / f"serve_{m}.log").read_text().splitlines()[-20:]
+            out[m]["serve_log_tail"] = svc.log_path.read_text().splitlines()[-20:]
+            svc.__exit__(None, None, None)
+            out[m]["stop"] = svc.stopped
     return [out[m] for m in MODES]
 
 
@@ -254,142 +248,54 @@ def compare(data: dict[str, Any], tolerance: float, slo_ms: float) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="resnet50", choices=sorted(sc.MODEL_SETTINGS))
+    p = harness.cli.parser(__doc__, duration_s=30.0, quiet_wait_s=120.0)
+    p.add_argument("--model", default="resnet50", choices=sorted(MODEL_SETTINGS))
     p.add_argument("--slo-x", type=float, default=3.0)
     p.add_argument("--factors", default="0.5,1,2,5")
     p.add_argument("--window-ms", type=float, default=5000.0)
     p.add_argument("--trials", type=int, default=6)
     p.add_argument("--grpc-s", type=float, default=10.0)
-    p.add_argument("--calibrate", type=int, default=60)
+    p.add_argument("--calibrate-s", type=float, default=10.0, help="capacity point, s")
     p.add_argument("--tolerance", type=float, default=0.9)
-    p.add_argument("--quiet-wait-s", type=float, default=120.0)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--quick", action="store_true")
-    a = p.parse_args(argv)
-    if a.quick:
-        a.window_ms, a.trials, a.grpc_s, a.calibrate, a.quiet_wait_s = 1500.0, 3, 3.0, 20, 0.0
-    default_cache_dir()
+
+    def quick(a: Any) -> None:
+        a.window_ms, a.trials, a.grpc_s, a.calibrate_s = 1500.0, 3, 3.0, 4.0
+
+    a = harness.cli.parse(p, argv, quick)
     from infscaler.api.codec import encode_infer_request
 
-    quiet = wait_for_quiet(a.quiet_wait_s) if a.quiet_wait_s > 0 else None
-    feeds = sc.model_inputs(a.model)
-    cal = sc.calibrate(a.model, feeds, 8 if a.quick else 20)
+    res = harness.cli.start("admission_goodput", a)
+    feeds = harness.models.model_inputs(a.model)
+    cal = harness.models.calibrate(a.model, feeds, 8 if a.quick else 20)
     slo_ms = a.slo_x * cal["l0_ms"]
     body, headers = encode_infer_request(feeds, binary=True, binary_output=True)
-    ctx: dict[str, Any] = {
-        "cores": cal["cores"],
-        "slo_ms": slo_ms,
-        "feeds": feeds,
-        "body": body,
-        "headers": headers,
-        "factors": [float(x) for x in a.factors.split(",")],
-    }
-    data: dict[str, Any] = {
-        "environment": environment(),
-        "settings": vars(a),
-        "quiet_before": quiet,
-        "calibration": cal,
-        "slo_ms": round(slo_ms, 2),
-        "request_bytes": len(body),
-        "modes": [],
-    }
-    print(
-        f"== {a.model}: L0 {cal['l0_ms']} ms, SLO {slo_ms:.1f} ms, {len(body)} B a request",
-        flush=True,
-    )
-    tmp = Path(tempfile.mkdtemp(prefix="isc-admission-"))
-    data["modes"] = run_all(a, ctx, tmp)
-    data["capacity"] = ctx["capacity"]
-    data["comparison"] = compare(data, a.tolerance, slo_ms)
-    data["environment"]["load_average_at_end"] = list(os.getloadavg())
-    name = "admission_goodput" + ("_quick" if a.quick else "")
-    write_json(RESULTS_DIR / f"{name}.json", data)
-    plot(data, RESULTS_DIR / f"{name}.png")
-    table(data)
+    ctx: dict[str, Any] = {"cores": cal["cores"], "slo_ms": slo_ms, "feeds": feeds, "body": body,
+                           "headers": headers, "factors": [float(x) for x in a.factors.split(",")]}  # fmt: skip
+    print(f"== {a.model}: L0 {cal['l0_ms']} ms, SLO {slo_ms:.1f} ms, {len(body)} B a request")
+    modes = run_all(a, ctx, Path(tempfile.mkdtemp(prefix="isc-admission-")))
+    comparison = compare({"modes": modes}, a.tolerance, slo_ms)
+    for r in comparison["rows"]:
+        for mode in MODES:
+            res.add(point=r["point"], mode=mode, slo_ms=round(slo_ms, 2), **r[mode])
+    res.summary.update(calibration=cal, slo_ms=round(slo_ms, 2), request_bytes=len(body),
+                       capacity=ctx["capacity"], modes=modes, comparison=comparison)  # fmt: skip
+    harness.cli.finish(res, a, plot if res.points else None)
+    harness.print_table(
+        ["point", "load", "good off", "good on", "on/off", "P99 off", "P99 on", "refused/s on"],
+        [[r["point"], r["off"]["load"], r["off"]["goodput_rps"], r["on"]["goodput_rps"],
+          r["on_over_off"], r["off"]["admitted_p99_ms"], r["on"]["admitted_p99_ms"],
+          r["on"]["refused_rps"]] for r in comparison["rows"]],
+    )  # fmt: skip
+    print("checks:", comparison["checks"], "passed:", comparison["passed"])
     return 0
 
 
-def table(data: dict[str, Any]) -> None:
-    rows = []
-    for r in data["comparison"]["rows"]:
-        off, on = r["off"], r["on"]
-        rows.append(
-            [
-                r["point"],
-                off["load"],
-                off["goodput_rps"],
-                on["goodput_rps"],
-                r["on_over_off"],
-                off["admitted_p99_ms"],
-                on["admitted_p99_ms"],
-                on["refused_rps"],
-                on.get("server_cpu_ms_per_answer"),
-                off.get("server_cpu_ms_per_answer"),
-            ]
-        )
-    print_table(
-        [
-            "point",
-            "load",
-            "good off",
-            "good on",
-            "on/off",
-            "P99 off",
-            "P99 on",
-            "refused/s on",
-            "cpu ms/ans on",
-            "cpu ms/ans off",
-        ],
-        rows,
-    )
-    ka = next((m.get("keepalive16") for m in data["modes"] if m["mode"] == "on"), None)
-    if ka:
-        print(
-            f"16 keep-alive connections at 2x: admitted P99 {ka['admitted_p99_ms']} ms "
-            f"(SLO {data['slo_ms']} ms), goodput {ka['goodput_rps']}/s"
-        )
-    print("checks:", data["comparison"]["checks"], "passed:", data["comparison"]["passed"])
-
-
 def plot(data: dict[str, Any], path: Path) -> None:
-    """Goodput off vs on per point (bars), and admitted P99 from send against the SLO."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = data["comparison"]["rows"]
-    if not rows:
-        return
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(rows)), 8))
-    xs = range(len(rows))
-    ax1.bar(
-        [x - 0.2 for x in xs], [r["off"]["goodput_rps"] for r in rows], 0.4, label="admission off"
-    )
-    ax1.bar(
-        [x + 0.2 for x in xs], [r["on"]["goodput_rps"] for r in rows], 0.4, label="admission on"
-    )
-    ax1.set_ylabel("goodput (answers within the SLO / s)")
-    ax1.set_xticks(list(xs), [r["point"] for r in rows], rotation=30, ha="right", fontsize=8)
-    ax1.legend(fontsize=8)
-    ax1.set_title(
-        f"{data['settings']['model']}, SLO {data['slo_ms']} ms, capacity "
-        f"{data['capacity']['throughput_rps']}/s"
-        + (" (--quick: no result)" if data["settings"]["quick"] else ""),
-        fontsize=9,
-    )
-    for key, off in (("off", -0.2), ("on", 0.2)):
-        ys = [r[key]["admitted_p99_ms"] or 0 for r in rows]
-        ax2.bar([x + off for x in xs], ys, 0.4, label=f"admission {key}")
-    ax2.axhline(data["slo_ms"], color="k", ls=":", lw=1, label="SLO")
-    ax2.set_yscale("log")
-    ax2.set_ylabel("admitted P99 from send, ms")
-    ax2.set_xticks(list(xs), [r["point"] for r in rows], rotation=30, ha="right", fontsize=8)
-    ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """Goodput and admitted P99 from send against the load factor, admission on and off,
+    one panel per protocol and load kind, the SLO as a line."""
+    pts = [{**p, "cell": p["point"].rsplit("_", 1)[0]} for p in data["points"]]
+    harness.plot(pts, path, x="factor", y=["goodput_rps", "admitted_p99_ms"], by="mode",
+                 panel="cell", hline_key="slo_ms", logy=True, xlabel="load, x capacity (or x cores)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,14 +13,10 @@ c, the three run back to back, each ``c`` client threads submitting (``Service.s
 and waiting, for ``--seconds`` after a warm-up. CPU per item: the instance's, and that
 plus the service process's (front end and client threads, alike in every arm), over the
 items answered. Ratios are against ``off`` within the same run.
-
-Writes ``results/batching.json`` and ``.png`` (``_quick`` with --quick: SqueezeNet and
-ResNet-50, 3 s per point; a smoke test, not a result).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import sys
@@ -32,16 +28,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    ForeignLoad,
-    busy_cpu_seconds,
-    default_cache_dir,
-    environment,
-    print_table,
-    process_cpu_seconds,
-    write_json,
-)
+import harness  # noqa: E402
+from harness.host import ForeignLoad, process_cpu_seconds  # noqa: E402
 
 MODELS = {"squeezenet": "SqueezeNet 1.0", "shufflenet": "ShuffleNet", "resnet50": "ResNet-50"}
 CONCURRENCY = (1, 4, 8)
@@ -186,91 +174,44 @@ def bench_model(alias: str, tmp: Path, seconds: float, concurrency: tuple[int, .
     }
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(results)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    width = 0.8 / max(1, len(models))
-    for i, alias in enumerate(models):
-        pts = results[alias]["points"]
-        xs = np.arange(len(pts)) + i * width
-        cpu = [p["on_vs_off"]["instance_cpu_ms_per_item"] for p in pts]
-        axes[0].bar(xs, cpu, width, label=alias)
-        axes[1].bar(xs, [p["on_vs_off"]["items_per_s"] for p in pts], width, label=alias)
-    for ax, title in zip(
-        axes,
-        ("instance CPU ms per item, on / off (< 1: batching pays)", "items/s, on / off"),
-        strict=True,
-    ):
-        pts = results[models[0]]["points"]
-        ax.set_xticks(np.arange(len(pts)) + width * (len(models) - 1) / 2)
-        ax.set_xticklabels([f"c={p['concurrency']}" for p in pts])
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="SqueezeNet and ResNet-50, 3 s a point")
-    ap.add_argument("--seconds", type=float, help="measured seconds per point (default 10)")
-    ap.add_argument("--models", help=f"comma-separated, of {','.join(MODELS)}")
-    args = ap.parse_args(argv)
-    default_cache_dir()
-    models = (
-        args.models.split(",")
-        if args.models
-        else (["squeezenet", "resnet50"] if args.quick else list(MODELS))
-    )
-    bad = [m for m in models if m not in MODELS]
-    if bad:
+    ap = harness.cli.parser(__doc__, duration_s=10.0)
+    ap.add_argument("--models", default=",".join(MODELS), help=f"of {','.join(MODELS)}")
+
+    def quick(a: Any) -> None:
+        a.models, a.duration_s = "squeezenet,resnet50", 3.0
+
+    a = harness.cli.parse(ap, argv, quick)
+    if bad := [m for m in a.models.split(",") if m not in MODELS]:
         ap.error(f"unknown model(s) {bad}: choose from {list(MODELS)}")
-    seconds = args.seconds or (3.0 if args.quick else 10.0)
-    busy0, t0 = busy_cpu_seconds(), time.monotonic()
-    results = {}
+    res = harness.cli.start("batching", a)
+    res.summary.update(concurrency=CONCURRENCY, max_batch=MAX_BATCH, decisions={})
     with tempfile.TemporaryDirectory(prefix="isc-batching-") as tmp:
-        for alias in models:
-            results[alias] = bench_model(alias, Path(tmp), seconds, CONCURRENCY)
-    stem = f"batching{'_quick' if args.quick else ''}"
-    out = {
-        "environment": environment(),
-        "settings": {"seconds": seconds, "concurrency": CONCURRENCY, "max_batch": MAX_BATCH},
-        "host_busy_cores_during_run": round(
-            (busy_cpu_seconds() - busy0) / (time.monotonic() - t0), 2
-        ),
-        "results": results,
-    }
-    write_json(RESULTS_DIR / f"{stem}.json", out)
-    plot(results, RESULTS_DIR / f"{stem}.png")
-    print_table(
+        for alias in a.models.split(","):
+            r = bench_model(alias, Path(tmp), a.duration_s, CONCURRENCY)
+            res.summary["decisions"][alias] = r["decision"]
+            for p in r["points"]:
+                res.add(model=alias, **p, cpu_on_vs_off=p["on_vs_off"]["instance_cpu_ms_per_item"],
+                        items_on_vs_off=p["on_vs_off"]["items_per_s"])  # fmt: skip
+    harness.cli.finish(res, a, plot)
+    harness.print_table(
         ["model", "c", "inst ms/item off", "on", "auto", "on/off", "items/s on/off", "batch on"],
-        [
-            [
-                a,
-                p["concurrency"],
-                p["off"]["instance_cpu_ms_per_item"],
-                p["on"]["instance_cpu_ms_per_item"],
-                p["auto"]["instance_cpu_ms_per_item"],
-                p["on_vs_off"]["instance_cpu_ms_per_item"],
-                p["on_vs_off"]["items_per_s"],
-                p["on"]["mean_batch"],
-            ]
-            for a, r in results.items()
-            for p in r["points"]
-        ],
-    )
-    for a, r in results.items():
-        print(f"{a}: {r['decision']}")
+        [[p["model"], p["concurrency"], p["off"]["instance_cpu_ms_per_item"],
+          p["on"]["instance_cpu_ms_per_item"], p["auto"]["instance_cpu_ms_per_item"],
+          p["cpu_on_vs_off"], p["items_on_vs_off"], p["on"]["mean_batch"]] for p in res.points],
+    )  # fmt: skip
+    for m, d in res.summary["decisions"].items():
+        print(f"{m}: {d}")
     return 0
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Instance CPU per item and items/s, on / off, against the concurrency, per model
+    (< 1 CPU: batching pays)."""
+    harness.plot(data["points"], path, x="concurrency", y=["cpu_on_vs_off", "items_on_vs_off"],
+                 by="model", hlines={"off": 1.0}, ylabel="on / off")  # fmt: skip
 
 
 if __name__ == "__main__":

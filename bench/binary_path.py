@@ -14,26 +14,22 @@ that the host's drift hits all alike:
   before this change: httpcore re-slices what is left of it after every partial send).
 
 And the same three on a function stage with the same tensor sizes and almost no compute
-(``det-shaped``), which shows the transport's own cost in ms. The in-process front end
-(no HTTP) is measured for reference, interleaved too. The figure of merit is ``ratio`` = P50(binary) /
-P50(shm) on the det model (issue 13's target: <= 1.1).
-
-Writes ``results/binary_path.json`` and ``.png`` (``_quick`` with --quick).
+(``det-shaped``), which shows the transport's own cost in ms. Both pipelines are served
+by one ``infscaler serve`` (``harness.Sut``). The figure of merit is ``ratio`` =
+P50(binary) / P50(shm) on the det model (target: <= 1.1).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, default_cache_dir, environment, print_table, write_json  # noqa: E402
+import harness  # noqa: E402
 
 TRANSPORTS = ("binary", "shm", "binary, one joined body")
 
@@ -55,7 +51,7 @@ def pct(ms: list[float]) -> dict:
     }
 
 
-def measure(svc, sock: str, name: str, x: np.ndarray, out_name: str, n: int) -> dict:
+def measure(sock: str, name: str, x: np.ndarray, out_name: str, n: int) -> dict:
     """``n`` requests per transport, interleaved; returns per transport P50 etc."""
     import httpx
 
@@ -66,7 +62,7 @@ def measure(svc, sock: str, name: str, x: np.ndarray, out_name: str, n: int) -> 
     out_shape = (1, 1, *x.shape[2:])
     out_bytes = int(np.prod(out_shape)) * 4
     key_in, key_out = f"isc_bp_in_{os.getpid()}", f"isc_bp_out_{os.getpid()}"
-    lat: dict[str, list[float]] = {t: [] for t in ("in-process (front end)", *TRANSPORTS)}
+    lat: dict[str, list[float]] = {t: [] for t in TRANSPORTS}
     with (
         Client(sock) as c,
         httpx.Client(
@@ -97,15 +93,7 @@ def measure(svc, sock: str, name: str, x: np.ndarray, out_name: str, n: int) -> 
             res = decode_infer_response(r.content, header_length=int(r.headers[HEADER_LENGTH]))
             return res.outputs[out_name]
 
-        def inproc() -> np.ndarray:
-            return svc.infer(name, {"x": x}).outputs[out_name]
-
-        fns = {
-            "in-process (front end)": inproc,
-            "binary": binary,
-            "shm": shm,
-            "binary, one joined body": joined,
-        }
+        fns = {"binary": binary, "shm": shm, "binary, one joined body": joined}
         ref = binary()
         for f in fns.values():  # warm-up, and every transport gives the same output
             for _ in range(3):
@@ -130,119 +118,53 @@ def measure(svc, sock: str, name: str, x: np.ndarray, out_name: str, n: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="30 requests per transport (~1 min)")
-    ap.add_argument("-n", type=int, help="requests per transport and pipeline (default 300)")
+    ap = harness.cli.parser(__doc__, duration_s=1.0)
+    ap.add_argument("-n", type=int, default=300, help="requests per transport and pipeline")
     ap.add_argument("--control-path", default="auto")
-    args = ap.parse_args(argv)
-    default_cache_dir()
-    from serve_det import det_input
 
-    from infscaler.api.server import ServerThread
-    from infscaler.base.config import load_pipeline, pipeline_for_model
-    from infscaler.base.models import MODELS
-    from infscaler.service.service import Service
+    def quick(a) -> None:
+        a.n = 30
 
-    n = args.n or (30 if args.quick else 300)
+    a = harness.cli.parse(ap, argv, quick)
+    from serve_det import config_pipeline, det_input
+
+    res = harness.cli.start("binary_path", a)
     x = det_input()
+    det = {**config_pipeline(1, 1, 2), "name": "det"}
+    shaped = {"name": "det-shaped", "inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape)}],
+              "outputs": ["y"], "stages": [{"name": "copy", "function": "binary_path:det_shaped",
+                                            "inputs": ["x"], "outputs": ["y"]}]}  # fmt: skip
     here = str(Path(__file__).resolve().parent)
-    old = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = f"{here}{os.pathsep}{old}" if old else here
-    env = environment()
-    results = {}
-    state = Path(os.environ["INFSCALER_CACHE_DIR"]) / "bench-state"
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        Service(state_dir=state, control_path=args.control_path, pool_mb=256) as svc,
-    ):
-        sock = str(Path(tmp) / "bench.sock")
-        det = pipeline_for_model("ppocrv4-det", name="det", shapes=MODELS["ppocrv4-det"].shapes)
-        raw = det.model_dump()
-        raw["stages"][0]["threads"] = 2
-        det = load_pipeline(raw)
-        shaped = load_pipeline(
-            {
-                "name": "det-shaped",
-                "inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape)}],
-                "outputs": ["y"],
-                "stages": [
-                    {
-                        "name": "copy",
-                        "function": "binary_path:det_shaped",
-                        "inputs": ["x"],
-                        "outputs": ["y"],
-                    }
-                ],
-            }
-        )
-        with ServerThread(svc, sock, max_body_mb=16):
-            for cfg in (det, shaped):
-                dep = svc.deploy(cfg)
-                out_name = dep.pipeline.output_names[0]
-                r = measure(svc, sock, cfg.name, x, out_name, n)
-                results[cfg.name] = r
-                svc.undeploy(cfg.name)
-                for t, row in r["transports"].items():
-                    print(f"{cfg.name}: {t}: P50 {row['p50_ms']} ms")
-                print(
-                    f"{cfg.name}: binary / shm P50 = {r['ratio_binary_vs_shm_p50']} "
-                    f"(one joined body: {r['ratio_joined_vs_shm_p50']}); binary costs "
-                    f"{r['binary_extra_ms_median_of_pairs']} ms more (median of pairs)"
-                )
-    env["load_average_at_end"] = list(os.getloadavg())
-    print_table(
-        ["pipeline", "transport", "P50 ms", "P90 ms", "mean ms"],
-        [
-            [p, t, row["p50_ms"], row["p90_ms"], row["mean_ms"]]
-            for p, r in results.items()
-            for t, row in r["transports"].items()
-        ],
-    )
-    stem = "binary_path_quick" if args.quick else "binary_path"
-    write_json(
-        RESULTS_DIR / f"{stem}.json",
-        {
-            "environment": env,
-            "requests_per_transport": n,
-            "input_bytes": int(x.nbytes),
-            "output_bytes": int(x.nbytes // 3),
-            "results": results,
-        },
-    )
-    plot(results, RESULTS_DIR / f"{stem}.png")
-    print(f"wrote {RESULTS_DIR / stem}.json and .png")
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    with harness.Sut([det, shaped], args=["--control-path", a.control_path],
+                     env={"PYTHONPATH": path}) as s:  # fmt: skip
+        res.own_pids[:] = [s.pid]
+        for name, out_name in (("det", None), ("det-shaped", "y")):
+            if out_name is None:
+                from infscaler.api.client import Client
+
+                with Client(s.sock) as c:
+                    out_name = c.model_metadata(name)["outputs"][0]["name"]
+            r = measure(s.sock, name, x, out_name, a.n)
+            for t, row in r["transports"].items():
+                res.add(pipeline=name, transport=t, **row)
+            res.summary[name] = {k: v for k, v in r.items() if k != "transports"}
+            print(f"{name}: binary / shm P50 = {r['ratio_binary_vs_shm_p50']}; binary costs "
+                  f"{r['binary_extra_ms_median_of_pairs']} ms more (median of pairs)")  # fmt: skip
+    res.summary.update(input_bytes=int(x.nbytes), output_bytes=int(x.nbytes // 3))
+    harness.cli.finish(res, a, plot)
+    harness.print_table(["pipeline", "transport", "P50 ms", "P90 ms", "mean ms"],
+                        [[p["pipeline"], p["transport"], p["p50_ms"], p["p90_ms"], p["mean_ms"]]
+                         for p in res.points])  # fmt: skip
     return 0
 
 
-def plot(results: dict, path: Path) -> None:
-    """P50 per transport, one group per pipeline, the binary / shm ratio in the title."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 3.6), squeeze=False)
-    colors = ["#999", "#58c", "#3a7", "#e94"]
-    for ax, (name, r) in zip(axes[0], results.items(), strict=True):
-        rows = r["transports"]
-        labels = list(rows)
-        vals = [rows[k]["p50_ms"] for k in labels]
-        ys = np.arange(len(labels))
-        ax.barh(ys, vals, color=colors[: len(labels)])
-        for y, v in zip(ys, vals, strict=True):
-            ax.text(v, y, f" {v:.1f}", va="center", fontsize=8)
-        ax.set_yticks(ys, labels)
-        ax.invert_yaxis()
-        ax.set_xlabel("P50 ms, one client, requests interleaved")
-        ax.set_title(
-            f"{name}: binary / shm = {r['ratio_binary_vs_shm_p50']:.3f}, "
-            f"joined body {r['ratio_joined_vs_shm_p50']:.3f}",
-            fontsize=9,
-        )
-    fig.suptitle("6.5 MB per request (4.9 MB in, 1.6 MB out) over the Unix-socket API", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def plot(data: dict, path: Path) -> None:
+    """P50 and P90 per transport, one line per pipeline (6.5 MB per request)."""
+    pts = [{**p, "i": TRANSPORTS.index(p["transport"])} for p in data["points"]]
+    harness.plot(pts, path, x="i", y=["p50_ms", "p90_ms"], by="pipeline",
+                 xlabel=" | ".join(f"{i}: {t}" for i, t in enumerate(TRANSPORTS)),
+                 ylabel="ms, one client, requests interleaved")  # fmt: skip
 
 
 if __name__ == "__main__":

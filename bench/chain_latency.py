@@ -1,31 +1,30 @@
 """One-request latency of the partitioned chain vs the whole model (issue "Must show").
 
-Usage::
-
-    .venv/bin/python bench/chain_latency.py [--quick] [--repeats 30] [--spin]
-
-Writes ``bench/results/chain_latency.json`` and ``.png`` (``--quick``:
-``chain_latency_quick.*``; ``--spin``: ``chain_latency_spin.*``).
+Per model and K: the Eq. 1 plan (``partition_model``, plan building not timed) as a
+``Chain`` of sessions in this process against one session of the whole model (the
+canonical model at the same input shapes), both with the engine layer's options at the
+usable cores' threads, spinning off (``--spin``: onnxruntime's default, on); interleaved
+whole, chain, ..., then each part alone on its recorded inputs (the breakdown). Ratio =
+median(chain) / median(whole), target <= 1.10. No shared memory: the cost of the
+boundaries themselves. ``--spin`` writes ``chain_latency[_quick]_spin``.
 
 More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/chain_latency.py`".
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-import os
 import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
-import _common
+import harness
 import numpy as np
 
-_common.default_cache_dir()
+harness.host.default_cache_dir()
 
 import onnxruntime as ort  # noqa: E402
 
@@ -77,9 +76,9 @@ def build_plan(path: Path, shapes: str | None, k: int) -> tuple:
     except VerificationError as exc:
         note = {
             "verification_failed_at_default_rtol": str(exc).splitlines()[0],
-            "rebuilt_with_rtol": _common.FALLBACK_RTOL,
+            "rebuilt_with_rtol": harness.models.FALLBACK_RTOL,
         }
-        return partition_model(path, rtol=_common.FALLBACK_RTOL, **kwargs), note
+        return partition_model(path, rtol=harness.models.FALLBACK_RTOL, **kwargs), note
 
 
 def part_inputs(chain: Chain, feeds: dict) -> list[dict]:
@@ -227,192 +226,54 @@ def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list
     return rows
 
 
-def _whole_range(rows: list[dict], model: str) -> str:
-    """The whole model's median ms over the K runs, as 'a' or 'a-b'."""
-    meds = [r["whole"]["median_ms"] for r in rows if r["model"] == model]
-    lo, hi = min(meds), max(meds)
-    return f"{lo:.1f}" if hi - lo < 0.05 * lo else f"{lo:.1f}-{hi:.1f}"
-
-
-def plot(rows: list[dict], ks: list[int], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    by = {(r["model"], r["K"]): r for r in rows}
-    width = 0.8 / len(ks)
-    colors = plt.get_cmap("tab10").colors
-    fig, ax = plt.subplots(figsize=(max(7, 1.9 * len(models) + 2), 4.8))
-    top = TARGET
-    for j, k in enumerate(ks):
-        xs, ys = [], []
-        for i, m in enumerate(models):
-            if (m, k) in by:
-                xs.append(i + (j - (len(ks) - 1) / 2) * width)
-                ys.append(by[(m, k)]["ratio_median"])
-        ax.bar(xs, ys, width * 0.95, color=colors[j], label=f"K = {k}")
-        for x, y in zip(xs, ys, strict=True):
-            ax.text(x, y + 0.004, f"{y:.3f}", ha="center", va="bottom", fontsize=7)
-        top = max(top, *ys) if ys else top
-    ax.axhline(TARGET, color="red", linestyle="--", linewidth=1.5, label=f"target {TARGET:.2f}")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(models)))
-    ax.set_xticklabels([f"{m}\nwhole {_whole_range(rows, m)} ms" for m in models], fontsize=8)
-    ax.set_ylabel("median(chain) / median(whole)")
-    low = min(0.9, min(r["ratio_median"] for r in rows) - 0.05)
-    ax.set_ylim(low, top + 0.08)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8, loc="upper right", ncol=len(ks) + 1)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _title(data: dict, spin: bool) -> str:
-    return (
-        f"Chain vs whole model, one request, in-process handoff (target <= {TARGET:.2f})\n"
-        f"{data['host']['cpu_model']}, {data['settings']['intra_op_num_threads']} threads, "
-        f"onnxruntime {data['onnxruntime']}, CPU EP, ORT_ENABLE_ALL, "
-        f"spinning {'default (on)' if spin else 'off'} ({data['date_utc'][:10]})"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="no vgg19, fewer repeats")
-    ap.add_argument("--models", help="comma-separated subset of aliases")
-    ap.add_argument("--ks", default="2,3,4", help="partition counts (default 2,3,4)")
-    ap.add_argument("--repeats", type=int, help="timed requests per side (default 30; quick 12)")
+    ap = harness.cli.parser(__doc__, duration_s=1.0)
+    ap.add_argument("--models", default=",".join(FULL), help="comma-separated aliases")
+    ap.add_argument("--ks", default="2,3,4", help="partition counts")
+    ap.add_argument("--repeats", type=int, default=30, help="timed requests per side")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument(
-        "--spin",
-        action="store_true",
-        help="keep onnxruntime's default intra-op spinning on both sides "
-        "(default: session.intra_op.allow_spinning=0 on both sides)",
-    )
-    ap.add_argument("--out", type=Path, default=_common.RESULTS_DIR)
-    ap.add_argument(
-        "--replot",
-        type=Path,
-        metavar="JSON",
-        help="only redraw the PNG beside JSON from its recorded results (no measurement)",
-    )
-    args = ap.parse_args(argv)
-    if args.replot:
-        data = json.loads(args.replot.read_text())
-        plot(
-            data["results"],
-            data["settings"]["ks"],
-            args.replot.with_suffix(".png"),
-            _title(data, data["settings"]["allow_spinning"] != "0"),
-        )
-        return 0
+    ap.add_argument("--spin", action="store_true",
+                    help="onnxruntime's default intra-op spinning on both sides (default: off)")  # fmt: skip
 
-    models = args.models.split(",") if args.models else (QUICK if args.quick else FULL)
-    ks = [int(k) for k in args.ks.split(",")]
-    repeats = args.repeats or (12 if args.quick else 30)
+    def quick(a: Any) -> None:
+        a.models, a.repeats = ",".join(QUICK) if a.models == ",".join(FULL) else a.models, 12
+
+    a = harness.cli.parse(ap, argv, quick)
+    ks = [int(k) for k in a.ks.split(",")]
     threads = usable_cores()
-    so = session_options(threads, spin=args.spin)
-    env = _common.environment()
-    foreign = _common.ForeignLoad(lambda: _common.process_cpu_seconds([os.getpid()]))
-    fixed_us = fixed_run_us(so)
-    rows, errors = [], []
-    for name in models:
-        n = min(repeats, REPEATS_OVERRIDE.get(name, repeats))
+    so = session_options(threads, spin=a.spin)
+    res = harness.cli.start("chain_latency" + ("_spin" if a.spin and not a.quick else ""), a)
+    if a.spin and a.quick:
+        res.name += "_spin"
+    res.summary.update(intra_op_threads=threads, fixed_run_us=fixed_run_us(so), errors=[])
+    for name in a.models.split(","):
         try:
-            rows.extend(bench_model(name, ks, n, args.warmup, so))
+            for row in bench_model(name, ks, min(a.repeats, REPEATS_OVERRIDE.get(name, a.repeats)),
+                                   a.warmup, so):  # fmt: skip
+                res.add(**row)
         except Exception as exc:
             traceback.print_exc()
-            errors.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
-
-    suffix = ("_quick" if args.quick else "") + ("_spin" if args.spin else "")
-    out = {
-        "benchmark": "chain_latency",
-        "what": "one-request latency, partitioned chain vs whole model, same process",
-        "note": "The chain runs in one process: in-process handoff of numpy arrays between "
-        "the parts' sessions, no shared memory yet. The ratio is the overhead of the "
-        "partition boundaries themselves (an extra session.run per part + tensor handoff "
-        "+ optimisations a boundary prevents), not of inter-process transport.",
-        **env,
-        "settings": {
-            "execution_provider": "CPUExecutionProvider",
-            "graph_optimization_level": "ORT_ENABLE_ALL",
-            "intra_op_num_threads": threads,
-            "inter_op_num_threads": 1,
-            "execution_mode": "ORT_SEQUENTIAL",
-            "allow_spinning": "onnxruntime default (on)" if args.spin else "0",
-            "same_session_options_for_whole_and_chain": True,
-            "order": "interleaved: whole, chain, whole, chain, ...",
-            "ks": ks,
-            "repeats": repeats,
-            "repeats_override": {m: v for m, v in REPEATS_OVERRIDE.items() if m in models},
-            "warmup": args.warmup,
-            "inputs": "random_feeds(seed=0) at the model's default shapes",
-            "whole_model": "load_model(...).model (canonical, concrete input shapes) in one "
-            "InferenceSession",
-            "plan": "partition_model(num_partitions=K, slo=None, measure='flops', warmup=0, "
-            "repeats=1, "
-            "out_dir=None), profile cache allowed (plan building is not timed here)",
-            "target_ratio": TARGET,
-        },
-        "load_average_at_end": list(os.getloadavg()),
-        "other_processes_cores": foreign.cores(),
-        "fixed_run_us": fixed_us,
-        "results": rows,
-        "errors": errors,
-        "all_pass": bool(rows) and not errors and all(r["pass"] for r in rows),
-    }
-    json_path = args.out / f"chain_latency{suffix}.json"
-    _common.write_json(json_path, out)
-    if rows:
-        plot(rows, ks, args.out / f"chain_latency{suffix}.png", _title(out, args.spin))
-
-    print(f"\nchain vs whole, one request (target ratio <= {TARGET:.2f}), {threads} threads")
-    _common.print_table(
-        [
-            "model",
-            "K",
-            "n",
-            "whole med",
-            "whole p90",
-            "chain med",
-            "chain p90",
-            "ratio",
-            "paired",
-            "us/boundary",
-            "parts-whole ms",
-            "chain-parts ms",
-            "target",
-        ],
-        [
-            [
-                r["model"],
-                r["K"],
-                r["repeats"],
-                f"{r['whole']['median_ms']:.2f}",
-                f"{r['whole']['p90_ms']:.2f}",
-                f"{r['chain']['median_ms']:.2f}",
-                f"{r['chain']['p90_ms']:.2f}",
-                f"{r['ratio_median']:.3f}",
-                f"{r['ratio_paired_median']:.3f}",
-                f"{r['overhead_us_per_boundary']:.0f}",
-                f"{r['breakdown']['parts_minus_whole_ms']:.2f}",
-                f"{r['breakdown']['chain_minus_parts_ms']:.2f}",
-                "pass" if r["pass"] else "FAIL",
-            ]
-            for r in rows
-        ],
+            res.summary["errors"].append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
+    res.summary["all_pass"] = (
+        bool(res.points) and not res.summary["errors"] and all(r["pass"] for r in res.points)
     )
-    print(
-        f"fixed cost of one session.run (1-element Identity): {fixed_us:.1f} us; "
-        f"other processes used {out['other_processes_cores']:.2f} cores on average"
-    )
-    for e in errors:
+    harness.cli.finish(res, a, plot if res.points else None)
+    harness.print_table(
+        ["model", "K", "n", "whole med", "chain med", "ratio", "paired", "us/boundary", "target"],
+        [[r["model"], r["K"], r["repeats"], r["whole"]["median_ms"], r["chain"]["median_ms"],
+          r["ratio_median"], r["ratio_paired_median"], r["overhead_us_per_boundary"],
+          "pass" if r["pass"] else "FAIL"] for r in res.points],
+    )  # fmt: skip
+    for e in res.summary["errors"]:
         print(f"ERROR {e['model']}: {e['error']}")
-    print(f"\nwrote {json_path}")
-    return 0 if not errors else 1
+    return 0 if not res.summary["errors"] else 1
+
+
+def plot(data: dict, path: Path) -> None:
+    """median(chain) / median(whole) against K, one line per model, the target as a line."""
+    harness.plot(data["points"], path, x="K", y="ratio_median", by="model",
+                 hlines={f"target {TARGET}": TARGET, "1.0": 1.0},
+                 ylabel="median(chain) / median(whole)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,14 +19,10 @@ and ``demand`` (the default). Per arm: requests answered and refused per second,
 decisions, the demand it read each second, and the service's CPU seconds per answered
 request (this process and its instances, ``/proc/PID/stat``; a fair measure on a busy
 host, unlike wall-clock throughput). Ratios are demand / threads of the same run.
-
-Run: ``.venv/bin/python bench/demand_cap.py --quick`` (20 s per arm; the default is
-60 s). Writes ``bench/results/demand_cap.json`` and ``.png``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -40,15 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    ForeignLoad,
-    environment,
-    now_utc,
-    print_table,
-    process_cpu_seconds,
-    write_json,
-)
+import harness  # noqa: E402
+from harness.host import ForeignLoad, process_cpu_seconds  # noqa: E402
 
 HEAVY = "m/1"  # the heavy partition's unit name
 RELUS = 10  # cheap steps on each side of the heavy convolution
@@ -238,87 +227,46 @@ def run_arm(
     }
 
 
-def plot(data: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = data["arms"]
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    names = [a["cap"] for a in arms]
-    ax[0].bar(names, [a["answered_per_s"] for a in arms], color="tab:green", label="answered")
-    ax[0].bar(
-        names,
-        [a["refused_per_s"] for a in arms],
-        bottom=[a["answered_per_s"] for a in arms],
-        color="tab:red",
-        label="refused (503, with a reason)",
-    )
-    ax[0].set_ylabel("requests/s")
-    ax[0].legend()
-    for a in arms:
-        tl = a["timeline"]
-        ax[1].step([r["t_s"] for r in tl], [r["heavy"] for r in tl], where="post", label=a["cap"])
-    ax[1].set_xlabel("s")
-    ax[1].set_ylabel(f"{HEAVY} instances")
-    ax[1].legend()
-    fig.suptitle(f"K=3, {data['clients']} closed-loop clients, SLO {data['slo_ms']:.0f} ms")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="20 s per arm (default 60 s)")
-    ap.add_argument("--seconds", type=float, default=None, help="per arm, s")
+    ap = harness.cli.parser(__doc__, duration_s=60.0)
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--size", type=int, default=128, help="the feature map's side")
     ap.add_argument("--slo-x", type=float, default=2.0, help="SLO / the whole model's L0")
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "demand_cap.json")
-    a = ap.parse_args(argv)
+
+    def quick(a: Any) -> None:
+        a.duration_s = 20.0
+
+    a = harness.cli.parse(ap, argv, quick)
     if a.clients < 1 or a.size < 8 or a.slo_x <= 0:
         ap.error("need --clients >= 1, --size >= 8 and --slo-x > 0")
-    seconds = a.seconds or (20.0 if a.quick else 60.0)
+    res = harness.cli.start("demand_cap", a)
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        model = k3_model(tmp / "k3.onnx", a.size)
+        model = k3_model(Path(d) / "k3.onnx", a.size)
         l0 = whole_ms(model, a.size)
-        slo = a.slo_x * l0
-        arms = [
-            run_arm(c, model, slo, a.size, a.clients, seconds, tmp) for c in ("threads", "demand")
-        ]
-    by = {x["cap"]: x for x in arms}
-    base, new = by["threads"], by["demand"]
-    data = {
-        "when": now_utc(),
-        "environment": environment(),
-        "quick": a.quick,
-        "clients": a.clients,
-        "whole_l0_ms": round(l0, 2),
-        "slo_ms": round(slo, 1),
-        "arms": arms,
-        "ratios_demand_over_threads": {
-            "answered_per_s": round(new["answered_per_s"] / base["answered_per_s"], 3)
-            if base["answered_per_s"]
-            else None,
-            "refused_per_s": round(new["refused_per_s"] / base["refused_per_s"], 3)
-            if base["refused_per_s"]
-            else None,
-        },
-    }
-    write_json(a.out, data)
-    plot(data, a.out.with_suffix(".png"))
-    print_table(
+        for cap in ("threads", "demand"):
+            res.add(**run_arm(cap, model, a.slo_x * l0, a.size, a.clients, a.duration_s, Path(d)))
+    base, new = res.points
+
+    def ratio(k: str) -> float | None:
+        return round(new[k] / base[k], 3) if base[k] else None
+
+    res.summary.update(whole_l0_ms=round(l0, 2), slo_ms=round(a.slo_x * l0, 1),
+                       ratios_demand_over_threads={k: ratio(k) for k in ("answered_per_s", "refused_per_s")})  # fmt: skip
+    harness.cli.finish(res, a, plot)
+    harness.print_table(
         ["cap", "answered/s", "refused/s", "errors", f"{HEAVY} peak", "CPU s/req", "other cores"],
-        [
-            [x["cap"], x["answered_per_s"], x["refused_per_s"], x["errors"],
-             x["heavy_peak_instances"], x["cpu_s_per_answered"], x["other_processes_cores"]]
-            for x in arms
-        ],
+        [[x["cap"], x["answered_per_s"], x["refused_per_s"], x["errors"],
+          x["heavy_peak_instances"], x["cpu_s_per_answered"], x["other_processes_cores"]]
+         for x in res.points],
     )  # fmt: skip
-    print(f"L0 {l0:.1f} ms, SLO {slo:.0f} ms; wrote {a.out}")
     return 0
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """The heavy partition's instances over time, one line per cap."""
+    pts = [{"cap": arm["cap"], **r} for arm in data["points"] for r in arm["timeline"]]
+    harness.plot(pts, path, x="t_s", y="heavy", by="cap", xlabel="s",
+                 ylabel=f"{HEAVY} instances")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,15 +13,10 @@ Phase 2 (a subprocess): a service on the same state dir serves a few requests (s
 pool maps slabs in /dev/shm) and is killed with SIGKILL; its slabs are counted; then a
 new service starts on that state dir and the old run's slabs are counted again (must be
 0: :func:`infscaler.shm.cleanup.remove_stale_pools`).
-
-Writes ``results/faults.json`` and ``results/faults.png`` (a timeline: each request's
-latency, 503s, the kills and the time each unit was down); ``faults_quick.*`` with
-``--quick`` (3 kills, 2 partitions, 4 req/s).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -36,7 +31,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, default_cache_dir, environment  # noqa: E402
+import harness  # noqa: E402
 
 
 def pipeline_raw(model: str, partitions: int) -> dict[str, Any]:
@@ -63,7 +58,7 @@ def _input(svc: Any, name: str) -> dict[str, np.ndarray]:
     return out
 
 
-def phase_kills(args: argparse.Namespace, state: Path) -> dict[str, Any]:
+def phase_kills(args: Any, state: Path) -> dict[str, Any]:
     from infscaler.base.config import load_pipeline
     from infscaler.runtime.serving.frontend import RequestError
     from infscaler.service.service import Service
@@ -246,7 +241,7 @@ def _slabs(service_id: str) -> list[Path]:
     return sorted(Path("/dev/shm").glob(f"isc-{service_id}-*"))
 
 
-def phase_service_kill(args: argparse.Namespace, state: Path) -> dict[str, Any]:
+def phase_service_kill(args: Any, state: Path) -> dict[str, Any]:
     from infscaler.service.service import Service
 
     raw = pipeline_raw(args.model, args.partitions)
@@ -280,44 +275,8 @@ def phase_service_kill(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     }
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    k = result["kills_phase"]
-    recs = k["records"]
-    fig, ax = plt.subplots(figsize=(10, 4.2))
-    for kill in k["kills"]:
-        if "t" not in kill:
-            continue
-        ax.axvline(kill["t"], color="black", lw=0.8, ls=":")
-        if kill.get("back_s") is not None:
-            ax.axvspan(kill["t"], kill["t"] + kill["back_s"], color="orange", alpha=0.3, lw=0)
-    ok = [(r["t"], r["ms"]) for r in recs if r["outcome"] == "ok"]
-    bad = [(r["t"], max(r["ms"], 0.1)) for r in recs if r["outcome"] != "ok"]
-    if ok:
-        ax.scatter(*zip(*ok, strict=True), s=5, color="tab:green", label="result")
-    if bad:
-        ax.scatter(*zip(*bad, strict=True), s=9, color="tab:red", marker="x", label="503")
-    ax.set_yscale("log")
-    ax.set_xlabel("time (s); dotted: kill -9 of the instance; shaded: unit down until ready")
-    ax.set_ylabel("request latency (ms)")
-    p = k["pipeline"]
-    ax.set_title(
-        f"{p['model']} in {p['partitions']} partitions, {k['rate_rps']:g} req/s: "
-        f"{len(k['kills'])} kills of {p['victim_unit']}, back in max {k['back_s']['max']} s"
-    )
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="3 kills, 2 partitions, 4 req/s")
+    ap = harness.cli.parser(__doc__, duration_s=1.0)
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--partitions", type=int, default=3)
     ap.add_argument("--kills", type=int, default=10)
@@ -325,31 +284,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=8.0, help="requests per second")
     ap.add_argument("--control-path", default="auto")
     ap.add_argument("--state-dir", type=Path, default=None)
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.kills, args.partitions, args.rate = 3, 2, 4.0
-    default_cache_dir()
+
+    def quick(a: Any) -> None:
+        a.kills, a.partitions, a.rate = 3, 2, 4.0
+
+    args = harness.cli.parse(ap, argv, quick)
+    res = harness.cli.start("faults", args)
     cache = Path(os.environ["INFSCALER_CACHE_DIR"])
     state = args.state_dir or cache / "bench-state" / f"faults-{args.model}-{args.partitions}"
     state.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"environment": environment(), "quick": args.quick}
-    result["kills_phase"] = phase_kills(args, state)
-    result["service_kill_phase"] = phase_service_kill(args, state)
-    stem = "faults_quick" if args.quick else "faults"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    plot(result, RESULTS_DIR / f"{stem}.png")
-    k, s = result["kills_phase"], result["service_kill_phase"]
-    summary = {
-        "kills": len(k["kills"]),
-        "back_s": k["back_s"],
-        "requests": {kk: v for kk, v in k["requests"].items()},
-        "leaked_slots": k["leaked_slots"],
-        "audit_problems": len(k["audit_problems"]),
-        "service_kill": s,
-    }
-    print(json.dumps(summary, indent=1))
+    k = phase_kills(args, state)
+    for r in k["records"]:
+        res.add(**r)
+    res.summary.update(kills_phase={x: v for x, v in k.items() if x != "records"},
+                       service_kill_phase=phase_service_kill(args, state))  # fmt: skip
+    harness.cli.finish(res, args, plot)
+    print(json.dumps({"kills": len(k["kills"]), "back_s": k["back_s"], "requests": k["requests"],
+                      "leaked_slots": k["leaked_slots"], "audit_problems": len(k["audit_problems"]),
+                      "service_kill": res.summary["service_kill_phase"]}, indent=1))  # fmt: skip
     return 0
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Each request's latency (ms, log) against its send time, by outcome; the kills'
+    times are in the summary (``kills_phase.kills``)."""
+    harness.plot(data["points"], path, x="t", y="ms", by="outcome", logy=True,
+                 xlabel="s (kills: summary.kills_phase.kills)", ylabel="latency, ms")  # fmt: skip
 
 
 if __name__ == "__main__":

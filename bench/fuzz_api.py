@@ -13,20 +13,11 @@ v2 error JSON (a closed connection counts as right only for truncated requests),
 valid requests that failed, pool slots in use before / after (a leak is slots that
 never come back), and the RSS (MB) of this process and of the instance processes,
 sampled along the run.
-
-Run::
-
-    .venv/bin/python bench/fuzz_api.py [--count 10000] [--seed 13] [--quick]
-
 ``count`` in the results is the cases sent.
-
-Writes ``bench/results/fuzz_api.json`` and ``fuzz_api.png`` (RSS over requests);
-``--quick`` (300 cases): ``fuzz_api_quick.*``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import random
@@ -40,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import api_edge  # noqa: E402
-from _common import RESULTS_DIR, environment, now_utc, write_json  # noqa: E402
+import harness  # noqa: E402
 from api_edge_cases import KINDS, STRATEGIES  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import seed as hypothesis_seed  # noqa: E402
@@ -175,64 +166,34 @@ def run(count: int, seed: int, valid_every: int) -> dict:
     }
 
 
-def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [s["requests"] for s in res["rss_samples"]]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    ax.plot(
-        xs, [s["service_rss_mb"] for s in res["rss_samples"]], label="service (front end + API)"
-    )
-    ax.plot(xs, [s["instances_rss_mb"] for s in res["rss_samples"]], label="instances (sum)")
-    ax.set_xlabel("malformed requests sent")
-    ax.set_ylabel("RSS (MB)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(
-        f"fuzz_api: {res['count']} requests, {res['status_5xx']} 5xx, "
-        f"{res['not_4xx_json']} not 4xx JSON, {res['pool_slots_leaked']} slots leaked",
-        fontsize=9,
-    )
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--count", type=int, help="malformed requests (default 10000; quick 300)")
-    ap.add_argument("--seed", type=int, default=13)
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=0.0)
+    ap.add_argument("--count", type=int, default=10_000, help="malformed requests")
     ap.add_argument("--valid-every", type=int, default=50, help="a valid request every N")
-    ap.add_argument("--quick", action="store_true", help="300 requests (< 1 min)")
-    args = ap.parse_args()
-    count = args.count or (300 if args.quick else 10_000)
-    res = {"date_utc": now_utc(), **run(count, args.seed, args.valid_every)}
-    res["environment"] = environment()
-    suffix = "_quick" if args.quick else ""
-    out = RESULTS_DIR / f"fuzz_api{suffix}.json"
-    write_json(out, res)
-    plot(res, out.with_suffix(".png"))
-    print(
-        f"{res['count']} malformed requests in {res['seconds']} s "
-        f"({res['requests_per_s']}/s): by status {res['by_status']}"
-    )
-    print(
-        f"not 4xx JSON: {res['not_4xx_json']}, 5xx: {res['status_5xx']}, valid failures: "
-        f"{len(res['valid_failures'])}, valid after: {res['valid_after_run']}, slots leaked: "
-        f"{res['pool_slots_leaked']}"
-    )
-    r = res["rss_mb"]
-    print(
-        f"RSS MB: service {r['service_start']} -> {r['service_end']}, instances "
-        f"{r['instances_start']} -> {r['instances_end']}"
-    )
-    print(f"wrote {out} and {out.with_suffix('.png')}")
-    ok = not res["not_4xx_json"] and not res["valid_failures"] and not res["pool_slots_leaked"]
-    return 0 if ok and res["valid_after_run"] == "ok" else 1
+    ap.set_defaults(seed=13)
+
+    def quick(a) -> None:
+        a.count = 300
+
+    a = harness.cli.parse(ap, argv, quick)
+    res = harness.cli.start("fuzz_api", a)
+    r = run(a.count, a.seed, a.valid_every)
+    for sample in r.pop("rss_samples"):
+        res.add(**sample)
+    res.summary = r
+    harness.cli.finish(res, a, plot)
+    print(f"{r['count']} malformed requests in {r['seconds']} s: by status {r['by_status']}")
+    print(f"not 4xx JSON: {r['not_4xx_json']}, 5xx: {r['status_5xx']}, valid failures: "
+          f"{len(r['valid_failures'])}, valid after: {r['valid_after_run']}, slots leaked: "
+          f"{r['pool_slots_leaked']}, RSS MB: {r['rss_mb']}")  # fmt: skip
+    ok = not r["not_4xx_json"] and not r["valid_failures"] and not r["pool_slots_leaked"]
+    return 0 if ok and r["valid_after_run"] == "ok" else 1
+
+
+def plot(data: dict, path: Path) -> None:
+    """RSS (MB) of the service and of its instances against the malformed requests sent."""
+    harness.plot(data["points"], path, x="requests", y=["service_rss_mb", "instances_rss_mb"],
+                 xlabel="malformed requests sent", ylabel="RSS, MB")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """One-hop token handover: latency and throughput of the control path vs baselines
 (InfScaler §IV-B, shaped like paper Fig. 6 "tensor sharing overhead against baselines").
 
-Usage::
-
-    .venv/bin/python bench/handover.py [--quick] [--reps 5] [--consumers 1,2,3,4]
-        [--placements cross-core,same-core] [--mechanisms ebpf,userspace,direct,mpqueue,shmring]
-
-Writes ``bench/results/handover.json`` and ``.png`` (``--quick``: ``handover_quick.*``).
-Needs root (or CAP_BPF + CAP_NET_ADMIN) for the eBPF mechanism; without it, that
+Latency: RTT/2 of a ping-pong of a 32-byte token through the mechanism (perf_counter_ns
+in the producer around send -> reply, the reply a DATA token with the same request id).
+Throughput: 1 producer streaming one token per send to N consumers, no acknowledgements,
+from the first send to the last receipt. Mechanisms: the eBPF SOCKMAP channel, the
+user-space broker (a router thread in this process), AF_UNIX direct,
+``multiprocessing.Queue``, a busy-polling shm ring; long-lived spawn workers pinned
+``same-core`` or ``cross-core``, mechanisms in rotated order per repetition; each figure
+is the median over repetitions. Targets per placement and N: eBPF P50 <= 15 us,
+eBPF / broker <= 0.5. Needs root (or CAP_BPF + CAP_NET_ADMIN) for the eBPF mechanism; without it, that
 mechanism is skipped with the probe's reason and the targets are reported as not
 measured.
 
@@ -16,14 +18,12 @@ More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/handov
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import mmap
 import multiprocessing as mp
 import os
 import queue
 import socket
-import statistics
 import sys
 import time
 import traceback
@@ -31,10 +31,10 @@ from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
 
-import _common
+import harness
 import numpy as np
 
-_common.default_cache_dir()
+harness.host.default_cache_dir()
 
 from infscaler.ebpf.channel import (  # noqa: E402
     MAX_BATCH,
@@ -391,7 +391,7 @@ class _Pool:
     def cpu_seconds(self) -> float:
         """CPU seconds used so far by this process and the live workers."""
         pids = [os.getpid(), *(w.proc.pid for w in [self.producer, *self.consumers])]
-        return _common.process_cpu_seconds([p for p in pids if p is not None])
+        return harness.host.process_cpu_seconds([p for p in pids if p is not None])
 
     def close(self) -> None:
         for w in [self.producer, *self.consumers]:
@@ -443,7 +443,7 @@ def run_once(mech: str, n: int, where: dict[str, int], pool: _Pool, params: dict
             _drain(q)
     base = {"mech": mech, "n": n, **params}
     out: dict[str, Any] = {"mechanism": mech, "consumers": n}
-    foreign = _common.ForeignLoad(pool.cpu_seconds)
+    foreign = harness.host.ForeignLoad(pool.cpu_seconds)
     consumers = pool.consumers[:n]
     try:
         for i, w in enumerate(consumers):
@@ -505,285 +505,66 @@ def run_once(mech: str, n: int, where: dict[str, int], pool: _Pool, params: dict
     return out
 
 
-def _median(runs: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in runs)
-
-
-def aggregate(runs: list[dict], places: list[str], mechs: list[str], ns: list[int]) -> list[dict]:
+def aggregate(runs: list[dict]) -> list[dict]:
+    """Per (placement, mechanism, consumers): the median over repetitions of each run's
+    P50 / P99 (us) and throughput (M tokens/s), the losses, and the errors."""
+    keys = sorted({(r["placement"], r["mechanism"], r["consumers"]) for r in runs},
+                  key=lambda k: (k[0], MECHANISMS.index(k[1]), k[2]))  # fmt: skip
     rows = []
-    for pl in places:
-        for m in mechs:
-            for n in ns:
-                these = [
-                    r
-                    for r in runs
-                    if r["placement"] == pl and r["mechanism"] == m and r["consumers"] == n
-                ]
-                ok = [r for r in these if "error" not in r]
-                bad = [r for r in these if "error" in r]
-                row: dict[str, Any] = {"placement": pl, "mechanism": m, "consumers": n}
-                if not ok:
-                    row["error"] = [e for r in bad for e in r["error"]]
-                    rows.append(row)
-                    continue
-                row.update(
-                    {
-                        "reps": len(ok),
-                        "failed_reps": len(bad),
-                        "p50_us": round(_median(ok, "p50_us"), 2),
-                        "p99_us": round(_median(ok, "p99_us"), 2),
-                        "throughput_mtok_s": round(_median(ok, "throughput_tok_s") / 1e6, 4),
-                        "producer_send_mtok_s": round(_median(ok, "producer_send_tok_s") / 1e6, 4),
-                        "p50_us_reps": [round(r["p50_us"], 2) for r in ok],
-                        "p99_us_reps": [round(r["p99_us"], 2) for r in ok],
-                        "throughput_mtok_s_reps": [
-                            round(r["throughput_tok_s"] / 1e6, 4) for r in ok
-                        ],
-                        "latency_samples_reps": [r["latency_samples"] for r in ok],
-                        "tokens_streamed_reps": [r["sent"] for r in ok],
-                        "received_per_consumer_reps": [r["received"] for r in ok],
-                        "other_cores_reps": [r["other_cores"] for r in ok],
-                        "lost_total": sum(r["lost"] for r in ok),
-                        "mismatched_replies_total": sum(r["mismatched_replies"] for r in ok),
-                        "rejected_total": sum(r["rejected"] for r in ok),
-                    }
-                )
-                if "channel_stats" in ok[-1]:
-                    row["channel_stats_last_rep"] = ok[-1]["channel_stats"]
-                if bad:
-                    row["errors"] = [e for r in bad for e in r["error"]]
-                rows.append(row)
+    for pl, m, n in keys:
+        these = [r for r in runs if (r["placement"], r["mechanism"], r["consumers"]) == (pl, m, n)]
+        ok = [r for r in these if "error" not in r]
+        row: dict[str, Any] = {"placement": pl, "mechanism": m, "consumers": n, "reps": len(ok),
+                               "errors": [e for r in these for e in r.get("error", [])]}  # fmt: skip
+        if ok:
+
+            def med(k: str, ok: list = ok) -> float:
+                return float(np.median([r[k] for r in ok]))
+
+            row.update(p50_us=round(med("p50_us"), 2), p99_us=round(med("p99_us"), 2),
+                       throughput_mtok_s=round(med("throughput_tok_s") / 1e6, 4),
+                       lost_total=sum(r["lost"] for r in ok),
+                       rejected_total=sum(r["rejected"] for r in ok),
+                       mismatched_replies_total=sum(r["mismatched_replies"] for r in ok))  # fmt: skip
+        rows.append(row)
     return rows
 
 
-def check_targets(
-    rows: list[dict], places: list[str], ns: list[int], ebpf_why: str | None
-) -> dict[str, Any]:
-    by = {(r["placement"], r["mechanism"], r["consumers"]): r for r in rows if "error" not in r}
-    out: dict[str, Any] = {
-        "ebpf_p50_le_us": TARGET_P50_US,
-        "ebpf_over_broker_p50_le": TARGET_RATIO,
-        "note": "checked for every consumer count N, separately per placement",
-    }
-    for pl in places:
-        per_n = []
-        for n in ns:
-            e, u = by.get((pl, "ebpf", n)), by.get((pl, "userspace", n))
-            entry: dict[str, Any] = {"consumers": n}
-            if e is None or u is None:
-                entry["measured"] = False
-            else:
-                ratio = e["p50_us"] / u["p50_us"]
-                entry.update(
-                    {
-                        "measured": True,
-                        "ebpf_p50_us": e["p50_us"],
-                        "broker_p50_us": u["p50_us"],
-                        "ebpf_p50_pass": e["p50_us"] <= TARGET_P50_US,
-                        "ratio_ebpf_over_broker": round(ratio, 3),
-                        "ratio_pass": ratio <= TARGET_RATIO,
-                    }
-                )
-            per_n.append(entry)
-        measured = [p for p in per_n if p["measured"]]
-        res = {
-            "per_consumers": per_n,
-            "ebpf_p50_pass": bool(measured) and all(p["ebpf_p50_pass"] for p in measured),
-            "ratio_pass": bool(measured) and all(p["ratio_pass"] for p in measured),
-        }
-        res["all_pass"] = res["ebpf_p50_pass"] and res["ratio_pass"] and len(measured) == len(ns)
-        out[pl] = res
-    out["all_pass"] = all(out[pl]["all_pass"] for pl in places)
+def check_targets(rows: list[dict], ebpf_why: str | None) -> dict[str, Any]:
+    """Per placement and N: eBPF P50 <= :data:`TARGET_P50_US` and eBPF / broker P50 <=
+    :data:`TARGET_RATIO`; ``all_pass`` when every N of every placement was measured and
+    passed."""
+    by = {(r["placement"], r["mechanism"], r["consumers"]): r for r in rows if "p50_us" in r}
+    out: dict[str, Any] = {"per": []}
+    for pl, n in sorted({(r["placement"], r["consumers"]) for r in rows}):
+        e, u = by.get((pl, "ebpf", n)), by.get((pl, "userspace", n))
+        t: dict[str, Any] = {"placement": pl, "consumers": n, "measured": bool(e and u)}
+        if e and u:
+            t.update(ebpf_p50_us=e["p50_us"], ebpf_p50_pass=e["p50_us"] <= TARGET_P50_US,
+                     ratio=round(e["p50_us"] / u["p50_us"], 3),
+                     ratio_pass=e["p50_us"] / u["p50_us"] <= TARGET_RATIO)  # fmt: skip
+        out["per"].append(t)
+    out["all_pass"] = all(
+        t["measured"] and t["ebpf_p50_pass"] and t["ratio_pass"] for t in out["per"]
+    )
     if ebpf_why:
         out["not_measured_because"] = ebpf_why
     return out
 
 
-def _fmt(v: float) -> str:
-    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
-
-
-def _verdict(t: dict[str, Any]) -> str:
-    return (
-        f"eBPF p50 <= {TARGET_P50_US:g} us: {'pass' if t['ebpf_p50_pass'] else 'FAIL'}, "
-        f"eBPF/broker <= {TARGET_RATIO}: {'pass' if t['ratio_pass'] else 'FAIL'}"
-    )
-
-
-def plot(
-    rows: list[dict],
-    places: dict[str, dict[str, int]],
-    mechs: list[str],
-    ns: list[int],
-    targets: dict[str, Any],
-    path: Path,
-    title: str,
-) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    by = {(r["placement"], r["mechanism"], r["consumers"]): r for r in rows if "error" not in r}
-    colors = plt.get_cmap("viridis")(np.linspace(0.1, 0.8, len(ns)))
-    width = 0.8 / len(ns)
-    fig, axes = plt.subplots(
-        2,
-        len(places),
-        figsize=(7.2 * len(places), 9),
-        height_ratios=[1.35, 1],
-        sharey="row",
-        squeeze=False,
-    )
-    for col, (pl, where) in enumerate(places.items()):
-        ax1, ax2 = axes[0][col], axes[1][col]
-        for j, n in enumerate(ns):
-            for i, m in enumerate(mechs):
-                r = by.get((pl, m, n))
-                if r is None:
-                    continue
-                x = i + (j - (len(ns) - 1) / 2) * width
-                lab = f"N = {n}" if i == 0 else None
-                ax1.bar(x, r["p99_us"], width * 0.92, color=colors[j], alpha=0.3)
-                ax1.bar(x, r["p50_us"], width * 0.92, color=colors[j], label=lab)
-                ax1.text(
-                    x,
-                    r["p50_us"] * 1.1,
-                    _fmt(r["p50_us"]),
-                    ha="center",
-                    va="bottom",
-                    fontsize=6.5,
-                    rotation=90,
-                )
-                tp = r["throughput_mtok_s"]
-                ax2.bar(x, tp, width * 0.92, color=colors[j], label=lab)
-                ax2.text(x, tp, f" {tp:.3g}", ha="center", va="bottom", fontsize=6.5, rotation=90)
-        if "shmring" in mechs:
-            ring = [by[(pl, "shmring", n)] for n in ns if (pl, "shmring", n) in by]
-            slow = [r["consumers"] for r in ring if r["p50_us"] > 1000]
-            if slow:
-                first = min(slow)
-                ax1.text(
-                    mechs.index("shmring"),
-                    max(max(r["p99_us"] for r in ring), 6 * max(r["p50_us"] for r in ring)),
-                    f"N >= {first}: spinners outnumber\ncores, each handover waits\n"
-                    "for a scheduler time slice",
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                    style="italic",
-                )
-        ax1.axhline(
-            TARGET_P50_US,
-            color="red",
-            linestyle="--",
-            linewidth=1.2,
-            label=f"target: eBPF p50 {TARGET_P50_US:g} us",
-        )
-        ax1.set_yscale("log")
-        cons = where["consumers"]
-        placement_txt = (
-            f"all processes on CPU {cons}"
-            if pl == "same-core"
-            else f"producer + broker on CPU {where['producer']}, consumers on CPU {cons}"
-        )
-        verdict = _verdict(targets[pl]) if pl in targets else "eBPF not measured"
-        ax1.set_title(f"{pl}: {placement_txt}\n{verdict}", fontsize=9)
-        for ax in (ax1, ax2):
-            ax.set_xticks(range(len(mechs)))
-            ax.set_xticklabels([LABELS[m] for m in mechs], fontsize=7.5)
-            ax.grid(axis="y", which="major", alpha=0.3)
-        if col == 0:
-            ax1.set_ylabel("one-hop handover, us (RTT/2)\nsolid: p50, light: p99")
-            ax2.set_ylabel(
-                "throughput, M tokens/s\n(1 producer -> N consumers,\none token per send)"
-            )
-        ax1.legend(fontsize=7.5, ncol=3, loc="upper left")
-        ax2.legend(fontsize=7.5, ncol=len(ns), loc="upper left")
-    lo, hi = axes[0][0].get_ylim()  # headroom for the legends and labels (shared y per row)
-    axes[0][0].set_ylim(lo, hi * 20)
-    axes[1][0].set_ylim(0, axes[1][0].get_ylim()[1] * 1.25)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer iterations and tokens (< 60 s)")
-    ap.add_argument("--reps", type=int, help="repetitions per (mechanism, N); default 5, quick 3")
-    ap.add_argument("--consumers", help="consumer counts (default 1,2,3,4; quick 1,2,4)")
-    ap.add_argument("--mechanisms", default=",".join(MECHANISMS))
-    ap.add_argument(
-        "--placements", default="cross-core,same-core", help="cross-core and / or same-core"
-    )
-    ap.add_argument(
-        "--wait-quiet",
-        type=float,
-        help="first wait up to this many seconds for other processes to leave the CPUs "
-        "(default 60; quick 0)",
-    )
-    ap.add_argument("--out", type=Path, default=_common.RESULTS_DIR)
-    args = ap.parse_args(argv)
-
-    args.reps = args.reps or (3 if args.quick else 5)
-    ns = [int(x) for x in (args.consumers or ("1,2,4" if args.quick else "1,2,3,4")).split(",")]
-    mechs = [m for m in args.mechanisms.split(",") if m]
-    unknown = set(mechs) - set(MECHANISMS)
-    if unknown:
-        ap.error(f"unknown mechanisms {sorted(unknown)}; use {MECHANISMS}")
-    if args.quick:
-        params = {
-            "warmup": 100,
-            "iters": 1000,
-            "lat_budget_s": 0.4,
-            "count": 12000,
-            "tp_budget_s": 0.3,
-        }
-    else:
-        params = {
-            "warmup": 300,
-            "iters": 3000,
-            "lat_budget_s": 1.0,
-            "count": 30000,
-            "tp_budget_s": 0.7,
-        }
-    cpus = sorted(os.sched_getaffinity(0))
-    all_places = placements(cpus)
-    places = {p: all_places[p] for p in args.placements.split(",") if p in all_places}
-    if not places:
-        ap.error(f"no usable placement among {args.placements!r}; have {list(all_places)}")
-
-    ebpf_why = None
-    if "ebpf" in mechs:
-        ok, why = ebpf_available()
-        if not ok:
-            ebpf_why = why
-            mechs.remove("ebpf")
-            print(f"[handover] eBPF channel unavailable, skipped: {why}", file=sys.stderr)
-    env = _common.environment()
-    wait = args.wait_quiet if args.wait_quiet is not None else (0.0 if args.quick else 60.0)
-    quiet = _common.wait_for_quiet(wait) if wait > 0 else None
-    if quiet and not quiet["quiet"]:
-        print(
-            f"[handover] the host is busy ({quiet['other_cores']} cores used by other "
-            f"processes); measuring anyway",
-            file=sys.stderr,
-        )
-    steal0 = _common.cpu_steal_seconds()
-    ctx = mp.get_context("spawn")
-    t_all = time.monotonic()
-    pool = _Pool(ctx, max(ns))
-    foreign = _common.ForeignLoad(pool.cpu_seconds)
-    runs: list[dict] = []
+def measure(a: Any, res: harness.Result, mechs: list[str], ns: list[int], places: dict) -> None:
+    """Every repetition of every (placement, N, mechanism), each run a point."""
+    params = ({"warmup": 100, "iters": 1000, "lat_budget_s": 0.4, "count": 12000, "tp_budget_s": 0.3}
+              if a.quick else
+              {"warmup": 300, "iters": 3000, "lat_budget_s": 1.0, "count": 30000, "tp_budget_s": 0.7})  # fmt: skip
+    res.summary["params"] = params
+    pool = _Pool(mp.get_context("spawn"), max(ns))
     try:
-        for rep in range(args.reps):
-            order = mechs[rep % len(mechs) :] + mechs[: rep % len(mechs)]
+        for rep in range(a.reps):
             for pl, where in places.items():
                 for n in ns:
-                    for m in order:
-                        t = time.monotonic()
+                    for m in mechs[rep % len(mechs) :] + mechs[: rep % len(mechs)]:
+                        res.own_pids[:] = [w.proc.pid for w in [pool.producer, *pool.consumers]]
                         try:
                             r = run_once(m, n, where, pool, params)
                         except Exception as exc:
@@ -795,101 +576,60 @@ def main(argv: list[str] | None = None) -> int:
                             }
                             pool.restart()  # a failed run may leave answers in the pipes
                         r.update(placement=pl, rep=rep)
-                        runs.append(r)
-                        msg = r.get("error") or (
-                            f"p50 {r['p50_us']:.1f} us, p99 {r['p99_us']:.1f} us, "
-                            f"{r['throughput_tok_s'] / 1e6:.3f} Mtok/s; other processes "
-                            f"{r['other_cores']:.2f} cores"
-                        )
-                        print(
-                            f"[handover] rep {rep} {pl} {m:9s} N={n}: {msg} "
-                            f"({time.monotonic() - t:.1f} s)",
-                            file=sys.stderr,
-                            flush=True,
-                        )
+                        res.add(**r)
+                        print(f"[handover] rep {rep} {pl} {m:9s} N={n}: "
+                              + str(r.get("error") or f"p50 {r['p50_us']:.1f} us, p99 {r['p99_us']:.1f} us"),
+                              file=sys.stderr, flush=True)  # fmt: skip
     finally:
-        other_cores = foreign.cores()
         pool.close()
-    os.sched_setaffinity(0, set(cpus))
-    rows = aggregate(runs, list(places), mechs, ns)
-    targets = check_targets(rows, list(places), ns, ebpf_why)
-    suffix = "_quick" if args.quick else ""
-    out = {
-        "benchmark": "handover",
-        "what": "one-hop 32-byte token handover: latency (RTT/2 of a ping-pong) and throughput "
-        "(1 producer streaming to N consumers), eBPF channel vs baselines (paper Fig. 6)",
-        **env,
-        "kernel": os.uname().release,
-        "settings": {
-            "latency_method": "RTT/2 of a ping-pong through the mechanism (perf_counter_ns in "
-            "the producer around send -> reply); the reply is a DATA token for stage 0 with the "
-            "same request id, sent back through the same mechanism",
-            "throughput_method": "one token per send / put / ring write, no acknowledgements; "
-            "CLOCK_MONOTONIC from the producer's first send to the last consumer's receipt of "
-            "its last token; tokens received / that time",
-            "placements": places,
-            "placement_note": "'main' is the benchmark's main process, which hosts the "
-            "user-space channel's router thread (the broker)",
-            "processes": "multiprocessing spawn workers, long-lived; fds passed per run (SCM_RIGHTS)",
-            "policy": "round-robin (both channels)",
-            "reps": args.reps,
-            "consumers": ns,
-            "mechanisms": {m: LABELS[m].replace("\n", " ") for m in mechs},
-            **params,
-            "ring_slots": RING_SLOTS,
-            "statistic": "median over repetitions of each run's p50 / p99 / throughput",
-        },
-        "targets": targets,
-        "results": rows,
-        "runs": runs,
-        "host_noise": _common.host_noise(quiet, other_cores, steal0),
-        "seconds_total": round(time.monotonic() - t_all, 1),
-        "load_average_at_end": list(os.getloadavg()),
-    }
-    json_path = args.out / f"handover{suffix}.json"
-    _common.write_json(json_path, out)
-    title = (
-        f"One-hop token handover, 1 producer -> N consumers: p50 / p99 (RTT/2) and throughput, "
-        f"median of {args.reps} reps\n{env['host']['cpu_model']}, {len(cpus)} vCPUs, "
-        f"kernel {os.uname().release}, Python {env['versions']['python']} ({env['date_utc'][:10]})"
-    )
-    plot(rows, places, mechs, ns, targets, args.out / f"handover{suffix}.png", title)
 
-    print(f"\none-hop token handover (median of {args.reps} reps; latency = RTT/2)")
-    _common.print_table(
-        ["placement", "mechanism", "N", "p50 us", "p99 us", "Mtok/s", "lost", "rejected"],
-        [
-            [r["placement"], r["mechanism"], r["consumers"], "ERROR", "", "", "", ""]
-            if "error" in r
-            else [
-                r["placement"],
-                r["mechanism"],
-                r["consumers"],
-                f"{r['p50_us']:.1f}",
-                f"{r['p99_us']:.1f}",
-                f"{r['throughput_mtok_s']:.3f}",
-                r["lost_total"],
-                r["rejected_total"],
-            ]
-            for r in rows
-        ],
-    )
-    for pl in places:
-        if pl not in targets:
-            continue
-        for p in targets[pl]["per_consumers"]:
-            if p["measured"]:
-                print(
-                    f"{pl} N={p['consumers']}: eBPF p50 {p['ebpf_p50_us']:.1f} us "
-                    f"({'pass' if p['ebpf_p50_pass'] else 'FAIL'}), eBPF / broker "
-                    f"{p['ratio_ebpf_over_broker']:.3f} ({'pass' if p['ratio_pass'] else 'FAIL'})"
-                )
-    print(
-        f"\nother processes used {other_cores} cores on average during the run "
-        f"(steal {out['host_noise']['cpu_steal_seconds']} s)"
-    )
-    print(f"wrote {json_path} ({out['seconds_total']} s)")
-    return 0 if all("error" not in r for r in rows) else 1
+
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.cli.parser(__doc__, duration_s=1.0)
+    ap.add_argument("--reps", type=int, default=5, help="repetitions per (mechanism, N)")
+    ap.add_argument("--consumers", default="1,2,3,4", help="consumer counts")
+    ap.add_argument("--mechanisms", default=",".join(MECHANISMS))
+    ap.add_argument("--placements", default="cross-core,same-core")
+
+    def quick(a: Any) -> None:
+        a.reps, a.consumers = 3, "1,2,4"
+
+    a = harness.cli.parse(ap, argv, quick)
+    ns = [int(x) for x in a.consumers.split(",")]
+    mechs = [m for m in a.mechanisms.split(",") if m]
+    if unknown := set(mechs) - set(MECHANISMS):
+        ap.error(f"unknown mechanisms {sorted(unknown)}; use {MECHANISMS}")
+    cpus = sorted(os.sched_getaffinity(0))
+    places = {p: w for p, w in placements(cpus).items() if p in a.placements.split(",")}
+    if not places:
+        ap.error(f"no usable placement among {a.placements!r}; have {list(placements(cpus))}")
+    ebpf_why = None
+    if "ebpf" in mechs and not (probe := ebpf_available())[0]:
+        ebpf_why = probe[1]
+        mechs.remove("ebpf")
+        print(f"[handover] eBPF channel unavailable, skipped: {ebpf_why}", file=sys.stderr)
+    res = harness.cli.start("handover", a)
+    res.summary.update(kernel=os.uname().release, placements=places, ring_slots=RING_SLOTS)
+    measure(a, res, mechs, ns, places)
+    os.sched_setaffinity(0, set(cpus))
+    rows = aggregate(res.points)
+    res.summary.update(results=rows, targets=check_targets(rows, ebpf_why))
+    harness.cli.finish(res, a, plot)
+    harness.print_table(["placement", "mechanism", "N", "p50 us", "p99 us", "Mtok/s", "lost"],
+                        [[r["placement"], r["mechanism"], r["consumers"], r.get("p50_us", "ERROR"),
+                          r.get("p99_us"), r.get("throughput_mtok_s"), r.get("lost_total")]
+                         for r in rows])  # fmt: skip
+    for t in res.summary["targets"]["per"]:
+        print(f"{t['placement']} N={t['consumers']}: {t}")
+    return 0 if all(not r["errors"] for r in rows) else 1
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Median P50 and P99 (us, log) against the consumers, one line per mechanism, one
+    panel per placement, the eBPF P50 target as a line."""
+    harness.plot(data["summary"]["results"], path, x="consumers", y=["p50_us", "p99_us"],
+                 by="mechanism", panel="placement", hlines={"eBPF P50 target": TARGET_P50_US},
+                 logy=True, xlabel="consumers N", ylabel="one-hop handover, us (RTT/2)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -8,15 +8,15 @@ At tight SLOs on a lightly loaded host that is the P99: ResNet-50 at 1.5 x L0 on
 2-core development VM served a 2-thread session's compute at P50 31 ms and P99 57 ms at
 4 requests/s (2026-11-27).
 
-Writes ``results/idle_wake.json`` and ``.png`` (factor against the idle gap: the
-in-process curve per thread count, the served one per rate).
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/idle_wake.py`".
+In-process: ``profiler.measure_idle`` (median after sleeping the gap / median back to
+back) per thread count. Served (an in-process ``Service``, one instance of the largest
+thread count, Poisson at each ``--rates``): per request the idle gap before its compute
+(the previous request's compute end to its compute start, the instance's trace), median
+compute per gap bin over the first bin's. More: bench/HISTORY.md, "idle_wake.py".
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -25,19 +25,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _scaling_v1 as sc  # noqa: E402
+import harness  # noqa: E402
 import same_config as sm  # noqa: E402
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    ForeignLoad,
-    cpu_steal_seconds,
-    default_cache_dir,
-    environment,
-    host_noise,
-    print_table,
-    wait_for_quiet,
-    write_json,
-)
+from harness.models import MODEL_SETTINGS, PIPELINE_CASES, model_inputs  # noqa: E402
 
 #: Idle-gap bins of the served requests, s (the first is the served base).
 BINS_S = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 60.0)
@@ -74,103 +64,59 @@ def served_bins(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="resnet50", choices=sorted(sc.MODEL_SETTINGS))
-    ap.add_argument("--threads", default="1,2", help="in-process thread counts (default 1,2)")
+    ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=120.0)
+    ap.add_argument("--model", default="resnet50", choices=sorted(MODEL_SETTINGS))
+    ap.add_argument("--threads", default="1,2", help="in-process thread counts")
     ap.add_argument("--gaps", default="0.05,0.1,0.25,0.5", help="in-process idle gaps, s")
     ap.add_argument("--repeats", type=int, default=10, help="in-process runs per gap")
     ap.add_argument("--rates", default="4,10", help="served Poisson rates, requests/s")
     ap.add_argument("--requests", type=int, default=400, help="measured per served rate")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
-    if args.model in sc.PIPELINE_CASES:
+
+    def quick(a: Any) -> None:
+        a.threads, a.gaps, a.repeats, a.rates, a.requests = "2", "0.1,0.5", 3, "4", 40
+
+    a = harness.cli.parse(ap, argv, quick)
+    if a.model in PIPELINE_CASES:
         ap.error("choose a model, not a pipeline case")
-    default_cache_dir()
+    from infscaler.base.models import resolve_model
     from infscaler.partitioner import profiler
     from infscaler.service.service import Service
 
-    threads = sorted({int(t) for t in args.threads.split(",")})
-    gaps = tuple(float(g) for g in args.gaps.split(","))
-    rates = [float(r) for r in args.rates.split(",")]
-    env = environment()
-    quiet = wait_for_quiet(120.0)
-    steal0, fl = cpu_steal_seconds(), ForeignLoad(sc.own_cpu_seconds)
-    feeds = sc.model_inputs(args.model)
-    from infscaler.base.models import resolve_model
-
-    path = resolve_model(args.model)
-    inproc = {}
+    res = harness.cli.start("idle_wake", a)
+    threads = sorted({int(t) for t in a.threads.split(",")})
+    feeds = model_inputs(a.model)
     for t in threads:
-        pts = profiler.measure_idle(path, feeds, threads=t, gaps_s=gaps, repeats=args.repeats)
-        inproc[t] = [{"gap_s": g, "factor": round(f, 3)} for g, f in pts]
-        print(f"in-process {t} thread(s): " + ", ".join(f"{g:g} s {f:.2f}x" for g, f in pts))
-    served = {}
-    t_served = max(threads)
-    with Service(state_dir=Path("/tmp/isc-idle-wake-state"), pool_mb=256) as svc:
-        for rate in rates:
-            name = f"idle-{int(rate * 10)}"
-            svc.deploy(sm.hand_pipeline(args.model, name, t_served, 1, None))
-            time.sleep(2.0)
-            rows = sm.window(svc, name, feeds, rate, args.requests, 5.0)
-            svc.undeploy(name)
-            served[rate] = served_bins(rows)
-            print(f"served {t_served} thread(s) at {rate:g}/s:")
-            print_table(
-                ["idle gap s", "requests", "compute P50 ms", "P90 ms", "factor"],
-                [
-                    [
-                        f"{b['gap_s'][0]:g}-{b['gap_s'][1]:g}",
-                        b["requests"],
-                        b["compute_p50_ms"],
-                        b["compute_p90_ms"],
-                        b["factor"],
-                    ]  # fmt: skip
-                    for b in served[rate]
-                ],
+        pts = profiler.measure_idle(resolve_model(a.model), feeds, threads=t,
+                                    gaps_s=tuple(map(float, a.gaps.split(","))), repeats=a.repeats)  # fmt: skip
+        for g, f in pts:
+            res.add(
+                kind="in-process", series=f"in-process {t} thread(s)", gap_s=g, factor=round(f, 3)
             )
-    out = args.out or RESULTS_DIR / "idle_wake.json"
-    data = {
-        "environment": env,
-        "host_noise": host_noise(quiet, fl.cores(), steal0),
-        "model": args.model,
-        "in_process": {str(t): v for t, v in inproc.items()},
-        "in_process_repeats": args.repeats,
-        "served_threads": t_served,
-        "served_requests_per_rate": args.requests,
-        "served": {f"{r:g}": v for r, v in served.items()},
-        "how": "in-process: profiler.measure_idle (median after sleeping the gap / median "
-        "back to back); served: per request the idle gap before its compute (the previous "
-        "request's compute end to its compute start, the instance's trace), median compute "
-        "per gap bin over the first bin's",
-    }
-    write_json(out, data)
-    plot(data, out.with_suffix(".png"))
-    print(f"wrote {out} and .png")
+        print(f"in-process {t} thread(s): " + ", ".join(f"{g:g} s {f:.2f}x" for g, f in pts))
+    with Service(state_dir=Path("/tmp/isc-idle-wake-state"), pool_mb=256) as svc:
+        for rate in map(float, a.rates.split(",")):
+            name = f"idle-{int(rate * 10)}"
+            svc.deploy(sm.hand_pipeline(a.model, name, threads[-1], 1, None))
+            time.sleep(2.0)
+            rows = sm.window(svc, name, feeds, rate, a.requests, 5.0)
+            svc.undeploy(name)
+            for b in served_bins(rows):
+                mid = float(np.mean(b["gap_s"])) if b["gap_s"][1] < 10 else 1.0
+                res.add(kind="served", series=f"served {threads[-1]} threads {rate:g}/s",
+                        gap_s=mid, **{k: v for k, v in b.items() if k != "gap_s"}, bin_s=b["gap_s"])  # fmt: skip
+    res.summary["served_threads"] = threads[-1]
+    harness.cli.finish(res, a, plot)
+    harness.print_table(["series", "idle gap s", "requests", "compute P50 ms", "factor"],
+                        [[p["series"], p.get("bin_s", p["gap_s"]), p.get("requests"),
+                          p.get("compute_p50_ms"), p["factor"]] for p in res.points])  # fmt: skip
     return 0
 
 
 def plot(data: dict[str, Any], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for t, pts in data["in_process"].items():
-        ax.plot([0, *(p["gap_s"] for p in pts)], [1, *(p["factor"] for p in pts)], "o-",
-                label=f"in-process, {t} thread(s)")  # fmt: skip
-    for r, bins in data["served"].items():
-        xs = [np.mean(b["gap_s"]) if b["gap_s"][1] < 10 else 1.0 for b in bins if b["factor"]]
-        ys = [b["factor"] for b in bins if b["factor"]]
-        ax.plot(xs, ys, "s--", label=f"served, {data['served_threads']} threads, {r}/s")
-    ax.axhline(1.0, color="grey", lw=0.6)
-    ax.set_xlabel("idle gap before the run, s (served: bin centre; > 0.8 s at 1.0)")
-    ax.set_ylabel("median time / back-to-back median")
-    ax.set_title(f"{data['model']}: slowdown after idle, in-process vs served")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    """Median time after idle / back-to-back median against the idle gap: in-process per
+    thread count, served per rate (bin centre; > 0.8 s drawn at 1 s)."""
+    harness.plot(data["points"], png, x="gap_s", y="factor", by="series", hlines={"1x": 1.0},
+                 xlabel="idle gap before the run, s", ylabel="slowdown after idle")  # fmt: skip
 
 
 if __name__ == "__main__":

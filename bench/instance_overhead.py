@@ -1,15 +1,14 @@
 """What one more instance costs, before and after the fork server (issue 14).
 
-Writes ``bench/results/instance_overhead.json`` and ``.png`` (``instance_overhead_quick.*``
-with ``--quick``: 4 instances, 6 starts per way).
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/instance_overhead.py`".
+(a) the idle PSS / USS of ``--instances`` instances serving a one-operator model,
+spawned (a fresh interpreter) and forked from the zygote; (b) ``Supervisor.start`` to
+ready for a ResNet-50 partition, ``--starts`` times each way. PSS, not USS, is the
+figure: forked instances share the zygote's pages. Target (a): <= 15 MB PSS forked.
+More: bench/HISTORY.md, "Instance overhead".
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, default_cache_dir, environment  # noqa: E402
+import harness  # noqa: E402
 
 WAYS = ("spawned", "forked")
 
@@ -151,74 +150,44 @@ def startup_times(starts: int, work: Path) -> dict[str, Any]:
     return out
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    mem, st = result["idle_memory"], result["startup"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    x = np.arange(len(WAYS))
-    for off, key, label in ((-0.2, "mean_pss_mb", "PSS"), (0.2, "mean_uss_mb", "USS")):
-        vals = [mem[w][key] for w in WAYS]
-        bars = a.bar(x + off, vals, 0.4, label=label)
-        a.bar_label(bars, fmt="%.1f")
-    a.axhline(15, color="grey", ls="--", lw=1, label="15 MB target (PSS)")
-    a.set_xticks(x, [f"{w}\n({mem[w]['n']} instances)" for w in WAYS])
-    a.set_ylabel("MB per idle instance (mean)")
-    a.set_title("(a) one-operator model, idle")
-    a.legend()
-    data = [st[w]["ms"] for w in WAYS]
-    b.boxplot(data, showfliers=True)
-    b.set_xticks([1, 2], [f"{w}\nP50 {st[w]['p50_ms']:.0f} ms" for w in WAYS])
-    b.set_ylabel("ms, Supervisor.start -> ready")
-    b.set_title(f"(b) ResNet-50 partition 1/2 scale-out (x{st['p50_ratio_spawned_over_forked']})")
-    b.set_ylim(bottom=0)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="4 instances, 6 starts per way")
+    ap = harness.cli.parser(__doc__, duration_s=1.0)
     ap.add_argument("--instances", type=int, default=8, help="idle instances per way")
     ap.add_argument("--starts", type=int, default=20, help="starts per way (>= 20)")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.instances, args.starts = 4, 6
-    default_cache_dir()
-    result: dict[str, Any] = {"environment": environment(), "quick": args.quick}
+
+    def quick(a: Any) -> None:
+        a.instances, a.starts = 4, 6
+
+    a = harness.cli.parse(ap, argv, quick)
+    res = harness.cli.start("instance_overhead", a)
     with tempfile.TemporaryDirectory(prefix="isc-overhead-") as tmp:
-        work = Path(tmp)
-        result["idle_memory"] = {w: idle_memory(w, args.instances, work) for w in WAYS}
-        m = result["idle_memory"]
-        m["pss_ratio_spawned_over_forked"] = round(
-            m["spawned"]["mean_pss_mb"] / m["forked"]["mean_pss_mb"], 2
-        )
-        for w in WAYS:
-            print(
-                f"(a) {w}: {m[w]['n']} idle instances, PSS {m[w]['mean_pss_mb']:.1f} MB, "
-                f"USS {m[w]['mean_uss_mb']:.1f} MB each (zygote: {m[w]['zygote']})",
-                flush=True,
-            )
-        result["startup"] = startup_times(args.starts, work)
-        st = result["startup"]
-        for w in WAYS:
-            print(
-                f"(b) {w}: start -> ready P50 {st[w]['p50_ms']:.0f} ms, P90 "
-                f"{st[w]['p90_ms']:.0f} ms over {len(st[w]['ms'])} starts",
-                flush=True,
-            )
-    stem = "instance_overhead_quick" if args.quick else "instance_overhead"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    plot(result, RESULTS_DIR / f"{stem}.png")
-    print(
-        f"PSS ratio spawned/forked {m['pss_ratio_spawned_over_forked']}, start P50 ratio "
-        f"{st['p50_ratio_spawned_over_forked']}; wrote {RESULTS_DIR / stem}.json/.png"
+        mem = {w: idle_memory(w, a.instances, Path(tmp)) for w in WAYS}
+        st = startup_times(a.starts, Path(tmp))
+    for w in WAYS:
+        res.add(way=w, **{f"idle_{k}": v for k, v in mem[w].items()},
+                **{f"start_{k}": v for k, v in st[w].items()})  # fmt: skip
+    res.summary.update(
+        startup={k: v for k, v in st.items() if k not in WAYS},
+        pss_ratio_spawned_over_forked=round(
+            mem["spawned"]["mean_pss_mb"] / mem["forked"]["mean_pss_mb"], 2
+        ),
+        p50_ratio_spawned_over_forked=st["p50_ratio_spawned_over_forked"],
     )
+    harness.cli.finish(res, a, plot)
+    harness.print_table(["way", "instances", "PSS MB", "USS MB", "start P50 ms", "start P90 ms"],
+                        [[p["way"], p["idle_n"], p["idle_mean_pss_mb"], p["idle_mean_uss_mb"],
+                          p["start_p50_ms"], p["start_p90_ms"]] for p in res.points])  # fmt: skip
     return 0
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Idle PSS / USS per instance (MB) and start-to-ready P50 / P90 (ms), spawned (0) and
+    forked (1), with the 15 MB target."""
+    mb, ms = ("idle_mean_pss_mb", "idle_mean_uss_mb"), ("start_p50_ms", "start_p90_ms")
+    pts = [{"panel": unit, "i": WAYS.index(p["way"]), **{k: p[k] for k in keys}}
+           for p in data["points"] for unit, keys in (("MB", mb), ("ms", ms))]  # fmt: skip
+    harness.plot(pts, path, x="i", y=[*mb, *ms], panel="panel", hlines={"15 MB": 15.0},
+                 xlabel="0: spawned, 1: forked", ylabel="MB per idle instance; ms to ready")  # fmt: skip
 
 
 if __name__ == "__main__":

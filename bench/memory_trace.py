@@ -1,20 +1,21 @@
 """Memory under real and bursty arrivals (InfScaler §V, Table II), measured.
 
-Writes ``results/memory_trace.json`` and ``results/memory_trace.png`` (``_quick`` with
---quick: ResNet-50, 40 s, gamma CV^2 = 4 only).
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/memory_trace.py`".
+Per model (SLO = ``--slo`` x L0, mean rate ``--load`` x ideal) and arrival process (the
+Azure Functions 2019 trace's busiest function from minute 21, time-compressed 4x;
+gamma arrivals with CV^2 = 1 and 4 at the same mean), each configuration on a fresh
+``infscaler serve`` (``harness.Sut``): ``infscaler`` (the Eq. 1 plan at the model's K),
+``auto`` (only ``slo`` and ``autoscale``) and ``replication`` (whole-model 1-thread
+instances), all autoscaled from one instance per unit up to one per core. The arrivals
+are replayed through ``infscaler.api.loadgen``; memory is the service's
+``memory_used_mb`` (instances' PSS and the tensor pool, as the scaler counts it against
+its cap) polled every 0.5 s. A memory ratio counts only at equal throughput (within 5 %)
+and attainment (within 1 point). More: bench/HISTORY.md, "Memory at equal throughput".
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import os
-import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,32 +23,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    ForeignLoad,
-    busy_cpu_seconds,
-    cpu_steal_seconds,
-    default_cache_dir,
-    environment,
-    host_noise,
-    print_table,
-    write_json,
-)
-from _scaling_v1 import (  # noqa: E402
-    AUTOSCALE,
-    MODEL_SETTINGS,
-    STATE_DIR,
-    InProcess,
-    Recorder,
-    _own_cpu,
-    auto_pipeline,
-    calibrate,
-    deploy_status,
-    instances_of,
-    model_inputs,
-    own_cpu_seconds,
-    pipeline,
-)
+import harness  # noqa: E402
+from harness.models import AUTOSCALE, MODEL_SETTINGS, auto_pipeline, pipeline  # noqa: E402
+from harness.scenarios import replay_summary  # noqa: E402
 
 CONFIGS = ("infscaler", "auto", "replication")
 
@@ -101,384 +79,128 @@ def arrivals_for(kind: str, rate: float, duration_s: float, seed: int) -> tuple[
     return a, info
 
 
-def replay(
-    svc: Any, dep: Any, feeds: dict[str, np.ndarray], arrivals: np.ndarray, slo_ms: float
-) -> dict[str, Any]:
-    """Send ``arrivals`` (s from now) open loop; sample memory every 0.5 s until the last
-    request is answered."""
-    from infscaler.runtime.scaling.monitor import Monitor
-
-    sender = InProcess(svc, dep.name, feeds)
-    rec = Recorder()
-    timeline: list[dict[str, Any]] = []
-    stop = threading.Event()
-    t0 = time.perf_counter()
-
-    def sampler() -> None:
-        mon = Monitor(svc)
-        while not stop.is_set():
-            with contextlib.suppress(Exception):  # a reading during a restart
-                timeline.append(
-                    {
-                        "t": round(time.perf_counter() - t0, 2),
-                        "memory_mb": round(mon.memory_used_mb(), 1),
-                        "instances": instances_of(svc, dep),
-                    }
-                )
-            stop.wait(0.5)
-
-    th = threading.Thread(target=sampler, daemon=True)
-    th.start()
-    busy0, own0 = busy_cpu_seconds(), _own_cpu(svc)
-    for rid, a in enumerate(arrivals):
-        t = t0 + float(a)
-        while True:
-            now = time.perf_counter()
-            if now >= t:
-                break
-            time.sleep(min(t - now, 0.05))
-        rec.sent_at(rid, t)
-        sender.send(rid, rec)
-    end_send = time.perf_counter() - t0
-    rec.wait_all(120.0)
-    wall = time.perf_counter() - t0
-    own1 = _own_cpu(svc)
-    own = sum(v - own0.get(p, 0.0) for p, v in own1.items())
-    other_cores = round(max(0.0, busy_cpu_seconds() - busy0 - own) / wall, 3)
-    stop.set()
-    th.join()
-    with rec.lock:
-        done = dict(rec.done)
-    n = len(arrivals)
-    lat = [d[0] for d in done.values() if d[1]]
-    failed = sum(1 for d in done.values() if not d[1])
-    mem = np.array([s["memory_mb"] for s in timeline])
-    span = float(arrivals[-1] - arrivals[0]) if n > 1 else 1.0
-    return {
-        "requests": n,
-        "completed": len(lat),
-        "failed": failed,
-        "unanswered": n - len(done),
-        "errors": sorted({d[2] for d in done.values() if not d[1]})[:3],
-        "throughput_rps": round(len(lat) / span, 3),
-        "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat else None,
-        "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat else None,
-        "slo_attainment": round(sum(1 for x in lat if x <= slo_ms) / n, 4) if n else None,
-        "memory_mean_mb": round(float(mem.mean()), 1) if mem.size else None,
-        "memory_peak_mb": round(float(mem.max()), 1) if mem.size else None,
-        "send_s": round(end_send, 1),
-        "other_processes_cores": other_cores,
-        "timeline": timeline,
-    }
+def config_dict(config: str, model: str, name: str, slo_ms: float) -> dict[str, Any]:
+    """The pipeline dict of a configuration (module docstring)."""
+    if config == "auto":
+        cfg = auto_pipeline(model, name, slo_ms)
+    else:
+        k = MODEL_SETTINGS[model]["k"] if config == "infscaler" else 1
+        cfg = pipeline(model, name, k, slo_ms=slo_ms, autoscale=AUTOSCALE,
+                       max_instances=len(os.sched_getaffinity(0)), whole=config == "replication")  # fmt: skip
+    return cfg.model_dump(mode="json", exclude_none=True, exclude_unset=True)
 
 
-def run_model(
-    model: str,
-    kinds: list[str],
-    duration_s: float,
-    load: float,
-    control_path: str,
-    slo_x: float = SLO_X,
-    configs: tuple[str, ...] = CONFIGS,
-) -> dict:
-    from infscaler.service.service import Service
+def run_one(a: Any, model: str, config: str, arr: np.ndarray, slo_ms: float, feeds: dict,
+            res: harness.Result) -> dict[str, Any]:  # fmt: skip
+    """One configuration on one arrival sequence: the replay's figures and memory."""
+    from infscaler.api.loadgen import LoadGenerator
 
-    st = MODEL_SETTINGS[model]
-    k = st["k"]
-    feeds = model_inputs(model)
-    print(f"== {model}: calibrating", flush=True)
-    cal = calibrate(model, feeds, st["n_l0"])
-    slo_ms = slo_x * cal["l0_ms"]
-    rate = load * cal["ideal_rps"]
-    print(
-        f"   L0 {cal['l0_ms']} ms, ideal {cal['ideal_rps']}/s, rate {rate:.2f}/s, SLO {slo_ms:.0f} ms"
-    )
-    runs = []
-    # plan once per run with this code (the planner keeps its decision per pipeline)
-    shutil.rmtree(STATE_DIR / "plans" / "decisions", ignore_errors=True)
-    with Service(state_dir=STATE_DIR, control_path=control_path, pool_mb=256) as svc:
-        for kind in kinds:
-            arr, info = arrivals_for(kind, rate, duration_s, seed=1)
-            for config in configs:
-                name = f"mt-{config}-{kind}"
-                if config == "auto":
-                    cfg = auto_pipeline(model, name, slo_ms)
-                else:
-                    cfg = pipeline(
-                        model,
-                        name,
-                        k if config == "infscaler" else 1,
-                        slo_ms=slo_ms,
-                        autoscale=AUTOSCALE,
-                        max_instances=len(os.sched_getaffinity(0)),
-                        whole=config == "replication",
-                    )
-                dep = svc.deploy(cfg)
-                for _ in range(2):
-                    svc.infer(name, feeds)
-                time.sleep(1.5)  # instances report USS every second
-                print(
-                    f"  {config} {kind}: {arr.size} requests over {info['duration_s']} s",
-                    flush=True,
-                )
-                r = replay(svc, dep, feeds, arr, slo_ms)
-                r["decisions"] = [
-                    {x: d[x] for x in ("time", "action", "unit", "queue_limit", "reason") if x in d}
-                    for d in svc.autoscaler.decisions(name)
-                ]
-                if config == "auto":
-                    # what the deploy-time planner chose: units, K per stage, threads
-                    r["chosen"] = {
-                        "units": [u.name for u in dep.pipeline.units],
-                        "plans": {st: str(p) for st, p in dict(dep.pipeline.plans).items()},
-                        "status": deploy_status(svc, dep),
-                    }
-                svc.undeploy(name)
-                r.update(
-                    config=config,
-                    arrivals=kind,
-                    arrivals_info=info,
-                    k=k if config == "infscaler" else (None if config == "auto" else 1),
-                )
-                runs.append(r)
-                print(
-                    f"    tput {r['throughput_rps']}/s, P99 {r['p99_ms']} ms, attain "
-                    f"{r['slo_attainment']}, memory mean {r['memory_mean_mb']} / peak "
-                    f"{r['memory_peak_mb']} MB, failed {r['failed']}, others {r['other_processes_cores']} cores",
-                    flush=True,
-                )
-    table = []
-    for kind in kinds:
-        b = next((r for r in runs if r["arrivals"] == kind and r["config"] == "replication"), None)
-        row: dict[str, Any] = {"arrivals": kind}
-        if b is not None:
-            row.update(
-                replication_mean_mb=b["memory_mean_mb"],
-                replication_peak_mb=b["memory_peak_mb"],
-                replication_throughput_rps=b["throughput_rps"],
-                replication_slo_attainment=b["slo_attainment"],
-            )
-        for c in ("infscaler", "auto"):
-            a = next((r for r in runs if r["arrivals"] == kind and r["config"] == c), None)
-            if a is None:
-                continue
-            row.update(
-                {
-                    f"{c}_mean_mb": a["memory_mean_mb"],
-                    f"{c}_peak_mb": a["memory_peak_mb"],
-                    f"{c}_throughput_rps": a["throughput_rps"],
-                    f"{c}_slo_attainment": a["slo_attainment"],
-                }
-            )
-            if b is None:
-                continue
-            pre = "" if c == "infscaler" else "auto_"
-            equal = abs(a["throughput_rps"] - b["throughput_rps"]) <= 0.05 * max(
-                b["throughput_rps"], 1e-9
-            )
-            row.update(
-                {
-                    f"{pre}mean_ratio": round(a["memory_mean_mb"] / b["memory_mean_mb"], 3),
-                    f"{pre}peak_ratio": round(a["memory_peak_mb"] / b["memory_peak_mb"], 3),
-                    f"{pre}throughput_equal_within_5pct": bool(equal),
-                    f"{pre}target_3_met": bool(a["memory_mean_mb"] <= 0.75 * b["memory_mean_mb"]),
-                    # issue 14: <= 1.0x replication's mean memory, same throughput and
-                    # SLO attainment (attainment within 1 point)
-                    f"{pre}issue14_met": bool(
-                        a["memory_mean_mb"] <= b["memory_mean_mb"]
-                        and equal
-                        and (a["slo_attainment"] or 0) >= (b["slo_attainment"] or 0) - 0.01
-                    ),
-                }
-            )
-        table.append(row)
-    return {
-        "model": model,
-        "k": k,
-        "calibration": cal,
-        "slo_x": slo_x,
-        "slo_ms": round(slo_ms, 2),
-        "load_vs_ideal": load,
-        "mean_rate": round(rate, 3),
-        "runs": runs,
-        "table": table,
-    }
+    name = f"mt-{config}"
+    pipe = config_dict(config, model, name, slo_ms)
+    with harness.Sut([pipe], args=["--control-path", a.control_path]) as s:
+        res.own_pids[:] = [s.pid]
+        harness.scenarios.run(s.sock, name, feeds, harness.scenarios.SINGLE_STREAM,
+                              duration_s=1.0)  # fmt: skip
+        time.sleep(1.5)  # instances report their memory every second
+        s.watch(0.5)
+        wall0 = time.time()
+        rows = LoadGenerator(s.sock, name, feeds).replay(arr, timeout_s=120.0)
+        decisions, polls = s.since(wall0)
+        units = [p.get("units") for p in s.status()["pipelines"] if p.get("name") == name]
+    mem = np.array([m for t, m in s.memory if t >= wall0] or [np.nan])
+    span = float(arr[-1] - arr[0]) if arr.size > 1 else 1.0
+    r = replay_summary(rows, slo_ms, span)
+    return {**r, "throughput_rps": round(r["answered"] / span, 3),
+            "slo_attainment": round(sum(x["outcome"] == "ok" and x["ms"] <= slo_ms
+                                        for x in rows) / max(len(rows), 1), 4),
+            "memory_mean_mb": round(float(np.nanmean(mem)), 1),
+            "memory_peak_mb": round(float(np.nanmax(mem)), 1),
+            "timeline": [(round(t - wall0, 2), m) for t, m in s.memory if t >= wall0],
+            "instances": [(t, n.get(name)) for t, n in polls],
+            "decisions": [{k: d.get(k) for k in ("t_s", "action", "unit", "reason")}
+                          for d in decisions],
+            "units_end": units[0] if units else None}  # fmt: skip
+
+
+def compare(runs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """One arrival process's row: each configuration against replication (mean and peak
+    memory ratio, equal throughput within 5 %, issue 14: <= 1.0x replication's mean
+    memory at equal throughput and attainment within 1 point; the paper's <= 0.75x)."""
+    by = {r["config"]: r for r in runs if r["arrivals"] == kind}
+    row: dict[str, Any] = {"arrivals": kind}
+    b = by.get("replication")
+    for c, r in by.items():
+        row[f"{c}_mean_mb"], row[f"{c}_throughput_rps"] = r["memory_mean_mb"], r["throughput_rps"]
+        if b is None or c == "replication":
+            continue
+        equal = abs(r["throughput_rps"] - b["throughput_rps"]) <= 0.05 * max(
+            b["throughput_rps"], 1e-9
+        )
+        row[f"{c}_mean_ratio"] = round(r["memory_mean_mb"] / b["memory_mean_mb"], 3)
+        row[f"{c}_peak_ratio"] = round(r["memory_peak_mb"] / b["memory_peak_mb"], 3)
+        row[f"{c}_target_0_75_met"] = bool(r["memory_mean_mb"] <= 0.75 * b["memory_mean_mb"])
+        row[f"{c}_issue14_met"] = bool(row[f"{c}_mean_ratio"] <= 1.0 and equal and
+                                       r["slo_attainment"] >= b["slo_attainment"] - 0.01)  # fmt: skip
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
+    ap = harness.cli.parser(__doc__, duration_s=150.0)
     ap.add_argument("--models", default="vgg19,resnet50")
     ap.add_argument("--arrivals", default="azure,gamma-cv1,gamma-cv4")
-    ap.add_argument("--duration-s", type=float, default=150.0)
     ap.add_argument("--load", type=float, default=0.6, help="mean rate / ideal")
     ap.add_argument("--slo", type=float, default=SLO_X, help="SLO as a factor of L0")
     ap.add_argument("--control-path", default="auto")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="of " + ",".join(CONFIGS))
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--replot", type=Path)
-    args = ap.parse_args(argv)
-    if args.replot:
-        plot(json.loads(args.replot.read_text()), args.replot.with_suffix(".png"))
-        return 0
-    default_cache_dir()
-    if args.quick:
-        models, kinds, duration = ["resnet50"], ["gamma-cv4"], 40.0
-    else:
-        models = [m for m in args.models.split(",") if m]
-        kinds = [k for k in args.arrivals.split(",") if k]
-        duration = args.duration_s
-    path = args.out or RESULTS_DIR / (
-        "memory_trace_quick.json" if args.quick else "memory_trace.json"
+
+    def quick(a: Any) -> None:
+        a.models, a.arrivals, a.duration_s, a.configs = (
+            "resnet50",
+            "gamma-cv4",
+            20.0,
+            "infscaler,replication",
+        )
+
+    a = harness.cli.parse(ap, argv, quick)
+    if bad := set(a.configs.split(",")) - set(CONFIGS):
+        ap.error(f"--configs: unknown {sorted(bad)}; choose from {','.join(CONFIGS)}")
+    res = harness.cli.start("memory_trace", a)
+    for model in a.models.split(","):
+        feeds = harness.models.model_inputs(model)
+        cal = harness.models.calibrate(model, feeds, MODEL_SETTINGS[model]["n_l0"])
+        slo_ms, rate = a.slo * cal["l0_ms"], a.load * cal["ideal_rps"]
+        print(f"== {model}: L0 {cal['l0_ms']} ms, rate {rate:.2f}/s, SLO {slo_ms:.0f} ms")
+        runs = []
+        for kind in a.arrivals.split(","):
+            arr, info = arrivals_for(kind, rate, a.duration_s, seed=1)
+            for config in a.configs.split(","):
+                r = run_one(a, model, config, arr, slo_ms, feeds, res)
+                runs.append(res.add(model=model, arrivals=kind, config=config, slo_ms=slo_ms,
+                                    arrivals_info=info, **r))  # fmt: skip
+                print(f"  {config} {kind}: tput {r['throughput_rps']}/s, P99 {r['p99_ms']} ms, "
+                      f"memory mean {r['memory_mean_mb']} / peak {r['memory_peak_mb']} MB",
+                      flush=True)  # fmt: skip
+        res.summary.setdefault("calibration", {})[model] = cal
+        res.summary.setdefault("table", []).extend(
+            {"model": model, **compare(runs, k)} for k in a.arrivals.split(",")
+        )
+    res.summary["autoscale"] = AUTOSCALE
+    harness.cli.finish(res, a, plot)
+    rows = [[t["model"], t["arrivals"], c, t.get(f"{c}_mean_mb"), t.get(f"{c}_mean_ratio"),
+             t.get(f"{c}_throughput_rps"), t.get(f"{c}_issue14_met")]
+            for t in res.summary["table"] for c in CONFIGS if f"{c}_mean_mb" in t]  # fmt: skip
+    harness.print_table(
+        ["model", "arrivals", "config", "MB", "/ repl.", "tput", "<= 1.0x, same tput"], rows
     )
-    old = json.loads(path.read_text()) if path.exists() and not args.quick and not args.out else {}
-    env = environment()
-    steal0 = cpu_steal_seconds()
-    fl = ForeignLoad(own_cpu_seconds)
-    results = [m for m in old.get("models", []) if m["model"] not in models]
-    for model in models:
-        t = time.monotonic()
-        configs = tuple(c for c in args.configs.split(",") if c)
-        bad = [c for c in configs if c not in CONFIGS]
-        if bad:
-            ap.error(f"--configs: unknown {bad}; choose from {','.join(CONFIGS)}")
-        e = run_model(model, kinds, duration, args.load, args.control_path, args.slo, configs)
-        e["wall_s"] = round(time.monotonic() - t, 1)
-        e["load_average_at_end"] = list(os.getloadavg())
-        results.append(e)
-        data = {
-            "environment": {**env, "load_average_at_end": list(os.getloadavg())},
-            "host_noise": host_noise(
-                {"note": "before the full run the operator waited for a 1-min load < 2.5"},
-                fl.cores(),
-                steal0,
-            ),
-            "autoscale": AUTOSCALE,
-            "models": results,
-        }
-        write_json(path, data)
-        plot(data, path.with_suffix(".png"))
-    print_table(
-        [
-            "model",
-            "arrivals",
-            "config",
-            "MB",
-            "replication MB",
-            "ratio",
-            "peak ratio",
-            "tput",
-            "attain",
-            "<= 1.0, same tput",
-        ],
-        [
-            [
-                m["model"],
-                t["arrivals"],
-                c,
-                t[f"{c}_mean_mb"],
-                t.get("replication_mean_mb"),
-                t.get(f"{pre}mean_ratio"),
-                t.get(f"{pre}peak_ratio"),
-                f"{t[f'{c}_throughput_rps']}/{t.get('replication_throughput_rps')}",
-                f"{t[f'{c}_slo_attainment']}/{t.get('replication_slo_attainment')}",
-                {True: "met", False: "MISSED", None: "-"}[t.get(f"{pre}issue14_met")],
-            ]
-            for m in data["models"]
-            for t in m["table"]
-            for c, pre in (("infscaler", ""), ("auto", "auto_"))
-            if f"{c}_mean_mb" in t
-        ],
-    )
-    print(f"wrote {path} and .png")
     return 0
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    """Top row: Table II as bars (mean memory, peak as a marker; P99 and attainment
-    printed), one panel per model. Bottom row: memory over time per arrival process."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = data["models"]
-    kinds = sorted(
-        {r["arrivals"] for m in models for r in m["runs"]}, key=lambda k: (k != "azure", k)
-    )
-    ncol = max(len(models), len(kinds))
-    fig, axes = plt.subplots(
-        1 + len(models), ncol, figsize=(4.8 * ncol, 3.6 * (1 + len(models))), squeeze=False
-    )
-    colors = {"infscaler": "#2a7", "auto": "#d83", "replication": "#58c"}
-    for j, m in enumerate(models):
-        ax = axes[0][j]
-        ks = [t["arrivals"] for t in m["table"]]
-        present = [c for c in CONFIGS if any(r["config"] == c for r in m["runs"])]
-        width = 0.8 / max(1, len(present))
-        for i, c in enumerate(present):
-            xs = np.arange(len(ks)) + (i - (len(present) - 1) / 2) * width
-            runs = [
-                next(r for r in m["runs"] if r["arrivals"] == k and r["config"] == c) for k in ks
-            ]
-            ax.bar(
-                xs, [r["memory_mean_mb"] for r in runs], width, color=colors[c], label=f"{c} (mean)"
-            )
-            ax.scatter(
-                xs, [r["memory_peak_mb"] for r in runs], color="k", marker="_", s=200, zorder=3
-            )
-            for x, r in zip(xs, runs, strict=True):
-                ax.text(
-                    x,
-                    r["memory_mean_mb"] * 0.5,
-                    f"{r['memory_mean_mb']:.0f}\nP99 {r['p99_ms']:.0f}\n{100 * r['slo_attainment']:.0f}%",
-                    ha="center",
-                    fontsize=6.5,
-                    rotation=90,
-                    va="center",
-                )
-        for x, t in zip(np.arange(len(ks)), m["table"], strict=True):
-            ax.text(
-                x,
-                ax.get_ylim()[1] * 0.97,
-                " ".join(
-                    f"{lab} x{t[key]:.2f}"
-                    for lab, key in (("Eq.1", "mean_ratio"), ("auto", "auto_mean_ratio"))
-                    if t.get(key) is not None
-                ),
-                ha="center",
-                va="top",
-                fontsize=8,
-            )
-        ax.set_xticks(np.arange(len(ks)), ks)
-        ax.set_ylabel("memory MB (bars mean, - peak)")
-        ax.set_title(
-            f"{m['model']} K={m['k']}: SLO {m['slo_ms']:.0f} ms ({m.get('slo_x', SLO_X):g}x L0), "
-            f"mean {m['mean_rate']:.2f}/s ({m['load_vs_ideal']:.0%} ideal)",
-            fontsize=8.5,
-        )
-        ax.legend(fontsize=7, loc="lower right")
-        for jj in range(len(models), ncol):
-            axes[0][jj].axis("off")
-        for i, k in enumerate(kinds):
-            ax = axes[1 + j][i]
-            for c in CONFIGS:
-                r = next((r for r in m["runs"] if r["arrivals"] == k and r["config"] == c), None)
-                if r is None:
-                    continue
-                tl = r["timeline"]
-                ax.plot(
-                    [s["t"] for s in tl], [s["memory_mb"] for s in tl], color=colors[c], label=c
-                )
-            ax.set_title(f"{m['model']}: {k}", fontsize=9)
-            ax.set_xlabel("s")
-            ax.set_ylabel("memory MB")
-            ax.legend(fontsize=7)
-        for ii in range(len(kinds), ncol):
-            axes[1 + j][ii].axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    """Memory over time per configuration, one panel per model and arrival process."""
+    pts = [{"cell": f"{p['model']} {p['arrivals']}", "config": p["config"], "t_s": t, "mb": m}
+           for p in data["points"] for t, m in p["timeline"]]  # fmt: skip
+    harness.plot(pts, path, x="t_s", y="mb", by="config", panel="cell",
+                 xlabel="s since the replay started", ylabel="memory used, MB")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,37 +1,29 @@
 """The bundled ``ocr`` pipeline served by InfScaler against rapidocr_onnxruntime's own API.
 
-Writes ``results/ocr_rapidocr.json`` and ``.png`` (``_quick`` with --quick).
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/ocr_rapidocr.py`".
+``infscaler serve ocr`` (``harness.Sut``) over its socket against rapidocr_onnxruntime's own
+API replicated over the cores (``--replicas`` spawned processes of 1 thread), and the same
+again with its detector input capped at 640 as in ``ocr.yaml``; each side in a closed
+loop of ``--clients`` over 4 real images: throughput, P50 / P99, the summed PSS of the
+side's processes (sampled every 0.5 s) and the texts read. Targets against the default
+API: >= 2.5x the throughput at <= 0.7x the PSS. More: bench/HISTORY.md, "Lean instances
+against the library a user would call".
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    ForeignLoad,
-    environment,
-    print_table,
-    process_cpu_seconds,
-    wait_for_quiet,
-    write_json,
-)
+import harness  # noqa: E402
+from harness.host import ForeignLoad, process_cpu_seconds  # noqa: E402
 
 # -- inputs -------------------------------------------------------------------------
 
@@ -106,59 +98,24 @@ class RapidSide:
 
 
 class ServedSide:
-    """``infscaler serve ocr`` in a subprocess, reached over its socket."""
+    """``infscaler serve ocr`` (:class:`harness.Sut`), reached over its socket, one client
+    per thread."""
 
     name = "InfScaler ocr"
 
-    def __init__(self, tmp: Path, extra: list[str], pipeline: str = "ocr") -> None:
-        from infscaler.api.client import Client
-
-        self.sock = tmp / "isc.sock"
-        self.log = open(tmp / "serve.log", "wb")  # noqa: SIM115 - closed in close()
-        cli = str(Path(sys.executable).parent / "infscaler")
-        self.proc = subprocess.Popen(
-            [cli, "serve", "--socket", str(self.sock), "--state-dir", str(tmp / "state"),
-             *extra, pipeline],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self._local = threading.local()
-        t0 = time.monotonic()
-        with Client(self.sock, timeout=300) as c:
-            while True:
-                if self.proc.poll() is not None:
-                    raise SystemExit(f"infscaler serve exited {self.proc.returncode}: {tmp}")
-                if time.monotonic() - t0 > 600:
-                    raise SystemExit("infscaler serve not ready after 600 s")
-                try:
-                    if c.is_ready():
-                        break
-                except Exception:  # noqa: BLE001 - not listening yet
-                    pass
-                time.sleep(0.5)
+    def __init__(self, sut: harness.Sut) -> None:
+        self.sut, self._local = sut, threading.local()
 
     def pids(self) -> list[int]:
-        try:
-            p = psutil.Process(self.proc.pid)
-            return [p.pid, *[c.pid for c in p.children(recursive=True)]]
-        except psutil.NoSuchProcess:
-            return []
+        return self.sut.processes()
 
     def infer(self, rgb: np.ndarray) -> list[str]:
         from infscaler.api.client import Client
 
         c = getattr(self._local, "client", None)
         if c is None:
-            c = self._local.client = Client(self.sock, timeout=120)
+            c = self._local.client = Client(self.sut.sock, timeout=120)
         return [str(t) for t in c.infer("ocr", {"image": rgb}).outputs["texts"].tolist()]
-
-    def close(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 # -- measuring ---------------------------------------------------------------------------
@@ -259,103 +216,58 @@ def agreement(rapid: RapidSide, served: ServedSide, imgs: list[tuple[str, np.nda
     return out
 
 
-def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = res["runs"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    names = [r["side"] for r in rows]
-    axes[0].bar(
-        names,
-        [r["throughput_rps"] for r in rows],
-        color=["tab:gray", "tab:blue", "silver"][: len(rows)],
-    )
-    axes[0].set_ylabel("images / s")
-    axes[0].set_title(f"throughput: {res['ratios']['throughput']:.2f}x")
-    axes[1].bar(
-        names,
-        [r["pss_mb_mean"] for r in rows],
-        color=["tab:gray", "tab:blue", "silver"][: len(rows)],
-    )
-    axes[1].set_ylabel("summed PSS, MB (mean under load)")
-    axes[1].set_title(f"memory: {res['ratios']['pss_mean']:.2f}x")
-    for ax in axes:
-        ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle("PP-OCRv4 on 2 cores: InfScaler `ocr` vs RapidOCR replicated", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a short run (smoke)")
+    ap = harness.cli.parser(__doc__, duration_s=240.0, quiet_wait_s=120.0)
     ap.add_argument("--requests", type=int, default=400)
-    ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--replicas", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `serve` option")
     ap.add_argument("--pipeline", default="ocr", help="pipeline served (a YAML named `ocr`)")
-    args = ap.parse_args(argv)
-    n, budget = (40, 40.0) if args.quick else (args.requests, args.budget_s)
+
+    def quick(a: Any) -> None:
+        a.requests, a.duration_s = 40, 40.0
+
+    a = harness.cli.parse(ap, argv, quick)
+    res = harness.cli.start("ocr_rapidocr", a)
     imgs = images()
-    quiet = wait_for_quiet(5.0 if args.quick else 120.0)
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="isc-ocr-bench-") as tmp:
-        rapid = RapidSide(args.replicas)
-        same = RapidSide(args.replicas, {"det_limit_side_len": 640, "det_limit_type": "max"})
-        served = ServedSide(Path(tmp), args.serve_arg, args.pipeline)
-        try:
-            agree = agreement(rapid, served, imgs)
-            runs.append(drive(rapid, imgs, args.clients, n, budget))
-            runs.append(drive(served, imgs, args.clients, n, budget))
-            runs.append(drive(same, imgs, args.clients, n, budget))
-            st = subprocess.run(
-                [str(Path(sys.executable).parent / "infscaler"), "status", "--socket",
-                 str(served.sock)], capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            status = st.stdout
-        finally:
-            rapid.close()
-            same.close()
-            served.close()
-    base, ours, like = runs
-    res = {
-        "environment": environment(),
-        "quiet": quiet,
-        "images": [(nm, list(a.shape)) for nm, a in imgs],
-        "rapidocr_threads_per_session": rapid.threads[0] if rapid.threads else None,
-        "agreement": agree,
-        "runs": runs,
-        "ratios": {
-            "throughput": round(ours["throughput_rps"] / base["throughput_rps"], 3),
-            "pss_mean": round(ours["pss_mb_mean"] / base["pss_mb_mean"], 3),
-            "pss_peak": round(ours["pss_mb_peak"] / base["pss_mb_peak"], 3),
-        },
-        "ratios_same_det_input": {
-            "throughput": round(ours["throughput_rps"] / like["throughput_rps"], 3),
-            "pss_mean": round(ours["pss_mb_mean"] / like["pss_mb_mean"], 3),
-        },
-        "targets": {"throughput": ">= 2.5", "pss_mean": "<= 0.7", "processes": "<= 4"},
-        "infscaler_status": status,
-    }
-    stem = "ocr_rapidocr_quick" if args.quick else "ocr_rapidocr"
-    write_json(RESULTS_DIR / f"{stem}.json", res)
-    plot(res, RESULTS_DIR / f"{stem}.png")
-    print_table(
-        ["side", "img/s", "P50 ms", "P99 ms", "PSS MB mean", "peak", "procs", "errors", "other CPU"],
-        [
-            [r["side"], r["throughput_rps"], r["p50_ms"], r["p99_ms"], r["pss_mb_mean"],
-             r["pss_mb_peak"], r["processes"], r["errors"], r["other_cpu_cores"]]
-            for r in runs
-        ],
+    rapid = RapidSide(a.replicas)
+    same = RapidSide(a.replicas, {"det_limit_side_len": 640, "det_limit_type": "max"})
+    try:
+        with harness.Sut([a.pipeline], args=a.serve_arg) as s:
+            served = ServedSide(s)
+            res.summary["agreement"] = agreement(rapid, served, imgs)
+            for side in (rapid, served, same):
+                res.own_pids[:] = [*rapid.pids(), *same.pids(), *s.processes()]
+                res.add(**drive(side, imgs, a.clients, a.requests, a.duration_s))
+            res.summary["infscaler_status"] = s.status()
+    finally:
+        rapid.close()
+        same.close()
+    base, ours, like = res.points
+    res.summary.update(
+        rapidocr_threads_per_session=rapid.threads[0] if rapid.threads else None,
+        ratios={"throughput": round(ours["throughput_rps"] / base["throughput_rps"], 3),
+                "pss_mean": round(ours["pss_mb_mean"] / base["pss_mb_mean"], 3)},
+        ratios_same_det_input={"throughput": round(ours["throughput_rps"] / like["throughput_rps"], 3),
+                               "pss_mean": round(ours["pss_mb_mean"] / like["pss_mb_mean"], 3)},
+        targets={"throughput": ">= 2.5", "pss_mean": "<= 0.7"},
     )  # fmt: skip
-    print(f"ratios: {res['ratios']}; same det input: {res['ratios_same_det_input']}")
-    for a in agree:
-        print(f"  {a['image']}: rapidocr {a['rapidocr'][:4]} | infscaler {a['infscaler'][:4]}")
+    harness.cli.finish(res, a, plot)
+    harness.print_table(["side", "img/s", "P50 ms", "P99 ms", "PSS MB mean", "procs", "errors"],
+                        [[r["side"], r["throughput_rps"], r["p50_ms"], r["p99_ms"], r["pss_mb_mean"],
+                          r["processes"], r["errors"]] for r in res.points])  # fmt: skip
+    print(
+        f"ratios: {res.summary['ratios']}; same det input: {res.summary['ratios_same_det_input']}"
+    )
     return 0
+
+
+def plot(data: dict, path: Path) -> None:
+    """Throughput (images/s) and mean summed PSS (MB) per side."""
+    pts = [{"side": p["side"], "x": 0, "images_per_s": p["throughput_rps"]} for p in data["points"]]
+    pts += [{"side": p["side"], "x": 1, "pss_mb": p["pss_mb_mean"]} for p in data["points"]]
+    harness.plot(pts, path, x="x", y=["images_per_s", "pss_mb"], by="side", logy=True,
+                 xlabel="0: images/s, 1: summed PSS MB (mean under load)")  # fmt: skip
 
 
 if __name__ == "__main__":

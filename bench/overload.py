@@ -1,11 +1,20 @@
 """10x overload: does the service stay trustworthy when offered ten times what it can do?
 
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/overload.py`".
+Per model (ResNet-50 at K = 3; ``ocr``) and mode (``noslo``; ``slo``: ``--slo`` or 3 x one
+request's P50, with ``--autoscale``), a fresh ``infscaler serve`` (``harness.Sut``): the
+closed-loop capacity C (``--clients`` in flight, ``infscaler.api.loadgen``), then Poisson
+arrivals at ``--factor`` x C for ``--duration-s``, each request on its own connection
+(connection errors count), then probes at ``--probe-load`` x C until ``--probe-window``
+in a row answer within the bound (the recovery time). Recorded: every outcome (200,
+429 / 503 with a JSON error, other statuses, connection errors, unanswered), admitted
+P99, Retry-After, the service's RSS against ``--max-inflight-mb`` and the CPU of the
+service, its instances, the load generator and the rest every ``--sample-s``.
+``passed``: every request answered, no connection error, admitted P99 <= the bound,
+recovery <= 5 s, RSS within the budget. More: bench/HISTORY.md, "overload.py".
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -13,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,17 +31,8 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import (  # noqa: E402
-    busy_cpu_seconds,
-    default_cache_dir,
-    environment,
-    print_table,
-    process_cpu_seconds,
-    write_json,
-)
-
-RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
+import harness  # noqa: E402
+from harness.host import busy_cpu_seconds, process_cpu_seconds  # noqa: E402
 
 
 def children(pid: int) -> list[int]:
@@ -112,14 +111,17 @@ class Sampler:
 
 
 class Service:
-    """``infscaler serve`` in a subprocess."""
+    """``infscaler serve`` in a subprocess (arbitration.py's; new code uses
+    :class:`harness.Sut`)."""
 
     def __init__(self, target: str, args: list[str], sock: str, log: Path) -> None:
         self.sock = sock
         self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
         cmd = [sys.executable, "-m", "infscaler", "serve", "--socket", sock, target, *args]
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=harness.sut.ROOT
+        )
 
     def wait_ready(self, timeout_s: float) -> None:
         from infscaler.api.client import Client
@@ -310,16 +312,15 @@ def run_mode(
     feeds: dict[str, np.ndarray],
     a: Any,
     slo_ms: float | None,
-    tmp: Path,
     capacity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from infscaler.api.codec import encode_infer_request
 
-    sock = str(tmp / f"{name}.sock")
-    svc = Service(target, serve_args, sock, tmp / f"{name}.log")
-    res: dict[str, Any] = {"mode": name, "serve": svc.cmd[2:], "slo_ms": slo_ms}
+    svc = harness.Sut([target], args=serve_args)
+    res: dict[str, Any] = {"mode": name, "serve": [target, *serve_args], "slo_ms": slo_ms}
     try:
-        svc.wait_ready(600)
+        svc.__enter__()
+        sock = svc.sock
         model = "resnet50" if target == "resnet50" else target
         bound_ms = slo_ms if slo_ms is not None else 2000.0
         body, headers = encode_infer_request(
@@ -384,64 +385,19 @@ def run_mode(
         res["error"] = f"{type(exc).__name__}: {exc}"
         res["passed"] = False
     finally:
-        res["stop"] = svc.stop()
+        svc.__exit__(None, None, None)
+        res["stop"] = svc.stopped
     return res
 
 
-def plot(data: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    modes = [m for m in data["runs"] if "samples" in m]
-    if not modes:
-        return
-    fig, axes = plt.subplots(3, len(modes), figsize=(6 * len(modes), 9), squeeze=False)
-    for j, m in enumerate(modes):
-        t0 = m["overload_window_s"][0]
-        title = (
-            f"{m['model']} / {m['mode']} ({m['factor']:g}x {m['capacity']['throughput_rps']} rps)"
-        )
-        ax = axes[0][j]
-        ts = [s["t_s"] - t0 for s in m["samples"]]
-        ax.plot(ts, [s["rss_mb"] for s in m["samples"]], label="service RSS")
-        if m.get("rss_budget_mb"):
-            ax.axhline(m["rss_budget_mb"], color="r", ls="--", label="bound")
-        ax.axvspan(0, m["overload_window_s"][1] - t0, color="0.9")
-        ax.set_ylabel("MB")
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=8)
-        ax = axes[1][j]
-        for key in ("service_cores", "instances_cores", "loadgen_cores", "other_cores"):
-            ax.plot(ts, [s[key] for s in m["samples"]], label=key)
-        ax.set_ylabel("cores")
-        ax.legend(fontsize=7)
-        ax = axes[2][j]
-        for outcome, color in (("ok", "g"), ("refused", "orange")):
-            pts = [r for r in m["requests"] if r["outcome"] == outcome]
-            ax.scatter([r["t_s"] for r in pts], [r["ms"] for r in pts], s=2, c=color, label=outcome)
-        bad = [r for r in m["requests"] if r["outcome"] not in ("ok", "refused")]
-        ax.scatter([r["t_s"] for r in bad], [r["ms"] for r in bad], s=6, c="r", label="other")
-        ax.axhline(m["bound_ms"], color="k", ls=":", lw=1)
-        ax.set_yscale("log")
-        ax.set_xlabel("s since the overload started")
-        ax.set_ylabel("latency ms")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="8 s overload, short calibration")
+    p = harness.cli.parser(__doc__, duration_s=30.0)
     p.add_argument("--models", default="resnet50", help="resnet50[,ocr]")
     p.add_argument("--modes", default="noslo,slo", help="noslo,slo")
     p.add_argument("--slo", default=None, help="SLO for the slo mode (default 3x one request)")
     p.add_argument("--factor", type=float, default=10.0)
-    p.add_argument("--duration-s", type=float, default=30.0)
     p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--calibrate", type=int, default=60)
+    p.add_argument("--calibrate", type=int, default=60, help="answers in the capacity window")
     p.add_argument("--max-inflight-mb", type=float, default=256)
     p.add_argument("--timeout-fraction", type=float, default=0.8)
     p.add_argument("--probe-load", type=float, default=0.5)
@@ -449,98 +405,54 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recovery-max-s", type=float, default=30.0)
     p.add_argument("--sample-s", type=float, default=0.25)
     p.add_argument("--control-path", default="auto")
-    p.add_argument("--seed", type=int, default=1)
-    a = p.parse_args(argv)
-    if a.quick:
-        a.duration_s, a.calibrate, a.recovery_max_s = 8.0, 16, 15.0
-    default_cache_dir()
-    from scaling import model_inputs
 
+    def quick(a: Any) -> None:
+        a.duration_s, a.calibrate, a.recovery_max_s = 8.0, 16, 15.0
+
+    a = harness.cli.parse(p, argv, quick)
     from infscaler.base.slo import slo_ms as parse_slo
 
-    data: dict[str, Any] = {"environment": environment(), "settings": vars(a), "runs": []}
-    tmp = Path(tempfile.mkdtemp(prefix="isc-overload-"))
+    res = harness.cli.start("overload", a)
     for model in a.models.split(","):
         if model == "ocr":
             from skimage import data as skdata
 
             target, feeds, base = "ocr", {"image": skdata.astronaut()}, []
         else:
-            target, feeds, base = model, model_inputs(model), ["-k", "3"]
-        common = [
-            *base,
-            "--control-path",
-            a.control_path,
-            "--max-inflight-mb",
-            str(a.max_inflight_mb),
-            "--drain-timeout",
-            "5",
-        ]
+            target, feeds, base = model, harness.models.model_inputs(model), ["-k", "3"]
+        common = [*base, "--control-path", a.control_path, "--max-inflight-mb",
+                  str(a.max_inflight_mb), "--drain-timeout", "5"]  # fmt: skip
+        cap = None
         for mode in a.modes.split(","):
-            slo = None
-            args = list(common)
-            if mode == "slo":
-                if a.slo:
-                    slo = parse_slo(a.slo)
-                else:  # 3x one request's latency (P50, one client), from the no-SLO run
-                    prev = [r for r in data["runs"] if r["model"] == model and "capacity" in r]
-                    p50 = prev[0]["capacity"].get("single_p50_ms") if prev else None
-                    slo = max(100.0, 3 * (p50 or 100.0))
+            slo, args = None, list(common)
+            if mode == "slo":  # 3x one request's P50 (one client) from the no-SLO run
+                p50 = (cap or {}).get("single_p50_ms")
+                slo = parse_slo(a.slo) if a.slo else max(100.0, 3 * (p50 or 100.0))
                 args += ["--slo", f"{slo:g}ms", "--autoscale"]
-            t0 = time.monotonic()
-            prev = [r for r in data["runs"] if r["model"] == model and "capacity" in r]
-            cap = prev[0]["capacity"] if prev else None
-            res = run_mode(mode, target, args, feeds, a, slo, tmp, cap)
-            res["model"] = model
-            res["wall_s"] = round(time.monotonic() - t0, 1)
-            data["runs"].append(res)
-    data["environment"]["load_average_at_end"] = list(os.getloadavg())
-    rows = []
-    for r in data["runs"]:
-        o = r.get("overload", {})
-        rows.append(
-            [
-                r["model"],
-                r["mode"],
-                r.get("slo_ms") or "-",
-                (r.get("capacity") or {}).get("throughput_rps"),
-                r.get("rate_rps"),
-                o.get("admitted"),
-                o.get("refused"),
-                o.get("connection_errors"),
-                o.get("unanswered"),
-                o.get("admitted_p99_ms"),
-                r.get("recovery_s"),
-                f"{r.get('rss_before_mb') or 0:.0f}/{r.get('rss_peak_mb') or 0:.0f}/"
-                f"{r.get('rss_budget_mb') or 0:.0f}",
-                r.get("passed"),
-                r.get("error", ""),
-            ]
-        )
-    print_table(
-        [
-            "model",
-            "mode",
-            "slo ms",
-            "cap rps",
-            "offered rps",
-            "ok",
-            "refused",
-            "conn err",
-            "unanswered",
-            "ok P99 ms",
-            "recovery s",
-            "RSS MB before/peak/bound",
-            "passed",
-            "error",
-        ],
-        rows,
-    )
-    suffix = "_quick" if a.quick else ""
-    write_json(RESULTS / f"overload{suffix}.json", data)
-    plot(data, RESULTS / f"overload{suffix}.png")
-    print(f"wrote {RESULTS / f'overload{suffix}.json'} and .png")
+            r = res.add(model=model, **run_mode(mode, target, args, feeds, a, slo, cap))
+            cap = cap or r.get("capacity")
+    harness.cli.finish(res, a, plot)
+    harness.print_table(
+        ["model", "mode", "slo ms", "cap rps", "offered rps", "ok", "refused", "conn err",
+         "unanswered", "ok P99 ms", "recovery s", "RSS peak / bound MB", "passed", "error"],
+        [[r["model"], r["mode"], r.get("slo_ms"), (r.get("capacity") or {}).get("throughput_rps"),
+          r.get("rate_rps"), *(r.get("overload", {}).get(k) for k in
+          ("admitted", "refused", "connection_errors", "unanswered", "admitted_p99_ms")),
+          r.get("recovery_s"), f"{r.get('rss_peak_mb')} / {r.get('rss_budget_mb')}",
+          r.get("passed"), r.get("error", "")] for r in res.points],
+    )  # fmt: skip
     return 0
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Each request's latency against its send time (s since the overload started), one
+    panel per model and mode, the bound as a line."""
+    pts = [{"cell": f"{r['model']} {r['mode']}", "outcome": q["outcome"], "t_s": q["t_s"],
+            "ms": q["ms"], "bound_ms": r.get("bound_ms")}
+           for r in data["points"] for q in r.get("requests", [])]  # fmt: skip
+    if pts:
+        harness.plot(pts, path, x="t_s", y="ms", by="outcome", panel="cell", hline_key="bound_ms",
+                     logy=True, xlabel="s since the overload started", ylabel="latency, ms")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,27 +11,23 @@ The synthetic model (``synthetic-chain``) is a 250-block Conv-BN-Relu-Add residu
 built with onnx.helper (1000 operators), so that the >= 800-operator target is exercised;
 it is labelled synthetic everywhere.
 
-Usage::
-
-    .venv/bin/python bench/partition_time.py [--quick] [--models resnet50,vgg19]
-
-Writes ``bench/results/partition_time.json`` and ``.png`` (``--quick`` writes
-``partition_time_quick.*`` so it never overwrites a full run).
+Settings of the timed call: ``measure="flops"``, warm-up 1, 3 repeats, all usable cores'
+threads, ``rtol=1e-4``; a plan that fails verification there is recorded and timed again
+at ``harness.models.FALLBACK_RTOL``.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
-import _common
+import harness
 
-_common.default_cache_dir()
+harness.host.default_cache_dir()
 
 from infscaler.base.errors import VerificationError  # noqa: E402
 from infscaler.base.models import MODELS, resolve_model  # noqa: E402
@@ -113,7 +109,9 @@ def timed_partition(path: Path, shapes: str | None, settings: dict, rtol: float)
 def bench_model(name: str, settings: dict, tmp: Path) -> dict:
     if name == SYNTHETIC:
         t = time.perf_counter()
-        path = _common.synthetic_chain(tmp / "synthetic_chain.onnx", blocks=settings["blocks"])
+        path = harness.models.synthetic_chain(
+            tmp / "synthetic_chain.onnx", blocks=settings["blocks"]
+        )
         prep_s = time.perf_counter() - t
         shapes = None
         kind = f"synthetic ({settings['blocks']} x Conv-BN-Relu-Add, 1x16x16x16, random weights)"
@@ -146,8 +144,8 @@ def bench_model(name: str, settings: dict, tmp: Path) -> dict:
             "message": str(run["error"]).splitlines()[0],
             "seconds_until_failure": round(run["seconds"], 3),
         }
-        run = timed_partition(path, shapes, settings, _common.FALLBACK_RTOL)
-        row["rtol"] = _common.FALLBACK_RTOL
+        run = timed_partition(path, shapes, settings, harness.models.FALLBACK_RTOL)
+        row["rtol"] = harness.models.FALLBACK_RTOL
         if run["error"] is not None:
             raise run["error"]
     plan = run["plan"]
@@ -170,128 +168,55 @@ def bench_model(name: str, settings: dict, tmp: Path) -> dict:
     return row
 
 
-def plot(rows: list[dict], target: float, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = [k for _, k in PHASES if any(k in r.get("phases_seconds", {}) for r in rows)]
-    if any(r["phases_seconds"].get("before_first_phase", 0) > 0.05 for r in rows):
-        keys = ["before_first_phase", *keys]
-    colors = plt.get_cmap("tab10").colors
-    fig, ax = plt.subplots(figsize=(10, 0.55 * len(rows) + 2.2))
-    labels = []
-    for i, r in enumerate(rows):
-        left = 0.0
-        for j, k in enumerate(keys):
-            v = r["phases_seconds"].get(k, 0.0)
-            ax.barh(i, v, left=left, color=colors[j % 10], label=k if i == 0 else None)
-            left += v
-        mark = "pass" if r["pass"] else "FAIL"
-        ax.text(r["seconds"] + 0.15, i, f"{r['seconds']:.1f} s  {mark}", va="center", fontsize=9)
-        syn = " [synthetic]" if r["synthetic"] else ""
-        labels.append(f"{r['model']}{syn}\n{r['onnx_nodes']} nodes / {r['operators']} ops")
-    ax.axvline(target, color="red", linestyle="--", linewidth=1.5, label=f"target {target:g} s")
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels(labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("partition_model wall-clock time (s), stacked by phase")
-    ax.set_xlim(0, max(target, max(r["seconds"] for r in rows)) * 1.25)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="lower right", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
-    ap.add_argument("--models", help="comma-separated subset (aliases or synthetic-chain)")
+    ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=0.0)
+    ap.add_argument("--models", default=",".join(FULL), help="aliases or synthetic-chain")
     ap.add_argument("--num-partitions", type=int, default=3)
     ap.add_argument("--blocks", type=int, default=250, help="synthetic chain blocks (4 ops each)")
     ap.add_argument("--target", type=float, default=15.0, help="target seconds per model")
-    ap.add_argument("--out", type=Path, default=_common.RESULTS_DIR)
-    args = ap.parse_args(argv)
 
-    models = args.models.split(",") if args.models else (QUICK if args.quick else FULL)
-    settings = {
-        "num_partitions": args.num_partitions,
-        "slo": None,
-        "measure": "flops",
-        "warmup": 1,
-        "repeats": 3,
-        "use_cache": False,
-        "threads": "default (all usable cores)",
-        "out_dir": None,
-        "rtol": 1e-4,
-        "fallback_rtol_if_verification_fails": _common.FALLBACK_RTOL,
-        "blocks": args.blocks,
-        "target_seconds": args.target,
-        "timed": "one partition_model() call per model, after model resolution and "
-        "node / operator counting (those are not timed)",
-    }
-    env = _common.environment()
-    rows = []
-    errors = []
+    def quick(a: Any) -> None:
+        a.models = ",".join(QUICK) if a.models == ",".join(FULL) else a.models
+
+    a = harness.cli.parse(ap, argv, quick)
+    settings = {"num_partitions": a.num_partitions, "slo": None, "measure": "flops",
+                "warmup": 1, "repeats": 3, "use_cache": False, "out_dir": None, "rtol": 1e-4,
+                "blocks": a.blocks, "target_seconds": a.target}  # fmt: skip
+    res = harness.cli.start("partition_time", a)
+    res.summary.update(settings=settings, errors=[])
     with tempfile.TemporaryDirectory(prefix="isc-bench-") as tmp:
-        for name in models:
+        for name in a.models.split(","):
             print(f"[partition_time] {name} ...", file=sys.stderr, flush=True)
             try:
-                rows.append(bench_model(name, settings, Path(tmp)))
+                row = bench_model(name, settings, Path(tmp))
+                res.add(**row, **{f"{k}_s": v for k, v in row["phases_seconds"].items()})
             except Exception as exc:
                 traceback.print_exc()
-                errors.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
-
-    suffix = "_quick" if args.quick else ""
-    out = {
-        "benchmark": "partition_time",
-        "what": "wall-clock seconds of partition_model() with a fresh profile (no cache)",
-        **env,
-        "settings": settings,
-        "load_average_at_end": list(os.getloadavg()),
-        "models": rows,
-        "errors": errors,
-        "all_pass": bool(rows) and not errors and all(r["pass"] for r in rows),
-    }
-    json_path = args.out / f"partition_time{suffix}.json"
-    _common.write_json(json_path, out)
-    if rows:
-        host = env["host"]
-        title = (
-            f"partition_model time, K={args.num_partitions}, warmup=1 repeats=3, no cache\n"
-            f"{host['cpu_model']}, {env['usable_cores']} cores, onnxruntime {env['onnxruntime']}"
-            f" ({env['date_utc'][:10]})"
-        )
-        plot(rows, args.target, args.out / f"partition_time{suffix}.png", title)
-
-    table = [
-        [
-            r["model"] + (" (synthetic)" if r["synthetic"] else ""),
-            r["onnx_nodes"],
-            r["operators"],
-            r["K"],
-            ",".join(map(str, r["cuts"])),
-            f"{r['seconds']:.2f}",
-            f"{r['phases_seconds'].get('profile', 0):.2f}",
-            f"{r['phases_seconds'].get('verify', 0):.2f}",
-            "pass" if r["pass"] else "FAIL",
-            "" if "verification_failed_at_default_rtol" not in r else f"rtol {r['rtol']:g}*",
-        ]
-        for r in rows
-    ]
-    print(f"\npartition_model time (target <= {args.target:g} s), {env['host']['cpu_model']}")
-    _common.print_table(
-        ["model", "nodes", "ops", "K", "cuts", "total s", "profile s", "verify s", "target", ""],
-        table,
+                res.summary["errors"].append(
+                    {"model": name, "error": f"{type(exc).__name__}: {exc}"}
+                )
+    res.summary["all_pass"] = (
+        bool(res.points) and not res.summary["errors"] and all(r["pass"] for r in res.points)
     )
-    if any("verification_failed_at_default_rtol" in r for r in rows):
-        print("* failed verification at rtol 1e-4; timed again at the fallback rtol (see JSON)")
-    for e in errors:
+    harness.cli.finish(res, a, plot if res.points else None)
+    harness.print_table(
+        ["model", "nodes", "ops", "K", "cuts", "total s", "profile s", "verify s", "target", "rtol"],
+        [[r["model"], r["onnx_nodes"], r["operators"], r["K"], ",".join(map(str, r["cuts"])),
+          r["seconds"], r["phases_seconds"].get("profile"), r["phases_seconds"].get("verify"),
+          "pass" if r["pass"] else "FAIL", r["rtol"]] for r in res.points],
+    )  # fmt: skip
+    for e in res.summary["errors"]:
         print(f"ERROR {e['model']}: {e['error']}")
-    print(f"\nwrote {json_path}")
-    return 0 if not errors else 1
+    return 0 if not res.summary["errors"] else 1
+
+
+def plot(data: dict, path: Path) -> None:
+    """Total and per-phase seconds against the model's operators (log), the target as a
+    line."""
+    phases = [f"{k}_s" for _, k in PHASES if any(f"{k}_s" in p for p in data["points"])]
+    harness.plot(data["points"], path, x="operators", y=["seconds", *phases], logx=True,
+                 hlines={"target": data["summary"]["settings"]["target_seconds"]},
+                 xlabel="Eq. 1 operators", ylabel="partition_model, s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,104 +6,49 @@ Eq. 1 into K = 2 operator groups at deploy. Each unit is profiled in-process
 (:func:`infscaler.runtime.planning.unitprofile.profile_pipeline`: onnxruntime CPU, 1 thread, the
 empirical per-call times), then for each configuration (instances per unit) and offered
 rate the planner's simulator (:func:`infscaler.runtime.planning.planner.predict`) predicts P50,
-P99 and throughput for a Poisson arrival sequence, and the service serves the SAME
-arrival times open-loop (one submitter thread sleeping until each arrival; in-process
-``Service.submit``, no HTTP) with the same instances. Error = (predicted - measured) /
-measured, per metric.
-
-Rates are fractions of the configuration's predicted capacity (1 / the slowest unit's
-per-instance time), so each configuration is compared lightly and heavily loaded.
-
-Writes ``results/plan_accuracy.json`` and ``.png`` (``_quick`` with --quick).
+P99 and throughput for a Poisson arrival sequence (with and without the simulator's CPU
+contention model), and a fresh ``infscaler serve`` (``harness.Sut``) with the same
+instances is sent the SAME arrival times open loop (``LoadGenerator.replay``, over the
+socket: the front end and HTTP are in the measured latency). Error = (predicted -
+measured) / measured, per metric. Rates are fractions of the configuration's predicted
+capacity (1 / the slowest unit's per-instance time).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import os
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    ForeignLoad,
-    cpu_steal_seconds,
-    default_cache_dir,
-    environment,
-    host_noise,
-    process_cpu_seconds,
-    wait_for_quiet,
-    write_json,
-)
+import harness  # noqa: E402
+from harness.scenarios import replay_summary  # noqa: E402
 
 
-def _own_cpu_seconds() -> float:
-    """This process plus its exited children (the service's instances, once stopped)."""
-    import os
-    import resource
+def serve(served: dict, x: dict, times: np.ndarray, res: harness.Result) -> dict[str, Any]:
+    """A fresh service of ``served``, warmed, sent ``times``: measured figures."""
+    from infscaler.api.loadgen import LoadGenerator
 
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return process_cpu_seconds([os.getpid()]) + ru.ru_utime + ru.ru_stime
-
-
-def serve_open_loop(svc, name: str, x: dict[str, np.ndarray], times: np.ndarray) -> dict:
-    """Submit at ``times`` (s from start), return measured latencies and throughput."""
-    lat: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    futs = []
-    t0 = time.monotonic()
-
-    def done(f, t_sub: float) -> None:
-        try:
-            f.result()
-            with lock:
-                lat.append((time.monotonic() - t_sub) * 1e3)
-        except Exception as exc:  # noqa: BLE001 - counted
-            with lock:
-                errors.append(str(exc))
-
-    for t in times:
-        wait = t0 + float(t) - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        t_sub = time.monotonic()
-        f = svc.submit(name, x, timeout_s=120)
-        f.add_done_callback(lambda f, t_sub=t_sub: done(f, t_sub))
-        futs.append(f)
-    for f in futs:
-        with contextlib.suppress(Exception):  # recorded by the callback
-            f.result(timeout=300)
-    wall = time.monotonic() - t0
-    a = np.asarray(lat)
-    return {
-        "completed": int(a.size),
-        "errors": len(errors),
-        "throughput_rps": round(a.size / wall, 3),
-        "p50_ms": round(float(np.percentile(a, 50)), 2) if a.size else None,
-        "p99_ms": round(float(np.percentile(a, 99)), 2) if a.size else None,
-    }
+    with harness.Sut([served]) as s:
+        res.own_pids[:] = [s.pid]
+        harness.scenarios.run(s.sock, "r50", x, harness.scenarios.SINGLE_STREAM, duration_s=2.0)
+        rows = LoadGenerator(s.sock, "r50", x).replay(times, timeout_s=120.0)
+    span = max(r["sent_s"] for r in rows) + max(r["ms"] for r in rows) / 1e3
+    m = replay_summary(rows, 1e12, span)
+    return {**m, "throughput_rps": round(m["answered"] / span, 3)}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one configuration, one rate, 15 s")
-    ap.add_argument("--duration", type=float, default=30.0, help="seconds per trial")
-    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON")
-    args = ap.parse_args()
-    suffix = "_quick" if args.quick else ""
-    out_json = RESULTS_DIR / f"plan_accuracy{suffix}.json"
-    if args.replot:
-        plot(out_json)
-        return 0
-    default_cache_dir()
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.cli.parser(__doc__, duration_s=30.0, quiet_wait_s=120.0)
+
+    def quick(a: Any) -> None:
+        a.duration_s = 15.0
+
+    args = harness.cli.parse(ap, argv, quick)
     from infscaler.base.config import pipeline_for_model
     from infscaler.base.models import resolve_model
     from infscaler.runtime.planning.arrivals import poisson
@@ -111,15 +56,10 @@ def main() -> int:
     from infscaler.runtime.planning.simulator import UnitConfig
     from infscaler.runtime.planning.unitprofile import profile_pipeline
     from infscaler.runtime.serving.pipeline import compile_pipeline
-    from infscaler.service.service import Service
 
-    env = environment()
-    quiet = wait_for_quiet(120.0)
-    steal0 = cpu_steal_seconds()
-    foreign = ForeignLoad(_own_cpu_seconds)
+    res = harness.cli.start("plan_accuracy", args)
     state = Path(tempfile.gettempdir()) / "isc-bench-state"
-    model = resolve_model("resnet50")
-    cfg = pipeline_for_model(model, name="r50", partitions=2)
+    cfg = pipeline_for_model(resolve_model("resnet50"), name="r50", partitions=2)
     compiled = compile_pipeline(cfg, state_dir=state)
     arr = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
     x = {compiled.inputs[0].name: arr}
@@ -128,109 +68,49 @@ def main() -> int:
     per_unit = [u.fastest().mean_ms for u in units]
     configs = [[1, 1], [2, 1] if per_unit[0] >= per_unit[1] else [1, 2]]
     fractions = [0.5, 0.85]
-    duration = args.duration
     if args.quick:
-        configs, fractions, duration = configs[:1], [0.6], 15.0
-    rows = []
+        configs, fractions = configs[:1], [0.6]
+    res.summary["unit_profile"] = prof.to_dict()
     ncores = len(os.sched_getaffinity(0))  # the simulator's contention model shares these
     for inst in configs:
         capacity = min(n * 1000.0 / ms for n, ms in zip(inst, per_unit, strict=True))
-        data = cfg.model_dump(exclude_none=True)
-        data["stages"][0]["instances"] = inst
-        from infscaler.base.config import validate_pipeline
-
-        served = validate_pipeline(data)
-        with Service(state_dir=state, control_path="auto", pool_mb=256) as svc:
-            svc.deploy(served)
-            for _ in range(10):
-                svc.infer("r50", x)
-            for frac in fractions:
-                rate = frac * capacity
-                times = poisson(rate, duration, seed=1)
-                preds = {
-                    label: predict(
-                        units,
-                        [UnitConfig({"cpu": n}) for n in inst],
-                        times,
-                        handover_ms=0.1,
-                        seed=1,
-                        cpu_cores=cores,
-                    )
-                    for label, cores in (("predicted", None), ("predicted_contention", ncores))
+        served = cfg.model_dump(mode="json", exclude_none=True)
+        served["stages"][0]["instances"] = inst
+        for frac in fractions:
+            rate = frac * capacity
+            times = poisson(rate, args.duration_s, seed=1)
+            preds = {label: predict(units, [UnitConfig({"cpu": n}) for n in inst], times,
+                                    handover_ms=0.1, seed=1, cpu_cores=cores)
+                     for label, cores in (("predicted", None), ("predicted_contention", ncores))}  # fmt: skip
+            meas = serve(served, x, times, res)
+            row = {"instances": inst, "offered_rps": round(rate, 2), "fraction_of_capacity": frac,
+                   "measured": meas}  # fmt: skip
+            for label, pred in preds.items():
+                p = {"throughput_rps": round(pred.throughput_rps, 3),
+                     "p50_ms": None if pred.p50_ms is None else round(pred.p50_ms, 2),
+                     "p99_ms": None if pred.p99_ms is None else round(pred.p99_ms, 2)}  # fmt: skip
+                row[label] = p
+                row["error" if label == "predicted" else "error_contention"] = {
+                    k: round((p[k] - meas[k]) / meas[k], 4)
+                    for k in p
+                    if p[k] is not None and meas.get(k)
                 }
-                meas = serve_open_loop(svc, "r50", x, times)
-                row = {
-                    "instances": inst,
-                    "offered_rps": round(rate, 2),
-                    "fraction_of_capacity": frac,
-                    "measured": meas,
-                }
-                for label, pred in preds.items():
-                    p = {
-                        "throughput_rps": round(pred.throughput_rps, 3),
-                        "p50_ms": round(pred.p50_ms, 2) if pred.p50_ms is not None else None,
-                        "p99_ms": round(pred.p99_ms, 2) if pred.p99_ms is not None else None,
-                    }
-                    row[label] = p
-                    row["error" if label == "predicted" else "error_contention"] = {
-                        k: round((p[k] - meas[k]) / meas[k], 4)
-                        for k in p
-                        if p[k] is not None and meas.get(k)
-                    }
-                p, err = row["predicted"], row["error"]
-                rows.append(row)
-                print(
-                    f"instances {inst} at {rate:.1f}/s: P99 predicted {p['p99_ms']} ms, "
-                    f"measured {meas['p99_ms']} ms (error {err.get('p99_ms')}); throughput "
-                    f"{p['throughput_rps']} vs {meas['throughput_rps']}/s; with contention "
-                    f"({ncores} cores) P99 {row['predicted_contention']['p99_ms']} ms (error "
-                    f"{row['error_contention'].get('p99_ms')})",
-                    flush=True,
-                )
-    result = {
-        "benchmark": "plan_accuracy",
-        "what": __doc__.splitlines()[0],
-        **env,
-        "model": "resnet50 (random weights), K=2 at deploy",
-        "unit_profile": prof.to_dict(),
-        "duration_s": duration,
-        "rows": rows,
-        "host_noise": host_noise(quiet, foreign.cores(), steal0),
-    }
-    write_json(out_json, result)
-    plot(out_json)
+            res.add(config=str(inst), p99_error=row["error"].get("p99_ms"),
+                    p99_error_contention=row["error_contention"].get("p99_ms"),
+                    throughput_error=row["error"].get("throughput_rps"), **row)  # fmt: skip
+            print(f"instances {inst} at {rate:.1f}/s: P99 predicted {row['predicted']['p99_ms']} "
+                  f"ms, measured {meas['p99_ms']} ms (error {row['error'].get('p99_ms')})", flush=True)  # fmt: skip
+    harness.cli.finish(res, args, plot)
     return 0
 
 
-def plot(path: Path) -> None:
-    import json
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    d = json.loads(path.read_text())
-    rows = d["rows"]
-    labels = [f"{r['instances']}\n{r['offered_rps']:.0f}/s" for r in rows]
-    xs = np.arange(len(rows))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, title in ((axes[0], "p99_ms", "P99 ms"), (axes[1], "throughput_rps", "req/s")):
-        ax.bar(xs - 0.27, [r["predicted"][key] or 0 for r in rows], 0.27, label="simulator")
-        if all("predicted_contention" in r for r in rows):
-            ax.bar(
-                xs,
-                [r["predicted_contention"][key] or 0 for r in rows],
-                0.27,
-                label="simulator, CPU contention",
-            )
-        ax.bar(xs + 0.27, [r["measured"][key] or 0 for r in rows], 0.27, label="served")
-        ax.set_xticks(xs, labels)
-        ax.set_title(title)
-        ax.legend()
-    fig.suptitle("Planner prediction vs served ResNet-50 K=2 (instances per unit, offered rate)")
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=110)
+def plot(data: dict, path: Path) -> None:
+    """The P99 and throughput errors (predicted - measured) / measured against the offered
+    rate, one line per configuration."""
+    harness.plot(data["points"], path, x="offered_rps",
+                 y=["p99_error", "p99_error_contention", "throughput_error"], by="config",
+                 hlines={"exact": 0.0}, xlabel="offered rate, /s",
+                 ylabel="(predicted - measured) / measured")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,63 +12,43 @@ inputs in a registered shared memory region). Configurations (:func:`config_pipe
 
 - ``auto``: the model with only the pipeline's ``slo`` and ``autoscale``;
 - ``replication``: whole-model 1-thread instances, autoscaled up to one per core;
-- ``one-session``: one whole-model instance with every core's threads, not autoscaled.
+- ``one-session``: one whole-model instance with every core's threads, not autoscaled;
+- ``eq1`` (not by default): ``auto`` deployed with ``--objective eq1`` (the paper's Eq. 1
+  plan instead of the planner's search).
 
-Per cell (:func:`cell_summary`): each configuration's rate, auto / best baseline, and the
-M/D/c ceiling of ``cores`` servers at L0 (``slo_bound.mdc_max_rate``). The memory-cap,
-Eq. 1, wake-up and planner-prediction columns of the former script are in bench/HISTORY.md
-with the runs that used them.
+``--cap-mb MB`` serves every configuration under a memory cap (this host's profile with
+``memory_cap_mb`` = MB, ``--device``); ``--cap-mb rule`` measures the former script's
+cap first (:func:`measure_cap`: the whole model's and the Eq. 1 partitions' PSS,
+``harness.models.cap_rule``). Per cell (:func:`cell_summary`): each configuration's
+rate, auto / best baseline, and the M/D/c ceiling of ``cores`` servers at L0
+(``slo_bound.mdc_max_rate``). ``--serve-arg`` passes an option to every service (the
+former wake-up variants: ``--serve-arg=--cpu-wake-latency-us=0``). The planner-prediction
+columns of the former script are in bench/HISTORY.md with the runs that used them.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-from harness.models import (  # noqa: E402, F401 - model_inputs, calibrate, session: for older scripts and tests
+from harness.models import (  # noqa: E402, F401 - pipeline, session: for the tests
     AUTOSCALE,
     MODEL_SETTINGS,
-    PIPELINE_CASES,
+    auto_pipeline,
     calibrate,
     model_inputs,
     pipeline,
-    pipeline_case,
     session,
 )
 from harness.scenarios import SERVER  # noqa: E402
 
 NAME = "m"
-CONFIGS = ("auto", "replication", "one-session")
+CONFIGS = ("auto", "replication", "one-session", "eq1")
 BASELINES = ("replication", "one-session")
-
-
-def auto_pipeline(model: str, name: str, slo_ms: float) -> Any:
-    """The ``auto`` configuration: the model (a pipeline case: its YAML with nothing
-    named on the model stages) with only ``slo`` and ``autoscale`` (:data:`AUTOSCALE`),
-    so the runtime decides K, threads and instances at deploy.
-
-    Raises:
-        ConfigError: the runtime refused the config (its message).
-    """
-    from infscaler.base.config import load_pipeline
-    from infscaler.base.models import MODELS
-
-    if model in PIPELINE_CASES:
-        raw = pipeline_case(model, 1, 1, whole=False)
-        for st in raw["stages"]:
-            if "model" in st:
-                for key in ("partitions", "instances", "threads", "max_instances", "engine"):
-                    st.pop(key, None)
-    else:
-        stage: dict[str, Any] = {"name": "model", "model": model}
-        if MODELS[model].shapes:
-            stage["shapes"] = MODELS[model].shapes
-        raw = {"stages": [stage]}
-    raw.update(name=name, request_timeout_s=60.0, slo=f"{slo_ms:.1f}ms", autoscale=dict(AUTOSCALE))
-    return load_pipeline(raw)
 
 
 def config_pipeline(config: str, model: str, slo_ms: float, cores: int) -> dict[str, Any]:
@@ -77,7 +57,7 @@ def config_pipeline(config: str, model: str, slo_ms: float, cores: int) -> dict[
     Raises:
         ValueError: an unknown configuration.
     """
-    if config == "auto":
+    if config in ("auto", "eq1"):
         cfg = auto_pipeline(model, NAME, slo_ms)
     elif config == "replication":
         cfg = pipeline(model, NAME, 1, 1, slo_ms, AUTOSCALE, max_instances=cores)
@@ -88,6 +68,30 @@ def config_pipeline(config: str, model: str, slo_ms: float, cores: int) -> dict[
     # unset fields stay unset: a default written into the YAML would be a choice made for
     # the runtime (auto must leave K, threads and instances to it)
     return cfg.model_dump(mode="json", exclude_none=True, exclude_unset=True)
+
+
+def measure_cap(model: str, feeds: dict) -> dict[str, Any]:
+    """The former script's memory cap (``harness.models.cap_rule``) from the PSS of one
+    1-thread instance of the whole model and of each Eq. 1 partition (K from
+    ``MODEL_SETTINGS``), each served fresh after 3 requests."""
+    import time
+
+    out = {}
+    for label, k in (("whole", 1), ("plan", MODEL_SETTINGS.get(model, {}).get("k", 2))):
+        pipe = pipeline(model, NAME, k, 1, whole=k == 1).model_dump(mode="json", exclude_none=True)
+        with harness.Sut([pipe]) as s:
+            harness.scenarios.run(s.sock, NAME, feeds, "single_stream", duration_s=1.5)
+            time.sleep(2.5)  # instances report their memory every second
+            st = s.status()
+        us = next(p for p in st["pipelines"] if p["name"] == NAME)["units"]
+        us = [u for u in us if u["instances"]]
+        out[label] = {"pss_mb": [u["instances"][0]["pss_mb"] for u in us],
+                      "bottleneck": [u.get("bottleneck") or 0.0 for u in us],
+                      "pool_mb": st["pool"]["mapped_mb"]}  # fmt: skip
+    plan = out["plan"]
+    b = max(range(len(plan["pss_mb"])), key=lambda i: plan["bottleneck"][i])
+    pool = max(out["whole"]["pool_mb"], plan["pool_mb"])
+    return harness.models.cap_rule(out["whole"]["pss_mb"][0], plan["pss_mb"], b, pool)
 
 
 def units(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -133,9 +137,10 @@ def run_cell(
     rates = {}
     for config in a.configs.split(","):
         pipe = config_pipeline(config, model, slo_ms, cal["cores"])
+        args = [*a.sut_args, *(["--objective", "eq1"] if config == "eq1" else [])]
 
-        def step(rate: float, pipe: dict = pipe, config: str = config) -> dict[str, Any]:
-            with harness.Sut([pipe]) as s:
+        def step(rate: float, pipe: dict = pipe, config: str = config, args: list = args) -> dict:
+            with harness.Sut([pipe], args=args) as s:
                 res.own_pids[:] = [s.pid]
                 p = harness.scenarios.run(
                     s.sock, NAME, feeds, SERVER, rate, duration_s=a.duration_s,
@@ -150,24 +155,35 @@ def run_cell(
         found = harness.search.max_rate_at_slo(step, 1.1 * ideal, a.steps, first_rps=0.55 * ideal)
         rates[config] = found["max_rps"]
         for p in found["points"]:
-            res.add(model=model, slo_x=slo_x, slo_ms=slo_ms, config=config, **p)
+            res.add(model=model, slo_x=slo_x, slo_ms=slo_ms, config=config, cap_mb=a.cap, **p)
     ceiling = round(slo_bound.mdc_max_rate(cal["cores"], cal["l0_ms"], slo_ms), 3)
-    return {"model": model, "slo_x": slo_x, **cell_summary(rates, ceiling)}
+    return {"model": model, "slo_x": slo_x, "cap_mb": a.cap, **cell_summary(rates, ceiling)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = harness.cli.parser(__doc__, duration_s=12.0)
     ap.add_argument("--models", default="resnet50", help="comma-separated model aliases")
     ap.add_argument("--slos", default="1.5,2,3", help="SLOs as multiples of L0")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default="auto,replication,one-session", help=f"of {CONFIGS}")
     ap.add_argument("--steps", type=int, default=5, help="bisection steps per configuration")
     ap.add_argument("--warmup-s", type=float, default=6.0)
     ap.add_argument("--shm", action="store_true", help="inputs in a shared memory region")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="an `infscaler serve` option for every step (--serve-arg=--cpu-wake-latency-us=0)")  # fmt: skip
+    ap.add_argument("--cap-mb", default=None,
+                    help="serve under a memory cap: MB, or 'rule' (measured, per model)")  # fmt: skip
 
     def quick(a: Any) -> None:
         a.models, a.slos, a.steps, a.warmup_s = a.models.split(",")[0], "3", 2, 2.0
 
     a = harness.cli.parse(ap, argv, quick)
+    if bad := set(a.configs.split(",")) - set(CONFIGS):
+        ap.error(f"--configs: unknown {sorted(bad)}; choose from {','.join(CONFIGS)}")
+    if a.cap_mb not in (None, "rule"):
+        try:
+            float(a.cap_mb)
+        except ValueError:
+            ap.error(f"--cap-mb: MB or 'rule', got {a.cap_mb!r}")
     res = harness.cli.start("scaling", a)
     for model in a.models.split(","):
         feeds = model_inputs(model)
@@ -176,12 +192,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         res.summary.setdefault("calibration", {})[model] = cal
         print(f"== {model}: L0 {cal['l0_ms']} ms, ideal {cal['ideal_rps']}/s", flush=True)
+        a.cap, a.sut_args = None, list(a.serve_arg)
+        if a.cap_mb is not None:
+            cap = measure_cap(model, feeds) if a.cap_mb == "rule" else {"cap_mb": float(a.cap_mb)}
+            res.summary.setdefault("caps", {})[model] = cap
+            dev = Path(tempfile.mkdtemp(prefix="isc-scaling-")) / "device.yaml"
+            a.cap = cap["cap_mb"]
+            a.sut_args += ["--device", str(harness.models.capped_device(a.cap, dev))]
+            print(f"   memory cap {a.cap} MB: {cap}", flush=True)
         for slo_x in map(float, a.slos.split(",")):
             res.summary.setdefault("cells", []).append(run_cell(a, res, model, feeds, cal, slo_x))
     harness.cli.finish(res, a, plot)
-    rows = [[c["model"], c["slo_x"], *(c.get(f"{k}_rps") for k in CONFIGS), c["auto_vs_best"],
-             c["ceiling_rps"]] for c in res.summary["cells"]]  # fmt: skip
-    harness.print_table(["model", "SLO x", *CONFIGS, "auto/best", "ceiling"], rows)
+    rows = [[c["model"], c["cap_mb"], c["slo_x"], *(c.get(f"{k}_rps") for k in CONFIGS),
+             c["auto_vs_best"], c["ceiling_rps"]] for c in res.summary["cells"]]  # fmt: skip
+    harness.print_table(["model", "cap MB", "SLO x", *CONFIGS, "auto/best", "ceiling"], rows)
     return 0
 
 

@@ -7,15 +7,10 @@ P50 / P99 / mean microseconds per decision and the branch that answered; (3) syn
 catalogs of 20, 100, 1000 variants; (4) through the router of a live service
 (``--no-service`` skips it).
 
-Writes ``results/selector_decision.json`` and ``.png`` (``_quick`` with --quick).
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/selector_decision.py`".
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
 import sys
 import tempfile
@@ -25,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, environment, print_table, write_json  # noqa: E402
+import harness  # noqa: E402
 
 LINES = [
     "Invoice 2024-07 total: 1,284.50 EUR",
@@ -187,115 +182,57 @@ def time_router(reg, n: int, log) -> dict:
             svc.close()
 
 
-def plot(data: dict, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.4))
-    labels, p50, p99 = [], [], []
-    real = data["policy_real"]
-    labels.append(f"real registry\n({real['generated_variants']} variants)")
-    p50.append(real["decision"]["p50_us"])
-    p99.append(real["decision"]["p99_us"])
-    for row in data["policy_synthetic"]:
-        labels.append(f"synthetic\n{row['variants']} variants")
-        p50.append(row["decision"]["p50_us"])
-        p99.append(row["decision"]["p99_us"])
-    if data.get("router"):
-        labels.append("TaskRouter.select\nlive service")
-        p50.append(data["router"]["router_select"]["p50_us"])
-        p99.append(data["router"]["router_select"]["p99_us"])
-    x = np.arange(len(labels))
-    ax.bar(x - 0.2, p50, 0.4, label="P50")
-    ax.bar(x + 0.2, p99, 0.4, label="P99")
-    ax.axhline(100, color="red", ls="--", lw=1, label="target 100 us")
-    ax.axhline(2200, color="gray", ls=":", lw=1, label="INFaaS getVariant 2.2 ms")
-    ax.set_yscale("log")
-    ax.set_xticks(x, labels, fontsize=8)
-    ax.set_ylabel("decision time (us, log)")
-    env = data["environment"]
-    host = env["host"]
-    host = (
-        f"{host.get('cpu_model', '?')}, {host.get('cores', '?')} cores"
-        if isinstance(host, dict)
-        else host
-    )
-    load = env.get("load_average_at_start", [0])[0], env.get("load_average_at_end", [0])[0]
-    ax.set_title(
-        f"Variant selection decision time ({host}; load average {load[0]:.1f} -> {load[1]:.1f})",
-        fontsize=9,
-    )
-    for xi, v in zip(x + 0.2, p99, strict=True):
-        ax.text(xi, v * 1.1, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", fontsize=7)
-    ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer queries, repeats")
-    ap.add_argument("--queries", type=int, default=None, help="queries per measurement")
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=0.0)
+    ap.add_argument("--queries", type=int, default=20000, help="queries per measurement")
+    ap.add_argument("--repeats", type=int, default=5, help="profiling repeats per variant")
     ap.add_argument("--no-service", action="store_true", help="skip the live-service part")
-    args = ap.parse_args()
-    n = args.queries or (5000 if args.quick else 20000)
-    repeats = 3 if args.quick else 5
-    suffix = "_quick" if args.quick else ""
+
+    def quick(a) -> None:
+        a.queries, a.repeats = 5000, 3
+
+    a = harness.cli.parse(ap, argv, quick)
+    res = harness.cli.start("selector_decision", a)
+    n = a.queries
 
     def log(msg: str) -> None:
         print(f"  {msg}", flush=True)
 
-    data: dict = {"environment": environment(), "settings": {"queries": n, "repeats": repeats}}
     with tempfile.TemporaryDirectory(prefix="isc-variants-") as tmp:
-        reg, registered = register_real(Path(tmp) / "state", repeats, log)
-        data["registry"] = registered
+        reg, registered = register_real(Path(tmp) / "state", a.repeats, log)
         cat = reg.catalog()
         rng = random.Random(0)
         loads = random_loads(cat, rng)
-        queries = random_queries(cat.tasks, n, rng)
-        stats, steps = time_policy(cat, loads, queries)
-        data["policy_real"] = {
-            "generated_variants": len(cat.profiles),
-            "tasks": {t: len(cat.variants(t)) for t in cat.tasks},
-            "states": {k: v.state.value for k, v in loads.items()},
-            "decision": stats,
-            "branches": steps,
-        }
-        data["policy_synthetic"] = []
+        stats, steps = time_policy(cat, loads, random_queries(cat.tasks, n, rng))
+        res.summary.update(registry=registered, tasks={t: len(cat.variants(t)) for t in cat.tasks},
+                           states={k: v.state.value for k, v in loads.items()})  # fmt: skip
+        res.add(
+            decision="policy, real registry", variants=len(cat.profiles), **stats, branches=steps
+        )
         for size in (20, 100, 1000):
             syn = synthetic_catalog(size, random.Random(size))
-            sl = random_loads(syn, random.Random(size))
             sq = random_queries(["synthetic"], n if size < 1000 else n // 4, random.Random(size))
-            st, br = time_policy(syn, sl, sq)
-            data["policy_synthetic"].append({"variants": size, "decision": st, "branches": br})
-        if not args.no_service:
-            data["router"] = time_router(reg, n // 4, log)
-    data["environment"]["load_average_at_end"] = list(os.getloadavg())
+            st, br = time_policy(syn, random_loads(syn, random.Random(size)), sq)
+            res.add(decision="policy, synthetic", variants=size, **st, branches=br)
+        if not a.no_service:
+            live = time_router(reg, n // 4, log)
+            for key in ("router_select", "monitor_read_only"):
+                res.add(decision=f"live {key}", variants=len(cat.profiles), deployed=live["deployed"],
+                        **live[key])  # fmt: skip
+    harness.cli.finish(res, a, plot)
+    harness.print_table(["decision", "variants", "P50 us", "P99 us", "mean us"],
+                        [[p["decision"], p["variants"], p["p50_us"], p["p99_us"], p["mean_us"]]
+                         for p in res.points])  # fmt: skip
+    return 0
 
-    rows = [
-        [
-            f"real ({data['policy_real']['generated_variants']} variants)",
-            stats["p50_us"],
-            stats["p99_us"],
-            stats["mean_us"],
-        ]
-    ]
-    for row in data["policy_synthetic"]:
-        d = row["decision"]
-        rows.append([f"synthetic {row['variants']}", d["p50_us"], d["p99_us"], d["mean_us"]])
-    if data.get("router"):
-        for key in ("router_select", "monitor_read_only"):
-            d = data["router"][key]
-            rows.append([f"live {key}", d["p50_us"], d["p99_us"], d["mean_us"]])
-    print_table(["decision", "P50 us", "P99 us", "mean us"], rows)
-    out = RESULTS_DIR / f"selector_decision{suffix}.json"
-    write_json(out, data)
-    plot(data, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+def plot(data: dict, png: Path) -> None:
+    """P50 and P99 decision time (us, log) against the catalog's variants (log), the
+    100 us target and INFaaS's getVariant (2.2 ms) as lines."""
+    harness.plot(data["points"], png, x="variants", y=["p50_us", "p99_us"], by="decision",
+                 logx=True, logy=True, hlines={"target 100 us": 100.0, "INFaaS 2.2 ms": 2200.0},
+                 xlabel="variants in the catalog", ylabel="decision time, us")  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -12,17 +12,10 @@ a slice assignment into it for outputs.
 For each tensor size (4 KB to 64 MB): the median of ``--reps`` copies each way, and the
 ratio pread / mapped copy (and pwrite / mapped write): above 1 is what the safety costs.
 Both paths copy each byte once; pread adds a syscall and the kernel's page cache walk.
-
-Usage::
-
-    .venv/bin/python bench/shm_copy.py [--reps 200] [--wait-quiet 120]
-
-Writes ``bench/results/shm_copy.json`` and ``shm_copy.png``.
 """
 
 from __future__ import annotations
 
-import argparse
 import mmap
 import os
 import statistics
@@ -34,14 +27,12 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
-from bench import _common  # noqa: E402
 from infscaler.api.sysshm import SharedMemoryRegion, SystemSharedMemoryRegistry  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-RESULTS = ROOT / "bench" / "results"
 
 
 def _median_ms(fn: Any, reps: int) -> float:
@@ -89,50 +80,29 @@ def measure(size: int, reps: int) -> dict[str, Any]:
     return {"bytes": size, "reps": reps_n, **rows}
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    x = [r["bytes"] / 1024 for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(x, [r["read_ratio"] for r in rows], marker="o", label="pread / mapped copy (inputs)")
-    ax.plot(
-        x, [r["write_ratio"] for r in rows], marker="s", label="pwrite / mapped write (outputs)"
-    )
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("tensor size, KB")
-    ax.set_ylabel("time ratio (1 = the mapping's cost)")
-    ax.set_title("Client shared memory: copy on the fd vs through a mapping (median)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=120.0)
     ap.add_argument("--reps", type=int, default=200)
-    ap.add_argument("--wait-quiet", type=float, default=120.0)
-    ap.add_argument("--out", type=Path, default=RESULTS / "shm_copy.json")
-    a = ap.parse_args()
-    quiet = _common.wait_for_quiet(a.wait_quiet) if a.wait_quiet > 0 else None
-    steal0 = _common.cpu_steal_seconds()
-    fl = _common.ForeignLoad(lambda: _common.process_cpu_seconds([os.getpid()]))
-    rows = [measure(size, a.reps) for size in SIZES]
-    other = fl.cores()
-    _common.print_table(list(rows[0]), [list(r.values()) for r in rows])
-    result = {
-        "environment": _common.environment(),
-        "host_noise": _common.host_noise(quiet, other, steal0),
-        "baseline": "mmap of the region + numpy copy out / slice assignment in (the former path)",
-        "rows": rows,
-    }
-    _common.write_json(a.out, result)
-    plot(rows, a.out.with_suffix(".png"))
-    print(f"wrote {a.out}")
+
+    def quick(a: Any) -> None:
+        a.reps = 20
+
+    a = harness.cli.parse(ap, argv, quick)
+    res = harness.cli.start("shm_copy", a)
+    res.summary["baseline"] = "mmap of the region + numpy copy out / slice assignment in"
+    for size in SIZES:
+        res.add(**measure(size, a.reps))
+    harness.cli.finish(res, a, plot)
+    harness.print_table(list(res.points[0]), [list(r.values()) for r in res.points])
+    return 0
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """pread / mapped copy (inputs) and pwrite / mapped write (outputs) against the size."""
+    harness.plot(data["points"], path, x="bytes", y=["read_ratio", "write_ratio"], logx=True,
+                 hlines={"the mapping": 1.0}, xlabel="tensor size, bytes",
+                 ylabel="time ratio, median")  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,26 +1,32 @@
 """The same scaler on the Jetson profiles, in the simulator (InfScaler §V on Xavier / Orin).
 
-Writes ``results/sim_jetson.json`` and ``results/sim_jetson.png``.
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/sim_jetson.py`".
+Per model: unit profiles of the whole model and of its K-partition plan measured on this
+host's CPU (1 thread per instance; memory from an older ``results/scaling.json`` where
+it has the model, else the plan estimate), then ``runtime/planning/simulator.py`` runs
+the scaler (``decide()``) with each Jetson profile's cores, slots and memory cap:
+throughput at SLO = k x L0 by bisection (``harness.search``; a rate passes with no
+rejection and P99 <= SLO over 180 s, 120 s warm-up), InfScaler's plan against whole-model
+replication, without and with the cap rule (max(whole, sum of partitions) + bottleneck
++ 32 MB); and memory at 0.6 x ideal under the Azure and gamma arrivals (Table II). No
+GPU or DLA time is invented. More: bench/HISTORY.md, "Simulated on the Jetson profiles".
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, default_cache_dir, environment, print_table, write_json  # noqa: E402
-from _scaling_v1 import AUTOSCALE, MODEL_SETTINGS, STATE_DIR, model_inputs, pipeline  # noqa: E402
+import harness  # noqa: E402
+from harness.cli import RESULTS_DIR  # noqa: E402
+from harness.models import AUTOSCALE, MODEL_SETTINGS, model_inputs, pipeline  # noqa: E402
 
+STATE_DIR = Path("/tmp/isc-bench-state")
 PROFILES = ("xavier-agx", "orin-nano")
 HANDOVER_MS = 0.05
 STARTUP_S = 2.0
@@ -92,27 +98,19 @@ def sim(units: list, arrivals: np.ndarray, slo_ms: float, cap: Any, warmup_s: fl
 
 
 def throughput_at_slo(units: list, slo_ms: float, cap: Any, ideal: float, steps: int) -> dict:
+    """The simulated max rate at SLO (``harness.search``, bracket (0, 1.1 x ideal))."""
     from infscaler.runtime.planning.arrivals import poisson
 
-    lo, hi = 0.0, 1.1 * ideal
-    best = None
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        r = sim(units, poisson(mid, SIM_S, seed=3), slo_ms, cap, warmup_s=SIM_WARMUP_S)
-        ok = r.rejected == 0 and r.p99_ms is not None and r.p99_ms <= slo_ms
-        if ok:
-            lo, best = (
-                mid,
-                {
-                    "rate": round(mid, 3),
-                    "p99_ms": round(r.p99_ms, 2),
-                    "instances_end": [dict(u.instances) for u in r.units],
-                    "memory_mb": round(r.memory_mb, 1),
-                },
-            )
-        else:
-            hi = mid
-    return {"throughput_at_slo_rps": best["rate"] if best else 0.0, "at_slo": best}
+    def measure(rate: float) -> dict[str, Any]:
+        r = sim(units, poisson(rate, SIM_S, seed=3), slo_ms, cap, warmup_s=SIM_WARMUP_S)
+        return {"passed": r.rejected == 0 and r.p99_ms is not None and r.p99_ms <= slo_ms,
+                "p99_ms": None if r.p99_ms is None else round(r.p99_ms, 2),
+                "instances_end": [dict(u.instances) for u in r.units],
+                "memory_mb": round(r.memory_mb, 1)}  # fmt: skip
+
+    found = harness.search.max_rate_at_slo(measure, 1.1 * ideal, steps)
+    at = [p for p in found["points"] if p["passed"] and p["rate_rps"] == found["max_rps"]]
+    return {"throughput_at_slo_rps": found["max_rps"], "at_slo": at[0] if at else None}
 
 
 def run(model: str, profiles: list[str], steps: int, repeats: int) -> dict[str, Any]:
@@ -218,115 +216,43 @@ def run(model: str, profiles: list[str], steps: int, repeats: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.cli.parser(__doc__, duration_s=SIM_S, quiet_wait_s=0.0)
     ap.add_argument("--models", default="resnet50,ppocrv4-det,vgg19")
     ap.add_argument("--profiles", default=",".join(PROFILES))
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per unit")
-    ap.add_argument("--quick", action="store_true", help="ResNet-50, xavier-agx, 4 steps")
-    ap.add_argument("--replot", type=Path)
-    args = ap.parse_args(argv)
-    if args.replot:
-        plot(json.loads(args.replot.read_text()), args.replot.with_suffix(".png"))
-        return 0
-    default_cache_dir()
-    models = ["resnet50"] if args.quick else [m for m in args.models.split(",") if m]
-    profiles = ["xavier-agx"] if args.quick else [p for p in args.profiles.split(",") if p]
-    steps = 4 if args.quick else args.steps
-    env = environment()
-    t = time.monotonic()
-    out = [run(m, profiles, steps, 3 if args.quick else args.repeats) for m in models]
-    env["load_average_at_end"] = list(__import__("os").getloadavg())
-    data = {
-        "environment": env,
-        "wall_s": round(time.monotonic() - t, 1),
-        "handover_ms": HANDOVER_MS,
-        "startup_s": STARTUP_S,
-        "autoscale": AUTOSCALE,
-        "note": "service times: this host's CPU (x86), 1 thread per instance, measured; "
-        "Jetson profiles give cores, slots and memory cap; no GPU / DLA option (none measured)",
-        "models": out,
-    }
-    path = RESULTS_DIR / ("sim_jetson_quick.json" if args.quick else "sim_jetson.json")
-    write_json(path, data)
-    plot(data, path.with_suffix(".png"))
-    print_table(
+
+    def quick(a: Any) -> None:
+        a.models, a.profiles, a.steps, a.repeats = "resnet50", "xavier-agx", 4, 3
+
+    a = harness.cli.parse(ap, argv, quick)
+    res = harness.cli.start("sim_jetson", a)
+    models = [run(m, a.profiles.split(","), a.steps, a.repeats) for m in a.models.split(",")]
+    for m in models:
+        for p, r in m["profiles"].items():
+            for row in r["fig5"]:
+                res.add(model=m["model"], k=m["k"], profile=p, **row)
+    res.summary = {"handover_ms": HANDOVER_MS, "startup_s": STARTUP_S, "autoscale": AUTOSCALE,
+                   "note": "service times: this host's CPU (x86), 1 thread per instance, "
+                   "measured; Jetson profiles give cores, slots and memory cap; no GPU / DLA",
+                   "models": models}  # fmt: skip
+    harness.cli.finish(res, a, plot)
+    rows = [[p["model"], p["profile"], p["cap"], p["slo_x"], p["infscaler_vs_ideal"],
+             p["replication_vs_ideal"], p["infscaler_vs_replication"]] for p in res.points]  # fmt: skip
+    harness.print_table(
         ["model", "profile", "cap", "SLO x", "InfScaler/ideal", "repl/ideal", "InfScaler/repl"],
-        [
-            [
-                m["model"],
-                p,
-                r["cap"],
-                r["slo_x"],
-                r["infscaler_vs_ideal"],
-                r["replication_vs_ideal"],
-                r["infscaler_vs_replication"],
-            ]
-            for m in out
-            for p, res in m["profiles"].items()
-            for r in res["fig5"]
-        ],
+        rows,
     )
-    print(f"wrote {path} and .png")
     return 0
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = data["models"]
-    cols = [(p, cap) for p in models[0]["profiles"] for cap in ("none", "cap")]
-    fig, axes = plt.subplots(
-        len(models),
-        len(cols) + 1,
-        figsize=(3.4 * (len(cols) + 1), 3.0 * len(models)),
-        squeeze=False,
-    )
-    for row, m in enumerate(models):
-        for ax, (p, cap) in zip(axes[row], cols, strict=False):
-            rows = [r for r in m["profiles"][p]["fig5"] if r["cap"] == cap]
-            xs = np.arange(len(rows))
-            ax.bar(
-                xs - 0.2,
-                [r["infscaler_vs_ideal"] for r in rows],
-                0.4,
-                color="#2a7",
-                label="InfScaler",
-            )
-            ax.bar(
-                xs + 0.2,
-                [r["replication_vs_ideal"] for r in rows],
-                0.4,
-                color="#58c",
-                label="replication",
-            )
-            ax.set_xticks(xs, [f"{r['slo_x']:g}x" for r in rows])
-            ax.axhline(1.0, color="k", lw=0.7, ls="--")
-            ax.set_ylim(0, 1.2)
-            ax.set_title(
-                f"sim {m['model']} K={m['k']} on {p}, "
-                f"{'profile cap' if cap == 'none' else 'cap rule'}",
-                fontsize=7.5,
-            )
-            ax.set_ylabel("throughput at SLO / ideal", fontsize=7)
-            ax.legend(fontsize=6)
-        ax = axes[row][-1]
-        labels, vals = [], []
-        for p, res in m["profiles"].items():
-            for r in res["table2"]:
-                labels.append(f"{p} {r['arrivals']}")
-                vals.append(r["mean_ratio"])
-        ax.barh(np.arange(len(vals)), vals, color="#2a7")
-        ax.axvline(0.75, color="r", ls=":", lw=0.8)
-        ax.axvline(1.0, color="k", ls="--", lw=0.7)
-        ax.set_yticks(np.arange(len(vals)), labels, fontsize=6)
-        ax.set_title(f"sim {m['model']}: memory InfScaler / replication", fontsize=7.5)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    """Simulated throughput at SLO / ideal against the SLO, InfScaler and replication,
+    one panel per model, profile and cap."""
+    pts = [{**p, "cell": f"{p['model']} {p['profile']} cap {p['cap']}"} for p in data["points"]]
+    harness.plot(pts, path, x="slo_x", y=["infscaler_vs_ideal", "replication_vs_ideal"],
+                 panel="cell", hlines={"ideal": 1.0}, xlabel="SLO, x L0",
+                 ylabel="throughput at SLO / ideal")  # fmt: skip
 
 
 if __name__ == "__main__":

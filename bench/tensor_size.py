@@ -1,18 +1,19 @@
 """Tensor handover time vs tensor size: zero-copy tokens vs copying (InfScaler §IV-B,
 the data side of paper Fig. 6).
 
-Usage::
-
-    .venv/bin/python bench/tensor_size.py [--quick] [--reps 3]
-
-Writes ``bench/results/tensor_size.json`` and ``.png`` (``--quick``: ``tensor_size_quick.*``).
+A float32 tensor of 4 KiB - 64 MiB handed one way from a producer to a consumer process
+(spawned, pinned ``same-core`` or ``cross-core``): zero-copy (written into a TensorPool
+slot, timed apart; a DATA token over the eBPF channel, else the user-space one; the
+consumer takes a read-only view) against copying (pickle protocol 5 over an AF_UNIX
+socketpair). One-way CLOCK_MONOTONIC from the token's / header's start time; each figure
+is the median over repetitions of each run's P50 / P99. Target: zero-copy P50 at 64 MiB
+/ at 4 KiB <= 1.2.
 
 More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/tensor_size.py`".
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import pickle
@@ -26,10 +27,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import _common
+import harness
 import numpy as np
 
-_common.default_cache_dir()
+harness.host.default_cache_dir()
 
 from infscaler.ebpf.channel import Endpoint, pack_frame  # noqa: E402
 from infscaler.ebpf.probe import ebpf_available, open_channel  # noqa: E402
@@ -245,12 +246,12 @@ def _stats_us(ns: list[int]) -> dict[str, float]:
 def own_cpu_seconds() -> float:
     """CPU seconds of this process and of its children that have been waited for."""
     ch = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return _common.process_cpu_seconds([os.getpid()]) + ch.ru_utime + ch.ru_stime
+    return harness.host.process_cpu_seconds([os.getpid()]) + ch.ru_utime + ch.ru_stime
 
 
 def run_once(ctx, where: dict[str, int], channel_kind: str, params: dict) -> dict[str, Any]:
     os.sched_setaffinity(0, {where["main"]})
-    foreign = _common.ForeignLoad(own_cpu_seconds)
+    foreign = harness.host.ForeignLoad(own_cpu_seconds)
     ch = open_channel(channel_kind, "round-robin")
     pool = TensorPool(512 * MiB, idle_release_s=3600)
     procs, conns = [], []
@@ -382,158 +383,36 @@ def aggregate(runs: list[dict], places: list[str]) -> dict[str, Any]:
     return out
 
 
-def plot(
-    agg: dict[str, Any], places: dict[str, dict[str, int]], path: Path, title: str, channel: str
-) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, len(places), figsize=(6.4 * len(places), 5.4), sharey=True, squeeze=False
-    )
-    for ax, (pl, where) in zip(axes[0], places.items(), strict=True):
-        res = agg.get(pl, {})
-        if "sizes" not in res:
-            ax.set_title(f"{pl}: no result")
-            continue
-        rows = res["sizes"]
-        x = [r["size_bytes"] for r in rows]
-
-        def band(key: str, rows: list[dict] = rows) -> tuple[list[float], list[float]]:
-            return [r[f"{key}_p50_us"] for r in rows], [r[f"{key}_p99_us"] for r in rows]
-
-        zc50, zc99 = band("zero_copy")
-        cp50, cp99 = band("copy")
-        ax.fill_between(x, zc50, zc99, color="tab:blue", alpha=0.15, linewidth=0)
-        ax.plot(
-            x,
-            zc50,
-            "o-",
-            color="tab:blue",
-            label=f"zero-copy: token over the {channel} channel + read-only view, p50 (band: p99)",
-        )
-        ax.fill_between(x, cp50, cp99, color="tab:red", alpha=0.15, linewidth=0)
-        ax.plot(
-            x,
-            cp50,
-            "s-",
-            color="tab:red",
-            label="copying: pickle over an AF_UNIX socket, p50 (band: p99)",
-        )
-        ax.plot(
-            x,
-            [r["write_median_us"] for r in rows],
-            "^--",
-            color="tab:gray",
-            label="zero-copy: producer writes the tensor into its slot (once; not in the handover)",
-        )
-        for r in rows:  # zero-copy labels right of the points, copying labels left
-            for key, color, dx, ha in (
-                ("zero_copy_p50_us", "tab:blue", 5, "left"),
-                ("copy_p50_us", "tab:red", -5, "right"),
-            ):
-                ax.annotate(
-                    f"{r[key]:.0f}",
-                    (r["size_bytes"], r[key]),
-                    textcoords="offset points",
-                    xytext=(dx, 4),
-                    ha=ha,
-                    fontsize=7,
-                    color=color,
-                )
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(x)
-        ax.set_xticklabels([r["size"] for r in rows])
-        ax.set_xlabel("tensor size (float32 data bytes)")
-        ax.grid(which="major", alpha=0.3)
-        placement_txt = (
-            f"producer + consumer on CPU {where['consumer']}"
-            if pl == "same-core"
-            else f"producer on CPU {where['producer']}, consumer on CPU {where['consumer']}"
-        )
-        verdict = "pass" if res["pass"] else "FAIL"
-        ax.set_title(
-            f"{pl}: {placement_txt}\nzero-copy 64 MiB / 4 KiB = {res['ratio_64MiB_over_4KiB']:.2f} "
-            f"(target <= {TARGET_RATIO}: {verdict})",
-            fontsize=9,
-        )
-    axes[0][0].set_ylabel("handover time, us (one-way, CLOCK_MONOTONIC)")
-    lo, hi = axes[0][0].get_ylim()
-    axes[0][0].set_ylim(lo, hi * 8)
-    axes[0][0].legend(fontsize=7.5, loc="upper left")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+QUICK = {"write_reps": 5, "zc_warmup": 20, "zc_iters": 200, "zc_budget_s": 1.0,
+         "copy_warmup": 1, "copy_iters": 40, "copy_min": 5, "copy_budget_s": 0.4}  # fmt: skip
+FULL = {"write_reps": 9, "zc_warmup": 50, "zc_iters": 600, "zc_budget_s": 3.0,
+        "copy_warmup": 2, "copy_iters": 150, "copy_min": 10, "copy_budget_s": 1.2}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer iterations (< 60 s)")
+    ap = harness.cli.parser(__doc__, duration_s=1.0)
     ap.add_argument("--reps", type=int, default=3, help="repetitions per placement; >= 3")
     ap.add_argument("--placements", default="cross-core,same-core")
-    ap.add_argument(
-        "--wait-quiet",
-        type=float,
-        help="first wait up to this many seconds for other processes to leave the CPUs "
-        "(default 60; quick 0)",
-    )
-    ap.add_argument("--out", type=Path, default=_common.RESULTS_DIR)
-    args = ap.parse_args(argv)
-    if args.quick:
-        params = {
-            "write_reps": 5,
-            "zc_warmup": 20,
-            "zc_iters": 200,
-            "zc_budget_s": 1.0,
-            "copy_warmup": 1,
-            "copy_iters": 40,
-            "copy_min": 5,
-            "copy_budget_s": 0.4,
-        }
-    else:
-        params = {
-            "write_reps": 9,
-            "zc_warmup": 50,
-            "zc_iters": 600,
-            "zc_budget_s": 3.0,
-            "copy_warmup": 2,
-            "copy_iters": 150,
-            "copy_min": 10,
-            "copy_budget_s": 1.2,
-        }
+    a = harness.cli.parse(ap, argv)
     cpus = sorted(os.sched_getaffinity(0))
-    all_places = placements(cpus)
-    places = {p: all_places[p] for p in args.placements.split(",") if p in all_places}
+    places = {p: w for p, w in placements(cpus).items() if p in a.placements.split(",")}
     if not places:
-        ap.error(f"no usable placement among {args.placements!r}; have {list(all_places)}")
+        ap.error(f"no usable placement among {a.placements!r}; have {list(placements(cpus))}")
     ok, why = ebpf_available()
     channel_kind = "ebpf" if ok else "userspace"
     if not ok:
         print(
-            f"[tensor_size] eBPF unavailable, tokens go over the user-space channel: {why}",
+            f"[tensor_size] eBPF unavailable, tokens over the user-space channel: {why}",
             file=sys.stderr,
         )
-    env = _common.environment()
-    wait = args.wait_quiet if args.wait_quiet is not None else (0.0 if args.quick else 60.0)
-    quiet = _common.wait_for_quiet(wait) if wait > 0 else None
-    if quiet and not quiet["quiet"]:
-        print(
-            f"[tensor_size] the host is busy ({quiet['other_cores']} cores used by other "
-            "processes); measuring anyway",
-            file=sys.stderr,
-        )
-    steal0 = _common.cpu_steal_seconds()
-    foreign = _common.ForeignLoad(own_cpu_seconds)
+    res = harness.cli.start("tensor_size", a)
+    params = QUICK if a.quick else FULL
+    res.summary.update(kernel=os.uname().release, channel=channel_kind, channel_reason=why,
+                       placements=places, sizes_bytes=SIZES, params=params)  # fmt: skip
     ctx = mp.get_context("spawn")
-    t_all = time.monotonic()
     runs = []
-    for rep in range(args.reps):
+    for rep in range(a.reps):
         for pl, where in places.items():
-            t = time.monotonic()
             try:
                 r = run_once(ctx, where, channel_kind, params)
             except Exception as exc:
@@ -541,108 +420,33 @@ def main(argv: list[str] | None = None) -> int:
                 r = {"error": [f"{type(exc).__name__}: {exc}"]}
             r.update(placement=pl, rep=rep)
             runs.append(r)
-            if "error" in r:
-                msg = str(r["error"])[:300]
-            else:
-                s = r["sizes"]
-                msg = (
-                    f"zero-copy p50 {s[0]['zero_copy_us']['p50']:.1f} .. {s[-1]['zero_copy_us']['p50']:.1f} us, "
-                    f"copy p50 {s[0]['copy_us']['p50']:.1f} .. {s[-1]['copy_us']['p50']:.0f} us"
-                )
             print(
-                f"[tensor_size] rep {rep} {pl}: {msg}; other processes "
-                f"{r.get('other_cores', 0.0):.2f} cores ({time.monotonic() - t:.1f} s)",
-                file=sys.stderr,
-                flush=True,
+                f"[tensor_size] rep {rep} {pl}: {str(r.get('error', 'ok'))[:300]}", file=sys.stderr
             )
     os.sched_setaffinity(0, set(cpus))
-    other_cores = foreign.cores()
     agg = aggregate(runs, list(places))
-    measured = [agg[pl] for pl in places if "pass" in agg[pl]]
-    suffix = "_quick" if args.quick else ""
-    out = {
-        "benchmark": "tensor_size",
-        "what": "tensor handover time vs size: zero-copy pool slot + 32-byte token vs "
-        "pickle over an AF_UNIX socket (paper Fig. 6, data side)",
-        **env,
-        "kernel": os.uname().release,
-        "settings": {
-            "sizes_bytes": SIZES,
-            "dtype": "float32, seeded standard normal",
-            "zero_copy": f"write_tensors into a TensorPool slot (timed apart), DATA token over the "
-            f"{channel_kind} channel, consumer: SlabMap.slot_view + read_tensors -> read-only view",
-            "copying": "pickle.dumps(protocol=5) + sendall over AF_UNIX SOCK_STREAM socketpair, "
-            "consumer: recv into a fresh bytearray + pickle.loads",
-            "clock": "one-way CLOCK_MONOTONIC (time.monotonic_ns); start time in the token's "
-            "request field / the copy header; RTT/2 recorded as a cross-check",
-            "order": "zero-copy sizes interleaved per iteration; copying size by size",
-            "channel": channel_kind,
-            "channel_reason": why,
-            "placements": places,
-            "reps": args.reps,
-            **params,
-            "statistic": "median over repetitions of each run's p50 / p99",
-        },
-        "targets": {
-            "zero_copy_64MiB_over_4KiB_le": TARGET_RATIO,
-            **{
-                pl: {
-                    "ratio": agg[pl].get("ratio_64MiB_over_4KiB"),
-                    "pass": agg[pl].get("pass", False),
-                }
-                for pl in places
-            },
-            "all_pass": len(measured) == len(places) and all(m["pass"] for m in measured),
-        },
-        "results": agg,
-        "runs": runs,
-        "host_noise": _common.host_noise(quiet, other_cores, steal0),
-        "seconds_total": round(time.monotonic() - t_all, 1),
-        "load_average_at_end": list(os.getloadavg()),
-    }
-    json_path = args.out / f"tensor_size{suffix}.json"
-    _common.write_json(json_path, out)
-    title = (
-        f"Tensor handover vs size: zero-copy token vs pickle copy, median of {args.reps} reps\n"
-        f"{env['host']['cpu_model']}, {len(cpus)} vCPUs, kernel {os.uname().release}, "
-        f"Python {env['python']}, numpy {env['numpy']} ({env['date_utc'][:10]})"
-    )
-    label = {"ebpf": "eBPF", "userspace": "user-space"}[channel_kind]
-    plot(agg, places, args.out / f"tensor_size{suffix}.png", title, label)
-
-    for pl in places:
-        res = agg[pl]
-        if "sizes" not in res:
-            print(f"{pl}: ERROR {res['error']}")
-            continue
-        print(f"\n{pl} (median of {res['reps']} reps; us, one-way)")
-        _common.print_table(
-            ["size", "zc p50", "zc p99", "zc RTT/2", "write", "copy p50", "copy p99", "copy/zc"],
-            [
-                [
-                    r["size"],
-                    f"{r['zero_copy_p50_us']:.1f}",
-                    f"{r['zero_copy_p99_us']:.1f}",
-                    f"{r['zero_copy_rtt_half_p50_us']:.1f}",
-                    f"{r['write_median_us']:.1f}",
-                    f"{r['copy_p50_us']:.1f}",
-                    f"{r['copy_p99_us']:.1f}",
-                    f"{r['copy_over_zero_copy']:.1f}",
-                ]
-                for r in res["sizes"]
-            ],
-        )
-        print(
-            f"zero-copy 64 MiB / 4 KiB = {res['ratio_64MiB_over_4KiB']:.3f} "
-            f"(target <= {TARGET_RATIO}: {'pass' if res['pass'] else 'FAIL'}); "
-            f"tensors verified: {res['all_tensors_verified']}"
-        )
-    print(
-        f"\nother processes used {other_cores} cores on average during the run "
-        f"(steal {out['host_noise']['cpu_steal_seconds']} s)"
-    )
-    print(f"wrote {json_path} ({out['seconds_total']} s)")
+    for pl, v in agg.items():
+        for row in v.get("sizes", []):
+            res.add(placement=pl, **row)
+    res.summary.update(runs=runs, results={pl: {k: x for k, x in v.items() if k != "sizes"}
+                                           for pl, v in agg.items()})  # fmt: skip
+    res.summary["all_pass"] = all(v.get("pass", False) for v in agg.values())
+    harness.cli.finish(res, a, plot)
+    harness.print_table(["placement", "size", "zc p50", "zc p99", "copy p50", "copy/zc"],
+                        [[p["placement"], p["size"], p["zero_copy_p50_us"], p["zero_copy_p99_us"],
+                          p["copy_p50_us"], p["copy_over_zero_copy"]] for p in res.points])  # fmt: skip
+    for pl, v in agg.items():
+        print(f"{pl}: 64 MiB / 4 KiB = {v.get('ratio_64MiB_over_4KiB')} (pass: {v.get('pass')})")
     return 0 if all("error" not in r for r in runs) else 1
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Zero-copy and copying P50 / P99 (us, log) against the tensor size (log), one panel
+    per placement, the producer's write into its slot (not in the hand-over) dashed."""
+    harness.plot(data["points"], path, x="size_bytes", panel="placement", logx=True, logy=True,
+                 y=["zero_copy_p50_us", "zero_copy_p99_us", "copy_p50_us", "copy_p99_us",
+                    "write_median_us"],
+                 xlabel="tensor size, bytes (float32)", ylabel="one-way hand-over, us")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -82,12 +82,16 @@ def start(name: str, args: argparse.Namespace) -> Result:
 def finish(
     result: Result, args: argparse.Namespace, plot: Callable[[dict, Path], Any] | None
 ) -> Path:
-    """Write the result's JSON, then ``plot(data, png_path)`` if given; returns the JSON's
-    path. The loaded-host label is printed so a smoke figure is not read as a result."""
+    """Write the result's JSON, then ``plot(data, png_path)`` if given (a ``ValueError``
+    from it, nothing to draw, is printed, not raised); returns the JSON's path. The
+    loaded-host label is printed so a smoke figure is not read as a result."""
     path = result.save(args.out)
     data = result.to_dict()
     if plot is not None:
-        plot(data, path.with_suffix(".png"))
+        try:
+            plot(data, path.with_suffix(".png"))
+        except ValueError as exc:  # harness.plot: no point to draw (every arm failed)
+            print(f"no plot: {exc}")
     env = data["environment"]
     label = "LOADED HOST, not a result" if env["loaded_host"] else "quiet host"
     print(f"wrote {path} (other processes {env['other_processes_cores']} cores: {label})")

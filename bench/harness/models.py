@@ -16,6 +16,10 @@ from typing import Any
 
 import numpy as np
 
+#: Tolerance used only when a plan fails verification at the API default rtol (1e-4);
+#: every such retry is recorded in the results next to the original failure.
+FALLBACK_RTOL = 1e-2
+
 #: per model: K (Eq. 1 plan used for InfScaler), timing of a bisection step, requests for L0
 MODEL_SETTINGS: dict[str, dict[str, Any]] = {
     "resnet50": {"k": 2, "warm_min_s": 8.0, "warm_max_s": 15.0, "measure_s": 12.0, "n_l0": 20},
@@ -173,6 +177,32 @@ def pipeline(
     return load_pipeline(raw)
 
 
+def auto_pipeline(model: str, name: str, slo_ms: float) -> Any:
+    """The ``auto`` configuration: the model (a pipeline case: its YAML with nothing
+    named on the model stages) with only ``slo`` and ``autoscale`` (:data:`AUTOSCALE`),
+    so the runtime decides K, threads and instances at deploy.
+
+    Raises:
+        ConfigError: the runtime refused the config (its message).
+    """
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.models import MODELS
+
+    if model in PIPELINE_CASES:
+        raw = pipeline_case(model, 1, 1, whole=False)
+        for st in raw["stages"]:
+            if "model" in st:
+                for key in ("partitions", "instances", "threads", "max_instances", "engine"):
+                    st.pop(key, None)
+    else:
+        stage: dict[str, Any] = {"name": "model", "model": model}
+        if MODELS[model].shapes:
+            stage["shapes"] = MODELS[model].shapes
+        raw = {"stages": [stage]}
+    raw.update(name=name, request_timeout_s=60.0, slo=f"{slo_ms:.1f}ms", autoscale=dict(AUTOSCALE))
+    return load_pipeline(raw)
+
+
 def static_pipeline(
     model: str, name: str, threads: int, instances: int, slo_ms: float | None = None
 ) -> dict[str, Any]:
@@ -271,3 +301,41 @@ def synthetic_chain(path: Path, blocks: int = 250, channels: int = 16, size: int
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+#: MB added to a measured memory cap (PSS drifts by a few MB under load)
+CAP_MARGIN_MB = 32.0
+
+
+def capped_device(cap_mb: float, path: Path) -> Path:
+    """This host's ``cpu-host`` profile with ``memory_cap_mb`` = ``cap_mb`` as a device
+    YAML at ``path`` (``infscaler serve --device``); returns ``path``.
+
+    Raises:
+        ValueError: a cap that is not positive or above the host's memory.
+    """
+    import yaml
+
+    from infscaler.base.device import host_profile
+
+    p = host_profile()
+    if not 0 < cap_mb <= p.memory_mb:
+        raise ValueError(f"memory cap {cap_mb} MB: must be in (0, {p.memory_mb}] (host memory)")
+    p = p.model_copy(update={"name": "cpu-host-capped", "memory_cap_mb": int(cap_mb)})
+    path.write_text(yaml.safe_dump(p.model_dump(mode="json", exclude_none=True)))
+    return path
+
+
+def cap_rule(whole_mb: float, parts_mb: list[float], bottleneck: int, pool_mb: float) -> dict:
+    """The memory cap of the former scaling.py (bench/HISTORY.md, "The former
+    scaling.py"): room for the plan once plus one more bottleneck instance, i.e.
+    ``max(whole, sum(partitions)) + partitions[bottleneck] + pool + CAP_MARGIN_MB`` (MB,
+    PSS of one 1-thread instance each), and whether two whole replicas would fit.
+
+    >>> cap_rule(100.0, [40.0, 70.0], 1, 10.0)["cap_mb"]
+    222.0
+    """
+    cap = max(whole_mb, sum(parts_mb)) + parts_mb[bottleneck] + pool_mb + CAP_MARGIN_MB
+    return {"cap_mb": round(cap, 1), "whole_pss_mb": whole_mb, "partition_pss_mb": parts_mb,
+            "bottleneck_unit": bottleneck, "pool_mb": pool_mb, "margin_mb": CAP_MARGIN_MB,
+            "two_replicas_fit": 2 * whole_mb + pool_mb <= cap}  # fmt: skip

@@ -160,3 +160,36 @@ def model_inputs(
     with Client(sock, timeout=30) as c:
         meta = c.model_metadata(model)
     return input_tensors(meta, shapes, seed=seed)
+
+
+def poisson_times(rate_rps: float, duration_s: float, seed: int = 0) -> np.ndarray:
+    """Send times (s from the start, sorted) of Poisson arrivals at ``rate_rps`` over
+    ``duration_s``, for ``LoadGenerator.replay``; one seed gives the same gaps at every
+    rate (common random numbers: a higher rate is the same pattern compressed in time).
+
+    Raises:
+        ValueError: a non-positive rate or duration.
+    """
+    if not (rate_rps > 0 and duration_s > 0):
+        raise ValueError(f"need a positive rate and duration, got {rate_rps}, {duration_s}")
+    gaps = np.random.default_rng(seed).exponential(1.0, int(rate_rps * duration_s * 1.5) + 20)
+    t = np.cumsum(gaps) / rate_rps
+    return t[t < duration_s]
+
+
+def replay_summary(rows: Sequence[Mapping[str, Any]], bound_ms: float, span_s: float) -> dict:
+    """Figures of ``LoadGenerator.replay`` rows (one span of them): requests, answered,
+    refused, errors, goodput (answers within ``bound_ms`` per s of ``span_s``), P50 / P99
+    of the answers and :func:`p99_with_failures`, ms."""
+    ok = [r["ms"] for r in rows if r["outcome"] == "ok"]
+    p99_all = p99_with_failures(ok, len(rows) - len(ok))
+    return {
+        "requests": len(rows),
+        "answered": len(ok),
+        "refused": sum(r["outcome"] == "refused" for r in rows),
+        "errors": sum(r["outcome"] == "error" for r in rows),
+        "goodput_rps": round(sum(x <= bound_ms for x in ok) / max(span_s, 1e-9), 3),
+        "p50_ms": round(float(np.percentile(ok, 50)), 2) if ok else None,
+        "p99_ms": round(float(np.percentile(ok, 99)), 2) if ok else None,
+        "p99_all_ms": None if math.isinf(p99_all) else round(p99_all, 2),
+    }

@@ -34,7 +34,8 @@ class Sut:
         targets: what to serve: pipeline dicts and / or ``serve`` targets (str, Path).
         args: more ``serve`` options (``["--device", "cpu-host"]``).
         env: environment variables for the service only.
-        ready_timeout_s: the longest wait for readiness, s.
+        ready_timeout_s: the longest wait for readiness, s (a pipeline planned at deploy
+            takes minutes on a loaded 2-core host).
 
     Raises (from ``__enter__``):
         RuntimeError: the service exited or was not ready in time (the message names
@@ -46,7 +47,7 @@ class Sut:
         targets: Sequence[dict | str | Path],
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
-        ready_timeout_s: float = 300.0,
+        ready_timeout_s: float = 900.0,
         stop_timeout_s: float = 60.0,
     ) -> None:
         if not targets:
@@ -62,8 +63,12 @@ class Sut:
         self.proc: subprocess.Popen | None = None
         self.ready_s: float | None = None
         self.stopped: dict[str, Any] | None = None
-        #: with :meth:`watch`: (wall time, {pipeline: ready instances}) per status poll
+        #: with :meth:`watch`, per status poll: (wall time, {pipeline: ready instances}),
+        #: (wall time, the service's ``memory_used_mb``), (wall time, {pipeline: its
+        #: ``live_check``})
         self.instances: list[tuple[float, dict[str, int]]] = []
+        self.memory: list[tuple[float, float]] = []
+        self.live: list[tuple[float, dict[str, Any]]] = []
         self._decisions: dict[tuple, dict[str, Any]] = {}
         self._halt = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -110,9 +115,10 @@ class Sut:
         assert self.proc is not None
         while time.monotonic() - t0 < self.ready_timeout_s:
             if self.proc.poll() is not None:
+                tail = " | ".join(self.log_path.read_text().strip().splitlines()[-3:])
                 raise RuntimeError(
-                    f"infscaler serve exited {self.proc.returncode} before it was ready: "
-                    f"see {self.log_path}"
+                    f"infscaler serve exited {self.proc.returncode} before it was ready "
+                    f"({tail}): see {self.log_path}"
                 )
             with contextlib.suppress(Exception), Client(self.sock, timeout=5) as c:
                 if c.is_ready():
@@ -148,8 +154,10 @@ class Sut:
 
     def watch(self, interval_s: float = 1.0) -> Sut:
         """Poll ``status`` every ``interval_s`` in a thread until exit: ready instances per
-        pipeline (:attr:`instances`) and every scaling decision it shows
-        (:meth:`since`; ``status`` keeps the last 10 per pipeline)."""
+        pipeline (:attr:`instances`), the memory the service counts against its cap
+        (:attr:`memory`, MB: instances' PSS and the tensor pool), each pipeline's live
+        check (:attr:`live`) and every scaling decision it shows (:meth:`since`;
+        ``status`` keeps the last 10 per pipeline)."""
         self._watcher = threading.Thread(target=self._watch, args=(interval_s,), daemon=True)
         self._watcher.start()
         return self
@@ -157,8 +165,12 @@ class Sut:
     def _watch(self, interval_s: float) -> None:
         while not self._halt.wait(interval_s):
             with contextlib.suppress(Exception):
-                pipes = self.status().get("pipelines", [])
-                self.instances.append((time.time(), {p.get("name"): _ready(p) for p in pipes}))
+                st = self.status()
+                pipes, now = st.get("pipelines", []), time.time()
+                self.instances.append((now, {p.get("name"): _ready(p) for p in pipes}))
+                if "memory_used_mb" in st.get("resources", {}):
+                    self.memory.append((now, st["resources"]["memory_used_mb"]))
+                self.live.append((now, {p.get("name"): p.get("live_check") for p in pipes}))
                 for p in pipes:
                     for d in p.get("decisions", []):
                         key = (p.get("name"), d.get("time"), d.get("action"), d.get("unit"))

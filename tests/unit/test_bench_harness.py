@@ -1,6 +1,6 @@
 """bench/harness: the bisection, the server scenario's pass rule, the result schema, the
-argparse base and the plot, on hand-made figures. Nothing here starts a service or
-times anything."""
+argparse base, the plot, Poisson send times, replay figures and the memory cap, on
+hand-made figures. Nothing here starts a service or times anything."""
 
 from __future__ import annotations
 
@@ -163,3 +163,38 @@ def test_replay_records_every_request_in_send_order(tmp_path: Path) -> None:
     assert sorted(r["outcome"] for r in rows) == ["ok", "ok", "refused", "refused"]
     assert {r["code"] for r in rows if r["outcome"] == "refused"} == {"queue_full"}
     assert all(r["ms"] >= 0 and r["sent_s"] >= 0 for r in rows)
+
+
+def test_poisson_times_share_one_pattern_across_rates() -> None:
+    a = scenarios.poisson_times(2.0, 50.0, seed=3)
+    b = scenarios.poisson_times(4.0, 50.0, seed=3)
+    assert (a[1:] > a[:-1]).all() and a[-1] < 50.0 and b[-1] < 50.0
+    n = min(len(a), len(b)) // 2  # b is a compressed in time: the same gaps / 2
+    assert b[:n] == pytest.approx(a[:n] / 2.0)
+    assert (scenarios.poisson_times(2.0, 50.0, seed=4)[:5] != a[:5]).any()
+    with pytest.raises(ValueError, match="positive"):
+        scenarios.poisson_times(0.0, 10.0)
+
+
+def test_replay_summary_counts_outcomes_and_goodput_within_the_bound() -> None:
+    rows = [{"outcome": "ok", "ms": float(ms)} for ms in (10, 20, 30, 200)]
+    rows += [{"outcome": "refused", "ms": 1.0}, {"outcome": "error", "ms": 1.0}]
+    s = scenarios.replay_summary(rows, 100.0, 2.0)
+    assert (s["requests"], s["answered"], s["refused"], s["errors"]) == (6, 4, 1, 1)
+    assert s["goodput_rps"] == 1.5  # 3 answers within 100 ms over 2 s
+    assert s["p99_all_ms"] is None  # 2 of 6 failed: the P99 reaches them
+    assert scenarios.replay_summary([], 100.0, 1.0)["p50_ms"] is None
+
+
+def test_cap_rule_and_capped_device(tmp_path: Path) -> None:
+    from infscaler.base.device import host_profile, load_profile
+
+    r = harness.models.cap_rule(100.0, [40.0, 70.0], 1, 10.0)
+    # max(whole 100, parts 40 + 70) + bottleneck 70 + pool 10 + margin
+    assert r["cap_mb"] == 110.0 + 70.0 + 10.0 + harness.models.CAP_MARGIN_MB
+    assert r["two_replicas_fit"] is True
+    cap = min(512, host_profile().memory_mb)
+    dev = load_profile(harness.models.capped_device(cap, tmp_path / "d.yaml"))
+    assert dev.memory_cap_mb == cap and dev.name == "cpu-host-capped"
+    with pytest.raises(ValueError, match="memory cap"):
+        harness.models.capped_device(0, tmp_path / "x.yaml")
