@@ -558,6 +558,8 @@ class Autoscaler:
         models = frozenset(i for i, u in enumerate(dep.pipeline.units) if u.kind == "model")
         out, tstate = thread_merge.step(snap, before, cfg, state.last_change, models)
         self._threads[dep.name] = tstate
+        if tstate.held is not None and (before.held or ("",))[0] != tstate.held[0]:
+            log.info("%s: threads: no move: %s", dep.name, tstate.held[1])
         if out:
             state = replace(state, last_change=snap.now)
         if tstate.verdict is not None and tstate.verdict != before.verdict and not out:
