@@ -74,15 +74,22 @@ class Model:
 
 def batchable(alias: str, out_dir: Path) -> Model:
     """The bundled model ``alias`` with a dynamic leading (batch) dim on its inputs and
-    outputs (``batching.batchable``, checked against batch-1 runs), saved as
-    ``out_dir/alias/model.onnx``: the same file, served as ``model``, for every server."""
+    outputs (``batching.batchable``, checked against batch-1 runs; a model whose first
+    input's leading dim is already dynamic, as PP-OCRv4 det's ``x: [N, 3, H, W]``, is
+    copied as it is), saved as ``out_dir/alias/model.onnx``: the same file, served as
+    ``model``, for every server. One request's shape: the input's static dims, a dynamic
+    spatial dim 640 (PP-OCR det: 1x3x640x640, the 4.9 MB input of bench/arbitration.py)."""
     import onnx
     from batching import batchable as with_batch_dim
 
     from infscaler.base.models import resolve_model
 
     (out_dir / alias).mkdir(exist_ok=True)
-    path = with_batch_dim(resolve_model(alias), out_dir / alias / "model.onnx")
+    src, dst = resolve_model(alias), out_dir / alias / "model.onnx"
+    g = onnx.load(str(src), load_external_data=False).graph
+    inits = {i.name for i in g.initializer}
+    lead = next(i for i in g.input if i.name not in inits).type.tensor_type.shape.dim[0]
+    path = Path(shutil.copyfile(src, dst)) if lead.dim_param else with_batch_dim(src, dst)
     g = onnx.load(str(path), load_external_data=False).graph
     inits = {i.name for i in g.initializer}
     first = next(i for i in g.input if i.name not in inits)
