@@ -14,6 +14,12 @@ Systems under test, each started alone, one model at a time:
   ``ours auto threads-off``: ``auto`` with ``INFSCALER_THREADS=off`` (no merge of
   instances into more intra-op threads at low concurrency), its before/after baseline.
 
+Each point runs its load ``--settle-s`` unmeasured first (the autoscaler's moves take
+that long: a window of looks, then an instance swap), then ``--duration-s`` measured. Ours
+get a fresh state directory per run (no plan kept from an earlier run) unless
+``--state-dir`` is given. CPU per point: the servers' process trees read every 0.5 s
+(instances started during a point count as theirs).
+
 More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/vs_triton.py`".
 """
 
@@ -68,15 +74,22 @@ class Model:
 
 def batchable(alias: str, out_dir: Path) -> Model:
     """The bundled model ``alias`` with a dynamic leading (batch) dim on its inputs and
-    outputs (``batching.batchable``, checked against batch-1 runs), saved as
-    ``out_dir/alias/model.onnx``: the same file, served as ``model``, for every server."""
+    outputs (``batching.batchable``, checked against batch-1 runs; a model whose first
+    input's leading dim is already dynamic, as PP-OCRv4 det's ``x: [N, 3, H, W]``, is
+    copied as it is), saved as ``out_dir/alias/model.onnx``: the same file, served as
+    ``model``, for every server. One request's shape: the input's static dims, a dynamic
+    spatial dim 640 (PP-OCR det: 1x3x640x640, the 4.9 MB input of bench/arbitration.py)."""
     import onnx
     from batching import batchable as with_batch_dim
 
     from infscaler.base.models import resolve_model
 
     (out_dir / alias).mkdir(exist_ok=True)
-    path = with_batch_dim(resolve_model(alias), out_dir / alias / "model.onnx")
+    src, dst = resolve_model(alias), out_dir / alias / "model.onnx"
+    g = onnx.load(str(src), load_external_data=False).graph
+    inits = {i.name for i in g.initializer}
+    lead = next(i for i in g.input if i.name not in inits).type.tensor_type.shape.dim[0]
+    path = Path(shutil.copyfile(src, dst)) if lead.dim_param else with_batch_dim(src, dst)
     g = onnx.load(str(path), load_external_data=False).graph
     inits = {i.name for i in g.initializer}
     first = next(i for i in g.input if i.name not in inits)
@@ -113,9 +126,9 @@ class Sut:
     batch: bool = False
     auto: bool = False
     env: dict[str, str] = field(default_factory=dict)  # extra environment of ``serve``
+    exe: Path = INFSCALER  # the ``infscaler`` that serves ours
     proc: subprocess.Popen | None = None
-    server_pids: list[int] = field(default_factory=list)
-    model_pids: list[int] = field(default_factory=list)
+    server_pids: list[int] = field(default_factory=list)  # Triton: tritonserver
     grpc_url: str = ""
     http: dict[str, str] = field(default_factory=dict)
     tmp: str = ""
@@ -144,13 +157,12 @@ class Sut:
 
         kids = psutil.Process(self.proc.pid).children(recursive=True)
         self.server_pids = [p.pid for p in kids if p.name().startswith("tritonserver")]
-        self.model_pids = [self.proc.pid] + [p.pid for p in kids if p.pid not in self.server_pids]
         self.grpc_url = "127.0.0.1:18001"
         self.http = {"base": "http://127.0.0.1:18000"}
 
     def _start_ours(self, model: Model, slo_ms: float, state_dir: Path) -> None:
         sock, gsock = f"{self.tmp}/isc.sock", f"{self.tmp}/isc-grpc.sock"
-        cmd = [str(INFSCALER), "serve", "--socket", sock, "--grpc-socket", gsock]
+        cmd = [str(self.exe), "serve", "-v", "--socket", sock, "--grpc-socket", gsock]
         cmd += ["--state-dir", str(state_dir / model.alias)]
         if self.auto:
             shapes = f"{model.input}:{'x'.join(map(str, model.shape))}"
@@ -159,6 +171,8 @@ class Sut:
             cmd += [str(self._pipeline_yaml(model))]
         log = open(Path(self.tmp) / "serve.log", "w")  # noqa: SIM115 - closed with the process
         env = {**os.environ, **self.env}
+        if self.exe != INFSCALER:  # another tree's install: its own code, not ours
+            env.pop("PYTHONPATH", None)
         self.proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp, env=env
         )
@@ -175,10 +189,7 @@ class Sut:
                 time.sleep(0.5)
             else:
                 raise RuntimeError(f"{self.name}: not ready in 600 s (see {log.name})")
-        import psutil
-
         self.server_pids = [self.proc.pid]
-        self.model_pids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
         self.grpc_url = f"unix:{gsock}"
         self.http = {"uds": sock, "base": "http://isc"}
 
@@ -204,6 +215,13 @@ class Sut:
         path = Path(self.tmp) / "pipeline.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
+
+    def planned(self) -> list[str]:
+        """Ours: the planner's choice as its deploy printed it (``chosen ...`` lines)."""
+        log = Path(self.tmp) / "serve.log"
+        if self.kind != "ours" or not log.exists():
+            return []
+        return [ln.strip() for ln in log.read_text().splitlines() if ": chosen " in ln]
 
     def stop(self, keep_logs: bool = False) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -374,6 +392,8 @@ def open_loop(make, rate: float, duration_s: float, slo_ms: float, seed: int) ->
 
 # --- one server through every point -------------------------------------------------------
 def measure(sut: Sut, model: Model, x: np.ndarray, args: argparse.Namespace, slo_ms: float) -> dict:
+    """Every point of ``sut``, per protocol: closed loop at each concurrency, then Poisson
+    at each load (:func:`point`)."""
     cores = len(os.sched_getaffinity(0))
     capacity = cores * 1000.0 / model.l0_ms
     out: dict[str, Any] = {"config": sut.name}
@@ -385,28 +405,32 @@ def measure(sut: Sut, model: Model, x: np.ndarray, args: argparse.Namespace, slo
         closed_loop(make, 2, args.warmup_s, slo_ms)
         points = []
         for conc in args.concurrency:
-            points.append(
-                {
-                    "load": "closed",
-                    "concurrency": conc,
-                    **_cpu(sut, lambda c=conc: closed_loop(make, c, args.duration_s, slo_ms)),
-                }
-            )
+            run = lambda d, c=conc: closed_loop(make, c, d, slo_ms)  # noqa: E731
+            points.append({"load": "closed", "concurrency": conc, **point(sut, run, args)})
         for i, frac in enumerate(args.loads):
-            rate = frac * capacity
-            points.append(
-                {
-                    "load": "poisson",
-                    "x_capacity": frac,
-                    **_cpu(
-                        sut, lambda r=rate, s=i: open_loop(make, r, args.duration_s, slo_ms, seed=s)
-                    ),
-                }
-            )
+            run = lambda d, r=frac * capacity, k=i: open_loop(make, r, d, slo_ms, seed=k)  # noqa: E731
+            points.append({"load": "poisson", "x_capacity": frac, **point(sut, run, args)})
         out[proto] = points
     if sut.kind == "ours":
         out["scaler_decisions"] = scaler_decisions(sut)
     return out
+
+
+def point(sut: Sut, run, args: argparse.Namespace) -> dict:  # noqa: ANN001
+    """One point: ``run(args.settle_s)`` unmeasured (its rate kept as
+    ``settle_throughput_rps``), then ``run(args.duration_s)`` measured (:func:`_cpu`); for
+    ours, the autoscaler's decisions over both (``decisions``, by action)."""
+    before = scaler_decisions(sut) if sut.kind == "ours" else {}
+    settled = run(args.settle_s) if args.settle_s > 0 else None
+    res = _cpu(sut, lambda: run(args.duration_s))
+    if settled is not None:
+        res["settle_throughput_rps"] = settled["throughput_rps"]
+    if sut.kind == "ours":
+        after = scaler_decisions(sut)
+        res["decisions"] = {
+            k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)
+        }
+    return res
 
 
 def scaler_decisions(sut: Sut) -> dict[str, float]:
@@ -426,18 +450,83 @@ def scaler_decisions(sut: Sut) -> dict[str, float]:
     return out
 
 
+class TreeCpu:
+    """CPU seconds of a server's process tree over an interval, the tree read anew every
+    ``interval_s`` (psutil): a process started during it counts from 0, one that exited
+    counts up to its last reading (at most ``interval_s`` of it lost).
+
+    ``server``: the pids counted as the serving process (the rest of the tree: its model
+    instances / python backend stubs)."""
+
+    def __init__(self, root: int, server: list[int], interval_s: float = 0.5) -> None:
+        self._root, self._server, self._interval = root, set(server), interval_s
+        self._t0 = time.time()
+        self._base: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._read()
+        self._thread = threading.Thread(target=self._loop, name="vs-triton-cpu", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self._root)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        for p in procs:
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    born = p.create_time()
+            except psutil.Error:
+                continue
+            cpu = t.user + t.system
+            with self._lock:
+                if p.pid not in self._base:  # born during the interval: all of it counts
+                    self._base[p.pid] = 0.0 if born >= self._t0 else cpu
+                self._last[p.pid] = cpu
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._read()
+
+    def total(self) -> tuple[float, float]:
+        """``(serving process, the rest of the tree)`` CPU seconds since the start."""
+        self._read()
+        with self._lock:
+            d = {pid: self._last[pid] - b for pid, b in self._base.items()}
+        server = sum(v for pid, v in d.items() if pid in self._server)
+        return server, sum(v for pid, v in d.items() if pid not in self._server)
+
+    def pids(self) -> int:
+        """Processes of the tree seen so far."""
+        with self._lock:
+            return len(self._base)
+
+    def stop(self) -> tuple[float, float]:
+        out = self.total()
+        self._stop.set()
+        self._thread.join(5)
+        return out
+
+
 def _cpu(sut: Sut, run) -> dict:  # noqa: ANN001
-    own = lambda: process_cpu_seconds([os.getpid()])  # noqa: E731
-    server0 = process_cpu_seconds(sut.server_pids)
-    model0 = process_cpu_seconds(sut.model_pids)
-    fl = ForeignLoad(lambda: own() + process_cpu_seconds(sut.server_pids + sut.model_pids))
+    """``run()``'s result with the servers' CPU per request over it and other processes'
+    load (cores)."""
+    assert sut.proc is not None
+    tree = TreeCpu(sut.proc.pid, sut.server_pids)
+    fl = ForeignLoad(lambda: process_cpu_seconds([os.getpid()]) + sum(tree.total()))
     res = run()
-    server = process_cpu_seconds(sut.server_pids) - server0
-    modelc = process_cpu_seconds(sut.model_pids) - model0
+    res["other_processes_cores"] = fl.cores()
+    server, rest = tree.stop()
     n = max(1, res["answered"] + res["refused"])
     res["server_cpu_ms_per_request"] = round(server * 1e3 / n, 3)
-    res["model_procs_cpu_ms_per_request"] = round(modelc * 1e3 / n, 3)
-    res["other_processes_cores"] = fl.cores()
+    res["model_procs_cpu_ms_per_request"] = round(rest * 1e3 / n, 3)
+    res["processes_seen"] = tree.pids()
     return res
 
 
@@ -450,6 +539,8 @@ def suts(args: argparse.Namespace) -> list[Sut]:
     off = {"INFSCALER_THREADS": "off"}
     out.append(Sut("ours auto threads-off", "ours", auto=True, env=off))
     out += [Sut(f"ours {i}x{t}{' batch' if b else ''}", "ours", i, t, b) for i, t, b in hands]
+    if args.baseline:  # the same auto served by another install (before / after in one run)
+        out.append(Sut("ours auto baseline", "ours", auto=True, exe=args.baseline))
     if args.configs:  # in the order given (ours auto first unless listed)
         keep = args.configs.split(",")
         names = keep if "ours auto" in keep else ["ours auto", *keep]
@@ -532,15 +623,26 @@ def plot(data: dict, path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--quick`` sets the models, points and durations not given."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="resnet50,ppocrv4-det,squeezenet")
+    ap.add_argument("--models", help="default resnet50,ppocrv4-det,squeezenet (quick: squeezenet)")
     ap.add_argument("--protocols", default="grpc,http")
-    ap.add_argument("--concurrency", default="1,2,4,8")
-    ap.add_argument("--loads", default="0.3,0.5,0.7,0.9", help="Poisson rates, x ideal capacity")
+    ap.add_argument("--concurrency", help="closed-loop points, default 1,2,4,8 (quick: 1,4)")
+    ap.add_argument("--loads", help="Poisson rates, x ideal capacity: default 0.3,0.5,0.7,0.9 "
+                    "(quick: 0.5); '' for none")  # fmt: skip
     ap.add_argument("--slo-x", type=float, default=3.0)
-    ap.add_argument("--duration-s", type=float, default=15.0)
-    ap.add_argument("--warmup-s", type=float, default=3.0)
+    ap.add_argument("--duration-s", type=float, help="measured per point, default 15 (quick: 5)")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=20.0,
+        help="each point's load runs this long unmeasured first (default 20: ours' move to "
+        "threads at concurrency 1 needs a 10 s window of looks and an instance swap)",
+    )
+    ap.add_argument(
+        "--warmup-s", type=float, help="at concurrency 2 per protocol, default 3 (quick: 1)"
+    )
     ap.add_argument(
         "--peer-venv",
         default="/tmp/isc-triton-venv",
@@ -553,24 +655,51 @@ def main() -> int:
         "runs, first unless listed): "
         "'triton 2x1', 'triton 1x2', 'triton 2x1 batch', 'ours 2x1', ...",
     )
+    ap.add_argument(
+        "--state-dir",
+        type=Path,
+        help="ours' state directory (plans, decisions kept between runs); default: a fresh "
+        "temporary one per run, removed at the end",
+    )
+    ap.add_argument(
+        "--name", help="results/NAME.json and .png (default vs_triton, quick: vs_triton_quick)"
+    )
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="an `infscaler` executable of another install (e.g. main's .venv/bin/infscaler): "
+        "adds the configuration 'ours auto baseline', auto served by it",
+    )
+    ap.add_argument("--keep-logs", action="store_true", help="keep every server's log directory")
     ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    default_cache_dir()
-    if args.quick:
-        args.models, args.concurrency, args.loads = "squeezenet", "1,4", "0.5"
-        args.duration_s, args.warmup_s = min(args.duration_s, 5.0), 1.0
+    args = ap.parse_args(argv)
+    quick = {"models": "squeezenet", "concurrency": "1,4", "loads": "0.5", "duration_s": 5.0,
+             "warmup_s": 1.0}  # fmt: skip
+    full = {"models": "resnet50,ppocrv4-det,squeezenet", "concurrency": "1,2,4,8",
+            "loads": "0.3,0.5,0.7,0.9", "duration_s": 15.0, "warmup_s": 3.0}  # fmt: skip
+    for k, v in (quick if args.quick else full).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    args.name = args.name or ("vs_triton_quick" if args.quick else "vs_triton")
     args.models = args.models.split(",")
     args.protocols = args.protocols.split(",")
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    args.loads = [float(v) for v in args.loads.split(",")]
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    args.loads = [float(v) for v in args.loads.split(",") if v.strip()]
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    default_cache_dir()
     peer_python = peer_venv(Path(args.peer_venv))
     quiet = wait_for_quiet(60)
     work = Path(tempfile.mkdtemp(prefix="vs-triton-models-"))
-    state = Path(os.environ.get("INFSCALER_CACHE_DIR", "/tmp/isc-cache")) / "vs_triton_state"
+    state = args.state_dir or Path(tempfile.mkdtemp(prefix="vs-triton-state-"))
     data: dict[str, Any] = {
         "environment": environment(),
         "quiet_before": quiet,
-        "settings": {k: v for k, v in vars(args).items()},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "state_dir": str(args.state_dir) if args.state_dir else "fresh (temporary)",
         "models": [],
     }
     busy0 = busy_cpu_seconds()
@@ -589,12 +718,17 @@ def main() -> int:
         for sut in suts(args):
             print(f"{alias}: {sut.name} ...", flush=True)
             ok = False
+            # a fresh run: each of ours its own state directory (no plan kept from another)
+            sd = state if args.state_dir else state / sut.name.replace(" ", "_")
             try:
-                sut.start(model, slo_ms, peer_python, state)
+                sut.start(model, slo_ms, peer_python, sd)
                 entry["configs"].append(measure(sut, model, x, args, slo_ms))
+                entry["configs"][-1]["planned"] = sut.planned()
                 ok = True
             finally:
-                sut.stop(keep_logs=not ok)
+                sut.stop(keep_logs=args.keep_logs or not ok)
+                if args.keep_logs or not ok:
+                    print(f"  logs: {sut.tmp}", flush=True)
             print(
                 json.dumps(
                     {
@@ -606,6 +740,8 @@ def main() -> int:
                                 q["p99_ms"],
                                 q["refused"],
                                 q["server_cpu_ms_per_request"],
+                                q.get("settle_throughput_rps"),
+                                q.get("decisions"),
                             )
                             for q in entry["configs"][-1][p]
                         ]
@@ -617,10 +753,11 @@ def main() -> int:
         entry["auto_vs_best_triton"] = ratios(entry, args.protocols)
         data["models"].append(entry)
     data["busy_cpu_s"] = round(busy_cpu_seconds() - busy0, 1)
-    name = "vs_triton_quick" if args.quick else "vs_triton"
-    write_json(RESULTS_DIR / f"{name}.json", data)
-    plot(data, RESULTS_DIR / f"{name}.png")
+    write_json(RESULTS_DIR / f"{args.name}.json", data)
+    plot(data, RESULTS_DIR / f"{args.name}.png")
     shutil.rmtree(work, ignore_errors=True)
+    if args.state_dir is None:
+        shutil.rmtree(state, ignore_errors=True)
     for m in data["models"]:
         print(m["model"], json.dumps(m["auto_vs_best_triton"]))
     return 0

@@ -524,6 +524,9 @@ class Autoscaler:
             log.log(level, "%s: waiting: %s", dep.name, out.state.waiting)
         if out.tuned is not None and out.tuned.decision is None:
             log.debug("%s: tuner: %s", dep.name, out.tuned.reason)
+        held = out.threads.held if out.threads is not None else None
+        if held is not None and (obs.threads.held or ("",))[0] != held[0]:
+            log.info("%s: threads: no move: %s", dep.name, held[1])
         if getattr(self.service, "cpu_wake_auto", False):
             self._note_wake(dep, snap, auto)
         for actions, entry in out.acts:

@@ -1,21 +1,24 @@
-"""Threads per instance at low concurrency: merge two single-thread-per-core cpu
-instances of a unit into one with their threads together while fewer requests are in
-flight than instances, as a trial, and split back when the concurrency rises.
+"""Threads per instance at low concurrency: while about one request is in flight, each
+model unit runs one cpu instance with more intra-op threads, as a trial, split back when
+the concurrency rises.
 
 The offered concurrency is the mean of the requests in flight (:attr:`Snapshot.pending`,
 admitted and not answered) over the looks of the last ``window_s`` (Little's law: rate x
-latency). A cpu unit with two live instances (``n = 2``), both at ``t`` intra-op threads, on a
-device with at least ``2t`` physical cores and with half a core idle, whose mean in flight
-stayed at most ``n - 1 + merge_margin`` for ``window_s`` since the last change, is
-**merged**: ``scale_in`` one instance, and once it is gone ``scale_up`` another from ``t``
-to ``2t`` threads (make-before-break). Its **trial** is judged ``trial_s`` later on the
-served rate and P99 read after it against those before (means of the looks): kept when
-the rate rose by ``gain`` or the P99 fell by ``gain``, else **split** back and the unit
-not merged again for ``backoff_s`` (doubled per revert in a row, as
-:mod:`infscaler.runtime.scaling.demand`'s trials). A kept merge is split back
-(``scale_down`` to ``t``, then ``scale_out``) as soon as the mean in flight over the last
-``split_s`` exceeds the unit's instances + ``split_margin``, and not merged again for
-``backoff_s``. Measurements: bench/HISTORY.md. Pure: no I/O, no clock.
+latency). With at most ``1 + merge_margin`` in flight, at most one instance of the
+pipeline runs at a time, so one may use the cores the others leave idle. When that mean
+held for ``window_s`` since the last change, on a device with half a core idle, every cpu
+unit that runs a model, has ``n`` live instances at ``t`` threads and is not blocked is
+**moved** to one instance at ``T = min(physical cores, max(2, n) x t) > t`` threads: a
+unit of ``n >= 2`` instances (``K = 1`` replicas) is **merged** (``scale_in`` one at a
+time down to one, then ``scale_up`` ``t -> T``, make-before-break), a unit of one (the
+partitions of a ``K >= 2`` chain) is **widened** (``scale_up``). The move is one
+**trial**, judged ``trial_s`` after its last ``scale_up`` on the served rate and P99 read
+after it against those before (means of the looks): kept when the rate rose or the P99
+fell by ``gain``, else **split** back (``scale_down`` ``T -> t``, then ``scale_out`` to
+``n``) and its units not moved again for ``backoff_s`` (doubled per revert in a row, as
+:mod:`infscaler.runtime.scaling.demand`'s trials). A kept move is split back as soon as the
+mean in flight over the last ``split_s`` exceeds ``1 + split_margin``, and its units not
+moved again for ``backoff_s``. Measurements: bench/HISTORY.md. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -27,9 +30,18 @@ from typing import Any
 
 from infscaler.runtime.scaling.types import Decision, Snapshot, UnitState
 
-__all__ = ["ENV", "ThreadsConfig", "ThreadsState", "config_for", "enabled", "in_flight", "step"]
+__all__ = [
+    "ENV",
+    "Moved",
+    "ThreadsConfig",
+    "ThreadsState",
+    "config_for",
+    "enabled",
+    "in_flight",
+    "step",
+]
 
-#: ``INFSCALER_THREADS=off`` turns the merge off (benchmarks' baseline).
+#: ``INFSCALER_THREADS=off`` turns the move off (benchmarks' baseline).
 ENV = "INFSCALER_THREADS"
 
 
@@ -38,15 +50,15 @@ class ThreadsConfig:
     """Tuning of :func:`step` (seconds unless said).
 
     Attributes:
-        window_s: the in-flight mean a merge rests on covers this long, and no change
+        window_s: the in-flight mean a move rests on covers this long, and no change
             (of this policy or the scaler: ``last_change``) within it.
-        merge_margin: merge while the mean in flight <= instances - 1 + this.
+        merge_margin: move while the mean in flight <= 1 + this.
         split_s / split_margin: split back while the mean in flight over the last
-            ``split_s`` > the instances + ``split_margin``.
-        trial_s: a merge's verdict comes this long after its ``scale_up``.
+            ``split_s`` > 1 + ``split_margin``.
+        trial_s: a move's verdict comes this long after its last ``scale_up``.
         gain: kept when the served rate rose, or the P99 fell, by this fraction.
-        backoff_s: no merge of a unit this long after a reverted one, doubled per revert.
-        idle_cores: a merge needs the cores kept busy (:attr:`Snapshot.cores_busy`)
+        backoff_s: no move of a unit this long after a reverted one, doubled per revert.
+        idle_cores: a move needs the cores kept busy (:attr:`Snapshot.cores_busy`)
             at most the physical cores - this (None: not measured, not checked).
     """
 
@@ -73,31 +85,54 @@ class ThreadsConfig:
 
 
 @dataclass(frozen=True)
+class Moved:
+    """One unit of a move.
+
+    Attributes:
+        unit: its index. threads / instances: its ``t`` and ``n`` before the move.
+        to: ``T``, the threads of its one instance once moved.
+        expect: the live instances expected once the last ``scale_in`` sent has
+            landed (0: none sent).
+        sent: its ``scale_up`` (merging) or ``scale_out`` (splitting) was sent.
+    """
+
+    unit: int
+    threads: int
+    instances: int
+    to: int
+    expect: int = 0
+    sent: bool = False
+
+
+@dataclass(frozen=True)
 class ThreadsState:
     """What :func:`step` carries between looks of one pipeline.
 
     Attributes:
         looks: ``(now, pending, served rps, p99 ms or nan)`` within the last
             ``max(window_s, 2 x trial_s)``.
-        phase: None (nothing under way), ``merging`` (scale_in sent, scale_up next),
-            ``trial`` (merged, judged at ``started + trial_s``), ``kept`` (merged and
-            kept), ``splitting`` (scale_down sent, scale_out next).
-        unit / threads: the unit moved and its instances' threads before the merge.
+        phase: None (nothing under way), ``merging`` (scale_in / scale_up being sent),
+            ``trial`` (moved, judged at ``started + trial_s``), ``kept`` (moved and kept),
+            ``splitting`` (scale_down sent, scale_out next).
+        moved: the units of the move under way (empty: none).
         started: ``now`` of the last step sent, s (None: none).
-        before_rps / before_p99: served rate and P99 (means of the looks) before the merge.
-        blocked: ``(unit, until, reverts)`` per unit whose merge was reverted.
+        before_rps / before_p99: served rate and P99 (means of the looks) before the move.
+        blocked: ``(unit, until, reverts)`` per unit whose move was reverted or split.
         verdict: the last trial's verdict, one line (None: none yet).
+        held: why no move was made at the last look: ``(code, one line)``, code one of
+            ``changed``, ``watching``, ``cores``, ``idle``, ``in-flight``, ``busy``,
+            ``none`` (None: a move was made or is under way).
     """
 
     looks: tuple[tuple[float, float, float, float], ...] = ()
     phase: str | None = None
-    unit: int | None = None
-    threads: int = 1
+    moved: tuple[Moved, ...] = ()
     started: float | None = None
     before_rps: float = 0.0
     before_p99: float = math.nan
     blocked: tuple[tuple[int, float, int], ...] = ()
     verdict: str | None = None
+    held: tuple[str, str] | None = None
 
 
 def enabled(environ: Mapping[str, str]) -> bool:
@@ -137,6 +172,12 @@ def _cpu_live(u: UnitState) -> tuple[int, int | None]:
     return n, next(iter(live))
 
 
+def _swapping(u: UnitState, m: Moved) -> bool:
+    """A make-before-break swap between ``t`` and ``T`` under way on ``u``'s last instance."""
+    live = {k: v for k, v in u.threads.items() if v > 0}
+    return live == {m.threads: 1, m.to: 1} and u.instances.get("cpu", 0) == 2
+
+
 def step(
     s: Snapshot,
     state: ThreadsState,
@@ -144,14 +185,14 @@ def step(
     last_change: float | None = None,
     models: frozenset[int] | None = None,
 ) -> tuple[list[Decision], ThreadsState]:
-    """One look: the decisions (at most one) and the new state.
+    """One look: the decisions (at most one per unit) and the new state.
 
     Args:
         s: the pipeline's snapshot (``pending``, ``served_rate`` or ``arrival_rate``,
             ``p99_ms``, units' cpu ``instances`` and ``threads``, ``cores_busy``, cap).
         state: what the last call returned (``ThreadsState()`` at first).
         c: tuning.
-        last_change: ``now`` of the scaler's last change (None: none); no merge within
+        last_change: ``now`` of the scaler's last change (None: none); no move within
             ``window_s`` of it.
         models: the indexes of the units that run a model (intra-op threads only speed
             those up); None: every unit.
@@ -160,17 +201,16 @@ def step(
     keep = max(c.window_s, 2 * c.trial_s)
     p99 = s.p99_ms if s.p99_ms is not None else math.nan
     looks = tuple(lk for lk in state.looks if lk[0] > s.now - keep)
-    state = replace(state, looks=(*looks, (s.now, float(s.pending), served, p99)))
-    units = {u.index: u for u in s.units}
+    state = replace(state, looks=(*looks, (s.now, float(s.pending), served, p99)), held=None)
     if state.phase is not None:
-        u = units.get(state.unit) if state.unit is not None else None
-        if u is None:
-            return [], replace(state, phase=None, unit=None)
-        return _under_way(s, state, c, u)
-    return _maybe_merge(s, state, c, last_change, models)
+        units = {u.index: u for u in s.units}
+        if any(m.unit not in units for m in state.moved):
+            return [], replace(state, phase=None, moved=())
+        return _under_way(s, state, c, units)
+    return _maybe_move(s, state, c, last_change, models)
 
 
-def _maybe_merge(
+def _maybe_move(
     s: Snapshot,
     state: ThreadsState,
     c: ThreadsConfig,
@@ -178,100 +218,131 @@ def _maybe_merge(
     models: frozenset[int] | None,
 ) -> tuple[list[Decision], ThreadsState]:
     since = s.now - c.window_s
-    if last_change is not None and last_change > since:
-        return [], state
-    if not state.looks or state.looks[0][0] > since + 1e-9:
-        return [], state  # not watched for a whole window yet
-    conc = in_flight(state.looks, since)
     cores = s.cap.physical_cores
-    if conc is None or conc <= 0 or cores < 2:
-        return [], state
-    if s.cores_busy is not None and s.cores_busy > cores - c.idle_cores:
-        return [], state
-    best: tuple[float, UnitState, int, int] | None = None
+    conc = in_flight(state.looks, since)
+    held: tuple[str, str] | None = None
+    if last_change is not None and last_change > since:
+        held = ("changed", f"a change {s.now - last_change:.0f} s ago (< {c.window_s:g} s)")
+    elif not state.looks or state.looks[0][0] > since + 1e-9:
+        held = ("watching", f"not watched for {c.window_s:g} s yet")
+    elif cores < 2:
+        held = ("cores", f"{cores} physical core(s)")
+    elif conc is None or conc <= 0:
+        held = ("idle", "nothing in flight")
+    elif conc > 1 + c.merge_margin:
+        held = ("in-flight", f"{_f(conc)} requests in flight on average > {1 + c.merge_margin:g}")
+    elif s.cores_busy is not None and s.cores_busy > cores - c.idle_cores:
+        held = ("busy", f"{_f(s.cores_busy)} of {cores} cores busy (< {c.idle_cores:g} idle)")
+    if held is not None:
+        return [], replace(state, held=held)
+    assert conc is not None
+    moved: list[Moved] = []
     for u in s.units:
         if models is not None and u.index not in models:
             continue
         n, t = _cpu_live(u)
-        if t is None or n != 2 or 2 * t > cores or conc > n - 1 + c.merge_margin:
+        if t is None or n < 1 or any(b[0] == u.index and b[1] > s.now for b in state.blocked):
             continue
-        if any(b[0] == u.index and b[1] > s.now for b in state.blocked):
-            continue
-        key = u.service_ms or 0.0
-        if best is None or key > best[0]:
-            best = (key, u, n, t)
-    if best is None:
-        return [], state
-    _, u, n, t = best
+        to = min(cores, max(2, n) * t)
+        if to > t:
+            moved.append(Moved(u.index, t, n, to))
+    if not moved:
+        return [], replace(state, held=("none", "no model unit to move (at the cores, or blocked)"))
     lk = [x for x in state.looks if x[0] >= since]
-    reason = (
-        f"{u.name}: {_f(conc)} requests in flight on average over {c.window_s:g} s < "
-        f"{n} instances x {t} thread(s): one instance stops, another runs {2 * t} threads"
-    )
     st = replace(
         state,
         phase="merging",
-        unit=u.index,
-        threads=t,
+        moved=tuple(moved),
         started=s.now,
         before_rps=_mean([x[2] for x in lk]),
         before_p99=_mean([x[3] for x in lk]),
     )
-    return [Decision("scale_in", unit=u.index, engine="cpu", reason=reason)], st
+    units = {u.index: u for u in s.units}
+    why = f"{_f(conc)} requests in flight on average over {c.window_s:g} s"
+    return _merging(s, st, c, units, why)
+
+
+def _merging(
+    s: Snapshot, state: ThreadsState, c: ThreadsConfig, units: dict[int, UnitState], why: str = ""
+) -> tuple[list[Decision], ThreadsState]:
+    """The scale_in (one per look and unit) and scale_up of each unit being moved."""
+    out: list[Decision] = []
+    moved: list[Moved] = []
+    for m in state.moved:
+        u = units[m.unit]
+        n, t = _cpu_live(u)
+        if m.sent or _swapping(u, m) or (n, t) == (1, m.to):
+            moved.append(m)  # its scale_up sent (or landed)
+        elif t == m.threads and n > 1:
+            if m.expect and n > m.expect:
+                moved.append(m)  # the last scale-in still draining
+                continue
+            reason = (
+                f"{u.name}: {why or 'moving'}: {n} instances x {t} thread(s) -> one at "
+                f"{m.to}: one instance stops"
+            )
+            out.append(Decision("scale_in", unit=u.index, engine="cpu", reason=reason))
+            moved.append(replace(m, expect=n - 1))
+        elif (n, t) == (1, m.threads):
+            kind = "merged" if m.instances > 1 else "widened"
+            head = f"{u.name}: {why}: " if why else f"{u.name}: "
+            reason = f"{head}{kind}: its one instance {t} -> {m.to} threads"
+            out.append(
+                Decision(
+                    "scale_up",
+                    unit=u.index,
+                    engine="cpu",
+                    threads=m.to,
+                    from_threads=t,
+                    reason=reason,
+                )
+            )
+            moved.append(replace(m, sent=True))
+        else:
+            return [], replace(state, phase=None, moved=())  # something else moved it
+    st = replace(state, moved=tuple(moved))
+    if out:
+        st = replace(st, started=s.now)
+    if all(m.sent for m in moved):
+        st = replace(st, phase="trial")
+    return out, st
 
 
 def _under_way(
-    s: Snapshot, state: ThreadsState, c: ThreadsConfig, u: UnitState
+    s: Snapshot, state: ThreadsState, c: ThreadsConfig, units: dict[int, UnitState]
 ) -> tuple[list[Decision], ThreadsState]:
-    n, t = _cpu_live(u)
-    t0, t2 = state.threads, 2 * state.threads
     stale = state.started is not None and s.now > state.started + 4 * c.trial_s
     if stale and state.phase in ("merging", "splitting"):
-        return [], replace(state, phase=None, unit=None)  # a step that never landed
-    if {k: v for k, v in u.threads.items() if v > 0} == {t0: 1, t2: 1} and n == 2:
-        return [], state  # a make-before-break swap under way (scale_up / scale_down)
+        return [], replace(state, phase=None, moved=())  # a step that never landed
     if state.phase == "merging":
-        if n >= 2:
-            return [], state  # the scale-in is still draining
-        if (n, t) != (1, t0):
-            return [], replace(state, phase=None, unit=None)  # something else moved it
-        why = f"{u.name}: merged: its one instance {t0} -> {t2} threads"
-        d = Decision(
-            "scale_up", unit=u.index, engine="cpu", threads=t2, from_threads=t0, reason=why
-        )
-        return [d], replace(state, phase="trial", started=s.now)
+        return _merging(s, state, c, units)
     if state.phase == "splitting":
-        if n == 1 and t == t2:
-            return [], state  # waiting for the scale-down
-        if (n, t) != (1, t0):
-            return [], replace(state, phase=None, unit=None)  # moved by the scaler
-        why = f"{u.name}: split back: one more instance at {t0} thread(s)"
-        d = Decision("scale_out", unit=u.index, engine="cpu", reason=why)
-        return [d], replace(state, phase=None, unit=None, started=s.now)
-    if (n, t) != (1, t2):  # trial / kept, but the scaler changed the unit since
-        return [], replace(state, phase=None, unit=None)
+        return _splitting(state, units)
+    early = state.started is not None and s.now < state.started + c.trial_s / 3
+    for m in state.moved:  # trial / kept
+        u = units[m.unit]
+        if _swapping(u, m) or (early and _cpu_live(u) == (1, m.threads)):
+            continue  # the scale_up's swap under way (or not seen yet)
+        if _cpu_live(u) != (1, m.to):  # the scaler changed the unit since
+            return [], replace(state, phase=None, moved=())
     conc = in_flight(state.looks, s.now - c.split_s)
-    if conc is not None and conc > n + c.split_margin:
+    if conc is not None and conc > 1 + c.split_margin:
+        names = ", ".join(units[m.unit].name for m in state.moved)
         why = (
-            f"{u.name}: {_f(conc)} requests in flight on average over {c.split_s:g} s > "
-            f"{n} instance(s): split back to instances of {t0} thread(s)"
+            f"{names}: {_f(conc)} requests in flight on average over {c.split_s:g} s > "
+            f"{1 + c.split_margin:g}: split back"
         )
-        # no merge again for backoff_s: a load that swings around the threshold
-        # (clients backing off after refusals) would otherwise merge and split in turn
-        reverts = next((b[2] for b in state.blocked if b[0] == u.index), 0)
-        blocked = (
-            *(b for b in state.blocked if b[0] != u.index),
-            (u.index, s.now + c.backoff_s, reverts),
-        )
-        st = replace(state, phase="splitting", started=s.now, blocked=blocked)
-        return [_down(u, t2, t0, why)], st
+        # no move again for backoff_s: a load that swings around the threshold
+        # (clients backing off after refusals) would otherwise move and split in turn
+        blocked = _block(state, s.now, c.backoff_s, revert=False)
+        return _split(s, replace(state, blocked=blocked), units, why)
     if state.phase == "trial" and state.started is not None and s.now >= state.started + c.trial_s:
-        return _judge(s, state, c, u)
+        return _judge(s, state, c, units)
     return [], state
 
 
 def _judge(
-    s: Snapshot, state: ThreadsState, c: ThreadsConfig, u: UnitState
+    s: Snapshot, state: ThreadsState, c: ThreadsConfig, units: dict[int, UnitState]
 ) -> tuple[list[Decision], ThreadsState]:
     assert state.started is not None
     after = [x for x in state.looks if x[0] >= state.started + c.trial_s / 3]
@@ -282,23 +353,72 @@ def _judge(
     )
     p99_down = math.isfinite(p99) and math.isfinite(b_p99) and p99 <= b_p99 * (1 - c.gain)
     figures = f"served {_f(b_rps)} -> {_f(rps)}/s, P99 {_f(b_p99)} -> {_f(p99)} ms"
+    names = ", ".join(units[m.unit].name for m in state.moved)
     if rate_up or p99_down:
-        return [], replace(state, phase="kept", verdict=f"{u.name}: merge kept: {figures}")
-    reverts = next((b[2] for b in state.blocked if b[0] == u.index), 0) + 1
-    until = s.now + c.backoff_s * 2 ** (reverts - 1)
-    blocked = (*(b for b in state.blocked if b[0] != u.index), (u.index, until, reverts))
-    why = (
-        f"{u.name}: merge reverted: {figures} (no merge for {c.backoff_s * 2 ** (reverts - 1):g} s)"
-    )
-    t0 = state.threads
-    st = replace(state, phase="splitting", started=s.now, blocked=blocked, verdict=why)
-    return [_down(u, 2 * t0, t0, why)], st
+        return [], replace(state, phase="kept", verdict=f"{names}: threads kept: {figures}")
+    blocked = _block(state, s.now, c.backoff_s, revert=True)
+    wait = max(b[1] for b in blocked if any(b[0] == m.unit for m in state.moved)) - s.now
+    why = f"{names}: threads reverted: {figures} (no move for {wait:g} s)"
+    return _split(s, replace(state, blocked=blocked, verdict=why), units, why)
 
 
-def _down(u: UnitState, frm: int, to: int, why: str) -> Decision:
-    return Decision(
-        "scale_down", unit=u.index, engine="cpu", threads=to, from_threads=frm, reason=why
-    )
+def _block(
+    state: ThreadsState, now: float, backoff_s: float, revert: bool
+) -> tuple[tuple[int, float, int], ...]:
+    """``state.blocked`` with the moved units blocked: ``backoff_s``, doubled per revert
+    in a row when ``revert``."""
+    out = list(state.blocked)
+    for m in state.moved:
+        reverts = next((b[2] for b in out if b[0] == m.unit), 0) + (1 if revert else 0)
+        until = now + backoff_s * 2 ** max(0, reverts - 1) if revert else now + backoff_s
+        out = [b for b in out if b[0] != m.unit] + [(m.unit, until, reverts)]
+    return tuple(out)
+
+
+def _split(
+    s: Snapshot, state: ThreadsState, units: dict[int, UnitState], why: str
+) -> tuple[list[Decision], ThreadsState]:
+    """``scale_down`` ``T -> t`` of every moved unit; ``scale_out`` follows (:func:`_splitting`)."""
+    out = [
+        Decision(
+            "scale_down",
+            unit=m.unit,
+            engine="cpu",
+            threads=m.threads,
+            from_threads=m.to,
+            reason=f"{units[m.unit].name}: {why}" if len(state.moved) > 1 else why,
+        )
+        for m in state.moved
+    ]
+    moved = tuple(replace(m, sent=False) for m in state.moved)
+    return out, replace(state, phase="splitting", moved=moved, started=s.now)
+
+
+def _splitting(
+    state: ThreadsState, units: dict[int, UnitState]
+) -> tuple[list[Decision], ThreadsState]:
+    """Once a unit's instance is back at ``t`` threads, ``scale_out`` it to ``n``."""
+    out: list[Decision] = []
+    moved: list[Moved] = []
+    for m in state.moved:
+        u = units[m.unit]
+        n, t = _cpu_live(u)
+        if m.sent or (n, t) == (m.instances, m.threads):
+            moved.append(replace(m, sent=True))
+        elif (n, t) == (1, m.to) or _swapping(u, m):
+            moved.append(m)  # waiting for the scale-down
+        elif (n, t) == (1, m.threads):
+            why = f"{u.name}: split back: {m.instances - 1} more instance(s) at {t} thread(s)"
+            out += [
+                Decision("scale_out", unit=u.index, engine="cpu", reason=why)
+                for _ in range(m.instances - 1)
+            ]
+            moved.append(replace(m, sent=True))
+        else:
+            moved.append(replace(m, sent=True))  # moved by the scaler: let go
+    if all(m.sent for m in moved):
+        return out, replace(state, phase=None, moved=())
+    return out, replace(state, moved=tuple(moved))
 
 
 def _f(x: float) -> str:

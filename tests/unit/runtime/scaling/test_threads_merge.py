@@ -1,6 +1,7 @@
-"""The merge of single-thread instances at low concurrency (runtime/scaling/threads.py)
-on constructed snapshots: when it merges, the two steps of a merge and of a split, the
-trial's verdict, the backoff, and what keeps it still."""
+"""Threads per instance at low concurrency (runtime/scaling/threads.py) on constructed
+snapshots: when it moves, the steps of a merge (K = 1 replicas), of a widening (the
+one-instance partitions of a K = 2 chain, as the live service reports them) and of a
+split, the trial's verdict, the backoff, and what keeps it still."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from infscaler.runtime.scaling.threads import (
+    Moved,
     ThreadsConfig,
     ThreadsState,
     config_for,
@@ -69,60 +71,130 @@ def test_one_request_in_flight_on_two_instances_merges_in_two_steps() -> None:
     flat = [d for ds in outs for d in ds]
     assert [d.action for d in flat] == ["scale_in"]
     assert flat[0].unit == 0 and flat[0].engine == "cpu"
-    assert "1 requests in flight" in flat[0].reason and "2 threads" in flat[0].reason
-    assert st.phase == "merging" and st.threads == 1
+    assert "1 requests in flight" in flat[0].reason and "one at 2" in flat[0].reason
+    assert st.phase == "merging" and st.moved == (Moved(0, 1, 2, 2, expect=1),)
     # the scale-in still draining: nothing; once one instance is left: scale_up 1 -> 2
     d, st = step(snap(12.0, 1, (unit(),)), st, CFG)
     assert d == [] and st.phase == "merging"
     d, st = step(snap(13.0, 1, (unit(n=1),)), st, CFG)
     assert [(x.action, x.from_threads, x.threads) for x in d] == [("scale_up", 1, 2)]
+    assert "merged" in d[0].reason
     assert st.phase == "trial" and st.started == 13.0
     # the swap (the 2-thread instance starting beside the 1-thread one) keeps the trial
     swap = replace(unit(), threads={1: 1, 2: 1})
     d, st = step(snap(14.0, 1, (swap,)), st, CFG)
     assert d == [] and st.phase == "trial"
+    d, st = step(snap(15.0, 1, (unit(n=1, threads=2),)), st, CFG)
+    assert d == [] and st.phase == "trial"
 
 
-def test_no_merge_at_two_in_flight_nor_before_a_whole_window() -> None:
-    outs, _ = run(watch(30, 2, unit()))
+def test_no_move_at_two_in_flight_nor_before_a_whole_window() -> None:
+    outs, st = run(watch(30, 2, unit()))
     assert all(d == [] for d in outs)
-    outs, _ = run(watch(9, 1, unit()))  # 8 s watched < window_s
+    assert st.held is not None and st.held[0] == "in-flight"
+    outs, st = run(watch(9, 1, unit()))  # 8 s watched < window_s
     assert all(d == [] for d in outs)
+    assert st.held is not None and st.held[0] == "watching"
 
 
-def test_no_merge_without_spare_cores_or_load_or_after_a_change() -> None:
-    outs, _ = run(watch(12, 1, unit(), cores_busy=1.9))
-    assert all(d == [] for d in outs)  # no idle half core
-    outs, _ = run(watch(12, 0, unit()))
-    assert all(d == [] for d in outs)  # idle: nothing to speed up
-    outs, _ = run(watch(12, 1, unit(threads=2)))
-    assert all(d == [] for d in outs)  # 2 x 2 threads would pin 4 > 2 cores
-    outs, _ = run(watch(12, 1, unit()), last_change=5.0)
+def test_no_move_without_spare_cores_or_load_or_after_a_change() -> None:
+    outs, st = run(watch(12, 1, unit(), cores_busy=1.9))
+    assert all(d == [] for d in outs) and st.held and st.held[0] == "busy"  # no idle half core
+    outs, st = run(watch(12, 0, unit()))
+    assert all(d == [] for d in outs) and st.held and st.held[0] == "idle"
+    outs, st = run(watch(12, 1, unit(threads=2)))
+    assert all(d == [] for d in outs)  # one instance at 2 threads is all 2 cores give
+    assert st.held and st.held[0] == "none"
+    outs, st = run(watch(12, 1, unit(n=1, threads=2)))
+    assert all(d == [] for d in outs)
+    outs, st = run(watch(12, 1, unit()), last_change=5.0)
     assert all(d == [] for d in outs)  # the scaler changed something within the window
-    outs, _ = run(watch(12, 1, unit(n=3), physical=4))
-    assert all(d == [] for d in outs)  # only a pair is merged
+    assert st.held and st.held[0] == "changed"
+    outs, _ = run(watch(12, 1, unit(), physical=1))
+    assert all(d == [] for d in outs)
     mixed = replace(unit(), threads={1: 1, 2: 1})
     outs, _ = run(watch(12, 1, mixed))
     assert all(d == [] for d in outs)
 
 
-def test_the_slowest_unit_is_merged() -> None:
-    a, b = unit(index=0, service_ms=5.0), unit(index=1, service_ms=80.0)
-    looks = [snap(float(i), 1, (a, b)) for i in range(12)]
+def test_three_instances_are_merged_one_scale_in_at_a_time() -> None:
+    outs, st = run(watch(12, 1, unit(n=3), physical=4))
+    assert [d.action for ds in outs for d in ds] == ["scale_in"]
+    assert st.moved == (Moved(0, 1, 3, 3, expect=2),)
+    d, st = step(snap(12.0, 1, (unit(n=3),), physical=4), st, CFG)
+    assert d == []  # still draining
+    d, st = step(snap(13.0, 1, (unit(n=2),), physical=4), st, CFG)
+    assert [x.action for x in d] == ["scale_in"] and st.moved[0].expect == 1
+    d, st = step(snap(14.0, 1, (unit(n=1),), physical=4), st, CFG)
+    assert [(x.action, x.threads) for x in d] == [("scale_up", 3)] and st.phase == "trial"
+
+
+def k2(n0: int = 1, n1: int = 1, ms: tuple[float | None, float | None] = (40.0, 44.0)):  # noqa: ANN201
+    """A K = 2 plan's units as the live service reports them: two partitions, one
+    single-thread instance each (``inst=1+1``), or the bottleneck scaled out."""
+    a = replace(unit(n=n0, index=0, service_ms=ms[0] or 0.0), service_ms=ms[0])
+    b = replace(unit(n=n1, index=1, service_ms=ms[1] or 0.0), service_ms=ms[1])
+    return (a, b)
+
+
+def test_a_k2_chain_at_one_in_flight_widens_both_partitions_at_once() -> None:
+    # the looks of vs_triton's auto server at concurrency 1 (K = 2, 1 + 1 instances):
+    # no service time nor measured busy cores at the first look (then every pinned thread
+    # counts busy), one request in flight, 0.2 cores busy after
+    looks = [snap(0.0, 0, k2(ms=(None, None)), cores_busy=2.0, served_rate=0.0)]
+    looks += [snap(float(i), 1, k2(), cores_busy=0.2, served_rate=5.5) for i in range(1, 12)]
     outs, st = run(looks)
     flat = [d for ds in outs for d in ds]
-    assert [(d.action, d.unit) for d in flat] == [("scale_in", 1)] and st.unit == 1
-    # a function unit is never merged (intra-op threads do not speed it up)
+    assert [(d.action, d.unit, d.from_threads, d.threads) for d in flat] == [
+        ("scale_up", 0, 1, 2),
+        ("scale_up", 1, 1, 2),
+    ]
+    assert all("widened" in d.reason for d in flat)
+    assert st.phase == "trial" and [m.unit for m in st.moved] == [0, 1]
+    # both at 2 threads, served twice as fast: kept
+    both = (unit(n=1, threads=2, index=0), unit(n=1, threads=2, index=1))
+    for i in range(12, 40):
+        d, st = step(snap(float(i), 1, both, served_rate=10.0, p99_ms=95.0), st, CFG)
+        assert d == []
+    assert st.phase == "kept" and "m/0, m/1: threads kept" in (st.verdict or "")
+    # the concurrency rises: both split back together, then nothing to scale out
+    out = []
+    for i in range(40, 44):
+        d, st = step(snap(float(i), 2, both), st, CFG)
+        out += d
+    assert [(d.action, d.unit, d.threads) for d in out] == [
+        ("scale_down", 0, 1),
+        ("scale_down", 1, 1),
+    ]
+    d, st = step(snap(45.0, 2, k2()), st, CFG)
+    assert d == [] and st.phase is None
+    assert {b[0] for b in st.blocked} == {0, 1}
+
+
+def test_a_k2_chain_with_its_bottleneck_scaled_out_merges_it_and_widens_the_other() -> None:
+    looks = [snap(float(i), 1, k2(n1=2), cores_busy=1.0) for i in range(12)]
+    outs, st = run(looks)
+    flat = [d for ds in outs for d in ds]
+    assert [(d.action, d.unit) for d in flat] == [("scale_up", 0), ("scale_in", 1)]
+    assert st.phase == "merging"
+    d, st = step(snap(12.0, 1, (unit(n=1, threads=2, index=0), unit(n=1, index=1))), st, CFG)
+    assert [(x.action, x.unit, x.threads) for x in d] == [("scale_up", 1, 2)]
+    assert st.phase == "trial"
+
+
+def test_only_model_units_are_moved() -> None:
+    a, b = unit(index=0, service_ms=5.0), unit(index=1, service_ms=80.0)
+    looks = [snap(float(i), 1, (a, b)) for i in range(12)]
     state = ThreadsState()
     for s in looks:
-        d, state = step(s, state, CFG, None, frozenset({0}))
-    assert state.phase == "merging" and state.unit == 0
+        d, state = step(s, state, CFG, None, frozenset({1}))
+    assert state.phase == "merging" and [m.unit for m in state.moved] == [1]
 
 
 def _merged(before_rps: float = 11.0, before_p99: float = 90.0) -> ThreadsState:
     looks = tuple((float(i), 1.0, before_rps, before_p99) for i in range(10))
-    return ThreadsState(looks=looks, phase="trial", unit=0, threads=1, started=10.0,
-                        before_rps=before_rps, before_p99=before_p99)  # fmt: skip
+    return ThreadsState(looks=looks, phase="trial", moved=(Moved(0, 1, 2, 2, 1, True),),
+                        started=10.0, before_rps=before_rps, before_p99=before_p99)  # fmt: skip
 
 
 def test_trial_kept_when_the_served_rate_rose() -> None:
@@ -131,7 +203,7 @@ def test_trial_kept_when_the_served_rate_rose() -> None:
     for i in range(11, 26):
         d, st = step(snap(float(i), 1, (one,), served_rate=20.0, p99_ms=50.0), st, CFG)
         assert d == []
-    assert st.phase == "kept" and st.verdict is not None and "kept" in st.verdict
+    assert st.phase == "kept" and st.verdict is not None and "threads kept" in st.verdict
     assert "11 -> 20" in st.verdict
 
 
@@ -143,7 +215,7 @@ def test_trial_reverted_with_backoff_when_nothing_improved() -> None:
         d, st = step(snap(float(i), 1, (one,), served_rate=11.0, p99_ms=92.0), st, CFG)
         out += d
     assert [(d.action, d.from_threads, d.threads) for d in out] == [("scale_down", 2, 1)]
-    assert st.phase == "splitting" and "reverted" in (st.verdict or "")
+    assert st.phase == "splitting" and "threads reverted" in (st.verdict or "")
     assert st.blocked == ((0, 25.0 + 60.0, 1),)
     # then one more single-thread instance, and no merge again within the backoff
     d, st = step(snap(26.0, 1, (unit(n=1, threads=1),)), st, CFG)
