@@ -533,30 +533,51 @@ def _stats(xs: list[float | None]) -> dict[str, Any]:
     }
 
 
-def spread(runs: list[dict]) -> dict[str, Any]:
+def spread(runs: list[dict], slots: int | None = None) -> dict[str, Any]:
     """Median, min, max and the values over the rounds of an arm's step outcomes: the
-    high pipeline's attainment after the step, each pipeline's goodput and their sum."""
+    high pipeline's attainment after the step and over the whole window, each
+    pipeline's goodput and their sum; with ``slots``, ``cap_bound_rounds``: the rounds
+    whose pipelines ran ``slots`` instances together at the step (the cap bound)."""
     o = [e["step"]["outcomes"] for e in runs]
+    out: dict[str, Any] = {"rounds": len(runs)}
+    if slots is not None:
+        at = [e["step"].get("instances_at_step") or {} for e in runs]
+        out["cap_bound_rounds"] = sum(sum(n.values()) >= slots for n in at)
     return {
-        "rounds": len(runs),
+        **out,
         "high_attainment_after": _stats([x[HIGH].get("attainment_after") for x in o]),
+        "high_attainment": _stats([x[HIGH].get("attainment") for x in o]),
         "high_goodput_rps": _stats([x[HIGH]["goodput_rps"] for x in o]),
         "low_goodput_rps": _stats([x[LOW]["goodput_rps"] for x in o]),
         "total_goodput_rps": _stats([x[HIGH]["goodput_rps"] + x[LOW]["goodput_rps"] for x in o]),
     }
 
 
+#: the metrics ``versus`` compares: the priority-1 pipeline's attainment, total goodput
+VERSUS = ("high_attainment_after", "high_attainment", "total_goodput_rps")
+
+
 def versus(summary: dict[str, dict], best: str) -> dict[str, Any]:
-    """Each auto arm's medians against the best static split's: ``ratio`` (auto /
-    static) of the high pipeline's attainment after the step and of the total goodput,
-    and whether the auto arm is at least as good in both."""
+    """Each auto arm against the best static split, per metric of :data:`VERSUS`:
+    ``ratio`` (auto median / static median), ``rounds`` (auto / static round by round,
+    round r against round r: median, min, max), and ``at_least_static``: the median
+    ratios of the high pipeline's attainment after the step and of the total goodput
+    both >= 1."""
     out: dict[str, Any] = {"best_static": best}
     for tag in ("arbitration", "per-pipeline"):
-        r = {}
-        for k in ("high_attainment_after", "total_goodput_rps"):
+        r: dict[str, Any] = {}
+        for k in VERSUS:
             x, b = summary[tag][k]["median"], summary[best][k]["median"]
-            r[k] = round(x / b, 3) if x is not None and b else None
-        r["at_least_static"] = all(v is not None and v >= 1.0 for v in r.values())
+            pairs = zip(summary[tag][k]["values"], summary[best][k]["values"], strict=False)
+            per = [u / v if u is not None and v else None for u, v in pairs]
+            r[k] = {
+                "ratio": round(x / b, 3) if x is not None and b else None,
+                "rounds": _stats(per),
+            }
+        r["at_least_static"] = all(
+            r[k]["ratio"] is not None and r[k]["ratio"] >= 1.0
+            for k in ("high_attainment_after", "total_goodput_rps")
+        )
         out[tag] = r
     return out
 
@@ -595,8 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", type=float, default=0.3)
     p.add_argument("--after", type=float, default=0.8)
     p.add_argument("--low-load", type=float, default=0.4)
-    p.add_argument("--low-burst", type=float, default=1.2)
-    p.add_argument("--low-burst-s", type=float, default=20.0)
+    p.add_argument("--low-burst", type=float, default=2.0)
+    p.add_argument("--low-burst-s", type=float, default=25.0)
     p.add_argument("--pre-s", type=float, default=35.0)
     p.add_argument("--post-s", type=float, default=90.0)
     p.add_argument("--capacity-requests", type=int, default=60)
@@ -609,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3, help="rounds of the step scenario's arms")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--tag", default="", help="results/arbitration[_quick]_TAG.json / .png")
     a = p.parse_args(argv)
     if a.quick:
         a.pre_s, a.post_s, a.capacity_requests = 25.0, 25.0, 16
@@ -672,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         for h in range(1, a.slots)
     }
     per = step_rounds(tmp, a, auto, static_pipes, device, windows)
-    summary = {tag: spread(runs) for tag, runs in per.items()}
+    summary = {tag: spread(runs, a.slots) for tag, runs in per.items()}
     static = [t for t in per if t.startswith("static ")]
     best = max(static, key=lambda t: (summary[t]["high_attainment_after"]["median"] or 0.0,
                                       summary[t]["total_goodput_rps"]["median"]))  # fmt: skip
@@ -685,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     data["arms"] = arms
     data["ratios_vs_per_pipeline"] = {s: ratios(arms, s) for s in ("step", "trace")}
     data["environment"]["load_average_at_end"] = list(os.getloadavg())
-    name = "arbitration" + ("_quick" if a.quick else "")
+    name = "arbitration" + ("_quick" if a.quick else "") + (f"_{a.tag}" if a.tag else "")
     write_json(RESULTS_DIR / f"{name}.json", data)
     plot(data, RESULTS_DIR / f"{name}.png")
     report(data)
@@ -702,12 +724,24 @@ def report(data: dict[str, Any]) -> None:
             f"{e['total_goodput_rps']['median']} [{e['total_goodput_rps']['min']}, "
             f"{e['total_goodput_rps']['max']}]",
             e["rounds"],
+            e.get("cap_bound_rounds"),
         ]
         for tag, e in data.get("step_summary", {}).items()
     ]
     if rows:
-        print_table(["step arm", "high att. after [min, max]", "total goodput/s", "rounds"], rows)
-        print("auto vs best static:", data["auto_vs_best_static"])
+        print_table(
+            ["step arm", "high att. after [min, max]", "total goodput/s", "rounds", "cap bound"],
+            rows,
+        )
+        vs = data["auto_vs_best_static"]
+        rows = []
+        for tag in ("arbitration", "per-pipeline"):
+            for k in VERSUS:
+                r = vs[tag][k]
+                q = r["rounds"]
+                rows.append([tag, k, r["ratio"], f"{q['median']} [{q['min']}, {q['max']}]"])
+        print(f"auto / best static ({vs['best_static']}):")
+        print_table(["arm", "metric", "ratio of medians", "per round [min, max]"], rows)
     rows = []
     for tag, e in data["arms"].items():
         o = e["step"]["outcomes"]
