@@ -502,14 +502,15 @@ def _best_spare(views: list[PipelineView], takers: set[str], c: ArbitrationConfi
                         continue
                     gain = _added(r.snapshot, ru, ro)
                     load = "" if after is None else f" ({_n(ds.offered)} req/s on {_n(after)})"
+                    lacks = ", ".join(f"{k} {_n(v)}" for k, v in short.items())
                     reason = (
-                        f"{r.name} (priority {r.priority}) {why}; {d.name} (priority "
+                        f"{r.name} (priority {r.priority}) {why} (lacks {lacks}); "
+                        f"{d.name} (priority "
                         f"{d.priority}) has slack{load} and gives one {do.engine} instance "
                         f"of {du.name} ({du.total_instances} -> {du.total_instances - 1}); "
                         f"{r.name} takes one {ro.engine} instance of {ru.name} as a warm "
                         f"spare (+{_n(gain)} req/s of capacity)"
                     )
-                    lacks = next(iter(short))
                     move = Move(
                         "spare",
                         d.name,
@@ -518,7 +519,7 @@ def _best_spare(views: list[PipelineView], takers: set[str], c: ArbitrationConfi
                         r.name,
                         ru.index,
                         ro.engine,
-                        lacks,
+                        next(iter(short)),
                         gain,
                         gain,
                         reason,

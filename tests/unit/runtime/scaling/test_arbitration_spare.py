@@ -37,8 +37,9 @@ def test_a_higher_pipeline_without_a_spare_takes_a_lower_ones_slack_instance() -
     assert (m.give_unit, m.give_engine, m.take_unit, m.take_engine) == (0, "cpu", 0, "cpu")
     assert m.resource == "memory"  # the cap lacks 100 MB
     assert m.gain_rps == pytest.approx(10.0)  # 10 -> 20 req/s of capacity
-    for word in ("hi (priority 1)", "lo (priority 2) has slack", "3 -> 2", "warm spare"):
+    for word in ("hi (priority 1)", "lacks memory 100", "lo (priority 2) has slack", "3 -> 2"):
         assert word in m.reason
+    assert "warm spare" in m.reason
     assert state.loans == ()  # no loan: the instance is the taker's, nothing goes back
 
 
