@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overload as ov  # noqa: E402
 import same_config as sw  # noqa: E402
 import scaling as sc  # noqa: E402
+import slotbound as sb  # noqa: E402
 from _common import (  # noqa: E402
     RESULTS_DIR,
     default_cache_dir,
@@ -69,8 +70,12 @@ def device_yaml(slots: int, path: Path) -> Path:
 
 
 def auto_pipeline(model: str, name: str, slo_ms: float, priority: int, slots: int) -> dict:
-    """The whole model, single-thread instances, autoscaled (1 to ``slots`` - 1)."""
+    """The whole model, single-thread instances, autoscaled (1 to ``slots`` - 1)
+    (``slot:MS``: :mod:`slotbound`'s stand-in stage)."""
     auto = {**sc.AUTOSCALE, "oversubscribe": True}
+    ms = sb.parse(model)
+    if ms is not None:
+        return sb.pipeline(name, ms, slo_ms, priority, 1, auto, slots - 1)
     cfg = sc.pipeline(model, name, 1, 1, slo_ms, auto, max_instances=slots - 1, whole=True)
     raw = cfg.model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
@@ -79,7 +84,10 @@ def auto_pipeline(model: str, name: str, slo_ms: float, priority: int, slots: in
 
 def static_pipeline(model: str, name: str, slo_ms: float | None, priority: int, n: int) -> dict:
     """The whole model at ``n`` fixed single-thread instances, SLO (None: none) for
-    admission only."""
+    admission only (``slot:MS``: :mod:`slotbound`'s stand-in stage)."""
+    ms = sb.parse(model)
+    if ms is not None:
+        return sb.pipeline(name, ms, slo_ms, priority, n)
     raw = sw.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
     return raw
@@ -503,11 +511,12 @@ def step_rounds(
     """The step scenario's arms over ``a.rounds`` rounds, the order of the arms reversed
     every other round (a drift of the host's load falls on every arm alike), a fresh
     service per arm and round: ``{tag: [arm() per round]}`` with tags ``arbitration``,
-    ``per-pipeline`` and ``static H+L`` per split. The trace windows (``windows[1:]``)
+    ``lend-only`` (no warm spares), ``per-pipeline`` and ``static H+L`` per split. The trace windows (``windows[1:]``)
     run in the first round only, for the auto arms."""
     off = {"INFSCALER_ARBITRATION": "off"}
     plan: dict[str, tuple[list[dict], dict]] = {
         "arbitration": (auto, {}),
+        "lend-only": (auto, {"INFSCALER_ARBITRATION": "lend-only"}),
         "per-pipeline": (auto, off),
         **{f"static {k}": (pipes, {}) for k, pipes in static_pipes.items()},
     }
@@ -553,6 +562,8 @@ def spread(runs: list[dict], slots: int | None = None) -> dict[str, Any]:
     }
 
 
+#: the auto arms: arbitration, arbitration without warm spares, each pipeline's scaler alone
+AUTO_ARMS = ("arbitration", "lend-only", "per-pipeline")
 #: the metrics ``versus`` compares: the priority-1 pipeline's attainment, total goodput
 VERSUS = ("high_attainment_after", "high_attainment", "total_goodput_rps")
 
@@ -564,7 +575,7 @@ def versus(summary: dict[str, dict], best: str) -> dict[str, Any]:
     ratios of the high pipeline's attainment after the step and of the total goodput
     both >= 1."""
     out: dict[str, Any] = {"best_static": best}
-    for tag in ("arbitration", "per-pipeline"):
+    for tag in AUTO_ARMS:
         r: dict[str, Any] = {}
         for k in VERSUS:
             x, b = summary[tag][k]["median"], summary[best][k]["median"]
@@ -647,10 +658,17 @@ def main(argv: list[str] | None = None) -> int:
         "settings": vars(a),
         "quiet_before": quiet,
     }
-    feeds = {HIGH: sc.model_inputs(a.high), LOW: sc.model_inputs(a.low)}
+    models = {HIGH: a.high, LOW: a.low}
+    slot_ms = {n: sb.parse(m) for n, m in models.items()}
+    if any(v is not None for v in slot_ms.values()):  # the stand-in stage's module
+        here = str(sb.write_module(Path(tempfile.mkdtemp(prefix="isc-slotbound-"))).parent)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            x for x in (here, os.environ.get("PYTHONPATH")) if x
+        )
+    feeds = {n: sb.feeds() if slot_ms[n] else sc.model_inputs(m) for n, m in models.items()}
     cal = {
-        n: sc.calibrate(m, feeds[n], 10 if a.quick else 20)
-        for n, m in ((HIGH, a.high), (LOW, a.low))
+        n: {"l0_ms": slot_ms[n]} if slot_ms[n] else sc.calibrate(m, feeds[n], 10 if a.quick else 20)
+        for n, m in models.items()
     }
     reqs = {n: encode_infer_request(f) for n, f in feeds.items()}
     tmp = Path(tempfile.mkdtemp(prefix="isc-arbitration-"))
@@ -698,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     static = [t for t in per if t.startswith("static ")]
     best = max(static, key=lambda t: (summary[t]["high_attainment_after"]["median"] or 0.0,
                                       summary[t]["total_goodput_rps"]["median"]))  # fmt: skip
-    arms = {tag: per[tag][0] for tag in ("arbitration", "per-pipeline")}
+    arms = {tag: per[tag][0] for tag in AUTO_ARMS}
     arms["static"] = {**per[best][0], "split": best.split()[1]}
     data["static_tried"] = {t: per[t][0]["step"]["outcomes"] for t in static}
     data["step_rounds"] = {t: [e["step"]["outcomes"] for e in runs] for t, runs in per.items()}
@@ -735,7 +753,7 @@ def report(data: dict[str, Any]) -> None:
         )
         vs = data["auto_vs_best_static"]
         rows = []
-        for tag in ("arbitration", "per-pipeline"):
+        for tag in AUTO_ARMS:
             for k in VERSUS:
                 r = vs[tag][k]
                 q = r["rounds"]

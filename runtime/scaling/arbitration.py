@@ -84,12 +84,15 @@ class ArbitrationConfig:
             ``LIFT_RATIO``).
         release_hold_s: how long a taker stays calm, without a break, before the
             instance goes back, s (InferLine's 15 s hold).
+        spare: rule 4 on (a warm spare for a higher pipeline at the cap); False leaves
+            lends and returns only (``INFSCALER_ARBITRATION=lend-only``, benchmarks).
     """
 
     donor_load: float = 0.6
     donor_p99_ratio: float = 0.8
     release_ratio: float = 0.8
     release_hold_s: float = 15.0
+    spare: bool = True
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,8 @@ def arbitrate(
         return [back], ArbitrationState(tuple(loans))
     lend = _best_lend(views, {ln.taker for ln in loans}, config)
     if lend is None:
-        spare = _best_spare(views, {ln.taker for ln in loans}, config)
+        takers = {ln.taker for ln in loans}
+        spare = _best_spare(views, takers, config) if config.spare else None
         return ([] if spare is None else [spare]), ArbitrationState(tuple(loans))
     move, count = lend
     loan = Loan(
@@ -424,7 +428,9 @@ def needs_look(
             return True
         if not v.violated and pressure_ahead(v.snapshot, config.release_ratio) is not None:
             return True
-        if v.priority < lowest and not v.violated and wants_spare(v.snapshot) is not None:
+        if not (config.spare and v.priority < lowest and not v.violated):
+            continue
+        if wants_spare(v.snapshot) is not None:
             return True
     return False
 

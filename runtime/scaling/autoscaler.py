@@ -134,9 +134,11 @@ class Autoscaler:
         self._switching: set[str] = set()
         #: the arbitration between pipelines: each pipeline's last view, the loans in
         #: force, whether a move is being applied, and moves per (giver, taker)
-        self.arbitration_config = ArbitrationConfig()
-        #: False with ``INFSCALER_ARBITRATION=off`` (benchmarks: per-pipeline scaling only)
-        self.arbitration_on = os.environ.get("INFSCALER_ARBITRATION", "on").lower() != "off"
+        #: False with ``INFSCALER_ARBITRATION=off`` (benchmarks: per-pipeline scaling
+        #: only); ``lend-only``: no warm spares (rule 4), for benchmarks
+        arb_mode = os.environ.get("INFSCALER_ARBITRATION", "on").lower()
+        self.arbitration_config = ArbitrationConfig(spare=arb_mode != "lend-only")
+        self.arbitration_on = arb_mode != "off"
         self._views: dict[str, PipelineView] = {}
         self._arb = ArbitrationState()
         self._arb_busy = False

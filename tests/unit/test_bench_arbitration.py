@@ -96,6 +96,7 @@ def test_versus_says_whether_auto_is_at_least_the_best_static_split() -> None:
     ab = bench_module("arbitration")
     summary = {
         "arbitration": ab.spread([_run(0.96, 3.0, 1.0)] * 3),
+        "lend-only": ab.spread([_run(0.9, 3.0, 1.0)] * 3),
         "per-pipeline": ab.spread([_run(0.5, 3.0, 1.5)] * 3),
         "static 2+1": ab.spread([_run(0.96, 2.5, 1.0)] * 3),
     }
@@ -114,6 +115,7 @@ def test_versus_pairs_the_rounds_for_the_spread_of_the_ratio() -> None:
     ab = bench_module("arbitration")
     summary = {
         "arbitration": ab.spread([_run(0.5, 1.0, 1.0), _run(1.0, 2.0, 1.0), _run(1.0, 2.0, 1.0)]),
+        "lend-only": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
         "per-pipeline": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
         "static 2+1": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
     }
@@ -121,3 +123,21 @@ def test_versus_pairs_the_rounds_for_the_spread_of_the_ratio() -> None:
     assert r["high_attainment_after"]["ratio"] == 1.0
     assert r["high_attainment_after"]["rounds"]["min"] == 0.5
     assert r["total_goodput_rps"]["rounds"]["values"] == pytest.approx([2 / 3, 1.0, 1.0])
+
+
+def test_slot_models_are_stand_in_stages_and_bad_ones_are_refused() -> None:
+    """``--high slot:MS``: one function stage holding its instance MS ms (bench/
+    slotbound.py), fixed or autoscaled within the slots; anything else after ``slot:``
+    is an error that says what to write."""
+    ab = bench_module("arbitration")
+    sb = bench_module("slotbound")
+    assert sb.parse("slot:100") == 100.0 and sb.parse("resnet50") is None
+    with pytest.raises(ValueError, match="slot:MS with MS > 0"):
+        sb.parse("slot:fast")
+    auto = ab.auto_pipeline("slot:80", ab.HIGH, 250.0, 1, 3)
+    (stage,) = auto["stages"]
+    assert stage["params"] == {"ms": 80.0} and stage["max_instances"] == 2
+    assert auto["priority"] == 1 and auto["slo"] == "250.0ms" and auto["autoscale"]
+    fixed = ab.static_pipeline("slot:80", ab.LOW, None, 2, 2)
+    assert fixed["stages"][0]["instances"] == 2 and "autoscale" not in fixed
+    assert "slo" not in fixed

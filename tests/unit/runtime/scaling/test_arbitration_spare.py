@@ -11,6 +11,7 @@ import pytest
 
 from infscaler.runtime.queueing import p99_response_ms
 from infscaler.runtime.scaling.arbitration import (
+    ArbitrationConfig,
     ArbitrationState,
     PipelineView,
     arbitrate,
@@ -45,6 +46,10 @@ def test_a_higher_pipeline_without_a_spare_takes_a_lower_ones_slack_instance() -
 
 def test_no_spare_when_it_has_one_or_room_or_no_traffic_or_no_lower_slack() -> None:
     none = ArbitrationState()
+    # rule 4 off (INFSCALER_ARBITRATION=lend-only): neither a move nor a look
+    off = ArbitrationConfig(spare=False)
+    assert arbitrate([light(), idle()], none, off)[0] == []
+    assert not needs_look([light(), idle()], none, off)
     # already one above the model's need (2 where 1 holds 1 req/s)
     assert wants_spare(light(2).snapshot) is None
     assert arbitrate([light(2), idle()], none)[0] == []
