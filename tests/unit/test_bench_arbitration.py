@@ -80,12 +80,13 @@ def test_spread_gives_medians_and_the_range_over_rounds() -> None:
         [
             _run(0.9, 2.0, 1.0, {ab.HIGH: 1, ab.LOW: 2}),
             _run(0.99, 3.0, 1.0, {ab.HIGH: 1, ab.LOW: 1}),
-            _run(None, 1.0, 0.5),
+            _run(None, 1.0, 0.5, {ab.HIGH: 2, ab.LOW: 2}),
         ],
         slots=3,
     )
     assert s["rounds"] == 3
     assert s["cap_bound_rounds"] == 1  # 1 + 2 = 3 slots at the step in round 1 only
+    assert s["over_cap_rounds"] == 1  # 2 + 2: the cap did not hold them
     assert s["high_attainment_after"]["median"] == pytest.approx(0.945)  # None left out
     assert (s["high_attainment_after"]["min"], s["high_attainment_after"]["max"]) == (0.9, 0.99)
     assert s["total_goodput_rps"]["values"] == [3.0, 4.0, 1.5]
