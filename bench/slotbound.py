@@ -1,10 +1,13 @@
 """Slot-bound stand-in pipelines for ``bench/arbitration.py`` (``--high slot:MS``,
 ``--low slot:MS``): one function stage that holds its instance for MS milliseconds per
 request while leaving the CPU idle (``time.sleep``), as an instance waiting on an
-accelerator does. With them the device's instance slots bind, not the host's cores:
-on a shared 2-core host the models' own arms are CPU-bound (bench/HISTORY.md,
-"Arbitration: auto against the best static split"). What they measure is the
-control loop (the scalers, the arbitration, the moves), never a model's speed.
+accelerator does, so that the host's cores do not bind: on a shared 2-core host the
+models' own arms are CPU-bound. **Limit**: the device's engine slots count model
+instances only (``Monitor.cap``), so ``--slots`` does not cap these stages (the run of
+bench/HISTORY.md, "Arbitration: auto against the best static split", ran 4 on 3 slots:
+``over_cap_rounds``), and a memory cap cannot be set between the deploy check's
+per-instance estimate and the PSS the scaler counts. What they measure is the control
+loop, never a model's speed.
 
 Input ``x`` FP32 [-1, 4], output ``y`` (= x). The stage's module is written to a
 directory that must be on the service's ``PYTHONPATH`` (:func:`write_module`).
