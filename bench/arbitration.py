@@ -52,11 +52,15 @@ RECOVERED = 0.95
 # -- configurations --------------------------------------------------------------------------
 
 
-def device_yaml(slots: int, path: Path) -> Path:
-    """The host profile with ``slots`` cpu instance slots (the shared cap), as a YAML."""
+def device_yaml(slots: int, path: Path, memory_cap_mb: float | None = None) -> Path:
+    """The host profile with ``slots`` cpu instance slots (the shared cap), as a YAML;
+    with ``memory_cap_mb``, that memory cap too (the cap of :mod:`slotbound`'s stand-in
+    stages: engine slots count model instances only)."""
     from infscaler.base.device import host_profile
 
     p = host_profile()
+    if memory_cap_mb is not None:
+        p = p.model_copy(update={"memory_cap_mb": int(memory_cap_mb)})
     why = f"bench/arbitration.py: the shared cap, {slots} cpu instances for both pipelines"
     acc = [
         a.model_copy(
@@ -385,6 +389,7 @@ def capacities(
             )
             out[name]["served_l0_ms"] = l0
         out["high_beside_low"] = high_beside_low(s.sock, a, reqs, out[LOW]["throughput_rps"])
+        out["memory"] = memory_now(s.sock)
         if a.capacity == "slo":
             l0 = out[HIGH]["served_l0_ms"] if a.l0 == "served" else session_l0[HIGH]
             out["high_slo"] = slo_capacity(
@@ -398,6 +403,25 @@ def capacities(
     finally:
         out["stop"] = s.stop()
     return out
+
+
+def memory_now(sock: str) -> dict[str, float]:
+    """The service's memory as its scaler counts it (``status``: the instances' PSS plus
+    the pool's mapped MB) and the mean PSS of one instance, MB."""
+    from infscaler.api.client import Client
+
+    with Client(sock, timeout=10) as c:
+        st = c.status()
+    pss = [
+        float(i.get("pss_mb") or i.get("rss_mb") or 0.0)
+        for p in st.get("pipelines", [])
+        for u in p.get("units", [])
+        for i in u.get("instances", [])
+    ]
+    return {
+        "used_mb": float(st["resources"]["memory_used_mb"]),
+        "instance_mb": float(np.mean(pss)) if pss else 0.0,
+    }
 
 
 def high_beside_low(sock: str, a: argparse.Namespace, reqs: dict, c_low: float) -> dict:
@@ -676,6 +700,13 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="isc-arbitration-"))
     device = device_yaml(a.slots, tmp / "device.yaml")
     cap = capacities(tmp, a, device, reqs, {n: cal[n]["l0_ms"] for n in cal})
+    if any(v is not None for v in slot_ms.values()):
+        # stand-in stages do not count against engine slots: memory is their cap, what
+        # the capacity service's --slots instances used (each holding its ballast) with
+        # room for half of one more: the scaler counts a new instance at one's PSS
+        mem = cap["memory"]
+        cap["memory_cap_mb"] = round(mem["used_mb"] + 0.5 * mem["instance_mb"], 1)
+        device = device_yaml(a.slots, tmp / "device-memory.yaml", cap["memory_cap_mb"])
     c = {n: cap[n]["throughput_rps"] for n in (HIGH, LOW)}
     if a.capacity == "beside-low":
         c[HIGH] = cap["high_beside_low"]["throughput_rps"]

@@ -2,12 +2,12 @@
 ``--low slot:MS``): one function stage that holds its instance for MS milliseconds per
 request while leaving the CPU idle (``time.sleep``), as an instance waiting on an
 accelerator does, so that the host's cores do not bind: on a shared 2-core host the
-models' own arms are CPU-bound. **Limit**: the device's engine slots count model
-instances only (``Monitor.cap``), so ``--slots`` does not cap these stages (the run of
-bench/HISTORY.md, "Arbitration: auto against the best static split", ran 4 on 3 slots:
-``over_cap_rounds``), and a memory cap cannot be set between the deploy check's
-per-instance estimate and the PSS the scaler counts. What they measure is the control
-loop, never a model's speed.
+models' own arms are CPU-bound. The device's engine slots count model instances only
+(``Monitor.cap``), so ``--slots`` does not cap these stages (a run of 4 on 3 slots:
+bench/HISTORY.md, "Arbitration: auto against the best static split"): each instance
+holds 64 MB of ballast and the bench caps memory instead (room for the ``--slots``
+instances of its capacity service and half of one more). What they measure is the
+control loop, never a model's speed.
 
 Input ``x`` FP32 [-1, 4], output ``y`` (= x). The stage's module is written to a
 directory that must be on the service's ``PYTHONPATH`` (:func:`write_module`).
@@ -27,8 +27,15 @@ import time
 import numpy as np
 
 
-def wait(tensors, ms=100.0):
-    """y = x after ``ms`` milliseconds of sleep: the instance is held, the CPU idle."""
+_BALLAST = []
+
+
+def wait(tensors, ms=100.0, ballast_mb=64):
+    """y = x after ``ms`` milliseconds of sleep: the instance is held, the CPU idle.
+    The first call writes ``ballast_mb`` MB of private memory, held for the instance's
+    life, so that a memory cap can tell its instances apart."""
+    if not _BALLAST and ballast_mb > 0:
+        _BALLAST.append(np.ones(int(ballast_mb * 2**20 // 8)))
     time.sleep(ms / 1e3)
     return {"y": np.array(tensors["x"])}
 '''
