@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overload as ov  # noqa: E402
 import same_config as sw  # noqa: E402
 import scaling as sc  # noqa: E402
+import slotbound as sb  # noqa: E402
 from _common import (  # noqa: E402
     RESULTS_DIR,
     default_cache_dir,
@@ -51,11 +52,15 @@ RECOVERED = 0.95
 # -- configurations --------------------------------------------------------------------------
 
 
-def device_yaml(slots: int, path: Path) -> Path:
-    """The host profile with ``slots`` cpu instance slots (the shared cap), as a YAML."""
+def device_yaml(slots: int, path: Path, memory_cap_mb: float | None = None) -> Path:
+    """The host profile with ``slots`` cpu instance slots (the shared cap), as a YAML;
+    with ``memory_cap_mb``, that memory cap too (the cap of :mod:`slotbound`'s stand-in
+    stages: engine slots count model instances only)."""
     from infscaler.base.device import host_profile
 
     p = host_profile()
+    if memory_cap_mb is not None:
+        p = p.model_copy(update={"memory_cap_mb": int(memory_cap_mb)})
     why = f"bench/arbitration.py: the shared cap, {slots} cpu instances for both pipelines"
     acc = [
         a.model_copy(
@@ -69,8 +74,12 @@ def device_yaml(slots: int, path: Path) -> Path:
 
 
 def auto_pipeline(model: str, name: str, slo_ms: float, priority: int, slots: int) -> dict:
-    """The whole model, single-thread instances, autoscaled (1 to ``slots`` - 1)."""
+    """The whole model, single-thread instances, autoscaled (1 to ``slots`` - 1)
+    (``slot:MS``: :mod:`slotbound`'s stand-in stage)."""
     auto = {**sc.AUTOSCALE, "oversubscribe": True}
+    ms = sb.parse(model)
+    if ms is not None:
+        return sb.pipeline(name, ms, slo_ms, priority, 1, auto, slots - 1)
     cfg = sc.pipeline(model, name, 1, 1, slo_ms, auto, max_instances=slots - 1, whole=True)
     raw = cfg.model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
@@ -79,7 +88,10 @@ def auto_pipeline(model: str, name: str, slo_ms: float, priority: int, slots: in
 
 def static_pipeline(model: str, name: str, slo_ms: float | None, priority: int, n: int) -> dict:
     """The whole model at ``n`` fixed single-thread instances, SLO (None: none) for
-    admission only."""
+    admission only (``slot:MS``: :mod:`slotbound`'s stand-in stage)."""
+    ms = sb.parse(model)
+    if ms is not None:
+        return sb.pipeline(name, ms, slo_ms, priority, n)
     raw = sw.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
     return raw
@@ -377,6 +389,7 @@ def capacities(
             )
             out[name]["served_l0_ms"] = l0
         out["high_beside_low"] = high_beside_low(s.sock, a, reqs, out[LOW]["throughput_rps"])
+        out["memory"] = memory_now(s.sock)
         if a.capacity == "slo":
             l0 = out[HIGH]["served_l0_ms"] if a.l0 == "served" else session_l0[HIGH]
             out["high_slo"] = slo_capacity(
@@ -390,6 +403,25 @@ def capacities(
     finally:
         out["stop"] = s.stop()
     return out
+
+
+def memory_now(sock: str) -> dict[str, float]:
+    """The service's memory as its scaler counts it (``status``: the instances' PSS plus
+    the pool's mapped MB) and the mean PSS of one instance, MB."""
+    from infscaler.api.client import Client
+
+    with Client(sock, timeout=10) as c:
+        st = c.status()
+    pss = [
+        float(i.get("pss_mb") or i.get("rss_mb") or 0.0)
+        for p in st.get("pipelines", [])
+        for u in p.get("units", [])
+        for i in u.get("instances", [])
+    ]
+    return {
+        "used_mb": float(st["resources"]["memory_used_mb"]),
+        "instance_mb": float(np.mean(pss)) if pss else 0.0,
+    }
 
 
 def high_beside_low(sock: str, a: argparse.Namespace, reqs: dict, c_low: float) -> dict:
@@ -503,11 +535,12 @@ def step_rounds(
     """The step scenario's arms over ``a.rounds`` rounds, the order of the arms reversed
     every other round (a drift of the host's load falls on every arm alike), a fresh
     service per arm and round: ``{tag: [arm() per round]}`` with tags ``arbitration``,
-    ``per-pipeline`` and ``static H+L`` per split. The trace windows (``windows[1:]``)
+    ``lend-only`` (no warm spares), ``per-pipeline`` and ``static H+L`` per split. The trace windows (``windows[1:]``)
     run in the first round only, for the auto arms."""
     off = {"INFSCALER_ARBITRATION": "off"}
     plan: dict[str, tuple[list[dict], dict]] = {
         "arbitration": (auto, {}),
+        "lend-only": (auto, {"INFSCALER_ARBITRATION": "lend-only"}),
         "per-pipeline": (auto, off),
         **{f"static {k}": (pipes, {}) for k, pipes in static_pipes.items()},
     }
@@ -533,30 +566,55 @@ def _stats(xs: list[float | None]) -> dict[str, Any]:
     }
 
 
-def spread(runs: list[dict]) -> dict[str, Any]:
+def spread(runs: list[dict], slots: int | None = None) -> dict[str, Any]:
     """Median, min, max and the values over the rounds of an arm's step outcomes: the
-    high pipeline's attainment after the step, each pipeline's goodput and their sum."""
+    high pipeline's attainment after the step and over the whole window, each
+    pipeline's goodput and their sum; with ``slots``, ``cap_bound_rounds``: the rounds
+    whose pipelines ran ``slots`` instances together at the step (the cap bound), and
+    ``over_cap_rounds``: more than ``slots`` (the cap did not hold them)."""
     o = [e["step"]["outcomes"] for e in runs]
+    out: dict[str, Any] = {"rounds": len(runs)}
+    if slots is not None:
+        at = [sum((e["step"].get("instances_at_step") or {}).values()) for e in runs]
+        out["cap_bound_rounds"] = sum(n == slots for n in at)
+        out["over_cap_rounds"] = sum(n > slots for n in at)
     return {
-        "rounds": len(runs),
+        **out,
         "high_attainment_after": _stats([x[HIGH].get("attainment_after") for x in o]),
+        "high_attainment": _stats([x[HIGH].get("attainment") for x in o]),
         "high_goodput_rps": _stats([x[HIGH]["goodput_rps"] for x in o]),
         "low_goodput_rps": _stats([x[LOW]["goodput_rps"] for x in o]),
         "total_goodput_rps": _stats([x[HIGH]["goodput_rps"] + x[LOW]["goodput_rps"] for x in o]),
     }
 
 
+#: the auto arms: arbitration, arbitration without warm spares, each pipeline's scaler alone
+AUTO_ARMS = ("arbitration", "lend-only", "per-pipeline")
+#: the metrics ``versus`` compares: the priority-1 pipeline's attainment, total goodput
+VERSUS = ("high_attainment_after", "high_attainment", "total_goodput_rps")
+
+
 def versus(summary: dict[str, dict], best: str) -> dict[str, Any]:
-    """Each auto arm's medians against the best static split's: ``ratio`` (auto /
-    static) of the high pipeline's attainment after the step and of the total goodput,
-    and whether the auto arm is at least as good in both."""
+    """Each auto arm against the best static split, per metric of :data:`VERSUS`:
+    ``ratio`` (auto median / static median), ``rounds`` (auto / static round by round,
+    round r against round r: median, min, max), and ``at_least_static``: the median
+    ratios of the high pipeline's attainment after the step and of the total goodput
+    both >= 1."""
     out: dict[str, Any] = {"best_static": best}
-    for tag in ("arbitration", "per-pipeline"):
-        r = {}
-        for k in ("high_attainment_after", "total_goodput_rps"):
+    for tag in AUTO_ARMS:
+        r: dict[str, Any] = {}
+        for k in VERSUS:
             x, b = summary[tag][k]["median"], summary[best][k]["median"]
-            r[k] = round(x / b, 3) if x is not None and b else None
-        r["at_least_static"] = all(v is not None and v >= 1.0 for v in r.values())
+            pairs = zip(summary[tag][k]["values"], summary[best][k]["values"], strict=False)
+            per = [u / v if u is not None and v else None for u, v in pairs]
+            r[k] = {
+                "ratio": round(x / b, 3) if x is not None and b else None,
+                "rounds": _stats(per),
+            }
+        r["at_least_static"] = all(
+            r[k]["ratio"] is not None and r[k]["ratio"] >= 1.0
+            for k in ("high_attainment_after", "total_goodput_rps")
+        )
         out[tag] = r
     return out
 
@@ -595,8 +653,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", type=float, default=0.3)
     p.add_argument("--after", type=float, default=0.8)
     p.add_argument("--low-load", type=float, default=0.4)
-    p.add_argument("--low-burst", type=float, default=1.2)
-    p.add_argument("--low-burst-s", type=float, default=20.0)
+    p.add_argument("--low-burst", type=float, default=2.0)
+    p.add_argument("--low-burst-s", type=float, default=25.0)
     p.add_argument("--pre-s", type=float, default=35.0)
     p.add_argument("--post-s", type=float, default=90.0)
     p.add_argument("--capacity-requests", type=int, default=60)
@@ -609,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3, help="rounds of the step scenario's arms")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--tag", default="", help="results/arbitration[_quick]_TAG.json / .png")
     a = p.parse_args(argv)
     if a.quick:
         a.pre_s, a.post_s, a.capacity_requests = 25.0, 25.0, 16
@@ -625,15 +684,29 @@ def main(argv: list[str] | None = None) -> int:
         "settings": vars(a),
         "quiet_before": quiet,
     }
-    feeds = {HIGH: sc.model_inputs(a.high), LOW: sc.model_inputs(a.low)}
+    models = {HIGH: a.high, LOW: a.low}
+    slot_ms = {n: sb.parse(m) for n, m in models.items()}
+    if any(v is not None for v in slot_ms.values()):  # the stand-in stage's module
+        here = str(sb.write_module(Path(tempfile.mkdtemp(prefix="isc-slotbound-"))).parent)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            x for x in (here, os.environ.get("PYTHONPATH")) if x
+        )
+    feeds = {n: sb.feeds() if slot_ms[n] else sc.model_inputs(m) for n, m in models.items()}
     cal = {
-        n: sc.calibrate(m, feeds[n], 10 if a.quick else 20)
-        for n, m in ((HIGH, a.high), (LOW, a.low))
+        n: {"l0_ms": slot_ms[n]} if slot_ms[n] else sc.calibrate(m, feeds[n], 10 if a.quick else 20)
+        for n, m in models.items()
     }
     reqs = {n: encode_infer_request(f) for n, f in feeds.items()}
     tmp = Path(tempfile.mkdtemp(prefix="isc-arbitration-"))
     device = device_yaml(a.slots, tmp / "device.yaml")
     cap = capacities(tmp, a, device, reqs, {n: cal[n]["l0_ms"] for n in cal})
+    if any(v is not None for v in slot_ms.values()):
+        # stand-in stages do not count against engine slots: memory is their cap, what
+        # the capacity service's --slots instances used (each holding its ballast) with
+        # room for half of one more: the scaler counts a new instance at one's PSS
+        mem = cap["memory"]
+        cap["memory_cap_mb"] = round(mem["used_mb"] + 0.5 * mem["instance_mb"], 1)
+        device = device_yaml(a.slots, tmp / "device-memory.yaml", cap["memory_cap_mb"])
     c = {n: cap[n]["throughput_rps"] for n in (HIGH, LOW)}
     if a.capacity == "beside-low":
         c[HIGH] = cap["high_beside_low"]["throughput_rps"]
@@ -672,11 +745,11 @@ def main(argv: list[str] | None = None) -> int:
         for h in range(1, a.slots)
     }
     per = step_rounds(tmp, a, auto, static_pipes, device, windows)
-    summary = {tag: spread(runs) for tag, runs in per.items()}
+    summary = {tag: spread(runs, a.slots) for tag, runs in per.items()}
     static = [t for t in per if t.startswith("static ")]
     best = max(static, key=lambda t: (summary[t]["high_attainment_after"]["median"] or 0.0,
                                       summary[t]["total_goodput_rps"]["median"]))  # fmt: skip
-    arms = {tag: per[tag][0] for tag in ("arbitration", "per-pipeline")}
+    arms = {tag: per[tag][0] for tag in AUTO_ARMS}
     arms["static"] = {**per[best][0], "split": best.split()[1]}
     data["static_tried"] = {t: per[t][0]["step"]["outcomes"] for t in static}
     data["step_rounds"] = {t: [e["step"]["outcomes"] for e in runs] for t, runs in per.items()}
@@ -685,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     data["arms"] = arms
     data["ratios_vs_per_pipeline"] = {s: ratios(arms, s) for s in ("step", "trace")}
     data["environment"]["load_average_at_end"] = list(os.getloadavg())
-    name = "arbitration" + ("_quick" if a.quick else "")
+    name = "arbitration" + ("_quick" if a.quick else "") + (f"_{a.tag}" if a.tag else "")
     write_json(RESULTS_DIR / f"{name}.json", data)
     plot(data, RESULTS_DIR / f"{name}.png")
     report(data)
@@ -702,12 +775,26 @@ def report(data: dict[str, Any]) -> None:
             f"{e['total_goodput_rps']['median']} [{e['total_goodput_rps']['min']}, "
             f"{e['total_goodput_rps']['max']}]",
             e["rounds"],
+            e.get("cap_bound_rounds"),
+            e.get("over_cap_rounds"),
         ]
         for tag, e in data.get("step_summary", {}).items()
     ]
     if rows:
-        print_table(["step arm", "high att. after [min, max]", "total goodput/s", "rounds"], rows)
-        print("auto vs best static:", data["auto_vs_best_static"])
+        print_table(
+            ["step arm", "high att. after [min, max]", "total goodput/s", "rounds", "cap bound"]
+            + ["over cap"],
+            rows,
+        )
+        vs = data["auto_vs_best_static"]
+        rows = []
+        for tag in AUTO_ARMS:
+            for k in VERSUS:
+                r = vs[tag][k]
+                q = r["rounds"]
+                rows.append([tag, k, r["ratio"], f"{q['median']} [{q['min']}, {q['max']}]"])
+        print(f"auto / best static ({vs['best_static']}):")
+        print_table(["arm", "metric", "ratio of medians", "per round [min, max]"], rows)
     rows = []
     for tag, e in data["arms"].items():
         o = e["step"]["outcomes"]

@@ -457,7 +457,9 @@ infscaler status [--json]          per stage: partition, B_k, instances (engine,
                                    size (items per execution; (<=b): the batch run now),
                                    a fused unit's steps (mean ms each); degraded stages; control path;
                                    pool slots and MB; the zygote; per pipeline: requests ok /
-                                   failed and refused by code, over its life
+                                   failed and refused by code, over its life; the CPU
+                                   priority mode (off / nice / cgroup, and why not cgroup)
+                                   with each pipeline's priority, nice value and cpu.weight
 infscaler demo [-k K] [--control-path ...]   the OCR pipeline on real images (README, "Quick start")
 infscaler watch-pipelines DIR [--once]      the same watcher as its own process (a sidecar)
 infscaler probe live|ready         exit 0 if the service is live / ready, else 1 (exec probes)

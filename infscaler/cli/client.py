@@ -510,6 +510,11 @@ def print_status(st: dict[str, Any]) -> None:
     if tel:
         shown = "read" if tel.get("available") else f"not read: {tel.get('reason', '')}"
         out.print(f"telemetry ({tel.get('source', 'jtop')}): {shown}", highlight=False)
+    cpu = st.get("cpu_priority") or {}
+    if cpu:
+        why = f" (cgroups not used: {cpu['reason']})" if cpu.get("reason") else ""
+        levels = "; ".join(priority_text(p) for p in st["pipelines"])
+        out.print(f"CPU by priority: {cpu['mode']}{why}; {levels}", highlight=False)
     for p in st["pipelines"]:
         req = p["requests"]
         lat = req["latency"]
@@ -543,6 +548,14 @@ def print_status(st: dict[str, Any]) -> None:
             out.print(f"  degraded: {why}", highlight=False)
         for d in p.get("decisions", [])[-5:]:
             out.print(f"  {d['action']}: {d['reason']}", highlight=False)
+
+
+def priority_text(p: dict[str, Any]) -> str:
+    """A pipeline's priority level and CPU share in ``infscaler status``:
+    ``name priority 2 nice 10`` (and ``cpu.weight 11`` in the cgroup mode)."""
+    text = f"{p['name']} priority {p.get('priority', 1)} nice {p.get('cpu_nice', 0)}"
+    weight = p.get("cpu_weight")
+    return text if weight is None else f"{text} cpu.weight {weight}"
 
 
 def unit_row(u: dict[str, Any]) -> list[str]:

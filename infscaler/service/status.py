@@ -26,7 +26,13 @@ from infscaler.runtime.scaling.telemetry import jetson_sampler
 if TYPE_CHECKING:
     from infscaler.runtime.processes.supervisor import Supervisor
 
-__all__ = ["StatusSource", "degraded_reasons", "pipeline_status", "service_status"]
+__all__ = [
+    "StatusSource",
+    "cpu_priority",
+    "degraded_reasons",
+    "pipeline_status",
+    "service_status",
+]
 
 
 class StatusSource(Protocol):
@@ -181,7 +187,9 @@ def _exec(svc: StatusSource, dep: Deployment, u: Any) -> dict[str, Any]:
 
 def _queues(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
     """The pipeline's ``priority``, the nice value its instances run at from it
-    (``cpu_nice``: :func:`~infscaler.base.levels.cpu_nice`), ``queue_policy`` (its
+    (``cpu_nice``: :func:`~infscaler.base.levels.cpu_nice`), its cgroup's ``cpu.weight``
+    as the kernel has it (``cpu_weight``; None outside the ``cgroup`` CPU priority mode:
+    :func:`cpu_priority`), ``queue_policy`` (its
     config; ms), the requests queued per priority level (``queued_by_level``, levels as
     strings: JSON keys) and the refusals by reason code (``refusals``: admission's
     ``Refusal`` values and ``queue_timeout``, over the pipeline's life: docs/api.md
@@ -190,9 +198,11 @@ def _queues(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
     fe = getattr(svc, "frontend", None)
     queued, refusals = fe.queues(dep.route) if fe is not None else ({}, {})
     sup = getattr(svc, "supervisor", None)
+    groups = getattr(sup, "cgroups", None)
     return {
         "priority": cfg.priority,
         "cpu_nice": getattr(sup, "nice", {}).get(dep.name, 0),
+        "cpu_weight": groups.weight(dep.name) if groups is not None else None,
         "queue_policy": cfg.queue_policy.model_dump(),
         "queued_by_level": {str(k): v for k, v in queued.items()},
         "refusals": refusals,
@@ -218,6 +228,20 @@ def _live_check(svc: StatusSource, dep: Any) -> dict[str, Any] | None:
     }
 
 
+def cpu_priority(svc: StatusSource) -> dict[str, Any]:
+    """How the service gives the cores by priority (docs/scaling.md, "Priorities and
+    queue policies"): ``mode`` ``off`` (``INFSCALER_CPU_PRIORITY=off``: every instance at
+    the service's nice value), ``nice`` (nice values by level only) or ``cgroup`` (nice
+    values and a per-pipeline cgroup v2 ``cpu.weight``); ``reason``: why cgroups are not
+    used (empty in ``cgroup`` mode)."""
+    sup = getattr(svc, "supervisor", None)
+    if sup is None or not getattr(sup, "cpu_priority", False):
+        return {"mode": "off", "reason": getattr(sup, "cgroups_why", "")}
+    if getattr(sup, "cgroups", None) is not None:
+        return {"mode": "cgroup", "reason": ""}
+    return {"mode": "nice", "reason": getattr(sup, "cgroups_why", "")}
+
+
 def service_status(svc: StatusSource) -> dict[str, Any]:
     """The whole service (``GET /v2/infscaler/status``, ``infscaler status``): start
     time, ready and health (``degraded`` when a pipeline is), the device's resource cap
@@ -225,7 +249,8 @@ def service_status(svc: StatusSource) -> dict[str, Any]:
     tensor pool (MB, slots, BUSY answers), the sharing manager's counters, restarts, the
     zygote, the front end and the bytes-in-flight budget, the Jetson telemetry
     (``telemetry``: whether jtop is read, and why not:
-    :class:`~infscaler.runtime.scaling.telemetry.JetsonSampler`), and
+    :class:`~infscaler.runtime.scaling.telemetry.JetsonSampler`), the CPU priority mode
+    (:func:`cpu_priority`), and
     :func:`pipeline_status` of every pipeline."""
     pool = svc.pool.stats()
     ch = svc.channel.stats()
@@ -249,6 +274,7 @@ def service_status(svc: StatusSource) -> dict[str, Any]:
         "stopping": svc.stopping,
         "resources": resources,
         "telemetry": {"source": "jtop", "available": jetson.available, "reason": jetson.reason},
+        "cpu_priority": cpu_priority(svc),
         "cpu_wake_latency": {
             "requested_us": svc.cpu_wake_latency_us,
             "held": svc.cpu_wake_latency_held,

@@ -4,15 +4,18 @@ pipeline's snapshot to capacity moves.
 :func:`arbitrate` takes a :class:`PipelineView` per auto-scaled pipeline (its last
 snapshot, priority, whether it violates its SLO and is blocked by the cap), the
 :class:`ArbitrationState` the previous call returned and an :class:`ArbitrationConfig`,
-and returns at most one :class:`Move` (``lend``: one ``scale_in`` of the giver's unit,
-then one ``scale_out`` of the taker's, in that order, so the cap is never exceeded; or
-``back``: a loan returned) and the new state. Pure: no I/O, no clock.
+and returns at most one :class:`Move` (``lend`` or ``spare``: one ``scale_in`` of the
+giver's unit, then one ``scale_out`` of the taker's, in that order, so the cap is never
+exceeded; or ``return``: a loan given back) and the new state. Pure: no I/O, no clock.
 
 Rules: a pipeline blocked at the cap takes one instance for its bottleneck unit from a
 pipeline of strictly lower priority whatever its state, or from one of equal priority
 only out of its slack (load, P99 and the scaler's P99 guard after the give); the loan
 goes back after ``release_hold_s`` calm (hysteresis, InferLine §5). Candidates rank by
-priority, then goodput gained per unit of the scarce resource. Capacities and P99s are
+priority, then goodput gained per unit of the scarce resource. With no lend to make, a
+pipeline at the cap that runs no more than the queueing model needs (no spare) takes a
+strictly lower pipeline's slack instance as a warm spare (``spare``, no loan): a step
+of its load then finds the instance loaded, as in the best static split. Capacities and P99s are
 the queueing model's (:mod:`infscaler.runtime.scaling.unitmodel`). Priorities as
 Triton's priority levels (Triton docs, ``model_configuration.md``, "Priority"). The
 rules in full and the runs behind them: docs/scaling.md, "Arbitration in full".
@@ -39,7 +42,9 @@ __all__ = [
     "Move",
     "PipelineView",
     "arbitrate",
+    "needs_look",
     "pressure_ahead",
+    "wants_spare",
 ]
 
 
@@ -79,12 +84,15 @@ class ArbitrationConfig:
             ``LIFT_RATIO``).
         release_hold_s: how long a taker stays calm, without a break, before the
             instance goes back, s (InferLine's 15 s hold).
+        spare: rule 4 on (a warm spare for a higher pipeline at the cap); False leaves
+            lends and returns only (``INFSCALER_ARBITRATION=lend-only``, benchmarks).
     """
 
     donor_load: float = 0.6
     donor_p99_ratio: float = 0.8
     release_ratio: float = 0.8
     release_hold_s: float = 15.0
+    spare: bool = True
 
 
 @dataclass(frozen=True)
@@ -119,7 +127,9 @@ class Move:
     then start one instance of ``taker``'s unit ``take_unit`` on ``take_engine``.
 
     Attributes:
-        kind: ``lend`` (to a pipeline in violation) or ``return`` (a loan given back).
+        kind: ``lend`` (to a pipeline in violation, or ahead of one), ``return`` (a loan
+            given back) or ``spare`` (a lower pipeline's slack instance to a higher one
+            with none at the cap: no loan, the instance is the taker's).
         give: False for a return whose taker no longer holds the borrowed instance
             (its own scaler already gave it back): only the scale-out is applied.
         resource: the resource that binds: ``memory``, ``cores`` or ``<engine> slots``.
@@ -201,7 +211,9 @@ def arbitrate(
         return [back], ArbitrationState(tuple(loans))
     lend = _best_lend(views, {ln.taker for ln in loans}, config)
     if lend is None:
-        return [], ArbitrationState(tuple(loans))
+        takers = {ln.taker for ln in loans}
+        spare = _best_spare(views, takers, config) if config.spare else None
+        return ([] if spare is None else [spare]), ArbitrationState(tuple(loans))
     move, count = lend
     loan = Loan(
         move.giver,
@@ -395,6 +407,133 @@ def pressure_ahead(s: Snapshot, calm_ratio: float = 0.8) -> str | None:
         f"{_n(s.offered)} req/s needs {needed} instances of {u.name} for its P99 within "
         f"the SLO {_n(s.slo_ms)} ms, it runs {u.total_instances}"
     )
+
+
+def needs_look(
+    views: list[PipelineView],
+    state: ArbitrationState,
+    config: ArbitrationConfig = ArbitrationConfig(),  # noqa: B008 (frozen)
+) -> bool:
+    """Whether :func:`arbitrate` may move anything: two or more pipelines and a loan in
+    force, or one blocked at the cap, or under pressure ahead of a violation
+    (:func:`pressure_ahead`), or one that :func:`wants_spare` above a strictly lower
+    one. A cheap gate for the caller's loop; False never hides a move."""
+    if len(views) < 2:
+        return False
+    if state.loans:
+        return True
+    lowest = max(v.priority for v in views)
+    for v in views:
+        if v.blocked:
+            return True
+        if not v.violated and pressure_ahead(v.snapshot, config.release_ratio) is not None:
+            return True
+        if not (config.spare and v.priority < lowest and not v.violated):
+            continue
+        if wants_spare(v.snapshot) is not None:
+            return True
+    return False
+
+
+def wants_spare(s: Snapshot) -> str | None:
+    """Why a pipeline at the cap has no spare instance (None: it has one, has room
+    under the cap, or that cannot be told): traffic measured on its bottleneck unit
+    (:func:`_need`), which runs no more instances than the M/D/c model needs at the
+    offered load for its approximate P99 to stay within its share of the SLO (the
+    scaler's ``p99_needed``), and the cap has no room for one more (:func:`_short`).
+    Rule 4 moves a lower pipeline's slack instance to it on this."""
+    need = _need(s)
+    if need is None:
+        return None
+    u, o = need
+    svc = instance_ms(u)
+    if u.service_ms is None or svc is None or s.offered <= 0 or not _short(s, o):
+        return None
+    needed = p99_needed(s, u, s.offered * fan_out(u, s), svc)
+    if needed == 0 or u.total_instances > needed:
+        return None
+    return (
+        f"{_n(s.offered)} req/s needs {needed} instances of {u.name} for its P99 within "
+        f"the SLO {_n(s.slo_ms)} ms, it runs {u.total_instances}: no spare at the cap"
+    )
+
+
+def _has_slack(d: PipelineView, du: UnitState, c: ArbitrationConfig) -> bool:
+    """Whether ``d`` has slack to give one instance of ``du`` (the load bound after the
+    give is checked by the caller): not violated, P99 <= ``donor_p99_ratio`` x SLO (or
+    none yet), the unit above its minimum and its approximate P99 with one instance
+    fewer within its share of the SLO (the scaler's scale-in guard, :func:`_tail_short`)."""
+    ds = d.snapshot
+    if d.violated or du.total_instances <= du.min_instances:
+        return False
+    if ds.p99_ms is not None and ds.p99_ms > c.donor_p99_ratio * ds.slo_ms + EPS:
+        return False
+    return not _tail_short(ds, du)
+
+
+def _best_spare(views: list[PipelineView], takers: set[str], c: ArbitrationConfig) -> Move | None:
+    """Rule 4: a warm spare for a higher pipeline. The highest pipeline that is not
+    pressed, is not holding a loan and :func:`wants_spare` takes one instance of its
+    bottleneck unit from a strictly lower pipeline with slack (the equal-priority
+    donor's test: :func:`_has_slack` and the load bound) whose stop frees what the cap lacks; no loan is
+    recorded (the instance is the taker's now: its own scaler may scale it in after its
+    hold, which frees the slot for any pipeline). None: no such pair."""
+    for r in sorted(views, key=lambda v: (v.priority, v.name)):
+        why = None if (r.violated or r.blocked or r.name in takers) else wants_spare(r.snapshot)
+        if why is None:
+            continue
+        ru, ro = _need(r.snapshot) or (None, None)
+        if ru is None or ro is None:
+            continue
+        short = _short(r.snapshot, ro)
+        best: tuple[tuple, Move] | None = None
+        for d in views:
+            if d.priority <= r.priority or d.name in takers:
+                continue
+            ds = d.snapshot
+            for du in ds.units:
+                if not _has_slack(d, du, c):
+                    continue
+                for do in du.options:
+                    if du.instances.get(do.engine, 0) <= 0:
+                        continue
+                    freed = _frees(do, ro)
+                    if any(freed.get(k, 0.0) + EPS < v for k, v in short.items()):
+                        continue
+                    after = pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
+                    if after is not None and ds.offered > c.donor_load * after + EPS:
+                        continue
+                    key = (-d.priority, d.name, du.index, do.engine)
+                    if best is not None and key >= best[0]:
+                        continue
+                    gain = _added(r.snapshot, ru, ro)
+                    load = "" if after is None else f" ({_n(ds.offered)} req/s on {_n(after)})"
+                    lacks = ", ".join(f"{k} {_n(v)}" for k, v in short.items())
+                    reason = (
+                        f"{r.name} (priority {r.priority}) {why} (lacks {lacks}); "
+                        f"{d.name} (priority "
+                        f"{d.priority}) has slack{load} and gives one {do.engine} instance "
+                        f"of {du.name} ({du.total_instances} -> {du.total_instances - 1}); "
+                        f"{r.name} takes one {ro.engine} instance of {ru.name} as a warm "
+                        f"spare (+{_n(gain)} req/s of capacity)"
+                    )
+                    move = Move(
+                        "spare",
+                        d.name,
+                        du.index,
+                        do.engine,
+                        r.name,
+                        ru.index,
+                        ro.engine,
+                        next(iter(short)),
+                        gain,
+                        gain,
+                        reason,
+                    )
+                    best = (key, move)
+        if best is not None:
+            return best[1]
+    return None
 
 
 def _frees(o: EngineOption, take: EngineOption) -> dict[str, float]:

@@ -37,7 +37,7 @@ from infscaler.runtime.scaling.arbitration import (
     Move,
     PipelineView,
     arbitrate,
-    pressure_ahead,
+    needs_look,
 )
 from infscaler.runtime.scaling.control import ScaledService
 from infscaler.runtime.scaling.idlecurve import LEARN_INTERVAL_S, learn
@@ -139,9 +139,11 @@ class Autoscaler:
         self._switching: set[str] = set()
         #: the arbitration between pipelines: each pipeline's last view, the loans in
         #: force, whether a move is being applied, and moves per (giver, taker)
-        self.arbitration_config = ArbitrationConfig()
-        #: False with ``INFSCALER_ARBITRATION=off`` (benchmarks: per-pipeline scaling only)
-        self.arbitration_on = os.environ.get("INFSCALER_ARBITRATION", "on").lower() != "off"
+        #: False with ``INFSCALER_ARBITRATION=off`` (benchmarks: per-pipeline scaling
+        #: only); ``lend-only``: no warm spares (rule 4), for benchmarks
+        arb_mode = os.environ.get("INFSCALER_ARBITRATION", "on").lower()
+        self.arbitration_config = ArbitrationConfig(spare=arb_mode != "lend-only")
+        self.arbitration_on = arb_mode != "off"
         self._views: dict[str, PipelineView] = {}
         self._arb = ArbitrationState()
         self._arb_busy = False
@@ -590,8 +592,9 @@ class Autoscaler:
     def arbitrate(self) -> list[Move]:
         """One look of the arbitration (:func:`~infscaler.runtime.scaling.arbitration.
         arbitrate`) over the auto-scaled pipelines' last views, when there are two or
-        more and one is blocked at the cap (or will be: ``pressure_ahead``) or a loan
-        is in force, and no move is being
+        more and :func:`~infscaler.runtime.scaling.arbitration.needs_look` (one blocked at
+        the cap or about to be, one without a spare above a lower one, or a loan in
+        force), and no move is being
         applied; its move is applied in a thread (:meth:`_move`). Returns the moves
         (none while :attr:`arbitration_on` is False)."""
         if not self.arbitration_on:
@@ -605,12 +608,7 @@ class Autoscaler:
             if self._arb_busy:
                 return []
             views = [v for n, v in self._views.items() if n in deps]
-            ratio = self.arbitration_config.release_ratio
-            pressed = any(
-                v.blocked or (not v.violated and pressure_ahead(v.snapshot, ratio) is not None)
-                for v in views
-            )
-            if len(views) < 2 or not (pressed or self._arb.loans):
+            if not needs_look(views, self._arb, self.arbitration_config):
                 return []
             moves, new = arbitrate(views, self._arb, self.arbitration_config)
             self._arb = new

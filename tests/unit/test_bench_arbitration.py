@@ -59,22 +59,34 @@ def test_slo_capacity_without_a_passing_probe_is_an_error(monkeypatch: pytest.Mo
         ab.slo_capacity("sock", a, reqs, 10.0, SLO, 10.0)
 
 
-def _run(att_after: float | None, high_rps: float, low_rps: float) -> dict:
+def _run(
+    att_after: float | None, high_rps: float, low_rps: float, at_step: dict | None = None
+) -> dict:
     ab = bench_module("arbitration")
     return {
         "step": {
+            "instances_at_step": at_step,
             "outcomes": {
                 ab.HIGH: {"attainment_after": att_after, "goodput_rps": high_rps},
                 ab.LOW: {"goodput_rps": low_rps},
-            }
+            },
         }
     }
 
 
 def test_spread_gives_medians_and_the_range_over_rounds() -> None:
     ab = bench_module("arbitration")
-    s = ab.spread([_run(0.9, 2.0, 1.0), _run(0.99, 3.0, 1.0), _run(None, 1.0, 0.5)])
+    s = ab.spread(
+        [
+            _run(0.9, 2.0, 1.0, {ab.HIGH: 1, ab.LOW: 2}),
+            _run(0.99, 3.0, 1.0, {ab.HIGH: 1, ab.LOW: 1}),
+            _run(None, 1.0, 0.5, {ab.HIGH: 2, ab.LOW: 2}),
+        ],
+        slots=3,
+    )
     assert s["rounds"] == 3
+    assert s["cap_bound_rounds"] == 1  # 1 + 2 = 3 slots at the step in round 1 only
+    assert s["over_cap_rounds"] == 1  # 2 + 2: the cap did not hold them
     assert s["high_attainment_after"]["median"] == pytest.approx(0.945)  # None left out
     assert (s["high_attainment_after"]["min"], s["high_attainment_after"]["max"]) == (0.9, 0.99)
     assert s["total_goodput_rps"]["values"] == [3.0, 4.0, 1.5]
@@ -85,14 +97,48 @@ def test_versus_says_whether_auto_is_at_least_the_best_static_split() -> None:
     ab = bench_module("arbitration")
     summary = {
         "arbitration": ab.spread([_run(0.96, 3.0, 1.0)] * 3),
+        "lend-only": ab.spread([_run(0.9, 3.0, 1.0)] * 3),
         "per-pipeline": ab.spread([_run(0.5, 3.0, 1.5)] * 3),
         "static 2+1": ab.spread([_run(0.96, 2.5, 1.0)] * 3),
     }
     v = ab.versus(summary, "static 2+1")
     assert v["best_static"] == "static 2+1"
-    assert v["arbitration"] == {
-        "high_attainment_after": 1.0,
-        "total_goodput_rps": round(4.0 / 3.5, 3),
-        "at_least_static": True,
-    }
+    arb = v["arbitration"]
+    assert arb["high_attainment_after"]["ratio"] == 1.0
+    assert arb["total_goodput_rps"]["ratio"] == round(4.0 / 3.5, 3)
+    assert arb["at_least_static"] is True
     assert v["per-pipeline"]["at_least_static"] is False
+
+
+def test_versus_pairs_the_rounds_for_the_spread_of_the_ratio() -> None:
+    """Round r of the auto arm over round r of the best static split: a median ratio of
+    1 can hide a round at 0.5."""
+    ab = bench_module("arbitration")
+    summary = {
+        "arbitration": ab.spread([_run(0.5, 1.0, 1.0), _run(1.0, 2.0, 1.0), _run(1.0, 2.0, 1.0)]),
+        "lend-only": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
+        "per-pipeline": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
+        "static 2+1": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
+    }
+    r = ab.versus(summary, "static 2+1")["arbitration"]
+    assert r["high_attainment_after"]["ratio"] == 1.0
+    assert r["high_attainment_after"]["rounds"]["min"] == 0.5
+    assert r["total_goodput_rps"]["rounds"]["values"] == pytest.approx([2 / 3, 1.0, 1.0])
+
+
+def test_slot_models_are_stand_in_stages_and_bad_ones_are_refused() -> None:
+    """``--high slot:MS``: one function stage holding its instance MS ms (bench/
+    slotbound.py), fixed or autoscaled within the slots; anything else after ``slot:``
+    is an error that says what to write."""
+    ab = bench_module("arbitration")
+    sb = bench_module("slotbound")
+    assert sb.parse("slot:100") == 100.0 and sb.parse("resnet50") is None
+    with pytest.raises(ValueError, match="slot:MS with MS > 0"):
+        sb.parse("slot:fast")
+    auto = ab.auto_pipeline("slot:80", ab.HIGH, 250.0, 1, 3)
+    (stage,) = auto["stages"]
+    assert stage["params"] == {"ms": 80.0} and stage["max_instances"] == 2
+    assert auto["priority"] == 1 and auto["slo"] == "250.0ms" and auto["autoscale"]
+    fixed = ab.static_pipeline("slot:80", ab.LOW, None, 2, 2)
+    assert fixed["stages"][0]["instances"] == 2 and "autoscale" not in fixed
+    assert "slo" not in fixed

@@ -228,12 +228,16 @@ def test_a_higher_pipeline_takes_from_a_lower_one_ahead_of_a_counted_violation()
     assert [(ln.donor, ln.taker) for ln in state.loans] == [("lo", "hi")]
     # an equal-priority donor lends only to a counted violation
     assert arbitrate([ahead, idle(priority=1)], ArbitrationState())[0] == []
-    # a calm measured P99 (100 <= 0.8 x 300) or a load one instance holds: no move
+    # a calm measured P99 (100 <= 0.8 x 300) or a load one instance holds: no lend
+    # (a lower donor's slack instance may still go to it as a spare, rule 4, no loan:
+    # tests/unit/runtime/scaling/test_arbitration_spare.py; a donor without slack, none)
     calm = PipelineView("hi", 1, snap(1, offered=8.0, p99=100.0, slo=300.0))
     assert pressure_ahead(calm.snapshot) is None
-    assert arbitrate([calm, idle()], ArbitrationState())[0] == []
+    assert [m.kind for m in arbitrate([calm, idle()], ArbitrationState())[0]] == ["spare"]
+    assert arbitrate([calm, idle(n=1)], ArbitrationState())[0] == []
     light = PipelineView("hi", 1, snap(1, offered=1.0, p99=None, slo=300.0))
-    assert arbitrate([light, idle()], ArbitrationState())[0] == []
+    assert [m.kind for m in arbitrate([light, idle()], ArbitrationState())[0]] == ["spare"]
+    assert arbitrate([light, idle(n=1)], ArbitrationState())[0] == []
     # room under the cap: its own scaler grows it, nothing to take
     roomy = ResourceCap(memory_cap_mb=2000.0, memory_used_mb=1000.0, max_instances={"cpu": 8})
     assert pressure_ahead(snap(1, offered=8.0, p99=None, slo=300.0, cap=roomy)) is None

@@ -1,0 +1,110 @@
+"""Slot-bound stand-in pipelines for ``bench/arbitration.py`` (``--high slot:MS``,
+``--low slot:MS``): one function stage that holds its instance for MS milliseconds per
+request while leaving the CPU idle (``time.sleep``), as an instance waiting on an
+accelerator does, so that the host's cores do not bind: on a shared 2-core host the
+models' own arms are CPU-bound. The device's engine slots count model instances only
+(``Monitor.cap``), so ``--slots`` does not cap these stages (a run of 4 on 3 slots:
+bench/HISTORY.md, "Arbitration: auto against the best static split"): each instance
+holds 64 MB of ballast and the bench caps memory instead (room for the ``--slots``
+instances of its capacity service and half of one more). What they measure is the
+control loop, never a model's speed.
+
+Input ``x`` FP32 [-1, 4], output ``y`` (= x). The stage's module is written to a
+directory that must be on the service's ``PYTHONPATH`` (:func:`write_module`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MODULE = "isc_slotbound_stage"
+SOURCE = '''"""bench/slotbound.py's stand-in stage (written by the bench)."""
+import time
+
+import numpy as np
+
+
+_BALLAST = []
+
+
+def wait(tensors, ms=100.0, ballast_mb=64):
+    """y = x after ``ms`` milliseconds of sleep: the instance is held, the CPU idle.
+    The first call writes ``ballast_mb`` MB of private memory, held for the instance's
+    life, so that a memory cap can tell its instances apart."""
+    if not _BALLAST and ballast_mb > 0:
+        _BALLAST.append(np.ones(int(ballast_mb * 2**20 // 8)))
+    time.sleep(ms / 1e3)
+    return {"y": np.array(tensors["x"])}
+'''
+
+
+def parse(model: str) -> float | None:
+    """``slot:MS`` -> MS (ms per request, > 0); None for any other model name.
+
+    Raises:
+        ValueError: ``slot:`` with no positive number after it.
+    """
+    if not model.startswith("slot:"):
+        return None
+    try:
+        ms = float(model.split(":", 1)[1])
+    except ValueError:
+        ms = 0.0
+    if not ms > 0:
+        raise ValueError(f"{model!r}: write slot:MS with MS > 0 ms per request, e.g. slot:100")
+    return ms
+
+
+def write_module(directory: Path) -> Path:
+    """Write the stage's module into ``directory`` (put it on PYTHONPATH); its path."""
+    path = directory / f"{MODULE}.py"
+    path.write_text(SOURCE)
+    return path
+
+
+def pipeline(
+    name: str,
+    ms: float,
+    slo_ms: float | None,
+    priority: int,
+    instances: int,
+    autoscale: dict | None = None,
+    max_instances: int | None = None,
+) -> dict[str, Any]:
+    """The raw pipeline config: one ``wait`` stage of ``ms`` ms at ``instances``
+    instances (``max_instances``: the stage's bound), SLO (None: none), priority,
+    ``autoscale`` (None: fixed). Checked by the config loader (ConfigError)."""
+    from infscaler.base.config import load_pipeline
+
+    stage: dict[str, Any] = {
+        "name": "wait",
+        "function": f"{MODULE}:wait",
+        "inputs": ["x"],
+        "outputs": ["y"],
+        "params": {"ms": ms},
+        "instances": instances,
+    }
+    if max_instances is not None:
+        stage["max_instances"] = max_instances
+    raw: dict[str, Any] = {
+        "name": name,
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": ["y"],
+        "stages": [stage],
+        "priority": priority,
+        "request_timeout_s": 60.0,
+    }
+    if slo_ms is not None:
+        raw["slo"] = f"{slo_ms:.1f}ms"
+    if autoscale is not None:
+        raw["autoscale"] = autoscale
+    load_pipeline(raw)
+    return raw
+
+
+def feeds() -> dict[str, np.ndarray]:
+    """One request's inputs."""
+    return {"x": np.ones((1, 4), np.float32)}
