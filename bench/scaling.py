@@ -22,8 +22,7 @@ cap first (:func:`measure_cap`: the whole model's and the Eq. 1 partitions' PSS,
 ``harness.models.cap_rule``). Per cell (:func:`cell_summary`): each configuration's
 rate, auto / best baseline, and the M/D/c ceiling of ``cores`` servers at L0
 (``slo_bound.mdc_max_rate``). ``--serve-arg`` passes an option to every service (the
-former wake-up variants: ``--serve-arg=--cpu-wake-latency-us=0``). The planner-prediction
-columns of the former script are in bench/HISTORY.md with the runs that used them.
+former wake-up variants: ``--serve-arg=--cpu-wake-latency-us=0``).
 """
 
 from __future__ import annotations
