@@ -3,9 +3,8 @@ replication and one session, at P99 <= k x L0 (MLPerf LoadGen's server scenario)
 
 Per model: L0, the median latency of one request on a 1-thread session in this process
 (``harness.models.calibrate``), and ideal = cores x 1000 / L0. Per SLO = k x L0 and
-configuration: the largest Poisson rate whose P99 (refused or failed requests counting as
-later than any, ``harness.scenarios.passes``) is within the SLO, by bisection
-(``harness.search``, first step 0.55 x ideal, bracket (0, 1.1 x ideal)); every step on a
+configuration: the largest Poisson rate whose P99 (refused or failed requests count as
+later than any) is within the SLO, by bisection (``harness.search``); every step on a
 freshly deployed service (``harness.Sut``), warm-up unmeasured, requests through
 ``infscaler.api.loadgen`` over HTTP on the socket (binary tensor data; ``--shm``: the
 inputs in a registered shared memory region). Configurations (:func:`config_pipeline`):
