@@ -111,7 +111,7 @@ def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
             "1",
             "--placements",
             "cross-core",
-            "--wait-quiet",
+            "--quiet-wait-s",
             "0",
             "--out",
             str(out_dir),
@@ -119,7 +119,8 @@ def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
         out_dir,
     )
     data = json.loads((out_dir / "handover_quick.json").read_text())
-    (row,) = [r for r in data["results"] if r["mechanism"] == "ebpf"]
+    rows = data["summary"]["results"]  # handover.py's aggregate per (placement, mechanism, N)
+    (row,) = [r for r in rows if r["mechanism"] == "ebpf" and r["consumers"] == 1]
     return float(row["p50_us"]), busy
 
 
