@@ -23,6 +23,7 @@ rules in full and the runs behind them: docs/scaling.md, "Arbitration in full".
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from infscaler.runtime.queueing import EPS
@@ -494,13 +495,7 @@ def _best_spare(views: list[PipelineView], takers: set[str], c: ArbitrationConfi
             for du in ds.units:
                 if not _has_slack(d, du, c):
                     continue
-                for do in du.options:
-                    if du.instances.get(do.engine, 0) <= 0:
-                        continue
-                    freed = _frees(do, ro)
-                    if any(freed.get(k, 0.0) + EPS < v for k, v in short.items()):
-                        continue
-                    after = pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
+                for do, after in _freeing(ds, du, ro, short):
                     if after is not None and ds.offered > c.donor_load * after + EPS:
                         continue
                     key = (-d.priority, d.name, du.index, do.engine)
@@ -534,6 +529,21 @@ def _best_spare(views: list[PipelineView], takers: set[str], c: ArbitrationConfi
         if best is not None:
             return best[1]
     return None
+
+
+def _freeing(
+    ds: Snapshot, du: UnitState, take: EngineOption, short: dict[str, float]
+) -> Iterator[tuple[EngineOption, float | None]]:
+    """The options of donor unit ``du`` that run an instance whose stop frees at least
+    ``short`` for ``take`` (:func:`_frees`), each with the donor's pipeline capacity
+    after that stop (req/s, :func:`~.unitmodel.pipeline_capacity_rps`; None: unbounded)."""
+    for do in du.options:
+        if du.instances.get(do.engine, 0) <= 0:
+            continue
+        freed = _frees(do, take)
+        if any(freed.get(k, 0.0) + EPS < v for k, v in short.items()):
+            continue
+        yield do, pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
 
 
 def _frees(o: EngineOption, take: EngineOption) -> dict[str, float]:
@@ -592,13 +602,7 @@ def _best_lend(
             for du in ds.units:
                 if du.total_instances <= du.min_instances:
                     continue
-                for do in du.options:
-                    if du.instances.get(do.engine, 0) <= 0:
-                        continue
-                    freed = _frees(do, ro)
-                    if any(freed.get(k, 0.0) + EPS < v for k, v in short.items()):
-                        continue
-                    after = pipeline_capacity_rps(_with(ds, du.index, do.engine, -1))
+                for do, after in _freeing(ds, du, ro, short):
                     if not yields and (
                         (after is not None and ds.offered > c.donor_load * after + EPS)
                         or _tail_short(ds, du)
