@@ -180,25 +180,19 @@ def plan_measured(
     incumbent: Callable[[], Sequence[Any] | None] = lambda: None,
     **search: Any,
 ) -> MeasuredSearch:
-    """The configuration search on ``cfg`` measured on this host: the one planning entry
-    of the deploy (:func:`plan_pipeline`) and of ``infscaler plan --explain``
-    (:func:`infscaler.cli.plan.search_cmd`).
+    """The configuration search on ``cfg`` measured on this host: the one planning entry of
+    the deploy (:func:`plan_pipeline`) and of ``infscaler plan --explain``.
 
-    Measures ``cfg`` (:func:`~infscaler.runtime.planning.inputs.planner_inputs`; its
-    notes said through ``progress``), resolves ``slo`` (a factor is of the pipeline's own
-    1-thread latency, :attr:`~infscaler.runtime.planning.inputs.PlannerInputs.base_ms`)
-    and searches with the best candidates' partitions measured
-    (:func:`~infscaler.runtime.planning.stageprofile.search_measured`) within ``cap``
-    (the device's resource cap; None:
-    :func:`~infscaler.runtime.planning.planner.resource_cap` of ``device``) on the
-    device profile's cpu cores (else this host's usable cores).
+    Measures ``cfg`` (:func:`~infscaler.runtime.planning.inputs.planner_inputs`), resolves
+    ``slo`` (a factor is of its 1-thread latency) and searches with the best candidates'
+    partitions measured (:func:`~infscaler.runtime.planning.stageprofile.search_measured`)
+    within ``cap`` (None: :func:`~infscaler.runtime.planning.planner.resource_cap` of
+    ``device``) on the device profile's cpu cores (else this host's usable cores).
 
     Args:
-        searching: given the SLO in ms, what the search runs within (the CLI's status
-            line; the deploy says the SLO).
-        incumbent: read just before the search: the configuration planned before, which
-            keeps a tie (:func:`~infscaler.runtime.planning.planner.search`'s
-            ``incumbent``).
+        searching: given the SLO in ms, what the search runs within (a status line).
+        incumbent: read just before the search: the configuration planned before
+            (:func:`~infscaler.runtime.planning.planner.search`'s ``incumbent``).
         search: the search's other arguments (``rate``, ``objectives``, ``refine``, ...).
         device / state_dir / allowed_functions / wake_latency_us / progress: as
             :func:`~infscaler.runtime.planning.inputs.planner_inputs` takes them.
@@ -247,39 +241,25 @@ def plan_pipeline(
 ) -> tuple[Any, Any]:
     """``(planned PipelineConfig, SearchOutcome)`` for a pipeline :func:`needs_planning`.
 
-    The decision is kept (``state_dir/plans/decisions/<digest>.json``, the digest of
-    the pipeline as given, the device profile but its memory cap, ``rate``,
-    ``objectives``, the package version, each model file's path, size and mtime and each
-    function stage's module file's,
-    :func:`~infscaler.runtime.planning.decisions.decision_path`) and,
-    with ``reuse``, a later deploy of the same pipeline on the same device deploys it
-    again without measuring anything (the outcome is then None) while the chosen
-    configuration fits the cap at that deploy and the cap has not grown past
-    :data:`~infscaler.runtime.planning.decisions.CAP_GROWTH_REPLAN` x the one it was
-    planned under (:func:`~infscaler.runtime.planning.decisions.cap_changed`).
-    A search measures the candidates' partitions on the host as it is at deploy: on
-    the 2-core host five deploys of the same ResNet-50 pipeline chose four different
-    configurations (K = 1 at 1 or 2 threads, K = 2), whose throughput at SLO differed
-    3x (bench/HISTORY.md, "Admission, the scaler's cores rule and the bench's steps",
-    its "The planner keeps its decision" item). Delete the file (or the directory) to
-    plan again.
+    The decision is kept (``state_dir/plans/decisions/<digest>.json``,
+    :func:`~infscaler.runtime.planning.decisions.decision_path`); with ``reuse`` a later
+    deploy of the same pipeline on the same device deploys it again without measuring
+    (outcome None) while it fits the cap and the cap has not grown past
+    :data:`~infscaler.runtime.planning.decisions.CAP_GROWTH_REPLAN` x (why: docs/planner.md,
+    "Deploy"). Delete the file to plan again.
 
     Args:
-        cfg: the pipeline. device: its DeviceProfile (the cap). state_dir: where the plan
-            directories go (``state_dir/plans/auto-<model>-<digest>``).
+        cfg: the pipeline; its ``slo`` in ms or a factor (``3x``) of its measured 1-thread
+            latency (:attr:`~infscaler.runtime.planning.inputs.PlannerInputs.base_ms`).
+        device: its DeviceProfile (the cap). state_dir: where the plan directories go
+            (``state_dir/plans/auto-<model>-<digest>``).
         rate: expected requests/s (None: the search maximises the rate within the SLO).
         objectives: partition objectives tried.
-        allowed_functions: the modules function stages may come from (None: any): they
-            run in this process on a sample request
-            (:func:`~infscaler.runtime.planning.inputs.planner_inputs`).
-        wake_latency_us: the PM QoS CPU latency limit the service holds (None: none):
-            the search plans with the idle slowdown each model served under it before
-            (:mod:`infscaler.runtime.scaling.idlecurve`), and a newly kept one plans again (it is
+        allowed_functions: the modules function stages may come from (None: any); they run
+            in this process on a sample request.
+        wake_latency_us: the PM QoS CPU latency limit the service holds (None: none): plans
+            with the idle slowdown learned under it (:mod:`infscaler.runtime.scaling.idlecurve`;
             part of the decision's key).
-
-    The pipeline's ``slo`` is in ms, or a factor (``3x``) of its measured 1-thread
-    latency (:attr:`~infscaler.runtime.planning.inputs.PlannerInputs.base_ms`: its model
-    stages in turn, with its function steps and fan-out items when it has them).
 
     Raises:
         InfScalerError: no SLO, a sample request the pipeline fails on, or no candidate
@@ -632,25 +612,21 @@ def plan_set_measured(
     top_k: int = 6,
     **search: Any,
 ) -> tuple[list[MeasuredSearch], JointPlan]:
-    """The pipelines ``cfgs`` planned together within one cap: each measured once
-    (:func:`~infscaler.runtime.planning.inputs.planner_inputs`), searched at its SLO
-    (``slos``) and rate (``rates``; None: its max rate) within each share of the cap
-    (:func:`set_shares`, :func:`share_of`, on that share of the cpu cores), and one
-    configuration per pipeline chosen among the candidates of all shares by
-    :func:`~infscaler.runtime.planning.jointplan.plan_together` (each pipeline's
-    ``priority``; the thread slots and physical cores of the whole cap).
+    """The pipelines ``cfgs`` planned together within one cap: each measured once, searched
+    at its SLO (``slos``) and rate (``rates``; None: its max rate) within each share of the
+    cap (:func:`set_shares`, :func:`share_of`), one configuration per pipeline chosen by
+    :func:`~infscaler.runtime.planning.jointplan.plan_together` (by ``priority``).
 
-    Returns ``(per pipeline the search within the whole cap, with the candidates of
-    every share in its outcome's candidates, the joint plan)``.
+    Returns ``(per pipeline its search within the whole cap, with every share's
+    candidates, the joint plan)``.
 
     Args:
-        searching: given a pipeline's name, its SLO in ms and the share, what its
-            search runs within.
+        searching: given a pipeline's name, its SLO in ms and the share, a status line.
         top_k: candidates per pipeline the joint choice tries.
         search: the search's other arguments (``objectives``, ``refine``, ...).
 
     Raises:
-        InfScalerError: as :func:`plan_measured`, and as
+        InfScalerError: as :func:`plan_measured` and
             :func:`~infscaler.runtime.planning.jointplan.plan_together` (a pipeline that
             fits in no way, named).
     """

@@ -65,24 +65,19 @@ class Candidate:
         cuts / objectives / threads: per model stage, the cuts, the objectives that chose
             them (``k1`` for K = 1) and the intra-op threads of each instance.
         units / config: the units simulated (the front end first) and their instances.
-        goodput_rps: requests answered within the SLO per second at ``rate`` (the
-            simulated SLO attainment x the rate); with no rate, the max rate.
-        max_rate_rps: the largest rate whose simulated P99 <= SLO (bisection), or None.
+        goodput_rps: requests/s answered within the SLO at ``rate`` (attainment x rate;
+            with no rate, the max rate).
+        max_rate_rps: the largest rate whose simulated P99 <= SLO, or None.
         p99_ms / attainment: at ``rate`` (at the max rate without one).
-        memory_mb: instances' memory. share: per stage, the bottleneck partition's share
-            of the FLOPs. fits: within the cap. why: why it lost (filled by the search).
-        whole: the whole pipeline in one unit (``fuse: whole``): ``units`` are the front
-            end and that unit; ``cuts`` all ``()``, ``threads`` its threads per stage.
-        finalist: scored again on the long trace
-            (:data:`~infscaler.runtime.planning.planner.FINAL_REQUESTS`); False: its
-            figures are the short screen's (600 requests), which reads high.
-        unit_err: per unit of ``units``, the relative uncertainty of its service time
-            (:meth:`~infscaler.runtime.planning.planner.ModelStage.unit_errs`; 0 for the
-            front end and function units).
-        goodput_lo / goodput_hi: the goodput (requests/s, scored as ``goodput_rps``, on
-            the same trace and seed) with every unit's service time at x (1 + err) and
-            x (1 - err): the interval its measurements allow. None: not scored (only
-            the finalists are; :meth:`interval` is then ``goodput_rps`` itself).
+        memory_mb: instances' memory. share: per stage, the bottleneck partition's FLOPs
+            share. fits: within the cap. why: why it lost (filled by the search).
+        whole: the whole pipeline in one unit (``fuse: whole``; ``cuts`` all ``()``).
+        finalist: scored again on the long trace (:data:`~.planner.FINAL_REQUESTS`);
+            False: the short screen's figures.
+        unit_err: per unit, the relative uncertainty of its service time (0 for the front
+            end and function units).
+        goodput_lo / goodput_hi: goodput (requests/s) with every service time at
+            x (1 + err) / x (1 - err); None: not scored (only finalists are).
     """
 
     cuts: tuple[tuple[int, ...], ...]

@@ -158,16 +158,12 @@ def decision_path(
     allowed_functions: Sequence[str] | None = None,
 ) -> Path:
     """Where :func:`~infscaler.runtime.planning.autoplan.plan_pipeline` keeps its decision
-    for these inputs (see there).
-
-    The idle slowdowns kept for its models (:func:`~infscaler.runtime.scaling.idlecurve.load_curve`,
-    at the thread counts :func:`~infscaler.runtime.planning.inputs.planner_inputs`
-    measures, :func:`~infscaler.runtime.planning.inputs.planned_thread_counts`) are
-    part of the key, their factors to the nearest 0.25: a curve kept after the last
-    decision, or one that moved, plans again; one re-kept each minute with the same
-    shape does not. So are its
-    function stages' source files (:func:`function_key`): the planner measured their
-    cost, so an edited pre- or post-processing step plans again."""
+    for these inputs. The key includes the idle slowdowns kept for its models at the
+    planned thread counts (:func:`~infscaler.runtime.scaling.idlecurve.load_curve`; factors
+    to the nearest 0.25: a new or moved curve plans again, one re-kept unchanged does not)
+    and its function stages' source files (:func:`function_key`: an edited step plans
+    again).
+    """
     import hashlib
 
     from infscaler import __version__

@@ -378,22 +378,13 @@ def whole_profiles(
     stages: Sequence[ModelStage | UnitProfile], name: str = "whole"
 ) -> dict[int, UnitProfile]:
     """The whole pipeline as one unit (``fuse: whole``), per intra-op thread count every
-    model stage was measured at (``whole_ms``'s keys; no count is extrapolated): the
-    planner's candidate "replicas of the whole pipeline".
+    model stage was measured at (no count is extrapolated).
 
-    Its cpu profile at ``t`` threads: the time per request is :func:`base_latency_ms` at
-    ``t`` (each unit's mean x its items per request, the fan-in included: it runs in the
-    unit); with a fan-out, one sample per measured item count n (the units outside the
-    fan-out once, the per-item ones n times), resampled by the simulator as the staged
-    units draw their items; without one, the mean with the largest ``cv`` of the model
-    stages at ``t`` (``cv_by_threads``). Memory: the model stages' (each whole: weights +
-    activations) plus one instance overhead (the largest of theirs), MB; ``cores`` =
-    ``t``; kind ``model``.
-
-    E.g. a 2 ms step fused before a 10 ms (1 thread) / 6 ms (2 threads) model that fans
-    out 1 or 3 items, a 4 / 3 ms model per item and a 1 ms fan-in: at 1 thread samples
-    (12 + 4 + 1, 12 + 12 + 1) = (17, 25) ms, at 2 threads (8 + 3 + 1, 8 + 9 + 1) =
-    (12, 18) ms.
+    At ``t`` threads its time per request is :func:`base_latency_ms` at ``t``, ms (one
+    sample per measured fan-out item count, else the mean with the model stages' largest
+    ``cv``); memory: the model stages' (weights + activations) plus the largest instance
+    overhead, MB; ``cores`` = ``t``; kind ``model``. Worked example: docs/planner.md,
+    "Inputs".
     """
     models = [s for s in stages if isinstance(s, ModelStage)]
     if not models:

@@ -124,13 +124,11 @@ class LiveConfig:
     """Tuning of :func:`check`.
 
     Attributes:
-        settle_s: seconds a configuration serves before it is judged (instance warm-up,
-            the first windows' P99).
-        min_answered: requests answered in the window before it is judged (50: the
-            scaler's default 10 s window holds 90 requests of ResNet-50 at 0.35 of the
-            ideal rate on 2 cores; with 100 the check never judged it).
-        shortfall: relative shortfall of the measured capacity against the predicted
-            one (beyond the prediction's ``err``) that counts as falling short, 0-1.
+        settle_s: seconds a configuration serves before it is judged.
+        min_answered: requests answered in the window before it is judged (why 50:
+            docs/scaling.md, "The live check in full").
+        shortfall: relative shortfall of the measured capacity against the predicted one
+            (beyond the prediction's ``err``) that counts as falling short, 0-1.
         better_by: relative margin by which another configuration must serve more to be
             switched to, 0-1 (below it: a tie, the one serving stays).
         max_switches: most switches per pipeline.

@@ -106,25 +106,21 @@ def plan(
     max_steps: int = 64,
     minimize: bool = True,
 ) -> PlanResult:
-    """:func:`search` on fixed unit profiles with its greedy source alone: the
-    least-memory configuration whose simulated P99 meets ``slo_ms`` at ``rate`` (the
-    steps: :mod:`.greedy`), with the greedy search's steps and, where none meets the
-    SLO, why.
+    """:func:`search` on fixed unit profiles with its greedy source alone (:mod:`.greedy`):
+    the least-memory configuration whose simulated P99 meets ``slo_ms`` at ``rate``, with
+    the steps and, where none meets the SLO, why.
 
     Args:
         units: the pipeline's unit profiles, in order.
-        rate: mean arrival rate, requests/s.
-        slo_ms: the end-to-end P99 latency SLO, ms.
+        rate: mean arrival rate, requests/s. slo_ms: end-to-end P99 SLO, ms.
         device: a DeviceProfile, a ResourceCap, or None (no cap).
         arrivals: the sample arrival process (a spec, a callable or times).
-        duration_s: length of the sample trace, s.
-        seed: of the trace and the service times.
-        handover_ms / pool_mb / warmup_s / max_inflight: see
-            :func:`~infscaler.runtime.planning.simulator.simulate` (``"auto"``: the runtime's
-            default window, the served instances + 1).
+        duration_s: length of the sample trace, s. seed: of the trace and service times.
+        handover_ms / pool_mb / warmup_s / max_inflight: as
+            :func:`~infscaler.runtime.planning.simulator.simulate` (``"auto"``: served
+            instances + 1).
         batch_wait_ms: batch window when the search raises a unit's batch.
-        max_steps: most changes the search makes.
-        minimize: run the trimming phase.
+        max_steps: most changes the search makes. minimize: run the trimming phase.
 
     Raises:
         ValueError: bad rate / SLO / duration or an arrival spec that cannot be read.
@@ -356,52 +352,45 @@ def search(
 ) -> SearchOutcome:
     """Search the runtime's configuration space for the most goodput within the SLO.
 
-    Every hand configuration is a point here: per model stage K = 1 .. ``max_partitions``
-    (the cuts of each objective) at each measured thread count, and the whole pipeline in
-    one unit, with instances grown within the cap (:mod:`.candidates`); each **scored** by
-    the simulator with CPU contention and the front end's CPU (:mod:`.scoring`); the
-    finalists scored again with a **goodput interval**, the **ties** to the simpler
-    configuration (:mod:`.ranking`); why each lost (:mod:`.explain`).
+    Candidates: per model stage K = 1 .. ``max_partitions`` (each objective's cuts) at each
+    measured thread count, and the whole pipeline in one unit, instances grown within the
+    cap (:mod:`.candidates`); each scored by the simulator with CPU contention and the
+    front end's CPU (:mod:`.scoring`); finalists scored again for a goodput interval, ties
+    to the simpler configuration (:mod:`.ranking`); why each lost (:mod:`.explain`).
+    Design and measurements: docs/planner.md, "The search".
 
     Args:
         stages: the pipeline in order: :class:`ModelStage` (searched) or fixed
-            :class:`UnitProfile` (function stages, or units of a given engine, batch
-            and instances profile; their instances grow too). With no ModelStage the
-            space is one point, the units as given.
+            :class:`UnitProfile` (function stages or given units; their instances grow
+            too). With no ModelStage the space is one point.
         slo_ms: end-to-end P99 SLO, ms.
         device: a DeviceProfile, a ResourceCap, or None (no memory / slot cap).
         rate: expected mean arrival rate, requests/s (None: score by the max rate).
-        cores: physical cpu cores the instances and the front end share: the CPU
-            contention of the simulator and the largest thread count tried (default: the
-            cap's ``cores``; give the physical count when the profile's thread slots
-            oversubscribe them, :func:`cpu_cores`).
+        cores: physical cpu cores the instances and the front end share (default: the
+            cap's ``cores``; give the physical count when thread slots oversubscribe them,
+            :func:`cpu_cores`).
         arrivals: arrival process spec (:func:`infscaler.runtime.planning.arrivals.from_spec`).
-        requests: requests simulated per screening score (trace length = requests / rate).
-        final_requests / finalist_within / finalists_max: the finalists' long score (0: no
-            second score, the screen decides).
-        seed / handover_ms: see :func:`~infscaler.runtime.planning.simulator.simulate`.
+        requests: requests simulated per screening score.
+        final_requests / finalist_within / finalists_max: the finalists' long score (0: the
+            screen decides).
+        seed / handover_ms: as :func:`~infscaler.runtime.planning.simulator.simulate`.
         frontend_ms: front-end CPU per request, ms (0: not modelled).
         max_partitions: largest K per model stage.
         objectives: partition objectives tried (``("eq1",)``: the paper's only).
-        whole: the whole pipeline as one unit (``fuse: whole``,
-            :func:`infscaler.runtime.planning.inputs.whole_profiles`): intra-op threads -> its
-            profile; each (``t <= cores``) is a candidate too, its instances grown by the
-            same loop (``cuts`` all ``()``, ``objectives`` ``whole``, ``whole`` True).
-        oversubscribe: pinned threads allowed per core (default 1: no more pinned
-            threads than ``cores``), and never more than the cap's thread slots. A
-            candidate whose one instance per unit already pins more is ruled out while
-            any candidate within them meets the SLO (why: :mod:`.candidates`).
+        whole: the whole pipeline as one unit, intra-op threads -> its profile
+            (:func:`infscaler.runtime.planning.inputs.whole_profiles`); each ``t <= cores``
+            is a candidate.
+        oversubscribe: pinned threads allowed per core (default 1), never more than the
+            cap's thread slots; candidates pinning more are ruled out while any within them
+            meets the SLO.
         max_candidates: most (cuts x threads) combinations over the stages.
-        goodput_tie: relative goodput difference counted as a tie, 0-1 (0: only
-            overlapping goodput intervals tie; with no uncertainty, exact).
-        incumbent: the configuration planned before for this pipeline
-            (:meth:`~infscaler.runtime.planning.candidates.Candidate.identity`; None:
-            none): scored as a finalist, and while it ties the best goodput it wins the
-            tie before every other rule (why: :mod:`.ranking`).
-        sources: the candidate sources that run (:data:`~.candidates.SOURCES`: ``grow``,
-            ``greedy``; the greedy one needs a ``rate``).
-        greedy: how the greedy source simulates (:class:`~.greedy.GreedyOptions`; None:
-            the screen's trace).
+        goodput_tie: relative goodput difference counted as a tie, 0-1.
+        incumbent: the configuration planned before
+            (:meth:`~infscaler.runtime.planning.candidates.Candidate.identity`; None: none):
+            a finalist that wins a goodput tie before every other rule.
+        sources: candidate sources (:data:`~.candidates.SOURCES`; ``greedy`` needs ``rate``).
+        greedy: how the greedy source simulates (:class:`~.greedy.GreedyOptions`; None: the
+            screen's trace).
 
     Returns:
         :class:`~.explain.SearchOutcome`: ``best`` (None when no candidate answers any

@@ -34,26 +34,17 @@ class EngineProfile:
         cv: coefficient of variation of the service time (0: always ``mean_ms``; 1:
             exponential; else gamma). Ignored when ``samples_ms`` is given.
         samples_ms: measured service times, resampled uniformly (empirical profile).
-        batch_ms: batch size -> batch latency T_b, ms (measured sizes; others
-            interpolated). Empty: a batch of b takes b x the item time (no gain).
+        batch_ms: batch size -> batch latency T_b, ms (others interpolated; empty: b x the
+            item time).
         memory_mb: memory one instance takes, MB (r_k^m).
         cores: CPU cores one instance is pinned to (cpu model units; 0 otherwise).
-        corun: how much slower an item runs while every other core is busy, as a
-            fraction of ``mean_ms`` (cpu; 0: not at all): cores share caches and memory
-            bandwidth (ResNet-50 and PP-OCRv4 det at 1 thread on 2 cores: 1-2.5 %).
-            Measured with :func:`infscaler.partitioner.profiler.measure_corun`; the
-            simulator scales it by the share of the other cores busy when the item
-            starts.
-        idle: how much slower an item runs after its instance sat idle, as points
-            ``(idle s, time / time back to back)`` in increasing idle order; between
-            them (and from ``(0, 1)``) the factor is interpolated linearly, beyond the
-            last it stays at the last (empty: idle costs nothing). A core left idle
-            sleeps and is slow to wake: on the 2-core development VM, ResNet-50 at 2
-            intra-op threads took 30.6 ms back to back, 33.9 ms after 0.1 s idle and
-            48-51 ms after 0.2-0.4 s (the second thread's core, woken for every
-            operator, runs late), at 1 thread 56-60 ms throughout (2026-11-27,
-            bench/HISTORY.md). Measured with
-            :func:`infscaler.partitioner.profiler.measure_idle`.
+        corun: slowdown while every other core is busy, a fraction of ``mean_ms`` (cpu; 0:
+            none; :func:`infscaler.partitioner.profiler.measure_corun`), scaled by the share
+            of other cores busy when the item starts.
+        idle: slowdown after the instance sat idle, points ``(idle s, factor)`` in
+            increasing idle order, interpolated linearly from ``(0, 1)``, the last held
+            beyond (empty: none; :func:`infscaler.partitioner.profiler.measure_idle`).
+            Measured figures: docs/architecture.md, "partitioner/profiler.py".
     """
 
     engine: str

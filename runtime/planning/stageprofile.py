@@ -82,15 +82,9 @@ def with_drift(err: float | None) -> float:
 
 def spread_cv(times_ms: Sequence[float]) -> float | None:
     """Coefficient of variation (sample standard deviation / mean) of one thread count's
-    timed runs, ms; None for fewer than :data:`SPREAD_MIN_RUNS` runs.
-
-    What it is for: at an SLO a few times the service time, the P99 is set by the slow
-    runs as much as by queueing. A 2-core VM ran ResNet-50 with 2 intra-op threads at a
-    44 ms median and a 53-75 ms P99 between quiet runs (bench/HISTORY.md, "Admission,
-    the scaler's cores rule and the bench's steps", its ResNet-50 1.5x / 2x items);
-    with deterministic service times the simulator rated that one 2-thread session at
-    12.2 requests/s within 2 x L0, and it served 8.8-11.0. The simulator draws gamma service times with this
-    CV (:class:`~infscaler.runtime.planning.simulator.EngineProfile`)."""
+    timed runs, ms; None for fewer than :data:`SPREAD_MIN_RUNS` runs. The simulator draws
+    gamma service times with it (why: docs/planner.md, "Stage profiles").
+    """
     if len(times_ms) < SPREAD_MIN_RUNS:
         return None
     mean = statistics.fmean(times_ms)

@@ -35,58 +35,32 @@ class ModelStage:
 
     Attributes:
         name: the stage (units are named ``name/k``; ``name`` when K = 1).
-        costs: per operator in topological order, the complexity used to cut and to share
-            the measured time among partitions: profiled ms at 1 thread (preferred) or FLOPs.
-        valid_cuts: cut positions (cut p lies after operator p; ``OperatorGraph.valid_cuts``).
-        whole_ms: intra-op threads -> measured time of the whole model, ms (batch 1). Key 1
-            is required; a thread count not measured is not an option (no speedup is
-            invented).
-        weights_bytes: per operator, the weight bytes it reads (``OperatorCost.param_bytes``);
-            empty: 0 (the ``weights`` objective then equals ``minmax``).
-        flops: per operator FLOPs, for the bottleneck share reported (empty: ``costs``).
-        op_ms: per operator profiled ms, to share the measured time among partitions
-            (empty: ``costs``).
-        cut_bytes: bytes crossing each valid cut (``OperatorGraph.crossing_bytes``).
-        boundary_fixed_ms / boundary_per_mb_ms: the measured partition boundary overhead
-            T_p = fixed + per_mb x MB crossing (``profiler.BoundaryOverhead``), added to the
-            partition after each cut.
-        activations_mb: peak activations of the whole model, MB (each instance counted
-            with it: an upper bound for a partition).
-        instance_overhead_mb: memory of an idle instance process, MB
-            (:data:`infscaler.base.device.INSTANCE_OVERHEAD_MB`).
-        cv: coefficient of variation of the measured whole-model time (used per unit at
-            a thread count without its own ``cv_by_threads``).
-        cv_by_threads: intra-op threads -> the CV of the whole model's timed runs at that
-            count (:func:`infscaler.runtime.planning.stageprofile.spread_cv`); each unit's
-            simulated service times are gamma with it (its partitions keep the whole
-            model's spread: one run's slowness is the host's, not an operator's).
-        corun_by_threads: intra-op threads -> how much slower the whole model runs while
-            every other core runs a copy of it (:func:`infscaler.partitioner.profiler.
-            measure_corun`, a fraction; each unit's :attr:`~infscaler.runtime.planning.simulator.
-            EngineProfile.corun`; absent: 0).
-        idle_by_threads: intra-op threads -> how much slower the whole model runs after
-            the host sat idle, ``((idle s, factor), ...)`` (:func:`infscaler.partitioner.
-            profiler.measure_idle`; each unit's :attr:`~infscaler.runtime.planning.simulator.
-            EngineProfile.idle`, its partitions at the same factor; absent: none).
-        unit_ms: measured per-partition times that replace the estimate: ``(cuts, threads)
-            -> (ms per partition, ...)``.
-        whole_ms_err: intra-op threads -> the uncertainty of ``whole_ms`` at that count,
-            relative (a fraction of it, 0 <= err < 1): the distance from the median of
-            its timed runs to the farther end of the median's 95 % confidence interval
-            (:func:`infscaler.partitioner.profiler.median_err`); absent: 0 (a figure
-            taken as exact). :func:`~infscaler.runtime.planning.planner.search` scores its finalists with every service time
-            at x (1 + err) and x (1 - err) for a goodput interval (its ties).
-        unit_ms_err: ``(cuts, threads) -> (relative err per partition, ...)``: the same
-            for ``unit_ms`` (absent: the whole model's ``whole_ms_err`` at ``threads``).
-        pre_ms / post_ms: function steps fused into this stage's instances
-            (:func:`infscaler.runtime.serving.pipeline.fuse_units`): their measured cpu ms per call
-            before partition 0 / after partition K-1, added to those partitions' service
-            times (the same at every thread count: a function step runs on one thread).
-        items: the stage's last unit fans out (a fused ``fan_out`` step after the model):
-            the measured items per request, one drawn per request by the simulator;
-            empty: it does not fan out. A stage after a fan-out (and before the fan-in)
-            runs per item: its arrival rate is the requests' x the mean items
-            (:func:`~infscaler.runtime.planning.resources.arrival_rates`).
+        costs: per operator in topological order, the complexity that cuts and shares the
+            measured time: profiled ms at 1 thread (preferred) or FLOPs.
+        valid_cuts: cut positions (cut p lies after operator p).
+        whole_ms: intra-op threads -> whole-model time, ms (batch 1); key 1 required; a
+            count not measured is not an option.
+        weights_bytes: per operator, weight bytes read (empty: 0).
+        flops: per operator FLOPs, for the bottleneck share (empty: ``costs``).
+        op_ms: per operator profiled ms, to share the measured time (empty: ``costs``).
+        cut_bytes: bytes crossing each valid cut.
+        boundary_fixed_ms / boundary_per_mb_ms: boundary overhead T_p = fixed + per_mb x MB
+            crossing, ms (``profiler.BoundaryOverhead``), added after each cut.
+        activations_mb: peak activations of the whole model, MB (an upper bound per part).
+        instance_overhead_mb: memory of an idle instance process, MB.
+        cv / cv_by_threads: coefficient of variation of the whole-model time (threads ->
+            CV where measured); the units' gamma service times use it.
+        corun_by_threads / idle_by_threads: threads -> co-running slowdown (a fraction) /
+            idle slowdown ``((idle s, factor), ...)``, as :class:`~.simtypes.EngineProfile`.
+        unit_ms: measured per-partition ms replacing the estimate: ``(cuts, threads) ->
+            (ms per partition, ...)``.
+        whole_ms_err / unit_ms_err: the relative uncertainty (0 <= err < 1) of ``whole_ms``
+            / ``unit_ms`` (:func:`infscaler.partitioner.profiler.median_err`; absent: 0 /
+            the whole model's); the finalists' goodput interval.
+        pre_ms / post_ms: cpu ms per call of function steps fused before partition 0 /
+            after partition K-1 (the same at every thread count).
+        items: measured items per request when the stage's last unit fans out (empty: it
+            does not); stages after a fan-out run per item.
     """
 
     name: str
