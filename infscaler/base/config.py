@@ -86,14 +86,10 @@ class InputSpec(BaseModel):
 class BatchingConfig(BaseModel):
     """Dynamic batching of a model stage (Triton's ``dynamic_batching``; MArk §4).
 
-    An instance that takes an input waits up to ``max_delay_ms`` for more, up to the
-    batch size, stacks them along axis 0 and runs the engine once; inputs whose shapes
-    differ beyond axis 0 run one by one. With ``policy: mark`` the autoscaler decides
-    each interval from the T_b each instance measures at load: batch 1 unless some size
-    saves more than 10 % per item within the stage's share of the SLO
-    (:func:`infscaler.runtime.serving.batching.decide_batching`), else, with an SLO, the
-    largest b with W_b + T_b <= that share and W_b + T_b <= b T_1 (MArk §4), without one
-    the size with the least time per item; ``fixed`` always uses ``max_batch``.
+    An instance waits up to ``max_delay_ms`` for up to the batch size, stacks inputs along
+    axis 0 and runs once (shapes differing beyond axis 0 run one by one). ``mark``: the
+    autoscaler picks b each interval from the measured T_b
+    (:func:`infscaler.runtime.serving.batching.decide_batching`); ``fixed``: ``max_batch``.
 
     Attributes:
         max_batch: the largest batch (1-64).
@@ -113,8 +109,7 @@ _OWN_SCALING = ("instances", "max_instances", "threads")
 
 
 class StageConfig(BaseModel):
-    """One stage (see the module docstring). Exactly one of ``function``, ``model``,
-    ``plan``.
+    """One stage (see the module docstring). Exactly one of ``function``, ``model``, ``plan``.
 
     Attributes:
         name: unique in the pipeline.
@@ -131,24 +126,20 @@ class StageConfig(BaseModel):
         params: keyword arguments of a function stage.
         fan_out / fan_in: see the module docstring (function stages only).
         engine: ``cpu``, ``gpu`` or ``dla``. precision: ``fp32``, ``fp16``, ``int8``.
-        instances: instances per partition (an int, or one int per partition); with
-            ``autoscale`` it is the minimum the scaler keeps.
+        instances: instances per partition (an int, or one per partition); with
+            ``autoscale`` the minimum the scaler keeps.
         batching: dynamic batching (:class:`BatchingConfig`), model stages only.
-        max_instances: with ``autoscale``, the most instances per partition the scaler
-            may run (None: only the device's resource cap bounds it; at most 16, the
-            control path's limit per stage).
+        max_instances: with ``autoscale``, the most instances per partition (None: the
+            device's cap; at most 16, the control path's limit per stage).
         threads: intra-op threads (and pinned cores) per instance.
-        max_threads: with ``autoscale``, cpu model stages: the most intra-op threads
-            the scaler may give one instance (vertical scaling, ``scale_up``: a new
-            instance with more threads replaces one). Each instance then times its
-            model at load at every count from ``threads`` to ``max_threads`` (the
-            measurement the scaler predicts from). None: ``threads`` is fixed.
-        fuse: run this function stage inside the adjacent model stage's instances (a
-            fused unit, :func:`infscaler.runtime.serving.pipeline.fuse_units`), or let a model
-            stage take its adjacent function stages in; ``false`` keeps the stage its
-            own unit. None: the pipeline's ``fuse``, except that a function stage
-            setting its own ``instances``, ``max_instances`` or ``threads`` is scaled
-            on its own (not fused; with ``fuse: true`` those are an error).
+        max_threads: with ``autoscale``, cpu model stages: the most intra-op threads the
+            scaler may give one instance (``scale_up``; each instance times its model at
+            every count up to it at load). None: ``threads`` is fixed.
+        fuse: run this function stage inside the adjacent model stage's instances
+            (:func:`infscaler.runtime.serving.pipeline.fuse_units`); ``false`` keeps it its
+            own unit. None: the pipeline's ``fuse``, except that a function stage setting
+            ``instances``, ``max_instances`` or ``threads`` is not fused (an error with
+            ``fuse: true``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -289,18 +280,15 @@ class AutoscaleConfig(BaseModel):
         hold_s: no scale-in this long after a change, s (InferLine: 15).
         rate_horizon_s: scale-in provisions for the max rate over this window, s (30).
         scale_in_utilisation: the instances left after a scale-in run at most this busy.
-        shed: when the device's cap is reached and the SLO is still violated, bound the
-            pipeline's queue (Little's law) and answer 503 beyond it.
-        settle_s: a violation within this long after the deploy or a scale-out,
-            scale-in or thread step is not counted (instances still warming up), s
+        shed: at the device's cap with the SLO still violated, bound the queue (Little's
+            law) and answer 503 beyond it.
+        settle_s: violations within this long after a deploy or a step are not counted, s
             (default 5; 0-600).
-        sustain_s: a scale-out (or a thread step up, or a queue bound) needs the SLO
-            violated at every look for at least this long, s (default 2; 0-600).
-        oversubscribe: let the scaler add a cpu instance or thread beyond the physical
-            cores (pinned threads of all instances); off by default.
-        tuner: also scale out as soon as the arrival envelope exceeds what the current
-            instances sustain within the SLO, before the P99 window shows it (InferLine
-            §5, :mod:`infscaler.runtime.scaling.tuner`); off by default.
+        sustain_s: a step up (instance, thread or queue bound) needs the SLO violated at
+            every look for this long, s (default 2; 0-600).
+        oversubscribe: let the scaler add cpu threads beyond the physical cores.
+        tuner: also scale out when the arrival envelope exceeds what the instances
+            sustain within the SLO (InferLine §5, :mod:`infscaler.runtime.scaling.tuner`).
 
     Raises:
         pydantic.ValidationError: a value out of range (``settle_s`` / ``sustain_s``
@@ -335,25 +323,18 @@ class AutoscaleConfig(BaseModel):
 
 
 class QueuePolicyConfig(BaseModel):
-    """How a pipeline's queue treats its requests: Triton's ``ModelQueuePolicy``
-    (``model_config.proto``; ``docs/user_guide/model_configuration.md``, "Queue Policy")
-    with ms where Triton has µs. The queue is the front end's backlog: requests admitted
-    and not yet handed to the pipeline's first unit.
+    """How a pipeline's queue (the front end's backlog: admitted, not yet handed to the first
+    unit) treats its requests: Triton's ``ModelQueuePolicy`` with ms where Triton has µs.
 
     Attributes:
-        max_queue_size: requests of the pipeline queued at once, all priority levels
-            together (Triton's ``max_queue_size`` bounds each level's queue); beyond it a
-            request is refused at arrival (503, ``queue full (max_queue_size N)``). 0:
-            unbounded.
-        timeout_action: what happens to a request whose queue timeout passes before it
-            starts: ``REJECT`` (503, ``queue timeout``) or ``DELAY`` (it moves behind
-            every request of its level that has not timed out, ahead of lower levels;
-            it may wait for ever, bounded only by ``request_timeout_s``).
-        default_timeout_ms: the queue timeout, ms (Triton's
-            ``default_timeout_microseconds`` / 1000; None: none, Triton's 0).
-        allow_timeout_override: a request's ``timeout`` parameter (Triton's, in µs)
-            replaces ``default_timeout_ms`` (Triton's ``allow_timeout_override``); else
-            it is ignored, as Triton does.
+        max_queue_size: requests queued at once, all priority levels together; beyond it
+            refused at arrival (503, ``queue full (max_queue_size N)``). 0: unbounded.
+        timeout_action: for a request whose queue timeout passes before it starts:
+            ``REJECT`` (503, ``queue timeout``) or ``DELAY`` (behind every request of its
+            level that has not timed out; bounded only by ``request_timeout_s``).
+        default_timeout_ms: the queue timeout, ms (None: none, Triton's 0).
+        allow_timeout_override: a request's ``timeout`` parameter (µs) replaces
+            ``default_timeout_ms``; else it is ignored.
 
     Raises:
         ValueError: a negative size or a timeout not a positive number.
@@ -376,28 +357,22 @@ class PipelineConfig(BaseModel):
         inputs: request tensors; None for single-model pipelines (taken from the model).
         outputs: tensors returned; None for single-model pipelines (the model's outputs).
         stages: in execution order.
-        request_timeout_s: a request not answered within this is failed (503).
+        request_timeout_s: a request not answered within this is failed (503), s.
         max_inflight: requests in the pipeline's stages at once (more wait at the front
-            end); default: its instances (times their batch size) + 1, enough to keep every instance
-            busy while bounding the tensor pool memory the pipeline holds.
+            end); default: its instances (times their batch size) + 1.
         slo: the end-to-end latency SLO (``200ms``, ``0.2s``) the scaler keeps P99 under.
-        autoscale: scale the pipeline's units asymmetrically (needs ``slo``); ``true``
-            takes the defaults of :class:`AutoscaleConfig`.
-        fuse: the stages' default ``fuse`` (true: function stages run inside the
-            adjacent model stage's instances); ``whole``: the whole pipeline runs as one
-            unit (see the module docstring).
-        priority: the pipeline's level and the default level of its requests (Triton's
-            ``default_priority_level``): 1 is the highest, a larger number lower (1 -
-            :data:`MAX_PRIORITY_LEVEL`); a request's ``priority`` parameter may lower its
-            own level in the queue, never raise it above this one, and the scaler's arbitration between pipelines
-            (:mod:`infscaler.runtime.scaling.arbitration`) moves capacity from lower
-            levels to higher ones when the device's cap is full.
+        autoscale: scale the units asymmetrically (needs ``slo``); ``true``: the defaults
+            of :class:`AutoscaleConfig`.
+        fuse: the stages' default ``fuse``; ``whole``: the whole pipeline runs as one unit.
+        priority: the pipeline's level and its requests' default (Triton's
+            ``default_priority_level``): 1 highest, up to :data:`MAX_PRIORITY_LEVEL`; a
+            request may lower its own level, never raise it; arbitration
+            (:mod:`infscaler.runtime.scaling.arbitration`) moves capacity to higher levels
+            when the device's cap is full.
         queue_policy: its queue's bound and timeouts (:class:`QueuePolicyConfig`).
-        triton_config: for a model served from a Triton repository, the
-            ``inference.ModelConfig`` it is served with, as protobuf text format (its
-            ``config.pbtxt`` with Triton's defaults filled:
-            :func:`infscaler.base.triton.served_config`); the ModelConfig API returns it.
-            At most 256 KB.
+        triton_config: for a model served from a Triton repository, its
+            ``inference.ModelConfig`` as protobuf text (:func:`infscaler.base.triton.served_config`),
+            returned by the ModelConfig API. At most 256 KB.
     """
 
     model_config = ConfigDict(extra="forbid")

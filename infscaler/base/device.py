@@ -93,22 +93,16 @@ class Accelerator(BaseModel):
     Attributes:
         engine: ``cpu``, ``gpu`` (iGPU) or ``dla``.
         count: how many (DLA cores: 0-2; cpu: 1, its cores listed in ``cores``).
-        cores: CPU core ids available to inference instances (cpu only; None: every
-            core of the host the runtime runs on).
+        cores: CPU core ids available to inference instances (cpu only; None: every core).
         precisions: precisions the engine runs (``fp32``, ``fp16``, ``int8``; dla:
             ``fp16`` / ``int8`` only).
-        max_instances: resource limit on concurrent instances (Algorithm 1's R^m); for
-            ``dla`` it is per DLA core (the device's slots: ``max_instances x count``).
-        threads_per_core: cpu only: how many pinned instance threads may share one core.
-            The scaler never adds a cpu instance of a model stage past
-            ``floor(len(cores) x threads_per_core)`` pinned threads (``instances x
-            threads``, :attr:`thread_slots`); a deploy that asks for more is warned about
-            (the operator's own configuration), not refused. 1 (the default): never
-            more threads than cores; above 1 is an
-            explicit opt-in to oversubscription (pipelined stages that take turns).
+        max_instances: limit on concurrent instances (Algorithm 1's R^m); per DLA core for
+            ``dla`` (its slots: ``max_instances x count``).
+        threads_per_core: cpu only: pinned instance threads one core may take; the scaler
+            adds none past ``floor(len(cores) x threads_per_core)`` (:attr:`thread_slots`);
+            a deploy asking more is warned about. 1 (default): no oversubscription.
         description: free text (``512-core Volta, 64 Tensor Cores``).
-        sources: field name -> where the figure comes from (``count``, ``cores``,
-            ``precisions``, ``max_instances``, ``description``).
+        sources: field name -> where the figure comes from.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -520,33 +514,27 @@ def check_pipeline(
 ) -> list[str]:
     """Refuse a pipeline that cannot run on ``profile``, before anything starts.
 
-    Checks, per unit: its engine is a known kind (``cpu``, ``gpu``, ``dla``, or a DLA
-    core ``dla0`` / ``dla1``) that the profile has, and its precision is one that engine
-    runs. Then, over the units that run as instances (all but a fan-in, which the front
-    end runs), the configured (minimum) instances against the resource limits the scaler
-    keeps (:mod:`infscaler.runtime.scaling.monitor`): model instances per engine <=
-    :attr:`DeviceProfile.instance_limits`
-    (function stages count against memory only, as in the scaler); and memory: one
-    instance of every served unit plus ``pool_mb`` must fit ``memory_cap_mb``, and so must
-    the configured instances. An instance's memory is the unit's plan estimate
-    (``memory_mb``; a whole model without a plan: its ONNX file size; a function stage:
-    0) plus ``instance_overhead_mb``. Model instances x threads on the cpu beyond the
-    cpu's :meth:`Accelerator.thread_slots` (cores x ``threads_per_core``) are the
-    operator's choice: a warning, not a refusal (the scaler never adds past them).
+    Per unit: a known engine kind the profile has (``cpu``, ``gpu``, ``dla``, ``dla0`` /
+    ``dla1``) and a precision it runs. Over the served units (all but a fan-in): model
+    instances per engine <= :attr:`DeviceProfile.instance_limits` (function stages count
+    against memory only, as in the scaler), and memory (one instance
+    of every served unit plus ``pool_mb``, and the configured instances) within
+    ``memory_cap_mb``; an instance's memory is its plan estimate (a whole model: its ONNX
+    file size; a function stage: 0) plus ``instance_overhead_mb``. Threads beyond the cpu's
+    :meth:`Accelerator.thread_slots` are a warning, not a refusal.
 
     Args:
         compiled: the compiled pipeline (:func:`infscaler.runtime.serving.pipeline.compile_pipeline`).
         profile: the device profile whose limits apply.
         pool_mb: the tensor pool's memory the pipeline needs, MB.
         instance_overhead_mb: USS of an idle instance process, MB.
-        used_mb: memory already held by other deployments (their instances' USS and pool
-            MB), counted against the cap.
+        used_mb: memory other deployments already hold (instances' USS and pool), MB.
         instances_used: engine kind -> instances other deployments already run.
         cores_used: cpu threads other deployments' model instances already pin.
 
     Returns:
-        Warnings that do not stop the deploy (figures the check could not know, limits
-        the scaler will clamp to, profile cores this host lacks).
+        Warnings that do not stop the deploy (unknown figures, limits the scaler will
+        clamp to, profile cores this host lacks).
 
     Raises:
         ConfigError: every problem found, one line each naming the stage and what to do.

@@ -375,12 +375,10 @@ def _random_weight(role: str, shape: tuple[int, ...], rng):
 def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = None) -> Path:
     """Replace a light model's ``ConstantOfShape`` weights by seeded random initializers.
 
-    Conv / Gemm weights get He-normal values (std = sqrt(2 / fan_in)), BatchNormalization
-    scales and ``Mul`` scales U(0.5, 1.5), variances U(0.5, 1.5), biases and means
-    U(-0.1, 0.1). Float initializers already in the file (real BN statistics) are redrawn
-    the same way, so activations stay O(1)
-    and a wrong partition shows in the outputs; unused initializers are dropped. The
-    result is cached as ``<out_dir>/<stem>_seed<seed>_w<scheme>.onnx`` and reused.
+    Conv / Gemm weights He-normal (std = sqrt(2 / fan_in)); BN and ``Mul`` scales and
+    variances U(0.5, 1.5); biases and means U(-0.1, 0.1); float initializers in the file
+    redrawn the same way (activations stay O(1)); unused initializers dropped. Cached as
+    ``<out_dir>/<stem>_seed<seed>_w<scheme>.onnx``.
 
     Args:
         src: path of a ``light_*.onnx`` file.

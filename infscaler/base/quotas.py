@@ -32,40 +32,31 @@ FD_RESERVE = 256
 
 @dataclass(frozen=True)
 class PeerQuotas:
-    """Limits per client uid on the inference socket. The service's own user and root
-    are held to none of the per-uid limits.
+    """Limits per client uid on the inference socket; the service's own user and root are
+    held to none of them. Defaults and why: docs/security.md, "Quotas" and
+    "infscaler/base/quotas.py".
 
     Attributes:
         connections_per_uid: connections one uid may hold open at once (503 beyond).
-            64: a client with a connection pool of 16-32 fits with room.
-        operator_connections: of the server's ``max_connections``, how many only the
-            service's own user and root may use: with every other slot taken, the
-            operator still gets in (health, metrics, unload).
-        pending_per_uid: inference requests one uid may have pending at once (admitted
-            and not answered: queued or running, every pipeline, HTTP and gRPC
-            together); 503 with ``Retry-After`` beyond. 256: a quarter of the front
-            end's ``max_pending`` (1024), so one client cannot hold them all
+        operator_connections: of ``max_connections``, how many only the service's own
+            user and root may use.
+        pending_per_uid: inference requests one uid may have pending (queued or running,
+            every pipeline, HTTP and gRPC together); 503 with ``Retry-After`` beyond
             (:func:`~infscaler.runtime.serving.admission.admit_pending`).
         operator_pending: of ``max_pending``, how many only the service's own user and
-            root may use: with every other request slot taken, the operator's requests
-            still get in.
-        inflight_mb_per_uid: request bytes one uid may have in flight at once, MB,
-            counted like the service-wide ``--max-inflight-mb`` (before the body is
-            read; twice the body for an inference); 503 beyond. Default 128 MB: half
-            the service-wide default, so two clients at their limit cannot hold all.
-        control_body_kb: largest body of a request that is not an inference (shared
-            memory register, repository load), KB (413 beyond). 1024 KB: a register
-            body is ~100 bytes, a pipeline config a few KB.
-        regions_per_uid: shared memory regions one uid may hold registered (each is
-            one fd of the service, and outlives the connection); 429 beyond.
+            root may use.
+        inflight_mb_per_uid: request bytes one uid may have in flight, MB, counted like
+            ``--max-inflight-mb`` (before the body is read; twice the body for an
+            inference); 503 beyond.
+        control_body_kb: largest body of a request that is not an inference (shm
+            register, repository load), KB (413 beyond).
+        regions_per_uid: shared memory regions one uid may hold registered; 429 beyond.
         regions: regions all clients that are not privileged may hold; 429 beyond.
-        variant_loads_per_min: model-less task queries one uid may make that load or
-            switch a variant (each deploys a pipeline: seconds of CPU and hundreds of
-            MB), per minute, as a token bucket with a burst of as many; 429 beyond, with
-            Retry-After. Queries served by a variant already loaded are not counted.
-        streams_per_uid: gRPC calls (HTTP/2 streams) one uid may have open at once over
-            all its connections (RESOURCE_EXHAUSTED beyond, :mod:`infscaler.api.grpc.gate`).
-            256: four connections' worth of the 64 calls grpcio runs at once on one.
+        variant_loads_per_min: model-less task queries per minute one uid may make that
+            load or switch a variant (token bucket, burst as many); 429 with Retry-After
+            beyond; queries served by a loaded variant are not counted.
+        streams_per_uid: gRPC calls (HTTP/2 streams) one uid may have open over all its
+            connections (RESOURCE_EXHAUSTED beyond, :mod:`infscaler.api.grpc.gate`).
     """
 
     connections_per_uid: int = 64
