@@ -125,19 +125,15 @@ def service_moments(p50_ms: float, p99_ms: float | None = None) -> tuple[float, 
 def p99_response_ms(
     rate_items_s: float, servers: int, service_ms: float, service_p99_ms: float | None = None
 ) -> float:
-    """Approximate P99 response time (wait + service) of one item at a unit of
-    ``servers`` FIFO instances under Poisson arrivals of ``rate_items_s`` items/s, ms;
-    ``inf`` at or above capacity. Each instance takes ``service_ms`` per item (the
-    median), and ``service_p99_ms`` at its 99th percentile (None: always ``service_ms``,
-    M/D/c).
+    """Approximate P99 response time (wait + service) of one item at a unit of ``servers``
+    FIFO instances under Poisson arrivals of ``rate_items_s`` items/s, ms; ``inf`` at or
+    above capacity. ``service_ms``: the median ms per item; ``service_p99_ms``: its 99th
+    percentile (None: always ``service_ms``, M/D/c).
 
-    P(wait) is Erlang C (M/M/c's probability of waiting) at the mean service time, and
-    the wait's tail is exponential with the heavy-traffic (diffusion) decay rate
-    ``2 (c / E[S] - lambda) / (c_a^2 + c_s^2)`` with ``c_a^2 = 1`` (Poisson) and ``c_s^2``
-    from :func:`service_moments` (0 for a deterministic service): P99 = max(the service's
-    P99, E[S] + ln(P(wait) / 0.01) / decay) (Kingman; Whitt, "Approximations for the
-    GI/G/m queue", 1993). Against a simulated M/D/c and M/G/c for c = 1-4 and loads
-    0.1-0.8 it is within 20 % (tests/unit/runtime/scaling/test_scaler_p99.py).
+    P(wait) is Erlang C at the mean service time, the wait's tail exponential with the
+    heavy-traffic decay ``2 (c / E[S] - lambda) / (c_a^2 + c_s^2)``: P99 = max(the
+    service's P99, E[S] + ln(P(wait) / 0.01) / decay) (Kingman; Whitt, "Approximations for
+    the GI/G/m queue", 1993). Accuracy: docs/scaling.md, "The queueing model".
 
     Raises:
         ValueError: ``servers`` < 1 or ``service_ms`` <= 0.
