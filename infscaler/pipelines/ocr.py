@@ -204,24 +204,17 @@ def det_preprocess(
 ) -> dict[str, np.ndarray]:
     """Stage ``prep``: the detector's input.
 
-    The image is resized (cv2 bilinear, as ``DetPreProcess.resize``) so its longer side
-    is ``side`` -- enlarged or reduced, aspect ratio kept, both sides rounded to a
-    multiple of 32 -- then flipped to BGR, normalised as rapidocr's ``DetPreProcess``
-    (``(x / 255 - 0.5) / 0.5``), laid out CHW, and placed at the top-left of a
-    ``side`` x ``side`` canvas of zeros (mid grey after normalisation).
-
-    With ``pad=False`` the input is the resized region alone ([1, 3, h', w']: a whole,
-    unpartitioned detector takes any size that is a multiple of 32); with
-    ``enlarge=False`` an image whose longer side is below ``side`` is not enlarged (its
-    sides are only rounded to multiples of 32), as rapidocr's ``limit_type: max``.
+    The image is resized (cv2 bilinear, as rapidocr's ``DetPreProcess.resize``) so its
+    longer side is ``side``, aspect kept, both sides rounded to a multiple of 32; then BGR,
+    ``(x / 255 - 0.5) / 0.5``, CHW, at the top-left of a zero ``side`` x ``side`` canvas.
 
     Args:
         tensors: ``image``: [H, W, 3] uint8 RGB (any H, W >= 1).
-        side: canvas side in pixels, a multiple of 32 (the shape ``det`` is partitioned
-            at when it is partitioned).
-        pad: place the resized image on a ``side`` x ``side`` canvas (a partitioned
-            detector needs the fixed shape it was partitioned at).
-        enlarge: scale an image smaller than ``side`` up to it.
+        side: canvas side in pixels, a multiple of 32 (the shape ``det`` is partitioned at).
+        pad: place the resized image on the canvas (False: [1, 3, h', w'] alone, for a
+            whole detector, which takes any multiple of 32).
+        enlarge: scale an image smaller than ``side`` up to it (False: only round its
+            sides, as rapidocr's ``limit_type: max``).
 
     Returns:
         ``det_input``: [1, 3, side, side] float32 ([1, 3, h', w'] with ``pad=False``);
@@ -263,22 +256,17 @@ def crop_text_boxes(
 ) -> list[dict[str, np.ndarray]]:
     """Stage ``crops`` (fan_out): text boxes from the probability map, one item per box.
 
-    rapidocr's ``DBPostProcess`` (binarise at ``thresh``, contours, min-area boxes
-    scored against ``box_thresh``, unclipped by ``unclip_ratio``) runs on the map's
-    resized region and maps boxes to original pixels; ``TextDetector.filter_tag_det_res``
-    orders their corners clockwise, clips them to the image and drops boxes of 3 px or
-    less; ``RapidOCR.sorted_boxes`` puts them in reading order (top to bottom, then left
-    to right within 10 px); each is cut from the original image by the perspective warp of
-    ``RapidOCR.get_crop_img_list`` (a crop at least 1.5x taller than wide is turned 90
-    degrees). A crop lower than ``min_height`` pixels is then enlarged to that height
-    (bicubic, aspect ratio kept): the recogniser's bilinear ``resize_norm_img`` would
-    otherwise do it and drop the spaces between words of small text.
-    Other defaults are rapidocr's ``config.yaml`` ``Det`` values.
+    rapidocr's ``DBPostProcess`` on the map's resized region, boxes mapped to original
+    pixels, ``TextDetector.filter_tag_det_res`` (corners clockwise, clipped, boxes <= 3 px
+    dropped), ``RapidOCR.sorted_boxes`` (reading order, 10 px line tolerance) and
+    ``RapidOCR.get_crop_img_list`` (perspective warp; a crop >= 1.5x taller than wide
+    turned 90 degrees). A crop lower than ``min_height`` px is enlarged to it (bicubic,
+    aspect kept; why: docs/pipelines.md, "infscaler/pipelines/ocr.py"). Other defaults are
+    rapidocr's ``config.yaml`` ``Det`` values.
 
     Args:
-        tensors: ``det_map``: [1, 1, S, S] float32 text probability (the detector's
-            output); ``det_meta``: [4] int ``(H, W, h', w')`` from :func:`det_preprocess`;
-            ``image``: [H, W, 3] uint8 RGB, the request's image.
+        tensors: ``det_map``: [1, 1, S, S] float32 text probability; ``det_meta``: [4] int
+            ``(H, W, h', w')`` from :func:`det_preprocess`; ``image``: [H, W, 3] uint8 RGB.
         thresh, box_thresh, max_candidates, unclip_ratio, use_dilation, score_mode:
             ``DBPostProcess``'s parameters.
         min_height: crops lower than this many pixels are enlarged to it (0: never).
