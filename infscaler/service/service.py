@@ -70,34 +70,23 @@ class Service(DeployMixin, ScaleMixin):
         routing: ``least-loaded`` or ``round-robin`` among a unit's instances.
         pool_mb: memory cap of the tensor pool, MB.
         max_pending: requests admitted at once (beyond: 503).
-        pending_per_uid: of them, what one client uid may have (None: no per-uid cap;
-            :attr:`~infscaler.base.quotas.PeerQuotas.pending_per_uid`);
-            ``operator_pending``: how many only the service's own user and root may use
-            (:attr:`~infscaler.base.quotas.PeerQuotas.operator_pending`). Counted for
-            the ``uid`` given to :meth:`submit`.
-        start_timeout_s: how long a deploy waits for its instances to be ready.
-        max_inflight_mb: budget of request bytes in flight, MB (None: unbounded); the
-            server reserves each request's bytes before reading its body
-            (:meth:`reserve_bytes`), beyond it 503 with ``retry_after_s``
-            (:mod:`infscaler.runtime.serving.admission`).
-        max_inflight_mb_per_uid: of that budget, what one client uid may hold, MB
-            (None: no per-client bound); the service's own user and root are held to
-            the service-wide budget only.
-        objective: ``auto``: a pipeline left to the planner (an ``slo`` and
-            ``autoscale``, model stages naming no K, threads or instances:
-            :func:`~infscaler.runtime.planning.autoplan.needs_planning`) is deployed with the
-            planner's choice of K, cuts, threads and instances, whichever way it arrives
-            (``serve``, the API, the watcher); ``eq1``: deployed as written (Eq. 1 where a
-            stage names K or an SLO).
-        cpu_wake_latency_us: while the service runs, hold a Linux PM QoS request that
-            keeps idle CPUs in cpuidle states with at most this exit latency, µs (0: the
-            polling state only; :class:`~infscaler.runtime.scaling.pmqos.CpuLatencyRequest`):
-            requests arriving at an idle device stop paying the cores' wake-up, at the
-            cost of power. ``"auto"``: none until an autoscaled pipeline violates its
-            SLO, then 0 µs while pipelines with an SLO stay deployed
-            (:mod:`infscaler.runtime.scaling.wakepolicy`; the default). None: no request.
-            Where it cannot be made (not root) the service logs why and runs without
-            (``status()["cpu_wake_latency"]``).
+        pending_per_uid / operator_pending: of them, what one client uid may have (None: no
+            cap) / what only the service's own user and root may use
+            (:class:`~infscaler.base.quotas.PeerQuotas`); counted for :meth:`submit`'s ``uid``.
+        start_timeout_s: how long a deploy waits for its instances to be ready, s.
+        max_inflight_mb: budget of request bytes in flight, MB (None: unbounded), reserved
+            before a body is read (:meth:`reserve_bytes`); 503 with ``retry_after_s`` beyond.
+        max_inflight_mb_per_uid: of that budget, what one client uid may hold, MB (None: no
+            bound; the service's own user and root: the service-wide budget only).
+        objective: ``auto``: a pipeline left to the planner
+            (:func:`~infscaler.runtime.planning.autoplan.needs_planning`) deploys with the
+            planner's K, cuts, threads and instances however it arrives; ``eq1``: as written.
+        cpu_wake_latency_us: hold a Linux PM QoS request keeping idle CPUs' cpuidle exit
+            latency at most this, µs (0: polling only;
+            :class:`~infscaler.runtime.scaling.pmqos.CpuLatencyRequest`). ``"auto"``
+            (default): none until an autoscaled pipeline violates its SLO
+            (:mod:`infscaler.runtime.scaling.wakepolicy`). None: no request. Where it cannot
+            be made (not root) it runs without (``status()["cpu_wake_latency"]``).
     """
 
     def __init__(
@@ -208,20 +197,17 @@ class Service(DeployMixin, ScaleMixin):
 
     def set_cpu_wake_latency(self, max_us: int | str | None) -> bool:
         """Change the PM QoS CPU wake-up latency limit while serving (the constructor's
-        ``cpu_wake_latency_us``): the old request is dropped, the new one (if any) made
-        at once on a started service, else at :meth:`start`. The idle slowdown the service
-        learns from then on is kept under the new setting
-        (:mod:`infscaler.runtime.scaling.idlecurve`); the next deploy plans with that setting's
-        curve. Not reachable from the socket (a client may only infer).
+        ``cpu_wake_latency_us``): the old request dropped, the new one made at once (else at
+        :meth:`start`); the idle slowdown learnt from then on is kept under the new setting
+        (:mod:`infscaler.runtime.scaling.idlecurve`). Not reachable from the socket.
 
         Args:
-            max_us: the longest cpuidle exit latency allowed, µs (0: polling only),
-                ``"auto"`` to leave it to the autoscaler's wake policy (from no request), or
-                None to let idle CPUs sleep again.
+            max_us: the longest cpuidle exit latency allowed, µs (0: polling only), ``"auto"``
+                (the autoscaler's wake policy), or None (idle CPUs sleep again).
 
         Returns:
-            whether a request is in force afterwards (False with ``max_us`` None, or where
-            the request cannot be made: the reason is in ``status()["cpu_wake_latency"]``).
+            whether a request is in force afterwards (False with None, or where it cannot be
+            made: the reason in ``status()["cpu_wake_latency"]``).
 
         Raises:
             InfScalerError: ``max_us`` is not None, ``"auto"`` or an int in [0, 2**31 - 1].
