@@ -67,28 +67,20 @@ def session_options(
     optimized_model_path: str | os.PathLike[str] | None = None,
     external_data_folder: str | os.PathLike[str] | None = None,
 ) -> ort.SessionOptions:
-    """onnxruntime session options; the defaults are the serving cpu engine's.
+    """onnxruntime session options; the defaults are the serving cpu engine's. Errors only
+    are logged (severity 3).
 
     Args:
-        threads: ``intra_op_num_threads`` (and ``inter_op_num_threads = 1``,
-            ``ORT_SEQUENTIAL``: one operator at a time on the instance's own threads);
-            None leaves onnxruntime's defaults (one thread per physical core).
+        threads: ``intra_op_num_threads`` (with ``inter_op_num_threads = 1``,
+            ``ORT_SEQUENTIAL``); None: onnxruntime's defaults (a thread per physical core).
         optimization: a key of :data:`OPTIMIZATION_LEVELS` (``all`` by default).
-        spinning: ``session.intra_op.allow_spinning``: False (the default) lets idle
-            intra-op workers sleep, which several sessions sharing a small CPU need (see
-            :mod:`infscaler.engines.cpu`); None leaves onnxruntime's default (spinning on).
-        profile_prefix: turn onnxruntime's profiler on, writing its Chrome trace under this
-            prefix (``session.end_profiling()`` returns the file).
-        optimized_model_path: write the graph after optimisation to this file
-            (``optimized_model_filepath``).
-        external_data_folder: the folder that the model's external-data references are
-            relative to when the model is given as bytes
-            (``session.model_external_initializers_file_folder_path``, onnxruntime >= 1.17;
-            onnxruntime memory-maps the referenced files and refuses references leaving
-            the folder).
-
-    Errors are logged at severity 3 (errors only: warnings about unused initializers are
-    noise).
+        spinning: ``session.intra_op.allow_spinning``: False (default) lets idle workers
+            sleep (why: :mod:`infscaler.engines.cpu`); None: onnxruntime's default (on).
+        profile_prefix: turn onnxruntime's profiler on, its Chrome trace under this prefix.
+        optimized_model_path: write the optimised graph here (``optimized_model_filepath``).
+        external_data_folder: the folder a model given as bytes has its external-data
+            references relative to (onnxruntime >= 1.17 memory-maps them; references leaving
+            the folder are refused).
 
     Raises:
         ConfigError: ``threads < 1`` or an unknown ``optimization``.
@@ -140,22 +132,17 @@ def gpu_provider_options(
     cache_dir: str | os.PathLike[str] | None = None,
     gpu_fallback: bool = True,
 ) -> list[Any]:
-    """The onnxruntime providers, with options, of a gpu / dla ``backend``.
+    """The onnxruntime providers, with options, of a gpu / dla ``backend`` (option names as
+    onnxruntime's TensorRT / CUDA execution-provider docs).
 
     - ``onnxruntime-cuda``: ``[("CUDAExecutionProvider", {"device_id", "use_tf32": "0"}),
-      "CPUExecutionProvider"]``: TF32 off, so fp32 means fp32;
-    - ``onnxruntime-trt``: the TensorRT EP first, ``{"device_id",
-      "trt_engine_cache_enable": "1", "trt_engine_cache_path": <cache_dir>/onnxruntime-trt,
-      "trt_fp16_enable": "1" for fp16}``, then the CUDA EP and the CPU EP for the nodes
-      TensorRT does not take (onnxruntime partitions the graph per node);
-    - ``onnxruntime-trt-dla``: the TensorRT EP with ``trt_dla_enable`` and
-      ``trt_dla_core = device_index`` (fp16 on: the DLA computes in fp16 / int8); layers
-      the DLA cannot run go to the iGPU inside TensorRT (GPU fallback), nodes TensorRT
-      cannot take to the CUDA EP (when ``gpu_fallback``) and the CPU EP.
-
-    Options as onnxruntime's TensorRT / CUDA execution-provider docs name them
-    (onnxruntime.ai/docs/execution-providers/TensorRT-ExecutionProvider.html). The cache
-    path is created here (TensorRT EP writes ``*.engine`` / ``*.profile`` files there).
+      "CPUExecutionProvider"]`` (TF32 off: fp32 means fp32);
+    - ``onnxruntime-trt``: the TensorRT EP (``device_id``, ``trt_engine_cache_enable``,
+      ``trt_engine_cache_path`` = <cache_dir>/onnxruntime-trt, created here;
+      ``trt_fp16_enable`` for fp16), then the CUDA and CPU EPs;
+    - ``onnxruntime-trt-dla``: the TensorRT EP with ``trt_dla_enable``, ``trt_dla_core =
+      device_index`` and fp16, GPU fallback inside TensorRT, then the CUDA EP (when
+      ``gpu_fallback``) and the CPU EP.
 
     Raises:
         ConfigError: an unknown backend.
