@@ -645,11 +645,9 @@ def brute_force(
     num_partitions: int,
     cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
-    """Eq. 1 for a fixed K by enumerating every set of K-1 valid cuts: the reference the
-    dynamic programme of :func:`search_partitions` must match (small inputs only). Among the plans whose
-    objective ties the least one (rel 1e-9 / abs 1e-12 x max cost, compared globally), the
-    fewest total ``cut_bytes`` wins, then the latest cuts (the largest cut tuple compared
-    from its last cut backwards) -- the key :func:`search_partitions` uses.
+    """Eq. 1 for a fixed K by enumerating every set of K-1 valid cuts: the test oracle of
+    :func:`search_partitions` (small inputs only), with its tie key (rel 1e-9 / abs 1e-12 x
+    max cost, then fewest ``cut_bytes``, then the latest cuts).
 
     Args:
         costs: complexities ``c_0 .. c_{N-1}`` (FLOPs or ms; >= 0).
