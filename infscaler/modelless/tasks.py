@@ -245,23 +245,19 @@ class TaskRouter:
 
     Args:
         service: a started :class:`~infscaler.service.service.Service`.
-        registry: a :class:`~infscaler.modelless.variants.VariantRegistry` (default: the one in the
-            service's state dir).
-        selector_config: thresholds of the state machine.
-        scaling_config: tuning of the vertical-scaling heuristic.
-        autoscale: deploy variants with the query's ``latency_ms`` as SLO and
-            ``autoscale`` (the scaler replicates them; vertical scaling takes over at the
-            cap). False: one instance each, never replicated. None:
-            :attr:`autoscale_default`.
-        deploy_timeout_s: how long a query waits for its variant to load.
-        rebalance_interval_s: how often the background loop runs :meth:`rebalance`
-            (None: no loop; call it yourself).
-        autoscale_options: the ``autoscale`` mapping of the variants' pipelines
-            (:class:`~infscaler.base.config.AutoscaleConfig` fields: ``interval_s``,
-            ``hold_s``, ...; None: the defaults).
-        max_replicas: model instances the scaler may run per variant (its
-            ``max_instances``); beyond it, or at the device's cap, the scaler sheds and
-            :meth:`rebalance` upgrades.
+        registry: a :class:`~infscaler.modelless.variants.VariantRegistry` (default: the
+            service's state dir's).
+        selector_config / scaling_config: the state machine's thresholds / the vertical
+            scaling heuristic's tuning.
+        autoscale: deploy variants with the query's ``latency_ms`` as SLO and ``autoscale``
+            (False: one instance each; None: :attr:`autoscale_default`).
+        deploy_timeout_s: how long a query waits for its variant to load, s.
+        rebalance_interval_s: period of the background :meth:`rebalance` loop, s (None: no
+            loop).
+        autoscale_options: the variants' pipelines' ``autoscale`` mapping
+            (:class:`~infscaler.base.config.AutoscaleConfig` fields; None: the defaults).
+        max_replicas: model instances the scaler may run per variant (``max_instances``);
+            beyond it, or at the device's cap, :meth:`rebalance` upgrades.
     """
 
     #: ``autoscale`` when not given (the API server's router is made with the default).
