@@ -112,22 +112,20 @@ class ScaleMixin:
     def scale_threads(
         self, dep: Deployment, unit: int, threads: int, from_threads: int | None = None
     ) -> bool:
-        """Replace one cpu instance of unit ``unit`` (one running ``from_threads``
-        intra-op threads; None: any) by one running ``threads``, make-before-break: the
-        new instance (pinned to ``threads`` cores) is started and waited for until ready
-        (it is routed to only then), then the old one stops gracefully (SIGUSR1: it
-        finishes its current request; tokens queued at it are re-routed by the sharing
-        manager), so no request is lost and the unit never has fewer instances. Blocks
-        until the old one exited. The scaler's ``scale_up`` / ``scale_down``.
+        """Replace one cpu instance of unit ``unit`` (running ``from_threads`` intra-op threads;
+        None: any) by one running ``threads``, make-before-break: the new one (pinned to
+        ``threads`` cores) is routed to once ready, then the old one stops gracefully
+        (SIGUSR1; its queued tokens re-routed), so no request is lost. Blocks until the old one
+        exited. The scaler's ``scale_up`` / ``scale_down``.
 
         Returns:
             False when no such instance runs (nothing was started).
 
         Raises:
-            ServiceError: (404) the pipeline was undeployed; (409) no such served unit,
-                or ``threads`` < 1.
-            InstanceStartError: the new instance failed to load; it is stopped and the
-                old one keeps serving.
+            ServiceError: (404) the pipeline was undeployed; (409) no such served unit, or
+                ``threads`` < 1.
+            InstanceStartError: the new instance failed to load; it is stopped and the old
+                one keeps serving.
         """
         u, sid, next_stage = self._served_unit(dep, unit)
         if int(threads) < 1:

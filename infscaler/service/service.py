@@ -293,18 +293,12 @@ class Service(DeployMixin, ScaleMixin):
             )
 
     def _on_instances_changed(self) -> None:
-        """An instance became ready, exited or was restarted: a unit with no live
-        instance makes its pipeline degraded (new requests: fast 503 + Retry-After).
-
-        One call at a time: the supervisor calls this from its status thread (an
-        instance reads ready) and from its restart thread (a replacement started), and
-        two calls interleaved lost an update: the restart thread read the replacement
-        still starting (degraded), the status thread then read it ready and cleared the
-        reason, and the restart thread's stale "degraded" was written last, so the
-        pipeline stayed unavailable with every instance ready (a loaded CI run of
-        tests/integration/runtime/processes/test_faults.py). Serialised, the later call reads the later
-        state, and its verdict is the one that stays. (The deployments are listed before
-        the lock: it is never held while taking the service's own lock.)"""
+        """An instance became ready, exited or was restarted: a unit with no live instance makes
+        its pipeline degraded (new requests: fast 503 + Retry-After). Serialised (the
+        supervisor's status and restart threads both call it; why: docs/serving.md,
+        "`infscaler/service/service.py`"); the deployments are listed before the lock, never
+        held while taking the service's own lock.
+        """
         deps = self.deployments()
         with self._availability_lock:
             for dep in deps:
@@ -442,13 +436,12 @@ class Service(DeployMixin, ScaleMixin):
 
     @property
     def cpu_wake_latency_planned_us(self) -> int | None:
-        """The PM QoS limit the deploy-time planner plans for, µs (None: sleeping idle
-        CPUs), and whose served idle slowdown it plans with: under ``auto``, 0 where
-        this process may make the request (:func:`~infscaler.runtime.scaling.pmqos.can_request`),
-        since the policy holds the CPUs awake as soon as an autoscaled pipeline misses its
-        SLO and the plan must be right in that state; else the one in
-        force (:func:`~infscaler.runtime.scaling.wakesetting.planned_us`; why:
-        docs/serving.md, "`infscaler/service/service.py`")."""
+        """The PM QoS limit the deploy-time planner plans for, and whose served idle slowdown it
+        plans with, µs (None: sleeping idle CPUs): under ``auto``, 0 where this process may
+        make the request (:func:`~infscaler.runtime.scaling.pmqos.can_request`), else the one in
+        force (:func:`~infscaler.runtime.scaling.wakesetting.planned_us`; why: docs/serving.md,
+        "`infscaler/service/service.py`").
+        """
         wake = self._wake
         return planned_us(wake, self.cpu_wake_latency_held, wake.auto and can_request())
 
@@ -522,18 +515,17 @@ class Service(DeployMixin, ScaleMixin):
         uid: int | None = None,
     ) -> concurrent.futures.Future:
         """Start a request; a future of :class:`~infscaler.runtime.serving.route.Result`.
-        ``timeout_s`` / ``arrived_s``: as :meth:`FrontEnd.submit` (the deadline, seconds,
-        counted from ``arrived_s``, a ``time.monotonic()`` time; default now; at most
-        the pipeline's ``request_timeout_s``); ``priority`` / ``queue_timeout_us``: its
-        priority level (never above its pipeline's) and Triton's queue ``timeout``
-        parameter (µs), as :meth:`FrontEnd.submit`; ``uid``: the client's uid, held to
-        ``pending_per_uid`` (None: the service's own user, root or in-process).
+        ``timeout_s`` / ``arrived_s``: the deadline, s, from ``arrived_s`` (a
+        ``time.monotonic()`` time; default now; at most the pipeline's ``request_timeout_s``);
+        ``priority`` / ``queue_timeout_us``: its level (never above its pipeline's) and
+        Triton's queue ``timeout`` (µs), as :meth:`FrontEnd.submit`; ``uid``: the client's
+        uid, held to ``pending_per_uid`` (None: the service's own user, root or in-process).
 
         Raises:
             ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout or
             priority, (413) inputs larger than :attr:`max_input_bytes`, (503) overloaded /
-            the uid's share of requests pending / its
-            queue full / refused at arrival / stopping.
+            the uid's share of requests pending / its queue full / refused at arrival /
+            stopping.
         """
         dep = self.deployment(name)
         if self._stopping:
@@ -549,14 +541,11 @@ class Service(DeployMixin, ScaleMixin):
         )
 
     def precheck(self, name: str, uid: int | None = None) -> RequestError | None:
-        """Whether pipeline ``name`` would refuse a request now, judged before its body
-        is read (:meth:`FrontEnd.precheck`): the refusal (raise it after
-        ``hold_s`` seconds, its body discarded) or None (read the body and
-        :meth:`submit` it, which decides again). None for a name that is not a
-        pipeline, a pipeline without an SLO (nothing to judge before the body is read
-        that :meth:`submit` would not answer as cheaply), a pipeline with nothing
-        admitted (a request with nothing ahead is not refused for latency; :meth:`submit`
-        judges the rest) and before start."""
+        """Whether pipeline ``name`` would refuse a request now, before its body is read
+        (:meth:`FrontEnd.precheck`): the refusal (raise it after ``hold_s`` seconds, the body
+        discarded) or None (read the body and :meth:`submit` it). None for an unknown name, a
+        pipeline without an SLO or with nothing admitted, and before start.
+        """
         with self._lock:
             dep = self._deployments.get(name)
         if dep is None or self.frontend is None or dep.route.pipeline.config.slo_ms is None:
@@ -588,17 +577,13 @@ class Service(DeployMixin, ScaleMixin):
 
     # -- introspection -----------------------------------------------------------------------
     def ready(self, name: str | None = None) -> bool:
-        """Every unit of the pipeline has a ready instance and the front end runs; for
-        the service as a whole (``name`` None): started, not stopping, the initial
+        """Every unit of the pipeline has a ready instance, its route takes requests and the
+        front end runs; for the service (``name`` None): started, not stopping, the initial
         pipelines deployed, the front end running (False for good once it failed:
-        :attr:`FrontEnd.failure`). A degraded pipeline (a unit restarting) is not ready;
-        the service stays ready meanwhile (it serves its other pipelines and restarts the
-        unit itself), so ``/v2/health/ready`` means "the process can take requests" for
-        Kubernetes and systemd alike; :meth:`degraded` and ``status`` say what is down.
-        A pipeline is ready only once its route takes requests again too: the route's
-        ``unavailable_reason`` is cleared by :meth:`_on_instances_changed` just after a
-        replacement reads ready, and in between health said ready while a request got
-        503 "replacement is loading" (a CI failure of tests/integration/runtime/processes/test_faults.py)."""
+        :attr:`FrontEnd.failure`). A degraded pipeline is not ready while the service stays
+        ready (``/v2/health/ready``: "the process can take requests"); :meth:`degraded` and
+        ``status`` say what is down.
+        """
         if not self._started or self._stopping or (name is None and self.starting):
             return False
         if self.frontend is None or not self.frontend.alive():

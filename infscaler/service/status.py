@@ -243,15 +243,13 @@ def cpu_priority(svc: StatusSource) -> dict[str, Any]:
 
 
 def service_status(svc: StatusSource) -> dict[str, Any]:
-    """The whole service (``GET /v2/infscaler/status``, ``infscaler status``): start
-    time, ready and health (``degraded`` when a pipeline is), the device's resource cap
-    (memory MB, instances, cores; empty when it cannot be read), the control path, the
-    tensor pool (MB, slots, BUSY answers), the sharing manager's counters, restarts, the
-    zygote, the front end and the bytes-in-flight budget, the Jetson telemetry
-    (``telemetry``: whether jtop is read, and why not:
-    :class:`~infscaler.runtime.scaling.telemetry.JetsonSampler`), the CPU priority mode
-    (:func:`cpu_priority`), and
-    :func:`pipeline_status` of every pipeline."""
+    """The whole service (``GET /v2/infscaler/status``, ``infscaler status``): start time,
+    ready and health, the device's resource cap (memory MB, instances, cores; empty when
+    unreadable), the control path, the tensor pool (MB, slots, BUSY answers), the sharing
+    manager's counters, restarts, the zygote, the front end, the bytes-in-flight budget,
+    the Jetson telemetry (:class:`~infscaler.runtime.scaling.telemetry.JetsonSampler`), the
+    CPU priority mode (:func:`cpu_priority`) and :func:`pipeline_status` of every pipeline.
+    """
     pool = svc.pool.stats()
     ch = svc.channel.stats()
     mgr = svc.manager.stats()["manager"]
