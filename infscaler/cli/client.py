@@ -228,28 +228,42 @@ def load_image(path: Path) -> np.ndarray:
         raise InfScalerError(f"cannot read image {path}: {exc}") from None
 
 
-def _parse_inputs(inputs: list[str], image: Path | None, meta: dict) -> dict[str, np.ndarray]:
+def input_feeds(
+    inputs: list[str], image: Path | None, kind: str, name: str, names: list[str], uint8: list[str]
+) -> dict[str, np.ndarray]:
+    """Feeds from ``--input NAME=FILE.npy`` items and an ``--image`` file, for the
+    ``kind`` (``"a model"``, ``"a pipeline"``) ``name`` whose inputs are ``names``,
+    ``uint8`` those of datatype UINT8.
+
+    Raises:
+        InfScalerError: a malformed item, an unreadable file, or ``--image`` while the
+            target has not exactly one UINT8 input.
+    """
     import numpy as np
 
     feeds: dict[str, np.ndarray] = {}
     for item in inputs:
-        name, sep, path = item.partition("=")
-        if not sep:
+        key, sep, path = item.partition("=")
+        if not sep or not key:
             raise InfScalerError(f"bad --input {item!r}", hint="use --input NAME=FILE.npy")
         try:
-            feeds[name] = np.load(path, allow_pickle=False)
+            feeds[key] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise InfScalerError(f"cannot read {path} for input {name}: {exc}") from None
+            raise InfScalerError(f"cannot read {path} for input {key}: {exc}") from None
     if image is not None:
-        img_inputs = [i for i in meta["inputs"] if i["datatype"] == "UINT8"]
-        if len(img_inputs) != 1:
+        if len(uint8) != 1:
             raise InfScalerError(
-                f"--image needs a model with one UINT8 input; {meta['name']} has "
-                f"{[i['name'] for i in meta['inputs']]}",
+                f"--image needs {kind} with one UINT8 input; {name} has {names}",
                 hint="use --input NAME=FILE.npy",
             )
-        feeds[img_inputs[0]["name"]] = load_image(image)
+        feeds[uint8[0]] = load_image(image)
     return feeds
+
+
+def _parse_inputs(inputs: list[str], image: Path | None, meta: dict) -> dict[str, np.ndarray]:
+    names = [i["name"] for i in meta["inputs"]]
+    uint8 = [i["name"] for i in meta["inputs"] if i["datatype"] == "UINT8"]
+    return input_feeds(inputs, image, "a model", meta["name"], names, uint8)
 
 
 def _spec(i: dict) -> str:

@@ -31,7 +31,7 @@ from infscaler.base.device import load_profile
 from infscaler.base.errors import InfScalerError
 from infscaler.base.slo import parse_slo
 from infscaler.cli import err, out
-from infscaler.cli.client import load_image, pipeline_from_arg
+from infscaler.cli.client import input_feeds, pipeline_from_arg
 from infscaler.cli.fleetfile import expand_names, load_fleet, units_from_spec
 from infscaler.cli.tables import Col, print_table
 from infscaler.cli.units import parse_rate, parse_slo_ms
@@ -66,24 +66,9 @@ MIN_REQUESTS = 2000
 
 
 def _load_inputs(inputs: list[str], image: Path | None, compiled: Any) -> dict[str, np.ndarray]:
-    feeds: dict[str, np.ndarray] = {}
-    for item in inputs:
-        name, sep, path = item.partition("=")
-        if not sep or not name:
-            raise InfScalerError(f"bad --input {item!r}", hint="use --input NAME=FILE.npy")
-        try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise InfScalerError(f"cannot read {path} for input {name}: {exc}") from None
-    if image is not None:
-        img_inputs = [i.name for i in compiled.inputs if i.datatype == "UINT8"]
-        if len(img_inputs) != 1:
-            raise InfScalerError(
-                f"--image needs a pipeline with one UINT8 input; {compiled.name} has "
-                f"{[i.name for i in compiled.inputs]}",
-                hint="use --input NAME=FILE.npy",
-            )
-        feeds[img_inputs[0]] = load_image(image)
+    names = [i.name for i in compiled.inputs]
+    uint8 = [i.name for i in compiled.inputs if i.datatype == "UINT8"]
+    feeds = input_feeds(inputs, image, "a pipeline", compiled.name, names, uint8)
     if feeds:
         unknown = sorted(set(feeds) - {i.name for i in compiled.inputs})
         if unknown:
@@ -519,21 +504,14 @@ def search_cmd(
     arrivals: str = "poisson",
 ) -> int:
     """``infscaler plan MODEL|PIPELINE --slo X [--rate R] --explain``: the configuration
-    search. ``--slo`` is in ms or a factor (``3x``) of the pipeline's measured 1-thread
-    latency.
+    search, as the deploy-time planner runs it
+    (:func:`infscaler.runtime.planning.autoplan.plan_measured`; the stages' own K /
+    threads / instances ignored), printed: every candidate (K, cuts, objectives, threads,
+    instances, predicted goodput, P99, memory, bottleneck FLOPs share) with why it lost,
+    the winner, and per stage Eq. 1's own plan's share beside the winner's. ``--slo``: ms
+    or a factor (``3x``) of the measured 1-thread latency.
 
-    Measures and searches as the deploy-time planner does
-    (:func:`infscaler.runtime.planning.autoplan.plan_measured`: each model stage, and with
-    function stages their per-call times and the fan-out's items on a sample request,
-    searched as the fused units the runtime runs; the stages' own K / threads /
-    instances are ignored; :func:`infscaler.runtime.planning.planner.search`) and prints
-    every candidate (K, cuts, the
-    objectives that chose them, threads, instances, predicted goodput, P99, memory, the
-    bottleneck partition's share of the FLOPs) with why it lost, the winner, and per
-    stage the share of Eq. 1's own plan beside the winner's. The partitions of the
-    ``refine`` best candidates are measured and the search run again with them
-    (:func:`~infscaler.runtime.planning.stageprofile.search_measured`). Returns the exit status
-    (0: a winner, 1: none meets the SLO).
+    Returns the exit status (0: a winner, 1: none meets the SLO).
 
     Raises:
         InfScalerError: bad arguments (no SLO, unknown objective, ...).
