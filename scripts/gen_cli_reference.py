@@ -416,7 +416,7 @@ infscaler plan PIPELINE --rate 40/s --slo 200ms [options]
     --input NAME=FILE.npy / --image FILE   sample inputs for profiling the stages
     --json                         the plan, the unit profiles and the search steps as JSON
 infscaler plan MODEL.onnx|PIPELINE.yaml|dddd|ocr --slo X [--rate R] --explain [--objective auto|eq1]
-                                   the configuration search (issue 15; also without --rate, or
+                                   the configuration search (also without --rate, or
                                    with --objective; --slo in ms or 3x = 3 times the measured
                                    1-thread latency): per model stage K = 1..--max-partitions
                                    with the cuts of Eq. 1 (eq1), the least largest partition
