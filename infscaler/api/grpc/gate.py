@@ -34,6 +34,7 @@ import itertools
 import logging
 import os
 import socket
+import sys
 import tempfile
 import time
 from typing import Any
@@ -337,9 +338,8 @@ class _ReadBuffer:
     """The buffer the event loop reads every relayed socket into (one per gate: a read
     and its relaying run in one callback, never two at once): :meth:`take` lends it
     (a fresh one while it is lent), :meth:`keep` gets it back after the bytes read
-    were relayed, unless the transport written to still buffers some of them (asyncio
-    may keep a view of what it could not send: then that buffer is left to it and a
-    fresh one made)."""
+    were relayed, unless the transport written to may hold a view of some of them
+    (:func:`_may_hold_views`: then that buffer is left to it and a fresh one made)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -361,6 +361,21 @@ class _ReadBuffer:
         self._lent = False
         if still_buffered:
             self._buf = None
+
+
+def _may_hold_views(transport: Any) -> bool:
+    """Whether ``transport`` may still hold a view of bytes written to it: it buffers
+    some, and is not CPython 3.10/3.11's selector transport (which copies what it
+    cannot send at once into its own ``bytearray``; later versions and other event
+    loops may keep the object written). None (no transport): True."""
+    if transport is None:
+        return True
+    if not transport.get_write_buffer_size():
+        return False
+    return not (sys.version_info < (3, 12) and type(transport).__module__ == _SELECTOR_MODULE)
+
+
+_SELECTOR_MODULE = "asyncio.selector_events"
 
 
 class _Side(asyncio.BufferedProtocol):
@@ -402,7 +417,7 @@ class _Side(asyncio.BufferedProtocol):
             self.data_received(buf[:nbytes])
         finally:
             other = self.other.transport if self.other is not None else None
-            self.reads.keep(buf, other is None or bool(other.get_write_buffer_size()))
+            self.reads.keep(buf, _may_hold_views(other))
 
     def data_received(self, data: bytes | memoryview) -> None:
         if self.done.done():
