@@ -15,11 +15,9 @@ socket's ``context.peer()`` is ``unix:``, and there is no hook on the accepted s
    ``header_timeout_s``, a request or frame gets no byte, or the client reads nothing,
    for ``body_timeout_s``. Idle connections are grpcio's to close (``server_options``).
 
-Cost: a few Python steps per chunk the event loop reads (the relay's protocols read
-into one buffer the gate reuses, :class:`_ReadBuffer`, and hand it to the relay and on
-to the other socket: no stream buffer, no bytes object per read, no copy in Python; the
-kernel copies each byte once more than a direct connection, and the private socket's
-send buffer, :data:`UPSTREAM_SNDBUF`, takes a read's bytes whole); three fds a
+Cost: a few Python steps per chunk the event loop reads (the relay's protocols hand the
+bytes it read to the relay and on to the other socket: no stream buffer, no copy in
+Python; the kernel copies each byte once more than a direct connection); three fds a
 connection (:func:`~infscaler.base.quotas.plan_fds`).
 
 Sources: ``unix(7)`` (SO_PEERCRED, bound and unnamed addresses); grpc's
@@ -34,7 +32,6 @@ import itertools
 import logging
 import os
 import socket
-import sys
 import tempfile
 import time
 from typing import Any
@@ -51,11 +48,6 @@ log = logging.getLogger("infscaler.api.grpc")
 
 #: the peer of a call whose connection the gate no longer holds
 NOBODY = Peer(-1, -1, -1)
-#: bytes one read of a relayed socket may take (the gate's one reused buffer)
-READ_BUFFER = 1 << 20
-#: SO_SNDBUF asked for the private socket to grpcio, bytes (the kernel caps it at
-#: ``net.core.wmem_max``): a read's bytes go in one send, not partly buffered in Python
-UPSTREAM_SNDBUF = 1 << 20
 
 
 def _peer(sock: socket.socket) -> Peer:
@@ -121,7 +113,6 @@ class Gate:
         #: calls the gate refused in the protocol (budget, quota, admission at the prefix)
         self.calls_refused = 0
         self._refusals = RateLimitedLog(log, 10.0)  # one line per cause every 10 s
-        self._reads = _ReadBuffer(READ_BUFFER)
 
     @staticmethod
     def make_private_dir(near: str) -> str:
@@ -172,8 +163,6 @@ class Gate:
         relay = None
         try:
             up.bind(name)
-            with contextlib.suppress(OSError):
-                up.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UPSTREAM_SNDBUF)
             up.setblocking(False)
             loop = asyncio.get_running_loop()
             await loop.sock_connect(up, self.upstream)
@@ -188,8 +177,8 @@ class Gate:
                 time.monotonic,
                 self.precheck,
             )
-            _, server = await loop.create_unix_connection(lambda: _Side(self._reads), sock=up)
-            client = _Side(self._reads)
+            _, server = await loop.create_unix_connection(_Side, sock=up)
+            client = _Side()
             # what the event loop reads goes to the relay as it comes, no stream buffer
             # between; what the reader took before the switch goes first
             writer.transport.set_protocol(client)
@@ -334,66 +323,18 @@ async def _held_refusals(relay: Relay, writer, held: asyncio.Event) -> None:
             writer.write(out)
 
 
-class _ReadBuffer:
-    """The buffer the event loop reads every relayed socket into (one per gate: a read
-    and its relaying run in one callback, never two at once): :meth:`take` lends it
-    (a fresh one while it is lent), :meth:`keep` gets it back after the bytes read
-    were relayed, unless the transport written to may hold a view of some of them
-    (:func:`_may_hold_views`: then that buffer is left to it and a fresh one made)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._buf: memoryview | None = None
-        self._lent = False
-
-    def take(self) -> memoryview:
-        if self._lent or self._buf is None:
-            buf = memoryview(bytearray(self.size))
-            if self._lent:
-                return buf
-            self._buf = buf
-        self._lent = True
-        return self._buf
-
-    def keep(self, buf: memoryview, still_buffered: bool) -> None:
-        if buf is not self._buf:
-            return
-        self._lent = False
-        if still_buffered:
-            self._buf = None
-
-
-def _may_hold_views(transport: Any) -> bool:
-    """Whether ``transport`` may still hold a view of bytes written to it: it buffers
-    some, and is not CPython 3.10/3.11's selector transport (which copies what it
-    cannot send at once into its own ``bytearray``; later versions and other event
-    loops may keep the object written). None (no transport): True."""
-    if transport is None:
-        return True
-    if not transport.get_write_buffer_size():
-        return False
-    return not (sys.version_info < (3, 12) and type(transport).__module__ == _SELECTOR_MODULE)
-
-
-_SELECTOR_MODULE = "asyncio.selector_events"
-
-
-class _Side(asyncio.BufferedProtocol):
-    """One socket of a relayed connection: the bytes the event loop reads (into a
-    buffer of ``reads``, :class:`_ReadBuffer`) go to :attr:`on_data` as they come (a
-    view, valid during the call: no stream buffer, no copy); :attr:`done` resolves when
+class _Side(asyncio.Protocol):
+    """One socket of a relayed connection: the bytes the event loop reads go to
+    :attr:`on_data` as they come (no stream buffer, no copy); :attr:`done` resolves when
     the socket ends (EOF, lost: None) or :attr:`on_data` raised (:class:`FrameError`
     and the like: the exception). Flow control crosses over: while this side's writes
     are paused (its buffer over the transport's high-water mark), :attr:`other` stops
     reading; :attr:`on_pause` / :attr:`on_resume` are told too.
 
-    Source: asyncio "Protocols" (``BufferedProtocol``: ``get_buffer``,
-    ``buffer_updated``; ``pause_writing``, ``resume_writing``,
-    ``Transport.set_protocol``)."""
+    Source: asyncio "Protocols" (``data_received``, ``pause_writing``,
+    ``resume_writing``, ``Transport.set_protocol``)."""
 
-    def __init__(self, reads: _ReadBuffer) -> None:
-        self.reads = reads
-        self._buf: memoryview | None = None
+    def __init__(self) -> None:
         self.transport: Any = None
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.on_data: Any = None
@@ -404,22 +345,7 @@ class _Side(asyncio.BufferedProtocol):
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._buf is None:
-            self._buf = self.reads.take()
-        return self._buf
-
-    def buffer_updated(self, nbytes: int) -> None:
-        buf, self._buf = self._buf, None
-        if buf is None:
-            return
-        try:
-            self.data_received(buf[:nbytes])
-        finally:
-            other = self.other.transport if self.other is not None else None
-            self.reads.keep(buf, _may_hold_views(other))
-
-    def data_received(self, data: bytes | memoryview) -> None:
+    def data_received(self, data: bytes) -> None:
         if self.done.done():
             return
         try:
