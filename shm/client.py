@@ -11,8 +11,9 @@ writes into it and :meth:`~InstanceClient.hand_over`\ s it (one DATA token); a c
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,7 @@ class InstanceClient:
         self._awaiting: int | None = None  # request of the outstanding FAULT
         self._reply: Token | None = None
         self._tx: list[bytes] = []
+        self._corked = 0  # depth of batched(): control tokens wait for its end
         self.counters = dict.fromkeys(
             (
                 "faults",
@@ -159,7 +161,7 @@ class InstanceClient:
         while True:
             self._awaiting, self._reply = request, None
             self.counters["faults"] += 1
-            self._send(fault)
+            self._send(fault, now=True)
             while self._reply is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -220,7 +222,8 @@ class InstanceClient:
             raise SharingError(f"length {length} outside the slot's capacity {tok.length}")
         del self._acquired[key]
         self._send(
-            Token(_DATA, hop, tok.slab, self.instance, tok.slot, tok.offset, length, request)
+            Token(_DATA, hop, tok.slab, self.instance, tok.slot, tok.offset, length, request),
+            now=True,
         )
         self.counters["handovers"] += 1
 
@@ -353,6 +356,25 @@ class InstanceClient:
         else:
             self._send_free(tok, tok.request)
 
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Within it, the control tokens this client sends (receipts, sync echoes, keeps,
+        frees) wait and leave together in one send at its end (one write, one wake-up
+        of the manager, instead of one each); DATA and FAULT leave at once, with what
+        waits before them (the order of tokens never changes). Nests; a send failure
+        at its end raises as the send would have.
+
+        Raises:
+            ChannelClosed / TimeoutError / ChannelError: the send at its end failed.
+        """
+        self._corked += 1
+        try:
+            yield
+        finally:
+            self._corked -= 1
+            if not self._corked:
+                self._flush()
+
     def poll(self, timeout: float | None = 0.0) -> int:
         """Serve the socket once (receipts, echoes, buffering inputs), waiting up to
         ``timeout`` seconds for something. Returns tokens handled.
@@ -398,12 +420,12 @@ class InstanceClient:
         self.counters["frees"] += 1
         self._flush()
 
-    def _send(self, tok: Token) -> None:
+    def _send(self, tok: Token, now: bool = False) -> None:
         self._tx.append(tok.pack())
-        self._flush()
+        self._flush(now)
 
-    def _flush(self) -> None:
-        if self._tx:
+    def _flush(self, force: bool = False) -> None:
+        if self._tx and (force or not self._corked):
             data = b"".join(self._tx)
             self._tx.clear()
             self._ep.send_bytes(data, timeout=self.send_timeout_s)

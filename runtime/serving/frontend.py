@@ -556,6 +556,13 @@ class FrontEnd:
 
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:
+        """Take the tokens that came back (results, items, errors) and answer their
+        requests; their receipts and frees (or keeps) leave in one send at the end
+        (:meth:`~infscaler.shm.client.InstanceClient.batched`)."""
+        with self.client.batched():
+            self._receive_all()
+
+    def _receive_all(self) -> None:
         self.client.poll(0)
         while True:
             try:
