@@ -131,6 +131,7 @@ class FrontEnd:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._woken = False  # a wake-up was written and the loop has not begun its turn
         #: slots the pool freed (its listener counts them), whether the backlog waits for
         #: one (the next free then wakes the loop) and its nearest queue timeout
         self._freed, self._pool_armed, self._queue_due = 0, False, math.inf
@@ -340,7 +341,13 @@ class FrontEnd:
 
     def wake(self) -> None:
         """Wake the loop (any thread): call it when a pipeline's window
-        (``Route.max_inflight``) grows, so requests waiting for it start at once."""
+        (``Route.max_inflight``) grows, so requests waiting for it start at once. One
+        write to the wake-up pipe per loop turn: while a wake-up is on its way (the loop
+        has not begun the turn it starts), what changed before this call is seen by
+        that turn, so no second write is needed."""
+        if self._woken:
+            return
+        self._woken = True
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"x")
 
@@ -393,6 +400,7 @@ class FrontEnd:
                     events = poller.poll(self._timeout_ms(mark))
                 except InterruptedError:
                     continue
+                self._woken = False  # before the commands: a later wake() writes again
                 if any(fd == self._wake_r for fd, _ in events):  # drain the wake-ups
                     with contextlib.suppress(BlockingIOError, OSError):
                         while len(os.read(self._wake_r, 4096)) == 4096:
