@@ -108,19 +108,21 @@ class InstanceClient:
 
     # -- producer side ---------------------------------------------------------------------
     def acquire(
-        self, nbytes: int, request: int, timeout: float | None = 10.0
+        self, nbytes: int, request: int, timeout: float | None = 10.0, *, retry_busy: bool = True
     ) -> tuple[Token, memoryview]:
         """A slot of at least ``nbytes`` bytes (:func:`~infscaler.shm.tensors.tensors_nbytes`)
         for request ``request``'s output: the smallest fitting out-token, else a FAULT
         answered by GRANT; on BUSY, back off (doubling) and fault again until ``timeout``
-        s (None: no limit).
+        s (None: no limit); ``retry_busy`` False: the first BUSY raises at once (a caller
+        with other work, the front end, waits for a freed slot instead of polling).
 
         Returns:
             ``(slot token, writable view of the whole slot)``; the token's ``length`` is
             the slot's capacity. Write, then :meth:`hand_over` (or :meth:`discard`).
 
         Raises:
-            BackPressureError: only BUSY until ``timeout``.
+            BackPressureError: only BUSY until ``timeout`` (or once, without
+                ``retry_busy``), or no answer within it.
             SharingError: the manager refused (ERROR), or ``request`` out of range.
             ChannelClosed: the instance was removed or the channel closed.
         """
@@ -129,7 +131,10 @@ class InstanceClient:
         tok = self._pop_out_token(nbytes)
         if tok is None:
             tok = self._fault(
-                nbytes, request, None if timeout is None else time.monotonic() + timeout
+                nbytes,
+                request,
+                None if timeout is None else time.monotonic() + timeout,
+                retry_busy,
             )
         self._acquired[(tok.slab, tok.slot)] = (tok, request)
         return tok, self._slabs.slot_view(tok)
@@ -143,7 +148,9 @@ class InstanceClient:
         self.counters["out_token_hits"] += 1
         return best
 
-    def _fault(self, nbytes: int, request: int, deadline: float | None) -> Token:
+    def _fault(
+        self, nbytes: int, request: int, deadline: float | None, retry_busy: bool = True
+    ) -> Token:
         backoff = self.backoff_s
         busy = 0
         fault = Token(_FAULT, self.hop, NO_SLAB, self.instance, 0, 0, nbytes, request)
@@ -151,9 +158,13 @@ class InstanceClient:
         def timed_out() -> BackPressureError:
             self._awaiting = None  # a late GRANT is given back when it arrives
             return BackPressureError(
-                f"no slot of {nbytes} bytes for request {request} (instance {self.instance}) "
-                f"before the timeout: {busy} BUSY answers"
-                + (" (the pool is at its memory cap)" if busy else " (no answer from the manager)"),
+                f"no slot of {nbytes} bytes for request {request} (instance {self.instance}): "
+                f"{busy} BUSY answers"
+                + (
+                    " (the pool is at its memory cap)"
+                    if busy
+                    else " (no answer from the manager within the timeout)"
+                ),
                 hint="downstream hops are not returning slots: raise cap_bytes, slow the "
                 "producer, or check that the manager runs",
             )
@@ -179,6 +190,8 @@ class InstanceClient:
             busy += 1  # BUSY: back-pressure
             self.counters["busy"] += 1
             self._release_unfitting(nbytes)
+            if not retry_busy:
+                raise timed_out()
             end = time.monotonic() + backoff
             if deadline is not None:
                 end = min(end, deadline)
@@ -233,6 +246,8 @@ class InstanceClient:
         hop: int,
         request: int,
         timeout: float | None = 10.0,
+        *,
+        retry_busy: bool = True,
     ) -> int:
         """Write named tensors into a slot and hand it to hop ``hop``: :meth:`acquire`
         (OutToken queue or token fault), one copy in with
@@ -247,7 +262,7 @@ class InstanceClient:
             the slot layout refuses; SharingError / ChannelClosed as :meth:`acquire`.
         """
         nbytes = tensors_nbytes(tensors)
-        slot, view = self.acquire(nbytes, request, timeout=timeout)
+        slot, view = self.acquire(nbytes, request, timeout=timeout, retry_busy=retry_busy)
         try:
             length = write_tensors(view, tensors)
         except BaseException:

@@ -70,6 +70,8 @@ __all__ = ["FrontEnd", "RequestError"]
 
 log = logging.getLogger("infscaler.frontend")
 
+#: the longest the front end waits for the manager's answer (GRANT / BUSY) to a fault, s
+_HANDOVER_TIMEOUT_S = 0.1
 #: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
 
@@ -559,8 +561,21 @@ class FrontEnd:
             p.busy_since = time.monotonic()
             self.counters[counter] += 1
 
-    def _hand_over(self, tensors: dict[str, np.ndarray], stage: int, request: int) -> None:
-        self.client.send_tensors(tensors, stage, request, timeout=0.02)
+    def _hand_over(
+        self, tensors: dict[str, np.ndarray], stage: int, request: int, retry: bool = False
+    ) -> None:
+        """Write ``tensors`` into a slot and hand it to ``stage``. At the pool's cap the
+        manager's first BUSY raises :class:`BackPressureError` at once (no back-off
+        polling in this thread): a new request waits in the backlog for the pool's next
+        free (:meth:`_on_pool_free`); ``_HANDOVER_TIMEOUT_S`` bounds the wait for the
+        manager's answer. ``retry`` (after a fan-in, where nothing waits in a backlog):
+        BUSY is retried with back-off for up to 20 ms."""
+        if retry:
+            self.client.send_tensors(tensors, stage, request, timeout=0.02)
+        else:
+            self.client.send_tensors(
+                tensors, stage, request, timeout=_HANDOVER_TIMEOUT_S, retry_busy=False
+            )
 
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:
@@ -694,7 +709,7 @@ class FrontEnd:
         out[TRACE] = trace
         p.move(RequestPhase.POST)
         try:
-            self._hand_over(out, route.stage_ids[nxt], p.seq << ITEM_BITS)
+            self._hand_over(out, route.stage_ids[nxt], p.seq << ITEM_BITS, retry=True)
         except Exception as exc:  # noqa: BLE001 - includes back-pressure past the wait
             self._complete_error(p, RequestError(f"cannot continue after the fan-in: {exc}"))
 

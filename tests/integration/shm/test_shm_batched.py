@@ -1,6 +1,7 @@
 """InstanceClient.batched(): control tokens (receipts, keeps, frees) leave together in one
 send at the block's end; DATA leaves at once; the manager sees the same tokens in the
-same order as without it (each channel kind)."""
+same order as without it. ``acquire(retry_busy=False)``: one BUSY raises at once (each
+channel kind)."""
 
 from __future__ import annotations
 
@@ -108,4 +109,33 @@ def test_data_leaves_at_once_inside_a_batch(setup: Any) -> None:
         del tensors
     cons.done(tok, keep=False)
     wait_until(lambda: _receipts_and_releases(mgr) == (1, 1), "receipt and free")
+    assert mgr.audit() == []
+
+
+def test_a_busy_answer_raises_at_once_without_retry_busy(setup: Any) -> None:
+    # the front end's hand-over: at the pool's cap one FAULT, one BUSY, then
+    # BackPressureError (it waits for a freed slot, not polling the manager)
+    from infscaler.shm import BackPressureError
+
+    mgr, prod, _, _ = setup
+    held = []
+    while True:  # take every slot the cap allows
+        try:
+            held.append(prod.acquire(4 * KiB - 64, 100 + len(held), timeout=1.0, retry_busy=False))
+        except BackPressureError as exc:
+            assert "memory cap" in str(exc)
+            break
+        assert len(held) <= 64, "the pool never answered BUSY"
+    faults, busy = prod.counters["faults"], prod.counters["busy"]
+    assert busy == 1 and faults == len(held) + 1
+    with pytest.raises(BackPressureError):
+        prod.acquire(4 * KiB - 64, 999, timeout=T, retry_busy=False)
+    assert (prod.counters["faults"], prod.counters["busy"]) == (faults + 1, busy + 1)
+    with pytest.raises(BackPressureError):  # the default retries BUSY until its timeout
+        prod.acquire(4 * KiB - 64, 999, timeout=0.3)
+    assert prod.counters["busy"] >= busy + 3
+    for slot, view in held:
+        del view
+        prod.discard(slot)
+    wait_until(lambda: mgr.stats()["pool"]["slots_in_use"] == 0, "every slot freed")
     assert mgr.audit() == []
