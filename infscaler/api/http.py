@@ -359,19 +359,6 @@ class EdgeRunner(web.AppRunner):
         return server
 
 
-def hold_body(content: Any, nbytes: int) -> None:
-    """Let ``content`` (a request's aiohttp ``StreamReader``) buffer up to ``nbytes``, the
-    declared length of a body whose bytes admission reserved, before it pauses reading the
-    socket. aiohttp's own bound (twice its 64 KB read size) pauses and resumes the
-    transport for every chunk of a larger body: two ``epoll_ctl`` calls and a wake-up
-    each, per chunk of ~200 KB. Nothing more is held than the body itself (the parser
-    stops at its ``Content-Length``). No-op for a reader without that bound (another
-    aiohttp) or a smaller ``nbytes``."""
-    high = getattr(content, "_high_water", None)
-    if isinstance(high, int) and nbytes > high:
-        content._high_water = nbytes
-
-
 def raise_fd_limit() -> int:
     """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (what servers do at
     start: the soft default, 1024, is for interactive shells); returns the soft limit

@@ -53,7 +53,6 @@ from infscaler.api.common import (
     shm_of,
     slot_arrays,
 )
-from infscaler.api.http import hold_body
 from infscaler.api.metrics import CONTENT_TYPE, exposition
 from infscaler.api.taskroute import (
     infer_task,
@@ -327,10 +326,9 @@ async def read_body(request: web.Request, limit: int | None = None) -> bytearray
     view = memoryview(buf)
     pos = 0
     content = request.content
-    hold_body(content, n)
     while pos < n:
         try:
-            chunk, _ = await content.readchunk()  # one chunk as received: never joined
+            chunk = await content.readany()
         except (ConnectionError, EOFError) as exc:  # the client went away mid-body
             raise web.HTTPBadRequest(
                 reason=f"the connection was lost after {pos} of the body's {n} bytes ({exc})"

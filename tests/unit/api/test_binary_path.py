@@ -68,11 +68,11 @@ class _Content:
     def __init__(self, chunks: list[bytes | Exception]) -> None:
         self.chunks = chunks
 
-    async def readchunk(self) -> tuple[bytes, bool]:
+    async def readany(self) -> bytes:
         item = self.chunks.pop(0) if self.chunks else b""
         if isinstance(item, Exception):
             raise item
-        return item, False
+        return item
 
 
 class _Request:
@@ -118,45 +118,3 @@ def test_read_body_fills_one_buffer_and_checks_the_limit() -> None:
     assert isinstance(body, bytearray) and body == b"abcdef"
     with pytest.raises(web.HTTPRequestEntityTooLarge):
         asyncio.run(read_body(_Request((1 << 20) + 1, [], max_mb=1)))  # type: ignore[arg-type]
-
-
-def test_read_body_holds_a_declared_body_without_pausing_the_socket() -> None:
-    # aiohttp pauses reading once its buffer passes 2 x 64 KB; a body admission reserved
-    # is held whole instead (no pause / resume per chunk), and read back in order
-    import asyncio
-
-    from aiohttp.streams import StreamReader
-
-    from infscaler.api.routes import read_body
-
-    class Protocol:
-        _reading_paused = False
-        connected = True
-        pauses = 0
-
-        def pause_reading(self) -> None:
-            self.pauses += 1
-
-        def resume_reading(self, resume_parser: bool = True) -> None:
-            pass
-
-    chunks = [bytes([i]) * (200 << 10) for i in range(3)]
-
-    async def run(hold: bool) -> tuple[int, bytes]:
-        proto = Protocol()
-        content = StreamReader(proto, 1 << 16, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
-        request = _Request(len(chunks) * len(chunks[0]), [])
-        request.content = content  # type: ignore[assignment]
-        if hold:
-            body = asyncio.ensure_future(read_body(request))  # type: ignore[arg-type]
-            await asyncio.sleep(0)  # it has sized the reader and waits for data
-        for c in chunks:
-            content.feed_data(c)
-        content.feed_eof()
-        if not hold:
-            return proto.pauses, b""
-        return proto.pauses, bytes(await body)
-
-    assert asyncio.run(run(False))[0] > 0  # aiohttp's own bound pauses
-    pauses, body = asyncio.run(run(True))
-    assert pauses == 0 and body == b"".join(chunks)
