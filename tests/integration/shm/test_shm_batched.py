@@ -132,8 +132,8 @@ def test_a_busy_answer_raises_at_once_without_retry_busy(setup: Any) -> None:
         prod.acquire(4 * KiB - 64, 999, timeout=T, retry_busy=False)
     assert (prod.counters["faults"], prod.counters["busy"]) == (faults + 1, busy + 1)
     with pytest.raises(BackPressureError):  # the default retries BUSY until its timeout
-        prod.acquire(4 * KiB - 64, 999, timeout=0.3)
-    assert prod.counters["busy"] >= busy + 3
+        prod.acquire(4 * KiB - 64, 999, timeout=2.0)
+    assert prod.counters["busy"] >= busy + 3  # 1 above, then at least 2 in the retries
     for slot, view in held:
         del view
         prod.discard(slot)
