@@ -11,8 +11,9 @@ writes into it and :meth:`~InstanceClient.hand_over`\ s it (one DATA token); a c
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,7 @@ class InstanceClient:
         self._awaiting: int | None = None  # request of the outstanding FAULT
         self._reply: Token | None = None
         self._tx: list[bytes] = []
+        self._corked = 0  # depth of batched(): control tokens wait for its end
         self.counters = dict.fromkeys(
             (
                 "faults",
@@ -106,19 +108,21 @@ class InstanceClient:
 
     # -- producer side ---------------------------------------------------------------------
     def acquire(
-        self, nbytes: int, request: int, timeout: float | None = 10.0
+        self, nbytes: int, request: int, timeout: float | None = 10.0, *, retry_busy: bool = True
     ) -> tuple[Token, memoryview]:
         """A slot of at least ``nbytes`` bytes (:func:`~infscaler.shm.tensors.tensors_nbytes`)
         for request ``request``'s output: the smallest fitting out-token, else a FAULT
         answered by GRANT; on BUSY, back off (doubling) and fault again until ``timeout``
-        s (None: no limit).
+        s (None: no limit); ``retry_busy`` False: the first BUSY raises at once (a caller
+        with other work, the front end, waits for a freed slot instead of polling).
 
         Returns:
             ``(slot token, writable view of the whole slot)``; the token's ``length`` is
             the slot's capacity. Write, then :meth:`hand_over` (or :meth:`discard`).
 
         Raises:
-            BackPressureError: only BUSY until ``timeout``.
+            BackPressureError: only BUSY until ``timeout`` (or once, without
+                ``retry_busy``), or no answer within it.
             SharingError: the manager refused (ERROR), or ``request`` out of range.
             ChannelClosed: the instance was removed or the channel closed.
         """
@@ -127,7 +131,10 @@ class InstanceClient:
         tok = self._pop_out_token(nbytes)
         if tok is None:
             tok = self._fault(
-                nbytes, request, None if timeout is None else time.monotonic() + timeout
+                nbytes,
+                request,
+                None if timeout is None else time.monotonic() + timeout,
+                retry_busy,
             )
         self._acquired[(tok.slab, tok.slot)] = (tok, request)
         return tok, self._slabs.slot_view(tok)
@@ -141,7 +148,9 @@ class InstanceClient:
         self.counters["out_token_hits"] += 1
         return best
 
-    def _fault(self, nbytes: int, request: int, deadline: float | None) -> Token:
+    def _fault(
+        self, nbytes: int, request: int, deadline: float | None, retry_busy: bool = True
+    ) -> Token:
         backoff = self.backoff_s
         busy = 0
         fault = Token(_FAULT, self.hop, NO_SLAB, self.instance, 0, 0, nbytes, request)
@@ -149,9 +158,13 @@ class InstanceClient:
         def timed_out() -> BackPressureError:
             self._awaiting = None  # a late GRANT is given back when it arrives
             return BackPressureError(
-                f"no slot of {nbytes} bytes for request {request} (instance {self.instance}) "
-                f"before the timeout: {busy} BUSY answers"
-                + (" (the pool is at its memory cap)" if busy else " (no answer from the manager)"),
+                f"no slot of {nbytes} bytes for request {request} (instance {self.instance}): "
+                f"{busy} BUSY answers"
+                + (
+                    " (the pool is at its memory cap)"
+                    if busy
+                    else " (no answer from the manager within the timeout)"
+                ),
                 hint="downstream hops are not returning slots: raise cap_bytes, slow the "
                 "producer, or check that the manager runs",
             )
@@ -159,7 +172,7 @@ class InstanceClient:
         while True:
             self._awaiting, self._reply = request, None
             self.counters["faults"] += 1
-            self._send(fault)
+            self._send(fault, now=True)
             while self._reply is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -177,6 +190,8 @@ class InstanceClient:
             busy += 1  # BUSY: back-pressure
             self.counters["busy"] += 1
             self._release_unfitting(nbytes)
+            if not retry_busy:
+                raise timed_out()
             end = time.monotonic() + backoff
             if deadline is not None:
                 end = min(end, deadline)
@@ -220,7 +235,8 @@ class InstanceClient:
             raise SharingError(f"length {length} outside the slot's capacity {tok.length}")
         del self._acquired[key]
         self._send(
-            Token(_DATA, hop, tok.slab, self.instance, tok.slot, tok.offset, length, request)
+            Token(_DATA, hop, tok.slab, self.instance, tok.slot, tok.offset, length, request),
+            now=True,
         )
         self.counters["handovers"] += 1
 
@@ -230,6 +246,8 @@ class InstanceClient:
         hop: int,
         request: int,
         timeout: float | None = 10.0,
+        *,
+        retry_busy: bool = True,
     ) -> int:
         """Write named tensors into a slot and hand it to hop ``hop``: :meth:`acquire`
         (OutToken queue or token fault), one copy in with
@@ -244,7 +262,7 @@ class InstanceClient:
             the slot layout refuses; SharingError / ChannelClosed as :meth:`acquire`.
         """
         nbytes = tensors_nbytes(tensors)
-        slot, view = self.acquire(nbytes, request, timeout=timeout)
+        slot, view = self.acquire(nbytes, request, timeout=timeout, retry_busy=retry_busy)
         try:
             length = write_tensors(view, tensors)
         except BaseException:
@@ -353,6 +371,25 @@ class InstanceClient:
         else:
             self._send_free(tok, tok.request)
 
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Within it, the control tokens this client sends (receipts, sync echoes, keeps,
+        frees) wait and leave together in one send at its end (one write, one wake-up
+        of the manager, instead of one each); DATA and FAULT leave at once, with what
+        waits before them (the order of tokens never changes). Nests; a send failure
+        at its end raises as the send would have.
+
+        Raises:
+            ChannelClosed / TimeoutError / ChannelError: the send at its end failed.
+        """
+        self._corked += 1
+        try:
+            yield
+        finally:
+            self._corked -= 1
+            if not self._corked:
+                self._flush()
+
     def poll(self, timeout: float | None = 0.0) -> int:
         """Serve the socket once (receipts, echoes, buffering inputs), waiting up to
         ``timeout`` seconds for something. Returns tokens handled.
@@ -398,12 +435,12 @@ class InstanceClient:
         self.counters["frees"] += 1
         self._flush()
 
-    def _send(self, tok: Token) -> None:
+    def _send(self, tok: Token, now: bool = False) -> None:
         self._tx.append(tok.pack())
-        self._flush()
+        self._flush(now)
 
-    def _flush(self) -> None:
-        if self._tx:
+    def _flush(self, force: bool = False) -> None:
+        if self._tx and (force or not self._corked):
             data = b"".join(self._tx)
             self._tx.clear()
             self._ep.send_bytes(data, timeout=self.send_timeout_s)

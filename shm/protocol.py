@@ -39,7 +39,8 @@ class SharingError(InfScalerError):
 
 
 class BackPressureError(SharingError, TimeoutError):
-    """:meth:`InstanceClient.acquire` got no GRANT before its timeout: only BUSY answers
+    """:meth:`InstanceClient.acquire` got no GRANT before its timeout (or a BUSY, asked
+    not to retry it): only BUSY answers
     (the pool is at its memory cap: the pipeline downstream is not returning slots), or
     no answer at all (the manager is not running). The message says which."""
 

@@ -70,6 +70,8 @@ __all__ = ["FrontEnd", "RequestError"]
 
 log = logging.getLogger("infscaler.frontend")
 
+#: the longest the front end waits for the manager's answer (GRANT / BUSY) to a fault, s
+_HANDOVER_TIMEOUT_S = 0.1
 #: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
 
@@ -131,6 +133,7 @@ class FrontEnd:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._woken = False  # a wake-up was written and the loop has not begun its turn
         #: slots the pool freed (its listener counts them), whether the backlog waits for
         #: one (the next free then wakes the loop) and its nearest queue timeout
         self._freed, self._pool_armed, self._queue_due = 0, False, math.inf
@@ -340,7 +343,13 @@ class FrontEnd:
 
     def wake(self) -> None:
         """Wake the loop (any thread): call it when a pipeline's window
-        (``Route.max_inflight``) grows, so requests waiting for it start at once."""
+        (``Route.max_inflight``) grows, so requests waiting for it start at once. One
+        write to the wake-up pipe per loop turn: while a wake-up is on its way (the loop
+        has not begun the turn it starts), what changed before this call is seen by
+        that turn, so no second write is needed."""
+        if self._woken:
+            return
+        self._woken = True
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"x")
 
@@ -393,6 +402,7 @@ class FrontEnd:
                     events = poller.poll(self._timeout_ms(mark))
                 except InterruptedError:
                     continue
+                self._woken = False  # before the commands: a later wake() writes again
                 if any(fd == self._wake_r for fd, _ in events):  # drain the wake-ups
                     with contextlib.suppress(BlockingIOError, OSError):
                         while len(os.read(self._wake_r, 4096)) == 4096:
@@ -551,11 +561,31 @@ class FrontEnd:
             p.busy_since = time.monotonic()
             self.counters[counter] += 1
 
-    def _hand_over(self, tensors: dict[str, np.ndarray], stage: int, request: int) -> None:
-        self.client.send_tensors(tensors, stage, request, timeout=0.02)
+    def _hand_over(
+        self, tensors: dict[str, np.ndarray], stage: int, request: int, retry: bool = False
+    ) -> None:
+        """Write ``tensors`` into a slot and hand it to ``stage``. At the pool's cap the
+        manager's first BUSY raises :class:`BackPressureError` at once (no back-off
+        polling in this thread): a new request waits in the backlog for the pool's next
+        free (:meth:`_on_pool_free`); ``_HANDOVER_TIMEOUT_S`` bounds the wait for the
+        manager's answer. ``retry`` (after a fan-in, where nothing waits in a backlog):
+        BUSY is retried with back-off for up to 20 ms."""
+        if retry:
+            self.client.send_tensors(tensors, stage, request, timeout=0.02)
+        else:
+            self.client.send_tensors(
+                tensors, stage, request, timeout=_HANDOVER_TIMEOUT_S, retry_busy=False
+            )
 
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:
+        """Take the tokens that came back (results, items, errors) and answer their
+        requests; their receipts and frees (or keeps) leave in one send at the end
+        (:meth:`~infscaler.shm.client.InstanceClient.batched`)."""
+        with self.client.batched():
+            self._receive_all()
+
+    def _receive_all(self) -> None:
         self.client.poll(0)
         while True:
             try:
@@ -679,7 +709,7 @@ class FrontEnd:
         out[TRACE] = trace
         p.move(RequestPhase.POST)
         try:
-            self._hand_over(out, route.stage_ids[nxt], p.seq << ITEM_BITS)
+            self._hand_over(out, route.stage_ids[nxt], p.seq << ITEM_BITS, retry=True)
         except Exception as exc:  # noqa: BLE001 - includes back-pressure past the wait
             self._complete_error(p, RequestError(f"cannot continue after the fan-in: {exc}"))
 
