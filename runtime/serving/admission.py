@@ -136,12 +136,16 @@ def request_reservation(declared: int | None, limit: int, json_bytes: int | None
     return 2 * (size - json_part) + JSON_DECODE_FACTOR * json_part
 
 
-def refusal_hold_s(retry_after_s: float | None, left_ms: float) -> float:
-    """How long to hold a latency refusal before answering it, s: until the queue ahead
-    will have drained enough for the request to be admitted (``retry_after_s``: the
-    drain time itself, :func:`gate_wait_ms`, not the back-off floor of ``Retry-After``),
-    at most what was left of its latency bound (``left_ms``; a client never waits longer
-    for a refusal than it would have for a late answer), 0 when neither is known.
+def refusal_hold_s(
+    retry_after_s: float | None, left_ms: float, late_ms: float | None = None
+) -> float:
+    """How long to hold a latency or shedding refusal before answering it, s: until the
+    request could be admitted (``retry_after_s``: :func:`gate_wait_ms`, the queue ahead
+    drained and the refusals held before it admitted), at least the shortest back-off
+    (:data:`MIN_RETRY_S`) while its bound leaves that much, at most the later of what
+    was left of its bound (``left_ms``) and ``late_ms``, the latency it would have had
+    admitted now (its estimate, ms; None: ``left_ms`` only): a client never waits longer
+    for a refusal than it would have for a late answer. 0 when nothing is known.
 
     Raises:
         ValueError: ``left_ms`` negative or not finite.
@@ -150,7 +154,9 @@ def refusal_hold_s(retry_after_s: float | None, left_ms: float) -> float:
         raise ValueError(f"left_ms must be a finite number >= 0, got {left_ms}")
     if retry_after_s is None or not math.isfinite(retry_after_s):
         return 0.0
-    return round(max(0.0, min(float(retry_after_s), left_ms / 1e3)), 3)
+    left = left_ms / 1e3
+    late = left if late_ms is None or not math.isfinite(late_ms) else max(left, late_ms / 1e3)
+    return round(max(0.0, min(max(float(retry_after_s), min(MIN_RETRY_S, left)), late)), 3)
 
 
 def gate_wait_ms(drain_ms: float, held: int, interval_ms: float | None) -> float:
@@ -622,7 +628,13 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
         retry_after_s=verdict.retry_after_s,
         timeout_s=timeout_s,
         estimate_ms=verdict.estimate_ms,
-        hold_s=refusal_hold_s(_latency_wait_s(s, verdict, left_ms), left_ms),
+        hold_s=refusal_hold_s(
+            _latency_wait_s(s, verdict, left_ms),
+            left_ms,
+            None
+            if verdict.estimate_ms is None
+            else min(verdict.estimate_ms, max(0.0, timeout_s * 1e3 - s.spent_ms)),
+        ),
     )
 
 

@@ -1,7 +1,7 @@
-"""Refusals held at the gate (runtime/serving/admission.py ``gate_wait_ms``,
-runtime/serving/arrivals.py ``HeldRefusals``, the intake's precheck): a latency refusal
-is held for the drain time itself (not Retry-After's back-off floor), one bottleneck
-interval more per refusal already held, at most what was left of the SLO."""
+"""Refusals held at the gate (runtime/serving/admission.py ``gate_wait_ms`` and
+``refusal_hold_s``, runtime/serving/arrivals.py ``HeldRefusals``, the intake's
+precheck): a latency refusal is held until it could be admitted, one bottleneck interval
+more per refusal already held, at most the latency it would have had admitted now."""
 
 from __future__ import annotations
 
@@ -20,32 +20,37 @@ from infscaler.runtime.serving.admission import (
 from infscaler.runtime.serving.arrivals import HeldRefusals
 from infscaler.runtime.serving.intake import Intake
 
-#: one unit of two instances at 4 ms: a 2 ms bottleneck interval; 3 ms end to end
-UNITS = ((4.0, 2),)
+#: one unit of two instances at 400 ms: a 200 ms bottleneck interval; 300 ms end to end
+UNITS = ((400.0, 2),)
 
 
 def snap(**kw) -> ArrivalSnapshot:
-    base = dict(pipeline="sq", slo_ms=9.0, service_ms=3.0, interval_ms=2.0, units=UNITS)
+    base = dict(pipeline="sq", slo_ms=900.0, service_ms=300.0, interval_ms=200.0, units=UNITS)
     return ArrivalSnapshot(**{**base, **kw, "overloaded": True})
 
 
-def test_a_short_drain_is_held_for_itself_not_for_the_back_off_floor() -> None:
-    # 5 ahead on 2 instances: 3 + 2 x 4 = 11 ms against 9 ms: admitted in 2 ms
+def test_a_refusal_is_held_until_it_could_be_admitted_at_most_its_late_answer() -> None:
+    # 5 ahead on 2 instances: 300 + 2 x 400 = 1100 ms against 900: admitted in 200 ms
     d = admit_request(snap(ahead=5))
-    assert not d.admit and d.refusal is Refusal.SLO and d.estimate_ms == pytest.approx(11.0)
-    assert d.retry_after_s == pytest.approx(MIN_RETRY_S)  # what Retry-After says
-    assert d.hold_s == pytest.approx(0.002)  # what the server holds: the drain
-    assert d.hold_s < MIN_RETRY_S
+    assert not d.admit and d.refusal is Refusal.SLO and d.estimate_ms == pytest.approx(1100.0)
+    assert d.hold_s == pytest.approx(0.2)
+    # 9 ahead: 300 + 4 x 400 = 1900 ms: held 1000 ms, past the 900 ms SLO (the time it
+    # would have waited admitted), where a closed-loop client came back every 900 ms
+    assert admit_request(snap(ahead=9)).hold_s == pytest.approx(1.0)
+    # a drain shorter than the shortest back-off: held that long (the SLO allows it)
+    d = admit_request(snap(ahead=5, units=((310.0, 2),)))
+    assert d.estimate_ms == pytest.approx(920.0) and d.hold_s == pytest.approx(MIN_RETRY_S)
 
 
-def test_each_held_refusal_holds_the_next_one_interval_longer_up_to_the_slo() -> None:
+def test_each_held_refusal_holds_the_next_one_interval_longer() -> None:
     holds = [admit_request(snap(ahead=5, held=k)).hold_s for k in range(6)]
-    # 2 ms, then one bottleneck interval (4 ms / 2 instances) per refusal held ahead
-    assert holds[:4] == pytest.approx([0.002, 0.004, 0.006, 0.008])
-    assert holds[4:] == pytest.approx([0.009, 0.009])  # at most the 9 ms SLO left
-    # shedding too: ahead 6 over a limit of 4: three intervals of 2 ms, then one per held
-    shed = [admit_request(snap(ahead=6, queue_limit=4, held=k)).hold_s for k in (0, 1)]
-    assert shed == pytest.approx([0.006, 0.008])
+    # 200 ms, then one bottleneck interval (400 ms / 2 instances) per refusal held ahead,
+    # at most the 1100 ms it would have taken admitted now
+    assert holds == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.1])
+    # shedding: ahead 6 over a limit of 4: three intervals, one more per held, at most
+    # the SLO
+    shed = [admit_request(snap(ahead=6, queue_limit=4, held=k)).hold_s for k in (0, 1, 2)]
+    assert shed == pytest.approx([0.6, 0.8, 0.9])
 
 
 def test_gate_wait_ms_arithmetic() -> None:
