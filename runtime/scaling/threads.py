@@ -2,28 +2,25 @@
 model unit runs one cpu instance with more intra-op threads, as a trial, split back when
 the concurrency rises.
 
-The offered concurrency is the mean over the looks of the last ``window_s`` of each
-look's :func:`offered_concurrency`: the requests in flight (:attr:`Snapshot.pending`,
-admitted and not answered) scaled by the attempts offered per admitted one (Little's law
-over every attempt, refused ones included, at the admitted requests' sojourn): admission
-that refuses most attempts keeps the requests in flight low while many clients wait. With
-at most ``1 + merge_margin`` offered, at most one instance of the pipeline runs at a time,
-so one may use the cores the others leave idle. When that mean held for ``window_s``
-since the last change, with no attempt refused over the snapshot's window (a refusal:
-more was offered than the instances served within the SLO, and a move leaves fewer),
-on a device with half a core idle, every cpu
-unit that runs a model, has ``n`` live instances at ``t`` threads and is not blocked is
-**moved** to one instance at ``T = min(physical cores, max(2, n) x t) > t`` threads: a
-unit of ``n >= 2`` instances (``K = 1`` replicas) is **merged** (``scale_in`` one at a
-time down to one, then ``scale_up`` ``t -> T``, make-before-break), a unit of one (the
-partitions of a ``K >= 2`` chain) is **widened** (``scale_up``). The move is one
-**trial**, judged ``trial_s`` after its last ``scale_up`` on the served rate and P99 read
-after it against those before (means of the looks): kept when the rate rose or the P99
-fell by ``gain``, else **split** back (``scale_down`` ``T -> t``, then ``scale_out`` to
-``n``) and its units not moved again for ``backoff_s`` (doubled per revert in a row, as
-:mod:`infscaler.runtime.scaling.demand`'s trials). A kept move is split back as soon as the
-mean offered concurrency over the last ``split_s`` exceeds ``1 + split_margin``, and its
-units not moved again for ``backoff_s``. Measurements: bench/HISTORY.md. Pure: no I/O, no clock.
+The offered concurrency is the mean over the looks of the last ``window_s`` of
+:func:`offered_concurrency` (the requests in flight x offered / admitted rate: Little's
+law over every attempt, refused ones included; admission that refuses most attempts
+keeps the requests in flight low while many clients wait). At most ``1 + merge_margin``
+offered, one instance runs at a time and may use the cores the others leave idle. When
+that held for ``window_s`` since the last change, with no attempt refused in the
+snapshot's window and half a core idle, every cpu unit that runs a model, has ``n`` live
+instances at ``t`` threads and is not blocked is **moved** to one instance at
+``T = min(physical cores, max(2, n) x t) > t`` threads: ``n >= 2`` (``K = 1`` replicas)
+is **merged** (``scale_in`` one at a time down to one, then ``scale_up`` ``t -> T``,
+make-before-break), ``n = 1`` (a ``K >= 2`` chain's partitions) **widened**
+(``scale_up``). The move is one **trial**, judged ``trial_s`` after its last
+``scale_up`` on the served rate and P99 after it against before (means of the looks):
+kept when the rate rose or the P99 fell by ``gain``, else **split** back (``scale_down``
+``T -> t``, then ``scale_out`` to ``n``), its units not moved again for ``backoff_s``
+(doubled per revert in a row, as :mod:`infscaler.runtime.scaling.demand`'s trials). A
+kept move is split back once the mean offered concurrency over the last ``split_s``
+exceeds ``1 + split_margin`` (no move for ``backoff_s``). Measurements:
+bench/HISTORY.md. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
