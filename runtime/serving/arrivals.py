@@ -37,6 +37,7 @@ __all__ = [
     "REFUSAL_COUNTERS",
     "FrontCounts",
     "HeldRefusals",
+    "MAX_HELD",
     "admit_arrival",
     "arrival_snapshot",
     "count_refusal",
@@ -142,6 +143,12 @@ def arrival_snapshot(
     )
 
 
+#: the most refusals :class:`HeldRefusals` keeps per pipeline (past it, a refusal is not
+#: counted: a flood costs each refusal one bounded insertion; a hold is at most its
+#: request's estimate whatever the count)
+MAX_HELD = 1024
+
+
 class HeldRefusals:
     """The refusals held per pipeline and not answered yet (the requests queued at its
     gate), as the release times their ``hold_s`` gives them; not thread-safe (the
@@ -163,9 +170,13 @@ class HeldRefusals:
         return len(due)
 
     def add(self, key: int, now: float, hold_s: float) -> None:
-        """A refusal of pipeline ``key`` held ``hold_s`` s from ``now`` (none held: not kept)."""
-        if hold_s > 0:
-            bisect.insort(self._due.setdefault(key, []), now + hold_s)
+        """A refusal of pipeline ``key`` held ``hold_s`` s from ``now`` (none held, or
+        :data:`MAX_HELD` kept already: not kept)."""
+        due = self._due.setdefault(key, [])
+        if hold_s > 0 and len(due) < MAX_HELD:
+            bisect.insort(due, now + hold_s)
+        elif not due:
+            del self._due[key]
 
 
 def higher_loads(routes: Iterable[Route], route: Route, level: int) -> tuple[HigherLoad, ...]:

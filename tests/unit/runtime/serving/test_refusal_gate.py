@@ -17,7 +17,7 @@ from infscaler.runtime.serving.admission import (
     admit_request,
     gate_wait_ms,
 )
-from infscaler.runtime.serving.arrivals import HeldRefusals
+from infscaler.runtime.serving.arrivals import MAX_HELD, HeldRefusals
 from infscaler.runtime.serving.intake import Intake
 
 #: one unit of two instances at 400 ms: a 200 ms bottleneck interval; 300 ms end to end
@@ -70,6 +70,9 @@ def test_held_refusals_count_until_their_release() -> None:
     assert h.count(1, 0.0) == 2 and h.count(2, 0.0) == 1
     assert h.count(1, 0.005) == 1  # the 3 ms one left
     assert h.count(1, 0.011) == 0 and h.count(2, 0.5) == 1
+    for _ in range(MAX_HELD + 10):  # a flood: the count saturates, the list stays bounded
+        h.add(3, 0.0, 5.0)
+    assert h.count(3, 1.0) == MAX_HELD
 
 
 def _route() -> SimpleNamespace:
