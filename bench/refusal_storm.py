@@ -4,7 +4,9 @@ refusals/s and the service's CPU per attempt, two builds side by side.
 SqueezeNet (the onnx wheel's, with a batch dim: ``vs_triton.batchable``) is served by two
 ``infscaler serve --slo X --autoscale`` processes at once, one per arm (``--arms``:
 ``name=path of an infscaler executable``; default ``before`` the main checkout's install,
-``after`` this tree's), SLO ``--slo-x`` x L0 (L0: one single-thread run, median). After
+``after`` this tree's; ``--fixed 2x1``: a fixed configuration with the SLO in its
+pipeline.yaml and no autoscale, so every arm serves the same deployment and only
+admission differs), SLO ``--slo-x`` x L0 (L0: one single-thread run, median). After
 a warm-up, ``--rounds`` rounds, the arms in alternating order (ABBA...), per protocol
 (``tritonclient.grpc``; httpx with binary tensors, as ``vs_triton.py``) ``--concurrency``
 clients that send again as soon as they are answered or refused, ``--settle-s``
@@ -33,6 +35,22 @@ from harness.host import environment  # noqa: E402
 from harness.result import write_json  # noqa: E402
 
 MAIN_EXE = Path("/work/main/.venv/bin/infscaler")
+
+
+class FixedSut(vt.Sut):
+    """Ours at a fixed ``instances`` x ``threads`` with the pipeline's ``slo`` set and no
+    autoscale: admission on, the same deployment in every arm (``--fixed``)."""
+
+    slo_ms: float = 0.0
+
+    def _pipeline_yaml(self, model: vt.Model) -> Path:
+        import yaml
+
+        path = super()._pipeline_yaml(model)
+        doc = yaml.safe_load(path.read_text())
+        doc["slo"] = f"{self.slo_ms:.1f}ms"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
 
 
 def fit_costs(runs: list[dict]) -> dict[str, float | None]:
@@ -84,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--settle-s", type=float, default=5.0)
     ap.add_argument("--warmup-s", type=float, default=20.0)
+    ap.add_argument(
+        "--fixed",
+        default="",
+        help="INSTANCESxTHREADS: serve that fixed configuration with the SLO and no "
+        "autoscale (admission alone, the same deployment in every arm)",
+    )
     ap.add_argument("--out", default=str(vt.RESULTS_DIR / "refusal_storm.json"))
     args = ap.parse_args(argv)
     arms = dict(a.split("=", 1) for a in args.arms.split(","))
@@ -93,7 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     model.l0_ms = vt.single_thread_ms(model, x, n=50)
     slo_ms = args.slo_x * model.l0_ms
     print(f"L0 {model.l0_ms:.2f} ms, SLO {slo_ms:.1f} ms", flush=True)
-    suts = {name: vt.Sut(name, "ours", auto=True, exe=Path(exe)) for name, exe in arms.items()}
+    if args.fixed:
+        inst, threads = (int(v) for v in args.fixed.lower().split("x"))
+        suts: dict[str, vt.Sut] = {}
+        for name, exe in arms.items():
+            sut = FixedSut(name, "ours", inst, threads, exe=Path(exe))
+            sut.slo_ms = slo_ms
+            suts[name] = sut
+    else:
+        suts = {n: vt.Sut(n, "ours", auto=True, exe=Path(e)) for n, e in arms.items()}
     protos = args.protocols.split(",")
     out: dict[str, Any] = {
         "environment": environment(),
