@@ -136,11 +136,16 @@ def request_reservation(declared: int | None, limit: int, json_bytes: int | None
     return 2 * (size - json_part) + JSON_DECODE_FACTOR * json_part
 
 
-def refusal_hold_s(retry_after_s: float | None, left_ms: float) -> float:
-    """How long to hold a latency refusal before answering it, s: until the queue ahead
-    will have drained enough for the request to be admitted (``retry_after_s``), at most
-    what was left of its latency bound (``left_ms``; a client never waits longer for a
-    refusal than it would have for a late answer), 0 when neither is known.
+def refusal_hold_s(
+    retry_after_s: float | None, left_ms: float, late_ms: float | None = None
+) -> float:
+    """How long to hold a latency or shedding refusal before answering it, s: until the
+    request could be admitted (``retry_after_s``: :func:`gate_wait_ms`, the queue ahead
+    drained and the refusals held before it admitted), at least the shortest back-off
+    (:data:`MIN_RETRY_S`) while its bound leaves that much, at most the later of what
+    was left of its bound (``left_ms``) and ``late_ms``, the latency it would have had
+    admitted now (its estimate, ms; None: ``left_ms`` only): a client never waits longer
+    for a refusal than it would have for a late answer. 0 when nothing is known.
 
     Raises:
         ValueError: ``left_ms`` negative or not finite.
@@ -149,7 +154,21 @@ def refusal_hold_s(retry_after_s: float | None, left_ms: float) -> float:
         raise ValueError(f"left_ms must be a finite number >= 0, got {left_ms}")
     if retry_after_s is None or not math.isfinite(retry_after_s):
         return 0.0
-    return round(max(0.0, min(float(retry_after_s), left_ms / 1e3)), 3)
+    left = left_ms / 1e3
+    late = left if late_ms is None or not math.isfinite(late_ms) else max(left, late_ms / 1e3)
+    return round(max(0.0, min(max(float(retry_after_s), min(MIN_RETRY_S, left)), late)), 3)
+
+
+def gate_wait_ms(drain_ms: float, held: int, interval_ms: float | None) -> float:
+    """How long a refused request waits at the gate before it could be admitted, ms:
+    ``drain_ms`` (until the queue ahead drained enough for it) plus one bottleneck
+    ``interval_ms`` per refusal already held (``held``, the refused requests queued at
+    the gate ahead of it, each admitted as one request leaves). Held clients of a closed
+    loop then come back one interval apart, each as a place frees, rather than all at
+    once when the first frees (one admitted, the rest refused again). Negative inputs
+    count as 0; ``interval_ms`` None: the held are not counted."""
+    per = 0.0 if interval_ms is None or not math.isfinite(interval_ms) else interval_ms
+    return max(0.0, drain_ms) + max(0, held) * max(0.0, per)
 
 
 def default_estimates(slo_ms: float) -> tuple[float, float]:
@@ -426,6 +445,8 @@ class ArrivalSnapshot:
             ahead of it.
         max_queue_size: the queue policy's bound on the pipeline's queued requests, all
             levels together (0: none).
+        held: this pipeline's latency and shedding refusals held now, not answered yet
+            (the requests queued at the gate: :func:`gate_wait_ms`).
     """
 
     pipeline: str
@@ -455,6 +476,7 @@ class ArrivalSnapshot:
     level: int = 1
     queued: tuple[tuple[int, int], ...] = ()
     max_queue_size: int = 0
+    held: int = 0
 
 
 @dataclass(frozen=True)
@@ -565,10 +587,12 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
         )
     if s.queue_limit is not None and s.ahead >= s.queue_limit:
         # admitted once ahead - limit + 1 requests left, one bottleneck interval each
-        retry = (
+        over = s.ahead - s.queue_limit + 1
+        retry = None if s.interval_ms is None else _retry(over * s.interval_ms / 1e3)
+        wait_ms = (
             None
             if s.interval_ms is None
-            else _retry((s.ahead - s.queue_limit + 1) * s.interval_ms / 1e3)
+            else gate_wait_ms(over * s.interval_ms, s.held, s.interval_ms)
         )
         bound_ms = s.slo_ms if s.slo_ms is not None else timeout_s * 1e3
         return _refuse(
@@ -577,7 +601,9 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
             f"{s.queue_limit}); {s.shed_reason}",
             hint="the device is at its resource cap; retry later or slow down",
             retry_after_s=retry,
-            hold_s=refusal_hold_s(retry, max(0.0, bound_ms - s.spent_ms)),
+            hold_s=refusal_hold_s(
+                None if wait_ms is None else wait_ms / 1e3, max(0.0, bound_ms - s.spent_ms)
+            ),
         )
     bound_ms, what = s.slo_ms, "SLO"
     if s.service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
@@ -602,8 +628,29 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
         retry_after_s=verdict.retry_after_s,
         timeout_s=timeout_s,
         estimate_ms=verdict.estimate_ms,
-        hold_s=refusal_hold_s(verdict.retry_after_s, left_ms),
+        hold_s=refusal_hold_s(
+            _latency_wait_s(s, verdict, left_ms),
+            left_ms,
+            None
+            if verdict.estimate_ms is None
+            else min(verdict.estimate_ms, max(0.0, timeout_s * 1e3 - s.spent_ms)),
+        ),
     )
+
+
+def _latency_wait_s(s: ArrivalSnapshot, verdict: Admission, left_ms: float) -> float | None:
+    """:func:`gate_wait_ms` of a latency refusal, s: until its estimate, scaled by the
+    lenience, fits ``left_ms`` (the estimate falls as the queue ahead drains), one
+    bottleneck interval more per refusal held ahead of it (None: no estimate)."""
+    est = verdict.estimate_ms
+    if est is None or not math.isfinite(est):
+        return None
+    interval = s.interval_ms
+    if s.units:
+        interval = max(ms / max(1, int(c)) for ms, c in s.units)
+    elif interval is None:
+        interval = s.service_ms
+    return gate_wait_ms(est - left_ms / s.lenience, s.held, interval) / 1e3
 
 
 class ByteBudget:

@@ -13,6 +13,7 @@ front end's lock (:func:`first_slot` before it); none blocks.
 
 from __future__ import annotations
 
+import bisect
 import collections
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ __all__ = [
     "COUNTED_REFUSALS",
     "REFUSAL_COUNTERS",
     "FrontCounts",
+    "HeldRefusals",
+    "MAX_HELD",
     "admit_arrival",
     "arrival_snapshot",
     "count_refusal",
@@ -94,11 +97,13 @@ def arrival_snapshot(
     overloaded: bool,
     level: int,
     uid: int | None,
+    held: int = 0,
 ) -> ArrivalSnapshot:
     """The snapshot admission decides a request on: ``timeout_s`` the request's own
     deadline (s; None: the pipeline's), ``now`` / ``arrived`` monotonic s (the difference
     is what reading and decoding it took), ``overloaded`` the route's overload state at
-    ``now``, ``level`` its priority level, ``uid`` the client's (None: the operator)."""
+    ``now``, ``level`` its priority level, ``uid`` the client's (None: the operator),
+    ``held`` the route's refusals held and not answered yet (:class:`HeldRefusals`)."""
     config = route.pipeline.config
     service_ms, interval_ms = route.estimates(overloaded)
     # in overload admission judges on the drain time: the progress is not read
@@ -134,7 +139,44 @@ def arrival_snapshot(
         level=level,
         queued=tuple(route.queued.items()),
         max_queue_size=config.queue_policy.max_queue_size,
+        held=held,
     )
+
+
+#: the most refusals :class:`HeldRefusals` keeps per pipeline (past it, a refusal is not
+#: counted: a flood costs each refusal one bounded insertion; a hold is at most its
+#: request's estimate whatever the count)
+MAX_HELD = 1024
+
+
+class HeldRefusals:
+    """The refusals held per pipeline and not answered yet (the requests queued at its
+    gate), as the release times their ``hold_s`` gives them; not thread-safe (the
+    intake's lock guards it). Refusals are counted when the admission decides them
+    (the server holds each ``hold_s`` before it answers): one the server answered
+    sooner counts until its release time all the same."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, list[float]] = {}
+
+    def count(self, key: int, now: float) -> int:
+        """Refusals of pipeline ``key`` (the route's ``id``) held at ``now`` (monotonic s)."""
+        due = self._due.get(key)
+        if due is None:
+            return 0
+        del due[: bisect.bisect_right(due, now)]
+        if not due:
+            del self._due[key]
+        return len(due)
+
+    def add(self, key: int, now: float, hold_s: float) -> None:
+        """A refusal of pipeline ``key`` held ``hold_s`` s from ``now`` (none held, or
+        :data:`MAX_HELD` kept already: not kept)."""
+        due = self._due.setdefault(key, [])
+        if hold_s > 0 and len(due) < MAX_HELD:
+            bisect.insort(due, now + hold_s)
+        elif not due:
+            del self._due[key]
 
 
 def higher_loads(routes: Iterable[Route], route: Route, level: int) -> tuple[HigherLoad, ...]:

@@ -24,6 +24,7 @@ import numpy as np
 from infscaler.runtime.serving.admission import ArrivalDecision, ArrivalSnapshot
 from infscaler.runtime.serving.arrivals import (
     FrontCounts,
+    HeldRefusals,
     admit_arrival,
     arrival_snapshot,
     count_refusal,
@@ -60,6 +61,9 @@ class Intake:
             they have none): admission across pipelines reads their load.
         running: requests inside their pipeline (phases ``running``, ``items``,
             ``post``) per route, by ``id``; a route with none has no entry.
+        held: the latency and shedding refusals held and not answered yet, per route
+            (:class:`~infscaler.runtime.serving.arrivals.HeldRefusals`): admission holds
+            the next one an interval longer per held one.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class Intake:
         self.pending: dict[int, PendingRequest] = {}
         self.by_uid: collections.Counter[int] = collections.Counter()
         self.live: dict[int, Route] = {}
+        self.held = HeldRefusals()
         self.running: dict[int, int] = {}
         self._seq = itertools.count(1)
 
@@ -116,6 +121,7 @@ class Intake:
             decision = self.decide(route, snap)
             if not decision.admit:
                 count_refusal(route, self.counters, decision)
+                self.held.add(id(route), now, decision.hold_s)
                 raise refusal_error(decision)
             assert decision.timeout_s is not None
             seq = next(self._seq) % _SEQ_MOD or 1  # never 0 / NO_REQUEST
@@ -155,6 +161,7 @@ class Intake:
             d = self.decide(route, snap)
             if not d.admit:
                 count_refusal(route, self.counters, d)
+                self.held.add(id(route), now, d.hold_s)
         return d
 
     def decide(self, route: Route, snap: ArrivalSnapshot) -> ArrivalDecision:
@@ -194,6 +201,7 @@ class Intake:
             overloaded=overloaded,
             level=level,
             uid=uid,
+            held=self.held.count(id(route), now),
         )
 
     def start(self, p: PendingRequest) -> None:

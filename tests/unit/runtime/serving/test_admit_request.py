@@ -384,11 +384,17 @@ def test_a_latency_refusal_is_held_until_the_queue_drained_at_most_the_bound() -
     # 20 + 15 * 10 = 170 ms: held (and retried) after 70 ms
     d = admit_request(snap(slo_ms=100.0, ahead=15, service_ms=20.0, interval_ms=10.0))
     assert d.retry_after_s == pytest.approx(0.07) and d.hold_s == pytest.approx(0.07)
-    # a long queue: the retry grows, the hold stops at what was left of the SLO
+    # a long queue: held until it could be admitted (520 - 100 ms), past what was left
+    # of the SLO but short of the 520 ms it would have taken admitted now
     d = admit_request(snap(slo_ms=100.0, ahead=50, service_ms=20.0, interval_ms=10.0))
-    assert d.retry_after_s == pytest.approx(0.42) and d.hold_s == pytest.approx(0.1)
+    assert d.retry_after_s == pytest.approx(0.42) and d.hold_s == pytest.approx(0.42)
     d = admit_request(snap(slo_ms=100.0, ahead=50, service_ms=20.0, interval_ms=10.0, spent_ms=70))
-    assert d.hold_s == pytest.approx(0.03)  # 30 ms of the SLO left
+    assert d.hold_s == pytest.approx(0.49)  # 30 ms of the SLO left: 520 - 30 ms
+    # and at most what is left of its own timeout
+    d = admit_request(
+        snap(slo_ms=100.0, ahead=50, service_ms=20.0, interval_ms=10.0, timeout_s=0.3, spent_ms=70)
+    )
+    assert d.refusal is Refusal.SLO and d.hold_s == pytest.approx(0.23)
     # shedding: held until the requests over the limit left, one interval each (6 x 10 ms)
     d = admit_request(snap(slo_ms=100.0, ahead=9, queue_limit=4, interval_ms=10.0, service_ms=20.0))
     assert d.refusal is Refusal.SHED and d.retry_after_s == pytest.approx(0.06)
