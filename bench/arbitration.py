@@ -31,8 +31,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overload as ov  # noqa: E402
-import same_config as sw  # noqa: E402
+import overload_slo as ov  # noqa: E402
 import scaling as sc  # noqa: E402
 import slotbound as sb  # noqa: E402
 from _common import (  # noqa: E402
@@ -92,7 +91,7 @@ def static_pipeline(model: str, name: str, slo_ms: float | None, priority: int, 
     ms = sb.parse(model)
     if ms is not None:
         return sb.pipeline(name, ms, slo_ms, priority, n)
-    raw = sw.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
+    raw = sc.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
     return raw
 
