@@ -34,14 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overload_slo as ov  # noqa: E402
 import scaling as sc  # noqa: E402
 import slotbound as sb  # noqa: E402
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    default_cache_dir,
-    environment,
-    print_table,
-    wait_for_quiet,
-    write_json,
-)
+from harness.cli import RESULTS_DIR  # noqa: E402
+from harness.host import default_cache_dir, environment, wait_for_quiet  # noqa: E402
+from harness.result import print_table, write_json  # noqa: E402
 
 HIGH, LOW = "high", "low"
 #: attainment a 1-s window must keep, from the recovery on

@@ -35,7 +35,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, default_cache_dir, environment, write_json  # noqa: E402
+from harness.cli import RESULTS_DIR  # noqa: E402
+from harness.host import default_cache_dir, environment  # noqa: E402
+from harness.result import write_json  # noqa: E402
 
 CLIENT = """
 import sys, time

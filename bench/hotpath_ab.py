@@ -42,13 +42,9 @@ except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    busy_cpu_seconds,
-    default_cache_dir,
-    environment,
-    write_json,
-)
+from harness.cli import RESULTS_DIR  # noqa: E402
+from harness.host import busy_cpu_seconds, default_cache_dir, environment  # noqa: E402
+from harness.result import write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

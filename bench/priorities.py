@@ -37,15 +37,15 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    RESULTS_DIR,
+from harness.cli import RESULTS_DIR  # noqa: E402
+from harness.host import (  # noqa: E402
     ForeignLoad,
     default_cache_dir,
     environment,
     process_cpu_seconds,
     wait_for_quiet,
-    write_json,
 )
+from harness.result import write_json  # noqa: E402
 from vs_triton import INFSCALER, HttpClient, Model, closed_loop, open_loop, single_thread_ms  # noqa: E402
 
 
