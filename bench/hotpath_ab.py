@@ -17,8 +17,7 @@ after / before. The host's busy CPU over each measurement (all processes, the me
 ones included: an idle host shows about what the measurement itself uses) is recorded.
 A refactoring should leave ratios near 1 (the same commit's spread is printed beside them).
 
-Writes ``results/hotpath_ab.json`` and ``.png`` (``--name``; harness.Result: a point per
-round and side).
+Writes ``results/<--name>.json`` and ``.png`` (harness.Result: a point per round and side).
 
 Usage::
 

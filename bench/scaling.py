@@ -12,8 +12,7 @@ inputs in a registered shared memory region). Configurations (:func:`config_pipe
 - ``auto``: the model with only the pipeline's ``slo`` and ``autoscale``;
 - ``replication``: whole-model 1-thread instances, autoscaled up to one per core;
 - ``one-session``: one whole-model instance with every core's threads, not autoscaled;
-- ``eq1`` (not by default): ``auto`` deployed with ``--objective eq1`` (the paper's Eq. 1
-  plan instead of the planner's search).
+- ``eq1`` (not by default): ``auto`` served with ``--objective eq1`` (the paper's plan).
 
 ``--cap-mb MB`` serves every configuration under a memory cap (this host's profile with
 ``memory_cap_mb`` = MB, ``--device``); ``--cap-mb rule`` measures the former script's
@@ -21,16 +20,8 @@ cap first (:func:`measure_cap`: the whole model's and the Eq. 1 partitions' PSS,
 ``harness.models.cap_rule``). Per cell (:func:`cell_summary`): each configuration's
 rate, auto / best baseline, and the M/D/c ceiling of ``cores`` servers at L0
 (``slo_bound.mdc_max_rate``). ``--serve-arg`` passes an option to every service (the
-former wake-up variants: ``--serve-arg=--cpu-wake-latency-us=0``).
-
-``--same-config`` compares instead, at one rate (``--load`` x capacity), ``auto`` with the
-hand configuration it chose, from the same arrivals, in one in-process ``Service`` (the
-per-request trace splits each latency into the sender's lag, the wait, the compute and
-the hand-back): ``auto``, ``hand`` (auto's choice, no SLO, no autoscaler) and
-``hand+slo`` (admission only), each deployed anew per window, in turns, one Poisson
-seed; the first of ``--models`` and ``--slos`` (default 2). An ideal FIFO replay of the
-measured compute times gives the P99 no runtime could beat; ``own_delay`` is the P99
-above it. Writes ``same_config_<model>_<k>x``. More: bench/HISTORY.md, "same_config.py".
+former wake-up variants: ``--serve-arg=--cpu-wake-latency-us=0``). ``--same-config``:
+``auto`` against the hand configuration it chose at one rate (:func:`main_same_config`).
 """
 
 from __future__ import annotations
@@ -436,7 +427,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_same_config(ap: Any, a: Any) -> int:
-    """``--same-config`` (module docstring); exit 1 when auto chose no whole-model shape."""
+    """``--same-config``: at one rate (``--load`` x capacity), ``auto`` against the hand
+    configuration it chose, from the same arrivals, in one in-process ``Service`` (the
+    per-request trace splits each latency into the sender's lag, the wait, the compute
+    and the hand-back): ``auto``, ``hand`` (auto's choice, no SLO, no autoscaler) and
+    ``hand+slo`` (admission only), each deployed anew per window, in turns, one Poisson
+    seed; the first of ``--models`` and ``--slos`` (default 2). An ideal FIFO replay of
+    the measured compute times gives the P99 no runtime could beat; ``own_delay`` is the
+    P99 above it. Writes ``same_config_<model>_<k>x``; exit 1 when auto chose no
+    whole-model shape. More: bench/HISTORY.md, "same_config.py"."""
     a.model, a.slo_x = a.models.split(",")[0], float((a.slos or "2").split(",")[0])
     if a.model in PIPELINE_CASES or a.model not in MODEL_SETTINGS:
         ap.error("--same-config needs a model of MODEL_SETTINGS (a whole-model hand twin)")
