@@ -17,8 +17,8 @@ refusals, and each lower pipeline's answers and goodput (answers within its SLO)
 second and refusals by code. The figure the priority exists for is
 ``hi`` attainment flooded / alone (target >= 0.95) with the lower pipeline still served.
 Clients: the httpx binary-tensor client of ``vs_triton.py`` over the Unix socket.
-Writes ``results/priorities.json`` / ``.png`` (``_quick`` with --quick; harness.Result,
-the cases under ``summary``).
+Writes ``results/priorities.json`` / ``.png`` (``_quick`` with --quick; harness.Result: a
+point per case, round and arm, each case's :func:`summarize` under ``summary.cases``).
 """
 
 from __future__ import annotations
@@ -165,16 +165,19 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(a.rounds):
             for arm in ("on", "off") if r % 2 == 0 else ("off", "on"):
                 with served(pipes, arm == "on", state) as s:
+                    res.own_pids[:] = s.processes()
                     alone = window(s, hi, lo, a, [], seed=r)
                     flooded = window(s, hi, lo, a, lower, seed=r)
-                runs.append({"round": r, "arm": arm, "alone": alone, "flooded": flooded})
+                runs.append(
+                    res.add(case=f"{n}_pipelines", round=r, arm=arm, alone=alone, flooded=flooded)
+                )
                 print(f"{n} pipelines, round {r} {arm}: hi alone {alone['hi']['attainment']:.3f} "
                       f"flooded {flooded['hi']['attainment']:.3f} (P99 {flooded['hi']['p99_ms']} ms), "
                       + ", ".join(f"{m} {flooded[m]['goodput_rps']}/s" for m in lower), flush=True)  # fmt: skip
-        res.summary["cases"][f"{n}_pipelines"] = {"runs": runs, "summary": summarize(runs, lower)}
+        res.summary["cases"][f"{n}_pipelines"] = summarize(runs, lower)
     harness.cli.finish(res, a, plot)
     for case, c in res.summary["cases"].items():
-        for arm, sm in c["summary"].items():
+        for arm, sm in c.items():
             print(case, arm, sm)
     return 0
 
@@ -182,10 +185,9 @@ def main(argv: list[str] | None = None) -> int:
 def plot(data: dict, path: Path) -> None:
     """``hi``'s attainment alone and with the lower pipelines flooded per round, CPU
     priority on and off, one panel per case, the 0.95 target as a line."""
-    pts = [{"case": case.replace("_", " "), "series": f"{x['arm']}: {kind}", "round": x["round"],
+    pts = [{"case": x["case"].replace("_", " "), "series": f"{x['arm']}: {kind}", "round": x["round"],
             "attainment": x[kind]["hi"]["attainment"]}
-           for case, c in data["summary"]["cases"].items() for x in c["runs"]
-           for kind in ("alone", "flooded")]  # fmt: skip
+           for x in data["points"] for kind in ("alone", "flooded")]  # fmt: skip
     harness.plot(pts, path, x="round", y="attainment", by="series", panel="case",
                  hlines={"target 0.95": 0.95}, ylabel="hi within its SLO")  # fmt: skip
 
