@@ -31,18 +31,12 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overload as ov  # noqa: E402
-import same_config as sw  # noqa: E402
+import harness  # noqa: E402
+import overload_slo as ov  # noqa: E402
 import scaling as sc  # noqa: E402
 import slotbound as sb  # noqa: E402
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    default_cache_dir,
-    environment,
-    print_table,
-    wait_for_quiet,
-    write_json,
-)
+from harness.host import default_cache_dir, environment, wait_for_quiet  # noqa: E402
+from harness.result import print_table  # noqa: E402
 
 HIGH, LOW = "high", "low"
 #: attainment a 1-s window must keep, from the recovery on
@@ -92,7 +86,7 @@ def static_pipeline(model: str, name: str, slo_ms: float | None, priority: int, 
     ms = sb.parse(model)
     if ms is not None:
         return sb.pipeline(name, ms, slo_ms, priority, n)
-    raw = sw.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
+    raw = sc.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
     return raw
 
@@ -639,7 +633,8 @@ def ratios(arms: dict[str, dict], scenario: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=120.0)
+    p.set_defaults(seed=1)
     p.add_argument("--high", default="ppocrv4-det")
     p.add_argument("--low", default="resnet50")
     p.add_argument("--l0", choices=("served", "session"), default="served")
@@ -663,16 +658,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minute-s", type=float, default=15.0)
     p.add_argument("--trace-load", type=float, default=0.55)
     p.add_argument("--no-trace", action="store_true")
-    p.add_argument("--quiet-wait-s", type=float, default=120.0)
-    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3, help="rounds of the step scenario's arms")
-    p.add_argument("--quick", action="store_true")
     p.add_argument("--tag", default="", help="results/arbitration[_quick]_TAG.json / .png")
-    a = p.parse_args(argv)
-    if a.quick:
+
+    def quick(a: argparse.Namespace) -> None:
         a.pre_s, a.post_s, a.capacity_requests = 25.0, 25.0, 16
         a.trace_minutes, a.minute_s, a.quiet_wait_s = 6, 5.0, 5.0
         a.slo_probes, a.probe_s = 2, 8.0
+
+    a = harness.cli.parse(p, argv, quick)
     if a.slots < 2:
         p.error(f"--slots must be >= 2 (one instance per pipeline at least), got {a.slots}")
     default_cache_dir()
@@ -681,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet = wait_for_quiet(a.quiet_wait_s)
     data: dict[str, Any] = {
         "environment": environment(),
-        "settings": vars(a),
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
         "quiet_before": quiet,
     }
     models = {HIGH: a.high, LOW: a.low}
@@ -759,8 +753,8 @@ def main(argv: list[str] | None = None) -> int:
     data["ratios_vs_per_pipeline"] = {s: ratios(arms, s) for s in ("step", "trace")}
     data["environment"]["load_average_at_end"] = list(os.getloadavg())
     name = "arbitration" + ("_quick" if a.quick else "") + (f"_{a.tag}" if a.tag else "")
-    write_json(RESULTS_DIR / f"{name}.json", data)
-    plot(data, RESULTS_DIR / f"{name}.png")
+    harness.write_json(a.out / f"{name}.json", data)
+    plot(data, a.out / f"{name}.png")
     report(data)
     return 0
 
@@ -839,43 +833,21 @@ def report(data: dict[str, Any]) -> None:
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    """Step scenario per arm: the high pipeline's attainment per 1-s window with the step
-    and the moves; the low pipeline's goodput per 1-s window."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = data["arms"]
-    step_s = data["settings"]["pre_s"]
-    fig, axes = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
-    for tag, e in arms.items():
-        rows = e["step"]["requests"]
-        for ax, name in zip(axes, (HIGH, LOW), strict=True):
-            slo = data["slo_ms"][name]
-            rs = rows[name]
-            end = int(max((r["t_s"] for r in rs), default=0)) + 1
-            ys = [attainment([r for r in rs if w <= r["t_s"] < w + 1], slo) for w in range(end)]
-            label = tag + (f" {e['split']}" if "split" in e else "")
-            (line,) = ax.plot(range(end), [np.nan if y is None else y for y in ys], label=label)
-            if name == HIGH:
-                for m in e["step"]["moves"]:
-                    if m["action"] == "arbitrate_take":
-                        ax.axvline(m["t_s"], color=line.get_color(), ls=":", lw=1)
-    for ax, name in zip(axes, (HIGH, LOW), strict=True):
-        ax.axvline(step_s, color="k", lw=1)
-        ax.set_ylabel(f"{name}: attainment per 1 s")
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=7)
-    axes[0].set_title(
-        f"{data['settings']['high']} (priority 1) step {data['settings']['before']} -> "
-        f"{data['settings']['after']} x C; {data['settings']['low']} (priority 2) constant; "
-        "dotted: arbitrate_take",
-        fontsize=9,
-    )
-    axes[1].set_xlabel("s since the window started")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    """Step scenario per arm: each pipeline's attainment per 1-s window (the step at
+    ``pre_s``; the moves are in the JSON's ``arms``), one panel per pipeline."""
+    pts = []
+    for tag, e in data["arms"].items():
+        label = tag + (f" {e['split']}" if "split" in e else "")
+        for name in (HIGH, LOW):
+            rs = e["step"]["requests"][name]
+            for w in range(int(max((r["t_s"] for r in rs), default=0)) + 1):
+                y = attainment([r for r in rs if w <= r["t_s"] < w + 1], data["slo_ms"][name])
+                pts.append({"pipeline": name, "arm": label, "t_s": w, "attainment": y})
+    st = data["settings"]
+    harness.plot(pts, path, x="t_s", y="attainment", by="arm", panel="pipeline",
+                 title=f"{st['high']} (priority 1) step {st['before']} -> {st['after']} x C at "
+                 f"{st['pre_s']} s; {st['low']} (priority 2) constant",
+                 xlabel="s since the window started", ylabel="attainment per 1 s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ whole, chain, ..., then each part alone on its recorded inputs (the breakdown). 
 median(chain) / median(whole), target <= 1.10. No shared memory: the cost of the
 boundaries themselves. ``--spin`` writes ``chain_latency[_quick]_spin``.
 
+``--served`` measures instead one hop between served units (default ``--ks 1,2,3``,
+``--models resnet50,ppocrv4-det``, ``--repeats 100``): head, between units (per cut, with
+its crossing MB) and tail, fitted per MB against the in-process T_p (:func:`run_served`).
+
 More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/chain_latency.py`".
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import gc
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -226,19 +231,125 @@ def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list
     return rows
 
 
+def _pct(x: list[float]) -> dict[str, float]:
+    return {f"p{q}": round(float(np.percentile(x, q)), 3) for q in (50, 90, 99)}
+
+
+def served_hops(svc: Any, model: str, k: int, feeds: dict[str, np.ndarray], n: int) -> dict:
+    """``--served``: one model at K partitions in the in-process ``Service`` (its ``infer``
+    returns each unit's compute start / end), one request at a time: head (front end to
+    the first compute), between (per cut, with its crossing MB) and tail percentiles, ms."""
+    import yaml
+
+    name = f"hop-{k}"
+    dep = svc.deploy(harness.models.pipeline(model, name, k, threads=1, whole=k == 1))
+    try:
+        plans = list(dep.pipeline.plans.values())
+        cuts = yaml.safe_load((Path(plans[0]) / "plan.yaml").read_text()).get("cuts") if plans and k > 1 else []  # fmt: skip
+        mb = [float(c["crossing_bytes"]) / 1e6 for c in cuts or []]
+        for _ in range(5):
+            svc.infer(name, feeds)
+        head, tail, between = [], [], [[] for _ in range(k - 1)]
+        for _ in range(n):
+            t0 = time.monotonic_ns()
+            r = svc.infer(name, feeds)
+            t1 = time.monotonic_ns()
+            tr = r.trace[np.argsort(r.trace[:, 2])]
+            head.append((tr[0, 2] - t0) / 1e6)
+            tail.append((t1 - tr[-1, 3]) / 1e6)
+            for i, (a, b) in enumerate(zip(tr[:-1], tr[1:], strict=True)):
+                between[i].append((b[2] - a[3]) / 1e6)
+            time.sleep(0.02)
+    finally:
+        svc.undeploy(name)
+    cuts = [_pct(b) | {"crossing_mb": round(m, 3)} for b, m in zip(between, mb, strict=True)]
+    return {"model": model, "k": k, "requests": n, "head_ms": _pct(head),
+            "tail_ms": _pct(tail), "between_ms": cuts}  # fmt: skip
+
+
+def fit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Least squares of the between-unit P50 on the crossing MB: ``fixed_ms``, ``per_mb_ms``
+    (None with fewer than 2 distinct sizes)."""
+    pts = [(b["crossing_mb"], b["p50"]) for r in rows for b in r["between_ms"]]
+    if len({round(x, 3) for x, _ in pts}) < 2:
+        return None
+    x, y = np.array(pts).T
+    per_mb, fixed = np.polyfit(x, y, 1)
+    return {"fixed_ms": round(float(fixed), 3), "per_mb_ms": round(float(per_mb), 4),
+            "points": len(pts)}  # fmt: skip
+
+
+def run_served(a: Any) -> int:
+    """``--served``: the hop between served units (the planner's ``HANDOVER_MS``) at
+    ``--ks`` (K = 1 included), ``--repeats`` requests; the between-unit P50 fitted as a
+    fixed cost plus a cost per MB and set against the in-process T_p
+    (``profiler.measure_boundary_overhead``). Writes ``chain_latency_served[_quick]``."""
+    from infscaler.partitioner import profiler
+    from infscaler.runtime.planning import planner
+    from infscaler.service.service import Service
+
+    res = harness.cli.start("chain_latency_served", a)
+    with Service(state_dir=Path(tempfile.mkdtemp(prefix="isc-hop-state-")), pool_mb=256) as svc:
+        for model in a.models.split(","):
+            feeds = harness.models.model_inputs(model)
+            for k in map(int, a.ks.split(",")):
+                r = res.add(**served_hops(svc, model, k, feeds, a.repeats))
+                print(f"{model} K={k}: head {r['head_ms']['p50']} ms, tail {r['tail_ms']['p50']}"
+                      f" ms, between {[(b['crossing_mb'], b['p50']) for b in r['between_ms']]}",
+                      flush=True)  # fmt: skip
+    tp = profiler.measure_boundary_overhead(engine="cpu")
+    tp_fit = {"fixed_ms": round(tp.fixed_ms, 4), "per_mb_ms": round(tp.per_mb_ms, 4)}
+    res.summary = {"fit_between_p50": fit(res.points), "in_process_tp": tp_fit,
+                   "planner": {"HANDOVER_MS": planner.HANDOVER_MS, "FRONTEND_MS": planner.FRONTEND_MS}}  # fmt: skip
+    harness.cli.finish(res, a, plot_served)
+    rows = [[r["model"], r["k"], r["head_ms"]["p50"], r["tail_ms"]["p50"],
+             ", ".join(f"{b['p50']} ({b['crossing_mb']})" for b in r["between_ms"]) or "-"]
+            for r in res.points]  # fmt: skip
+    harness.print_table(["model", "K", "head P50", "tail P50", "between P50 (crossing MB)"], rows)
+    print(f"fit: {res.summary['fit_between_p50']}; in-process T_p: {tp_fit}")
+    return 0
+
+
+def plot_served(data: dict[str, Any], path: Path) -> None:
+    """Between-unit P50 and P90 against the crossing MB per model, with the in-process T_p
+    (and the fit) at the same sizes."""
+    s, pts = data["summary"], []
+    lines = {"T_p in-process": s["in_process_tp"], "fit": s["fit_between_p50"]}
+    for r in data["points"]:
+        for b in r["between_ms"]:
+            x = b["crossing_mb"]
+            pts.append({"model": r["model"], "crossing_mb": x, "p50": b["p50"], "p90": b["p90"]})
+            pts += [{"model": k, "crossing_mb": x, "p50": f["fixed_ms"] + f["per_mb_ms"] * x}
+                    for k, f in lines.items() if f]  # fmt: skip
+    harness.plot(pts, path, x="crossing_mb", y=["p50", "p90"], by="model",
+                 xlabel="crossing tensor, MB", ylabel="compute end -> next start, ms")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = harness.cli.parser(__doc__, duration_s=1.0)
-    ap.add_argument("--models", default=",".join(FULL), help="comma-separated aliases")
-    ap.add_argument("--ks", default="2,3,4", help="partition counts")
-    ap.add_argument("--repeats", type=int, default=30, help="timed requests per side")
+    ap.add_argument("--models", default=None, help="comma-separated aliases")
+    ap.add_argument("--ks", default=None, help="partition counts (default 2,3,4; --served 1,2,3)")
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="timed requests per side (30; --served 100)"
+    )
+    ap.add_argument("--served", action="store_true", help="one hop between served units")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--spin", action="store_true",
                     help="onnxruntime's default intra-op spinning on both sides (default: off)")  # fmt: skip
 
     def quick(a: Any) -> None:
-        a.models, a.repeats = ",".join(QUICK) if a.models == ",".join(FULL) else a.models, 12
+        a.models = a.models or ("resnet50" if a.served else ",".join(QUICK))
+        a.ks, a.repeats = (
+            a.ks or ("1,2" if a.served else None),
+            a.repeats or (20 if a.served else 12),
+        )
 
     a = harness.cli.parse(ap, argv, quick)
+    if a.served:
+        a.models, a.ks = a.models or "resnet50,ppocrv4-det", a.ks or "1,2,3"
+        a.repeats = a.repeats or 100
+        return run_served(a)
+    a.models, a.ks, a.repeats = a.models or ",".join(FULL), a.ks or "2,3,4", a.repeats or 30
     ks = [int(k) for k in a.ks.split(",")]
     threads = usable_cores()
     so = session_options(threads, spin=a.spin)

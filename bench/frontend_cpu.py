@@ -10,7 +10,7 @@ in a child process (not counted) that sends ``n`` requests one at a time with a
 process's CPU time (user + system, all its threads; ``time.process_time``) over the
 timed requests / ``n``.
 
-Writes ``results/frontend_cpu.json`` (``_quick`` with --quick).
+Writes ``results/frontend_cpu.json`` (``_quick`` with --quick; harness.Result, no plot).
 
 ``--threads``: the service in its own process (HTTP and gRPC sockets, instances not
 counted), closed loop with ``--concurrency`` clients (the package's HTTP client;
@@ -24,7 +24,6 @@ threads' shares and top functions by self time in the results. Writes ``results/
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, default_cache_dir, environment, write_json  # noqa: E402
+import harness  # noqa: E402
 
 CLIENT = """
 import sys, time
@@ -66,9 +65,8 @@ def first(tensors):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="200 requests (~10 s)")
-    ap.add_argument("-n", type=int, help="timed requests (default 2000)")
+    ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=0.0)
+    ap.add_argument("-n", type=int, help="timed requests (default 2000, --quick 200)")
     ap.add_argument("--shape", default="1x3x224x224", help="input shape (FP32)")
     ap.add_argument("--threads", action="store_true", help="per-thread mode (module doc)")
     ap.add_argument("--sizes", default="1x3x224x224,1x3x736x736", help="--threads: shapes")
@@ -79,19 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="--threads")
     ap.add_argument("--compare", help="BASE1,BASE2:NEW1,NEW2: results stems of --threads runs")
     ap.add_argument("--tag", default="", help="--threads: suffix of the results file")
-    ap.add_argument(
-        "--py-spy", help="--threads: the py-spy executable: profile the service per point"
-    )
-    args = ap.parse_args(argv)
+    ap.add_argument("--py-spy", help="--threads: the py-spy executable: profile the service per point")  # fmt: skip
+    args = harness.cli.parse(ap, argv)
     if args.compare:
         from frontend_threads import compare
 
-        return compare(args.compare, f"frontend_cpu_threads_compare_{args.tag or 'out'}")
+        return compare(args.compare, f"frontend_cpu_threads_compare_{args.tag or 'out'}", args.out)
     if args.threads:
         from frontend_threads import run_threads
 
         return run_threads(args)
-    default_cache_dir()
+    res = harness.cli.start("frontend_cpu", args)
     from infscaler.api.server import ServerThread
     from infscaler.base.config import load_pipeline
     from infscaler.service.service import Service
@@ -101,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     here = str(Path(__file__).resolve().parent)
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{here}{os.pathsep}{old}" if old else here
-    env = environment()
     state = Path(os.environ["INFSCALER_CACHE_DIR"]) / "bench-state"
     cfg = load_pipeline(
         {
@@ -140,19 +135,12 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 child.wait(timeout=60)
     cpu_ms = (cpu1 - cpu0) * 1e3 / n
-    out = {
-        "environment": env,
-        "requests": n,
-        "shape": shape,
-        "frontend_cpu_ms_per_request": round(cpu_ms, 4),
-        "client_latency_ms_mean": latency,
-        "wall_s": round(t1 - t0, 3),
-    }
-    print(
-        f"front end CPU {cpu_ms:.3f} ms per request ({n} requests of {args.shape} FP32; "
-        f"client latency {latency:.3f} ms mean)"
-    )
-    write_json(RESULTS_DIR / f"frontend_cpu{'_quick' if args.quick else ''}.json", out)
+    res.summary.update(requests=n, shape=shape, frontend_cpu_ms_per_request=round(cpu_ms, 4),
+                       client_latency_ms_mean=latency, wall_s=round(t1 - t0, 3))  # fmt: skip
+    res.add(**res.summary)
+    print(f"front end CPU {cpu_ms:.3f} ms per request ({n} requests of {args.shape} FP32; "
+          f"client latency {latency:.3f} ms mean)")  # fmt: skip
+    harness.cli.finish(res, args, None)
     return 0
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, default_cache_dir, environment, write_json  # noqa: E402
+import harness  # noqa: E402
 
 SERVER = """
 import json, sys, threading
@@ -292,30 +292,18 @@ def idle(server: Server, seconds: float) -> dict:
     }
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = sorted({k for r in rows for k in r["threads_ms_per_request"]})
-    labels = [f"{r['protocol']}\n{r['input_bytes'] / 1e6:.1f} MB" for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    bottom = np.zeros(len(rows))
-    for k in keys:
-        v = np.array([r["threads_ms_per_request"].get(k, 0.0) for r in rows])
-        ax.bar(labels, v, bottom=bottom, label=k)
-        bottom += v
-    ax.set_ylabel("service process CPU, ms / request")
-    ax.set_title("Service-process CPU per request by thread (closed loop)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def plot(data: dict, path: Path) -> None:
+    """The service process's CPU per request against the input size, in all and per
+    thread, one panel per protocol (``harness.plot``)."""
+    pts = [{"protocol": r["protocol"], "input_mb": round(r["input_bytes"] / 1e6, 2), "thread": k, "ms": v}
+           for r in data["points"]
+           for k, v in {"total": r["cpu_ms_per_request"], **r["threads_ms_per_request"]}.items()]  # fmt: skip
+    harness.plot(pts, path, x="input_mb", y="ms", by="thread", panel="protocol",
+                 xlabel="input, MB", ylabel="service process CPU, ms / request")  # fmt: skip
 
 
 def run_threads(args: Any) -> int:
-    default_cache_dir()
+    """``--threads`` (module docstring): writes ``frontend_cpu_threads[_quick][_TAG]``."""
     here = str(Path(__file__).resolve().parent)
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{here}{os.pathsep}{old}" if old else here
@@ -326,30 +314,26 @@ def run_threads(args: Any) -> int:
             raise SystemExit(f"--protocols: {p!r} is neither http nor grpc")
     os.environ["FRONTEND_CPU_STAGE_MS"] = str(args.stage_ms)
     os.environ["FRONTEND_CPU_LOOP"] = args.loop
-    env = environment()
-    rows = []
+    res = harness.cli.start("frontend_cpu_threads", args)
+    res.name += f"_{args.tag}" if args.tag else ""
     with tempfile.TemporaryDirectory() as tmp:
         server = Server(tmp, shapes)
+        res.own_pids[:] = [server.proc.pid]
         try:
             for protocol in protocols:
                 for i, shape in enumerate(shapes):
                     big = int(np.prod(shape)) * 4 > 2 << 20
                     n = args.n or ((60 if big else 300) if args.quick else (300 if big else 2000))
-                    r = measure(server, protocol, i, shape, n, args.concurrency, args.py_spy)
-                    rows.append(r)
-                    print(
-                        f"{protocol:4} {r['input_bytes'] / 1e6:5.2f} MB: "
-                        f"{r['cpu_ms_per_request']:.3f} ms CPU/request  "
-                        f"{r['threads_ms_per_request']}"
+                    r = res.add(
+                        **measure(server, protocol, i, shape, n, args.concurrency, args.py_spy)
                     )
-            quiet = idle(server, args.idle_s)
+                    print(f"{protocol:4} {r['input_bytes'] / 1e6:5.2f} MB: {r['cpu_ms_per_request']:.3f} "
+                          f"ms CPU/request  {r['threads_ms_per_request']}")  # fmt: skip
+            quiet = res.summary["idle"] = idle(server, args.idle_s)
             print(f"idle: {quiet['cpu_ms_per_s']:.3f} ms CPU/s  {quiet['threads_ms_per_s']}")
         finally:
             server.close()
-    stem = "frontend_cpu_threads" + ("_quick" if args.quick else "")
-    stem += f"_{args.tag}" if args.tag else ""
-    write_json(RESULTS_DIR / f"{stem}.json", {"environment": env, "runs": rows, "idle": quiet})
-    plot(rows, RESULTS_DIR / f"{stem}.png")
+    harness.cli.finish(res, args, plot)
     return 0
 
 
@@ -370,13 +354,14 @@ def _role(key: str) -> str:
     return _OLD_NAMES.get(name, name)
 
 
-def _means(stems: list[str]) -> dict[str, dict[str, float]]:
-    """Per ``protocol size``: the mean CPU ms per request over the runs ``stems``, in
-    all (``total``) and per thread role."""
+def _means(stems: list[str], out: Path) -> dict[str, dict[str, float]]:
+    """Per ``protocol size``: the mean CPU ms per request over the runs ``stems`` (in
+    ``out``: harness results, or the former files' ``runs``), in all (``total``) and per
+    thread role."""
     acc: dict[str, dict[str, list[float]]] = {}
     for stem in stems:
-        doc = json.loads((RESULTS_DIR / f"{stem}.json").read_text())
-        for r in doc["runs"]:
+        doc = json.loads((Path(out) / f"{stem}.json").read_text())
+        for r in doc.get("points") or doc["runs"]:
             row = acc.setdefault(f"{r['protocol']} {r['input_bytes'] / 1e6:.1f} MB", {})
             row.setdefault("total", []).append(r["cpu_ms_per_request"])
             roles: dict[str, float] = {}
@@ -390,17 +375,17 @@ def _means(stems: list[str]) -> dict[str, dict[str, float]]:
     }
 
 
-def compare(spec: str, out_stem: str) -> int:
+def compare(spec: str, out_stem: str, out: Path = harness.cli.RESULTS_DIR) -> int:
     """``A1,A2:B1,B2`` (results stems, alternating runs of a baseline A and B): the mean
     CPU per request of each and B / A, in all and per thread role; writes
-    ``results/{out_stem}.json``."""
+    ``<out>/{out_stem}.json``."""
     try:
         a_spec, b_spec = spec.split(":")
     except ValueError:
         raise SystemExit(
             f"--compare wants BASE1,BASE2:NEW1,NEW2 (results stems), got {spec!r}"
         ) from None
-    a, b = _means(a_spec.split(",")), _means(b_spec.split(","))
+    a, b = _means(a_spec.split(","), out), _means(b_spec.split(","), out)
     cases = {}
     for case in a:
         ratio = {
@@ -412,8 +397,8 @@ def compare(spec: str, out_stem: str) -> int:
         print(
             f"{case}: {a[case]['total']:.3f} -> {b[case]['total']:.3f} ms ({ratio['total']:.2f}x)"
         )
-    write_json(
-        RESULTS_DIR / f"{out_stem}.json",
+    harness.write_json(
+        Path(out) / f"{out_stem}.json",
         {"baseline_runs": a_spec.split(","), "new_runs": b_spec.split(","), "cases": cases},
     )
     return 0

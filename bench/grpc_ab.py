@@ -29,7 +29,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, default_cache_dir, environment, write_json  # noqa: E402
+from harness.cli import RESULTS_DIR  # noqa: E402
+from harness.host import default_cache_dir, environment  # noqa: E402
+from harness.result import write_json  # noqa: E402
 from hotpath_ab import REPO, unpack  # noqa: E402
 
 

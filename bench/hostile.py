@@ -39,7 +39,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import environment, now_utc, write_json  # noqa: E402
+from bench.harness.host import environment, now_utc  # noqa: E402
+from bench.harness.result import write_json  # noqa: E402
 from tests.integration.api.grpc_attacks import run_as  # noqa: E402
 from tests.integration.api.test_hostile import (  # noqa: E402
     BINARY,

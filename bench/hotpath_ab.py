@@ -17,7 +17,7 @@ after / before. The host's busy CPU over each measurement (all processes, the me
 ones included: an idle host shows about what the measurement itself uses) is recorded.
 A refactoring should leave ratios near 1 (the same commit's spread is printed beside them).
 
-Writes ``results/hotpath_ab.json`` and ``results/hotpath_ab.png``.
+Writes ``results/<--name>.json`` and ``.png`` (harness.Result: a point per round and side).
 
 Usage::
 
@@ -26,7 +26,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -42,13 +41,8 @@ except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    busy_cpu_seconds,
-    default_cache_dir,
-    environment,
-    write_json,
-)
+import harness  # noqa: E402
+from harness.host import busy_cpu_seconds  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -126,21 +120,20 @@ def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
 
 def served_rps(side: dict, out_dir: Path, n: int) -> tuple[float, float]:
     """Closed-loop requests per second of one client through the service (frontend_cpu)."""
-    proc, busy = _run(side, "frontend_cpu.py", ["-n", str(n)], out_dir)
-    data = json.loads((RESULTS_DIR / "frontend_cpu.json").read_text())
-    return 1000.0 / float(data["client_latency_ms_mean"]), busy
+    proc, busy = _run(side, "frontend_cpu.py", ["-n", str(n), "--out", str(out_dir)], out_dir)
+    data = json.loads((out_dir / "frontend_cpu.json").read_text())
+    return 1000.0 / float(data["summary"]["client_latency_ms_mean"]), busy
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=0.0)
     ap.add_argument("--before", required=True, help="commit (or ref) before the change")
     ap.add_argument("--after", default="HEAD", help="commit (or ref) after it (default HEAD)")
     ap.add_argument("--rounds", type=int, default=4, help="rounds per side (default 4)")
     ap.add_argument("-n", type=int, default=400, help="requests per throughput point")
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "hotpath_ab.json")
-    args = ap.parse_args(argv)
-    default_cache_dir()
-    env = environment()
+    ap.add_argument("--name", default="hotpath_ab", help="results/NAME.json and .png")
+    args = harness.cli.parse(ap, argv)
+    res = harness.cli.start(args.name, args)
     commits = {
         name: subprocess.run(
             ["git", "rev-parse", "--short", ref],
@@ -151,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout.strip()
         for name, ref in (("before", args.before), ("after", args.after))
     }
-    rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="infscaler-ab-") as tmp:
         sides = []
         for name, commit in commits.items():
@@ -164,23 +156,15 @@ def main(argv: list[str] | None = None) -> int:
                 out_dir.mkdir()
                 p50, busy_h = handover_p50(side, out_dir)
                 rps, busy_s = served_rps(side, out_dir, args.n)
-                row = {
-                    "round": r,
-                    "side": side["name"],
-                    "commit": side["commit"],
-                    "ebpf_handover_p50_us": round(p50, 2),
-                    "served_rps": round(rps, 2),
-                    "host_busy_cores_handover": round(busy_h, 3),
-                    "host_busy_cores_served": round(busy_s, 3),
-                }
-                rows.append(row)
-                print(
-                    f"round {r} {side['name']:6s} {side['commit']}: handover P50 {p50:6.1f} µs, "
-                    f"served {rps:6.1f} req/s"
-                )
+                res.add(round=r, side=side["name"], commit=side["commit"],
+                        ebpf_handover_p50_us=round(p50, 2), served_rps=round(rps, 2),
+                        host_busy_cores_handover=round(busy_h, 3),
+                        host_busy_cores_served=round(busy_s, 3))  # fmt: skip
+                print(f"round {r} {side['name']:6s} {side['commit']}: handover P50 {p50:6.1f} µs, "
+                      f"served {rps:6.1f} req/s")  # fmt: skip
     summary = {}
     for metric in ("ebpf_handover_p50_us", "served_rps"):
-        per = {s: [row[metric] for row in rows if row["side"] == s] for s in commits}
+        per = {s: [row[metric] for row in res.points if row["side"] == s] for s in commits}
         med = {s: statistics.median(v) for s, v in per.items()}
         spread = {s: round((max(v) - min(v)) / statistics.median(v), 3) for s, v in per.items()}
         summary[metric] = {
@@ -192,41 +176,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{metric}: before {med['before']:.2f}, after {med['after']:.2f}, ratio "
             f"{med['after'] / med['before']:.3f} (spread of rounds: {spread})"
         )
-    out = {
-        "benchmark": "hotpath_ab",
-        "environment": env,
-        "commits": commits,
-        "rounds": args.rounds,
-        "requests_per_throughput_point": args.n,
-        "rows": rows,
-        "summary": summary,
-    }
-    write_json(args.out, out)
-    _plot(rows, summary, commits, args.out.with_suffix(".png"))
+    res.summary.update(commits=commits, requests_per_throughput_point=args.n, **summary)
+    harness.cli.finish(res, args, plot)
     return 0
 
 
-def _plot(rows: list[dict], summary: dict, commits: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for ax, (metric, label) in zip(
-        axes,
-        (("ebpf_handover_p50_us", "eBPF handover P50 (µs)"), ("served_rps", "served req/s")),
-        strict=True,
-    ):
-        for i, side in enumerate(("before", "after")):
-            vals = [r[metric] for r in rows if r["side"] == side]
-            ax.scatter([i] * len(vals), vals, alpha=0.6)
-            ax.hlines(summary[metric]["median"][side], i - 0.2, i + 0.2, colors="k")
-        ax.set_xticks([0, 1], [f"before\n{commits['before']}", f"after\n{commits['after']}"])
-        ax.set_title(f"{label}: ratio {summary[metric]['after_over_before']}")
-        ax.set_xlim(-0.6, 1.6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def plot(data: dict, path: Path) -> None:
+    """Each round's eBPF hand-over P50 and served req/s, before and after, one panel per
+    metric (``harness.plot``)."""
+    c = data["summary"]["commits"]
+    pts = [{"metric": m, "side": f"{r['side']} {c[r['side']]}", "round": r["round"], "v": r[m]}
+           for r in data["points"] for m in ("ebpf_handover_p50_us", "served_rps")]  # fmt: skip
+    harness.plot(pts, path, x="round", y="v", by="side", panel="metric", ylabel="µs or req/s")
 
 
 if __name__ == "__main__":

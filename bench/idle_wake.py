@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-import same_config as sm  # noqa: E402
+import scaling as sm  # noqa: E402
 from harness.models import MODEL_SETTINGS, PIPELINE_CASES, model_inputs  # noqa: E402
 
 #: Idle-gap bins of the served requests, s (the first is the served base).

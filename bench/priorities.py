@@ -17,18 +17,14 @@ refusals, and each lower pipeline's answers and goodput (answers within its SLO)
 second and refusals by code. The figure the priority exists for is
 ``hi`` attainment flooded / alone (target >= 0.95) with the lower pipeline still served.
 Clients: the httpx binary-tensor client of ``vs_triton.py`` over the Unix socket.
-Writes ``results/priorities.json`` / ``.png`` (``_quick`` with --quick).
+Writes ``results/priorities.json`` / ``.png`` (``_quick`` with --quick; harness.Result: a
+point per case, round and arm, each case's :func:`summarize` under ``summary.cases``).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,16 +33,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    RESULTS_DIR,
-    ForeignLoad,
-    default_cache_dir,
-    environment,
-    process_cpu_seconds,
-    wait_for_quiet,
-    write_json,
-)
-from vs_triton import INFSCALER, HttpClient, Model, closed_loop, open_loop, single_thread_ms  # noqa: E402
+import harness  # noqa: E402
+from harness.host import ForeignLoad, process_cpu_seconds  # noqa: E402
+from vs_triton import HttpClient, Model, closed_loop, open_loop, single_thread_ms  # noqa: E402
 
 
 def model_of(alias: str) -> Model:
@@ -62,81 +51,29 @@ def model_of(alias: str) -> Model:
     return Model(alias, path, first.name, g.output[0].name, dims)
 
 
-def pipeline_yaml(
-    path: Path, name: str, m: Model, priority: int, slo_ms: float, fixed: bool = False
-) -> Path:
-    """The pipeline's YAML: autoscaled, or (``fixed``) one single-thread instance, no
-    autoscale (three autoscaled pipelines do not fit a 2-core host's thread slots)."""
-    import yaml
-
-    stage_extra = {"instances": 1, "threads": 1} if fixed else {}
-    doc = {
-        "name": name,
-        "priority": priority,
-        "slo": f"{slo_ms:.0f}ms",
-        "autoscale": not fixed,
-        "inputs": [{"name": m.input, "datatype": "FP32", "shape": m.shape}],
-        "outputs": [m.output],
-        "stages": [
-            {
-                "name": "model",
-                "model": str(m.path),
-                "inputs": {m.input: m.input},
-                "outputs": {m.output: m.output},
-                **stage_extra,
-            }
-        ],
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+def pipeline(name: str, m: Model, priority: int, slo_ms: float, fixed: bool = False) -> dict:
+    """The pipeline: autoscaled, or (``fixed``) one single-thread instance, no autoscale
+    (three autoscaled pipelines do not fit a 2-core host's thread slots)."""
+    stage = {"name": "model", "model": str(m.path), "inputs": {m.input: m.input},
+             "outputs": {m.output: m.output}, **({"instances": 1, "threads": 1} if fixed else {})}  # fmt: skip
+    return {"name": name, "priority": priority, "slo": f"{slo_ms:.0f}ms", "autoscale": not fixed,
+            "inputs": [{"name": m.input, "datatype": "FP32", "shape": m.shape}],
+            "outputs": [m.output], "stages": [stage]}  # fmt: skip
 
 
-class Served:
-    """``infscaler serve hi.yaml lo.yaml`` on a temporary socket, CPU priority on or off."""
-
-    def __init__(
-        self, yamls: list[Path], cpu_priority: bool, state: Path, names: tuple[str, ...]
-    ) -> None:
-        self.tmp = tempfile.mkdtemp(prefix="isc-prio-")
-        self.http = {"uds": f"{self.tmp}/isc.sock", "base": "http://isc"}
-        env = {**os.environ, "INFSCALER_CPU_PRIORITY": "on" if cpu_priority else "off"}
-        cmd = [str(INFSCALER), "serve", "--socket", self.http["uds"], "--no-grpc"]
-        cmd += ["--state-dir", str(state), *map(str, yamls)]
-        self.log = open(Path(self.tmp) / "serve.log", "w")  # noqa: SIM115 - closed in stop
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        import httpx
-
-        deadline = time.monotonic() + 900
-        with httpx.Client(transport=httpx.HTTPTransport(uds=self.http["uds"]), timeout=5) as c:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"serve exited: {self.log.name}")
-                try:
-                    if all(
-                        c.get(f"http://isc/v2/models/{n}/ready").status_code == 200 for n in names
-                    ):
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
-        raise RuntimeError(f"not ready in 900 s: {self.log.name}")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+def served(pipes: list[dict], cpu_priority: bool, state: Path) -> harness.Sut:
+    """``infscaler serve`` of ``pipes`` (HTTP only), CPU priority on or off; ``.http`` for
+    ``vs_triton.HttpClient``."""
+    env = {"INFSCALER_CPU_PRIORITY": "on" if cpu_priority else "off"}
+    s = harness.Sut(pipes, args=["--no-grpc", "--state-dir", str(state)], env=env)
+    s.http = {"uds": s.sock, "base": "http://isc"}
+    return s
 
 
 LOWER = (("lo", 2), ("lo3", 3))
 
 
-def window(
-    served: Served, hi: Model, lo: Model, a: argparse.Namespace, lower: list[str], seed: int
-) -> dict:
+def window(sut: harness.Sut, hi: Model, lo: Model, a: Any, lower: list[str], seed: int) -> dict:
     """One measuring window: ``hi`` open-loop, each pipeline in ``lower`` flooded."""
     x_hi = np.random.default_rng(0).standard_normal(hi.shape).astype(np.float32)
     x_lo = np.random.default_rng(1).standard_normal(lo.shape).astype(np.float32)
@@ -146,7 +83,7 @@ def window(
     def run_flood(name: str) -> None:
         lo_res[name].update(
             closed_loop(
-                lambda: HttpClient(served, lo, x_lo, name=name),
+                lambda: HttpClient(sut, lo, x_lo, name=name),
                 a.flood,
                 a.duration_s + 2 * a.settle_s,
                 1000.0,
@@ -158,9 +95,9 @@ def window(
         t.start()
     if flooders:
         time.sleep(a.settle_s)
-    fl = ForeignLoad(lambda: process_cpu_seconds([os.getpid(), served.proc.pid]))
+    fl = ForeignLoad(lambda: process_cpu_seconds([os.getpid(), sut.pid]))
     res = open_loop(
-        lambda: HttpClient(served, hi, x_hi, name="hi"), rate, a.duration_s, a.slo_ms, seed
+        lambda: HttpClient(sut, hi, x_hi, name="hi"), rate, a.duration_s, a.slo_ms, seed
     )
     res["attainment"] = round(res["within_slo"] / max(1, res["sent"]), 4)
     res["other_processes_cores"] = fl.cores()
@@ -193,109 +130,66 @@ def summarize(runs: list[dict], lower: list[str]) -> dict:
     return summary
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.cli.parser(__doc__, duration_s=40.0)
     ap.add_argument("--hi-model", default="resnet50")
     ap.add_argument("--lo-model", default="squeezenet")
     ap.add_argument("--slo-x", type=float, default=3.0)
     ap.add_argument("--hi-load", type=float, default=0.3, help="x one core's ideal rate")
     ap.add_argument("--flood", type=int, default=6, help="closed-loop clients on lo")
-    ap.add_argument("--duration-s", type=float, default=40.0)
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default="2,3", help="pipeline counts to run: 2, 3 or 2,3")
-    ap.add_argument(
-        "--fixed", action="store_true", help="one instance each, no autoscale (3 pipelines: always)"
-    )
-    ap.add_argument("--quick", action="store_true")
-    a = ap.parse_args()
-    if a.quick:
+    ap.add_argument("--fixed", action="store_true", help="one instance each, no autoscale (3 pipelines: always)")  # fmt: skip
+
+    def quick(a: Any) -> None:
         a.duration_s, a.settle_s, a.rounds = 10.0, 4.0, 1
-    default_cache_dir()
+
+    a = harness.cli.parse(ap, argv, quick)
+    harness.host.default_cache_dir()
     hi, lo = model_of(a.hi_model), model_of(a.lo_model)
     x = np.random.default_rng(0).standard_normal(hi.shape).astype(np.float32)
     hi.l0_ms = single_thread_ms(hi, x)
     a.slo_ms = a.slo_x * hi.l0_ms
-    quiet = wait_for_quiet(60)
-    work = Path(tempfile.mkdtemp(prefix="isc-prio-yaml-"))
-    yamls = [
-        pipeline_yaml(work / "hi.yaml", "hi", hi, 1, a.slo_ms),
-        pipeline_yaml(work / "lo.yaml", "lo", lo, 2, 1000.0),
-    ]
+    res = harness.cli.start("priorities", a)
+    res.summary.update(hi_l0_ms=round(hi.l0_ms, 2), cases={})
     state = Path(os.environ.get("INFSCALER_CACHE_DIR", "/tmp/isc-cache")) / "priorities_state"
-    cases: dict[str, dict] = {}
     for n in sorted({int(c) for c in a.cases.split(",")}):
         if n not in (2, 3):
-            raise SystemExit(f"--cases: {n} pipelines? give 2 and/or 3")
+            ap.error(f"--cases: {n} pipelines? give 2 and/or 3")
         lower = [name for name, _ in LOWER[: n - 1]]
         fixed = a.fixed or n > 2
-        yamls = [pipeline_yaml(work / "hi.yaml", "hi", hi, 1, a.slo_ms, fixed)]
-        yamls += [
-            pipeline_yaml(work / f"{m}.yaml", m, lo, p, 1000.0, fixed) for m, p in LOWER[: n - 1]
-        ]
+        pipes = [pipeline("hi", hi, 1, a.slo_ms, fixed)]
+        pipes += [pipeline(m, lo, p, 1000.0, fixed) for m, p in LOWER[: n - 1]]
         runs: list[dict] = []
         for r in range(a.rounds):
             for arm in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                served = Served(yamls, arm == "on", state, ("hi", *lower))
-                try:
-                    alone = window(served, hi, lo, a, [], seed=r)
-                    flooded = window(served, hi, lo, a, lower, seed=r)
-                finally:
-                    served.stop()
-                runs.append({"round": r, "arm": arm, "alone": alone, "flooded": flooded})
-                print(
-                    f"{n} pipelines, round {r} {arm}: hi alone {alone['hi']['attainment']:.3f} "
-                    f"flooded {flooded['hi']['attainment']:.3f} (P99 "
-                    f"{flooded['hi']['p99_ms']} ms), "
-                    + ", ".join(f"{m} {flooded[m]['goodput_rps']}/s" for m in lower),
-                    flush=True,
+                with served(pipes, arm == "on", state) as s:
+                    res.own_pids[:] = s.processes()
+                    alone = window(s, hi, lo, a, [], seed=r)
+                    flooded = window(s, hi, lo, a, lower, seed=r)
+                runs.append(
+                    res.add(case=f"{n}_pipelines", round=r, arm=arm, alone=alone, flooded=flooded)
                 )
-        cases[f"{n}_pipelines"] = {"runs": runs, "summary": summarize(runs, lower)}
-    data = {
-        "environment": environment(),
-        "quiet_before": quiet,
-        "settings": {**vars(a), "hi_l0_ms": round(hi.l0_ms, 2)},
-        "cases": cases,
-    }
-    name = "priorities_quick" if a.quick else "priorities"
-    write_json(RESULTS_DIR / f"{name}.json", data)
-    plot(cases, RESULTS_DIR / f"{name}.png", a)
-    shutil.rmtree(work, ignore_errors=True)
-    for case, c in cases.items():
-        for arm, s in c["summary"].items():
-            print(case, arm, s)
+                print(f"{n} pipelines, round {r} {arm}: hi alone {alone['hi']['attainment']:.3f} "
+                      f"flooded {flooded['hi']['attainment']:.3f} (P99 {flooded['hi']['p99_ms']} ms), "
+                      + ", ".join(f"{m} {flooded[m]['goodput_rps']}/s" for m in lower), flush=True)  # fmt: skip
+        res.summary["cases"][f"{n}_pipelines"] = summarize(runs, lower)
+    harness.cli.finish(res, a, plot)
+    for case, c in res.summary["cases"].items():
+        for arm, sm in c.items():
+            print(case, arm, sm)
     return 0
 
 
-def plot(cases: dict, path: Path, a: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(cases), figsize=(5 * len(cases), 3.8), squeeze=False)
-    for ax, (case, c) in zip(axes[0], cases.items(), strict=True):
-        for i, arm in enumerate(("on", "off")):
-            s = c["summary"][arm]
-            ax.scatter(
-                [i - 0.1] * len(s["hi_attainment_alone"]),
-                s["hi_attainment_alone"],
-                marker="o",
-                label=f"{arm}: alone",
-            )
-            ax.scatter(
-                [i + 0.1] * len(s["hi_attainment_flooded"]),
-                s["hi_attainment_flooded"],
-                marker="x",
-                label=f"{arm}: lower flooded",
-            )
-        ax.set_xticks([0, 1], ["CPU priority on", "off"])
-        ax.set_title(case.replace("_", " "))
-        ax.set_ylabel(f"hi within its SLO ({a.slo_ms:.0f} ms)")
-        ax.axhline(0.95, ls=":", c="grey")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+def plot(data: dict, path: Path) -> None:
+    """``hi``'s attainment alone and with the lower pipelines flooded per round, CPU
+    priority on and off, one panel per case, the 0.95 target as a line."""
+    pts = [{"case": x["case"].replace("_", " "), "series": f"{x['arm']}: {kind}", "round": x["round"],
+            "attainment": x[kind]["hi"]["attainment"]}
+           for x in data["points"] for kind in ("alone", "flooded")]  # fmt: skip
+    harness.plot(pts, path, x="round", y="attainment", by="series", panel="case",
+                 hlines={"target 0.95": 0.95}, ylabel="hi within its SLO")  # fmt: skip
 
 
 if __name__ == "__main__":

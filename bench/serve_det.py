@@ -9,7 +9,11 @@ fresh ``infscaler serve`` per configuration (``harness.Sut``: whole model with 2
 every usable core (the cpu engine's options, no spinning), measured again right before
 each configuration (the VM's speed drifts by up to 30 % in minutes): ratios are taken
 against that adjacent run. Each configuration's output is checked against the session's.
-The transport split (binary HTTP vs system shared memory) is ``binary_path.py``'s.
+``--transports`` measures instead what binary tensor data over HTTP costs over system
+shared memory, one request at a time (6.5 MB per request): det whole (1 x 2 threads) and
+``det-shaped`` (a function stage with det's tensor sizes, almost no compute: the
+transport's own ms), each by binary HTTP, registered shm, and binary as one joined body,
+interleaved; the figure is P50(binary) / P50(shm) on det (target <= 1.1).
 More: bench/HISTORY.md, "Serving: serve_det.py".
 """
 
@@ -65,15 +69,131 @@ def config_pipeline(k: int, inst: int | list[int], threads: int) -> dict[str, An
     return raw
 
 
+TRANSPORTS = ("binary", "shm", "binary, one joined body")
+
+
+def det_shaped(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A stage with PP-OCRv4 det's tensor sizes and almost no compute: x (1x3xHxW) ->
+    y (1x1xHxW), channel 0 copied."""
+    return {"y": np.ascontiguousarray(np.asarray(tensors["x"])[:, :1])}
+
+
+def transport_calls(c: Any, raw: Any, rout: Any, name: str, x: np.ndarray, out_name: str,
+                    out_bytes: int) -> dict[str, Any]:  # fmt: skip
+    """One request per transport (``TRANSPORTS``) as a callable returning the output."""
+    from infscaler.api.client import ShmOutput, ShmTensor
+    from infscaler.api.codec import HEADER_LENGTH, decode_infer_response, encode_infer_request
+
+    def shm() -> np.ndarray:
+        c.infer(name, {"x": ShmTensor("in", "FP32", list(x.shape), x.nbytes)},
+                outputs={out_name: ShmOutput("out", out_bytes)})  # fmt: skip
+        return rout.get(np.float32, (1, 1, *x.shape[2:]))
+
+    def joined() -> np.ndarray:
+        body, headers = encode_infer_request({"x": x}, binary_output=True)
+        r = raw.post(f"/v2/models/{name}/infer", content=bytes(body), headers=headers)
+        r.raise_for_status()
+        return decode_infer_response(r.content, header_length=int(r.headers[HEADER_LENGTH])).outputs[out_name]  # fmt: skip
+
+    return {"binary": lambda: c.infer(name, {"x": x}).outputs[out_name], "shm": shm,
+            "binary, one joined body": joined}  # fmt: skip
+
+
+def measure_transports(sock: str, name: str, x: np.ndarray, out_name: str, n: int) -> dict:
+    """``n`` requests per transport, interleaved (binary, shm, joined, binary, ...) so the
+    host's drift hits all alike; per transport n, P50 / P90 / mean / min (ms), the P50
+    ratios against shm and binary's extra ms (median of pairs).
+
+    Raises:
+        AssertionError: the transports' outputs differ.
+    """
+    import httpx
+
+    from infscaler.api.client import Client
+    from infscaler.api.sysshm import SharedMemoryRegion
+
+    out_bytes = int(np.prod(x.shape[2:])) * 4
+    key_in, key_out = f"isc_bp_in_{os.getpid()}", f"isc_bp_out_{os.getpid()}"
+    lat: dict[str, list[float]] = {t: [] for t in TRANSPORTS}
+    with (Client(sock) as c,
+          httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://infscaler", timeout=60) as raw,
+          SharedMemoryRegion.create(key_in, x.nbytes) as rin,
+          SharedMemoryRegion.create(key_out, out_bytes) as rout):  # fmt: skip
+        rin.set(x)
+        c.register_system_shm("in", key_in, x.nbytes)
+        c.register_system_shm("out", key_out, out_bytes)
+        fns = transport_calls(c, raw, rout, name, x, out_name, out_bytes)
+        ref = fns["binary"]()
+        for f in fns.values():  # warm-up, and every transport gives the same output
+            for _ in range(3):
+                out = f()
+            assert np.array_equal(out, ref), "transports disagree"
+        for _ in range(n):
+            for t, f in fns.items():
+                t0 = time.perf_counter()
+                f()
+                lat[t].append((time.perf_counter() - t0) * 1e3)
+        c.unregister_system_shm()
+    rows = {t: {"n": len(v), **{f"p{q}_ms": round(float(np.percentile(v, q)), 3) for q in (50, 90)},
+                "mean_ms": round(float(np.mean(v)), 3), "min_ms": round(min(v), 3)}
+            for t, v in lat.items()}  # fmt: skip
+    shm50 = rows["shm"]["p50_ms"]
+    return {"transports": rows,
+            "ratio_binary_vs_shm_p50": round(rows["binary"]["p50_ms"] / shm50, 3),
+            "ratio_joined_vs_shm_p50": round(rows["binary, one joined body"]["p50_ms"] / shm50, 3),
+            "binary_extra_ms_median_of_pairs": round(float(np.median(np.array(lat["binary"]) - np.array(lat["shm"]))), 3)}  # fmt: skip
+
+
+def run_transports(a: Any) -> int:
+    """``--transports``: det and ``det-shaped`` (the same tensor sizes, almost no compute)
+    in one ``Sut``, each reached one request at a time by binary HTTP, shm and one joined
+    body; writes ``serve_det_transports[_quick]``."""
+    from infscaler.api.client import Client
+
+    res = harness.cli.start("serve_det_transports", a)
+    x = det_input()
+    det = {**config_pipeline(1, 1, 2), "name": NAME}
+    shaped = {"name": "det-shaped", "inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape)}],
+              "outputs": ["y"], "stages": [{"name": "copy", "function": "serve_det:det_shaped",
+                                            "inputs": ["x"], "outputs": ["y"]}]}  # fmt: skip
+    here = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    with harness.Sut([det, shaped], args=["--control-path", a.control_path],
+                     env={"PYTHONPATH": path}) as s:  # fmt: skip
+        res.own_pids[:] = [s.pid]
+        for name in (NAME, "det-shaped"):
+            with Client(s.sock) as c:
+                out_name = c.model_metadata(name)["outputs"][0]["name"]
+            r = measure_transports(s.sock, name, x, out_name, a.n)
+            for t, row in r["transports"].items():
+                res.add(pipeline=name, transport=t, **row)
+            res.summary[name] = {k: v for k, v in r.items() if k != "transports"}
+            print(f"{name}: binary / shm P50 = {r['ratio_binary_vs_shm_p50']}; binary costs "
+                  f"{r['binary_extra_ms_median_of_pairs']} ms more (median of pairs)")  # fmt: skip
+    res.summary.update(input_bytes=int(x.nbytes), output_bytes=int(x.nbytes // 3))
+    harness.cli.finish(res, a, lambda d, p: harness.plot(
+        [{**q, "i": TRANSPORTS.index(q["transport"])} for q in d["points"]], p, x="i",
+        y=["p50_ms", "p90_ms"], by="pipeline", ylabel="ms, one client, requests interleaved",
+        xlabel=" | ".join(f"{i}: {t}" for i, t in enumerate(TRANSPORTS))))  # fmt: skip
+    harness.print_table(["pipeline", "transport", "P50 ms", "P90 ms", "mean ms"],
+                        [[p["pipeline"], p["transport"], p["p50_ms"], p["p90_ms"], p["mean_ms"]]
+                         for p in res.points])  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = harness.cli.parser(__doc__, duration_s=20.0)
     ap.add_argument("--control-path", default="auto")
+    ap.add_argument("--transports", action="store_true", help="binary HTTP vs shm, 6.5 MB")
+    ap.add_argument("-n", type=int, default=300, help="--transports: requests per transport")
 
     def quick(a: Any) -> None:
-        a.configs = "K=2"
+        a.configs, a.n = "K=2", 30
 
     ap.set_defaults(configs=None)
     a = harness.cli.parse(ap, argv, quick)
+    if a.transports:
+        return run_transports(a)
     from infscaler.api.client import Client
     from infscaler.base.models import resolve_model
     from infscaler.engines.onnxrt.loader import load_session

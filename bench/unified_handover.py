@@ -19,7 +19,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS_DIR, environment, print_table, write_json  # noqa: E402
+from bench.harness.cli import RESULTS_DIR  # noqa: E402
+from bench.harness.host import environment  # noqa: E402
+from bench.harness.result import print_table, write_json  # noqa: E402
 from infscaler.shm import (  # noqa: E402
     SlabMap,
     TensorPool,

@@ -44,16 +44,16 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    RESULTS_DIR,
+from harness.cli import RESULTS_DIR  # noqa: E402
+from harness.host import (  # noqa: E402
     ForeignLoad,
     busy_cpu_seconds,
     default_cache_dir,
     environment,
     process_cpu_seconds,
     wait_for_quiet,
-    write_json,
 )
+from harness.result import write_json  # noqa: E402
 
 PEER = Path(__file__).resolve().parent / "peers" / "pytriton_peer.py"
 REPO = Path(__file__).resolve().parent.parent
@@ -579,48 +579,19 @@ def ratios(entry: dict, protocols: list[str]) -> dict:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
+    """Per model and protocol: closed-loop answers/s against the concurrency, and Poisson
+    goodput (within the SLO)/s against the offered load x ideal capacity, one line per
+    configuration (``harness.plot``)."""
+    import harness
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = data["models"]
-    protos = data["settings"]["protocols"]
-    fig, axes = plt.subplots(
-        len(models),
-        2 * len(protos),
-        figsize=(6 * len(protos) * 2, 3.6 * len(models)),
-        squeeze=False,
-    )
-    for r, m in enumerate(models):
-        for p, proto in enumerate(protos):
-            ax_c, ax_o = axes[r][2 * p], axes[r][2 * p + 1]
-            for cfg in m["configs"]:
-                pts = cfg[proto]
-                closed = [q for q in pts if q["load"] == "closed"]
-                opened = [q for q in pts if q["load"] == "poisson"]
-                style = "-o" if cfg["config"].startswith("ours") else "--s"
-                ax_c.plot(
-                    [q["concurrency"] for q in closed],
-                    [q["throughput_rps"] for q in closed],
-                    style,
-                    label=cfg["config"],
-                )
-                ax_o.plot(
-                    [q["x_capacity"] for q in opened],
-                    [q["goodput_rps"] for q in opened],
-                    style,
-                    label=cfg["config"],
-                )
-            ax_c.set_title(f"{m['model']} {proto}: closed loop")
-            ax_c.set_xlabel("concurrency")
-            ax_c.set_ylabel("answers/s")
-            ax_o.set_title(f"{m['model']} {proto}: Poisson, SLO {m['slo_ms']:.0f} ms")
-            ax_o.set_xlabel("offered load x ideal capacity")
-            ax_o.set_ylabel("goodput (within SLO)/s")
-            ax_c.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    pts = [{"panel": f"{m['model']} {proto} {q['load']}", "config": cfg["config"],
+            "x": q.get("concurrency") if q["load"] == "closed" else q.get("x_capacity"),
+            "y": q["throughput_rps"] if q["load"] == "closed" else q["goodput_rps"]}
+           for m in data["models"] for cfg in m["configs"] for proto in data["settings"]["protocols"]
+           for q in cfg.get(proto, [])]  # fmt: skip
+    harness.plot(pts, path, x="x", y="y", by="config", panel="panel",
+                 xlabel="closed: concurrency; poisson: offered x ideal capacity",
+                 ylabel="closed: answers/s; poisson: goodput/s")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

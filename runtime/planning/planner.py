@@ -208,7 +208,7 @@ FRONTEND_MS = 1.6
 #: Time of one token handover in :func:`search`'s simulations, ms (every hop between the
 #: front end and the units; :func:`~infscaler.runtime.planning.simulator.simulate`): the fixed
 #: part of a hop between two served instances, compute end -> the next compute start,
-#: one request at a time, measured with ``bench/hop_latency.py`` on the 2-core
+#: one request at a time, measured with ``bench/chain_latency.py --served`` on the 2-core
 #: development host (2026-11-27: 0.50 ms + 0.20 ms per MB crossing, fitted over six
 #: cuts of ResNet-50 and PP-OCRv4 det; the per-MB part is close to the T_p an estimated
 #: partition already carries, 0.14 ms per MB). It was 0.1, a figure never measured.

@@ -156,7 +156,7 @@ class Route:
         In overload the drain-time estimate (requests ahead x the bottleneck interval)
         is beaten only when requests ahead expire or are dropped before they run; a
         correction learnt from those fast survivors (0.53 at 10x, bench/HISTORY.md,
-        ``overload.py``) made admission plan on further expiries, which made more. And
+        ``overload_slo.py --per-connection``) made admission plan on further expiries, which made more. And
         there every admitted request meets a full queue, so the admitted latencies'
         tail is the estimate's tail: with the median, two single-thread ResNet-50
         replicas at 2x and 5x their capacity, the load generator on the same 2 cores,
@@ -229,7 +229,7 @@ class Route:
         estimate with the correction floored at 1
         (:meth:`factor`, :func:`~infscaler.runtime.serving.admission.admit_latency`), and a
         lenient estimate would admit requests that then expire half computed
-        (``bench/overload.py``). ``overloaded``: :meth:`overloaded` when the caller has
+        (``bench/overload_slo.py --per-connection``). ``overloaded``: :meth:`overloaded` when the caller has
         it (None: computed)."""
         if len(self._ranked) < 10 or self.unit_ms is None:
             return 1.0

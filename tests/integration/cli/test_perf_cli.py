@@ -141,10 +141,10 @@ def test_count_windows_and_the_overload_benchs_capacity_loop(served, tmp_path: P
     (p,) = json.loads(js.read_text())["points"]
     assert p["trials"] == 3 and all(w["ok"] >= 25 for w in p["windows"])
     assert p["totals"]["sent"] == p["totals"]["ok"] == p["totals"]["server_success"]
-    # bench/overload.py measures capacity with the same load generator
+    # bench/overload_slo.py --per-connection measures capacity with the same load generator
     sys.path.insert(0, str(TESTS_DIR.parent / "bench"))
     try:
-        import overload
+        import overload_slo as overload
     finally:
         sys.path.pop(0)
     from infscaler.api.codec import encode_infer_request
