@@ -75,26 +75,29 @@ def device_yaml(slots: int, path: Path, memory_cap_mb: float | None = None) -> P
 
 def auto_pipeline(model: str, name: str, slo_ms: float, priority: int, slots: int) -> dict:
     """The whole model, single-thread instances, autoscaled (1 to ``slots`` - 1)
-    (``slot:MS``: :mod:`slotbound`'s stand-in stage)."""
+    (``slot:MS``: :mod:`slotbound`'s stand-in stage; ``MODEL+slot:MS``: the model with
+    its fused ``hold`` stage)."""
     auto = {**sc.AUTOSCALE, "oversubscribe": True}
     ms = sb.parse(model)
     if ms is not None:
         return sb.pipeline(name, ms, slo_ms, priority, 1, auto, slots - 1)
+    model, hold = sb.split(model)
     cfg = sc.pipeline(model, name, 1, 1, slo_ms, auto, max_instances=slots - 1, whole=True)
     raw = cfg.model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
-    return raw
+    return sb.with_hold(raw, hold, model)
 
 
 def static_pipeline(model: str, name: str, slo_ms: float | None, priority: int, n: int) -> dict:
     """The whole model at ``n`` fixed single-thread instances, SLO (None: none) for
-    admission only (``slot:MS``: :mod:`slotbound`'s stand-in stage)."""
+    admission only (``slot:MS``, ``MODEL+slot:MS``: as :func:`auto_pipeline`)."""
     ms = sb.parse(model)
     if ms is not None:
         return sb.pipeline(name, ms, slo_ms, priority, n)
+    model, hold = sb.split(model)
     raw = sw.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
-    return raw
+    return sb.with_hold(raw, hold, model)
 
 
 class Served:
@@ -554,6 +557,16 @@ def step_rounds(
     return per
 
 
+def round_moves(step: dict[str, Any]) -> dict[str, Any]:
+    """One round's step window without its requests: the moves, the decisions, the
+    instances at the step and each change of the polled instances ``[t_s, {pipeline:
+    ready}]`` (what an arm did, kept for every round)."""
+    polls = step.get("instances", [])
+    changes = [p for i, p in enumerate(polls) if i == 0 or p[1] != polls[i - 1][1]]
+    keep = ("moves", "decisions", "instances_at_step")
+    return {**{k: step.get(k) for k in keep}, "instance_changes": changes}
+
+
 def _stats(xs: list[float | None]) -> dict[str, Any]:
     v = [float(x) for x in xs if x is not None]
     if not v:
@@ -686,15 +699,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     models = {HIGH: a.high, LOW: a.low}
     slot_ms = {n: sb.parse(m) for n, m in models.items()}
-    if any(v is not None for v in slot_ms.values()):  # the stand-in stage's module
-        here = str(sb.write_module(Path(tempfile.mkdtemp(prefix="isc-slotbound-"))).parent)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            x for x in (here, os.environ.get("PYTHONPATH")) if x
-        )
-    feeds = {n: sb.feeds() if slot_ms[n] else sc.model_inputs(m) for n, m in models.items()}
+    # the stand-in / hold stages' module (unused by plain models)
+    here = str(sb.write_module(Path(tempfile.mkdtemp(prefix="isc-slotbound-"))).parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (here, os.environ.get("PYTHONPATH")) if x)
+    base = {n: sb.split(m) for n, m in models.items()}  # (model, hold ms) of MODEL+slot:MS
+    feeds = {n: sb.feeds() if slot_ms[n] else sc.model_inputs(base[n][0]) for n in models}
     cal = {
-        n: {"l0_ms": slot_ms[n]} if slot_ms[n] else sc.calibrate(m, feeds[n], 10 if a.quick else 20)
-        for n, m in models.items()
+        n: {"l0_ms": slot_ms[n]}
+        if slot_ms[n]
+        else sb.held_l0(sc.calibrate(base[n][0], feeds[n], 10 if a.quick else 20), base[n][1])
+        for n in models
     }
     reqs = {n: encode_infer_request(f) for n, f in feeds.items()}
     tmp = Path(tempfile.mkdtemp(prefix="isc-arbitration-"))
@@ -753,6 +767,9 @@ def main(argv: list[str] | None = None) -> int:
     arms["static"] = {**per[best][0], "split": best.split()[1]}
     data["static_tried"] = {t: per[t][0]["step"]["outcomes"] for t in static}
     data["step_rounds"] = {t: [e["step"]["outcomes"] for e in runs] for t, runs in per.items()}
+    data["step_round_moves"] = {
+        t: [round_moves(e["step"]) for e in runs] for t, runs in per.items()
+    }
     data["step_summary"] = summary
     data["auto_vs_best_static"] = versus(summary, best)
     data["arms"] = arms
