@@ -43,8 +43,17 @@ from _common import (  # noqa: E402
     wait_for_quiet,
     write_json,
 )
+from arbitration_summary import (  # noqa: E402
+    AUTO_ARMS,
+    HIGH,
+    LOW,
+    VERSUS,
+    ratios,
+    round_moves,
+    spread,
+    versus,
+)
 
-HIGH, LOW = "high", "low"
 #: attainment a 1-s window must keep, from the recovery on
 RECOVERED = 0.95
 
@@ -538,7 +547,8 @@ def step_rounds(
     """The step scenario's arms over ``a.rounds`` rounds, the order of the arms reversed
     every other round (a drift of the host's load falls on every arm alike), a fresh
     service per arm and round: ``{tag: [arm() per round]}`` with tags ``arbitration``,
-    ``lend-only`` (no warm spares), ``per-pipeline`` and ``static H+L`` per split. The trace windows (``windows[1:]``)
+    ``lend-only`` (no warm spares), ``per-pipeline`` and ``static H+L`` per split, those
+    of ``a.arms`` only (``static``: every split). The trace windows (``windows[1:]``)
     run in the first round only, for the auto arms."""
     off = {"INFSCALER_ARBITRATION": "off"}
     plan: dict[str, tuple[list[dict], dict]] = {
@@ -547,6 +557,7 @@ def step_rounds(
         "per-pipeline": (auto, off),
         **{f"static {k}": (pipes, {}) for k, pipes in static_pipes.items()},
     }
+    plan = {t: v for t, v in plan.items() if t.split()[0] in a.arms.split(",")}
     per: dict[str, list[dict]] = {tag: [] for tag in plan}
     for r in range(a.rounds):
         for tag in list(plan) if r % 2 == 0 else list(plan)[::-1]:
@@ -555,100 +566,6 @@ def step_rounds(
             label = f"{tag.replace(' ', '-')}-r{r}"
             per[tag].append(arm(tmp, label, pipes, env, device, wins))
     return per
-
-
-def round_moves(step: dict[str, Any]) -> dict[str, Any]:
-    """One round's step window without its requests: the moves, the decisions, the
-    instances at the step and each change of the polled instances ``[t_s, {pipeline:
-    ready}]`` (what an arm did, kept for every round)."""
-    polls = step.get("instances", [])
-    changes = [p for i, p in enumerate(polls) if i == 0 or p[1] != polls[i - 1][1]]
-    keep = ("moves", "decisions", "instances_at_step")
-    return {**{k: step.get(k) for k in keep}, "instance_changes": changes}
-
-
-def _stats(xs: list[float | None]) -> dict[str, Any]:
-    v = [float(x) for x in xs if x is not None]
-    if not v:
-        return {"median": None, "min": None, "max": None, "values": xs}
-    return {
-        "median": round(float(np.median(v)), 4),
-        "min": round(min(v), 4),
-        "max": round(max(v), 4),
-        "values": xs,
-    }
-
-
-def spread(runs: list[dict], slots: int | None = None) -> dict[str, Any]:
-    """Median, min, max and the values over the rounds of an arm's step outcomes: the
-    high pipeline's attainment after the step and over the whole window, each
-    pipeline's goodput and their sum; with ``slots``, ``cap_bound_rounds``: the rounds
-    whose pipelines ran ``slots`` instances together at the step (the cap bound), and
-    ``over_cap_rounds``: more than ``slots`` (the cap did not hold them)."""
-    o = [e["step"]["outcomes"] for e in runs]
-    out: dict[str, Any] = {"rounds": len(runs)}
-    if slots is not None:
-        at = [sum((e["step"].get("instances_at_step") or {}).values()) for e in runs]
-        out["cap_bound_rounds"] = sum(n == slots for n in at)
-        out["over_cap_rounds"] = sum(n > slots for n in at)
-    return {
-        **out,
-        "high_attainment_after": _stats([x[HIGH].get("attainment_after") for x in o]),
-        "high_attainment": _stats([x[HIGH].get("attainment") for x in o]),
-        "high_goodput_rps": _stats([x[HIGH]["goodput_rps"] for x in o]),
-        "low_goodput_rps": _stats([x[LOW]["goodput_rps"] for x in o]),
-        "total_goodput_rps": _stats([x[HIGH]["goodput_rps"] + x[LOW]["goodput_rps"] for x in o]),
-    }
-
-
-#: the auto arms: arbitration, arbitration without warm spares, each pipeline's scaler alone
-AUTO_ARMS = ("arbitration", "lend-only", "per-pipeline")
-#: the metrics ``versus`` compares: the priority-1 pipeline's attainment, total goodput
-VERSUS = ("high_attainment_after", "high_attainment", "total_goodput_rps")
-
-
-def versus(summary: dict[str, dict], best: str) -> dict[str, Any]:
-    """Each auto arm against the best static split, per metric of :data:`VERSUS`:
-    ``ratio`` (auto median / static median), ``rounds`` (auto / static round by round,
-    round r against round r: median, min, max), and ``at_least_static``: the median
-    ratios of the high pipeline's attainment after the step and of the total goodput
-    both >= 1."""
-    out: dict[str, Any] = {"best_static": best}
-    for tag in AUTO_ARMS:
-        r: dict[str, Any] = {}
-        for k in VERSUS:
-            x, b = summary[tag][k]["median"], summary[best][k]["median"]
-            pairs = zip(summary[tag][k]["values"], summary[best][k]["values"], strict=False)
-            per = [u / v if u is not None and v else None for u, v in pairs]
-            r[k] = {
-                "ratio": round(x / b, 3) if x is not None and b else None,
-                "rounds": _stats(per),
-            }
-        r["at_least_static"] = all(
-            r[k]["ratio"] is not None and r[k]["ratio"] >= 1.0
-            for k in ("high_attainment_after", "total_goodput_rps")
-        )
-        out[tag] = r
-    return out
-
-
-def ratios(arms: dict[str, dict], scenario: str) -> dict[str, Any]:
-    """Each arm's outcomes over the ``per-pipeline`` arm's (same run)."""
-    base = arms.get("per-pipeline", {}).get(scenario)
-    out: dict[str, Any] = {}
-    if not base:
-        return out
-    for tag, e in arms.items():
-        if scenario not in e:
-            continue
-        r = {}
-        for name in (HIGH, LOW):
-            for k in ("attainment_after", "attainment", "goodput_rps"):
-                x, b = e[scenario]["outcomes"][name].get(k), base["outcomes"][name].get(k)
-                if x is not None and b:
-                    r[f"{name}_{k}"] = round(x / b, 3)
-        out[tag] = r
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -679,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet-wait-s", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3, help="rounds of the step scenario's arms")
+    arms = "arbitration,lend-only,per-pipeline,static"
+    p.add_argument("--arms", default=arms, help=f"step arms to run, of {arms} (static: each split)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--tag", default="", help="results/arbitration[_quick]_TAG.json / .png")
     a = p.parse_args(argv)
@@ -686,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
         a.pre_s, a.post_s, a.capacity_requests = 25.0, 25.0, 16
         a.trace_minutes, a.minute_s, a.quiet_wait_s = 6, 5.0, 5.0
         a.slo_probes, a.probe_s = 2, 8.0
+    if not {"static"} < set(a.arms.split(",")) <= set(arms.split(",")):
+        p.error(f"--arms: static and one or more of {arms}, comma-separated; got {a.arms!r}")
     if a.slots < 2:
         p.error(f"--slots must be >= 2 (one instance per pipeline at least), got {a.slots}")
     default_cache_dir()
@@ -763,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     static = [t for t in per if t.startswith("static ")]
     best = max(static, key=lambda t: (summary[t]["high_attainment_after"]["median"] or 0.0,
                                       summary[t]["total_goodput_rps"]["median"]))  # fmt: skip
-    arms = {tag: per[tag][0] for tag in AUTO_ARMS}
+    arms = {tag: per[tag][0] for tag in AUTO_ARMS if tag in per}
     arms["static"] = {**per[best][0], "split": best.split()[1]}
     data["static_tried"] = {t: per[t][0]["step"]["outcomes"] for t in static}
     data["step_rounds"] = {t: [e["step"]["outcomes"] for e in runs] for t, runs in per.items()}
@@ -805,7 +726,7 @@ def report(data: dict[str, Any]) -> None:
         )
         vs = data["auto_vs_best_static"]
         rows = []
-        for tag in AUTO_ARMS:
+        for tag in (t for t in AUTO_ARMS if t in vs):
             for k in VERSUS:
                 r = vs[tag][k]
                 q = r["rounds"]

@@ -194,3 +194,16 @@ def test_round_moves_keeps_what_an_arm_did_without_its_requests() -> None:
     assert "requests" not in got and got["moves"] == step["moves"]
     assert got["decisions"] == step["decisions"]
     assert [t for t, _ in got["instance_changes"]] == [1.0, 8.0, 15.0]
+
+
+def test_versus_leaves_out_an_auto_arm_not_run() -> None:
+    """``--arms arbitration,lend-only,static``: no per-pipeline arm, no entry for it."""
+    ab = bench_module("arbitration")
+    summary = {
+        "arbitration": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
+        "lend-only": ab.spread([_run(0.5, 2.0, 1.0)] * 3),
+        "static 2+1": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
+    }
+    v = ab.versus(summary, "static 2+1")
+    assert set(v) == {"best_static", "arbitration", "lend-only"}
+    assert v["arbitration"]["at_least_static"] and not v["lend-only"]["at_least_static"]
