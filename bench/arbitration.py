@@ -6,8 +6,9 @@ Every arm of the step runs ``--rounds`` (3) times, the arms' order reversed ever
 round, a fresh service each time; the JSON's ``step_summary`` holds per arm the median,
 min, max and values, and ``auto_vs_best_static`` the auto arms' medians over the best
 static split's.
-Writes ``results/arbitration.json`` and ``.png`` (``--quick``: ``_quick``, short windows:
-proves the script runs, no result).
+Writes ``results/arbitration.json``, ``.png`` (round 0 over time) and ``_rounds.png``
+(medians and spread per arm) (``--quick``: ``_quick``, short windows: proves the script
+runs, no result).
 
 More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/arbitration.py`".
 """
@@ -48,6 +49,7 @@ from arbitration_summary import (  # noqa: E402
     HIGH,
     LOW,
     VERSUS,
+    plot_rounds,
     ratios,
     round_moves,
     spread,
@@ -699,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "arbitration" + ("_quick" if a.quick else "") + (f"_{a.tag}" if a.tag else "")
     write_json(RESULTS_DIR / f"{name}.json", data)
     plot(data, RESULTS_DIR / f"{name}.png")
+    plot_rounds(data, RESULTS_DIR / f"{name}_rounds.png")
     report(data)
     return 0
 

@@ -207,3 +207,19 @@ def test_versus_leaves_out_an_auto_arm_not_run() -> None:
     v = ab.versus(summary, "static 2+1")
     assert set(v) == {"best_static", "arbitration", "lend-only"}
     assert v["arbitration"]["at_least_static"] and not v["lend-only"]["at_least_static"]
+
+
+def test_plot_rounds_writes_the_medians_and_spread_png(tmp_path) -> None:
+    ab = bench_module("arbitration")
+    summary = {
+        "arbitration": ab.spread([_run(0.9, 2.0, 1.0), _run(1.0, 2.5, 1.0)]),
+        "static 2+1": ab.spread([_run(1.0, 2.0, 1.0), _run(None, 2.0, 1.0)]),
+    }
+    data = {
+        "step_summary": summary,
+        "auto_vs_best_static": ab.versus(summary, "static 2+1"),
+        "settings": {"high": "a+slot:100", "low": "b+slot:100", "slots": 3, "rounds": 2},
+    }
+    out = tmp_path / "rounds.png"
+    ab.plot_rounds(data, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
