@@ -5,7 +5,7 @@ accelerator does, so that the host's cores do not bind: on a shared 2-core host 
 models' own arms are CPU-bound. The device's engine slots count model instances only
 (``Monitor.cap``), so ``--slots`` does not cap these stages (a run of 4 on 3 slots:
 bench/HISTORY.md, "Arbitration: auto against the best static split"): each instance
-holds 64 MB of ballast and the bench caps memory instead (room for the ``--slots``
+holds 64 MB of ballast from its start and the bench caps memory instead (room for the ``--slots``
 instances of its capacity service and half of one more). What they measure is the
 control loop, never a model's speed.
 
@@ -28,26 +28,42 @@ import numpy as np
 
 MODULE = "isc_slotbound_stage"
 SOURCE = '''"""bench/slotbound.py's stand-in stage (written by the bench)."""
+import os
+import time
+
+import numpy as np
+
+_BALLAST = []
+
+
+def _write_ballast():
+    """64 MB of private memory, held for the process's life, so that a memory cap can
+    tell the instances apart: written when the module is imported and again in each
+    child forked after that (an instance forked from a process that imported it would
+    otherwise share the pages, and count a part of them). Written at an instance's
+    first call instead, an instance that had served nothing counted 17 MB and the cap
+    let a fourth start (bench/HISTORY.md)."""
+    _BALLAST[:] = [np.ones(64 * 2**20 // 8)]
+
+
+_write_ballast()
+os.register_at_fork(after_in_child=_write_ballast)
+
+
+def wait(tensors, ms=100.0):
+    """y = x after ``ms`` milliseconds of sleep: the instance is held, the CPU idle."""
+    time.sleep(ms / 1e3)
+    return {"y": np.array(tensors["x"])}
+'''
+HOLD_MODULE = "isc_slotbound_hold"
+HOLD_SOURCE = '''"""bench/slotbound.py's hold stage (written by the bench), no ballast."""
 import time
 
 import numpy as np
 
 
-_BALLAST = []
-
-
-def wait(tensors, ms=100.0, ballast_mb=64):
-    """y = x after ``ms`` milliseconds of sleep: the instance is held, the CPU idle.
-    The first call writes ``ballast_mb`` MB of private memory, held for the instance's
-    life, so that a memory cap can tell its instances apart."""
-    if not _BALLAST and ballast_mb > 0:
-        _BALLAST.append(np.ones(int(ballast_mb * 2**20 // 8)))
-    time.sleep(ms / 1e3)
-    return {"y": np.array(tensors["x"])}
-
-
 def hold(tensors, ms=100.0):
-    """held = the first input, after ``ms`` milliseconds of sleep (no ballast)."""
+    """held = the first input, after ``ms`` milliseconds of sleep."""
     time.sleep(ms / 1e3)
     return {"held": np.array(next(iter(tensors.values())))}
 '''
@@ -111,7 +127,7 @@ def with_hold(raw: dict[str, Any], ms: float | None, model: str) -> dict[str, An
     model_stage["outputs"] = {o: o for o in outs}
     stage = {
         "name": "hold",
-        "function": f"{MODULE}:hold",
+        "function": f"{HOLD_MODULE}:hold",
         "inputs": outs,
         "outputs": ["held"],
         "params": {"ms": ms},
@@ -128,7 +144,9 @@ def held_l0(cal: dict[str, Any], ms: float | None) -> dict[str, Any]:
 
 
 def write_module(directory: Path) -> Path:
-    """Write the stage's module into ``directory`` (put it on PYTHONPATH); its path."""
+    """Write the stand-in stage's and the hold stage's modules into ``directory`` (put
+    it on PYTHONPATH); the stand-in's path."""
+    (directory / f"{HOLD_MODULE}.py").write_text(HOLD_SOURCE)
     path = directory / f"{MODULE}.py"
     path.write_text(SOURCE)
     return path
