@@ -6,8 +6,9 @@ Every arm of the step runs ``--rounds`` (3) times, the arms' order reversed ever
 round, a fresh service each time; the JSON's ``step_summary`` holds per arm the median,
 min, max and values, and ``auto_vs_best_static`` the auto arms' medians over the best
 static split's.
-Writes ``results/arbitration.json`` and ``.png`` (``--quick``: ``_quick``, short windows:
-proves the script runs, no result).
+Writes ``results/arbitration.json``, ``.png`` (round 0 over time) and ``_rounds.png``
+(medians and spread per arm) (``--quick``: ``_quick``, short windows: proves the script
+runs, no result).
 
 More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/arbitration.py`".
 """
@@ -35,10 +36,20 @@ import harness  # noqa: E402
 import overload_slo as ov  # noqa: E402
 import scaling as sc  # noqa: E402
 import slotbound as sb  # noqa: E402
+from arbitration_summary import (  # noqa: E402
+    AUTO_ARMS,
+    HIGH,
+    LOW,
+    VERSUS,
+    plot_rounds,
+    ratios,
+    round_moves,
+    spread,
+    versus,
+)
 from harness.host import default_cache_dir, environment, wait_for_quiet  # noqa: E402
 from harness.result import print_table  # noqa: E402
 
-HIGH, LOW = "high", "low"
 #: attainment a 1-s window must keep, from the recovery on
 RECOVERED = 0.95
 
@@ -69,26 +80,29 @@ def device_yaml(slots: int, path: Path, memory_cap_mb: float | None = None) -> P
 
 def auto_pipeline(model: str, name: str, slo_ms: float, priority: int, slots: int) -> dict:
     """The whole model, single-thread instances, autoscaled (1 to ``slots`` - 1)
-    (``slot:MS``: :mod:`slotbound`'s stand-in stage)."""
+    (``slot:MS``: :mod:`slotbound`'s stand-in stage; ``MODEL+slot:MS``: the model with
+    its fused ``hold`` stage)."""
     auto = {**sc.AUTOSCALE, "oversubscribe": True}
     ms = sb.parse(model)
     if ms is not None:
         return sb.pipeline(name, ms, slo_ms, priority, 1, auto, slots - 1)
+    model, hold = sb.split(model)
     cfg = sc.pipeline(model, name, 1, 1, slo_ms, auto, max_instances=slots - 1, whole=True)
     raw = cfg.model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
-    return raw
+    return sb.with_hold(raw, hold, model)
 
 
 def static_pipeline(model: str, name: str, slo_ms: float | None, priority: int, n: int) -> dict:
     """The whole model at ``n`` fixed single-thread instances, SLO (None: none) for
-    admission only (``slot:MS``: :mod:`slotbound`'s stand-in stage)."""
+    admission only (``slot:MS``, ``MODEL+slot:MS``: as :func:`auto_pipeline`)."""
     ms = sb.parse(model)
     if ms is not None:
         return sb.pipeline(name, ms, slo_ms, priority, n)
+    model, hold = sb.split(model)
     raw = sc.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
     raw["priority"] = priority
-    return raw
+    return sb.with_hold(raw, hold, model)
 
 
 class Served:
@@ -529,7 +543,8 @@ def step_rounds(
     """The step scenario's arms over ``a.rounds`` rounds, the order of the arms reversed
     every other round (a drift of the host's load falls on every arm alike), a fresh
     service per arm and round: ``{tag: [arm() per round]}`` with tags ``arbitration``,
-    ``lend-only`` (no warm spares), ``per-pipeline`` and ``static H+L`` per split. The trace windows (``windows[1:]``)
+    ``lend-only`` (no warm spares), ``per-pipeline`` and ``static H+L`` per split, those
+    of ``a.arms`` only (``static``: every split). The trace windows (``windows[1:]``)
     run in the first round only, for the auto arms."""
     off = {"INFSCALER_ARBITRATION": "off"}
     plan: dict[str, tuple[list[dict], dict]] = {
@@ -538,6 +553,7 @@ def step_rounds(
         "per-pipeline": (auto, off),
         **{f"static {k}": (pipes, {}) for k, pipes in static_pipes.items()},
     }
+    plan = {t: v for t, v in plan.items() if t.split()[0] in a.arms.split(",")}
     per: dict[str, list[dict]] = {tag: [] for tag in plan}
     for r in range(a.rounds):
         for tag in list(plan) if r % 2 == 0 else list(plan)[::-1]:
@@ -546,90 +562,6 @@ def step_rounds(
             label = f"{tag.replace(' ', '-')}-r{r}"
             per[tag].append(arm(tmp, label, pipes, env, device, wins))
     return per
-
-
-def _stats(xs: list[float | None]) -> dict[str, Any]:
-    v = [float(x) for x in xs if x is not None]
-    if not v:
-        return {"median": None, "min": None, "max": None, "values": xs}
-    return {
-        "median": round(float(np.median(v)), 4),
-        "min": round(min(v), 4),
-        "max": round(max(v), 4),
-        "values": xs,
-    }
-
-
-def spread(runs: list[dict], slots: int | None = None) -> dict[str, Any]:
-    """Median, min, max and the values over the rounds of an arm's step outcomes: the
-    high pipeline's attainment after the step and over the whole window, each
-    pipeline's goodput and their sum; with ``slots``, ``cap_bound_rounds``: the rounds
-    whose pipelines ran ``slots`` instances together at the step (the cap bound), and
-    ``over_cap_rounds``: more than ``slots`` (the cap did not hold them)."""
-    o = [e["step"]["outcomes"] for e in runs]
-    out: dict[str, Any] = {"rounds": len(runs)}
-    if slots is not None:
-        at = [sum((e["step"].get("instances_at_step") or {}).values()) for e in runs]
-        out["cap_bound_rounds"] = sum(n == slots for n in at)
-        out["over_cap_rounds"] = sum(n > slots for n in at)
-    return {
-        **out,
-        "high_attainment_after": _stats([x[HIGH].get("attainment_after") for x in o]),
-        "high_attainment": _stats([x[HIGH].get("attainment") for x in o]),
-        "high_goodput_rps": _stats([x[HIGH]["goodput_rps"] for x in o]),
-        "low_goodput_rps": _stats([x[LOW]["goodput_rps"] for x in o]),
-        "total_goodput_rps": _stats([x[HIGH]["goodput_rps"] + x[LOW]["goodput_rps"] for x in o]),
-    }
-
-
-#: the auto arms: arbitration, arbitration without warm spares, each pipeline's scaler alone
-AUTO_ARMS = ("arbitration", "lend-only", "per-pipeline")
-#: the metrics ``versus`` compares: the priority-1 pipeline's attainment, total goodput
-VERSUS = ("high_attainment_after", "high_attainment", "total_goodput_rps")
-
-
-def versus(summary: dict[str, dict], best: str) -> dict[str, Any]:
-    """Each auto arm against the best static split, per metric of :data:`VERSUS`:
-    ``ratio`` (auto median / static median), ``rounds`` (auto / static round by round,
-    round r against round r: median, min, max), and ``at_least_static``: the median
-    ratios of the high pipeline's attainment after the step and of the total goodput
-    both >= 1."""
-    out: dict[str, Any] = {"best_static": best}
-    for tag in AUTO_ARMS:
-        r: dict[str, Any] = {}
-        for k in VERSUS:
-            x, b = summary[tag][k]["median"], summary[best][k]["median"]
-            pairs = zip(summary[tag][k]["values"], summary[best][k]["values"], strict=False)
-            per = [u / v if u is not None and v else None for u, v in pairs]
-            r[k] = {
-                "ratio": round(x / b, 3) if x is not None and b else None,
-                "rounds": _stats(per),
-            }
-        r["at_least_static"] = all(
-            r[k]["ratio"] is not None and r[k]["ratio"] >= 1.0
-            for k in ("high_attainment_after", "total_goodput_rps")
-        )
-        out[tag] = r
-    return out
-
-
-def ratios(arms: dict[str, dict], scenario: str) -> dict[str, Any]:
-    """Each arm's outcomes over the ``per-pipeline`` arm's (same run)."""
-    base = arms.get("per-pipeline", {}).get(scenario)
-    out: dict[str, Any] = {}
-    if not base:
-        return out
-    for tag, e in arms.items():
-        if scenario not in e:
-            continue
-        r = {}
-        for name in (HIGH, LOW):
-            for k in ("attainment_after", "attainment", "goodput_rps"):
-                x, b = e[scenario]["outcomes"][name].get(k), base["outcomes"][name].get(k)
-                if x is not None and b:
-                    r[f"{name}_{k}"] = round(x / b, 3)
-        out[tag] = r
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -659,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace-load", type=float, default=0.55)
     p.add_argument("--no-trace", action="store_true")
     p.add_argument("--rounds", type=int, default=3, help="rounds of the step scenario's arms")
+    arms = "arbitration,lend-only,per-pipeline,static"
+    p.add_argument("--arms", default=arms, help=f"step arms to run, of {arms} (static: each split)")
     p.add_argument("--tag", default="", help="results/arbitration[_quick]_TAG.json / .png")
 
     def quick(a: argparse.Namespace) -> None:
@@ -667,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
         a.slo_probes, a.probe_s = 2, 8.0
 
     a = harness.cli.parse(p, argv, quick)
+    if not {"static"} < set(a.arms.split(",")) <= set(arms.split(",")):
+        p.error(f"--arms: static and one or more of {arms}, comma-separated; got {a.arms!r}")
     if a.slots < 2:
         p.error(f"--slots must be >= 2 (one instance per pipeline at least), got {a.slots}")
     default_cache_dir()
@@ -680,15 +616,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     models = {HIGH: a.high, LOW: a.low}
     slot_ms = {n: sb.parse(m) for n, m in models.items()}
-    if any(v is not None for v in slot_ms.values()):  # the stand-in stage's module
-        here = str(sb.write_module(Path(tempfile.mkdtemp(prefix="isc-slotbound-"))).parent)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            x for x in (here, os.environ.get("PYTHONPATH")) if x
-        )
-    feeds = {n: sb.feeds() if slot_ms[n] else sc.model_inputs(m) for n, m in models.items()}
+    # the stand-in / hold stages' module (unused by plain models)
+    here = str(sb.write_module(Path(tempfile.mkdtemp(prefix="isc-slotbound-"))).parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (here, os.environ.get("PYTHONPATH")) if x)
+    base = {n: sb.split(m) for n, m in models.items()}  # (model, hold ms) of MODEL+slot:MS
+    feeds = {n: sb.feeds() if slot_ms[n] else sc.model_inputs(base[n][0]) for n in models}
     cal = {
-        n: {"l0_ms": slot_ms[n]} if slot_ms[n] else sc.calibrate(m, feeds[n], 10 if a.quick else 20)
-        for n, m in models.items()
+        n: {"l0_ms": slot_ms[n]}
+        if slot_ms[n]
+        else sb.held_l0(sc.calibrate(base[n][0], feeds[n], 10 if a.quick else 20), base[n][1])
+        for n in models
     }
     reqs = {n: encode_infer_request(f) for n, f in feeds.items()}
     tmp = Path(tempfile.mkdtemp(prefix="isc-arbitration-"))
@@ -743,10 +680,13 @@ def main(argv: list[str] | None = None) -> int:
     static = [t for t in per if t.startswith("static ")]
     best = max(static, key=lambda t: (summary[t]["high_attainment_after"]["median"] or 0.0,
                                       summary[t]["total_goodput_rps"]["median"]))  # fmt: skip
-    arms = {tag: per[tag][0] for tag in AUTO_ARMS}
+    arms = {tag: per[tag][0] for tag in AUTO_ARMS if tag in per}
     arms["static"] = {**per[best][0], "split": best.split()[1]}
     data["static_tried"] = {t: per[t][0]["step"]["outcomes"] for t in static}
     data["step_rounds"] = {t: [e["step"]["outcomes"] for e in runs] for t, runs in per.items()}
+    data["step_round_moves"] = {
+        t: [round_moves(e["step"]) for e in runs] for t, runs in per.items()
+    }
     data["step_summary"] = summary
     data["auto_vs_best_static"] = versus(summary, best)
     data["arms"] = arms
@@ -755,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "arbitration" + ("_quick" if a.quick else "") + (f"_{a.tag}" if a.tag else "")
     harness.write_json(a.out / f"{name}.json", data)
     plot(data, a.out / f"{name}.png")
+    plot_rounds(data, a.out / f"{name}_rounds.png")
     report(data)
     return 0
 
@@ -782,7 +723,7 @@ def report(data: dict[str, Any]) -> None:
         )
         vs = data["auto_vs_best_static"]
         rows = []
-        for tag in AUTO_ARMS:
+        for tag in (t for t in AUTO_ARMS if t in vs):
             for k in VERSUS:
                 r = vs[tag][k]
                 q = r["rounds"]

@@ -5,9 +5,15 @@ accelerator does, so that the host's cores do not bind: on a shared 2-core host 
 models' own arms are CPU-bound. The device's engine slots count model instances only
 (``Monitor.cap``), so ``--slots`` does not cap these stages (a run of 4 on 3 slots:
 bench/HISTORY.md, "Arbitration: auto against the best static split"): each instance
-holds 64 MB of ballast and the bench caps memory instead (room for the ``--slots``
+holds 64 MB of ballast from its start and the bench caps memory instead (room for the ``--slots``
 instances of its capacity service and half of one more). What they measure is the
 control loop, never a model's speed.
+
+``MODEL+slot:MS`` (e.g. ``squeezenet+slot:80``): the real model, then a ``hold`` stage
+sleeping MS ms, fused into the model's unit (a function stage beside a model stage runs
+in its instances: docs/pipelines.md, "Fused units"), so each instance is a model instance
+(an engine slot) held MS ms per request with its core idle, as one that waits on a
+camera or an accelerator: the slots bind before the cores do, with a real model served.
 
 Input ``x`` FP32 [-1, 4], output ``y`` (= x). The stage's module is written to a
 directory that must be on the service's ``PYTHONPATH`` (:func:`write_module`).
@@ -22,22 +28,44 @@ import numpy as np
 
 MODULE = "isc_slotbound_stage"
 SOURCE = '''"""bench/slotbound.py's stand-in stage (written by the bench)."""
+import os
+import time
+
+import numpy as np
+
+_BALLAST = []
+
+
+def _write_ballast():
+    """64 MB of private memory, held for the process's life, so that a memory cap can
+    tell the instances apart: written when the module is imported and again in each
+    child forked after that (an instance forked from a process that imported it would
+    otherwise share the pages, and count a part of them). Written at an instance's
+    first call instead, an instance that had served nothing counted 17 MB and the cap
+    let a fourth start (bench/HISTORY.md)."""
+    _BALLAST[:] = [np.ones(64 * 2**20 // 8)]
+
+
+_write_ballast()
+os.register_at_fork(after_in_child=_write_ballast)
+
+
+def wait(tensors, ms=100.0):
+    """y = x after ``ms`` milliseconds of sleep: the instance is held, the CPU idle."""
+    time.sleep(ms / 1e3)
+    return {"y": np.array(tensors["x"])}
+'''
+HOLD_MODULE = "isc_slotbound_hold"
+HOLD_SOURCE = '''"""bench/slotbound.py's hold stage (written by the bench), no ballast."""
 import time
 
 import numpy as np
 
 
-_BALLAST = []
-
-
-def wait(tensors, ms=100.0, ballast_mb=64):
-    """y = x after ``ms`` milliseconds of sleep: the instance is held, the CPU idle.
-    The first call writes ``ballast_mb`` MB of private memory, held for the instance's
-    life, so that a memory cap can tell its instances apart."""
-    if not _BALLAST and ballast_mb > 0:
-        _BALLAST.append(np.ones(int(ballast_mb * 2**20 // 8)))
+def hold(tensors, ms=100.0):
+    """held = the first input, after ``ms`` milliseconds of sleep."""
     time.sleep(ms / 1e3)
-    return {"y": np.array(tensors["x"])}
+    return {"held": np.array(next(iter(tensors.values())))}
 '''
 
 
@@ -58,8 +86,67 @@ def parse(model: str) -> float | None:
     return ms
 
 
+def split(model: str) -> tuple[str, float | None]:
+    """``MODEL+slot:MS`` -> (MODEL, MS); any other name -> (name, None).
+
+    Raises:
+        ValueError: a ``+`` part that is not ``slot:MS`` with MS > 0.
+    """
+    base, plus, tail = model.partition("+")
+    if not plus:
+        return model, None
+    ms = parse(tail)
+    if ms is None or not base:
+        raise ValueError(f"{model!r}: write MODEL+slot:MS, e.g. squeezenet+slot:80")
+    return base, ms
+
+
+def with_hold(raw: dict[str, Any], ms: float | None, model: str) -> dict[str, Any]:
+    """``raw`` (``model``'s one-stage pipeline config) with a ``hold`` stage of ``ms`` ms
+    after the model, reading its outputs and giving ``held`` (fused into the model's
+    unit), the pipeline's inputs declared from the model's graph (FP32 only); ``raw``
+    itself when ``ms`` is None. Raises ValueError (a non-FP32 input) or ConfigError."""
+    if ms is None:
+        return raw
+    import onnx
+
+    from infscaler.base.config import load_pipeline
+    from infscaler.base.models import resolve_model
+
+    g = onnx.load(str(resolve_model(model)), load_external_data=False).graph
+    known = {i.name for i in g.initializer}
+    inputs = []
+    for i in (x for x in g.input if x.name not in known):
+        if i.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+            raise ValueError(f"{model}: input {i.name} is not FP32 (the hold stage's bench)")
+        dims = [d.dim_value or -1 for d in i.type.tensor_type.shape.dim]
+        inputs.append({"name": i.name, "datatype": "FP32", "shape": dims})
+    outs = [o.name for o in g.output]
+    (model_stage,) = raw["stages"]
+    model_stage = {**model_stage, "inputs": {i["name"]: i["name"] for i in inputs}}
+    model_stage["outputs"] = {o: o for o in outs}
+    stage = {
+        "name": "hold",
+        "function": f"{HOLD_MODULE}:hold",
+        "inputs": outs,
+        "outputs": ["held"],
+        "params": {"ms": ms},
+    }
+    raw = {**raw, "stages": [model_stage, stage], "inputs": inputs, "outputs": ["held"]}
+    load_pipeline(raw)
+    return raw
+
+
+def held_l0(cal: dict[str, Any], ms: float | None) -> dict[str, Any]:
+    """A model's calibration (``l0_ms``: its own) with the ``hold`` stage's ``ms`` added
+    to ``l0_ms`` (``hold_ms``: that ms); ``cal`` itself when ``ms`` is None."""
+    return cal if ms is None else {**cal, "l0_ms": round(cal["l0_ms"] + ms, 2), "hold_ms": ms}
+
+
 def write_module(directory: Path) -> Path:
-    """Write the stage's module into ``directory`` (put it on PYTHONPATH); its path."""
+    """Write the stand-in stage's and the hold stage's modules into ``directory`` (put
+    it on PYTHONPATH); the stand-in's path."""
+    (directory / f"{HOLD_MODULE}.py").write_text(HOLD_SOURCE)
     path = directory / f"{MODULE}.py"
     path.write_text(SOURCE)
     return path

@@ -142,3 +142,84 @@ def test_slot_models_are_stand_in_stages_and_bad_ones_are_refused() -> None:
     fixed = ab.static_pipeline("slot:80", ab.LOW, None, 2, 2)
     assert fixed["stages"][0]["instances"] == 2 and "autoscale" not in fixed
     assert "slo" not in fixed
+
+
+def test_a_model_with_a_hold_stage_is_one_fused_model_unit() -> None:
+    """``MODEL+slot:MS``: the real model then a ``hold`` stage of MS ms that fuses into the
+    model's unit (so each instance is a model instance, an engine slot, held MS ms per
+    request), in the autoscaled and the static configurations; bad tails are refused."""
+    from infscaler.base.config import load_pipeline
+
+    ab = bench_module("arbitration")
+    sb = bench_module("slotbound")
+    assert sb.split("squeezenet+slot:80") == ("squeezenet", 80.0)
+    assert sb.split("squeezenet") == ("squeezenet", None)
+    for bad in ("squeezenet+fast", "+slot:80", "squeezenet+slot:0"):
+        with pytest.raises(ValueError):
+            sb.split(bad)
+    auto = ab.auto_pipeline("squeezenet+slot:80", ab.HIGH, 250.0, 1, 3)
+    fixed = ab.static_pipeline("squeezenet+slot:80", ab.LOW, 500.0, 2, 2)
+    for raw, instances in ((auto, 1), (fixed, 2)):
+        model, hold = raw["stages"]
+        assert model["model"] == "squeezenet" and model["instances"] == instances
+        assert hold["params"] == {"ms": 80.0} and hold["inputs"] == list(model["outputs"].values())
+        assert raw["outputs"] == ["held"]
+        cfg = load_pipeline(raw)
+        assert [s.fuses(cfg.fuse is True) for s in cfg.stages] == [True, True]
+    assert auto["stages"][0]["max_instances"] == 2 and auto["autoscale"] and auto["priority"] == 1
+    assert "autoscale" not in fixed and fixed["priority"] == 2
+    # a plain model is left as it was: one stage, no hold
+    assert len(ab.static_pipeline("squeezenet", ab.LOW, None, 2, 1)["stages"]) == 1
+    cal = sb.held_l0({"l0_ms": 3.0, "runs": 10}, 80.0)
+    assert cal["l0_ms"] == 83.0 and cal["hold_ms"] == 80.0 and cal["runs"] == 10
+    assert sb.held_l0({"l0_ms": 3.0}, None) == {"l0_ms": 3.0}
+
+
+def test_round_moves_keeps_what_an_arm_did_without_its_requests() -> None:
+    ab = bench_module("arbitration")
+    step = {
+        "moves": [{"t_s": 14.5, "action": "arbitrate_take"}],
+        "decisions": [{"t_s": 7.0, "action": "scale_out"}],
+        "instances_at_step": {ab.HIGH: 2, ab.LOW: 1},
+        "instances": [
+            (1.0, {ab.HIGH: 1, ab.LOW: 1}),
+            (2.0, {ab.HIGH: 1, ab.LOW: 1}),
+            (8.0, {ab.HIGH: 1, ab.LOW: 2}),
+            (15.0, {ab.HIGH: 2, ab.LOW: 1}),
+            (16.0, {ab.HIGH: 2, ab.LOW: 1}),
+        ],
+        "requests": {ab.HIGH: [{"t_s": 0.0}]},
+    }
+    got = ab.round_moves(step)
+    assert "requests" not in got and got["moves"] == step["moves"]
+    assert got["decisions"] == step["decisions"]
+    assert [t for t, _ in got["instance_changes"]] == [1.0, 8.0, 15.0]
+
+
+def test_versus_leaves_out_an_auto_arm_not_run() -> None:
+    """``--arms arbitration,lend-only,static``: no per-pipeline arm, no entry for it."""
+    ab = bench_module("arbitration")
+    summary = {
+        "arbitration": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
+        "lend-only": ab.spread([_run(0.5, 2.0, 1.0)] * 3),
+        "static 2+1": ab.spread([_run(1.0, 2.0, 1.0)] * 3),
+    }
+    v = ab.versus(summary, "static 2+1")
+    assert set(v) == {"best_static", "arbitration", "lend-only"}
+    assert v["arbitration"]["at_least_static"] and not v["lend-only"]["at_least_static"]
+
+
+def test_plot_rounds_writes_the_medians_and_spread_png(tmp_path) -> None:
+    ab = bench_module("arbitration")
+    summary = {
+        "arbitration": ab.spread([_run(0.9, 2.0, 1.0), _run(1.0, 2.5, 1.0)]),
+        "static 2+1": ab.spread([_run(1.0, 2.0, 1.0), _run(None, 2.0, 1.0)]),
+    }
+    data = {
+        "step_summary": summary,
+        "auto_vs_best_static": ab.versus(summary, "static 2+1"),
+        "settings": {"high": "a+slot:100", "low": "b+slot:100", "slots": 3, "rounds": 2},
+    }
+    out = tmp_path / "rounds.png"
+    ab.plot_rounds(data, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
