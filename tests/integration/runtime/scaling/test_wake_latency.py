@@ -161,10 +161,12 @@ def test_auto_takes_the_request_when_a_served_slo_is_missed(tmp_path, monkeypatc
     x = np.zeros((1, 16, 32, 32), np.float32)
     with Service(state_dir=tmp_path / "s", control_path="userspace", pool_mb=64) as svc:
         svc.deploy(cfg)
-        deadline = time.monotonic() + 20
+        # 2-3 s on a quiet host; the bound is for a loaded CI host, where one request may
+        # wait for its instance: short request timeouts keep the loop looking
+        deadline = time.monotonic() + 90
         while not svc.cpu_wake_auto_reason and time.monotonic() < deadline:
             try:
-                svc.infer("m", {"x": x}, timeout_s=30)
+                svc.infer("m", {"x": x}, timeout_s=5)
             except Exception:  # noqa: BLE001 - refused for the SLO: that is a miss too
                 time.sleep(0.01)
         st = svc.status()["cpu_wake_latency"]
