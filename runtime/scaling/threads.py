@@ -2,25 +2,23 @@
 model unit runs one cpu instance with more intra-op threads, as a trial, split back when
 the concurrency rises.
 
-The offered concurrency is the mean over the looks of the last ``window_s`` of
-:func:`offered_concurrency` (the requests in flight x offered / admitted rate: Little's
-law over every attempt, refused ones included; admission that refuses most attempts
-keeps the requests in flight low while many clients wait). At most ``1 + merge_margin``
-offered, one instance runs at a time and may use the cores the others leave idle. When
-that held for ``window_s`` since the last change, with no attempt refused in the
-snapshot's window and half a core idle, every cpu unit that runs a model, has ``n`` live
-instances at ``t`` threads and is not blocked is **moved** to one instance at
-``T = min(physical cores, max(2, n) x t) > t`` threads: ``n >= 2`` (``K = 1`` replicas)
-is **merged** (``scale_in`` one at a time down to one, then ``scale_up`` ``t -> T``,
-make-before-break), ``n = 1`` (a ``K >= 2`` chain's partitions) **widened**
-(``scale_up``). The move is one **trial**, judged ``trial_s`` after its last
-``scale_up`` on the served rate and P99 after it against before (means of the looks):
-kept when the rate rose or the P99 fell by ``gain``, else **split** back (``scale_down``
-``T -> t``, then ``scale_out`` to ``n``), its units not moved again for ``backoff_s``
-(doubled per revert in a row, as :mod:`infscaler.runtime.scaling.demand`'s trials). A
-kept move is split back once the mean offered concurrency over the last ``split_s``
-exceeds ``1 + split_margin`` (no move for ``backoff_s``). Measurements:
-bench/HISTORY.md. Pure: no I/O, no clock.
+The offered concurrency is the mean of the requests in flight (:attr:`Snapshot.pending`,
+admitted and not answered) over the looks of the last ``window_s`` (Little's law: rate x
+latency). With at most ``1 + merge_margin`` in flight, at most one instance of the
+pipeline runs at a time, so one may use the cores the others leave idle. When that mean
+held for ``window_s`` since the last change, on a device with half a core idle, every cpu
+unit that runs a model, has ``n`` live instances at ``t`` threads and is not blocked is
+**moved** to one instance at ``T = min(physical cores, max(2, n) x t) > t`` threads: a
+unit of ``n >= 2`` instances (``K = 1`` replicas) is **merged** (``scale_in`` one at a
+time down to one, then ``scale_up`` ``t -> T``, make-before-break), a unit of one (the
+partitions of a ``K >= 2`` chain) is **widened** (``scale_up``). The move is one
+**trial**, judged ``trial_s`` after its last ``scale_up`` on the served rate and P99 read
+after it against those before (means of the looks): kept when the rate rose or the P99
+fell by ``gain``, else **split** back (``scale_down`` ``T -> t``, then ``scale_out`` to
+``n``) and its units not moved again for ``backoff_s`` (doubled per revert in a row, as
+:mod:`infscaler.runtime.scaling.demand`'s trials). A kept move is split back as soon as the
+mean in flight over the last ``split_s`` exceeds ``1 + split_margin``, and its units not
+moved again for ``backoff_s``. Measurements: bench/HISTORY.md. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -40,8 +38,6 @@ __all__ = [
     "config_for",
     "enabled",
     "in_flight",
-    "offered_concurrency",
-    "refused_rate",
     "step",
 ]
 
@@ -54,11 +50,11 @@ class ThreadsConfig:
     """Tuning of :func:`step` (seconds unless said).
 
     Attributes:
-        window_s: the offered-concurrency mean a move rests on covers this long, and no
-            change (of this policy or the scaler: ``last_change``) within it.
-        merge_margin: move while the mean offered concurrency <= 1 + this.
-        split_s / split_margin: split back while the mean offered concurrency over the
-            last ``split_s`` > 1 + ``split_margin``.
+        window_s: the in-flight mean a move rests on covers this long, and no change
+            (of this policy or the scaler: ``last_change``) within it.
+        merge_margin: move while the mean in flight <= 1 + this.
+        split_s / split_margin: split back while the mean in flight over the last
+            ``split_s`` > 1 + ``split_margin``.
         trial_s: a move's verdict comes this long after its last ``scale_up``.
         gain: kept when the served rate rose, or the P99 fell, by this fraction.
         backoff_s: no move of a unit this long after a reverted one, doubled per revert.
@@ -113,9 +109,8 @@ class ThreadsState:
     """What :func:`step` carries between looks of one pipeline.
 
     Attributes:
-        looks: ``(now, offered concurrency, served rps, p99 ms or nan)`` within the
-            last ``max(window_s, 2 x trial_s)`` (:func:`offered_concurrency`: the
-            requests in flight while nothing is refused).
+        looks: ``(now, pending, served rps, p99 ms or nan)`` within the last
+            ``max(window_s, 2 x trial_s)``.
         phase: None (nothing under way), ``merging`` (scale_in / scale_up being sent),
             ``trial`` (moved, judged at ``started + trial_s``), ``kept`` (moved and kept),
             ``splitting`` (scale_down sent, scale_out next).
@@ -125,8 +120,8 @@ class ThreadsState:
         blocked: ``(unit, until, reverts)`` per unit whose move was reverted or split.
         verdict: the last trial's verdict, one line (None: none yet).
         held: why no move was made at the last look: ``(code, one line)``, code one of
-            ``changed``, ``watching``, ``cores``, ``idle``, ``in-flight``, ``refused``,
-            ``busy``, ``none`` (None: a move was made or is under way).
+            ``changed``, ``watching``, ``cores``, ``idle``, ``in-flight``, ``busy``,
+            ``none`` (None: a move was made or is under way).
     """
 
     looks: tuple[tuple[float, float, float, float], ...] = ()
@@ -157,30 +152,8 @@ def config_for(autoscale: Any) -> ThreadsConfig:
     )
 
 
-def offered_concurrency(s: Snapshot) -> float:
-    """The concurrency the attempts of ``s``'s window offer, requests: the requests in
-    flight (``pending``) x offered / admitted rate (:attr:`Snapshot.offered` /
-    ``arrival_rate``), Little's law over every attempt at the admitted ones' mean
-    sojourn (``pending / arrival_rate``); ``pending`` itself while nothing was refused
-    (no ``offered_rate``, or not above ``arrival_rate``); ``inf`` when attempts were
-    refused and none admitted while some are in flight (no sojourn known)."""
-    pending = float(s.pending)
-    if refused_rate(s) <= 0 or pending <= 0:
-        return pending
-    if s.arrival_rate <= 0:
-        return math.inf
-    return pending * s.offered / s.arrival_rate
-
-
-def refused_rate(s: Snapshot) -> float:
-    """Attempts refused per second over ``s``'s window: offered less admitted (0 when
-    the snapshot carries no ``offered_rate``)."""
-    return max(0.0, s.offered - s.arrival_rate)
-
-
 def in_flight(looks: tuple[tuple[float, ...], ...], since: float) -> float | None:
-    """Mean offered concurrency (the looks' second field) over the looks at or after
-    ``since`` (None: no look)."""
+    """Mean requests in flight over the looks at or after ``since`` (None: no look)."""
     xs = [lk[1] for lk in looks if lk[0] >= since]
     return sum(xs) / len(xs) if xs else None
 
@@ -215,8 +188,8 @@ def step(
     """One look: the decisions (at most one per unit) and the new state.
 
     Args:
-        s: the pipeline's snapshot (``pending``, ``offered_rate``, ``arrival_rate``,
-            ``served_rate`` (else ``arrival_rate``), ``p99_ms``, units' cpu ``instances`` and ``threads``, ``cores_busy``, cap).
+        s: the pipeline's snapshot (``pending``, ``served_rate`` or ``arrival_rate``,
+            ``p99_ms``, units' cpu ``instances`` and ``threads``, ``cores_busy``, cap).
         state: what the last call returned (``ThreadsState()`` at first).
         c: tuning.
         last_change: ``now`` of the scaler's last change (None: none); no move within
@@ -228,8 +201,7 @@ def step(
     keep = max(c.window_s, 2 * c.trial_s)
     p99 = s.p99_ms if s.p99_ms is not None else math.nan
     looks = tuple(lk for lk in state.looks if lk[0] > s.now - keep)
-    offered = offered_concurrency(s)
-    state = replace(state, looks=(*looks, (s.now, offered, served, p99)), held=None)
+    state = replace(state, looks=(*looks, (s.now, float(s.pending), served, p99)), held=None)
     if state.phase is not None:
         units = {u.index: u for u in s.units}
         if any(m.unit not in units for m in state.moved):
@@ -258,10 +230,7 @@ def _maybe_move(
     elif conc is None or conc <= 0:
         held = ("idle", "nothing in flight")
     elif conc > 1 + c.merge_margin:
-        what = _what(s)
-        held = ("in-flight", f"{_f(conc)} requests {what} on average > {1 + c.merge_margin:g}")
-    elif refused_rate(s) > 0:
-        held = ("refused", f"{_f(refused_rate(s))} attempts/s refused: more offered than served")
+        held = ("in-flight", f"{_f(conc)} requests in flight on average > {1 + c.merge_margin:g}")
     elif s.cores_busy is not None and s.cores_busy > cores - c.idle_cores:
         held = ("busy", f"{_f(s.cores_busy)} of {cores} cores busy (< {c.idle_cores:g} idle)")
     if held is not None:
@@ -360,7 +329,7 @@ def _under_way(
     if conc is not None and conc > 1 + c.split_margin:
         names = ", ".join(units[m.unit].name for m in state.moved)
         why = (
-            f"{names}: {_f(conc)} requests {_what(s)} on average over {c.split_s:g} s > "
+            f"{names}: {_f(conc)} requests in flight on average over {c.split_s:g} s > "
             f"{1 + c.split_margin:g}: split back"
         )
         # no move again for backoff_s: a load that swings around the threshold
@@ -450,11 +419,6 @@ def _splitting(
     if all(m.sent for m in moved):
         return out, replace(state, phase=None, moved=())
     return out, replace(state, moved=tuple(moved))
-
-
-def _what(s: Snapshot) -> str:
-    """How the looks' concurrency is named in a reason: refused attempts counted or not."""
-    return "offered (refused attempts counted)" if refused_rate(s) > 0 else "in flight"
 
 
 def _f(x: float) -> str:

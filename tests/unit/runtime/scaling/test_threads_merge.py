@@ -16,8 +16,6 @@ from infscaler.runtime.scaling.threads import (
     config_for,
     enabled,
     in_flight,
-    offered_concurrency,
-    refused_rate,
     step,
 )
 from infscaler.runtime.scaling.types import EngineOption, ResourceCap, Snapshot, UnitState
@@ -270,43 +268,3 @@ def test_in_flight_mean_and_config() -> None:
     assert (c.window_s, c.split_s, c.trial_s) == (2.0, 1.5, 5.0)
     assert enabled({}) and enabled({"INFSCALER_THREADS": "on"})
     assert not enabled({"INFSCALER_THREADS": "OFF"})
-
-
-def test_one_in_flight_under_a_refusal_storm_never_moves() -> None:
-    # eight closed-loop clients, most attempts refused: one request in flight at each look
-    storm = watch(30, 1, unit(), arrival_rate=150.0, served_rate=150.0, offered_rate=600.0)
-    outs, st = run(storm)
-    assert all(d == [] for d in outs) and st.phase is None
-    assert st.held is not None and st.held[0] == "in-flight"
-    assert "refused attempts counted" in st.held[1]
-    assert in_flight(st.looks, 0.0) == pytest.approx(4.0)  # 1 x 600 / 150
-    # a trickle of refusals keeps the offered mean under the margin: held all the same
-    trickle = watch(30, 1, unit(), arrival_rate=11.0, served_rate=11.0, offered_rate=11.5)
-    outs, st = run(trickle)
-    assert all(d == [] for d in outs)
-    assert st.held is not None and st.held[0] == "refused"
-    # the same looks without the refusals move
-    outs, st = run(watch(30, 1, unit(), arrival_rate=11.0, offered_rate=11.0))
-    assert [d.action for ds in outs for d in ds] == ["scale_in"]
-
-
-def test_a_kept_merge_splits_back_when_refusals_rise_at_one_in_flight() -> None:
-    st = replace(_merged(), phase="kept")
-    one = unit(n=1, threads=2)
-    out = []
-    for i in range(30, 34):
-        d, st = step(snap(float(i), 1, (one,), arrival_rate=11.0, offered_rate=40.0), st, CFG)
-        out += d
-    assert [(d.action, d.from_threads, d.threads) for d in out] == [("scale_down", 2, 1)]
-    assert "split back" in out[0].reason and "refused attempts counted" in out[0].reason
-
-
-def test_offered_concurrency_counts_refused_attempts() -> None:
-    u = (unit(),)
-    assert offered_concurrency(snap(0.0, 2, u)) == 2.0  # no offered rate: the in-flight
-    assert offered_concurrency(snap(0.0, 2, u, offered_rate=5.0)) == 2.0  # below admitted
-    assert offered_concurrency(snap(0.0, 2, u, offered_rate=33.0)) == pytest.approx(6.0)
-    assert offered_concurrency(snap(0.0, 0, u, offered_rate=33.0)) == 0.0
-    all_refused = snap(0.0, 1, u, arrival_rate=0.0, offered_rate=9.0)
-    assert offered_concurrency(all_refused) == float("inf")
-    assert refused_rate(all_refused) == 9.0 and refused_rate(snap(0.0, 1, u)) == 0.0
