@@ -442,7 +442,7 @@ infscaler plan MODEL.onnx|PIPELINE.yaml|dddd|ocr --slo X [--rate R] --explain [-
     --frontend-ms MS               front-end CPU per request (default FRONTEND_MS in
                                    runtime/planning/planner.py: 1.6 ms, measured with bench/frontend_cpu.py)
     --handover-ms MS               one hop between served instances (default HANDOVER_MS:
-                                   0.5 ms, measured with bench/chain_latency.py --served; both forms)
+                                   0.5 ms, measured with bench/chain_latency.py; both forms)
 infscaler plan --fleet FLEET.yaml [--values FILE] [--json]
                                    place many streams on many nodes with the fewest nodes
                                    (docs/fleet.md); --values writes the Helm chart's groups

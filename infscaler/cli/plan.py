@@ -194,7 +194,7 @@ HandoverOpt = Annotated[
     float,
     typer.Option(
         "--handover-ms",
-        help="Time of one token handover, ms (default: the hop measured by bench/chain_latency.py --served).",
+        help="Time of one token handover, ms (default: the served hop measured by bench/chain_latency.py).",
     ),
 ]
 PoolOpt = Annotated[
