@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -32,33 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.cli import RESULTS_DIR  # noqa: E402
 from harness.host import default_cache_dir, environment  # noqa: E402
 from harness.result import write_json  # noqa: E402
-from hotpath_ab import REPO, unpack  # noqa: E402
-
-
-def run_side(side: dict, args: list[str], out_dir: Path) -> None:
-    """``bench/frontend_cpu.py args`` with ``side``'s package first on the path (checked:
-    ``infscaler.api.grpc`` must come from that commit's tree).
-
-    Raises:
-        RuntimeError: the package came from elsewhere, or the benchmark failed.
-    """
-    env = {**os.environ, "PYTHONPATH": str(side["path"])}
-    code = "import os, infscaler.api.grpc as g; print(os.path.realpath(g.__file__))"
-    where = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd="/"
-    ).stdout.strip()
-    if not where.startswith(str(side["src"].resolve())):
-        raise RuntimeError(f"{side['commit']}: imported {where}, not the copy in {side['src']}")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "frontend_cpu.py"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=str(out_dir),
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{side['commit']} failed:\n{proc.stdout}\n{proc.stderr}")
+from hotpath_ab import REPO, run_side, unpack  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,9 +62,10 @@ def main(argv: list[str] | None = None) -> int:
                 out_dir.mkdir()
                 tag = f"grpc_ab_{side['name']}_{r}"
                 cmd = ["--threads", "--protocols", "grpc", "-n", str(args.n), "--idle-s", "0.5"]
-                run_side(side, [*cmd, "--sizes", args.sizes, "--tag", tag], out_dir)
+                more = [*cmd, "--sizes", args.sizes, "--tag", tag]
+                run_side(side, "frontend_cpu.py", more, out_dir, "infscaler.api.grpc", 900)
                 data = json.loads((RESULTS_DIR / f"frontend_cpu_threads_{tag}.json").read_text())
-                for run in data["runs"]:
+                for run in data["points"]:
                     row = {
                         "round": r,
                         "commit": side["commit"],

@@ -67,11 +67,23 @@ def unpack(commit: str, root: Path) -> tuple[Path, Path]:
     return src, path
 
 
-def _run(side: dict, script: str, args: list[str], out_dir: Path) -> tuple[dict, float]:
-    """Run ``side``'s ``bench/<script>`` with its package first on the path; its result
-    JSON and the other processes' CPU (cores) meanwhile."""
+def run_side(
+    side: dict,
+    script: str,
+    args: list[str],
+    out_dir: Path,
+    module: str = "infscaler.runtime",
+    timeout_s: float = 600,
+) -> tuple[subprocess.CompletedProcess, float]:
+    """Run this checkout's ``bench/<script>`` with ``side``'s package first on the path
+    (checked: ``module`` must come from ``side``'s tree); the finished process and the
+    other processes' CPU (cores) meanwhile.
+
+    Raises:
+        RuntimeError: ``module`` came from elsewhere, or the script failed.
+    """
     env = {**os.environ, "PYTHONPATH": str(side["path"])}
-    code = "import os, infscaler.runtime as r; print(os.path.realpath(r.__file__))"
+    code = f"import os, {module} as m; print(os.path.realpath(m.__file__))"
     check = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd="/"
     ).stdout.strip()
@@ -84,7 +96,7 @@ def _run(side: dict, script: str, args: list[str], out_dir: Path) -> tuple[dict,
         capture_output=True,
         text=True,
         cwd=str(out_dir),
-        timeout=600,
+        timeout=timeout_s,
     )
     busy1, t1 = busy_cpu_seconds(), time.monotonic()
     if proc.returncode != 0:
@@ -94,7 +106,7 @@ def _run(side: dict, script: str, args: list[str], out_dir: Path) -> tuple[dict,
 
 def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
     """The eBPF channel's one-hop P50, µs (cross-core, one consumer, quick settings)."""
-    proc, busy = _run(
+    proc, busy = run_side(
         side,
         "handover.py",
         [
@@ -120,7 +132,7 @@ def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
 
 def served_rps(side: dict, out_dir: Path, n: int) -> tuple[float, float]:
     """Closed-loop requests per second of one client through the service (frontend_cpu)."""
-    proc, busy = _run(side, "frontend_cpu.py", ["-n", str(n), "--out", str(out_dir)], out_dir)
+    proc, busy = run_side(side, "frontend_cpu.py", ["-n", str(n), "--out", str(out_dir)], out_dir)
     data = json.loads((out_dir / "frontend_cpu.json").read_text())
     return 1000.0 / float(data["summary"]["client_latency_ms_mean"]), busy
 
