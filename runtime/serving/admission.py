@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from infscaler.runtime.queueing import drain_response_ms, fifo_wait_ms
+from infscaler.runtime.queueing import capacity_rps, drain_response_ms, fifo_wait_ms
 from infscaler.runtime.serving.queues import ahead_at
 
 #: back-off suggested when the byte budget is exhausted, seconds
@@ -588,12 +588,10 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
     if s.queue_limit is not None and s.ahead >= s.queue_limit:
         # admitted once ahead - limit + 1 requests left, one bottleneck interval each
         over = s.ahead - s.queue_limit + 1
-        retry = None if s.interval_ms is None else _retry(over * s.interval_ms / 1e3)
-        wait_ms = (
-            None
-            if s.interval_ms is None
-            else gate_wait_ms(over * s.interval_ms, s.held, s.interval_ms)
-        )
+        retry = wait_s = None
+        if s.interval_ms is not None:
+            retry = _retry(over * s.interval_ms / 1e3)
+            wait_s = gate_wait_ms(over * s.interval_ms, s.held, s.interval_ms) / 1e3
         bound_ms = s.slo_ms if s.slo_ms is not None else timeout_s * 1e3
         return _refuse(
             Refusal.SHED,
@@ -601,9 +599,7 @@ def admit_request(s: ArrivalSnapshot) -> ArrivalDecision:
             f"{s.queue_limit}); {s.shed_reason}",
             hint="the device is at its resource cap; retry later or slow down",
             retry_after_s=retry,
-            hold_s=refusal_hold_s(
-                None if wait_ms is None else wait_ms / 1e3, max(0.0, bound_ms - s.spent_ms)
-            ),
+            hold_s=refusal_hold_s(wait_s, max(0.0, bound_ms - s.spent_ms)),
         )
     bound_ms, what = s.slo_ms, "SLO"
     if s.service_ms is not None and (bound_ms is None or timeout_s * 1e3 < bound_ms):
@@ -646,8 +642,9 @@ def _latency_wait_s(s: ArrivalSnapshot, verdict: Admission, left_ms: float) -> f
     if est is None or not math.isfinite(est):
         return None
     interval = s.interval_ms
-    if s.units:
-        interval = max(ms / max(1, int(c)) for ms, c in s.units)
+    if s.units:  # the bottleneck's interval: 1000 / the pipeline's capacity
+        ms, c = zip(*s.units, strict=True)
+        interval = 1e3 / capacity_rps(ms, [max(1, int(n)) for n in c])
     elif interval is None:
         interval = s.service_ms
     return gate_wait_ms(est - left_ms / s.lenience, s.held, interval) / 1e3
