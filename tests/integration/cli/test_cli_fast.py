@@ -49,7 +49,9 @@ def _reply(conn: socket.socket) -> None:
         out = b'{"pipelines": [], "fake": true}'
     else:
         out = b""
-    head_out = f"HTTP/1.1 200 OK\r\nContent-Length: {len(out)}\r\n"
+    # one request per connection, said so: without ``Connection: close`` the client may
+    # send its next request on this connection before it sees the close (reset by peer)
+    head_out = f"HTTP/1.1 200 OK\r\nContent-Length: {len(out)}\r\nConnection: close\r\n"
     head_out += "".join(f"{k}: {v}\r\n" for k, v in extra.items())
     conn.sendall(head_out.encode() + b"\r\n" + out)
     conn.close()
