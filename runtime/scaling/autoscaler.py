@@ -488,13 +488,15 @@ class Autoscaler:
         """The monitor's snapshot over :func:`~.policy.window_s`, the states the last
         look left (the first look's ``last_change`` is the deploy: no scale-in within
         ``hold_s`` of it, and the window counts from it; docs/scaling.md, "The
-        autoscaler's loop in full"), the merge's settings (off with ``INFSCALER_THREADS``)
-        and, with ``autoscale.tuner``, the offered arrival times."""
+        autoscaler's loop in full"), the merge's settings (off with ``INFSCALER_THREADS``),
+        with ``autoscale.tuner`` the offered arrival times, and whether it is a party to
+        a loan in force (no threads move then: the loan's instances are the arbitration's)."""
         auto = dep.pipeline.config.autoscale
         mon = self._monitor(dep)
         with self._lock:
             state = self._states.get(dep.name)
             threads = self._threads.get(dep.name, thread_merge.ThreadsState())
+            on_loan = any(dep.name in (ln.donor, ln.taker) for ln in self._arb.loans)
         if state is None:
             since = max(0.0, time.time() - getattr(dep, "deployed_at", time.time()))
             state = ScalerState(last_change=time.monotonic() - since)
@@ -504,7 +506,7 @@ class Autoscaler:
         models = frozenset(i for i, u in enumerate(dep.pipeline.units) if u.kind == "model")
         tuner = getattr(auto, "tuner", False)
         times = dep.route.stats.offered_times(snap.now - TUNER_LOOKBACK_S) if tuner else None
-        return Observation(snap, state, scaler_config(auto), threads, merge, models, times)
+        return Observation(snap, state, scaler_config(auto), threads, merge, models, times, on_loan)
 
     def _act(self, dep: Any, obs: Observation, out: Outcome) -> None:
         """Keep ``out``'s states and arbitration view, run the live check (when the

@@ -32,8 +32,10 @@ TUNER_LOOKBACK_S = WINDOWS_S[-1] + 5.0
 class Observation:
     """What the loop read of one pipeline for one look: the monitor's snapshot (its
     ``now`` the clock, s), the states the last look left, the scaler's tuning, the
-    merge's tuning (None: off) and model units, and the offered arrival times (s,
-    ascending, float64) since ``now -`` :data:`TUNER_LOOKBACK_S` (None: the Tuner off)."""
+    merge's tuning (None: off) and model units, the offered arrival times (s,
+    ascending, float64) since ``now -`` :data:`TUNER_LOOKBACK_S` (None: the Tuner off),
+    and whether the pipeline is a party to an arbitration loan in force (the merge
+    holds)."""
 
     snapshot: Snapshot
     state: ScalerState
@@ -42,6 +44,7 @@ class Observation:
     threads_config: thread_merge.ThreadsConfig | None = None
     models: frozenset[int] = frozenset()
     arrivals: np.ndarray | None = None
+    on_loan: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ def _merge(
     assert obs.threads_config is not None
     before = obs.threads
     out, tstate = thread_merge.step(
-        obs.snapshot, before, obs.threads_config, state.last_change, obs.models
+        obs.snapshot, before, obs.threads_config, state.last_change, obs.models, obs.on_loan
     )
     if out:
         state = replace(state, last_change=obs.snapshot.now)

@@ -65,3 +65,25 @@ def test_off_makes_no_move(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     assert a.arbitrate() == []
     assert a.arbitration_state().loans == ()
     assert svc.calls == []
+
+
+def test_the_parties_to_a_loan_are_observed_on_loan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a lend, both the taker and the donor are observed ``on_loan`` (the threads
+    move holds for them: :func:`~infscaler.runtime.scaling.threads.step`); a pipeline
+    outside every loan is not."""
+    from infscaler.base.config import AutoscaleConfig
+
+    a, svc = _autoscaler(monkeypatch, None)
+    auto = AutoscaleConfig()
+    for d in svc._deps:
+        d.pipeline = SimpleNamespace(config=SimpleNamespace(autoscale=auto), units=())
+    third = SimpleNamespace(name="other", pipeline=svc._deps[0].pipeline)
+    fake = SimpleNamespace(
+        pipeline=lambda dep, window: None, snapshot=lambda dep, p: hot().snapshot
+    )
+    monkeypatch.setattr(a, "_monitor", lambda dep: fake)
+    assert not a._observe(svc._deps[0]).on_loan
+    assert a.arbitrate() and svc.done.wait(5)
+    assert [(ln.donor, ln.taker) for ln in a.arbitration_state().loans] == [("lo", "hi")]
+    assert a._observe(svc._deps[0]).on_loan and a._observe(svc._deps[1]).on_loan
+    assert not a._observe(third).on_loan

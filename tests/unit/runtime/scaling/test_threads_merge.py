@@ -117,6 +117,19 @@ def test_no_move_without_spare_cores_or_load_or_after_a_change() -> None:
     assert all(d == [] for d in outs)
 
 
+def test_no_move_while_an_arbitration_loan_is_in_force() -> None:
+    """A pipeline that borrowed (or lent) an instance keeps its instances while the loan
+    lasts, where the same looks without the loan merge; once it ends, the move comes."""
+    looks = watch(12, 1, unit())
+    state = ThreadsState()
+    for s in looks:
+        d, state = step(s, state, CFG, None, None, on_loan=True)
+        assert d == []
+    assert state.held == ("loan", "an arbitration loan in force")
+    d, state = step(snap(12.0, 1, (unit(),)), state, CFG, None, None, on_loan=False)
+    assert [x.action for x in d] == ["scale_in"]
+
+
 def test_three_instances_are_merged_one_scale_in_at_a_time() -> None:
     outs, st = run(watch(12, 1, unit(n=3), physical=4))
     assert [d.action for ds in outs for d in ds] == ["scale_in"]
