@@ -120,12 +120,8 @@ def _with_interval(c: Candidate, scorer: Scorer, n: int) -> Candidate:
 def served_units(c: Candidate) -> int:
     """The units a request passes through as instances (partitions, model and function
     stages; a fused unit once): each is a process and hops the simulator underrates, so
-    the tie goes to fewer of them.
-
-    Counting cuts alone left ddddocr's staged det + rec (0 cuts, 177 MB) level with the
-    whole pipeline in one unit (0 cuts, 265 MB) under the cap at 3 x L0; the memory gave
-    it the tie in one of two runs, and it served 10.0 requests/s where the whole
-    pipeline served 12.9 (predicted 13.4 and 12.7; bench/HISTORY.md)."""
+    the tie goes to fewer of them (docs/planner.md, "Ranking").
+    """
     return sum(1 for u in c.units if u.served)
 
 

@@ -68,16 +68,10 @@ def _pinned_by(u: UnitState) -> int:
 def own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
     """Why ``more`` cpu threads for ``u`` would add contention, not capacity (None:
     they would not, or the cores are not known): ``u``'s own instances would then pin
-    more threads than the cpu has cores. Another stage's threads may share a core with
-    it (the profile's ``threads_per_core``: a chain's stages take turns), but a unit's
-    own instances all run the same work at once: on 2 cores a third single-thread
-    instance of the whole PP-OCRv4 det serves no more requests per second than two, and
-    each request that shares a core takes up to twice as long (at 2 x L0 under the cap
-    the scaler grew 2 to 3 on "0.2 requests/s refused at arrival", and the steps at
-    6.5-8.6 requests/s that 2 instances serve failed; ResNet-50 at 2 x L0: P99 147 ->
-    177 ms; bench/HISTORY.md: the 2026-11-27 09:35-12:30 UTC section's "The scaler grew a
-    unit past the cores", and "ResNet-50 at 2x again" under "Admission, the scaler's
-    cores rule and the bench's steps", results/scaling_resnet50_2x_rerun.json)."""
+    more threads than the cpu has cores (another stage's threads may share a core; a
+    unit's own instances all run the same work at once). Measurements: docs/scaling.md,
+    "The scaler's cores rules, why".
+    """
     phys = s.cap.physical_cores
     if not phys or more <= 0:
         return None
@@ -91,11 +85,7 @@ def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
     """Why ``more`` pinned cpu threads would take every instance's pinned threads past
     the physical cores (None: they would not, the cores are not known, or
     ``oversubscribe`` allows it). Unlike :func:`own_cores` this counts all instances of
-    all pipelines (:attr:`Snapshot.cores_used`): right after a deploy two partitions of
-    one pipeline were each scaled out to 2 single-thread instances, 4 threads pinned to
-    2 cores, that share the cores and add contention, not capacity. The device profile's
-    ``threads_per_core`` still lets a deploy pin more threads than cores (a chain's
-    stages take turns on them); the scaler does not add to it unless ``oversubscribe``.
+    all pipelines (:attr:`Snapshot.cores_used`).
     """
     phys = s.cap.physical_cores
     if not phys or more <= 0 or c.oversubscribe:
