@@ -24,21 +24,9 @@ from infscaler.runtime.scaling.types import EngineOption, ScalerConfig, Snapshot
 
 #: A cpu instance (or thread step) of ``t`` threads is added only while at least
 #: ``t`` x this many physical cores are idle (:attr:`Snapshot.cores_busy` against
-#: :attr:`ResourceCap.physical_cores`). Pinned threads may oversubscribe the cores
-#: (``threads_per_core``: a chain's stages take turns on them), but once the instances
-#: keep every core busy another one adds contention, not capacity: the scaling bench
-#: grew whole-model ResNet-50 replicas to 4 single-thread instances on 2 cores, each
-#: request then took 4x its compute time and admission refused 1 in 20 at half the
-#: rate one 2-thread session served (bench/HISTORY.md, "The same cell after the
-#: saturated-cores fix"). A whole idle core per thread (half a core let PP-OCRv4 det's
-#: replicas grow to 4 on 2 cores, 1.7x the memory) with the thread slots as the pinned
-#: bound, not the physical cores: those kept ddddocr's det and rec at one instance each
-#: on 2 cores with 0.6 cores busy (0.25x replication). Three quarters of an idle core,
-#: not a whole one, since pinned threads past the physical cores are refused on their
-#: own (``ScalerConfig.oversubscribe`` off): with a whole core, one instance busy on its
-#: core plus the front end's few percent (busy 1.03 of 2) never got its second thread
-#: while the other core sat idle, the very case a thread step is for
-#: (tests/integration/runtime/scaling/test_scale_threads.py under a loaded CI run).
+#: :attr:`ResourceCap.physical_cores`): once the instances keep every core busy another
+#: one adds contention, not capacity. Why 0.75: docs/scaling.md, "The scaler's cores
+#: rules, why".
 SATURATED_FREE_PER_THREAD = 0.75
 
 
