@@ -1,11 +1,9 @@
 """Weights by reference: onnxruntime sessions that read a model's weights where they lie.
 
-Why: building an onnxruntime session from a serialised ONNX model copies every weight
-about three times (protobuf parse, initializer tensors, the session's buffers) into freshly
-faulted memory. For VGG-19 (574 MB) one session took 2.2-4 s on the 2-core dev VM, three
-quarters of it in the kernel (page faults), and :func:`~.api.partition_model` builds
-2 + 2K sessions over the same weights (per-node profile and T_o of the whole model; per
-partition, the verification and the latency session).
+Building a session from a serialised ONNX model copies every weight about three times;
+a session of a *stub* (large initializers as external-data references to the bytes on
+disk) memory-maps them instead, and :func:`~.api.partition_model` builds 2 + 2K sessions
+over the same weights.
 
 More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/weights.py`".
 """

@@ -163,14 +163,6 @@ class SlabMap:
         if att is not None:
             att.drop()
 
-    def prune(self) -> int:
-        """Drop mappings of slabs the manager has released; returns how many."""
-        with self._lock:
-            dead = [b for b, att in self._maps.items() if not att.live()]
-            for b in dead:
-                self._maps.pop(b).drop()
-        return len(dead)
-
     def attached(self) -> list[int]:
         """Slab ids currently mapped in this process."""
         with self._lock:

@@ -1,14 +1,11 @@
 """Parameter conversion without pydantic for the commands that must start fast.
 
-typer (0.26 and later) converts every parameter through a pydantic ``TypeAdapter`` built
-when the command line is parsed, even a ``str`` option or an absent ``--help`` flag:
-importing pydantic and building the adapters costs about 0.1 s per run on a 2-core
-host, most of a client command's start. :class:`FastCommand` and :func:`plain_params`
+typer (0.26 and later) converts every parameter through a pydantic ``TypeAdapter``
+(about 0.1 s per run on a 2-core host). :class:`FastCommand` and :func:`plain_params`
 give each plain parameter (``str``, ``int``, ``float``, ``bool``, ``Path``, or a list of
 one, with no parser, range, choices, file or path checks) a conversion of its own with
-the same results and click's error wording (``'abc' is not a valid float.``); any other
-parameter keeps typer's. An older typer (conversion through click's types, no
-``_runtime_param``) is left alone.
+the same results and click's error wording; any other parameter keeps typer's. An older
+typer (no ``_runtime_param``) is left alone.
 """
 
 from __future__ import annotations

@@ -101,13 +101,10 @@ def planned_before(kept: Path, name: str) -> list[Any] | None:
 
 def cap_changed(kept: dict[str, Any], cap_mb: float) -> str | None:
     """Why a kept decision no longer holds under the memory cap ``cap_mb`` (None: it
-    does). The cap is not part of the decision's key: the host profile's cap is a
-    share of the memory available at deploy, which moved by 240 MB between two deploys
-    a minute apart, so every deploy planned again and the bench's steps of one
-    configuration ran K = 1 and K = 2 (PP-OCRv4 det at SLO 3x, bench/HISTORY.md). The
-    decision stands while its configuration still fits and the cap has not grown past
-    :data:`CAP_GROWTH_REPLAN` x the one it was planned under (a smaller cap only removes
-    configurations, and the chosen one is still among those left)."""
+    does). The decision stands while its configuration still fits and the cap has not
+    grown past :data:`CAP_GROWTH_REPLAN` x the one it was planned under. The cap is not
+    part of the decision's key (it moves between deploys; docs/planner.md, "Deploy").
+    """
     need, then = kept.get("memory_mb"), kept.get("memory_cap_mb")
     if need is not None and math.isfinite(cap_mb) and float(need) > cap_mb:
         return f"needs {float(need):.0f} MB, more than the cap of {cap_mb:.0f} MB now"

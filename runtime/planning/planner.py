@@ -198,20 +198,16 @@ def predict(
     )
 
 
-#: Front-end CPU per request, ms: the service process's CPU time (HTTP server, admission,
-#: token handover, reply; all its threads) per request of a 1x3x224x224 FP32 input (602 KB,
-#: binary tensor data over the Unix socket), measured with ``bench/frontend_cpu.py`` on
-#: the 2-core development host (2026-11-25: 1.67 ms over 200 requests, 1.55 ms over 600).
-#: It grows with the request's bytes; pass the target's own figure with ``frontend_ms``.
+#: Front-end CPU per request, ms: the service process's CPU time per request of a
+#: 1x3x224x224 FP32 input over the Unix socket, measured with ``bench/frontend_cpu.py``
+#: (docs/planner.md, "The constants' measurements"); pass the target's own figure with
+#: ``frontend_ms``.
 FRONTEND_MS = 1.6
 
 #: Time of one token handover in :func:`search`'s simulations, ms (every hop between the
-#: front end and the units; :func:`~infscaler.runtime.planning.simulator.simulate`): the fixed
-#: part of a hop between two served instances, compute end -> the next compute start,
-#: one request at a time, measured with ``bench/chain_latency.py --served`` on the 2-core
-#: development host (2026-11-27: 0.50 ms + 0.20 ms per MB crossing, fitted over six
-#: cuts of ResNet-50 and PP-OCRv4 det; the per-MB part is close to the T_p an estimated
-#: partition already carries, 0.14 ms per MB). It was 0.1, a figure never measured.
+#: front end and the units): the fixed part of a hop between two served instances,
+#: measured with ``bench/chain_latency.py --served`` (docs/planner.md, "The constants'
+#: measurements").
 HANDOVER_MS = 0.5
 
 
@@ -242,16 +238,9 @@ GOODPUT_TIE = 0.05
 
 #: :func:`search` scores every candidate on a short trace (``requests``, 600), then
 #: scores again, on a trace of this many requests, the finalists: the candidates within
-#: :data:`FINALIST_WITHIN` of the best short score, at most :data:`FINALISTS_MAX` of them.
-#: The short score is a screen, not a prediction: the largest rate whose P99 over 600
-#: simulated requests meets the SLO read 9.8-16.2 requests/s over 8 seeds for
-#: ResNet-50 as 2 single-thread replicas on 2 cores at 2 x L0 (seed 0: 16.2), where the
-#: same simulator's P99 over 20 000 requests crosses the SLO at about 10.5/s; over
-#: 12 000 requests 6 seeds read 10.0-11.0, and the 2026-11-27 bench served 10.4/s
-#: over 900 requests and missed at 11.8/s (bench/HISTORY.md, "2026-11-27, 12:45-13:25
-#: UTC: the planner's screen, and idle wake-ups"). Picked on the short screen, the
-#: deploy-time search gave that cell 2 x 1 thread in one deploy and 1 x 2 threads in the
-#: next.
+#: :data:`FINALIST_WITHIN` of the best short score, at most :data:`FINALISTS_MAX` of them
+#: (the short score is a screen, not a prediction: docs/planner.md, "The constants'
+#: measurements").
 FINAL_REQUESTS = 12_000
 #: Finalists are the candidates whose short score is within this fraction of the best.
 FINALIST_WITHIN = 0.3

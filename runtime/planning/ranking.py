@@ -33,17 +33,7 @@ __all__ = ["MEMORY_AMPLE", "Ties", "finalists", "processes", "rescore", "served_
 
 #: A candidate whose memory is at most this fraction of the device's cap leaves the cap
 #: ample: among tied candidates within it, memory does not decide, the threads per
-#: instance do (the ties). Why: within the 5 % tie the simulator ranked one
-#: 2-thread instance of ResNet-50 (157 MB) level with two 1-thread ones (314 MB) at
-#: 3 x L0 on 2 cores, and the tie went to the memory; served, over the day's runs at
-#: that SLO, one 2-thread instance sustained 16.9-20.8 requests/s (mean 18.4, 3
-#: bisections) and two 1-thread replicas 19.5-23.0 (mean 20.7, 6); with the CPUs held
-#: awake 20.8-22.1 (2) and 23.4 (3); in one run's 900-request step at 19.8/s the replicas
-#: passed where the 2-thread instance failed (bench/HISTORY.md, 2026-11-27; in another,
-#: two deployments of the replicas split at that rate): an intra-op parallel run waits
-#: for its slowest thread, so one interrupted core delays every request, where a replica
-#: delays only its own. Above it, the memory saved is what another model runs in on a device with a fixed
-#: memory budget.
+#: instance do (docs/planner.md, "Ranking", "The constants' measurements").
 MEMORY_AMPLE = 0.5
 
 
@@ -120,12 +110,8 @@ def _with_interval(c: Candidate, scorer: Scorer, n: int) -> Candidate:
 def served_units(c: Candidate) -> int:
     """The units a request passes through as instances (partitions, model and function
     stages; a fused unit once): each is a process and hops the simulator underrates, so
-    the tie goes to fewer of them.
-
-    Counting cuts alone left ddddocr's staged det + rec (0 cuts, 177 MB) level with the
-    whole pipeline in one unit (0 cuts, 265 MB) under the cap at 3 x L0; the memory gave
-    it the tie in one of two runs, and it served 10.0 requests/s where the whole
-    pipeline served 12.9 (predicted 13.4 and 12.7; bench/HISTORY.md)."""
+    the tie goes to fewer of them (docs/planner.md, "Ranking").
+    """
     return sum(1 for u in c.units if u.served)
 
 

@@ -50,27 +50,16 @@ SPREAD_MAX_RUNS = 30
 SPREAD_MIN_RUNS = 10
 
 
-#: :func:`measure_model_stage` measures the idle slowdown only when asked. On the
-#: 2-core development VM (2026-11-27, bench/HISTORY.md) ResNet-50 at 2 threads ran
-#: 1.3-2.0 x slower in-process after 0.25 s idle, between runs of the same hour, while
-#: the served instance's compute after a 0.2-0.4 s idle gap was 1.2 x its back-to-back
-#: time at 4 requests/s and 1.04-1.07 x at 10/s (``bench/idle_wake.py``): the serving
-#: process's own activity keeps the cores awake in part. Scored with the in-process
-#: curve, the planner rated one 2-thread session at 2 x L0 at 7.4-11.3 requests/s
-#: (it served 10.4 and more).
+#: :func:`measure_model_stage` measures the idle slowdown only when asked: the
+#: in-process curve misses the served one (docs/planner.md, "The constants'
+#: measurements").
 IDLE_DEFAULT = False
 
 
 #: The least relative uncertainty a measured median carries into the planner's goodput
 #: interval: what the host drifts between two measurements minutes apart, which the
-#: spread of one measurement's runs does not show. Measured: the same pipeline planned
-#: minutes apart moved its winner's prediction by a third (ResNet-50-class model on the
-#: 2-core VM, 14.6 -> 20.9 requests/s for one configuration); in the auto-deploys bench
-#: (bench/HISTORY.md, "Auto deploys against the hand configurations"), with the interval
-#: of the runs alone (a 95 % interval of a median of up to 30 runs: a few %), ZFNet-512
-#: and AlexNet chose one 2-thread session in 2 of 5 fresh deploys and two 1-thread
-#: replicas in the other 3 (ResNet-50 and Inception v2: 1 of 5), at goodputs within 4 %
-#: of each other at 0.35 and 0.5 of the ideal rate.
+#: spread of one measurement's runs does not show (docs/planner.md, "The constants'
+#: measurements").
 DRIFT_ERR = 0.10
 
 

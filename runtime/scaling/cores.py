@@ -24,21 +24,9 @@ from infscaler.runtime.scaling.types import EngineOption, ScalerConfig, Snapshot
 
 #: A cpu instance (or thread step) of ``t`` threads is added only while at least
 #: ``t`` x this many physical cores are idle (:attr:`Snapshot.cores_busy` against
-#: :attr:`ResourceCap.physical_cores`). Pinned threads may oversubscribe the cores
-#: (``threads_per_core``: a chain's stages take turns on them), but once the instances
-#: keep every core busy another one adds contention, not capacity: the scaling bench
-#: grew whole-model ResNet-50 replicas to 4 single-thread instances on 2 cores, each
-#: request then took 4x its compute time and admission refused 1 in 20 at half the
-#: rate one 2-thread session served (bench/HISTORY.md, "The same cell after the
-#: saturated-cores fix"). A whole idle core per thread (half a core let PP-OCRv4 det's
-#: replicas grow to 4 on 2 cores, 1.7x the memory) with the thread slots as the pinned
-#: bound, not the physical cores: those kept ddddocr's det and rec at one instance each
-#: on 2 cores with 0.6 cores busy (0.25x replication). Three quarters of an idle core,
-#: not a whole one, since pinned threads past the physical cores are refused on their
-#: own (``ScalerConfig.oversubscribe`` off): with a whole core, one instance busy on its
-#: core plus the front end's few percent (busy 1.03 of 2) never got its second thread
-#: while the other core sat idle, the very case a thread step is for
-#: (tests/integration/runtime/scaling/test_scale_threads.py under a loaded CI run).
+#: :attr:`ResourceCap.physical_cores`): once the instances keep every core busy another
+#: one adds contention, not capacity. Why 0.75: docs/scaling.md, "The scaler's cores
+#: rules, why".
 SATURATED_FREE_PER_THREAD = 0.75
 
 
@@ -68,16 +56,10 @@ def _pinned_by(u: UnitState) -> int:
 def own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
     """Why ``more`` cpu threads for ``u`` would add contention, not capacity (None:
     they would not, or the cores are not known): ``u``'s own instances would then pin
-    more threads than the cpu has cores. Another stage's threads may share a core with
-    it (the profile's ``threads_per_core``: a chain's stages take turns), but a unit's
-    own instances all run the same work at once: on 2 cores a third single-thread
-    instance of the whole PP-OCRv4 det serves no more requests per second than two, and
-    each request that shares a core takes up to twice as long (at 2 x L0 under the cap
-    the scaler grew 2 to 3 on "0.2 requests/s refused at arrival", and the steps at
-    6.5-8.6 requests/s that 2 instances serve failed; ResNet-50 at 2 x L0: P99 147 ->
-    177 ms; bench/HISTORY.md: the 2026-11-27 09:35-12:30 UTC section's "The scaler grew a
-    unit past the cores", and "ResNet-50 at 2x again" under "Admission, the scaler's
-    cores rule and the bench's steps", results/scaling_resnet50_2x_rerun.json)."""
+    more threads than the cpu has cores (another stage's threads may share a core; a
+    unit's own instances all run the same work at once). Measurements: docs/scaling.md,
+    "The scaler's cores rules, why".
+    """
     phys = s.cap.physical_cores
     if not phys or more <= 0:
         return None
@@ -91,11 +73,7 @@ def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
     """Why ``more`` pinned cpu threads would take every instance's pinned threads past
     the physical cores (None: they would not, the cores are not known, or
     ``oversubscribe`` allows it). Unlike :func:`own_cores` this counts all instances of
-    all pipelines (:attr:`Snapshot.cores_used`): right after a deploy two partitions of
-    one pipeline were each scaled out to 2 single-thread instances, 4 threads pinned to
-    2 cores, that share the cores and add contention, not capacity. The device profile's
-    ``threads_per_core`` still lets a deploy pin more threads than cores (a chain's
-    stages take turns on them); the scaler does not add to it unless ``oversubscribe``.
+    all pipelines (:attr:`Snapshot.cores_used`).
     """
     phys = s.cap.physical_cores
     if not phys or more <= 0 or c.oversubscribe:

@@ -1,20 +1,16 @@
 """The idle slowdown a model served, kept for the planner's next deploy.
 
 The planner's simulator needs how much slower an item runs after its instance sat idle
-(:attr:`~infscaler.runtime.planning.simulator.EngineProfile.idle`). Timed in-process before
-serving (``profiler.measure_idle``) that curve missed the served one both ways, and the
-served one depends on the load before (bench/HISTORY.md, 2026-11-27: ResNet-50 at 2
-threads, 1.5 x L0: goodput predicted 475 % off without it, 104 % off with the in-process
-curve, **4 % off with the curve the service measured while serving**). So the service
-keeps what it served (:class:`~infscaler.runtime.serving.stats.IdleSlowdown`) per model file,
-intra-op threads, host and CPU wake-latency setting, and the planner plans the next
-deploy of that model with it.
+(:attr:`~infscaler.runtime.planning.simulator.EngineProfile.idle`); the curve timed
+in-process missed the served one (docs/scaling.md, "What idle costs"), so the service
+keeps what it served (:class:`~infscaler.runtime.serving.stats.IdleSlowdown`) per model
+file, intra-op threads, host and CPU wake-latency setting, and the planner plans the
+next deploy of that model with it.
 
 Files: ``cache_dir() / "idle" / "<model key>-<host>-t<threads>-<wake>.json"`` (the model
-key: the resolved path, size and mtime of the ONNX file, as the planner's decision key
-names models; ``<wake>``: ``sleep``, or the PM QoS limit held, ``0us``). Written by
-:func:`learn` (the autoscaler calls it every :data:`LEARN_INTERVAL_S` per pipeline);
-read by :func:`load_curve`; older than :data:`MAX_AGE_S` they are ignored.
+key: the resolved path, size and mtime of the ONNX file; ``<wake>``: ``sleep``, or the
+PM QoS limit held, ``0us``). Written by :func:`learn` (every :data:`LEARN_INTERVAL_S`
+per pipeline); read by :func:`load_curve`; older than :data:`MAX_AGE_S` they are ignored.
 """
 
 from __future__ import annotations
@@ -154,13 +150,8 @@ def curve_for(
 ) -> Points:
     """The curve to plan ``model`` at ``threads`` with: the one kept at that count, else
     the one kept at the nearest of ``counts`` (the thread counts the planner measures;
-    ties: the larger count), else ``()``.
-
-    Why the nearest: a curve known at one count only (the count the service ran) would
-    otherwise make every other count look free of idle costs, and the search would move
-    to a configuration nobody measured for the wrong reason (ResNet-50 at 1.5 x L0 on 2
-    cores: 2 threads served 1.4-1.75 x slower after idle; 1-thread replicas, planned
-    without a curve, served less still, bench/HISTORY.md).
+    ties: the larger count), else ``()``. Why the nearest: docs/scaling.md, "What idle
+    costs".
     """
     own = load_curve(model, threads, wake_latency_us)
     if own:

@@ -4,16 +4,13 @@ unit a scale-in stops.
 A unit's instances are spread over the cores: a new one goes to the cores least loaded
 by its own unit's live instances, then by every live instance, ties taken in turn from a
 cursor the service advances by each placement. Once every core holds an instance, a new
-one floats over all of them (oversubscription: a pinned one would share a core with a
-busy instance while another core idles). A cursor alone put a unit's second
-instance on its first one's core whenever another unit's instance had started between
-them (two instances of the bottleneck on one core, the other idle). A scale-in stops the
-instance on the cores most shared with its unit's other instances, then the youngest
-(the oldest have warm caches and the lowest instance ids).
+one floats over all of them. A scale-in stops the instance on the cores most shared with
+its unit's other instances, then the youngest. Why: docs/serving.md,
+"`runtime/scaling/placement.py`".
 
 Pure functions of what the service read: the host's cpu affinity, the device profile's
 cpu ``cores`` and the supervisor's instance handles (anything with ``key``, ``state``,
-``cores`` and ``started``). The service reads them and pins the instances
+``cores`` and ``started``); the service pins the instances
 (:meth:`infscaler.service.service.Service._cores`).
 """
 
@@ -70,17 +67,11 @@ def pick_cores(
 ) -> list[int]:
     """The ``n`` of ``cores`` a new cpu instance is pinned to, sorted: all of them when
     ``n`` covers them **or when every core already holds a live instance's thread**
-    (oversubscribed: the instance floats over all of them and the kernel's scheduler
-    puts it on whichever is idle), else the least loaded (:func:`core_load`: by the
-    unit's own instances, then by every instance), ties in turn from the cursor
-    ``start`` (an index into ``cores``, any int).
-
-    Why float: pinned to one core beside a busy instance, a request runs at half speed
-    while another core idles. Measured (PP-OCRv4 det, 2 single-thread instances, and
-    ResNet-50 at 4.8 requests/s on a third, 2 cores, det at 2.5 requests/s Poisson,
-    two runs each): det's requests over 215 ms (2 x its served L0) 0.18 and 0.14 of
-    them with the third instance pinned, 0.011 and 0.032 with it floating; P90 242 /
-    235 ms against 162 / 166 ms."""
+    (oversubscribed: the instance floats over all of them), else the least loaded
+    (:func:`core_load`: by the unit's own instances, then by every instance), ties in turn
+    from the cursor ``start`` (an index into ``cores``, any int). Why float: docs/serving.md,
+    "`runtime/scaling/placement.py`".
+    """
     if n >= len(cores) or all(load.get(c, (0, 0))[1] > 0 for c in cores):
         return sorted(cores)
     order = sorted(

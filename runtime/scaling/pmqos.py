@@ -1,22 +1,13 @@
 """A CPU wake-up latency request (Linux PM QoS, ``/dev/cpu_dma_latency``) held while serving.
 
-An idle core sleeps in a cpuidle state and takes that state's exit latency to wake (on a
-KVM / Firecracker guest with ``haltpoll``, the vCPU halts and the host must schedule it
-back). A served model whose intra-op threads or instance processes wake from sleep for
-every request pays it per operator: on the 2-core development VM, ResNet-50 at 2 threads
-ran 1.5 x slower after 0.25 s idle (``bench/idle_wake.py``), the P99 at SLOs of 1.5 x L0.
-
-Linux's answer is a PM QoS CPU latency request: while a process holds
-``/dev/cpu_dma_latency`` open with a value of N microseconds written to it, cpuidle picks
-no state whose exit latency exceeds N (0: the polling state only, the cores spin when
-idle). It is what ``tuned``'s latency-performance profile and realtime stacks do, and
-``jetson_clocks`` does the like on a Jetson. It costs power: idle cores no longer sleep
-(on a VM, the host CPU the vCPUs spin on). The kernel drops the request when the file is
-closed, also when the process dies, so a killed service leaves nothing behind.
+While a process holds ``/dev/cpu_dma_latency`` open with a value of N microseconds
+written to it, cpuidle picks no state whose exit latency exceeds N (0: the cores poll
+when idle); the kernel drops the request when the file is closed, also when the process
+dies. It costs power. Why and when the service holds it: docs/scaling.md, "Holding the
+CPUs awake".
 
 Source: Linux kernel documentation, "PM Quality Of Service Interface"
-(``Documentation/power/pm_qos_interface.rst``: CPU latency QoS, the ``/dev/cpu_dma_latency``
-device node, an s32 value in microseconds).
+(``Documentation/power/pm_qos_interface.rst``).
 """
 
 from __future__ import annotations

@@ -101,10 +101,8 @@ class ProcessMemory:
         rss_mb: resident set size: every page mapped and resident, shared ones included.
         uss_mb: unique set size: pages only this process maps (what exiting would free).
         pss_mb: proportional set size: each shared page split among its mappers (Linux
-            only; None elsewhere); the figure the runtime charges an instance (status,
-            the scaler's memory cap, metrics, benchmarks: instances forked from the
-            zygote share its pages, which no USS counts; see
-            :mod:`infscaler.runtime.scaling.monitor`).
+            only; None elsewhere); the figure the runtime charges an instance
+            (:mod:`infscaler.runtime.scaling.monitor`).
     """
 
     pid: int
@@ -318,17 +316,12 @@ def jetson_reading(snapshot: dict[str, Any]) -> JetsonReading:
     """Map one jtop update to :class:`JetsonReading` (pure: no I/O, no jtop import).
 
     Args:
-        snapshot: jtop's properties as plain dicts, under their property names:
-            ``gpu`` (``dict(jetson.gpu)``), ``power``, ``temperature``, ``memory``
-            (``dict(jetson.memory)``), ``engine`` and ``nvpmodel`` (the mode name, a
-            str, or None). Any of them may be missing or empty (a board without power
-            monitors, a jtop that does not know the board); what is missing is left
-            out of the reading, never filled in.
+        snapshot: jtop's properties as plain dicts under their names (``gpu``, ``power``,
+            ``temperature``, ``memory``, ``engine``; ``nvpmodel`` the mode name or None).
+            Any may be missing or empty; what is missing is left out, never filled in.
 
-    Key names and units are jetson-stats' (``jtop/jtop.py``, the ``gpu``, ``power``,
-    ``temperature``, ``memory`` and ``engine`` properties; the total power rule is
-    ``jtop/core/power.py`` ``total_power``): loads in %, power in mW, clocks in kHz,
-    memory in KB, temperatures in °C.
+    Key names and units are jetson-stats' (``jtop/jtop.py``; the total power rule is
+    ``jtop/core/power.py`` ``total_power``).
     """
     gpus = snapshot.get("gpu") or {}
     util: dict[str, float] = {}
@@ -474,15 +467,11 @@ def _open_jtop(interval_s: float) -> Any:
 class JetsonSampler:
     """Reads jtop once per update in a background thread and keeps the last reading.
 
-    jtop's service updates its stats at ``interval_s`` (1 Hz by default); the thread
-    waits on ``jetson.ok()`` (which returns at each update), maps it with
-    :func:`jetson_reading` and integrates the power into an :class:`EnergyCounter`.
-    Readers (``GET /metrics``, the status) only take the cached :meth:`state`: a scrape
-    never talks to jtop, and jtop is read at most once per update however often it is
-    scraped. Off a Jetson, or without jetson-stats, no thread starts and :meth:`state`
-    says why. When the jtop service is not reachable the thread retries every
-    ``retry_s`` and the state's reason names the error's type (not its text: the reason
-    is a metrics label, and no label carries a path).
+    The thread waits on ``jetson.ok()``, maps each update with :func:`jetson_reading` and
+    integrates the power into an :class:`EnergyCounter`; readers take only the cached
+    :meth:`state` (a scrape never talks to jtop). Off a Jetson, or without jetson-stats, no
+    thread starts and :meth:`state` says why. An unreachable jtop service is retried every
+    ``retry_s``; the reason names the error's type only (it is a metrics label).
 
     Args:
         interval_s: jtop's update interval, s.

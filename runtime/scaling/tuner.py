@@ -4,16 +4,10 @@
 last change, the scaler's state and config, and returns a :class:`TunerVerdict` (at most
 one ``scale_out`` of one unit, possibly several instances at once). Pure: no clock, no I/O.
 
-Source: InferLine (Crankshaw et al., SoCC '20) §5 "High-Frequency Tuning", Algorithm 3:
-the observed traffic envelope (max requests in any window of each length,
-:data:`WINDOWS_S`) against the one the configuration was planned for,
-``q_planned(w) = Q(rho mu w) + mu (SLO - T) / 1000`` (:func:`planned_envelope`): ``mu``
-the pipeline's capacity (:func:`~infscaler.runtime.scaling.unitmodel.pipeline_capacity_rps`,
-capped by the SLO-meeting rate of the P99 model, :func:`slo_rate_rps`), ``rho``
-:data:`TUNER_RHO`, ``Q`` the Poisson quantile at :data:`TUNER_TAIL`, the burst term the
-backlog the capacity drains within the SLO (:func:`~infscaler.runtime.queueing.drain_backlog`,
-network calculus). Why each term, and the incidents behind them: docs/scaling.md,
-"The Tuner's envelope in full".
+Source: InferLine (Crankshaw et al., SoCC '20) §5, Algorithm 3: the observed envelope
+(:data:`WINDOWS_S`) against the planned one, ``q_planned(w) = Q(rho mu w) + mu (SLO - T)
+/ 1000`` (:func:`planned_envelope`). Each term and why: docs/scaling.md, "The Tuner's
+envelope in full".
 """
 
 from __future__ import annotations
@@ -142,20 +136,14 @@ def service_time_ms(snapshot: Snapshot) -> float:
 
 
 def slo_rate_rps(snapshot: Snapshot) -> float | None:
-    """The largest pipeline rate, requests/s, at which every unit's approximate P99 at
-    its running instances stays within its share of the SLO: per unit, the items/s
-    where :func:`~infscaler.runtime.queueing.p99_response_ms` (M/D/c, Erlang C
-    with Kingman's heavy-traffic tail) reaches the SLO less the other units' service
-    times (the scaler's own P99 guard, :func:`~infscaler.runtime.scaling.scaler.decide`'s
-    scale-in), found by bisection (P99 grows with the rate), divided by the unit's
-    items per request; the least over the units.
+    """The largest pipeline rate, requests/s, at which every unit's approximate P99 at its
+    running instances (:func:`~infscaler.runtime.queueing.p99_response_ms`, M/D/c) stays
+    within its share of the SLO (the SLO less the other units' service times), found by
+    bisection and divided by the unit's items per request; the least over the units.
 
-    This is InferLine's check that the plan meets the SLO at the planned envelope (§4.2,
-    the estimator): a configuration planned for ``rho x mu`` whose P99 there exceeds the
-    SLO was never planned for that rate. Units with no service time, no running
-    instance, no items or an SLO share below their service time (no rate meets it; the
-    utilisation rule alone decides for them, as in the scale-in) do not bound it; None
-    when no unit does.
+    InferLine's check that the plan meets the SLO at the planned envelope (§4.2). Units with
+    no service time, no running instance, no items or an SLO share below their service time
+    do not bound it; None when no unit does.
     """
     best: float | None = None
     for u in snapshot.units:
@@ -254,12 +242,9 @@ def required_capacity_rps(
     tail: float | None = TUNER_TAIL,
 ) -> float:
     """The least capacity ``mu`` (requests/s) whose planned envelope
-    (:func:`planned_envelope`) covers ``observed`` at every window: per window, the
-    deterministic envelope's ``q(w) / (rho w + max(0, SLO - T) / 1000)``, and with the
-    Poisson quantile the least ``mu`` with ``Q(rho mu w) + mu (SLO - T) / 1000 >=
-    q(w)`` (bisection to 1e-3 requests/s; the planned count grows with ``mu``); the
-    largest over the windows. InferLine §5, Algorithm 3 lines 9-10 provision for
-    ``r_max / rho`` (``r_max = q(w) / w``): the deterministic envelope with no burst.
+    (:func:`planned_envelope`) covers ``observed`` at every window (closed form for the
+    deterministic envelope, bisection to 1e-3 requests/s with the Poisson quantile); the
+    largest over the windows.
 
     Args:
         observed: ``q(w)`` per window, requests. slo_ms / service_ms: the SLO and ``T``,
@@ -334,21 +319,13 @@ def instances_for(
     p99_rps: float | None = None,
 ) -> tuple[int, int, str]:
     """How many instances of ``u`` on engine ``o`` to start at once for the pipeline to
-    finish ``required_rps`` requests/s (InferLine §5, Algorithm 3 lines 9-13: every
-    replica the rate needs, in one step).
+    finish ``required_rps`` requests/s (InferLine §5, Algorithm 3 lines 9-13).
 
-    The unit's capacity is the scaler's (:func:`~infscaler.runtime.scaling.scaler.
-    pipeline_capacity_rps` per unit: items/s its instances finish / items per request),
-    each new instance adds ``1000 / its service time`` items/s. ``needed``: the fewest
-    new instances that reach ``required_rps`` (at least 1: the envelope was exceeded).
-    Started: as many of them as ``u.max_instances`` and the device's cap admit, each
-    checked by the scaler's rules with the ones before it counted as running (memory,
-    engine slots, cores, the unit's own and all pinned threads against the physical
-    cores, saturation). The first is assumed admitted (Algorithm 1 admitted it).
-    With ``p99_rps`` (requests/s), ``needed`` also covers the instances that keep the
-    unit's approximate P99 at that rate within its share of the SLO (the scaler's
-    ``p99_needed`` at the unit's current service time per instance): the count the
-    scale-in's P99 guard keeps at that rate, so the scale-in does not take them back.
+    ``needed``: the fewest new instances (each adding ``1000 / its service time`` items/s)
+    that reach ``required_rps`` (at least 1), and with ``p99_rps`` also those that keep the
+    unit's approximate P99 at that rate within its SLO share (the scaler's ``p99_needed``).
+    Started: as many of them as ``u.max_instances`` and the device's cap admit, each checked
+    by the scaler's rules with the ones before it counted; the first is assumed admitted.
 
     Returns:
         ``(count, needed, why)``: instances to start (>= 1), instances ``u`` would have
@@ -393,34 +370,22 @@ def scale_out_now(
     """Whether to scale out now, before the P99 shows it.
 
     ``times``: the offered requests' arrival times (s, the snapshot's clock) since the
-    last change. Nothing is done within ``config.cooldown_s`` of the last scale-out,
-    within ``config.settle_s`` of the last change (the deploy, a scale-out or -in: the
-    scaler's settle window, while instances warm up and the capacity estimate is not
-    yet theirs), nor when no capacity is known. Otherwise, where the observed envelope exceeds the
-    planned one at any window, the unit and engine are Algorithm 1's (the scaler's
-    :func:`~infscaler.runtime.scaling.scaler.decide` order: the largest B_k / S_k the
-    device's cap admits), with the scaler's guard against a unit not short of capacity
-    applied at the **sustained** rate: the largest ``q(w) / w`` over windows >=
-    :data:`SUSTAINED_MIN_S` (a burst seen only in the short windows, at a mean rate the
-    instances serve at ``scale_in_utilisation``, would be taken back by the scale-in).
+    last change. Nothing is done within ``config.cooldown_s`` of the last scale-out, within
+    ``config.settle_s`` of the last change, nor when no capacity is known. Otherwise, where
+    the observed envelope exceeds the planned one at any window, the unit and engine are
+    Algorithm 1's (the scaler's order, within the device's cap), with the scaler's guard
+    against a unit not short of capacity applied at the sustained rate (the largest
+    ``q(w) / w`` over windows >= :data:`SUSTAINED_MIN_S`).
 
-    The planned rate is ``rho x mu``, or less where the configuration's P99 reaches the
-    SLO first (``p99``, the default: :func:`slo_rate_rps`, then ``mu`` in the planned
-    envelope is that rate / ``rho``). ``p99=False``: ``rho x mu`` alone (InferLine's
-    capacity rule without its SLO check).
-
-    The decision asks for every instance the envelope needs at once (:attr:`TunerVerdict.
-    count`, :func:`instances_for` at :func:`required_capacity_rps` and, with ``p99``, the
-    instances whose P99 meets the SLO at ``rho`` x that capacity or at the triggering
-    window's rate, whichever is higher: the Poisson quantile's inverse is a capacity
-    whose rare windows reach the count observed, below the rate itself (38 requests in
-    5 s, 7.6/s, ask for 4.94 requests/s), fine for detecting a change but not for
-    sizing), within the unit's ``max_instances`` and the device's cap.
+    The planned rate is ``rho x mu``, or with ``p99`` (default) the lower
+    :func:`slo_rate_rps`. The decision asks for every instance the envelope needs at once
+    (:func:`instances_for` at :func:`required_capacity_rps`, and with ``p99`` the instances
+    whose P99 meets the SLO at the higher of ``rho`` x that capacity and the triggering
+    window's rate), within ``max_instances`` and the cap.
 
     Returns:
         A :class:`TunerVerdict`: its decision a ``scale_out`` whose reason names the
-        window, the observed and sustainable counts, the rate, the capacity needed and
-        the instances asked for (and what held any back).
+        window, the counts, the rate, the capacity needed and the instances asked for.
     """
     now = snapshot.now
     if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:

@@ -58,23 +58,18 @@ class UnitState:
         queue_len: tokens waiting at or running in this unit now.
         service_ms: P50 service time of one item on its current instances, ms (None:
             no sample yet; the scaler then uses the fastest option's ``latency_ms``).
-        min_instances / max_instances: bounds from the pipeline (``instances`` in
-            pipeline.yaml is the minimum; max None: only the cap bounds it).
+        min_instances / max_instances: bounds from the pipeline (max None: only the cap).
         threads: running cpu instances per intra-op thread count, e.g. ``{1: 1, 2: 1}``
             (empty: not known; vertical scaling is then not considered).
-        latency_ms_by_threads: thread count -> service time of one item on the cpu at
-            that many intra-op threads, ms, **measured**: each instance of a unit with
-            ``max_threads`` times its model at load at every count from ``min_threads``
-            to ``max_threads`` (warm-up on zeros, median of runs, the probe session
-            pinned to that many cores: :meth:`infscaler.runtime.serving.runners.ModelRunner.
-            probe_threads`). A count with no entry is never scaled to.
+        latency_ms_by_threads: thread count -> measured service time of one item on the
+            cpu at that many intra-op threads, ms
+            (:meth:`infscaler.runtime.serving.runners.ModelRunner.probe_threads`); a count
+            with no entry is never scaled to.
         min_threads / max_threads: the range the scaler may move a cpu instance's
-            intra-op threads in (the stage's ``threads`` / ``max_threads``; max None:
-            no vertical scaling).
-        busy: cores the unit's live instances kept busy over the monitor's last
-            seconds: per instance its busy fraction (compute time / wall time, from
-            the ``busy_ms`` its ``stats`` reports carry) x its threads, summed (None:
-            not measured). See :mod:`infscaler.runtime.scaling.demand`.
+            intra-op threads in (max None: no vertical scaling).
+        busy: cores the unit's live instances kept busy over the monitor's last seconds
+            (busy fraction x threads, summed; None: not measured):
+            :mod:`infscaler.runtime.scaling.demand`.
     """
 
     index: int
@@ -130,30 +125,23 @@ class Snapshot:
         arrival_rate: requests per second over the monitor's short window.
         units: every served unit, in pipeline order.
         cap: resource limits and use (shared by every pipeline on the device).
-        cores_used: cpu threads pinned by running (starting or ready) cpu instances of
-            model stages, all pipelines (pinned, not busy: the monitor's
-            ``pinned_threads``); compared with ``cap.cores``.
+        cores_used: cpu threads pinned by running cpu instances of model stages, all
+            pipelines; compared with ``cap.cores``.
         instances_used: per engine, running instances (all pipelines).
         pending: requests admitted and not yet answered.
         offered_rate: requests per second submitted over the window, refused ones
-            (load shedding) included (None: same as ``arrival_rate``).
-        slo_refused_rate: requests per second the front end refused at arrival because
-            they could not meet the SLO (:mod:`infscaler.runtime.serving.admission`): demand
-            the P99 of the admitted requests no longer shows.
+            included (None: same as ``arrival_rate``).
+        slo_refused_rate: requests per second refused at arrival because they could not
+            meet the SLO (:mod:`infscaler.runtime.serving.admission`).
         cores_busy: cpu cores kept busy over the monitor's last seconds by every
-            instance and the front end (CPU seconds / wall seconds, from the kernel's
-            per-process accounting: time waiting for a core is not counted); None:
-            not measured. See :data:`~infscaler.runtime.scaling.cores.SATURATED_FREE_PER_THREAD`.
+            instance and the front end (CPU s / wall s; None: not measured).
         answered / late: requests answered in the window ``p99_ms`` is taken over, and
-            how many of them took longer than the SLO (None: not counted; then a P99
-            over the SLO is a violation however few requests it rests on). See
+            how many took longer than the SLO (None: not counted):
             :func:`~infscaler.runtime.scaling.scaler.is_violated`.
-        cores_demand: cores every live instance of every pipeline keeps busy (the sum of
-            :attr:`UnitState.busy` over the device; an instance not measured yet counts
-            its threads), what the cpu cap counts (:mod:`infscaler.runtime.scaling.
-            demand`); None: not measured (the cap then counts pinned threads).
-        served_rate: requests per second answered over the window (None: not counted;
-            a scale-out's trial then reads ``arrival_rate``).
+        cores_demand: the sum of :attr:`UnitState.busy` over the device (an instance not
+            measured yet counts its threads); None: not measured (the cap then counts
+            pinned threads).
+        served_rate: requests per second answered over the window (None: not counted).
     """
 
     now: float
@@ -185,6 +173,8 @@ class Snapshot:
 class ScalerConfig:
     """Tuning of :func:`~infscaler.runtime.scaling.scaler.decide` (defaults from InferLine §5 where it gives one).
 
+    Why each default: docs/scaling.md, "The scaler's rules in full".
+
     Attributes:
         violation_ratio: the SLO counts as violated when P99 > ``violation_ratio`` x SLO.
         cooldown_s: minimum time between two scale-outs of one pipeline, s.
@@ -195,34 +185,23 @@ class ScalerConfig:
         shed: bound the queue when the cap is reached (else only report it).
         settle_s: a violation within this long after the last change
             (:attr:`ScalerState.last_change`: the deploy, a scale-out, a scale-in or a
-            thread step) is not counted, s. Default 5 s: a new cpu instance loads and
-            warms up in 1-3 s (the simulator's ``startup_s`` is 2 s) and the first
-            windows after a change are short (the autoscaler's window counts from the
-            change, at least 1 s), so their P99 rests on a few requests served while
-            instances were still starting; 5 s is 5 looks at the default 1 s interval
-            and longer than the 3 s cooldown, so that cooldown still binds only when
-            ``settle_s`` is set below it.
+            thread step) is not counted, s.
         sustain_s: a scale-out (or thread scale-up, or a queue bound) needs the violation
-            at every call for at least this long, s (:attr:`ScalerState.
-            violating_since`). Default 2 s: 3 consecutive violated looks at the default
-            1 s interval, so one short window's P99 does not add an instance.
+            at every call for at least this long, s (:attr:`ScalerState.violating_since`).
         oversubscribe: allow a cpu scale-out or thread step that takes the pinned cpu
             threads of all instances (:attr:`Snapshot.cores_used` + the new ones) past
-            the physical cores (:attr:`ResourceCap.physical_cores`). Off by default: on
-            a 2-core host 4 single-thread instances pinned to 2 cores share them and
-            add contention, not capacity. Counted as ``core_cap`` says.
+            the physical cores (:attr:`ResourceCap.physical_cores`); counted as
+            ``core_cap`` says.
         core_cap: how the cpu cap counts a cpu scale-out or thread step against the
-            physical cores: ``demand`` (the default: the cores the instances keep busy
-            plus the new one's expected share, :func:`~infscaler.runtime.scaling.demand.
-            fits_cores`; a scale-out that pins past the cores is a trial, reverted when
-            the served rate does not rise) or ``threads`` (pinned threads, and a whole
-            idle core per thread by the busy cores; no trials).
+            physical cores: ``demand`` (default: busy cores plus the new one's expected
+            share, :func:`~infscaler.runtime.scaling.demand.fits_cores`; a scale-out past
+            the cores is a trial) or ``threads`` (pinned threads; no trials).
         trial_s: a trial's verdict comes this long after its scale-out, s (at least
-            ``settle_s`` + 1 s: the window after the settle window is what it reads).
+            ``settle_s`` + 1 s).
         trial_gain: a trial is kept when the SLO is met at its verdict or the served
             rate rose by at least this fraction; else its instance is stopped.
         trial_backoff_s: after a reverted trial the unit is not scaled out for this long,
-            s, doubled after each further revert (hysteresis: no flapping).
+            s, doubled after each further revert.
     """
 
     violation_ratio: float = 1.0
@@ -267,19 +246,16 @@ class ScalerState:
         last_scale_out: ``now`` of the last scale-out (None: never).
         rates: ``(now, arrival_rate)`` samples within ``rate_horizon_s``.
         queue_limit: the queue bound the last ``shed`` decision set, requests (None: no
-            bound in force). A ``shed`` is emitted only when this changes: set (or moved)
-            on a violation at the cap, lifted once P99 < 0.8 x SLO.
+            bound in force); a ``shed`` is emitted only when this changes.
         violating_since: ``now`` of the first call of the current run of violated
-            calls (outside the settle window), s; None when the last call was not
-            violated, was within ``settle_s`` of a change, or made a change.
-        waiting: why the last call, on a violation, changed nothing (settle window,
-            sustain, cooldown), one line a user can read; None when it did not wait.
+            calls (outside the settle window), s; None otherwise.
+        waiting: why the last call, on a violation, changed nothing, one line; None when
+            it did not wait.
         trial: the scale-out on trial (None: none).
         blocked: ``(unit, until, reverts)`` per unit whose trial was reverted: no
             scale-out of it before ``until`` (s); ``reverts`` in a row.
         trial_verdict: the last trial's verdict, one line (None: none yet).
-        served: ``(now, served rate)`` samples, requests/s, over the last
-            ``2 x trial_s``: a trial compares their means before and after it.
+        served: ``(now, served rate)`` samples, requests/s, over the last ``2 x trial_s``.
     """
 
     last_change: float | None = None
@@ -299,20 +275,16 @@ class Decision:
     """One action for the supervisor / front end.
 
     Attributes:
-        action: ``scale_out`` (start one instance of ``unit`` on ``engine``),
-            ``scale_in`` (stop one instance of ``unit`` on ``engine``), ``scale_up`` /
-            ``scale_down`` (replace one cpu instance of ``unit`` running
-            ``from_threads`` intra-op threads by one running ``threads``:
-            make-before-break, the new one serves before the old one stops), or
-            ``shed`` (bound the pipeline's queue at ``queue_limit`` requests; None
-            lifts it).
+        action: ``scale_out`` / ``scale_in`` (one instance of ``unit`` on ``engine``),
+            ``scale_up`` / ``scale_down`` (replace one cpu instance of ``unit`` running
+            ``from_threads`` intra-op threads by one running ``threads``,
+            make-before-break), or ``shed`` (bound the pipeline's queue at
+            ``queue_limit`` requests; None lifts it).
         unit: the unit's index (None for ``shed``).
         engine: the engine (None for ``shed``; ``cpu`` for ``scale_up`` / ``scale_down``).
         queue_limit: for ``shed``.
-        threads / from_threads: for ``scale_up`` / ``scale_down``: the intra-op threads
-            of the new instance and of the one it replaces.
-        reason: one line a user can read (``P99 412 ms > SLO 200 ms; det/0 has the
-            largest B_k/S_k 2.1e9; cpu admits it: memory 812+96 <= 2048 MB``).
+        threads / from_threads: for ``scale_up`` / ``scale_down``.
+        reason: one line a user can read.
     """
 
     action: str
@@ -328,18 +300,14 @@ def device_cap(profile: Any, *, host_cores: int, memory_used_mb: float = 0.0) ->
     """R^m of a :class:`~infscaler.base.device.DeviceProfile`, with U^m for memory.
 
     Memory cap: the profile's ``memory_cap_mb``; instance slots per engine: each
-    accelerator's ``max_instances`` (a DLA's times its ``count`` of cores; an accelerator
-    with ``count`` 0 has none); cpu thread slots: the cpu entry's listed ``cores``, or
-    ``host_cores`` when it lists none, times its ``threads_per_core``
-    (:meth:`infscaler.base.device.Accelerator.thread_slots`: ``floor(cores x
-    threads_per_core)``); ``physical_cores``: that core count itself (the scaler's
-    busy-cores bound).
+    accelerator's ``max_instances`` (a DLA's times its ``count``); cpu thread slots:
+    :meth:`infscaler.base.device.Accelerator.thread_slots` of the cpu entry's ``cores``
+    (else ``host_cores``); ``physical_cores``: that core count.
 
     Args:
-        profile: the device profile (its ``memory_cap_mb`` and ``accelerators``).
-        host_cores: cores this host runs instances on (the caller reads them, e.g.
-            ``len(os.sched_getaffinity(0))``); used when the cpu entry lists no cores.
-        memory_used_mb: memory in use now, MB (the monitor's measurement; 0 for a plan).
+        profile: the device profile.
+        host_cores: cores this host runs instances on; used when the cpu entry lists none.
+        memory_used_mb: memory in use now, MB (0 for a plan).
     """
     max_inst: dict[str, int] = {}
     cores = physical = 0

@@ -78,20 +78,6 @@ def _check_profile(batch_latency_ms: Mapping[int, float]) -> list[tuple[int, flo
     return points
 
 
-def batch_latency_from_profile(batch_latency_ms: Mapping[int, float], batch_size: int) -> float:
-    """T_b for ``batch_size`` from a profile ``{batch size: latency ms}``, ms.
-
-    A profiled size returns its latency; between two profiled sizes the latency is
-    interpolated linearly. Never extrapolates.
-
-    Raises:
-        ValueError: an invalid profile (empty, no batch size 1, latencies <= 0), a batch
-            size < 1, or one above the largest profiled size.
-    """
-    points = _check_profile(batch_latency_ms)
-    return _interp(points, batch_size)
-
-
 def _interp(points: list[tuple[int, float]], b: int) -> float:
     if b < 1:
         raise ValueError(f"batch_size must be >= 1, got {b}")

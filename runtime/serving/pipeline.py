@@ -837,11 +837,6 @@ def encode_error(message: str, status: int = 500) -> np.ndarray:
     return np.frombuffer(f"{status:03d} {message}".encode()[:4096], dtype=np.uint8).copy()
 
 
-def decode_error(arr: np.ndarray) -> str:
-    """The message of an ``__error__`` tensor (:func:`encode_error`)."""
-    return error_status(arr)[1]
-
-
 def error_status(arr: np.ndarray) -> tuple[int, str]:
     """``(status, message)`` of an ``__error__`` tensor (500 when it carries none)."""
     text = bytes(np.asarray(arr, dtype=np.uint8)).decode(errors="replace")

@@ -1,21 +1,15 @@
 """Admission across pipelines (pure functions, no state): a request of a lower priority
 level is refused while a pipeline of a higher level is at risk of missing its SLO.
 
-A pipeline's own admission (:func:`~infscaler.runtime.serving.admission.admit_request`)
-sees only its own SLO; the pipelines deployed together share the cores, the front end and
-the tensor pool, so a flood of a lower level slows a higher one whatever its queue order.
 For each other pipeline of a strictly higher level (a smaller number) with an SLO, a
 measured service time and requests in flight, the front end passes a :class:`HigherLoad`:
-what a request of it arriving now would take (the existing latency estimate,
-:func:`~infscaler.runtime.serving.admission.admit_latency` on its drain time). While that
+what a request of it arriving now would take
+(:func:`~infscaler.runtime.serving.admission.admit_latency` on its drain time). While that
 exceeds :data:`PRIORITY_HEADROOM` x its SLO, :func:`admit_across` refuses the lower
 request (code ``priority``), held like a latency refusal
-(:func:`~infscaler.runtime.serving.admission.refusal_hold_s`) so that closed-loop clients
-do not come straight back. The estimate scales compute by the pipeline's observed latency
-/ estimate ratio, which grows with CPU contention, so the lower level's load is what
-brings it over the bound (INFaaS admits lower-priority work only on spare capacity,
-Romero et al., ATC'21 §4; MArk and InferLine provision per pipeline and leave this open).
-Pipelines of equal level never refuse each other here.
+(:func:`~infscaler.runtime.serving.admission.refusal_hold_s`). Pipelines of equal level
+never refuse each other here. Why: docs/scaling.md, "Priorities and queue policies"
+(INFaaS admits lower-priority work only on spare capacity, Romero et al., ATC'21 §4).
 """
 
 from __future__ import annotations

@@ -61,15 +61,11 @@ class Route:
         queue_limit: requests of this pipeline admitted at once (None: only
             ``max_pending`` bounds them); set by the autoscaler when the device's cap is
             reached (load shedding), with ``shed_reason`` for the 503.
-        max_inflight: requests of this pipeline in the token pipeline at once; more
-            wait in the front end's backlog. Bounds the pool memory a pipeline holds
-            (each request in it holds one or two slots per stage it is at), so the
-            stages downstream always find room for their outputs.
-        unavailable_reason: set while a unit has no live instance (its restart is
-            pending, :mod:`infscaler.runtime.processes.supervisor`): new requests get a 503 with
-            this reason and ``retry_after_s`` (the expected time until it is back, s).
-        instances: live instances per unit (the service keeps it current; 1 for units
-            run in the front end), for the SLO admission's bottleneck interval.
+        max_inflight: requests of this pipeline in the token pipeline at once (more wait
+            in the front end's backlog), so the stages downstream always find pool room.
+        unavailable_reason: set while a unit has no live instance: new requests get a 503
+            with this reason and ``retry_after_s`` (expected time until it is back, s).
+        instances: live instances per unit (1 for units run in the front end).
         service_ms: measured compute ms of one request, all units (EWMA; None until
             a request completed).
         unit_ms: measured compute ms per unit per request (EWMA, summed over items).
@@ -77,20 +73,15 @@ class Route:
         measured: True once a request completed (before: :attr:`service_ms` is a seed
             from the instances' warm-up runs, or None).
         correction: observed latency / admission estimate of completed requests (the
-            median of the last ones, :meth:`record_estimate`):
-            what compute time alone misses (hand-overs, the front
-            end's own work, CPU contention); the admission scales its estimates by it
-            (within [0.5, 4]).
+            median of the last ones, :meth:`record_estimate`); the admission scales its
+            estimates by it (within [0.5, 4]).
         dues: per admitted request (its sequence number), when admission expected it
-            answered (``time.monotonic()`` s), in admission order: what
-            :meth:`progress` reads (the front end adds and removes them under its lock).
-        queued: requests admitted and not started (in the front end's backlog) per
-            priority level (levels with none left out; the front end keeps it under its
-            lock): admission's ``max_queue_size`` and estimate, the status.
-        refusals: requests refused, by reason (the
+            answered (``time.monotonic()`` s), in admission order (:meth:`progress`).
+        queued: requests admitted and not started per priority level (levels with none
+            left out).
+        refusals: requests refused over the pipeline's life, by reason (the
             :class:`~infscaler.runtime.serving.admission.Refusal` values and
-            ``queue_timeout``), over the pipeline's life (its statistics' counter):
-            the metric ``infscaler_requests_refused_total``.
+            ``queue_timeout``): the metric ``infscaler_requests_refused_total``.
     """
 
     pipeline: CompiledPipeline
@@ -151,17 +142,9 @@ class Route:
         """What the measured compute times are scaled by for admission: the
         :attr:`correction`; while ``overloaded`` (:meth:`overloaded`) the
         :data:`OVERLOAD_QUANTILE` of the last latency / estimate ratios (once 10 are
-        known), and never below 1 or the correction.
-
-        In overload the drain-time estimate (requests ahead x the bottleneck interval)
-        is beaten only when requests ahead expire or are dropped before they run; a
-        correction learnt from those fast survivors (0.53 at 10x, bench/HISTORY.md,
-        ``overload_slo.py --per-connection``) made admission plan on further expiries, which made more. And
-        there every admitted request meets a full queue, so the admitted latencies'
-        tail is the estimate's tail: with the median, two single-thread ResNet-50
-        replicas at 2x and 5x their capacity, the load generator on the same 2 cores,
-        answered admitted requests at a P99 of 1.27 and 1.29 x the SLO
-        (``bench/overload_slo.py``)."""
+        known), and never below 1 or the correction. Why: docs/scaling.md, "The route's
+        estimates, why".
+        """
         if not overloaded:
             return self.correction
         tail = self.ratio_quantile(OVERLOAD_QUANTILE)
@@ -212,25 +195,13 @@ class Route:
 
     def lenience(self, now: float | None = None, overloaded: bool | None = None) -> float:
         """What admission scales its estimate by before comparing it with the SLO, in
-        [0.5, 1]: 1 (refuse at the median estimate) in overload, or before
-        :data:`LENIENT_QUANTILE`'s ratio is known; while the offered load is below
-        :data:`~infscaler.runtime.serving.admission.SHED_MIN_LOAD` of the pipeline's capacity
-        (:meth:`capacity_rps`), the :data:`LENIENT_QUANTILE`
-        of the last latency / estimate ratios over their median (:attr:`correction`):
-        a request is refused only when even a fast outcome would miss.
-
-        Below capacity the queue a burst built drains by itself, and a refusal turns a
-        request with even odds into a certain miss: at 18.3 requests/s ResNet-50's one
-        2-thread instance refused 4 of 300 at estimates of 227-251 ms against an SLO of
-        226 while its answered P99 was 193 ms, and one session without an SLO answered
-        all of them within 220 ms (bench/HISTORY.md, "Admission, the scaler's cores rule
-        and the bench's steps", its "ResNet-50 with the kept decision and the
-        significance test" item). In overload admission judges on the drain-time
-        estimate with the correction floored at 1
-        (:meth:`factor`, :func:`~infscaler.runtime.serving.admission.admit_latency`), and a
-        lenient estimate would admit requests that then expire half computed
-        (``bench/overload_slo.py --per-connection``). ``overloaded``: :meth:`overloaded` when the caller has
-        it (None: computed)."""
+        [0.5, 1]: 1 in overload, or before :data:`LENIENT_QUANTILE`'s ratio is known; while
+        the offered load is below :data:`~infscaler.runtime.serving.admission.SHED_MIN_LOAD`
+        of :meth:`capacity_rps`, the :data:`LENIENT_QUANTILE` of the last latency / estimate
+        ratios over their median (:attr:`correction`). ``overloaded``: :meth:`overloaded`
+        when the caller has it (None: computed). Why: docs/scaling.md, "The route's
+        estimates, why".
+        """
         if len(self._ranked) < 10 or self.unit_ms is None:
             return 1.0
         if self.overloaded(now) if overloaded is None else overloaded:
@@ -253,19 +224,12 @@ class Route:
         return None if math.isinf(cap) else cap
 
     def overloaded(self, now: float | None = None) -> bool:
-        """True while the offered load (admitted and refused, last 10 s) is at least the
-        scaler's :data:`~infscaler.runtime.serving.admission.SHED_MIN_LOAD` of
-        :meth:`capacity_rps`, or over the last :data:`BURST_WINDOW_S` s at least
-        :data:`BURST_LOAD` x it (False before a measurement): what switches admission to
-        its drain-time estimate (:func:`~infscaler.runtime.serving.admission.admit_latency`)
-        and its lenience off (:meth:`lenience`).
-
-        The short window: the 10 s mean reaches 0.9 x capacity some seconds into a step
-        to 2x, and meanwhile the lenient, tracked estimate admitted a queue past the
-        SLO (two ResNet-50 replicas: 22 of 446 admitted requests late, all in the step's
-        first 0.7 s; ``bench/overload_slo.py``). Under Poisson arrivals at 0.7 of
-        capacity a 1 s window reaches 1.25 x capacity about once in 200 windows at 20
-        requests/s."""
+        """True while the offered load (admitted and refused, last 10 s) is at least
+        :data:`~infscaler.runtime.serving.admission.SHED_MIN_LOAD` of :meth:`capacity_rps`,
+        or over the last :data:`BURST_WINDOW_S` s at least :data:`BURST_LOAD` x it (False
+        before a measurement): what switches admission to its drain-time estimate and its
+        lenience off. Why the short window: docs/scaling.md, "The route's estimates, why".
+        """
         capacity = self.capacity_rps()
         if capacity is None:
             return False
@@ -277,15 +241,13 @@ class Route:
         self, estimate_ms: float | None, latency_ms: float, factor: float | None = None
     ) -> None:
         """Fold a completed request's latency against what admission expected into
-        :attr:`correction`: the median of the last :data:`_RATIOS` ratios of latency
-        to the uncorrected estimate. A median, not a moving average: under Poisson
-        arrivals one request in tens waits behind a burst, and an EWMA (weight 0.2)
-        moved every estimate up by a third after each such one, so admission refused
-        requests a two-unit pipeline would have answered within its SLO (ddddocr at
-        SLO 3x, bench/HISTORY.md).
+        :attr:`correction`: the median of the last :data:`_RATIOS` ratios of latency to the
+        uncorrected estimate (a median, not an EWMA: docs/scaling.md, "The route's
+        estimates, why").
 
         ``factor``: what the estimate's compute times were scaled by (:meth:`factor` at
-        admission; None: the current :attr:`correction`)."""
+        admission; None: the current :attr:`correction`).
+        """
         if estimate_ms is None or estimate_ms <= 0:
             return
         f = self.correction if factor is None else factor

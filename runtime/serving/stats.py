@@ -142,12 +142,9 @@ class IdleSlowdown:
     Fed one trace row per item (:meth:`add`): the instance's idle gap is the item's
     compute start minus the end of that instance's previous item (rows that arrive out
     of order are not binned). An item whose instance was already idle when its input was
-    ready has a **wake** time, ready -> compute start: the hop, the instance process's and
-    its core's wake-up. The last unit's rows also carry the **tail**, compute end -> the
-    front end's answer (its own wake-up). Why: a core left idle sleeps (cpuidle, a VM's
-    halted vCPU) and every party woken pays; in-process timing (the planner's) sees only
-    the compute part, and saw it at other sizes than served (bench/idle_wake.py: ResNet-50
-    at 2 threads, 1.52 x in-process after 0.25 s, 1.18 x served at 4/s).
+    ready has a **wake** time, ready -> compute start; the last unit's rows also carry the
+    **tail**, compute end -> the front end's answer. Why served, not in-process:
+    docs/scaling.md, "What idle costs".
 
     Args:
         size: items kept per bin (the latest). horizon_s: age limit of an item, s.

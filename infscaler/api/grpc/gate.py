@@ -130,10 +130,6 @@ class Gate:
             return self._peers.get(name[5:], NOBODY)
         return NOBODY
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._peers)
-
     async def on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One client connection: identified, admitted, then relayed to grpcio's socket."""
         sock = writer.get_extra_info("socket")

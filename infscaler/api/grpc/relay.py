@@ -124,10 +124,6 @@ class Relay:
     def open_streams(self) -> int:
         return len(self._held)
 
-    @property
-    def held_bytes(self) -> int:
-        return sum(self._held.values())
-
     def stalled(self, now: float) -> None:
         """The gate could not write to grpcio until ``now``: the client was not late."""
         self._stall = now

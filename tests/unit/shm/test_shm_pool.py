@@ -343,10 +343,9 @@ def test_restarted_pool_with_same_service_id_is_not_confused_with_the_old(make_p
         assert ref2 == ref
         second.slot_view(ref2)[:4] = b"new!"
         assert bytes(slabs.slot_view(ref2.to_token(TokenKind.DATA))[:4]) == b"new!"
-        assert slabs.prune() == 0 and slabs.attached() == [0]
+        assert slabs.attached() == [0]
     finally:
         second.close()
-    assert slabs.prune() == 1 and slabs.attached() == []  # dead mappings dropped
     slabs.close()
     assert shm_entries(sid) == []
 

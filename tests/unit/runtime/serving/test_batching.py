@@ -6,21 +6,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infscaler.runtime.serving.batching import BatchChoice, batch_latency_from_profile, choose_batch
+from infscaler.runtime.serving.batching import BatchChoice, choose_batch
 
 # T_b, ms: 20, 30, (40), 50, (55, 60, 65), 70 -- parentheses: interpolated
 PROFILE = {1: 20.0, 2: 30.0, 4: 50.0, 8: 70.0}
 
 
 def test_interpolation_between_profiled_sizes_never_beyond() -> None:
-    assert batch_latency_from_profile(PROFILE, 1) == 20.0
-    assert batch_latency_from_profile(PROFILE, 3) == 40.0  # 30 + (50 - 30) x 1/2
-    assert batch_latency_from_profile(PROFILE, 6) == 60.0  # 50 + (70 - 50) x 2/4
-    assert batch_latency_from_profile(PROFILE, 8) == 70.0
-    with pytest.raises(ValueError, match="beyond the largest profiled size 8"):
-        batch_latency_from_profile(PROFILE, 9)
-    with pytest.raises(ValueError, match=">= 1"):
-        batch_latency_from_profile(PROFILE, 0)
+    # at a rate where W_b ~ 0 and no budget, every size up to max_batch pays: T_b is read
+    def t_b(b: int) -> float:
+        return choose_batch(PROFILE, arrival_rate=1e12, budget_ms=1e9, max_batch=b).batch_latency_ms
+
+    assert t_b(1) == 20.0
+    assert t_b(3) == pytest.approx(40.0)  # 30 + (50 - 30) x 1/2
+    assert t_b(6) == pytest.approx(60.0)  # 50 + (70 - 50) x 2/4
+    assert t_b(8) == 70.0
+    beyond = choose_batch(PROFILE, arrival_rate=1e12, budget_ms=1e9, max_batch=9)
+    assert beyond.batch_size == 8 and "largest profiled size" in beyond.reason
+    with pytest.raises(ValueError, match="max_batch must be an integer >= 1"):
+        choose_batch(PROFILE, arrival_rate=1.0, budget_ms=100.0, max_batch=0)
 
 
 def test_budget_stops_the_batch() -> None:
@@ -82,6 +86,13 @@ def test_bad_inputs_say_what_is_wrong(profile, rate, budget, max_batch, match) -
         choose_batch(profile, rate, budget, max_batch=max_batch)
 
 
+def _interpolated(prof: dict[int, float], b: int) -> float:
+    """T_b by linear interpolation between the profiled sizes around ``b`` (the oracle)."""
+    lo = max(k for k in prof if k <= b)
+    hi = min(k for k in prof if k >= b)
+    return prof[lo] if lo == hi else prof[lo] + (prof[hi] - prof[lo]) * (b - lo) / (hi - lo)
+
+
 @st.composite
 def profiles(draw: st.DrawFn) -> dict[int, float]:
     sizes = draw(st.lists(st.integers(2, 64), max_size=6, unique=True))
@@ -101,7 +112,7 @@ def test_choice_meets_both_constraints_and_the_next_size_breaks_one(
     t1 = prof[1]
     limit = min(max_batch, max(prof))
     assert 1 <= c.batch_size <= limit
-    assert c.batch_latency_ms == pytest.approx(batch_latency_from_profile(prof, c.batch_size))
+    assert c.batch_latency_ms == pytest.approx(_interpolated(prof, c.batch_size))
     b = c.batch_size
     if b > 1:
         total = c.wait_ms + c.batch_latency_ms
@@ -110,5 +121,5 @@ def test_choice_meets_both_constraints_and_the_next_size_breaks_one(
     if b < limit and t1 <= budget:  # the size above breaks a constraint (MArk stops there)
         nb = b + 1
         w = (nb - 1) * 1000 / rate if rate > 0 else float("inf")
-        total = w + batch_latency_from_profile(prof, nb)
+        total = w + _interpolated(prof, nb)
         assert total > budget * (1 - 1e-6) or total > nb * t1 * (1 - 1e-6)
