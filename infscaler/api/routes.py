@@ -21,6 +21,7 @@ import contextlib
 import json
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 import infscaler
@@ -237,7 +238,7 @@ async def _read_infer_request(request: web.Request, specs: list[Any]) -> Any:
         ProtocolError: (400) a malformed header, body or tensor.
     """
     header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
-    body = await read_body(request)
+    body = await read_body(request, binary=header_length is not None)
     json_limit = int(request.app[LIMITS].max_json_mb * (1 << 20))
     json_size = len(body) if header_length is None else min(header_length, len(body))
     if json_size > json_limit:  # a chunked body: its length is known only now
@@ -292,7 +293,9 @@ async def discard_body(request: web.Request, limit: int) -> None:
                 break
 
 
-async def read_body(request: web.Request, limit: int | None = None) -> bytearray | bytes:
+async def read_body(
+    request: web.Request, limit: int | None = None, *, binary: bool = False
+) -> bytearray | bytes | memoryview:
     """The request body, read once into a buffer of its ``Content-Length`` (no growing
     buffer, no final ``bytes`` copy as in aiohttp's ``request.read()``); the binary
     tensor data inputs are then zero-copy views of it (``decode_infer_request(...,
@@ -301,6 +304,10 @@ async def read_body(request: web.Request, limit: int | None = None) -> bytearray
 
     Args:
         limit: the most bytes it may have (default: the app's ``max_body_mb``).
+        binary: the body carries binary tensor data: its buffer is not zeroed first
+            (``numpy.empty``; a bytearray is, at ~16 GB/s: 0.3 ms for a 4.9 MB body) and
+            it is returned as a ``memoryview`` (uint8). Every byte is written before it
+            is returned, or it raises.
 
     Raises:
         HTTPRequestEntityTooLarge / ProtocolError: (413) beyond ``limit`` (before reading
@@ -322,7 +329,7 @@ async def read_body(request: web.Request, limit: int | None = None) -> bytearray
         return chunks
     if limit and n > limit:
         raise _too_large(request, limit, n)
-    buf = bytearray(n)
+    buf: bytearray | memoryview = np.empty(n, np.uint8).data if binary else bytearray(n)
     view = memoryview(buf)
     pos = 0
     content = request.content

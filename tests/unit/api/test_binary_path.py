@@ -66,7 +66,7 @@ def test_client_sends_large_bodies_in_pieces_with_a_length() -> None:
 
 class _Content:
     def __init__(self, chunks: list[bytes | Exception]) -> None:
-        self.chunks = chunks
+        self.chunks = list(chunks)  # a copy: parametrized lists are shared between runs
 
     async def readany(self) -> bytes:
         item = self.chunks.pop(0) if self.chunks else b""
@@ -95,7 +95,10 @@ class _Request:
         (3, [b"abcd"], "longer than its Content-Length 3"),
     ],
 )
-def test_read_body_errors_are_bad_requests(length: int, chunks: list, fragment: str) -> None:
+@pytest.mark.parametrize("binary", [False, True])
+def test_read_body_errors_are_bad_requests(
+    length: int, chunks: list, fragment: str, binary: bool
+) -> None:
     import asyncio
 
     from aiohttp import web
@@ -103,7 +106,7 @@ def test_read_body_errors_are_bad_requests(length: int, chunks: list, fragment: 
     from infscaler.api.routes import read_body
 
     with pytest.raises(web.HTTPBadRequest) as e:
-        asyncio.run(read_body(_Request(length, chunks)))  # type: ignore[arg-type]
+        asyncio.run(read_body(_Request(length, chunks), binary=binary))  # type: ignore[arg-type]
     assert fragment in e.value.reason
 
 
@@ -116,5 +119,8 @@ def test_read_body_fills_one_buffer_and_checks_the_limit() -> None:
 
     body = asyncio.run(read_body(_Request(6, [b"ab", b"cde", b"f"])))  # type: ignore[arg-type]
     assert isinstance(body, bytearray) and body == b"abcdef"
+    # binary tensor data: a buffer not zeroed first, every byte written, as a memoryview
+    body = asyncio.run(read_body(_Request(6, [b"ab", b"cde", b"f"]), binary=True))  # type: ignore[arg-type]
+    assert isinstance(body, memoryview) and len(body) == 6 and body.tobytes() == b"abcdef"
     with pytest.raises(web.HTTPRequestEntityTooLarge):
         asyncio.run(read_body(_Request((1 << 20) + 1, [], max_mb=1)))  # type: ignore[arg-type]
