@@ -128,14 +128,7 @@ def fixed_run_us(so, n: int = 2000) -> float:
 
     sess = onnxrt.load_session(identity_model(1), options=so)
     x = {"x": np.zeros(1, np.float32)}
-    for _ in range(100):
-        sess.run(None, x)
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        sess.run(None, x)
-        times.append((time.perf_counter_ns() - t0) / 1e3)
-    return round(statistics.median(times), 1)
+    return round(1e3 * harness.models.median_ms(sess, x, n, warmup=100), 1)
 
 
 def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list[dict]:

@@ -24,7 +24,6 @@ host, unlike wall-clock throughput). Ratios are demand / threads of the same run
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -93,15 +92,8 @@ def whole_ms(path: Path, size: int, n: int = 20) -> float:
     """Median latency of the whole model on one single-thread session, ms."""
     from infscaler.engines.onnxrt.loader import load_session
 
-    sess = load_session(path, threads=1)
     x = {"x": np.ones((1, 8, size, size), np.float32)}
-    sess.run(None, x)
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        sess.run(None, x)
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    return harness.models.median_ms(load_session(path, threads=1), x, n, warmup=1)
 
 
 def pipeline(model: Path, slo_ms: float, size: int) -> dict[str, Any]:

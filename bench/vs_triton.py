@@ -53,6 +53,7 @@ from harness.host import (  # noqa: E402
     process_cpu_seconds,
     wait_for_quiet,
 )
+from harness.models import median_ms  # noqa: E402
 from harness.result import write_json  # noqa: E402
 
 PEER = Path(__file__).resolve().parent / "peers" / "pytriton_peer.py"
@@ -102,15 +103,7 @@ def batchable(alias: str, out_dir: Path) -> Model:
 def single_thread_ms(model: Model, x: np.ndarray, n: int = 20) -> float:
     from infscaler.engines.onnxrt.loader import load_session
 
-    sess = load_session(model.path, threads=1)
-    for _ in range(3):
-        sess.run(None, {model.input: x})
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        sess.run(None, {model.input: x})
-        times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+    return median_ms(load_session(model.path, threads=1), {model.input: x}, n)
 
 
 # --- systems under test ---------------------------------------------------------------------

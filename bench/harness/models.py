@@ -108,6 +108,19 @@ def session(model: str, threads: int) -> Any:
     return load_session(resolve_model(model), threads=threads)
 
 
+def median_ms(sess: Any, feeds: dict[str, np.ndarray], n: int, warmup: int = 3) -> float:
+    """Median wall time of ``n`` sequential ``sess.run(None, feeds)`` after ``warmup``
+    unmeasured ones, ms (``sess``: an onnxruntime session or anything with its ``run``)."""
+    for _ in range(warmup):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
+
+
 def calibrate(model: str, feeds: dict[str, np.ndarray], n: int) -> dict[str, Any]:
     """L0 with 1 thread and with all cores (medians of ``n`` sequential runs, 2 warm-up
     runs each, interleaved so both see the same host), ideal = cores x 1000 / L0."""
