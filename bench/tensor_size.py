@@ -32,6 +32,8 @@ import numpy as np
 
 harness.host.default_cache_dir()
 
+from handover import placements  # noqa: E402
+
 from infscaler.ebpf.channel import Endpoint, pack_frame  # noqa: E402
 from infscaler.ebpf.probe import ebpf_available, open_channel  # noqa: E402
 from infscaler.ebpf.token import Token, TokenKind  # noqa: E402
@@ -226,14 +228,6 @@ def _proc_main(
 # ---------------------------------------------------------------------------------------
 # main process
 # ---------------------------------------------------------------------------------------
-def placements(cpus: list[int]) -> dict[str, dict[str, int]]:
-    out = {}
-    if len(cpus) > 1:
-        out["cross-core"] = {"main": cpus[0], "producer": cpus[0], "consumer": cpus[-1]}
-    out["same-core"] = {"main": cpus[-1], "producer": cpus[-1], "consumer": cpus[-1]}
-    return out
-
-
 def _stats_us(ns: list[int]) -> dict[str, float]:
     a = np.asarray(ns, dtype=np.float64) / 1e3
     return {
@@ -268,7 +262,7 @@ def run_once(ctx, where: dict[str, int], channel_kind: str, params: dict) -> dic
         c_ep = ch.add_instance(1, CONSUMER_ID)
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for role, cpu, eps, cs in (
-            ("consumer", where["consumer"], c_ep, b),
+            ("consumer", where["consumers"], c_ep, b),
             ("producer", where["producer"], p_ep, a),
         ):
             parent, child = ctx.Pipe()
