@@ -305,31 +305,22 @@ def summarize(rows: list[dict[str, Any]], duration_s: float, bound_ms: float) ->
         "unanswered": outcomes.get("unanswered", 0),
         "admitted_p50_ms": round(float(np.percentile(ok, 50)), 2) if ok else None,
         "admitted_p99_ms": round(float(np.percentile(ok, 99)), 2) if ok else None,
-        "admitted_within_bound": round(sum(1 for x in ok if x <= bound_ms) / len(ok), 4)
-        if ok
-        else None,
+        "admitted_within_bound": round(sum(x <= bound_ms for x in ok) / len(ok), 4) if ok else None,
         "refusal_p99_ms": round(float(np.percentile(refused, 99)), 2) if refused else None,
         "with_retry_after": sum(1 for r in rows if r["retry"] is not None),
     }
 
 
-def run_mode(
-    name: str,
-    target: str,
-    serve_args: list[str],
-    feeds: dict[str, np.ndarray],
-    a: Any,
-    slo_ms: float | None,
-    capacity: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def run_mode(name: str, target: str, serve_args: list[str], feeds: dict[str, np.ndarray], a: Any,
+             slo_ms: float | None, capacity: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One mode of ``--per-connection`` on a fresh service (:func:`main_per_connection`)."""
     from infscaler.api.codec import encode_infer_request
 
     svc = harness.Sut([target], args=serve_args)
     res: dict[str, Any] = {"mode": name, "serve": [target, *serve_args], "slo_ms": slo_ms}
     try:
         svc.__enter__()
-        sock = svc.sock
-        model = "resnet50" if target == "resnet50" else target
+        sock, model = svc.sock, target
         bound_ms = slo_ms if slo_ms is not None else 2000.0
         body, headers = encode_infer_request(
             feeds, parameters={"timeout_ms": round(bound_ms * a.timeout_fraction, 1)}
@@ -357,22 +348,12 @@ def run_mode(
         over = summarize(rows, a.duration_s, bound_ms)
         rss = [s["rss_mb"] for s in samples if s["rss_mb"] is not None]
         budget = None if base_rss is None else base_rss + 3 * a.max_inflight_mb
-        res.update(
-            capacity=cap,
-            factor=a.factor,
-            rate_rps=round(rate, 2),
-            bound_ms=bound_ms,
-            overload=over,
-            recovery_s=rec["recovery_s"],
-            probes=rec["probes"],
-            rss_before_mb=base_rss,
-            rss_peak_mb=round(max(rss), 1) if rss else None,
-            rss_end_mb=round(rss[-1], 1) if rss else None,
-            rss_budget_mb=round(budget, 1) if budget else None,
-            samples=samples,
-            overload_window_s=[round(t_over, 3), round(t_rec, 3)],
-            requests=rows,
-        )
+        res.update(capacity=cap, factor=a.factor, rate_rps=round(rate, 2), bound_ms=bound_ms,
+                   overload=over, recovery_s=rec["recovery_s"], probes=rec["probes"],
+                   rss_before_mb=base_rss, rss_peak_mb=round(max(rss), 1) if rss else None,
+                   rss_end_mb=round(rss[-1], 1) if rss else None,
+                   rss_budget_mb=round(budget, 1) if budget else None, samples=samples,
+                   overload_window_s=[round(t_over, 3), round(t_rec, 3)], requests=rows)  # fmt: skip
         res["checks"] = {
             "every_request_answered": over["unanswered"] == 0,
             "no_connection_errors": over["connection_errors"] == 0,
