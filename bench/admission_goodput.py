@@ -23,28 +23,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+from harness.host import process_cpu_seconds  # noqa: E402
 from harness.models import MODEL_SETTINGS  # noqa: E402
 from harness.scenarios import OFFLINE, SINGLE_STREAM  # noqa: E402
 
 MODES = ("off", "on")
-
-
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and its live descendants."""
-    import psutil
-
-    total = 0.0
-    try:
-        root = psutil.Process(pid)
-        for p in [root, *root.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                continue
-    except psutil.Error:
-        pass
-    return total
 
 
 def point_row(kind: str, factor: float, load: float, point: Any, cpu_s: float) -> dict:
@@ -58,9 +41,7 @@ def point_row(kind: str, factor: float, load: float, point: Any, cpu_s: float) -
         "load": round(load, 3),
         "goodput_rps": round(s["goodput"] or 0.0, 3),
         "throughput_rps": round(s["throughput"], 3),
-        "admitted_p99_ms": None
-        if s["latency_ms"]["p99"] is None
-        else round(s["latency_ms"]["p99"], 2),
+        "admitted_p99_ms": None if (p99 := s["latency_ms"]["p99"]) is None else round(p99, 2),
         "refused_rps": round(s["refused_per_s"], 3),
         "errors_rps": round(s["errors_per_s"], 3),
         "stable": point.stable,
@@ -85,9 +66,9 @@ async def http_points(
         connector=conn, timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)
     ) as session:
         for key, spec in specs:
-            c0 = tree_cpu_s(svc.proc.pid)
+            c0 = process_cpu_seconds(svc.processes())
             point = await gen.measure(session, spec, cfg, body, headers)
-            out.append((key, point, tree_cpu_s(svc.proc.pid) - c0))
+            out.append((key, point, process_cpu_seconds(svc.processes()) - c0))
     return out
 
 
@@ -153,13 +134,8 @@ def measure_http(svc: Any, a: Any, ctx: dict, key: tuple, spec: Any, pool: int =
     """One HTTP load point on ``svc`` (module docstring, step 3 or 4) as a JSON row."""
     from infscaler.api.loadgen import MeasureConfig
 
-    cfg = MeasureConfig(
-        interval_ms=a.window_ms,
-        max_trials=a.trials,
-        slo_ms=ctx["slo_ms"],
-        timeout_s=30.0,
-        seed=a.seed,
-    )
+    cfg = MeasureConfig(interval_ms=a.window_ms, max_trials=a.trials, slo_ms=ctx["slo_ms"],
+                        timeout_s=30.0, seed=a.seed)  # fmt: skip
     body, headers = ctx["body"], ctx["headers"]
     ((k, point, cpu),) = asyncio.run(
         http_points(svc, a.model, body, headers, [(key, spec)], cfg, pool=pool)
@@ -232,14 +208,8 @@ def compare(data: dict[str, Any], tolerance: float, slo_ms: float) -> dict[str, 
             ok = y["goodput_rps"] >= tolerance * x["goodput_rps"]
             key = f"{proto}_{x['kind']}_{x['factor']:g}x"
             checks[f"goodput_on_ge_off_{key}"] = ok
-            rows.append(
-                {
-                    "point": key,
-                    "off": x,
-                    "on": y,
-                    "on_over_off": None if ratio is None else round(ratio, 3),
-                }
-            )
+            on_over_off = None if ratio is None else round(ratio, 3)
+            rows.append({"point": key, "off": x, "on": y, "on_over_off": on_over_off})
     ka = by["on"].get("keepalive16")
     if ka:
         p99 = ka["admitted_p99_ms"]

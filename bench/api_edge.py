@@ -50,26 +50,13 @@ check_rows.outputs_spec = {"x2": {"datatype": "FP32", "shape": [-1, 4]}}  # type
 
 def small_model(path: str | Path) -> Path:
     """Write the ONNX model ``y = relu(x W)`` (x FP32 [N, 4], W 4x4 fixed) to ``path``."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from harness.models import save_model
+    from onnx import helper
 
     w = np.arange(16, dtype=np.float32).reshape(4, 4) / 16.0
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
-            helper.make_node("Relu", ["m"], ["y"], name="relu"),
-        ],
-        "fuzz",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-        initializer=[numpy_helper.from_array(w, name="w")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path = Path(path)
-    onnx.save(model, str(path))
-    return path
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+             helper.make_node("Relu", ["m"], ["y"], name="relu")]  # fmt: skip
+    return save_model(Path(path), nodes, {"x": ["N", 4]}, {"y": ["N", 4]}, {"w": w}, "fuzz")
 
 
 def expected_y(x: np.ndarray) -> np.ndarray:
@@ -81,28 +68,12 @@ def expected_y(x: np.ndarray) -> np.ndarray:
 def fuzz_pipeline(model_path: str | Path) -> dict[str, Any]:
     """The pipeline config (for ``load_pipeline``); ``api_edge`` must be importable by the
     instance processes (this directory on their ``PYTHONPATH``)."""
-    return {
-        "name": MODEL,
-        "description": "fuzz target: check rows, then y = relu(x W)",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-        "outputs": ["y"],
-        "stages": [
-            {
-                "name": "check",
-                "function": "api_edge:check_rows",
-                "inputs": ["x"],
-                "outputs": ["x2"],
-            },
-            {
-                "name": "model",
-                "model": str(model_path),
-                "inputs": {"x": "x2"},
-                "outputs": {"y": "y"},
-                "engine": "cpu",
-                "instances": 1,
-            },
-        ],
-    }
+    return {"name": MODEL, "description": "fuzz target: check rows, then y = relu(x W)",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}], "outputs": ["y"],
+            "stages": [{"name": "check", "function": "api_edge:check_rows", "inputs": ["x"],
+                        "outputs": ["x2"]},
+                       {"name": "model", "model": str(model_path), "inputs": {"x": "x2"},
+                        "outputs": {"y": "y"}, "engine": "cpu", "instances": 1}]}  # fmt: skip
 
 
 # -- requests and answers ------------------------------------------------------------------
@@ -144,18 +115,10 @@ def infer_request(body: bytes, headers: dict[str, str] | None = None, model: str
 
 def valid_doc(rng: random.Random) -> dict[str, Any]:
     """A valid request document drawn from ``rng``: 1..3 rows of 4 values in [-2, 2]."""
-    n = rng.randint(1, 3)
-    return {
-        "id": f"r{rng.randint(0, 999)}",
-        "inputs": [
-            {
-                "name": "x",
-                "datatype": "FP32",
-                "shape": [n, 4],
-                "data": [round(rng.uniform(-2, 2), 3) for _ in range(4 * n)],
-            }
-        ],
-    }
+    n, rid = rng.randint(1, 3), f"r{rng.randint(0, 999)}"
+    x = {"name": "x", "datatype": "FP32", "shape": [n, 4],
+         "data": [round(rng.uniform(-2, 2), 3) for _ in range(4 * n)]}  # fmt: skip
+    return {"id": rid, "inputs": [x]}
 
 
 # -- sending ------------------------------------------------------------------------------

@@ -96,11 +96,8 @@ _ODD_VALUES: list[Any] = [
 
 @st.composite
 def wrong_types(draw: st.DrawFn) -> Case:
-    field = draw(
-        st.sampled_from(
-            ["inputs", "input", "name", "datatype", "shape", "data", "parameters", "id"]
-        )
-    )
+    fields = ["inputs", "input", "name", "datatype", "shape", "data", "parameters", "id"]
+    field = draw(st.sampled_from(fields))
     v = draw(st.sampled_from(_ODD_VALUES))
     if field == "inputs":
         doc: Any = {"inputs": v}
@@ -158,11 +155,8 @@ def bad_params(draw: st.DrawFn) -> Case:
 
 @st.composite
 def bad_datatype(draw: st.DrawFn) -> Case:
-    dt = draw(
-        st.sampled_from(
-            ["FP33", "fp32", "", "BF16", "FLOAT", "INT128", "BYTES", "INT32", "BOOL", "é"]
-        )
-    )
+    dts = ["FP33", "fp32", "", "BF16", "FLOAT", "INT128", "BYTES", "INT32", "BOOL", "é"]
+    dt = draw(st.sampled_from(dts))
     data: Any = [1, 2, 3, 4]
     if dt == "BYTES":
         data = ["a", "b", "c", "d"]
@@ -210,38 +204,23 @@ def huge_shape(draw: st.DrawFn) -> Case:
 @st.composite
 def bad_binary(draw: st.DrawFn) -> Case:
     size = draw(st.sampled_from([16, 15, 17, 0, -16, 10**12]))
-    header = json.dumps(
-        {"inputs": [_inp(data=_DROP, parameters={"binary_data_size": size})]}
-    ).encode()
+    header = json.dumps({"inputs": [_inp(data=_DROP, parameters={"binary_data_size": size})]})
+    header = header.encode()
     blob = bytes(range(16))[: draw(st.sampled_from([16, 8, 0]))]
     if size == 16 and len(blob) == 16:
         blob += b"\0" * draw(st.integers(1, 8))  # unclaimed bytes
     body = header + blob
-    hl = draw(
-        st.sampled_from(
-            [
-                str(len(body) + draw(st.integers(1, 1000))),
-                "-1",
-                "-" + str(len(header)),
-                "1.5",
-                "abc",
-                "",
-                " " + str(len(header)),
-                str(10**30),
-                "0x10",
-                None,
-            ]
-        )
-    )
+    too_long = str(len(body) + draw(st.integers(1, 1000)))
+    hl = draw(st.sampled_from([too_long, "-1", "-" + str(len(header)), "1.5", "abc", "",
+                               " " + str(len(header)), str(10**30), "0x10", None]))  # fmt: skip
     headers = {} if hl is None else {"Inference-Header-Content-Length": hl}
     return Case("bad_binary", infer_request(body, headers), note=f"size {size} header {hl!r}")
 
 
 @st.composite
 def unknown_model(draw: st.DrawFn) -> Case:
-    name = draw(
-        st.sampled_from(["nope", "EDGE", "edge ", "edg", "%00", "..%2F..", "a" * 300, "модель"])
-    )
+    names = ["nope", "EDGE", "edge ", "edg", "%00", "..%2F..", "a" * 300, "модель"]
+    name = draw(st.sampled_from(names))
     path = quote(name, safe="%")
     method = draw(st.sampled_from(["infer", "meta", "ready", "stats"]))
     if method == "infer":
@@ -292,14 +271,11 @@ def bad_content(draw: st.DrawFn) -> Case:
 
 
 _BAD_OUTPUTS: list[Any] = [
-    "y",
-    [{"name": "nope"}],
-    [{"name": "y"}, {"name": "y"}],
+    "y", [{"name": "nope"}], [{"name": "y"}, {"name": "y"}],
     [{"name": "y", "parameters": {"binary_data": "yes"}}],
     [{"name": "y", "parameters": {"shared_memory_region": "nope", "shared_memory_byte_size": 16}}],
-    [{"name": "y", "parameters": {"classification": 3}}],
-    [5],
-]
+    [{"name": "y", "parameters": {"classification": 3}}], [5],
+]  # fmt: skip
 
 
 @st.composite

@@ -66,23 +66,15 @@ def stats(ms: list[float]) -> dict:
 def build_plan(path: Path, shapes: str | None, k: int) -> tuple:
     """The plan for K=k; on a verification failure at the API default rtol, record it and
     build it again at the fallback rtol (both in the results)."""
-    kwargs = {
-        "shapes": shapes,
-        "slo": None,
-        "num_partitions": k,
-        # profiling settings do not change the cuts (measure="flops", no SLO); keep the
-        # (untimed) plan building short
-        "warmup": 0,
-        "repeats": 1,
-        "out_dir": None,
-    }
+    # profiling settings do not change the cuts (measure="flops", no SLO); keep the
+    # (untimed) plan building short
+    kwargs = {"shapes": shapes, "slo": None, "num_partitions": k, "warmup": 0, "repeats": 1,
+              "out_dir": None}  # fmt: skip
     try:
         return partition_model(path, **kwargs), None
     except VerificationError as exc:
-        note = {
-            "verification_failed_at_default_rtol": str(exc).splitlines()[0],
-            "rebuilt_with_rtol": harness.models.FALLBACK_RTOL,
-        }
+        note = {"verification_failed_at_default_rtol": str(exc).splitlines()[0],
+                "rebuilt_with_rtol": harness.models.FALLBACK_RTOL}  # fmt: skip
         return partition_model(path, rtol=harness.models.FALLBACK_RTOL, **kwargs), note
 
 
@@ -106,19 +98,15 @@ def breakdown(t_whole: list[float], t_chain: list[float], t_parts: list[list[flo
     ``Chain.run``. ``chain_minus_whole_ms``: median of (chain - whole).
     """
     sums = [sum(r) for r in zip(*t_parts, strict=True)]
-    return {
-        "parts_ms": [round(statistics.median(t), 3) for t in t_parts],
-        "parts_sum_ms": round(statistics.median(sums), 3),
-        "chain_minus_whole_ms": round(
-            statistics.median(c - w for c, w in zip(t_chain, t_whole, strict=True)), 3
-        ),
-        "parts_minus_whole_ms": round(
-            statistics.median(p - w for p, w in zip(sums, t_whole, strict=True)), 3
-        ),
-        "chain_minus_parts_ms": round(
-            statistics.median(c - p for c, p in zip(t_chain, sums, strict=True)), 3
-        ),
-    }
+
+    def minus(a: list[float], b: list[float]) -> float:  # median of the paired differences
+        return round(statistics.median(x - y for x, y in zip(a, b, strict=True)), 3)
+
+    return {"parts_ms": [round(statistics.median(t), 3) for t in t_parts],
+            "parts_sum_ms": round(statistics.median(sums), 3),
+            "chain_minus_whole_ms": minus(t_chain, t_whole),
+            "parts_minus_whole_ms": minus(sums, t_whole),
+            "chain_minus_parts_ms": minus(t_chain, sums)}  # fmt: skip
 
 
 def fixed_run_us(so, n: int = 2000) -> float:
@@ -128,14 +116,7 @@ def fixed_run_us(so, n: int = 2000) -> float:
 
     sess = onnxrt.load_session(identity_model(1), options=so)
     x = {"x": np.zeros(1, np.float32)}
-    for _ in range(100):
-        sess.run(None, x)
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        sess.run(None, x)
-        times.append((time.perf_counter_ns() - t0) / 1e3)
-    return round(statistics.median(times), 1)
+    return round(1e3 * harness.models.median_ms(sess, x, n, warmup=100), 1)
 
 
 def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list[dict]:

@@ -14,7 +14,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -23,21 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 HEAVY = ("httpx", "anyio", "pydantic", "onnx", "numpy")
-STAGE = """
-import numpy as np
+PIPELINE = {"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4]}],
+            "outputs": ["y"], "stages": [{"name": "double", "function": "cli_time:double",
+                                          "inputs": ["x"], "outputs": ["y"]}]}  # fmt: skip
 
 
-def double(tensors):
+def double(tensors: dict) -> dict:
+    """The served stage: ``y = 2 x`` (FP32)."""
+    import numpy as np
+
     return {"y": np.asarray(tensors["x"], dtype=np.float32) * np.float32(2)}
-"""
-PIPELINE = {
-    "name": "m",
-    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4]}],
-    "outputs": ["y"],
-    "stages": [
-        {"name": "double", "function": "cli_time_stage:double", "inputs": ["x"], "outputs": ["y"]}
-    ],
-}
 
 
 def commands(sock: str) -> dict[str, list[str]]:
@@ -99,13 +93,12 @@ def main(argv: list[str] | None = None) -> int:
 
     a = harness.cli.parse(ap, argv, quick)
     res = harness.cli.start("cli_time", a)
-    with tempfile.TemporaryDirectory(prefix="cli-time-") as tmp:
-        (Path(tmp) / "cli_time_stage.py").write_text(STAGE)
-        path = os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH", "")) if p)
-        args = ["--control-path", "userspace"]
-        with harness.Sut([PIPELINE], args=args, env={"PYTHONPATH": path}) as s:
-            res.own_pids[:] = s.processes()
-            commands_ = measure(s.sock, a.runs)
+    here = str(Path(__file__).resolve().parent)  # the stage's module, for the instances
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    args, env = ["--control-path", "userspace"], {"PYTHONPATH": path}
+    with harness.Sut([PIPELINE], args=args, env=env) as s:
+        res.own_pids[:] = s.processes()
+        commands_ = measure(s.sock, a.runs)
     for name, r in commands_.items():
         for i, w in enumerate(r["runs_s"]):
             res.add(command=name, run=i + 1, wall_s=round(w, 4))

@@ -24,7 +24,6 @@ host, unlike wall-clock throughput). Ratios are demand / threads of the same run
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -46,8 +45,7 @@ RELUS = 10  # cheap steps on each side of the heavy convolution
 def k3_model(path: Path, size: int = 128) -> Path:
     """Write the 3-convolution chain (module docstring) to ``path``: input ``x`` FP32
     ``[1, 8, size, size]``, output ``y`` FP32 ``[1, 8, size, size]``."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
     rng = np.random.default_rng(0)
 
@@ -75,33 +73,16 @@ def k3_model(path: Path, size: int = 128) -> Path:
         conv(f"b{RELUS - 1}", "w3", "y", "light_out"),
     ]
     inits = {"w1": w(16, 8, 3, 3), "w2": w(16, 16, 9, 9), "w3": w(8, 16, 3, 3)}
-    graph = helper.make_graph(
-        nodes,
-        "k3",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, size, size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, size, size])],
-        initializer=[numpy_helper.from_array(v, name=k) for k, v in inits.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+    shape = [1, 8, size, size]
+    return harness.models.save_model(path, nodes, {"x": shape}, {"y": shape}, inits, "k3")
 
 
 def whole_ms(path: Path, size: int, n: int = 20) -> float:
     """Median latency of the whole model on one single-thread session, ms."""
     from infscaler.engines.onnxrt.loader import load_session
 
-    sess = load_session(path, threads=1)
     x = {"x": np.ones((1, 8, size, size), np.float32)}
-    sess.run(None, x)
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        sess.run(None, x)
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    return harness.models.median_ms(load_session(path, threads=1), x, n, warmup=1)
 
 
 def pipeline(model: Path, slo_ms: float, size: int) -> dict[str, Any]:

@@ -78,20 +78,25 @@ def phase_kills(args: Any, state: Path) -> dict[str, Any]:
         lock = threading.Lock()
         stop = threading.Event()
 
-        def on_done(t_sub: float, fut: Any) -> None:
-            t_end = time.monotonic()
-            try:
-                fut.result()
-                rec = {"t": t_sub - t0, "ms": (t_end - t_sub) * 1e3, "outcome": "ok"}
-            except RequestError as exc:
-                outcome = "503" if exc.status == 503 else f"error {exc.status}"
-                rec = {"t": t_sub - t0, "ms": (t_end - t_sub) * 1e3, "outcome": outcome}
-                rec["reason"] = str(exc)[:160]
-            except Exception as exc:  # noqa: BLE001 - recorded, never hidden
-                rec = {"t": t_sub - t0, "ms": (t_end - t_sub) * 1e3, "outcome": "exception"}
-                rec["reason"] = f"{type(exc).__name__}: {exc}"[:160]
+        def record(t_sub: float, outcome: str, reason: str | None = None, **kw: Any) -> None:
+            ms = (time.monotonic() - t_sub) * 1e3
+            rec = {"t": t_sub - t0, "ms": ms, "outcome": outcome, **kw}
+            if reason is not None:
+                rec["reason"] = reason[:160]
             with lock:
                 records.append(rec)
+
+        def failed(exc: RequestError) -> str:
+            return "503" if exc.status == 503 else f"error {exc.status}"
+
+        def on_done(t_sub: float, fut: Any) -> None:
+            try:
+                fut.result()
+                record(t_sub, "ok")
+            except RequestError as exc:
+                record(t_sub, failed(exc), str(exc))
+            except Exception as exc:  # noqa: BLE001 - recorded, never hidden
+                record(t_sub, "exception", f"{type(exc).__name__}: {exc}")
 
         futures: list[Any] = []
 
@@ -103,16 +108,7 @@ def phase_kills(args: Any, state: Path) -> dict[str, Any]:
                 try:
                     fut = svc.submit(dep.name, x)
                 except RequestError as exc:  # refused at once (degraded / overloaded)
-                    with lock:
-                        records.append(
-                            {
-                                "t": t_sub - t0,
-                                "ms": (time.monotonic() - t_sub) * 1e3,
-                                "outcome": "503" if exc.status == 503 else f"error {exc.status}",
-                                "refused": True,
-                                "reason": str(exc)[:160],
-                            }
-                        )
+                    record(t_sub, failed(exc), str(exc), refused=True)
                 else:
                     futures.append(fut)
                     fut.add_done_callback(lambda f, ts=t_sub: on_done(ts, f))
@@ -124,17 +120,13 @@ def phase_kills(args: Any, state: Path) -> dict[str, Any]:
         time.sleep(1.0)
         kills = []
         for i in range(args.kills):
-            h = next(
-                (h for h in svc.supervisor.handles(key) if h.state == "ready"),
-                None,
-            )
+            h = next((h for h in svc.supervisor.handles(key) if h.state == "ready"), None)
             if h is None:
                 kills.append({"kill": i, "skipped": "no ready instance to kill"})
                 continue
             t_kill = time.monotonic()
             os.kill(h.pid, signal.SIGKILL)
-            back = None
-            delay = None
+            back = delay = None
             degraded_seen = False
             deadline = t_kill + 60.0
             while time.monotonic() < deadline:

@@ -59,18 +59,13 @@ def site(n_nodes: int, n_streams: int, keys: list[tuple[str, float]], seed: int)
     from infscaler.runtime.planning.planner import resource_cap
 
     caps = {d: resource_cap(load_profile(d)) for d, _ in MIX}
-    nodes = []
-    for d, frac in MIX:
-        for i in range(int(round(n_nodes * frac))):
-            nodes.append(FleetNode(f"{d}-{i:04d}", d, caps[d]))
+    nodes = [FleetNode(f"{d}-{i:04d}", d, caps[d]) for d, frac in MIX
+             for i in range(int(round(n_nodes * frac)))]  # fmt: skip
     rng = np.random.default_rng(seed)
     rates = np.clip(rng.lognormal(np.log(5.0), 0.8, n_streams), 0.5, 60.0)
     which = rng.integers(0, len(keys), n_streams)
-    streams = [
-        Stream(f"s{i:05d}", keys[k][0], round(float(r), 3), keys[k][1])
-        for i, (r, k) in enumerate(zip(rates, which, strict=True))
-    ]
-    return nodes, streams
+    return nodes, [Stream(f"s{i:05d}", keys[k][0], round(float(r), 3), keys[k][1])
+                   for i, (r, k) in enumerate(zip(rates, which, strict=True))]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,13 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     curves, t0 = {}, time.perf_counter()
     for p, slo in keys:
         for d, _ in MIX:
-            curves[(p, slo, d)] = c = capacity_curve(
-                p, units[p], slo, d, load_profile(d), pool_mb=POOL_MB
-            )
-            print(
-                f"  R*({p}, SLO {slo:g} ms, {d}) = {c.max_rate:.1f}/s ({c.planner_runs} runs)",
-                flush=True,
-            )
+            c = capacity_curve(p, units[p], slo, d, load_profile(d), pool_mb=POOL_MB)
+            curves[(p, slo, d)] = c
+            print(f"  R*({p}, SLO {slo:g} ms, {d}) = {c.max_rate:.1f}/s ({c.planner_runs} runs)",
+                  flush=True)  # fmt: skip
     res.summary.update(mix=dict(MIX), slo_factors=SLO_FACTORS, pool_mb=POOL_MB,
                        curve_seconds=round(time.perf_counter() - t0, 2),
                        planner_runs=sum(c.planner_runs for c in curves.values()),

@@ -90,18 +90,15 @@ def run(count: int, seed: int, valid_every: int) -> dict:
                 suppress_health_check=list(HealthCheck),
             )
 
+            def sample(i: int) -> None:
+                samples.append({"requests": i, "seconds": round(time.perf_counter() - t0, 2),
+                                "service_rss_mb": _rss([me]), "instances_rss_mb": _rss(inst)})  # fmt: skip
+
             def one(case: api_edge.Case) -> None:
                 i = sent[0]
                 sent[0] += 1
                 if i % every == 0:
-                    samples.append(
-                        {
-                            "requests": i,
-                            "seconds": round(time.perf_counter() - t0, 2),
-                            "service_rss_mb": _rss([me]),
-                            "instances_rss_mb": _rss(inst),
-                        }
-                    )
+                    sample(i)
                 a = api_edge.send(sock, case.raw, shut_write=case.shut_write)
                 status = "closed" if a.status is None else str(a.status)
                 by_status[status] += 1
@@ -119,14 +116,7 @@ def run(count: int, seed: int, valid_every: int) -> dict:
                 hypothesis_seed(seed)(fuzz(given(case=STRATEGIES[kind])(one)))()
             count = sent[0]
             elapsed = time.perf_counter() - t0
-            samples.append(
-                {
-                    "requests": count,
-                    "seconds": round(elapsed, 2),
-                    "service_rss_mb": _rss([me]),
-                    "instances_rss_mb": _rss(inst),
-                }
-            )
+            sample(count)
             final_valid = api_edge.check_valid(sock)
             end = time.monotonic() + 30
             while (slots := svc.status()["pool"]["slots_in_use"]) > slots0:

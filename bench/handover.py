@@ -47,13 +47,6 @@ from infscaler.ebpf.probe import ebpf_available, open_channel  # noqa: E402
 from infscaler.ebpf.token import NO_SLAB, TOKEN_SIZE, TokenKind  # noqa: E402
 
 MECHANISMS = ["ebpf", "userspace", "direct", "mpqueue", "shmring"]
-LABELS = {
-    "ebpf": "eBPF sockmap\n(ours)",
-    "userspace": "user-space broker\n(ours, fallback)",
-    "direct": "AF_UNIX direct\n(socketpair)",
-    "mpqueue": "multiprocessing\n.Queue",
-    "shmring": "busy-poll shm ring\n(SPRIGHT-style)",
-}
 TARGET_P50_US = 15.0
 TARGET_RATIO = 0.5
 
@@ -464,16 +457,8 @@ def run_once(mech: str, n: int, where: dict[str, int], pool: _Pool, params: dict
                 obj.close()
         if ch is not None:
             st = ch.stats()
-            out["channel_stats"] = {
-                k: st.get(k)
-                for k in (
-                    "delivered",
-                    "to_manager",
-                    "rejected_total",
-                    "inflight_full",
-                    "no_instance",
-                )
-            }
+            keys = ("delivered", "to_manager", "rejected_total", "inflight_full", "no_instance")
+            out["channel_stats"] = {k: st.get(k) for k in keys}
             ch.close()
     out["other_cores"] = foreign.cores()  # CPU other processes used meanwhile
     errors = [r["error"] for r in [pres, *cres] if "error" in r]
@@ -569,11 +554,8 @@ def measure(a: Any, res: harness.Result, mechs: list[str], ns: list[int], places
                             r = run_once(m, n, where, pool, params)
                         except Exception as exc:
                             traceback.print_exc()
-                            r = {
-                                "mechanism": m,
-                                "consumers": n,
-                                "error": [f"{type(exc).__name__}: {exc}"],
-                            }
+                            err = [f"{type(exc).__name__}: {exc}"]
+                            r = {"mechanism": m, "consumers": n, "error": err}
                             pool.restart()  # a failed run may leave answers in the pipes
                         r.update(placement=pl, rep=rep)
                         res.add(**r)

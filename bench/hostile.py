@@ -388,22 +388,15 @@ def soak(proc: subprocess.Popen, sock: str, minutes: float) -> dict[str, Any]:
 
 
 def plot(soak_result: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    """RSS, fds, threads and shm objects against the soak's minutes, one panel each, its
+    slope after the warm-up in the panel's name (``harness.plot``)."""
+    from bench.harness import plot as draw
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    s = soak_result["samples"]
-    t = [x["t_s"] / 60 for x in s]
-    fig, axes = plt.subplots(4, 1, figsize=(8, 9), sharex=True)
-    for ax, key in zip(axes, ("rss_mb", "fds", "threads", "shm_objects"), strict=True):
-        ax.plot(t, [x[key] for x in s], marker=".")
-        slope = soak_result["slope_per_hour_after_warmup"][key]
-        ax.set_ylabel(key)
-        ax.set_title(f"{key}: slope after warm-up {slope:+.2f} / h", fontsize=9)
-    axes[-1].set_xlabel("minutes (valid load, attacks in turn, kill -9 of an instance a minute)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    slopes = soak_result["slope_per_hour_after_warmup"]
+    pts = [{"metric": f"{k}: {slopes[k]:+.2f} / h after warm-up", "min": x["t_s"] / 60, "v": x[k]}
+           for x in soak_result["samples"] for k in ("rss_mb", "fds", "threads", "shm_objects")]  # fmt: skip
+    draw(pts, path, x="min", y="v", panel="metric", ylabel="the panel's metric",
+         xlabel="minutes (valid load, attacks in turn, kill -9 of an instance a minute)")  # fmt: skip
 
 
 def main() -> None:

@@ -67,63 +67,32 @@ def unpack(commit: str, root: Path) -> tuple[Path, Path]:
     return src, path
 
 
-def run_side(
-    side: dict,
-    script: str,
-    args: list[str],
-    out_dir: Path,
-    module: str = "infscaler.runtime",
-    timeout_s: float = 600,
-) -> tuple[subprocess.CompletedProcess, float]:
+def run_side(side: dict, script: str, args: list[str], out_dir: Path) -> float:
     """Run this checkout's ``bench/<script>`` with ``side``'s package first on the path
-    (checked: ``module`` must come from ``side``'s tree); the finished process and the
-    other processes' CPU (cores) meanwhile.
+    (checked: ``infscaler.runtime`` must come from ``side``'s tree) in ``out_dir``; the
+    host's busy CPU meanwhile (cores).
 
     Raises:
-        RuntimeError: ``module`` came from elsewhere, or the script failed.
+        RuntimeError: the package came from elsewhere, or the script failed.
     """
     env = {**os.environ, "PYTHONPATH": str(side["path"])}
-    code = f"import os, {module} as m; print(os.path.realpath(m.__file__))"
-    check = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd="/"
-    ).stdout.strip()
+    code = "import os, infscaler.runtime as m; print(os.path.realpath(m.__file__))"
+    check = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           check=True, cwd="/").stdout.strip()  # fmt: skip
     if not check.startswith(str(side["src"].resolve())):
         raise RuntimeError(f"{side['name']}: imported {check}, not the copy in {side['src']}")
     busy0, t0 = busy_cpu_seconds(), time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=str(out_dir),
-        timeout=timeout_s,
-    )
-    busy1, t1 = busy_cpu_seconds(), time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *args, "--out", str(out_dir)],
+                          env=env, capture_output=True, text=True, cwd=str(out_dir), timeout=600)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"{side['name']} {script} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc, (busy1 - busy0) / max(t1 - t0, 1e-9)
+    return (busy_cpu_seconds() - busy0) / max(time.monotonic() - t0, 1e-9)
 
 
 def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
     """The eBPF channel's one-hop P50, µs (cross-core, one consumer, quick settings)."""
-    proc, busy = run_side(
-        side,
-        "handover.py",
-        [
-            "--quick",
-            "--mechanisms",
-            "ebpf",
-            "--consumers",
-            "1",
-            "--placements",
-            "cross-core",
-            "--quiet-wait-s",
-            "0",
-            "--out",
-            str(out_dir),
-        ],
-        out_dir,
-    )
+    args = "--quick --mechanisms ebpf --consumers 1 --placements cross-core --quiet-wait-s 0"
+    busy = run_side(side, "handover.py", args.split(), out_dir)
     data = json.loads((out_dir / "handover_quick.json").read_text())
     rows = data["summary"]["results"]  # handover.py's aggregate per (placement, mechanism, N)
     (row,) = [r for r in rows if r["mechanism"] == "ebpf" and r["consumers"] == 1]
@@ -132,7 +101,7 @@ def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
 
 def served_rps(side: dict, out_dir: Path, n: int) -> tuple[float, float]:
     """Closed-loop requests per second of one client through the service (frontend_cpu)."""
-    proc, busy = run_side(side, "frontend_cpu.py", ["-n", str(n), "--out", str(out_dir)], out_dir)
+    busy = run_side(side, "frontend_cpu.py", ["-n", str(n)], out_dir)
     data = json.loads((out_dir / "frontend_cpu.json").read_text())
     return 1000.0 / float(data["summary"]["client_latency_ms_mean"]), busy
 
@@ -146,16 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="hotpath_ab", help="results/NAME.json and .png")
     args = harness.cli.parse(ap, argv)
     res = harness.cli.start(args.name, args)
-    commits = {
-        name: subprocess.run(
-            ["git", "rev-parse", "--short", ref],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        for name, ref in (("before", args.before), ("after", args.after))
-    }
+    commits = {name: subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, check=True,
+                                    capture_output=True, text=True).stdout.strip()
+               for name, ref in (("before", args.before), ("after", args.after))}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="infscaler-ab-") as tmp:
         sides = []
         for name, commit in commits.items():

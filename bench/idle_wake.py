@@ -51,15 +51,10 @@ def served_bins(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         med = float(np.median(comp[m])) if m.any() else None
         if base is None:
             base = med
-        out.append(
-            {
-                "gap_s": [lo, hi],
-                "requests": int(m.sum()),
-                "compute_p50_ms": None if med is None else round(med, 2),
-                "compute_p90_ms": round(float(np.percentile(comp[m], 90)), 2) if m.any() else None,
-                "factor": None if med is None or not base else round(med / base, 3),
-            }
-        )
+        out.append({"gap_s": [lo, hi], "requests": int(m.sum()),
+                    "compute_p50_ms": None if med is None else round(med, 2),
+                    "compute_p90_ms": round(float(np.percentile(comp[m], 90)), 2) if m.any() else None,
+                    "factor": None if med is None or not base else round(med / base, 3)})  # fmt: skip
     return out
 
 
@@ -89,9 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         pts = profiler.measure_idle(resolve_model(a.model), feeds, threads=t,
                                     gaps_s=tuple(map(float, a.gaps.split(","))), repeats=a.repeats)  # fmt: skip
         for g, f in pts:
-            res.add(
-                kind="in-process", series=f"in-process {t} thread(s)", gap_s=g, factor=round(f, 3)
-            )
+            res.add(kind="in-process", series=f"in-process {t} thread(s)", gap_s=g,
+                    factor=round(f, 3))  # fmt: skip
         print(f"in-process {t} thread(s): " + ", ".join(f"{g:g} s {f:.2f}x" for g, f in pts))
     with Service(state_dir=Path("/tmp/isc-idle-wake-state"), pool_mb=256) as svc:
         for rate in map(float, a.rates.split(",")):

@@ -26,20 +26,10 @@ WAYS = ("spawned", "forked")
 
 def relu_model(path: Path) -> Path:
     """The one-operator model: y = Relu(x), x FP32 [1, 4]."""
-    import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
 
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
-        "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+    relu = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    return harness.models.save_model(path, [relu], {"x": [1, 4]}, {"y": [1, 4]}, name="relu")
 
 
 def _mem(pid: int) -> dict[str, float]:

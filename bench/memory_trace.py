@@ -49,16 +49,10 @@ def azure_arrivals(rate: float, duration_s: float, seed: int) -> tuple[np.ndarra
     )
     a = a / TIME_COMPRESSION
     per_min = np.bincount((a * TIME_COMPRESSION // 60).astype(int), minlength=minutes)
-    info = {
-        "function": "busiest",
-        "start_min": TRACE_START_MIN,
-        "minutes": minutes,
-        "time_compression": TIME_COMPRESSION,
-        "trace_requests_in_window": int(raw.size),
-        "rate_scale_factor": round(scale, 6),
-        "replayed_requests": int(a.size),
-        "rate_per_trace_minute": [round(n / (60.0 / TIME_COMPRESSION), 3) for n in per_min],
-    }
+    info = {"function": "busiest", "start_min": TRACE_START_MIN, "minutes": minutes,
+            "time_compression": TIME_COMPRESSION, "trace_requests_in_window": int(raw.size),
+            "rate_scale_factor": round(scale, 6), "replayed_requests": int(a.size),
+            "rate_per_trace_minute": [round(n / (60.0 / TIME_COMPRESSION), 3) for n in per_min]}  # fmt: skip
     return a[a < span], info
 
 
@@ -133,9 +127,8 @@ def compare(runs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
         row[f"{c}_mean_mb"], row[f"{c}_throughput_rps"] = r["memory_mean_mb"], r["throughput_rps"]
         if b is None or c == "replication":
             continue
-        equal = abs(r["throughput_rps"] - b["throughput_rps"]) <= 0.05 * max(
-            b["throughput_rps"], 1e-9
-        )
+        base_rps = max(b["throughput_rps"], 1e-9)
+        equal = abs(r["throughput_rps"] - b["throughput_rps"]) <= 0.05 * base_rps
         row[f"{c}_mean_ratio"] = round(r["memory_mean_mb"] / b["memory_mean_mb"], 3)
         row[f"{c}_peak_ratio"] = round(r["memory_peak_mb"] / b["memory_peak_mb"], 3)
         row[f"{c}_target_0_75_met"] = bool(r["memory_mean_mb"] <= 0.75 * b["memory_mean_mb"])
@@ -154,12 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="of " + ",".join(CONFIGS))
 
     def quick(a: Any) -> None:
-        a.models, a.arrivals, a.duration_s, a.configs = (
-            "resnet50",
-            "gamma-cv4",
-            20.0,
-            "infscaler,replication",
-        )
+        a.models, a.arrivals, a.configs = "resnet50", "gamma-cv4", "infscaler,replication"
+        a.duration_s = 20.0
 
     a = harness.cli.parse(ap, argv, quick)
     if bad := set(a.configs.split(",")) - set(CONFIGS):

@@ -242,75 +242,49 @@ async def closed_loop(sock: str, model: str, body: bytes, headers: dict, clients
     }
 
 
-async def open_loop(
-    sock: str, model: str, body: bytes, headers: dict, rate: float, duration_s: float, seed: int
-) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(seed)
-    rows: list[dict[str, Any]] = []
-    tasks = []
-    t0 = time.perf_counter()
-    t_next = 0.0
-
-    async def fire(t_send: float) -> None:
-        out, ms, retry = await one(sock, model, body, headers, 60)
-        rows.append({"t_s": round(t_send, 4), "outcome": out, "ms": round(ms, 2), "retry": retry})
-
-    while t_next < duration_s:
-        delay = t0 + t_next - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(fire(t_next)))
-        t_next += rng.exponential(1.0 / rate)
-    await asyncio.gather(*tasks)
-    return rows
-
-
-async def recovery(
+async def poisson_send(
     sock: str,
     model: str,
     body: bytes,
     headers: dict,
     rate: float,
-    bound_ms: float,
-    max_s: float,
-    window: int,
+    until_s: float,
     seed: int,
-) -> dict[str, Any]:
-    """Probes until ``window`` consecutive ones succeed within ``bound_ms``."""
+    stop: Any = None,
+) -> list[dict[str, Any]]:
+    """Poisson arrivals at ``rate``, each request on its own connection (:func:`one`), for
+    ``until_s`` s or until ``stop(rows)`` is true at a send: per request its index, send
+    time (s), outcome, latency (ms) and Retry-After (s)."""
     rng = np.random.default_rng(seed)
-    t0 = time.perf_counter()
-    probes: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     tasks = []
-    t_next = 0.0
+    t0, t_next = time.perf_counter(), 0.0
 
     async def fire(i: int, t_send: float) -> None:
-        out, ms, _ = await one(sock, model, body, headers, 60)
-        probes.append({"i": i, "t_s": round(t_send, 3), "outcome": out, "ms": round(ms, 2)})
+        out, ms, retry = await one(sock, model, body, headers, 60)
+        rows.append({"i": i, "t_s": round(t_send, 4), "outcome": out, "ms": round(ms, 2),
+                     "retry": retry})  # fmt: skip
 
-    def recovered_at() -> float | None:
-        done = sorted(probes, key=lambda p: p["i"])
-        run: list[dict] = []
-        for p in done:
-            if p["outcome"] == "ok" and p["ms"] <= bound_ms:
-                run.append(p)
-                if len(run) >= window:
-                    return run[0]["t_s"]
-            else:
-                run = []
-        return None
-
-    i = 0
-    while t_next < max_s:
-        delay = t0 + t_next - time.perf_counter()
-        if delay > 0:
+    while t_next < until_s:
+        if (delay := t0 + t_next - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
-        if recovered_at() is not None:
+        if stop is not None and stop(rows):
             break
-        tasks.append(asyncio.ensure_future(fire(i, t_next)))
-        i += 1
+        tasks.append(asyncio.ensure_future(fire(len(tasks), t_next)))
         t_next += rng.exponential(1.0 / rate)
     await asyncio.gather(*tasks)
-    return {"recovery_s": recovered_at(), "probes": probes}
+    return rows
+
+
+def recovered_at(probes: list[dict[str, Any]], bound_ms: float, window: int) -> float | None:
+    """The send time (s) of the first of ``window`` consecutive probes, in send order,
+    answered within ``bound_ms``; None before such a run."""
+    run: list[dict[str, Any]] = []
+    for p in sorted(probes, key=lambda p: p["i"]):
+        run = [*run, p] if p["outcome"] == "ok" and p["ms"] <= bound_ms else []
+        if len(run) >= window:
+            return run[0]["t_s"]
+    return None
 
 
 def summarize(rows: list[dict[str, Any]], duration_s: float, bound_ms: float) -> dict[str, Any]:
@@ -331,31 +305,22 @@ def summarize(rows: list[dict[str, Any]], duration_s: float, bound_ms: float) ->
         "unanswered": outcomes.get("unanswered", 0),
         "admitted_p50_ms": round(float(np.percentile(ok, 50)), 2) if ok else None,
         "admitted_p99_ms": round(float(np.percentile(ok, 99)), 2) if ok else None,
-        "admitted_within_bound": round(sum(1 for x in ok if x <= bound_ms) / len(ok), 4)
-        if ok
-        else None,
+        "admitted_within_bound": round(sum(x <= bound_ms for x in ok) / len(ok), 4) if ok else None,
         "refusal_p99_ms": round(float(np.percentile(refused, 99)), 2) if refused else None,
         "with_retry_after": sum(1 for r in rows if r["retry"] is not None),
     }
 
 
-def run_mode(
-    name: str,
-    target: str,
-    serve_args: list[str],
-    feeds: dict[str, np.ndarray],
-    a: Any,
-    slo_ms: float | None,
-    capacity: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def run_mode(name: str, target: str, serve_args: list[str], feeds: dict[str, np.ndarray], a: Any,
+             slo_ms: float | None, capacity: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One mode of ``--per-connection`` on a fresh service (:func:`main_per_connection`)."""
     from infscaler.api.codec import encode_infer_request
 
     svc = harness.Sut([target], args=serve_args)
     res: dict[str, Any] = {"mode": name, "serve": [target, *serve_args], "slo_ms": slo_ms}
     try:
         svc.__enter__()
-        sock = svc.sock
-        model = "resnet50" if target == "resnet50" else target
+        sock, model = svc.sock, target
         bound_ms = slo_ms if slo_ms is not None else 2000.0
         body, headers = encode_infer_request(
             feeds, parameters={"timeout_ms": round(bound_ms * a.timeout_fraction, 1)}
@@ -371,41 +336,24 @@ def run_mode(
         base_rss = rss_mb(svc.proc.pid)
         sampler = Sampler(svc.proc.pid, a.sample_s).start()
         t_over = time.monotonic() - sampler.t0
-        rows = asyncio.run(open_loop(sock, model, body, headers, rate, a.duration_s, a.seed))
+        rows = asyncio.run(poisson_send(sock, model, body, headers, rate, a.duration_s, a.seed))
         t_rec = time.monotonic() - sampler.t0
-        rec = asyncio.run(
-            recovery(
-                sock,
-                model,
-                body,
-                headers,
-                max(0.2, cap["throughput_rps"] * a.probe_load),
-                bound_ms,
-                a.recovery_max_s,
-                a.probe_window,
-                a.seed + 1,
-            )
-        )
+        probe_rps = max(0.2, cap["throughput_rps"] * a.probe_load)
+        probes = asyncio.run(poisson_send(
+            sock, model, body, headers, probe_rps, a.recovery_max_s, a.seed + 1,
+            stop=lambda done: recovered_at(done, bound_ms, a.probe_window) is not None,
+        ))  # fmt: skip
+        rec = {"recovery_s": recovered_at(probes, bound_ms, a.probe_window), "probes": probes}
         samples = sampler.stop()
         over = summarize(rows, a.duration_s, bound_ms)
         rss = [s["rss_mb"] for s in samples if s["rss_mb"] is not None]
         budget = None if base_rss is None else base_rss + 3 * a.max_inflight_mb
-        res.update(
-            capacity=cap,
-            factor=a.factor,
-            rate_rps=round(rate, 2),
-            bound_ms=bound_ms,
-            overload=over,
-            recovery_s=rec["recovery_s"],
-            probes=rec["probes"],
-            rss_before_mb=base_rss,
-            rss_peak_mb=round(max(rss), 1) if rss else None,
-            rss_end_mb=round(rss[-1], 1) if rss else None,
-            rss_budget_mb=round(budget, 1) if budget else None,
-            samples=samples,
-            overload_window_s=[round(t_over, 3), round(t_rec, 3)],
-            requests=rows,
-        )
+        res.update(capacity=cap, factor=a.factor, rate_rps=round(rate, 2), bound_ms=bound_ms,
+                   overload=over, recovery_s=rec["recovery_s"], probes=rec["probes"],
+                   rss_before_mb=base_rss, rss_peak_mb=round(max(rss), 1) if rss else None,
+                   rss_end_mb=round(rss[-1], 1) if rss else None,
+                   rss_budget_mb=round(budget, 1) if budget else None, samples=samples,
+                   overload_window_s=[round(t_over, 3), round(t_rec, 3)], requests=rows)  # fmt: skip
         res["checks"] = {
             "every_request_answered": over["unanswered"] == 0,
             "no_connection_errors": over["connection_errors"] == 0,

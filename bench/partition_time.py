@@ -36,17 +36,8 @@ from infscaler.partitioner.graph import OperatorGraph  # noqa: E402
 from infscaler.partitioner.loader import load_model  # noqa: E402
 
 SYNTHETIC = "synthetic-chain"
-FULL = [
-    "ppocrv4-det",
-    "ppocrv4-rec",
-    "resnet50",
-    "vgg19",
-    "shufflenet",
-    "inception-v1",
-    "inception-v2",
-    "densenet121",
-    SYNTHETIC,
-]
+FULL = ["ppocrv4-det", "ppocrv4-rec", "resnet50", "vgg19", "shufflenet", "inception-v1",
+        "inception-v2", "densenet121", SYNTHETIC]  # fmt: skip
 QUICK = ["ppocrv4-rec", "resnet50", "shufflenet", SYNTHETIC]
 
 #: progress message prefix -> phase key (see partitioner/api.py).
@@ -81,18 +72,9 @@ def timed_partition(path: Path, shapes: str | None, settings: dict, rtol: float)
     error = None
     plan = None
     try:
-        plan = partition_model(
-            path,
-            shapes=shapes,
-            slo=None,
-            num_partitions=settings["num_partitions"],
-            warmup=settings["warmup"],
-            repeats=settings["repeats"],
-            use_cache=False,
-            out_dir=None,
-            rtol=rtol,
-            progress=progress,
-        )
+        plan = partition_model(path, shapes=shapes, slo=None, num_partitions=settings["num_partitions"],
+                               warmup=settings["warmup"], repeats=settings["repeats"], use_cache=False,
+                               out_dir=None, rtol=rtol, progress=progress)  # fmt: skip
     except VerificationError as exc:
         error = exc
     t1 = time.perf_counter()
@@ -109,9 +91,7 @@ def timed_partition(path: Path, shapes: str | None, settings: dict, rtol: float)
 def bench_model(name: str, settings: dict, tmp: Path) -> dict:
     if name == SYNTHETIC:
         t = time.perf_counter()
-        path = harness.models.synthetic_chain(
-            tmp / "synthetic_chain.onnx", blocks=settings["blocks"]
-        )
+        path = harness.models.synthetic_chain(tmp / "synthetic_chain.onnx", settings["blocks"])
         prep_s = time.perf_counter() - t
         shapes = None
         kind = f"synthetic ({settings['blocks']} x Conv-BN-Relu-Add, 1x16x16x16, random weights)"

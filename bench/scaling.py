@@ -77,8 +77,6 @@ def measure_cap(model: str, feeds: dict) -> dict[str, Any]:
     """The former script's memory cap (``harness.models.cap_rule``) from the PSS of one
     1-thread instance of the whole model and of each Eq. 1 partition (K from
     ``MODEL_SETTINGS``), each served fresh after 3 requests."""
-    import time
-
     out = {}
     for label, k in (("whole", 1), ("plan", MODEL_SETTINGS.get(model, {}).get("k", 2))):
         pipe = pipeline(model, NAME, k, 1, whole=k == 1).model_dump(mode="json", exclude_none=True)
@@ -119,14 +117,9 @@ def cell_summary(rates: dict[str, float], ceiling_rps: float) -> dict[str, Any]:
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a is not None and b else None
 
-    return {
-        **{f"{c}_rps": r for c, r in rates.items()},
-        "best_baseline": best,
-        "best_baseline_rps": best_rps,
-        "auto_vs_best": ratio(auto, best_rps),
-        "ceiling_rps": ceiling_rps,
-        "auto_vs_ceiling": ratio(auto, ceiling_rps),
-    }
+    return {**{f"{c}_rps": r for c, r in rates.items()}, "best_baseline": best,
+            "best_baseline_rps": best_rps, "auto_vs_best": ratio(auto, best_rps),
+            "ceiling_rps": ceiling_rps, "auto_vs_ceiling": ratio(auto, ceiling_rps)}  # fmt: skip
 
 
 def run_cell(
@@ -247,21 +240,14 @@ def summarise(rows: list[dict[str, Any]], slo_ms: float, servers: int) -> dict[s
         return [round(float(np.percentile(v, q)), 2) for q in (50, 99)] if v else []
 
     ideal_p99 = float(np.percentile(ideal, 99))
-    return {
-        "requests": len(rows),
-        "refused": refused,
-        "late": sum(x > slo_ms for x in lat),
-        "p50_ms": round(float(np.percentile(lat, 50)), 2) if lat else None,
-        "p99_all_ms": round(p99_all, 2) if p99_all < math.inf else None,
-        "passed": bool(p99_all <= slo_ms),
-        "ideal_fifo_p99_ms": round(ideal_p99, 2),
-        "own_delay_p99_ms": round(p99_all - ideal_p99, 2) if p99_all < math.inf else None,
-        "lag_ms_p50_p99": pct("lag_ms"),
-        "wait_ms_p50_p99": pct("wait_ms"),
-        "compute_ms_p50_p99": pct("compute_ms"),
-        "back_ms_p50_p99": pct("back_ms"),
-        "errors": sorted({r["error"][:160] for r in rows if "error" in r})[:3],
-    }
+    finite = p99_all < math.inf
+    return {"requests": len(rows), "refused": refused, "late": sum(x > slo_ms for x in lat),
+            "p50_ms": round(float(np.percentile(lat, 50)), 2) if lat else None,
+            "p99_all_ms": round(p99_all, 2) if finite else None, "passed": bool(p99_all <= slo_ms),
+            "ideal_fifo_p99_ms": round(ideal_p99, 2),
+            "own_delay_p99_ms": round(p99_all - ideal_p99, 2) if finite else None,
+            **{f"{k}_ms_p50_p99": pct(f"{k}_ms") for k in ("lag", "wait", "compute", "back")},
+            "errors": sorted({r["error"][:160] for r in rows if "error" in r})[:3]}  # fmt: skip
 
 
 def hand_pipeline(model: str, name: str, threads: int, instances: int, slo_ms: float | None):
@@ -355,13 +341,9 @@ def compare(windows: list[dict[str, Any]]) -> dict[str, Any]:
             h = next(x for x in windows if x["variant"] == "hand" and x["repeat"] == w["repeat"])
             if w["p99_all_ms"] and h["p99_all_ms"]:
                 ratios.append(w["p99_all_ms"] / h["p99_all_ms"])
-        out[v] = {
-            "p99_all_ms": [w["p99_all_ms"] for w in mine],
-            "passed": [w["passed"] for w in mine],
-            "late_plus_refused": [w["late"] + w["refused"] for w in mine],
-            "own_delay_p99_ms": [w["own_delay_p99_ms"] for w in mine],
-            "vs_hand_median": round(float(np.median(ratios)), 3) if ratios else None,
-        }
+        out[v] = {**{k: [w[k] for w in mine] for k in ("p99_all_ms", "passed", "own_delay_p99_ms")},
+                  "late_plus_refused": [w["late"] + w["refused"] for w in mine],
+                  "vs_hand_median": round(float(np.median(ratios)), 3) if ratios else None}  # fmt: skip
     return out
 
 

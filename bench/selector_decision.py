@@ -55,12 +55,8 @@ def register_real(state: Path, repeats: int, log) -> tuple[object, dict]:
     for alias in ("ppocrv4-rec", "ppocrv5-rec", "ppocrv6-small-rec", "ppocrv6-tiny-rec"):
         log(f"registering {alias}")
         register(alias, val_set=val, batch_sizes=(1, 4), **common)
-    for alias, acc, ks in (
-        ("ppocrv4-det", 0.8, (1,)),
-        ("ppocrv5-det", 0.8, (1,)),
-        ("ppocrv6-small-det", 0.85, (1,)),
-        ("ppocrv6-tiny-det", 0.75, (1, 2)),
-    ):
+    for alias, acc, ks in (("ppocrv4-det", 0.8, (1,)), ("ppocrv5-det", 0.8, (1,)),
+                           ("ppocrv6-small-det", 0.85, (1,)), ("ppocrv6-tiny-det", 0.75, (1, 2))):  # fmt: skip
         log(f"registering {alias} (declared accuracy {acc})")
         register(alias, accuracy=acc, batch_sizes=(1,), partitions=ks, **common)
     for alias in ("minilm-int8", "minilm-l3"):
@@ -104,18 +100,26 @@ def random_queries(tasks: list[str], n: int, rng: random.Random) -> list:
     return out
 
 
+def timed_ns(fn, calls: list[tuple], warmup: int) -> tuple[list[int], list]:  # noqa: ANN001
+    """``fn(*args)`` for the first ``warmup`` of ``calls`` untimed, then for each of them:
+    every call's ns and its result."""
+    for args in calls[:warmup]:
+        fn(*args)
+    ns, out, clock = [], [], time.perf_counter_ns
+    for args in calls:
+        t0 = clock()
+        r = fn(*args)
+        ns.append(clock() - t0)
+        out.append(r)
+    return ns, out
+
+
 def time_policy(cat, loads, queries) -> tuple[dict, dict]:
     from infscaler.modelless.selector import select
 
-    for q in queries[:200]:  # warm-up
-        select(q, cat, loads)
-    ns = []
+    ns, sels = timed_ns(select, [(q, cat, loads) for q in queries], 200)
     steps: dict[str, int] = {}
-    clock = time.perf_counter_ns
-    for q in queries:
-        t0 = clock()
-        sel = select(q, cat, loads)
-        ns.append(clock() - t0)
+    for sel in sels:
         steps[sel.step] = steps.get(sel.step, 0) + 1
     return us_stats(ns), steps
 
@@ -123,21 +127,13 @@ def time_policy(cat, loads, queries) -> tuple[dict, dict]:
 def synthetic_catalog(n: int, rng: random.Random):
     from infscaler.modelless.selector import Catalog, VariantProfile
 
-    return Catalog(
-        [
-            VariantProfile(
-                name=f"m{i // 4}.b{(1, 2, 4, 8)[i % 4]}",
-                task="synthetic",
-                model=f"m{i // 4}",
-                latency_ms=10 ** rng.uniform(0, 2.5),
-                accuracy=rng.uniform(0.5, 0.99),
-                load_ms=rng.uniform(20, 3000),
-                memory_mb=rng.uniform(20, 500),
-                batch=(1, 2, 4, 8)[i % 4],
-            )
-            for i in range(n)
-        ]
-    )
+    def profile(i: int) -> VariantProfile:
+        b = (1, 2, 4, 8)[i % 4]
+        return VariantProfile(name=f"m{i // 4}.b{b}", task="synthetic", model=f"m{i // 4}",
+                              latency_ms=10 ** rng.uniform(0, 2.5), accuracy=rng.uniform(0.5, 0.99),
+                              load_ms=rng.uniform(20, 3000), memory_mb=rng.uniform(20, 500), batch=b)  # fmt: skip
+
+    return Catalog([profile(i) for i in range(n)])
 
 
 def time_router(reg, n: int, log) -> dict:
@@ -160,24 +156,11 @@ def time_router(reg, n: int, log) -> dict:
                     svc.infer(name, {"image": img})
             rng = random.Random(1)
             queries = random_queries(["text-recognition"], n, rng)
-            for q in queries[:100]:
-                router.select(q.task, q.latency_ms, q.min_accuracy)
-            ns = []
-            clock = time.perf_counter_ns
-            for q in queries:
-                t0 = clock()
-                router.select(q.task, q.latency_ms, q.min_accuracy)
-                ns.append(clock() - t0)
-            monitor = []
-            for _ in range(min(n, 2000)):
-                t0 = clock()
-                router.loads("text-recognition")
-                monitor.append(clock() - t0)
-            return {
-                "deployed": names,
-                "router_select": us_stats(ns),
-                "monitor_read_only": us_stats(monitor),
-            }
+            calls = [(q.task, q.latency_ms, q.min_accuracy) for q in queries]
+            ns, _ = timed_ns(router.select, calls, 100)
+            reads, _ = timed_ns(router.loads, [("text-recognition",)] * min(n, 2000), 0)
+            return {"deployed": names, "router_select": us_stats(ns),
+                    "monitor_read_only": us_stats(reads)}  # fmt: skip
         finally:
             svc.close()
 
@@ -206,9 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         stats, steps = time_policy(cat, loads, random_queries(cat.tasks, n, rng))
         res.summary.update(registry=registered, tasks={t: len(cat.variants(t)) for t in cat.tasks},
                            states={k: v.state.value for k, v in loads.items()})  # fmt: skip
-        res.add(
-            decision="policy, real registry", variants=len(cat.profiles), **stats, branches=steps
-        )
+        res.add(decision="policy, real registry", variants=len(cat.profiles), **stats,
+                branches=steps)  # fmt: skip
         for size in (20, 100, 1000):
             syn = synthetic_catalog(size, random.Random(size))
             sq = random_queries(["synthetic"], n if size < 1000 else n // 4, random.Random(size))

@@ -37,14 +37,6 @@ CONFIGS = [("K=1 x1 (2 threads)", 1, 1, 2), ("K=1 x2", 1, 2, 1), ("K=2", 2, 1, 1
            ("K=2, bottleneck x2", 2, [2, 1], 1), ("K=3", 3, 1, 1)]  # fmt: skip
 
 
-def det_input() -> np.ndarray:
-    from skimage import data as skdata
-
-    from infscaler.pipelines.ocr import det_preprocess
-
-    return np.ascontiguousarray(det_preprocess({"image": skdata.astronaut()})["det_input"])
-
-
 def session_point(sess: Any, x: np.ndarray, duration_s: float) -> dict[str, Any]:
     """The in-process session, one request at a time for ``duration_s``: req/s, P50 / P99."""
     lat, t0 = [], time.perf_counter()
@@ -151,7 +143,7 @@ def run_transports(a: Any) -> int:
     from infscaler.api.client import Client
 
     res = harness.cli.start("serve_det_transports", a)
-    x = det_input()
+    x = harness.models.model_inputs("ppocrv4-det")["x"]
     det = {**config_pipeline(1, 1, 2), "name": NAME}
     shaped = {"name": "det-shaped", "inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape)}],
               "outputs": ["y"], "stages": [{"name": "copy", "function": "serve_det:det_shaped",
@@ -199,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     from infscaler.engines.onnxrt.loader import load_session
 
     res = harness.cli.start("serve_det", a)
-    x = det_input()
+    x = harness.models.model_inputs("ppocrv4-det")["x"]
     sess = load_session(resolve_model("ppocrv4-det"), threads=len(os.sched_getaffinity(0)))
     ref = sess.run(None, {"x": x})[0]
     for label, k, inst, threads in CONFIGS:

@@ -69,32 +69,12 @@ def sim(units: list, arrivals: np.ndarray, slo_ms: float, cap: Any, warmup_s: fl
     from infscaler.runtime.scaling.types import ScalerConfig
 
     a = AUTOSCALE
-    auto = Autoscale(
-        slo_ms=slo_ms,
-        cap=cap,
-        interval_s=a["interval_s"],
-        window_s=a["window_s"],
-        startup_s=STARTUP_S,
-        config=ScalerConfig(
-            violation_ratio=a["violation_ratio"],
-            cooldown_s=a["cooldown_s"],
-            hold_s=a["hold_s"],
-            rate_horizon_s=a["rate_horizon_s"],
-            scale_in_utilisation=a["scale_in_utilisation"],
-            shed=a["shed"],
-        ),
-    )
-    return simulate(
-        units,
-        None,
-        arrivals,
-        slo_ms=slo_ms,
-        handover_ms=HANDOVER_MS,
-        seed=1,
-        warmup_s=warmup_s,
-        autoscale=auto,
-        max_inflight="auto",
-    )
+    fields = {f.name for f in dataclasses.fields(ScalerConfig)}
+    scaler = ScalerConfig(**{k: v for k, v in a.items() if k in fields})
+    auto = Autoscale(slo_ms=slo_ms, cap=cap, interval_s=a["interval_s"], window_s=a["window_s"],
+                     startup_s=STARTUP_S, config=scaler)  # fmt: skip
+    return simulate(units, None, arrivals, slo_ms=slo_ms, handover_ms=HANDOVER_MS, seed=1,
+                    warmup_s=warmup_s, autoscale=auto, max_inflight="auto")  # fmt: skip
 
 
 def throughput_at_slo(units: list, slo_ms: float, cap: Any, ideal: float, steps: int) -> dict:

@@ -32,6 +32,8 @@ import numpy as np
 
 harness.host.default_cache_dir()
 
+from handover import placements  # noqa: E402
+
 from infscaler.ebpf.channel import Endpoint, pack_frame  # noqa: E402
 from infscaler.ebpf.probe import ebpf_available, open_channel  # noqa: E402
 from infscaler.ebpf.token import Token, TokenKind  # noqa: E402
@@ -226,14 +228,6 @@ def _proc_main(
 # ---------------------------------------------------------------------------------------
 # main process
 # ---------------------------------------------------------------------------------------
-def placements(cpus: list[int]) -> dict[str, dict[str, int]]:
-    out = {}
-    if len(cpus) > 1:
-        out["cross-core"] = {"main": cpus[0], "producer": cpus[0], "consumer": cpus[-1]}
-    out["same-core"] = {"main": cpus[-1], "producer": cpus[-1], "consumer": cpus[-1]}
-    return out
-
-
 def _stats_us(ns: list[int]) -> dict[str, float]:
     a = np.asarray(ns, dtype=np.float64) / 1e3
     return {
@@ -268,7 +262,7 @@ def run_once(ctx, where: dict[str, int], channel_kind: str, params: dict) -> dic
         c_ep = ch.add_instance(1, CONSUMER_ID)
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for role, cpu, eps, cs in (
-            ("consumer", where["consumer"], c_ep, b),
+            ("consumer", where["consumers"], c_ep, b),
             ("producer", where["producer"], p_ep, a),
         ):
             parent, child = ctx.Pipe()
@@ -328,7 +322,17 @@ def run_once(ctx, where: dict[str, int], channel_kind: str, params: dict) -> dic
     }
 
 
+#: a size's aggregate key -> (a run's key, its statistic), the median over repetitions
+MEDIANS = {"zero_copy_p50_us": ("zero_copy_us", "p50"), "zero_copy_p99_us": ("zero_copy_us", "p99"),
+           "zero_copy_rtt_half_p50_us": ("zero_copy_rtt_half_us", "p50"),
+           "write_median_us": ("write_us", "median"), "write_first_us": ("write_us", "first"),
+           "copy_p50_us": ("copy_us", "p50"), "copy_p99_us": ("copy_us", "p99"),
+           "copy_dumps_p50_us": ("copy_dumps_us", "p50")}  # fmt: skip
+
+
 def aggregate(runs: list[dict], places: list[str]) -> dict[str, Any]:
+    """Per placement: each size's medians over the runs without error (:data:`MEDIANS`),
+    the 64 MiB / 4 KiB zero-copy P50 ratio against :data:`TARGET_RATIO`, the checks."""
     out: dict[str, Any] = {}
     for pl in places:
         ok = [r for r in runs if r["placement"] == pl and "error" not in r]
@@ -337,33 +341,15 @@ def aggregate(runs: list[dict], places: list[str]) -> dict[str, Any]:
             continue
         rows = []
         for i, n in enumerate(SIZES):
-
-            def med(path: tuple[str, str], i: int = i, ok: list[dict] = ok) -> float:
-                return statistics.median(r["sizes"][i][path[0]][path[1]] for r in ok)
-
-            def reps(path: tuple[str, str], i: int = i, ok: list[dict] = ok) -> list[float]:
-                return [round(r["sizes"][i][path[0]][path[1]], 2) for r in ok]
-
-            zc50, cp50 = med(("zero_copy_us", "p50")), med(("copy_us", "p50"))
-            rows.append(
-                {
-                    "size_bytes": n,
-                    "size": size_label(n),
-                    "zero_copy_p50_us": round(zc50, 2),
-                    "zero_copy_p99_us": round(med(("zero_copy_us", "p99")), 2),
-                    "zero_copy_rtt_half_p50_us": round(med(("zero_copy_rtt_half_us", "p50")), 2),
-                    "write_median_us": round(med(("write_us", "median")), 2),
-                    "write_first_us": round(med(("write_us", "first")), 2),
-                    "copy_p50_us": round(cp50, 2),
-                    "copy_p99_us": round(med(("copy_us", "p99")), 2),
-                    "copy_dumps_p50_us": round(med(("copy_dumps_us", "p50")), 2),
-                    "copy_over_zero_copy": round(cp50 / zc50, 2),
-                    "zero_copy_p50_us_reps": reps(("zero_copy_us", "p50")),
-                    "copy_p50_us_reps": reps(("copy_us", "p50")),
-                    "samples_zero_copy_reps": [r["sizes"][i]["zero_copy_us"]["n"] for r in ok],
-                    "samples_copy_reps": [r["sizes"][i]["copy_us"]["n"] for r in ok],
-                }
-            )
+            per = [r["sizes"][i] for r in ok]
+            med = {k: statistics.median(s[a][b] for s in per) for k, (a, b) in MEDIANS.items()}
+            rows.append({"size_bytes": n, "size": size_label(n),
+                         **{k: round(v, 2) for k, v in med.items()},
+                         "copy_over_zero_copy": round(med["copy_p50_us"] / med["zero_copy_p50_us"], 2),
+                         "zero_copy_p50_us_reps": [round(s["zero_copy_us"]["p50"], 2) for s in per],
+                         "copy_p50_us_reps": [round(s["copy_us"]["p50"], 2) for s in per],
+                         "samples_zero_copy_reps": [s["zero_copy_us"]["n"] for s in per],
+                         "samples_copy_reps": [s["copy_us"]["n"] for s in per]})  # fmt: skip
         ratio = rows[-1]["zero_copy_p50_us"] / rows[0]["zero_copy_p50_us"]
         ratio_reps = [
             r["sizes"][-1]["zero_copy_us"]["p50"] / r["sizes"][0]["zero_copy_us"]["p50"] for r in ok

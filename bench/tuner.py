@@ -113,13 +113,8 @@ def outcomes(
     return out
 
 
-RATIO_KEYS = (
-    "to_decision_s",
-    "to_ready_s",
-    "missed_after_step",
-    "attainment_after",
-    "p99_after_ms",
-)
+RATIO_KEYS = ("to_decision_s", "to_ready_s", "missed_after_step", "attainment_after",
+              "p99_after_ms")  # fmt: skip
 
 
 def ratios(arms: dict[str, dict]) -> dict[str, float | None]:
@@ -207,9 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         pipe = auto_pipeline(a.model, slo, tag == "tuner", a.max_instances)
         arms[tag] = run_arm(res, a, tag, pipe, device, feeds, times, slo)
         res.points += per_second(tag, arms[tag], slo)
-    res.summary["arms"] = {
-        t: {k: v for k, v in e.items() if k != "requests"} for t, e in arms.items()
-    }
+    res.summary["arms"] = {t: {k: v for k, v in e.items() if k != "requests"}
+                           for t, e in arms.items()}  # fmt: skip
     res.summary["ratios_tuner_over_scaler"] = ratios(arms)
     harness.cli.finish(res, a, plot)
     report(arms)
@@ -222,12 +216,8 @@ def per_second(tag: str, arm: dict[str, Any], slo_ms: float) -> list[dict[str, A
     rs = arm["requests"]
     end = int(max((r["t_s"] for r in rs), default=0)) + 1
     att = [ab.attainment([r for r in rs if w <= r["t_s"] < w + 1], slo_ms) for w in range(end)]
-    pts = [
-        {"arm": tag, "metric": "SLO attainment", "t_s": w, "value": v} for w, v in enumerate(att)
-    ]
-    return pts + [
-        {"arm": tag, "metric": "ready instances", "t_s": t, "value": n} for t, n in arm["instances"]
-    ]
+    series = [("SLO attainment", enumerate(att)), ("ready instances", arm["instances"])]
+    return [{"arm": tag, "metric": m, "t_s": t, "value": v} for m, tv in series for t, v in tv]
 
 
 def report(arms: dict[str, Any]) -> None:

@@ -53,6 +53,7 @@ from harness.host import (  # noqa: E402
     process_cpu_seconds,
     wait_for_quiet,
 )
+from harness.models import median_ms  # noqa: E402
 from harness.result import write_json  # noqa: E402
 
 PEER = Path(__file__).resolve().parent / "peers" / "pytriton_peer.py"
@@ -102,15 +103,7 @@ def batchable(alias: str, out_dir: Path) -> Model:
 def single_thread_ms(model: Model, x: np.ndarray, n: int = 20) -> float:
     from infscaler.engines.onnxrt.loader import load_session
 
-    sess = load_session(model.path, threads=1)
-    for _ in range(3):
-        sess.run(None, {model.input: x})
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        sess.run(None, {model.input: x})
-        times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+    return median_ms(load_session(model.path, threads=1), {model.input: x}, n)
 
 
 # --- systems under test ---------------------------------------------------------------------
@@ -565,16 +558,10 @@ def ratios(entry: dict, protocols: list[str]) -> dict:
         for k, pt in enumerate(auto[proto]):
             best_tp = max(t[proto][k]["throughput_rps"] for t in triton)
             best_gp = max(t[proto][k]["goodput_rps"] for t in triton)
-            out[proto].append(
-                {
-                    "point": pt.get("concurrency", pt.get("x_capacity")),
-                    "load": pt["load"],
-                    "throughput_ratio": round(pt["throughput_rps"] / best_tp, 3)
-                    if best_tp
-                    else None,
-                    "goodput_ratio": round(pt["goodput_rps"] / best_gp, 3) if best_gp else None,
-                }
-            )
+            out[proto].append({
+                "point": pt.get("concurrency", pt.get("x_capacity")), "load": pt["load"],
+                "throughput_ratio": round(pt["throughput_rps"] / best_tp, 3) if best_tp else None,
+                "goodput_ratio": round(pt["goodput_rps"] / best_gp, 3) if best_gp else None})  # fmt: skip
     return out
 
 
@@ -604,43 +591,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "(quick: 0.5); '' for none")  # fmt: skip
     ap.add_argument("--slo-x", type=float, default=3.0)
     ap.add_argument("--duration-s", type=float, help="measured per point, default 15 (quick: 5)")
-    ap.add_argument(
-        "--settle-s",
-        type=float,
-        default=20.0,
-        help="each point's load runs this long unmeasured first (default 20: ours' move to "
-        "threads at concurrency 1 needs a 10 s window of looks and an instance swap)",
-    )
-    ap.add_argument(
-        "--warmup-s", type=float, help="at concurrency 2 per protocol, default 3 (quick: 1)"
-    )
-    ap.add_argument(
-        "--peer-venv",
-        default="/tmp/isc-triton-venv",
-        help="made with /usr/bin/python3.11 when absent",
-    )
-    ap.add_argument(
-        "--configs",
-        default="",
-        help="comma-separated configuration names to run, in that order (ours auto always "
-        "runs, first unless listed): "
-        "'triton 2x1', 'triton 1x2', 'triton 2x1 batch', 'ours 2x1', ...",
-    )
-    ap.add_argument(
-        "--state-dir",
-        type=Path,
-        help="ours' state directory (plans, decisions kept between runs); default: a fresh "
-        "temporary one per run, removed at the end",
-    )
-    ap.add_argument(
-        "--name", help="results/NAME.json and .png (default vs_triton, quick: vs_triton_quick)"
-    )
-    ap.add_argument(
-        "--baseline",
-        type=Path,
-        help="an `infscaler` executable of another install (e.g. main's .venv/bin/infscaler): "
-        "adds the configuration 'ours auto baseline', auto served by it",
-    )
+    ap.add_argument("--settle-s", type=float, default=20.0,
+                    help="each point's load runs this long unmeasured first (default 20: ours' move to "
+                    "threads at concurrency 1 needs a 10 s window of looks and an instance swap)")  # fmt: skip
+    ap.add_argument("--warmup-s", type=float, help="at concurrency 2 per protocol, default 3 (quick: 1)")  # fmt: skip
+    ap.add_argument("--peer-venv", default="/tmp/isc-triton-venv",
+                    help="made with /usr/bin/python3.11 when absent (only a Triton configuration needs it)")  # fmt: skip
+    ap.add_argument("--configs", default="",
+                    help="comma-separated configuration names to run, in that order (ours auto always "
+                    "runs, first unless listed): 'triton 2x1', 'triton 1x2', 'triton 2x1 batch', 'ours 2x1', ...")  # fmt: skip
+    ap.add_argument("--state-dir", type=Path,
+                    help="ours' state directory (plans, decisions kept between runs); default: a fresh "
+                    "temporary one per run, removed at the end")  # fmt: skip
+    ap.add_argument("--name", help="results/NAME.json and .png (default vs_triton, quick: vs_triton_quick)")  # fmt: skip
+    ap.add_argument("--baseline", type=Path,
+                    help="an `infscaler` executable of another install (e.g. main's .venv/bin/infscaler): "
+                    "adds the configuration 'ours auto baseline', auto served by it")  # fmt: skip
     ap.add_argument("--keep-logs", action="store_true", help="keep every server's log directory")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
@@ -662,7 +628,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     default_cache_dir()
-    peer_python = peer_venv(Path(args.peer_venv))
+    # Triton's virtualenv only where a Triton configuration runs (ours alone need none)
+    needs_peer = any(s.kind == "triton" for s in suts(args))
+    peer_python = peer_venv(Path(args.peer_venv)) if needs_peer else ""
     quiet = wait_for_quiet(60)
     work = Path(tempfile.mkdtemp(prefix="vs-triton-models-"))
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="vs-triton-state-"))
@@ -700,27 +668,12 @@ def main() -> int:
                 sut.stop(keep_logs=args.keep_logs or not ok)
                 if args.keep_logs or not ok:
                     print(f"  logs: {sut.tmp}", flush=True)
-            print(
-                json.dumps(
-                    {
-                        p: [
-                            (
-                                q.get("concurrency") or q.get("x_capacity"),
-                                q["throughput_rps"],
-                                q["goodput_rps"],
-                                q["p99_ms"],
-                                q["refused"],
-                                q["server_cpu_ms_per_request"],
-                                q.get("settle_throughput_rps"),
-                                q.get("decisions"),
-                            )
-                            for q in entry["configs"][-1][p]
-                        ]
-                        for p in args.protocols
-                    }
-                ),
-                flush=True,
-            )
+            cols = ("throughput_rps", "goodput_rps", "p99_ms", "refused")
+            print(json.dumps({p: [(q.get("concurrency") or q.get("x_capacity"), *(q[k] for k in cols),
+                                   q["server_cpu_ms_per_request"], q.get("settle_throughput_rps"),
+                                   q.get("decisions"))
+                                  for q in entry["configs"][-1][p]] for p in args.protocols}),
+                  flush=True)  # fmt: skip
         entry["auto_vs_best_triton"] = ratios(entry, args.protocols)
         data["models"].append(entry)
     data["busy_cpu_s"] = round(busy_cpu_seconds() - busy0, 1)

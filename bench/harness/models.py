@@ -108,6 +108,19 @@ def session(model: str, threads: int) -> Any:
     return load_session(resolve_model(model), threads=threads)
 
 
+def median_ms(sess: Any, feeds: dict[str, np.ndarray], n: int, warmup: int = 3) -> float:
+    """Median wall time of ``n`` sequential ``sess.run(None, feeds)`` after ``warmup``
+    unmeasured ones, ms (``sess``: an onnxruntime session or anything with its ``run``)."""
+    for _ in range(warmup):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
+
+
 def calibrate(model: str, feeds: dict[str, np.ndarray], n: int) -> dict[str, Any]:
     """L0 with 1 thread and with all cores (medians of ``n`` sequential runs, 2 warm-up
     runs each, interleaved so both see the same host), ideal = cores x 1000 / L0."""
@@ -246,6 +259,27 @@ def pipeline_case(model: str, k: int, threads: int, whole: bool) -> dict[str, An
     return raw
 
 
+def save_model(path: Path, nodes: list, inputs: dict[str, list], outputs: dict[str, list],
+               inits: dict[str, np.ndarray] | None = None, name: str = "bench") -> Path:  # fmt: skip
+    """An FP32 ONNX model of ``nodes`` (``onnx.helper.make_node``), its inputs and outputs
+    (name -> shape) and initializers (name -> array), opset 17, IR 8, checked
+    (``onnx.checker``) and saved at ``path``; returns ``path``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def values(d: dict[str, list]) -> list:
+        return [helper.make_tensor_value_info(k, TensorProto.FLOAT, s) for k, s in d.items()]
+
+    weights = [numpy_helper.from_array(v, name=k) for k, v in (inits or {}).items()]
+    graph = helper.make_graph(nodes, name, values(inputs), values(outputs), initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="infscaler-bench")  # fmt: skip
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return Path(path)
+
+
 def synthetic_chain(path: Path, blocks: int = 250, channels: int = 16, size: int = 16) -> Path:
     """Write a synthetic deep residual chain with ``4 * blocks`` operators.
 
@@ -254,53 +288,30 @@ def synthetic_chain(path: Path, blocks: int = 250, channels: int = 16, size: int
     scaled down so 250 residual additions stay finite). Built with ``onnx.helper``;
     opset 17. Used to exercise the >= 800-operator target; it is not a real model.
     """
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
     rng = np.random.default_rng(0)
     c = channels
     nodes = []
-    inits = []
+    inits: dict[str, np.ndarray] = {}
     x = "x"
     for b in range(blocks):
         w = rng.standard_normal((c, c, 3, 3)).astype(np.float32) * np.float32(0.1 / np.sqrt(c * 9))
-        inits += [
-            numpy_helper.from_array(w, f"b{b}_w"),
-            numpy_helper.from_array(rng.uniform(-0.1, 0.1, c).astype(np.float32), f"b{b}_cb"),
-            numpy_helper.from_array(rng.uniform(0.5, 1.5, c).astype(np.float32), f"b{b}_s"),
-            numpy_helper.from_array(rng.uniform(-0.1, 0.1, c).astype(np.float32), f"b{b}_bb"),
-            numpy_helper.from_array(rng.uniform(-0.1, 0.1, c).astype(np.float32), f"b{b}_m"),
-            numpy_helper.from_array(rng.uniform(0.5, 1.5, c).astype(np.float32), f"b{b}_v"),
-        ]
+        inits[f"b{b}_w"] = w
+        for k, lo, hi in (("cb", -0.1, 0.1), ("s", 0.5, 1.5), ("bb", -0.1, 0.1), ("m", -0.1, 0.1),
+                          ("v", 0.5, 1.5)):  # fmt: skip
+            inits[f"b{b}_{k}"] = rng.uniform(lo, hi, c).astype(np.float32)
+        bn_in = [f"b{b}_conv", f"b{b}_s", f"b{b}_bb", f"b{b}_m", f"b{b}_v"]
         nodes += [
-            helper.make_node(
-                "Conv", [x, f"b{b}_w", f"b{b}_cb"], [f"b{b}_conv"], name=f"b{b}_conv", pads=[1] * 4
-            ),
-            helper.make_node(
-                "BatchNormalization",
-                [f"b{b}_conv", f"b{b}_s", f"b{b}_bb", f"b{b}_m", f"b{b}_v"],
-                [f"b{b}_bn"],
-                name=f"b{b}_bn",
-            ),
+            helper.make_node("Conv", [x, f"b{b}_w", f"b{b}_cb"], [f"b{b}_conv"], name=f"b{b}_conv",
+                             pads=[1] * 4),
+            helper.make_node("BatchNormalization", bn_in, [f"b{b}_bn"], name=f"b{b}_bn"),
             helper.make_node("Relu", [f"b{b}_bn"], [f"b{b}_relu"], name=f"b{b}_relu"),
             helper.make_node("Add", [x, f"b{b}_relu"], [f"b{b}_out"], name=f"b{b}_add"),
-        ]
+        ]  # fmt: skip
         x = f"b{b}_out"
     shape = [1, c, size, size]
-    graph = helper.make_graph(
-        nodes,
-        f"synthetic_chain_{blocks}",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
-        initializer=inits,
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="infscaler-bench"
-    )
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+    return save_model(path, nodes, {"x": shape}, {x: shape}, inits, f"synthetic_chain_{blocks}")
 
 
 #: MB added to a measured memory cap (PSS drifts by a few MB under load)
