@@ -14,9 +14,8 @@ only out of its slack (load, P99 and the scaler's P99 guard after the give); the
 goes back after ``release_hold_s`` calm (hysteresis, InferLine §5). Candidates rank by
 priority, then goodput gained per unit of the scarce resource. With no lend to make, a
 pipeline at the cap that runs no more than the queueing model needs (no spare) takes a
-strictly lower pipeline's slack instance as a warm spare (``spare``, no loan): a step
-of its load then finds the instance loaded, as in the best static split. Capacities and P99s are
-the queueing model's (:mod:`infscaler.runtime.scaling.unitmodel`). Priorities as
+strictly lower pipeline's slack instance as a warm spare (``spare``, no loan).
+Capacities and P99s are the queueing model's (:mod:`infscaler.runtime.scaling.unitmodel`). Priorities as
 Triton's priority levels (Triton docs, ``model_configuration.md``, "Priority"). The
 rules in full and the runs behind them: docs/scaling.md, "Arbitration in full".
 """
@@ -387,11 +386,8 @@ def pressure_ahead(s: Snapshot, calm_ratio: float = 0.8) -> str | None:
     not calm: above ``calm_ratio`` x the SLO (``release_ratio``: a P99 that calm would
     give a loan back, so it does not take one).
 
-    A violation is counted from the P99 of a window, which at a low rate takes long to
-    fill: a step of the high pipeline to 1.16 requests/s waited 90 s for it while the
-    best static split held 0.99 of its requests within the SLO against 0.96
-    (bench/HISTORY.md, "``arbitration.py`` step window, runs 2 and 3"). Rule 2 lends
-    on this ahead of the violation, from a strictly lower pipeline only."""
+    Rule 2 lends on this ahead of the violation, from a strictly lower pipeline only
+    (why: docs/scaling.md, "Several pipelines: priorities and arbitration")."""
     need = _need(s)
     if need is None:
         return None
