@@ -159,10 +159,9 @@ def gate_wait_ms(drain_ms: float, held: int, interval_ms: float | None) -> float
     """How long a refused request waits at the gate before it could be admitted, ms:
     ``drain_ms`` (until the queue ahead drained enough for it) plus one bottleneck
     ``interval_ms`` per refusal already held (``held``, the refused requests queued at
-    the gate ahead of it, each admitted as one request leaves). Held clients of a closed
-    loop then come back one interval apart, each as a place frees, rather than all at
-    once when the first frees (one admitted, the rest refused again). Negative inputs
-    count as 0; ``interval_ms`` None: the held are not counted."""
+    the gate ahead of it, each admitted as one request leaves; why: docs/scaling.md,
+    "Admission in full"). Negative inputs count as 0; ``interval_ms`` None: the held are
+    not counted."""
     per = 0.0 if interval_ms is None or not math.isfinite(interval_ms) else interval_ms
     return max(0.0, drain_ms) + max(0, held) * max(0.0, per)
 
