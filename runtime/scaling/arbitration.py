@@ -377,6 +377,21 @@ def _tail_short(s: Snapshot, u: UnitState) -> bool:
     return p99_needed(s, u, s.offered * fan_out(u, s), svc) > u.total_instances - 1
 
 
+def _blocked_bottleneck(s: Snapshot) -> tuple[UnitState, float] | None:
+    """The bottleneck unit of :func:`_need` and its per-instance service time, ms
+    (:func:`~infscaler.runtime.scaling.unitmodel.instance_ms`), when its service time is
+    measured, traffic is offered and the cap has no room for one more instance of its
+    fastest option (:func:`_short`); else None."""
+    need = _need(s)
+    if need is None:
+        return None
+    u, o = need
+    svc = instance_ms(u)
+    if u.service_ms is None or svc is None or s.offered <= 0 or not _short(s, o):
+        return None
+    return u, svc
+
+
 def pressure_ahead(s: Snapshot, calm_ratio: float = 0.8) -> str | None:
     """Why a pipeline at the cap will miss its SLO before its P99 shows it (None: it
     will not, or that cannot be told): its bottleneck unit (:func:`_need`) needs, at the
@@ -388,13 +403,10 @@ def pressure_ahead(s: Snapshot, calm_ratio: float = 0.8) -> str | None:
 
     Rule 2 lends on this ahead of the violation, from a strictly lower pipeline only
     (why: docs/scaling.md, "Several pipelines: priorities and arbitration")."""
-    need = _need(s)
-    if need is None:
+    blocked = _blocked_bottleneck(s)
+    if blocked is None:
         return None
-    u, o = need
-    svc = instance_ms(u)
-    if u.service_ms is None or svc is None or s.offered <= 0 or not _short(s, o):
-        return None
+    u, svc = blocked
     if s.p99_ms is not None and s.p99_ms <= calm_ratio * s.slo_ms + EPS:
         return None
     needed = p99_needed(s, u, s.offered * fan_out(u, s), svc)
@@ -439,13 +451,10 @@ def wants_spare(s: Snapshot) -> str | None:
     offered load for its approximate P99 to stay within its share of the SLO (the
     scaler's ``p99_needed``), and the cap has no room for one more (:func:`_short`).
     Rule 4 moves a lower pipeline's slack instance to it on this."""
-    need = _need(s)
-    if need is None:
+    blocked = _blocked_bottleneck(s)
+    if blocked is None:
         return None
-    u, o = need
-    svc = instance_ms(u)
-    if u.service_ms is None or svc is None or s.offered <= 0 or not _short(s, o):
-        return None
+    u, svc = blocked
     needed = p99_needed(s, u, s.offered * fan_out(u, s), svc)
     if needed == 0 or u.total_instances > needed:
         return None
