@@ -231,7 +231,7 @@ def starts_at_once(ahead: int, units: Sequence[tuple[float, int]] | None) -> boo
     """Whether a request behind ``ahead`` admitted requests waits for no instance: fewer
     are ahead than any unit has instances (``units``: ``(ms, instances)`` per unit; None:
     not known, False unless nothing is ahead). Refusing such a request cannot bring it
-    within the SLO (docs/serving.md, "The front end")."""
+    within the SLO (docs/scaling.md, "Admission in full")."""
     if ahead <= 0:
         return True
     return bool(units) and ahead < min(max(1, int(c)) for _, c in units)  # type: ignore[union-attr]
