@@ -62,9 +62,7 @@ class HttpLimits:
         max_line_size / max_field_size / max_headers: request line and header limits
             (aiohttp's parser; beyond them: 400).
 
-    Sources: RFC 9110 sections 15.5.9 (408), 15.6.4 (503) and 10.2.3 (Retry-After);
-    aiohttp ``web_protocol.RequestHandler`` (``keepalive_timeout``, parser limits,
-    ``handle_error``).
+    Sources: as the module docstring's.
     """
 
     header_timeout_s: float = 30.0
@@ -219,11 +217,9 @@ class EdgeRequestHandler(RequestHandler):
 
         Mid-headers: 400 JSON, then close. Mid-body: the handler's read fails with
         :class:`BodyTruncated` (400 JSON through the middleware), then close. After a
-        complete request: the client is gone (a client that closed its socket and one
-        that only shut its write side look the same here, and the first is far more
-        common), so aiohttp closes the connection and, with ``handler_cancellation``,
-        cancels the handler: the request is dropped and its slots freed, never computed
-        for a client that is no longer there."""
+        complete request: the client is taken as gone, so aiohttp closes the connection
+        and, with ``handler_cancellation``, cancels the handler: the request is dropped
+        and its slots freed, never computed for a client that is no longer there."""
         transport = self.transport
         if transport is None or transport.is_closing() or self._edge_refused:
             return None

@@ -14,9 +14,8 @@ only out of its slack (load, P99 and the scaler's P99 guard after the give); the
 goes back after ``release_hold_s`` calm (hysteresis, InferLine §5). Candidates rank by
 priority, then goodput gained per unit of the scarce resource. With no lend to make, a
 pipeline at the cap that runs no more than the queueing model needs (no spare) takes a
-strictly lower pipeline's slack instance as a warm spare (``spare``, no loan): a step
-of its load then finds the instance loaded, as in the best static split. Capacities and P99s are
-the queueing model's (:mod:`infscaler.runtime.scaling.unitmodel`). Priorities as
+strictly lower pipeline's slack instance as a warm spare (``spare``, no loan).
+Capacities and P99s are the queueing model's (:mod:`infscaler.runtime.scaling.unitmodel`). Priorities as
 Triton's priority levels (Triton docs, ``model_configuration.md``, "Priority"). The
 rules in full and the runs behind them: docs/scaling.md, "Arbitration in full".
 """
@@ -378,6 +377,21 @@ def _tail_short(s: Snapshot, u: UnitState) -> bool:
     return p99_needed(s, u, s.offered * fan_out(u, s), svc) > u.total_instances - 1
 
 
+def _blocked_bottleneck(s: Snapshot) -> tuple[UnitState, float] | None:
+    """The bottleneck unit of :func:`_need` and its per-instance service time, ms
+    (:func:`~infscaler.runtime.scaling.unitmodel.instance_ms`), when its service time is
+    measured, traffic is offered and the cap has no room for one more instance of its
+    fastest option (:func:`_short`); else None."""
+    need = _need(s)
+    if need is None:
+        return None
+    u, o = need
+    svc = instance_ms(u)
+    if u.service_ms is None or svc is None or s.offered <= 0 or not _short(s, o):
+        return None
+    return u, svc
+
+
 def pressure_ahead(s: Snapshot, calm_ratio: float = 0.8) -> str | None:
     """Why a pipeline at the cap will miss its SLO before its P99 shows it (None: it
     will not, or that cannot be told): its bottleneck unit (:func:`_need`) needs, at the
@@ -387,18 +401,12 @@ def pressure_ahead(s: Snapshot, calm_ratio: float = 0.8) -> str | None:
     not calm: above ``calm_ratio`` x the SLO (``release_ratio``: a P99 that calm would
     give a loan back, so it does not take one).
 
-    A violation is counted from the P99 of a window, which at a low rate takes long to
-    fill: a step of the high pipeline to 1.16 requests/s waited 90 s for it while the
-    best static split held 0.99 of its requests within the SLO against 0.96
-    (bench/HISTORY.md, "``arbitration.py`` step window, runs 2 and 3"). Rule 2 lends
-    on this ahead of the violation, from a strictly lower pipeline only."""
-    need = _need(s)
-    if need is None:
+    Rule 2 lends on this ahead of the violation, from a strictly lower pipeline only
+    (why: docs/scaling.md, "Several pipelines: priorities and arbitration")."""
+    blocked = _blocked_bottleneck(s)
+    if blocked is None:
         return None
-    u, o = need
-    svc = instance_ms(u)
-    if u.service_ms is None or svc is None or s.offered <= 0 or not _short(s, o):
-        return None
+    u, svc = blocked
     if s.p99_ms is not None and s.p99_ms <= calm_ratio * s.slo_ms + EPS:
         return None
     needed = p99_needed(s, u, s.offered * fan_out(u, s), svc)
@@ -443,13 +451,10 @@ def wants_spare(s: Snapshot) -> str | None:
     offered load for its approximate P99 to stay within its share of the SLO (the
     scaler's ``p99_needed``), and the cap has no room for one more (:func:`_short`).
     Rule 4 moves a lower pipeline's slack instance to it on this."""
-    need = _need(s)
-    if need is None:
+    blocked = _blocked_bottleneck(s)
+    if blocked is None:
         return None
-    u, o = need
-    svc = instance_ms(u)
-    if u.service_ms is None or svc is None or s.offered <= 0 or not _short(s, o):
-        return None
+    u, svc = blocked
     needed = p99_needed(s, u, s.offered * fan_out(u, s), svc)
     if needed == 0 or u.total_instances > needed:
         return None

@@ -30,9 +30,8 @@ from infscaler.runtime.serving.queues import ahead_at
 
 #: back-off suggested when the byte budget is exhausted, seconds
 BYTES_RETRY_S = 0.5
-#: what a byte of JSON can take in memory once decoded, at most (measured with
-#: ``tracemalloc`` on ``decode_infer_request``: 1,000,000 two-byte BYTES strings 18.5x
-#: their body, floats written ``1.5`` 9.3x, small ints 8.2x, random floats 4.0x)
+#: what a byte of JSON can take in memory once decoded, at most (measured: docs/scaling.md,
+#: "Admission in full")
 JSON_DECODE_FACTOR = 20
 #: bounds of any suggested back-off, seconds
 MIN_RETRY_S, MAX_RETRY_S = 0.05, 30.0
@@ -42,11 +41,8 @@ PENDING_RETRY_S = 1.0
 
 
 #: The scaler's ``shed`` queue bound (and the route's refusal on it) is set only while
-#: the offered load is at least this fraction of the capacity (when it is known): below it a P99 over the SLO is the variance of a queue that
-#: drains by itself. A bound set on every P99 blip refused requests one 2-thread
-#: ResNet-50 session without an SLO answered in time at 0.6 of its capacity (auto 0.70x
-#: of it with the same instance; bench/HISTORY.md, "Admission, the scaler's cores rule
-#: and the bench's steps", its "The queue bound, fixed" item).
+#: the offered load is at least this fraction of the capacity (when it is known): below
+#: it a queue drains by itself (docs/scaling.md, "decide, step by step").
 SHED_MIN_LOAD = 0.9
 
 
@@ -163,10 +159,9 @@ def gate_wait_ms(drain_ms: float, held: int, interval_ms: float | None) -> float
     """How long a refused request waits at the gate before it could be admitted, ms:
     ``drain_ms`` (until the queue ahead drained enough for it) plus one bottleneck
     ``interval_ms`` per refusal already held (``held``, the refused requests queued at
-    the gate ahead of it, each admitted as one request leaves). Held clients of a closed
-    loop then come back one interval apart, each as a place frees, rather than all at
-    once when the first frees (one admitted, the rest refused again). Negative inputs
-    count as 0; ``interval_ms`` None: the held are not counted."""
+    the gate ahead of it, each admitted as one request leaves; why: docs/scaling.md,
+    "Admission in full"). Negative inputs count as 0; ``interval_ms`` None: the held are
+    not counted."""
     per = 0.0 if interval_ms is None or not math.isfinite(interval_ms) else interval_ms
     return max(0.0, drain_ms) + max(0, held) * max(0.0, per)
 
@@ -221,16 +216,8 @@ def drain_ms(ahead: int, service_ms: float, units: Sequence[tuple[float, int]]) 
 
     A unit of ``c_u`` instances (FIFO, InferLine's pipeline model, Crankshaw et al.,
     SoCC'20 §4) starts the new request once ``ahead - c_u + 1`` of those ahead left it,
-    that is after ``floor(ahead / c_u)`` service times at most (the ``c_u`` requests in
-    service just started). With one instance per unit this is ``S + ahead x S_b`` (the
-    bottleneck's interval); with ``c`` replicas a request behind fewer than ``c`` others
-    starts at once. The per-request interval ``S_u / c_u`` of the bottleneck
-    (:func:`estimate_ms` without ``units``) charged those ``c - 1`` requests half a
-    service time each at ``c = 2``: two single-thread ResNet-50 replicas in overload
-    admitted only onto an idle pipeline and ran one request at a time, 47 % busy while
-    83 % of the arrivals were refused.
-
-    The queueing model's :func:`~infscaler.runtime.queueing.drain_response_ms`.
+    after ``floor(ahead / c_u)`` service times at most. The queueing model's
+    :func:`~infscaler.runtime.queueing.drain_response_ms`.
 
     Args:
         ahead: requests of the pipeline admitted and not answered.
@@ -243,11 +230,8 @@ def drain_ms(ahead: int, service_ms: float, units: Sequence[tuple[float, int]]) 
 def starts_at_once(ahead: int, units: Sequence[tuple[float, int]] | None) -> bool:
     """Whether a request behind ``ahead`` admitted requests waits for no instance: fewer
     are ahead than any unit has instances (``units``: ``(ms, instances)`` per unit; None:
-    not known, False unless nothing is ahead). Its latency is then its own compute
-    time whatever admission decides, so refusing it cannot bring it within the SLO; a
-    closed-loop client refused sends it again and an instance idles meanwhile (two
-    ResNet-50 replicas at concurrency 2, the host slowed past the estimate: half the
-    goodput of no admission, bench/HISTORY.md, "Admission on vs off")."""
+    not known, False unless nothing is ahead). Refusing such a request cannot bring it
+    within the SLO (docs/scaling.md, "Admission in full")."""
     if ahead <= 0:
         return True
     return bool(units) and ahead < min(max(1, int(c)) for _, c in units)  # type: ignore[union-attr]
@@ -290,14 +274,8 @@ def admit_latency(
         overloaded: the offered load is at the pipeline's capacity or past it
             (:meth:`infscaler.runtime.serving.route.Route.overloaded`): judge on the drain-time
             estimate (:func:`drain_ms` with ``units``, else ``S + ahead * interval_ms``)
-            even when ``remaining_ms`` is given. In overload the queue refills at once,
-            so a short queue costs no throughput, while the tracked estimate
-            overshoots: its ``remaining_ms``
-            chain admission's own estimates, which learn nothing from the requests that
-            expire or finish early, so it kept the queue at the bound, where half the
-            admitted requests expired half computed (ResNet-50 K = 3 at 10x capacity:
-            0.3 x capacity answered within the SLO, 0.93 x with the drain-time
-            estimate; bench/HISTORY.md, ``overload.py``).
+            even when ``remaining_ms`` is given (why: docs/scaling.md, "Admission in
+            full").
 
     Raises:
         ValueError: ``slo_ms`` not a positive finite number, or a negative estimate.
@@ -324,8 +302,7 @@ def admit_latency(
     else:
         est = estimate_ms(ahead, service, interval)
         why = f"{ahead} requests ahead, {interval:.1f} ms each"
-    # nothing ahead: it runs at once, refusing it cannot make anything faster (and an idle
-    # pipeline that refused everything would never measure its service time again)
+    # nothing ahead: it runs at once (and an idle pipeline must keep measuring)
     if not 0 < lenience <= 1:
         raise ValueError(f"lenience must be in (0, 1], got {lenience}")
     if est * lenience <= slo_ms or ahead <= 0 or (what == "SLO" and starts_at_once(ahead, units)):

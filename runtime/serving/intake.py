@@ -117,11 +117,8 @@ class Intake:
             now = time.monotonic()
             arrived = now if arrived_s is None else min(float(arrived_s), now)
             overloaded = route.overloaded(now)
-            snap = self.snapshot(route, timeout_s, now, arrived, overloaded, level, uid, front)
-            decision = self.decide(route, snap)
+            decision = self._judge(route, timeout_s, now, arrived, overloaded, level, uid, front)
             if not decision.admit:
-                count_refusal(route, self.counters, decision)
-                self.held.add(id(route), now, decision.hold_s)
                 raise refusal_error(decision)
             assert decision.timeout_s is not None
             seq = next(self._seq) % _SEQ_MOD or 1  # never 0 / NO_REQUEST
@@ -157,12 +154,28 @@ class Intake:
             now = time.monotonic()
             overloaded = route.overloaded(now)
             level = request_level(None, route.pipeline.config.priority)
-            snap = self.snapshot(route, None, now, now, overloaded, level, uid, front)
-            d = self.decide(route, snap)
-            if not d.admit:
-                count_refusal(route, self.counters, d)
-                self.held.add(id(route), now, d.hold_s)
-        return d
+            return self._judge(route, None, now, now, overloaded, level, uid, front)
+
+    def _judge(
+        self,
+        route: Route,
+        timeout_s: float | None,
+        now: float,
+        arrived: float,
+        overloaded: bool,
+        level: int,
+        uid: int | None,
+        front: tuple[str | None, bool],
+    ) -> ArrivalDecision:
+        """:meth:`snapshot`, then :meth:`decide`; a refusal is counted and held (call
+        under the lock)."""
+        decision = self.decide(
+            route, self.snapshot(route, timeout_s, now, arrived, overloaded, level, uid, front)
+        )
+        if not decision.admit:
+            count_refusal(route, self.counters, decision)
+            self.held.add(id(route), now, decision.hold_s)
+        return decision
 
     def decide(self, route: Route, snap: ArrivalSnapshot) -> ArrivalDecision:
         """:func:`~infscaler.runtime.serving.arrivals.admit_arrival` over the pipelines
