@@ -17,7 +17,7 @@ Arms: ``threads`` (``INFSCALER_CORE_CAP=threads``: the cap before demand was cou
 and ``demand`` (the default). Per arm: requests answered and refused per second, errors
 (any other failure: must be 0), the heavy partition's most instances, the scaler's
 decisions, the demand it read each second, and the service's CPU seconds per answered
-request (this process and its instances, ``/proc/PID/stat``; a fair measure on a busy
+request (this process and its instances, the tree re-read every 0.5 s: ``harness.host.TreeCpu``; a fair measure on a busy
 host, unlike wall-clock throughput). Ratios are demand / threads of the same run.
 """
 
@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-from harness.host import ForeignLoad, process_cpu_seconds  # noqa: E402
+from harness.host import ForeignLoad, TreeCpu  # noqa: E402
 
 HEAVY = "m/1"  # the heavy partition's unit name
 RELUS = 10  # cheap steps on each side of the heavy convolution
@@ -152,8 +152,10 @@ def run_arm(
     with Service(state_dir=tmp / cap, control_path="userspace", pool_mb=128) as svc:
         svc.deploy(load_pipeline(pipeline(model, slo_ms, size)))
         svc.infer("k3", {"x": x}, timeout_s=60)  # warm
-        pids = lambda: [os.getpid()] + [h.pid for h in svc.supervisor.handles()]  # noqa: E731
-        cpu0, fl = process_cpu_seconds(pids()), ForeignLoad(lambda: process_cpu_seconds(pids()))
+        # this process and its instances, the tree read anew (instances started or
+        # swapped during the arm count: a fixed pid list missed them)
+        tree = TreeCpu(os.getpid(), [os.getpid()])
+        fl = ForeignLoad(lambda: sum(tree.total()))
         stop = time.monotonic() + seconds
         peak = [1]
 
@@ -184,8 +186,8 @@ def run_arm(
         for t in threads:
             t.join()
         wall = time.monotonic() - t0
-        cpu = process_cpu_seconds(pids()) - cpu0
         other = fl.cores()
+        cpu = sum(tree.stop())
         decisions = [
             {k: d.get(k) for k in ("action", "unit", "reason")}
             | {"t_s": round(d["time"] - (time.time() - (time.monotonic() - t0)), 1)}

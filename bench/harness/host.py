@@ -12,6 +12,7 @@ import datetime
 import os
 import platform
 import sys
+import threading
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -148,3 +149,67 @@ def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.15, window_s: f
 def default_cache_dir() -> None:
     """Materialise models under ``/tmp/isc-cache`` unless INFSCALER_CACHE_DIR is set."""
     os.environ.setdefault("INFSCALER_CACHE_DIR", "/tmp/isc-cache")
+
+
+class TreeCpu:
+    """CPU seconds of a server's process tree over an interval, the tree read anew every
+    ``interval_s`` (psutil): a process started during it counts from 0, one that exited
+    counts up to its last reading (at most ``interval_s`` of it lost).
+
+    ``server``: the pids counted as the serving process (the rest of the tree: its model
+    instances / python backend stubs)."""
+
+    def __init__(self, root: int, server: list[int], interval_s: float = 0.5) -> None:
+        self._root, self._server, self._interval = root, set(server), interval_s
+        self._t0 = time.time()
+        self._base: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._read()
+        self._thread = threading.Thread(target=self._loop, name="vs-triton-cpu", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self._root)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        for p in procs:
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    born = p.create_time()
+            except psutil.Error:
+                continue
+            cpu = t.user + t.system
+            with self._lock:
+                if p.pid not in self._base:  # born during the interval: all of it counts
+                    self._base[p.pid] = 0.0 if born >= self._t0 else cpu
+                self._last[p.pid] = cpu
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._read()
+
+    def total(self) -> tuple[float, float]:
+        """``(serving process, the rest of the tree)`` CPU seconds since the start."""
+        self._read()
+        with self._lock:
+            d = {pid: self._last[pid] - b for pid, b in self._base.items()}
+        server = sum(v for pid, v in d.items() if pid in self._server)
+        return server, sum(v for pid, v in d.items() if pid not in self._server)
+
+    def pids(self) -> int:
+        """Processes of the tree seen so far."""
+        with self._lock:
+            return len(self._base)
+
+    def stop(self) -> tuple[float, float]:
+        out = self.total()
+        self._stop.set()
+        self._thread.join(5)
+        return out

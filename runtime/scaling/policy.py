@@ -97,13 +97,25 @@ def _merge(
     assert obs.threads_config is not None
     before = obs.threads
     out, tstate = thread_merge.step(
-        obs.snapshot, before, obs.threads_config, state.last_change, obs.models, obs.on_loan
+        obs.snapshot, before, obs.threads_config, state.last_change, obs.models, _owner(obs, state)
     )
     if out:
         state = replace(state, last_change=obs.snapshot.now)
     fresh = tstate.verdict is not None and tstate.verdict != before.verdict and not out
     note = {"action": "trial_verdict", "reason": tstate.verdict} if fresh else None
     return out, state, tstate, note
+
+
+def _owner(obs: Observation, state: ScalerState) -> tuple[str, str] | None:
+    """Which other policy owns the pipeline's instance counts now, for the merge to hold
+    (:func:`~.threads.step`'s ``hold``): an arbitration loan in force, or the scaler's
+    scale-out on trial (a threads move during it would decide the trial on another
+    configuration's rate). None: neither."""
+    if obs.on_loan:
+        return ("loan", "an arbitration loan in force")
+    if state.trial is not None:
+        return ("trial", "the scaler's scale-out trial is under way")
+    return None
 
 
 def _tune(

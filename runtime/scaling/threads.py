@@ -120,8 +120,8 @@ class ThreadsState:
         blocked: ``(unit, until, reverts)`` per unit whose move was reverted or split.
         verdict: the last trial's verdict, one line (None: none yet).
         held: why no move was made at the last look: ``(code, one line)``, code one of
-            ``changed``, ``watching``, ``loan``, ``cores``, ``idle``, ``in-flight``,
-            ``busy``, ``none`` (None: a move was made or is under way).
+            ``changed``, ``watching``, ``loan``, ``trial``, ``cores``, ``idle``,
+            ``in-flight``, ``busy``, ``none`` (None: a move was made or is under way).
     """
 
     looks: tuple[tuple[float, float, float, float], ...] = ()
@@ -184,7 +184,7 @@ def step(
     c: ThreadsConfig,
     last_change: float | None = None,
     models: frozenset[int] | None = None,
-    on_loan: bool = False,
+    hold: tuple[str, str] | None = None,
 ) -> tuple[list[Decision], ThreadsState]:
     """One look: the decisions (at most one per unit) and the new state.
 
@@ -197,9 +197,9 @@ def step(
             ``window_s`` of it.
         models: the indexes of the units that run a model (intra-op threads only speed
             those up); None: every unit.
-        on_loan: the pipeline lent or borrowed an instance and the loan is in force
-            (:class:`~infscaler.runtime.scaling.arbitration.Loan`): no move starts, its
-            instance counts are the arbitration's until the loan ends.
+        hold: ``(code, one line)``: another policy owns the instance counts now (an
+            arbitration loan in force, ``loan``; the scaler's scale-out trial under
+            way, ``trial``): no move starts, and ``held`` says why (None: none).
     """
     served = s.served_rate if s.served_rate is not None else s.arrival_rate
     keep = max(c.window_s, 2 * c.trial_s)
@@ -211,8 +211,8 @@ def step(
         if any(m.unit not in units for m in state.moved):
             return [], replace(state, phase=None, moved=())
         return _under_way(s, state, c, units)
-    if on_loan:
-        return [], replace(state, held=("loan", "an arbitration loan in force"))
+    if hold is not None:
+        return [], replace(state, held=hold)
     return _maybe_move(s, state, c, last_change, models)
 
 

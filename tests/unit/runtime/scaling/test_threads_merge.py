@@ -123,10 +123,10 @@ def test_no_move_while_an_arbitration_loan_is_in_force() -> None:
     looks = watch(12, 1, unit())
     state = ThreadsState()
     for s in looks:
-        d, state = step(s, state, CFG, None, None, on_loan=True)
+        d, state = step(s, state, CFG, None, None, hold=("loan", "an arbitration loan in force"))
         assert d == []
     assert state.held == ("loan", "an arbitration loan in force")
-    d, state = step(snap(12.0, 1, (unit(),)), state, CFG, None, None, on_loan=False)
+    d, state = step(snap(12.0, 1, (unit(),)), state, CFG, None, None, hold=None)
     assert [x.action for x in d] == ["scale_in"]
 
 
@@ -281,3 +281,28 @@ def test_in_flight_mean_and_config() -> None:
     assert (c.window_s, c.split_s, c.trial_s) == (2.0, 1.5, 5.0)
     assert enabled({}) and enabled({"INFSCALER_THREADS": "on"})
     assert not enabled({"INFSCALER_THREADS": "OFF"})
+
+
+def test_no_move_while_the_scalers_scale_out_trial_is_under_way() -> None:
+    """One look of the whole policy (:func:`~infscaler.runtime.scaling.policy.look`):
+    where the threads move would start, a scale-out on trial (the scaler's) holds it
+    (``trial``): moving then would judge the trial on another configuration's rate."""
+    from infscaler.runtime.scaling.policy import Observation, look
+    from infscaler.runtime.scaling.types import ScalerConfig, ScalerState, Trial
+
+    looks = watch(11, 1, unit())  # the move comes at the 11th look (t = 10 s)
+    state = ThreadsState()
+    for s in looks[:-1]:
+        _, state = step(s, state, CFG)
+    assert state.phase is None
+    last = looks[-1]
+    trial = Trial(unit=0, engine="cpu", name="m/0", started=last.now - 1.0, before_rps=11.0)
+    for scaler, code in ((ScalerState(trial=trial), "trial"), (ScalerState(), None)):
+        obs = Observation(last, scaler, ScalerConfig(), state, CFG, frozenset({0}))
+        out = look(obs)
+        moved = [d for d in out.decisions if d.action in ("scale_in", "scale_up")]
+        assert out.threads is not None
+        if code is None:
+            assert moved and out.threads.phase == "merging"
+        else:
+            assert not moved and out.threads.held is not None and out.threads.held[0] == code
