@@ -83,7 +83,7 @@ class InstanceHandle:
     next_stage: int
     cores: list[int]
     proc: Any  # subprocess.Popen, or zygote.ForkedProcess (the same methods)
-    status_fd: int
+    status_fd: int | None  # None once closed (the instance deregistered)
     pidfd: int
     state: InstanceState = InstanceState.STARTING
     info: dict[str, Any] = field(default_factory=dict)

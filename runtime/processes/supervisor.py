@@ -125,6 +125,9 @@ class Supervisor:
         }
         self.env = {**base, **(env or {})}
         self._lock = threading.RLock()
+        #: one reader of an instance's status pipe at a time: the watcher, or stop()'s
+        #: last drain before the pipe closes
+        self._status_lock = threading.Lock()
         self._handles: dict[int, InstanceHandle] = {}
         self._pending: dict[int, PendingRestart] = {}
         self._pending_seq = 0
@@ -521,6 +524,12 @@ class Supervisor:
                     )
 
     def _read_status(self, h: InstanceHandle) -> None:
+        """Read and handle what the instance wrote to its status pipe (non-blocking)."""
+        with self._status_lock:
+            if h.status_fd is not None:
+                self._drain_status(h)
+
+    def _drain_status(self, h: InstanceHandle) -> None:
         while True:
             try:
                 chunk = os.read(h.status_fd, 65536)
@@ -641,6 +650,9 @@ class Supervisor:
             if h.state is not InstanceState.EXITED:
                 h.move(InstanceState.EXITED)
             self._handles.pop(h.iid, None)
+        # its last reports before the pipe closes: an instance's final ``stats`` (the
+        # items it ran since its last report) would be lost with the pipe otherwise
+        self._read_status(h)
         self.exec_totals.forget_instance(h.iid)
         self._release_fds(h)
         with contextlib.suppress(Exception):
@@ -663,7 +675,11 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.close(h.cmd_fd)
             h.cmd_fd = None
-        for fd in (h.status_fd, h.pidfd):
+        with self._status_lock:
+            fds, h.status_fd = (h.status_fd, h.pidfd), None
+        for fd in fds:
+            if fd is None:
+                continue
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self._sel.unregister(fd)
             with contextlib.suppress(OSError):
