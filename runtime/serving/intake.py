@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from infscaler.runtime.serving.admission import ArrivalDecision, ArrivalSnapshot
+from infscaler.runtime.serving.admission import ArrivalDecision
 from infscaler.runtime.serving.arrivals import (
     FrontCounts,
     HeldRefusals,
@@ -148,7 +148,7 @@ class Intake:
     def precheck(
         self, route: Route, uid: int | None, front: tuple[str | None, bool]
     ) -> ArrivalDecision:
-        """:meth:`decide` for a request whose body is not read yet (the pipeline's own
+        """The admission decision for a request whose body is not read yet (the pipeline's own
         timeout and priority; counts nothing but a refusal, queues nothing)."""
         with self.lock:
             now = time.monotonic()
@@ -167,37 +167,13 @@ class Intake:
         uid: int | None,
         front: tuple[str | None, bool],
     ) -> ArrivalDecision:
-        """:meth:`snapshot`, then :meth:`decide`; a refusal is counted and held (call
-        under the lock)."""
-        decision = self.decide(
-            route, self.snapshot(route, timeout_s, now, arrived, overloaded, level, uid, front)
-        )
-        if not decision.admit:
-            count_refusal(route, self.counters, decision)
-            self.held.add(id(route), now, decision.hold_s)
-        return decision
-
-    def decide(self, route: Route, snap: ArrivalSnapshot) -> ArrivalDecision:
-        """:func:`~infscaler.runtime.serving.arrivals.admit_arrival` over the pipelines
-        with requests in flight (call under the lock)."""
+        """:func:`~infscaler.runtime.serving.arrivals.admit_arrival` on the
+        :func:`~infscaler.runtime.serving.arrivals.arrival_snapshot` of these counts and the
+        front end's ``(failure, closing)``, over the pipelines with requests in flight; a
+        refusal is counted and held (call under the lock)."""
         for key in [k for k, r in self.live.items() if r.admitted <= 0]:
             del self.live[key]
-        return admit_arrival(snap, route, self.live.values())
-
-    def snapshot(
-        self,
-        route: Route,
-        timeout_s: float | None,
-        now: float,
-        arrived: float,
-        overloaded: bool,
-        level: int,
-        uid: int | None,
-        front: tuple[str | None, bool],
-    ) -> ArrivalSnapshot:
-        """:func:`~infscaler.runtime.serving.arrivals.arrival_snapshot` with these
-        counts and the front end's ``(failure, closing)`` (call under the lock)."""
-        return arrival_snapshot(
+        snap = arrival_snapshot(
             route,
             FrontCounts(
                 failure=front[0],
@@ -216,6 +192,11 @@ class Intake:
             uid=uid,
             held=self.held.count(id(route), now),
         )
+        decision = admit_arrival(snap, route, self.live.values())
+        if not decision.admit:
+            count_refusal(route, self.counters, decision)
+            self.held.add(id(route), now, decision.hold_s)
+        return decision
 
     def start(self, p: PendingRequest) -> None:
         """``p`` leaves its queue and enters its pipeline (phase ``running``)."""
