@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from infscaler.base.config import load_pipeline
-from infscaler.base.device import DeviceProfile
 from infscaler.service.service import Service
 from tests.integration.runtime.scaling.test_arbitration import (
     _instances,
     _load,
     _settled_memory_mb,
     pipeline,
+    tight_cap,
 )
 
 pytestmark = pytest.mark.usefixtures("stagefuncs_on_path")
@@ -40,20 +40,7 @@ def test_an_idle_lower_pipelines_slack_instance_becomes_the_higher_ones_spare(
         svc.scale_out(lo, unit, "cpu")  # lo: 3 instances of slow, its minimum 1
         time.sleep(2.5)  # ready
         assert (_instances(svc, "hi"), _instances(svc, "lo")) == (1, 3)
-        used = _settled_memory_mb(svc)
-        pss = [
-            float((h.stats or h.info).get("pss_mb") or 0.0)
-            for h in svc.supervisor.handles()
-            if h.state == "ready"
-        ]
-        room = 0.1 * min(p for p in pss if p > 0)  # the cap refuses hi's next instance
-        svc.device = DeviceProfile(
-            name="tight",
-            soc="test device",
-            memory_mb=int(used) + 4096,
-            memory_cap_mb=int(used + room),
-            accelerators=[{"engine": "cpu", "max_instances": 16}],
-        )
+        svc.device = tight_cap(svc, _settled_memory_mb(svc))  # refuses hi's next instance
         taken, ended = threading.Event(), threading.Event()
 
         def watch() -> None:
