@@ -11,15 +11,6 @@ process's CPU time (user + system, all its threads; ``time.process_time``) over 
 timed requests / ``n``.
 
 Writes ``results/frontend_cpu.json`` (``_quick`` with --quick; harness.Result, no plot).
-
-``--threads``: the service in its own process (HTTP and gRPC sockets, instances not
-counted), closed loop with ``--concurrency`` clients (the package's HTTP client;
-``tritonclient.grpc`` over ``unix:``) at each input size of ``--sizes``; per protocol and
-size the service process's CPU per request, split by thread (``/proc/PID/task/*/stat``
-utime + stime and ``comm``, with the Python thread name beside it), and its CPU per
-second while idle; ``--py-spy PATH``: a py-spy profile of the service per point, its
-threads' shares and top functions by self time in the results. Writes ``results/frontend_cpu_threads[_quick][_TAG].json`` and ``.png``
-(:mod:`frontend_threads`).
 """
 
 from __future__ import annotations
@@ -55,12 +46,7 @@ with Client(sock) as c:
 
 
 def first(tensors):
-    """A stage that returns the first element of ``x`` (almost no compute; it sleeps
-    ``FRONTEND_CPU_STAGE_MS`` ms first when that is set, a model's compute time that
-    costs the service no CPU)."""
-    stage_ms = float(os.environ.get("FRONTEND_CPU_STAGE_MS", "0"))
-    if stage_ms > 0:
-        time.sleep(stage_ms / 1e3)
+    """A stage that returns the first element of ``x`` (almost no compute)."""
     return {"y": np.asarray(tensors["x"]).reshape(-1)[:1].copy()}
 
 
@@ -68,25 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = harness.cli.parser(__doc__, duration_s=1.0, quiet_wait_s=0.0)
     ap.add_argument("-n", type=int, help="timed requests (default 2000, --quick 200)")
     ap.add_argument("--shape", default="1x3x224x224", help="input shape (FP32)")
-    ap.add_argument("--threads", action="store_true", help="per-thread mode (module doc)")
-    ap.add_argument("--sizes", default="1x3x224x224,1x3x736x736", help="--threads: shapes")
-    ap.add_argument("--concurrency", type=int, default=4, help="--threads: clients")
-    ap.add_argument("--protocols", default="http,grpc", help="--threads: http, grpc")
-    ap.add_argument("--idle-s", type=float, default=10.0, help="--threads: idle window, s")
-    ap.add_argument("--stage-ms", type=float, default=20.0, help="--threads: stage sleep, ms")
-    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="--threads")
-    ap.add_argument("--compare", help="BASE1,BASE2:NEW1,NEW2: results stems of --threads runs")
-    ap.add_argument("--tag", default="", help="--threads: suffix of the results file")
-    ap.add_argument("--py-spy", help="--threads: the py-spy executable: profile the service per point")  # fmt: skip
     args = harness.cli.parse(ap, argv)
-    if args.compare:
-        from frontend_threads import compare
-
-        return compare(args.compare, f"frontend_cpu_threads_compare_{args.tag or 'out'}", args.out)
-    if args.threads:
-        from frontend_threads import run_threads
-
-        return run_threads(args)
     res = harness.cli.start("frontend_cpu", args)
     from infscaler.api.server import ServerThread
     from infscaler.base.config import load_pipeline

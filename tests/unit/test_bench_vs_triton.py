@@ -1,5 +1,7 @@
-"""bench/vs_triton.py's command line (``--quick`` fills only what was not given) and its
-per-point CPU reading of a server's process tree."""
+"""bench/vs_triton.py's command line (``--quick`` fills only what was not given), its
+per-point CPU reading of a server's process tree, and its model rewrite
+(``with_batch_dim``): axis 0 made a dynamic batch dim, with a constant Reshape's leading 1
+made 0, and a batch's outputs equal to batch-1 runs."""
 
 from __future__ import annotations
 
@@ -7,7 +9,12 @@ import os
 import time
 from pathlib import Path
 
-from tests.helpers import bench_module
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from tests.helpers import bench_module, f32, make_model, rand, save
 
 
 def test_quick_keeps_the_models_and_points_given() -> None:
@@ -46,3 +53,31 @@ def test_tree_cpu_counts_the_serving_process_apart_from_the_rest() -> None:
     assert server >= 0.1
     assert rest == 0.0  # no child process
     assert tree.pids() == 1
+
+
+def _reshape_model() -> onnx.ModelProto:
+    """x [1, 4, 2, 2] -> Conv -> Reshape [1, 16] -> y: a batch-1 model with a flatten."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Reshape", ["c", "shape"], ["y"], name="flat"),
+    ]
+    inits = {"w": rand(4, 4, 1, 1, seed=1), "shape": np.array([1, 16], np.int64)}
+    return make_model(nodes, [f32("x", [1, 4, 2, 2])], [f32("y", [1, 16])], inits)
+
+
+def test_with_batch_dim_makes_axis_0_a_batch_dim(tmp_path: Path) -> None:
+    vt = bench_module("vs_triton")
+    src = save(_reshape_model(), tmp_path / "m.onnx")
+    out = vt.with_batch_dim(src, tmp_path / "m_batch.onnx")
+    m = onnx.load(str(out))
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    assert m.graph.output[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    shape = next(i for i in m.graph.initializer if i.name == "shape")
+    assert numpy_helper.to_array(shape).tolist() == [0, 16]
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    one = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((3, 4, 2, 2)).astype(np.float32)
+    got = sess.run(None, {"x": x})[0]
+    want = np.concatenate([one.run(None, {"x": x[i : i + 1]})[0] for i in range(3)])
+    assert got.shape == (3, 16)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
