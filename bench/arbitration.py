@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import csv
 import math
 import os
 import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,13 @@ from arbitration_summary import (  # noqa: E402
     spread,
     versus,
 )
-from harness.host import default_cache_dir, environment, wait_for_quiet  # noqa: E402
+from harness.host import (  # noqa: E402
+    ForeignLoad,
+    default_cache_dir,
+    environment,
+    own_cpu_seconds,
+    wait_for_quiet,
+)
 from harness.result import print_table  # noqa: E402
 
 #: attainment a 1-s window must keep, from the recovery on
@@ -105,110 +110,30 @@ def static_pipeline(model: str, name: str, slo_ms: float | None, priority: int, 
     return sb.with_hold(raw, hold, model)
 
 
-class Served:
-    """The two pipelines in one ``infscaler serve`` (``env``: extra environment)."""
-
-    def __init__(self, tmp: Path, tag: str, pipes: list[dict], device: Path, env: dict) -> None:
-        self.tmp = tmp
-        targets = []
-        for pipe in pipes:  # one pipeline YAML per target
-            targets.append(tmp / f"{tag}-{pipe['name']}.yaml")
-            targets[-1].write_text(yaml.safe_dump(pipe))
-        self.sock = str(tmp / f"{tag}.sock")
-        self.log = tmp / f"{tag}.log"
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            self.svc = ov.Service(
-                str(targets[0]),
-                [*map(str, targets[1:]), "--device", str(device), "--drain-timeout", "5"],
-                self.sock,
-                self.log,
-            )
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        self.decisions: dict[tuple, dict] = {}
-        #: (wall time, {pipeline: running instances}) per status poll
-        self.instances: list[tuple[float, dict[str, int]]] = []
-        self._stop = threading.Event()
-        self._poll: threading.Thread | None = None
-
-    def start(self) -> Served:
-        self.svc.wait_ready(600)
-        self._poll = threading.Thread(target=self._poll_status, daemon=True)
-        self._poll.start()
-        return self
-
-    def _poll_status(self) -> None:
-        """Every decision ``status`` shows (it keeps the last 10 per pipeline), polled."""
-        from infscaler.api.client import Client
-
-        while not self._stop.wait(1.0):
-            with contextlib.suppress(Exception), Client(self.sock, timeout=5) as c:
-                pipes = c.status().get("pipelines", [])
-                self.instances.append((time.time(), {p.get("name"): _running(p) for p in pipes}))
-                for p in pipes:
-                    for d in p.get("decisions", []):
-                        key = (p.get("name"), d.get("time"), d.get("action"), d.get("unit"))
-                        self.decisions[key] = {"pipeline": p.get("name"), **d}
-
-    def since(self, wall0: float) -> tuple[list[dict], list[tuple[float, dict[str, int]]]]:
-        """The decisions polled from ``wall0`` (``time.time()``) on, each with ``t_s`` (s
-        since ``wall0``), in time order; and the instance polls ``(t_s, {pipeline:
-        ready instances})`` from then on."""
-        decisions = sorted(
-            (
-                {**d, "t_s": round(d["time"] - wall0, 2)}
-                for d in self.decisions.values()
-                if d.get("time") and d["time"] >= wall0
-            ),
-            key=lambda d: d["t_s"],
-        )
-        polls = [(round(t - wall0, 2), n) for t, n in self.instances if t >= wall0]
-        return decisions, polls
-
-    def stop(self) -> dict[str, Any]:
-        self._stop.set()
-        if self._poll is not None:
-            self._poll.join(10)
-        out = self.svc.stop()
-        out["log_tail"] = self.log.read_text().splitlines()[-30:]
-        return out
-
-
-def _running(pipe: dict) -> int:
-    """Instances of ``pipe`` (a ``status`` pipeline) in state ``ready``, all units."""
-    return sum(
-        i.get("state") == "ready" for u in pipe.get("units", []) for i in u.get("instances", [])
-    )
+def served(pipes: list[dict], device: Path, env: dict) -> harness.Sut:
+    """The two pipelines in one ``infscaler serve`` on ``device`` (``env``: extra
+    environment), ``status`` polled every second (:meth:`harness.Sut.watch`)."""
+    args = ["--device", str(device), "--drain-timeout", "5"]
+    return harness.Sut(pipes, args, env=env, ready_timeout_s=600).__enter__().watch(1.0)
 
 
 # -- load ------------------------------------------------------------------------------------
 
 
-async def replay(sock: str, model: str, req: tuple[bytes, dict], times: np.ndarray) -> list[dict]:
-    """One request per arrival time (s from now), each on its own connection; rows
-    ``{"t_s", "outcome", "ms"}`` (latency from the send)."""
-    body, headers = req
-    rows: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
+def replay(sock: str, model: str, feeds: dict, times: np.ndarray) -> list[dict]:
+    """One request per arrival time (s from now) through ``LoadGenerator.replay``
+    (persistent connections); rows ``{"t_s", "outcome", "ms", ...}`` (latency from the
+    send)."""
+    from infscaler.api.loadgen import LoadGenerator
 
-    async def fire(t: float) -> None:
-        out, ms, _ = await ov.one(sock, model, body, headers, 60)
-        rows.append({"t_s": round(t, 4), "outcome": out, "ms": round(ms, 2)})
+    return LoadGenerator(sock, model, feeds).replay(times)
 
-    tasks = []
-    for t in times:
-        delay = t0 + float(t) - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(fire(float(t))))
-    await asyncio.gather(*tasks)
-    return sorted(rows, key=lambda r: r["t_s"])
+
+def replay_all(sock: str, feeds: dict, times: dict[str, np.ndarray]) -> dict[str, list[dict]]:
+    """:func:`replay` of each pipeline's arrivals at once (a thread each)."""
+    with ThreadPoolExecutor(len(times)) as ex:
+        futs = {n: ex.submit(replay, sock, n, feeds[n], t) for n, t in times.items()}
+        return {n: f.result() for n, f in futs.items()}
 
 
 def step_times(c_high: float, c_low: float, a: argparse.Namespace) -> dict[str, np.ndarray]:
@@ -265,12 +190,6 @@ def at_step(polls: list[tuple[float, Any]], step_s: float) -> Any:
     return before[-1] if before else None
 
 
-def mean_other_cores(samples: list[dict]) -> float | None:
-    """Mean CPU of other processes over ``overload.Sampler``'s samples, cores."""
-    cores = [x["other_cores"] for x in samples]
-    return round(float(np.mean(cores)), 3) if cores else None
-
-
 # -- outcomes --------------------------------------------------------------------------------
 
 
@@ -322,21 +241,14 @@ def outcomes(
 
 
 def run_window(
-    served: Served, reqs: dict, times: dict[str, np.ndarray], slo: dict, step_s: float | None
+    sut: harness.Sut, feeds: dict, times: dict[str, np.ndarray], slo: dict, step_s: float | None
 ) -> dict[str, Any]:
-    """Both pipelines' arrivals at once on ``served``; outcomes, moves and decisions."""
+    """Both pipelines' arrivals at once on ``sut``; outcomes, moves and decisions."""
     end_s = max(float(t[-1]) for t in times.values() if t.size) + 1e-9
     wall0 = time.time()
-
-    async def both() -> list[list[dict]]:
-        return await asyncio.gather(
-            *(replay(served.sock, n, reqs[n], times[n]) for n in (HIGH, LOW))
-        )
-
-    got = asyncio.run(both())
-    rows = dict(zip((HIGH, LOW), got, strict=True))
+    rows = replay_all(sut.sock, feeds, {n: times[n] for n in (HIGH, LOW)})
     time.sleep(1.5)  # the last status poll
-    decisions, polls = served.since(wall0)
+    decisions, polls = sut.since(wall0)
     moves = [
         {k: d.get(k) for k in ("t_s", "pipeline", "action", "kind", "giver", "taker")}
         for d in decisions
@@ -357,26 +269,24 @@ def run_window(
 # -- the run ---------------------------------------------------------------------------------
 
 
-def served_l0(sock: str, model: str, req: tuple[bytes, dict], n: int = 15) -> float:
-    """The pipeline's served latency at no load, ms: the median of ``n`` sequential
-    requests, each on its own connection as the scenarios send them (``overload.one``),
-    after 3 unmeasured ones."""
+def closed_loop(sock: str, model: str, feeds: dict, clients: int, n: int) -> dict:
+    """``clients`` requests in flight over one window of ``n`` answers
+    (``overload_slo.closed_loop``: ``infscaler.api.loadgen``'s concurrency mode)."""
+    from infscaler.api.codec import encode_infer_request
 
-    async def run() -> list[float]:
-        body, headers = req
-        out = []
-        for _ in range(n + 3):
-            outcome, ms, _ = await ov.one(sock, model, body, headers, 60)
-            if outcome != "ok":
-                raise SystemExit(f"served L0 of {model}: a request answered {outcome}")
-            out.append(ms)
-        return out[3:]
+    body, headers = encode_infer_request(feeds)
+    return asyncio.run(ov.closed_loop(sock, model, body, headers, clients, n))
 
-    return round(float(np.median(asyncio.run(run()))), 2)
+
+def served_l0(sock: str, model: str, feeds: dict, n: int = 15) -> float:
+    """The pipeline's served latency at no load, ms: the P50 of ``n`` sequential requests
+    (:func:`closed_loop` of 1) after 3 unmeasured ones."""
+    closed_loop(sock, model, feeds, 1, 3)
+    return closed_loop(sock, model, feeds, 1, n)["p50_ms"]
 
 
 def capacities(
-    tmp: Path, a: argparse.Namespace, device: Path, reqs: dict, session_l0: dict[str, float]
+    a: argparse.Namespace, device: Path, feeds: dict, session_l0: dict[str, float]
 ) -> dict:
     """C_high and C_low, closed loop on a static service, and each pipeline's served L0
     (:func:`served_l0`, before the closed loops); with ``--capacity slo``, the high
@@ -386,30 +296,28 @@ def capacities(
         static_pipeline(a.high, HIGH, None, 1, a.slots - 1),  # no SLO: nothing refused
         static_pipeline(a.low, LOW, None, 2, 1),
     ]
-    s = Served(tmp, "capacity", pipes, device, {}).start()
+    s = served(pipes, device, {})
     try:
         out = {}
         for name, clients in ((HIGH, a.slots - 1), (LOW, 1)):
-            body, headers = reqs[name]
-            l0 = served_l0(s.sock, name, reqs[name])
-            out[name] = asyncio.run(
-                ov.closed_loop(s.sock, name, body, headers, clients, a.capacity_requests)
-            )
+            l0 = served_l0(s.sock, name, feeds[name])
+            out[name] = closed_loop(s.sock, name, feeds[name], clients, a.capacity_requests)
             out[name]["served_l0_ms"] = l0
-        out["high_beside_low"] = high_beside_low(s.sock, a, reqs, out[LOW]["throughput_rps"])
+        out["high_beside_low"] = high_beside_low(s.sock, a, feeds, out)
         out["memory"] = memory_now(s.sock)
         if a.capacity == "slo":
             l0 = out[HIGH]["served_l0_ms"] if a.l0 == "served" else session_l0[HIGH]
             out["high_slo"] = slo_capacity(
                 s.sock,
                 a,
-                reqs,
+                feeds,
                 out[LOW]["throughput_rps"],
                 a.high_slo_x * l0,
                 out["high_beside_low"]["throughput_rps"],
             )
     finally:
-        out["stop"] = s.stop()
+        s.__exit__(None, None, None)
+        out["stop"] = s.stopped
     return out
 
 
@@ -432,32 +340,29 @@ def memory_now(sock: str) -> dict[str, float]:
     }
 
 
-def high_beside_low(sock: str, a: argparse.Namespace, reqs: dict, c_low: float) -> dict:
+def high_beside_low(sock: str, a: argparse.Namespace, feeds: dict, cap: dict) -> dict:
     """C_high as the step scenario leaves it to the high pipeline: its closed loop (as
     in :func:`capacities`) while the low pipeline gets its constant load, Poisson at
     ``--low-load`` x C_low, beside it (on 2 cores the CPU, not the slots, is what the two
     share; the high pipeline alone on both cores is a capacity the scenario cannot
-    give it). The low load runs until the closed loop ends."""
+    give it). The low load starts 2 s before the closed loop and lasts twice the closed
+    loop's time alone (``cap``: :func:`capacities`' figures so far) plus 5 s."""
     from infscaler.api.loadgen import arrival_times
 
-    body, headers = reqs[HIGH]
-    low_times = arrival_times("poisson", a.low_load * c_low, 600.0, a.seed + 7)
-
-    async def both() -> dict:
-        low = asyncio.ensure_future(replay(sock, LOW, reqs[LOW], low_times))
-        await asyncio.sleep(2.0)  # the low load under way
-        try:
-            return await ov.closed_loop(sock, HIGH, body, headers, a.slots - 1, a.capacity_requests)
-        finally:
-            low.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await low
-
-    return asyncio.run(both())
+    span_s = 7.0 + 2 * a.capacity_requests / max(cap[HIGH]["throughput_rps"], 0.1)
+    low_times = arrival_times(
+        "poisson", a.low_load * cap[LOW]["throughput_rps"], span_s, a.seed + 7
+    )
+    with ThreadPoolExecutor(1) as ex:
+        low = ex.submit(replay, sock, LOW, feeds[LOW], low_times)
+        time.sleep(2.0)  # the low load under way
+        out = closed_loop(sock, HIGH, feeds[HIGH], a.slots - 1, a.capacity_requests)
+        low.result()
+    return out
 
 
 def slo_capacity(
-    sock: str, a: argparse.Namespace, reqs: dict, c_low: float, slo_ms: float, top: float
+    sock: str, a: argparse.Namespace, feeds: dict, c_low: float, slo_ms: float, top: float
 ) -> dict:
     """The high pipeline's SLO capacity: the largest Poisson rate (requests/s) at which
     its ``--slots`` - 1 instances answer >= ``--slo-target`` (0.95) of the requests within
@@ -484,14 +389,8 @@ def slo_capacity(
         rate = (lo + hi) / 2.0
         high_t = arrival_times("poisson", rate, a.probe_s, a.seed + 11 + i)
         low_t = arrival_times("poisson", a.low_load * c_low, a.probe_s + 2.0, a.seed + 31 + i)
-
-        async def both(ht: np.ndarray = high_t, lt: np.ndarray = low_t) -> list[dict]:
-            low = asyncio.ensure_future(replay(sock, LOW, reqs[LOW], lt))
-            rows = await replay(sock, HIGH, reqs[HIGH], ht)
-            await low
-            return rows
-
-        rows = [r for r in asyncio.run(both()) if r["t_s"] >= 2.0]
+        rows = replay_all(sock, feeds, {HIGH: high_t, LOW: low_t})[HIGH]
+        rows = [r for r in rows if r["t_s"] >= 2.0]
         att = attainment(rows, slo_ms) or 0.0
         ok = att >= a.slo_target
         probes.append({"rate_rps": round(rate, 3), "attainment": att, "requests": len(rows)})
@@ -511,29 +410,27 @@ def slo_capacity(
     }
 
 
-def arm(
-    tmp: Path, tag: str, pipes: list[dict], env: dict, device: Path, windows: list[tuple]
-) -> dict[str, Any]:
-    """Each of ``windows`` ((name, reqs, times, slo, step_s)) on a fresh service of its
-    own (a loan or a scale-out of one window does not carry into the next)."""
-    out: dict[str, Any] = {"pipelines": pipes, "env": env, "samples": {}, "stop": {}}
-    samples: list[dict] = []
-    for name, reqs, times, slo, step_s in windows:
-        s = Served(tmp, f"{tag}-{name}", pipes, device, env).start()
-        sampler = ov.Sampler(s.svc.proc.pid, 0.5).start()
+def arm(tag: str, pipes: list[dict], env: dict, device: Path, windows: list[tuple]) -> dict:
+    """Each of ``windows`` ((name, feeds, times, slo, step_s)) on a fresh service of its
+    own (a loan or a scale-out of one window does not carry into the next); the other
+    processes' CPU over the windows, cores (the service's tree and this process not
+    counted)."""
+    out: dict[str, Any] = {"pipelines": pipes, "env": env, "other_cores": {}, "stop": {}}
+    for name, feeds, times, slo, step_s in windows:
+        s = served(pipes, device, env)
+        foreign = ForeignLoad(lambda s=s: own_cpu_seconds(s.processes()))
         try:
             print(f"  {tag}: {name} window", flush=True)
-            out[name] = run_window(s, reqs, times, slo, step_s)
+            out[name] = run_window(s, feeds, times, slo, step_s)
         finally:
-            out["samples"][name] = sampler.stop()
-            out["stop"][name] = s.stop()
-        samples += out["samples"][name]
-    out["other_processes_cores"] = mean_other_cores(samples)
+            out["other_cores"][name] = foreign.cores()
+            s.__exit__(None, None, None)
+            out["stop"][name] = s.stopped
+    out["other_processes_cores"] = round(float(np.mean(list(out["other_cores"].values()))), 3)
     return out
 
 
 def step_rounds(
-    tmp: Path,
     a: argparse.Namespace,
     auto: list[dict],
     static_pipes: dict[str, list[dict]],
@@ -560,7 +457,7 @@ def step_rounds(
             pipes, env = plan[tag]
             wins = windows if r == 0 and not tag.startswith("static") else windows[:1]
             label = f"{tag.replace(' ', '-')}-r{r}"
-            per[tag].append(arm(tmp, label, pipes, env, device, wins))
+            per[tag].append(arm(label, pipes, env, device, wins))
     return per
 
 
@@ -606,8 +503,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.slots < 2:
         p.error(f"--slots must be >= 2 (one instance per pipeline at least), got {a.slots}")
     default_cache_dir()
-    from infscaler.api.codec import encode_infer_request
-
     quiet = wait_for_quiet(a.quiet_wait_s)
     data: dict[str, Any] = {
         "environment": environment(),
@@ -627,10 +522,9 @@ def main(argv: list[str] | None = None) -> int:
         else sb.held_l0(sc.calibrate(base[n][0], feeds[n], 10 if a.quick else 20), base[n][1])
         for n in models
     }
-    reqs = {n: encode_infer_request(f) for n, f in feeds.items()}
     tmp = Path(tempfile.mkdtemp(prefix="isc-arbitration-"))
     device = device_yaml(a.slots, tmp / "device.yaml")
-    cap = capacities(tmp, a, device, reqs, {n: cal[n]["l0_ms"] for n in cal})
+    cap = capacities(a, device, feeds, {n: cal[n]["l0_ms"] for n in cal})
     if any(v is not None for v in slot_ms.values()):
         # stand-in stages do not count against engine slots: memory is their cap, what
         # the capacity service's --slots instances used (each holding its ballast) with
@@ -655,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     step = step_times(c[HIGH], c[LOW], a)
-    windows = [("step", reqs, step, slo, a.pre_s)]
+    windows = [("step", feeds, step, slo, a.pre_s)]
     if not a.no_trace:
         fns = busiest_functions(2)
         tr = {
@@ -663,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             for i, (n, fn) in enumerate(zip((HIGH, LOW), fns, strict=True))
         }
         data["trace"] = {"functions": dict(zip((HIGH, LOW), fns, strict=True))}
-        windows.append(("trace", reqs, tr, slo, None))
+        windows.append(("trace", feeds, tr, slo, None))
     auto = [
         auto_pipeline(a.high, HIGH, slo[HIGH], 1, a.slots),
         auto_pipeline(a.low, LOW, slo[LOW], 2, a.slots),
@@ -675,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for h in range(1, a.slots)
     }
-    per = step_rounds(tmp, a, auto, static_pipes, device, windows)
+    per = step_rounds(a, auto, static_pipes, device, windows)
     summary = {tag: spread(runs, a.slots) for tag, runs in per.items()}
     static = [t for t in per if t.startswith("static ")]
     best = max(static, key=lambda t: (summary[t]["high_attainment_after"]["median"] or 0.0,

@@ -24,11 +24,8 @@ connection (:func:`main_per_connection`). More: bench/HISTORY.md, "overload.py".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -142,44 +139,6 @@ class Sampler:
         self._stop.set()
         self._t.join()
         return self.rows
-
-
-class Service:
-    """``infscaler serve`` in a subprocess (arbitration.py's; new code uses
-    :class:`harness.Sut`)."""
-
-    def __init__(self, target: str, args: list[str], sock: str, log: Path) -> None:
-        self.sock = sock
-        self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "infscaler", "serve", "--socket", sock, target, *args]
-        self.cmd = cmd
-        self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=harness.sut.ROOT
-        )
-
-    def wait_ready(self, timeout_s: float) -> None:
-        from infscaler.api.client import Client
-
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"serve exited {self.proc.returncode}: see {self.log.name}")
-            with contextlib.suppress(Exception), Client(self.sock, timeout=5) as c:
-                if c.is_ready():
-                    return
-            time.sleep(0.5)
-        raise RuntimeError(f"serve not ready after {timeout_s} s: see {self.log.name}")
-
-    def stop(self) -> dict[str, Any]:
-        t0 = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.log.close()
-        return {"exit_code": rc, "stop_s": round(time.monotonic() - t0, 2)}
 
 
 def _json_error(body: bytes) -> bool:

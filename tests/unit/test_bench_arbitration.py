@@ -20,7 +20,7 @@ def test_slo_capacity_closes_in_on_the_rate_where_the_slo_breaks(
     ab = bench_module("arbitration")
     seen: list[tuple[str, float]] = []
 
-    async def replay(sock: str, model: str, req: object, times: np.ndarray) -> list[dict]:
+    def replay(sock: str, model: str, feeds: object, times: np.ndarray) -> list[dict]:
         # a service that meets the SLO for every request below 4 requests/s, for none
         # above: the high pipeline's rate is its arrivals over the probe
         rate = times.size / 20.0
@@ -30,8 +30,8 @@ def test_slo_capacity_closes_in_on_the_rate_where_the_slo_breaks(
 
     monkeypatch.setattr(ab, "replay", replay)
     a = argparse.Namespace(slo_probes=8, probe_s=20.0, low_load=0.4, slo_target=0.95, seed=1)
-    reqs = {ab.HIGH: (b"", {}), ab.LOW: (b"", {})}
-    got = ab.slo_capacity("sock", a, reqs, 10.0, SLO, 10.0)
+    feeds = {ab.HIGH: {}, ab.LOW: {}}
+    got = ab.slo_capacity("sock", a, feeds, 10.0, SLO, 10.0)
     # bisection on [1, 10]: the answer is the largest rate that met the target, and
     # within the Poisson noise of 20-s probes (about +-0.45 requests/s at 4/s) of 4
     passed = [p["rate_rps"] for p in got["probes"] if p["attainment"] >= 0.95]
@@ -49,14 +49,14 @@ def test_slo_capacity_without_a_passing_probe_is_an_error(monkeypatch: pytest.Mo
     the capacity."""
     ab = bench_module("arbitration")
 
-    async def replay(sock: str, model: str, req: object, times: np.ndarray) -> list[dict]:
+    def replay(sock: str, model: str, feeds: object, times: np.ndarray) -> list[dict]:
         return [{"t_s": float(t), "outcome": "ok", "ms": 2 * SLO} for t in times]
 
     monkeypatch.setattr(ab, "replay", replay)
     a = argparse.Namespace(slo_probes=3, probe_s=20.0, low_load=0.4, slo_target=0.95, seed=1)
-    reqs = {ab.HIGH: (b"", {}), ab.LOW: (b"", {})}
+    feeds = {ab.HIGH: {}, ab.LOW: {}}
     with pytest.raises(SystemExit, match="no SLO capacity: .* at every probe down to"):
-        ab.slo_capacity("sock", a, reqs, 10.0, SLO, 10.0)
+        ab.slo_capacity("sock", a, feeds, 10.0, SLO, 10.0)
 
 
 def _run(
