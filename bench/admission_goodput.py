@@ -1,14 +1,6 @@
 """Admission on vs off, same configuration: does SLO admission ever cost goodput?
 
-The model as ``cores`` single-thread replicas, served twice at once (``harness.Sut``):
-with SLO ``--slo-x`` x L0 (admission on) and without (off). Capacity C: the offline
-scenario at 2 x cores in flight on ``off``. Then every point on one service and the
-other in alternating order: closed loop at ``f`` x cores in flight and Poisson at ``f``
-x C (``--factors``) through ``infscaler.api.loadgen`` over HTTP, the closed-loop points
-again with ``tritonclient.grpc``, and 16 keep-alive connections at 2 x C on ``on``.
-Per point: goodput, admitted P99 from send, refusals / s, the service tree's CPU ms per
-answer. Pass: goodput on >= ``--tolerance`` x off everywhere, and the keep-alive point's
-admitted P99 <= 2 x SLO. More: bench/HISTORY.md, "admission_goodput.py".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``admission_goodput.py``.
 """
 
 from __future__ import annotations
@@ -131,7 +123,7 @@ def serve(mode: str, a: Any, cores: int, slo_ms: float, tmp: Path) -> harness.Su
 
 
 def measure_http(svc: Any, a: Any, ctx: dict, key: tuple, spec: Any, pool: int = 0) -> dict:
-    """One HTTP load point on ``svc`` (module docstring, step 3 or 4) as a JSON row."""
+    """One HTTP load point on ``svc`` (the method, step 3 or 4) as a JSON row."""
     from infscaler.api.loadgen import MeasureConfig
 
     cfg = MeasureConfig(interval_ms=a.window_ms, max_trials=a.trials, slo_ms=ctx["slo_ms"],

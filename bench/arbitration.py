@@ -2,15 +2,7 @@
 (priorities, ``runtime/scaling/arbitration.py``) keep the high-priority pipeline's SLO
 through a step in its load, and at what cost to the low-priority one?
 
-Every arm of the step runs ``--rounds`` (3) times, the arms' order reversed every other
-round, a fresh service each time; the JSON's ``step_summary`` holds per arm the median,
-min, max and values, and ``auto_vs_best_static`` the auto arms' medians over the best
-static split's.
-Writes ``results/arbitration.json``, ``.png`` (round 0 over time) and ``_rounds.png``
-(medians and spread per arm) (``--quick``: ``_quick``, short windows: proves the script
-runs, no result).
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/arbitration.py`".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``arbitration.py``.
 """
 
 from __future__ import annotations
@@ -137,7 +129,7 @@ def replay_all(sock: str, feeds: dict, times: dict[str, np.ndarray]) -> dict[str
 
 
 def step_times(c_high: float, c_low: float, a: argparse.Namespace) -> dict[str, np.ndarray]:
-    """The step scenario's arrival times per pipeline (module docstring, step 3)."""
+    """The step scenario's arrival times per pipeline (the method, step 3)."""
     high = two_rates(a.before * c_high, a.pre_s, a.after * c_high, a.post_s, a.seed)
     rest = a.pre_s + a.post_s - a.low_burst_s
     low = two_rates(a.low_burst * c_low, a.low_burst_s, a.low_load * c_low, rest, a.seed + 2)

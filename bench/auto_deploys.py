@@ -1,18 +1,6 @@
 """The auto mode against the obvious hand configurations, over repeated deploys.
 
-The runtime's promise: a user who writes only ``slo:`` and ``autoscale: {}`` gets at
-least what the best simple hand configuration gives, at every deploy, not at a lucky
-one. Per model (SLO = ``--slo-x`` x L0): two hand configurations (one session with every
-core's threads; one 1-thread replica per core, both fixed, SLO for admission), then
-``--deploys`` auto deploys, each a fresh ``infscaler serve`` (``harness.Sut``) with its
-own state directory and a model cache whose ``idle`` folder is empty (nothing learnt
-from an earlier deploy), planning anew; the first is started again on its state (the
-later start: the kept decision). Every configuration meets the same Poisson arrivals
-(one seed) at each ``--loads`` x ideal through ``infscaler.api.loadgen``: ``--warm-s``
-unmeasured, then at least ``--min-requests`` / ``--measure-s``. Goodput = answers within
-the SLO per s. Targets: auto / best >= 0.95 per deploy and load, and the same
-configuration (the live check's ``serving``, objectives left out) in >= 4 of 5 deploys.
-More: bench/HISTORY.md, "Auto deploys against the hand configurations".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``auto_deploys.py``.
 """
 
 from __future__ import annotations
@@ -104,7 +92,7 @@ def deploy(pipe: dict, work: Path, i: int, later: bool = False) -> harness.Sut:
 
 
 def run_model(model: str, a: Any, res: harness.Result) -> dict[str, Any]:
-    """Calibration, the baselines, then the auto deploys (module docstring)."""
+    """Calibration, the baselines, then the auto deploys (the method)."""
     feeds = harness.models.model_inputs(model)
     cal = harness.models.calibrate(model, feeds, 8 if a.quick else 20)
     cores, slo_ms = cal["cores"], a.slo_x * cal["l0_ms"]

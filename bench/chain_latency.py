@@ -1,18 +1,6 @@
 """One-request latency of the partitioned chain vs the whole model (issue "Must show").
 
-Per model and K: the Eq. 1 plan (``partition_model``, plan building not timed) as a
-``Chain`` of sessions in this process against one session of the whole model (the
-canonical model at the same input shapes), both with the engine layer's options at the
-usable cores' threads, spinning off (``--spin``: onnxruntime's default, on); interleaved
-whole, chain, ..., then each part alone on its recorded inputs (the breakdown). Ratio =
-median(chain) / median(whole), target <= 1.10. No shared memory: the cost of the
-boundaries themselves. ``--spin`` writes ``chain_latency[_quick]_spin``.
-
-``--served`` measures instead one hop between served units (default ``--ks 1,2,3``,
-``--models resnet50,ppocrv4-det``, ``--repeats 100``): head, between units (per cut, with
-its crossing MB) and tail, fitted per MB against the in-process T_p (:func:`run_served`).
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/chain_latency.py`".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``chain_latency.py``.
 """
 
 from __future__ import annotations

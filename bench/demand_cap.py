@@ -1,24 +1,7 @@
 """The cpu cap that counts demand against the one that counts pinned threads, on a
 3-partition model with one heavy partition under closed-loop load.
 
-The model (:func:`k3_model`, built here: nothing to download) is a chain of three
-convolutions on a ``--size`` x ``--size`` map (8 -> 16 channels 3x3, 16 -> 16 9x9, 16 ->
-8 3x3: the middle one 18x the others' FLOPs) with cheap Relus between them;
-``partitions: 3`` puts one convolution in each partition, so the middle one is the
-bottleneck and the other two are busy far less.
-Each arm serves it in a fresh in-process :class:`~infscaler.service.service.Service`
-(``cpu-host`` profile: this host's cores, 2 thread slots per core) with one instance
-per partition, ``max_instances`` 2, an SLO of ``--slo-x`` x the whole model's
-single-thread latency (median of 20 runs here) and ``autoscale`` (short timings, no
-scale-in within the run), and ``--clients`` closed-loop clients (threads here) for
-``--seconds``; a request refused with a reason (503: at arrival for the SLO, or shed at
-the cap) is counted as refused and retried after its Retry-After (10 ms without one).
-Arms: ``threads`` (``INFSCALER_CORE_CAP=threads``: the cap before demand was counted)
-and ``demand`` (the default). Per arm: requests answered and refused per second, errors
-(any other failure: must be 0), the heavy partition's most instances, the scaler's
-decisions, the demand it read each second, and the service's CPU seconds per answered
-request (this process and its instances, the tree re-read every 0.5 s: ``harness.host.TreeCpu``; a fair measure on a busy
-host, unlike wall-clock throughput). Ratios are demand / threads of the same run.
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``demand_cap.py``.
 """
 
 from __future__ import annotations
@@ -43,7 +26,7 @@ RELUS = 10  # cheap steps on each side of the heavy convolution
 
 
 def k3_model(path: Path, size: int = 128) -> Path:
-    """Write the 3-convolution chain (module docstring) to ``path``: input ``x`` FP32
+    """Write the 3-convolution chain (the method) to ``path``: input ``x`` FP32
     ``[1, 8, size, size]``, output ``y`` FP32 ``[1, 8, size, size]``."""
     from onnx import helper
 
@@ -140,7 +123,7 @@ def look(svc: Any) -> dict[str, Any]:
 def run_arm(
     cap: str, model: Path, slo_ms: float, size: int, clients: int, seconds: float, tmp: Path
 ) -> dict[str, Any]:
-    """One arm on a fresh service (see the module docstring)."""
+    """One arm on a fresh service (see the method)."""
     from infscaler.base.config import load_pipeline
     from infscaler.runtime.serving.frontend import RequestError
     from infscaler.service.service import Service

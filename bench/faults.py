@@ -1,18 +1,7 @@
 """Fault injection: kill -9 an instance again and again under steady load, then kill the
 whole service and restart it on the same state dir.
 
-Phase 1 (in this process): a service serves a partitioned model (default: ResNet-50 in 3
-partitions, random weights of the bundled light model) at a steady open-loop rate. Every
-``--interval`` s the instance of the middle partition is killed with SIGKILL, ``--kills``
-times. Measured: every request's outcome (result, 503, other error, or never answered),
-the time from each kill until the unit has a ready instance again (the target is
-< 2 s), the restart delay the supervisor chose, and after the load stops, the pool slots
-still leased to dead instances (leaked slots: must be 0) and the manager's audit.
-
-Phase 2 (a subprocess): a service on the same state dir serves a few requests (so its
-pool maps slabs in /dev/shm) and is killed with SIGKILL; its slabs are counted; then a
-new service starts on that state dir and the old run's slabs are counted again (must be
-0: :func:`infscaler.shm.cleanup.remove_stale_pools`).
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``faults.py``.
 """
 
 from __future__ import annotations

@@ -2,20 +2,7 @@
 streams on a site of 1,000 Jetsons with the fewest nodes; report the time it takes and the
 nodes used against the lower bound.
 
-Pipelines: real bundled models (default ResNet-50, SqueezeNet, ShuffleNet), each served
-whole, their unit profiles measured in-process on this host (cpu engine, one intra-op
-thread: :func:`infscaler.runtime.planning.unitprofile.profile_pipeline`) and used for every device
-type: the Jetsons run them on their CPU slots and cores (no GPU / DLA times exist for them
-here, and none are invented). Two SLO classes per model: 3x and 6x its measured mean
-service time (at least 20 ms).
-
-Site: ``--nodes`` nodes, 10 % orin-agx, 30 % orin-nx, 40 % orin-nano, 20 % xavier-nx
-(the bundled profiles' caps). Streams: ``--streams``, a model and SLO class uniformly at
-random, a rate log-normal around 5 requests/s (sigma 0.8, clipped to 0.5..60 /s), seeded.
-
-Measured: the capacity curves (the single-device planner, runs counted), the packing time
-at 10 %, 20 %, 50 % and 100 % of the streams (with the nodes scaled alike), the nodes used
-and the lower bound (runtime/planning/fleet.py's module docstring says what it bounds).
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``fleet.py``.
 """
 
 from __future__ import annotations

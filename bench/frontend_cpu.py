@@ -2,15 +2,9 @@
 single-threaded server that competes with the instances for the cores
 (``infscaler.runtime.planning.planner.FRONTEND_MS``, ``infscaler plan --frontend-ms``).
 
-A service in this process (the front end: HTTP server, admission, token handover,
-reply) serves a one-stage function pipeline that returns its input's first element (its
-instance is another process, not counted), reached over the Unix-socket API by a client
-in a child process (not counted) that sends ``n`` requests one at a time with a
-1x3x224x224 FP32 input (ResNet-50's, 602 KB, binary tensor data). The figure is this
-process's CPU time (user + system, all its threads; ``time.process_time``) over the
-timed requests / ``n``.
-
 Writes ``results/frontend_cpu.json`` (``_quick`` with --quick; harness.Result, no plot).
+
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``frontend_cpu.py``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Fuzz the v2 API's edge: up to 10,000 malformed requests against a live service.
 
-The service (in this process: the front end and the aiohttp server on a Unix socket;
-its stages in instance processes) serves ``bench/api_edge.py``'s target pipeline: a
-function stage that raises the declared ``StageInputError`` for unusable rows, then a
-small ONNX model. The cases are drawn by hypothesis from ``api_edge_cases.STRATEGIES``,
-``--count / 15`` of each kind (fewer for a kind whose distinct cases run out; ``--seed``
-fixes the draw), each on its own connection; a valid request is interleaved every ``--valid-every`` cases and must get
-the right answer.
-
-Recorded: answers per status and per case kind, every case whose answer was not 4xx
-v2 error JSON (a closed connection counts as right only for truncated requests), the
-valid requests that failed, pool slots in use before / after (a leak is slots that
-never come back), and the RSS (MB) of this process and of the instance processes,
-sampled along the run.
-``count`` in the results is the cases sent.
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``fuzz_api.py``.
 """
 
 from __future__ import annotations

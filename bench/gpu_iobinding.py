@@ -1,21 +1,7 @@
 """The gpu engine's onnxruntime path: plain ``session.run`` against IOBinding
 (:class:`~infscaler.engines.gpu.iobinding.BoundSession`), per tensor size.
 
-One model, ``Y = X + X`` (float32, ``n`` elements: 64 KB to 64 MB), on the gpu engine's
-onnxruntime provider (the CUDA EP, or the TensorRT EP where it serves). Per size, three
-ways, each timed per call (``perf_counter``), median and P90 of ``--repeats`` after 3
-warm-ups:
-
-- ``run``: ``session.run(["Y"], {"X": x})`` with pageable numpy arrays (onnxruntime
-  stages the input through its pinned bounce buffer, allocates the output on the host and
-  hands back a new array);
-- ``bound_pageable``: IOBinding, input bound at the numpy array's address, output written
-  into a pre-allocated array;
-- ``bound_pinned``: IOBinding with input and output in host memory registered with CUDA
-  (``cuMemHostRegister``, as :class:`~infscaler.shm.UnifiedSlabMap` registers an
-  instance's pool slabs, once per slab): the copies are direct DMAs.
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/gpu_iobinding.py`".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``gpu_iobinding.py``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """One-hop token handover: latency and throughput of the control path vs baselines
 (InfScaler §IV-B, shaped like paper Fig. 6 "tensor sharing overhead against baselines").
 
-Latency: RTT/2 of a ping-pong of a 32-byte token through the mechanism (perf_counter_ns
-in the producer around send -> reply, the reply a DATA token with the same request id).
-Throughput: 1 producer streaming one token per send to N consumers, no acknowledgements,
-from the first send to the last receipt. Mechanisms: the eBPF SOCKMAP channel, the
-user-space broker (a router thread in this process), AF_UNIX direct,
-``multiprocessing.Queue``, a busy-polling shm ring; long-lived spawn workers pinned
-``same-core`` or ``cross-core``, mechanisms in rotated order per repetition; each figure
-is the median over repetitions. Targets per placement and N: eBPF P50 <= 15 us,
-eBPF / broker <= 0.5. Needs root (or CAP_BPF + CAP_NET_ADMIN) for the eBPF mechanism; without it, that
-mechanism is skipped with the probe's reason and the targets are reported as not
-measured.
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/handover.py`".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``handover.py``.
 """
 
 from __future__ import annotations

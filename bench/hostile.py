@@ -1,22 +1,9 @@
 """Hostile clients against a served pipeline, over the HTTP and the gRPC socket: each
 attack class, then a soak.
 
-Runs ``infscaler serve`` as root (small quotas, the ``chain`` test pipeline and a slow
-one) and attacks it as uid 65534 in the socket's group: HTTP attacks from forked
-children (``tests/integration/api/test_hostile.py``), gRPC ones from fresh interpreters
-(``tests/integration/api/grpc_attacks.py``: ``tritonclient.grpc`` and raw HTTP/2). Needs
-root and a checkout. For each class: the service's RSS and fds before, the most seen
-during (sampled every 0.25 s) and after; then root's inference and health (HTTP and
-gRPC), each timed (within 1 s is the bar), another user's inference, and the pid.
-
-Usage::
-
-    sudo .venv/bin/python bench/hostile.py                  # the classes
-    sudo .venv/bin/python bench/hostile.py --soak-min 30    # and a 30-minute soak
-
 Writes ``bench/results/hostile.json`` (and ``hostile_soak.png`` with a soak).
 
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/hostile.py`".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``hostile.py``.
 """
 
 from __future__ import annotations

@@ -3,25 +3,9 @@
 (``bench/frontend_cpu.py``: one client, one-stage function pipeline, 602 KB FP32 input
 over the Unix-socket API), each measured on two commits of this repository.
 
-Nothing is installed: each commit's tree is unpacked from ``git archive`` into a
-directory of its own, and a second directory lays its package out as installed
-(``infscaler/`` with the ``package-dir`` folders of that commit's ``pyproject.toml``
-linked in); each measurement runs in a child process of this interpreter (the
-dependencies of its environment) with that layout first on ``PYTHONPATH`` (the child
-checks that ``infscaler.runtime`` comes from that commit's tree). The benchmark scripts
-are this checkout's for both sides: the instrument stays the same, only the package
-measured differs. The two sides
-alternate round by round (ABAB..., then BABA... orders), so a drift of the host hits
-both; the figure per side is the median over rounds, and the outcome is the ratio
-after / before. The host's busy CPU over each measurement (all processes, the measured
-ones included: an idle host shows about what the measurement itself uses) is recorded.
-A refactoring should leave ratios near 1 (the same commit's spread is printed beside them).
-
 Writes ``results/<--name>.json`` and ``.png`` (harness.Result: a point per round and side).
 
-Usage::
-
-    .venv/bin/python bench/hotpath_ab.py --before e16de55 --after HEAD --rounds 4
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``hotpath_ab.py``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """How much slower a model runs after the host sat idle: in-process against served
 (issue 15: why the planner leaves ``EngineProfile.idle`` out by default).
 
-An idle core sleeps and wakes late (cpuidle, the frequency governor; in a VM the
-hypervisor deschedules the idle vCPU). onnxruntime's intra-op workers do not spin in the
-served session, so a multi-threaded run after an idle gap pays a wake-up per operator.
-At tight SLOs on a lightly loaded host that is the P99: ResNet-50 at 1.5 x L0 on the
-2-core development VM served a 2-thread session's compute at P50 31 ms and P99 57 ms at
-4 requests/s (2026-11-27).
-
-In-process: ``profiler.measure_idle`` (median after sleeping the gap / median back to
-back) per thread count. Served (an in-process ``Service``, one instance of the largest
-thread count, Poisson at each ``--rates``): per request the idle gap before its compute
-(the previous request's compute end to its compute start, the instance's trace), median
-compute per gap bin over the first bin's. More: bench/HISTORY.md, "idle_wake.py".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``idle_wake.py``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """Memory under real and bursty arrivals (InfScaler §V, Table II), measured.
 
-Per model (SLO = ``--slo`` x L0, mean rate ``--load`` x ideal) and arrival process (the
-Azure Functions 2019 trace's busiest function from minute 21, time-compressed 4x;
-gamma arrivals with CV^2 = 1 and 4 at the same mean), each configuration on a fresh
-``infscaler serve`` (``harness.Sut``): ``infscaler`` (the Eq. 1 plan at the model's K),
-``auto`` (only ``slo`` and ``autoscale``) and ``replication`` (whole-model 1-thread
-instances), all autoscaled from one instance per unit up to one per core. The arrivals
-are replayed through ``infscaler.api.loadgen``; memory is the service's
-``memory_used_mb`` (instances' PSS and the tensor pool, as the scaler counts it against
-its cap) polled every 0.5 s. A memory ratio counts only at equal throughput (within 5 %)
-and attainment (within 1 point). More: bench/HISTORY.md, "Memory at equal throughput".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``memory_trace.py``.
 """
 
 from __future__ import annotations
@@ -74,7 +65,7 @@ def arrivals_for(kind: str, rate: float, duration_s: float, seed: int) -> tuple[
 
 
 def config_dict(config: str, model: str, name: str, slo_ms: float) -> dict[str, Any]:
-    """The pipeline dict of a configuration (module docstring)."""
+    """The pipeline dict of a configuration (the method)."""
     if config == "auto":
         cfg = auto_pipeline(model, name, slo_ms)
     else:

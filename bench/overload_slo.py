@@ -1,24 +1,7 @@
 """Overload at a multiple of capacity, the load generator on the same cores: does
 admission keep the SLO it admits to, and does it keep the goodput?
 
-One ``infscaler serve`` (``harness.Sut``) with the SLO = ``--slo-x`` x L0 (L0: the whole
-model's 1-thread median in this process) and ``--config``: ``replicas`` (``cores``
-single-thread instances), ``one-session`` (one instance with ``cores`` threads) or
-``auto`` (``slo`` and ``autoscale: {}`` only). Through ``infscaler.api.loadgen``
-(``harness.scenarios``):
-
-1. **Capacity** C: the offline scenario, ``--clients`` requests in flight.
-2. **Sustained rate** R: the largest Poisson rate whose P99 (a refused request later
-   than any) is within the SLO, by bisection in (0.2 C, 1.1 C) (``harness.search``).
-3. **Overload** at each of ``--factors`` x C for ``--duration-s``: admitted P99 and
-   goodput (answers within the SLO per s).
-
-Checks per factor: no error other than a refusal, admitted P99 <= ``--p99-x`` x SLO,
-goodput >= ``--goodput-x`` x R's goodput. Writes ``results/overload_slo[_<config>]
-[_slo<x>x][_quick].json`` and ``.png``.
-
-``--per-connection`` runs instead the 10x overload with each request on its own
-connection (:func:`main_per_connection`). More: bench/HISTORY.md, "overload.py".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``overload_slo.py``.
 """
 
 from __future__ import annotations
@@ -45,7 +28,7 @@ NAME = "m"
 
 
 def config_pipeline(model: str, config: str, slo_ms: float, cores: int) -> dict[str, Any]:
-    """The served configuration (module docstring) with the SLO."""
+    """The served configuration (the method) with the SLO."""
     if config == "auto":
         import scaling
 
@@ -57,7 +40,7 @@ def config_pipeline(model: str, config: str, slo_ms: float, cores: int) -> dict[
 
 
 def checks(point: dict[str, Any], slo_ms: float, sustained: float, a: Any) -> dict[str, bool]:
-    """The overload checks of one point (module docstring)."""
+    """The overload checks of one point (the method)."""
     p99 = point["p99_ms"]
     return {
         "no_error_but_refusals": not point["errors_by_code"],

@@ -1,19 +1,7 @@
 """How close is the scaler's P99 model to the P99 a served pipeline shows, with the
 service time's median alone (M/D/c) and with its measured tail too (M/G/c)?
 
-``queueing.p99_response_ms`` is fed the unit's live compute P50 alone (M/D/c), and its
-P50 and P99 (M/G/c: a shifted-exponential service, ``queueing.service_moments``), and
-both are compared with the P99 the clients measured. One pipeline (``--model``, PP-OCRv4
-det: the whole model in single-thread instances, no SLO, no autoscale) served fresh at 1
-and at 2 static instances (``harness.Sut``). Per configuration: the served L0 (single
-stream, ``harness.scenarios``), then per load in ``--loads`` (fractions of
-``c x 1000 / L0_session``) the server scenario (Poisson) for ``--duration-s`` after a
-warm-up, then the unit's compute P50 / P99 from ``status``. The front end's part,
-``served L0 - compute P50 at no load``, is added to both predictions.
-
-Per point: rate, measured P99, the two predictions and their relative errors
-(``(model - measured) / measured``: negative is optimistic, the side that keeps too few
-instances). Writes ``results/p99_model.json`` and ``.png`` (``--quick``: ``_quick``).
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``p99_model.py``.
 """
 
 from __future__ import annotations

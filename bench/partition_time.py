@@ -1,19 +1,6 @@
 """Wall-clock time of ``partition_model`` per model (issue "Must show": partitioning time).
 
-For each model: resolve it (materialising a light model's weights once; not timed), count
-its ONNX nodes and Eq. 1 operators (``OperatorGraph.num_operators``; not timed), then time
-one ``partition_model(...)`` call with a fresh profile (``use_cache=False``: no cached
-operator profile or boundary overhead is read or written), ``slo=None``, a fixed K, and
-per-phase times taken from the progress callback's timestamps. The target is <= 15 s per
-model; each model gets pass / fail against it.
-
-The synthetic model (``synthetic-chain``) is a 250-block Conv-BN-Relu-Add residual chain
-built with onnx.helper (1000 operators), so that the >= 800-operator target is exercised;
-it is labelled synthetic everywhere.
-
-Settings of the timed call: ``measure="flops"``, warm-up 1, 3 repeats, all usable cores'
-threads, ``rtol=1e-4``; a plan that fails verification there is recorded and timed again
-at ``harness.models.FALLBACK_RTOL``.
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``partition_time.py``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """How well the planner's simulator predicts a served pipeline (issue 5: "its prediction
 error against measured runs is reported").
 
-Model: ResNet-50 (the onnx wheel's architecture, seeded random weights), partitioned by
-Eq. 1 into K = 2 operator groups at deploy. Each unit is profiled in-process
-(:func:`infscaler.runtime.planning.unitprofile.profile_pipeline`: onnxruntime CPU, 1 thread, the
-empirical per-call times), then for each configuration (instances per unit) and offered
-rate the planner's simulator (:func:`infscaler.runtime.planning.planner.predict`) predicts P50,
-P99 and throughput for a Poisson arrival sequence (with and without the simulator's CPU
-contention model), and a fresh ``infscaler serve`` (``harness.Sut``) with the same
-instances is sent the SAME arrival times open loop (``LoadGenerator.replay``, over the
-socket: the front end and HTTP are in the measured latency). Error = (predicted -
-measured) / measured, per metric. Rates are fractions of the configuration's predicted
-capacity (1 / the slowest unit's per-instance time).
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``plan_accuracy.py``.
 """
 
 from __future__ import annotations

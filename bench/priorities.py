@@ -1,24 +1,6 @@
 """A priority-1 pipeline's SLO while lower ones are flooded, with CPU by priority and without.
 
-One ``infscaler serve`` with 2 or 3 pipelines (``--cases 2,3``) from their YAMLs, all
-``autoscale`` with an SLO: ``hi`` (priority 1, SLO ``--slo-x`` x its L0, default
-ResNet-50), ``lo`` (priority 2) and, in the 3-pipeline case, ``lo3`` (priority 3), both
-SLO 1 s, default SqueezeNet. ``hi`` gets Poisson arrivals at ``--hi-load`` x one core's
-ideal rate (1000 / L0); the lower ones are either idle or each flooded by ``--flood``
-closed-loop clients that send again at once (3 pipelines, or ``--fixed``: one
-single-thread instance each, no autoscale: three autoscaled ones do not fit a 2-core
-host's thread slots). Admission across pipelines is on in every arm. Arms, each a fresh service, alternating over ``--rounds``:
-
-- ``on``: CPU by priority as shipped (``lo``'s instances at a higher nice value);
-- ``off``: ``INFSCALER_CPU_PRIORITY=off`` (every instance at the service's value).
-
-Per window: ``hi``'s attainment (answers within its SLO / requests sent), P99 and
-refusals, and each lower pipeline's answers and goodput (answers within its SLO) per
-second and refusals by code. The figure the priority exists for is
-``hi`` attainment flooded / alone (target >= 0.95) with the lower pipeline still served.
-Clients: the httpx binary-tensor client of ``vs_triton.py`` over the Unix socket.
-Writes ``results/priorities.json`` / ``.png`` (``_quick`` with --quick; harness.Result: a
-point per case, round and arm, each case's :func:`summarize` under ``summary.cases``).
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``priorities.py``.
 """
 
 from __future__ import annotations

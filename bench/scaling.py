@@ -1,27 +1,7 @@
 """Throughput at SLO (InfScaler §V, Fig. 5): the runtime's own choice against whole-model
 replication and one session, at P99 <= k x L0 (MLPerf LoadGen's server scenario).
 
-Per model: L0, the median latency of one request on a 1-thread session in this process
-(``harness.models.calibrate``), and ideal = cores x 1000 / L0. Per SLO = k x L0 and
-configuration: the largest Poisson rate whose P99 (refused or failed requests count as
-later than any) is within the SLO, by bisection (``harness.search``); every step on a
-freshly deployed service (``harness.Sut``), warm-up unmeasured, requests through
-``infscaler.api.loadgen`` over HTTP on the socket (binary tensor data; ``--shm``: the
-inputs in a registered shared memory region). Configurations (:func:`config_pipeline`):
-
-- ``auto``: the model with only the pipeline's ``slo`` and ``autoscale``;
-- ``replication``: whole-model 1-thread instances, autoscaled up to one per core;
-- ``one-session``: one whole-model instance with every core's threads, not autoscaled;
-- ``eq1`` (not by default): ``auto`` served with ``--objective eq1`` (the paper's plan).
-
-``--cap-mb MB`` serves every configuration under a memory cap (this host's profile with
-``memory_cap_mb`` = MB, ``--device``); ``--cap-mb rule`` measures the former script's
-cap first (:func:`measure_cap`: the whole model's and the Eq. 1 partitions' PSS,
-``harness.models.cap_rule``). Per cell (:func:`cell_summary`): each configuration's
-rate, auto / best baseline, and the M/D/c ceiling of ``cores`` servers at L0
-(``slo_bound.mdc_max_rate``). ``--serve-arg`` passes an option to every service (the
-former wake-up variants: ``--serve-arg=--cpu-wake-latency-us=0``). ``--same-config``:
-``auto`` against the hand configuration it chose at one rate (:func:`main_same_config`).
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``scaling.py``.
 """
 
 from __future__ import annotations
@@ -55,7 +35,7 @@ BASELINES = ("replication", "one-session")
 
 
 def config_pipeline(config: str, model: str, slo_ms: float, cores: int) -> dict[str, Any]:
-    """The pipeline dict a configuration deploys (see the module docstring).
+    """The pipeline dict a configuration deploys (see the method).
 
     Raises:
         ValueError: an unknown configuration.
@@ -226,7 +206,7 @@ def window(
 
 
 def summarise(rows: list[dict[str, Any]], slo_ms: float, servers: int) -> dict[str, Any]:
-    """A window's figures (module docstring): P99 of every request, late, refused, the
+    """A window's figures (the method): P99 of every request, late, refused, the
     breakdown's P50 / P99, the ideal FIFO replay's P99 and the runtime's own delay."""
     lat = [r["latency_ms"] for r in rows if r["latency_ms"] is not None]
     refused = len(rows) - len(lat)

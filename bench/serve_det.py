@@ -1,20 +1,6 @@
 """Served throughput and latency of partitioned PP-OCRv4 det vs one onnxruntime session.
 
-PP-OCRv4 det (rapidocr_onnxruntime's trained model, a 1x3x640x640 input from a real
-photo: skimage ``astronaut`` through the OCR pipeline's own pre-processing) served by a
-fresh ``infscaler serve`` per configuration (``harness.Sut``: whole model with 2 threads,
-2 x 1 thread, K = 2, K = 2 with the bottleneck doubled, K = 3), loaded through
-``infscaler.api.loadgen`` in the offline scenario with 1 and 4 requests in flight
-(binary tensor data over HTTP), against one onnxruntime session in this process on
-every usable core (the cpu engine's options, no spinning), measured again right before
-each configuration (the VM's speed drifts by up to 30 % in minutes): ratios are taken
-against that adjacent run. Each configuration's output is checked against the session's.
-``--transports`` measures instead what binary tensor data over HTTP costs over system
-shared memory, one request at a time (6.5 MB per request): det whole (1 x 2 threads) and
-``det-shaped`` (a function stage with det's tensor sizes, almost no compute: the
-transport's own ms), each by binary HTTP, registered shm, and binary as one joined body,
-interleaved; the figure is P50(binary) / P50(shm) on det (target <= 1.1).
-More: bench/HISTORY.md, "Serving: serve_det.py".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``serve_det.py``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """The same scaler on the Jetson profiles, in the simulator (InfScaler §V on Xavier / Orin).
 
-Per model: unit profiles of the whole model and of its K-partition plan measured on this
-host's CPU (1 thread per instance; memory from an older ``results/scaling.json`` where
-it has the model, else the plan estimate), then ``runtime/planning/simulator.py`` runs
-the scaler (``decide()``) with each Jetson profile's cores, slots and memory cap:
-throughput at SLO = k x L0 by bisection (``harness.search``; a rate passes with no
-rejection and P99 <= SLO over 180 s, 120 s warm-up), InfScaler's plan against whole-model
-replication, without and with the cap rule (max(whole, sum of partitions) + bottleneck
-+ 32 MB); and memory at 0.6 x ideal under the Azure and gamma arrivals (Table II). No
-GPU or DLA time is invented. More: bench/HISTORY.md, "Simulated on the Jetson profiles".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``sim_jetson.py``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """The most any configuration can serve at a P99 SLO: the M/D/c queueing bound.
 
-``scaling.py`` reports throughput at SLO as a fraction of "ideal" (cores x the
-single-thread rate). Under open-loop Poisson arrivals no scheduler reaches ideal at a
-finite P99 SLO: requests queue even when servers are free on average. This script
-computes, for c servers of deterministic service time D (the best case: real service
-times vary, which only queues more), the largest load rho = lambda D / c whose P99
-response time (wait + D) is <= k x D, for the SLO factors k of Fig. 5. The result is an
-upper bound on the ``throughput at SLO / ideal`` column of ``scaling.py`` for a
-configuration whose instances each take D (the scaler's best case: c single-thread
-instances on c cores).
-
-Method: FIFO c-server queue (Kiefer-Wolfowitz: each arrival goes to the server free
-first), N Poisson arrivals (the same seeded exponential draws for every rho: common
-random numbers), the first 10 % discarded, bisection on rho to 1e-4. Exact up to
-sampling error: with N = 400 000 the P99 is read from ~360 000 samples; the bisection is
-repeated for 3 seeds and the spread reported.
-
 Writes ``results/slo_bound.json`` and ``.png`` (``_quick``: 20,000 arrivals, 1 seed).
+
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``slo_bound.py``.
 """
 
 from __future__ import annotations

@@ -9,14 +9,9 @@ holds 64 MB of ballast from its start and the bench caps memory instead (room fo
 instances of its capacity service and half of one more). What they measure is the
 control loop, never a model's speed.
 
-``MODEL+slot:MS`` (e.g. ``squeezenet+slot:80``): the real model, then a ``hold`` stage
-sleeping MS ms, fused into the model's unit (a function stage beside a model stage runs
-in its instances: docs/pipelines.md, "Fused units"), so each instance is a model instance
-(an engine slot) held MS ms per request with its core idle, as one that waits on a
-camera or an accelerator: the slots bind before the cores do, with a real model served.
-
 Input ``x`` FP32 [-1, 4], output ``y`` (= x). The stage's module is written to a
-directory that must be on the service's ``PYTHONPATH`` (:func:`write_module`).
+directory that must be on the service's ``PYTHONPATH`` (:func:`write_module`). More:
+bench/HISTORY.md, "The scripts' methods", ``slotbound.py``.
 """
 
 from __future__ import annotations

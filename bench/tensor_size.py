@@ -1,15 +1,7 @@
 """Tensor handover time vs tensor size: zero-copy tokens vs copying (InfScaler §IV-B,
 the data side of paper Fig. 6).
 
-A float32 tensor of 4 KiB - 64 MiB handed one way from a producer to a consumer process
-(spawned, pinned ``same-core`` or ``cross-core``): zero-copy (written into a TensorPool
-slot, timed apart; a DATA token over the eBPF channel, else the user-space one; the
-consumer takes a read-only view) against copying (pickle protocol 5 over an AF_UNIX
-socketpair). One-way CLOCK_MONOTONIC from the token's / header's start time; each figure
-is the median over repetitions of each run's P50 / P99. Target: zero-copy P50 at 64 MiB
-/ at 4 KiB <= 1.2.
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/tensor_size.py`".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``tensor_size.py``.
 """
 
 from __future__ import annotations

@@ -3,21 +3,7 @@
 §5 "High-Frequency Tuning") start instances sooner after a step, and how many requests
 that missed the SLO does it save?
 
-One pipeline (``--model``, PP-OCRv4 det, whole model in single-thread instances, SLO
-``--slo-x`` x L0, autoscaled 1..``--max-instances`` with ``harness.models.AUTOSCALE``)
-served alone on this host's ``cpu-host`` cap (``--device``), each arm on a fresh
-``harness.Sut``: ``tuner`` (``autoscale.tuner: true``) and ``scaler`` (the P99 window
-alone). L0 is the served single-stream P50 (``--l0 session``: the in-process one). C: the
-offline scenario with 2 requests in flight on 2 static instances. The step: Poisson at
-``--before`` x C for ``--pre-s``, then ``--after`` x C for ``--post-s`` (the same arrival
-times in both arms), replayed request by request (``LoadGenerator.replay``) after a
-warm-up and :data:`WARM_IDLE_S` of idle; decisions and ready instances polled every
-second (``Sut.watch``, so +- 1 s).
-
-Outcomes per arm (:func:`outcomes`): time from the step to the first scale-out decision
-and to a new instance ready, requests missed (late, refused or failed) between the step
-and that decision and after it, SLO attainment and P99 before / after the step; the ratios
-tuner / scaler (:func:`ratios`). Writes ``results/tuner.json`` and ``.png``.
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``tuner.py``.
 """
 
 from __future__ import annotations
@@ -80,7 +66,7 @@ def _span(rows: list[dict], slo_ms: float, lo: float, hi: float = np.inf) -> dic
 def outcomes(
     rows: list[dict], decisions: list[dict], polls: list[tuple], slo_ms: float, step_s: float
 ) -> dict[str, Any]:
-    """The arm's outcomes (module docstring) from its requests, decisions (``t_s``: s
+    """The arm's outcomes (the method) from its requests, decisions (``t_s``: s
     since the window started) and instance polls (``(t_s, ready)``)."""
     at_step = ab.at_step(polls, step_s)
     first = next((d for d in decisions if d["action"] in SCALE_OUTS and d["t_s"] >= step_s), None)

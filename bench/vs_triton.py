@@ -1,26 +1,6 @@
 """The runtime against NVIDIA Triton on the same cores, driven by the same clients.
 
-Systems under test, each started alone, one model at a time:
-
-- **Triton** (``tritonserver`` from ``nvidia-pytriton``, onnxruntime inside its bound
-  callables: ``bench/peers/pytriton_peer.py``, run in the peer's own virtualenv made from
-  ``/usr/bin/python3.11``, whose libpython the python backend stub links) in the
-  configurations a Triton user writes: ``instance_group`` count x intra-op threads, with
-  and without ``dynamic_batching`` (``max_batch_size`` 8, no queue delay). gRPC and HTTP
-  on localhost TCP (it has no Unix socket).
-- **This runtime** (``infscaler serve``) on its Unix sockets: ``auto`` (``--slo --autoscale``:
-  the planner picks the configuration, admission and scaling on) and the same hand
-  configurations as Triton's (a ``pipeline.yaml``: instances x threads, ``batching``).
-  ``ours auto threads-off``: ``auto`` with ``INFSCALER_THREADS=off`` (no merge of
-  instances into more intra-op threads at low concurrency), its before/after baseline.
-
-Each point runs its load ``--settle-s`` unmeasured first (the autoscaler's moves take
-that long: a window of looks, then an instance swap), then ``--duration-s`` measured. Ours
-get a fresh state directory per run (no plan kept from an earlier run) unless
-``--state-dir`` is given. CPU per point: the servers' process trees read every 0.5 s
-(instances started during a point count as theirs).
-
-More (details, why it is so, history, figures): bench/HISTORY.md, "`bench/vs_triton.py`".
+Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``vs_triton.py``.
 """
 
 from __future__ import annotations
