@@ -109,41 +109,21 @@ def ratios(arms: dict[str, dict], scenario: str) -> dict[str, Any]:
 
 
 def plot_rounds(data: dict[str, Any], path: Path) -> None:
-    """Per step arm, round by round: the high pipeline's attainment after the step and
-    the total goodput (dots: rounds; bar: median; line: min to max), the best static
-    split's median dashed, from ``data["step_summary"]``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Per step arm, round by round (``data["step_summary"]``): the high pipeline's
+    attainment after the step and the total goodput, one panel each, the best static
+    split's median as a line (``harness.plot``)."""
+    import harness
 
     summary = data["step_summary"]
     best = data["auto_vs_best_static"]["best_static"]
-    tags = list(summary)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, k, label in zip(
-        axes,
-        ("high_attainment_after", "total_goodput_rps"),
-        ("high: within SLO after the step", "total goodput, requests/s"),
-        strict=True,
-    ):
-        for i, tag in enumerate(tags):
-            s = summary[tag][k]
-            if s["median"] is None:
-                continue
-            ax.bar(i, s["median"], color="C0" if tag in AUTO_ARMS else "C7", alpha=0.5)
-            ax.plot([i, i], [s["min"], s["max"]], color="k", lw=1)
-            vals = [v for v in s["values"] if v is not None]
-            ax.plot([i] * len(vals), vals, "k.", ms=5)
-        if summary[best][k]["median"] is not None:
-            ax.axhline(summary[best][k]["median"], color="k", ls="--", lw=0.8)
-        ax.set_xticks(range(len(tags)), tags, rotation=20, fontsize=8)
-        ax.set_ylabel(label)
+    pts = [
+        {"metric": k, "arm": tag, "round": r, "value": v, "best_median": summary[best][k]["median"]}
+        for k in ("high_attainment_after", "total_goodput_rps")
+        for tag in summary
+        for r, v in enumerate(summary[tag][k]["values"])
+    ]
     st = data["settings"]
-    fig.suptitle(
-        f"{st['high']} (priority 1) / {st['low']} (priority 2), {st['slots']} slots: "
-        f"median, min-max, rounds ({st['rounds']}); dashed: best static ({best})",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    harness.plot(pts, path, x="round", y="value", by="arm", panel="metric",
+                 hline_key="best_median", xlabel="round",
+                 title=f"{st['high']} (priority 1) / {st['low']} (priority 2), {st['slots']} "
+                 f"slots, {st['rounds']} rounds; line: best static ({best}) median")  # fmt: skip
