@@ -16,7 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
 SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+WAYS = ("run", "bound_pageable", "bound_pinned")
 
 
 class _Pinned:
@@ -40,15 +44,11 @@ class _Pinned:
 
 
 def _model(path: Path, n: int) -> None:
-    import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
 
-    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [n])
-    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n])
-    g = helper.make_graph([helper.make_node("Add", ["X", "X"], ["Y"])], "add", [x], [y])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    onnx.save(m, path)
+    harness.models.save_model(
+        path, [helper.make_node("Add", ["X", "X"], ["Y"])], {"X": [n]}, {"Y": [n]}
+    )
 
 
 def _time(fn, repeats: int) -> dict[str, float]:
@@ -132,23 +132,12 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    mb = [r["bytes"] / 2**20 for r in rows]
-    for way in ("run", "bound_pageable", "bound_pinned"):
-        ax.plot(mb, [r[way]["median_ms"] for r in rows], marker="o", label=way)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tensor MB (input; output the same)")
-    ax.set_ylabel("ms per call (median)")
-    ax.set_title(f"{result['device']}: session.run vs IOBinding ({backend})")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out.with_suffix(".png"), dpi=120)
+    pts = [
+        {"mb": r["bytes"] / 2**20, "way": w, "ms": r[w]["median_ms"]} for r in rows for w in WAYS
+    ]
+    harness.plot(pts, args.out.with_suffix(".png"), x="mb", y="ms", by="way", logx=True, logy=True,
+                 title=f"{result['device']}: session.run vs IOBinding ({backend})",
+                 xlabel="tensor MB (input; output the same)", ylabel="ms per call (median)")  # fmt: skip
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
 

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness.cli import RESULTS_DIR  # noqa: E402
 from bench.harness.host import environment  # noqa: E402
+from bench.harness.plot import plot as harness_plot  # noqa: E402
 from bench.harness.result import print_table, write_json  # noqa: E402
 from infscaler.shm import (  # noqa: E402
     SlabMap,
@@ -141,24 +142,11 @@ def measure_size(cuda, affine, n: int, repeats: int, warmup: int) -> dict:
 
 
 def plot(path: Path, rows: list[dict], device: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    mb = [r["mb"] for r in rows]
-    for way in WAYS:
-        ax.plot(mb, [r[way]["p50_ms"] for r in rows], marker="o", label=way)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tensor MB (x in, y out: each this size)")
-    ax.set_ylabel("ms per handover (P50)")
-    ax.set_title(f"GPU stage handover: {device}", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    """P50 ms per handover against MB, one line per way (``harness.plot``)."""
+    pts = [{"mb": r["mb"], "way": w, "p50_ms": r[w]["p50_ms"]} for r in rows for w in WAYS]
+    harness_plot(pts, path, x="mb", y="p50_ms", by="way", logx=True, logy=True,
+                 title=f"GPU stage handover: {device}", ylabel="ms per handover (P50)",
+                 xlabel="tensor MB (x in, y out: each this size)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
