@@ -9,7 +9,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import resource
 import socket
 import statistics
 import struct
@@ -229,15 +228,9 @@ def _stats_us(ns: list[int]) -> dict[str, float]:
     }
 
 
-def own_cpu_seconds() -> float:
-    """CPU seconds of this process and of its children that have been waited for."""
-    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return harness.host.process_cpu_seconds([os.getpid()]) + ch.ru_utime + ch.ru_stime
-
-
 def run_once(ctx, where: dict[str, int], channel_kind: str, params: dict) -> dict[str, Any]:
     os.sched_setaffinity(0, {where["main"]})
-    foreign = harness.host.ForeignLoad(own_cpu_seconds)
+    foreign = harness.host.ForeignLoad(harness.host.own_cpu_seconds)
     ch = open_channel(channel_kind, "round-robin")
     pool = TensorPool(512 * MiB, idle_release_s=3600)
     procs, conns = [], []
