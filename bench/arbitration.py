@@ -367,12 +367,9 @@ def slo_capacity(
         SystemExit: no probe met the target (the bisection's floor, 0.1 x ``top``, was
             never probed: it is no capacity).
 
-    This is the capacity of InferLine and MArk ("the maximum throughput at which the
-    configuration meets the latency SLO", InferLine §4): a closed loop at saturation
-    keeps every instance busy with a queue, and an open-loop step to 0.8 of that
-    throughput misses an SLO of 2 x L0 for half its requests in every split of the
-    slots (the first runs of this script), so no scaling policy can be told apart there.
-    """
+    Source: InferLine §4's capacity ("the maximum throughput at which the configuration
+    meets the latency SLO"); why not the closed loop's: HISTORY.md, "The scripts'
+    methods", ``arbitration.py``."""
     from infscaler.api.loadgen import arrival_times
 
     lo, hi = 0.1 * top, top

@@ -315,19 +315,10 @@ def run_mode(name: str, target: str, serve_args: list[str], feeds: dict[str, np.
 
 
 def main_per_connection(a: Any) -> int:
-    """``--per-connection``: per model of ``--model`` (ResNet-50 at K = 3; ``ocr``) and mode
-    of ``--modes`` (``noslo``; ``slo``: ``--slo`` or 3 x one request's P50, with
-    ``--autoscale``), a fresh ``infscaler serve`` (:func:`run_mode`): the closed-loop
-    capacity C (``--clients`` in flight), Poisson arrivals at ``--factor`` x C for
-    ``--duration-s`` (30 in the recorded runs), each request on its own connection
-    (connection errors count), then probes at ``--probe-load`` x C until
-    ``--probe-window`` in a row answer within the bound (the recovery time). Recorded:
-    every outcome (200, 429 / 503 with a JSON error, other statuses, connection errors,
-    unanswered), admitted P99, Retry-After, the service's RSS against
-    ``--max-inflight-mb`` and the CPU of the service, its instances, the load generator
-    and the rest every ``--sample-s``. ``passed``: every request answered, no connection
-    error, admitted P99 <= the bound, recovery <= 5 s, RSS within the budget. Writes
-    ``results/overload[_quick]``."""
+    """``--per-connection``: per model of ``--model`` and mode of ``--modes`` (``noslo``,
+    ``slo``), a fresh service (:func:`run_mode`); ``passed`` per mode. The method:
+    bench/README.md, "`overload_slo.py --per-connection`". Writes ``results/overload[_quick]``."""
+
     from infscaler.base.slo import slo_ms as parse_slo
 
     res = harness.cli.start("overload", a)
