@@ -60,14 +60,10 @@ _CLASSES = {"cpu": ("cpu", "CPUEngine"), "gpu": ("gpu", "GPUEngine"), "dla": ("d
 
 
 def engine_class(kind: str) -> type[Engine]:
-    """The engine class for ``kind``, whether or not this host has it.
-
-    Args:
-        kind: one of :data:`ENGINE_KINDS` (``cpu``, ``gpu``, ``dla``).
+    """The engine class for ``kind`` (one of :data:`ENGINE_KINDS`), whether or not this host has it.
 
     Raises:
-        ConfigError (an :class:`~infscaler.base.errors.InfScalerError`): an unknown kind; the
-            message lists :data:`ENGINE_KINDS`.
+        ConfigError: an unknown kind.
     """
     key = str(kind).lower()
     if key not in _CLASSES:
@@ -80,25 +76,13 @@ def engine_class(kind: str) -> type[Engine]:
 
 
 def create_engine(kind: str, model_path: Any, **options: Any) -> Engine:
-    """A new (not yet loaded) engine: ``engine_class(kind)(model_path, **options)``.
-
-    Options are :class:`Engine`'s keyword arguments (threads, cores, precision,
-    device_index, cache_dir, shapes, allow_gpu_fallback).
-
-    Raises:
-        ConfigError: an unknown kind (see :func:`engine_class`).
-    """
+    """A new, unloaded ``engine_class(kind)(model_path, **options)``; ConfigError for an unknown kind."""
     return engine_class(kind)(model_path, **options)
 
 
 def available(kind: str) -> tuple[bool, str]:
-    """Whether this host runs engine ``kind``, and why: THE availability probe.
-
-    Returns:
-        ``(True, what runs it)`` (e.g. ``(True, "onnxruntime 1.32.0 CPU EP")``), or
-        ``(False, reason)`` naming what is missing and how to get it; an unknown kind is
-        ``(False, "unknown engine 'npu'; engine kinds are [...]")``. The engine's
-        :meth:`Engine.availability`, probed once per process; never raises.
+    """``(True, what runs it)`` or ``(False, reason)`` for engine ``kind`` (unknown kinds too);
+    probed once per process; never raises.
     """
     key = str(kind).lower()
     if key not in _CLASSES:
@@ -107,11 +91,8 @@ def available(kind: str) -> tuple[bool, str]:
 
 
 def require_engine(kind: str) -> None:
-    """Raise unless this host runs engine ``kind``.
-
-    Raises:
-        ConfigError: an unknown kind.
-        EngineUnavailable: the host lacks it; the message is :func:`available`'s reason.
+    """Raise ConfigError (unknown kind) or EngineUnavailable (with :func:`available`'s reason)
+    unless this host runs engine ``kind``.
     """
     engine_class(kind)  # ConfigError for an unknown kind
     ok, reason = available(kind)
@@ -120,9 +101,8 @@ def require_engine(kind: str) -> None:
 
 
 def engine_backend(kind: str) -> str | None:
-    """What serves engine ``kind`` on this host: ``onnxruntime-cpu`` (cpu);
-    ``onnxruntime-trt``, ``tensorrt`` or ``onnxruntime-cuda`` (gpu);
-    ``onnxruntime-trt-dla`` or ``tensorrt-dla`` (dla); None when the host lacks it.
+    """What serves ``kind`` here: ``onnxruntime-cpu``; ``onnxruntime-trt``, ``tensorrt`` or
+    ``onnxruntime-cuda``; ``onnxruntime-trt-dla`` or ``tensorrt-dla``; None when missing.
 
     Raises:
         ConfigError: an unknown kind.
