@@ -6,8 +6,6 @@ InfScaler partitioner, §IV-A) or a Python **function** stage (``module:callable
 pre- / post-processing). Stages name the tensors they read and write; a stage reads
 any tensor a request brought or an earlier stage wrote (DAG edges are these names).
 
-.. code-block:: yaml
-
 More (details, why it is so, history, figures): docs/pipelines.md, "`infscaler/base/config.py`".
 """
 
@@ -119,7 +117,7 @@ class StageConfig(BaseModel):
         inputs / outputs: function stage: tensor name lists; model stage: model tensor ->
             pipeline tensor mappings (identity when omitted).
         params: keyword arguments of a function stage.
-        fan_out / fan_in: function stages only (see the module docstring).
+        fan_out / fan_in: function stages only: a list of items / gather them (docs/pipelines.md).
         engine: ``cpu``, ``gpu`` or ``dla``. precision: ``fp32``, ``fp16``, ``int8``.
         instances: per partition (an int, or one per partition); with ``autoscale`` the
             minimum kept.
@@ -333,7 +331,7 @@ class QueuePolicyConfig(BaseModel):
 
 
 class PipelineConfig(BaseModel):
-    """A pipeline (see the module docstring).
+    """A pipeline: ordered stages, its tensors and its serving policy.
 
     Attributes:
         name: the model name clients use. description: free text.

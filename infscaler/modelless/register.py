@@ -632,7 +632,7 @@ def _embedding_reference(
     sentences: list[str],
     progress: Callable[[str], None],
 ) -> tuple[np.ndarray, str]:
-    """The fp32 reference embeddings of ``sentences`` (see the module docstring)."""
+    """The fp32 reference embeddings of ``sentences`` and where they came from."""
 
     meta = reg.task_meta(task)
     if reference is not None:
