@@ -1,25 +1,9 @@
 """ddddocr click-captcha reading as an InfScaler pipeline: the function stages of ``dddd.yaml``.
 
-A detector -> recogniser pipeline on ddddocr 1.6.1's models (MIT): ``ddddocr-det`` (YOLOX,
-``common_det.onnx``), ``ddddocr-rec`` / ``ddddocr-rec-old`` (CRNN / CTC, ``common*.onnx``). The stages and the tensors between them (``S`` = 416, the
-detector's fixed input side; ``A`` = 3549 YOLOX anchors at S = 416; ``N`` = boxes kept;
-per-item stages run once per box):
-
-============  ===========  ====================================  ==========================================
-stage         kind         reads                                 writes
-============  ===========  ====================================  ==========================================
-``prep``      function     ``image`` [H, W, 3] uint8 RGB         ``det_input`` [1, 3, S, S] float32,
-                                                                 ``det_meta`` [3] float64 (H, W, ratio)
-``det``       model (K=2)  ``det_input``                         ``det_output`` [1, A, 6] float32
-``crops``     fan_out      ``det_output``, ``det_meta``,         per item: ``crop`` [h, w, 3] uint8 RGB,
-                           ``image``                             ``box`` [4] int32 (x1, y1, x2, y2)
-``rec_prep``  function     ``crop``                              ``rec_input`` [1, 1, 64, W] float32
-``rec``       model        ``rec_input``                         ``rec_logits`` [W/8, 1, 8210] float32
-``decode``    function     ``rec_logits``                        ``text`` [1] <U
-``merge``     fan_in       ``text``, ``box`` (items)             ``texts`` [N] <U, ``boxes`` [N, 4] int32
-============  ===========  ====================================  ==========================================
-
-Source: ddddocr 1.6.1 (``detection_engine.py``, ``ocr_engine.py``), line for line. More (details, why it is so, history, figures): docs/pipelines.md, "`infscaler/pipelines/dddd.py`".
+A detector -> recogniser pipeline on ddddocr 1.6.1's models (MIT): ``ddddocr-det`` (YOLOX),
+``ddddocr-rec`` / ``ddddocr-rec-old`` (CRNN / CTC); pre- and post-processing follow
+``detection_engine.py`` and ``ocr_engine.py`` line for line. The stages and their tensors:
+docs/pipelines.md, "`infscaler/pipelines/dddd.py`".
 """
 
 from __future__ import annotations
