@@ -157,7 +157,7 @@ _DATA_MOVEMENT = frozenset(
 _POOL = frozenset({"MaxPool", "AveragePool", "LpPool"})
 _GLOBAL_POOL = frozenset({"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
 
-# FLOPs per element (documented in the module docstring).
+# FLOPs per element (the table in docs/architecture.md).
 _BN_FLOPS_PER_ELEM = 2
 _NORM_FLOPS_PER_ELEM = 8
 _MVN_FLOPS_PER_ELEM = 6

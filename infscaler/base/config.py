@@ -103,33 +103,19 @@ _OWN_SCALING = ("instances", "max_instances", "threads")
 
 
 class StageConfig(BaseModel):
-    """One stage. Exactly one of ``function``, ``model``, ``plan``.
+    """One stage: exactly one of ``function``, ``model``, ``plan``; the fields as in
+    docs/pipelines.md's example, and:
 
     Attributes:
-        name: unique in the pipeline.
-        function: ``module:callable`` of a function stage.
-        model: bundled model alias or ``.onnx`` path of a model stage.
-        plan: a plan directory written by ``infscaler partition``.
-        partitions: K for partitioning ``model`` at deploy (1: whole).
-        slo: latency SLO for partitioning at deploy (``80ms``, ``1.5x``); without
-            ``partitions`` the partitioner searches K up to ``max_partitions``.
-        shapes: concrete shapes for dynamic model inputs (``x:1x3x640x640``).
-        inputs / outputs: function stage: tensor name lists; model stage: model tensor ->
-            pipeline tensor mappings (identity when omitted).
-        params: keyword arguments of a function stage.
-        fan_out / fan_in: function stages only: a list of items / gather them (docs/pipelines.md).
-        engine: ``cpu``, ``gpu`` or ``dla``. precision: ``fp32``, ``fp16``, ``int8``.
-        instances: per partition (an int, or one per partition); with ``autoscale`` the
-            minimum kept.
-        batching: :class:`BatchingConfig`, model stages only.
+        slo / max_partitions: partition ``model`` at deploy for this SLO (``80ms``, ``1.5x``),
+            searching K up to ``max_partitions`` when ``partitions`` is unset.
+        instances: an int, or one per partition; with ``autoscale`` the minimum kept.
         max_instances: with ``autoscale``, the most per partition (None: the device's cap;
             at most 16).
-        threads: intra-op threads (and pinned cores) per instance.
-        max_threads: with ``autoscale``, cpu model stages: the most threads ``scale_up`` may
-            give one instance (None: ``threads`` is fixed).
-        fuse: run this function stage inside the adjacent model stage's instances (None:
-            the pipeline's ``fuse``, except for a stage setting ``instances``,
-            ``max_instances`` or ``threads``).
+        max_threads: with ``autoscale``, cpu model stages: the most intra-op threads the
+            scaler may give one instance (None: ``threads`` is fixed).
+        fuse: None: the pipeline's ``fuse``, except for a function stage setting
+            ``instances``, ``max_instances`` or ``threads`` (docs/pipelines.md, "Fused units").
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -259,25 +245,12 @@ class StageConfig(BaseModel):
 
 
 class AutoscaleConfig(BaseModel):
-    """Asymmetric auto-scaling (InfScaler Algorithm 1 with InferLine's scale-in hysteresis).
-
-    Attributes:
-        interval_s: how often the scaler looks at the monitor, s.
-        window_s: the monitor's window for P99, rates and service times, s.
-        violation_ratio: scale out when P99 > ratio x SLO.
-        cooldown_s: minimum time between two scale-outs, s.
-        hold_s: no scale-in this long after a change, s.
-        rate_horizon_s: scale-in provisions for the max rate over this window, s.
-        scale_in_utilisation: the instances left after a scale-in run at most this busy.
-        shed: at the cap with the SLO violated, bound the queue (Little's law), 503 beyond.
-        settle_s: violations this long after a deploy or a step are not counted, s (0-600).
-        sustain_s: a step up needs the SLO violated this long, s (0-600).
-        oversubscribe: add cpu threads beyond the physical cores.
-        tuner: also scale out when the arrival envelope exceeds what the instances sustain
-            (InferLine §5).
+    """Asymmetric auto-scaling (InfScaler Algorithm 1 with InferLine's scale-in hysteresis);
+    each field, its unit (seconds for ``*_s``) and default: docs/scaling.md, "Auto-scaling and
+    batching".
 
     Raises:
-        pydantic.ValidationError: a value out of range.
+        pydantic.ValidationError: a value out of range (``settle_s`` / ``sustain_s``: 0-600 s).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -308,15 +281,8 @@ class AutoscaleConfig(BaseModel):
 
 
 class QueuePolicyConfig(BaseModel):
-    """A pipeline's queue policy (Triton's ``ModelQueuePolicy``, ms where Triton has µs).
-
-    Attributes:
-        max_queue_size: requests queued at once (0: unbounded); beyond, 503
-            ``queue full (max_queue_size N)``.
-        timeout_action: past the queue timeout: ``REJECT`` (503, ``queue timeout``) or
-            ``DELAY`` (behind every request of its level that has not timed out).
-        default_timeout_ms: the queue timeout, ms (None: none).
-        allow_timeout_override: a request's ``timeout`` parameter (µs) replaces it.
+    """A pipeline's queue policy: Triton's ``ModelQueuePolicy`` in ms (fields:
+    docs/pipelines.md, "Priority and queue policy").
 
     Raises:
         ValueError: a negative size or a timeout not a positive number.
@@ -331,20 +297,13 @@ class QueuePolicyConfig(BaseModel):
 
 
 class PipelineConfig(BaseModel):
-    """A pipeline: ordered stages, its tensors and its serving policy.
+    """A pipeline: the fields as in docs/pipelines.md's example, and:
 
     Attributes:
-        name: the model name clients use. description: free text.
-        inputs / outputs: request / returned tensors; None for single-model pipelines.
-        stages: in execution order.
-        request_timeout_s: a request not answered within this fails (503), s.
+        inputs / outputs: None for single-model pipelines (the model's).
         max_inflight: requests in the stages at once (default: the instances x batch + 1).
-        slo: the end-to-end latency SLO (``200ms``) the scaler keeps P99 under.
-        autoscale: scale the units asymmetrically (needs ``slo``).
-        fuse: the stages' default ``fuse``; ``whole``: one unit.
-        priority: the level (1 highest .. :data:`MAX_PRIORITY_LEVEL`) and requests' default
-            (a request may lower its own level, never raise it).
-        queue_policy: :class:`QueuePolicyConfig`.
+        priority: 1 (highest) .. :data:`MAX_PRIORITY_LEVEL`, its requests' default; a request
+            may lower its own level, never raise it.
         triton_config: a Triton model's ``ModelConfig`` protobuf text (at most 256 KB).
     """
 
@@ -425,7 +384,7 @@ class PipelineConfig(BaseModel):
 
 
 def _check_whole(stages: list[StageConfig]) -> None:
-    """What ``fuse: whole`` needs (module docstring). Raises ValueError naming the stage."""
+    """What ``fuse: whole`` needs (docs/pipelines.md). Raises ValueError naming the stage."""
     why = "with fuse: whole every stage runs in one unit"
     for st in stages:
         at = f"stage {st.name}"

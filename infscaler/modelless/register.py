@@ -383,7 +383,7 @@ def _check_options(
 def _generate(
     m: _Registering, device: Any, progress: Callable[[str], None]
 ) -> tuple[list[Variant], list[tuple[str, str, Path]]]:
-    """Step 1 (module docstring): the variants that cannot be generated here (stored with
+    """The variants that cannot be generated here (stored with
     the reason) and the (engine, precision, file) runs that can, per engine of ``device``."""
     availability = engine_availability()
     out: list[Variant] = []
@@ -452,7 +452,7 @@ def _accuracies(
     ocr_samples: list[tuple[np.ndarray, str]] | None,
     progress: Callable[[str], None],
 ) -> dict[tuple[str, str, str], tuple[float | None, str]]:
-    """Step 3 (module docstring): the accuracy of each run and how it was found,
+    """The accuracy of each run and how it was found,
     ``(engine, precision, file) -> (accuracy, source)``, shared by its batch sizes and
     plans."""
     acc_of: dict[tuple[str, str, str], tuple[float | None, str]] = {}
@@ -505,7 +505,7 @@ def _profile_variants(
     threads: int,
     progress: Callable[[str], None],
 ) -> list[Variant]:
-    """Step 2 (module docstring): every generated variant of each run, per plan size K
+    """Every generated variant of each run, per plan size K
     and batch size, profiled; a plan that cannot fit the task is stored as not
     generated."""
     out: list[Variant] = []
