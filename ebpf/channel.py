@@ -3,6 +3,7 @@
 (:class:`~infscaler.ebpf.userspace.UserspaceChannel`), chosen by
 :func:`~infscaler.ebpf.probe.open_channel`.
 
+Sources: InfScaler §IV-B; shared/notes/ebpf.md; kernel Documentation/bpf/map_sockmap.rst.
 More: docs/architecture.md, "`ebpf/channel.py`".
 """
 

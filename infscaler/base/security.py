@@ -1,5 +1,8 @@
-"""The service's security boundary: who may do what on its Unix socket (``unix(7)``,
-``credentials(7)``; Triton's repository and shared-memory extensions).
+"""The service's security boundary: who may do what on its Unix socket.
+
+Sources: ``unix(7)`` (SO_PEERCRED, SO_PEERGROUPS), ``credentials(7)``,
+``path_resolution(7)``, ``inode(7)``; Triton ``extension_model_repository.md`` and
+``extension_shared_memory.md``.
 
 More: docs/security.md, "`infscaler/base/security.py`".
 """

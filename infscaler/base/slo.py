@@ -1,4 +1,5 @@
-"""Latency SLOs as the CLI and ``pipeline.yaml`` write them (no onnx import)."""
+"""Latency SLOs as the CLI and ``pipeline.yaml`` write them (InfScaler §V-B's "1.5x"),
+without importing onnx."""
 
 from __future__ import annotations
 
