@@ -1,11 +1,6 @@
-"""onnxruntime's profiler: per-node kernel times of a traced run (InfScaler §IV-A, Eq. 1).
-
-:func:`traced_node_times` runs a model with the profiler on and graph optimisations off
-(every ONNX node timed under its own name); :func:`node_times_from_trace` turns the
-trace into each node's median ms per run (c_n with ``measure="time"``).
-
-Trace format (onnxruntime 1.31.1, "Profiling tools" doc): docs/architecture.md,
-"`partitioner/profiler.py`".
+"""onnxruntime's profiler: per-node kernel times of a traced run, graph optimisations off
+(c_n with ``measure="time"``, InfScaler §IV-A). Trace format (onnxruntime 1.31.1,
+"Profiling tools"): docs/architecture.md, "`partitioner/profiler.py`".
 """
 
 from __future__ import annotations

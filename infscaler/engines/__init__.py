@@ -1,20 +1,8 @@
-"""Inference engines: one interface (load, infer, close) over the CPU, GPU and DLA.
+"""Inference engines: one interface (load, infer, close; a Polygraphy-style runner) over the
+``cpu``, ``gpu`` and ``dla`` kinds, each served by the backends of docs/engines.md,
+"Backends" (the table of what runs each kind and its precisions).
 
-======  ========================================================  ======================
-kind    runs on                                                   precisions
-======  ========================================================  ======================
-cpu     onnxruntime CPU EP, process pinned to ``cores``            fp32
-gpu     onnxruntime TensorRT EP, else TensorRT (+ pycuda), else    fp32, fp16 (TRT EP),
-        onnxruntime CUDA EP                                        int8 (native TRT)
-dla     onnxruntime TensorRT EP with a DLA core, else TensorRT;    fp16 (+ int8 native)
-        GPU fallback per layer
-======  ========================================================  ======================
-
-Usage (Polygraphy's runner shape: a context manager around load / close)::
-
-    from infscaler.engines import create_engine, engine_availability
-
-More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/__init__.py`".
+More: docs/engines.md, "`infscaler/engines/__init__.py`".
 """
 
 from __future__ import annotations
