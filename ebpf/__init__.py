@@ -1,15 +1,6 @@
-"""Control path for token handover and token faults (InfScaler §IV-B, "eBPF-based
-event-driven sharing"): an eBPF sockmap redirect of 32-byte tokens, with a user-space
-channel as fallback.
-
-- :mod:`.token` -- the 32-byte :class:`Token` (the wire format the SK_MSG program parses).
-- :func:`open_channel` (:mod:`.probe`) -- probe, then the eBPF channel or the user-space
-  one (one log line saying why); :func:`ebpf_available` -- the probe alone.
-- :class:`Channel` -- the manager side: add / remove instances, manager traffic, stats.
-- :class:`Endpoint` -- an instance's side of its connection (any process).
-- ``tokenbus.bpf.c`` -- the SK_MSG program; :mod:`.build` compiles it, :mod:`.libbpf`
-  loads it; :mod:`.sockmap` and :mod:`.userspace` are the two channels (driven under
-  load by producer / consumer processes in ``tests/channelload.py``).
+"""Control path for token handover and token faults (InfScaler §IV-B): an eBPF sockmap
+redirect of 32-byte tokens (:mod:`.sockmap`), with a user-space channel as fallback
+(:mod:`.userspace`); :func:`open_channel` probes and picks one.
 """
 
 from infscaler.ebpf.channel import (

@@ -1,11 +1,6 @@
-"""Compile ``tokenbus.bpf.c`` to a BPF object, ahead of use, into a cache keyed by content.
-
-``clang -O2 -g -target bpf ...`` (``-g``: the BTF libbpf needs) into
-``$INFSCALER_CACHE_DIR/ebpf/`` (else ``$XDG_CACHE_HOME/infscaler/ebpf/``, else
-``~/.cache/infscaler/ebpf/``) as ``tokenbus-<sha256 of source, flags, limits>.bpf.o``: an
-edited source is rebuilt. ``INFSCALER_BPF_OBJECT=/path/to/tokenbus.bpf.o`` uses one built
-elsewhere (then only libbpf1 is needed). Build needs clang, libbpf-dev and the kernel
-UAPI headers. CLI: ``python -m infscaler.ebpf.build [--force]`` prints the object's path.
+"""Compile ``tokenbus.bpf.c`` (``clang -O2 -g -target bpf``) into a cache keyed by content:
+``<cache dir>/ebpf/tokenbus-<sha256>.bpf.o``; ``INFSCALER_BPF_OBJECT`` names a prebuilt one.
+CLI: ``python -m infscaler.ebpf.build [--force]`` prints the object's path.
 
 Sources: libbpf "Building BPF applications", clang BPF target docs.
 """
@@ -73,9 +68,8 @@ def build_object(force: bool = False) -> Path:
     """The compiled object's path, building it if missing (or if ``force``).
 
     Raises:
-        BpfBuildError: no clang on PATH, ``INFSCALER_BPF_OBJECT`` points nowhere, or
-            clang failed (its stderr tail; a missing ``bpf/bpf_helpers.h``: install
-            libbpf-dev).
+        BpfBuildError: no clang, ``INFSCALER_BPF_OBJECT`` points nowhere, or clang failed
+            (its stderr tail).
     """
     path = object_path()
     if os.environ.get("INFSCALER_BPF_OBJECT"):

@@ -1,14 +1,10 @@
-"""The control channel: token handover and token faults (InfScaler §IV-B, Fig. 4).
+"""The control channel: token handover and token faults (InfScaler §IV-B, Fig. 4), as
+``ebpf`` (:class:`~infscaler.ebpf.sockmap.EbpfChannel`) or ``userspace``
+(:class:`~infscaler.ebpf.userspace.UserspaceChannel`), chosen by
+:func:`~infscaler.ebpf.probe.open_channel`.
 
-One interface, two implementations chosen by :func:`~infscaler.ebpf.probe.open_channel`:
-``ebpf`` (:class:`~infscaler.ebpf.sockmap.EbpfChannel`: TCP loopback sockets in a
-SOCKMAP, each token redirected in the kernel by ``tokenbus.bpf.c``; instances need no
-capability) and ``userspace`` (:class:`~infscaler.ebpf.userspace.UserspaceChannel`:
-SOCK_SEQPACKET pairs and a router thread, without CAP_BPF + CAP_NET_ADMIN).
-
-Sources: InfScaler §IV-B; shared/notes/ebpf.md (kernel 6.18); kernel
-Documentation/bpf/map_sockmap.rst.
-More (details, why it is so, history, figures): docs/architecture.md, "`ebpf/channel.py`".
+Sources: InfScaler §IV-B; shared/notes/ebpf.md; kernel Documentation/bpf/map_sockmap.rst.
+More: docs/architecture.md, "`ebpf/channel.py`".
 """
 
 from __future__ import annotations
@@ -53,16 +49,8 @@ def build_stats(
     instances: dict[int, dict[str, Any]],
     **extra: Any,
 ) -> dict[str, Any]:
-    """The :meth:`Channel.stats` dict both channels return (same keys, so callers and
-    tests need not care which channel runs).
-
-    Args:
-        kind, policy: the channel's.
-        counters: ``delivered``, ``acked``, ``to_manager``, ``direct``, ``no_instance``,
-            ``redirect_failed``, ``inflight_full``, ``inflight_duplicate``, ``dead_letters``.
-        rejected: count per reason in :data:`REJECT_REASONS`.
-        instances: instance id -> ``{"stage", "live", "delivered", "acked", "inflight"}``.
-        extra: channel-specific keys.
+    """The :meth:`Channel.stats` dict both channels return, from ``counters``, ``rejected`` per
+    reason, ``instances`` and channel-specific ``extra`` keys.
     """
     hops: dict[int, dict[str, Any]] = {}
     for iid, row in instances.items():
@@ -123,12 +111,7 @@ def pack_frame(
     length: int = 0,
     request: int = 0,
 ) -> bytes:
-    """The 32 wire bytes of a token, without building a :class:`Token` (the same bytes
-    as ``Token(...).pack()``, about 4x cheaper: for high-rate producers).
-
-    Raises:
-        struct.error: a field out of range.
-    """
+    """``Token(...).pack()``'s 32 bytes without building a :class:`Token`; struct.error when out of range."""
     body = _BODY.pack(TOKEN_MAGIC, kind, hop, slab, instance, slot, offset, length, request)
     return body + _CRC.pack(zlib.crc32(body))
 
@@ -149,14 +132,9 @@ def valid_frame(view: bytes | bytearray | memoryview, off: int = 0) -> bool:
 
 
 class Endpoint:
-    """One side of a control connection (an instance's or the manager's), over the
-    stream (eBPF) or SEQPACKET (user-space) socket ``sock`` from
-    :meth:`Channel.add_instance`, in any process. Non-blocking; waits in ``poll(2)``.
-
-    A received frame that is not a valid token is counted in :attr:`rejected` and
-    skipped; a partial frame at EOF in :attr:`truncated`. :meth:`recv` /
-    :meth:`recv_many` return :class:`Token` s, :meth:`recv_bytes` the raw validated
-    frames (decode with :func:`frame_fields`).
+    """One side of a control connection over ``sock`` from :meth:`Channel.add_instance`, in any
+    process; non-blocking, waits in ``poll(2)``. Invalid frames are counted in
+    :attr:`rejected`, a partial frame at EOF in :attr:`truncated`.
     """
 
     def __init__(self, sock: socket.socket | int, instance: int | None = None) -> None:
@@ -182,24 +160,20 @@ class Endpoint:
         self.send_bytes(token.pack(), timeout)
 
     def send_many(self, tokens: Iterable[Token], timeout: float | None = None) -> None:
-        """Send tokens, :data:`MAX_BATCH` per send call (each still routed one by one).
-
-        Raises: see :meth:`send_bytes`.
-        """
+        """Send tokens, :data:`MAX_BATCH` per send call; raises as :meth:`send_bytes`."""
         self.send_bytes(b"".join(t.pack() for t in tokens), timeout)
 
     def send_bytes(
         self, data: bytes | bytearray | memoryview, timeout: float | None = None
     ) -> None:
-        """Send packed tokens (a multiple of 32 bytes), :data:`MAX_BATCH` per send call,
-        waiting in poll while the send buffer is full, up to ``timeout`` s (None: no limit).
+        """Send packed tokens, :data:`MAX_BATCH` per call, waiting while the buffer is full up to
+        ``timeout`` s (None: no limit).
 
         Raises:
             ValueError: ``len(data)`` is not a multiple of 32.
             TimeoutError: the send buffer stayed full past ``timeout``.
-            ChannelClosed: the connection is gone (EPIPE, ECONNRESET, or EACCES: the
-                eBPF program had no route, the channel is closing).
-            ChannelError: the kernel split a frame (nothing is resent).
+            ChannelClosed: the connection is gone (EPIPE, ECONNRESET, EACCES).
+            ChannelError: the kernel split a frame.
         """
         view = memoryview(data).cast("B")
         if len(view) % TOKEN_SIZE:
@@ -243,35 +217,22 @@ class Endpoint:
 
     # -- receiving -----------------------------------------------------------------------
     def recv(self, timeout: float | None = None) -> Token:
-        """The next token, blocking up to ``timeout`` seconds (None: forever).
-
-        Raises:
-            TimeoutError: nothing arrived in time.
-            ChannelClosed: the peer closed (instance removed or channel closed).
-        """
+        """The next token within ``timeout`` s (None: forever); TimeoutError, or ChannelClosed."""
         toks = self.recv_many(1, timeout)
         if not toks:
             raise TimeoutError(f"no token within {timeout} s")
         return toks[0]
 
     def recv_many(self, max_tokens: int = MAX_BATCH, timeout: float | None = None) -> list[Token]:
-        """Up to ``max_tokens`` tokens that have arrived, oldest first, waiting for the
-        first up to ``timeout`` s (0: no wait; None: forever); ``[]`` on timeout.
-
-        Raises:
-            ChannelClosed: the peer closed and nothing is left to read.
+        """Up to ``max_tokens`` arrived tokens, oldest first, waiting up to ``timeout`` s for the first
+        (0: no wait); ``[]`` on timeout; ChannelClosed when closed and drained.
         """
         data = self.recv_bytes(max_tokens, timeout)
         unpack = Token.unpack
         return [unpack(data[i : i + TOKEN_SIZE]) for i in range(0, len(data), TOKEN_SIZE)]
 
     def recv_bytes(self, max_tokens: int = MAX_BATCH, timeout: float | None = None) -> bytes:
-        """Like :meth:`recv_many`, but the validated frames as one ``bytes`` object
-        (``32 * n`` bytes; empty on timeout).
-
-        Raises:
-            ChannelClosed: the peer closed and nothing is left to read.
-        """
+        """As :meth:`recv_many`, the validated frames as one ``bytes`` (``32 * n``)."""
         if self._head >= len(self._ready):
             deadline = _deadline(timeout)
             while not self._fill():
@@ -356,23 +317,15 @@ class Endpoint:
 
 
 def check_policy(policy: str) -> str:
-    """``policy`` if it is one of :data:`POLICIES`.
-
-    Raises:
-        ChannelError: an unknown policy (the hint lists them).
-    """
+    """``policy`` if in :data:`POLICIES`, else ChannelError listing them."""
     if policy not in POLICIES:
         raise ChannelError(f"unknown routing policy {policy!r}", hint=f"use one of {POLICIES}")
     return policy
 
 
 class Channel(ABC):
-    """Manager side of the control path (lives in the service process).
-
-    Attributes:
-        kind: ``'ebpf'`` or ``'userspace'``.
-        policy: ``'least-loaded'`` or ``'round-robin'``.
-        reason: why this implementation was chosen (the probe's verdict).
+    """Manager side of the control path: ``kind`` (``'ebpf'`` / ``'userspace'``), ``policy`` and
+    ``reason`` (the probe's verdict).
     """
 
     kind: str = ""
@@ -385,36 +338,22 @@ class Channel(ABC):
     # -- membership ------------------------------------------------------------------------
     @abstractmethod
     def add_instance(self, hop: int, instance: int, *, live: bool = True) -> socket.socket:
-        """Create ``instance``'s connection and route DATA for ``hop`` to it (from
-        :meth:`set_live` on when ``live`` is False; DATA for a hop with no live instance
-        goes to the manager).
-
-        Returns:
-            The instance-side socket: hand it to the instance process and close the
-            caller's copy.
+        """Create ``instance``'s connection and route DATA for ``hop`` to it (once :meth:`set_live`
+        when ``live`` is False); returns the instance-side socket (close the caller's copy).
 
         Raises:
-            ChannelError: hop outside 0..MAX_HOPS-1, instance id outside 0..65535 or
-                already added, or the hop already has :data:`MAX_PER_HOP` instances.
+            ChannelError: hop or instance id out of range, instance already added, or the hop
+                full (:data:`MAX_PER_HOP`).
         """
 
     @abstractmethod
     def set_live(self, instance: int) -> None:
-        """Start routing DATA to ``instance`` (added with ``live=False``); a no-op when it
-        is live already.
-
-        Raises:
-            ChannelError: unknown instance.
-        """
+        """Start routing DATA to ``instance`` (no-op when live); ChannelError when unknown."""
 
     @abstractmethod
     def remove_instance(self, instance: int) -> list[Token]:
-        """Stop routing to ``instance`` (stopped already: a live one could still process
-        what is returned) and return its DATA tokens delivered and not acknowledged, in
-        no order, for :meth:`route`. Its socket sees EOF once its queue is empty.
-
-        Raises:
-            ChannelError: unknown instance.
+        """Stop routing to (stopped) ``instance`` and return its unacknowledged DATA tokens for
+        :meth:`route`; ChannelError when unknown.
         """
 
     def instances(self) -> dict[int, int]:
@@ -423,12 +362,7 @@ class Channel(ABC):
 
     # -- manager traffic --------------------------------------------------------------------
     def manager_recv(self, timeout: float | None = None) -> Token | None:
-        """The next token for the manager (FAULT, FREE, undeliverable DATA, ...), waiting
-        up to ``timeout`` seconds (None: forever); None on timeout.
-
-        Raises:
-            ChannelClosed: the channel was closed.
-        """
+        """The next token for the manager within ``timeout`` s, None on timeout; ChannelClosed."""
         toks = self.manager_recv_many(1, timeout)
         return toks[0] if toks else None
 
@@ -446,12 +380,7 @@ class Channel(ABC):
         """:meth:`manager_recv_many` as validated 32-byte frames (the high-rate path)."""
 
     def manager_send(self, instance: int, token: Token) -> None:
-        """Send ``token`` (a reply, or re-injected DATA, then in flight there) to
-        ``instance``, its ``instance`` field set to the destination.
-
-        Raises:
-            ChannelError: unknown instance.
-        """
+        """Send ``token`` to ``instance`` (its ``instance`` field set); ChannelError when unknown."""
         self.manager_send_many(instance, [token])
 
     def manager_send_many(self, instance: int, tokens: Iterable[Token]) -> None:
@@ -460,7 +389,7 @@ class Channel(ABC):
 
     @abstractmethod
     def manager_send_bytes(self, instance: int, data: bytes) -> None:
-        """Send packed tokens whose ``instance`` field already names ``instance``.
+        """Send packed tokens addressed to ``instance``.
 
         Raises:
             ChannelError: unknown instance, or a frame addressed to another instance.
@@ -468,12 +397,7 @@ class Channel(ABC):
         """
 
     def route(self, token: Token) -> None:
-        """Inject a DATA token for its hop, routed by the policy like a producer's
-        (re-routing reclaimed work). Undeliverable tokens come back via :meth:`manager_recv`.
-
-        Raises:
-            ChannelError: not a DATA token.
-        """
+        """Inject a DATA token for its hop, routed by the policy; ChannelError for other kinds."""
         self.route_many([token])
 
     @abstractmethod

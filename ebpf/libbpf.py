@@ -1,10 +1,7 @@
-"""Thin ctypes binding to libbpf.so.1 (loaded on first use), plus the two raw syscalls
-the channel needs: open / load / close an object, find a program or map by name, attach
-to a sockmap, map update / delete / batch lookup. Every failure (libbpf >= 1.0: a
-negative errno, or NULL with ``errno``) raises :class:`BpfError` with that errno.
+"""Thin ctypes binding to libbpf.so.1 (loaded on first use) plus the raw ``bpf(2)`` and
+``membarrier(2)`` syscalls; every failure raises :class:`BpfError` with its errno.
 
-Sources: libbpf API (``libbpf.h`` / ``bpf.h`` of libbpf 1.1), ``bpf(2)``,
-``membarrier(2)``, kernel ``include/uapi/linux/bpf.h``.
+Sources: libbpf 1.1 ``libbpf.h`` / ``bpf.h``, kernel ``include/uapi/linux/bpf.h``.
 """
 
 from __future__ import annotations
@@ -58,14 +55,10 @@ def _syscall_numbers() -> tuple[int, int]:
 
 
 def probe_sockmap() -> None:
-    """Create (and close) a 1-entry SOCKMAP with the raw ``bpf(BPF_MAP_CREATE)`` syscall.
-
-    This is the capability probe: it needs CAP_BPF + CAP_NET_ADMIN (or CAP_SYS_ADMIN /
-    root) and a kernel with ``CONFIG_BPF_STREAM_PARSER``-era sockmap support.
+    """Create (and close) a 1-entry SOCKMAP with ``bpf(BPF_MAP_CREATE)``: the capability probe.
 
     Raises:
-        BpfError: with errno EPERM (no privilege), EINVAL (kernel lacks sockmaps),
-            ENOSYS (no bpf syscall).
+        BpfError: EPERM (no CAP_BPF + CAP_NET_ADMIN), EINVAL (no sockmaps), ENOSYS.
     """
     nr_bpf, _ = _syscall_numbers()
     attr = (_c.c_uint32 * 32)()  # union bpf_attr, zeroed (128 bytes is enough)
@@ -103,11 +96,7 @@ _print_cb: Any = None  # keep the callback alive
 
 
 def load_libbpf() -> ctypes.CDLL:
-    """Open libbpf.so.1 once and declare the functions used.
-
-    Raises:
-        BpfError: ENOENT when libbpf1 is not installed (``apt-get install libbpf1``).
-    """
+    """Open libbpf.so.1 once; BpfError ENOENT when libbpf1 is not installed."""
     global _lib, _print_cb
     if _lib is not None:
         return _lib
@@ -183,13 +172,11 @@ def _check(ret: int, what: str) -> int:
 
 
 class BpfObject:
-    """A loaded BPF object file (``bpf_object__open_file`` + ``bpf_object__load``) of
-    ``path``, the ``.bpf.o`` from :mod:`infscaler.ebpf.build`.
+    """A loaded BPF object file ``path`` (``bpf_object__open_file`` + ``__load``).
 
     Raises:
-        BpfError: open or load failed (EPERM: no CAP_BPF; EINVAL / EACCES: the verifier
-            refused); the message ends with libbpf's last warnings, the whole output is
-            logged at DEBUG on ``infscaler.ebpf.libbpf``.
+        BpfError: open or load failed (EPERM: no CAP_BPF; EINVAL / EACCES: the verifier);
+            the message ends with libbpf's last warnings.
     """
 
     def __init__(self, path: str) -> None:
@@ -268,11 +255,7 @@ def map_delete(fd: int, key: Any) -> bool:
 
 
 def map_items(fd: int, key_type: Any, value_type: Any, chunk: int = 4096) -> list[tuple[Any, Any]]:
-    """All (key, value) pairs of a hash map, with ``bpf_map_lookup_batch`` (kernel >= 5.6).
-
-    The batch walk is bucket by bucket, so it terminates even while programs insert
-    and delete other keys. Raises: BpfError.
-    """
+    """All (key, value) pairs of a hash map (``bpf_map_lookup_batch``, kernel >= 5.6); BpfError."""
     lib = load_libbpf()
     out: list[tuple[Any, Any]] = []
     keys = (key_type * chunk)()

@@ -1,11 +1,5 @@
-"""Probe the host and open the control channel: the eBPF one where it can run, else the
-user-space fallback, with one log line saying why (InfScaler §IV-B; shared/notes/ebpf.md).
-
-Role in the request path: start-up only. The service calls :func:`open_channel` once and
-hands the :class:`~infscaler.ebpf.channel.Channel` to its tensor sharing manager; every
-token of every request then travels through that channel. This module sits above the
-two implementations (:mod:`infscaler.ebpf.sockmap`, :mod:`infscaler.ebpf.userspace`),
-which both build on :mod:`infscaler.ebpf.channel`.
+"""Probe the host and open the control channel at start-up: the eBPF one where it can run,
+else the user-space fallback, with one log line saying why (shared/notes/ebpf.md).
 """
 
 from __future__ import annotations
@@ -25,11 +19,8 @@ log = logging.getLogger("infscaler.ebpf")
 
 
 def ebpf_available() -> tuple[bool, str]:
-    """Can the eBPF channel run here? Creates a 1-entry SOCKMAP (the capability probe),
-    opens libbpf.so.1, and builds (or finds) the BPF object.
-
-    Returns:
-        (True, what was found) or (False, why not, with what to do).
+    """``(True, what was found)`` or ``(False, why not and what to do)``: a 1-entry SOCKMAP,
+    libbpf.so.1 and the built BPF object.
     """
     try:
         libbpf.probe_sockmap()
@@ -62,14 +53,12 @@ def open_channel(prefer: str = "auto", policy: str = "least-loaded") -> Channel:
     """Open the control channel.
 
     Args:
-        prefer: ``'auto'`` (eBPF when :func:`ebpf_available` and the program loads,
-            else user space, with ONE log line on ``infscaler.ebpf`` saying why),
-            ``'ebpf'`` (raise if unavailable), ``'userspace'`` (force the fallback).
+        prefer: ``'auto'`` (eBPF when available and loadable, else user space, one log line
+            saying why), ``'ebpf'`` (raise if unavailable) or ``'userspace'``.
         policy: ``'least-loaded'`` or ``'round-robin'``.
 
     Raises:
-        EbpfUnavailableError: ``prefer='ebpf'`` and the eBPF channel cannot run (the
-            message says why).
+        EbpfUnavailableError: ``prefer='ebpf'`` and the eBPF channel cannot run.
         ChannelError: unknown ``prefer`` or ``policy``.
     """
     check_policy(policy)

@@ -1,20 +1,12 @@
 """The eBPF control channel: a SOCKMAP of TCP loopback sockets and the SK_MSG program
-``tokenbus.bpf.c`` that routes each 32-byte token in the kernel (InfScaler §IV-B).
+``tokenbus.bpf.c`` routing each token in the kernel (InfScaler §IV-B).
 
-Layout (keys of the SOCKMAP ``socks``):
+SOCKMAP keys: ``hop * 16 + index`` (instances); ``MGR_IN_KEY`` (the manager's ingress);
+``TRASH_KEY`` (rejected bytes: SK_DROP is sticky); ``MGR_ROUTE_KEY`` / ``MGR_DIRECT_KEY``
+(the manager's sending sockets).
 
-- ``hop * 16 + index``: instance sockets (up to 16 per hop, 64 hops);
-- ``MGR_IN_KEY``: the manager's ingress, where faults, frees and undeliverable tokens
-  are redirected; :meth:`EbpfChannel.manager_recv` reads it;
-- ``TRASH_KEY``: rejected bytes (the program cannot drop: an SK_DROP verdict is sticky,
-  notes pitfall 4); the manager reads and discards them;
-- ``MGR_ROUTE_KEY`` / ``MGR_DIRECT_KEY``: sockets the manager sends on, so that its
-  :meth:`route` and :meth:`manager_send` go through the same program.
-
-Sources: kernel Documentation/bpf/map_sockmap.rst, net/ipv4/tcp_bpf.c,
-shared/notes/ebpf.md, libbpf API docs.
-
-More (details, why it is so, history, figures): docs/architecture.md, "`ebpf/sockmap.py`".
+Sources: kernel Documentation/bpf/map_sockmap.rst, net/ipv4/tcp_bpf.c, shared/notes/ebpf.md.
+More: docs/architecture.md, "`ebpf/sockmap.py`".
 """
 
 from __future__ import annotations
@@ -136,12 +128,8 @@ class _Inst:
 class EbpfChannel(Channel):
     """:class:`~infscaler.ebpf.channel.Channel` on a SOCKMAP + SK_MSG program.
 
-    Args:
-        policy: ``'least-loaded'`` or ``'round-robin'``.
-
     Raises:
-        EbpfUnavailableError: the object cannot be built or loaded (verifier, EPERM),
-            or the program cannot be attached.
+        EbpfUnavailableError: the object cannot be built, loaded or attached.
     """
 
     kind = "ebpf"

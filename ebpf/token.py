@@ -41,16 +41,10 @@ NO_SLAB = 0xFFFF
 
 
 class TokenKind(enum.IntEnum):
-    """What a token means.
-
-    - ``DATA``: a filled slot for hop ``hop`` (the handover).
-    - ``FAULT``: a producer's OutToken queue is empty; asks the manager for a slot of at
-      least ``length`` bytes (lazy allocation).
-    - ``GRANT``: the manager's answer to a fault: an empty slot now owned by the asker.
-    - ``FREE``: a consumer is done with a slot; it returns to the pool.
-    - ``BUSY``: the manager's answer to a fault at the memory cap: retry later
-      (back-pressure).
-    - ``ERROR``: the manager rejected a token (``request`` says which request failed).
+    """What a token means: ``DATA`` (a filled slot for ``hop``), ``FAULT`` (asks for a slot of
+    at least ``length`` bytes), ``GRANT`` (an empty slot now owned by the asker), ``FREE`` (a
+    slot back to the pool), ``BUSY`` (at the memory cap: retry), ``ERROR`` (``request``
+    failed).
     """
 
     DATA = 1
@@ -67,20 +61,10 @@ class TokenError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """A decoded token (see the module docstring for the wire layout).
+    """A decoded token (wire layout: the module docstring); copy with ``dataclasses.replace``.
 
-    Attributes:
-        kind: :class:`TokenKind`.
-        hop: destination hop (0..65535): the channel's routing address of a group of
-            interchangeable instances (:mod:`infscaler.ebpf.channel`, "Naming").
-        slab: slab index (``NO_SLAB`` for tokens without a slot, e.g. FAULT).
-        instance: sending instance id (0..65535).
-        slot: slot index inside the slab.
-        offset: byte offset of the slot in the slab.
-        length: bytes used in the slot; for FAULT, bytes wanted.
-        request: request id (u64).
-
-    Copy with changes via ``dataclasses.replace(token, kind=TokenKind.FREE)``.
+    ``hop``: the routing address of a group of interchangeable instances; ``slab``:
+    ``NO_SLAB`` for tokens without a slot; ``length``: bytes used, for FAULT bytes wanted.
     """
 
     kind: TokenKind
@@ -93,11 +77,7 @@ class Token:
     request: int = 0
 
     def pack(self) -> bytes:
-        """The 32 wire bytes.
-
-        Raises:
-            struct.error: a field out of its range (a caller bug).
-        """
+        """The 32 wire bytes; struct.error for a field out of range."""
         body = _BODY.pack(
             TOKEN_MAGIC,
             int(self.kind),
@@ -113,11 +93,7 @@ class Token:
 
     @classmethod
     def unpack(cls, data: bytes | bytearray | memoryview) -> Token:
-        """Decode 32 wire bytes.
-
-        Raises:
-            TokenError: wrong size, magic, unknown kind, or checksum mismatch.
-        """
+        """Decode 32 wire bytes; TokenError for wrong size, magic, kind or checksum."""
         if len(data) != TOKEN_SIZE:
             raise TokenError(f"a token is {TOKEN_SIZE} bytes, got {len(data)}")
         data = bytes(data)

@@ -1,12 +1,7 @@
-"""The user-space control channel: the eBPF channel's behaviour without CAP_BPF.
+"""The user-space control channel: the eBPF channel's behaviour without CAP_BPF, over
+AF_UNIX SOCK_SEQPACKET pairs and one event-driven router thread.
 
-Every instance gets an AF_UNIX SOCK_SEQPACKET socket pair; one event-driven router
-thread in the manager (``epoll`` through :mod:`selectors`, plus a wake-up pipe) checks
-each 32-byte frame (magic, CRC-32, kind) and applies ``tokenbus.bpf.c``'s routing,
-in-flight accounting and manager delivery (docs/architecture.md, "`ebpf/channel.py`");
-the manager's inbox is a SEQPACKET pair read by :meth:`UserspaceChannel.manager_recv`.
-
-More (details, why it is so, history, figures): docs/architecture.md, "`ebpf/userspace.py`".
+More: docs/architecture.md, "`ebpf/userspace.py`".
 """
 
 from __future__ import annotations
@@ -87,11 +82,7 @@ class _UInst(_Dest):
 
 
 class UserspaceChannel(Channel):
-    """:class:`~infscaler.ebpf.channel.Channel` over AF_UNIX SEQPACKET and a router thread.
-
-    Args:
-        policy: ``'least-loaded'`` or ``'round-robin'``.
-    """
+    """:class:`~infscaler.ebpf.channel.Channel` over SEQPACKET and a router thread."""
 
     kind = "userspace"
 

@@ -1,11 +1,8 @@
 """``partition_model``: the offline partitioning pipeline (InfScaler §IV-A, Eq. 1).
 
-Load (:mod:`.loader`) -> operator cost c_n (:mod:`.cost`) -> per-engine profile, T_o and
-T_p (:mod:`.profiler`) -> valid cuts (:mod:`.graph`) -> Eq. 1 or a balanced search
-(:mod:`.search`) -> sub-models verified as a chain, timed per engine (:mod:`.extract`)
--> the :class:`~.plan.Plan`, written atomically to ``out_dir`` only once all succeeded.
-
-More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/api.py`".
+Load -> operator costs -> per-engine profile, T_o, T_p -> valid cuts -> search -> sub-models
+verified as a chain -> the :class:`~.plan.Plan`, written atomically once all succeeded.
+More: docs/architecture.md, "`partitioner/api.py`".
 """
 
 from __future__ import annotations
@@ -85,19 +82,17 @@ def partition_model(
     Args:
         model: path of the ``.onnx`` file.
         shapes: concrete shapes of dynamic inputs (:func:`~.loader.parse_shapes`).
-        slo: latency SLO (``100ms``, ``1.5x``; :func:`parse_slo`); None = unconstrained.
+        slo: latency SLO (``100ms``, ``1.5x``); None = unconstrained.
         num_partitions: exact K; None searches K in 1..``max_partitions``.
         measure: c_n as ``flops`` or ``time`` (profiled ms on the cpu engine).
         device: target device profile; its engines are reported per partition.
         out_dir: where ``plan.yaml`` + ``part_<k>.onnx`` go (``force`` replaces a plan).
-        rtol: verification tolerance (:class:`~.extract.Verification`).
-        warmup, repeats, threads, use_cache: profiling settings (threads None: all cores).
+        rtol: verification tolerance; warmup, repeats, threads, use_cache: profiling settings.
         max_crossing_mb: refuse cuts whose crossing tensors exceed this (MB).
         progress: called with a short description as each step starts.
-        objective: ``eq1`` (:func:`~.search.search_partitions`), ``minmax`` or
-            ``weights`` (:func:`~.search.search_minmax`, weights = ``param_bytes``);
-            without K the balanced ones take the K with the least largest partition
-            cost, a K gaining under 1 % losing to fewer partitions.
+        objective: ``eq1``, ``minmax`` or ``weights`` (weights = ``param_bytes``); without K
+            the balanced ones take the K with the least largest partition cost (< 1 % gain
+            loses to fewer partitions).
         cuts: explicit valid cut positions; override ``objective`` and ``num_partitions``.
 
     Raises:
@@ -337,11 +332,7 @@ def _build_plan(
 def _check_request(
     objective: str, measure: str, max_partitions: int, num_partitions: int | None
 ) -> None:
-    """Refuse an unknown objective or complexity measure, or a K below 1.
-
-    Raises:
-        InfScalerError: as :func:`partition_model`.
-    """
+    """Refuse an unknown objective or measure, or a K below 1 (InfScalerError)."""
     if objective not in search.OBJECTIVES:
         raise InfScalerError(
             f"unknown partition objective '{objective}'",
@@ -401,10 +392,7 @@ def _search_cuts(
     t_p: float,
     slo_ms: float | None,
 ) -> search.SearchResult:
-    """The cuts: the given ones, Eq. 1's (:func:`~.search.search_partitions`, s.t.
-    T_o + (K-1) T_p <= SLO), or the balanced ones (:func:`~.search.search_minmax`, over
-    K in 1..the SLO bound unless K is fixed; a K that lowers the largest partition cost
-    by less than 1 % loses to the fewer partitions).
+    """The given cuts, Eq. 1's, or the balanced ones (see :func:`partition_model`).
 
     Raises:
         PartitionError: T_o > SLO, and as the search.
@@ -645,10 +633,9 @@ def inspect_model(
     repeats: int = 5,
     use_cache: bool = True,
 ) -> dict:
-    """Per-operator cost table for ``infscaler inspect``: ``{"model": {...},
-    "operators": [{index, node, op_type, flops, params_mb, input_mb, output_mb,
-    output_shape, ms (when profiled), representative (c_n above the mean)}],
-    "constant_nodes": n, "mean_flops": float}``.
+    """Per-operator cost table for ``infscaler inspect``: ``{"model", "operators": [{index,
+    node, op_type, flops, params_mb, input_mb, output_mb, output_shape, ms, representative}],
+    "constant_nodes", "mean_flops"}``.
 
     Raises:
         ModelLoadError, ShapeError: as :func:`~.loader.load_model`.

@@ -23,14 +23,11 @@ __all__ = ["OperatorCost", "constant_tensors", "node_cost", "model_costs"]
 
 @dataclass(frozen=True)
 class OperatorCost:
-    """Complexity of one operator (``c_n`` of InfScaler §IV-A, Eq. 1); costs add with
-    ``+`` (``sum(costs)`` gives a total).
+    """Complexity of one operator (``c_n`` of Eq. 1); costs add with ``+``.
 
     Attributes:
-        flops: operations, a multiply-add counting 2 (docs/architecture.md, the table).
-        param_bytes: bytes of constant inputs read (:func:`constant_tensors`).
-        input_bytes: bytes of activation inputs read.
-        output_bytes: bytes of outputs written.
+        flops: operations, a multiply-add counting 2.
+        param_bytes / input_bytes / output_bytes: constant and activation bytes read, bytes written.
     """
 
     flops: int = 0
@@ -160,7 +157,7 @@ _DATA_MOVEMENT = frozenset(
 _POOL = frozenset({"MaxPool", "AveragePool", "LpPool"})
 _GLOBAL_POOL = frozenset({"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
 
-# FLOPs per element (documented in the module docstring).
+# FLOPs per element (the table in docs/architecture.md).
 _BN_FLOPS_PER_ELEM = 2
 _NORM_FLOPS_PER_ELEM = 8
 _MVN_FLOPS_PER_ELEM = 6
@@ -493,24 +490,16 @@ def node_cost(
     tensors: Mapping[str, TensorInfo],
     constants: Container[str],
 ) -> OperatorCost:
-    """Cost of one node: FLOPs, weight bytes, activation bytes read and written.
+    """Cost of one node (FLOPs per the ONNX operator spec, docs/architecture.md's table; bytes
+    = prod(shape) * itemsize); never raises: unknown operators and shapes give 0.
 
     Args:
-        node: an ONNX node (default domain; other domains get 0 FLOPs).
-        tensors: tensor name -> :class:`~infscaler.partitioner.loader.TensorInfo`
-            (static shape and dtype), e.g. :attr:`LoadedModel.tensors`. A missing tensor
-            counts 0 bytes and makes FLOP formulas needing its shape give 0.
-        constants: names of constant tensors (:func:`constant_tensors`); their bytes
-            count as ``param_bytes``, other inputs' as ``input_bytes``.
+        node: an ONNX node (other domains than the default get 0 FLOPs).
+        tensors: name -> :class:`~infscaler.partitioner.loader.TensorInfo`; a missing one
+            counts 0 bytes.
+        constants: :func:`constant_tensors`; their bytes count as ``param_bytes``.
 
-    Returns:
-        The :class:`OperatorCost` (FLOPs per the table of the module docstring, which
-        follows the ONNX operator specification; bytes = prod(shape) * itemsize).
-        For If/Loop/Scan, ``param_bytes`` also includes the subgraphs' initializers and
-        the bytes read include enclosing-scope tensors the subgraphs use.
-
-    Raises:
-        Nothing for well-formed nodes: unknown operators and unknown shapes give 0.
+    If / Loop / Scan also count their subgraphs' initializers and outer-scope reads.
     """
     flops, extra_params = _flops(node, tensors, constants)
     reads = list(dict.fromkeys(i for i in node.input if i))

@@ -1,11 +1,7 @@
 """Partitions as ONNX sub-models, and the chain's verification (InfScaler §IV-A).
 
-Chain: partition k's inputs are partition k-1's outputs (partition 0's are the model's
-runtime inputs, the last one's outputs the model's, in the model's order); a tensor may
-pass through a partition unchanged (then both a graph input and output of it, same
-name); tensor names are the whole canonical model's all along.
-
-More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/extract.py`".
+Partition k reads partition k-1's outputs (a tensor may pass through unchanged); tensor
+names are the canonical model's. More: docs/architecture.md, "`partitioner/extract.py`".
 """
 
 from __future__ import annotations
@@ -53,15 +49,12 @@ PartLike = Any
 
 @dataclass
 class PartitionSpec:
-    """One operator group of a plan (a P_k of InfScaler Eq. 1) and its boundary tensors.
+    """One operator group of a plan (a P_k of Eq. 1) and its boundary tensors.
 
     Attributes:
         index: position k in the chain (0-based).
-        nodes: node names of the canonical model in topological order, with the
-            constant-foldable helpers feeding them (possibly in several partitions).
-        inputs: the previous partition's outputs (runtime inputs for partition 0).
-        outputs: the next partition's inputs (the model's outputs for the last); a name
-            also in ``inputs`` passes through.
+        nodes: node names in topological order, with constant-foldable helpers feeding them.
+        inputs / outputs: boundary tensor names (a name in both passes through).
     """
 
     index: int
@@ -108,21 +101,13 @@ def _describe_producer(name: str, producers: Mapping[str, str], loaded: LoadedMo
 
 
 def extract_partition(loaded: LoadedModel, spec: PartitionSpec) -> onnx.ModelProto:
-    """Build partition ``spec`` of ``loaded`` as a valid, stand-alone ONNX model.
-
-    It holds the spec's nodes in order, the initializers they (or their subgraphs'
-    outer-scope names) use, typed boundary inputs / outputs from ``loaded.tensors``,
-    internal ``value_info``, the model's opsets, IR version and functions (initializers
-    also as inputs for IR < 4). Weights in external data are read from beside
-    ``loaded.path``; weights the loader located in the file are declared as typed inputs
-    for the checker (:func:`_check_partition`).
+    """Build partition ``spec`` of ``loaded`` as a valid, stand-alone ONNX model (its nodes,
+    the initializers they use, typed boundary inputs / outputs, opsets and functions).
 
     Raises:
-        PartitionError: an unknown or repeated node; a node input (or outer-scope name)
-            neither a spec input, an initializer nor made earlier in the partition; a node
-            output that is a spec input; a spec output neither made nor passed through; a
-            spec input that is an initializer or untyped; duplicate boundary names; an
-            ``onnx.checker`` failure. The message names partition, tensor and node.
+        PartitionError: an unknown or repeated node, an input nothing provides, an output
+            nothing makes, an untyped or initializer boundary, duplicate names, or an
+            ``onnx.checker`` failure (the message names partition, tensor and node).
     """
     graph = loaded.model.graph
     k = spec.index
@@ -277,11 +262,7 @@ def _typed(
     where: str,
     originals: Mapping[str, onnx.ValueInfoProto],
 ) -> onnx.ValueInfoProto:
-    """The typed ValueInfo of boundary tensor ``name`` (:func:`_value_info`).
-
-    Raises:
-        PartitionError: it has no known static shape and dtype.
-    """
+    """The typed ValueInfo of boundary tensor ``name``; PartitionError without a static shape."""
     vi = _value_info(loaded, name, originals)
     if vi is None:
         raise PartitionError(
@@ -404,9 +385,7 @@ def _make_session(part: PartLike, engine: str, options: Any) -> Any:
 def load_sessions(
     parts: Sequence[PartLike], engine: str = "cpu", session_options: Any = None
 ) -> list[Any]:
-    """One onnxruntime ``InferenceSession`` per part (sessions returned as they are), by
-    the engine layer's :func:`~infscaler.engines.onnxrt.load_session` on ``engine``;
-    default options ``ORT_ENABLE_ALL``, warnings silenced.
+    """One ``InferenceSession`` per part on ``engine`` (``ORT_ENABLE_ALL`` by default).
 
     Raises:
         EngineUnavailable: the host lacks ``engine`` or onnxruntime does not serve it.
@@ -417,15 +396,12 @@ def load_sessions(
 
 
 class Chain:
-    """Partitions run one after another in-process (sessions built once, as
-    :func:`load_sessions`); each part reads its inputs by name from the feeds and earlier
-    outputs, passed on as the numpy arrays ``session.run`` returns.
+    """Partitions run one after another in-process, each reading its inputs by name.
 
     Attributes:
         sessions: the ``InferenceSession`` of each part.
         part_inputs / part_outputs: each part's input / output names.
-        inputs: names the chain needs from the caller, in first-use order.
-        outputs: the last part's output names.
+        inputs: names the chain needs from the caller; outputs: the last part's.
     """
 
     def __init__(
@@ -450,12 +426,7 @@ class Chain:
         self.outputs = list(self.part_outputs[-1])
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run every part in order on ``feeds``; the last part's outputs by name.
-
-        Raises:
-            PartitionError: a part needs a tensor neither ``feeds`` nor an earlier part
-                provides. onnxruntime's own errors propagate.
-        """
+        """The last part's outputs by name; PartitionError for a tensor nothing provides."""
         env: dict[str, np.ndarray] = dict(feeds)
         values: list[np.ndarray] = []
         for k, (sess, ins, outs) in enumerate(
@@ -480,18 +451,13 @@ class Chain:
 
 @dataclass
 class Verification:
-    """Outcome of :func:`verify_chain`; ``max_rel`` is ``max |chain - whole| / max |whole|``
-    per output (bounded near zero, unlike element-wise relative error).
+    """Outcome of :func:`verify_chain`; ``max_rel`` = ``max |chain - whole| / max |whole|``.
 
     Attributes:
-        max_abs, max_rel: largest errors over all outputs (``inf`` on a shape mismatch,
-            NaN / inf disagreement or failed run).
-        per_output: name -> ``{"max_abs", "max_rel", "scale", "shape", "dtype", "ok",
-            "reason"}``.
-        rtol: the tolerance on ``max_rel``; passed: within it, all outputs matched.
-        error: why a run failed, else None; feeds_seed: seed of random feeds or None.
-        optimized: ``{"max_abs", "max_rel", "noise_max_rel"}`` with full optimisations on
-            both sides (informational, not checked) or None.
+        max_abs, max_rel: largest errors over all outputs (``inf`` on mismatch or failure).
+        per_output: name -> ``{"max_abs", "max_rel", "scale", "shape", "dtype", "ok", "reason"}``.
+        rtol, passed, error, feeds_seed: the tolerance, the verdict, why a run failed, the seed.
+        optimized: ``{"max_abs", "max_rel", "noise_max_rel"}`` fully optimised (not checked).
         reference: the whole model's unoptimised outputs (not serialised).
     """
 
@@ -606,23 +572,18 @@ def verify_chain(
     reference: Mapping[str, np.ndarray] | None = None,
     threads: int | None = None,
 ) -> Verification:
-    """Compare the chain of ``parts`` with the whole model on the same inputs, both with
-    graph optimisations disabled (the chain then runs exactly the whole model's kernels).
+    """Compare the chain of ``parts`` with the whole model on the same inputs, both without
+    graph optimisation.
 
     Args:
-        loaded: the canonical whole model; parts: sub-models in chain order.
-        feeds: explicit inputs; default :func:`~infscaler.partitioner.loader.random_feeds`
-            with ``seed``.
+        feeds: explicit inputs; default seeded random feeds (``seed``).
         rtol: tolerance on ``max_rel`` (default 1e-4).
-        engine: the engine kind of both runs (default ``cpu``).
         report_optimized: also measure the optimised comparison (two more runs).
-        reference: the whole model's unoptimised outputs on these feeds, engine and
-            ``threads``, if the caller has them (skips that run).
+        reference: the whole model's unoptimised outputs, if known (skips that run).
         threads: intra-op threads of every session (None: onnxruntime's default).
 
     Returns:
-        The :class:`Verification`; never raises for a bad chain (``passed=False``,
-        ``max_rel = inf``); :func:`check_verification` refuses.
+        The :class:`Verification`; a bad chain gives ``passed=False``, never an exception.
     """
     used_seed: int | None = None
     if feeds is None:
@@ -710,12 +671,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def check_verification(v: Verification) -> None:
-    """Refuse a chain that does not reproduce the whole model.
-
-    Raises:
-        VerificationError: ``v.passed`` is false (names the worst output, its errors and
-            the tolerance, or why the run failed).
-    """
+    """VerificationError (naming the worst output and tolerance) unless ``v.passed``."""
     if v.passed:
         return
     hint = "use fewer partitions or a looser --tolerance; report the model if the error is large"

@@ -19,14 +19,7 @@ from infscaler.partitioner.subgraphs import node_reads
 
 @dataclass(frozen=True)
 class Operator:
-    """One operator of Eq. 1's linear order.
-
-    Attributes:
-        index: position n in the operator order (0-based).
-        node: the canonical node's name.
-        op_type: ONNX op type (``Conv``).
-        node_index: position of the node in the model's node list.
-    """
+    """One operator of Eq. 1's order: ``index`` n, canonical ``node`` name, ``op_type``, ``node_index``."""
 
     index: int
     node: str
@@ -36,17 +29,13 @@ class Operator:
 
 @dataclass
 class OperatorGraph:
-    """The operator order, constant-node grouping and cut geometry of a loaded model.
-
-    Build with :meth:`from_loaded`. All sizes are in bytes.
+    """The operator order, constant-node grouping and cut geometry of a loaded model (bytes).
 
     Attributes:
-        loaded: the model.
-        operators: operators in topological order (``operators[n].index == n``).
-        constant_nodes: names of the constant nodes (not operators).
-        constants: names of constant tensors (initializers and constant node outputs).
-        producer: tensor -> index of the operator producing it (-1 for model inputs).
-        last_use: tensor -> index of the last operator reading it (N for model outputs).
+        operators: in topological order (``operators[n].index == n``).
+        constant_nodes / constants: constant node names / constant tensor names.
+        producer: tensor -> producing operator (-1 for model inputs).
+        last_use: tensor -> last reading operator (N for model outputs).
     """
 
     loaded: LoadedModel
@@ -246,11 +235,8 @@ class OperatorGraph:
         return specs
 
     def weight_bytes(self, first: int, last: int) -> int:
-        """Bytes of the distinct constant tensors (weights) read by operators first..last.
-
-        Constants are counted as the runtime holds them after constant folding: an
-        initializer read directly, a ``Constant`` node's value (PP-OCR keeps all its
-        weights so), or the output of a ``Cast`` / ``Reshape`` of a weight.
+        """Bytes of the distinct constant tensors read by operators first..last, as held after
+        constant folding (an initializer, a ``Constant``'s value, a ``Cast`` / ``Reshape`` of one).
         """
         tensors = self.loaded.tensors
         seen: set[str] = set()
@@ -259,12 +245,8 @@ class OperatorGraph:
         return sum(tensors[t].nbytes for t in seen if t in tensors)
 
     def peak_activation_bytes(self, first: int, last: int) -> int:
-        """Peak bytes of live activations while operators first..last run in order.
-
-        Live set: the partition's input tensors, plus each output as it is produced, until
-        its last reader inside the partition has run (tensors that leave the partition
-        stay live to the end). A lower bound on the runtime's activation arena, with no
-        buffer sharing between concurrently live tensors.
+        """Peak bytes of live activations while operators first..last run in order (inputs plus
+        outputs until their last reader inside; no buffer sharing).
         """
         tensors = self.loaded.tensors
         inputs = self.loaded.graph_inputs if first == 0 else self._crossing[first - 1]

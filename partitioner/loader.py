@@ -1,14 +1,8 @@
 """Load, check and concretise an ONNX model (InfScaler §IV-A, step 0 of the offline phase).
 
-:func:`load_model` returns the *canonical* :class:`LoadedModel` every later step uses: it
-passed ``onnx.checker`` and onnxruntime accepts its opsets; every top-level node has a
-unique name (``<OpType>_<index>`` when it had none); every graph input has a concrete
-shape (``--shapes``, trtexec's ``name:1x3x640x640``; a lone dynamic batch dim takes 1
-with a warning) and every top-level tensor a static shape and dtype in
-:attr:`LoadedModel.tensors` (ONNX shape inference with data propagation, else one
-onnxruntime run on seeded random inputs).
-
-More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/loader.py`".
+:func:`load_model` returns the canonical :class:`LoadedModel`: checked, unique node names,
+concrete input shapes and a static shape and dtype for every top-level tensor.
+More: docs/architecture.md, "`partitioner/loader.py`".
 """
 
 from __future__ import annotations
@@ -43,12 +37,7 @@ _TWO_GB = 2**31
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """A tensor's static shape and dtype.
-
-    Attributes:
-        shape: concrete dims (ints); ``()`` for a scalar.
-        dtype: numpy dtype (``np.dtype('float32')``).
-    """
+    """A tensor's static shape (``()`` for a scalar) and numpy dtype."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -64,24 +53,17 @@ class TensorInfo:
 
 @dataclass
 class LoadedModel:
-    """A checked model with concrete shapes (see the module docstring).
+    """A checked model with concrete shapes.
 
     Attributes:
-        path: the file it came from; sha256: hex digest of its bytes.
-        model: the canonical ``onnx.ModelProto`` (weights in memory unless
-            :attr:`external`).
-        tensors: name -> :class:`TensorInfo` for every value of the top-level graph.
-        input_shapes: graph input name -> concrete shape used.
-        symbolic_inputs: graph input name -> the file's dims (ints, symbolic names, or
-            ``"?"``).
-        external: the model uses external data or is larger than 2 GB.
-        file_runnable: the file runs as is with the canonical node names.
-        weight_refs: initializer name -> :class:`~.weights.WeightRef` (where its data
-            lies on disk, relative to :attr:`weights_dir`) for the located initializers
-            over :data:`~.weights.MIN_REFERENCED_BYTES`.
-        weights_dir: the model file's folder (symlinks resolved); None without refs.
-        weight_files: referenced file -> (size, mtime_ns) when read; a changed file is
-            not referenced.
+        path, sha256: the file it came from and the hex digest of its bytes.
+        model: the canonical ``onnx.ModelProto``.
+        tensors: name -> :class:`TensorInfo` for every top-level value.
+        input_shapes: graph input -> concrete shape; symbolic_inputs: the file's dims.
+        external: external data or over 2 GB; file_runnable: the file runs as is.
+        weight_refs: initializer -> :class:`~.weights.WeightRef` for located large ones.
+        weights_dir: the model's folder (None without refs); weight_files: referenced file
+            -> (size, mtime_ns).
     """
 
     path: Path
@@ -128,13 +110,8 @@ class LoadedModel:
 
 
 def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:
-    """Parse trtexec-style shapes: ``"x:1x3x640x640,mask:1x128"``; Polygraphy's
-    ``--input-shapes`` spelling is read too: ``"x:[1,3,640,640] mask:[1,128]"`` (entries
-    separated by commas or spaces).
-
-    Returns:
-        input name -> shape. An input name may itself contain ``:``; the shape is the text
-        after the last ``:``. A scalar is written ``name:`` (empty shape).
+    """Parse ``"x:1x3x640x640,mask:1x128"`` (trtexec) or ``"x:[1,3,640,640] mask:[1,128]"``
+    (Polygraphy) into input name -> shape (the name ends at the last ``:``; ``name:`` is a scalar).
 
     Raises:
         ShapeError: a malformed entry (the message quotes it).
@@ -286,12 +263,7 @@ def _file_stamp(path: Path) -> tuple[int, int] | None:
 def _weight_refs(
     path: Path, model: onnx.ModelProto, data: bytes | None
 ) -> tuple[dict[str, WeightRef], Path | None, dict[str, tuple[int, int]]]:
-    """Where the large top-level initializers' data lies on disk (see :mod:`.weights`).
-
-    ``raw_data`` in the file: its span in ``data`` (the file's bytes), when the span's
-    length is the tensor's size. External data (read before it is loaded): the tensor's
-    own reference, when it names a plain relative file in the model's folder and the
-    tensor's size. Anything else is not referenced (it stays embedded in stubs)."""
+    """Where the large top-level initializers' data lies on disk (see :mod:`.weights`)."""
     resolved = path.resolve()
     folder = resolved.parent
     refs: dict[str, WeightRef] = {}
@@ -478,12 +450,7 @@ def _collect_tensors(model: onnx.ModelProto) -> dict[str, TensorInfo]:
 
 
 def random_feeds(inputs: dict[str, TensorInfo], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs: floats U[0, 1), integers in [0, 100), bools 50/50.
-
-    Args:
-        inputs: input name -> :class:`TensorInfo` (concrete shapes).
-        seed: numpy seed.
-    """
+    """Seeded random inputs: floats U[0, 1), integers in [0, 100), bools 50/50."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for name, info in inputs.items():
@@ -547,12 +514,10 @@ def _set_value_info(model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> N
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX shape inference (strict, with data propagation) into ``model`` in place, run
-    on a copy whose initializers over 4 KiB are typed graph inputs (no serialising of
-    large weights, no 2 GB limit); the results are copied back.
+    """Strict ONNX shape inference with data propagation into ``model``, run weight-free.
 
     Raises:
-        onnx.shape_inference.InferenceError: inference failed (the caller words it).
+        onnx.shape_inference.InferenceError: inference failed.
     """
     graph = model.graph
     itemsize = {}
@@ -610,15 +575,13 @@ def load_model(
     """Load, check and concretise an ONNX model at ``path``.
 
     Args:
-        shapes: concrete shapes of inputs with dynamic dims, a dict or a ``--shapes``
-            string (:func:`parse_shapes`).
-        check_runnable: also build an onnxruntime CPU session (0.1-2 s).
+        shapes: concrete shapes for dynamic dims, a dict or a ``--shapes`` string.
+        check_runnable: also build an onnxruntime CPU session.
 
     Raises:
-        ModelLoadError: missing, empty, unreadable, truncated or non-ONNX file; checker
-            failure; opset or operator onnxruntime cannot run; unreadable external data.
-        ShapeError: bad ``shapes``; dynamic dims left without a value (named, with the
-            ``--shapes`` option); shapes that cannot be inferred.
+        ModelLoadError: missing or bad file, checker failure, an opset or operator
+            onnxruntime cannot run, unreadable external data.
+        ShapeError: bad ``shapes``, dynamic dims left unset, or uninferable shapes.
     """
     path = Path(path)
     if isinstance(shapes, str) or shapes is None:

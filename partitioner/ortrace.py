@@ -1,11 +1,6 @@
-"""onnxruntime's profiler: per-node kernel times of a traced run (InfScaler §IV-A, Eq. 1).
-
-:func:`traced_node_times` runs a model with the profiler on and graph optimisations off
-(every ONNX node timed under its own name); :func:`node_times_from_trace` turns the
-trace into each node's median ms per run (c_n with ``measure="time"``).
-
-Trace format (onnxruntime 1.31.1, "Profiling tools" doc): docs/architecture.md,
-"`partitioner/profiler.py`".
+"""onnxruntime's profiler: per-node kernel times of a traced run, graph optimisations off
+(c_n with ``measure="time"``, InfScaler §IV-A). Trace format (onnxruntime 1.31.1,
+"Profiling tools"): docs/architecture.md, "`partitioner/profiler.py`".
 """
 
 from __future__ import annotations
@@ -30,15 +25,12 @@ _RUN_EVENTS = ("model_run", "SequentialExecutor::Execute")
 def node_times_from_trace(
     events: list[dict[str, Any]], node_names: list[str], skip_runs: int = 0
 ) -> tuple[dict[str, float], dict[str, float], list[float]]:
-    """Per-node median ms per run from an onnxruntime profile trace (``events``, the
-    parsed JSON list), the first ``skip_runs`` runs dropped. Kernel events go to runs by
-    the ``"model_run"`` intervals (else ``"SequentialExecutor::Execute"``, else the k-th
-    occurrence of a node is run k); a node's time in a run sums its events.
+    """Per-node median ms per run from a parsed onnxruntime profile trace, the first
+    ``skip_runs`` runs dropped.
 
     Returns:
-        ``(node_ms, unmatched_ms, run_totals_ms)``: every name of ``node_names`` -> median
-        ms (0.0 when never seen); kernel name -> median ms for kernels naming no node;
-        each measured run's kernel total, ms.
+        ``(node_ms, unmatched_ms, run_totals_ms)``: node name -> median ms (0.0 when unseen);
+        kernel name -> median ms for kernels naming no node; each run's kernel total, ms.
     """
     kernels = [
         e

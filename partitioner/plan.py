@@ -27,12 +27,7 @@ PLAN_FORMAT = 1
 
 @dataclass
 class Plan:
-    """A partition plan.
-
-    Attributes:
-        summary: the content of ``plan.yaml`` (a plain dict; see the module docstring).
-        parts: the partitions' ONNX sub-models, in chain order.
-    """
+    """A partition plan: ``summary`` (``plan.yaml``'s content) and ``parts`` in chain order."""
 
     summary: dict[str, Any]
     parts: list[onnx.ModelProto] = field(default_factory=list)
@@ -47,14 +42,10 @@ class Plan:
 
 
 def check_output_dir(out_dir: Path, *, force: bool = False) -> None:
-    """Refuse an output directory that :func:`write_plan` must not touch.
-
-    Called before any work starts, so a run that would be refused at the end fails at
-    once, and again just before writing.
+    """Refuse an output directory :func:`write_plan` must not touch (checked first and last).
 
     Raises:
-        PartitionError: ``out_dir`` is a file, holds files that are not a plan, or holds a
-            plan and ``force`` is false.
+        PartitionError: ``out_dir`` is a file, holds non-plan files, or a plan without ``force``.
     """
     out_dir = Path(out_dir)
     if not out_dir.exists():
@@ -86,15 +77,11 @@ def write_plan(
     """Write ``plan`` to ``out_dir`` atomically (temp dir + rename); returns ``out_dir``.
 
     Args:
-        plan: the plan (``summary['partitions'][k]['file']`` names each part).
-        out_dir: must not exist, be empty, or (with ``force``) hold an earlier plan.
         save: writes one part (default ``onnx.save``).
-        staged: a directory beside ``out_dir`` already holding the parts; ``plan.yaml``
-            is added and it is renamed into place (consumed).
+        staged: a directory beside ``out_dir`` already holding the parts (consumed).
 
     Raises:
-        PartitionError: ``out_dir`` is a file, holds other files, or holds a plan and
-            ``force`` is false.
+        PartitionError: as :func:`check_output_dir`.
     """
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force=force)

@@ -1,8 +1,4 @@
-"""Per-operator complexity plot in the style of InfScaler Fig. 2 (top): one bar per
-operator in topological order, representative operators (c_n above the mean, Eq. 1)
-highlighted, the mean as a line and, for a plan, the cut points as vertical lines.
-matplotlib with the Agg backend (no display needed).
-"""
+"""Per-operator complexity plot in the style of InfScaler Fig. 2 (matplotlib, Agg)."""
 
 from __future__ import annotations
 
@@ -20,19 +16,8 @@ def plot_operator_costs(
     cuts: Sequence[int] = (),
     scale: float = 1e-9,
 ) -> Path:
-    """Write a PNG bar chart of per-operator complexity.
-
-    Args:
-        values: c_n per operator (FLOPs or ms), in operator order.
-        representative: per operator, True when c_n > mean (drawn in red).
-        path: PNG file to write (parent directories are created).
-        title: plot title.
-        ylabel: y-axis label (unit after ``scale``).
-        cuts: cut indices (a line after operator c).
-        scale: multiplier applied to values (1e-9 turns FLOPs into GFLOPs).
-
-    Returns:
-        The PNG path.
+    """Write a PNG bar chart of per-operator complexity ``values`` (times ``scale``), the
+    ``representative`` ones red, the mean as a line, ``cuts`` as vertical lines; returns ``path``.
     """
     import matplotlib
 

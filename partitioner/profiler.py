@@ -1,11 +1,7 @@
-"""Measured per-operator and whole-model latency per engine (InfScaler §IV-A, Eq. 1).
+"""Measured per-operator and whole-model latency per engine (InfScaler §IV-A, Eq. 1):
+:func:`profile_model` (per-node ms and T_o) and :func:`measure_boundary_overhead` (T_p).
 
-- :func:`profile_model` -> :class:`ModelProfile`: per-node ms (onnxruntime profiler, no
-  graph optimisation) and T_o, the whole-model ms as served.
-- :func:`measure_boundary_overhead` -> :class:`BoundaryOverhead`: T_p of a boundary,
-  ``fixed_ms + per_mb_ms * MB``.
-
-More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/profiler.py`".
+More: docs/architecture.md, "`partitioner/profiler.py`".
 """
 
 from __future__ import annotations
@@ -65,11 +61,7 @@ _BACKEND_PROVIDER = {
 
 def _backend(engine: str) -> str:
     """The backend serving ``engine`` here (``onnxruntime-cpu``, ``onnxruntime-cuda``,
-    ``tensorrt``, ``tensorrt-dla``).
-
-    Raises:
-        ConfigError: an unknown engine.
-        EngineUnavailable: the host lacks it.
+    ``tensorrt``, ``tensorrt-dla``); raises ConfigError (unknown) or EngineUnavailable.
     """
     require_engine(engine)
     backend = engine_backend(engine)
@@ -116,12 +108,7 @@ def usable_cores() -> int:
 
 
 def host_fingerprint() -> str:
-    """Short hash (12 hex chars) identifying this host for profile caches.
-
-    Hashes ``platform.node()``, ``platform.machine()``, the CPU model from
-    ``/proc/cpuinfo``, ``os.cpu_count()`` and the onnxruntime version: a profile measured
-    elsewhere, or with another onnxruntime, is never reused.
-    """
+    """12 hex chars hashing host name, machine, CPU model, CPU count and onnxruntime version."""
     import onnxruntime as ort  # on first use: importing the partitioner stays cheap
 
     parts = [
@@ -160,20 +147,17 @@ class ModelProfile:
     """Measured latencies of one model on one engine (InfScaler §IV-A; Eq. 1's T_o).
 
     Attributes:
-        engine: ``'cpu'``, ``'gpu'`` or ``'dla'``.
-        provider: the onnxruntime execution provider, or ``'TensorRT'`` / ``'TensorRT-DLA'``.
+        engine: ``'cpu'``, ``'gpu'`` or ``'dla'``; provider: the execution provider.
         host: :func:`host_fingerprint` of the measuring host.
-        node_ms: ONNX node name -> median ms per run (``ORT_DISABLE_ALL``); 0.0 for
-            nodes the trace does not show and wherever TensorRT serves the engine.
-        total_ms: T_o, median ``session.run`` ms as served (``ORT_ENABLE_ALL``).
+        node_ms: node name -> median ms per run (``ORT_DISABLE_ALL``); 0.0 where untraced
+            and under TensorRT.
+        total_ms: T_o, median ``session.run`` ms as served.
         unoptimized_total_ms: median per-run sum of kernel ms (0.0 under TensorRT).
-        warmup, repeats: unmeasured and measured runs.
-        threads: intra-op threads (inter-op 1).
+        warmup, repeats, threads: the runs and intra-op threads.
         model_sha256: hex SHA-256 of the model file.
         input_shapes: input name -> shape of the feeds used.
         unmatched_ms: trace kernel name -> median ms for kernels naming no graph node.
-        outputs: last measured run's outputs, ``{"unoptimized": {...}, "optimized":
-            {...}}``; not serialised (None when read from the cache).
+        outputs: last run's ``{"unoptimized", "optimized"}`` outputs; not serialised.
     """
 
     engine: str
@@ -203,11 +187,7 @@ class ModelProfile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelProfile:
-        """Inverse of :meth:`to_dict`.
-
-        Raises:
-            ConfigError: missing keys, wrong types or another schema version.
-        """
+        """Inverse of :meth:`to_dict`; ConfigError on missing keys, wrong types or schema."""
         try:
             if d.get("schema", _SCHEMA) != _SCHEMA:
                 raise ValueError(f"schema {d.get('schema')} != {_SCHEMA}")
@@ -256,12 +236,8 @@ def profile_cache_path(
     repeats: int = 10,
     threads: int | None = None,
 ) -> Path:
-    """Cache file of :func:`profile_model` for these arguments.
-
-    ``cache_dir() / "profiles" / "<sha256[:16]>-<engine>-<host>-<shape_key>.json"``, where
-    shape_key is a 10-hex-char hash of the feeds' names / shapes / dtypes, of ``warmup``,
-    ``repeats`` and the resolved thread count, and of the backend serving ``engine`` here
-    (:func:`profiled_engines`).
+    """``cache_dir()/profiles/<sha256[:16]>-<engine>-<host>-<key>.json``, key hashing the feeds'
+    shapes / dtypes, warmup, repeats, threads and the backend.
     """
     t = int(threads or usable_cores())
     key = _shape_key(feeds, warmup, repeats, t, engine_backend(engine))
@@ -298,20 +274,15 @@ def profile_model(
 ) -> ModelProfile:
     """Measure per-node times and T_o of ``model`` on ``engine`` (InfScaler §IV-A).
 
-    Where onnxruntime serves ``engine``, a ``ORT_DISABLE_ALL`` session with the profiler
-    on gives per-node medians (:func:`~.ortrace.traced_node_times`); then the model as
-    served (:func:`~.sessions.served`) gives ``total_ms``, the median of ``repeats``
-    ``time.perf_counter`` runs after ``warmup``. Both use ``threads or usable_cores()``
-    intra-op threads.
+    Per-node medians come from a profiled ``ORT_DISABLE_ALL`` session (onnxruntime engines),
+    ``total_ms`` from the model as served; both on ``threads or usable_cores()`` threads.
 
     Args:
-        model: a ModelProto with unique node names, an ``.onnx`` path (models over 2 GB),
-            or a :class:`~.weights.StubModel` (cpu only).
+        model: a ModelProto with unique node names, an ``.onnx`` path, or a
+            :class:`~.weights.StubModel` (cpu only).
         feeds: input name -> array with concrete shapes.
-        engine: ``'cpu'``, ``'gpu'`` or ``'dla'``.
         model_sha256: hex SHA-256 of the model file (cache key).
         warmup, repeats: runs, >= 0 and >= 1.
-        threads: intra-op threads (>= 1); None = :func:`usable_cores`.
         cache: read and (atomically) write :func:`profile_cache_path`.
         node_names: the model's top-level node names, if known.
 
@@ -394,12 +365,8 @@ def measure_latency(
     repeats: int = 10,
     threads: int | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
-    """Median one-request latency (ms) of ``model`` as served on ``engine`` and the last
-    run's outputs (no cache, no per-node trace; the A_k^m of §IV-A per partition).
-
-    Raises:
-        EngineUnavailable, ConfigError, ModelLoadError, InferenceError: as
-        :func:`profile_model`.
+    """Median one-request latency (ms) of ``model`` as served on ``engine`` and the last run's
+    outputs (no cache, no trace); raises as :func:`profile_model`.
     """
     _backend(engine)
     source, _ = model_source(model, node_names=False)
@@ -407,10 +374,8 @@ def measure_latency(
 
 
 def median_err(times_ms: Sequence[float], confidence: float = 0.95) -> float | None:
-    """Relative half-width of the distribution-free confidence interval of the median
-    (order statistics ranked j and n+1-j, the largest j with binomial coverage >=
-    ``confidence``; [min, max] when too few runs), over the median. None for fewer
-    than 2 runs or a median <= 0.
+    """Relative half-width of the distribution-free confidence interval of the median (order
+    statistics j and n+1-j); None for fewer than 2 runs or a median <= 0.
 
     >>> round(median_err([10.0, 11.0, 9.0, 10.0, 12.0]), 3)
     0.2
@@ -544,8 +509,7 @@ def measure_idle(
     warmup: int = 2,
     repeats: int = 5,
 ) -> tuple[tuple[float, float], ...]:
-    """Post-idle slowdown on the cpu: per gap in ``gaps_s``, ``median(runs after sleeping
-    the gap) / median(runs back to back)``, >= 1, as ``((gap s, factor), ...)`` by gap.
+    """Post-idle slowdown on the cpu: ``((gap s, median after the gap / back to back), ...)``.
 
     Raises:
         ValueError: a gap <= 0. Else as :func:`measure_latency` (cpu).
@@ -609,11 +573,7 @@ class BoundaryOverhead:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BoundaryOverhead:
-        """Inverse of :meth:`to_dict`.
-
-        Raises:
-            ConfigError: missing keys, wrong types or another schema version.
-        """
+        """Inverse of :meth:`to_dict`; ConfigError on missing keys, wrong types or schema."""
         try:
             if d.get("schema", _SCHEMA) != _SCHEMA:
                 raise ValueError(f"schema {d.get('schema')} != {_SCHEMA}")
@@ -654,9 +614,8 @@ def measure_boundary_overhead(
     repeats: int = 50,
     cache: bool = True,
 ) -> BoundaryOverhead:
-    """Measure T_p (Eq. 1) on ``engine``: a numpy copy + ``session.run`` of a small and a
-    ``tensor_bytes`` Identity model as served, alternated ``repeats`` times after 5
-    warm-ups; cached per host and engine in :func:`boundary_cache_path` when ``cache``.
+    """Measure T_p (Eq. 1) on ``engine`` from a small and a ``tensor_bytes`` Identity model as
+    served (copy + run, ``repeats`` each); cached per host and engine when ``cache``.
 
     Raises:
         EngineUnavailable: the host lacks ``engine``.

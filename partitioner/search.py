@@ -1,16 +1,14 @@
-"""Bottleneck-aware partition search (InfScaler §IV-A, Eq. 1).
+"""Bottleneck-aware partition search (InfScaler §IV-A, Eq. 1); pure policy code, no ONNX, no I/O.
 
-Pure policy code: no ONNX, no I/O. Given the complexities ``c_0 .. c_{N-1}`` of the N
-operators of a model in topological order (FLOPs, or profiled time in ms) and the set of
-positions where the graph may be cut, :func:`search_partitions` finds the plan that
-solves Eq. 1 of the paper exactly::
+Given operator complexities ``c_0 .. c_{N-1}`` in topological order and the valid cut
+positions, :func:`search_partitions` solves Eq. 1 exactly::
 
     argmin_{P_1..P_K}  sum_k sigma(P_k)
     s.t.  T_o + (K - 1) T_p <= SLO
           P_k = {c_n | n in [p_{k-1} + 1, p_k], c_n > mean(C_N)}
           P_1 u ... u P_K = C_N
 
-More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/search.py`".
+More: docs/architecture.md, "`partitioner/search.py`".
 """
 
 from __future__ import annotations
@@ -54,21 +52,17 @@ TIE_ABS_TOL_SCALE = 1e-12
 
 @dataclass(frozen=True)
 class SearchResult:
-    """A partition plan that solves Eq. 1 (InfScaler §IV-A).
+    """A partition plan (InfScaler §IV-A); costs in the unit of the input (ms or FLOPs).
 
     Attributes:
-        cuts: cut positions ``p_1 < ... < p_{K-1}`` (cut p = between operators p and p+1).
+        cuts: ``p_1 < ... < p_{K-1}`` (cut p = between operators p and p+1).
         num_partitions: K.
-        objective: ``sum_k sigma(P_k)``, in the unit of the costs (e.g. ms or FLOPs).
-        sigmas: ``sigma(P_k)`` per partition (population standard deviation of the
-            representative costs in partition k; 0 for a single one).
-        bottleneck: bottleneck indicator ``B_k = sum P_k`` per partition (sum of the
-            representative costs in partition k; §IV-A, Algorithm 1), unit of the costs.
+        objective: ``sum_k sigma(P_k)``.
+        sigmas: population std of the representative costs per partition.
+        bottleneck: ``B_k = sum P_k`` per partition (Algorithm 1).
         bounds: ``(first, last)`` operator index per partition, inclusive.
-        representative: per operator, whether it is representative (``c_n > mean``, or
-            every operator when all costs are equal).
-        crossing_bytes: total bytes of the tensors crossing the cuts (the tie-break among
-            plans with equal objectives; 0 when the search was given no ``cut_bytes``).
+        representative: per operator, ``c_n > mean`` (all when costs are equal).
+        crossing_bytes: bytes crossing the cuts (the tie-break; 0 without ``cut_bytes``).
     """
 
     cuts: tuple[int, ...]
@@ -173,11 +167,7 @@ def _pstdev(values: Sequence[float]) -> float:
 
 
 def _max_feasible_partitions(rep: np.ndarray, cuts: Sequence[int]) -> int:
-    """Largest K such that K partitions, each holding a representative, fit the cuts.
-
-    Greedy: close each partition at the first valid cut at or after its first
-    representative operator, as long as a representative remains after the cut.
-    """
+    """Largest K such that K partitions, each holding a representative, fit the cuts (greedy)."""
     rep_idx = np.flatnonzero(rep)
     if rep_idx.size == 0:
         return 0
@@ -249,9 +239,7 @@ def _infeasible_k(k: int, kmax: int, rep: np.ndarray) -> PartitionError:
 
 
 def representative_mask(costs: Sequence[float]) -> np.ndarray:
-    """Representative operators of Eq. 1 (InfScaler §IV-A, constraint #2): ``c_n >
-    mean(c)`` compared exactly; all of them when every cost is equal (so that a
-    one-partition plan exists). Returns a bool array of length N.
+    """Bool [N]: ``c_n > mean(c)`` (Eq. 1 constraint #2); all when every cost is equal.
 
     Raises:
         PartitionError: empty costs, or a cost that is negative or not finite.
@@ -268,8 +256,7 @@ def representative_mask(costs: Sequence[float]) -> np.ndarray:
 
 
 def max_partitions_for_slo(t_o_ms: float, t_p_ms: float, slo_ms: float | None, cap: int) -> int:
-    """Largest K in ``1 .. cap`` with ``T_o + (K-1) T_p <= SLO`` (ms; Eq. 1, constraint
-    #1); ``cap`` when ``slo_ms`` is None.
+    """Largest K in ``1 .. cap`` with ``T_o + (K-1) T_p <= SLO`` (ms); ``cap`` without an SLO.
 
     Raises:
         PartitionError: ``T_o > SLO``, ``cap < 1``, or a negative or non-finite time.
@@ -313,21 +300,18 @@ def search_partitions(
     slo_ms: float | None = None,
     cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
-    """Solve Eq. 1 exactly by dynamic programming over the valid cuts (InfScaler §IV-A):
-    least ``sum_k sigma(P_k)`` over plans whose every partition holds a representative
-    operator, subject to ``T_o + (K-1) T_p <= SLO``.
+    """Solve Eq. 1 exactly by dynamic programming over the valid cuts (InfScaler §IV-A).
 
     Args:
         costs: ``c_0 .. c_{N-1}`` in topological order (FLOPs or ms; >= 0).
         valid_cuts: allowed cut positions in ``0 .. N-2``.
         num_partitions: fixed K; ``None`` searches K in ``1 .. max_partitions``.
         t_o_ms, t_p_ms, slo_ms: T_o, T_p and the SLO in ms (``slo_ms`` None: no SLO).
-        cut_bytes: bytes crossing each valid cut (cut -> bytes, or indexed by cut), a
-            tie-break only; None = 0.
+        cut_bytes: bytes crossing each valid cut, a tie-break only; None = 0.
 
     Returns:
-        The optimal :class:`SearchResult`. Ties (within rel 1e-9 / abs 1e-12 x max cost)
-        go to fewer partitions, then the fewest crossing bytes, then the latest cuts.
+        The optimal :class:`SearchResult`. Ties (rel 1e-9 / abs 1e-12 x max cost) go to fewer
+        partitions, then the fewest crossing bytes, then the latest cuts.
 
     Raises:
         PartitionError: invalid costs; K or ``max_partitions`` below 1; ``T_o > SLO``; a
@@ -361,13 +345,11 @@ def _eq1_k_values(
     t_p_ms: float,
     slo_ms: float | None,
 ) -> list[int]:
-    """The K that :func:`search_partitions` solves Eq. 1 for: ``[num_partitions]``, or
-    1 .. the least of ``max_partitions``, the SLO bound (T_o + (K-1) T_p <= SLO) and the
-    most partitions the representative operators and valid cuts allow.
+    """The K to solve for: ``[num_partitions]``, or 1 .. the least of ``max_partitions``, the
+    SLO bound and the feasible maximum.
 
     Raises:
-        PartitionError: as :func:`search_partitions` (K below 1, T_o > SLO, a fixed K
-            beyond the SLO bound or the feasible maximum).
+        PartitionError: as :func:`search_partitions`.
     """
     if num_partitions is not None:
         if num_partitions < 1:
@@ -490,29 +472,19 @@ def search_minmax(
     slack: float = 0.10,
     cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
-    """Balanced cuts: the least largest partition cost ``max_k S_k`` (``S_k``: sum of
-    all its operators' costs; Skiena, The Algorithm Design Manual §8.5), optionally
-    weights-aware. Two exact dynamic programmes over the valid cuts (O(K V^2)): find
-    ``S*``; then among plans with every ``S_k <= T`` (``T = S*`` + rel 1e-9, or ``(1 +
-    slack) S*`` with ``weights``) least ``sum_k S_k^2``, or with ``weights`` (bytes per
-    operator) least ``sum_k W_k x S_k``; ties to fewest crossing bytes, then latest cuts.
-
-    Args:
-        costs: per operator in topological order (FLOPs or ms), >= 0.
-        valid_cuts: allowed cut positions in ``0 .. N-2``.
-        num_partitions: K >= 1 (at most the valid cuts + 1).
-        weights: bytes of weights each operator reads (>= 0), or None.
-        slack: fraction above ``S*`` allowed for the weights objective (>= 0).
-        cut_bytes: bytes crossing each valid cut (tie-break); None = 0.
+    """Balanced cuts: the least largest partition cost ``max_k S_k`` (Skiena, The Algorithm
+    Design Manual §8.5); two exact O(K V^2) programmes: ``S*``, then among plans with every
+    ``S_k <= T`` (``S*`` + rel 1e-9, or ``(1 + slack) S*`` with ``weights``) least
+    ``sum_k S_k^2`` (with ``weights``, bytes per operator: least ``sum_k W_k x S_k``); ties
+    to fewest crossing bytes, then latest cuts.
 
     Returns:
-        A :class:`SearchResult`: ``objective`` ``max_k S_k``, ``objective_name``
-        ``"minmax"`` / ``"weights"``, ``partition_costs`` S_k, ``partition_weights`` W_k,
-        and Eq. 1's ``sigmas`` / ``bottleneck`` for the same cuts.
+        A :class:`SearchResult`: ``objective`` ``max_k S_k``, ``objective_name`` ``"minmax"`` /
+        ``"weights"``, ``partition_costs``, ``partition_weights`` and Eq. 1's figures.
 
     Raises:
-        PartitionError: invalid costs or weights, K < 1 or above the valid cuts + 1, or
-            a negative slack.
+        PartitionError: invalid costs or weights, K < 1 or above the valid cuts + 1, or a
+            negative slack.
         ValueError: a valid cut outside ``0 .. N-2``.
     """
     arr = _as_costs(costs)
@@ -551,12 +523,7 @@ def _minmax_arguments(
     weights: Sequence[float] | None,
     slack: float,
 ) -> tuple[np.ndarray, int]:
-    """:func:`search_minmax`'s checked weights (zeros for None) and K.
-
-    Raises:
-        PartitionError: as :func:`search_minmax` (invalid weights, a negative slack, K
-            below 1 or above the valid cuts + 1).
-    """
+    """Checked weights (zeros for None) and K; raises as :func:`search_minmax`."""
     if weights is not None:
         w = _as_costs(weights)
         if w.size != n:
@@ -615,9 +582,7 @@ def evaluate_cuts(
     weights: Sequence[float] | None = None,
     cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
-    """The figures of given cuts: a :class:`SearchResult` with ``objective_name``
-    ``"given"``, ``objective`` ``max_k S_k``, Eq. 1's figures and the partition costs /
-    weights.
+    """The figures of given cuts (``objective_name`` ``"given"``, objective ``max_k S_k``).
 
     Raises:
         PartitionError: invalid costs, or a cut that is not a valid cut.
@@ -646,21 +611,10 @@ def brute_force(
     cut_bytes: CutBytes | None = None,
 ) -> SearchResult:
     """Eq. 1 for a fixed K by enumerating every set of K-1 valid cuts: the test oracle of
-    :func:`search_partitions` (small inputs only), with its tie key (rel 1e-9 / abs 1e-12 x
-    max cost, then fewest ``cut_bytes``, then the latest cuts).
-
-    Args:
-        costs: complexities ``c_0 .. c_{N-1}`` (FLOPs or ms; >= 0).
-        valid_cuts: allowed cut positions in ``0 .. N-2``.
-        num_partitions: K (>= 1).
-        cut_bytes: bytes crossing each valid cut (tie-break); ``None`` = 0 for every cut.
-
-    Returns:
-        The optimal :class:`SearchResult`.
+    :func:`search_partitions` (small inputs), with the same tie key.
 
     Raises:
-        PartitionError: empty or invalid costs, ``num_partitions < 1``, or no plan with K
-            partitions each holding a representative operator.
+        PartitionError: invalid costs, ``num_partitions < 1``, or no feasible plan.
         ValueError: a valid cut outside ``0 .. N-2``.
     """
     arr = _as_costs(costs)

@@ -1,9 +1,5 @@
-"""A model run the way a serving instance runs it, for the profiler's timed runs (T_o,
-T_p and A_k^m of InfScaler §IV-A), built from the engine layer: :func:`served` (on cpu an
-onnxruntime session with the cpu engine's options, from bytes or a
-:class:`~.weights.StubModel`; on gpu / dla the serving engine itself),
-:func:`times_served` / :func:`time_served` (timed runs), and what a session is built from
-(:func:`model_source`, :func:`ort_session`, :func:`model_file`, :func:`run_session`).
+"""A model run the way a serving instance runs it, for the profiler's timed runs (T_o, T_p,
+A_k^m of InfScaler §IV-A), built from the engine layer.
 """
 
 from __future__ import annotations
@@ -79,13 +75,10 @@ def ort_session(
 
 @contextlib.contextmanager
 def model_file(source: bytes | str | StubModel | onnx.ModelProto) -> Iterator[str]:
-    """A file path of ``source`` for engines that load files (TensorRT, the CUDA EP
-    engine): the path itself, else a temporary file (weights over 1 KiB in one external
-    data file beside it), deleted on exit.
+    """A file path of ``source`` (itself, else a temporary file deleted on exit).
 
     Raises:
-        ConfigError: a :class:`~.weights.StubModel` (its weights are references relative to
-            the model's folder): pass the model's or the part's file instead.
+        ConfigError: a :class:`~.weights.StubModel`: pass the model's or the part's file.
     """
     if isinstance(source, StubModel):
         raise ConfigError(
@@ -115,14 +108,9 @@ def model_file(source: bytes | str | StubModel | onnx.ModelProto) -> Iterator[st
 def served(
     source: bytes | str | StubModel, engine: str, threads: int
 ) -> Iterator[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
-    """A function running ``source`` on ``engine`` the way the serving instance does:
-    feeds -> ``{output name: array}``.
-
-    cpu: an onnxruntime session with the cpu engine's options (``ORT_ENABLE_ALL``,
-    ``threads`` intra-op threads, sequential, no spinning; built from bytes or a stub,
-    which the cpu engine itself, taking files only, cannot); other engines:
-    :func:`~infscaler.engines.create_engine` (``fp16`` on the DLA), loaded from
-    :func:`model_file`.
+    """A function ``feeds -> {output name: array}`` running ``source`` on ``engine`` as served:
+    on cpu an onnxruntime session with the cpu engine's options, else
+    :func:`~infscaler.engines.create_engine` (``fp16`` on the DLA) on :func:`model_file`.
     """
     if engine == "cpu":
         sess = ort_session(source, engine, session_options(threads))
@@ -136,11 +124,7 @@ def served(
 
 
 def run_session(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], engine: str) -> list:
-    """``sess.run`` of every output on ``feeds``.
-
-    Raises:
-        ModelLoadError: onnxruntime could not run the model with ``feeds`` on ``engine``.
-    """
+    """``sess.run`` of every output; ModelLoadError when onnxruntime cannot run ``feeds``."""
     try:
         return sess.run(None, feeds)
     except Exception as exc:

@@ -1,9 +1,5 @@
-"""Names read by nodes with subgraphs (If branches, Loop / Scan bodies).
-
-ONNX nodes with graph attributes read tensors of the enclosing graph without listing
-them as inputs ("outer-scope" names; ONNX IR spec, "Names Within a Graph"). Costing,
-cut geometry and extraction all need the full set of tensors a node reads; this module
-is the one place that computes it.
+"""Names read by nodes with subgraphs from the enclosing graph ("outer-scope" names; ONNX IR
+spec, "Names Within a Graph").
 """
 
 from __future__ import annotations
@@ -23,13 +19,7 @@ def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
 
 
 def free_names(graph: onnx.GraphProto) -> list[str]:
-    """Names a subgraph reads from enclosing scopes (recursively), in first-use order.
-
-    A name is local when it is an input, an initializer (dense or sparse) or a node output
-    of the subgraph itself (or of an enclosing subgraph level already walked); every other
-    name a node input, a nested subgraph or a graph output refers to is an outer-scope
-    reference.
-    """
+    """Names a subgraph reads from enclosing scopes (recursively), in first-use order."""
     defined = {v.name for v in graph.input}
     defined.update(t.name for t in graph.initializer)
     defined.update(s.values.name for s in graph.sparse_initializer)

@@ -1,11 +1,7 @@
-"""Weights by reference: onnxruntime sessions that read a model's weights where they lie.
+"""Weights by reference: onnxruntime sessions of *stubs* (large initializers as external-data
+references to the bytes on disk) memory-map the weights instead of copying them.
 
-Building a session from a serialised ONNX model copies every weight about three times;
-a session of a *stub* (large initializers as external-data references to the bytes on
-disk) memory-maps them instead, and :func:`~.api.partition_model` builds 2 + 2K sessions
-over the same weights.
-
-More (details, why it is so, history, figures): docs/architecture.md, "`partitioner/weights.py`".
+More: docs/architecture.md, "`partitioner/weights.py`".
 """
 
 from __future__ import annotations
@@ -53,13 +49,7 @@ _DATA_FIELDS = frozenset(
 
 @dataclass(frozen=True)
 class WeightRef:
-    """Where one initializer's data lies on disk.
-
-    Attributes:
-        location: file name relative to the model's folder (the ONNX ``location`` key).
-        offset: byte offset of the data in that file.
-        length: number of bytes (the tensor's size).
-    """
+    """Where one initializer's data lies: ``location`` (relative file), ``offset``, ``length`` bytes."""
 
     location: str
     offset: int
@@ -68,21 +58,13 @@ class WeightRef:
 
 @dataclass(frozen=True)
 class StubModel:
-    """A serialised stub and the folder its weight references are relative to.
-
-    Attributes:
-        data: the serialised ``ModelProto`` (weights over :data:`MIN_REFERENCED_BYTES`
-            referenced, not embedded).
-        folder: absolute path of the folder holding the referenced files.
-    """
+    """A serialised stub (``data``) and the absolute ``folder`` its weight references are relative to."""
 
     data: bytes
     folder: str
 
     def session(self, options: Any, engine: str = "cpu") -> Any:
-        """An ``onnxruntime.InferenceSession`` of the stub on ``engine``, from the engine
-        layer's loader (:func:`~infscaler.engines.onnxrt.load_session`).
-        ``options`` (a ``SessionOptions``) gets the external-initializer folder entry.
+        """An ``InferenceSession`` of the stub on ``engine`` (``options`` gets the initializer folder).
 
         Raises:
             EngineUnavailable: the host lacks ``engine`` or onnxruntime does not serve it.
@@ -140,16 +122,11 @@ _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_NAME, _TENSOR_RAW_DATA = 7, 5, 8, 9
 
 
 def raw_data_offsets(data: bytes | memoryview) -> dict[str, tuple[int, int]]:
-    """Offsets of the top-level initializers' ``raw_data`` in a serialised ``ModelProto``.
+    """Top-level initializer name -> (offset, length) of its ``raw_data`` in serialised ``data``.
 
-    Walks the protobuf wire format (field numbers of onnx.proto: ``ModelProto.graph`` 7,
-    ``GraphProto.initializer`` 5, ``TensorProto.name`` 8 and ``raw_data`` 9); only the
-    field headers are read, so it takes milliseconds for any model size.
-
-    Returns:
-        initializer name -> (offset, length) of its ``raw_data`` bytes in ``data`` (the
-        last occurrence, as protobuf parsing keeps). Initializers without ``raw_data``,
-        and names that occur more than once, are left out; malformed input gives ``{}``.
+    Reads only the protobuf field headers (onnx.proto fields: graph 7, initializer 5, name 8,
+    raw_data 9). Initializers without ``raw_data`` and repeated names are left out;
+    malformed input gives ``{}``.
     """
     buf = memoryview(data)
     found: dict[str, tuple[int, int]] = {}
@@ -243,10 +220,8 @@ def _referenced(tensor: TensorProto, refs: Mapping[str, WeightRef]) -> WeightRef
 
 
 def stub_model(model: onnx.ModelProto, refs: Mapping[str, WeightRef], folder: str) -> StubModel:
-    """``model`` (the loaded model or one of its partitions) with each top-level
-    initializer that ``refs`` names with a span of exactly its size and over
-    :data:`MIN_REFERENCED_BYTES` turned into an external-data reference to ``folder /
-    location`` at ``offset`` (metadata kept; the data is never read, so it takes ms).
+    """``model`` with each initializer ``refs`` names (exact size, over
+    :data:`MIN_REFERENCED_BYTES`) turned into an external-data reference under ``folder``.
     """
     out = onnx.ModelProto()
     _copy_fields(model, out, skip={"graph"})

@@ -6,8 +6,6 @@ InfScaler partitioner, §IV-A) or a Python **function** stage (``module:callable
 pre- / post-processing). Stages name the tensors they read and write; a stage reads
 any tensor a request brought or an earlier stage wrote (DAG edges are these names).
 
-.. code-block:: yaml
-
 More (details, why it is so, history, figures): docs/pipelines.md, "`infscaler/base/config.py`".
 """
 
@@ -84,17 +82,13 @@ class InputSpec(BaseModel):
 
 
 class BatchingConfig(BaseModel):
-    """Dynamic batching of a model stage (Triton's ``dynamic_batching``; MArk §4).
-
-    An instance waits up to ``max_delay_ms`` for up to the batch size, stacks inputs along
-    axis 0 and runs once (shapes differing beyond axis 0 run one by one). ``mark``: the
-    autoscaler picks b each interval from the measured T_b
-    (:func:`infscaler.runtime.serving.batching.decide_batching`); ``fixed``: ``max_batch``.
+    """Dynamic batching of a model stage (Triton's ``dynamic_batching``; MArk §4): wait up to
+    ``max_delay_ms`` for up to the batch size, stack along axis 0, run once.
 
     Attributes:
         max_batch: the largest batch (1-64).
         max_delay_ms: how long to wait for a batch to fill, ms.
-        policy: ``mark`` or ``fixed``.
+        policy: ``mark`` (the autoscaler picks b from the measured T_b) or ``fixed``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -109,37 +103,19 @@ _OWN_SCALING = ("instances", "max_instances", "threads")
 
 
 class StageConfig(BaseModel):
-    """One stage (see the module docstring). Exactly one of ``function``, ``model``, ``plan``.
+    """One stage: exactly one of ``function``, ``model``, ``plan``; the fields as in
+    docs/pipelines.md's example, and:
 
     Attributes:
-        name: unique in the pipeline.
-        function: ``module:callable`` of a function stage.
-        model: bundled model alias or ``.onnx`` path of a model stage.
-        plan: a plan directory written by ``infscaler partition`` (model stage).
-        partitions: K for partitioning ``model`` at deploy (1: run it whole).
-        slo: latency SLO for partitioning at deploy (``80ms``, ``1.5x``); with
-            ``partitions`` unset the partitioner searches K (Eq. 1).
-        max_partitions: search bound when ``slo`` is given without ``partitions``.
-        shapes: concrete shapes for dynamic model inputs (``x:1x3x640x640``).
-        inputs / outputs: function stage: lists of pipeline tensor names; model stage:
-            mappings model tensor name -> pipeline tensor name (identity when omitted).
-        params: keyword arguments of a function stage.
-        fan_out / fan_in: see the module docstring (function stages only).
-        engine: ``cpu``, ``gpu`` or ``dla``. precision: ``fp32``, ``fp16``, ``int8``.
-        instances: instances per partition (an int, or one per partition); with
-            ``autoscale`` the minimum the scaler keeps.
-        batching: dynamic batching (:class:`BatchingConfig`), model stages only.
-        max_instances: with ``autoscale``, the most instances per partition (None: the
-            device's cap; at most 16, the control path's limit per stage).
-        threads: intra-op threads (and pinned cores) per instance.
+        slo / max_partitions: partition ``model`` at deploy for this SLO (``80ms``, ``1.5x``),
+            searching K up to ``max_partitions`` when ``partitions`` is unset.
+        instances: an int, or one per partition; with ``autoscale`` the minimum kept.
+        max_instances: with ``autoscale``, the most per partition (None: the device's cap;
+            at most 16).
         max_threads: with ``autoscale``, cpu model stages: the most intra-op threads the
-            scaler may give one instance (``scale_up``; each instance times its model at
-            every count up to it at load). None: ``threads`` is fixed.
-        fuse: run this function stage inside the adjacent model stage's instances
-            (:func:`infscaler.runtime.serving.pipeline.fuse_units`); ``false`` keeps it its
-            own unit. None: the pipeline's ``fuse``, except that a function stage setting
-            ``instances``, ``max_instances`` or ``threads`` is not fused (an error with
-            ``fuse: true``).
+            scaler may give one instance (None: ``threads`` is fixed).
+        fuse: None: the pipeline's ``fuse``, except for a function stage setting
+            ``instances``, ``max_instances`` or ``threads`` (docs/pipelines.md, "Fused units").
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -269,30 +245,12 @@ class StageConfig(BaseModel):
 
 
 class AutoscaleConfig(BaseModel):
-    """Asymmetric auto-scaling of a pipeline (InfScaler Algorithm 1 with InferLine's
-    scale-in hysteresis; :mod:`infscaler.runtime.scaling.scaler`).
-
-    Attributes:
-        interval_s: how often the scaler looks at the monitor, s.
-        window_s: the monitor's window for P99, rates and service times, s.
-        violation_ratio: scale out when P99 > ratio x SLO.
-        cooldown_s: minimum time between two scale-outs, s.
-        hold_s: no scale-in this long after a change, s (InferLine: 15).
-        rate_horizon_s: scale-in provisions for the max rate over this window, s (30).
-        scale_in_utilisation: the instances left after a scale-in run at most this busy.
-        shed: at the device's cap with the SLO still violated, bound the queue (Little's
-            law) and answer 503 beyond it.
-        settle_s: violations within this long after a deploy or a step are not counted, s
-            (default 5; 0-600).
-        sustain_s: a step up (instance, thread or queue bound) needs the SLO violated at
-            every look for this long, s (default 2; 0-600).
-        oversubscribe: let the scaler add cpu threads beyond the physical cores.
-        tuner: also scale out when the arrival envelope exceeds what the instances
-            sustain within the SLO (InferLine §5, :mod:`infscaler.runtime.scaling.tuner`).
+    """Asymmetric auto-scaling (InfScaler Algorithm 1 with InferLine's scale-in hysteresis);
+    each field, its unit (seconds for ``*_s``) and default: docs/scaling.md, "Auto-scaling and
+    batching".
 
     Raises:
-        pydantic.ValidationError: a value out of range (``settle_s`` / ``sustain_s``
-            outside 0-600 s, with the field's meaning in the message).
+        pydantic.ValidationError: a value out of range (``settle_s`` / ``sustain_s``: 0-600 s).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -323,18 +281,8 @@ class AutoscaleConfig(BaseModel):
 
 
 class QueuePolicyConfig(BaseModel):
-    """How a pipeline's queue (the front end's backlog: admitted, not yet handed to the first
-    unit) treats its requests: Triton's ``ModelQueuePolicy`` with ms where Triton has µs.
-
-    Attributes:
-        max_queue_size: requests queued at once, all priority levels together; beyond it
-            refused at arrival (503, ``queue full (max_queue_size N)``). 0: unbounded.
-        timeout_action: for a request whose queue timeout passes before it starts:
-            ``REJECT`` (503, ``queue timeout``) or ``DELAY`` (behind every request of its
-            level that has not timed out; bounded only by ``request_timeout_s``).
-        default_timeout_ms: the queue timeout, ms (None: none, Triton's 0).
-        allow_timeout_override: a request's ``timeout`` parameter (µs) replaces
-            ``default_timeout_ms``; else it is ignored.
+    """A pipeline's queue policy: Triton's ``ModelQueuePolicy`` in ms (fields:
+    docs/pipelines.md, "Priority and queue policy").
 
     Raises:
         ValueError: a negative size or a timeout not a positive number.
@@ -349,30 +297,14 @@ class QueuePolicyConfig(BaseModel):
 
 
 class PipelineConfig(BaseModel):
-    """A pipeline (see the module docstring).
+    """A pipeline: the fields as in docs/pipelines.md's example, and:
 
     Attributes:
-        name: the model name clients use.
-        description: free text.
-        inputs: request tensors; None for single-model pipelines (taken from the model).
-        outputs: tensors returned; None for single-model pipelines (the model's outputs).
-        stages: in execution order.
-        request_timeout_s: a request not answered within this is failed (503), s.
-        max_inflight: requests in the pipeline's stages at once (more wait at the front
-            end); default: its instances (times their batch size) + 1.
-        slo: the end-to-end latency SLO (``200ms``, ``0.2s``) the scaler keeps P99 under.
-        autoscale: scale the units asymmetrically (needs ``slo``); ``true``: the defaults
-            of :class:`AutoscaleConfig`.
-        fuse: the stages' default ``fuse``; ``whole``: the whole pipeline runs as one unit.
-        priority: the pipeline's level and its requests' default (Triton's
-            ``default_priority_level``): 1 highest, up to :data:`MAX_PRIORITY_LEVEL`; a
-            request may lower its own level, never raise it; arbitration
-            (:mod:`infscaler.runtime.scaling.arbitration`) moves capacity to higher levels
-            when the device's cap is full.
-        queue_policy: its queue's bound and timeouts (:class:`QueuePolicyConfig`).
-        triton_config: for a model served from a Triton repository, its
-            ``inference.ModelConfig`` as protobuf text (:func:`infscaler.base.triton.served_config`),
-            returned by the ModelConfig API. At most 256 KB.
+        inputs / outputs: None for single-model pipelines (the model's).
+        max_inflight: requests in the stages at once (default: the instances x batch + 1).
+        priority: 1 (highest) .. :data:`MAX_PRIORITY_LEVEL`, its requests' default; a request
+            may lower its own level, never raise it.
+        triton_config: a Triton model's ``ModelConfig`` protobuf text (at most 256 KB).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -452,7 +384,7 @@ class PipelineConfig(BaseModel):
 
 
 def _check_whole(stages: list[StageConfig]) -> None:
-    """What ``fuse: whole`` needs (module docstring). Raises ValueError naming the stage."""
+    """What ``fuse: whole`` needs (docs/pipelines.md). Raises ValueError naming the stage."""
     why = "with fuse: whole every stage runs in one unit"
     for st in stages:
         at = f"stage {st.name}"
@@ -528,11 +460,7 @@ def clean_validation_message(msg: str) -> str:
 
 
 def validate_pipeline(data: Any, where: str = "pipeline") -> PipelineConfig:
-    """Validate a parsed pipeline mapping.
-
-    Raises:
-        ConfigError: the message names every offending YAML path.
-    """
+    """Validate a parsed pipeline mapping; ConfigError naming every offending YAML path."""
     if not isinstance(data, dict):
         raise ConfigError(
             f"{where} must be a YAML mapping with name, inputs, outputs, stages",
@@ -596,12 +524,11 @@ def _check_dataflow(cfg: PipelineConfig, where: str) -> None:
 
 
 def load_pipeline(source: str | os.PathLike[str] | dict) -> PipelineConfig:
-    """Load and validate a pipeline from a YAML / JSON file, a YAML / JSON string, or a
-    parsed mapping.
+    """Load and validate a pipeline from a file, a YAML / JSON string, or a mapping.
 
     Raises:
-        ConfigError: missing or unreadable file, bad YAML, or an invalid pipeline (the
-            message names the YAML path at fault).
+        ConfigError: missing or unreadable file, bad YAML, or an invalid pipeline (naming
+            the YAML path at fault).
     """
     if isinstance(source, dict):
         return validate_pipeline(source)
@@ -633,8 +560,7 @@ def pipeline_for_model(
     shapes: str | None = None,
     engine: str = "cpu",
 ) -> PipelineConfig:
-    """A one-stage pipeline serving a model (``.onnx`` or bundled alias) or a plan
-    directory, named after its file stem (what ``infscaler serve MODEL.onnx`` deploys).
+    """A one-stage pipeline serving a model or plan directory, named after its file stem.
 
     Raises:
         ConfigError: a name that is not a valid model name.

@@ -1,18 +1,9 @@
 """Device profiles: the accelerators, memory cap, cores and power mode of a target SoC.
 
-A profile is a YAML file (schema :class:`DeviceProfile`, validated with pydantic). The
-bundled ones live in ``profiles/`` (installed as ``infscaler.profiles``): Jetson AGX
-Xavier, Xavier NX, AGX Orin, Orin NX, Orin Nano, and ``generic-x86`` (a CPU-only host).
-``cpu-host`` is not a file: :func:`host_profile` derives it from the machine it runs on
-(psutil), and it is what the service uses when no profile is given.
-``--device`` takes a bundled name (``orin-agx``, ``cpu-host``) or a path to a YAML file.
-
-Every figure says where it comes from: ``sources`` maps a field name to its citation (a
-module data sheet, the Jetson Linux Developer Guide, the TensorRT Developer Guide, a
-measurement on this host, or an InfScaler-Edge policy such as the memory cap, which no
-data sheet gives); the tests check every bundled profile cites all of them.
-
-Memory figures are MB of 2**20 bytes throughout (what psutil's byte counts / 2**20 give).
+A profile is a YAML file (schema :class:`DeviceProfile`); bundled ones live in
+``profiles/``; ``cpu-host`` is derived from this machine (:func:`host_profile`) and is the
+service's default. ``sources`` cites every figure (data sheet, Jetson Linux guide, a
+measurement, or a policy such as the memory cap). Memory is MB of 2**20 bytes throughout.
 """
 
 from __future__ import annotations
@@ -92,17 +83,12 @@ class Accelerator(BaseModel):
 
     Attributes:
         engine: ``cpu``, ``gpu`` (iGPU) or ``dla``.
-        count: how many (DLA cores: 0-2; cpu: 1, its cores listed in ``cores``).
-        cores: CPU core ids available to inference instances (cpu only; None: every core).
-        precisions: precisions the engine runs (``fp32``, ``fp16``, ``int8``; dla:
-            ``fp16`` / ``int8`` only).
-        max_instances: limit on concurrent instances (Algorithm 1's R^m); per DLA core for
-            ``dla`` (its slots: ``max_instances x count``).
-        threads_per_core: cpu only: pinned instance threads one core may take; the scaler
-            adds none past ``floor(len(cores) x threads_per_core)`` (:attr:`thread_slots`);
-            a deploy asking more is warned about. 1 (default): no oversubscription.
-        description: free text (``512-core Volta, 64 Tensor Cores``).
-        sources: field name -> where the figure comes from.
+        count: how many (DLA cores: 0-2; cpu: 1).
+        cores: cpu only: core ids for inference instances (None: every core).
+        precisions: what the engine runs (dla: ``fp16`` / ``int8`` only).
+        max_instances: concurrent instances (Algorithm 1's R^m); per DLA core for ``dla``.
+        threads_per_core: cpu only: pinned threads one core may take (:attr:`thread_slots`).
+        description: free text; sources: field name -> citation.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -195,19 +181,16 @@ class Accelerator(BaseModel):
 
 
 class DeviceProfile(BaseModel):
-    """A target device (see the module docstring).
+    """A target device.
 
     Attributes:
-        name: short name (``orin-agx``).
-        soc: SoC / module (``Jetson AGX Orin 64GB``).
+        name / soc: short name (``orin-agx``) and module (``Jetson AGX Orin 64GB``).
         memory_mb: total (unified) DRAM, MB.
-        memory_cap_mb: memory InfScaler may use for instances and tensor pools, MB
-            (<= ``memory_mb``); the scaler never exceeds it.
-        power_mode: nvpmodel mode name (``MAXN``) or ``null``.
-        unified_memory: CPU and accelerators share one DRAM (Jetson: true).
-        accelerators: the engines (exactly one ``cpu`` entry, each engine at most once).
-        sources: field name -> where the figure comes from (``memory_mb``,
-            ``memory_cap_mb``, ``power_mode``, ``soc``, ``unified_memory``).
+        memory_cap_mb: what instances and tensor pools may use, MB (<= ``memory_mb``).
+        power_mode: nvpmodel mode name or ``null``.
+        unified_memory: CPU and accelerators share one DRAM.
+        accelerators: the engines (one ``cpu``, each engine at most once).
+        sources: field name -> citation.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -347,14 +330,9 @@ def _cpu_model() -> str:
 
 
 def host_profile() -> DeviceProfile:
-    """The ``cpu-host`` profile, derived from this machine when called.
-
-    * ``cpu`` engine only; ``cores``: ``os.sched_getaffinity(0)`` (the cores this process
-      may run on); ``max_instances``: one per core.
-    * ``memory_mb``: psutil ``virtual_memory().total`` / 2**20.
-    * ``memory_cap_mb``: :data:`HOST_CAP_FRACTION` of the memory available now (psutil
-      ``virtual_memory().available``, or the memory cgroup's headroom when smaller), at
-      least :data:`HOST_MIN_CAP_MB`, at most ``memory_mb``.
+    """The ``cpu-host`` profile of this machine: cpu only, the affinity cores (one instance
+    each), psutil's total memory, and a cap of :data:`HOST_CAP_FRACTION` of what is available
+    (or the memory cgroup's headroom), within [:data:`HOST_MIN_CAP_MB`, ``memory_mb``].
     """
     import psutil
 
@@ -426,13 +404,11 @@ def _validation_problems(exc: ValidationError) -> str:
 
 
 def load_profile(name_or_path: str | Path) -> DeviceProfile:
-    """Load a bundled profile by name (``cpu-host``: :func:`host_profile`), or a YAML file
-    by path.
+    """A bundled profile by name (``cpu-host``: :func:`host_profile`), or a YAML file by path.
 
     Raises:
-        ConfigError: unknown name, unreadable file, bad YAML, or schema violations (the
-            message names each offending field by its YAML path, e.g.
-            ``accelerators.2.count``).
+        ConfigError: unknown name, unreadable file, bad YAML, or schema violations (each
+            field named by its YAML path, e.g. ``accelerators.2.count``).
     """
     if str(name_or_path) == HOST_PROFILE:
         return host_profile()
@@ -514,27 +490,19 @@ def check_pipeline(
 ) -> list[str]:
     """Refuse a pipeline that cannot run on ``profile``, before anything starts.
 
-    Per unit: a known engine kind the profile has (``cpu``, ``gpu``, ``dla``, ``dla0`` /
-    ``dla1``) and a precision it runs. Over the served units (all but a fan-in): model
-    instances per engine <= :attr:`DeviceProfile.instance_limits` (function stages count
-    against memory only, as in the scaler), and memory (one instance
-    of every served unit plus ``pool_mb``, and the configured instances) within
-    ``memory_cap_mb``; an instance's memory is its plan estimate (a whole model: its ONNX
-    file size; a function stage: 0) plus ``instance_overhead_mb``. Threads beyond the cpu's
-    :meth:`Accelerator.thread_slots` are a warning, not a refusal.
+    Checks each unit's engine and precision, model instances per engine against
+    :attr:`DeviceProfile.instance_limits`, and memory (one instance of every served unit plus
+    ``pool_mb``, and the configured instances; an instance: its plan estimate plus
+    ``instance_overhead_mb``) within ``memory_cap_mb``. Threads beyond the cpu's
+    :meth:`Accelerator.thread_slots` only warn.
 
     Args:
-        compiled: the compiled pipeline (:func:`infscaler.runtime.serving.pipeline.compile_pipeline`).
-        profile: the device profile whose limits apply.
-        pool_mb: the tensor pool's memory the pipeline needs, MB.
-        instance_overhead_mb: USS of an idle instance process, MB.
-        used_mb: memory other deployments already hold (instances' USS and pool), MB.
-        instances_used: engine kind -> instances other deployments already run.
-        cores_used: cpu threads other deployments' model instances already pin.
+        compiled: the compiled pipeline.
+        used_mb / instances_used / cores_used: what other deployments already hold (MB,
+            instances per engine kind, pinned cpu threads).
 
     Returns:
-        Warnings that do not stop the deploy (unknown figures, limits the scaler will
-        clamp to, profile cores this host lacks).
+        Warnings that do not stop the deploy.
 
     Raises:
         ConfigError: every problem found, one line each naming the stage and what to do.

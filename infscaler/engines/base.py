@@ -1,14 +1,8 @@
-"""The engine interface shared by the CPU, GPU and DLA backends.
-
-Modelled on Polygraphy's runners (``polygraphy/backend/base/runner.py`` in NVIDIA's
-TensorRT repository): an engine is created cheaply, :meth:`Engine.load` does the work
-(Polygraphy's ``activate``), :meth:`Engine.infer` takes and returns ``{name: ndarray}``
-dicts, :meth:`Engine.close` releases everything (``deactivate``), and the engine is a
-context manager. Feeds are checked against the model's inputs before anything runs, the
-way Polygraphy's ``check_inputs`` does, but a mismatch is an error, never a silent cast.
-
-Heavy optional dependencies (tensorrt, pycuda) are imported by the backend modules
-inside :meth:`Engine.load` / :meth:`Engine.availability`, never at import time.
+"""The engine interface shared by the CPU, GPU and DLA backends, modelled on Polygraphy's
+runners (``polygraphy/backend/base/runner.py``): cheap construction, :meth:`Engine.load`
+(``activate``), :meth:`Engine.infer` on ``{name: ndarray}`` dicts, :meth:`Engine.close`
+(``deactivate``), a context manager. Feeds are checked, never cast. Heavy dependencies are
+imported inside :meth:`Engine.load` / :meth:`Engine.availability`, never at import time.
 """
 
 from __future__ import annotations
@@ -42,11 +36,7 @@ _MIB = 1024.0 * 1024.0
 
 
 class EngineUnavailable(InfScalerError):
-    """This host lacks what the engine needs (library, CUDA device, DLA core).
-
-    The message is the engine's :meth:`Engine.availability` reason; it names what is
-    missing and how to get it.
-    """
+    """This host lacks what the engine needs; the message is :meth:`Engine.availability`'s reason."""
 
 
 def unavailable(kind: str, reason: str) -> EngineUnavailable:
@@ -66,12 +56,8 @@ class InferenceError(InfScalerError):
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """A model input or output as an engine sees it.
-
-    Attributes:
-        name: the tensor's name in the ONNX graph.
-        dtype: its numpy dtype (``np.dtype('float32')``; ``object`` for ONNX strings).
-        shape: one entry per dimension: an ``int``, or ``None`` for a dynamic dimension.
+    """A model input or output: ``name``, numpy ``dtype`` (``object`` for strings) and ``shape``
+    (an ``int`` per dimension, ``None`` where dynamic).
     """
 
     name: str
@@ -141,18 +127,10 @@ def process_memory_bytes() -> int:
 
 
 def pin_process(cores: Sequence[int]) -> list[int]:
-    """Pin the calling process (all its threads, and threads it starts later) to ``cores``.
-
-    ``os.sched_setaffinity(0, cores)``: pid 0 is the calling process, so this pins the
-    whole process, not one thread. InfScaler runs one engine per instance process, so the
-    engine's intra-op threads stay on the instance's core set.
-
-    Returns:
-        The sorted core list.
+    """Pin the calling process (all its threads) to ``cores``; returns the sorted core list.
 
     Raises:
-        InferenceError: a core that does not exist on this host, or one this process may
-            not use (outside its cgroup cpuset).
+        InferenceError: a core missing on this host or outside this process's cpuset.
     """
     wanted = sorted({int(c) for c in cores})
     n = os.cpu_count() or 1
@@ -182,23 +160,16 @@ class Engine(ABC):
 
     Args:
         model_path: the ``.onnx`` file.
-        threads: intra-op threads of the runtime's CPU thread pool (default
-            ``len(cores)``, or 1).
-        cores: CPU cores to pin the whole calling process to at :meth:`load`
-            (``os.sched_setaffinity``; InfScaler runs one engine per process).
-        precision: ``fp32``, ``fp16`` or ``int8``; what this engine runs on this host is
-            :attr:`precisions`.
+        threads: intra-op threads (default ``len(cores)``, or 1).
+        cores: CPU cores to pin the whole process to at :meth:`load`.
+        precision: ``fp32``, ``fp16`` or ``int8`` (see :attr:`precisions`).
         device_index: the CUDA device (gpu) or the DLA core (dla).
-        cache_dir: where TensorRT engines are cached (default
-            ``$INFSCALER_CACHE_DIR/engines``, or ``~/.cache/infscaler/engines``).
-        shapes: ``{input name: concrete shape}`` for inputs with dynamic dimensions
-            (TensorRT builds its optimisation profile from them; the CPU engine accepts
-            any shape and ignores them).
+        cache_dir: TensorRT engine cache (default ``$INFSCALER_CACHE_DIR/engines``).
+        shapes: ``{input: concrete shape}`` for dynamic inputs (TensorRT's profile).
         allow_gpu_fallback: dla only: layers the DLA cannot run go to the GPU.
 
-    The constructor only stores the options; :meth:`load` checks them and loads the
-    model. Not thread-safe for concurrent :meth:`load` / :meth:`close`; :meth:`infer`
-    may be called from several threads.
+    The constructor only stores the options. :meth:`infer` is thread-safe; :meth:`load` /
+    :meth:`close` are not.
     """
 
     kind: ClassVar[str]
@@ -236,12 +207,7 @@ class Engine(ABC):
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
-        """Whether this host runs this engine, and why (cached for the process).
-
-        Returns:
-            ``(True, what runs it)``, e.g. ``(True, "onnxruntime 1.32.0 CPU EP")``, or
-            ``(False, reason)`` naming what is missing and how to get it.
-        """
+        """``(True, what runs it)`` or ``(False, reason naming what is missing)``; cached per process."""
         with _AVAILABILITY_LOCK:
             if cls not in _AVAILABILITY:
                 try:
@@ -268,17 +234,12 @@ class Engine(ABC):
     # ----------------------------------------------------------------- lifecycle
 
     def load(self) -> Engine:
-        """Check the options, pin the cores and load the model; a second call does nothing.
-
-        Returns:
-            ``self``.
+        """Check the options, pin the cores and load the model (once); returns ``self``.
 
         Raises:
-            EngineUnavailable: this host lacks the engine (see :meth:`availability`).
-            ModelLoadError: the model file is missing, not ONNX, invalid, or the engine
-                cannot build / load it.
-            InferenceError: an option the engine cannot honour: precision, cores, threads,
-                shapes for dynamic inputs.
+            EngineUnavailable: this host lacks the engine.
+            ModelLoadError: the model file is missing or invalid, or cannot be built / loaded.
+            InferenceError: an option the engine cannot honour (precision, cores, threads, shapes).
         """
         with self._lock:
             if self._loaded:
@@ -326,20 +287,13 @@ class Engine(ABC):
     def infer(
         self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
-        """Run the model once.
-
-        Args:
-            feeds: ``{input name: array}`` for every input, each with the input's dtype
-                (no silent casts), its rank, and its fixed dimensions (:attr:`inputs`).
-            outputs: the output names wanted (default: all, in model order).
+        """Run the model once on ``feeds`` (every input, exact dtype, rank and fixed dims).
 
         Returns:
-            ``{output name: array}``: arrays the caller owns (no views into the runtime's
-            buffers).
+            ``{output name: array}`` for ``outputs`` (default all), arrays the caller owns.
 
         Raises:
-            InferenceError: not loaded / closed, bad feeds or output names (the message
-                names the tensor, expected vs got), or the runtime failed.
+            InferenceError: not loaded / closed, bad feeds or output names, or the runtime failed.
         """
         if not self._loaded:
             raise InferenceError(
@@ -411,13 +365,9 @@ class Engine(ABC):
         return float(self._memory_mb or 0.0)
 
     def describe(self) -> dict[str, Any]:
-        """What runs, JSON-serialisable.
-
-        Returns:
-            ``kind``, ``model``, ``precision``, ``threads``, ``cores``, ``device_index``,
-            ``loaded``, ``memory_mb``, ``load_ms`` (None before load), ``inputs`` /
-            ``outputs`` (:meth:`TensorInfo.to_dict`, after load), plus engine specifics
-            (backend, provider / TensorRT cache hit, build ms, DLA fallback layers).
+        """What runs, JSON-serialisable: ``kind``, ``model``, ``precision``, ``threads``, ``cores``,
+        ``device_index``, ``loaded``, ``memory_mb``, ``load_ms``, ``inputs`` / ``outputs``, plus
+        engine specifics.
         """
         d: dict[str, Any] = {
             "kind": self.kind,
@@ -486,19 +436,11 @@ def _dtype_ok(expected: np.dtype, got: np.dtype) -> bool:
 
 
 def check_feeds(specs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Check ``feeds`` against the model's inputs; no casting.
-
-    Args:
-        specs: the engine's inputs.
-        feeds: ``{name: array}``; non-arrays go through ``np.asarray`` (so a Python list
-            of floats is float64 and fails a float32 input).
-
-    Returns:
-        ``{name: ndarray}`` in ``specs`` order.
+    """``feeds`` as ``{name: ndarray}`` in ``specs`` order, checked without casting.
 
     Raises:
-        InferenceError: naming the input: unknown name, missing input, dtype, rank or a
-            fixed dimension differing (expected vs got).
+        InferenceError: an unknown or missing input, or a dtype, rank or fixed dimension
+            differing (expected vs got).
     """
     if not isinstance(feeds, Mapping):
         raise InferenceError(

@@ -1,10 +1,6 @@
-"""Accuracy of a variant (INFaaS §3.2, the Variant-Profiler's accuracy column).
-
-- ``text-recognition``: 1 - character error rate (Levenshtein distance / reference
-  length) on a directory of text-line images with a ``labels.txt`` (PaddleOCR's
-  ``file<TAB>text`` format); :func:`build_ocr_val_set` renders one from known text;
-- ``text-embedding``: agreement with a reference model on :data:`SENTENCES` (the
-  Pearson correlation of the pairwise cosine similarities, clipped to [0, 1]).
+"""Accuracy of a variant (INFaaS §3.2): ``text-recognition``: 1 - CER on a directory with
+``labels.txt`` (``file<TAB>text``); ``text-embedding``: the Pearson correlation of
+pairwise cosine similarities with a reference model on :data:`SENTENCES`, clipped to [0, 1].
 """
 
 from __future__ import annotations
@@ -80,12 +76,7 @@ def levenshtein(a: str, b: str) -> int:
 
 
 def character_error_rate(pairs: Iterable[tuple[str, str]]) -> float:
-    """CER over ``(reference, hypothesis)`` pairs: total edit distance / total reference
-    characters.
-
-    Raises:
-        ValueError: no reference characters.
-    """
+    """Total edit distance / total reference characters; ValueError when there are none."""
     edits = chars = 0
     for ref, hyp in pairs:
         edits += levenshtein(ref, hyp)
@@ -118,19 +109,10 @@ def build_ocr_val_set(
     font_size: int = 32,
     margin: int = 6,
 ) -> Path:
-    """Render a text-recognition validation set: one PNG per line (black on white) and
-    ``labels.txt`` (``file<TAB>text``).
-
-    Args:
-        out_dir: created if missing.
-        lines: the ground-truth text lines (no tabs or newlines).
-        font: a TrueType font (default: :func:`_font_path`).
-
-    Returns:
-        ``out_dir``.
+    """Render ``lines`` as black-on-white PNGs plus ``labels.txt`` in ``out_dir``; returns it.
 
     Raises:
-        ValueError: no lines, or a line with a tab / newline, or empty.
+        ValueError: no lines, or an empty line or one with a tab / newline.
     """
     from PIL import Image, ImageDraw, ImageFont
 
@@ -156,12 +138,10 @@ def build_ocr_val_set(
 
 
 def load_ocr_val_set(path: str | os.PathLike[str]) -> list[tuple[np.ndarray, str]]:
-    """A text-recognition validation set: ``[(RGB uint8 image, text)]`` from a directory
-    with ``labels.txt`` (``file<TAB>text`` per line, files relative to it).
+    """``[(RGB uint8 image, text)]`` from a directory with ``labels.txt``.
 
     Raises:
-        RegistrationError: no such directory / labels file, a bad line, an unreadable
-            image (the message names it).
+        RegistrationError: a missing directory / labels file, a bad line, an unreadable image.
     """
     from PIL import Image
 

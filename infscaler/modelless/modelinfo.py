@@ -109,13 +109,11 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
 
 
 def dequantize(src: Path, out: Path) -> Path:
-    """An fp32 copy of a model whose int8 weights are dequantised in the graph (weight-only
-    quantisation: ``Cast`` + ``Mul`` by a scale): onnxruntime's basic graph optimisation
-    folds those constants into fp32 initializers. Cached at ``out``.
+    """An fp32 copy of a weight-only int8 model (``Cast`` + ``Mul`` folded by onnxruntime's basic
+    optimisation), cached at ``out``.
 
     Raises:
-        RegistrationError: the result still holds int8 weights (activations are quantised
-            too: not a weight-only model).
+        RegistrationError: int8 weights remain (not a weight-only model).
     """
 
     if out.is_file() and out.stat().st_mtime >= src.stat().st_mtime:

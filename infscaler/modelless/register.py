@@ -1,7 +1,5 @@
 """The variant registry: generate, profile and store the variants of registered models
-(INFaaS §3.2: Variant-Generator, Variant-Profiler, Metadata Store).
-
-More (details, why it is so, history, figures): docs/variants.md, "`infscaler/modelless/register.py`".
+(INFaaS §3.2). More: docs/variants.md, "`infscaler/modelless/register.py`".
 """
 
 from __future__ import annotations
@@ -137,9 +135,8 @@ def _profile(
     threads: int,
     timeout_s: float = 600.0,
 ) -> dict[str, Any]:
-    """:func:`_profile_chain` in a fresh Python process (``python -m infscaler.modelless.variants``),
-    so that its memory growth is the variant's alone (in one process the allocator reuses
-    what earlier variants freed) and a crash of the runtime fails this variant only.
+    """:func:`_profile_chain` in a fresh Python process (its memory growth the variant's alone;
+    a crash fails this variant only).
 
     Raises:
         RegistrationError: the child failed (its last lines of stderr).
@@ -217,32 +214,27 @@ def register(
     registry: VariantRegistry | str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> list[Variant]:
-    """Register a model: generate, profile and store its variants (module docstring).
+    """Register a model: generate, profile and store its variants.
 
     Args:
-        model: an ``.onnx`` path or a bundled alias (``ppocrv5-rec``).
-        task: the task it serves (default: the alias's task).
-        name: the registered name (default: the alias, or the file's stem).
-        accuracy: declared accuracy 0-1 (instead of ``val_set``).
-        val_set: a validation set (see the module docstring).
-        reference: text-embedding: the fp32 reference model (alias or path).
-        charset / tokenizer: a recogniser's character list / a text model's
-            ``tokenizer.json`` (bundled aliases bring theirs).
-        shapes: concrete shapes of dynamic inputs at batch 1 (task defaults otherwise).
+        model: an ``.onnx`` path or a bundled alias.
+        task, name: default: the alias's, or the file's stem.
+        accuracy / val_set: declared accuracy 0-1, or a validation set to measure it on.
+        reference: text-embedding: the fp32 reference model.
+        charset / tokenizer: a recogniser's character list / a ``tokenizer.json``.
+        shapes: concrete shapes of dynamic inputs at batch 1.
         device: a :class:`~infscaler.base.device.DeviceProfile` (None: every engine kind).
-        batch_sizes: batch sizes of the variants (used when the batch dim is dynamic).
-        partitions: plan sizes K (1, and 2 through the partitioner).
-        warmup, repeats: untimed and timed runs per measurement.
-        threads: intra-op threads while profiling (an instance's ``threads``).
-        registry: the store (or its directory; default: the service's state dir).
+        batch_sizes, partitions: the variants' batch sizes and plan sizes K.
+        warmup, repeats, threads: profiling runs and intra-op threads.
+        registry: the store or its directory (default: the service's state dir).
         progress: called with a line per step.
 
     Returns:
         Every variant stored, generated or not.
 
     Raises:
-        RegistrationError: bad task / name / accuracy, a model that does not fit the
-            task, no accuracy source, a bad validation set.
+        RegistrationError: bad task / name / accuracy, a model that does not fit the task, no
+            accuracy source, a bad validation set.
         ModelLoadError / ModelNotInstalledError / ShapeError: the model cannot be used.
     """
 
@@ -336,8 +328,7 @@ class _Registering:
 def _identify(
     source: str, alias: BundledModel | None, task: str | None, name: str | None
 ) -> tuple[str, Path, str]:
-    """The task, the model file and the registered name of ``source`` (an alias brings
-    its task and name).
+    """The task, model file and registered name of ``source``.
 
     Raises:
         RegistrationError: no task, or a malformed task or name.
@@ -368,11 +359,8 @@ def _check_options(
     batch_sizes: Sequence[int],
     partitions: Sequence[int],
 ) -> None:
-    """Refuse two accuracy sources, an accuracy outside [0, 1], a validation set for a
-    task without a measure, and batch sizes or plan sizes out of range.
-
-    Raises:
-        RegistrationError: the message says which.
+    """RegistrationError for two accuracy sources, an accuracy outside [0, 1], a validation set
+    without a measure, or batch / plan sizes out of range.
     """
     if accuracy is not None and val_set is not None:
         raise RegistrationError("give --accuracy or --val-set, not both")
@@ -395,7 +383,7 @@ def _check_options(
 def _generate(
     m: _Registering, device: Any, progress: Callable[[str], None]
 ) -> tuple[list[Variant], list[tuple[str, str, Path]]]:
-    """Step 1 (module docstring): the variants that cannot be generated here (stored with
+    """The variants that cannot be generated here (stored with
     the reason) and the (engine, precision, file) runs that can, per engine of ``device``."""
     availability = engine_availability()
     out: list[Variant] = []
@@ -464,7 +452,7 @@ def _accuracies(
     ocr_samples: list[tuple[np.ndarray, str]] | None,
     progress: Callable[[str], None],
 ) -> dict[tuple[str, str, str], tuple[float | None, str]]:
-    """Step 3 (module docstring): the accuracy of each run and how it was found,
+    """The accuracy of each run and how it was found,
     ``(engine, precision, file) -> (accuracy, source)``, shared by its batch sizes and
     plans."""
     acc_of: dict[tuple[str, str, str], tuple[float | None, str]] = {}
@@ -517,7 +505,7 @@ def _profile_variants(
     threads: int,
     progress: Callable[[str], None],
 ) -> list[Variant]:
-    """Step 2 (module docstring): every generated variant of each run, per plan size K
+    """Every generated variant of each run, per plan size K
     and batch size, profiled; a plan that cannot fit the task is stored as not
     generated."""
     out: list[Variant] = []
@@ -644,7 +632,7 @@ def _embedding_reference(
     sentences: list[str],
     progress: Callable[[str], None],
 ) -> tuple[np.ndarray, str]:
-    """The fp32 reference embeddings of ``sentences`` (see the module docstring)."""
+    """The fp32 reference embeddings of ``sentences`` and where they came from."""
 
     meta = reg.task_meta(task)
     if reference is not None:

@@ -1,16 +1,9 @@
 """Model-less variant selection: INFaaS (Romero et al., USENIX ATC'21) as pure functions.
 
-A client names a task and its requirements (``latency_ms``, ``min_accuracy``); the
-selector picks the registered variant (model x engine x precision x batch x K) from the
-variants' profiles (:class:`VariantProfile`) and live state (:class:`VariantLoad`):
-:func:`classify` (INFaaS Fig. 4: Inactive / Active / Overloaded / Interfered),
-:func:`select` (Algorithm 1: an Active variant that meets both, least loaded; else an
-Inactive one, lowest load + inference time; else the closest, flagged
-``meets_requirements=False``), :func:`vertical_scale` (section 4.2.2: upgrade at the cap,
-downgrade after ``T_v``), :func:`validate_query` (404 unknown task, 400 bad numbers).
-No I/O, no clock; served capacity from :mod:`infscaler.runtime.queueing`.
+:func:`classify` (Fig. 4 states), :func:`select` (Algorithm 1), :func:`vertical_scale`
+(§4.2.2), :func:`validate_query`. No I/O, no clock.
 
-More (the rules in full, the why, measurements): docs/variants.md, "The selector in full".
+More: docs/variants.md, "The selector in full".
 """
 
 from __future__ import annotations
@@ -43,11 +36,7 @@ __all__ = [
 
 
 class SelectionError(InfScalerError):
-    """A query the selector refuses (unknown task, bad requirement values).
-
-    Attributes:
-        status: the HTTP status the API answers with (404 unknown task, 400 bad values).
-    """
+    """A query the selector refuses; ``status``: 404 unknown task, 400 bad values."""
 
     def __init__(self, message: str, status: int = 400, hint: str | None = None) -> None:
         super().__init__(message, hint)
@@ -65,20 +54,15 @@ class VariantState(str, enum.Enum):
 
 @dataclass(frozen=True)
 class VariantProfile:
-    """What the selector reads of a registered variant (its static profile).
+    """What the selector reads of a registered variant.
 
     Attributes:
         name: unique variant name (``ppocrv5-rec.cpu.fp32.b1``).
-        task: the task it serves.
-        model: the registered model (architecture) it was generated from.
-        engine / precision / batch / partitions: how it runs (batch: the largest batch
-            its instances form; partitions: the plan's K).
-        latency_ms: P99 latency a query sees, ms (the profiled P99 at ``batch``).
-        throughput_qps: saturation throughput of one instance, queries/s
-            (``batch`` x 1000 / P50 at ``batch``).
-        load_ms: time to load one instance, ms.
-        accuracy: 0-1 (measured on a validation set, or declared).
-        memory_mb: peak memory of one instance, MB.
+        task / model: the task served and the registered model.
+        engine / precision / batch / partitions: how it runs.
+        latency_ms: the profiled P99 at ``batch``, ms.
+        throughput_qps: one instance's saturation throughput (``batch`` x 1000 / P50).
+        load_ms: time to load one instance, ms; accuracy: 0-1; memory_mb: peak per instance.
     """
 
     name: str
@@ -104,16 +88,9 @@ class VariantProfile:
 
 @dataclass(frozen=True)
 class VariantLoad:
-    """One variant as the monitor sees it now.
-
-    Attributes:
-        state: its state (:class:`VariantState`).
-        instances: ready instances.
-        pending: requests admitted and not answered.
-        rate: arrival rate over the monitor's window, requests/s.
-        utilisation: rate / (instances x saturation throughput), or the backlog per
-            instance slot when higher; the "load" Algorithm 1 compares.
-        service_ms: measured P50 service time, ms (None: no sample yet).
+    """One variant as the monitor sees it now: ``state``, ready ``instances``, ``pending``
+    requests, arrival ``rate`` /s, ``utilisation`` (Algorithm 1's load) and measured P50
+    ``service_ms`` (None: no sample).
     """
 
     state: VariantState = VariantState.INACTIVE
@@ -129,15 +106,9 @@ INACTIVE = VariantLoad()
 
 @dataclass(frozen=True)
 class SelectorConfig:
-    """Thresholds of the state machine (:func:`classify`).
-
-    Attributes:
-        overload_utilisation: Overloaded when rate >= this x saturation throughput.
-        overload_queue_per_instance: Overloaded when pending requests exceed this many
-            per instance slot (instances x batch).
-        interference_ratio: Interfered when the measured service time exceeds this x the
-            profiled one.
-        min_samples: measured service times count only after this many requests.
+    """Thresholds of :func:`classify`: Overloaded at ``overload_utilisation`` x throughput or
+    ``overload_queue_per_instance`` pending per slot; Interfered beyond ``interference_ratio``
+    x the profiled time, after ``min_samples`` requests.
     """
 
     overload_utilisation: float = 0.9
@@ -157,15 +128,8 @@ def classify(
     shedding: bool = False,
     config: SelectorConfig = SelectorConfig(),
 ) -> VariantLoad:
-    """The state of ``profile`` from what the monitor measured (see the module docstring).
-
-    Args:
-        ready: instances ready to serve (0: Inactive).
-        pending: requests admitted and not answered.
-        rate: arrival rate, requests/s.
-        service_ms: measured P50 time of one run (batch as formed), ms.
-        samples: how many runs ``service_ms`` comes from.
-        shedding: the scaler bounds this variant's queue (the cap is reached).
+    """The state of ``profile`` from ``ready`` instances, ``pending`` requests, ``rate`` /s,
+    measured ``service_ms`` (over ``samples`` runs) and ``shedding``.
     """
     if ready <= 0:
         return VariantLoad(VariantState.INACTIVE, 0, pending, rate, 0.0, service_ms)
@@ -192,13 +156,7 @@ def classify(
 
 @dataclass(frozen=True)
 class Query:
-    """A model-less query's requirements.
-
-    Attributes:
-        task: the task name.
-        latency_ms: the most latency it accepts, ms (None: any).
-        min_accuracy: the least accuracy it accepts, 0-1 (None: any).
-    """
+    """A model-less query: ``task``, ``latency_ms`` and ``min_accuracy`` (None: any)."""
 
     task: str
     latency_ms: float | None = None
@@ -207,16 +165,9 @@ class Query:
 
 @dataclass(frozen=True)
 class Selection:
-    """The selector's answer.
-
-    Attributes:
-        variant: the chosen variant.
-        meets_requirements: False when no variant meets the query and this is the
-            closest one (INFaaS's ``suggestVariant``), or when the only ones that do are
-            overloaded / interfered.
-        state: the chosen variant's state when selected.
-        step: ``active``, ``inactive`` or ``closest`` (which branch of Algorithm 1).
-        reason: one line a user can read.
+    """The selector's answer: ``variant``, ``meets_requirements`` (False for the closest one or
+    an overloaded match), its ``state``, ``step`` (``active`` / ``inactive`` / ``closest``)
+    and a readable ``reason``.
     """
 
     variant: VariantProfile
@@ -228,12 +179,7 @@ class Selection:
 
 @dataclass
 class Catalog:
-    """Variant profiles indexed by task, each task's list sorted by latency (the
-    Metadata Store's sorted sets, INFaaS §5): built once, read per query.
-
-    Args:
-        profiles: every generated variant (any order).
-    """
+    """Variant ``profiles`` by task, sorted by latency (INFaaS §5's sorted sets)."""
 
     profiles: Iterable[VariantProfile] = ()
     by_task: dict[str, tuple[VariantProfile, ...]] = field(init=False)
@@ -279,12 +225,10 @@ def _number(value: object, what: str) -> float | None:
 
 
 def validate_query(query: Query, tasks: Iterable[str]) -> Query:
-    """Check a query; returns it with its numbers as floats.
+    """The query with its numbers as floats.
 
     Raises:
-        SelectionError: (404) the task is not registered (the message lists the
-            registered tasks); (400) ``latency_ms`` not a positive number or
-            ``min_accuracy`` not in [0, 1].
+        SelectionError: (404) unregistered task; (400) bad ``latency_ms`` or ``min_accuracy``.
     """
     if not isinstance(tasks, Container):
         tasks = tuple(tasks)
@@ -338,18 +282,11 @@ def select(
     *,
     validated: bool = False,
 ) -> Selection:
-    """INFaaS Algorithm 1 (see the module docstring). Pure: no I/O, no clock.
-
-    Args:
-        query: the task and requirements (checked by :func:`validate_query`).
-        catalog: the registered variants.
-        loads: variant name -> its :class:`VariantLoad` (missing: Inactive).
-        validated: ``query`` is what :func:`validate_query` returned for this catalog
-            (the check is not repeated).
+    """INFaaS Algorithm 1; ``loads``: variant -> :class:`VariantLoad` (missing: Inactive);
+    ``validated``: skip re-checking ``query``.
 
     Raises:
-        SelectionError: the query is invalid (unknown task, bad values), or the task
-            has no generated variant.
+        SelectionError: an invalid query, or the task has no generated variant.
     """
     q = query if validated else validate_query(query, catalog.by_task)
     variants = catalog.by_task[q.task]
@@ -441,15 +378,9 @@ def select(
 
 @dataclass(frozen=True)
 class ScalingConfig:
-    """Tuning of :func:`vertical_scale`.
-
-    Attributes:
-        slack: the headroom kept (INFaaS's slack-threshold, 1.05).
-        load_weight: lambda, 1/s: weight of the load time in the cost (spiky load: larger).
-        downgrade_utilisation: downgrade only when the load would run the cheaper
-            variant at most this busy.
-        hold_s: a downgrade waits at least this long after the last change of the
-            variant (and at least its load time, INFaaS's T_v), and needs traffic.
+    """Tuning of :func:`vertical_scale`: ``slack`` (INFaaS's 1.05), ``load_weight`` (lambda, 1/s),
+    ``downgrade_utilisation`` (the cheaper variant's most business) and ``hold_s`` (least
+    wait after a change before a downgrade, besides T_v).
     """
 
     slack: float = 1.05
@@ -460,13 +391,8 @@ class ScalingConfig:
 
 @dataclass(frozen=True)
 class ScalingAction:
-    """A model-vertical scaling action.
-
-    Attributes:
-        action: ``upgrade`` or ``downgrade``.
-        current / target: variant names.
-        instances: instances of ``target`` needed for the load (with the slack).
-        reason: one line a user can read.
+    """``upgrade`` / ``downgrade`` from ``current`` to ``target``, with ``instances`` of it needed
+    and a readable ``reason``.
     """
 
     action: str
@@ -485,12 +411,10 @@ def _needed(p: VariantProfile, rate: float, slack: float) -> int:
 
 
 def served_capacity_qps(profile: VariantProfile, load: VariantLoad) -> float:
-    """Saturation throughput of one instance of ``profile`` as served now: its profiled
-    :attr:`VariantProfile.capacity_qps`, or less when the measured service time
-    (``load.service_ms``, one run of up to ``batch`` queries) is slower than the profile
-    (larger inputs than profiled, co-located instances contending): the queueing model's
-    :func:`~infscaler.runtime.queueing.capacity_rps` of one instance at
-    ``load.service_ms`` per run of ``batch`` queries."""
+    """One instance's saturation throughput as served now: the profiled capacity, or less when
+    the measured ``load.service_ms`` is slower
+    (:func:`~infscaler.runtime.queueing.capacity_rps`).
+    """
     served = capacity_rps([load.service_ms], [1], [1.0 / max(1, profile.batch)])
     return min(profile.capacity_qps, served)
 
@@ -507,24 +431,15 @@ def vertical_scale(
     memory_free_mb: float | None = None,
     config: ScalingConfig = ScalingConfig(),
 ) -> ScalingAction | None:
-    """Upgrade or downgrade ``current`` (see the module docstring). Pure.
+    """Upgrade or downgrade ``current``, or None (keep; replicate if the scaler can). Pure.
 
     Args:
-        current: the variant serving the task now.
-        load: its load (``rate``, ``instances`` and ``service_ms`` are read:
-            :func:`served_capacity_qps`).
-        candidates: the task's variants (``current`` among them or not).
-        slo_ms: the latency the task's queries ask for (None: the current variant's).
-        min_accuracy: the accuracy floor (None: the current variant's accuracy).
-        can_replicate: the scaler can still add an instance of ``current`` within the
-            device's cap (False once it reported ``shed``).
-        since_change_s: seconds since the last change of this variant (downgrades wait
-            ``T_v`` = its load time).
-        memory_free_mb: memory the device can still give (None: not checked); the
-            current variant's memory counts as freed when it is replaced.
-
-    Returns:
-        The action, or None (keep the variant; replicate it if the scaler can).
+        load: ``rate``, ``instances`` and ``service_ms`` are read.
+        candidates: the task's variants.
+        slo_ms, min_accuracy: the query's; None: the current variant's.
+        can_replicate: the scaler can still add an instance within the cap.
+        since_change_s: seconds since this variant's last change.
+        memory_free_mb: what the device can still give (None: unchecked).
     """
     slo = slo_ms if slo_ms is not None else current.latency_ms
     floor = min_accuracy if min_accuracy is not None else current.accuracy

@@ -1,7 +1,5 @@
-"""The function stages of the model-less pipelines (:func:`infscaler.modelless.tasks.variant_pipeline`):
-pre- and post-processing that run in the instances, named ``infscaler.modelless.stages:NAME``
-in a variant's pipeline. The registry's accuracy measurement
-(:mod:`infscaler.modelless.accuracy`) calls the same functions in-process.
+"""The function stages of the model-less pipelines (``infscaler.modelless.stages:NAME``),
+also called in-process by :mod:`infscaler.modelless.accuracy`.
 """
 
 from __future__ import annotations
@@ -34,16 +32,8 @@ REC_MIN_WIDTH = 320
 
 
 def rec_input(tensors: Mapping[str, np.ndarray], *, min_width: int = REC_MIN_WIDTH) -> dict:
-    """Stage ``prep`` of a text-recognition variant: a text-line image -> the recogniser's
-    input, as PaddleOCR's ``resize_norm_img`` (rapidocr's ``TextRecognizer``): resize to
-    height 48 keeping the aspect ratio, BGR, ``(x / 255 - 0.5) / 0.5``, CHW, zero-padded
-    on the right to ``W = int(48 * max(min_width / 48, w / h))``.
-
-    Args:
-        tensors: ``image``: [H, W, 3] uint8 RGB (a cropped text line).
-
-    Returns:
-        ``rec_input``: [1, 3, 48, W] float32.
+    """Stage ``prep``: ``image`` [H, W, 3] uint8 RGB -> ``rec_input`` [1, 3, 48, W] float32, as
+    PaddleOCR's ``resize_norm_img`` (``W = int(48 * max(min_width / 48, w / h))``).
 
     Raises:
         ValueError: the image is not HxWx3 uint8 with H, W >= 1.
@@ -78,16 +68,11 @@ def _ctc_table(path: str) -> np.ndarray:
 
 
 def ctc_decode(tensors: Mapping[str, np.ndarray], *, charset: str) -> dict:
-    """Stage ``decode``: greedy CTC decoding (PaddleOCR's ``CTCLabelDecode``): argmax per
-    time step, repeats merged, blanks (index 0) dropped; the space is the last class.
-
-    Args:
-        tensors: ``rec_prob``: [1, T, C] float32, C = characters + 2.
-        charset: path of the character list.
+    """Stage ``decode``: greedy CTC (PaddleOCR's ``CTCLabelDecode``) of ``rec_prob`` [1, T, C]
+    float32 (C = characters + 2) over the ``charset`` file.
 
     Returns:
-        ``text``: [1] unicode; ``score``: [1] float32, the mean probability of the
-        characters kept (0 for an empty line).
+        ``text``: [1] unicode; ``score``: [1] float32 (mean kept probability; 0 when empty).
 
     Raises:
         ValueError: ``rec_prob`` is not [1, T, C] with C matching the character list.
@@ -142,17 +127,9 @@ def tokenize(
     max_length: int = 128,
     token_type_ids: bool = True,
 ) -> dict:
-    """Stage ``tokenize`` of a text-embedding variant: sentences -> WordPiece ids.
-
-    Args:
-        tensors: ``text``: [N] BYTES / str (UTF-8 sentences), N >= 1.
-        tokenizer: path of a HuggingFace ``tokenizer.json``.
-        max_length: tokens per sentence at most (with [CLS] / [SEP]).
-        token_type_ids: also return ``token_type_ids`` (zeros) for models that take it.
-
-    Returns:
-        ``input_ids``, ``attention_mask`` (and ``token_type_ids``): [N, L] int64, padded
-        to the longest sentence.
+    """Stage ``tokenize``: ``text`` [N] UTF-8 sentences -> WordPiece ``input_ids``,
+    ``attention_mask`` (and zero ``token_type_ids``), [N, L] int64, padded to the longest,
+    at most ``max_length`` tokens (``tokenizer``: a ``tokenizer.json`` path).
 
     Raises:
         ValueError: no sentence.
@@ -172,14 +149,8 @@ def tokenize(
 
 
 def mean_pool(tensors: Mapping[str, np.ndarray], *, normalize: bool = True) -> dict:
-    """Stage ``pool``: mean of the token embeddings over the attention mask
-    (sentence-transformers' pooling), L2-normalised.
-
-    Args:
-        tensors: ``tokens``: [N, L, D] float32; ``attention_mask``: [N, L] int64.
-
-    Returns:
-        ``embedding``: [N, D] float32.
+    """Stage ``pool``: ``tokens`` [N, L, D] mean over ``attention_mask`` [N, L], L2-normalised:
+    ``embedding`` [N, D] float32 (sentence-transformers' pooling).
     """
     tokens = np.asarray(tensors["tokens"], dtype=np.float32)
     mask = np.asarray(tensors["attention_mask"]).astype(np.float32)[..., None]

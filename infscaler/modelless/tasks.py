@@ -1,16 +1,9 @@
 """Model-less serving: route a task query to a variant on a running service (INFaaS).
 
-:class:`TaskRouter` sits between the API and a started :class:`~infscaler.service.service.Service`.
-For a query naming a task (``text-recognition``) with ``latency_ms`` / ``min_accuracy``
-it reads each of the task's registered variants' state from the service (deployed?
-ready instances, requests pending, arrival rate, measured service time, load shedding;
-:func:`infscaler.modelless.selector.classify`), asks the selector (INFaaS Algorithm 1,
-:func:`infscaler.modelless.selector.select`), deploys the chosen variant when it is not loaded
-(a pipeline named after the variant: pre-processing, the model, post-processing), and
-submits the request to it. The result names the variant and whether it met the
-requirements.
+:class:`TaskRouter` reads the task's variants' state from the service, asks the selector,
+deploys the chosen variant if needed and submits the request to it.
 
-More (details, why it is so, history, figures): docs/variants.md, "`infscaler/modelless/tasks.py`".
+More: docs/variants.md, "`infscaler/modelless/tasks.py`".
 """
 
 from __future__ import annotations
@@ -59,15 +52,8 @@ def variant_pipeline(
     autoscale: Mapping[str, Any] | bool = True,
     max_instances: int = 4,
 ) -> dict[str, Any]:
-    """The pipeline (a ``pipeline.yaml`` mapping) that serves ``variant``
-    (:class:`~infscaler.modelless.variants.Variant`) with its task's interface.
-
-    Args:
-        slo_ms: when given, the pipeline gets this SLO and ``autoscale``, so the scaler
-            replicates the variant's bottleneck within the device's cap.
-        autoscale: the pipeline's ``autoscale`` (True: the defaults; a mapping: its
-            :class:`~infscaler.base.config.AutoscaleConfig` fields) when ``slo_ms`` is given.
-        max_instances: replicas of the model stage the scaler may run at most.
+    """The ``pipeline.yaml`` mapping that serves ``variant`` with its task's interface; with
+    ``slo_ms`` it gets that SLO, ``autoscale`` and ``max_instances``.
     """
     io = variant.io
     model: dict[str, Any] = {"name": "model", "engine": variant.engine}
@@ -202,11 +188,9 @@ class TaskResult:
 
 
 class RoutedService(ScaledService, Protocol):
-    """The service as the task router uses it (:class:`infscaler.service.service.Service` once
-    started): the control loop's view (:class:`~infscaler.runtime.scaling.control.ScaledService`)
-    plus deploying, undeploying and submitting to the variants it picks. The model-less
-    layer sits above the runtime and below the facade, so it names the service by what
-    it needs (PEP 544), not by importing it."""
+    """The service as the task router uses it (PEP 544): the control loop's view plus deploy,
+    undeploy and submit.
+    """
 
     state_dir: Path
 
@@ -241,23 +225,16 @@ class RoutedService(ScaledService, Protocol):
 
 
 class TaskRouter:
-    """Routes task queries to variants on ``service`` (see the module docstring).
+    """Routes task queries to variants on a started ``service``.
 
     Args:
-        service: a started :class:`~infscaler.service.service.Service`.
-        registry: a :class:`~infscaler.modelless.variants.VariantRegistry` (default: the
-            service's state dir's).
-        selector_config / scaling_config: the state machine's thresholds / the vertical
-            scaling heuristic's tuning.
-        autoscale: deploy variants with the query's ``latency_ms`` as SLO and ``autoscale``
-            (False: one instance each; None: :attr:`autoscale_default`).
+        registry: default: the service's state dir's.
+        selector_config / scaling_config: :func:`classify`'s / :func:`vertical_scale`'s tuning.
+        autoscale: deploy with the query's ``latency_ms`` as SLO (None: :attr:`autoscale_default`).
         deploy_timeout_s: how long a query waits for its variant to load, s.
-        rebalance_interval_s: period of the background :meth:`rebalance` loop, s (None: no
-            loop).
-        autoscale_options: the variants' pipelines' ``autoscale`` mapping
-            (:class:`~infscaler.base.config.AutoscaleConfig` fields; None: the defaults).
-        max_replicas: model instances the scaler may run per variant (``max_instances``);
-            beyond it, or at the device's cap, :meth:`rebalance` upgrades.
+        rebalance_interval_s: period of :meth:`rebalance` (None: no loop).
+        autoscale_options: the variants' ``autoscale`` mapping.
+        max_replicas: model instances per variant; beyond, :meth:`rebalance` upgrades.
     """
 
     #: ``autoscale`` when not given (the API server's router is made with the default).
@@ -347,13 +324,9 @@ class TaskRouter:
 
     # -- state -------------------------------------------------------------------------------
     def loads(self, task: str) -> dict[str, Any]:
-        """Variant name -> :class:`~infscaler.modelless.selector.VariantLoad` for the task's variants
-        deployed on the service (the others are Inactive).
-
-        Ready instances, requests pending and load shedding are read fresh on every call;
-        the arrival rate and the measured service time (percentiles over the stats
-        window) at most every :attr:`stats_ttl_s` (INFaaS's monitor updates its store
-        every 2 s), so that a decision stays in the tens of microseconds."""
+        """Variant -> :class:`~infscaler.modelless.selector.VariantLoad` for the deployed ones; rate
+        and service time refreshed at most every :attr:`stats_ttl_s`.
+        """
         return self._loads(task, self.catalog())
 
     def _plan(self, dep: Any) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
@@ -417,11 +390,9 @@ class TaskRouter:
         return out
 
     def _slow_stats(self, dep: Any, now: float) -> tuple[float, float | None, int]:
-        """(offered rate /s, measured P50 ms of the model units summed, samples), cached
-        for :attr:`stats_ttl_s` per deployment. The rate counts requests the scaler's
-        queue bound refused (``stats.offered``, when the stats keep it): once it sheds,
-        the admitted rate is capped at what the variant serves, and the headroom read
-        from it would never fall under the slack."""
+        """(offered rate /s incl. refused, summed model-unit P50 ms, samples), cached for
+        :attr:`stats_ttl_s` per deployment.
+        """
         key = (dep.name, id(dep))
         hit = self._stats_cache.get(key)
         if hit is not None and now - hit[0] < self.stats_ttl_s:
@@ -462,11 +433,10 @@ class TaskRouter:
         return select(q, catalog, self._loads(q.task, catalog), validated=True)
 
     def ensure_active(self, name: str, slo_ms: float | None = None) -> str:
-        """Deploy variant ``name`` if it is not deployed (one deploy at a time per
-        variant; concurrent callers wait for it). Returns the pipeline name.
+        """Deploy variant ``name`` unless deployed (one deploy at a time); returns the pipeline name.
 
         Raises:
-            ServiceError / InfScalerError: the deploy failed (the reason).
+            ServiceError / InfScalerError: the deploy failed.
         """
 
         with self._lock:
@@ -554,17 +524,14 @@ class TaskRouter:
         """Select a variant, activate it if needed, submit the request to it.
 
         Args:
-            before_load: called with the variant's name before this query loads it
-                (the server charges the client's load budget there, and raises to
-                refuse); not called when the variant is loaded already.
-            uid: the client's uid (:meth:`Service.submit`; None: the operator).
+            before_load: called with the variant's name before this query loads it (raise to refuse).
+            uid: the client's uid (None: the operator).
 
         Returns:
             ``(future of Result, Selection)``.
 
         Raises:
-            SelectionError: a bad query. ServiceError / RequestError: as
-            :meth:`Service.submit`, or the variant failed to load.
+            SelectionError: a bad query. ServiceError / RequestError: as :meth:`Service.submit`.
         """
         sel = self.select(task, latency_ms, min_accuracy)
         with self._lock:
@@ -704,12 +671,9 @@ class TaskRouter:
         self._call_in_worker(work)
 
     def _make_room(self, name: str) -> bool:
-        """Scale every unit of deployment ``name`` in to one instance (blocking: each stop
-        waits for the instance to exit). Returns True when an instance was stopped.
-
-        Used when an upgrade's target does not fit the device's cap: the replicas the
-        scaler added to the variant being replaced hold the memory / slots / cores the
-        target needs (INFaaS §4.2 replaces a variant that replication could not save)."""
+        """Scale every unit of deployment ``name`` in to one instance (blocking); True when one
+        stopped.
+        """
         try:
             dep = self.service.deployment(name)
         except Exception:  # noqa: BLE001 - undeployed meanwhile: nothing to free

@@ -1,11 +1,5 @@
-"""The variant registry (INFaaS §3.2, the Metadata Store): registered models' variants
-(engine x precision x batch size x plan K) with their measured profile, in SQLite
-(``<state dir>/variants.sqlite``; the service's state dir: ``$INFSCALER_STATE_DIR`` or
-``~/.local/state/infscaler``).
-
-:func:`infscaler.modelless.register.register` generates and profiles the variants and
-stores them here; :class:`VariantRegistry` reads them back; :meth:`Variant.profile` is
-what the selector (:mod:`infscaler.modelless.selector`) compares.
+"""The variant registry (INFaaS §3.2, the Metadata Store) in SQLite
+(``<state dir>/variants.sqlite``).
 """
 
 from __future__ import annotations
@@ -61,23 +55,15 @@ class Variant:
     """One variant's metadata (a row of the registry).
 
     Attributes:
-        name: unique name, ``<model>.<engine>.<precision>.b<batch>[.k<K>]``.
-        task / model: the task it serves and the registered model it comes from.
-        source: what was registered (alias or path).
-        path: the ONNX file it runs (the model, or a generated one).
-        engine / precision / batch / partitions: how it runs.
-        plan: the plan directory when ``partitions > 1``.
-        generated: False for a variant this host cannot make (``reason`` says why).
-        reason: why not generated, or notes.
-        load_ms: model load time, ms (the instance's process start is not included).
-        latency_ms: ``{batch: {"p50": ms, "p99": ms}}`` (keys are strings in JSON).
-        peak_mb: peak memory of one instance of it (USS growth), MB.
-        weights_mb: size of the model file(s), MB.
-        accuracy: 0-1, or None (not generated).
-        accuracy_source: how it was obtained (``measured: ...`` or ``declared``).
-        io: task specifics: tensor names, character list, tokenizer, ...
-        shapes: the concrete shapes profiled at batch 1 (``--shapes`` syntax).
-        host: the machine it was profiled on. created: when (Unix time).
+        name: ``<model>.<engine>.<precision>.b<batch>[.k<K>]``.
+        task / model / source / path: what it serves, comes from and runs.
+        engine / precision / batch / partitions / plan: how it runs.
+        generated / reason: False with why for a variant this host cannot make.
+        load_ms: model load time, ms.
+        latency_ms: ``{batch: {"p50": ms, "p99": ms}}``.
+        peak_mb / weights_mb: peak USS growth of an instance / model file size, MB.
+        accuracy / accuracy_source: 0-1 or None, and ``measured: ...`` or ``declared``.
+        io: task specifics; shapes: profiled shapes; host, created: where and when.
     """
 
     name: str
@@ -109,11 +95,10 @@ class Variant:
         return float(entry[stat]) if entry and stat in entry else math.inf
 
     def profile(self) -> Any:
-        """The :class:`~infscaler.modelless.selector.VariantProfile` the selector compares: latency
-        = P99 at its batch size (what a query sees when the batch fills), throughput per
-        instance = batch x 1000 / P50 at its batch size (for a plan: the slowest
-        partition's P50 bounds it), memory = peak MB + an instance process's overhead
-        per partition (:data:`infscaler.runtime.scaling.monitor.INSTANCE_OVERHEAD_MB`)."""
+        """The selector's :class:`~infscaler.modelless.selector.VariantProfile`: P99 at its batch,
+        batch x 1000 / P50 (a plan: its slowest partition's), peak MB plus the instance overhead
+        per partition.
+        """
 
         p50 = self.latency(stat="p50")
         bottleneck = float(self.io.get("bottleneck_p50_ms") or p50)
@@ -143,12 +128,7 @@ class Variant:
 
 
 class VariantRegistry:
-    """The Metadata Store: variants in SQLite at ``<root>/variants.sqlite``.
-
-    Args:
-        root: a directory (default: the service's state dir,
-            :func:`~infscaler.runtime.serving.pipeline.default_state_dir`).
-    """
+    """The Metadata Store at ``<root>/variants.sqlite`` (default: the service's state dir)."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
 

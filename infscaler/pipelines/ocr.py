@@ -1,14 +1,8 @@
 """PP-OCRv4 text recognition as an InfScaler pipeline: the function stages of ``ocr.yaml``.
 
-Source. The pre- and post-processing is rapidocr_onnxruntime 1.4.4's (Apache-2.0, a port
-of PaddleOCR's ``tools/infer``), imported, not re-written: ``DetPreProcess.normalize`` /
-``permute``, ``DBPostProcess`` (Differentiable Binarization boxes), ``TextDetector.
-filter_tag_det_res``, ``RapidOCR.sorted_boxes`` and the ``get_rotate_crop_image`` of
-``RapidOCR.get_crop_img_list``, ``TextClassifier.resize_norm_img``, ``ClsPostProcess``,
-``TextRecognizer.resize_norm_img`` and ``CTCLabelDecode``. The models are the ones that
-wheel ships (``infscaler.base.models``: ``ppocrv4-det``, ``ppocr-cls``, ``ppocrv4-rec``).
-
-More (details, why it is so, history, figures): docs/pipelines.md, "`infscaler/pipelines/ocr.py`".
+Pre- and post-processing is rapidocr_onnxruntime 1.4.4's (Apache-2.0, a port of PaddleOCR's
+``tools/infer``), imported, not re-written; the models are the ones that wheel ships
+(``ppocrv4-det``, ``ppocr-cls``, ``ppocrv4-rec``). More: docs/pipelines.md, "`infscaler/pipelines/ocr.py`".
 """
 
 from __future__ import annotations
@@ -64,11 +58,8 @@ _RAPIDOCR_PIP = "rapidocr_onnxruntime==1.4.4"
 
 @functools.cache
 def _rapid() -> SimpleNamespace:
-    """rapidocr's pre/post-processing classes and cv2, imported once.
-
-    Methods that need ``self`` only for constants are bound to instances made without
-    ``__init__`` (which would open an onnxruntime session): the detector's box filter,
-    the classifier's and the recogniser's ``resize_norm_img``.
+    """rapidocr's pre/post-processing classes and cv2, imported once (methods needing ``self``
+    only for constants are bound to instances made without ``__init__``).
 
     Raises:
         ModelNotInstalledError: rapidocr_onnxruntime (or opencv) is not installed.
@@ -134,8 +125,7 @@ def _db_postprocess(
 
 @functools.cache
 def _character_list(rec_model: str) -> tuple[str, ...]:
-    """The recogniser's characters: metadata_props key ``character``, one per line (as
-    rapidocr's ``OrtInferSession.get_character_list``).
+    """The recogniser's characters: metadata_props ``character``, one per line.
 
     Raises:
         ModelLoadError: the model has no ``character`` metadata.
@@ -160,11 +150,10 @@ def _ctc_decoder(rec_model: str) -> Any:
 
 
 def check_image(image: Any, name: str) -> np.ndarray:
-    """``image`` as an HxWx3 uint8 RGB array (no copy), the check every image stage makes.
+    """``image`` as an HxWx3 uint8 RGB array (no copy).
 
     Raises:
-        StageInputError: (a ``ValueError``; the client gets HTTP 400) another dtype /
-            shape, or an empty image (the message names ``name``).
+        StageInputError: (HTTP 400) another dtype / shape, or an empty image.
     """
 
     a = np.asarray(image)
@@ -202,27 +191,18 @@ def det_preprocess(
     pad: bool = True,
     enlarge: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Stage ``prep``: the detector's input.
+    """Stage ``prep``: the detector's input (rapidocr's ``DetPreProcess``).
 
-    The image is resized (cv2 bilinear, as rapidocr's ``DetPreProcess.resize``) so its
-    longer side is ``side``, aspect kept, both sides rounded to a multiple of 32; then BGR,
-    ``(x / 255 - 0.5) / 0.5``, CHW, at the top-left of a zero ``side`` x ``side`` canvas.
-
-    Args:
-        tensors: ``image``: [H, W, 3] uint8 RGB (any H, W >= 1).
-        side: canvas side in pixels, a multiple of 32 (the shape ``det`` is partitioned at).
-        pad: place the resized image on the canvas (False: [1, 3, h', w'] alone, for a
-            whole detector, which takes any multiple of 32).
-        enlarge: scale an image smaller than ``side`` up to it (False: only round its
-            sides, as rapidocr's ``limit_type: max``).
+    Resized (cv2 bilinear) so the longer side is ``side``, both sides rounded to a multiple of
+    32; then BGR, ``(x / 255 - 0.5) / 0.5``, CHW, at the top-left of a zero ``side``-square canvas
+    (``pad=False``: the resized image alone). ``enlarge=False`` only rounds a smaller image.
 
     Returns:
-        ``det_input``: [1, 3, side, side] float32 ([1, 3, h', w'] with ``pad=False``);
-        ``det_meta``: [4] int32 ``(H, W, h', w')``, the original size and the resized
-        region of the canvas.
+        ``det_input``: [1, 3, side, side] float32 ([1, 3, h', w'] unpadded); ``det_meta``: [4]
+        int32 ``(H, W, h', w')``.
 
     Raises:
-        StageInputError: (400) ``image`` is empty or not an HxWx3 uint8 array.
+        StageInputError: (400) ``image`` is empty or not HxWx3 uint8.
         ValueError: ``side`` is not a positive multiple of 32.
     """
     if side < 32 or side % 32:
@@ -256,28 +236,20 @@ def crop_text_boxes(
 ) -> list[dict[str, np.ndarray]]:
     """Stage ``crops`` (fan_out): text boxes from the probability map, one item per box.
 
-    rapidocr's ``DBPostProcess`` on the map's resized region, boxes mapped to original
-    pixels, ``TextDetector.filter_tag_det_res`` (corners clockwise, clipped, boxes <= 3 px
-    dropped), ``RapidOCR.sorted_boxes`` (reading order, 10 px line tolerance) and
-    ``RapidOCR.get_crop_img_list`` (perspective warp; a crop >= 1.5x taller than wide
-    turned 90 degrees). A crop lower than ``min_height`` px is enlarged to it (bicubic,
-    aspect kept; why: docs/pipelines.md, "infscaler/pipelines/ocr.py"). Other defaults are
-    rapidocr's ``config.yaml`` ``Det`` values.
+    rapidocr's ``DBPostProcess`` (``thresh`` .. ``score_mode`` are its parameters),
+    ``filter_tag_det_res``, ``sorted_boxes`` and ``get_crop_img_list``; a crop lower than
+    ``min_height`` px is enlarged to it (bicubic; 0: never).
 
     Args:
-        tensors: ``det_map``: [1, 1, S, S] float32 text probability; ``det_meta``: [4] int
-            ``(H, W, h', w')`` from :func:`det_preprocess`; ``image``: [H, W, 3] uint8 RGB.
-        thresh, box_thresh, max_candidates, unclip_ratio, use_dilation, score_mode:
-            ``DBPostProcess``'s parameters.
-        min_height: crops lower than this many pixels are enlarged to it (0: never).
+        tensors: ``det_map``: [1, 1, S, S] float32; ``det_meta``: [4] int from
+            :func:`det_preprocess`; ``image``: [H, W, 3] uint8 RGB.
 
     Returns:
-        One dict per text box in reading order, possibly none: ``crop``: [h, w, 3] uint8
-        RGB; ``box``: [4, 2] float32, corners (x, y) in image pixels, clockwise from
-        top-left.
+        Per box in reading order: ``crop``: [h, w, 3] uint8 RGB; ``box``: [4, 2] float32
+        corners (x, y) in image pixels, clockwise from top-left.
 
     Raises:
-        ValueError: shapes that do not fit together (map, meta and image).
+        ValueError: map, meta and image shapes that do not fit together.
     """
     det_map = np.asarray(tensors["det_map"])
     meta = np.asarray(tensors["det_meta"]).reshape(-1)
@@ -323,17 +295,9 @@ def crop_text_boxes(
 
 
 def cls_preprocess(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Stage ``cls_prep``: the direction classifier's input for one crop.
+    """Stage ``cls_prep``: ``crop`` [h, w, 3] uint8 RGB -> ``cls_input`` [1, 3, 48, 192] float32.
 
-    rapidocr's ``TextClassifier.resize_norm_img``: resize to height 48 keeping the aspect
-    ratio (width at most 192), ``(x / 255 - 0.5) / 0.5``, CHW, zero-padded on the right
-    to 192; on the crop in BGR order.
-
-    Args:
-        tensors: ``crop``: [h, w, 3] uint8 RGB.
-
-    Returns:
-        ``cls_input``: [1, 3, 48, 192] float32.
+    rapidocr's ``TextClassifier.resize_norm_img`` (height 48, width <= 192, zero-padded right).
 
     Raises:
         ValueError: ``crop`` is not an HxWx3 uint8 array.
@@ -349,23 +313,14 @@ def rec_preprocess(
     cls_thresh: float = 0.9,
     min_width: int = REC_MIN_WIDTH,
 ) -> dict[str, np.ndarray]:
-    """Stage ``rec_prep``: turn the crop by the classifier's verdict, then the recogniser's
-    input.
+    """Stage ``rec_prep``: turn the crop by the classifier's verdict, then the recogniser's input.
 
-    As rapidocr's ``TextClassifier.__call__``, the crop is rotated 180 degrees when the
-    label (``ClsPostProcess``, labels ``('0', '180')``) is ``'180'`` with a score above
-    ``cls_thresh``. Then ``TextRecognizer.resize_norm_img`` with this crop's own ratio:
-    width ``W = int(48 * max(min_width / 48, w / h))``, resize to height 48 keeping the
-    aspect ratio, ``(x / 255 - 0.5) / 0.5``, CHW, zero-padded on the right to ``W``.
-
-    Args:
-        tensors: ``crop``: [h, w, 3] uint8 RGB; ``cls_prob``: [1, 2] float32, the
-            classifier's softmax over ``('0', '180')``.
-        cls_thresh: minimum '180' score to rotate (rapidocr's ``cls_thresh``).
-        min_width: minimum input width in pixels (rapidocr's ``rec_img_shape[2]``).
+    Rotated 180 degrees when ``cls_prob`` ([1, 2] over ``('0', '180')``) scores '180' above
+    ``cls_thresh``; then ``TextRecognizer.resize_norm_img`` to width
+    ``W = int(48 * max(min_width / 48, w / h))``.
 
     Returns:
-        ``rec_input``: [1, 3, 48, W] float32, ``W >= min_width``.
+        ``rec_input``: [1, 3, 48, W] float32.
 
     Raises:
         ValueError: ``crop`` is not HxWx3 uint8, or ``cls_prob`` does not hold 2 scores.
@@ -388,25 +343,15 @@ def rec_preprocess(
 def decode_line(
     tensors: Mapping[str, np.ndarray], *, rec_model: str = "ppocrv4-rec"
 ) -> dict[str, np.ndarray]:
-    """Stage ``decode`` (per item): CTC-decode one line's recogniser output.
-
-    rapidocr's ``CTCLabelDecode`` (greedy: argmax per time step, repeats merged, blanks
-    dropped; score = mean probability of the characters kept) over the character list in
-    ``rec_model``'s metadata, per item (in the item's instance).
-
-    Args:
-        tensors: ``rec_prob``: [1, T, C] float32 (the recogniser's softmax; C = 6625 for
-            PP-OCRv4).
-        rec_model: alias or path of the recogniser whose characters decode ``rec_prob``.
+    """Stage ``decode``: rapidocr's greedy ``CTCLabelDecode`` of ``rec_prob`` [1, T, C] float32
+    over ``rec_model``'s character list.
 
     Returns:
-        ``text``: [1] unicode (``<U``); ``score``: [1] float32 in [0, 1] (0 for an empty
-        line).
+        ``text``: [1] ``<U``; ``score``: [1] float32, mean probability kept (0 for empty).
 
     Raises:
-        ValueError: ``rec_prob`` not [1, T, C] with C the model's character count + 2.
-        ModelLoadError / ModelNotInstalledError: ``rec_model`` cannot be found or has no
-            character list.
+        ValueError: C is not the model's character count + 2.
+        ModelLoadError / ModelNotInstalledError: ``rec_model`` missing or without characters.
     """
     decoder = _ctc_decoder(str(rec_model))
     classes = len(decoder.character)
@@ -424,20 +369,11 @@ def decode_line(
 def merge_lines(
     items: Sequence[Mapping[str, np.ndarray]], *, text_score: float = 0.5
 ) -> dict[str, np.ndarray]:
-    """Stage ``merge`` (fan_in): gather the decoded lines in reading order.
-
-    Lines scoring below ``text_score`` are dropped (``RapidOCR.filter_result``). Items
-    arrive in item order, which :func:`crop_text_boxes` made the reading order.
-
-    Args:
-        items: per text box: ``text``: [1] unicode; ``score``: [1] float32;
-            ``box``: [4, 2] float32. May be empty.
-        text_score: minimum line score kept.
+    """Stage ``merge`` (fan_in): the decoded lines in reading order, those scoring below
+    ``text_score`` dropped (``RapidOCR.filter_result``).
 
     Returns:
-        ``texts``: [N] unicode (``<U``); ``scores``: [N] float32 in (0, 1];
-        ``boxes``: [N, 4, 2] float32 in image pixels. N = 0 gives empty arrays of these
-        dtypes and ranks.
+        ``texts``: [N] ``<U``; ``scores``: [N] float32; ``boxes``: [N, 4, 2] float32 (N may be 0).
 
     Raises:
         ValueError: an item's ``text`` / ``score`` is not one element.
@@ -488,13 +424,10 @@ decode_line.warmup = _warm_decoder  # type: ignore[attr-defined]
 
 
 def to_rgb(image: Any) -> np.ndarray:
-    """Any common image array -> [H, W, 3] uint8 RGB, the pipeline's ``image`` input.
+    """Any common image array -> [H, W, 3] uint8 RGB.
 
-    Values: uint8 as is; bool -> 0 / 255; floats are taken in [0, 1] (scikit-image's
-    convention; clipped) and scaled by 255; other integers already within [0, 255] as
-    they are, otherwise scaled by 255 / the dtype's maximum (negatives clipped to 0).
-    Channels: [H, W] and [H, W, 1] grey are repeated; [H, W, 2] grey + alpha and
-    [H, W, 4] RGBA are composited over white; [H, W, 3] is taken as RGB.
+    Floats are taken in [0, 1] (clipped), other integers beyond [0, 255] scaled by the dtype's
+    maximum, bool -> 0 / 255; grey is repeated, grey + alpha and RGBA composited over white.
 
     Raises:
         ValueError: an empty array, an unsupported shape or dtype, or NaN / inf values.
@@ -542,14 +475,8 @@ def join_lines(lines: Iterable[Any]) -> str:
 
 
 def character_error_rate(reference: str, hypothesis: str) -> float:
-    """Character error rate: Levenshtein distance (insertions, deletions, substitutions,
-    each 1) between the strings, divided by ``len(reference)``
-    (:func:`infscaler.modelless.accuracy.character_error_rate` of the one pair). Case- and
-    space-sensitive: normalise both first (:func:`normalize_text`, :func:`join_lines`)
-    where wanted.
-
-    Returns:
-        A float >= 0 (above 1 when the hypothesis is much longer than the reference).
+    """Levenshtein distance between the strings / ``len(reference)`` (>= 0; case- and
+    space-sensitive).
 
     Raises:
         ValueError: ``reference`` is empty.
@@ -577,19 +504,15 @@ def run_ocr_reference(
     cls_model: Any = None,
     rec_model: Any = None,
 ) -> dict[str, np.ndarray]:
-    """OCR of one image by the stages of ``ocr.yaml`` chained in-process on the whole
-    models: the reference the served (partitioned) pipeline is compared with.
+    """OCR of one image by the stages of ``ocr.yaml`` chained in-process on the whole models.
 
     Args:
-        image: [H, W, 3] uint8 RGB (see :func:`to_rgb` for other layouts).
-        det_model, cls_model, rec_model: an onnxruntime ``InferenceSession``, or an alias /
-            path; None uses the YAML's model (``ppocrv4-det``, ``ppocr-cls``,
-            ``ppocrv4-rec``) in a CPU session cached by this module.
+        image: [H, W, 3] uint8 RGB.
+        det_model, cls_model, rec_model: a session, or an alias / path; None: the YAML's model
+            in a CPU session cached here.
 
     Returns:
-        ``texts``: [N] ``<U`` lines in reading order; ``scores``: [N] float32 in (0, 1];
-        ``boxes``: [N, 4, 2] float32, corners (x, y) in image pixels, clockwise from
-        top-left.
+        ``texts``: [N] ``<U``; ``scores``: [N] float32; ``boxes``: [N, 4, 2] float32.
 
     Raises:
         ValueError: ``image`` is not HxWx3 uint8.

@@ -1,12 +1,7 @@
-"""CPU by priority with cgroup v2: one child cgroup per pipeline, its ``cpu.weight`` set
-by the pipeline's rank among the levels deployed (:func:`~infscaler.base.levels.cpu_weight`;
-Documentation/admin-guide/cgroup-v2.rst, "Weights" and "CPU").
-
-Needs, in the service's cgroup: the ``cpu`` controller, write access (systemd
-``Delegate=yes``), and no process of its own once ``+cpu`` is in
-``cgroup.subtree_control`` (:meth:`CgroupCpu.open` moves the service into a ``service``
-leaf first). :func:`probe` says whether that holds and why not; the caller then keeps to
-nice values (:mod:`~infscaler.runtime.processes.nice`). More: docs/scaling.md.
+"""CPU by priority with cgroup v2: one child cgroup per pipeline, ``cpu.weight`` by its rank
+(:func:`~infscaler.base.levels.cpu_weight`; cgroup-v2.rst, "Weights"). Needs the ``cpu``
+controller delegated to the service's cgroup (:func:`probe` says why not; the caller then
+keeps to nice values). More: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -106,10 +101,9 @@ class CgroupCpu:
 
     @classmethod
     def open(cls, found: CgroupProbe | None = None) -> tuple[CgroupCpu | None, str]:
-        """Set the service's cgroup up for per-pipeline weights: move this process into
-        a ``service`` leaf, enable ``+cpu`` for the children. Returns ``(CgroupCpu,
-        "")``, or ``(None, why not)`` (the probe's reason, or the kernel's refusal: e.g.
-        ``EBUSY`` while other processes share the service's cgroup)."""
+        """Move this process into a ``service`` leaf and enable ``+cpu`` for the children:
+        ``(CgroupCpu, "")``, or ``(None, why not)``.
+        """
         found = probe() if found is None else found
         if not found.available or found.path is None:
             return None, found.reason

@@ -1,10 +1,5 @@
-"""What the supervisor knows of each instance process (:class:`InstanceHandle`: its
-unit, stage, cores, process, state and last reports) and of each replacement waiting for
-its restart backoff (:class:`PendingRestart`). :mod:`infscaler.runtime.processes.supervisor`
-creates and changes them; the service, the monitor and the metrics read them.
-
-An instance's state changes only through :meth:`InstanceHandle.move`, checked against
-the one table of :mod:`infscaler.runtime.serving.states`.
+"""What the supervisor knows of each instance process (:class:`InstanceHandle`) and of each
+replacement waiting for its backoff (:class:`PendingRestart`).
 """
 
 from __future__ import annotations
@@ -22,15 +17,12 @@ __all__ = ["InstanceHandle", "PendingRestart"]
 
 @dataclass
 class PendingRestart:
-    """A replacement waiting for its backoff delay (what ``status`` shows for a slot
-    with no instance).
+    """A replacement waiting for its backoff delay.
 
     Attributes:
         key / unit / stage_id / next_stage / cores: what the replacement runs.
-        restarts: restarts of this slot so far (the replacement's ``restarts``).
-        streak: consecutive crashes (the delay's exponent).
-        due: monotonic time the replacement starts. load_s: the last load time, s.
-        reason: why the last instance ended.
+        restarts / streak: restarts of this slot so far / consecutive crashes.
+        due: monotonic start time. load_s: the last load time, s. reason: why it ended.
     """
 
     key: tuple[str, int]
@@ -64,15 +56,13 @@ class InstanceHandle:
 
     Attributes:
         iid: instance id (the token's ``instance`` field).
-        key: ``(pipeline, unit index)`` it serves. unit: the unit.
+        key: ``(pipeline, unit index)``; unit: the unit.
         stage_id / next_stage: its channel stage and where it hands over.
         cores: CPU cores it is pinned to.
-        state: an :class:`~infscaler.runtime.serving.states.InstanceState` (``starting``,
-            ``ready``, ``stopping``, ``exited``, ``failed``); changed only by
+        state: an :class:`~infscaler.runtime.serving.states.InstanceState`, changed only by
             :meth:`move`.
-        info: the ``ready`` report (engine, memory, load ms). stats: the last ``stats``.
-        restarts: how many instances of this slot were restarted before this one.
-        streak: consecutive crashes of this slot before this instance (backoff).
+        info / stats: the ``ready`` report and the last ``stats``.
+        restarts / streak: restarts before this one / consecutive crashes (backoff).
         ready_at: monotonic time it became ready (None: not yet).
     """
 
@@ -99,11 +89,10 @@ class InstanceHandle:
     _ready: threading.Event = field(default_factory=threading.Event)
 
     def move(self, to: InstanceState) -> None:
-        """Change :attr:`state` to ``to`` (checked against the one table:
-        :func:`~infscaler.runtime.serving.states.advance`; the caller holds the supervisor's lock).
+        """Change :attr:`state` to ``to`` (the caller holds the supervisor's lock).
 
         Raises:
-            IllegalTransition: the table does not allow it (a bug).
+            IllegalTransition: :func:`~infscaler.runtime.serving.states.advance` forbids it.
         """
         self.state = advance(
             INSTANCE_TRANSITIONS, self.state, to, f"instance {self.iid} of {self.unit.name}"

@@ -1,10 +1,5 @@
-"""Setting an instance process's CPU weight: the nice value of every thread it has.
-
-Linux keeps a nice value per thread (``setpriority(2)``: ``PRIO_PROCESS`` with a thread
-id changes that thread alone; a thread created later takes its creator's), so a process
-is reniced thread by thread from ``/proc/PID/task``. Raising a nice value needs no
-privilege; lowering it needs ``CAP_SYS_NICE`` or a ``RLIMIT_NICE`` that allows it
-(systemd's ``LimitNICE=``), else the kernel answers ``EPERM`` and the value stays.
+"""Renice an instance process thread by thread from ``/proc/PID/task`` (``setpriority(2)`` is
+per thread); lowering needs ``CAP_SYS_NICE`` or ``RLIMIT_NICE``, else ``EPERM``.
 """
 
 from __future__ import annotations
@@ -13,12 +8,7 @@ import os
 
 
 def renice_process(pid: int, nice: int) -> str | None:
-    """Set every thread of process ``pid`` to ``nice`` (-20..19).
-
-    Returns:
-        None when every thread now runs at ``nice``; else why not (the process is gone,
-        or lowering the value was refused: ``EPERM``), for the caller to log.
-    """
+    """Set every thread of ``pid`` to ``nice`` (-20..19); None on success, else why not."""
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except (FileNotFoundError, ProcessLookupError):

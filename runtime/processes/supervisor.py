@@ -1,14 +1,10 @@
 """The supervisor: starts, watches, restarts and stops instance processes.
 
-Each instance is a process (``infscaler.runtime.serving.instance`` run as ``__main__``) bound to one unit,
-one engine and a core set. The supervisor gives it its control socket (registered with
-the tensor sharing manager), watches its status pipe and its exit (a pidfd: event
-driven, no polling), and when an instance dies without being asked to, has the manager
-reclaim its tokens (:meth:`TensorSharingManager.instance_died`: its unacknowledged
-inputs are re-routed to live instances of the same unit or held until the restart,
-InfScaler §IV-B), then starts a replacement.
+Each instance is a process bound to one unit, engine and core set, with a control socket,
+a status pipe and a pidfd watched without polling. An instance that dies unasked has its
+tokens reclaimed by the manager (re-routed or held, InfScaler §IV-B), then is replaced.
 
-More (details, why it is so, history, figures): docs/serving.md, "`runtime/processes/supervisor.py`".
+More: docs/serving.md, "`runtime/processes/supervisor.py`".
 """
 
 from __future__ import annotations
@@ -52,16 +48,14 @@ class InstanceStartError(InfScalerError):
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """Exponential restart backoff (see the module docstring).
+    """Exponential restart backoff (restarts never stop).
 
     Attributes:
         initial_s: delay before the first restart after a healthy run, s.
-        factor: growth per consecutive crash.
-        max_s: the largest delay, s (restarts never stop; they wait this long at most).
-        healthy_after_s: an instance ready this long resets the crash count, s.
-        hold_through_s: requests of a unit left with no live instance wait for its
-            replacement only when the restart delay is at most this long, s; beyond,
-            they are failed at once (503).
+        factor: growth per consecutive crash. max_s: the largest delay, s.
+        healthy_after_s: ready this long resets the crash count, s.
+        hold_through_s: requests of a unit without a live instance wait for its
+            replacement only when the delay is at most this, s; else 503 at once.
     """
 
     initial_s: float = 0.05
@@ -89,18 +83,17 @@ class RestartPolicy:
 
 
 class Supervisor:
-    """Start / stop / restart instance processes (see the module docstring).
+    """Start / stop / restart instance processes.
 
     Args:
         manager: the running :class:`~infscaler.shm.manager.TensorSharingManager`.
-        service_id: the tensor pool's service id (instances attach its slabs).
-        policy: the restart backoff (:class:`RestartPolicy`; restarts never give up).
-        on_change: called (no arguments, from the supervisor thread) when an instance
-            becomes ready, exits or is restarted.
+        service_id: the tensor pool's service id.
+        policy: the restart backoff.
+        on_change: called from the supervisor thread when an instance becomes ready,
+            exits or is restarted.
         env: extra environment for instances.
-        fork_server: fork instances from a zygote (:mod:`infscaler.runtime.processes.zygote`);
-            None: unless ``INFSCALER_ZYGOTE=0``. False: spawn each one as a fresh
-            interpreter (the way before the zygote).
+        fork_server: fork instances from a zygote (None: unless ``INFSCALER_ZYGOTE=0``;
+            False: spawn fresh interpreters).
     """
 
     def __init__(
@@ -341,8 +334,7 @@ class Supervisor:
         return h
 
     def _spawn(self, unit: Unit, fds: tuple[int, ...], undo: Callable[[], None]) -> Any:
-        """A fresh interpreter running the instance module with ``fds`` passed to it (the
-        :class:`subprocess.Popen`); on failure ``undo`` runs first.
+        """A fresh interpreter running the instance module with ``fds`` (``undo`` runs on failure).
 
         Raises:
             InstanceStartError: the process could not be created.
@@ -382,8 +374,7 @@ class Supervisor:
         """Block until every handle is ready.
 
         Raises:
-            InstanceStartError: one reported a fatal error or exited, or ``timeout``
-                passed (the message names the unit and the reason).
+            InstanceStartError: one failed or exited, or ``timeout`` passed (names unit and reason).
         """
         deadline = time.monotonic() + timeout
         for h in handles:

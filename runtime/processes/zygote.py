@@ -1,13 +1,8 @@
-"""The fork server ("zygote"): instances forked from one warm, thread-free process.
+"""The fork server ("zygote"): instances forked from one warm, thread-free process that has
+the instance stack imported, sharing those pages copy-on-write (a fresh interpreter
+costs ~0.5 s and ~45 MB USS before its model).
 
-Why: an instance started as a fresh interpreter (``python -c ... runpy`` of
-:mod:`infscaler.runtime.serving.instance`) pays ~0.5 s of imports and keeps ~45 MB of private
-memory (USS) before it loads its model: Python's heap of imported modules, numpy's and
-onnxruntime's relocated library data, interned strings. Asymmetric scaling only pays
-when one more instance is cheap. The zygote imports all of that once; instances are
-``fork()``-ed from it and share those pages copy-on-write.
-
-More (details, why it is so, history, figures): docs/serving.md, "`runtime/processes/zygote.py`".
+More: docs/serving.md, "`runtime/processes/zygote.py`".
 """
 
 from __future__ import annotations
@@ -72,11 +67,8 @@ def enabled_by_env() -> bool:
 
 
 class ZygoteUnavailable(InfScalerError):
-    """The fork server cannot start this instance (not running, restarting, refused).
-
-    Attributes:
-        sent: the request reached the zygote (a child may exist: the caller must not
-            reuse the fds it passed).
+    """The fork server cannot start this instance; ``sent``: the request reached it (a child
+    may exist: do not reuse the fds).
     """
 
     def __init__(self, message: str, sent: bool = False) -> None:
@@ -86,11 +78,7 @@ class ZygoteUnavailable(InfScalerError):
 
 # -- framing -----------------------------------------------------------------------------------
 def send_frame(sock: socket.socket, obj: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    """Send one frame (``obj`` as JSON) with ``fds`` as ``SCM_RIGHTS``.
-
-    Raises:
-        OSError: the socket is closed (the peer died).
-    """
+    """Send ``obj`` as one JSON frame with ``fds`` as ``SCM_RIGHTS``; OSError when the peer died."""
     data = json.dumps({**obj, "nfds": len(fds)}).encode()
     payload = _HDR.pack(len(data)) + data
     if fds:
@@ -110,11 +98,10 @@ class FrameReader:
         self.fds: collections.deque[int] = collections.deque()
 
     def read(self) -> list[tuple[dict[str, Any], list[int]]] | None:
-        """Read what is available (blocks for at least one chunk); the complete frames
-        with their fds; None at EOF.
+        """The complete frames available, with their fds (blocks for one chunk); None at EOF.
 
         Raises:
-            ValueError: a malformed frame (the peer is not the zygote / service).
+            ValueError: a malformed frame.
         """
         fds = array.array("i")
         data, anc, _flags, _addr = self.sock.recvmsg(
@@ -397,12 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # -- the service's side ------------------------------------------------------------------------
 class ForkedProcess:
-    """An instance forked by the zygote, with the :class:`subprocess.Popen` methods the
-    supervisor uses (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``,
-    ``returncode``), on a pidfd.
-
-    ``returncode`` stays None after the exit when the status is unknown (the zygote that
-    forked it died before reporting it).
+    """A zygote-forked instance on a pidfd, with the :class:`subprocess.Popen` methods the
+    supervisor uses; ``returncode`` stays None when the status is unknown.
     """
 
     args = "infscaler-zygote-fork"
@@ -450,22 +433,14 @@ class ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int | None:
-        """Wait for the exit; returns :attr:`returncode`.
-
-        Raises:
-            subprocess.TimeoutExpired: still running after ``timeout`` s.
-        """
+        """Wait for the exit; returns :attr:`returncode`; subprocess.TimeoutExpired after ``timeout``."""
         if not self._dead(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         self._finish()
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        """``pidfd_send_signal``; nothing once it exited (as Popen).
-
-        Raises:
-            ProcessLookupError: it exited meanwhile.
-        """
+        """``pidfd_send_signal``; nothing once it exited; ProcessLookupError if it exits meanwhile."""
         with self._lock:
             if self.exited:
                 return
@@ -505,14 +480,12 @@ class _Generation:
 
 
 class ForkServer:
-    """The service's handle on its zygote: starts it, forks instances through it,
-    restarts it when it dies (see the module docstring).
+    """The service's handle on its zygote: starts it, forks instances through it, restarts it.
 
     Args:
-        env: the environment of the zygote (and so of every instance it forks).
-        spawn: runs a callable on the supervisor's long-lived spawn thread and returns
-            its result (``PR_SET_PDEATHSIG`` is bound to the thread that forks).
-        ready_timeout_s: how long a fork waits for a zygote that is starting, s.
+        env: the environment of the zygote and its instances.
+        spawn: runs a callable on the supervisor's long-lived spawn thread.
+        ready_timeout_s: how long a fork waits for a starting zygote, s.
     """
 
     def __init__(
@@ -659,13 +632,10 @@ class ForkServer:
     def fork(
         self, spec: dict[str, Any], fds: Sequence[int], timeout: float = 60.0
     ) -> ForkedProcess:
-        """Fork an instance running :func:`infscaler.runtime.serving.instance.serve` on ``spec``
-        with ``fds`` (channel socket, status pipe write end, command pipe read end; the
-        child gets copies, the caller keeps and closes its own).
+        """Fork an instance serving ``spec`` with copies of ``fds`` (the caller closes its own).
 
         Raises:
-            ZygoteUnavailable: not running / not ready / refused / no reply within
-                ``timeout`` s (``sent``: a child may exist).
+            ZygoteUnavailable: not ready, refused, or no reply within ``timeout`` s.
         """
         gen = self._ready_generation()
         fut = self._request(gen, {"op": "fork", "spec": spec}, fds)
@@ -686,11 +656,7 @@ class ForkServer:
         return got  # the reader thread built it (registered before any exit report)
 
     def preload(self, modules: Sequence[str], timeout: float = 120.0) -> dict[str, str]:
-        """Import ``modules`` in the zygote (the function modules of a pipeline being
-        deployed), so instances forked later share them; a restarted zygote imports
-        them again. Returns ``{module: error}`` for those that failed (those are not
-        preloaded; the instance that needs one imports it, and reports its error, itself).
-        """
+        """Import ``modules`` in the zygote (again after a restart); ``{module: error}`` for failures."""
         new = [m for m in dict.fromkeys(modules) if m and m not in self._modules]
         if not new:
             return {}

@@ -27,10 +27,5 @@ def probe_cpu() -> tuple[bool, str]:
 
 
 def open_cpu_session(path: Path, threads: int) -> ort.InferenceSession:
-    """The cpu engine's session of the model at ``path``, on ``threads`` intra-op threads.
-
-    Raises:
-        EngineUnavailable / ModelLoadError: as
-            :func:`~infscaler.engines.onnxrt.loader.load_session`.
-    """
+    """The cpu engine's session of ``path`` on ``threads`` threads; raises as ``load_session``."""
     return load_session(path, engine="cpu", threads=threads)

@@ -22,12 +22,9 @@ log = logging.getLogger("infscaler.engines.cpu")
 
 
 class CPUEngine(Engine):
-    """onnxruntime CPU EP engine (see :mod:`infscaler.engines.cpu` for its session settings).
+    """onnxruntime CPU EP engine (fp32 only: the model runs as it is typed).
 
-    ``memory_mb`` is this process's USS growth across :meth:`load` (RSS growth where USS
-    cannot be read): the weights onnxruntime holds plus its session state, measured, not
-    estimated. Only ``fp32`` is a precision here: the CPU EP runs the model as it is typed
-    (a quantized model runs quantized).
+    ``memory_mb`` is this process's USS growth across :meth:`load` (RSS where USS is unreadable).
     """
 
     kind = "cpu"

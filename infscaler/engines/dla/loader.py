@@ -1,11 +1,6 @@
-"""What the ``dla`` engine loads with: its availability check (:func:`probe_dla`,
-answered by the provider probe of :mod:`infscaler.engines.gpu.probe` in a subprocess: the
-TensorRT EP with ``trt_dla_enable`` starting a session, else native TensorRT + pycuda + a
-CUDA device + DLA cores). On the native path the engine is built and cached by
-:mod:`infscaler.engines.tensorrt.loader` with the DLA settings of the
-:class:`~infscaler.engines.tensorrt.loader.BuildSpec` (``dla_core``, ``gpu_fallback``); on
-the onnxruntime path the session is
-:func:`~infscaler.engines.gpu.loader.open_ort_gpu_session` with ``engine="dla"``.
+"""What the ``dla`` engine loads with: :func:`probe_dla` (the provider probe of
+:mod:`infscaler.engines.gpu.probe`); the build is :mod:`infscaler.engines.tensorrt.loader`'s
+(``dla_core``, ``gpu_fallback``) or :func:`~infscaler.engines.gpu.loader.open_ort_gpu_session`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The ``dla`` engine's runner: :class:`DLAEngine`, a model on a Jetson DLA core through
-onnxruntime's TensorRT EP (:class:`~infscaler.engines.gpu.runner.OrtGpuPath`) or native
-TensorRT (:class:`~infscaler.engines.tensorrt.runner.TensorRTEngine`'s path); see
-:mod:`infscaler.engines.dla` for the DLA build and its precisions.
+onnxruntime's TensorRT EP or native TensorRT.
 """
 
 from __future__ import annotations

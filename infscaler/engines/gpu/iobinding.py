@@ -1,7 +1,6 @@
-"""Running an onnxruntime GPU session through IOBinding, with inputs read from the
-caller's memory and outputs written into pre-allocated host arrays.
+"""An onnxruntime GPU session run through IOBinding, outputs into pre-allocated host arrays.
 
-More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/gpu/iobinding.py`".
+More: docs/engines.md, "`infscaler/engines/gpu/iobinding.py`".
 """
 
 from __future__ import annotations
@@ -33,19 +32,12 @@ class HostMemory(Protocol):
 
 
 class BoundSession:
-    """``session`` run through IOBinding (see the module doc).
-
-    Args:
-        session: an onnxruntime session (any provider; the CPU EP binds host memory too).
-        device_index: the CUDA device ``cuda`` bindings name.
-        host_memory: registered host memory inputs may lie in, or None.
+    """``session`` run through IOBinding on CUDA device ``device_index``; inputs may lie in
+    ``host_memory`` (registered). Not thread-safe (one binding reused per call).
 
     Attributes:
-        counts: how inputs were bound (``device``: in place on the GPU, ``pinned``: a DMA
-            from registered memory, ``host``: copied from pageable memory) and how outputs
-            were returned (``preallocated``, ``ort``), since creation.
-
-    Not thread-safe: one binding is reused per call (an instance runs one request at a time).
+        counts: inputs bound ``device`` / ``pinned`` / ``host`` and outputs returned
+            ``preallocated`` / ``ort``, since creation.
     """
 
     def __init__(
@@ -89,17 +81,11 @@ class BoundSession:
         outputs: list[str],
         out: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run once.
-
-        Args:
-            feeds: checked feeds (``{name: ndarray}``; non-contiguous arrays are made
-                contiguous first).
-            outputs: the output names wanted.
-            out: ``{output name: writable C-contiguous array}`` to write outputs into (its
-                dtype and shape must be the output's); others are allocated here.
+        """Run once on checked ``feeds``; outputs into ``out``'s arrays (exact dtype and shape,
+        C-contiguous) where given, else allocated.
 
         Returns:
-            ``{output name: array}`` the caller owns (``out``'s arrays where given).
+            ``{output name: array}`` the caller owns.
 
         Raises:
             InferenceError: onnxruntime failed, or an ``out`` array does not fit.

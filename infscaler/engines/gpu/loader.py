@@ -1,8 +1,5 @@
-"""What the ``gpu`` engine loads with: which backend serves it on this host
-(:func:`probe_gpu_backend`, its availability check, answered by the provider probe of
-:mod:`.probe` in a subprocess) and, on the onnxruntime backends (TensorRT EP, CUDA EP),
-its session in the device's primary context (:func:`open_ort_gpu_session`). The native
-TensorRT backend builds and loads through :mod:`infscaler.engines.tensorrt`.
+"""What the ``gpu`` engine loads with: :func:`probe_gpu_backend` (which backend serves it)
+and :func:`open_ort_gpu_session` (the onnxruntime backends' session).
 """
 
 from __future__ import annotations
@@ -48,19 +45,15 @@ def open_ort_gpu_session(
     cache_dir: Path | None = None,
     gpu_fallback: bool = True,
 ) -> tuple[CudaDriver, ort.InferenceSession, int]:
-    """An onnxruntime session of the model at ``path`` on the gpu / dla engine's provider
-    (:func:`~infscaler.engines.onnxrt.loader.providers_for`), with CUDA device
-    ``device_index``'s primary context retained (release it with
-    ``driver.release_primary(device_index)`` when the session is dropped). For ``dla``,
-    ``device_index`` is the DLA core and the CUDA device is 0 (a Jetson has one iGPU).
+    """An onnxruntime session of ``path`` on the gpu / dla provider, with CUDA device
+    ``device_index``'s primary context retained (release with ``driver.release_primary``); for
+    ``dla``, ``device_index`` is the DLA core and the CUDA device is 0.
 
     Returns:
-        The driver, the session, and the device memory the session took in bytes (free
-        device memory before minus after, in the primary context: device-wide; with the
-        TensorRT EP this includes the engine build's peak when nothing was cached).
+        The driver, the session, and the device-wide free memory it took, bytes.
 
     Raises:
-        EngineUnavailable: the CUDA driver failed, or onnxruntime could not start the provider.
+        EngineUnavailable: the CUDA driver or the provider failed.
         InferenceError: ``device_index`` is not a CUDA device of this host.
         ModelLoadError: as :func:`~infscaler.engines.onnxrt.loader.load_session`.
     """

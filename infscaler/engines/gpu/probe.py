@@ -1,11 +1,7 @@
-"""What really runs the ``gpu`` and ``dla`` engines on this host, found in a short
-subprocess so that the asking process never initialises CUDA.
+"""What really runs the ``gpu`` and ``dla`` engines on this host, found in a short subprocess
+(the asking process never initialises CUDA). Source: onnxruntime.ai/docs/execution-providers/.
 
-Sources: onnxruntime's execution-provider docs (CUDA EP; TensorRT EP options
-``trt_fp16_enable``, ``trt_engine_cache_enable``, ``trt_engine_cache_path``,
-``trt_dla_enable``, ``trt_dla_core``), onnxruntime.ai/docs/execution-providers/.
-
-More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/gpu/probe.py`".
+More: docs/engines.md, "`infscaler/engines/gpu/probe.py`".
 """
 
 from __future__ import annotations
@@ -186,13 +182,8 @@ def main() -> int:
 
 @dataclass
 class ProviderReport:
-    """What the probe's child found (or why it found nothing).
-
-    Attributes:
-        ok: the child ran and printed a report.
-        error: why not (crash, timeout, unreadable output), else "".
-        data: the child's JSON (see :func:`child_report`).
-        probed_s: when it was probed (``time.time()``).
+    """What the probe's child found: ``ok``, ``error`` (why not, else ""), ``data`` (its JSON),
+    ``probed_s`` (``time.time()``).
     """
 
     ok: bool
@@ -311,12 +302,8 @@ class ProviderReport:
 
 
 def parse_probe(stdout: str, returncode: int | None, stderr: str = "") -> ProviderReport:
-    """The child's output as a :class:`ProviderReport`.
-
-    Args:
-        stdout: what it printed (one JSON object on its last non-empty line).
-        returncode: its exit status; None when it was killed for the timeout.
-        stderr: its error output (the tail is quoted when it failed).
+    """The child's ``stdout`` (JSON on its last non-empty line), ``returncode`` (None: killed)
+    and ``stderr`` as a :class:`ProviderReport`.
     """
     now = time.time()
     tail = " | ".join(line.strip() for line in stderr.strip().splitlines()[-3:] if line.strip())
@@ -442,12 +429,10 @@ _MEMO_LOCK = threading.Lock()
 
 
 def probe_providers(*, refresh: bool = False) -> ProviderReport:
-    """The host's :class:`ProviderReport`: memoised for the process, cached on disk per
-    :func:`probe_key` (``$INFSCALER_CACHE_DIR/probes/``; ``INFSCALER_PROBE_NO_CACHE=1``
-    skips the disk), else :func:`run_probe`; answered without a child where nothing
-    installed could use CUDA (no CUDA / TensorRT EP in onnxruntime, no tensorrt). A failed
-    probe is not written to disk (the next process tries again). Never initialises CUDA in
-    the calling process."""
+    """The host's :class:`ProviderReport`: memoised, cached on disk per :func:`probe_key` (not
+    failures; ``INFSCALER_PROBE_NO_CACHE=1`` skips), else :func:`run_probe`; no child where
+    nothing installed could use CUDA.
+    """
     global _MEMO
     with _MEMO_LOCK:
         if _MEMO is not None and not refresh:

@@ -1,8 +1,5 @@
-"""The ``gpu`` engine's runner: :class:`GPUEngine`, a model on a CUDA GPU through
-onnxruntime's TensorRT EP, native TensorRT
-(:class:`~infscaler.engines.tensorrt.runner.TensorRTEngine`'s path) or onnxruntime's CUDA
-EP (see :mod:`infscaler.engines.gpu` for how the backend is chosen), and
-:class:`OrtGpuPath`, the onnxruntime path it shares with the ``dla`` engine.
+"""The ``gpu`` engine's runner: :class:`GPUEngine` (TensorRT EP, native TensorRT or CUDA EP)
+and :class:`OrtGpuPath`, the onnxruntime path it shares with the ``dla`` engine.
 """
 
 from __future__ import annotations
@@ -95,11 +92,7 @@ class OrtGpuPath(TensorRTEngine):
 
 
 class GPUEngine(OrtGpuPath):
-    """A model on a CUDA GPU (``device_index`` = CUDA device). See :mod:`infscaler.engines.gpu`.
-
-    ``threads`` sets onnxruntime's intra-op threads on the onnxruntime backends (operators
-    that fall back to the CPU); TensorRT runs no CPU thread pool.
-    """
+    """A model on CUDA device ``device_index``; ``threads``: onnxruntime's intra-op threads."""
 
     kind = "gpu"
 

@@ -1,15 +1,8 @@
-"""The onnxruntime loader of the engine layer: every ``onnxruntime.InferenceSession`` of
-InfScaler is built by :func:`load_session` (the serving engines, the partitioner's
-profiler and verification, model probing, variants, unit profiles, the reference runner
-and the bench scripts).
+"""The onnxruntime loader of the engine layer: every ``InferenceSession`` of InfScaler is
+built by :func:`load_session`. Nothing here imports onnxruntime at import time (fork
+servers fork from processes that import this module).
 
-Nothing here imports onnxruntime or creates a session, a thread pool or a CUDA context at
-import time (a fork server forks from a process that imported this module, and the
-partitioner and the model-less registry import it at their top): onnxruntime is imported
-by the first call that needs it; its global thread pools and the CUDA EP start with the
-first session.
-
-More (details, why it is so): docs/engines.md, "`infscaler/engines/onnxrt/loader.py`".
+More: docs/engines.md, "`infscaler/engines/onnxrt/loader.py`".
 """
 
 from __future__ import annotations
@@ -67,20 +60,16 @@ def session_options(
     optimized_model_path: str | os.PathLike[str] | None = None,
     external_data_folder: str | os.PathLike[str] | None = None,
 ) -> ort.SessionOptions:
-    """onnxruntime session options; the defaults are the serving cpu engine's. Errors only
-    are logged (severity 3).
+    """onnxruntime session options (defaults: the serving cpu engine's; errors-only logging).
 
     Args:
-        threads: ``intra_op_num_threads`` (with ``inter_op_num_threads = 1``,
-            ``ORT_SEQUENTIAL``); None: onnxruntime's defaults (a thread per physical core).
-        optimization: a key of :data:`OPTIMIZATION_LEVELS` (``all`` by default).
-        spinning: ``session.intra_op.allow_spinning``: False (default) lets idle workers
-            sleep (why: :mod:`infscaler.engines.cpu`); None: onnxruntime's default (on).
-        profile_prefix: turn onnxruntime's profiler on, its Chrome trace under this prefix.
-        optimized_model_path: write the optimised graph here (``optimized_model_filepath``).
-        external_data_folder: the folder a model given as bytes has its external-data
-            references relative to (onnxruntime >= 1.17 memory-maps them; references leaving
-            the folder are refused).
+        threads: ``intra_op_num_threads`` (inter-op 1, sequential); None: onnxruntime's default.
+        optimization: a key of :data:`OPTIMIZATION_LEVELS`.
+        spinning: ``session.intra_op.allow_spinning`` (None: onnxruntime's default, on).
+        profile_prefix: turn the profiler on, its trace under this prefix.
+        optimized_model_path: write the optimised graph here.
+        external_data_folder: the folder external-data references of a bytes model are
+            relative to.
 
     Raises:
         ConfigError: ``threads < 1`` or an unknown ``optimization``.
@@ -132,17 +121,10 @@ def gpu_provider_options(
     cache_dir: str | os.PathLike[str] | None = None,
     gpu_fallback: bool = True,
 ) -> list[Any]:
-    """The onnxruntime providers, with options, of a gpu / dla ``backend`` (option names as
-    onnxruntime's TensorRT / CUDA execution-provider docs).
-
-    - ``onnxruntime-cuda``: ``[("CUDAExecutionProvider", {"device_id", "use_tf32": "0"}),
-      "CPUExecutionProvider"]`` (TF32 off: fp32 means fp32);
-    - ``onnxruntime-trt``: the TensorRT EP (``device_id``, ``trt_engine_cache_enable``,
-      ``trt_engine_cache_path`` = <cache_dir>/onnxruntime-trt, created here;
-      ``trt_fp16_enable`` for fp16), then the CUDA and CPU EPs;
-    - ``onnxruntime-trt-dla``: the TensorRT EP with ``trt_dla_enable``, ``trt_dla_core =
-      device_index`` and fp16, GPU fallback inside TensorRT, then the CUDA EP (when
-      ``gpu_fallback``) and the CPU EP.
+    """The onnxruntime providers, with options, of a gpu / dla ``backend``: the CUDA EP (TF32
+    off), the TensorRT EP (engine cache under ``<cache_dir>/onnxruntime-trt``, fp16 when
+    asked) or the TensorRT EP on DLA core ``device_index`` (fp16), then CUDA (dla: when
+    ``gpu_fallback``) and CPU.
 
     Raises:
         ConfigError: an unknown backend.
@@ -179,19 +161,12 @@ def providers_for(
     cache_dir: str | os.PathLike[str] | None = None,
     gpu_fallback: bool = True,
 ) -> list[Any]:
-    """The onnxruntime execution providers that run ``engine`` (Polygraphy's provider keys).
-
-    - ``cpu``: ``["CPUExecutionProvider"]``;
-    - ``gpu`` / ``dla`` where an onnxruntime backend serves them on this host
-      (:func:`~infscaler.engines.engine_backend`: ``onnxruntime-trt``,
-      ``onnxruntime-cuda``, ``onnxruntime-trt-dla``): :func:`gpu_provider_options`;
-    - ``gpu`` / ``dla`` where native TensorRT serves them: no onnxruntime session serves
-      them; use :func:`~infscaler.engines.create_engine`.
+    """The onnxruntime execution providers that run ``engine`` (cpu, or
+    :func:`gpu_provider_options` of its onnxruntime backend).
 
     Raises:
         ConfigError: an unknown engine kind.
-        EngineUnavailable: the engine is missing on this host (the reason of
-            :func:`~infscaler.engines.available`), or is served by native TensorRT.
+        EngineUnavailable: missing on this host, or served by native TensorRT.
     """
 
     require_engine(engine)
@@ -233,30 +208,17 @@ def load_session(
     """An onnxruntime session of ``model`` on ``engine`` (Polygraphy's ``SessionFromOnnx``).
 
     Args:
-        model: an ``.onnx`` path, the serialised model (``bytes``), or an
-            ``onnx.ModelProto`` (serialised here; pass a path for models over 2 GB).
-        engine: ``cpu``, ``gpu`` or ``dla`` (see :func:`providers_for`).
-        threads, optimization, spinning: as :func:`session_options` (ignored when
-            ``options`` is given).
-        options: ready ``SessionOptions`` (from :func:`session_options`), e.g. with the
-            profiler on; ``external_data_folder`` is still applied to them.
-        external_data_folder: as :func:`session_options` (a model whose weights are
-            referenced, not embedded; see :mod:`infscaler.partitioner.weights`).
+        model: an ``.onnx`` path, serialised bytes, or an ``onnx.ModelProto``.
+        threads, optimization, spinning: as :func:`session_options` (unless ``options``).
+        options: ready ``SessionOptions``; ``external_data_folder`` is still applied.
         device_index: the CUDA device for ``gpu``, the DLA core for ``dla``.
-        precision, cache_dir, gpu_fallback: the gpu / dla provider options
-            (:func:`gpu_provider_options`).
-
-    Returns:
-        The ``InferenceSession``. For ``gpu`` / ``dla``, its first provider is the one of
-        the engine's backend (TensorRT EP or CUDA EP).
+        precision, cache_dir, gpu_fallback: :func:`gpu_provider_options`.
 
     Raises:
         ConfigError: an unknown engine, optimisation level or ``threads < 1``.
-        EngineUnavailable: the engine is missing on this host, is not served by
-            onnxruntime, or onnxruntime could not start its execution provider.
-        ModelLoadError: onnxruntime cannot read the model (not ONNX, truncated), the model
-            is invalid, an operator is not implemented, or a ModelProto is too large to
-            serialise; the message is onnxruntime's.
+        EngineUnavailable: the engine is missing, not served by onnxruntime, or its
+            provider failed to start.
+        ModelLoadError: onnxruntime cannot read or run the model (its message).
     """
     providers = providers_for(
         engine, device_index=device_index, precision=precision,

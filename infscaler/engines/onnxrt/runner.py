@@ -38,12 +38,8 @@ _ORT_DTYPES: dict[str, np.dtype] = {
 
 
 def session_tensor_infos(args: Sequence[Any], path: Any) -> list[TensorInfo]:
-    """:class:`~infscaler.engines.base.TensorInfo` for onnxruntime ``NodeArg`` s
-    (``session.get_inputs()``).
-
-    Raises:
-        ModelLoadError: a non-tensor input / output (sequence, map), which engines do not
-            feed.
+    """:class:`~infscaler.engines.base.TensorInfo` for onnxruntime ``NodeArg`` s; ModelLoadError
+    for a non-tensor (sequence, map).
     """
     infos = []
     for a in args:
@@ -60,15 +56,10 @@ def session_tensor_infos(args: Sequence[Any], path: Any) -> list[TensorInfo]:
 def run_session(
     session: ort.InferenceSession, feeds: dict[str, np.ndarray], outputs: list[str]
 ) -> dict[str, np.ndarray]:
-    """``session.run`` returning arrays the caller owns (Polygraphy's ``OnnxrtRunner``
-    ``infer_impl``).
-
-    onnxruntime's outputs can be views of buffers it keeps (``base`` is its capsule);
-    those are copied.
+    """``session.run`` returning arrays the caller owns (views of onnxruntime's buffers copied).
 
     Raises:
-        InferenceError: onnxruntime failed (its message; e.g. a shape that a Reshape
-            inside the model cannot take).
+        InferenceError: onnxruntime failed (its message).
     """
     try:
         results = session.run(outputs, feeds)

@@ -1,10 +1,6 @@
-"""The TensorRT engine cache: serialised engines kept under ``cache_dir``, keyed (like
-trtexec's ``--saveEngine`` / jetson-inference's ``.engine`` files) by the model's SHA-256
-(:func:`model_sha256`), the GPU name and compute capability, the TensorRT version, the
-precision, the DLA core and the build settings (shapes, GPU fallback, workspace: the
-:class:`~infscaler.engines.tensorrt.loader.BuildSpec`). A file lock makes instances started
-together build once (:meth:`EngineCache.locked`; the build-or-read step is
-:func:`~infscaler.engines.tensorrt.loader.load_or_build`).
+"""The TensorRT engine cache: serialised engines under ``cache_dir``, keyed by model SHA-256,
+GPU, TensorRT version and :class:`~infscaler.engines.tensorrt.loader.BuildSpec`; a file
+lock makes instances started together build once.
 """
 
 from __future__ import annotations
@@ -50,13 +46,8 @@ def _slug(text: str) -> str:
 
 @dataclass
 class EngineCache:
-    """Where a built engine lives: ``<dir>/<model>-<sha>-<gpu>-trt<ver>-<prec>[-dlaN]-<key>.engine``
-    plus a ``.json`` beside it (the key, build time, DLA fallback layers).
-
-    Attributes:
-        directory: the cache directory.
-        key: model SHA-256, GPU name and compute capability, TensorRT version and the
-            :class:`~infscaler.engines.tensorrt.loader.BuildSpec`.
+    """``<dir>/<model>-<sha>-<gpu>-trt<ver>-<prec>[-dlaN]-<key>.engine`` plus a ``.json`` (key,
+    build time, DLA fallback layers) in ``directory``.
     """
 
     directory: Path

@@ -1,9 +1,5 @@
-"""The CUDA driver and device for the TensorRT engines (and the unified-memory backend of
-:mod:`infscaler.shm`).
-
-Nothing here loads ``libcuda`` at import: :class:`CudaDriver` does, when constructed.
-
-More: docs/engines.md, "`infscaler/engines/tensorrt/cuda.py`".
+"""The CUDA driver and device for the TensorRT engines (and :mod:`infscaler.shm`'s unified
+memory); ``libcuda`` loads only when :class:`CudaDriver` is constructed.
 """
 
 from __future__ import annotations
@@ -19,15 +15,12 @@ __all__ = ["CudaDevice", "CudaDriver", "cuda_devices", "open_cuda_driver"]
 
 
 class CudaDriver:
-    """The few CUDA driver API calls the engines need, through ctypes on ``libcuda``.
-
-    Used to find CUDA devices without pycuda (the onnxruntime CUDA EP path needs no
-    pycuda) and to read a device's free memory (``cuMemGetInfo``) in its primary context,
-    the context the CUDA runtime (TensorRT, onnxruntime) uses.
+    """The few CUDA driver API calls the engines need (device lookup, ``cuMemGetInfo`` in the
+    primary context), through ctypes on ``libcuda``.
 
     Raises:
-        OSError: ``libcuda.so.1`` cannot be loaded (no NVIDIA driver).
-        RuntimeError: a driver call failed (message: the call and the driver's error).
+        OSError: ``libcuda.so.1`` cannot be loaded.
+        RuntimeError: a driver call failed (the call and the driver's error).
     """
 
     def __init__(self) -> None:
@@ -187,11 +180,8 @@ def cuda_devices() -> tuple[list[str], str]:
 
 
 class CudaDevice:
-    """A CUDA device's primary context through pycuda, made current only while in use.
-
-    The CUDA runtime inside TensorRT uses whatever context is current, so pushing the
-    device's primary context (``Device.retain_primary_context``) around build, load,
-    inference and release keeps every TensorRT object on this device, from any thread.
+    """A CUDA device's primary context through pycuda, pushed only while in use (TensorRT uses
+    the current context).
 
     Raises:
         InferenceError: ``index`` is not a device of this host.

@@ -1,12 +1,8 @@
-"""The TensorRT loader of the ``gpu`` and ``dla`` engines: import, probe, read the model,
-build (Polygraphy's ``polygraphy/backend/trt/loader.py``: a network from ONNX, an engine
-from the network), written against the TensorRT Python API as documented for TensorRT 8.x
-and 10.x (``docs.nvidia.com/deeplearning/tensorrt/api/python_api``):
+"""The TensorRT loader of the ``gpu`` and ``dla`` engines (Polygraphy's
+``backend/trt/loader.py``; TensorRT 8.x / 10.x Python API): :func:`build_serialized_engine`,
+:func:`load_or_build`, :func:`probe_tensorrt_host`.
 
-- **Build** (:func:`build_serialized_engine`), **cache** (:func:`load_or_build`), **probe**
-  (:func:`probe_tensorrt_host`).
-
-More (details, why it is so, history, figures): docs/engines.md, "`infscaler/engines/tensorrt/loader.py`".
+More: docs/engines.md, "`infscaler/engines/tensorrt/loader.py`".
 """
 
 from __future__ import annotations
@@ -143,14 +139,9 @@ _HOST_LOCK = threading.Lock()
 
 
 def probe_tensorrt_host() -> dict[str, Any]:
-    """What this host has for TensorRT, found once per process.
-
-    Returns:
-        ``trt`` / ``cuda`` (modules or None), ``devices`` (CUDA device names),
-        ``missing`` (reasons, in the order tensorrt, pycuda, CUDA device), and when all
-        three are there: ``version``, ``fast_fp16``, ``fast_int8``, ``dla_cores``
-        (from a ``trt.Builder``), ``strongly_typed_only`` (TensorRT without the FP16
-        builder flag, 11+).
+    """What this host has for TensorRT (once per process): ``trt`` / ``cuda``, ``devices``,
+    ``missing`` reasons, and with all three ``version``, ``fast_fp16``, ``fast_int8``,
+    ``dla_cores``, ``strongly_typed_only``.
     """
     global _HOST
     with _HOST_LOCK:
@@ -192,14 +183,8 @@ def probe_tensorrt_host() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ModelSignature:
-    """What the ONNX file says, read with ``onnx.load(load_external_data=False)``.
-
-    Attributes:
-        inputs / outputs: graph inputs (initializers excluded) and outputs.
-        op_types: every operator type in the graph (subgraphs included).
-        float_types: numpy names of the float types of inputs and initializers.
-        data_files: external-data files the model references (part of its hash).
-        untyped: outputs whose element type the file leaves undefined (the engine's is used).
+    """What the ONNX file says: ``inputs`` / ``outputs``, ``op_types`` (subgraphs included),
+    ``float_types``, ``data_files`` (external data) and ``untyped`` outputs.
     """
 
     inputs: tuple[TensorInfo, ...]
@@ -238,8 +223,7 @@ def read_signature(path: Path) -> ModelSignature:
     """The inputs, outputs and operator types of an ONNX file.
 
     Raises:
-        ModelLoadError: not a readable ONNX model (text, truncated), no graph, or an input
-            that is not a tensor / has no shape.
+        ModelLoadError: not a readable ONNX model, or an input that is not a shaped tensor.
     """
     import onnx
 
@@ -303,13 +287,10 @@ def read_signature(path: Path) -> ModelSignature:
 def bind_shapes(
     inputs: Sequence[TensorInfo], shapes: Mapping[str, Sequence[int]]
 ) -> dict[str, tuple[int, ...]]:
-    """The concrete shape of every input: its own when static, ``shapes[name]`` when it
-    has dynamic dimensions (TensorRT's optimisation profile uses min = opt = max = it).
+    """The concrete shape of every input (``shapes[name]`` for dynamic ones; min = opt = max).
 
     Raises:
-        InferenceError: ``shapes`` names an unknown input; a dynamic input has no entry
-            (the message lists every such input with its ONNX shape); an entry's rank or a
-            fixed dimension differs from the model, or a dimension is < 1.
+        InferenceError: an unknown or missing input, or a rank / fixed dim that differs or < 1.
     """
     by_name = {t.name: t for t in inputs}
     unknown = [k for k in shapes if k not in by_name]
@@ -356,14 +337,8 @@ def bind_shapes(
 
 @dataclass(frozen=True)
 class BuildSpec:
-    """Everything that changes the engine TensorRT builds (all of it is in the cache key).
-
-    Attributes:
-        precision: ``fp32`` / ``fp16`` / ``int8``.
-        shapes: the concrete shape of every input (:func:`bind_shapes`).
-        dla_core: the DLA core, or None for a GPU engine.
-        gpu_fallback: DLA only: layers the DLA cannot run go to the GPU.
-        workspace_bytes: the builder's workspace limit.
+    """Everything that changes the built engine (all in the cache key): ``precision``, ``shapes``,
+    ``dla_core`` (None: GPU), ``gpu_fallback``, ``workspace_bytes``.
     """
 
     precision: str
@@ -416,17 +391,14 @@ def _set_precision(trt: Any, config: Any, precision: str, dla: bool) -> None:
 def build_serialized_engine(
     trt: Any, model_path: Path, spec: BuildSpec
 ) -> tuple[bytes, dict[str, Any]]:
-    """Build a TensorRT engine from an ONNX file (call with the target device's context
-    current).
+    """Build a TensorRT engine from an ONNX file (the device's context current).
 
     Returns:
-        The serialised engine, and ``build_ms``, ``num_layers``, ``fallback_layers``
-        (DLA: names of the layers ``config.can_run_on_DLA`` rejects, which run on the GPU).
+        The serialised engine, and ``build_ms``, ``num_layers``, ``fallback_layers`` (DLA).
 
     Raises:
-        ModelLoadError: the ONNX parser's errors, or the build failed (TensorRT's errors).
-        InferenceError: an input is a shape tensor, or a DLA build has layers the DLA
-            cannot run while GPU fallback is off.
+        ModelLoadError: the parser's or the build's errors.
+        InferenceError: a shape-tensor input, or DLA-rejected layers without GPU fallback.
     """
     logger = trt_logger(trt)
     mark = logger.mark()
@@ -514,11 +486,8 @@ def build_serialized_engine(
 def load_or_build(
     trt: Any, model_path: Path, spec: BuildSpec, cache: EngineCache, *, rebuild: bool = False
 ) -> tuple[bytes, dict[str, Any]]:
-    """The serialised engine from the cache, or built (and cached).
-
-    Returns:
-        The plan, and ``cache_hit``, ``engine_path``, ``build_ms`` (of the build that made
-        it, cached or not), ``fallback_layers``.
+    """The serialised engine from the cache, or built and cached; with ``cache_hit``,
+    ``engine_path``, ``build_ms``, ``fallback_layers``.
     """
     with cache.locked():
         if not rebuild:

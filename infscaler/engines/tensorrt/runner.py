@@ -1,11 +1,6 @@
 """The TensorRT runner of the ``gpu`` and ``dla`` engines (Polygraphy's
-``polygraphy/backend/trt/runner.py``: it owns the execution context and the buffers), and
-:class:`TensorRTEngine`, what the two engines share: options, build / cache / load on the
-TensorRT path, inference and release.
-
-The engine is built or read from the cache by :mod:`infscaler.engines.tensorrt.loader`
-and run on a :class:`~infscaler.engines.tensorrt.cuda.CudaDevice`'s primary context.
-Nothing here imports tensorrt or pycuda at module import.
+``backend/trt/runner.py``) and :class:`TensorRTEngine`, what the two engines share. Nothing
+here imports tensorrt or pycuda at import.
 
 More: docs/engines.md, "`infscaler/engines/tensorrt/runner.py`".
 """
@@ -61,18 +56,9 @@ class _Binding:
 
 
 class TrtRunner:
-    """A deserialised engine, its execution context, buffers and stream.
-
-    Every method must run with the engine's CUDA context current
-    (:meth:`~infscaler.engines.tensorrt.cuda.CudaDevice.active`); :class:`TensorRTEngine`
-    does that.
-
-    Args:
-        trt / cuda: the tensorrt and pycuda.driver modules.
-        plan: the serialised engine.
-        dla_core: the DLA core the engine was built for (``IRuntime.DLA_core``), or None.
-        shapes: the concrete shape of every input (set on the context once: one profile,
-            min = opt = max).
+    """A deserialised ``plan``, its execution context, buffers and stream; every method runs with
+    the engine's CUDA context current. ``dla_core``: ``IRuntime.DLA_core`` or None; ``shapes``:
+    every input's concrete shape (one profile).
     """
 
     def __init__(
@@ -102,9 +88,8 @@ class TrtRunner:
         """Deserialise, create the context, set the input shapes, allocate buffers.
 
         Raises:
-            ModelLoadError: the plan does not deserialise (stale or corrupt cache file, other
-                TensorRT), no context (device memory), a data-dependent output shape, or a
-                tensor type numpy lacks.
+            ModelLoadError: the plan does not deserialise, no context, a data-dependent output
+                shape, or a tensor type numpy lacks.
         """
         trt = self.trt
         logger = trt_logger(trt)
@@ -197,14 +182,11 @@ class TrtRunner:
         self._addresses = [int(b.device) for b in self.bindings]
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        """Copy ``feeds`` in, execute, copy ``outputs`` out (one stream, synchronised).
-
-        Returns:
-            New arrays in the engine's dtypes.
+        """Copy ``feeds`` in, execute, copy ``outputs`` out; new arrays in the engine's dtypes.
 
         Raises:
-            InferenceError: a value that does not fit the engine's narrower type (int64
-                beyond int32 on TensorRT 8), or the execution failed.
+            InferenceError: a value beyond the engine's narrower type (int64 on TensorRT 8), or
+                the execution failed.
         """
         cuda, stream = self.cuda, self.stream
         logger = trt_logger(self.trt)
@@ -255,11 +237,7 @@ class TrtRunner:
 
 
 def _to_engine_dtype(arr: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
-    """``arr`` (already checked against the model's dtype) in the engine's binding dtype.
-
-    TensorRT 8 binds ONNX int64 tensors as int32; values that do not fit are an error,
-    never wrapped.
-    """
+    """``arr`` in the engine's binding dtype (int64 -> int32 on TensorRT 8; overflow is an error)."""
     if arr.dtype == dtype:
         return arr
     out = arr.astype(dtype)
@@ -276,13 +254,8 @@ def _to_engine_dtype(arr: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
 
 
 class TensorRTEngine(Engine):
-    """What the ``gpu`` and ``dla`` engines share: options, build / cache / load on the
-    TensorRT path, inference and release.
-
-    ``memory_mb`` is the device memory the load took: free device memory (``cuMemGetInfo``
-    in the engine's context) before deserialising minus after the context and buffers
-    exist. It is device-wide, so another process allocating at that moment counts too; on
-    a Jetson the device memory is the shared DRAM.
+    """What the ``gpu`` and ``dla`` engines share on the TensorRT path. ``memory_mb``: the
+    device-wide free memory the load took (``cuMemGetInfo``).
     """
 
     _dla: ClassVar[bool] = False
