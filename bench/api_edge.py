@@ -1,5 +1,5 @@
 """The v2 API's edge under malformed requests: the target pipeline and the raw transport,
-shared by ``bench/fuzz_api.py`` and ``tests/{unit,integration}/.../test_reliability_edge.py``;
+for ``tests/{unit,integration}/.../test_reliability_edge.py``;
 the malformed requests themselves are hypothesis strategies (``bench/api_edge_cases.py``).
 
 The target is :func:`fuzz_pipeline`: ``x`` FP32 [-1, 4] -> function stage ``check``
@@ -216,10 +216,3 @@ def check_valid(socket_path: str, rng: random.Random | None = None) -> str | Non
     if not np.allclose(y, expected_y(x), rtol=1e-5, atol=1e-5):
         return "valid request got a wrong y"
     return None
-
-
-def rss_mb(pid: int) -> float:
-    """Resident set size of ``pid`` in MB (psutil)."""
-    import psutil
-
-    return psutil.Process(pid).memory_info().rss / 2**20

@@ -2,7 +2,7 @@
 JSON, HTTP-level hardening (garbage, slow and half-sent requests, the connection cap),
 the declared function-stage input error (400), v2 version routes, output metadata and
 Triton's statistics fields, and a hypothesis fuzz run of every kind of malformed request
-(``bench/api_edge_cases.py``, shared with ``bench/fuzz_api.py``) against a live service
+(``bench/api_edge_cases.py``) against a live service
 serving a small ONNX model (``bench/api_edge.py``).
 """
 
