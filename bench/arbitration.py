@@ -97,7 +97,9 @@ def static_pipeline(model: str, name: str, slo_ms: float | None, priority: int, 
     if ms is not None:
         return sb.pipeline(name, ms, slo_ms, priority, n)
     model, hold = sb.split(model)
-    raw = sc.hand_pipeline(model, name, 1, n, slo_ms).model_dump(mode="json", exclude_none=True)
+    raw = harness.models.hand_pipeline(model, name, 1, n, slo_ms).model_dump(
+        mode="json", exclude_none=True
+    )
     raw["priority"] = priority
     return sb.with_hold(raw, hold, model)
 

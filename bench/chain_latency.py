@@ -200,10 +200,6 @@ def bench_model(name: str, ks: list[int], repeats: int, warmup: int, so) -> list
     return rows
 
 
-def _pct(x: list[float]) -> dict[str, float]:
-    return {f"p{q}": round(float(np.percentile(x, q)), 3) for q in (50, 90, 99)}
-
-
 def served_hops(svc: Any, model: str, k: int, feeds: dict[str, np.ndarray], n: int) -> dict:
     """``--served``: one model at K partitions in the in-process ``Service`` (its ``infer``
     returns each unit's compute start / end), one request at a time: head (front end to
@@ -231,9 +227,13 @@ def served_hops(svc: Any, model: str, k: int, feeds: dict[str, np.ndarray], n: i
             time.sleep(0.02)
     finally:
         svc.undeploy(name)
-    cuts = [_pct(b) | {"crossing_mb": round(m, 3)} for b, m in zip(between, mb, strict=True)]
-    return {"model": model, "k": k, "requests": n, "head_ms": _pct(head),
-            "tail_ms": _pct(tail), "between_ms": cuts}  # fmt: skip
+
+    def pct(x: list[float]) -> dict[str, float]:
+        return harness.percentiles(x, None, (50, 90, 99), 3)
+
+    cuts = [pct(b) | {"crossing_mb": round(m, 3)} for b, m in zip(between, mb, strict=True)]
+    return {"model": model, "k": k, "requests": n, "head_ms": pct(head),
+            "tail_ms": pct(tail), "between_ms": cuts}  # fmt: skip
 
 
 def fit(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -460,9 +460,7 @@ def run_once(mech: str, n: int, where: dict[str, int], pool: _Pool, params: dict
     out.update(
         {
             "latency_samples": int(half_us.size),
-            "p50_us": float(np.percentile(half_us, 50)),
-            "p99_us": float(np.percentile(half_us, 99)),
-            "mean_us": float(half_us.mean()),
+            **harness.percentiles(half_us, "us", extra=("mean",)),
             "mismatched_replies": pres["mismatched_replies"],
             "sent": pres["sent"],
             "received": received,

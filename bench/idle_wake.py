@@ -15,11 +15,40 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-import scaling as sm  # noqa: E402
-from harness.models import MODEL_SETTINGS, PIPELINE_CASES, model_inputs  # noqa: E402
+from harness.models import MODEL_SETTINGS, PIPELINE_CASES, hand_pipeline, model_inputs  # noqa: E402
+from harness.scenarios import poisson_times  # noqa: E402
 
 #: Idle-gap bins of the served requests, s (the first is the served base).
 BINS_S = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 60.0)
+
+
+def window(
+    svc: Any, name: str, feeds: dict[str, np.ndarray], rate: float, n: int, warm_s: float
+) -> list[dict[str, Any]]:
+    """One window at ``rate`` requests/s through ``svc.submit`` (Poisson, seed 1, the
+    first ``warm_s`` s unmeasured): per measured request answered, its compute start and
+    end (s) and compute time (ms, summed over its units) from the request's trace."""
+    times = poisson_times(rate, warm_s + 1.5 * n / rate + 10.0, seed=1)
+    measured = [i for i, t in enumerate(times) if t >= warm_s][:n]
+    futs: dict[int, Any] = {}
+    t0 = time.perf_counter()
+    for i, t in enumerate(times[: measured[-1] + 1]):
+        while (left := t0 + t - time.perf_counter()) > 0:
+            time.sleep(min(left, 0.05))
+        try:
+            futs[i] = svc.submit(name, feeds)
+        except Exception:  # noqa: BLE001 - a 503 at admission: no compute to time
+            continue
+    rows = []
+    for i in measured:
+        try:
+            trace = futs[i].result(timeout=60.0).trace
+        except Exception:  # noqa: BLE001 - refused, failed or unanswered
+            continue
+        start, stop = int(trace[:, 2].min()), int(trace[:, 3].max())
+        rows.append({"start_s": start / 1e9 - t0, "end_s": stop / 1e9 - t0,
+                     "compute_ms": float((trace[:, 3] - trace[:, 2]).sum()) / 1e6})  # fmt: skip
+    return rows
 
 
 def served_bins(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -79,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     with Service(state_dir=Path("/tmp/isc-idle-wake-state"), pool_mb=256) as svc:
         for rate in map(float, a.rates.split(",")):
             name = f"idle-{int(rate * 10)}"
-            svc.deploy(sm.hand_pipeline(a.model, name, threads[-1], 1, None))
+            svc.deploy(hand_pipeline(a.model, name, threads[-1], 1, None))
             time.sleep(2.0)
-            rows = sm.window(svc, name, feeds, rate, a.requests, 5.0)
+            rows = window(svc, name, feeds, rate, a.requests, 5.0)
             svc.undeploy(name)
             for b in served_bins(rows):
                 mid = float(np.mean(b["gap_s"])) if b["gap_s"][1] < 10 else 1.0

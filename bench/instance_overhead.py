@@ -130,9 +130,7 @@ def startup_times(starts: int, work: Path) -> dict[str, Any]:
         v = np.array(times[w])
         out[w] = {
             "ms": [round(float(x), 1) for x in v],
-            "p50_ms": round(float(np.percentile(v, 50)), 1),
-            "p90_ms": round(float(np.percentile(v, 90)), 1),
-            "mean_ms": round(float(v.mean()), 1),
+            **harness.percentiles(v, qs=(50, 90), digits=1, extra=("mean",)),
         }
     out["p50_ratio_spawned_over_forked"] = round(
         out["spawned"]["p50_ms"] / out["forked"]["p50_ms"], 2

@@ -34,13 +34,7 @@ LINES = [
 
 def us_stats(ns: list[int]) -> dict:
     a = np.asarray(ns, dtype=np.float64) / 1e3
-    return {
-        "n": len(a),
-        "p50_us": round(float(np.percentile(a, 50)), 2),
-        "p99_us": round(float(np.percentile(a, 99)), 2),
-        "mean_us": round(float(a.mean()), 2),
-        "max_us": round(float(a.max()), 2),
-    }
+    return {"n": len(a), **harness.percentiles(a, "us", digits=2, extra=("mean", "max"))}
 
 
 def register_real(state: Path, repeats: int, log) -> tuple[object, dict]:

@@ -221,11 +221,7 @@ def _proc_main(
 # ---------------------------------------------------------------------------------------
 def _stats_us(ns: list[int]) -> dict[str, float]:
     a = np.asarray(ns, dtype=np.float64) / 1e3
-    return {
-        "p50": float(np.percentile(a, 50)),
-        "p99": float(np.percentile(a, 99)),
-        "n": int(a.size),
-    }
+    return {**harness.percentiles(a, None), "n": int(a.size)}
 
 
 def run_once(ctx, where: dict[str, int], channel_kind: str, params: dict) -> dict[str, Any]:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness.cli import RESULTS_DIR  # noqa: E402
 from bench.harness.host import environment  # noqa: E402
 from bench.harness.plot import plot as harness_plot  # noqa: E402
-from bench.harness.result import print_table, write_json  # noqa: E402
+from bench.harness.result import percentiles, print_table, write_json  # noqa: E402
 from infscaler.shm import (  # noqa: E402
     SlabMap,
     TensorPool,
@@ -46,12 +46,7 @@ WAYS = ("zero_copy", "dma", "staged", "kernel_only")
 
 def _stats(samples_s: list[float]) -> dict[str, float]:
     ms = np.asarray(samples_s) * 1e3
-    return {
-        "p50_ms": float(np.median(ms)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "mean_ms": float(ms.mean()),
-        "n": len(ms),
-    }
+    return {**percentiles(ms, extra=("mean",)), "n": len(ms)}
 
 
 def measure_size(cuda, affine, n: int, repeats: int, warmup: int) -> dict:

@@ -15,7 +15,7 @@ benchmark").
 
 from . import cli, host, models, result, scenarios, search
 from .plot import plot
-from .result import Result, print_table, write_json
+from .result import Result, percentiles, print_table, write_json
 from .sut import Sut
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "cli",
     "host",
     "models",
+    "percentiles",
     "plot",
     "print_table",
     "result",

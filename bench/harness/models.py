@@ -229,6 +229,13 @@ def static_pipeline(
     return raw
 
 
+def hand_pipeline(model: str, name: str, threads: int, instances: int, slo_ms: float | None):
+    """:func:`static_pipeline` as a loaded pipeline config (for ``Service.deploy``)."""
+    from infscaler.base.config import load_pipeline
+
+    return load_pipeline(static_pipeline(model, name, threads, instances, slo_ms))
+
+
 def pipeline_case(model: str, k: int, threads: int, whole: bool) -> dict[str, Any]:
     """A pipeline case's raw config: the bundled YAML with its partitioned stage in ``k``
     and ``threads`` per model-stage instance, or (``whole``) one function stage running

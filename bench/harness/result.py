@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .host import ForeignLoad, cpu_steal_seconds, environment, own_cpu_seconds
 
 SCHEMA = "infscaler-bench/1"
@@ -115,6 +117,30 @@ def load(path: Path) -> dict[str, Any]:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a {SCHEMA} result (schema {data.get('schema')!r})")
     return data
+
+
+def percentiles(
+    values: Any,
+    unit: str | None = "ms",
+    qs: tuple = (50, 99),
+    digits: int | None = None,
+    extra: tuple = (),
+) -> dict[str, float]:
+    """``p{q}_{unit}`` of ``values`` for each of ``qs`` (numpy's linear percentiles;
+    ``p{q}`` with no unit), then ``{s}_{unit}`` for each numpy reduction named in ``extra``
+    (``mean``, ``max``, ``min``), rounded to ``digits`` (None: not rounded).
+
+    Raises:
+        IndexError: ``values`` is empty (numpy's).
+
+    >>> percentiles([1.0, 2.0, 3.0, 4.0], digits=2, extra=("mean",))
+    {'p50_ms': 2.5, 'p99_ms': 3.97, 'mean_ms': 2.5}
+    """
+    a = np.asarray(values, dtype=np.float64)
+    sfx = f"_{unit}" if unit else ""
+    out = {f"p{q}{sfx}": float(np.percentile(a, q)) for q in qs}
+    out |= {f"{s}{sfx}": float(getattr(a, s)()) for s in extra}
+    return out if digits is None else {k: round(v, digits) for k, v in out.items()}
 
 
 def print_table(headers: list[str], rows: list[list[Any]]) -> None:

@@ -141,17 +141,6 @@ class Sut:
                     todo += [int(c) for c in task.read_text().split()]
         return out
 
-    def pss_mb(self) -> dict[str, float]:
-        """PSS of the service and of its descendants (instances), MB
-        (``/proc/<pid>/smaps_rollup``; a process gone meanwhile counts 0)."""
-        pids = self.processes()
-        mb = {pid: _pss_mb(pid) for pid in pids}
-        return {
-            "service_mb": round(mb.get(self.pid or -1, 0.0), 1),
-            "children_mb": round(sum(v for p, v in mb.items() if p != self.pid), 1),
-            "children": len(pids) - 1,
-        }
-
     def watch(self, interval_s: float = 1.0) -> Sut:
         """Poll ``status`` every ``interval_s`` in a thread until exit: ready instances per
         pipeline (:attr:`instances`), the memory the service counts against its cap
@@ -215,16 +204,6 @@ class Sut:
         self.stopped = {"exit_code": rc, "stop_s": round(time.monotonic() - t0, 2)}
         if rc in (0, -signal.SIGTERM) and exc[0] is None:
             shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _pss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0.0
 
 
 def _ready(pipe: dict[str, Any]) -> int:

@@ -2,8 +2,8 @@
 JSON, HTTP-level hardening (garbage, slow and half-sent requests, the connection cap),
 the declared function-stage input error (400), v2 version routes, output metadata and
 Triton's statistics fields, and a hypothesis fuzz run of every kind of malformed request
-(``bench/api_edge_cases.py``, shared with ``bench/fuzz_api.py``) against a live service
-serving a small ONNX model (``bench/api_edge.py``).
+(``tests/api_edge_cases.py``) against a live service
+serving a small ONNX model (``tests/api_edge.py``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from infscaler.base.config import load_pipeline
 from infscaler.service.service import Service
 from tests import TESTS_DIR
 
-HERE = TESTS_DIR  # tests/: stagefuncs.py
-BENCH = HERE.parent / "bench"
-if str(BENCH) not in sys.path:  # bench/ is not a package; api_edge is its shared module
-    sys.path.insert(0, str(BENCH))
+HERE = TESTS_DIR  # tests/: stagefuncs.py, api_edge.py (not a package path: instances import it)
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 import api_edge  # noqa: E402
 from api_edge_cases import KINDS, STRATEGIES  # noqa: E402
 
@@ -78,8 +77,7 @@ def edge(tmp_path_factory: pytest.TempPathFactory):
     pipelines, behind a server with short read timeouts and a small connection cap."""
     tmp = tmp_path_factory.mktemp("edge")
     old = os.environ.get("PYTHONPATH", "")
-    extra = f"{HERE}{os.pathsep}{BENCH}"
-    os.environ["PYTHONPATH"] = f"{extra}{os.pathsep}{old}" if old else extra
+    os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{old}" if old else str(HERE)
     sys.path.insert(0, str(HERE))
     sock = str(tmp / "api.sock")
     model = api_edge.small_model(tmp / "small.onnx")

@@ -5,7 +5,6 @@ client and by the service's statistics), the CSV and the table."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
 import os
@@ -129,7 +128,7 @@ def test_perf_bad_input_is_a_clear_error(served) -> None:
     assert r.returncode == 2 and "unknown model" in r.stderr
 
 
-def test_count_windows_and_the_overload_benchs_capacity_loop(served, tmp_path: Path) -> None:
+def test_count_windows_and_the_benchs_offline_scenario(served, tmp_path: Path) -> None:
     sock, env = served
     js = tmp_path / "count.json"
     r = _perf(
@@ -141,15 +140,13 @@ def test_count_windows_and_the_overload_benchs_capacity_loop(served, tmp_path: P
     (p,) = json.loads(js.read_text())["points"]
     assert p["trials"] == 3 and all(w["ok"] >= 25 for w in p["windows"])
     assert p["totals"]["sent"] == p["totals"]["ok"] == p["totals"]["server_success"]
-    # bench/overload_slo.py --per-connection measures capacity with the same load generator
+    # the benchmarks' offline scenario (bench/harness) is the same load generator's closed loop
     sys.path.insert(0, str(TESTS_DIR.parent / "bench"))
     try:
-        import overload_slo as overload
+        from harness import scenarios
     finally:
         sys.path.pop(0)
-    from infscaler.api.codec import encode_infer_request
-
-    body, headers = encode_infer_request({"x": np.ones((1, 4), np.float32)})
-    cap = asyncio.run(overload.closed_loop(str(sock), "chain", body, headers, 2, 30))
-    assert cap["completed"] == cap["requests"] >= 30 and cap["throughput_rps"] > 0
+    x = {"x": np.ones((1, 4), np.float32)}
+    cap = scenarios.run(str(sock), "chain", x, scenarios.OFFLINE, 2, duration_s=1.5)
+    assert cap["failed"] == 0 and cap["ok"] >= 30 and cap["throughput_rps"] > 0
     assert cap["p50_ms"] > 2.0  # the slow stage sleeps 2 ms

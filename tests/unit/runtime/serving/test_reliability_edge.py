@@ -14,10 +14,7 @@ import pytest
 from infscaler.base.config import load_pipeline
 from tests import TESTS_DIR
 
-HERE = TESTS_DIR  # tests/: stagefuncs.py
-BENCH = HERE.parent / "bench"
-if str(BENCH) not in sys.path:  # bench/ is not a package; api_edge is its shared module
-    sys.path.insert(0, str(BENCH))
+HERE = TESTS_DIR  # tests/: stagefuncs.py, api_edge.py
 
 
 def test_error_token_carries_the_status() -> None:
@@ -47,7 +44,7 @@ def test_function_outputs_spec_reaches_the_metadata(tmp_path: Path) -> None:
     from infscaler.base.errors import ConfigError
     from infscaler.runtime.serving.pipeline import compile_pipeline
 
-    sys.path.insert(0, str(BENCH))
+    sys.path.insert(0, str(HERE))
     cfg = {
         "name": "f",
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],

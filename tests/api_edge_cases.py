@@ -1,6 +1,5 @@
 """Malformed v2 requests as hypothesis strategies, one per kind (:data:`KINDS`), against
-the target of :mod:`api_edge` (``bench/fuzz_api.py`` draws >= 10,000; the integration
-test a CI-bounded run per kind).
+the target of :mod:`api_edge` (the integration test draws a CI-bounded run per kind).
 
 Each strategy draws an :class:`api_edge.Case`: the raw bytes sent on one connection,
 whether the client half-closes after sending (a truncated request), and what the answer

@@ -1,6 +1,6 @@
 """The v2 API's edge under malformed requests: the target pipeline and the raw transport,
-shared by ``bench/fuzz_api.py`` and ``tests/{unit,integration}/.../test_reliability_edge.py``;
-the malformed requests themselves are hypothesis strategies (``bench/api_edge_cases.py``).
+for ``tests/{unit,integration}/.../test_reliability_edge.py``;
+the malformed requests themselves are hypothesis strategies (``tests/api_edge_cases.py``).
 
 The target is :func:`fuzz_pipeline`: ``x`` FP32 [-1, 4] -> function stage ``check``
 (:func:`check_rows`: the declared :class:`StageInputError` for an empty or non-finite
@@ -50,13 +50,14 @@ check_rows.outputs_spec = {"x2": {"datatype": "FP32", "shape": [-1, 4]}}  # type
 
 def small_model(path: str | Path) -> Path:
     """Write the ONNX model ``y = relu(x W)`` (x FP32 [N, 4], W 4x4 fixed) to ``path``."""
-    from harness.models import save_model
     from onnx import helper
+
+    from tests.helpers import f32, make_model, save
 
     w = np.arange(16, dtype=np.float32).reshape(4, 4) / 16.0
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
              helper.make_node("Relu", ["m"], ["y"], name="relu")]  # fmt: skip
-    return save_model(Path(path), nodes, {"x": ["N", 4]}, {"y": ["N", 4]}, {"w": w}, "fuzz")
+    return save(make_model(nodes, [f32("x", ["N", 4])], [f32("y", ["N", 4])], {"w": w}), Path(path))
 
 
 def expected_y(x: np.ndarray) -> np.ndarray:
@@ -216,10 +217,3 @@ def check_valid(socket_path: str, rng: random.Random | None = None) -> str | Non
     if not np.allclose(y, expected_y(x), rtol=1e-5, atol=1e-5):
         return "valid request got a wrong y"
     return None
-
-
-def rss_mb(pid: int) -> float:
-    """Resident set size of ``pid`` in MB (psutil)."""
-    import psutil
-
-    return psutil.Process(pid).memory_info().rss / 2**20
