@@ -130,10 +130,11 @@ class CoreSetKeeper:
             )
             allowed = allowed_cores(list(cores), levels, pinned, flags)
             old, self._allowed, self._cores = self._allowed, allowed, sorted(cores)
+            for name in list(self._kept_since):
+                if set(allowed.get(name, cores)) >= set(cores):
+                    del self._kept_since[name]  # released, or undeployed
             for name, a in allowed.items():
-                if set(a) >= set(cores):
-                    self._kept_since.pop(name, None)
-                else:
+                if not set(a) >= set(cores):
                     self._kept_since.setdefault(name, now)
         records = self._records(old, allowed, sorted(cores), levels, flags, risk)
         self._pin(live, allowed, sorted(cores))
