@@ -105,6 +105,8 @@ def test_a_lower_pipeline_leaves_the_cores_of_a_higher_one_at_risk(
             assert kept and all(c and not c & hi_cores for c in kept.values()), (hi_cores, kept)
             (entry,) = [d for d in svc.autoscaler.decisions("lo") if d["action"] == "core_set"]
             assert entry["kept_for"] == ["hi"] and "hi: " in entry["reason"], entry
+            shown = svc.pipeline_status(svc.deployment("lo"))["decisions"]
+            assert any(d["action"] == "core_set" for d in shown), shown
             st = svc.status()["cpu_priority"]
             assert st["mode"] == "cores" and set(st["kept"]["lo"]) == set(cores) - hi_cores
         assert load.errors == [] and load.answered > 0, load.errors[:3]
