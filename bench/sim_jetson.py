@@ -12,10 +12,12 @@ GPU or DLA time is invented. More: bench/HISTORY.md, "Simulated on the Jetson pr
 
 ``--priorities``: CPU by priority on each Jetson profile's core count
 (``runtime/planning/simcores.py``): a priority-1 pipeline at 0.3 x one core's ideal rate
-(Poisson, SLO 3 x L0) alone and beside 1 or 2 lower pipelines flooded (closed loop, as
-many instances as cores each; ``--profiles`` may also name a bare core count, 2 by
-default: this host), under the ``INFSCALER_CPU_PRIORITY`` modes off / nice / cgroup / cores; its attainment flooded / alone and the lower ones' goodput, median of
-seeds. Writes ``sim_jetson_priorities.json`` / ``.png``; no model is profiled.
+(Poisson, SLO 3 x L0) alone and beside 1 or 2 lower pipelines flooded (closed loop,
+``--lower-x`` x cores instances each: 1 as the scaler's own-cores rule allows, 3 as fixed
+``instances`` can), under the ``INFSCALER_CPU_PRIORITY`` modes off / nice / cgroup /
+cores; its attainment flooded / alone and the lower ones' goodput, median of seeds.
+``--profiles`` may also name a bare core count (2 by default: this host). Writes
+``sim_jetson_priorities.json`` / ``.png``; no model is profiled.
 """
 
 from __future__ import annotations
@@ -209,18 +211,12 @@ PRIO_PROFILES = ("orin-agx", "orin-nx", "orin-nano", "xavier-agx", "xavier-nx")
 PRIO_L0_MS, PRIO_CV = 43.7, 0.1
 
 
-def priorities(profiles: list[str], duration_s: float, seeds: int) -> list[dict[str, Any]]:
-    """Points of ``--priorities``: per profile's core count, 2 and 3 pipelines, each mode."""
+def priorities(
+    profiles: list[str], duration_s: float, seeds: int, lower_x: list[int]
+) -> list[dict[str, Any]]:
+    """Points of ``--priorities``: per profile's core count, 2 and 3 pipelines, each lower
+    pipeline with ``x`` x cores instances for each ``x`` of ``lower_x``, each mode."""
     from infscaler.base.device import load_profile
-    from infscaler.runtime.planning.simcores import MODES, SharedPipeline, simulate_shared
-
-    hi = SharedPipeline("hi", 1, PRIO_L0_MS, 1, rate_rps=0.3e3 / PRIO_L0_MS, cv=PRIO_CV,
-                        slo_ms=3 * PRIO_L0_MS)  # fmt: skip
-    warm = min(10.0, duration_s / 4)
-
-    def runs(mode: str, pipes: list, cores: int) -> list[dict]:
-        return [simulate_shared(pipes, cores, mode, duration_s, warmup_s=warm, seed=s)
-                for s in range(1, seeds + 1)]  # fmt: skip
 
     counts = []
     for pname in profiles:
@@ -229,48 +225,66 @@ def priorities(profiles: list[str], duration_s: float, seeds: int) -> list[dict[
             continue
         acc = [a for a in load_profile(pname).accelerators if a.engine == "cpu" and a.cores]
         counts.append((pname, len(acc[-1].cores)))
-    points = []
-    for pname, cores in counts:
-        for n in (2, 3):
-            los = [SharedPipeline(f"lo{k}", k + 2, PRIO_L0_MS, cores, cv=PRIO_CV)
-                   for k in range(n - 1)]  # fmt: skip
+    return [pt for pname, cores in counts for x in lower_x for n in (2, 3)
+            for pt in _priority_case(pname, cores, n, x, duration_s, seeds)]  # fmt: skip
 
-            alone = float(np.median([r["hi"]["attainment"] for r in runs("off", [hi], cores)]))
-            for mode in MODES:
-                rs = runs(mode, [hi, *los], cores)
-                att = float(np.median([r["hi"]["attainment"] for r in rs]))
-                lower = [sum(r[lo.name]["goodput_rps"] for lo in los) for r in rs]
-                kept = [r[los[0].name]["kept_s"] / (duration_s - warm) for r in rs]
-                pt = {"profile": pname, "cores": cores, "pipelines": n, "mode": mode,
-                      "hi_alone": round(alone, 4), "hi_flooded": round(att, 4),
-                      "hi_ratio": round(att / alone, 4) if alone else None,
-                      "hi_p99_ms": float(np.median([r["hi"]["p99_ms"] for r in rs])),
-                      "lower_goodput_rps": round(float(np.median(lower)), 2),
-                      "lower_goodput_cores": round(float(np.median(lower)) * PRIO_L0_MS / 1e3, 3),
-                      "kept_fraction": round(float(np.median(kept)), 3)}  # fmt: skip
-                points.append(pt)
-                print(f"  {pname} ({cores} cores) {n} pipelines {mode}: hi {att:.3f} / "
-                      f"alone {alone:.3f}, lower {pt['lower_goodput_cores']} cores' worth",
-                      flush=True)  # fmt: skip
+
+def _priority_case(
+    pname: str, cores: int, n: int, x: int, duration_s: float, seeds: int
+) -> list[dict[str, Any]]:
+    """One core count, ``n`` pipelines, lower ones of ``x`` x cores instances: each mode."""
+    from infscaler.runtime.planning.simcores import MODES, SharedPipeline, simulate_shared
+
+    hi = SharedPipeline("hi", 1, PRIO_L0_MS, 1, rate_rps=0.3e3 / PRIO_L0_MS, cv=PRIO_CV,
+                        slo_ms=3 * PRIO_L0_MS)  # fmt: skip
+    los = [SharedPipeline(f"lo{k}", k + 2, PRIO_L0_MS, x * cores, cv=PRIO_CV)
+           for k in range(n - 1)]  # fmt: skip
+    warm = min(10.0, duration_s / 4)
+
+    def runs(mode: str, pipes: list) -> list[dict]:
+        return [simulate_shared(pipes, cores, mode, duration_s, warmup_s=warm, seed=s)
+                for s in range(1, seeds + 1)]  # fmt: skip
+
+    alone = float(np.median([r["hi"]["attainment"] for r in runs("off", [hi])]))
+    points = []
+    for mode in MODES:
+        rs = runs(mode, [hi, *los])
+        att = float(np.median([r["hi"]["attainment"] for r in rs]))
+        lower = [sum(r[lo.name]["goodput_rps"] for lo in los) for r in rs]
+        kept = [r[los[0].name]["kept_s"] / (duration_s - warm) for r in rs]
+        pt = {"profile": pname, "cores": cores, "pipelines": n, "lower_x": x, "mode": mode,
+              "hi_alone": round(alone, 4), "hi_flooded": round(att, 4),
+              "hi_ratio": round(att / alone, 4) if alone else None,
+              "hi_p99_ms": float(np.median([r["hi"]["p99_ms"] for r in rs])),
+              "lower_goodput_rps": round(float(np.median(lower)), 2),
+              "lower_goodput_cores": round(float(np.median(lower)) * PRIO_L0_MS / 1e3, 3),
+              "kept_fraction": round(float(np.median(kept)), 3)}  # fmt: skip
+        points.append(pt)
+        print(f"  {pname} ({cores} cores) {n} pipelines, lower {x} x cores, {mode}: hi "
+              f"{att:.3f} / alone {alone:.3f}, lower {pt['lower_goodput_cores']} cores' worth",
+              flush=True)  # fmt: skip
     return points
 
 
 def priorities_main(a: Any) -> int:
     """``--priorities``: the points, the JSON and the figure, a table."""
     res = harness.cli.start("sim_jetson_priorities", a)
-    for pt in priorities(a.profiles.split(","), a.duration_s, a.seeds):
+    lower_x = [int(v) for v in a.lower_x.split(",")]
+    for pt in priorities(a.profiles.split(","), a.duration_s, a.seeds, lower_x):
         res.add(**pt)
     res.summary = {"l0_ms": PRIO_L0_MS, "cv": PRIO_CV, "hi_rate": "0.3 x one core's ideal",
-                   "slo": "3 x L0", "lower": "closed loop, as many instances as cores each",
+                   "slo": "3 x L0", "lower": "closed loop, lower_x x cores instances each",
                    "model": "runtime/planning/simcores.py"}  # fmt: skip
     harness.cli.finish(res, a, plot_priorities)
-    rows = [[p["profile"], p["cores"], p["pipelines"], p["mode"], p["hi_alone"], p["hi_flooded"],
-             p["hi_ratio"], p["lower_goodput_cores"], p["kept_fraction"]] for p in res.points]  # fmt: skip
+    rows = [[p["profile"], p["cores"], p["pipelines"], p["lower_x"], p["mode"], p["hi_alone"],
+             p["hi_flooded"], p["hi_ratio"], p["lower_goodput_cores"], p["kept_fraction"]]
+            for p in res.points]  # fmt: skip
     harness.print_table(
         [
             "profile",
             "cores",
             "pipes",
+            "lower x",
             "mode",
             "hi alone",
             "hi flooded",
@@ -285,8 +299,10 @@ def priorities_main(a: Any) -> int:
 
 def plot_priorities(data: dict[str, Any], path: Path) -> None:
     """Priority-1 attainment flooded / alone against the core count, per mode, one panel
-    per pipeline count."""
-    harness.plot(data["points"], path, x="cores", y="hi_ratio", by="mode", panel="pipelines",
+    per pipeline count and lower instances."""
+    pts = [{**p, "case": f"{p['pipelines']} pipelines, lower {p.get('lower_x', 1)} x cores"}
+           for p in data["points"]]  # fmt: skip
+    harness.plot(pts, path, x="cores", y="hi_ratio", by="mode", panel="case",
                  hlines={"0.95 x alone": 0.95}, xlabel="cpu cores (Jetson profiles)",
                  ylabel="priority-1 attainment flooded / alone")  # fmt: skip
 
@@ -295,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = harness.cli.parser(__doc__, duration_s=SIM_S, quiet_wait_s=0.0)
     ap.add_argument("--priorities", action="store_true", help="CPU by priority (see above)")
     ap.add_argument("--seeds", type=int, default=5, help="--priorities: seeds per point")
+    ap.add_argument("--lower-x", default="1,3", help="--priorities: lower instances, x cores")
     ap.add_argument("--models", default="resnet50,ppocrv4-det,vgg19")
     ap.add_argument("--profiles", default=",".join(PROFILES))
     ap.add_argument("--steps", type=int, default=6)
