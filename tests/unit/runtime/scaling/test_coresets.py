@@ -128,3 +128,13 @@ def test_keeper_off_does_nothing_and_the_mode_is_cores_only():
         {"INFSCALER_CPU_PRIORITY": "CORES"}
     )
     assert not enabled({}) and not enabled({"INFSCALER_CPU_PRIORITY": "nice"})
+
+
+def test_risk_of_a_view_violated_or_none():
+    from infscaler.runtime.scaling.coreact import risk_of
+
+    snap = SimpleNamespace(p99_ms=180.4, slo_ms=131.0)
+    assert risk_of(SimpleNamespace(violated=True, snapshot=snap)) == (
+        "misses its SLO (P99 180 ms, SLO 131 ms)"
+    )
+    assert risk_of(None) is None
