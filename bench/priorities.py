@@ -1,6 +1,7 @@
 """A priority-1 pipeline's SLO while lower ones are flooded, with CPU by priority and without.
 
 Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``priorities.py``.
+``--arms`` on / off / cores (``INFSCALER_CPU_PRIORITY``: nice values, none, nice plus core sets).
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ def pipeline(name: str, m: Model, priority: int, slo_ms: float, fixed: bool = Fa
             "outputs": [m.output], "stages": [stage]}  # fmt: skip
 
 
-def served(pipes: list[dict], cpu_priority: bool, state: Path) -> harness.Sut:
-    """``infscaler serve`` of ``pipes`` (HTTP only), CPU priority on or off; ``.http`` for
-    ``vs_triton.HttpClient``."""
-    env = {"INFSCALER_CPU_PRIORITY": "on" if cpu_priority else "off"}
+def served(pipes: list[dict], arm: str, state: Path) -> harness.Sut:
+    """``infscaler serve`` of ``pipes`` (HTTP only) with ``INFSCALER_CPU_PRIORITY`` set to
+    the arm (``on``, ``off`` or ``cores``); ``.http`` for ``vs_triton.HttpClient``."""
+    env = {"INFSCALER_CPU_PRIORITY": arm}
     s = harness.Sut(pipes, args=["--no-grpc", "--state-dir", str(state)], env=env)
     s.http = {"uds": s.sock, "base": "http://isc"}
     return s
@@ -89,12 +90,14 @@ def window(sut: harness.Sut, hi: Model, lo: Model, a: Any, lower: list[str], see
     return {"hi": res, **{n: {k: r.get(k) for k in keys} for n, r in lo_res.items()}}
 
 
-def summarize(runs: list[dict], lower: list[str]) -> dict:
+def summarize(runs: list[dict], lower: list[str], arms: tuple[str, ...] = ("on", "off")) -> dict:
     """Per arm: ``hi``'s attainment alone and flooded, their ratio (median over rounds)
     and each lower pipeline's goodput while flooded."""
     summary = {}
-    for arm in ("on", "off"):
+    for arm in arms:
         mine = [x for x in runs if x["arm"] == arm]
+        if not mine:
+            continue
         ratio = [
             x["flooded"]["hi"]["attainment"] / max(1e-9, x["alone"]["hi"]["attainment"])
             for x in mine
@@ -122,12 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default="2,3", help="pipeline counts to run: 2, 3 or 2,3")
+    ap.add_argument("--arms", default="on,off", help="of on, off, cores (see above)")
     ap.add_argument("--fixed", action="store_true", help="one instance each, no autoscale (3 pipelines: always)")  # fmt: skip
 
     def quick(a: Any) -> None:
         a.duration_s, a.settle_s, a.rounds = 10.0, 4.0, 1
 
     a = harness.cli.parse(ap, argv, quick)
+    arms = tuple(x.strip() for x in a.arms.split(",") if x.strip())
+    if not arms or set(arms) - {"on", "off", "cores"}:
+        ap.error(f"--arms: {a.arms!r}? give some of on, off, cores")
     harness.host.default_cache_dir()
     hi, lo = model_of(a.hi_model), model_of(a.lo_model)
     x = np.random.default_rng(0).standard_normal(hi.shape).astype(np.float32)
@@ -145,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         pipes += [pipeline(m, lo, p, 1000.0, fixed) for m, p in LOWER[: n - 1]]
         runs: list[dict] = []
         for r in range(a.rounds):
-            for arm in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                with served(pipes, arm == "on", state) as s:
+            for arm in arms if r % 2 == 0 else arms[::-1]:
+                with served(pipes, arm, state) as s:
                     res.own_pids[:] = s.processes()
                     alone = window(s, hi, lo, a, [], seed=r)
                     flooded = window(s, hi, lo, a, lower, seed=r)
@@ -156,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{n} pipelines, round {r} {arm}: hi alone {alone['hi']['attainment']:.3f} "
                       f"flooded {flooded['hi']['attainment']:.3f} (P99 {flooded['hi']['p99_ms']} ms), "
                       + ", ".join(f"{m} {flooded[m]['goodput_rps']}/s" for m in lower), flush=True)  # fmt: skip
-        res.summary["cases"][f"{n}_pipelines"] = summarize(runs, lower)
+        res.summary["cases"][f"{n}_pipelines"] = summarize(runs, lower, arms)
     harness.cli.finish(res, a, plot)
     for case, c in res.summary["cases"].items():
         for arm, sm in c.items():
@@ -165,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot(data: dict, path: Path) -> None:
-    """``hi``'s attainment alone and with the lower pipelines flooded per round, CPU
-    priority on and off, one panel per case, the 0.95 target as a line."""
+    """``hi``'s attainment alone and with the lower pipelines flooded per round, per arm
+    (CPU priority on, off, core sets), one panel per case, the 0.95 target as a line."""
     pts = [{"case": x["case"].replace("_", " "), "series": f"{x['arm']}: {kind}", "round": x["round"],
             "attainment": x[kind]["hi"]["attainment"]}
            for x in data["points"] for kind in ("alone", "flooded")]  # fmt: skip

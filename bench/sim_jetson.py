@@ -1,6 +1,8 @@
 """The same scaler on the Jetson profiles, in the simulator (InfScaler §V on Xavier / Orin).
 
 Method, settings and outputs: bench/HISTORY.md, "The scripts' methods", ``sim_jetson.py``.
+``--priorities``: CPU by priority on each profile's core count (``runtime/planning/simcores.py``),
+modes off / nice / cgroup / cores; writes ``sim_jetson_priorities.json`` / ``.png``.
 """
 
 from __future__ import annotations
@@ -187,8 +189,114 @@ def run(model: str, profiles: list[str], steps: int, repeats: int) -> dict[str, 
     return entry
 
 
+#: the Jetson profiles whose core counts --priorities runs
+PRIO_PROFILES = ("orin-agx", "orin-nx", "orin-nano", "xavier-agx", "xavier-nx")
+#: a request's time on a whole core, ms, of every pipeline: the held-out model of the
+#: two-pipeline case on this host (its SLO 3 x L0 = 131 ms), CV 0.1
+PRIO_L0_MS, PRIO_CV = 43.7, 0.1
+
+
+def priorities(
+    profiles: list[str], duration_s: float, seeds: int, lower_x: list[int]
+) -> list[dict[str, Any]]:
+    """Points of ``--priorities``: per profile's core count, 2 and 3 pipelines, each lower
+    pipeline with ``x`` x cores instances for each ``x`` of ``lower_x``, each mode."""
+    from infscaler.base.device import load_profile
+
+    counts = []
+    for pname in profiles:
+        if pname.isdigit():  # a bare core count (this host's, for the live bench)
+            counts.append((f"{pname} cores", int(pname)))
+            continue
+        acc = [a for a in load_profile(pname).accelerators if a.engine == "cpu" and a.cores]
+        counts.append((pname, len(acc[-1].cores)))
+    return [pt for pname, cores in counts for x in lower_x for n in (2, 3)
+            for pt in _priority_case(pname, cores, n, x, duration_s, seeds)]  # fmt: skip
+
+
+def _priority_case(
+    pname: str, cores: int, n: int, x: int, duration_s: float, seeds: int
+) -> list[dict[str, Any]]:
+    """One core count, ``n`` pipelines, lower ones of ``x`` x cores instances: each mode."""
+    from infscaler.runtime.planning.simcores import MODES, SharedPipeline, simulate_shared
+
+    hi = SharedPipeline("hi", 1, PRIO_L0_MS, 1, rate_rps=0.3e3 / PRIO_L0_MS, cv=PRIO_CV,
+                        slo_ms=3 * PRIO_L0_MS)  # fmt: skip
+    los = [SharedPipeline(f"lo{k}", k + 2, PRIO_L0_MS, x * cores, cv=PRIO_CV)
+           for k in range(n - 1)]  # fmt: skip
+    warm = min(10.0, duration_s / 4)
+
+    def runs(mode: str, pipes: list) -> list[dict]:
+        return [simulate_shared(pipes, cores, mode, duration_s, warmup_s=warm, seed=s)
+                for s in range(1, seeds + 1)]  # fmt: skip
+
+    alone = float(np.median([r["hi"]["attainment"] for r in runs("off", [hi])]))
+    points = []
+    for mode in MODES:
+        rs = runs(mode, [hi, *los])
+        att = float(np.median([r["hi"]["attainment"] for r in rs]))
+        lower = [sum(r[lo.name]["goodput_rps"] for lo in los) for r in rs]
+        kept = [r[los[0].name]["kept_s"] / (duration_s - warm) for r in rs]
+        pt = {"profile": pname, "cores": cores, "pipelines": n, "lower_x": x, "mode": mode,
+              "hi_alone": round(alone, 4), "hi_flooded": round(att, 4),
+              "hi_ratio": round(att / alone, 4) if alone else None,
+              "hi_p99_ms": float(np.median([r["hi"]["p99_ms"] for r in rs])),
+              "lower_goodput_rps": round(float(np.median(lower)), 2),
+              "lower_goodput_cores": round(float(np.median(lower)) * PRIO_L0_MS / 1e3, 3),
+              "kept_fraction": round(float(np.median(kept)), 3)}  # fmt: skip
+        points.append(pt)
+        print(f"  {pname} ({cores} cores) {n} pipelines, lower {x} x cores, {mode}: hi "
+              f"{att:.3f} / alone {alone:.3f}, lower {pt['lower_goodput_cores']} cores' worth",
+              flush=True)  # fmt: skip
+    return points
+
+
+def priorities_main(a: Any) -> int:
+    """``--priorities``: the points, the JSON and the figure, a table."""
+    res = harness.cli.start("sim_jetson_priorities", a)
+    lower_x = [int(v) for v in a.lower_x.split(",")]
+    for pt in priorities(a.profiles.split(","), a.duration_s, a.seeds, lower_x):
+        res.add(**pt)
+    res.summary = {"l0_ms": PRIO_L0_MS, "cv": PRIO_CV, "hi_rate": "0.3 x one core's ideal",
+                   "slo": "3 x L0", "lower": "closed loop, lower_x x cores instances each",
+                   "model": "runtime/planning/simcores.py"}  # fmt: skip
+    harness.cli.finish(res, a, plot_priorities)
+    rows = [[p["profile"], p["cores"], p["pipelines"], p["lower_x"], p["mode"], p["hi_alone"],
+             p["hi_flooded"], p["hi_ratio"], p["lower_goodput_cores"], p["kept_fraction"]]
+            for p in res.points]  # fmt: skip
+    harness.print_table(
+        [
+            "profile",
+            "cores",
+            "pipes",
+            "lower x",
+            "mode",
+            "hi alone",
+            "hi flooded",
+            "ratio",
+            "lower (cores)",
+            "kept",
+        ],
+        rows,
+    )
+    return 0
+
+
+def plot_priorities(data: dict[str, Any], path: Path) -> None:
+    """Priority-1 attainment flooded / alone against the core count, per mode, one panel
+    per pipeline count and lower instances."""
+    pts = [{**p, "case": f"{p['pipelines']} pipelines, lower {p.get('lower_x', 1)} x cores"}
+           for p in data["points"]]  # fmt: skip
+    harness.plot(pts, path, x="cores", y="hi_ratio", by="mode", panel="case",
+                 hlines={"0.95 x alone": 0.95}, xlabel="cpu cores (Jetson profiles)",
+                 ylabel="priority-1 attainment flooded / alone")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = harness.cli.parser(__doc__, duration_s=SIM_S, quiet_wait_s=0.0)
+    ap.add_argument("--priorities", action="store_true", help="CPU by priority (see above)")
+    ap.add_argument("--seeds", type=int, default=5, help="--priorities: seeds per point")
+    ap.add_argument("--lower-x", default="1,3", help="--priorities: lower instances, x cores")
     ap.add_argument("--models", default="resnet50,ppocrv4-det,vgg19")
     ap.add_argument("--profiles", default=",".join(PROFILES))
     ap.add_argument("--steps", type=int, default=6)
@@ -196,8 +304,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def quick(a: Any) -> None:
         a.models, a.profiles, a.steps, a.repeats = "resnet50", "xavier-agx", 4, 3
+        a.seeds = 1
 
     a = harness.cli.parse(ap, argv, quick)
+    if a.priorities:
+        if a.profiles == ",".join(PROFILES):
+            a.profiles = ",".join((*PRIO_PROFILES, "2"))
+        return priorities_main(a)
     res = harness.cli.start("sim_jetson", a)
     models = [run(m, a.profiles.split(","), a.steps, a.repeats) for m in a.models.split(",")]
     for m in models:

@@ -528,7 +528,8 @@ def print_status(st: dict[str, Any]) -> None:
     if cpu:
         why = f" (cgroups not used: {cpu['reason']})" if cpu.get("reason") else ""
         levels = "; ".join(priority_text(p) for p in st["pipelines"])
-        out.print(f"CPU by priority: {cpu['mode']}{why}; {levels}", highlight=False)
+        kept = "".join(f"; {n} kept to cores {c}" for n, c in (cpu.get("kept") or {}).items())
+        out.print(f"CPU by priority: {cpu['mode']}{why}; {levels}{kept}", highlight=False)
     for p in st["pipelines"]:
         req = p["requests"]
         lat = req["latency"]

@@ -480,9 +480,13 @@ class Service(DeployMixin, ScaleMixin):
         """The ``n`` cores a new cpu instance (of unit ``key``) is pinned to
         (:func:`~infscaler.runtime.scaling.placement.pick_cores`): the least loaded by that
         unit's live instances, then by every live instance, ties in turn from a cursor,
-        among the device profile's cpu cores this host has (else the host's). The live
+        among the device profile's cpu cores this host has (else the host's), less those
+        its pipeline's core set keeps it off (:mod:`~infscaler.runtime.scaling.coreact`). The live
         instances are read only when there is a choice to make."""
         cores = pinnable_cores(sorted(os.sched_getaffinity(0)), self.device)
+        keeper = getattr(self.autoscaler, "core_sets", None)
+        if keeper is not None and key is not None:  # kept off a higher pipeline's cores
+            cores = keeper.cores_for(key[0], cores)
         with self._lock:
             start = self._core_cursor
             self._core_cursor += n

@@ -232,13 +232,18 @@ def cpu_priority(svc: StatusSource) -> dict[str, Any]:
     """How the service gives the cores by priority (docs/scaling.md, "Priorities and
     queue policies"): ``mode`` ``off`` (``INFSCALER_CPU_PRIORITY=off``: every instance at
     the service's nice value), ``nice`` (nice values by level only) or ``cgroup`` (nice
-    values and a per-pipeline cgroup v2 ``cpu.weight``); ``reason``: why cgroups are not
-    used (empty in ``cgroup`` mode)."""
+    values and a per-pipeline cgroup v2 ``cpu.weight``) or ``cores`` (nice values and core
+    sets by priority, with :meth:`~infscaler.runtime.scaling.coreact.CoreSetKeeper.state`:
+    ``on``, ``hold_s``, ``kept``, ``repins``); ``reason``: why cgroups are not used
+    (empty in ``cgroup`` mode)."""
     sup = getattr(svc, "supervisor", None)
     if sup is None or not getattr(sup, "cpu_priority", False):
         return {"mode": "off", "reason": getattr(sup, "cgroups_why", "")}
     if getattr(sup, "cgroups", None) is not None:
         return {"mode": "cgroup", "reason": ""}
+    keeper = getattr(getattr(svc, "autoscaler", None), "core_sets", None)
+    if keeper is not None and getattr(keeper, "on", False):
+        return {"mode": "cores", "reason": getattr(sup, "cgroups_why", ""), **keeper.state()}
     return {"mode": "nice", "reason": getattr(sup, "cgroups_why", "")}
 
 

@@ -30,6 +30,7 @@ from infscaler.base.threads import NamedThread
 from infscaler.runtime.planning.autoplan import keep_live
 from infscaler.runtime.planning.livecheck import LiveState, Observed, Verdict, check
 from infscaler.runtime.planning.planner import HANDOVER_MS
+from infscaler.runtime.scaling import coreact
 from infscaler.runtime.scaling import threads as thread_merge
 from infscaler.runtime.scaling.arbitration import (
     ArbitrationConfig,
@@ -42,6 +43,7 @@ from infscaler.runtime.scaling.arbitration import (
 from infscaler.runtime.scaling.control import ScaledService
 from infscaler.runtime.scaling.idlecurve import LEARN_INTERVAL_S, learn
 from infscaler.runtime.scaling.monitor import Monitor
+from infscaler.runtime.scaling.placement import pinnable_cores
 from infscaler.runtime.scaling.policy import (
     TUNER_LOOKBACK_S,
     Observation,
@@ -148,6 +150,8 @@ class Autoscaler:
         self._arb = ArbitrationState()
         self._arb_busy = False
         self.moves: collections.Counter[tuple[str, str]] = collections.Counter()
+        #: core sets by priority (``INFSCALER_CPU_PRIORITY=cores``; :meth:`keep_cores`)
+        self.core_sets = coreact.CoreSetKeeper(coreact.enabled(os.environ))
         self._lock = threading.Lock()
         self._thread = NamedThread(target=self._run, name="isc-autoscaler", daemon=True)
 
@@ -231,6 +235,10 @@ class Autoscaler:
                 self.arbitrate()
             except Exception:  # noqa: BLE001 - the loop must survive a bad reading
                 log.exception("the arbitration between pipelines failed")
+            try:
+                self.keep_cores()
+            except Exception:  # noqa: BLE001
+                log.exception("the core sets by priority failed")
             try:
                 self.wake()
             except Exception:  # noqa: BLE001
@@ -624,6 +632,25 @@ class Autoscaler:
                 target=self._move, args=(m, deps), name="isc-arbitrate", daemon=True
             ).start()
         return moves
+
+    def keep_cores(self) -> None:
+        """One look of the core sets by priority (:class:`~.coreact.CoreSetKeeper`, on
+        with ``INFSCALER_CPU_PRIORITY=cores``): every deployed pipeline's level, the risk of
+        each auto-scaled one from its last view (:func:`~.coreact.risk_of`), the
+        instances; its changes are kept with the decisions."""
+        if not self.core_sets.on:
+            return
+        deps = self.service.deployments()
+        levels = {d.name: int(getattr(d.pipeline.config, "priority", 1) or 1) for d in deps}
+        with self._lock:
+            views = dict(self._views)
+        calm = self.arbitration_config.release_ratio
+        risk = {n: coreact.risk_of(views.get(n), calm) for n in levels}
+        device = getattr(self.service, "device", None)
+        cores = pinnable_cores(sorted(os.sched_getaffinity(0)), device)
+        handles = self.service.supervisor.handles()
+        for name, entry in self.core_sets.step(time.monotonic(), cores, levels, risk, handles):
+            self._record(name, entry)
 
     def _move(self, m: Move, deps: dict[str, Any]) -> None:
         """Apply one move: the giver's scale-in (blocks until its instance exited), then

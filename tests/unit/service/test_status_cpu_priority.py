@@ -50,3 +50,27 @@ def test_each_pipelines_level_and_share() -> None:
         "hi priority 1 nice 0",
         "lo priority 2 nice 10 cpu.weight 11",
     ]
+
+
+def test_mode_cores_shows_the_pipelines_kept_off_cores(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    keeper = SimpleNamespace(
+        on=True, state=lambda: {"on": True, "hold_s": 10.0, "kept": {"lo": [1]}, "repins": 2}
+    )
+    svc = _svc(cpu_priority=True, cgroups=None, cgroups_why="INFSCALER_CPU_PRIORITY=cores")
+    svc.autoscaler = SimpleNamespace(core_sets=keeper)
+    st = cpu_priority(svc)
+    assert st["mode"] == "cores" and st["kept"] == {"lo": [1]} and st["repins"] == 2
+    svc.autoscaler = SimpleNamespace(core_sets=SimpleNamespace(on=False))
+    assert cpu_priority(svc)["mode"] == "nice"
+    print_status(
+        {
+            "control_path": {"kind": "userspace", "policy": "auto", "reason": "x"},
+            "pool": {"mapped_mb": 0, "cap_mb": 64, "slots_in_use": 0, "slots_free": 0},
+            "cpu_priority": st,
+            "pipelines": [],
+        }
+    )
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "CPU by priority: cores (" in out and "lo kept to cores [1]" in out
