@@ -1,9 +1,6 @@
-"""CLI commands that are clients of a running service: ``deploy``, ``undeploy``,
-``infer``, ``status`` (loaded by :mod:`infscaler.cli` when one runs), over its Unix socket
-(``--socket``, default ``$INFSCALER_SOCKET``, systemd's ``$RUNTIME_DIRECTORY`` or
-``/run/infscaler/infscaler.sock``); and what ``serve`` shares with them (the socket, a
-pipeline from a command-line argument).
-"""
+"""CLI commands that are clients of a running service (``deploy``, ``undeploy``, ``infer``,
+``status``) over its Unix socket, and what ``serve`` shares with them (the socket, a
+pipeline from a command-line argument)."""
 
 from __future__ import annotations
 
@@ -63,10 +60,8 @@ def triton_model(path: Path) -> Path | None:
 def triton_pipeline_from_dir(
     path: Path, partitions: int | None = None, shapes: str | None = None
 ) -> Any:
-    """A Triton model directory as a pipeline (:func:`infscaler.base.triton.triton_pipeline`:
-    its ``config.pbtxt`` mapped, its latest version), each ignored ``config.pbtxt`` field
-    printed as a warning on stderr. KIND_AUTO / no ``instance_group`` place it on the gpu
-    engine when this host runs one.
+    """A Triton model directory as a pipeline (:func:`infscaler.base.triton.triton_pipeline`),
+    each ignored ``config.pbtxt`` field printed as a warning.
 
     Raises:
         ConfigError: a file or field that cannot be served (the message names both).
@@ -102,17 +97,13 @@ def pipelines_from_arg(
 
 
 def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | None = None) -> Any:
-    """A pipeline from a ``serve`` argument: a pipeline YAML, an ``.onnx`` model or
-    bundled alias (served whole, or partitioned into ``partitions``), a plan dir, or a
-    Triton model directory (:func:`triton_pipeline_from_dir`; named after the directory).
-
-    Args:
-        shapes: concrete shapes of a model's dynamic inputs (``--shapes``, trtexec's
-            ``x:1x3x224x224``); for a bundled alias they replace its default.
+    """A pipeline from a ``serve`` argument: a pipeline YAML, an ``.onnx`` model or bundled
+    alias (partitioned into ``partitions`` if given), a plan dir, or a Triton model
+    directory; ``shapes``: ``--shapes`` for a model's dynamic inputs.
 
     Raises:
         ConfigError: a file that is none of these, or ``shapes`` for a pipeline file or
-            plan directory (their stages carry their own).
+            plan directory.
     """
     from infscaler.base.config import load_pipeline, pipeline_for_model
     from infscaler.base.models import MODELS
@@ -231,9 +222,8 @@ def load_image(path: Path) -> np.ndarray:
 def input_feeds(
     inputs: list[str], image: Path | None, kind: str, name: str, names: list[str], uint8: list[str]
 ) -> dict[str, np.ndarray]:
-    """Feeds from ``--input NAME=FILE.npy`` items and an ``--image`` file, for the
-    ``kind`` (``"a model"``, ``"a pipeline"``) ``name`` whose inputs are ``names``,
-    ``uint8`` those of datatype UINT8.
+    """Feeds from ``--input NAME=FILE.npy`` items and an ``--image`` file for the ``kind``
+    ``name`` whose inputs are ``names`` (``uint8``: those of datatype UINT8).
 
     Raises:
         InfScalerError: a malformed item, an unreadable file, or ``--image`` while the

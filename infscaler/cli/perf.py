@@ -1,12 +1,7 @@
-"""``infscaler perf``: perf_analyzer's measurement of a served model or pipeline, over the
-service's Unix socket (:mod:`infscaler.api.loadgen` generates the load and measures it).
-
-A concurrency sweep (``--concurrency-range 1:8:2``, closed loop) or a request-rate sweep
-(``--request-rate-range 5:20:5``, open loop, ``--request-distribution constant|poisson``
-or ``--arrivals azure``); while it measures, one line per window on stderr (as
-perf_analyzer's ``Pass [n]`` lines); then one row per point in an 80-column table,
-``--csv`` with perf_analyzer's ``-f`` columns where they mean the same, ``--json`` with
-everything.
+"""``infscaler perf``: perf_analyzer's measurement of a served model or pipeline over the
+service's Unix socket (:mod:`infscaler.api.loadgen`): a concurrency or request-rate sweep,
+one line per window on stderr, then a table per point (``--csv``: perf_analyzer's ``-f``
+columns where they mean the same; ``--json``: everything).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """``infscaler plan``: the starting configuration of a pipeline for an arrival rate and a
-latency SLO (loaded by :mod:`infscaler.cli` when it runs); with ``--fleet``, many streams
+latency SLO: compiled as ``serve`` would, each unit measured in-process, then the
+planner's least-memory configuration whose simulated P99 meets the SLO within the device's
+cap (:func:`infscaler.runtime.planning.planner.plan`); with ``--fleet``, many streams
 placed on many nodes (:func:`plan_fleet`).
 
-It compiles the pipeline as ``serve`` would (partitioning model stages, plans cached in
-the state directory), measures every unit in-process on this host
-(:mod:`infscaler.runtime.planning.unitprofile`), and runs the planner's search with its greedy
-source (:func:`infscaler.runtime.planning.planner.plan`): the least-memory configuration whose
-simulated P99 meets the SLO at the rate within the device profile's resource cap. It prints the
-configuration per unit (engine, instances, batch, service time, utilisation, memory) and
-the predicted P99 / throughput / memory.
-
-Exit status: 0 with a configuration, 1 when none meets the SLO within the cap (the
-reason is printed), 2 on bad arguments (one message and a hint, no traceback).
+Exit status: 0 with a configuration, 1 when none meets the SLO within the cap, 2 on bad
+arguments.
 """
 
 from __future__ import annotations
@@ -440,8 +434,7 @@ def _rate_plan_args(
 
 
 def _arrival_times(arrivals: str, rate_rps: float, duration: float, seed: int) -> np.ndarray:
-    """The arrival times of ``--arrivals`` at ``rate_rps`` over ``duration`` s (checked
-    before anything slow runs).
+    """The arrival times of ``--arrivals`` at ``rate_rps`` over ``duration`` s.
 
     Raises:
         InfScalerError: an unknown arrival process, or one that gives no requests.
@@ -503,15 +496,11 @@ def search_cmd(
     refine: int = 3,
     arrivals: str = "poisson",
 ) -> int:
-    """``infscaler plan MODEL|PIPELINE --slo X [--rate R] --explain``: the configuration
-    search, as the deploy-time planner runs it
-    (:func:`infscaler.runtime.planning.autoplan.plan_measured`; the stages' own K /
-    threads / instances ignored), printed: every candidate (K, cuts, objectives, threads,
-    instances, predicted goodput, P99, memory, bottleneck FLOPs share) with why it lost,
-    the winner, and per stage Eq. 1's own plan's share beside the winner's. ``--slo``: ms
-    or a factor (``3x``) of the measured 1-thread latency.
-
-    Returns the exit status (0: a winner, 1: none meets the SLO).
+    """``infscaler plan MODEL|PIPELINE --slo X [--rate R] --explain``: the deploy-time
+    planner's search (:func:`infscaler.runtime.planning.autoplan.plan_measured`), printed:
+    every candidate with why it lost, the winner, and Eq. 1's own plan beside it.
+    ``--slo``: ms or a factor (``3x``) of the measured 1-thread latency. Returns the exit
+    status (0: a winner, 1: none meets the SLO).
 
     Raises:
         InfScalerError: bad arguments (no SLO, unknown objective, ...).

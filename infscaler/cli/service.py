@@ -547,7 +547,6 @@ def _hard_exit_after(seconds: float, service: Any) -> None:
     """Exit the process ``seconds`` from now whatever is stuck (a dead front end,
     instances that do not stop, handlers that never finish): the bound on SIGTERM.
     Instances die with it (PR_SET_PDEATHSIG); its shared memory is unlinked first."""
-    import threading
 
     def fire() -> None:
         err.print(f"infscaler: still stopping after {seconds:.0f} s: exiting now", highlight=False)
@@ -717,11 +716,12 @@ async def _serve(
 async def _deploy_given(
     service: Any, configs: list[Any], stop: asyncio.Event, notifier: Any
 ) -> None:
-    """Plan the pipelines given on the command line together, then deploy them one by
-    one (each in a worker thread, systemd told of the progress); a stop signal ends it
+    """Plan the pipelines given together (:meth:`~infscaler.service.deploy.DeployMixin.plan_set`),
+    then deploy them one by one in a worker thread, telling systemd; a stop signal ends it
     after the deploy in progress."""
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, _plan_together, service, configs)
+    say = lambda m: err.print(f"  {m}", highlight=False)  # noqa: E731
+    await loop.run_in_executor(None, service.plan_set, configs, say)
     for cfg in configs:
         notifier.status(f"deploying {cfg.name}")
 
@@ -740,15 +740,6 @@ async def _deploy_given(
         waiter.cancel()
         deploy.result()
         _say(f"deployed {cfg.name} in {time.perf_counter() - t0:.1f} s")
-
-
-def _plan_together(service: Any, configs: list[Any]) -> None:
-    """The pipelines given that are left to the planner, planned together within the
-    cap before any deploys (:meth:`infscaler.service.deploy.DeployMixin.plan_set`)."""
-    service.plan_set(configs, lambda m: err.print(f"  {m}", highlight=False))
-
-
-# -- client commands ----------------------------------------------------------------------
 
 
 # -- demo ---------------------------------------------------------------------------------
