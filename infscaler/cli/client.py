@@ -526,7 +526,7 @@ def print_status(st: dict[str, Any]) -> None:
             f"{escape(p['name'])} ({'ready' if p['ready'] else 'NOT ready'}"
             f"{', DEGRADED' if p.get('degraded') else ''}): "
             f"{req['success']} ok, {sum(req['fail'].values())} failed, "
-            f"P50 {_ms(lat['p50_ms'])} / P99 {_ms(lat['p99_ms'])} ms"
+            f"P50 {fmt_ms(lat['p50_ms'])} / P99 {fmt_ms(lat['p99_ms'])} ms"
         )
         cols = [Col("stage"), Col("part"), Col("B_k", "num"), Col("engine pid cores MB")]
         cols += [Col("queue", "num"), Col("P50 ms", "num"), Col("P99 ms", "num")]
@@ -578,7 +578,7 @@ def unit_row(u: dict[str, Any]) -> list[str]:
     )
     inst = inst.strip() or ("front end" if u["engine"] == "frontend" else "-")
     steps = "".join(  # a fused unit: its steps' mean ms per call
-        f"\n  {st['step']} {_ms(st.get('mean_ms'))} ms" for st in u.get("steps") or ()
+        f"\n  {st['step']} {fmt_ms(st.get('mean_ms'))} ms" for st in u.get("steps") or ()
     )
     return [
         u["unit"] + steps,
@@ -586,8 +586,8 @@ def unit_row(u: dict[str, Any]) -> list[str]:
         f"{u['bottleneck']:.3g}" if u["bottleneck"] is not None else "-",
         escape(inst),
         str(u["queue"]),
-        _ms(u["compute_p50_ms"]),
-        _ms(u["compute_p99_ms"]),
+        fmt_ms(u["compute_p50_ms"]),
+        fmt_ms(u["compute_p99_ms"]),
         batch_text(u.get("exec") or {}),
     ]
 
@@ -602,5 +602,5 @@ def batch_text(ex: dict[str, Any]) -> str:
     return f"{mean:.2f}" + (f" (<={now})" if now > 1 else "")
 
 
-def _ms(v: float | None) -> str:
+def fmt_ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"

@@ -25,7 +25,7 @@ from infscaler.base.device import load_profile
 from infscaler.base.errors import InfScalerError
 from infscaler.base.slo import parse_slo
 from infscaler.cli import err, out
-from infscaler.cli.client import input_feeds, pipeline_from_arg
+from infscaler.cli.client import fmt_ms, input_feeds, pipeline_from_arg
 from infscaler.cli.fleetfile import expand_names, load_fleet, units_from_spec
 from infscaler.cli.tables import Col, print_table
 from infscaler.cli.units import parse_rate, parse_slo_ms
@@ -80,10 +80,6 @@ def _device(name: str | None) -> Any:
     return load_profile(name or "cpu-host")
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
-
-
 def print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
     pred = res.prediction
     head = "Starting configuration" if res.feasible else "INFEASIBLE: last configuration tried"
@@ -115,7 +111,7 @@ def print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
     if pred is not None:
         att = "" if pred.slo_attainment is None else f", SLO attainment {pred.slo_attainment:.1%}"
         out.print(
-            f"predicted: P99 {_ms(pred.p99_ms)} ms (P50 {_ms(pred.p50_ms)}), throughput "
+            f"predicted: P99 {fmt_ms(pred.p99_ms)} ms (P50 {fmt_ms(pred.p50_ms)}), throughput "
             f"{pred.throughput_rps:.1f} requests/s{att} over {duration_s:g} s simulated "
             f"({pred.requests} requests)",
             highlight=False,
@@ -608,7 +604,7 @@ def print_search(res: Any, stages: list[Any], eq1: dict[str, tuple[Any, float]])
             f"{c.goodput_rps:.1f}"
             + ("" if c.goodput_lo is None else " [{:.1f}, {:.1f}]".format(*c.interval())),
             "-" if c.max_rate_rps is None else f"{c.max_rate_rps:.1f}",
-            _ms(c.p99_ms),
+            fmt_ms(c.p99_ms),
             f"{c.memory_mb:.0f}",
             "/".join(f"{s:.0%}" for s in c.share),
             escape(c.why),

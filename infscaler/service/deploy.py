@@ -234,25 +234,16 @@ class DeployMixin:
             return together[1], together[2]
 
         progress(f"planning {cfg.name}: K, cuts, threads and instances for its SLO")
-        device = self.device or load_profile("cpu-host")
-        planned, outcome = plan_pipeline(
-            cfg,
-            device=device,
-            state_dir=self.state_dir,
-            allowed_functions=allowed_functions,
-            progress=progress,
-            wake_latency_us=self.cpu_wake_latency_planned_us,
-        )
+        kw = {
+            "device": self.device or load_profile("cpu-host"),
+            "state_dir": self.state_dir,
+            "allowed_functions": allowed_functions,
+            "wake_latency_us": self.cpu_wake_latency_planned_us,
+        }
+        planned, outcome = plan_pipeline(cfg, progress=progress, **kw)
         if outcome is not None and outcome.best is not None:
             progress(f"{cfg.name}: chosen {outcome.best.line()}")
-        live = live_plan(
-            cfg,
-            device=device,
-            state_dir=self.state_dir,
-            allowed_functions=allowed_functions,
-            wake_latency_us=self.cpu_wake_latency_planned_us,
-        )
-        return planned, live
+        return planned, live_plan(cfg, **kw)
 
     def plan_set(
         self,
