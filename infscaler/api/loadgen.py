@@ -434,10 +434,8 @@ def count_key(d: dict[str, int], key: str) -> None:
 
 
 def answer_code(status: int, body: bytes) -> str:
-    """The reason code of an error answer: its JSON's ``code`` (a short lower-case
-    word: ``slo``, ``queue_full``, ``bytes_in_flight``, ...; docs/api.md lists them), or
-    ``http_<status>`` when it has none (another server, or an error without a code).
-    Never the message: its text carries numbers that differ from answer to answer."""
+    """The reason code of an error answer: its JSON's ``code`` (a short lower-case word,
+    docs/api.md "Refusal codes"), else ``http_<status>``; never the message."""
     try:
         doc = json.loads(body)
         code = doc.get("code") if isinstance(doc, dict) else None
@@ -750,10 +748,9 @@ def _socket_gid(client: Any) -> int | None:
 
 
 def _shm_inputs(client: Any, inputs: Mapping[str, np.ndarray]) -> tuple[Any, dict[str, Any]]:
-    """The inputs written once into a new shared memory region registered with the
-    service: ((region name, the region), name -> :class:`ShmTensor`). The object is mode
-    0660, of the socket's group where this process is in it, so a service running as its
-    own user in that group can open it; its key and region name are random."""
+    """The inputs written into a new, randomly named shared memory region (mode 0660, of the
+    socket's group where this process is in it) registered with the service:
+    ``((region name, the region), name -> ShmTensor)``."""
     from infscaler.api.codec import datatype_of
     from infscaler.api.sysshm import SharedMemoryRegion
 
