@@ -433,14 +433,23 @@ def serve_cmd(
         autoscale,
     )
     wake = _checked_choices(objective, cpu_wake_latency_us, control_path)
+    service = Service(
+        state_dir=state_dir,
+        device=profile,
+        control_path=control_path,
+        pool_mb=pool_mb,
+        max_inflight_mb=max_inflight_mb,
+        max_inflight_mb_per_uid=max_inflight_mb_per_uid,
+        pending_per_uid=max_pending_per_uid,
+        operator_pending=operator_pending,
+        objective=objective,
+        cpu_wake_latency_us=wake,
+    )
     code = asyncio.run(
         _serve(
+            service,
             configs,
             default_socket(socket),
-            profile,
-            state_dir,
-            control_path,
-            pool_mb,
             max_body_mb,
             drain_s,
             security=security,
@@ -448,10 +457,6 @@ def serve_cmd(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             limits=limits,
-            max_inflight_mb=max_inflight_mb,
-            max_inflight_mb_per_uid=max_inflight_mb_per_uid,
-            objective=objective,
-            cpu_wake_latency_us=wake,
             grpc_socket=None
             if no_grpc
             else grpc_socket or default_grpc_socket(default_socket(socket)),
@@ -595,35 +600,22 @@ async def _start_beside(
     return grpc_server, metrics_runner
 
 
-def _pending_quotas(limits: Any) -> dict[str, int]:
-    """The front end's share of pending requests per client uid, from ``limits``'
-    :class:`~infscaler.base.quotas.PeerQuotas` (``Service``'s keyword arguments)."""
-    quotas = getattr(limits, "quotas", None) or PeerQuotas()
-    return {"pending_per_uid": quotas.pending_per_uid, "operator_pending": quotas.operator_pending}
-
-
 async def _serve(
+    service: Service,
     configs: list[Any],
     socket_path: str,
-    profile: Any,
-    state_dir: Path | None,
-    control_path: str,
-    pool_mb: int,
     max_body_mb: int,
     drain_s: float,
     *,
-    security: Any = None,
-    socket_group: str | None = None,
-    metrics_port: int | None = None,
-    limits: Any = None,
-    metrics_host: str = "127.0.0.1",
-    max_inflight_mb: float = 256,
-    max_inflight_mb_per_uid: float | None = PeerQuotas.inflight_mb_per_uid,
-    objective: str = "auto",
-    cpu_wake_latency_us: int | str | None = None,
-    grpc_socket: str | None = None,
+    security: Any,
+    socket_group: str | None,
+    metrics_port: int | None,
+    limits: Any,
+    metrics_host: str,
+    grpc_socket: str | None,
 ) -> int:
-
+    """Serve ``service`` (not started) on ``socket_path`` until a stop signal or the front
+    end's death; returns the exit status."""
     notifier = SystemdNotifier()
     # the API's event loop runs on the main thread: named for its role, not the process's
     # ("infscaler" in /proc/PID/task/TID/comm told it from no other thread); the prefix
@@ -634,17 +626,6 @@ async def _serve(
     loop.set_default_executor(named_executor("isc-api-exec"))  # off-loop work, named
     stop = asyncio.Event()
     died: list[str] = []
-    service = Service(
-        state_dir=state_dir,
-        device=profile,
-        control_path=control_path,
-        pool_mb=pool_mb,
-        max_inflight_mb=max_inflight_mb,
-        max_inflight_mb_per_uid=max_inflight_mb_per_uid,
-        **_pending_quotas(limits),
-        objective=objective,
-        cpu_wake_latency_us=cpu_wake_latency_us,
-    )
 
     def on_signal() -> None:
         if stop.is_set():  # a second signal: do not wait any longer
@@ -673,7 +654,7 @@ async def _serve(
         )
         _say(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
-            f"pool {pool_mb} MB)"
+            f"pool {service.pool_mb} MB)"
         )
         await _deploy_given(service, configs, stop, notifier)
         if not stop.is_set():
