@@ -226,10 +226,8 @@ class EdgeRequestHandler(RequestHandler):
         return None
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
-        """aiohttp logs what its lingering read of an unread body raises as "Unhandled
-        exception" with a traceback; our own :class:`BodyTimeout` / :class:`BodyTruncated`
-        there were already answered (408 / 400), so they are logged at debug: a client
-        sending truncated requests cannot fill the journal."""
+        """Our :class:`BodyTimeout` / :class:`BodyTruncated`, already answered, logged at debug
+        (not as aiohttp's "Unhandled exception"), so truncated requests cannot fill the journal."""
         exc = kw.get("exc_info")
         if isinstance(exc, BodyTimeout | BodyTruncated):
             self.log_debug("request body cut short (answered already): %s", exc)

@@ -49,9 +49,8 @@ def default_socket(socket: str | None = None) -> str:
 
 
 def triton_model(path: Path) -> Path | None:
-    """``path`` when it is a Triton model directory (``<model>/config.pbtxt`` and / or
-    ``<model>/<version>/model.onnx``, Triton's ``model_repository.md`` layout), else None
-    (:func:`infscaler.base.triton.is_model_dir`)."""
+    """``path`` when it is a Triton model directory
+    (:func:`infscaler.base.triton.is_model_dir`), else None."""
     from infscaler.base.triton import is_model_dir
 
     return path if is_model_dir(path) else None
@@ -281,10 +280,8 @@ def random_input(i: dict, rng: np.random.Generator) -> np.ndarray:
 
 
 def check_feeds(feeds: dict[str, np.ndarray], meta: dict, cast: bool = False) -> None:
-    """Each given array has its input's datatype and rank, else a clear error with the
-    conversion to make; with ``cast`` an array of another numeric dtype is converted
-    (numpy's ``astype``: float64 -> FP32 rounds, floats -> integers truncate), in place
-    in ``feeds``."""
+    """Each given array has its input's datatype and rank, else an error saying the
+    conversion to make; ``cast``: convert another numeric dtype in place (``astype``)."""
     from infscaler.api.codec import DATATYPES
 
     for i in meta["inputs"]:
@@ -468,9 +465,8 @@ def status_cmd(
 
 
 def print_status(st: dict[str, Any]) -> None:
-    """``infscaler status``'s text: the control path, pool, zygote and resources, then a
-    table per pipeline (:func:`~infscaler.cli.tables.print_table`: key: value lines where
-    it cannot fit the terminal)."""
+    """``infscaler status``'s text: control path, pool, zygote, resources, then a table per
+    pipeline (:func:`~infscaler.cli.tables.print_table`)."""
     from rich.markup import escape
 
     from infscaler.cli.tables import Col, print_table

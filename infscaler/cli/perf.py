@@ -50,9 +50,8 @@ def _us(ms: float | None) -> str:
 
 
 def csv_rows(points: list[dict[str, Any]]) -> list[list[str]]:
-    """The CSV (header row first) of :meth:`PointResult.to_dict` points: one row per
-    point; latencies in usec (perf_analyzer's unit), rates per second; an empty cell
-    where there is no value (no answers, no SLO, no statistics)."""
+    """The CSV, header first, of :meth:`PointResult.to_dict` points: latencies in usec,
+    rates per second, an empty cell where there is no value."""
     first = "Concurrency" if points and points[0]["mode"] == "concurrency" else "Request Rate"
     rows = [[first, *CSV_COLUMNS]]
     for p in points:
@@ -79,9 +78,8 @@ def _ms(v: float | None) -> str:
 
 
 def perf_table(points: list[dict[str, Any]], slo: bool) -> Table:
-    """One row per point, fits 80 columns: the load, infer/s (``*``: not stable within
-    --max-trials), P50 / P90 / P95 / P99 ms, goodput/s (with --slo), refused/s, errors/s,
-    the server's queue and compute ms per request."""
+    """One row per point in 80 columns: load, infer/s (``*``: not stable), P50-P99 ms,
+    goodput/s (with --slo), refused/s, errors/s, the server's queue and compute ms."""
     conc = bool(points) and points[0]["mode"] == "concurrency"
     t = Table(
         box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True
@@ -344,9 +342,8 @@ def _start_line(spec: Any, cfg: Any) -> str:
 
 
 def window_line(spec: Any, trial: int, w: Any) -> str:
-    """One progress line for window ``trial`` (from 1) of a point: its throughput, mean
-    client latency, refusals and errors per second with their most frequent codes, and
-    the server's queue / compute ms per request when its statistics were read."""
+    """One progress line for window ``trial`` (from 1): throughput, mean latency, refusals
+    and errors per second with their top codes, the server's queue / compute ms."""
     line = f"{_label(spec)}: pass [{trial}] {w.throughput:.1f} infer/s"
     mean = w.mean_ms
     line += ", mean -" if mean is None else f", mean {_ms(mean)} ms"

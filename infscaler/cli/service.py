@@ -1,10 +1,6 @@
-"""CLI commands that run the service: ``serve`` and ``demo`` (loaded by
-:mod:`infscaler.cli` when one runs; the client commands are :mod:`infscaler.cli.client`).
-
-``serve`` runs the service in the foreground (systemd ``Type=notify`` aware: READY=1 once
-the pipelines given are deployed, WATCHDOG pings while healthy, STOPPING=1 and a drain
-of in-flight requests on SIGTERM / SIGINT). ``demo`` starts its own on a temporary socket.
-"""
+"""CLI commands that run the service: ``serve`` (in the foreground; systemd ``Type=notify``:
+READY=1 once the pipelines given are deployed, WATCHDOG pings while healthy, STOPPING=1
+and a drain on SIGTERM / SIGINT) and ``demo`` (on a temporary socket)."""
 
 from __future__ import annotations
 
@@ -67,9 +63,7 @@ WAKE_DEFAULT = "auto"
 
 
 def _say(line: str) -> None:
-    """One startup / progress line on stderr, whole (a socket path is never wrapped or
-    cut: the terminal wraps a line longer than its width; a journal keeps it as one
-    line), as text (no rich markup)."""
+    """One startup / progress line on stderr, whole (never wrapped or cut) and plain text."""
     err.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
@@ -500,9 +494,9 @@ def _initial_pipelines(
     slo: str | None,
     autoscale: bool,
 ) -> tuple[list[Any], Any]:
-    """``(the pipelines serve deploys at start, the watcher of --watch-pipelines or
-    None)``: the targets given, then the watched directory's files (checked like the
-    repository API checks their later versions), each with ``--slo`` / ``--autoscale``.
+    """``(the pipelines serve deploys at start, the --watch-pipelines watcher or None)``:
+    the targets, then the watched directory's files (checked as the repository API checks
+    them), each with ``--slo`` / ``--autoscale``.
 
     Raises:
         InfScalerError: ``--autoscale`` without ``--slo`` for a pipeline that has none.
@@ -549,9 +543,8 @@ STOP_GRACE_S = 10.0
 
 
 def _hard_exit_after(seconds: float, service: Any) -> None:
-    """Exit the process ``seconds`` from now whatever is stuck (a dead front end,
-    instances that do not stop, handlers that never finish): the bound on SIGTERM.
-    Instances die with it (PR_SET_PDEATHSIG); its shared memory is unlinked first."""
+    """Exit the process ``seconds`` from now whatever is stuck (the bound on SIGTERM),
+    unlinking its shared memory first; instances die with it (PR_SET_PDEATHSIG)."""
 
     def fire() -> None:
         err.print(f"infscaler: still stopping after {seconds:.0f} s: exiting now", highlight=False)

@@ -184,9 +184,8 @@ class Gate:
     async def _relay(
         self, peer: Peer, relay: Relay, client: _Side, server: _Side, early: bytes, ended: bool
     ) -> None:
-        """Both directions (:func:`_pump`) and the watchdog, until one of them ends (then
-        all do); ``early``: the client's bytes read before ``client`` took its socket,
-        ``ended``: its EOF came then too."""
+        """Both directions (:func:`_pump`) and the watchdog until one ends (then all do);
+        ``early`` / ``ended``: the client's bytes and EOF read before ``client`` took its socket."""
         blocked: list[float | None] = [None]  # since when the write to the client waits
         held = asyncio.Event()  # set when the relay holds a refusal
         _pump(relay, client, server, blocked, peer, self, held)
@@ -227,9 +226,8 @@ class Gate:
                     client.transport.close()
 
     async def _watch(self, peer: Peer, relay: Relay, blocked: list) -> None:
-        """Returns (the connection is closed) when the client sent no preface within
-        ``header_timeout_s``, a request went quiet (:meth:`Relay.deadline`), or the
-        client did not read for ``body_timeout_s``."""
+        """Returns (the connection is then closed) when the client sent no preface in time, a
+        request went quiet (:meth:`Relay.deadline`), or the client did not read for ``body_timeout_s``."""
         started = time.monotonic()
         while True:
             now = time.monotonic()

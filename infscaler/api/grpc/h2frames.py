@@ -40,9 +40,7 @@ FRAME, MESSAGE, SETTING = 0, 1, 2
 
 
 class FrameError(Exception):
-    """The byte stream is not HTTP/2 as RFC 9113 frames it (a bad preface, a frame over
-    the receiver's maximum size, padding longer than its frame): the connection must be
-    closed (a connection error, section 5.4.1)."""
+    """Not HTTP/2 as RFC 9113 frames it: close the connection (section 5.4.1)."""
 
 
 class Scanner:

@@ -221,9 +221,8 @@ class Relay:
         return pieces, self._flush_client()
 
     def _admitted(self, s: int, head: memoryview) -> bool | None:
-        """Ask ``precheck`` about call ``s`` from its message's first bytes ``head``:
-        False when refused (then refused, its status held), else None (no model named
-        there, or admitted: its body decides again)."""
+        """``precheck`` on call ``s`` from its message's first bytes: False when refused (its
+        status held), else None."""
         model = peek_model_name(head)
         refusal = None if model is None else self.precheck(model, self.uid)  # type: ignore[misc]
         if refusal is None:
@@ -280,9 +279,8 @@ class Relay:
         code: str | None = None,
         hold_s: float = 0.0,
     ) -> None:
-        """Refuse call ``s``: grpcio gets RST_STREAM(CANCEL) now, the client its status
-        (with ``code`` as ``infscaler-code``) now or, with ``hold_s`` > 0, at
-        :meth:`release_due` after that many seconds."""
+        """Refuse call ``s``: RST_STREAM(CANCEL) to grpcio now, its status (``code`` as
+        ``infscaler-code``) to the client now or after ``hold_s`` (:meth:`release_due`)."""
         if client_open is None:
             client_open = s in self._receiving
         headers_sent = s in self._headers_sent

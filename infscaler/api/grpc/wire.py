@@ -317,9 +317,8 @@ class _Held:
         self.spans: list[tuple[int, int]] = []  # the tensor data's, in order
 
     def tensors(self, scan: InferScan, size: int) -> int:
-        """Held for the tensors: the body the decode writes (tensor layouts and raw
-        entries), the larger of upb's arrays (freed before the body is decoded) and
-        what decoding adds, and the copy of the message parsed without its raw entries."""
+        """Held for the tensors: the body the decode writes, the larger of upb's arrays and
+        what decoding adds, and the message parsed without its raw entries."""
         return (
             self.layout
             + self.raw
