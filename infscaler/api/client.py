@@ -9,11 +9,8 @@ over HTTP on the service's Unix socket.
         res = c.infer("ocr", {"image": rgb})  # rgb: HxWx3 uint8
         print(res.outputs["texts"], res.parameters["latency_ms"])
 
-Sources: the KServe / Triton ``protocol/`` docs (v2 REST API, binary data, shared
-memory, statistics, model repository extensions); httpx's Unix domain socket transport
-(``httpx.HTTPTransport(uds=...)``), as BentoML's HTTP client uses it.
-
-More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/client.py`".
+Sources: the KServe / Triton ``protocol/`` docs; httpx's ``HTTPTransport(uds=...)``.
+More: docs/api.md, "`infscaler/api/client.py`".
 """
 
 from __future__ import annotations
@@ -69,15 +66,8 @@ def default_socket_path() -> str:
 
 
 class InferenceServerError(InfScalerError):
-    """The service answered with an error.
-
-    Attributes:
-        status: the HTTP status (400 bad request, 404 unknown model / region, 409, 413
-            body too large, 500 a stage failed, 503 not ready / overloaded / stopping).
-        message: the ``error`` string of the service's error JSON.
-        code: a refusal's reason code (the error JSON's ``code``: ``slo``,
-            ``queue_full``, ...; docs/api.md "Refusal codes"), or None.
-    """
+    """The service answered with an error: ``status`` (HTTP), ``message`` (the error
+    JSON's ``error``) and ``code`` (a refusal's reason code, docs/api.md "Refusal codes"; or None)."""
 
     def __init__(
         self, message: str, status: int, hint: str | None = None, code: str | None = None
@@ -88,8 +78,8 @@ class InferenceServerError(InfScalerError):
 
     @classmethod
     def from_body(cls, status: int, reason: str, body: bytes) -> InferenceServerError:
-        """From an answer's status, reason phrase and body: the body's ``{"error": ...}``,
-        else its first 500 characters, else ``HTTP <status> <reason>``."""
+        """From an answer's status, reason and body: the body's ``{"error": ...}``, else its
+        first 500 characters, else ``HTTP <status> <reason>``."""
         message = code = None
         try:
             doc = json.loads(body)
@@ -112,9 +102,8 @@ class InferenceServerError(InfScalerError):
 
 
 def unreachable(socket_path: str, exc: BaseException) -> InfScalerError:
-    """The error for a service that cannot be reached at ``socket_path``: no socket there,
-    a path that is not a socket, permission denied (with the group to join), or the
-    connect error itself (``[Errno 111] Connection refused``: nothing listens)."""
+    """The error for a service that cannot be reached at ``socket_path``, saying why (no
+    socket, not a socket, permission denied: with the group to join, or the connect error)."""
     hint = START_HINT
     try:
         mode: int | None = os.stat(socket_path).st_mode
@@ -165,11 +154,9 @@ class Client:
     """A synchronous client of the InfScaler service on its Unix socket.
 
     Args:
-        socket_path: the service's socket; default ``$INFSCALER_SOCKET``, else
-            ``/run/infscaler/infscaler.sock``.
+        socket_path: default ``$INFSCALER_SOCKET``, else ``/run/infscaler/infscaler.sock``.
         timeout: seconds to wait for each answer (``load`` / ``unload`` wait longer).
-        transport: an httpx transport to use instead of the Unix socket (tests:
-            ``httpx.MockTransport``).
+        transport: an httpx transport instead of the Unix socket (tests).
 
     Raises (from every call):
         InfScalerError: the service cannot be reached, or did not answer in time.
@@ -206,9 +193,8 @@ class Client:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> httpx.Response:
-        """One request on the client's connection pool (kept alive between calls):
-        ``json_body`` as JSON, or ``content`` bytes / an iterator of buffers; ``timeout``
-        seconds (None: the client's).
+        """One request on the kept-alive connection pool: ``json_body`` as JSON, or ``content``
+        bytes / an iterator of buffers; ``timeout`` seconds (None: the client's).
 
         Raises:
             InfScalerError: unreachable, the connection lost, or no answer in time.
@@ -245,9 +231,8 @@ class Client:
         headers: Mapping[str, str] | None,
         timeout: float | None,
     ) -> httpx.Response:
-        """Send once; an idempotent request (GET / HEAD) whose kept-alive connection the
-        service closed as it was reused is sent once more on a fresh one (RFC 9110
-        section 9.2.2, as urllib3 does)."""
+        """Send once; an idempotent request (GET / HEAD) whose kept-alive connection was closed
+        as it was reused is sent once more (RFC 9110 section 9.2.2)."""
         t = timeout if timeout is not None else self.timeout
         try:
             return self._http.request(method, path, content=content, headers=headers, timeout=t)
@@ -271,13 +256,11 @@ class Client:
     # -- health and metadata ----------------------------------------------------------
 
     def is_live(self) -> bool:
-        """``GET /v2/health/live``: True if the service answers 200; False if it answers
-        otherwise or cannot be reached (so ``while not c.is_live()`` can wait for it)."""
+        """``GET /v2/health/live``: True if the service answers 200; False otherwise or unreachable."""
         return self._probe("/v2/health/live")
 
     def is_ready(self) -> bool:
-        """``GET /v2/health/ready``: True when every deployed pipeline is ready; False if
-        not (503) or the service cannot be reached."""
+        """``GET /v2/health/ready``: True when every deployed pipeline is ready."""
         return self._probe("/v2/health/ready")
 
     def _probe(self, path: str) -> bool:
@@ -288,8 +271,7 @@ class Client:
         return True
 
     def status(self) -> dict[str, Any]:
-        """``GET /v2/infscaler/status``: the whole service: control path, tensor pool,
-        pipelines with their stages and instances."""
+        """``GET /v2/infscaler/status``: the whole service."""
         return self._json("GET", "/v2/infscaler/status")
 
     def models(self) -> list[dict[str, Any]]:
@@ -297,8 +279,7 @@ class Client:
         return self._json("GET", "/v2/models").get("models", [])
 
     def model_metadata(self, name: str) -> dict[str, Any]:
-        """``GET /v2/models/{name}``: ``name``, ``inputs`` / ``outputs`` (``name``,
-        ``datatype``, ``shape``), ``parameters``.
+        """``GET /v2/models/{name}``: ``name``, ``inputs`` / ``outputs``, ``parameters``.
 
         Raises:
             InferenceServerError: 404 for an unknown model.
@@ -308,15 +289,14 @@ class Client:
     def _load_mapping(
         self, name: str, config: Mapping[str, Any], timeout: float | None
     ) -> dict[str, Any]:
-        """``POST /v2/repository/models/{name}/load`` with ``{"parameters": {"config":
-        "<config as JSON>"}}``; the answer (``{"name", "loaded", "seconds"}``)."""
+        """``POST /v2/repository/models/{name}/load`` with the config as JSON; the answer."""
         body = {"parameters": {"config": json.dumps(dict(config), default=str)}}
         return self._json(
             "POST", f"/v2/repository/models/{_q(name)}/load", json_body=body, timeout=timeout
         )
 
     def unload(self, name: str, *, timeout: float | None = 900.0) -> None:
-        """Drain and remove pipeline ``name``: ``POST /v2/repository/models/{name}/unload``.
+        """Drain and remove pipeline ``name`` (``POST /v2/repository/models/{name}/unload``).
 
         Raises:
             InferenceServerError: 404 for an unknown model.
@@ -360,28 +340,22 @@ class Client:
         """``POST /v2/models/{name}/infer``: run one request.
 
         Args:
-            inputs: name -> numpy array (bool, int8..uint64, float16/32/64; ``U`` / ``S``
-                / ``object`` for BYTES), or :class:`ShmTensor` for data already in a
-                registered shared memory region.
+            inputs: name -> numpy array (BYTES from ``U`` / ``S`` / ``object``), or
+                :class:`ShmTensor` for data in a registered shared memory region.
             outputs: which outputs to return (default: all): names, or name ->
                 :class:`ShmOutput` (written to shared memory) / None (in the body).
             binary: tensors as binary data (default) or JSON.
             parameters: request parameters, e.g. ``{"timeout_ms": 200}``.
             request_id: echoed back as ``InferResult.id``.
-            decode_bytes: BYTES outputs as ``str`` (UTF-8; an element that is not valid
-                UTF-8 stays ``bytes``); False: all ``bytes``, as tritonclient.
+            decode_bytes: BYTES outputs as ``str`` where valid UTF-8; False: all ``bytes``.
             timeout: seconds to wait (default: the client's).
 
         Returns:
-            :class:`InferResult`: ``outputs`` name -> array (shape and dtype as the
-            service sent them); ``parameters`` (``latency_ms``, ``unit_ms.<unit>``, ...; per unit
-            as a dict: ``InferResult.unit_ms``);
-            ``shm_outputs`` name -> where outputs sent to shared memory were written.
+            :class:`InferResult`: ``outputs``, ``parameters`` (``latency_ms``, per unit
+            ``unit_ms``), ``shm_outputs``.
 
         Raises:
-            InferenceServerError: 400 a bad request (message from the server: which input
-                and what), 404 unknown model, 413 body too large, 500 a stage failed,
-                503 not ready / overloaded.
+            InferenceServerError: 400, 404, 413, 500, 503 (the server's message).
             InfScalerError: an input dtype the protocol cannot carry; unreachable service.
         """
         requested: list[RequestedOutput] | None = None
@@ -438,16 +412,12 @@ class Client:
         parameters: Mapping[str, Any] | None = None,
         **kw: Any,
     ) -> InferResult:
-        """A model-less query (INFaaS): ``POST /v2/models/{task}/infer`` with parameters
-        ``latency_ms`` and ``min_accuracy``; the service picks the variant.
-
-        Returns:
-            :class:`InferResult` whose ``parameters`` name the chosen ``variant``, whether
-            it ``meets_requirements``, the ``selection`` branch and ``selection_reason``.
+        """A model-less query (INFaaS): :meth:`infer` with parameters ``latency_ms`` and
+        ``min_accuracy``; the result's parameters name the chosen ``variant``, whether it
+        ``meets_requirements``, the ``selection`` branch and ``selection_reason``.
 
         Raises:
-            InferenceServerError: 404 unknown task, 400 bad requirement values, and as
-                :meth:`infer`.
+            InferenceServerError: 404 unknown task, 400 bad requirements, and as :meth:`infer`.
         """
         params = dict(parameters or {})
         if latency_ms is not None:
@@ -459,9 +429,7 @@ class Client:
     # -- statistics and status --------------------------------------------------------
 
     def stats(self, name: str | None = None) -> dict[str, Any]:
-        """``GET /v2/models/{name}/stats`` (or ``/v2/models/stats`` for all):
-        ``{"model_stats": [...]}`` (Triton's statistics extension, plus P50 / P99 and
-        per-stage instances and queues)."""
+        """``GET /v2/models/{name}/stats`` (all: ``/v2/models/stats``): ``{"model_stats": [...]}``."""
         path = "/v2/models/stats" if name is None else f"/v2/models/{_q(name)}/stats"
         return self._json("GET", path)
 
@@ -478,14 +446,13 @@ class Client:
         *,
         timeout: float | None = 900.0,
     ) -> dict[str, Any]:
-        """Deploy (or replace) pipeline ``name``: ``POST /v2/repository/models/{name}/load``
-        with ``{"parameters": {"config": "<the pipeline as JSON>"}}``.
+        """Deploy (or replace) pipeline ``name``: ``POST /v2/repository/models/{name}/load``.
 
         Args:
-            config: the pipeline as a mapping; or a YAML / JSON file path (its stages'
-                relative ``model`` / ``plan`` paths are made absolute against the file's
-                directory); or YAML / JSON text (a string with a newline or starting with ``{``).
-            timeout: seconds to wait (partitioning at deploy can take minutes); None: forever.
+            config: a mapping; a YAML / JSON file path (its stages' relative ``model`` /
+                ``plan`` paths made absolute against its directory); or YAML / JSON text
+                (a string with a newline or starting with ``{``).
+            timeout: seconds to wait (partitioning can take minutes); None: forever.
 
         Returns:
             The service's answer, e.g. ``{"name", "loaded": true, "seconds"}``.
@@ -521,8 +488,8 @@ class Client:
     # -- system shared memory ---------------------------------------------------------
 
     def register_system_shm(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
-        """``POST /v2/systemsharedmemory/region/{name}/register``: let the service map
-        ``byte_size`` bytes at ``offset`` of the shm object ``key`` as region ``name``.
+        """``POST /v2/systemsharedmemory/region/{name}/register``: ``byte_size`` bytes at
+        ``offset`` of shm object ``key`` as region ``name``.
 
         Raises:
             InferenceServerError: 400: a missing object, a range beyond it, a taken name.
@@ -540,8 +507,7 @@ class Client:
         self._json("POST", path)
 
     def system_shm_status(self, name: str | None = None) -> list[dict[str, Any]]:
-        """``GET /v2/systemsharedmemory[/region/{name}]/status``:
-        ``[{"name", "key", "offset", "byte_size"}]``.
+        """``GET /v2/systemsharedmemory[/region/{name}]/status``.
 
         Raises:
             InferenceServerError: 404 for an unregistered name.
@@ -576,8 +542,8 @@ _SEND_CHUNK = 256 << 10
 
 
 def _streamed(parts: list[Any], headers: dict[str, str]) -> tuple[Any, dict[str, str]]:
-    """The body for httpx: one small part as is, else a generator of zero-copy slices
-    of ``_SEND_CHUNK`` bytes with an explicit ``Content-Length`` (so not chunked)."""
+    """The body for httpx: one small part as is, else zero-copy slices of ``_SEND_CHUNK``
+    bytes with an explicit ``Content-Length``."""
     total = sum(len(p) for p in parts)
     if total <= _SEND_CHUNK:
         return b"".join(parts), headers

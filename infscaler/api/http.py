@@ -1,16 +1,9 @@
-"""Connection-level hardening of the API server: read deadlines, a connection cap, v2
-error JSON for HTTP that cannot be parsed.
-
-:class:`HttpLimits` says the limits; :class:`EdgeRequestHandler` (aiohttp's per-connection
-protocol, subclassed) enforces them, and :class:`EdgeRunner` makes an ``AppRunner`` whose
-server creates such connections (:func:`infscaler.api.server.start_unix_server` uses it).
-Defences against slow or stuck clients ("slowloris"): a header deadline, a body deadline,
-an idle keep-alive timeout, a cap on open connections (503 beyond it), 400 JSON for a
-request cut short by a half-close.
+"""Connection-level hardening of the API server against slow or stuck clients: a header
+deadline, a body deadline, an idle keep-alive timeout, a cap on open connections (503),
+and v2 error JSON for HTTP that cannot be parsed or is cut short by a half-close.
 
 Sources: RFC 9110 sections 15.5.9 (408), 15.6.4 (503) and 10.2.3 (Retry-After);
-aiohttp ``web_protocol.RequestHandler`` (``keepalive_timeout``, parser limits,
-``handle_error``).
+aiohttp ``web_protocol.RequestHandler``.
 """
 
 from __future__ import annotations
@@ -40,29 +33,20 @@ _refusal_log = RateLimitedLog(log, interval_s=10.0)
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """Connection-level limits of the API server (defences against slow or stuck
-    clients, "slowloris"); each is enforced per connection.
+    """Connection-level limits of the API server, each enforced per connection.
 
     Attributes:
         header_timeout_s: a request's line and headers must arrive within this many
-            seconds of its first byte (or of the connection opening); else the server
-            answers 408 and closes the connection.
+            seconds of its first byte (or of the connection opening); else 408 and close.
         body_timeout_s: its body must arrive within this many seconds of its headers;
-            else 408 and the connection is closed.
+            else 408 and close.
         keepalive_timeout_s: an idle keep-alive connection is closed after this.
-        max_connections: connections open at once; one more is answered 503 (with
-            ``Retry-After: 1``) and closed. Per client uid, and the share kept for the
-            operator: :attr:`quotas` (:func:`~infscaler.base.quotas.admit_connection`).
-        max_json_mb: the most JSON an inference request may carry, MB (its whole body, or
-            the JSON header before binary tensor data); 413 beyond, before the body is
-            read. JSON takes up to 20x its size once decoded
-            (:data:`~infscaler.runtime.serving.admission.JSON_DECODE_FACTOR`): large tensors go
-            as binary data or through shared memory.
+        max_connections: connections open at once; one more gets 503 (``Retry-After: 1``)
+            and is closed (per uid: :attr:`quotas`).
+        max_json_mb: the most JSON an inference request may carry, MB (413 beyond, before
+            the body is read; JSON takes up to 20x its size decoded).
         quotas: the per-uid limits (:class:`~infscaler.base.quotas.PeerQuotas`).
-        max_line_size / max_field_size / max_headers: request line and header limits
-            (aiohttp's parser; beyond them: 400).
-
-    Sources: as the module docstring's.
+        max_line_size / max_field_size / max_headers: aiohttp's parser limits (400 beyond).
     """
 
     header_timeout_s: float = 30.0
@@ -112,15 +96,10 @@ def raw_error(
 
 
 class EdgeRequestHandler(RequestHandler):
-    """aiohttp's per-connection protocol with the API's limits (:class:`HttpLimits`)
-    and v2 error JSON for HTTP it cannot parse (aiohttp's ``handle_error`` hook, which
-    otherwise answers ``text/plain``).
-
-    Read deadlines: a *header* deadline runs from the connection's start, and from the
-    first byte of each later request, until aiohttp has parsed the request's headers;
-    then a *body* deadline until its payload is complete. Past the header deadline the
-    server writes 408 JSON and closes; past the body deadline the handler's read fails
-    (408 JSON through the middleware) and the connection is closed soon after.
+    """aiohttp's per-connection protocol with :class:`HttpLimits` and v2 error JSON for HTTP
+    it cannot parse. A header deadline runs from the connection's start (and each later
+    request's first byte) until the headers are parsed (past it: 408 and close); then a body
+    deadline until the payload is complete (past it the handler's read fails: 408, close).
     """
 
     def __init__(self, manager: Any, *, limits: HttpLimits, **kwargs: Any) -> None:
@@ -213,13 +192,9 @@ class EdgeRequestHandler(RequestHandler):
         self._edge_arm("header")
 
     def eof_received(self) -> bool | None:
-        """The client half-closed the connection (``shutdown(SHUT_WR)``).
-
-        Mid-headers: 400 JSON, then close. Mid-body: the handler's read fails with
-        :class:`BodyTruncated` (400 JSON through the middleware), then close. After a
-        complete request: the client is taken as gone, so aiohttp closes the connection
-        and, with ``handler_cancellation``, cancels the handler: the request is dropped
-        and its slots freed, never computed for a client that is no longer there."""
+        """The client half-closed: mid-headers 400 and close; mid-body the read fails with
+        :class:`BodyTruncated` (400); after a complete request the client is gone, so its
+        handler is cancelled and the request dropped."""
         transport = self.transport
         if transport is None or transport.is_closing() or self._edge_refused:
             return None
@@ -251,10 +226,8 @@ class EdgeRequestHandler(RequestHandler):
         return None
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
-        """aiohttp logs what its lingering read of an unread body raises as "Unhandled
-        exception" with a traceback; our own :class:`BodyTimeout` / :class:`BodyTruncated`
-        there were already answered (408 / 400), so they are logged at debug: a client
-        sending truncated requests cannot fill the journal."""
+        """Our :class:`BodyTimeout` / :class:`BodyTruncated`, already answered, logged at debug
+        (not as aiohttp's "Unhandled exception"), so truncated requests cannot fill the journal."""
         exc = kw.get("exc_info")
         if isinstance(exc, BodyTimeout | BodyTruncated):
             self.log_debug("request body cut short (answered already): %s", exc)
@@ -371,12 +344,10 @@ def raise_fd_limit() -> int:
 
 
 def fit_to_fd_limit(limits: HttpLimits, grpc: bool = False) -> HttpLimits:
-    """``limits`` with ``max_connections`` and the region quota lowered, if need be, so
-    that what clients can make the service hold fits the fd limit with
-    :data:`~infscaler.base.quotas.FD_RESERVE` fds left for instances, the zygote, the
-    tensor pool and the control path (:func:`~infscaler.base.quotas.plan_fds`; the soft
-    limit is raised to the hard one first; ``grpc``: the gRPC socket is served too, with
-    the same ``max_connections``). Logs a warning when it lowers anything.
+    """``limits`` with ``max_connections`` and the region quota lowered where need be so what
+    clients can make the service hold fits the fd limit (raised to the hard one first) with
+    :data:`~infscaler.base.quotas.FD_RESERVE` left (:func:`~infscaler.base.quotas.plan_fds`;
+    ``grpc``: the gRPC socket too). Logs what it lowers.
 
     Raises:
         InfScalerError: the fd limit is too low to serve at all.

@@ -1,17 +1,9 @@
 """Load generator for a served model or pipeline: perf_analyzer's measurement on the
-service's Unix socket (pure asyncio + aiohttp, the v2 codec of :mod:`.codec`).
+service's Unix socket (asyncio + aiohttp, the v2 codec), with its two kinds of load:
+concurrency N (closed loop) and request rate R (open loop: ``constant``, ``poisson``, or
+a trace such as ``azure`` replayed at a mean of R/s).
 
-Two kinds of load, as Triton's perf_analyzer (``perf_analyzer/docs/cli.md``,
-``docs/user_guide/perf_analyzer.md``):
-
-* **concurrency** N (closed loop): N requests in flight, each sent as soon as the one
-  before it on its worker is answered;
-* **request rate** R (open loop): requests sent at arrival times, whatever is in flight:
-  ``constant`` (every 1 / R s), ``poisson`` (exponential gaps of mean 1 / R s), or a trace
-  replayed at a mean of R/s (``azure``: the Azure Functions 2019 trace shipped in
-  :mod:`infscaler.runtime.planning.arrivals`, any spec its ``from_spec`` reads).
-
-More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/loadgen.py`".
+Sources: Triton perf_analyzer ``docs/cli.md``. More: docs/api.md, "`infscaler/api/loadgen.py`".
 """
 
 from __future__ import annotations
@@ -64,13 +56,8 @@ _STABLE_WINDOWS = 3
 
 
 def parse_range(text: str, *, integer: bool) -> list[float]:
-    """perf_analyzer's ``start:end:step`` (``end`` and ``step`` optional, ``end``
-    inclusive): ``"1:8:2"`` -> ``[1, 3, 5, 7]``, ``"4"`` -> ``[4]``, ``"5:20:5"`` ->
-    ``[5, 10, 15, 20]``.
-
-    Args:
-        integer: each value must be a whole number >= 1 (concurrency); else a positive
-            number (a request rate, /s).
+    """perf_analyzer's ``start:end:step`` (``end`` inclusive, ``end`` and ``step`` optional):
+    ``"1:8:2"`` -> ``[1, 3, 5, 7]``; ``integer``: whole numbers (concurrency).
 
     Raises:
         InfScalerError: unreadable, non-positive, ``end < start``, step <= 0, or more
@@ -100,8 +87,7 @@ def parse_range(text: str, *, integer: bool) -> list[float]:
 
 
 def parse_shapes(items: Sequence[str]) -> dict[str, list[int]]:
-    """perf_analyzer's ``--shape NAME:D1xD2...`` (also ``NAME:D1,D2``), repeatable:
-    ``["x:1x3x224x224"]`` -> ``{"x": [1, 3, 224, 224]}``.
+    """perf_analyzer's ``--shape NAME:D1xD2...`` (or ``NAME:D1,D2``), repeatable.
 
     Raises:
         InfScalerError: no ``:``, an empty name, or a dimension that is not an integer >= 0.
@@ -129,15 +115,12 @@ def input_tensors(
     given: Mapping[str, np.ndarray] | None = None,
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
-    """One request's inputs for a model's metadata (``GET /v2/models/{name}``): each
-    input from ``given`` if there, else random data of its datatype and shape (``shapes``
-    fills its dimensions, else dynamic dims take 1): floats uniform in [0, 1), integers
-    in [0, 255] (or what the type holds), BOOL random, BYTES ``b"infscaler"``.
+    """One request's inputs for a model's metadata: each from ``given`` if there, else
+    :func:`random_tensor` of its datatype and shape (``shapes``, else dynamic dims 1).
 
     Raises:
-        InfScalerError: an input given with another datatype or rank than the model's, a
-            ``shapes`` entry for no input or of the wrong rank, or a datatype the
-            protocol does not know.
+        InfScalerError: a given input of another datatype or rank, a ``shapes`` entry for no
+            input or of the wrong rank, or an unknown datatype.
     """
     shapes = dict(shapes or {})
     given = dict(given or {})
@@ -255,10 +238,9 @@ def _within(values: Sequence[float], pct: float) -> bool:
 
 
 def is_stable(windows: Sequence[Window], pct: float) -> bool:
-    """perf_analyzer's stability rule: the last 3 windows' throughputs are each within
-    ``pct`` % of their mean, and so are their average latencies. Fewer than 3 windows:
-    False. Three windows with no answers at all (throughput 0) are stable (nothing will
-    change); some with and some without answers are not."""
+    """perf_analyzer's stability rule: the last 3 windows' throughputs, and their mean
+    latencies, are each within ``pct`` % of their mean (fewer than 3: False; three without
+    answers: True)."""
     if len(windows) < _STABLE_WINDOWS:
         return False
     last = windows[-_STABLE_WINDOWS:]
@@ -288,11 +270,8 @@ def _stat(doc: Mapping[str, Any] | None) -> dict[str, int] | None:
 def server_delta(
     before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
 ) -> dict[str, float] | None:
-    """The server-side split between two statistics answers (``{"model_stats": [...]}``,
-    Triton's statistics extension): ``success`` and ``fail`` counts, and per successful
-    request the ``queue_ms`` and ``compute_ms`` (summed over the pipeline's stages: the
-    deltas of ``queue.ns`` / ``compute_infer.ns`` over the delta of ``success.count``).
-    None when either answer is missing or malformed."""
+    """The server-side split between two statistics answers: ``success`` and ``fail`` counts,
+    and per success ``queue_ms`` and ``compute_ms`` (None: either is missing or malformed)."""
     a, b = _stat(before), _stat(after)
     if a is None or b is None:
         return None
@@ -327,10 +306,9 @@ def _merge_server(windows: Sequence[Window]) -> dict[str, float] | None:
 
 
 def summarize(windows: Sequence[Window], slo_ms: float | None = None) -> dict[str, Any]:
-    """The last 3 windows (or all, if fewer) merged: ``throughput`` (infer/s),
-    ``latency_ms`` {``p50``, ``p90``, ``p95``, ``p99``, ``mean``} (None without answers),
-    ``goodput`` (answers within ``slo_ms`` per s; None without an SLO), ``refused`` /
-    ``errors`` (per s, and counts by code: :func:`answer_code`), ``server`` (:func:`server_delta` merged)."""
+    """The last 3 windows merged: ``throughput``, ``latency_ms`` percentiles and mean,
+    ``goodput`` (within ``slo_ms``, per s), ``refused`` / ``errors`` per s and by code, and
+    ``server`` (:func:`server_delta` merged)."""
     last = list(windows[-_STABLE_WINDOWS:])
     span = sum(w.duration_s for w in last)
     lat = [x for w in last for x in w.latencies_ms]
@@ -392,17 +370,15 @@ class MeasureConfig:
     """How each point is measured (perf_analyzer's defaults).
 
     Attributes:
-        interval_ms: window length, ms (``--measurement-interval``).
-        stability_pct: the stability rule's tolerance, % (``--stability-percentage``).
-        max_trials: windows at most per point (``--max-trials``).
+        interval_ms: window length, ms.
+        stability_pct: the stability rule's tolerance, %.
+        max_trials: windows at most per point.
         slo_ms: goodput's latency bound, ms (None: no goodput).
         timeout_s: a request not answered within it is an error, s.
-        max_inflight: open loop: arrivals beyond this many requests in flight are not
-            sent (``skipped``), so the client's memory stays bounded.
-        seed: for random inputs and Poisson / trace arrivals.
-        request_count: perf_analyzer's ``count_windows`` measurement mode: a window
-            ends once this many answers came in (at the latest after ``timeout_s``),
-            not after ``interval_ms``. None: time windows.
+        max_inflight: open loop: arrivals beyond this many in flight are ``skipped``.
+        seed: for random inputs and arrivals.
+        request_count: a window ends after this many answers (perf_analyzer's
+            ``count_windows``); None: time windows.
     """
 
     interval_ms: float = 5000.0
@@ -458,10 +434,8 @@ def count_key(d: dict[str, int], key: str) -> None:
 
 
 def answer_code(status: int, body: bytes) -> str:
-    """The reason code of an error answer: its JSON's ``code`` (a short lower-case
-    word: ``slo``, ``queue_full``, ``bytes_in_flight``, ...; docs/api.md lists them), or
-    ``http_<status>`` when it has none (another server, or an error without a code).
-    Never the message: its text carries numbers that differ from answer to answer."""
+    """The reason code of an error answer: its JSON's ``code`` (a short lower-case word,
+    docs/api.md "Refusal codes"), else ``http_<status>``; never the message."""
     try:
         doc = json.loads(body)
         code = doc.get("code") if isinstance(doc, dict) else None
@@ -528,14 +502,12 @@ class LoadGenerator:
     Args:
         socket_path: the service's socket.
         model: the model (pipeline) name.
-        inputs: name -> array, the body of every request (see :func:`input_tensors`).
-        shared_memory: put the inputs in a registered system shared memory region
-            (created, registered and removed by :meth:`run`) instead of the body.
+        inputs: name -> array, every request's body.
+        shared_memory: send the inputs through a system shared memory region instead.
         parameters: request parameters, e.g. ``{"timeout_ms": 200}``.
 
     Raises (from :meth:`run`):
-        InfScalerError: the service cannot be reached, the model is unknown, or shared
-            memory cannot be set up.
+        InfScalerError: unreachable service, unknown model, or shared memory not set up.
     """
 
     def __init__(
@@ -658,11 +630,8 @@ class LoadGenerator:
 
     def replay(self, times: Sequence[float], timeout_s: float = 60.0) -> list[dict[str, Any]]:
         """Send one request at each of ``times`` (s from the start, sorted), whatever is in
-        flight, on the service's socket (persistent connections), and record each:
-        ``{"t_s": its scheduled send time, "sent_s": its actual send time (s), "outcome":
-        "ok" | "refused" | "error", "code": the reason code ("" for ok,
-        :func:`answer_code`), "ms": latency from the send}``, in send order. A step load or
-        a trace, where the outcome of each request over time is the measurement.
+        flight; returns per request, in send order, ``{"t_s", "sent_s", "outcome" (ok /
+        refused / error), "code" (:func:`answer_code`), "ms"}``.
 
         Raises:
             InfScalerError: the service cannot be reached or the model is unknown.
@@ -779,10 +748,9 @@ def _socket_gid(client: Any) -> int | None:
 
 
 def _shm_inputs(client: Any, inputs: Mapping[str, np.ndarray]) -> tuple[Any, dict[str, Any]]:
-    """The inputs written once into a new shared memory region registered with the
-    service: ((region name, the region), name -> :class:`ShmTensor`). The object is mode
-    0660, of the socket's group where this process is in it, so a service running as its
-    own user in that group can open it; its key and region name are random."""
+    """The inputs written into a new, randomly named shared memory region (mode 0660, of the
+    socket's group where this process is in it) registered with the service:
+    ``((region name, the region), name -> ShmTensor)``."""
     from infscaler.api.codec import datatype_of
     from infscaler.api.sysshm import SharedMemoryRegion
 

@@ -1,24 +1,12 @@
-"""Prometheus metrics of a running service: ``GET /metrics`` (text exposition format).
+"""Prometheus metrics of a running service: ``GET /metrics`` (text exposition format 0.0.4).
 
-A custom collector (:class:`ServiceCollector`) reads the service's own statistics at
-scrape time — the per-pipeline counters of :class:`~infscaler.runtime.serving.stats.PipelineStats`
-(no percentiles: a scrape of 10 pipelines costs well under a millisecond of bookkeeping),
-the supervisor's instances, the tensor pool, the sharing manager, the control channel,
-the front end and the autoscaler — so nothing is counted twice on the request path.
+:class:`ServiceCollector` reads the service's own statistics at scrape time, so nothing is
+counted twice on the request path. Names follow Triton's where Triton measures the same
+thing (``nv_inference_*``, labels ``model`` and ``version``); the rest are ``infscaler_*``.
+No label carries a file path. docs/metrics.md lists every metric.
 
-Names follow Triton's where Triton measures the same thing (Triton
-``docs/user_guide/metrics.md``, "Inference Request Metrics": counters named without a
-``_total`` suffix, labels ``model`` and ``version``, and since r24.x ``reason`` on
-``nv_inference_request_failure``: ``REJECTED``, ``CANCELED``, ``BACKEND``, ``OTHER``).
-The rest are ``infscaler_*`` (Prometheus naming: counters end in ``_total``, units in
-the name). docs/metrics.md lists every metric, its type, labels and meaning.
-
-Nothing here carries a file path (the socket's group may read the metrics): labels are
-pipeline, unit and engine names, actions and reasons.
-
-Sources: Prometheus text exposition format 0.0.4
-(https://prometheus.io/docs/instrumenting/exposition_formats/), prometheus-client's
-custom collectors (``prometheus_client.registry.Collector``), Triton ``metrics.md``.
+Sources: https://prometheus.io/docs/instrumenting/exposition_formats/,
+prometheus-client's custom collectors, Triton ``docs/user_guide/metrics.md``.
 """
 
 from __future__ import annotations
@@ -75,11 +63,8 @@ class _TritonCounter(Metric):
 
 
 class ServiceCollector(Collector):
-    """Reads a :class:`~infscaler.service.service.Service`'s statistics at each scrape.
-
-    Thread-safe: every source is read under its own lock (or as an atomic counter
-    read); a source that is not there (a service not started, or stopping) is skipped.
-    """
+    """Reads a :class:`~infscaler.service.service.Service`'s statistics at each scrape;
+    thread-safe, a source not there (not started, stopping) is skipped."""
 
     def __init__(self, service: Any, jetson: JetsonSampler | None = None) -> None:
         self.service = service
@@ -355,17 +340,10 @@ class ServiceCollector(Collector):
 # -- Jetson telemetry (jtop) ----------------------------------------------------------------
 def jetson_families(state: JetsonState) -> list[Metric]:
     """The Jetson gauges of one :class:`~infscaler.runtime.scaling.telemetry.JetsonState`
-    (pure: reads nothing else).
-
-    Always ``infscaler_telemetry_info{source="jtop", available, reason}`` = 1. With a
-    reading, Triton's GPU metrics where they mean the same (Triton
-    ``docs/user_guide/metrics.md``, "GPU Metrics": ``nv_gpu_utilization`` 0-1,
-    ``nv_gpu_power_usage`` W, ``nv_energy_consumption`` J, ``nv_gpu_memory_used_bytes``
-    / ``nv_gpu_memory_total_bytes``; label ``gpu_uuid``, here jtop's name of the iGPU:
-    Jetson's iGPU has no NVML UUID) and ``infscaler_jetson_*`` for the rest. On a Jetson
-    the GPU is part of the SoC and shares its DRAM: the power is the module's total
-    (jtop ``power['tot']``), the memory the unified DRAM; each family whose source jtop
-    did not report is left out, never zero-filled.
+    (pure): always ``infscaler_telemetry_info``; with a reading, Triton's GPU metrics where
+    they mean the same (``nv_gpu_*``, label ``gpu_uuid``: jtop's iGPU name; power is the
+    module's total, memory the unified DRAM) and ``infscaler_jetson_*`` for the rest. A
+    family jtop did not report is left out, never zero-filled.
     """
     info = GaugeMetricFamily(
         "infscaler_telemetry_info",
@@ -505,11 +483,9 @@ def _value(v: float) -> str:
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
-    """The registry's metrics in the Prometheus text format 0.0.4.
-
-    Like ``prometheus_client.generate_latest``, except that a counter whose samples are
-    named as the family itself (Triton's ``nv_inference_*`` counters) keeps that name
-    in its ``# TYPE`` line instead of gaining ``_total``; the format allows either."""
+    """The registry's metrics in the Prometheus text format 0.0.4, as
+    ``prometheus_client.generate_latest`` but a counter whose samples carry the family's own
+    name (Triton's ``nv_inference_*``) keeps it in its ``# TYPE`` line."""
     out: list[str] = []
     for metric in registry.collect():
         name, mtype = metric.name, metric.type

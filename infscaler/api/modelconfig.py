@@ -1,17 +1,12 @@
-"""A model's ``inference.ModelConfig`` (Triton ``model_config.proto``), the same for gRPC
-``ModelConfig`` and HTTP ``GET /v2/models/{name}/config``.
+"""A model's ``inference.ModelConfig`` (Triton ``model_config.proto``), for gRPC
+``ModelConfig`` and HTTP ``GET /v2/models/{name}/config``: a model served from a Triton
+repository answers with its ``config.pbtxt`` as served; any other pipeline with its own
+view (platform ``infscaler_pipeline``, inputs and outputs, dims -1: any size). Over HTTP:
+protobuf's JSON mapping with the proto's field names and int64 values as numbers, as
+Triton writes it.
 
-A model served from a Triton repository answers with the config it is served with: its
-``config.pbtxt`` as parsed, with Triton's defaults filled (name, platform / backend,
-inputs and outputs; :attr:`~infscaler.base.config.PipelineConfig.triton_config`). Any
-other pipeline answers with its own view: name, platform ``infscaler_pipeline``, inputs
-and outputs with their data types and dims (-1: any size), no batching fields.
-
-Over HTTP the message is JSON as Triton writes it: protobuf's JSON mapping with the
-proto's field names, int64 / uint64 values as numbers (protobuf writes them as strings).
-
-Sources: Triton ``model_config.proto``, ``model_configuration.md``; Triton's HTTP
-``GET v2/models/${MODEL_NAME}/config`` (``extension_model_configuration.md``).
+Sources: Triton ``model_config.proto``, ``model_configuration.md``,
+``extension_model_configuration.md``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """The inference API: Open Inference Protocol (KServe v2) over HTTP on a Unix socket.
 
-Errors are ``{"error": "..."}`` (``Content-Type: application/json``) with 400 (bad
-request, a function stage's :class:`~infscaler.runtime.serving.instance.StageInputError`, or
-malformed HTTP), 403 (not allowed), 404 (unknown route / model / version / region), 405, 408 (request not
-received in time), 409 (name taken), 413 (body too large), 429 / 503 (overloaded, not
-ready, stopping; with ``Retry-After`` when the refusal says when to retry), 500 (a stage
-failed on a valid request). A bad request fails alone: the server, the pipeline and
-every other request go on. Connection-level limits (:class:`HttpLimits`): header and
-body read timeouts, an idle keep-alive timeout and a cap on open connections.
+Errors are ``{"error": "..."}`` JSON with 400, 403, 404, 405, 408, 409, 413, 429 / 503
+(with ``Retry-After`` when the refusal says when to retry) or 500 (docs/api.md,
+"Errors"); a bad request fails alone. Connection-level limits: :class:`HttpLimits`.
 
-Sources: KServe / Triton ``protocol/`` docs (v2 REST, ``extension_binary_data.md``,
-``extension_shared_memory.md``, ``extension_statistics.md``,
-``extension_model_repository.md``); aiohttp ``web.UnixSite``.
-
-More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/server.py`".
+Sources: KServe / Triton ``protocol/`` docs (v2 REST and its extensions); aiohttp
+``web.UnixSite``. More: docs/api.md, "`infscaler/api/server.py`".
 """
 
 from __future__ import annotations
@@ -121,13 +113,9 @@ ACCEPT_BATCH = 32
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Every failure becomes v2 error JSON with the right status; nothing escapes.
-
-    Our exceptions (:class:`~infscaler.base.errors.InfScalerError` and subclasses: protocol,
-    service, request, selection errors; and any other ``infscaler`` exception with an
-    int ``status``) answer with their ``status`` (default 400) and, when they carry
-    ``retry_after_s``, a ``Retry-After`` header; those with a reason ``code`` (a
-    refusal's: :func:`~infscaler.api.common.error_code`) say it as the JSON's ``code``."""
+    """Every failure becomes v2 error JSON; nothing escapes. Our exceptions (and any other
+    ``infscaler`` exception with an int ``status``) answer with their ``status`` (default
+    400), ``Retry-After`` from ``retry_after_s``, and their reason ``code`` as the JSON's."""
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge as exc:
@@ -266,15 +254,12 @@ def create_app(
     Args:
         shm: a :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry` (created if None).
         max_body_mb: request body limit, MB (413 beyond it).
-        tasks: a :class:`~infscaler.modelless.tasks.TaskRouter` for model-less queries (default:
-            one over the variant registry in the service's state dir, made on the first
-            query that names a registered task).
+        tasks: a :class:`~infscaler.modelless.tasks.TaskRouter` for model-less queries
+            (default: one over the state dir's variant registry, made on first use).
         security: the :class:`~infscaler.base.security.SecurityPolicy` for pipelines loaded
             through the API (default: bundled function modules only, no model repository).
-        limits: connection-level limits and the per-client quotas (:class:`HttpLimits`;
-            default: its defaults), applied by :func:`start_unix_server`; fitted to the
-            process's fd limit first (:func:`~infscaler.api.http.fit_to_fd_limit`;
-            ``grpc``: counting the gRPC socket's connections too).
+        limits: :class:`HttpLimits` (default: its defaults), fitted to the fd limit
+            (:func:`~infscaler.api.http.fit_to_fd_limit`; ``grpc``: counting the gRPC socket).
     """
     app = web.Application(
         middlewares=[errors_middleware, _admission], client_max_size=max_body_mb << 20
@@ -302,16 +287,12 @@ def create_app(
     r.add_get("/v2/health/ready", ready)
     r.add_get("/v2/models", models)
     r.add_get("/v2/models/stats", stats_all)
-    r.add_get("/v2/models/{name}", model_metadata)
-    r.add_get("/v2/models/{name}/ready", model_ready)
-    r.add_get("/v2/models/{name}/config", model_config)
-    r.add_get("/v2/models/{name}/versions/{version}/config", model_config)
-    r.add_post("/v2/models/{name}/infer", infer)
-    r.add_get("/v2/models/{name}/stats", stats_one)
-    r.add_get("/v2/models/{name}/versions/{version}", model_metadata)
-    r.add_get("/v2/models/{name}/versions/{version}/ready", model_ready)
-    r.add_get("/v2/models/{name}/versions/{version}/stats", stats_one)
-    r.add_post("/v2/models/{name}/versions/{version}/infer", infer)
+    for m in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        r.add_get(m, model_metadata)
+        r.add_get(f"{m}/ready", model_ready)
+        r.add_get(f"{m}/config", model_config)
+        r.add_get(f"{m}/stats", stats_one)
+        r.add_post(f"{m}/infer", infer)
     r.add_get("/v2/infscaler/status", service_status)
     r.add_get("/metrics", metrics)
     r.add_post("/v2/repository/index", repository_index)
@@ -356,10 +337,8 @@ def create_metrics_app(service: Any, registry: Any = None) -> web.Application:
 async def start_metrics_server(
     app: web.Application, port: int, host: str = "127.0.0.1"
 ) -> tuple[Any, int]:
-    """Serve ``app`` (:func:`create_metrics_app`) on ``host``:``port``: 127.0.0.1 by
-    default (a local Prometheus or node agent); ``0.0.0.0`` is for a container with its
-    own network namespace (a Kubernetes pod scraped by the cluster's Prometheus: the
-    chart in deploy/). Port 0 picks a free one. Returns ``(runner, port)``.
+    """Serve ``app`` (:func:`create_metrics_app`) on ``host``:``port`` (``0.0.0.0`` only in a
+    container's own network namespace; port 0: a free one). Returns ``(runner, port)``.
 
     Raises:
         InfScalerError: the port is taken or not allowed.
@@ -410,11 +389,9 @@ async def start_unix_server(
 async def start_grpc_server(
     app: web.Application, path: str | os.PathLike[str], group: str | int | None = None
 ) -> Any:
-    """Serve the gRPC protocol on ``path`` beside ``app`` (:func:`create_app`): the same
-    service, shared memory registry, body limit and quotas
-    (:class:`~infscaler.api.grpc.server.GrpcServer`; mode 0660, ``group`` as the HTTP
-    socket's), task router and budget of variant loads. Returns the server (``await
-    server.stop()``)."""
+    """Serve the gRPC protocol on ``path`` beside ``app`` (:func:`create_app`), sharing its
+    service, shared memory registry, limits, task router and variant load budget; returns
+    the :class:`~infscaler.api.grpc.server.GrpcServer`."""
     from infscaler.api.grpc.server import GrpcServer  # grpcio loads only when asked for
 
     server = GrpcServer(
@@ -433,15 +410,9 @@ async def start_grpc_server(
 
 
 class ServerThread:
-    """The API served from a background thread with its own event loop: for the demo,
-    tests and benchmarks that drive a :class:`~infscaler.service.service.Service` in-process.
-
-    Args:
-        service: a started service. socket_path: where to listen. max_body_mb: body limit.
-        security: a :class:`~infscaler.base.security.SecurityPolicy` (see :func:`create_app`).
-        socket_group: give the socket to this group (name or gid).
-        limits: connection-level limits (:class:`HttpLimits`).
-    """
+    """The API served from a background thread with its own event loop (the demo, tests and
+    benchmarks that drive a :class:`~infscaler.service.service.Service` in-process);
+    arguments as :func:`create_app` and :func:`start_unix_server`."""
 
     def __init__(
         self,

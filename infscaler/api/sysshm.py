@@ -149,20 +149,17 @@ MAX_REGIONS = 256
 
 
 class SystemSharedMemoryRegistry:
-    """The server's registered system shared memory regions (Triton semantics,
+    """The server's registered system shared memory regions (Triton's
     ``extension_shared_memory.md``: Status / Register / Unregister). Thread-safe.
 
-    Each region holds one fd of its object (``O_RDWR``, opened at registration) and no
-    mapping: tensors are copied in with ``preadv(2)`` and out with ``pwrite(2)`` at the
-    registered offset (see the module docstring for why). Regions outlive the connection
-    that registered them (as Triton's), so the number one uid may hold is capped.
+    Each region holds one fd of its object and no mapping: tensors are copied in with
+    ``preadv(2)`` and out with ``pwrite(2)``. Regions outlive the connection that registered
+    them, so the number one uid may hold is capped.
 
     Args:
         reserved_prefixes: shm names clients may not register (default: the tensor pool's).
-        max_regions_per_uid: regions one uid that is not privileged may hold (then 429).
-        max_regions: regions all such uids together may hold (then 429). The service's
-            own user and root are held to neither (each region is one fd: the service
-            keeps room for them, :func:`infscaler.base.quotas.plan_fds`).
+        max_regions_per_uid / max_regions: regions one uid / all uids that are not
+            privileged may hold (then 429); the service's user and root are held to neither.
     """
 
     def __init__(
@@ -211,22 +208,15 @@ class SystemSharedMemoryRegistry:
     def register(
         self, name: str, key: str, offset: int, byte_size: int, peer: Peer | None = None
     ) -> None:
-        """Open the shm object ``key`` and register ``byte_size`` bytes at ``offset`` of
-        it as region ``name``.
-
-        Args:
-            peer: the client (None: an in-process caller). One that is not privileged
-                must be able to open the object for reading and writing itself (its
-                owner, group and mode against the peer's uid, gid and groups); the
-                region is then its own.
+        """Open the shm object ``key`` and register ``byte_size`` bytes at ``offset`` of it as
+        region ``name``, owned by ``peer`` (None: in-process). A peer that is not privileged
+        must be able to open the object for reading and writing itself.
 
         Raises:
-            ProtocolError: (400) an empty name, one longer than :data:`REGION_NAME_MAX`
-                bytes or with a '/' or a control character, a bad or reserved key, a negative
-                offset, a byte_size < 1, a name already registered, a missing object, an
-                object the service may not open, or offset + byte_size beyond the object;
-                (403) an object ``peer`` could not open for reading and writing; (429)
-                ``peer`` holds its quota of regions, or the clients hold all there may be.
+            ProtocolError: (400) a bad name (empty, over :data:`REGION_NAME_MAX` bytes, '/' or a
+                control character), a bad or reserved key, a negative offset, byte_size < 1, a
+                name taken, a missing object or one the service may not open, a range beyond
+                the object; (403) an object ``peer`` could not open itself; (429) over a quota.
         """
         if (
             not isinstance(name, str)
@@ -330,14 +320,12 @@ class SystemSharedMemoryRegistry:
             r.fd = -1
 
     def unregister(self, name: str | None = None, peer: Peer | None = None) -> None:
-        """Unregister region ``name``, or every region ``peer`` may see (None).
-        Unregistering a name that is not registered does nothing (as Triton). The shm
-        objects stay: the client owns them. A read or write of the region in progress
-        finishes on its fd first (an fd number is never reused under it).
+        """Unregister region ``name``, or every region ``peer`` may see (None); a name not
+        registered is ignored (as Triton). The objects stay; a read or write in progress
+        finishes on its fd first.
 
         Raises:
-            ProtocolError: (403) ``name`` is another user's region (for a ``peer`` that
-                is not privileged).
+            ProtocolError: (403) ``name`` is another user's region.
         """
         with self._lock:
             if name is None:
@@ -430,19 +418,13 @@ class SystemSharedMemoryRegistry:
         before: Callable[[int], None] | None = None,
     ) -> memoryview:
         """A copy of ``byte_size`` bytes at ``offset`` within region ``name`` (a writable
-        ``memoryview``, format ``B``, of a buffer of its own), read with
-        ``preadv(2)`` from the object's fd (never a mapping: an object the client shrinks
-        meanwhile gives a short read, not SIGBUS).
-
-        Args:
-            before: called with ``byte_size`` once the region and range are checked and
-                before the buffer is allocated (what :class:`PeerRegistry` charges to
-                its client); what it raises is raised, nothing allocated.
+        ``memoryview`` of its own buffer), read with ``preadv(2)``: an object that shrank gives
+        a short read (400), never SIGBUS. ``before(byte_size)`` runs once the range is checked,
+        before the buffer is allocated (what it raises is raised).
 
         Raises:
-            ProtocolError: (400) the region is not registered; offset + byte_size beyond
-                it; its object now ends before the range (it shrank: a short read); the
-                read failed; (403) it is another user's region (``peer`` not privileged).
+            ProtocolError: (400) not registered, a range beyond it, the object shrank, the read
+                failed; (403) another user's region.
         """
         r = self._acquire(name, offset, byte_size, peer)
         try:
@@ -463,17 +445,13 @@ class SystemSharedMemoryRegistry:
             self._release(r)
 
     def write(self, name: str, offset: int, data: Any, peer: Peer | None = None) -> None:
-        """Write ``data`` (a bytes-like object) at ``offset`` within region ``name``
-        with ``pwrite(2)`` on the object's fd.
-
-        The object must still cover the range when the write starts (``fstat``); one that
-        shrinks during the write is grown back by it to at most the registered range's
-        end, in the client's own object: the service never touches memory past it, and
-        never raises a signal.
+        """Write ``data`` (bytes-like) at ``offset`` within region ``name`` with ``pwrite(2)``;
+        the object must cover the range when the write starts (one that shrinks meanwhile is
+        grown back, at most to the range's end).
 
         Raises:
-            ProtocolError: (400) as :meth:`read`; the object shrank below the range; the
-                write failed (for example ``/dev/shm`` is full); (403) another user's region.
+            ProtocolError: (400) as :meth:`read`, or the write failed (``/dev/shm`` full);
+                (403) another user's region.
         """
         mv = memoryview(data).cast("B")
         r = self._acquire(name, offset, len(mv), peer)
@@ -518,22 +496,16 @@ class SystemSharedMemoryRegistry:
 
 
 class PeerRegistry:
-    """A :class:`SystemSharedMemoryRegistry` bound to one client and one request: what
-    :mod:`infscaler.api.codec` gets, so a request reads from and writes to only regions
-    its client registered (or any, for the service's user and root).
+    """A :class:`SystemSharedMemoryRegistry` bound to one client and one request (what the
+    codec gets): only the client's regions (any, for the service's user and root).
 
-    What a request reads from shared memory is memory the service allocates: it is
-    counted as a body is. Before each read's buffer is allocated, the request's reads
-    so far plus this one must be within ``max_read_bytes`` (else 413: the tensor pool
-    could never hold them), and twice the read (the copy and what decoding may make of
-    it, as a body is reserved) is reserved from ``budget`` under the client's uid (the
-    service's user and root: the service-wide budget only). :meth:`release` gives it
-    all back once the request is answered (idempotent).
+    Before each read's buffer is allocated, the request's reads so far plus this one must
+    be within ``max_read_bytes`` (else 413), and twice the read is reserved from ``budget``
+    under the client's uid; :meth:`release` gives it back (idempotent).
 
     Args:
-        budget: an object with ``reserve_bytes(nbytes, uid)`` (raising when over) and
-            ``release_bytes(nbytes, uid)``: the :class:`~infscaler.service.service.Service`
-            (None: reads are not charged).
+        budget: with ``reserve_bytes(nbytes, uid)`` and ``release_bytes(nbytes, uid)``:
+            the :class:`~infscaler.service.service.Service` (None: reads are not charged).
         max_read_bytes: the most bytes one request may read, in all (None: no bound).
     """
 
@@ -608,16 +580,14 @@ def _to_dtype(dtype: Any) -> tuple[str, np.dtype]:
 
 
 class SharedMemoryRegion:
-    """A POSIX shared memory object the client creates and fills (like
-    ``tritonclient.utils.shared_memory``). Register it with
-    :meth:`~infscaler.api.client.Client.register_system_shm` under a region name.
+    """A POSIX shared memory object the client creates and fills (as
+    ``tritonclient.utils.shared_memory``), to register with
+    :meth:`~infscaler.api.client.Client.register_system_shm`.
 
     Attributes:
         key: the ``shm_open`` name, with its leading ``/``.
         byte_size: its size in bytes.
         buf: a writable ``memoryview`` of all of it.
-
-    Use :meth:`create` (or :meth:`attach`); ``close()`` unmaps and, by default, unlinks.
     """
 
     def __init__(self, key: str, byte_size: int, fd: int, mm: mmap.mmap, owner: bool) -> None:
@@ -638,14 +608,13 @@ class SharedMemoryRegion:
         mode: int | None = None,
         gid: int | None = None,
     ) -> SharedMemoryRegion:
-        """Create a new shm object ``key`` of ``byte_size`` bytes (pages committed up
-        front, so a full ``/dev/shm`` fails here and not later with SIGBUS).
+        """Create a new shm object ``key`` of ``byte_size`` bytes, pages committed up front (a
+        full ``/dev/shm`` fails here, not later with SIGBUS).
 
         Args:
-            group: mode 0660 (the service runs as another user in your group) instead of 0600.
-            mode: an explicit mode (overrides ``group``); the umask does not apply.
-            gid: give the object to this group (one you are in: the socket's group, which
-                the service's user shares with its clients); None: your own.
+            group: mode 0660 instead of 0600.
+            mode: an explicit mode (overrides ``group``; the umask does not apply).
+            gid: give the object to this group (None: your own).
 
         Raises:
             InfScalerError: a bad key, byte_size < 1, the object exists, or no space.
@@ -717,11 +686,8 @@ class SharedMemoryRegion:
             )
 
     def set(self, arrays: Sequence[np.ndarray] | np.ndarray, offset: int = 0) -> int:
-        """Write arrays one after another from ``offset``, in the binary tensor layout
-        (BYTES arrays, i.e. ``object`` / ``S`` / ``U``, length-prefixed).
-
-        Returns:
-            The number of bytes written (for ``ShmTensor.byte_size`` when one array).
+        """Write ``arrays`` one after another from ``offset`` in the binary tensor layout;
+        returns the bytes written.
 
         Raises:
             InfScalerError: they do not fit, or a dtype with no v2 datatype.
@@ -738,9 +704,8 @@ class SharedMemoryRegion:
         return total
 
     def get(self, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.ndarray:
-        """A copy of the tensor at ``offset``: ``dtype`` a numpy dtype or a v2 datatype
-        name (``"FP32"``); ``object`` / ``bytes`` / ``str`` / ``"BYTES"`` read
-        length-prefixed elements into an ``object`` array of ``bytes``.
+        """A copy of the tensor at ``offset``: ``dtype`` a numpy dtype or v2 name (BYTES: an
+        ``object`` array of ``bytes``).
 
         Raises:
             InfScalerError: the tensor would run past the region's end.

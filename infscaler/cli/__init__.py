@@ -1,9 +1,6 @@
 """The ``infscaler`` command line (typer + rich): the app, its consoles and :func:`main`.
-
-Each command lives in a module of its own kind, imported only when the command runs
-(:data:`COMMANDS`, the command -> module table). Errors print one clear message and a
-hint on stderr, never a traceback, and exit with status 2.
-"""
+Each command's module is imported only when it runs (:data:`COMMANDS`); errors print one
+message and a hint on stderr and exit with status 2."""
 
 from __future__ import annotations
 
@@ -22,11 +19,8 @@ err = Console(stderr=True)
 
 
 def _fit_help() -> None:
-    """Typer's ``--help`` fitted to 80 columns, applied when help is first rendered (so a
-    command that runs never imports typer's rich help): a flag shows no ``<bool>`` type
-    (click's and trtexec's help name a flag alone), option names are never wrapped or cut
-    (``--max-connections-per…``), and a long word in a help text (a path, an environment
-    variable) folds onto the next line instead of ending in ``…``."""
+    """Typer's ``--help`` fitted to 80 columns, on first render: flags show no type, option
+    names are never wrapped or cut, and a long word folds onto the next line."""
     from rich.table import Table
     from typer import rich_utils
 
@@ -208,10 +202,8 @@ def _root(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app; a user error prints one message (and a hint) and exits 2.
-
-    Usage errors (unknown option, missing argument) are typer's own, also exit status 2.
-    """
+    """Entry point: run the app; a user error prints one message (and a hint) and exits 2
+    (as typer's usage errors do)."""
     try:
         app(args=argv, prog_name="infscaler")
     except InfScalerError as exc:

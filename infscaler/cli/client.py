@@ -1,9 +1,6 @@
-"""CLI commands that are clients of a running service: ``deploy``, ``undeploy``,
-``infer``, ``status`` (loaded by :mod:`infscaler.cli` when one runs), over its Unix socket
-(``--socket``, default ``$INFSCALER_SOCKET``, systemd's ``$RUNTIME_DIRECTORY`` or
-``/run/infscaler/infscaler.sock``); and what ``serve`` shares with them (the socket, a
-pipeline from a command-line argument).
-"""
+"""CLI commands that are clients of a running service (``deploy``, ``undeploy``, ``infer``,
+``status``) over its Unix socket, and what ``serve`` shares with them (the socket, a
+pipeline from a command-line argument)."""
 
 from __future__ import annotations
 
@@ -52,9 +49,8 @@ def default_socket(socket: str | None = None) -> str:
 
 
 def triton_model(path: Path) -> Path | None:
-    """``path`` when it is a Triton model directory (``<model>/config.pbtxt`` and / or
-    ``<model>/<version>/model.onnx``, Triton's ``model_repository.md`` layout), else None
-    (:func:`infscaler.base.triton.is_model_dir`)."""
+    """``path`` when it is a Triton model directory
+    (:func:`infscaler.base.triton.is_model_dir`), else None."""
     from infscaler.base.triton import is_model_dir
 
     return path if is_model_dir(path) else None
@@ -63,10 +59,8 @@ def triton_model(path: Path) -> Path | None:
 def triton_pipeline_from_dir(
     path: Path, partitions: int | None = None, shapes: str | None = None
 ) -> Any:
-    """A Triton model directory as a pipeline (:func:`infscaler.base.triton.triton_pipeline`:
-    its ``config.pbtxt`` mapped, its latest version), each ignored ``config.pbtxt`` field
-    printed as a warning on stderr. KIND_AUTO / no ``instance_group`` place it on the gpu
-    engine when this host runs one.
+    """A Triton model directory as a pipeline (:func:`infscaler.base.triton.triton_pipeline`),
+    each ignored ``config.pbtxt`` field printed as a warning.
 
     Raises:
         ConfigError: a file or field that cannot be served (the message names both).
@@ -102,17 +96,13 @@ def pipelines_from_arg(
 
 
 def pipeline_from_arg(arg: str, partitions: int | None = None, shapes: str | None = None) -> Any:
-    """A pipeline from a ``serve`` argument: a pipeline YAML, an ``.onnx`` model or
-    bundled alias (served whole, or partitioned into ``partitions``), a plan dir, or a
-    Triton model directory (:func:`triton_pipeline_from_dir`; named after the directory).
-
-    Args:
-        shapes: concrete shapes of a model's dynamic inputs (``--shapes``, trtexec's
-            ``x:1x3x224x224``); for a bundled alias they replace its default.
+    """A pipeline from a ``serve`` argument: a pipeline YAML, an ``.onnx`` model or bundled
+    alias (partitioned into ``partitions`` if given), a plan dir, or a Triton model
+    directory; ``shapes``: ``--shapes`` for a model's dynamic inputs.
 
     Raises:
         ConfigError: a file that is none of these, or ``shapes`` for a pipeline file or
-            plan directory (their stages carry their own).
+            plan directory.
     """
     from infscaler.base.config import load_pipeline, pipeline_for_model
     from infscaler.base.models import MODELS
@@ -231,9 +221,8 @@ def load_image(path: Path) -> np.ndarray:
 def input_feeds(
     inputs: list[str], image: Path | None, kind: str, name: str, names: list[str], uint8: list[str]
 ) -> dict[str, np.ndarray]:
-    """Feeds from ``--input NAME=FILE.npy`` items and an ``--image`` file, for the
-    ``kind`` (``"a model"``, ``"a pipeline"``) ``name`` whose inputs are ``names``,
-    ``uint8`` those of datatype UINT8.
+    """Feeds from ``--input NAME=FILE.npy`` items and an ``--image`` file for the ``kind``
+    ``name`` whose inputs are ``names`` (``uint8``: those of datatype UINT8).
 
     Raises:
         InfScalerError: a malformed item, an unreadable file, or ``--image`` while the
@@ -291,10 +280,8 @@ def random_input(i: dict, rng: np.random.Generator) -> np.ndarray:
 
 
 def check_feeds(feeds: dict[str, np.ndarray], meta: dict, cast: bool = False) -> None:
-    """Each given array has its input's datatype and rank, else a clear error with the
-    conversion to make; with ``cast`` an array of another numeric dtype is converted
-    (numpy's ``astype``: float64 -> FP32 rounds, floats -> integers truncate), in place
-    in ``feeds``."""
+    """Each given array has its input's datatype and rank, else an error saying the
+    conversion to make; ``cast``: convert another numeric dtype in place (``astype``)."""
     from infscaler.api.codec import DATATYPES
 
     for i in meta["inputs"]:
@@ -478,9 +465,8 @@ def status_cmd(
 
 
 def print_status(st: dict[str, Any]) -> None:
-    """``infscaler status``'s text: the control path, pool, zygote and resources, then a
-    table per pipeline (:func:`~infscaler.cli.tables.print_table`: key: value lines where
-    it cannot fit the terminal)."""
+    """``infscaler status``'s text: control path, pool, zygote, resources, then a table per
+    pipeline (:func:`~infscaler.cli.tables.print_table`)."""
     from rich.markup import escape
 
     from infscaler.cli.tables import Col, print_table
@@ -537,7 +523,7 @@ def print_status(st: dict[str, Any]) -> None:
             f"{escape(p['name'])} ({'ready' if p['ready'] else 'NOT ready'}"
             f"{', DEGRADED' if p.get('degraded') else ''}): "
             f"{req['success']} ok, {sum(req['fail'].values())} failed, "
-            f"P50 {_ms(lat['p50_ms'])} / P99 {_ms(lat['p99_ms'])} ms"
+            f"P50 {fmt_ms(lat['p50_ms'])} / P99 {fmt_ms(lat['p99_ms'])} ms"
         )
         cols = [Col("stage"), Col("part"), Col("B_k", "num"), Col("engine pid cores MB")]
         cols += [Col("queue", "num"), Col("P50 ms", "num"), Col("P99 ms", "num")]
@@ -589,7 +575,7 @@ def unit_row(u: dict[str, Any]) -> list[str]:
     )
     inst = inst.strip() or ("front end" if u["engine"] == "frontend" else "-")
     steps = "".join(  # a fused unit: its steps' mean ms per call
-        f"\n  {st['step']} {_ms(st.get('mean_ms'))} ms" for st in u.get("steps") or ()
+        f"\n  {st['step']} {fmt_ms(st.get('mean_ms'))} ms" for st in u.get("steps") or ()
     )
     return [
         u["unit"] + steps,
@@ -597,8 +583,8 @@ def unit_row(u: dict[str, Any]) -> list[str]:
         f"{u['bottleneck']:.3g}" if u["bottleneck"] is not None else "-",
         escape(inst),
         str(u["queue"]),
-        _ms(u["compute_p50_ms"]),
-        _ms(u["compute_p99_ms"]),
+        fmt_ms(u["compute_p50_ms"]),
+        fmt_ms(u["compute_p99_ms"]),
         batch_text(u.get("exec") or {}),
     ]
 
@@ -613,5 +599,5 @@ def batch_text(ex: dict[str, Any]) -> str:
     return f"{mean:.2f}" + (f" (<={now})" if now > 1 else "")
 
 
-def _ms(v: float | None) -> str:
+def fmt_ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"

@@ -1,8 +1,5 @@
-"""Fleet node commands: ``infscaler watch-pipelines DIR`` (the Kubernetes ConfigMap
-roll-out path) and ``infscaler probe live|ready`` (the DaemonSet's exec probes); loaded by
-:mod:`infscaler.cli` when one runs. ``infscaler plan --fleet`` is
-:func:`infscaler.cli.plan.plan_fleet`.
-"""
+"""Fleet node commands: ``infscaler watch-pipelines DIR`` (the ConfigMap roll-out path) and
+``infscaler probe live|ready`` (the DaemonSet's exec probes)."""
 
 from __future__ import annotations
 

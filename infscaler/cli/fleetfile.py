@@ -1,8 +1,6 @@
 """The fleet file of ``infscaler plan --fleet FLEET.yaml``: nodes (device profiles),
-pipelines (unit profiles) and streams (per-stream request rates and SLOs).
-
-More (details, why it is so, history, figures): docs/fleet.md, "`infscaler/cli/fleetfile.py`".
-"""
+pipelines (unit profiles) and streams (rates and SLOs). More: docs/fleet.md,
+"`infscaler/cli/fleetfile.py`"."""
 
 from __future__ import annotations
 
@@ -88,9 +86,8 @@ def _where(loc: tuple[Any, ...]) -> str:
 
 
 def load_fleet(path: str | Path) -> tuple[FleetFile, Path]:
-    """Parse and validate a fleet file; returns it and its directory (``file:`` paths
-    are relative to it). Names, counts and references are checked too: a stream of an
-    unknown pipeline, a pipeline with neither ``file`` nor ``units``, duplicate names.
+    """Parse and validate a fleet file (names, counts and references too); returns it and
+    its directory (``file:`` paths are relative to it).
 
     Raises:
         ConfigError: the message names every offending YAML path.

@@ -1,9 +1,6 @@
 """``infscaler models | devices | inspect | partition``: the bundled models, the device
-profiles, an operator cost table (bottlenecks marked, optional Fig. 2-style PNG) and
-partitioning (InfScaler §IV-A, Eq. 1: write a plan directory). MODEL is a path to an
-``.onnx`` file or a bundled alias (``infscaler models``). Loaded by :mod:`infscaler.cli`
-when one of these commands runs.
-"""
+profiles, an operator cost table and partitioning (InfScaler §IV-A, Eq. 1). MODEL is an
+``.onnx`` path or a bundled alias."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Parameter conversion without pydantic for the commands that must start fast.
-
-typer (0.26 and later) converts every parameter through a pydantic ``TypeAdapter``
-(about 0.1 s per run on a 2-core host). :class:`FastCommand` and :func:`plain_params`
-give each plain parameter (``str``, ``int``, ``float``, ``bool``, ``Path``, or a list of
-one, with no parser, range, choices, file or path checks) a conversion of its own with
-the same results and click's error wording; any other parameter keeps typer's. An older
-typer (no ``_runtime_param``) is left alone.
+"""Parameter conversion without pydantic for the commands that must start fast (typer 0.26+
+converts every parameter through a pydantic ``TypeAdapter``, ~0.1 s a run): plain
+parameters get a conversion of their own with the same results and click's error
+wording; any other keeps typer's, and an older typer is left alone.
 """
 
 from __future__ import annotations

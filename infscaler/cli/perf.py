@@ -1,12 +1,7 @@
-"""``infscaler perf``: perf_analyzer's measurement of a served model or pipeline, over the
-service's Unix socket (:mod:`infscaler.api.loadgen` generates the load and measures it).
-
-A concurrency sweep (``--concurrency-range 1:8:2``, closed loop) or a request-rate sweep
-(``--request-rate-range 5:20:5``, open loop, ``--request-distribution constant|poisson``
-or ``--arrivals azure``); while it measures, one line per window on stderr (as
-perf_analyzer's ``Pass [n]`` lines); then one row per point in an 80-column table,
-``--csv`` with perf_analyzer's ``-f`` columns where they mean the same, ``--json`` with
-everything.
+"""``infscaler perf``: perf_analyzer's measurement of a served model or pipeline over the
+service's Unix socket (:mod:`infscaler.api.loadgen`): a concurrency or request-rate sweep,
+one line per window on stderr, then a table per point (``--csv``: perf_analyzer's ``-f``
+columns where they mean the same; ``--json``: everything).
 """
 
 from __future__ import annotations
@@ -55,9 +50,8 @@ def _us(ms: float | None) -> str:
 
 
 def csv_rows(points: list[dict[str, Any]]) -> list[list[str]]:
-    """The CSV (header row first) of :meth:`PointResult.to_dict` points: one row per
-    point; latencies in usec (perf_analyzer's unit), rates per second; an empty cell
-    where there is no value (no answers, no SLO, no statistics)."""
+    """The CSV, header first, of :meth:`PointResult.to_dict` points: latencies in usec,
+    rates per second, an empty cell where there is no value."""
     first = "Concurrency" if points and points[0]["mode"] == "concurrency" else "Request Rate"
     rows = [[first, *CSV_COLUMNS]]
     for p in points:
@@ -84,9 +78,8 @@ def _ms(v: float | None) -> str:
 
 
 def perf_table(points: list[dict[str, Any]], slo: bool) -> Table:
-    """One row per point, fits 80 columns: the load, infer/s (``*``: not stable within
-    --max-trials), P50 / P90 / P95 / P99 ms, goodput/s (with --slo), refused/s, errors/s,
-    the server's queue and compute ms per request."""
+    """One row per point in 80 columns: load, infer/s (``*``: not stable), P50-P99 ms,
+    goodput/s (with --slo), refused/s, errors/s, the server's queue and compute ms."""
     conc = bool(points) and points[0]["mode"] == "concurrency"
     t = Table(
         box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True
@@ -349,9 +342,8 @@ def _start_line(spec: Any, cfg: Any) -> str:
 
 
 def window_line(spec: Any, trial: int, w: Any) -> str:
-    """One progress line for window ``trial`` (from 1) of a point: its throughput, mean
-    client latency, refusals and errors per second with their most frequent codes, and
-    the server's queue / compute ms per request when its statistics were read."""
+    """One progress line for window ``trial`` (from 1): throughput, mean latency, refusals
+    and errors per second with their top codes, the server's queue / compute ms."""
     line = f"{_label(spec)}: pass [{trial}] {w.throughput:.1f} infer/s"
     mean = w.mean_ms
     line += ", mean -" if mean is None else f", mean {_ms(mean)} ms"

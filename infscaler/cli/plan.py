@@ -1,17 +1,11 @@
 """``infscaler plan``: the starting configuration of a pipeline for an arrival rate and a
-latency SLO (loaded by :mod:`infscaler.cli` when it runs); with ``--fleet``, many streams
+latency SLO: compiled as ``serve`` would, each unit measured in-process, then the
+planner's least-memory configuration whose simulated P99 meets the SLO within the device's
+cap (:func:`infscaler.runtime.planning.planner.plan`); with ``--fleet``, many streams
 placed on many nodes (:func:`plan_fleet`).
 
-It compiles the pipeline as ``serve`` would (partitioning model stages, plans cached in
-the state directory), measures every unit in-process on this host
-(:mod:`infscaler.runtime.planning.unitprofile`), and runs the planner's search with its greedy
-source (:func:`infscaler.runtime.planning.planner.plan`): the least-memory configuration whose
-simulated P99 meets the SLO at the rate within the device profile's resource cap. It prints the
-configuration per unit (engine, instances, batch, service time, utilisation, memory) and
-the predicted P99 / throughput / memory.
-
-Exit status: 0 with a configuration, 1 when none meets the SLO within the cap (the
-reason is printed), 2 on bad arguments (one message and a hint, no traceback).
+Exit status: 0 with a configuration, 1 when none meets the SLO within the cap, 2 on bad
+arguments.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from infscaler.base.device import load_profile
 from infscaler.base.errors import InfScalerError
 from infscaler.base.slo import parse_slo
 from infscaler.cli import err, out
-from infscaler.cli.client import input_feeds, pipeline_from_arg
+from infscaler.cli.client import fmt_ms, input_feeds, pipeline_from_arg
 from infscaler.cli.fleetfile import expand_names, load_fleet, units_from_spec
 from infscaler.cli.tables import Col, print_table
 from infscaler.cli.units import parse_rate, parse_slo_ms
@@ -86,10 +80,6 @@ def _device(name: str | None) -> Any:
     return load_profile(name or "cpu-host")
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
-
-
 def print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
     pred = res.prediction
     head = "Starting configuration" if res.feasible else "INFEASIBLE: last configuration tried"
@@ -121,7 +111,7 @@ def print_plan(res: Any, name: str, device: Any, duration_s: float) -> None:
     if pred is not None:
         att = "" if pred.slo_attainment is None else f", SLO attainment {pred.slo_attainment:.1%}"
         out.print(
-            f"predicted: P99 {_ms(pred.p99_ms)} ms (P50 {_ms(pred.p50_ms)}), throughput "
+            f"predicted: P99 {fmt_ms(pred.p99_ms)} ms (P50 {fmt_ms(pred.p50_ms)}), throughput "
             f"{pred.throughput_rps:.1f} requests/s{att} over {duration_s:g} s simulated "
             f"({pred.requests} requests)",
             highlight=False,
@@ -440,8 +430,7 @@ def _rate_plan_args(
 
 
 def _arrival_times(arrivals: str, rate_rps: float, duration: float, seed: int) -> np.ndarray:
-    """The arrival times of ``--arrivals`` at ``rate_rps`` over ``duration`` s (checked
-    before anything slow runs).
+    """The arrival times of ``--arrivals`` at ``rate_rps`` over ``duration`` s.
 
     Raises:
         InfScalerError: an unknown arrival process, or one that gives no requests.
@@ -503,15 +492,11 @@ def search_cmd(
     refine: int = 3,
     arrivals: str = "poisson",
 ) -> int:
-    """``infscaler plan MODEL|PIPELINE --slo X [--rate R] --explain``: the configuration
-    search, as the deploy-time planner runs it
-    (:func:`infscaler.runtime.planning.autoplan.plan_measured`; the stages' own K /
-    threads / instances ignored), printed: every candidate (K, cuts, objectives, threads,
-    instances, predicted goodput, P99, memory, bottleneck FLOPs share) with why it lost,
-    the winner, and per stage Eq. 1's own plan's share beside the winner's. ``--slo``: ms
-    or a factor (``3x``) of the measured 1-thread latency.
-
-    Returns the exit status (0: a winner, 1: none meets the SLO).
+    """``infscaler plan MODEL|PIPELINE --slo X [--rate R] --explain``: the deploy-time
+    planner's search (:func:`infscaler.runtime.planning.autoplan.plan_measured`), printed:
+    every candidate with why it lost, the winner, and Eq. 1's own plan beside it.
+    ``--slo``: ms or a factor (``3x``) of the measured 1-thread latency. Returns the exit
+    status (0: a winner, 1: none meets the SLO).
 
     Raises:
         InfScalerError: bad arguments (no SLO, unknown objective, ...).
@@ -619,7 +604,7 @@ def print_search(res: Any, stages: list[Any], eq1: dict[str, tuple[Any, float]])
             f"{c.goodput_rps:.1f}"
             + ("" if c.goodput_lo is None else " [{:.1f}, {:.1f}]".format(*c.interval())),
             "-" if c.max_rate_rps is None else f"{c.max_rate_rps:.1f}",
-            _ms(c.p99_ms),
+            fmt_ms(c.p99_ms),
             f"{c.memory_mb:.0f}",
             "/".join(f"{s:.0%}" for s in c.share),
             escape(c.why),

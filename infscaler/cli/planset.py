@@ -1,9 +1,5 @@
-"""``infscaler plan A.yaml B.yaml --rate a=20 --rate b=2 [--slo a=100ms]``: several
-pipelines planned together within one device's cap
-(:func:`infscaler.runtime.planning.autoplan.plan_set_measured`, the choice by
-:func:`infscaler.runtime.planning.jointplan.plan_together`), called by
-:func:`infscaler.cli.plan.plan_cmd` when it is given more than one pipeline.
-"""
+"""``infscaler plan A.yaml B.yaml --rate a=20 --rate b=2``: several pipelines planned
+together within one device's cap (:func:`infscaler.runtime.planning.autoplan.plan_set_measured`)."""
 
 from __future__ import annotations
 
@@ -65,14 +61,11 @@ def plan_set_cmd(
     search: dict[str, Any],
     top_k: int = 6,
 ) -> int:
-    """Plan ``pipelines`` together (see the module docstring) and print each one's
-    configuration (with ``explain``: why, and what its best alone would have needed).
+    """Plan ``pipelines`` together and print each one's configuration (``explain``: why).
     Returns the exit status (0: every pipeline has a configuration).
 
     Raises:
-        InfScalerError: bad arguments (a pipeline without an SLO, an unknown name in
-            --rate / --slo, two pipelines of one name), or a pipeline that fits in no
-            way beside the others (named).
+        InfScalerError: bad arguments, or a pipeline that fits in no way beside the others.
     """
     from infscaler.cli.units import parse_rate
 

@@ -1,10 +1,6 @@
-"""CLI commands that run the service: ``serve`` and ``demo`` (loaded by
-:mod:`infscaler.cli` when one runs; the client commands are :mod:`infscaler.cli.client`).
-
-``serve`` runs the service in the foreground (systemd ``Type=notify`` aware: READY=1 once
-the pipelines given are deployed, WATCHDOG pings while healthy, STOPPING=1 and a drain
-of in-flight requests on SIGTERM / SIGINT). ``demo`` starts its own on a temporary socket.
-"""
+"""CLI commands that run the service: ``serve`` (in the foreground; systemd ``Type=notify``:
+READY=1 once the pipelines given are deployed, WATCHDOG pings while healthy, STOPPING=1
+and a drain on SIGTERM / SIGINT) and ``demo`` (on a temporary socket)."""
 
 from __future__ import annotations
 
@@ -67,9 +63,7 @@ WAKE_DEFAULT = "auto"
 
 
 def _say(line: str) -> None:
-    """One startup / progress line on stderr, whole (a socket path is never wrapped or
-    cut: the terminal wraps a line longer than its width; a journal keeps it as one
-    line), as text (no rich markup)."""
+    """One startup / progress line on stderr, whole (never wrapped or cut) and plain text."""
     err.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
@@ -433,14 +427,23 @@ def serve_cmd(
         autoscale,
     )
     wake = _checked_choices(objective, cpu_wake_latency_us, control_path)
+    service = Service(
+        state_dir=state_dir,
+        device=profile,
+        control_path=control_path,
+        pool_mb=pool_mb,
+        max_inflight_mb=max_inflight_mb,
+        max_inflight_mb_per_uid=max_inflight_mb_per_uid,
+        pending_per_uid=max_pending_per_uid,
+        operator_pending=operator_pending,
+        objective=objective,
+        cpu_wake_latency_us=wake,
+    )
     code = asyncio.run(
         _serve(
+            service,
             configs,
             default_socket(socket),
-            profile,
-            state_dir,
-            control_path,
-            pool_mb,
             max_body_mb,
             drain_s,
             security=security,
@@ -448,10 +451,6 @@ def serve_cmd(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             limits=limits,
-            max_inflight_mb=max_inflight_mb,
-            max_inflight_mb_per_uid=max_inflight_mb_per_uid,
-            objective=objective,
-            cpu_wake_latency_us=wake,
             grpc_socket=None
             if no_grpc
             else grpc_socket or default_grpc_socket(default_socket(socket)),
@@ -495,9 +494,9 @@ def _initial_pipelines(
     slo: str | None,
     autoscale: bool,
 ) -> tuple[list[Any], Any]:
-    """``(the pipelines serve deploys at start, the watcher of --watch-pipelines or
-    None)``: the targets given, then the watched directory's files (checked like the
-    repository API checks their later versions), each with ``--slo`` / ``--autoscale``.
+    """``(the pipelines serve deploys at start, the --watch-pipelines watcher or None)``:
+    the targets, then the watched directory's files (checked as the repository API checks
+    them), each with ``--slo`` / ``--autoscale``.
 
     Raises:
         InfScalerError: ``--autoscale`` without ``--slo`` for a pipeline that has none.
@@ -544,10 +543,8 @@ STOP_GRACE_S = 10.0
 
 
 def _hard_exit_after(seconds: float, service: Any) -> None:
-    """Exit the process ``seconds`` from now whatever is stuck (a dead front end,
-    instances that do not stop, handlers that never finish): the bound on SIGTERM.
-    Instances die with it (PR_SET_PDEATHSIG); its shared memory is unlinked first."""
-    import threading
+    """Exit the process ``seconds`` from now whatever is stuck (the bound on SIGTERM),
+    unlinking its shared memory first; instances die with it (PR_SET_PDEATHSIG)."""
 
     def fire() -> None:
         err.print(f"infscaler: still stopping after {seconds:.0f} s: exiting now", highlight=False)
@@ -596,35 +593,22 @@ async def _start_beside(
     return grpc_server, metrics_runner
 
 
-def _pending_quotas(limits: Any) -> dict[str, int]:
-    """The front end's share of pending requests per client uid, from ``limits``'
-    :class:`~infscaler.base.quotas.PeerQuotas` (``Service``'s keyword arguments)."""
-    quotas = getattr(limits, "quotas", None) or PeerQuotas()
-    return {"pending_per_uid": quotas.pending_per_uid, "operator_pending": quotas.operator_pending}
-
-
 async def _serve(
+    service: Service,
     configs: list[Any],
     socket_path: str,
-    profile: Any,
-    state_dir: Path | None,
-    control_path: str,
-    pool_mb: int,
     max_body_mb: int,
     drain_s: float,
     *,
-    security: Any = None,
-    socket_group: str | None = None,
-    metrics_port: int | None = None,
-    limits: Any = None,
-    metrics_host: str = "127.0.0.1",
-    max_inflight_mb: float = 256,
-    max_inflight_mb_per_uid: float | None = PeerQuotas.inflight_mb_per_uid,
-    objective: str = "auto",
-    cpu_wake_latency_us: int | str | None = None,
-    grpc_socket: str | None = None,
+    security: Any,
+    socket_group: str | None,
+    metrics_port: int | None,
+    limits: Any,
+    metrics_host: str,
+    grpc_socket: str | None,
 ) -> int:
-
+    """Serve ``service`` (not started) on ``socket_path`` until a stop signal or the front
+    end's death; returns the exit status."""
     notifier = SystemdNotifier()
     # the API's event loop runs on the main thread: named for its role, not the process's
     # ("infscaler" in /proc/PID/task/TID/comm told it from no other thread); the prefix
@@ -635,17 +619,6 @@ async def _serve(
     loop.set_default_executor(named_executor("isc-api-exec"))  # off-loop work, named
     stop = asyncio.Event()
     died: list[str] = []
-    service = Service(
-        state_dir=state_dir,
-        device=profile,
-        control_path=control_path,
-        pool_mb=pool_mb,
-        max_inflight_mb=max_inflight_mb,
-        max_inflight_mb_per_uid=max_inflight_mb_per_uid,
-        **_pending_quotas(limits),
-        objective=objective,
-        cpu_wake_latency_us=cpu_wake_latency_us,
-    )
 
     def on_signal() -> None:
         if stop.is_set():  # a second signal: do not wait any longer
@@ -674,7 +647,7 @@ async def _serve(
         )
         _say(
             f"infscaler: listening on {socket_path} (control path: {service.channel.kind}, "
-            f"pool {pool_mb} MB)"
+            f"pool {service.pool_mb} MB)"
         )
         await _deploy_given(service, configs, stop, notifier)
         if not stop.is_set():
@@ -717,11 +690,12 @@ async def _serve(
 async def _deploy_given(
     service: Any, configs: list[Any], stop: asyncio.Event, notifier: Any
 ) -> None:
-    """Plan the pipelines given on the command line together, then deploy them one by
-    one (each in a worker thread, systemd told of the progress); a stop signal ends it
+    """Plan the pipelines given together (:meth:`~infscaler.service.deploy.DeployMixin.plan_set`),
+    then deploy them one by one in a worker thread, telling systemd; a stop signal ends it
     after the deploy in progress."""
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, _plan_together, service, configs)
+    say = lambda m: err.print(f"  {m}", highlight=False)  # noqa: E731
+    await loop.run_in_executor(None, service.plan_set, configs, say)
     for cfg in configs:
         notifier.status(f"deploying {cfg.name}")
 
@@ -740,15 +714,6 @@ async def _deploy_given(
         waiter.cancel()
         deploy.result()
         _say(f"deployed {cfg.name} in {time.perf_counter() - t0:.1f} s")
-
-
-def _plan_together(service: Any, configs: list[Any]) -> None:
-    """The pipelines given that are left to the planner, planned together within the
-    cap before any deploys (:meth:`infscaler.service.deploy.DeployMixin.plan_set`)."""
-    service.plan_set(configs, lambda m: err.print(f"  {m}", highlight=False))
-
-
-# -- client commands ----------------------------------------------------------------------
 
 
 # -- demo ---------------------------------------------------------------------------------

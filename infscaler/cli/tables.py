@@ -1,11 +1,7 @@
-"""Tables that fit the terminal without cutting a value a user copies.
-
-A column is ``copy`` (a name, a shape, a path, a pid: never wrapped, never cut),
-``num`` (right-aligned, never wrapped) or ``text`` (prose: wraps at spaces). When the
-copyable and numeric columns cannot all fit the console's width side by side (rich
-would end them in ``…``), the rows print as key: value lines instead, one block per row
-headed by its first cell, each line whole (the terminal wraps a long one; nothing is
-cut). jtop's and ``kubectl describe``'s layout for narrow screens.
+"""Tables that fit the terminal without cutting a value a user copies: columns are
+``copy`` (never wrapped or cut), ``num`` (right-aligned, never wrapped) or ``text``
+(wraps); when the copy and num columns cannot fit side by side, each row prints as a block
+of key: value lines instead.
 """
 
 from __future__ import annotations

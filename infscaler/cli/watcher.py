@@ -1,14 +1,9 @@
-"""The pipeline roll-out path: keep a running service's pipelines equal to a directory of
-pipeline files (on Kubernetes, a mounted ConfigMap), through the service's model
-repository API (Triton's model repository extension: ``POST
-/v2/repository/models/{name}/load`` replaces a pipeline of that name once the new one is
-ready, ``.../unload`` drains and removes it).
+"""Keep a running service's pipelines equal to a directory of pipeline files (on Kubernetes,
+a mounted ConfigMap) through its model repository API (``load`` replaces a pipeline once
+the new one is ready, ``unload`` drains and removes it).
 
-Source for the ConfigMap layout: Kubernetes documentation, "Configure a Pod to Use a
-ConfigMap" (mounted ConfigMaps are updated automatically; subPath mounts are not) and
-the kubelet's AtomicWriter (``pkg/volume/util/atomic_writer.go``).
-
-More (details, why it is so, history, figures): docs/fleet.md, "`infscaler/cli/watcher.py`".
+Sources: Kubernetes, "Configure a Pod to Use a ConfigMap"; the kubelet's AtomicWriter.
+More: docs/fleet.md, "`infscaler/cli/watcher.py`".
 """
 
 from __future__ import annotations
@@ -45,9 +40,8 @@ class SyncResult:
 
 
 def read_pipeline_dir(directory: Path, retries: int = 5) -> dict[str, tuple[str, Any, Path]]:
-    """``{name: (sha256, parsed pipeline, file)}`` of the directory's pipeline files,
-    one version of a ConfigMap (see the module docstring). A file that is not a YAML
-    mapping is returned with ``parsed`` None (the service refuses it with its message).
+    """``{name: (sha256, parsed pipeline or None if not a YAML mapping, file)}`` of one
+    version of the directory's pipeline files.
 
     Raises:
         OSError: the directory cannot be read (after ``retries`` looks).
@@ -89,12 +83,10 @@ class PipelineWatcher:
 
     Args:
         directory: the pipelines (a mounted ConfigMap).
-        socket: the service's Unix socket (the watcher is a client: it must run as the
-            service's user or root, who may call the repository endpoints).
-        known: ``{name: sha256}`` already deployed from this directory (``serve
-            --watch-pipelines`` deploys the files at start and passes their hashes).
+        socket: the service's Unix socket (run as the service's user or root).
+        known: ``{name: sha256}`` already deployed from this directory.
         log: one line per action.
-        timeout: seconds a load may take (partitioning at deploy can take minutes).
+        timeout: seconds a load may take.
     """
 
     def __init__(
@@ -186,9 +178,8 @@ class PipelineWatcher:
 def start_watching(
     directory: Path, socket: str, log: Callable[..., None], interval: float = 2.0
 ) -> tuple[list[Any], PipelineWatcher]:
-    """For ``serve --watch-pipelines DIR``: the pipelines to deploy at start (validated
-    now: a bad file stops the start with its message, as a bad ``serve`` argument does)
-    and a watcher, started, that begins syncing once the service is ready.
+    """For ``serve --watch-pipelines DIR``: the pipelines to deploy at start (validated now)
+    and a started watcher that syncs once the service is ready.
 
     Raises:
         ConfigError: DIR is not a directory, or one of its files is not a valid pipeline.

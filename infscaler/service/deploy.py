@@ -1,15 +1,10 @@
-"""Deploying and undeploying pipelines on the service: :class:`DeployMixin`, the part of
-:class:`~infscaler.service.service.Service` that turns a pipeline into running instances,
-and :class:`Deployment`, a deployed pipeline.
+"""Deploying and undeploying pipelines: :class:`DeployMixin` (of
+:class:`~infscaler.service.service.Service`) and :class:`Deployment`, a deployed pipeline.
 
-Deploying a pipeline (:meth:`DeployMixin.deploy`) plans it where it is left to the planner
-(:mod:`infscaler.runtime.planning.autoplan`), compiles it (partitioning model stages at
-deploy when asked, InfScaler §IV-A), checks that it fits the device profile with what is
-already deployed (:func:`infscaler.base.device.check_pipeline`), gives every unit a
-channel stage, starts its instances (each pinned to its cores), waits until all are
-ready, then makes the pipeline visible. Nothing is visible or half-started when a deploy
-fails: the instances already started are stopped and the error says why. Undeploying
-stops new requests, drains those in flight, then stops the instances.
+A deploy plans the pipeline where it is left to the planner, compiles it (partitioning at
+deploy when asked, InfScaler §IV-A), checks it fits the device profile beside what is
+deployed, starts its instances and makes it visible once all are ready; a deploy that fails
+leaves nothing visible or half-started. Undeploying drains, then stops the instances.
 """
 
 from __future__ import annotations
@@ -45,12 +40,8 @@ log = logging.getLogger("infscaler.service")
 
 
 def trim_heap() -> None:
-    """Give the heap's free memory back to the system (glibc ``malloc_trim(0)``, see
-    malloc_trim(3)); best effort, a no-op elsewhere.
-
-    Called after each deploy and undeploy (why: docs/serving.md,
-    "`infscaler/service/deploy.py`").
-    """
+    """Give the heap's free memory back to the system (glibc ``malloc_trim(0)``); best
+    effort, a no-op elsewhere (why: docs/serving.md, "`infscaler/service/deploy.py`")."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
 
@@ -94,12 +85,7 @@ def _warm_unit_ms(compiled: Any, stage_ids: list[int], handles: list[Any]) -> li
 
 
 class DeployMixin:
-    """:meth:`deploy` and :meth:`undeploy` of :class:`~infscaler.service.service.Service`
-    (see the module docstring). They use the service's lock, deployments and free channel
-    stages, its supervisor, front end and autoscaler once started, and its
-    :meth:`~infscaler.service.service.Service._cores`,
-    :meth:`~infscaler.service.service.Service.device_profile` and
-    :attr:`~infscaler.service.service.Service.cpu_wake_latency_planned_us`."""
+    """:meth:`deploy` and :meth:`undeploy` of :class:`~infscaler.service.service.Service`."""
 
     state_dir: Path
     device: Any
@@ -131,11 +117,9 @@ class DeployMixin:
             replace: swap out a deployed pipeline of the same name (the old one drains
                 after the new one is ready).
             progress: called with a line per step.
-            allowed_functions: modules function stages may come from (None: any; the
-                API passes its :class:`~infscaler.base.security.SecurityPolicy`'s).
-            live: ``cfg`` is a configuration the live check switches to (its
-                :class:`~infscaler.runtime.planning.autoplan.LivePlan`): deployed as it is, not
-                planned; None: planned when it is left to the planner.
+            allowed_functions: modules function stages may come from (None: any).
+            live: ``cfg`` is the live check's configuration (its
+                :class:`~infscaler.runtime.planning.autoplan.LivePlan`): deployed as is.
 
         Raises:
             ServiceError: (409) the name is taken and ``replace`` is false; (503) not
@@ -236,10 +220,8 @@ class DeployMixin:
         progress: Callable[[str], None],
         allowed_functions: Sequence[str] | None = None,
     ) -> tuple[PipelineConfig, Any]:
-        """``(cfg with the planner's choice, its LivePlan)`` when it is left to the
-        planner and the objective is ``auto`` (:mod:`infscaler.runtime.planning.autoplan`), else
-        ``(cfg, None)``. Its function stages (from ``allowed_functions``, as at deploy)
-        run in this process on a sample request to be measured.
+        """``(cfg with the planner's choice, its LivePlan)`` when it is left to the planner and
+        the objective is ``auto``, else ``(cfg, None)``.
 
         Raises:
             InfScalerError: no configuration meets the SLO (the search's reason).
@@ -252,25 +234,16 @@ class DeployMixin:
             return together[1], together[2]
 
         progress(f"planning {cfg.name}: K, cuts, threads and instances for its SLO")
-        device = self.device or load_profile("cpu-host")
-        planned, outcome = plan_pipeline(
-            cfg,
-            device=device,
-            state_dir=self.state_dir,
-            allowed_functions=allowed_functions,
-            progress=progress,
-            wake_latency_us=self.cpu_wake_latency_planned_us,
-        )
+        kw = {
+            "device": self.device or load_profile("cpu-host"),
+            "state_dir": self.state_dir,
+            "allowed_functions": allowed_functions,
+            "wake_latency_us": self.cpu_wake_latency_planned_us,
+        }
+        planned, outcome = plan_pipeline(cfg, progress=progress, **kw)
         if outcome is not None and outcome.best is not None:
             progress(f"{cfg.name}: chosen {outcome.best.line()}")
-        live = live_plan(
-            cfg,
-            device=device,
-            state_dir=self.state_dir,
-            allowed_functions=allowed_functions,
-            wake_latency_us=self.cpu_wake_latency_planned_us,
-        )
-        return planned, live
+        return planned, live_plan(cfg, **kw)
 
     def plan_set(
         self,
@@ -278,11 +251,9 @@ class DeployMixin:
         progress: Callable[[str], None] = lambda _m: None,
         allowed_functions: Sequence[str] | None = None,
     ) -> list[str]:
-        """Plan the pipelines of ``cfgs`` left to the planner together within the
-        device's cap (:func:`infscaler.runtime.planning.autoplan.plan_set`), when there
-        are at least two and the objective is ``auto``; a later :meth:`deploy` of each
-        (the same configuration) deploys that choice. Returns the names planned together
-        (empty: each is planned alone at its deploy, as before).
+        """Plan the pipelines of ``cfgs`` left to the planner together within the device's cap
+        (:func:`infscaler.runtime.planning.autoplan.plan_set`; two or more, objective ``auto``):
+        a later :meth:`deploy` of each deploys that choice. Returns the names planned together.
 
         Raises:
             InfScalerError: a pipeline that fits beside the others in no way (named).

@@ -1,10 +1,7 @@
-"""Scale actuation on the service: :class:`ScaleMixin`, the part of
-:class:`~infscaler.service.service.Service` that applies what the autoscaler decided
-(:mod:`infscaler.runtime.scaling.autoscaler`, InfScaler's asymmetric scaling): one more
-or one fewer instance of a unit, an instance replaced by one with more or fewer intra-op
-threads (make-before-break), the live check's switch to another configuration, and a
-pipeline's queue bound (load shedding at the resource cap). Which cores an instance is
-pinned to and which one a scale-in stops are :mod:`infscaler.runtime.scaling.placement`'s.
+"""Scale actuation: :class:`ScaleMixin`, the part of :class:`~infscaler.service.service.Service`
+that applies the autoscaler's decisions (InfScaler's asymmetric scaling): one more or one
+fewer instance of a unit, an instance replaced by one with other intra-op threads
+(make-before-break), a switch to another configuration, and a pipeline's queue bound.
 """
 
 from __future__ import annotations
@@ -25,11 +22,8 @@ log = logging.getLogger("infscaler.service")
 
 
 class ScaleMixin:
-    """The scaling actions of :class:`~infscaler.service.service.Service` (see the module
-    docstring): what the autoscaler (:class:`~infscaler.runtime.scaling.control.ScaledService`)
-    calls. They use the service's lock, deployments, supervisor and start timeout, its
-    :meth:`~infscaler.service.service.Service._cores` and
-    :meth:`~infscaler.service.service.Service.deploy`."""
+    """The scaling actions the autoscaler (:class:`~infscaler.runtime.scaling.control.ScaledService`)
+    calls on :class:`~infscaler.service.service.Service`."""
 
     start_timeout_s: float
     supervisor: Any
@@ -61,12 +55,10 @@ class ScaleMixin:
         ]
 
     def _served_unit(self, dep: Deployment, unit: int) -> tuple[Any, int, int]:
-        """``(unit, its stage id, the stage it hands over to)`` for starting an instance
-        of unit ``unit`` of ``dep`` (0: the front end).
+        """``(unit, its stage id, the stage it hands over to)`` for an instance of unit ``unit``.
 
         Raises:
-            ServiceError: (404) the pipeline was undeployed; (409) the unit runs in the
-                front end.
+            ServiceError: (404) the pipeline was undeployed; (409) the unit runs in the front end.
         """
         with self._lock:
             if self._deployments.get(dep.name) is not dep:
@@ -112,11 +104,9 @@ class ScaleMixin:
     def scale_threads(
         self, dep: Deployment, unit: int, threads: int, from_threads: int | None = None
     ) -> bool:
-        """Replace one cpu instance of unit ``unit`` (running ``from_threads`` intra-op threads;
-        None: any) by one running ``threads``, make-before-break: the new one (pinned to
-        ``threads`` cores) is routed to once ready, then the old one stops gracefully
-        (SIGUSR1; its queued tokens re-routed), so no request is lost. Blocks until the old one
-        exited. The scaler's ``scale_up`` / ``scale_down``.
+        """Replace one cpu instance of unit ``unit`` (running ``from_threads`` threads; None:
+        any) by one running ``threads``, make-before-break: the new one is routed to once ready,
+        then the old one stops gracefully (its queued tokens re-routed). Blocks until it exited.
 
         Returns:
             False when no such instance runs (nothing was started).
@@ -124,8 +114,7 @@ class ScaleMixin:
         Raises:
             ServiceError: (404) the pipeline was undeployed; (409) no such served unit, or
                 ``threads`` < 1.
-            InstanceStartError: the new instance failed to load; it is stopped and the old
-                one keeps serving.
+            InstanceStartError: the new instance failed to load (the old one keeps serving).
         """
         u, sid, next_stage = self._served_unit(dep, unit)
         if int(threads) < 1:
@@ -167,11 +156,8 @@ class ScaleMixin:
         return True
 
     def switch_configuration(self, dep: Deployment, live: Any) -> Deployment:
-        """Deploy ``dep.live``'s other configuration (the runner-up, or the planner's
-        choice after a trial) in ``dep``'s place, make-before-break: the new instances
-        start and serve before the old ones drain (:meth:`deploy` with ``replace``), so
-        no request is lost; ``live`` is the plan once it serves
-        (:meth:`~infscaler.runtime.planning.autoplan.LivePlan.swapped`).
+        """Deploy ``dep.live``'s other configuration in ``dep``'s place, make-before-break
+        (:meth:`deploy` with ``replace``); ``live`` is the plan once it serves.
 
         Raises:
             ServiceError / ConfigError / InstanceStartError: as :meth:`deploy` (the old

@@ -1,10 +1,6 @@
-"""The service: tensor pool + control channel + sharing manager + supervisor + front end,
-and the deployed pipelines (what ``infscaler serve`` runs; the HTTP API sits on top,
-:mod:`infscaler.api.server`).
-
-Deploying and undeploying: :mod:`infscaler.service.deploy`; the autoscaler's decisions
-applied: :mod:`infscaler.service.scale`; status: :mod:`infscaler.service.status`.
-"""
+"""The service: tensor pool, control channel, sharing manager, supervisor, front end and the
+deployed pipelines (what ``infscaler serve`` runs under :mod:`infscaler.api.server`).
+Deploying: :mod:`.deploy`; scaling decisions applied: :mod:`.scale`; status: :mod:`.status`."""
 
 from __future__ import annotations
 
@@ -60,10 +56,10 @@ _LAST_STAGE = 62  # 63 is the manager's barrier stage
 
 
 class Service(DeployMixin, ScaleMixin):
-    """One InfScaler-Edge service (see the module docstring).
+    """One InfScaler-Edge service.
 
     Args:
-        state_dir: plans partitioned at deploy and engine caches (default
+        state_dir: plans and engine caches (default
             :func:`~infscaler.runtime.serving.pipeline.default_state_dir`).
         device: a :class:`~infscaler.base.device.DeviceProfile` (None: this host as is).
         control_path: ``auto``, ``ebpf`` or ``userspace`` (:func:`~infscaler.ebpf.open_channel`).
@@ -71,22 +67,15 @@ class Service(DeployMixin, ScaleMixin):
         pool_mb: memory cap of the tensor pool, MB.
         max_pending: requests admitted at once (beyond: 503).
         pending_per_uid / operator_pending: of them, what one client uid may have (None: no
-            cap) / what only the service's own user and root may use
-            (:class:`~infscaler.base.quotas.PeerQuotas`); counted for :meth:`submit`'s ``uid``.
+            cap) / what only the service's user and root may use (:class:`PeerQuotas`).
         start_timeout_s: how long a deploy waits for its instances to be ready, s.
-        max_inflight_mb: budget of request bytes in flight, MB (None: unbounded), reserved
-            before a body is read (:meth:`reserve_bytes`); 503 with ``retry_after_s`` beyond.
-        max_inflight_mb_per_uid: of that budget, what one client uid may hold, MB (None: no
-            bound; the service's own user and root: the service-wide budget only).
-        objective: ``auto``: a pipeline left to the planner
-            (:func:`~infscaler.runtime.planning.autoplan.needs_planning`) deploys with the
-            planner's K, cuts, threads and instances however it arrives; ``eq1``: as written.
-        cpu_wake_latency_us: hold a Linux PM QoS request keeping idle CPUs' cpuidle exit
-            latency at most this, µs (0: polling only;
-            :class:`~infscaler.runtime.scaling.pmqos.CpuLatencyRequest`). ``"auto"``
-            (default): none until an autoscaled pipeline violates its SLO
-            (:mod:`infscaler.runtime.scaling.wakepolicy`). None: no request. Where it cannot
-            be made (not root) it runs without (``status()["cpu_wake_latency"]``).
+        max_inflight_mb / max_inflight_mb_per_uid: budget of request bytes in flight, all /
+            per client uid, MB (None: unbounded; :meth:`reserve_bytes`).
+        objective: ``auto``: a pipeline left to the planner deploys with the planner's
+            choice; ``eq1``: as written.
+        cpu_wake_latency_us: a PM QoS CPU wake-up latency limit held while serving, µs
+            (:class:`~infscaler.runtime.scaling.pmqos.CpuLatencyRequest`); ``"auto"``: the
+            autoscaler's wake policy decides; None: no request.
     """
 
     def __init__(
@@ -196,18 +185,10 @@ class Service(DeployMixin, ScaleMixin):
         return self
 
     def set_cpu_wake_latency(self, max_us: int | str | None) -> bool:
-        """Change the PM QoS CPU wake-up latency limit while serving (the constructor's
-        ``cpu_wake_latency_us``): the old request dropped, the new one made at once (else at
-        :meth:`start`); the idle slowdown learnt from then on is kept under the new setting
-        (:mod:`infscaler.runtime.scaling.idlecurve`). Not reachable from the socket.
-
-        Args:
-            max_us: the longest cpuidle exit latency allowed, µs (0: polling only), ``"auto"``
-                (the autoscaler's wake policy), or None (idle CPUs sleep again).
+        """Change ``cpu_wake_latency_us`` while serving: ``max_us`` µs, ``"auto"`` or None.
 
         Returns:
-            whether a request is in force afterwards (False with None, or where it cannot be
-            made: the reason in ``status()["cpu_wake_latency"]``).
+            whether a request is in force afterwards (the reason it is not: ``status()``).
 
         Raises:
             InfScalerError: ``max_us`` is not None, ``"auto"`` or an int in [0, 2**31 - 1].
@@ -223,14 +204,9 @@ class Service(DeployMixin, ScaleMixin):
             return self.cpu_wake_latency_held
 
     def hold_cpus_awake(self, hold: bool, reason: str, epoch: int | None = None) -> bool:
-        """Apply the autoscaler's wake decision (:mod:`infscaler.runtime.scaling.wakepolicy`) where
-        ``cpu_wake_latency_us`` is ``auto``: hold a PM QoS request of 0 µs, or drop it;
-        anywhere else nothing changes. ``reason`` is shown in ``status()``.
-
-        ``epoch``: the autoscaler's ``wake_epoch`` when it decided; a decision from before
-        the last :meth:`set_cpu_wake_latency` (which resets the policy under this lock) is
-        ignored. Returns whether the decision was applied
-        (:func:`~infscaler.runtime.scaling.wakesetting.policy_change` says what it changes)."""
+        """Apply the autoscaler's wake decision under ``auto`` (hold 0 µs, or drop it); a
+        decision from before the last :meth:`set_cpu_wake_latency` (its ``epoch``) is ignored.
+        Returns whether it was applied (:func:`~infscaler.runtime.scaling.wakesetting.policy_change`)."""
         with self._lock:
             auto = self.autoscaler
             change = policy_change(
@@ -251,14 +227,12 @@ class Service(DeployMixin, ScaleMixin):
             return True
 
     def _drop_wake_request(self) -> None:
-        """Drop the PM QoS request in force, if any (the kernel forgets it with the file)."""
         if self._wake_request is not None:
             self._wake_request.close()
             self._wake_request = None
 
     def _hold_wake_latency(self) -> None:
-        """Make the PM QoS CPU latency request ``cpu_wake_latency_us`` asks for (if any);
-        where it cannot be made, log why once and serve without it."""
+        """Make the PM QoS request asked for, if any; where it cannot be made, log why and serve."""
         max_us = self._wake.requested_us
         if max_us is None:
             return
@@ -275,9 +249,8 @@ class Service(DeployMixin, ScaleMixin):
         )
 
     def _remove_stale_slabs(self) -> None:
-        """Unlink the ``/dev/shm`` slabs a killed earlier run on this state dir left
-        (:func:`infscaler.shm.cleanup.remove_stale_pools`: only slabs named by our prefix and
-        a recorded service id whose process is gone)."""
+        """Unlink the slabs a killed earlier run on this state dir left
+        (:func:`infscaler.shm.cleanup.remove_stale_pools`)."""
 
         try:
             found = remove_stale_pools(self.state_dir)
@@ -293,12 +266,9 @@ class Service(DeployMixin, ScaleMixin):
             )
 
     def _on_instances_changed(self) -> None:
-        """An instance became ready, exited or was restarted: a unit with no live instance makes
-        its pipeline degraded (new requests: fast 503 + Retry-After). Serialised (the
-        supervisor's status and restart threads both call it; why: docs/serving.md,
-        "`infscaler/service/service.py`"); the deployments are listed before the lock, never
-        held while taking the service's own lock.
-        """
+        """Mark each pipeline with a unit that has no live instance degraded (503 +
+        Retry-After), or clear it. Serialised; never holds the service's own lock (why:
+        docs/serving.md, "`infscaler/service/service.py`")."""
         deps = self.deployments()
         with self._availability_lock:
             for dep in deps:
@@ -316,8 +286,7 @@ class Service(DeployMixin, ScaleMixin):
                     route.unavailable_reason = None
 
     def degraded(self, name: str) -> list[str]:
-        """Why pipeline ``name`` is degraded: one line per served unit with no ready
-        instance (and when it is expected back); [] when every unit has one.
+        """Why pipeline ``name`` is degraded, one line per unit without a ready instance ([]: not).
 
         Raises:
             ServiceError: (404) unknown pipeline.
@@ -330,13 +299,11 @@ class Service(DeployMixin, ScaleMixin):
             self.on_frontend_death(reason)
 
     def reserve_bytes(self, nbytes: int, peer_uid: int | None = None) -> None:
-        """Reserve ``nbytes`` of the in-flight budget for a request of client
-        ``peer_uid`` (None: not held to a per-client budget), release with
-        :meth:`release_bytes` once it is answered.
+        """Reserve ``nbytes`` of the in-flight budget for client ``peer_uid`` (None: no
+        per-client budget); give back with :meth:`release_bytes`.
 
         Raises:
-            RequestError: (503, with ``retry_after_s``) over the budget, or over the
-                client's share of it.
+            RequestError: (503, with ``retry_after_s``) over the budget or the client's share.
         """
         verdict = self.inflight.reserve(nbytes, peer_uid)
         if not verdict.admit:
@@ -357,8 +324,8 @@ class Service(DeployMixin, ScaleMixin):
             self.frontend.fail_request(request, reason)
 
     def close(self, drain_timeout_s: float = 30.0) -> None:
-        """Stop accepting, drain in-flight requests (up to ``drain_timeout_s``), stop
-        every instance, close everything. Idempotent."""
+        """Stop accepting, drain in-flight requests (up to ``drain_timeout_s``), stop every
+        instance, close everything. Idempotent."""
         if not self._started:
             return
         self._stopping = True
@@ -404,8 +371,7 @@ class Service(DeployMixin, ScaleMixin):
 
     @property
     def cpu_wake_auto(self) -> bool:
-        """``cpu_wake_latency_us`` is ``auto``: the autoscaler's wake policy decides
-        (:mod:`infscaler.runtime.scaling.wakepolicy`)."""
+        """``cpu_wake_latency_us`` is ``auto``."""
         return self._wake.auto
 
     @property
@@ -430,18 +396,13 @@ class Service(DeployMixin, ScaleMixin):
 
     @property
     def cpu_wake_latency_in_force_us(self) -> int | None:
-        """The PM QoS limit in force, µs (None: none held): what the idle slowdowns this
-        service serves and plans with are keyed by (:mod:`infscaler.runtime.scaling.idlecurve`)."""
+        """The PM QoS limit in force, µs (None: none held)."""
         return in_force_us(self._wake, self.cpu_wake_latency_held)
 
     @property
     def cpu_wake_latency_planned_us(self) -> int | None:
-        """The PM QoS limit the deploy-time planner plans for, and whose served idle slowdown it
-        plans with, µs (None: sleeping idle CPUs): under ``auto``, 0 where this process may
-        make the request (:func:`~infscaler.runtime.scaling.pmqos.can_request`), else the one in
-        force (:func:`~infscaler.runtime.scaling.wakesetting.planned_us`; why: docs/serving.md,
-        "`infscaler/service/service.py`").
-        """
+        """The PM QoS limit the deploy-time planner plans for, µs
+        (:func:`~infscaler.runtime.scaling.wakesetting.planned_us`)."""
         wake = self._wake
         return planned_us(wake, self.cpu_wake_latency_held, wake.auto and can_request())
 
@@ -450,9 +411,8 @@ class Service(DeployMixin, ScaleMixin):
         return self._stopping
 
     def device_profile(self) -> Any:
-        """The device profile whose cap the scaler keeps: the one given, else
-        ``cpu-host`` (this machine, :func:`infscaler.base.device.load_profile`) plus the gpu /
-        dla engines this host has (:func:`~infscaler.engines.engine_availability`)."""
+        """The device profile whose cap the scaler keeps: the one given, else ``cpu-host`` plus
+        the gpu / dla engines this host has."""
         if self.device is not None:
             return self.device
         if self._profile is None:
@@ -477,12 +437,10 @@ class Service(DeployMixin, ScaleMixin):
 
     # -- core placement (:mod:`infscaler.runtime.scaling.placement`) ---------------------------
     def _cores(self, n: int, key: tuple[str, int] | None = None) -> list[int]:
-        """The ``n`` cores a new cpu instance (of unit ``key``) is pinned to
-        (:func:`~infscaler.runtime.scaling.placement.pick_cores`): the least loaded by that
-        unit's live instances, then by every live instance, ties in turn from a cursor,
-        among the device profile's cpu cores this host has (else the host's), less those
-        its pipeline's core set keeps it off (:mod:`~infscaler.runtime.scaling.coreact`). The live
-        instances are read only when there is a choice to make."""
+        """The ``n`` cores a new cpu instance of unit ``key`` is pinned to
+        (:func:`~infscaler.runtime.scaling.placement.pick_cores`), within the core set of
+        its pipeline's level while a higher one is at risk
+        (:mod:`~infscaler.runtime.scaling.coreact`)."""
         cores = pinnable_cores(sorted(os.sched_getaffinity(0)), self.device)
         keeper = getattr(self.autoscaler, "core_sets", None)
         if keeper is not None and key is not None:  # kept off a higher pipeline's cores
@@ -519,16 +477,12 @@ class Service(DeployMixin, ScaleMixin):
         uid: int | None = None,
     ) -> concurrent.futures.Future:
         """Start a request; a future of :class:`~infscaler.runtime.serving.route.Result`.
-        ``timeout_s`` / ``arrived_s``: the deadline, s, from ``arrived_s`` (a
-        ``time.monotonic()`` time; default now; at most the pipeline's ``request_timeout_s``);
-        ``priority`` / ``queue_timeout_us``: its level (never above its pipeline's) and
-        Triton's queue ``timeout`` (µs), as :meth:`FrontEnd.submit`; ``uid``: the client's
-        uid, held to ``pending_per_uid`` (None: the service's own user, root or in-process).
+        Arguments as :meth:`FrontEnd.submit`; ``uid``: the client's uid (None: the service's
+        own user, root or in-process).
 
         Raises:
             ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout or
-            priority, (413) inputs larger than :attr:`max_input_bytes`, (503) overloaded /
-            the uid's share of requests pending / its queue full / refused at arrival /
+            priority, (413) inputs over :attr:`max_input_bytes`, (503) overloaded / refused /
             stopping.
         """
         dep = self.deployment(name)
@@ -545,11 +499,8 @@ class Service(DeployMixin, ScaleMixin):
         )
 
     def precheck(self, name: str, uid: int | None = None) -> RequestError | None:
-        """Whether pipeline ``name`` would refuse a request now, before its body is read
-        (:meth:`FrontEnd.precheck`): the refusal (raise it after ``hold_s`` seconds, the body
-        discarded) or None (read the body and :meth:`submit` it). None for an unknown name, a
-        pipeline without an SLO or with nothing admitted, and before start.
-        """
+        """The refusal pipeline ``name`` would give a request now, before its body is read
+        (:meth:`FrontEnd.precheck`), or None (also for an unknown name, no SLO, before start)."""
         with self._lock:
             dep = self._deployments.get(name)
         if dep is None or self.frontend is None or dep.route.pipeline.config.slo_ms is None:
@@ -570,8 +521,7 @@ class Service(DeployMixin, ScaleMixin):
 
     @property
     def max_input_bytes(self) -> int | None:
-        """The most bytes a request's input tensors may take in the tensor pool
-        (:attr:`FrontEnd.max_input_bytes`; None before start)."""
+        """:attr:`FrontEnd.max_input_bytes` (None before start)."""
         return None if self.frontend is None else self.frontend.max_input_bytes
 
     def infer(self, name: str, inputs: dict[str, np.ndarray], timeout_s: float | None = None):
@@ -581,13 +531,9 @@ class Service(DeployMixin, ScaleMixin):
 
     # -- introspection -----------------------------------------------------------------------
     def ready(self, name: str | None = None) -> bool:
-        """Every unit of the pipeline has a ready instance, its route takes requests and the
-        front end runs; for the service (``name`` None): started, not stopping, the initial
-        pipelines deployed, the front end running (False for good once it failed:
-        :attr:`FrontEnd.failure`). A degraded pipeline is not ready while the service stays
-        ready (``/v2/health/ready``: "the process can take requests"); :meth:`degraded` and
-        ``status`` say what is down.
-        """
+        """Every unit of pipeline ``name`` has a ready instance, its route takes requests and
+        the front end runs; ``name`` None: the service is started, not stopping, its initial
+        pipelines deployed and its front end alive (a degraded pipeline leaves it ready)."""
         if not self._started or self._stopping or (name is None and self.starting):
             return False
         if self.frontend is None or not self.frontend.alive():

@@ -1,16 +1,6 @@
-"""The service's status and statistics: what ``GET /v2/infscaler/status`` and
-``infscaler status`` show (and the per-unit part of the model statistics), built from a
-running :class:`~infscaler.service.service.Service`.
-
-Role on the request path: none (read-only, off the hot path). The service answers
-requests (:mod:`infscaler.service.service`); these builders read what its parts count and
-summarise it: the channel's per-stage queues
-(:meth:`~infscaler.ebpf.channel.Channel.stats`), the pool's slots
-(:meth:`~infscaler.shm.pool.TensorPool.stats`), the sharing manager's counters, the
-supervisor's instances and pending restarts, the front end's latency windows
-(:class:`~infscaler.runtime.serving.stats.PipelineStats`) and the device's resource cap
-(:meth:`~infscaler.runtime.scaling.monitor.Monitor.cap`). Nothing here changes the service.
-"""
+"""The service's status and statistics (``GET /v2/infscaler/status``, ``infscaler status``,
+the per-unit part of the model statistics), read from a running
+:class:`~infscaler.service.service.Service`; nothing here changes it."""
 
 from __future__ import annotations
 
@@ -97,16 +87,11 @@ def degraded_reasons(supervisor: Supervisor | None, dep: Deployment) -> list[str
 
 
 def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
-    """The status of one deployed pipeline (an entry of ``pipelines`` in
-    ``GET /v2/infscaler/status``; its ``units`` are in the model statistics too).
+    """One deployed pipeline's entry of ``pipelines`` in ``GET /v2/infscaler/status``.
 
-    Per unit: partition, B_k, instances (engine, pid, cores, MB), queue length (tokens
-    in flight at its stage), P50 / P99 compute and queue ms, the slowdown after idle
-    (``idle``: :meth:`~infscaler.runtime.serving.stats.IdleSlowdown.summary`), and a fused unit's steps
-    (:func:`~infscaler.runtime.scaling.monitor.step_totals`); for the pipeline: ready, why it is
-    degraded, its SLO, window, queue limit, the scaler's last 10 decisions and the
-    request counters (``requests``: :meth:`~infscaler.runtime.serving.stats.PipelineStats.snapshot`
-    without its units; counts over the pipeline's life, every configuration).
+    Per unit: partition, B_k, instances, queue length, P50 / P99 compute and queue ms, the
+    slowdown after idle and a fused unit's steps; for the pipeline: ready, why degraded, SLO,
+    window, queue limit, the scaler's last 10 decisions and the request counters.
     """
 
     ch = svc.channel.stats()
@@ -164,12 +149,9 @@ def pipeline_status(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
 
 
 def _exec(svc: StatusSource, dep: Deployment, u: Any) -> dict[str, Any]:
-    """What unit ``u``'s instances ran since the service started
-    (:class:`~infscaler.runtime.serving.batching.ExecTotals`): ``executions``, ``items``,
-    ``mean_batch`` (items per execution; None before the first), ``batch``
-    (the batch size its instances run now: the largest, 1 without batching) and
-    ``batching`` (the autoscaler's last decision with the measured ms per item,
-    :meth:`~infscaler.runtime.scaling.autoscaler.Autoscaler.tune_batches`; None: none)."""
+    """Unit ``u``'s ``executions``, ``items``, ``mean_batch`` (None before the first),
+    ``batch`` (the largest its instances run now) and ``batching`` (the autoscaler's last
+    decision; None: none)."""
     totals = getattr(svc.supervisor, "exec_totals", None)
     ran = totals.get((dep.name, u.index)) if totals is not None else None
     mine = [h for h in svc.supervisor.handles() if h.key == (dep.name, u.index)]
@@ -186,14 +168,9 @@ def _exec(svc: StatusSource, dep: Deployment, u: Any) -> dict[str, Any]:
 
 
 def _queues(svc: StatusSource, dep: Deployment) -> dict[str, Any]:
-    """The pipeline's ``priority``, the nice value its instances run at from it
-    (``cpu_nice``: :func:`~infscaler.base.levels.cpu_nice`), its cgroup's ``cpu.weight``
-    as the kernel has it (``cpu_weight``; None outside the ``cgroup`` CPU priority mode:
-    :func:`cpu_priority`), ``queue_policy`` (its
-    config; ms), the requests queued per priority level (``queued_by_level``, levels as
-    strings: JSON keys) and the refusals by reason code (``refusals``: admission's
-    ``Refusal`` values and ``queue_timeout``, over the pipeline's life: docs/api.md
-    "Refusal codes")."""
+    """The pipeline's ``priority``, ``cpu_nice``, ``cpu_weight`` (None outside ``cgroup``
+    mode), ``queue_policy``, ``queued_by_level`` (string keys) and ``refusals`` by reason
+    code (docs/api.md "Refusal codes")."""
     cfg = dep.pipeline.config
     fe = getattr(svc, "frontend", None)
     queued, refusals = fe.queues(dep.route) if fe is not None else ({}, {})
@@ -229,13 +206,9 @@ def _live_check(svc: StatusSource, dep: Any) -> dict[str, Any] | None:
 
 
 def cpu_priority(svc: StatusSource) -> dict[str, Any]:
-    """How the service gives the cores by priority (docs/scaling.md, "Priorities and
-    queue policies"): ``mode`` ``off`` (``INFSCALER_CPU_PRIORITY=off``: every instance at
-    the service's nice value), ``nice`` (nice values by level only) or ``cgroup`` (nice
-    values and a per-pipeline cgroup v2 ``cpu.weight``) or ``cores`` (nice values and core
-    sets by priority, with :meth:`~infscaler.runtime.scaling.coreact.CoreSetKeeper.state`:
-    ``on``, ``hold_s``, ``kept``, ``repins``); ``reason``: why cgroups are not used
-    (empty in ``cgroup`` mode)."""
+    """How the cores are given by priority (docs/scaling.md, "Priorities and queue policies"):
+    ``mode`` ``off`` / ``nice`` / ``cgroup`` / ``cores`` (``core_sets``: ``on``, ``hold_s``,
+    ``kept``, ``repins``), and ``reason`` cgroups are not used."""
     sup = getattr(svc, "supervisor", None)
     if sup is None or not getattr(sup, "cpu_priority", False):
         return {"mode": "off", "reason": getattr(sup, "cgroups_why", "")}
@@ -248,12 +221,10 @@ def cpu_priority(svc: StatusSource) -> dict[str, Any]:
 
 
 def service_status(svc: StatusSource) -> dict[str, Any]:
-    """The whole service (``GET /v2/infscaler/status``, ``infscaler status``): start time,
-    ready and health, the device's resource cap (memory MB, instances, cores; empty when
-    unreadable), the control path, the tensor pool (MB, slots, BUSY answers), the sharing
-    manager's counters, restarts, the zygote, the front end, the bytes-in-flight budget,
-    the Jetson telemetry (:class:`~infscaler.runtime.scaling.telemetry.JetsonSampler`), the
-    CPU priority mode (:func:`cpu_priority`) and :func:`pipeline_status` of every pipeline.
+    """The whole service (``GET /v2/infscaler/status``): start time, ready and health, the
+    device's cap, the control path, the tensor pool, the manager's counters, restarts, the
+    zygote, the front end, the in-flight budget, Jetson telemetry, :func:`cpu_priority` and
+    :func:`pipeline_status` of every pipeline.
     """
     pool = svc.pool.stats()
     ch = svc.channel.stats()

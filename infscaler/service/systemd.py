@@ -1,10 +1,7 @@
-"""systemd integration: the ``sd_notify`` protocol, implemented directly (no libsystemd).
+"""systemd's ``sd_notify`` protocol, implemented directly (no libsystemd).
 
-Sources: sd_notify(3), sd_watchdog_enabled(3), systemd.service(5) (``Type=notify``,
-``NotifyAccess=``, ``WatchdogSec=``, ``TimeoutStartSec=``), systemd.exec(5)
-(environment variables passed to services).
-
-More (details, why it is so, history, figures): docs/systemd.md, "`infscaler/service/systemd.py`".
+Sources: sd_notify(3), sd_watchdog_enabled(3), systemd.service(5), systemd.exec(5).
+More: docs/systemd.md, "`infscaler/service/systemd.py`".
 """
 
 from __future__ import annotations
@@ -45,13 +42,12 @@ class SystemdNotifier:
 
     Args:
         environ: where to read ``NOTIFY_SOCKET``, ``WATCHDOG_USEC`` and ``WATCHDOG_PID``
-            (default :data:`os.environ`). Read once, here.
+            (default :data:`os.environ`), once.
 
     Attributes:
         enabled: ``NOTIFY_SOCKET`` is set (non-empty).
-        watchdog_interval_s: how often to ping (``WATCHDOG_USEC`` / 2, in seconds), or
-            None when no watchdog is asked for this process: ``WATCHDOG_USEC`` unset,
-            invalid or 0, or ``WATCHDOG_PID`` set and not our pid (sd_watchdog_enabled(3)).
+        watchdog_interval_s: ``WATCHDOG_USEC`` / 2 in seconds, or None when no watchdog is
+            asked for this process (sd_watchdog_enabled(3)).
     """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
@@ -98,13 +94,9 @@ class SystemdNotifier:
         return None
 
     def notify(self, *fields: str) -> bool:
-        """Send ``fields`` (each ``KEY=VALUE``) as one datagram, joined by newlines.
-
-        Returns:
-            True when the datagram was sent; False (with one debug log line) when not
-            under systemd, when a field is malformed (no ``=``, or a newline in it), when
-            the address is unsupported, or when the send fails. Never raises.
-        """
+        """Send ``fields`` (each ``KEY=VALUE``) as one datagram, joined by newlines. Returns
+        whether it was sent (False, logged at debug: not under systemd, a malformed field, an
+        unsupported address, a failed send)."""
         if not self.enabled:
             if not self._logged_disabled:
                 self._logged_disabled = True
@@ -170,14 +162,10 @@ class SystemdNotifier:
     # -- watchdog thread -----------------------------------------------------------------
 
     def start_watchdog(self, healthy: Callable[[], bool] | None = None) -> None:
-        """Ping ``WATCHDOG=1`` every :attr:`watchdog_interval_s` from a daemon thread,
-        first at once, each time only if ``healthy()`` returns true (an exception counts
-        as unhealthy). While unhealthy, pings stop; if that lasts ``WatchdogSec=``,
-        systemd declares the service hung and restarts it. A ``healthy`` that hangs stops
-        the pings too, which is the point.
-
-        No-op when no watchdog is asked (:attr:`watchdog_interval_s` is None). Calling it
-        again replaces the running thread.
+        """Ping ``WATCHDOG=1`` every :attr:`watchdog_interval_s` from a daemon thread, first at
+        once, each time only if ``healthy()`` returns true (an exception or a hang counts as
+        unhealthy: systemd restarts the service after ``WatchdogSec=``). No-op without a
+        watchdog; calling it again replaces the thread.
         """
         interval = self.watchdog_interval_s
         if interval is None or not self.enabled:

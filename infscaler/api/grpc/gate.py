@@ -1,27 +1,8 @@
-"""The gRPC socket: a gate that knows each client from the kernel, in front of grpcio's
-server on a private socket (grpcio's Python API gives no peer credentials: a Unix
-socket's ``context.peer()`` is ``unix:``, and there is no hook on the accepted socket).
+"""The public gRPC socket: a gate that knows each client from the kernel (``SO_PEERCRED``),
+admits it by the connection quotas and relays its frames to grpcio's server on a private
+socket, one fresh bound name per connection (its ``context.peer()``).
 
-1. It accepts a connection on the public socket (0660, ``--socket-group``) and reads
-   ``SO_PEERCRED`` / ``SO_PEERGROUPS`` (:func:`~infscaler.base.security.peer_of`);
-2. admits it by the HTTP socket's connection quotas
-   (:func:`~infscaler.base.quotas.admit_connection`; refused: closed, UNAVAILABLE);
-3. connects to grpcio in a private 0700 directory from a socket bound to a fresh,
-   never reused name there, which is every call's ``context.peer()``
-   (:meth:`Gate.peer_of`; a name no longer held maps to uid -1, owning nothing);
-4. relays both ways frame by frame (:mod:`~infscaler.api.grpc.relay`: bytes held
-   against the in-flight budget as message prefixes pass, calls refused in the
-   protocol) and closes the connection when it sends no preface within
-   ``header_timeout_s``, a request or frame gets no byte, or the client reads nothing,
-   for ``body_timeout_s``. Idle connections are grpcio's to close (``server_options``).
-
-Cost: a few Python steps per chunk the event loop reads (the relay's protocols hand the
-bytes it read to the relay and on to the other socket: no stream buffer, no copy in
-Python; the kernel copies each byte once more than a direct connection); three fds a
-connection (:func:`~infscaler.base.quotas.plan_fds`).
-
-Sources: ``unix(7)`` (SO_PEERCRED, bound and unnamed addresses); grpc's
-``grpc_sockaddr_to_uri`` (``unix:<path>`` peers); grpcio ``grpc.aio`` server.
+How and why: docs/api.md, "`infscaler/api/grpc/gate.py`".
 """
 
 from __future__ import annotations
@@ -64,22 +45,21 @@ def _peer(sock: socket.socket) -> Peer:
 
 
 class Gate:
-    """The public gRPC socket's acceptor (see the module).
+    """The public gRPC socket's acceptor.
 
     Args:
-        private_dir: a directory only the service's user may enter (0700), holding
-            ``upstream`` (grpcio's socket) and the gate's per-connection names.
-        max_connections / quotas: the connection limits (as the HTTP socket's) and the
-            per-uid quotas (``streams_per_uid``: open calls over all a uid's connections).
+        private_dir: a 0700 directory holding ``upstream`` (grpcio's socket) and the
+            gate's per-connection names.
+        max_connections / quotas: the connection limits and per-uid quotas (as the HTTP
+            socket's; ``streams_per_uid``: open calls over all a uid's connections).
         budget: the service's in-flight :class:`~infscaler.runtime.serving.admission.ByteBudget`
             (None: calls are not held to one).
         max_message: grpcio's largest request message, bytes.
         header_timeout_s: seconds for a new connection's preface to arrive.
         body_timeout_s: seconds a partial request, or a client not reading, may go
             without progress before the connection is closed.
-        precheck: admission at an inference's message prefix (the relay's
-            ``precheck``: :meth:`~infscaler.service.service.Service.precheck`; None:
-            none there).
+        precheck: admission at an inference's message prefix
+            (:meth:`~infscaler.service.service.Service.precheck`; None: none).
     """
 
     def __init__(
@@ -204,9 +184,8 @@ class Gate:
     async def _relay(
         self, peer: Peer, relay: Relay, client: _Side, server: _Side, early: bytes, ended: bool
     ) -> None:
-        """Both directions (:func:`_pump`) and the watchdog, until one of them ends (then
-        all do); ``early``: the client's bytes read before ``client`` took its socket,
-        ``ended``: its EOF came then too."""
+        """Both directions (:func:`_pump`) and the watchdog until one ends (then all do);
+        ``early`` / ``ended``: the client's bytes and EOF read before ``client`` took its socket."""
         blocked: list[float | None] = [None]  # since when the write to the client waits
         held = asyncio.Event()  # set when the relay holds a refusal
         _pump(relay, client, server, blocked, peer, self, held)
@@ -247,9 +226,8 @@ class Gate:
                     client.transport.close()
 
     async def _watch(self, peer: Peer, relay: Relay, blocked: list) -> None:
-        """Returns (the connection is closed) when the client sent no preface within
-        ``header_timeout_s``, a request went quiet (:meth:`Relay.deadline`), or the
-        client did not read for ``body_timeout_s``."""
+        """Returns (the connection is then closed) when the client sent no preface in time, a
+        request went quiet (:meth:`Relay.deadline`), or the client did not read for ``body_timeout_s``."""
         started = time.monotonic()
         while True:
             now = time.monotonic()
@@ -320,15 +298,11 @@ async def _held_refusals(relay: Relay, writer, held: asyncio.Event) -> None:
 
 
 class _Side(asyncio.Protocol):
-    """One socket of a relayed connection: the bytes the event loop reads go to
-    :attr:`on_data` as they come (no stream buffer, no copy); :attr:`done` resolves when
-    the socket ends (EOF, lost: None) or :attr:`on_data` raised (:class:`FrameError`
-    and the like: the exception). Flow control crosses over: while this side's writes
-    are paused (its buffer over the transport's high-water mark), :attr:`other` stops
-    reading; :attr:`on_pause` / :attr:`on_resume` are told too.
-
-    Source: asyncio "Protocols" (``data_received``, ``pause_writing``,
-    ``resume_writing``, ``Transport.set_protocol``)."""
+    """One socket of a relayed connection: bytes read go to :attr:`on_data` as they come;
+    :attr:`done` resolves when the socket ends (None) or :attr:`on_data` raised (the
+    exception). While this side's writes are paused, :attr:`other` stops reading.
+    Source: asyncio "Protocols".
+    """
 
     def __init__(self) -> None:
         self.transport: Any = None
@@ -383,11 +357,9 @@ def _pump(
     gate: Gate,
     held: asyncio.Event,
 ) -> None:
-    """Wire the two sides: client -> grpcio scanned by :meth:`Relay.from_client` (frames
-    the relay makes for the client go to it), grpcio -> client by
-    :meth:`Relay.from_server`; ``blocked[0]`` says since when a write to the client
-    waits; a write to grpcio that waits over 10 ms tells the relay
-    (:meth:`Relay.stalled`: the client was not late)."""
+    """Wire the two sides through :meth:`Relay.from_client` / :meth:`Relay.from_server`;
+    ``blocked[0]``: since when a write to the client waits; a write to grpcio that waits
+    over 10 ms calls :meth:`Relay.stalled`."""
     to_client, to_server = client.transport, server.transport
     client.other, server.other = server, client
     up_paused: list[float | None] = [None]

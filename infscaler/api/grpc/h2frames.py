@@ -1,20 +1,8 @@
-"""HTTP/2 framing for the gRPC gate (pure): follow frame boundaries and gRPC messages in
-a byte stream without decoding headers, and make the few frames the gate sends itself.
+"""HTTP/2 framing for the gRPC gate (pure): frame boundaries and gRPC message prefixes in a
+byte stream, headers never decoded (:class:`Scanner`), and the few frames the gate sends.
 
-- :class:`Scanner`: one direction of a connection, fed chunk by chunk (any split):
-  the client's 24-byte preface first (RFC 9113 section 3.4), then frames (section 4.1:
-  24-bit length, type, flags, 31-bit stream id), each checked against the receiver's
-  ``SETTINGS_MAX_FRAME_SIZE`` (section 6.5.2); inside the DATA payloads of the streams
-  it is told to track (padding skipped, section 6.1), gRPC's length-prefixed messages
-  (1-byte compressed flag, 4-byte big-endian length: grpc ``doc/PROTOCOL-HTTP2.md``),
-  split across frames or several to a frame. It reports events with chunk offsets;
-  payload bytes are skipped by slicing, never looked at one by one.
-- encoders: :func:`frame`, :func:`rst_stream`, :func:`window_update` and
-  :func:`trailers_only` (a gRPC status as one HEADERS frame whose fields are HPACK
-  "literal without indexing, new name", no Huffman, RFC 7541 section 6.2.2: the
-  connection's HPACK dynamic table is left as it was).
-
-Sources: RFC 9113 (HTTP/2), RFC 7541 (HPACK), grpc ``doc/PROTOCOL-HTTP2.md``.
+Sources: RFC 9113 (HTTP/2), RFC 7541 (HPACK), grpc ``doc/PROTOCOL-HTTP2.md``. More:
+docs/api.md, "`infscaler/api/grpc/h2frames.py`".
 """
 
 from __future__ import annotations
@@ -52,30 +40,24 @@ FRAME, MESSAGE, SETTING = 0, 1, 2
 
 
 class FrameError(Exception):
-    """The byte stream is not HTTP/2 as RFC 9113 frames it (a bad preface, a frame over
-    the receiver's maximum size, padding longer than its frame): the connection must be
-    closed (a connection error, section 5.4.1)."""
+    """Not HTTP/2 as RFC 9113 frames it: close the connection (section 5.4.1)."""
 
 
 class Scanner:
     """Frame boundaries and gRPC message prefixes of one direction of a connection.
 
     Args:
-        preface: expect the client connection preface first (the client's direction).
-        max_frame: the largest frame payload allowed, bytes (the receiver's
-            ``SETTINGS_MAX_FRAME_SIZE``; raise it with :attr:`max_frame`).
+        preface: expect the client connection preface first.
+        max_frame: the largest frame payload allowed, bytes (``SETTINGS_MAX_FRAME_SIZE``).
         settings: report the values of SETTINGS frames (``SETTING`` events).
-        track_new: follow the messages of every stream a HEADERS frame opens (a stream
-            id above all before it, RFC 9113 section 5.1.1), from its first DATA frame
-            on, even in the same chunk (the client's direction).
+        track_new: follow the messages of every stream a HEADERS frame opens.
 
-    :meth:`feed` returns events, in stream order, as tuples:
+    :meth:`feed` returns events, in stream order:
 
-    - ``(FRAME, type, flags, stream, length, start)``: a frame header, ``start`` its
-      offset in the chunk (negative: it began in an earlier chunk); the frame ends at
-      ``start + 9 + length``, maybe in a later chunk;
+    - ``(FRAME, type, flags, stream, length, start)``: a frame header at chunk offset
+      ``start`` (negative: begun in an earlier chunk); it ends at ``start + 9 + length``;
     - ``(MESSAGE, stream, length, offset)``: a gRPC message prefix on a tracked stream,
-      complete at chunk ``offset`` (its body follows);
+      complete at chunk ``offset``;
     - ``(SETTING, identifier, value)``: one parameter of a SETTINGS frame (not an ACK).
     """
 
@@ -288,11 +270,9 @@ def percent_encode(message: str) -> bytes:
 def trailers_only(
     stream: int, status: int, message: str, headers_sent: bool = False, code: str | None = None
 ) -> bytes:
-    """A gRPC status for ``stream``: one HEADERS frame with END_STREAM | END_HEADERS
-    carrying ``:status 200``, ``content-type application/grpc`` (left out when the
-    response headers were sent already: then these are its trailers), ``grpc-status``
-    and ``grpc-message`` (grpc ``doc/PROTOCOL-HTTP2.md``, Trailers-Only), and with
-    ``code`` (a refusal's reason code, ASCII) the ``infscaler-code`` metadata."""
+    """A gRPC status for ``stream`` as one HEADERS frame (END_STREAM | END_HEADERS):
+    ``:status 200`` and ``content-type`` (unless ``headers_sent``), ``grpc-status``,
+    ``grpc-message`` and, with ``code``, ``infscaler-code`` (grpc Trailers-Only)."""
     block = (
         b""
         if headers_sent

@@ -1,11 +1,8 @@
-"""The ``inference.GRPCInferenceService`` methods (Triton's ``grpc_service.proto``) over
-the same service, shared memory registry and security checks as the HTTP routes.
+"""The ``inference.GRPCInferenceService`` methods over the same service, shared memory
+registry and security checks as the HTTP routes.
 
-Sources: Triton ``grpc_service.proto``, ``model_config.proto``; KServe v2
-``required_api.md``; Triton ``extension_statistics.md``, ``extension_shared_memory.md``,
-``extension_model_repository.md``.
-
-More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/grpc/handlers.py`".
+Sources: Triton ``grpc_service.proto``, ``model_config.proto``, KServe v2
+``required_api.md``, Triton's extension docs. More: docs/api.md, "`infscaler/api/grpc/handlers.py`".
 """
 
 from __future__ import annotations
@@ -97,14 +94,12 @@ def _request_class(method: str) -> Any:
 
 
 def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A handler of the call's raw message bytes: the call of a connection the gate no
-    longer holds refused (UNAVAILABLE; but ``ServerLive`` / ``ServerReady``), a message
-    over the control body limit refused unparsed (RESOURCE_EXHAUSTED), the rest parsed
-    (``ModelInfer`` parses its own: :meth:`Handlers.ModelInfer`); failures become gRPC
-    statuses: ours with their HTTP status mapped (and, when they say when to retry,
-    ``retry after N s`` in the message, and a refusal's reason code as the
-    ``infscaler-code`` trailing metadata), anything else INTERNAL, logged with its
-    traceback."""
+    """A handler of the call's raw message bytes: refuses a call of a connection the gate no
+    longer holds (UNAVAILABLE; not ``ServerLive`` / ``ServerReady``) and a message over the
+    control body limit (RESOURCE_EXHAUSTED), parses the rest (``ModelInfer`` its own), and
+    turns failures into gRPC statuses (``retry after N s`` in the message, a refusal's code
+    as ``infscaler-code`` trailing metadata; anything else INTERNAL, logged).
+    """
     name = fn.__name__
     cls = None if name == "ModelInfer" else _request_class(name)
 
@@ -158,21 +153,15 @@ class Handlers:
     """The service's methods for one gRPC server.
 
     Args:
-        service: the :class:`~infscaler.service.service.Service` (what the HTTP app serves).
-        shm: the :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry` shared with
-            the HTTP app.
-        peer_of: the client of a call (``context`` -> :class:`Peer`; the gate's table).
-        tasks: ``{"router": TaskRouter | None}``, the HTTP app's (one task router for
-            both transports; default: a fresh holder).
-        loads: the :class:`~infscaler.base.quotas.LoadBudget` of variant loads per uid,
-            the HTTP app's (default: one of the default quota).
-        quotas: the :class:`~infscaler.base.quotas.PeerQuotas` (the server's
-            ``limits.quotas``; default: the defaults): a message of a method other than
-            ``ModelInfer`` takes at most ``control_body_kb``, as a POST that is not an
-            inference over HTTP.
-        gate_reserves: whether the gate reserves twice each message's length under the
-            client's uid before grpcio reads it; False: ``ModelInfer`` reserves that
-            itself, once the message is read.
+        service: the :class:`~infscaler.service.service.Service`.
+        shm: the :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry` of the HTTP app.
+        peer_of: ``context`` -> :class:`Peer` (the gate's table).
+        tasks: ``{"router": TaskRouter | None}``, the HTTP app's (default: a fresh holder).
+        loads: the HTTP app's :class:`~infscaler.base.quotas.LoadBudget` (default: new).
+        quotas: the :class:`~infscaler.base.quotas.PeerQuotas`: a message of a method other
+            than ``ModelInfer`` takes at most ``control_body_kb``.
+        gate_reserves: the gate reserves twice each message's length before grpcio reads
+            it; False: ``ModelInfer`` reserves that itself.
     """
 
     def __init__(
@@ -321,12 +310,11 @@ class Handlers:
 
     @_method
     async def ModelInfer(self, message: bytes, context: Any, peer: Peer) -> Any:  # noqa: N802
-        """One inference: on a deployed pipeline, or on a model-less task's variant
-        (a name that is a registered task and no pipeline: the selector picks it, as
-        over HTTP, :mod:`infscaler.api.taskroute`). The message is scanned
-        (:func:`~infscaler.api.grpc.wire.scan_model_infer`: caps, and what the decode
-        would hold) before it is parsed; scan, parse and decode leave the event loop
-        for a worker thread when large (:data:`INLINE_DECODE_WORK`)."""
+        """One inference on a deployed pipeline or a model-less task's variant
+        (:mod:`infscaler.api.taskroute`); the message is scanned
+        (:func:`~infscaler.api.grpc.wire.scan_model_infer`) before it is parsed, in a worker
+        thread when large (:data:`INLINE_DECODE_WORK`).
+        """
         arrived = time.monotonic()
         service = self.service
         limit = decode_limit(len(message))

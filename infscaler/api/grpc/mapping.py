@@ -1,15 +1,9 @@
-"""The v2 gRPC messages <-> the codec's tensors: pure functions, no I/O but the shared
-memory registry passed in.
+"""The v2 gRPC messages <-> the codec's tensors (pure; no I/O but the shared memory registry
+passed in). Errors: :class:`~infscaler.api.codec.ProtocolError`, mapped to a gRPC status
+code by :func:`grpc_code` (Triton's pairing).
 
-Errors: :class:`~infscaler.api.codec.ProtocolError` with an HTTP status, turned into a
-gRPC status code by :func:`grpc_code` (Triton's mapping: 400 INVALID_ARGUMENT, 403
-PERMISSION_DENIED, 404 NOT_FOUND, 413 / 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, ...).
-
-Sources: Triton ``grpc_service.proto`` (``ModelInferRequest``, ``InferTensorContents``,
-``InferParameter``), KServe v2 ``required_api.md`` (gRPC section),
-``extension_shared_memory.md``; Triton ``src/grpc/grpc_utils.cc`` (HTTP <-> gRPC codes).
-
-More (details, why it is so, history, figures): docs/api.md, "`infscaler/api/grpc/mapping.py`".
+Sources: Triton ``grpc_service.proto``, ``src/grpc/grpc_utils.cc``; KServe v2
+``required_api.md``. More: docs/api.md, "`infscaler/api/grpc/mapping.py`".
 """
 
 from __future__ import annotations
@@ -51,7 +45,6 @@ __all__ = [
     "encode_model_infer",
     "from_parameters",
     "grpc_code",
-    "model_infer_body",
     "model_infer_parts",
     "to_parameters",
 ]
@@ -234,17 +227,13 @@ def _typed(contents: Any, datatype: str, shape: Sequence[int], where: str) -> _T
 
 
 def contents_to_bytes(contents: Any, datatype: str, shape: Sequence[int], where: str) -> bytearray:
-    """Typed ``InferTensorContents`` in the binary tensor layout of ``datatype``.
-
-    The element count is checked against ``shape`` before anything is converted; the
-    values are converted a chunk at a time into the result (no intermediate larger
-    than the result), narrowing casts range-checked first.
+    """Typed ``InferTensorContents`` in the binary tensor layout of ``datatype``, converted a
+    chunk at a time once the element count is checked against ``shape``.
 
     Raises:
         ProtocolError: (400) a datatype without a typed field (FP16), values in another
-            field than the datatype's, an element count that is not the shape's, or a
-            value out of the datatype's range; (413) BYTES elements that would decode
-            to more than twice their layout plus 1 MB (the HTTP path's bound).
+            field, a count that is not the shape's, a value out of range; (413) BYTES
+            elements that would decode to more than the HTTP path's bound.
     """
     typed = _typed(contents, datatype, shape, where)
     out = bytearray(typed.size)
@@ -252,44 +241,17 @@ def contents_to_bytes(contents: Any, datatype: str, shape: Sequence[int], where:
     return out
 
 
-def model_infer_body(req: Any, raw: Sequence[Any] | None = None) -> tuple[bytearray, int]:
-    """A ``ModelInferRequest`` as the HTTP binary tensor body that
-    :func:`~infscaler.api.codec.decode_infer_request` decodes: ``(body, header length)``,
-    the tensors' data written once into ``body`` (:func:`model_infer_parts` laid end to
-    end after the header).
-
-    Raises:
-        ProtocolError: as :func:`model_infer_parts`.
-    """
-    header, parts = _header_and_parts(req, raw)
-    size = [p.size if isinstance(p, _Typed) else len(p) for p in parts]
-    body = bytearray(len(header) + sum(size))
-    mv = memoryview(body)
-    mv[: len(header)] = header
-    pos = len(header)
-    for part, n in zip(parts, size, strict=True):
-        if isinstance(part, _Typed):
-            part.write(mv[pos : pos + n])
-        else:
-            mv[pos : pos + n] = part
-        pos += n
-    return body, len(header)
-
-
 def model_infer_parts(req: Any, raw: Sequence[Any] | None = None) -> tuple[bytes, list[Any]]:
-    """A ``ModelInferRequest`` as the JSON header of the HTTP binary tensor body and its
-    inputs' binary data, one buffer each (``decode_infer_request``'s ``parts``): raw
-    entries as they are (no copy), typed contents converted (:func:`contents_to_bytes`).
+    """A ``ModelInferRequest`` as the JSON header of the HTTP binary tensor body and one
+    buffer of binary data per input (raw entries as they are; typed contents converted).
 
     Args:
         req: an ``inference.ModelInferRequest``.
-        raw: its ``raw_input_contents`` entries (default: the message's own), e.g. views
-            of the wire bytes they were left in (:func:`~infscaler.api.grpc.wire.raw_views`).
+        raw: its ``raw_input_contents`` entries (default: the message's own).
 
     Raises:
-        ProtocolError: (400) ``raw_input_contents`` given for some inputs but not all (or
-            more entries than inputs), an input with both raw and typed contents, a
-            ``binary_data_size`` parameter (the raw entry says the size), and what
+        ProtocolError: (400) raw entries for some inputs but not all, an input with both
+            raw and typed contents, a ``binary_data_size`` parameter, and what
             :func:`contents_to_bytes` refuses.
     """
     header, parts = _header_and_parts(req, raw)
@@ -358,24 +320,12 @@ def decode_model_infer(
     raw: Sequence[Any] | None = None,
 ) -> InferRequest:
     """Decode a ``ModelInferRequest`` with the HTTP path's checks
-    (:func:`~infscaler.api.codec.decode_infer_request`).
-
-    Args:
-        req: an ``inference.ModelInferRequest``.
-        specs: the model's inputs (None: not checked).
-        shm: the client's view of the system shared memory registry.
-        raw: its ``raw_input_contents`` (default: the message's own; see
-            :func:`model_infer_parts`).
-
-    Returns:
-        An :class:`~infscaler.api.codec.InferRequest` (inputs by name; the request
-        parameters as plain values, ``timeout`` in microseconds turned into ``timeout_ms``;
-        the requested outputs, each with its shared memory range if it names one).
+    (:func:`~infscaler.api.codec.decode_infer_request`): ``specs`` the model's inputs (None:
+    not checked), ``shm`` the client's shared memory view, ``raw`` as :func:`model_infer_parts`.
+    A ``timeout`` parameter (µs, tritonclient) becomes ``timeout_ms``.
 
     Raises:
-        ProtocolError: what :func:`model_infer_parts` refuses, and every fault
-            :func:`~infscaler.api.codec.decode_infer_request` refuses; (404) an unknown
-            shared memory region.
+        ProtocolError: what :func:`model_infer_parts` and ``decode_infer_request`` refuse.
     """
     header, parts = model_infer_parts(req, raw)
     return decode_infer_request(
@@ -386,16 +336,12 @@ def decode_model_infer(
 def decode_message(
     message: bytes, scan: InferScan, specs: Sequence[TensorSpec] | None, shm: Any = None
 ) -> InferRequest:
-    """Parse and decode a serialized ``ModelInferRequest`` already scanned
-    (:func:`~infscaler.api.grpc.wire.scan_model_infer`): its raw entries are read in
-    place (never parsed, never copied: the inputs are read-only views of ``message``),
-    the rest parsed into a JSON header (:func:`model_infer_parts`), the parsed message
-    freed, the header and entries decoded (:func:`decode_model_infer`'s checks). At its
-    peak it holds what ``scan.held`` bounds.
+    """Parse and decode a serialized ``ModelInferRequest`` already scanned: its raw entries
+    are read in place (read-only views of ``message``), the rest parsed and freed before the
+    tensors are decoded; at its peak it holds what ``scan.held`` bounds.
 
     Raises:
-        ProtocolError: (400) a message protobuf cannot parse, and what
-            :func:`decode_model_infer` refuses.
+        ProtocolError: (400) not protobuf, and what :func:`decode_model_infer` refuses.
     """
     try:
         req = pb.ModelInferRequest.FromString(strip_raw(message, scan))
@@ -421,16 +367,13 @@ def encode_model_infer(
     shm: Any = None,
     model_version: str = "1",
 ) -> Any:
-    """A ``ModelInferResponse`` of ``outputs``: each requested one (all, in their order,
-    when ``requested`` is None) with its datatype and shape, its bytes in
-    ``raw_output_contents``, or written to its shared memory range (then the parameters
-    ``shared_memory_region`` / ``_offset`` / ``_byte_size``, the bytes written, and an
-    empty raw entry).
+    """A ``ModelInferResponse`` of the requested ``outputs`` (all when ``requested`` is None):
+    bytes in ``raw_output_contents``, or written to the output's shared memory range (then
+    the ``shared_memory_*`` parameters and an empty raw entry).
 
     Raises:
-        ProtocolError: (400) an output requested that the model does not produce, one
-            larger than its shared memory range, or a region gone; (500) an output whose
-            dtype the protocol cannot carry.
+        ProtocolError: (400) an unknown output, one larger than its shared memory range, a
+            region gone; (500) a dtype the protocol cannot carry.
     """
     plan = [RequestedOutput(n, True, None) for n in outputs] if requested is None else requested
     unknown = [r.name for r in plan if r.name not in outputs]

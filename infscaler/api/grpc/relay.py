@@ -1,24 +1,10 @@
 """What the gRPC gate does with one connection's bytes (pure: no sockets, no clock of its
-own): :class:`Relay` scans both directions (:class:`~infscaler.api.grpc.h2frames.Scanner`),
-holds each call's bytes against the service's in-flight budget under the client's uid,
-counts the uid's open calls, and refuses a call the budget or the quota does not admit
-in the protocol, leaving the connection serving.
+own): :class:`Relay` scans both directions, holds each call's bytes against the in-flight
+budget under the client's uid, counts its open calls, and refuses a call in the protocol
+(Trailers-Only status) when the budget, the quota or admission says no.
 
-- A request message's 5-byte prefix reserves twice its declared length (the message
-  and its decoded tensors, as the HTTP socket reserves a binary body) before its bytes
-  go on; a response message's prefix charges its length (never refused: a client that
-  does not read holds its own budget). A call's bytes are released when it ends (the
-  server's END_STREAM, RST_STREAM either way, the connection closed).
-- A refused call: the client gets a Trailers-Only status (injected between whole frames,
-  never inside a header block), grpcio a RST_STREAM(CANCEL); the client's DATA on it are
-  dropped and their bytes given back to its connection window (WINDOW_UPDATE on stream
-  0, RFC 9113 section 6.9); grpcio's frames on it are dropped, but header blocks always
-  pass (both ends' HPACK tables must see them, RFC 7541 section 2.2).
-- :meth:`Relay.deadline`: when a call still receiving its request (HEADERS seen, no
-  END_STREAM) or a frame has had no byte for ``body_timeout_s``.
-- Admission at the prefix (``precheck``): see docs/api.md, "`infscaler/api/grpc/relay.py`".
-
-Sources: RFC 9113 sections 5.1, 6.4, 6.9, 8.1; grpc ``doc/PROTOCOL-HTTP2.md``.
+Sources: RFC 9113 sections 5.1, 6.4, 6.9, 8.1; grpc ``doc/PROTOCOL-HTTP2.md``. How and
+why: docs/api.md, "`infscaler/api/grpc/relay.py`".
 """
 
 from __future__ import annotations
@@ -63,24 +49,19 @@ def _cut(mv: memoryview, cuts: list[tuple[int, int]], inserts: list[tuple[int, b
 
 
 class Relay:
-    """One gate connection's bookkeeping (see the module); not thread-safe (the event
-    loop's).
+    """One gate connection's bookkeeping; not thread-safe (the event loop's).
 
     Args:
-        uid: the client's uid, the key of its budget share and stream count (None: the
-            operator, held to the service-wide budget only and to no stream quota).
+        uid: the client's uid (None: the operator: service-wide budget only, no stream quota).
         budget: the service's :class:`~infscaler.runtime.serving.admission.ByteBudget`.
         streams: open calls per uid, shared by the gate's connections.
         stream_quota: calls one uid may have open at once (None: no quota).
-        max_message: the server's largest request message, bytes: a longer one is not
-            reserved (grpcio refuses it at its prefix with RESOURCE_EXHAUSTED).
+        max_message: the server's largest request message, bytes (a longer one is not
+            reserved: grpcio refuses it).
         body_timeout_s: see :meth:`deadline`.
         clock: monotonic seconds.
-        precheck: ``precheck(model, uid)``: the refusal an inference of ``model`` would
-            get now (an exception with ``hold_s`` and ``code``, its ``str`` the
-            message), or None to
-            let it through (None: no admission at the prefix;
-            :meth:`~infscaler.service.service.Service.precheck`).
+        precheck: ``precheck(model, uid)``: the refusal an inference of ``model`` would get
+            now (with ``hold_s`` and ``code``), or None (None: no admission at the prefix).
     """
 
     def __init__(
@@ -129,10 +110,9 @@ class Relay:
         self._stall = now
 
     def deadline(self) -> float | None:
-        """When the connection must be closed for a client gone quiet: ``body_timeout_s``
-        after the last byte of the quietest call still receiving its request, or of a
-        frame begun and not ended (None: nothing is partial). Time the gate spent
-        blocked writing to grpcio does not count (:meth:`stalled`)."""
+        """When the connection must be closed for a client gone quiet: ``body_timeout_s`` after
+        the last byte of the quietest partial call or frame (None: nothing partial), not
+        counting time blocked writing to grpcio (:meth:`stalled`)."""
         t = min(self._receiving.values(), default=None)
         if self.up.mid_frame or self._up_block:
             t = self._last if t is None else min(t, self._last)
@@ -241,9 +221,8 @@ class Relay:
         return pieces, self._flush_client()
 
     def _admitted(self, s: int, head: memoryview) -> bool | None:
-        """Ask ``precheck`` about call ``s`` from its message's first bytes ``head``:
-        False when refused (then refused, its status held), else None (no model named
-        there, or admitted: its body decides again)."""
+        """``precheck`` on call ``s`` from its message's first bytes: False when refused (its
+        status held), else None."""
         model = peek_model_name(head)
         refusal = None if model is None else self.precheck(model, self.uid)  # type: ignore[misc]
         if refusal is None:
@@ -300,9 +279,8 @@ class Relay:
         code: str | None = None,
         hold_s: float = 0.0,
     ) -> None:
-        """Refuse call ``s``: grpcio gets RST_STREAM(CANCEL) now, the client its status
-        (with ``code`` as ``infscaler-code``) now or, with ``hold_s`` > 0, at
-        :meth:`release_due` after that many seconds."""
+        """Refuse call ``s``: RST_STREAM(CANCEL) to grpcio now, its status (``code`` as
+        ``infscaler-code``) to the client now or after ``hold_s`` (:meth:`release_due`)."""
         if client_open is None:
             client_open = s in self._receiving
         headers_sent = s in self._headers_sent

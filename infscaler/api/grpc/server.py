@@ -1,17 +1,6 @@
 """The gRPC service's server: grpcio's ``aio`` server on a private socket behind the
-:class:`~infscaler.api.grpc.gate.Gate` on the public one, in the running event loop.
-
-Limits (the HTTP socket's, :class:`~infscaler.api.http.HttpLimits`): messages up to
-``max_body_mb`` in (``grpc.max_receive_message_length``; beyond: RESOURCE_EXHAUSTED at
-the message's prefix), :data:`MAX_STREAMS` concurrent calls per connection, calls per
-uid, connections per uid and in all, a call's bytes held against the service's
-in-flight budget under the client's uid by the gate, and its timeouts
-(:func:`server_options` and the gate: :mod:`~infscaler.api.grpc.gate`).
-
-Sources: Triton ``grpc_service.proto``; grpcio ``grpc.aio.server`` and its channel
-arguments (``grpc/impl/codegen/grpc_types.h``: ``GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH``,
-``GRPC_ARG_MAX_CONCURRENT_STREAMS``).
-"""
+:class:`~infscaler.api.grpc.gate.Gate`, in the running event loop, with the HTTP
+socket's limits. Limits and why: docs/api.md, "`infscaler/api/grpc/server.py`"."""
 
 from __future__ import annotations
 
@@ -35,17 +24,9 @@ MAX_STREAMS = 64
 
 
 def server_options(max_message: int, limits: Any) -> list[tuple[str, int]]:
-    """grpcio's server options (``grpc_types.h``): the largest request message, bytes;
-    :data:`MAX_STREAMS`; an idle connection (no call open) closed after
-    ``limits.keepalive_timeout_s`` (``grpc.max_connection_idle_ms``: a GOAWAY, then the
-    socket is closed, whether the client answers or not: the gate then closes the
-    client's); a keepalive PING every ``keepalive_timeout_s`` that must be answered
-    within 20 s (``grpc.keepalive_time_ms`` / ``grpc.keepalive_timeout_ms``, sent with
-    or without calls: ``grpc.http2.max_pings_without_data`` 0), so a client that has
-    stopped reading loses its connection even with a call open. Clients' own PINGs
-    are held to grpc's defaults (one every 5 min without data, two strikes:
-    ``grpc.http2.min_recv_ping_interval_without_data_ms``, ``grpc.http2.max_ping_strikes``;
-    doc/keepalive.md)."""
+    """grpcio's server options: the largest request message, bytes; :data:`MAX_STREAMS`;
+    idle connections closed after ``limits.keepalive_timeout_s``; a keepalive PING every
+    ``keepalive_timeout_s``, answered within 20 s."""
     keepalive_ms = int(limits.keepalive_timeout_s * 1000)
     return [
         ("grpc.max_receive_message_length", max_message),
@@ -64,11 +45,10 @@ class GrpcServer:
         service: the :class:`~infscaler.service.service.Service`.
         shm: the HTTP app's :class:`~infscaler.api.sysshm.SystemSharedMemoryRegistry`.
         path: the public socket (mode ``mode``, group ``group``).
-        max_body_mb: the largest request message, MB (responses are not limited, as
-            over HTTP).
-        limits: the :class:`~infscaler.api.http.HttpLimits` (connections and quotas).
-        tasks / loads: the HTTP app's task router holder and budget of variant loads
-            (model-less queries over gRPC share them; default: their own).
+        max_body_mb: the largest request message, MB.
+        limits: the :class:`~infscaler.api.http.HttpLimits`.
+        tasks / loads: the HTTP app's task router holder and variant load budget (default:
+            their own).
     """
 
     def __init__(

@@ -1,23 +1,10 @@
-"""A ``ModelInferRequest``'s protobuf wire format, scanned before anything parses it:
+"""A ``ModelInferRequest``'s protobuf wire format scanned before anything parses it (pure):
 its counts, where its ``raw_input_contents`` lie, and a bound on what parsing (upb) and
-decoding (:func:`~infscaler.api.grpc.mapping.decode_message`) would hold, from the
-bytes alone (pure; no Python object per element: packed varints are counted in C).
+decoding would hold. Caps: 400 (INVALID_ARGUMENT); beyond ``limit`` bytes held: 413
+(RESOURCE_EXHAUSTED).
 
-upb makes far more of some shapes than their size: a packed int64 of 1-byte varints
-takes 8 bytes an element, twice over while its array doubles; an empty submessage,
-``bytes_contents`` element or raw entry 16-90 bytes for 2 on the wire.
-
-Caps (:class:`~infscaler.api.codec.ProtocolError` 400, INVALID_ARGUMENT): at most
-:data:`MAX_TENSORS` (1024) inputs, outputs and raw entries each, :data:`MAX_DIMS` (32)
-dims an input, :data:`MAX_PARAMETERS` (4096) parameters in all, :data:`MAX_FIELDS`
-(65536) fields walked; group wire types and truncated fields are malformed. Beyond
-``limit`` bytes held (the caller's: twice the message plus :data:`DECODE_SLACK`): 413,
-RESOURCE_EXHAUSTED.
-
-Sources: https://protobuf.dev/programming-guides/encoding/ (varints, wire types, packed
-and unpacked repeated fields, last one wins); Triton ``grpc_service.proto`` (field
-numbers); upb ``upb/message/array.c`` (capacities are powers of two >= 4, doubled; the
-arena keeps the arrays outgrown).
+Sources: https://protobuf.dev/programming-guides/encoding/; Triton ``grpc_service.proto``;
+upb ``upb/message/array.c``. Why: docs/api.md, "`infscaler/api/grpc/wire.py`".
 """
 
 from __future__ import annotations
@@ -94,15 +81,13 @@ class InferScan:
     """What a ``ModelInferRequest`` holds, from its wire bytes.
 
     Attributes:
-        model_name / model_version: the last of each on the wire (str; '' if none).
+        model_name / model_version: the last of each on the wire ('' if none).
         inputs / outputs / parameters / max_dims: counts (dims: the most of one input).
         raw: each ``raw_input_contents`` entry as ``(field start, payload offset,
-            payload length)`` in the message.
+            payload length)``.
         elements: typed contents elements, all inputs.
-        tensors_held: bytes the tensors' parse and decode would hold at their peak
-            (upper bound; what ``limit`` bounds).
-        held: that and the rest's (strings, and per input, output, parameter and dim:
-            bounded by the caps), bytes: what the decode holds at its peak, at most.
+        tensors_held: bytes the tensors' parse and decode would hold at their peak (bound).
+        held: that plus the rest's: what the decode holds at its peak, at most, bytes.
     """
 
     model_name: str = ""
@@ -332,9 +317,8 @@ class _Held:
         self.spans: list[tuple[int, int]] = []  # the tensor data's, in order
 
     def tensors(self, scan: InferScan, size: int) -> int:
-        """Held for the tensors: the body the decode writes (tensor layouts and raw
-        entries), the larger of upb's arrays (freed before the body is decoded) and
-        what decoding adds, and the copy of the message parsed without its raw entries."""
+        """Held for the tensors: the body the decode writes, the larger of upb's arrays and
+        what decoding adds, and the message parsed without its raw entries."""
         return (
             self.layout
             + self.raw
@@ -363,19 +347,15 @@ class _Held:
 def scan_model_infer(
     message: bytes, *, limit: int | None = None, quick: int | None = None
 ) -> InferScan:
-    """Scan a ``ModelInferRequest``'s wire bytes (see the module): its counts, its raw
-    entries' places and the bytes its parse and decode would hold.
+    """Scan a ``ModelInferRequest``'s wire bytes.
 
     Args:
         message: the serialized request.
-        limit: refuse (413) once what it would hold exceeds this many bytes (None: no
-            bound; the caller's is :func:`decode_limit`).
-        quick: give up (:class:`NotQuick`) after walking this many fields (a caller on
-            an event loop scans the rest of the messages in a thread).
+        limit: refuse (413) once what it would hold exceeds this many bytes (None: no bound).
+        quick: give up (:class:`NotQuick`) after walking this many fields.
 
     Raises:
-        ProtocolError: (400) malformed wire data, more than a cap (see the module);
-            (413) the decode would hold more than ``limit``.
+        ProtocolError: (400) malformed wire data or over a cap; (413) over ``limit``.
     """
     buf, walk, scan, h = message, _Walk(min(quick or MAX_FIELDS, MAX_FIELDS)), InferScan(), _Held()
     size = len(buf)
@@ -464,16 +444,9 @@ PEEK_FIELDS = 64
 
 
 def peek_model_name(head: bytes | memoryview) -> str | None:
-    """The ``model_name`` of a ``ModelInferRequest`` from the first bytes of its message
-    (``head``, which may stop anywhere), or None when they do not show one.
-
-    The fields are walked from the start (at most :data:`PEEK_FIELDS`) until an
-    ``inputs`` (5) or ``raw_input_contents`` (7) field begins: of the inference
-    service's request messages only a ``ModelInferRequest`` has a length-delimited
-    field 5 or 7, so a ``model_name`` (1) seen before one names an inference's model.
-    None: no such field within ``head``, a field cut off by its end, a name that is not
-    UTF-8, or bytes that are not protobuf (the message's full parse judges those).
-    """
+    """The ``model_name`` of a ``ModelInferRequest`` from the first bytes of its message, or
+    None when they do not show one before an ``inputs`` (5) or ``raw_input_contents`` (7)
+    field (only a ``ModelInferRequest`` has those): cut off, not UTF-8 or not protobuf."""
     buf, end, pos, name = head, len(head), 0, None
     for _ in range(PEEK_FIELDS):
         try:
