@@ -1,20 +1,8 @@
-"""The scaler's data (InfScaler §IV-A, Algorithm 1): what it decides on, its tuning and
-state, what it decides, and the one builder of the device's resource limits.
-
-* what :func:`~infscaler.runtime.scaling.scaler.decide` takes: a :class:`Snapshot` of one
-  pipeline, its units (:class:`UnitState`, each with its engines, Algorithm 1's A_k^m:
-  :class:`EngineOption`, r_k^m its memory) and the device's limits and use
-  (:class:`ResourceCap`, R^m and U^m);
-* its tuning (:class:`ScalerConfig`) and what it carries from one call to the next
-  (:class:`ScalerState`);
-* what it returns (:class:`Decision`);
-* :func:`device_cap`: R^m of a device profile, built the same way for the service's
-  monitor (:meth:`infscaler.runtime.scaling.monitor.Monitor.cap`, with the memory it
-  measured) and the planner's simulator
-  (:func:`infscaler.runtime.planning.simulator.cap_from_profile`).
-
-Pure: no I/O, no clock; the callers measure what the device profile does not say.
-"""
+"""The scaler's data (InfScaler §IV-A, Algorithm 1): its input (:class:`Snapshot`,
+:class:`UnitState`, :class:`EngineOption`, :class:`ResourceCap`: R^m and U^m), tuning
+(:class:`ScalerConfig`), state (:class:`ScalerState`) and output (:class:`Decision`), and
+:func:`device_cap`, R^m of a device profile for the monitor and the simulator alike.
+Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
