@@ -1,24 +1,12 @@
-"""Arrival processes for the planner's simulator and the benchmarks: arrays of request
-arrival times in seconds, sorted, starting near 0.
+"""Arrival processes for the planner's simulator and the benchmarks: sorted arrays of
+request arrival times in seconds, starting near 0.
 
-* :func:`poisson`: exponential inter-arrivals (CV^2 = 1).
-* :func:`gamma`: gamma inter-arrivals with mean 1 / rate and a chosen squared coefficient
-  of variation CV^2 (InferLine §2.1, §6: CV^2 = 1 is Poisson, CV^2 = 4 is bursty).
-* :func:`azure_functions`: the Azure Functions 2019 trace (Shahrad et al., "Serverless in
-  the Wild", ATC'20; per-minute invocation counts), each minute's requests spread inside
-  the minute as a Poisson process at that minute's rate; ``scale`` multiplies the rate.
-* :func:`azure_llm`: the Azure LLM inference trace 2023 (Patel et al., "Splitwise",
-  ISCA'24), real per-request timestamps replayed, optionally time-scaled.
-* :func:`from_spec`: the CLI's ``--arrivals`` (``poisson``, ``gamma:4``, ``azure``,
-  ``azure-llm``) at a given mean rate.
-
-The traces ship with the package, gzip-compressed, in ``infscaler/runtime/planning/traces/``
-(its README.md says what each file holds, its source and its licence, CC BY 4.0);
-``$INFSCALER_TRACES`` names another directory holding the same file names, compressed
-(``.csv.gz``) or not.
-
-Pure: numpy only, no clock; every random process takes a ``seed``.
-"""
+:func:`poisson`; :func:`gamma` (mean 1 / rate, squared CV ``cv2``: InferLine §2.1, §6);
+:func:`azure_functions` (Azure Functions 2019 trace, Shahrad et al., ATC'20: per-minute
+counts spread as Poisson); :func:`azure_llm` (Azure LLM inference trace 2023, Patel et
+al., ISCA'24: timestamps replayed); :func:`from_spec` (the CLI's ``--arrivals``). The
+traces ship in ``infscaler/runtime/planning/traces/`` (README.md: source, licence);
+``$INFSCALER_TRACES`` names another directory. Pure: numpy only; random ones take a ``seed``."""
 
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
-"""The fleet planner: place streams (a pipeline at a request rate and an SLO) onto edge
-nodes (each a device profile) so that every stream meets its SLO with the fewest nodes
-(docs/fleet.md; the why: docs/planner.md, "Fleet").
+"""The fleet planner: place streams (a pipeline at a rate and an SLO) onto edge nodes so
+that every stream meets its SLO with the fewest nodes (docs/fleet.md; docs/planner.md,
+"Fleet").
 
-:func:`capacity_curve`: per (pipeline, SLO, device), the highest rate R* the planner
-meets the SLO at within the device's cap (bisection, :data:`BISECT_STEPS` runs), and a
-ladder of :data:`LEVELS` rates up to R*, each with the planner's configuration and its
-resource vector (memory MB, model instances per engine, busy CPU cores), non-decreasing
-along the ladder.
-
-:func:`place`: multi-resource first-fit decreasing over heterogeneous bins (Johnson et
-al., 1974; Panigrahy et al., "Heuristics for Vector Bin Packing", 2011): streams by
-size, largest first, each to the first open node with headroom, else a new node of the
-type with the highest R*; a stream no device can serve alone is reported, not placed.
-:func:`lower_bound`: per resource, the sum of each stream's smallest fraction of a node,
-rounded up (max over resources). :func:`realise`: node labels and Helm values.
-
-Pure policy: no I/O (``infscaler plan --fleet``, :mod:`infscaler.cli.plan`, reads the
-files and prints).
-"""
+:func:`capacity_curve`: per (pipeline, SLO, device) the highest feasible rate R* and a
+ladder of rates with their resource vectors. :func:`place`: multi-resource first-fit
+decreasing over heterogeneous bins (Panigrahy et al., "Heuristics for Vector Bin
+Packing", 2011). :func:`lower_bound`: per resource, the streams' smallest node fractions
+summed, rounded up. :func:`realise`: node labels and Helm values. Pure: no I/O."""
 
 from __future__ import annotations
 

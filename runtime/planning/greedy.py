@@ -1,21 +1,11 @@
-"""The greedy planner (InferLine §4.3 with InfScaler's Algorithm 1 as the step that adds
-capacity), a candidate source of the search
-(:func:`~infscaler.runtime.planning.candidates.greedy`) and, alone on fixed unit
-profiles, :func:`~infscaler.runtime.planning.planner.plan`:
+"""The greedy planner (InferLine §4.3 with InfScaler's Algorithm 1 adding capacity), a
+candidate source of the search and, alone, :func:`~infscaler.runtime.planning.planner.plan`.
 
-1. **Bound** and 2. **start** (:meth:`PlanSearch.start`): every unit on its fastest
-   engine the device has, at its minimum instances; infeasible when the service time
-   alone exceeds the SLO or the minimum configuration exceeds the memory cap.
-3. **Add capacity** (:meth:`PlanSearch.add_capacity` / :meth:`PlanSearch.grow`): one
-   instance at a time to the most loaded unit that fits the cap (Algorithm 1), else
-   InferLine's IncreaseBatch (:func:`~infscaler.runtime.serving.batching.decide_batching`),
-   until the simulated P99 meets the SLO.
-4. **Trim** (:meth:`PlanSearch.trim`, InferLine Algorithm 2, RemoveReplica): remove the
-   instance that saves the most memory while the P99 still meets the SLO.
-
-:meth:`PlanSearch.plan` runs the four; the result is a :class:`PlanResult`. Details:
-docs/planner.md, "The greedy source". Pure: no I/O.
-"""
+:meth:`PlanSearch.plan` runs: start (fastest engine, minimum instances; infeasible when
+the service time or the minimum memory is out of bounds), add capacity (one instance to
+the most loaded unit that fits, else IncreaseBatch) until the simulated P99 meets the
+SLO, then trim (InferLine Algorithm 2). Details: docs/planner.md, "The greedy source".
+Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -153,18 +143,14 @@ class PlanResult:
 
 @dataclass(frozen=True)
 class GreedyOptions:
-    """How the greedy source simulates (:func:`~infscaler.runtime.planning.planner.plan`'s
-    options; the defaults are the search's own screen).
+    """How the greedy source simulates (defaults: the search's own screen).
 
     Attributes:
-        arrivals: the sample arrival process (a spec, a callable or explicit times; None:
-            the search's ``arrivals``).
+        arrivals: the sample arrival process (None: the search's ``arrivals``).
         duration_s: length of the sample trace, s (None: the search's ``requests`` / rate).
-        pool_mb / warmup_s / max_inflight: see
-            :func:`~infscaler.runtime.planning.simulator.simulate`.
+        pool_mb / warmup_s / max_inflight: as :func:`~.simulator.simulate`.
         batch_wait_ms: batch window when a unit's batch is raised, ms.
-        max_steps: most changes the greedy search makes. minimize: run step 4 (trim).
-    """
+        max_steps: most changes the greedy search makes. minimize: run the trim step."""
 
     arrivals: ArrivalsArg | None = None
     duration_s: float | None = None
@@ -178,8 +164,7 @@ class GreedyOptions:
     def trace(
         self, arrivals: ArrivalsArg, rate: float, requests: int, seed: int
     ) -> tuple[np.ndarray, str]:
-        """``(times, label)`` of the sample trace at ``rate`` (``arrivals`` and
-        ``requests``: the search's, where these options give none).
+        """``(times, label)`` of the sample trace at ``rate``.
 
         Raises:
             ValueError: bad duration, or a trace that holds no requests."""
@@ -211,11 +196,9 @@ def fits_instance(
     rate: float | None = None,
 ) -> str | None:
     """None when unit ``k`` can take one more instance on ``engine``, else why not: its
-    ``max_instances``, memory, the engine's slots, the cpu's thread slots, and for a
-    model unit (with the ``rate``, requests/s, and the physical cores known) the cores
-    by the model units' demand as the runtime's scaler counts them (:func:`~infscaler.runtime.scaling.demand.fits_cores`
-    of :func:`~infscaler.runtime.planning.resources.demand_cores` at ``rate`` and the
-    new instance's share per thread, its unit's)."""
+    ``max_instances``, memory, the engine's slots, the cpu's thread slots, and for a model
+    unit (``rate`` and cores known) the cores by demand as the runtime's scaler counts them
+    (:func:`~infscaler.runtime.scaling.demand.fits_cores`)."""
     u, c = units[k], config[k]
     limit = min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT)
     if c.total + 1 > limit:
@@ -264,12 +247,9 @@ def _window(
 
 @dataclass
 class PlanSearch:
-    """One run of :func:`~infscaler.runtime.planning.planner.plan`'s search: its target and
-    inputs (as ``plan`` takes them, the cap and the sample trace resolved), and what it
-    records on the way (the steps, the notes, the simulations run).
-
-    Each step returns the :class:`PlanResult` that ends the search where it ends it
-    (infeasible), else what the next step starts from."""
+    """One run of :func:`~infscaler.runtime.planning.planner.plan`'s search: its target, inputs
+    and what it records (steps, notes, simulations). Each step returns the
+    :class:`PlanResult` that ends the search, else what the next step starts from."""
 
     units: list[UnitProfile]
     rate: float

@@ -1,17 +1,9 @@
-"""Planning several pipelines together within one device's cap: a loop over each
-pipeline's own ranked search candidates
-(:func:`~infscaler.runtime.planning.planner.search`), choosing one configuration per
-pipeline such that together they fit.
+"""Planning several pipelines together within one device's cap.
 
-:func:`plan_together` takes the best ``top_k`` usable candidates of each and tries every
-combination; one fits when, summed (:func:`usage`), memory, pinned cpu threads, model
-instances per engine and busy cpu cores are within the cap. Among those that fit: strict
-priority (``priority`` 1 first, each level's goodput within ``tie`` of its best counting
-as equal), then the most total goodput, the least memory, the best-ranked candidates.
-Why: docs/planner.md, "Joint planning".
-
-Pure: no I/O.
-"""
+:func:`plan_together` tries every combination of each pipeline's ``top_k`` candidates;
+one fits when the summed :func:`usage` is within the cap. Among those: strict priority
+(goodput within ``tie`` counts as equal), then the most goodput, the least memory, the
+best-ranked. Why: docs/planner.md, "Joint planning". Pure: no I/O."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
-"""The live check of a planned configuration: does what the planner chose serve what it
-predicted, and does the runner-up serve more? (Pure: no I/O, no clock.)
+"""The live check of a planned configuration: does it serve what the planner predicted, and
+does the runner-up serve more? Pure: no I/O, no clock.
 
-:func:`check` takes what the pipeline serves now (:class:`Observed`: the measured
-instance capacity, P99, offered load), the :class:`LiveState` the previous call
-returned, the prediction for the configuration serving and for the runner-up
-(:class:`Expected`, whose capacity is the queueing model's
-:func:`~infscaler.runtime.queueing.capacity_rps`) and a :class:`LiveConfig`, and returns
-a :class:`Verdict` (``wait``, ``keep`` or ``switch``) and the new state: once settled, a
-configuration that falls short of its prediction is swapped for a runner-up predicted
-to serve more, and after the trial the one that measured more is kept (at most
-``max_switches``).
-
-Source: InferLine's Tuner (Crankshaw et al., SoCC '20 §5), which corrects the offline
-planner's configuration from live measurements; here between the planner's two best
-configurations. The rules in full and the runs behind them: docs/scaling.md, "The live
-check in full".
-"""
+:func:`check` maps ``(Observed, LiveState, Expected serving, Expected other, LiveConfig)``
+to a :class:`Verdict` (``wait``, ``keep`` or ``switch``) and the new state; at most
+``max_switches``. Source: InferLine's Tuner (SoCC '20 §5), here between the planner's two
+best configurations. In full: docs/scaling.md, "The live check in full"."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
-"""How :func:`~infscaler.runtime.planning.planner.search` ranks its candidates: the
-finalists, their goodput intervals, and the ties.
-
-**Finalists**: every candidate is screened on a trace of ``requests``; those within
-``finalist_within`` of the best screen (at most ``finalists_max``, plus the best of each
-hand configuration and the incumbent) are scored again on ``final_requests`` and ranked
-ahead of the rest.
-
-**Goodput interval** (finalists only): each finalist is scored twice more with every
-unit's service time at x (1 + err) and x (1 - err) (``goodput_lo`` / ``goodput_hi``).
-
-**Ties**: a candidate ties the best when within ``goodput_tie`` (5 %) of its goodput or
-when its interval reaches the best's low end; the tie goes to, in order: the incumbent
-(the configuration planned before), fewer units, memory within :data:`MEMORY_AMPLE` of
-the cap, fewer intra-op threads per instance, fewer processes, less memory, fewer
-threads (:meth:`Ties.rank`). Why each rule, with the measurements behind it:
-docs/planner.md, "Ranking".
-
-Pure: no I/O.
-"""
+"""How :func:`~infscaler.runtime.planning.planner.search` ranks its candidates: finalists
+(those within ``finalist_within`` of the best screen, rescored on ``final_requests``),
+their goodput intervals (service times at x (1 +/- err)), and the ties (:meth:`Ties.rank`:
+incumbent, fewer units, memory within :data:`MEMORY_AMPLE`, fewer threads per instance,
+fewer processes, less memory, fewer threads). Why: docs/planner.md, "Ranking".
+Pure: no I/O."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""A configuration of a pipeline's units against the offered load and the device's cap:
-the arithmetic :func:`~infscaler.runtime.planning.planner.plan` and
-:func:`~infscaler.runtime.planning.planner.search` share.
-
-Per unit, the items per second arriving at it (:func:`arrival_rates`: a per-item unit
-after a fan-out gets the requests' rate x the items per request) and its offered load
-rho_k = lambda_k x T_k / S_k (B_k / S_k in requests' terms: the load InfScaler's
-Algorithm 1 ranks the units by); the requests/s the instances and the cpu cores can
-serve at most (:func:`capacity_rps`); what a configuration uses of the device's cap:
-memory, model instances per engine, pinned threads (as the runtime's scaler counts
-them) and the cores the load keeps busy (the fleet planner's cpu demand,
-:mod:`infscaler.runtime.planning.fleet`); and the two edits of a configuration, one
-instance more or fewer.
-
-Pure: no I/O.
-"""
+"""A configuration of a pipeline's units against the offered load and the device's cap,
+shared by :func:`~infscaler.runtime.planning.planner.plan` and ``search``: per-unit
+arrival rates and load, the capacity the instances and cores serve, what a configuration
+uses of the cap (memory, slots, pinned threads, busy cores) and the one-instance edits.
+Pure: no I/O."""
 
 from __future__ import annotations
 

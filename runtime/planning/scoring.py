@@ -1,28 +1,9 @@
-"""A configuration's score, simulated: how :func:`~infscaler.runtime.planning.planner.search`
-scores a candidate with the discrete-event simulator
-(:func:`~infscaler.runtime.planning.simulator.simulate`, with CPU contention on the cores).
-
-**Score.** With a rate, the goodput = requests answered within the SLO per second under
-the arrival process at that rate (SLO attainment x rate); without, the largest rate whose
-simulated P99 <= SLO (bisection on the rate, at most 10 steps, below the analytic
-capacity, :func:`~infscaler.runtime.planning.resources.capacity_rps`), i.e. the goodput at
-that rate. Each score simulates a trace of a given number of requests (the search's short
-screen, or the finalists' long score). The **front end's CPU** is a unit of the
-configuration like the others (:func:`~infscaler.runtime.planning.planner.frontend_profile`):
-a single-threaded server ahead of the units that competes for the same cores.
-
-**Goodput interval.** Every measured service time carries a relative uncertainty from
-its repeats; :func:`scaled_units` gives the units with every service time at x (1 + err) (the
-pessimistic end of what was measured) or x (1 - err) (the optimistic one), scored on the
-same trace length and seed for the ends of the interval
-(:mod:`infscaler.runtime.planning.ranking`).
-
-Also the sample arrival trace of a spec, a callable or explicit times
-(:func:`arrivals_for`), which :func:`~infscaler.runtime.planning.planner.plan` and
-:func:`~infscaler.runtime.planning.planner.predict` simulate too.
-
-Pure: no I/O.
-"""
+"""A configuration's score, simulated (:func:`~infscaler.runtime.planning.simulator.simulate`
+with CPU contention and the front end's CPU as a unit): with a rate, the goodput
+(requests/s answered within the SLO); without, the largest rate whose simulated P99 <= SLO
+(bisection below the analytic capacity). :func:`scaled_units` gives the units at the
+ends of the measured uncertainty for the goodput interval; :func:`arrivals_for` the
+sample arrival trace. Design: docs/planner.md. Pure: no I/O."""
 
 from __future__ import annotations
 

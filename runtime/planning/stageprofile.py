@@ -1,18 +1,10 @@
 """Measure a model stage for the planner's configuration search.
 
 :func:`measure_model_stage` builds a :class:`~infscaler.runtime.planning.planner.ModelStage`
-from an ONNX model on this host with the partitioner's own steps
-(:mod:`infscaler.partitioner`): per operator FLOPs, weight bytes and profiled ms; valid
-cuts and their crossing bytes; the whole model's latency at each thread count (median,
-spread :func:`spread_cv`, uncertainty ``profiler.median_err``); the co-running slowdown
-(``profiler.measure_corun``); with ``idle`` the idle slowdown; the boundary overhead T_p.
-:func:`search_measured` runs the search, measures the partitions of its best candidates
-(:func:`measure_units_err`) in place of the estimate, and searches again. What each
-figure feeds: docs/planner.md, "Stage profiles".
-
-Not pure (it runs onnxruntime); the search itself is
-(:func:`infscaler.runtime.planning.planner.search`).
-"""
+from an ONNX model with the partitioner's steps (per-operator costs, valid cuts, whole
+model latency per thread count, slowdowns, T_p). :func:`search_measured` searches,
+measures the best candidates' partitions and searches again. Details: docs/planner.md,
+"Stage profiles". Not pure (it runs onnxruntime)."""
 
 from __future__ import annotations
 
