@@ -12,6 +12,7 @@ import collections
 import os
 import time
 from dataclasses import dataclass, field, replace
+from statistics import median
 from typing import Any
 
 import psutil
@@ -184,9 +185,7 @@ class Monitor:
 
     @staticmethod
     def items_per_request(m: PipelineMetrics, um: UnitMetrics) -> float:
-        """Items a unit runs per request (1, or the fan-out's mean): items it completed
-        per request answered over the window. A unit's arrival rate is the pipeline's
-        arrival rate times this (completions alone would hide a growing queue)."""
+        """Items a unit runs per request answered over the window (1, or the fan-out's mean)."""
         if m.completion_rate > 0 and um.items_per_s > 0:
             return um.items_per_s / m.completion_rate
         return 1.0
@@ -201,9 +200,7 @@ class Monitor:
         return total + self.service.pool.stats()["mapped_bytes"] / 2**20
 
     def pinned_threads(self) -> int:
-        """Threads pinned by cpu instances of model stages, every pipeline (starting or
-        ready: an instance loading its model holds its cores already): the scaler's
-        ``cores_used``."""
+        """Threads pinned by starting or ready cpu model instances, all pipelines."""
         return sum(
             max(1, int(h.unit.threads))
             for h in self.service.supervisor.handles()
@@ -274,9 +271,8 @@ class Monitor:
         return out
 
     def cap(self) -> ResourceCap:
-        """R^m from the service's device profile (this host when it has none), with the
-        memory in use now (:meth:`memory_used_mb`): :func:`~infscaler.runtime.scaling.
-        types.device_cap` on this process's cores."""
+        """R^m from the service's device profile with the memory in use now
+        (:func:`~infscaler.runtime.scaling.types.device_cap` on this process's cores)."""
         profile = self.service.device_profile()
         return device_cap(
             profile, host_cores=len(_host_cores()), memory_used_mb=self.memory_used_mb()
@@ -318,10 +314,8 @@ class Monitor:
             for engine in _engines_for(u, cap):
                 lat = um.compute_p50_ms if engine == u.engine else None
                 if lat is None and engine == u.engine and probes.get(int(u.threads)):
-                    # nothing computed in the window yet (a burst's first second): the
-                    # instances' own warm probe at their thread count is measured too
-                    # (the scaler decided on refusals with no engine option at all)
-                    lat = _median(probes[int(u.threads)]) + extra
+                    # nothing computed in the window yet: the instances' warm probe
+                    lat = median(probes[int(u.threads)]) + extra
                 if lat is None:
                     lat = _plan_ms(u, engine)
                     lat = None if lat is None else lat + extra
@@ -349,7 +343,7 @@ class Monitor:
                     min_instances=u.instances,
                     max_instances=min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT),
                     threads=threads,
-                    latency_ms_by_threads={k: _median(v) for k, v in probes.items()},
+                    latency_ms_by_threads={k: median(v) for k, v in probes.items()},
                     min_threads=max(1, int(u.threads)),
                     max_threads=getattr(u, "max_threads", None),
                 )
@@ -360,12 +354,7 @@ class Monitor:
             units = [replace(u, busy=demand[0].get((dep.name, u.index), 0.0)) for u in units]
         busy = self.cores_busy()
         if busy is None and cap.physical_cores:
-            # not measured yet (the first second of a monitor, e.g. right after a
-            # deploy): every pinned thread counts as busy. Unmeasured read as "no bound",
-            # so the refusals of a deploy's first second (before any service time is
-            # known admission assumes the worst) grew a 2-thread ResNet-50 instance to
-            # two on 2 cores (bench/HISTORY.md, "Admission, the scaler's cores rule and
-            # the bench's steps", its "The queue bound, fixed" item).
+            # not measured yet: every pinned thread counts as busy
             busy = float(min(cores_used, cap.physical_cores))
         return Snapshot(
             now=m.now,
@@ -417,12 +406,6 @@ def unit_demand(
     return per_unit, sum(per_unit.values())
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
 def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:
     """A fused unit's steps, each with ``step``, ``kind``, ``served``, ``errors``, ``busy_ms``
     summed over ``handles`` and ``mean_ms`` (None before one ran); [] for an unfused unit."""
@@ -447,8 +430,6 @@ def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:
 
 
 def _host_cores() -> list[int]:
-    import os
-
     return sorted(os.sched_getaffinity(0))
 
 
