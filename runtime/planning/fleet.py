@@ -186,6 +186,9 @@ def capacity_curve(
     feasible: dict[float, tuple[tuple[float, ...], tuple[dict[str, Any], ...]]] = {}
     last_reason = ""
 
+    def infeasible(reason: str) -> CapacityCurve:
+        return CapacityCurve(pipeline, slo_ms, device, 0.0, (), (), names, (), reason, runs)
+
     def run(rate: float) -> bool:
         nonlocal runs, last_reason
         runs += 1
@@ -222,17 +225,13 @@ def capacity_curve(
         # below the lowest bisection point: one try at a small rate, else infeasible
         small = hi / 4
         if not run(small):
-            return CapacityCurve(
-                pipeline, slo_ms, device, 0.0, (), (), names, (), last_reason, runs
-            )
+            return infeasible(last_reason)
         lo = small
     for k in range(1, levels):
         r = lo * k / levels
         if r not in feasible:
             run(r)
-    # a level whose vector alone exceeds the node (busy cores above the device's cores:
-    # the planner checks cores only when it adds a cpu instance, and the simulator does
-    # not model CPU contention) cannot run: dropped, with every level above it
+    # a level whose vector alone exceeds the node cannot run: dropped, with those above
     capv = _cap_vector(cap, pool_mb)
     rates = []
     for r in sorted(feasible):
@@ -240,17 +239,8 @@ def capacity_curve(
             break
         rates.append(r)
     if not rates:
-        return CapacityCurve(
-            pipeline,
-            slo_ms,
-            device,
-            0.0,
-            (),
-            (),
-            names,
-            (),
-            f"the planner's configurations exceed the device's cap (busy cores {capv})",
-            runs,
+        return infeasible(
+            f"the planner's configurations exceed the device's cap (busy cores {capv})"
         )
     vectors: list[tuple[float, ...]] = []
     running = [0.0] * len(names)
@@ -444,14 +434,9 @@ def _order(
         if not s.rate > 0 or not math.isfinite(s.rate):
             unplaced[s.name] = f"rate {s.rate!r} is not a positive number"
         elif s.rate > br:
+            cs = [(d, curves[(s.key[0], s.key[1], d)]) for d in devices]
             why = [
-                f"{d}: {curves[(s.key[0], s.key[1], d)].max_rate:.3g}/s"
-                + (
-                    f" ({curves[(s.key[0], s.key[1], d)].reason})"
-                    if curves[(s.key[0], s.key[1], d)].reason
-                    else ""
-                )
-                for d in devices
+                f"{d}: {c.max_rate:.3g}/s" + (f" ({c.reason})" if c.reason else "") for d, c in cs
             ]
             unplaced[s.name] = (
                 f"{s.rate:g} requests/s of {s.pipeline} at SLO {s.slo_ms:g} ms exceeds what "
