@@ -13,11 +13,8 @@ from infscaler.runtime.queueing import EPS
 from infscaler.runtime.scaling.demand import expected_share, fits_cores
 from infscaler.runtime.scaling.types import EngineOption, ScalerConfig, Snapshot, UnitState
 
-#: A cpu instance (or thread step) of ``t`` threads is added only while at least
-#: ``t`` x this many physical cores are idle (:attr:`Snapshot.cores_busy` against
-#: :attr:`ResourceCap.physical_cores`): once the instances keep every core busy another
-#: one adds contention, not capacity. Why 0.75: docs/scaling.md, "The scaler's cores
-#: rules, why".
+#: A cpu instance (or thread step) of ``t`` threads is added only while at least ``t`` x
+#: this many physical cores are idle (docs/scaling.md, "The scaler's cores rules, why").
 SATURATED_FREE_PER_THREAD = 0.75
 
 

@@ -1,14 +1,9 @@
 """Host telemetry: CPU, memory, and on a Jetson the iGPU, EMC, power mode and temperatures.
 
-Sources: psutil everywhere (CPU %, RAM, sensors, per-process memory); jetson-stats
-(``jtop``) on a Jetson, imported lazily (iGPU load, NvMap memory, EMC %, nvpmodel mode,
-thermal zones, board power). A value the host lacks is ``None`` and ``note`` says why:
-never invented. Memory in MB of 2**20 bytes. :class:`JetsonSampler` (one per process,
-:func:`jetson_sampler`) keeps one jtop client in a background thread for ``/metrics`` and
-``status``, readings in SI units with the energy integrated from the power.
-
-More (the rules in full, the why, measurements): docs/scaling.md, "Host telemetry in full".
-"""
+Sources: psutil everywhere; jetson-stats (``jtop``) on a Jetson, imported lazily. A value
+the host lacks is ``None`` and ``note`` says why: never invented. Memory in MB of 2**20
+bytes. :class:`JetsonSampler` (one per process) keeps one jtop client in a background
+thread for ``/metrics`` and ``status``. In full: docs/scaling.md, "Host telemetry in full"."""
 
 from __future__ import annotations
 
@@ -112,13 +107,12 @@ class ProcessMemory:
 
 
 class ProcessMemoryError(RuntimeError):
-    """A process's memory cannot be read: it does not exist (``NoSuchProcess``), or this
-    user may not read its ``/proc/PID/smaps`` (``AccessDenied``: another user's process)."""
+    """A process's memory cannot be read: it does not exist, or this user may not read it."""
 
 
 def is_jetson() -> bool:
-    """Whether this host is an NVIDIA Jetson (L4T): ``/etc/nv_tegra_release`` exists or
-    the device tree names an ``nvidia,tegra`` SoC."""
+    """Whether this host is an NVIDIA Jetson (``/etc/nv_tegra_release``, or an
+    ``nvidia,tegra`` device tree)."""
     if Path("/etc/nv_tegra_release").exists():
         return True
     try:
@@ -190,16 +184,9 @@ def _jtop_fields(jetson: Any) -> dict[str, Any]:
 
 
 def read_telemetry(interval_s: float = 0.1) -> Telemetry:
-    """Read the host's telemetry now (see :class:`Telemetry`).
-
-    Args:
-        interval_s: the window psutil measures CPU utilisation over, s (the call blocks
-            this long; 0 compares with the previous call in this process, and the first
-            such call reads 0 %).
-
-    Never raises for a missing or failing jetson-stats: the reading falls back to psutil
-    and ``note`` says why.
-    """
+    """Read the host's telemetry now (see :class:`Telemetry`); ``interval_s``: psutil's CPU
+    window, s (the call blocks this long; 0: since the previous call). A missing or failing
+    jetson-stats falls back to psutil, with ``note`` saying why; never raises for it."""
     base = _psutil_reading(interval_s)
     if not is_jetson():
         return Telemetry(
@@ -232,15 +219,10 @@ def read_telemetry(interval_s: float = 0.1) -> Telemetry:
 
 
 def process_memory(pid: int | None = None) -> ProcessMemory:
-    """RSS, USS and PSS of a process (default: this one), MB.
-
-    psutil's ``Process.memory_full_info`` reads ``/proc/PID/smaps_rollup`` (or ``smaps``)
-    for USS and PSS; reading another user's process needs root.
+    """RSS, USS and PSS of a process (default: this one), MB (psutil ``memory_full_info``).
 
     Raises:
-        ProcessMemoryError: the process does not exist, or its memory may not be read
-            (the message says which, and the pid).
-    """
+        ProcessMemoryError: the process does not exist, or its memory may not be read."""
     import psutil
 
     pid = os.getpid() if pid is None else pid
@@ -313,16 +295,10 @@ def _num(value: Any) -> float | None:
 
 
 def jetson_reading(snapshot: dict[str, Any]) -> JetsonReading:
-    """Map one jtop update to :class:`JetsonReading` (pure: no I/O, no jtop import).
-
-    Args:
-        snapshot: jtop's properties as plain dicts under their names (``gpu``, ``power``,
-            ``temperature``, ``memory``, ``engine``; ``nvpmodel`` the mode name or None).
-            Any may be missing or empty; what is missing is left out, never filled in.
-
-    Key names and units are jetson-stats' (``jtop/jtop.py``; the total power rule is
-    ``jtop/core/power.py`` ``total_power``).
-    """
+    """Map one jtop update (its properties as plain dicts under their names: ``gpu``,
+    ``power``, ``temperature``, ``memory``, ``engine``; ``nvpmodel`` the mode name) to a
+    :class:`JetsonReading`; what is missing is left out. Keys and units: jetson-stats'
+    ``jtop/jtop.py`` and ``jtop/core/power.py``. Pure."""
     gpus = snapshot.get("gpu") or {}
     util: dict[str, float] = {}
     freq: dict[str, float] = {}
@@ -374,15 +350,9 @@ def jetson_reading(snapshot: dict[str, Any]) -> JetsonReading:
 
 
 class EnergyCounter:
-    """Energy, J, integrated from power readings by the trapezoid rule (what Triton's
-    ``nv_energy_consumption`` counts from NVML's power on a discrete GPU).
-
-    Each :meth:`add` of a power (W) at a time (s, monotonic) adds
-    ``(p_prev + p) / 2 * (t - t_prev)``. The first reading, and the first after a gap
-    over ``max_gap_s`` (jtop's service restarted, or it stopped answering), only sets the
-    baseline: energy is never extrapolated over time no reading covers. A reading at or
-    before the previous time is ignored.
-    """
+    """Energy, J, integrated from power readings by the trapezoid rule (as Triton's
+    ``nv_energy_consumption``). The first reading, and the first after a gap over
+    ``max_gap_s``, only sets the baseline; a reading at or before the previous is ignored."""
 
     def __init__(self, max_gap_s: float = 10.0) -> None:
         self.max_gap_s = max_gap_s
@@ -406,17 +376,9 @@ class EnergyCounter:
 
 @dataclass(frozen=True)
 class JetsonState:
-    """What the jtop sampler has: whether jtop is read, why not, the last reading.
-
-    Attributes:
-        available: a reading no older than the sampler's ``stale_s`` is there.
-        reason: why not (not a Jetson, jetson-stats missing, the jtop service not
-            reachable, the last reading stale); ``""`` when available.
-        reading: the last reading (None before the first, and when not available).
-        energy_j: energy since the sampler started, J (:class:`EnergyCounter`); None
-            without a power reading yet.
-        age_s: the reading's age, s; None without one.
-    """
+    """What the jtop sampler has: ``available`` (a reading within ``stale_s``), ``reason`` why
+    not ("" when available), the last ``reading``, ``energy_j`` since the start (None: no
+    power yet) and the reading's ``age_s``."""
 
     available: bool
     reason: str
@@ -439,10 +401,7 @@ def _jtop_snapshot(jetson: Any) -> dict[str, Any]:
 
 
 def _jtop_unavailable() -> str:
-    """Why jtop cannot be read on this host before trying its service, or ``""``.
-
-    The reasons are fixed sentences (a ``GET /metrics`` label: no file path, no
-    exception text, bounded)."""
+    """Why jtop cannot be read on this host, as a fixed sentence (a metrics label), or ``""``."""
     if not is_jetson():
         return (
             "not a Jetson (no L4T release file, no tegra device tree): jtop has no GPU, "
@@ -465,24 +424,17 @@ def _open_jtop(interval_s: float) -> Any:
 
 
 class JetsonSampler:
-    """Reads jtop once per update in a background thread and keeps the last reading.
-
-    The thread waits on ``jetson.ok()``, maps each update with :func:`jetson_reading` and
-    integrates the power into an :class:`EnergyCounter`; readers take only the cached
-    :meth:`state` (a scrape never talks to jtop). Off a Jetson, or without jetson-stats, no
-    thread starts and :meth:`state` says why. An unreachable jtop service is retried every
-    ``retry_s``; the reason names the error's type only (it is a metrics label).
+    """Reads jtop in a background thread and keeps the last reading and the energy; readers
+    take only the cached :meth:`state`. Off a Jetson or without jetson-stats no thread
+    starts; an unreachable jtop service is retried every ``retry_s``.
 
     Args:
         interval_s: jtop's update interval, s.
-        stale_s: a reading older than this is not shown, s (default 5 update intervals).
+        stale_s: a reading older than this is not shown, s (default 5 intervals + 1).
         retry_s: the wait between attempts to reach the jtop service, s.
-        opener: ``interval_s -> jtop client`` (a context manager); default
-            ``jtop.jtop(interval=...)``.
-        unavailable: ``() -> reason`` checked once before starting (``""``: go ahead);
-            default: not a Jetson, or jetson-stats not importable.
-        clock: monotonic seconds.
-    """
+        opener: ``interval_s -> jtop client`` (a context manager).
+        unavailable: ``() -> reason`` checked once before starting (``""``: go ahead).
+        clock: monotonic seconds."""
 
     def __init__(
         self,

@@ -310,8 +310,7 @@ def _under_way(
             f"{names}: {_f(conc)} requests in flight on average over {c.split_s:g} s > "
             f"{1 + c.split_margin:g}: split back"
         )
-        # no move again for backoff_s: a load that swings around the threshold
-        # (clients backing off after refusals) would otherwise move and split in turn
+        # no move again for backoff_s (a load swinging around the threshold)
         blocked = _block(state, s.now, c.backoff_s, revert=False)
         return _split(s, replace(state, blocked=blocked), units, why)
     if state.phase == "trial" and state.started is not None and s.now >= state.started + c.trial_s:

@@ -1,14 +1,8 @@
-"""The Tuner: scale out when the arrival envelope exceeds what the configuration sustains.
-
-:func:`scale_out_now` takes a snapshot, the offered requests' arrival times since the
-last change, the scaler's state and config, and returns a :class:`TunerVerdict` (at most
-one ``scale_out`` of one unit, possibly several instances at once). Pure: no clock, no I/O.
-
-Source: InferLine (Crankshaw et al., SoCC '20) §5, Algorithm 3: the observed envelope
-(:data:`WINDOWS_S`) against the planned one, ``q_planned(w) = Q(rho mu w) + mu (SLO - T)
-/ 1000`` (:func:`planned_envelope`). Each term and why: docs/scaling.md, "The Tuner's
-envelope in full".
-"""
+"""The Tuner: scale out when the arrival envelope exceeds what the configuration sustains
+(InferLine, SoCC '20, §5 Algorithm 3): the observed envelope over :data:`WINDOWS_S`
+against the planned ``Q(rho mu w) + mu (SLO - T) / 1000`` (:func:`planned_envelope`).
+:func:`scale_out_now` returns a :class:`TunerVerdict`. Pure: no clock, no I/O. In full:
+docs/scaling.md, "The Tuner's envelope in full"."""
 
 from __future__ import annotations
 
@@ -241,9 +235,7 @@ def required_capacity_rps(
 
 
 def _new_instance_items(u: UnitState, o: EngineOption) -> float:
-    """Items/s one more instance of ``u`` on ``o`` serves (the scaler's gain in
-    :func:`~infscaler.runtime.scaling.scaler._pick`: a cpu instance at its threads' live
-    service time, else the option's latency)."""
+    """Items/s one more instance of ``u`` on ``o`` serves (as the scaler's ``_pick`` gains)."""
     lat = o.latency_ms
     if o.engine == "cpu":
         lat = service_ms_at(u, o.cores or u.min_threads) or lat
@@ -375,8 +367,7 @@ def scale_out_now(
     out, passed = scale_out_choice(snapshot, state, config, sustained)
     if out is None:
         why = f"{seen}; no unit to scale: {'; '.join(passed) or 'none'}"
-        # blocked by the cap only where a unit short of capacity was refused (a unit
-        # the scale-in would give back is not a reason to borrow from another pipeline)
+        # blocked by the cap only where a unit short of capacity was refused
         capped = any("is not short of capacity" not in p for p in passed)
         return TunerVerdict(None, why, blocked=capped, exceeded=worst)
     if out.action != "scale_out":

@@ -1,13 +1,8 @@
-"""The capacity and latency model (:mod:`infscaler.runtime.queueing`) applied to a
-scaler :class:`~infscaler.runtime.scaling.types.Snapshot`: a unit's service time (its
-live P50, or per thread count), its items per request, its capacity, the pipeline's
-capacity, a unit's share of the SLO and the fewest instances whose approximate P99
-fits it (the P99 guard the scaler adds to InferLine's scale-in, §5 Algorithm 4).
-
-The scaler, the Tuner and arbitration read a snapshot only through these. Why the
-policies feed the median (M/D/c) rather than the tail: docs/scaling.md, "The queueing
-model".
-"""
+"""The capacity and latency model (:mod:`infscaler.runtime.queueing`) applied to a scaler
+Snapshot: a unit's service time, items per request and capacity, the pipeline's
+capacity, a unit's SLO share and the fewest instances whose approximate P99 fits it
+(the P99 guard added to InferLine's scale-in). Why the median (M/D/c): docs/scaling.md,
+"The queueing model"."""
 
 from __future__ import annotations
 

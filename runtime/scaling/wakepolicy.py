@@ -1,14 +1,8 @@
 """When to hold the CPUs awake: the policy behind ``cpu_wake_latency_us: auto`` (pure).
 
-:func:`decide_wake` (now s, the deployed pipelines with an SLO, what the autoscaler
-measured of them, the previous :class:`WakeState`) -> the new state: ``hold`` (request a
-0 us CPU wake latency through PM QoS, :mod:`.pmqos`, Linux pm_qos_interface) and its
-``reason``. It holds once a pipeline with an SLO violates it (the scaler's own test,
-:func:`~.scaler.is_violated`), and releases ``release_after_s`` after the last such
-pipeline left. :func:`idle_cost` gives the served slowdown after idle for the reason.
-
-More (the rules in full, the why, measurements): docs/scaling.md, "The CPU-wake policy in full".
-"""
+:func:`decide_wake` holds (a 0 µs PM QoS request, :mod:`.pmqos`) once a pipeline with an
+SLO violates it (:func:`~.scaler.is_violated`) and releases ``release_after_s`` after the
+last such pipeline left. In full: docs/scaling.md, "The CPU-wake policy in full"."""
 
 from __future__ import annotations
 
@@ -19,9 +13,7 @@ from typing import Any
 
 __all__ = ["IdleCost", "WakeConfig", "WakeEvidence", "WakeState", "decide_wake", "idle_cost"]
 
-#: An item counts as woken when its instance sat idle at least this long before it, s
-#: (the warm bin of IdleSlowdown ends at 0.02 s; served, the slowdown is under 1.05 x up
-#: to ~0.05 s: bench/idle_wake.py).
+#: An item counts as woken when its instance sat idle at least this long before it, s.
 MIN_IDLE_S = 0.05
 
 
