@@ -56,13 +56,11 @@ def poisson(rate: float, duration_s: float, seed: int = 0) -> np.ndarray:
 
 
 def gamma(rate: float, cv2: float, duration_s: float, seed: int = 0) -> np.ndarray:
-    """Arrival times (s) over ``duration_s`` with i.i.d. gamma inter-arrival times of mean
-    ``1 / rate`` and squared coefficient of variation ``cv2`` (shape ``1 / cv2``, scale
-    ``cv2 / rate``); ``cv2 = 1`` is a Poisson process, larger is burstier.
+    """Arrival times (s) over ``duration_s`` with i.i.d. gamma inter-arrivals of mean
+    ``1 / rate`` and squared CV ``cv2`` (``cv2 = 1``: Poisson).
 
     Raises:
-        ValueError: a rate, CV^2 or duration that is not positive.
-    """
+        ValueError: a rate, CV^2 or duration that is not positive."""
     rate = _positive("rate", rate)
     cv2 = _positive("cv2", cv2)
     duration_s = _positive("duration_s", duration_s)
@@ -142,27 +140,20 @@ def azure_functions(
     scale: float = 1.0,
     seed: int = 0,
 ) -> np.ndarray:
-    """Arrival times (s) from the Azure Functions 2019 trace (per-minute counts).
-
-    Minute ``m`` of the window holds ``count_m x scale`` requests (``scale`` multiplies
-    the trace's rate; a fractional count is rounded up with probability equal to its
-    fraction), placed uniformly at random inside the minute: a Poisson process at that
-    minute's rate, conditioned on its count. Time 0 is the start of the window.
+    """Arrival times (s) from the Azure Functions 2019 trace: minute ``m`` of the window holds
+    ``count_m x scale`` requests (a fraction rounded up with that probability), placed
+    uniformly inside the minute. Time 0 is the start of the window.
 
     Args:
         path: the invocations CSV (or its directory); default: :func:`trace_dir`.
-        function: None (all 500 functions summed), ``"busiest"`` (the function with the
-            most invocations: 63% of the total), or a ``HashFunction`` value (a unique
-            prefix of at least 6 characters is enough).
-        start_min: first minute of the window, 0-based (minute 0 is 08:00 of the day).
-        minutes: minutes in the window (None: to the end of the trace).
-        scale: rate multiplier (> 0).
-        seed: for the placement inside each minute.
+        function: None (all functions summed), ``"busiest"``, or a ``HashFunction`` value
+            (a unique prefix of at least 6 characters).
+        start_min: first minute of the window, 0-based. minutes: None: to the end.
+        scale: rate multiplier (> 0). seed: for the placement inside each minute.
 
     Raises:
-        FileNotFoundError: the trace file is missing (the message names the path).
-        ValueError: an unknown function, a window outside the trace, a bad scale.
-    """
+        FileNotFoundError: the trace file is missing.
+        ValueError: an unknown function, a window outside the trace, a bad scale."""
     scale = _positive("scale", scale)
     p = _trace_file(path, AZURE_FUNCTIONS_FILE)
     with _open_text(p) as f:
@@ -219,15 +210,12 @@ def azure_llm(
     start_s: float = 0.0,
     duration_s: float | None = None,
 ) -> np.ndarray:
-    """Arrival times (s) of the Azure LLM inference trace 2023: its real per-request
-    timestamps, relative to the first, multiplied by ``time_scale`` (0.1 replays it ten
-    times faster: ten times the rate), then cut to ``[start_s, start_s + duration_s)``
-    and shifted to start at 0.
+    """Arrival times (s) of the Azure LLM inference trace 2023: its timestamps relative to the
+    first, x ``time_scale``, cut to ``[start_s, start_s + duration_s)`` and shifted to 0.
 
     Raises:
-        FileNotFoundError: the trace file is missing (the message names the path).
-        ValueError: a bad ``time_scale`` / window, or an unreadable file.
-    """
+        FileNotFoundError: the trace file is missing.
+        ValueError: a bad ``time_scale`` / window, or an unreadable file."""
     time_scale = _positive("time_scale", time_scale)
     if not math.isfinite(start_s) or start_s < 0:
         raise ValueError(f"start_s must be >= 0, got {start_s!r}")
@@ -259,20 +247,13 @@ def azure_llm(
 
 def from_spec(spec: str, rate: float, duration_s: float, seed: int = 0) -> np.ndarray:
     """Arrivals at a mean of ``rate`` requests/s over ``duration_s`` from a CLI spec:
-
-    * ``poisson``;
-    * ``gamma:CV2`` (e.g. ``gamma:4``);
-    * ``azure`` / ``azure:busiest`` / ``azure:HASH``: the Azure Functions 2019 trace
-      (all functions, the busiest, or one), the first ``ceil(duration_s / 60)`` minutes,
-      scaled so that the mean rate is ``rate``;
-    * ``azure-llm``: the Azure LLM 2023 trace from its start, time-scaled so that
-      ``rate x duration_s`` requests fall in ``duration_s`` (the window's mean rate is
-      ``rate``; its burstiness is the trace's), cut to ``duration_s``.
+    ``poisson``; ``gamma:CV2``; ``azure`` / ``azure:busiest`` / ``azure:HASH`` (the first
+    ``ceil(duration_s / 60)`` minutes, scaled to ``rate``); ``azure-llm`` (time-scaled so
+    ``rate x duration_s`` requests fall in ``duration_s``).
 
     Raises:
-        ValueError: an unknown spec or bad numbers (the message says which).
-        FileNotFoundError: a trace file is missing.
-    """
+        ValueError: an unknown spec or bad numbers.
+        FileNotFoundError: a trace file is missing."""
     rate = _positive("rate", rate)
     duration_s = _positive("duration_s", duration_s)
     kind, _, arg = str(spec).strip().lower().partition(":")

@@ -69,8 +69,6 @@ def _left_to_planner(stage: Any) -> bool:
         and stage.threads == defaults["threads"].default
         and stage.instances == defaults["instances"].default
         and getattr(stage, "max_threads", None) is None  # the user bounded the threads
-        # the user bounded the replicas (the model-less variants' pipelines do: their
-        # profiles are of the pipeline as written)
         and stage.max_instances == defaults["max_instances"].default
     )
 

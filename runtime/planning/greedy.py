@@ -216,14 +216,11 @@ def fits_instance(
         and slots.get(engine, 0) + 1 > cap.max_instances.get(engine, 0)
     ):
         return f"{engine} slots {slots.get(engine, 0)}/{cap.max_instances.get(engine, 0)} used"
-    # pinned threads of cpu model instances against the thread slots, as the runtime's
-    # scaler counts them (Monitor.pinned_threads); a function stage pins none but needs
-    # a free slot to be added
+    # pinned threads against the thread slots, as the runtime's scaler counts them
     if engine == "cpu" and cap.cores and cores + max(1, p.cores) > cap.cores:
         return f"cpu pinned threads {cores}+{max(1, p.cores)} > {cap.cores} thread slots"
     if u.kind == "model" and engine == "cpu" and cap.physical_cores and rate:
-        # model units only: a function step's profiled time may be waiting (I/O, a
-        # sleep), which the runtime's demand, capped by CPU seconds, does not count
+        # model units only: a function step's time may be waiting, not demand
         busy = demand_cores(units, config, rate)
         pinned = c.instances.get("cpu", 0) * max(1, p.cores)
         share = share_per_thread(busy[k] if pinned else None, pinned) * max(1, p.cores)
@@ -237,9 +234,8 @@ def fits_instance(
 def _window(
     units: Sequence[UnitProfile], config: Sequence[UnitConfig], max_inflight: int | str | None
 ) -> int | str | None:
-    """The in-flight window to simulate: as given, except that ``"auto"`` with batching
-    becomes the served instances x their batch + 1 (the runtime's default window, the
-    instances + 1, would let no batch grow beyond 2: the plan then recommends this one)."""
+    """The in-flight window to simulate: as given, but ``"auto"`` with batching becomes the
+    served instances x their batch + 1."""
     if max_inflight == "auto" and any(c.batch > 1 for c in config):
         return 1 + sum(c.total * c.batch for u, c in zip(units, config, strict=True) if u.served)
     return max_inflight
@@ -328,9 +324,8 @@ class PlanSearch:
         return r.p99_ms is not None and r.p99_ms <= self.slo_ms and r.rejected == 0
 
     def start(self) -> list[UnitConfig] | PlanResult:
-        """Steps 1 and 2: each unit's minimum instances on its fastest engine the device
-        has, unless the service time alone misses the SLO or the minimum configuration
-        does not fit the memory cap (notes where it already exceeds the slots or cores)."""
+        """Steps 1 and 2: each unit's minimum instances on its fastest engine, unless the service
+        time alone misses the SLO or the minimum configuration exceeds the memory cap."""
         units, cap, slo_ms, handover_ms = self.units, self.cap, self.slo_ms, self.handover_ms
         # 1. engines and the service-time bound
         config: list[UnitConfig] = []

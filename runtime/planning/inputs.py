@@ -205,8 +205,6 @@ def _with_functions(run: _Gathering) -> PlannerInputs:
     """The inputs of a pipeline with function stages: it is compiled with its model stages
     whole (:func:`whole_pipeline`) and run in-process on a sample request (:func:`_sample_request`,
     else made up); its runtime units are the search's (see the module docstring)."""
-    # why: compiling and profiling load the function modules and onnxruntime sessions;
-    # a pipeline of model stages only never needs them
     from infscaler.runtime.planning.unitprofile import profile_pipeline, sample_inputs
     from infscaler.runtime.serving.pipeline import compile_pipeline
 
@@ -237,8 +235,7 @@ def _with_functions(run: _Gathering) -> PlannerInputs:
     shapes: list[str | None] = []
     for u, up in zip(compiled.units, prof.units, strict=True):
         if u.kind != "model":
-            # a function unit fused into no model (the fan-in among them): as measured,
-            # one instance (function stages deploy as written)
+            # a function unit fused into no model: as measured, one instance
             stages.append(dataclasses.replace(up, max_instances=1) if up.served else up)
             continue
         k, ms, path, shp = _fused_model_stage(run, u, prof, by_name, notes)

@@ -56,18 +56,9 @@ def fmt_num(v: float | None) -> str:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """What :func:`~infscaler.runtime.planning.planner.search` was asked, as its steps
-    share it (its arguments, checked).
-
-    Attributes:
-        slo_ms / rate / arrivals / requests / seed / handover_ms / frontend_ms /
-            final_requests / finalist_within / finalists_max / goodput_tie: the search's.
-        cores: the physical cores cpu instances and the front end share (the
-            simulator's contention; 0: unknown, none modelled).
-        incumbent: the configuration planned before, its
-            :meth:`~infscaler.runtime.planning.candidates.Candidate.identity` as JSON
-            (None: none).
-    """
+    """What :func:`~infscaler.runtime.planning.planner.search` was asked, checked: its
+    arguments, ``cores`` (physical cores shared; 0: no contention) and ``incumbent`` (the
+    identity planned before, as JSON; None: none)."""
 
     slo_ms: float
     rate: float | None
@@ -86,15 +77,8 @@ class SearchSettings:
 
 @dataclass
 class Scorer:
-    """Scores configurations as the search does (see the module docstring), counting the
-    simulations it runs and caching each score by (the units, their instances and batch,
-    the requests simulated).
-
-    Attributes:
-        settings: the search's (its SLO, rate, arrival process, seed, hop time, cores;
-            ``requests``: what a score simulates unless told otherwise, the screen).
-        simulations: how many simulations the scores ran.
-    """
+    """Scores configurations as the search does, counting its ``simulations`` and caching each
+    score by (units, instances and batch, requests); ``settings``: the search's."""
 
     settings: SearchSettings
     simulations: int = 0
@@ -127,13 +111,9 @@ class Scorer:
         n: int | None = None,
         guess: float | None = None,
     ) -> Score:
-        """The score of ``cfg`` on a trace of ``n`` requests (None: the settings'
-        ``requests``).
-
-        ``guess``: where the max rate is expected (the goodput interval's ends, from the
-        central score): probed first, then stepped from (3 %, doubling) until bracketed,
-        then bisected to the same 2 %; about half the simulations of a bisection from
-        the analytic capacity."""
+        """The score of ``cfg`` on a trace of ``n`` requests (None: the settings' ``requests``);
+        ``guess``: where the max rate is expected, probed first, then stepped from until
+        bracketed and bisected."""
         rate = self.settings.rate
         n = self.settings.requests if n is None else n
         key = (id(units), tuple((tuple(sorted(c.instances.items())), c.batch) for c in cfg), n)
@@ -184,9 +164,8 @@ class Scorer:
 def scaled_units(
     units: Sequence[UnitProfile], errs: Sequence[float], sign: float
 ) -> list[UnitProfile]:
-    """``units`` with each one's service times (``mean_ms``, ``samples_ms``,
-    ``batch_ms`` of every engine) x (1 + ``sign`` x its relative err): ``sign`` 1 the
-    pessimistic end of what was measured, -1 the optimistic one (the goodput interval). A unit with err 0 is returned as it is."""
+    """``units`` with every engine's service times x (1 + ``sign`` x the unit's relative err)
+    (``sign`` 1: pessimistic end, -1: optimistic); a unit with err 0 as it is."""
     out = []
     for u, err in zip(units, errs, strict=True):
         f = 1.0 + sign * float(err)

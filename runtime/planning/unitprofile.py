@@ -219,9 +219,8 @@ def _run_once(
     shapes: dict[str, list[dict[str, list[int]]]] | None = None,
     totals: list[float] | None = None,
 ) -> tuple[int | None, dict[str, np.ndarray]]:
-    """One request through every unit; returns (fan-out item count, the first env each
-    model unit saw, keyed by unit name, for batch profiling). ``totals`` gets the
-    request's time over every unit, ms."""
+    """One request through every unit: ``(fan-out item count, the first env each model unit
+    saw)``; ``totals`` gets the request's time over every unit, ms."""
     env: dict[str, np.ndarray] = dict(inputs)
     items: list[dict[str, np.ndarray]] | None = None
     n_items: int | None = None
