@@ -38,7 +38,8 @@ def _model_runner(model: Any) -> Any:
     return _session(str(Path(resolve_model(model)).resolve()))
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
+def readonly_view(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (what a function stage is given)."""
     v = np.asarray(a).view()
     v.setflags(write=False)
     return v
@@ -66,7 +67,7 @@ def _run_stage(
 ) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
     """One function or model stage on the tensors in ``env``."""
     if "function" in stage:
-        views = {n: _readonly(env[n]) for n in stage["inputs"]}
+        views = {n: readonly_view(env[n]) for n in stage["inputs"]}
         out = _load_function(stage["function"])(views, **(stage.get("params") or {}))
         if stage.get("fan_out"):
             if not isinstance(out, list):
@@ -108,7 +109,7 @@ def run_pipeline_reference(
     items: list[dict[str, np.ndarray]] | None = None  # between fan_out and fan_in
     for stage in spec["stages"]:
         if stage.get("fan_in"):
-            gathered = [{n: _readonly(it[n]) for n in stage["inputs"]} for it in items or []]
+            gathered = [{n: readonly_view(it[n]) for n in stage["inputs"]} for it in items or []]
             fn = _load_function(stage["function"])
             env.update(_checked(stage, fn(gathered, **(stage.get("params") or {}))))
             items = None

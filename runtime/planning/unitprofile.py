@@ -24,6 +24,7 @@ from infscaler.base.errors import InfScalerError
 from infscaler.base.samples import render_text_image
 from infscaler.engines.onnxrt.loader import load_session
 from infscaler.partitioner import profiler
+from infscaler.runtime.planning.reference import readonly_view
 from infscaler.runtime.planning.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.serving.pipeline import load_function
 
@@ -152,12 +153,6 @@ def sample_inputs(compiled: Any, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    v = np.asarray(a).view()
-    v.setflags(write=False)
-    return v
-
-
 class _Runner:
     """Runs one unit in-process and times it."""
 
@@ -234,13 +229,13 @@ def _run_once(
 
     for u, r in zip(compiled.units, runners, strict=True):
         if u.fan_in:
-            gathered = [{n: _readonly(it[n]) for n in u.inputs} for it in items or []]
+            gathered = [{n: readonly_view(it[n]) for n in u.inputs} for it in items or []]
             out, ms = r.call(gathered)
             note(u.name, ms)
             env.update(out)
             items = None
         elif u.fan_out:
-            out, ms = r.call({n: _readonly(env[n]) for n in u.inputs})
+            out, ms = r.call({n: readonly_view(env[n]) for n in u.inputs})
             note(u.name, ms)
             if not isinstance(out, list):
                 raise InfScalerError(f"stage {u.stage}: fan_out returned {type(out).__name__}")
@@ -257,7 +252,7 @@ def _run_once(
                             shapes[u.name].append(fed)
                     out, ms = r.model(tgt)
                 else:
-                    out, ms = r.call({n: _readonly(tgt[n]) for n in u.inputs})
+                    out, ms = r.call({n: readonly_view(tgt[n]) for n in u.inputs})
                     if not isinstance(out, Mapping):
                         raise InfScalerError(
                             f"stage {u.stage}: returned {type(out).__name__}, not a dict"
