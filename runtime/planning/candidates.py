@@ -51,20 +51,15 @@ class Candidate:
         cuts / objectives / threads: per model stage, the cuts, the objectives that chose
             them (``k1`` for K = 1) and the intra-op threads of each instance.
         units / config: the units simulated (the front end first) and their instances.
-        goodput_rps: requests/s answered within the SLO at ``rate`` (attainment x rate;
-            with no rate, the max rate).
+        goodput_rps: requests/s answered within the SLO at ``rate`` (no rate: the max rate).
         max_rate_rps: the largest rate whose simulated P99 <= SLO, or None.
         p99_ms / attainment: at ``rate`` (at the max rate without one).
         memory_mb: instances' memory. share: per stage, the bottleneck partition's FLOPs
-            share. fits: within the cap. why: why it lost (filled by the search).
-        whole: the whole pipeline in one unit (``fuse: whole``; ``cuts`` all ``()``).
-        finalist: scored again on the long trace (:data:`~.planner.FINAL_REQUESTS`);
-            False: the short screen's figures.
-        unit_err: per unit, the relative uncertainty of its service time (0 for the front
-            end and function units).
-        goodput_lo / goodput_hi: goodput (requests/s) with every service time at
-            x (1 + err) / x (1 - err); None: not scored (only finalists are).
-    """
+            share. fits: within the cap. why: why it lost.
+        whole: the whole pipeline in one unit (``cuts`` all ``()``).
+        finalist: scored again on the long trace.
+        unit_err: per unit, the relative uncertainty of its service time.
+        goodput_lo / goodput_hi: goodput at service times x (1 + err) / x (1 - err), or None."""
 
     cuts: tuple[tuple[int, ...], ...]
     objectives: tuple[tuple[str, ...], ...]

@@ -97,14 +97,12 @@ class CapacityCurve:
 
     Attributes:
         pipeline / slo_ms / device: the pair.
-        max_rate: R*, requests/s (0: the planner found no configuration at any rate).
+        max_rate: R*, requests/s (0: no configuration at any rate; ``reason`` says why).
         rates: the ladder, requests/s, increasing (R* last).
         vectors: per ladder rate, the resources (``resources`` order), non-decreasing.
         resources: ``memory_mb`` (MB), ``slots:ENGINE`` (instances), ``cores`` (busy).
-        configs: per ladder rate, the planner's rows (unit, engine, instances, batch).
-        reason: why max_rate is 0 (the planner's reason), else "".
-        planner_runs: how many times the planner ran for this pair.
-    """
+        configs: per ladder rate, the planner's rows.
+        planner_runs: how many times the planner ran for this pair."""
 
     pipeline: str
     slo_ms: float
@@ -171,15 +169,9 @@ def capacity_curve(
     sim_requests: int = SIM_REQUESTS,
     planner: Callable[..., Any] = plan,
 ) -> CapacityCurve:
-    """R* and the resource ladder of ``units`` (a pipeline's unit profiles on ``device``)
-    at ``slo_ms`` (see the module docstring): at most ``bisect_steps + levels + 1`` runs
-    of ``planner`` (:func:`infscaler.runtime.planning.planner.plan`), each simulating
-    ``sim_requests`` Poisson arrivals.
-
-    Args:
-        profile: the device's DeviceProfile (or a ResourceCap).
-        pool_mb: the node's tensor pool, MB (counted in each run's memory check).
-    """
+    """R* and the resource ladder of ``units`` on ``device`` at ``slo_ms``: at most
+    ``bisect_steps + levels + 1`` runs of ``planner`` on ``sim_requests`` Poisson arrivals
+    (``profile``: a DeviceProfile or ResourceCap; ``pool_mb``: the node's tensor pool, MB)."""
     cap = resource_cap(profile)
     names = _resources(cap)
     runs = 0
@@ -282,16 +274,9 @@ class NodeAssignment:
 
 @dataclass
 class Placement:
-    """What :func:`place` found.
-
-    Attributes:
-        nodes: the nodes used, in the order opened.
-        unplaced: stream name -> why it could not be placed.
-        lower_bound: :func:`lower_bound` of the streams that can be placed.
-        curves: the capacity curves, keyed (pipeline, SLO ms, device).
-        seconds: wall time of the packing (the curves excluded), s.
-        curve_seconds: wall time of the capacity curves (the planner runs), s.
-    """
+    """What :func:`place` found: the ``nodes`` used in the order opened, ``unplaced`` (stream
+    -> why), the :func:`lower_bound` and its resource, the ``curves`` and the wall times of
+    the packing (``seconds``) and of the curves (``curve_seconds``)."""
 
     nodes: list[NodeAssignment]
     unplaced: dict[str, str]
@@ -384,16 +369,11 @@ def place(
     *,
     pool_mb: float = 0.0,
 ) -> Placement:
-    """Place ``streams`` on ``nodes`` (see the module docstring).
-
-    Args:
-        curves: (pipeline, slo_ms, device) -> :class:`CapacityCurve` for every stream's
-            key on every device type in ``nodes`` (:func:`capacity_curve`).
-        pool_mb: the tensor pool of each node's service, MB (counted once per node).
+    """Place ``streams`` on ``nodes`` (see the module docstring); ``curves``: a
+    :class:`CapacityCurve` per (pipeline, slo_ms, device); ``pool_mb``: each node's pool, MB.
 
     Raises:
-        KeyError: a curve is missing.
-    """
+        KeyError: a curve is missing."""
     t0 = time.perf_counter()
     devices = sorted({n.device for n in nodes})
     free: dict[str, list[FleetNode]] = {d: [] for d in devices}

@@ -45,16 +45,12 @@ class PlanResult:
 
     Attributes:
         feasible: a configuration meets the SLO within the cap.
-        reason: one line a user can read (why infeasible, or what was found).
-        rate / slo_ms / arrivals: the target.
-        units: the profiles planned for.
-        config: per unit (the plan, or for an infeasible plan the last one tried; None
-            when the search could not start).
-        prediction: the simulation of ``config`` (None when not simulated).
+        reason: one line a user can read.
+        rate / slo_ms / arrivals / units: the target and the profiles.
+        config: per unit, the plan or the last one tried (None: could not start).
+        prediction: the simulation of ``config`` (None: not simulated).
         memory_mb / memory_cap_mb: of ``config`` (instances + pool) and the device's cap.
-        steps: the search, one line per change.
-        simulations: how many simulations the search ran.
-    """
+        steps: one line per change. simulations: how many the search ran."""
 
     feasible: bool
     reason: str

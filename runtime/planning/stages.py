@@ -30,30 +30,21 @@ class ModelStage:
         costs: per operator in topological order, the complexity that cuts and shares the
             measured time: profiled ms at 1 thread (preferred) or FLOPs.
         valid_cuts: cut positions (cut p lies after operator p).
-        whole_ms: intra-op threads -> whole-model time, ms (batch 1); key 1 required; a
-            count not measured is not an option.
-        weights_bytes: per operator, weight bytes read (empty: 0).
-        flops: per operator FLOPs, for the bottleneck share (empty: ``costs``).
-        op_ms: per operator profiled ms, to share the measured time (empty: ``costs``).
+        whole_ms: intra-op threads -> whole-model time, ms (batch 1); key 1 required.
+        weights_bytes / flops / op_ms: per operator, weight bytes, FLOPs (the bottleneck
+            share) and profiled ms (the time share); empty: 0 / ``costs`` / ``costs``.
         cut_bytes: bytes crossing each valid cut.
-        boundary_fixed_ms / boundary_per_mb_ms: boundary overhead T_p = fixed + per_mb x MB
-            crossing, ms (``profiler.BoundaryOverhead``), added after each cut.
-        activations_mb: peak activations of the whole model, MB (an upper bound per part).
+        boundary_fixed_ms / boundary_per_mb_ms: T_p = fixed + per_mb x MB crossing, ms,
+            added after each cut.
+        activations_mb: peak activations of the whole model, MB.
         instance_overhead_mb: memory of an idle instance process, MB.
-        cv / cv_by_threads: coefficient of variation of the whole-model time (threads ->
-            CV where measured); the units' gamma service times use it.
-        corun_by_threads / idle_by_threads: threads -> co-running slowdown (a fraction) /
-            idle slowdown ``((idle s, factor), ...)``, as :class:`~.simtypes.EngineProfile`.
-        unit_ms: measured per-partition ms replacing the estimate: ``(cuts, threads) ->
-            (ms per partition, ...)``.
-        whole_ms_err / unit_ms_err: the relative uncertainty (0 <= err < 1) of ``whole_ms``
-            / ``unit_ms`` (:func:`infscaler.partitioner.profiler.median_err`; absent: 0 /
-            the whole model's); the finalists' goodput interval.
-        pre_ms / post_ms: cpu ms per call of function steps fused before partition 0 /
-            after partition K-1 (the same at every thread count).
-        items: measured items per request when the stage's last unit fans out (empty: it
-            does not); stages after a fan-out run per item.
-    """
+        cv / cv_by_threads: coefficient of variation of the whole-model time.
+        corun_by_threads / idle_by_threads: threads -> co-running / idle slowdown, as
+            :class:`~.simtypes.EngineProfile`.
+        unit_ms: ``(cuts, threads) -> (ms per partition, ...)`` measured, replacing the estimate.
+        whole_ms_err / unit_ms_err: relative uncertainty (0 <= err < 1) of those times.
+        pre_ms / post_ms: cpu ms per call of function steps fused before / after the model.
+        items: measured items per request when the last unit fans out (empty: it does not)."""
 
     name: str
     costs: tuple[float, ...]

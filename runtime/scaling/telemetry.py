@@ -39,30 +39,20 @@ class Telemetry:
     """One reading of the host (see the module docstring for the sources).
 
     Attributes:
-        source: ``jetson-stats`` (Jetson fields from jtop) or ``psutil``.
-        time: wall-clock time of the reading, s since the epoch (``time.time()``).
-        cpu_percent: utilisation of all cores together, % (0-100); psutil's mean over
-            ``interval_s``.
-        cpu_percent_per_core: utilisation per logical CPU, % (index = CPU id; length
-            ``os.cpu_count()``), psutil's over ``interval_s``.
-        memory_total_mb: RAM, MB (psutil ``virtual_memory().total``).
-        memory_available_mb: RAM available without swapping, MB (``MemAvailable``).
-        memory_used_mb: RAM used, MB (psutil ``used``: total - free - buffers - cache).
-        gpu_load_percent: iGPU load, % (jtop ``gpu[...]['status']['load']``); None off
-            a Jetson.
-        gpu_memory_mb: RAM mapped for the GPU, MB (jtop ``memory['RAM']['shared']``, the
-            NvMap total); None off a Jetson.
-        power_mode: nvpmodel mode name (jtop ``nvpmodel.name``, e.g. ``MAXN``); None off a
-            Jetson or where nvpmodel is absent.
-        temperatures_c: sensor name -> °C (jtop thermal zones on a Jetson, psutil
-            ``sensors_temperatures`` elsewhere); None when the source has none.
-        emc_percent: memory-controller (EMC) bandwidth used, % of its current frequency's
-            (jtop ``memory['EMC']['val']``); None off a Jetson or when not readable.
-        emc_freq_mhz: current EMC frequency, MHz (jtop ``memory['EMC']['cur']`` kHz / 1000).
-        power_mw: total board power, mW (jtop ``power['tot']['power']``, INA3221 rails).
-        note: why the Jetson fields are None (not a Jetson, jetson-stats missing or
-            failing), or None.
-    """
+        source: ``jetson-stats`` or ``psutil``.
+        time: wall-clock time of the reading, s since the epoch.
+        cpu_percent / cpu_percent_per_core: utilisation of all cores / per logical CPU, %,
+            psutil's over ``interval_s``.
+        memory_total_mb / memory_available_mb / memory_used_mb: RAM, MB (psutil ``total``,
+            ``available``, ``used``).
+        gpu_load_percent: iGPU load, % (jtop ``gpu[...]['status']['load']``).
+        gpu_memory_mb: RAM mapped for the GPU, MB (jtop ``memory['RAM']['shared']``).
+        power_mode: nvpmodel mode name (jtop ``nvpmodel.name``, e.g. ``MAXN``).
+        temperatures_c: sensor -> °C (jtop thermal zones, else psutil); None: none.
+        emc_percent: EMC bandwidth used, % (jtop ``memory['EMC']['val']``).
+        emc_freq_mhz: current EMC frequency, MHz (jtop ``memory['EMC']['cur']`` / 1000).
+        power_mw: total board power, mW (jtop ``power['tot']['power']``).
+        note: why the Jetson fields (None off a Jetson) are None, or None."""
 
     source: str
     time: float
@@ -252,29 +242,20 @@ JTOP_OFFLINE_C = -256.0
 
 @dataclass(frozen=True)
 class JetsonReading:
-    """One jtop update in SI units: what the ``nv_gpu_*`` / ``infscaler_jetson_*`` gauges
-    show (:func:`jetson_reading` builds it; :mod:`infscaler.api.metrics` exports it).
+    """One jtop update in SI units, as the ``nv_gpu_*`` / ``infscaler_jetson_*`` gauges show it.
 
     Attributes:
         gpu_utilization: iGPU name -> load, 0-1 (jtop ``gpu[name]['status']['load']``, %).
-        power_w: total board power, W (jtop ``power['tot']['power']``, mW: the
-            ``VDD_IN`` / ``POM_5V_IN`` rail where the board has one, else jtop's sum of
-            the rails); None without INA3221 / INA238 monitors.
-        rails_w: rail name -> power, W (jtop ``power['rail'][name]['power']``, mW;
-            online rails only).
-        temperatures_c: sensor -> °C (jtop ``temperature[name]['temp']``; sensors
-            offline, or reading jtop's -256, are left out).
-        frequencies_hz: engine -> current clock, Hz: ``gpu`` (each iGPU's
-            ``freq['cur']``, kHz; named as jtop names the GPU), ``emc`` (``memory['EMC']['cur']``,
-            kHz) and the online engines of ``jtop.engine`` (``[group][name]['cur']``, kHz:
-            DLA, NVENC, NVDEC, ...).
-        memory_used_bytes: DRAM in use, bytes (jtop ``memory['RAM']['used']``, KB): on a
-            Jetson the GPU and the CPUs share this memory.
-        memory_total_bytes: DRAM, bytes (jtop ``memory['RAM']['tot']``, KB).
-        gpu_mapped_bytes: DRAM the GPU has mapped (NvMap), bytes (jtop
-            ``memory['RAM']['shared']``, KB); None where jtop does not report it.
-        power_mode: the nvpmodel mode name (jtop ``nvpmodel.name``, e.g. ``MAXN``).
-    """
+        power_w: total board power, W (jtop ``power['tot']['power']``, mW); None without
+            power monitors.
+        rails_w: online rail -> power, W (jtop ``power['rail'][name]['power']``, mW).
+        temperatures_c: online sensor -> °C (jtop ``temperature[name]['temp']``).
+        frequencies_hz: engine -> current clock, Hz (jtop ``freq['cur']`` of each iGPU,
+            ``memory['EMC']['cur']`` and the online ``engine[group][name]['cur']``, kHz).
+        memory_used_bytes / memory_total_bytes: DRAM, bytes (jtop ``memory['RAM']``
+            ``used`` / ``tot``, KB), shared by GPU and CPUs.
+        gpu_mapped_bytes: DRAM the GPU has mapped (NvMap), bytes (``memory['RAM']['shared']``).
+        power_mode: the nvpmodel mode name."""
 
     gpu_utilization: dict[str, float]
     power_w: float | None

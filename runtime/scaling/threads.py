@@ -90,18 +90,13 @@ class ThreadsState:
     Attributes:
         looks: ``(now, pending, served rps, p99 ms or nan)`` within the last
             ``max(window_s, 2 x trial_s)``.
-        phase: None (nothing under way), ``merging`` (scale_in / scale_up being sent),
-            ``trial`` (moved, judged at ``started + trial_s``), ``kept`` (moved and kept),
-            ``splitting`` (scale_down sent, scale_out next).
-        moved: the units of the move under way (empty: none).
-        started: ``now`` of the last step sent, s (None: none).
+        phase: None, ``merging``, ``trial`` (judged at ``started + trial_s``), ``kept`` or
+            ``splitting``.
+        moved: the units of the move under way. started: ``now`` of the last step sent, s.
         before_rps / before_p99: served rate and P99 (means of the looks) before the move.
         blocked: ``(unit, until, reverts)`` per unit whose move was reverted or split.
-        verdict: the last trial's verdict, one line (None: none yet).
-        held: why no move was made at the last look: ``(code, one line)``, code one of
-            ``changed``, ``watching``, ``loan``, ``trial``, ``cores``, ``idle``,
-            ``in-flight``, ``busy``, ``none`` (None: a move was made or is under way).
-    """
+        verdict: the last trial's verdict (None: none yet).
+        held: ``(code, one line)``: why no move was made at the last look (None: one was)."""
 
     looks: tuple[tuple[float, float, float, float], ...] = ()
     phase: str | None = None
