@@ -1,16 +1,15 @@
-"""Host telemetry: CPU, memory, and on a Jetson the iGPU, EMC, power mode and temperatures.
-
-Sources: psutil everywhere; jetson-stats (``jtop``) on a Jetson, imported lazily. A value
-the host lacks is ``None`` and ``note`` says why: never invented. Memory in MB of 2**20
-bytes. :class:`JetsonSampler` (one per process) keeps one jtop client in a background
-thread for ``/metrics`` and ``status``. In full: docs/scaling.md, "Host telemetry in full"."""
+"""Host telemetry: a process's memory (psutil, MB of 2**20 bytes) and, on a Jetson, the
+iGPU, power, clocks, memory and temperatures from jetson-stats (``jtop``, imported
+lazily); what the host lacks is left out, never invented. :class:`JetsonSampler` (one per
+process) keeps one jtop client in a background thread for ``/metrics`` and ``status``.
+In full: docs/scaling.md, "Host telemetry in full"."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,58 +22,13 @@ __all__ = [
     "JetsonState",
     "ProcessMemory",
     "ProcessMemoryError",
-    "Telemetry",
     "is_jetson",
     "jetson_reading",
     "jetson_sampler",
     "process_memory",
-    "read_telemetry",
 ]
 
 _MB = 2**20
-
-
-@dataclass(frozen=True)
-class Telemetry:
-    """One reading of the host (see the module docstring for the sources).
-
-    Attributes:
-        source: ``jetson-stats`` or ``psutil``.
-        time: wall-clock time of the reading, s since the epoch.
-        cpu_percent / cpu_percent_per_core: utilisation of all cores / per logical CPU, %,
-            psutil's over ``interval_s``.
-        memory_total_mb / memory_available_mb / memory_used_mb: RAM, MB (psutil ``total``,
-            ``available``, ``used``).
-        gpu_load_percent: iGPU load, % (jtop ``gpu[...]['status']['load']``).
-        gpu_memory_mb: RAM mapped for the GPU, MB (jtop ``memory['RAM']['shared']``).
-        power_mode: nvpmodel mode name (jtop ``nvpmodel.name``, e.g. ``MAXN``).
-        temperatures_c: sensor -> °C (jtop thermal zones, else psutil); None: none.
-        emc_percent: EMC bandwidth used, % (jtop ``memory['EMC']['val']``).
-        emc_freq_mhz: current EMC frequency, MHz (jtop ``memory['EMC']['cur']`` / 1000).
-        power_mw: total board power, mW (jtop ``power['tot']['power']``).
-        note: why the Jetson fields (None off a Jetson) are None, or None."""
-
-    source: str
-    time: float
-    cpu_percent: float | None
-    cpu_percent_per_core: tuple[float, ...]
-    memory_total_mb: float
-    memory_available_mb: float | None
-    memory_used_mb: float
-    gpu_load_percent: float | None = None
-    gpu_memory_mb: float | None = None
-    power_mode: str | None = None
-    temperatures_c: dict[str, float] | None = None
-    emc_percent: float | None = None
-    emc_freq_mhz: float | None = None
-    power_mw: float | None = None
-    note: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the per-core tuple as a list)."""
-        d = asdict(self)
-        d["cpu_percent_per_core"] = list(self.cpu_percent_per_core)
-        return d
 
 
 @dataclass(frozen=True)
@@ -109,103 +63,6 @@ def is_jetson() -> bool:
         return b"nvidia,tegra" in Path("/proc/device-tree/compatible").read_bytes()
     except OSError:
         return False
-
-
-def _psutil_reading(interval_s: float) -> dict[str, Any]:
-    import psutil
-
-    per_core = psutil.cpu_percent(interval=interval_s, percpu=True)
-    vm = psutil.virtual_memory()
-    temps: dict[str, float] | None = None
-    reader = getattr(psutil, "sensors_temperatures", None)
-    if reader is not None:
-        try:
-            found = reader() or {}
-        except (OSError, RuntimeError):
-            found = {}
-        temps = {}
-        for chip, entries in found.items():
-            for i, e in enumerate(entries):
-                label = e.label or (chip if len(entries) == 1 else f"{chip}{i}")
-                key = label if label not in temps else f"{chip}/{label}"
-                temps[key] = float(e.current)
-        temps = temps or None
-    return {
-        "time": time.time(),
-        "cpu_percent": sum(per_core) / len(per_core) if per_core else None,
-        "cpu_percent_per_core": tuple(float(p) for p in per_core),
-        "memory_total_mb": vm.total / _MB,
-        "memory_available_mb": vm.available / _MB,
-        "memory_used_mb": vm.used / _MB,
-        "temperatures_c": temps,
-    }
-
-
-def _jtop_fields(jetson: Any) -> dict[str, Any]:
-    """The Jetson fields of a started ``jtop`` client (see :class:`Telemetry`)."""
-    out: dict[str, Any] = {}
-    gpus = list(jetson.gpu.values()) if jetson.gpu else []
-    if gpus:
-        load = gpus[0].get("status", {}).get("load")
-        out["gpu_load_percent"] = None if load is None else float(load)
-    memory = jetson.memory
-    ram = memory.get("RAM") or {}
-    if ram.get("shared") is not None:
-        out["gpu_memory_mb"] = float(ram["shared"]) / 1024.0  # KB -> MB
-    emc = memory.get("EMC") or {}
-    if emc.get("val") is not None:
-        out["emc_percent"] = float(emc["val"])
-    if emc.get("cur") is not None:
-        out["emc_freq_mhz"] = float(emc["cur"]) / 1000.0  # kHz -> MHz
-    nvp = jetson.nvpmodel
-    if nvp is not None:
-        out["power_mode"] = str(nvp.name)
-    temps = {
-        name: float(t["temp"])
-        for name, t in (jetson.temperature or {}).items()
-        if t.get("online", True) and t.get("temp", -256) > -256  # jtop: -256 = offline
-    }
-    out["temperatures_c"] = temps or None
-    power = jetson.power or {}
-    total = (power.get("tot") or {}).get("power")
-    if total is not None:
-        out["power_mw"] = float(total)
-    return out
-
-
-def read_telemetry(interval_s: float = 0.1) -> Telemetry:
-    """Read the host's telemetry now (see :class:`Telemetry`); ``interval_s``: psutil's CPU
-    window, s (the call blocks this long; 0: since the previous call). A missing or failing
-    jetson-stats falls back to psutil, with ``note`` saying why; never raises for it."""
-    base = _psutil_reading(interval_s)
-    if not is_jetson():
-        return Telemetry(
-            source="psutil",
-            note="not a Jetson (no /etc/nv_tegra_release): GPU, EMC and power mode not read",
-            **base,
-        )
-    try:
-        from jtop import jtop  # jetson-stats: optional, Jetson only
-    except ImportError as exc:
-        return Telemetry(
-            source="psutil",
-            note=f"jetson-stats is not installed ({exc}): pip install jetson-stats "
-            "(it installs the jtop service); GPU, EMC and power mode not read",
-            **base,
-        )
-    try:
-        with jtop() as jetson:
-            fields = _jtop_fields(jetson)
-    except Exception as exc:  # noqa: BLE001 - jtop raises JtopException and OS errors
-        return Telemetry(
-            source="psutil",
-            note=f"jetson-stats failed ({type(exc).__name__}: {exc}); is the jtop service "
-            "running (systemctl status jtop)? GPU, EMC and power mode not read",
-            **base,
-        )
-    temps = fields.pop("temperatures_c", None)
-    base["temperatures_c"] = temps if temps is not None else base["temperatures_c"]
-    return Telemetry(source="jetson-stats", **base, **fields)
 
 
 def process_memory(pid: int | None = None) -> ProcessMemory:
