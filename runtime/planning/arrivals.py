@@ -28,7 +28,6 @@ __all__ = [
     "from_spec",
     "gamma",
     "poisson",
-    "rate_series",
     "trace_dir",
 ]
 
@@ -87,17 +86,6 @@ def cv2_of(arrivals: np.ndarray) -> float:
     if gaps.size < 2 or gaps.mean() <= 0:
         raise ValueError("need at least 3 arrivals with increasing times to compute CV^2")
     return float(gaps.var() / gaps.mean() ** 2)
-
-
-def rate_series(arrivals: np.ndarray, interval_s: float = 1.0) -> np.ndarray:
-    """Requests per second in consecutive windows of ``interval_s`` from time 0."""
-    interval_s = _positive("interval_s", interval_s)
-    a = np.asarray(arrivals, dtype=float)
-    if a.size == 0:
-        return np.zeros(0)
-    bins = int(math.floor(a.max() / interval_s)) + 1
-    counts = np.bincount((a // interval_s).astype(int), minlength=bins)
-    return counts / interval_s
 
 
 def trace_dir() -> Path:
