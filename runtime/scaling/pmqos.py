@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
 
 from infscaler.base.errors import InfScalerError
 
@@ -18,7 +17,6 @@ __all__ = [
     "CpuLatencyUnavailable",
     "can_request",
     "check_max_us",
-    "cpuidle_states",
 ]
 
 CPU_LATENCY_DEVICE = "/dev/cpu_dma_latency"
@@ -26,25 +24,6 @@ CPU_LATENCY_DEVICE = "/dev/cpu_dma_latency"
 
 class CpuLatencyUnavailable(InfScalerError):
     """The CPU latency request cannot be made here (reason in the message)."""
-
-
-def cpuidle_states(cpu: int = 0) -> list[dict[str, object]]:
-    """cpuidle states of ``cpu`` from sysfs: ``[{"name", "latency_us", "disabled"}]``
-    (empty where cpuidle is absent)."""
-    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cpuidle")
-    out = []
-    for d in sorted(root.glob("state*"), key=lambda p: int(p.name[5:])):
-        try:
-            out.append(
-                {
-                    "name": (d / "name").read_text().strip(),
-                    "latency_us": int((d / "latency").read_text()),
-                    "disabled": (d / "disable").read_text().strip() == "1",
-                }
-            )
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 def can_request(device: str = CPU_LATENCY_DEVICE) -> bool:
