@@ -24,7 +24,6 @@ from infscaler.runtime.planning.planner import ModelStage, search
 
 __all__ = [
     "measure_model_stage",
-    "measure_units",
     "measure_units_err",
     "search_measured",
     "spread_cv",
@@ -173,24 +172,6 @@ def measure_model_stage(
     )
 
 
-def measure_units(
-    model: str | os.PathLike[str],
-    cuts: Sequence[int],
-    threads: int,
-    *,
-    shapes: str | None = None,
-    repeats: int = 5,
-) -> tuple[float, ...]:
-    """Measured latency of each partition of ``model`` cut at ``cuts`` at ``threads`` threads,
-    ms (batch 1; the partitioner's own per-part timing, nothing written).
-
-    Raises:
-        PartitionError: an invalid cut. ModelLoadError / ShapeError: a bad model or shapes.
-        VerificationError: the parts do not reproduce the model."""
-
-    return measure_units_err(model, cuts, threads, shapes=shapes, repeats=repeats)[0]
-
-
 def measure_units_err(
     model: str | os.PathLike[str],
     cuts: Sequence[int],
@@ -199,11 +180,14 @@ def measure_units_err(
     shapes: str | None = None,
     repeats: int = 5,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """:func:`measure_units` with each partition's relative uncertainty
-    (``profiler.median_err``, at least :data:`DRIFT_ERR`): ``(ms, err)`` per partition.
+    """Measured latency of each partition of ``model`` cut at ``cuts`` at ``threads`` threads,
+    ms (batch 1; the partitioner's own per-part timing, nothing written), with each one's
+    relative uncertainty (``profiler.median_err``, at least :data:`DRIFT_ERR`):
+    ``(ms per partition, err per partition)``.
 
     Raises:
-        as :func:`measure_units`."""
+        PartitionError: an invalid cut. ModelLoadError / ShapeError: a bad model or shapes.
+        VerificationError: the parts do not reproduce the model."""
 
     plan = partition_model(model, shapes=shapes, cuts=list(cuts), threads=threads, repeats=repeats)
     parts = plan.summary["partitions"]
