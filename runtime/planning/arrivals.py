@@ -1,24 +1,12 @@
-"""Arrival processes for the planner's simulator and the benchmarks: arrays of request
-arrival times in seconds, sorted, starting near 0.
+"""Arrival processes for the planner's simulator and the benchmarks: sorted arrays of
+request arrival times in seconds, starting near 0.
 
-* :func:`poisson`: exponential inter-arrivals (CV^2 = 1).
-* :func:`gamma`: gamma inter-arrivals with mean 1 / rate and a chosen squared coefficient
-  of variation CV^2 (InferLine §2.1, §6: CV^2 = 1 is Poisson, CV^2 = 4 is bursty).
-* :func:`azure_functions`: the Azure Functions 2019 trace (Shahrad et al., "Serverless in
-  the Wild", ATC'20; per-minute invocation counts), each minute's requests spread inside
-  the minute as a Poisson process at that minute's rate; ``scale`` multiplies the rate.
-* :func:`azure_llm`: the Azure LLM inference trace 2023 (Patel et al., "Splitwise",
-  ISCA'24), real per-request timestamps replayed, optionally time-scaled.
-* :func:`from_spec`: the CLI's ``--arrivals`` (``poisson``, ``gamma:4``, ``azure``,
-  ``azure-llm``) at a given mean rate.
-
-The traces ship with the package, gzip-compressed, in ``infscaler/runtime/planning/traces/``
-(its README.md says what each file holds, its source and its licence, CC BY 4.0);
-``$INFSCALER_TRACES`` names another directory holding the same file names, compressed
-(``.csv.gz``) or not.
-
-Pure: numpy only, no clock; every random process takes a ``seed``.
-"""
+:func:`poisson`; :func:`gamma` (mean 1 / rate, squared CV ``cv2``: InferLine §2.1, §6);
+:func:`azure_functions` (Azure Functions 2019 trace, Shahrad et al., ATC'20: per-minute
+counts spread as Poisson); :func:`azure_llm` (Azure LLM inference trace 2023, Patel et
+al., ISCA'24: timestamps replayed); :func:`from_spec` (the CLI's ``--arrivals``). The
+traces ship in ``infscaler/runtime/planning/traces/`` (README.md: source, licence);
+``$INFSCALER_TRACES`` names another directory. Pure: numpy only; random ones take a ``seed``."""
 
 from __future__ import annotations
 
@@ -40,7 +28,6 @@ __all__ = [
     "from_spec",
     "gamma",
     "poisson",
-    "rate_series",
     "trace_dir",
 ]
 
@@ -68,13 +55,11 @@ def poisson(rate: float, duration_s: float, seed: int = 0) -> np.ndarray:
 
 
 def gamma(rate: float, cv2: float, duration_s: float, seed: int = 0) -> np.ndarray:
-    """Arrival times (s) over ``duration_s`` with i.i.d. gamma inter-arrival times of mean
-    ``1 / rate`` and squared coefficient of variation ``cv2`` (shape ``1 / cv2``, scale
-    ``cv2 / rate``); ``cv2 = 1`` is a Poisson process, larger is burstier.
+    """Arrival times (s) over ``duration_s`` with i.i.d. gamma inter-arrivals of mean
+    ``1 / rate`` and squared CV ``cv2`` (``cv2 = 1``: Poisson).
 
     Raises:
-        ValueError: a rate, CV^2 or duration that is not positive.
-    """
+        ValueError: a rate, CV^2 or duration that is not positive."""
     rate = _positive("rate", rate)
     cv2 = _positive("cv2", cv2)
     duration_s = _positive("duration_s", duration_s)
@@ -101,17 +86,6 @@ def cv2_of(arrivals: np.ndarray) -> float:
     if gaps.size < 2 or gaps.mean() <= 0:
         raise ValueError("need at least 3 arrivals with increasing times to compute CV^2")
     return float(gaps.var() / gaps.mean() ** 2)
-
-
-def rate_series(arrivals: np.ndarray, interval_s: float = 1.0) -> np.ndarray:
-    """Requests per second in consecutive windows of ``interval_s`` from time 0."""
-    interval_s = _positive("interval_s", interval_s)
-    a = np.asarray(arrivals, dtype=float)
-    if a.size == 0:
-        return np.zeros(0)
-    bins = int(math.floor(a.max() / interval_s)) + 1
-    counts = np.bincount((a // interval_s).astype(int), minlength=bins)
-    return counts / interval_s
 
 
 def trace_dir() -> Path:
@@ -154,27 +128,20 @@ def azure_functions(
     scale: float = 1.0,
     seed: int = 0,
 ) -> np.ndarray:
-    """Arrival times (s) from the Azure Functions 2019 trace (per-minute counts).
-
-    Minute ``m`` of the window holds ``count_m x scale`` requests (``scale`` multiplies
-    the trace's rate; a fractional count is rounded up with probability equal to its
-    fraction), placed uniformly at random inside the minute: a Poisson process at that
-    minute's rate, conditioned on its count. Time 0 is the start of the window.
+    """Arrival times (s) from the Azure Functions 2019 trace: minute ``m`` of the window holds
+    ``count_m x scale`` requests (a fraction rounded up with that probability), placed
+    uniformly inside the minute. Time 0 is the start of the window.
 
     Args:
         path: the invocations CSV (or its directory); default: :func:`trace_dir`.
-        function: None (all 500 functions summed), ``"busiest"`` (the function with the
-            most invocations: 63% of the total), or a ``HashFunction`` value (a unique
-            prefix of at least 6 characters is enough).
-        start_min: first minute of the window, 0-based (minute 0 is 08:00 of the day).
-        minutes: minutes in the window (None: to the end of the trace).
-        scale: rate multiplier (> 0).
-        seed: for the placement inside each minute.
+        function: None (all functions summed), ``"busiest"``, or a ``HashFunction`` value
+            (a unique prefix of at least 6 characters).
+        start_min: first minute of the window, 0-based. minutes: None: to the end.
+        scale: rate multiplier (> 0). seed: for the placement inside each minute.
 
     Raises:
-        FileNotFoundError: the trace file is missing (the message names the path).
-        ValueError: an unknown function, a window outside the trace, a bad scale.
-    """
+        FileNotFoundError: the trace file is missing.
+        ValueError: an unknown function, a window outside the trace, a bad scale."""
     scale = _positive("scale", scale)
     p = _trace_file(path, AZURE_FUNCTIONS_FILE)
     with _open_text(p) as f:
@@ -231,15 +198,12 @@ def azure_llm(
     start_s: float = 0.0,
     duration_s: float | None = None,
 ) -> np.ndarray:
-    """Arrival times (s) of the Azure LLM inference trace 2023: its real per-request
-    timestamps, relative to the first, multiplied by ``time_scale`` (0.1 replays it ten
-    times faster: ten times the rate), then cut to ``[start_s, start_s + duration_s)``
-    and shifted to start at 0.
+    """Arrival times (s) of the Azure LLM inference trace 2023: its timestamps relative to the
+    first, x ``time_scale``, cut to ``[start_s, start_s + duration_s)`` and shifted to 0.
 
     Raises:
-        FileNotFoundError: the trace file is missing (the message names the path).
-        ValueError: a bad ``time_scale`` / window, or an unreadable file.
-    """
+        FileNotFoundError: the trace file is missing.
+        ValueError: a bad ``time_scale`` / window, or an unreadable file."""
     time_scale = _positive("time_scale", time_scale)
     if not math.isfinite(start_s) or start_s < 0:
         raise ValueError(f"start_s must be >= 0, got {start_s!r}")
@@ -271,20 +235,13 @@ def azure_llm(
 
 def from_spec(spec: str, rate: float, duration_s: float, seed: int = 0) -> np.ndarray:
     """Arrivals at a mean of ``rate`` requests/s over ``duration_s`` from a CLI spec:
-
-    * ``poisson``;
-    * ``gamma:CV2`` (e.g. ``gamma:4``);
-    * ``azure`` / ``azure:busiest`` / ``azure:HASH``: the Azure Functions 2019 trace
-      (all functions, the busiest, or one), the first ``ceil(duration_s / 60)`` minutes,
-      scaled so that the mean rate is ``rate``;
-    * ``azure-llm``: the Azure LLM 2023 trace from its start, time-scaled so that
-      ``rate x duration_s`` requests fall in ``duration_s`` (the window's mean rate is
-      ``rate``; its burstiness is the trace's), cut to ``duration_s``.
+    ``poisson``; ``gamma:CV2``; ``azure`` / ``azure:busiest`` / ``azure:HASH`` (the first
+    ``ceil(duration_s / 60)`` minutes, scaled to ``rate``); ``azure-llm`` (time-scaled so
+    ``rate x duration_s`` requests fall in ``duration_s``).
 
     Raises:
-        ValueError: an unknown spec or bad numbers (the message says which).
-        FileNotFoundError: a trace file is missing.
-    """
+        ValueError: an unknown spec or bad numbers.
+        FileNotFoundError: a trace file is missing."""
     rate = _positive("rate", rate)
     duration_s = _positive("duration_s", duration_s)
     kind, _, arg = str(spec).strip().lower().partition(":")

@@ -1,20 +1,10 @@
-"""Deploy with the planner's choice (InfScaler's design principle 1: the user names no K,
-threads or instances; conditions and the why: docs/planner.md, "Deploy").
+"""Deploy with the planner's choice: the user names no K, threads or instances
+(conditions: docs/planner.md, "Deploy").
 
-:func:`needs_planning`: whether a pipeline is left to the planner (an ``slo`` and
-``autoscale``, model stages on the cpu engine with no bound the user set).
-:func:`plan_measured` is the planning entry: it measures the pipeline on this host
-(:func:`~infscaler.runtime.planning.inputs.planner_inputs`) and runs
-:func:`~infscaler.runtime.planning.stageprofile.search_measured` (the search, with the
-best candidates' partitions measured), for the deploy and for ``infscaler plan
---explain``. :func:`plan_pipeline` runs it at deploy, writes each model stage's chosen
-cuts as a plan directory (:func:`infscaler.partitioner.api.partition_model`) and returns
-the pipeline set to the plan (``fuse: whole`` with :func:`whole_config` when the whole
-pipeline in one unit wins); it keeps its decision
-(:mod:`infscaler.runtime.planning.decisions`). :func:`plan_set_measured` / :func:`plan_set`
-plan several pipelines on one device together
-(:func:`~infscaler.runtime.planning.jointplan.plan_together`).
-"""
+:func:`plan_measured` measures a pipeline on this host and searches it;
+:func:`plan_pipeline` runs it at deploy, writes the chosen cuts as plan directories and
+keeps the decision; :func:`plan_set_measured` / :func:`plan_set` plan several pipelines
+on one device together."""
 
 from __future__ import annotations
 
@@ -67,9 +57,8 @@ __all__ = [
 
 
 def _left_to_planner(stage: Any) -> bool:
-    """A cpu model stage whose K, threads, instances and max_instances are the defaults (a pipeline
-    re-validated from a dump has every field set, so the values are compared, not the
-    fields set: ``threads: 1`` / ``instances: 1`` written out count as left open)."""
+    """A cpu model stage whose K, threads, instances and bounds are the defaults (compared by
+    value: a re-validated dump sets every field)."""
     defaults = type(stage).model_fields
     return (
         stage.model is not None
@@ -80,15 +69,12 @@ def _left_to_planner(stage: Any) -> bool:
         and stage.threads == defaults["threads"].default
         and stage.instances == defaults["instances"].default
         and getattr(stage, "max_threads", None) is None  # the user bounded the threads
-        # the user bounded the replicas (the model-less variants' pipelines do: their
-        # profiles are of the pipeline as written)
         and stage.max_instances == defaults["max_instances"].default
     )
 
 
 def _function_left(stage: Any) -> bool:
-    """A function stage that leaves its own scaling (``instances``, ``max_instances``,
-    ``threads``) at the defaults, compared by value as :func:`_left_to_planner` does."""
+    """A function stage with ``instances``, ``max_instances`` and ``threads`` at the defaults."""
     defaults = type(stage).model_fields
     return (
         stage.threads == defaults["threads"].default
@@ -99,8 +85,7 @@ def _function_left(stage: Any) -> bool:
 
 def needs_planning(cfg: Any) -> bool:
     """True when ``cfg`` (a PipelineConfig) has ``slo`` and ``autoscale``, is not
-    ``fuse: whole``, has at least one model stage, every model stage left to the planner
-    and every function stage leaving its own scaling open (see the module docstring)."""
+    ``fuse: whole``, has a model stage, and leaves every stage's scaling to the planner."""
     return (
         cfg.slo is not None
         and cfg.autoscale is not None
@@ -113,15 +98,11 @@ def needs_planning(cfg: Any) -> bool:
 
 
 def whole_config(cfg: Any, model_index: Sequence[int], threads: int, instances: int) -> Any:
-    """``cfg`` (a PipelineConfig) deployed as one unit: ``fuse: whole``, every model stage
-    (``model_index``: their positions in ``cfg.stages``) at ``threads`` intra-op threads
-    and ``instances`` instances (the unit's; the scaler grows it from there), the function
-    stages as written.
+    """``cfg`` as one unit (``fuse: whole``): the model stages at ``model_index`` at ``threads``
+    and ``instances``, the function stages as written.
 
     Raises:
-        ConfigError: ``cfg`` cannot run as one unit (a stage setting its own ``fuse``, a
-            function stage its own scaling: :func:`needs_planning` rules them out).
-    """
+        ConfigError: ``cfg`` cannot run as one unit."""
     data = cfg.model_dump(exclude_none=True)
     data["fuse"] = "whole"
     for k, st in enumerate(cfg.stages):
@@ -133,9 +114,8 @@ def whole_config(cfg: Any, model_index: Sequence[int], threads: int, instances: 
 
 
 def stage_order(inputs: PlannerInputs, cuts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
-    """Per ModelStage of ``inputs`` (in order), ``(first unit, number of units)`` in a
-    candidate's unit list that had ``cuts`` (the front end, when simulated, comes first:
-    the offset is taken from the end). Used to read a candidate's instances per stage."""
+    """Per ModelStage of ``inputs``, ``(first unit, number of units)`` in a candidate's unit
+    list with ``cuts`` (a simulated front end comes first: offset from the end)."""
     counts = []
     it = iter(cuts)
     for s in inputs.stages:
@@ -149,16 +129,8 @@ def stage_order(inputs: PlannerInputs, cuts: Sequence[Sequence[int]]) -> list[tu
 
 @dataclass(frozen=True)
 class MeasuredSearch:
-    """What :func:`plan_measured` measured and found.
-
-    Attributes:
-        inputs: the pipeline as the search takes it
-            (:func:`~infscaler.runtime.planning.inputs.planner_inputs`).
-        slo_ms: the SLO searched for, ms (a factor resolved against ``inputs.base_ms``).
-        outcome: the search's :class:`~infscaler.runtime.planning.explain.SearchOutcome`.
-        stages: ``inputs.stages`` with the partitions the search measured
-            (:func:`~infscaler.runtime.planning.stageprofile.search_measured`).
-    """
+    """What :func:`plan_measured` measured and found: the pipeline's ``inputs``, the SLO
+    searched for (ms), the search's ``outcome`` and ``stages`` with the partitions it measured."""
 
     inputs: PlannerInputs
     slo_ms: float
@@ -180,26 +152,19 @@ def plan_measured(
     incumbent: Callable[[], Sequence[Any] | None] = lambda: None,
     **search: Any,
 ) -> MeasuredSearch:
-    """The configuration search on ``cfg`` measured on this host: the one planning entry of
-    the deploy (:func:`plan_pipeline`) and of ``infscaler plan --explain``.
-
-    Measures ``cfg`` (:func:`~infscaler.runtime.planning.inputs.planner_inputs`), resolves
-    ``slo`` (a factor is of its 1-thread latency) and searches with the best candidates'
-    partitions measured (:func:`~infscaler.runtime.planning.stageprofile.search_measured`)
-    within ``cap`` (None: :func:`~infscaler.runtime.planning.planner.resource_cap` of
-    ``device``) on the device profile's cpu cores (else this host's usable cores).
+    """The configuration search on ``cfg`` measured on this host (deploy and
+    ``infscaler plan --explain``): ``slo`` resolved against the 1-thread latency, searched
+    within ``cap`` (None: the device's) on the device's cpu cores (else this host's).
 
     Args:
-        searching: given the SLO in ms, what the search runs within (a status line).
-        incumbent: read just before the search: the configuration planned before
-            (:func:`~infscaler.runtime.planning.planner.search`'s ``incumbent``).
+        searching: given the SLO in ms, a context the search runs within.
+        incumbent: read before the search: the configuration planned before.
         search: the search's other arguments (``rate``, ``objectives``, ``refine``, ...).
         device / state_dir / allowed_functions / wake_latency_us / progress: as
             :func:`~infscaler.runtime.planning.inputs.planner_inputs` takes them.
 
     Raises:
-        InfScalerError: as :func:`~infscaler.runtime.planning.inputs.planner_inputs`.
-    """
+        InfScalerError: as :func:`~infscaler.runtime.planning.inputs.planner_inputs`."""
     cores = cpu_cores(device) or usable_cores()
     cap = resource_cap(device) if cap is None else cap
     inp = planner_inputs(
@@ -208,7 +173,6 @@ def plan_measured(
     )  # fmt: skip
     for note in inp.notes:
         progress(note)
-    # a factor is of the pipeline's own 1-thread latency (its units in turn)
     slo_ms = slo.resolve(inp.base_ms)
     assert slo_ms is not None
     with searching(slo_ms):
@@ -241,30 +205,21 @@ def plan_pipeline(
 ) -> tuple[Any, Any]:
     """``(planned PipelineConfig, SearchOutcome)`` for a pipeline :func:`needs_planning`.
 
-    The decision is kept (``state_dir/plans/decisions/<digest>.json``,
-    :func:`~infscaler.runtime.planning.decisions.decision_path`); with ``reuse`` a later
-    deploy of the same pipeline on the same device deploys it again without measuring
-    (outcome None) while it fits the cap and the cap has not grown past
-    :data:`~infscaler.runtime.planning.decisions.CAP_GROWTH_REPLAN` x (why: docs/planner.md,
-    "Deploy"). Delete the file to plan again.
+    The decision is kept (:func:`~infscaler.runtime.planning.decisions.decision_path`); with
+    ``reuse`` a later deploy reuses it without measuring (outcome None) while it fits the cap
+    and the cap has not grown past ``CAP_GROWTH_REPLAN`` x (docs/planner.md, "Deploy").
 
     Args:
-        cfg: the pipeline; its ``slo`` in ms or a factor (``3x``) of its measured 1-thread
-            latency (:attr:`~infscaler.runtime.planning.inputs.PlannerInputs.base_ms`).
-        device: its DeviceProfile (the cap). state_dir: where the plan directories go
-            (``state_dir/plans/auto-<model>-<digest>``).
+        cfg: the pipeline; its ``slo`` in ms or a factor (``3x``) of its 1-thread latency.
+        device: its DeviceProfile. state_dir: where plan directories and decisions go.
         rate: expected requests/s (None: the search maximises the rate within the SLO).
         objectives: partition objectives tried.
-        allowed_functions: the modules function stages may come from (None: any); they run
-            in this process on a sample request.
-        wake_latency_us: the PM QoS CPU latency limit the service holds (None: none): plans
-            with the idle slowdown learned under it (:mod:`infscaler.runtime.scaling.idlecurve`;
-            part of the decision's key).
+        allowed_functions: modules function stages may come from (None: any).
+        wake_latency_us: the PM QoS CPU latency limit the service holds (None: none).
 
     Raises:
         InfScalerError: no SLO, a sample request the pipeline fails on, or no candidate
-            meets the SLO (the message carries the search's last explain line).
-    """
+            meets the SLO."""
     spec = parse_slo(cfg.slo)
     if spec.ms is None and spec.factor is None:
         raise InfScalerError("the planner needs an SLO", hint="e.g. slo: 200ms or slo: 3x")
@@ -313,10 +268,8 @@ def plan_pipeline(
 def _kept_decision(
     cfg: Any, kept: Path, cap_mb: float, progress: Callable[[str], None]
 ) -> Any | None:
-    """The planned pipeline of the decision kept in ``kept`` when it still holds: readable,
-    within the memory cap ``cap_mb`` now
-    (:func:`~infscaler.runtime.planning.decisions.cap_changed`) and its plan directories
-    all there; else None (``progress`` says why it is planned again)."""
+    """The planned pipeline kept in ``kept`` while it is readable, within ``cap_mb`` and its
+    plan directories exist; else None (``progress`` says why)."""
     try:
         data = json.loads(kept.read_text())
         planned = validate_pipeline(data["pipeline"], f"pipeline {cfg.name} (planned)")
@@ -334,15 +287,13 @@ def _kept_decision(
 
 
 def _say_searching(slo_ms: float, progress: Callable[[str], None]) -> AbstractContextManager[Any]:
-    """The deploy's search: ``progress`` says the SLO it searches for."""
+    """``progress`` says the SLO searched for."""
     progress(f"searching K, cuts, threads and instances for an SLO of {slo_ms:.1f} ms")
     return nullcontext()
 
 
 def _incumbent(cfg: Any, kept: Path, progress: Callable[[str], None]) -> list[Any] | None:
-    """The configuration planned before for ``cfg`` under another key
-    (:func:`~infscaler.runtime.planning.decisions.planned_before`), said through
-    ``progress``; None when there is none."""
+    """The configuration planned before for ``cfg`` under another key, or None."""
     incumbent = planned_before(kept, cfg.name)
     if incumbent is not None:
         progress(f"{cfg.name}: the configuration planned before keeps a tie: {incumbent}")
@@ -352,13 +303,11 @@ def _incumbent(cfg: Any, kept: Path, progress: Callable[[str], None]) -> list[An
 def _start_with(
     outcome: Any, name: str, progress: Callable[[str], None]
 ) -> tuple[Any, Any, Expected]:
-    """``(candidate deployed, its runner-up, the prediction the live check is told for
-    the one deployed)``: the search's best, :func:`runner_up` and the best's prediction,
-    unless :data:`START_WITH_ENV` asks for a wrong start.
+    """``(candidate deployed, its runner-up, the prediction the live check gets)``: the best,
+    :func:`runner_up` and its prediction, unless :data:`START_WITH_ENV` asks a wrong start.
 
     Raises:
-        InfScalerError: :data:`START_WITH_ENV` set to a start it does not know.
-    """
+        InfScalerError: :data:`START_WITH_ENV` set to an unknown start."""
     best = outcome.best
     runner = runner_up(outcome)
     serving, other = best, runner
@@ -379,8 +328,6 @@ def _start_with(
         else:
             progress(f"{name}: {START_WITH_ENV}=worst: wrong start {worst.label()}")
             serving, other = worst, best
-            # the live check is told the best's prediction for it: a planner that
-            # mispredicted a configuration by that much
             w = expected_from(worst)
             scale = w.capacity_rps / serving_exp.capacity_rps
             serving_exp = dataclasses.replace(
@@ -391,20 +338,14 @@ def _start_with(
     return serving, other, serving_exp
 
 
-#: The test hook that starts a planned pipeline with a deliberately wrong configuration:
-#: ``worst`` deploys the fitting candidate with the least goodput in place of the
-#: planner's choice, with the choice's predicted capacity, as a planner that
-#: mispredicted it would, and the choice as its runner-up, so that the live check
-#: (:mod:`infscaler.runtime.planning.livecheck`) has a wrong start to correct. For tests and
-#: bench/ only.
+#: Test hook (tests and bench/ only): ``worst`` deploys the least-capacity fitting candidate
+#: with the choice's prediction and the choice as runner-up, for the live check to correct.
 START_WITH_ENV = "INFSCALER_TEST_START_WITH"
 
 
 def runner_up(outcome: Any) -> Any:
-    """The best-ranked candidate after the winner that fits, answers requests within the
-    SLO and is another configuration (its :meth:`~infscaler.runtime.planning.candidates.Candidate.
-    identity`); preferring the search's finalists (scored on the long trace). None when
-    there is none."""
+    """The best-ranked fitting candidate after the winner that answers within the SLO and is
+    another configuration, finalists first; None when there is none."""
     best = outcome.best
     if best is None:
         return None
@@ -416,9 +357,8 @@ def runner_up(outcome: Any) -> Any:
 
 
 def _worst(outcome: Any) -> Any:
-    """The fitting candidate with the least predicted instance capacity, when it is
-    below :data:`WRONG_START_AT` of the winner's (a start the live check can tell
-    apart); else None."""
+    """The fitting candidate with the least predicted capacity when below
+    :data:`WRONG_START_AT` of the winner's; else None."""
     best = outcome.best
     ok = [c for c in outcome.candidates if c.fits and c.goodput_rps > 0]
     if best is None or len(ok) < 2:
@@ -429,8 +369,7 @@ def _worst(outcome: Any) -> Any:
     return worst
 
 
-#: :data:`START_WITH_ENV` ``worst`` starts with a candidate only when its predicted
-#: capacity is below this fraction of the planner's choice's
+#: ``worst`` starts only with a candidate below this fraction of the choice's capacity
 WRONG_START_AT = 0.7
 
 
@@ -442,14 +381,11 @@ def candidate_pipeline(
     device: Any,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
-    """The pipeline ``cfg`` as data with its model stages set to ``cand``'s cuts (a plan
-    directory written for each partitioned stage, :func:`chosen_plan_dir`), threads and
-    instances, or as one unit (``fuse: whole``) when ``cand`` is the whole pipeline;
-    function stages as written.
+    """``cfg`` as data with its model stages set to ``cand``'s cuts (plan directories written),
+    threads and instances, or ``fuse: whole`` for a whole candidate.
 
     Raises:
-        InfScalerError: partitioning at the candidate's cuts failed.
-    """
+        InfScalerError: partitioning at the candidate's cuts failed."""
     data = cfg.model_dump(exclude_none=True)
     for k, st in enumerate(cfg.stages):
         if st.kind == "function":  # as written (its fields set decide whether it fuses)
@@ -489,31 +425,18 @@ def candidate_pipeline(
 
 
 def chosen_plan_dir(state_dir: str | Path, model: Path, shapes: Any, cuts: Sequence[int]) -> Path:
-    """Where the plan of ``model`` cut at ``cuts`` (for input ``shapes``) is written:
-    ``<state_dir>/plans/auto-<stem>-<12 hex>``
-    (:func:`~infscaler.runtime.serving.pipeline.keyed_plan_dir`: keyed by the model file's
-    path, size and modification time, the shapes and the cuts), so that a model file
-    replaced in place (a new export under the same name) is partitioned anew rather than
-    served from the old file's partitions.
+    """``<state_dir>/plans/auto-<stem>-<12 hex>`` for ``model`` cut at ``cuts``, keyed by the
+    model file's path, size and mtime, the shapes and the cuts.
 
     Raises:
-        OSError: ``model`` cannot be stat'ed.
-    """
+        OSError: ``model`` cannot be stat'ed."""
     return keyed_plan_dir(state_dir, model, (shapes, list(cuts)), prefix="auto-")
 
 
 @dataclass(frozen=True)
 class LivePlan:
-    """What the live check (:mod:`infscaler.runtime.planning.livecheck`) of a planned pipeline
-    compares, read from its kept decision (:func:`live_plan`).
-
-    Attributes:
-        path: the kept decision (rewritten by :func:`keep_live` when the live check
-            settles on the other configuration).
-        serving: the prediction for the configuration deployed.
-        other: the prediction for the runner-up (None: the search had none).
-        other_pipeline: the runner-up as pipeline data (None: none).
-    """
+    """What the live check compares, read from a kept decision: its ``path``, the prediction
+    for the ``serving`` configuration, the runner-up's (``other``) and its pipeline data."""
 
     path: Path
     serving: Expected
@@ -521,8 +444,7 @@ class LivePlan:
     other_pipeline: dict[str, Any] | None
 
     def swapped(self, serving_pipeline: dict[str, Any]) -> LivePlan:
-        """The plan once the other configuration serves (``serving_pipeline``: the one
-        serving now, as data, which becomes the other)."""
+        """The plan once the other configuration serves (``serving_pipeline``: serving now)."""
         assert self.other is not None
         return LivePlan(self.path, self.other, self.serving, serving_pipeline)
 
@@ -537,9 +459,8 @@ def live_plan(
     allowed_functions: Sequence[str] | None = None,
     wake_latency_us: int | None = None,
 ) -> LivePlan | None:
-    """The :class:`LivePlan` kept with the decision :func:`plan_pipeline` made for
-    ``cfg`` with these arguments; None when there is no decision, or it predates the
-    live check, or it is unreadable (then nothing is checked live)."""
+    """The :class:`LivePlan` kept with the decision :func:`plan_pipeline` made for ``cfg``
+    with these arguments; None when none is kept or readable."""
     path = decision_path(
         cfg, device, state_dir, rate, objectives, wake_latency_us, allowed_functions
     )
@@ -547,11 +468,8 @@ def live_plan(
 
 
 def keep_live(plan: LivePlan, serving_pipeline: dict[str, Any], reason: str) -> None:
-    """Rewrite the kept decision after the live check settled on the configuration
-    now serving (``plan.serving``, as ``serving_pipeline`` data) with ``reason``: the
-    next start deploys it and checks it again (a kept decision is where the live check
-    starts, never a verdict). The identity of a switched-to configuration is not known
-    to the search's incumbent rule, so the next replan gives no tie to either."""
+    """Rewrite the kept decision for the configuration now serving (``serving_pipeline``), with
+    ``reason``; the next start deploys it and checks it again."""
     try:
         data = json.loads(plan.path.read_text())
     except (OSError, ValueError):
@@ -576,15 +494,12 @@ def keep_live(plan: LivePlan, serving_pipeline: dict[str, Any], reason: str) -> 
 
 
 def set_shares(n: int) -> tuple[float, ...]:
-    """The shares of the cap each of ``n`` pipelines planned together is searched
-    within: the whole cap, half, and 1/n (so that the equal split is always among the
-    candidates), largest first."""
+    """Shares of the cap each of ``n`` pipelines is searched within: 1, 1/2, 1/n, largest first."""
     return tuple(sorted({1.0, 0.5, 1.0 / max(1, n)}, reverse=True))
 
 
 def share_of(cap: ResourceCap, f: float) -> ResourceCap:
-    """``f`` of ``cap``'s free memory (MB, the memory in use kept), instance slots per
-    engine and thread slots, each at least 1 (an unlimited one stays unlimited)."""
+    """``f`` of ``cap``'s free memory, instance slots and thread slots, each at least 1."""
     free = cap.memory_cap_mb - cap.memory_used_mb
     return ResourceCap(
         memory_cap_mb=cap.memory_used_mb + free * f,
@@ -612,24 +527,14 @@ def plan_set_measured(
     top_k: int = 6,
     **search: Any,
 ) -> tuple[list[MeasuredSearch], JointPlan]:
-    """The pipelines ``cfgs`` planned together within one cap: each measured once, searched
-    at its SLO (``slos``) and rate (``rates``; None: its max rate) within each share of the
-    cap (:func:`set_shares`, :func:`share_of`), one configuration per pipeline chosen by
-    :func:`~infscaler.runtime.planning.jointplan.plan_together` (by ``priority``).
+    """``cfgs`` planned together within one cap: each searched at its SLO and rate (None: max)
+    within each :func:`set_shares` share, one configuration each chosen by
+    :func:`~infscaler.runtime.planning.jointplan.plan_together`.
 
-    Returns ``(per pipeline its search within the whole cap, with every share's
-    candidates, the joint plan)``.
-
-    Args:
-        searching: given a pipeline's name, its SLO in ms and the share, a status line.
-        top_k: candidates per pipeline the joint choice tries.
-        search: the search's other arguments (``objectives``, ``refine``, ...).
+    Returns ``(per pipeline its whole-cap search with every share's candidates, the plan)``.
 
     Raises:
-        InfScalerError: as :func:`plan_measured` and
-            :func:`~infscaler.runtime.planning.jointplan.plan_together` (a pipeline that
-            fits in no way, named).
-    """
+        InfScalerError: as :func:`plan_measured`, or a pipeline that fits in no way."""
     cores = cpu_cores(device) or usable_cores()
     cap = resource_cap(device) if cap is None else cap
     shares = set_shares(len(cfgs))
@@ -664,10 +569,7 @@ def plan_set_measured(
 
 
 def _set_decision_path(cfg: Any, cfgs: Sequence[Any], **key: Any) -> Path:
-    """Where the decision for ``cfg`` planned together with ``cfgs`` is kept: beside its
-    own decision (:func:`~infscaler.runtime.planning.decisions.decision_path`), keyed by
-    the others' decision paths too (a pipeline planned alone, or with another set, is
-    another decision)."""
+    """The decision path of ``cfg`` planned together with ``cfgs`` (keyed by the others too)."""
     import hashlib
 
     own = decision_path(cfg, **key)
@@ -687,20 +589,12 @@ def plan_set(
     reuse: bool = True,
     wake_latency_us: int | None = None,
 ) -> dict[str, tuple[Any, LivePlan | None]]:
-    """Deploy-time planning of several pipelines that :func:`needs_planning` together
-    within the device's cap (:func:`plan_set_measured`, at their max rates): per
-    pipeline name, ``(the planned PipelineConfig, its LivePlan)``.
-
-    Each decision is kept per pipeline as :func:`plan_pipeline` keeps it, keyed by the
-    set too (:func:`_set_decision_path`), and reused while every pipeline's still holds
-    (:func:`_kept_decision`: under the memory cap now, its plan directories there). The
-    kept decision records the configuration serving, no runner-up: the live check has
-    nothing to switch to (another configuration of one pipeline may not fit beside the
-    others').
+    """Deploy-time planning of several pipelines together (:func:`plan_set_measured` at max
+    rates): per name, ``(planned PipelineConfig, its LivePlan)``. Decisions are kept and
+    reused as :func:`plan_pipeline` does; they keep no runner-up.
 
     Raises:
-        InfScalerError: a pipeline without an SLO, or one that fits in no way (named).
-    """
+        InfScalerError: a pipeline without an SLO, or one that fits in no way."""
     specs = []
     for cfg in cfgs:
         spec = parse_slo(cfg.slo)

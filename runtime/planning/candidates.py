@@ -1,23 +1,9 @@
 """The candidates of :func:`~infscaler.runtime.planning.planner.search`: the points of the
-runtime's configuration space it scores, and the sources that give each its instances.
-
-A point is one combination, per model stage, of K = 1 .. ``max_partitions`` with the cuts
-of each objective (Eq. 1 of InfScaler §IV-A, ``minmax``, ``weights``) and a measured
-intra-op thread count ``t <= cores``; or the whole pipeline in one unit at each thread
-count (:func:`~infscaler.runtime.planning.stages.points`); a new source, one more loop in
-:func:`propose` (:data:`SOURCES`).
-
-Sources, each a function ``(units, base, limits, scorer) -> Candidate``:
-:func:`grow` (Algorithm 1's rule: from one instance per unit, one more for the unit with
-the most work per request while :class:`Limits` allow, the best step kept) and
-:func:`greedy` (the greedy planner's least-memory configuration meeting the P99,
-InferLine §4.3). :func:`rule_out_oversubscribed`: a candidate pinning more threads than
-the thread slots is ruled out while one within them meets the SLO (why:
-docs/planner.md, "Oversubscription"). :func:`hand_configurations`: replication, one
-session, the whole pipeline in one unit, each a point of the space.
-
-Pure: no I/O.
-"""
+configuration space (:func:`~infscaler.runtime.planning.stages.points`) and the sources
+that give each its instances (:data:`SOURCES`, each
+``(units, base, limits, scorer) -> Candidate``): :func:`grow` (Algorithm 1) and
+:func:`greedy` (InferLine §4.3). Also :func:`rule_out_oversubscribed` (docs/planner.md,
+"Oversubscription") and :func:`hand_configurations`. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -65,20 +51,15 @@ class Candidate:
         cuts / objectives / threads: per model stage, the cuts, the objectives that chose
             them (``k1`` for K = 1) and the intra-op threads of each instance.
         units / config: the units simulated (the front end first) and their instances.
-        goodput_rps: requests/s answered within the SLO at ``rate`` (attainment x rate;
-            with no rate, the max rate).
+        goodput_rps: requests/s answered within the SLO at ``rate`` (no rate: the max rate).
         max_rate_rps: the largest rate whose simulated P99 <= SLO, or None.
         p99_ms / attainment: at ``rate`` (at the max rate without one).
         memory_mb: instances' memory. share: per stage, the bottleneck partition's FLOPs
-            share. fits: within the cap. why: why it lost (filled by the search).
-        whole: the whole pipeline in one unit (``fuse: whole``; ``cuts`` all ``()``).
-        finalist: scored again on the long trace (:data:`~.planner.FINAL_REQUESTS`);
-            False: the short screen's figures.
-        unit_err: per unit, the relative uncertainty of its service time (0 for the front
-            end and function units).
-        goodput_lo / goodput_hi: goodput (requests/s) with every service time at
-            x (1 + err) / x (1 - err); None: not scored (only finalists are).
-    """
+            share. fits: within the cap. why: why it lost.
+        whole: the whole pipeline in one unit (``cuts`` all ``()``).
+        finalist: scored again on the long trace.
+        unit_err: per unit, the relative uncertainty of its service time.
+        goodput_lo / goodput_hi: goodput at service times x (1 + err) / x (1 - err), or None."""
 
     cuts: tuple[tuple[int, ...], ...]
     objectives: tuple[tuple[str, ...], ...]
@@ -101,9 +82,8 @@ class Candidate:
     goodput_hi: float | None = None
 
     def interval(self) -> tuple[float, float]:
-        """``(goodput_lo, goodput_hi)``, requests/s, widened to hold ``goodput_rps``
-        (the simulator's rate bisection is not monotone to the last 2 %); ``goodput_rps``
-        at both ends where not scored."""
+        """``(goodput_lo, goodput_hi)``, requests/s, widened to hold ``goodput_rps`` (both ends
+        ``goodput_rps`` where not scored)."""
         g = self.goodput_rps
         lo = g if self.goodput_lo is None else min(self.goodput_lo, g)
         hi = g if self.goodput_hi is None else max(self.goodput_hi, g)
@@ -117,11 +97,8 @@ class Candidate:
         return f"{self.goodput_rps:.2f}/s [{lo:.2f}, {hi:.2f}]"
 
     def identity(self) -> list[Any]:
-        """The configuration itself, JSON-able: ``[whole, cuts per model stage, threads
-        per model stage, instances per served unit, {engine: instances} per served
-        unit]`` (what :func:`~infscaler.runtime.planning.planner.search`'s ``incumbent``
-        is compared with; the objectives that found the cuts are not part of it). Two
-        candidates with one identity are one configuration."""
+        """The configuration itself, JSON-able: ``[whole, cuts, threads, instances per served unit,
+        {engine: instances} per served unit]``; the search's ``incumbent`` is compared with it."""
         served = [(u, c) for u, c in zip(self.units, self.config, strict=True) if u.served]
         return [
             bool(self.whole),
@@ -161,9 +138,8 @@ class Candidate:
 
 
 def is_incumbent(c: Candidate, incumbent: str | None) -> bool:
-    """``c`` is the configuration planned before: ``incumbent`` is its
-    :meth:`Candidate.identity` as JSON (None: none was). A decision kept before engines
-    were part of the identity (four fields) matches on those four."""
+    """``c`` is the configuration planned before (``incumbent``: its identity as JSON; a
+    four-field identity kept before engines counted matches on those four)."""
     if incumbent is None:
         return False
     kept = json.loads(incumbent)
@@ -172,13 +148,8 @@ def is_incumbent(c: Candidate, incumbent: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Limits:
-    """What a candidate's instances grow within (see the module docstring).
-
-    Attributes:
-        cap: the device's cap (its memory).
-        thread_slots: the pinned threads a candidate may hold.
-        slots: the cap's cpu instance slots (None: no limit).
-    """
+    """What a candidate's instances grow within: the device's ``cap``, the pinned
+    ``thread_slots`` and the cpu instance ``slots`` (None: no limit)."""
 
     cap: ResourceCap
     thread_slots: int
@@ -186,10 +157,8 @@ class Limits:
 
     @classmethod
     def of(cls, cap: ResourceCap, cores: int, oversubscribe: float) -> Limits:
-        """The limits on ``cores`` physical cores: ``oversubscribe`` x the cores, and
-        never more than the cap's thread slots. A profile's threads_per_core lets a hand
-        configuration oversubscribe the cores; the planner's own choice does not (the
-        simulator underrates that contention)."""
+        """The limits on ``cores`` physical cores: ``oversubscribe`` x the cores, never more than
+        the cap's thread slots."""
         slots = cap.max_instances.get("cpu") if cap.max_instances else None
         if cores < 1:  # cores unknown (a pipeline of fixed units only): the cap's slots
             return cls(cap=cap, thread_slots=cap.cores or 10**9, slots=slots)
@@ -201,12 +170,10 @@ class Limits:
 def grow(
     units: list[UnitProfile], base: Mapping[str, Any], limits: Limits, scorer: Scorer
 ) -> Candidate:
-    """The candidate of one point of the space: ``units`` (the front end first) and the
-    fields ``base`` gives :class:`Candidate` (cuts, objectives, threads, units, share,
-    unit_err, whole). From one instance per unit, one more at a time (:func:`_one_more`)
-    while the cap allows, every step scored; the best step is kept (the most goodput,
-    then the least memory), and the growth stops after two steps that added less than
-    0.5 % to the best goodput, or when no unit can take another instance."""
+    """The candidate of one point: from one instance per unit (``units``, front end first;
+    ``base``: the other :class:`Candidate` fields), one more at a time (:func:`_one_more`)
+    while the cap allows, every step scored; the best step kept (most goodput, then least
+    memory). Stops after two steps adding < 0.5 % goodput, or when nothing fits."""
     cap = limits.cap
     cfg = [UnitConfig({"cpu": 1} if "cpu" in u.engines else {u.fastest().engine: 1}) for u in units]
     note = ""
@@ -277,11 +244,8 @@ def propose(
     sources: Sequence[str] = SOURCES,
     options: GreedyOptions | None = None,
 ) -> tuple[list[Candidate], list[PlanResult]]:
-    """``(every source's candidates of points, the greedy source's result per point)``:
-    each point grown (:func:`grow`), then the greedy planner's configuration of each
-    (:func:`greedy`, with ``options``) where no candidate has that configuration already
-    (engines counted). ``sources``: which of :data:`SOURCES` run. A new source is one
-    more loop here.
+    """``(every source's candidates of points, the greedy result per point)``: each point
+    grown, then the greedy configuration where no candidate has it already.
 
     Raises:
         ValueError: an unknown source, or none."""
@@ -308,12 +272,8 @@ def greedy(
     scorer: Scorer,
     options: GreedyOptions,
 ) -> tuple[Candidate | None, PlanResult | None]:
-    """The greedy planner's configuration of one point of the space as a candidate:
-    InferLine §4.3's least-memory configuration whose P99 meets the SLO at the rate
-    (:meth:`~infscaler.runtime.planning.greedy.PlanSearch.plan`, on the trace of
-    ``options``), scored like every candidate; ``(candidate or None where it finds none,
-    its :class:`~infscaler.runtime.planning.greedy.PlanResult`)``; ``(None, None)``
-    without a rate."""
+    """The greedy planner's configuration of one point as a scored candidate (InferLine §4.3):
+    ``(candidate or None, its PlanResult)``; ``(None, None)`` without a rate."""
     s = scorer.settings
     if s.rate is None:
         return None, None
@@ -352,10 +312,9 @@ def greedy(
 def _one_more(
     units: Sequence[UnitProfile], cfg: list[UnitConfig], mem: float, limits: Limits
 ) -> tuple[list[UnitConfig] | None, str]:
-    """``(cfg with one more instance, the last limit met)``: for the served unit with
-    the most work per request (per item x its items per request: a per-item unit after a
-    fan-out) that the limits allow, on cpu where it runs there (else its fastest engine);
-    ``(None, why)`` when none can take one (``mem``: ``cfg``'s memory, MB)."""
+    """``(cfg with one more instance, the last limit met)`` for the served unit with the most
+    work per request the limits allow (cpu where it runs there, else its fastest engine);
+    ``(None, why)`` when none can take one."""
     cap, thread_slots, slots = limits.cap, limits.thread_slots, limits.slots
     per_req = arrival_rates(units, 1.0)
     order = sorted(
@@ -387,9 +346,8 @@ def _one_more(
 def rule_out_oversubscribed(
     cands: list[Candidate], thread_slots: int, cores: int
 ) -> list[Candidate]:
-    """``cands`` with each that pins more threads than the slots (its one instance per
-    unit already does) ruled out (``fits`` False), but only while a candidate within
-    them answers anything (see the module docstring)."""
+    """``cands`` with those pinning more threads than the slots ruled out (``fits`` False), only
+    while one within them answers anything."""
     within = {
         id(c)
         for c in cands
@@ -413,9 +371,7 @@ def rule_out_oversubscribed(
 def hand_configurations(
     cands: Sequence[Candidate], n_models: int
 ) -> dict[str, Callable[[Candidate], bool]]:
-    """The hand configurations, each a point of this space, by name -> whether a
-    candidate is one (over ``n_models`` model stages; "all cores" is the most threads
-    any candidate of ``cands`` runs a stage on)."""
+    """The hand configurations over ``n_models`` model stages: name -> whether a candidate is it."""
     tmax = [max((c.threads[i] for c in cands), default=1) for i in range(n_models)]
     return {
         "replication (K=1, 1 thread)": lambda c: (

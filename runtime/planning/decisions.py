@@ -1,14 +1,8 @@
-"""The deploy-time planner's kept decisions.
-
-:func:`~infscaler.runtime.planning.autoplan.plan_pipeline` keeps each decision it makes as a
-JSON file, ``state_dir/plans/decisions/<pipeline>-<digest>.json``, keyed by what it planned
-(:func:`decision_path`: the pipeline as given, the device profile but its memory cap, the
-rate, the objectives, the package version, its model files and function stages' module
-files, and the idle slowdowns kept for its models), and reuses it on a later deploy while
-it still holds under the memory cap then (:func:`cap_changed`). A replan under another key
-gives the configuration planned before the search's tie (:func:`planned_before`).
-:func:`keep_decision` writes a decision, atomically (:func:`write_json`).
-"""
+"""The deploy-time planner's kept decisions: JSON files
+``state_dir/plans/decisions/<pipeline>-<digest>.json`` keyed by what was planned
+(:func:`decision_path`), reused while they hold under the memory cap
+(:func:`cap_changed`); a replan under another key gives the configuration planned before
+the tie (:func:`planned_before`). Written atomically (:func:`write_json`)."""
 
 from __future__ import annotations
 
@@ -45,11 +39,8 @@ def keep_decision(
     cap_mb: float,
     live: dict[str, Any] | None = None,
 ) -> None:
-    """Write a decision (the planned pipeline as data, the chosen candidate's line, its
-    memory and the cap it was planned under, MB, and ``live``: what the live check
-    compares, :func:`~infscaler.runtime.planning.autoplan.live_plan`) for
-    :func:`~infscaler.runtime.planning.autoplan.plan_pipeline` to reuse; atomically, so a
-    concurrent deploy reads the old file or the new one."""
+    """Write a decision (the planned pipeline, the candidate's line, its memory and the cap in
+    MB, and ``live``: what the live check compares), atomically."""
     kept = {
         "pipeline": data,
         "chosen": best.line(),
@@ -77,10 +68,8 @@ _DECISION_DIGEST = 16
 
 
 def planned_before(kept: Path, name: str) -> list[Any] | None:
-    """The configuration (:meth:`~infscaler.runtime.planning.candidates.Candidate.identity`) of the
-    most recent other decision kept for pipeline ``name`` (another key: a model file,
-    a curve or the device changed), for :func:`~infscaler.runtime.planning.planner.search`'s
-    ``incumbent``; None when there is none or it is unreadable."""
+    """The identity of the most recent other decision kept for pipeline ``name`` (another key),
+    for the search's ``incumbent``; None when there is none or it is unreadable."""
     import re
 
     pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{{_DECISION_DIGEST}}}\.json")
@@ -100,11 +89,8 @@ def planned_before(kept: Path, name: str) -> list[Any] | None:
 
 
 def cap_changed(kept: dict[str, Any], cap_mb: float) -> str | None:
-    """Why a kept decision no longer holds under the memory cap ``cap_mb`` (None: it
-    does). The decision stands while its configuration still fits and the cap has not
-    grown past :data:`CAP_GROWTH_REPLAN` x the one it was planned under. The cap is not
-    part of the decision's key (it moves between deploys; docs/planner.md, "Deploy").
-    """
+    """Why a kept decision no longer holds under the memory cap ``cap_mb`` (None: it does): it
+    no longer fits, or the cap grew past :data:`CAP_GROWTH_REPLAN` x the one planned under."""
     need, then = kept.get("memory_mb"), kept.get("memory_cap_mb")
     if need is not None and math.isfinite(cap_mb) and float(need) > cap_mb:
         return f"needs {float(need):.0f} MB, more than the cap of {cap_mb:.0f} MB now"
@@ -119,12 +105,9 @@ def cap_changed(kept: dict[str, Any], cap_mb: float) -> str | None:
 
 
 def function_key(spec: str, allowed: Sequence[str] | None) -> str:
-    """``module:attr|<file_key of the module's source file>`` for a function stage, without
-    importing the module (``importlib.util.find_spec``; a dotted name imports its parent
-    packages, so the allowed modules are checked first, as
-    :func:`~infscaler.runtime.serving.pipeline.load_function` does); ``module:attr|?`` where the
-    file cannot be found or the module is not allowed (the deploy then says why). Only
-    the module's own file: an edit to a module it imports does not plan again."""
+    """``module:attr|<file_key of the module's file>`` for a function stage, without importing
+    it (allowed modules checked first, as ``load_function`` does); ``module:attr|?`` where the
+    file cannot be found or the module is not allowed."""
     import importlib.util
     import sys
 
@@ -154,13 +137,9 @@ def decision_path(
     wake_latency_us: int | None = None,
     allowed_functions: Sequence[str] | None = None,
 ) -> Path:
-    """Where :func:`~infscaler.runtime.planning.autoplan.plan_pipeline` keeps its decision
-    for these inputs. The key includes the idle slowdowns kept for its models at the
-    planned thread counts (:func:`~infscaler.runtime.scaling.idlecurve.load_curve`; factors
-    to the nearest 0.25: a new or moved curve plans again, one re-kept unchanged does not)
-    and its function stages' source files (:func:`function_key`: an edited step plans
-    again).
-    """
+    """Where :func:`~infscaler.runtime.planning.autoplan.plan_pipeline` keeps its decision for
+    these inputs; the key includes the idle slowdowns kept for its models (factors to the
+    nearest 0.25) and its function stages' files (:func:`function_key`)."""
     import hashlib
 
     from infscaler import __version__
@@ -180,9 +159,7 @@ def decision_path(
                         learned.append([st.name, t, [round(x * 4) / 4 for _, x in pts]])
             except Exception:  # noqa: BLE001 - planning then reports it
                 files.append(f"{st.model}|?")
-    # the memory cap is checked on reuse instead (:func:`cap_changed`): the host
-    # profile's moves with the memory available at each deploy, and so does its
-    # ``sources`` text (which quotes it)
+    # the memory cap is checked on reuse instead (:func:`cap_changed`)
     dev = (
         device.model_dump_json(exclude={"memory_cap_mb", "sources"})
         if hasattr(device, "model_dump_json")

@@ -1,12 +1,6 @@
 """Why :func:`~infscaler.runtime.planning.planner.search` chose its winner, in words
-(``infscaler plan --explain``): the candidates ranked, each with why it lost (the
-rule of the tie that decided, :mod:`infscaler.runtime.planning.ranking`, and the winner
-it tied with), a head line with what was searched, and how the winner compares with
-each hand configuration (each a point of the space); and the outcome that carries them
-(:class:`SearchOutcome`).
-
-Pure: no I/O.
-"""
+(``infscaler plan --explain``): the candidates ranked with why each lost, a head line,
+and the winner against each hand configuration; and :class:`SearchOutcome`. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -26,9 +20,7 @@ __all__ = ["SearchOutcome", "explanation", "ranked"]
 @dataclass(frozen=True)
 class SearchOutcome:
     """What :func:`~infscaler.runtime.planning.planner.search` found: the winner, every
-    candidate (best first), the reasons; ``greedy``: per point of the space, what the
-    greedy source found (its steps, or why no configuration meets the SLO; empty without
-    a rate or without that source)."""
+    candidate (best first), the reasons, and ``greedy``: per point, the greedy source's result."""
 
     best: Candidate | None
     candidates: tuple[Candidate, ...]
@@ -187,10 +179,8 @@ def explanation(
     simulations: int,
     final: bool,
 ) -> list[str]:
-    """The head line (what was searched and how it was scored: ``simulations`` in all,
-    ``final``: the finalists scored again), one line per candidate
-    (:meth:`~infscaler.runtime.planning.candidates.Candidate.line`), then how the winner
-    compares with each hand configuration (``hands``) that is not the winner."""
+    """The head line (``simulations`` in all, ``final``: the finalists rescored), a line per
+    candidate, then the winner against each other hand configuration (``hands``)."""
     slo_ms, rate, requests = s.slo_ms, s.rate, s.requests
     head = (
         f"{len(ranked)} candidates, {simulations} simulations, SLO {slo_ms:g} ms, "

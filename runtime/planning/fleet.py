@@ -1,23 +1,12 @@
-"""The fleet planner: place streams (a pipeline at a request rate and an SLO) onto edge
-nodes (each a device profile) so that every stream meets its SLO with the fewest nodes
-(docs/fleet.md; the why: docs/planner.md, "Fleet").
+"""The fleet planner: place streams (a pipeline at a rate and an SLO) onto edge nodes so
+that every stream meets its SLO with the fewest nodes (docs/fleet.md; docs/planner.md,
+"Fleet").
 
-:func:`capacity_curve`: per (pipeline, SLO, device), the highest rate R* the planner
-meets the SLO at within the device's cap (bisection, :data:`BISECT_STEPS` runs), and a
-ladder of :data:`LEVELS` rates up to R*, each with the planner's configuration and its
-resource vector (memory MB, model instances per engine, busy CPU cores), non-decreasing
-along the ladder.
-
-:func:`place`: multi-resource first-fit decreasing over heterogeneous bins (Johnson et
-al., 1974; Panigrahy et al., "Heuristics for Vector Bin Packing", 2011): streams by
-size, largest first, each to the first open node with headroom, else a new node of the
-type with the highest R*; a stream no device can serve alone is reported, not placed.
-:func:`lower_bound`: per resource, the sum of each stream's smallest fraction of a node,
-rounded up (max over resources). :func:`realise`: node labels and Helm values.
-
-Pure policy: no I/O (``infscaler plan --fleet``, :mod:`infscaler.cli.plan`, reads the
-files and prints).
-"""
+:func:`capacity_curve`: per (pipeline, SLO, device) the highest feasible rate R* and a
+ladder of rates with their resource vectors. :func:`place`: multi-resource first-fit
+decreasing over heterogeneous bins (Panigrahy et al., "Heuristics for Vector Bin
+Packing", 2011). :func:`lower_bound`: per resource, the streams' smallest node fractions
+summed, rounded up. :func:`realise`: node labels and Helm values. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -108,14 +97,12 @@ class CapacityCurve:
 
     Attributes:
         pipeline / slo_ms / device: the pair.
-        max_rate: R*, requests/s (0: the planner found no configuration at any rate).
+        max_rate: R*, requests/s (0: no configuration at any rate; ``reason`` says why).
         rates: the ladder, requests/s, increasing (R* last).
         vectors: per ladder rate, the resources (``resources`` order), non-decreasing.
         resources: ``memory_mb`` (MB), ``slots:ENGINE`` (instances), ``cores`` (busy).
-        configs: per ladder rate, the planner's rows (unit, engine, instances, batch).
-        reason: why max_rate is 0 (the planner's reason), else "".
-        planner_runs: how many times the planner ran for this pair.
-    """
+        configs: per ladder rate, the planner's rows.
+        planner_runs: how many times the planner ran for this pair."""
 
     pipeline: str
     slo_ms: float
@@ -182,20 +169,17 @@ def capacity_curve(
     sim_requests: int = SIM_REQUESTS,
     planner: Callable[..., Any] = plan,
 ) -> CapacityCurve:
-    """R* and the resource ladder of ``units`` (a pipeline's unit profiles on ``device``)
-    at ``slo_ms`` (see the module docstring): at most ``bisect_steps + levels + 1`` runs
-    of ``planner`` (:func:`infscaler.runtime.planning.planner.plan`), each simulating
-    ``sim_requests`` Poisson arrivals.
-
-    Args:
-        profile: the device's DeviceProfile (or a ResourceCap).
-        pool_mb: the node's tensor pool, MB (counted in each run's memory check).
-    """
+    """R* and the resource ladder of ``units`` on ``device`` at ``slo_ms``: at most
+    ``bisect_steps + levels + 1`` runs of ``planner`` on ``sim_requests`` Poisson arrivals
+    (``profile``: a DeviceProfile or ResourceCap; ``pool_mb``: the node's tensor pool, MB)."""
     cap = resource_cap(profile)
     names = _resources(cap)
     runs = 0
     feasible: dict[float, tuple[tuple[float, ...], tuple[dict[str, Any], ...]]] = {}
     last_reason = ""
+
+    def infeasible(reason: str) -> CapacityCurve:
+        return CapacityCurve(pipeline, slo_ms, device, 0.0, (), (), names, (), reason, runs)
 
     def run(rate: float) -> bool:
         nonlocal runs, last_reason
@@ -233,17 +217,13 @@ def capacity_curve(
         # below the lowest bisection point: one try at a small rate, else infeasible
         small = hi / 4
         if not run(small):
-            return CapacityCurve(
-                pipeline, slo_ms, device, 0.0, (), (), names, (), last_reason, runs
-            )
+            return infeasible(last_reason)
         lo = small
     for k in range(1, levels):
         r = lo * k / levels
         if r not in feasible:
             run(r)
-    # a level whose vector alone exceeds the node (busy cores above the device's cores:
-    # the planner checks cores only when it adds a cpu instance, and the simulator does
-    # not model CPU contention) cannot run: dropped, with every level above it
+    # a level whose vector alone exceeds the node cannot run: dropped, with those above
     capv = _cap_vector(cap, pool_mb)
     rates = []
     for r in sorted(feasible):
@@ -251,17 +231,8 @@ def capacity_curve(
             break
         rates.append(r)
     if not rates:
-        return CapacityCurve(
-            pipeline,
-            slo_ms,
-            device,
-            0.0,
-            (),
-            (),
-            names,
-            (),
-            f"the planner's configurations exceed the device's cap (busy cores {capv})",
-            runs,
+        return infeasible(
+            f"the planner's configurations exceed the device's cap (busy cores {capv})"
         )
     vectors: list[tuple[float, ...]] = []
     running = [0.0] * len(names)
@@ -303,16 +274,9 @@ class NodeAssignment:
 
 @dataclass
 class Placement:
-    """What :func:`place` found.
-
-    Attributes:
-        nodes: the nodes used, in the order opened.
-        unplaced: stream name -> why it could not be placed.
-        lower_bound: :func:`lower_bound` of the streams that can be placed.
-        curves: the capacity curves, keyed (pipeline, SLO ms, device).
-        seconds: wall time of the packing (the curves excluded), s.
-        curve_seconds: wall time of the capacity curves (the planner runs), s.
-    """
+    """What :func:`place` found: the ``nodes`` used in the order opened, ``unplaced`` (stream
+    -> why), the :func:`lower_bound` and its resource, the ``curves`` and the wall times of
+    the packing (``seconds``) and of the curves (``curve_seconds``)."""
 
     nodes: list[NodeAssignment]
     unplaced: dict[str, str]
@@ -405,16 +369,11 @@ def place(
     *,
     pool_mb: float = 0.0,
 ) -> Placement:
-    """Place ``streams`` on ``nodes`` (see the module docstring).
-
-    Args:
-        curves: (pipeline, slo_ms, device) -> :class:`CapacityCurve` for every stream's
-            key on every device type in ``nodes`` (:func:`capacity_curve`).
-        pool_mb: the tensor pool of each node's service, MB (counted once per node).
+    """Place ``streams`` on ``nodes`` (see the module docstring); ``curves``: a
+    :class:`CapacityCurve` per (pipeline, slo_ms, device); ``pool_mb``: each node's pool, MB.
 
     Raises:
-        KeyError: a curve is missing.
-    """
+        KeyError: a curve is missing."""
     t0 = time.perf_counter()
     devices = sorted({n.device for n in nodes})
     free: dict[str, list[FleetNode]] = {d: [] for d in devices}
@@ -455,14 +414,9 @@ def _order(
         if not s.rate > 0 or not math.isfinite(s.rate):
             unplaced[s.name] = f"rate {s.rate!r} is not a positive number"
         elif s.rate > br:
+            cs = [(d, curves[(s.key[0], s.key[1], d)]) for d in devices]
             why = [
-                f"{d}: {curves[(s.key[0], s.key[1], d)].max_rate:.3g}/s"
-                + (
-                    f" ({curves[(s.key[0], s.key[1], d)].reason})"
-                    if curves[(s.key[0], s.key[1], d)].reason
-                    else ""
-                )
-                for d in devices
+                f"{d}: {c.max_rate:.3g}/s" + (f" ({c.reason})" if c.reason else "") for d, c in cs
             ]
             unplaced[s.name] = (
                 f"{s.rate:g} requests/s of {s.pipeline} at SLO {s.slo_ms:g} ms exceeds what "

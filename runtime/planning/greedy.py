@@ -1,21 +1,11 @@
-"""The greedy planner (InferLine §4.3 with InfScaler's Algorithm 1 as the step that adds
-capacity), a candidate source of the search
-(:func:`~infscaler.runtime.planning.candidates.greedy`) and, alone on fixed unit
-profiles, :func:`~infscaler.runtime.planning.planner.plan`:
+"""The greedy planner (InferLine §4.3 with InfScaler's Algorithm 1 adding capacity), a
+candidate source of the search and, alone, :func:`~infscaler.runtime.planning.planner.plan`.
 
-1. **Bound** and 2. **start** (:meth:`PlanSearch.start`): every unit on its fastest
-   engine the device has, at its minimum instances; infeasible when the service time
-   alone exceeds the SLO or the minimum configuration exceeds the memory cap.
-3. **Add capacity** (:meth:`PlanSearch.add_capacity` / :meth:`PlanSearch.grow`): one
-   instance at a time to the most loaded unit that fits the cap (Algorithm 1), else
-   InferLine's IncreaseBatch (:func:`~infscaler.runtime.serving.batching.decide_batching`),
-   until the simulated P99 meets the SLO.
-4. **Trim** (:meth:`PlanSearch.trim`, InferLine Algorithm 2, RemoveReplica): remove the
-   instance that saves the most memory while the P99 still meets the SLO.
-
-:meth:`PlanSearch.plan` runs the four; the result is a :class:`PlanResult`. Details:
-docs/planner.md, "The greedy source". Pure: no I/O.
-"""
+:meth:`PlanSearch.plan` runs: start (fastest engine, minimum instances; infeasible when
+the service time or the minimum memory is out of bounds), add capacity (one instance to
+the most loaded unit that fits, else IncreaseBatch) until the simulated P99 meets the
+SLO, then trim (InferLine Algorithm 2). Details: docs/planner.md, "The greedy source".
+Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -55,16 +45,12 @@ class PlanResult:
 
     Attributes:
         feasible: a configuration meets the SLO within the cap.
-        reason: one line a user can read (why infeasible, or what was found).
-        rate / slo_ms / arrivals: the target.
-        units: the profiles planned for.
-        config: per unit (the plan, or for an infeasible plan the last one tried; None
-            when the search could not start).
-        prediction: the simulation of ``config`` (None when not simulated).
+        reason: one line a user can read.
+        rate / slo_ms / arrivals / units: the target and the profiles.
+        config: per unit, the plan or the last one tried (None: could not start).
+        prediction: the simulation of ``config`` (None: not simulated).
         memory_mb / memory_cap_mb: of ``config`` (instances + pool) and the device's cap.
-        steps: the search, one line per change.
-        simulations: how many simulations the search ran.
-    """
+        steps: one line per change. simulations: how many the search ran."""
 
     feasible: bool
     reason: str
@@ -153,18 +139,14 @@ class PlanResult:
 
 @dataclass(frozen=True)
 class GreedyOptions:
-    """How the greedy source simulates (:func:`~infscaler.runtime.planning.planner.plan`'s
-    options; the defaults are the search's own screen).
+    """How the greedy source simulates (defaults: the search's own screen).
 
     Attributes:
-        arrivals: the sample arrival process (a spec, a callable or explicit times; None:
-            the search's ``arrivals``).
+        arrivals: the sample arrival process (None: the search's ``arrivals``).
         duration_s: length of the sample trace, s (None: the search's ``requests`` / rate).
-        pool_mb / warmup_s / max_inflight: see
-            :func:`~infscaler.runtime.planning.simulator.simulate`.
+        pool_mb / warmup_s / max_inflight: as :func:`~.simulator.simulate`.
         batch_wait_ms: batch window when a unit's batch is raised, ms.
-        max_steps: most changes the greedy search makes. minimize: run step 4 (trim).
-    """
+        max_steps: most changes the greedy search makes. minimize: run the trim step."""
 
     arrivals: ArrivalsArg | None = None
     duration_s: float | None = None
@@ -178,8 +160,7 @@ class GreedyOptions:
     def trace(
         self, arrivals: ArrivalsArg, rate: float, requests: int, seed: int
     ) -> tuple[np.ndarray, str]:
-        """``(times, label)`` of the sample trace at ``rate`` (``arrivals`` and
-        ``requests``: the search's, where these options give none).
+        """``(times, label)`` of the sample trace at ``rate``.
 
         Raises:
             ValueError: bad duration, or a trace that holds no requests."""
@@ -211,11 +192,9 @@ def fits_instance(
     rate: float | None = None,
 ) -> str | None:
     """None when unit ``k`` can take one more instance on ``engine``, else why not: its
-    ``max_instances``, memory, the engine's slots, the cpu's thread slots, and for a
-    model unit (with the ``rate``, requests/s, and the physical cores known) the cores
-    by the model units' demand as the runtime's scaler counts them (:func:`~infscaler.runtime.scaling.demand.fits_cores`
-    of :func:`~infscaler.runtime.planning.resources.demand_cores` at ``rate`` and the
-    new instance's share per thread, its unit's)."""
+    ``max_instances``, memory, the engine's slots, the cpu's thread slots, and for a model
+    unit (``rate`` and cores known) the cores by demand as the runtime's scaler counts them
+    (:func:`~infscaler.runtime.scaling.demand.fits_cores`)."""
     u, c = units[k], config[k]
     limit = min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT)
     if c.total + 1 > limit:
@@ -233,14 +212,11 @@ def fits_instance(
         and slots.get(engine, 0) + 1 > cap.max_instances.get(engine, 0)
     ):
         return f"{engine} slots {slots.get(engine, 0)}/{cap.max_instances.get(engine, 0)} used"
-    # pinned threads of cpu model instances against the thread slots, as the runtime's
-    # scaler counts them (Monitor.pinned_threads); a function stage pins none but needs
-    # a free slot to be added
+    # pinned threads against the thread slots, as the runtime's scaler counts them
     if engine == "cpu" and cap.cores and cores + max(1, p.cores) > cap.cores:
         return f"cpu pinned threads {cores}+{max(1, p.cores)} > {cap.cores} thread slots"
     if u.kind == "model" and engine == "cpu" and cap.physical_cores and rate:
-        # model units only: a function step's profiled time may be waiting (I/O, a
-        # sleep), which the runtime's demand, capped by CPU seconds, does not count
+        # model units only: a function step's time may be waiting, not demand
         busy = demand_cores(units, config, rate)
         pinned = c.instances.get("cpu", 0) * max(1, p.cores)
         share = share_per_thread(busy[k] if pinned else None, pinned) * max(1, p.cores)
@@ -254,9 +230,8 @@ def fits_instance(
 def _window(
     units: Sequence[UnitProfile], config: Sequence[UnitConfig], max_inflight: int | str | None
 ) -> int | str | None:
-    """The in-flight window to simulate: as given, except that ``"auto"`` with batching
-    becomes the served instances x their batch + 1 (the runtime's default window, the
-    instances + 1, would let no batch grow beyond 2: the plan then recommends this one)."""
+    """The in-flight window to simulate: as given, but ``"auto"`` with batching becomes the
+    served instances x their batch + 1."""
     if max_inflight == "auto" and any(c.batch > 1 for c in config):
         return 1 + sum(c.total * c.batch for u, c in zip(units, config, strict=True) if u.served)
     return max_inflight
@@ -264,12 +239,9 @@ def _window(
 
 @dataclass
 class PlanSearch:
-    """One run of :func:`~infscaler.runtime.planning.planner.plan`'s search: its target and
-    inputs (as ``plan`` takes them, the cap and the sample trace resolved), and what it
-    records on the way (the steps, the notes, the simulations run).
-
-    Each step returns the :class:`PlanResult` that ends the search where it ends it
-    (infeasible), else what the next step starts from."""
+    """One run of :func:`~infscaler.runtime.planning.planner.plan`'s search: its target, inputs
+    and what it records (steps, notes, simulations). Each step returns the
+    :class:`PlanResult` that ends the search, else what the next step starts from."""
 
     units: list[UnitProfile]
     rate: float
@@ -348,9 +320,8 @@ class PlanSearch:
         return r.p99_ms is not None and r.p99_ms <= self.slo_ms and r.rejected == 0
 
     def start(self) -> list[UnitConfig] | PlanResult:
-        """Steps 1 and 2: each unit's minimum instances on its fastest engine the device
-        has, unless the service time alone misses the SLO or the minimum configuration
-        does not fit the memory cap (notes where it already exceeds the slots or cores)."""
+        """Steps 1 and 2: each unit's minimum instances on its fastest engine, unless the service
+        time alone misses the SLO or the minimum configuration exceeds the memory cap."""
         units, cap, slo_ms, handover_ms = self.units, self.cap, self.slo_ms, self.handover_ms
         # 1. engines and the service-time bound
         config: list[UnitConfig] = []

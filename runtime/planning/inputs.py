@@ -1,17 +1,9 @@
 """What the deploy-time planner's configuration search takes, measured on this host.
 
-:func:`planner_inputs` builds it (:class:`PlannerInputs`): each model stage measured
-(:func:`~infscaler.runtime.planning.stageprofile.measure_model_stage`, at
-:func:`planned_thread_counts`); with function stages the pipeline run in-process on a
-sample request (the first function stage's ``sample`` hook, else
-:func:`~infscaler.runtime.planning.unitprofile.sample_inputs`) for each step's cpu ms and
-the fan-out's items. The search's units are the runtime's fused units
-(:func:`~infscaler.runtime.serving.pipeline.fuse_units`): a model stage carries the
-function steps fused around it (``pre_ms`` / ``post_ms``, ``items``); a model stage
-whose sample inputs vary in shape is searched whole (K = 1). :func:`whole_profiles`: the
-whole pipeline in one unit (``fuse: whole``) per thread count (the sum
-:func:`base_latency_ms` takes). Details: docs/planner.md, "Inputs".
-"""
+:func:`planner_inputs` builds :class:`PlannerInputs`: each model stage measured, function
+stages run in-process on a sample request, units fused as the runtime fuses them (a
+model stage with varying input shapes is searched whole); :func:`whole_profiles`: the
+pipeline as one unit per thread count. Details: docs/planner.md, "Inputs"."""
 
 from __future__ import annotations
 
@@ -54,20 +46,13 @@ class PlannerInputs:
     takes it.
 
     Attributes:
-        stages: in pipeline order, a :class:`~infscaler.runtime.planning.planner.ModelStage` per
-            model stage (with its fused steps) and a fixed
-            :class:`~infscaler.runtime.planning.simulator.UnitProfile` per function unit that
-            fuses into no model (the fan-in among them).
-        model_index: per ModelStage in ``stages``, the index of its stage in the
-            pipeline's ``stages``.
+        stages: in pipeline order, a ModelStage per model stage (with its fused steps) and a
+            fixed UnitProfile per function unit fused into no model.
+        model_index: per ModelStage, its index in the pipeline's ``stages``.
         paths / shapes: per ModelStage, its ONNX file and shapes (``x:1x3x224x224``).
-        base_ms: the pipeline's 1-thread latency per request, ms: every unit's time at 1
-            thread (fused steps included) x its items per request; the reference of a
-            factor SLO (``3x``).
+        base_ms: the pipeline's 1-thread latency per request, ms (a factor SLO's reference).
         notes: what a reader should know (stages searched whole and why).
-        whole: the whole pipeline as one unit (:func:`whole_profiles`), threads -> its
-            profile; empty when it is not a candidate (see the module docstring).
-    """
+        whole: threads -> the whole pipeline as one unit; empty when not a candidate."""
 
     stages: tuple[ModelStage | UnitProfile, ...]
     model_index: tuple[int, ...]
@@ -95,11 +80,7 @@ def whole_pipeline(cfg: Any) -> Any:
 
 
 def planned_thread_counts() -> list[int]:
-    """The intra-op thread counts :func:`planner_inputs` asks each model to be measured
-    at: 1, 2 and this host's usable cores (:func:`measure_model_stage` skips those above
-    the cores); the decision key
-    (:func:`~infscaler.runtime.planning.decisions.decision_path`) reads the kept idle
-    curves at the same counts."""
+    """The intra-op thread counts each model is measured at: 1, 2 and this host's usable cores."""
     return sorted({1, 2, usable_cores()})
 
 
@@ -116,23 +97,18 @@ def planner_inputs(
     """Measure ``cfg``'s stages on this host for the search (see the module docstring).
 
     Args:
-        cfg: a PipelineConfig whose model stages name ONNX models (``model``); the
-            stages' own K / threads / instances are ignored (searched).
-        device: its DeviceProfile (for compiling; cpu is what is measured).
-        state_dir: where compiling keeps plans (none are made: models run whole).
-        allowed_functions: the modules function stages may come from (None: any), as
-            at deploy (:func:`infscaler.runtime.serving.pipeline.load_function`): their code runs
-            in this process on the sample request.
+        cfg: a PipelineConfig whose model stages name ONNX models; their own K / threads /
+            instances are ignored.
+        device: its DeviceProfile. state_dir: where compiling keeps plans (none made).
+        allowed_functions: the modules function stages may come from (None: any); their code
+            runs in this process on the sample request.
         repeats: timed runs per measurement.
-        wake_latency_us: the PM QoS CPU latency limit the service holds (None: none):
-            selects the idle slowdown a model served under the same setting
-            (:func:`infscaler.runtime.scaling.idlecurve.load_curve`), planned with where kept.
+        wake_latency_us: the PM QoS CPU latency limit held (None: none): selects the idle
+            slowdown kept under it (:func:`infscaler.runtime.scaling.idlecurve.load_curve`).
 
     Raises:
-        InfScalerError: a stage given as a plan directory (the search measures whole
-            ONNX models), no model stage, a function failing on the sample request, or
-            a fan-out that made no items on it (the message says which).
-    """
+        InfScalerError: a stage given as a plan directory, no model stage, a function failing
+            on the sample request, or a fan-out that made no items."""
     run = _Gathering(
         cfg, device, state_dir, allowed_functions, repeats, progress, wake_latency_us,
         planned_thread_counts(),
@@ -229,8 +205,6 @@ def _with_functions(run: _Gathering) -> PlannerInputs:
     """The inputs of a pipeline with function stages: it is compiled with its model stages
     whole (:func:`whole_pipeline`) and run in-process on a sample request (:func:`_sample_request`,
     else made up); its runtime units are the search's (see the module docstring)."""
-    # why: compiling and profiling load the function modules and onnxruntime sessions;
-    # a pipeline of model stages only never needs them
     from infscaler.runtime.planning.unitprofile import profile_pipeline, sample_inputs
     from infscaler.runtime.serving.pipeline import compile_pipeline
 
@@ -261,8 +235,7 @@ def _with_functions(run: _Gathering) -> PlannerInputs:
     shapes: list[str | None] = []
     for u, up in zip(compiled.units, prof.units, strict=True):
         if u.kind != "model":
-            # a function unit fused into no model (the fan-in among them): as measured,
-            # one instance (function stages deploy as written)
+            # a function unit fused into no model: as measured, one instance
             stages.append(dataclasses.replace(up, max_instances=1) if up.served else up)
             continue
         k, ms, path, shp = _fused_model_stage(run, u, prof, by_name, notes)
@@ -309,16 +282,12 @@ def _fused_model_stage(
     by_name: Mapping[str, tuple[int, Any]],
     notes: list[str],
 ) -> tuple[int, ModelStage, Path, str | None]:
-    """Runtime unit ``u`` around a model stage as the search's :class:`ModelStage`: the
-    model measured whole, with the function steps fused before / after it
-    (``pre_ms`` / ``post_ms``, from the sample's ``prof``) and the fan-out's items when
-    it fuses the fan-out; searched whole, its times scaled to the sample's, when the
-    sample did not feed it its shapes. Returns its index in the pipeline's stages, the
-    stage, its ONNX file and its shapes.
+    """Runtime unit ``u`` around a model stage as a :class:`ModelStage` with its fused steps
+    (``pre_ms`` / ``post_ms``) and fan-out items; searched whole when the sample did not feed
+    it its shapes. Returns ``(stage index, stage, ONNX file, shapes)``.
 
     Raises:
-        InfScalerError: it fuses the fan-out and the fan-out recorded no item counts.
-    """
+        InfScalerError: it fuses the fan-out and the fan-out recorded no item counts."""
     steps = u.step_units
     m = next(i for i, s in enumerate(steps) if s.kind == "model")
     pre = sum(prof.step_ms.get(s.name, 0.0) for s in steps[:m])
@@ -358,13 +327,8 @@ def _units_at(stages: Sequence[ModelStage | UnitProfile], threads: int = 1) -> l
 
 
 def base_latency_ms(stages: Sequence[ModelStage | UnitProfile], threads: int = 1) -> float:
-    """A request's latency through ``stages`` with every model at ``threads`` intra-op
-    threads (default 1: the reference of a factor SLO), ms: each unit's mean time (a
-    model stage whole at that count, its measured ``whole_ms[threads]``, with its fused
-    steps) x its items per request (:func:`~infscaler.runtime.planning.resources.arrival_rates`).
-
-    E.g. a 5 ms step fused before a 10 ms model, then a 4 ms model per item with 3 items
-    per request and a 1 ms fan-in: 15 + 3 x 4 + 1 = 28 ms.
+    """A request's latency through ``stages`` with every model at ``threads`` threads, ms: each
+    unit's mean time (fused steps included) x its items per request.
 
     Raises:
         KeyError: a model stage not measured at ``threads``."""
@@ -377,15 +341,9 @@ def base_latency_ms(stages: Sequence[ModelStage | UnitProfile], threads: int = 1
 def whole_profiles(
     stages: Sequence[ModelStage | UnitProfile], name: str = "whole"
 ) -> dict[int, UnitProfile]:
-    """The whole pipeline as one unit (``fuse: whole``), per intra-op thread count every
-    model stage was measured at (no count is extrapolated).
-
-    At ``t`` threads its time per request is :func:`base_latency_ms` at ``t``, ms (one
-    sample per measured fan-out item count, else the mean with the model stages' largest
-    ``cv``); memory: the model stages' (weights + activations) plus the largest instance
-    overhead, MB; ``cores`` = ``t``; kind ``model``. Worked example: docs/planner.md,
-    "Inputs".
-    """
+    """The whole pipeline as one unit (``fuse: whole``) per thread count every model stage was
+    measured at: time :func:`base_latency_ms` at ``t``; memory the stages' weights and
+    activations plus the largest overhead; ``cores`` = ``t`` (docs/planner.md, "Inputs")."""
     models = [s for s in stages if isinstance(s, ModelStage)]
     if not models:
         return {}
@@ -421,10 +379,8 @@ def whole_profiles(
 
 
 def _idle_of(models: Sequence[ModelStage], t: int) -> tuple[tuple[float, float], ...]:
-    """The whole pipeline's idle slowdown at ``t`` threads (``EngineProfile.idle``): at
-    each gap measured for every model stage, their factors weighted by their whole-model
-    times at ``t`` (every model run as if the host had sat idle before it: an upper
-    bound, since the first one wakes the cores for the rest); none when a stage has none."""
+    """The whole pipeline's idle slowdown at ``t`` threads: per gap measured for every stage,
+    their factors weighted by whole-model time (an upper bound); none when a stage has none."""
     pts = [dict(m.idle_by_threads.get(t, ())) for m in models]
     gaps = sorted(set.intersection(*(set(p) for p in pts))) if all(pts) else []
     weights = [m.whole_ms.get(t, m.whole_ms[1]) for m in models]

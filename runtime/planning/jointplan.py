@@ -1,17 +1,9 @@
-"""Planning several pipelines together within one device's cap: a loop over each
-pipeline's own ranked search candidates
-(:func:`~infscaler.runtime.planning.planner.search`), choosing one configuration per
-pipeline such that together they fit.
+"""Planning several pipelines together within one device's cap.
 
-:func:`plan_together` takes the best ``top_k`` usable candidates of each and tries every
-combination; one fits when, summed (:func:`usage`), memory, pinned cpu threads, model
-instances per engine and busy cpu cores are within the cap. Among those that fit: strict
-priority (``priority`` 1 first, each level's goodput within ``tie`` of its best counting
-as equal), then the most total goodput, the least memory, the best-ranked candidates.
-Why: docs/planner.md, "Joint planning".
-
-Pure: no I/O.
-"""
+:func:`plan_together` tries every combination of each pipeline's ``top_k`` candidates;
+one fits when the summed :func:`usage` is within the cap. Among those: strict priority
+(goodput within ``tie`` counts as equal), then the most goodput, the least memory, the
+best-ranked. Why: docs/planner.md, "Joint planning". Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -34,14 +26,8 @@ MAX_COMBINATIONS = 50_000
 
 @dataclass(frozen=True)
 class Usage:
-    """What one or more configurations take of the cap.
-
-    Attributes:
-        memory_mb: instances' memory, MB.
-        threads: pinned cpu threads of model instances.
-        slots: model instances per engine.
-        busy_cores: cpu cores kept busy at the goodput (cores, fractional).
-    """
+    """What configurations take of the cap: ``memory_mb`` (MB), pinned cpu ``threads``, model
+    instance ``slots`` per engine, and ``busy_cores`` at the goodput."""
 
     memory_mb: float = 0.0
     threads: int = 0
@@ -81,16 +67,8 @@ def usage(c: Candidate) -> Usage:
 
 @dataclass(frozen=True)
 class Member:
-    """One pipeline of the set.
-
-    Attributes:
-        name: the pipeline's name.
-        priority: its ``priority`` (1 the highest).
-        candidates: its search's candidates, best first (as
-            :attr:`~infscaler.runtime.planning.explain.SearchOutcome.candidates`); those
-            that do not fit or answer nothing within the SLO are skipped.
-        rate: the rate it was searched at, requests/s (None: its max rate).
-    """
+    """One pipeline of the set: ``name``, ``priority`` (1 the highest), its search's
+    ``candidates`` best first, and the ``rate`` searched at (requests/s; None: max)."""
 
     name: str
     priority: int
@@ -112,15 +90,8 @@ class Member:
 
 @dataclass(frozen=True)
 class JointChoice:
-    """The configuration chosen for one pipeline.
-
-    Attributes:
-        name / priority: the pipeline's.
-        candidate: the configuration chosen.
-        rank: its place in the pipeline's own ranking (0: its best alone).
-        best_alone: the pipeline's best candidate alone (``candidate`` when rank 0).
-        why: why it got it, in words (what its best alone would have needed).
-    """
+    """The configuration chosen for one pipeline: ``name`` / ``priority``, the ``candidate``,
+    its ``rank`` in its own ranking, its ``best_alone``, and ``why`` in words."""
 
     name: str
     priority: int
@@ -132,15 +103,8 @@ class JointChoice:
 
 @dataclass(frozen=True)
 class JointPlan:
-    """What :func:`plan_together` chose.
-
-    Attributes:
-        choices: one per pipeline, in the order given.
-        used: what they take together (:class:`Usage`).
-        available: what the cap offers (``memory_mb``: the cap less the memory in use).
-        combinations: combinations tried. fitting: of them, those that fit.
-        explain: the choice in words, a line per pipeline after a head line.
-    """
+    """What :func:`plan_together` chose: ``choices`` per pipeline in order, ``used`` and
+    ``available`` (:class:`Usage`), ``combinations`` tried and ``fitting``, and ``explain``."""
 
     choices: tuple[JointChoice, ...]
     used: Usage
@@ -218,26 +182,20 @@ def plan_together(
     top_k: int = 6,
     tie: float = 0.05,
 ) -> JointPlan:
-    """One configuration per pipeline of ``members`` that together fit ``cap``, chosen by
-    strict priority, then total goodput (see the module docstring).
+    """One configuration per pipeline of ``members`` that together fit ``cap``, by strict
+    priority, then total goodput (see the module docstring).
 
     Args:
-        members: the pipelines, each with its search's candidates (best first).
-        cap: the device's cap (memory MB, ``max_instances`` per engine, thread slots in
-            ``cores``).
-        thread_slots: pinned threads allowed in all (None: ``cap.cores``; 0 there: no
-            limit), e.g. :meth:`~infscaler.runtime.planning.candidates.Limits.of`'s.
-        cores: physical cpu cores the busy cores are checked against (None:
-            ``cap.physical_cores``; 0: not checked).
-        top_k: candidates per pipeline tried (its best ``top_k`` usable ones).
-        tie: a priority level's goodput within this fraction of its best counts as equal.
+        members: the pipelines, each with its candidates (best first).
+        cap: the device's cap.
+        thread_slots: pinned threads allowed in all (None: ``cap.cores``; 0: no limit).
+        cores: physical cores for the busy check (None: ``cap.physical_cores``; 0: none).
+        top_k: candidates per pipeline tried.
+        tie: a level's goodput within this fraction of its best counts as equal.
 
     Raises:
-        InfScalerError: no members, two with one name, a pipeline with no usable
-            candidate (it is named), or no combination that fits (the pipelines whose
-            smallest configurations together exceed the cap are named, with what they
-            need).
-    """
+        InfScalerError: no members, a repeated name, a pipeline with no usable candidate,
+            or no combination that fits (naming what the smallest ones need)."""
     if not members:
         raise InfScalerError("no pipelines to plan together")
     names = [m.name for m in members]

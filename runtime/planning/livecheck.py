@@ -1,21 +1,10 @@
-"""The live check of a planned configuration: does what the planner chose serve what it
-predicted, and does the runner-up serve more? (Pure: no I/O, no clock.)
+"""The live check of a planned configuration: does it serve what the planner predicted, and
+does the runner-up serve more? Pure: no I/O, no clock.
 
-:func:`check` takes what the pipeline serves now (:class:`Observed`: the measured
-instance capacity, P99, offered load), the :class:`LiveState` the previous call
-returned, the prediction for the configuration serving and for the runner-up
-(:class:`Expected`, whose capacity is the queueing model's
-:func:`~infscaler.runtime.queueing.capacity_rps`) and a :class:`LiveConfig`, and returns
-a :class:`Verdict` (``wait``, ``keep`` or ``switch``) and the new state: once settled, a
-configuration that falls short of its prediction is swapped for a runner-up predicted
-to serve more, and after the trial the one that measured more is kept (at most
-``max_switches``).
-
-Source: InferLine's Tuner (Crankshaw et al., SoCC '20 §5), which corrects the offline
-planner's configuration from live measurements; here between the planner's two best
-configurations. The rules in full and the runs behind them: docs/scaling.md, "The live
-check in full".
-"""
+:func:`check` maps ``(Observed, LiveState, Expected serving, Expected other, LiveConfig)``
+to a :class:`Verdict` (``wait``, ``keep`` or ``switch``) and the new state; at most
+``max_switches``. Source: InferLine's Tuner (SoCC '20 §5), here between the planner's two
+best configurations. In full: docs/scaling.md, "The live check in full"."""
 
 from __future__ import annotations
 
@@ -39,16 +28,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Expected:
-    """What the planner predicted for one configuration.
-
-    Attributes:
-        label: the configuration in words (:meth:`~infscaler.runtime.planning.candidates.Candidate.label`).
-        unit_ms: per served unit, predicted ms per item on one instance.
-        instances: per served unit, the instances planned.
-        items: per served unit, items per request (1 but after a fan-out).
-        goodput_rps: predicted goodput within the SLO, requests/s (the search's score).
-        err: relative uncertainty of the prediction, 0-1 (0: not known).
-    """
+    """What the planner predicted for one configuration: its ``label``; per served unit
+    ``unit_ms`` (ms per item on one instance), ``instances`` and ``items`` per request; the
+    ``goodput_rps`` (requests/s) and its relative uncertainty ``err`` (0: unknown)."""
 
     label: str
     unit_ms: tuple[float, ...]
@@ -65,9 +47,8 @@ class Expected:
         return capacity_rps(self.unit_ms, self.instances, self.items)
 
     def capacity_at(self, instances: Sequence[int] | None) -> float:
-        """Predicted instance capacity at ``instances`` per served unit (the scaler may
-        have moved them since the deploy), requests/s; the planned capacity when
-        ``instances`` is None or does not match the units."""
+        """Predicted instance capacity at ``instances`` per served unit, requests/s (the planned
+        capacity when None or not matching the units)."""
         if instances is None or len(instances) != len(self.unit_ms):
             return self.capacity_rps
         return capacity_rps(self.unit_ms, instances, self.items)
@@ -101,14 +82,12 @@ class Observed:
     """What the deployed configuration serves now (the monitor's window).
 
     Attributes:
-        since_change_s: seconds since the configuration was deployed or last changed.
+        since_change_s: seconds since it was deployed or last changed.
         answered: requests answered in the window.
-        capacity_rps: measured instance capacity, requests/s (None: not measured yet).
-        p99_ms: end-to-end P99 over the window, ms (None: no sample).
-        offered_rps: requests/s submitted over the window (refused ones included).
-        slo_ms: the pipeline's SLO, ms.
-        instances: per served unit, its instances now (None: as planned).
-    """
+        capacity_rps: measured instance capacity, requests/s (None: not yet).
+        p99_ms: end-to-end P99, ms (None: no sample). slo_ms: the SLO, ms.
+        offered_rps: requests/s submitted (refused included).
+        instances: per served unit, its instances now (None: as planned)."""
 
     since_change_s: float
     answered: int
@@ -125,14 +104,11 @@ class LiveConfig:
 
     Attributes:
         settle_s: seconds a configuration serves before it is judged.
-        min_answered: requests answered in the window before it is judged (why 50:
-            docs/scaling.md, "The live check in full").
-        shortfall: relative shortfall of the measured capacity against the predicted one
-            (beyond the prediction's ``err``) that counts as falling short, 0-1.
-        better_by: relative margin by which another configuration must serve more to be
-            switched to, 0-1 (below it: a tie, the one serving stays).
-        max_switches: most switches per pipeline.
-    """
+        min_answered: requests answered in the window before it is judged.
+        shortfall: relative shortfall of measured against predicted capacity (beyond
+            ``err``) that counts as falling short, 0-1.
+        better_by: relative margin another configuration must serve more by, 0-1.
+        max_switches: most switches per pipeline."""
 
     settle_s: float = 10.0
     min_answered: int = 50
@@ -143,15 +119,8 @@ class LiveConfig:
 
 @dataclass(frozen=True)
 class LiveState:
-    """What :func:`check` carries from one call to the next.
-
-    Attributes:
-        phase: ``watch`` (the planner's choice serving, not judged yet), ``trial`` (the
-            runner-up serving, not judged yet) or ``settled`` (nothing more to check).
-        measured: label -> measured capacity, requests/s, of each configuration judged.
-        switches: switches decided so far.
-        reason: the last verdict's reason (``status`` shows it).
-    """
+    """What :func:`check` carries: ``phase`` (``watch``, ``trial`` or ``settled``), ``measured``
+    (label -> capacity, requests/s), ``switches`` so far and the last verdict's ``reason``."""
 
     phase: str = "watch"
     measured: tuple[tuple[str, float], ...] = ()
@@ -179,20 +148,17 @@ def check(
     other: Expected | None,
     config: LiveConfig = LiveConfig(),
 ) -> tuple[Verdict, LiveState]:
-    """Judge the configuration serving (see the module docstring for the rules).
+    """Judge the configuration serving (see the module docstring).
 
     Args:
-        obs: what it serves now.
-        state: the previous call's state (``LiveState()`` at the first deploy).
+        obs: what it serves now. state: the previous call's state.
         serving: the prediction for the configuration serving.
-        other: the prediction for the other configuration (the runner-up in ``watch``,
-            the planner's choice in ``trial``); None: there is none.
+        other: the prediction for the other one (None: none).
         config: thresholds.
 
     Returns:
-        ``(verdict, new state)``; after ``switch`` the caller deploys ``other`` and
-        calls again with ``serving`` and ``other`` swapped.
-    """
+        ``(verdict, new state)``; after ``switch`` the caller deploys ``other`` and calls
+        again with ``serving`` and ``other`` swapped."""
     if state.phase == "settled":
         return Verdict("keep", state.reason), state
     if obs.since_change_s < config.settle_s:

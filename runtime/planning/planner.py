@@ -1,24 +1,12 @@
 """The planner: a pipeline's starting configuration for an arrival rate and an SLO, by one
 configuration search (InfScaler §IV, InferLine §4.3; design: docs/planner.md).
 
-:func:`search` is the planner. Over the points of the runtime's configuration space
-(:mod:`~infscaler.runtime.planning.stages`: per model stage K, the cuts of each
-objective, intra-op threads; the whole pipeline in one unit; a pipeline of fixed units
-is one point) it runs the candidate sources (:mod:`~infscaler.runtime.planning.candidates`:
-instances grown by Algorithm 1, and the greedy planner's least-memory configuration,
-:mod:`~infscaler.runtime.planning.greedy`), scores each candidate by simulated goodput
-with CPU contention and the front end's CPU (:mod:`~infscaler.runtime.planning.scoring`),
-ranks them with goodput intervals and ties (:mod:`~infscaler.runtime.planning.ranking`)
-and says why each lost (:mod:`~infscaler.runtime.planning.explain`).
-
-:func:`plan` is :func:`search` on fixed unit profiles with the greedy source alone (its
-:class:`~infscaler.runtime.planning.greedy.PlanResult`: steps, reason). Joint planning
-(:mod:`~infscaler.runtime.planning.jointplan`) and the fleet planner
-(:mod:`~infscaler.runtime.planning.fleet`) are loops over its results. :func:`predict`
-simulates a given configuration.
-
-Pure: no I/O.
-"""
+:func:`search` scores every candidate of the configuration space
+(:mod:`~infscaler.runtime.planning.candidates`) by simulated goodput
+(:mod:`~infscaler.runtime.planning.scoring`), ranks them
+(:mod:`~infscaler.runtime.planning.ranking`) and says why each lost. :func:`plan` is the
+search on fixed unit profiles with the greedy source alone; :func:`predict` simulates a
+given configuration. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -71,8 +59,7 @@ __all__ = [
 
 
 def resource_cap(device: Any) -> ResourceCap:
-    """R^m from a :class:`~infscaler.base.device.DeviceProfile`, a :class:`ResourceCap`, or None
-    (no limit but the control path's :data:`MAX_PER_UNIT` per unit)."""
+    """R^m from a DeviceProfile, a :class:`ResourceCap`, or None (no limit)."""
     if device is None:
         return ResourceCap(memory_cap_mb=math.inf, memory_used_mb=0.0, max_instances={}, cores=0)
     if isinstance(device, ResourceCap):
@@ -83,9 +70,7 @@ def resource_cap(device: Any) -> ResourceCap:
 # -- the search ---------------------------------------------------------------------------
 
 
-#: Requests of the search's own score of the one candidate :func:`plan` returns: the
-#: least :func:`search` takes (the greedy source simulates ``duration_s``; this score ranks
-#: nothing).
+#: Requests of the search's own score of :func:`plan`'s one candidate (ranks nothing).
 _PLAN_SCREEN = 50
 
 
@@ -106,9 +91,9 @@ def plan(
     max_steps: int = 64,
     minimize: bool = True,
 ) -> PlanResult:
-    """:func:`search` on fixed unit profiles with its greedy source alone (:mod:`.greedy`):
-    the least-memory configuration whose simulated P99 meets ``slo_ms`` at ``rate``, with
-    the steps and, where none meets the SLO, why.
+    """:func:`search` on fixed unit profiles with the greedy source alone: the least-memory
+    configuration whose simulated P99 meets ``slo_ms`` at ``rate``, with its steps and, where
+    none meets the SLO, why.
 
     Args:
         units: the pipeline's unit profiles, in order.
@@ -117,14 +102,12 @@ def plan(
         arrivals: the sample arrival process (a spec, a callable or times).
         duration_s: length of the sample trace, s. seed: of the trace and service times.
         handover_ms / pool_mb / warmup_s / max_inflight: as
-            :func:`~infscaler.runtime.planning.simulator.simulate` (``"auto"``: served
-            instances + 1).
-        batch_wait_ms: batch window when the search raises a unit's batch.
-        max_steps: most changes the search makes. minimize: run the trimming phase.
+            :func:`~infscaler.runtime.planning.simulator.simulate`.
+        batch_wait_ms: batch window when a unit's batch is raised.
+        max_steps: most changes made. minimize: run the trimming phase.
 
     Raises:
-        ValueError: bad rate / SLO / duration or an arrival spec that cannot be read.
-    """
+        ValueError: bad rate / SLO / duration or an unreadable arrival spec."""
     if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
         raise ValueError(f"rate must be a positive number of requests/s, got {rate!r}")
     if not duration_s > 0:
@@ -171,13 +154,11 @@ def predict(
     cpu_cores: int | None = None,
 ) -> SimResult:
     """Simulate ``config`` (None: each unit's minimum on its fastest engine) under
-    ``arrivals``: explicit times, or a spec / callable at ``rate`` over ``duration_s``;
-    ``cpu_cores``: the cores cpu instances share (contention, see
-    :func:`~infscaler.runtime.planning.simulator.simulate`; None: none modelled).
+    ``arrivals`` (times, or a spec / callable at ``rate`` over ``duration_s``); ``cpu_cores``:
+    the cores cpu instances share (None: no contention).
 
     Raises:
-        ValueError: a spec without a rate, or bad arguments.
-    """
+        ValueError: a spec without a rate, or bad arguments."""
     if isinstance(arrivals, str) or callable(arrivals):
         if rate is None:
             raise ValueError(f"arrivals {arrivals!r} need a rate")
@@ -198,28 +179,21 @@ def predict(
     )
 
 
-#: Front-end CPU per request, ms: the service process's CPU time per request of a
-#: 1x3x224x224 FP32 input over the Unix socket, measured with ``bench/frontend_cpu.py``
-#: (docs/planner.md, "The constants' measurements"); pass the target's own figure with
-#: ``frontend_ms``.
+#: Front-end CPU per request, ms (``bench/frontend_cpu.py``; docs/planner.md, "The
+#: constants' measurements").
 FRONTEND_MS = 1.6
 
-#: Time of one token handover in :func:`search`'s simulations, ms (every hop between the
-#: front end and the units): the fixed part of a hop between two served instances,
-#: measured with ``bench/chain_latency.py --served`` (docs/planner.md, "The constants'
-#: measurements").
+#: One token handover between served instances in :func:`search`'s simulations, ms
+#: (``bench/chain_latency.py --served``).
 HANDOVER_MS = 0.5
 
 
 def frontend_profile(frontend_ms: float = FRONTEND_MS) -> UnitProfile:
     """The front end as :func:`search` simulates it: a single-threaded cpu server of
-    ``frontend_ms`` per request ahead of the pipeline's units, competing with them for
-    the cores, not itself served by instances (``served=False``). Put it first in the
-    units (with a ``UnitConfig({"cpu": 1})``) to score a configuration as the search
-    does.
+    ``frontend_ms`` per request, not served by instances; put it first in the units.
 
     Raises:
-        ValueError: ``frontend_ms`` <= 0 (as :class:`EngineProfile`)."""
+        ValueError: ``frontend_ms`` <= 0."""
     return UnitProfile(
         "frontend",
         {"cpu": EngineProfile("cpu", frontend_ms, cores=1)},
@@ -228,19 +202,11 @@ def frontend_profile(frontend_ms: float = FRONTEND_MS) -> UnitProfile:
     )
 
 
-#: :func:`search` counts candidates within this fraction of the best goodput as tied
-#: (and also those whose goodput interval overlaps the best's: the floor of the tie when
-#: the measurements carry no uncertainty) and gives the tie to the simpler one: fewer
-#: units (partitions and stages), then one within
-#: :data:`~infscaler.runtime.planning.ranking.MEMORY_AMPLE` of the cap, then
-#: fewer intra-op threads per instance, then fewer processes, then less memory.
+#: Candidates within this fraction of the best goodput (or whose interval overlaps the
+#: best's) tie; the tie goes to the simpler one (:meth:`~.ranking.Ties.rank`).
 GOODPUT_TIE = 0.05
 
-#: :func:`search` scores every candidate on a short trace (``requests``, 600), then
-#: scores again, on a trace of this many requests, the finalists: the candidates within
-#: :data:`FINALIST_WITHIN` of the best short score, at most :data:`FINALISTS_MAX` of them
-#: (the short score is a screen, not a prediction: docs/planner.md, "The constants'
-#: measurements").
+#: Requests of the finalists' second, long score (the short one is a screen).
 FINAL_REQUESTS = 12_000
 #: Finalists are the candidates whose short score is within this fraction of the best.
 FINALIST_WITHIN = 0.3
@@ -249,9 +215,8 @@ FINALISTS_MAX = 4
 
 
 def cpu_cores(device: Any) -> int | None:
-    """Physical cores of a DeviceProfile's cpu entry (its listed ``cores``; None when it
-    lists none or has no cpu entry): the contention count for :func:`search`, where
-    ``ResourceCap.cores`` counts thread slots (cores x ``threads_per_core``)."""
+    """Physical cores of a DeviceProfile's cpu entry (None: none listed), where
+    ``ResourceCap.cores`` counts thread slots."""
     for acc in getattr(device, "accelerators", ()):
         if acc.engine == "cpu" and acc.count >= 1 and acc.cores:
             return len(acc.cores)
@@ -294,9 +259,8 @@ def _check_traces(
 
 
 def _physical_cores(cap: ResourceCap, cores: int | None, models: Sequence[int]) -> int:
-    """The cores :func:`search` simulates: ``cores``, else the cap's; 0 (unknown, no
-    contention modelled) only for a pipeline of fixed units (no ``models``), else
-    ValueError."""
+    """The cores :func:`search` simulates: ``cores``, else the cap's; 0 only without
+    ``models``, else ValueError."""
     n_cores = int(cores or cap.cores or 0)
     if n_cores < 1 and models:
         raise ValueError("cores unknown: give cores= or a device profile with a cpu entry")
@@ -304,8 +268,7 @@ def _physical_cores(cap: ResourceCap, cores: int | None, models: Sequence[int]) 
 
 
 def _model_stages(stages: Sequence[ModelStage | UnitProfile]) -> list[int]:
-    """Where the :class:`ModelStage` are in ``stages``, or ValueError (no stage at all,
-    or one neither)."""
+    """Where the :class:`ModelStage` are in ``stages``; ValueError on none or a foreign stage."""
     if not stages:
         raise ValueError("no stage to plan: pass the pipeline's stages in order")
     bad = [type(s).__name__ for s in stages if not isinstance(s, ModelStage | UnitProfile)]
@@ -339,25 +302,17 @@ def search(
     sources: Sequence[str] = SOURCES,
     greedy: GreedyOptions | None = None,
 ) -> SearchOutcome:
-    """Search the runtime's configuration space for the most goodput within the SLO.
-
-    Candidates: per model stage K = 1 .. ``max_partitions`` (each objective's cuts) at each
-    measured thread count, and the whole pipeline in one unit, instances grown within the
-    cap (:mod:`.candidates`); each scored by the simulator with CPU contention and the
-    front end's CPU (:mod:`.scoring`); finalists scored again for a goodput interval, ties
-    to the simpler configuration (:mod:`.ranking`); why each lost (:mod:`.explain`).
-    Design and measurements: docs/planner.md, "The search".
+    """Search the runtime's configuration space for the most goodput within the SLO
+    (docs/planner.md, "The search").
 
     Args:
         stages: the pipeline in order: :class:`ModelStage` (searched) or fixed
-            :class:`UnitProfile` (function stages or given units; their instances grow
-            too). With no ModelStage the space is one point.
+            :class:`UnitProfile`; with no ModelStage the space is one point.
         slo_ms: end-to-end P99 SLO, ms.
         device: a DeviceProfile, a ResourceCap, or None (no memory / slot cap).
         rate: expected mean arrival rate, requests/s (None: score by the max rate).
         cores: physical cpu cores the instances and the front end share (default: the
-            cap's ``cores``; give the physical count when thread slots oversubscribe them,
-            :func:`cpu_cores`).
+            cap's ``cores``; see :func:`cpu_cores`).
         arrivals: arrival process spec (:func:`infscaler.runtime.planning.arrivals.from_spec`).
         requests: requests simulated per screening score.
         final_requests / finalist_within / finalists_max: the finalists' long score (0: the
@@ -365,30 +320,23 @@ def search(
         seed / handover_ms: as :func:`~infscaler.runtime.planning.simulator.simulate`.
         frontend_ms: front-end CPU per request, ms (0: not modelled).
         max_partitions: largest K per model stage.
-        objectives: partition objectives tried (``("eq1",)``: the paper's only).
-        whole: the whole pipeline as one unit, intra-op threads -> its profile
-            (:func:`infscaler.runtime.planning.inputs.whole_profiles`); each ``t <= cores``
-            is a candidate.
-        oversubscribe: pinned threads allowed per core (default 1), never more than the
-            cap's thread slots; candidates pinning more are ruled out while any within them
-            meets the SLO.
+        objectives: partition objectives tried.
+        whole: intra-op threads -> the whole pipeline as one unit; each ``t <= cores`` is a
+            candidate.
+        oversubscribe: pinned threads allowed per core, within the cap's thread slots.
         max_candidates: most (cuts x threads) combinations over the stages.
         goodput_tie: relative goodput difference counted as a tie, 0-1.
-        incumbent: the configuration planned before
-            (:meth:`~infscaler.runtime.planning.candidates.Candidate.identity`; None: none):
-            a finalist that wins a goodput tie before every other rule.
-        sources: candidate sources (:data:`~.candidates.SOURCES`; ``greedy`` needs ``rate``).
-        greedy: how the greedy source simulates (:class:`~.greedy.GreedyOptions`; None: the
-            screen's trace).
+        incumbent: the identity of the configuration planned before (wins a tie first).
+        sources: candidate sources (``greedy`` needs ``rate``).
+        greedy: how the greedy source simulates (None: the screen's trace).
 
     Returns:
-        :class:`~.explain.SearchOutcome`: ``best`` (None when no candidate answers any
-        request within the SLO) and every candidate with why it lost.
+        :class:`~.explain.SearchOutcome`: ``best`` (None when no candidate answers within
+        the SLO) and every candidate with why it lost.
 
     Raises:
         ValueError: bad SLO / rate / cores, no stage, an unknown objective or source, or
-            more than ``max_candidates`` combinations.
-    """
+            more than ``max_candidates`` combinations."""
     _check_search(slo_ms, rate, objectives, goodput_tie)
     _check_traces(
         frontend_ms, requests, max_partitions, final_requests, finalists_max, finalist_within

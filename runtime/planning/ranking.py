@@ -1,23 +1,9 @@
-"""How :func:`~infscaler.runtime.planning.planner.search` ranks its candidates: the
-finalists, their goodput intervals, and the ties.
-
-**Finalists**: every candidate is screened on a trace of ``requests``; those within
-``finalist_within`` of the best screen (at most ``finalists_max``, plus the best of each
-hand configuration and the incumbent) are scored again on ``final_requests`` and ranked
-ahead of the rest.
-
-**Goodput interval** (finalists only): each finalist is scored twice more with every
-unit's service time at x (1 + err) and x (1 - err) (``goodput_lo`` / ``goodput_hi``).
-
-**Ties**: a candidate ties the best when within ``goodput_tie`` (5 %) of its goodput or
-when its interval reaches the best's low end; the tie goes to, in order: the incumbent
-(the configuration planned before), fewer units, memory within :data:`MEMORY_AMPLE` of
-the cap, fewer intra-op threads per instance, fewer processes, less memory, fewer
-threads (:meth:`Ties.rank`). Why each rule, with the measurements behind it:
-docs/planner.md, "Ranking".
-
-Pure: no I/O.
-"""
+"""How :func:`~infscaler.runtime.planning.planner.search` ranks its candidates: finalists
+(those within ``finalist_within`` of the best screen, rescored on ``final_requests``),
+their goodput intervals (service times at x (1 +/- err)), and the ties (:meth:`Ties.rank`:
+incumbent, fewer units, memory within :data:`MEMORY_AMPLE`, fewer threads per instance,
+fewer processes, less memory, fewer threads). Why: docs/planner.md, "Ranking".
+Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -31,9 +17,8 @@ from infscaler.runtime.scaling.types import ResourceCap
 
 __all__ = ["MEMORY_AMPLE", "Ties", "finalists", "processes", "rescore", "served_units"]
 
-#: A candidate whose memory is at most this fraction of the device's cap leaves the cap
-#: ample: among tied candidates within it, memory does not decide, the threads per
-#: instance do (docs/planner.md, "Ranking", "The constants' measurements").
+#: Tied candidates within this fraction of the memory cap are not ranked by memory
+#: (docs/planner.md, "Ranking").
 MEMORY_AMPLE = 0.5
 
 
@@ -42,11 +27,9 @@ def finalists(
     hands: Mapping[str, Callable[[Candidate], bool]],
     s: SearchSettings,
 ) -> tuple[float, bool, list[Candidate]]:
-    """``(the best screen, whether the finalists are scored again on final_requests,
-    the finalists)``: the candidates within ``finalist_within`` of the best screen, at
-    most ``finalists_max`` of them, then the best of each hand configuration (``hands``)
-    and the configuration planned before (``incumbent``), so that the comparison is like
-    for like."""
+    """``(the best screen, whether finalists are rescored, the finalists)``: those within
+    ``finalist_within`` of the best screen (at most ``finalists_max``), plus the best of each
+    hand configuration and the ``incumbent``."""
     screen = max((c.goodput_rps for c in cands if c.fits), default=0.0)
     final = bool(s.final_requests) and s.final_requests > s.requests and screen > 0
     chosen: list[Candidate] = []
@@ -122,19 +105,16 @@ def processes(c: Candidate) -> int:
 
 @dataclass(frozen=True)
 class Ties:
-    """The best goodput and the rules that rank the candidates (see the module
-    docstring).
+    """The best goodput and the rules that rank the candidates (see the module docstring).
 
     Attributes:
-        final: the finalists were scored again (only they then rank first).
+        final: the finalists were scored again (they then rank first).
         goodput_tie: relative goodput difference counted as a tie.
         ample_mb: memory within :data:`MEMORY_AMPLE` of the cap.
         incumbent: the configuration planned before, as JSON (None: none).
-        gmax: the best goodput among the candidates that rank first.
-        lead: the candidate at ``gmax`` whose interval's low end is the lowest (None: no
-            candidate answers anything).
-        lead_lo: its low end (inf: no lead).
-    """
+        gmax: the best goodput among those that rank first.
+        lead / lead_lo: the candidate at ``gmax`` with the lowest interval end, and that end
+            (None / inf: none answers anything)."""
 
     final: bool
     goodput_tie: float

@@ -1,14 +1,7 @@
 """Run a pipeline in-process, unpartitioned: the reference the served pipeline is checked
-against (tests, ``run_ocr_reference``).
-
-Every model stage runs its WHOLE model in one onnxruntime CPU session (built by the
-engine layer's :func:`~infscaler.engines.onnxrt.load_session`; no partitions, no
-processes, no shared memory, no tokens); function stages are called directly with
-read-only views and their results checked against the function-stage contract of
-:mod:`infscaler.base.config`; a fan-out's items run the per-item stages one by one and the
-fan-in gets them in item order. The semantics of the served pipeline, implemented the
-obvious way.
-"""
+against (tests, ``run_ocr_reference``). Each model stage runs its whole model in one
+onnxruntime CPU session; function stages are called directly with read-only views and
+checked against the contract of :mod:`infscaler.base.config`."""
 
 from __future__ import annotations
 
@@ -45,7 +38,8 @@ def _model_runner(model: Any) -> Any:
     return _session(str(Path(resolve_model(model)).resolve()))
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
+def readonly_view(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (what a function stage is given)."""
     v = np.asarray(a).view()
     v.setflags(write=False)
     return v
@@ -73,7 +67,7 @@ def _run_stage(
 ) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
     """One function or model stage on the tensors in ``env``."""
     if "function" in stage:
-        views = {n: _readonly(env[n]) for n in stage["inputs"]}
+        views = {n: readonly_view(env[n]) for n in stage["inputs"]}
         out = _load_function(stage["function"])(views, **(stage.get("params") or {}))
         if stage.get("fan_out"):
             if not isinstance(out, list):
@@ -94,33 +88,28 @@ def run_pipeline_reference(
     *,
     models: Mapping[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run a pipeline mapping (the YAML format of :mod:`infscaler.base.config`) in-process:
-    function stages called directly (read-only input views, outputs checked against
-    the contract), model stages on WHOLE models with onnxruntime (CPU); ``partitions``,
-    ``engine`` and ``instances`` are ignored. Between the ``fan_out`` stage and the
-    ``fan_in`` stage each item runs the stages on its own tensors plus the request's;
-    the ``fan_in`` function gets the items' inputs in item order (possibly none).
+    """Run a pipeline mapping (the YAML format of :mod:`infscaler.base.config`) in-process;
+    ``partitions``, ``engine`` and ``instances`` are ignored. Between ``fan_out`` and
+    ``fan_in`` each item runs on its own tensors plus the request's; ``fan_in`` gets the
+    items' inputs in item order.
 
     Args:
-        spec: the pipeline mapping (e.g. :func:`load_ocr_spec`).
-        inputs: the request tensors by name.
-        models: model stage name -> an onnxruntime ``InferenceSession`` (anything with
-            ``run`` / ``get_inputs`` / ``get_outputs``), or an alias / path replacing the
-            stage's ``model``. Stages not named use their ``model``.
+        spec: the pipeline mapping. inputs: the request tensors by name.
+        models: model stage name -> a session (``run`` / ``get_inputs`` / ``get_outputs``)
+            or an alias / path replacing its ``model``.
 
     Returns:
         The pipeline's ``outputs`` by name.
 
     Raises:
         TypeError: a function broke the contract (names, dtypes, fan_out not a list).
-        KeyError: a stage reads a tensor nothing produced.
-    """
+        KeyError: a stage reads a tensor nothing produced."""
     models = models or {}
     env: dict[str, np.ndarray] = dict(inputs)
     items: list[dict[str, np.ndarray]] | None = None  # between fan_out and fan_in
     for stage in spec["stages"]:
         if stage.get("fan_in"):
-            gathered = [{n: _readonly(it[n]) for n in stage["inputs"]} for it in items or []]
+            gathered = [{n: readonly_view(it[n]) for n in stage["inputs"]} for it in items or []]
             fn = _load_function(stage["function"])
             env.update(_checked(stage, fn(gathered, **(stage.get("params") or {}))))
             items = None

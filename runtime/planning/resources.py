@@ -1,19 +1,8 @@
-"""A configuration of a pipeline's units against the offered load and the device's cap:
-the arithmetic :func:`~infscaler.runtime.planning.planner.plan` and
-:func:`~infscaler.runtime.planning.planner.search` share.
-
-Per unit, the items per second arriving at it (:func:`arrival_rates`: a per-item unit
-after a fan-out gets the requests' rate x the items per request) and its offered load
-rho_k = lambda_k x T_k / S_k (B_k / S_k in requests' terms: the load InfScaler's
-Algorithm 1 ranks the units by); the requests/s the instances and the cpu cores can
-serve at most (:func:`capacity_rps`); what a configuration uses of the device's cap:
-memory, model instances per engine, pinned threads (as the runtime's scaler counts
-them) and the cores the load keeps busy (the fleet planner's cpu demand,
-:mod:`infscaler.runtime.planning.fleet`); and the two edits of a configuration, one
-instance more or fewer.
-
-Pure: no I/O.
-"""
+"""A configuration of a pipeline's units against the offered load and the device's cap,
+shared by :func:`~infscaler.runtime.planning.planner.plan` and ``search``: per-unit
+arrival rates and load, the capacity the instances and cores serve, what a configuration
+uses of the cap (memory, slots, pinned threads, busy cores) and the one-instance edits.
+Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -84,17 +73,9 @@ def unit_loads(
 
 
 def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cores: int) -> float:
-    """Analytic upper bound on requests/s: the queueing model's
-    :func:`~infscaler.runtime.queueing.capacity_rps` of the units (each its ms per item
-    over its instances, :func:`per_item_ms`, x its items per request) and the cpu cores
-    (``cores`` x 1000 over the cpu ms all units spend per request, each item on its
-    instance's pinned threads, every thread busy: :func:`~infscaler.runtime.queueing.
-    busy_cpu_ms`; ``cores`` 0: not bounded by the cores). At most :data:`MAX_RPS` (the
-    figure bounds a bisection).
-
-    E.g. one unit of 15 ms on 1 instance: 1000 / 15 requests/s; a per-item unit of 10 ms
-    with 3 items per request on 2 instances: 1000 / (3 x 10 / 2).
-    """
+    """Analytic upper bound on requests/s (at most :data:`MAX_RPS`): the queueing model's
+    :func:`~infscaler.runtime.queueing.capacity_rps` of the units (:func:`per_item_ms` x
+    items per request) and of the cpu ``cores`` (0: not bounded by them)."""
     items = arrival_rates(units, 1.0)
     cpu = [(r, u.engines["cpu"]) for r, u in zip(items, units, strict=True) if "cpu" in u.engines]
     cpu_ms = busy_cpu_ms(
@@ -111,9 +92,8 @@ def capacity_rps(units: Sequence[UnitProfile], config: Sequence[UnitConfig], cor
 
 
 def busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float) -> float:
-    """CPU cores the offered load keeps busy: sum over units of items/s x ms per item
-    on the cpu instances' share (pinned instances may outnumber cores, busy cores may
-    not; the fleet planner's cpu demand per node, :mod:`infscaler.runtime.planning.fleet`)."""
+    """CPU cores the offered load keeps busy: over units, items/s x cpu ms per item (the fleet
+    planner's cpu demand per node)."""
     busy = 0.0
     for r, u, c in zip(arrival_rates(units, rate), units, config, strict=True):
         if not u.served or "cpu" not in c.instances or "cpu" not in u.engines:
@@ -126,12 +106,9 @@ def busy_cores(units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate:
 def demand_cores(
     units: Sequence[UnitProfile], config: Sequence[UnitConfig], rate: float
 ) -> list[float]:
-    """Per unit, the cores its cpu instances are expected to keep busy at ``rate``
-    requests/s, as the runtime's monitor measures them
-    (:meth:`infscaler.runtime.scaling.monitor.Monitor.demand`): the cpu instances' busy
-    fraction (their share of the unit's items/s x ms per item / 1000, the simulated
-    utilisation, at most 1 per instance) x their threads. 0 for a unit not served or
-    not on the cpu."""
+    """Per unit, the cores its cpu instances are expected to keep busy at ``rate`` requests/s
+    (as ``Monitor.demand`` measures them): simulated utilisation (at most 1 per instance) x
+    threads; 0 for a unit not served or not on the cpu."""
     out = []
     for r, u, c in zip(arrival_rates(units, rate), units, config, strict=True):
         n = c.instances.get("cpu", 0)

@@ -1,28 +1,9 @@
-"""A configuration's score, simulated: how :func:`~infscaler.runtime.planning.planner.search`
-scores a candidate with the discrete-event simulator
-(:func:`~infscaler.runtime.planning.simulator.simulate`, with CPU contention on the cores).
-
-**Score.** With a rate, the goodput = requests answered within the SLO per second under
-the arrival process at that rate (SLO attainment x rate); without, the largest rate whose
-simulated P99 <= SLO (bisection on the rate, at most 10 steps, below the analytic
-capacity, :func:`~infscaler.runtime.planning.resources.capacity_rps`), i.e. the goodput at
-that rate. Each score simulates a trace of a given number of requests (the search's short
-screen, or the finalists' long score). The **front end's CPU** is a unit of the
-configuration like the others (:func:`~infscaler.runtime.planning.planner.frontend_profile`):
-a single-threaded server ahead of the units that competes for the same cores.
-
-**Goodput interval.** Every measured service time carries a relative uncertainty from
-its repeats; :func:`scaled_units` gives the units with every service time at x (1 + err) (the
-pessimistic end of what was measured) or x (1 - err) (the optimistic one), scored on the
-same trace length and seed for the ends of the interval
-(:mod:`infscaler.runtime.planning.ranking`).
-
-Also the sample arrival trace of a spec, a callable or explicit times
-(:func:`arrivals_for`), which :func:`~infscaler.runtime.planning.planner.plan` and
-:func:`~infscaler.runtime.planning.planner.predict` simulate too.
-
-Pure: no I/O.
-"""
+"""A configuration's score, simulated (:func:`~infscaler.runtime.planning.simulator.simulate`
+with CPU contention and the front end's CPU as a unit): with a rate, the goodput
+(requests/s answered within the SLO); without, the largest rate whose simulated P99 <= SLO
+(bisection below the analytic capacity). :func:`scaled_units` gives the units at the
+ends of the measured uncertainty for the goodput interval; :func:`arrivals_for` the
+sample arrival trace. Design: docs/planner.md. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -75,18 +56,9 @@ def fmt_num(v: float | None) -> str:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """What :func:`~infscaler.runtime.planning.planner.search` was asked, as its steps
-    share it (its arguments, checked).
-
-    Attributes:
-        slo_ms / rate / arrivals / requests / seed / handover_ms / frontend_ms /
-            final_requests / finalist_within / finalists_max / goodput_tie: the search's.
-        cores: the physical cores cpu instances and the front end share (the
-            simulator's contention; 0: unknown, none modelled).
-        incumbent: the configuration planned before, its
-            :meth:`~infscaler.runtime.planning.candidates.Candidate.identity` as JSON
-            (None: none).
-    """
+    """What :func:`~infscaler.runtime.planning.planner.search` was asked, checked: its
+    arguments, ``cores`` (physical cores shared; 0: no contention) and ``incumbent`` (the
+    identity planned before, as JSON; None: none)."""
 
     slo_ms: float
     rate: float | None
@@ -105,15 +77,8 @@ class SearchSettings:
 
 @dataclass
 class Scorer:
-    """Scores configurations as the search does (see the module docstring), counting the
-    simulations it runs and caching each score by (the units, their instances and batch,
-    the requests simulated).
-
-    Attributes:
-        settings: the search's (its SLO, rate, arrival process, seed, hop time, cores;
-            ``requests``: what a score simulates unless told otherwise, the screen).
-        simulations: how many simulations the scores ran.
-    """
+    """Scores configurations as the search does, counting its ``simulations`` and caching each
+    score by (units, instances and batch, requests); ``settings``: the search's."""
 
     settings: SearchSettings
     simulations: int = 0
@@ -146,13 +111,9 @@ class Scorer:
         n: int | None = None,
         guess: float | None = None,
     ) -> Score:
-        """The score of ``cfg`` on a trace of ``n`` requests (None: the settings'
-        ``requests``).
-
-        ``guess``: where the max rate is expected (the goodput interval's ends, from the
-        central score): probed first, then stepped from (3 %, doubling) until bracketed,
-        then bisected to the same 2 %; about half the simulations of a bisection from
-        the analytic capacity."""
+        """The score of ``cfg`` on a trace of ``n`` requests (None: the settings' ``requests``);
+        ``guess``: where the max rate is expected, probed first, then stepped from until
+        bracketed and bisected."""
         rate = self.settings.rate
         n = self.settings.requests if n is None else n
         key = (id(units), tuple((tuple(sorted(c.instances.items())), c.batch) for c in cfg), n)
@@ -203,9 +164,8 @@ class Scorer:
 def scaled_units(
     units: Sequence[UnitProfile], errs: Sequence[float], sign: float
 ) -> list[UnitProfile]:
-    """``units`` with each one's service times (``mean_ms``, ``samples_ms``,
-    ``batch_ms`` of every engine) x (1 + ``sign`` x its relative err): ``sign`` 1 the
-    pessimistic end of what was measured, -1 the optimistic one (the goodput interval). A unit with err 0 is returned as it is."""
+    """``units`` with every engine's service times x (1 + ``sign`` x the unit's relative err)
+    (``sign`` 1: pessimistic end, -1: optimistic); a unit with err 0 as it is."""
     out = []
     for u, err in zip(units, errs, strict=True):
         f = 1.0 + sign * float(err)

@@ -31,21 +31,16 @@ class EngineProfile:
     Attributes:
         engine: ``cpu``, ``gpu`` or ``dla``.
         mean_ms: service time of one item (batch 1), ms.
-        cv: coefficient of variation of the service time (0: always ``mean_ms``; 1:
-            exponential; else gamma). Ignored when ``samples_ms`` is given.
-        samples_ms: measured service times, resampled uniformly (empirical profile).
-        batch_ms: batch size -> batch latency T_b, ms (others interpolated; empty: b x the
-            item time).
+        cv: coefficient of variation (0: constant; 1: exponential; else gamma); ignored
+            with ``samples_ms``.
+        samples_ms: measured service times, resampled uniformly.
+        batch_ms: batch size -> batch latency T_b, ms (others interpolated; empty: b x item).
         memory_mb: memory one instance takes, MB (r_k^m).
         cores: CPU cores one instance is pinned to (cpu model units; 0 otherwise).
-        corun: slowdown while every other core is busy, a fraction of ``mean_ms`` (cpu; 0:
-            none; :func:`infscaler.partitioner.profiler.measure_corun`), scaled by the share
-            of other cores busy when the item starts.
-        idle: slowdown after the instance sat idle, points ``(idle s, factor)`` in
-            increasing idle order, interpolated linearly from ``(0, 1)``, the last held
-            beyond (empty: none; :func:`infscaler.partitioner.profiler.measure_idle`).
-            Measured figures: docs/architecture.md, "partitioner/profiler.py".
-    """
+        corun: slowdown while every other core is busy, a fraction of ``mean_ms``, scaled by
+            the share of other cores busy (``profiler.measure_corun``).
+        idle: slowdown after sitting idle, ``(idle s, factor)`` points, increasing,
+            interpolated from ``(0, 1)``, the last held (``profiler.measure_idle``)."""
 
     engine: str
     mean_ms: float
@@ -119,19 +114,15 @@ class UnitProfile:
 
     Attributes:
         name: ``det/0``, ``rec``, ...
-        engines: engine -> :class:`EngineProfile`: the engines it may run on (options).
+        engines: engine -> :class:`EngineProfile` (its options).
         kind: ``model`` (counts against engine slots and cores) or ``function``.
-        fan_out: this unit turns a request into ``items`` items.
-        items: items per request of the fan-out unit: one value (fixed) or measured
-            counts, one drawn uniformly per request.
-        fan_in: the unit that joins a request's items (run by the front end).
-        served: runs as instances (False: run by the front end: one server, no memory,
-            never scaled).
-        bottleneck: B_k from the plan (informational; the snapshot uses per-request
-            compute time like the monitor).
+        fan_out / items: it turns a request into ``items`` items (fixed, or measured counts
+            drawn uniformly per request).
+        fan_in: it joins a request's items.
+        served: runs as instances (False: by the front end, never scaled).
+        bottleneck: B_k from the plan (informational).
         min_instances / max_instances: bounds for the planner and the scaler.
-        max_batch: the largest batch the unit may run (pipeline ``batching.max_batch``).
-    """
+        max_batch: the largest batch the unit may run."""
 
     name: str
     engines: Mapping[str, EngineProfile]
@@ -201,15 +192,10 @@ class Autoscale:
     """Run the scaler inside the simulation.
 
     Attributes:
-        slo_ms: the pipeline's SLO.
-        cap: the device's limits (:func:`cap_from_profile`); ``memory_used_mb`` ignored.
-        interval_s: how often the scaler looks (the pipeline's ``autoscale.interval_s``).
-        window_s: the monitor's sliding window, s.
+        slo_ms: the pipeline's SLO. cap: the device's limits (``memory_used_mb`` ignored).
+        interval_s: how often the scaler looks, s. window_s: the monitor's window, s.
         startup_s: from a scale-out decision until the new instance serves, s.
-        config: the scaler's tuning (its defaults include the 5 s settle window after
-            every change and the 2 s sustain, as the service's scaler runs them).
-        decide: the policy (default :func:`infscaler.runtime.scaling.scaler.decide`).
-    """
+        config: the scaler's tuning. decide: the policy (default: the scaler's ``decide``)."""
 
     slo_ms: float
     cap: ResourceCap

@@ -1,18 +1,10 @@
 """Measure a model stage for the planner's configuration search.
 
 :func:`measure_model_stage` builds a :class:`~infscaler.runtime.planning.planner.ModelStage`
-from an ONNX model on this host with the partitioner's own steps
-(:mod:`infscaler.partitioner`): per operator FLOPs, weight bytes and profiled ms; valid
-cuts and their crossing bytes; the whole model's latency at each thread count (median,
-spread :func:`spread_cv`, uncertainty ``profiler.median_err``); the co-running slowdown
-(``profiler.measure_corun``); with ``idle`` the idle slowdown; the boundary overhead T_p.
-:func:`search_measured` runs the search, measures the partitions of its best candidates
-(:func:`measure_units_err`) in place of the estimate, and searches again. What each
-figure feeds: docs/planner.md, "Stage profiles".
-
-Not pure (it runs onnxruntime); the search itself is
-(:func:`infscaler.runtime.planning.planner.search`).
-"""
+from an ONNX model with the partitioner's steps (per-operator costs, valid cuts, whole
+model latency per thread count, slowdowns, T_p). :func:`search_measured` searches,
+measures the best candidates' partitions and searches again. Details: docs/planner.md,
+"Stage profiles". Not pure (it runs onnxruntime)."""
 
 from __future__ import annotations
 
@@ -32,7 +24,6 @@ from infscaler.runtime.planning.planner import ModelStage, search
 
 __all__ = [
     "measure_model_stage",
-    "measure_units",
     "measure_units_err",
     "search_measured",
     "spread_cv",
@@ -50,16 +41,12 @@ SPREAD_MAX_RUNS = 30
 SPREAD_MIN_RUNS = 10
 
 
-#: :func:`measure_model_stage` measures the idle slowdown only when asked: the
-#: in-process curve misses the served one (docs/planner.md, "The constants'
-#: measurements").
+#: :func:`measure_model_stage` measures the idle slowdown only when asked.
 IDLE_DEFAULT = False
 
 
-#: The least relative uncertainty a measured median carries into the planner's goodput
-#: interval: what the host drifts between two measurements minutes apart, which the
-#: spread of one measurement's runs does not show (docs/planner.md, "The constants'
-#: measurements").
+#: The least relative uncertainty of a measured median: the host's drift between two
+#: measurements minutes apart (docs/planner.md, "The constants' measurements").
 DRIFT_ERR = 0.10
 
 
@@ -97,21 +84,17 @@ def measure_model_stage(
     """A :class:`ModelStage` measured on this host (see the module docstring).
 
     Args:
-        model: ONNX file. name: the stage's name. shapes: concrete input shapes
-            (``x:1x3x224x224``; :func:`~infscaler.partitioner.loader.parse_shapes`).
-        threads: intra-op thread counts to time the whole model at (those above this
-            host's usable cores are skipped; 1 is always measured).
+        model: ONNX file. name: the stage's name. shapes: concrete input shapes.
+        threads: intra-op thread counts to time the whole model at (above this host's
+            cores: skipped; 1 always).
         repeats: timed runs per measurement (median taken).
         use_cache: reuse the partitioner's cached per-operator profile.
-        idle: also time the whole model after idle gaps (``idle_by_threads``; about
-            ``5 x (3 x latency + 0.4 s)`` per thread count).
-        learned_idle: threads -> the idle slowdown this model served at that count
-            (:func:`infscaler.runtime.scaling.idlecurve.load_curve`; ``()``: none kept); where it
-            gives one, that is ``idle_by_threads`` at that count, measured or not.
+        idle: also time the whole model after idle gaps (``idle_by_threads``).
+        learned_idle: threads -> the idle slowdown this model served; where given, it is
+            ``idle_by_threads`` at that count.
 
     Raises:
-        ModelLoadError, ShapeError: a bad model file or shapes.
-    """
+        ModelLoadError, ShapeError: a bad model file or shapes."""
 
     progress(f"{name}: loading the model and costing operators")
     loaded = load_model(model, shapes, check_runnable=False)
@@ -189,27 +172,6 @@ def measure_model_stage(
     )
 
 
-def measure_units(
-    model: str | os.PathLike[str],
-    cuts: Sequence[int],
-    threads: int,
-    *,
-    shapes: str | None = None,
-    repeats: int = 5,
-) -> tuple[float, ...]:
-    """Measured latency of each partition of ``model`` cut at ``cuts`` with ``threads``
-    intra-op threads, ms (batch 1; the partitioner's own per-part timing: each part's
-    session as the cpu engine builds it, fed the previous part's outputs;
-    :func:`infscaler.partitioner.api.partition_model` with ``cuts``, nothing written).
-
-    Raises:
-        PartitionError: a cut that is not a valid cut. ModelLoadError / ShapeError: a bad
-            model or shapes. VerificationError: the parts do not reproduce the model.
-    """
-
-    return measure_units_err(model, cuts, threads, shapes=shapes, repeats=repeats)[0]
-
-
 def measure_units_err(
     model: str | os.PathLike[str],
     cuts: Sequence[int],
@@ -218,15 +180,14 @@ def measure_units_err(
     shapes: str | None = None,
     repeats: int = 5,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """:func:`measure_units` and each partition's uncertainty: ``(ms per partition,
-    relative err per partition)``, the err the distance from its median to the farther
-    end of the median's confidence interval, over the median
-    (:func:`infscaler.partitioner.profiler.median_err`; with the default 5 repeats, the
-    farther of the fastest and the slowest run), at least :data:`DRIFT_ERR`.
+    """Measured latency of each partition of ``model`` cut at ``cuts`` at ``threads`` threads,
+    ms (batch 1; the partitioner's own per-part timing, nothing written), with each one's
+    relative uncertainty (``profiler.median_err``, at least :data:`DRIFT_ERR`):
+    ``(ms per partition, err per partition)``.
 
     Raises:
-        as :func:`measure_units`.
-    """
+        PartitionError: an invalid cut. ModelLoadError / ShapeError: a bad model or shapes.
+        VerificationError: the parts do not reproduce the model."""
 
     plan = partition_model(model, shapes=shapes, cuts=list(cuts), threads=threads, repeats=repeats)
     parts = plan.summary["partitions"]
@@ -247,20 +208,15 @@ def search_measured(
     progress: Callable[[str], None] = lambda _m: None,
     **kwargs: Any,
 ) -> tuple[Any, list[Any]]:
-    """:func:`infscaler.runtime.planning.planner.search`, then the partitions of the ``refine``
-    best candidates measured (:func:`measure_units`) in place of their estimated times
-    (each stage's share of the whole model's time) and the search run again, until the
-    ``refine`` best are all measured or after ``rounds`` rounds. Returns the last
-    outcome and the stages with their measured ``unit_ms`` and its uncertainty
-    ``unit_ms_err`` (:func:`measure_units_err`).
+    """:func:`~infscaler.runtime.planning.planner.search`, then the partitions of the
+    ``refine`` best candidates measured in place of their estimates and the search run
+    again, until all are measured or after ``rounds``. Returns the last outcome and the
+    stages with ``unit_ms`` / ``unit_ms_err``.
 
     Args:
-        stages: the pipeline's stages as ``search`` takes them: :class:`ModelStage` and
-            fixed :class:`~infscaler.runtime.planning.simulator.UnitProfile` (function units).
-        models / shapes: the ONNX file (and shapes) of each :class:`ModelStage`, in the
-            order they appear in ``stages``; ``kwargs`` go to ``search`` (``rate``,
-            ``cores``, ...).
-    """
+        stages: as ``search`` takes them.
+        models / shapes: the ONNX file (and shapes) of each ModelStage, in order; ``kwargs``
+            go to ``search``."""
 
     stages = list(stages)
     pos = [i for i, s in enumerate(stages) if isinstance(s, ModelStage)]

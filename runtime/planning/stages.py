@@ -1,18 +1,10 @@
 """The model stages of a pipeline as the search sees them, and the points of the
 configuration space they span.
 
-:class:`ModelStage`: one partitionable model stage, measured (per-operator costs, valid
-cuts, the whole model's time per intra-op thread count, their spread and uncertainty),
-and its units at a cut set and a thread count (:meth:`ModelStage.units`: each
-partition's service time, its share of the whole model's measured time + T_p, Eq. 1 of
-InfScaler §IV-A for the cuts). :func:`points`: every combination, over the model stages,
-of their cut sets (of each objective) and thread counts, and the whole pipeline in one
-unit at each thread count: what :func:`~infscaler.runtime.planning.planner.search`
-grows and scores (:mod:`~infscaler.runtime.planning.candidates`). A new dimension is one
-more factor of that product. Design: docs/planner.md.
-
-Pure: no I/O.
-"""
+:class:`ModelStage`: one measured, partitionable model stage and its units at a cut set
+and thread count (Eq. 1 of InfScaler §IV-A for the cuts). :func:`points`: every
+combination of the stages' cut sets and thread counts, and the whole pipeline in one unit
+per thread count. Design: docs/planner.md. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -38,30 +30,21 @@ class ModelStage:
         costs: per operator in topological order, the complexity that cuts and shares the
             measured time: profiled ms at 1 thread (preferred) or FLOPs.
         valid_cuts: cut positions (cut p lies after operator p).
-        whole_ms: intra-op threads -> whole-model time, ms (batch 1); key 1 required; a
-            count not measured is not an option.
-        weights_bytes: per operator, weight bytes read (empty: 0).
-        flops: per operator FLOPs, for the bottleneck share (empty: ``costs``).
-        op_ms: per operator profiled ms, to share the measured time (empty: ``costs``).
+        whole_ms: intra-op threads -> whole-model time, ms (batch 1); key 1 required.
+        weights_bytes / flops / op_ms: per operator, weight bytes, FLOPs (the bottleneck
+            share) and profiled ms (the time share); empty: 0 / ``costs`` / ``costs``.
         cut_bytes: bytes crossing each valid cut.
-        boundary_fixed_ms / boundary_per_mb_ms: boundary overhead T_p = fixed + per_mb x MB
-            crossing, ms (``profiler.BoundaryOverhead``), added after each cut.
-        activations_mb: peak activations of the whole model, MB (an upper bound per part).
+        boundary_fixed_ms / boundary_per_mb_ms: T_p = fixed + per_mb x MB crossing, ms,
+            added after each cut.
+        activations_mb: peak activations of the whole model, MB.
         instance_overhead_mb: memory of an idle instance process, MB.
-        cv / cv_by_threads: coefficient of variation of the whole-model time (threads ->
-            CV where measured); the units' gamma service times use it.
-        corun_by_threads / idle_by_threads: threads -> co-running slowdown (a fraction) /
-            idle slowdown ``((idle s, factor), ...)``, as :class:`~.simtypes.EngineProfile`.
-        unit_ms: measured per-partition ms replacing the estimate: ``(cuts, threads) ->
-            (ms per partition, ...)``.
-        whole_ms_err / unit_ms_err: the relative uncertainty (0 <= err < 1) of ``whole_ms``
-            / ``unit_ms`` (:func:`infscaler.partitioner.profiler.median_err`; absent: 0 /
-            the whole model's); the finalists' goodput interval.
-        pre_ms / post_ms: cpu ms per call of function steps fused before partition 0 /
-            after partition K-1 (the same at every thread count).
-        items: measured items per request when the stage's last unit fans out (empty: it
-            does not); stages after a fan-out run per item.
-    """
+        cv / cv_by_threads: coefficient of variation of the whole-model time.
+        corun_by_threads / idle_by_threads: threads -> co-running / idle slowdown, as
+            :class:`~.simtypes.EngineProfile`.
+        unit_ms: ``(cuts, threads) -> (ms per partition, ...)`` measured, replacing the estimate.
+        whole_ms_err / unit_ms_err: relative uncertainty (0 <= err < 1) of those times.
+        pre_ms / post_ms: cpu ms per call of function steps fused before / after the model.
+        items: measured items per request when the last unit fans out (empty: it does not)."""
 
     name: str
     costs: tuple[float, ...]
@@ -185,12 +168,9 @@ class ModelStage:
     def units(self, cuts: tuple[int, ...], threads: int) -> list[UnitProfile]:
         """Unit profiles of this stage cut at ``cuts``, each instance on ``threads`` threads.
 
-        Service time of partition k: ``unit_ms[(cuts, threads)][k]`` when measured, else
-        ``whole_ms[threads] x S_k / S`` (its share of ``op_ms``, else of ``costs``) + T_p
-        of its input cut; plus ``pre_ms`` on partition 0 and ``post_ms`` on the last (the
-        fused function steps). The last unit fans out when ``items`` is given.
-        Memory: overhead + its weights + the whole model's activations, MB.
-        """
+        Partition k's service time: ``unit_ms[(cuts, threads)][k]`` when measured, else
+        ``whole_ms[threads] x S_k / S`` + T_p of its input cut; plus ``pre_ms`` / ``post_ms`` on
+        the first / last. Memory: overhead + its weights + the whole model's activations, MB."""
         bounds = self.bounds(cuts)
         share_of = self.op_ms or self.costs
         total = math.fsum(share_of) or 1.0
@@ -224,16 +204,9 @@ class ModelStage:
         return out
 
     def unit_errs(self, cuts: tuple[int, ...], threads: int) -> list[float]:
-        """The relative uncertainty of each unit's service time of :meth:`units` (same
-        order): a measured partition's ``unit_ms_err`` (else the whole model's
-        ``whole_ms_err`` at ``threads``); an estimated one's share of the whole model's
-        time carries ``whole_ms_err``, its T_p and the fused function steps none, so the
-        unit's err is that share's absolute err over its whole service time. 0 where
-        nothing is known.
-
-        E.g. 10 ms whole with a 4 % err, cut in two equal halves with a 1 ms T_p: the
-        first partition 5 ms +- 0.2 (0.04), the second 6 ms +- 0.2 (0.0333).
-        """
+        """The relative uncertainty of each unit's service time of :meth:`units`: a measured
+        partition's ``unit_ms_err``; an estimated one's share of the whole time carries
+        ``whole_ms_err`` (T_p and fused steps none), over its service time; 0: unknown."""
         base = float(self.whole_ms_err.get(threads, 0.0))
         measured = self.unit_ms.get((cuts, threads))
         errs = self.unit_ms_err.get((cuts, threads))
@@ -264,11 +237,9 @@ def points(
     whole: Mapping[int, UnitProfile] | None,
     fe: list[UnitProfile],
 ) -> list[Point]:
-    """The points of the space the search grows: every combination over the model
-    stages (at ``models`` in ``stages``; none: one point, the units as given) of their
-    cut sets and thread counts (``t <= cores``), then the whole pipeline in one unit
-    (``whole``: threads -> its profile) at each of its thread counts; each behind the
-    front end units ``fe`` (empty: not modelled).
+    """The points the search grows: every combination of the model stages' (at ``models``)
+    cut sets and thread counts (``t <= cores``), then the whole pipeline in one unit per
+    thread count, each behind the front end units ``fe``.
 
     Raises:
         ValueError: more than ``max_candidates`` combinations."""

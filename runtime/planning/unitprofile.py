@@ -1,19 +1,11 @@
 """Unit profiles for the planner: each served unit's service time per item, measured
 in-process on this host (InferLine §4.1, the Profiler).
 
-:func:`profile_pipeline` runs a compiled pipeline's units in order, in this process,
-unit by unit (a partitioned model stage is K units), timing each call: model units in an
-onnxruntime CPU session built like the cpu engine's, function units as themselves,
-per-item units once per item, a fused unit as the sum of its steps. Each sample input
-runs ``warmup`` times untimed, then ``repeats`` times timed; a unit's ``cpu`` profile is
-the empirical distribution of its samples. Engines this host lacks use the plan's
-measured per-partition latency where there is one, else are not an option. Memory per
-instance: the plan's weights + activations estimate plus
-:data:`~infscaler.base.device.INSTANCE_OVERHEAD_MB`. :func:`sample_inputs` makes seeded
-inputs from the pipeline's input specs. Details: docs/planner.md, "Unit profiles".
-
-Not pure: it runs onnxruntime and the pipeline's functions.
-"""
+:func:`profile_pipeline` times each unit of a compiled pipeline (``warmup`` untimed runs,
+then ``repeats`` timed); engines this host lacks use the plan's measured latency, else are
+no option; memory is the plan's estimate plus ``INSTANCE_OVERHEAD_MB``.
+:func:`sample_inputs` makes seeded inputs. Details: docs/planner.md, "Unit profiles".
+Not pure: it runs onnxruntime and the pipeline's functions."""
 
 from __future__ import annotations
 
@@ -32,6 +24,7 @@ from infscaler.base.errors import InfScalerError
 from infscaler.base.samples import render_text_image
 from infscaler.engines.onnxrt.loader import load_session
 from infscaler.partitioner import profiler
+from infscaler.runtime.planning.reference import readonly_view
 from infscaler.runtime.planning.simulator import EngineProfile, UnitProfile
 from infscaler.runtime.serving.pipeline import load_function
 
@@ -59,18 +52,14 @@ class PipelineProfile:
     """What :func:`profile_pipeline` measured.
 
     Attributes:
-        name: the pipeline.
-        units: one :class:`~infscaler.runtime.planning.simulator.UnitProfile` per unit, in order.
+        name / host: the pipeline, and where it was measured.
+        units: one UnitProfile per unit, in order.
         samples_ms: unit name -> every timed call, ms.
         items: the fan-out's item count per timed request (empty without a fan-out).
         requests: timed requests (inputs x repeats).
-        host: where it was measured.
         notes: what a reader should know (engines left out and why, estimates).
-        step_ms: every step (a fused unit's steps, and each unit not fused) -> its mean
-            ms per call (per item for a per-item step).
-        model_shapes: model step -> the distinct input shapes it was fed
-            (``{engine input: [dims]}``, in the order first seen).
-    """
+        step_ms: every step -> its mean ms per call (per item for a per-item step).
+        model_shapes: model step -> the distinct input shapes it was fed."""
 
     name: str
     units: tuple[UnitProfile, ...]
@@ -164,12 +153,6 @@ def sample_inputs(compiled: Any, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    v = np.asarray(a).view()
-    v.setflags(write=False)
-    return v
-
-
 class _Runner:
     """Runs one unit in-process and times it."""
 
@@ -231,9 +214,8 @@ def _run_once(
     shapes: dict[str, list[dict[str, list[int]]]] | None = None,
     totals: list[float] | None = None,
 ) -> tuple[int | None, dict[str, np.ndarray]]:
-    """One request through every unit; returns (fan-out item count, the first env each
-    model unit saw, keyed by unit name, for batch profiling). ``totals`` gets the
-    request's time over every unit, ms."""
+    """One request through every unit: ``(fan-out item count, the first env each model unit
+    saw)``; ``totals`` gets the request's time over every unit, ms."""
     env: dict[str, np.ndarray] = dict(inputs)
     items: list[dict[str, np.ndarray]] | None = None
     n_items: int | None = None
@@ -247,13 +229,13 @@ def _run_once(
 
     for u, r in zip(compiled.units, runners, strict=True):
         if u.fan_in:
-            gathered = [{n: _readonly(it[n]) for n in u.inputs} for it in items or []]
+            gathered = [{n: readonly_view(it[n]) for n in u.inputs} for it in items or []]
             out, ms = r.call(gathered)
             note(u.name, ms)
             env.update(out)
             items = None
         elif u.fan_out:
-            out, ms = r.call({n: _readonly(env[n]) for n in u.inputs})
+            out, ms = r.call({n: readonly_view(env[n]) for n in u.inputs})
             note(u.name, ms)
             if not isinstance(out, list):
                 raise InfScalerError(f"stage {u.stage}: fan_out returned {type(out).__name__}")
@@ -270,7 +252,7 @@ def _run_once(
                             shapes[u.name].append(fed)
                     out, ms = r.model(tgt)
                 else:
-                    out, ms = r.call({n: _readonly(tgt[n]) for n in u.inputs})
+                    out, ms = r.call({n: readonly_view(tgt[n]) for n in u.inputs})
                     if not isinstance(out, Mapping):
                         raise InfScalerError(
                             f"stage {u.stage}: returned {type(out).__name__}, not a dict"
@@ -314,21 +296,15 @@ def profile_pipeline(
         compiled: a :class:`~infscaler.runtime.serving.pipeline.CompiledPipeline`.
         inputs: one request's inputs, or several (default: :func:`sample_inputs`).
         repeats: timed runs per input (>= 1). warmup: untimed runs first (>= 0).
-        device: a DeviceProfile: engines other than cpu are options only if it has them
-            (None: only cpu).
+        device: a DeviceProfile: engines other than cpu only if it has them (None: cpu).
         instance_overhead_mb: default :data:`infscaler.base.device.INSTANCE_OVERHEAD_MB`.
-        corun: also time each model unit (not fused with function steps) with every
-            core running a copy of it (:func:`infscaler.partitioner.profiler.
-            measure_corun`, where 2 or more copies of its threads fit the cores): its cpu
-            profile's ``corun`` (else 0).
-        idle: also time each such model unit after idle gaps (:func:`infscaler.
-            partitioner.profiler.measure_idle`): its cpu profile's ``idle`` (else none).
+        corun: also time each unfused model unit with every core running a copy
+            (``profiler.measure_corun``): its cpu profile's ``corun``.
+        idle: also time each such unit after idle gaps (``profiler.measure_idle``).
 
     Raises:
         ValueError: bad repeats / warmup.
-        InfScalerError: a unit fails on the sample, or a per-item unit never ran (the
-            fan-out made no items: give inputs that produce some).
-    """
+        InfScalerError: a unit fails on the sample, or a per-item unit never ran."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     if not isinstance(warmup, int) or warmup < 0:
@@ -366,12 +342,10 @@ def _input_batches(
     compiled: Any,
     inputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None,
 ) -> list[dict[str, np.ndarray]]:
-    """The requests' inputs :func:`profile_pipeline` runs: ``inputs`` (one request's or
-    several), else one made up (:func:`sample_inputs`).
+    """The requests' inputs to run: ``inputs`` (one request's or several), else one made up.
 
     Raises:
-        ValueError: an empty sequence of requests.
-    """
+        ValueError: an empty sequence of requests."""
     if inputs is None:
         return [sample_inputs(compiled)]
     if isinstance(inputs, Mapping):
@@ -384,17 +358,9 @@ def _input_batches(
 
 @dataclass
 class _Timed:
-    """What the timed runs of :func:`profile_pipeline` recorded, step by step.
-
-    Attributes:
-        runners: one per step, in order.
-        samples: step name -> every timed call, ms (a fused unit's steps are replaced by
-            the unit's samples in :func:`_fuse_samples`).
-        counts: the fan-out's item count per timed request.
-        seen: model step -> the first env it saw (for batch, co-run and idle timing).
-        fed: model step -> the distinct input shapes it was fed.
-        totals: per timed request, its time over every step (a whole unit's sample).
-    """
+    """What the timed runs recorded: ``runners`` per step, ``samples`` (step -> ms per call),
+    ``counts`` (items per request), ``seen`` (model step -> first env), ``fed`` (model step
+    -> input shapes) and ``totals`` (per request, its time over every step)."""
 
     runners: list[_Runner]
     samples: dict[str, list[float]]
@@ -456,14 +422,12 @@ def _unit_profile(
     corun: bool,
     idle: bool,
 ) -> UnitProfile:
-    """Unit ``u``'s profile from its samples (its cpu engine; on a model unit, batch
-    latencies when it batches, the co-running and idle slowdowns when asked, and the
-    plan's other engines, :func:`_plan_engines`); ``notes`` gets what a reader should
-    know.
+    """Unit ``u``'s profile from its samples (cpu; on a model unit batch latencies, co-running
+    and idle slowdowns when asked, and the plan's other engines); ``notes`` gets what a
+    reader should know.
 
     Raises:
-        InfScalerError: the unit never ran (the fan-out made no items).
-    """
+        InfScalerError: the unit never ran (the fan-out made no items)."""
     got = runs.samples[u.name]
     if not got:
         raise InfScalerError(

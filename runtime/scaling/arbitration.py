@@ -1,24 +1,14 @@
 """Arbitration between pipelines under one device cap: a pure function from every
-pipeline's snapshot to capacity moves.
+pipeline's snapshot to capacity moves (no I/O, no clock).
 
-:func:`arbitrate` takes a :class:`PipelineView` per auto-scaled pipeline (its last
-snapshot, priority, whether it violates its SLO and is blocked by the cap), the
-:class:`ArbitrationState` the previous call returned and an :class:`ArbitrationConfig`,
-and returns at most one :class:`Move` (``lend`` or ``spare``: one ``scale_in`` of the
-giver's unit, then one ``scale_out`` of the taker's, in that order, so the cap is never
-exceeded; or ``return``: a loan given back) and the new state. Pure: no I/O, no clock.
-
-Rules: a pipeline blocked at the cap takes one instance for its bottleneck unit from a
-pipeline of strictly lower priority whatever its state, or from one of equal priority
-only out of its slack (load, P99 and the scaler's P99 guard after the give); the loan
-goes back after ``release_hold_s`` calm (hysteresis, InferLine §5). Candidates rank by
-priority, then goodput gained per unit of the scarce resource. With no lend to make, a
-pipeline at the cap that runs no more than the queueing model needs (no spare) takes a
-strictly lower pipeline's slack instance as a warm spare (``spare``, no loan).
-Capacities and P99s are the queueing model's (:mod:`infscaler.runtime.scaling.unitmodel`). Priorities as
-Triton's priority levels (Triton docs, ``model_configuration.md``, "Priority"). The
-rules in full and the runs behind them: docs/scaling.md, "Arbitration in full".
-"""
+:func:`arbitrate` returns at most one :class:`Move` per call: ``lend`` (a blocked
+pipeline takes an instance from a strictly lower one, or from an equal one's slack),
+``return`` (a loan given back after ``release_hold_s`` calm, InferLine §5 hysteresis) or
+``spare`` (a lower pipeline's slack instance to a higher one at the cap). The giver's
+``scale_in`` precedes the taker's ``scale_out`` so the cap is never exceeded. Capacities
+and P99s: :mod:`infscaler.runtime.scaling.unitmodel`; priorities as Triton's priority
+levels (``model_configuration.md``, "Priority"). In full: docs/scaling.md,
+"Arbitration in full"."""
 
 from __future__ import annotations
 
@@ -54,15 +44,10 @@ class PipelineView:
 
     Attributes:
         name: the pipeline's name.
-        priority: its level, 1 the highest (a larger number is lower), the pipeline
-            config's ``priority``.
-        snapshot: what :func:`~infscaler.runtime.scaling.scaler.decide` got at its last
-            look (its ``cap``, ``cores_used`` and ``instances_used`` are the device's).
-        violated: its SLO counted as violated at that look
-            (:func:`~infscaler.runtime.scaling.scaler.is_violated`).
-        blocked: violated, and its own decision could not scale out: the cap refused
-            every unit (it shed or would have).
-    """
+        priority: its level, 1 the highest (the pipeline config's ``priority``).
+        snapshot: what :func:`~infscaler.runtime.scaling.scaler.decide` got at its last look.
+        violated: its SLO counted as violated at that look.
+        blocked: violated, and the cap refused every unit's scale-out."""
 
     name: str
     priority: int
@@ -73,20 +58,15 @@ class PipelineView:
 
 @dataclass(frozen=True)
 class ArbitrationConfig:
-    """Tuning of :func:`arbitrate`.
+    """Tuning of :func:`arbitrate` (fractions in (0, 1]).
 
     Attributes:
-        donor_load: a donor's offered load after the give is at most this fraction of
-            its capacity then (0-1; the scaler's ``scale_in_utilisation`` default).
-        donor_p99_ratio: a donor's P99 is at most this x its SLO (0-1).
-        release_ratio: a taker is calm when its P99 <= this x SLO and its offered load
-            <= this x its capacity without the borrowed instance (0-1; the scaler's
-            ``LIFT_RATIO``).
-        release_hold_s: how long a taker stays calm, without a break, before the
-            instance goes back, s (InferLine's 15 s hold).
-        spare: rule 4 on (a warm spare for a higher pipeline at the cap); False leaves
-            lends and returns only (``INFSCALER_ARBITRATION=lend-only``, benchmarks).
-    """
+        donor_load: a donor's offered load after the give is at most this x its capacity.
+        donor_p99_ratio: a donor's P99 is at most this x its SLO.
+        release_ratio: a taker is calm when its P99 and its offered load (against its
+            capacity without the borrowed instance) are at most this x SLO / capacity.
+        release_hold_s: how long a taker stays calm before the instance goes back, s.
+        spare: rule 4 on; False: lends and returns only (``INFSCALER_ARBITRATION=lend-only``)."""
 
     donor_load: float = 0.6
     donor_p99_ratio: float = 0.8
@@ -97,10 +77,8 @@ class ArbitrationConfig:
 
 @dataclass(frozen=True)
 class Loan:
-    """An instance lent: ``donor``'s unit ``donor_unit`` on ``donor_engine`` gave one so
-    that ``taker``'s unit ``taker_unit`` could run one more on ``taker_engine``
-    (``taker_count``: that unit's instances right after the move). ``calm_since``:
-    ``now`` since which the taker has been calm without a break (None: not calm)."""
+    """An instance lent by ``donor``'s unit to ``taker``'s unit (``taker_count``: its instances
+    right after the move); ``calm_since``: since when the taker has been calm (None: not)."""
 
     donor: str
     donor_unit: int
@@ -122,21 +100,17 @@ class ArbitrationState:
 
 @dataclass(frozen=True)
 class Move:
-    """One capacity move, applied in this order: stop one instance of ``giver``'s unit
-    ``give_unit`` on ``give_engine`` (when ``give`` is True) and wait for it to exit,
-    then start one instance of ``taker``'s unit ``take_unit`` on ``take_engine``.
+    """One capacity move: stop one instance of ``giver``'s ``give_unit`` on ``give_engine``
+    (when ``give``) and wait for it to exit, then start one of ``taker``'s ``take_unit`` on
+    ``take_engine``.
 
     Attributes:
-        kind: ``lend`` (to a pipeline in violation, or ahead of one), ``return`` (a loan
-            given back) or ``spare`` (a lower pipeline's slack instance to a higher one
-            with none at the cap: no loan, the instance is the taker's).
-        give: False for a return whose taker no longer holds the borrowed instance
-            (its own scaler already gave it back): only the scale-out is applied.
-        resource: the resource that binds: ``memory``, ``cores`` or ``<engine> slots``.
+        kind: ``lend``, ``return`` or ``spare`` (no loan: the instance is the taker's).
+        give: False for a return whose taker no longer holds the instance.
+        resource: the binding resource: ``memory``, ``cores`` or ``<engine> slots``.
         gain_rps: goodput the move adds, requests/s (taker's gain less giver's loss).
         per_resource: ``gain_rps`` per MB, core or slot of ``resource``.
-        reason: one sentence naming giver, taker, the resource and the figures.
-    """
+        reason: one sentence naming giver, taker, the resource and the figures."""
 
     kind: str
     giver: str
@@ -159,19 +133,12 @@ def arbitrate(
 ) -> tuple[list[Move], ArbitrationState]:
     """Decide at most one capacity move between pipelines (see the module docstring).
 
-    Args:
-        views: every auto-scaled pipeline deployed, each with its last snapshot.
-        state: what the previous call returned (``ArbitrationState()`` the first time).
-        config: the tuning.
-
     Returns:
-        ``(moves, new_state)``: zero or one :class:`Move`, and the state to pass on
-        (a lend adds a :class:`Loan`, a return removes it; loans whose pipelines are
-        gone are dropped).
+        ``(moves, new_state)``: zero or one :class:`Move`; a lend adds a :class:`Loan`, a
+        return removes it, loans of pipelines gone are dropped.
 
     Raises:
-        ValueError: a ``config`` fraction outside (0, 1] or a negative hold.
-    """
+        ValueError: a ``config`` fraction outside (0, 1] or a negative hold."""
     _check(config)
     by_name = {v.name: v for v in views}
     if not views:
@@ -184,8 +151,7 @@ def arbitrate(
         if taker is None or donor is None:
             continue
         if back is None and donor.blocked and donor.violated and donor.priority <= taker.priority:
-            # a lender as high as its taker needs its instance back: returned now, calm or
-            # not (a lower lender waits: it yields to the higher taker, rule 2)
+            # a lender as high as its taker needs its instance back now
             back = _return(
                 loan,
                 taker,
@@ -203,8 +169,7 @@ def arbitrate(
         if back is None and now - since >= config.release_hold_s - EPS:
             why = f"pressure over: {taker.name} calm for {_n(now - since)} s ({calm})"
             back = _return(loan, taker, donor, why)
-            # None: nothing to give back and the cap refuses the donor's instance:
-            # the loan is over (the donor's own scaler grows it when it needs to)
+            # None: nothing to give back and the cap refuses the donor: the loan is over
             continue
         loans.append(replace(loan, calm_since=since))
     if back is not None:
@@ -286,9 +251,8 @@ def _calm(taker: PipelineView, loan: Loan, c: ArbitrationConfig) -> str | None:
 
 
 def _return(loan: Loan, taker: PipelineView, donor: PipelineView, why: str) -> Move | None:
-    """The move giving ``loan`` back, ``why`` its reason's first words (None: the taker's
-    own scaler already gave the instance back and the cap still refuses the donor's
-    one)."""
+    """The move giving ``loan`` back, ``why`` its reason's first words (None: the taker already
+    gave it back and the cap still refuses the donor's instance)."""
     ts, ds = taker.snapshot, donor.snapshot
     u = _unit(ts, loan.taker_unit)
     give = u is not None and u.total_instances >= loan.taker_count
@@ -328,9 +292,8 @@ def _return(loan: Loan, taker: PipelineView, donor: PipelineView, why: str) -> M
 
 
 def _added(s: Snapshot, u: UnitState, o: EngineOption) -> float:
-    """Requests/s one more instance of ``u`` on ``o`` adds to the pipeline's capacity
-    (:func:`pipeline_capacity_rps`; with no service time known anywhere, the new
-    instance's own rate at ``o.latency_ms``)."""
+    """Requests/s one more instance of ``u`` on ``o`` adds to the pipeline's capacity (unknown
+    capacity: the instance's own rate)."""
     before = pipeline_capacity_rps(s)
     after = pipeline_capacity_rps(_with(s, u.index, o.engine, 1))
     if before is None or after is None:
@@ -339,8 +302,8 @@ def _added(s: Snapshot, u: UnitState, o: EngineOption) -> float:
 
 
 def _need(s: Snapshot) -> tuple[UnitState, EngineOption] | None:
-    """The unit a blocked pipeline would grow (largest B_k / S_k below its
-    ``max_instances``, with an engine option) and its fastest option."""
+    """The unit a blocked pipeline would grow (largest B_k / S_k below its max, with an
+    option) and its fastest option."""
     for u in sorted(s.units, key=lambda u: (-effective_bottleneck(u), u.index)):
         if u.max_instances is not None and u.total_instances >= u.max_instances:
             continue
@@ -365,12 +328,8 @@ def _short(s: Snapshot, o: EngineOption) -> dict[str, float]:
 
 
 def _tail_short(s: Snapshot, u: UnitState) -> bool:
-    """Whether ``u`` of pipeline ``s`` (a donor, or a taker giving a loan back), with one
-    instance fewer, would keep its
-    approximate P99 at the offered load out of its share of the SLO (the scaler's
-    ``p99_needed`` above the instances left; the share depends on the other units'
-    service times only). False when the unit has no measured service time, one instance
-    or fewer, or an SLO share below its service time: the load rule alone decides then."""
+    """Whether ``u`` with one instance fewer would have its approximate P99 out of its SLO
+    share at the offered load (False with no measured service time or one instance)."""
     svc = instance_ms(u)
     if u.service_ms is None or svc is None or u.total_instances <= 1:
         return False
@@ -378,10 +337,8 @@ def _tail_short(s: Snapshot, u: UnitState) -> bool:
 
 
 def _blocked_bottleneck(s: Snapshot) -> tuple[UnitState, float] | None:
-    """The bottleneck unit of :func:`_need` and its per-instance service time, ms
-    (:func:`~infscaler.runtime.scaling.unitmodel.instance_ms`), when its service time is
-    measured, traffic is offered and the cap has no room for one more instance of its
-    fastest option (:func:`_short`); else None."""
+    """The :func:`_need` unit and its per-instance service time, ms, when measured, traffic is
+    offered and the cap has no room for one more; else None."""
     need = _need(s)
     if need is None:
         return None
@@ -393,16 +350,10 @@ def _blocked_bottleneck(s: Snapshot) -> tuple[UnitState, float] | None:
 
 
 def pressure_ahead(s: Snapshot, calm_ratio: float = 0.8) -> str | None:
-    """Why a pipeline at the cap will miss its SLO before its P99 shows it (None: it
-    will not, or that cannot be told): its bottleneck unit (:func:`_need`) needs, at the
-    offered load, more instances than it runs for its approximate P99 to stay within its
-    share of the SLO (the scaler's M/D/c model, ``_p99_needed``, as the donor's guard),
-    the cap has no room for one more (:func:`_short`), and its measured P99 (if any) is
-    not calm: above ``calm_ratio`` x the SLO (``release_ratio``: a P99 that calm would
-    give a loan back, so it does not take one).
-
-    Rule 2 lends on this ahead of the violation, from a strictly lower pipeline only
-    (why: docs/scaling.md, "Several pipelines: priorities and arbitration")."""
+    """Why a pipeline at the cap will miss its SLO before its P99 shows it (None: it will not
+    or cannot be told): its bottleneck needs more instances than it runs for its P99 share
+    (M/D/c), the cap has no room, and its P99 (if any) is above ``calm_ratio`` x SLO.
+    Rule 2 lends on this from a strictly lower pipeline only."""
     blocked = _blocked_bottleneck(s)
     if blocked is None:
         return None
@@ -423,10 +374,9 @@ def needs_look(
     state: ArbitrationState,
     config: ArbitrationConfig = ArbitrationConfig(),  # noqa: B008 (frozen)
 ) -> bool:
-    """Whether :func:`arbitrate` may move anything: two or more pipelines and a loan in
-    force, or one blocked at the cap, or under pressure ahead of a violation
-    (:func:`pressure_ahead`), or one that :func:`wants_spare` above a strictly lower
-    one. A cheap gate for the caller's loop; False never hides a move."""
+    """Whether :func:`arbitrate` may move anything (a cheap gate; False never hides a move):
+    two or more pipelines, and a loan in force, or one blocked, under
+    :func:`pressure_ahead`, or wanting a spare above a strictly lower one."""
     if len(views) < 2:
         return False
     if state.loans:
@@ -445,12 +395,9 @@ def needs_look(
 
 
 def wants_spare(s: Snapshot) -> str | None:
-    """Why a pipeline at the cap has no spare instance (None: it has one, has room
-    under the cap, or that cannot be told): traffic measured on its bottleneck unit
-    (:func:`_need`), which runs no more instances than the M/D/c model needs at the
-    offered load for its approximate P99 to stay within its share of the SLO (the
-    scaler's ``p99_needed``), and the cap has no room for one more (:func:`_short`).
-    Rule 4 moves a lower pipeline's slack instance to it on this."""
+    """Why a pipeline at the cap has no spare instance (None: it has one, room, or cannot be
+    told): its bottleneck runs no more than the M/D/c model needs for its P99 share and the
+    cap has no room. Rule 4 acts on this."""
     blocked = _blocked_bottleneck(s)
     if blocked is None:
         return None
@@ -465,10 +412,8 @@ def wants_spare(s: Snapshot) -> str | None:
 
 
 def _has_slack(d: PipelineView, du: UnitState, c: ArbitrationConfig) -> bool:
-    """Whether ``d`` has slack to give one instance of ``du`` (the load bound after the
-    give is checked by the caller): not violated, P99 <= ``donor_p99_ratio`` x SLO (or
-    none yet), the unit above its minimum and its approximate P99 with one instance
-    fewer within its share of the SLO (the scaler's scale-in guard, :func:`_tail_short`)."""
+    """Whether ``d`` may give one instance of ``du``: not violated, P99 within
+    ``donor_p99_ratio`` x SLO, above its minimum, and :func:`_tail_short` false."""
     ds = d.snapshot
     if d.violated or du.total_instances <= du.min_instances:
         return False
@@ -478,12 +423,9 @@ def _has_slack(d: PipelineView, du: UnitState, c: ArbitrationConfig) -> bool:
 
 
 def _best_spare(views: list[PipelineView], takers: set[str], c: ArbitrationConfig) -> Move | None:
-    """Rule 4: a warm spare for a higher pipeline. The highest pipeline that is not
-    pressed, is not holding a loan and :func:`wants_spare` takes one instance of its
-    bottleneck unit from a strictly lower pipeline with slack (the equal-priority
-    donor's test: :func:`_has_slack` and the load bound) whose stop frees what the cap lacks; no loan is
-    recorded (the instance is the taker's now: its own scaler may scale it in after its
-    hold, which frees the slot for any pipeline). None: no such pair."""
+    """Rule 4: the highest unpressed pipeline without a loan that :func:`wants_spare` takes one
+    bottleneck instance from a strictly lower pipeline with slack whose stop frees what the
+    cap lacks; no loan is recorded. None: no such pair."""
     for r in sorted(views, key=lambda v: (v.priority, v.name)):
         why = None if (r.violated or r.blocked or r.name in takers) else wants_spare(r.snapshot)
         if why is None:
@@ -539,9 +481,8 @@ def _best_spare(views: list[PipelineView], takers: set[str], c: ArbitrationConfi
 def _freeing(
     ds: Snapshot, du: UnitState, take: EngineOption, short: dict[str, float]
 ) -> Iterator[tuple[EngineOption, float | None]]:
-    """The options of donor unit ``du`` that run an instance whose stop frees at least
-    ``short`` for ``take`` (:func:`_frees`), each with the donor's pipeline capacity
-    after that stop (req/s, :func:`~.unitmodel.pipeline_capacity_rps`; None: unbounded)."""
+    """Options of donor unit ``du`` whose stop frees ``short`` for ``take``, each with the
+    donor's capacity after the stop (req/s; None: unbounded)."""
     for do in du.options:
         if du.instances.get(do.engine, 0) <= 0:
             continue
@@ -561,8 +502,7 @@ def _frees(o: EngineOption, take: EngineOption) -> dict[str, float]:
 def _best_lend(
     views: list[PipelineView], takers: set[str], c: ArbitrationConfig
 ) -> tuple[Move, int] | None:
-    """The best lend of rule 2 and the taker unit's instance count after it (None: no
-    pipeline is blocked, or no donor can cover what the cap lacks)."""
+    """The best rule-2 lend and the taker unit's count after it (None: none)."""
     best: tuple[tuple, Move, int] | None = None
     for r in views:
         # violated and not blocked: its own scaler acts, or counts its sustain first
@@ -584,16 +524,11 @@ def _best_lend(
         )
         cost = {"memory": ro.memory_mb, "cores": float(ro.cores)}.get(resource, 1.0)
         rs = r.snapshot
-        # the taker misses its SLO: what it answers within the SLO is below what it is
-        # offered, so its gain is the capacity the instance adds (0 when another unit
-        # bounds the pipeline)
         r_gain = _added(rs, ru, ro)
         for d in views:
             if d.name == r.name or d.priority < r.priority:
                 continue
-            # a strictly lower pipeline yields what a higher one needs, flooded or not
-            # (its own violation, load or loans cannot keep the cap from the higher one);
-            # an equal one lends only its slack
+            # a strictly lower pipeline yields whatever its state; an equal one its slack
             yields = d.priority > r.priority
             if ahead is not None and not yields:
                 continue  # ahead of a violation, only a strictly lower pipeline gives

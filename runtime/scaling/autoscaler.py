@@ -1,16 +1,11 @@
 """The autoscaler loop: observe -> one pure policy -> act, per pipeline every ``interval_s``.
 
-Per auto-scaled pipeline :meth:`Autoscaler.step` reads a :class:`~.monitor.Monitor`
-snapshot (``_observe``), calls :func:`~.policy.look` (the scaler's
-:func:`~.scaler.decide`, the threads merge, the Tuner) and applies what it decided
-through the service (``_act``): ``scale_out`` / ``scale_in`` (one instance, graceful),
-``scale_up`` / ``scale_down`` (threads, make-before-break), ``shed`` (a queue bound).
-Each tick then runs :func:`~.arbitration.arbitrate` over two or more pipelines (the
-giver's instance stops before the taker's starts: the cap holds at every instant) and
-the CPU-wake policy. Applied decisions are kept for ``status`` and ``/metrics``.
-``INFSCALER_ARBITRATION=off`` and ``INFSCALER_THREADS=off`` turn those policies off.
-Rules, the why, measurements: docs/scaling.md, "The autoscaler's loop in full".
-"""
+:meth:`Autoscaler.step` reads a monitor snapshot, calls :func:`~.policy.look` and applies
+its decisions through the service (``scale_out`` / ``scale_in``, ``scale_up`` /
+``scale_down``, ``shed``); each tick then runs :func:`~.arbitration.arbitrate` between
+pipelines and the CPU-wake policy. ``INFSCALER_ARBITRATION=off`` and
+``INFSCALER_THREADS=off`` turn those policies off. In full: docs/scaling.md, "The
+autoscaler's loop in full"."""
 
 from __future__ import annotations
 
@@ -66,9 +61,7 @@ from infscaler.runtime.serving.batching import (
 log = logging.getLogger("infscaler.autoscaler")
 
 
-#: ``INFSCALER_CORE_CAP`` in the service's environment: how the cpu cap counts,
-#: ``demand`` (the default) or ``threads`` (pinned threads: the cap before demand was
-#: counted, for benchmarks that compare the two; :attr:`ScalerConfig.core_cap`).
+#: How the cpu cap counts: ``demand`` (default) or ``threads`` (:attr:`ScalerConfig.core_cap`).
 CORE_CAP_ENV = "INFSCALER_CORE_CAP"
 
 
@@ -76,8 +69,7 @@ def core_cap() -> str:
     """The cpu cap's counting from :data:`CORE_CAP_ENV` (``demand`` when unset).
 
     Raises:
-        ValueError: any other value (the message names the variable and its values).
-    """
+        ValueError: any other value."""
     v = os.environ.get(CORE_CAP_ENV, "demand").strip().lower() or "demand"
     if v not in ("demand", "threads"):
         raise ValueError(f"{CORE_CAP_ENV}={v!r}: use 'demand' (the default) or 'threads'")
@@ -85,8 +77,7 @@ def core_cap() -> str:
 
 
 def scaler_config(autoscale: Any) -> ScalerConfig:
-    """:class:`ScalerConfig` from a pipeline's :class:`~infscaler.base.config.AutoscaleConfig`
-    (and :func:`core_cap` from the environment)."""
+    """:class:`ScalerConfig` from a pipeline's ``AutoscaleConfig`` and :func:`core_cap`."""
     return ScalerConfig(
         violation_ratio=autoscale.violation_ratio,
         cooldown_s=autoscale.cooldown_s,
@@ -102,13 +93,8 @@ def scaler_config(autoscale: Any) -> ScalerConfig:
 
 
 class Autoscaler:
-    """Runs the scaler for every auto-scaled pipeline of ``service`` (a thread).
-
-    Args:
-        service: the started :class:`~infscaler.service.service.Service`.
-        tick_s: how often the loop wakes, s (each pipeline is looked at every its own
-            ``autoscale.interval_s``).
-    """
+    """Runs the scaler for every auto-scaled pipeline of ``service`` in a thread that wakes
+    every ``tick_s`` s (each pipeline looked at every its ``autoscale.interval_s``)."""
 
     def __init__(self, service: ScaledService, tick_s: float = 0.25) -> None:
         self.service = service
@@ -128,21 +114,16 @@ class Autoscaler:
         self._sent: dict[tuple[int, int], int] = {}
         #: per ``(pipeline, unit index)``: the last batching decision (:meth:`tune_batches`)
         self.batch_decisions: dict[tuple[str, int], BatchDecision] = {}
-        #: ``cpu_wake_latency_us: auto``: the wake policy's state and the evidence noted
-        #: by :meth:`step` since the last look (:mod:`infscaler.runtime.scaling.wakepolicy`)
+        #: ``cpu_wake_latency_us: auto``: the wake policy's state and evidence since its look
         self._wake_state = WakeState()
         self._wake_evidence: dict[str, WakeEvidence] = {}
         #: bumped by :meth:`reset_wake`: a decision taken before a reset is not applied
-        #: (``service.hold_cpus_awake(..., epoch=)``)
         self.wake_epoch = 0
         #: the live check per pipeline: (the LivePlan judged, its state); a switch
         #: under way for the names in ``_switching``
         self._live: dict[str, tuple[Any, LiveState]] = {}
         self._switching: set[str] = set()
-        #: the arbitration between pipelines: each pipeline's last view, the loans in
-        #: force, whether a move is being applied, and moves per (giver, taker)
-        #: False with ``INFSCALER_ARBITRATION=off`` (benchmarks: per-pipeline scaling
-        #: only); ``lend-only``: no warm spares (rule 4), for benchmarks
+        #: the arbitration: ``INFSCALER_ARBITRATION`` ``off`` or ``lend-only`` (no spares)
         arb_mode = os.environ.get("INFSCALER_ARBITRATION", "on").lower()
         self.arbitration_config = ArbitrationConfig(spare=arb_mode != "lend-only")
         self.arbitration_on = arb_mode != "off"
@@ -165,8 +146,7 @@ class Autoscaler:
             self._thread.join(5.0)
 
     def pause(self, name: str, seconds: float) -> None:
-        """Make no decision for pipeline ``name`` for ``seconds`` (e.g. while the variant
-        router replaces it: it must not take back what it just gave up)."""
+        """Make no decision for pipeline ``name`` for ``seconds``."""
         with self._lock:
             self._next[name] = max(self._next.get(name, 0.0), time.monotonic() + seconds)
 
@@ -186,9 +166,7 @@ class Autoscaler:
             self._views.pop(name, None)
 
     def state(self, name: str) -> ScalerState | None:
-        """What the scaler carries for pipeline ``name`` (None: not looked at yet). Its
-        ``last_change`` starts at the deploy (monotonic s); its ``waiting`` says why the
-        last look, on a violation, changed nothing (settle window, sustain, cooldown)."""
+        """What the scaler carries for pipeline ``name`` (None: not looked at yet)."""
         with self._lock:
             return self._states.get(name)
 
@@ -253,12 +231,10 @@ class Autoscaler:
 
     def check_live(self, dep: Any, snap: Any, state: ScalerState) -> Verdict | None:
         """Judge ``dep``'s planned configuration on ``snap``
-        (:func:`infscaler.runtime.planning.livecheck.check`) and apply the verdict: ``switch``
-        deploys the other configuration in a thread, make-before-break
-        (:meth:`infscaler.service.service.Service.switch_configuration`), with the state
-        carried to the new deployment; once settled after a switch, the kept decision
-        is rewritten to the configuration serving (:func:`~infscaler.runtime.planning.autoplan.
-        keep_live`). Returns the verdict (None: nothing to check, or a switch under way)."""
+        (:func:`~infscaler.runtime.planning.livecheck.check`) and apply the verdict: ``switch``
+        deploys the other configuration in a thread (make-before-break); once settled after a
+        switch, the kept decision is rewritten. Returns the verdict (None: nothing to check, or
+        a switch under way)."""
         plan = dep.live
         with self._lock:
             if dep.name in self._switching:
@@ -308,7 +284,7 @@ class Autoscaler:
         return verdict
 
     def _record(self, name: str, entry: dict[str, Any]) -> None:
-        """Keep a decision (scaler or live check) for ``status`` and ``/metrics``, and log it."""
+        """Keep a decision for ``status`` and ``/metrics``, and log it."""
         with self._lock:
             self.history.append({"pipeline": name, "time": time.time(), **entry})
             self.counts[(name, entry["action"])] += 1
@@ -321,16 +297,14 @@ class Autoscaler:
             return self._wake_state
 
     def reset_wake(self) -> None:
-        """Forget the wake policy's state (the service changed its wake-up setting, under
-        its own lock): a decision :meth:`wake` took before this is not applied."""
+        """Forget the wake policy's state: a decision :meth:`wake` took before is not applied."""
         with self._lock:
             self._wake_state = WakeState()
             self._wake_evidence.clear()
             self.wake_epoch += 1
 
     def _note_wake(self, dep: Any, snap: Any, auto: Any) -> None:
-        """Keep what :meth:`step` saw of ``dep`` for the wake policy: only a violated SLO
-        is evidence, with its model units' served idle cost."""
+        """Keep a violated look at ``dep`` as wake evidence, with its model units' idle cost."""
         with self._lock:
             if self._wake_state.hold:
                 return
@@ -345,14 +319,9 @@ class Autoscaler:
             self._wake_evidence[dep.name] = WakeEvidence(dep.name, True, costs)
 
     def wake(self, now: float | None = None) -> WakeState:
-        """One look of the wake policy (:func:`~infscaler.runtime.scaling.wakepolicy.decide_wake`)
-        where the service leaves the CPUs' wake-up to it (``cpu_wake_auto``); a change is
-        applied (``service.hold_cpus_awake``), logged and kept with the decisions.
-
-        A decision is applied with the epoch it was taken in: where the service's
-        setting changed meanwhile (:meth:`reset_wake`), the service ignores it and the
-        state stays the reset one, so the service never holds the CPUs awake with a
-        policy state that says it does not (no release would ever come)."""
+        """One look of the wake policy (:func:`~.wakepolicy.decide_wake`) where the service leaves
+        CPU wake-up to it; a change is applied with the epoch it was taken in (ignored by the
+        service after a :meth:`reset_wake`), logged and kept."""
         if not getattr(self.service, "cpu_wake_auto", False):
             return self.wake_state()
         slo = sum(1 for d in self.service.deployments() if d.pipeline.config.slo_ms is not None)
@@ -371,9 +340,8 @@ class Autoscaler:
         return new
 
     def _learn(self, dep: Any) -> None:
-        """Every :attr:`learn_interval_s` per pipeline, keep
-        the idle slowdown its whole-model units served for the planner's next deploy
-        (:func:`infscaler.runtime.scaling.idlecurve.learn`); the first one that long after the deploy."""
+        """Every :attr:`learn_interval_s` per pipeline, keep the idle slowdown its units served
+        (:func:`~.idlecurve.learn`)."""
         now = time.monotonic()
         with self._lock:
             due = self._learn_next.setdefault(dep.name, now + self.learn_interval_s)
@@ -387,14 +355,11 @@ class Autoscaler:
             log.debug("keeping the idle slowdown of %s failed", dep.name, exc_info=True)
 
     def tune_batches(self, dep: Any) -> dict[int, int]:
-        """Dynamic batching decided by measurement for every ``policy: mark`` unit of
-        ``dep``: on only at a bottleneck and where the measured T_b save more than the
-        margin per item within the unit's SLO share
-        (:func:`~infscaler.runtime.serving.batching.decide_batching`), b by MArk §4
-        (:func:`~infscaler.runtime.serving.batching.choose_batch`); each size is sent to
-        the instances that run another, a changed decision kept (``batch_on`` /
-        ``batch_off``; :attr:`batch_decisions`). Rules: docs/scaling.md, "Dynamic
-        batching". Returns ``{instance id: batch}``."""
+        """Batching by measurement for every ``policy: mark`` unit of ``dep``: on only at a
+        bottleneck and where it pays within the unit's SLO share
+        (:func:`~infscaler.runtime.serving.batching.decide_batching`), b by MArk §4; sizes sent
+        to the instances running another, changes kept (docs/scaling.md, "Dynamic batching").
+        Returns ``{instance id: batch}``."""
         slo = dep.pipeline.config.slo_ms
         mon = self._monitor(dep)
         m = mon.pipeline(dep)
@@ -444,9 +409,8 @@ class Autoscaler:
         rate: float,
         elsewhere: dict[int, float | None] | None = None,
     ) -> tuple[int, float]:
-        """``(batch size, delay ms)`` for one instance of unit ``u`` (:meth:`tune_batches`),
-        the decision recorded when it changed. ``elsewhere``: the units' loads, when the
-        bottleneck is another unit (then batch 1)."""
+        """``(batch size, delay ms)`` for one instance of ``u``, the decision recorded when it
+        changed; ``elsewhere``: the units' loads when another unit is the bottleneck (batch 1)."""
         dec = decide_batching(profile, budget, max_batch=u.max_batch)
         if elsewhere is not None and dec.on:
             mine, top = elsewhere[u.index] or 0.0, max(v or 0.0 for v in elsewhere.values())
@@ -485,20 +449,17 @@ class Autoscaler:
             return mon
 
     def step(self, dep: Any) -> list[Decision]:
-        """One look at ``dep``: :meth:`_observe`, the pure :func:`~.policy.look`,
-        :meth:`_act`. Returns the scaler's (or the threads merge's) decisions."""
+        """One look at ``dep``: observe, :func:`~.policy.look`, act; returns the decisions."""
         obs = self._observe(dep)
         out = look(obs)
         self._act(dep, obs, out)
         return out.decisions
 
     def _observe(self, dep: Any) -> Observation:
-        """The monitor's snapshot over :func:`~.policy.window_s`, the states the last
-        look left (the first look's ``last_change`` is the deploy: no scale-in within
-        ``hold_s`` of it, and the window counts from it; docs/scaling.md, "The
-        autoscaler's loop in full"), the merge's settings (off with ``INFSCALER_THREADS``),
-        with ``autoscale.tuner`` the offered arrival times, and whether it is a party to
-        a loan in force (no threads move then: the loan's instances are the arbitration's)."""
+        """The :class:`~.policy.Observation` of ``dep``: the monitor's snapshot over
+        :func:`~.policy.window_s`, the last look's states (the first look's ``last_change`` is
+        the deploy), the threads merge's settings, the offered times (``autoscale.tuner``) and
+        whether it is a party to a loan."""
         auto = dep.pipeline.config.autoscale
         mon = self._monitor(dep)
         with self._lock:
@@ -517,9 +478,8 @@ class Autoscaler:
         return Observation(snap, state, scaler_config(auto), threads, merge, models, times, on_loan)
 
     def _act(self, dep: Any, obs: Observation, out: Outcome) -> None:
-        """Keep ``out``'s states and arbitration view, run the live check (when the
-        scaler decided nothing), note the wake evidence, then apply and keep
-        :attr:`~.policy.Outcome.acts` in order (:meth:`_apply`, :meth:`_record`)."""
+        """Keep ``out``'s states and view, run the live check (no decision), note wake evidence,
+        then apply and record :attr:`~.policy.Outcome.acts` in order."""
         snap, auto = obs.snapshot, dep.pipeline.config.autoscale
         priority = int(getattr(dep.pipeline.config, "priority", 1) or 1)
         with self._lock:
@@ -548,9 +508,8 @@ class Autoscaler:
                 self._record(dep.name, entry)
 
     def _apply(self, dep: Any, d: Decision) -> None:
-        """Apply one decision through the service: ``scale_out`` at once; ``scale_in`` and
-        thread steps in a thread, one per (pipeline, unit) at a time (a second is
-        dropped); ``shed`` sets or lifts the queue bound."""
+        """Apply one decision: ``scale_out`` at once; ``scale_in`` and thread steps in a thread,
+        one per (pipeline, unit) at a time; ``shed`` sets or lifts the queue bound."""
         if d.action == "scale_out":
             assert d.unit is not None and d.engine is not None
             self.service.scale_out(dep, d.unit, d.engine)
@@ -600,13 +559,9 @@ class Autoscaler:
             return dict(self.moves)
 
     def arbitrate(self) -> list[Move]:
-        """One look of the arbitration (:func:`~infscaler.runtime.scaling.arbitration.
-        arbitrate`) over the auto-scaled pipelines' last views, when there are two or
-        more and :func:`~infscaler.runtime.scaling.arbitration.needs_look` (one blocked at
-        the cap or about to be, one without a spare above a lower one, or a loan in
-        force), and no move is being
-        applied; its move is applied in a thread (:meth:`_move`). Returns the moves
-        (none while :attr:`arbitration_on` is False)."""
+        """One arbitration look over the pipelines' last views when :func:`~.arbitration.needs_look`
+        and no move is under way; a move is applied in a thread (:meth:`_move`). Returns the
+        moves (none while :attr:`arbitration_on` is False)."""
         if not self.arbitration_on:
             return []
         deps = {
@@ -653,9 +608,8 @@ class Autoscaler:
             self._record(name, entry)
 
     def _move(self, m: Move, deps: dict[str, Any]) -> None:
-        """Apply one move: the giver's scale-in (blocks until its instance exited), then
-        the taker's scale-out, each recorded; both pipelines' states count it as a
-        change (their settle window and hold start again). A failed half ends the loan."""
+        """Apply one move: the giver's scale-in (until its instance exited), then the taker's
+        scale-out, each recorded and counted as a change for both; a failed half ends the loan."""
         ok = False
         try:
             giver, taker = deps[m.giver], deps[m.taker]

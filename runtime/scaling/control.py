@@ -1,12 +1,6 @@
-"""What the runtime's control loop needs of the service: :class:`ScaledService`.
-
-The auto-scaler (:mod:`infscaler.runtime.scaling.autoscaler`) and the monitor
-(:mod:`infscaler.runtime.scaling.monitor`) sit in the runtime, below the facade's
-:class:`infscaler.service.service.Service`, which starts them and which they drive. They see it
-through these two small interfaces (PEP 544 structural types: the service satisfies them
-without naming them), so the runtime imports nothing above it and a test can drive them
-with any object that has these members.
-"""
+"""What the runtime's control loop needs of the service: :class:`ScaledService` and
+:class:`DeploymentView`, PEP 544 structural types the facade's ``Service`` satisfies, so
+the runtime imports nothing above it and a test can drive it with any object."""
 
 from __future__ import annotations
 
@@ -40,15 +34,9 @@ class DeploymentView(Protocol):
 
 
 class ScaledService(Protocol):
-    """The service as the auto-scaler and the monitor use it
-    (:class:`infscaler.service.service.Service` once started).
-
-    Attributes:
-        supervisor: the instances (``handles()``, ``command()``).
-        frontend: the request front end (``pending(route)``).
-        channel: the control channel (``stats()``: per channel-stage queue figures).
-        pool: the tensor pool (``stats()["mapped_bytes"]``).
-    """
+    """The service as the auto-scaler and the monitor use it: its ``supervisor``
+    (``handles()``, ``command()``), ``frontend`` (``pending(route)``), ``channel``
+    (``stats()``) and ``pool`` (``stats()["mapped_bytes"]``)."""
 
     supervisor: Supervisor
     frontend: FrontEnd

@@ -1,20 +1,11 @@
 """The scaler's cores rules: when more cpu threads add contention, not capacity.
 
-With ``ScalerConfig.core_cap`` ``demand`` (the default) and the demand measured, a cpu
-scale-out or thread step must fit the cores by what the instances keep busy
-(:func:`core_refusal`, :func:`infscaler.runtime.scaling.demand.fits_cores`); with
-``threads``, or before the demand is measured, by the two rules below.
-
-A cpu scale-out or thread step up of :func:`infscaler.runtime.scaling.scaler.decide` is
-refused when the cores are saturated (:data:`SATURATED_FREE_PER_THREAD`, from the busy
-cores the monitor measures), when the unit's own instances would pin more threads than
-the cpu has cores (:func:`own_cores`), or, unless ``ScalerConfig.oversubscribe``, when
-every instance's pinned threads would pass the physical cores (:func:`_past_physical`).
-A unit below the argmax, or the argmax whose next cpu instance would pin past the cores
-(:func:`beyond_cores`), must also be short of capacity to grow. The device profile's
-``threads_per_core`` still lets a deploy pin more threads than cores (a chain's stages
-take turns on them); the scaler only does not add to it.
-"""
+With ``core_cap`` ``demand`` and the demand measured, a cpu scale-out or thread step must
+fit the cores by busy share (:func:`core_refusal`); else it is refused when the cores are
+saturated (:data:`SATURATED_FREE_PER_THREAD`), when the unit's own instances would pin
+more threads than cores (:func:`own_cores`), or, without ``oversubscribe``, when all pinned
+threads would pass the physical cores. Past the cores (:func:`beyond_cores`) a unit must
+also be short of capacity to grow."""
 
 from __future__ import annotations
 
@@ -22,11 +13,8 @@ from infscaler.runtime.queueing import EPS
 from infscaler.runtime.scaling.demand import expected_share, fits_cores
 from infscaler.runtime.scaling.types import EngineOption, ScalerConfig, Snapshot, UnitState
 
-#: A cpu instance (or thread step) of ``t`` threads is added only while at least
-#: ``t`` x this many physical cores are idle (:attr:`Snapshot.cores_busy` against
-#: :attr:`ResourceCap.physical_cores`): once the instances keep every core busy another
-#: one adds contention, not capacity. Why 0.75: docs/scaling.md, "The scaler's cores
-#: rules, why".
+#: A cpu instance (or thread step) of ``t`` threads is added only while at least ``t`` x
+#: this many physical cores are idle (docs/scaling.md, "The scaler's cores rules, why").
 SATURATED_FREE_PER_THREAD = 0.75
 
 
@@ -54,12 +42,8 @@ def _pinned_by(u: UnitState) -> int:
 
 
 def own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
-    """Why ``more`` cpu threads for ``u`` would add contention, not capacity (None:
-    they would not, or the cores are not known): ``u``'s own instances would then pin
-    more threads than the cpu has cores (another stage's threads may share a core; a
-    unit's own instances all run the same work at once). Measurements: docs/scaling.md,
-    "The scaler's cores rules, why".
-    """
+    """Why ``more`` cpu threads for ``u`` would add contention, not capacity: ``u``'s own
+    instances would pin more threads than the cpu has cores (None: not, or cores unknown)."""
     phys = s.cap.physical_cores
     if not phys or more <= 0:
         return None
@@ -70,11 +54,8 @@ def own_cores(s: Snapshot, u: UnitState, more: int) -> str | None:
 
 
 def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
-    """Why ``more`` pinned cpu threads would take every instance's pinned threads past
-    the physical cores (None: they would not, the cores are not known, or
-    ``oversubscribe`` allows it). Unlike :func:`own_cores` this counts all instances of
-    all pipelines (:attr:`Snapshot.cores_used`).
-    """
+    """Why ``more`` pinned threads would take all instances' pinned threads past the physical
+    cores (None: not, unknown, or ``oversubscribe``)."""
     phys = s.cap.physical_cores
     if not phys or more <= 0 or c.oversubscribe:
         return None
@@ -84,11 +65,8 @@ def _past_physical(s: Snapshot, c: ScalerConfig, more: int) -> str | None:
 
 
 def beyond_cores(s: Snapshot, u: UnitState) -> str | None:
-    """Why one more instance of ``u`` on its fastest engine would pin more cpu threads
-    than the device has cores (None: it would not, the engine is not the cpu, or the
-    cores are not known). Pinned threads beyond the cores are the device profile's
-    oversubscription opt-in (``threads_per_core``: a chain's stages take turns on the
-    cores); one unit's own instances do not take turns, they contend."""
+    """Why one more instance of ``u`` on its fastest engine would pin more cpu threads than
+    the device has cores (None: not, not the cpu, or cores unknown)."""
     phys = s.cap.physical_cores
     if not phys or not u.options:
         return None
@@ -99,13 +77,9 @@ def beyond_cores(s: Snapshot, u: UnitState) -> str | None:
 
 
 def core_refusal(s: Snapshot, u: UnitState, c: ScalerConfig, threads: int) -> str | None:
-    """Why ``threads`` more cpu threads for ``u`` (a new instance or a thread step) do
-    not fit the cores (None: they do). ``core_cap`` ``demand`` with the demand and the
-    physical cores known: :func:`~infscaler.runtime.scaling.demand.fits_cores` of
-    :attr:`Snapshot.cores_demand` and the addition's
-    :func:`~infscaler.runtime.scaling.demand.expected_share`; otherwise the pinned
-    threads within the physical cores (:func:`_past_physical`) and a whole idle core
-    per thread by the busy cores (:func:`_saturated`)."""
+    """Why ``threads`` more cpu threads for ``u`` do not fit the cores (None: they do): by
+    demand (:func:`~.demand.fits_cores`) with ``core_cap`` ``demand`` and the demand known,
+    else :func:`_past_physical` and :func:`_saturated`."""
     why = _core_reasons(s, u, c, threads)
     return why[0] if why else None
 
@@ -123,10 +97,8 @@ def _core_reasons(s: Snapshot, u: UnitState, c: ScalerConfig, threads: int) -> l
 def refusals(
     s: Snapshot, u: UnitState, o: EngineOption, c: ScalerConfig, blocked: str | None = None
 ) -> list[str]:
-    """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: it is
-    admitted): the engine not on the device, memory, the engine's slots, the cpu's
-    thread slots, ``u``'s own instances past the cores (:func:`own_cores`), the cores
-    (:func:`core_refusal`), and ``blocked`` (a reverted trial's backoff) when given."""
+    """Why the cap refuses one more instance of ``u`` on ``o.engine`` ([]: admitted): engine,
+    memory, slots, thread slots, :func:`own_cores`, :func:`core_refusal`, and ``blocked``."""
     cap = s.cap
     slots = cap.max_instances.get(o.engine)
     if slots is None:

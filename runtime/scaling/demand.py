@@ -1,22 +1,13 @@
-"""The cpu cap counted in demand: whether one more cpu instance (or thread) fits the
-cores, and whether a scale-out that pins past them is kept.
+"""The cpu cap counted in demand: whether one more cpu instance (or thread) fits the cores,
+and whether a scale-out that pins past them is kept.
 
-An instance's share of the cores is what it keeps busy (its busy fraction, compute time
-/ wall time over the monitor's last seconds at most its CPU seconds per thread, x its
-threads: :meth:`infscaler.runtime.scaling.monitor.Monitor.demand`), not the threads it
-pins.
-On 2 cores a 3-partition pipeline whose light stages run 1 and 10 ms per request pins 3
-threads but keeps about 1.3 cores busy: counting threads refused its bottleneck a
-second instance ("pinned threads 3+1 > physical cores 2") and it served 13 requests/s
-against the 22/s its bottleneck alone serves. :func:`fits_cores` is the one test, used
-by the scaler (:mod:`infscaler.runtime.scaling.cores`, measured shares) and the planner
-(:func:`infscaler.runtime.planning.greedy.fits_instance` and the simulated scaler: shares from
-the simulated utilisation). Busy fractions miss contention: a cpu scale-out that takes the pinned threads past the cores is
-a **trial** (:func:`open_trial`), judged ``trial_s`` later (:func:`judge_trial`): kept
-when the SLO is met or the served rate rose by ``trial_gain``, else its instance is
-stopped and the unit is not scaled out for ``trial_backoff_s``, doubled after each
-revert in a row (hysteresis). Pure: no I/O, no clock.
-"""
+An instance's share of the cores is what it keeps busy (busy fraction x threads,
+:meth:`infscaler.runtime.scaling.monitor.Monitor.demand`), not the threads it pins.
+:func:`fits_cores` is the one test, for the scaler and the planner. A scale-out past the
+pinned cores is a trial (:func:`open_trial`) judged ``trial_s`` later
+(:func:`judge_trial`): kept when the SLO is met or the served rate rose by ``trial_gain``,
+else reverted and backed off (``trial_backoff_s``, doubled per revert). Why:
+docs/scaling.md. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -85,10 +76,8 @@ def share_per_thread(busy: float | None, threads: int) -> float:
 
 
 def expected_share(u: UnitState, threads: int) -> float:
-    """Cores ``threads`` more cpu threads of ``u`` are expected to keep busy: its
-    instances' measured :func:`share_per_thread` (:attr:`UnitState.busy` over the
-    threads they pin) x ``threads``; a whole core per thread when ``u`` is not
-    measured. The planner's alike: :func:`infscaler.runtime.planning.greedy.fits_instance`."""
+    """Cores ``threads`` more cpu threads of ``u`` are expected to keep busy: its measured
+    :func:`share_per_thread` x ``threads``; a whole core per thread when not measured."""
     if threads <= 0:
         return 0.0
     pinned = sum(int(t) * int(n) for t, n in u.threads.items()) or u.total_instances
@@ -120,9 +109,8 @@ def note_served(s: Snapshot, state: ScalerState, c: ScalerConfig) -> ScalerState
 
 def open_trial(s: Snapshot, state: ScalerState, c: ScalerConfig, d: Decision) -> Trial:
     """The trial of scale-out ``d``, with the rate served before it: the mean of
-    ``state.served`` over the last ``trial_s``, leaving out the looks within
-    ``settle_s`` of the change before (instances warming up), and this look's rate
-    when none is left."""
+    ``state.served`` over the last ``trial_s`` outside the settle window before (none left:
+    this look's rate)."""
     assert d.unit is not None and d.engine is not None
     name = next((u.name for u in s.units if u.index == d.unit), str(d.unit))
     warm = -math.inf if state.last_change is None else state.last_change + c.settle_s
@@ -170,15 +158,13 @@ def blocked_why(state: ScalerState, unit: int, now: float) -> str | None:
 def judge_trial(
     s: Snapshot, state: ScalerState, c: ScalerConfig, violated: bool
 ) -> tuple[list[Decision], ScalerState] | None:
-    """The verdict on the trial in force once it is due (None: none is, or not yet).
+    """The verdict on the trial in force once due (None: none is, or not yet).
 
-    Kept when the SLO is no longer ``violated`` or the served rate rose to at least
-    ``(1 + trial_gain)`` x its rate before: ``([], state)`` with the trial closed and
-    the unit's revert count reset. The rate after is the mean of the served rates read
-    since the settle window after the scale-out ended. Otherwise reverted: one ``scale_in`` of the trial's
-    unit on its engine (none when the unit is at its ``min_instances`` already), the
-    unit blocked for ``trial_backoff_s x 2^(reverts - 1)``, and the change counted
-    (``last_change``). The verdict is in ``trial_verdict``."""
+    Kept when the SLO is no longer ``violated`` or the served rate (mean since the settle
+    window after the scale-out) reached ``(1 + trial_gain)`` x the rate before:
+    ``([], state)``, the trial closed. Else reverted: one ``scale_in`` of its unit (none at
+    ``min_instances``), the unit blocked for ``trial_backoff_s x 2^(reverts - 1)``, counted
+    as a change. The verdict is in ``trial_verdict``."""
     t = state.trial
     if t is None or s.now < _due(t, c) - _EPS:
         return None

@@ -1,17 +1,10 @@
-"""The idle slowdown a model served, kept for the planner's next deploy.
+"""The idle slowdown a model served, kept for the planner's next deploy
+(docs/scaling.md, "What idle costs").
 
-The planner's simulator needs how much slower an item runs after its instance sat idle
-(:attr:`~infscaler.runtime.planning.simulator.EngineProfile.idle`); the curve timed
-in-process missed the served one (docs/scaling.md, "What idle costs"), so the service
-keeps what it served (:class:`~infscaler.runtime.serving.stats.IdleSlowdown`) per model
-file, intra-op threads, host and CPU wake-latency setting, and the planner plans the
-next deploy of that model with it.
-
-Files: ``cache_dir() / "idle" / "<model key>-<host>-t<threads>-<wake>.json"`` (the model
-key: the resolved path, size and mtime of the ONNX file; ``<wake>``: ``sleep``, or the
-PM QoS limit held, ``0us``). Written by :func:`learn` (every :data:`LEARN_INTERVAL_S`
-per pipeline); read by :func:`load_curve`; older than :data:`MAX_AGE_S` they are ignored.
-"""
+Files: ``cache_dir() / "idle" / "<model key>-<host>-t<threads>-<wake>.json"`` (model key:
+the ONNX file's resolved path, size and mtime; ``<wake>``: ``sleep`` or the PM QoS limit,
+``0us``). Written by :func:`learn` every :data:`LEARN_INTERVAL_S`, read by
+:func:`load_curve`; older than :data:`MAX_AGE_S`, ignored."""
 
 from __future__ import annotations
 
@@ -67,12 +60,11 @@ def _wake(wake_latency_us: int | None) -> str:
 
 
 def curve_path(model: str | os.PathLike[str], threads: int, wake_latency_us: int | None) -> Path:
-    """Where the curve of ``model`` (an ONNX file) at ``threads`` intra-op threads on this
-    host under ``wake_latency_us`` (the PM QoS limit held, None: none) is kept.
+    """Where the curve of ``model`` at ``threads`` threads on this host under
+    ``wake_latency_us`` (None: none held) is kept.
 
     Raises:
-        OSError: ``model`` does not exist.
-    """
+        OSError: ``model`` does not exist."""
     name = f"{_model_key(model)}-{host_fingerprint()}-t{int(threads)}-{_wake(wake_latency_us)}"
     return cache_dir() / "idle" / f"{name}.json"
 
@@ -84,14 +76,11 @@ def save_curve(
     points: Points,
     items: int,
 ) -> Path:
-    """Keep ``points`` (``EngineProfile.idle``: ``(idle s, factor)``, increasing idle) for
-    the next deploy, written atomically; returns the file.
+    """Keep ``points`` (``(idle s, factor)``, increasing idle) atomically; returns the file.
 
     Raises:
-        ValueError: no points, a point that is not (idle s > 0, factor >= 1), or idle
-            seconds not increasing.
-        OSError: the cache directory cannot be written.
-    """
+        ValueError: no points, a point not (idle s > 0, factor >= 1), or idle not increasing.
+        OSError: the cache directory cannot be written."""
     pts = tuple((float(g), float(f)) for g, f in points)
     if not _valid(pts):
         raise ValueError(f"idle points must be (idle s > 0, factor >= 1), got {pts}")
@@ -148,11 +137,8 @@ def curve_for(
     wake_latency_us: int | None,
     counts: tuple[int, ...],
 ) -> Points:
-    """The curve to plan ``model`` at ``threads`` with: the one kept at that count, else
-    the one kept at the nearest of ``counts`` (the thread counts the planner measures;
-    ties: the larger count), else ``()``. Why the nearest: docs/scaling.md, "What idle
-    costs".
-    """
+    """The curve to plan ``model`` at ``threads`` with: the one kept at that count, else at the
+    nearest of ``counts`` (ties: the larger), else ``()``."""
     own = load_curve(model, threads, wake_latency_us)
     if own:
         return own
@@ -166,17 +152,13 @@ def curve_for(
 def learn(
     dep: Any, handles: list[Any], wake_latency_us: int | None, handover_ms: float
 ) -> list[Path]:
-    """Keep the curves pipeline ``dep`` served so far: for each unit that runs one whole
-    ONNX model on the cpu (no partitions, no fused steps) whose live instances all run
-    the same intra-op threads, its :meth:`~infscaler.runtime.serving.stats.IdleSlowdown.points`
-    when it has any. Returns the files written.
+    """Keep the curves ``dep`` served so far for each unit running one whole ONNX model on the
+    cpu at one thread count; returns the files written.
 
     Args:
-        dep: a Deployment (its ``pipeline.units`` and ``route.stats``).
-        handles: the supervisor's instance handles (``key``, ``unit.threads``).
-        wake_latency_us: the PM QoS limit the service holds (None: none held).
-        handover_ms: the simulator's time per hop (``planner.HANDOVER_MS``).
-    """
+        dep: a Deployment. handles: the supervisor's instance handles.
+        wake_latency_us: the PM QoS limit held (None: none).
+        handover_ms: the simulator's time per hop."""
     points = dep.route.stats.idle_points(handover_ms)
     summaries = dep.route.stats.idle_summaries()
     written = []

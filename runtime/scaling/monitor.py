@@ -1,18 +1,10 @@
 """The SLO monitor: per pipeline and per unit metrics over a sliding window, and the
-scaler's :class:`~infscaler.runtime.scaling.types.Snapshot` built from them (InfScaler §IV-A:
-"once detected the serving performance cannot meet the user-specified latency SLO").
+scaler's :class:`~infscaler.runtime.scaling.types.Snapshot` built from them (InfScaler §IV-A).
 
-Reads, without stopping anything: the front end's statistics (latency, arrivals, per-unit
-compute and queue ms per item), the control channel's tokens in flight per unit, the
-supervisor's handles (state, engine, cores, PSS MB per instance each second), the pool's
-mapped MB, host telemetry. Memory used (Algorithm 1's U^m) is the sum of the instances'
-PSS (MB) plus the pool's; cores count pinned threads against the profile's thread slots,
-and busy cores (:meth:`Monitor.cores_busy`, CPU s over the last seconds) are the stricter
-bound. The bottleneck indicator is each unit's compute ms per request (Eq. 1's profiled
-time).
-
-More (the rules in full, the why, measurements): docs/scaling.md, "The monitor in full".
-"""
+Reads the front end's statistics, tokens in flight, the supervisor's handles (PSS MB per
+instance), the pool's mapped MB and host telemetry, without stopping anything. Memory used
+(U^m) is the instances' PSS plus the pool's; busy cores bound the cpu. In full:
+docs/scaling.md, "The monitor in full"."""
 
 from __future__ import annotations
 
@@ -20,6 +12,7 @@ import collections
 import os
 import time
 from dataclasses import dataclass, field, replace
+from statistics import median
 from typing import Any
 
 import psutil
@@ -47,18 +40,14 @@ class UnitMetrics:
 
     Attributes:
         index / name / kind / engine: the unit.
-        instances: live instances (starting or ready) per engine.
-        ready: instances ready to serve.
-        queue_len: tokens in flight at the unit (queued or running).
-        items_per_s: items the unit completed per second over the window.
-        compute_p50_ms / compute_p99_ms: service time per item, ms, over the window (an
-            idle unit: over the statistics' whole horizon, 60 s; None: no sample).
+        instances: live instances per engine. ready: instances ready to serve.
+        queue_len: tokens in flight at the unit.
+        items_per_s: items completed per second.
+        compute_p50_ms / compute_p99_ms: service time per item, ms (an idle unit: over the
+            statistics' horizon; None: no sample).
         queue_p99_ms: time items waited before the unit, ms.
-        pss_mb: mean PSS of its ready instances, MB (None: none reported yet).
-        step_ms: a fused unit's steps, name -> mean ms per call over its instances'
-            lifetime (their ``stats`` reports; None: not run yet); empty otherwise. The
-            unit's service time (``compute_*``) is the sum: one trace row spans them.
-    """
+        pss_mb: mean PSS of its ready instances, MB (None: none reported).
+        step_ms: a fused unit's steps -> mean ms per call; empty otherwise."""
 
     index: int
     name: str
@@ -80,14 +69,11 @@ class PipelineMetrics:
     """One pipeline over the monitor's window.
 
     Attributes:
-        name: the pipeline. now: monotonic time of the reading, s. window_s: its window.
-        arrival_rate: requests per second admitted. offered_rate: requests per second
-            submitted, refused ones (load shedding) included. completion_rate: answered
-            per second. p50_ms / p95_ms / p99_ms: end-to-end latency.
+        name: the pipeline. now: monotonic time, s. window_s: the window.
+        arrival_rate / offered_rate / completion_rate: requests/s admitted, submitted
+            (refused included), answered. p50_ms / p95_ms / p99_ms: end-to-end latency.
         pending: requests admitted and not answered. units: per unit.
-        answered / late: requests answered over the window, and of them those slower
-            than the pipeline's SLO (0 without one).
-    """
+        answered / late: requests answered over the window, and those slower than the SLO."""
 
     name: str
     now: float
@@ -199,9 +185,7 @@ class Monitor:
 
     @staticmethod
     def items_per_request(m: PipelineMetrics, um: UnitMetrics) -> float:
-        """Items a unit runs per request (1, or the fan-out's mean): items it completed
-        per request answered over the window. A unit's arrival rate is the pipeline's
-        arrival rate times this (completions alone would hide a growing queue)."""
+        """Items a unit runs per request answered over the window (1, or the fan-out's mean)."""
         if m.completion_rate > 0 and um.items_per_s > 0:
             return um.items_per_s / m.completion_rate
         return 1.0
@@ -216,9 +200,7 @@ class Monitor:
         return total + self.service.pool.stats()["mapped_bytes"] / 2**20
 
     def pinned_threads(self) -> int:
-        """Threads pinned by cpu instances of model stages, every pipeline (starting or
-        ready: an instance loading its model holds its cores already): the scaler's
-        ``cores_used``."""
+        """Threads pinned by starting or ready cpu model instances, all pipelines."""
         return sum(
             max(1, int(h.unit.threads))
             for h in self.service.supervisor.handles()
@@ -228,16 +210,10 @@ class Monitor:
         )
 
     def cores_busy(self) -> float | None:
-        """CPU cores kept busy by every live instance and the front end (this process)
-        over the last :data:`BUSY_WINDOW_S` s: the growth of their user + system CPU
-        seconds (``/proc/PID/stat`` through psutil ``cpu_times``; time spent waiting for a
-        core is not in it) over the wall seconds between two samples. A process started
-        since the oldest sample counts its CPU seconds over its age (psutil
-        ``create_time``): an instance that just loaded its model reads busy, so the
-        scaler does not take its slot for idle right after a scale-out (it read 0
-        before: the next decision, 3 s later, saw the cores free again). A process that
-        ended counts for nothing. None until two samples at least :data:`BUSY_MIN_S`
-        apart exist (the first call only samples)."""
+        """CPU cores kept busy by every live instance and the front end over the last
+        :data:`BUSY_WINDOW_S` s: growth of their user + system CPU seconds over the wall
+        seconds (a process started since counts over its age; one ended, nothing). None until
+        two samples :data:`BUSY_MIN_S` apart exist."""
         now = time.monotonic()
         wall = time.time()
         pids = [os.getpid()] + [
@@ -270,16 +246,10 @@ class Monitor:
         return busy
 
     def demand(self) -> tuple[dict[tuple[str, int], float], float] | None:
-        """Cores each unit's live instances keep busy, per unit key ``(pipeline, index)``,
-        and in all (every pipeline): per instance its busy fraction over the last
-        :data:`BUSY_WINDOW_S` s x its threads. The busy fraction is the growth of the
-        ``busy_ms`` its ``stats`` reports carry (compute time) over the wall seconds
-        between two samples, at most its CPU seconds' growth per thread over them
-        (``/proc/PID/stat`` through psutil): compute time spent waiting for a core,
-        another process's, is not demand. An instance started since the oldest sample
-        counts its unit's measured share per thread, else a whole core per thread. None
-        until two samples at least :data:`BUSY_MIN_S` apart exist (the first call only
-        samples). The cpu cap's demand (:mod:`infscaler.runtime.scaling.demand`)."""
+        """Cores each unit's live instances keep busy, per ``(pipeline, index)`` and in all: per
+        instance its busy fraction (``busy_ms`` growth over wall time, at most its CPU seconds
+        per thread) x threads; a new instance counts its unit's share, else a core per thread.
+        None until two samples :data:`BUSY_MIN_S` apart exist."""
         now = time.monotonic()
         live = [h for h in self.service.supervisor.handles() if h.state in ("starting", "ready")]
         sample: dict[int, tuple[float, float | None]] = {}
@@ -301,9 +271,8 @@ class Monitor:
         return out
 
     def cap(self) -> ResourceCap:
-        """R^m from the service's device profile (this host when it has none), with the
-        memory in use now (:meth:`memory_used_mb`): :func:`~infscaler.runtime.scaling.
-        types.device_cap` on this process's cores."""
+        """R^m from the service's device profile with the memory in use now
+        (:func:`~infscaler.runtime.scaling.types.device_cap` on this process's cores)."""
         profile = self.service.device_profile()
         return device_cap(
             profile, host_cores=len(_host_cores()), memory_used_mb=self.memory_used_mb()
@@ -345,10 +314,8 @@ class Monitor:
             for engine in _engines_for(u, cap):
                 lat = um.compute_p50_ms if engine == u.engine else None
                 if lat is None and engine == u.engine and probes.get(int(u.threads)):
-                    # nothing computed in the window yet (a burst's first second): the
-                    # instances' own warm probe at their thread count is measured too
-                    # (the scaler decided on refusals with no engine option at all)
-                    lat = _median(probes[int(u.threads)]) + extra
+                    # nothing computed in the window yet: the instances' warm probe
+                    lat = median(probes[int(u.threads)]) + extra
                 if lat is None:
                     lat = _plan_ms(u, engine)
                     lat = None if lat is None else lat + extra
@@ -376,7 +343,7 @@ class Monitor:
                     min_instances=u.instances,
                     max_instances=min(u.max_instances or MAX_PER_UNIT, MAX_PER_UNIT),
                     threads=threads,
-                    latency_ms_by_threads={k: _median(v) for k, v in probes.items()},
+                    latency_ms_by_threads={k: median(v) for k, v in probes.items()},
                     min_threads=max(1, int(u.threads)),
                     max_threads=getattr(u, "max_threads", None),
                 )
@@ -387,12 +354,7 @@ class Monitor:
             units = [replace(u, busy=demand[0].get((dep.name, u.index), 0.0)) for u in units]
         busy = self.cores_busy()
         if busy is None and cap.physical_cores:
-            # not measured yet (the first second of a monitor, e.g. right after a
-            # deploy): every pinned thread counts as busy. Unmeasured read as "no bound",
-            # so the refusals of a deploy's first second (before any service time is
-            # known admission assumes the worst) grew a 2-thread ResNet-50 instance to
-            # two on 2 cores (bench/HISTORY.md, "Admission, the scaler's cores rule and
-            # the bench's steps", its "The queue bound, fixed" item).
+            # not measured yet: every pinned thread counts as busy
             busy = float(min(cores_used, cap.physical_cores))
         return Snapshot(
             now=m.now,
@@ -444,18 +406,9 @@ def unit_demand(
     return per_unit, sum(per_unit.values())
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
 def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:
-    """A fused unit's steps, each with ``step`` (name), ``kind``, and ``served``,
-    ``errors``, ``busy_ms`` summed over ``handles`` (the unit's instances, their last
-    ``stats`` reports, :meth:`infscaler.runtime.serving.runners.FusedRunner.step_stats`) and
-    ``mean_ms`` (busy_ms / served, ms per call; None before one ran). [] for a unit that
-    is not fused."""
+    """A fused unit's steps, each with ``step``, ``kind``, ``served``, ``errors``, ``busy_ms``
+    summed over ``handles`` and ``mean_ms`` (None before one ran); [] for an unfused unit."""
     out = []
     for step in getattr(unit, "steps", ()):
         rows = [
@@ -477,8 +430,6 @@ def step_totals(unit: Any, handles: list[Any]) -> list[dict[str, Any]]:
 
 
 def _host_cores() -> list[int]:
-    import os
-
     return sorted(os.sched_getaffinity(0))
 
 

@@ -1,20 +1,13 @@
-"""A CPU wake-up latency request (Linux PM QoS, ``/dev/cpu_dma_latency``) held while serving.
-
-While a process holds ``/dev/cpu_dma_latency`` open with a value of N microseconds
-written to it, cpuidle picks no state whose exit latency exceeds N (0: the cores poll
-when idle); the kernel drops the request when the file is closed, also when the process
-dies. It costs power. Why and when the service holds it: docs/scaling.md, "Holding the
-CPUs awake".
-
-Source: Linux kernel documentation, "PM Quality Of Service Interface"
-(``Documentation/power/pm_qos_interface.rst``).
-"""
+"""A CPU wake-up latency request (Linux PM QoS, ``/dev/cpu_dma_latency``) held while
+serving: while the file is held open with N µs written, cpuidle picks no state whose exit
+latency exceeds N; the kernel drops it on close. Source: Linux,
+``Documentation/power/pm_qos_interface.rst``; why: docs/scaling.md, "Holding the CPUs
+awake"."""
 
 from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
 
 from infscaler.base.errors import InfScalerError
 
@@ -24,7 +17,6 @@ __all__ = [
     "CpuLatencyUnavailable",
     "can_request",
     "check_max_us",
-    "cpuidle_states",
 ]
 
 CPU_LATENCY_DEVICE = "/dev/cpu_dma_latency"
@@ -34,58 +26,29 @@ class CpuLatencyUnavailable(InfScalerError):
     """The CPU latency request cannot be made here (reason in the message)."""
 
 
-def cpuidle_states(cpu: int = 0) -> list[dict[str, object]]:
-    """cpuidle states of ``cpu`` from sysfs: ``[{"name", "latency_us", "disabled"}]``
-    (empty where cpuidle is absent)."""
-    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cpuidle")
-    out = []
-    for d in sorted(root.glob("state*"), key=lambda p: int(p.name[5:])):
-        try:
-            out.append(
-                {
-                    "name": (d / "name").read_text().strip(),
-                    "latency_us": int((d / "latency").read_text()),
-                    "disabled": (d / "disable").read_text().strip() == "1",
-                }
-            )
-        except (OSError, ValueError):
-            continue
-    return out
-
-
 def can_request(device: str = CPU_LATENCY_DEVICE) -> bool:
-    """Whether this process may make the request: ``device`` exists and is writable by it
-    (root, or a member of the group the udev rule ``systemd/70-infscaler-pmqos.rules``
-    gives it to). A check, not a promise: :class:`CpuLatencyRequest` still raises
-    :class:`CpuLatencyUnavailable` if the open fails."""
+    """Whether this process may open ``device`` for writing (a check, not a promise)."""
     return os.access(device, os.W_OK)
 
 
 def check_max_us(max_us: object) -> int:
-    """``max_us`` if it is a latency limit the device takes (an int, not a bool, in
-    ``[0, 2**31 - 1]`` µs: the s32 the kernel reads).
+    """``max_us`` if it is an int (not a bool) in ``[0, 2**31 - 1]`` µs.
 
     Raises:
-        ValueError: anything else.
-    """
+        ValueError: anything else."""
     if isinstance(max_us, bool) or not isinstance(max_us, int) or not 0 <= max_us <= 2**31 - 1:
         raise ValueError(f"max_us must be an int in [0, 2**31 - 1], got {max_us!r}")
     return max_us
 
 
 class CpuLatencyRequest:
-    """Hold a CPU wake-up latency limit of ``max_us`` microseconds until :meth:`close`.
-
-    Args:
-        max_us: the longest cpuidle exit latency allowed, µs (>= 0; 0: poll only).
-        device: the PM QoS device node (tests may point elsewhere).
+    """Hold a CPU wake-up latency limit of ``max_us`` µs (0: poll only) until :meth:`close`;
+    ``device``: the PM QoS device node.
 
     Raises:
         ValueError: ``max_us`` negative or above 2**31 - 1.
-        CpuLatencyUnavailable: the device node is missing or not writable by this
-            process (it is root's: run the service as root, or grant its user write
-            access with the udev rule ``systemd/70-infscaler-pmqos.rules``).
-    """
+        CpuLatencyUnavailable: the device node is missing or not writable (run as root, or
+            the udev rule ``systemd/70-infscaler-pmqos.rules``)."""
 
     def __init__(self, max_us: int, device: str = CPU_LATENCY_DEVICE) -> None:
         self._fd: int | None = None

@@ -1,16 +1,10 @@
 """One autoscaler look at one pipeline as one pure policy: observation in, outcome out.
 
-:func:`look` runs, in order (the shape of Ray Serve's ``autoscaling_policy``: one
-decision, then named steps), the scaler's :func:`~.scaler.decide` (InfScaler Algorithm
-1, InferLine's scale-in; its settle / sustain / cooldown are the delay logic, the
-device's cap and ``max_instances`` the bounds), :func:`_merge` (threads per instance
-at low concurrency, :mod:`~.threads`, only when the scaler decided nothing),
-:func:`_tune` (the Tuner's early scale-out, :mod:`~.tuner`, only when nothing grew), then
-what the arbitration between pipelines sees (violated, blocked). No I/O, no clock: the
-loop (:class:`~.autoscaler.Autoscaler`) observes, calls :func:`look`, and applies
-:attr:`Outcome.acts` in order. Rules and sources: docs/scaling.md, "The autoscaler's
-loop in full".
-"""
+:func:`look` runs the scaler's :func:`~.scaler.decide`, then :func:`_merge` (threads at low
+concurrency, only when the scaler decided nothing) and :func:`_tune` (the Tuner's early
+scale-out, only when nothing grew), and what the arbitration sees (the shape of Ray
+Serve's ``autoscaling_policy``). No I/O, no clock. In full: docs/scaling.md, "The
+autoscaler's loop in full"."""
 
 from __future__ import annotations
 
@@ -30,12 +24,10 @@ TUNER_LOOKBACK_S = WINDOWS_S[-1] + 5.0
 
 @dataclass(frozen=True)
 class Observation:
-    """What the loop read of one pipeline for one look: the monitor's snapshot (its
-    ``now`` the clock, s), the states the last look left, the scaler's tuning, the
-    merge's tuning (None: off) and model units, the offered arrival times (s,
-    ascending, float64) since ``now -`` :data:`TUNER_LOOKBACK_S` (None: the Tuner off),
-    and whether the pipeline is a party to an arbitration loan in force (the merge
-    holds)."""
+    """What the loop read of one pipeline for one look: the snapshot, the states the last look
+    left, the scaler's and the merge's tuning (None: off) and model units, the offered
+    arrival times since ``now -`` :data:`TUNER_LOOKBACK_S` (None: Tuner off), and whether
+    it is a party to a loan in force."""
 
     snapshot: Snapshot
     state: ScalerState
@@ -49,12 +41,9 @@ class Observation:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one look decided: the scaler's (or else the merge's) ``decisions``; ``acts``,
-    in order, ``(service actions, entry to keep or None)``; the scaler's ``state`` and
-    the merge's (``threads``, None: it did not run) for the next look; the arbitration
-    view's ``violated`` (the Tuner blocked at the cap counts) and ``blocked`` (violated,
-    acted on, nothing grew); the Tuner's verdict (``tuned``, None: not consulted or
-    nothing exceeded)."""
+    """What one look decided: ``decisions``; ``acts`` in order, ``(service actions, entry to
+    keep or None)``; the scaler's ``state`` and the merge's ``threads`` for the next look;
+    the arbitration's ``violated`` and ``blocked``; the Tuner's verdict ``tuned``."""
 
     decisions: list[Decision]
     acts: list[tuple[list[Decision], dict[str, Any] | None]]
@@ -107,10 +96,8 @@ def _merge(
 
 
 def _owner(obs: Observation, state: ScalerState) -> tuple[str, str] | None:
-    """Which other policy owns the pipeline's instance counts now, for the merge to hold
-    (:func:`~.threads.step`'s ``hold``): an arbitration loan in force, or the scaler's
-    scale-out on trial (a threads move during it would decide the trial on another
-    configuration's rate). None: neither."""
+    """Which other policy owns the instance counts now (a loan in force, or the scaler's trial),
+    for the merge to hold; None: neither."""
     if obs.on_loan:
         return ("loan", "an arbitration loan in force")
     if state.trial is not None:
@@ -121,10 +108,8 @@ def _owner(obs: Observation, state: ScalerState) -> tuple[str, str] | None:
 def _tune(
     obs: Observation, state: ScalerState, acts: list[tuple[list[Decision], dict[str, Any] | None]]
 ) -> tuple[TunerVerdict | None, ScalerState]:
-    """The Tuner (:func:`~.tuner.scale_out_now`) on the arrivals since the last change:
-    its scale-out, once per instance asked for, joins ``acts`` as one ``tuner_scale_out``
-    entry and counts as a scale-out (cooldown, settle, hold). Returns the verdict (None:
-    nothing exceeded) and the state after it."""
+    """The Tuner on the arrivals since the last change: its scale-out joins ``acts`` as one
+    ``tuner_scale_out`` entry and counts as a scale-out. Returns the verdict and the state."""
     s, times = obs.snapshot, obs.arrivals
     assert times is not None
     since = s.now - TUNER_LOOKBACK_S
@@ -148,10 +133,8 @@ def _tune(
 
 
 def window_s(window: float, settle_s: float, last_change: float | None, now: float) -> float:
-    """The monitor window for a look, s: only latency measured since the last change
-    counts (a window reaching back before a scale-out would re-trigger on the P99 that
-    caused it), and once its settle window is over, only since the settle window's end;
-    at least 1 s, at most ``window``."""
+    """The monitor window for a look, s: only since the last change, and after its settle window
+    only since its end; at least 1 s, at most ``window``."""
     if last_change is None:
         return window
     since = now - last_change

@@ -1,22 +1,14 @@
 """The asymmetric auto-scaler: a pure function from a metrics snapshot to decisions.
 
-:func:`decide` takes a :class:`~infscaler.runtime.scaling.types.Snapshot` of one
-pipeline, the :class:`~infscaler.runtime.scaling.types.ScalerState` the previous call
-returned and a :class:`~infscaler.runtime.scaling.types.ScalerConfig`, and returns
-``(decisions, new_state)``: ``scale_out`` / ``scale_in`` / ``scale_up`` /
-``scale_down`` / ``shed`` / ``lift`` :class:`~infscaler.runtime.scaling.types.Decision`.
-No I/O, no clock; the autoscaler loop (:mod:`infscaler.runtime.scaling.autoscaler`) and
-the planner's simulator call it alike (Ray Serve's autoscaling policy shape).
+:func:`decide` maps ``(Snapshot, ScalerState, ScalerConfig)`` to
+``(decisions, new_state)`` with no I/O and no clock; the autoscaler loop and the
+planner's simulator call it alike (Ray Serve's autoscaling policy shape).
 
 Sources: InfScaler §IV-A Algorithm 1 (scale out the unit with the largest B_k / S_k on
-the first engine whose resources admit it); InferLine (Crankshaw et al., SoCC '20) §5
-Algorithm 4 (scale in with hysteresis), with the P99 guard of
-:mod:`infscaler.runtime.scaling.unitmodel` (the model of :mod:`infscaler.runtime.queueing`);
-cores rules in :mod:`infscaler.runtime.scaling.cores` and
-:mod:`infscaler.runtime.scaling.demand`. Every rule it adds to the papers (cooldown,
-shedding, thread steps, the settle window, trials past the cores) and the incidents
-behind them: docs/scaling.md, "The scaler's rules in full".
-"""
+the first engine that admits it); InferLine (Crankshaw et al., SoCC '20) §5 Algorithm 4
+(scale in with hysteresis), with the P99 guard of
+:mod:`infscaler.runtime.scaling.unitmodel`. The rules added to the papers:
+docs/scaling.md, "The scaler's rules in full"."""
 
 from __future__ import annotations
 
@@ -66,34 +58,18 @@ def decide(
 ) -> tuple[list[Decision], ScalerState]:
     """Decide what to scale for one pipeline. Pure: no I/O, no clock.
 
-    In order: (1) ``(now, offered)`` joins ``state.rates`` (samples older than
-    ``rate_horizon_s`` dropped; :attr:`Snapshot.offered` counts shed requests, so a
-    pipeline that sheds is not scaled in); a trial past the cores that is due is judged
-    first (:func:`~.demand.judge_trial`: a revert's ``scale_in`` is then the only
-    decision). (2) On a violation (:func:`is_violated`), the delay logic
-    (:func:`_apply_delay_logic`: the settle window, ``sustain_s``, the cooldown, an open
-    trial), then InfScaler Algorithm 1 (:func:`scale_out_choice`: one ``scale_out`` or
-    ``scale_up`` of the unit with the largest B_k / S_k the cap admits, :func:`_apply_bounds`,
-    or the next best), or, the cap refusing every unit, a ``shed`` bound (:func:`_shed_at_cap`,
-    Little's law). (3) Without one, after ``hold_s`` since the last change, InferLine
-    Algorithm 4's scale-in or a thread step back per unit (:func:`_scale_in`), and a
-    bound in force lifted (:func:`_lift_reason`). A look that waits says why in
-    ``new_state.waiting``. Every rule in full, with the departures from the papers and
-    the incidents behind them: docs/scaling.md, "The scaler's rules in full" and
-    "decide, step by step".
-
-    Args:
-        snapshot: the monitor's view of the pipeline and the device.
-        state: what the previous call returned (``ScalerState()`` the first time).
-        config: the tuning.
+    (1) ``(now, offered)`` joins ``state.rates`` and a due trial past the cores is judged;
+    (2) on a violation, the delay logic, then Algorithm 1 (:func:`scale_out_choice`) or, the
+    cap refusing every unit, a ``shed`` bound; (3) otherwise, after ``hold_s``, Algorithm 4's
+    scale-in or a thread step back per unit, and a bound lifted. A look that waits says why
+    in ``new_state.waiting``. In full: docs/scaling.md, "decide, step by step".
 
     Returns:
         ``(decisions, new_state)``: at most one scale-out or scale-up, or scale-ins /
         scale-downs (at most one per unit), plus at most one ``shed`` (set or lift).
 
     Raises:
-        ValueError: a ``config`` value out of range.
-    """
+        ValueError: a ``config`` value out of range."""
     _check_config(config)
     new = replace(state, rates=_offered_rates(snapshot, state, config), waiting=None)
     new = note_served(snapshot, new, config)
@@ -111,8 +87,7 @@ def decide(
 def _offered_rates(
     s: Snapshot, state: ScalerState, c: ScalerConfig
 ) -> tuple[tuple[float, float], ...]:
-    """Step 1 of :func:`decide`: the samples of ``state.rates`` within ``rate_horizon_s``
-    of ``now``, then ``(now, offered)``."""
+    """``state.rates`` within ``rate_horizon_s`` of ``now``, then ``(now, offered)``."""
     now = s.now
     rates = tuple((t, r) for t, r in state.rates if now - t <= c.rate_horizon_s)
     return rates + ((now, s.offered),)
@@ -121,10 +96,7 @@ def _offered_rates(
 def _on_violation(
     s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState
 ) -> tuple[list[Decision], ScalerState]:
-    """Step 2 of :func:`decide`, the SLO violated: :func:`_apply_delay_logic`, then
-    Algorithm 1's scale-out or a thread step up (:func:`scale_out_choice`), or, when the
-    cap refuses every unit, the shed bound (:func:`_shed_at_cap`). ``new``: the state
-    after step 1."""
+    """Step 2 of :func:`decide`: delay logic, then a scale-out / scale-up or the shed bound."""
     new = _apply_delay_logic(s, state, c, new)
     if new.waiting is not None:
         return [], new
@@ -143,12 +115,9 @@ def _on_violation(
 def _apply_delay_logic(
     s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState
 ) -> ScalerState:
-    """Whether a violation is acted on now (Ray Serve's ``_apply_delay_logic``): not
-    counted within the settle window (:func:`_settling`; ``violating_since`` None);
-    else ``violating_since`` keeps the run's first violated look, and it waits for
-    ``sustain_s``, the cooldown (:func:`_sustain_or_cooldown`) and an open trial
-    (:func:`~.demand.trial_wait`). Returns ``new`` with ``waiting`` saying why it
-    waits (None: act)."""
+    """``new`` with ``waiting`` saying why a violation is not acted on yet (None: act): the
+    settle window, ``sustain_s``, the cooldown or an open trial (Ray Serve's
+    ``_apply_delay_logic``)."""
     settling = _settling(s, state, c)
     if settling is not None:
         return replace(new, violating_since=None, waiting=settling)
@@ -160,9 +129,8 @@ def _apply_delay_logic(
 def _sustain_or_cooldown(
     s: Snapshot, state: ScalerState, c: ScalerConfig, since: float
 ) -> str | None:
-    """Why a counted violation changes nothing yet (None: act on it): it has lasted
-    less than ``sustain_s`` since ``since``, its first violated call, or the last
-    scale-out is less than ``cooldown_s`` ago."""
+    """Why a counted violation waits (None: act): shorter than ``sustain_s`` since ``since``,
+    or the last scale-out within ``cooldown_s``."""
     now = s.now
     if now - since < c.sustain_s - EPS:
         return (
@@ -180,21 +148,18 @@ def _sustain_or_cooldown(
 def _shed_at_cap(
     s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState, refused: list[str]
 ) -> tuple[list[Decision], ScalerState]:
-    """The shed bound of step 2 of :func:`decide`, the cap refusing every unit (why each
-    was passed: ``refused``): a ``shed`` with :func:`shed_queue_limit` when it differs
-    from the bound in force, unless the violation is refusals at arrival alone with no
-    capacity known, or the offered load is below :data:`SHED_MIN_LOAD` of the capacity."""
+    """A ``shed`` at :func:`shed_queue_limit` when the cap refuses every unit (``refused``: why)
+    and the bound differs from the one in force; none on refusals alone with no capacity
+    known, or below :data:`SHED_MIN_LOAD` of the capacity."""
     limit, how = _shed_limit(s)
     p99 = s.p99_ms
     refusals_only = p99 is None or p99 <= c.violation_ratio * s.slo_ms
     rps = pipeline_capacity_rps(s)
     if refusals_only and rps is None:
-        # admission already refuses what would miss the SLO; with no capacity
-        # known, a bound at the current queue would only refuse more at random
+        # admission already refuses what would miss the SLO
         return [], new
     if rps is not None and s.offered < SHED_MIN_LOAD * rps - EPS:
-        # below capacity the violation is variance, not overload: the queue
-        # drains by itself and admission refuses what would miss the SLO
+        # below capacity the violation is variance, not overload
         return [], new
     if limit == state.queue_limit:
         return [], new
@@ -211,10 +176,8 @@ def _shed_at_cap(
 def _on_no_violation(
     s: Snapshot, state: ScalerState, c: ScalerConfig, new: ScalerState
 ) -> tuple[list[Decision], ScalerState]:
-    """Step 3 of :func:`decide`, no violation: after ``hold_s`` since the last change,
-    InferLine Algorithm 4's scale-in or a thread step back (:func:`_scale_in`) at the
-    largest rate over the horizon; and a bound in force lifted once
-    :func:`_lift_reason` says so. ``new``: the state after step 1."""
+    """Step 3 of :func:`decide`: after ``hold_s``, :func:`_scale_in` at the horizon's largest
+    rate; a bound in force lifted when :func:`_lift_reason` says so."""
     now = s.now
     decisions: list[Decision] = []
     new = replace(new, violating_since=None)
@@ -238,9 +201,8 @@ def _on_no_violation(
 
 
 def _settling(s: Snapshot, state: ScalerState, c: ScalerConfig) -> str | None:
-    """Why a violation does not count yet (None: it counts): the snapshot is within
-    ``settle_s`` of the last change (the deploy, a scale-out, a scale-in or a thread
-    step), whose windows hold instances still loading and warming up."""
+    """Why a violation does not count yet (None: it counts): within ``settle_s`` of the last
+    change."""
     last = state.last_change
     if last is None or not s.now - last < c.settle_s:
         return None
@@ -262,21 +224,16 @@ def _lift_reason(s: Snapshot) -> str | None:
     return None
 
 
-#: A P99 over the SLO counts as a violation only when the window's late requests are
-#: more than a 1 % tail explains at this significance: ``P(X >= late) <`` this for
-#: ``X ~ Binomial(answered, 0.01)`` (:func:`late_tail_probability`; why: docs/scaling.md,
-#: "Auto-scaling and batching").
+#: A P99 over the SLO is a violation when ``P(X >= late)`` < this for
+#: ``X ~ Binomial(answered, 0.01)`` (docs/scaling.md, "Auto-scaling and batching").
 VIOLATION_SIGNIFICANCE = 0.01
 
 
 def late_tail_probability(late: int, answered: int, quantile: float = 0.99) -> float:
-    """``P(X >= late)`` for ``X ~ Binomial(answered, 1 - quantile)``: how likely a
-    pipeline whose latency meets the SLO at ``quantile`` shows at least ``late`` late
-    requests among ``answered`` (exact sum of the binomial terms below ``late``).
+    """``P(X >= late)`` for ``X ~ Binomial(answered, 1 - quantile)`` (exact).
 
     Raises:
-        ValueError: a negative count, or ``late`` > ``answered``.
-    """
+        ValueError: a negative count, or ``late`` > ``answered``."""
     if answered < 0 or late < 0 or late > answered:
         raise ValueError(f"need 0 <= late <= answered, got {late}, {answered}")
     if late == 0:
@@ -294,11 +251,10 @@ def is_violated(
     snapshot: Snapshot,
     config: ScalerConfig = ScalerConfig(),  # noqa: B008 (frozen: an immutable default)
 ) -> bool:
-    """True when requests were refused at arrival for the SLO (admission bounds the
-    admitted P99, so the overload shows as refusals instead), or when the P99 is known
-    and above ``violation_ratio`` x SLO and, where the snapshot counts its window's
-    requests (``answered`` / ``late``) and ``violation_ratio`` >= 1, the late ones are
-    more than a 1 % tail explains (:data:`VIOLATION_SIGNIFICANCE`)."""
+    """True when requests were refused at arrival for the SLO, or the P99 is above
+    ``violation_ratio`` x SLO and, where the window's ``answered`` / ``late`` are known and
+    ``violation_ratio`` >= 1, the late ones are beyond a 1 % tail
+    (:data:`VIOLATION_SIGNIFICANCE`)."""
     if snapshot.slo_refused_rate > 0:
         return True
     p99 = snapshot.p99_ms
@@ -311,17 +267,15 @@ def is_violated(
 
 
 def effective_bottleneck(unit: UnitState) -> float:
-    """B_k / S_k: the plan's B_k after Algorithm 1's line 5 applied once per instance
-    beyond the first (infinity for a unit with no running instance)."""
+    """B_k / S_k (Algorithm 1, line 5); infinity with no running instance."""
     s = unit.total_instances
     return math.inf if s <= 0 else unit.bottleneck / s
 
 
 def shed_queue_limit(snapshot: Snapshot) -> int:
-    """The queue bound at the cap, requests (Little's law): what the pipeline finishes
-    within the SLO, ``max(1, floor(capacity_rps x slo_ms / 1000))`` with
-    :func:`pipeline_capacity_rps`; ``max(1, pending)`` when no unit bounds capacity
-    (or the product overflows)."""
+    """The queue bound at the cap (Little's law), requests:
+    ``max(1, floor(capacity_rps x slo_ms / 1000))``; ``max(1, pending)`` when capacity is
+    unknown."""
     return _shed_limit(snapshot)[0]
 
 
@@ -364,17 +318,15 @@ def _violation(s: Snapshot, c: ScalerConfig) -> str:
 
 
 #: A unit other than the argmax is scaled only when its B_k/S_k is at least this
-#: fraction of the largest (the planner's rule too): scaling a light unit while the
-#: bottleneck cannot grow does not raise throughput.
+#: fraction of the largest (the planner's rule too).
 NEXT_BEST_FRACTION = 0.5
 
 
 def scale_out_choice(
     s: Snapshot, state: ScalerState, c: ScalerConfig, lam: float
 ) -> tuple[Decision | None, list[str]]:
-    """Algorithm 1 (with the next-best fallback), each unit's best action by
-    :func:`_pick`. Returns the decision (None: the cap refuses every unit) and, in
-    priority order, why the units before it were passed."""
+    """Algorithm 1 with the next-best fallback, each unit's action by :func:`_pick`: the
+    decision (None: the cap refuses every unit) and why the units before it were passed."""
     order = sorted(s.units, key=lambda u: (-effective_bottleneck(u), u.index))
     passed: list[str] = []
     top = effective_bottleneck(order[0]) if order else 0.0
@@ -382,15 +334,12 @@ def scale_out_choice(
         eff = effective_bottleneck(u)
         who = f"{u.name} (B_k/S_k {_n(eff, 3)})"
         if passed and eff < NEXT_BEST_FRACTION * top:
-            # a unit far below the bottleneck would not raise the pipeline's throughput
             passed.append(f"{who} is below {NEXT_BEST_FRACTION:g} x the largest B_k/S_k")
             break
         beyond = beyond_cores(s, u)
         if passed or _refusals_only(s, c) or beyond is not None:
             idle = _not_short(s, c, u, lam)
             if idle is not None:
-                # scale-in would take it back after the hold (docs/scaling.md, "decide,
-                # step by step": the argmax too on refusals alone or past the cores)
                 passed.append(f"{who} {idle}" + (f" ({beyond})" if beyond else ""))
                 continue
         up, up_why = _up_candidate(s, c, u)
@@ -414,10 +363,9 @@ def scale_out_choice(
 def _apply_bounds(
     s: Snapshot, state: ScalerState, c: ScalerConfig, u: UnitState
 ) -> tuple[EngineOption | None, list[str], str]:
-    """Where one more instance of ``u`` may go (Ray Serve's ``_apply_bounds``): below its
-    ``max_instances``, its first option by ``latency_ms`` (ties: given order) that the
-    cap admits (:func:`~.cores.refusals`). Returns it (None: none), why each one before
-    it was refused, and why the unit cannot grow ("" when it can)."""
+    """Where one more instance of ``u`` may go (Ray Serve's ``_apply_bounds``): its fastest
+    option the cap admits, why the ones before it were refused, and why the unit cannot
+    grow ("" when it can)."""
     if u.max_instances is not None and u.total_instances >= u.max_instances:
         at = f"at its max_instances {u.max_instances}"
         return None, [at], f"is {at}"
@@ -438,10 +386,8 @@ def _refusals_only(s: Snapshot, c: ScalerConfig) -> bool:
 
 
 def _not_short(s: Snapshot, c: ScalerConfig, u: UnitState, lam: float) -> str | None:
-    """Why a unit other than the argmax need not grow (None: it may). With a measured
-    service time, its instances already serve the max offered rate over the horizon at
-    utilisation <= ``scale_in_utilisation``: the scale-in rule would give the new
-    capacity back after the hold, and the next violation would add it again."""
+    """Why a non-argmax unit need not grow (None: it may): it already serves the max rate at
+    utilisation <= ``scale_in_utilisation`` with its P99 in budget."""
     if u.service_ms is None or u.service_ms <= 0 or u.total_instances <= 0:
         return None
     f = fan_out(u, s)
@@ -474,9 +420,8 @@ def _vertical(u: UnitState) -> str | None:
 def _up_candidate(
     s: Snapshot, c: ScalerConfig, u: UnitState
 ) -> tuple[tuple[int, int, float, float] | None, str | None]:
-    """One more step of intra-op threads for the thinnest cpu instance:
-    ``((t, t2, svc_t, svc_t2), None)``, or ``(None, why not)`` (``why`` None when the
-    unit has no thread range: nothing to report)."""
+    """One thread step for the thinnest cpu instance, ``((t, t2, svc_t, svc_t2), None)``, or
+    ``(None, why not)`` (why None: the unit has no thread range)."""
     if u.max_threads is None or u.max_threads <= u.min_threads:
         return None, None
     bad = _vertical(u)
@@ -507,8 +452,7 @@ def _up_candidate(
 
 
 def _share(s: Snapshot, o: EngineOption) -> tuple[float, str]:
-    """The largest share of a free resource one more instance on ``o`` takes, and which
-    (it is admitted, so every share is <= 1)."""
+    """The largest share of a free resource one more instance on ``o`` takes, and which."""
     cap = s.cap
     shares = []
     free_mem = cap.memory_cap_mb - cap.memory_used_mb
@@ -532,11 +476,8 @@ def _pick(
     up_why: str | None,
     head: str,
 ) -> Decision:
-    """The unit's action with the best predicted gain per share of the scarcest free
-    resource it takes: a new instance (memory, an engine slot, its cores) against one
-    cpu instance's thread step (cores only: the replacement reuses the slot and the
-    model's memory). Gain: items/s added, 1000 / latency of the new instance, or
-    1000 / svc(t2) - 1000 / svc(t). Ties go to the scale-out (Algorithm 1's action)."""
+    """The action with the best gain (items/s) per share of the scarcest free resource: a new
+    instance or one cpu instance's thread step; ties go to the scale-out."""
     cap = s.cap
     after = f"; {'; '.join(tried)}" if tried else ""
     out_score = up_score = -1.0
@@ -642,10 +583,9 @@ def _scale_in(s: Snapshot, c: ScalerConfig, lam: float, last: float | None) -> l
 def _scale_down(
     s: Snapshot, c: ScalerConfig, u: UnitState, lam: float, quiet: str
 ) -> Decision | None:
-    """The thread step back (InferLine Algorithm 4's rule applied to threads): the
-    fattest cpu instance of ``u`` drops to the next measured count below it (not below
-    ``min_threads``) when the unit's capacity after it still serves the max offered
-    rate over the horizon at utilisation <= ``scale_in_utilisation``. Frees cores."""
+    """The thread step back (Algorithm 4 applied to threads): the fattest cpu instance to the
+    next measured count below it when the capacity after still serves the max rate at
+    ``scale_in_utilisation``."""
     live = {t: n for t, n in u.threads.items() if n > 0}
     if not live or any(e != "cpu" and n > 0 for e, n in u.instances.items()):
         return None

@@ -1,21 +1,15 @@
-"""Host telemetry: CPU, memory, and on a Jetson the iGPU, EMC, power mode and temperatures.
-
-Sources: psutil everywhere (CPU %, RAM, sensors, per-process memory); jetson-stats
-(``jtop``) on a Jetson, imported lazily (iGPU load, NvMap memory, EMC %, nvpmodel mode,
-thermal zones, board power). A value the host lacks is ``None`` and ``note`` says why:
-never invented. Memory in MB of 2**20 bytes. :class:`JetsonSampler` (one per process,
-:func:`jetson_sampler`) keeps one jtop client in a background thread for ``/metrics`` and
-``status``, readings in SI units with the energy integrated from the power.
-
-More (the rules in full, the why, measurements): docs/scaling.md, "Host telemetry in full".
-"""
+"""Host telemetry: a process's memory (psutil, MB of 2**20 bytes) and, on a Jetson, the
+iGPU, power, clocks, memory and temperatures from jetson-stats (``jtop``, imported
+lazily); what the host lacks is left out, never invented. :class:`JetsonSampler` (one per
+process) keeps one jtop client in a background thread for ``/metrics`` and ``status``.
+In full: docs/scaling.md, "Host telemetry in full"."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,68 +22,13 @@ __all__ = [
     "JetsonState",
     "ProcessMemory",
     "ProcessMemoryError",
-    "Telemetry",
     "is_jetson",
     "jetson_reading",
     "jetson_sampler",
     "process_memory",
-    "read_telemetry",
 ]
 
 _MB = 2**20
-
-
-@dataclass(frozen=True)
-class Telemetry:
-    """One reading of the host (see the module docstring for the sources).
-
-    Attributes:
-        source: ``jetson-stats`` (Jetson fields from jtop) or ``psutil``.
-        time: wall-clock time of the reading, s since the epoch (``time.time()``).
-        cpu_percent: utilisation of all cores together, % (0-100); psutil's mean over
-            ``interval_s``.
-        cpu_percent_per_core: utilisation per logical CPU, % (index = CPU id; length
-            ``os.cpu_count()``), psutil's over ``interval_s``.
-        memory_total_mb: RAM, MB (psutil ``virtual_memory().total``).
-        memory_available_mb: RAM available without swapping, MB (``MemAvailable``).
-        memory_used_mb: RAM used, MB (psutil ``used``: total - free - buffers - cache).
-        gpu_load_percent: iGPU load, % (jtop ``gpu[...]['status']['load']``); None off
-            a Jetson.
-        gpu_memory_mb: RAM mapped for the GPU, MB (jtop ``memory['RAM']['shared']``, the
-            NvMap total); None off a Jetson.
-        power_mode: nvpmodel mode name (jtop ``nvpmodel.name``, e.g. ``MAXN``); None off a
-            Jetson or where nvpmodel is absent.
-        temperatures_c: sensor name -> °C (jtop thermal zones on a Jetson, psutil
-            ``sensors_temperatures`` elsewhere); None when the source has none.
-        emc_percent: memory-controller (EMC) bandwidth used, % of its current frequency's
-            (jtop ``memory['EMC']['val']``); None off a Jetson or when not readable.
-        emc_freq_mhz: current EMC frequency, MHz (jtop ``memory['EMC']['cur']`` kHz / 1000).
-        power_mw: total board power, mW (jtop ``power['tot']['power']``, INA3221 rails).
-        note: why the Jetson fields are None (not a Jetson, jetson-stats missing or
-            failing), or None.
-    """
-
-    source: str
-    time: float
-    cpu_percent: float | None
-    cpu_percent_per_core: tuple[float, ...]
-    memory_total_mb: float
-    memory_available_mb: float | None
-    memory_used_mb: float
-    gpu_load_percent: float | None = None
-    gpu_memory_mb: float | None = None
-    power_mode: str | None = None
-    temperatures_c: dict[str, float] | None = None
-    emc_percent: float | None = None
-    emc_freq_mhz: float | None = None
-    power_mw: float | None = None
-    note: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the per-core tuple as a list)."""
-        d = asdict(self)
-        d["cpu_percent_per_core"] = list(self.cpu_percent_per_core)
-        return d
 
 
 @dataclass(frozen=True)
@@ -112,13 +51,12 @@ class ProcessMemory:
 
 
 class ProcessMemoryError(RuntimeError):
-    """A process's memory cannot be read: it does not exist (``NoSuchProcess``), or this
-    user may not read its ``/proc/PID/smaps`` (``AccessDenied``: another user's process)."""
+    """A process's memory cannot be read: it does not exist, or this user may not read it."""
 
 
 def is_jetson() -> bool:
-    """Whether this host is an NVIDIA Jetson (L4T): ``/etc/nv_tegra_release`` exists or
-    the device tree names an ``nvidia,tegra`` SoC."""
+    """Whether this host is an NVIDIA Jetson (``/etc/nv_tegra_release``, or an
+    ``nvidia,tegra`` device tree)."""
     if Path("/etc/nv_tegra_release").exists():
         return True
     try:
@@ -127,120 +65,11 @@ def is_jetson() -> bool:
         return False
 
 
-def _psutil_reading(interval_s: float) -> dict[str, Any]:
-    import psutil
-
-    per_core = psutil.cpu_percent(interval=interval_s, percpu=True)
-    vm = psutil.virtual_memory()
-    temps: dict[str, float] | None = None
-    reader = getattr(psutil, "sensors_temperatures", None)
-    if reader is not None:
-        try:
-            found = reader() or {}
-        except (OSError, RuntimeError):
-            found = {}
-        temps = {}
-        for chip, entries in found.items():
-            for i, e in enumerate(entries):
-                label = e.label or (chip if len(entries) == 1 else f"{chip}{i}")
-                key = label if label not in temps else f"{chip}/{label}"
-                temps[key] = float(e.current)
-        temps = temps or None
-    return {
-        "time": time.time(),
-        "cpu_percent": sum(per_core) / len(per_core) if per_core else None,
-        "cpu_percent_per_core": tuple(float(p) for p in per_core),
-        "memory_total_mb": vm.total / _MB,
-        "memory_available_mb": vm.available / _MB,
-        "memory_used_mb": vm.used / _MB,
-        "temperatures_c": temps,
-    }
-
-
-def _jtop_fields(jetson: Any) -> dict[str, Any]:
-    """The Jetson fields of a started ``jtop`` client (see :class:`Telemetry`)."""
-    out: dict[str, Any] = {}
-    gpus = list(jetson.gpu.values()) if jetson.gpu else []
-    if gpus:
-        load = gpus[0].get("status", {}).get("load")
-        out["gpu_load_percent"] = None if load is None else float(load)
-    memory = jetson.memory
-    ram = memory.get("RAM") or {}
-    if ram.get("shared") is not None:
-        out["gpu_memory_mb"] = float(ram["shared"]) / 1024.0  # KB -> MB
-    emc = memory.get("EMC") or {}
-    if emc.get("val") is not None:
-        out["emc_percent"] = float(emc["val"])
-    if emc.get("cur") is not None:
-        out["emc_freq_mhz"] = float(emc["cur"]) / 1000.0  # kHz -> MHz
-    nvp = jetson.nvpmodel
-    if nvp is not None:
-        out["power_mode"] = str(nvp.name)
-    temps = {
-        name: float(t["temp"])
-        for name, t in (jetson.temperature or {}).items()
-        if t.get("online", True) and t.get("temp", -256) > -256  # jtop: -256 = offline
-    }
-    out["temperatures_c"] = temps or None
-    power = jetson.power or {}
-    total = (power.get("tot") or {}).get("power")
-    if total is not None:
-        out["power_mw"] = float(total)
-    return out
-
-
-def read_telemetry(interval_s: float = 0.1) -> Telemetry:
-    """Read the host's telemetry now (see :class:`Telemetry`).
-
-    Args:
-        interval_s: the window psutil measures CPU utilisation over, s (the call blocks
-            this long; 0 compares with the previous call in this process, and the first
-            such call reads 0 %).
-
-    Never raises for a missing or failing jetson-stats: the reading falls back to psutil
-    and ``note`` says why.
-    """
-    base = _psutil_reading(interval_s)
-    if not is_jetson():
-        return Telemetry(
-            source="psutil",
-            note="not a Jetson (no /etc/nv_tegra_release): GPU, EMC and power mode not read",
-            **base,
-        )
-    try:
-        from jtop import jtop  # jetson-stats: optional, Jetson only
-    except ImportError as exc:
-        return Telemetry(
-            source="psutil",
-            note=f"jetson-stats is not installed ({exc}): pip install jetson-stats "
-            "(it installs the jtop service); GPU, EMC and power mode not read",
-            **base,
-        )
-    try:
-        with jtop() as jetson:
-            fields = _jtop_fields(jetson)
-    except Exception as exc:  # noqa: BLE001 - jtop raises JtopException and OS errors
-        return Telemetry(
-            source="psutil",
-            note=f"jetson-stats failed ({type(exc).__name__}: {exc}); is the jtop service "
-            "running (systemctl status jtop)? GPU, EMC and power mode not read",
-            **base,
-        )
-    temps = fields.pop("temperatures_c", None)
-    base["temperatures_c"] = temps if temps is not None else base["temperatures_c"]
-    return Telemetry(source="jetson-stats", **base, **fields)
-
-
 def process_memory(pid: int | None = None) -> ProcessMemory:
-    """RSS, USS and PSS of a process (default: this one), MB.
-
-    psutil's ``Process.memory_full_info`` reads ``/proc/PID/smaps_rollup`` (or ``smaps``)
-    for USS and PSS; reading another user's process needs root.
+    """RSS, USS and PSS of a process (default: this one), MB (psutil ``memory_full_info``).
 
     Raises:
-        ProcessMemoryError: the process does not exist, or its memory may not be read
-            (the message says which, and the pid).
-    """
+        ProcessMemoryError: the process does not exist, or its memory may not be read."""
     import psutil
 
     pid = os.getpid() if pid is None else pid
@@ -270,29 +99,20 @@ JTOP_OFFLINE_C = -256.0
 
 @dataclass(frozen=True)
 class JetsonReading:
-    """One jtop update in SI units: what the ``nv_gpu_*`` / ``infscaler_jetson_*`` gauges
-    show (:func:`jetson_reading` builds it; :mod:`infscaler.api.metrics` exports it).
+    """One jtop update in SI units, as the ``nv_gpu_*`` / ``infscaler_jetson_*`` gauges show it.
 
     Attributes:
         gpu_utilization: iGPU name -> load, 0-1 (jtop ``gpu[name]['status']['load']``, %).
-        power_w: total board power, W (jtop ``power['tot']['power']``, mW: the
-            ``VDD_IN`` / ``POM_5V_IN`` rail where the board has one, else jtop's sum of
-            the rails); None without INA3221 / INA238 monitors.
-        rails_w: rail name -> power, W (jtop ``power['rail'][name]['power']``, mW;
-            online rails only).
-        temperatures_c: sensor -> °C (jtop ``temperature[name]['temp']``; sensors
-            offline, or reading jtop's -256, are left out).
-        frequencies_hz: engine -> current clock, Hz: ``gpu`` (each iGPU's
-            ``freq['cur']``, kHz; named as jtop names the GPU), ``emc`` (``memory['EMC']['cur']``,
-            kHz) and the online engines of ``jtop.engine`` (``[group][name]['cur']``, kHz:
-            DLA, NVENC, NVDEC, ...).
-        memory_used_bytes: DRAM in use, bytes (jtop ``memory['RAM']['used']``, KB): on a
-            Jetson the GPU and the CPUs share this memory.
-        memory_total_bytes: DRAM, bytes (jtop ``memory['RAM']['tot']``, KB).
-        gpu_mapped_bytes: DRAM the GPU has mapped (NvMap), bytes (jtop
-            ``memory['RAM']['shared']``, KB); None where jtop does not report it.
-        power_mode: the nvpmodel mode name (jtop ``nvpmodel.name``, e.g. ``MAXN``).
-    """
+        power_w: total board power, W (jtop ``power['tot']['power']``, mW); None without
+            power monitors.
+        rails_w: online rail -> power, W (jtop ``power['rail'][name]['power']``, mW).
+        temperatures_c: online sensor -> °C (jtop ``temperature[name]['temp']``).
+        frequencies_hz: engine -> current clock, Hz (jtop ``freq['cur']`` of each iGPU,
+            ``memory['EMC']['cur']`` and the online ``engine[group][name]['cur']``, kHz).
+        memory_used_bytes / memory_total_bytes: DRAM, bytes (jtop ``memory['RAM']``
+            ``used`` / ``tot``, KB), shared by GPU and CPUs.
+        gpu_mapped_bytes: DRAM the GPU has mapped (NvMap), bytes (``memory['RAM']['shared']``).
+        power_mode: the nvpmodel mode name."""
 
     gpu_utilization: dict[str, float]
     power_w: float | None
@@ -313,16 +133,10 @@ def _num(value: Any) -> float | None:
 
 
 def jetson_reading(snapshot: dict[str, Any]) -> JetsonReading:
-    """Map one jtop update to :class:`JetsonReading` (pure: no I/O, no jtop import).
-
-    Args:
-        snapshot: jtop's properties as plain dicts under their names (``gpu``, ``power``,
-            ``temperature``, ``memory``, ``engine``; ``nvpmodel`` the mode name or None).
-            Any may be missing or empty; what is missing is left out, never filled in.
-
-    Key names and units are jetson-stats' (``jtop/jtop.py``; the total power rule is
-    ``jtop/core/power.py`` ``total_power``).
-    """
+    """Map one jtop update (its properties as plain dicts under their names: ``gpu``,
+    ``power``, ``temperature``, ``memory``, ``engine``; ``nvpmodel`` the mode name) to a
+    :class:`JetsonReading`; what is missing is left out. Keys and units: jetson-stats'
+    ``jtop/jtop.py`` and ``jtop/core/power.py``. Pure."""
     gpus = snapshot.get("gpu") or {}
     util: dict[str, float] = {}
     freq: dict[str, float] = {}
@@ -374,15 +188,9 @@ def jetson_reading(snapshot: dict[str, Any]) -> JetsonReading:
 
 
 class EnergyCounter:
-    """Energy, J, integrated from power readings by the trapezoid rule (what Triton's
-    ``nv_energy_consumption`` counts from NVML's power on a discrete GPU).
-
-    Each :meth:`add` of a power (W) at a time (s, monotonic) adds
-    ``(p_prev + p) / 2 * (t - t_prev)``. The first reading, and the first after a gap
-    over ``max_gap_s`` (jtop's service restarted, or it stopped answering), only sets the
-    baseline: energy is never extrapolated over time no reading covers. A reading at or
-    before the previous time is ignored.
-    """
+    """Energy, J, integrated from power readings by the trapezoid rule (as Triton's
+    ``nv_energy_consumption``). The first reading, and the first after a gap over
+    ``max_gap_s``, only sets the baseline; a reading at or before the previous is ignored."""
 
     def __init__(self, max_gap_s: float = 10.0) -> None:
         self.max_gap_s = max_gap_s
@@ -406,17 +214,9 @@ class EnergyCounter:
 
 @dataclass(frozen=True)
 class JetsonState:
-    """What the jtop sampler has: whether jtop is read, why not, the last reading.
-
-    Attributes:
-        available: a reading no older than the sampler's ``stale_s`` is there.
-        reason: why not (not a Jetson, jetson-stats missing, the jtop service not
-            reachable, the last reading stale); ``""`` when available.
-        reading: the last reading (None before the first, and when not available).
-        energy_j: energy since the sampler started, J (:class:`EnergyCounter`); None
-            without a power reading yet.
-        age_s: the reading's age, s; None without one.
-    """
+    """What the jtop sampler has: ``available`` (a reading within ``stale_s``), ``reason`` why
+    not ("" when available), the last ``reading``, ``energy_j`` since the start (None: no
+    power yet) and the reading's ``age_s``."""
 
     available: bool
     reason: str
@@ -439,10 +239,7 @@ def _jtop_snapshot(jetson: Any) -> dict[str, Any]:
 
 
 def _jtop_unavailable() -> str:
-    """Why jtop cannot be read on this host before trying its service, or ``""``.
-
-    The reasons are fixed sentences (a ``GET /metrics`` label: no file path, no
-    exception text, bounded)."""
+    """Why jtop cannot be read on this host, as a fixed sentence (a metrics label), or ``""``."""
     if not is_jetson():
         return (
             "not a Jetson (no L4T release file, no tegra device tree): jtop has no GPU, "
@@ -465,24 +262,17 @@ def _open_jtop(interval_s: float) -> Any:
 
 
 class JetsonSampler:
-    """Reads jtop once per update in a background thread and keeps the last reading.
-
-    The thread waits on ``jetson.ok()``, maps each update with :func:`jetson_reading` and
-    integrates the power into an :class:`EnergyCounter`; readers take only the cached
-    :meth:`state` (a scrape never talks to jtop). Off a Jetson, or without jetson-stats, no
-    thread starts and :meth:`state` says why. An unreachable jtop service is retried every
-    ``retry_s``; the reason names the error's type only (it is a metrics label).
+    """Reads jtop in a background thread and keeps the last reading and the energy; readers
+    take only the cached :meth:`state`. Off a Jetson or without jetson-stats no thread
+    starts; an unreachable jtop service is retried every ``retry_s``.
 
     Args:
         interval_s: jtop's update interval, s.
-        stale_s: a reading older than this is not shown, s (default 5 update intervals).
+        stale_s: a reading older than this is not shown, s (default 5 intervals + 1).
         retry_s: the wait between attempts to reach the jtop service, s.
-        opener: ``interval_s -> jtop client`` (a context manager); default
-            ``jtop.jtop(interval=...)``.
-        unavailable: ``() -> reason`` checked once before starting (``""``: go ahead);
-            default: not a Jetson, or jetson-stats not importable.
-        clock: monotonic seconds.
-    """
+        opener: ``interval_s -> jtop client`` (a context manager).
+        unavailable: ``() -> reason`` checked once before starting (``""``: go ahead).
+        clock: monotonic seconds."""
 
     def __init__(
         self,

@@ -1,25 +1,13 @@
-"""Threads per instance at low concurrency: while about one request is in flight, each
-model unit runs one cpu instance with more intra-op threads, as a trial, split back when
-the concurrency rises.
+"""Threads per instance at low concurrency: while about one request is in flight, each cpu
+model unit runs one instance with more intra-op threads, as a trial, split back when the
+concurrency rises.
 
-The offered concurrency is the mean of the requests in flight (:attr:`Snapshot.pending`,
-admitted and not answered) over the looks of the last ``window_s`` (Little's law: rate x
-latency). With at most ``1 + merge_margin`` in flight, at most one instance of the
-pipeline runs at a time, so one may use the cores the others leave idle. When that mean
-held for ``window_s`` since the last change, on a device with half a core idle, every cpu
-unit that runs a model, has ``n`` live instances at ``t`` threads and is not blocked is
-**moved** to one instance at ``T = min(physical cores, max(2, n) x t) > t`` threads: a
-unit of ``n >= 2`` instances (``K = 1`` replicas) is **merged** (``scale_in`` one at a
-time down to one, then ``scale_up`` ``t -> T``, make-before-break), a unit of one (the
-partitions of a ``K >= 2`` chain) is **widened** (``scale_up``). The move is one
-**trial**, judged ``trial_s`` after its last ``scale_up`` on the served rate and P99 read
-after it against those before (means of the looks): kept when the rate rose or the P99
-fell by ``gain``, else **split** back (``scale_down`` ``T -> t``, then ``scale_out`` to
-``n``) and its units not moved again for ``backoff_s`` (doubled per revert in a row, as
-:mod:`infscaler.runtime.scaling.demand`'s trials). A kept move is split back as soon as the
-mean in flight over the last ``split_s`` exceeds ``1 + split_margin``, and its units not
-moved again for ``backoff_s``. Measurements: bench/HISTORY.md. Pure: no I/O, no clock.
-"""
+With the mean in flight over ``window_s`` at most ``1 + merge_margin`` and half a core
+idle, a unit of ``n`` instances at ``t`` threads moves to one at
+``T = min(physical cores, max(2, n) x t)`` (merged, or widened). The trial is judged
+``trial_s`` after: kept when the rate rose or P99 fell by ``gain``, else split back and
+backed off (``backoff_s``, doubled per revert). A kept move splits when the mean in flight
+over ``split_s`` exceeds ``1 + split_margin``. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -50,17 +38,14 @@ class ThreadsConfig:
     """Tuning of :func:`step` (seconds unless said).
 
     Attributes:
-        window_s: the in-flight mean a move rests on covers this long, and no change
-            (of this policy or the scaler: ``last_change``) within it.
+        window_s: the span of the in-flight mean a move rests on; no change within it.
         merge_margin: move while the mean in flight <= 1 + this.
-        split_s / split_margin: split back while the mean in flight over the last
-            ``split_s`` > 1 + ``split_margin``.
+        split_s / split_margin: split back while the mean in flight over ``split_s`` > 1 +
+            ``split_margin``.
         trial_s: a move's verdict comes this long after its last ``scale_up``.
         gain: kept when the served rate rose, or the P99 fell, by this fraction.
         backoff_s: no move of a unit this long after a reverted one, doubled per revert.
-        idle_cores: a move needs the cores kept busy (:attr:`Snapshot.cores_busy`)
-            at most the physical cores - this (None: not measured, not checked).
-    """
+        idle_cores: a move needs busy cores <= physical cores - this (None: not checked)."""
 
     window_s: float = 10.0
     merge_margin: float = 0.25
@@ -86,15 +71,9 @@ class ThreadsConfig:
 
 @dataclass(frozen=True)
 class Moved:
-    """One unit of a move.
-
-    Attributes:
-        unit: its index. threads / instances: its ``t`` and ``n`` before the move.
-        to: ``T``, the threads of its one instance once moved.
-        expect: the live instances expected once the last ``scale_in`` sent has
-            landed (0: none sent).
-        sent: its ``scale_up`` (merging) or ``scale_out`` (splitting) was sent.
-    """
+    """One unit of a move: its ``unit`` index, ``threads`` and ``instances`` before, ``to``
+    threads after, ``expect`` live instances once the last ``scale_in`` lands (0: none sent)
+    and whether its ``scale_up`` / ``scale_out`` was ``sent``."""
 
     unit: int
     threads: int
@@ -111,18 +90,13 @@ class ThreadsState:
     Attributes:
         looks: ``(now, pending, served rps, p99 ms or nan)`` within the last
             ``max(window_s, 2 x trial_s)``.
-        phase: None (nothing under way), ``merging`` (scale_in / scale_up being sent),
-            ``trial`` (moved, judged at ``started + trial_s``), ``kept`` (moved and kept),
-            ``splitting`` (scale_down sent, scale_out next).
-        moved: the units of the move under way (empty: none).
-        started: ``now`` of the last step sent, s (None: none).
+        phase: None, ``merging``, ``trial`` (judged at ``started + trial_s``), ``kept`` or
+            ``splitting``.
+        moved: the units of the move under way. started: ``now`` of the last step sent, s.
         before_rps / before_p99: served rate and P99 (means of the looks) before the move.
         blocked: ``(unit, until, reverts)`` per unit whose move was reverted or split.
-        verdict: the last trial's verdict, one line (None: none yet).
-        held: why no move was made at the last look: ``(code, one line)``, code one of
-            ``changed``, ``watching``, ``loan``, ``trial``, ``cores``, ``idle``,
-            ``in-flight``, ``busy``, ``none`` (None: a move was made or is under way).
-    """
+        verdict: the last trial's verdict (None: none yet).
+        held: ``(code, one line)``: why no move was made at the last look (None: one was)."""
 
     looks: tuple[tuple[float, float, float, float], ...] = ()
     phase: str | None = None
@@ -189,18 +163,11 @@ def step(
     """One look: the decisions (at most one per unit) and the new state.
 
     Args:
-        s: the pipeline's snapshot (``pending``, ``served_rate`` or ``arrival_rate``,
-            ``p99_ms``, units' cpu ``instances`` and ``threads``, ``cores_busy``, cap).
-        state: what the last call returned (``ThreadsState()`` at first).
-        c: tuning.
-        last_change: ``now`` of the scaler's last change (None: none); no move within
-            ``window_s`` of it.
-        models: the indexes of the units that run a model (intra-op threads only speed
-            those up); None: every unit.
-        hold: ``(code, one line)``: another policy owns the instance counts now (an
-            arbitration loan in force, ``loan``; the scaler's scale-out trial under
-            way, ``trial``): no move starts, and ``held`` says why (None: none).
-    """
+        s: the pipeline's snapshot. state: what the last call returned. c: tuning.
+        last_change: ``now`` of the scaler's last change (None: none).
+        models: the units that run a model (None: every unit).
+        hold: ``(code, one line)`` when another policy owns the instance counts (``loan``,
+            ``trial``): no move starts (None: none)."""
     served = s.served_rate if s.served_rate is not None else s.arrival_rate
     keep = max(c.window_s, 2 * c.trial_s)
     p99 = s.p99_ms if s.p99_ms is not None else math.nan
@@ -338,8 +305,7 @@ def _under_way(
             f"{names}: {_f(conc)} requests in flight on average over {c.split_s:g} s > "
             f"{1 + c.split_margin:g}: split back"
         )
-        # no move again for backoff_s: a load that swings around the threshold
-        # (clients backing off after refusals) would otherwise move and split in turn
+        # no move again for backoff_s (a load swinging around the threshold)
         blocked = _block(state, s.now, c.backoff_s, revert=False)
         return _split(s, replace(state, blocked=blocked), units, why)
     if state.phase == "trial" and state.started is not None and s.now >= state.started + c.trial_s:

@@ -1,14 +1,8 @@
-"""The Tuner: scale out when the arrival envelope exceeds what the configuration sustains.
-
-:func:`scale_out_now` takes a snapshot, the offered requests' arrival times since the
-last change, the scaler's state and config, and returns a :class:`TunerVerdict` (at most
-one ``scale_out`` of one unit, possibly several instances at once). Pure: no clock, no I/O.
-
-Source: InferLine (Crankshaw et al., SoCC '20) §5, Algorithm 3: the observed envelope
-(:data:`WINDOWS_S`) against the planned one, ``q_planned(w) = Q(rho mu w) + mu (SLO - T)
-/ 1000`` (:func:`planned_envelope`). Each term and why: docs/scaling.md, "The Tuner's
-envelope in full".
-"""
+"""The Tuner: scale out when the arrival envelope exceeds what the configuration sustains
+(InferLine, SoCC '20, §5 Algorithm 3): the observed envelope over :data:`WINDOWS_S`
+against the planned ``Q(rho mu w) + mu (SLO - T) / 1000`` (:func:`planned_envelope`).
+:func:`scale_out_now` returns a :class:`TunerVerdict`. Pure: no clock, no I/O. In full:
+docs/scaling.md, "The Tuner's envelope in full"."""
 
 from __future__ import annotations
 
@@ -57,18 +51,13 @@ class TunerVerdict:
 
     Attributes:
         decision: a ``scale_out`` (None: no action).
-        reason: what was seen (the decision's reason, or why nothing is done; "" when
-            the envelope is within the planned one).
-        blocked: the envelope was exceeded and the device's cap refused every unit (the
-            arbitration between pipelines may lend).
-        exceeded: the window that triggered (the one with the largest rate), if any.
-        count: instances the decision asks for at once (1 or more; 0 without a
-            decision): each one ``scale_out`` of ``decision.unit`` on ``decision.engine``.
-        needed: instances the unit needs for ``required_rps`` (its count after the
-            decision when nothing capped it), 0 without a decision.
-        required_rps: the capacity the observed envelope asks for, requests/s
-            (:func:`required_capacity_rps`; None when nothing was exceeded).
-    """
+        reason: the decision's reason, or why nothing is done ("" within the envelope).
+        blocked: the envelope was exceeded and the cap refused every unit.
+        exceeded: the window that triggered (the largest rate), if any.
+        count: instances asked for at once (0 without a decision).
+        needed: instances the unit needs for ``required_rps`` (0 without a decision).
+        required_rps: the capacity the observed envelope asks for, requests/s (None: not
+            exceeded)."""
 
     decision: Decision | None
     reason: str = ""
@@ -81,13 +70,8 @@ class TunerVerdict:
 
 @dataclass(frozen=True)
 class Exceedance:
-    """One window where the observed envelope exceeds the planned one.
-
-    Attributes:
-        window_s: the window's length, s.
-        observed: requests that arrived within one such window (the envelope), count.
-        sustainable: what the configuration was planned for in it (may be fractional).
-    """
+    """One window where the observed envelope exceeds the planned one: its length ``window_s``
+    (s), the ``observed`` arrivals and the planned ``sustainable`` count."""
 
     window_s: float
     observed: int
@@ -102,20 +86,17 @@ class Exceedance:
 def envelope(
     times: Sequence[float] | np.ndarray, windows: Sequence[float] = WINDOWS_S
 ) -> tuple[int, ...]:
-    """The arrival envelope: per window length ``w``, the most arrivals in any half-open
-    interval ``[t, t + w)`` starting at an arrival (InferLine §5, Fig. 4); an arrival
-    within 1 ns of the interval's end counts as beyond it (periodic arrivals at ``n``
-    per window count ``n``, whatever the float rounding). O(n log n) per window.
+    """The arrival envelope (InferLine §5, Fig. 4): per window length ``w``, the most arrivals
+    in any ``[t, t + w)`` starting at an arrival (1 ns tolerance at the end).
 
     Args:
-        times: arrival times, s (any origin; sorted here). windows: lengths, s (> 0).
+        times: arrival times, s (any origin). windows: lengths, s (> 0).
 
     Returns:
-        One count per window, in the order given (0 for no arrivals).
+        One count per window, in the order given.
 
     Raises:
-        ValueError: a window <= 0 s.
-    """
+        ValueError: a window <= 0 s."""
     t = np.sort(np.asarray(times, dtype=float))
     out = []
     for w in windows:
@@ -136,15 +117,9 @@ def service_time_ms(snapshot: Snapshot) -> float:
 
 
 def slo_rate_rps(snapshot: Snapshot) -> float | None:
-    """The largest pipeline rate, requests/s, at which every unit's approximate P99 at its
-    running instances (:func:`~infscaler.runtime.queueing.p99_response_ms`, M/D/c) stays
-    within its share of the SLO (the SLO less the other units' service times), found by
-    bisection and divided by the unit's items per request; the least over the units.
-
-    InferLine's check that the plan meets the SLO at the planned envelope (§4.2). Units with
-    no service time, no running instance, no items or an SLO share below their service time
-    do not bound it; None when no unit does.
-    """
+    """The largest pipeline rate, requests/s, at which every unit's approximate P99 (M/D/c at
+    its running instances) stays within its SLO share, the least over the units
+    (InferLine §4.2); None when no unit bounds it."""
     best: float | None = None
     for u in snapshot.units:
         f = fan_out(u, snapshot)
@@ -197,18 +172,12 @@ def planned_envelope(
     rho: float = TUNER_RHO,
     tail: float | None = TUNER_TAIL,
 ) -> tuple[float, ...]:
-    """What the configuration was planned for per window (module docstring):
-    ``Q(rho mu w) + mu max(0, SLO - T) / 1000`` requests.
-
-    Args:
-        capacity_rps: ``mu``, requests/s the current instances finish. slo_ms: the
-        SLO, ms. service_ms: ``T``, ms. windows: lengths, s. rho: in (0, 1]. tail: the
-        Poisson quantile's tail, in (0, 1) (None: the deterministic ``rho mu w``).
+    """What the configuration was planned for per window:
+    ``Q(rho mu w) + mu max(0, SLO - T) / 1000`` requests (``mu``: ``capacity_rps``; ``T``:
+    ``service_ms``; ``tail`` None: the deterministic ``rho mu w``).
 
     Raises:
-        ValueError: ``rho`` outside (0, 1], ``tail`` outside (0, 1) or a negative
-            capacity.
-    """
+        ValueError: ``rho`` outside (0, 1], ``tail`` outside (0, 1) or a negative capacity."""
     _check(rho, tail)
     if not capacity_rps >= 0:
         raise ValueError(f"capacity_rps must be >= 0, got {capacity_rps}")
@@ -241,18 +210,11 @@ def required_capacity_rps(
     rho: float = TUNER_RHO,
     tail: float | None = TUNER_TAIL,
 ) -> float:
-    """The least capacity ``mu`` (requests/s) whose planned envelope
-    (:func:`planned_envelope`) covers ``observed`` at every window (closed form for the
-    deterministic envelope, bisection to 1e-3 requests/s with the Poisson quantile); the
-    largest over the windows.
-
-    Args:
-        observed: ``q(w)`` per window, requests. slo_ms / service_ms: the SLO and ``T``,
-        ms. windows: lengths, s (> 0). rho: in (0, 1]. tail: in (0, 1), or None.
+    """The least capacity ``mu`` (requests/s) whose :func:`planned_envelope` covers
+    ``observed`` at every window (closed form, or bisection to 1e-3 with ``tail``).
 
     Raises:
-        ValueError: ``rho`` or ``tail`` out of range.
-    """
+        ValueError: ``rho`` or ``tail`` out of range."""
     _check(rho, tail)
     burst_s = max(0.0, slo_ms - service_ms) / 1000.0
     need = 0.0
@@ -273,9 +235,7 @@ def required_capacity_rps(
 
 
 def _new_instance_items(u: UnitState, o: EngineOption) -> float:
-    """Items/s one more instance of ``u`` on ``o`` serves (the scaler's gain in
-    :func:`~infscaler.runtime.scaling.scaler._pick`: a cpu instance at its threads' live
-    service time, else the option's latency)."""
+    """Items/s one more instance of ``u`` on ``o`` serves (as the scaler's ``_pick`` gains)."""
     lat = o.latency_ms
     if o.engine == "cpu":
         lat = service_ms_at(u, o.cores or u.min_threads) or lat
@@ -283,11 +243,8 @@ def _new_instance_items(u: UnitState, o: EngineOption) -> float:
 
 
 def _with_one_more(s: Snapshot, u: UnitState, o: EngineOption) -> tuple[Snapshot, UnitState]:
-    """``s`` and ``u`` as they will be once one more instance of ``u`` runs on ``o``: its
-    memory, slot and pinned threads in use, and its threads counted busy at the
-    saturation rule's share (:data:`~infscaler.runtime.scaling.cores.
-    SATURATED_FREE_PER_THREAD` of a core each: ``k`` instances of ``t`` threads then need
-    ``0.75 k t`` idle cores, the rule applied to all of them at once)."""
+    """``s`` and ``u`` once one more instance of ``u`` runs on ``o``: memory, slot and pinned
+    threads in use, its threads counted busy at the saturation rule's share."""
     instances = {**u.instances, o.engine: u.instances.get(o.engine, 0) + 1}
     threads = dict(u.threads)
     if o.engine == "cpu" and threads:
@@ -318,20 +275,13 @@ def instances_for(
     config: ScalerConfig = ScalerConfig(),  # noqa: B008 (frozen: an immutable default)
     p99_rps: float | None = None,
 ) -> tuple[int, int, str]:
-    """How many instances of ``u`` on engine ``o`` to start at once for the pipeline to
-    finish ``required_rps`` requests/s (InferLine §5, Algorithm 3 lines 9-13).
-
-    ``needed``: the fewest new instances (each adding ``1000 / its service time`` items/s)
-    that reach ``required_rps`` (at least 1), and with ``p99_rps`` also those that keep the
-    unit's approximate P99 at that rate within its SLO share (the scaler's ``p99_needed``).
-    Started: as many of them as ``u.max_instances`` and the device's cap admit, each checked
-    by the scaler's rules with the ones before it counted; the first is assumed admitted.
+    """How many instances of ``u`` on ``o`` to start at once for ``required_rps``
+    (InferLine §5, Algorithm 3 lines 9-13), with ``p99_rps`` also for the unit's P99; as many
+    as ``max_instances`` and the cap admit (the first assumed admitted).
 
     Returns:
-        ``(count, needed, why)``: instances to start (>= 1), instances ``u`` would have
-        with all it needs (``u.total_instances`` + needed), and why fewer than needed
-        are started ("" when none is held back).
-    """
+        ``(count, needed, why)``: instances to start (>= 1), the count ``u`` would have with
+        all it needs, and why fewer are started ("" when none is held back)."""
     f = fan_out(u, s)
     f = f if f > 0 else 1.0
     have = capacity_items(u) / f
@@ -367,26 +317,17 @@ def scale_out_now(
     tail: float | None = TUNER_TAIL,
     p99: bool = True,
 ) -> TunerVerdict:
-    """Whether to scale out now, before the P99 shows it.
+    """Whether to scale out now, before the P99 shows it (InferLine's Tuner).
 
-    ``times``: the offered requests' arrival times (s, the snapshot's clock) since the
-    last change. Nothing is done within ``config.cooldown_s`` of the last scale-out, within
-    ``config.settle_s`` of the last change, nor when no capacity is known. Otherwise, where
-    the observed envelope exceeds the planned one at any window, the unit and engine are
-    Algorithm 1's (the scaler's order, within the device's cap), with the scaler's guard
-    against a unit not short of capacity applied at the sustained rate (the largest
-    ``q(w) / w`` over windows >= :data:`SUSTAINED_MIN_S`).
-
-    The planned rate is ``rho x mu``, or with ``p99`` (default) the lower
-    :func:`slo_rate_rps`. The decision asks for every instance the envelope needs at once
-    (:func:`instances_for` at :func:`required_capacity_rps`, and with ``p99`` the instances
-    whose P99 meets the SLO at the higher of ``rho`` x that capacity and the triggering
-    window's rate), within ``max_instances`` and the cap.
+    ``times``: offered arrival times since the last change (the snapshot's clock). Nothing
+    within ``cooldown_s`` of the last scale-out or ``settle_s`` of the last change, nor with
+    no capacity known. Where the observed envelope exceeds the planned one (rate
+    ``rho x mu``, or with ``p99`` the lower :func:`slo_rate_rps`), Algorithm 1's unit and
+    engine get every instance the envelope needs at once, within ``max_instances`` and the
+    cap.
 
     Returns:
-        A :class:`TunerVerdict`: its decision a ``scale_out`` whose reason names the
-        window, the counts, the rate, the capacity needed and the instances asked for.
-    """
+        A :class:`TunerVerdict`."""
     now = snapshot.now
     if state.last_scale_out is not None and now - state.last_scale_out < config.cooldown_s:
         return TunerVerdict(None, "within the cooldown of the last scale-out")
@@ -426,8 +367,7 @@ def scale_out_now(
     out, passed = scale_out_choice(snapshot, state, config, sustained)
     if out is None:
         why = f"{seen}; no unit to scale: {'; '.join(passed) or 'none'}"
-        # blocked by the cap only where a unit short of capacity was refused (a unit
-        # the scale-in would give back is not a reason to borrow from another pipeline)
+        # blocked by the cap only where a unit short of capacity was refused
         capped = any("is not short of capacity" not in p for p in passed)
         return TunerVerdict(None, why, blocked=capped, exceeded=worst)
     if out.action != "scale_out":

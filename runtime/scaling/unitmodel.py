@@ -1,13 +1,8 @@
-"""The capacity and latency model (:mod:`infscaler.runtime.queueing`) applied to a
-scaler :class:`~infscaler.runtime.scaling.types.Snapshot`: a unit's service time (its
-live P50, or per thread count), its items per request, its capacity, the pipeline's
-capacity, a unit's share of the SLO and the fewest instances whose approximate P99
-fits it (the P99 guard the scaler adds to InferLine's scale-in, §5 Algorithm 4).
-
-The scaler, the Tuner and arbitration read a snapshot only through these. Why the
-policies feed the median (M/D/c) rather than the tail: docs/scaling.md, "The queueing
-model".
-"""
+"""The capacity and latency model (:mod:`infscaler.runtime.queueing`) applied to a scaler
+Snapshot: a unit's service time, items per request and capacity, the pipeline's
+capacity, a unit's SLO share and the fewest instances whose approximate P99 fits it
+(the P99 guard added to InferLine's scale-in). Why the median (M/D/c): docs/scaling.md,
+"The queueing model"."""
 
 from __future__ import annotations
 
@@ -44,10 +39,8 @@ def fan_out(u: UnitState, s: Snapshot) -> float:
 
 
 def pipeline_capacity_rps(snapshot: Snapshot) -> float | None:
-    """Requests per second the pipeline finishes at its current instances:
-    :func:`~infscaler.runtime.queueing.capacity_rps` of the units' instances,
-    :func:`unit_service_ms` and :func:`fan_out` (units with no service time known, or
-    no items, do not bound it). None when no unit bounds it."""
+    """Requests/s the pipeline finishes at its current instances
+    (:func:`~infscaler.runtime.queueing.capacity_rps`); None when no unit bounds it."""
     us = snapshot.units
     cap = capacity_rps(
         [unit_service_ms(u) for u in us],
@@ -58,14 +51,9 @@ def pipeline_capacity_rps(snapshot: Snapshot) -> float | None:
 
 
 def service_ms_at(u: UnitState, threads: int) -> float | None:
-    """Predicted service time of one item of ``u`` on a cpu instance running ``threads``
-    intra-op threads, ms; None when that count was not measured.
-
-    The unit's live P50 (``service_ms``) scaled by the ratio of the load-time
-    measurements ``latency_ms_by_threads[threads] / latency_ms_by_threads[ref]``, ref =
-    the thread count most of its instances run (ties: the smaller): the live P50 holds
-    the real inputs and contention, the ratio what more threads change. Without a P50
-    (or a measurement at ref): the load-time figure itself."""
+    """Predicted service time of one item of ``u`` on a cpu instance at ``threads`` threads,
+    ms (None: not measured): the live P50 scaled by the load-time ratio of ``threads`` to
+    the count most instances run, else the load-time figure."""
     lat = u.latency_ms_by_threads
     ms = lat.get(threads)
     if ms is None or not ms > 0:
@@ -116,10 +104,8 @@ def budget_ms(s: Snapshot, u: UnitState) -> float:
 
 
 def p99_needed(s: Snapshot, u: UnitState, items: float, svc: float) -> int:
-    """The fewest instances of ``svc`` ms that keep the unit's approximate P99
-    (:func:`~infscaler.runtime.queueing.p99_response_ms`) at ``items`` items/s within
-    its share of the SLO (:func:`budget_ms`); 0 when no count can (the SLO is below the
-    service time: the utilisation rule alone decides then)."""
+    """The fewest instances of ``svc`` ms keeping the unit's approximate P99 at ``items``
+    items/s within :func:`budget_ms`; 0 when no count can."""
     budget = budget_ms(s, u)
     if budget < svc:
         return 0

@@ -1,14 +1,8 @@
 """When to hold the CPUs awake: the policy behind ``cpu_wake_latency_us: auto`` (pure).
 
-:func:`decide_wake` (now s, the deployed pipelines with an SLO, what the autoscaler
-measured of them, the previous :class:`WakeState`) -> the new state: ``hold`` (request a
-0 us CPU wake latency through PM QoS, :mod:`.pmqos`, Linux pm_qos_interface) and its
-``reason``. It holds once a pipeline with an SLO violates it (the scaler's own test,
-:func:`~.scaler.is_violated`), and releases ``release_after_s`` after the last such
-pipeline left. :func:`idle_cost` gives the served slowdown after idle for the reason.
-
-More (the rules in full, the why, measurements): docs/scaling.md, "The CPU-wake policy in full".
-"""
+:func:`decide_wake` holds (a 0 µs PM QoS request, :mod:`.pmqos`) once a pipeline with an
+SLO violates it (:func:`~.scaler.is_violated`) and releases ``release_after_s`` after the
+last such pipeline left. In full: docs/scaling.md, "The CPU-wake policy in full"."""
 
 from __future__ import annotations
 
@@ -19,23 +13,14 @@ from typing import Any
 
 __all__ = ["IdleCost", "WakeConfig", "WakeEvidence", "WakeState", "decide_wake", "idle_cost"]
 
-#: An item counts as woken when its instance sat idle at least this long before it, s
-#: (the warm bin of IdleSlowdown ends at 0.02 s; served, the slowdown is under 1.05 x up
-#: to ~0.05 s: bench/idle_wake.py).
+#: An item counts as woken when its instance sat idle at least this long before it, s.
 MIN_IDLE_S = 0.05
 
 
 @dataclass(frozen=True)
 class IdleCost:
-    """What idle gaps cost one unit, served.
-
-    Attributes:
-        share: woken items (after >= :data:`MIN_IDLE_S` idle) over all binned items, in
-            [0, 1].
-        factor: the woken items' compute p50, weighted by bin count, over the warm
-            compute p50 (1.0: no slowdown); None with no woken items.
-        items: items binned.
-    """
+    """What idle gaps cost one unit, served: the woken items' ``share`` of binned items, the
+    woken compute p50 over the warm one (``factor``; None: none woken), and ``items`` binned."""
 
     share: float
     factor: float | None
@@ -44,14 +29,8 @@ class IdleCost:
 
 @dataclass(frozen=True)
 class WakeEvidence:
-    """One pipeline with an SLO, at one look of the autoscaler.
-
-    Attributes:
-        pipeline: its name.
-        violated: its SLO is violated over the monitor's window
-            (:func:`~infscaler.runtime.scaling.scaler.is_violated`).
-        costs: per served unit, :func:`idle_cost` (None: too few items to say).
-    """
+    """One pipeline with an SLO at one autoscaler look: its name, whether its SLO is
+    ``violated``, and per served unit its :func:`idle_cost` (None: too few items)."""
 
     pipeline: str
     violated: bool
@@ -72,14 +51,8 @@ class WakeConfig:
 
 @dataclass(frozen=True)
 class WakeState:
-    """What :func:`decide_wake` carries between looks.
-
-    Attributes:
-        hold: whether the request should be held.
-        reason: why it is held (or was dropped), for status and the log.
-        since: when it was taken (the caller's clock, s), None when not held.
-        slo_seen: the last time a pipeline with an SLO was deployed (s), None: never.
-    """
+    """What :func:`decide_wake` carries: ``hold``, its ``reason``, ``since`` when held (s) and
+    ``slo_seen``, the last time a pipeline with an SLO was deployed (s)."""
 
     hold: bool = False
     reason: str = ""
@@ -88,16 +61,9 @@ class WakeState:
 
 
 def idle_cost(summary: Mapping[str, Any], min_idle_s: float = MIN_IDLE_S) -> IdleCost | None:
-    """One unit's :class:`IdleCost` from its served idle summary.
-
-    Args:
-        summary: :meth:`infscaler.runtime.serving.stats.IdleSlowdown.summary` (``warm_compute_p50_ms``,
-            ``bins`` with ``idle_s`` [lo, hi], ``count``, ``compute_p50_ms``).
-        min_idle_s: bins starting at or above this idle gap count as woken, s.
-
-    Returns:
-        None when nothing was binned or no warm compute time is known.
-    """
+    """One unit's :class:`IdleCost` from its served idle summary
+    (:meth:`~infscaler.runtime.serving.stats.IdleSlowdown.summary`); bins from ``min_idle_s``
+    count as woken. None when nothing was binned or no warm time is known."""
     warm = summary.get("warm_compute_p50_ms")
     bins = summary.get("bins") or []
     items = sum(int(b.get("count") or 0) for b in bins)
@@ -125,15 +91,12 @@ def decide_wake(
     """Whether to hold the CPUs awake from now on (see the module docstring).
 
     Args:
-        now: the caller's clock, s (monotonic).
-        slo_pipelines: deployed pipelines with an SLO.
-        evidence: what the autoscaler measured of them since the last call.
-        state: the previous return value (``WakeState()`` at first).
-        config: its settings.
+        now: the caller's monotonic clock, s. slo_pipelines: deployed pipelines with an SLO.
+        evidence: what the autoscaler measured since the last call.
+        state: the previous return value. config: its settings.
 
     Returns:
-        the new state; ``hold`` says what to apply, ``reason`` why.
-    """
+        The new state; ``hold`` says what to apply, ``reason`` why."""
     if slo_pipelines > 0:
         state = replace(state, slo_seen=now)
     if state.hold:

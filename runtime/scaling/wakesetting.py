@@ -1,19 +1,11 @@
-"""The service's CPU wake-up setting (``cpu_wake_latency_us``) and what it decides: which
-PM QoS CPU latency request to hold, with what latency, and why.
+"""The service's CPU wake-up setting (``cpu_wake_latency_us``) and which PM QoS CPU latency
+request it holds, with what latency, and why.
 
-The setting is an int of µs (hold that limit while serving; 0: the polling state only),
-``"auto"`` (none until the autoscaler's wake policy, :mod:`infscaler.runtime.scaling.wakepolicy`,
-decides to hold the CPUs awake, then 0 µs) or None (no request). The policy's word applies
-under ``auto`` only, and only if the setting did not change since it was taken (its
-epoch). The deploy-time planner plans for 0 µs under ``auto`` wherever the request can be
-made, since the policy holds the CPUs awake as soon as an autoscaled pipeline misses its
-SLO; else for the limit in force.
-
-Pure functions and a frozen state: the service makes and drops the request
-(:class:`infscaler.runtime.scaling.pmqos.CpuLatencyRequest`, ``/dev/cpu_dma_latency``) as
-they say (:meth:`infscaler.service.service.Service.hold_cpus_awake`,
-:meth:`~infscaler.service.service.Service.set_cpu_wake_latency`).
-"""
+The setting is µs (an int; 0: polling only), ``"auto"`` (none until the wake policy,
+:mod:`infscaler.runtime.scaling.wakepolicy`, holds the CPUs awake at 0 µs; its word
+applies only in the epoch it was taken in) or None. The planner plans for 0 µs under
+``auto`` where the request can be made, else the limit in force. Pure functions and a
+frozen state; the service makes the request (:class:`~.pmqos.CpuLatencyRequest`)."""
 
 from __future__ import annotations
 
@@ -39,12 +31,10 @@ AUTO = "auto"
 
 
 def checked_wake_latency(max_us: Any) -> int | str | None:
-    """``max_us`` if it is None, ``"auto"`` or a PM QoS limit the kernel takes
-    (:func:`~infscaler.runtime.scaling.pmqos.check_max_us`), else an error saying what to give.
+    """``max_us`` if it is None, ``"auto"`` or a PM QoS limit the kernel takes.
 
     Raises:
-        InfScalerError: anything else.
-    """
+        InfScalerError: anything else."""
     if max_us is None or max_us == AUTO:
         return max_us
     try:
@@ -63,13 +53,10 @@ class WakeSetting:
     """The wake-up setting and what it asks for now.
 
     Attributes:
-        auto: ``cpu_wake_latency_us`` is ``"auto"``: the wake policy decides.
-        requested_us: the limit requested now, µs (None: none; under ``auto`` 0 while
-            the policy holds the CPUs awake).
+        auto: ``cpu_wake_latency_us`` is ``"auto"``.
+        requested_us: the limit requested now, µs (None: none).
         auto_reason: the wake policy's reason for its last decision applied.
-        unavailable_reason: why the request could not be made ("" : it could, or none
-            was asked for).
-    """
+        unavailable_reason: why the request could not be made ("": it could, or none asked)."""
 
     auto: bool = False
     requested_us: int | None = None
@@ -86,13 +73,8 @@ def wake_setting(wake: int | str | None) -> WakeSetting:
 
 @dataclass(frozen=True)
 class WakeChange:
-    """What the wake policy's decision does to the setting.
-
-    Attributes:
-        setting: the setting from now on.
-        take: make the request ``setting.requested_us`` (where the service runs).
-        drop: drop the request in force.
-    """
+    """What the wake policy's decision does: the ``setting`` from now on, whether to ``take``
+    the request ``setting.requested_us``, and whether to ``drop`` the one in force."""
 
     setting: WakeSetting
     take: bool = False
@@ -108,24 +90,13 @@ def policy_change(
     epoch: int | None = None,
     current_epoch: int | None = None,
 ) -> WakeChange | None:
-    """The wake policy's decision (hold the CPUs awake or not, and why) applied to
-    ``setting``.
-
-    Args:
-        setting: the setting now.
-        hold: the policy's decision.
-        reason: why (kept as ``auto_reason``).
-        holding: a request is in force now.
-        epoch: the policy's epoch when it decided (None: not known).
-        current_epoch: the policy's epoch now (None: not known).
+    """The wake policy's decision (``hold``, ``reason``) applied to ``setting`` (``holding``: a
+    request is in force now).
 
     Returns:
-        None where the decision does not apply (the setting is not ``auto``, or the
-        epochs differ: the decision predates the last change of setting); else the
-        change: to hold while nothing is held, take 0 µs (and forget why it could not be
-        made before); to release, drop the request; to hold while held, only the reason
-        changes.
-    """
+        None where it does not apply (not ``auto``, or ``epoch`` differs from
+        ``current_epoch``); else the change: hold -> take 0 µs, release -> drop, hold while
+        held -> only the reason."""
     if not setting.auto:
         return None
     if epoch is not None and current_epoch is not None and current_epoch != epoch:

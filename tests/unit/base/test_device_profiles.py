@@ -23,11 +23,7 @@ from infscaler.base.device import (
     load_profile,
 )
 from infscaler.base.errors import ConfigError
-from infscaler.runtime.scaling.telemetry import (
-    is_jetson,
-    process_memory,
-    read_telemetry,
-)
+from infscaler.runtime.scaling.telemetry import process_memory
 from infscaler.runtime.serving.pipeline import compile_pipeline
 
 JETSONS = ("xavier-agx", "xavier-nx", "orin-agx", "orin-nx", "orin-nano")
@@ -294,32 +290,7 @@ def test_plan_memory_estimate_counts(tmp_path):
 # -- telemetry --------------------------------------------------------------------------------
 
 
-def test_telemetry_reads_this_host():
-    t = read_telemetry(interval_s=0.05)
-    assert t.source in ("psutil", "jetson-stats")
-    assert len(t.cpu_percent_per_core) == os.cpu_count()
-    assert all(0.0 <= p <= 100.0 for p in t.cpu_percent_per_core)
-    assert 0.0 <= t.cpu_percent <= 100.0
-    assert 0 < t.memory_available_mb <= t.memory_total_mb
-    assert 0 < t.memory_used_mb <= t.memory_total_mb
-    if not is_jetson():
-        assert t.source == "psutil" and "not a Jetson" in t.note
-        assert t.gpu_load_percent is None and t.power_mode is None and t.emc_percent is None
-    assert t.to_dict()["memory_total_mb"] == t.memory_total_mb
-
-
 def test_process_memory_of_this_process():
     m = process_memory(os.getpid())
     assert 0 < m.uss_mb <= m.rss_mb
     assert m.pss_mb is None or m.uss_mb <= m.pss_mb <= m.rss_mb
-
-
-def test_jetson_stats_reading():
-    pytest.importorskip("jtop", reason="jetson-stats (jtop) is not installed")
-    if not is_jetson():
-        pytest.skip("not a Jetson (no /etc/nv_tegra_release): jetson-stats has nothing to read")
-    t = read_telemetry()
-    assert t.source == "jetson-stats", t.note
-    assert t.gpu_load_percent is not None and 0.0 <= t.gpu_load_percent <= 100.0
-    assert t.gpu_memory_mb is not None and t.gpu_memory_mb >= 0
-    assert t.power_mode

@@ -59,17 +59,11 @@ def test_seeded_and_deterministic() -> None:
         (lambda: A.gamma(5, float("nan"), 10), "cv2"),
         (lambda: A.from_spec("gamma:x", 5, 10), "gamma:CV2"),
         (lambda: A.from_spec("uniform", 5, 10), "unknown arrivals"),
-        (lambda: A.rate_series([1.0], 0), "interval_s"),
     ],
 )
 def test_bad_arguments_say_what_is_wrong(call, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         call()
-
-
-def test_rate_series() -> None:
-    r = A.rate_series(np.array([0.1, 0.2, 1.5, 3.9]), 1.0)
-    assert r.tolist() == [2.0, 1.0, 0.0, 1.0]
 
 
 def test_missing_trace_names_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

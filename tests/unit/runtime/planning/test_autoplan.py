@@ -54,11 +54,11 @@ def test_cli_plan_explain_prints_the_candidates_and_the_winner(chain_path: Path)
 
 def test_search_measured_replaces_the_estimates_of_the_best_candidates(chain_path: Path) -> None:
     from infscaler.runtime.planning.planner import search
-    from infscaler.runtime.planning.stageprofile import measure_units, search_measured
+    from infscaler.runtime.planning.stageprofile import measure_units_err, search_measured
     from infscaler.runtime.scaling.types import ResourceCap
 
     st = measure_model_stage(chain_path, threads=(1,), repeats=3)
-    ms = measure_units(chain_path, (1,), 1, repeats=3)
+    ms, _ = measure_units_err(chain_path, (1,), 1, repeats=3)
     assert len(ms) == 2 and all(v > 0 for v in ms)
     cap = ResourceCap(memory_cap_mb=float("inf"), memory_used_mb=0.0, max_instances={}, cores=2)
     est = search([st], 500.0, cap, cores=2, max_partitions=2)

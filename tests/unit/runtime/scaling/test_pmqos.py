@@ -17,9 +17,27 @@ from infscaler.runtime.scaling.pmqos import (
     CpuLatencyRequest,
     CpuLatencyUnavailable,
     can_request,
-    cpuidle_states,
 )
 from tests import REPO_ROOT
+
+
+def cpuidle_states(cpu: int = 0) -> list[dict[str, object]]:
+    """cpuidle states of ``cpu`` from sysfs: ``[{"name", "latency_us", "disabled"}]``
+    (empty where cpuidle is absent)."""
+    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cpuidle")
+    out = []
+    for d in sorted(root.glob("state*"), key=lambda p: int(p.name[5:])):
+        try:
+            out.append(
+                {
+                    "name": (d / "name").read_text().strip(),
+                    "latency_us": int((d / "latency").read_text()),
+                    "disabled": (d / "disable").read_text().strip() == "1",
+                }
+            )
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def test_writes_one_s32_in_microseconds_and_closes(tmp_path: Path):
