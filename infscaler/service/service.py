@@ -513,13 +513,16 @@ class Service(DeployMixin, ScaleMixin):
         priority: int | None = None,
         queue_timeout_us: int | None = None,
         uid: int | None = None,
+        slot: Any = None,
     ) -> concurrent.futures.Future:
         """Start a request; a future of :class:`~infscaler.runtime.serving.route.Result`.
         ``timeout_s`` / ``arrived_s``: the deadline, s, from ``arrived_s`` (a
         ``time.monotonic()`` time; default now; at most the pipeline's ``request_timeout_s``);
         ``priority`` / ``queue_timeout_us``: its level (never above its pipeline's) and
         Triton's queue ``timeout`` (µs), as :meth:`FrontEnd.submit`; ``uid``: the client's
-        uid, held to ``pending_per_uid`` (None: the service's own user, root or in-process).
+        uid, held to ``pending_per_uid`` (None: the service's own user, root or in-process);
+        ``slot``: the first slot ``inputs`` were read into, as :meth:`FrontEnd.submit`'s
+        (the caller releases it when this raises).
 
         Raises:
             ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout or
@@ -538,6 +541,7 @@ class Service(DeployMixin, ScaleMixin):
             priority=priority,
             queue_timeout_us=queue_timeout_us,
             uid=uid,
+            slot=slot,
         )
 
     def precheck(self, name: str, uid: int | None = None) -> RequestError | None:

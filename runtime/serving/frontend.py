@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import select
+import threading
 import time
 from typing import Any
 
@@ -37,7 +38,7 @@ from infscaler.base.threads import NamedThread
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
 from infscaler.runtime.serving.admission import ArrivalDecision
-from infscaler.runtime.serving.arrivals import first_slot
+from infscaler.runtime.serving.arrivals import EMPTY_TRACE, first_slot
 from infscaler.runtime.serving.backlog import (
     Step,
     backlog_step,
@@ -64,9 +65,9 @@ from infscaler.shm.client import InstanceClient
 from infscaler.shm.deadlines import DeadlineTable
 from infscaler.shm.slab import PoolError
 from infscaler.shm.slabmap import SlabMap
-from infscaler.shm.tensors import SlotFormatError, tensors_nbytes
+from infscaler.shm.tensors import SlotFormatError, allocate_tensors, tensors_nbytes
 
-__all__ = ["FrontEnd", "RequestError"]
+__all__ = ["FrontEnd", "LentSlot", "RequestError"]
 
 log = logging.getLogger("infscaler.frontend")
 
@@ -74,6 +75,44 @@ log = logging.getLogger("infscaler.frontend")
 _HANDOVER_TIMEOUT_S = 0.1
 #: the front end dies when this many loop turns failed within _ERROR_WINDOW_S seconds
 _MAX_ERRORS, _ERROR_WINDOW_S = 50, 5.0
+
+
+class LentSlot:
+    """A request's first slot lent before its body is read (:meth:`FrontEnd.lend_first_slot`):
+    one of the front end's idle out-tokens, laid out for the pipeline's first slot (its
+    front inputs, then the empty trace), so the reader writes each input's bytes straight
+    into :attr:`views` and the front end hands the slot over without a copy.
+
+    Attributes:
+        token: the out-token (the front end's, as a kept slot is: nothing was sent).
+        used: the bytes the layout takes (the DATA token's ``length``).
+        views: input name -> writable ``uint8`` view of its data in the slot.
+    """
+
+    __slots__ = ("_client", "_lock", "_state", "token", "used", "views")
+
+    def __init__(self, client: Any, token: Any, used: int, views: dict[str, memoryview]) -> None:
+        self._client, self.token, self.used, self.views = client, token, used, views
+        self._lock = threading.Lock()
+        self._state = "lent"  # -> "taken" (handed over) or "returned"
+
+    def take(self) -> bool:
+        """For the hand-over (the front end's thread): True once, unless released first."""
+        with self._lock:
+            if self._state != "lent":
+                return False
+            self._state = "taken"
+            return True
+
+    def release(self) -> None:
+        """Any thread, any number of times: the slot goes back to the front end's
+        out-tokens unless it was taken (handed over) or released already."""
+        with self._lock:
+            if self._state != "lent":
+                return
+            self._state = "returned"
+        self.views = {}
+        self._client.give_back(self.token)
 
 
 class FrontEnd:
@@ -165,6 +204,7 @@ class FrontEnd:
         priority: int | None = None,
         queue_timeout_us: int | None = None,
         uid: int | None = None,
+        slot: LentSlot | None = None,
     ) -> concurrent.futures.Future:
         """Queue a request; returns a future of :class:`~infscaler.runtime.serving.route.Result` (or :class:`RequestError`).
 
@@ -180,7 +220,10 @@ class FrontEnd:
         Triton's ``timeout`` parameter, µs, honoured with the queue policy's
         ``allow_timeout_override`` (:mod:`~infscaler.runtime.serving.queues`). ``uid``: the
         client's uid, counted against ``pending_per_uid`` (None: the service's own
-        user, root or an in-process caller, held to ``max_pending`` only).
+        user, root or an in-process caller, held to ``max_pending`` only). ``slot``: the
+        first slot from :meth:`lend_first_slot` that ``inputs`` are views of (written in
+        full): handed over as it is; it is released whenever the request ends before
+        that, a refusal here included.
 
         Raises:
             RequestError: (400) ``timeout_s`` not a positive finite number, ``priority``
@@ -195,32 +238,38 @@ class FrontEnd:
         """
         fut: concurrent.futures.Future = concurrent.futures.Future()
         config = route.pipeline.config
-        first, slot_bytes = first_slot(route, inputs, self.max_input_bytes)
         try:
-            level = request_level(priority, config.priority)
-        except ValueError as exc:
-            raise RequestError(str(exc), 400, "give priority 1 (highest) or more") from None
-        policy = config.queue_policy
-        queue_s = queue_timeout_s(
-            policy.default_timeout_ms,
-            policy.allow_timeout_override,
-            queue_timeout_us,
-            config.request_timeout_s,
-        )
-        p = self.intake.admit(
-            route,
-            first,
-            slot_bytes,
-            fut,
-            timeout_s=timeout_s,
-            arrived_s=arrived_s,
-            level=level,
-            uid=uid,
-            queue_s=queue_s,
-            order=self._backlog.next_order,
-            front=(self.failure, self._closing),
-            deadlines=self.deadlines,
-        )
+            first, slot_bytes = first_slot(route, inputs, self.max_input_bytes)
+            try:
+                level = request_level(priority, config.priority)
+            except ValueError as exc:
+                raise RequestError(str(exc), 400, "give priority 1 (highest) or more") from None
+            policy = config.queue_policy
+            queue_s = queue_timeout_s(
+                policy.default_timeout_ms,
+                policy.allow_timeout_override,
+                queue_timeout_us,
+                config.request_timeout_s,
+            )
+            p = self.intake.admit(
+                route,
+                first,
+                slot_bytes,
+                fut,
+                timeout_s=timeout_s,
+                arrived_s=arrived_s,
+                level=level,
+                uid=uid,
+                queue_s=queue_s,
+                order=self._backlog.next_order,
+                front=(self.failure, self._closing),
+                deadlines=self.deadlines,
+            )
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        p.slot = slot
         seq = p.seq
         route.stats.arrival()
         fut.add_done_callback(lambda f, seq=seq: self._on_future_done(f, seq))
@@ -238,6 +287,43 @@ class FrontEnd:
         :meth:`submit` would refuse too. A refusal is counted as :meth:`submit`'s are
         (:meth:`Intake.precheck <infscaler.runtime.serving.intake.Intake.precheck>`)."""
         return self.intake.precheck(route, uid, (self.failure, self._closing))
+
+    def lend_first_slot(
+        self, route: Route, inputs: dict[str, tuple[tuple[int, ...], np.dtype]]
+    ) -> LentSlot | None:
+        """Any thread: a first slot for a request of ``route`` whose ``inputs`` (name ->
+        ``(shape, dtype)``, the request's binary inputs) are known before their bytes
+        are read: an idle out-token of the front end laid out as :meth:`submit` would
+        write them (the pipeline's front inputs, then the empty trace). None (read the
+        bytes elsewhere) when the names are not exactly the front inputs, the layout is
+        refused, it is over :attr:`max_input_bytes`, or no out-token is large enough.
+        The caller writes every byte of :attr:`LentSlot.views` and passes it to
+        :meth:`submit`, or calls :meth:`LentSlot.release`.
+        """
+        front = route.pipeline.front_inputs
+        if len(inputs) != len(front) or any(n not in inputs for n in front):
+            return None
+        specs: dict[str, Any] = {n: inputs[n] for n in front}
+        specs[TRACE] = EMPTY_TRACE
+        try:
+            nbytes = tensors_nbytes(specs)
+        except SlotFormatError:
+            return None
+        limit = self.max_input_bytes
+        if (limit is not None and nbytes > limit) or self.failure is not None:
+            return None
+        lent = self.client.lend(nbytes)
+        if lent is None:
+            return None
+        token, view = lent
+        try:
+            arrays = allocate_tensors(view, specs)
+            np.copyto(arrays[TRACE], EMPTY_TRACE)
+            views = {n: memoryview(arrays[n].reshape(-1).view(np.uint8)) for n in front}
+        except BaseException:
+            self.client.give_back(token)
+            raise
+        return LentSlot(self.client, token, nbytes, views)
 
     @property
     def max_pending(self) -> int:
@@ -522,7 +608,14 @@ class FrontEnd:
                 pool_full = True  # requests in the pipelines must free slots first
                 continue
             try:
-                self._hand_over(tensors, route.stage_ids[0], p.seq << ITEM_BITS)
+                slot = p.slot
+                if slot is not None and slot.take():
+                    p.slot = None
+                    self.client.hand_over_lent(
+                        slot.token, route.stage_ids[0], p.seq << ITEM_BITS, slot.used
+                    )
+                else:
+                    self._hand_over(tensors, route.stage_ids[0], p.seq << ITEM_BITS)
             except BackPressureError:
                 self._note_wait(p, "backpressure")
                 waiting.append((key, p))
@@ -770,6 +863,8 @@ class FrontEnd:
         if self.deadlines is not None:  # drop what is left of it in every queue
             self.deadlines.cancel(p.seq)
         p.inputs = None
+        if p.slot is not None:  # never handed over: back to the out-tokens
+            p.slot.release()
         p.route.stats.record_failure(exc.status)
         self.counters["failed"] += 1
         with contextlib.suppress(concurrent.futures.InvalidStateError):
