@@ -497,9 +497,12 @@ class FrontEnd:
                 self.counters["loop_turns"] += 1
                 if not self._do_commands():
                     return None
-                self._receive()
-                self._expire()  # before the backlog: what it frees starts this turn
-                self._start_backlog()
+                # one send per turn at most for the control tokens (receipts, keeps,
+                # frees): they leave with the turn's first DATA / FAULT, else at its end
+                with self.client.batched():
+                    self._receive()
+                    self._expire()  # before the backlog: what it frees starts this turn
+                    self._start_backlog()
             except ChannelClosed:
                 log.info("front end: control channel closed")
                 return None if self._closing else "the control channel closed"
@@ -673,8 +676,9 @@ class FrontEnd:
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:
         """Take the tokens that came back (results, items, errors) and answer their
-        requests; their receipts and frees (or keeps) leave in one send at the end
-        (:meth:`~infscaler.shm.client.InstanceClient.batched`)."""
+        requests; their receipts and frees (or keeps) leave in one send, at the end of
+        the loop's turn or with its first DATA / FAULT (the next request's handover
+        carries them: :meth:`~infscaler.shm.client.InstanceClient.batched`)."""
         with self.client.batched():
             self._receive_all()
 
