@@ -269,7 +269,10 @@ class FrontEnd:
             if slot is not None:
                 slot.release()
             raise
-        p.slot = slot
+        if slot is not None:
+            p.slot = slot
+            if p.phase is RequestPhase.DONE:  # ended meanwhile (another thread): not sent
+                slot.release()
         seq = p.seq
         route.stats.arrival()
         fut.add_done_callback(lambda f, seq=seq: self._on_future_done(f, seq))
