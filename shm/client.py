@@ -111,13 +111,21 @@ class InstanceClient:
 
     # -- producer side ---------------------------------------------------------------------
     def acquire(
-        self, nbytes: int, request: int, timeout: float | None = 10.0, *, retry_busy: bool = True
+        self,
+        nbytes: int,
+        request: int,
+        timeout: float | None = 10.0,
+        *,
+        retry_busy: bool = True,
+        spare: bool = False,
     ) -> tuple[Token, memoryview]:
         """A slot of at least ``nbytes`` bytes (:func:`~infscaler.shm.tensors.tensors_nbytes`)
         for request ``request``'s output: the smallest fitting out-token, else a FAULT
         answered by GRANT; on BUSY, back off (doubling) and fault again until ``timeout``
         s (None: no limit); ``retry_busy`` False: the first BUSY raises at once (a caller
-        with other work, the front end, waits for a freed slot instead of polling).
+        with other work, the front end, waits for a freed slot instead of polling);
+        ``spare``: fault for a new slot first, leaving the out-tokens idle for
+        :meth:`lend` (the first BUSY, or no answer, and an out-token is taken after all).
 
         Returns:
             ``(slot token, writable view of the whole slot)``; the token's ``length`` is
@@ -131,15 +139,16 @@ class InstanceClient:
         """
         if not 0 <= request < NO_REQUEST:
             raise SharingError(f"request id {request} outside 0..2**64-2")
-        with self._out_lock:
-            tok = self._pop_out_token(nbytes)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        tok = None
+        if spare:
+            with contextlib.suppress(BackPressureError):
+                tok = self._fault(nbytes, request, deadline, retry_busy=False)
         if tok is None:
-            tok = self._fault(
-                nbytes,
-                request,
-                None if timeout is None else time.monotonic() + timeout,
-                retry_busy,
-            )
+            with self._out_lock:
+                tok = self._pop_out_token(nbytes)
+        if tok is None:
+            tok = self._fault(nbytes, request, deadline, retry_busy)
         self._acquired[(tok.slab, tok.slot)] = (tok, request)
         return tok, self._slabs.slot_view(tok)
 
@@ -253,9 +262,10 @@ class InstanceClient:
         timeout: float | None = 10.0,
         *,
         retry_busy: bool = True,
+        spare: bool = False,
     ) -> int:
         """Write named tensors into a slot and hand it to hop ``hop``: :meth:`acquire`
-        (OutToken queue or token fault), one copy in with
+        (OutToken queue or token fault; ``spare`` as there), one copy in with
         :func:`~infscaler.shm.tensors.write_tensors`, :meth:`hand_over`. A slot that
         cannot be written is given back (:meth:`discard`).
 
@@ -267,7 +277,9 @@ class InstanceClient:
             the slot layout refuses; SharingError / ChannelClosed as :meth:`acquire`.
         """
         nbytes = tensors_nbytes(tensors)
-        slot, view = self.acquire(nbytes, request, timeout=timeout, retry_busy=retry_busy)
+        slot, view = self.acquire(
+            nbytes, request, timeout=timeout, retry_busy=retry_busy, spare=spare
+        )
         try:
             length = write_tensors(view, tensors)
         except BaseException:

@@ -180,6 +180,10 @@ class FrontEnd:
         if getattr(pool, "free_listeners", None) is not None:
             pool.free_listeners.append(self._on_pool_free)
         self._closing = False
+        #: lends that found no idle out-token, for as many spare slots (_hand_over)
+        self._lend_misses = 0
+        #: answers of the token being received, set after its slot is done (_receive_all)
+        self._answers: list[tuple[concurrent.futures.Future, Result]] | None = None
         #: why the front end thread died (None while it runs)
         self.failure: str | None = None
         self.on_death = on_death
@@ -316,7 +320,8 @@ class FrontEnd:
         if (limit is not None and nbytes > limit) or self.failure is not None:
             return None
         lent = self.client.lend(nbytes)
-        if lent is None:
+        if lent is None:  # the next request read as before faults a new slot, a spare
+            self._lend_misses = min(self._lend_misses + 1, self.client.max_out_tokens)
             return None
         token, view = lent
         try:
@@ -668,13 +673,20 @@ class FrontEnd:
         polling in this thread): a new request waits in the backlog for the pool's next
         free (:meth:`_on_pool_free`); ``_HANDOVER_TIMEOUT_S`` bounds the wait for the
         manager's answer. ``retry`` (after a fan-in, where nothing waits in a backlog):
-        BUSY is retried with back-off for up to 20 ms."""
+        BUSY is retried with back-off for up to 20 ms. After lends that found no idle
+        out-token, a new slot is faulted first (``spare``: the pool grows by the slots
+        the readers lack, at most ``max_out_tokens`` at once)."""
         if retry:
             self.client.send_tensors(tensors, stage, request, timeout=0.02)
-        else:
-            self.client.send_tensors(
-                tensors, stage, request, timeout=_HANDOVER_TIMEOUT_S, retry_busy=False
-            )
+            return
+        # after a lend found no idle out-token: a new slot, so that the out-tokens this
+        # would take stay idle for the next request's reader (lend_first_slot)
+        spare = self._lend_misses > 0
+        self.client.send_tensors(
+            tensors, stage, request, timeout=_HANDOVER_TIMEOUT_S, retry_busy=False, spare=spare
+        )
+        if spare:
+            self._lend_misses = max(0, self._lend_misses - 1)
 
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:
@@ -709,9 +721,12 @@ class FrontEnd:
                         self._complete_error(p, RequestError(f"unreadable result slot: {exc}", 500))
                     self.client.done(bad, keep=False)
                 continue
+            answers: list[tuple[concurrent.futures.Future, Result]] = []
+            self._answers = answers
             try:
                 self._on_token(tok, tensors)
             finally:
+                self._answers = None
                 del tensors
                 # keep result slots for the next inputs (None: while the client holds
                 # fewer than max_out_tokens) only while the pool has room
@@ -721,6 +736,11 @@ class FrontEnd:
                     else False
                 )
                 self.client.done(tok, keep=keep)
+                # answered once the slot is kept: a client's next request, sent as soon as
+                # it reads this answer, finds it idle to read its inputs into
+                for fut, result in answers:
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
+                        fut.set_result(result)
 
     def _on_token(self, tok: Any, tensors: dict[str, np.ndarray]) -> None:
         seq, item = tok.request >> ITEM_BITS, tok.request & ITEM_MASK
@@ -861,8 +881,12 @@ class FrontEnd:
         p.route.record_estimate(p.estimate_ms, latency_ms, p.estimate_factor)
         p.route.record_compute(trace)
         self.counters["completed"] += 1
+        result = Result(outputs, trace, latency_ms, p.count)
+        if self._answers is not None:  # in _receive_all: set once its slot is done
+            self._answers.append((p.future, result))
+            return
         with contextlib.suppress(concurrent.futures.InvalidStateError):
-            p.future.set_result(Result(outputs, trace, latency_ms, p.count))
+            p.future.set_result(result)
 
     def _complete_error(self, p: PendingRequest, exc: RequestError) -> None:
         if not self._finish(p):

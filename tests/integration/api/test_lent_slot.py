@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -102,4 +103,35 @@ def test_inputs_are_read_into_the_slot_and_every_way_out_gives_it_back(served) -
     assert svc.manager.audit() == []
     with Client(sock) as c:
         np.testing.assert_array_equal(c.infer("chain", {"x": X}).outputs["y"], X * 2)
+    assert svc.manager.audit() == []
+
+
+def test_concurrent_clients_find_a_slot_idle_for_their_inputs(served) -> None:
+    # a closed loop of 4 clients: each answer's slot is kept before the answer is sent,
+    # and a request read without one makes the front end fault a spare, so most readers
+    # find a slot idle; every answer right, the audit clean
+    svc, sock = served
+    client = svc.frontend.client
+    lent: list[tuple] = []
+    hand_over_lent = client.hand_over_lent
+    client.hand_over_lent = lambda *a: (lent.append(a), hand_over_lent(*a))[1]  # type: ignore[method-assign]
+    errors: list[BaseException] = []
+
+    def loop(k: int) -> None:
+        try:
+            with Client(sock) as c:
+                for i in range(12):
+                    y = c.infer("chain", {"x": X + k + i}).outputs["y"]
+                    np.testing.assert_array_equal(y, (X + k + i) * 2)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(lent) >= 24, f"{len(lent)} of 48 requests were read into a lent slot"
+    _idle(svc)
     assert svc.manager.audit() == []
