@@ -1,8 +1,7 @@
 """The hot path before and after a change, in one run: the eBPF token handover's P50
-(``bench/handover.py``) and a served pipeline's closed-loop throughput and the service
-process's CPU per request (``bench/frontend_cpu.py``: one client, one-stage function
-pipeline, 602 KB FP32 input over the Unix-socket API), each measured on two commits of
-this repository.
+(``bench/handover.py``), a served pipeline's closed-loop throughput and its service's CPU
+per request (``bench/frontend_cpu.py``: one client, one-stage function pipeline, 602 KB
+FP32 input over the Unix-socket API), each measured on two commits of this repository.
 
 Nothing is installed: each commit's tree is unpacked from ``git archive`` into a
 directory of its own, and a second directory lays its package out as installed
