@@ -1,7 +1,7 @@
 """The hot path before and after a change, in one run: the eBPF token handover's P50
-(``bench/handover.py``) and a served pipeline's closed-loop throughput
-(``bench/frontend_cpu.py``: one client, one-stage function pipeline, 602 KB FP32 input
-over the Unix-socket API), each measured on two commits of this repository.
+(``bench/handover.py``), a served pipeline's closed-loop throughput and its service's CPU
+per request (``bench/frontend_cpu.py``: one client, one-stage function pipeline, 602 KB
+FP32 input over the Unix-socket API), each measured on two commits of this repository.
 
 Writes ``results/<--name>.json`` and ``.png`` (harness.Result: a point per round and side).
 
@@ -83,11 +83,13 @@ def handover_p50(side: dict, out_dir: Path) -> tuple[float, float]:
     return float(row["p50_us"]), busy
 
 
-def served_rps(side: dict, out_dir: Path, n: int) -> tuple[float, float]:
-    """Closed-loop requests per second of one client through the service (frontend_cpu)."""
+def served_rps(side: dict, out_dir: Path, n: int) -> tuple[float, float, float]:
+    """Closed-loop requests per second of one client through the service, the service
+    process's CPU per request, ms, and the host's busy cores (frontend_cpu)."""
     busy = run_side(side, "frontend_cpu.py", ["-n", str(n)], out_dir)
-    data = json.loads((out_dir / "frontend_cpu.json").read_text())
-    return 1000.0 / float(data["summary"]["client_latency_ms_mean"]), busy
+    summary = json.loads((out_dir / "frontend_cpu.json").read_text())["summary"]
+    rps = 1000.0 / float(summary["client_latency_ms_mean"])
+    return rps, float(summary["frontend_cpu_ms_per_request"]), busy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,15 +115,16 @@ def main(argv: list[str] | None = None) -> int:
                 out_dir = Path(tmp) / f"out-{side['name']}-{r}"
                 out_dir.mkdir()
                 p50, busy_h = handover_p50(side, out_dir)
-                rps, busy_s = served_rps(side, out_dir, args.n)
+                rps, cpu_ms, busy_s = served_rps(side, out_dir, args.n)
                 res.add(round=r, side=side["name"], commit=side["commit"],
                         ebpf_handover_p50_us=round(p50, 2), served_rps=round(rps, 2),
+                        served_cpu_ms_per_request=round(cpu_ms, 4),
                         host_busy_cores_handover=round(busy_h, 3),
                         host_busy_cores_served=round(busy_s, 3))  # fmt: skip
                 print(f"round {r} {side['name']:6s} {side['commit']}: handover P50 {p50:6.1f} µs, "
-                      f"served {rps:6.1f} req/s")  # fmt: skip
+                      f"served {rps:6.1f} req/s, {cpu_ms:.3f} ms CPU a request")  # fmt: skip
     summary = {}
-    for metric in ("ebpf_handover_p50_us", "served_rps"):
+    for metric in ("ebpf_handover_p50_us", "served_rps", "served_cpu_ms_per_request"):
         per = {s: [row[metric] for row in res.points if row["side"] == s] for s in commits}
         med = {s: statistics.median(v) for s, v in per.items()}
         spread = {s: round((max(v) - min(v)) / statistics.median(v), 3) for s, v in per.items()}
@@ -140,12 +143,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot(data: dict, path: Path) -> None:
-    """Each round's eBPF hand-over P50 and served req/s, before and after, one panel per
-    metric (``harness.plot``)."""
+    """Each round's eBPF hand-over P50, served req/s and CPU ms per request, before and
+    after, one panel per metric (``harness.plot``)."""
     c = data["summary"]["commits"]
     pts = [{"metric": m, "side": f"{r['side']} {c[r['side']]}", "round": r["round"], "v": r[m]}
-           for r in data["points"] for m in ("ebpf_handover_p50_us", "served_rps")]  # fmt: skip
-    harness.plot(pts, path, x="round", y="v", by="side", panel="metric", ylabel="µs or req/s")
+           for r in data["points"]
+           for m in ("ebpf_handover_p50_us", "served_rps", "served_cpu_ms_per_request")
+           if m in r]  # fmt: skip
+    harness.plot(pts, path, x="round", y="v", by="side", panel="metric", ylabel="µs, req/s or ms")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -45,9 +46,10 @@ _DATA, _FAULT, _GRANT, _FREE, _BUSY, _ERROR = (
 
 class InstanceClient:
     """The instance side of tensor sharing (InfScaler §IV-B, Fig. 4). One per instance,
-    used from one thread; every call that reads the socket also answers what the
-    protocol asks (receipts, sync echoes), so an instance idle for long should call
-    :meth:`poll` now and then.
+    used from one thread (but :meth:`lend` and :meth:`give_back`, which any thread may
+    call); every call that reads the socket also answers what the protocol asks
+    (receipts, sync echoes), so an instance idle for long should call :meth:`poll` now
+    and then.
 
     Args:
         endpoint: the instance's :class:`~infscaler.ebpf.channel.Endpoint`.
@@ -81,6 +83,7 @@ class InstanceClient:
         self._inputs: collections.deque[Token] = collections.deque()  # received, not returned
         self._reading: dict[tuple[int, int], Token] = {}  # returned by recv_input, not done
         self._out: list[Token] = []  # OutToken queue: idle writer slots (length = capacity)
+        self._out_lock = threading.Lock()  # _out: lend() / give_back() come from other threads
         self._acquired: dict[tuple[int, int], tuple[Token, int]] = {}  # slot -> (token, request)
         self._notices: collections.deque[Token] = collections.deque()
         self._awaiting: int | None = None  # request of the outstanding FAULT
@@ -108,13 +111,21 @@ class InstanceClient:
 
     # -- producer side ---------------------------------------------------------------------
     def acquire(
-        self, nbytes: int, request: int, timeout: float | None = 10.0, *, retry_busy: bool = True
+        self,
+        nbytes: int,
+        request: int,
+        timeout: float | None = 10.0,
+        *,
+        retry_busy: bool = True,
+        spare: bool = False,
     ) -> tuple[Token, memoryview]:
         """A slot of at least ``nbytes`` bytes (:func:`~infscaler.shm.tensors.tensors_nbytes`)
         for request ``request``'s output: the smallest fitting out-token, else a FAULT
         answered by GRANT; on BUSY, back off (doubling) and fault again until ``timeout``
         s (None: no limit); ``retry_busy`` False: the first BUSY raises at once (a caller
-        with other work, the front end, waits for a freed slot instead of polling).
+        with other work, the front end, waits for a freed slot instead of polling);
+        ``spare``: fault for a new slot first, leaving the out-tokens idle for
+        :meth:`lend` (the first BUSY, or no answer, and an out-token is taken after all).
 
         Returns:
             ``(slot token, writable view of the whole slot)``; the token's ``length`` is
@@ -128,14 +139,16 @@ class InstanceClient:
         """
         if not 0 <= request < NO_REQUEST:
             raise SharingError(f"request id {request} outside 0..2**64-2")
-        tok = self._pop_out_token(nbytes)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        tok = None
+        if spare:
+            with contextlib.suppress(BackPressureError):
+                tok = self._fault(nbytes, request, deadline, retry_busy=False)
         if tok is None:
-            tok = self._fault(
-                nbytes,
-                request,
-                None if timeout is None else time.monotonic() + timeout,
-                retry_busy,
-            )
+            with self._out_lock:
+                tok = self._pop_out_token(nbytes)
+        if tok is None:
+            tok = self._fault(nbytes, request, deadline, retry_busy)
         self._acquired[(tok.slab, tok.slot)] = (tok, request)
         return tok, self._slabs.slot_view(tok)
 
@@ -203,12 +216,13 @@ class InstanceClient:
 
     def _release_unfitting(self, nbytes: int) -> None:
         """At the cap, out-tokens too small to use go back to the pool."""
-        keep = [t for t in self._out if t.length >= nbytes]
-        for t in self._out:
-            if t.length < nbytes:
-                self._tx.append(self._free_frame(t, NO_REQUEST))
-                self.counters["frees"] += 1
-        self._out = keep
+        with self._out_lock:
+            keep = [t for t in self._out if t.length >= nbytes]
+            for t in self._out:
+                if t.length < nbytes:
+                    self._tx.append(self._free_frame(t, NO_REQUEST))
+                    self.counters["frees"] += 1
+            self._out = keep
         self._flush()
 
     def hand_over(self, slot: Token, hop: int, request: int, length: int) -> None:
@@ -248,9 +262,10 @@ class InstanceClient:
         timeout: float | None = 10.0,
         *,
         retry_busy: bool = True,
+        spare: bool = False,
     ) -> int:
         """Write named tensors into a slot and hand it to hop ``hop``: :meth:`acquire`
-        (OutToken queue or token fault), one copy in with
+        (OutToken queue or token fault; ``spare`` as there), one copy in with
         :func:`~infscaler.shm.tensors.write_tensors`, :meth:`hand_over`. A slot that
         cannot be written is given back (:meth:`discard`).
 
@@ -262,7 +277,9 @@ class InstanceClient:
             the slot layout refuses; SharingError / ChannelClosed as :meth:`acquire`.
         """
         nbytes = tensors_nbytes(tensors)
-        slot, view = self.acquire(nbytes, request, timeout=timeout, retry_busy=retry_busy)
+        slot, view = self.acquire(
+            nbytes, request, timeout=timeout, retry_busy=retry_busy, spare=spare
+        )
         try:
             length = write_tensors(view, tensors)
         except BaseException:
@@ -287,13 +304,45 @@ class InstanceClient:
 
     def release_out_tokens(self) -> int:
         """FREE every idle out-token (scale-in, shutdown). Returns how many."""
-        n = len(self._out)
-        for t in self._out:
-            self._tx.append(self._free_frame(t, NO_REQUEST))
-        self.counters["frees"] += n
-        self._out = []
+        with self._out_lock:
+            n = len(self._out)
+            for t in self._out:
+                self._tx.append(self._free_frame(t, NO_REQUEST))
+            self.counters["frees"] += n
+            self._out = []
         self._flush()
         return n
+
+    def lend(self, nbytes: int) -> tuple[Token, memoryview] | None:
+        """Any thread: the smallest idle out-token of at least ``nbytes`` bytes, taken off
+        the OutToken queue, and a writable view of its whole slot; None when none fits
+        (nothing is sent: the slot stays this instance's, as a kept out-token is). The
+        borrower writes it and has it handed over by this client's thread
+        (:meth:`hand_over_lent`) or returns it (:meth:`give_back`), once.
+        """
+        with self._out_lock:
+            tok = self._pop_out_token(nbytes)
+        if tok is None:
+            return None
+        return tok, self._slabs.slot_view(tok)
+
+    def give_back(self, token: Token) -> None:
+        """Any thread: an out-token from :meth:`lend` back on the OutToken queue
+        (unwritten or written, never handed over)."""
+        with self._out_lock:
+            self._out.append(token)
+
+    def hand_over_lent(self, token: Token, hop: int, request: int, length: int) -> None:
+        """Hand a written out-token from :meth:`lend` to hop ``hop`` for ``request``
+        (``length`` bytes used), as :meth:`acquire` + :meth:`hand_over` would.
+
+        Raises:
+            SharingError / ChannelClosed / TimeoutError: as :meth:`hand_over`.
+        """
+        if not 0 <= request < NO_REQUEST:
+            raise SharingError(f"request id {request} outside 0..2**64-2")
+        self._acquired[(token.slab, token.slot)] = (token, request)
+        self.hand_over(token, hop, request, length)
 
     # -- consumer side ---------------------------------------------------------------------
     def recv_input(self, timeout: float | None = None) -> tuple[Token, dict[str, np.ndarray]]:
@@ -355,18 +404,18 @@ class InstanceClient:
                     tok.request,
                 )
             )
-            self._out.append(
-                Token(
-                    _GRANT,
-                    self.hop,
-                    tok.slab,
-                    self.instance,
-                    tok.slot,
-                    tok.offset,
-                    capacity,
-                    NO_REQUEST,
-                )
+            kept = Token(
+                _GRANT,
+                self.hop,
+                tok.slab,
+                self.instance,
+                tok.slot,
+                tok.offset,
+                capacity,
+                NO_REQUEST,
             )
+            with self._out_lock:
+                self._out.append(kept)
             self.counters["keeps"] += 1
         else:
             self._send_free(tok, tok.request)

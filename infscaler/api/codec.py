@@ -45,6 +45,7 @@ from infscaler.api.codec_tensors import (
     deserialize_bytes,
     dumps,
     from_json_data,
+    is_int,
     json_default,
     serialize_bytes,
     tensor_from_bytes,
@@ -238,6 +239,50 @@ def _check_spec(spec: TensorSpec, datatype: str, shape: list[int], where: str) -
         raise ProtocolError(
             f"{where}: shape {shape} does not match the model's {list(spec.shape)} (-1: any size)"
         )
+
+
+#: keys of an input's parameters that put its data in system shared memory
+_SHM_PARAMS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+
+
+def binary_inputs(header: bytes) -> list[tuple[str, np.dtype, tuple[int, ...], int]] | None:
+    """The inputs of a request whose JSON part is ``header``, when every one travels as
+    binary tensor data of a fixed-size datatype (not BYTES or BOOL): ``(name, dtype,
+    shape, binary_data_size)`` each, in the order their bytes follow the header; None
+    when any does not (or the header is not such JSON), and the body is then decoded
+    as usual. A plan only: it never raises, and :func:`decode_infer_request` checks
+    everything again (sizes here match each shape, names are unique)."""
+    try:
+        doc = parse_json(header, "request", len(header))
+    except ProtocolError:
+        return None
+    items = doc.get("inputs")
+    if not isinstance(items, list) or not items:
+        return None
+    out: list[tuple[str, np.dtype, tuple[int, ...], int]] = []
+    for item in items:
+        if not isinstance(item, dict) or "data" in item:
+            return None
+        name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
+        p = item.get("parameters")
+        if (
+            not isinstance(name, str)
+            or datatype in ("BYTES", "BOOL")
+            or datatype not in DATATYPES
+            or not isinstance(p, dict)
+            or any(k in p for k in _SHM_PARAMS)
+            or not isinstance(shape, list)
+            or not all(is_int(d) and d >= 0 for d in shape)
+        ):
+            return None
+        dtype = DATATYPES[datatype]
+        size = p.get("binary_data_size")
+        if not is_int(size) or size != math.prod(shape) * dtype.itemsize:
+            return None
+        out.append((name, dtype, tuple(int(d) for d in shape), int(size)))
+    if len({name for name, *_ in out}) != len(out):
+        return None
+    return out
 
 
 def decode_infer_request(

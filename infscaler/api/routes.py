@@ -2,7 +2,9 @@
 status and metrics (the handlers; :func:`infscaler.api.server.create_app` maps the URLs).
 
 An inference request (``POST /v2/models/{name}/infer``, :func:`infer`): the body is read
-once into a buffer of its ``Content-Length`` (:func:`read_body`), decoded against the
+once into a buffer of its ``Content-Length`` (:func:`read_body`), or, binary tensor data
+of fixed-size datatypes for a pipeline, its JSON part first and then each input's bytes
+straight into the request's first pool slot (:func:`read_into_slot`), decoded against the
 pipeline's inputs (:func:`infscaler.api.codec.decode_infer_request`: JSON, binary tensor
 data or system shared memory), submitted to the service (a future of the front end's
 :class:`~infscaler.runtime.serving.route.Result`), and the result encoded
@@ -28,6 +30,7 @@ import infscaler
 from infscaler.api.codec import (
     ProtocolError,
     TensorSpec,
+    binary_inputs,
     decode_infer_request,
     encode_infer_response,
     parse_header_length,
@@ -190,21 +193,29 @@ async def infer(request: web.Request) -> web.Response:
     check_version(request)
     uid = quota_uid(peer_of(request))  # held to pending_per_uid
     specs = [TensorSpec(i.name, i.datatype, list(i.shape)) for i in dep.pipeline.inputs]
-    req = await _read_infer_request(request, specs)
-    timeout_s = parse_timeout_ms(req.parameters)
-    priority, queue_timeout_us = parse_queue_params(req.parameters)
+    req, slot = await _read_infer_request(request, specs, _lender(service, dep))
     try:
-        fut = service.submit(
-            name,
-            slot_arrays(req.inputs),
-            timeout_s,
-            request.get(ARRIVED),
-            priority=priority,
-            queue_timeout_us=queue_timeout_us,
-            uid=uid,
-        )
-    except InfScalerError as exc:
-        await hold_refusal(exc)
+        timeout_s = parse_timeout_ms(req.parameters)
+        priority, queue_timeout_us = parse_queue_params(req.parameters)
+        try:
+            fut = service.submit(
+                name,
+                slot_arrays(req.inputs),
+                timeout_s,
+                request.get(ARRIVED),
+                priority=priority,
+                queue_timeout_us=queue_timeout_us,
+                uid=uid,
+                **({} if slot is None else {"slot": slot}),
+            )
+        except InfScalerError as exc:
+            if slot is not None:
+                slot.release()
+            await hold_refusal(exc)
+            raise
+    except BaseException:
+        if slot is not None:  # the service did not take it (release is idempotent)
+            slot.release()
         raise
     result = await asyncio.wrap_future(fut)
     return _infer_response(request, req, name, dep, result, {})
@@ -216,7 +227,7 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     inputs and routed by :func:`~infscaler.api.taskroute.infer_task` (as gRPC's
     ModelInfer routes it); the response's parameters name the variant (``variant``,
     ``meets_requirements``, ``selection``, ``selection_reason``, ...)."""
-    req = await _read_infer_request(request, task_specs(router, task))
+    req, _ = await _read_infer_request(request, task_specs(router, task))
     result, dep, extra = await infer_task(
         router,
         task,
@@ -229,23 +240,155 @@ async def _infer_task(request: web.Request, router: Any, task: str) -> web.Respo
     return _infer_response(request, req, task, dep, result, extra)
 
 
-async def _read_infer_request(request: web.Request, specs: list[Any]) -> Any:
-    """The request's body, read (:func:`read_body`) and decoded against the input
+def _lender(service: Any, dep: Any) -> Any:
+    """``inputs -> LentSlot | None`` for ``dep``'s first slot (the front end's
+    :meth:`~infscaler.runtime.serving.frontend.FrontEnd.lend_first_slot`), or None for a
+    service without one."""
+    lend = getattr(getattr(service, "frontend", None), "lend_first_slot", None)
+    route = getattr(dep, "route", None)
+    if lend is None or route is None:
+        return None
+    return lambda inputs: lend(route, inputs)
+
+
+async def _read_infer_request(
+    request: web.Request, specs: list[Any], lend: Any = None
+) -> tuple[Any, Any]:
+    """``(request, slot)``: the request's body, read (:func:`read_body`, or with
+    ``lend`` :func:`read_into_slot` where it applies) and decoded against the input
     ``specs`` (JSON, binary tensor data after ``Inference-Header-Content-Length``, or
-    this client's shared memory regions); binary inputs are views of the body.
+    this client's shared memory regions); binary inputs are views of the body, or of
+    ``slot`` (a :class:`~infscaler.runtime.serving.frontend.LentSlot`, else None), which
+    the caller passes on or releases.
 
     Raises:
         ProtocolError: (400) a malformed header, body or tensor.
     """
     header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"))
+    if lend is not None and header_length is not None:
+        read = await read_into_slot(request, specs, header_length, lend)
+        if read is not None:
+            return read
     body = await read_body(request, binary=header_length is not None)
     json_limit = int(request.app[LIMITS].max_json_mb * (1 << 20))
     json_size = len(body) if header_length is None else min(header_length, len(body))
     if json_size > json_limit:  # a chunked body: its length is known only now
         raise ProtocolError(json_too_large(json_size, json_limit), 413)
-    return decode_infer_request(
+    req = decode_infer_request(
         body, header_length=header_length, input_specs=specs, shm=shm_of(request), copy=False
     )
+    return req, None
+
+
+class _BodyReader:
+    """A body of Content-Length ``n`` read in order into the caller's buffers, chunk by
+    chunk as it arrives (a chunk that spans two buffers is split between them); its
+    errors are :func:`read_body`'s."""
+
+    def __init__(self, request: web.Request, n: int) -> None:
+        self.content, self.n, self.pos = request.content, n, 0
+        self.rest = memoryview(b"")
+
+    async def into(self, view: memoryview) -> None:
+        """Fill ``view`` (bytes) with the body's next ``len(view)`` bytes.
+
+        Raises:
+            HTTPBadRequest: the body ended, or the connection was lost, first.
+        """
+        filled, want = 0, len(view)
+        while filled < want:
+            if not self.rest:
+                try:
+                    chunk = await self.content.readany()
+                except (ConnectionError, EOFError) as exc:  # the client went away mid-body
+                    raise web.HTTPBadRequest(
+                        reason=f"the connection was lost after {self.pos} of the body's "
+                        f"{self.n} bytes ({exc})"
+                    ) from None
+                if not chunk:
+                    raise web.HTTPBadRequest(
+                        reason=f"the body ended after {self.pos} of its Content-Length "
+                        f"{self.n} bytes"
+                    )
+                self.rest = memoryview(chunk)
+            k = min(want - filled, len(self.rest))
+            view[filled : filled + k] = self.rest[:k]
+            self.rest = self.rest[k:]
+            filled += k
+            self.pos += k
+
+    def check_end(self) -> None:
+        """Every byte was taken (the HTTP parser holds a body to its Content-Length).
+
+        Raises:
+            HTTPBadRequest: bytes past it.
+        """
+        if self.rest:
+            raise web.HTTPBadRequest(reason=f"the body is longer than its Content-Length {self.n}")
+
+
+async def read_into_slot(
+    request: web.Request, specs: list[Any], header_length: int, lend: Any
+) -> tuple[Any, Any] | None:
+    """A binary tensor data request read with its tensors' bytes going straight into
+    the request's first pool slot: its JSON part is read first; when every input is
+    binary data of a fixed-size datatype (:func:`~infscaler.api.codec.binary_inputs`,
+    their sizes adding up to the rest of the body) and ``lend`` gives a slot for them,
+    each input's bytes are read into its place in the slot and the request is decoded
+    from those views (``(request, slot)``); else the rest is read after the JSON into
+    one buffer as :func:`read_body` does (``(request, None)``). None, with nothing read:
+    a body this does not take (no Content-Length, over a limit, a JSON part over
+    ``max_json_mb`` or past the body: :func:`read_body`'s path answers it as before).
+    The slot is released on any error; decoding and its errors are those of
+    :func:`~infscaler.api.codec.decode_infer_request`.
+
+    Raises:
+        HTTPBadRequest: (400) the body ended before its Content-Length, or the connection
+            was lost meanwhile; ProtocolError: (400) as decoding.
+    """
+    n = request.content_length
+    limit = request.app[MAX_BODY] << 20
+    json_limit = int(request.app[LIMITS].max_json_mb * (1 << 20))
+    if (
+        n is None
+        or request.can_read_body is False
+        or (limit and n > limit)
+        or not 0 < header_length <= min(n, json_limit)
+    ):
+        return None
+    reader = _BodyReader(request, n)
+    header = bytearray(header_length)
+    await reader.into(memoryview(header))
+    plan = binary_inputs(header)
+    slot = None
+    if plan is not None and sum(size for *_, size in plan) == n - header_length:
+        slot = lend({name: (shape, dtype) for name, dtype, shape, _ in plan})
+    shm = shm_of(request)
+    if slot is None:
+        body = memoryview(np.empty(n, np.uint8).data)
+        body[:header_length] = header
+        await reader.into(body[header_length:])
+        reader.check_end()
+        req = decode_infer_request(
+            body, header_length=header_length, input_specs=specs, shm=shm, copy=False
+        )
+        return req, None
+    try:
+        for name, *_ in plan:
+            await reader.into(slot.views[name])
+        reader.check_end()
+        req = decode_infer_request(
+            bytes(header),
+            header_length=header_length,
+            input_specs=specs,
+            shm=shm,
+            copy=False,
+            parts=[slot.views[name] for name, *_ in plan],
+        )
+    except BaseException:
+        slot.release()
+        raise
+    return req, slot
 
 
 def json_part_of(request: web.Request) -> int | None:

@@ -475,10 +475,12 @@ class Service(DeployMixin, ScaleMixin):
         priority: int | None = None,
         queue_timeout_us: int | None = None,
         uid: int | None = None,
+        slot: Any = None,
     ) -> concurrent.futures.Future:
         """Start a request; a future of :class:`~infscaler.runtime.serving.route.Result`.
-        Arguments as :meth:`FrontEnd.submit`; ``uid``: the client's uid (None: the service's
-        own user, root or in-process).
+        Arguments as :meth:`FrontEnd.submit` (``slot``: the first slot ``inputs`` were read
+        into; the caller releases it when this raises); ``uid``: the client's uid (None: the
+        service's own user, root or in-process).
 
         Raises:
             ServiceError: (404) unknown pipeline; RequestError (400) a bad timeout or
@@ -496,6 +498,7 @@ class Service(DeployMixin, ScaleMixin):
             priority=priority,
             queue_timeout_us=queue_timeout_us,
             uid=uid,
+            slot=slot,
         )
 
     def precheck(self, name: str, uid: int | None = None) -> RequestError | None:

@@ -46,7 +46,8 @@ __all__ = [
     "refusal_error",
 ]
 
-_EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
+#: the trace a request's first slot starts with (no rows yet)
+EMPTY_TRACE = np.zeros((0, 4), dtype=np.int64)
 
 #: refusals that count in the pipeline's offered load (its ``rejected`` statistics)
 COUNTED_REFUSALS = frozenset(
@@ -263,7 +264,7 @@ def first_slot(
         RequestError: (413) larger than ``limit`` bytes (None: no limit).
     """
     first = {n: inputs[n] for n in route.pipeline.front_inputs}
-    first[TRACE] = _EMPTY_TRACE
+    first[TRACE] = EMPTY_TRACE
     try:
         nbytes = tensors_nbytes(first)
     except SlotFormatError:

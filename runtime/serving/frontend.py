@@ -37,7 +37,7 @@ from infscaler.base.threads import NamedThread
 from infscaler.ebpf.channel import Endpoint
 from infscaler.ebpf.errors import ChannelClosed
 from infscaler.runtime.serving.admission import ArrivalDecision
-from infscaler.runtime.serving.arrivals import first_slot
+from infscaler.runtime.serving.arrivals import EMPTY_TRACE, first_slot
 from infscaler.runtime.serving.backlog import (
     Step,
     backlog_step,
@@ -47,6 +47,7 @@ from infscaler.runtime.serving.backlog import (
     queue_timeout_error,
 )
 from infscaler.runtime.serving.intake import Intake
+from infscaler.runtime.serving.lentslot import LentSlot
 from infscaler.runtime.serving.pipeline import (
     ERROR,
     FANOUT,
@@ -64,9 +65,9 @@ from infscaler.shm.client import InstanceClient
 from infscaler.shm.deadlines import DeadlineTable
 from infscaler.shm.slab import PoolError
 from infscaler.shm.slabmap import SlabMap
-from infscaler.shm.tensors import SlotFormatError, tensors_nbytes
+from infscaler.shm.tensors import SlotFormatError, allocate_tensors, tensors_nbytes
 
-__all__ = ["FrontEnd", "RequestError"]
+__all__ = ["FrontEnd", "LentSlot", "RequestError"]
 
 log = logging.getLogger("infscaler.frontend")
 
@@ -141,6 +142,10 @@ class FrontEnd:
         if getattr(pool, "free_listeners", None) is not None:
             pool.free_listeners.append(self._on_pool_free)
         self._closing = False
+        #: lends that found no idle out-token, for as many spare slots (_hand_over)
+        self._lend_misses = 0
+        #: answers of the token being received, set after its slot is done (_receive_all)
+        self._answers: list[tuple[concurrent.futures.Future, Result]] | None = None
         #: why the front end thread died (None while it runs)
         self.failure: str | None = None
         self.on_death = on_death
@@ -165,6 +170,7 @@ class FrontEnd:
         priority: int | None = None,
         queue_timeout_us: int | None = None,
         uid: int | None = None,
+        slot: LentSlot | None = None,
     ) -> concurrent.futures.Future:
         """Queue a request; returns a future of :class:`~infscaler.runtime.serving.route.Result` (or :class:`RequestError`).
 
@@ -180,7 +186,10 @@ class FrontEnd:
         Triton's ``timeout`` parameter, µs, honoured with the queue policy's
         ``allow_timeout_override`` (:mod:`~infscaler.runtime.serving.queues`). ``uid``: the
         client's uid, counted against ``pending_per_uid`` (None: the service's own
-        user, root or an in-process caller, held to ``max_pending`` only).
+        user, root or an in-process caller, held to ``max_pending`` only). ``slot``: the
+        first slot from :meth:`lend_first_slot` that ``inputs`` are views of (written in
+        full): handed over as it is; it is released whenever the request ends before
+        that, a refusal here included.
 
         Raises:
             RequestError: (400) ``timeout_s`` not a positive finite number, ``priority``
@@ -195,32 +204,41 @@ class FrontEnd:
         """
         fut: concurrent.futures.Future = concurrent.futures.Future()
         config = route.pipeline.config
-        first, slot_bytes = first_slot(route, inputs, self.max_input_bytes)
         try:
-            level = request_level(priority, config.priority)
-        except ValueError as exc:
-            raise RequestError(str(exc), 400, "give priority 1 (highest) or more") from None
-        policy = config.queue_policy
-        queue_s = queue_timeout_s(
-            policy.default_timeout_ms,
-            policy.allow_timeout_override,
-            queue_timeout_us,
-            config.request_timeout_s,
-        )
-        p = self.intake.admit(
-            route,
-            first,
-            slot_bytes,
-            fut,
-            timeout_s=timeout_s,
-            arrived_s=arrived_s,
-            level=level,
-            uid=uid,
-            queue_s=queue_s,
-            order=self._backlog.next_order,
-            front=(self.failure, self._closing),
-            deadlines=self.deadlines,
-        )
+            first, slot_bytes = first_slot(route, inputs, self.max_input_bytes)
+            try:
+                level = request_level(priority, config.priority)
+            except ValueError as exc:
+                raise RequestError(str(exc), 400, "give priority 1 (highest) or more") from None
+            policy = config.queue_policy
+            queue_s = queue_timeout_s(
+                policy.default_timeout_ms,
+                policy.allow_timeout_override,
+                queue_timeout_us,
+                config.request_timeout_s,
+            )
+            p = self.intake.admit(
+                route,
+                first,
+                slot_bytes,
+                fut,
+                timeout_s=timeout_s,
+                arrived_s=arrived_s,
+                level=level,
+                uid=uid,
+                queue_s=queue_s,
+                order=self._backlog.next_order,
+                front=(self.failure, self._closing),
+                deadlines=self.deadlines,
+            )
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        if slot is not None:
+            p.slot = slot
+            if p.phase is RequestPhase.DONE:  # ended meanwhile (another thread): not sent
+                slot.release()
         seq = p.seq
         route.stats.arrival()
         fut.add_done_callback(lambda f, seq=seq: self._on_future_done(f, seq))
@@ -238,6 +256,44 @@ class FrontEnd:
         :meth:`submit` would refuse too. A refusal is counted as :meth:`submit`'s are
         (:meth:`Intake.precheck <infscaler.runtime.serving.intake.Intake.precheck>`)."""
         return self.intake.precheck(route, uid, (self.failure, self._closing))
+
+    def lend_first_slot(
+        self, route: Route, inputs: dict[str, tuple[tuple[int, ...], np.dtype]]
+    ) -> LentSlot | None:
+        """Any thread: a first slot for a request of ``route`` whose ``inputs`` (name ->
+        ``(shape, dtype)``, the request's binary inputs) are known before their bytes
+        are read: an idle out-token of the front end laid out as :meth:`submit` would
+        write them (the pipeline's front inputs, then the empty trace). None (read the
+        bytes elsewhere) when the names are not exactly the front inputs, the layout is
+        refused, it is over :attr:`max_input_bytes`, or no out-token is large enough.
+        The caller writes every byte of :attr:`LentSlot.views` and passes it to
+        :meth:`submit`, or calls :meth:`LentSlot.release`.
+        """
+        front = route.pipeline.front_inputs
+        if len(inputs) != len(front) or any(n not in inputs for n in front):
+            return None
+        specs: dict[str, Any] = {n: inputs[n] for n in front}
+        specs[TRACE] = EMPTY_TRACE
+        try:
+            nbytes = tensors_nbytes(specs)
+        except SlotFormatError:
+            return None
+        limit = self.max_input_bytes
+        if (limit is not None and nbytes > limit) or self.failure is not None:
+            return None
+        lent = self.client.lend(nbytes)
+        if lent is None:  # the next request read as before faults a new slot, a spare
+            self._lend_misses = min(self._lend_misses + 1, self.client.max_out_tokens)
+            return None
+        token, view = lent
+        try:
+            arrays = allocate_tensors(view, specs)
+            np.copyto(arrays[TRACE], EMPTY_TRACE)
+            views = {n: memoryview(arrays[n].reshape(-1).view(np.uint8)) for n in front}
+        except BaseException:
+            self.client.give_back(token)
+            raise
+        return LentSlot(self.client, token, nbytes, views)
 
     @property
     def max_pending(self) -> int:
@@ -411,9 +467,12 @@ class FrontEnd:
                 self.counters["loop_turns"] += 1
                 if not self._do_commands():
                     return None
-                self._receive()
-                self._expire()  # before the backlog: what it frees starts this turn
-                self._start_backlog()
+                # one send per turn at most for the control tokens (receipts, keeps,
+                # frees): they leave with the turn's first DATA / FAULT, else at its end
+                with self.client.batched():
+                    self._receive()
+                    self._expire()  # before the backlog: what it frees starts this turn
+                    self._start_backlog()
             except ChannelClosed:
                 log.info("front end: control channel closed")
                 return None if self._closing else "the control channel closed"
@@ -522,7 +581,14 @@ class FrontEnd:
                 pool_full = True  # requests in the pipelines must free slots first
                 continue
             try:
-                self._hand_over(tensors, route.stage_ids[0], p.seq << ITEM_BITS)
+                slot = p.slot
+                if slot is not None and slot.take():
+                    p.slot = None
+                    self.client.hand_over_lent(
+                        slot.token, route.stage_ids[0], p.seq << ITEM_BITS, slot.used
+                    )
+                else:
+                    self._hand_over(tensors, route.stage_ids[0], p.seq << ITEM_BITS)
             except BackPressureError:
                 self._note_wait(p, "backpressure")
                 waiting.append((key, p))
@@ -569,19 +635,27 @@ class FrontEnd:
         polling in this thread): a new request waits in the backlog for the pool's next
         free (:meth:`_on_pool_free`); ``_HANDOVER_TIMEOUT_S`` bounds the wait for the
         manager's answer. ``retry`` (after a fan-in, where nothing waits in a backlog):
-        BUSY is retried with back-off for up to 20 ms."""
+        BUSY is retried with back-off for up to 20 ms. After lends that found no idle
+        out-token, a new slot is faulted first (``spare``: the pool grows by the slots
+        the readers lack, at most ``max_out_tokens`` at once)."""
         if retry:
             self.client.send_tensors(tensors, stage, request, timeout=0.02)
-        else:
-            self.client.send_tensors(
-                tensors, stage, request, timeout=_HANDOVER_TIMEOUT_S, retry_busy=False
-            )
+            return
+        # after a lend found no idle out-token: a new slot, so that the out-tokens this
+        # would take stay idle for the next request's reader (lend_first_slot)
+        spare = self._lend_misses > 0
+        self.client.send_tensors(
+            tensors, stage, request, timeout=_HANDOVER_TIMEOUT_S, retry_busy=False, spare=spare
+        )
+        if spare:
+            self._lend_misses = max(0, self._lend_misses - 1)
 
     # -- receiving ---------------------------------------------------------------------------
     def _receive(self) -> None:
         """Take the tokens that came back (results, items, errors) and answer their
-        requests; their receipts and frees (or keeps) leave in one send at the end
-        (:meth:`~infscaler.shm.client.InstanceClient.batched`)."""
+        requests; their receipts and frees (or keeps) leave in one send, at the end of
+        the loop's turn or with its first DATA / FAULT (the next request's handover
+        carries them: :meth:`~infscaler.shm.client.InstanceClient.batched`)."""
         with self.client.batched():
             self._receive_all()
 
@@ -609,9 +683,12 @@ class FrontEnd:
                         self._complete_error(p, RequestError(f"unreadable result slot: {exc}", 500))
                     self.client.done(bad, keep=False)
                 continue
+            answers: list[tuple[concurrent.futures.Future, Result]] = []
+            self._answers = answers
             try:
                 self._on_token(tok, tensors)
             finally:
+                self._answers = None
                 del tensors
                 # keep result slots for the next inputs (None: while the client holds
                 # fewer than max_out_tokens) only while the pool has room
@@ -621,6 +698,11 @@ class FrontEnd:
                     else False
                 )
                 self.client.done(tok, keep=keep)
+                # answered once the slot is kept: a client's next request, sent as soon as
+                # it reads this answer, finds it idle to read its inputs into
+                for fut, result in answers:
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
+                        fut.set_result(result)
 
     def _on_token(self, tok: Any, tensors: dict[str, np.ndarray]) -> None:
         seq, item = tok.request >> ITEM_BITS, tok.request & ITEM_MASK
@@ -761,8 +843,12 @@ class FrontEnd:
         p.route.record_estimate(p.estimate_ms, latency_ms, p.estimate_factor)
         p.route.record_compute(trace)
         self.counters["completed"] += 1
+        result = Result(outputs, trace, latency_ms, p.count)
+        if self._answers is not None:  # in _receive_all: set once its slot is done
+            self._answers.append((p.future, result))
+            return
         with contextlib.suppress(concurrent.futures.InvalidStateError):
-            p.future.set_result(Result(outputs, trace, latency_ms, p.count))
+            p.future.set_result(result)
 
     def _complete_error(self, p: PendingRequest, exc: RequestError) -> None:
         if not self._finish(p):
@@ -770,6 +856,8 @@ class FrontEnd:
         if self.deadlines is not None:  # drop what is left of it in every queue
             self.deadlines.cancel(p.seq)
         p.inputs = None
+        if p.slot is not None:  # never handed over: back to the out-tokens
+            p.slot.release()
         p.route.stats.record_failure(exc.status)
         self.counters["failed"] += 1
         with contextlib.suppress(concurrent.futures.InvalidStateError):

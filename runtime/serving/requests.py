@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -76,9 +76,8 @@ class PendingRequest:
     queue_deadline: float | None = None  # when its queue timeout passes (monotonic s)
     delayed: bool = False  # its queue timeout passed with timeout_action DELAY
     uid: int | None = None
-    slot_bytes: int | None = (
-        None  # its first slot's size (tensors_nbytes; None: unknown)  # its client's uid (None: the operator or in-process)
-    )
+    slot_bytes: int | None = None  # its first slot's size (tensors_nbytes; None: unknown)
+    slot: Any = None  # its lent first slot (frontend.LentSlot) until it is handed over
 
     def move(self, to: RequestPhase) -> None:
         """Change :attr:`phase` to ``to`` (checked against the one table:
