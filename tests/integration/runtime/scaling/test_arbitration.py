@@ -71,20 +71,16 @@ def _load(
 
 
 def _settled_memory_mb(svc: Service) -> float:
-    """The memory the scaler counts, once every serving instance has reported its PSS
-    after the last fork: an instance reads its PSS when ready and then only on its
-    periodic (1 s) stats report while it serves, and a page it shares with instances
-    forked after it counts at a larger share in its earlier readings (hi's ready
-    readings of 18 MB settle to 11 MB here once it serves; a cap set on the first
-    figure bound only until hi's next report, and a spare move that missed that
-    window never came). One request per pipeline every 0.2 s for 2.5 s, then the sum
-    held within 1 % over 0.5 s."""
-    x = np.ones((1, 4), np.float32)
-    end = time.monotonic() + 2.5
-    while time.monotonic() < end:
-        for name in ("hi", "lo"):
-            svc.infer(name, {"x": x}, timeout_s=30)
-        time.sleep(0.2)
+    """The memory the scaler counts, once every instance has reported its PSS after the
+    last fork: an instance reads its PSS when ready and then only on its periodic (1 s)
+    stats report while it serves, and a page it shares with instances forked after it
+    counts at a larger share in its earlier readings (18 MB ready readings settle to
+    11 MB here once the instance serves; a cap set on the first figures bound only until
+    the next reports). As many closed-loop clients as each pipeline runs instances of
+    ``slow`` (every instance busy) for 2.5 s, then the sum held within 1 % over 0.5 s."""
+    for name in ("hi", "lo"):
+        done, errors = _load(svc, name, clients=_instances(svc, name), seconds=2.5)
+        assert errors == [] and done > 0, errors[:3]
     monitor, last = Monitor(svc), -1.0
     for _ in range(40):
         time.sleep(0.5)
