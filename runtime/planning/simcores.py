@@ -1,7 +1,6 @@
 """The simulator's model of cores shared by single-thread instances of several pipelines
-at priority levels, under the modes of ``INFSCALER_CPU_PRIORITY`` (the one-pipeline loop,
-:mod:`~infscaler.runtime.planning.simloop`, shares the cores as one factor, with no
-weights or affinities).
+at priority levels (the modes of ``INFSCALER_CPU_PRIORITY``), run on the one-pipeline
+loop's :class:`~.simloop.EventLoop` and :class:`~.simloop.Sampler`.
 
 - **Affinity**: as the service pins (:func:`~infscaler.runtime.scaling.placement.
   pick_cores`, highest level deployed first): one core while one is free, else all.
@@ -24,14 +23,15 @@ own threads. Pure (no process I/O): a run is a function of its arguments.
 from __future__ import annotations
 
 import collections
-import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from infscaler.base.levels import cpu_nice, cpu_weight
+from infscaler.runtime.planning.simloop import EventLoop, Sampler
+from infscaler.runtime.planning.simtypes import EngineProfile
 from infscaler.runtime.scaling.coresets import HOLD_S, allowed_cores, hold_risk, target_affinity
 from infscaler.runtime.scaling.placement import core_load, pick_cores
 
@@ -47,6 +47,8 @@ SCHED_PRIO_TO_WEIGHT = (
 
 #: the modes of ``INFSCALER_CPU_PRIORITY`` the model shares the cores by
 MODES = ("off", "nice", "cgroup", "cores")
+
+_ARRIVE, _TICK = range(2)
 
 
 def nice_weight(nice: int) -> int:
@@ -94,18 +96,24 @@ class _Thread:
     rate: float = 0.0
 
 
-@dataclass
-class _Run:
-    pipes: list[SharedPipeline]
-    cores: list[int]
-    mode: str
-    rng: np.random.Generator
-    threads: list[_Thread] = field(default_factory=list)
-    queues: list[collections.deque] = field(default_factory=list)
-    lat: list[list[tuple[float, float]]] = field(default_factory=list)  # (end, ms)
-    nice: dict[str, int] = field(default_factory=dict)
-    cg: dict[str, int] = field(default_factory=dict)
-    turn: int = 0
+class _Run(EventLoop):
+    """One run's threads (pipeline order), and per pipeline a FIFO of arrival times and
+    each request's (end s, ms); service times from one stream, drawn in turn."""
+
+    def __init__(self, pipes: list[SharedPipeline], cores: int, mode: str, seed: int) -> None:
+        super().__init__()
+        self.pipes, self.cores, self.mode = pipes, list(range(cores)), mode
+        levels = {p.name: p.level for p in pipes}
+        self.nice, self.cg = cpu_nice(levels), cpu_weight(levels)
+        rng = np.random.default_rng([seed, 11])
+        profs = [EngineProfile("cpu", p.service_ms, p.cv) for p in pipes]
+        self.samplers = [Sampler(ep, rng, 1, 1e3) for ep in profs]
+        idx = [i for i, p in enumerate(pipes) for _ in range(p.instances)]
+        pins = zip(idx, _pins(pipes, self.cores), strict=True)
+        self.threads = [_Thread(i, pin, list(pin)) for i, pin in pins]
+        self.queues: list[collections.deque[float]] = [collections.deque() for _ in pipes]
+        self.lat: list[list[tuple[float, float]]] = [[] for _ in pipes]
+        self.turn = 0
 
     def weight(self, t: _Thread, runnable: dict[int, int]) -> float:
         name = self.pipes[t.p].name
@@ -114,14 +122,6 @@ class _Run:
         if self.mode == "cgroup":
             return self.cg[name] / max(1, runnable.get(t.p, 1))
         return float(nice_weight(self.nice[name]))
-
-    def service(self, p: int) -> float:
-        sp = self.pipes[p]
-        mean = sp.service_ms / 1e3
-        if sp.cv <= 0:
-            return mean
-        k = 1.0 / sp.cv**2
-        return float(self.rng.gamma(k, mean / k))
 
     def place(self, t: _Thread) -> None:
         """Put a waking thread on its allowed core with the least runnable weight."""
@@ -135,8 +135,16 @@ class _Run:
         t.core = min(t.affinity, key=lambda c: (load[c], (self.cores.index(c) - self.turn) % n))
 
     def start(self, t: _Thread, arrived: float) -> None:
-        t.left, t.arrived = self.service(t.p), arrived
+        t.left, t.arrived = self.samplers[t.p].item(), arrived
         self.place(t)
+
+    def finish(self, t: _Thread, now: float) -> None:
+        self.lat[t.p].append((now, (now - t.arrived) * 1e3))
+        t.core = None
+        if self.pipes[t.p].rate_rps is None:
+            self.start(t, now)
+        elif self.queues[t.p]:
+            self.start(t, self.queues[t.p].popleft())
 
     def rates(self) -> None:
         runnable = collections.Counter(x.p for x in self.threads if x.core is not None)
@@ -149,19 +157,16 @@ class _Run:
 
 
 def _pins(pipes: list[SharedPipeline], cores: list[int]) -> list[list[int]]:
-    """Each instance's cores as the service pins them, highest level deployed first."""
+    """Each instance's cores (pipeline order) as the service pins them, highest level first."""
     handles: list[Any] = []
-    out: list[list[int]] = []
-    order = sorted(range(len(pipes)), key=lambda i: pipes[i].level)
-    pins: dict[int, list[list[int]]] = {}
-    for i in order:
+    pins: dict[int, list[list[int]]] = collections.defaultdict(list)
+    for i in sorted(range(len(pipes)), key=lambda i: pipes[i].level):
+        key = (pipes[i].name, 0)
         for _ in range(pipes[i].instances):
-            got = pick_cores(1, cores, core_load(handles, (pipes[i].name, 0)), len(handles))
-            handles.append(SimpleNamespace(key=(pipes[i].name, 0), state="ready", cores=got))
-            pins.setdefault(i, []).append(got)
-    for i in range(len(pipes)):
-        out += pins[i]
-    return out
+            got = pick_cores(1, cores, core_load(handles, key), len(handles))
+            handles.append(SimpleNamespace(key=key, state="ready", cores=got))
+            pins[i].append(got)
+    return [pin for i in range(len(pipes)) for pin in pins[i]]
 
 
 def simulate_shared(
@@ -193,68 +198,48 @@ def simulate_shared(
         raise ValueError(f"mode {mode!r} not one of {MODES}")
     if cores < 1 or not pipelines:
         raise ValueError("need cores >= 1 and at least one pipeline")
-    pipes, core_ids = list(pipelines), list(range(cores))
-    run = _Run(pipes, core_ids, mode, np.random.default_rng(np.random.SeedSequence([seed, 11])))
-    levels = {p.name: p.level for p in pipes}
-    run.nice, run.cg = cpu_nice(levels), cpu_weight(levels)
-    idx = [i for i, p in enumerate(pipes) for _ in range(p.instances)]
-    run.threads = [
-        _Thread(i, pin, list(pin)) for i, pin in zip(idx, _pins(pipes, core_ids), strict=True)
-    ]
-    run.queues = [collections.deque() for _ in pipes]
-    run.lat = [[] for _ in pipes]
-    arrivals: list[tuple[float, int]] = []
+    pipes = list(pipelines)
+    run = _Run(pipes, cores, mode, seed)
     for i, p in enumerate(pipes):
         if p.rate_rps:
-            arng = np.random.default_rng(np.random.SeedSequence([seed, 17, i]))
-            ts = np.cumsum(
-                arng.exponential(1.0 / p.rate_rps, int(p.rate_rps * duration_s * 1.3) + 10)
-            )
-            arrivals += [(float(t), i) for t in ts if t < duration_s]
-    heapq.heapify(arrivals)
+            arng = np.random.default_rng([seed, 17, i])
+            gaps = arng.exponential(1.0 / p.rate_rps, int(p.rate_rps * duration_s * 1.3) + 10)
+            ts = np.cumsum(gaps)
+            for t_arr in ts[ts < duration_s]:
+                run.push(float(t_arr), _ARRIVE, i)
+    if mode == "cores":
+        run.push(interval_s, _TICK)
     for t in run.threads:
         if pipes[t.p].rate_rps is None:
             run.start(t, 0.0)
     kept_s = [0.0] * len(pipes)
     last_risk: dict[str, float] = {}
-    allowed = {p.name: core_ids for p in pipes}
-    now, tick = 0.0, interval_s
-    while now < duration_s:
+    while run.now < duration_s:  # between events the busy threads share their cores
         run.rates()
         busy = [t for t in run.threads if t.core is not None]
-        t_done = min((now + t.left / t.rate for t in busy if t.rate > 0), default=np.inf)
-        t_arr = arrivals[0][0] if arrivals else np.inf
-        nxt = min(t_done, t_arr, tick if mode == "cores" else np.inf, duration_s)
+        t_done = min((run.now + t.left / t.rate for t in busy if t.rate > 0), default=np.inf)
+        nxt = min(t_done, run.events[0][0] if run.events else np.inf, duration_s)
         for t in busy:
-            t.left -= t.rate * (nxt - now)
-        now = nxt
+            t.left -= t.rate * (nxt - run.now)
+        run.now = nxt
         for t in busy:
             if t.left <= 1e-9:
-                _finish(run, t, now)
-        while arrivals and arrivals[0][0] <= now:
-            _, i = heapq.heappop(arrivals)
-            idle = next((t for t in run.threads if t.p == i and t.core is None), None)
-            if idle is None:
-                run.queues[i].append(now)
-            else:
-                run.start(idle, now)
-        if mode == "cores" and now >= tick:
+                run.finish(t, nxt)
+        while run.events and run.events[0][0] <= nxt:
+            now, kind, i, _ = run.pop()
+            if kind == _ARRIVE:
+                idle = next((t for t in run.threads if t.p == i and t.core is None), None)
+                if idle is None:
+                    run.queues[i].append(now)
+                else:
+                    run.start(idle, now)
+                continue
             allowed, last_risk = _core_sets(run, now, window_s, hold_s, last_risk)
             for i, p in enumerate(pipes):
                 if now > warmup_s and len(allowed[p.name]) < cores:
                     kept_s[i] += interval_s
-            tick += interval_s
-    return {p.name: _result(run, i, now, warmup_s, kept_s[i]) for i, p in enumerate(pipes)}
-
-
-def _finish(run: _Run, t: _Thread, now: float) -> None:
-    run.lat[t.p].append((now, (now - t.arrived) * 1e3))
-    t.core = None
-    p = run.pipes[t.p]
-    if p.rate_rps is None:
-        run.start(t, now)
-    elif run.queues[t.p]:
-        run.start(t, run.queues[t.p].popleft())
+            run.push(now + interval_s, _TICK)
+    return {p.name: _result(run, i, run.now, warmup_s, kept_s[i]) for i, p in enumerate(pipes)}
 
 
 def _core_sets(

@@ -42,28 +42,52 @@ _ENGINE_CODES = {"cpu": 1, "gpu": 2, "dla": 3}
 _ARRIVE, _ENQUEUE, _DONE, _GATHER, _READY, _FINISH, _TICK = range(7)
 
 
-class _Sampler:
-    """Service times of one unit on one engine, from its own random stream."""
+class EventLoop:
+    """The simulators' clock (``now``, s) and one heap of timed events ``(t, seq, kind, a,
+    b)``, popped in time order, ties in push order."""
 
-    def __init__(self, prof: EngineProfile, seed: int, unit: int) -> None:
+    def __init__(self) -> None:
+        self.events: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self.now = 0.0
+
+    def push(self, t: float, kind: int, a: int = 0, b: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, a, b))
+
+    def pop(self) -> tuple[float, int, int, int]:
+        """The next event ``(t, kind, a, b)``; the clock moves to its ``t``."""
+        t, _, kind, a, b = heapq.heappop(self.events)
+        self.now = t
+        return t, kind, a, b
+
+
+class Sampler:
+    """Service times of one :class:`EngineProfile` (its samples resampled, else gamma of
+    its mean and CV, else its mean) in units of ``unit_ms`` ms (1e3: seconds), drawn ``n``
+    at a time from ``seed``: a generator, or the entropy of a stream of its own."""
+
+    def __init__(self, prof: EngineProfile, seed: Any, n: int = 512, unit_ms: float = 1.0) -> None:
         self.p = prof
-        code = _ENGINE_CODES.get(prof.engine, 9)
-        self.rng = np.random.default_rng(np.random.SeedSequence([seed, unit, code]))
+        self.rng = np.random.default_rng(seed)
+        self.n = n
+        self.unit_ms = unit_ms
         self.buf: np.ndarray = np.zeros(0)
         self.i = 0
 
     def _refill(self) -> None:
-        p, n = self.p, 512
+        p, n = self.p, self.n
+        mean = p.mean_ms / self.unit_ms
         if p.samples_ms:
-            self.buf = self.rng.choice(np.asarray(p.samples_ms), size=n)
+            self.buf = self.rng.choice(np.asarray(p.samples_ms) / self.unit_ms, size=n)
         elif p.cv == 0 or p.mean_ms == 0:
-            self.buf = np.full(n, p.mean_ms)
+            self.buf = np.full(n, mean)
         else:
             k = 1.0 / p.cv**2
-            self.buf = self.rng.gamma(k, p.mean_ms / k, size=n)
+            self.buf = self.rng.gamma(k, mean / k, size=n)
         self.i = 0
 
-    def item_ms(self) -> float:
+    def item(self) -> float:
         if self.i >= len(self.buf):
             self._refill()
         v = float(self.buf[self.i])
@@ -110,7 +134,9 @@ class _Unit:
         self.p = prof
         self.batch = max(1, min(cfg.batch, prof.max_batch if prof.served else 1))
         self.wait_s = cfg.batch_wait_ms / 1e3
-        self.samplers = {e: _Sampler(ep, seed, idx) for e, ep in prof.engines.items()}
+        self.samplers = {
+            e: Sampler(ep, [seed, idx, _ENGINE_CODES.get(e, 9)]) for e, ep in prof.engines.items()
+        }
         self.instances: list[_Instance] = []
         self.queue: collections.deque[tuple[int, int]] = collections.deque()
         self.idle: collections.deque[_Instance] = collections.deque()
@@ -134,13 +160,10 @@ class _Unit:
         return [i for i in self.instances if i.state != "gone" and not i.retiring]
 
     def counts(self) -> dict[str, int]:
-        c: dict[str, int] = {}
-        for i in self.live():
-            c[i.engine] = c.get(i.engine, 0) + 1
-        return c
+        return dict(collections.Counter(i.engine for i in self.live()))
 
 
-class SimLoop:
+class SimLoop(EventLoop):
     """One simulated run: every request, unit and instance, advanced event by event
     (:meth:`run`). ``max_per_unit``: the most instances of a unit the scaler is shown
     (the simulator's ``MAX_PER_UNIT``)."""
@@ -163,6 +186,7 @@ class SimLoop:
         cpu_cores: int | None = None,
         max_per_unit: int,
     ) -> None:
+        super().__init__()
         self.profiles = list(units)
         self.max_per_unit = max_per_unit
         self.cpu_cores = cpu_cores
@@ -183,9 +207,6 @@ class SimLoop:
         self.tick_s = autoscale.interval_s if autoscale else timeline_s
         self.items_rng = np.random.default_rng(np.random.SeedSequence([seed, 7919]))
         self.fan_in = next((i for i, p in enumerate(units) if p.fan_in), None)
-        self.events: list[tuple[float, int, int, int, int]] = []
-        self.seq = 0
-        self.now = 0.0
         n = len(arrivals)
         self.finish = np.full(n, np.nan)
         self.rejected = np.zeros(n, dtype=bool)
@@ -193,7 +214,6 @@ class SimLoop:
         self.pending = 0
         self.inflight = 0
         self.backlog: collections.deque[int] = collections.deque()
-        self.iid = 0
         self.latency_window: collections.deque[tuple[float, float]] = collections.deque(
             maxlen=_WINDOW_SAMPLES
         )
@@ -217,10 +237,6 @@ class SimLoop:
                     self._ready(u, inst, 0.0)
 
     # -- events ------------------------------------------------------------------------------
-    def push(self, t: float, kind: int, a: int = 0, b: int = 0) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, kind, a, b))
-
     def run(self) -> None:
         for r, t in enumerate(self.arrivals):
             self.push(float(t), _ARRIVE, r)
@@ -229,8 +245,7 @@ class SimLoop:
         # items of a request are identified as (request, item); tokens go through the heap
         # as two ints, so pending ENQUEUE events carry the unit in ``b``'s high bits
         while self.events:
-            t, _, kind, a, b = heapq.heappop(self.events)
-            self.now = t
+            t, kind, a, b = self.pop()
             if kind == _ARRIVE:
                 self._arrive(a, t)
             elif kind == _ENQUEUE:
@@ -378,21 +393,17 @@ class SimLoop:
         inst.state = "busy"
         b = len(inst.batch)
         prof = u.p.engines[inst.engine]
-        item = u.samplers[inst.engine].item_ms()
+        item = u.samplers[inst.engine].item()
         dur = item * prof.batch_factor(b) / 1e3
         if prof.idle:  # its cores slept while it sat idle (EngineProfile.idle)
             dur *= prof.idle_factor(t - inst.last_done)
         if inst.engine == "cpu" and self.cpu_cores:
-            # CPU contention: the item runs at cores / busy threads of full speed when
-            # the busy cpu threads (this one included) outnumber the cores, as the
-            # kernel shares them; the share is taken at the start (not re-timed when
-            # others start or finish later)
+            # contention (simulate's cpu_cores): one share of all cores, fixed at the start
             threads = max(1, prof.cores)
             others = self.cpu_busy
             self.cpu_busy += threads
             inst.cpu_threads = threads
-            # co-running: the other cores busy at the start share caches and memory
-            # bandwidth with this item (EngineProfile.corun, at all of them busy)
+            # co-running: caches and memory bandwidth (EngineProfile.corun)
             if prof.corun and self.cpu_cores > threads:
                 dur *= 1.0 + prof.corun * min(1.0, others / (self.cpu_cores - threads))
             # CPU time is the uncontended time on every thread (waiting is not CPU time)
