@@ -261,24 +261,9 @@ def priorities_main(a: Any) -> int:
                    "slo": "3 x L0", "lower": "closed loop, lower_x x cores instances each",
                    "model": "runtime/planning/simcores.py"}  # fmt: skip
     harness.cli.finish(res, a, plot_priorities)
-    rows = [[p["profile"], p["cores"], p["pipelines"], p["lower_x"], p["mode"], p["hi_alone"],
-             p["hi_flooded"], p["hi_ratio"], p["lower_goodput_cores"], p["kept_fraction"]]
-            for p in res.points]  # fmt: skip
-    harness.print_table(
-        [
-            "profile",
-            "cores",
-            "pipes",
-            "lower x",
-            "mode",
-            "hi alone",
-            "hi flooded",
-            "ratio",
-            "lower (cores)",
-            "kept",
-        ],
-        rows,
-    )
+    keys = ("profile", "cores", "pipelines", "lower_x", "mode", "hi_alone", "hi_flooded",
+            "hi_ratio", "lower_goodput_cores", "kept_fraction")  # fmt: skip
+    harness.print_table(list(keys), [[p[k] for k in keys] for p in res.points])
     return 0
 
 
