@@ -87,6 +87,8 @@ def window(sut: harness.Sut, hi: Model, lo: Model, a: Any, lower: list[str], see
     for t in flooders:
         t.join()
     keys = ("answered", "throughput_rps", "goodput_rps", "refused", "refused_by", "p99_ms")
+    # the service's CPU priority after the window (mode cores: repins so far, who is kept)
+    res["cpu_priority"] = sut.status().get("cpu_priority")
     return {"hi": res, **{n: {k: r.get(k) for k in keys} for n, r in lo_res.items()}}
 
 
@@ -160,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(
                     res.add(case=f"{n}_pipelines", round=r, arm=arm, alone=alone, flooded=flooded)
                 )
-                print(f"{n} pipelines, round {r} {arm}: hi alone {alone['hi']['attainment']:.3f} "
+                cpu = flooded["hi"].get("cpu_priority") or {}
+                print(f"{n} pipelines, round {r} {arm} ({cpu.get('mode')}, repins "
+                      f"{cpu.get('repins', '-')}): hi alone {alone['hi']['attainment']:.3f} "
                       f"flooded {flooded['hi']['attainment']:.3f} (P99 {flooded['hi']['p99_ms']} ms), "
                       + ", ".join(f"{m} {flooded[m]['goodput_rps']}/s" for m in lower), flush=True)  # fmt: skip
         res.summary["cases"][f"{n}_pipelines"] = summarize(runs, lower, arms)
