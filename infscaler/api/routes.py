@@ -473,27 +473,9 @@ async def read_body(
     if limit and n > limit:
         raise _too_large(request, limit, n)
     buf: bytearray | memoryview = np.empty(n, np.uint8).data if binary else bytearray(n)
-    view = memoryview(buf)
-    pos = 0
-    content = request.content
-    while pos < n:
-        try:
-            chunk = await content.readany()
-        except (ConnectionError, EOFError) as exc:  # the client went away mid-body
-            raise web.HTTPBadRequest(
-                reason=f"the connection was lost after {pos} of the body's {n} bytes ({exc})"
-            ) from None
-        if not chunk:
-            break
-        end = pos + len(chunk)
-        if end > n:  # the HTTP parser holds a body to its Content-Length; never here
-            raise web.HTTPBadRequest(reason=f"the body is longer than its Content-Length {n}")
-        view[pos:end] = chunk
-        pos = end
-    if pos != n:
-        raise web.HTTPBadRequest(
-            reason=f"the body ended after {pos} of its Content-Length {n} bytes"
-        )
+    reader = _BodyReader(request, n)
+    await reader.into(memoryview(buf))
+    reader.check_end()
     return buf
 
 
