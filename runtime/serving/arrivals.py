@@ -17,6 +17,7 @@ import bisect
 import collections
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -254,11 +255,12 @@ def admit_arrival(snap: ArrivalSnapshot, route: Route, live: Iterable[Route]) ->
 
 
 def first_slot(
-    route: Route, inputs: dict[str, np.ndarray], limit: int | None
-) -> tuple[dict[str, np.ndarray], int | None]:
+    route: Route, inputs: dict[str, Any], limit: int | None
+) -> tuple[dict[str, Any], int | None]:
     """The tensors of a request's first slot (the pipeline's front inputs and the empty
     trace) and their size, bytes (:func:`~infscaler.shm.tensors.tensors_nbytes`; None: a
-    tensor the slot format refuses, and sending it fails with the reason).
+    tensor the slot format refuses, and sending it fails with the reason). ``inputs``:
+    name -> array, or -> ``(shape, dtype)`` for a slot laid out before its bytes are read.
 
     Raises:
         RequestError: (413) larger than ``limit`` bytes (None: no limit).

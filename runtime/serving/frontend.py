@@ -272,14 +272,9 @@ class FrontEnd:
         front = route.pipeline.front_inputs
         if len(inputs) != len(front) or any(n not in inputs for n in front):
             return None
-        specs: dict[str, Any] = {n: inputs[n] for n in front}
-        specs[TRACE] = EMPTY_TRACE
-        try:
-            nbytes = tensors_nbytes(specs)
-        except SlotFormatError:
-            return None
+        specs, nbytes = first_slot(route, inputs, None)
         limit = self.max_input_bytes
-        if (limit is not None and nbytes > limit) or self.failure is not None:
+        if nbytes is None or (limit is not None and nbytes > limit) or self.failure is not None:
             return None
         lent = self.client.lend(nbytes)
         if lent is None:  # the next request read as before faults a new slot, a spare
