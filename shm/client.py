@@ -137,8 +137,7 @@ class InstanceClient:
             SharingError: the manager refused (ERROR), or ``request`` out of range.
             ChannelClosed: the instance was removed or the channel closed.
         """
-        if not 0 <= request < NO_REQUEST:
-            raise SharingError(f"request id {request} outside 0..2**64-2")
+        _check_request(request)
         deadline = None if timeout is None else time.monotonic() + timeout
         tok = None
         if spare:
@@ -339,8 +338,7 @@ class InstanceClient:
         Raises:
             SharingError / ChannelClosed / TimeoutError: as :meth:`hand_over`.
         """
-        if not 0 <= request < NO_REQUEST:
-            raise SharingError(f"request id {request} outside 0..2**64-2")
+        _check_request(request)
         self._acquired[(token.slab, token.slot)] = (token, request)
         self.hand_over(token, hop, request, length)
 
@@ -547,3 +545,9 @@ class InstanceClient:
             self._notices.append(tok)
         else:
             self.counters["unexpected"] += 1
+
+
+def _check_request(request: int) -> None:
+    """Raises SharingError for a request id outside the token's ``0..2**64-2``."""
+    if not 0 <= request < NO_REQUEST:
+        raise SharingError(f"request id {request} outside 0..2**64-2")
